@@ -1,0 +1,38 @@
+"""NumPy kernels for every op of the rlx-thunks ABI, run on a bare ``numpy.uint8`` arena.
+
+Importable without ``rlx_gpu``: a runtime whose device lacks an op calls
+``host_fallback.execute(thunk, arena)`` with the thunk as a mapping of its ABI fields
+(``thunk["op"]``, ``thunk["dtype"]``, ``thunk["x"]`` ...). Nested scan bodies are mappings with
+``arena_bytes``, ``init`` and ``thunks``. The thunk is trusted: validate it first
+(``rlx_gpu.load_schedule`` does).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from . import body, gdn, rnn, scan, ssm
+from .layout import Region, regions
+
+Kernel = Callable[..., None]
+
+KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **ssm.KERNELS, **gdn.KERNELS, **body.KERNELS, **scan.KERNELS}
+
+
+def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
+    """Run one thunk on a host arena in place.
+
+    ``options`` reach the kernels that take them: ``recompute="segment" | "treeverse"`` for the
+    scan family.
+    """
+    if arena.dtype != np.uint8 or arena.ndim != 1:
+        raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
+    try:
+        kernel = KERNELS[thunk["op"]]
+    except KeyError:
+        raise ValueError(f"host_fallback has no kernel for op {thunk['op']!r}; it has {sorted(KERNELS)}") from None
+    kernel(thunk, arena, **options)
+
+
+__all__ = ["execute", "regions", "Region", "KERNELS"]

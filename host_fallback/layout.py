@@ -1,0 +1,242 @@
+"""Where every tensor of a thunk lives: the shape rules of ABI.md §3-§6, written once.
+
+``regions(thunk)`` lists each tensor a thunk touches with its byte offset, shape, element type and
+access mode. The validator derives footprints from it, the executor copies exactly these ranges for
+a fallback, and the host kernels bind their NumPy views through it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .arena import ELEM_SIZE, load, store, view
+
+Thunk = Mapping[str, Any]
+
+GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+
+
+@dataclass(frozen=True)
+class Region:
+    """One tensor of a thunk: ``field`` names it as the schedule spells it (``xs_inputs[1]``)."""
+
+    field: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str  # an ABI dtype, or "u8" for the scan family's byte-level slots
+    access: str  # "r", "w" or "rw"
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * ELEM_SIZE[self.dtype]
+
+    @property
+    def reads(self) -> bool:
+        return "r" in self.access
+
+    @property
+    def writes(self) -> bool:
+        return "w" in self.access
+
+
+def recurrent_dims(t: Thunk) -> tuple[int, int]:
+    """Return ``(gates, dirs)`` of an lstm/gru/rnn thunk."""
+    return GATES[t["op"]], 2 if t["bidirectional"] else 1
+
+
+def layer_input_sizes(t: Thunk) -> list[int]:
+    """``in_l`` for every layer: ``input_size`` below, ``dirs*hidden`` above."""
+    _, dirs = recurrent_dims(t)
+    return [t["input_size"] if layer == 0 else dirs * t["hidden"] for layer in range(t["num_layers"])]
+
+
+def _recurrent(t: Thunk) -> list[Region]:
+    gates, dirs = recurrent_dims(t)
+    b, s, i, h, layers = t["batch"], t["seq"], t["input_size"], t["hidden"], t["num_layers"]
+    dt = t["dtype"]
+    w_ih = sum(dirs * gates * h * in_l for in_l in layer_input_sizes(t))
+    out = [
+        Region("x", t["x"], (b, s, i), dt, "r"),
+        Region("w_ih", t["w_ih"], (w_ih,), dt, "r"),
+        Region("w_hh", t["w_hh"], (layers * dirs, gates * h, h), dt, "r"),
+    ]
+    bias_fields = ("b_ih", "b_hh") if t["op"] == "gru" else ("bias",)
+    out += [Region(f, t[f], (layers * dirs, gates * h), dt, "r") for f in bias_fields]
+    if t["carry"]:
+        state_fields = ("h0", "c0") if t["op"] == "lstm" else ("h0",)
+        out += [Region(f, t[f], (layers * dirs, b, h), dt, "rw") for f in state_fields]
+    out.append(Region("dst", t["dst"], (b, s, dirs * h), dt, "w"))
+    return out
+
+
+def _selective_scan(t: Thunk) -> list[Region]:
+    b, s, h, n, dt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"]
+    return [
+        Region("x", t["x"], (b, s, h), dt, "r"),
+        Region("delta", t["delta"], (b, s, h), dt, "r"),
+        Region("a", t["a"], (h, n), dt, "r"),
+        Region("b", t["b"], (b, s, n), dt, "r"),
+        Region("c", t["c"], (b, s, n), dt, "r"),
+        Region("dst", t["dst"], (b, s, h), dt, "w"),
+    ]
+
+
+def _mamba2(t: Thunk) -> list[Region]:
+    b, s, h, p, n, dt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
+    return [
+        Region("x", t["x"], (b, s, h, p), dt, "r"),
+        Region("dt", t["dt"], (b, s, h), dt, "r"),
+        Region("a", t["a"], (h,), dt, "r"),
+        Region("b", t["b"], (b, s, h, n), dt, "r"),
+        Region("c", t["c"], (b, s, h, n), dt, "r"),
+        Region("dst", t["dst"], (b, s, h, p), dt, "w"),
+    ]
+
+
+def _gated_delta_net(t: Thunk) -> list[Region]:
+    b, s, h, n, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
+    out = [Region(f, t[f], (b, s, h, n), dt, "r") for f in ("q", "k", "v")]
+    out.append(Region("g", t["g"], (b, s, h, n) if t["gate_per_channel"] else (b, s, h), dt, "r"))
+    out.append(Region("beta", t["beta"], (b, s, h), dt, "r"))
+    if t["carry_state"]:
+        out.append(Region("state", t["state"], (b, h, n, n), dt, "rw"))
+    out.append(Region("dst", t["dst"], (b, s, h, n), dt, "w"))
+    return out
+
+
+def strided_extent(shape: list[int], strides: list[int]) -> int:
+    """Elements spanned by a strided read of ``shape`` (0 when the shape is empty)."""
+    if any(d == 0 for d in shape):
+        return 0
+    return 1 + sum((d - 1) * st for d, st in zip(shape, strides))
+
+
+def _unary(t: Thunk) -> list[Region]:
+    return [Region("x", t["x"], (t["n"],), t["dtype"], "r"), Region("dst", t["dst"], (t["n"],), t["dtype"], "w")]
+
+
+def _binary(t: Thunk) -> list[Region]:
+    dt = t["dtype"]
+    return [
+        Region("a", t["a"], (strided_extent(t["shape"], t["a_strides"]),), dt, "r"),
+        Region("b", t["b"], (strided_extent(t["shape"], t["b_strides"]),), dt, "r"),
+        Region("dst", t["dst"], tuple(t["shape"]), dt, "w"),
+    ]
+
+
+def _matmul(t: Thunk) -> list[Region]:
+    batch, m, k, n, dt = t["batch"], t["m"], t["k"], t["n"], t["dtype"]
+
+    def extent(stride: int, size: int) -> int:
+        return 0 if batch == 0 or size == 0 else (batch - 1) * stride + size
+
+    return [
+        Region("a", t["a"], (extent(t["a_batch_stride"], m * k),), dt, "r"),
+        Region("b", t["b"], (extent(t["b_batch_stride"], k * n),), dt, "r"),
+        Region("dst", t["dst"], (batch, m, n), dt, "w"),
+    ]
+
+
+def _reduce_sum(t: Thunk) -> list[Region]:
+    o, r, i, dt = t["outer"], t["r"], t["inner"], t["dtype"]
+    return [Region("x", t["x"], (o, r, i), dt, "r"), Region("dst", t["dst"], (o, i), dt, "w")]
+
+
+def _copy(t: Thunk) -> list[Region]:
+    return [Region("src", t["src"], (t["nbytes"],), "u8", "r"), Region("dst", t["dst"], (t["nbytes"],), "u8", "w")]
+
+
+def _fill(t: Thunk) -> list[Region]:
+    return [Region("dst", t["dst"], (t["n"],), t["dtype"], "w")]
+
+
+def _cast(t: Thunk) -> list[Region]:
+    return [Region("src", t["src"], (t["n"],), t["src_dtype"], "r"), Region("dst", t["dst"], (t["n"],), t["dtype"], "w")]
+
+
+def trajectory_rows(t: Thunk) -> int:
+    """Rows of a saved trajectory: ``K`` for a checkpointed one, else ``length``."""
+    k, length = t["num_checkpoints"], t["length"]
+    return k if 0 < k < length else length
+
+
+def _bytes(field: str, offset: int, nbytes: int, access: str) -> Region:
+    return Region(field, offset, (nbytes,), "u8", access)
+
+
+def _scan(t: Thunk) -> list[Region]:
+    length, carry = t["length"], t["carry_bytes"]
+    out = [_bytes("outer_init_off", t["outer_init_off"], carry, "r")]
+    out += [_bytes(f"xs_inputs[{i}]", outer, length * step, "r") for i, (_, outer, step) in enumerate(t["xs_inputs"])]
+    out += [_bytes(f"bcast_inputs[{i}]", outer, total, "r") for i, (_, outer, total) in enumerate(t["bcast_inputs"])]
+    rows = trajectory_rows(t) if t["save_trajectory"] else 1
+    out.append(_bytes("outer_final_off", t["outer_final_off"], rows * carry, "w"))
+    return out
+
+
+def _scan_backward_common(t: Thunk) -> list[Region]:
+    length, carry = t["length"], t["carry_bytes"]
+    upstream_rows = length if t["save_trajectory"] else 1
+    out = [
+        _bytes("outer_init_off", t["outer_init_off"], carry, "r"),
+        _bytes("outer_traj_off", t["outer_traj_off"], trajectory_rows(t) * carry, "r"),
+        _bytes("outer_upstream_off", t["outer_upstream_off"], upstream_rows * carry, "r"),
+    ]
+    out += [_bytes(f"outer_xs_offs[{i}]", outer, length * step, "r") for i, (outer, step) in enumerate(t["outer_xs_offs"])]
+    return out
+
+
+def _scan_backward(t: Thunk) -> list[Region]:
+    return _scan_backward_common(t) + [_bytes("outer_dinit_off", t["outer_dinit_off"], t["carry_bytes"], "w")]
+
+
+def _scan_backward_xs(t: Thunk) -> list[Region]:
+    dxs = _bytes("outer_dxs_off", t["outer_dxs_off"], t["length"] * t["per_step_bytes"], "w")
+    return _scan_backward_common(t) + [dxs]
+
+
+RULES: dict[str, Callable[[Thunk], list[Region]]] = {
+    "lstm": _recurrent,
+    "gru": _recurrent,
+    "rnn": _recurrent,
+    "selective_scan": _selective_scan,
+    "mamba2": _mamba2,
+    "gated_delta_net": _gated_delta_net,
+    "unary": _unary,
+    "binary": _binary,
+    "matmul": _matmul,
+    "reduce_sum": _reduce_sum,
+    "copy": _copy,
+    "fill": _fill,
+    "cast": _cast,
+    "scan": _scan,
+    "scan_backward": _scan_backward,
+    "scan_backward_xs": _scan_backward_xs,
+}
+
+
+def regions(thunk: Thunk) -> list[Region]:
+    """Every tensor ``thunk`` reads or writes, in field order."""
+    return RULES[thunk["op"]](thunk)
+
+
+class Bound:
+    """A thunk's regions bound to one host arena: ``load``/``store``/``view`` by field name."""
+
+    def __init__(self, thunk: Thunk, arena: np.ndarray):
+        self.arena = arena
+        self.regions = {r.field: r for r in regions(thunk)}
+
+    def view(self, field: str) -> np.ndarray:
+        r = self.regions[field]
+        return view(self.arena, r.offset, r.dtype, r.shape)
+
+    def load(self, field: str) -> np.ndarray:
+        r = self.regions[field]
+        return load(self.arena, r.offset, r.dtype, r.shape)
+
+    def store(self, field: str, values: np.ndarray) -> None:
+        r = self.regions[field]
+        store(self.arena, r.offset, r.dtype, np.asarray(values).reshape(r.shape))

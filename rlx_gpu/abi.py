@@ -1,0 +1,177 @@
+"""The schedule model of ABI.md §2: frozen Thunk and Schedule, JSON/YAML reading and writing.
+
+``Thunk`` and ``Schedule`` are read-only Mappings over their ABI fields, so the host kernels (which know
+nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterator
+
+import numpy as np
+
+from host_fallback.arena import ELEM_SIZE
+
+ABI_VERSION = "rlx-thunks/1"
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """A named view of the arena: ``shape`` elements of ``dtype`` at byte ``offset``."""
+
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * ELEM_SIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class InitBlock:
+    """Constant bytes written at ``offset`` before the first thunk runs."""
+
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, eq=False)
+class Thunk(Mapping):
+    """One validated thunk: ``index`` is its position in its schedule, ``fields`` its ABI fields."""
+
+    index: int
+    op: str
+    dtype: str
+    fields: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "op":
+            return self.op
+        if key == "dtype":
+            return self.dtype
+        return self.fields[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield "op"
+        yield "dtype"
+        yield from self.fields
+
+    def __len__(self) -> int:
+        return 2 + len(self.fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"op": self.op, "dtype": self.dtype}
+        for key, value in self.fields.items():
+            out[key] = value.to_dict() if isinstance(value, Schedule) else _plain(value)
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule(Mapping):
+    """A validated schedule; nested scan bodies are Schedules too."""
+
+    arena_bytes: int
+    thunks: tuple[Thunk, ...]
+    tensors: Mapping[str, TensorView] = field(default_factory=dict)
+    inputs: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+    init: tuple[InitBlock, ...] = ()
+
+    _KEYS = ("abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks")
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "abi":
+            return ABI_VERSION
+        if key == "init":
+            return [{"offset": b.offset, "b64": base64.b64encode(b.data).decode()} for b in self.init]
+        if key == "tensors":
+            return {n: {"offset": t.offset, "dtype": t.dtype, "shape": list(t.shape)} for n, t in self.tensors.items()}
+        if key in self._KEYS:
+            return getattr(self, key)
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def pristine_arena(self) -> np.ndarray:
+        """A zeroed arena with ``init`` applied."""
+        arena = np.zeros(self.arena_bytes, dtype=np.uint8)
+        for block in self.init:
+            arena[block.offset: block.offset + len(block.data)] = np.frombuffer(block.data, dtype=np.uint8)
+        return arena
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: self[k] for k in self._KEYS if k != "thunks"}
+        out["thunks"] = [t.to_dict() for t in self.thunks]
+        return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def parse_text(text: str) -> Any:
+    """JSON, or YAML as the same structure."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        import yaml
+
+        return yaml.safe_load(text)
+
+
+def read_source(source: Any) -> Any:
+    """Turn a path, JSON/YAML text or an already parsed object into the parsed structure."""
+    if isinstance(source, Schedule):
+        return source.to_dict()
+    if isinstance(source, Mapping):
+        return source
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
+                                             and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
+        return parse_text(Path(source).read_text())
+    if isinstance(source, str):
+        return parse_text(source)
+    raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
+
+
+def load_schedule(source: Any) -> Schedule:
+    """Parse and validate a schedule; raises ``rlx_gpu.ScheduleError`` naming the thunk, op and field."""
+    from .validate import validate
+
+    return validate(read_source(source))
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    """Write a schedule as JSON, or YAML when the file name ends in .yaml/.yml."""
+    path = Path(path)
+    data = schedule.to_dict()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+    else:
+        path.write_text(json.dumps(data, indent=1))
+
+
+def freeze_fields(fields: dict[str, Any]) -> Mapping[str, Any]:
+    """Read-only field mapping; lists become tuples so a thunk cannot be changed after validation."""
+    def freeze(v: Any) -> Any:
+        return tuple(freeze(x) for x in v) if isinstance(v, list) else v
+
+    return MappingProxyType({k: freeze(v) for k, v in fields.items()})

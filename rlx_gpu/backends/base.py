@@ -1,0 +1,58 @@
+"""The surface every backend module offers: discovery, one device session, memory and launch."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import numpy as np
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend cannot run here; the message says why (missing package, no device ...)."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One device a backend can open: ``spec`` is what ``get_device`` accepts (``opencl:0:1``)."""
+
+    backend: str
+    spec: str
+    name: str
+    fp64: bool
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+class Session(Protocol):
+    """An opened device: arenas live here and thunks launch here."""
+
+    info: DeviceInfo
+
+    def unsupported(self, thunk: Mapping[str, Any]) -> str | None:
+        """``None`` when this device runs ``thunk``, else the reason it does not."""
+
+    def alloc(self, nbytes: int) -> Any:
+        """A zeroed device arena of ``nbytes``."""
+
+    def write(self, arena: Any, offset: int, data: np.ndarray) -> None:
+        """Copy host bytes (``numpy.uint8``) into the arena at ``offset``."""
+
+    def read(self, arena: Any, offset: int, nbytes: int) -> np.ndarray:
+        """Copy ``nbytes`` at ``offset`` out of the arena into a new ``numpy.uint8`` array."""
+
+    def launch(self, thunk: Mapping[str, Any], arena: Any, **options: Any) -> None:
+        """Run one thunk on the arena in place."""
+
+    def finish(self) -> None:
+        """Wait until every launch has completed (for timing)."""
+
+
+class Backend(Protocol):
+    """A backend module exposes ``NAME`` plus these two functions."""
+
+    NAME: str
+
+    def probe(self) -> list[DeviceInfo]:
+        """The devices present; raises ``BackendUnavailable`` with the reason when none can be used."""
+
+    def open(self, info: DeviceInfo) -> Session:
+        """Open one probed device."""

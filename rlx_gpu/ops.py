@@ -1,0 +1,111 @@
+"""The one table of op specs: every op's fields, their kinds, its dtypes and its cross-field rules.
+
+Tensor shapes and footprints come from ``host_fallback.layout`` (the shape rules of the ABI, shared
+with the host kernels, which must import without ``rlx_gpu``); this module adds what validation needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from host_fallback.arena import ELEM_SIZE
+from host_fallback.layout import Region, regions
+
+DTYPES = ("f32", "f16", "bf16", "f64")
+UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip",
+             "softplus", "step")
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
+MAX_RANK = 6
+
+
+@dataclass(frozen=True)
+class Field:
+    """One thunk field: ``kind`` names the check (see ``abi._check_field``)."""
+
+    name: str
+    kind: str  # one of validate.FIELD_CHECKS
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op of ABI.md: its fields (besides ``op`` and ``dtype``) and the dtypes it accepts."""
+
+    name: str
+    fields: tuple[Field, ...]
+    family: str  # host_fallback / kernels file stem
+    dtypes: tuple[str, ...] = DTYPES
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields)
+
+
+def _offsets(*names: str) -> tuple[Field, ...]:
+    return tuple(Field(n, "offset") for n in names)
+
+
+def _pos(*names: str) -> tuple[Field, ...]:
+    return tuple(Field(n, "pos") for n in names)
+
+
+def _flags(*names: str) -> tuple[Field, ...]:
+    return tuple(Field(n, "bool") for n in names)
+
+
+_RECURRENT_PARAMS = _pos("batch", "seq", "input_size", "hidden", "num_layers") + _flags("bidirectional", "carry")
+_SCAN_BACKWARD = (
+    Field("body_vjp", "schedule"), Field("body_carry_in_off", "offset"), Field("body_x_offs", "offsets"),
+    Field("body_d_output_off", "offset"), Field("body_dcarry_out_off", "offset"),
+    Field("outer_init_off", "offset"), Field("outer_traj_off", "offset"), Field("outer_upstream_off", "offset"),
+    Field("outer_xs_offs", "pairs"), Field("length", "pos"), Field("carry_bytes", "pos"),
+    Field("carry_elem_size", "elem_size"), Field("save_trajectory", "bool"),
+    Field("num_checkpoints", "count"), Field("forward_body", "opt_schedule"),
+    Field("forward_body_carry_in_off", "offset"), Field("forward_body_output_off", "offset"),
+    Field("forward_body_x_offs", "offsets"),
+)
+
+SPECS: dict[str, OpSpec] = {s.name: s for s in (
+    OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst") + _RECURRENT_PARAMS, "rnn"),
+    OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst") + _RECURRENT_PARAMS, "rnn"),
+    OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias", "h0", "dst") + _RECURRENT_PARAMS + _flags("relu"), "rnn"),
+    OpSpec("selective_scan", _offsets("x", "delta", "a", "b", "c", "dst")
+           + _pos("batch", "seq", "hidden", "state_size"), "ssm"),
+    OpSpec("mamba2", _offsets("x", "dt", "a", "b", "c", "dst")
+           + _pos("batch", "seq", "heads", "head_dim", "state_size"), "ssm"),
+    OpSpec("gated_delta_net", _offsets("q", "k", "v", "g", "beta", "state", "dst")
+           + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state"), "gdn"),
+    OpSpec("unary", _offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS)), "body"),
+    OpSpec("binary", _offsets("a", "b", "dst") + (Field("fn", "enum", BINARY_FNS), Field("shape", "shape"),
+                                                  Field("a_strides", "strides"), Field("b_strides", "strides")),
+           "body"),
+    OpSpec("matmul", _offsets("a", "b", "dst") + (Field("batch", "count"),) + _pos("m", "k", "n")
+           + _flags("trans_a", "trans_b") + (Field("a_batch_stride", "count"), Field("b_batch_stride", "count")),
+           "body"),
+    OpSpec("reduce_sum", _offsets("x", "dst") + _pos("outer", "r", "inner"), "body"),
+    OpSpec("copy", _offsets("src", "dst") + (Field("nbytes", "count"),), "body"),
+    OpSpec("fill", _offsets("dst") + (Field("n", "count"), Field("value", "float")), "body"),
+    OpSpec("cast", _offsets("src", "dst") + (Field("n", "count"), Field("src_dtype", "dtype")), "body"),
+    OpSpec("scan", (
+        Field("body", "schedule"), Field("body_input_off", "offset"), Field("body_output_off", "offset"),
+        Field("outer_init_off", "offset"), Field("outer_final_off", "offset"), Field("length", "pos"),
+        Field("carry_bytes", "pos"), Field("save_trajectory", "bool"), Field("xs_inputs", "xs"),
+        Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count")), "scan"),
+    OpSpec("scan_backward", _SCAN_BACKWARD + (Field("outer_dinit_off", "offset"),), "scan"),
+    OpSpec("scan_backward_xs", _SCAN_BACKWARD + (
+        Field("xs_idx", "count"), Field("body_dxs_out_off", "offset"), Field("outer_dxs_off", "offset"),
+        Field("per_step_bytes", "pos")), "scan"),
+)}
+
+SCAN_OPS = frozenset({"scan", "scan_backward", "scan_backward_xs"})
+
+
+def footprint(thunk: Mapping[str, Any]) -> tuple[list[Region], list[Region]]:
+    """``(reads, writes)``: the regions a thunk reads and the ones it writes (read-write ones in both)."""
+    regs = regions(thunk)
+    return [r for r in regs if r.reads], [r for r in regs if r.writes]
+
+
+def element_counts(thunk: Mapping[str, Any]) -> dict[str, int]:
+    """Element count of every tensor of a thunk, by field (ABI.md §3's expected counts for the RNNs)."""
+    return {r.field: r.nbytes // ELEM_SIZE[r.dtype] for r in regions(thunk)}

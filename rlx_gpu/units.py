@@ -1,0 +1,21 @@
+"""Sizes and times in human units, for messages and tables."""
+from __future__ import annotations
+
+
+def human_bytes(n: int) -> str:
+    """``1536`` → ``'1.5 KiB'``; exact below 1 KiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_time(seconds: float) -> str:
+    """``0.00123`` → ``'1.23 ms'``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
