@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE
+from host_fallback.arena import ELEM_SIZE, STORAGE, view
 
 ABI_VERSION = "rlx-thunks/1"
 
@@ -36,6 +36,17 @@ class TensorView:
     @property
     def nbytes(self) -> int:
         return self.count * ELEM_SIZE[self.dtype]
+
+    def read(self, arena: np.ndarray) -> np.ndarray:
+        """A copy of this tensor out of a host arena, in its storage dtype."""
+        return view(arena, self.offset, self.dtype, self.shape).copy()
+
+    def write(self, arena: np.ndarray, values: np.ndarray) -> None:
+        """Store ``values`` (any float dtype, rounded to nearest even) into a host arena."""
+        values = np.asarray(values)
+        if values.shape != self.shape:
+            raise ValueError(f"expected shape {list(self.shape)} for this {self.dtype} tensor, got {list(values.shape)}")
+        view(arena, self.offset, self.dtype, self.shape)[...] = values.astype(STORAGE[self.dtype])
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,8 @@ class Schedule(Mapping):
             return [{"offset": b.offset, "b64": base64.b64encode(b.data).decode()} for b in self.init]
         if key == "tensors":
             return {n: {"offset": t.offset, "dtype": t.dtype, "shape": list(t.shape)} for n, t in self.tensors.items()}
+        if key in ("inputs", "outputs"):
+            return list(getattr(self, key))
         if key in self._KEYS:
             return getattr(self, key)
         raise KeyError(key)
@@ -154,7 +167,7 @@ def load_schedule(source: Any) -> Schedule:
     """Parse and validate a schedule; raises ``rlx_gpu.ScheduleError`` naming the thunk, op and field."""
     from .validate import validate
 
-    return validate(read_source(source))
+    return source if isinstance(source, Schedule) else validate(read_source(source))
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:

@@ -1,0 +1,1 @@
+"""Backend modules: host (NumPy), opencl (pyopencl), cuda (CuPy); each is imported only when asked for."""

@@ -1,0 +1,106 @@
+"""Small representative thunks of every op, laid out in an arena (optionally with guard zones).
+
+Used by ``rlx-gpu devices`` for the support matrix and by the conformance suite for its cases.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from host_fallback.arena import ELEM_SIZE
+from host_fallback.layout import regions
+
+from .ops import SPECS
+
+ALIGN = 256
+
+#: Parameters of one small case per op (scan-family cases carry their own bodies, below).
+SMALL: dict[str, dict[str, Any]] = {
+    "lstm": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True),
+    "gru": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True),
+    "rnn": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True, relu=False),
+    "selective_scan": dict(batch=2, seq=7, hidden=6, state_size=4),
+    "mamba2": dict(batch=2, seq=7, heads=2, head_dim=4, state_size=4),
+    "gated_delta_net": dict(batch=2, seq=7, heads=2, state_size=8, gate_per_channel=False, carry_state=True),
+    "unary": dict(n=37, fn="tanh"),
+    "binary": dict(fn="add", shape=[3, 5], a_strides=[5, 1], b_strides=[0, 1]),
+    "matmul": dict(batch=2, m=3, k=5, n=4, trans_a=False, trans_b=True, a_batch_stride=15, b_batch_stride=0),
+    "reduce_sum": dict(outer=3, r=4, inner=5),
+    "copy": dict(nbytes=64),
+    "fill": dict(n=17, value=1.5),
+    "cast": dict(n=17, src_dtype="f32"),
+}
+
+
+def _body(dtype: str, carry_n: int) -> dict[str, Any]:
+    """A body ``next = carry + x`` on ``carry_n`` elements: carry at 0, x after it, output after that."""
+    nb = carry_n * ELEM_SIZE[dtype]
+    add = dict(op="binary", dtype=dtype, fn="add", a=0, b=nb, dst=2 * nb, shape=[carry_n], a_strides=[1],
+               b_strides=[1])
+    return {"arena_bytes": 3 * nb, "thunks": [add]}
+
+
+def _vjp_body(dtype: str, carry_n: int) -> dict[str, Any]:
+    """The vjp of ``carry + x``: dcarry = d_output; slots carry, x, d_output, dcarry in that order."""
+    nb = carry_n * ELEM_SIZE[dtype]
+    return {"arena_bytes": 4 * nb, "thunks": [dict(op="copy", dtype=dtype, src=2 * nb, dst=3 * nb, nbytes=nb)]}
+
+
+def scan_case(op: str, dtype: str, length: int = 6, carry_n: int = 4) -> dict[str, Any]:
+    """Fields (offsets 0) of a scan-family thunk over the ``carry + x`` body."""
+    nb = carry_n * ELEM_SIZE[dtype]
+    if op == "scan":
+        return dict(body=_body(dtype, carry_n), body_input_off=0, body_output_off=2 * nb, outer_init_off=0,
+                    outer_final_off=0, length=length, carry_bytes=nb, save_trajectory=True,
+                    xs_inputs=[[nb, 0, nb]], bcast_inputs=[], num_checkpoints=0)
+    fields = dict(body_vjp=_vjp_body(dtype, carry_n), body_carry_in_off=0, body_x_offs=[nb],
+                  body_d_output_off=2 * nb, body_dcarry_out_off=3 * nb, outer_init_off=0, outer_traj_off=0,
+                  outer_upstream_off=0, outer_xs_offs=[[0, nb]], length=length, carry_bytes=nb,
+                  carry_elem_size=ELEM_SIZE[dtype], save_trajectory=True, num_checkpoints=2,
+                  forward_body=_body(dtype, carry_n), forward_body_carry_in_off=0, forward_body_output_off=2 * nb,
+                  forward_body_x_offs=[nb])
+    if op == "scan_backward":
+        fields["outer_dinit_off"] = 0
+    else:
+        fields.update(xs_idx=0, body_dxs_out_off=3 * nb, outer_dxs_off=0, per_step_bytes=nb)
+    return fields
+
+
+def lay_out(op: str, dtype: str, params: dict[str, Any] | None = None, guard: int = 0) -> tuple[dict, int]:
+    """A thunk dict of ``op`` with its tensors placed one after another, ``guard`` bytes around each.
+
+    Returns ``(thunk, arena_bytes)``. Offsets are aligned to 256 bytes.
+    """
+    if op in ("scan", "scan_backward", "scan_backward_xs"):
+        fields = scan_case(op, dtype) if params is None else dict(params)
+    else:
+        fields = dict(SMALL[op] if params is None else params)
+    offset_fields = [f.name for f in SPECS[op].fields if f.kind == "offset"]
+    thunk = {"op": op, "dtype": dtype, **{n: 0 for n in offset_fields}, **fields}
+    cursor = guard
+    placed: dict[str, int] = {}
+    for region in regions(thunk):
+        placed[region.field] = cursor
+        cursor = _align(cursor + region.nbytes + guard)
+    for label, offset in placed.items():
+        _place(thunk, label, offset)
+    return thunk, max(cursor, ALIGN)
+
+
+def _place(thunk: dict, label: str, offset: int) -> None:
+    """Write an offset into the field a region label names (``x``, ``xs_inputs[0]``, ``outer_xs_offs[1]``)."""
+    if "[" not in label:
+        thunk[label] = offset
+        return
+    name, index = label[:-1].split("[")
+    row = list(thunk[name][int(index)])
+    row[1 if name in ("xs_inputs", "bcast_inputs") else 0] = offset
+    thunk[name] = [row if i == int(index) else r for i, r in enumerate(thunk[name])]
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
+    """A one-thunk schedule dict."""
+    return {"abi": "rlx-thunks/1", "arena_bytes": arena_bytes, "thunks": [thunk]}
