@@ -1,0 +1,344 @@
+"""The scan family of ABI.md §6: one driver, written once over a small memory protocol.
+
+The driver owns all control logic — body slots, broadcast inputs copied once, xs rows,
+trajectories, checkpoint rows, upstream accumulation, recomputation from checkpoints (segment
+cache or treeverse bisection). It moves bytes only through a :class:`Memory`, so the OpenCL and
+CUDA backends run the same driver over device buffers; :class:`HostMemory` is the NumPy one.
+"""
+from __future__ import annotations
+
+import base64
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from .arena import ELEM_SIZE, load, store
+from .body import copy_bytes
+
+Thunk = Mapping[str, Any]
+Schedule = Mapping[str, Any]
+Place = tuple[Any, int]  # (arena, byte offset)
+
+STRATEGIES = ("segment", "treeverse")
+
+
+class Memory(Protocol):
+    """Arenas and the primitives the scan driver needs; an arena is whatever the backend allocates."""
+
+    def alloc(self, nbytes: int) -> Any:
+        """A zeroed arena of ``nbytes``."""
+
+    def free(self, arena: Any) -> None:
+        """Release an arena from :meth:`alloc`."""
+
+    def write(self, arena: Any, offset: int, data: np.ndarray) -> None:
+        """Copy host bytes (``numpy.uint8``) into ``arena`` at ``offset``."""
+
+    def copy(self, src: Any, src_off: int, dst: Any, dst_off: int, nbytes: int) -> None:
+        """Copy bytes between (or within) arenas; overlapping ranges raise ``ValueError``."""
+
+    def run(self, schedule: Schedule, arena: Any) -> None:
+        """Run a nested schedule's thunks in order on ``arena``."""
+
+    def accumulate(self, dst: Any, dst_off: int, src: Any, src_off: int, count: int, dtype: str) -> None:
+        """``dst[i] += src[i]`` for ``count`` elements of ``dtype`` (16-bit: in f32, rounded on store)."""
+
+    def zero(self, arena: Any, offset: int, nbytes: int) -> None:
+        """Set ``nbytes`` at ``offset`` to zero."""
+
+
+class HostMemory:
+    """:class:`Memory` over ``numpy.uint8`` arenas; counts body runs and the peak bytes it allocated.
+
+    ``options`` are passed on to every body thunk (a nested scan honours ``recompute``).
+    """
+
+    def __init__(self, **options: Any):
+        self.options = options
+        self.live = 0
+        self.peak = 0  # most bytes held at once by alloc: the driver's extra memory
+        self.runs = 0  # nested schedules run, forward bodies and vjp bodies together
+
+    def alloc(self, nbytes: int) -> np.ndarray:
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        return np.zeros(nbytes, np.uint8)
+
+    def free(self, arena: np.ndarray) -> None:
+        self.live -= arena.nbytes
+
+    def write(self, arena: np.ndarray, offset: int, data: np.ndarray) -> None:
+        arena[offset: offset + data.size] = data
+
+    def copy(self, src: np.ndarray, src_off: int, dst: np.ndarray, dst_off: int, nbytes: int) -> None:
+        copy_bytes(src, src_off, dst, dst_off, nbytes)
+
+    def run(self, schedule: Schedule, arena: np.ndarray) -> None:
+        from . import execute  # the package imports this module first
+
+        self.runs += 1
+        for thunk in schedule["thunks"]:
+            execute(thunk, arena, **self.options)
+
+    def accumulate(self, dst: np.ndarray, dst_off: int, src: np.ndarray, src_off: int, count: int, dtype: str) -> None:
+        total = load(dst, dst_off, dtype, (count,)) + load(src, src_off, dtype, (count,))
+        store(dst, dst_off, dtype, total)
+
+    def zero(self, arena: np.ndarray, offset: int, nbytes: int) -> None:
+        arena[offset: offset + nbytes] = 0
+
+
+def checkpoint_steps(length: int, num_checkpoints: int) -> list[int]:
+    """Step whose carry output each trajectory row holds: ``c_k = ceil((k+1)·length/K) − 1``, or every step."""
+    rows = num_checkpoints if 0 < num_checkpoints < length else length
+    return [-(-(k + 1) * length // rows) - 1 for k in range(rows)]
+
+
+def _check_checkpoints(t: Thunk) -> None:
+    k, length = t["num_checkpoints"], t["length"]
+    if not 0 <= k <= length:
+        raise ValueError(f"{t['op']}: num_checkpoints={k} with length={length}; it must lie in 0..length")
+
+
+def _check_slot(t: Thunk, body_field: str, field: str, offset: int, nbytes: int) -> None:
+    """A body slot must lie inside its body arena."""
+    size = t[body_field]["arena_bytes"]
+    if offset < 0 or offset + nbytes > size:
+        raise ValueError(
+            f"{t['op']}: {field}={offset} spans {nbytes} bytes, outside {body_field}'s arena of {size} bytes"
+        )
+
+
+def _check_output(t: Thunk, body_field: str, field: str, nbytes: int) -> None:
+    """A body output slot must fit, and a declared output tensor there must hold exactly ``nbytes``."""
+    body, offset = t[body_field], t[field]
+    _check_slot(t, body_field, field, offset, nbytes)
+    tensors = body.get("tensors") or {}
+    for name in body.get("outputs") or ():
+        spec = tensors.get(name)
+        if spec is None or spec["offset"] != offset:
+            continue
+        size = int(np.prod(spec["shape"], dtype=np.int64)) * ELEM_SIZE[spec["dtype"]]
+        if size != nbytes:
+            raise ValueError(
+                f"{t['op']}: {body_field} output {name!r} at {field}={offset} holds {size} bytes, "
+                f"but the step writes {nbytes} (carry_bytes={t['carry_bytes']})"
+            )
+
+
+def _pristine(mem: Memory, schedule: Schedule) -> Any:
+    """A fresh body arena: ``init`` applied to zeros."""
+    arena = mem.alloc(schedule["arena_bytes"])
+    for entry in schedule.get("init") or ():
+        mem.write(arena, entry["offset"], np.frombuffer(base64.b64decode(entry["b64"]), np.uint8))
+    return arena
+
+
+def _pass(mem: Memory, arena: Any, src_off: int, dst_off: int, nbytes: int) -> None:
+    """Move a step's output into the next step's input slot (nothing to do for an in-place body)."""
+    if src_off != dst_off:
+        mem.copy(arena, src_off, arena, dst_off, nbytes)
+
+
+def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
+    """``scan``: run ``body`` ``length`` times, threading the carry and saving the trajectory or final carry."""
+    _check_checkpoints(t)
+    length, c = t["length"], t["carry_bytes"]
+    _check_slot(t, "body", "body_input_off", t["body_input_off"], c)
+    _check_output(t, "body", "body_output_off", c)
+    for i, (body_off, _, step_bytes) in enumerate(t["xs_inputs"]):
+        _check_slot(t, "body", f"xs_inputs[{i}]", body_off, step_bytes)
+    for i, (body_off, _, total) in enumerate(t["bcast_inputs"]):
+        _check_slot(t, "body", f"bcast_inputs[{i}]", body_off, total)
+
+    body, in_off, out_off, final = t["body"], t["body_input_off"], t["body_output_off"], t["outer_final_off"]
+    saved = checkpoint_steps(length, t["num_checkpoints"]) if t["save_trajectory"] else []
+    rows = {step: k for k, step in enumerate(saved)}
+    arena = _pristine(mem, body)
+    try:
+        mem.copy(outer, t["outer_init_off"], arena, in_off, c)
+        for body_off, outer_off, total in t["bcast_inputs"]:
+            mem.copy(outer, outer_off, arena, body_off, total)
+        for step in range(length):
+            for body_off, outer_off, step_bytes in t["xs_inputs"]:
+                mem.copy(outer, outer_off + step * step_bytes, arena, body_off, step_bytes)
+            mem.run(body, arena)
+            if step in rows:
+                mem.copy(arena, out_off, outer, final + rows[step] * c, c)
+            _pass(mem, arena, out_off, in_off, c)
+        if not t["save_trajectory"]:
+            mem.copy(arena, in_off, outer, final, c)
+    finally:
+        mem.free(arena)
+
+
+class _Reverse:
+    """One execution of ``scan_backward`` / ``scan_backward_xs``: the vjp sweep and the recomputation."""
+
+    def __init__(self, mem: Memory, t: Thunk, outer: Any):
+        self.mem, self.t, self.outer = mem, t, outer
+        self.c = t["carry_bytes"]
+        self.xs: Sequence[Sequence[int]] = t["outer_xs_offs"]
+        self.dxs = t["op"] == "scan_backward_xs"
+        self.upstream_dtype = _upstream_dtype(t)
+        self.vjp = _pristine(mem, t["body_vjp"])
+        k, length = t["num_checkpoints"], t["length"]
+        self.fwd = _pristine(mem, t["forward_body"]) if 0 < k < length else None  # only checkpoints recompute
+
+    def close(self) -> None:
+        for arena in (self.vjp, self.fwd):
+            if arena is not None:
+                self.mem.free(arena)
+
+    def carry_row(self, row: int) -> Place:
+        """The carry a trajectory row holds; row -1 is ``init``."""
+        t = self.t
+        return (self.outer, t["outer_init_off"]) if row < 0 else (self.outer, t["outer_traj_off"] + row * self.c)
+
+    def _xs_rows(self, step: int, arena: Any, body_offs: Sequence[int]) -> None:
+        for body_off, (outer_off, step_bytes) in zip(body_offs, self.xs):
+            self.mem.copy(self.outer, outer_off + step * step_bytes, arena, body_off, step_bytes)
+
+    def vjp_step(self, step: int, carry: Place) -> None:
+        """Fold upstream row ``step`` into dcarry, run ``body_vjp`` on carry_step, and keep its dcarry.
+
+        dcarry lives in the ``body_d_output_off`` slot between steps: nothing else writes there.
+        """
+        mem, t, c, d_out = self.mem, self.t, self.c, self.t["body_d_output_off"]
+        if t["save_trajectory"]:
+            count = c // ELEM_SIZE[self.upstream_dtype]
+            mem.accumulate(self.vjp, d_out, self.outer, t["outer_upstream_off"] + step * c, count, self.upstream_dtype)
+        mem.copy(*carry, self.vjp, t["body_carry_in_off"], c)
+        self._xs_rows(step, self.vjp, t["body_x_offs"])
+        mem.run(t["body_vjp"], self.vjp)
+        if self.dxs:
+            n = t["per_step_bytes"]
+            mem.copy(self.vjp, t["body_dxs_out_off"], self.outer, t["outer_dxs_off"] + step * n, n)
+        _pass(mem, self.vjp, t["body_dcarry_out_off"], d_out, c)
+
+    def recompute(self, carry: Place, first: int, count: int, dst: Place, keep_all: bool) -> None:
+        """Run ``forward_body`` over steps ``first .. first+count-1`` from ``carry``.
+
+        The carry entering step ``first+count`` goes to ``dst``; with ``keep_all`` the carry entering
+        each step ``first+1+i`` goes to ``dst`` row ``i`` instead.
+        """
+        mem, t, c = self.mem, self.t, self.c
+        in_off, out_off = t["forward_body_carry_in_off"], t["forward_body_output_off"]
+        mem.copy(*carry, self.fwd, in_off, c)
+        for i in range(count):
+            self._xs_rows(first + i, self.fwd, t["forward_body_x_offs"])
+            mem.run(t["forward_body"], self.fwd)
+            _pass(mem, self.fwd, out_off, in_off, c)
+            if keep_all:
+                mem.copy(self.fwd, in_off, dst[0], dst[1] + i * c, c)
+        if not keep_all:
+            mem.copy(self.fwd, in_off, dst[0], dst[1], c)
+
+    def segment(self, first: int, count: int, carry: Place) -> None:
+        """Reverse over ``count`` steps from ``first``: cache every carry of the segment once, then sweep."""
+        cache = self.mem.alloc((count - 1) * self.c)
+        try:
+            self.recompute(carry, first, count - 1, (cache, 0), keep_all=True)
+            for i in range(count - 1, 0, -1):
+                self.vjp_step(first + i, (cache, (i - 1) * self.c))
+            self.vjp_step(first, carry)
+        finally:
+            self.mem.free(cache)
+
+    def treeverse(self, first: int, count: int, carry: Place) -> None:
+        """Reverse over ``count`` steps from ``first`` by bisection: one carry held per level of recursion."""
+        if count == 1:
+            self.vjp_step(first, carry)
+            return
+        half = count // 2
+        held = self.mem.alloc(self.c)
+        try:
+            self.recompute(carry, first, half, (held, 0), keep_all=False)
+            self.treeverse(first + half, count - half, (held, 0))
+        finally:
+            self.mem.free(held)
+        self.treeverse(first, half, carry)
+
+
+def _upstream_dtype(t: Thunk) -> str:
+    """Element type of upstream rows: 4 → f32, 8 → f64, 2 → the thunk's 16-bit dtype."""
+    size, c = t["carry_elem_size"], t["carry_bytes"]
+    dtype = {4: "f32", 8: "f64", 2: t.get("dtype")}.get(size)
+    if dtype not in ("f32", "f64", "f16", "bf16") or ELEM_SIZE[dtype] != size:
+        raise ValueError(
+            f"{t['op']}: carry_elem_size={size} with dtype={t.get('dtype')!r}; "
+            "use 4 (f32), 8 (f64), or 2 with dtype f16 or bf16"
+        )
+    if c % size:
+        raise ValueError(f"{t['op']}: carry_bytes={c} is not a multiple of carry_elem_size={size}")
+    return dtype
+
+
+def _check_backward(t: Thunk) -> None:
+    _check_checkpoints(t)
+    c, k, length = t["carry_bytes"], t["num_checkpoints"], t["length"]
+    n_xs = len(t["outer_xs_offs"])
+    if len(t["body_x_offs"]) != n_xs:
+        raise ValueError(f"{t['op']}: body_x_offs has {len(t['body_x_offs'])} entries, outer_xs_offs has {n_xs}")
+    _check_slot(t, "body_vjp", "body_carry_in_off", t["body_carry_in_off"], c)
+    _check_slot(t, "body_vjp", "body_d_output_off", t["body_d_output_off"], c)
+    _check_output(t, "body_vjp", "body_dcarry_out_off", c)
+    for i, (body_off, (_, step_bytes)) in enumerate(zip(t["body_x_offs"], t["outer_xs_offs"])):
+        _check_slot(t, "body_vjp", f"body_x_offs[{i}]", body_off, step_bytes)
+    if t["op"] == "scan_backward_xs":
+        _check_output(t, "body_vjp", "body_dxs_out_off", t["per_step_bytes"])
+    if 0 < k < length and t["forward_body"] is None:
+        raise ValueError(
+            f"{t['op']}: num_checkpoints={k} < length={length} needs forward_body to recompute carries, got null"
+        )
+    if t["forward_body"] is not None:
+        if len(t["forward_body_x_offs"]) != n_xs:
+            raise ValueError(
+                f"{t['op']}: forward_body_x_offs has {len(t['forward_body_x_offs'])} entries, outer_xs_offs has {n_xs}"
+            )
+        _check_slot(t, "forward_body", "forward_body_carry_in_off", t["forward_body_carry_in_off"], c)
+        _check_output(t, "forward_body", "forward_body_output_off", c)
+        for i, (body_off, (_, step_bytes)) in enumerate(zip(t["forward_body_x_offs"], t["outer_xs_offs"])):
+            _check_slot(t, "forward_body", f"forward_body_x_offs[{i}]", body_off, step_bytes)
+
+
+def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segment") -> None:
+    """``scan_backward`` / ``scan_backward_xs``: run ``body_vjp`` for ``t = length-1 .. 0``, carrying dcarry.
+
+    Carries between checkpoints are recomputed by ``recompute`` ("segment" or "treeverse");
+    the strategy never changes a result bit.
+    """
+    if recompute not in STRATEGIES:
+        raise ValueError(f"recompute={recompute!r}; choose one of {STRATEGIES}")
+    _check_backward(t)
+    c, d_out = t["carry_bytes"], t["body_d_output_off"]
+    rev = _Reverse(mem, t, outer)
+    try:
+        if t["save_trajectory"]:
+            mem.zero(rev.vjp, d_out, c)
+        else:
+            mem.copy(outer, t["outer_upstream_off"], rev.vjp, d_out, c)
+        steps = checkpoint_steps(t["length"], t["num_checkpoints"])
+        sweep = rev.segment if recompute == "segment" else rev.treeverse
+        for row in range(len(steps) - 1, -1, -1):
+            first = steps[row - 1] + 1 if row else 0
+            count = steps[row] - first + 1
+            if count == 1:  # carry saved: nothing to recompute
+                rev.vjp_step(first, rev.carry_row(row - 1))
+            else:
+                sweep(first, count, rev.carry_row(row - 1))
+        if t["op"] == "scan_backward":
+            mem.copy(rev.vjp, d_out, outer, t["outer_dinit_off"], c)
+    finally:
+        rev.close()
+
+
+def _scan_kernel(thunk: Thunk, arena: np.ndarray, **options: Any) -> None:
+    run_scan(HostMemory(**options), thunk, arena)
+
+
+def _backward_kernel(thunk: Thunk, arena: np.ndarray, **options: Any) -> None:
+    run_scan_backward(HostMemory(**options), thunk, arena, options.get("recompute", "segment"))
+
+
+KERNELS = {"scan": _scan_kernel, "scan_backward": _backward_kernel, "scan_backward_xs": _backward_kernel}
