@@ -10,6 +10,10 @@ class ScheduleError(RlxError, ValueError):
     """A schedule failed validation; nothing was launched."""
 
 
+class GraphError(RlxError, ValueError):
+    """A builder op was declared with shapes, counts or dtypes the ABI cannot run."""
+
+
 class KernelBuildError(RlxError):
     """A device program failed to compile; carries the build log, the options and the numbered source."""
 

@@ -1,0 +1,317 @@
+"""Graph builder: declare named inputs, weights and ops, mark outputs, compile to a validated Schedule.
+
+A ``Graph`` records ``Node``s whose fields are the op's ABI fields with ``Tensor``s (and, for the scan
+family, ``Slot``s and nested ``Graph``s) standing in for byte offsets; ``lowering.lower`` plans the
+arena and turns them into numbers. Shapes and the element counts of ABI.md §3 are checked here, when
+the op is declared, so a mistake is reported against the user's names rather than a thunk index.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+from host_fallback.arena import ELEM_SIZE, STORAGE
+
+from .ops import BINARY_FNS, DTYPES, MAX_RANK, UNARY_FNS
+from .errors import GraphError
+from .sequence_ops import SequenceOps
+
+if TYPE_CHECKING:
+    from .lowering import Executable
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A dense row-major tensor of a graph; tensors that share ``buf`` are reshaped views of one buffer."""
+
+    graph: "Graph"
+    buf: int
+    shape: tuple[int, ...]
+    dtype: str
+    name: str | None = None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * ELEM_SIZE[self.dtype]
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name or f'#{self.buf}'}, {list(self.shape)}, {self.dtype})"
+
+    def __add__(self, o: Any) -> Tensor: return self.graph.binary("add", self, o)
+    def __radd__(self, o: Any) -> Tensor: return self.graph.binary("add", o, self)
+    def __sub__(self, o: Any) -> Tensor: return self.graph.binary("sub", self, o)
+    def __rsub__(self, o: Any) -> Tensor: return self.graph.binary("sub", o, self)
+    def __mul__(self, o: Any) -> Tensor: return self.graph.binary("mul", self, o)
+    def __rmul__(self, o: Any) -> Tensor: return self.graph.binary("mul", o, self)
+    def __truediv__(self, o: Any) -> Tensor: return self.graph.binary("div", self, o)
+    def __rtruediv__(self, o: Any) -> Tensor: return self.graph.binary("div", o, self)
+    def __neg__(self) -> Tensor: return self.graph.unary("neg", self)
+    def __matmul__(self, o: Any) -> Tensor: return self.graph.matmul(self, o)
+
+
+@dataclass(frozen=True, eq=False)
+class Slot:
+    """The byte offset of ``tensor`` inside the arena of the nested ``graph`` (a scan body)."""
+
+    graph: "Graph"
+    tensor: Tensor
+
+
+@dataclass(eq=False)
+class Node:
+    """One op: ``fields`` are its ABI fields with Tensors for offsets; ``writes`` the tensors it defines."""
+
+    op: str  # an ABI op, or "reshape" (a view: no thunk)
+    dtype: str
+    fields: dict[str, Any]
+    writes: tuple[Tensor, ...]
+
+    def tensors(self) -> Iterator[Tensor]:
+        """Every tensor of this graph the node touches (Slots belong to a nested arena)."""
+        def walk(v: Any) -> Iterator[Tensor]:
+            if isinstance(v, Tensor):
+                yield v
+            elif isinstance(v, (list, tuple)):
+                for item in v:
+                    yield from walk(item)
+        yield from walk(list(self.fields.values()))
+
+
+#: Names unnamed constants uniquely across graphs, so a derived graph can copy a body's constants by name.
+_CONSTANTS = itertools.count()
+
+
+def _count(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+class Graph(SequenceOps):
+    """A program under construction; ``compile()`` plans it and returns an ``Executable``.
+
+    ``dtype`` is the default element type of inputs, weights and constants.
+    """
+
+    def __init__(self, dtype: str = "f32"):
+        self.dtype = self._check_dtype(dtype)
+        self.nodes: list[Node] = []
+        self.buffers: list[int] = []  # byte size of every buffer, by buf id
+        self.inputs: dict[str, Tensor] = {}
+        self.weights: dict[str, Tensor] = {}
+        self.outputs: dict[str, Tensor] = {}
+        self.init: dict[int, bytes] = {}  # constant bytes of every weight buffer
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------- declarations
+    @staticmethod
+    def _check_dtype(dtype: str) -> str:
+        if dtype not in DTYPES:
+            raise GraphError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+        return dtype
+
+    def _claim(self, name: str) -> str:
+        if name in self.inputs or name in self.weights or name in self.outputs:
+            raise GraphError(f"the name {name!r} is already taken in this graph")
+        return name
+
+    def _new(self, shape: Sequence[int], dtype: str, name: str | None = None) -> Tensor:
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape):
+            raise GraphError(f"negative dimension in shape {list(shape)}")
+        self.buffers.append(_count(shape) * ELEM_SIZE[dtype])
+        return Tensor(self, len(self.buffers) - 1, shape, dtype, name)
+
+    def _emit(self, op: str, dtype: str, fields: dict[str, Any], *writes: Tensor) -> None:
+        self.nodes.append(Node(op, dtype, fields, writes))
+
+    def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> Tensor:
+        """Declare an input the caller supplies by ``name`` at run time."""
+        t = self._new(shape, self._check_dtype(dtype or self.dtype), self._claim(name))
+        self.inputs[name] = t
+        return t
+
+    def weight(self, name: str, array: Any, dtype: str | None = None) -> Tensor:
+        """Declare a constant array, baked into the schedule's ``init`` (rounded to nearest even)."""
+        dt = self._check_dtype(dtype or self.dtype)
+        values = np.asarray(array, dtype=np.float64)
+        t = self._new(values.shape, dt, self._claim(name))
+        self.init[t.buf] = np.ascontiguousarray(values.astype(STORAGE[dt])).tobytes()
+        self.weights[name] = t
+        return t
+
+    def constant(self, value: Any, dtype: str | None = None) -> Tensor:
+        """An unnamed weight (a scalar or an array)."""
+        return self.weight(f"const.{next(_CONSTANTS)}", value, dtype)
+
+    def output(self, name: str, t: Tensor) -> Tensor:
+        """Mark ``t`` as an output read back by ``name``; an input, weight or other output is copied first."""
+        t = self._t(t)
+        taken = {u.buf for u in itertools.chain(self.inputs.values(), self.weights.values(), self.outputs.values())}
+        if t.buf in taken:
+            t = self.copy(t)
+        self.outputs[self._claim(name)] = t
+        return t
+
+    def _t(self, v: Any, dtype: str | None = None) -> Tensor:
+        """A tensor of this graph; numbers and arrays become constants."""
+        if isinstance(v, Tensor):
+            if v.graph is not self:
+                raise GraphError(f"{v!r} belongs to another graph; pass a scan body's values through its inputs")
+            return v
+        return self.constant(v, dtype)
+
+    # ----------------------------------------------------------------- body ops
+    def unary(self, fn: str, x: Any) -> Tensor:
+        """Elementwise ``fn(x)``, ``fn`` one of ABI.md §5's unary functions."""
+        if fn not in UNARY_FNS:
+            raise GraphError(f"unary: unknown fn {fn!r}; expected one of {', '.join(UNARY_FNS)}")
+        x = self._t(x)
+        y = self._new(x.shape, x.dtype)
+        self._emit("unary", x.dtype, {"x": x, "dst": y, "n": x.size, "fn": fn}, y)
+        return y
+
+    def binary(self, fn: str, a: Any, b: Any, shape: Sequence[int] | None = None) -> Tensor:
+        """Elementwise ``fn(a, b)`` with NumPy broadcasting (to ``shape`` too when given)."""
+        if fn not in BINARY_FNS:
+            raise GraphError(f"binary: unknown fn {fn!r}; expected one of {', '.join(BINARY_FNS)}")
+        a = self._t(a, b.dtype if isinstance(b, Tensor) else None)
+        b = self._t(b, a.dtype)
+        if a.dtype != b.dtype:
+            raise GraphError(f"binary {fn}: {a!r} and {b!r} differ in dtype; cast one first")
+        try:
+            out = np.broadcast_shapes(a.shape, b.shape, *([tuple(shape)] if shape is not None else []))
+        except ValueError as err:
+            raise GraphError(f"binary {fn}: shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from err
+        y = self._new(out, a.dtype)
+        # Size-1 output axes carry no stride information: dropping them keeps the rank within the ABI's 6.
+        keep = [ax for ax, d in enumerate(out) if d != 1]
+        dims = [out[ax] for ax in keep] or [1]
+        strides = [self._strides(t.shape, out, keep) for t in (a, b)]
+        if len(dims) > MAX_RANK:
+            raise GraphError(f"binary {fn}: output shape {list(out)} has more than {MAX_RANK} non-unit axes")
+        self._emit("binary", a.dtype, {"a": a, "b": b, "dst": y, "fn": fn, "shape": dims,
+                                       "a_strides": strides[0], "b_strides": strides[1]}, y)
+        return y
+
+    @staticmethod
+    def _strides(shape: tuple[int, ...], out: tuple[int, ...], keep: list[int]) -> list[int]:
+        """Element strides of ``shape`` read as ``out`` (right-aligned; 0 on broadcast axes)."""
+        padded = (1,) * (len(out) - len(shape)) + shape
+        dense = [_count(padded[ax + 1:]) for ax in range(len(padded))]
+        strides = [0 if padded[ax] == 1 else dense[ax] for ax in keep]
+        return strides or [0]
+
+    def matmul(self, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False) -> Tensor:
+        """Batched ``op(a)·op(b)`` over leading axes; an operand without them is shared across the batch."""
+        a, b = self._t(a), self._t(b)
+        if len(a.shape) < 2 or len(b.shape) < 2 or a.dtype != b.dtype:
+            raise GraphError(f"matmul: {a!r} and {b!r} must be matrices (rank >= 2) of one dtype")
+        m, k = a.shape[-2:][::-1] if trans_a else a.shape[-2:]
+        k2, n = b.shape[-2:][::-1] if trans_b else b.shape[-2:]
+        if k != k2:
+            raise GraphError(f"matmul: inner sizes differ: {a!r}{' (transposed)' * trans_a} has k={k}, "
+                             f"{b!r}{' (transposed)' * trans_b} has k={k2}")
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        for t in (a, b):
+            if _count(t.shape[:-2]) != 1 and t.shape[:-2] != batch:
+                raise GraphError(f"matmul: {t!r} must have batch axes {list(batch)} or none; the ABI shares a "
+                                 "whole operand or none")
+        y = self._new((*batch, m, n), a.dtype)
+        self._emit("matmul", a.dtype, {
+            "a": a, "b": b, "dst": y, "batch": _count(batch), "m": m, "k": k, "n": n, "trans_a": bool(trans_a),
+            "trans_b": bool(trans_b), "a_batch_stride": m * k if _count(a.shape[:-2]) > 1 else 0,
+            "b_batch_stride": k * n if _count(b.shape[:-2]) > 1 else 0}, y)
+        return y
+
+    def reduce_sum(self, x: Any, axis: int | Sequence[int] = -1, keepdims: bool = False) -> Tensor:
+        """Sum over ``axis`` (one or several)."""
+        x = self._t(x)
+        if not x.shape:
+            raise GraphError(f"reduce_sum: {x!r} is a scalar; there is no axis to sum over")
+        axes = sorted({ax % len(x.shape) for ax in ([axis] if isinstance(axis, int) else axis)}, reverse=True)
+        y = x
+        for ax in axes:
+            shape = y.shape[:ax] + (1,) + y.shape[ax + 1:]
+            out = self._new(shape, x.dtype)
+            self._emit("reduce_sum", x.dtype, {"x": y, "dst": out, "outer": max(1, _count(y.shape[:ax])),
+                                               "r": y.shape[ax], "inner": max(1, _count(y.shape[ax + 1:]))}, out)
+            y = out
+        return y if keepdims else self.reshape(y, [d for ax, d in enumerate(y.shape) if ax not in axes])
+
+    def cast(self, x: Any, dtype: str) -> Tensor:
+        """Convert to ``dtype`` (rounding to nearest even); the same tensor when it already is."""
+        x = self._t(x)
+        if x.dtype == self._check_dtype(dtype):
+            return x
+        y = self._new(x.shape, dtype)
+        self._emit("cast", dtype, {"src": x, "dst": y, "n": x.size, "src_dtype": x.dtype}, y)
+        return y
+
+    def fill(self, shape: Sequence[int], value: float, dtype: str | None = None) -> Tensor:
+        """A tensor of ``shape`` holding ``value`` everywhere (written by a thunk, every run)."""
+        y = self._new(shape, self._check_dtype(dtype or self.dtype))
+        self._emit("fill", y.dtype, {"dst": y, "n": y.size, "value": float(value)}, y)
+        return y
+
+    def copy(self, x: Any) -> Tensor:
+        """A new buffer holding the bytes of ``x``."""
+        x = self._t(x)
+        y = self._new(x.shape, x.dtype)
+        self._emit("copy", x.dtype, {"src": x, "dst": y, "nbytes": x.nbytes}, y)
+        return y
+
+    def reshape(self, x: Any, shape: Sequence[int]) -> Tensor:
+        """A view of ``x`` with another shape of the same element count (``-1`` infers one axis)."""
+        x = self._t(x)
+        try:
+            shape = np.empty(x.shape, dtype=np.uint8).reshape(tuple(shape)).shape
+        except ValueError as err:
+            raise GraphError(f"reshape: cannot view {x!r} as {list(shape)}") from err
+        y = Tensor(self, x.buf, tuple(shape), x.dtype)
+        self._emit("reshape", x.dtype, {"x": x, "dst": y}, y)
+        return y
+
+    def broadcast_to(self, x: Any, shape: Sequence[int]) -> Tensor:
+        """``x`` repeated along broadcast axes to ``shape`` (as ``x·1``, which is exact)."""
+        x = self._t(x)
+        return self.binary("mul", x, self.constant(1.0, x.dtype), shape)
+
+    # ----------------------------------------------------------------- scans
+    def scan(self, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
+             length: int | None = None, save_trajectory: bool = False, num_checkpoints: int = 0) -> Tensor:
+        """``carry = body(carry, xs[0][t], ..., *bcast)`` for ``t < length``; returns the final carry.
+
+        ``body`` is a Graph of body ops whose inputs, in declaration order, are the carry, one row
+        of every xs input and every bcast input, and whose one output is the next carry. With
+        ``save_trajectory`` the result is ``[rows, *carry]``: every step's carry, or with
+        ``0 < num_checkpoints < length`` the carries of steps ``ceil((k+1)·length/K) - 1``.
+        """
+        from .scans import scan_fields
+
+        fields, rows = scan_fields(self, body, init, xs, bcast, length, save_trajectory, num_checkpoints)
+        carry = fields["outer_init_off"]
+        out = self._new((rows, *carry.shape) if save_trajectory else carry.shape, carry.dtype)
+        fields["outer_final_off"] = out
+        self._emit("scan", carry.dtype, fields, out)
+        return out
+
+    def scan_grad(self, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
+                  d_final: Any = None, d_traj: Any = None, num_checkpoints: int = 0,
+                  length: int | None = None) -> Any:
+        """Gradients of a scan with respect to its init, xs and bcast inputs: see ``scans.scan_grad``."""
+        from .scans import scan_grad
+
+        return scan_grad(self, body, init, xs, bcast, d_final=d_final, d_traj=d_traj,
+                         num_checkpoints=num_checkpoints, length=length)
+
+    def compile(self, device: str | None = None) -> "Executable":
+        """Plan the arena, lower to a validated Schedule and bind it to ``device`` (see ``get_device``)."""
+        from .lowering import compile_graph
+
+        return compile_graph(self, device)

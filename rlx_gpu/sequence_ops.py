@@ -1,0 +1,136 @@
+"""The recurrent and state-space ops of the Graph builder (ABI.md §3-§4), with their build-time checks.
+
+A mixin of ``builder.Graph``: it uses the graph's ``_t``/``_new``/``_emit``/``copy``/``output``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+from host_fallback.layout import GATES
+
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    from .builder import Tensor
+
+
+class SequenceOps:
+    """lstm, gru, rnn, selective_scan, mamba2 and gated_delta_net for ``Graph``."""
+
+    def _expect(self, op: str, field: str, t: Tensor, shape: Sequence[int], dtype: str) -> None:
+        if t.shape != tuple(shape):
+            raise GraphError(f"{op}: {field} {t!r} has shape {list(t.shape)}, expected {list(shape)}")
+        if t.dtype != dtype:
+            raise GraphError(f"{op}: {field} {t!r} is {t.dtype}, expected {dtype} like the op's other tensors")
+
+    def _recurrent(self, op: str, x: Any, params: dict[str, Any], states: dict[str, Any], hidden: int,
+                   num_layers: int, bidirectional: bool, name: str | None, **extra: Any) -> Any:
+        x = self._t(x)
+        if len(x.shape) != 3:
+            raise GraphError(f"{op}: x {x!r} must be [batch, seq, input_size]")
+        b, s, i = x.shape
+        gates, dirs = GATES[op], 2 if bidirectional else 1
+        in_sizes = [i] + [dirs * hidden] * (num_layers - 1)
+        expected = {"w_ih": sum(dirs * gates * hidden * n for n in in_sizes),
+                    "w_hh": num_layers * dirs * gates * hidden * hidden}
+        expected.update({f: num_layers * dirs * gates * hidden for f in params if f not in expected})
+        expected.update({f: num_layers * dirs * b * hidden for f in states})
+        given = {f: self._t(v, x.dtype) for f, v in {**params, **states}.items() if v is not None}
+        for field, t in given.items():
+            if t.size != expected[field]:
+                raise GraphError(f"{op}: input {field!r} ({t!r}) has {t.size} elements, expected {expected[field]}")
+            if t.dtype != x.dtype:
+                raise GraphError(f"{op}: input {field!r} ({t!r}) is {t.dtype}, x is {x.dtype}")
+        carry = any(f in given for f in states)
+        if carry and not all(f in given for f in states):
+            raise GraphError(f"{op}: carried state needs {' and '.join(states)} together; got only "
+                             f"{', '.join(f for f in states if f in given)}")
+        name = name or f"{op}{next(self._ids)}"
+        # The thunk updates its state in place: it works on a copy, so the caller's tensor stays intact.
+        finals = {f: self.copy(given[f]) for f in states} if carry else {}
+        y = self._new((b, s, dirs * hidden), x.dtype)
+        fields = {"x": x, **{f: given[f] for f in params}, **{f: finals.get(f, 0) for f in states}, "dst": y,
+                  "batch": b, "seq": s, "input_size": i, "hidden": hidden, "num_layers": num_layers,
+                  "bidirectional": bool(bidirectional), "carry": carry, **extra}
+        self._emit(op, x.dtype, fields, y, *finals.values())
+        for f, t in finals.items():
+            self.output(f"{name}.{'h_n' if f == 'h0' else 'c_n'}", t)
+        return (y, *finals.values()) if carry else y
+
+    def lstm(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, num_layers: int = 1,
+             bidirectional: bool = False, h0: Any = None, c0: Any = None, name: str | None = None) -> Any:
+        """LSTM (gates i, f, g, o): ``c' = f⊙c + i⊙g``, ``h' = o⊙tanh(c')``; returns ``y`` or ``(y, h_n, c_n)``.
+
+        With ``h0``/``c0`` the final states are also outputs ``{name}.h_n`` and ``{name}.c_n``.
+        """
+        return self._recurrent("lstm", x, {"w_ih": w_ih, "w_hh": w_hh, "bias": bias}, {"h0": h0, "c0": c0},
+                               hidden, num_layers, bidirectional, name)
+
+    def gru(self, x: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, *, hidden: int, num_layers: int = 1,
+            bidirectional: bool = False, h0: Any = None, name: str | None = None) -> Any:
+        """GRU (PyTorch gates r, z, n): ``h' = (1-z)⊙n + z⊙h``; returns ``y`` or ``(y, h_n)``."""
+        return self._recurrent("gru", x, {"w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}, {"h0": h0},
+                               hidden, num_layers, bidirectional, name)
+
+    def rnn(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, relu: bool = False,
+            num_layers: int = 1, bidirectional: bool = False, h0: Any = None, name: str | None = None) -> Any:
+        """Elman RNN: ``h' = act(W_ih·x + W_hh·h + bias)``, act relu or tanh; returns ``y`` or ``(y, h_n)``."""
+        return self._recurrent("rnn", x, {"w_ih": w_ih, "w_hh": w_hh, "bias": bias}, {"h0": h0},
+                               hidden, num_layers, bidirectional, name, relu=bool(relu))
+
+    def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any) -> Tensor:
+        """Mamba-1: ``h = exp(delta·a)⊙h + delta·b·x``, ``y = Σ_n c·h`` per channel; ``x [B,S,H]``, ``a [H,N]``."""
+        x, delta, a, b, c = (self._t(v) for v in (x, delta, a, b, c))
+        if len(x.shape) != 3 or len(a.shape) != 2:
+            raise GraphError(f"selective_scan: x {x!r} must be [B,S,H] and a {a!r} [H,N]")
+        (bt, s, h), n = x.shape, a.shape[1]
+        for field, t, shape in (("delta", delta, (bt, s, h)), ("a", a, (h, n)), ("b", b, (bt, s, n)),
+                                ("c", c, (bt, s, n))):
+            self._expect("selective_scan", field, t, shape, x.dtype)
+        y = self._new(x.shape, x.dtype)
+        self._emit("selective_scan", x.dtype, {"x": x, "delta": delta, "a": a, "b": b, "c": c, "dst": y,
+                                               "batch": bt, "seq": s, "hidden": h, "state_size": n}, y)
+        return y
+
+    def mamba2(self, x: Any, dt: Any, a: Any, b: Any, c: Any) -> Tensor:
+        """Mamba-2 SSD: ``S = exp(dt·a)·S + (dt·x)⊗b``, ``y = S·c`` per head; ``x [B,S,H,P]``, ``b [B,S,H,N]``."""
+        x, dt, a, b, c = (self._t(v) for v in (x, dt, a, b, c))
+        if len(x.shape) != 4 or len(b.shape) != 4:
+            raise GraphError(f"mamba2: x {x!r} must be [B,S,H,P] and b {b!r} [B,S,H,N]")
+        (bt, s, h, p), n = x.shape, b.shape[3]
+        for field, t, shape in (("dt", dt, (bt, s, h)), ("a", a, (h,)), ("b", b, (bt, s, h, n)),
+                                ("c", c, (bt, s, h, n))):
+            self._expect("mamba2", field, t, shape, x.dtype)
+        y = self._new(x.shape, x.dtype)
+        self._emit("mamba2", x.dtype, {"x": x, "dt": dt, "a": a, "b": b, "c": c, "dst": y, "batch": bt,
+                                       "seq": s, "heads": h, "head_dim": p, "state_size": n}, y)
+        return y
+
+    def gated_delta_net(self, q: Any, k: Any, v: Any, g: Any, beta: Any, *, gate_per_channel: bool = False,
+                        state: Any = None, name: str | None = None) -> Any:
+        """Gated delta rule: ``S *= exp(g)``, ``S += k⊗((v - Sᵀk)·beta)``, ``out = Sᵀq/√N``; ``q [B,S,H,N]``.
+
+        Returns ``out``, or ``(out, state_n)`` when ``state [B,H,N,N]`` is carried (also output
+        ``{name}.state``).
+        """
+        q, k, v, g, beta = (self._t(t) for t in (q, k, v, g, beta))
+        if len(q.shape) != 4:
+            raise GraphError(f"gated_delta_net: q {q!r} must be [B,S,H,N]")
+        bt, s, h, n = q.shape
+        gate = (bt, s, h, n) if gate_per_channel else (bt, s, h)
+        for field, t, shape in (("k", k, q.shape), ("v", v, q.shape), ("g", g, gate), ("beta", beta, (bt, s, h))):
+            self._expect("gated_delta_net", field, t, shape, q.dtype)
+        final = 0
+        if state is not None:
+            state = self._t(state)
+            self._expect("gated_delta_net", "state", state, (bt, h, n, n), q.dtype)
+            final = self.copy(state)  # updated in place: keep the caller's tensor intact
+        y = self._new(q.shape, q.dtype)
+        self._emit("gated_delta_net", q.dtype, {
+            "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": final, "dst": y, "batch": bt, "seq": s,
+            "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
+            "carry_state": state is not None}, y, *([final] if state is not None else []))
+        if state is None:
+            return y
+        self.output(f"{name or f'gdn{next(self._ids)}'}.state", final)
+        return y, final
