@@ -1,0 +1,190 @@
+"""Host selective_scan / mamba2 / gated_delta_net: fast path against the step path and torch.
+
+    [OPENBLAS_NUM_THREADS=1] python benchmarks/ssm.py [--runs 7] [--warmup 1] [--crossover]
+
+Shapes (batch 2, seq 1024, f32): mamba2 H=8 P=64 N=64; gated_delta_net H=8 N=64 with per-head and
+per-channel gates; selective_scan H=256 N=16. Every host kernel runs through
+``host_fallback.execute`` on a uint8 arena. Columns: the median of ``--runs`` timed runs of the
+path the kernel chooses, of its step path (the recurrence vectorized over batch, heads and state),
+their ratio, and a torch CPU implementation of the same algorithm written here (SSD chunked,
+GDN chunked per-head, the Mamba-1 reference loop) with its ratio to ours. ``--crossover`` instead
+times step against fast path at short sequences, which sets the ``*_STEP_MAX`` rules.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+import host_fallback  # noqa: E402
+from host_fallback import gdn, ssm  # noqa: E402
+from reference_ssm import lay_out  # noqa: E402  (the arena harness the tests use)
+
+
+def median_ms(fn, runs: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def cases(seq: int, rng: np.random.Generator):
+    """``(label, op, params, tensors, path_for, fast path name)`` for each benchmarked op."""
+    b = 2
+    k = rng.standard_normal((b, seq, 8, 64))
+    gdn_common = {"q": rng.standard_normal((b, seq, 8, 64)), "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+                  "v": rng.standard_normal((b, seq, 8, 64)), "beta": rng.uniform(0, 1, (b, seq, 8))}
+    gdn_params = {"batch": b, "seq": seq, "heads": 8, "state_size": 64, "carry_state": False}
+    return [
+        ("mamba2 H8 P64 N64", "mamba2", {"batch": b, "seq": seq, "heads": 8, "head_dim": 64, "state_size": 64},
+         {"x": rng.standard_normal((b, seq, 8, 64)), "dt": rng.uniform(0.01, 0.2, (b, seq, 8)),
+          "a": -rng.uniform(0.5, 4, 8), "b": rng.standard_normal((b, seq, 8, 64)) / 8,
+          "c": rng.standard_normal((b, seq, 8, 64))}, ssm.path_for, "chunked"),
+        ("gdn per-head H8 N64", "gated_delta_net", {**gdn_params, "gate_per_channel": False},
+         {**gdn_common, "g": rng.uniform(-0.5, 0, (b, seq, 8))}, gdn.path_for, "chunked"),
+        ("gdn per-channel H8 N64", "gated_delta_net", {**gdn_params, "gate_per_channel": True},
+         {**gdn_common, "g": rng.uniform(-0.5, 0, (b, seq, 8, 64))}, gdn.path_for, "chunked"),
+        ("selective_scan H256 N16", "selective_scan", {"batch": b, "seq": seq, "hidden": 256, "state_size": 16},
+         {"x": rng.standard_normal((b, seq, 256)), "delta": rng.uniform(0.01, 0.2, (b, seq, 256)),
+          "a": -rng.uniform(0.5, 4, (256, 16)), "b": rng.standard_normal((b, seq, 16)),
+          "c": rng.standard_normal((b, seq, 16))}, ssm.path_for, "blocked"),
+    ]
+
+
+# --- torch implementations of the same algorithms, for the side-by-side column -------------------
+
+def torch_ssd(x, dt, a, b, c, length=64):
+    """SSD chunked (mamba2), the four-term form with a segment-sum decay mask."""
+    import torch
+    bsz, seq, h, p = x.shape
+    chunks = seq // length
+    x, b, c = (t.reshape(bsz, chunks, length, h, -1).permute(0, 3, 1, 2, 4) for t in (x * dt[..., None], b, c))
+    cum = torch.cumsum((dt * a).reshape(bsz, chunks, length, h).permute(0, 3, 1, 2), -1)  # [B, H, C, L]
+    diff = cum[..., :, None] - cum[..., None, :]
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    ratios = torch.exp(diff.masked_fill(~mask, -torch.inf))
+    y = ((c @ b.transpose(-1, -2)) * ratios) @ x
+    local = (x * torch.exp(cum[..., -1:] - cum)[..., None]).transpose(-1, -2) @ b  # [B, H, C, P, N]
+    state, starts = torch.zeros_like(local[:, :, 0]), []
+    for k in range(chunks):
+        starts.append(state)
+        state = torch.exp(cum[..., k, -1])[..., None, None] * state + local[:, :, k]
+    y = y + torch.exp(cum)[..., None] * (c @ torch.stack(starts, 2).transpose(-1, -2))
+    return y.permute(0, 2, 3, 1, 4).reshape(bsz, seq, h, p)
+
+
+def torch_gdn(q, k, v, g, beta, length=64):
+    """GDN chunked (per-head gates), the WY / UT-transform form."""
+    import torch
+    bsz, seq, h, n = q.shape
+    chunks = seq // length
+    q, k, v = (t.reshape(bsz, chunks, length, h, n).permute(0, 3, 1, 2, 4) for t in (q, k, v))
+    g, beta = (t.reshape(bsz, chunks, length, h).permute(0, 3, 1, 2) for t in (g, beta))
+    cum = torch.cumsum(g, -1)
+    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    ratios = torch.exp((cum[..., :, None] - cum[..., None, :]).masked_fill(~mask, -torch.inf))
+    a = ((k @ k.transpose(-1, -2)) * ratios).tril(-1) * beta[..., None]
+    eye = torch.eye(length, dtype=q.dtype)
+    t = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False, unitriangular=True)
+    w, u = t @ (k * (beta * torch.exp(cum))[..., None]), t @ (v * beta[..., None])
+    qk = (q @ k.transpose(-1, -2)) * ratios / math.sqrt(n)
+    s, out = torch.zeros(bsz, h, n, n, dtype=q.dtype), []
+    for c in range(chunks):
+        uc = u[:, :, c] - w[:, :, c] @ s
+        out.append(q[:, :, c] * torch.exp(cum[:, :, c])[..., None] / math.sqrt(n) @ s + qk[:, :, c] @ uc)
+        last = cum[:, :, c, -1:]
+        s = torch.exp(last)[..., None] * s + (k[:, :, c] * torch.exp(last - cum[:, :, c])[..., None]).transpose(-1, -2) @ uc
+    return torch.stack(out, 2).permute(0, 2, 3, 1, 4).reshape(bsz, seq, h, n)
+
+
+def torch_mamba1(x, delta, a, b, c):
+    """The Mamba-1 reference loop: one step at a time over ``[B, H, N]``."""
+    import torch
+    dA = torch.exp(delta[..., None] * a)  # [B, S, H, N]
+    dBx = (delta * x)[..., None] * b[:, :, None, :]
+    h, ys = torch.zeros(x.shape[0], a.shape[0], a.shape[1], dtype=x.dtype), []
+    for t in range(x.shape[1]):
+        h = dA[:, t] * h + dBx[:, t]
+        ys.append(torch.einsum("bhn,bn->bh", h, c[:, t]))
+    return torch.stack(ys, 1)
+
+
+TORCH = {"mamba2": (torch_ssd, ("x", "dt", "a", "b", "c")),
+         "gated_delta_net": (torch_gdn, ("q", "k", "v", "g", "beta")),
+         "selective_scan": (torch_mamba1, ("x", "delta", "a", "b", "c"))}
+
+
+def torch_ms(op, params, tensors, host_out, runs, warmup):
+    """Time the torch twin and check it against the host output; ``None`` where there is none."""
+    try:
+        import torch
+    except ImportError:
+        return None, None
+    if op == "gated_delta_net" and params["gate_per_channel"]:
+        return None, None
+    fn, fields = TORCH[op]
+    args = [torch.from_numpy(np.asarray(tensors[f], np.float32)) for f in fields]
+    with torch.no_grad():
+        out = fn(*args).numpy()
+        ms = median_ms(lambda: fn(*args), runs, warmup)
+    return ms, float(np.max(np.abs(out - host_out)) / np.max(np.abs(host_out)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--crossover", action="store_true", help="time step against fast path at short sequences")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    # torch gets the thread count OpenBLAS was started with, so both sides use the same cores
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS", os.cpu_count() or 1))
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        pass
+    print(f"host CPU, f32, batch 2; {os.cpu_count()} cores; OpenBLAS and torch {threads} threads; "
+          f"medians of {args.runs} runs")
+    if args.crossover:
+        print(f"{'op':<26}" + "".join(f"{f'seq {s}':>16}" for s in (1, 2, 4, 8, 16, 32, 64)))
+        print(f"{'':<26}" + f"{'step/fast ms':>16}" * 7)
+        for index in range(4):
+            row = ""
+            for seq in (1, 2, 4, 8, 16, 32, 64):
+                label, op, params, tensors, _, fast = cases(seq, np.random.default_rng(seq))[index]
+                thunk, arena = lay_out(op, "f32", params, tensors)
+                step = median_ms(lambda: host_fallback.execute(thunk, arena, path="step"), args.runs, args.warmup)
+                quick = median_ms(lambda: host_fallback.execute(thunk, arena, path=fast), args.runs, args.warmup)
+                row += f"{step:>8.2f}/{quick:<7.2f}"
+            print(f"{label:<26}{row}")
+        return
+    head = f"{'op':<24}{'path':>14}{'ms':>9}{'step ms':>10}{'step/ours':>10}{'torch ms':>10}{'torch/ours':>11}{'max rel diff':>14}"
+    print(head)
+    print("-" * len(head))
+    for label, op, params, tensors, path_for, _ in cases(args.seq, rng):
+        thunk, arena = lay_out(op, "f32", params, tensors)
+        ours = median_ms(lambda: host_fallback.execute(thunk, arena), args.runs, args.warmup)
+        dst = next(r for r in host_fallback.regions(thunk) if r.field == "dst")
+        out = arena[dst.offset: dst.offset + dst.nbytes].view(np.float32).reshape(dst.shape).copy()
+        step = median_ms(lambda: host_fallback.execute(thunk, arena, path="step"), max(1, args.runs // 2), 0)
+        t_ms, diff = torch_ms(op, params, tensors, out, args.runs, args.warmup)
+        torch_cols = f"{t_ms:>10.1f}{t_ms / ours:>11.2f}{diff:>14.1e}" if t_ms else f"{'-':>10}{'-':>11}{'-':>14}"
+        print(f"{label:<24}{path_for(thunk):>14}{ours:>9.1f}{step:>10.1f}{step / ours:>10.2f}{torch_cols}")
+
+
+if __name__ == "__main__":
+    main()

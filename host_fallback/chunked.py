@@ -1,0 +1,84 @@
+"""Pieces shared by the chunked state-space kernels (``ssm.mamba2``, ``gdn.gated_delta_net``).
+
+The chunked forms split the sequence into chunks of ``length`` steps, do the work inside a chunk
+as GEMMs over every (chunk, batch, head) at once, and carry the state across chunks with a short
+sequential loop. Decay ratios are always built as ``exp(cum[i] - cum[j])`` with ``i >= j`` (a later
+cumulative log-decay minus an earlier one), masked before the exp: such a ratio is the product of
+the step decays between ``j`` and ``i``, so it is finite wherever the step recurrence is.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: Rows of the diagonal blocks that ``unit_lower_inverse`` inverts by substitution.
+INVERSE_BLOCK = 16
+
+
+def to_chunks(x: np.ndarray, length: int) -> np.ndarray:
+    """Reshape ``x [B, S, H, ...]`` into ``[C, B, H, length, ...]`` chunks, zero-padding ``S`` up.
+
+    A padded step has zero inputs and zero log-decay, so it leaves every state unchanged.
+    """
+    b, s, h, *rest = x.shape
+    count = -(-s // length)
+    if count * length != s:
+        x = np.concatenate([x, np.zeros((b, count * length - s, h, *rest), x.dtype)], axis=1)
+    x = x.reshape(b, count, length, h, *rest)
+    return np.ascontiguousarray(np.moveaxis(x, (1, 3), (0, 2)))
+
+
+def from_chunks(y: np.ndarray, seq: int) -> np.ndarray:
+    """Inverse of ``to_chunks``: ``[C, B, H, L, ...]`` back to ``[B, seq, H, ...]``."""
+    count, b, h, length, *rest = y.shape
+    return np.moveaxis(y, (0, 2), (1, 3)).reshape(b, count * length, h, *rest)[:, :seq]
+
+
+def decay_ratios(cum: np.ndarray) -> np.ndarray:
+    """``[..., L] -> [..., L, L]``: ``exp(cum[i] - cum[j])`` where ``i >= j``, else 0."""
+    length = cum.shape[-1]
+    diff = cum[..., :, None] - cum[..., None, :]
+    # -inf before the exp, not a mask after it: exp of an upper entry may overflow, and inf*0 is NaN
+    diff += np.triu(np.full((length, length), -np.inf, cum.dtype), 1)
+    return np.exp(diff, out=diff)
+
+
+def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
+    """``(I + a)^-1`` for a strictly lower triangular ``a [..., L, L]``.
+
+    Each ``INVERSE_BLOCK``-row diagonal block is inverted by row substitution, vectorized over
+    every leading index and block; the blocks below the diagonal then follow block row by block
+    row with GEMMs: ``T[I, :I] = -T[I, I] (A[I, :I] T[:I, :I])``.
+    """
+    length = a.shape[-1]
+    block = min(INVERSE_BLOCK, length)
+    if length % block:
+        raise ValueError(f"unit_lower_inverse needs L a multiple of {block}, got L={length}")
+    count = length // block
+    lead = a.shape[:-2]
+    idx = np.arange(count)
+    # advanced indices split by a slice put the block index first; move it back beside its rows
+    diag = np.moveaxis(a.reshape(*lead, count, block, count, block)[..., idx, :, idx, :], 0, -3)
+    inv = np.zeros_like(diag)
+    inv[..., 0, 0] = 1
+    for i in range(1, block):
+        # row i of (I + D)^-1 is e_i minus D[i, :i] times the rows above it
+        inv[..., i : i + 1, :i] = -(diag[..., i : i + 1, :i] @ inv[..., :i, :i])
+        inv[..., i, i] = 1
+    if count == 1:
+        return inv[..., 0, :, :]
+    full = np.zeros_like(a)
+    for blk in range(count):
+        rows = slice(blk * block, (blk + 1) * block)
+        full[..., rows, rows] = inv[..., blk, :, :]
+        if blk:
+            full[..., rows, : blk * block] = -(inv[..., blk, :, :] @ (a[..., rows, : blk * block] @ full[..., : blk * block, : blk * block]))
+    return full
+
+
+def pick_path(op: str, forced: str | None, seq: int, step_max: int, fast: str) -> str:
+    """Choose ``"step"`` for sequences of at most ``step_max`` steps, else ``fast``; ``forced`` wins."""
+    if forced is None:
+        return "step" if seq <= step_max else fast
+    if forced not in ("step", fast):
+        raise ValueError(f"{op}: unknown path {forced!r}; expected 'step' or {fast!r}")
+    return forced

@@ -1,0 +1,149 @@
+"""host_fallback gated_delta_net against the float64 step recurrence of ABI.md §4."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import host_fallback
+from host_fallback import gdn
+from reference_ssm import gated_delta_net, lay_out, read
+
+settings.register_profile("ci", derandomize=True, max_examples=8, deadline=None)
+PROPERTY = settings.get_profile("ci") if os.environ.get("CI") else settings(max_examples=30, deadline=None)
+
+#: Error allowed relative to the largest reference value: f32/f64 math, one rounding on store.
+TOL = {"f64": 1e-10, "f32": 5e-5, "f16": 4e-3, "bf16": 3e-2}
+
+
+def _close(got, want, dtype, what="dst"):
+    assert np.all(np.isfinite(got)), what
+    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30)
+    assert err <= TOL[dtype], f"{what}: relative error {err:.3g} > {TOL[dtype]} ({dtype})"
+
+
+def _inputs(rng, b, s, h, n, per_channel, g_range=(-3.0, 0.0), carry=True):
+    """L2-normalized keys, as the models feed them: the delta rule then never amplifies the state."""
+    k = rng.standard_normal((b, s, h, n))
+    tensors = {
+        "q": rng.standard_normal((b, s, h, n)),
+        "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+        "v": rng.standard_normal((b, s, h, n)),
+        "g": rng.uniform(*g_range, (b, s, h, n) if per_channel else (b, s, h)),
+        "beta": rng.uniform(0.0, 1.0, (b, s, h)),
+    }
+    if carry:
+        tensors["state"] = rng.standard_normal((b, h, n, n))
+    return tensors
+
+
+def _lay(dtype, tensors):
+    b, s, h, n = tensors["q"].shape
+    params = {"batch": b, "seq": s, "heads": h, "state_size": n, "gate_per_channel": tensors["g"].ndim == 4,
+              "carry_state": "state" in tensors}
+    return lay_out("gated_delta_net", dtype, params, tensors)
+
+
+def _run(dtype, tensors, **options):
+    """Run the kernel; return ``(out, final state or None)`` and the reference's."""
+    thunk, arena = _lay(dtype, tensors)
+    inputs = [read(thunk, arena, f) for f in ("q", "k", "v", "g", "beta")]
+    state = read(thunk, arena, "state") if thunk["carry_state"] else None
+    host_fallback.execute(thunk, arena, **options)
+    got_state = read(thunk, arena, "state") if thunk["carry_state"] else None
+    want, want_state = gated_delta_net(*inputs, state)
+    return read(thunk, arena, "dst"), got_state, want, want_state
+
+
+def _check(dtype, tensors, **options):
+    got, got_state, want, want_state = _run(dtype, tensors, **options)
+    _close(got, want, dtype)
+    if got_state is not None:
+        _close(got_state, want_state, dtype, "state")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "f64"])
+@pytest.mark.parametrize("path", ["step", "chunked"])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("seq,heads,n,carry", [(1, 3, 16, True), (37, 1, 1, True), (37, 3, 16, False),
+                                               (21, 2, 64, True), (19, 1, 128, True), (9, 2, 256, True)])
+def test_matches_recurrence(dtype, path, per_channel, seq, heads, n, carry):
+    rng = np.random.default_rng(seq * 1000 + n + heads)
+    _check(dtype, _inputs(rng, 2, seq, heads, n, per_channel, carry=carry), path=path, chunk=8)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("chunk", [2, 4, 16, 64])
+def test_chunk_lengths(per_channel, chunk):
+    _check("f32", _inputs(np.random.default_rng(chunk), 2, 70, 2, 8, per_channel), path="chunked", chunk=chunk)
+
+
+def test_state_size_beyond_256_is_served():
+    for path in ("step", "chunked"):
+        _check("f32", _inputs(np.random.default_rng(1), 1, 5, 1, 300, True), path=path, chunk=4)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("g_range", [(0.0, 0.4), (-200.0, -20.0)])
+def test_growing_and_steep_gates_stay_finite(per_channel, g_range):
+    """Positive gates grow the state (finite here); gates of -20 and below underflow it."""
+    tensors = _inputs(np.random.default_rng(2), 2, 40, 2, 8, per_channel, g_range)
+    got, got_state, want, want_state = _run("f32", tensors, path="chunked", chunk=32)
+    assert np.all(np.isfinite(want)) and np.all(np.isfinite(want_state))
+    _close(got, want, "f32")
+    _close(got_state, want_state, "f32", "state")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_decode_steps_and_split_runs_reproduce_one_run(per_channel):
+    tensors = _inputs(np.random.default_rng(4), 2, 30, 2, 16, per_channel)
+    thunk, arena = _lay("f32", tensors)
+    host_fallback.execute(thunk, arena, path="chunked", chunk=8)
+    whole, whole_state = read(thunk, arena, "dst"), read(thunk, arena, "state")
+    for cuts in ([0, 30], [0, 13, 30], list(range(31))):  # one run, a split, one step at a time
+        state, outs = tensors["state"], []
+        for lo, hi in zip(cuts, cuts[1:]):
+            part = {f: (t[:, lo:hi] if f != "state" else state) for f, t in tensors.items()}
+            part_thunk, part_arena = _lay("f32", part)
+            host_fallback.execute(part_thunk, part_arena)
+            outs.append(read(part_thunk, part_arena, "dst"))
+            state = read(part_thunk, part_arena, "state")
+        np.testing.assert_allclose(np.concatenate(outs, axis=1), whole, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(state, whole_state, rtol=1e-4, atol=1e-5)
+
+
+def test_batch_items_are_independent():
+    tensors = _inputs(np.random.default_rng(6), 3, 25, 2, 8, True)
+    thunk, arena = _lay("f32", tensors)
+    host_fallback.execute(thunk, arena, chunk=8)
+    out, state = read(thunk, arena, "dst"), read(thunk, arena, "state")
+    for i in range(3):
+        one_thunk, one_arena = _lay("f32", {f: t[i : i + 1] for f, t in tensors.items()})
+        host_fallback.execute(one_thunk, one_arena, chunk=8)
+        np.testing.assert_allclose(read(one_thunk, one_arena, "dst")[0], out[i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(read(one_thunk, one_arena, "state")[0], state[i], rtol=1e-5, atol=1e-6)
+
+
+def test_path_choice_and_bad_options():
+    long, short = {"op": "gated_delta_net", "seq": 4096}, {"op": "gated_delta_net", "seq": 1}
+    assert gdn.path_for(long) == f"chunked L={gdn.CHUNK}"
+    assert gdn.path_for(short) == "step"
+    assert gdn.path_for(short, path="chunked", chunk=8) == "chunked L=8"
+    with pytest.raises(ValueError, match="power of two"):
+        gdn.path_for(long, chunk=24)
+    with pytest.raises(ValueError, match="unknown path 'fast'"):
+        gdn.path_for(long, path="fast")
+
+
+@PROPERTY
+@given(
+    b=st.integers(1, 2), s=st.integers(1, 40), h=st.integers(1, 3), n=st.sampled_from([1, 2, 5, 16]),
+    per_channel=st.booleans(), carry=st.booleans(), chunk=st.sampled_from([2, 4, 8, 32]),
+    g_low=st.floats(-20.0, 0.0), seed=st.integers(0, 2**16),
+)
+def test_property(b, s, h, n, per_channel, carry, chunk, g_low, seed):
+    tensors = _inputs(np.random.default_rng(seed), b, s, h, n, per_channel, (g_low, 0.0), carry)
+    _check("f32", tensors, path="chunked", chunk=chunk)
