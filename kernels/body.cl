@@ -1,0 +1,150 @@
+/* Body ops (ABI.md §5) and the tiled GEMM that the recurrent family reuses for its input projection. */
+
+/* fn codes follow rlx_gpu/launches/body.py UNARY_FNS / BINARY_FNS. */
+DEVICE_FN real unary_fn(int fn, real x)
+{
+    switch (fn) {
+    case 0: return exp(x);
+    case 1: return log(x);
+    case 2: return tanh(x);
+    case 3: return sigmoid_r(x);
+    case 4: return x < (real)0 ? (real)0 : x;  /* keeps NaN, as NumPy's maximum does */
+    case 5: return -x;
+    case 6: return sqrt(x);
+    case 7: return (real)1 / sqrt(x);
+    case 8: return x * x;
+    case 9: return fabs(x);
+    case 10: return (real)1 / x;
+    case 11: return fmax(x, (real)0) + log1p(exp(-fabs(x)));  /* softplus without overflow */
+    default: return x > (real)0 ? (real)1 : (real)0;
+    }
+}
+
+DEVICE_FN real binary_fn(int fn, real a, real b)
+{
+    switch (fn) {
+    case 0: return a + b;
+    case 1: return a - b;
+    case 2: return a * b;
+    case 3: return a / b;
+    /* fmax/fmin drop a NaN operand; the ABI (like NumPy) propagates it. */
+    case 4: return (a != a || b != b) ? a + b : fmax(a, b);
+    default: return (a != a || b != b) ? a + b : fmin(a, b);
+    }
+}
+
+KERNEL unary(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* db, i64 dof, i64 n, int fn)
+{
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const i64 i = GID(0);
+    if (i >= n)
+        return;
+    STORE(dst, i, unary_fn(fn, LOAD(x, i)));
+}
+
+/* dst is dense with shape d0..d5 (padded in front with ones); a and b are read at element strides. */
+KERNEL binary(GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo, GLOBAL uchar* db, i64 dof, i64 n, int fn,
+              i64 d0, i64 d1, i64 d2, i64 d3, i64 d4, i64 d5,
+              i64 as0, i64 as1, i64 as2, i64 as3, i64 as4, i64 as5,
+              i64 bs0, i64 bs1, i64 bs2, i64 bs3, i64 bs4, i64 bs5)
+{
+    GLOBAL const store_t* a = AT(store_t, ab, ao);
+    GLOBAL const store_t* b = AT(store_t, bb, bo);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const i64 i = GID(0);
+    if (i >= n)
+        return;
+    /* peel coordinates from the last dimension; the remainder is taken as rest - q*d (not %) because
+     * LLVM turns a div/rem pair into a `freeze`, which Oclgrind's uninitialized-value checker rejects */
+    i64 rest = i, q, ia = 0, ib = 0;
+    q = rest / d5; ia += (rest - q * d5) * as5; ib += (rest - q * d5) * bs5; rest = q;
+    q = rest / d4; ia += (rest - q * d4) * as4; ib += (rest - q * d4) * bs4; rest = q;
+    q = rest / d3; ia += (rest - q * d3) * as3; ib += (rest - q * d3) * bs3; rest = q;
+    q = rest / d2; ia += (rest - q * d2) * as2; ib += (rest - q * d2) * bs2; rest = q;
+    q = rest / d1; ia += (rest - q * d1) * as1; ib += (rest - q * d1) * bs1; rest = q;
+    ia += rest * as0;
+    ib += rest * bs0;
+    STORE(dst, i, binary_fn(fn, LOAD(a, ia), LOAD(b, ib)));
+}
+
+/* dst[z](r, c) = sum_k A[z](r, k) * B[z](k, c) (+ bias[z](c)); every operand is addressed by element
+ * strides so one kernel serves transposed and batched matmul and the recurrent input projection.
+ * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage. */
+KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
+            GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
+            GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
+            GLOBAL uchar* db, i64 dof, int d_real, i64 d_bs, i64 d_rs,
+            i64 m, i64 n, i64 k)
+{
+    GLOBAL const uchar* A = AT(uchar, ab, ao);
+    GLOBAL const uchar* B = AT(uchar, bb, bo);
+    GLOBAL const uchar* bias = AT(uchar, cb, co);
+    GLOBAL uchar* D = AT(uchar, db, dof);
+    LOCAL real as[GEMM_TILE][GEMM_TILE + 1];
+    LOCAL real bs[GEMM_TILE][GEMM_TILE + 1];
+    const i64 tx = LID(0), ty = LID(1), z = GROUP(2);
+    const i64 row = GROUP(1) * GEMM_TILE + ty, col = GROUP(0) * GEMM_TILE + tx;
+    const i64 brow0 = GROUP(0) * GEMM_TILE;
+    real acc = (real)0;
+    for (i64 k0 = 0; k0 < k; k0 += GEMM_TILE) {
+        const i64 ka = k0 + tx, kb = k0 + ty;
+        as[ty][tx] = (row < m && ka < k) ? load_any(A, z * a_bs + row * a_rs + ka * a_cs, a_real) : (real)0;
+        bs[ty][tx] = (kb < k && brow0 + tx < n) ? load_any(B, z * b_bs + kb * b_rs + (brow0 + tx) * b_cs, b_real)
+                                                : (real)0;
+        BARRIER();
+        for (int kk = 0; kk < GEMM_TILE; ++kk)
+            acc += as[ty][kk] * bs[kk][tx];
+        BARRIER();
+    }
+    if (row < m && col < n) {
+        if (has_bias)
+            acc += LOAD(bias, z * c_bs + col);
+        store_any(D, z * d_bs + row * d_rs + col, d_real, acc);
+    }
+}
+
+/* dst[o, i] = sum_r x[o, r, i] */
+KERNEL reduce_sum(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* db, i64 dof, i64 outer, i64 r, i64 inner)
+{
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const i64 i = GID(0), o = GID(1);
+    if (i >= inner || o >= outer)
+        return;
+    real acc = (real)0;
+    for (i64 j = 0; j < r; ++j)
+        acc += LOAD(x, (o * r + j) * inner + i);
+    STORE(dst, o * inner + i, acc);
+}
+
+/* dst[0:nbytes] = src[0:nbytes] (non-overlapping) */
+KERNEL copy_bytes(GLOBAL uchar* sb, i64 so, GLOBAL uchar* db, i64 dof, i64 nbytes)
+{
+    GLOBAL const uchar* src = AT(uchar, sb, so);
+    GLOBAL uchar* dst = AT(uchar, db, dof);
+    const i64 i = GID(0);
+    if (i < nbytes)
+        dst[i] = src[i];
+}
+
+/* dst[0:n] = value */
+KERNEL fill(GLOBAL uchar* db, i64 dof, i64 n, real value)
+{
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const i64 i = GID(0);
+    if (i < n)
+        STORE(dst, i, value);
+}
+
+#ifdef RLX_SRC_DT
+/* dst[0:n] = src[0:n] converted from RLX_SRC_DT to the dtype */
+KERNEL cast(GLOBAL uchar* sb, i64 so, GLOBAL uchar* db, i64 dof, i64 n)
+{
+    GLOBAL const uchar* src = AT(uchar, sb, so);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const i64 i = GID(0);
+    if (i < n)
+        STORE(dst, i, SRC_LOAD(src, i));
+}
+#endif

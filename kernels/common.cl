@@ -1,0 +1,52 @@
+/* Shared by every family, after the dialect prelude: element types and 16-bit conversions.
+ * kernel_source.py defines RLX_DT (F32 | F16 | BF16 | F64), RLX_REAL and RLX_STORE_T for the
+ * thunk's dtype, and RLX_SRC_DT for the source side of a cast. */
+typedef RLX_REAL real;
+typedef RLX_STORE_T store_t;
+
+/* bf16 is the upper half of an f32; the store rounds to nearest even and keeps NaN a (quiet) NaN. */
+DEVICE_FN ushort rlx_f32_to_bf16(float f)
+{
+    uint u = F32_TO_BITS(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (ushort)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (ushort)(u >> 16);
+}
+
+#define LOAD_BF16(p, i) BITS_TO_F32(((uint)((GLOBAL const ushort*)(p))[i]) << 16)
+#define STORE_BF16(p, i, v) (((GLOBAL ushort*)(p))[i] = rlx_f32_to_bf16((float)(v)))
+
+#define RLX_LD_F32(p, i) ((GLOBAL const float*)(p))[i]
+#define RLX_ST_F32(p, i, v) (((GLOBAL float*)(p))[i] = (float)(v))
+#define RLX_LD_F64(p, i) ((GLOBAL const double*)(p))[i]
+#define RLX_ST_F64(p, i, v) (((GLOBAL double*)(p))[i] = (double)(v))
+#define RLX_LD_F16(p, i) LOAD_F16(p, i)
+#define RLX_ST_F16(p, i, v) STORE_F16(p, i, v)
+#define RLX_LD_BF16(p, i) LOAD_BF16(p, i)
+#define RLX_ST_BF16(p, i, v) STORE_BF16(p, i, v)
+
+#define RLX_CAT2(a, b) a##b
+#define RLX_CAT(a, b) RLX_CAT2(a, b)
+/* LOAD gives the compute type; STORE rounds to the storage type (nearest even). */
+#define LOAD(p, i) ((real)RLX_CAT(RLX_LD_, RLX_DT)(p, i))
+#define STORE(p, i, v) RLX_CAT(RLX_ST_, RLX_DT)(p, i, v)
+#ifdef RLX_SRC_DT
+#define SRC_LOAD(p, i) RLX_CAT(RLX_LD_, RLX_SRC_DT)(p, i)
+#endif
+
+/* A tensor that is either arena storage (dtype) or backend scratch kept in the compute type. */
+DEVICE_FN real load_any(GLOBAL const uchar* p, i64 i, int is_real)
+{
+    return is_real ? ((GLOBAL const real*)p)[i] : LOAD(p, i);
+}
+
+DEVICE_FN void store_any(GLOBAL uchar* p, i64 i, int is_real, real v)
+{
+    if (is_real)
+        ((GLOBAL real*)p)[i] = v;
+    else
+        STORE(p, i, v);
+}
+
+DEVICE_FN real sigmoid_r(real x) { return (real)1 / ((real)1 + exp(-x)); }

@@ -1,0 +1,129 @@
+/* Recurrent family (ABI.md §3): the input projection runs first as body.cl's gemm over all timesteps
+ * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence.
+ * Per layer, the directions' blocks are consecutive: xw [dirs][B*S][G*H], w_hh [dirs][G*H][H],
+ * b_hh [dirs][G*H], state [dirs][B][H]. */
+
+#define OP_LSTM 0
+#define OP_GRU 1
+#define OP_RNN 2
+
+/* One unit's new h from its gate pre-activations: xz = W_ih x + bias, hz = W_hh h (+ b_hh for GRU). */
+DEVICE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, real* c)
+{
+    if (op == OP_LSTM) {
+        const real i = sigmoid_r(xz[0] + hz[0]), f = sigmoid_r(xz[1] + hz[1]);
+        const real g = tanh(xz[2] + hz[2]), o = sigmoid_r(xz[3] + hz[3]);
+        *c = f * *c + i * g;
+        return o * tanh(*c);
+    }
+    if (op == OP_GRU) {
+        const real r = sigmoid_r(xz[0] + hz[0]), z = sigmoid_r(xz[1] + hz[1]);
+        const real n = tanh(xz[2] + r * hz[2]);
+        return ((real)1 - z) * n + z * h;
+    }
+    const real v = xz[0] + hz[0];
+    return relu ? (v < (real)0 ? (real)0 : v) : tanh(v);
+}
+
+/* hz[g] = b_hh[g*H+j] + sum_k W_hh[g*H+j, k] * h[k]. A macro, not a function: h is LOCAL in the
+ * persistent kernel and GLOBAL in the per-step one, and OpenCL 1.2 has no generic address space. */
+#define HH_DOTS(hz, h)                                                           \
+    for (int g = 0; g < G; ++g) {                                                \
+        GLOBAL const uchar* wrow = whh + ((i64)g * H + j) * H * (i64)sizeof(store_t); \
+        real s = has_bhh ? LOAD(bhh, g * H + j) : (real)0;                       \
+        for (i64 q = 0; q < H; ++q)                                              \
+            s += LOAD(wrow, q) * h[q];                                           \
+        hz[g] = s;                                                               \
+    }
+
+/* xz[g] for unit j of batch row b at time tt. */
+#define XW_GATES(xz)                                                             \
+    for (int g = 0; g < G; ++g)                                                  \
+        xz[g] = xw[(b * S + tt) * G * H + (i64)g * H + j];
+
+/* One timestep for every (unit j, batch row b, direction dir); h ping-pongs between hin and hout. */
+KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
+                GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
+                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+{
+    const i64 j = GID(0), b = GID(1), dir = GID(2);
+    if (j >= H || b >= B)
+        return;
+    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * G * H * H * (i64)sizeof(store_t));
+    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
+    GLOBAL const real* hin = AT(real, hib, hio + (dir * B + b) * H * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + (dir * B + b) * H * (i64)sizeof(real));
+    GLOBAL real* cst = AT(real, cb, co + (dir * B + b) * H * (i64)sizeof(real));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+    const i64 tt = dir ? S - 1 - t : t;
+    real xz[4], hz[4];
+    XW_GATES(xz);
+    HH_DOTS(hz, hin);
+    real c = cst[j];
+    const real h = cell(op, relu, xz, hz, hin[j], &c);
+    cst[j] = c;
+    hout[j] = h;
+    store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);
+}
+
+/* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */
+KERNEL rnn_state_in(int carry, int has_c, i64 n, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                    GLOBAL uchar* hb, i64 ho, GLOBAL uchar* cb, i64 co)
+{
+    const i64 i = GID(0);
+    if (i >= n)
+        return;
+    AT(real, hb, ho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
+    AT(real, cb, co)[i] = (carry && has_c) ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
+}
+
+/* Final state of one layer back into h0/c0 in place. */
+KERNEL rnn_state_out(int has_c, i64 n, GLOBAL uchar* hb, i64 ho, GLOBAL uchar* cb, i64 co,
+                     GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o)
+{
+    const i64 i = GID(0);
+    if (i >= n)
+        return;
+    STORE(AT(uchar, h0b, h0o), i, AT(real, hb, ho)[i]);
+    if (has_c)
+        STORE(AT(uchar, c0b, c0o), i, AT(real, cb, co)[i]);
+}
+
+/* The whole sequence of one layer in one launch: one work-group of H items per (batch row, direction)
+ * keeps h in local memory; state moves in from / out to h0, c0 when carrying. */
+KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
+                   GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                   GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+{
+    const i64 j = LID(0), b = GROUP(1), dir = GROUP(2);
+    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * G * H * H * (i64)sizeof(store_t));
+    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
+    GLOBAL uchar* h0 = AT(uchar, h0b, h0o + (dir * B + b) * H * (i64)sizeof(store_t));
+    GLOBAL uchar* c0 = AT(uchar, c0b, c0o + (dir * B + b) * H * (i64)sizeof(store_t));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+    LOCAL real hs[RNN_PERSIST_MAX];
+    real h = carry ? LOAD(h0, j) : (real)0;
+    real c = (carry && op == OP_LSTM) ? LOAD(c0, j) : (real)0;
+    hs[j] = h;
+    BARRIER();
+    for (i64 t = 0; t < S; ++t) {
+        const i64 tt = dir ? S - 1 - t : t;
+        real xz[4], hz[4];
+        XW_GATES(xz);
+        HH_DOTS(hz, hs);
+        h = cell(op, relu, xz, hz, h, &c);
+        BARRIER();
+        hs[j] = h;
+        store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);
+        BARRIER();
+    }
+    if (carry) {
+        STORE(h0, j, h);
+        if (op == OP_LSTM)
+            STORE(c0, j, c);
+    }
+}

@@ -1,0 +1,60 @@
+/* State-space family (ABI.md §4): one work-item owns one row of the state and walks the sequence,
+ * so no step needs a barrier; the state row stays in private memory in the compute type. */
+
+/* Mamba-1: per (channel ch, batch row bb), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[n]*x; y = sum_n c[n]*h[n]. */
+KERNEL selective_scan(i64 B, i64 S, i64 H, i64 N,
+                      GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
+                      GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+{
+    const i64 ch = GID(0), bt = GID(1);
+    if (ch >= H || bt >= B)
+        return;
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    GLOBAL const store_t* a = AT(store_t, ab, ao) + ch * N;
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    real h[STATE_MAX];
+    for (i64 n = 0; n < N; ++n)
+        h[n] = (real)0;
+    for (i64 t = 0; t < S; ++t) {
+        const i64 row = bt * S + t;
+        const real dl = LOAD(delta, row * H + ch), dx = dl * LOAD(x, row * H + ch);
+        real y = (real)0;
+        for (i64 n = 0; n < N; ++n) {
+            h[n] = exp(dl * LOAD(a, n)) * h[n] + dx * LOAD(bm, row * N + n);
+            y += LOAD(cm, row * N + n) * h[n];
+        }
+        STORE(dst, row * H + ch, y);
+    }
+}
+
+/* Mamba-2 (SSD): per (p, head hh, batch row bt), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[n]; y[p] = sum_n S[p,n]*c[n]. */
+KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
+              GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+{
+    const i64 p = GID(0), hh = GID(1), bt = GID(2);
+    if (p >= P || hh >= HD || bt >= B)
+        return;
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const real a = LOAD(AT(store_t, ab, ao), hh);
+    real s[STATE_MAX];
+    for (i64 n = 0; n < N; ++n)
+        s[n] = (real)0;
+    for (i64 t = 0; t < S; ++t) {
+        const i64 head = (bt * S + t) * HD + hh;
+        const real d = LOAD(dt, head), decay = exp(d * a), dx = d * LOAD(x, head * P + p);
+        real y = (real)0;
+        for (i64 n = 0; n < N; ++n) {
+            s[n] = decay * s[n] + dx * LOAD(bm, head * N + n);
+            y += s[n] * LOAD(cm, head * N + n);
+        }
+        STORE(dst, head * P + p, y);
+    }
+}

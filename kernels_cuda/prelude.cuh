@@ -1,0 +1,31 @@
+/* CUDA C++ dialect of the portable kernel vocabulary (DESIGN.md principle 1), for NVRTC.
+ * the family texts in kernels/ are written only in these words; kernels_opencl/prelude.cl defines the same ones. */
+#include <cuda_fp16.h>
+
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+typedef long long i64;
+
+#define KERNEL extern "C" __global__ void
+#define GLOBAL
+#define LOCAL __shared__
+#define DEVICE_FN static __device__ __forceinline__
+/* GID(0) -> x: the dimension argument is always a literal, so token pasting picks the member. */
+#define RLX_AXIS_0 x
+#define RLX_AXIS_1 y
+#define RLX_AXIS_2 z
+#define RLX_AXIS(d) RLX_AXIS_##d
+#define GID(d) ((i64)blockIdx.RLX_AXIS(d) * (i64)blockDim.RLX_AXIS(d) + (i64)threadIdx.RLX_AXIS(d))
+#define LID(d) ((i64)threadIdx.RLX_AXIS(d))
+#define GROUP(d) ((i64)blockIdx.RLX_AXIS(d))
+#define LSIZE(d) ((i64)blockDim.RLX_AXIS(d))
+#define BARRIER() __syncthreads()
+
+#define AT(T, base, off) ((T*)((uchar*)(base) + (off)))
+
+#define BITS_TO_F32(u) __uint_as_float((uint)(u))
+#define F32_TO_BITS(f) __float_as_uint((float)(f))
+
+#define LOAD_F16(p, i) __half2float(__ushort_as_half(((const ushort*)(p))[i]))
+#define STORE_F16(p, i, v) (((ushort*)(p))[i] = __half_as_ushort(__float2half_rn((float)(v))))

@@ -1,0 +1,27 @@
+/* OpenCL C dialect of the portable kernel vocabulary (DESIGN.md principle 1).
+ * the family texts in kernels/ are written only in these words; kernels_cuda/prelude.cuh defines the same ones. */
+#ifdef RLX_NEED_FP64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+#endif
+
+typedef long i64;
+
+#define KERNEL __kernel void
+#define GLOBAL __global
+#define LOCAL __local
+#define DEVICE_FN static inline
+#define GID(d) ((i64)get_global_id(d))
+#define LID(d) ((i64)get_local_id(d))
+#define GROUP(d) ((i64)get_group_id(d))
+#define LSIZE(d) ((i64)get_local_size(d))
+#define BARRIER() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
+
+/* Rebase an arena pointer by a 64-bit byte offset: the only way a kernel reaches a tensor. */
+#define AT(T, base, off) ((GLOBAL T*)((GLOBAL uchar*)(base) + (off)))
+
+#define BITS_TO_F32(u) as_float((uint)(u))
+#define F32_TO_BITS(f) as_uint((float)(f))
+
+/* f16 storage needs no cl_khr_fp16: vload_half/vstore_half_rte are core and round to nearest even. */
+#define LOAD_F16(p, i) vload_half((i), (GLOBAL const half*)(p))
+#define STORE_F16(p, i, v) vstore_half_rte((float)(v), (i), (GLOBAL half*)(p))

@@ -1,0 +1,35 @@
+"""Launch geometry and argument lists, computed once per op for every device dialect.
+
+``plan(thunk, limits, **options)`` turns one thunk into the ordered kernel launches that run it
+(each naming its program family, kernel, dtype, sizes and arguments, where buffers are the
+``ARENA`` / ``SCRATCH`` placeholders); ``unsupported(thunk, limits)`` gives the reason a device
+cannot run a thunk, or ``None``. Backends only translate these into their API calls.
+"""
+from __future__ import annotations
+
+from . import body, gdn, rnn, ssm
+from .core import ARENA, SCRATCH, Buf, Launch, Plan, Thunk
+from .limits import DeviceLimits
+
+_FAMILIES = (body, rnn, ssm, gdn)
+PLANNERS = {op: fn for module in _FAMILIES for op, fn in module.PLANNERS.items()}
+_UNSUPPORTED = {op: module.unsupported for module in _FAMILIES for op in module.PLANNERS}
+
+
+def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
+    """``None`` when kernels exist for ``thunk`` within ``limits``, else the reason."""
+    op = thunk["op"]
+    if op not in PLANNERS:
+        return f"no device kernel for op {op!r}"
+    dtypes = {thunk["dtype"], thunk.get("src_dtype", thunk["dtype"])}
+    if "f64" in dtypes and not limits.fp64:
+        return "f64 needs double precision, which this device does not offer"
+    return _UNSUPPORTED[op](thunk, limits)
+
+
+def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> Plan:
+    """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``)."""
+    return PLANNERS[thunk["op"]](thunk, limits, **options)
+
+
+__all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "Plan", "DeviceLimits", "plan", "unsupported", "PLANNERS"]

@@ -1,0 +1,131 @@
+"""Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
+from __future__ import annotations
+
+from .core import ARENA, Buf, Launch, Plan, Thunk, grid, i32, i64, linear_local, real
+from .limits import GEMM_TILE, DeviceLimits
+
+UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip", "softplus", "step")
+BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
+MAX_RANK = 6
+
+
+def _linear(kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
+    local = linear_local(n, 256)
+    return Launch("body", kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype)
+
+
+def gemm(
+    dtype: str,
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    a: tuple[Buf, int, bool, int, int, int],
+    b: tuple[Buf, int, bool, int, int, int],
+    d: tuple[Buf, int, bool, int, int],
+    bias: tuple[Buf, int, int] | None = None,
+) -> Launch:
+    """``D[z] = A[z]·B[z] (+ bias[z])``; operands are ``(buffer, byte offset, is_scratch_real, strides...)``:
+    A and B ``(batch, row, col)`` element strides, D ``(batch, row)``, bias ``(buffer, offset, batch stride)``."""
+    abuf, aoff, areal, abs_, ars, acs = a
+    bbuf, boff, breal, bbs, brs, bcs = b
+    dbuf, doff, dreal, dbs, drs = d
+    cbuf, coff, cbs = bias if bias is not None else (ARENA, 0, 0)
+    args = (
+        abuf, i64(aoff), i32(areal), i64(abs_), i64(ars), i64(acs),
+        bbuf, i64(boff), i32(breal), i64(bbs), i64(brs), i64(bcs),
+        cbuf, i64(coff), i32(bias is not None), i64(cbs),
+        dbuf, i64(doff), i32(dreal), i64(dbs), i64(drs),
+        i64(m), i64(n), i64(k),
+    )
+    tile = (GEMM_TILE, GEMM_TILE, 1)
+    return Launch("body", "gemm", dtype, grid((n, m, batch), tile), tile, args)
+
+
+def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    n = t["n"]
+    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(UNARY_FNS.index(t["fn"])))
+    return Plan((_linear("unary", t["dtype"], n, args),))
+
+
+def _broadcast(dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
+               b: tuple[Buf, int], b_strides: list[int], dst: tuple[Buf, int]) -> Launch:
+    pad = MAX_RANK - len(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    args = (a[0], i64(a[1]), b[0], i64(b[1]), dst[0], i64(dst[1]), i64(n), i32(BINARY_FNS.index(fn)))
+    # a zero extent means nothing to launch; keep the kernel's divisions defined regardless
+    args += tuple(i64(max(d, 1)) for d in [1] * pad + list(shape))
+    args += tuple(map(i64, [0] * pad + list(a_strides))) + tuple(map(i64, [0] * pad + list(b_strides)))
+    return _linear("binary", dtype, n, args)
+
+
+def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    return Plan((_broadcast(t["dtype"], t["fn"], t["shape"], (ARENA, t["a"]), t["a_strides"],
+                            (ARENA, t["b"]), t["b_strides"], (ARENA, t["dst"])),))
+
+
+def accumulate(dtype: str, count: int, dst: tuple[Buf, int], src: tuple[Buf, int]) -> Launch:
+    """``dst[i] += src[i]`` for ``count`` elements (the scan driver's upstream accumulation)."""
+    return _broadcast(dtype, "add", [count], dst, [1], src, [1], dst)
+
+
+def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    m, k, n = t["m"], t["k"], t["n"]
+    # A(i, kk) is at i*k + kk, or at kk*m + i when stored transposed; likewise B.
+    a_rs, a_cs = (1, m) if t["trans_a"] else (k, 1)
+    b_rs, b_cs = (1, k) if t["trans_b"] else (n, 1)
+    launch = gemm(
+        t["dtype"], m, n, k, t["batch"],
+        (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),
+        (ARENA, t["b"], False, t["b_batch_stride"], b_rs, b_cs),
+        (ARENA, t["dst"], False, m * n, n),
+    )
+    return Plan((launch,))
+
+
+def _reduce_sum(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    outer, r, inner = t["outer"], t["r"], t["inner"]
+    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(outer), i64(r), i64(inner))
+    local = (linear_local(inner), 1)
+    return Plan((Launch("body", "reduce_sum", t["dtype"], grid((inner, outer), local), local, args),))
+
+
+def copy_launch(nbytes: int, src: tuple[Buf, int], dst: tuple[Buf, int], dtype: str = "f32") -> Launch:
+    """``dst[0:nbytes] = src[0:nbytes]`` between (or within) buffers; bytes, so any dtype's program serves."""
+    return _linear("copy_bytes", dtype, nbytes, (src[0], i64(src[1]), dst[0], i64(dst[1]), i64(nbytes)))
+
+
+def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    return Plan((copy_launch(t["nbytes"], (ARENA, t["src"]), (ARENA, t["dst"]), t["dtype"]),))
+
+
+def _fill(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    n, dt = t["n"], t["dtype"]
+    return Plan((_linear("fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
+
+
+def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+    n = t["n"]
+    args = (ARENA, i64(t["src"]), ARENA, i64(t["dst"]), i64(n))
+    return Plan((_linear("cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
+
+
+def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
+    if t["op"] == "matmul" and lim.max_work_group < GEMM_TILE * GEMM_TILE:
+        return f"matmul needs work-groups of {GEMM_TILE * GEMM_TILE} items; the device allows {lim.max_work_group}"
+    if t["op"] == "binary" and len(t["shape"]) > MAX_RANK:
+        return f"binary supports rank <= {MAX_RANK}, got rank {len(t['shape'])}"
+    return None
+
+
+PLANNERS = {
+    "unary": _unary,
+    "binary": _binary,
+    "matmul": _matmul,
+    "reduce_sum": _reduce_sum,
+    "copy": _copy,
+    "fill": _fill,
+    "cast": _cast,
+}

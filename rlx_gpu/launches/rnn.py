@@ -1,0 +1,87 @@
+"""Launch geometry of lstm / gru / rnn (ABI.md §3).
+
+Per layer: one gemm projects every timestep of both directions at once (``xw``, compute type,
+bias folded in except GRU's ``b_hh``); then the recurrence runs either as one persistent launch
+(a work-group of ``hidden`` items per batch row and direction keeps h in local memory) or, when
+the hidden size does not fit a work-group, as one launch per timestep. Layers below the last write
+their output to scratch in the compute type.
+"""
+from __future__ import annotations
+
+from .body import gemm
+from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size
+from .limits import RNN_PERSIST_MAX, DeviceLimits
+
+OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
+
+
+def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
+    """Whether one work-group of ``hidden`` items can hold a whole direction's h."""
+    return t["hidden"] <= min(lim.max_work_group, RNN_PERSIST_MAX)
+
+
+def _scratch(dirs: int, b: int, s: int, h: int, gates: int, layers: int, rs: int) -> tuple[dict[str, int], int]:
+    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h}
+    offsets, total = {}, 0
+    for name, count in sizes.items():
+        offsets[name] = total
+        total += ceil_to(count * rs, 64)
+    return offsets, total
+
+
+def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> Plan:
+    op_code, gates = OPS[t["op"]]
+    dt, es, rs = t["dtype"], elem_size(t["dtype"]), real_size(t["dtype"])
+    b, s, h, layers = t["batch"], t["seq"], t["hidden"], t["num_layers"]
+    dirs = 2 if t["bidirectional"] else 1
+    carry, relu, gh = bool(t["carry"]), bool(t.get("relu", False)), gates * h
+    persistent = rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_fits(t, lim))
+    sc, scratch_bytes = _scratch(dirs, b, s, h, gates, layers, rs)
+    bias_field = "b_ih" if t["op"] == "gru" else "bias"
+    launches: list[Launch] = []
+    w_ih = t["w_ih"]
+    for layer in range(layers):
+        in_l = t["input_size"] if layer == 0 else dirs * h
+        src = (ARENA, t["x"], False, 0, in_l, 1) if layer == 0 else (SCRATCH, sc["lo"], True, 0, dirs * h, 1)
+        launches.append(gemm(
+            dt, b * s, gh, in_l, dirs, src,
+            (ARENA, w_ih, False, gh * in_l, 1, in_l),  # B(kk, col) = W_ih[col, kk]
+            (SCRATCH, sc["xw"], True, b * s * gh, gh),
+            bias=(ARENA, t[bias_field] + es * layer * dirs * gh, gh),
+        ))
+        w_ih += es * dirs * gh * in_l
+        last = layer == layers - 1
+        out = (ARENA, i64(t["dst"]), i32(0)) if last else (SCRATCH, i64(sc["lo"]), i32(1))
+        whh = (ARENA, i64(t["w_hh"] + es * layer * dirs * gh * h))
+        bhh = (ARENA, i64(t["b_hh"] + es * layer * dirs * gh), i32(1)) if t["op"] == "gru" else (ARENA, i64(0), i32(0))
+        state_off = es * layer * dirs * b * h
+        h0 = (ARENA, i64(t["h0"] + state_off)) if carry else (ARENA, i64(0))
+        c0 = (ARENA, i64(t["c0"] + state_off)) if carry and t["op"] == "lstm" else (ARENA, i64(0))
+        head = (i32(op_code), i32(relu), i32(gates), i64(b), i64(s), i64(h))
+        tail = out + (i64(dirs * h),)
+        if persistent:
+            args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + whh + bhh + h0 + c0 + tail
+            launches.append(Launch("rnn", "rnn_persist", dt, (h, b, dirs), (h, 1, 1), args))
+            continue
+        n = dirs * b * h
+        cs = (SCRATCH, i64(sc["c"]))
+        hbuf = [(SCRATCH, i64(sc["h"])), (SCRATCH, i64(sc["h"] + n * rs))]
+        lin = (linear_local(n, 256),)
+        launches.append(Launch("rnn", "rnn_state_in", dt, grid((n,), lin), lin,
+                               (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs))
+        local = (linear_local(h), 1, 1)
+        for step in range(s):
+            args = head + (i64(step), SCRATCH, i64(sc["xw"])) + whh + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
+            launches.append(Launch("rnn", "rnn_step", dt, grid((h, b, dirs), local), local, args))
+        if carry:
+            launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
+                                   (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0))
+    return Plan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",))
+
+
+def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
+    # the per-step kernel has no shape limit; the persistent one is chosen only when it fits
+    return None
+
+
+PLANNERS = {"lstm": _plan, "gru": _plan, "rnn": _plan}

