@@ -12,11 +12,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from .launches.limits import CONSTANTS
+from .paths import data_dir
 
-ROOT = Path(__file__).resolve().parent.parent
 FAMILIES = ("rnn", "ssm", "gdn", "body")
 DTYPES = ("f32", "f16", "bf16", "f64")
-PRELUDES = {"opencl": ROOT / "kernels_opencl" / "prelude.cl", "cuda": ROOT / "kernels_cuda" / "prelude.cuh"}
+PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}
 
 #: dtype -> (macro suffix, storage C type, compute C type)
 C_TYPES: dict[str, tuple[str, str, str]] = {
@@ -70,7 +70,7 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None)
     """Full source of ``family`` for ``dtype`` in ``dialect`` (``src_dtype`` adds the cast kernel)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; expected one of {FAMILIES}")
-    kernels = ROOT / "kernels"
+    kernels = data_dir("kernels")
     source = "".join(
         [
             f"/* rlx_gpu {family} kernels, dtype {dtype} */\n",
