@@ -9,6 +9,7 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is n
 
 from rlx_gpu import kernel_source, nvrtc_check  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
+from rlx_gpu.paths import data_dir  # noqa: E402
 
 
 def test_every_program_compiles_for_every_arch():
@@ -23,7 +24,7 @@ def test_every_program_compiles_for_every_arch():
 def test_one_text_for_both_dialects(family):
     cuda = kernel_source.program("cuda", family, "f16").source
     ocl = kernel_source.program("opencl", family, "f16").source
-    body = (kernel_source.ROOT / "kernels" / f"{family}.cl").read_text()
+    body = (data_dir("kernels") / f"{family}.cl").read_text()
     assert cuda.endswith(body) and ocl.endswith(body)
     assert cuda.replace(kernel_source.PRELUDES["cuda"].read_text(), "") == ocl.replace(
         kernel_source.PRELUDES["opencl"].read_text(), "")
