@@ -8,23 +8,96 @@ the step decays between ``j`` and ``i``, so it is finite wherever the step recur
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
+
+#: Bytes of scratch arrays ``scratch`` keeps per thread between calls. A fresh multi-megabyte
+#: array costs a page fault per 4 KiB on first touch (glibc hands big freed blocks back to the
+#: OS), which is a large share of a chunked kernel's time at sequence lengths in the thousands.
+SCRATCH_BYTES = 64 << 20
+
+_POOL = threading.local()
 
 #: Rows of the diagonal blocks that ``unit_lower_inverse`` inverts by substitution.
 INVERSE_BLOCK = 16
 
 
-def to_chunks(x: np.ndarray, length: int) -> np.ndarray:
+def scratch(key: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialized array kept for reuse under ``key`` (per thread, least recently used
+    evicted past ``SCRATCH_BYTES``; a fresh one if it alone is larger). The caller must not return
+    it or hold it past a call."""
+    pool = _POOL.__dict__.setdefault("arrays", {})
+    dtype = np.dtype(dtype)
+    shape = tuple(shape)
+    arr = pool.pop(key, None)
+    if arr is None or arr.shape != shape or arr.dtype != dtype:
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if nbytes > SCRATCH_BYTES:
+            return np.empty(shape, dtype)
+        while pool and sum(a.nbytes for a in pool.values()) + nbytes > SCRATCH_BYTES:
+            del pool[next(iter(pool))]
+        arr = np.empty(shape, dtype)
+    pool[key] = arr  # (re)inserted last: the most recently used
+    return arr
+
+
+def to_chunks(x: np.ndarray, length: int, key: str | None = None) -> np.ndarray:
     """Reshape ``x [B, S, H, ...]`` into ``[C, B, H, length, ...]`` chunks, zero-padding ``S`` up.
 
-    A padded step has zero inputs and zero log-decay, so it leaves every state unchanged.
+    A padded step has zero inputs and zero log-decay, so it leaves every state unchanged. With
+    ``key`` the chunks are written into that ``scratch`` array.
     """
     b, s, h, *rest = x.shape
     count = -(-s // length)
     if count * length != s:
         x = np.concatenate([x, np.zeros((b, count * length - s, h, *rest), x.dtype)], axis=1)
-    x = x.reshape(b, count, length, h, *rest)
-    return np.ascontiguousarray(np.moveaxis(x, (1, 3), (0, 2)))
+    x = np.moveaxis(x.reshape(b, count, length, h, *rest), (1, 3), (0, 2))
+    if key is None:
+        return np.ascontiguousarray(x)
+    out = scratch(key, x.shape, x.dtype)
+    np.copyto(out, x)
+    return out
+
+
+def chunk_view(x: np.ndarray, length: int) -> np.ndarray:
+    """``to_chunks`` without the copy where ``S`` divides evenly: a strided ``[C, B, H, L, ...]``
+    view (GEMMs and elementwise ops read it in place)."""
+    b, s, h, *rest = x.shape
+    if s % length:
+        return to_chunks(x, length)
+    return np.moveaxis(x.reshape(b, s // length, length, h, *rest), (1, 3), (0, 2))
+
+
+def _padded(x: np.ndarray, length: int) -> np.ndarray:
+    """``x [B, S, ...]`` zero-padded along ``S`` to a multiple of ``length``, as ``[B, C, length, ...]``."""
+    b, s, *rest = x.shape
+    count = -(-s // length)
+    if count * length != s:
+        x = np.concatenate([x, np.zeros((b, count * length - s, *rest), x.dtype)], axis=1)
+    return x.reshape(b, count, length, *rest)
+
+
+def chunk_cumsum(x: np.ndarray, length: int) -> np.ndarray:
+    """``x [B, S, ...]`` zero-padded and cumulatively summed inside each chunk: ``[B, C, length, ...]``.
+
+    One add per step over contiguous ``[B, C, ...]`` slabs, far cheaper than a cumsum along a
+    short strided axis.
+    """
+    x = _padded(x, length).copy()
+    for step in range(1, length):
+        np.add(x[:, :, step - 1], x[:, :, step], out=x[:, :, step])
+    return x
+
+
+def to_chunks_t(x: np.ndarray, length: int) -> np.ndarray:
+    """``x [B, S, H, N]`` as ``[C, B, H, N, length]`` chunks (``to_chunks`` with the last two axes
+    swapped), contiguous: the layout a GEMM wants for an operand that is used transposed.
+
+    Chunked first, then each ``[L, N]`` block transposed: a direct transposing copy reads with the
+    whole ``H*N`` row as its stride and runs several times slower.
+    """
+    return np.ascontiguousarray(np.swapaxes(to_chunks(x, length), -1, -2))
 
 
 def from_chunks(y: np.ndarray, seq: int) -> np.ndarray:

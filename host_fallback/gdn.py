@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .chunked import decay_ratios, from_chunks, pick_path, unit_lower_inverse, to_chunks
+from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks,
+                      unit_lower_inverse)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -85,37 +86,120 @@ def _channel_grams(q, k, cum):
     return qk, kk
 
 
+#: Per-channel gates: the largest ``|cum - m|`` inside a chunk (``m`` the cumulative log-decay at
+#: the chunk's midpoint) for which decayed products are one GEMM of ``x exp(cum - m)`` by
+#: ``k exp(m - cum)``: both factors stay within ``exp(±CHANNEL_SPREAD)``, far from f32 overflow and
+#: underflow. Chunks with a wider spread take ``_channel_grams``.
+CHANNEL_SPREAD = 30.0
+
+
+def _channel_grams_fast(q, k, kt, cum, cumt, bounded):
+    """``_channel_grams`` by one GEMM per product wherever the chunk's decays allow.
+
+    ``kt [..., N, L]`` is ``k`` transposed; ``cum [..., L, N]`` the cumulative log-decays and
+    ``cumt`` the same transposed. Each ratio ``exp(cum_s - cum_r)`` factors through the chunk's
+    midpoint ``m`` as ``exp(cum_s - m) * exp(m - cum_r)``, so ``QK = (q exp(cum - m)) (k
+    exp(m - cum))^T`` masked to ``r <= s`` (``KK`` likewise, ``r < s``); chunks where some
+    ``|cum - m|`` exceeds ``CHANNEL_SPREAD`` are redone by ``_channel_grams`` (``bounded``: the
+    caller knows no chunk does). Masking selects, so an overflowed entry above the diagonal is
+    dropped, never multiplied by zero.
+    """
+    *lead, length, n = q.shape
+    mid = slice((length - 1) // 2, (length + 1) // 2)
+    difft = np.subtract(cumt, cumt[..., mid], out=scratch("gdn.difft", cumt.shape, cumt.dtype))
+    unsafe = None if bounded else np.max(np.abs(difft), axis=(-2, -1)) > CHANNEL_SPREAD
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        later = np.subtract(cum, cum[..., mid, :], out=scratch("gdn.later", cum.shape, cum.dtype))
+        np.exp(later, out=later)
+        np.negative(difft, out=difft)
+        earlier = np.exp(difft, out=difft)
+        earlier *= kt  # k_r exp(m - cum_r), [..., N, L]
+        rows = np.multiply(q, later, out=scratch("gdn.rows", q.shape, q.dtype))
+        qk = np.matmul(rows, earlier, out=scratch("gdn.qk", (*lead, length, length), q.dtype))
+        np.multiply(k, later, out=rows)
+        kk = np.matmul(rows, earlier, out=scratch("gdn.kk", (*lead, length, length), q.dtype))
+    np.copyto(qk, 0, where=_upper(length, 1))
+    np.copyto(kk, 0, where=_upper(length, 0))
+    if unsafe is not None and unsafe.any():
+        pick = np.nonzero(unsafe.reshape(-1))[0]
+        sub = [t.reshape(-1, length, n)[pick] for t in (q, k, cum)]
+        qk.reshape(-1, length, length)[pick], kk.reshape(-1, length, length)[pick] = _channel_grams(*sub)
+    return qk, kk
+
+
+_MASKS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _upper(length: int, offset: int) -> np.ndarray:
+    """``[L, L]``: True on and above diagonal ``offset``, the entries a lower triangle drops."""
+    if (length, offset) not in _MASKS:
+        _MASKS[length, offset] = np.triu(np.ones((length, length), bool), offset)
+    return _MASKS[length, offset]
+
+
 def _chunked(q, k, v, g, beta, s, length):
-    """The chunked WY form; ``s [B, H, N, N]`` is updated in place."""
+    """The chunked WY form; ``s [B, H, N, N]`` is updated in place.
+
+    Every GEMM operand used transposed (``K^T``, the decayed keys ``kd``) is laid out contiguous
+    first: OpenBLAS runs small GEMMs with a transposed operand far slower.
+    """
     seq, n = q.shape[1], q.shape[-1]
     per_channel = g.ndim == 4
-    q, k, v, g, beta = (to_chunks(t, length) for t in (q, k, v, g, beta))  # [C, B, H, L, ...]
-    cum = np.cumsum(g, axis=3)  # log-decay from the chunk start, inclusive
+    # k is copied into chunks (its transpose is fast from there); q and v are read in place
+    q, k, v = chunk_view(q, length), to_chunks(k, length, "gdn.k"), chunk_view(v, length)
+    beta = to_chunks(beta, length)  # [C, B, H, L, ...]
+    lead = q.shape[:3]
+    kt = scratch("gdn.kt", (*lead, n, length), q.dtype)  # [C, B, H, N, L]
+    np.copyto(kt, _swap(k))
     if per_channel:
-        qk, kk = _channel_grams(q, k, cum)
-        last = cum[..., -1:, :]
-        gamma, to_end, through = np.exp(cum), np.exp(last - cum), np.exp(last[..., 0, :])[..., :, None]
+        # |cum - m| <= (steps from the midpoint) * max|g|: one cheap bound over all chunks first
+        bounded = max(-float(g.min(initial=0.0)), float(g.max(initial=0.0))) * (length // 2 + 1) <= CHANNEL_SPREAD
+        padded = chunk_cumsum(g, length)  # [B, C, L, H, N], log-decay from the chunk start, inclusive
+        cum = scratch("gdn.cum", (padded.shape[1], padded.shape[0], padded.shape[3], length, n), g.dtype)
+        np.copyto(cum, padded.transpose(1, 0, 3, 2, 4))  # [C, B, H, L, N]
+        cumt = scratch("gdn.cumt", (*cum.shape[:3], n, length), g.dtype)
+        np.copyto(cumt, _swap(cum))  # [C, B, H, N, L]
+        qk, kk = _channel_grams_fast(q, k, kt, cum, cumt, bounded)
+        last = cumt[..., -1:]
+        through = np.exp(last[..., 0])
+        to_end = np.exp(np.subtract(last, cumt, out=cumt), out=cumt)
+        gamma = np.exp(cum, out=cum)
     else:
+        cum = np.cumsum(to_chunks(g, length), axis=-1)
         ratios = decay_ratios(cum)
-        qk = (q @ _swap(k)) * ratios
-        kk = np.tril((k @ _swap(k)) * ratios, -1)
+        qk = np.matmul(q, kt, out=scratch("gdn.qk", ratios.shape, q.dtype))
+        kk = np.matmul(k, kt, out=scratch("gdn.kk", ratios.shape, q.dtype))
+        qk *= ratios
+        kk *= ratios
+        np.copyto(kk, 0, where=_upper(length, 0))
         last = cum[..., -1:]
-        gamma, to_end, through = np.exp(cum)[..., None], np.exp(last - cum)[..., None], np.exp(last)[..., None]
+        gamma, to_end, through = np.exp(cum)[..., None], np.exp(last - cum)[..., None, :], np.exp(last)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0
     beta = beta[..., None]
-    t = unit_lower_inverse(beta * kk)
-    w, u = t @ (beta * gamma * k), t @ (beta * v)
-    kd = _swap(to_end * k)
-    starts = np.empty((*q.shape[:3], n, n), q.dtype)
-    for c in range(q.shape[0]):
-        starts[c] = s
-        u[c] -= w[c] @ s
-        s *= through[c]  # the chunk's total decay: per head, or per key row of S
-        s += kd[c] @ u[c]
+    kk *= beta
+    t = unit_lower_inverse(kk)
+    w = np.matmul(t, beta * gamma * k, out=scratch("gdn.w", q.shape, q.dtype))
+    v = np.multiply(v, beta, out=scratch("gdn.v", q.shape, q.dtype))
+    u = np.matmul(t, v, out=scratch("gdn.u", q.shape, q.dtype))
+    kd = np.multiply(kt, to_end, out=kt)  # [..., N, L]
+    count = q.shape[0]
+    starts = scratch("gdn.starts", (count, *s.shape), s.dtype)  # the state entering each chunk
+    starts[0] = s
+    step, read = np.empty_like(s), np.empty_like(u[0])
+    for c in range(count):
+        u[c] -= np.matmul(w[c], starts[c], out=read)
+        nxt = starts[c + 1] if c + 1 < count else s
+        # the chunk's total decay: per head, or per key row of S
+        np.multiply(starts[c], through[c][..., None], out=nxt)
+        nxt += np.matmul(kd[c], u[c], out=step)
     scale = 1.0 / math.sqrt(n)
-    out = (scale * gamma * q) @ starts
-    out += (scale * qk) @ u
-    return from_chunks(out, seq)
+    q = np.multiply(q, gamma, out=scratch("gdn.q", q.shape, q.dtype))
+    q *= scale
+    out = np.matmul(q, starts, out=scratch("gdn.out", q.shape, q.dtype))
+    qk *= scale
+    out += np.matmul(qk, u, out=w)
+    result = from_chunks(out, seq)
+    return result.copy() if np.may_share_memory(result, out) else result
 
 
 _PATHS = {"step": _step, "chunked": _chunked}

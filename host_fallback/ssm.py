@@ -12,17 +12,20 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .chunked import decay_ratios, from_chunks, pick_path, to_chunks
+from .chunked import chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks, to_chunks_t
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
 
 #: Steps per block of the blocked selective scan (its working set is two ``[T, B, H, N]`` arrays).
-SCAN_BLOCK = 64
+SCAN_BLOCK = 32
 #: Longest sequence that takes the step path, measured with ``benchmarks/ssm.py --crossover``.
 SCAN_STEP_MAX = 16
 #: Default chunk length of the SSD form of mamba2.
 MAMBA2_CHUNK = 64
+#: Largest ``|cum - m|`` (log-decay from a chunk's midpoint) for which the SSD scores factor into
+#: one GEMM of ``c exp(cum - m)`` by ``b exp(m - cum)``, well inside f32 range either way.
+MAMBA2_SPREAD = 30.0
 #: Longest sequence that takes the mamba2 step path.
 MAMBA2_STEP_MAX = 10
 
@@ -43,21 +46,27 @@ def _scan_step(x, delta, a, b, c, block):
 
 
 def _scan_blocked(x, delta, a, b, c, block):
+    # state-major [B, N, H] states, so that every broadcast below runs along the H contiguous
+    # channels (with H innermost a multiply broadcasts over only N values per inner loop)
     bsz, seq, hidden = x.shape
-    prev = np.zeros((bsz, hidden, a.shape[1]), x.dtype)
-    y = np.empty_like(x)
+    at = np.ascontiguousarray(a.T)  # [N, H]
+    dt = np.ascontiguousarray(np.moveaxis(delta, 1, 0))[:, :, None, :]  # [S, B, 1, H]
+    dx = dt * np.moveaxis(x, 1, 0)[:, :, None, :]  # [S, B, 1, H]: delta * x
+    bt = np.moveaxis(b, 1, 0)[..., None]  # [S, B, N, 1]
+    ct = np.moveaxis(c, 1, 0)[:, :, None, :]  # [S, B, 1, N]
+    prev = np.zeros((bsz, a.shape[1], hidden), x.dtype)
+    y = np.empty((seq, bsz, hidden), x.dtype)
     for t0 in range(0, seq, block):
         steps = slice(t0, min(seq, t0 + block))
-        # time-major, so that each step of the loop below touches two contiguous [B, H, N] slabs
-        d = np.moveaxis(delta[:, steps], 1, 0)[..., None]
-        decay = np.exp(d * a)
-        states = (d * np.moveaxis(x[:, steps], 1, 0)[..., None]) * np.moveaxis(b[:, steps], 1, 0)[:, :, None, :]
+        decay = np.multiply(dt[steps], at)
+        np.exp(decay, out=decay)
+        states = dx[steps] * bt[steps]  # [T, B, N, H]
         for t in range(decay.shape[0]):
             np.multiply(decay[t], prev, out=decay[t])
             np.add(states[t], decay[t], out=states[t])
             prev = states[t]
-        y[:, steps] = np.moveaxis((states @ np.moveaxis(c[:, steps], 1, 0)[..., None])[..., 0], 0, 1)
-    return y
+        y[steps] = (ct[steps] @ states)[:, :, 0, :]
+    return np.ascontiguousarray(np.moveaxis(y, 0, 1))
 
 
 def _mamba2_step(x, dt, a, b, c, length):
@@ -71,22 +80,63 @@ def _mamba2_step(x, dt, a, b, c, length):
 
 
 def _mamba2_chunked(x, dt, a, b, c, length):
-    xs = to_chunks(x * dt[..., None], length)  # [C, B, H, L, P]: the input each step adds, dt*x
-    bs, cs = to_chunks(b, length), to_chunks(c, length)  # [C, B, H, L, N]
-    cum = np.cumsum(to_chunks(dt * a, length), axis=-1)  # log-decay from the chunk start, inclusive
-    # intra-chunk: y[l] = sum_{s<=l} (c_l . b_s) exp(cum_l - cum_s) dt_s x_s
-    y = ((cs @ _swap(bs)) * decay_ratios(cum)) @ xs
-    # the state each chunk builds from zero, decayed to its end
-    local = _swap(xs * np.exp(cum[..., -1:] - cum)[..., None]) @ bs  # [C, B, H, P, N]
+    # every GEMM operand is laid out as the GEMM reads it (OpenBLAS runs transposed small GEMMs
+    # far slower), so b comes in transposed and the states are kept as [N, P]; the big
+    # intermediates live in reused scratch arrays (see chunked.scratch)
+    seq, p, n = x.shape[1], x.shape[-1], b.shape[-1]
+    logd = dt * a
+    xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
+    xs = chunk_view(xdt, length)  # [C, B, H, L, P]: the input each step adds, dt*x
+    cum = np.cumsum(to_chunks(logd, length), axis=-1)  # log-decay from the chunk start, inclusive
+    lead = cum.shape[:3]
+    scores = scratch("m2.scores", (*lead, length, length), x.dtype)
+    y = scratch("m2.y", (*lead, length, p), x.dtype)
+    local = scratch("m2.local", (*lead, n, p), x.dtype)
+    if float(np.max(np.abs(logd), initial=0.0)) * (length // 2 + 1) <= MAMBA2_SPREAD:
+        # |cum - m| <= MAMBA2_SPREAD with m the chunk's midpoint: exp(cum_l - cum_s) factors into
+        # exp(cum_l - m) on c and exp(m - cum_s) on b, and the decayed scores are one GEMM
+        mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
+        cs = np.multiply(chunk_view(c, length), np.exp(cum - mid)[..., None],
+                         out=scratch("m2.cs", (*lead, length, n), x.dtype))  # [C, B, H, L, N]
+        bt = scratch("m2.bt", (*lead, n, length), x.dtype)  # [C, B, H, N, L]
+        np.multiply(_swap(to_chunks(b, length)), np.exp(mid - cum)[..., None, :], out=bt)
+        np.matmul(cs, bt, out=scores)
+        np.copyto(scores, 0, where=_strict_upper(length))
+        np.matmul(scores, xs, out=y)
+        # the state each chunk builds from zero, decayed to its end, transposed: [C, B, H, N, P]
+        np.matmul(bt, xs, out=local)
+        local *= np.exp(cum[..., -1:] - mid)[..., None]
+        # c reads the entering state decayed by exp(cum) = exp(cum - m) exp(m)
+        entry = np.exp(mid)[..., None]
+    else:
+        cs, bt = to_chunks(c, length), to_chunks_t(b, length)
+        np.matmul(cs, bt, out=scores)
+        scores *= decay_ratios(cum)
+        np.matmul(scores, xs, out=y)
+        np.matmul(bt, xs * np.exp(cum[..., -1:] - cum)[..., None], out=local)
+        cs *= np.exp(cum)[..., None]
+        entry = None
     through = np.exp(cum[..., -1])[..., None, None]
-    starts = np.empty_like(local)
-    state = np.zeros_like(local[0])
-    for k in range(local.shape[0]):
-        starts[k] = state
-        state = through[k] * state + local[k]
+    starts = scratch("m2.starts", local.shape, x.dtype)
+    starts[0] = 0
+    for k in range(local.shape[0] - 1):
+        np.multiply(through[k], starts[k], out=starts[k + 1])
+        starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
-    y += np.exp(cum)[..., None] * (cs @ _swap(starts))
-    return from_chunks(y, x.shape[1])
+    if entry is not None:
+        starts *= entry
+    y += np.matmul(cs, starts, out=scores if length == p else None)
+    out = from_chunks(y, seq)
+    return out.copy() if np.may_share_memory(out, y) else out
+
+
+_UPPER: dict[int, np.ndarray] = {}
+
+
+def _strict_upper(length: int) -> np.ndarray:
+    if length not in _UPPER:
+        _UPPER[length] = np.triu(np.ones((length, length), bool), 1)
+    return _UPPER[length]
 
 
 _SCAN_PATHS: dict[str, Callable[..., np.ndarray]] = {"step": _scan_step, "blocked": _scan_blocked}
