@@ -70,7 +70,23 @@ KERNEL binary(GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo, GLOBAL uchar* 
 
 /* dst[z](r, c) = sum_k A[z](r, k) * B[z](k, c) (+ bias[z](c)); every operand is addressed by element
  * strides so one kernel serves transposed and batched matmul and the recurrent input projection.
- * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage. */
+ * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage.
+ * Each item computes a GEMM_RM x GEMM_CN block as GEMM_RM x GEMM_CN rank-1 updates per k: a short
+ * contiguous run of a B row (when B's columns are contiguous) times GEMM_RM broadcast A values, with
+ * no barrier, so the sums stay in registers and the innermost loop is a contiguous vector run. Rows and
+ * columns past the edge are clamped on load and dropped on store. */
+#define GEMM_BODY(LA, LB)                                                              \
+    for (i64 kk = 0; kk < k; ++kk) {                                                    \
+        real av[GEMM_RM], bv[GEMM_CN];                                                  \
+        for (int i = 0; i < GEMM_RM; ++i)                                               \
+            av[i] = LA(A, ra[i] + kk * a_cs);                                           \
+        for (int jj = 0; jj < GEMM_CN; ++jj)                                            \
+            bv[jj] = LB(B, cb_[jj] + kk * b_rs);                                        \
+        for (int i = 0; i < GEMM_RM; ++i)                                               \
+            for (int jj = 0; jj < GEMM_CN; ++jj)                                        \
+                acc[i][jj] += av[i] * bv[jj];                                           \
+    }
+#define GEMM_LD_REAL(p, i) ((GLOBAL const real*)(p))[i]
 KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
             GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
             GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
@@ -81,27 +97,47 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
     GLOBAL const uchar* B = AT(uchar, bb, bo);
     GLOBAL const uchar* bias = AT(uchar, cb, co);
     GLOBAL uchar* D = AT(uchar, db, dof);
-    LOCAL real as[GEMM_TILE][GEMM_TILE + 1];
-    LOCAL real bs[GEMM_TILE][GEMM_TILE + 1];
-    const i64 tx = LID(0), ty = LID(1), z = GROUP(2);
-    const i64 row = GROUP(1) * GEMM_TILE + ty, col = GROUP(0) * GEMM_TILE + tx;
-    const i64 brow0 = GROUP(0) * GEMM_TILE;
-    real acc = (real)0;
-    for (i64 k0 = 0; k0 < k; k0 += GEMM_TILE) {
-        const i64 ka = k0 + tx, kb = k0 + ty;
-        as[ty][tx] = (row < m && ka < k) ? load_any(A, z * a_bs + row * a_rs + ka * a_cs, a_real) : (real)0;
-        bs[ty][tx] = (kb < k && brow0 + tx < n) ? load_any(B, z * b_bs + kb * b_rs + (brow0 + tx) * b_cs, b_real)
-                                                : (real)0;
-        BARRIER();
-        for (int kk = 0; kk < GEMM_TILE; ++kk)
-            acc += as[ty][kk] * bs[kk][tx];
-        BARRIER();
+    const i64 z = GID(2), row0 = GID(1) * GEMM_RM, col0 = GID(0) * GEMM_CN;
+    if (row0 >= m || col0 >= n)
+        return;
+    i64 ra[GEMM_RM], cb_[GEMM_CN];
+    for (int i = 0; i < GEMM_RM; ++i)
+        ra[i] = z * a_bs + (row0 + i < m ? row0 + i : m - 1) * a_rs;
+    for (int jj = 0; jj < GEMM_CN; ++jj)
+        cb_[jj] = z * b_bs + (col0 + jj < n ? col0 + jj : n - 1) * b_cs;
+    real acc[GEMM_RM][GEMM_CN];
+    for (int i = 0; i < GEMM_RM; ++i)
+        for (int jj = 0; jj < GEMM_CN; ++jj)
+            acc[i][jj] = (real)0;
+    if (a_real && b_real)
+        GEMM_BODY(GEMM_LD_REAL, GEMM_LD_REAL)
+    else if (a_real)
+        GEMM_BODY(GEMM_LD_REAL, LOAD)
+    else if (b_real)
+        GEMM_BODY(LOAD, GEMM_LD_REAL)
+    else
+        GEMM_BODY(LOAD, LOAD)
+    for (int jj = 0; jj < GEMM_CN; ++jj) {
+        const i64 col = col0 + jj;
+        if (col >= n)
+            break;
+        const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;
+        for (int i = 0; i < GEMM_RM; ++i)
+            if (row0 + i < m)
+                store_any(D, z * d_bs + (row0 + i) * d_rs + col, d_real, acc[i][jj] + bval);
     }
-    if (row < m && col < n) {
-        if (has_bias)
-            acc += LOAD(bias, z * c_bs + col);
-        store_any(D, z * d_bs + row * d_rs + col, d_real, acc);
-    }
+}
+
+/* dst[z][c][r] = src[z](r, c) in the compute type, src at element strides (batch, row, col): gives the
+ * gemm a B operand whose columns are contiguous. */
+KERNEL transpose_real(GLOBAL uchar* sb, i64 so, i64 s_bs, i64 s_rs, i64 s_cs,
+                      GLOBAL uchar* db, i64 dof, i64 rows, i64 cols)
+{
+    const i64 r = GID(0), c = GID(1), z = GID(2);
+    if (r >= rows || c >= cols)
+        return;
+    GLOBAL const uchar* src = AT(uchar, sb, so);
+    AT(real, db, dof)[(z * cols + c) * rows + r] = LOAD(src, z * s_bs + r * s_rs + c * s_cs);
 }
 
 /* dst[o, i] = sum_r x[o, r, i] */

@@ -41,31 +41,91 @@ DEVICE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, re
     for (int g = 0; g < G; ++g)                                                  \
         xz[g] = xw[(b * S + tt) * G * H + (i64)g * H + j];
 
-/* One timestep for every (unit j, batch row b, direction dir); h ping-pongs between hin and hout. */
+/* whT[dir][q][g][j] = W_hh[dir][g*H+j][q] in the compute type (j padded to HP with zeros), once per
+ * layer, so that the step kernel reads contiguous runs of units. */
+KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar* tb, i64 to)
+{
+    const i64 col = GID(0), q = GID(1), dir = GID(2);
+    if (col >= G * HP || q >= H)
+        return;
+    const i64 g = col / HP, j = col - g * HP;
+    GLOBAL const uchar* whh = AT(uchar, whb, who);
+    GLOBAL real* wt = AT(real, tb, to);
+    wt[(dir * H + q) * G * HP + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
+}
+
+/* One timestep for RNN_JB consecutive units from j0, RNN_RB batch rows from b0, direction dir:
+ * hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT row, shared by
+ * the RNN_RB rows; h broadcast), so the innermost loops are short contiguous runs that compilers
+ * vectorize; then the cell. h ping-pongs between hin and hout. NG is the gate count and NR the rows
+ * per item (RNN_RB_G<NG>: fewer rows for more gates keeps the NR*NG*RNN_JB sums in registers). */
+#define RNN_STEP_BODY(NG, NR)                                                                \
+    {                                                                                       \
+        real acc[NR][NG][RNN_JB];                                                       \
+        for (int r = 0; r < NR; ++r)                                                    \
+            for (int g = 0; g < NG; ++g)                                                    \
+                for (int u = 0; u < RNN_JB; ++u)                                            \
+                    acc[r][g][u] = (has_bhh && j0 + u < H) ? LOAD(bhh, g * H + j0 + u) : (real)0; \
+        for (i64 q = 0; q < H; ++q) {                                                       \
+            real w[NG][RNN_JB], hv[NR];                                                 \
+            for (int g = 0; g < NG; ++g)                                                    \
+                for (int u = 0; u < RNN_JB; ++u)                                            \
+                    w[g][u] = wt[q * NG * HP + g * HP + j0 + u];                            \
+            for (int r = 0; r < NR; ++r)                                                \
+                hv[r] = hin[rows[r] * H + q];                                               \
+            for (int r = 0; r < NR; ++r)                                                \
+                for (int g = 0; g < NG; ++g)                                                \
+                    for (int u = 0; u < RNN_JB; ++u)                                        \
+                        acc[r][g][u] += hv[r] * w[g][u];                                    \
+        }                                                                                   \
+        for (int r = 0; r < NR; ++r) {                                                  \
+            const i64 b = b0 + r;                                                           \
+            for (int u = 0; u < RNN_JB; ++u) {                                              \
+                const i64 j = j0 + u;                                                       \
+                if (b >= B || j >= H)                                                       \
+                    continue;                                                               \
+                real xz[4], hz[4];                                                          \
+                for (int g = 0; g < NG; ++g) {                                              \
+                    xz[g] = xw[(b * S + tt) * NG * H + (i64)g * H + j];                     \
+                    hz[g] = acc[r][g][u];                                                   \
+                }                                                                           \
+                real c = cst[b * H + j];                                                    \
+                const real h = cell(op, relu, xz, hz, hin[b * H + j], &c);                  \
+                cst[b * H + j] = c;                                                         \
+                hout[b * H + j] = h;                                                        \
+                store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);               \
+            }                                                                               \
+        }                                                                                   \
+    }
+
+/* whT is [dirs][H][G][HP]: each gate's row padded to HP (a multiple of RNN_JB) with zeros. */
 KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
-                GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                 GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
                 GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
 {
-    const i64 j = GID(0), b = GID(1), dir = GID(2);
-    if (j >= H || b >= B)
+    const int rb = G == 4 ? RNN_RB_G4 : G == 3 ? RNN_RB_G3 : RNN_RB_G1;
+    const i64 j0 = GID(0) * RNN_JB, b0 = GID(1) * rb, dir = GID(2);
+    const i64 HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
+    if (j0 >= H || b0 >= B)
         return;
     GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
-    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * G * H * H * (i64)sizeof(store_t));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * G * HP * H * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
-    GLOBAL const real* hin = AT(real, hib, hio + (dir * B + b) * H * (i64)sizeof(real));
-    GLOBAL real* hout = AT(real, hob, hoo + (dir * B + b) * H * (i64)sizeof(real));
-    GLOBAL real* cst = AT(real, cb, co + (dir * B + b) * H * (i64)sizeof(real));
+    GLOBAL const real* hin = AT(real, hib, hio + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
     GLOBAL uchar* out = AT(uchar, ob, oo);
     const i64 tt = dir ? S - 1 - t : t;
-    real xz[4], hz[4];
-    XW_GATES(xz);
-    HH_DOTS(hz, hin);
-    real c = cst[j];
-    const real h = cell(op, relu, xz, hz, hin[j], &c);
-    cst[j] = c;
-    hout[j] = h;
-    store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);
+    i64 rows[RNN_RB_MAX];  /* rows past B repeat the last one; their sums are dropped */
+    for (int r = 0; r < RNN_RB_MAX; ++r)
+        rows[r] = b0 + r < B ? b0 + r : B - 1;
+    if (G == 4)
+        RNN_STEP_BODY(4, RNN_RB_G4)
+    else if (G == 3)
+        RNN_STEP_BODY(3, RNN_RB_G3)
+    else
+        RNN_STEP_BODY(1, RNN_RB_G1)
 }
 
 /* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */

@@ -1,8 +1,8 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
-from .core import ARENA, Buf, Launch, Plan, Thunk, grid, i32, i64, linear_local, real
-from .limits import GEMM_TILE, DeviceLimits
+from .core import ARENA, SCRATCH, Buf, Launch, Plan, Thunk, grid, i32, i64, linear_local, real, real_size
+from .limits import GEMM_CN, GEMM_RM, GEMM_TILE, DeviceLimits
 
 UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip", "softplus", "step")
 BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
@@ -39,7 +39,17 @@ def gemm(
         i64(m), i64(n), i64(k),
     )
     tile = (GEMM_TILE, GEMM_TILE, 1)
-    return Launch("body", "gemm", dtype, grid((n, m, batch), tile), tile, args)
+    return Launch("body", "gemm", dtype, grid((-(-n // GEMM_CN), -(-m // GEMM_RM), batch), tile), tile, args)
+
+
+def transpose_real(dtype: str, rows: int, cols: int, batch: int, src: tuple[Buf, int, int, int, int],
+                   dst: tuple[Buf, int]) -> Launch:
+    """``dst[z][c][r] = src[z](r, c)`` in the compute type; ``src`` is ``(buffer, offset, batch, row, col
+    element strides)``, ``dst`` dense scratch."""
+    sbuf, soff, sbs, srs, scs = src
+    local = (linear_local(rows, 64), 1, 1)
+    args = (sbuf, i64(soff), i64(sbs), i64(srs), i64(scs), dst[0], i64(dst[1]), i64(rows), i64(cols))
+    return Launch("body", "transpose_real", dtype, grid((rows, cols, batch), local), local, args)
 
 
 def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
@@ -76,6 +86,16 @@ def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     # A(i, kk) is at i*k + kk, or at kk*m + i when stored transposed; likewise B.
     a_rs, a_cs = (1, m) if t["trans_a"] else (k, 1)
     b_rs, b_cs = (1, k) if t["trans_b"] else (n, 1)
+    if t["trans_b"] and n > 1:
+        # the gemm wants B's columns contiguous: stage B(kk, c) as real scratch [batch][k][n] first
+        stage = transpose_real(t["dtype"], n, k, t["batch"], (ARENA, t["b"], t["b_batch_stride"], k, 1), (SCRATCH, 0))
+        launch = gemm(
+            t["dtype"], m, n, k, t["batch"],
+            (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),
+            (SCRATCH, 0, True, k * n, n, 1),
+            (ARENA, t["dst"], False, m * n, n),
+        )
+        return Plan((stage, launch), t["batch"] * k * n * real_size(t["dtype"]))
     launch = gemm(
         t["dtype"], m, n, k, t["batch"],
         (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),

@@ -1,16 +1,18 @@
 """Launch geometry of lstm / gru / rnn (ABI.md §3).
 
-Per layer: one gemm projects every timestep of both directions at once (``xw``, compute type,
-bias folded in except GRU's ``b_hh``); then the recurrence runs either as one persistent launch
-(a work-group of ``hidden`` items per batch row and direction keeps h in local memory) or, when
-the hidden size does not fit a work-group, as one launch per timestep. Layers below the last write
+Per layer: W_ih is staged transposed (compute type) and one gemm projects every timestep of both
+directions at once (``xw``, compute type, bias folded in except GRU's ``b_hh``); then the recurrence
+runs either as one persistent launch (a work-group of ``hidden`` items per batch row and direction
+keeps h in local memory; chosen for few (batch row, direction) pairs) or as one launch per timestep
+over W_hh staged transposed, each item computing RNN_JB units for RNN_RB[gates] batch rows (chosen for
+larger batches, and whenever the hidden size does not fit a work-group). Layers below the last write
 their output to scratch in the compute type.
 """
 from __future__ import annotations
 
-from .body import gemm
+from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size
-from .limits import RNN_PERSIST_MAX, DeviceLimits
+from .limits import RNN_JB, RNN_PERSIST_MAX, RNN_RB, DeviceLimits
 
 OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
 
@@ -20,8 +22,19 @@ def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
     return t["hidden"] <= min(lim.max_work_group, RNN_PERSIST_MAX)
 
 
-def _scratch(dirs: int, b: int, s: int, h: int, gates: int, layers: int, rs: int) -> tuple[dict[str, int], int]:
-    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h}
+#: above this many (batch row, direction) pairs the per-step kernel, which shares each W_hh row among
+#: RNN_RB batch rows, beats the persistent one, which streams all of W_hh once per pair and step
+PERSIST_MAX_ROWS = 8
+
+
+def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
+    dirs = 2 if t["bidirectional"] else 1
+    return persistent_fits(t, lim) and t["batch"] * dirs <= PERSIST_MAX_ROWS
+
+
+def _scratch(dirs: int, b: int, s: int, h: int, i: int, gates: int, layers: int, rs: int) -> tuple[dict[str, int], int]:
+    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h, "wt": dirs * gates * ceil_to(h, RNN_JB) * h,
+             "wit": dirs * gates * h * max(i, dirs * h)}
     offsets, total = {}, 0
     for name, count in sizes.items():
         offsets[name] = total
@@ -35,17 +48,19 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
     b, s, h, layers = t["batch"], t["seq"], t["hidden"], t["num_layers"]
     dirs = 2 if t["bidirectional"] else 1
     carry, relu, gh = bool(t["carry"]), bool(t.get("relu", False)), gates * h
-    persistent = rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_fits(t, lim))
-    sc, scratch_bytes = _scratch(dirs, b, s, h, gates, layers, rs)
+    persistent = rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_wins(t, lim))
+    sc, scratch_bytes = _scratch(dirs, b, s, h, t["input_size"], gates, layers, rs)
     bias_field = "b_ih" if t["op"] == "gru" else "bias"
     launches: list[Launch] = []
     w_ih = t["w_ih"]
     for layer in range(layers):
         in_l = t["input_size"] if layer == 0 else dirs * h
         src = (ARENA, t["x"], False, 0, in_l, 1) if layer == 0 else (SCRATCH, sc["lo"], True, 0, dirs * h, 1)
+        # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
+        launches.append(transpose_real(dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, sc["wit"])))
         launches.append(gemm(
             dt, b * s, gh, in_l, dirs, src,
-            (ARENA, w_ih, False, gh * in_l, 1, in_l),  # B(kk, col) = W_ih[col, kk]
+            (SCRATCH, sc["wit"], True, in_l * gh, gh, 1),
             (SCRATCH, sc["xw"], True, b * s * gh, gh),
             bias=(ARENA, t[bias_field] + es * layer * dirs * gh, gh),
         ))
@@ -69,10 +84,17 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         lin = (linear_local(n, 256),)
         launches.append(Launch("rnn", "rnn_state_in", dt, grid((n,), lin), lin,
                                (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs))
-        local = (linear_local(h), 1, 1)
+        hp = ceil_to(h, RNN_JB)
+        tloc = (linear_local(gates * hp, 64), 1, 1)
+        launches.append(Launch("rnn", "rnn_whh_t", dt, grid((gates * hp, h, dirs), tloc), tloc,
+                               (i64(gates), i64(h), i64(hp)) + whh + (SCRATCH, i64(sc["wt"]))))
+        wt = (SCRATCH, i64(sc["wt"]))
+        units = -(-h // RNN_JB)
+        local = (linear_local(units), 1, 1)
+        rows = -(-b // RNN_RB[gates])
         for step in range(s):
-            args = head + (i64(step), SCRATCH, i64(sc["xw"])) + whh + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
-            launches.append(Launch("rnn", "rnn_step", dt, grid((h, b, dirs), local), local, args))
+            args = head + (i64(step), SCRATCH, i64(sc["xw"])) + wt + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
+            launches.append(Launch("rnn", "rnn_step", dt, grid((units, rows, dirs), local), local, args))
         if carry:
             launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
                                    (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0))
