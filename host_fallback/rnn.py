@@ -1,0 +1,301 @@
+"""Host kernels for ``lstm``, ``gru`` and ``rnn`` (ABI.md §3): multi-layer, bidirectional, carried state.
+
+Layout and tricks, each measured on 2 cores (``benchmarks/rnn.py`` shape: B=32 S=128 I=H=256):
+
+- Feature-major inside: the state is ``h^T [hidden, batch]`` and a step is ``W_hh · h^T``; OpenBLAS
+  runs that 25-35% faster than ``h · W_hh^T`` at batch 32 (190 vs 255 µs single-threaded).
+- Time in chunks of ``c`` steps, ``c·batch`` ≈ 128 columns: a layer's output is
+  ``[seq/c, dirs*hidden, c·batch]``, which is also the next layer's input. Each chunk's input
+  projection (plus the input-side bias) is one GEMM at full speed, run just before its ``c`` steps,
+  so the per-step add reads it from cache (12 µs a step, against 29 µs from a projection of the whole
+  sequence done up front). Layer 0 reads ``x`` through a time-major copy, a cheap copy (0.1 ms) where
+  the chunked layout would need a 2 ms transpose; BLAS takes the transposed chunk as it is.
+- Sigmoid through tanh: the rows of a sigmoid gate (lstm i f o, gru r z) in ``w_ih``, ``w_hh`` and
+  the biases are halved once (exact in binary floating point), so one ``tanh`` over all gates and
+  ``½t+½`` on the sigmoid rows give ``σ(z) = ½tanh(z/2)+½`` (scipy's ``expit`` is 8x slower than
+  ``tanh`` here). Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are contiguous.
+- With two directions and a two-thread OpenBLAS, the directions run in two Python threads, each
+  with a single-threaded BLAS (NumPy releases the GIL inside its loops): the elementwise part of one
+  direction overlaps the GEMMs of the other (lstm 141 vs 157 ms, gru 102 vs 117 ms, rnn 37 vs
+  48 ms). Leaving the BLAS at two threads in both Python threads gained nothing, and with more BLAS
+  threads one direction at a time keeps every core on each GEMM, so anything else runs the
+  directions one after the other.
+
+16-bit storage is loaded to f32, everything between steps and layers stays f32, and only ``dst``
+and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from .arena import COMPUTE
+from .layout import Bound, layer_input_sizes, recurrent_dims
+
+#: Internal gate order (ABI index of each internal gate): sigmoid gates first, tanh gates last.
+_ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
+#: How many leading internal gates are sigmoids.
+_SIGMOID = {"lstm": 3, "gru": 2, "rnn": 0}
+#: Columns of a time chunk the projection GEMM aims for.
+_CHUNK_COLUMNS = 128
+
+
+@dataclass(frozen=True)
+class _Dims:
+    op: str
+    batch: int
+    seq: int
+    hidden: int
+    layers: int
+    gates: int
+    dirs: int
+    chunk: int  # steps per time chunk; divides seq
+    compute: np.dtype
+
+    @property
+    def chunks(self) -> int:
+        return self.seq // self.chunk
+
+
+def _dims(t: Mapping[str, Any]) -> _Dims:
+    """Sizes of a thunk with ``batch, seq >= 1``; the chunk is the largest divisor of seq up to the aim."""
+    gates, dirs = recurrent_dims(t)
+    batch, seq = t["batch"], t["seq"]
+    aim = -(-_CHUNK_COLUMNS // batch)
+    chunk = max(c for c in range(1, min(aim, seq) + 1) if seq % c == 0)
+    return _Dims(t["op"], batch, seq, t["hidden"], t["num_layers"], gates, dirs, chunk, COMPUTE[t["dtype"]])
+
+
+def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
+    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows halved."""
+    src = w.reshape(d.gates, d.hidden, -1)
+    out = np.empty(src.shape, d.compute)
+    for k, g in enumerate(_ORDER[d.op]):
+        if k < _SIGMOID[d.op]:
+            np.multiply(src[g], 0.5, out=out[k], dtype=d.compute)
+        else:
+            out[k] = src[g]
+    return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
+
+
+# --- one layer-direction's time loop -----------------------------------------------------------------
+# Every array is feature-major [features, batch]. ``steps`` yields (x_t, y_t): x_t is W_ih·x_t plus the
+# input-side bias, y_t the slot where h_t lands, which then feeds the next step.
+
+
+def _lstm_loop(w_hh, h_bias, steps, h, c, relu):
+    H, B = h.shape
+    g = np.empty((4 * H, B), h.dtype)
+    tmp = np.empty((H, B), h.dtype)
+    sig, i, f, o, gg = g[: 3 * H], g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+    for xp, y in steps:
+        np.matmul(w_hh, h, out=g)
+        g += xp
+        np.tanh(g, out=g)
+        sig *= 0.5
+        sig += 0.5
+        c *= f
+        np.multiply(i, gg, out=tmp)
+        c += tmp
+        np.tanh(c, out=tmp)
+        np.multiply(o, tmp, out=y)
+        h = y
+    return h, c
+
+
+def _gru_loop(w_hh, h_bias, steps, h, c, relu):
+    H, B = h.shape
+    g = np.empty((3 * H, B), h.dtype)
+    tmp = np.empty((H, B), h.dtype)
+    rz, r, z, n = g[: 2 * H], g[:H], g[H: 2 * H], g[2 * H:]
+    for xp, y in steps:
+        np.matmul(w_hh, h, out=g)
+        rz += xp[: 2 * H]
+        np.tanh(rz, out=rz)
+        rz *= 0.5
+        rz += 0.5
+        n += h_bias  # b_hn sits inside r⊙(W_hn·h + b_hn)
+        n *= r
+        n += xp[2 * H:]
+        np.tanh(n, out=n)
+        np.subtract(h, n, out=tmp)  # h' = (1-z)⊙n + z⊙h = n + z⊙(h-n)
+        tmp *= z
+        np.add(n, tmp, out=y)
+        h = y
+    return h, c
+
+
+def _rnn_loop(w_hh, h_bias, steps, h, c, relu):
+    g = np.empty_like(h)
+    for xp, y in steps:
+        np.matmul(w_hh, h, out=g)
+        g += xp
+        if relu:
+            np.maximum(g, 0, out=y)
+        else:
+            np.tanh(g, out=y)
+        h = y
+    return h, c
+
+
+_LOOPS: dict[str, Callable] = {"lstm": _lstm_loop, "gru": _gru_loop, "rnn": _rnn_loop}
+
+
+def _biases(b: Bound, d: _Dims, ld: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(input-side bias [G*H, 1], hidden-side bias or None)``; gru keeps b_hn on the hidden side."""
+    if d.op != "gru":
+        return _internal(b.view("bias")[ld], d), None
+    b_ih, b_hh = _internal(b.view("b_ih")[ld], d), _internal(b.view("b_hh")[ld], d)
+    two = 2 * d.hidden
+    b_ih[:two] += b_hh[:two]
+    return b_ih, np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
+
+
+def _steps(w_ih, bias, x, out, d: _Dims, reverse: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Project one time chunk at a time, just before its steps, so they read it from cache."""
+    B, c = d.batch, d.chunk
+    bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], c * B)))
+    buf = np.empty((w_ih.shape[0], c * B), d.compute)
+    for k in reversed(range(d.chunks)) if reverse else range(d.chunks):
+        np.matmul(w_ih, x[k], out=buf)
+        buf += bias
+        for j in reversed(range(c)) if reverse else range(c):
+            yield buf[:, j * B: (j + 1) * B], out[k, :, j]
+
+
+def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """Run direction ``dr`` of ``layer``: ``w_ih`` its stored ``[G*H, in]`` block, ``x [chunks, in, c*B]``
+    the layer's input; write this direction's rows of ``y``, its final state, and at the top ``dst``."""
+    H, B, c, ld = d.hidden, d.batch, d.chunk, layer * d.dirs + dr
+    w_ih, w_hh = _internal(w_ih, d), _internal(b.view("w_hh")[ld], d)
+    x_bias, h_bias = _biases(b, d, ld)
+    out = y.reshape(d.chunks, d.dirs * H, c, B)[:, dr * H: dr * H + H]
+    carry = t["carry"]
+
+    def state(field: str) -> np.ndarray:  # always a private copy: the loop updates it in place
+        return np.array(b.view(field)[ld].T, d.compute, order="C") if carry else np.zeros((H, B), d.compute)
+
+    h, cell = state("h0"), state("c0") if d.op == "lstm" else None
+    steps = _steps(w_ih, x_bias, x, out, d, reverse=dr == 1)
+    h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False))
+    if carry:  # the final state, in place
+        b.view("h0")[ld] = h.T
+        if cell is not None:
+            b.view("c0")[ld] = cell.T
+    if layer == d.layers - 1:  # dst [B, S, dirs*H]: this direction's features, one chunk at a time
+        dst = b.view("dst").reshape(B, d.chunks, c, d.dirs * H)[..., dr * H: dr * H + H]
+        for k in range(d.chunks):
+            dst[:, k] = out[k].transpose(2, 1, 0)
+
+
+def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | None = None, **_: Any) -> None:
+    """Run one lstm/gru/rnn thunk in place. ``parallel_directions``: ``None`` lets the kernel choose
+    (see the module docstring), ``True``/``False`` forces two threads or one. Other options are for
+    other kernels and ignored."""
+    if 0 in (t["batch"], t["seq"], t["hidden"]):
+        return  # nothing to compute; a carried state is its own final state
+    b = Bound(t, arena)
+    d = _dims(t)
+    B, c = d.batch, d.chunk
+    # Layer 0's input, time-major; chunk k is the transposed view x_tm[k*c:(k+1)*c].reshape(c*B, I).T
+    x = np.empty((d.seq, B, t["input_size"]), d.compute)
+    x[...] = b.view("x").transpose(1, 0, 2)
+    x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
+    w_ih, offset = b.view("w_ih"), 0
+    parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else _blas.pays())
+    for layer, in_l in enumerate(layer_input_sizes(t)):
+        size = d.gates * d.hidden * in_l
+        blocks = [w_ih[offset + k * size: offset + (k + 1) * size].reshape(-1, in_l) for k in range(d.dirs)]
+        offset += d.dirs * size
+        y = np.empty((d.chunks, d.dirs * d.hidden, c * B), d.compute)
+        jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
+        if parallel:
+            with _blas.single_threaded():
+                other = _POOL.submit(jobs[1])
+                try:
+                    jobs[0]()
+                finally:
+                    other.result()
+        else:
+            for job in jobs:
+                job()
+        x = y
+
+
+# --- OpenBLAS thread control (ctypes; threadpoolctl does the same with more machinery) ----------------
+
+
+class _Blas:
+    """The thread count of every OpenBLAS loaded in this process, read and set through ctypes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._libs: list[tuple[Callable[[], int], Callable[[int], None]]] | None = None
+
+    def _find(self) -> list[tuple[Callable[[], int], Callable[[int], None]]]:
+        if self._libs is None:
+            self._libs = []
+            try:
+                with open("/proc/self/maps") as maps:
+                    paths = sorted({line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]})
+            except OSError:
+                paths = []
+            for path in paths:
+                try:
+                    lib = ctypes.CDLL(path)
+                except OSError:
+                    continue
+                for prefix in ("scipy_openblas", "openblas"):
+                    for suffix in ("64_", "", "_64"):
+                        get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                        put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                        if get is not None and put is not None:
+                            get.restype, put.restype = ctypes.c_int, None
+                            self._libs.append((get, put))
+                            break
+                    else:
+                        continue
+                    break
+        return self._libs
+
+    def threads(self) -> list[int]:
+        """Thread count of each OpenBLAS found (empty when there is none)."""
+        return [get() for get, _ in self._find()]
+
+    def pays(self) -> bool:
+        """Whether two directions in two threads pay: exactly two BLAS threads to hand out (measured)."""
+        counts = self.threads()
+        return bool(counts) and all(n == 2 for n in counts)
+
+    @contextmanager
+    def single_threaded(self) -> Iterator[None]:
+        """Set every OpenBLAS to one thread, process-wide, and restore it after; one caller at a time."""
+        with self._lock:
+            libs = self._find()
+            before = [get() for get, _ in libs]
+            for _, put in libs:
+                put(1)
+            try:
+                yield
+            finally:
+                for (_, put), n in zip(libs, before):
+                    put(n)
+
+
+_blas = _Blas()
+_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host_fallback.rnn")  # starts no thread until used
+
+
+def blas_threads() -> int | None:
+    """Threads of NumPy's OpenBLAS (the largest count when several are loaded); ``None`` if not found."""
+    counts = _blas.threads()
+    return max(counts) if counts else None
+
+
+KERNELS = {"lstm": _run, "gru": _run, "rnn": _run}

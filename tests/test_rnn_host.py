@@ -1,0 +1,220 @@
+"""host_fallback lstm / gru / rnn against the float64 reference (tests/reference_rnn.py) and PyTorch.
+
+Every run lays its tensors out in an arena filled with a byte pattern, with gaps between them, and
+checks that no byte outside ``dst``/``h0``/``c0`` changed; ``dst`` starts as NaN, so a slot left
+unwritten fails the comparison.
+"""
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import host_fallback
+from reference_rnn import GATES, reference
+
+STORAGE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+# Allowed |host - reference| <= ATOL + RTOL*|reference|, the reference run in float64 on the stored
+# (already rounded) inputs. 16-bit: only dst/h0/c0 are rounded, once, so the bound is half an ulp of
+# the storage type relative to the value (f16 2^-11, bf16 2^-8) plus a little for the f32 inside.
+# Worst measured over the flag matrix (3 seeds, |v| up to 1.36): f16 4.86e-4 abs / 4.84e-4 rel,
+# bf16 3.78e-3 abs / 3.89e-3 rel, f32 1.5e-7 abs, f64 2.5e-16 abs.
+TOL = {  # (rtol, atol)
+    "f64": (1e-13, 1e-14),
+    "f32": (2e-6, 1e-6),
+    "f16": (2 ** -11, 1e-5),
+    "bf16": (2 ** -8, 1e-4),
+}
+
+CANARY = 0xFF  # NaN in every float type: an unwritten dst element cannot match the reference
+
+
+def build(op, dtype, *, batch, seq, input_size, hidden, num_layers, bidirectional, carry, relu=False, seed=0):
+    """A thunk, its arena, and the stored inputs as float64 arrays."""
+    rng = np.random.default_rng(seed)
+    G, D, H = GATES[op], 2 if bidirectional else 1, hidden
+    k = 1 / np.sqrt(H)
+    w_ih_count = sum(D * G * H * (input_size if layer == 0 else D * H) for layer in range(num_layers))
+    values = {
+        "x": rng.uniform(-1, 1, (batch, seq, input_size)),
+        "w_ih": rng.uniform(-k, k, (w_ih_count,)),
+        "w_hh": rng.uniform(-k, k, (num_layers * D, G * H, H)),
+    }
+    for f in ("b_ih", "b_hh") if op == "gru" else ("bias",):
+        values[f] = rng.uniform(-k, k, (num_layers * D, G * H))
+    if carry:
+        for f in ("h0", "c0") if op == "lstm" else ("h0",):
+            values[f] = rng.uniform(-1, 1, (num_layers * D, batch, H))
+    storage = np.dtype(STORAGE[dtype])
+    stored = {f: v.astype(storage) for f, v in values.items()}
+    stored["dst"] = np.zeros((batch, seq, D * H), storage)
+
+    offsets, cursor = {}, 40  # a pattern before the first tensor and 24..88 bytes between tensors
+    for f, a in stored.items():
+        offsets[f] = cursor
+        cursor = -(-(cursor + a.nbytes + 24) // 64) * 64
+    arena = rng.integers(0, 256, cursor + 40, dtype=np.uint8)
+    for f, a in stored.items():
+        arena[offsets[f]: offsets[f] + a.nbytes] = CANARY if f == "dst" else a.view(np.uint8).ravel()
+
+    fields = {"lstm": ("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst"),
+              "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst"),
+              "rnn": ("x", "w_ih", "w_hh", "bias", "h0", "dst")}[op]
+    thunk = {"op": op, "dtype": dtype, "batch": batch, "seq": seq, "input_size": input_size, "hidden": hidden,
+             "num_layers": num_layers, "bidirectional": bidirectional, "carry": carry}
+    thunk.update({f: offsets.get(f, 0) for f in fields})
+    if op == "rnn":
+        thunk["relu"] = relu
+    writes = [(offsets[f], stored[f].nbytes) for f in ("dst", "h0", "c0") if f in offsets]
+    inputs = {f: a.astype(np.float64) for f, a in stored.items() if f != "dst"}
+    return thunk, arena, inputs, writes
+
+
+def read(arena, thunk, field, shape):
+    storage = np.dtype(STORAGE[thunk["dtype"]])
+    n = int(np.prod(shape))
+    return arena[thunk[field]: thunk[field] + n * storage.itemsize].view(storage).reshape(shape).astype(np.float64)
+
+
+def run_host(thunk, arena, writes, **options):
+    """Execute on a copy; assert every byte outside the write footprint is untouched; return the copy."""
+    out = arena.copy()
+    host_fallback.execute(thunk, out, **options)
+    outside = np.ones(arena.size, bool)
+    for off, n in writes:
+        outside[off: off + n] = False
+    changed = np.flatnonzero((out != arena) & outside)
+    assert changed.size == 0, f"bytes outside the write footprint changed, first at {changed[:8]}"
+    return out
+
+
+def check(op, dtype, relu=False, options=None, **shape):
+    thunk, arena, inp, writes = build(op, dtype, relu=relu, **shape)
+    out = run_host(thunk, arena, writes, **(options or {}))
+    biases = {f: inp[f] for f in ("bias", "b_ih", "b_hh") if f in inp}
+    want, h_want, c_want = reference(op, inp["x"], inp["w_ih"], inp["w_hh"], biases, hidden=shape["hidden"],
+                                     num_layers=shape["num_layers"], bidirectional=shape["bidirectional"],
+                                     h0=inp.get("h0"), c0=inp.get("c0"), relu=relu)
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(read(out, thunk, "dst", want.shape), want, rtol=rtol, atol=atol, err_msg="dst")
+    if shape["carry"]:
+        np.testing.assert_allclose(read(out, thunk, "h0", h_want.shape), h_want, rtol=rtol, atol=atol, err_msg="h0")
+        if op == "lstm":
+            np.testing.assert_allclose(read(out, thunk, "c0", c_want.shape), c_want, rtol=rtol, atol=atol,
+                                       err_msg="c0")
+
+
+CELLS = [("lstm", False), ("gru", False), ("rnn", False), ("rnn", True)]
+CELL_IDS = ["lstm", "gru", "rnn-tanh", "rnn-relu"]
+
+
+@pytest.mark.parametrize("dtype", list(STORAGE))
+@pytest.mark.parametrize("cell", CELLS, ids=CELL_IDS)
+@pytest.mark.parametrize("num_layers,bidirectional,carry,parallel",
+                         [(layers, bidi, carry, par) for layers, bidi, carry in itertools.product((1, 3), (False, True),
+                                                                                                  (False, True))
+                          for par in ((False, True) if bidi else (None,))],
+                         ids=lambda v: str(v))
+def test_every_flag(cell, dtype, num_layers, bidirectional, carry, parallel):
+    op, relu = cell
+    check(op, dtype, relu, options={"parallel_directions": parallel}, batch=3, seq=5, input_size=4, hidden=6,
+          num_layers=num_layers, bidirectional=bidirectional, carry=carry)
+
+
+# seq=1, batch=1, hidden=1, input_size=1; time chunks of several steps (batch 40: 3 steps a chunk,
+# batch 5: 15) and a prime seq (one chunk of 7).
+SHAPES = [dict(batch=1, seq=1, input_size=1, hidden=1), dict(batch=1, seq=7, input_size=3, hidden=1),
+          dict(batch=2, seq=1, input_size=1, hidden=5), dict(batch=40, seq=6, input_size=3, hidden=4),
+          dict(batch=5, seq=30, input_size=2, hidden=3)]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16"])
+@pytest.mark.parametrize("cell", CELLS, ids=CELL_IDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{batch}s{seq}i{input_size}h{hidden}".format(**s))
+def test_edge_shapes(cell, dtype, shape):
+    op, relu = cell
+    check(op, dtype, relu, num_layers=2, bidirectional=True, carry=True, **shape)
+
+
+def test_options_for_other_kernels_are_ignored():
+    check("lstm", "f32", options={"recompute": "treeverse"}, batch=2, seq=3, input_size=2, hidden=2, num_layers=1,
+          bidirectional=False, carry=False)
+
+
+def test_empty_sequence_keeps_the_state():
+    thunk, arena, _, writes = build("lstm", "f32", batch=2, seq=0, input_size=3, hidden=4, num_layers=2,
+                                    bidirectional=True, carry=True)
+    np.testing.assert_array_equal(run_host(thunk, arena, writes), arena)
+
+
+def test_blas_threads_are_restored():
+    from host_fallback.rnn import blas_threads
+
+    before = blas_threads()
+    check("gru", "f32", options={"parallel_directions": True}, batch=2, seq=3, input_size=2, hidden=2,
+          num_layers=2, bidirectional=True, carry=False)
+    assert blas_threads() == before
+
+
+def test_bigger_than_a_chunk_in_parallel_and_serial_agree():
+    thunk, arena, _, writes = build("lstm", "f32", batch=32, seq=12, input_size=16, hidden=16, num_layers=2,
+                                    bidirectional=True, carry=True)
+    a = run_host(thunk, arena, writes, parallel_directions=True)
+    b = run_host(thunk, arena, writes, parallel_directions=False)
+    np.testing.assert_array_equal(a, b)
+
+
+# --- PyTorch as a second reference --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32"])
+@pytest.mark.parametrize("cell", CELLS, ids=CELL_IDS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("carry", [False, True])
+def test_matches_torch(cell, dtype, bidirectional, carry):
+    torch = pytest.importorskip("torch")
+    op, relu = cell
+    B, S, I, H, L = 3, 6, 5, 4, 2
+    D = 2 if bidirectional else 1
+    torch.manual_seed(0)
+    tdtype = torch.float64 if dtype == "f64" else torch.float32
+    kind = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op]
+    extra = {"nonlinearity": "relu" if relu else "tanh"} if op == "rnn" else {}
+    model = kind(I, H, num_layers=L, bidirectional=bidirectional, batch_first=True, dtype=tdtype, **extra)
+    names = [f"l{layer}{'_reverse' if d else ''}" for layer in range(L) for d in range(D)]
+    p = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    x = torch.randn(B, S, I, dtype=tdtype)
+    h0 = torch.randn(L * D, B, H, dtype=tdtype)
+    c0 = torch.randn(L * D, B, H, dtype=tdtype)
+
+    tensors = {"x": x.numpy(), "w_ih": np.concatenate([p[f"weight_ih_{n}"].ravel() for n in names]),
+               "w_hh": np.stack([p[f"weight_hh_{n}"] for n in names])}
+    if op == "gru":
+        tensors["b_ih"] = np.stack([p[f"bias_ih_{n}"] for n in names])
+        tensors["b_hh"] = np.stack([p[f"bias_hh_{n}"] for n in names])
+    else:
+        tensors["bias"] = np.stack([p[f"bias_ih_{n}"] + p[f"bias_hh_{n}"] for n in names])
+    if carry:
+        tensors["h0"] = h0.numpy()
+        if op == "lstm":
+            tensors["c0"] = c0.numpy()
+    with torch.no_grad():
+        state = ((h0, c0) if op == "lstm" else h0) if carry else None
+        want, final = model(x, state)
+    want_h, want_c = (final if op == "lstm" else (final, None))
+
+    thunk, arena, _, writes = build(op, dtype, batch=B, seq=S, input_size=I, hidden=H, num_layers=L,
+                                    bidirectional=bidirectional, carry=carry, relu=relu)
+    for f, a in tensors.items():  # overwrite the random tensors with torch's
+        raw = np.ascontiguousarray(a, STORAGE[dtype]).view(np.uint8).ravel()
+        arena[thunk[f]: thunk[f] + raw.size] = raw
+    out = run_host(thunk, arena, writes)
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == "f64" else dict(rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(read(out, thunk, "dst", (B, S, D * H)), want.numpy(), **tol)
+    if carry:
+        np.testing.assert_allclose(read(out, thunk, "h0", (L * D, B, H)), want_h.numpy(), **tol)
+        if op == "lstm":
+            np.testing.assert_allclose(read(out, thunk, "c0", (L * D, B, H)), want_c.numpy(), **tol)
