@@ -35,4 +35,14 @@ def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None
     kernel(thunk, arena, **options)
 
 
-__all__ = ["execute", "regions", "Region", "KERNELS"]
+PATHS: dict[str, Callable[..., str]] = {"selective_scan": ssm.path_for, "mamba2": ssm.path_for,
+                                        "gated_delta_net": gdn.path_for}
+
+
+def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
+    """The algorithm the host runs ``thunk`` with (``chunked L=64``, ``step`` ...), for ops that choose one."""
+    chooser = PATHS.get(thunk["op"])
+    return chooser(thunk, **options) if chooser else None
+
+
+__all__ = ["execute", "path_for", "regions", "Region", "KERNELS"]

@@ -8,6 +8,8 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
+import host_fallback
+
 from .abi import Schedule, Thunk
 from .backends.base import BackendUnavailable, DeviceInfo, Session
 from .config import Config, load_config
@@ -111,17 +113,21 @@ def assign(thunk: Thunk, session: Session, config: Config) -> Assignment:
         if pinned != "host":
             raise DeviceError(f"thunk {thunk.index} ({thunk.op}): override pins it to {pinned!r}, but a schedule "
                               f"runs on one device ({device}) plus the host")
+        path = host_fallback.path_for(thunk)
         return Assignment(thunk.index, thunk.op, thunk.dtype, "host",
-                          f"fallback: override {thunk.op}:{thunk.dtype} -> host in {config.source}")
+                          f"fallback{f' ({path})' if path else ''}: override {thunk.op}:{thunk.dtype} -> host in {config.source}")
     why_not = session.unsupported(thunk)
     if why_not is None:
         how = "override" if pinned else "supported"
-        return Assignment(thunk.index, thunk.op, thunk.dtype, device, f"{how} on {session.info.spec}")
+        path = host_fallback.path_for(thunk) if device == "host" else None
+        return Assignment(thunk.index, thunk.op, thunk.dtype, device,
+                          f"{how} on {session.info.spec}{f' ({path})' if path else ''}")
     if config.fallback == "forbid":
         raise FallbackForbidden(f"thunk {thunk.index} ({thunk.op}, {thunk.dtype}) cannot run on "
                                 f"{session.info.spec}: {why_not}; the fallback policy is 'forbid' "
                                 f"(set fallback: allow or warn in {config.source})")
-    return Assignment(thunk.index, thunk.op, thunk.dtype, "host", f"fallback: {why_not}")
+    path = host_fallback.path_for(thunk)
+    return Assignment(thunk.index, thunk.op, thunk.dtype, "host", f"fallback{f' ({path})' if path else ''}: {why_not}")
 
 
 def plan(schedule: Schedule, session: Session, config: Config) -> list[Assignment]:
