@@ -1,6 +1,10 @@
 /* Gated delta net (ABI.md §4). Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
- * the whole sequence without barriers; the column stays in private memory in the compute type. */
+ * the whole sequence without barriers; the column stays in private memory in the compute type.
+ * Updates run in loops without loop-carried dependences (vectorizable); the two sums use GDN_ACC
+ * independent partial sums rather than one serial add chain. */
+
+#define GDN_ACC 4 /* the sums below add exactly these 4 partial sums */
 
 KERNEL gated_delta_net(i64 B, i64 S, i64 HD, i64 N, int per_channel, int carry,
                        GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -23,19 +27,37 @@ KERNEL gated_delta_net(i64 B, i64 S, i64 HD, i64 N, int per_channel, int carry,
         s[i] = carry ? LOAD(state, i * N + j) : (real)0;
     for (i64 t = 0; t < S; ++t) {
         const i64 head = (bt * S + t) * HD + hh, vec = head * N;
-        const real head_decay = per_channel ? (real)0 : exp(LOAD(g, head));
-        real kv = (real)0;
-        for (i64 i = 0; i < N; ++i) {
-            s[i] *= per_channel ? exp(LOAD(g, vec + i)) : head_decay;
-            kv += s[i] * LOAD(k, vec + i);
+        GLOBAL const store_t* kr = k + vec;
+        GLOBAL const store_t* qr = q + vec;
+        if (per_channel) {
+            GLOBAL const store_t* gr = g + vec;
+            for (i64 i = 0; i < N; ++i)
+                s[i] *= exp(LOAD(gr, i));
+        } else {
+            const real decay = exp(LOAD(g, head));
+            for (i64 i = 0; i < N; ++i)
+                s[i] *= decay;
         }
-        const real u = (LOAD(v, vec + j) - kv) * LOAD(beta, head);
-        real o = (real)0;
-        for (i64 i = 0; i < N; ++i) {
-            s[i] += LOAD(k, vec + i) * u;
-            o += s[i] * LOAD(q, vec + i);
-        }
-        STORE(dst, vec + j, scale * o);
+        real acc[GDN_ACC];
+        for (int r = 0; r < GDN_ACC; ++r)
+            acc[r] = (real)0;
+        i64 i = 0;
+        for (; i + GDN_ACC <= N; i += GDN_ACC)
+            for (int r = 0; r < GDN_ACC; ++r)
+                acc[r] += s[i + r] * LOAD(kr, i + r);
+        for (; i < N; ++i)
+            acc[0] += s[i] * LOAD(kr, i);
+        const real u = (LOAD(v, vec + j) - ((acc[0] + acc[1]) + (acc[2] + acc[3]))) * LOAD(beta, head);
+        for (i = 0; i < N; ++i)
+            s[i] += LOAD(kr, i) * u;
+        for (int r = 0; r < GDN_ACC; ++r)
+            acc[r] = (real)0;
+        for (i = 0; i + GDN_ACC <= N; i += GDN_ACC)
+            for (int r = 0; r < GDN_ACC; ++r)
+                acc[r] += s[i + r] * LOAD(qr, i + r);
+        for (; i < N; ++i)
+            acc[0] += s[i] * LOAD(qr, i);
+        STORE(dst, vec + j, scale * ((acc[0] + acc[1]) + (acc[2] + acc[3])));
     }
     if (carry)
         for (i64 i = 0; i < N; ++i)

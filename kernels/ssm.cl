@@ -1,5 +1,9 @@
 /* State-space family (ABI.md §4): one work-item owns one row of the state and walks the sequence,
- * so no step needs a barrier; the state row stays in private memory in the compute type. */
+ * so no step needs a barrier; the state row stays in private memory in the compute type.
+ * Each step updates the row in one loop (no loop-carried dependence: vectorizable) and reduces it
+ * in another with SSM_ACC independent partial sums, so the sum is not one serial add chain. */
+
+#define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
 /* Mamba-1: per (channel ch, batch row bb), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[n]*x; y = sum_n c[n]*h[n]. */
 KERNEL selective_scan(i64 B, i64 S, i64 H, i64 N,
@@ -15,18 +19,28 @@ KERNEL selective_scan(i64 B, i64 S, i64 H, i64 N,
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    real h[STATE_MAX];
-    for (i64 n = 0; n < N; ++n)
+    real h[STATE_MAX], av[STATE_MAX];
+    for (i64 n = 0; n < N; ++n) {
         h[n] = (real)0;
+        av[n] = LOAD(a, n);
+    }
     for (i64 t = 0; t < S; ++t) {
         const i64 row = bt * S + t;
+        GLOBAL const store_t* brow = bm + row * N;
+        GLOBAL const store_t* crow = cm + row * N;
         const real dl = LOAD(delta, row * H + ch), dx = dl * LOAD(x, row * H + ch);
-        real y = (real)0;
-        for (i64 n = 0; n < N; ++n) {
-            h[n] = exp(dl * LOAD(a, n)) * h[n] + dx * LOAD(bm, row * N + n);
-            y += LOAD(cm, row * N + n) * h[n];
-        }
-        STORE(dst, row * H + ch, y);
+        for (i64 n = 0; n < N; ++n)
+            h[n] = exp(dl * av[n]) * h[n] + dx * LOAD(brow, n);
+        real y[SSM_ACC];
+        for (int r = 0; r < SSM_ACC; ++r)
+            y[r] = (real)0;
+        i64 n = 0;
+        for (; n + SSM_ACC <= N; n += SSM_ACC)
+            for (int r = 0; r < SSM_ACC; ++r)
+                y[r] += LOAD(crow, n + r) * h[n + r];
+        for (; n < N; ++n)
+            y[0] += LOAD(crow, n) * h[n];
+        STORE(dst, row * H + ch, ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7])));
     }
 }
 
@@ -49,12 +63,20 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
         s[n] = (real)0;
     for (i64 t = 0; t < S; ++t) {
         const i64 head = (bt * S + t) * HD + hh;
+        GLOBAL const store_t* brow = bm + head * N;
+        GLOBAL const store_t* crow = cm + head * N;
         const real d = LOAD(dt, head), decay = exp(d * a), dx = d * LOAD(x, head * P + p);
-        real y = (real)0;
-        for (i64 n = 0; n < N; ++n) {
-            s[n] = decay * s[n] + dx * LOAD(bm, head * N + n);
-            y += s[n] * LOAD(cm, head * N + n);
-        }
-        STORE(dst, head * P + p, y);
+        for (i64 n = 0; n < N; ++n)
+            s[n] = decay * s[n] + dx * LOAD(brow, n);
+        real y[SSM_ACC];
+        for (int r = 0; r < SSM_ACC; ++r)
+            y[r] = (real)0;
+        i64 n = 0;
+        for (; n + SSM_ACC <= N; n += SSM_ACC)
+            for (int r = 0; r < SSM_ACC; ++r)
+                y[r] += s[n + r] * LOAD(crow, n + r);
+        for (; n < N; ++n)
+            y[0] += s[n] * LOAD(crow, n);
+        STORE(dst, head * P + p, ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7])));
     }
 }

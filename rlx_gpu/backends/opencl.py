@@ -68,6 +68,7 @@ class DeviceArena:
 
     buf: Any
     nbytes: int
+    pending: np.ndarray | None = None  # DeviceMemory: the host image not yet uploaded (see there)
 
 
 class OpenCLSession:
@@ -185,39 +186,65 @@ def _build_log(cl: Any, program: Any, device: Any, err: Exception) -> str:
 
 
 class DeviceMemory:
-    """The scan driver's memory protocol (``host_fallback.scan.Memory``) over device arenas."""
+    """The scan driver's memory protocol (``host_fallback.scan.Memory``) over device arenas.
+
+    An arena from :meth:`alloc` starts as a host image (zeros): the driver's writes and zeroings
+    (``init`` entries of a body arena, the first dcarry) land in that image, and the arena's pristine
+    bytes reach the device in ONE host write just before a kernel, a copy or a read first touches it.
+    Besides saving transfers, this keeps Oclgrind's uninitialized-value shadow exact: it flags bytes
+    that arrived through several offset host writes to one buffer, and never bytes written at once.
+    """
 
     def __init__(self, session: OpenCLSession, options: Mapping[str, Any]):
         self.session = session
         self.options = dict(options)
 
     def alloc(self, nbytes: int) -> DeviceArena:
-        return self.session.alloc(nbytes)
+        buf = self.session.cl.Buffer(self.session.context, self.session.cl.mem_flags.READ_WRITE, max(nbytes, 1))
+        return DeviceArena(buf, nbytes, np.zeros(max(nbytes, 1), np.uint8))
 
     def free(self, arena: DeviceArena) -> None:
+        arena.pending = None
         arena.buf.release()
 
+    def _ready(self, *arenas: DeviceArena) -> None:
+        """Upload the host image of every arena not yet on the device, each in one write."""
+        for arena in arenas:
+            if arena.pending is not None:
+                image, arena.pending = arena.pending, None
+                self.session.write(arena, 0, image)
+
     def write(self, arena: DeviceArena, offset: int, data: np.ndarray) -> None:
-        self.session.write(arena, offset, data)
+        if arena.pending is not None:
+            data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+            arena.pending[offset: offset + data.size] = data
+        else:
+            self.session.write(arena, offset, data)
 
     def zero(self, arena: DeviceArena, offset: int, nbytes: int) -> None:
-        self.session.zero(arena, offset, nbytes)
+        if arena.pending is not None:
+            arena.pending[offset: offset + nbytes] = 0
+        else:
+            self.session.zero(arena, offset, nbytes)
 
     def copy(self, src: DeviceArena, src_off: int, dst: DeviceArena, dst_off: int, nbytes: int) -> None:
         if src is dst and src_off < dst_off + nbytes and dst_off < src_off + nbytes:
             raise ValueError(f"overlapping copy of {nbytes} bytes from offset {src_off} to {dst_off} in one arena")
+        self._ready(src, dst)
         # the copy kernel rather than clEnqueueCopyBuffer, for Oclgrind's sake (see OpenCLSession.zero)
         src_buf, dst_buf = Buf("src"), Buf("dst")
         item = launches.body.copy_launch(nbytes, (src_buf, src_off), (dst_buf, dst_off))
         self.session.enqueue(item, {src_buf: src.buf, dst_buf: dst.buf})
 
     def accumulate(self, dst: DeviceArena, dst_off: int, src: DeviceArena, src_off: int, count: int, dtype: str) -> None:
+        self._ready(dst, src)
         dst_buf, src_buf = Buf("dst"), Buf("src")
         item = launches.body.accumulate(dtype, count, (dst_buf, dst_off), (src_buf, src_off))
         self.session.enqueue(item, {dst_buf: dst.buf, src_buf: src.buf})
 
     def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:
         """Run a body schedule on the device; a thunk the device cannot run goes through the host."""
+        self._ready(arena)
         for thunk in schedule["thunks"]:
             if self.session.unsupported(thunk) is None:
                 self.session.launch(thunk, arena, **self.options)
