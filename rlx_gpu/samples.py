@@ -9,7 +9,7 @@ from typing import Any
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.layout import regions
 
-from .ops import SPECS
+from .ops import SCAN_OPS, SPECS
 
 ALIGN = 256
 
@@ -70,7 +70,7 @@ def lay_out(op: str, dtype: str, params: dict[str, Any] | None = None, guard: in
 
     Returns ``(thunk, arena_bytes)``. Offsets are aligned to 256 bytes.
     """
-    if op in ("scan", "scan_backward", "scan_backward_xs"):
+    if op in SCAN_OPS:
         fields = scan_case(op, dtype) if params is None else dict(params)
     else:
         fields = dict(SMALL[op] if params is None else params)

@@ -13,7 +13,7 @@ from host_fallback.arena import ELEM_SIZE
 
 from .abi import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
 from .errors import ScheduleError
-from .ops import DTYPES, MAX_RANK, SCAN_OPS, SPECS, Field, OpSpec, element_counts, footprint
+from .ops import DTYPES, MAX_RANK, SPECS, Field, OpSpec, element_counts, footprint
 from .units import human_bytes
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
@@ -303,4 +303,4 @@ def validate(raw: Any) -> Schedule:
     return _schedule(raw, _Where(""), nested=False)
 
 
-__all__ = ["validate", "SCAN_OPS"]
+__all__ = ["validate"]

@@ -15,11 +15,11 @@ import numpy as np
 from .. import kernel_source, launches
 from ..errors import KernelBuildError
 from ..launches import ARENA, SCRATCH, Buf, Launch
+from ..ops import SCAN_OPS
 from .base import BackendUnavailable, DeviceInfo
 
 NAME = "opencl"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
-SCAN_OPS = ("scan", "scan_backward", "scan_backward_xs")
 SIMULATORS = ("Oclgrind",)
 
 _PROGRAMS: dict[tuple, Any] = {}  # cache_key -> cl.Program, shared by every session of a context
