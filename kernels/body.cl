@@ -71,22 +71,49 @@ KERNEL binary(GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo, GLOBAL uchar* 
 /* dst[z](r, c) = sum_k A[z](r, k) * B[z](k, c) (+ bias[z](c)); every operand is addressed by element
  * strides so one kernel serves transposed and batched matmul and the recurrent input projection.
  * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage.
- * Each item computes a GEMM_RM x GEMM_CN block as GEMM_RM x GEMM_CN rank-1 updates per k: a short
- * contiguous run of a B row (when B's columns are contiguous) times GEMM_RM broadcast A values, with
- * no barrier, so the sums stay in registers and the innermost loop is a contiguous vector run. Rows and
- * columns past the edge are clamped on load and dropped on store. */
-#define GEMM_BODY(LA, LB)                                                              \
-    for (i64 kk = 0; kk < k; ++kk) {                                                    \
-        real av[GEMM_RM], bv[GEMM_CN];                                                  \
+ * Each item computes a GEMM_RM x GEMM_CN block as rank-1 updates per k: GEMM_RM broadcast A values
+ * times a contiguous run of GEMM_CN B values, with no barrier, so the sums stay in registers. The
+ * loops are unrolled and, for a full run of columns with B's columns contiguous, the B run is addressed
+ * as base + jj so compilers emit vector loads and FMAs (6 x 16 is the classic AVX2 register block: 12
+ * accumulators, 2 B vectors, 1 broadcast). Edge runs and strided B take the clamped path. Rows past
+ * the edge are clamped on load and dropped on store. */
+#define GEMM_BCOL_RUN(jj) (cbase + (jj))
+#define GEMM_BCOL_ANY(jj) cb_[jj]
+#define GEMM_BODY(LA, LB, BCOL)                                                         \
+    {                                                                                   \
+        real acc[GEMM_RM][GEMM_CN];                                                     \
+        PRAGMA_UNROLL                                                                   \
         for (int i = 0; i < GEMM_RM; ++i)                                               \
-            av[i] = LA(A, ra[i] + kk * a_cs);                                           \
-        for (int jj = 0; jj < GEMM_CN; ++jj)                                            \
-            bv[jj] = LB(B, cb_[jj] + kk * b_rs);                                        \
-        for (int i = 0; i < GEMM_RM; ++i)                                               \
+            PRAGMA_UNROLL                                                               \
             for (int jj = 0; jj < GEMM_CN; ++jj)                                        \
-                acc[i][jj] += av[i] * bv[jj];                                           \
+                acc[i][jj] = (real)0;                                                   \
+        for (i64 kk = 0; kk < k; ++kk) {                                                \
+            real av[GEMM_RM], bv[GEMM_CN];                                              \
+            PRAGMA_UNROLL                                                               \
+            for (int i = 0; i < GEMM_RM; ++i)                                           \
+                av[i] = LA(A, ra[i] + kk * a_cs);                                       \
+            PRAGMA_UNROLL                                                               \
+            for (int jj = 0; jj < GEMM_CN; ++jj)                                        \
+                bv[jj] = LB(B, BCOL(jj) + kk * b_rs);                                   \
+            PRAGMA_UNROLL                                                               \
+            for (int i = 0; i < GEMM_RM; ++i)                                           \
+                PRAGMA_UNROLL                                                           \
+                for (int jj = 0; jj < GEMM_CN; ++jj)                                    \
+                    acc[i][jj] += av[i] * bv[jj];                                       \
+        }                                                                               \
+        for (int jj = 0; jj < GEMM_CN; ++jj) {                                          \
+            const i64 col = col0 + jj;                                                  \
+            if (col >= n)                                                               \
+                break;                                                                  \
+            const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;          \
+            for (int i = 0; i < GEMM_RM; ++i)                                           \
+                if (row0 + i < m)                                                       \
+                    store_any(D, z * d_bs + (row0 + i) * d_rs + col, d_real, acc[i][jj] + bval); \
+        }                                                                               \
     }
 #define GEMM_LD_REAL(p, i) ((GLOBAL const real*)(p))[i]
+#define GEMM_LD_A_ANY(p, i) load_any(p, i, a_real)
+#define GEMM_LD_B_ANY(p, i) load_any(p, i, b_real)
 KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
             GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
             GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
@@ -101,30 +128,24 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
     if (row0 >= m || col0 >= n)
         return;
     i64 ra[GEMM_RM], cb_[GEMM_CN];
+    PRAGMA_UNROLL
     for (int i = 0; i < GEMM_RM; ++i)
         ra[i] = z * a_bs + (row0 + i < m ? row0 + i : m - 1) * a_rs;
+    PRAGMA_UNROLL
     for (int jj = 0; jj < GEMM_CN; ++jj)
         cb_[jj] = z * b_bs + (col0 + jj < n ? col0 + jj : n - 1) * b_cs;
-    real acc[GEMM_RM][GEMM_CN];
-    for (int i = 0; i < GEMM_RM; ++i)
-        for (int jj = 0; jj < GEMM_CN; ++jj)
-            acc[i][jj] = (real)0;
-    if (a_real && b_real)
-        GEMM_BODY(GEMM_LD_REAL, GEMM_LD_REAL)
-    else if (a_real)
-        GEMM_BODY(GEMM_LD_REAL, LOAD)
-    else if (b_real)
-        GEMM_BODY(LOAD, GEMM_LD_REAL)
-    else
-        GEMM_BODY(LOAD, LOAD)
-    for (int jj = 0; jj < GEMM_CN; ++jj) {
-        const i64 col = col0 + jj;
-        if (col >= n)
-            break;
-        const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;
-        for (int i = 0; i < GEMM_RM; ++i)
-            if (row0 + i < m)
-                store_any(D, z * d_bs + (row0 + i) * d_rs + col, d_real, acc[i][jj] + bval);
+    const i64 cbase = z * b_bs + col0;
+    if (b_cs == 1 && col0 + GEMM_CN <= n) {
+        if (a_real && b_real)
+            GEMM_BODY(GEMM_LD_REAL, GEMM_LD_REAL, GEMM_BCOL_RUN)
+        else if (a_real)
+            GEMM_BODY(GEMM_LD_REAL, LOAD, GEMM_BCOL_RUN)
+        else if (b_real)
+            GEMM_BODY(LOAD, GEMM_LD_REAL, GEMM_BCOL_RUN)
+        else
+            GEMM_BODY(LOAD, LOAD, GEMM_BCOL_RUN)
+    } else {
+        GEMM_BODY(GEMM_LD_A_ANY, GEMM_LD_B_ANY, GEMM_BCOL_ANY)
     }
 }
 

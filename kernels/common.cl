@@ -2,6 +2,13 @@
  * kernel_source.py defines RLX_DT (F32 | F16 | BF16 | F64), RLX_REAL and RLX_STORE_T for the
  * thunk's dtype, and RLX_SRC_DT for the source side of a cast. */
 typedef RLX_REAL real;
+
+/* Fully unroll the next loop (constant trip count): both OpenCL C and CUDA honour #pragma unroll. */
+#define PRAGMA_UNROLL _Pragma("unroll")
+/* A device function that must inline (so a caller's constant arguments fold and its unrolled copies
+ * vectorize): PoCL's inliner leaves larger static inline functions out of line; CUDA's DEVICE_FN
+ * already forces it, and both compilers take the GNU attribute. */
+#define INLINE_FN DEVICE_FN __attribute__((always_inline))
 typedef RLX_STORE_T store_t;
 
 /* bf16 is the upper half of an f32; the store rounds to nearest even and keeps NaN a (quiet) NaN. */

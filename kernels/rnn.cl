@@ -6,23 +6,57 @@
 #define OP_LSTM 0
 #define OP_GRU 1
 #define OP_RNN 2
+/* the op is fixed by the gate count (lstm 4, gru 3, rnn 1): a compile-time op folds cell's branches */
+#define RNN_OP_OF(NG) ((NG) == 4 ? OP_LSTM : (NG) == 3 ? OP_GRU : OP_RNN)
+
+/* exp in plain arithmetic for f32 (Cephes' expf: Cody-Waite reduction, degree-6 polynomial, exponent
+ * by bits; relative error ~2e-7 in [-87, 88], clamped outside): it inlines and vectorizes where the
+ * library exp is an opaque scalar call (PoCL). f64 keeps the library exp. */
+INLINE_FN real rnn_exp(real x)
+{
+    if (sizeof(real) != 4)
+        return exp(x);
+    const float xl = (float)x < -87.0f ? -87.0f : (float)x, xc = xl > 88.0f ? 88.0f : xl;
+    const float y = xc * 1.44269504088896341f + 0.5f, tr = (float)(int)y;
+    const float nf = tr > y ? tr - 1.0f : tr;  /* floor(y) without a library call */
+    const float f = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * f + 1.3981999507E-3f;
+    p = p * f + 8.3334519073E-3f;
+    p = p * f + 4.1665795894E-2f;
+    p = p * f + 1.6666665459E-1f;
+    p = p * f + 5.0000001201E-1f;
+    p = p * f * f + f + 1.0f;
+    return (real)(p * BITS_TO_F32((uint)((int)nf + 127) << 23));
+}
+INLINE_FN real rnn_sigmoid(real x) { return (real)1 / ((real)1 + rnn_exp(-x)); }
+/* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)), odd-series near 0 where that form loses precision. */
+INLINE_FN real rnn_tanh(real x)
+{
+    if (sizeof(real) != 4)
+        return tanh(x);
+    const real a = x < (real)0 ? -x : x;
+    const real t = a < (real)0.0625 ? a * ((real)1 + a * a * ((real)-0.333333333 + a * a * (real)0.133333333))
+                                    : (real)1 - (real)2 / (rnn_exp((real)2 * a) + (real)1);
+    return x < (real)0 ? -t : t;
+}
 
 /* One unit's new h from its gate pre-activations: xz = W_ih x + bias, hz = W_hh h (+ b_hh for GRU). */
-DEVICE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, real* c)
+INLINE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, real* c)
 {
     if (op == OP_LSTM) {
-        const real i = sigmoid_r(xz[0] + hz[0]), f = sigmoid_r(xz[1] + hz[1]);
-        const real g = tanh(xz[2] + hz[2]), o = sigmoid_r(xz[3] + hz[3]);
+        const real i = rnn_sigmoid(xz[0] + hz[0]), f = rnn_sigmoid(xz[1] + hz[1]);
+        const real g = rnn_tanh(xz[2] + hz[2]), o = rnn_sigmoid(xz[3] + hz[3]);
         *c = f * *c + i * g;
-        return o * tanh(*c);
+        return o * rnn_tanh(*c);
     }
     if (op == OP_GRU) {
-        const real r = sigmoid_r(xz[0] + hz[0]), z = sigmoid_r(xz[1] + hz[1]);
-        const real n = tanh(xz[2] + r * hz[2]);
+        const real r = rnn_sigmoid(xz[0] + hz[0]), z = rnn_sigmoid(xz[1] + hz[1]);
+        const real n = rnn_tanh(xz[2] + r * hz[2]);
         return ((real)1 - z) * n + z * h;
     }
     const real v = xz[0] + hz[0];
-    return relu ? (v < (real)0 ? (real)0 : v) : tanh(v);
+    return relu ? (v < (real)0 ? (real)0 : v) : rnn_tanh(v);
 }
 
 /* hz[g] = b_hh[g*H+j] + sum_k W_hh[g*H+j, k] * h[k]. A macro, not a function: h is LOCAL in the
@@ -42,7 +76,8 @@ DEVICE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, re
         xz[g] = xw[(b * S + tt) * G * H + (i64)g * H + j];
 
 /* whT[dir][q][g][j] = W_hh[dir][g*H+j][q] in the compute type (j padded to HP with zeros), once per
- * layer, so that the step kernel reads contiguous runs of units. */
+ * layer, so that the step kernel reads contiguous runs of units. Rows are G*HP + RNN_WPAD reals apart:
+ * the pad keeps a run's successive rows off one cache set (a 4 KiB stride aliases in L1). */
 KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar* tb, i64 to)
 {
     const i64 col = GID(0), q = GID(1), dir = GID(2);
@@ -51,46 +86,87 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
     const i64 g = col / HP, j = col - g * HP;
     GLOBAL const uchar* whh = AT(uchar, whb, who);
     GLOBAL real* wt = AT(real, tb, to);
-    wt[(dir * H + q) * G * HP + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
+    wt[(dir * H + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
 }
 
-/* One timestep for RNN_JB consecutive units from j0, RNN_RB batch rows from b0, direction dir:
- * hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT row, shared by
- * the RNN_RB rows; h broadcast), so the innermost loops are short contiguous runs that compilers
- * vectorize; then the cell. h ping-pongs between hin and hout. NG is the gate count and NR the rows
- * per item (RNN_RB_G<NG>: fewer rows for more gates keeps the NR*NG*RNN_JB sums in registers). */
-#define RNN_STEP_BODY(NG, NR)                                                                \
+/* One timestep for NJ (RNN_JB_G<NG>) consecutive units from j0, NR (RNN_RB_G<NG>) batch rows from b0,
+ * direction dir: hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT
+ * row, shared by the NR rows; h broadcast), then the cell. The loops are unrolled so the NR*NG*NJ sums
+ * stay in registers and the runs become vector loads and FMAs (sized to about 12 AVX2 vectors of
+ * sums, like the gemm's block). h ping-pongs between hin and hout. */
+#define RNN_STEP_BODY(NG, NR, NJ)                                                           \
     {                                                                                       \
-        real acc[NR][NG][RNN_JB];                                                       \
-        for (int r = 0; r < NR; ++r)                                                    \
+        const i64 j0 = GID(0) * NJ;                                                         \
+        if (j0 >= H)                                                                        \
+            return;                                                                         \
+        real acc[NR][NG][NJ];                                                               \
+        PRAGMA_UNROLL                                                                       \
+        for (int r = 0; r < NR; ++r)                                                        \
+            PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
-                for (int u = 0; u < RNN_JB; ++u)                                            \
+                PRAGMA_UNROLL                                                               \
+                for (int u = 0; u < NJ; ++u)                                                \
                     acc[r][g][u] = (has_bhh && j0 + u < H) ? LOAD(bhh, g * H + j0 + u) : (real)0; \
+        GLOBAL const real* wq = wt + j0;                                                    \
         for (i64 q = 0; q < H; ++q) {                                                       \
-            real w[NG][RNN_JB], hv[NR];                                                 \
+            real w[NG][NJ], hv[NR];                                                         \
+            PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
-                for (int u = 0; u < RNN_JB; ++u)                                            \
-                    w[g][u] = wt[q * NG * HP + g * HP + j0 + u];                            \
-            for (int r = 0; r < NR; ++r)                                                \
+                PRAGMA_UNROLL                                                               \
+                for (int u = 0; u < NJ; ++u)                                                \
+                    w[g][u] = wq[g * HP + u];                                               \
+            wq += NG * HP + RNN_WPAD;                                                       \
+            PRAGMA_UNROLL                                                                   \
+            for (int r = 0; r < NR; ++r)                                                    \
                 hv[r] = hin[rows[r] * H + q];                                               \
-            for (int r = 0; r < NR; ++r)                                                \
+            PRAGMA_UNROLL                                                                   \
+            for (int r = 0; r < NR; ++r)                                                    \
+                PRAGMA_UNROLL                                                               \
                 for (int g = 0; g < NG; ++g)                                                \
-                    for (int u = 0; u < RNN_JB; ++u)                                        \
+                    PRAGMA_UNROLL                                                           \
+                    for (int u = 0; u < NJ; ++u)                                            \
                         acc[r][g][u] += hv[r] * w[g][u];                                    \
         }                                                                                   \
-        for (int r = 0; r < NR; ++r) {                                                  \
+        for (int r = 0; r < NR; ++r) {                                                      \
             const i64 b = b0 + r;                                                           \
-            for (int u = 0; u < RNN_JB; ++u) {                                              \
+            if (b >= B)                                                                     \
+                break;                                                                      \
+            if (j0 + NJ <= H) {                                                             \
+                /* a full run: straight-line per unit, the op fixed by the gate count, so the \
+                 * NJ cells vectorize across units */                                       \
+                GLOBAL const real* xr = xw + (b * S + tt) * NG * H + j0;                    \
+                GLOBAL real* cr = cst + b * H + j0;                                         \
+                GLOBAL const real* hr = hin + b * H + j0;                                   \
+                real hv[NJ];                                                                \
+                for (int u = 0; u < NJ; ++u) {                                              \
+                    real xz[4], hz[4];                                                      \
+                    PRAGMA_UNROLL                                                           \
+                    for (int g = 0; g < NG; ++g) {                                          \
+                        xz[g] = xr[g * H + u];                                              \
+                        hz[g] = acc[r][g][u];                                               \
+                    }                                                                       \
+                    real c = cr[u];                                                         \
+                    hv[u] = cell(RNN_OP_OF(NG), relu, xz, hz, hr[u], &c);                   \
+                    cr[u] = c;                                                              \
+                }                                                                           \
+                PRAGMA_UNROLL                                                               \
+                for (int u = 0; u < NJ; ++u)                                                \
+                    hout[b * H + j0 + u] = hv[u];                                           \
+                for (int u = 0; u < NJ; ++u)                                                \
+                    store_any(out, (b * S + tt) * o_rs + dir * H + j0 + u, o_real, hv[u]);  \
+                continue;                                                                   \
+            }                                                                               \
+            for (int u = 0; u < NJ; ++u) {                                                  \
                 const i64 j = j0 + u;                                                       \
-                if (b >= B || j >= H)                                                       \
-                    continue;                                                               \
+                if (j >= H)                                                                 \
+                    break;                                                                  \
                 real xz[4], hz[4];                                                          \
                 for (int g = 0; g < NG; ++g) {                                              \
                     xz[g] = xw[(b * S + tt) * NG * H + (i64)g * H + j];                     \
                     hz[g] = acc[r][g][u];                                                   \
                 }                                                                           \
                 real c = cst[b * H + j];                                                    \
-                const real h = cell(op, relu, xz, hz, hin[b * H + j], &c);                  \
+                const real h = cell(RNN_OP_OF(NG), relu, xz, hz, hin[b * H + j], &c);       \
                 cst[b * H + j] = c;                                                         \
                 hout[b * H + j] = h;                                                        \
                 store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);               \
@@ -98,19 +174,19 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
         }                                                                                   \
     }
 
-/* whT is [dirs][H][G][HP]: each gate's row padded to HP (a multiple of RNN_JB) with zeros. */
+/* whT is [dirs][H][G*HP + RNN_WPAD]: each gate's row padded to HP (a multiple of RNN_JB) with zeros. */
 KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
                 GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                 GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
                 GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
 {
     const int rb = G == 4 ? RNN_RB_G4 : G == 3 ? RNN_RB_G3 : RNN_RB_G1;
-    const i64 j0 = GID(0) * RNN_JB, b0 = GID(1) * rb, dir = GID(2);
+    const i64 b0 = GID(1) * rb, dir = GID(2);
     const i64 HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
-    if (j0 >= H || b0 >= B)
+    if (b0 >= B)
         return;
     GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
-    GLOBAL const real* wt = AT(real, wtb, wto + dir * G * HP * H * (i64)sizeof(real));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
     GLOBAL const real* hin = AT(real, hib, hio + dir * B * H * (i64)sizeof(real));
     GLOBAL real* hout = AT(real, hob, hoo + dir * B * H * (i64)sizeof(real));
@@ -121,11 +197,11 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
     for (int r = 0; r < RNN_RB_MAX; ++r)
         rows[r] = b0 + r < B ? b0 + r : B - 1;
     if (G == 4)
-        RNN_STEP_BODY(4, RNN_RB_G4)
+        RNN_STEP_BODY(4, RNN_RB_G4, RNN_JB_G4)
     else if (G == 3)
-        RNN_STEP_BODY(3, RNN_RB_G3)
+        RNN_STEP_BODY(3, RNN_RB_G3, RNN_JB_G3)
     else
-        RNN_STEP_BODY(1, RNN_RB_G1)
+        RNN_STEP_BODY(1, RNN_RB_G1, RNN_JB_G1)
 }
 
 /* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */

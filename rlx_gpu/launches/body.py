@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .core import ARENA, SCRATCH, Buf, Launch, Plan, Thunk, grid, i32, i64, linear_local, real, real_size
-from .limits import GEMM_CN, GEMM_RM, GEMM_TILE, DeviceLimits
+from .limits import GEMM_CN, GEMM_LOCAL, GEMM_RM, DeviceLimits
 
 UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip", "softplus", "step")
 BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
@@ -38,7 +38,7 @@ def gemm(
         dbuf, i64(doff), i32(dreal), i64(dbs), i64(drs),
         i64(m), i64(n), i64(k),
     )
-    tile = (GEMM_TILE, GEMM_TILE, 1)
+    tile = GEMM_LOCAL + (1,)
     return Launch("body", "gemm", dtype, grid((-(-n // GEMM_CN), -(-m // GEMM_RM), batch), tile), tile, args)
 
 
@@ -133,8 +133,8 @@ def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
-    if t["op"] == "matmul" and lim.max_work_group < GEMM_TILE * GEMM_TILE:
-        return f"matmul needs work-groups of {GEMM_TILE * GEMM_TILE} items; the device allows {lim.max_work_group}"
+    if t["op"] == "matmul" and lim.max_work_group < GEMM_LOCAL[0] * GEMM_LOCAL[1]:
+        return f"matmul needs work-groups of {GEMM_LOCAL[0] * GEMM_LOCAL[1]} items; the device allows {lim.max_work_group}"
     if t["op"] == "binary" and len(t["shape"]) > MAX_RANK:
         return f"binary supports rank <= {MAX_RANK}, got rank {len(t['shape'])}"
     return None

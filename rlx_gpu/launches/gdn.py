@@ -1,19 +1,54 @@
 """Launch geometry of gated_delta_net (ABI.md §4): one work-item per state column."""
 from __future__ import annotations
 
-from .core import ARENA, Launch, Plan, Thunk, grid, i32, i64, linear_local
+from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
 from .limits import STATE_MAX, DeviceLimits
+
+GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
 
 
 def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
-    b, s, heads, n = t["batch"], t["seq"], t["heads"], t["state_size"]
-    carry = bool(t["carry_state"])
-    args = (i64(b), i64(s), i64(heads), i64(n), i32(t["gate_per_channel"]), i32(carry))
-    for f in ("q", "k", "v", "g", "beta"):
-        args += (ARENA, i64(t[f]))
-    args += (ARENA, i64(t["state"] if carry else 0), ARENA, i64(t["dst"]))
+    """One recurrent launch; with per-channel gates, per block of steps a parallel kernel first
+    writes exp(g) to scratch and the state waits there between blocks."""
+    b, s, heads, n, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
+    carry, per_channel = bool(t["carry_state"]), bool(t["gate_per_channel"])
+    rs = real_size(dt)
+    steps = max(1, min(s, GDN_DECAY_MAX // max(1, b * heads * n))) if per_channel else max(1, s)
+    blocks = max(1, -(-s // steps))
+    parked = blocks > 1  # the state waits in scratch (compute type) between blocks
+    state_bytes = ceil_to(b * heads * n * n * rs, 256) if parked else 0
+    decay_bytes = b * steps * heads * n * rs if per_channel else 0
+    arena_state, scratch_state = (ARENA, i64(t["state"] if carry else 0)), (SCRATCH, i64(0))
     local = (linear_local(n), 1, 1)
-    return Plan((Launch("gdn", "gated_delta_net", t["dtype"], grid((n, heads, b), local), local, args),))
+    dec_local = (linear_local(steps * heads * n, 256), 1)
+    launches = []
+    for k in range(blocks):
+        t0 = k * steps
+        tb = min(steps, s - t0)
+        if per_channel:
+            launches.append(Launch("gdn", "gdn_decay", dt, grid((tb * heads * n, b), dec_local), dec_local,
+                                   (i64(b), i64(s), i64(heads * n), i64(t0), i64(tb), ARENA, i64(t["g"]),
+                                    SCRATCH, i64(state_bytes))))
+        first, last = k == 0, k == blocks - 1
+        if per_channel:
+            kernel, args = "gated_delta_net_pc", (i64(b), i64(s), i64(heads), i64(n), i64(t0), i64(tb),
+                                                  i32(carry or not first), i32(not first),
+                                                  i32(carry or not last), i32(not last))
+            fields = ("q", "k", "v", "beta")
+        else:
+            kernel, args, fields = "gated_delta_net", (i64(b), i64(s), i64(heads), i64(n), i32(carry)), ("q", "k", "v", "g", "beta")
+        for f in fields:
+            args += (ARENA, i64(t[f]))
+        if per_channel:
+            args += (arena_state if first else scratch_state) + (arena_state if last else scratch_state)
+        else:
+            args += arena_state
+        args += (ARENA, i64(t["dst"]))
+        if per_channel:
+            args += (SCRATCH, i64(state_bytes))
+        launches.append(Launch("gdn", kernel, dt, grid((n, heads, b), local), local, args))
+    notes = (f"blocked T={steps}",) if per_channel else ()
+    return Plan(tuple(launches), state_bytes + decay_bytes, notes)
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -3,18 +3,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GEMM_TILE = 16  # the gemm kernel's square tile: a work-group of GEMM_TILE**2 items
-GEMM_RM, GEMM_CN = 8, 16  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
+GEMM_LOCAL = (8, 8)  # the gemm kernel's work-group: items along (column runs, row blocks)
+GEMM_RM, GEMM_CN = 6, 16  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
 STATE_MAX = 256  # longest private state row of the ssm / gdn kernels (ABI.md asks for 256)
-RNN_RB = {4: 2, 3: 4, 1: 8}  # batch rows per item of the per-step recurrent kernel, by gate count
-RNN_JB = 16  # consecutive hidden units per item of the per-step recurrent kernel
+RNN_RB = {4: 3, 3: 4, 1: 6}  # batch rows per item of the per-step recurrent kernel, by gate count
+RNN_JBG = {4: 8, 3: 8, 1: 16}  # consecutive hidden units per item of the per-step kernel, by gate count
+RNN_WPAD = 16  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
+RNN_JB = 16  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JBG)
 RNN_PERSIST_MAX = 1024  # largest hidden size the persistent recurrent kernel holds in local memory
 
 #: Emitted as ``#define`` lines by kernel_source, so the kernels and the planners agree.
 CONSTANTS = {
-    "GEMM_TILE": GEMM_TILE, "GEMM_RM": GEMM_RM, "GEMM_CN": GEMM_CN,
-    "STATE_MAX": STATE_MAX, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB,
+    "GEMM_RM": GEMM_RM, "GEMM_CN": GEMM_CN,
+    "STATE_MAX": STATE_MAX, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB, "RNN_WPAD": RNN_WPAD,
     "RNN_RB_G4": RNN_RB[4], "RNN_RB_G3": RNN_RB[3], "RNN_RB_G1": RNN_RB[1], "RNN_RB_MAX": max(RNN_RB.values()),
+    "RNN_JB_G4": RNN_JBG[4], "RNN_JB_G3": RNN_JBG[3], "RNN_JB_G1": RNN_JBG[1],
 }
 
 

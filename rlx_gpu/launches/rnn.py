@@ -4,7 +4,7 @@ Per layer: W_ih is staged transposed (compute type) and one gemm projects every 
 directions at once (``xw``, compute type, bias folded in except GRU's ``b_hh``); then the recurrence
 runs either as one persistent launch (a work-group of ``hidden`` items per batch row and direction
 keeps h in local memory; chosen for few (batch row, direction) pairs) or as one launch per timestep
-over W_hh staged transposed, each item computing RNN_JB units for RNN_RB[gates] batch rows (chosen for
+over W_hh staged transposed, each item computing RNN_JBG[gates] units for RNN_RB[gates] batch rows (chosen for
 larger batches, and whenever the hidden size does not fit a work-group). Layers below the last write
 their output to scratch in the compute type.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size
-from .limits import RNN_JB, RNN_PERSIST_MAX, RNN_RB, DeviceLimits
+from .limits import RNN_JB, RNN_WPAD, RNN_JBG, RNN_PERSIST_MAX, RNN_RB, DeviceLimits
 
 OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
 
@@ -33,7 +33,7 @@ def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
 
 
 def _scratch(dirs: int, b: int, s: int, h: int, i: int, gates: int, layers: int, rs: int) -> tuple[dict[str, int], int]:
-    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h, "wt": dirs * gates * ceil_to(h, RNN_JB) * h,
+    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h, "wt": dirs * h * (gates * ceil_to(h, RNN_JB) + RNN_WPAD),
              "wit": dirs * gates * h * max(i, dirs * h)}
     offsets, total = {}, 0
     for name, count in sizes.items():
@@ -89,7 +89,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         launches.append(Launch("rnn", "rnn_whh_t", dt, grid((gates * hp, h, dirs), tloc), tloc,
                                (i64(gates), i64(h), i64(hp)) + whh + (SCRATCH, i64(sc["wt"]))))
         wt = (SCRATCH, i64(sc["wt"]))
-        units = -(-h // RNN_JB)
+        units = -(-h // RNN_JBG[gates])
         local = (linear_local(units), 1, 1)
         rows = -(-b // RNN_RB[gates])
         for step in range(s):
