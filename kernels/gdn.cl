@@ -1,14 +1,12 @@
 /* Gated delta net (ABI.md §4). Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
  * the whole sequence without barriers; the column stays in private memory in the compute type.
- * Updates run in loops without loop-carried dependences (vectorizable); the two sums use GDN_ACC
- * independent partial sums rather than one serial add chain.
+ * One work-item owns GDN_CJ adjacent columns (see gdn_walk).
  * Per-channel gates run per block of T steps [t0, t0+T): gdn_decay first writes exp(g) for the block
  * into scratch (fully parallel), so the recurrence reads each decay instead of every column's
  * work-item recomputing all N exponentials. Between blocks the state waits in scratch in the compute
  * type; with carry_state the first block reads it from the arena and the last writes it back. */
 
-#define GDN_ACC 4 /* the sums below add exactly these 4 partial sums */
 
 /* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = heads*N: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
@@ -19,72 +17,108 @@ KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, G
     AT(real, eb, eo)[bt * T * W + e] = exp(LOAD(AT(store_t, gb, go), (bt * S + t0) * W + e));
 }
 
-/* The recurrence of columns j of one (head hh, batch row bt) over steps [t0, t0+T). `dec` holds the
- * per-channel decays of the block (unused with per-head gates: exp(g) is taken here, once per step). */
+/* The recurrence of columns [j0, j0+GDN_CJ) of one (head hh, batch row bt) over steps [t0, t0+T).
+ * `dec` holds the per-channel decays of the block (unused with per-head gates: exp(g) is taken here,
+ * once per step). The item's columns are the innermost, contiguous index of its private state
+ * s[i*GDN_CJ + c], so each k[i] / q[i] / decay load serves GDN_CJ columns and the column loop (fully
+ * unrolled) vectorizes. A step is two passes over the state: with the decay d[i] (per channel, or one
+ * per head) folded in, sum_i (d[i] S[i,j]) k[i] = sum_i S[i,j] (d[i] k[i]) reads S unchanged, then
+ * S[i,j] = d[i] S[i,j] + k[i] u[j] and the output sum run in one sweep. Each sum keeps two
+ * independent partial sums (even and odd i). */
 DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, int in_real, int keep, int out_real,
                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                         GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
                         GLOBAL uchar* ob, i64 oo, GLOBAL uchar* db, i64 dof, GLOBAL const real* dec, int per_channel)
 {
-    const i64 j = GID(0), hh = GID(1), bt = GID(2);
-    if (j >= N || hh >= HD || bt >= B)
+    const i64 j0 = GID(0) * GDN_CJ, hh = GID(1), bt = GID(2);
+    if (j0 >= N || hh >= HD || bt >= B)
         return;
+    const int nc = N - j0 < GDN_CJ ? (int)(N - j0) : GDN_CJ; /* columns of this item inside the state */
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL const store_t* g = AT(store_t, gb, go);
     GLOBAL const store_t* beta = AT(store_t, beb, beo);
-    const i64 s0 = (bt * HD + hh) * N * N; /* the state arrives at sb and leaves at ob: storage or compute type */
+    const i64 s0 = (bt * HD + hh) * N * N + j0; /* the state arrives at sb and leaves at ob: storage or compute type */
     GLOBAL const store_t* in_st = AT(store_t, sb, so) + s0;
     GLOBAL const real* in_re = AT(real, sb, so) + s0;
     GLOBAL store_t* out_st = AT(store_t, ob, oo) + s0;
     GLOBAL real* out_re = AT(real, ob, oo) + s0;
     GLOBAL store_t* dst = AT(store_t, db, dof);
     const real scale = (real)1 / sqrt((real)N);
-    real s[STATE_MAX];
+    real s[STATE_MAX * GDN_CJ];
     for (i64 i = 0; i < N; ++i)
-        s[i] = !resume ? (real)0 : in_real ? in_re[i * N + j] : LOAD(in_st, i * N + j);
+        PRAGMA_UNROLL
+        for (int c = 0; c < GDN_CJ; ++c)
+            s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * N + c] : LOAD(in_st, i * N + c);
     for (i64 tt = 0; tt < T; ++tt) {
         const i64 head = (bt * S + t0 + tt) * HD + hh, vec = head * N;
         GLOBAL const store_t* kr = k + vec;
         GLOBAL const store_t* qr = q + vec;
-        if (per_channel) {
-            GLOBAL const real* gr = dec + ((bt * T + tt) * HD + hh) * N;
-            for (i64 i = 0; i < N; ++i)
-                s[i] *= gr[i];
-        } else {
-            const real decay = exp(LOAD(g, head));
-            for (i64 i = 0; i < N; ++i)
-                s[i] *= decay;
-        }
-        real acc[GDN_ACC];
-        for (int r = 0; r < GDN_ACC; ++r)
-            acc[r] = (real)0;
+        GLOBAL const real* gr = dec + ((bt * T + tt) * HD + hh) * N;
+        const real decay = per_channel ? (real)1 : exp(LOAD(g, head));
+        real a0[GDN_CJ], a1[GDN_CJ], u[GDN_CJ];
+        PRAGMA_UNROLL
+        for (int c = 0; c < GDN_CJ; ++c)
+            a0[c] = a1[c] = (real)0;
         i64 i = 0;
-        for (; i + GDN_ACC <= N; i += GDN_ACC)
-            for (int r = 0; r < GDN_ACC; ++r)
-                acc[r] += s[i + r] * LOAD(kr, i + r);
-        for (; i < N; ++i)
-            acc[0] += s[i] * LOAD(kr, i);
-        const real u = (LOAD(v, vec + j) - ((acc[0] + acc[1]) + (acc[2] + acc[3]))) * LOAD(beta, head);
-        for (i = 0; i < N; ++i)
-            s[i] += LOAD(kr, i) * u;
-        for (int r = 0; r < GDN_ACC; ++r)
-            acc[r] = (real)0;
-        for (i = 0; i + GDN_ACC <= N; i += GDN_ACC)
-            for (int r = 0; r < GDN_ACC; ++r)
-                acc[r] += s[i + r] * LOAD(qr, i + r);
-        for (; i < N; ++i)
-            acc[0] += s[i] * LOAD(qr, i);
-        STORE(dst, vec + j, scale * ((acc[0] + acc[1]) + (acc[2] + acc[3])));
+        for (; i + 2 <= N; i += 2) {
+            const real k0 = per_channel ? gr[i] * LOAD(kr, i) : LOAD(kr, i);
+            const real k1 = per_channel ? gr[i + 1] * LOAD(kr, i + 1) : LOAD(kr, i + 1);
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c) {
+                a0[c] += s[i * GDN_CJ + c] * k0;
+                a1[c] += s[(i + 1) * GDN_CJ + c] * k1;
+            }
+        }
+        if (i < N) {
+            const real k0 = per_channel ? gr[i] * LOAD(kr, i) : LOAD(kr, i);
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                a0[c] += s[i * GDN_CJ + c] * k0;
+        }
+        const real bh = LOAD(beta, head);
+        PRAGMA_UNROLL
+        for (int c = 0; c < GDN_CJ; ++c) {
+            u[c] = ((c < nc ? LOAD(v, vec + j0 + c) : (real)0) - decay * (a0[c] + a1[c])) * bh;
+            a0[c] = a1[c] = (real)0;
+        }
+        for (i = 0; i + 2 <= N; i += 2) {
+            const real d0 = per_channel ? gr[i] : decay, d1 = per_channel ? gr[i + 1] : decay;
+            const real k0 = LOAD(kr, i), k1 = LOAD(kr, i + 1), q0 = LOAD(qr, i), q1 = LOAD(qr, i + 1);
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c) {
+                const real x0 = d0 * s[i * GDN_CJ + c] + k0 * u[c], x1 = d1 * s[(i + 1) * GDN_CJ + c] + k1 * u[c];
+                s[i * GDN_CJ + c] = x0;
+                s[(i + 1) * GDN_CJ + c] = x1;
+                a0[c] += x0 * q0;
+                a1[c] += x1 * q1;
+            }
+        }
+        if (i < N) {
+            const real d0 = per_channel ? gr[i] : decay, k0 = LOAD(kr, i), q0 = LOAD(qr, i);
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c) {
+                const real x0 = d0 * s[i * GDN_CJ + c] + k0 * u[c];
+                s[i * GDN_CJ + c] = x0;
+                a0[c] += x0 * q0;
+            }
+        }
+        PRAGMA_UNROLL
+        for (int c = 0; c < GDN_CJ; ++c)
+            if (c < nc)
+                STORE(dst, vec + j0 + c, scale * (a0[c] + a1[c]));
     }
     if (keep)
-        for (i64 i = 0; i < N; ++i) {
-            if (out_real)
-                out_re[i * N + j] = s[i];
-            else
-                STORE(out_st, i * N + j, s[i]);
-        }
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                if (c < nc) {
+                    if (out_real)
+                        out_re[i * N + c] = s[i * GDN_CJ + c];
+                    else
+                        STORE(out_st, i * N + c, s[i * GDN_CJ + c]);
+                }
 }
 
 /* Per-head gates: the whole sequence in one launch; the state comes from and returns to the arena

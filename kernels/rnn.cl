@@ -9,27 +9,7 @@
 /* the op is fixed by the gate count (lstm 4, gru 3, rnn 1): a compile-time op folds cell's branches */
 #define RNN_OP_OF(NG) ((NG) == 4 ? OP_LSTM : (NG) == 3 ? OP_GRU : OP_RNN)
 
-/* exp in plain arithmetic for f32 (Cephes' expf: Cody-Waite reduction, degree-6 polynomial, exponent
- * by bits; relative error ~2e-7 in [-87, 88], clamped outside): it inlines and vectorizes where the
- * library exp is an opaque scalar call (PoCL). f64 keeps the library exp. */
-INLINE_FN real rnn_exp(real x)
-{
-    if (sizeof(real) != 4)
-        return exp(x);
-    const float xl = (float)x < -87.0f ? -87.0f : (float)x, xc = xl > 88.0f ? 88.0f : xl;
-    const float y = xc * 1.44269504088896341f + 0.5f, tr = (float)(int)y;
-    const float nf = tr > y ? tr - 1.0f : tr;  /* floor(y) without a library call */
-    const float f = (xc - nf * 0.693359375f) + nf * 2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * f + 1.3981999507E-3f;
-    p = p * f + 8.3334519073E-3f;
-    p = p * f + 4.1665795894E-2f;
-    p = p * f + 1.6666665459E-1f;
-    p = p * f + 5.0000001201E-1f;
-    p = p * f * f + f + 1.0f;
-    return (real)(p * BITS_TO_F32((uint)((int)nf + 127) << 23));
-}
-INLINE_FN real rnn_sigmoid(real x) { return (real)1 / ((real)1 + rnn_exp(-x)); }
+INLINE_FN real rnn_sigmoid(real x) { return (real)1 / ((real)1 + rlx_exp(-x)); }
 /* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)), odd-series near 0 where that form loses precision. */
 INLINE_FN real rnn_tanh(real x)
 {
@@ -37,7 +17,7 @@ INLINE_FN real rnn_tanh(real x)
         return tanh(x);
     const real a = x < (real)0 ? -x : x;
     const real t = a < (real)0.0625 ? a * ((real)1 + a * a * ((real)-0.333333333 + a * a * (real)0.133333333))
-                                    : (real)1 - (real)2 / (rnn_exp((real)2 * a) + (real)1);
+                                    : (real)1 - (real)2 / (rlx_exp((real)2 * a) + (real)1);
     return x < (real)0 ? -t : t;
 }
 

@@ -205,6 +205,8 @@ def cases():
         (recurrent("rnn", 2, 4, 3, 5, 1, True, True, relu=True), {}),
         (recurrent("rnn", 2, 4, 3, 5, 2, False, False), {"rnn_kernel": "step"}),
         (dict(op="selective_scan", batch=2, seq=5, hidden=5, state_size=4, x=0, delta=0, a=0, b=0, c=0, dst=0), {}),
+        # state_size 16 takes the fixed-width register path of kernels/ssm.cl
+        (dict(op="selective_scan", batch=2, seq=9, hidden=7, state_size=16, x=0, delta=0, a=0, b=0, c=0, dst=0), {}),
         (dict(op="mamba2", batch=2, seq=4, heads=3, head_dim=4, state_size=6, x=0, dt=0, a=0, b=0, c=0, dst=0), {}),
         (gdn(2, 4, 2, 8, False, True), {}),
         (gdn(1, 3, 2, 5, True, False), {}),

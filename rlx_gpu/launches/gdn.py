@@ -1,8 +1,8 @@
-"""Launch geometry of gated_delta_net (ABI.md §4): one work-item per state column."""
+"""Launch geometry of gated_delta_net (ABI.md §4): one work-item per GDN_CJ state columns."""
 from __future__ import annotations
 
 from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
-from .limits import STATE_MAX, DeviceLimits
+from .limits import GDN_CJ, STATE_MAX, DeviceLimits
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
 
@@ -19,7 +19,8 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     state_bytes = ceil_to(b * heads * n * n * rs, 256) if parked else 0
     decay_bytes = b * steps * heads * n * rs if per_channel else 0
     arena_state, scratch_state = (ARENA, i64(t["state"] if carry else 0)), (SCRATCH, i64(0))
-    local = (linear_local(n), 1, 1)
+    items = -(-n // GDN_CJ)
+    local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * heads * n, 256), 1)
     launches = []
     for k in range(blocks):
@@ -46,7 +47,7 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
         args += (ARENA, i64(t["dst"]))
         if per_channel:
             args += (SCRATCH, i64(state_bytes))
-        launches.append(Launch("gdn", kernel, dt, grid((n, heads, b), local), local, args))
+        launches.append(Launch("gdn", kernel, dt, grid((items, heads, b), local), local, args))
     notes = (f"blocked T={steps}",) if per_channel else ()
     return Plan(tuple(launches), state_bytes + decay_bytes, notes)
 
