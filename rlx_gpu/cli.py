@@ -78,7 +78,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, values in inputs.items():
         schedule.tensors[name].write(arena, values)
     device = get_device(args.device)
-    result = device.run(schedule, arena, profile=True)
+    for _ in range(max(args.repeat, 1)):
+        result = device.run(schedule, arena, profile=True)
     report = device.last_report
     rows = [[r.index, r.op, r.dtype, r.backend, human_time(r.seconds),
              human_bytes(r.copied_bytes) if r.copied_bytes else ""] for r in report.records]
@@ -86,6 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(_table(rows, ["#", "op", "dtype", "backend", "time", "fallback copies"]))
     print(f"total {human_time(report.seconds)}, {len(report.records)} thunks, "
           f"{human_bytes(report.fallback_bytes)} copied for fallbacks")
+    if args.repeat <= 1 and device.spec != "host":
+        print("(times of a first run include kernel builds; --repeat 3 shows the third run)")
     outputs = _outputs(schedule, result)
     if args.out:
         np.savez(args.out, **outputs)
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help="host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then config)")
     run.add_argument("--check", action="store_true", help="compare every output with the host reference")
     run.add_argument("--out", help="write the outputs to this .npz file")
+    run.add_argument("--repeat", type=int, default=1, help="run this many times and report the last run")
     plan = sub.add_parser("plan", help="the backend chosen for each thunk and why, without running")
     plan.add_argument("schedule")
     plan.add_argument("--device")

@@ -20,6 +20,21 @@ def test_run_check_passes_on_every_example_model(model, capsys):
     assert "check against the host reference" in out and "FAIL" not in out
 
 
+def _opencl_available() -> bool:
+    from rlx_gpu.registry import status
+
+    return status("opencl").available
+
+
+@pytest.mark.skipif(not _opencl_available(), reason="no OpenCL platform (pip install .[opencl])")
+@pytest.mark.parametrize("model", rlx_gpu.list_models())
+def test_run_check_passes_on_opencl_for_every_example_model(model, capsys, monkeypatch):
+    monkeypatch.setenv("RLX_DEVICE", "opencl")
+    assert main(["run", model, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "device opencl:" in out and "FAIL" not in out
+
+
 def test_run_writes_outputs_and_a_per_thunk_table(tmp_path, capsys):
     target = tmp_path / "out.npz"
     assert main(["run", "--device", "host", "--out", str(target)]) == 0
