@@ -14,12 +14,14 @@ Layout and tricks, each measured on 2 cores (``benchmarks/rnn.py`` shape: B=32 S
   the biases are halved once (exact in binary floating point), so one ``tanh`` over all gates and
   ``½t+½`` on the sigmoid rows give ``σ(z) = ½tanh(z/2)+½`` (scipy's ``expit`` is 8x slower than
   ``tanh`` here). Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are contiguous.
-- With two directions and a two-thread OpenBLAS, the directions run in two Python threads, each
-  with a single-threaded BLAS (NumPy releases the GIL inside its loops): the elementwise part of one
-  direction overlaps the GEMMs of the other (lstm 141 vs 157 ms, gru 102 vs 117 ms, rnn 37 vs
-  48 ms). Leaving the BLAS at two threads in both Python threads gained nothing, and with more BLAS
-  threads one direction at a time keeps every core on each GEMM, so anything else runs the
-  directions one after the other.
+- With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
+  directions run in two Python threads, each with a single-threaded BLAS (NumPy releases the GIL
+  inside its loops): the elementwise part of one direction overlaps the GEMMs of the other (lstm
+  139 vs 159 ms, gru 103 vs 123 ms, rnn 39 vs 47 ms). Leaving the BLAS at two threads in both Python
+  threads gained nothing, and with more BLAS threads one direction at a time keeps every core on
+  each GEMM, so anything else runs the directions one after the other. Stacking both directions
+  into one batched matmul per step gained nothing either (NumPy loops the batch over separate
+  GEMMs: 281 vs 287 µs for the two).
 
 16-bit storage is loaded to f32, everything between steps and layers stays f32, and only ``dst``
 and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
@@ -27,8 +29,8 @@ and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
@@ -44,6 +46,10 @@ _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
 _SIGMOID = {"lstm": 3, "gru": 2, "rnn": 0}
 #: Columns of a time chunk the projection GEMM aims for.
 _CHUNK_COLUMNS = 128
+#: Smallest recurrent GEMM (flops a step) at which two threads pay: below it the threads mostly trade
+#: the GIL (lstm B=32 H=64, 1 MFLOP: 14.4 ms in two threads vs 11.7 in one; B=64 H=64, 2 MFLOP:
+#: 18 vs 21; rnn B=16 H=256, 2 MFLOP: 13 vs 18).
+_PARALLEL_STEP_FLOPS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -208,7 +214,8 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | No
     x[...] = b.view("x").transpose(1, 0, 2)
     x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
     w_ih, offset = b.view("w_ih"), 0
-    parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else _blas.pays())
+    parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
+                                 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS and _blas.pays())
     for layer, in_l in enumerate(layer_input_sizes(t)):
         size = d.gates * d.hidden * in_l
         blocks = [w_ih[offset + k * size: offset + (k + 1) * size].reshape(-1, in_l) for k in range(d.dirs)]
@@ -217,15 +224,33 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | No
         jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
         if parallel:
             with _blas.single_threaded():
-                other = _POOL.submit(jobs[1])
-                try:
-                    jobs[0]()
-                finally:
-                    other.result()
+                _both(*jobs)
         else:
             for job in jobs:
                 job()
         x = y
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> None:
+    """Run ``second`` in a new thread while ``first`` runs here; re-raise what either raised.
+    (A thread per layer rather than a pool: nothing outlives the call, so a fork never inherits a pool
+    whose worker is gone.)"""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            second()
+        except BaseException as err:  # handed to the caller below
+            failed.append(err)
+
+    worker = threading.Thread(target=run, name="host_fallback.rnn")
+    worker.start()
+    try:
+        first()
+    finally:
+        worker.join()
+    if failed:
+        raise failed[0]
 
 
 # --- OpenBLAS thread control (ctypes; threadpoolctl does the same with more machinery) ----------------
@@ -237,6 +262,9 @@ class _Blas:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._libs: list[tuple[Callable[[], int], Callable[[int], None]]] | None = None
+
+    def reset_lock(self) -> None:
+        self._lock = threading.Lock()
 
     def _find(self) -> list[tuple[Callable[[], int], Callable[[int], None]]]:
         if self._libs is None:
@@ -289,7 +317,8 @@ class _Blas:
 
 
 _blas = _Blas()
-_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="host_fallback.rnn")  # starts no thread until used
+if hasattr(os, "register_at_fork"):  # a child forked while another thread held the lock must not inherit it held
+    os.register_at_fork(after_in_child=_blas.reset_lock)
 
 
 def blas_threads() -> int | None:

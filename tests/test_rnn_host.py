@@ -111,13 +111,16 @@ CELLS = [("lstm", False), ("gru", False), ("rnn", False), ("rnn", True)]
 CELL_IDS = ["lstm", "gru", "rnn-tanh", "rnn-relu"]
 
 
+FLAGS = [pytest.param(layers, bidi, carry, par,
+                      id=f"L{layers}-{'bi' if bidi else 'uni'}{'-carry' if carry else ''}"
+                         f"{'' if par is None else '-threads' if par else '-serial'}")
+         for layers, bidi, carry in itertools.product((1, 3), (False, True), (False, True))
+         for par in ((False, True) if bidi else (None,))]
+
+
 @pytest.mark.parametrize("dtype", list(STORAGE))
 @pytest.mark.parametrize("cell", CELLS, ids=CELL_IDS)
-@pytest.mark.parametrize("num_layers,bidirectional,carry,parallel",
-                         [(layers, bidi, carry, par) for layers, bidi, carry in itertools.product((1, 3), (False, True),
-                                                                                                  (False, True))
-                          for par in ((False, True) if bidi else (None,))],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("num_layers,bidirectional,carry,parallel", FLAGS)
 def test_every_flag(cell, dtype, num_layers, bidirectional, carry, parallel):
     op, relu = cell
     check(op, dtype, relu, options={"parallel_directions": parallel}, batch=3, seq=5, input_size=4, hidden=6,
@@ -150,13 +153,27 @@ def test_empty_sequence_keeps_the_state():
     np.testing.assert_array_equal(run_host(thunk, arena, writes), arena)
 
 
-def test_blas_threads_are_restored():
-    from host_fallback.rnn import blas_threads
+def test_blas_threads_are_restored_and_a_failing_thread_raises(monkeypatch):
+    from host_fallback import rnn
 
-    before = blas_threads()
+    before = rnn.blas_threads()
     check("gru", "f32", options={"parallel_directions": True}, batch=2, seq=3, input_size=2, hidden=2,
           num_layers=2, bidirectional=True, carry=False)
-    assert blas_threads() == before
+    assert rnn.blas_threads() == before
+
+    real = rnn._layer_direction
+
+    def reverse_fails(t, b, d, layer, dr, *rest):
+        if dr == 1:
+            raise RuntimeError("reverse direction failed")
+        real(t, b, d, layer, dr, *rest)
+
+    monkeypatch.setattr(rnn, "_layer_direction", reverse_fails)
+    thunk, arena, _, _ = build("lstm", "f32", batch=2, seq=3, input_size=2, hidden=2, num_layers=1,
+                               bidirectional=True, carry=False)
+    with pytest.raises(RuntimeError, match="reverse direction failed"):
+        host_fallback.execute(thunk, arena, parallel_directions=True)
+    assert rnn.blas_threads() == before
 
 
 def test_bigger_than_a_chunk_in_parallel_and_serial_agree():
