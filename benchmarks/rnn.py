@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import host_fallback  # noqa: E402
 from host_fallback.rnn import blas_threads  # noqa: E402
+from rlx_gpu.torch_weights import pack_recurrent  # noqa: E402
 
 FIELDS = {"lstm": ("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst"),
           "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst"),
@@ -105,15 +106,7 @@ def main() -> None:
     for op in args.ops.split(","):
         model = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
             H, H, num_layers=L, bidirectional=bidi, batch_first=True)
-        p = {k: v.detach().numpy() for k, v in model.named_parameters()}
-        names = [f"l{layer}{'_reverse' if d else ''}" for layer in range(L) for d in range(D)]
-        tensors = {"x": x.numpy(), "w_ih": np.concatenate([p[f"weight_ih_{n}"].ravel() for n in names]),
-                   "w_hh": np.stack([p[f"weight_hh_{n}"] for n in names])}
-        if op == "gru":
-            tensors["b_ih"] = np.stack([p[f"bias_ih_{n}"] for n in names])
-            tensors["b_hh"] = np.stack([p[f"bias_hh_{n}"] for n in names])
-        else:
-            tensors["bias"] = np.stack([p[f"bias_ih_{n}"] + p[f"bias_hh_{n}"] for n in names])
+        tensors = {"x": x.numpy(), **pack_recurrent(model)}
         params = dict(batch=B, seq=S, input_size=H, hidden=H, num_layers=L, bidirectional=bidi, carry=False)
         if op == "rnn":
             params["relu"] = False

@@ -12,6 +12,7 @@ import host_fallback
 from rlx_gpu import load_schedule
 from rlx_gpu.builder import Graph, GraphError
 from rlx_gpu.models import build_model, list_models, load_spec
+from rlx_gpu.torch_weights import pack_recurrent
 
 rng = np.random.default_rng(1234)
 needs_rnn = pytest.mark.skipif("lstm" not in host_fallback.KERNELS, reason="host rnn kernels not available yet")
@@ -132,17 +133,6 @@ def test_names_and_graph_mixups_are_errors():
 
 
 # ----------------------------------------------------------------------------- recurrent ops
-def _torch_packed(module, layers, dirs, gru):
-    """ABI.md §3 packing of a torch RNN module's parameters."""
-    names = [f"l{l}{'_reverse' if d else ''}" for l in range(layers) for d in range(dirs)]
-    p = {k: v.detach().double().numpy() for k, v in module.named_parameters()}
-    w_ih = np.concatenate([p[f"weight_ih_{n}"].ravel() for n in names])
-    w_hh = np.stack([p[f"weight_hh_{n}"] for n in names])
-    b_ih = np.stack([p[f"bias_ih_{n}"] for n in names])
-    b_hh = np.stack([p[f"bias_hh_{n}"] for n in names])
-    return (w_ih, w_hh, b_ih, b_hh) if gru else (w_ih, w_hh, b_ih + b_hh)
-
-
 @needs_rnn
 @pytest.mark.parametrize("op,layers,bidir,carry", [("lstm", 2, True, False), ("lstm", 1, False, True),
                                                    ("gru", 2, True, True), ("rnn", 2, False, True)])
@@ -158,7 +148,7 @@ def test_recurrent_matches_torch(op, layers, bidir, carry):
     if carry and op == "lstm":
         states["c0"] = g.input("c0", (layers * dirs, b, h))
     extra = {"relu": False} if op == "rnn" else {}
-    res = getattr(g, op)(x, *_torch_packed(module, layers, dirs, op == "gru"), hidden=h, num_layers=layers,
+    res = getattr(g, op)(x, *pack_recurrent(module).values(), hidden=h, num_layers=layers,
                          bidirectional=bidir, name="cell", **states, **extra)
     g.output("y", res[0] if carry else res)
     feed = {"x": rng.normal(size=(b, s, i))}

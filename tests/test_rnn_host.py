@@ -15,6 +15,8 @@ import pytest
 import host_fallback
 from reference_rnn import GATES, reference
 
+from rlx_gpu.torch_weights import pack_recurrent
+
 STORAGE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 # Allowed |host - reference| <= ATOL + RTOL*|reference|, the reference run in float64 on the stored
@@ -201,19 +203,11 @@ def test_matches_torch(cell, dtype, bidirectional, carry):
     kind = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op]
     extra = {"nonlinearity": "relu" if relu else "tanh"} if op == "rnn" else {}
     model = kind(I, H, num_layers=L, bidirectional=bidirectional, batch_first=True, dtype=tdtype, **extra)
-    names = [f"l{layer}{'_reverse' if d else ''}" for layer in range(L) for d in range(D)]
-    p = {k: v.detach().numpy() for k, v in model.named_parameters()}
     x = torch.randn(B, S, I, dtype=tdtype)
     h0 = torch.randn(L * D, B, H, dtype=tdtype)
     c0 = torch.randn(L * D, B, H, dtype=tdtype)
 
-    tensors = {"x": x.numpy(), "w_ih": np.concatenate([p[f"weight_ih_{n}"].ravel() for n in names]),
-               "w_hh": np.stack([p[f"weight_hh_{n}"] for n in names])}
-    if op == "gru":
-        tensors["b_ih"] = np.stack([p[f"bias_ih_{n}"] for n in names])
-        tensors["b_hh"] = np.stack([p[f"bias_hh_{n}"] for n in names])
-    else:
-        tensors["bias"] = np.stack([p[f"bias_ih_{n}"] + p[f"bias_hh_{n}"] for n in names])
+    tensors = {"x": x.numpy(), **pack_recurrent(model)}
     if carry:
         tensors["h0"] = h0.numpy()
         if op == "lstm":
