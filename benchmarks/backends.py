@@ -31,6 +31,11 @@ def recurrent(op: str, b: int, s: int, i: int, h: int) -> dict:
     return t
 
 
+def gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool) -> dict:
+    return dict(op="gated_delta_net", batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel,
+                carry_state=carry, q=0, k=0, v=0, g=0, beta=0, state=0, dst=0)
+
+
 def shapes(q: int) -> list[tuple[str, dict]]:
     """(label, thunk without offsets); ``q`` divides the large extents."""
     b, s, h = 32 // q, 128 // q, 256 // q
@@ -39,10 +44,11 @@ def shapes(q: int) -> list[tuple[str, dict]]:
         ("lstm", recurrent("lstm", b, s, h, h)),
         ("gru", recurrent("gru", b, s, h, h)),
         ("rnn", recurrent("rnn", b, s, h, h)),
-        ("selective_scan", dict(op="selective_scan", batch=4, seq=512 // q, hidden=256, state_size=16, x=0, delta=0, a=0, b=0, c=0, dst=0)),
-        ("mamba2", dict(op="mamba2", batch=4, seq=512 // q, heads=8, head_dim=64, state_size=64, x=0, dt=0, a=0, b=0, c=0, dst=0)),
-        ("gated_delta_net", dict(op="gated_delta_net", batch=2, seq=256 // q, heads=4, state_size=64, gate_per_channel=False,
-                                 carry_state=False, q=0, k=0, v=0, g=0, beta=0, state=0, dst=0)),
+        ("selective_scan", dict(op="selective_scan", batch=2, seq=1024 // q, hidden=256, state_size=16, x=0, delta=0, a=0, b=0, c=0, dst=0)),
+        ("mamba2", dict(op="mamba2", batch=2, seq=1024 // q, heads=8, head_dim=64, state_size=64, x=0, dt=0, a=0, b=0, c=0, dst=0)),
+        ("gdn prefill", gdn(2, 1024 // q, 8, 64, per_channel=False, carry=False)),
+        ("gdn prefill per-ch", gdn(2, 1024 // q, 8, 64, per_channel=True, carry=False)),
+        ("gdn decode", gdn(8, 1, 8, 64, per_channel=False, carry=True)),
         ("matmul", dict(op="matmul", batch=1, m=512 // q, k=512 // q, n=512 // q, trans_a=False, trans_b=False,
                         a_batch_stride=0, b_batch_stride=0, a=0, b=0, dst=0)),
         ("unary tanh", dict(op="unary", fn="tanh", n=n, x=0, dst=0)),
@@ -107,8 +113,11 @@ def main() -> None:
 
         on_device()  # compile and warm up
         dev = median_time(on_device, args.repeat)
-        shape = ",".join(f"{k}={v}" for k, v in template.items()
-                         if k in ("batch", "seq", "hidden", "state_size", "heads", "head_dim", "m", "k", "n", "r", "nbytes"))
+        shown = ("batch", "seq", "hidden", "state_size", "heads", "head_dim", "m", "n", "r", "nbytes")
+        shown += ("k",) if template["op"] == "matmul" else ()  # elsewhere k is an offset field
+        shape = ",".join(f"{k}={v}" for k, v in template.items() if k in shown)
+        shape = shape.replace("batch=", "B=").replace("seq=", "S=").replace("hidden=", "H=").replace(
+            "state_size=", "N=").replace("heads=", "H=").replace("head_dim=", "P=")
         print(f"{label:<18} {shape[:44]:<44} {host * 1e3:>9.2f} {dev * 1e3:>10.2f} {dev / host:>9.2f}")
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import matplotlib
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' cells, run from anywhere
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
