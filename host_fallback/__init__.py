@@ -28,11 +28,18 @@ def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None
     """
     if arena.dtype != np.uint8 or arena.ndim != 1:
         raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
-    try:
-        kernel = KERNELS[thunk["op"]]
-    except KeyError:
-        raise ValueError(f"host_fallback has no kernel for op {thunk['op']!r}; it has {sorted(KERNELS)}") from None
-    kernel(thunk, arena, **options)
+    check_bounds(thunk, arena.size)
+    KERNELS[thunk["op"]](thunk, arena, **options)
+
+
+def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
+    """The one check a runtime calling in directly still gets: a known op, and no byte outside the arena."""
+    if thunk["op"] not in KERNELS:
+        raise ValueError(f"host_fallback has no kernel for op {thunk['op']!r}; it has {sorted(KERNELS)}")
+    for r in regions(thunk):
+        if r.offset < 0 or r.offset + r.nbytes > arena_bytes:
+            raise ValueError(f"{thunk['op']} thunk, field {r.field!r}: bytes [{r.offset}, {r.offset + r.nbytes}) "
+                             f"fall outside the arena of {arena_bytes} bytes; validate it with rlx_gpu.load_schedule")
 
 
 PATHS: dict[str, Callable[..., str]] = {"selective_scan": ssm.path_for, "mamba2": ssm.path_for,
@@ -45,4 +52,4 @@ def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
     return chooser(thunk, **options) if chooser else None
 
 
-__all__ = ["execute", "path_for", "regions", "Region", "KERNELS"]
+__all__ = ["execute", "check_bounds", "path_for", "regions", "Region", "KERNELS"]

@@ -124,3 +124,12 @@ def test_device_specs_and_environment(monkeypatch, tmp_path):
 def test_auto_picks_the_first_available_backend_in_priority_order():
     cfg = Config(priority=("cuda", "host", "opencl"))
     assert resolve("auto", cfg).backend == "host"
+
+
+def test_host_fallback_refuses_a_thunk_past_its_arena():
+    import host_fallback
+
+    arena = np.zeros(64, np.uint8)
+    with pytest.raises(ValueError, match=r"unary thunk, field 'dst': bytes \[32, 96\) fall outside the arena of 64"):
+        host_fallback.execute({"op": "unary", "dtype": "f32", "x": 0, "dst": 32, "n": 16, "fn": "exp"}, arena)
+    assert not arena.any()
