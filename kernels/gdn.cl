@@ -47,10 +47,23 @@ DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, 
     GLOBAL store_t* dst = AT(store_t, db, dof);
     const real scale = (real)1 / sqrt((real)N);
     real s[STATE_MAX * GDN_CJ];
-    for (i64 i = 0; i < N; ++i)
-        PRAGMA_UNROLL
-        for (int c = 0; c < GDN_CJ; ++c)
-            s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * N + c] : LOAD(in_st, i * N + c);
+    /* The state moves in and out by loops unswitched on the (runtime) flags, so that a full item's
+     * common case (all GDN_CJ columns, storage type) is a straight-line contiguous run per row. */
+    if (resume && nc == GDN_CJ && !in_real)
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                s[i * GDN_CJ + c] = LOAD(in_st, i * N + c);
+    else if (resume && nc == GDN_CJ)
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                s[i * GDN_CJ + c] = in_re[i * N + c];
+    else
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * N + c] : LOAD(in_st, i * N + c);
     for (i64 tt = 0; tt < T; ++tt) {
         const i64 head = (bt * S + t0 + tt) * HD + hh, vec = head * N;
         GLOBAL const store_t* kr = k + vec;
@@ -109,7 +122,17 @@ DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, 
             if (c < nc)
                 STORE(dst, vec + j0 + c, scale * (a0[c] + a1[c]));
     }
-    if (keep)
+    if (keep && nc == GDN_CJ && !out_real)
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                STORE(out_st, i * N + c, s[i * GDN_CJ + c]);
+    else if (keep && nc == GDN_CJ)
+        for (i64 i = 0; i < N; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                out_re[i * N + c] = s[i * GDN_CJ + c];
+    else if (keep)
         for (i64 i = 0; i < N; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)

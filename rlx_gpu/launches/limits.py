@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 GEMM_LOCAL = (8, 8)  # the gemm kernel's work-group: items along (column runs, row blocks)
 GEMM_RM, GEMM_CN = 6, 16  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
+M2_PB = 16  # state rows (head_dim positions) per work-item of the mamba2 kernel
 GDN_CJ = 8  # value columns per work-item of the gated_delta_net kernels
 STATE_MAX = 256  # longest private state row of the ssm / gdn kernels (ABI.md asks for 256)
 RNN_RB = {4: 3, 3: 4, 1: 6}  # batch rows per item of the per-step recurrent kernel, by gate count
@@ -16,7 +17,7 @@ RNN_PERSIST_MAX = 1024  # largest hidden size the persistent recurrent kernel ho
 #: Emitted as ``#define`` lines by kernel_source, so the kernels and the planners agree.
 CONSTANTS = {
     "GEMM_RM": GEMM_RM, "GEMM_CN": GEMM_CN,
-    "STATE_MAX": STATE_MAX, "GDN_CJ": GDN_CJ, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB, "RNN_WPAD": RNN_WPAD,
+    "STATE_MAX": STATE_MAX, "GDN_CJ": GDN_CJ, "M2_PB": M2_PB, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB, "RNN_WPAD": RNN_WPAD,
     "RNN_RB_G4": RNN_RB[4], "RNN_RB_G3": RNN_RB[3], "RNN_RB_G1": RNN_RB[1], "RNN_RB_MAX": max(RNN_RB.values()),
     "RNN_JB_G4": RNN_JBG[4], "RNN_JB_G3": RNN_JBG[3], "RNN_JB_G1": RNN_JBG[1],
 }

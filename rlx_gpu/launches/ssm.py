@@ -1,8 +1,8 @@
-"""Launch geometry of selective_scan and mamba2 (ABI.md §4): one work-item per state row."""
+"""Launch geometry of selective_scan and mamba2 (ABI.md §4): one work-item per state row (mamba2: per M2_PB rows)."""
 from __future__ import annotations
 
 from .core import ARENA, Launch, Plan, Thunk, grid, i64, linear_local
-from .limits import STATE_MAX, DeviceLimits
+from .limits import M2_PB, STATE_MAX, DeviceLimits
 
 
 def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
@@ -19,8 +19,9 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
 def _mamba2(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     b, s, heads, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
     args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst"))
-    local = (linear_local(p), 1, 1)
-    return Plan((Launch("ssm", "mamba2", t["dtype"], grid((p, heads, b), local), local, args),))
+    items = -(-p // M2_PB)  # one work-item per M2_PB state rows
+    local = (linear_local(items), 1, 1)
+    return Plan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, b), local), local, args),))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
