@@ -33,7 +33,6 @@ class OpSpec:
 
     name: str
     fields: tuple[Field, ...]
-    family: str  # host_fallback / kernels file stem
     dtypes: tuple[str, ...] = DTYPES
 
     @property
@@ -66,35 +65,33 @@ _SCAN_BACKWARD = (
 )
 
 SPECS: dict[str, OpSpec] = {s.name: s for s in (
-    OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst") + _RECURRENT_PARAMS, "rnn"),
-    OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst") + _RECURRENT_PARAMS, "rnn"),
-    OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias", "h0", "dst") + _RECURRENT_PARAMS + _flags("relu"), "rnn"),
+    OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst") + _RECURRENT_PARAMS),
+    OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst") + _RECURRENT_PARAMS),
+    OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias", "h0", "dst") + _RECURRENT_PARAMS + _flags("relu")),
     OpSpec("selective_scan", _offsets("x", "delta", "a", "b", "c", "dst")
-           + _pos("batch", "seq", "hidden", "state_size"), "ssm"),
+           + _pos("batch", "seq", "hidden", "state_size")),
     OpSpec("mamba2", _offsets("x", "dt", "a", "b", "c", "dst")
-           + _pos("batch", "seq", "heads", "head_dim", "state_size"), "ssm"),
+           + _pos("batch", "seq", "heads", "head_dim", "state_size")),
     OpSpec("gated_delta_net", _offsets("q", "k", "v", "g", "beta", "state", "dst")
-           + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state"), "gdn"),
-    OpSpec("unary", _offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS)), "body"),
+           + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state")),
+    OpSpec("unary", _offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS))),
     OpSpec("binary", _offsets("a", "b", "dst") + (Field("fn", "enum", BINARY_FNS), Field("shape", "shape"),
-                                                  Field("a_strides", "strides"), Field("b_strides", "strides")),
-           "body"),
+                                                  Field("a_strides", "strides"), Field("b_strides", "strides"))),
     OpSpec("matmul", _offsets("a", "b", "dst") + (Field("batch", "count"),) + _pos("m", "k", "n")
-           + _flags("trans_a", "trans_b") + (Field("a_batch_stride", "count"), Field("b_batch_stride", "count")),
-           "body"),
-    OpSpec("reduce_sum", _offsets("x", "dst") + _pos("outer", "r", "inner"), "body"),
-    OpSpec("copy", _offsets("src", "dst") + (Field("nbytes", "count"),), "body"),
-    OpSpec("fill", _offsets("dst") + (Field("n", "count"), Field("value", "float")), "body"),
-    OpSpec("cast", _offsets("src", "dst") + (Field("n", "count"), Field("src_dtype", "dtype")), "body"),
+           + _flags("trans_a", "trans_b") + (Field("a_batch_stride", "count"), Field("b_batch_stride", "count"))),
+    OpSpec("reduce_sum", _offsets("x", "dst") + _pos("outer", "r", "inner")),
+    OpSpec("copy", _offsets("src", "dst") + (Field("nbytes", "count"),)),
+    OpSpec("fill", _offsets("dst") + (Field("n", "count"), Field("value", "float"))),
+    OpSpec("cast", _offsets("src", "dst") + (Field("n", "count"), Field("src_dtype", "dtype"))),
     OpSpec("scan", (
         Field("body", "schedule"), Field("body_input_off", "offset"), Field("body_output_off", "offset"),
         Field("outer_init_off", "offset"), Field("outer_final_off", "offset"), Field("length", "pos"),
         Field("carry_bytes", "pos"), Field("save_trajectory", "bool"), Field("xs_inputs", "xs"),
-        Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count")), "scan"),
-    OpSpec("scan_backward", _SCAN_BACKWARD + (Field("outer_dinit_off", "offset"),), "scan"),
+        Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count"))),
+    OpSpec("scan_backward", _SCAN_BACKWARD + (Field("outer_dinit_off", "offset"),)),
     OpSpec("scan_backward_xs", _SCAN_BACKWARD + (
         Field("xs_idx", "count"), Field("body_dxs_out_off", "offset"), Field("outer_dxs_off", "offset"),
-        Field("per_step_bytes", "pos")), "scan"),
+        Field("per_step_bytes", "pos"))),
 )}
 
 SCAN_OPS = frozenset({"scan", "scan_backward", "scan_backward_xs"})
