@@ -123,9 +123,13 @@ class Schedule(Mapping):
     def pristine_arena(self) -> np.ndarray:
         """A zeroed arena with ``init`` applied."""
         arena = np.zeros(self.arena_bytes, dtype=np.uint8)
+        self.apply_init(arena)
+        return arena
+
+    def apply_init(self, arena: np.ndarray) -> None:
+        """Write every ``init`` block into a host arena in place."""
         for block in self.init:
             arena[block.offset: block.offset + len(block.data)] = np.frombuffer(block.data, dtype=np.uint8)
-        return arena
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: self[k] for k in self._KEYS if k != "thunks"}

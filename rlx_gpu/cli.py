@@ -12,7 +12,7 @@ from .abi import Schedule, load_schedule, read_source
 from .errors import RlxError
 from .ops import DTYPES, SPECS, footprint
 from .registry import discover, get_device, open_session
-from .samples import lay_out, schedule_of
+from .samples import lay_out
 from .units import human_bytes, human_time
 
 

@@ -50,15 +50,15 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     known = {"device", "priority", "fallback", "overrides", "scan", "tolerances"}
     if not isinstance(data, dict) or set(data) - known:
         raise RlxError(f"config {path}: unknown keys {sorted(set(data) - known)}; known: {sorted(known)}")
-    fallback = data.get("fallback", "warn")
+    fallback = data.get("fallback", Config.fallback)
     if fallback not in POLICIES:
         raise RlxError(f"config {path}: fallback {fallback!r} is not one of {', '.join(POLICIES)}")
-    recompute = (data.get("scan") or {}).get("recompute", "segment")
+    recompute = (data.get("scan") or {}).get("recompute", Config.recompute)
     if recompute not in RECOMPUTE:
         raise RlxError(f"config {path}: scan.recompute {recompute!r} is not one of {', '.join(RECOMPUTE)}")
     return Config(
-        device=str(data.get("device", "auto")),
-        priority=tuple(data.get("priority", ("cuda", "opencl", "host"))),
+        device=str(data.get("device", Config.device)),
+        priority=tuple(data.get("priority", Config.priority)),
         fallback=fallback,
         overrides=dict(data.get("overrides") or {}),
         recompute=recompute,

@@ -118,6 +118,5 @@ class Device:
             raise ValueError(f"arena must be a numpy uint8 array of arena_bytes = {schedule.arena_bytes} "
                              f"({human_bytes(schedule.arena_bytes)}), got {got}")
         out = arena.copy()
-        for block in schedule.init:
-            out[block.offset: block.offset + len(block.data)] = np.frombuffer(block.data, dtype=np.uint8)
+        schedule.apply_init(out)
         return out

@@ -12,10 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 
 from .launches.limits import CONSTANTS
+from .ops import DTYPES
 from .paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")
-DTYPES = ("f32", "f16", "bf16", "f64")
 PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}
 
 #: dtype -> (macro suffix, storage C type, compute C type)

@@ -15,13 +15,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from host_fallback.layout import GATES
+
 from .builder import Graph, GraphError, Tensor
 from .lowering import Executable
 from .paths import data_dir
-
-_RECURRENT_WEIGHTS = {"lstm": ("w_ih", "w_hh", "bias"), "rnn": ("w_ih", "w_hh", "bias"),
-                      "gru": ("w_ih", "w_hh", "b_ih", "b_hh")}
-_GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+from .sequence_ops import recurrent_weight_counts
 
 
 def examples_dir() -> Path:
@@ -50,15 +49,12 @@ def _shape(spec: Any) -> tuple[int, ...]:
 def _recurrent_weights(g: Graph, rng: np.random.Generator, op: str, x: Tensor, args: dict[str, Any],
                        prefix: str) -> None:
     """Fill in the weights of an lstm/gru/rnn step that the file leaves out, with ABI.md §3's packing."""
-    hidden, layers = args["hidden"], args.get("num_layers", 1)
-    dirs, gates = 2 if args.get("bidirectional") else 1, _GATES[op]
+    hidden = args["hidden"]
     bound = 1.0 / np.sqrt(hidden)
-    in_sizes = [x.shape[2]] + [dirs * hidden] * (layers - 1)
-    counts = {"w_ih": sum(dirs * gates * hidden * n for n in in_sizes),
-              "w_hh": layers * dirs * gates * hidden * hidden}
-    for field in _RECURRENT_WEIGHTS[op]:
+    counts = recurrent_weight_counts(op, x.shape[2], hidden, args.get("num_layers", 1),
+                                     bool(args.get("bidirectional")))
+    for field, count in counts.items():
         if field not in args:
-            count = counts.get(field, layers * dirs * gates * hidden)
             args[field] = g.weight(f"{prefix}.{field}", rng.uniform(-bound, bound, size=count))
 
 
@@ -91,7 +87,7 @@ def build_graph(spec: Mapping[str, Any], rng: np.random.Generator, dtype: str | 
         if op.startswith("_") or not callable(method) or op in ("compile", "output", "input", "weight"):
             raise GraphError(f"step {i}: unknown op {op!r}")
         args = {k: resolve(k, v) for k, v in step.items()}
-        if op in _RECURRENT_WEIGHTS:
+        if op in GATES:
             _recurrent_weights(g, rng, op, args["x"], args, args.get("name") or f"{op}{i}")
         result = method(**args)
         names = [out] if isinstance(out, str) else list(out)

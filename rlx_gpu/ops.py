@@ -20,10 +20,10 @@ MAX_RANK = 6
 
 @dataclass(frozen=True)
 class Field:
-    """One thunk field: ``kind`` names the check (see ``abi._check_field``)."""
+    """One thunk field: ``kind`` names the check ``validate._check_field`` applies to its value."""
 
     name: str
-    kind: str  # one of validate.FIELD_CHECKS
+    kind: str
     choices: tuple[str, ...] = ()
 
 

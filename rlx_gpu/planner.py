@@ -2,8 +2,9 @@
 
 A buffer is live from the first step that touches it to the last one. Inputs and weights are live
 for the whole program (a scan writes a body's broadcast inputs and constants once, before its first
-step), outputs from their first step until after the last, so the caller can read them back. Two buffers live at the same step never share a byte, which also keeps
-a thunk's outputs apart from its inputs (both are live at that step).
+step), outputs from their first step until after the last, so the caller can read them back.
+Two buffers live at the same step never share a byte, which also keeps a thunk's outputs apart
+from its inputs (both are live at that step).
 """
 from __future__ import annotations
 

@@ -100,10 +100,6 @@ class Assignment:
     backend: str
     reason: str
 
-    @property
-    def is_fallback(self) -> bool:
-        return self.reason.startswith("fallback")
-
 
 def assign(thunk: Thunk, session: Session, config: Config) -> Assignment:
     """Choose the backend for one thunk: an override, else the device, else the host under the policy."""
@@ -113,21 +109,24 @@ def assign(thunk: Thunk, session: Session, config: Config) -> Assignment:
         if pinned != "host":
             raise DeviceError(f"thunk {thunk.index} ({thunk.op}): override pins it to {pinned!r}, but a schedule "
                               f"runs on one device ({device}) plus the host")
-        path = host_fallback.path_for(thunk)
         return Assignment(thunk.index, thunk.op, thunk.dtype, "host",
-                          f"fallback{f' ({path})' if path else ''}: override {thunk.op}:{thunk.dtype} -> host in {config.source}")
+                          f"fallback{_host_path(thunk)}: override {thunk.op}:{thunk.dtype} -> host in {config.source}")
     why_not = session.unsupported(thunk)
     if why_not is None:
         how = "override" if pinned else "supported"
-        path = host_fallback.path_for(thunk) if device == "host" else None
-        return Assignment(thunk.index, thunk.op, thunk.dtype, device,
-                          f"{how} on {session.info.spec}{f' ({path})' if path else ''}")
+        path = _host_path(thunk) if device == "host" else ""
+        return Assignment(thunk.index, thunk.op, thunk.dtype, device, f"{how} on {session.info.spec}{path}")
     if config.fallback == "forbid":
         raise FallbackForbidden(f"thunk {thunk.index} ({thunk.op}, {thunk.dtype}) cannot run on "
                                 f"{session.info.spec}: {why_not}; the fallback policy is 'forbid' "
                                 f"(set fallback: allow or warn in {config.source})")
+    return Assignment(thunk.index, thunk.op, thunk.dtype, "host", f"fallback{_host_path(thunk)}: {why_not}")
+
+
+def _host_path(thunk: Thunk) -> str:
+    """`` (algorithm)`` the host runs ``thunk`` with, for ops that choose one; else empty."""
     path = host_fallback.path_for(thunk)
-    return Assignment(thunk.index, thunk.op, thunk.dtype, "host", f"fallback{f' ({path})' if path else ''}: {why_not}")
+    return f" ({path})" if path else ""
 
 
 def plan(schedule: Schedule, session: Session, config: Config) -> list[Assignment]:

@@ -9,9 +9,9 @@ from typing import Any
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.layout import regions
 
+from .abi import ABI_VERSION
 from .ops import SCAN_OPS, SPECS
-
-ALIGN = 256
+from .planner import ALIGN
 
 #: Parameters of one small case per op (scan-family cases carry their own bodies, below).
 SMALL: dict[str, dict[str, Any]] = {
@@ -68,7 +68,7 @@ def scan_case(op: str, dtype: str, length: int = 6, carry_n: int = 4) -> dict[st
 def lay_out(op: str, dtype: str, params: dict[str, Any] | None = None, guard: int = 0) -> tuple[dict, int]:
     """A thunk dict of ``op`` with its tensors placed one after another, ``guard`` bytes around each.
 
-    Returns ``(thunk, arena_bytes)``. Offsets are aligned to 256 bytes.
+    Returns ``(thunk, arena_bytes)``. Offsets are aligned to ``planner.ALIGN`` bytes.
     """
     if op in SCAN_OPS:
         fields = scan_case(op, dtype) if params is None else dict(params)
@@ -103,4 +103,4 @@ def _align(n: int) -> int:
 
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
     """A one-thunk schedule dict."""
-    return {"abi": "rlx-thunks/1", "arena_bytes": arena_bytes, "thunks": [thunk]}
+    return {"abi": ABI_VERSION, "arena_bytes": arena_bytes, "thunks": [thunk]}

@@ -13,6 +13,19 @@ from .errors import GraphError
 if TYPE_CHECKING:
     from .builder import Tensor
 
+_BIASES = {"lstm": ("bias",), "gru": ("b_ih", "b_hh"), "rnn": ("bias",)}
+
+
+def recurrent_weight_counts(op: str, input_size: int, hidden: int, num_layers: int,
+                            bidirectional: bool) -> dict[str, int]:
+    """Element count of every weight stream of an lstm/gru/rnn (ABI.md §3), by field, in field order."""
+    gates, dirs = GATES[op], 2 if bidirectional else 1
+    in_sizes = [input_size] + [dirs * hidden] * (num_layers - 1)
+    counts = {"w_ih": sum(dirs * gates * hidden * n for n in in_sizes),
+              "w_hh": num_layers * dirs * gates * hidden * hidden}
+    counts.update({f: num_layers * dirs * gates * hidden for f in _BIASES[op]})
+    return counts
+
 
 class SequenceOps:
     """lstm, gru, rnn, selective_scan, mamba2 and gated_delta_net for ``Graph``."""
@@ -29,11 +42,8 @@ class SequenceOps:
         if len(x.shape) != 3:
             raise GraphError(f"{op}: x {x!r} must be [batch, seq, input_size]")
         b, s, i = x.shape
-        gates, dirs = GATES[op], 2 if bidirectional else 1
-        in_sizes = [i] + [dirs * hidden] * (num_layers - 1)
-        expected = {"w_ih": sum(dirs * gates * hidden * n for n in in_sizes),
-                    "w_hh": num_layers * dirs * gates * hidden * hidden}
-        expected.update({f: num_layers * dirs * gates * hidden for f in params if f not in expected})
+        dirs = 2 if bidirectional else 1
+        expected = recurrent_weight_counts(op, i, hidden, num_layers, bidirectional)
         expected.update({f: num_layers * dirs * b * hidden for f in states})
         given = {f: self._t(v, x.dtype) for f, v in {**params, **states}.items() if v is not None}
         for field, t in given.items():

@@ -96,9 +96,12 @@ class OpenCLSession:
         return launches.unsupported(thunk, self.limits)
 
     # -- memory -----------------------------------------------------------------------------
+    def buffer(self, nbytes: int) -> Any:
+        """An uninitialised read-write ``cl.Buffer`` of ``nbytes`` (at least 1: OpenCL refuses empty ones)."""
+        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
+
     def alloc(self, nbytes: int) -> DeviceArena:
-        buf = self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(nbytes, 1))
-        arena = DeviceArena(buf, nbytes)
+        arena = DeviceArena(self.buffer(nbytes), nbytes)
         self.zero(arena, 0, max(nbytes, 1))
         return arena
 
@@ -149,7 +152,7 @@ class OpenCLSession:
     def _scratch_buffer(self, nbytes: int) -> Any:
         # grow-only and shared by every launch: the in-order queue serialises its users
         if self._scratch is None or self._scratch.nbytes < nbytes:
-            self._scratch = DeviceArena(self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, max(nbytes, 64)), max(nbytes, 64))
+            self._scratch = DeviceArena(self.buffer(max(nbytes, 64)), max(nbytes, 64))
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
@@ -200,8 +203,7 @@ class DeviceMemory:
         self.options = dict(options)
 
     def alloc(self, nbytes: int) -> DeviceArena:
-        buf = self.session.cl.Buffer(self.session.context, self.session.cl.mem_flags.READ_WRITE, max(nbytes, 1))
-        return DeviceArena(buf, nbytes, np.zeros(max(nbytes, 1), np.uint8))
+        return DeviceArena(self.session.buffer(nbytes), nbytes, np.zeros(max(nbytes, 1), np.uint8))
 
     def free(self, arena: DeviceArena) -> None:
         arena.pending = None
