@@ -136,7 +136,10 @@ class OpenCLSession:
             else:
                 scan.run_scan_backward(memory, thunk, arena, options.get("recompute", "segment"))
             return
-        plan = launches.plan(thunk, self.limits, **options)
+        self.run_plan(launches.plan(thunk, self.limits, **options), arena)
+
+    def run_plan(self, plan: launches.Plan, arena: DeviceArena) -> None:
+        """Enqueue the launches of one planned thunk on ``arena``."""
         buffers = {ARENA: arena.buf, SCRATCH: self._scratch_buffer(plan.scratch_bytes)}
         for item in plan.launches:
             self.enqueue(item, buffers)
@@ -201,6 +204,7 @@ class DeviceMemory:
     def __init__(self, session: OpenCLSession, options: Mapping[str, Any]):
         self.session = session
         self.options = dict(options)
+        self._plans: dict[int, launches.Plan | None] = {}
 
     def alloc(self, nbytes: int) -> DeviceArena:
         return DeviceArena(self.session.buffer(nbytes), nbytes, np.zeros(max(nbytes, 1), np.uint8))
@@ -248,10 +252,28 @@ class DeviceMemory:
         """Run a body schedule on the device; a thunk the device cannot run goes through the host."""
         self._ready(arena)
         for thunk in schedule["thunks"]:
-            if self.session.unsupported(thunk) is None:
+            plan = self._plan(thunk)
+            if plan is None:
+                self._on_host(thunk, arena)
+            elif thunk["op"] in SCAN_OPS:  # a nested scan drives its own body
                 self.session.launch(thunk, arena, **self.options)
             else:
-                self._on_host(thunk, arena)
+                self.session.run_plan(plan, arena)
+
+    def _plan(self, thunk: Mapping[str, Any]) -> launches.Plan | None:
+        """A body runs once per step, so each of its thunks is decided and planned once per scan execution.
+
+        ``None`` when the device cannot run the thunk (an empty plan for a nested scan).
+        """
+        key = id(thunk)  # the body schedules outlive this DeviceMemory, so ids stay unique meanwhile
+        if key not in self._plans:
+            if self.session.unsupported(thunk) is not None:
+                self._plans[key] = None
+            elif thunk["op"] in SCAN_OPS:
+                self._plans[key] = launches.Plan(())
+            else:
+                self._plans[key] = launches.plan(thunk, self.session.limits, **self.options)
+        return self._plans[key]
 
     def _on_host(self, thunk: Mapping[str, Any], arena: DeviceArena) -> None:
         import host_fallback
