@@ -13,6 +13,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from .arena import ELEM_SIZE, load, store
+from . import scan_rules
 from .body import copy_bytes
 
 Thunk = Mapping[str, Any]
@@ -100,38 +101,6 @@ def checkpoint_steps(length: int, num_checkpoints: int) -> list[int]:
     return [-(-(k + 1) * length // rows) - 1 for k in range(rows)]
 
 
-def _check_checkpoints(t: Thunk) -> None:
-    k, length = t["num_checkpoints"], t["length"]
-    if not 0 <= k <= length:
-        raise ValueError(f"{t['op']}: num_checkpoints={k} with length={length}; it must lie in 0..length")
-
-
-def _check_slot(t: Thunk, body_field: str, field: str, offset: int, nbytes: int) -> None:
-    """A body slot must lie inside its body arena."""
-    size = t[body_field]["arena_bytes"]
-    if offset < 0 or offset + nbytes > size:
-        raise ValueError(
-            f"{t['op']}: {field}={offset} spans {nbytes} bytes, outside {body_field}'s arena of {size} bytes"
-        )
-
-
-def _check_output(t: Thunk, body_field: str, field: str, nbytes: int) -> None:
-    """A body output slot must fit, and a declared output tensor there must hold exactly ``nbytes``."""
-    body, offset = t[body_field], t[field]
-    _check_slot(t, body_field, field, offset, nbytes)
-    tensors = body.get("tensors") or {}
-    for name in body.get("outputs") or ():
-        spec = tensors.get(name)
-        if spec is None or spec["offset"] != offset:
-            continue
-        size = int(np.prod(spec["shape"], dtype=np.int64)) * ELEM_SIZE[spec["dtype"]]
-        if size != nbytes:
-            raise ValueError(
-                f"{t['op']}: {body_field} output {name!r} at {field}={offset} holds {size} bytes, "
-                f"but the step writes {nbytes} (carry_bytes={t['carry_bytes']})"
-            )
-
-
 def _pristine(mem: Memory, schedule: Schedule) -> Any:
     """A fresh body arena: ``init`` applied to zeros."""
     arena = mem.alloc(schedule["arena_bytes"])
@@ -148,14 +117,8 @@ def _pass(mem: Memory, arena: Any, src_off: int, dst_off: int, nbytes: int) -> N
 
 def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
     """``scan``: run ``body`` ``length`` times, threading the carry and saving the trajectory or final carry."""
-    _check_checkpoints(t)
+    scan_rules.check(t)
     length, c = t["length"], t["carry_bytes"]
-    _check_slot(t, "body", "body_input_off", t["body_input_off"], c)
-    _check_output(t, "body", "body_output_off", c)
-    for i, (body_off, _, step_bytes) in enumerate(t["xs_inputs"]):
-        _check_slot(t, "body", f"xs_inputs[{i}]", body_off, step_bytes)
-    for i, (body_off, _, total) in enumerate(t["bcast_inputs"]):
-        _check_slot(t, "body", f"bcast_inputs[{i}]", body_off, total)
 
     body, in_off, out_off, final = t["body"], t["body_input_off"], t["body_output_off"], t["outer_final_off"]
     saved = checkpoint_steps(length, t["num_checkpoints"]) if t["save_trajectory"] else []
@@ -186,7 +149,7 @@ class _Reverse:
         self.c = t["carry_bytes"]
         self.xs: Sequence[Sequence[int]] = t["outer_xs_offs"]
         self.dxs = t["op"] == "scan_backward_xs"
-        self.upstream_dtype = _upstream_dtype(t)
+        self.upstream_dtype = scan_rules.upstream_dtype(t)
         self.vjp = _pristine(mem, t["body_vjp"])
         k, length = t["num_checkpoints"], t["length"]
         self.fwd = _pristine(mem, t["forward_body"]) if 0 < k < length else None  # only checkpoints recompute
@@ -266,48 +229,6 @@ class _Reverse:
         self.treeverse(first, half, carry)
 
 
-def _upstream_dtype(t: Thunk) -> str:
-    """Element type of upstream rows: 4 → f32, 8 → f64, 2 → the thunk's 16-bit dtype."""
-    size, c = t["carry_elem_size"], t["carry_bytes"]
-    dtype = {4: "f32", 8: "f64", 2: t.get("dtype")}.get(size)
-    if dtype not in ("f32", "f64", "f16", "bf16") or ELEM_SIZE[dtype] != size:
-        raise ValueError(
-            f"{t['op']}: carry_elem_size={size} with dtype={t.get('dtype')!r}; "
-            "use 4 (f32), 8 (f64), or 2 with dtype f16 or bf16"
-        )
-    if c % size:
-        raise ValueError(f"{t['op']}: carry_bytes={c} is not a multiple of carry_elem_size={size}")
-    return dtype
-
-
-def _check_backward(t: Thunk) -> None:
-    _check_checkpoints(t)
-    c, k, length = t["carry_bytes"], t["num_checkpoints"], t["length"]
-    n_xs = len(t["outer_xs_offs"])
-    if len(t["body_x_offs"]) != n_xs:
-        raise ValueError(f"{t['op']}: body_x_offs has {len(t['body_x_offs'])} entries, outer_xs_offs has {n_xs}")
-    _check_slot(t, "body_vjp", "body_carry_in_off", t["body_carry_in_off"], c)
-    _check_slot(t, "body_vjp", "body_d_output_off", t["body_d_output_off"], c)
-    _check_output(t, "body_vjp", "body_dcarry_out_off", c)
-    for i, (body_off, (_, step_bytes)) in enumerate(zip(t["body_x_offs"], t["outer_xs_offs"])):
-        _check_slot(t, "body_vjp", f"body_x_offs[{i}]", body_off, step_bytes)
-    if t["op"] == "scan_backward_xs":
-        _check_output(t, "body_vjp", "body_dxs_out_off", t["per_step_bytes"])
-    if 0 < k < length and t["forward_body"] is None:
-        raise ValueError(
-            f"{t['op']}: num_checkpoints={k} < length={length} needs forward_body to recompute carries, got null"
-        )
-    if t["forward_body"] is not None:
-        if len(t["forward_body_x_offs"]) != n_xs:
-            raise ValueError(
-                f"{t['op']}: forward_body_x_offs has {len(t['forward_body_x_offs'])} entries, outer_xs_offs has {n_xs}"
-            )
-        _check_slot(t, "forward_body", "forward_body_carry_in_off", t["forward_body_carry_in_off"], c)
-        _check_output(t, "forward_body", "forward_body_output_off", c)
-        for i, (body_off, (_, step_bytes)) in enumerate(zip(t["forward_body_x_offs"], t["outer_xs_offs"])):
-            _check_slot(t, "forward_body", f"forward_body_x_offs[{i}]", body_off, step_bytes)
-
-
 def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segment") -> None:
     """``scan_backward`` / ``scan_backward_xs``: run ``body_vjp`` for ``t = length-1 .. 0``, carrying dcarry.
 
@@ -316,7 +237,7 @@ def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segme
     """
     if recompute not in STRATEGIES:
         raise ValueError(f"recompute={recompute!r}; choose one of {STRATEGIES}")
-    _check_backward(t)
+    scan_rules.check(t)
     c, d_out = t["carry_bytes"], t["body_d_output_off"]
     rev = _Reverse(mem, t, outer)
     try:

@@ -9,6 +9,7 @@ import binascii
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from host_fallback import scan_rules
 from host_fallback.arena import ELEM_SIZE
 
 from .abi import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
@@ -110,93 +111,29 @@ def _check_field(where: _Where, f: Field, v: Any) -> Any:
     raise AssertionError(f"unknown field kind {kind}")
 
 
-def _within(where: _Where, field: str, offset: int, nbytes: int, body: Schedule, body_field: str) -> None:
-    if offset + nbytes > body.arena_bytes:
-        raise where.fail(field, f"slot [{offset}, {offset + nbytes}) lies outside the {body_field} arena of "
-                                f"{body.arena_bytes} bytes")
+def _rules_scan_family(where: _Where, t: Mapping[str, Any]) -> None:
+    try:
+        scan_rules.check(t)
+    except scan_rules.FieldError as err:
+        raise where.fail(err.field, err.message) from None
 
 
-def _check_body_io(where: _Where, field: str, body: Schedule, n_inputs: int, what: str) -> None:
-    if body.inputs and len(body.inputs) != n_inputs:
-        raise where.fail(field, f"body takes {len(body.inputs)} inputs ({', '.join(body.inputs)}), "
-                                f"expected {n_inputs} ({what})")
-
-
-def _checkpoints(where: _Where, f: Mapping[str, Any]) -> None:
-    k, length = f["num_checkpoints"], f["length"]
-    if k > length:
-        raise where.fail("num_checkpoints", f"{k} checkpoints exceed length {length}; expected 0..{length}")
-
-
-def _rules_scan(where: _Where, dtype: str, f: Mapping[str, Any]) -> None:
-    _checkpoints(where, f)
-    if 0 < f["num_checkpoints"] < f["length"] and not f["save_trajectory"]:
-        raise where.fail("num_checkpoints", f"{f['num_checkpoints']} checkpoints need save_trajectory: true")
-    body, carry = f["body"], f["carry_bytes"]
-    _within(where, "body_input_off", f["body_input_off"], carry, body, "body")
-    _within(where, "body_output_off", f["body_output_off"], carry, body, "body")
-    for i, (b_off, _, step) in enumerate(f["xs_inputs"]):
-        _within(where, f"xs_inputs[{i}]", b_off, step, body, "body")
-    for i, (b_off, _, total) in enumerate(f["bcast_inputs"]):
-        _within(where, f"bcast_inputs[{i}]", b_off, total, body, "body")
-    _check_body_io(where, "body", body, 1 + len(f["xs_inputs"]) + len(f["bcast_inputs"]),
-                   "the carry, one per xs input, one per bcast input")
-    if body.outputs and body.tensors[body.outputs[0]].nbytes != carry:
-        out = body.tensors[body.outputs[0]]
-        raise where.fail("body", f"body output {body.outputs[0]!r} is {out.nbytes} bytes, carry_bytes is {carry}")
-
-
-def _rules_scan_backward(where: _Where, dtype: str, f: Mapping[str, Any]) -> None:
-    _checkpoints(where, f)
-    carry, n_xs = f["carry_bytes"], len(f["outer_xs_offs"])
-    if f["carry_elem_size"] == 2 and dtype not in ("f16", "bf16"):
-        raise where.fail("carry_elem_size", f"2-byte carries need a 16-bit thunk dtype, the thunk is {dtype}")
-    if carry % f["carry_elem_size"]:
-        raise where.fail("carry_bytes", f"{carry} is not a multiple of carry_elem_size {f['carry_elem_size']}")
-    vjp = f["body_vjp"]
-    if len(f["body_x_offs"]) != n_xs:
-        raise where.fail("body_x_offs", f"{len(f['body_x_offs'])} body slots for {n_xs} outer_xs_offs")
-    _check_body_io(where, "body_vjp", vjp, 2 + n_xs, "the carry, one per xs input, the output gradient")
-    for name in ("body_carry_in_off", "body_d_output_off", "body_dcarry_out_off"):
-        _within(where, name, f[name], carry, vjp, "body_vjp")
-    for i, (off, (_, step)) in enumerate(zip(f["body_x_offs"], f["outer_xs_offs"])):
-        _within(where, f"body_x_offs[{i}]", off, step, vjp, "body_vjp")
-    fwd = f["forward_body"]
-    if 0 < f["num_checkpoints"] < f["length"] and fwd is None:
-        raise where.fail("forward_body", f"{f['num_checkpoints']} checkpoints of {f['length']} steps need a "
-                                         "forward_body to recompute carries, got null")
-    if fwd is not None:
-        if len(f["forward_body_x_offs"]) != n_xs:
-            raise where.fail("forward_body_x_offs", f"{len(f['forward_body_x_offs'])} slots for {n_xs} xs inputs")
-        _check_body_io(where, "forward_body", fwd, 1 + n_xs, "the carry, one per xs input")
-        _within(where, "forward_body_carry_in_off", f["forward_body_carry_in_off"], carry, fwd, "forward_body")
-        _within(where, "forward_body_output_off", f["forward_body_output_off"], carry, fwd, "forward_body")
-        for i, (off, (_, step)) in enumerate(zip(f["forward_body_x_offs"], f["outer_xs_offs"])):
-            _within(where, f"forward_body_x_offs[{i}]", off, step, fwd, "forward_body")
-    if "xs_idx" in f:
-        if f["xs_idx"] >= n_xs:
-            raise where.fail("xs_idx", f"{f['xs_idx']} names no xs input; there are {n_xs}")
-        if f["per_step_bytes"] != f["outer_xs_offs"][f["xs_idx"]][1]:
-            raise where.fail("per_step_bytes", f"{f['per_step_bytes']} differs from xs input {f['xs_idx']}'s "
-                                               f"{f['outer_xs_offs'][f['xs_idx']][1]}")
-        _within(where, "body_dxs_out_off", f["body_dxs_out_off"], f["per_step_bytes"], vjp, "body_vjp")
-
-
-def _rules_binary(where: _Where, dtype: str, f: Mapping[str, Any]) -> None:
+def _rules_binary(where: _Where, f: Mapping[str, Any]) -> None:
     for name in ("a_strides", "b_strides"):
         if len(f[name]) != len(f["shape"]):
             raise where.fail(name, f"rank {len(f[name])} differs from shape's rank {len(f['shape'])}")
 
 
-def _rules_copy(where: _Where, dtype: str, f: Mapping[str, Any]) -> None:
+def _rules_copy(where: _Where, f: Mapping[str, Any]) -> None:
     n, src, dst = f["nbytes"], f["src"], f["dst"]
     if n and src < dst + n and dst < src + n:
         raise where.fail("dst", f"range [{dst}, {dst + n}) overlaps src range [{src}, {src + n}); copy ranges "
                                 "must not overlap")
 
 
-_RULES: dict[str, Callable[[_Where, str, Mapping[str, Any]], None]] = {
-    "scan": _rules_scan, "scan_backward": _rules_scan_backward, "scan_backward_xs": _rules_scan_backward,
+#: Cross-field rules by op; each gets the thunk's fields with ``op`` and ``dtype``.
+_RULES: dict[str, Callable[[_Where, Mapping[str, Any]], None]] = {
+    "scan": _rules_scan_family, "scan_backward": _rules_scan_family, "scan_backward_xs": _rules_scan_family,
     "binary": _rules_binary, "copy": _rules_copy,
 }
 
@@ -220,7 +157,7 @@ def _thunk(index: int, raw: Any, where: _Where, arena_bytes: int, tensors: Mappi
         raise here.fail(extra[0], f"unknown field for {op} (known: {', '.join(spec.field_names)})")
     fields = {f.name: _check_field(here, f, raw[f.name]) for f in spec.fields}
     if op in _RULES:
-        _RULES[op](here, dtype, fields)
+        _RULES[op](here, {"op": op, "dtype": dtype, **fields})
     thunk = Thunk(index, op, dtype, freeze_fields(fields))
     reads, writes = footprint(thunk)
     for r in {id(r): r for r in reads + writes}.values():

@@ -121,8 +121,20 @@ def test_scan_family_cross_field_rules():
     with pytest.raises(rlx_gpu.ScheduleError, match=r"body takes 3 inputs \(h, x, extra\), expected 2"):
         rlx_gpu.load_schedule(sched)
     body["inputs"] = ["h", "x"]
-    body["tensors"]["out"]["shape"] = [3]
-    with pytest.raises(rlx_gpu.ScheduleError, match=r"body output 'out' is 12 bytes, carry_bytes is 16"):
+    body["tensors"]["out"] = {"offset": sched["thunks"][0]["body_output_off"], "dtype": "f32", "shape": [3]}
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"field 'body_output_off': body output 'out' is 12 bytes at "
+                                                    r"body_output_off=32, but the step writes 16 \(carry_bytes=16\)"):
+        rlx_gpu.load_schedule(sched)
+
+
+def test_scan_backward_xs_rules():
+    sched = _case("scan_backward_xs")
+    sched["thunks"][0]["xs_idx"] = 1
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"field 'xs_idx': 1 names no xs input; there are 1"):
+        rlx_gpu.load_schedule(sched)
+    sched = _case("scan_backward_xs")
+    sched["thunks"][0]["per_step_bytes"] = 8
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"field 'per_step_bytes': 8 differs from xs input 0's 16"):
         rlx_gpu.load_schedule(sched)
 
 
