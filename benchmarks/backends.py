@@ -17,6 +17,7 @@ import numpy as np
 import host_fallback
 from host_fallback.arena import STORAGE
 from host_fallback.layout import regions
+from rlx_gpu import samples
 from rlx_gpu.backends import opencl
 
 
@@ -61,14 +62,11 @@ def shapes(q: int) -> list[tuple[str, dict]]:
 
 
 def lay_out(t: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
-    t = dict(t, dtype="f32")
-    placed, offset = [], 0
+    fields = dict(t)
+    t, arena_bytes = samples.lay_out(fields.pop("op"), "f32", fields)
+    arena = np.zeros(arena_bytes, np.uint8)
     for r in regions(t):
-        t[r.field] = offset
-        placed.append((r, offset))
-        offset = -(-(offset + r.nbytes) // 64) * 64
-    arena = np.zeros(offset, np.uint8)
-    for r, off in placed:
+        off = r.offset
         if r.reads and r.dtype != "u8":
             vals = rng.standard_normal(r.shape) * 0.3
             if t["op"] in ("selective_scan", "mamba2") and r.field in ("delta", "dt"):

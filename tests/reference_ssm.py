@@ -66,23 +66,18 @@ def gated_delta_net(q, k, v, g, beta, state=None):
 
 # --- arena harness shared by the ssm/gdn tests and benchmarks/ssm.py -----------------------------
 
-def lay_out(op: str, dtype: str, params: dict, tensors: dict, align: int = 64):
+def lay_out(op: str, dtype: str, params: dict, tensors: dict):
     """Place ``tensors`` (field -> array) in a fresh arena for one thunk of ``op``.
 
-    Returns ``(thunk, arena)``. Offsets follow the field order of ``host_fallback.layout.regions``;
-    each input is rounded into ``dtype`` storage on the way in, outputs start zeroed.
+    Returns ``(thunk, arena)``. Offsets come from ``rlx_gpu.samples.lay_out``; each input is rounded
+    into ``dtype`` storage on the way in, outputs start zeroed.
     """
     from host_fallback.arena import store
     from host_fallback.layout import regions
+    from rlx_gpu.samples import lay_out as place
 
-    fields = {"selective_scan": "x delta a b c dst", "mamba2": "x dt a b c dst",
-              "gated_delta_net": "q k v g beta state dst"}[op].split()
-    thunk = {"op": op, "dtype": dtype, **params, **{f: 0 for f in fields}}
-    offset = 0
-    for region in regions(thunk):
-        thunk[region.field] = offset
-        offset += -(-region.nbytes // align) * align
-    arena = np.zeros(max(offset, align), np.uint8)
+    thunk, arena_bytes = place(op, dtype, params)
+    arena = np.zeros(arena_bytes, np.uint8)
     for region in regions(thunk):
         if region.field in tensors:
             store(arena, region.offset, dtype, np.asarray(tensors[region.field]).reshape(region.shape))

@@ -19,7 +19,7 @@ from host_fallback.arena import STORAGE
 from host_fallback.layout import layer_input_sizes, regions
 
 opencl = pytest.importorskip("rlx_gpu.backends.opencl")
-from rlx_gpu import kernel_source  # noqa: E402
+from rlx_gpu import kernel_source, samples  # noqa: E402
 from rlx_gpu.backends.base import BackendUnavailable  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
 
@@ -257,16 +257,10 @@ def sample(t, field, shape, rng):
 
 def lay_out(t, dtype, rng, src_dtype=None):
     """Place every region of ``t`` with GUARD canary bytes around it; fill inputs with samples."""
-    t = dict(t, dtype=dtype)
-    if t["op"] == "cast":
-        t["src_dtype"] = src_dtype
-    offset, placed = GUARD, []
-    for r in regions(t):
-        offset = -(-offset // 8) * 8
-        t[r.field] = offset
-        placed.append(dataclasses.replace(r, offset=offset))
-        offset += r.nbytes + GUARD
-    arena = rng.integers(0, 256, offset, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
+    fields = dict(t, src_dtype=src_dtype) if t["op"] == "cast" else dict(t)
+    t, arena_bytes = samples.lay_out(fields.pop("op"), dtype, fields, guard=GUARD)
+    placed = regions(t)
+    arena = rng.integers(0, 256, arena_bytes, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
     for r in placed:
         if r.reads and r.dtype != "u8":
             values = sample(t, r.field, r.shape, rng).astype(STORAGE[r.dtype])
