@@ -12,7 +12,6 @@ from functools import lru_cache
 from pathlib import Path
 
 from .launches.limits import CONSTANTS
-from .ops import DTYPES
 from .paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import load, store
+from host_fallback.arena import load
 
 from .abi import ABI_VERSION, Schedule, load_schedule
 from .builder import Graph, GraphError, Node, Slot, Tensor
@@ -116,7 +116,7 @@ class Executable:
             values = np.asarray(arrays[name], dtype=np.float64)  # one rounding, straight into storage
             if values.shape != view.shape:
                 raise GraphError(f"input {name!r} has shape {list(values.shape)}, expected {list(view.shape)}")
-            store(arena, view.offset, view.dtype, values)
+            view.write(arena, values)
         arena = self.device.run(self.schedule, arena)
         return {n: load(arena, self.schedule.tensors[n].offset, self.schedule.tensors[n].dtype,
                         self.schedule.tensors[n].shape) for n in self.schedule.outputs}

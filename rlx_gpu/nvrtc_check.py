@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from . import kernel_source
 from .errors import KernelBuildError
+from .ops import DTYPES
 
 ARCHS = ("compute_80", "compute_90")
 CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
@@ -27,8 +28,8 @@ class Compiled:
 
 def programs() -> list[kernel_source.Program]:
     """Every program the backends build: each family for each dtype, plus each cast variant."""
-    out = [kernel_source.program("cuda", fam, dt) for fam in kernel_source.FAMILIES for dt in kernel_source.DTYPES]
-    out += [kernel_source.program("cuda", "body", dt, src) for dt in kernel_source.DTYPES for src in kernel_source.DTYPES]
+    out = [kernel_source.program("cuda", fam, dt) for fam in kernel_source.FAMILIES for dt in DTYPES]
+    out += [kernel_source.program("cuda", "body", dt, src) for dt in DTYPES for src in DTYPES]
     return out
 
 
