@@ -1,14 +1,18 @@
 """Host selective_scan / mamba2 / gated_delta_net: fast path against the step path and torch.
 
-    [OPENBLAS_NUM_THREADS=1] python benchmarks/ssm.py [--runs 7] [--warmup 1] [--crossover]
+    [OPENBLAS_NUM_THREADS=1] python benchmarks/ssm.py [--runs 7] [--warmup 1] [--crossover | --split]
 
 Shapes (batch 2, seq 1024, f32): mamba2 H=8 P=64 N=64; gated_delta_net H=8 N=64 with per-head and
 per-channel gates; selective_scan H=256 N=16. Every host kernel runs through
 ``host_fallback.execute`` on a uint8 arena. Columns: the median of ``--runs`` timed runs of the
 path the kernel chooses, of its step path (the recurrence vectorized over batch, heads and state),
 their ratio, and a torch CPU implementation of the same algorithm written here (SSD chunked,
-GDN chunked per-head, the Mamba-1 reference loop) with its ratio to ours. ``--crossover`` instead
-times step against fast path at short sequences, which sets the ``*_STEP_MAX`` rules.
+GDN chunked per-head, the Mamba-1 reference loop) with its ratio to ours. The fast paths split the
+batch x heads (channels) recurrences across the cores OpenBLAS was given (``host_fallback.threads``);
+the step path runs on one thread, its fastest (two threads trade the GIL over its small per-step
+arrays). ``--crossover`` instead times step against fast path at short sequences, which sets the
+``*_STEP_MAX`` rules; ``--split`` times the fast paths on one thread and on every core as the work
+grows, which sets ``threads.SPLIT_MIN_WORK``.
 """
 from __future__ import annotations
 
@@ -26,18 +30,25 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 import host_fallback  # noqa: E402
 from host_fallback import gdn, ssm  # noqa: E402
+from host_fallback.threads import cores  # noqa: E402
 from reference_ssm import lay_out  # noqa: E402  (the arena harness the tests use)
 
 
-def median_ms(fn, runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+def medians_ms(fns, runs: int, warmup: int) -> list[float]:
+    """Median wall time of each of ``fns`` over ``runs`` calls after ``warmup``, one contender at a
+    time: interleaving them lets torch's and OpenBLAS's idle threads, which spin for a while after
+    each call, steal the cores from whichever runs next."""
+    medians = []
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+        spent = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+        medians.append(statistics.median(spent) * 1e3)
+    return medians
 
 
 def cases(seq: int, rng: np.random.Generator):
@@ -126,20 +137,21 @@ TORCH = {"mamba2": (torch_ssd, ("x", "dt", "a", "b", "c")),
          "selective_scan": (torch_mamba1, ("x", "delta", "a", "b", "c"))}
 
 
-def torch_ms(op, params, tensors, host_out, runs, warmup):
-    """Time the torch twin and check it against the host output; ``None`` where there is none."""
+def torch_twin(op, params, tensors):
+    """The torch twin as a no-argument callable, or ``None`` where there is none (or no torch)."""
     try:
         import torch
     except ImportError:
-        return None, None
+        return None
     if op == "gated_delta_net" and params["gate_per_channel"]:
-        return None, None
+        return None
     fn, fields = TORCH[op]
     args = [torch.from_numpy(np.asarray(tensors[f], np.float32)) for f in fields]
-    with torch.no_grad():
-        out = fn(*args).numpy()
-        ms = median_ms(lambda: fn(*args), runs, warmup)
-    return ms, float(np.max(np.abs(out - host_out)) / np.max(np.abs(host_out)))
+
+    def run():
+        with torch.no_grad():
+            return fn(*args).numpy()
+    return run
 
 
 def main() -> None:
@@ -148,6 +160,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--crossover", action="store_true", help="time step against fast path at short sequences")
+    ap.add_argument("--split", action="store_true", help="time the fast paths on one thread and on every core")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     # torch gets the thread count OpenBLAS was started with, so both sides use the same cores
@@ -167,23 +180,43 @@ def main() -> None:
             for seq in (1, 2, 4, 8, 16, 32, 64):
                 label, op, params, tensors, _, fast = cases(seq, np.random.default_rng(seq))[index]
                 thunk, arena = lay_out(op, "f32", params, tensors)
-                step = median_ms(lambda: host_fallback.execute(thunk, arena, path="step"), args.runs, args.warmup)
-                quick = median_ms(lambda: host_fallback.execute(thunk, arena, path=fast), args.runs, args.warmup)
+                step, quick = medians_ms([lambda: host_fallback.execute(thunk, arena, path="step"),
+                                          lambda: host_fallback.execute(thunk, arena, path=fast)], args.runs, args.warmup)
                 row += f"{step:>8.2f}/{quick:<7.2f}"
             print(f"{label:<26}{row}")
         return
-    head = f"{'op':<24}{'path':>14}{'ms':>9}{'step ms':>10}{'step/ours':>10}{'torch ms':>10}{'torch/ours':>11}{'max rel diff':>14}"
+    if args.split:
+        every = cores()
+        print(f"fast path on 1 thread / on {every}: ms; the last column is what the kernel picks by itself")
+        for index in range(4):
+            for seq in (64, 128, 256, 512, 1024):
+                label, op, params, tensors, path_for, fast = cases(seq, np.random.default_rng(seq))[index]
+                thunk, arena = lay_out(op, "f32", params, tensors)
+                one, split = medians_ms([lambda w=w: host_fallback.execute(thunk, arena, path=fast, workers=w)
+                                         for w in (1, every)], args.runs, args.warmup)
+                print(f"{label:<26} seq {seq:>4}  {one:8.2f} / {split:<8.2f} {one / split:5.2f}x   {path_for(thunk)}")
+        return
+    head = f"{'op':<28}{'path':>28}{'ms':>9}{'step ms':>10}{'step/ours':>10}{'torch ms':>10}{'torch/ours':>11}{'max rel diff':>14}"
     print(head)
     print("-" * len(head))
+    rows = []
     for label, op, params, tensors, path_for, _ in cases(args.seq, rng):
         thunk, arena = lay_out(op, "f32", params, tensors)
-        ours = median_ms(lambda: host_fallback.execute(thunk, arena), args.runs, args.warmup)
+        ours, step = medians_ms([lambda: host_fallback.execute(thunk, arena),
+                                 lambda: host_fallback.execute(thunk, arena, path="step")], args.runs, args.warmup)
+        host_fallback.execute(thunk, arena)
         dst = next(r for r in host_fallback.regions(thunk) if r.field == "dst")
         out = arena[dst.offset: dst.offset + dst.nbytes].view(np.float32).reshape(dst.shape).copy()
-        step = median_ms(lambda: host_fallback.execute(thunk, arena, path="step"), max(1, args.runs // 2), 0)
-        t_ms, diff = torch_ms(op, params, tensors, out, args.runs, args.warmup)
-        torch_cols = f"{t_ms:>10.1f}{t_ms / ours:>11.2f}{diff:>14.1e}" if t_ms else f"{'-':>10}{'-':>11}{'-':>14}"
-        print(f"{label:<24}{path_for(thunk):>14}{ours:>9.1f}{step:>10.1f}{step / ours:>10.2f}{torch_cols}")
+        rows.append((label, path_for(thunk), ours, step, out, torch_twin(op, params, tensors)))
+    # torch last: its idle OpenMP threads spin after each call and would slow whatever ran next
+    for label, path, ours, step, out, twin in rows:
+        if twin:
+            t_ms = medians_ms([twin], args.runs, args.warmup)[0]
+            diff = float(np.max(np.abs(twin() - out)) / np.max(np.abs(out)))
+            torch_cols = f"{t_ms:>10.1f}{t_ms / ours:>11.2f}{diff:>14.1e}"
+        else:
+            torch_cols = f"{'-':>10}{'-':>11}{'-':>14}"
+        print(f"{label:<28}{path:>28}{ours:>9.1f}{step:>10.1f}{step / ours:>10.2f}{torch_cols}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .arena import ELEM_SIZE, load, store, view
+from .arena import COMPUTE, ELEM_SIZE, STORAGE, view
 
 Thunk = Mapping[str, Any]
 
@@ -233,10 +233,12 @@ class Bound:
         r = self.regions[field]
         return view(self.arena, r.offset, r.dtype, r.shape)
 
-    def load(self, field: str) -> np.ndarray:
-        r = self.regions[field]
-        return load(self.arena, r.offset, r.dtype, r.shape)
+    def load(self, field: str, index: Any = ...) -> np.ndarray:
+        """``field`` (or the block ``index`` selects from it) in a fresh array of its compute type."""
+        return self.view(field)[index].astype(COMPUTE[self.regions[field].dtype])
 
-    def store(self, field: str, values: np.ndarray) -> None:
-        r = self.regions[field]
-        store(self.arena, r.offset, r.dtype, np.asarray(values).reshape(r.shape))
+    def store(self, field: str, values: np.ndarray, index: Any = ...) -> None:
+        """Write ``values`` to ``field`` (or to the block ``index`` selects), rounded to nearest even
+        into its storage type."""
+        target = self.view(field)[index]
+        target[...] = np.asarray(values).reshape(target.shape).astype(STORAGE[self.regions[field].dtype])

@@ -15,8 +15,8 @@ Layout and tricks, each measured on 2 cores (``benchmarks/rnn.py`` shape: B=32 S
   ``½t+½`` on the sigmoid rows give ``σ(z) = ½tanh(z/2)+½`` (scipy's ``expit`` is 8x slower than
   ``tanh`` here). Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are contiguous.
 - With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
-  directions run in two Python threads, each with a single-threaded BLAS (NumPy releases the GIL
-  inside its loops): the elementwise part of one direction overlaps the GEMMs of the other (lstm
+  directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy releases
+  the GIL inside its loops): the elementwise part of one direction overlaps the GEMMs of the other (lstm
   139 vs 159 ms, gru 103 vs 123 ms, rnn 39 vs 47 ms). Leaving the BLAS at two threads in both Python
   threads gained nothing, and with more BLAS threads one direction at a time keeps every core on
   each GEMM, so anything else runs the directions one after the other. Stacking both directions
@@ -28,15 +28,12 @@ and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
+from . import threads
 from .arena import COMPUTE
 from .layout import Bound, layer_input_sizes, recurrent_dims
 
@@ -215,7 +212,7 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | No
     x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
     w_ih, offset = b.view("w_ih"), 0
     parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
-                                 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS and _blas.pays())
+                                 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS and threads.cores() == 2)
     for layer, in_l in enumerate(layer_input_sizes(t)):
         size = d.gates * d.hidden * in_l
         blocks = [w_ih[offset + k * size: offset + (k + 1) * size].reshape(-1, in_l) for k in range(d.dirs)]
@@ -223,108 +220,11 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | No
         y = np.empty((d.chunks, d.dirs * d.hidden, c * B), d.compute)
         jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
         if parallel:
-            with _blas.single_threaded():
-                _both(*jobs)
+            threads.run_all(jobs)
         else:
             for job in jobs:
                 job()
         x = y
-
-
-def _both(first: Callable[[], None], second: Callable[[], None]) -> None:
-    """Run ``second`` in a new thread while ``first`` runs here; re-raise what either raised.
-    (A thread per layer rather than a pool: nothing outlives the call, so a fork never inherits a pool
-    whose worker is gone.)"""
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            second()
-        except BaseException as err:  # handed to the caller below
-            failed.append(err)
-
-    worker = threading.Thread(target=run, name="host_fallback.rnn")
-    worker.start()
-    try:
-        first()
-    finally:
-        worker.join()
-    if failed:
-        raise failed[0]
-
-
-# --- OpenBLAS thread control (ctypes; threadpoolctl does the same with more machinery) ----------------
-
-
-class _Blas:
-    """The thread count of every OpenBLAS loaded in this process, read and set through ctypes."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._libs: list[tuple[Callable[[], int], Callable[[int], None]]] | None = None
-
-    def reset_lock(self) -> None:
-        self._lock = threading.Lock()
-
-    def _find(self) -> list[tuple[Callable[[], int], Callable[[int], None]]]:
-        if self._libs is None:
-            self._libs = []
-            try:
-                with open("/proc/self/maps") as maps:
-                    paths = sorted({line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1]})
-            except OSError:
-                paths = []
-            for path in paths:
-                try:
-                    lib = ctypes.CDLL(path)
-                except OSError:
-                    continue
-                for prefix in ("scipy_openblas", "openblas"):
-                    for suffix in ("64_", "", "_64"):
-                        get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                        put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                        if get is not None and put is not None:
-                            get.restype, put.restype = ctypes.c_int, None
-                            self._libs.append((get, put))
-                            break
-                    else:
-                        continue
-                    break
-        return self._libs
-
-    def threads(self) -> list[int]:
-        """Thread count of each OpenBLAS found (empty when there is none)."""
-        return [get() for get, _ in self._find()]
-
-    def pays(self) -> bool:
-        """Whether two directions in two threads pay: exactly two BLAS threads to hand out (measured)."""
-        counts = self.threads()
-        return bool(counts) and all(n == 2 for n in counts)
-
-    @contextmanager
-    def single_threaded(self) -> Iterator[None]:
-        """Set every OpenBLAS to one thread, process-wide, and restore it after; one caller at a time."""
-        with self._lock:
-            libs = self._find()
-            before = [get() for get, _ in libs]
-            for _, put in libs:
-                put(1)
-            try:
-                yield
-            finally:
-                for (_, put), n in zip(libs, before):
-                    put(n)
-
-
-_blas = _Blas()
-if hasattr(os, "register_at_fork"):  # a child forked while another thread held the lock must not inherit it held
-    os.register_at_fork(after_in_child=_blas.reset_lock)
-
-
-def blas_threads() -> int | None:
-    """Threads of NumPy's OpenBLAS (the largest count when several are loaded); ``None`` if not found."""
-    counts = _blas.threads()
-    return max(counts) if counts else None
 
 
 KERNELS = {"lstm": _run, "gru": _run, "rnn": _run}

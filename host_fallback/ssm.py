@@ -3,7 +3,8 @@
 Each op has a step path (the recurrence, vectorized over batch, channels/heads and state) for
 short sequences, and a fast path for long ones: ``selective_scan`` precomputes the decays and
 inputs of a block of steps in bulk and runs a two-operation loop over it; ``mamba2`` uses the
-chunked state-space-duality form. ``path_for(thunk)`` names the path a thunk gets. Both read
+chunked state-space-duality form. Long sequences run blocks of batch items and channels (heads) on
+several threads (``threads.run_split``). ``path_for(thunk)`` names the path a thunk gets. Both read
 16-bit storage into f32 and round once on store.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .chunked import chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks, to_chunks_t
+from . import threads
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -34,18 +36,16 @@ def _swap(x: np.ndarray) -> np.ndarray:
     return np.swapaxes(x, -1, -2)
 
 
-def _scan_step(x, delta, a, b, c, block):
+def _scan_step(x, delta, a, b, c, block, y):
     bsz, seq, hidden = x.shape
     h = np.zeros((bsz, hidden, a.shape[1]), x.dtype)
-    y = np.empty_like(x)
     for t in range(seq):
         d = delta[:, t, :, None]
         h = np.exp(d * a) * h + (d * x[:, t, :, None]) * b[:, t, None, :]
         y[:, t] = (h @ c[:, t, :, None])[..., 0]
-    return y
 
 
-def _scan_blocked(x, delta, a, b, c, block):
+def _scan_blocked(x, delta, a, b, c, block, dst):
     # state-major [B, N, H] states, so that every broadcast below runs along the H contiguous
     # channels (with H innermost a multiply broadcasts over only N values per inner loop)
     bsz, seq, hidden = x.shape
@@ -66,20 +66,18 @@ def _scan_blocked(x, delta, a, b, c, block):
             np.add(states[t], decay[t], out=states[t])
             prev = states[t]
         y[steps] = (ct[steps] @ states)[:, :, 0, :]
-    return np.ascontiguousarray(np.moveaxis(y, 0, 1))
+    np.copyto(dst, np.moveaxis(y, 0, 1))
 
 
-def _mamba2_step(x, dt, a, b, c, length):
+def _mamba2_step(x, dt, a, b, c, length, y):
     bsz, seq, heads, p = x.shape
     s = np.zeros((bsz, heads, p, b.shape[-1]), x.dtype)
-    y = np.empty_like(x)
     for t in range(seq):
         s = np.exp(dt[:, t] * a)[..., None, None] * s + (dt[:, t, :, None] * x[:, t])[..., None] * b[:, t, :, None, :]
         y[:, t] = (s @ c[:, t, :, :, None])[..., 0]
-    return y
 
 
-def _mamba2_chunked(x, dt, a, b, c, length):
+def _mamba2_chunked(x, dt, a, b, c, length, dst):
     # every GEMM operand is laid out as the GEMM reads it (OpenBLAS runs transposed small GEMMs
     # far slower), so b comes in transposed and the states are kept as [N, P]; the big
     # intermediates live in reused scratch arrays (see chunked.scratch)
@@ -126,8 +124,7 @@ def _mamba2_chunked(x, dt, a, b, c, length):
     if entry is not None:
         starts *= entry
     y += np.matmul(cs, starts, out=scores if length == p else None)
-    out = from_chunks(y, seq)
-    return out.copy() if np.may_share_memory(out, y) else out
+    np.copyto(dst, from_chunks(y, seq))
 
 
 _UPPER: dict[int, np.ndarray] = {}
@@ -139,8 +136,8 @@ def _strict_upper(length: int) -> np.ndarray:
     return _UPPER[length]
 
 
-_SCAN_PATHS: dict[str, Callable[..., np.ndarray]] = {"step": _scan_step, "blocked": _scan_blocked}
-_MAMBA2_PATHS: dict[str, Callable[..., np.ndarray]] = {"step": _mamba2_step, "chunked": _mamba2_chunked}
+_SCAN_PATHS: dict[str, Callable[..., None]] = {"step": _scan_step, "blocked": _scan_blocked}
+_MAMBA2_PATHS: dict[str, Callable[..., None]] = {"step": _mamba2_step, "chunked": _mamba2_chunked}
 
 
 def _choose(thunk: Thunk, path: str | None, chunk: int | None) -> tuple[str, int]:
@@ -149,34 +146,78 @@ def _choose(thunk: Thunk, path: str | None, chunk: int | None) -> tuple[str, int
     return pick_path("mamba2", path, thunk["seq"], MAMBA2_STEP_MAX, "chunked"), chunk or MAMBA2_CHUNK
 
 
-def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, **_: Any) -> str:
-    """Name the path ``selective_scan``/``mamba2`` runs ``thunk`` on: ``step``, ``blocked T=64``, ``chunked L=64``."""
+#: Weight of one selective_scan state element against a multiply-add in ``threads.SPLIT_MIN_WORK``:
+#: each costs an exp and passes over strided bulk arrays (B=2 H=256 N=16, one thread / two: seq 128
+#: 2.3 / 2.7 ms, seq 256 4.2 / 3.8 ms).
+SCAN_ELEMENT_WORK = 8
+
+
+def _parts(thunk: Thunk, name: str, workers: int | None) -> int:
+    # the step paths stay on one thread unless forced: their per-step arrays are too small to split
+    # (B=2 S=1024: selective_scan 27 ms on one thread, 38 on two; mamba2 66 ms, 84)
+    b, n = thunk["batch"], thunk["state_size"]
+    units, per_unit = ((thunk["hidden"], n * SCAN_ELEMENT_WORK) if thunk["op"] == "selective_scan" else
+                       (thunk["heads"], thunk["head_dim"] * n))
+    work = 0 if name == "step" else b * thunk["seq"] * units * per_unit
+    return threads.parts_for(thunk["op"], work, b, units, workers)
+
+
+def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, workers: int | None = None,
+             **_: Any) -> str:
+    """Name the path ``selective_scan``/``mamba2`` runs ``thunk`` on: ``step``, ``blocked T=64``,
+    ``chunked L=64``, with ``, N threads`` when split across cores."""
     name, length = _choose(thunk, path, chunk)
-    if name == "step":
-        return name
-    return f"{name} {'T' if name == 'blocked' else 'L'}={length}"
+    parts = _parts(thunk, name, workers)
+    label = name if name == "step" else f"{name} {'T' if name == 'blocked' else 'L'}={length}"
+    return label + (f", {parts} threads" if parts > 1 else "")
 
 
-def selective_scan(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None, **_: Any) -> None:
+def selective_scan(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
+                   workers: int | None = None, **_: Any) -> None:
     """Mamba-1: per channel ``h = exp(delta*a)*h + delta*b*x``, ``y = c . h``, from ``h = 0``.
 
-    ``path`` (``"step"`` or ``"blocked"``) and ``chunk`` (steps per block) override the choice.
+    ``path`` (``"step"`` or ``"blocked"``), ``chunk`` (steps per block) and ``workers`` (threads
+    over the batch x channel recurrences) override the choice.
     """
-    bound = Bound(thunk, arena)
     name, length = _choose(thunk, path, chunk)
-    y = _SCAN_PATHS[name](*(bound.load(f) for f in ("x", "delta", "a", "b", "c")), length)
-    bound.store("dst", y)
+
+    def inputs(bound: Bound, bs: slice, hs: slice) -> list[np.ndarray]:
+        rows = (bs, slice(None), hs)
+        return [bound.load("x", rows), bound.load("delta", rows), bound.load("a", hs), bound.load("b", bs),
+                bound.load("c", bs)]
+
+    _split(thunk, arena, _SCAN_PATHS[name], inputs, length, thunk["hidden"], _parts(thunk, name, workers))
 
 
-def mamba2(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None, **_: Any) -> None:
+def mamba2(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
+           workers: int | None = None, **_: Any) -> None:
     """Mamba-2 (SSD): per head ``S = exp(dt*a)*S + (dt*x) (x) b``, ``y = S c``, from ``S = 0``.
 
-    ``path`` (``"step"`` or ``"chunked"``) and ``chunk`` (chunk length) override the choice.
+    ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (chunk length) and ``workers`` (threads over
+    the batch x heads recurrences) override the choice.
     """
-    bound = Bound(thunk, arena)
     name, length = _choose(thunk, path, chunk)
-    y = _MAMBA2_PATHS[name](*(bound.load(f) for f in ("x", "dt", "a", "b", "c")), length)
-    bound.store("dst", y)
+
+    def inputs(bound: Bound, bs: slice, hs: slice) -> list[np.ndarray]:
+        rows = (bs, slice(None), hs)
+        return [bound.load(f, rows) for f in ("x", "dt")] + [bound.load("a", hs)] + [bound.load(f, rows) for f in "bc"]
+
+    _split(thunk, arena, _MAMBA2_PATHS[name], inputs, length, thunk["heads"], _parts(thunk, name, workers))
+
+
+def _split(thunk: Thunk, arena: np.ndarray, path: Callable[..., None],
+           inputs: Callable[[Bound, slice, slice], list[np.ndarray]], length: int, units: int, parts: int) -> None:
+    """Run ``path`` over blocks of batch items x channels (heads), each loading its own ``inputs``."""
+    bound = Bound(thunk, arena)
+
+    def compute(bs: slice, hs: slice) -> np.ndarray:
+        args = inputs(bound, bs, hs)
+        y = np.empty_like(args[0])
+        path(*args, length, y)
+        return y
+
+    threads.run_split(compute, lambda bs, hs, y: bound.store("dst", y, (bs, slice(None), hs)), thunk["batch"],
+                      units, parts)
 
 
 KERNELS = {"selective_scan": selective_scan, "mamba2": mamba2}

@@ -128,14 +128,60 @@ def test_batch_items_are_independent():
 
 
 def test_path_choice_and_bad_options():
-    long, short = {"op": "gated_delta_net", "seq": 4096}, {"op": "gated_delta_net", "seq": 1}
-    assert gdn.path_for(long) == f"chunked L={gdn.CHUNK}"
+    shape = {"op": "gated_delta_net", "batch": 1, "heads": 1, "state_size": 16}
+    long, short = {**shape, "seq": 4096}, {**shape, "seq": 1}
+    assert gdn.path_for(long, workers=1) == f"chunked L={gdn.CHUNK}"
     assert gdn.path_for(short) == "step"
     assert gdn.path_for(short, path="chunked", chunk=8) == "chunked L=8"
     with pytest.raises(ValueError, match="power of two"):
         gdn.path_for(long, chunk=24)
     with pytest.raises(ValueError, match="unknown path 'fast'"):
         gdn.path_for(long, path="fast")
+    with pytest.raises(ValueError, match="workers must be a positive int, got 0"):
+        gdn.path_for(long, workers=0)
+
+
+def test_split_across_cores_is_named_and_capped():
+    big = {"op": "gated_delta_net", "batch": 2, "heads": 8, "state_size": 64, "seq": 1024}
+    assert gdn.path_for(big, workers=2) == f"chunked L={gdn.CHUNK}, 2 threads"
+    assert gdn.path_for({**big, "batch": 1, "heads": 1}, workers=4) == f"chunked L={gdn.CHUNK}"
+    assert gdn.path_for({**big, "seq": 1}) == "step"  # decode stays on one thread
+    assert gdn.path_for({**big, "seq": 16, "state_size": 4}) == "chunked L=32"  # too small to split
+
+
+@pytest.mark.parametrize("path", ["step", "chunked"])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("b,h,workers", [(3, 2, 2), (1, 5, 3), (2, 3, 7)])
+def test_split_across_threads_matches_recurrence(path, per_channel, b, h, workers):
+    """Blocks of batch items or heads on several threads, each updating its own slice of the
+    carried state: every block is checked, and against the one-thread run."""
+    tensors = _inputs(np.random.default_rng(b * 10 + h), b, 21, h, 8, per_channel)
+    got, got_state, want, want_state = _run("f32", tensors, path=path, chunk=8, workers=workers)
+    _close(got, want, "f32")
+    _close(got_state, want_state, "f32", "state")
+    one, one_state, _, _ = _run("f32", tensors, path=path, chunk=8, workers=1)
+    np.testing.assert_allclose(got, one, rtol=0, atol=1e-6 * np.max(np.abs(one)))
+    np.testing.assert_allclose(got_state, one_state, rtol=0, atol=1e-6 * np.max(np.abs(one_state)))
+
+
+def test_a_failing_thread_raises_and_restores_blas(monkeypatch):
+    from host_fallback import threads
+
+    before = threads.blas_threads()
+    real = gdn._chunked
+    calls = []
+
+    def failing(q, *rest):
+        calls.append(q.shape)
+        if len(calls) == 2:
+            raise RuntimeError("block failed")
+        real(q, *rest)
+
+    monkeypatch.setitem(gdn._PATHS, "chunked", failing)
+    with pytest.raises(RuntimeError, match="block failed"):
+        _run("f32", _inputs(np.random.default_rng(0), 2, 20, 2, 8, False), path="chunked", chunk=8, workers=2)
+    assert len(calls) == 2
+    assert threads.blas_threads() == before
 
 
 @PROPERTY

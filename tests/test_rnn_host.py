@@ -156,12 +156,12 @@ def test_empty_sequence_keeps_the_state():
 
 
 def test_blas_threads_are_restored_and_a_failing_thread_raises(monkeypatch):
-    from host_fallback import rnn
+    from host_fallback import rnn, threads
 
-    before = rnn.blas_threads()
+    before = threads.blas_threads()
     check("gru", "f32", options={"parallel_directions": True}, batch=2, seq=3, input_size=2, hidden=2,
           num_layers=2, bidirectional=True, carry=False)
-    assert rnn.blas_threads() == before
+    assert threads.blas_threads() == before
 
     real = rnn._layer_direction
 
@@ -175,7 +175,7 @@ def test_blas_threads_are_restored_and_a_failing_thread_raises(monkeypatch):
                                bidirectional=True, carry=False)
     with pytest.raises(RuntimeError, match="reverse direction failed"):
         host_fallback.execute(thunk, arena, parallel_directions=True)
-    assert rnn.blas_threads() == before
+    assert threads.blas_threads() == before
 
 
 def test_bigger_than_a_chunk_in_parallel_and_serial_agree():

@@ -116,13 +116,34 @@ def test_batch_items_are_independent():
 
 
 def test_path_choice_and_bad_options():
-    long = {"op": "mamba2", "seq": 1024}
-    assert ssm.path_for(long) == f"chunked L={ssm.MAMBA2_CHUNK}"
-    assert ssm.path_for({"op": "mamba2", "seq": 1}) == "step"
-    assert ssm.path_for({"op": "selective_scan", "seq": 1024}, chunk=32) == "blocked T=32"
+    long = {"op": "mamba2", "seq": 1024, "batch": 2, "heads": 8, "head_dim": 64, "state_size": 64}
+    scan = {"op": "selective_scan", "seq": 1024, "batch": 2, "hidden": 256, "state_size": 16}
+    assert ssm.path_for(long, workers=1) == f"chunked L={ssm.MAMBA2_CHUNK}"
+    assert ssm.path_for(long, workers=2) == f"chunked L={ssm.MAMBA2_CHUNK}, 2 threads"
+    assert ssm.path_for({**long, "seq": 1}) == "step"  # decode stays on one thread
+    assert ssm.path_for({**long, "seq": 16, "head_dim": 4, "state_size": 4}) == f"chunked L={ssm.MAMBA2_CHUNK}"
+    assert ssm.path_for(scan, chunk=32, workers=3) == "blocked T=32, 3 threads"
+    assert ssm.path_for({**scan, "batch": 1, "hidden": 2}, workers=3) == f"blocked T={ssm.SCAN_BLOCK}, 2 threads"
     assert ssm.path_for(long, path="step") == "step"
     with pytest.raises(ValueError, match="unknown path 'blocked'"):
         ssm.path_for(long, path="blocked")
+    with pytest.raises(ValueError, match="workers must be a positive int, got 1.5"):
+        ssm.path_for(scan, workers=1.5)
+
+
+@pytest.mark.parametrize("b,h,workers", [(3, 2, 2), (1, 5, 3), (2, 3, 7)])
+@pytest.mark.parametrize("op,path", [("selective_scan", "step"), ("selective_scan", "blocked"),
+                                     ("mamba2", "step"), ("mamba2", "chunked")])
+def test_split_across_threads_matches_recurrence(op, path, b, h, workers):
+    """Blocks of batch items or channels/heads on several threads: every block against the
+    reference, and against the one-thread run."""
+    rng = np.random.default_rng(b * 10 + h)
+    tensors = _scan_inputs(rng, b, 21, h, 8) if op == "selective_scan" else _mamba2_inputs(rng, b, 21, h, 4, 8)
+    run = _run_scan if op == "selective_scan" else _run_mamba2
+    got, want = run("f32", tensors, path=path, chunk=8, workers=workers)
+    _close(got, want, "f32")
+    one, _ = run("f32", tensors, path=path, chunk=8, workers=1)
+    np.testing.assert_allclose(got, one, rtol=0, atol=1e-6 * np.max(np.abs(one)))
 
 
 @PROPERTY
