@@ -193,3 +193,15 @@ def test_a_failing_thread_raises_and_restores_blas(monkeypatch):
 def test_property(b, s, h, n, per_channel, carry, chunk, g_low, seed):
     tensors = _inputs(np.random.default_rng(seed), b, s, h, n, per_channel, (g_low, 0.0), carry)
     _check("f32", tensors, path="chunked", chunk=chunk)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_output_overlapping_another_blocks_inputs_reads_them_as_they_were(workers):
+    """``dst`` placed one batch item into ``q`` (so over ``q[1]`` and the start of ``k``): the blocks
+    of a split run must all load before any stores."""
+    tensors = _inputs(np.random.default_rng(5), 2, 21, 2, 8, False, carry=False)
+    thunk, arena = _lay("f32", tensors)
+    want, _ = gated_delta_net(*(read(thunk, arena, f) for f in ("q", "k", "v", "g", "beta")))
+    thunk = {**thunk, "dst": thunk["q"] + 21 * 2 * 8 * 4}
+    host_fallback.execute(thunk, arena, path="chunked", chunk=8, workers=workers)
+    _close(read(thunk, arena, "dst"), want, "f32")
