@@ -17,9 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import threads
 from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks,
                       unit_lower_inverse)
-from . import threads
 from .layout import Bound
 
 Thunk = Mapping[str, Any]

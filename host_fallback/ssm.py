@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .chunked import chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks, to_chunks_t
 from . import threads
+from .chunked import chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks, to_chunks_t
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
