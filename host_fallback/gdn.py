@@ -5,7 +5,7 @@ sequences (decode). The chunked path is the WY / UT-transform form: inside a chu
 the updates ``u`` solve a unit lower triangular system ``(I + A) u = beta*v - beta*gamma*k S0``
 (``A`` the strictly lower ``beta K K^T`` scaled by decay ratios), so a chunk costs a handful of
 GEMMs, and a sequential loop over chunks carries the state. Long sequences run blocks of batch
-items or heads on several threads (``threads.run_split``). ``path_for(thunk)`` names the path.
+items or heads on several threads (``chunked.run_blocks``). ``path_for(thunk)`` names the path.
 
 16-bit storage computes in f32 (the f16 path is what GPU runtimes without a native kernel fall
 back to); ``state`` is read and the final state written back, rounded once, when ``carry_state``.
@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks,
-                      unit_lower_inverse)
+from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, run_blocks, scratch,
+                      to_chunks, unit_lower_inverse)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -244,23 +244,15 @@ def gated_delta_net(thunk: Thunk, arena: np.ndarray, path: str | None = None, ch
     (threads over the batch x heads recurrences) override the choice. Any ``state_size`` is served
     (memory grows as ``N^2``).
     """
-    bound = Bound(thunk, arena)
     name, length = _choose(thunk, path, chunk)
-    b, h, n, carry = thunk["batch"], thunk["heads"], thunk["state_size"], thunk["carry_state"]
+    n, carry = thunk["state_size"], thunk["carry_state"]
 
-    def compute(bs: slice, hs: slice) -> tuple[np.ndarray, np.ndarray]:
+    def inputs(bound: Bound, bs: slice, hs: slice) -> list[np.ndarray]:
         q, k, v, g, beta = (bound.load(f, (bs, slice(None), hs)) for f in ("q", "k", "v", "g", "beta"))
         s = bound.load("state", (bs, hs)) if carry else np.zeros((q.shape[0], q.shape[2], n, n), q.dtype)
-        out = np.empty_like(q)
-        _PATHS[name](q, k, v, g, beta, s, length, out)
-        return out, s
+        return [q, k, v, g, beta, s]
 
-    def store(bs: slice, hs: slice, result: tuple[np.ndarray, np.ndarray]) -> None:
-        bound.store("dst", result[0], (bs, slice(None), hs))
-        if carry:
-            bound.store("state", result[1], (bs, hs))
-
-    threads.run_split(compute, store, b, h, _parts(thunk, name, workers))
+    run_blocks(thunk, arena, _PATHS[name], inputs, length, thunk["heads"], _parts(thunk, name, workers), carry)
 
 
 KERNELS = {"gated_delta_net": gated_delta_net}

@@ -4,7 +4,7 @@ Each op has a step path (the recurrence, vectorized over batch, channels/heads a
 short sequences, and a fast path for long ones: ``selective_scan`` precomputes the decays and
 inputs of a block of steps in bulk and runs a two-operation loop over it; ``mamba2`` uses the
 chunked state-space-duality form. Long sequences run blocks of batch items and channels (heads) on
-several threads (``threads.run_split``). ``path_for(thunk)`` names the path a thunk gets. Both read
+several threads (``chunked.run_blocks``). ``path_for(thunk)`` names the path a thunk gets. Both read
 16-bit storage into f32 and round once on store.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import chunk_view, decay_ratios, from_chunks, pick_path, scratch, to_chunks, to_chunks_t
+from .chunked import (chunk_view, decay_ratios, from_chunks, pick_path, run_blocks, scratch, to_chunks,
+                      to_chunks_t)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -186,7 +187,7 @@ def selective_scan(thunk: Thunk, arena: np.ndarray, path: str | None = None, chu
         return [bound.load("x", rows), bound.load("delta", rows), bound.load("a", hs), bound.load("b", bs),
                 bound.load("c", bs)]
 
-    _split(thunk, arena, _SCAN_PATHS[name], inputs, length, thunk["hidden"], _parts(thunk, name, workers))
+    run_blocks(thunk, arena, _SCAN_PATHS[name], inputs, length, thunk["hidden"], _parts(thunk, name, workers))
 
 
 def mamba2(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
@@ -202,22 +203,7 @@ def mamba2(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int 
         rows = (bs, slice(None), hs)
         return [bound.load(f, rows) for f in ("x", "dt")] + [bound.load("a", hs)] + [bound.load(f, rows) for f in "bc"]
 
-    _split(thunk, arena, _MAMBA2_PATHS[name], inputs, length, thunk["heads"], _parts(thunk, name, workers))
-
-
-def _split(thunk: Thunk, arena: np.ndarray, path: Callable[..., None],
-           inputs: Callable[[Bound, slice, slice], list[np.ndarray]], length: int, units: int, parts: int) -> None:
-    """Run ``path`` over blocks of batch items x channels (heads), each loading its own ``inputs``."""
-    bound = Bound(thunk, arena)
-
-    def compute(bs: slice, hs: slice) -> np.ndarray:
-        args = inputs(bound, bs, hs)
-        y = np.empty_like(args[0])
-        path(*args, length, y)
-        return y
-
-    threads.run_split(compute, lambda bs, hs, y: bound.store("dst", y, (bs, slice(None), hs)), thunk["batch"],
-                      units, parts)
+    run_blocks(thunk, arena, _MAMBA2_PATHS[name], inputs, length, thunk["heads"], _parts(thunk, name, workers))
 
 
 KERNELS = {"selective_scan": selective_scan, "mamba2": mamba2}
