@@ -365,7 +365,7 @@ class ScanMemory:
 
     def _runner(self, thunk: Thunk) -> Runner:
         if id(thunk) in self.on_host:
-            return _HostStep(self.session, thunk, self.options)
+            return HostStep(self.session, thunk, self.options)
         why_not = self.session.unsupported(thunk)
         if why_not is not None:
             raise DeviceError(f"body thunk {getattr(thunk, 'index', '?')} ({thunk['op']}, {thunk['dtype']}) cannot run on "
@@ -374,11 +374,11 @@ class ScanMemory:
         return self.session.runner(thunk, self.options, self.on_host)
 
 
-class _HostStep:
-    """A body thunk placed on the host: its read footprint to the arena's host image, the kernel there,
-    its write footprint back."""
+class HostStep:
+    """A thunk placed on the host while its arena is on a device: its read footprint to a host image of
+    the arena (``image``, else the arena's own), the host kernel there, its write footprint back."""
 
-    def __init__(self, session: KernelSession, thunk: Thunk, options: RunOptions):
+    def __init__(self, session: Any, thunk: Thunk, options: RunOptions):
         import host_fallback
 
         self.session, self.thunk, self.keywords = session, thunk, options.host_keywords
@@ -386,10 +386,11 @@ class _HostStep:
         self.reads, self.writes = footprint(thunk)
         self.nbytes = sum(r.nbytes for r in self.reads) + sum(r.nbytes for r in self.writes)
 
-    def __call__(self, arena: DeviceArena) -> int:
-        if arena.image is None:
-            arena.image = np.zeros(arena.nbytes, np.uint8)
-        image = arena.image
+    def __call__(self, arena: Any, image: np.ndarray | None = None) -> int:
+        if image is None:
+            if arena.image is None:
+                arena.image = np.zeros(arena.nbytes, np.uint8)
+            image = arena.image
         for r in self.reads:
             image[r.offset: r.offset + r.nbytes] = self.session.read(arena, r.offset, r.nbytes)
         self.execute(self.thunk, image, **self.keywords)
