@@ -10,7 +10,7 @@ import numpy as np
 from host_fallback.body import UNARY
 from rlx_gpu.backends.base import DeviceInfo
 from rlx_gpu.backends.core import KernelSession
-from rlx_gpu.kernel_source import Program
+from rlx_gpu.backends.programs import Program
 from rlx_gpu.launches import DeviceLimits, Launch
 from rlx_gpu.launches.body import UNARY_FNS
 

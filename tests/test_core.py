@@ -8,9 +8,9 @@ import pytest
 import host_fallback
 import rlx_gpu
 from numpy_device import open_double
-from rlx_gpu.config import Config
-from rlx_gpu.executor import Device
-from rlx_gpu.options import RunOptions
+from rlx_gpu.runtime.config import Config
+from rlx_gpu.runtime.executor import Device
+from rlx_gpu.runtime.options import RunOptions
 
 N = 4  # carry elements
 LENGTH = 3
@@ -110,7 +110,7 @@ def test_forbid_refuses_a_body_thunk_sent_to_the_host_before_any_launch():
 def test_plan_lists_body_thunks_and_the_report_counts_their_footprint_per_step():
     sched = rlx_gpu.load_schedule(_scan())
     device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
-    plan = device.plan(sched)
+    plan = device.place(sched)
     assert [(a.where, a.backend) for a in plan] == [
         ("thunk 0", "numpy"), ("thunk 0 › body thunk 0", "host"), ("thunk 0 › body thunk 1", "numpy")]
     assert "override binary:f32 -> host" in plan[1].reason

@@ -14,12 +14,13 @@ from typing import Any, Callable, Collection, Hashable, Mapping, Protocol
 
 import numpy as np
 
-from .. import kernel_source, launches
+from .. import launches
 from ..errors import DeviceError
 from ..launches import ARENA, SCRATCH, Buf, DeviceLimits, Launch
-from ..ops import SCAN_OPS, footprint
-from ..options import RunOptions
+from ..runtime.options import RunOptions
+from ..schedule.ops import SCAN_OPS, footprint
 from ..units import human_bytes
+from . import programs
 from .base import DeviceInfo
 
 Thunk = Mapping[str, Any]
@@ -43,7 +44,7 @@ class Primitives(Protocol):
     info : DeviceInfo
         The probed device this opens.
     dialect : str
-        The program dialect, a key of ``kernel_source.PRELUDES`` (``"opencl"``, ``"cuda"``).
+        The program dialect, a key of ``programs.PRELUDES`` (``"opencl"``, ``"cuda"``).
     device_key : Hashable
         Identity of the compile target (an OpenCL context, a CUDA device): the program cache key.
     build_options : tuple of str
@@ -95,7 +96,7 @@ class Primitives(Protocol):
     def zero(self, buffer: Any, offset: int, nbytes: int) -> None:
         """Set ``nbytes`` (> 0) at ``offset`` to zero, ordered after the launches enqueued before."""
 
-    def build_program(self, program: kernel_source.Program) -> Any:
+    def build_program(self, program: programs.Program) -> Any:
         """Compile ``program.source`` with ``build_options``; raise ``KernelBuildError`` with the log."""
 
     def get_kernel(self, built: Any, name: str) -> Any:
@@ -218,9 +219,9 @@ class KernelSession:
         return self._scratch.buffer
 
     # -- programs ---------------------------------------------------------------------------
-    def program(self, prog: kernel_source.Program) -> Any:
+    def program(self, prog: programs.Program) -> Any:
         """The built program for ``prog``, compiled once per (device, source digest, options)."""
-        key = kernel_source.cache_key(self.prims.device_key, prog, self.prims.build_options)
+        key = programs.cache_key(self.prims.device_key, prog, self.prims.build_options)
         with _PROGRAMS_LOCK:
             built = _PROGRAMS.get(key)
             if built is None:
@@ -228,7 +229,7 @@ class KernelSession:
         return built
 
     def kernel(self, launch: Launch) -> Any:
-        """The kernel ``launch`` runs, from the program ``kernel_source.program_for`` gives it.
+        """The kernel ``launch`` runs, from the program ``programs.program_for`` gives it.
 
         Kernels are kept by (program digest, name); a launch seen before (arguments aside) skips
         assembling its program text.
@@ -236,7 +237,7 @@ class KernelSession:
         seen = replace(launch, args=())
         kernel = self._launches.get(seen)
         if kernel is None:
-            prog = kernel_source.program_for(self.prims.dialect, launch, self.limits)
+            prog = programs.program_for(self.prims.dialect, launch, self.limits)
             key = (prog.digest, launch.kernel)
             kernel = self._kernels.get(key)
             if kernel is None:
@@ -245,7 +246,7 @@ class KernelSession:
         return kernel
 
     # -- launches ---------------------------------------------------------------------------
-    def bind(self, plan: launches.Plan) -> BoundPlan:
+    def bind(self, plan: launches.LaunchPlan) -> BoundPlan:
         """Resolve every kernel of ``plan`` once (compiling what is not yet built)."""
         return BoundPlan(tuple((self.kernel(item), item) for item in plan.launches if not item.empty),
                          plan.scratch_bytes)
@@ -258,7 +259,7 @@ class KernelSession:
             enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
         return 0
 
-    def run_plan(self, plan: launches.Plan, arena: DeviceArena) -> None:
+    def run_plan(self, plan: launches.LaunchPlan, arena: DeviceArena) -> None:
         self.run_bound(self.bind(plan), arena)
 
     def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 import host_fallback
 
-from ..options import RunOptions
+from ..runtime.options import RunOptions
 from .base import DeviceInfo
 from .core import Runner
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import KernelBuildError
-from ..kernel_source import Program
+from .programs import Program
 from ..launches import DeviceLimits, Launch
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession

@@ -8,11 +8,11 @@ from typing import Iterator
 
 import host_fallback
 
-from .abi import Schedule, Thunk
-from .backends.base import Session
+from ..backends.base import Session
+from ..errors import DeviceError, FallbackForbidden
+from ..schedule.model import Schedule, Thunk
+from ..schedule.ops import SCAN_OPS, footprint
 from .config import Config
-from .errors import DeviceError, FallbackForbidden
-from .ops import SCAN_OPS, footprint
 
 #: The body schedules of each scan op, in the order placement lists them.
 BODIES = {"scan": ("body",), "scan_backward": ("body_vjp", "forward_body"),

@@ -12,8 +12,8 @@ import numpy as np
 
 from host_fallback.arena import STORAGE
 
-from .abi import Schedule, TensorView
-from .errors import RlxError
+from ..errors import RlxError
+from ..schedule.model import Schedule, TensorView
 
 if TYPE_CHECKING:
     from .executor import Device

@@ -1,4 +1,4 @@
-"""Backend discovery (lazy imports), device selection and opening (placement is ``placement.py``)."""
+"""Backend discovery (lazy imports), backend status, device selection and one session per device."""
 from __future__ import annotations
 
 import importlib
@@ -6,11 +6,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
-from typing import Any
 
-from .backends.base import BackendUnavailable, DeviceInfo, Session
-from .config import Config, load_config
-from .errors import DeviceError
+from ..backends.base import BackendUnavailable, DeviceInfo, Session
+from ..errors import DeviceError
+from .config import Config
 
 BACKEND_MODULES = {"host": "rlx_gpu.backends.host", "opencl": "rlx_gpu.backends.opencl",
                    "cuda": "rlx_gpu.backends.cuda"}
@@ -85,16 +84,3 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
 def open_session(info: DeviceInfo) -> Session:
     """One session per device per process, so compiled kernels are reused across runs."""
     return backend_module(info.backend).open(info)
-
-
-def get_device(spec: str | None = None, config: Config | str | None = None, **options: Any) -> Any:
-    """Open a device by spec (``None``: ``RLX_DEVICE``, then the config's ``device``).
-
-    ``options`` are run options (``rlx_gpu.options.RunOptions``: ``recompute``, ``rnn_kernel``,
-    ``workers`` ...); an unknown one is an error naming the known ones.
-    """
-    from .executor import Device
-    from .options import RunOptions
-
-    cfg = config if isinstance(config, Config) else load_config(config)
-    return Device(open_session(resolve(spec, cfg)), cfg, RunOptions.build(cfg, **options))

@@ -10,15 +10,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .abi import Schedule, load_schedule
+from ..backends.base import Session
+from ..backends.core import HostStep
+from ..schedule.io import load_schedule
+from ..schedule.model import Schedule
+from ..units import human_bytes
 from .arena import Arena
-from .backends.base import Session
-from .backends.core import HostStep
-from .config import Config
+from .config import Config, load_config
 from .options import RunOptions
 from .placement import Assignment, place
-from .registry import open_session, status
-from .units import human_bytes
+from .registry import open_session, resolve, status
 
 #: One prepared top-level thunk: runs on (device arena, host image) and returns the bytes it copied.
 Step = Callable[[Any, "np.ndarray | None"], int]
@@ -84,7 +85,7 @@ class Device:
     def __repr__(self) -> str:
         return f"Device({self.spec!r}, {self.session.info.name!r})"
 
-    def plan(self, schedule: Any) -> list[Assignment]:
+    def place(self, schedule: Any) -> list[Assignment]:
         """Where every thunk would run and why (body thunks of device scans included), running nothing."""
         return place(load_schedule(schedule), self.session, self.config)
 
@@ -181,3 +182,13 @@ class Device:
         out = arena.copy()
         schedule.apply_init(out)
         return out
+
+
+def get_device(spec: str | None = None, config: Config | str | None = None, **options: Any) -> Device:
+    """Open a device by spec (``None``: ``RLX_DEVICE``, then the config's ``device``).
+
+    ``options`` are run options (:class:`~rlx_gpu.runtime.options.RunOptions`: ``recompute``,
+    ``rnn_kernel``, ``workers`` ...); an unknown one is an error naming the known ones.
+    """
+    cfg = config if isinstance(config, Config) else load_config(config)
+    return Device(open_session(resolve(spec, cfg)), cfg, RunOptions.build(cfg, **options))

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from ..errors import RlxError
 from .config import RECOMPUTE, Config
-from .errors import RlxError
 
 RNN_KERNELS = ("auto", "persistent", "step")
 HOST_PATHS = ("step", "chunked", "blocked")
