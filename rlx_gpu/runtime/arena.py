@@ -6,7 +6,7 @@ arena)`` runs in place, any number of times; ``arena.free()`` (or leaving a ``wi
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -15,14 +15,14 @@ from host_fallback.arena import STORAGE
 from ..errors import RlxError
 from ..schedule.model import Schedule, TensorView
 
-if TYPE_CHECKING:
-    from .executor import Device
-
 
 class Arena:
-    """A device arena of ``schedule.arena_bytes`` holding that schedule's tensors between runs."""
+    """A device arena of ``schedule.arena_bytes`` holding that schedule's tensors between runs.
 
-    def __init__(self, device: "Device", schedule: Schedule):
+    ``device`` is the ``runtime.executor.Device`` that allocated it (its session holds the memory).
+    """
+
+    def __init__(self, device: Any, schedule: Schedule):
         self.device = device
         self.schedule = schedule
         self.nbytes = schedule.arena_bytes
@@ -67,7 +67,7 @@ class Arena:
             data = self.device.session.read(self.handle, view.offset, view.nbytes)
         return data.view(STORAGE[view.dtype]).reshape(view.shape)
 
-    def check(self, device: "Device", schedule: Schedule) -> None:
+    def check(self, device: Any, schedule: Schedule) -> None:
         """Refuse a run by another device, of a schedule larger than this arena, or after :meth:`free`."""
         if self.handle is None:
             raise RlxError("this arena was freed; allocate another with device.arena(schedule)")
