@@ -274,7 +274,9 @@ class KernelSession:
         """
         if thunk["op"] in SCAN_OPS:
             return lambda arena: self._run_scan(thunk, arena, options, on_host)
-        bound = self.bind(launches.plan(thunk, self.limits, **options.planner_keywords))
+        plan = launches.plan(thunk, self.limits, **options.planner_keywords)
+        self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
+        bound = self.bind(plan)
         return lambda arena: self.run_bound(bound, arena)
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
