@@ -65,7 +65,7 @@ def _arena(sched: rlx_gpu.Schedule, rng: np.random.Generator) -> np.ndarray:
 def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host():
     sched = rlx_gpu.load_schedule(_elementwise())
     arena = _arena(sched, np.random.default_rng(0))
-    session = open_double()
+    session = open_double(key="device A")
     device = Device(session, Config(fallback="forbid"))
     got = device.run(sched, arena)
     np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
@@ -76,10 +76,10 @@ def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host(
     builds = len(session.prims.builds)
     assert builds == 1  # one body/f32 program serves all three kernels
     device.run(sched, arena)
-    again = open_double()  # a second session of the same device reuses the built program
+    again = open_double(key="device A")  # a second session of the same device reuses the built program
     Device(again, Config()).run(sched, arena)
     assert len(session.prims.builds) == 1 and again.prims.builds == []
-    other = open_double(key="numpy:1")  # another device compiles its own
+    other = open_double(key="device B")  # another device compiles its own
     Device(other, Config()).run(sched, arena)
     assert len(other.prims.builds) == 1
 
