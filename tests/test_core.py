@@ -210,3 +210,16 @@ def test_an_arena_over_the_opencl_devices_largest_allocation_names_size_limit_an
         with pytest.raises(rlx_gpu.DeviceError, match=message):
             attempt()
     assert device.launches == 0
+
+
+def test_run_options_reach_the_kernels_through_the_device():
+    from rlx_gpu.conformance.cases import lay_out, schedule_of
+
+    thunk, nbytes = lay_out("mamba2", "f32")
+    sched = rlx_gpu.load_schedule(schedule_of(thunk, nbytes))
+    rlx_gpu.get_device("host", host_path="step").run(sched)
+    with pytest.raises(ValueError, match=r"mamba2: unknown path 'blocked'; expected 'step' or 'chunked'"):
+        rlx_gpu.get_device("host", host_path="blocked").run(sched)  # selective_scan's path: refused by mamba2
+    session = open_double()
+    with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'rnn_kernal'"):
+        session.launch(sched.thunks[0], session.alloc(nbytes), rnn_kernal="step")
