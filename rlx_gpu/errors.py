@@ -14,6 +14,14 @@ class GraphError(RlxError, ValueError):
     """A builder op was declared with shapes, counts or dtypes the ABI cannot run."""
 
 
+class ModelError(RlxError, ValueError):
+    """A model file (``configs/examples/*.yaml`` form) names a key, shape or op the builder cannot build."""
+
+
+class ConfigError(RlxError, ValueError):
+    """A configuration file (``configs/default.yaml`` form) has a key or value outside its vocabulary."""
+
+
 class KernelBuildError(RlxError):
     """A device program failed to compile; carries the build log, the options and the numbered source."""
 

@@ -14,6 +14,7 @@ from host_fallback.arena import load
 
 from ..errors import GraphError
 from ..runtime.executor import Device, get_device
+from ..runtime.registry import check_spec
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_VERSION, Schedule
 from .layout import ArenaLayout, LayoutReport, arena_layout
@@ -124,6 +125,8 @@ class Executable:
 
 
 def compile_graph(graph: BodyGraph, device: str | None = None) -> Executable:
-    """Lower, validate and bind ``graph`` to ``device``."""
+    """Lower, validate and bind ``graph`` to ``device`` (a malformed spec is refused here, not at run)."""
+    if device is not None:
+        check_spec(device)
     schedule, report = lower(graph)
     return Executable(load_schedule(schedule), report, device)
