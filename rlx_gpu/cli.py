@@ -27,8 +27,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"{st.name}: {'available' if st.available else 'unavailable — ' + str(st.reason)}")
         for info in st.devices:
             print(f"  {info.spec:<14} {info.name}{'' if info.fp64 else '  (no fp64)'}")
-    for st in (s for s in statuses if s.available):
-        session = open_session(st.devices[0])
+    for info in (i for s in statuses if s.available for i in s.devices):
+        session = open_session(info)
         print(f"\nsupport on {session.info.spec} (✓ runs there, · falls back to the host):")
         rows, reasons = [], {}
         for op in SPECS:

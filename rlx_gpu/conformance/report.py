@@ -23,9 +23,9 @@ def device_details(info: DeviceInfo) -> list[tuple[str, str]]:
     d = info.details
     rows = [("device", f"{info.spec} — {info.name}")]
     if "platform" in d:
-        rows.append(("platform", f"{d['platform']} {d.get('platform_version', '')}".strip()))
+        rows.append(("platform", str(d["platform"])))
     if "driver" in d or "version" in d:
-        rows.append(("driver", " / ".join(str(d[k]) for k in ("version", "driver") if k in d)))
+        rows.append(("version", ", driver ".join(str(d[k]) for k in ("version", "driver") if k in d)))
     if "global_mem_bytes" in d:
         rows.append(("memory", f"{human_bytes(int(d['global_mem_bytes']))} global, largest allocation "
                                f"{human_bytes(int(d.get('max_alloc_bytes', 0)))}, "
@@ -83,7 +83,7 @@ HEADER = ("op", "dtype", "cases", "worst nmse", "max |err|", "bound", "status")
 
 def _rows(device_cells: Sequence[Cell], config: Config) -> list[list[str]]:
     return [[c.op, c.dtype, str(len(c.outcomes)), _g(c.nmse), _g(c.max_err),
-             f"{config.tolerance(c.op, c.dtype):.0e}", c.status] for c in device_cells]
+             _g(config.tolerance(c.op, c.dtype)), c.status] for c in device_cells]
 
 
 def failures(outcomes: Iterable[Outcome]) -> list[Outcome]:
