@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .conformance import command as conformance_command
 from .conformance.cases import lay_out
 from .conformance.compare import nmse
 from .errors import RlxError
@@ -17,14 +18,7 @@ from .schedule.io import load_schedule, read_source
 from .schedule.model import Schedule
 from .schedule.ops import DTYPES, SPECS, footprint
 from .units import human_bytes, human_time
-
-
-def _table(rows: list[Sequence[Any]], header: Sequence[str]) -> str:
-    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+from .units import text_table as _table
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -33,8 +27,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"{st.name}: {'available' if st.available else 'unavailable — ' + str(st.reason)}")
         for info in st.devices:
             print(f"  {info.spec:<14} {info.name}{'' if info.fp64 else '  (no fp64)'}")
-    for st in (s for s in statuses if s.available):
-        session = open_session(st.devices[0])
+    for info in (i for s in statuses if s.available for i in s.devices):
+        session = open_session(info)
         print(f"\nsupport on {session.info.spec} (✓ runs there, · falls back to the host):")
         rows, reasons = [], {}
         for op in SPECS:
@@ -146,12 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="the backend chosen for each thunk and why, without running")
     plan.add_argument("schedule")
     plan.add_argument("--device")
+    conformance_command.add_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan}[args.command]
+    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan}.get(args.command) or args.handler
     try:
         return handler(args)
     except RlxError as err:

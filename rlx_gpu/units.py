@@ -1,5 +1,7 @@
-"""Sizes and times in human units, for messages and tables."""
+"""Sizes and times in human units, and plain-text tables, for messages and reports."""
 from __future__ import annotations
+
+from typing import Any, Sequence
 
 
 def human_bytes(n: int) -> str:
@@ -19,3 +21,12 @@ def human_time(seconds: float) -> str:
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
     return f"{seconds:.2f} s"
+
+
+def text_table(rows: list[Sequence[Any]], header: Sequence[str]) -> str:
+    """Left-aligned columns under a header and a rule of dashes."""
+    cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -41,6 +41,7 @@ def probe() -> list[DeviceInfo]:
             details = {
                 "platform": platform.name,
                 "version": dev.version,
+                "driver": dev.driver_version,
                 "max_work_group": dev.max_work_group_size,
                 "local_mem_bytes": dev.local_mem_size,
                 "global_mem_bytes": dev.global_mem_size,

@@ -1,0 +1,143 @@
+"""The conformance cases as data: every op × dtype × representative shape, plus the cast matrix,
+NaN/Inf propagation through every elementwise function, and the scan family with its gradients.
+
+``cases(quick=...)`` lists them; ``quick`` keeps the small shapes (seconds on a CPU, and what the
+Oclgrind simulator runs). A case is only a description; :mod:`.runner` lays it out and checks it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ..schedule.ops import DTYPES, SCAN_OPS
+from .references import BINARY, UNARY
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thunk to run: ``params`` are its fields other than offsets and dtype."""
+
+    op: str
+    dtype: str
+    params: Mapping[str, Any]
+    options: Mapping[str, Any] = field(default_factory=dict)  # RunOptions fields (rnn_kernel, recompute)
+    poison: str | None = None  # an input field whose first elements become NaN, +Inf, -Inf, 0, -0
+    large: bool = False        # left out by --quick
+    seed: int = 7
+    variant: str = ""          # names what sets this case apart from the others of its op
+
+    @property
+    def family(self) -> str:
+        if self.op in SCAN_OPS:
+            return "scan"
+        return "nan_inf" if self.poison else ("cast" if self.op == "cast" else "thunk")
+
+    @property
+    def name(self) -> str:
+        """A stable id: op, variant and shape (the dtype is reported beside it)."""
+        return "-".join(p for p in (self.op, self.variant, shape_label(self.params)) if p)
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-{self.dtype}"
+
+
+def shape_label(params: Mapping[str, Any]) -> str:
+    """The integer fields joined by ``x`` (``2x5x3x4x2``), lists as ``[3.1.5]``."""
+    parts = []
+    for value in params.values():
+        if isinstance(value, bool) or not isinstance(value, (int, list)):
+            continue
+        parts.append(f"[{'.'.join(map(str, value))}]" if isinstance(value, list) else str(value))
+    return "x".join(parts)
+
+
+def _recurrent(op: str, b: int, s: int, i: int, h: int, layers: int, bidir: bool, carry: bool, relu: bool = False) -> dict:
+    params = dict(batch=b, seq=s, input_size=i, hidden=h, num_layers=layers, bidirectional=bidir, carry=carry)
+    return dict(params, relu=relu) if op == "rnn" else params
+
+
+def _ssm(b: int, s: int, h: int, n: int) -> dict:
+    return dict(batch=b, seq=s, hidden=h, state_size=n)
+
+
+def _mamba2(b: int, s: int, heads: int, p: int, n: int) -> dict:
+    return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n)
+
+
+def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool) -> dict:
+    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry)
+
+
+def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
+    return dict(batch=batch, m=m, k=k, n=n, trans_a=ta, trans_b=tb, a_batch_stride=sa, b_batch_stride=sb)
+
+
+def _flags(params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    names = {"bidirectional": "bidir", "carry": "carry", "relu": "relu", "gate_per_channel": "per_channel",
+             "carry_state": "carry", "trans_a": "ta", "trans_b": "tb"}
+    flags = [short for key, short in names.items() if params.get(key) is True]
+    return ".".join(flags + [str(v) for v in options.values()])
+
+
+#: (op, params, run options, large) of the per-dtype thunk cases
+THUNKS: list[tuple[str, dict, dict, bool]] = [
+    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 2, True, True), {}, False),
+    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 2, True, True), {"rnn_kernel": "step"}, False),
+    ("gru", _recurrent("gru", 2, 4, 3, 5, 2, True, True), {}, False),
+    ("gru", _recurrent("gru", 1, 3, 2, 6, 1, False, False), {"rnn_kernel": "step"}, False),
+    ("rnn", _recurrent("rnn", 2, 4, 3, 5, 1, True, True, relu=True), {}, False),
+    ("rnn", _recurrent("rnn", 2, 4, 3, 5, 2, False, False), {"rnn_kernel": "step"}, False),
+    ("selective_scan", _ssm(2, 5, 5, 4), {}, False),
+    ("selective_scan", _ssm(2, 9, 7, 16), {}, False),  # state_size 16: the fixed-width register path of ssm.cl
+    ("mamba2", _mamba2(2, 4, 3, 4, 6), {}, False),
+    ("gated_delta_net", _gdn(2, 4, 2, 8, False, True), {}, False),
+    ("gated_delta_net", _gdn(1, 3, 2, 5, True, False), {}, False),
+    ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
+    ("matmul", _matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
+    ("reduce_sum", dict(outer=3, r=5, inner=7), {}, False),
+    ("binary", dict(fn="add", shape=[2, 3, 4], a_strides=[12, 4, 1], b_strides=[0, 1, 0]), {}, False),
+    ("copy", dict(nbytes=37), {}, False),
+    ("fill", dict(n=9, value=1.5), {}, False),
+    *[("unary", dict(fn=fn, n=67), {}, False) for fn in UNARY],
+    *[("binary", dict(fn=fn, shape=[3, 1, 5], a_strides=[5, 0, 1], b_strides=[0, 0, 1]), {}, False) for fn in BINARY],
+    ("lstm", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
+    ("gru", _recurrent("gru", 2, 12, 16, 33, 1, True, False), {"rnn_kernel": "step"}, True),
+    ("selective_scan", _ssm(2, 24, 16, 256), {}, True),
+    ("mamba2", _mamba2(1, 20, 2, 16, 64), {}, True),
+    ("gated_delta_net", _gdn(1, 16, 2, 256, True, True), {}, True),
+    ("gated_delta_net", _gdn(2, 24, 3, 64, False, False), {}, True),
+    ("matmul", _matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True),
+]
+
+#: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
+SCANS = [("scan", True, 0), ("scan", False, 0), ("scan_backward", True, 2), ("scan_backward_xs", False, 3)]
+SCAN_LENGTH = 5
+NAN_INF_DTYPES = ("f32", "bf16")
+
+
+def _variant(op: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    fn = params.get("fn", "")
+    return ".".join(p for p in (fn, _flags(params, options)) if p)
+
+
+def cases(quick: bool = False) -> list[Case]:
+    """Every case, in a stable order (thunks, casts, NaN/Inf, scans); ``quick`` drops the large shapes."""
+    out = [Case(op, dtype, params, options, large=large, variant=_variant(op, params, options))
+           for op, params, options, large in THUNKS for dtype in DTYPES]
+    out += [Case("cast", dtype, dict(n=45, src_dtype=src), seed=3, variant=f"from_{src}")
+            for dtype in DTYPES for src in DTYPES]
+    for dtype in NAN_INF_DTYPES:
+        out += [Case("unary", dtype, dict(fn=fn, n=40), poison="x", seed=1, variant=f"{fn}.nan_inf") for fn in UNARY]
+        out += [Case("binary", dtype, dict(fn=fn, shape=[40], a_strides=[1], b_strides=[1]), poison="b", seed=1,
+                     variant=f"{fn}.nan_inf") for fn in BINARY]
+    out += [Case(op, dtype, dict(save_trajectory=save, num_checkpoints=k, length=SCAN_LENGTH),
+                 {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
+            for op, save, k in SCANS for dtype in DTYPES]
+    return [c for c in out if not (quick and c.large)]
+
+
+def select(all_cases: Iterable[Case], ops: Iterable[str] | None = None, dtypes: Iterable[str] | None = None) -> list[Case]:
+    """The cases of the named ops and dtypes (``None``: all)."""
+    ops, dtypes = (None if ops is None else set(ops)), (None if dtypes is None else set(dtypes))
+    return [c for c in all_cases if (ops is None or c.op in ops) and (dtypes is None or c.dtype in dtypes)]

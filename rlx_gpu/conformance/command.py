@@ -1,0 +1,133 @@
+"""``rlx-gpu conformance`` and ``rlx-gpu bench``: certify devices, and time them against the host."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from typing import TextIO
+
+from ..errors import RlxError
+from ..runtime.config import load_config
+from ..runtime.registry import open_session, status
+from ..schedule.ops import DTYPES, SPECS
+from . import bench, catalog, devices, report, runner
+
+DEVICE_HELP = ("host | opencl[:p[:d]] | cuda[:n]; repeat for several (default: every available device but "
+               "simulators; `rlx-gpu devices` lists them)")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``conformance`` and ``bench`` on the ``rlx-gpu`` command line."""
+    conf = subparsers.add_parser(
+        "conformance", help="certify devices: every op × dtype × shape against float64 references and the host",
+        description="Run every conformance case (guard bytes around every tensor, float64 reference, host "
+                    "parity, NaN/Inf positions, NMSE bounds from the config's `tolerances`) on each device; "
+                    "print the op × dtype table and exit 1 on any failure.")
+    _common(conf)
+    conf.add_argument("--quick", action="store_true", help="small shapes only (seconds; what Oclgrind runs)")
+    conf.add_argument("--json", metavar="F", help="write every result, the devices and the summary as JSON")
+    conf.add_argument("--markdown", metavar="F", help="write the report as Markdown")
+    conf.add_argument("--perf", action="store_true", help="also time each passing case (median) against the host")
+    conf.add_argument("--plot", metavar="F.png", help="with --perf: plot the times (and write F.json beside it)")
+    conf.add_argument("--repeat", type=int, default=5, help="timed runs per case with --perf (default 5)")
+    conf.set_defaults(handler=run)
+    bench_parser = subparsers.add_parser(
+        "bench", help="time the conformance cases per device against the host and anchors (torch); PNG + JSON",
+        description="Time each case (median of --repeat runs after a warm-up) on every device and the host, "
+                    "with PyTorch beside the recurrent ops where it is installed; write the plot and its JSON.")
+    _common(bench_parser, default_dtypes=("f32",))
+    bench_parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (default 5)")
+    bench_parser.add_argument("--plot", metavar="F.png", default="bench.png", help="the plot (default bench.png); "
+                              "its data goes to the same name with .json")
+    bench_parser.set_defaults(handler=run_bench)
+
+
+def _common(parser: argparse.ArgumentParser, default_dtypes: tuple[str, ...] | None = None) -> None:
+    parser.add_argument("--device", action="append", metavar="D", help=DEVICE_HELP)
+    parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops (default: all)")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", default=default_dtypes,
+                        help=f"only these dtypes, of {', '.join(DTYPES)} (default: {', '.join(default_dtypes or DTYPES)})")
+
+
+class Progress:
+    """A live line per op on a terminal; otherwise one plain line when each op is done on a device."""
+
+    def __init__(self, cases: list[catalog.Case], stream: TextIO):
+        self.totals = Counter(c.op for c in cases)
+        self.stream, self.tty = stream, stream.isatty()
+        self.done: Counter = Counter()
+        self.failed: Counter = Counter()
+        self.skipped: Counter = Counter()
+
+    def __call__(self, outcome: runner.Outcome) -> None:
+        key = (outcome.device, outcome.case.op)
+        self.done[key] += 1
+        self.failed[key] += outcome.status == "fail"
+        self.skipped[key] += outcome.status == "skip"
+        total = self.totals[outcome.case.op]
+        line = f"{outcome.device:<12} {outcome.case.op:<17} {self.done[key]:>3}/{total}"
+        if self.failed[key]:
+            line += f"  {self.failed[key]} FAILED"
+        if self.done[key] == total:
+            passed = total - self.failed[key] - self.skipped[key]
+            final = f"{outcome.device:<12} {outcome.case.op:<17} {passed} passed, {self.failed[key]} failed, " \
+                    f"{self.skipped[key]} skipped"
+            self.stream.write(("\r\x1b[K" if self.tty else "") + final + "\n")
+        elif self.tty:
+            self.stream.write("\r\x1b[K" + line)
+        self.stream.flush()
+
+
+def _selected(args: argparse.Namespace, quick: bool) -> list[catalog.Case]:
+    chosen = catalog.select(catalog.cases(quick=quick), args.ops, args.dtypes)
+    order = {op: i for i, op in enumerate(SPECS)}
+    return sorted(chosen, key=lambda c: order[c.op])  # stable: one op's cases together, for the progress lines
+
+
+def _sessions(args: argparse.Namespace) -> list:
+    return [open_session(info) for info in devices.resolve(args.device)]
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load_config()
+    sessions = _sessions(args)
+    cases = _selected(args, args.quick)
+    if not cases:
+        raise RlxError(f"no conformance case matches --ops {args.ops} --dtypes {args.dtypes}")
+    host = open_session(status("host").devices[0])
+    outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr),
+                          perf_repeats=args.repeat if args.perf else 0)
+    infos = [s.info for s in sessions]
+    print(report.text(infos, outcomes, config))
+    if args.json:
+        report.write_json(args.json, report.as_json(infos, outcomes, config, args.quick))
+        print(f"wrote {args.json}")
+    if args.markdown:
+        with open(args.markdown, "w") as out:
+            out.write(report.markdown(infos, outcomes, config))
+        print(f"wrote {args.markdown}")
+    if args.plot:
+        if not args.perf:
+            raise RlxError("--plot draws the --perf times: add --perf")
+        _plot(args.plot, infos, outcomes)
+    return 1 if report.failures(outcomes) else 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    config = load_config()
+    sessions = _sessions(args)
+    cases = [c for c in _selected(args, quick=False) if c.family in ("thunk", "scan")]
+    host = open_session(status("host").devices[0])
+    outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr), perf_repeats=args.repeat)
+    print(report.perf_text([o for o in outcomes if o.seconds is not None]))
+    _plot(args.plot, [s.info for s in sessions], outcomes, anchors=bench.anchors(cases, args.repeat))
+    bad = report.failures(outcomes)
+    for o in bad:
+        print(f"FAIL {o.device} {o.case.id}: {o.message} (not timed)")
+    return 1 if bad else 0
+
+
+def _plot(path: str, infos: list, outcomes: list[runner.Outcome], anchors: dict | None = None) -> None:
+    data = bench.timings(infos, outcomes, anchors or {})
+    json_path = bench.write(path, data)
+    print(f"wrote {path} and {json_path}")

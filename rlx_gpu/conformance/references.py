@@ -1,0 +1,93 @@
+"""Float64 references of every non-scan op, written from ABI.md (no ``host_fallback`` code).
+
+Each reference takes the thunk and ``load(field)`` (a tensor of the laid-out arena as the float64
+values stored there) and returns ``{field: float64 array}`` for every tensor the op writes.
+``copy`` has none: it moves bytes, which the runner compares exactly.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from . import reference_rnn, reference_ssm
+from .reference_rnn import sigmoid
+
+Load = Callable[[str], np.ndarray]
+
+UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": sigmoid, "relu": lambda x: np.maximum(x, 0),
+    "neg": np.negative, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x), "square": np.square, "abs": np.abs,
+    "recip": lambda x: 1 / x, "softplus": lambda x: np.logaddexp(x, 0), "step": lambda x: np.where(x > 0, 1.0, 0.0),
+}
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum, "min": np.minimum,
+}
+
+
+def recurrent(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    op = t["op"]
+    names = ("b_ih", "b_hh") if op == "gru" else ("bias",)
+    dst, h, c = reference_rnn.reference(
+        op, load("x"), load("w_ih"), load("w_hh"), {n: load(n) for n in names}, hidden=t["hidden"],
+        num_layers=t["num_layers"], bidirectional=t["bidirectional"], relu=bool(t.get("relu")),
+        h0=load("h0") if t["carry"] else None, c0=load("c0") if t["carry"] and op == "lstm" else None)
+    out = {"dst": dst}
+    if t["carry"]:
+        out["h0"] = h
+        if op == "lstm":
+            out["c0"] = c
+    return out
+
+
+def selective_scan(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": reference_ssm.selective_scan(*(load(f) for f in ("x", "delta", "a", "b", "c")))}
+
+
+def mamba2(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": reference_ssm.mamba2(*(load(f) for f in ("x", "dt", "a", "b", "c")))}
+
+
+def gated_delta_net(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    state = load("state") if t["carry_state"] else None
+    out, final = reference_ssm.gated_delta_net(*(load(f) for f in ("q", "k", "v", "g", "beta")), state=state)
+    return {"dst": out, "state": final} if t["carry_state"] else {"dst": out}
+
+
+def unary(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": UNARY[t["fn"]](load("x"))}
+
+
+def binary(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    a, b = (np.lib.stride_tricks.as_strided(load(f), t["shape"], [s * 8 for s in t[f + "_strides"]]) for f in "ab")
+    return {"dst": BINARY[t["fn"]](a, b)}
+
+
+def matmul(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    m, k, n = t["m"], t["k"], t["n"]
+    a, b = load("a").ravel(), load("b").ravel()
+    out = []
+    for i in range(t["batch"]):
+        lhs = a[i * t["a_batch_stride"]:][: m * k].reshape((k, m) if t["trans_a"] else (m, k))
+        rhs = b[i * t["b_batch_stride"]:][: k * n].reshape((n, k) if t["trans_b"] else (k, n))
+        out.append((lhs.T if t["trans_a"] else lhs) @ (rhs.T if t["trans_b"] else rhs))
+    return {"dst": np.array(out)}
+
+
+def reduce_sum(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": load("x").sum(axis=1)}
+
+
+def fill(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": np.full(t["n"], t["value"])}
+
+
+def cast(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
+    return {"dst": load("src")}
+
+
+REFERENCES: dict[str, Callable[[Mapping[str, Any], Load], dict[str, np.ndarray]]] = {
+    "lstm": recurrent, "gru": recurrent, "rnn": recurrent, "selective_scan": selective_scan, "mamba2": mamba2,
+    "gated_delta_net": gated_delta_net, "unary": unary, "binary": binary, "matmul": matmul,
+    "reduce_sum": reduce_sum, "fill": fill, "cast": cast,
+}

@@ -1,0 +1,113 @@
+"""``rlx-gpu conformance`` and ``rlx-gpu bench`` as a user runs them: exit codes, the table, the files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlx_gpu.backends import programs
+from rlx_gpu.cli import main
+from rlx_gpu.conformance import catalog
+from rlx_gpu.runtime.registry import open_session, status
+
+ROOT = Path(__file__).resolve().parent.parent
+needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
+
+
+@needs_opencl
+def test_host_and_opencl_pass_with_table_json_and_markdown(tmp_path, capsys):
+    out_json, out_md = tmp_path / "out.json", tmp_path / "out.md"
+    code = main(["conformance", "--device", "host", "--device", "opencl", "--json", str(out_json),
+                 "--markdown", str(out_md)])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-3000:]
+    assert "op                dtype  cases  worst nmse  max |err|  bound" in out
+    assert "simulator  no" in out and "fp64       yes" in out and "memory" in out and "version" in out
+    n = len(catalog.cases())
+    assert f"host: {n} passed, 0 failed" in out and f"opencl:" in out and "FAIL" not in out
+    assert "lstm              12 passed, 0 failed, 0 skipped" in err  # the progress lines (not a TTY)
+    data = json.loads(out_json.read_text())
+    assert data["format"] == "rlx-gpu-conformance/1" and data["passed"] is True and data["quick"] is False
+    assert [d["backend"] for d in data["devices"]] == ["host", "opencl"]
+    assert "driver" in data["devices"][1]["details"] and "global_mem_bytes" in data["devices"][1]["details"]
+    assert len(data["results"]) == 2 * n
+    first = data["results"][0]
+    assert set(first) >= {"device", "case", "op", "dtype", "status", "nmse", "max_err", "host_nmse", "bound", "message"}
+    assert all(r["status"] == "pass" for r in data["results"])
+    assert {(r["op"], r["dtype"]) for r in data["results"] if r["device"] != "host" and r["host_nmse"] is not None} \
+        >= {("gated_delta_net", "bf16"), ("scan_backward_xs", "f16")}  # host parity measured on the device
+    md = out_md.read_text()
+    assert md.startswith("# rlx-gpu conformance") and "| op | dtype | cases |" in md and "## host" in md
+
+
+def test_an_unknown_device_is_an_error_listing_the_devices(capsys):
+    assert main(["conformance", "--device", "opencl:9:9", "--quick"]) != 0
+    err = capsys.readouterr().err
+    assert "no device 'opencl:9:9'" in err and "  host " in err
+    if status("opencl").available:
+        assert status("opencl").devices[0].spec in err
+
+
+def test_quick_leaves_out_the_large_shapes(tmp_path, capsys):
+    out_json = tmp_path / "q.json"
+    assert main(["conformance", "--device", "host", "--quick", "--ops", "lstm", "gated_delta_net",
+                 "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    full = catalog.select(catalog.cases(), ["lstm", "gated_delta_net"])
+    assert data["quick"] is True and 0 < len(data["results"]) < len(full)
+    assert {r["op"] for r in data["results"]} == {"lstm", "gated_delta_net"}
+
+
+def test_a_zero_tolerance_fails_the_run(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "strict.yaml"
+    config.write_text("tolerances: {matmul: {f32: 0.0}}\n")
+    monkeypatch.setenv("RLX_CONFIG", str(config))
+    assert main(["conformance", "--device", "host", "--quick", "--ops", "matmul", "--dtypes", "f32"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL 2/2" in out and "NMSE of dst is" in out and "> 0" in out
+
+
+@needs_opencl
+def test_a_wrong_kernel_fails_the_run(monkeypatch, capsys):
+    text, good = programs._text, "case RLX_UNARY_EXP: return exp(x);"
+    assert good in programs.program("opencl", "body", "f32").source
+
+    def off_by_a_little(path):  # exp one part in a thousand too large, in memory only
+        return text(path).replace(good, "case RLX_UNARY_EXP: return exp(x) * (real)1.001;")
+    monkeypatch.setattr(programs, "_text", off_by_a_little)
+    open_session.cache_clear()  # a fresh session, which has not seen the good kernel
+    try:
+        assert main(["conformance", "--device", "opencl", "--ops", "unary", "--dtypes", "f32", "--quick"]) == 1
+    finally:
+        open_session.cache_clear()  # and none that keeps the wrong one
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "unary-exp" in out and "vs float64 reference: NMSE of dst" in out
+
+
+@needs_opencl
+def test_perf_and_bench_write_the_plot_and_its_json(tmp_path, capsys):
+    png = tmp_path / "bench.png"
+    assert main(["bench", "--device", "opencl", "--ops", "lstm", "matmul", "--repeat", "2", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "time per run (median)" in out and "speed-up" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(png.with_suffix(".json").read_text())
+    assert data["format"] == "rlx-gpu-bench/1" and {c["op"] for c in data["cases"]} == {"lstm", "matmul"}
+    lstm = next(c for c in data["cases"] if c["op"] == "lstm")
+    assert {"host", status("opencl").devices[0].spec} <= set(lstm["seconds"])
+    pytest.importorskip("torch")
+    assert "torch (CPU)" in lstm["seconds"]
+    assert main(["conformance", "--device", "opencl", "--ops", "fill", "--dtypes", "f32", "--perf", "--repeat", "2"]) == 0
+    assert "time per run (median)" in capsys.readouterr().out
+
+
+def test_pytest_fails_on_an_absent_test_device():
+    env = {**os.environ, "RLX_TEST_DEVICES": "host,opencl:9:9", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
+                           "-k", "fill-9-f32"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0, done.stdout[-2000:]
+    assert "1 passed" in done.stdout and "1 error" in done.stdout and "no device 'opencl:9:9'" in done.stdout
