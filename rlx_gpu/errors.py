@@ -22,6 +22,10 @@ class ConfigError(RlxError, ValueError):
     """A configuration file (``configs/default.yaml`` form) has a key or value outside its vocabulary."""
 
 
+class InputError(RlxError, ValueError):
+    """Input values given for a schedule (an ``.npz`` file, a mapping) do not match its inputs."""
+
+
 class KernelBuildError(RlxError):
     """A device program failed to compile; carries the build log, the options and the numbered source."""
 

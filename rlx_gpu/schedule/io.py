@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ScheduleError
 from .model import Schedule
 from .validate import validate
 
@@ -31,7 +32,11 @@ def read_source(source: Any) -> Any:
                                              and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
         return parse_text(Path(source).read_text())
     if isinstance(source, str):
-        return parse_text(source)
+        parsed = parse_text(source)
+        if isinstance(parsed, str) and "\n" not in source:  # one line that parses to a bare string: a path
+            raise ScheduleError(f"no such file: {source!r} (a schedule is a path to a JSON or YAML file, "
+                                f"JSON/YAML text, or a mapping)")
+        return parsed
     raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
 
 
