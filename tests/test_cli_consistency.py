@@ -229,3 +229,20 @@ def test_warnings_print_as_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert lines and all(line.startswith("rlx-gpu: warning: ") for line in lines), done.stderr
     assert "UserWarning" not in done.stderr and "cli.py" not in done.stderr
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("inputs: [1, 2]\n", ["inputs: expected a mapping, got list [1, 2]"]),
+    ("dtype: f8\n", ["dtype: unknown dtype 'f8'"]),
+    ("steps:\n  - {op: lsmt, x: x, out: y}\n", ["steps[0]: unknown op 'lsmt' (did you mean 'lstm'?)"]),
+    ("inputs: {x: [2, 3]}\nsteps:\n  - {op: unary, fn: tanh, x: xx, out: y}\n",
+     ["steps[0] (unary): x: 'xx' names no tensor defined before this step (defined: x)"]),
+    ("inputs: {x: [2, 3]}\noutputs: [y]\n", ["outputs: 'y' is no tensor of the model; defined: x"]),
+    ("steps: [oops]\n", ["steps[0]: expected a mapping with op, out"]),
+    ("seeed: 1\n", ["unknown key 'seeed' (did you mean 'seed'?)"]),
+])
+def test_more_model_file_mistakes(tmp_path, capsys, text, needles):
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    assert main(["plan", str(path), "--device", "host"]) == 2
+    _one_line_error(capsys, "ModelError", str(path), *needles)

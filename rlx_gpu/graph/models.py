@@ -38,6 +38,7 @@ def list_models() -> list[str]:
 MODEL_KEYS = ("dtype", "seed", "inputs", "weights", "steps", "outputs")
 VALUE_KEYS = ("shape", "low", "high", "scale")
 NOT_STEPS = ("compile", "output", "input", "weight")
+WORDS = ("fn", "name", "dtype")  # step arguments whose strings are words, not tensor names
 
 
 def _unknown(where: str, given: Iterable[str], known: Iterable[str], what: str = "key") -> None:
@@ -111,6 +112,10 @@ def build_graph(spec: Any, rng: np.random.Generator, dtype: str | None = None,
         g = Graph(dtype or spec.get("dtype", "f32"))
     except GraphError as err:
         raise ModelError(f"{where}: dtype: {err}") from err
+    for key, kind in (("inputs", Mapping), ("weights", Mapping), ("steps", list), ("outputs", list)):
+        if spec.get(key) is not None and not isinstance(spec[key], kind):
+            raise ModelError(f"{where}: {key}: expected a {'mapping' if kind is Mapping else 'list'}, "
+                             f"got {type(spec[key]).__name__} {spec[key]!r}")
     env: dict[str, Tensor] = {}
     values: dict[str, np.ndarray] = {}
     for name, ispec in (spec.get("inputs") or {}).items():
@@ -152,10 +157,11 @@ def build_graph(spec: Any, rng: np.random.Generator, dtype: str | None = None,
         except GraphError as err:
             raise ModelError(f"{at}: {err}") from err
         except (TypeError, AttributeError, ValueError, IndexError) as err:
-            unknown = {k: v for k, v in step.items() if isinstance(v, str) and v not in env}
-            hint = (f"; {', '.join(f'{k}: {v!r}' for k, v in unknown.items())} names no tensor defined before "
-                    f"this step (defined: {', '.join(env)})") if unknown else ""
-            raise ModelError(f"{at}: {type(err).__name__}: {err}{hint}") from err
+            unknown = [f"{k}: {v!r}" for k, v in step.items() if isinstance(v, str) and v not in env and k not in WORDS]
+            if unknown:
+                raise ModelError(f"{at}: {', '.join(unknown)} names no tensor defined before this step "
+                                 f"(defined: {', '.join(env)})") from err
+            raise ModelError(f"{at}: {type(err).__name__}: {err}") from err
         names = [out] if isinstance(out, str) else list(out)
         results = result if isinstance(result, tuple) else (result,)
         if len(names) > len(results):
