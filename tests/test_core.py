@@ -65,7 +65,7 @@ def _arena(sched: rlx_gpu.Schedule, rng: np.random.Generator) -> np.ndarray:
 def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host():
     sched = rlx_gpu.load_schedule(_elementwise())
     arena = _arena(sched, np.random.default_rng(0))
-    session = open_double()
+    session = open_double(key="device A")
     device = Device(session, Config(fallback="forbid"))
     got = device.run(sched, arena)
     np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
@@ -76,10 +76,10 @@ def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host(
     builds = len(session.prims.builds)
     assert builds == 1  # one body/f32 program serves all three kernels
     device.run(sched, arena)
-    again = open_double()  # a second session of the same device reuses the built program
+    again = open_double(key="device A")  # a second session of the same device reuses the built program
     Device(again, Config()).run(sched, arena)
     assert len(session.prims.builds) == 1 and again.prims.builds == []
-    other = open_double(key="numpy:1")  # another device compiles its own
+    other = open_double(key="device B")  # another device compiles its own
     Device(other, Config()).run(sched, arena)
     assert len(other.prims.builds) == 1
 
@@ -210,3 +210,16 @@ def test_an_arena_over_the_opencl_devices_largest_allocation_names_size_limit_an
         with pytest.raises(rlx_gpu.DeviceError, match=message):
             attempt()
     assert device.launches == 0
+
+
+def test_run_options_reach_the_kernels_through_the_device():
+    from rlx_gpu.conformance.cases import lay_out, schedule_of
+
+    thunk, nbytes = lay_out("mamba2", "f32")
+    sched = rlx_gpu.load_schedule(schedule_of(thunk, nbytes))
+    rlx_gpu.get_device("host", host_path="step").run(sched)
+    with pytest.raises(ValueError, match=r"mamba2: unknown path 'blocked'; expected 'step' or 'chunked'"):
+        rlx_gpu.get_device("host", host_path="blocked").run(sched)  # selective_scan's path: refused by mamba2
+    session = open_double()
+    with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'rnn_kernal'"):
+        session.launch(sched.thunks[0], session.alloc(nbytes), rnn_kernal="step")
