@@ -111,3 +111,14 @@ def test_pytest_fails_on_an_absent_test_device():
                            "-k", "fill-9-f32"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout[-2000:]
     assert "1 passed" in done.stdout and "1 error" in done.stdout and "no device 'opencl:9:9'" in done.stdout
+
+
+def test_devices_shows_the_support_matrix_of_every_device(capsys):
+    from rlx_gpu.runtime.registry import discover
+
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    specs = [info.spec for st in discover() if st.available for info in st.devices]
+    assert len(specs) >= 2
+    for spec in specs:
+        assert f"support on {spec} " in out

@@ -1,8 +1,9 @@
 """Run the OpenCL conformance cases at small shapes on the Oclgrind simulator, failing on any diagnostic.
 
-Oclgrind never changes its exit code, so this script does: it runs ``tests/test_opencl.py`` with
-``RLX_OPENCL_SMALL=1`` on the Oclgrind device with API checks, data-race and uninitialized-memory
-detection on, and fails when the Oclgrind log has any line or any Oclgrind line reaches stderr.
+Oclgrind never changes its exit code, so this script does: it runs ``rlx-gpu conformance --quick``
+(the conformance cases at small shapes) on the Oclgrind device with API checks, data-race and
+uninitialized-memory detection on, and fails when the Oclgrind log has any line or any Oclgrind line
+reaches stderr.
 
 ``--demo-broken`` shows the check has teeth: it builds the ``fill`` kernel with an off-by-one bound
 (patched in memory here, never in ``kernels/``) on a tensor that ends the arena, and fails unless
@@ -34,6 +35,25 @@ def oclgrind_spec() -> str:
     return specs[0]
 
 
+def _blocks(text: str) -> list[list[str]]:
+    """Oclgrind's stderr reports, one per blank-line separated block."""
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if line.strip():
+            blocks[-1].append(line)
+        elif blocks[-1]:
+            blocks.append([])
+    return [b for b in blocks if b]
+
+
+def _pyopencl_query(block: list[str]) -> bool:
+    """pyopencl's program build asks clGetDeviceInfo for a parameter Oclgrind does not know (even with
+    PYOPENCL_NO_CACHE); the API checker reports it on stderr. It is no kernel's fault, so it is ignored
+    (pytest's output capture used to hide it the same way)."""
+    text = "\n".join(block)
+    return "runtime error detected" in text and "clGetDeviceInfo" in text and "'param_name'" in text
+
+
 def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int, list[str], str]:
     """Run ``argv`` with Oclgrind's checks on; return (exit code, Oclgrind diagnostics, captured output)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -41,21 +61,31 @@ def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int,
         env = {**os.environ, **FLAGS, "OCLGRIND_LOG": str(log), "PYTHONPATH": str(ROOT), **extra_env}
         proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
         logged = log.read_text().splitlines() if log.exists() else []
-    stderr_hits = [line for line in proc.stderr.splitlines() if "oclgrind" in line.lower() or "invalid " in line.lower()]
+    stderr_hits = [line for block in _blocks(proc.stderr) if not _pyopencl_query(block)
+                   for line in block if "oclgrind" in line.lower() or "invalid " in line.lower()]
     return proc.returncode, [line for line in logged if line.strip()] + stderr_hits, proc.stdout + proc.stderr
 
 
-def conformance(spec: str, pytest_args: list[str]) -> int:
+def conformance(spec: str, extra_args: list[str]) -> int:
+    """One process per dtype: in one process, a gemm in f64 after one in f32 (same shapes, each clean
+    alone, results exact) gets "uninitialized value" reports from Oclgrind's shadow memory; separate
+    processes keep every case checked without them."""
     # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
     # write of the pristine bytes (see core.ScanMemory), which Oclgrind's shadow tracks exactly.
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_opencl.py", *pytest_args]
-    code, diagnostics, output = run_under_oclgrind(argv, {"RLX_OPENCL_TEST_DEVICE": spec, "RLX_OPENCL_SMALL": "1"})
-    print(output[-3000:])
-    if diagnostics:
-        print("Oclgrind reported:\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
-        return 1
-    print(f"Oclgrind: no diagnostics (pytest exit {code})")
-    return code
+    from rlx_gpu.schedule.ops import DTYPES
+
+    worst = 0
+    for dtype in DTYPES:
+        argv = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", spec, "--quick", "--dtypes", dtype,
+                *extra_args]
+        code, diagnostics, output = run_under_oclgrind(argv, {})
+        print(output[-1500:])
+        if diagnostics:
+            print(f"Oclgrind reported ({dtype}):\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
+            return 1
+        worst = max(worst, code)
+    print(f"Oclgrind: no diagnostics (conformance exit {worst})")
+    return worst
 
 
 DEMO = """
@@ -91,10 +121,9 @@ def demo_broken(spec: str) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-broken", action="store_true", help="show that an off-by-one write is caught")
-    parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, e.g. -k lstm")
-    args = parser.parse_args()
+    args, conformance_args = parser.parse_known_args()  # the rest goes to `rlx-gpu conformance` (--ops lstm)
     spec = oclgrind_spec()
-    return demo_broken(spec) if args.demo_broken else conformance(spec, args.pytest_args)
+    return demo_broken(spec) if args.demo_broken else conformance(spec, conformance_args)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ class Case:
     params: Mapping[str, Any]
     options: Mapping[str, Any] = field(default_factory=dict)  # RunOptions fields (rnn_kernel, recompute)
     poison: str | None = None  # an input field whose first elements become NaN, +Inf, -Inf, 0, -0
+    poison_step: int | None = None  # instead: one NaN in ``poison`` at this step of batch row 0
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
@@ -93,6 +94,14 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("mamba2", _mamba2(2, 4, 3, 4, 6), {}, False),
     ("gated_delta_net", _gdn(2, 4, 2, 8, False, True), {}, False),
     ("gated_delta_net", _gdn(1, 3, 2, 5, True, False), {}, False),
+    # the gpu target's state-size variants 32..256 (16 is above) and decode (seq 1)
+    ("selective_scan", _ssm(1, 3, 3, 32), {}, False),
+    ("selective_scan", _ssm(1, 2, 2, 200), {}, False),
+    ("mamba2", _mamba2(1, 3, 2, 3, 64), {}, False),
+    # seq >= 64 runs selective_scan chunked on the gpu target (chunks of 256 steps: 300 takes two)
+    ("selective_scan", _ssm(2, 300, 5, 3), {}, False),
+    ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
+    ("gated_delta_net", _gdn(3, 1, 2, 8, False, True), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
     ("matmul", _matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
     ("reduce_sum", dict(outer=3, r=5, inner=7), {}, False),
@@ -108,6 +117,16 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(1, 16, 2, 256, True, True), {}, True),
     ("gated_delta_net", _gdn(2, 24, 3, 64, False, False), {}, True),
     ("matmul", _matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True),
+]
+
+#: (op, params, field, step) of the causality cases: one NaN at ``step`` of batch row 0 must reach that row's
+#: outputs from that step on and nothing else (positions compared with the float64 reference)
+CAUSAL: list[tuple[str, dict, str, int]] = [
+    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5),
+    ("selective_scan", _ssm(2, 300, 3, 4), "x", 270),  # in the second chunk of 256 steps (gpu target)
+    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
@@ -131,6 +150,9 @@ def cases(quick: bool = False) -> list[Case]:
         out += [Case("unary", dtype, dict(fn=fn, n=40), poison="x", seed=1, variant=f"{fn}.nan_inf") for fn in UNARY]
         out += [Case("binary", dtype, dict(fn=fn, shape=[40], a_strides=[1], b_strides=[1]), poison="b", seed=1,
                      variant=f"{fn}.nan_inf") for fn in BINARY]
+    out += [Case(op, dtype, params, poison=field, poison_step=step, seed=5,
+                 variant=".".join(p for p in (_flags(params, {}), f"nan_at_{step}") if p))
+            for op, params, field, step in CAUSAL for dtype in NAN_INF_DTYPES]
     out += [Case(op, dtype, dict(save_trajectory=save, num_checkpoints=k, length=SCAN_LENGTH),
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]

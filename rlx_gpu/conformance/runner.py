@@ -104,7 +104,10 @@ def lay_out(case: Case) -> Laid:
     if case.poison:
         r = next(r for r in placed if r.field == case.poison)
         view = arena[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype])
-        view[: SPECIALS.size * 3: 3] = SPECIALS.astype(STORAGE[r.dtype])
+        if case.poison_step is None:
+            view[: SPECIALS.size * 3: 3] = SPECIALS.astype(STORAGE[r.dtype])
+        else:  # [batch, seq, ...]: the first element of step poison_step of batch row 0
+            view[case.poison_step * int(np.prod(r.shape[2:]))] = np.nan
     pristine = arena.copy()
 
     def reference() -> dict[str, np.ndarray]:
