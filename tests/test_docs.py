@@ -128,3 +128,17 @@ def test_every_field_of_every_op_is_documented(op):
     words = set(re.findall(r"\w+", " ".join(re.findall(r"`([^`]*)`", body))))
     missing = [f for f in SPECS[op].field_names if f not in words]
     assert not missing, f"docs/abi.md, section {op}: fields {missing} are not named"
+
+
+def test_the_limits_table_is_the_one_in_code():
+    limits = pytest.importorskip("rlx_gpu.schedule.limits", reason="the limits table arrives with #9 (untrusted)")
+    section = TEXT.split("## 7. Limits")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| (?!limit|---)(.*?) \| (\S+) \|$", section, re.M)
+    values = [2 ** int(v[2:]) if v.startswith("2^") else int(v) for _, v in rows]
+    assert values == [limit.value for limit in limits.TABLE]
+
+
+def test_the_state_size_every_backend_supports_is_the_kernels():
+    from rlx_gpu.launches.limits import STATE_MAX
+
+    assert f"`state_size` up to {STATE_MAX} is supported by every backend" in TEXT
