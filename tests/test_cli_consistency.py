@@ -111,7 +111,8 @@ def test_load_schedule_of_a_missing_file_says_so():
     ("overrides: {lstm: hots}\n", ["overrides['lstm']: 'hots' is not a backend", "did you mean 'host'"]),
     ("tolerances: {thunk: {f32: -1}}\n", ["tolerances.thunk.f32: expected an NMSE bound >= 0"]),
     ("devcie: host\n", ["'devcie' is not a config key", "did you mean 'device'"]),
-    ("device: gpu\n", ["device: 'gpu' is not a device"]),
+    ("device: gpu\n", ["device: device 'gpu' is not a device spec; expected host | opencl"]),
+    ("device: 'opencl:a'\n", ["device 'opencl:a' is not a device spec"]),
 ])
 def test_config_mistakes_are_refused_naming_file_and_key(tmp_path, monkeypatch, capsys, text, needles):
     path = tmp_path / "cfg.yaml"

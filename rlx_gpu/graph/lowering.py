@@ -13,8 +13,8 @@ import numpy as np
 from host_fallback.arena import load
 
 from ..errors import GraphError
+from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
-from ..runtime.registry import check_spec
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_VERSION, Schedule
 from .layout import ArenaLayout, LayoutReport, arena_layout

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DeviceError
 from ..paths import data_dir
 from ..schedule.ops import DTYPES, SPECS
 
@@ -43,7 +43,23 @@ class Config:
             if bound is not None:
                 return float(bound)
         raise ConfigError(f"config {self.source}: no tolerance for {what!r} in {dtype}; add it under tolerances "
-                       f"(see {default_config_path()})")
+                          f"(see {default_config_path()})")
+
+
+SPEC_FORMS = "host | opencl[:platform[:device]] | cuda[:n] | auto"
+
+
+def check_spec(spec: str) -> str:
+    """``spec`` stripped, when it has one of the forms of ``SPEC_FORMS``; else a ``DeviceError`` saying so.
+
+    Only the form is checked: whether the device exists is ``resolve``'s question.
+    """
+    name, *indices = str(spec).strip().split(":")
+    most = {"auto": 0, "host": 0, "opencl": 2, "cuda": 1}
+    if name not in most or len(indices) > most[name] or not all(i.isdigit() for i in indices):
+        raise DeviceError(f"device {spec!r} is not a device spec; expected {SPEC_FORMS} "
+                          f"(`rlx-gpu devices` lists the devices here)")
+    return str(spec).strip()
 
 
 def default_config_path() -> Path:
@@ -68,10 +84,10 @@ def _mapping(path: Path, key: str, value: Any) -> Mapping[str, Any]:
 
 
 def _device(path: Path, value: Any) -> str:
-    spec = str(value)
-    _one_of(path, "device", spec.split(":", 1)[0], ("auto", *BACKENDS), "a device (host | opencl[:p[:d]] | "
-                                                                         "cuda[:n] | auto)")
-    return spec
+    try:
+        return check_spec(str(value))
+    except DeviceError as err:
+        raise ConfigError(f"config {path}: device: {err}") from err
 
 
 def _priority(path: Path, value: Any) -> tuple[str, ...]:

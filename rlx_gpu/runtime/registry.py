@@ -9,7 +9,7 @@ from types import ModuleType
 
 from ..backends.base import BackendUnavailable, DeviceInfo, Session
 from ..errors import DeviceError
-from .config import BACKENDS, Config
+from .config import BACKENDS, Config, check_spec
 
 BACKEND_MODULES = {name: f"rlx_gpu.backends.{name}" for name in BACKENDS}
 
@@ -56,22 +56,6 @@ def status(name: str) -> BackendStatus:
 def discover() -> list[BackendStatus]:
     """Every known backend with its devices or the reason it is unavailable."""
     return [status(name) for name in BACKEND_MODULES]
-
-
-SPEC_FORMS = "host | opencl[:platform[:device]] | cuda[:n] | auto"
-
-
-def check_spec(spec: str) -> str:
-    """``spec`` stripped, when it has one of the forms of ``SPEC_FORMS``; else a ``DeviceError`` saying so.
-
-    Only the form is checked: whether the device exists is ``resolve``'s question.
-    """
-    name, *indices = str(spec).strip().split(":")
-    most = {"auto": 0, "host": 0, "opencl": 2, "cuda": 1}
-    if name not in most or len(indices) > most[name] or not all(i.isdigit() for i in indices):
-        raise DeviceError(f"device {spec!r} is not a device spec; expected {SPEC_FORMS} "
-                          f"(`rlx-gpu devices` lists the devices here)")
-    return str(spec).strip()
 
 
 def _pyopencl_ctx(statuses: BackendStatus) -> str | None:
