@@ -10,14 +10,14 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
+from . import __version__
 from .conformance import command as conformance_command
 from .conformance.cases import lay_out
 from .conformance.compare import nmse
-from . import __version__
 from .errors import InputError, RlxError
-from .runtime.executor import get_device
+from .runtime.executor import Device, get_device
 from .runtime.registry import discover, open_session
-from .schedule.io import load_schedule, read_source, save_schedule
+from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule
 from .schedule.ops import DTYPES, SPECS, footprint
 from .units import human_bytes, human_time
@@ -71,7 +71,13 @@ def _load_target(target: str | None, inputs_file: str | None = None) -> tuple[Sc
 
 
 def _yaml_keys(path: Path) -> list[str]:
-    data = read_source(path)
+    """The top-level keys of a YAML file (none when it does not parse: the model reader then says why)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
     return list(data) if isinstance(data, dict) else []
 
 
@@ -139,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _check_against_float64(schedule: Schedule, arena: np.ndarray, device: Any) -> int:
+def _check_against_float64(schedule: Schedule, arena: np.ndarray, device: Device) -> int:
     """On the host, each thunk against the float64 reference of its op (the host against itself proves nothing)."""
     from .conformance.schedule_check import check_on_host
 
@@ -188,16 +194,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 DESCRIPTION = """\
-Recurrent and sequence kernels behind one arena-offset ABI (docs/abi.md), on the host (NumPy),
-OpenCL and CUDA devices.
+Recurrent and sequence kernels behind one arena-offset ABI (docs/abi.md), on the host (NumPy) and on
+OpenCL and CUDA devices (`rlx-gpu devices` says which run here).
 
 examples:
   rlx-gpu devices                          what can run here, per device, op and dtype
-  rlx-gpu run --check                      the bundled demo model on the default device, checked
-  rlx-gpu run gdn --device host --check    an example model (configs/examples/*.yaml: {models})
+  rlx-gpu run --check                      the bundled demo on the default device, checked
+  rlx-gpu run gdn --device host --check    an example model, each thunk checked against float64
   rlx-gpu plan configs/examples/gdn.yaml   the backend of each thunk and why
   rlx-gpu export demo -o demo.json         write a schedule (and demo.npz, its inputs)
   rlx-gpu run demo.json --inputs demo.npz  run a schedule file
+
+example models (configs/examples/*.yaml): {models}
 """
 
 EPILOG = """\
