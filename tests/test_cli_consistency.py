@@ -247,3 +247,10 @@ def test_more_model_file_mistakes(tmp_path, capsys, text, needles):
     path.write_text(text)
     assert main(["plan", str(path), "--device", "host"]) == 2
     _one_line_error(capsys, "ModelError", str(path), *needles)
+
+
+def test_a_schedule_file_that_does_not_parse_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text('{"abi": "rlx-thunks/1", "arena_bytes": 4')
+    assert main(["plan", str(path), "--device", "host"]) == 2
+    _one_line_error(capsys, "ScheduleError", f"{path}: schedule text is neither JSON")

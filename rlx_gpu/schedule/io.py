@@ -13,13 +13,17 @@ from .validate import validate
 
 
 def parse_text(text: str) -> Any:
-    """JSON, or YAML as the same structure."""
+    """JSON, or YAML as the same structure; raises ``ScheduleError`` when the text is neither."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as json_error:
         import yaml
 
-        return yaml.safe_load(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ScheduleError(f"schedule text is neither JSON ({json_error}) nor YAML "
+                                f"({' '.join(str(err).split())})") from err
 
 
 def read_source(source: Any) -> Any:
@@ -30,7 +34,10 @@ def read_source(source: Any) -> Any:
         return source
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
                                              and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
-        return parse_text(Path(source).read_text())
+        try:
+            return parse_text(Path(source).read_text())
+        except ScheduleError as err:
+            raise ScheduleError(f"{source}: {err}") from err
     if isinstance(source, str):
         parsed = parse_text(source)
         if isinstance(parsed, str) and "\n" not in source:  # one line that parses to a bare string: a path
