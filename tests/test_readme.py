@@ -45,3 +45,9 @@ def test_the_model_file_example_builds_and_is_the_bundled_demo(tmp_path):
 def test_the_readme_links_the_abi_reference_that_ships_in_the_repo():
     assert "../shared" not in README and "](docs/abi.md)" in README
     assert (ROOT / "docs" / "abi.md").is_file()
+
+
+def test_benchmarks_import_nothing_from_tests():
+    for script in sorted((ROOT / "benchmarks").glob("*.py")):
+        imports = re.findall(r"^\s*(?:from|import) (tests\b[\w.]*)", script.read_text(), re.M)
+        assert not imports, f"{script.name} imports {imports}: a benchmark runs from an installed package"

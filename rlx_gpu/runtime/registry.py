@@ -58,7 +58,7 @@ def discover() -> list[BackendStatus]:
     return [status(name) for name in BACKEND_MODULES]
 
 
-def _pyopencl_ctx(statuses: BackendStatus) -> str | None:
+def _pyopencl_ctx(opencl: BackendStatus) -> str | None:
     """The OpenCL device ``PYOPENCL_CTX`` picks (``p``, ``p:d``, or platform/device name fragments)."""
     answer = os.environ.get("PYOPENCL_CTX")
     if answer is None:
@@ -66,12 +66,12 @@ def _pyopencl_ctx(statuses: BackendStatus) -> str | None:
     parts = [p.strip() for p in answer.split(":")]
     if all(p.isdigit() for p in parts if p):
         return ":".join(["opencl", *[p for p in parts if p]][:3])
-    for info in statuses.devices:
+    for info in opencl.devices:
         name, platform = info.name.lower(), str(info.details.get("platform", "")).lower()
         if parts[0].lower() in platform and (len(parts) < 2 or parts[1].lower() in name):
             return info.spec
     raise DeviceError(f"PYOPENCL_CTX={answer!r} names no OpenCL device; "
-                      f"opencl has {', '.join(d.spec + ' ' + d.name for d in statuses.devices) or 'none'}")
+                      f"opencl has {', '.join(d.spec + ' ' + d.name for d in opencl.devices) or 'none'}")
 
 
 def resolve(spec: str | None, config: Config) -> DeviceInfo:
