@@ -32,9 +32,9 @@ from rnn import alternate_ms, cpu_ticks  # noqa: E402  (benchmarks/rnn.py: turn-
 from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu import get_device, load_schedule  # noqa: E402
-from rlx_gpu.abi import ABI_VERSION  # noqa: E402
-from rlx_gpu.samples import lay_out  # noqa: E402
-from rlx_gpu.torch_weights import pack_recurrent  # noqa: E402
+from rlx_gpu.schedule.model import ABI_VERSION  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out  # noqa: E402
+from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
 SIZE = 256
 
