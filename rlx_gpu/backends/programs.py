@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ..launches.limits import CONSTANTS
+from ..launches.core import Launch
+from ..launches.limits import CONSTANTS, DeviceLimits
 from ..paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")
@@ -80,6 +81,12 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None)
         ]
     )
     return Program(dialect, family, dtype, src_dtype, source)
+
+
+def program_for(dialect: str, launch: Launch, limits: DeviceLimits) -> Program:
+    """The program that holds ``launch``'s kernel on a device with ``limits``: the one place a backend
+    gets program text from (a launch's own defines and per-device tuning belong here)."""
+    return program(dialect, launch.family, launch.dtype, launch.src_dtype)
 
 
 def cache_key(device_key: object, prog: Program, options: tuple[str, ...]) -> tuple[object, str, tuple[str, ...]]:
