@@ -113,6 +113,19 @@ def copy_everything(dev: Any, case: Case) -> Callable[[], np.ndarray]:
     return step
 
 
+def resident(dev: Any, case: Case) -> tuple[Callable[[], np.ndarray], Any]:
+    """The resident API: the arena stays on the device; a call writes the inputs, runs, reads ``dst``."""
+    arena = dev.arena(case.schedule)
+
+    def step() -> np.ndarray:
+        for name, values in case.inputs.items():
+            arena.write(name, values)
+        dev.run(case.schedule, arena)
+        return arena.read("dst")
+
+    return step, arena
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default="host,opencl")
@@ -131,13 +144,17 @@ def main() -> None:
     print(f"decode step S=1, f32, H=I={SIZE}; torch.set_num_threads({threads}) = NumPy's OpenBLAS threads; "
           f"median µs of {args.rounds}x{args.runs} calls per path after {args.warmup} warm-up, in turns")
     start, t0 = cpu_ticks(), time.perf_counter()
-    header = f"{'case':<18}{'device':<22}{'torch':>8}{'copy-all':>10}{'copy/torch':>11}"
-    print(header)
+    print(f"{'case':<18}{'device':<12}{'torch':>8}{'resident':>10}{'copy-all':>10}{'res/torch':>11}"
+          f"{'copy/res':>10}{'max |diff|':>12}")
     for case in cases:
         for dev in devices:
-            paths = [case.torch_step, copy_everything(dev, case)]
+            step, arena = resident(dev, case)
+            paths = [case.torch_step, step, copy_everything(dev, case)]
             us = [ms * 1e3 for ms in alternate_ms(paths, args.runs, args.warmup, args.rounds)]
-            print(f"{case.name:<18}{dev.spec:<22}{us[0]:>8.0f}{us[1]:>10.0f}{us[1] / us[0]:>10.2f}x")
+            diff = float(np.abs(step() - case.torch_step()).max())  # both took the same number of steps
+            arena.free()
+            print(f"{case.name:<18}{dev.spec:<12}{us[0]:>8.0f}{us[1]:>10.0f}{us[2]:>10.0f}{us[1] / us[0]:>10.2f}x"
+                  f"{us[2] / us[1]:>9.2f}x{diff:>12.1e}")
     end = cpu_ticks()
     if start and end:
         others = (end[0] - start[0]) - (end[1] - start[1])
