@@ -11,7 +11,9 @@ the device arena, updated in place; copy-everything: the host arena, copied in a
 Medians in microseconds of ``--rounds`` blocks of ``--runs`` timed calls per path, the paths taking
 turns block by block; torch gets as many threads as NumPy's OpenBLAS. ``max |diff|`` compares the
 resident path's output after the timed calls with torch's, after as many steps from the same state.
-Needs only numpy, ml_dtypes, torch, pyopencl (for opencl) and this repository.
+On a loaded machine run it with ``OPENBLAS_NUM_THREADS=1`` (torch follows): a two-thread step waits
+at its barriers for a descheduled thread. Needs only numpy, ml_dtypes, torch, pyopencl (for opencl)
+and this repository.
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rnn import alternate_ms, cpu_ticks  # noqa: E402  (benchmarks/rnn.py: turn-taking medians, load check)
+from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402  (benchmarks/rnn.py: turn-taking medians, load check)
 
 from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
@@ -155,12 +157,7 @@ def main() -> None:
             arena.free()
             print(f"{case.name:<18}{dev.spec:<12}{us[0]:>8.0f}{us[1]:>10.0f}{us[2]:>10.0f}{us[1] / us[0]:>10.2f}x"
                   f"{us[2] / us[1]:>9.2f}x{diff:>12.1e}")
-    end = cpu_ticks()
-    if start and end:
-        others = (end[0] - start[0]) - (end[1] - start[1])
-        share = others / ((time.perf_counter() - t0) * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1))
-        if share > 0.05:
-            print(f"warning: other processes used {share:.0%} of the CPUs meanwhile; these figures are unreliable")
+    warn_if_shared(start, t0)
 
 
 if __name__ == "__main__":
