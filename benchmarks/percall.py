@@ -29,7 +29,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402  (benchmarks/rnn.py: turn-taking medians, load check)
+# benchmarks/rnn.py: turn-taking medians and the load check
+from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 
 from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402

@@ -242,6 +242,8 @@ def test_export_arguments_are_checked():
     view = ArenaView(arena, 0, "f32", (2,))
     with pytest.raises(DLPackError, match="device"):
         view.__dlpack__(dl_device=(2, 0))
+    arena[:8] = np.array([3.0, 4.0], np.float32).view(np.uint8)
     copied = torch.from_dlpack(view, copy=True)
+    assert copied.tolist() == [3.0, 4.0]
     copied[0] = 1.0
-    assert arena[:4].view(np.float32)[0] == 0.0
+    assert arena[:4].view(np.float32)[0] == 3.0

@@ -275,7 +275,7 @@ class ArenaView:
         if self.offset < 0 or self.offset + nbytes > arena.nbytes or min(self.shape, default=0) < 0:
             raise DLPackError(f"{dtype} {list(self.shape)} at byte {offset} ({nbytes} bytes) lies outside the "
                               f"arena of {arena.nbytes} bytes")
-        self._arena, self._owner = arena, owner
+        self._arena, self._owner, self._nbytes = arena, owner, nbytes
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CPU, 0)
@@ -286,12 +286,14 @@ class ArenaView:
             raise DLPackError(f"stream {stream!r} given for host memory; a CPU tensor takes stream=None")
         if dl_device is not None and tuple(dl_device) != (KDL_CPU, 0):
             raise DLPackError(f"this view lives on the CPU; it cannot be exported to device {tuple(dl_device)}")
-        arena = self._arena.copy() if copy else self._arena
         versioned = max_version is not None and max_version[0] >= DLPACK_MAJOR
-        if not arena.flags.writeable and not versioned:
+        if copy:  # the consumer asked for its own copy: this tensor's bytes only
+            own = self._arena[self.offset: self.offset + self._nbytes].copy()
+            return _export_capsule(own, 0, self.dtype, self.shape, versioned, keep=(own,))
+        if not self._arena.flags.writeable and not versioned:
             raise DLPackError("a read-only arena needs DLPack >= 1.0 to say so; the consumer asked for 0.x")
-        return _export_capsule(arena, self.offset, self.dtype, self.shape, versioned,
-                               keep=(arena, None if copy else self._owner))
+        return _export_capsule(self._arena, self.offset, self.dtype, self.shape, versioned,
+                               keep=(self._arena, self._owner))
 
 
 def _export_capsule(arena: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...], versioned: bool,
