@@ -5,6 +5,12 @@ as GEMMs over every (chunk, batch, head) at once, and carry the state across chu
 sequential loop. Decay ratios are always built as ``exp(cum[i] - cum[j])`` with ``i >= j`` (a later
 cumulative log-decay minus an earlier one), masked before the exp: such a ratio is the product of
 the step decays between ``j`` and ``i``, so it is finite wherever the step recurrence is.
+
+Non-finite values: a NaN or inf at step ``t`` of a lane must leave that lane's outputs before
+``t`` as the step recurrence gives them, but the bulk forms are not causal for such values (a
+triangular GEMM multiplies the later steps by exact zeros, and ``0 * inf`` is NaN). The bulk
+output at step ``t`` itself is then non-finite, so ``redo_nonfinite`` reruns every chunk of a lane
+whose output holds a non-finite value with the step recurrence, from the state entering it.
 """
 from __future__ import annotations
 
@@ -150,6 +156,31 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
         if blk:
             full[..., rows, : blk * block] = -(inv[..., blk, :, :] @ (a[..., rows, : blk * block] @ full[..., : blk * block, : blk * block]))
     return full
+
+
+def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None],
+                   inputs: list[np.ndarray]) -> None:
+    """Rerun with ``step`` each chunk of a lane whose output ``out [C, B, H, L, P]`` holds a
+    non-finite value, from the state ``starts [C, B, H, ...]`` entering it, into ``out``.
+
+    ``inputs`` are the per-step inputs as ``[C, B, H, L, ...]`` chunks; ``step(*inputs, state,
+    result)`` gets those of ``K`` chunks as ``K`` batch items of one head (``[K, L, 1, ...]``),
+    the entering states as ``[K, 1, ...]`` (its to update) and writes ``result [K, L, 1, P]``.
+    A chunk entered with a non-finite state comes after a non-finite value of its lane and is
+    left as it is. Costs one ``isfinite`` pass over ``out`` when every value is finite.
+    """
+    bad = ~np.isfinite(out).all(axis=(-2, -1))
+    if not bad.any():
+        return
+    pick = np.nonzero(bad)
+    entering = starts[pick]
+    usable = np.isfinite(entering).reshape(len(entering), -1).all(-1)
+    pick, entering = tuple(i[usable] for i in pick), entering[usable]
+    if not len(entering):
+        return
+    result = np.empty((len(entering), out.shape[-2], 1, out.shape[-1]), out.dtype)
+    step(*(x[pick][:, :, None] for x in inputs), entering[:, None], result)
+    out[pick] = result[:, :, 0]
 
 
 def pick_path(op: str, forced: str | None, seq: int, step_max: int, fast: str) -> str:

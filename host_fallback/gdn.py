@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, run_blocks, scratch,
-                      to_chunks, unit_lower_inverse)
+from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, redo_nonfinite, run_blocks,
+                      scratch, to_chunks, unit_lower_inverse)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -148,6 +148,7 @@ def _chunked(q, k, v, g, beta, s, length, dst):
     # k is copied into chunks (its transpose is fast from there); q and v are read in place
     q, k, v = chunk_view(q, length), to_chunks(k, length, "gdn.k"), chunk_view(v, length)
     beta = to_chunks(beta, length)  # [C, B, H, L, ...]
+    chunks = [q, k, v, None, beta]  # the inputs by chunk, for redo_nonfinite (g's, below)
     lead = q.shape[:3]
     kt = scratch("gdn.kt", (*lead, n, length), q.dtype)  # [C, B, H, N, L]
     np.copyto(kt, _swap(k))
@@ -160,12 +161,14 @@ def _chunked(q, k, v, g, beta, s, length, dst):
         cumt = scratch("gdn.cumt", (*cum.shape[:3], n, length), g.dtype)
         np.copyto(cumt, _swap(cum))  # [C, B, H, N, L]
         qk, kk = _channel_grams_fast(q, k, kt, cum, cumt, bounded)
+        chunks[3] = chunk_view(g, length)
         last = cumt[..., -1:]
         through = np.exp(last[..., 0])
         to_end = np.exp(np.subtract(last, cumt, out=cumt), out=cumt)
         gamma = np.exp(cum, out=cum)
     else:
-        cum = np.cumsum(to_chunks(g, length), axis=-1)
+        chunks[3] = to_chunks(g, length)
+        cum = np.cumsum(chunks[3], axis=-1)
         ratios = decay_ratios(cum)
         qk = np.matmul(q, kt, out=scratch("gdn.qk", ratios.shape, q.dtype))
         kk = np.matmul(k, kt, out=scratch("gdn.kk", ratios.shape, q.dtype))
@@ -206,6 +209,7 @@ def _chunked(q, k, v, g, beta, s, length, dst):
     out = np.matmul(q, starts, out=scratch("gdn.out", q.shape, q.dtype))
     qk *= scale
     out += np.matmul(qk, u, out=w)
+    redo_nonfinite(out, starts, lambda q, k, v, g, beta, s, o: _step(q, k, v, g, beta, s, length, o), chunks)
     np.copyto(dst, from_chunks(out, seq))
 
 
