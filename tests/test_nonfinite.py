@@ -6,7 +6,7 @@ outputs of steps >= t of its own lane (``selective_scan``'s ``b`` and ``c`` are 
 channel of a batch item, so they belong to all of that item's lanes). These tests run shapes long
 enough for the host's chunked/blocked paths and for the OpenCL kernels (PoCL) and check, for every
 lane, that each output strictly before the lane's first non-finite input is finite and matches the
-float64 step recurrence (``reference_ssm``) run on the clean inputs, and that every lane without a
+float64 step recurrence (``rlx_gpu.conformance.reference_ssm``) run on the clean inputs, and that every lane without a
 non-finite input is bit-identical to a run on the clean inputs.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from reference_ssm import gated_delta_net, lay_out, mamba2, read, selective_scan
-from rlx_gpu import samples
+from rlx_gpu.conformance import cases
+from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, mamba2, read, selective_scan
 
 #: Error allowed relative to the largest reference output: the host tests' bounds (f32/f64 math,
 #: one rounding on store), taken at the larger of the ssm and gdn ones.
@@ -151,7 +151,7 @@ def backend(request):
         pytest.skip(f"no OpenCL device: {err}")
 
     def run(thunk, arena):
-        out = device.run(samples.schedule_of(thunk, arena.size), arena)
+        out = device.run(cases.schedule_of(thunk, arena.size), arena)
         return {f: read(thunk, out, f) for f in outputs_of(thunk)}
     return "opencl", run
 
