@@ -6,8 +6,8 @@ outputs of steps >= t of its own lane (``selective_scan``'s ``b`` and ``c`` are 
 channel of a batch item, so they belong to all of that item's lanes). These tests run shapes long
 enough for the host's chunked/blocked paths and for the OpenCL kernels (PoCL) and check, for every
 lane, that each output strictly before the lane's first non-finite input is finite and matches the
-float64 step recurrence (``rlx_gpu.conformance.reference_ssm``) run on the clean inputs, and that every lane without a
-non-finite input is bit-identical to a run on the clean inputs.
+float64 step recurrence (``rlx_gpu.conformance.reference_ssm``) run on the clean inputs, and that
+every lane without a non-finite input is bit-identical to a run on the clean inputs.
 """
 from __future__ import annotations
 
