@@ -159,15 +159,16 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
 
 
 def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None],
-                   inputs: list[np.ndarray]) -> None:
+                   inputs: Callable[[], list[np.ndarray]]) -> None:
     """Rerun with ``step`` each chunk of a lane whose output ``out [C, B, H, L, P]`` holds a
     non-finite value, from the state ``starts [C, B, H, ...]`` entering it, into ``out``.
 
-    ``inputs`` are the per-step inputs as ``[C, B, H, L, ...]`` chunks; ``step(*inputs, state,
-    result)`` gets those of ``K`` chunks as ``K`` batch items of one head (``[K, L, 1, ...]``),
-    the entering states as ``[K, 1, ...]`` (its to update) and writes ``result [K, L, 1, P]``.
-    A chunk entered with a non-finite state comes after a non-finite value of its lane and is
-    left as it is. Costs one ``isfinite`` pass over ``out`` when every value is finite.
+    ``inputs()`` gives the per-step inputs as ``[C, B, H, L, ...]`` chunks (called only when a
+    chunk is redone); ``step(*inputs, state, result)`` gets those of ``K`` chunks as ``K`` batch
+    items of one head (``[K, L, 1, ...]``), their entering states as ``[K, 1, ...]`` (a copy it may
+    update) and writes ``result [K, L, 1, P]``. A chunk entered with a non-finite state comes after
+    a non-finite value of its lane and is left as it is. Costs one ``isfinite`` pass over ``out``
+    when every value is finite.
     """
     bad = ~np.isfinite(out).all(axis=(-2, -1))
     if not bad.any():
@@ -179,7 +180,7 @@ def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None
     if not len(entering):
         return
     result = np.empty((len(entering), out.shape[-2], 1, out.shape[-1]), out.dtype)
-    step(*(x[pick][:, :, None] for x in inputs), entering[:, None], result)
+    step(*(x[pick][:, :, None] for x in inputs()), entering[:, None], result)
     out[pick] = result[:, :, 0]
 
 

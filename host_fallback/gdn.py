@@ -148,7 +148,6 @@ def _chunked(q, k, v, g, beta, s, length, dst):
     # k is copied into chunks (its transpose is fast from there); q and v are read in place
     q, k, v = chunk_view(q, length), to_chunks(k, length, "gdn.k"), chunk_view(v, length)
     beta = to_chunks(beta, length)  # [C, B, H, L, ...]
-    chunks = [q, k, v, None, beta]  # the inputs by chunk, for redo_nonfinite (g's, below)
     lead = q.shape[:3]
     kt = scratch("gdn.kt", (*lead, n, length), q.dtype)  # [C, B, H, N, L]
     np.copyto(kt, _swap(k))
@@ -161,14 +160,12 @@ def _chunked(q, k, v, g, beta, s, length, dst):
         cumt = scratch("gdn.cumt", (*cum.shape[:3], n, length), g.dtype)
         np.copyto(cumt, _swap(cum))  # [C, B, H, N, L]
         qk, kk = _channel_grams_fast(q, k, kt, cum, cumt, bounded)
-        chunks[3] = chunk_view(g, length)
         last = cumt[..., -1:]
         through = np.exp(last[..., 0])
         to_end = np.exp(np.subtract(last, cumt, out=cumt), out=cumt)
         gamma = np.exp(cum, out=cum)
     else:
-        chunks[3] = to_chunks(g, length)
-        cum = np.cumsum(chunks[3], axis=-1)
+        cum = np.cumsum(to_chunks(g, length), axis=-1)
         ratios = decay_ratios(cum)
         qk = np.matmul(q, kt, out=scratch("gdn.qk", ratios.shape, q.dtype))
         kk = np.matmul(k, kt, out=scratch("gdn.kk", ratios.shape, q.dtype))
@@ -202,14 +199,15 @@ def _chunked(q, k, v, g, beta, s, length, dst):
         nxt += np.matmul(kd[c], u[c], out=step)
     scale = 1.0 / math.sqrt(n)
     if per_channel:
-        q = np.multiply(q, gamma, out=scratch("gdn.q", q.shape, q.dtype))
-        q *= scale
+        qg = np.multiply(q, gamma, out=scratch("gdn.q", q.shape, q.dtype))
+        qg *= scale
     else:
-        q = np.multiply(q, gamma * scale, out=scratch("gdn.q", q.shape, q.dtype))
-    out = np.matmul(q, starts, out=scratch("gdn.out", q.shape, q.dtype))
+        qg = np.multiply(q, gamma * scale, out=scratch("gdn.q", q.shape, q.dtype))
+    out = np.matmul(qg, starts, out=scratch("gdn.out", q.shape, q.dtype))
     qk *= scale
     out += np.matmul(qk, u, out=w)
-    redo_nonfinite(out, starts, lambda q, k, v, g, beta, s, o: _step(q, k, v, g, beta, s, length, o), chunks)
+    redo_nonfinite(out, starts, lambda q, k, v, g, beta, s, o: _step(q, k, v, g, beta, s, length, o),
+                   lambda: [q, k, v, chunk_view(g, length), beta])
     np.copyto(dst, from_chunks(out, seq))
 
 

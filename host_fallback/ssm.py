@@ -154,7 +154,7 @@ def _mamba2_chunked(x, dt, a, b, c, length, dst):
         starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
     y += np.matmul(cs, starts, out=scores if length == p else None)
-    redo_nonfinite(y, starts, _ssd_steps_transposed, [steps, xs, chunk_view(b, length), chunk_view(c, length)])
+    redo_nonfinite(y, starts, _ssd_steps_transposed, lambda: [steps, xs, chunk_view(b, length), chunk_view(c, length)])
     np.copyto(dst, from_chunks(y, seq))
 
 
