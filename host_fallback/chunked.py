@@ -116,6 +116,21 @@ def from_chunks(y: np.ndarray, seq: int) -> np.ndarray:
     return np.moveaxis(y, (0, 2), (1, 3)).reshape(b, count * length, h, *rest)[:, :seq]
 
 
+def floor_log_decays(logd: np.ndarray, low: float | None = None) -> np.ndarray:
+    """``logd`` with every log-decay below ``log(smallest subnormal) - 1`` of its type raised to it.
+
+    The step recurrence multiplies by ``exp`` of either, exactly 0, so nothing changes there; the
+    chunked forms gain twice: a ``-inf`` (a state reset) becomes finite and so never meets another
+    ``-inf`` in a cumulative difference (``-inf - -inf`` is NaN), and a huge finite one (``-1e6``)
+    no longer drowns the digits of every later cumulative log-decay of its chunk. ``low`` is
+    ``logd``'s minimum where the caller has it (no pass over ``logd`` then when nothing is below).
+    NaN stays NaN.
+    """
+    floor = float(np.log(np.finfo(logd.dtype).smallest_subnormal.astype(np.float64))) - 1.0
+    low = float(logd.min(initial=0.0)) if low is None else low
+    return logd if low >= floor else np.maximum(logd, floor)
+
+
 def decay_ratios(cum: np.ndarray) -> np.ndarray:
     """``[..., L] -> [..., L, L]``: ``exp(cum[i] - cum[j])`` where ``i >= j``, else 0."""
     length = cum.shape[-1]
@@ -166,16 +181,20 @@ def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None
     ``inputs()`` gives the per-step inputs as ``[C, B, H, L, ...]`` chunks (called only when a
     chunk is redone); ``step(*inputs, state, result)`` gets those of ``K`` chunks as ``K`` batch
     items of one head (``[K, L, 1, ...]``), their entering states as ``[K, 1, ...]`` (a copy it may
-    update) and writes ``result [K, L, 1, P]``. A chunk entered with a non-finite state comes after
-    a non-finite value of its lane and is left as it is. Costs one ``isfinite`` pass over ``out``
-    when every value is finite.
+    update) and writes ``result [K, L, 1, P]``.
+
+    The bulk states are exact wherever the recurrence's are finite and non-finite where they are
+    not (a NaN in one input channel spoils only the state entries it reaches), so a chunk entered
+    with a partly non-finite state is redone too. One entered with no finite entry is left as it
+    is: there, as in the recurrence, every output is non-finite. Costs one ``isfinite`` pass over
+    ``out`` when every value is finite.
     """
     bad = ~np.isfinite(out).all(axis=(-2, -1))
     if not bad.any():
         return
     pick = np.nonzero(bad)
     entering = starts[pick]
-    usable = np.isfinite(entering).reshape(len(entering), -1).all(-1)
+    usable = np.isfinite(entering).reshape(len(entering), -1).any(-1)
     pick, entering = tuple(i[usable] for i in pick), entering[usable]
     if not len(entering):
         return

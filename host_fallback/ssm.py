@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import (chunk_view, decay_ratios, from_chunks, pick_path, redo_nonfinite, run_blocks, scratch,
-                      to_chunks, to_chunks_t)
+from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite,
+                      run_blocks, scratch, to_chunks, to_chunks_t)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -123,7 +123,7 @@ def _ssd_masked(xs, cum, cs, bt, scores, y, local):
 def _mamba2_chunked(x, dt, a, b, c, length, dst):
     # the big intermediates live in reused scratch arrays (see chunked.scratch)
     seq, p, n = x.shape[1], x.shape[-1], b.shape[-1]
-    logd = dt * a
+    logd = floor_log_decays(dt * a)
     xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
     xs = chunk_view(xdt, length)  # [C, B, H, L, P]: the input each step adds, dt*x
     steps = to_chunks(logd, length)  # [C, B, H, L]

@@ -221,6 +221,35 @@ def test_f16_gated_delta_net_with_inf_inputs(backend, kind):
                      f"{backend[0]} {kind} seed {seed}")
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_outputs_are_nonfinite_exactly_where_the_recurrence_has_them(backend, kind, dtype):
+    """One to five NaN/±inf anywhere in the per-step inputs (half of those in ``g`` a reset,
+    ``-inf``): every output, final states included, is non-finite exactly where the float64
+    recurrence's is and matches it elsewhere, after the first non-finite input of a lane too (a
+    NaN in one channel of ``x`` or ``v`` spoils only the state entries it reaches; a ``-inf`` gate
+    empties the state, and the outputs after it are finite again)."""
+    for seed in range(5):
+        rng = np.random.default_rng([seed, 17, KINDS.index(kind)])
+        op, params, tensors = make_case(kind, rng)
+        fields = list(STEP_FIELDS[op])
+        for _ in range(int(rng.integers(1, 6))):
+            field = fields[rng.integers(len(fields))]
+            value = -np.inf if field == "g" and rng.random() < 0.5 else rng.choice([np.nan, np.inf, -np.inf])
+            tensors[field][tuple(int(rng.integers(size)) for size in tensors[field].shape)] = value
+        thunk, arena = lay_out(op, dtype, params, tensors)
+        want, got = reference(thunk, arena), backend[1](thunk, arena)
+        for field, values in got.items():
+            finite = np.isfinite(want[field])
+            where = f"{backend[0]} {kind} {dtype} seed {seed}, {field}"
+            wrong = int(np.count_nonzero(np.isfinite(values) != finite))
+            assert wrong == 0, f"{where}: {wrong} outputs finite where the recurrence's are not or the other way"
+            if finite.any():
+                err = np.max(np.abs(values[finite] - want[field][finite])) / max(np.max(np.abs(want[field][finite])), 1e-30)
+                assert err <= TOL[dtype], f"{where}: relative error {err:.3g} > {TOL[dtype]} where finite"
+
+
 def _overflowing(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     """Values past f16's range, of either sign: ±inf once stored in f16."""
     return rng.choice([-1.0, 1.0], shape) * rng.uniform(F16_OVERFLOW, 2 * F16_OVERFLOW, shape)
