@@ -10,7 +10,8 @@ Non-finite values: a NaN or inf at step ``t`` of a lane must leave that lane's o
 ``t`` as the step recurrence gives them, but the bulk forms are not causal for such values (a
 triangular GEMM multiplies the later steps by exact zeros, and ``0 * inf`` is NaN). The bulk
 output at step ``t`` itself is then non-finite, so ``redo_nonfinite`` reruns every chunk of a lane
-whose output holds a non-finite value with the step recurrence, from the state entering it.
+whose output holds a non-finite value with the step recurrence, from the state entering it; and
+``floor_log_decays`` keeps a ``-inf`` log-decay (a state reset) out of the cumulative sums.
 """
 from __future__ import annotations
 
