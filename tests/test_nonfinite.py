@@ -19,11 +19,12 @@ import pytest
 import host_fallback
 import rlx_gpu
 from rlx_gpu.conformance import cases
+from rlx_gpu.conformance.compare import nmse
 from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, mamba2, read, selective_scan
+from rlx_gpu.runtime.config import default_config_path, load_config
 
-#: Error allowed relative to the largest reference output: the host tests' bounds (f32/f64 math,
-#: one rounding on store), taken at the larger of the ssm and gdn ones.
-TOL = {"f32": 5e-5, "f16": 4e-3}
+#: NMSE bounds of one thunk against the float64 reference: the ``tolerances`` table of configs/default.yaml.
+BOUNDS = load_config(default_config_path())
 
 #: Per-step inputs of each op and whose lanes they feed: ``lane`` fields are ``[B, S, H, ...]``
 #: (one lane each), ``row`` fields ``[B, S, N]`` (every lane of their batch item).
@@ -110,18 +111,23 @@ def _expand(mask: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return np.broadcast_to(mask.reshape(mask.shape + (1,) * (len(shape) - mask.ndim)), shape)
 
 
-def check_causal(got: dict, clean: dict, want: dict, first: np.ndarray, dtype: str, where: str) -> None:
-    """Every output before its lane's first non-finite input finite and within ``TOL`` of ``want``;
-    every output of a lane without one (final states included) bit-identical to ``clean`` (a run
-    without the non-finite values) and within ``TOL`` of ``want``."""
+def check_close(got: np.ndarray, want: np.ndarray, op: str, dtype: str, where: str) -> None:
+    """``got`` within the NMSE bound of ``op`` in ``dtype`` of the float64 ``want``."""
+    err, bound = nmse(got, want), BOUNDS.tolerance(op, dtype)
+    assert err <= bound, f"{where}: NMSE {err:.3g} > {bound:.3g} against the float64 recurrence"
+
+
+def check_causal(got: dict, clean: dict, want: dict, first: np.ndarray, op: str, dtype: str, where: str) -> None:
+    """Every output before its lane's first non-finite input finite and close to ``want``; every
+    output of a lane without one (final states included) bit-identical to ``clean`` (a run without
+    the non-finite values) and close to ``want``."""
     dst, ref = got["dst"], want["dst"]
     b, s, h = first.shape[0], dst.shape[1], first.shape[1]
     before = _expand(np.arange(s)[None, :, None] < first[:, None, :], dst.shape)
     broken = int(np.count_nonzero(~np.isfinite(dst[before])))
     assert broken == 0, f"{where}: {broken} of {np.count_nonzero(before)} outputs before the first non-finite input of their lane are not finite"
     if before.any():
-        err = np.max(np.abs(dst[before] - ref[before])) / max(np.max(np.abs(ref)), 1e-30)
-        assert err <= TOL[dtype], f"{where}: outputs before the first non-finite input: relative error {err:.3g} > {TOL[dtype]}"
+        check_close(dst[before], ref[before], op, dtype, f"{where}: outputs before the first non-finite input")
     untouched = first == s
     for field, values in got.items():
         lanes = np.broadcast_to(untouched[:, None, :], (b, s, h)) if field == "dst" else untouched
@@ -129,8 +135,7 @@ def check_causal(got: dict, clean: dict, want: dict, first: np.ndarray, dtype: s
         np.testing.assert_array_equal(values[keep], clean[field][keep],
                                       err_msg=f"{where}: {field} of lanes without a non-finite input changed")
         if keep.any():
-            err = np.max(np.abs(values[keep] - want[field][keep])) / max(np.max(np.abs(want[field])), 1e-30)
-            assert err <= TOL[dtype], f"{where}: {field} of lanes without a non-finite input: relative error {err:.3g}"
+            check_close(values[keep], want[field][keep], op, dtype, f"{where}: {field} of lanes without a non-finite input")
 
 
 @pytest.fixture(scope="module", params=["host", "opencl"])
@@ -169,7 +174,7 @@ def clean_case(kind: str, dtype: str, seed: int, backend) -> tuple:
         thunk, arena = lay_out(op, dtype, params, tensors)
         want = reference(thunk, arena)
         clean = run(thunk, arena)
-        check_causal(clean, clean, want, first_nonfinite(thunk, arena), dtype, f"{name} {kind} {dtype} clean")
+        check_causal(clean, clean, want, first_nonfinite(thunk, arena), op, dtype, f"{name} {kind} {dtype} clean")
         _CLEAN[key] = (op, params, tensors, want, clean)
     return _CLEAN[key]
 
@@ -199,7 +204,7 @@ def test_one_nonfinite_input_stays_causal(backend, kind, field, value, dtype):
         thunk, arena = lay_out(op, dtype, params, poisoned)
         first = first_nonfinite(thunk, arena)
         assert np.count_nonzero(first < params["seq"]) == (first.shape[1] if STEP_FIELDS[op][field] == "row" else 1)
-        check_causal(backend[1](thunk, arena), clean, want, first, dtype,
+        check_causal(backend[1](thunk, arena), clean, want, first, op, dtype,
                      f"{backend[0]} {kind} {dtype} seed {seed}: {field}{list(index)} = {value}")
 
 
@@ -217,7 +222,7 @@ def test_f16_gated_delta_net_with_inf_inputs(backend, kind):
             arr = poisoned[fields[rng.integers(len(fields))]]
             arr[tuple(int(rng.integers(size)) for size in arr.shape)] = rng.choice([-np.inf, np.inf])
         thunk, arena = lay_out(op, "f16", params, poisoned)
-        check_causal(backend[1](thunk, arena), clean, want, first_nonfinite(thunk, arena), "f16",
+        check_causal(backend[1](thunk, arena), clean, want, first_nonfinite(thunk, arena), op, "f16",
                      f"{backend[0]} {kind} seed {seed}")
 
 
@@ -245,9 +250,7 @@ def test_outputs_are_nonfinite_exactly_where_the_recurrence_has_them(backend, ki
             where = f"{backend[0]} {kind} {dtype} seed {seed}, {field}"
             wrong = int(np.count_nonzero(np.isfinite(values) != finite))
             assert wrong == 0, f"{where}: {wrong} outputs finite where the recurrence's are not or the other way"
-            if finite.any():
-                err = np.max(np.abs(values[finite] - want[field][finite])) / max(np.max(np.abs(want[field][finite])), 1e-30)
-                assert err <= TOL[dtype], f"{where}: relative error {err:.3g} > {TOL[dtype]} where finite"
+            check_close(values, want[field], op, dtype, f"{where}, where finite")
 
 
 def _overflowing(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -267,7 +270,7 @@ def test_padding_row_that_overflows_f16_leaves_the_real_rows_alone(backend, kind
     first = first_nonfinite(thunk, arena)
     assert np.all(first[2] == 0) and np.all(first[:2] == params["seq"])
     got = {f: v[:2] for f, v in backend[1](thunk, arena).items()}
-    check_causal(got, clean, want, first[:2], "f16", f"{backend[0]} {kind} padded batch")
+    check_causal(got, clean, want, first[:2], op, "f16", f"{backend[0]} {kind} padded batch")
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -285,4 +288,4 @@ def test_right_padding_that_overflows_f16_leaves_the_real_tokens_alone(backend, 
         thunk, arena = lay_out(op, "f16", params, padded)
         first = first_nonfinite(thunk, arena)
         assert np.all(first[1] == start) and np.all(first[0] == params["seq"])
-        check_causal(backend[1](thunk, arena), clean, want, first, "f16", f"{backend[0]} {kind} seed {seed}, padding from step {start}")
+        check_causal(backend[1](thunk, arena), clean, want, first, op, "f16", f"{backend[0]} {kind} seed {seed}, padding from step {start}")
