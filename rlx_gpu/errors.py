@@ -41,3 +41,7 @@ class FallbackForbidden(RlxError):
 
 class DeviceError(RlxError):
     """A device spec names no usable device."""
+
+
+class DLPackError(RlxError, BufferError):
+    """A tensor cannot cross the DLPack border (dtype, device, layout or protocol version); nothing was shared."""
