@@ -254,3 +254,11 @@ def test_a_schedule_file_that_does_not_parse_is_one_line(tmp_path, capsys):
     path.write_text('{"abi": "rlx-thunks/1", "arena_bytes": 4')
     assert main(["plan", str(path), "--device", "host"]) == 2
     _one_line_error(capsys, "ScheduleError", f"{path}: schedule text is neither JSON")
+
+
+def test_export_to_yaml_is_read_back_as_a_schedule(tmp_path, capsys):
+    out = tmp_path / "gdn.yaml"
+    assert main(["export", "gdn", "-o", str(out)]) == 0
+    assert "abi: rlx-thunks/1" in out.read_text()
+    assert main(["plan", str(out), "--device", "host"]) == 0
+    assert "gated_delta_net" in capsys.readouterr().out
