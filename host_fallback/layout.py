@@ -3,9 +3,13 @@
 ``regions(thunk)`` lists each tensor a thunk touches with its byte offset, shape, element type and
 access mode. The validator derives footprints from it, the executor copies exactly these ranges for
 a fallback, and the host kernels bind their NumPy views through it.
+
+Every size is an exact Python integer, computed in time independent of the values (no list as long
+as ``num_layers``), so a validator can compare it with its limits before anything is allocated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -30,7 +34,7 @@ class Region:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * ELEM_SIZE[self.dtype]
+        return math.prod(self.shape) * ELEM_SIZE[self.dtype]
 
     @property
     def reads(self) -> bool:
@@ -52,11 +56,18 @@ def layer_input_sizes(t: Thunk) -> list[int]:
     return [t["input_size"] if layer == 0 else dirs * t["hidden"] for layer in range(t["num_layers"])]
 
 
+def w_ih_count(t: Thunk) -> int:
+    """Elements of ``w_ih``: ``Σ_l dirs*G*hidden*in_l``, in closed form."""
+    gates, dirs = recurrent_dims(t)
+    h = t["hidden"]
+    return dirs * gates * h * (t["input_size"] + (t["num_layers"] - 1) * dirs * h)
+
+
 def _recurrent(t: Thunk) -> list[Region]:
     gates, dirs = recurrent_dims(t)
     b, s, i, h, layers = t["batch"], t["seq"], t["input_size"], t["hidden"], t["num_layers"]
     dt = t["dtype"]
-    w_ih = sum(dirs * gates * h * in_l for in_l in layer_input_sizes(t))
+    w_ih = w_ih_count(t)
     out = [
         Region("x", t["x"], (b, s, i), dt, "r"),
         Region("w_ih", t["w_ih"], (w_ih,), dt, "r"),

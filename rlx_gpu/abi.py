@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,8 +16,11 @@ from types import MappingProxyType
 from typing import Any, Iterator
 
 import numpy as np
+import yaml
 
 from host_fallback.arena import ELEM_SIZE, STORAGE, view
+
+from .errors import ScheduleError, brief
 
 ABI_VERSION = "rlx-thunks/1"
 
@@ -31,7 +35,7 @@ class TensorView:
 
     @property
     def count(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -143,32 +147,111 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def parse_text(text: str) -> Any:
-    """JSON, or YAML as the same structure."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        import yaml
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """PyYAML's safe loader (libyaml's parser when present) refusing duplicate and merge (``<<``) keys.
 
-        return yaml.safe_load(text)
+    An alias is constructed once and shared, never expanded; libyaml bounds nesting at 1000 levels.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(None, None, "merge keys (<<) are not accepted",
+                                                        key_node.start_mark)
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {brief(key)}",
+                                                        key_node.start_mark) from None
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {brief(key)}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"duplicate key {brief(key)} in a JSON object")
+        out[key] = value
+    return out
+
+
+def parse_text(text: str) -> Any:
+    """JSON, or YAML as the same structure; raises ``ScheduleError`` when the text is neither.
+
+    The text is read as JSON first; when that fails it is read as YAML, and when that fails too the
+    message gives the JSON error with its line and column (and the YAML one). Duplicate keys are
+    refused in both.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as err:
+        raise ScheduleError(f"schedule text: {err}") from None
+    except RecursionError:
+        raise ScheduleError("schedule text: nested too deeply to be a schedule (JSON)") from None
+    except ValueError as err:  # JSONDecodeError, or an int literal longer than Python converts
+        json_error = err
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as err:
+        yaml_error = " ".join(str(err).split())
+        raise ScheduleError(f"schedule text is neither JSON ({brief(str(json_error), 120)}) nor YAML "
+                            f"({brief(yaml_error, 160)})") from None
 
 
 def read_source(source: Any) -> Any:
-    """Turn a path, JSON/YAML text or an already parsed object into the parsed structure."""
+    """Turn a schedule source into the parsed structure; raises ``ScheduleError``.
+
+    A source is a ``Schedule`` or a mapping (returned as is), a ``pathlib.Path`` or other ``os.PathLike``
+    (always read as a file), JSON/YAML text as ``str`` or UTF-8 ``bytes`` — or a ``str`` that names an
+    existing file, which is then read: a string is a path only when such a file exists.
+    """
     if isinstance(source, Schedule):
         return source.to_dict()
     if isinstance(source, Mapping):
         return source
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
-                                             and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
-        return parse_text(Path(source).read_text())
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and _names_a_file(source)):
+        return parse_text(_read_file(Path(source)))
+    if isinstance(source, (bytes, bytearray)):
+        return parse_text(_decode(bytes(source), "schedule bytes"))
     if isinstance(source, str):
         return parse_text(source)
-    raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
+    raise ScheduleError(f"a schedule is a mapping, JSON/YAML text or bytes, or a path, not {type(source).__name__}")
+
+
+def _names_a_file(text: str) -> bool:
+    return "\n" not in text and os.path.isfile(text)  # isfile answers False for an impossible name
+
+
+def _read_file(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ScheduleError(f"no such file: {brief(str(path), 200)}") from None
+    except OSError as err:
+        raise ScheduleError(f"cannot read the schedule file {brief(str(path), 200)}: {err.strerror}") from None
+    return _decode(data, f"the schedule file {brief(str(path), 200)}")
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScheduleError(f"{what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})") from None
 
 
 def load_schedule(source: Any) -> Schedule:
-    """Parse and validate a schedule; raises ``rlx_gpu.ScheduleError`` naming the thunk, op and field."""
+    """Parse and validate a schedule (any source ``read_source`` takes); raises ``rlx_gpu.ScheduleError``,
+    naming the thunk, op and field, for every malformed input."""
     from .validate import validate
 
     return source if isinstance(source, Schedule) else validate(read_source(source))
@@ -179,8 +262,6 @@ def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
     path = Path(path)
     data = schedule.to_dict()
     if path.suffix in (".yaml", ".yml"):
-        import yaml
-
         path.write_text(yaml.safe_dump(data, sort_keys=False))
     else:
         path.write_text(json.dumps(data, indent=1))

@@ -11,11 +11,12 @@ from typing import Any, Mapping
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.layout import Region, regions
 
+from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
+
 DTYPES = ("f32", "f16", "bf16", "f64")
 UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip",
              "softplus", "step")
 BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
-MAX_RANK = 6
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,3 @@ def footprint(thunk: Mapping[str, Any]) -> tuple[list[Region], list[Region]]:
     regs = regions(thunk)
     return [r for r in regs if r.reads], [r for r in regs if r.writes]
 
-
-def element_counts(thunk: Mapping[str, Any]) -> dict[str, int]:
-    """Element count of every tensor of a thunk, by field (ABI.md §3's expected counts for the RNNs)."""
-    return {r.field: r.nbytes // ELEM_SIZE[r.dtype] for r in regions(thunk)}
