@@ -203,9 +203,14 @@ def parse_text(text: str) -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
     except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as err:
-        yaml_error = " ".join(str(err).split())
-        raise ScheduleError(f"schedule text is neither JSON ({brief(str(json_error), 120)}) nor YAML "
-                            f"({brief(yaml_error, 160)})") from None
+        yaml_error = _cut(" ".join(str(err).split()), 160)
+    if text.lstrip()[:1] in ("{", "["):
+        raise ScheduleError(f"schedule text is neither JSON ({_cut(str(json_error), 120)}) nor YAML ({yaml_error})")
+    raise ScheduleError(f"schedule text is neither YAML ({yaml_error}) nor JSON ({_cut(str(json_error), 120)})")
+
+
+def _cut(message: str, limit: int) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def read_source(source: Any) -> Any:

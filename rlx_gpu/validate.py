@@ -43,6 +43,9 @@ class _Where:
 
     def fail(self, field: str | None, message: str) -> ScheduleError:
         where = self.prefix or "schedule"
+        steps = where.split(" → ")
+        if len(steps) > 6:  # a deep nest: the outermost and innermost levels say where
+            where = " → ".join(steps[:2] + [f"... {len(steps) - 4} levels ..."] + steps[-2:])
         return ScheduleError(f"{where}, field {field!r}: {message}" if field else f"{where}: {message}")
 
 
