@@ -14,7 +14,7 @@ RNN_WPAD = 16  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride
 RNN_JB = 16  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JBG)
 RNN_PERSIST_MAX = 1024  # largest hidden size the persistent recurrent kernel holds in local memory
 
-#: Emitted as ``#define`` lines by kernel_source, so the kernels and the planners agree.
+#: Emitted as ``#define`` lines by backends.programs, so the kernels and the planners agree.
 CONSTANTS = {
     "GEMM_RM": GEMM_RM, "GEMM_CN": GEMM_CN,
     "STATE_MAX": STATE_MAX, "GDN_CJ": GDN_CJ, "M2_PB": M2_PB, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB, "RNN_WPAD": RNN_WPAD,

@@ -1,150 +1,20 @@
-"""The schedule model of ABI.md §2: frozen Thunk and Schedule, JSON/YAML reading and writing.
+"""Reading and writing schedules: JSON or YAML text, paths, parsed objects; loading validates (ABI.md §2).
 
-``Thunk`` and ``Schedule`` are read-only Mappings over their ABI fields, so the host kernels (which know
-nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
+Every malformed input, whatever its form, raises ``ScheduleError`` here (see ``read_source``).
 """
 from __future__ import annotations
 
-import base64
 import json
-import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Iterator
+from typing import Any
 
-import numpy as np
 import yaml
 
-from host_fallback.arena import ELEM_SIZE, STORAGE, view
-
-from .errors import ScheduleError, brief
-
-ABI_VERSION = "rlx-thunks/1"
-
-
-@dataclass(frozen=True)
-class TensorView:
-    """A named view of the arena: ``shape`` elements of ``dtype`` at byte ``offset``."""
-
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def count(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.count * ELEM_SIZE[self.dtype]
-
-    def read(self, arena: np.ndarray) -> np.ndarray:
-        """A copy of this tensor out of a host arena, in its storage dtype."""
-        return view(arena, self.offset, self.dtype, self.shape).copy()
-
-    def write(self, arena: np.ndarray, values: np.ndarray) -> None:
-        """Store ``values`` (any float dtype, rounded to nearest even) into a host arena."""
-        values = np.asarray(values)
-        if values.shape != self.shape:
-            raise ValueError(f"expected shape {list(self.shape)} for this {self.dtype} tensor, got {list(values.shape)}")
-        view(arena, self.offset, self.dtype, self.shape)[...] = values.astype(STORAGE[self.dtype])
-
-
-@dataclass(frozen=True)
-class InitBlock:
-    """Constant bytes written at ``offset`` before the first thunk runs."""
-
-    offset: int
-    data: bytes
-
-
-@dataclass(frozen=True, eq=False)
-class Thunk(Mapping):
-    """One validated thunk: ``index`` is its position in its schedule, ``fields`` its ABI fields."""
-
-    index: int
-    op: str
-    dtype: str
-    fields: Mapping[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        if key == "op":
-            return self.op
-        if key == "dtype":
-            return self.dtype
-        return self.fields[key]
-
-    def __iter__(self) -> Iterator[str]:
-        yield "op"
-        yield "dtype"
-        yield from self.fields
-
-    def __len__(self) -> int:
-        return 2 + len(self.fields)
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"op": self.op, "dtype": self.dtype}
-        for key, value in self.fields.items():
-            out[key] = value.to_dict() if isinstance(value, Schedule) else _plain(value)
-        return out
-
-
-@dataclass(frozen=True, eq=False)
-class Schedule(Mapping):
-    """A validated schedule; nested scan bodies are Schedules too."""
-
-    arena_bytes: int
-    thunks: tuple[Thunk, ...]
-    tensors: Mapping[str, TensorView] = field(default_factory=dict)
-    inputs: tuple[str, ...] = ()
-    outputs: tuple[str, ...] = ()
-    init: tuple[InitBlock, ...] = ()
-
-    _KEYS = ("abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks")
-
-    def __getitem__(self, key: str) -> Any:
-        if key == "abi":
-            return ABI_VERSION
-        if key == "init":
-            return [{"offset": b.offset, "b64": base64.b64encode(b.data).decode()} for b in self.init]
-        if key == "tensors":
-            return {n: {"offset": t.offset, "dtype": t.dtype, "shape": list(t.shape)} for n, t in self.tensors.items()}
-        if key in ("inputs", "outputs"):
-            return list(getattr(self, key))
-        if key in self._KEYS:
-            return getattr(self, key)
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._KEYS)
-
-    def __len__(self) -> int:
-        return len(self._KEYS)
-
-    def pristine_arena(self) -> np.ndarray:
-        """A zeroed arena with ``init`` applied."""
-        arena = np.zeros(self.arena_bytes, dtype=np.uint8)
-        self.apply_init(arena)
-        return arena
-
-    def apply_init(self, arena: np.ndarray) -> None:
-        """Write every ``init`` block into a host arena in place."""
-        for block in self.init:
-            arena[block.offset: block.offset + len(block.data)] = np.frombuffer(block.data, dtype=np.uint8)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: self[k] for k in self._KEYS if k != "thunks"}
-        out["thunks"] = [t.to_dict() for t in self.thunks]
-        return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
-    return value
+from ..errors import ScheduleError, brief
+from .model import Schedule
+from .validate import validate
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
@@ -257,8 +127,6 @@ def _decode(data: bytes, what: str) -> str:
 def load_schedule(source: Any) -> Schedule:
     """Parse and validate a schedule (any source ``read_source`` takes); raises ``rlx_gpu.ScheduleError``,
     naming the thunk, op and field, for every malformed input."""
-    from .validate import validate
-
     return source if isinstance(source, Schedule) else validate(read_source(source))
 
 
@@ -270,11 +138,3 @@ def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
         path.write_text(yaml.safe_dump(data, sort_keys=False))
     else:
         path.write_text(json.dumps(data, indent=1))
-
-
-def freeze_fields(fields: dict[str, Any]) -> Mapping[str, Any]:
-    """Read-only field mapping; lists become tuples so a thunk cannot be changed after validation."""
-    def freeze(v: Any) -> Any:
-        return tuple(freeze(x) for x in v) if isinstance(v, list) else v
-
-    return MappingProxyType({k: freeze(v) for k, v in fields.items()})

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .launches.limits import CONSTANTS
-from .paths import data_dir
+from ..launches.limits import CONSTANTS
+from ..paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")
 PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}

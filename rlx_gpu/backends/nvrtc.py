@@ -2,7 +2,7 @@
 
 The proof that the portable text in ``kernels/`` is one text for both dialects: the exact source the
 OpenCL backend builds, with ``kernels_cuda/prelude.cuh`` in place of the OpenCL prelude, must compile
-to PTX for every architecture in ``ARCHS``. Run ``python -m rlx_gpu.nvrtc_check``; it exits non-zero
+to PTX for every architecture in ``ARCHS``. Run ``python -m rlx_gpu.backends.nvrtc``; it exits non-zero
 and prints the NVRTC log and numbered source of any failure.
 """
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 import sys
 from dataclasses import dataclass
 
-from . import kernel_source
-from .errors import KernelBuildError
-from .ops import DTYPES
+from ..errors import KernelBuildError
+from ..schedule.ops import DTYPES
+from .programs import FAMILIES, Program, program
 
 ARCHS = ("compute_80", "compute_90")
 CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
@@ -21,15 +21,15 @@ CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
 
 @dataclass(frozen=True)
 class Compiled:
-    program: kernel_source.Program
+    program: Program
     arch: str
     ptx_bytes: int
 
 
-def programs() -> list[kernel_source.Program]:
+def programs() -> list[Program]:
     """Every program the backends build: each family for each dtype, plus each cast variant."""
-    out = [kernel_source.program("cuda", fam, dt) for fam in kernel_source.FAMILIES for dt in DTYPES]
-    out += [kernel_source.program("cuda", "body", dt, src) for dt in DTYPES for src in DTYPES]
+    out = [program("cuda", fam, dt) for fam in FAMILIES for dt in DTYPES]
+    out += [program("cuda", "body", dt, src) for dt in DTYPES for src in DTYPES]
     return out
 
 
@@ -41,7 +41,7 @@ def _check(result: tuple) -> tuple:
     return result[1:]
 
 
-def compile_ptx(prog: kernel_source.Program, arch: str) -> bytes:
+def compile_ptx(prog: Program, arch: str) -> bytes:
     """PTX of ``prog`` for ``arch``; raises KernelBuildError with NVRTC's log on failure."""
     from cuda.bindings import nvrtc
 

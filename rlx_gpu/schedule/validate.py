@@ -17,12 +17,12 @@ from host_fallback import aliasing, scan_rules
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.layout import regions
 
-from .abi import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
-from .errors import ScheduleError, brief
+from ..errors import ScheduleError, brief
+from ..units import human_bytes
 from .limits import (MAX_ARENA_BYTES, MAX_DIM, MAX_NESTING_DEPTH, MAX_NUM_LAYERS, MAX_RANK, MAX_SCAN_STEPS, MAX_THUNKS,
                      MAX_VIEW_RANK)
+from .model import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
 from .ops import DTYPES, SCAN_OPS, SPECS, Field, OpSpec
-from .units import human_bytes
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
 _RECURRENT = ("lstm", "gru", "rnn")
