@@ -66,12 +66,12 @@ def _describe(r: Region) -> str:
 def check(t: Thunk, regs: list[Region] | None = None) -> None:
     """Raise ``FieldError`` when ``t``'s ranges (``regs``: ``regions(t)`` if already computed) overlap in
     a way the aliasing rule forbids."""
-    regs = [r for r in (regions(t) if regs is None else regs) if r.nbytes > 0]
-    for i, w in enumerate(regs):
+    spans = [(r, r.offset, r.offset + r.nbytes) for r in (regions(t) if regs is None else regs) if r.nbytes > 0]
+    for w, w_start, w_end in spans:
         if not w.writes:
             continue
-        for j, other in enumerate(regs):
-            if i != j and _overlap(w.offset, w.nbytes, other.offset, other.nbytes) and not _allowed(t, w, other):
+        for other, start, end in spans:
+            if other is not w and start < w_end and w_start < end and not _allowed(t, w, other):
                 raise FieldError(t["op"], w.field, f"{_describe(w)} overlaps {_describe(other)}; a thunk may "
                                                    "write in place only as ABI.md §1 allows (exact in-place "
                                                    "elementwise ops, carried state): give it its own bytes")

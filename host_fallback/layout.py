@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -31,10 +32,10 @@ class Region:
     shape: tuple[int, ...]
     dtype: str  # an ABI dtype, or "u8" for the scan family's byte-level slots
     access: str  # "r", "w" or "rw"
+    nbytes: int = dataclass_field(init=False)  # exact: shape's product times the element size
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * ELEM_SIZE[self.dtype]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * ELEM_SIZE[self.dtype])
 
     @property
     def reads(self) -> bool:

@@ -6,6 +6,7 @@ with the host kernels, which must import without ``rlx_gpu``); this module adds 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from host_fallback.arena import ELEM_SIZE
@@ -36,7 +37,7 @@ class OpSpec:
     fields: tuple[Field, ...]
     dtypes: tuple[str, ...] = DTYPES
 
-    @property
+    @cached_property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 

@@ -247,7 +247,7 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
         if steps > MAX_SCAN_STEPS:
             raise here.fail("length", f"{fields['length']} steps of a body that itself runs nested scans declare "
                                       f"{steps} body executions, over the limit {MAX_SCAN_STEPS} ('scan_steps')")
-    regs = regions(thunk)
+    regs = regions({"op": op, "dtype": dtype, **fields})  # a plain dict: the shape rules read it fast
     for r in regs:
         size = ELEM_SIZE[r.dtype]
         if r.offset % size:
