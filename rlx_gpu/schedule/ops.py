@@ -41,6 +41,11 @@ class OpSpec:
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
 
+    @cached_property
+    def keys(self) -> frozenset[str]:
+        """Every key a thunk of this op has: its fields, ``op`` and ``dtype``."""
+        return frozenset(self.field_names) | {"op", "dtype"}
+
 
 def _offsets(*names: str) -> tuple[Field, ...]:
     return tuple(Field(n, "offset") for n in names)

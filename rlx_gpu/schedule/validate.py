@@ -35,11 +35,15 @@ _VALUE_ERRORS = (TypeError, ValueError, OverflowError, KeyError, IndexError, Att
 class _Where:
     """Names the place a message is about: ``body of thunk 2 (scan) → thunk 0 (matmul), field 'a'``."""
 
-    def __init__(self, prefix: str):
-        self.prefix = prefix
+    def __init__(self, prefix: str, thunk: tuple[int, str] | None = None):
+        self._prefix, self._thunk = prefix, thunk  # the text is built only when a message needs it
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix if self._thunk is None else f"{self._prefix}thunk {self._thunk[0]} ({self._thunk[1]})"
 
     def thunk(self, index: int, op: str) -> "_Where":
-        return _Where(f"{self.prefix}thunk {index} ({op})")
+        return _Where(self._prefix, (index, op))
 
     def fail(self, field: str | None, message: str) -> ScheduleError:
         where = self.prefix or "schedule"
@@ -198,7 +202,7 @@ _RULES: dict[str, Callable[[_Where, Mapping[str, Any]], None]] = {"binary": _rul
 def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
     """The validated thunk and the scan steps it declares."""
     where = ctx.where
-    if not isinstance(raw, Mapping):
+    if not isinstance(raw, (dict, Mapping)):  # dict first: the ABC check is slow
         raise where.fail(None, f"thunk {index} is a {type(raw).__name__}, expected an object")
     cached = ctx.seen.get(id(raw))
     if cached is not None:  # the same object again (a YAML alias): validated already in this arena
@@ -212,7 +216,7 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
         raise where.thunk(index, op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
     here = where.thunk(index, op)
     try:
-        thunk, steps = _thunk_fields(here, index, op, _object(here, None, raw, "a thunk object"), ctx)
+        thunk, steps = _thunk_fields(here, index, op, raw, ctx)
     except ScheduleError:
         raise
     except _VALUE_ERRORS as err:
@@ -229,9 +233,10 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
     missing = [n for n in spec.field_names if n not in raw]
     if missing:
         raise here.fail(missing[0], f"missing (required fields still absent: {', '.join(missing)})")
-    extra = sorted(set(raw) - set(spec.field_names) - {"op", "dtype"})
+    extra = sorted(set(raw) - spec.keys, key=repr)
     if extra:
-        raise here.fail(extra[0], f"unknown field for {op} (known: {', '.join(spec.field_names)})")
+        key = extra[0] if isinstance(extra[0], str) and len(extra[0]) <= 40 else brief(extra[0], 40)
+        raise here.fail(key, f"unknown field for {op} (known: {', '.join(spec.field_names)})")
     ctx.body_steps = {}
     fields = {f.name: _check_field(here, f, raw[f.name], ctx) for f in spec.fields}
     if op in _RULES:
