@@ -248,6 +248,8 @@ def test_bytes_and_paths():
     (lambda s: s["thunks"][0].update(op=["lstm"]), [r"thunk 0 \(\['lstm'\]\), field 'op': unknown op"]),
     (lambda s: s.update(outputs=5), [r"field 'outputs': expected a list of tensor names, got 5"]),
     (lambda s: s.update(init=True), [r"field 'init': expected a list of \{offset, b64\} blocks, got bool True"]),
+    (lambda s: s.update(init=False), [r"field 'init': expected a list of \{offset, b64\} blocks, got bool False"]),
+    (lambda s: s.update(outputs=0), [r"field 'outputs': expected a list of tensor names, got 0"]),
     (lambda s: s.update(init=[{"offset": 0, "b64": "AAé="}]), [r"field 'init\[0\].b64': not valid base64"]),
     (lambda s: s["thunks"][0].update(value=10**400), [r"thunk 0 \(fill\), field 'value': <int of 1329 bits> is "
                                                       r"beyond the range of a float"]),
@@ -255,7 +257,7 @@ def test_bytes_and_paths():
                                                        r"float inf"]),
     (lambda s: s.update(init=[{"offset": 0, "b64": "AAAA"}, {"offset": 2, "b64": "AAAA"}]),
      [r"field 'init\[1\]': overlaps init\[0\]"]),
-], ids=["op-list", "outputs-int", "init-bool", "non-ascii-base64", "int-beyond-float", "inf-count", "init-overlap"])
+], ids=["op-list", "outputs-int", "init-bool", "init-false", "outputs-0", "non-ascii-base64", "int-beyond-float", "inf-count", "init-overlap"])
 def test_wrong_types_are_schedule_errors(edit, patterns):
     sched = _case("fill")
     edit(sched)

@@ -283,8 +283,13 @@ def _recurrent_counts(here: _Where, thunk: Thunk, reads: list, ctx: _Context) ->
             raise here.fail(r.field, f"input {name!r} has {ctx.tensors[name].count} elements, expected {expected}")
 
 
+def _or_empty(value: Any, empty: Any) -> Any:
+    """An absent or null optional section is empty; any other value is checked as given."""
+    return empty if value is None else value
+
+
 def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorView]:
-    raw_tensors = raw.get("tensors") or {}
+    raw_tensors = _or_empty(raw.get("tensors"), {})
     _object(where, "tensors", raw_tensors, "an object of named views")
     tensors: dict[str, TensorView] = {}
     for name, t in raw_tensors.items():
@@ -304,7 +309,7 @@ def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorV
 
 
 def _names(raw: Mapping, where: _Where, key: str, tensors: Mapping[str, TensorView]) -> tuple[str, ...]:
-    listed = raw.get(key) or []
+    listed = _or_empty(raw.get(key), [])
     if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
         raise where.fail(key, f"expected a list of tensor names, got {brief(listed)}")
     unknown = [n for n in listed if n not in tensors]
@@ -314,7 +319,7 @@ def _names(raw: Mapping, where: _Where, key: str, tensors: Mapping[str, TensorVi
 
 
 def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...]:
-    blocks = raw.get("init") or []
+    blocks = _or_empty(raw.get("init"), [])
     if not isinstance(blocks, list):
         raise where.fail("init", f"expected a list of {{offset, b64}} blocks, got {type(blocks).__name__} "
                                  f"{brief(blocks)}")
