@@ -88,7 +88,8 @@ KINDS = {
     "JSON n init blocks (valid)": _many_init,
     "JSON '[' * n": lambda n: "[" * n,
     "JSON n-digit integer": lambda n: '{"abi": "rlx-thunks/1", "arena_bytes": ' + "9" * (n - 60) + ', "thunks": []}',
-    "JSON 1 MB string as op": lambda n: '{"abi": "rlx-thunks/1", "arena_bytes": 64, "thunks": [{"op": "' + "x" * (n - 80) + '"}]}',
+    "JSON 1 MB string as op":
+        lambda n: '{"abi": "rlx-thunks/1", "arena_bytes": 64, "thunks": [{"op": "' + "x" * (n - 80) + '"}]}',
     "random bytes": lambda n: random.Random(1).randbytes(n),
     "YAML '- ' * n": lambda n: "- " * (n // 2),
     "YAML aliased scans (thunk budget)": _alias_thunks,

@@ -257,7 +257,8 @@ def test_bytes_and_paths():
                                                        r"float inf"]),
     (lambda s: s.update(init=[{"offset": 0, "b64": "AAAA"}, {"offset": 2, "b64": "AAAA"}]),
      [r"field 'init\[1\]': overlaps init\[0\]"]),
-], ids=["op-list", "outputs-int", "init-bool", "init-false", "outputs-0", "non-ascii-base64", "int-beyond-float", "inf-count", "init-overlap"])
+], ids=["op-list", "outputs-int", "init-bool", "init-false", "outputs-0", "non-ascii-base64", "int-beyond-float",
+        "inf-count", "init-overlap"])
 def test_wrong_types_are_schedule_errors(edit, patterns):
     sched = _case("fill")
     edit(sched)
@@ -278,7 +279,8 @@ def _nested_scans(depth: int) -> dict:
 def test_nesting_is_bounded_by_the_depth_limit():
     _refused(json.dumps(_nested_scans(150)), r"nest deeper than 32 levels \(limit 'nesting_depth'\)")
     text = ("abi: rlx-thunks/1\narena_bytes: 64\nthunks:\n- &s {op: scan, dtype: f32, body: {arena_bytes: 64, "
-            "thunks: [*s]}, body_input_off: 0, body_output_off: 16, outer_init_off: 0, outer_final_off: 16, "
+            "thunks: [*s]}, body_input_off: 0, body_output_off: 16, outer_init_off: 0, "
+            "outer_final_off: 16, "
             "length: 1, carry_bytes: 16, save_trajectory: false, xs_inputs: [], bcast_inputs: [], num_checkpoints: 0}\n")
     _refused(text, r"nest deeper than 32 levels")
 
@@ -317,7 +319,8 @@ def test_in_place_forms_the_abi_allows_still_run():
     np.testing.assert_array_equal(out[:74].view(np.float16), np.tanh(x.astype(np.float32)).astype(np.float16))
     binary = dict(op="binary", dtype="f32", fn="mul", a=0, b=0, dst=0, shape=[3, 5], a_strides=[5, 1], b_strides=[5, 1])
     rlx_gpu.load_schedule(schedule_of(binary, 64))
-    _refused(schedule_of(dict(binary, a_strides=[1, 3], b=64), 128), r"field 'dst': dst \[0, 60\) \(written\) overlaps a")
+    transposed = schedule_of(dict(binary, a_strides=[1, 3], b=64), 128)
+    _refused(transposed, r"field 'dst': dst \[0, 60\) \(written\) overlaps a")
     rlx_gpu.load_schedule(schedule_of(dict(op="cast", dtype="bf16", src=0, dst=0, n=8, src_dtype="f16"), 64))
     _refused(schedule_of(dict(op="cast", dtype="f32", src=0, dst=0, n=8, src_dtype="f16"), 64), r"field 'dst'")
     scan = _case("scan")

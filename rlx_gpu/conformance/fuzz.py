@@ -177,7 +177,8 @@ def _damage_text(rng: random.Random, text: str, done: list[str]) -> Any:
         return text[:at] + bytes(rng.randrange(256) for _ in range(rng.randint(1, 8))).decode("latin-1") + text[at:]
     if kind == "duplicate":
         if text.startswith("{"):
-            return text.replace('"op": ', '"dtype": "f32", "op": ', 1).replace("{", '{"thunks": [], ', rng.randint(0, 1))
+            text = text.replace('"op": ', '"dtype": "f32", "op": ', 1)
+            return text.replace("{", '{"thunks": [], ', rng.randint(0, 1))
         return "arena_bytes: 64\n" + text
     if kind == "bytes":
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 600)))

@@ -213,7 +213,8 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
     before = ctx.budget.thunks
     op = raw.get("op")
     if not isinstance(op, str) or op not in SPECS:
-        raise where.thunk(index, op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
+        named = op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)
+        raise where.thunk(index, named).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
     here = where.thunk(index, op)
     try:
         thunk, steps = _thunk_fields(here, index, op, raw, ctx)
