@@ -36,7 +36,8 @@ INTERESTING = (-1, 0, 1, 2, 3, 4, 7, 8, 16, 255, 4096, 2**31 - 1, 2**31, 2**32, 
 #: Values of the wrong type (or out of every range).
 WRONG = (None, True, False, "x", "12", "", 1.5, float("nan"), float("inf"), -float("inf"), [], {}, [1], [[1, 2]],
          {"a": 1}, 10**400, "é" * 3)
-#: A clean run is attempted only below these sizes (larger valid schedules are counted, not run).
+#: A clean run is attempted only below these sizes, body arenas included (larger valid schedules are
+#: counted, not run: refusing an arena the machine cannot hold is the device's DeviceError).
 RUN_ARENA_BYTES = 1 << 20
 RUN_SCAN_STEPS = 1 << 12
 
@@ -188,14 +189,19 @@ def _damage_text(rng: random.Random, text: str, done: list[str]) -> Any:
                            "thunks": [{"op": "fill", "dtype": "f32", "dst": _alias_bomb(), "n": 1, "value": 0}]})
 
 
+def _bodies(schedule: Schedule) -> list[tuple[int, Schedule]]:
+    """``(length, body)`` of every scan body directly inside ``schedule``."""
+    return [(t["length"], body) for t in schedule.thunks for body in
+            (t.fields.get(name) for name in ("body", "body_vjp", "forward_body")) if isinstance(body, Schedule)]
+
+
 def _scan_steps(schedule: Schedule) -> int:
-    steps = 0
-    for t in schedule.thunks:
-        for name in ("body", "body_vjp", "forward_body"):
-            body = t.fields.get(name)
-            if isinstance(body, Schedule):
-                steps += t["length"] * (1 + _scan_steps(body))
-    return steps
+    return sum(length * (1 + _scan_steps(body)) for length, body in _bodies(schedule))
+
+
+def _arena_bytes(schedule: Schedule) -> int:
+    """The outer arena plus the largest body arena held with it, at every level."""
+    return schedule.arena_bytes + max((_arena_bytes(body) for _, body in _bodies(schedule)), default=0)
 
 
 def check_case(case: Case, device: Any) -> tuple[str, str | None]:
@@ -208,7 +214,7 @@ def check_case(case: Case, device: Any) -> tuple[str, str | None]:
         return "refused", None if len(message) < 1200 else f"a {len(message)}-character message"
     except Exception as err:  # noqa: BLE001 - any other exception is the finding
         return "crashed", f"load_schedule raised {type(err).__name__}: {brief(str(err), 200)}"
-    if schedule.arena_bytes > RUN_ARENA_BYTES or _scan_steps(schedule) > RUN_SCAN_STEPS:
+    if _arena_bytes(schedule) > RUN_ARENA_BYTES or _scan_steps(schedule) > RUN_SCAN_STEPS:
         return "not run", None
     arena = np.random.default_rng(case.seed).integers(0, 256, schedule.arena_bytes, dtype=np.uint8)
     before = arena.copy()
