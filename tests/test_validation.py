@@ -339,3 +339,21 @@ def test_a_megabyte_of_pathological_text_is_refused():
     _refused(text, rf"thunk {count} \(fill\), field 'dst': bytes \[0, 68\)")
     _refused("[" * 1_000_000, r"nested too deeply")
     _refused("- " * 500_000, r"neither YAML \(.*maximum nesting depth")
+
+
+def test_declared_scan_steps_and_thunk_count_are_bounded():
+    scan = _case("scan")
+    scan["thunks"][0].update(length=2**25, save_trajectory=False, xs_inputs=[])
+    _refused(scan, r"field 'length': length 33554432 declares 33554432 body executions .*'scan_steps'")
+    inner = _case("scan")["thunks"][0] | dict(length=4097, save_trajectory=False, xs_inputs=[], outer_init_off=0,
+                                              outer_final_off=0)
+    outer = _case("scan")
+    outer["thunks"][0].update(length=4096, save_trajectory=False, xs_inputs=[])
+    outer["thunks"][0]["body"]["thunks"] = [inner]
+    _refused(outer, r"thunk 0 \(scan\), field 'length': length 4096 declares 16785408 body executions")
+    scan = ("{op: scan, dtype: f32, body: {arena_bytes: 64, thunks: [" + ", ".join(["*u"] * 300) + "]}, "
+            "body_input_off: 0, body_output_off: 16, outer_init_off: 0, outer_final_off: 16, length: 1, "
+            "carry_bytes: 16, save_trajectory: false, xs_inputs: [], bcast_inputs: [], num_checkpoints: 0}")
+    text = ("abi: rlx-thunks/1\narena_bytes: 64\nmeta: [&u {op: fill, dtype: f32, dst: 0, n: 4, value: 1}]\n"
+            f"thunks: [&s {scan}, " + ", ".join(["*s"] * 299) + "]\n")
+    _refused(text, r"^thunk \d+ \(scan\): the schedule has more than 65536 thunks .*'thunks'")

@@ -207,15 +207,15 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
     cached = ctx.seen.get(id(raw))
     if cached is not None:  # the same object again (a YAML alias): validated already in this arena
         _, thunk, inside, steps = cached
-        ctx.budget.add(where, 1 + inside)
+        ctx.budget.add(where.thunk(index, thunk.op), 1 + inside)
         return Thunk(index, thunk.op, thunk.dtype, thunk.fields), steps
-    ctx.budget.add(where, 1)
-    before = ctx.budget.thunks
     op = raw.get("op")
     if not isinstance(op, str) or op not in SPECS:
         named = op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)
         raise where.thunk(index, named).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
     here = where.thunk(index, op)
+    ctx.budget.add(here, 1)
+    before = ctx.budget.thunks
     try:
         thunk, steps = _thunk_fields(here, index, op, raw, ctx)
     except ScheduleError:
@@ -251,8 +251,8 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
             raise here.fail(err.field, err.message) from None
         steps = sum(fields["length"] * (1 + inner) for inner in ctx.body_steps.values())
         if steps > MAX_SCAN_STEPS:
-            raise here.fail("length", f"{fields['length']} steps of a body that itself runs nested scans declare "
-                                      f"{steps} body executions, over the limit {MAX_SCAN_STEPS} ('scan_steps')")
+            raise here.fail("length", f"length {fields['length']} declares {steps} body executions (nested scans "
+                                      f"included), over the limit {MAX_SCAN_STEPS} ('scan_steps')")
     regs = regions({"op": op, "dtype": dtype, **fields})  # a plain dict: the shape rules read it fast
     for r in regs:
         size = ELEM_SIZE[r.dtype]
