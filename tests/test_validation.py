@@ -9,9 +9,11 @@ import re
 
 import numpy as np
 import pytest
+import yaml
 
 import rlx_gpu
 from host_fallback.layout import regions
+from rlx_gpu.schedule.io import parse_text
 from rlx_gpu.schedule.ops import SPECS
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
@@ -357,3 +359,13 @@ def test_declared_scan_steps_and_thunk_count_are_bounded():
     text = ("abi: rlx-thunks/1\narena_bytes: 64\nmeta: [&u {op: fill, dtype: f32, dst: 0, n: 4, value: 1}]\n"
             f"thunks: [&s {scan}, " + ", ".join(["*s"] * 299) + "]\n")
     _refused(text, r"^thunk \d+ \(scan\): the schedule has more than 65536 thunks .*'thunks'")
+
+
+@pytest.mark.parametrize("scalar", ["0", "-0", "12", "-12", "012", "0x1F", "1_000", "1:20", "1.5", ".inf", "yes", "No",
+                                    "on", "OFF", "null", "~", "true", "False", "f32", "_x", "x1", "rlx-thunks/1",
+                                    "2001-12-14", "1e5", "+3", "y", "é", "0o17", "²", "--1"])
+def test_yaml_scalars_resolve_as_pyyaml_does(scalar):
+    text = f"v: {scalar}\n"
+    expected = yaml.load(text, Loader=yaml.SafeLoader)["v"]
+    value = parse_text(text)["v"]
+    assert type(value) is type(expected) and value == expected
