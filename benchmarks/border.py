@@ -58,8 +58,8 @@ def _many_init(size: int) -> str:
 
 def _alias_thunks(size: int) -> str:
     inner = "{op: fill, dtype: f32, dst: 0, n: 4, value: 1}"
-    body_refs = ", ".join(["*u"] * 4000)
-    outer_refs = ", ".join(["*s"] * (size // 4))
+    body_refs = ", ".join(["*u"] * 60_000)  # each scan holds 60,000 fills: the second crosses the budget
+    outer_refs = ", ".join(["*s"] * 60_000)
     return (f"abi: rlx-thunks/1\narena_bytes: 64\nmeta: [&u {inner}]\nthunks: [\n"
             f"&s {{op: scan, dtype: f32, body: {{arena_bytes: 64, thunks: [{body_refs}]}}, body_input_off: 0, "
             "body_output_off: 16, outer_init_off: 0, outer_final_off: 16, length: 1, carry_bytes: 16, "

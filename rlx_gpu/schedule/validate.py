@@ -50,7 +50,9 @@ class _Where:
         steps = where.split(" → ")
         if len(steps) > 6:  # a deep nest: the outermost and innermost levels say where
             where = " → ".join(steps[:2] + [f"... {len(steps) - 4} levels ..."] + steps[-2:])
-        return ScheduleError(f"{where}, field {field!r}: {message}" if field else f"{where}: {message}")
+        if field:
+            return ScheduleError(f"{where}{'' if where.endswith('→ ') else ', '}field {field!r}: {message}")
+        return ScheduleError(f"{where.removesuffix(' → ')}: {message}")
 
 
 class _Budget:
