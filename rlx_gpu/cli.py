@@ -53,8 +53,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def _load_target(target: str | None) -> tuple[Schedule, dict[str, np.ndarray]]:
     """A schedule file (with seeded random inputs) or an example model (with its own inputs)."""
-    raw = None if target is None else read_source(Path(target) if Path(target).exists() else target)
-    if raw is not None and "abi" in raw:
+    raw = None if target is None else read_source(target)  # a file when one is named so, else text
+    if isinstance(raw, dict) and "abi" in raw:
         schedule = load_schedule(raw)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
