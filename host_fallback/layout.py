@@ -3,10 +3,15 @@
 ``regions(thunk)`` lists each tensor a thunk touches with its byte offset, shape, element type and
 access mode. The validator derives footprints from it, the executor copies exactly these ranges for
 a fallback, and the host kernels bind their NumPy views through it.
+
+Every size is an exact Python integer, computed in time independent of the values (no list as long
+as ``num_layers``), so a validator can compare it with its limits before anything is allocated.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -30,10 +35,10 @@ class Region:
     shape: tuple[int, ...]
     dtype: str  # an ABI dtype, or "u8" for the scan family's byte-level slots
     access: str  # "r", "w" or "rw"
+    nbytes: int = dataclass_field(init=False)  # exact: shape's product times the element size
 
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * ELEM_SIZE[self.dtype]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * ELEM_SIZE[self.dtype])
 
     @property
     def reads(self) -> bool:
@@ -52,19 +57,16 @@ def recurrent_dims(t: Thunk) -> tuple[int, int]:
 def layer_input_sizes(t: Thunk) -> list[int]:
     """``in_l`` for every layer: ``input_size`` below, ``dirs*hidden`` above."""
     _, dirs = recurrent_dims(t)
-    return _input_sizes(t["input_size"], t["hidden"], t["num_layers"], dirs)
-
-
-def _input_sizes(input_size: int, hidden: int, num_layers: int, dirs: int) -> list[int]:
-    return [input_size] + [dirs * hidden] * (num_layers - 1)
+    return [t["input_size"]] + [dirs * t["hidden"]] * (t["num_layers"] - 1)
 
 
 def recurrent_weight_shapes(op: str, input_size: int, hidden: int, num_layers: int,
                             bidirectional: bool) -> dict[str, tuple[int, ...]]:
     """Shape of every weight stream of an lstm/gru/rnn (ABI.md §3), by field, in field order."""
     gates, dirs = GATES[op], 2 if bidirectional else 1
-    in_sizes = _input_sizes(input_size, hidden, num_layers, dirs)
-    shapes = {"w_ih": (sum(dirs * gates * hidden * n for n in in_sizes),),
+    # Σ_l dirs*G*hidden*in_l in closed form: no list as long as num_layers
+    w_ih = dirs * gates * hidden * (input_size + (num_layers - 1) * dirs * hidden)
+    shapes = {"w_ih": (w_ih,),
               "w_hh": (num_layers * dirs, gates * hidden, hidden)}
     shapes.update({f: (num_layers * dirs, gates * hidden) for f in RECURRENT_BIASES[op]})
     return shapes

@@ -5,9 +5,8 @@ The host driver checks them before it runs (a runtime may call ``host_fallback``
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
-
-import numpy as np
 
 from .arena import ELEM_SIZE
 
@@ -62,7 +61,7 @@ def _output(t: Thunk, body_field: str, field: str, nbytes: int) -> None:
     for name in body.get("outputs") or ():
         spec = tensors.get(name)
         if spec is not None and spec["offset"] == offset:
-            size = int(np.prod(spec["shape"], dtype=np.int64)) * ELEM_SIZE[spec["dtype"]]
+            size = math.prod(spec["shape"]) * ELEM_SIZE[spec["dtype"]]
             if size != nbytes:
                 raise FieldError(t["op"], field, f"{body_field} output {name!r} is {size} bytes at {field}={offset}, "
                                                  f"but the step writes {nbytes} (carry_bytes={t['carry_bytes']})")

@@ -45,3 +45,38 @@ class DeviceError(RlxError):
 
 class DLPackError(RlxError, BufferError):
     """A tensor cannot cross the DLPack border (dtype, device, layout or protocol version); nothing was shared."""
+
+
+def brief(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, in time bounded by ``limit``: a huge or
+    self-referencing value (a YAML alias bomb, a 10**4000 literal) is never expanded."""
+    text = _brief(value, limit, depth=3)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _brief(value: object, budget: int, depth: int) -> str:
+    if value is None or isinstance(value, (bool, float)):
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if value.bit_length() <= 256 else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, (str, bytes, bytearray)):
+        return repr(value[:budget]) + ("..." if len(value) > budget else "")
+    if isinstance(value, (list, tuple, dict)):
+        opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+        if depth == 0:
+            return f"{opening}...{closing}"
+        parts: list[str] = []
+        used = 0
+        for item in (value.items() if isinstance(value, dict) else value):
+            if used >= budget:
+                parts.append("...")
+                break
+            if isinstance(value, dict):
+                key = _brief(item[0], budget - used, depth - 1)
+                part = f"{key}: {_brief(item[1], budget - used - len(key), depth - 1)}"
+            else:
+                part = _brief(item, budget - used, depth - 1)
+            parts.append(part)
+            used += len(part) + 2
+        return opening + ", ".join(parts) + closing
+    return f"<{type(value).__name__}>"

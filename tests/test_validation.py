@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import copy
+import json
+import pathlib
+import random
+import re
 
+import numpy as np
 import pytest
+import yaml
 
 import rlx_gpu
 from host_fallback.layout import regions
+from rlx_gpu.schedule.io import parse_text
 from rlx_gpu.schedule.ops import SPECS
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
@@ -171,3 +178,194 @@ def test_json_and_yaml_round_trip(tmp_path):
         again = rlx_gpu.load_schedule(tmp_path / name)
         assert again.to_dict() == sched.to_dict()
     assert rlx_gpu.load_schedule((tmp_path / "s.json").read_text()).to_dict() == sched.to_dict()
+
+
+# ---- untrusted input (issue #9, holes 1-4): each of these got past the border before ----
+
+def _refused(source, *patterns: str) -> str:
+    """Load ``source``, expect a ScheduleError with a short message matching every pattern."""
+    with pytest.raises(rlx_gpu.ScheduleError) as err:
+        rlx_gpu.load_schedule(source)
+    message = str(err.value)
+    assert len(message) < 800, message[:200]
+    for pattern in patterns:
+        assert re.search(pattern, message), (pattern, message)
+    return message
+
+
+def test_wrapping_products_are_exact():
+    thunk = dict(op="selective_scan", dtype="f32", x=0, delta=0, a=0, b=0, c=0, dst=1024, batch=2**32,
+                 seq=2**32, hidden=1, state_size=1)
+    _refused(schedule_of(thunk, 1536), r"thunk 0 \(selective_scan\), field 'x': bytes \[0, 73786976294838206464\)")
+    sched = dict(_case("copy"), tensors={"big": {"offset": 0, "dtype": "f32", "shape": [2**63]}})
+    _refused(sched, r"tensor 'big', field 'shape\[0\]': 9223372036854775808 exceeds the limit 281474976710656")
+    sched = dict(_case("copy"), arena_bytes=2**64)
+    _refused(sched, r"field 'arena_bytes': 18446744073709551616 exceeds the limit 281474976710656 .*'arena_bytes'")
+
+
+def test_num_layers_is_bounded_before_any_list_is_built():
+    sched = _case("lstm")
+    sched["thunks"][0]["num_layers"] = 2**40
+    _refused(sched, r"thunk 0 \(lstm\), field 'num_layers': 1099511627776 exceeds the limit 4096 .*'num_layers'")
+
+
+def _alias_bomb(levels: int = 9) -> str:
+    lines = ['  l0: &l0 ["xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx", "xxxxxxxx"]']
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines)
+
+
+def test_an_alias_bomb_is_reported_without_expanding_it():
+    text = (f"abi: rlx-thunks/1\narena_bytes: 64\nmeta:\n{_alias_bomb()}\n"
+            "thunks:\n  - {op: fill, dtype: f32, dst: *l8, n: 1, value: 0}\n")
+    assert len(text) < 1024
+    _refused(text, r"thunk 0 \(fill\), field 'dst': expected a byte offset >= 0, got list \[\[\[")
+
+
+@pytest.mark.parametrize("text,patterns", [
+    ('{"abi": "rlx-thunks/1", "arena_bytes": 64, "thunks": [{"op": "fill", "dtype": "f3',
+     [r"neither JSON \(Unterminated string starting at: line 1 column 79", r"nor YAML"]),
+    ('{"abi": "rlx-thunks/1",\n "arena_bytes": 64,\n "thunks": [\n', [r"line 4 column 1"]),
+    ("[" * 5000, [r"nested too deeply"]),
+    ("x" * 300, [r"schedule: expected an object, got str 'xxxx"]),
+    ('{"abi": "rlx-thunks/1", "arena_bytes": 64, "thunks": [], "arena_bytes": 128}', [r"duplicate key 'arena_bytes'"]),
+    ("abi: rlx-thunks/1\narena_bytes: 64\nthunks: []\narena_bytes: 128\n", [r"duplicate key 'arena_bytes'"]),
+    ("abi: rlx-thunks/1\narena_bytes: 64\nthunks: []\n1: 2\n", [r"keys must be strings, got int 1"]),
+    ("base: &b {arena_bytes: 64}\nschedule:\n  <<: *b\n", [r"merge keys"]),
+    ('{"abi": "rlx-thunks/1", "arena_bytes": 1' + "0" * 5000 + ', "thunks": []}', [r"neither JSON"]),
+], ids=["truncated-json", "truncated-json-lines", "brackets", "300-chars", "duplicate-json", "duplicate-yaml",
+        "mixed-key-types", "merge-key", "5000-digit-int"])
+def test_malformed_text_is_one_schedule_error(text, patterns):
+    _refused(text, *patterns)
+
+
+def test_bytes_and_paths():
+    noise = bytes(random.Random(9).randrange(256) for _ in range(300))
+    _refused(noise, r"not UTF-8 text")
+    _refused(noise.decode("latin-1"), r"neither JSON .* nor YAML|expected an object, got str")
+    _refused(pathlib.Path("/nonexistent/schedule.json"), r"no such file: '/nonexistent/schedule.json'")
+
+
+@pytest.mark.parametrize("edit,patterns", [
+    (lambda s: s["thunks"][0].update(op=["lstm"]), [r"thunk 0 \(\['lstm'\]\), field 'op': unknown op"]),
+    (lambda s: s.update(outputs=5), [r"field 'outputs': expected a list of tensor names, got 5"]),
+    (lambda s: s.update(init=True), [r"field 'init': expected a list of \{offset, b64\} blocks, got bool True"]),
+    (lambda s: s.update(init=False), [r"field 'init': expected a list of \{offset, b64\} blocks, got bool False"]),
+    (lambda s: s.update(outputs=0), [r"field 'outputs': expected a list of tensor names, got 0"]),
+    (lambda s: s.update(init=[{"offset": 0, "b64": "AAé="}]), [r"field 'init\[0\].b64': not valid base64"]),
+    (lambda s: s["thunks"][0].update(value=10**400), [r"thunk 0 \(fill\), field 'value': <int of 1329 bits> is "
+                                                      r"beyond the range of a float"]),
+    (lambda s: s["thunks"][0].update(n=float("inf")), [r"thunk 0 \(fill\), field 'n': expected an int >= 0, got "
+                                                       r"float inf"]),
+    (lambda s: s.update(init=[{"offset": 0, "b64": "AAAA"}, {"offset": 2, "b64": "AAAA"}]),
+     [r"field 'init\[1\]': overlaps init\[0\]"]),
+], ids=["op-list", "outputs-int", "init-bool", "init-false", "outputs-0", "non-ascii-base64", "int-beyond-float",
+        "inf-count", "init-overlap"])
+def test_wrong_types_are_schedule_errors(edit, patterns):
+    sched = _case("fill")
+    edit(sched)
+    _refused(sched, *patterns)
+    _refused(json.dumps(sched).replace("Infinity", "1e400"), *patterns)
+
+
+def _nested_scans(depth: int) -> dict:
+    base = _case("scan")
+    thunk = base["thunks"][0]
+    for _ in range(depth - 1):
+        outer = copy.deepcopy(base["thunks"][0])
+        outer["body"]["thunks"] = [dict(thunk, outer_init_off=0, outer_final_off=0)]
+        thunk = outer
+    return dict(base, thunks=[thunk])
+
+
+def test_nesting_is_bounded_by_the_depth_limit():
+    _refused(json.dumps(_nested_scans(150)), r"nest deeper than 32 levels \(limit 'nesting_depth'\)")
+    text = ("abi: rlx-thunks/1\narena_bytes: 64\nthunks:\n- &s {op: scan, dtype: f32, body: {arena_bytes: 64, "
+            "thunks: [*s]}, body_input_off: 0, body_output_off: 16, outer_init_off: 0, "
+            "outer_final_off: 16, "
+            "length: 1, carry_bytes: 16, save_trajectory: false, xs_inputs: [], bcast_inputs: [], num_checkpoints: 0}\n")
+    _refused(text, r"nest deeper than 32 levels")
+
+
+@pytest.mark.parametrize("op,field,shift", [("unary", "dst", 2), ("unary", "dst", -2), ("gated_delta_net", "dst", 4),
+                                            ("gated_delta_net", "state", 8), ("lstm", "c0", 4), ("matmul", "dst", 0)])
+def test_partial_overlap_of_writes_and_reads_is_refused(op, field, shift):
+    sched = _case(op, "f16")
+    thunk = sched["thunks"][0]
+    source = {"unary": "x", "gated_delta_net": "q", "lstm": "h0", "matmul": "a"}[op]
+    thunk[field] = thunk[source] + shift if shift >= 0 else thunk[source] - shift
+    if op == "unary" and shift < 0:
+        thunk[field], thunk["x"] = thunk["x"], thunk["x"] + 2
+    _refused(sched, rf"thunk 0 \({op}\), field '\w+': \w+ \[\d+, \d+\) .*overlaps")
+
+
+def test_scan_body_slots_may_not_overlap():
+    sched = _case("scan")
+    sched["thunks"][0]["body_output_off"] = sched["thunks"][0]["body_input_off"] + 4
+    _refused(sched, r"thunk 0 \(scan\), field 'body_output_off': body slot \[4, 20\) overlaps body_input_off \[0, 16\)")
+    sched = _case("scan")
+    sched["thunks"][0]["xs_inputs"][0][0] = 8
+    _refused(sched, r"field 'xs_inputs\[0\]': body slot \[8, 24\) overlaps body_input_off")
+    sched = _case("scan_backward_xs")
+    sched["thunks"][0]["body_d_output_off"] = sched["thunks"][0]["body_x_offs"][0]
+    _refused(sched, r"field 'body_d_output_off': body_vjp slot")
+
+
+def test_in_place_forms_the_abi_allows_still_run():
+    device = rlx_gpu.get_device("host")
+    x = np.linspace(-2, 2, 37).astype(np.float16)
+    arena = np.zeros(128, np.uint8)
+    arena[:74] = x.view(np.uint8)
+    unary = dict(op="unary", dtype="f16", x=0, dst=0, n=37, fn="tanh")
+    out = device.run(schedule_of(unary, 128), arena)
+    np.testing.assert_array_equal(out[:74].view(np.float16), np.tanh(x.astype(np.float32)).astype(np.float16))
+    binary = dict(op="binary", dtype="f32", fn="mul", a=0, b=0, dst=0, shape=[3, 5], a_strides=[5, 1], b_strides=[5, 1])
+    rlx_gpu.load_schedule(schedule_of(binary, 64))
+    transposed = schedule_of(dict(binary, a_strides=[1, 3], b=64), 128)
+    _refused(transposed, r"field 'dst': dst \[0, 60\) \(written\) overlaps a")
+    rlx_gpu.load_schedule(schedule_of(dict(op="cast", dtype="bf16", src=0, dst=0, n=8, src_dtype="f16"), 64))
+    _refused(schedule_of(dict(op="cast", dtype="f32", src=0, dst=0, n=8, src_dtype="f16"), 64), r"field 'dst'")
+    scan = _case("scan")
+    scan["thunks"][0].update(save_trajectory=False, outer_final_off=scan["thunks"][0]["outer_init_off"])
+    rlx_gpu.load_schedule(scan)
+    scan["thunks"][0]["outer_final_off"] += 4
+    _refused(scan, r"field 'outer_final_off': outer_final_off \[\d+, \d+\) \(written\) overlaps outer_init_off")
+
+
+def test_a_megabyte_of_pathological_text_is_refused():
+    thunk = json.dumps(dict(op="fill", dtype="f32", dst=0, n=16, value=0.5))
+    count = 1_000_000 // (len(thunk) + 2)
+    text = ('{"abi": "rlx-thunks/1", "arena_bytes": 64, "thunks": [' + ", ".join([thunk] * count)
+            + ', {"op": "fill", "dtype": "f32", "dst": 0, "n": 17, "value": 0}]}')
+    assert len(text) > 900_000
+    _refused(text, rf"thunk {count} \(fill\), field 'dst': bytes \[0, 68\)")
+    _refused("[" * 1_000_000, r"nested too deeply")
+    _refused("- " * 500_000, r"neither YAML \(.*maximum nesting depth")
+
+
+def test_declared_scan_steps_and_thunk_count_are_bounded():
+    scan = _case("scan")
+    scan["thunks"][0].update(length=2**25, save_trajectory=False, xs_inputs=[])
+    _refused(scan, r"field 'length': length 33554432 declares 33554432 body executions .*'scan_steps'")
+    inner = _case("scan")["thunks"][0] | dict(length=4097, save_trajectory=False, xs_inputs=[], outer_init_off=0,
+                                              outer_final_off=0)
+    outer = _case("scan")
+    outer["thunks"][0].update(length=4096, save_trajectory=False, xs_inputs=[])
+    outer["thunks"][0]["body"]["thunks"] = [inner]
+    _refused(outer, r"thunk 0 \(scan\), field 'length': length 4096 declares 16785408 body executions")
+    scan = ("{op: scan, dtype: f32, body: {arena_bytes: 64, thunks: [" + ", ".join(["*u"] * 300) + "]}, "
+            "body_input_off: 0, body_output_off: 16, outer_init_off: 0, outer_final_off: 16, length: 1, "
+            "carry_bytes: 16, save_trajectory: false, xs_inputs: [], bcast_inputs: [], num_checkpoints: 0}")
+    text = ("abi: rlx-thunks/1\narena_bytes: 64\nmeta: [&u {op: fill, dtype: f32, dst: 0, n: 4, value: 1}]\n"
+            f"thunks: [&s {scan}, " + ", ".join(["*s"] * 299) + "]\n")
+    _refused(text, r"^thunk \d+ \(scan\): the schedule has more than 65536 thunks .*'thunks'")
+
+
+@pytest.mark.parametrize("scalar", ["0", "-0", "12", "-12", "012", "0x1F", "1_000", "1:20", "1.5", ".inf", "yes", "No",
+                                    "on", "OFF", "null", "~", "true", "False", "f32", "_x", "x1", "rlx-thunks/1",
+                                    "2001-12-14", "1e5", "+3", "y", "é", "0o17", "²", "--1"])
+def test_yaml_scalars_resolve_as_pyyaml_does(scalar):
+    text = f"v: {scalar}\n"
+    expected = yaml.load(text, Loader=yaml.SafeLoader)["v"]
+    value = parse_text(text)["v"]
+    assert type(value) is type(expected) and value == expected

@@ -1,4 +1,7 @@
-"""Reading and writing schedules: JSON or YAML text, paths, parsed objects; loading validates (ABI.md §2)."""
+"""Reading and writing schedules: JSON or YAML text, paths, parsed objects; loading validates (ABI.md §2).
+
+Every malformed input, whatever its form, raises ``ScheduleError`` here (see ``read_source``).
+"""
 from __future__ import annotations
 
 import json
@@ -7,48 +10,147 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ScheduleError
+import yaml
+
+from ..errors import ScheduleError, brief
 from .model import Schedule
 from .validate import validate
 
 
-def parse_text(text: str) -> Any:
-    """JSON, or YAML as the same structure; raises ``ScheduleError`` when the text is neither."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as json_error:
-        import yaml
+#: Words YAML 1.1 (as PyYAML reads it) makes booleans or null.
+_SPECIAL_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL "
+                           "y Y n N".split())
 
-        try:
-            return yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ScheduleError(f"schedule text is neither JSON ({json_error}) nor YAML "
-                                f"({' '.join(str(err).split())})") from err
+
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """PyYAML's safe loader (libyaml's parser when present) refusing duplicate and merge (``<<``) keys.
+
+    An alias is constructed once and shared, never expanded; libyaml bounds nesting at 1000 levels.
+    Plain decimal integers and plain words resolve without PyYAML's regex scan (half of its time on
+    a large schedule); everything else resolves as PyYAML does.
+    """
+
+    def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
+        if kind is yaml.ScalarNode and implicit[0] and value.isascii():
+            digits = value[1:] if value[:1] == "-" else value
+            if digits.isdigit() and (digits == "0" or digits[0] != "0"):
+                return "tag:yaml.org,2002:int"
+            if value.isidentifier() and value not in _SPECIAL_WORDS:
+                return "tag:yaml.org,2002:str"
+        return super().resolve(kind, value, implicit)
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise yaml.constructor.ConstructorError(None, None, "merge keys (<<) are not accepted",
+                                                        key_node.start_mark)
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {brief(key)}",
+                                                        key_node.start_mark) from None
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {brief(key)}",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"duplicate key {brief(key)} in a JSON object")
+        out[key] = value
+    return out
+
+
+def parse_text(text: str) -> Any:
+    """JSON, or YAML as the same structure; raises ``ScheduleError`` when the text is neither.
+
+    The text is read as JSON first; when that fails it is read as YAML, and when that fails too the
+    message gives the JSON error with its line and column (and the YAML one). Duplicate keys are
+    refused in both.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as err:
+        raise ScheduleError(f"schedule text: {err}") from None
+    except RecursionError:
+        raise ScheduleError("schedule text: nested too deeply to be a schedule (JSON)") from None
+    except ValueError as err:  # JSONDecodeError, or an int literal longer than Python converts
+        json_error = err
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as err:
+        yaml_error = _cut(" ".join(str(err).split()), 160)
+    if text.lstrip()[:1] in ("{", "["):
+        raise ScheduleError(f"schedule text is neither JSON ({_cut(str(json_error), 120)}) nor YAML ({yaml_error})")
+    raise ScheduleError(f"schedule text is neither YAML ({yaml_error}) nor JSON ({_cut(str(json_error), 120)})")
+
+
+def _cut(message: str, limit: int) -> str:
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 def read_source(source: Any) -> Any:
-    """Turn a path, JSON/YAML text or an already parsed object into the parsed structure."""
+    """Turn a schedule source into the parsed structure; raises ``ScheduleError``.
+
+    A source is a ``Schedule`` or a mapping (returned as is), a ``pathlib.Path`` or other ``os.PathLike``
+    (always read as a file), JSON/YAML text as ``str`` or UTF-8 ``bytes`` — or a ``str`` that names an
+    existing file, which is then read: a string is a path only when such a file exists.
+    """
     if isinstance(source, Schedule):
         return source.to_dict()
     if isinstance(source, Mapping):
         return source
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
-                                             and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and _names_a_file(source)):
+        text = _read_file(Path(source))
         try:
-            return parse_text(Path(source).read_text())
+            return parse_text(text)
         except ScheduleError as err:
-            raise ScheduleError(f"{source}: {err}") from err
+            raise ScheduleError(f"{brief(str(source), 200)}: {err}") from None
+    if isinstance(source, (bytes, bytearray)):
+        return parse_text(_decode(bytes(source), "schedule bytes"))
     if isinstance(source, str):
         parsed = parse_text(source)
-        if isinstance(parsed, str) and "\n" not in source:  # one line that parses to a bare string: a path
-            raise ScheduleError(f"no such file: {source!r} (a schedule is a path to a JSON or YAML file, "
-                                f"JSON/YAML text, or a mapping)")
+        if isinstance(parsed, str) and "\n" not in source:  # one line that reads as a bare string: a missing path
+            raise ScheduleError(f"no such file: {brief(source, 200)} (a schedule is a path to a JSON or YAML file, "
+                                f"JSON/YAML text or bytes, or a mapping)")
         return parsed
-    raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
+    raise ScheduleError(f"a schedule is a mapping, JSON/YAML text or bytes, or a path, not {type(source).__name__}")
+
+
+def _names_a_file(text: str) -> bool:
+    return "\n" not in text and os.path.isfile(text)  # isfile answers False for an impossible name
+
+
+def _read_file(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ScheduleError(f"no such file: {brief(str(path), 200)}") from None
+    except OSError as err:
+        raise ScheduleError(f"cannot read the schedule file {brief(str(path), 200)}: {err.strerror}") from None
+    return _decode(data, f"the schedule file {brief(str(path), 200)}")
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScheduleError(f"{what} is not UTF-8 text (byte {err.start}: {data[err.start:err.start + 1]!r})") from None
 
 
 def load_schedule(source: Any) -> Schedule:
-    """Parse and validate a schedule; raises ``rlx_gpu.ScheduleError`` naming the thunk, op and field."""
+    """Parse and validate a schedule (any source ``read_source`` takes); raises ``rlx_gpu.ScheduleError``,
+    naming the thunk, op and field, for every malformed input."""
     return source if isinstance(source, Schedule) else validate(read_source(source))
 
 
@@ -57,8 +159,6 @@ def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
     path = Path(path)
     data = schedule.to_dict()
     if path.suffix in (".yaml", ".yml"):
-        import yaml
-
         path.write_text(yaml.safe_dump(data, sort_keys=False))
     else:
         path.write_text(json.dumps(data, indent=1))

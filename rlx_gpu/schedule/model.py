@@ -6,6 +6,7 @@ nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -14,6 +15,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from host_fallback.arena import ELEM_SIZE, STORAGE, view
+
 
 ABI_VERSION = "rlx-thunks/1"
 
@@ -28,7 +30,7 @@ class TensorView:
 
     @property
     def count(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -6,17 +6,19 @@ with the host kernels, which must import without ``rlx_gpu``); this module adds 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Mapping
 
 from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.body import BINARY, UNARY
 from host_fallback.layout import Region, regions
 
+from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
+
 #: The ABI's element types and the unary/binary functions of ABI.md §5, as the host implements them.
 DTYPES = tuple(COMPUTE)
 UNARY_FNS = tuple(UNARY)
 BINARY_FNS = tuple(BINARY)
-MAX_RANK = 6
 
 
 @dataclass(frozen=True)
@@ -36,9 +38,14 @@ class OpSpec:
     fields: tuple[Field, ...]
     dtypes: tuple[str, ...] = DTYPES
 
-    @property
+    @cached_property
     def field_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in self.fields)
+
+    @cached_property
+    def keys(self) -> frozenset[str]:
+        """Every key a thunk of this op has: its fields, ``op`` and ``dtype``."""
+        return frozenset(self.field_names) | {"op", "dtype"}
 
 
 def _offsets(*names: str) -> tuple[Field, ...]:
@@ -103,7 +110,3 @@ def footprint(thunk: Mapping[str, Any]) -> tuple[list[Region], list[Region]]:
     regs = regions(thunk)
     return [r for r in regs if r.reads], [r for r in regs if r.writes]
 
-
-def element_counts(thunk: Mapping[str, Any]) -> dict[str, int]:
-    """Element count of every tensor of a thunk, by field (ABI.md §3's expected counts for the RNNs)."""
-    return {r.field: r.nbytes // ELEM_SIZE[r.dtype] for r in regions(thunk)}

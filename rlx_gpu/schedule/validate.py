@@ -1,6 +1,10 @@
 """Validation at the border (ABI.md §2): every rule checked before anything launches.
 
 Each failure raises ``ScheduleError`` naming the thunk index, op, field, the value and what was expected.
+Sizes are exact integers bounded by ``limits`` before anything is built in proportion to them, and
+the work done here follows the size of the parsed text, never the values in it: values in messages
+are shortened (``errors.brief``), objects a YAML alias repeats are validated once, and the number of
+thunks (each repetition counted), scan steps and nesting levels are bounded.
 """
 from __future__ import annotations
 
@@ -9,113 +13,175 @@ import binascii
 from collections.abc import Mapping
 from typing import Any, Callable
 
-from host_fallback import scan_rules
+from host_fallback import aliasing, scan_rules
 from host_fallback.arena import ELEM_SIZE
+from host_fallback.layout import regions
 
-from ..errors import ScheduleError
+from ..errors import ScheduleError, brief
 from ..units import human_bytes
+from .limits import (MAX_ARENA_BYTES, MAX_DIM, MAX_NESTING_DEPTH, MAX_NUM_LAYERS, MAX_RANK, MAX_SCAN_STEPS, MAX_THUNKS,
+                     MAX_VIEW_RANK)
 from .model import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
-from .ops import DTYPES, MAX_RANK, SPECS, Field, OpSpec, element_counts, footprint
+from .ops import DTYPES, SCAN_OPS, SPECS, Field, OpSpec
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
 _RECURRENT = ("lstm", "gru", "rnn")
+#: Fields bounded by their own limit rather than by ``dimension``.
+_FIELD_LIMITS = {"num_layers": (MAX_NUM_LAYERS, "num_layers")}
+#: What a malformed value can raise from inside a check that assumed its type.
+_VALUE_ERRORS = (TypeError, ValueError, OverflowError, KeyError, IndexError, AttributeError)
 
 
 class _Where:
     """Names the place a message is about: ``body of thunk 2 (scan) → thunk 0 (matmul), field 'a'``."""
 
-    def __init__(self, prefix: str):
-        self.prefix = prefix
+    def __init__(self, prefix: str, thunk: tuple[int, str] | None = None):
+        self._prefix, self._thunk = prefix, thunk  # the text is built only when a message needs it
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix if self._thunk is None else f"{self._prefix}thunk {self._thunk[0]} ({self._thunk[1]})"
 
     def thunk(self, index: int, op: str) -> "_Where":
-        return _Where(f"{self.prefix}thunk {index} ({op})")
+        return _Where(self._prefix, (index, op))
 
     def fail(self, field: str | None, message: str) -> ScheduleError:
         where = self.prefix or "schedule"
-        return ScheduleError(f"{where}, field {field!r}: {message}" if field else f"{where}: {message}")
+        steps = where.split(" → ")
+        if len(steps) > 6:  # a deep nest: the outermost and innermost levels say where
+            where = " → ".join(steps[:2] + [f"... {len(steps) - 4} levels ..."] + steps[-2:])
+        if field:
+            return ScheduleError(f"{where}{'' if where.endswith('→ ') else ', '}field {field!r}: {message}")
+        return ScheduleError(f"{where.removesuffix(' → ')}: {message}")
+
+
+class _Budget:
+    """Counts the thunks validated so far, every repetition of an aliased body included."""
+
+    def __init__(self) -> None:
+        self.thunks = 0
+
+    def add(self, where: _Where, count: int) -> None:
+        self.thunks += count
+        if self.thunks > MAX_THUNKS:
+            raise where.fail(None, f"the schedule has more than {MAX_THUNKS} thunks (nested bodies counted each "
+                                   "time they appear; limit 'thunks'); split it")
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _int(where: _Where, name: str, v: Any, minimum: int, what: str) -> int:
+def _int(where: _Where, name: str, v: Any, minimum: int, what: str, maximum: int = MAX_DIM,
+         limit: str = "dimension") -> int:
     if not _is_int(v):
-        raise where.fail(name, f"expected {what}, got {type(v).__name__} {v!r}")
+        raise where.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
     if v < minimum:
-        raise where.fail(name, f"expected {what}, got {v}")
+        raise where.fail(name, f"expected {what}, got {brief(v)}")
+    if v > maximum:
+        raise where.fail(name, f"{brief(v)} exceeds the limit {maximum} (2^{maximum.bit_length() - 1}, "
+                               f"limit {limit!r})")
     return v
 
 
-def _int_list(where: _Where, name: str, v: Any, width: int | None, what: str) -> list:
+def _offset(where: _Where, name: str, v: Any) -> int:
+    return _int(where, name, v, 0, "a byte offset >= 0", MAX_ARENA_BYTES, "arena_bytes")
+
+
+def _object(where: _Where, name: str | None, v: Any, what: str) -> Mapping:
+    """``v`` as a mapping whose keys are all strings."""
+    if not isinstance(v, Mapping):
+        raise where.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
+    for key in v:
+        if not isinstance(key, str):
+            raise where.fail(name, f"keys must be strings, got {type(key).__name__} {brief(key)} in {what}")
+    return v
+
+
+def _int_list(where: _Where, name: str, v: Any, width: int | None, what: str, max_len: int | None = None,
+              limit: str = "rank") -> list:
     if not isinstance(v, (list, tuple)):
-        raise where.fail(name, f"expected a list of {what}, got {type(v).__name__} {v!r}")
+        raise where.fail(name, f"expected a list of {what}, got {type(v).__name__} {brief(v)}")
+    if max_len is not None and len(v) > max_len:
+        raise where.fail(name, f"expected rank <= {max_len} (limit {limit!r}), got rank {len(v)}")
     for i, item in enumerate(v):
         if width is None:
             _int(where, f"{name}[{i}]", item, 0, "an int >= 0")
         else:
             if not isinstance(item, (list, tuple)) or len(item) != width:
-                raise where.fail(f"{name}[{i}]", f"expected [{what}] ({width} ints), got {item!r}")
+                raise where.fail(f"{name}[{i}]", f"expected [{what}] ({width} ints), got {brief(item)}")
             for j, x in enumerate(item):
                 _int(where, f"{name}[{i}][{j}]", x, 0, "an int >= 0")
     return [list(x) if isinstance(x, (list, tuple)) else x for x in v]
 
 
-def _check_field(where: _Where, f: Field, v: Any) -> Any:
+class _Context:
+    """What the thunks of one schedule are checked against, and what repeats are remembered."""
+
+    def __init__(self, where: _Where, arena_bytes: int, tensors: Mapping[str, TensorView], depth: int,
+                 budget: _Budget):
+        self.where, self.arena_bytes, self.tensors, self.depth, self.budget = where, arena_bytes, tensors, depth, budget
+        self.seen: dict[int, tuple[Any, Thunk, int, int]] = {}  # id(raw) -> (raw, thunk, thunks inside, steps)
+        self._by_offset: dict[tuple[int, str], str] | None = None
+        self.body_steps: dict[str, int] = {}  # scan steps of the bodies of the thunk being checked
+
+    def by_offset(self) -> dict[tuple[int, str], str]:
+        if self._by_offset is None:
+            self._by_offset = {(t.offset, t.dtype): name for name, t in self.tensors.items()}
+        return self._by_offset
+
+
+def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
     kind = f.kind
     if kind == "offset":
-        return _int(where, f.name, v, 0, "a byte offset >= 0")
-    if kind == "pos":
-        return _int(where, f.name, v, 1, "an int >= 1")
-    if kind == "count":
-        return _int(where, f.name, v, 0, "an int >= 0")
+        return _offset(here, f.name, v)
+    if kind in ("pos", "count"):
+        maximum, limit = _FIELD_LIMITS.get(f.name, (MAX_DIM, "dimension"))
+        minimum = 1 if kind == "pos" else 0
+        return _int(here, f.name, v, minimum, f"an int >= {minimum}", maximum, limit)
     if kind == "bool":
         if not isinstance(v, bool):
-            raise where.fail(f.name, f"expected true or false, got {type(v).__name__} {v!r}")
+            raise here.fail(f.name, f"expected true or false, got {type(v).__name__} {brief(v)}")
         return v
     if kind == "float":
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise where.fail(f.name, f"expected a number, got {type(v).__name__} {v!r}")
-        return float(v)
-    if kind == "enum":
-        if v not in f.choices:
-            raise where.fail(f.name, f"expected one of {', '.join(f.choices)}, got {v!r}")
-        return v
-    if kind == "dtype":
-        if v not in DTYPES:
-            raise where.fail(f.name, f"expected a dtype ({', '.join(DTYPES)}), got {v!r}")
+            raise here.fail(f.name, f"expected a number, got {type(v).__name__} {brief(v)}")
+        try:
+            return float(v)
+        except OverflowError:
+            raise here.fail(f.name, f"{brief(v)} is beyond the range of a float") from None
+    if kind in ("enum", "dtype"):
+        choices = f.choices if kind == "enum" else DTYPES
+        if not isinstance(v, str) or v not in choices:
+            raise here.fail(f.name, f"expected one of {', '.join(choices)}, got {brief(v)}")
         return v
     if kind == "elem_size":
         if not _is_int(v) or v not in (2, 4, 8):
-            raise where.fail(f.name, f"expected 2, 4 or 8 (bytes per carry element), got {v!r}")
+            raise here.fail(f.name, f"expected 2, 4 or 8 (bytes per carry element), got {brief(v)}")
         return v
     if kind in ("shape", "strides"):
-        out = _int_list(where, f.name, v, None, "ints >= 0")
-        if kind == "shape" and not 1 <= len(out) <= MAX_RANK:
-            raise where.fail(f.name, f"expected rank 1..{MAX_RANK}, got rank {len(out)} ({out})")
+        out = _int_list(here, f.name, v, None, "ints >= 0", MAX_RANK)
+        if kind == "shape" and not out:
+            raise here.fail(f.name, "expected rank 1..6, got rank 0 ([])")
         return out
     if kind == "offsets":
-        return _int_list(where, f.name, v, None, "byte offsets >= 0")
+        return _int_list(here, f.name, v, None, "byte offsets >= 0")
     if kind == "xs":
-        return _int_list(where, f.name, v, 3, "body_x_off, outer_xs_off, per_step_bytes")
+        return _int_list(here, f.name, v, 3, "body_x_off, outer_xs_off, per_step_bytes")
     if kind == "bcast":
-        return _int_list(where, f.name, v, 3, "body_b_off, outer_b_off, total_bytes")
+        return _int_list(here, f.name, v, 3, "body_b_off, outer_b_off, total_bytes")
     if kind == "pairs":
-        return _int_list(where, f.name, v, 2, "outer_xs_off, per_step_bytes")
+        return _int_list(here, f.name, v, 2, "outer_xs_off, per_step_bytes")
     if kind in ("schedule", "opt_schedule"):
         if v is None and kind == "opt_schedule":
             return None
-        if not isinstance(v, Mapping):
-            raise where.fail(f.name, f"expected a nested schedule object, got {type(v).__name__}")
-        return _schedule(v, _Where(f"{where.prefix}, field {f.name!r} → "), nested=True)
+        if ctx.depth >= MAX_NESTING_DEPTH:
+            raise here.fail(f.name, f"scan bodies nest deeper than {MAX_NESTING_DEPTH} levels (limit 'nesting_depth')")
+        _object(here, f.name, v, "a nested schedule object")
+        body, ctx.body_steps[f.name] = _schedule(v, _Where(f"{here.prefix}, field {f.name!r} → "), True,
+                                                 ctx.depth + 1, ctx.budget)
+        return body
     raise AssertionError(f"unknown field kind {kind}")
-
-
-def _rules_scan_family(where: _Where, t: Mapping[str, Any]) -> None:
-    try:
-        scan_rules.check(t)
-    except scan_rules.FieldError as err:
-        raise where.fail(err.field, err.message) from None
 
 
 def _rules_binary(where: _Where, f: Mapping[str, Any]) -> None:
@@ -131,104 +197,199 @@ def _rules_copy(where: _Where, f: Mapping[str, Any]) -> None:
                                 "must not overlap")
 
 
-#: Cross-field rules by op; each gets the thunk's fields with ``op`` and ``dtype``.
-_RULES: dict[str, Callable[[_Where, Mapping[str, Any]], None]] = {
-    "scan": _rules_scan_family, "scan_backward": _rules_scan_family, "scan_backward_xs": _rules_scan_family,
-    "binary": _rules_binary, "copy": _rules_copy,
-}
+#: Cross-field rules by op, checked before the footprint; each gets the fields with ``op`` and ``dtype``.
+_RULES: dict[str, Callable[[_Where, Mapping[str, Any]], None]] = {"binary": _rules_binary, "copy": _rules_copy}
 
 
-def _thunk(index: int, raw: Any, where: _Where, arena_bytes: int, tensors: Mapping[str, TensorView]) -> Thunk:
-    if not isinstance(raw, Mapping):
+def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
+    """The validated thunk and the scan steps it declares."""
+    where = ctx.where
+    if not isinstance(raw, (dict, Mapping)):  # dict first: the ABC check is slow
         raise where.fail(None, f"thunk {index} is a {type(raw).__name__}, expected an object")
+    cached = ctx.seen.get(id(raw))
+    if cached is not None:  # the same object again (a YAML alias): validated already in this arena
+        _, thunk, inside, steps = cached
+        ctx.budget.add(where.thunk(index, thunk.op), 1 + inside)
+        return Thunk(index, thunk.op, thunk.dtype, thunk.fields), steps
     op = raw.get("op")
-    if op not in SPECS:
-        raise where.thunk(index, str(op)).fail("op", f"unknown op {op!r}; expected one of {', '.join(SPECS)}")
-    spec: OpSpec = SPECS[op]
+    if not isinstance(op, str) or op not in SPECS:
+        named = op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)
+        raise where.thunk(index, named).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
     here = where.thunk(index, op)
+    ctx.budget.add(here, 1)
+    before = ctx.budget.thunks
+    try:
+        thunk, steps = _thunk_fields(here, index, op, raw, ctx)
+    except ScheduleError:
+        raise
+    except _VALUE_ERRORS as err:
+        raise here.fail(None, f"malformed value ({type(err).__name__}: {brief(str(err))})") from err
+    ctx.seen[id(raw)] = (raw, thunk, ctx.budget.thunks - before, steps)
+    return thunk, steps
+
+
+def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context) -> tuple[Thunk, int]:
+    spec: OpSpec = SPECS[op]
     dtype = raw.get("dtype")
-    if dtype not in spec.dtypes:
-        raise here.fail("dtype", f"expected one of {', '.join(spec.dtypes)}, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in spec.dtypes:
+        raise here.fail("dtype", f"expected one of {', '.join(spec.dtypes)}, got {brief(dtype)}")
     missing = [n for n in spec.field_names if n not in raw]
     if missing:
         raise here.fail(missing[0], f"missing (required fields still absent: {', '.join(missing)})")
-    extra = sorted(set(raw) - set(spec.field_names) - {"op", "dtype"})
+    extra = sorted(set(raw) - spec.keys, key=repr)
     if extra:
-        raise here.fail(extra[0], f"unknown field for {op} (known: {', '.join(spec.field_names)})")
-    fields = {f.name: _check_field(here, f, raw[f.name]) for f in spec.fields}
+        key = extra[0] if isinstance(extra[0], str) and len(extra[0]) <= 40 else brief(extra[0], 40)
+        raise here.fail(key, f"unknown field for {op} (known: {', '.join(spec.field_names)})")
+    ctx.body_steps = {}
+    fields = {f.name: _check_field(here, f, raw[f.name], ctx) for f in spec.fields}
     if op in _RULES:
         _RULES[op](here, {"op": op, "dtype": dtype, **fields})
     thunk = Thunk(index, op, dtype, freeze_fields(fields))
-    reads, writes = footprint(thunk)
-    for r in {id(r): r for r in reads + writes}.values():
+    steps = 0
+    if op in SCAN_OPS:
+        try:
+            scan_rules.check(thunk)
+        except scan_rules.FieldError as err:
+            raise here.fail(err.field, err.message) from None
+        steps = sum(fields["length"] * (1 + inner) for inner in ctx.body_steps.values())
+        if steps > MAX_SCAN_STEPS:
+            raise here.fail("length", f"length {fields['length']} declares {steps} body executions (nested scans "
+                                      f"included), over the limit {MAX_SCAN_STEPS} ('scan_steps')")
+    regs = regions({"op": op, "dtype": dtype, **fields})  # a plain dict: the shape rules read it fast
+    for r in regs:
         size = ELEM_SIZE[r.dtype]
         if r.offset % size:
             raise here.fail(r.field, f"offset {r.offset} is not a multiple of {size} (the {r.dtype} element size)")
-        if r.offset + r.nbytes > arena_bytes:
-            raise here.fail(r.field, f"bytes [{r.offset}, {r.offset + r.nbytes}) ({list(r.shape)} {r.dtype}, "
-                                     f"{human_bytes(r.nbytes)}) fall outside the arena of {arena_bytes} bytes")
-    if op in _RECURRENT:
-        _recurrent_counts(here, thunk, tensors)
-    return thunk
+        if r.offset + r.nbytes > ctx.arena_bytes:
+            raise here.fail(r.field, f"bytes [{r.offset}, {r.offset + r.nbytes}) ({_shape(r.shape)} {r.dtype}, "
+                                     f"{human_bytes(r.nbytes)}) fall outside the arena of {ctx.arena_bytes} bytes")
+    try:
+        aliasing.check(thunk, regs)
+    except scan_rules.FieldError as err:
+        raise here.fail(err.field, err.message) from None
+    if op in _RECURRENT and ctx.tensors:
+        _recurrent_counts(here, thunk, [r for r in regs if r.reads], ctx)
+    return thunk, steps
 
 
-def _recurrent_counts(here: _Where, thunk: Thunk, tensors: Mapping[str, TensorView]) -> None:
+def _shape(shape: tuple[int, ...]) -> str:
+    return brief(list(shape), 60)
+
+
+def _recurrent_counts(here: _Where, thunk: Thunk, reads: list, ctx: _Context) -> None:
     """A named tensor placed at an RNN input must hold exactly the element count ABI.md §3 expects."""
-    by_offset = {(t.offset, t.dtype): name for name, t in tensors.items()}
-    for field, expected in element_counts(thunk).items():
-        name = by_offset.get((thunk[field], thunk.dtype))
-        if name is not None and field != "dst" and tensors[name].count != expected:
-            raise here.fail(field, f"input {name!r} has {tensors[name].count} elements, expected {expected}")
+    by_offset = ctx.by_offset()
+    for r in reads:
+        name = by_offset.get((r.offset, r.dtype))
+        expected = r.nbytes // ELEM_SIZE[r.dtype]
+        if name is not None and ctx.tensors[name].count != expected:
+            raise here.fail(r.field, f"input {name!r} has {ctx.tensors[name].count} elements, expected {expected}")
 
 
-def _schedule(raw: Mapping[str, Any], where: _Where, nested: bool) -> Schedule:
-    extra = sorted(set(raw) - _TOP_KEYS)
-    if extra:
-        raise where.fail(extra[0], f"unknown schedule key (known: {', '.join(sorted(_TOP_KEYS))})")
-    if not (nested and "abi" not in raw) and raw.get("abi") != ABI_VERSION:
-        raise where.fail("abi", f"unknown abi {raw.get('abi')!r}; this reader implements {ABI_VERSION!r}")
-    arena_bytes = _int(where, "arena_bytes", raw.get("arena_bytes"), 1, "a size in bytes >= 1")
+def _or_empty(value: Any, empty: Any) -> Any:
+    """An absent or null optional section is empty; any other value is checked as given."""
+    return empty if value is None else value
+
+
+def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorView]:
+    raw_tensors = _or_empty(raw.get("tensors"), {})
+    _object(where, "tensors", raw_tensors, "an object of named views")
     tensors: dict[str, TensorView] = {}
-    raw_tensors = raw.get("tensors", {}) or {}
-    if not isinstance(raw_tensors, Mapping):
-        raise where.fail("tensors", f"expected an object of named views, got {type(raw_tensors).__name__}")
     for name, t in raw_tensors.items():
-        tw = _Where(f"{where.prefix}tensor {name!r}")
-        if not isinstance(t, Mapping) or set(t) != {"offset", "dtype", "shape"}:
-            raise tw.fail(None, f"expected {{offset, dtype, shape}}, got {t!r}")
-        if t["dtype"] not in DTYPES:
-            raise tw.fail("dtype", f"expected one of {', '.join(DTYPES)}, got {t['dtype']!r}")
-        view = TensorView(_int(tw, "offset", t["offset"], 0, "a byte offset >= 0"), t["dtype"],
-                          tuple(_int_list(tw, "shape", t["shape"], None, "ints >= 0")))
+        tw = _Where(f"{where.prefix}tensor {brief(name, 40)}")
+        _object(tw, None, t, "{offset, dtype, shape}")
+        if set(t) != {"offset", "dtype", "shape"}:
+            raise tw.fail(None, f"expected the keys offset, dtype, shape, got {brief(sorted(t))}")
+        if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPES:
+            raise tw.fail("dtype", f"expected one of {', '.join(DTYPES)}, got {brief(t['dtype'])}")
+        view = TensorView(_offset(tw, "offset", t["offset"]), t["dtype"],
+                          tuple(_int_list(tw, "shape", t["shape"], None, "ints >= 0", MAX_VIEW_RANK, "view_rank")))
         if view.offset % ELEM_SIZE[view.dtype] or view.offset + view.nbytes > arena_bytes:
             raise tw.fail("offset", f"bytes [{view.offset}, {view.offset + view.nbytes}) are misaligned for "
                                     f"{view.dtype} or outside the arena of {arena_bytes} bytes")
         tensors[name] = view
-    names = {}
-    for key in ("inputs", "outputs"):
-        listed = raw.get(key, []) or []
-        unknown = [n for n in listed if n not in tensors]
-        if not isinstance(listed, list) or unknown:
-            raise where.fail(key, f"names {unknown or listed!r} that are not in tensors ({', '.join(tensors)})")
-        names[key] = tuple(listed)
+    return tensors
+
+
+def _names(raw: Mapping, where: _Where, key: str, tensors: Mapping[str, TensorView]) -> tuple[str, ...]:
+    listed = _or_empty(raw.get(key), [])
+    if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
+        raise where.fail(key, f"expected a list of tensor names, got {brief(listed)}")
+    unknown = [n for n in listed if n not in tensors]
+    if unknown:
+        raise where.fail(key, f"names {brief(unknown)} that are not in tensors ({brief(', '.join(tensors), 200)})")
+    return tuple(listed)
+
+
+def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...]:
+    blocks = _or_empty(raw.get("init"), [])
+    if not isinstance(blocks, list):
+        raise where.fail("init", f"expected a list of {{offset, b64}} blocks, got {type(blocks).__name__} "
+                                 f"{brief(blocks)}")
+    decoded: dict[int, bytes] = {}  # id(text) -> bytes: a text a YAML alias repeats is decoded once
     init = []
-    for i, block in enumerate(raw.get("init", []) or []):
-        if not isinstance(block, Mapping) or set(block) != {"offset", "b64"}:
-            raise where.fail(f"init[{i}]", f"expected {{offset, b64}}, got {block!r}")
-        offset = _int(where, f"init[{i}].offset", block["offset"], 0, "a byte offset >= 0")
-        try:
-            data = base64.b64decode(block["b64"], validate=True)
-        except (binascii.Error, TypeError) as err:
-            raise where.fail(f"init[{i}].b64", f"not valid base64 ({err})") from err
+    for i, block in enumerate(blocks):
+        _object(where, f"init[{i}]", block, "{offset, b64}")
+        if set(block) != {"offset", "b64"}:
+            raise where.fail(f"init[{i}]", f"expected the keys offset, b64, got {brief(sorted(block))}")
+        offset = _offset(where, f"init[{i}].offset", block["offset"])
+        text = block["b64"]
+        if not isinstance(text, str):
+            raise where.fail(f"init[{i}].b64", f"expected base64 text, got {type(text).__name__} {brief(text)}")
+        if offset + len(text) // 4 * 3 - 2 > arena_bytes:
+            raise where.fail(f"init[{i}]", f"{len(text)} base64 characters at offset {offset} fall outside the "
+                                           f"arena of {arena_bytes} bytes")
+        if id(text) not in decoded:
+            try:
+                decoded[id(text)] = base64.b64decode(text, validate=True)
+            except (binascii.Error, ValueError) as err:
+                raise where.fail(f"init[{i}].b64", f"not valid base64 ({brief(str(err))})") from err
+        data = decoded[id(text)]
         if offset + len(data) > arena_bytes:
             raise where.fail(f"init[{i}]", f"bytes [{offset}, {offset + len(data)}) fall outside the arena of "
                                            f"{arena_bytes} bytes")
         init.append(InitBlock(offset, data))
+    ordered = sorted((b.offset, b.offset + len(b.data), i) for i, b in enumerate(init) if b.data)
+    for (_, end, i), (start, _, j) in zip(ordered, ordered[1:]):
+        if start < end:
+            raise where.fail(f"init[{j}]", f"overlaps init[{i}] (bytes from {start} to {end}); init blocks must "
+                                           "be disjoint")
+    return tuple(init)
+
+
+def _schedule(raw: Mapping, where: _Where, nested: bool, depth: int, budget: _Budget) -> tuple[Schedule, int]:
+    """The validated schedule and the scan steps (body executions) it declares."""
+    _object(where, None, raw, "a schedule object")
+    extra = sorted(set(raw) - _TOP_KEYS)
+    if extra:
+        raise where.fail(extra[0], f"unknown schedule key (known: {', '.join(sorted(_TOP_KEYS))})")
+    if not (nested and "abi" not in raw) and raw.get("abi") != ABI_VERSION:
+        raise where.fail("abi", f"unknown abi {brief(raw.get('abi'))}; this reader implements {ABI_VERSION!r}")
+    arena_bytes = _int(where, "arena_bytes", raw.get("arena_bytes"), 1, "a size in bytes >= 1", MAX_ARENA_BYTES,
+                       "arena_bytes")
+    try:
+        tensors = _tensors(raw, where, arena_bytes)
+        inputs, outputs = (_names(raw, where, key, tensors) for key in ("inputs", "outputs"))
+        init = _init(raw, where, arena_bytes)
+    except ScheduleError:
+        raise
+    except _VALUE_ERRORS as err:
+        raise where.fail(None, f"malformed value ({type(err).__name__}: {brief(str(err))})") from err
     raw_thunks = raw.get("thunks")
     if not isinstance(raw_thunks, list):
-        raise where.fail("thunks", f"expected a list of thunks, got {type(raw_thunks).__name__}")
-    thunks = tuple(_thunk(i, t, where, arena_bytes, tensors) for i, t in enumerate(raw_thunks))
-    return Schedule(arena_bytes, thunks, tensors, names["inputs"], names["outputs"], tuple(init))
+        raise where.fail("thunks", f"expected a list of thunks, got {type(raw_thunks).__name__} {brief(raw_thunks)}")
+    if len(raw_thunks) > MAX_THUNKS:
+        raise where.fail("thunks", f"{len(raw_thunks)} thunks exceed the limit {MAX_THUNKS} ('thunks')")
+    ctx = _Context(where, arena_bytes, tensors, depth, budget)
+    thunks, steps = [], 0
+    for i, t in enumerate(raw_thunks):
+        thunk, thunk_steps = _thunk(i, t, ctx)
+        thunks.append(thunk)
+        steps += thunk_steps
+        if steps > MAX_SCAN_STEPS:
+            raise where.thunk(i, thunk.op).fail("length", f"the schedule's scans declare {steps} body executions "
+                                                          f"so far, over the limit {MAX_SCAN_STEPS} ('scan_steps')")
+    return Schedule(arena_bytes, tuple(thunks), tensors, inputs, outputs, init), steps
 
 
 def validate(raw: Any) -> Schedule:
@@ -236,8 +397,8 @@ def validate(raw: Any) -> Schedule:
     if isinstance(raw, Schedule):
         return raw
     if not isinstance(raw, Mapping):
-        raise ScheduleError(f"schedule: expected an object, got {type(raw).__name__}")
-    return _schedule(raw, _Where(""), nested=False)
+        raise ScheduleError(f"schedule: expected an object, got {type(raw).__name__} {brief(raw)}")
+    return _schedule(raw, _Where(""), nested=False, depth=0, budget=_Budget())[0]
 
 
 __all__ = ["validate"]
