@@ -115,16 +115,21 @@ def read_source(source: Any) -> Any:
         try:
             return parse_text(text)
         except ScheduleError as err:
-            raise ScheduleError(f"{brief(str(source), 200)}: {err}") from None
+            raise ScheduleError(f"{_cut(str(source), 200)}: {err}") from None
     if isinstance(source, (bytes, bytearray)):
         return parse_text(_decode(bytes(source), "schedule bytes"))
     if isinstance(source, str):
         parsed = parse_text(source)
-        if isinstance(parsed, str) and "\n" not in source:  # one line that reads as a bare string: a missing path
+        if isinstance(parsed, str) and _looks_like_a_schedule_file(source):
             raise ScheduleError(f"no such file: {brief(source, 200)} (a schedule is a path to a JSON or YAML file, "
                                 f"JSON/YAML text or bytes, or a mapping)")
         return parsed
     raise ScheduleError(f"a schedule is a mapping, JSON/YAML text or bytes, or a path, not {type(source).__name__}")
+
+
+def _looks_like_a_schedule_file(text: str) -> bool:
+    """One line naming a .json/.yaml/.yml file: when no such file exists, say so rather than "got str"."""
+    return "\n" not in text and text.strip().lower().endswith((".json", ".yaml", ".yml"))
 
 
 def _names_a_file(text: str) -> bool:
