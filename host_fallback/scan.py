@@ -105,6 +105,35 @@ def checkpoint_steps(length: int, num_checkpoints: int) -> list[int]:
     return [-(-(k + 1) * length // rows) - 1 for k in range(rows)]
 
 
+#: The ops this driver runs.
+SCAN_OPS = frozenset({"scan", "scan_backward", "scan_backward_xs"})
+
+
+def working_bytes(t: Thunk, recompute: str = "segment", _seen: dict[int, int] | None = None) -> int:
+    """The most bytes the driver holds at once for ``t`` besides the outer arena.
+
+    Its body arenas, the recompute cache of the longest checkpoint segment (``segment``: every carry
+    of it; ``treeverse``: one carry per level of bisection), and the largest working memory of a scan
+    nested in its bodies (those run one at a time). Computed from the fields alone, in time bounded by
+    the number of distinct body schedules, so a device can refuse a schedule before anything runs.
+    """
+    seen = {} if _seen is None else _seen
+    if id(t) in seen:
+        return seen[id(t)]
+    if t["op"] == "scan":
+        bodies, cache = [t["body"]], 0
+    else:
+        length, k = t["length"], t["num_checkpoints"]
+        longest = -(-length // k) if 0 < k < length else 1  # the forward body runs only to recompute
+        bodies = [t["body_vjp"]] + ([t["forward_body"]] if longest > 1 else [])
+        carries = longest - 1 if recompute == "segment" else max(longest - 1, 0).bit_length()
+        cache = carries * t["carry_bytes"]
+    nested = max((working_bytes(inner, recompute, seen) for body in bodies for inner in body["thunks"]
+                  if inner["op"] in SCAN_OPS), default=0)
+    seen[id(t)] = total = sum(body["arena_bytes"] for body in bodies) + cache + nested
+    return total
+
+
 def _pristine(mem: Memory, schedule: Schedule) -> Any:
     """A fresh body arena: ``init`` applied to zeros."""
     arena = mem.alloc(schedule["arena_bytes"])

@@ -7,8 +7,8 @@ from typing import Any, Sequence
 def human_bytes(n: int) -> str:
     """``1536`` → ``'1.5 KiB'``; exact below 1 KiB."""
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(value) < 1024 or unit == "PiB":
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")

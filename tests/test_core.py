@@ -223,3 +223,30 @@ def test_run_options_reach_the_kernels_through_the_device():
     session = open_double()
     with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'rnn_kernal'"):
         session.launch(sched.thunks[0], session.alloc(nbytes), rnn_kernal="step")
+
+
+
+@pytest.mark.parametrize("recompute", ["segment", "treeverse"])
+@pytest.mark.parametrize("length,checkpoints", [(6, 0), (6, 2), (13, 3), (17, 1)])
+def test_working_bytes_is_the_peak_the_host_driver_allocates(recompute, length, checkpoints):
+    from host_fallback import scan
+    from rlx_gpu.conformance.cases import lay_out, scan_case
+
+    fields = dict(scan_case("scan_backward_xs", "f32", length=length), num_checkpoints=checkpoints)
+    thunk, arena_bytes = lay_out("scan_backward_xs", "f32", fields)
+    arena = np.random.default_rng(length).standard_normal(arena_bytes // 4).astype(np.float32).view(np.uint8)
+    memory = scan.HostMemory(recompute=recompute)
+    scan.run_scan_backward(memory, thunk, arena, recompute)
+    assert scan.working_bytes(thunk, recompute) == memory.peak
+
+
+def test_a_body_arena_larger_than_host_memory_is_a_device_error_before_anything_runs():
+    from rlx_gpu.conformance.cases import lay_out, scan_case, schedule_of
+
+    fields = scan_case("scan_backward", "f32")
+    fields["body_vjp"] = dict(fields["body_vjp"], arena_bytes=1 << 46)  # valid (under 2^48), larger than any RAM
+    device = rlx_gpu.get_device("host")
+    with pytest.raises(rlx_gpu.DeviceError, match=r"thunk 0 \(scan_backward\)'s body arenas and recompute cache "
+                                                  r"needs \d+ bytes \(64.0 TiB\), more than the .* of memory of this"):
+        device.run(schedule_of(*lay_out("scan_backward", "f32", fields)))
+    assert device.launches == 0

@@ -6,17 +6,25 @@ threads proceed at once and ``lock`` does nothing.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Collection, Mapping
 
 import numpy as np
 
 import host_fallback
 
+from ..errors import DeviceError
 from ..runtime.options import RunOptions
+from ..units import human_bytes
 from .base import DeviceInfo
 from .core import Runner
 
 NAME = "host"
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (what a host arena can at most be)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def probe() -> list[DeviceInfo]:
@@ -35,7 +43,12 @@ class HostSession:
         return None if thunk["op"] in host_fallback.KERNELS else f"host_fallback has no {thunk['op']} kernel"
 
     def check_fits(self, nbytes: int, what: str) -> None:
-        """Host memory is NumPy's: an arena too large for it raises ``MemoryError`` when allocated."""
+        """Raise ``DeviceError`` when ``nbytes`` exceed this machine's physical memory."""
+        limit = physical_memory()
+        if nbytes > limit:
+            raise DeviceError(f"{what} needs {nbytes} bytes ({human_bytes(nbytes)}), more than the "
+                              f"{human_bytes(limit)} of memory of this machine ({self.info.spec}); "
+                              f"shrink the schedule")
 
     def alloc(self, nbytes: int, what: str = "an arena") -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)

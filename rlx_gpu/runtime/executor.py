@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+from host_fallback import scan
 
 from ..backends.base import Session
 from ..backends.core import HostStep
 from ..schedule.io import load_schedule
 from ..schedule.model import Schedule
+from ..schedule.ops import SCAN_OPS
 from ..units import human_bytes
 from .arena import Arena
 from .config import Config, load_config
@@ -103,6 +105,9 @@ class Device:
             return entry[1]
         with self.session.lock:
             self.session.check_fits(schedule.arena_bytes, "the arena of this schedule (arena_bytes)")
+            for thunk in (t for t in schedule.thunks if t.op in SCAN_OPS):
+                self.session.check_fits(scan.working_bytes(thunk, self.options.recompute),
+                                        f"thunk {thunk.index} ({thunk.op})'s body arenas and recompute cache")
             prepared = self._prepare(schedule)
         self._prepared[key] = (weakref.ref(schedule, lambda _, cache=self._prepared: cache.pop(key, None)), prepared)
         return prepared

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.body import BINARY, UNARY
+from host_fallback import scan
 from host_fallback.layout import Region, regions
 
 from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
@@ -102,7 +103,7 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in (
         Field("per_step_bytes", "pos"))),
 )}
 
-SCAN_OPS = frozenset({"scan", "scan_backward", "scan_backward_xs"})
+SCAN_OPS = scan.SCAN_OPS
 
 
 def footprint(thunk: Mapping[str, Any]) -> tuple[list[Region], list[Region]]:
