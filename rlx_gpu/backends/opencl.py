@@ -82,7 +82,7 @@ class OpenCLSession:
         self.device = cl.get_platforms()[int(pi)].get_devices()[int(di)]
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
-        self.limits = launches.DeviceLimits(self.device.max_work_group_size, self.device.local_mem_size, info.fp64)
+        self.limits = device_limits(cl, self.device, info.fp64)
         self._kernels: dict[tuple, Any] = {}
         self._scratch: DeviceArena | None = None
 
@@ -159,11 +159,11 @@ class OpenCLSession:
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
-        key = (item.family, item.dtype, item.src_dtype, item.kernel)
+        prog = kernel_source.program_for("opencl", item, self.limits)
+        key = (prog.digest, item.kernel)
         kernel = self._kernels.get(key)
         if kernel is None:
-            program = self.program(kernel_source.program("opencl", item.family, item.dtype, item.src_dtype))
-            kernel = self._kernels[key] = getattr(program, item.kernel)
+            kernel = self._kernels[key] = getattr(self.program(prog), item.kernel)
         return kernel
 
     def program(self, prog: kernel_source.Program) -> Any:
@@ -181,6 +181,25 @@ class OpenCLSession:
                 ) from err
             _PROGRAMS[key] = built
         return built
+
+
+def device_limits(cl: Any, device: Any, fp64: bool) -> launches.DeviceLimits:
+    """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
+    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR))
+    target = launches.limits.requested_target("gpu" if gpu else "cpu")
+    # the warp / wavefront width where the vendor reports it, else the target's usual width
+    sub_group = next((getattr(device, attr) for attr in ("warp_size_nv", "wavefront_width_amd") if _has(cl, device, attr)),
+                     32 if target == "gpu" else 1)
+    return launches.DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
+                                 sub_group=int(sub_group), compute_units=device.max_compute_units)
+
+
+def _has(cl: Any, device: Any, attr: str) -> bool:
+    try:
+        getattr(device, attr)
+    except (cl.Error, AttributeError):
+        return False
+    return True
 
 
 def _build_log(cl: Any, program: Any, device: Any, err: Exception) -> str:
@@ -239,13 +258,13 @@ class DeviceMemory:
         self._ready(src, dst)
         # the copy kernel rather than clEnqueueCopyBuffer, for Oclgrind's sake (see OpenCLSession.zero)
         src_buf, dst_buf = Buf("src"), Buf("dst")
-        item = launches.body.copy_launch(nbytes, (src_buf, src_off), (dst_buf, dst_off))
+        item = launches.body.copy_launch(self.session.limits, nbytes, (src_buf, src_off), (dst_buf, dst_off))
         self.session.enqueue(item, {src_buf: src.buf, dst_buf: dst.buf})
 
     def accumulate(self, dst: DeviceArena, dst_off: int, src: DeviceArena, src_off: int, count: int, dtype: str) -> None:
         self._ready(dst, src)
         dst_buf, src_buf = Buf("dst"), Buf("src")
-        item = launches.body.accumulate(dtype, count, (dst_buf, dst_off), (src_buf, src_off))
+        item = launches.body.accumulate(self.session.limits, dtype, count, (dst_buf, dst_off), (src_buf, src_off))
         self.session.enqueue(item, {dst_buf: dst.buf, src_buf: src.buf})
 
     def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:
