@@ -108,11 +108,11 @@ def test_operand_swap_and_types():
         matmul_call(dict(t, m=2**31, a_batch_stride=0))
 
 
-def _gemm_case(rng, dtype, m, n, k, batch, a_layout, b_layout, a_real, b_real, d_real, bias):
+def _gemm_case(lim, rng, dtype, m, n, k, batch, a_layout, b_layout, a_real, b_real, d_real, bias):
     """A portable gemm launch over an arena and a scratch buffer, plus the float64 answer."""
     real = cublas_calls.REAL[dtype]
     kinds = {"a": real if a_real else dtype, "b": real if b_real else dtype}
-    bufs = {ARENA: np.zeros(1 << 14, np.uint8), SCRATCH: np.zeros(1 << 14, np.uint8)}
+    bufs = {ARENA: np.zeros(1 << 16, np.uint8), SCRATCH: np.zeros(1 << 16, np.uint8)}
     ops, cursor = {}, {ARENA: 256, SCRATCH: 128}
     for name, (rows, cols), layout, is_real in (("a", (m, k), a_layout, a_real), ("b", (k, n), b_layout, b_real)):
         values = rng.standard_normal((batch, rows, cols))
@@ -131,7 +131,7 @@ def _gemm_case(rng, dtype, m, n, k, batch, a_layout, b_layout, a_real, b_real, d
     bufs[ARENA][bias_off: bias_off + data.size] = data
     d_buf = SCRATCH if d_real else ARENA
     d_off = cursor[d_buf] + data.size + 64 if d_buf is ARENA else cursor[d_buf]
-    item = gemm(dtype, m, n, k, batch, ops["a"][0], ops["b"][0], (d_buf, d_off, d_real, m * n, n),
+    item = gemm(lim, dtype, m, n, k, batch, ops["a"][0], ops["b"][0], (d_buf, d_off, d_real, m * n, n),
                 bias=(ARENA, bias_off, n) if bias else None)
     want = ops["a"][1] @ ops["b"][1]
     if bias:
@@ -140,14 +140,18 @@ def _gemm_case(rng, dtype, m, n, k, batch, a_layout, b_layout, a_real, b_real, d
     return item, bufs, want, (d_buf, d_off, d_kind)
 
 
+LIMITS = {target: launches.DeviceLimits(1024, 48 << 10, True, target=target) for target in ("cpu", "gpu")}
+
+
+@pytest.mark.parametrize("target", sorted(LIMITS))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_portable_gemm_launches_through_the_interpreter(dtype):
+def test_portable_gemm_launches_through_the_interpreter(dtype, target):
     rng = np.random.default_rng(5)
     mapped = refused = 0
-    for (m, k, n), batch, a_l, b_l, bias in itertools.product([(3, 5, 2), (1, 4, 7), (6, 1, 3)], (1, 2), ("row", "col"),
+    for (m, k, n), batch, a_l, b_l, bias in itertools.product([(3, 5, 2), (1, 4, 7), (6, 1, 3), (3, 2, 130)], (1, 2), ("row", "col"),
                                                               ("row", "col"), (False, True)):
         for a_real, b_real, d_real in ((False, False, False), (False, False, True), (True, True, True), (False, True, True)):
-            item, bufs, want, (d_buf, d_off, d_kind) = _gemm_case(rng, dtype, m, n, k, batch, a_l, b_l, a_real, b_real,
+            item, bufs, want, (d_buf, d_off, d_kind) = _gemm_case(LIMITS[target], rng, dtype, m, n, k, batch, a_l, b_l, a_real, b_real,
                                                                  d_real, bias)
             a_kind = cublas_calls.REAL[dtype] if a_real else dtype
             b_kind = cublas_calls.REAL[dtype] if b_real else dtype
@@ -174,13 +178,14 @@ def test_strides_cublas_cannot_take_are_refused():
         cublas_calls.strided_gemm(4, 4, 4, 1, bad, good, good)
 
 
+@pytest.mark.parametrize("target", sorted(LIMITS))
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
-def test_recurrent_input_projection(dtype):
+def test_recurrent_input_projection(dtype, target):
     """launches.rnn's layer-0 projection (x · W_ihᵀ + bias for both directions) as cuBLAS calls."""
     B, S, I, H, G = 2, 3, 5, 4, 4
     t = dict(op="lstm", dtype=dtype, batch=B, seq=S, input_size=I, hidden=H, num_layers=2, bidirectional=True,
              carry=False, x=0, w_ih=1024, w_hh=4096, bias=8192, h0=0, c0=0, dst=9216)
-    plan = launches.plan(t, launches.DeviceLimits(256, 48 << 10, True), rnn_kernel="step")
+    plan = launches.plan(t, LIMITS[target], rnn_kernel="step")
     steps = with_cublas(plan.launches)
     calls = [s for s in steps if isinstance(s, GemmCall)]
     assert len(calls) == 4  # per layer: the bias call and the gemm

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from ..launches.core import ARENA, Buf, Launch, Thunk, elem_size
+from ..launches.core import ARENA, Buf, Launch, Thunk
+from ..launches.limits import TUNING
 
 INT_MAX = 2**31 - 1  # cuBLAS takes m, n, k, leading dimensions and the batch count as 32-bit ints
 COMPUTE = {"f32": "32F", "f16": "32F", "bf16": "32F", "f64": "64F"}
@@ -146,7 +147,7 @@ def bias_call(m: int, n: int, batch: int, bias: RowMajor, d: RowMajor) -> GemmCa
 #: launches.body.gemm's positional arguments, by name
 GEMM_ARGS = ("a_buf", "a_off", "a_real", "a_bs", "a_rs", "a_cs", "b_buf", "b_off", "b_real", "b_bs", "b_rs", "b_cs",
              "bias_buf", "bias_off", "has_bias", "bias_bs", "d_buf", "d_off", "d_real", "d_bs", "d_rs", "m", "n", "k")
-TRANSPOSE_ARGS = ("s_buf", "s_off", "s_bs", "s_rs", "s_cs", "d_buf", "d_off", "rows", "cols")
+TRANSPOSE_ARGS = ("s_buf", "s_off", "s_bs", "s_rs", "s_cs", "d_buf", "d_off", "rows", "cols", "batch")
 
 
 def _named(item: Launch, names: tuple[str, ...]) -> dict[str, object]:
@@ -176,6 +177,15 @@ def _unstaged(b: RowMajor, stage: Launch | None, k: int, n: int) -> RowMajor | N
     return RowMajor(s["s_buf"], s["s_off"], stage.dtype, s["s_bs"], s["s_cs"], s["s_rs"])  # type: ignore[arg-type]
 
 
+def _gemm_batch(item: Launch, m: int, n: int) -> int:
+    """The batch count of a portable gemm launch, read back from its geometry (launches.body.gemm): at
+    the gpu target every batch item's GEMM_TILE squares line up along x, at the cpu target batch is z."""
+    if item.target != "gpu":
+        return item.global_size[2] // item.local_size[2]
+    side = TUNING["gpu"]["GEMM_TILE"]
+    return (item.global_size[0] // item.local_size[0]) // (-(-n // side) * -(-m // side))
+
+
 def gemm_launch_calls(item: Launch, stage: Launch | None = None, tf32: bool = False) -> tuple[GemmCall, ...]:
     """The calls that replace the portable gemm launch ``item`` (a bias becomes a first rank-1 call).
 
@@ -191,7 +201,7 @@ def gemm_launch_calls(item: Launch, stage: Launch | None = None, tf32: bool = Fa
     source = _unstaged(b, stage, k, n)
     if source is not None and source.dtype == a.dtype:
         b = source
-    batch = item.global_size[2]  # the gemm's work-groups are one batch item deep
+    batch = _gemm_batch(item, m, n)
     calls = []
     if g["has_bias"]:
         bias = RowMajor(g["bias_buf"], g["bias_off"], dt, g["bias_bs"], 0, 1)  # type: ignore[arg-type]
