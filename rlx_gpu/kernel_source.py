@@ -16,7 +16,7 @@ from .launches.core import Launch
 from .launches.limits import TARGETS, TUNING, DeviceLimits
 from .paths import data_dir
 
-FAMILIES = ("rnn", "ssm", "gdn", "body")
+FAMILIES = ("rnn", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
 PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}
 
 #: dtype -> (macro suffix, storage C type, compute C type)

@@ -47,10 +47,10 @@ class Usage:
 
 def programs(target: str = "cpu") -> list[kernel_source.Program]:
     """Every program the backends build at ``target``: each family for each dtype and compile-time
-    variant, plus each cast variant of the body family."""
+    variant, and the cast family for each (dtype, source dtype)."""
     out = [kernel_source.program("cuda", fam, dt, None, target, defs)
-           for fam in kernel_source.FAMILIES for dt in DTYPES for defs in variants(fam, target)]
-    out += [kernel_source.program("cuda", "body", dt, src, target) for dt in DTYPES for src in DTYPES]
+           for fam in kernel_source.FAMILIES if fam != "cast" for dt in DTYPES for defs in variants(fam, target)]
+    out += [kernel_source.program("cuda", "cast", dt, src, target) for dt in DTYPES for src in DTYPES]
     return out
 
 

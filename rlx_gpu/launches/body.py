@@ -11,7 +11,8 @@ MAX_RANK = 6
 
 def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
     local = linear_local(n, 256)
-    return Launch("body", kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype, lim.target)
+    family = "cast" if src_dtype else "body"  # kernels/cast.cl: a cast never builds the body family
+    return Launch(family, kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype, lim.target)
 
 
 def gemm(
