@@ -15,21 +15,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rlx_gpu import nvrtc_check
+from rlx_gpu.backends import nvrtc
 from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="gpu", choices=("cpu", "gpu"))
-    parser.add_argument("--arch", default=nvrtc_check.CUBIN_ARCH)
+    parser.add_argument("--arch", default=nvrtc.CUBIN_ARCH)
     parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    progs = nvrtc_check.programs(args.target)
+    progs = nvrtc.programs(args.target)
     spent: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.Counter()
     with tempfile.TemporaryDirectory() as tmp:
-        cache = CubinCache(args.arch, nvrtc_check.OPTIONS, nvrtc_check.compile_cubin, nvrtc_version(), Path(tmp))
+        cache = CubinCache(args.arch, nvrtc.OPTIONS, nvrtc.compile_cubin, nvrtc_version(), Path(tmp))
 
         def build(prog):
             t0 = time.perf_counter()
