@@ -8,6 +8,7 @@ Importable without ``rlx_gpu``: a runtime whose device lacks an op calls
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -20,16 +21,40 @@ Kernel = Callable[..., None]
 KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **ssm.KERNELS, **gdn.KERNELS, **body.KERNELS, **scan.KERNELS}
 
 
+def _keywords(kernel: Kernel) -> frozenset[str]:
+    return frozenset(p.name for p in inspect.signature(kernel).parameters.values() if p.kind is p.KEYWORD_ONLY)
+
+
+def _passes_all(kernel: Kernel) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(kernel).parameters.values())
+
+
+#: Every option some kernel declares (its keyword-only parameters).
+OPTIONS = frozenset().union(*(_keywords(kernel) for kernel in KERNELS.values()))
+#: op -> the options its kernel takes: all of them for the scans, which hand them to their body thunks.
+ACCEPTS: dict[str, frozenset[str]] = {op: OPTIONS if _passes_all(k) else _keywords(k) for op, k in KERNELS.items()}
+
+
+def keywords_for(op: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``options`` that ``op``'s kernel takes; an option no kernel takes raises ``TypeError``."""
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise TypeError(f"unknown host option(s) {sorted(unknown)}; the host kernels take {sorted(OPTIONS)}")
+    accepts = ACCEPTS[op]
+    return {k: v for k, v in options.items() if k in accepts}
+
+
 def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
     """Run one thunk on a host arena in place.
 
-    ``options`` reach the kernels that take them: ``recompute="segment" | "treeverse"`` for the
-    scan family.
+    ``options`` reach the kernels that take them (``OPTIONS`` lists every one): ``recompute``
+    (``"segment" | "treeverse"``) for the scan family, ``path``, ``chunk`` and ``workers`` for the
+    state-space ops, ``parallel_directions`` for the recurrences. An unknown option raises ``TypeError``.
     """
     if arena.dtype != np.uint8 or arena.ndim != 1:
         raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
     check_bounds(thunk, arena.size)
-    KERNELS[thunk["op"]](thunk, arena, **options)
+    KERNELS[thunk["op"]](thunk, arena, **keywords_for(thunk["op"], options))
 
 
 def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
@@ -49,7 +74,7 @@ PATHS: dict[str, Callable[..., str]] = {"selective_scan": ssm.path_for, "mamba2"
 def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
     """The algorithm the host runs ``thunk`` with (``chunked L=64``, ``step`` ...), for ops that choose one."""
     chooser = PATHS.get(thunk["op"])
-    return chooser(thunk, **options) if chooser else None
+    return chooser(thunk, **keywords_for(thunk["op"], options)) if chooser else None
 
 
-__all__ = ["execute", "check_bounds", "path_for", "regions", "Region", "KERNELS"]
+__all__ = ["execute", "check_bounds", "keywords_for", "path_for", "regions", "Region", "KERNELS", "OPTIONS"]

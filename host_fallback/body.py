@@ -58,14 +58,14 @@ def _strided(bound: Bound, field: str, shape: tuple[int, ...], strides: tuple[in
     return as_strided(flat, shape, tuple(s * itemsize for s in strides), writeable=False).astype(COMPUTE[dtype])
 
 
-def unary(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def unary(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = fn(x[i])`` for ``i < n``."""
     io = Bound(t, arena)
     with np.errstate(all="ignore"):
         io.store("dst", UNARY[t["fn"]](io.load("x")))
 
 
-def binary(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def binary(t: Thunk, arena: np.ndarray) -> None:
     """``dst[idx] = fn(a[idx·a_strides], b[idx·b_strides])`` over the dense index space ``shape``."""
     io, shape, dt = Bound(t, arena), tuple(t["shape"]), t["dtype"]
     a = _strided(io, "a", shape, tuple(t["a_strides"]), dt)
@@ -74,7 +74,7 @@ def binary(t: Thunk, arena: np.ndarray, **_: Any) -> None:
         io.store("dst", BINARY[t["fn"]](a, b))
 
 
-def matmul(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def matmul(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = A_i·B_i``, ``A_i`` at ``a + i·a_batch_stride`` (stored ``[k,m]`` if ``trans_a``); ``B_i`` alike."""
     io, dt = Bound(t, arena), t["dtype"]
     batch, m, k, n = t["batch"], t["m"], t["k"], t["n"]
@@ -89,7 +89,7 @@ def matmul(t: Thunk, arena: np.ndarray, **_: Any) -> None:
     io.store("dst", np.matmul(a, b))
 
 
-def reduce_sum(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def reduce_sum(t: Thunk, arena: np.ndarray) -> None:
     """``dst[o,i] = Σ_j x[o,j,i]`` for ``x [outer,r,inner]``."""
     io = Bound(t, arena)
     io.store("dst", io.load("x").sum(axis=1))
@@ -109,18 +109,18 @@ def copy_bytes(src: np.ndarray, src_off: int, dst: np.ndarray, dst_off: int, nby
     target[...] = source
 
 
-def copy(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def copy(t: Thunk, arena: np.ndarray) -> None:
     """``dst[0:nbytes] = src[0:nbytes]`` byte for byte; the ranges must not overlap."""
     copy_bytes(arena, t["src"], arena, t["dst"], t["nbytes"])
 
 
-def fill(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def fill(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = value`` for ``i < n``, rounded once into ``dtype``."""
     io = Bound(t, arena)
     io.store("dst", np.full(t["n"], t["value"], COMPUTE[t["dtype"]]))
 
 
-def cast(t: Thunk, arena: np.ndarray, **_: Any) -> None:
+def cast(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = src[i]`` converted from ``src_dtype`` into ``dtype`` via the compute type (round to nearest even)."""
     io = Bound(t, arena)
     # Through the destination's compute type like every other op, so an f64 source bound for

@@ -227,8 +227,7 @@ def _parts(thunk: Thunk, name: str, workers: int | None) -> int:
     return threads.parts_for("gated_delta_net", work, b, h, workers)
 
 
-def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, workers: int | None = None,
-             **_: Any) -> str:
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
     """Name the path ``gated_delta_net`` runs ``thunk`` on: ``step`` or ``chunked L=32``, with
     ``, N threads`` when split across cores."""
     name, length = _choose(thunk, path, chunk)
@@ -236,8 +235,8 @@ def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, wo
     return (name if name == "step" else f"{name} L={length}") + (f", {parts} threads" if parts > 1 else "")
 
 
-def gated_delta_net(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
-                    workers: int | None = None, **_: Any) -> None:
+def gated_delta_net(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+                    workers: int | None = None) -> None:
     """Gated delta rule: ``S = exp(g) S``; ``u = beta (v - S^T k)``; ``S += k u^T``; ``out = S^T q / sqrt(N)``.
 
     ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (a power-of-two chunk length) and ``workers``

@@ -197,10 +197,9 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
             dst[:, k] = out[k].transpose(2, 1, 0)
 
 
-def _run(t: Mapping[str, Any], arena: np.ndarray, parallel_directions: bool | None = None, **_: Any) -> None:
+def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
     """Run one lstm/gru/rnn thunk in place. ``parallel_directions``: ``None`` lets the kernel choose
-    (see the module docstring), ``True``/``False`` forces two threads or one. Other options are for
-    other kernels and ignored."""
+    (see the module docstring), ``True``/``False`` forces two threads or one."""
     if 0 in (t["batch"], t["seq"], t["hidden"]):
         return  # nothing to compute; a carried state is its own final state
     b = Bound(t, arena)

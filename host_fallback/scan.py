@@ -51,11 +51,15 @@ class Memory(Protocol):
 class HostMemory:
     """:class:`Memory` over ``numpy.uint8`` arenas; counts body runs and the peak bytes it allocated.
 
-    ``options`` are passed on to every body thunk (a nested scan honours ``recompute``).
+    ``options`` are passed on to every body thunk, each kernel getting those it takes (a nested scan
+    honours ``recompute``).
     """
 
     def __init__(self, **options: Any):
+        from . import keywords_for  # the package imports this module first
+
         self.options = options
+        self._keywords = keywords_for
         self.live = 0
         self.peak = 0  # most bytes held at once by alloc: the driver's extra memory
         self.runs = 0  # nested schedules run, forward bodies and vjp bodies together
@@ -85,7 +89,7 @@ class HostMemory:
                 check_bounds(thunk, arena.size)
             self._checked.add((id(schedule), arena.size))
         for thunk in thunks:
-            KERNELS[thunk["op"]](thunk, arena, **self.options)
+            KERNELS[thunk["op"]](thunk, arena, **self._keywords(thunk["op"], self.options))
 
     def accumulate(self, dst: np.ndarray, dst_off: int, src: np.ndarray, src_off: int, count: int, dtype: str) -> None:
         total = load(dst, dst_off, dtype, (count,)) + load(src, src_off, dtype, (count,))
@@ -260,12 +264,13 @@ def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segme
         rev.close()
 
 
-def _scan_kernel(thunk: Thunk, arena: np.ndarray, **options: Any) -> None:
-    run_scan(HostMemory(**options), thunk, arena)
+# The scan kernels take every host option (``**options``): they hand each body thunk the ones its kernel takes.
+def _scan_kernel(thunk: Thunk, arena: np.ndarray, *, recompute: str = "segment", **options: Any) -> None:
+    run_scan(HostMemory(recompute=recompute, **options), thunk, arena)
 
 
-def _backward_kernel(thunk: Thunk, arena: np.ndarray, **options: Any) -> None:
-    run_scan_backward(HostMemory(**options), thunk, arena, options.get("recompute", "segment"))
+def _backward_kernel(thunk: Thunk, arena: np.ndarray, *, recompute: str = "segment", **options: Any) -> None:
+    run_scan_backward(HostMemory(recompute=recompute, **options), thunk, arena, recompute)
 
 
 KERNELS = {"scan": _scan_kernel, "scan_backward": _backward_kernel, "scan_backward_xs": _backward_kernel}

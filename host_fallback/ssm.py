@@ -163,8 +163,7 @@ def _parts(thunk: Thunk, name: str, workers: int | None) -> int:
     return threads.parts_for(thunk["op"], work, b, units, workers)
 
 
-def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, workers: int | None = None,
-             **_: Any) -> str:
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
     """Name the path ``selective_scan``/``mamba2`` runs ``thunk`` on: ``step``, ``blocked T=64``,
     ``chunked L=64``, with ``, N threads`` when split across cores."""
     name, length = _choose(thunk, path, chunk)
@@ -173,8 +172,8 @@ def path_for(thunk: Thunk, path: str | None = None, chunk: int | None = None, wo
     return label + (f", {parts} threads" if parts > 1 else "")
 
 
-def selective_scan(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
-                   workers: int | None = None, **_: Any) -> None:
+def selective_scan(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+                   workers: int | None = None) -> None:
     """Mamba-1: per channel ``h = exp(delta*a)*h + delta*b*x``, ``y = c . h``, from ``h = 0``.
 
     ``path`` (``"step"`` or ``"blocked"``), ``chunk`` (steps per block) and ``workers`` (threads
@@ -190,8 +189,8 @@ def selective_scan(thunk: Thunk, arena: np.ndarray, path: str | None = None, chu
     run_blocks(thunk, arena, _SCAN_PATHS[name], inputs, length, thunk["hidden"], _parts(thunk, name, workers))
 
 
-def mamba2(thunk: Thunk, arena: np.ndarray, path: str | None = None, chunk: int | None = None,
-           workers: int | None = None, **_: Any) -> None:
+def mamba2(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+           workers: int | None = None) -> None:
     """Mamba-2 (SSD): per head ``S = exp(dt*a)*S + (dt*x) (x) b``, ``y = S c``, from ``S = 0``.
 
     ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (chunk length) and ``workers`` (threads over

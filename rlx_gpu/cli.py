@@ -118,18 +118,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     schedule = load_schedule(Path(args.schedule))
     device = get_device(args.device)
-    rows, total = [], 0
-    for thunk, a in zip(schedule.thunks, device.place(schedule)):
+    rows, total, per_step = [], 0, 0
+    for a in device.place(schedule):
         copied = ""
-        if a.backend != device.session.info.backend:
-            reads, writes = footprint(thunk)
-            nbytes = sum(r.nbytes for r in reads + writes)
-            total += nbytes
+        if a.copied_bytes:
+            reads, writes = footprint(a.thunk)
             copied = f"{human_bytes(sum(r.nbytes for r in reads))} in, {human_bytes(sum(r.nbytes for r in writes))} out"
-        rows.append([a.index, a.op, a.dtype, a.backend, a.reason, copied])
+            if a.nested:
+                per_step += a.copied_bytes
+                copied += " per body run"
+            else:
+                total += a.copied_bytes
+        rows.append([a.where if a.nested else a.index, a.op, a.dtype, a.backend, a.reason, copied])
     print(f"plan on {device.spec} (fallback policy {device.config.fallback}, config {device.config.source})")
     print(_table(rows, ["#", "op", "dtype", "backend", "why", "fallback copies"]))
-    print(f"fallback copies per run: {human_bytes(total)}")
+    print(f"fallback copies per run: {human_bytes(total)}"
+          + (f", plus {human_bytes(per_step)} per run of the bodies with host thunks" if per_step else ""))
     return 0
 
 

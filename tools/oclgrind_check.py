@@ -47,7 +47,7 @@ def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int,
 
 def conformance(spec: str, pytest_args: list[str]) -> int:
     # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
-    # write of the pristine bytes (see opencl.DeviceMemory), which Oclgrind's shadow tracks exactly.
+    # write of the pristine bytes (see core.ScanMemory), which Oclgrind's shadow tracks exactly.
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_opencl.py", *pytest_args]
     code, diagnostics, output = run_under_oclgrind(argv, {"RLX_OPENCL_TEST_DEVICE": spec, "RLX_OPENCL_SMALL": "1"})
     print(output[-3000:])
@@ -69,11 +69,11 @@ info = next(i for i in opencl.probe() if i.spec == {spec!r})
 s = opencl.open(info)
 prog = programs.program("opencl", "body", "f32")
 assert {good!r} in prog.source
-s._kernels[("body", "f32", None, "fill")] = s.program(
-    programs.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r}))).fill
+broken = s.program(programs.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r})))
 n = 30  # the tensor ends the arena, so the write one past it leaves the buffer
 arena = s.alloc(4 * n)
-s.enqueue(Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1))), {{ARENA: arena.buf}})
+launch = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)))
+s.prims.enqueue(s.prims.get_kernel(broken, "fill"), launch, (arena.buffer,) + launch.args[1:])
 s.finish()
 """
 

@@ -1,13 +1,20 @@
-"""The host backend: NumPy kernels of ``host_fallback`` on a ``numpy.uint8`` arena."""
+"""The host backend: NumPy kernels of ``host_fallback`` on a ``numpy.uint8`` arena.
+
+Re-entrant: the kernels keep no shared state (their scratch is per thread), so runs from several
+threads proceed at once and ``lock`` does nothing.
+"""
 from __future__ import annotations
 
-from typing import Any, Mapping
+import contextlib
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
 import host_fallback
 
+from ..runtime.options import RunOptions
 from .base import DeviceInfo
+from .core import Runner
 
 NAME = "host"
 
@@ -19,14 +26,22 @@ def probe() -> list[DeviceInfo]:
 class HostSession:
     """Arenas are NumPy arrays; launching is calling the host kernel."""
 
+    lock = contextlib.nullcontext()
+
     def __init__(self, info: DeviceInfo):
         self.info = info
 
     def unsupported(self, thunk: Mapping[str, Any]) -> str | None:
         return None if thunk["op"] in host_fallback.KERNELS else f"host_fallback has no {thunk['op']} kernel"
 
-    def alloc(self, nbytes: int) -> np.ndarray:
+    def check_fits(self, nbytes: int, what: str) -> None:
+        """Host memory is NumPy's: an arena too large for it raises ``MemoryError`` when allocated."""
+
+    def alloc(self, nbytes: int, what: str = "an arena") -> np.ndarray:
         return np.zeros(nbytes, dtype=np.uint8)
+
+    def free(self, arena: np.ndarray) -> None:
+        """NumPy frees the arena with its last reference."""
 
     def write(self, arena: np.ndarray, offset: int, data: np.ndarray) -> None:
         arena[offset: offset + data.size] = data
@@ -34,8 +49,18 @@ class HostSession:
     def read(self, arena: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
         return arena[offset: offset + nbytes].copy()
 
+    def runner(self, thunk: Mapping[str, Any], options: RunOptions, on_host: Collection[int] = ()) -> Runner:
+        """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call)."""
+        kernel = host_fallback.KERNELS[thunk["op"]]
+        keywords = host_fallback.keywords_for(thunk["op"], options.host_keywords)
+
+        def run(arena: np.ndarray) -> int:
+            kernel(thunk, arena, **keywords)
+            return 0
+        return run
+
     def launch(self, thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
-        host_fallback.execute(thunk, arena, **options)
+        host_fallback.execute(thunk, arena, **RunOptions.build(**options).host_keywords)
 
     def finish(self) -> None:
         pass

@@ -1,0 +1,400 @@
+"""The kernel-session core: everything a device backend shares, written once over a few primitives.
+
+A backend module implements :class:`Primitives` — memory, program build, kernel launch and the
+device's limits, in its own API — and wraps it in a :class:`KernelSession`. Arenas, the grow-only
+scratch, the program and kernel caches, running a launch plan, the scan driver's device memory
+(:class:`ScanMemory`, nested scans included), body thunks placed on the host, the device-memory
+limits and the session lock all live here.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Collection, Hashable, Mapping, Protocol
+
+import numpy as np
+
+from .. import launches
+from ..errors import DeviceError
+from ..launches import ARENA, SCRATCH, Buf, DeviceLimits, Launch
+from ..runtime.options import RunOptions
+from ..schedule.ops import SCAN_OPS, footprint
+from ..units import human_bytes
+from . import programs
+from .base import DeviceInfo
+
+Thunk = Mapping[str, Any]
+#: Runs one prepared thunk on an arena in place; returns the bytes it moved between device and host.
+Runner = Callable[[Any], int]
+
+_PROGRAMS: dict[tuple, Any] = {}  # programs.cache_key -> built program, shared by every session of a device
+_PROGRAMS_LOCK = threading.Lock()
+
+
+class Primitives(Protocol):
+    """What a device backend implements; :class:`KernelSession` builds everything else on these.
+
+    Buffers are whatever :meth:`allocate` returns; the core never looks inside one. Every call
+    is made with the session's lock held, so a backend needs no locking of its own. Device-to-device
+    copies and sums run the portable body kernels (``launches.body.copy_launch``), so there is no
+    copy primitive.
+
+    Attributes
+    ----------
+    info : DeviceInfo
+        The probed device this opens.
+    dialect : str
+        The program dialect, a key of ``programs.PRELUDES`` (``"opencl"``, ``"cuda"``).
+    device_key : Hashable
+        Identity of the compile target (an OpenCL context, a CUDA device): the program cache key.
+    build_options : tuple of str
+        Compiler options; part of the program cache key.
+    limits : DeviceLimits
+        What launch geometry must respect.
+    max_alloc_bytes : int
+        The largest single buffer :meth:`allocate` may be asked for.
+    global_mem_bytes : int
+        The device's memory; an arena plus its scratch must fit.
+    fp64_feature : str
+        What the device must report for f64 (``"cl_khr_fp64"``), named when it does not.
+    """
+
+    info: DeviceInfo
+    dialect: str
+    device_key: Hashable
+    build_options: tuple[str, ...]
+    limits: DeviceLimits
+    max_alloc_bytes: int
+    global_mem_bytes: int
+    fp64_feature: str
+
+    def allocate(self, nbytes: int) -> Any:
+        """An uninitialised device buffer.
+
+        Parameters
+        ----------
+        nbytes : int
+            At least 1 and at most ``max_alloc_bytes`` (the core checks both).
+        """
+
+    def release(self, buffer: Any) -> None:
+        """Free a buffer from :meth:`allocate`; it is not used again."""
+
+    def write(self, buffer: Any, offset: int, data: np.ndarray) -> None:
+        """Copy host bytes into ``buffer`` at byte ``offset``; done when the call returns.
+
+        Parameters
+        ----------
+        data : numpy.ndarray
+            Contiguous, 1-D ``uint8``, non-empty, within the buffer.
+        """
+
+    def read(self, buffer: Any, offset: int, out: np.ndarray) -> None:
+        """Fill ``out`` (contiguous 1-D ``uint8``, non-empty) from ``buffer`` at ``offset``, after every
+        launch enqueued before; done when the call returns."""
+
+    def zero(self, buffer: Any, offset: int, nbytes: int) -> None:
+        """Set ``nbytes`` (> 0) at ``offset`` to zero, ordered after the launches enqueued before."""
+
+    def build_program(self, program: programs.Program) -> Any:
+        """Compile ``program.source`` with ``build_options``; raise ``KernelBuildError`` with the log."""
+
+    def get_kernel(self, built: Any, name: str) -> Any:
+        """The kernel called ``name`` in a program from :meth:`build_program`."""
+
+    def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
+        """Launch ``kernel`` over ``launch.global_size`` work-items in groups of ``launch.local_size``.
+
+        Parameters
+        ----------
+        args : tuple
+            ``launch.args`` with every ``Buf`` replaced by a buffer from :meth:`allocate`; the other
+            entries are NumPy scalars (``int64``, ``int32``, ``float32``, ``float64``). Launches run
+            in the order they are enqueued.
+        """
+
+    def finish(self) -> None:
+        """Wait until every enqueued launch and copy has completed."""
+
+
+@dataclass(eq=False)
+class DeviceArena:
+    """``nbytes`` of device memory in one buffer (at least 1 byte: some APIs refuse empty buffers).
+
+    ``pending`` is a host image not uploaded yet (see :class:`ScanMemory`); ``image`` the host copy
+    that body thunks placed on the host run on.
+    """
+
+    buffer: Any
+    nbytes: int
+    pending: np.ndarray | None = None
+    image: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class BoundPlan:
+    """A launch plan with each launch's kernel resolved: what repeated runs enqueue directly."""
+
+    launches: tuple[tuple[Any, Launch], ...]
+    scratch_bytes: int
+
+
+class KernelSession:
+    """One opened device: arenas, scratch, compile caches, launch plans and the scan driver's memory.
+
+    ``lock`` serialises everything that enqueues: the executor holds it for a whole run, so kernel
+    arguments set by one thread are never overwritten by another before their launch.
+    """
+
+    def __init__(self, prims: Primitives):
+        self.prims = prims
+        self.info = prims.info
+        self.limits = prims.limits
+        self.lock = threading.RLock()
+        self._kernels: dict[tuple[str, str], Any] = {}  # (program digest, kernel name) -> kernel
+        self._launches: dict[Launch, Any] = {}  # a launch without its arguments -> its kernel
+        self._scratch: DeviceArena | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.info.spec!r})"
+
+    # -- registry ---------------------------------------------------------------------------
+    def unsupported(self, thunk: Thunk) -> str | None:
+        """``None`` when this device runs ``thunk`` (a scan: its driver), else the reason."""
+        if "f64" in {thunk.get("dtype"), thunk.get("src_dtype")} and not self.info.fp64:
+            return f"f64 needs {self.prims.fp64_feature}, which {self.info.name} does not report"
+        if thunk["op"] in SCAN_OPS:
+            return None  # the driver runs here; each body thunk is placed on its own
+        return launches.unsupported(thunk, self.limits)
+
+    # -- memory -----------------------------------------------------------------------------
+    def check_fits(self, nbytes: int, what: str) -> None:
+        """Raise ``DeviceError`` when ``nbytes`` exceed the largest buffer or the memory of this device."""
+        limit, kind = min((self.prims.max_alloc_bytes, "largest allocation"), (self.prims.global_mem_bytes, "memory"))
+        if nbytes > limit:
+            raise DeviceError(f"{what} needs {nbytes} bytes ({human_bytes(nbytes)}), more than the {kind} of "
+                              f"{self.info.name} ({self.info.spec}): {limit} bytes ({human_bytes(limit)}); "
+                              f"shrink the schedule or run it on a device with more memory")
+
+    def _buffer(self, nbytes: int, what: str) -> Any:
+        self.check_fits(nbytes, what)
+        return self.prims.allocate(max(nbytes, 1))
+
+    def alloc(self, nbytes: int, what: str = "an arena") -> DeviceArena:
+        """A zeroed arena of ``nbytes``."""
+        arena = DeviceArena(self._buffer(nbytes, what), nbytes)
+        self.prims.zero(arena.buffer, 0, max(nbytes, 1))
+        return arena
+
+    def free(self, arena: DeviceArena) -> None:
+        arena.pending = arena.image = None
+        self.prims.release(arena.buffer)
+
+    def write(self, arena: DeviceArena, offset: int, data: np.ndarray) -> None:
+        data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+        if data.size:
+            self.prims.write(arena.buffer, offset, data)
+
+    def read(self, arena: DeviceArena, offset: int, nbytes: int) -> np.ndarray:
+        out = np.empty(nbytes, np.uint8)
+        if nbytes:
+            self.prims.read(arena.buffer, offset, out)
+        return out
+
+    def zero(self, arena: DeviceArena, offset: int, nbytes: int) -> None:
+        if nbytes:
+            self.prims.zero(arena.buffer, offset, nbytes)
+
+    def finish(self) -> None:
+        self.prims.finish()
+
+    def scratch(self, nbytes: int) -> Any:
+        """The scratch buffer, grown to ``nbytes``: shared by every launch, which the queue serialises."""
+        if self._scratch is None or self._scratch.nbytes < nbytes:
+            size = max(nbytes, 64)
+            if self._scratch is not None:
+                self.prims.release(self._scratch.buffer)
+                self._scratch = None
+            self._scratch = DeviceArena(self._buffer(size, "the launch scratch"), size)
+        return self._scratch.buffer
+
+    # -- programs ---------------------------------------------------------------------------
+    def program(self, prog: programs.Program) -> Any:
+        """The built program for ``prog``, compiled once per (device, source digest, options)."""
+        key = programs.cache_key(self.prims.device_key, prog, self.prims.build_options)
+        with _PROGRAMS_LOCK:
+            built = _PROGRAMS.get(key)
+            if built is None:
+                built = _PROGRAMS[key] = self.prims.build_program(prog)
+        return built
+
+    def kernel(self, launch: Launch) -> Any:
+        """The kernel ``launch`` runs, from the program ``programs.program_for`` gives it.
+
+        Kernels are kept by (program digest, name); a launch seen before (arguments aside) skips
+        assembling its program text.
+        """
+        seen = replace(launch, args=())
+        kernel = self._launches.get(seen)
+        if kernel is None:
+            prog = programs.program_for(self.prims.dialect, launch, self.limits)
+            key = (prog.digest, launch.kernel)
+            kernel = self._kernels.get(key)
+            if kernel is None:
+                kernel = self._kernels[key] = self.prims.get_kernel(self.program(prog), launch.kernel)
+            self._launches[seen] = kernel
+        return kernel
+
+    # -- launches ---------------------------------------------------------------------------
+    def bind(self, plan: launches.LaunchPlan) -> BoundPlan:
+        """Resolve every kernel of ``plan`` once (compiling what is not yet built)."""
+        return BoundPlan(tuple((self.kernel(item), item) for item in plan.launches if not item.empty),
+                         plan.scratch_bytes)
+
+    def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
+        """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0)."""
+        scratch = self.scratch(bound.scratch_bytes) if bound.scratch_bytes else None
+        enqueue, buffer = self.prims.enqueue, arena.buffer
+        for kernel, item in bound.launches:
+            enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
+        return 0
+
+    def run_plan(self, plan: launches.LaunchPlan, arena: DeviceArena) -> None:
+        self.run_bound(self.bind(plan), arena)
+
+    def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:
+        """Enqueue one launch whose ``Buf`` arguments ``buffers`` resolves (to buffers from ``allocate``)."""
+        if not item.empty:
+            self.prims.enqueue(self.kernel(item), item, tuple(buffers[a] if isinstance(a, Buf) else a for a in item.args))
+
+    def runner(self, thunk: Thunk, options: RunOptions, on_host: Collection[int] = ()) -> Runner:
+        """Plan ``thunk`` once; the returned function runs it on an arena.
+
+        ``on_host`` holds the ``id`` of every body thunk (at any depth) that placement sent to the host.
+        """
+        if thunk["op"] in SCAN_OPS:
+            return lambda arena: self._run_scan(thunk, arena, options, on_host)
+        bound = self.bind(launches.plan(thunk, self.limits, **options.planner_keywords))
+        return lambda arena: self.run_bound(bound, arena)
+
+    def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
+        """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``)."""
+        with self.lock:
+            self.runner(thunk, RunOptions.build(**options))(arena)
+
+    def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Collection[int]) -> int:
+        from host_fallback import scan
+
+        memory = ScanMemory(self, options, on_host)
+        if thunk["op"] == "scan":
+            scan.run_scan(memory, thunk, arena)
+        else:
+            scan.run_scan_backward(memory, thunk, arena, options.recompute)
+        return memory.copied
+
+
+class ScanMemory:
+    """The scan driver's memory protocol (``host_fallback.scan.Memory``) over device arenas.
+
+    An arena from :meth:`alloc` starts as a host image (zeros): the driver's writes and zeroings
+    (``init`` entries of a body arena, the first dcarry) land in that image, and the arena's pristine
+    bytes reach the device in ONE host write just before a kernel, a copy or a read first touches it.
+    Besides saving transfers, this keeps Oclgrind's uninitialized-value shadow exact: it flags bytes
+    that arrived through several offset host writes to one buffer, and never bytes written at once.
+
+    A body runs once per step, so each body thunk is planned once per scan execution. A body thunk
+    placed on the host moves its own footprint: reads to the host, writes back (``copied`` counts them).
+    """
+
+    def __init__(self, session: KernelSession, options: RunOptions, on_host: Collection[int]):
+        self.session = session
+        self.options = options
+        self.on_host = on_host
+        self.copied = 0
+        self._runners: dict[int, Runner] = {}  # body schedules outlive this object, so ids stay unique
+
+    def alloc(self, nbytes: int) -> DeviceArena:
+        buffer = self.session._buffer(nbytes, "a scan body arena")
+        return DeviceArena(buffer, nbytes, np.zeros(max(nbytes, 1), np.uint8))
+
+    def free(self, arena: DeviceArena) -> None:
+        self.session.free(arena)
+
+    def _ready(self, *arenas: DeviceArena) -> None:
+        """Upload the host image of every arena not yet on the device, each in one write."""
+        for arena in arenas:
+            if arena.pending is not None:
+                image, arena.pending = arena.pending, None
+                self.session.write(arena, 0, image)
+
+    def write(self, arena: DeviceArena, offset: int, data: np.ndarray) -> None:
+        if arena.pending is not None:
+            data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+            arena.pending[offset: offset + data.size] = data
+        else:
+            self.session.write(arena, offset, data)
+
+    def zero(self, arena: DeviceArena, offset: int, nbytes: int) -> None:
+        if arena.pending is not None:
+            arena.pending[offset: offset + nbytes] = 0
+        else:
+            self.session.zero(arena, offset, nbytes)
+
+    def copy(self, src: DeviceArena, src_off: int, dst: DeviceArena, dst_off: int, nbytes: int) -> None:
+        if src is dst and src_off < dst_off + nbytes and dst_off < src_off + nbytes:
+            raise ValueError(f"overlapping copy of {nbytes} bytes from offset {src_off} to {dst_off} in one arena")
+        self._ready(src, dst)
+        # the copy kernel rather than a copy call of the API: Oclgrind counts its bytes as initialised
+        src_buf, dst_buf = Buf("src"), Buf("dst")
+        item = launches.body.copy_launch(self.session.limits, nbytes, (src_buf, src_off), (dst_buf, dst_off))
+        self.session.enqueue(item, {src_buf: src.buffer, dst_buf: dst.buffer})
+
+    def accumulate(self, dst: DeviceArena, dst_off: int, src: DeviceArena, src_off: int, count: int, dtype: str) -> None:
+        self._ready(dst, src)
+        dst_buf, src_buf = Buf("dst"), Buf("src")
+        item = launches.body.accumulate(self.session.limits, dtype, count, (dst_buf, dst_off), (src_buf, src_off))
+        self.session.enqueue(item, {dst_buf: dst.buffer, src_buf: src.buffer})
+
+    def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:
+        """Run a body schedule on ``arena``: each thunk where placement put it."""
+        self._ready(arena)
+        for thunk in schedule["thunks"]:
+            runner = self._runners.get(id(thunk))
+            if runner is None:
+                runner = self._runners[id(thunk)] = self._runner(thunk)
+            self.copied += runner(arena)
+
+    def _runner(self, thunk: Thunk) -> Runner:
+        if id(thunk) in self.on_host:
+            return HostStep(self.session, thunk, self.options)
+        why_not = self.session.unsupported(thunk)
+        if why_not is not None:
+            raise DeviceError(f"body thunk {getattr(thunk, 'index', '?')} ({thunk['op']}, {thunk['dtype']}) cannot run on "
+                              f"{self.session.info.spec}: {why_not}; run the schedule through Device.run, whose "
+                              f"placement sends such thunks to the host")
+        return self.session.runner(thunk, self.options, self.on_host)
+
+
+class HostStep:
+    """A thunk placed on the host while its arena is on a device: its read footprint to a host image of
+    the arena (``image``, else the arena's own), the host kernel there, its write footprint back."""
+
+    def __init__(self, session: Any, thunk: Thunk, options: RunOptions):
+        import host_fallback
+
+        self.session, self.thunk, self.keywords = session, thunk, options.host_keywords
+        self.execute = host_fallback.execute
+        self.reads, self.writes = footprint(thunk)
+        self.nbytes = sum(r.nbytes for r in self.reads) + sum(r.nbytes for r in self.writes)
+
+    def __call__(self, arena: Any, image: np.ndarray | None = None) -> int:
+        if image is None:
+            if arena.image is None:
+                arena.image = np.zeros(arena.nbytes, np.uint8)
+            image = arena.image
+        for r in self.reads:
+            image[r.offset: r.offset + r.nbytes] = self.session.read(arena, r.offset, r.nbytes)
+        self.execute(self.thunk, image, **self.keywords)
+        for r in self.writes:
+            self.session.write(arena, r.offset, image[r.offset: r.offset + r.nbytes])
+        return self.nbytes

@@ -1,0 +1,90 @@
+"""Resident arenas: a schedule's arena kept on a device between runs.
+
+``arena = device.arena(schedule)`` allocates it pristine (zeros plus ``init``) on the device;
+``arena.write("x", values)`` and ``arena.read("y")`` move one named tensor; ``device.run(schedule,
+arena)`` runs in place, any number of times; ``arena.free()`` (or leaving a ``with`` block) releases it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from host_fallback.arena import STORAGE
+
+from ..errors import RlxError
+from ..schedule.model import Schedule, TensorView
+
+
+class Arena:
+    """A device arena of ``schedule.arena_bytes`` holding that schedule's tensors between runs.
+
+    ``device`` is the ``runtime.executor.Device`` that allocated it (its session holds the memory).
+    """
+
+    def __init__(self, device: Any, schedule: Schedule):
+        self.device = device
+        self.schedule = schedule
+        self.nbytes = schedule.arena_bytes
+        self._image: np.ndarray | None = None  # host copy for thunks that fall back (their footprint only)
+        session = device.session
+        with session.lock:
+            self.handle: Any = session.alloc(self.nbytes, "the arena of this schedule (arena_bytes)")
+            session.write(self.handle, 0, schedule.pristine_arena())
+
+    def __repr__(self) -> str:
+        state = "freed" if self.handle is None else f"{self.nbytes} bytes"
+        return f"Arena({self.device.spec!r}, {state})"
+
+    def __enter__(self) -> "Arena":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def _view(self, name: str) -> TensorView:
+        if self.handle is None:
+            raise RlxError("this arena was freed; allocate another with device.arena(schedule)")
+        view = self.schedule.tensors.get(name)
+        if view is None:
+            raise RlxError(f"the schedule names no tensor {name!r}; it has {', '.join(self.schedule.tensors)}")
+        return view
+
+    def write(self, name: str, values: Any) -> None:
+        """Store ``values`` (its shape must match) into tensor ``name``, rounded to its storage dtype."""
+        view = self._view(name)
+        values = np.asarray(values)
+        if values.shape != view.shape:
+            raise RlxError(f"tensor {name!r} has shape {list(view.shape)}, got values of shape {list(values.shape)}")
+        data = np.ascontiguousarray(values, dtype=STORAGE[view.dtype]).reshape(-1).view(np.uint8)
+        with self.device.session.lock:
+            self.device.session.write(self.handle, view.offset, data)
+
+    def read(self, name: str) -> np.ndarray:
+        """A copy of tensor ``name`` in its storage dtype (``float16``, ``bfloat16``, ``float32``, ``float64``)."""
+        view = self._view(name)
+        with self.device.session.lock:
+            data = self.device.session.read(self.handle, view.offset, view.nbytes)
+        return data.view(STORAGE[view.dtype]).reshape(view.shape)
+
+    def check(self, device: Any, schedule: Schedule) -> None:
+        """Refuse a run by another device, of a schedule larger than this arena, or after :meth:`free`."""
+        if self.handle is None:
+            raise RlxError("this arena was freed; allocate another with device.arena(schedule)")
+        if device is not self.device:
+            raise RlxError(f"this arena lives on {self.device!r}, not {device!r}")
+        if schedule.arena_bytes > self.nbytes:
+            raise RlxError(f"the schedule needs arena_bytes = {schedule.arena_bytes}; this arena has {self.nbytes}")
+
+    def image(self) -> np.ndarray:
+        """The host image that fallback thunks run on (only their footprint is ever copied into it)."""
+        if self._image is None:
+            self._image = np.zeros(self.nbytes, np.uint8)
+        return self._image
+
+    def free(self) -> None:
+        """Release the device memory; the arena cannot be used afterwards (a second call does nothing)."""
+        if self.handle is not None:
+            with self.device.session.lock:
+                self.device.session.free(self.handle)
+            self.handle = self._image = None

@@ -1,0 +1,108 @@
+"""Resident arenas: allocated pristine on the device, tensors written and read by name, schedules run
+in place any number of times, freed; on the host, OpenCL and the NumPy double of the core."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx_gpu
+from numpy_device import open_double
+from rlx_gpu.runtime.config import Config
+from rlx_gpu.runtime.executor import Device
+from rlx_gpu.runtime.registry import status
+
+N = 8
+
+
+def _accumulate() -> dict:
+    """``acc += x``, then ``y = tanh(acc + c)``: ``acc`` persists between runs, ``c`` is init's 0.5."""
+    import base64
+
+    half = np.full(N, 0.5, np.float32).tobytes()
+    add = {"op": "binary", "dtype": "f32", "fn": "add", "shape": [N], "a_strides": [1], "b_strides": [1]}
+    return {
+        "abi": "rlx-thunks/1", "arena_bytes": 256,
+        "tensors": {"x": {"offset": 0, "dtype": "f32", "shape": [N]}, "acc": {"offset": 64, "dtype": "f32", "shape": [N]},
+                    "y": {"offset": 128, "dtype": "f32", "shape": [N]}, "c": {"offset": 192, "dtype": "f32", "shape": [N]}},
+        "inputs": ["x"], "outputs": ["y"],
+        "init": [{"offset": 192, "b64": base64.b64encode(half).decode()}],
+        "thunks": [
+            add | {"a": 64, "b": 0, "dst": 64},
+            add | {"a": 64, "b": 192, "dst": 128},
+            {"op": "unary", "dtype": "f32", "x": 128, "dst": 128, "n": N, "fn": "tanh"},
+        ],
+    }
+
+
+def _devices() -> list:
+    devices = [pytest.param(lambda: rlx_gpu.get_device("host"), id="host")]
+    if status("opencl").available:
+        devices.append(pytest.param(lambda: rlx_gpu.get_device("opencl", Config(fallback="forbid")), id="opencl"))
+    # the double has no binary kernel: the override sends it to the host, copying its footprint each run
+    devices.append(pytest.param(lambda: Device(open_double(), Config(fallback="allow", overrides={"binary": "host"})),
+                                id="double"))
+    return devices
+
+
+@pytest.mark.parametrize("make", _devices())
+def test_runs_in_place_keep_state_and_match_the_copying_path(make):
+    device = make()
+    sched = rlx_gpu.load_schedule(_accumulate())
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(-1, 1, (3, N)).astype(np.float32)
+    with device.arena(sched) as arena:
+        np.testing.assert_array_equal(arena.read("c"), np.full(N, 0.5, np.float32))  # pristine: zeros plus init
+        np.testing.assert_array_equal(arena.read("acc"), np.zeros(N, np.float32))
+        host_arena = sched.pristine_arena()
+        acc = np.zeros(N, np.float64)
+        for x in xs:
+            arena.write("x", x)
+            assert device.run(sched, arena) is arena
+            acc += x
+            sched.tensors["x"].write(host_arena, x)
+            host_arena = device.run(sched, host_arena)  # the copy-in/copy-out meaning, for comparison
+            np.testing.assert_array_equal(arena.read("y"), sched.tensors["y"].read(host_arena))
+            np.testing.assert_allclose(arena.read("y"), np.tanh(acc + 0.5), rtol=1e-5)
+            np.testing.assert_array_equal(arena.read("acc"), sched.tensors["acc"].read(host_arena))
+        assert arena.read("acc").dtype == np.float32 and arena.read("y").shape == (N,)
+    with pytest.raises(rlx_gpu.RlxError, match="this arena was freed"):
+        arena.read("y")
+    with pytest.raises(rlx_gpu.RlxError, match="this arena was freed"):
+        device.run(sched, arena)
+    arena.free()  # a second free does nothing
+
+
+def test_arena_memory_is_released_and_misuse_is_refused():
+    session = open_double()
+    device = Device(session, Config(fallback="allow", overrides={"binary": "host"}))
+    sched = rlx_gpu.load_schedule(_accumulate())
+    arena = device.arena(sched)
+    assert len(session.prims.live) == 1
+    with pytest.raises(rlx_gpu.RlxError, match=r"the schedule names no tensor 'z'; it has x, acc, y, c"):
+        arena.write("z", np.zeros(N))
+    with pytest.raises(rlx_gpu.RlxError, match=r"tensor 'x' has shape \[8\], got values of shape \[4\]"):
+        arena.write("x", np.zeros(4))
+    other = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
+    with pytest.raises(rlx_gpu.RlxError, match="this arena lives on"):
+        other.run(sched, arena)
+    bigger = rlx_gpu.load_schedule(_accumulate() | {"arena_bytes": 512})
+    with pytest.raises(rlx_gpu.RlxError, match="the schedule needs arena_bytes = 512; this arena has 256"):
+        device.run(bigger, arena)
+    for _ in range(3):
+        device.run(sched, arena)
+    assert device.last_report.fallback_bytes == 2 * 3 * 4 * N  # the two binaries' footprints, not the arena
+    arena.free()
+    assert session.prims.live == {}
+
+
+def test_a_repeated_run_reuses_the_prepared_schedule():
+    device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
+    sched = rlx_gpu.load_schedule(_accumulate())
+    with device.arena(sched) as arena:
+        device.run(sched, arena)
+        prepared = device.prepare(sched)
+        device.run(sched, arena)
+        assert device.prepare(sched) is prepared
+    builds = len(device.session.prims.builds)
+    device.run(sched)
+    assert len(device.session.prims.builds) == builds

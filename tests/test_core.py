@@ -1,0 +1,179 @@
+"""The kernel-session core through a second backend (the NumPy test double of ``numpy_device``):
+caches, buffer lifetimes, device-memory limits, body thunks placed like top-level ones, run options."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+import rlx_gpu
+from numpy_device import open_double
+from rlx_gpu.runtime.config import Config
+from rlx_gpu.runtime.executor import Device
+from rlx_gpu.runtime.options import RunOptions
+
+N = 4  # carry elements
+LENGTH = 3
+
+
+def _elementwise() -> dict:
+    """fill y; unary tanh x -> y; copy y -> w (all kernels the double has)."""
+    return {
+        "abi": "rlx-thunks/1", "arena_bytes": 256,
+        "tensors": {"x": {"offset": 0, "dtype": "f32", "shape": [8]}, "w": {"offset": 128, "dtype": "f32", "shape": [8]}},
+        "inputs": ["x"], "outputs": ["w"],
+        "thunks": [
+            {"op": "fill", "dtype": "f32", "dst": 64, "n": 8, "value": 3.0},
+            {"op": "unary", "dtype": "f32", "x": 0, "dst": 64, "n": 8, "fn": "tanh"},
+            {"op": "copy", "dtype": "f32", "src": 64, "dst": 128, "nbytes": 32},
+        ],
+    }
+
+
+def _scan() -> dict:
+    """``h_{t+1} = tanh(h_t + x_t)`` over LENGTH steps, trajectory saved; the body is binary add + unary tanh."""
+    body = {
+        "arena_bytes": 64,
+        "thunks": [
+            {"op": "binary", "dtype": "f32", "a": 0, "b": 16, "dst": 32, "fn": "add", "shape": [N],
+             "a_strides": [1], "b_strides": [1]},
+            {"op": "unary", "dtype": "f32", "x": 32, "dst": 48, "n": N, "fn": "tanh"},
+        ],
+    }
+    return {
+        "abi": "rlx-thunks/1", "arena_bytes": 128,
+        "tensors": {"h0": {"offset": 0, "dtype": "f32", "shape": [N]},
+                    "xs": {"offset": 16, "dtype": "f32", "shape": [LENGTH, N]},
+                    "traj": {"offset": 64, "dtype": "f32", "shape": [LENGTH, N]}},
+        "inputs": ["h0", "xs"], "outputs": ["traj"],
+        "thunks": [{"op": "scan", "dtype": "f32", "body": body, "body_input_off": 0, "body_output_off": 48,
+                    "outer_init_off": 0, "outer_final_off": 64, "length": LENGTH, "carry_bytes": 4 * N,
+                    "save_trajectory": True, "xs_inputs": [[16, 16, 4 * N]], "bcast_inputs": [],
+                    "num_checkpoints": 0}],
+    }
+
+
+def _arena(sched: rlx_gpu.Schedule, rng: np.random.Generator) -> np.ndarray:
+    arena = sched.pristine_arena()
+    for name in sched.inputs:
+        sched.tensors[name].write(arena, rng.uniform(-1, 1, sched.tensors[name].shape))
+    return arena
+
+
+def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host():
+    sched = rlx_gpu.load_schedule(_elementwise())
+    arena = _arena(sched, np.random.default_rng(0))
+    session = open_double()
+    device = Device(session, Config(fallback="forbid"))
+    got = device.run(sched, arena)
+    np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
+    x = sched.tensors["x"].read(arena).astype(np.float64)
+    np.testing.assert_allclose(sched.tensors["w"].read(got), np.tanh(x), rtol=1e-6)
+    assert session.prims.launched == ["fill", "unary", "copy_bytes"]
+    assert len(session.prims.live) == 0  # the run's arena was released
+    builds = len(session.prims.builds)
+    assert builds == 1  # one body/f32 program serves all three kernels
+    device.run(sched, arena)
+    again = open_double()  # a second session of the same device reuses the built program
+    Device(again, Config()).run(sched, arena)
+    assert len(session.prims.builds) == 1 and again.prims.builds == []
+    other = open_double(key="numpy:1")  # another device compiles its own
+    Device(other, Config()).run(sched, arena)
+    assert len(other.prims.builds) == 1
+
+
+def test_scan_driver_on_the_double_matches_the_host_and_frees_its_body_arenas():
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(1))
+    session = open_double()
+    device = Device(session, Config(fallback="allow", overrides={"binary": "host"}))
+    got = device.run(sched, arena)
+    np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
+    h, xs = sched.tensors["h0"].read(arena).astype(np.float64), sched.tensors["xs"].read(arena).astype(np.float64)
+    for step in range(LENGTH):
+        h = np.tanh(h + xs[step])
+        np.testing.assert_allclose(sched.tensors["traj"].read(got)[step], h, rtol=1e-5)
+    assert session.prims.live == {}  # body arenas and the run arena released (no plan needed scratch)
+    assert "binary" not in session.prims.launched
+
+
+def test_forbid_refuses_a_body_thunk_sent_to_the_host_before_any_launch():
+    sched = rlx_gpu.load_schedule(_scan())
+    session = open_double()
+    device = Device(session, Config(fallback="forbid", overrides={"binary": "host"}))
+    with pytest.raises(rlx_gpu.FallbackForbidden, match=r"thunk 0 › body thunk 0 \(binary, f32\): override binary:f32 -> "
+                                                         r"host in <defaults>, but the fallback policy is 'forbid'"):
+        device.run(sched, _arena(sched, np.random.default_rng(2)))
+    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+
+
+def test_plan_lists_body_thunks_and_the_report_counts_their_footprint_per_step():
+    sched = rlx_gpu.load_schedule(_scan())
+    device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
+    plan = device.place(sched)
+    assert [(a.where, a.backend) for a in plan] == [
+        ("thunk 0", "numpy"), ("thunk 0 › body thunk 0", "host"), ("thunk 0 › body thunk 1", "numpy")]
+    assert "override binary:f32 -> host" in plan[1].reason
+    footprint = 3 * 4 * N  # binary reads a and b, writes dst: N floats each
+    assert plan[1].copied_bytes == footprint
+    device.run(sched, _arena(sched, np.random.default_rng(3)))
+    [record] = device.last_report.records
+    assert record.backend == "numpy" and record.copied_bytes == footprint * LENGTH
+    with pytest.warns(UserWarning, match=r"thunk 0 › body thunk 0 \(binary f32\)"):
+        Device(open_double(), Config(fallback="warn", overrides={"binary": "host"})).run(sched)
+
+
+def test_cli_plan_shows_the_body_assignment(tmp_path, capsys, monkeypatch):
+    from rlx_gpu import cli
+
+    path = tmp_path / "scan.json"
+    rlx_gpu.save_schedule(rlx_gpu.load_schedule(_scan()), path)
+    config = tmp_path / "c.yaml"
+    config.write_text("fallback: allow\noverrides: {binary: host}\n")
+    monkeypatch.setattr(cli, "get_device", lambda spec: Device(open_double(), rlx_gpu.load_config(config)))
+    assert cli.main(["plan", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "thunk 0 › body thunk 0  binary  f32    host" in out and "32 B in, 16 B out per body run" in out
+
+
+def test_a_schedule_larger_than_the_device_allows_is_refused_before_anything_runs():
+    raw = _elementwise()
+    raw["arena_bytes"] = (1 << 20) + 1  # the double's largest allocation is 1 MiB
+    session = open_double()
+    device = Device(session, Config())
+    with pytest.raises(rlx_gpu.DeviceError, match=r"the arena of this schedule \(arena_bytes\) needs 1048577 bytes "
+                                                  r"\(1.0 MiB\), more than the largest allocation of NumPy test "
+                                                  r"double \(numpy:0\): 1048576 bytes"):
+        device.run(raw)
+    with pytest.raises(rlx_gpu.DeviceError):
+        device.arena(raw)
+    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    small = open_double(max_alloc_bytes=1 << 20, global_mem_bytes=1000)
+    with pytest.raises(rlx_gpu.DeviceError, match=r"more than the memory of NumPy test double \(numpy:0\): 1000 bytes"):
+        Device(small, Config()).run(_elementwise() | {"arena_bytes": 1024})
+
+
+def test_run_options_are_typed_and_misspellings_are_errors():
+    assert RunOptions.build(Config(recompute="treeverse")).recompute == "treeverse"
+    assert RunOptions.build(Config(recompute="treeverse"), recompute="segment").recompute == "segment"
+    with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'recompte'; known: recompute, rnn_kernel"):
+        rlx_gpu.get_device("host", recompte="treeverse")
+    with pytest.raises(rlx_gpu.RlxError, match=r"rnn_kernel='fast' is not one of auto, persistent, step"):
+        RunOptions(rnn_kernel="fast")
+    with pytest.raises(rlx_gpu.RlxError, match=r"workers=0: expected a positive integer"):
+        RunOptions(workers=0)
+    assert RunOptions(host_path="step", workers=2).host_keywords == {"recompute": "segment", "workers": 2, "path": "step"}
+    thunk = {"op": "unary", "dtype": "f32", "x": 0, "dst": 0, "n": 4, "fn": "exp"}
+    with pytest.raises(TypeError, match=r"unknown host option\(s\) \['chunck'\]; the host kernels take \['chunk', "):
+        host_fallback.execute(thunk, np.zeros(16, np.uint8), chunck=8)
+    assert host_fallback.keywords_for("gated_delta_net", {"chunk": 8, "recompute": "segment"}) == {"chunk": 8}
+    assert host_fallback.keywords_for("scan", {"chunk": 8, "recompute": "segment"}) == {"chunk": 8, "recompute": "segment"}
+
+
+def test_host_options_reach_body_thunks_of_a_host_scan():
+    """A misspelled option is refused even when only a scan's body would have used it."""
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(4))
+    with pytest.raises(TypeError, match="unknown host option"):
+        host_fallback.execute(sched.thunks[0], arena.copy(), parallel_direction=True)
+    host_fallback.execute(sched.thunks[0], arena.copy(), parallel_directions=True, workers=1, recompute="treeverse")
