@@ -94,15 +94,33 @@ def compile_ptx(prog: kernel_source.Program, arch: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(handle)
 
 
-def compile_cubin(prog: kernel_source.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
-    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+@dataclass(frozen=True)
+class CudaBuild:
+    """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
+
+    cubin: bytes
+    ptx: str
+    log: str
+
+
+def build(prog: kernel_source.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
+    """Compile ``prog`` for ``arch`` (``sm_XX``) once, keeping the cubin, the PTX and ptxas's ``-v`` report
+    (``extra``: further NVRTC options, after the project's)."""
     from cuda.bindings import nvrtc
 
-    handle, log = _compile(prog, arch, ("--ptxas-options=-v",))
+    handle, log = _compile(prog, arch, ("--ptxas-options=-v", *extra))
     try:
-        return _fetch(handle, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN), log
+        cubin = _fetch(handle, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        ptx = _fetch(handle, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).decode().rstrip("\x00")
+        return CudaBuild(cubin, ptx, log)
     finally:
         nvrtc.nvrtcDestroyProgram(handle)
+
+
+def compile_cubin(prog: kernel_source.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
+    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+    done = build(prog, arch)
+    return done.cubin, done.log
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -124,6 +142,31 @@ def resource_usage(log: str) -> dict[str, Usage]:
             usage[name] = Usage(int(m.group(1)), *frame, int(smem.group(1)) if smem else 0)
             name = None
     return usage
+
+
+_PARAMS = re.compile(r"\.entry (\w+)\(([^)]*)\)")
+_PARAM = re.compile(r"\.param \.(?:align \d+ )?\.?([a-z]+)(\d+)")
+
+
+def parameters(ptx: str) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Per kernel in ``ptx``, each parameter in order as (``"f"`` for floating point else ``"i"``, bytes):
+    what a launcher must pack (pointers are 8-byte integers)."""
+    out = {}
+    for name, params in _PARAMS.findall(ptx):
+        out[name] = tuple(("f" if kind == "f" else "i", int(bits) // 8) for kind, bits in _PARAM.findall(params))
+    return out
+
+
+#: f32 instructions that flush subnormals when they carry ``.ftz``. The MUFU approximations (ex2, lg2,
+#: rcp, rsqrt, sin, cos ``.approx.ftz``) are left out: libdevice's accurate expf/logf/tanhf apply them
+#: to range-reduced arguments, where a flush cannot occur, and they appear with -ftz=false too.
+_FTZ = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|fma|mad|div|sqrt|min|max|abs|neg|cvt|setp|testp|set|selp)"
+                  r"[.\w]*\.ftz[.\w]*f32)\b", re.M)
+
+
+def flushing_instructions(ptx: str) -> list[str]:
+    """The f32 arithmetic instructions of ``ptx`` that flush subnormals to zero (``.ftz``)."""
+    return _FTZ.findall(ptx)
 
 
 def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu") -> list[Compiled]:
