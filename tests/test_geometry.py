@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from rlx_gpu import launches, samples
+from rlx_gpu import launches
+from rlx_gpu.conformance import cases
 from rlx_gpu.launches.limits import CUDA_MAX_GRID, REFERENCE_GPU, DeviceLimits
 
 GPU = REFERENCE_GPU
@@ -20,7 +21,7 @@ FILLING_OPS = {"lstm", "gru", "rnn", "selective_scan", "mamba2", "gated_delta_ne
 
 
 def _plan(op: str, params: dict, lim: DeviceLimits = GPU, dtype: str = "f32", **options):
-    thunk, _ = samples.lay_out(op, dtype, params)
+    thunk, _ = cases.lay_out(op, dtype, params)
     return launches.plan(thunk, lim, **options)
 
 
@@ -47,9 +48,9 @@ def _shape_params(names):
             if n in PENDING else n for n in names]
 
 
-@pytest.mark.parametrize("name", _shape_params(samples.GPU_SHAPES))
+@pytest.mark.parametrize("name", _shape_params(cases.GPU_SHAPES))
 def test_gpu_shapes_keep_grid_caps_and_fill_the_device(name):
-    op, params = samples.GPU_SHAPES[name]
+    op, params = cases.GPU_SHAPES[name]
     plan = _plan(op, params)
     assert plan.launches
     for launch in plan.launches:
@@ -92,7 +93,7 @@ def test_large_extents_fold_within_grid_caps(name):
 
 
 def test_persistent_rnn_is_never_chosen_where_it_cannot_fill_a_gpu():
-    op, params = samples.GPU_SHAPES["lstm B64 S512 H1024"]
+    op, params = cases.GPU_SHAPES["lstm B64 S512 H1024"]
     small = dict(params, batch=2, seq=3)
     kernels = {l.kernel for l in _plan(op, small).launches}
     assert "rnn_step" in kernels and "rnn_persist" not in kernels
@@ -103,8 +104,8 @@ def test_persistent_rnn_is_never_chosen_where_it_cannot_fill_a_gpu():
 def test_cpu_target_keeps_its_shapes():
     """The cpu target's gemm is the register-blocked one (GEMM_RM x GEMM_CN per item, 8 x 8 groups)."""
     cpu = dataclasses.replace(GPU, target="cpu", max_grid=(2**63 - 1,) * 3)
-    gemm = _plan("matmul", samples.GPU_SHAPES["matmul 4096^3"][1], cpu).launches[0]
+    gemm = _plan("matmul", cases.GPU_SHAPES["matmul 4096^3"][1], cpu).launches[0]
     assert gemm.target == "cpu" and gemm.local_size == (8, 8, 1)
     assert gemm.groups == (32, 86, 1)  # 256 column runs of 16 and 683 row blocks of 6, in 8 x 8 groups
-    gpu = _plan("matmul", samples.GPU_SHAPES["matmul 4096^3"][1]).launches[0]
+    gpu = _plan("matmul", cases.GPU_SHAPES["matmul 4096^3"][1]).launches[0]
     assert gpu.local_size == (16, 16, 1) and gpu.groups == (32 * 32, 1, 1)

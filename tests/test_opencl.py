@@ -20,7 +20,8 @@ from host_fallback.arena import STORAGE
 from host_fallback.layout import layer_input_sizes, regions
 
 opencl = pytest.importorskip("rlx_gpu.backends.opencl")
-from rlx_gpu import kernel_source, samples  # noqa: E402
+from rlx_gpu.backends import programs  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out as lay_out_case  # noqa: E402
 from rlx_gpu.backends.base import BackendUnavailable  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
 from rlx_gpu.launches.limits import TARGET_ENV, TARGETS  # noqa: E402
@@ -266,7 +267,7 @@ def sample(t, field, shape, rng):
 def lay_out(t, dtype, rng, src_dtype=None):
     """Place every region of ``t`` with GUARD canary bytes around it; fill inputs with samples."""
     fields = dict(t, src_dtype=src_dtype) if t["op"] == "cast" else dict(t)
-    t, arena_bytes = samples.lay_out(fields.pop("op"), dtype, fields, guard=GUARD)
+    t, arena_bytes = lay_out_case(fields.pop("op"), dtype, fields, guard=GUARD)
     placed = regions(t)
     arena = rng.integers(0, 256, arena_bytes, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
     for r in placed:
@@ -400,7 +401,7 @@ def test_registry_reasons(session):
 
 
 def test_build_cache_and_error(session):
-    prog = kernel_source.program("opencl", "body", "f32", None, session.limits.target)
+    prog = programs.program("opencl", "body", "f32", None, session.limits.target)
     assert session.program(prog) is session.program(prog)
     broken = dataclasses.replace(prog, source=prog.source.replace("return exp(x);", "return exp(x) +;"))
     with pytest.raises(KernelBuildError) as info:

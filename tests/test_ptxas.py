@@ -17,10 +17,12 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is n
 
 import numpy as np  # noqa: E402
 
-from rlx_gpu import kernel_source, launches, nvrtc_check, samples  # noqa: E402
+from rlx_gpu import launches  # noqa: E402
+from rlx_gpu.backends import nvrtc, programs  # noqa: E402
+from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches import Buf  # noqa: E402
 from rlx_gpu.launches.limits import REFERENCE_GPU, variants  # noqa: E402
-from rlx_gpu.ops import SCAN_OPS  # noqa: E402
+from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128
@@ -37,16 +39,16 @@ CPU = REFERENCE_GPU.__class__(1024, 1 << 20, True)  # a cpu-target device
 
 
 @functools.lru_cache(maxsize=None)
-def _build(prog: kernel_source.Program) -> nvrtc_check.CudaBuild:
-    return nvrtc_check.build(prog)
+def _build(prog: programs.Program) -> nvrtc.CudaBuild:
+    return nvrtc.build(prog)
 
 
 def _gpu_programs(dtypes):
     out = []
-    for family in kernel_source.FAMILIES:
+    for family in programs.FAMILIES:
         for dtype in dtypes:
             for defines in variants(family, "gpu"):
-                prog = kernel_source.program("cuda", family, dtype, None, "gpu", defines)
+                prog = programs.program("cuda", family, dtype, None, "gpu", defines)
                 marks = [pytest.mark.xfail(strict=True, reason="state-space GPU kernels pending (ssmkern)")] \
                     if family in PENDING and dtype in BUDGET_DTYPES else []
                 out.append(pytest.param(prog, id=f"{family}-{dtype}" + "".join(f"-{k}{v}" for k, v in defines),
@@ -56,7 +58,7 @@ def _gpu_programs(dtypes):
 
 @pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES))
 def test_gpu_program_meets_sm90_budgets(prog):
-    usage = nvrtc_check.resource_usage(_build(prog).log)
+    usage = nvrtc.resource_usage(_build(prog).log)
     assert usage, f"no ptxas report for {prog.label}"
     over = {k: u for k, u in usage.items()
             if u.spill_stores or u.spill_loads or u.stack or u.registers > REGISTERS.get(k, HARDWARE_REGISTERS)}
@@ -67,28 +69,28 @@ def test_gpu_program_meets_sm90_budgets(prog):
 def test_gpu_f64_program_builds_and_is_listed(prog):
     """f64 may spill; it must still build, and ptxas must report every kernel of the program."""
     built = _build(prog)
-    usage = nvrtc_check.resource_usage(built.log)
-    assert set(usage) == set(nvrtc_check.parameters(built.ptx)), usage
+    usage = nvrtc.resource_usage(built.log)
+    assert set(usage) == set(nvrtc.parameters(built.ptx)), usage
     assert len(built.cubin) > 1000
 
 
-@pytest.mark.parametrize("family", kernel_source.FAMILIES)
+@pytest.mark.parametrize("family", programs.FAMILIES)
 def test_f32_ptx_does_not_flush_subnormals(family):
     for target in ("gpu", "cpu"):
-        ptx = _build(kernel_source.program("cuda", family, "f32", None, target)).ptx
-        assert nvrtc_check.flushing_instructions(ptx) == [], f"{family} [{target}] flushes f32 subnormals"
+        ptx = _build(programs.program("cuda", family, "f32", None, target)).ptx
+        assert nvrtc.flushing_instructions(ptx) == [], f"{family} [{target}] flushes f32 subnormals"
 
 
 def test_flush_check_sees_ftz():
     """The check above can fail: the same program built with --ftz=true flushes."""
-    prog = kernel_source.program("cuda", "rnn", "f32", None, "gpu")
-    assert nvrtc_check.flushing_instructions(nvrtc_check.build(prog, extra=("--ftz=true",)).ptx)
+    prog = programs.program("cuda", "rnn", "f32", None, "gpu")
+    assert nvrtc.flushing_instructions(nvrtc.build(prog, extra=("--ftz=true",)).ptx)
 
 
 def test_gpu_target_uses_the_hardware_exp():
     """rlx_exp at the gpu target is ex2.approx.f32 (no .ftz); the cpu target keeps its polynomial."""
-    gpu = _build(kernel_source.program("cuda", "rnn", "f32", None, "gpu")).ptx
-    cpu = _build(kernel_source.program("cuda", "rnn", "f32", None, "cpu")).ptx
+    gpu = _build(programs.program("cuda", "rnn", "f32", None, "gpu")).ptx
+    cpu = _build(programs.program("cuda", "rnn", "f32", None, "cpu")).ptx
     assert "ex2.approx.f32" in gpu and "ex2.approx" not in cpu
 
 
@@ -96,11 +98,11 @@ def test_gpu_target_uses_the_hardware_exp():
 def _thunks():
     """One small thunk of every planned op, the GPU shapes, and the recurrent kernel choices."""
     out = []
-    for op in samples.SMALL:
+    for op in cases.SMALL:
         if op not in SCAN_OPS:
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
-    out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in samples.GPU_SHAPES.values()]
+    out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     return out
 
 
@@ -117,11 +119,11 @@ def _kind(arg) -> tuple[str, int]:
 def test_every_launch_matches_its_kernel_signature(lim, dtype):
     checked = set()
     for op, params, options in _thunks():
-        thunk, _ = samples.lay_out(op, dtype, params)
+        thunk, _ = cases.lay_out(op, dtype, params)
         for launch in launches.plan(thunk, lim, **options).launches:
-            prog = kernel_source.program_for("cuda", launch, lim)
+            prog = programs.program_for("cuda", launch, lim)
             ptx = _build(prog).ptx if lim.target == "gpu" else _cpu_ptx(prog)
-            params_of = nvrtc_check.parameters(ptx)
+            params_of = nvrtc.parameters(ptx)
             assert launch.kernel in params_of, f"{prog.label} has no kernel {launch.kernel}"
             got = tuple(_kind(a) for a in launch.args)
             assert got == params_of[launch.kernel], (
@@ -131,5 +133,5 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _cpu_ptx(prog: kernel_source.Program) -> str:
-    return nvrtc_check.compile_ptx(prog, "compute_90").decode().rstrip("\x00")
+def _cpu_ptx(prog: programs.Program) -> str:
+    return nvrtc.compile_ptx(prog, "compute_90").decode().rstrip("\x00")

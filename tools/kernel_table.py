@@ -13,7 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rlx_gpu import kernel_source, launches, nvrtc_check, samples  # noqa: E402
+from rlx_gpu import launches  # noqa: E402
+from rlx_gpu.backends import nvrtc, programs  # noqa: E402
+from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches.limits import REFERENCE_GPU, variants  # noqa: E402
 
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -23,8 +25,8 @@ def exposure(target: str) -> dict[str, list[str]]:
     """kernel -> ``"shape: G groups x L"`` for the GPU shapes (largest launch of each kernel per shape)."""
     lim = REFERENCE_GPU if target == "gpu" else REFERENCE_GPU.__class__(1024, 1 << 20, True)
     out: dict[str, list[str]] = defaultdict(list)
-    for name, (op, params) in samples.GPU_SHAPES.items():
-        thunk, _ = samples.lay_out(op, "f32", params)
+    for name, (op, params) in cases.GPU_SHAPES.items():
+        thunk, _ = cases.lay_out(op, "f32", params)
         best: dict[str, tuple[int, int]] = {}
         for launch in launches.plan(thunk, lim).launches:
             groups = 1
@@ -43,13 +45,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="gpu", choices=("gpu", "cpu"))
     args = parser.parse_args()
-    usage: dict[tuple[str, str], dict[str, nvrtc_check.Usage]] = defaultdict(dict)
-    for family in kernel_source.FAMILIES:
+    usage: dict[tuple[str, str], dict[str, nvrtc.Usage]] = defaultdict(dict)
+    for family in programs.FAMILIES:
         for defines in variants(family, args.target):
             tag = family + "".join(f" {k}={v}" for k, v in defines)
             for dtype in DTYPES:
-                prog = kernel_source.program("cuda", family, dtype, None, args.target, defines)
-                for kernel, use in nvrtc_check.resource_usage(nvrtc_check.compile_cubin(prog)[1]).items():
+                prog = programs.program("cuda", family, dtype, None, args.target, defines)
+                for kernel, use in nvrtc.resource_usage(nvrtc.compile_cubin(prog)[1]).items():
                     usage[(tag, kernel)][dtype] = use
     groups = exposure(args.target)
     print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f64) "

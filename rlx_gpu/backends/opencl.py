@@ -12,10 +12,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import kernel_source, launches
+from .. import launches
 from ..errors import KernelBuildError
 from ..launches import ARENA, SCRATCH, Buf, Launch
-from ..ops import SCAN_OPS
+from ..schedule.ops import SCAN_OPS
+from . import programs
 from .base import BackendUnavailable, DeviceInfo
 
 NAME = "opencl"
@@ -138,7 +139,7 @@ class OpenCLSession:
             return
         self.run_plan(launches.plan(thunk, self.limits, **options), arena)
 
-    def run_plan(self, plan: launches.Plan, arena: DeviceArena) -> None:
+    def run_plan(self, plan: launches.LaunchPlan, arena: DeviceArena) -> None:
         """Enqueue the launches of one planned thunk on ``arena``."""
         buffers = {ARENA: arena.buf, SCRATCH: self._scratch_buffer(plan.scratch_bytes)}
         for item in plan.launches:
@@ -159,16 +160,16 @@ class OpenCLSession:
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
-        prog = kernel_source.program_for("opencl", item, self.limits)
+        prog = programs.program_for("opencl", item, self.limits)
         key = (prog.digest, item.kernel)
         kernel = self._kernels.get(key)
         if kernel is None:
             kernel = self._kernels[key] = getattr(self.program(prog), item.kernel)
         return kernel
 
-    def program(self, prog: kernel_source.Program) -> Any:
+    def program(self, prog: programs.Program) -> Any:
         """The built program for ``prog``, compiled once per (context, source hash, options)."""
-        key = kernel_source.cache_key(self.context.int_ptr, prog, BUILD_OPTIONS)
+        key = programs.cache_key(self.context.int_ptr, prog, BUILD_OPTIONS)
         built = _PROGRAMS.get(key)
         if built is None:
             built = self.cl.Program(self.context, prog.source)
@@ -224,7 +225,7 @@ class DeviceMemory:
     def __init__(self, session: OpenCLSession, options: Mapping[str, Any]):
         self.session = session
         self.options = dict(options)
-        self._plans: dict[int, launches.Plan | None] = {}
+        self._plans: dict[int, launches.LaunchPlan | None] = {}
 
     def alloc(self, nbytes: int) -> DeviceArena:
         return DeviceArena(self.session.buffer(nbytes), nbytes, np.zeros(max(nbytes, 1), np.uint8))
@@ -280,7 +281,7 @@ class DeviceMemory:
             else:
                 self.session.run_plan(plan, arena)
 
-    def _plan(self, thunk: Mapping[str, Any]) -> launches.Plan | None:
+    def _plan(self, thunk: Mapping[str, Any]) -> launches.LaunchPlan | None:
         """A body runs once per step, so each of its thunks is decided and planned once per scan execution.
 
         ``None`` when the device cannot run the thunk (an empty plan for a nested scan).
@@ -290,7 +291,7 @@ class DeviceMemory:
             if self.session.unsupported(thunk) is not None:
                 self._plans[key] = None
             elif thunk["op"] in SCAN_OPS:
-                self._plans[key] = launches.Plan(())
+                self._plans[key] = launches.LaunchPlan(())
             else:
                 self._plans[key] = launches.plan(thunk, self.session.limits, **self.options)
         return self._plans[key]

@@ -1,7 +1,7 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
-from .core import ARENA, SCRATCH, Buf, Launch, Plan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
 from .limits import DeviceLimits
 
 UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip", "softplus", "step")
@@ -60,10 +60,10 @@ def transpose_real(lim: DeviceLimits, dtype: str, rows: int, cols: int, batch: i
     return Launch("body", "transpose_real", dtype, size, local, args, target=lim.target)
 
 
-def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
     args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(UNARY_FNS.index(t["fn"])))
-    return Plan((_linear(lim, "unary", t["dtype"], n, args),))
+    return LaunchPlan((_linear(lim, "unary", t["dtype"], n, args),))
 
 
 def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
@@ -79,8 +79,8 @@ def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tupl
     return _linear(lim, "binary", dtype, n, args)
 
 
-def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
-    return Plan((_broadcast(lim, t["dtype"], t["fn"], t["shape"], (ARENA, t["a"]), t["a_strides"],
+def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+    return LaunchPlan((_broadcast(lim, t["dtype"], t["fn"], t["shape"], (ARENA, t["a"]), t["a_strides"],
                             (ARENA, t["b"]), t["b_strides"], (ARENA, t["dst"])),))
 
 
@@ -89,7 +89,7 @@ def accumulate(lim: DeviceLimits, dtype: str, count: int, dst: tuple[Buf, int], 
     return _broadcast(lim, dtype, "add", [count], dst, [1], src, [1], dst)
 
 
-def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     m, k, n = t["m"], t["k"], t["n"]
     # A(i, kk) is at i*k + kk, or at kk*m + i when stored transposed; likewise B.
     a_rs, a_cs = (1, m) if t["trans_a"] else (k, 1)
@@ -103,22 +103,22 @@ def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
             (SCRATCH, 0, True, k * n, n, 1),
             (ARENA, t["dst"], False, m * n, n),
         )
-        return Plan((stage, launch), t["batch"] * k * n * real_size(t["dtype"]))
+        return LaunchPlan((stage, launch), t["batch"] * k * n * real_size(t["dtype"]))
     launch = gemm(
         lim, t["dtype"], m, n, k, t["batch"],
         (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),
         (ARENA, t["b"], False, t["b_batch_stride"], b_rs, b_cs),
         (ARENA, t["dst"], False, m * n, n),
     )
-    return Plan((launch,))
+    return LaunchPlan((launch,))
 
 
-def _reduce_sum(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _reduce_sum(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     outer, r, inner = t["outer"], t["r"], t["inner"]
     args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(outer), i64(r), i64(inner))
     local = (linear_local(inner), 1)
     size = strided_grid((inner, outer), local, lim.max_grid)
-    return Plan((Launch("body", "reduce_sum", t["dtype"], size, local, args, target=lim.target),))
+    return LaunchPlan((Launch("body", "reduce_sum", t["dtype"], size, local, args, target=lim.target),))
 
 
 def copy_launch(lim: DeviceLimits, nbytes: int, src: tuple[Buf, int], dst: tuple[Buf, int], dtype: str = "f32") -> Launch:
@@ -126,19 +126,19 @@ def copy_launch(lim: DeviceLimits, nbytes: int, src: tuple[Buf, int], dst: tuple
     return _linear(lim, "copy_bytes", dtype, nbytes, (src[0], i64(src[1]), dst[0], i64(dst[1]), i64(nbytes)))
 
 
-def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
-    return Plan((copy_launch(lim, t["nbytes"], (ARENA, t["src"]), (ARENA, t["dst"]), t["dtype"]),))
+def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+    return LaunchPlan((copy_launch(lim, t["nbytes"], (ARENA, t["src"]), (ARENA, t["dst"]), t["dtype"]),))
 
 
-def _fill(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _fill(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n, dt = t["n"], t["dtype"]
-    return Plan((_linear(lim, "fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
+    return LaunchPlan((_linear(lim, "fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
 
 
-def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
     args = (ARENA, i64(t["src"]), ARENA, i64(t["dst"]), i64(n))
-    return Plan((_linear(lim, "cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
+    return LaunchPlan((_linear(lim, "cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -45,7 +45,7 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Plan:
+class LaunchPlan:
     """Every launch of one thunk, in order, and the scratch bytes they share."""
 
     launches: tuple[Launch, ...]

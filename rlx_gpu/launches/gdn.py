@@ -1,13 +1,13 @@
 """Launch geometry of gated_delta_net (ABI.md §4): one work-item per GDN_CJ state columns."""
 from __future__ import annotations
 
-from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
 from .limits import DeviceLimits
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
 
 
-def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
+def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     """One recurrent launch; with per-channel gates, per block of steps a parallel kernel first
     writes exp(g) to scratch and the state waits there between blocks."""
     b, s, heads, n, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
@@ -49,7 +49,7 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
             args += (SCRATCH, i64(state_bytes))
         launches.append(Launch("gdn", kernel, dt, grid((items, heads, b), local), local, args, target=lim.target))
     notes = (f"blocked T={steps}",) if per_channel else ()
-    return Plan(tuple(launches), state_bytes + decay_bytes, notes)
+    return LaunchPlan(tuple(launches), state_bytes + decay_bytes, notes)
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -1,7 +1,7 @@
 """A device's limits and target, and the per-target tuning constants shared by kernels and planners.
 
 The constants in ``TUNING`` are tuning, not semantics: blockings, work-group shapes, state sizes held
-in registers. ``kernel_source.defines`` emits the launch's target's table as ``#define`` lines, and the
+in registers. ``backends.programs.defines`` emits the launch's target's table as ``#define`` lines, and the
 planners read the same table through ``DeviceLimits.tune``, so kernel text and geometry agree.
 """
 from __future__ import annotations

@@ -13,7 +13,7 @@ below the last write their output to scratch in the compute type.
 from __future__ import annotations
 
 from .body import gemm, transpose_real
-from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size, strided_grid
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
 
 OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
@@ -44,7 +44,7 @@ def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates
     return offsets, total
 
 
-def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> Plan:
+def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
     op_code, gates = OPS[t["op"]]
     dt, es, rs = t["dtype"], elem_size(t["dtype"]), real_size(t["dtype"])
     b, s, h, layers = t["batch"], t["seq"], t["hidden"], t["num_layers"]
@@ -98,7 +98,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if carry:
             launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
                                    (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0, target=lim.target))
-    return Plan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",))
+    return LaunchPlan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",))
 
 
 def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -9,9 +9,9 @@ from typing import Any
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.layout import regions
 
-from .abi import ABI_VERSION
-from .ops import SCAN_OPS, SPECS
-from .planner import ALIGN
+from ..graph.layout import ALIGN
+from ..schedule.model import ABI_VERSION
+from ..schedule.ops import SCAN_OPS, SPECS
 
 #: Parameters of one small case per op (scan-family cases carry their own bodies, below).
 SMALL: dict[str, dict[str, Any]] = {

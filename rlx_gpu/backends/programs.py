@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .launches.core import Launch
-from .launches.limits import TARGETS, TUNING, DeviceLimits
-from .paths import data_dir
+from ..launches.core import Launch
+from ..launches.limits import TARGETS, TUNING, DeviceLimits
+from ..paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")
 PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}

@@ -4,7 +4,7 @@ The proof that the portable text in ``kernels/`` is one text for both dialects: 
 OpenCL backend builds, with ``kernels_cuda/prelude.cuh`` in place of the OpenCL prelude, must compile
 for every architecture in ``ARCHS``. ``compile_cubin`` builds the binary a CUDA backend loads and
 ``resource_usage`` reads ptxas's report of it (registers, stack, spills, shared memory per kernel).
-Run ``python -m rlx_gpu.nvrtc_check [--usage] [--target cpu|gpu]``; it exits non-zero and prints the
+Run ``python -m rlx_gpu.backends.nvrtc [--usage] [--target cpu|gpu]``; it exits non-zero and prints the
 NVRTC log and numbered source of any failure.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ import re
 import sys
 from dataclasses import dataclass
 
-from . import kernel_source
-from .errors import KernelBuildError
-from .launches.limits import TARGETS, variants
-from .ops import DTYPES
+from ..errors import KernelBuildError
+from ..launches.limits import TARGETS, variants
+from ..schedule.ops import DTYPES
+from . import programs as kernel_programs
 
 ARCHS = ("compute_80", "compute_90")
 CUBIN_ARCH = "sm_90"
@@ -29,7 +29,7 @@ OPTIONS = ("-I" + CUDA_INCLUDE, "--std=c++17", "-default-device", "--ftz=false",
 
 @dataclass(frozen=True)
 class Compiled:
-    program: kernel_source.Program
+    program: kernel_programs.Program
     arch: str
     ptx_bytes: int
 
@@ -45,12 +45,12 @@ class Usage:
     shared: int
 
 
-def programs(target: str = "cpu") -> list[kernel_source.Program]:
+def programs(target: str = "cpu") -> list[kernel_programs.Program]:
     """Every program the backends build at ``target``: each family for each dtype and compile-time
     variant, plus each cast variant of the body family."""
-    out = [kernel_source.program("cuda", fam, dt, None, target, defs)
-           for fam in kernel_source.FAMILIES for dt in DTYPES for defs in variants(fam, target)]
-    out += [kernel_source.program("cuda", "body", dt, src, target) for dt in DTYPES for src in DTYPES]
+    out = [kernel_programs.program("cuda", fam, dt, None, target, defs)
+           for fam in kernel_programs.FAMILIES for dt in DTYPES for defs in variants(fam, target)]
+    out += [kernel_programs.program("cuda", "body", dt, src, target) for dt in DTYPES for src in DTYPES]
     return out
 
 
@@ -69,7 +69,7 @@ def _fetch(handle, size_fn, get_fn) -> bytes:
     return buf
 
 
-def _compile(prog: kernel_source.Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
+def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
     """An NVRTC program handle compiled for ``arch`` and its log; raises KernelBuildError on failure."""
     from cuda.bindings import nvrtc
 
@@ -83,7 +83,7 @@ def _compile(prog: kernel_source.Program, arch: str, extra: tuple[str, ...] = ()
     return handle, log
 
 
-def compile_ptx(prog: kernel_source.Program, arch: str) -> bytes:
+def compile_ptx(prog: kernel_programs.Program, arch: str) -> bytes:
     """PTX of ``prog`` for ``arch`` (``compute_XX`` or ``sm_XX``); raises KernelBuildError with NVRTC's log."""
     from cuda.bindings import nvrtc
 
@@ -103,7 +103,7 @@ class CudaBuild:
     log: str
 
 
-def build(prog: kernel_source.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
+def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
     """Compile ``prog`` for ``arch`` (``sm_XX``) once, keeping the cubin, the PTX and ptxas's ``-v`` report
     (``extra``: further NVRTC options, after the project's)."""
     from cuda.bindings import nvrtc
@@ -117,7 +117,7 @@ def build(prog: kernel_source.Program, arch: str = CUBIN_ARCH, extra: tuple[str,
         nvrtc.nvrtcDestroyProgram(handle)
 
 
-def compile_cubin(prog: kernel_source.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
+def compile_cubin(prog: kernel_programs.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
     """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
     done = build(prog, arch)
     return done.cubin, done.log
@@ -174,7 +174,7 @@ def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu") -> list[Compi
     return [Compiled(p, arch, len(compile_ptx(p, arch))) for p in programs(target) for arch in archs]
 
 
-def usage_table(target: str) -> list[tuple[kernel_source.Program, str, Usage]]:
+def usage_table(target: str) -> list[tuple[kernel_programs.Program, str, Usage]]:
     """(program, kernel, usage) for every kernel of every family x dtype x variant at ``target`` (sm_90)."""
     rows = []
     for prog in programs(target):
@@ -185,7 +185,7 @@ def usage_table(target: str) -> list[tuple[kernel_source.Program, str, Usage]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlx_gpu.nvrtc_check")
+    parser = argparse.ArgumentParser(prog="python -m rlx_gpu.backends.nvrtc")
     parser.add_argument("--usage", action="store_true", help=f"print ptxas resource usage at {CUBIN_ARCH}")
     parser.add_argument("--target", default="cpu", choices=TARGETS)
     args = parser.parse_args(argv)
