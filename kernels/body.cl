@@ -79,14 +79,15 @@ KERNEL binary(GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo, GLOBAL uchar* 
  * columns tx + j*GEMM_LX, so a warp's LOCAL reads are broadcasts or consecutive (no bank conflicts)
  * and its stores to D are consecutive columns. A's tile has one pad column against bank conflicts. */
 #define GEMM_ITEMS (GEMM_LX * GEMM_LY)
+#define GEMM_KT (GEMM_TK * 4 / (int)sizeof(real))  /* f64 stages half the slice: same LOCAL bytes as f32 */
 KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
             GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
             GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
             GLOBAL uchar* db, i64 dof, int d_real, i64 d_bs, i64 d_rs,
             i64 m, i64 n, i64 k)
 {
-    LOCAL real As[GEMM_TK][GEMM_TILE + 1];
-    LOCAL real Bs[GEMM_TK][GEMM_TILE];
+    LOCAL real As[GEMM_KT][GEMM_TILE + 1];
+    LOCAL real Bs[GEMM_KT][GEMM_TILE];
     GLOBAL const uchar* A = AT(uchar, ab, ao);
     GLOBAL const uchar* B = AT(uchar, bb, bo);
     GLOBAL const uchar* bias = AT(uchar, cb, co);
@@ -102,11 +103,11 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
         PRAGMA_UNROLL
         for (int j = 0; j < GEMM_TM; ++j)
             acc[i][j] = (real)0;
-    for (i64 k0 = 0; k0 < k; k0 += GEMM_TK) {
+    for (i64 k0 = 0; k0 < k; k0 += GEMM_KT) {
         PRAGMA_UNROLL
-        for (int s = 0; s < GEMM_TK * GEMM_TILE / GEMM_ITEMS; ++s) {
+        for (int s = 0; s < GEMM_KT * GEMM_TILE / GEMM_ITEMS; ++s) {
             const int e = item + s * GEMM_ITEMS;
-            const int kk = a_k_fast ? e % GEMM_TK : e / GEMM_TILE, r = a_k_fast ? e / GEMM_TK : e % GEMM_TILE;
+            const int kk = a_k_fast ? e % GEMM_KT : e / GEMM_TILE, r = a_k_fast ? e / GEMM_KT : e % GEMM_TILE;
             const i64 row = row0 + r, kq = k0 + kk;
             As[kk][r] = (row < m && kq < k) ? load_any(A, z * a_bs + row * a_rs + kq * a_cs, a_real) : (real)0;
             const int kb = e / GEMM_TILE, c = e % GEMM_TILE;
@@ -115,7 +116,7 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
         }
         BARRIER();
         PRAGMA_UNROLL
-        for (int kk = 0; kk < GEMM_TK; ++kk) {
+        for (int kk = 0; kk < GEMM_KT; ++kk) {
             real av[GEMM_TM], bv[GEMM_TM];
             PRAGMA_UNROLL
             for (int i = 0; i < GEMM_TM; ++i)

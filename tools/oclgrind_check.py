@@ -49,7 +49,7 @@ def conformance(spec: str, pytest_args: list[str]) -> int:
     # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
     # write of the pristine bytes (see core.ScanMemory), which Oclgrind's shadow tracks exactly.
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_opencl.py", *pytest_args]
-    code, diagnostics, output = run_under_oclgrind(argv, {"RLX_OPENCL_TEST_DEVICE": spec, "RLX_OPENCL_SMALL": "1"})
+    code, diagnostics, output = run_under_oclgrind(argv, {"RLX_OPENCL_TEST_DEVICE": spec, "RLX_OPENCL_SMALL": "1", "RLX_TEST_BACKENDS": "opencl"})
     print(output[-3000:])
     if diagnostics:
         print("Oclgrind reported:\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
@@ -59,6 +59,7 @@ def conformance(spec: str, pytest_args: list[str]) -> int:
 
 
 DEMO = """
+import dataclasses
 import numpy as np
 from rlx_gpu.backends import programs
 from rlx_gpu.backends import opencl
@@ -67,13 +68,13 @@ from rlx_gpu.launches.core import Launch
 
 info = next(i for i in opencl.probe() if i.spec == {spec!r})
 s = opencl.open(info)
-prog = programs.program("opencl", "body", "f32")
-assert {good!r} in prog.source
-broken = s.program(programs.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r})))
 n = 30  # the tensor ends the arena, so the write one past it leaves the buffer
+fill = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)), target=s.limits.target)
+prog = programs.program_for("opencl", fill, s.limits)
+assert {good!r} in prog.source
+s._kernels[(prog.digest, "fill")] = s.program(dataclasses.replace(prog, source=prog.source.replace({good!r}, {broken!r}))).fill
 arena = s.alloc(4 * n)
-launch = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)))
-s.prims.enqueue(s.prims.get_kernel(broken, "fill"), launch, (arena.buffer,) + launch.args[1:])
+s.enqueue(fill, {{ARENA: arena.buffer}})
 s.finish()
 """
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import KernelBuildError
 from ..launches.limits import TARGETS, variants
 from ..schedule.ops import DTYPES
-from .programs import FAMILIES, Program, program
+from . import programs as kernel_programs
 
 ARCHS = ("compute_80", "compute_90")
 CUBIN_ARCH = "sm_90"
@@ -29,7 +29,7 @@ OPTIONS = ("-I" + CUDA_INCLUDE, "--std=c++17", "-default-device", "--ftz=false",
 
 @dataclass(frozen=True)
 class Compiled:
-    program: Program
+    program: kernel_programs.Program
     arch: str
     ptx_bytes: int
 
@@ -45,12 +45,12 @@ class Usage:
     shared: int
 
 
-def programs(target: str = "cpu") -> list[Program]:
+def programs(target: str = "cpu") -> list[kernel_programs.Program]:
     """Every program the backends build at ``target``: each family for each dtype and compile-time
     variant, and the cast family for each (dtype, source dtype)."""
-    out = [program("cuda", fam, dt, None, target, defs)
-           for fam in FAMILIES if fam != "cast" for dt in DTYPES for defs in variants(fam, target)]
-    out += [program("cuda", "cast", dt, src, target) for dt in DTYPES for src in DTYPES]
+    out = [kernel_programs.program("cuda", fam, dt, None, target, defs)
+           for fam in kernel_programs.FAMILIES if fam != "cast" for dt in DTYPES for defs in variants(fam, target)]
+    out += [kernel_programs.program("cuda", "cast", dt, src, target) for dt in DTYPES for src in DTYPES]
     return out
 
 
@@ -69,7 +69,7 @@ def _fetch(handle, size_fn, get_fn) -> bytes:
     return buf
 
 
-def _compile(prog: Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
+def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
     """An NVRTC program handle compiled for ``arch`` and its log; raises KernelBuildError on failure."""
     from cuda.bindings import nvrtc
 
@@ -83,7 +83,7 @@ def _compile(prog: Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[obj
     return handle, log
 
 
-def compile_ptx(prog: Program, arch: str) -> bytes:
+def compile_ptx(prog: kernel_programs.Program, arch: str) -> bytes:
     """PTX of ``prog`` for ``arch`` (``compute_XX`` or ``sm_XX``); raises KernelBuildError with NVRTC's log."""
     from cuda.bindings import nvrtc
 
@@ -94,15 +94,33 @@ def compile_ptx(prog: Program, arch: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(handle)
 
 
-def compile_cubin(prog: Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
-    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+@dataclass(frozen=True)
+class CudaBuild:
+    """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
+
+    cubin: bytes
+    ptx: str
+    log: str
+
+
+def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
+    """Compile ``prog`` for ``arch`` (``sm_XX``) once, keeping the cubin, the PTX and ptxas's ``-v`` report
+    (``extra``: further NVRTC options, after the project's)."""
     from cuda.bindings import nvrtc
 
-    handle, log = _compile(prog, arch, ("--ptxas-options=-v",))
+    handle, log = _compile(prog, arch, ("--ptxas-options=-v", *extra))
     try:
-        return _fetch(handle, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN), log
+        cubin = _fetch(handle, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        ptx = _fetch(handle, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).decode().rstrip("\x00")
+        return CudaBuild(cubin, ptx, log)
     finally:
         nvrtc.nvrtcDestroyProgram(handle)
+
+
+def compile_cubin(prog: kernel_programs.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
+    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+    done = build(prog, arch)
+    return done.cubin, done.log
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -126,12 +144,37 @@ def resource_usage(log: str) -> dict[str, Usage]:
     return usage
 
 
+_PARAMS = re.compile(r"\.entry (\w+)\(([^)]*)\)")
+_PARAM = re.compile(r"\.param \.(?:align \d+ )?\.?([a-z]+)(\d+)")
+
+
+def parameters(ptx: str) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Per kernel in ``ptx``, each parameter in order as (``"f"`` for floating point else ``"i"``, bytes):
+    what a launcher must pack (pointers are 8-byte integers)."""
+    out = {}
+    for name, params in _PARAMS.findall(ptx):
+        out[name] = tuple(("f" if kind == "f" else "i", int(bits) // 8) for kind, bits in _PARAM.findall(params))
+    return out
+
+
+#: f32 instructions that flush subnormals when they carry ``.ftz``. The MUFU approximations (ex2, lg2,
+#: rcp, rsqrt, sin, cos ``.approx.ftz``) are left out: libdevice's accurate expf/logf/tanhf apply them
+#: to range-reduced arguments, where a flush cannot occur, and they appear with -ftz=false too.
+_FTZ = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|fma|mad|div|sqrt|min|max|abs|neg|cvt|setp|testp|set|selp)"
+                  r"[.\w]*\.ftz[.\w]*f32)\b", re.M)
+
+
+def flushing_instructions(ptx: str) -> list[str]:
+    """The f32 arithmetic instructions of ``ptx`` that flush subnormals to zero (``.ftz``)."""
+    return _FTZ.findall(ptx)
+
+
 def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu") -> list[Compiled]:
     """Compile every program for every arch; the first failure raises KernelBuildError."""
     return [Compiled(p, arch, len(compile_ptx(p, arch))) for p in programs(target) for arch in archs]
 
 
-def usage_table(target: str) -> list[tuple[Program, str, Usage]]:
+def usage_table(target: str) -> list[tuple[kernel_programs.Program, str, Usage]]:
     """(program, kernel, usage) for every kernel of every family x dtype x variant at ``target`` (sm_90)."""
     rows = []
     for prog in programs(target):

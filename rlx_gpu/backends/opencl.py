@@ -125,7 +125,8 @@ class OpenCLPrimitives:
 
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:
     """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
-    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR))
+    # a device that also says CPU (Oclgrind says every type) gets the cpu shapes unless forced
+    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
     target = requested_target("gpu" if gpu else "cpu")
     # the warp / wavefront width where the vendor reports it, else the target's usual width
     sub_group = next((getattr(device, attr) for attr in ("warp_size_nv", "wavefront_width_amd") if _has(cl, device, attr)),

@@ -1,7 +1,7 @@
 """A device's limits and target, and the per-target tuning constants shared by kernels and planners.
 
 The constants in ``TUNING`` are tuning, not semantics: blockings, work-group shapes, state sizes held
-in registers. ``programs.defines`` emits the launch's target's table as ``#define`` lines, and the
+in registers. ``backends.programs.defines`` emits the launch's target's table as ``#define`` lines, and the
 planners read the same table through ``DeviceLimits.tune``, so kernel text and geometry agree.
 """
 from __future__ import annotations
@@ -99,3 +99,9 @@ class DeviceLimits:
     def tune(self, name: str) -> int:
         """The tuning constant ``name`` of this device's target (the value its kernels were built with)."""
         return TUNING[self.target][name]
+
+
+#: The GPU the gpu tuning is sized for: an H200 (sm_90, 132 SMs, 228 KiB shared memory per SM); the
+#: geometry test and the README's work-group table plan against it.
+REFERENCE_GPU = DeviceLimits(max_work_group=1024, local_mem_bytes=228 * 1024, fp64=True, target="gpu",
+                             sub_group=32, compute_units=132, max_grid=CUDA_MAX_GRID)
