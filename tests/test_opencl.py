@@ -1,11 +1,15 @@
-"""OpenCL backend conformance: every op x dtype x representative shape on a guarded arena.
+"""Device backend conformance (OpenCL, and CUDA where present): every op x dtype x representative shape
+on a guarded arena.
 
 Each case lays its tensors out with >= 1 KiB of canary bytes around every one, runs the thunk on
 the device, and checks (1) every byte the thunk may not write is unchanged, (2) the outputs match
 a float64 reference written here from ABI.md, (3) they match ``host_fallback.execute`` on the same
-bytes, and (4) NaN/Inf positions agree. ``RLX_OPENCL_TEST_DEVICE=opencl:P:D`` picks the device
-(default: the first non-simulator); ``RLX_OPENCL_SMALL=1`` keeps the small shapes only (Oclgrind).
-Every test runs at both targets (cpu and gpu kernel shapes) on that device.
+bytes, and (4) NaN/Inf positions agree. Every case runs on each backend of ``RLX_TEST_BACKENDS``
+(default ``opencl,cuda``); one that is unavailable here is skipped with its reason, so ``cuda`` joins
+as soon as CuPy sees a GPU. OpenCL runs at both targets (cpu and gpu kernel shapes, the gpu one forced
+through RLX_TARGET); CUDA at the gpu target. ``RLX_OPENCL_TEST_DEVICE=opencl:P:D`` /
+``RLX_CUDA_TEST_DEVICE=cuda:N`` pick the device (default: the first; real OpenCL devices before
+simulators); ``RLX_OPENCL_SMALL=1`` keeps the small shapes only (Oclgrind, compute-sanitizer).
 """
 from __future__ import annotations
 
@@ -19,12 +23,11 @@ import host_fallback
 from host_fallback.arena import STORAGE
 from host_fallback.layout import layer_input_sizes, regions
 
-opencl = pytest.importorskip("rlx_gpu.backends.opencl")
-from rlx_gpu.backends import programs  # noqa: E402
-from rlx_gpu.conformance.cases import lay_out as lay_out_case  # noqa: E402
-from rlx_gpu.backends.base import BackendUnavailable  # noqa: E402
-from rlx_gpu.errors import KernelBuildError  # noqa: E402
-from rlx_gpu.launches.limits import TARGET_ENV, TARGETS  # noqa: E402
+from rlx_gpu.backends import opencl, programs
+from rlx_gpu.conformance.cases import lay_out as lay_out_case
+from rlx_gpu.errors import KernelBuildError
+from rlx_gpu.launches.limits import TARGET_ENV, TARGETS
+from rlx_gpu.runtime import registry
 
 GUARD = 1024
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -36,23 +39,38 @@ SMALL = os.environ.get("RLX_OPENCL_SMALL") == "1"
 NMSE = {"f32": 1e-7, "f64": 1e-24, "f16": 5e-7, "bf16": 5e-5}
 
 
-@pytest.fixture(scope="module", params=TARGETS)
-def session(request):
-    """The test device, opened once per target: the gpu target (forced through RLX_TARGET) runs the
-    GPU-shaped kernels on it, so they are checked here too."""
-    try:
-        infos = opencl.probe()
-    except BackendUnavailable as err:
-        pytest.skip(str(err))
-    spec = os.environ.get("RLX_OPENCL_TEST_DEVICE")
-    info = next((i for i in infos if i.spec == spec), None) if spec else infos[0]
+BACKENDS = [name for name in os.environ.get("RLX_TEST_BACKENDS", "opencl,cuda").split(",") if name]
+#: (backend, target): OpenCL at both targets; a CUDA device always gets the gpu shapes
+DEVICES = [(name, target) for name in BACKENDS for target in (TARGETS if name == "opencl" else ("gpu",))]
+
+
+def _open(name, target):
+    """The test device of backend ``name`` at ``target`` (forced through RLX_TARGET), or a skip with the
+    reason the backend is unavailable here."""
+    st = registry.status(name)
+    if not st.available:
+        pytest.skip(f"{name} is unavailable here: {st.reason}")
+    spec = os.environ.get(f"RLX_{name.upper()}_TEST_DEVICE")
+    info = next((i for i in st.devices if i.spec == spec), None) if spec else st.devices[0]
     if info is None:
-        pytest.skip(f"no OpenCL device {spec}; have {[i.spec for i in infos]}")
+        pytest.skip(f"no {name} device {spec}; have {[i.spec for i in st.devices]}")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(TARGET_ENV, request.param)
-        opened = opencl.open(info)
-    assert opened.limits.target == request.param
+        patch.setenv(TARGET_ENV, target)
+        opened = registry.backend_module(name).open(info)
+    assert opened.limits.target == target
     return opened
+
+
+@pytest.fixture(scope="module", params=DEVICES, ids=[f"{name}-{target}" for name, target in DEVICES])
+def session(request):
+    """The test device, opened once per (backend, target)."""
+    return _open(*request.param)
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def opencl_session(request):
+    """For the checks of OpenCL's own build options and fp64 extension."""
+    return _open("opencl", request.param)
 
 
 # ---------------------------------------------------------------- float64 references (ABI.md)
@@ -389,7 +407,8 @@ def test_nan_inf_positions(session, fn, dtype):
             _run_case(session, t, dtype, {}, np.random.default_rng(1), poison=_poison("b"))
 
 
-def test_registry_reasons(session):
+def test_registry_reasons(opencl_session):
+    session = opencl_session
     f64 = dict(op="unary", fn="exp", n=4, x=0, dst=0, dtype="f64")
     assert session.unsupported(f64) is None
     no_fp64 = opencl.open(dataclasses.replace(session.info, fp64=False))
@@ -400,7 +419,8 @@ def test_registry_reasons(session):
     assert "257" in session.unsupported(big) and "256" in session.unsupported(big)
 
 
-def test_build_cache_and_error(session):
+def test_build_cache_and_error(opencl_session):
+    session = opencl_session
     prog = programs.program("opencl", "body", "f32", None, session.limits.target)
     assert session.program(prog) is session.program(prog)
     broken = dataclasses.replace(prog, source=prog.source.replace("return exp(x);", "return exp(x) +;"))
