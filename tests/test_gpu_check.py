@@ -61,3 +61,23 @@ def test_without_cuda_every_cuda_section_fails_with_the_reason(tmp_path):
 def test_a_spent_budget_fails_what_did_not_run(tmp_path):
     rc, rows = _run(tmp_path, "--skip-cuda", "--budget", "0")
     assert rc == 1 and rows[0]["section"] == "env" and "budget" in rows[0]["detail"]
+
+
+def test_the_benchmark_shapes_are_valid_schedules_of_the_issue_sizes():
+    sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
+    import gpu_bench
+
+    from rlx_gpu.conformance import cases
+    from rlx_gpu.schedule.io import load_schedule
+
+    floors = {}
+    for label, template in gpu_bench.shapes():
+        fields = dict(template)
+        thunk, nbytes = cases.lay_out(fields.pop("op"), "f32", fields)
+        load_schedule(cases.schedule_of(thunk, nbytes))  # validates every field and footprint
+        floors[label] = gpu_bench.footprint_bytes(thunk)
+    # selective_scan B8 S4096 D4096: x and delta read, dst written (3 x 512 MiB) plus b, c and a
+    assert floors["selective_scan B8 S4096 D4096 N16"] == 3 * 8 * 4096 * 4096 * 4 + 2 * 8 * 4096 * 16 * 4 + 4096 * 16 * 4
+    # gdn decode carries its state: read once and written once
+    state = 64 * 16 * 128 * 128 * 4
+    assert floors["gdn decode B64 S1 H16 N128"] == 2 * state + 64 * 16 * (4 * 128 + 2) * 4
