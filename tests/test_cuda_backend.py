@@ -152,3 +152,13 @@ def test_build_failure_names_log_options_and_source(tmp_path):
     err = info.value
     assert "undefined_name" in err.log and "--ftz=false" in err.options and "undefined_name(x)" in str(err)
     assert not list(tmp_path.glob("*.cubin"))
+
+
+def test_cublas_data_types_are_the_cuda_header_values():
+    from cuda.bindings import runtime
+
+    from rlx_gpu.backends import cuda
+
+    dt = runtime.cudaDataType
+    assert cuda._DATA_TYPES == {"f32": int(dt.CUDA_R_32F), "f64": int(dt.CUDA_R_64F), "f16": int(dt.CUDA_R_16F),
+                                "bf16": int(dt.CUDA_R_16BF)}

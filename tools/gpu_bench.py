@@ -98,6 +98,9 @@ def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], A
     from ssm import TORCH
 
     op = t["op"]
+    # like against like: ours computes f32 in f32, so cuDNN and cuBLAS may not round inputs to TF32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     if op in ("lstm", "gru"):
         cls = torch.nn.LSTM if op == "lstm" else torch.nn.GRU
         net = cls(t["input_size"], t["hidden"], batch_first=True).cuda()

@@ -38,8 +38,11 @@ NAME = "cuda"
 TF32_ENV = "RLX_CUDA_TF32"  # "1": f32 gemms may round their inputs to TF32 (off by default)
 GRAPHS_ENV = "RLX_CUDA_GRAPHS"  # "0": never capture CUDA graphs
 CUBLAS_WORKSPACE = 32 << 20  # a fixed workspace keeps cuBLAS from allocating while a graph is captured
-_DATA_TYPES = {"f32": "CUDA_R_32F", "f64": "CUDA_R_64F", "f16": "CUDA_R_16F", "bf16": "CUDA_R_16BF"}
-_COMPUTE_TYPES = {"32F": "CUBLAS_COMPUTE_32F", "32F_FAST_TF32": "CUBLAS_COMPUTE_32F_FAST_TF32", "64F": "CUBLAS_COMPUTE_64F"}
+# enum values of library_types.h / cublas_api.h (a stable ABI; CuPy's own names moved between releases)
+_DATA_TYPES = {"f32": 0, "f64": 1, "f16": 2, "bf16": 14}  # CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF
+_COMPUTE_TYPES = {"32F": 68, "32F_FAST_TF32": 77, "64F": 70}  # CUBLAS_COMPUTE_32F, ..._32F_FAST_TF32, ..._64F
+_OPS = {"N": 0, "T": 1}  # CUBLAS_OP_N, CUBLAS_OP_T
+_GEMM_DEFAULT = -1  # CUBLAS_GEMM_DEFAULT
 #: CUfunction_attribute values (cuda.h) the build report reads back from the driver
 _FUNC_ATTRIBUTES = {"max_block": 0, "shared_bytes": 1, "local_bytes": 3, "registers": 4}
 _ONE = {"f16": np.float16(1), "bf16": np.uint16(0x3F80), "f32": np.float32(1), "f64": np.float64(1)}
@@ -132,7 +135,9 @@ class CudaPrimitives:
             self.cublas = cp.cuda.cublas.create()
             cp.cuda.cublas.setStream(self.cublas, self.stream.ptr)
             self._workspace = self.allocate(CUBLAS_WORKSPACE)
-            cp.cuda.cublas.setWorkspace(self.cublas, self._workspace.ptr, CUBLAS_WORKSPACE)
+            set_workspace = getattr(cp.cuda.cublas, "setWorkspace", None)
+            if set_workspace is not None:  # without it a graph capture of a gemm may fail: that key then runs eagerly
+                set_workspace(self.cublas, self._workspace.ptr, CUBLAS_WORKSPACE)
         self.graphs: GraphCache = GraphCache(_CupyGraphs(self.stream))
 
     # -- memory -------------------------------------------------------------------------------
@@ -201,17 +206,12 @@ class CudaPrimitives:
             self._gemm(cp, call, alpha, beta, ptr)
 
     def _gemm(self, cp: Any, call: GemmCall, alpha: np.ndarray, beta: np.ndarray, ptr: Callable[[Any], int]) -> None:
-        rt = cp.cuda.runtime
         cp.cuda.cublas.gemmStridedBatchedEx(
-            self.cublas, _op(cp, call.op_a), _op(cp, call.op_b), call.m, call.n, call.k, alpha.ctypes.data,
-            ptr(call.a), getattr(rt, _DATA_TYPES[call.a.dtype]), call.lda, call.stride_a,
-            ptr(call.b), getattr(rt, _DATA_TYPES[call.b.dtype]), call.ldb, call.stride_b, beta.ctypes.data,
-            ptr(call.c), getattr(rt, _DATA_TYPES[call.c.dtype]), call.ldc, call.stride_c,
-            call.batch, getattr(cp.cuda.cublas, _COMPUTE_TYPES[call.compute]), cp.cuda.cublas.CUBLAS_GEMM_DEFAULT)
-
-
-def _op(cp: Any, op: str) -> int:
-    return cp.cuda.cublas.CUBLAS_OP_N if op == "N" else cp.cuda.cublas.CUBLAS_OP_T
+            self.cublas, _OPS[call.op_a], _OPS[call.op_b], call.m, call.n, call.k, alpha.ctypes.data,
+            ptr(call.a), _DATA_TYPES[call.a.dtype], call.lda, call.stride_a,
+            ptr(call.b), _DATA_TYPES[call.b.dtype], call.ldb, call.stride_b, beta.ctypes.data,
+            ptr(call.c), _DATA_TYPES[call.c.dtype], call.ldc, call.stride_c,
+            call.batch, _COMPUTE_TYPES[call.compute], _GEMM_DEFAULT)
 
 
 class _CupyGraphs:
