@@ -285,12 +285,16 @@ class KernelSession:
     def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Collection[int]) -> int:
         from host_fallback import scan
 
-        memory = ScanMemory(self, options, on_host)
+        memory = self.scan_memory(options, on_host)
         if thunk["op"] == "scan":
             scan.run_scan(memory, thunk, arena)
         else:
             scan.run_scan_backward(memory, thunk, arena, options.recompute)
         return memory.copied
+
+    def scan_memory(self, options: RunOptions, on_host: Collection[int]) -> "ScanMemory":
+        """The scan driver's device memory for one scan execution (a backend may extend it)."""
+        return ScanMemory(self, options, on_host)
 
 
 class ScanMemory:
