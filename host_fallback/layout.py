@@ -16,6 +16,9 @@ from .arena import COMPUTE, ELEM_SIZE, STORAGE, view
 Thunk = Mapping[str, Any]
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+#: The bias streams of each recurrent op (GRU keeps its input and hidden biases apart) and its carried states.
+RECURRENT_BIASES = {"lstm": ("bias",), "gru": ("b_ih", "b_hh"), "rnn": ("bias",)}
+RECURRENT_STATES = {"lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",)}
 
 
 @dataclass(frozen=True)
@@ -49,24 +52,33 @@ def recurrent_dims(t: Thunk) -> tuple[int, int]:
 def layer_input_sizes(t: Thunk) -> list[int]:
     """``in_l`` for every layer: ``input_size`` below, ``dirs*hidden`` above."""
     _, dirs = recurrent_dims(t)
-    return [t["input_size"] if layer == 0 else dirs * t["hidden"] for layer in range(t["num_layers"])]
+    return _input_sizes(t["input_size"], t["hidden"], t["num_layers"], dirs)
+
+
+def _input_sizes(input_size: int, hidden: int, num_layers: int, dirs: int) -> list[int]:
+    return [input_size] + [dirs * hidden] * (num_layers - 1)
+
+
+def recurrent_weight_shapes(op: str, input_size: int, hidden: int, num_layers: int,
+                            bidirectional: bool) -> dict[str, tuple[int, ...]]:
+    """Shape of every weight stream of an lstm/gru/rnn (ABI.md §3), by field, in field order."""
+    gates, dirs = GATES[op], 2 if bidirectional else 1
+    in_sizes = _input_sizes(input_size, hidden, num_layers, dirs)
+    shapes = {"w_ih": (sum(dirs * gates * hidden * n for n in in_sizes),),
+              "w_hh": (num_layers * dirs, gates * hidden, hidden)}
+    shapes.update({f: (num_layers * dirs, gates * hidden) for f in RECURRENT_BIASES[op]})
+    return shapes
 
 
 def _recurrent(t: Thunk) -> list[Region]:
-    gates, dirs = recurrent_dims(t)
+    _, dirs = recurrent_dims(t)
     b, s, i, h, layers = t["batch"], t["seq"], t["input_size"], t["hidden"], t["num_layers"]
     dt = t["dtype"]
-    w_ih = sum(dirs * gates * h * in_l for in_l in layer_input_sizes(t))
-    out = [
-        Region("x", t["x"], (b, s, i), dt, "r"),
-        Region("w_ih", t["w_ih"], (w_ih,), dt, "r"),
-        Region("w_hh", t["w_hh"], (layers * dirs, gates * h, h), dt, "r"),
-    ]
-    bias_fields = ("b_ih", "b_hh") if t["op"] == "gru" else ("bias",)
-    out += [Region(f, t[f], (layers * dirs, gates * h), dt, "r") for f in bias_fields]
+    weights = recurrent_weight_shapes(t["op"], i, h, layers, t["bidirectional"])
+    out = [Region("x", t["x"], (b, s, i), dt, "r")]
+    out += [Region(f, t[f], shape, dt, "r") for f, shape in weights.items()]
     if t["carry"]:
-        state_fields = ("h0", "c0") if t["op"] == "lstm" else ("h0",)
-        out += [Region(f, t[f], (layers * dirs, b, h), dt, "rw") for f in state_fields]
+        out += [Region(f, t[f], (layers * dirs, b, h), dt, "rw") for f in RECURRENT_STATES[t["op"]]]
     out.append(Region("dst", t["dst"], (b, s, dirs * h), dt, "w"))
     return out
 

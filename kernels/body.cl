@@ -1,35 +1,35 @@
 /* Body ops (ABI.md §5) and the tiled GEMM that the recurrent family reuses for its input projection. */
 
-/* fn codes follow rlx_gpu/launches/body.py UNARY_FNS / BINARY_FNS. */
+/* RLX_UNARY_* / RLX_BINARY_* are emitted by rlx_gpu/backends/programs.py from launches/body.py FN_CODES. */
 DEVICE_FN real unary_fn(int fn, real x)
 {
     switch (fn) {
-    case 0: return exp(x);
-    case 1: return log(x);
-    case 2: return tanh(x);
-    case 3: return sigmoid_r(x);
-    case 4: return x < (real)0 ? (real)0 : x;  /* keeps NaN, as NumPy's maximum does */
-    case 5: return -x;
-    case 6: return sqrt(x);
-    case 7: return (real)1 / sqrt(x);
-    case 8: return x * x;
-    case 9: return fabs(x);
-    case 10: return (real)1 / x;
-    case 11: return fmax(x, (real)0) + log1p(exp(-fabs(x)));  /* softplus without overflow */
-    default: return x > (real)0 ? (real)1 : (real)0;
+    case RLX_UNARY_EXP: return exp(x);
+    case RLX_UNARY_LOG: return log(x);
+    case RLX_UNARY_TANH: return tanh(x);
+    case RLX_UNARY_SIGMOID: return sigmoid_r(x);
+    case RLX_UNARY_RELU: return x < (real)0 ? (real)0 : x;  /* keeps NaN, as NumPy's maximum does */
+    case RLX_UNARY_NEG: return -x;
+    case RLX_UNARY_SQRT: return sqrt(x);
+    case RLX_UNARY_RSQRT: return (real)1 / sqrt(x);
+    case RLX_UNARY_SQUARE: return x * x;
+    case RLX_UNARY_ABS: return fabs(x);
+    case RLX_UNARY_RECIP: return (real)1 / x;
+    case RLX_UNARY_SOFTPLUS: return fmax(x, (real)0) + log1p(exp(-fabs(x)));  /* softplus without overflow */
+    case RLX_UNARY_STEP: default: return x > (real)0 ? (real)1 : (real)0;
     }
 }
 
 DEVICE_FN real binary_fn(int fn, real a, real b)
 {
     switch (fn) {
-    case 0: return a + b;
-    case 1: return a - b;
-    case 2: return a * b;
-    case 3: return a / b;
+    case RLX_BINARY_ADD: return a + b;
+    case RLX_BINARY_SUB: return a - b;
+    case RLX_BINARY_MUL: return a * b;
+    case RLX_BINARY_DIV: return a / b;
     /* fmax/fmin drop a NaN operand; the ABI (like NumPy) propagates it. */
-    case 4: return (a != a || b != b) ? a + b : fmax(a, b);
-    default: return (a != a || b != b) ? a + b : fmin(a, b);
+    case RLX_BINARY_MAX: return (a != a || b != b) ? a + b : fmax(a, b);
+    case RLX_BINARY_MIN: default: return (a != a || b != b) ? a + b : fmin(a, b);
     }
 }
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .conformance.cases import lay_out
+from .conformance.compare import nmse
 from .errors import RlxError
 from .runtime.executor import get_device
 from .runtime.registry import discover, open_session
@@ -69,11 +70,6 @@ def _outputs(schedule: Schedule, arena: np.ndarray) -> dict[str, np.ndarray]:
     return {n: schedule.tensors[n].read(arena) for n in schedule.outputs}
 
 
-def _nmse(got: np.ndarray, ref: np.ndarray) -> float:
-    g, r = got.astype(np.float64), ref.astype(np.float64)
-    return float(np.sum((g - r) ** 2) / max(np.sum(r ** 2), 1e-300))
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     schedule, inputs = _load_target(args.target)
     arena = schedule.pristine_arena()
@@ -103,9 +99,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, got in outputs.items():
         ref = reference[name]
         dtype = schedule.tensors[name].dtype
-        tol = device.config.tolerance("default", dtype)
+        tol = device.config.tolerance("schedule", dtype)
         finite_match = np.array_equal(np.isfinite(got.astype(np.float64)), np.isfinite(ref.astype(np.float64)))
-        err = _nmse(np.nan_to_num(got.astype(np.float64)), np.nan_to_num(ref.astype(np.float64)))
+        err = nmse(got, ref)
         worst = float(np.max(np.abs(got.astype(np.float64) - ref.astype(np.float64)), initial=0.0))
         good = finite_match and err <= tol
         ok &= good

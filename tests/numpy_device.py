@@ -3,7 +3,7 @@
 and nothing else, which shows that a backend needs only the primitives."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -41,9 +41,9 @@ class NumpyPrimitives:
     build_options = ("-numpy",)
     fp64_feature = "the numpy double's fp64"
 
-    def __init__(self, max_alloc_bytes: int = 1 << 20, global_mem_bytes: int = 4 << 20, key: str = "numpy:0"):
-        self.info = DeviceInfo("numpy", key, "NumPy test double", fp64=False)
-        self.device_key = key
+    def __init__(self, max_alloc_bytes: int = 1 << 20, global_mem_bytes: int = 4 << 20, key: Hashable = None):
+        self.info = DeviceInfo("numpy", "numpy:0", "NumPy test double", fp64=False)
+        self.device_key = key if key is not None else object()  # sessions with one key share built programs
         self.limits = DeviceLimits(256, 32768, False)
         self.max_alloc_bytes, self.global_mem_bytes = max_alloc_bytes, global_mem_bytes
         self.live: dict[int, np.ndarray] = {}  # id -> buffer not yet released

@@ -2,6 +2,8 @@
 caches, buffer lifetimes, device-memory limits, body thunks placed like top-level ones, run options."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,7 @@ def _arena(sched: rlx_gpu.Schedule, rng: np.random.Generator) -> np.ndarray:
 def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host():
     sched = rlx_gpu.load_schedule(_elementwise())
     arena = _arena(sched, np.random.default_rng(0))
-    session = open_double()
+    session = open_double(key="device A")
     device = Device(session, Config(fallback="forbid"))
     got = device.run(sched, arena)
     np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
@@ -74,10 +76,10 @@ def test_a_backend_of_primitives_only_runs_a_schedule_bit_identical_to_the_host(
     builds = len(session.prims.builds)
     assert builds == 1  # one body/f32 program serves all three kernels
     device.run(sched, arena)
-    again = open_double()  # a second session of the same device reuses the built program
+    again = open_double(key="device A")  # a second session of the same device reuses the built program
     Device(again, Config()).run(sched, arena)
     assert len(session.prims.builds) == 1 and again.prims.builds == []
-    other = open_double(key="numpy:1")  # another device compiles its own
+    other = open_double(key="device B")  # another device compiles its own
     Device(other, Config()).run(sched, arena)
     assert len(other.prims.builds) == 1
 
@@ -153,6 +155,21 @@ def test_a_schedule_larger_than_the_device_allows_is_refused_before_anything_run
         Device(small, Config()).run(_elementwise() | {"arena_bytes": 1024})
 
 
+def test_a_launch_scratch_larger_than_the_device_allows_is_refused_before_anything_runs():
+    batch, k, n = 8, 200, 200  # B broadcast over the batch and transposed: staged as 8*200*200 f32 of scratch
+    raw = {"abi": "rlx-thunks/1", "arena_bytes": 4 * (batch * k + k * n + batch * n),
+           "thunks": [{"op": "fill", "dtype": "f32", "dst": 0, "n": 4, "value": 1.0},
+                      {"op": "matmul", "dtype": "f32", "a": 0, "b": 4 * batch * k, "dst": 4 * (batch * k + k * n),
+                       "batch": batch, "m": 1, "k": k, "n": n, "trans_a": False, "trans_b": True,
+                       "a_batch_stride": k, "b_batch_stride": 0}]}
+    session = open_double()
+    device = Device(session, Config())
+    with pytest.raises(rlx_gpu.DeviceError, match=r"the launch scratch of thunk 1 \(matmul\) needs 1280000 bytes "
+                                                  r"\(1.2 MiB\), more than the largest allocation of NumPy test double"):
+        device.run(raw)
+    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+
+
 def test_run_options_are_typed_and_misspellings_are_errors():
     assert RunOptions.build(Config(recompute="treeverse")).recompute == "treeverse"
     assert RunOptions.build(Config(recompute="treeverse"), recompute="segment").recompute == "segment"
@@ -177,3 +194,32 @@ def test_host_options_reach_body_thunks_of_a_host_scan():
     with pytest.raises(TypeError, match="unknown host option"):
         host_fallback.execute(sched.thunks[0], arena.copy(), parallel_direction=True)
     host_fallback.execute(sched.thunks[0], arena.copy(), parallel_directions=True, workers=1, recompute="treeverse")
+
+
+def test_an_arena_over_the_opencl_devices_largest_allocation_names_size_limit_and_device():
+    from rlx_gpu.runtime.registry import status
+
+    if not status("opencl").available:
+        pytest.skip(status("opencl").reason)
+    device = rlx_gpu.get_device("opencl")
+    limit = device.session.info.details["max_alloc_bytes"]  # probed: CL_DEVICE_MAX_MEM_ALLOC_SIZE
+    raw = _elementwise() | {"arena_bytes": limit + (1 << 20)}
+    message = (rf"the arena of this schedule \(arena_bytes\) needs {limit + (1 << 20)} bytes .*more than the largest "
+               rf"allocation of {re.escape(device.session.info.name)} \({device.spec}\): {limit} bytes")
+    for attempt in (lambda: device.run(raw), lambda: device.arena(raw)):
+        with pytest.raises(rlx_gpu.DeviceError, match=message):
+            attempt()
+    assert device.launches == 0
+
+
+def test_run_options_reach_the_kernels_through_the_device():
+    from rlx_gpu.conformance.cases import lay_out, schedule_of
+
+    thunk, nbytes = lay_out("mamba2", "f32")
+    sched = rlx_gpu.load_schedule(schedule_of(thunk, nbytes))
+    rlx_gpu.get_device("host", host_path="step").run(sched)
+    with pytest.raises(ValueError, match=r"mamba2: unknown path 'blocked'; expected 'step' or 'chunked'"):
+        rlx_gpu.get_device("host", host_path="blocked").run(sched)  # selective_scan's path: refused by mamba2
+    session = open_double()
+    with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'rnn_kernal'"):
+        session.launch(sched.thunks[0], session.alloc(nbytes), rnn_kernal="step")

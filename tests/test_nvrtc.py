@@ -36,3 +36,14 @@ def test_nvrtc_failure_carries_log_and_source():
     with pytest.raises(KernelBuildError) as info:
         nvrtc.compile_ptx(broken, "compute_80")
     assert "undefined_name" in info.value.log and "--gpu-architecture=compute_80" in info.value.options
+
+
+def test_every_body_function_has_a_named_case_in_the_kernel():
+    """The kernel names each fn by the emitted define, so a fn without its case cannot slip to the default."""
+    from rlx_gpu.launches.body import FN_CODES, fn_defines
+
+    text = programs.program("opencl", "body", "f32").source
+    for name, code in fn_defines().items():
+        assert f"#define {name} {code}\n" in text
+        assert f"case {name}:" in text, f"kernels/body.cl has no case for {name}"
+    assert sorted(FN_CODES["unary"].values()) == list(range(len(FN_CODES["unary"])))

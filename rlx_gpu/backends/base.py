@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Collection, ContextManager, Mapping, Protocol
 
 import numpy as np
 
@@ -23,15 +23,23 @@ class DeviceInfo:
 
 
 class Session(Protocol):
-    """An opened device: arenas live here and thunks launch here."""
+    """An opened device: arenas live here and thunks launch here (``core.KernelSession`` for device
+    backends, ``host.HostSession`` for the host)."""
 
     info: DeviceInfo
+    lock: ContextManager[Any]  # held by the executor for a whole run and each resident-arena operation
 
     def unsupported(self, thunk: Mapping[str, Any]) -> str | None:
         """``None`` when this device runs ``thunk``, else the reason it does not."""
 
-    def alloc(self, nbytes: int) -> Any:
+    def check_fits(self, nbytes: int, what: str) -> None:
+        """Raise ``DeviceError`` naming ``what``, the size, the limit and the device when ``nbytes`` cannot be allocated."""
+
+    def alloc(self, nbytes: int, what: str = "an arena") -> Any:
         """A zeroed device arena of ``nbytes``."""
+
+    def free(self, arena: Any) -> None:
+        """Release an arena from :meth:`alloc`."""
 
     def write(self, arena: Any, offset: int, data: np.ndarray) -> None:
         """Copy host bytes (``numpy.uint8``) into the arena at ``offset``."""
@@ -39,8 +47,12 @@ class Session(Protocol):
     def read(self, arena: Any, offset: int, nbytes: int) -> np.ndarray:
         """Copy ``nbytes`` at ``offset`` out of the arena into a new ``numpy.uint8`` array."""
 
+    def runner(self, thunk: Mapping[str, Any], options: Any, on_host: Collection[int] = ()) -> Callable[[Any], int]:
+        """Plan ``thunk`` once under ``options`` (a ``RunOptions``); the result runs it on an arena and
+        returns the bytes it moved to and from the host (body thunks whose ``id`` is in ``on_host``)."""
+
     def launch(self, thunk: Mapping[str, Any], arena: Any, **options: Any) -> None:
-        """Run one thunk on the arena in place."""
+        """Run one thunk on the arena in place (``options`` by ``RunOptions`` field name)."""
 
     def finish(self) -> None:
         """Wait until every launch has completed (for timing)."""

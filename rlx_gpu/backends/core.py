@@ -1,6 +1,6 @@
 """The kernel-session core: everything a device backend shares, written once over a few primitives.
 
-A backend module implements :class:`Primitives` — memory, program build, kernel launch and the
+A backend module implements ``primitives.Primitives`` — memory, program build, kernel launch and the
 device's limits, in its own API — and wraps it in a :class:`KernelSession`. Arenas, the grow-only
 scratch, the program and kernel caches, running a launch plan, the scan driver's device memory
 (:class:`ScanMemory`, nested scans included), body thunks placed on the host, the device-memory
@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Hashable, Mapping, Protocol
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
 from .. import launches
 from ..errors import DeviceError
-from ..launches import ARENA, SCRATCH, Buf, DeviceLimits, Launch
+from ..launches import ARENA, SCRATCH, Buf, Launch
 from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS, footprint
 from ..units import human_bytes
 from . import programs
-from .base import DeviceInfo
+from .primitives import DeviceArena, Primitives
 
 Thunk = Mapping[str, Any]
 #: Runs one prepared thunk on an arena in place; returns the bytes it moved between device and host.
@@ -29,106 +29,6 @@ Runner = Callable[[Any], int]
 
 _PROGRAMS: dict[tuple, Any] = {}  # programs.cache_key -> built program, shared by every session of a device
 _PROGRAMS_LOCK = threading.Lock()
-
-
-class Primitives(Protocol):
-    """What a device backend implements; :class:`KernelSession` builds everything else on these.
-
-    Buffers are whatever :meth:`allocate` returns; the core never looks inside one. Every call
-    is made with the session's lock held, so a backend needs no locking of its own. Device-to-device
-    copies and sums run the portable body kernels (``launches.body.copy_launch``), so there is no
-    copy primitive.
-
-    Attributes
-    ----------
-    info : DeviceInfo
-        The probed device this opens.
-    dialect : str
-        The program dialect, a key of ``programs.PRELUDES`` (``"opencl"``, ``"cuda"``).
-    device_key : Hashable
-        Identity of the compile target (an OpenCL context, a CUDA device): the program cache key.
-    build_options : tuple of str
-        Compiler options; part of the program cache key.
-    limits : DeviceLimits
-        What launch geometry must respect.
-    max_alloc_bytes : int
-        The largest single buffer :meth:`allocate` may be asked for.
-    global_mem_bytes : int
-        The device's memory; an arena plus its scratch must fit.
-    fp64_feature : str
-        What the device must report for f64 (``"cl_khr_fp64"``), named when it does not.
-    """
-
-    info: DeviceInfo
-    dialect: str
-    device_key: Hashable
-    build_options: tuple[str, ...]
-    limits: DeviceLimits
-    max_alloc_bytes: int
-    global_mem_bytes: int
-    fp64_feature: str
-
-    def allocate(self, nbytes: int) -> Any:
-        """An uninitialised device buffer.
-
-        Parameters
-        ----------
-        nbytes : int
-            At least 1 and at most ``max_alloc_bytes`` (the core checks both).
-        """
-
-    def release(self, buffer: Any) -> None:
-        """Free a buffer from :meth:`allocate`; it is not used again."""
-
-    def write(self, buffer: Any, offset: int, data: np.ndarray) -> None:
-        """Copy host bytes into ``buffer`` at byte ``offset``; done when the call returns.
-
-        Parameters
-        ----------
-        data : numpy.ndarray
-            Contiguous, 1-D ``uint8``, non-empty, within the buffer.
-        """
-
-    def read(self, buffer: Any, offset: int, out: np.ndarray) -> None:
-        """Fill ``out`` (contiguous 1-D ``uint8``, non-empty) from ``buffer`` at ``offset``, after every
-        launch enqueued before; done when the call returns."""
-
-    def zero(self, buffer: Any, offset: int, nbytes: int) -> None:
-        """Set ``nbytes`` (> 0) at ``offset`` to zero, ordered after the launches enqueued before."""
-
-    def build_program(self, program: programs.Program) -> Any:
-        """Compile ``program.source`` with ``build_options``; raise ``KernelBuildError`` with the log."""
-
-    def get_kernel(self, built: Any, name: str) -> Any:
-        """The kernel called ``name`` in a program from :meth:`build_program`."""
-
-    def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
-        """Launch ``kernel`` over ``launch.global_size`` work-items in groups of ``launch.local_size``.
-
-        Parameters
-        ----------
-        args : tuple
-            ``launch.args`` with every ``Buf`` replaced by a buffer from :meth:`allocate`; the other
-            entries are NumPy scalars (``int64``, ``int32``, ``float32``, ``float64``). Launches run
-            in the order they are enqueued.
-        """
-
-    def finish(self) -> None:
-        """Wait until every enqueued launch and copy has completed."""
-
-
-@dataclass(eq=False)
-class DeviceArena:
-    """``nbytes`` of device memory in one buffer (at least 1 byte: some APIs refuse empty buffers).
-
-    ``pending`` is a host image not uploaded yet (see :class:`ScanMemory`); ``image`` the host copy
-    that body thunks placed on the host run on.
-    """
-
-    buffer: Any
-    nbytes: int
-    pending: np.ndarray | None = None
-    image: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -274,7 +174,9 @@ class KernelSession:
         """
         if thunk["op"] in SCAN_OPS:
             return lambda arena: self._run_scan(thunk, arena, options, on_host)
-        bound = self.bind(launches.plan(thunk, self.limits, **options.planner_keywords))
+        plan = launches.plan(thunk, self.limits, **options.planner_keywords)
+        self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
+        bound = self.bind(plan)
         return lambda arena: self.run_bound(bound, arena)
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:

@@ -290,6 +290,7 @@ class CudaSession(KernelSession):
                 return super().runner(thunk, options, on_host)
         else:
             plan = launches.plan(thunk, self.limits, **options.planner_keywords)
+            self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
             steps = [s if isinstance(s, GemmCall) else (self.kernel(s), s)
                      for s in with_cublas(plan.launches, self.tf32) if isinstance(s, GemmCall) or not s.empty]
             scratch_bytes = plan.scratch_bytes

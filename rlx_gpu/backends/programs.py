@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from host_fallback.arena import COMPUTE, STORAGE
+
+from ..launches.body import fn_defines
 from ..launches.core import Launch
 from ..launches.limits import TARGETS, TUNING, DeviceLimits
 from ..paths import data_dir
@@ -19,12 +22,12 @@ from ..paths import data_dir
 FAMILIES = ("rnn", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
 PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}
 
-#: dtype -> (macro suffix, storage C type, compute C type)
+#: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
+_C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
+
+#: dtype -> (macro suffix, storage C type, compute C type), from host_fallback.arena's STORAGE and COMPUTE
 C_TYPES: dict[str, tuple[str, str, str]] = {
-    "f32": ("F32", "float", "float"),
-    "f16": ("F16", "ushort", "float"),
-    "bf16": ("BF16", "ushort", "float"),
-    "f64": ("F64", "double", "double"),
+    dt: (dt.upper(), _C_TYPE[STORAGE[dt].name], _C_TYPE[COMPUTE[dt].name]) for dt in COMPUTE
 }
 
 
@@ -73,7 +76,7 @@ def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
     clash = [name for name, _ in extra if name in tuning]
     if clash:
         raise ValueError(f"launch defines {clash} would redefine {target} tuning constants; rename them")
-    lines += [f"#define {name} {value}" for name, value in [*tuning.items(), *extra]]
+    lines += [f"#define {name} {value}" for name, value in [*tuning.items(), *fn_defines().items(), *extra]]
     return "\n".join(lines) + "\n"
 
 

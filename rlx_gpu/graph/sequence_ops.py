@@ -6,23 +6,19 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from host_fallback.layout import GATES
+import numpy as np
+
+from host_fallback.layout import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Tensor
-
-_BIASES = {"lstm": ("bias",), "gru": ("b_ih", "b_hh"), "rnn": ("bias",)}
 
 
 def recurrent_weight_counts(op: str, input_size: int, hidden: int, num_layers: int,
                             bidirectional: bool) -> dict[str, int]:
     """Element count of every weight stream of an lstm/gru/rnn (ABI.md §3), by field, in field order."""
-    gates, dirs = GATES[op], 2 if bidirectional else 1
-    in_sizes = [input_size] + [dirs * hidden] * (num_layers - 1)
-    counts = {"w_ih": sum(dirs * gates * hidden * n for n in in_sizes),
-              "w_hh": num_layers * dirs * gates * hidden * hidden}
-    counts.update({f: num_layers * dirs * gates * hidden for f in _BIASES[op]})
-    return counts
+    shapes = recurrent_weight_shapes(op, input_size, hidden, num_layers, bidirectional)
+    return {f: int(np.prod(shape, dtype=np.int64)) for f, shape in shapes.items()}
 
 
 class SequenceOps:

@@ -1,12 +1,19 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
+from ..schedule.ops import BINARY_FNS, MAX_RANK, UNARY_FNS
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
 from .limits import DeviceLimits
 
-UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip", "softplus", "step")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
-MAX_RANK = 6
+#: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``
+#: ..., so the kernel text names each function and never depends on the order of the table.
+FN_CODES = {"unary": {fn: code for code, fn in enumerate(UNARY_FNS)},
+            "binary": {fn: code for code, fn in enumerate(BINARY_FNS)}}
+
+
+def fn_defines() -> dict[str, int]:
+    """``RLX_UNARY_EXP``, ``RLX_BINARY_ADD``, ... -> the code the launches pass for that fn."""
+    return {f"RLX_{op.upper()}_{fn.upper()}": code for op, codes in FN_CODES.items() for fn, code in codes.items()}
 
 
 def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
@@ -63,7 +70,7 @@ def transpose_real(lim: DeviceLimits, dtype: str, rows: int, cols: int, batch: i
 
 def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
-    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(UNARY_FNS.index(t["fn"])))
+    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(FN_CODES["unary"][t["fn"]]))
     return LaunchPlan((_linear(lim, "unary", t["dtype"], n, args),))
 
 
@@ -73,7 +80,7 @@ def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tupl
     n = 1
     for d in shape:
         n *= d
-    args = (a[0], i64(a[1]), b[0], i64(b[1]), dst[0], i64(dst[1]), i64(n), i32(BINARY_FNS.index(fn)))
+    args = (a[0], i64(a[1]), b[0], i64(b[1]), dst[0], i64(dst[1]), i64(n), i32(FN_CODES["binary"][fn]))
     # a zero extent means nothing to launch; keep the kernel's divisions defined regardless
     args += tuple(i64(max(d, 1)) for d in [1] * pad + list(shape))
     args += tuple(map(i64, [0] * pad + list(a_strides))) + tuple(map(i64, [0] * pad + list(b_strides)))

@@ -6,6 +6,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from host_fallback.arena import COMPUTE, ELEM_SIZE
+
 Thunk = Mapping[str, Any]
 
 
@@ -86,12 +88,9 @@ def i32(v: int | bool) -> np.int32:
 
 def real(dtype: str, v: float) -> np.floating:
     """A scalar of the compute type of ``dtype`` (f64 for f64, else f32)."""
-    return np.float64(v) if dtype == "f64" else np.float32(v)
-
-
-def elem_size(dtype: str) -> int:
-    return {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[dtype]
+    return COMPUTE[dtype].type(v)
 
 
 def real_size(dtype: str) -> int:
-    return 8 if dtype == "f64" else 4
+    """Bytes of one value of the compute type of ``dtype``."""
+    return COMPUTE[dtype].itemsize

@@ -12,8 +12,10 @@ below the last write their output to scratch in the compute type.
 """
 from __future__ import annotations
 
+from host_fallback.arena import ELEM_SIZE
+
 from .body import gemm, transpose_real
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, elem_size, grid, i32, i64, linear_local, real_size, strided_grid
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
 
 OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
@@ -46,7 +48,7 @@ def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates
 
 def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
     op_code, gates = OPS[t["op"]]
-    dt, es, rs = t["dtype"], elem_size(t["dtype"]), real_size(t["dtype"])
+    dt, es, rs = t["dtype"], ELEM_SIZE[t["dtype"]], real_size(t["dtype"])
     b, s, h, layers = t["batch"], t["seq"], t["hidden"], t["num_layers"]
     dirs = 2 if t["bidirectional"] else 1
     carry, relu, gh = bool(t["carry"]), bool(t.get("relu", False)), gates * h

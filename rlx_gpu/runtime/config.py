@@ -31,13 +31,27 @@ class Config:
         """The backend an override pins ``op`` (in ``dtype``) to, if any; ``op:dtype`` wins over ``op``."""
         return self.overrides.get(f"{op}:{dtype}", self.overrides.get(op))
 
-    def tolerance(self, op: str, dtype: str) -> float:
-        """NMSE bound for ``op`` in ``dtype`` against the float64 reference."""
-        return float(self.tolerances.get(op, {}).get(dtype, self.tolerances.get("default", {}).get(dtype, 1e-7)))
+    def tolerance(self, what: str, dtype: str) -> float:
+        """NMSE bound in ``dtype``: ``what`` is an op (one thunk; else the ``thunk`` entry) or ``schedule``."""
+        for key in (what, "thunk"):
+            bound = (self.tolerances.get(key) or {}).get(dtype)
+            if bound is not None:
+                return float(bound)
+        raise RlxError(f"config {self.source}: no tolerance for {what!r} in {dtype}; add it under tolerances "
+                       f"(see {default_config_path()})")
 
 
 def default_config_path() -> Path:
     return data_dir("configs") / "default.yaml"
+
+
+def _tolerances(path: Path, given: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+    """The bundled table of ``configs/default.yaml`` with the entries of ``path`` on top."""
+    base = {} if path == default_config_path() else load_config(default_config_path()).tolerances
+    table = {key: dict(bounds) for key, bounds in base.items()}
+    for key, bounds in given.items():
+        table.setdefault(key, {}).update(bounds or {})
+    return table
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
@@ -62,6 +76,6 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         fallback=fallback,
         overrides=dict(data.get("overrides") or {}),
         recompute=recompute,
-        tolerances=dict(data.get("tolerances") or {}),
+        tolerances=_tolerances(path, data.get("tolerances") or {}),
         source=str(path),
     )

@@ -8,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from host_fallback.arena import ELEM_SIZE
+from host_fallback.arena import COMPUTE, ELEM_SIZE
+from host_fallback.body import BINARY, UNARY
 from host_fallback.layout import Region, regions
 
-DTYPES = ("f32", "f16", "bf16", "f64")
-UNARY_FNS = ("exp", "log", "tanh", "sigmoid", "relu", "neg", "sqrt", "rsqrt", "square", "abs", "recip",
-             "softplus", "step")
-BINARY_FNS = ("add", "sub", "mul", "div", "max", "min")
+#: The ABI's element types and the unary/binary functions of ABI.md §5, as the host implements them.
+DTYPES = tuple(COMPUTE)
+UNARY_FNS = tuple(UNARY)
+BINARY_FNS = tuple(BINARY)
 MAX_RANK = 6
 
 
