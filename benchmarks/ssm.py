@@ -84,7 +84,7 @@ def torch_ssd(x, dt, a, b, c, length=64):
     x, b, c = (t.reshape(bsz, chunks, length, h, -1).permute(0, 3, 1, 2, 4) for t in (x * dt[..., None], b, c))
     cum = torch.cumsum((dt * a).reshape(bsz, chunks, length, h).permute(0, 3, 1, 2), -1)  # [B, H, C, L]
     diff = cum[..., :, None] - cum[..., None, :]
-    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
     ratios = torch.exp(diff.masked_fill(~mask, -torch.inf))
     y = ((c @ b.transpose(-1, -2)) * ratios) @ x
     local = (x * torch.exp(cum[..., -1:] - cum)[..., None]).transpose(-1, -2) @ b  # [B, H, C, P, N]
@@ -104,14 +104,14 @@ def torch_gdn(q, k, v, g, beta, length=64):
     q, k, v = (t.reshape(bsz, chunks, length, h, n).permute(0, 3, 1, 2, 4) for t in (q, k, v))
     g, beta = (t.reshape(bsz, chunks, length, h).permute(0, 3, 1, 2) for t in (g, beta))
     cum = torch.cumsum(g, -1)
-    mask = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     ratios = torch.exp((cum[..., :, None] - cum[..., None, :]).masked_fill(~mask, -torch.inf))
     a = ((k @ k.transpose(-1, -2)) * ratios).tril(-1) * beta[..., None]
-    eye = torch.eye(length, dtype=q.dtype)
+    eye = torch.eye(length, dtype=q.dtype, device=q.device)
     t = torch.linalg.solve_triangular(eye + a, eye.expand_as(a), upper=False, unitriangular=True)
     w, u = t @ (k * (beta * torch.exp(cum))[..., None]), t @ (v * beta[..., None])
     qk = (q @ k.transpose(-1, -2)) * ratios / math.sqrt(n)
-    s, out = torch.zeros(bsz, h, n, n, dtype=q.dtype), []
+    s, out = torch.zeros(bsz, h, n, n, dtype=q.dtype, device=q.device), []
     for c in range(chunks):
         uc = u[:, :, c] - w[:, :, c] @ s
         out.append(q[:, :, c] * torch.exp(cum[:, :, c])[..., None] / math.sqrt(n) @ s + qk[:, :, c] @ uc)
@@ -125,7 +125,7 @@ def torch_mamba1(x, delta, a, b, c):
     import torch
     dA = torch.exp(delta[..., None] * a)  # [B, S, H, N]
     dBx = (delta * x)[..., None] * b[:, :, None, :]
-    h, ys = torch.zeros(x.shape[0], a.shape[0], a.shape[1], dtype=x.dtype), []
+    h, ys = torch.zeros(x.shape[0], a.shape[0], a.shape[1], dtype=x.dtype, device=x.device), []
     for t in range(x.shape[1]):
         h = dA[:, t] * h + dBx[:, t]
         ys.append(torch.einsum("bhn,bn->bh", h, c[:, t]))

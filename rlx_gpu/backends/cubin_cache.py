@@ -1,0 +1,116 @@
+"""Cubins built once: in memory per process, on disk across processes.
+
+The CUDA backend loads cubins for the device's exact ``sm_XY`` (never PTX: a driver older than the
+NVRTC that wrote PTX rejects it). A cubin is identified by (architecture, program source digest,
+compile options, NVRTC version); the disk copy lives in ``$RLX_CACHE_DIR`` or
+``~/.cache/rlx_gpu/cubin`` and is written atomically (a temporary file renamed into place), so
+concurrent processes never read half a file. An unreadable cache entry is rebuilt, never trusted.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Callable
+
+from .programs import Program
+
+CACHE_ENV = "RLX_CACHE_DIR"
+MAGIC = b"\x7fELF"  # a cubin is an ELF image; anything else in the cache is a damaged entry
+
+#: builds ``(cubin, log)`` of a program for an architecture (``backends.nvrtc.compile_cubin``)
+Compile = Callable[[Program, str], tuple[bytes, str]]
+
+
+def cache_dir() -> Path:
+    """``$RLX_CACHE_DIR`` when set, else ``~/.cache/rlx_gpu/cubin``."""
+    override = os.environ.get(CACHE_ENV)
+    return Path(override) if override else Path.home() / ".cache" / "rlx_gpu" / "cubin"
+
+
+def nvrtc_version() -> str:
+    """The NVRTC library's version, ``major.minor`` (part of every cubin's identity)."""
+    from cuda.bindings import nvrtc
+
+    err, major, minor = nvrtc.nvrtcVersion()
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"nvrtcVersion failed: {err}")
+    return f"{major}.{minor}"
+
+
+class CubinCache:
+    """``get(program)`` returns the cubin of ``program`` for ``arch``, compiling at most once per key.
+
+    Parameters
+    ----------
+    arch : str
+        ``sm_XY`` of the device.
+    options : tuple of str
+        The compile options ``compile`` uses (part of the key: a change of options rebuilds).
+    compile : callable
+        ``(program, arch) -> (cubin, log)``; raises ``KernelBuildError`` on failure.
+    version : str
+        The compiler's version (part of the key).
+    directory : Path or None
+        The disk cache; ``None`` keeps cubins in memory only.
+    """
+
+    def __init__(self, arch: str, options: tuple[str, ...], compile: Compile, version: str,
+                 directory: Path | None = None):
+        self.arch, self.options, self.compile, self.version = arch, tuple(options), compile, version
+        self.directory = directory
+        self._memory: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self.compiled = 0  # programs this cache compiled (not read back), for reports and tests
+
+    def key(self, prog: Program) -> str:
+        ident = "\0".join((self.arch, prog.digest, *self.options, "nvrtc " + self.version))
+        return hashlib.sha256(ident.encode()).hexdigest()
+
+    def path(self, prog: Program) -> Path | None:
+        return None if self.directory is None else self.directory / f"{prog.family}-{prog.dtype}-{self.key(prog)[:32]}.cubin"
+
+    def get(self, prog: Program) -> bytes:
+        key = self.key(prog)
+        with self._lock:
+            cubin = self._memory.get(key)
+        if cubin is not None:
+            return cubin
+        # compiled outside the lock, so programs build in parallel; a race builds one twice, harmlessly
+        cubin = self._read(prog)
+        if cubin is None:
+            cubin, _ = self.compile(prog, self.arch)
+            self._write(prog, cubin)
+            with self._lock:
+                self.compiled += 1
+        with self._lock:
+            return self._memory.setdefault(key, cubin)
+
+    def _read(self, prog: Program) -> bytes | None:
+        path = self.path(prog)
+        if path is None:
+            return None
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        return data if data.startswith(MAGIC) else None
+
+    def _write(self, prog: Program, cubin: bytes) -> None:
+        path = self.path(prog)
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(cubin)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            pass  # a read-only or full cache costs a rebuild next time, never a failure now
