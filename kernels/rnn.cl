@@ -135,30 +135,6 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
         BARRIER();  /* part is reused by the next row block */                               \
     }
 
-KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
-                GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
-                GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
-                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
-{
-    LOCAL real part[RNN_GK][RNN_RB][4][RNN_GU];
-    const int u = (int)LID(0), slice = (int)LID(1);
-    const i64 j = GROUP(0) * RNN_GU + u, dir = GROUP(2);  /* j < HP: whT's zero padding covers j >= H */
-    const i64 HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
-    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
-    GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
-    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
-    GLOBAL const real* hin = AT(real, hib, hio + dir * B * H * (i64)sizeof(real));
-    GLOBAL real* hout = AT(real, hob, hoo + dir * B * H * (i64)sizeof(real));
-    GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
-    GLOBAL uchar* out = AT(uchar, ob, oo);
-    const i64 tt = dir ? S - 1 - t : t;
-    if (G == 4)
-        RNN_GPU_STEP(4)
-    else if (G == 3)
-        RNN_GPU_STEP(3)
-    else
-        RNN_GPU_STEP(1)
-}
 #else
 /* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0, NR (RNN_RB_G<NG>) batch rows from b0,
  * direction dir: hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT
@@ -245,16 +221,24 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
         }                                                                                   \
     }
 
+#endif
+
 KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
                 GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                 GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
                 GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
 {
+#ifdef RLX_TARGET_GPU
+    LOCAL real part[RNN_GK][RNN_RB][4][RNN_GU];
+    const int u = (int)LID(0), slice = (int)LID(1);
+    const i64 j = GROUP(0) * RNN_GU + u;  /* j < HP: whT's zero padding covers j >= H */
+#else
     const int rb = G == 4 ? RNN_RB_G4 : G == 3 ? RNN_RB_G3 : RNN_RB_G1;
-    const i64 b0 = GID(1) * rb, dir = GID(2);
-    const i64 HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
+    const i64 b0 = GID(1) * rb;
     if (b0 >= B)
         return;
+#endif
+    const i64 dir = GROUP(2), HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
     GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
     GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
@@ -263,6 +247,14 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
     GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
     GLOBAL uchar* out = AT(uchar, ob, oo);
     const i64 tt = dir ? S - 1 - t : t;
+#ifdef RLX_TARGET_GPU
+    if (G == 4)
+        RNN_GPU_STEP(4)
+    else if (G == 3)
+        RNN_GPU_STEP(3)
+    else
+        RNN_GPU_STEP(1)
+#else
     i64 rows[RNN_RB_MAX];  /* rows past B repeat the last one; their sums are dropped */
     for (int r = 0; r < RNN_RB_MAX; ++r)
         rows[r] = b0 + r < B ? b0 + r : B - 1;
@@ -272,8 +264,8 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
         RNN_STEP_BODY(3, RNN_RB_G3, RNN_JB_G3)
     else
         RNN_STEP_BODY(1, RNN_RB_G1, RNN_JB_G1)
-}
 #endif
+}
 
 /* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */
 KERNEL rnn_state_in(int carry, int has_c, i64 n, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,

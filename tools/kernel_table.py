@@ -16,14 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
-from rlx_gpu.launches.limits import REFERENCE_GPU, variants  # noqa: E402
+from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits, variants  # noqa: E402
 
 DTYPES = ("f32", "f16", "bf16", "f64")
 
 
 def exposure(target: str) -> dict[str, list[str]]:
     """kernel -> ``"shape: G groups x L"`` for the GPU shapes (largest launch of each kernel per shape)."""
-    lim = REFERENCE_GPU if target == "gpu" else REFERENCE_GPU.__class__(1024, 1 << 20, True)
+    lim = REFERENCE_GPU if target == "gpu" else DeviceLimits(1024, 1 << 20, True)
     out: dict[str, list[str]] = defaultdict(list)
     for name, (op, params) in cases.GPU_SHAPES.items():
         thunk, _ = cases.lay_out(op, "f32", params)
@@ -54,7 +54,7 @@ def main() -> int:
                 for kernel, use in nvrtc.resource_usage(nvrtc.compile_cubin(prog)[1]).items():
                     usage[(tag, kernel)][dtype] = use
     groups = exposure(args.target)
-    print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f64) "
+    print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f32 / f16 / bf16 / f64) "
           "| shared B f32 | work-groups x items at the GPU shapes |")
     print("|---|---|---|---|---|---|")
     for (tag, kernel), per in sorted(usage.items()):
