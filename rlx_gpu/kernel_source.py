@@ -65,7 +65,8 @@ def defines(dtype: str, src_dtype: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None) -> Program:
+def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None,
+            extra: tuple[tuple[str, int], ...] = ()) -> Program:
     """Full source of ``family`` for ``dtype`` in ``dialect`` (``src_dtype`` adds the cast kernel)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; expected one of {FAMILIES}")
@@ -74,6 +75,7 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None)
         [
             f"/* rlx_gpu {family} kernels, dtype {dtype} */\n",
             defines(dtype, src_dtype),
+            "".join(f"#define {name} {value}\n" for name, value in extra),
             _text(PRELUDES[dialect]),
             _text(kernels / "common.cl"),
             _text(kernels / f"{family}.cl"),

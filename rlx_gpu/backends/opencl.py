@@ -7,6 +7,7 @@ here and body arenas stay on the device.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -82,7 +83,8 @@ class OpenCLSession:
         self.device = cl.get_platforms()[int(pi)].get_devices()[int(di)]
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
-        self.limits = launches.DeviceLimits(self.device.max_work_group_size, self.device.local_mem_size, info.fp64)
+        target = os.environ.get("RLX_TARGET") or ("gpu" if self.device.type & cl.device_type.GPU else "cpu")
+        self.limits = launches.DeviceLimits(self.device.max_work_group_size, self.device.local_mem_size, info.fp64, target)
         self._kernels: dict[tuple, Any] = {}
         self._scratch: DeviceArena | None = None
 
@@ -159,10 +161,10 @@ class OpenCLSession:
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
-        key = (item.family, item.dtype, item.src_dtype, item.kernel)
+        key = (item.family, item.dtype, item.src_dtype, item.kernel, item.defines)
         kernel = self._kernels.get(key)
         if kernel is None:
-            program = self.program(kernel_source.program("opencl", item.family, item.dtype, item.src_dtype))
+            program = self.program(kernel_source.program("opencl", item.family, item.dtype, item.src_dtype, item.defines))
             kernel = self._kernels[key] = getattr(program, item.kernel)
         return kernel
 

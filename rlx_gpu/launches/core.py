@@ -31,6 +31,7 @@ class Launch:
     local_size: tuple[int, ...]
     args: tuple[Any, ...]
     src_dtype: str | None = None  # only for cast: the program variant with the cast kernel
+    defines: tuple[tuple[str, int], ...] = ()  # compile-time constants of this launch's program variant
 
     @property
     def empty(self) -> bool:

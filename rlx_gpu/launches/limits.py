@@ -30,3 +30,4 @@ class DeviceLimits:
     max_work_group: int
     local_mem_bytes: int
     fp64: bool
+    target: str = "cpu"  # "cpu" | "gpu": which kernel shapes the planners choose
