@@ -149,3 +149,121 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
                 STORE(dst, head * P + p0 + c, y0[c] + y1[c]);
     }
 }
+
+#ifdef SSM_N
+/* GPU shapes (target gpu): the state of one row (selective_scan: one channel of one batch row;
+ * mamba2: one head_dim position p of one (batch row, head)) is spread across SSM_L lanes of a
+ * work-group, each lane holding SSM_W = SSM_N / SSM_L values in registers (a fixed-size private
+ * array, fully unrolled: no stack). Lane nl holds n = w*SSM_L + nl, so the lanes of a row read b and
+ * c contiguously. SSM_N (the state-size variant, >= state_size), SSM_L and SSM_WG (the largest
+ * work-group) come from the launch's defines. Each step the lanes' partial sums of y meet in LOCAL
+ * memory, double-buffered so that one barrier per step suffices: the buffer written at step t is
+ * rewritten only at step t+2, after every reader of step t has passed the barrier of step t+1.
+ * The grid is 1-D (groups of rows folded into x), so no extent reaches CUDA's 65,535 cap on y/z. */
+#define SSM_W (SSM_N / SSM_L)
+
+/* y = the sum of the SSM_L partial sums at part[at .. at+SSM_L) (LOCAL; a macro, since the CUDA
+ * dialect has no LOCAL pointer type). */
+#define SSM_ROW_SUM(y, part, at)                                                                        \
+    do {                                                                                              \
+        y = part[at];                                                                                 \
+        PRAGMA_UNROLL                                                                                 \
+        for (int l_ = 1; l_ < SSM_L; ++l_)                                                            \
+            y += part[(at) + l_];                                                                     \
+    } while (0)
+
+/* Mamba-1, rows = (batch row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[n]; y = sum_n c[n]*h[n]. */
+KERNEL selective_scan_lanes(i64 B, i64 S, i64 H, i64 N,
+                            GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
+                            GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+{
+    LOCAL real part[2 * SSM_WG];
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
+    const i64 rows = LSIZE(0) / SSM_L, blocks = (H + rows - 1) / rows;
+    const i64 bt = GROUP(0) / blocks, ch = (GROUP(0) - bt * blocks) * rows + r;
+    const int live = ch < H; /* a lane past the last channel still meets every barrier */
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    GLOBAL const store_t* a = AT(store_t, ab, ao) + (live ? ch : 0) * N;
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    real h[SSM_W], av[SSM_W];
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w) {
+        const int n = w * SSM_L + nl;
+        h[w] = (real)0;
+        av[w] = n < N ? LOAD(a, n) : (real)0;
+    }
+    for (i64 t = 0; t < S; ++t) {
+        const i64 row = bt * S + t;
+        GLOBAL const store_t* brow = bm + row * N;
+        GLOBAL const store_t* crow = cm + row * N;
+        const real dl = live ? LOAD(delta, row * H + ch) : (real)0;
+        const real dx = live ? dl * LOAD(x, row * H + ch) : (real)0;
+        real y = (real)0;
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int n = w * SSM_L + nl;
+            if (n < N) {
+                h[w] = rlx_exp(dl * av[w]) * h[w] + dx * LOAD(brow, n);
+                y += LOAD(crow, n) * h[w];
+            }
+        }
+        const int buf = (int)(t & 1) * SSM_WG;
+        part[buf + lane] = y;
+        BARRIER();
+        if (live && nl == 0) {
+            SSM_ROW_SUM(y, part, buf + first);
+            STORE(dst, row * H + ch, y);
+        }
+    }
+}
+
+/* Mamba-2, rows = (batch row, head, p): S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[n]; y[p] = sum_n S[p,n]*c[n]. */
+KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
+                    GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                    GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+{
+    LOCAL real part[2 * SSM_WG];
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
+    const i64 rows = LSIZE(0) / SSM_L, blocks = (P + rows - 1) / rows;
+    const i64 hb = GROUP(0) / blocks, bt = hb / HD, hh = hb - bt * HD, p = (GROUP(0) - hb * blocks) * rows + r;
+    const int live = p < P;
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const real a = LOAD(AT(store_t, ab, ao), hh);
+    real s[SSM_W];
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        s[w] = (real)0;
+    for (i64 t = 0; t < S; ++t) {
+        const i64 head = (bt * S + t) * HD + hh;
+        GLOBAL const store_t* brow = bm + head * N;
+        GLOBAL const store_t* crow = cm + head * N;
+        const real d = LOAD(dt, head), decay = rlx_exp(d * a);
+        const real dx = live ? d * LOAD(x, head * P + p) : (real)0;
+        real y = (real)0;
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int n = w * SSM_L + nl;
+            if (n < N) {
+                s[w] = decay * s[w] + dx * LOAD(brow, n);
+                y += s[w] * LOAD(crow, n);
+            }
+        }
+        const int buf = (int)(t & 1) * SSM_WG;
+        part[buf + lane] = y;
+        BARRIER();
+        if (live && nl == 0) {
+            SSM_ROW_SUM(y, part, buf + first);
+            STORE(dst, head * P + p, y);
+        }
+    }
+}
+#endif

@@ -161,7 +161,7 @@ class OpenCLSession:
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
-        key = (item.family, item.dtype, item.src_dtype, item.kernel, item.defines)
+        key = (item.family, item.dtype, item.src_dtype, item.kernel, *item.defines)
         kernel = self._kernels.get(key)
         if kernel is None:
             program = self.program(kernel_source.program("opencl", item.family, item.dtype, item.src_dtype, item.defines))

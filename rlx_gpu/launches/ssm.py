@@ -1,8 +1,27 @@
-"""Launch geometry of selective_scan and mamba2 (ABI.md §4): one work-item per state row (mamba2: per M2_PB rows)."""
+"""Launch geometry of selective_scan and mamba2 (ABI.md §4).
+
+cpu target: one work-item per state row (mamba2: per M2_PB rows). gpu target: the state of one row
+spread across the lanes of a work-group (``state_lanes``), its size fixed at compile time.
+"""
 from __future__ import annotations
 
 from .core import ARENA, Launch, Plan, Thunk, grid, i64, linear_local
-from .limits import M2_PB, STATE_MAX, DeviceLimits
+from .limits import M2_PB, SSM_LANE_W, SSM_VARIANTS, SSM_WG, STATE_MAX, DeviceLimits
+
+Defines = tuple[tuple[str, int], ...]
+
+
+def state_lanes(n: int, rows: int, outer: int, lim: DeviceLimits) -> tuple[Defines, tuple[int], tuple[int]]:
+    """gpu geometry for ``outer`` independent blocks of ``rows`` state rows of ``n`` values: the
+    compile-time variant (``SSM_N`` >= n), ``SSM_L`` lanes per row holding SSM_LANE_W values each, and
+    a 1-D grid of work-groups of up to SSM_WG lanes, each covering a power of two of rows of one block."""
+    variant = next(v for v in SSM_VARIANTS if v >= n)
+    lanes = max(1, variant // SSM_LANE_W)
+    wg = min(SSM_WG, lim.max_work_group)
+    per_group = linear_local(rows, max(1, wg // lanes))
+    local = lanes * per_group
+    groups = outer * -(-rows // per_group)
+    return (("SSM_N", variant), ("SSM_L", lanes), ("SSM_WG", SSM_WG)), (groups * local,), (local,)
 
 
 def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
@@ -12,6 +31,9 @@ def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
 def _selective_scan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     b, s, h, n = t["batch"], t["seq"], t["hidden"], t["state_size"]
     args = (i64(b), i64(s), i64(h), i64(n)) + _tensors(t, ("x", "delta", "a", "b", "c", "dst"))
+    if lim.target == "gpu":
+        defines, glob, local = state_lanes(n, h, b, lim)
+        return Plan((Launch("ssm", "selective_scan_lanes", t["dtype"], glob, local, args, defines=defines),))
     local = (linear_local(h), 1)
     return Plan((Launch("ssm", "selective_scan", t["dtype"], grid((h, b), local), local, args),))
 
@@ -19,6 +41,9 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
 def _mamba2(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     b, s, heads, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
     args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst"))
+    if lim.target == "gpu":
+        defines, glob, local = state_lanes(n, p, b * heads, lim)
+        return Plan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, defines=defines),))
     items = -(-p // M2_PB)  # one work-item per M2_PB state rows
     local = (linear_local(items), 1, 1)
     return Plan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, b), local), local, args),))
