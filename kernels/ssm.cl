@@ -266,4 +266,80 @@ KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
         }
     }
 }
+/* Mamba-1 chunked over the sequence (target gpu, long sequences): one work-group per (batch row,
+ * block of SSC_CB channels). The group walks the sequence in chunks of SSC_SL*SSC_T steps; the SSC_SL
+ * lanes of a channel each own SSC_T consecutive steps of the chunk (lanes of adjacent channels are
+ * adjacent, so the x/delta/y accesses of one step are contiguous). The state index n is a loop, so
+ * no register array depends on state_size. Per n:
+ *   1. each lane composes its own steps into (A, B): h_out = A*h_in + B, with the per-step decay
+ *      exp(delta*a[n]) and input delta*x*b[n] kept in registers, and publishes (A, B) in LOCAL;
+ *   2. after a barrier each lane forms its entering state from the channel's state at the chunk
+ *      start (LOCAL `carry`) composed with the (A, B) of the channel's earlier lanes, in order, and
+ *      reruns its steps, adding c[n]*h to its outputs;
+ *   3. after a second barrier the channel's last lane stores its final h as the next chunk's start.
+ * Steps past the sequence end compose as the identity (A=1, B=0): masked, never multiplied by
+ * zero, so a NaN or Inf reaches only later steps. `carry` of n is rewritten only after the barrier
+ * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's. */
+KERNEL selective_scan_chunked(i64 B, i64 S, i64 H, i64 N,
+                              GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
+                              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+{
+    LOCAL real pa[SSC_CB * SSC_SL], pb[SSC_CB * SSC_SL], carry[SSC_CB * STATE_MAX];
+    const int lane = (int)LID(0), sl = lane / SSC_CB, k = lane - sl * SSC_CB;
+    const i64 blocks = (H + SSC_CB - 1) / SSC_CB, bt = GROUP(0) / blocks, ch = (GROUP(0) - bt * blocks) * SSC_CB + k;
+    const int live = ch < H; /* a lane past the last channel still meets every barrier */
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    GLOBAL const store_t* a = AT(store_t, ab, ao) + (live ? ch : 0) * N;
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    for (i64 n = sl; n < N; n += SSC_SL)
+        carry[k * STATE_MAX + n] = (real)0;
+    BARRIER();
+    for (i64 c0 = 0; c0 < S; c0 += SSC_SL * SSC_T) {
+        const i64 t0 = c0 + sl * SSC_T; /* this lane's first step */
+        real dl[SSC_T], dx[SSC_T], y[SSC_T];
+        PRAGMA_UNROLL
+        for (int i = 0; i < SSC_T; ++i) {
+            const i64 at = (bt * S + t0 + i) * H + ch;
+            const int in = live && t0 + i < S;
+            dl[i] = in ? LOAD(delta, at) : (real)0;
+            dx[i] = in ? dl[i] * LOAD(x, at) : (real)0;
+            y[i] = (real)0;
+        }
+        for (i64 n = 0; n < N; ++n) {
+            const real an = live ? LOAD(a, n) : (real)0;
+            real da[SSC_T], db_[SSC_T], A = (real)1, Bv = (real)0;
+            PRAGMA_UNROLL
+            for (int i = 0; i < SSC_T; ++i) {
+                const int in = t0 + i < S;
+                da[i] = in ? rlx_exp(dl[i] * an) : (real)1;
+                db_[i] = in ? dx[i] * LOAD(bm, (bt * S + t0 + i) * N + n) : (real)0;
+                A *= da[i];
+                Bv = da[i] * Bv + db_[i];
+            }
+            pa[lane] = A;
+            pb[lane] = Bv;
+            BARRIER();
+            real h = carry[k * STATE_MAX + n];
+            for (int j = 0; j < sl; ++j)
+                h = pa[j * SSC_CB + k] * h + pb[j * SSC_CB + k];
+            PRAGMA_UNROLL
+            for (int i = 0; i < SSC_T; ++i) {
+                if (t0 + i < S) {
+                    h = da[i] * h + db_[i];
+                    y[i] += LOAD(cm, (bt * S + t0 + i) * N + n) * h;
+                }
+            }
+            BARRIER();
+            if (sl == SSC_SL - 1)
+                carry[k * STATE_MAX + n] = h;
+        }
+        PRAGMA_UNROLL
+        for (int i = 0; i < SSC_T; ++i)
+            if (live && t0 + i < S)
+                STORE(dst, (bt * S + t0 + i) * H + ch, y[i]);
+    }
+}
 #endif

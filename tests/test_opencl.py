@@ -214,6 +214,8 @@ def cases():
         (dict(op="selective_scan", batch=1, seq=3, hidden=3, state_size=32, x=0, delta=0, a=0, b=0, c=0, dst=0), {}),
         (dict(op="selective_scan", batch=1, seq=2, hidden=2, state_size=200, x=0, delta=0, a=0, b=0, c=0, dst=0), {}),
         (dict(op="mamba2", batch=1, seq=3, heads=2, head_dim=3, state_size=64, x=0, dt=0, a=0, b=0, c=0, dst=0), {}),
+        # with the gpu target, seq >= 64 runs selective_scan chunked (chunks of 256 steps: 300 takes two)
+        (dict(op="selective_scan", batch=2, seq=300, hidden=5, state_size=3, x=0, delta=0, a=0, b=0, c=0, dst=0), {}),
         (gdn(1, 2, 1, 128, True, True), {}),
         (gdn(3, 1, 2, 8, False, True), {}),
         (dict(op="matmul", batch=2, m=5, k=7, n=3, trans_a=False, trans_b=False, a_batch_stride=35, b_batch_stride=0, a=0, b=0, dst=0), {}),
@@ -392,26 +394,28 @@ SSM_POISON = {"selective_scan": "x", "mamba2": "x", "gated_delta_net": "v"}
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("case", [
     dict(op="selective_scan", batch=2, seq=9, hidden=3, state_size=16, x=0, delta=0, a=0, b=0, c=0, dst=0),
+    dict(op="selective_scan", batch=2, seq=300, hidden=3, state_size=4, x=0, delta=0, a=0, b=0, c=0, dst=0),
     dict(op="mamba2", batch=2, seq=9, heads=2, head_dim=3, state_size=8, x=0, dt=0, a=0, b=0, c=0, dst=0),
     gdn(2, 9, 2, 8, False, True),
     gdn(2, 9, 2, 8, True, False),
 ], ids=lambda t: t["op"] + ("_pc" if t.get("gate_per_channel") else ""))
 def test_state_space_nan_is_causal(session, case, dtype):
-    """A NaN in one input at step 5 of batch row 0 reaches that row's outputs from step 5 on, never
+    """A NaN in one input at one step of batch row 0 reaches that row's outputs from that step on, never
     an earlier step or another row (the NaN positions are compared with the float64 reference)."""
     field, where = SSM_POISON[case["op"]], {}
+    step = 5 if case["seq"] < 100 else 270  # 270: the second chunk of 256 steps of the chunked selective_scan
 
     def poison(t, arena, placed):
         r = next(r for r in placed if r.field == field)
         view = arena[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype])
-        view[5 * int(np.prod(r.shape[2:]))] = np.nan
+        view[step * int(np.prod(r.shape[2:]))] = np.nan
         where["dst"] = next(r for r in placed if r.field == "dst")
 
     with np.errstate(invalid="ignore"):
         got = _run_case(session, case, dtype, {}, np.random.default_rng(5), poison=poison)
     r = where["dst"]
     dst = got[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype]).astype(np.float64).reshape(r.shape)
-    assert np.isnan(dst[0, 5:]).any() and not np.isnan(dst[0, :5]).any() and not np.isnan(dst[1]).any()
+    assert np.isnan(dst[0, step:]).any() and not np.isnan(dst[0, :step]).any() and not np.isnan(dst[1]).any()
 
 
 def test_registry_reasons(session):

@@ -6,7 +6,10 @@ spread across the lanes of a work-group (``state_lanes``), its size fixed at com
 from __future__ import annotations
 
 from .core import ARENA, Launch, Plan, Thunk, grid, i64, linear_local
-from .limits import M2_PB, SSM_LANE_W, SSM_VARIANTS, SSM_WG, STATE_MAX, DeviceLimits
+from .limits import M2_PB, SSC_CB, SSC_SL, SSM_LANE_W, SSM_VARIANTS, SSM_WG, STATE_MAX, DeviceLimits
+
+#: gpu target: from this many steps on, selective_scan runs chunked over the sequence
+SSC_MIN_SEQ = 64
 
 Defines = tuple[tuple[str, int], ...]
 
@@ -33,7 +36,13 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     args = (i64(b), i64(s), i64(h), i64(n)) + _tensors(t, ("x", "delta", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, h, b, lim)
-        return Plan((Launch("ssm", "selective_scan_lanes", t["dtype"], glob, local, args, defines=defines),))
+        if s >= SSC_MIN_SEQ:  # one group per (batch row, SSC_CB channels); the same program variant
+            groups = b * -(-h // SSC_CB)
+            launch = Launch("ssm", "selective_scan_chunked", t["dtype"], (groups * SSC_CB * SSC_SL,), (SSC_CB * SSC_SL,),
+                            args, defines=defines)
+        else:
+            launch = Launch("ssm", "selective_scan_lanes", t["dtype"], glob, local, args, defines=defines)
+        return Plan((launch,))
     local = (linear_local(h), 1)
     return Plan((Launch("ssm", "selective_scan", t["dtype"], grid((h, b), local), local, args),))
 
