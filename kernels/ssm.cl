@@ -342,4 +342,173 @@ KERNEL selective_scan_chunked(i64 B, i64 S, i64 H, i64 N,
                 STORE(dst, (bt * S + t0 + i) * H + ch, y[i]);
     }
 }
+#ifndef RLX_NEED_FP64 /* f64 keeps the step kernel on GPUs: its LOCAL tiles would pass CUDA's 48 KiB static limit */
+/* Mamba-2 chunked (SSD, target gpu, long sequences), chunks of M2_Q steps, three launches over
+ * scratch holding one state [P, N] per (batch row, head, chunk) in the compute type:
+ *   mamba2_chunk_state  each chunk's own final state from zero, sum_s exp(L[last]-L[s]) dt[s] x[s] (x) b[s],
+ *                       and its total decay exp(L[last]), where L[t] = a * sum_{s<=t} dt[s] in the chunk;
+ *   mamba2_state_pass   per state element, in chunk order: replaces each chunk's own state by the
+ *                       state entering it (the inter-chunk pass);
+ *   mamba2_chunk_scan   y[t] = exp(L[t]) C[t] . S_in  +  sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t] . B[s]) x[s],
+ *                       the intra-chunk product as M2_Q x M2_Q work-group tiles in LOCAL memory.
+ * Groups of M2_LANES lanes own (batch row, head, chunk, M2_PT rows of P); the grid is 1-D. Sums
+ * over s <= t are loops bounded by t, never products with a zero mask, so a NaN at step t reaches
+ * only steps >= t: within its chunk through L and the s <= t bound, beyond it through the state. */
+
+/* dts[t] = dt of step t0+t of this (batch row, head) and Ls[t] = a * sum_{s<=t} dts[s], for the
+ * chunk's `steps` steps (lane 0 sums serially: M2_Q adds), in LOCAL. */
+#define M2_STAGE_DECAY(dts, Ls, dt, a)                                                                  \
+    if (lane < steps)                                                                                 \
+        dts[lane] = LOAD(dt, (bt * S + t0 + lane) * HD + hh);                                          \
+    BARRIER();                                                                                        \
+    if (lane == 0) {                                                                                  \
+        real acc_ = (real)0;                                                                          \
+        for (int i_ = 0; i_ < steps; ++i_) {                                                          \
+            acc_ += dts[i_] * (a);                                                                    \
+            Ls[i_] = acc_;                                                                            \
+        }                                                                                             \
+    }                                                                                                 \
+    BARRIER()
+
+/* The (batch row, head, chunk, row tile) of this group, and the chunk's steps. */
+#define M2_GROUP()                                                                                      \
+    const int lane = (int)LID(0);                                                                     \
+    const i64 chunks = (S + M2_Q - 1) / M2_Q, ptiles = (P + M2_PT - 1) / M2_PT;                       \
+    const i64 bhc = GROUP(0) / ptiles, pt = GROUP(0) - bhc * ptiles, bh = bhc / chunks;              \
+    const i64 c = bhc - bh * chunks, bt = bh / HD, hh = bh - bt * HD, t0 = c * M2_Q, p0 = pt * M2_PT; \
+    const int steps = S - t0 < M2_Q ? (int)(S - t0) : M2_Q;                                          \
+    GLOBAL real* states = AT(real, sb, so) + bhc * P * N /* this chunk's [P, N] */
+
+KERNEL mamba2_chunk_state(i64 B, i64 S, i64 HD, i64 P, i64 N,
+                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q], xw[M2_Q * M2_PT];
+    M2_GROUP();
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    const real a = LOAD(AT(store_t, ab, ao), hh);
+    M2_STAGE_DECAY(dts, Ls, dt, a);
+    /* xw[s][p] = exp(L[last] - L[s]) dt[s] x[s][p]: the weight of step s in the chunk's final state */
+    for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
+        const int s = e / M2_PT, p = e - s * M2_PT;
+        xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((bt * S + t0 + s) * HD + hh) * P + p0 + p)
+                           : (real)0;
+    }
+    if (pt == 0 && lane == 0)
+        AT(real, eb, eo)[bhc] = rlx_exp(Ls[steps - 1]);
+    BARRIER();
+    for (i64 n = lane; n < N; n += M2_LANES) {
+        real acc[M2_PT];
+        PRAGMA_UNROLL
+        for (int p = 0; p < M2_PT; ++p)
+            acc[p] = (real)0;
+        for (int s = 0; s < steps; ++s) {
+            const real bv = LOAD(bm, ((bt * S + t0 + s) * HD + hh) * N + n);
+            PRAGMA_UNROLL
+            for (int p = 0; p < M2_PT; ++p)
+                acc[p] += xw[s * M2_PT + p] * bv;
+        }
+        PRAGMA_UNROLL
+        for (int p = 0; p < M2_PT; ++p)
+            if (p0 + p < P)
+                states[(p0 + p) * N + n] = acc[p];
+    }
+}
+
+/* One work-item per state element of one (batch row, head): walks the chunks in order, leaving in
+ * each chunk's slot the state entering it. */
+KERNEL mamba2_state_pass(i64 B, i64 S, i64 HD, i64 P, i64 N, GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo)
+{
+    const i64 e = GID(0), pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
+    if (e >= B * HD * pn)
+        return;
+    const i64 bh = e / pn, k = e - bh * pn;
+    GLOBAL real* st = AT(real, sb, so) + bh * chunks * pn + k;
+    GLOBAL const real* dec = AT(real, eb, eo) + bh * chunks;
+    real s = (real)0;
+    for (i64 c = 0; c < chunks; ++c) {
+        const real own = st[c * pn];
+        st[c * pn] = s;
+        s = dec[c] * s + own;
+    }
+}
+
+#define M2_NTP (M2_NT + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#define M2_QP (M2_Q + 1)
+#define M2_GS (M2_Q * M2_Q / M2_LANES) /* entries of C.B^T per lane: row t = lane % M2_Q, M2_GS columns */
+#define M2_TS (M2_LANES / M2_PT)       /* output rows apart for one lane: p = lane % M2_PT, t = lane / M2_PT + i*M2_TS */
+#define M2_YI (M2_Q / M2_TS)           /* outputs per lane */
+
+KERNEL mamba2_chunk_scan(i64 B, i64 S, i64 HD, i64 P, i64 N,
+                         GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                         GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+                         GLOBAL uchar* sb, i64 so)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q], xs[M2_Q * M2_PT], cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
+    M2_GROUP();
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const real a = LOAD(AT(store_t, ab, ao), hh);
+    M2_STAGE_DECAY(dts, Ls, dt, a);
+    for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
+        const int s = e / M2_PT, p = e - s * M2_PT;
+        xs[e] = p0 + p < P ? LOAD(x, ((bt * S + t0 + s) * HD + hh) * P + p0 + p) : (real)0;
+    }
+    /* this lane's C.B^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M2_TS
+     * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
+    const int sh = lane / M2_Q, tg = lane - sh * M2_Q, s0 = sh * M2_GS, ty = lane / M2_PT, py = lane - ty * M2_PT;
+    real g[M2_GS], yi[M2_YI];
+    PRAGMA_UNROLL
+    for (int j = 0; j < M2_GS; ++j)
+        g[j] = (real)0;
+    PRAGMA_UNROLL
+    for (int i = 0; i < M2_YI; ++i)
+        yi[i] = (real)0;
+    for (i64 n0 = 0; n0 < N; n0 += M2_NT) {
+        BARRIER(); /* the previous tile's readers are done */
+        for (int e = lane; e < M2_Q * M2_NT; e += M2_LANES) {
+            const int s = e / M2_NT, nn = e - s * M2_NT;
+            const int in = s < steps && n0 + nn < N;
+            const i64 at = ((bt * S + t0 + s) * HD + hh) * N + n0 + nn;
+            cs[s * M2_NTP + nn] = in ? LOAD(cm, at) : (real)0;
+            bs[s * M2_NTP + nn] = in ? LOAD(bm, at) : (real)0;
+        }
+        for (int e = lane; e < M2_PT * M2_NT; e += M2_LANES) {
+            const int p = e / M2_NT, nn = e - p * M2_NT;
+            ss[p * M2_NTP + nn] = p0 + p < P && n0 + nn < N ? states[(p0 + p) * N + n0 + nn] : (real)0;
+        }
+        BARRIER();
+        for (int nn = 0; nn < M2_NT; ++nn) { /* not unrolled: ptxas would hoist all tile loads (204 registers) */
+            const real ct = cs[tg * M2_NTP + nn], sv = ss[py * M2_NTP + nn];
+            PRAGMA_UNROLL
+            for (int j = 0; j < M2_GS; ++j)
+                g[j] += ct * bs[(s0 + j) * M2_NTP + nn];
+            PRAGMA_UNROLL
+            for (int i = 0; i < M2_YI; ++i)
+                yi[i] += cs[(ty + i * M2_TS) * M2_NTP + nn] * sv;
+        }
+    }
+    /* gm[t][s] = exp(L[t] - L[s]) dt[s] (C[t] . B[s]) for s <= t < steps; the rest is never read */
+    PRAGMA_UNROLL
+    for (int j = 0; j < M2_GS; ++j)
+        if (s0 + j <= tg && tg < steps)
+            gm[tg * M2_QP + s0 + j] = rlx_exp(Ls[tg] - Ls[s0 + j]) * dts[s0 + j] * g[j];
+    BARRIER();
+    PRAGMA_UNROLL
+    for (int i = 0; i < M2_YI; ++i) {
+        const int t = ty + i * M2_TS;
+        if (t < steps && p0 + py < P) {
+            real y = rlx_exp(Ls[t]) * yi[i];
+            for (int s = 0; s <= t; ++s)
+                y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
+            STORE(dst, ((bt * S + t0 + t) * HD + hh) * P + p0 + py, y);
+        }
+    }
+}
+#endif
 #endif

@@ -5,11 +5,13 @@ spread across the lanes of a work-group (``state_lanes``), its size fixed at com
 """
 from __future__ import annotations
 
-from .core import ARENA, Launch, Plan, Thunk, grid, i64, linear_local
-from .limits import M2_PB, SSC_CB, SSC_SL, SSM_LANE_W, SSM_VARIANTS, SSM_WG, STATE_MAX, DeviceLimits
+from .core import ARENA, SCRATCH, Launch, Plan, Thunk, ceil_to, grid, i64, linear_local, real_size
+from .limits import M2_LANES, M2_PB, M2_PT, M2_Q, SSC_CB, SSC_SL, SSM_LANE_W, SSM_VARIANTS, SSM_WG, STATE_MAX, DeviceLimits
 
 #: gpu target: from this many steps on, selective_scan runs chunked over the sequence
 SSC_MIN_SEQ = 64
+#: gpu target: from this many steps on, mamba2 runs chunked (SSD); f64 always takes the step kernel
+M2_MIN_SEQ = 64
 
 Defines = tuple[tuple[str, int], ...]
 
@@ -52,10 +54,31 @@ def _mamba2(t: Thunk, lim: DeviceLimits, **_: object) -> Plan:
     args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, p, b * heads, lim)
+        if s >= M2_MIN_SEQ and t["dtype"] != "f64":
+            return _mamba2_chunked(t, defines)
         return Plan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, defines=defines),))
     items = -(-p // M2_PB)  # one work-item per M2_PB state rows
     local = (linear_local(items), 1, 1)
     return Plan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, b), local), local, args),))
+
+
+def _mamba2_chunked(t: Thunk, defines: Defines) -> Plan:
+    """Three launches over scratch: each chunk's own state, the inter-chunk pass, the chunk outputs."""
+    b, s, heads, p, n, dt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
+    chunks = -(-s // M2_Q)
+    states = b * heads * chunks * p * n
+    dec_at = ceil_to(states * real_size(dt), 256)
+    dims = (i64(b), i64(s), i64(heads), i64(p), i64(n))
+    groups = b * heads * chunks * -(-p // M2_PT)
+    tile = ((groups * M2_LANES,), (M2_LANES,))
+    st, dec = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at))
+    state = Launch("ssm", "mamba2_chunk_state", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b")) + st + dec,
+                   defines=defines)
+    pas = Launch("ssm", "mamba2_state_pass", dt, grid((b * heads * p * n,), (M2_LANES,)), (M2_LANES,), dims + st + dec,
+                 defines=defines)
+    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b", "c", "dst")) + st,
+                  defines=defines)
+    return Plan((state, pas, scan), dec_at + b * heads * chunks * real_size(dt), (f"chunked Q={M2_Q}",))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
