@@ -17,7 +17,7 @@ import numpy as np
 import host_fallback
 from host_fallback.arena import STORAGE
 from host_fallback.layout import regions
-from rlx_gpu import samples
+from rlx_gpu.conformance import cases
 from rlx_gpu.backends import opencl
 
 
@@ -63,7 +63,7 @@ def shapes(q: int) -> list[tuple[str, dict]]:
 
 def lay_out(t: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
     fields = dict(t)
-    t, arena_bytes = samples.lay_out(fields.pop("op"), "f32", fields)
+    t, arena_bytes = cases.lay_out(fields.pop("op"), "f32", fields)
     arena = np.zeros(arena_bytes, np.uint8)
     for r in regions(t):
         off = r.offset

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import host_fallback  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
-from rlx_gpu.torch_weights import pack_recurrent  # noqa: E402
+from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
 FIELDS = {"lstm": ("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst"),
           "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst"),

@@ -26,12 +26,12 @@ import time
 import numpy as np
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)
 
 import host_fallback  # noqa: E402
 from host_fallback import gdn, ssm  # noqa: E402
 from host_fallback.threads import cores  # noqa: E402
-from reference_ssm import lay_out  # noqa: E402  (the arena harness the tests use)
+from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402  (the arena harness the tests use)
 
 
 def medians_ms(fns, runs: int, warmup: int) -> list[float]:

@@ -8,6 +8,7 @@
  * type; with carry_state the first block reads it from the arena and the last writes it back. */
 
 
+#ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 /* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = heads*N: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
 {
@@ -165,8 +166,9 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
              db, dof,
              AT(real, eb, eo), 1);
 }
+#endif
 
-#ifdef SSM_N
+#if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
 /* GPU shapes (target gpu): one row is a state column j of one (batch row, head); its key indices i
  * are spread across SSM_L lanes of a work-group, lane nl holding S[i, j] for i = w*SSM_L + nl,
  * w < SSM_W = SSM_N / SSM_L, in registers (fully unrolled: no stack). SSM_N (the state-size variant,

@@ -3,6 +3,7 @@
  * Each step updates the row in one loop (no loop-carried dependence: vectorizable) and reduces it
  * in another with SSM_ACC independent partial sums, so the sum is not one serial add chain. */
 
+#ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
 /* Mamba-1, the walk of one channel for a state_size fixed at compile time (W, a power of two): the
@@ -149,8 +150,9 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
                 STORE(dst, head * P + p0 + c, y0[c] + y1[c]);
     }
 }
+#endif
 
-#ifdef SSM_N
+#if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
 /* GPU shapes (target gpu): the state of one row (selective_scan: one channel of one batch row;
  * mamba2: one head_dim position p of one (batch row, head)) is spread across SSM_L lanes of a
  * work-group, each lane holding SSM_W = SSM_N / SSM_L values in registers (a fixed-size private

@@ -1,13 +1,15 @@
 """rlx_gpu: recurrent and sequence kernels on CUDA, OpenCL and the host, behind one arena-offset ABI."""
 from __future__ import annotations
 
-from .abi import Schedule, TensorView, Thunk, load_schedule, save_schedule
-from .config import Config, load_config
-from .autodiff import vjp
-from .builder import Graph
 from .errors import DeviceError, FallbackForbidden, GraphError, KernelBuildError, RlxError, ScheduleError
-from .models import build_model, list_models
-from .registry import discover, get_device
+from .graph.autodiff import vjp
+from .graph.builder import Graph
+from .graph.models import build_model, list_models
+from .runtime.config import Config, load_config
+from .runtime.executor import get_device
+from .runtime.registry import discover
+from .schedule.io import load_schedule, save_schedule
+from .schedule.model import Schedule, TensorView, Thunk
 
 __version__ = "0.1.0"
 

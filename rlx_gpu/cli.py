@@ -8,11 +8,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .abi import Schedule, load_schedule, read_source
+from .conformance.cases import lay_out
 from .errors import RlxError
-from .ops import DTYPES, SPECS, footprint
-from .registry import discover, get_device, open_session
-from .samples import lay_out
+from .runtime.executor import get_device
+from .runtime.registry import discover, open_session
+from .schedule.io import load_schedule, read_source
+from .schedule.model import Schedule
+from .schedule.ops import DTYPES, SPECS, footprint
 from .units import human_bytes, human_time
 
 
@@ -57,7 +59,7 @@ def _load_target(target: str | None) -> tuple[Schedule, dict[str, np.ndarray]]:
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
         return schedule, inputs
-    from .models import build_model
+    from .graph.models import build_model
 
     executable, inputs = build_model(target or "demo")
     return executable.schedule, inputs
@@ -117,7 +119,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     schedule = load_schedule(Path(args.schedule))
     device = get_device(args.device)
     rows, total = [], 0
-    for thunk, a in zip(schedule.thunks, device.plan(schedule)):
+    for thunk, a in zip(schedule.thunks, device.place(schedule)):
         copied = ""
         if a.backend != device.session.info.backend:
             reads, writes = footprint(thunk)

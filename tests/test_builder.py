@@ -10,9 +10,9 @@ import pytest
 
 import host_fallback
 from rlx_gpu import load_schedule
-from rlx_gpu.builder import Graph, GraphError
-from rlx_gpu.models import build_model, list_models, load_spec
-from rlx_gpu.torch_weights import pack_recurrent
+from rlx_gpu.graph.builder import Graph, GraphError
+from rlx_gpu.graph.models import build_model, list_models, load_spec
+from rlx_gpu.graph.torch_weights import pack_recurrent
 
 rng = np.random.default_rng(1234)
 needs_rnn = pytest.mark.skipif("lstm" not in host_fallback.KERNELS, reason="host rnn kernels not available yet")
@@ -108,7 +108,7 @@ def test_schedule_is_validated_and_planned():
     assert [t.op for t in again.thunks] == ["unary"] * 6
     assert all(v.offset % 256 == 0 for v in exe.schedule.tensors.values())
     # x -> t1 .. t5 -> y: the pinned input plus two slots the temporaries and the output take in turn
-    assert exe.plan_report.arena_bytes == 3 * 256 < exe.plan_report.tensor_bytes == 7 * 256
+    assert exe.layout_report.arena_bytes == 3 * 256 < exe.layout_report.tensor_bytes == 7 * 256
 
 
 def test_run_checks_inputs():

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlx_gpu.autodiff import vjp
-from rlx_gpu.builder import Graph, GraphError
+from rlx_gpu.graph.autodiff import vjp
+from rlx_gpu.graph.builder import Graph, GraphError
 
 EPS, RTOL = 1e-6, 1e-3
 rng = np.random.default_rng(7)

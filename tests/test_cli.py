@@ -10,7 +10,7 @@ import pytest
 
 import rlx_gpu
 from rlx_gpu.cli import main
-from rlx_gpu.samples import lay_out, schedule_of
+from rlx_gpu.conformance.cases import lay_out, schedule_of
 
 
 @pytest.mark.parametrize("model", rlx_gpu.list_models())
@@ -21,7 +21,7 @@ def test_run_check_passes_on_every_example_model(model, capsys):
 
 
 def _opencl_available() -> bool:
-    from rlx_gpu.registry import status
+    from rlx_gpu.runtime.registry import status
 
     return status("opencl").available
 

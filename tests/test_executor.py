@@ -9,10 +9,10 @@ import pytest
 import rlx_gpu
 from rlx_gpu.backends.base import DeviceInfo
 from rlx_gpu.backends.host import HostSession
-from rlx_gpu.config import Config, load_config
-from rlx_gpu.executor import Device
-from rlx_gpu.ops import footprint
-from rlx_gpu.registry import resolve
+from rlx_gpu.runtime.config import Config, load_config
+from rlx_gpu.runtime.executor import Device
+from rlx_gpu.schedule.ops import footprint
+from rlx_gpu.runtime.registry import resolve
 
 
 class PartialSession(HostSession):
@@ -83,7 +83,7 @@ def test_policies_warn_and_forbid():
 def test_override_pins_an_op_to_the_host_and_plan_explains_it():
     sched = rlx_gpu.load_schedule(_schedule())
     device = Device(PartialSession({"unary", "binary", "copy"}), Config(fallback="allow", overrides={"binary:f32": "host"}))
-    plan = device.plan(sched)
+    plan = device.place(sched)
     assert [a.backend for a in plan] == ["fake", "host", "fake"]
     assert "override binary:f32 -> host" in plan[1].reason and plan[0].reason == "supported on fake:0"
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import host_fallback
 from host_fallback import gdn
-from reference_ssm import gated_delta_net, lay_out, read
+from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, read
 
 settings.register_profile("ci", derandomize=True, max_examples=8, deadline=None)
 PROPERTY = settings.get_profile("ci") if os.environ.get("CI") else settings(max_examples=30, deadline=None)

@@ -7,32 +7,32 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
 
-from rlx_gpu import kernel_source, nvrtc_check  # noqa: E402
+from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
 from rlx_gpu.paths import data_dir  # noqa: E402
 
 
 def test_every_program_compiles_for_every_arch():
-    done = nvrtc_check.check_all()
+    done = nvrtc.check_all()
     assert {(c.program.label, c.arch) for c in done} == {
-        (p.label, arch) for p in nvrtc_check.programs() for arch in ("compute_80", "compute_90")
+        (p.label, arch) for p in nvrtc.programs() for arch in ("compute_80", "compute_90")
     }
     assert all(c.ptx_bytes > 1000 for c in done)
 
 
-@pytest.mark.parametrize("family", kernel_source.FAMILIES)
+@pytest.mark.parametrize("family", programs.FAMILIES)
 def test_one_text_for_both_dialects(family):
-    cuda = kernel_source.program("cuda", family, "f16").source
-    ocl = kernel_source.program("opencl", family, "f16").source
+    cuda = programs.program("cuda", family, "f16").source
+    ocl = programs.program("opencl", family, "f16").source
     body = (data_dir("kernels") / f"{family}.cl").read_text()
     assert cuda.endswith(body) and ocl.endswith(body)
-    assert cuda.replace(kernel_source.PRELUDES["cuda"].read_text(), "") == ocl.replace(
-        kernel_source.PRELUDES["opencl"].read_text(), "")
+    assert cuda.replace(programs.PRELUDES["cuda"].read_text(), "") == ocl.replace(
+        programs.PRELUDES["opencl"].read_text(), "")
 
 
 def test_nvrtc_failure_carries_log_and_source():
-    prog = kernel_source.program("cuda", "gdn", "f32")
+    prog = programs.program("cuda", "gdn", "f32")
     broken = dataclasses.replace(prog, source=prog.source + "\nKERNEL oops(int x) { undefined_name(x); }\n")
     with pytest.raises(KernelBuildError) as info:
-        nvrtc_check.compile_ptx(broken, "compute_80")
+        nvrtc.compile_ptx(broken, "compute_80")
     assert "undefined_name" in info.value.log and "--gpu-architecture=compute_80" in info.value.options

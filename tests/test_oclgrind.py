@@ -12,7 +12,7 @@ TOOL = Path(__file__).resolve().parent.parent / "tools" / "oclgrind_check.py"
 
 
 def _oclgrind_available() -> bool:
-    from rlx_gpu.registry import status
+    from rlx_gpu.runtime.registry import status
 
     return any(d.details.get("platform") == "Oclgrind" for d in status("opencl").devices)
 

@@ -5,6 +5,7 @@ the device, and checks (1) every byte the thunk may not write is unchanged, (2) 
 a float64 reference written here from ABI.md, (3) they match ``host_fallback.execute`` on the same
 bytes, and (4) NaN/Inf positions agree. ``RLX_OPENCL_TEST_DEVICE=opencl:P:D`` picks the device
 (default: the first non-simulator); ``RLX_OPENCL_SMALL=1`` keeps the small shapes only (Oclgrind).
+Every test runs at both targets (cpu and gpu kernel shapes) on that device.
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from host_fallback.arena import STORAGE
 from host_fallback.layout import layer_input_sizes, regions
 
 opencl = pytest.importorskip("rlx_gpu.backends.opencl")
-from rlx_gpu import kernel_source, samples  # noqa: E402
+from rlx_gpu.backends import programs  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out as lay_out_case  # noqa: E402
 from rlx_gpu.backends.base import BackendUnavailable  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
+from rlx_gpu.launches.limits import TARGET_ENV, TARGETS  # noqa: E402
 
 GUARD = 1024
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -33,8 +36,10 @@ SMALL = os.environ.get("RLX_OPENCL_SMALL") == "1"
 NMSE = {"f32": 1e-7, "f64": 1e-24, "f16": 5e-7, "bf16": 5e-5}
 
 
-@pytest.fixture(scope="module")
-def session():
+@pytest.fixture(scope="module", params=TARGETS)
+def session(request):
+    """The test device, opened once per target: the gpu target (forced through RLX_TARGET) runs the
+    GPU-shaped kernels on it, so they are checked here too."""
     try:
         infos = opencl.probe()
     except BackendUnavailable as err:
@@ -43,7 +48,11 @@ def session():
     info = next((i for i in infos if i.spec == spec), None) if spec else infos[0]
     if info is None:
         pytest.skip(f"no OpenCL device {spec}; have {[i.spec for i in infos]}")
-    return opencl.open(info)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TARGET_ENV, request.param)
+        opened = opencl.open(info)
+    assert opened.limits.target == request.param
+    return opened
 
 
 # ---------------------------------------------------------------- float64 references (ABI.md)
@@ -270,7 +279,7 @@ def sample(t, field, shape, rng):
 def lay_out(t, dtype, rng, src_dtype=None):
     """Place every region of ``t`` with GUARD canary bytes around it; fill inputs with samples."""
     fields = dict(t, src_dtype=src_dtype) if t["op"] == "cast" else dict(t)
-    t, arena_bytes = samples.lay_out(fields.pop("op"), dtype, fields, guard=GUARD)
+    t, arena_bytes = lay_out_case(fields.pop("op"), dtype, fields, guard=GUARD)
     placed = regions(t)
     arena = rng.integers(0, 256, arena_bytes, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
     for r in placed:
@@ -438,7 +447,7 @@ def test_registry_reasons(session):
 
 
 def test_build_cache_and_error(session):
-    prog = kernel_source.program("opencl", "body", "f32")
+    prog = programs.program("opencl", "body", "f32", None, session.limits.target)
     assert session.program(prog) is session.program(prog)
     broken = dataclasses.replace(prog, source=prog.source.replace("return exp(x);", "return exp(x) +;"))
     with pytest.raises(KernelBuildError) as info:

@@ -1,4 +1,4 @@
-"""host_fallback lstm / gru / rnn against the float64 reference (tests/reference_rnn.py) and PyTorch.
+"""host_fallback lstm / gru / rnn against the float64 reference (rlx_gpu/conformance/reference_rnn.py) and PyTorch.
 
 Every run lays its tensors out in an arena filled with a byte pattern, with gaps between them, and
 checks that no byte outside ``dst``/``h0``/``c0`` changed; ``dst`` starts as NaN, so a slot left
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import host_fallback
-from reference_rnn import GATES, reference
+from rlx_gpu.conformance.reference_rnn import GATES, reference
 
-from rlx_gpu.torch_weights import pack_recurrent
+from rlx_gpu.graph.torch_weights import pack_recurrent
 
 STORAGE = {"f32": np.float32, "f64": np.float64, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 

@@ -7,8 +7,8 @@ import pytest
 
 import rlx_gpu
 from host_fallback.layout import regions
-from rlx_gpu.ops import SPECS
-from rlx_gpu.samples import lay_out, schedule_of
+from rlx_gpu.schedule.ops import SPECS
+from rlx_gpu.conformance.cases import lay_out, schedule_of
 
 
 def _case(op: str, dtype: str = "f32") -> dict:

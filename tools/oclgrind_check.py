@@ -59,21 +59,22 @@ def conformance(spec: str, pytest_args: list[str]) -> int:
 
 
 DEMO = """
+import dataclasses
 import numpy as np
-from rlx_gpu import kernel_source
+from rlx_gpu.backends import programs
 from rlx_gpu.backends import opencl
 from rlx_gpu.launches import ARENA
 from rlx_gpu.launches.core import Launch
 
 info = next(i for i in opencl.probe() if i.spec == {spec!r})
 s = opencl.open(info)
-prog = kernel_source.program("opencl", "body", "f32")
-assert {good!r} in prog.source
-s._kernels[("body", "f32", None, "fill")] = s.program(
-    kernel_source.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r}))).fill
 n = 30  # the tensor ends the arena, so the write one past it leaves the buffer
+fill = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)), target=s.limits.target)
+prog = programs.program_for("opencl", fill, s.limits)
+assert {good!r} in prog.source
+s._kernels[(prog.digest, "fill")] = s.program(dataclasses.replace(prog, source=prog.source.replace({good!r}, {broken!r}))).fill
 arena = s.alloc(4 * n)
-s.enqueue(Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1))), {{ARENA: arena.buf}})
+s.enqueue(fill, {{ARENA: arena.buf}})
 s.finish()
 """
 

@@ -7,16 +7,16 @@ here and body arenas stay on the device.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
 
-from .. import kernel_source, launches
+from .. import launches
 from ..errors import KernelBuildError
 from ..launches import ARENA, SCRATCH, Buf, Launch
-from ..ops import SCAN_OPS
+from ..schedule.ops import SCAN_OPS
+from . import programs
 from .base import BackendUnavailable, DeviceInfo
 
 NAME = "opencl"
@@ -83,8 +83,7 @@ class OpenCLSession:
         self.device = cl.get_platforms()[int(pi)].get_devices()[int(di)]
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
-        target = os.environ.get("RLX_TARGET") or ("gpu" if self.device.type & cl.device_type.GPU else "cpu")
-        self.limits = launches.DeviceLimits(self.device.max_work_group_size, self.device.local_mem_size, info.fp64, target)
+        self.limits = device_limits(cl, self.device, info.fp64)
         self._kernels: dict[tuple, Any] = {}
         self._scratch: DeviceArena | None = None
 
@@ -140,7 +139,7 @@ class OpenCLSession:
             return
         self.run_plan(launches.plan(thunk, self.limits, **options), arena)
 
-    def run_plan(self, plan: launches.Plan, arena: DeviceArena) -> None:
+    def run_plan(self, plan: launches.LaunchPlan, arena: DeviceArena) -> None:
         """Enqueue the launches of one planned thunk on ``arena``."""
         buffers = {ARENA: arena.buf, SCRATCH: self._scratch_buffer(plan.scratch_bytes)}
         for item in plan.launches:
@@ -161,16 +160,16 @@ class OpenCLSession:
         return self._scratch.buf
 
     def _kernel(self, item: Launch) -> Any:
-        key = (item.family, item.dtype, item.src_dtype, item.kernel, *item.defines)
+        prog = programs.program_for("opencl", item, self.limits)
+        key = (prog.digest, item.kernel)
         kernel = self._kernels.get(key)
         if kernel is None:
-            program = self.program(kernel_source.program("opencl", item.family, item.dtype, item.src_dtype, item.defines))
-            kernel = self._kernels[key] = getattr(program, item.kernel)
+            kernel = self._kernels[key] = getattr(self.program(prog), item.kernel)
         return kernel
 
-    def program(self, prog: kernel_source.Program) -> Any:
+    def program(self, prog: programs.Program) -> Any:
         """The built program for ``prog``, compiled once per (context, source hash, options)."""
-        key = kernel_source.cache_key(self.context.int_ptr, prog, BUILD_OPTIONS)
+        key = programs.cache_key(self.context.int_ptr, prog, BUILD_OPTIONS)
         built = _PROGRAMS.get(key)
         if built is None:
             built = self.cl.Program(self.context, prog.source)
@@ -183,6 +182,26 @@ class OpenCLSession:
                 ) from err
             _PROGRAMS[key] = built
         return built
+
+
+def device_limits(cl: Any, device: Any, fp64: bool) -> launches.DeviceLimits:
+    """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
+    # a device that also says CPU (Oclgrind says every type) gets the cpu shapes unless forced
+    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
+    target = launches.limits.requested_target("gpu" if gpu else "cpu")
+    # the warp / wavefront width where the vendor reports it, else the target's usual width
+    sub_group = next((getattr(device, attr) for attr in ("warp_size_nv", "wavefront_width_amd") if _has(cl, device, attr)),
+                     32 if target == "gpu" else 1)
+    return launches.DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
+                                 sub_group=int(sub_group), compute_units=device.max_compute_units)
+
+
+def _has(cl: Any, device: Any, attr: str) -> bool:
+    try:
+        getattr(device, attr)
+    except (cl.Error, AttributeError):
+        return False
+    return True
 
 
 def _build_log(cl: Any, program: Any, device: Any, err: Exception) -> str:
@@ -206,7 +225,7 @@ class DeviceMemory:
     def __init__(self, session: OpenCLSession, options: Mapping[str, Any]):
         self.session = session
         self.options = dict(options)
-        self._plans: dict[int, launches.Plan | None] = {}
+        self._plans: dict[int, launches.LaunchPlan | None] = {}
 
     def alloc(self, nbytes: int) -> DeviceArena:
         return DeviceArena(self.session.buffer(nbytes), nbytes, np.zeros(max(nbytes, 1), np.uint8))
@@ -241,13 +260,13 @@ class DeviceMemory:
         self._ready(src, dst)
         # the copy kernel rather than clEnqueueCopyBuffer, for Oclgrind's sake (see OpenCLSession.zero)
         src_buf, dst_buf = Buf("src"), Buf("dst")
-        item = launches.body.copy_launch(nbytes, (src_buf, src_off), (dst_buf, dst_off))
+        item = launches.body.copy_launch(self.session.limits, nbytes, (src_buf, src_off), (dst_buf, dst_off))
         self.session.enqueue(item, {src_buf: src.buf, dst_buf: dst.buf})
 
     def accumulate(self, dst: DeviceArena, dst_off: int, src: DeviceArena, src_off: int, count: int, dtype: str) -> None:
         self._ready(dst, src)
         dst_buf, src_buf = Buf("dst"), Buf("src")
-        item = launches.body.accumulate(dtype, count, (dst_buf, dst_off), (src_buf, src_off))
+        item = launches.body.accumulate(self.session.limits, dtype, count, (dst_buf, dst_off), (src_buf, src_off))
         self.session.enqueue(item, {dst_buf: dst.buf, src_buf: src.buf})
 
     def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:
@@ -262,7 +281,7 @@ class DeviceMemory:
             else:
                 self.session.run_plan(plan, arena)
 
-    def _plan(self, thunk: Mapping[str, Any]) -> launches.Plan | None:
+    def _plan(self, thunk: Mapping[str, Any]) -> launches.LaunchPlan | None:
         """A body runs once per step, so each of its thunks is decided and planned once per scan execution.
 
         ``None`` when the device cannot run the thunk (an empty plan for a nested scan).
@@ -272,7 +291,7 @@ class DeviceMemory:
             if self.session.unsupported(thunk) is not None:
                 self._plans[key] = None
             elif thunk["op"] in SCAN_OPS:
-                self._plans[key] = launches.Plan(())
+                self._plans[key] = launches.LaunchPlan(())
             else:
                 self._plans[key] = launches.plan(thunk, self.session.limits, **self.options)
         return self._plans[key]

@@ -8,7 +8,7 @@ cannot run a thunk, or ``None``. Backends only translate these into their API ca
 from __future__ import annotations
 
 from . import body, gdn, rnn, ssm
-from .core import ARENA, SCRATCH, Buf, Launch, Plan, Thunk
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk
 from .limits import DeviceLimits
 
 _FAMILIES = (body, rnn, ssm, gdn)
@@ -27,9 +27,9 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
     return _UNSUPPORTED[op](thunk, limits)
 
 
-def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> Plan:
+def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
     """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``)."""
     return PLANNERS[thunk["op"]](thunk, limits, **options)
 
 
-__all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "Plan", "DeviceLimits", "plan", "unsupported", "PLANNERS"]
+__all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "LaunchPlan", "DeviceLimits", "plan", "unsupported", "PLANNERS"]

@@ -1,4 +1,4 @@
-"""The schedule model of ABI.md §2: frozen Thunk and Schedule, JSON/YAML reading and writing.
+"""The schedule model of ABI.md §2: frozen TensorView, InitBlock, Thunk and Schedule (reading and writing: ``io``).
 
 ``Thunk`` and ``Schedule`` are read-only Mappings over their ABI fields, so the host kernels (which know
 nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
@@ -6,11 +6,8 @@ nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
 from __future__ import annotations
 
 import base64
-import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterator
 
@@ -141,49 +138,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
-
-
-def parse_text(text: str) -> Any:
-    """JSON, or YAML as the same structure."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        import yaml
-
-        return yaml.safe_load(text)
-
-
-def read_source(source: Any) -> Any:
-    """Turn a path, JSON/YAML text or an already parsed object into the parsed structure."""
-    if isinstance(source, Schedule):
-        return source.to_dict()
-    if isinstance(source, Mapping):
-        return source
-    if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
-                                             and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
-        return parse_text(Path(source).read_text())
-    if isinstance(source, str):
-        return parse_text(source)
-    raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
-
-
-def load_schedule(source: Any) -> Schedule:
-    """Parse and validate a schedule; raises ``rlx_gpu.ScheduleError`` naming the thunk, op and field."""
-    from .validate import validate
-
-    return source if isinstance(source, Schedule) else validate(read_source(source))
-
-
-def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
-    """Write a schedule as JSON, or YAML when the file name ends in .yaml/.yml."""
-    path = Path(path)
-    data = schedule.to_dict()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        path.write_text(yaml.safe_dump(data, sort_keys=False))
-    else:
-        path.write_text(json.dumps(data, indent=1))
 
 
 def freeze_fields(fields: dict[str, Any]) -> Mapping[str, Any]:

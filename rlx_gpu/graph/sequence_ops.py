@@ -4,14 +4,12 @@ A mixin of ``builder.Graph``: it uses the graph's ``_t``/``_new``/``_emit``/``co
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from host_fallback.layout import GATES
 
-from .errors import GraphError
-
-if TYPE_CHECKING:
-    from .builder import Tensor
+from ..errors import GraphError
+from .nodes import Tensor
 
 _BIASES = {"lstm": ("bias",), "gru": ("b_ih", "b_hh"), "rnn": ("bias",)}
 

@@ -17,9 +17,9 @@ import numpy as np
 
 from host_fallback.layout import GATES
 
+from ..paths import data_dir
 from .builder import Graph, GraphError, Tensor
 from .lowering import Executable
-from .paths import data_dir
 from .sequence_ops import recurrent_weight_counts
 
 

@@ -1,4 +1,4 @@
-"""Backend discovery (lazy imports), device selection, and the per-thunk choice with its reason."""
+"""Backend discovery (lazy imports), backend status, device selection and one session per device."""
 from __future__ import annotations
 
 import importlib
@@ -6,14 +6,10 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from types import ModuleType
-from typing import Any
 
-import host_fallback
-
-from .abi import Schedule, Thunk
-from .backends.base import BackendUnavailable, DeviceInfo, Session
-from .config import Config, load_config
-from .errors import DeviceError, FallbackForbidden
+from ..backends.base import BackendUnavailable, DeviceInfo, Session
+from ..errors import DeviceError
+from .config import Config
 
 BACKEND_MODULES = {"host": "rlx_gpu.backends.host", "opencl": "rlx_gpu.backends.opencl",
                    "cuda": "rlx_gpu.backends.cuda"}
@@ -88,55 +84,3 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
 def open_session(info: DeviceInfo) -> Session:
     """One session per device per process, so compiled kernels are reused across runs."""
     return backend_module(info.backend).open(info)
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Where one thunk runs and why."""
-
-    index: int
-    op: str
-    dtype: str
-    backend: str
-    reason: str
-
-
-def assign(thunk: Thunk, session: Session, config: Config) -> Assignment:
-    """Choose the backend for one thunk: an override, else the device, else the host under the policy."""
-    device = session.info.backend
-    pinned = config.override_for(thunk.op, thunk.dtype)
-    if pinned and pinned != device:
-        if pinned != "host":
-            raise DeviceError(f"thunk {thunk.index} ({thunk.op}): override pins it to {pinned!r}, but a schedule "
-                              f"runs on one device ({device}) plus the host")
-        return Assignment(thunk.index, thunk.op, thunk.dtype, "host",
-                          f"fallback{_host_path(thunk)}: override {thunk.op}:{thunk.dtype} -> host in {config.source}")
-    why_not = session.unsupported(thunk)
-    if why_not is None:
-        how = "override" if pinned else "supported"
-        path = _host_path(thunk) if device == "host" else ""
-        return Assignment(thunk.index, thunk.op, thunk.dtype, device, f"{how} on {session.info.spec}{path}")
-    if config.fallback == "forbid":
-        raise FallbackForbidden(f"thunk {thunk.index} ({thunk.op}, {thunk.dtype}) cannot run on "
-                                f"{session.info.spec}: {why_not}; the fallback policy is 'forbid' "
-                                f"(set fallback: allow or warn in {config.source})")
-    return Assignment(thunk.index, thunk.op, thunk.dtype, "host", f"fallback{_host_path(thunk)}: {why_not}")
-
-
-def _host_path(thunk: Thunk) -> str:
-    """`` (algorithm)`` the host runs ``thunk`` with, for ops that choose one; else empty."""
-    path = host_fallback.path_for(thunk)
-    return f" ({path})" if path else ""
-
-
-def plan(schedule: Schedule, session: Session, config: Config) -> list[Assignment]:
-    """The assignment of every top-level thunk; nothing runs."""
-    return [assign(t, session, config) for t in schedule.thunks]
-
-
-def get_device(spec: str | None = None, config: Config | str | None = None) -> Any:
-    """Open a device by spec (``None``: ``RLX_DEVICE``, then the config's ``device``)."""
-    from .executor import Device
-
-    cfg = config if isinstance(config, Config) else load_config(config)
-    return Device(open_session(resolve(spec, cfg)), cfg)

@@ -1,4 +1,4 @@
-"""Lowering a Graph: prune, plan the arena, and emit the JSON form of a schedule (ABI.md §2).
+"""Lowering a graph: prune, lay out the arena, and emit the JSON form of a schedule (ABI.md §2).
 
 The result goes through ``load_schedule``, so the validator checks everything the builder emits.
 """
@@ -12,12 +12,15 @@ import numpy as np
 
 from host_fallback.arena import load
 
-from .abi import ABI_VERSION, Schedule, load_schedule
-from .builder import Graph, GraphError, Node, Slot, Tensor
-from .planner import Plan, PlanReport, plan
+from ..errors import GraphError
+from ..runtime.executor import Device, get_device
+from ..schedule.io import load_schedule
+from ..schedule.model import ABI_VERSION, Schedule
+from .layout import ArenaLayout, LayoutReport, arena_layout
+from .nodes import BodyGraph, Node, Slot, Tensor
 
 
-def live_nodes(graph: Graph) -> list[Node]:
+def live_nodes(graph: BodyGraph) -> list[Node]:
     """The nodes that contribute to an output, in order (a vjp graph replays more than it needs)."""
     needed = {t.buf for t in graph.outputs.values()}
     kept: list[Node] = []
@@ -32,9 +35,9 @@ class _Lowering:
     """Lowers a graph and every body it nests, each once."""
 
     def __init__(self) -> None:
-        self.done: dict[int, tuple[dict[str, Any], Plan]] = {}
+        self.done: dict[int, tuple[dict[str, Any], ArenaLayout]] = {}
 
-    def graph(self, graph: Graph) -> tuple[dict[str, Any], Plan]:
+    def graph(self, graph: BodyGraph) -> tuple[dict[str, Any], ArenaLayout]:
         if id(graph) in self.done:
             return self.done[id(graph)]
         if not graph.outputs:
@@ -43,7 +46,7 @@ class _Lowering:
         pinned_in = [t.buf for t in itertools.chain(graph.inputs.values(), graph.weights.values())]
         pinned_out = [t.buf for t in graph.outputs.values()]
         used = {t.buf for n in nodes for t in n.tensors()} | set(pinned_in) | set(pinned_out)
-        arena = plan({buf: graph.buffers[buf] for buf in sorted(used)},
+        arena = arena_layout({buf: graph.buffers[buf] for buf in sorted(used)},
                      [[t.buf for t in n.tensors()] for n in nodes], pinned_in, pinned_out)
         off = arena.offsets
         named = {**graph.inputs, **{k: v for k, v in graph.weights.items() if not k.startswith("const.")},
@@ -67,7 +70,7 @@ class _Lowering:
                 return off[v.buf]
             if isinstance(v, Slot):
                 return self.graph(v.graph)[1].offsets[v.tensor.buf]
-            if isinstance(v, Graph):
+            if isinstance(v, BodyGraph):
                 return self.graph(v)[0]
             if isinstance(v, (list, tuple)):
                 return [resolve(x) for x in v]
@@ -76,8 +79,8 @@ class _Lowering:
         return {"op": node.op, "dtype": node.dtype, **{k: resolve(v) for k, v in node.fields.items()}}
 
 
-def lower(graph: Graph) -> tuple[dict[str, Any], PlanReport]:
-    """The JSON form of ``graph``'s schedule and the planner's report for its (outer) arena."""
+def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
+    """The JSON form of ``graph``'s schedule and the layout report for its (outer) arena."""
     schedule, arena = _Lowering().graph(graph)
     return schedule, arena.report
 
@@ -89,17 +92,15 @@ class Executable:
     come back in the compute type (f32 for 16-bit storage, f64 for f64).
     """
 
-    def __init__(self, schedule: Schedule, plan_report: PlanReport, device: str | None):
+    def __init__(self, schedule: Schedule, layout_report: LayoutReport, device: str | None):
         self.schedule = schedule
-        self.plan_report = plan_report
+        self.layout_report = layout_report
         self.device_spec = device
-        self._device: Any = None
+        self._device: Device | None = None
 
     @property
-    def device(self) -> Any:
+    def device(self) -> Device:
         if self._device is None:
-            from .registry import get_device
-
             self._device = get_device(self.device_spec)
         return self._device
 
@@ -122,7 +123,7 @@ class Executable:
                         self.schedule.tensors[n].shape) for n in self.schedule.outputs}
 
 
-def compile_graph(graph: Graph, device: str | None = None) -> Executable:
+def compile_graph(graph: BodyGraph, device: str | None = None) -> Executable:
     """Lower, validate and bind ``graph`` to ``device``."""
     schedule, report = lower(graph)
     return Executable(load_schedule(schedule), report, device)

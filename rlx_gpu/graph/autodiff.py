@@ -12,12 +12,13 @@ import numpy as np
 
 from host_fallback.arena import STORAGE
 
-from .builder import Graph, GraphError, Node, Tensor
+from ..errors import GraphError
+from .nodes import BodyGraph, Node, Tensor
 
 BODY_OPS = frozenset({"unary", "binary", "matmul", "reduce_sum", "cast", "copy", "fill", "reshape"})
 
 # d(fn(x))/dx times dy, from the forward input x and output y.
-_UNARY: dict[str, Callable[[Graph, Tensor, Tensor, Tensor], Tensor | None]] = {
+_UNARY: dict[str, Callable[[BodyGraph, Tensor, Tensor, Tensor], Tensor | None]] = {
     "exp": lambda g, dy, x, y: dy * y,
     "log": lambda g, dy, x, y: dy / x,
     "tanh": lambda g, dy, x, y: dy * (1.0 - y * y),
@@ -34,7 +35,7 @@ _UNARY: dict[str, Callable[[Graph, Tensor, Tensor, Tensor], Tensor | None]] = {
 }
 
 
-def _binary_rule(g: Graph, fn: str, dy: Tensor, a: Tensor, b: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+def _binary_rule(g: BodyGraph, fn: str, dy: Tensor, a: Tensor, b: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """Cotangents of ``a`` and ``b`` at the output's (broadcast) shape."""
     if fn == "add":
         return dy, dy
@@ -49,7 +50,7 @@ def _binary_rule(g: Graph, fn: str, dy: Tensor, a: Tensor, b: Tensor, y: Tensor)
     return dy * pick_a, dy * (1.0 - pick_a)
 
 
-def _unbroadcast(g: Graph, d: Tensor, shape: tuple[int, ...]) -> Tensor:
+def _unbroadcast(g: BodyGraph, d: Tensor, shape: tuple[int, ...]) -> Tensor:
     """Sum ``d`` over the axes that broadcasting added or stretched, back to ``shape``."""
     lead = len(d.shape) - len(shape)
     axes = list(range(lead)) + [lead + i for i, n in enumerate(shape) if n == 1 and d.shape[lead + i] != 1]
@@ -58,7 +59,7 @@ def _unbroadcast(g: Graph, d: Tensor, shape: tuple[int, ...]) -> Tensor:
     return d if d.shape == shape else g.reshape(d, shape)
 
 
-def _matmul_rule(g: Graph, f: dict, dc: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+def _matmul_rule(g: BodyGraph, f: dict, dc: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """``C = op(A)·op(B)``: ``dA = dC·op(B)ᵀ`` and ``dB = op(A)ᵀ·dC``, transposed back when stored so."""
     ta, tb = f["trans_a"], f["trans_b"]
     da = g.matmul(b, dc, trans_a=tb, trans_b=True) if ta else g.matmul(dc, b, trans_b=not tb)
@@ -69,8 +70,8 @@ def _matmul_rule(g: Graph, f: dict, dc: Tensor, a: Tensor, b: Tensor) -> tuple[T
 class _Reverse:
     """One derivation: the forward replay (``env``) and the cotangents (``cot``), keyed by body tensor."""
 
-    def __init__(self, body: Graph):
-        self.g = Graph(body.dtype)
+    def __init__(self, body: BodyGraph):
+        self.g = type(body)(body.dtype)  # a Graph's gradient graph is a Graph
         self.env: dict[Tensor, Tensor] = {}
         self.cot: dict[Tensor, Tensor] = {}
         for name, t in body.inputs.items():
@@ -125,7 +126,7 @@ class _Reverse:
         return self.cot.get(t) or self.g.fill(t.shape, 0.0, t.dtype)
 
 
-def vjp(body: Graph, wrt: int | None = None) -> Graph:
+def vjp(body: BodyGraph, wrt: int | None = None) -> BodyGraph:
     """Derive ``(carry, *x_t, d_output) -> dcarry`` from a one-output body; with ``wrt=j`` also ``dx``.
 
     The derived graph's inputs are the body's inputs (same names and order: the carry, then every

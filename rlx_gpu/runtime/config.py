@@ -8,8 +8,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import RlxError
-from .paths import data_dir
+from ..errors import RlxError
+from ..paths import data_dir
 
 POLICIES = ("allow", "warn", "forbid")
 RECOMPUTE = ("segment", "treeverse")

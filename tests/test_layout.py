@@ -1,14 +1,14 @@
-"""The liveness planner: alignment, no overlap between buffers live at once, reuse, pinned buffers."""
+"""The arena layout: alignment, no overlap between buffers live at once, reuse, pinned buffers."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlx_gpu.planner import ALIGN, aligned, plan
+from rlx_gpu.graph.layout import ALIGN, aligned, arena_layout
 
 
 def _intervals(sizes, steps, live_in, live_out):
-    """Live range of every buffer, computed independently of the planner."""
+    """Live range of every buffer, computed independently of the layout."""
     n = len(steps)
     rng = {}
     for key in sizes:
@@ -20,7 +20,7 @@ def _intervals(sizes, steps, live_in, live_out):
 
 
 def _check(sizes, steps, live_in=(), live_out=()):
-    p = plan(sizes, steps, live_in, live_out)
+    p = arena_layout(sizes, steps, live_in, live_out)
     live = _intervals(sizes, steps, set(live_in), set(live_out))
     for key, off in p.offsets.items():
         assert off % ALIGN == 0
@@ -51,7 +51,7 @@ def test_pinned_inputs_and_outputs_stay_live():
     p = _check(sizes, steps, live_in=["in"], live_out=["out"])
     # Unpinned, "in" dies after step 0 and "mid2" can take its bytes; pinned, nothing can.
     assert p.offsets["in"] not in (p.offsets["mid2"], p.offsets["out"])
-    unpinned = plan(sizes, steps)
+    unpinned = arena_layout(sizes, steps)
     assert unpinned.arena_bytes < p.arena_bytes
 
 

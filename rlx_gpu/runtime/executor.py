@@ -8,12 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from .abi import Schedule, load_schedule
-from .backends.base import Session
-from .config import Config
-from .ops import footprint
-from .registry import Assignment, open_session, plan, status
-from .units import human_bytes
+from ..backends.base import Session
+from ..schedule.io import load_schedule
+from ..schedule.model import Schedule
+from ..schedule.ops import footprint
+from ..units import human_bytes
+from .config import Config, load_config
+from .placement import Assignment, place
+from .registry import open_session, resolve, status
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,9 @@ class Device:
     def __repr__(self) -> str:
         return f"Device({self.spec!r}, {self.session.info.name!r})"
 
-    def plan(self, schedule: Any) -> list[Assignment]:
+    def place(self, schedule: Any) -> list[Assignment]:
         """Where every thunk would run and why, without running anything."""
-        return plan(load_schedule(schedule), self.session, self.config)
+        return place(load_schedule(schedule), self.session, self.config)
 
     def run(self, schedule: Any, arena: np.ndarray | None = None, *, profile: bool = False) -> np.ndarray:
         """Run ``schedule`` on a copy of ``arena`` (zeros when None) and return the new arena.
@@ -68,7 +70,7 @@ class Device:
         ``profile`` waits for every thunk to finish so each gets its own time in ``last_report``.
         """
         schedule = load_schedule(schedule)
-        assignments = plan(schedule, self.session, self.config)
+        assignments = place(schedule, self.session, self.config)
         host_arena = self._initial_arena(schedule, arena)
         fallbacks = [a for a in assignments if a.backend != self.session.info.backend]
         if fallbacks and self.config.fallback == "warn":
@@ -120,3 +122,9 @@ class Device:
         out = arena.copy()
         schedule.apply_init(out)
         return out
+
+
+def get_device(spec: str | None = None, config: Config | str | None = None) -> Device:
+    """Open a device by spec (``None``: ``RLX_DEVICE``, then the config's ``device``)."""
+    cfg = config if isinstance(config, Config) else load_config(config)
+    return Device(open_session(resolve(spec, cfg)), cfg)

@@ -12,11 +12,12 @@ from typing import Any, NamedTuple, Sequence
 
 from host_fallback.arena import ELEM_SIZE
 
+from ..errors import GraphError
 from .autodiff import vjp
-from .builder import Graph, GraphError, Slot, Tensor
+from .nodes import BodyGraph, Slot, Tensor
 
 
-def _body_io(body: Graph, n_inputs: int) -> tuple[list[Tensor], Tensor]:
+def _body_io(body: BodyGraph, n_inputs: int) -> tuple[list[Tensor], Tensor]:
     """The body's inputs (carry first) and its one output, checked against what the scan passes."""
     ins = list(body.inputs.values())
     if len(ins) != n_inputs:
@@ -30,7 +31,7 @@ def _body_io(body: Graph, n_inputs: int) -> tuple[list[Tensor], Tensor]:
     return ins, out
 
 
-def scan_fields(g: Graph, body: Graph, init: Any, xs: Sequence[Any], bcast: Sequence[Any], length: int | None,
+def scan_fields(g: BodyGraph, body: BodyGraph, init: Any, xs: Sequence[Any], bcast: Sequence[Any], length: int | None,
                 save_trajectory: bool, num_checkpoints: int) -> tuple[dict[str, Any], int]:
     """A scan node's fields (all but ``outer_final_off``) and the rows of its trajectory."""
     init, xs, bcast = g._t(init), [g._t(x) for x in xs], [g._t(b) for b in bcast]
@@ -63,6 +64,17 @@ def scan_fields(g: Graph, body: Graph, init: Any, xs: Sequence[Any], bcast: Sequ
     return fields, k if 0 < k < length else length
 
 
+def scan(g: BodyGraph, body: BodyGraph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
+         length: int | None = None, save_trajectory: bool = False, num_checkpoints: int = 0) -> Tensor:
+    """Emit a scan thunk into ``g`` and return its result: see ``Graph.scan``."""
+    fields, rows = scan_fields(g, body, init, xs, bcast, length, save_trajectory, num_checkpoints)
+    carry = fields["outer_init_off"]
+    out = g._new((rows, *carry.shape) if save_trajectory else carry.shape, carry.dtype)
+    fields["outer_final_off"] = out
+    g._emit("scan", carry.dtype, fields, out)
+    return out
+
+
 class ScanGrads(NamedTuple):
     """Gradients of a scan's result with respect to its inputs, and the forward trajectory."""
 
@@ -72,7 +84,7 @@ class ScanGrads(NamedTuple):
     trajectory: Tensor
 
 
-def scan_grad(g: Graph, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
+def scan_grad(g: BodyGraph, body: BodyGraph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
               d_final: Any = None, d_traj: Any = None, num_checkpoints: int = 0,
               length: int | None = None) -> ScanGrads:
     """Pull back ``d_final`` (the final carry's gradient) or ``d_traj`` (every step's) through a scan.
@@ -84,7 +96,7 @@ def scan_grad(g: Graph, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: S
     if length is None and not xs:
         raise GraphError("scan_grad: without xs inputs, give length")
     length = xs[0].shape[0] if length is None else length
-    traj = g.scan(body, init, xs, bcast, length=length, save_trajectory=True, num_checkpoints=num_checkpoints)
+    traj = scan(g, body, init, xs, bcast, length=length, save_trajectory=True, num_checkpoints=num_checkpoints)
     if (d_final is None) == (d_traj is None):
         raise GraphError("scan_grad: give exactly one of d_final (the final carry's gradient) and d_traj")
     upstream = g._t(d_final if d_traj is None else d_traj)

@@ -1,33 +1,31 @@
-"""Graph builder: declare named inputs, weights and ops, mark outputs, compile to a validated Schedule.
+"""The graph's data and its body ops: ``Tensor``, ``Slot``, ``Node`` and ``BodyGraph``.
 
-A ``Graph`` records ``Node``s whose fields are the op's ABI fields with ``Tensor``s (and, for the scan
-family, ``Slot``s and nested ``Graph``s) standing in for byte offsets; ``lowering.lower`` plans the
-arena and turns them into numbers. Shapes and the element counts of ABI.md §3 are checked here, when
-the op is declared, so a mistake is reported against the user's names rather than a thunk index.
+A ``BodyGraph`` records ``Node``s whose fields are the op's ABI fields with ``Tensor``s (and, for the
+scan family, ``Slot``s and nested graphs) standing in for byte offsets; ``lowering.lower`` lays out
+the arena and turns them into numbers. Shapes and the element counts of ABI.md §3 are checked here,
+when the op is declared, so a mistake is reported against the user's names rather than a thunk index.
+Everything a scan body or a gradient graph (``autodiff``) is built from lives here, so ``scans``,
+``autodiff`` and ``lowering`` depend on this module and ``builder.Graph`` depends on them.
 """
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from host_fallback.arena import ELEM_SIZE, STORAGE
 
-from .ops import BINARY_FNS, DTYPES, MAX_RANK, UNARY_FNS
-from .errors import GraphError
-from .sequence_ops import SequenceOps
-
-if TYPE_CHECKING:
-    from .lowering import Executable
+from ..errors import GraphError
+from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, UNARY_FNS
 
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
     """A dense row-major tensor of a graph; tensors that share ``buf`` are reshaped views of one buffer."""
 
-    graph: "Graph"
+    graph: "BodyGraph"
     buf: int
     shape: tuple[int, ...]
     dtype: str
@@ -60,7 +58,7 @@ class Tensor:
 class Slot:
     """The byte offset of ``tensor`` inside the arena of the nested ``graph`` (a scan body)."""
 
-    graph: "Graph"
+    graph: "BodyGraph"
     tensor: Tensor
 
 
@@ -92,10 +90,11 @@ def _count(shape: Sequence[int]) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
-class Graph(SequenceOps):
-    """A program under construction; ``compile()`` plans it and returns an ``Executable``.
+class BodyGraph:
+    """A program under construction with the declarations and the body ops: a scan body, a gradient graph.
 
-    ``dtype`` is the default element type of inputs, weights and constants.
+    ``Graph`` adds the recurrent and state-space ops, scans and ``compile()``. ``dtype`` is the default
+    element type of inputs, weights and constants.
     """
 
     def __init__(self, dtype: str = "f32"):
@@ -281,37 +280,3 @@ class Graph(SequenceOps):
         """``x`` repeated along broadcast axes to ``shape`` (as ``x·1``, which is exact)."""
         x = self._t(x)
         return self.binary("mul", x, self.constant(1.0, x.dtype), shape)
-
-    # ----------------------------------------------------------------- scans
-    def scan(self, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
-             length: int | None = None, save_trajectory: bool = False, num_checkpoints: int = 0) -> Tensor:
-        """``carry = body(carry, xs[0][t], ..., *bcast)`` for ``t < length``; returns the final carry.
-
-        ``body`` is a Graph of body ops whose inputs, in declaration order, are the carry, one row
-        of every xs input and every bcast input, and whose one output is the next carry. With
-        ``save_trajectory`` the result is ``[rows, *carry]``: every step's carry, or with
-        ``0 < num_checkpoints < length`` the carries of steps ``ceil((k+1)·length/K) - 1``.
-        """
-        from .scans import scan_fields
-
-        fields, rows = scan_fields(self, body, init, xs, bcast, length, save_trajectory, num_checkpoints)
-        carry = fields["outer_init_off"]
-        out = self._new((rows, *carry.shape) if save_trajectory else carry.shape, carry.dtype)
-        fields["outer_final_off"] = out
-        self._emit("scan", carry.dtype, fields, out)
-        return out
-
-    def scan_grad(self, body: Graph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
-                  d_final: Any = None, d_traj: Any = None, num_checkpoints: int = 0,
-                  length: int | None = None) -> Any:
-        """Gradients of a scan with respect to its init, xs and bcast inputs: see ``scans.scan_grad``."""
-        from .scans import scan_grad
-
-        return scan_grad(self, body, init, xs, bcast, d_final=d_final, d_traj=d_traj,
-                         num_checkpoints=num_checkpoints, length=length)
-
-    def compile(self, device: str | None = None) -> "Executable":
-        """Plan the arena, lower to a validated Schedule and bind it to ``device`` (see ``get_device``)."""
-        from .lowering import compile_graph
-
-        return compile_graph(self, device)

@@ -12,10 +12,10 @@ from typing import Any, Callable
 from host_fallback import scan_rules
 from host_fallback.arena import ELEM_SIZE
 
-from .abi import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
-from .errors import ScheduleError
+from ..errors import ScheduleError
+from ..units import human_bytes
+from .model import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
 from .ops import DTYPES, MAX_RANK, SPECS, Field, OpSpec, element_counts, footprint
-from .units import human_bytes
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
 _RECURRENT = ("lstm", "gru", "rnn")

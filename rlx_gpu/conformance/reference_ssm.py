@@ -69,12 +69,12 @@ def gated_delta_net(q, k, v, g, beta, state=None):
 def lay_out(op: str, dtype: str, params: dict, tensors: dict):
     """Place ``tensors`` (field -> array) in a fresh arena for one thunk of ``op``.
 
-    Returns ``(thunk, arena)``. Offsets come from ``rlx_gpu.samples.lay_out``; each input is rounded
+    Returns ``(thunk, arena)``. Offsets come from ``rlx_gpu.conformance.cases.lay_out``; each input is rounded
     into ``dtype`` storage on the way in, outputs start zeroed.
     """
     from host_fallback.arena import store
     from host_fallback.layout import regions
-    from rlx_gpu.samples import lay_out as place
+    from .cases import lay_out as place
 
     thunk, arena_bytes = place(op, dtype, params)
     arena = np.zeros(arena_bytes, np.uint8)

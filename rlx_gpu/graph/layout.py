@@ -1,4 +1,4 @@
-"""Liveness-based arena planning: one aligned byte offset per buffer, reusing the space of dead ones.
+"""The arena layout: liveness-based, one aligned byte offset per buffer, reusing the space of dead ones.
 
 A buffer is live from the first step that touches it to the last one. Inputs and weights are live
 for the whole program (a scan writes a body's broadcast inputs and constants once, before its first
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable, Mapping, Sequence
 
-from .units import human_bytes
+from ..units import human_bytes
 
 #: Every offset is a multiple of this: enough for any element type and for device alignment rules.
 ALIGN = 256
@@ -23,8 +23,8 @@ def aligned(nbytes: int) -> int:
 
 
 @dataclass(frozen=True)
-class PlanReport:
-    """What the planner achieved: the arena against the sum of the (aligned) buffer sizes."""
+class LayoutReport:
+    """What the layout achieved: the arena against the sum of the (aligned) buffer sizes."""
 
     arena_bytes: int
     tensor_bytes: int
@@ -41,11 +41,11 @@ class PlanReport:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ArenaLayout:
     """Byte offset of every buffer key, and the arena size that holds them."""
 
     offsets: Mapping[Hashable, int]
-    report: PlanReport
+    report: LayoutReport
 
     @property
     def arena_bytes(self) -> int:
@@ -63,8 +63,8 @@ def _best_fit_gap(active: list[tuple[int, int]], size: int) -> int:
     return cursor if best is None else best
 
 
-def plan(sizes: Mapping[Hashable, int], steps: Sequence[Iterable[Hashable]],
-         live_in: Iterable[Hashable] = (), live_out: Iterable[Hashable] = ()) -> Plan:
+def arena_layout(sizes: Mapping[Hashable, int], steps: Sequence[Iterable[Hashable]],
+         live_in: Iterable[Hashable] = (), live_out: Iterable[Hashable] = ()) -> ArenaLayout:
     """Assign offsets to the buffers in ``sizes``.
 
     ``steps[i]`` lists the buffers step ``i`` touches; ``live_in`` buffers are live throughout,
@@ -102,4 +102,4 @@ def plan(sizes: Mapping[Hashable, int], steps: Sequence[Iterable[Hashable]],
             active[key] = (offset, size)
             top = max(top, offset + size)
     total = sum(aligned(n) for n in sizes.values())
-    return Plan(offsets, PlanReport(max(top, ALIGN), total, len(sizes)))
+    return ArenaLayout(offsets, LayoutReport(max(top, ALIGN), total, len(sizes)))

@@ -1,0 +1,1 @@
+"""Running schedules: configuration, backend discovery, per-thunk placement and the executor."""

@@ -1,0 +1,103 @@
+"""The package's layering: no import circle inside rlx_gpu, and host_fallback imports nothing of rlx_gpu.
+
+The import graph is read from the source with ``ast`` (every ``import``/``from ... import``, at module
+level or inside functions and ``if TYPE_CHECKING:`` blocks), so a lazy import that hides a circle at
+run time still counts.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rlx_gpu"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that the file at ``path`` imports."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            # ``from pkg import mod`` imports pkg.mod; ``from pkg import name`` takes a name from pkg itself.
+            targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in modules else source for a in node.names]
+        else:
+            continue
+        for target in targets:
+            # ``import a.b.c`` also runs a and a.b; the deepest known module is the edge.
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    return {module_name(f): imported_modules(f, modules) for f in files}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle as ``[a, b, ..., a]``, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_relative_absolute_and_function_level_imports():
+    graph = import_graph()
+    assert "rlx_gpu.schedule.validate" in graph["rlx_gpu.schedule.io"]  # from .validate import validate
+    assert "rlx_gpu.graph.models" in graph["rlx_gpu.cli"]  # inside a function
+    assert "rlx_gpu.conformance.cases" in graph["rlx_gpu.conformance.reference_ssm"]
+
+
+def test_no_import_circle_inside_rlx_gpu():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_host_fallback_imports_nothing_of_rlx_gpu():
+    code = ("import host_fallback, sys; "
+            "bad = sorted(m for m in sys.modules if m.startswith('rlx_gpu')); "
+            "assert not bad, bad")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
