@@ -1,4 +1,5 @@
-/* Gated delta net (ABI.md §4). Every step of the delta rule touches column j of S only through
+/* Gated delta net (ABI.md §4). cpu target below; the gpu target's gated_delta_net_lanes is in the
+ * gpu block at the end. Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
  * the whole sequence without barriers; the column stays in private memory in the compute type.
  * One work-item owns GDN_CJ adjacent columns (see gdn_walk).
@@ -172,9 +173,9 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
 /* GPU shapes (target gpu): one row is a state column j of one (batch row, head); its key indices i
  * are spread across SSM_L lanes of a work-group, lane nl holding S[i, j] for i = w*SSM_L + nl,
  * w < SSM_W = SSM_N / SSM_L, in registers (fully unrolled: no stack). SSM_N (the state-size variant,
- * >= state_size), SSM_L and SSM_WG (the largest work-group) come from the launch's defines. Both
- * gate kinds and both carry modes run the whole sequence in one launch: a per-channel decay is
- * exp(g[i]) of the lane's own rows. Each step reduces twice across the lanes of a column through
+ * >= state_size) and SSM_L come from the launch's defines, SSM_WG (the largest work-group) from the
+ * gpu tuning table. Both gate kinds and both carry modes run the whole sequence in one launch: a
+ * per-channel decay is exp(g[i]) of the lane's own rows. Each step reduces twice across the lanes of a column through
  * LOCAL memory: sum_i S[i,j] (d[i] k[i]) (every lane reads it back: it needs u[j]) in the first half
  * of `part`, then sum_i S[i,j] q[i] in the second (one lane stores it). Each half is rewritten only
  * after the barrier that follows the other half's write, which every reader of it has passed. The

@@ -1,7 +1,10 @@
-/* State-space family (ABI.md §4): one work-item owns one row of the state (mamba2: M2_PB rows) and
- * walks the sequence, so no step needs a barrier; the state row stays in private memory in the compute type.
- * Each step updates the row in one loop (no loop-carried dependence: vectorizable) and reduces it
- * in another with SSM_ACC independent partial sums, so the sum is not one serial add chain. */
+/* State-space family (ABI.md §4), in two shapes chosen by the program's target.
+ * cpu: one work-item owns one row of the state (mamba2: M2_PB rows) and walks the sequence, so no
+ * step needs a barrier; the state row stays in private memory in the compute type. Each step
+ * updates the row in one loop (no loop-carried dependence: vectorizable) and reduces it in another
+ * with SSM_ACC independent partial sums, so the sum is not one serial add chain.
+ * gpu: a row's state spread across the lanes of a work-group (decode, short sequences), and the
+ * chunked forms for long sequences (selective_scan_chunked, mamba2_chunk_*); see the gpu block. */
 
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
@@ -157,8 +160,8 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
  * mamba2: one head_dim position p of one (batch row, head)) is spread across SSM_L lanes of a
  * work-group, each lane holding SSM_W = SSM_N / SSM_L values in registers (a fixed-size private
  * array, fully unrolled: no stack). Lane nl holds n = w*SSM_L + nl, so the lanes of a row read b and
- * c contiguously. SSM_N (the state-size variant, >= state_size), SSM_L and SSM_WG (the largest
- * work-group) come from the launch's defines. Each step the lanes' partial sums of y meet in LOCAL
+ * c contiguously. SSM_N (the state-size variant, >= state_size) and SSM_L come from the launch's
+ * defines, SSM_WG (the largest work-group) from the gpu tuning table. Each step the lanes' partial sums of y meet in LOCAL
  * memory, double-buffered so that one barrier per step suffices: the buffer written at step t is
  * rewritten only at step t+2, after every reader of step t has passed the barrier of step t+1.
  * The grid is 1-D (groups of rows folded into x), so no extent reaches CUDA's 65,535 cap on y/z. */

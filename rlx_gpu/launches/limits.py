@@ -72,6 +72,8 @@ SSM_VARIANTS = (16, 32, 64, 128, 256)
 def state_variant(n: int) -> tuple[tuple[str, int], ...]:
     """The gpu program variant of the state-space kernels for state_size ``n``: ``SSM_N`` (the
     compiled state size) and ``SSM_L`` (lanes per state row)."""
+    if n > SSM_VARIANTS[-1]:
+        raise ValueError(f"state_size={n} has no gpu kernel variant; the largest is {SSM_VARIANTS[-1]}")
     size = next(v for v in SSM_VARIANTS if v >= n)
     return (("SSM_N", size), ("SSM_L", max(1, size // TUNING["gpu"]["SSM_LANE_W"])))
 
