@@ -271,6 +271,9 @@ KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
         }
     }
 }
+#endif
+
+#if defined(RLX_TARGET_GPU) && !defined(SSM_N) /* the gpu program without variant defines: the chunked forms */
 /* Mamba-1 chunked over the sequence (target gpu, long sequences): one work-group per (batch row,
  * block of SSC_CB channels). The group walks the sequence in chunks of SSC_SL*SSC_T steps; the SSC_SL
  * lanes of a channel each own SSC_T consecutive steps of the chunk (lanes of adjacent channels are

@@ -80,7 +80,9 @@ def state_variant(n: int) -> tuple[tuple[str, int], ...]:
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
 #: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
-    (family, "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS) for family in ("ssm", "gdn")
+    # ssm: () builds the chunked forms (no state-size variant), the others the lanes kernels
+    ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
+    ("gdn", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
 }
 
 

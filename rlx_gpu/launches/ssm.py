@@ -40,10 +40,10 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
     args = (i64(b), i64(s), i64(h), i64(n)) + _tensors(t, ("x", "delta", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, h, b, lim)
-        if _chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels), same program
+        if _chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels)
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
             glob, local = (b * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
-            return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu", defines=defines),))
+            return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu"),))
         return LaunchPlan((Launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu", defines=defines),))
     local = (linear_local(h), 1)
     return LaunchPlan((Launch("ssm", "selective_scan", dt, grid((h, b), local), local, args, target=lim.target),))
@@ -55,14 +55,14 @@ def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) 
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, p, b * heads, lim)
         if _chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
-            return _mamba2_chunked(t, lim, defines)
+            return _mamba2_chunked(t, lim)
         return LaunchPlan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu", defines=defines),))
     items = -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows
     local = (linear_local(items), 1, 1)
     return LaunchPlan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, b), local), local, args, target=lim.target),))
 
 
-def _mamba2_chunked(t: Thunk, lim: DeviceLimits, defines: Defines) -> LaunchPlan:
+def _mamba2_chunked(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
     """Three launches over scratch holding one state per (batch row, head, chunk): each chunk's own
     state, the inter-chunk pass, the chunk outputs (f64 keeps the lanes kernel: its tiles would pass
     CUDA's 48 KiB of static shared memory)."""
@@ -73,11 +73,11 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, defines: Defines) -> LaunchPlan
     tile = ((b * heads * chunks * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))
     st, dec = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at))
     state = Launch("ssm", "mamba2_chunk_state", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b")) + st + dec,
-                   target="gpu", defines=defines)
+                   target="gpu")
     carry = Launch("ssm", "mamba2_state_pass", dt, grid((b * heads * p * n,), (lanes,)), (lanes,), dims + st + dec,
-                   target="gpu", defines=defines)
+                   target="gpu")
     scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b", "c", "dst")) + st,
-                  target="gpu", defines=defines)
+                  target="gpu")
     return LaunchPlan((state, carry, scan), dec_at + b * heads * chunks * real_size(dt), (f"chunked Q={lim.tune('M2_Q')}",))
 
 
