@@ -106,11 +106,13 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
     for (i64 k0 = 0; k0 < k; k0 += GEMM_KT) {
         PRAGMA_UNROLL
         for (int s = 0; s < GEMM_KT * GEMM_TILE / GEMM_ITEMS; ++s) {
-            const int e = item + s * GEMM_ITEMS;
-            const int kk = a_k_fast ? e % GEMM_KT : e / GEMM_TILE, r = a_k_fast ? e / GEMM_KT : e % GEMM_TILE;
+            /* element e of a tile as (slow, fast) coordinates; remainders as e - q*d, not %: LLVM turns a
+             * div/rem pair into a `freeze`, which Oclgrind's uninitialized-value checker rejects */
+            const int e = item + s * GEMM_ITEMS, ek = e / GEMM_KT, et = e / GEMM_TILE;
+            const int kk = a_k_fast ? e - ek * GEMM_KT : et, r = a_k_fast ? ek : e - et * GEMM_TILE;
             const i64 row = row0 + r, kq = k0 + kk;
             As[kk][r] = (row < m && kq < k) ? load_any(A, z * a_bs + row * a_rs + kq * a_cs, a_real) : (real)0;
-            const int kb = e / GEMM_TILE, c = e % GEMM_TILE;
+            const int kb = et, c = e - et * GEMM_TILE;
             const i64 col = col0 + c, kr = k0 + kb;
             Bs[kb][c] = (col < n && kr < k) ? load_any(B, z * b_bs + kr * b_rs + col * b_cs, b_real) : (real)0;
         }

@@ -189,19 +189,16 @@ def device_limits(cl: Any, device: Any, fp64: bool) -> launches.DeviceLimits:
     # a device that also says CPU (Oclgrind says every type) gets the cpu shapes unless forced
     gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
     target = launches.limits.requested_target("gpu" if gpu else "cpu")
-    # the warp / wavefront width where the vendor reports it, else the target's usual width
-    sub_group = next((getattr(device, attr) for attr in ("warp_size_nv", "wavefront_width_amd") if _has(cl, device, attr)),
-                     32 if target == "gpu" else 1)
+    # the warp / wavefront width where the vendor's extension reports it, else the target's usual width
+    extensions = device.extensions.split()
+    if "cl_nv_device_attribute_query" in extensions:
+        sub_group = device.warp_size_nv
+    elif "cl_amd_device_attribute_query" in extensions:
+        sub_group = device.wavefront_width_amd
+    else:
+        sub_group = 32 if target == "gpu" else 1
     return launches.DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
                                  sub_group=int(sub_group), compute_units=device.max_compute_units)
-
-
-def _has(cl: Any, device: Any, attr: str) -> bool:
-    try:
-        getattr(device, attr)
-    except (cl.Error, AttributeError):
-        return False
-    return True
 
 
 def _build_log(cl: Any, program: Any, device: Any, err: Exception) -> str:
