@@ -1,4 +1,5 @@
-/* Gated delta net (ABI.md §4). Every step of the delta rule touches column j of S only through
+/* Gated delta net (ABI.md §4). cpu target below; the gpu target's gated_delta_net_lanes is in the
+ * gpu block at the end. Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
  * the whole sequence without barriers; the column stays in private memory in the compute type.
  * One work-item owns GDN_CJ adjacent columns (see gdn_walk).
@@ -8,6 +9,7 @@
  * type; with carry_state the first block reads it from the arena and the last writes it back. */
 
 
+#ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 /* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = heads*N: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
 {
@@ -165,3 +167,97 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
              db, dof,
              AT(real, eb, eo), 1);
 }
+#endif
+
+#if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
+/* GPU shapes (target gpu): one row is a state column j of one (batch row, head); its key indices i
+ * are spread across SSM_L lanes of a work-group, lane nl holding S[i, j] for i = w*SSM_L + nl,
+ * w < SSM_W = SSM_N / SSM_L, in registers (fully unrolled: no stack). SSM_N (the state-size variant,
+ * >= state_size) and SSM_L come from the launch's defines, SSM_WG (the largest work-group) from the
+ * gpu tuning table. Both gate kinds and both carry modes run the whole sequence in one launch: a
+ * per-channel decay is exp(g[i]) of the lane's own rows. Each step reduces twice across the lanes of a column through
+ * LOCAL memory: sum_i S[i,j] (d[i] k[i]) (every lane reads it back: it needs u[j]) in the first half
+ * of `part`, then sum_i S[i,j] q[i] in the second (one lane stores it). Each half is rewritten only
+ * after the barrier that follows the other half's write, which every reader of it has passed. The
+ * grid is 1-D (groups of columns folded into x): no extent reaches CUDA's 65,535 cap on y/z. */
+#define SSM_W (SSM_N / SSM_L)
+
+#define GDN_ROW_SUM(y, part, at)                                                                        \
+    do {                                                                                              \
+        y = part[at];                                                                                 \
+        PRAGMA_UNROLL                                                                                 \
+        for (int l_ = 1; l_ < SSM_L; ++l_)                                                            \
+            y += part[(at) + l_];                                                                     \
+    } while (0)
+
+KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_channel,
+                             GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                             GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
+                             GLOBAL uchar* db, i64 dof)
+{
+    LOCAL real part[2 * SSM_WG];
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
+    const i64 rows = LSIZE(0) / SSM_L, blocks = (N + rows - 1) / rows;
+    const i64 hb = GROUP(0) / blocks, bt = hb / HD, hh = hb - bt * HD, j = (GROUP(0) - hb * blocks) * rows + r;
+    const int live = j < N; /* a lane past the last column still meets every barrier */
+    GLOBAL const store_t* q = AT(store_t, qb, qo);
+    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL const store_t* v = AT(store_t, vb, vo);
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    GLOBAL const store_t* beta = AT(store_t, beb, beo);
+    GLOBAL store_t* st = AT(store_t, sb, so) + (bt * HD + hh) * N * N + (live ? j : 0);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const real scale = (real)1 / sqrt((real)N);
+    real s[SSM_W];
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w) {
+        const int i = w * SSM_L + nl;
+        s[w] = carry && live && i < N ? LOAD(st, i * N) : (real)0;
+    }
+    for (i64 t = 0; t < S; ++t) {
+        const i64 head = (bt * S + t) * HD + hh, vec = head * N;
+        const real decay = per_channel ? (real)1 : rlx_exp(LOAD(g, head));
+        real kd[SSM_W], y = (real)0;
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int i = w * SSM_L + nl;
+            kd[w] = (real)0;
+            if (i < N) {
+                if (per_channel)
+                    s[w] *= rlx_exp(LOAD(g, vec + i));
+                else
+                    s[w] *= decay;
+                kd[w] = LOAD(k, vec + i);
+                y += s[w] * kd[w];
+            }
+        }
+        part[lane] = y;
+        BARRIER();
+        GDN_ROW_SUM(y, part, first);
+        const real u = ((live ? LOAD(v, vec + j) : (real)0) - y) * LOAD(beta, head);
+        y = (real)0;
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int i = w * SSM_L + nl;
+            if (i < N) {
+                s[w] += kd[w] * u;
+                y += s[w] * LOAD(q, vec + i);
+            }
+        }
+        part[SSM_WG + lane] = y;
+        BARRIER();
+        if (live && nl == 0) {
+            GDN_ROW_SUM(y, part, SSM_WG + first);
+            STORE(dst, vec + j, scale * y);
+        }
+    }
+    if (carry && live)
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int i = w * SSM_L + nl;
+            if (i < N)
+                STORE(st, i * N, s[w]);
+        }
+}
+#endif

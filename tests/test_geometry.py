@@ -37,18 +37,7 @@ def _check_caps(launch) -> None:
     assert items <= GPU.max_work_group, f"{launch.kernel}: work-group of {items} items"
 
 
-#: shapes whose GPU-shaped kernels are the ssmkern helper's part of issue #12, not merged here yet;
-#: strict, so the marker must go when they pass
-PENDING = {"selective_scan B8 S4096 D4096 N16", "mamba2 B8 S4096 H32 P64 N128", "gdn B4 S8192 H16 N128 per-head",
-           "gdn B4 S8192 H16 N128 per-channel"}
-
-
-def _shape_params(names):
-    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="state-space GPU shapes pending (ssmkern)"))
-            if n in PENDING else n for n in names]
-
-
-@pytest.mark.parametrize("name", _shape_params(cases.GPU_SHAPES))
+@pytest.mark.parametrize("name", cases.GPU_SHAPES)
 def test_gpu_shapes_keep_grid_caps_and_fill_the_device(name):
     op, params = cases.GPU_SHAPES[name]
     plan = _plan(op, params)

@@ -26,15 +26,12 @@ from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128
-REGISTERS = {
-    "selective_scan": STATE_SPACE_REGISTERS, "mamba2": STATE_SPACE_REGISTERS,
-    "gated_delta_net": STATE_SPACE_REGISTERS, "gated_delta_net_pc": STATE_SPACE_REGISTERS,
-}
+REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
+    "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "mamba2_chunk_state", "mamba2_state_pass",
+    "mamba2_chunk_scan", "gated_delta_net_lanes",
+)}
 HARDWARE_REGISTERS = 255
 BUDGET_DTYPES = ("f32", "f16", "bf16")
-#: families whose GPU shapes are the ssmkern helper's part of issue #12, not merged here yet (strict:
-#: the marker must go once they meet the budgets)
-PENDING = {"ssm", "gdn"}
 CPU = DeviceLimits(1024, 1 << 20, True)  # a cpu-target device
 
 
@@ -50,10 +47,7 @@ def _gpu_programs(dtypes):
             for defines in variants(family, "gpu"):
                 src = "f32" if family == "cast" else None  # a cast program holds its kernel only with a source dtype
                 prog = programs.program("cuda", family, dtype, src, "gpu", defines)
-                marks = [pytest.mark.xfail(strict=True, reason="state-space GPU kernels pending (ssmkern)")] \
-                    if family in PENDING and dtype in BUDGET_DTYPES else []
-                out.append(pytest.param(prog, id=f"{family}-{dtype}" + "".join(f"-{k}{v}" for k, v in defines),
-                                        marks=marks))
+                out.append(pytest.param(prog, id=f"{family}-{dtype}" + "".join(f"-{k}{v}" for k, v in defines)))
     return out
 
 
@@ -104,6 +98,7 @@ def _thunks():
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
+    out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2")]  # gpu: the chunked forms
     return out
 
 
@@ -130,7 +125,11 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
             assert got == params_of[launch.kernel], (
                 f"{op}: launch of {launch.kernel} passes {got}, the kernel takes {params_of[launch.kernel]}")
             checked.add(launch.kernel)
-    assert {"gemm", "rnn_step", "rnn_persist", "selective_scan", "mamba2", "gated_delta_net_pc", "cast"} <= checked
+    state_space = {"selective_scan", "mamba2", "gated_delta_net_pc"} if lim.target == "cpu" else {
+        "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes"}
+    if lim.target == "gpu" and dtype != "f64":
+        state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan"}
+    assert {"gemm", "rnn_step", "rnn_persist", "cast"} | state_space <= checked
 
 
 @functools.lru_cache(maxsize=None)

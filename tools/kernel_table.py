@@ -58,9 +58,10 @@ def main() -> int:
           "| shared B f32 | work-groups x items at the GPU shapes |")
     print("|---|---|---|---|---|---|")
     for (tag, kernel), per in sorted(usage.items()):
-        regs = " / ".join(str(per[d].registers) for d in DTYPES)
-        stack = " / ".join(str(per[d].stack) for d in DTYPES)
-        spill = " / ".join(f"{per[d].spill_stores + per[d].spill_loads}" for d in DTYPES)
+        # "—": the kernel is not in that dtype's program (mamba2's chunked kernels have no f64 build)
+        regs = " / ".join(str(per[d].registers) if d in per else "—" for d in DTYPES)
+        stack = " / ".join(str(per[d].stack) if d in per else "—" for d in DTYPES)
+        spill = " / ".join(f"{per[d].spill_stores + per[d].spill_loads}" if d in per else "—" for d in DTYPES)
         name = kernel if tag.split()[0] == tag else f"{kernel} ({tag.split(' ', 1)[1]})"
         print(f"| {name} | {regs} | {stack} | {spill} | {per['f32'].shared} | {'; '.join(groups.get(kernel, [])) or '—'} |")
     return 0

@@ -28,7 +28,8 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
 
 
 def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
-    """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``)."""
+    """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``; at the gpu
+    target ``ssm_kernel="auto"|"lanes"|"chunked"`` for selective_scan and mamba2)."""
     return PLANNERS[thunk["op"]](thunk, limits, **options)
 
 

@@ -1,8 +1,10 @@
-"""Launch geometry of gated_delta_net (ABI.md §4): one work-item per GDN_CJ state columns."""
+"""Launch geometry of gated_delta_net (ABI.md §4). cpu target: one work-item per GDN_CJ state
+columns; gpu target: each column's key indices spread across the lanes of a work-group (ssm.state_lanes)."""
 from __future__ import annotations
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
 from .limits import DeviceLimits
+from .ssm import state_lanes
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
 
@@ -12,6 +14,8 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     writes exp(g) to scratch and the state waits there between blocks."""
     b, s, heads, n, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
     carry, per_channel = bool(t["carry_state"]), bool(t["gate_per_channel"])
+    if lim.target == "gpu":
+        return _plan_lanes(t, lim)
     rs = real_size(dt)
     steps = max(1, min(s, GDN_DECAY_MAX // max(1, b * heads * n))) if per_channel else max(1, s)
     blocks = max(1, -(-s // steps))
@@ -50,6 +54,18 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
         launches.append(Launch("gdn", kernel, dt, grid((items, heads, b), local), local, args, target=lim.target))
     notes = (f"blocked T={steps}",) if per_channel else ()
     return LaunchPlan(tuple(launches), state_bytes + decay_bytes, notes)
+
+
+def _plan_lanes(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
+    """The whole sequence in one launch, both gate kinds (a per-channel decay is taken in the kernel)."""
+    b, heads, n = t["batch"], t["heads"], t["state_size"]
+    carry = bool(t["carry_state"])
+    args = (i64(b), i64(t["seq"]), i64(heads), i64(n), i32(carry), i32(t["gate_per_channel"]))
+    for f in ("q", "k", "v", "g", "beta"):
+        args += (ARENA, i64(t[f]))
+    args += (ARENA, i64(t["state"] if carry else 0), ARENA, i64(t["dst"]))
+    defines, glob, local = state_lanes(n, n, b * heads, lim)
+    return LaunchPlan((Launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local, args, target="gpu", defines=defines),))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -53,12 +53,37 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_WPAD": 0,  # no cache-set aliasing to avoid: rows stay contiguous
         "RNN_JB": 16,  # W_hh^T rows padded to a multiple of RNN_GU
         "RNN_PERSIST_ROWS": 0,  # one work-group per (row, direction) cannot fill a GPU: always per step
+        # state-space kernels: a row's state spread over lanes, SSM_LANE_W values each in registers
+        # (sm_90 f32/f16/bf16: 39-68 registers, no stack), in work-groups of up to SSM_WG lanes
+        "SSM_LANE_W": 8, "SSM_WG": 128,
+        # chunked selective_scan: SSC_CB channels per work-group, SSC_SL lanes per channel, SSC_T steps per lane
+        "SSC_CB": 4, "SSC_SL": 32, "SSC_T": 8, "SSC_MIN_SEQ": 64,
+        # chunked mamba2 (SSD): chunks of M2_Q steps, M2_PT rows of P and M2_NT state columns per tile,
+        # M2_LANES lanes per work-group
+        "M2_Q": 64, "M2_PT": 16, "M2_NT": 16, "M2_LANES": 256, "M2_MIN_SEQ": 64,
     },
 }
 
+#: gpu target: the state sizes the state-space kernels are compiled for (a launch takes the smallest
+#: one >= its state_size)
+SSM_VARIANTS = (16, 32, 64, 128, 256)
+
+
+def state_variant(n: int) -> tuple[tuple[str, int], ...]:
+    """The gpu program variant of the state-space kernels for state_size ``n``: ``SSM_N`` (the
+    compiled state size) and ``SSM_L`` (lanes per state row)."""
+    if n > SSM_VARIANTS[-1]:
+        raise ValueError(f"state_size={n} has no gpu kernel variant; the largest is {SSM_VARIANTS[-1]}")
+    size = next(v for v in SSM_VARIANTS if v >= n)
+    return (("SSM_N", size), ("SSM_L", max(1, size // TUNING["gpu"]["SSM_LANE_W"])))
+
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
 #: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
-VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {}
+VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
+    # ssm: () builds the chunked forms (no state-size variant), the others the lanes kernels
+    ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
+    ("gdn", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
+}
 
 
 def variants(family: str, target: str) -> tuple[tuple[tuple[str, int], ...], ...]:
