@@ -5,6 +5,7 @@ the device, and checks (1) every byte the thunk may not write is unchanged, (2) 
 a float64 reference written here from ABI.md, (3) they match ``host_fallback.execute`` on the same
 bytes, and (4) NaN/Inf positions agree. ``RLX_OPENCL_TEST_DEVICE=opencl:P:D`` picks the device
 (default: the first non-simulator); ``RLX_OPENCL_SMALL=1`` keeps the small shapes only (Oclgrind).
+Every test runs at both targets (cpu and gpu kernel shapes) on that device.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from rlx_gpu.backends.base import BackendUnavailable  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
 from rlx_gpu.runtime.config import default_config_path, load_config  # noqa: E402
 from rlx_gpu.schedule.ops import DTYPES  # noqa: E402
+from rlx_gpu.launches.limits import TARGET_ENV, TARGETS  # noqa: E402
 
 GUARD = 1024
 SMALL = os.environ.get("RLX_OPENCL_SMALL") == "1"
@@ -33,8 +35,10 @@ SMALL = os.environ.get("RLX_OPENCL_SMALL") == "1"
 BOUNDS = load_config(default_config_path())
 
 
-@pytest.fixture(scope="module")
-def session():
+@pytest.fixture(scope="module", params=TARGETS)
+def session(request):
+    """The test device, opened once per target: the gpu target (forced through RLX_TARGET) runs the
+    GPU-shaped kernels on it, so they are checked here too."""
     try:
         infos = opencl.probe()
     except BackendUnavailable as err:
@@ -43,7 +47,11 @@ def session():
     info = next((i for i in infos if i.spec == spec), None) if spec else infos[0]
     if info is None:
         pytest.skip(f"no OpenCL device {spec}; have {[i.spec for i in infos]}")
-    return opencl.open(info)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(TARGET_ENV, request.param)
+        opened = opencl.open(info)
+    assert opened.limits.target == request.param
+    return opened
 
 
 # ---------------------------------------------------------------- float64 references (ABI.md)
@@ -386,7 +394,7 @@ def test_registry_reasons(session):
 
 
 def test_build_cache_and_error(session):
-    prog = programs.program("opencl", "body", "f32")
+    prog = programs.program("opencl", "body", "f32", None, session.limits.target)
     assert session.program(prog) is session.program(prog)
     broken = dataclasses.replace(prog, source=prog.source.replace("return exp(x);", "return exp(x) +;"))
     with pytest.raises(KernelBuildError) as info:
