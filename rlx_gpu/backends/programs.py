@@ -109,12 +109,6 @@ def program_for(dialect: str, launch: Launch, limits: DeviceLimits) -> Program:
     return program(dialect, launch.family, launch.dtype, launch.src_dtype, launch.target, launch.defines)
 
 
-def program_for(dialect: str, launch: Launch, limits: DeviceLimits) -> Program:
-    """The program that holds ``launch``'s kernel on a device with ``limits``: the one place a backend
-    gets program text from (a launch's own defines and per-device tuning belong here)."""
-    return program(dialect, launch.family, launch.dtype, launch.src_dtype)
-
-
 def cache_key(device_key: object, prog: Program, options: tuple[str, ...]) -> tuple[object, str, tuple[str, ...]]:
     """Compile-cache identity: the same source and options on the same device compile once."""
     return (device_key, prog.digest, tuple(options))
