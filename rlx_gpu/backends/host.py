@@ -37,7 +37,8 @@ class HostSession:
     def check_fits(self, nbytes: int, what: str) -> None:
         """Host memory is NumPy's: an arena too large for it raises ``MemoryError`` when allocated."""
 
-    def alloc(self, nbytes: int, what: str = "an arena") -> np.ndarray:
+    def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> np.ndarray:
+        """A zeroed arena; ``resident`` changes nothing here (host kernels keep nothing between runs)."""
         return np.zeros(nbytes, dtype=np.uint8)
 
     def free(self, arena: np.ndarray) -> None:
