@@ -6,6 +6,7 @@ nothing of rlx_gpu) take them exactly as they take a thunk parsed from JSON.
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -28,7 +29,7 @@ class TensorView:
 
     @property
     def count(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # a Python int (shapes are validated), without np.prod's ~5 µs
 
     @property
     def nbytes(self) -> int:
