@@ -19,6 +19,9 @@ from .layout import Region, regions
 Kernel = Callable[..., None]
 
 KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **ssm.KERNELS, **gdn.KERNELS, **body.KERNELS, **scan.KERNELS}
+#: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
+#: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
+PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE}
 
 
 def _keywords(kernel: Kernel) -> frozenset[str]:

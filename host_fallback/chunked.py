@@ -219,7 +219,7 @@ def run_blocks(thunk: Mapping[str, Any], arena: np.ndarray, path: Callable[..., 
     """Run ``path(*inputs, length, out)`` over ``parts`` blocks of batch items x channels (heads)
     (``threads.run_split``), each block loading its own ``inputs(bound, batch_slice, unit_slice)``
     and storing its ``out`` into ``dst``; with ``carried`` the last input is the state ``path``
-    updates in place, stored back into ``state``."""
+    updates in place, stored back into ``state`` unless it is the arena's own (``Bound.in_place``)."""
     bound = Bound(thunk, arena)
 
     def compute(bs: slice, hs: slice) -> tuple[np.ndarray, np.ndarray]:
@@ -230,7 +230,7 @@ def run_blocks(thunk: Mapping[str, Any], arena: np.ndarray, path: Callable[..., 
 
     def store(bs: slice, hs: slice, result: tuple[np.ndarray, np.ndarray]) -> None:
         bound.store("dst", result[0], (bs, slice(None), hs))
-        if carried:
+        if carried and not np.may_share_memory(result[1], bound.arena):
             bound.store("state", result[1], (bs, hs))
 
     threads.run_split(compute, store, thunk["batch"], units, parts)

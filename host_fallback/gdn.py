@@ -39,12 +39,19 @@ def _swap(x: np.ndarray) -> np.ndarray:
 def _step(q, k, v, g, beta, s, length, out):
     """The recurrence of ABI.md §4, step by step, into ``out``; ``s [B, H, N, N]`` is updated in place."""
     scale = 1.0 / math.sqrt(q.shape[-1])
+    outer = scratch("gdn.outer", s.shape, s.dtype)  # k u^T: a state-sized buffer kept, not allocated per step
+    # a per-head decay scales each (batch, head) state as one row of N*N: NumPy's broadcast of a
+    # [B, H, 1, 1] factor runs an inner loop per state row, 3x slower (B8 H8 N64: 95 vs 30 µs)
+    flat = s.reshape(-1, s.shape[-2] * s.shape[-1]) if g.ndim == 3 and s.flags.c_contiguous else None
     for t in range(q.shape[1]):
         decay = np.exp(g[:, t])
-        s *= decay[..., :, None] if g.ndim == 4 else decay[..., None, None]
+        if flat is not None:
+            flat *= decay.reshape(-1, 1)
+        else:
+            s *= decay[..., :, None] if g.ndim == 4 else decay[..., None, None]
         kt = k[:, t, :, None, :]
         u = (v[:, t] - (kt @ s)[..., 0, :]) * beta[:, t, :, None]
-        s += _swap(kt) * u[..., None, :]
+        s += np.einsum("bhi,bhj->bhij", k[:, t], u, out=outer)  # 2x a broadcast multiply's speed
         out[:, t] = scale * (q[:, t, :, None, :] @ s)[..., 0, :]
 
 
@@ -252,8 +259,10 @@ def gated_delta_net(thunk: Thunk, arena: np.ndarray, *, path: str | None = None,
 
     def inputs(bound: Bound, bs: slice, hs: slice) -> list[np.ndarray]:
         q, k, v, g, beta = (bound.load(f, (bs, slice(None), hs)) for f in ("q", "k", "v", "g", "beta"))
-        s = bound.load("state", (bs, hs)) if carry else np.zeros((q.shape[0], q.shape[2], n, n), q.dtype)
-        return [q, k, v, g, beta, s]
+        if not carry:
+            return [q, k, v, g, beta, np.zeros((q.shape[0], q.shape[2], n, n), q.dtype)]
+        s = bound.in_place("state", (bs, hs))  # updated where it lies when f32/f64: no 1 MiB copy in and out
+        return [q, k, v, g, beta, bound.load("state", (bs, hs)) if s is None else s]
 
     run_blocks(thunk, arena, _PATHS[name], inputs, length, thunk["heads"], _parts(thunk, name, workers), carry)
 

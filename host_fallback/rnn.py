@@ -39,7 +39,7 @@ import numpy as np
 
 from . import threads
 from .arena import COMPUTE, STORAGE
-from .layout import Bound, layer_input_sizes, recurrent_dims
+from .layout import Bound, layer_input_sizes, recurrent_dims, regions
 
 #: Internal gate order (ABI index of each internal gate): sigmoid gates first, tanh gates last.
 _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
@@ -182,13 +182,14 @@ def _biases(b: Bound, d: _Dims, ld: int) -> tuple[np.ndarray, np.ndarray | None]
     b_ih, b_hh = _internal(b.view("b_ih")[ld], d), _internal(b.view("b_hh")[ld], d)
     two = 2 * d.hidden
     b_ih[:two] += b_hh[:two]
-    return b_ih, np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
+    return b_ih, b_hh[two:] if d.batch == 1 else np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
 
 
 def _steps(w_ih, bias, x, out, d: _Dims, reverse: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Project one time chunk at a time, just before its steps, so they read it from cache."""
     B, c = d.batch, d.chunk
-    bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], c * B)))
+    if c * B > 1:
+        bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], c * B)))
     buf = np.empty((w_ih.shape[0], c * B), d.compute)
     for k in reversed(range(d.chunks)) if reverse else range(d.chunks):
         np.matmul(w_ih, x[k], out=buf)
@@ -222,33 +223,55 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
             dst[:, k] = out[k].transpose(2, 1, 0)
 
 
-def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
-    """Run one lstm/gru/rnn thunk in place. ``parallel_directions``: ``None`` lets the kernel choose
-    (see the module docstring), ``True``/``False`` forces two threads or one."""
+def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
+    """Do the work that depends only on the thunk once (sizes, regions, the layer split); returns
+    ``run(arena, *, parallel_directions=None)`` for any arena. A decode step (lstm B=1 H=256) spends
+    more time on this setup than on its math, so a runtime that runs a thunk many times keeps ``run``.
+
+    ``parallel_directions``: ``None`` lets the kernel choose (see the module docstring),
+    ``True``/``False`` forces two threads or one."""
     if 0 in (t["batch"], t["seq"], t["hidden"]):
-        return  # nothing to compute; a carried state is its own final state
-    b = Bound(t, arena)
+        return lambda arena, **_: None  # nothing to compute; a carried state is its own final state
+    t = dict(t)  # the kernel reads its fields dozens of times a call; a plain dict is the fastest mapping
     d = _dims(t)
+    by_field = {r.field: r for r in regions(t)}
     B, c = d.batch, d.chunk
-    # Layer 0's input, time-major; chunk k is the transposed view x_tm[k*c:(k+1)*c].reshape(c*B, I).T
-    x = np.empty((d.seq, B, t["input_size"]), d.compute)
-    x[...] = b.view("x").transpose(1, 0, 2)
-    x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
-    w_ih, offset = b.view("w_ih"), 0
-    parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
-                                 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS and threads.cores() == 2)
+    layers, offset = [], 0
     for layer, in_l in enumerate(layer_input_sizes(t)):
         size = d.gates * d.hidden * in_l
-        blocks = [w_ih[offset + k * size: offset + (k + 1) * size].reshape(-1, in_l) for k in range(d.dirs)]
+        layers.append((layer, in_l, [(offset + k * size, offset + (k + 1) * size) for k in range(d.dirs)]))
         offset += d.dirs * size
-        y = np.empty((d.chunks, d.dirs * d.hidden, c * B), d.compute)
-        jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
-        if parallel:
-            threads.run_all(jobs)
-        else:
-            for job in jobs:
-                job()
-        x = y
+    wide = 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS
+    last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
+
+    def run(arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
+        if not last or last[0].arena is not arena:
+            last[:] = [Bound(t, arena, by_field)]
+        b = last[0]
+        # Layer 0's input, time-major; chunk k is the transposed view x_tm[k*c:(k+1)*c].reshape(c*B, I).T
+        x = np.empty((d.seq, B, t["input_size"]), d.compute)
+        x[...] = b.view("x").transpose(1, 0, 2)
+        x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
+        w_ih = b.view("w_ih")
+        parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
+                                     wide and threads.cores() == 2)
+        for layer, in_l, spans in layers:
+            blocks = [w_ih[lo:hi].reshape(-1, in_l) for lo, hi in spans]
+            y = np.empty((d.chunks, d.dirs * d.hidden, c * B), d.compute)
+            jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
+            if parallel:
+                threads.run_all(jobs)
+            else:
+                for job in jobs:
+                    job()
+            x = y
+    return run
+
+
+def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
+    """Run one lstm/gru/rnn thunk in place (``prepare`` says what ``parallel_directions`` does)."""
+    prepare(t)(arena, parallel_directions=parallel_directions)
 
 
 KERNELS = {"lstm": _run, "gru": _run, "rnn": _run}
+PREPARE = {"lstm": prepare, "gru": prepare, "rnn": prepare}

@@ -35,8 +35,9 @@ class Session(Protocol):
     def check_fits(self, nbytes: int, what: str) -> None:
         """Raise ``DeviceError`` naming ``what``, the size, the limit and the device when ``nbytes`` cannot be allocated."""
 
-    def alloc(self, nbytes: int, what: str = "an arena") -> Any:
-        """A zeroed device arena of ``nbytes``."""
+    def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> Any:
+        """A zeroed device arena of ``nbytes``; ``resident`` when it lives between runs (the session may
+        keep data prepared from it, such as staged weights, alongside)."""
 
     def free(self, arena: Any) -> None:
         """Release an arena from :meth:`alloc`."""

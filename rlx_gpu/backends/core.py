@@ -31,12 +31,28 @@ _PROGRAMS: dict[tuple, Any] = {}  # programs.cache_key -> built program, shared 
 _PROGRAMS_LOCK = threading.Lock()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BoundPlan:
-    """A launch plan with each launch's kernel resolved: what repeated runs enqueue directly."""
+    """A launch plan with each launch's kernel resolved: what repeated runs enqueue directly.
+
+    ``steady`` is ``launches`` without the plan's prepare launches: what a run enqueues on a resident
+    arena whose kept scratch (:class:`KeptScratch`) still holds their output.
+    """
 
     launches: tuple[tuple[Any, Launch], ...]
     scratch_bytes: int
+    steady: tuple[tuple[Any, Launch], ...]
+    prepare_reads: tuple[tuple[int, int], ...]
+
+
+@dataclass(eq=False)
+class KeptScratch:
+    """The scratch of one bound plan on one resident arena; ``fresh`` while its prepared part is valid,
+    i.e. no write has touched ``reads`` (the arena ranges it was prepared from) since it was made."""
+
+    buffer: Any
+    reads: tuple[tuple[int, int], ...]
+    fresh: bool = False
 
 
 class KernelSession:
@@ -80,20 +96,31 @@ class KernelSession:
         self.check_fits(nbytes, what)
         return self.prims.allocate(max(nbytes, 1))
 
-    def alloc(self, nbytes: int, what: str = "an arena") -> DeviceArena:
-        """A zeroed arena of ``nbytes``."""
-        arena = DeviceArena(self._buffer(nbytes, what), nbytes)
+    def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> DeviceArena:
+        """A zeroed arena of ``nbytes``; ``resident`` when it lives between runs (``DeviceArena.kept``)."""
+        arena = DeviceArena(self._buffer(nbytes, what), nbytes, resident=resident)
         self.prims.zero(arena.buffer, 0, max(nbytes, 1))
         return arena
 
     def free(self, arena: DeviceArena) -> None:
         arena.pending = arena.image = None
+        for kept in arena.kept.values():
+            self.prims.release(kept.buffer)
+        arena.kept.clear()
         self.prims.release(arena.buffer)
 
     def write(self, arena: DeviceArena, offset: int, data: np.ndarray) -> None:
         data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
         if data.size:
             self.prims.write(arena.buffer, offset, data)
+            self.touched(arena, offset, data.size)
+
+    @staticmethod
+    def touched(arena: DeviceArena, offset: int, nbytes: int) -> None:
+        """Note that ``nbytes`` at ``offset`` of ``arena`` changed: kept scratch prepared from them is stale."""
+        for kept in arena.kept.values():
+            if kept.fresh and any(lo < offset + nbytes and offset < lo + n for lo, n in kept.reads):
+                kept.fresh = False
 
     def read(self, arena: DeviceArena, offset: int, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, np.uint8)
@@ -104,6 +131,7 @@ class KernelSession:
     def zero(self, arena: DeviceArena, offset: int, nbytes: int) -> None:
         if nbytes:
             self.prims.zero(arena.buffer, offset, nbytes)
+            self.touched(arena, offset, nbytes)
 
     def finish(self) -> None:
         self.prims.finish()
@@ -148,14 +176,29 @@ class KernelSession:
     # -- launches ---------------------------------------------------------------------------
     def bind(self, plan: launches.LaunchPlan) -> BoundPlan:
         """Resolve every kernel of ``plan`` once (compiling what is not yet built)."""
-        return BoundPlan(tuple((self.kernel(item), item) for item in plan.launches if not item.empty),
-                         plan.scratch_bytes)
+        bound = tuple((index, self.kernel(item), item) for index, item in enumerate(plan.launches) if not item.empty)
+        return BoundPlan(tuple((kernel, item) for _, kernel, item in bound), plan.scratch_bytes,
+                         tuple((kernel, item) for index, kernel, item in bound if index not in plan.prepare),
+                         plan.prepare_reads if plan.prepare else ())
 
     def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
-        """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0)."""
-        scratch = self.scratch(bound.scratch_bytes) if bound.scratch_bytes else None
+        """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0).
+
+        On a resident arena a plan with prepare launches gets its own scratch, kept with the arena;
+        its prepare launches run only while that scratch is not fresh (first run, or after a write
+        overlapped what they read). Elsewhere every launch runs, on the session's shared scratch.
+        """
+        launches, scratch = bound.launches, None
+        if bound.prepare_reads and arena.resident:
+            kept = arena.kept.get(bound)
+            if kept is None:
+                what = "the kept scratch of a thunk's prepared weights on a resident arena"
+                kept = arena.kept[bound] = KeptScratch(self._buffer(bound.scratch_bytes, what), bound.prepare_reads)
+            launches, scratch, kept.fresh = bound.steady if kept.fresh else launches, kept.buffer, True
+        elif bound.scratch_bytes:
+            scratch = self.scratch(bound.scratch_bytes)
         enqueue, buffer = self.prims.enqueue, arena.buffer
-        for kernel, item in bound.launches:
+        for kernel, item in launches:
             enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
         return 0
 
@@ -172,12 +215,25 @@ class KernelSession:
 
         ``on_host`` holds the ``id`` of every body thunk (at any depth) that placement sent to the host.
         """
+        writes = tuple((r.offset, r.nbytes) for r in footprint(thunk)[1])
         if thunk["op"] in SCAN_OPS:
-            return lambda arena: self._run_scan(thunk, arena, options, on_host)
-        plan = launches.plan(thunk, self.limits, **options.planner_keywords)
-        self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
-        bound = self.bind(plan)
-        return lambda arena: self.run_bound(bound, arena)
+            def run(arena: DeviceArena) -> int:
+                return self._run_scan(thunk, arena, options, on_host)
+        else:
+            plan = launches.plan(thunk, self.limits, **options.planner_keywords)
+            self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
+            bound = self.bind(plan)
+
+            def run(arena: DeviceArena) -> int:
+                return self.run_bound(bound, arena)
+
+        def run_and_note(arena: DeviceArena) -> int:
+            copied = run(arena)
+            if arena.kept:  # what this thunk wrote may be what another (or its own) kept scratch was prepared from
+                for offset, nbytes in writes:
+                    self.touched(arena, offset, nbytes)
+            return copied
+        return run_and_note
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
         """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``)."""

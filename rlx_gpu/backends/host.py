@@ -50,7 +50,8 @@ class HostSession:
                               f"{human_bytes(limit)} of memory of this machine ({self.info.spec}); "
                               f"shrink the schedule")
 
-    def alloc(self, nbytes: int, what: str = "an arena") -> np.ndarray:
+    def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> np.ndarray:
+        """A zeroed arena; ``resident`` changes nothing here (host kernels keep nothing between runs)."""
         return np.zeros(nbytes, dtype=np.uint8)
 
     def free(self, arena: np.ndarray) -> None:
@@ -64,9 +65,17 @@ class HostSession:
 
     def runner(self, thunk: Mapping[str, Any], options: RunOptions, on_host: Collection[int] = ()) -> Runner:
         """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call)."""
-        kernel = host_fallback.KERNELS[thunk["op"]]
         keywords = host_fallback.keywords_for(thunk["op"], options.host_keywords)
         fields = dict(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
+        prepare = host_fallback.PREPARE.get(thunk["op"])
+        if prepare is not None:  # the kernel's thunk-only setup, once
+            prepared = prepare(fields)
+
+            def run_prepared(arena: np.ndarray) -> int:
+                prepared(arena, **keywords)
+                return 0
+            return run_prepared
+        kernel = host_fallback.KERNELS[thunk["op"]]
 
         def run(arena: np.ndarray) -> int:
             kernel(fields, arena, **keywords)

@@ -3,7 +3,7 @@ launch and the device's limits in the backend's own API), and the :class:`Device
 its buffers in. ``core.KernelSession`` builds everything else on these."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Hashable, Protocol
 
 import numpy as np
@@ -104,10 +104,14 @@ class DeviceArena:
     """``nbytes`` of device memory in one buffer (at least 1 byte: some APIs refuse empty buffers).
 
     ``pending`` is a host image not uploaded yet (see ``core.ScanMemory``); ``image`` the host copy
-    that body thunks placed on the host run on.
+    that body thunks placed on the host run on. A ``resident`` arena (``runtime.arena.Arena``) lives
+    between runs, so ``kept`` holds, per bound launch plan, the scratch whose prepared part
+    (``LaunchPlan.prepare``) stays valid until a write overlaps what it was prepared from.
     """
 
     buffer: Any
     nbytes: int
     pending: np.ndarray | None = None
     image: np.ndarray | None = None
+    resident: bool = False
+    kept: dict[Any, Any] = field(default_factory=dict)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from host_fallback.arena import ELEM_SIZE
 
+from host_fallback.layout import regions
+
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
@@ -35,14 +37,17 @@ def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
 
 def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates: int, layers: int,
              rs: int) -> tuple[dict[str, int], int]:
+    """Byte offsets of the scratch regions, and the total. Every layer stages its weights in its own
+    slice of ``wt`` and ``wit`` (``wt_layer``, ``wit_layer`` bytes apart), so that the staged weights
+    of all layers stay valid together between runs (``LaunchPlan.prepare``)."""
     wt_row = gates * ceil_to(h, lim.tune("RNN_JB")) + lim.tune("RNN_WPAD")
-    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h,
-             "c": dirs * b * h, "wt": dirs * h * wt_row,
-             "wit": dirs * gates * h * max(i, dirs * h)}
-    offsets, total = {}, 0
-    for name, count in sizes.items():
+    wt_layer, wit_layer = ceil_to(dirs * h * wt_row * rs, 64), ceil_to(dirs * gates * h * max(i, dirs * h) * rs, 64)
+    sizes = {"xw": dirs * b * s * gates * h * rs, "lo": b * s * dirs * h * rs if layers > 1 else 0,
+             "h": 2 * dirs * b * h * rs, "c": dirs * b * h * rs, "wt": layers * wt_layer, "wit": layers * wit_layer}
+    offsets, total = {"wt_layer": wt_layer, "wit_layer": wit_layer}, 0
+    for name, nbytes in sizes.items():
         offsets[name] = total
-        total += ceil_to(count * rs, 64)
+        total += ceil_to(nbytes, 64)
     return offsets, total
 
 
@@ -56,15 +61,18 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
     sc, scratch_bytes = _scratch(lim, dirs, b, s, h, t["input_size"], gates, layers, rs)
     bias_field = "b_ih" if t["op"] == "gru" else "bias"
     launches: list[Launch] = []
+    prepare: list[int] = []  # the weight-staging launches (LaunchPlan.prepare)
     w_ih = t["w_ih"]
     for layer in range(layers):
         in_l = t["input_size"] if layer == 0 else dirs * h
         src = (ARENA, t["x"], False, 0, in_l, 1) if layer == 0 else (SCRATCH, sc["lo"], True, 0, dirs * h, 1)
         # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
-        launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, sc["wit"])))
+        wit = sc["wit"] + layer * sc["wit_layer"]
+        prepare.append(len(launches))
+        launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, wit)))
         launches.append(gemm(
             lim, dt, b * s, gh, in_l, dirs, src,
-            (SCRATCH, sc["wit"], True, in_l * gh, gh, 1),
+            (SCRATCH, wit, True, in_l * gh, gh, 1),
             (SCRATCH, sc["xw"], True, b * s * gh, gh),
             bias=(ARENA, t[bias_field] + es * layer * dirs * gh, gh),
         ))
@@ -90,9 +98,10 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
                                (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs, target=lim.target))
         hp = ceil_to(h, lim.tune("RNN_JB"))
         tloc = (linear_local(gates * hp, 64), 1, 1)
+        wt = (SCRATCH, i64(sc["wt"] + layer * sc["wt_layer"]))
+        prepare.append(len(launches))
         launches.append(Launch("rnn", "rnn_whh_t", dt, strided_grid((gates * hp, h, dirs), tloc, lim.max_grid), tloc,
-                               (i64(gates), i64(h), i64(hp)) + whh + (SCRATCH, i64(sc["wt"])), target=lim.target))
-        wt = (SCRATCH, i64(sc["wt"]))
+                               (i64(gates), i64(h), i64(hp)) + whh + wt, target=lim.target))
         size, local = _step_geometry(lim, gates, b, h, dirs)
         for step in range(s):
             args = head + (i64(step), SCRATCH, i64(sc["xw"])) + wt + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
@@ -100,7 +109,9 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if carry:
             launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
                                    (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0, target=lim.target))
-    return LaunchPlan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",))
+    weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh"))
+    return LaunchPlan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",),
+                      tuple(prepare), weights)
 
 
 def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -32,7 +32,7 @@ class Arena:
         self._image: np.ndarray | None = None  # host copy for thunks that fall back (their footprint only)
         session = device.session
         with session.lock:
-            self.handle: Any = session.alloc(self.nbytes, "the arena of this schedule (arena_bytes)")
+            self.handle: Any = session.alloc(self.nbytes, "the arena of this schedule (arena_bytes)", resident=True)
             session.write(self.handle, 0, schedule.pristine_arena())
 
     def __repr__(self) -> str:

@@ -30,7 +30,7 @@ class TensorView:
 
     @property
     def count(self) -> int:
-        return math.prod(self.shape)
+        return math.prod(self.shape)  # a Python int (shapes are validated), without np.prod's ~5 µs
 
     @property
     def nbytes(self) -> int:
