@@ -70,8 +70,86 @@ KERNEL binary(GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo, GLOBAL uchar* 
 
 /* dst[z](r, c) = sum_k A[z](r, k) * B[z](k, c) (+ bias[z](c)); every operand is addressed by element
  * strides so one kernel serves transposed and batched matmul and the recurrent input projection.
- * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage.
- * Each item computes a GEMM_RM x GEMM_CN block as rank-1 updates per k: GEMM_RM broadcast A values
+ * An operand flagged *_real is backend scratch in the compute type, otherwise arena storage. */
+#ifdef RLX_TARGET_GPU
+/* gpu target: one work-group (GEMM_LX x GEMM_LY items, 1-D grid over batch x row tiles x column
+ * tiles) computes a GEMM_TILE x GEMM_TILE block of D. Per GEMM_TK slice of the reduction, the items
+ * stage A's and B's tiles in LOCAL memory (reading along whichever of A's axes is contiguous; zeros
+ * past the edges), then each accumulates GEMM_TM x GEMM_TM outputs in registers: rows ty + i*GEMM_LY,
+ * columns tx + j*GEMM_LX, so a warp's LOCAL reads are broadcasts or consecutive (no bank conflicts)
+ * and its stores to D are consecutive columns. A's tile has one pad column against bank conflicts. */
+#define GEMM_ITEMS (GEMM_LX * GEMM_LY)
+#define GEMM_KT (GEMM_TK * 4 / (int)sizeof(real))  /* f64 stages half the slice: same LOCAL bytes as f32 */
+KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
+            GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
+            GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
+            GLOBAL uchar* db, i64 dof, int d_real, i64 d_bs, i64 d_rs,
+            i64 m, i64 n, i64 k)
+{
+    LOCAL real As[GEMM_KT][GEMM_TILE + 1];
+    LOCAL real Bs[GEMM_KT][GEMM_TILE];
+    GLOBAL const uchar* A = AT(uchar, ab, ao);
+    GLOBAL const uchar* B = AT(uchar, bb, bo);
+    GLOBAL const uchar* bias = AT(uchar, cb, co);
+    GLOBAL uchar* D = AT(uchar, db, dof);
+    const i64 tiles_n = (n + GEMM_TILE - 1) / GEMM_TILE, tiles = tiles_n * ((m + GEMM_TILE - 1) / GEMM_TILE);
+    const i64 z = GROUP(0) / tiles, t = GROUP(0) - z * tiles, tm = t / tiles_n;
+    const i64 row0 = tm * GEMM_TILE, col0 = (t - tm * tiles_n) * GEMM_TILE;
+    const int tx = (int)LID(0), ty = (int)LID(1), item = ty * GEMM_LX + tx;
+    const int a_k_fast = a_cs == 1;  /* A's rows contiguous: consecutive items read consecutive k */
+    real acc[GEMM_TM][GEMM_TM];
+    PRAGMA_UNROLL
+    for (int i = 0; i < GEMM_TM; ++i)
+        PRAGMA_UNROLL
+        for (int j = 0; j < GEMM_TM; ++j)
+            acc[i][j] = (real)0;
+    for (i64 k0 = 0; k0 < k; k0 += GEMM_KT) {
+        PRAGMA_UNROLL
+        for (int s = 0; s < GEMM_KT * GEMM_TILE / GEMM_ITEMS; ++s) {
+            /* element e of a tile as (slow, fast) coordinates; remainders as e - q*d, not %: LLVM turns a
+             * div/rem pair into a `freeze`, which Oclgrind's uninitialized-value checker rejects */
+            const int e = item + s * GEMM_ITEMS, ek = e / GEMM_KT, et = e / GEMM_TILE;
+            const int kk = a_k_fast ? e - ek * GEMM_KT : et, r = a_k_fast ? ek : e - et * GEMM_TILE;
+            const i64 row = row0 + r, kq = k0 + kk;
+            As[kk][r] = (row < m && kq < k) ? load_any(A, z * a_bs + row * a_rs + kq * a_cs, a_real) : (real)0;
+            const int kb = et, c = e - et * GEMM_TILE;
+            const i64 col = col0 + c, kr = k0 + kb;
+            Bs[kb][c] = (col < n && kr < k) ? load_any(B, z * b_bs + kr * b_rs + col * b_cs, b_real) : (real)0;
+        }
+        BARRIER();
+        PRAGMA_UNROLL
+        for (int kk = 0; kk < GEMM_KT; ++kk) {
+            real av[GEMM_TM], bv[GEMM_TM];
+            PRAGMA_UNROLL
+            for (int i = 0; i < GEMM_TM; ++i)
+                av[i] = As[kk][ty + i * GEMM_LY];
+            PRAGMA_UNROLL
+            for (int j = 0; j < GEMM_TM; ++j)
+                bv[j] = Bs[kk][tx + j * GEMM_LX];
+            PRAGMA_UNROLL
+            for (int i = 0; i < GEMM_TM; ++i)
+                PRAGMA_UNROLL
+                for (int j = 0; j < GEMM_TM; ++j)
+                    acc[i][j] += av[i] * bv[j];
+        }
+        BARRIER();
+    }
+    PRAGMA_UNROLL
+    for (int j = 0; j < GEMM_TM; ++j) {
+        const i64 col = col0 + tx + j * GEMM_LX;
+        if (col < n) {
+            const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;
+            PRAGMA_UNROLL
+            for (int i = 0; i < GEMM_TM; ++i) {
+                const i64 row = row0 + ty + i * GEMM_LY;
+                if (row < m)
+                    store_any(D, z * d_bs + row * d_rs + col, d_real, acc[i][j] + bval);
+            }
+        }
+    }
+}
+#else
+/* cpu target: each item computes a GEMM_RM x GEMM_CN block as rank-1 updates per k: GEMM_RM broadcast A values
  * times a contiguous run of GEMM_CN B values, with no barrier, so the sums stay in registers. The
  * loops are unrolled and, for a full run of columns with B's columns contiguous, the B run is addressed
  * as base + jj so compilers emit vector loads and FMAs (6 x 16 is the classic AVX2 register block: 12
@@ -148,31 +226,37 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
         GEMM_BODY(GEMM_LD_A_ANY, GEMM_LD_B_ANY, GEMM_BCOL_ANY)
     }
 }
+#endif
 
 /* dst[z][c][r] = src[z](r, c) in the compute type, src at element strides (batch, row, col): gives the
- * gemm a B operand whose columns are contiguous. */
+ * gemm a B operand whose columns are contiguous. Columns and batch items past the grid are strided
+ * over (the gpu target caps grid y/z). */
 KERNEL transpose_real(GLOBAL uchar* sb, i64 so, i64 s_bs, i64 s_rs, i64 s_cs,
-                      GLOBAL uchar* db, i64 dof, i64 rows, i64 cols)
+                      GLOBAL uchar* db, i64 dof, i64 rows, i64 cols, i64 batch)
 {
-    const i64 r = GID(0), c = GID(1), z = GID(2);
-    if (r >= rows || c >= cols)
+    const i64 r = GID(0);
+    if (r >= rows)
         return;
     GLOBAL const uchar* src = AT(uchar, sb, so);
-    AT(real, db, dof)[(z * cols + c) * rows + r] = LOAD(src, z * s_bs + r * s_rs + c * s_cs);
+    for (i64 z = GID(2); z < batch; z += GSIZE(2))
+        for (i64 c = GID(1); c < cols; c += GSIZE(1))
+            AT(real, db, dof)[(z * cols + c) * rows + r] = LOAD(src, z * s_bs + r * s_rs + c * s_cs);
 }
 
-/* dst[o, i] = sum_r x[o, r, i] */
+/* dst[o, i] = sum_r x[o, r, i]; outer rows past the grid are strided over (the gpu target caps grid y) */
 KERNEL reduce_sum(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* db, i64 dof, i64 outer, i64 r, i64 inner)
 {
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const i64 i = GID(0), o = GID(1);
-    if (i >= inner || o >= outer)
+    const i64 i = GID(0);
+    if (i >= inner)
         return;
-    real acc = (real)0;
-    for (i64 j = 0; j < r; ++j)
-        acc += LOAD(x, (o * r + j) * inner + i);
-    STORE(dst, o * inner + i, acc);
+    for (i64 o = GID(1); o < outer; o += GSIZE(1)) {
+        real acc = (real)0;
+        for (i64 j = 0; j < r; ++j)
+            acc += LOAD(x, (o * r + j) * inner + i);
+        STORE(dst, o * inner + i, acc);
+    }
 }
 
 /* dst[0:nbytes] = src[0:nbytes] (non-overlapping) */

@@ -58,15 +58,20 @@ DEVICE_FN void store_any(GLOBAL uchar* p, i64 i, int is_real, real v)
 
 DEVICE_FN real sigmoid_r(real x) { return (real)1 / ((real)1 + exp(-x)); }
 
-/* exp in plain arithmetic for f32 (Cephes' expf: Cody-Waite reduction, degree-6 polynomial, exponent
- * by bits; relative error ~2e-7 in [-87, 88], the argument clamped to that range, NaN carried through
- * the arithmetic): it inlines and vectorizes inside unrolled straight-line loops where the library
- * exp is an opaque scalar call (PoCL). No selects for the special cases: each one measured costs as
- * much as the whole polynomial there. f64 (and any non-f32 compute type) keeps the library exp. */
+/* The fast exp of the recurrent and state-space kernels. f64 (and any non-f32 compute type) keeps the
+ * library exp. gpu target: the hardware exp (HW_EXP_F32, from the dialect prelude; one MUFU op on
+ * NVIDIA instead of a dozen FMAs). cpu target: exp in plain arithmetic (Cephes' expf: Cody-Waite
+ * reduction, degree-6 polynomial, exponent by bits; relative error ~2e-7 in [-87, 88], the argument
+ * clamped to that range, NaN carried through the arithmetic): it inlines and vectorizes inside unrolled
+ * straight-line loops where the library exp is an opaque scalar call (PoCL). No selects for the special
+ * cases: each one measured costs as much as the whole polynomial there. */
 INLINE_FN real rlx_exp(real x)
 {
     if (sizeof(real) != 4)
         return exp(x);
+#ifdef RLX_TARGET_GPU
+    return (real)HW_EXP_F32((float)x);
+#else
     const float xl = (float)x < -87.0f ? -87.0f : (float)x, xc = xl > 88.0f ? 88.0f : xl;
     const float y = xc * 1.44269504088896341f + 0.5f, tr = (float)(int)y;
     const float nf = tr > y ? tr - 1.0f : tr; /* floor(y) without a library call */
@@ -79,4 +84,5 @@ INLINE_FN real rlx_exp(real x)
     p = p * f + 5.0000001201E-1f;
     p = p * f * f + f + 1.0f;
     return (real)(p * BITS_TO_F32((uint)((int)nf + 127) << 23));
+#endif
 }

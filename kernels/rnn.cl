@@ -60,16 +60,107 @@ INLINE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, re
  * the pad keeps a run's successive rows off one cache set (a 4 KiB stride aliases in L1). */
 KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar* tb, i64 to)
 {
-    const i64 col = GID(0), q = GID(1), dir = GID(2);
-    if (col >= G * HP || q >= H)
+    const i64 col = GID(0), dir = GID(2);
+    if (col >= G * HP)
         return;
     const i64 g = col / HP, j = col - g * HP;
     GLOBAL const uchar* whh = AT(uchar, whb, who);
     GLOBAL real* wt = AT(real, tb, to);
-    wt[(dir * H + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
+    for (i64 q = GID(1); q < H; q += GSIZE(1))  /* rows past grid y (capped at the gpu target) */
+        wt[(dir * H + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
 }
 
-/* One timestep for NJ (RNN_JB_G<NG>) consecutive units from j0, NR (RNN_RB_G<NG>) batch rows from b0,
+/* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
+ * whT [dirs][H][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros).
+ * h ping-pongs between hin and hout. Both target shapes share the arguments. */
+#ifdef RLX_TARGET_GPU
+#if RNN_JB % RNN_GU != 0 || RNN_GK < RNN_RB
+#error "rnn gpu tuning: RNN_JB must be a multiple of RNN_GU and RNN_GK at least RNN_RB"
+#endif
+/* gpu target: a work-group of RNN_GU consecutive units (LID 0) x RNN_GK slices of the reduction
+ * (LID 1) for RNN_RB batch rows. Item (u, s) sums q = s, s + RNN_GK, ... for its unit, every gate
+ * and every row, so a warp reads runs of RNN_GU consecutive whT reals (coalesced) and each weight
+ * serves RNN_RB rows; the slices' partial sums meet in LOCAL memory, where item (u, r) finishes
+ * row r's cell. Row blocks past grid y are strided over by whole work-groups (barriers stay uniform). */
+#define RNN_GPU_STEP(NG)                                                                     \
+    for (i64 rb = GROUP(1); rb < (B + RNN_RB - 1) / RNN_RB; rb += GSIZE(1) / RNN_GK) {       \
+        const i64 b0 = rb * RNN_RB;                                                          \
+        i64 rows[RNN_RB];  /* rows past B repeat the last one; their sums are dropped */     \
+        PRAGMA_UNROLL                                                                        \
+        for (int r = 0; r < RNN_RB; ++r)                                                     \
+            rows[r] = b0 + r < B ? b0 + r : B - 1;                                           \
+        real acc[RNN_RB][NG];                                                                \
+        PRAGMA_UNROLL                                                                        \
+        for (int r = 0; r < RNN_RB; ++r)                                                     \
+            PRAGMA_UNROLL                                                                    \
+            for (int g = 0; g < NG; ++g)                                                     \
+                acc[r][g] = (real)0;                                                         \
+        for (i64 q = slice; q < H; q += RNN_GK) {                                            \
+            GLOBAL const real* wq = wt + q * (NG * HP + RNN_WPAD) + j;                       \
+            real w[NG];                                                                      \
+            PRAGMA_UNROLL                                                                    \
+            for (int g = 0; g < NG; ++g)                                                     \
+                w[g] = wq[g * HP];                                                           \
+            PRAGMA_UNROLL                                                                    \
+            for (int r = 0; r < RNN_RB; ++r) {                                               \
+                const real hv = hin[rows[r] * H + q];                                        \
+                PRAGMA_UNROLL                                                                \
+                for (int g = 0; g < NG; ++g)                                                 \
+                    acc[r][g] += hv * w[g];                                                  \
+            }                                                                                \
+        }                                                                                    \
+        PRAGMA_UNROLL                                                                        \
+        for (int r = 0; r < RNN_RB; ++r)                                                     \
+            PRAGMA_UNROLL                                                                    \
+            for (int g = 0; g < NG; ++g)                                                     \
+                part[slice][r][g][u] = acc[r][g];                                            \
+        BARRIER();                                                                           \
+        const i64 b = b0 + slice;                                                            \
+        if (slice < RNN_RB && b < B && j < H) {                                              \
+            real xz[4], hz[4];                                                               \
+            PRAGMA_UNROLL                                                                    \
+            for (int g = 0; g < NG; ++g) {                                                   \
+                real sum = has_bhh ? LOAD(bhh, g * H + j) : (real)0;                         \
+                for (int k = 0; k < RNN_GK; ++k)                                             \
+                    sum += part[k][slice][g][u];                                             \
+                hz[g] = sum;                                                                 \
+                xz[g] = xw[(b * S + tt) * NG * H + (i64)g * H + j];                          \
+            }                                                                                \
+            real c = cst[b * H + j];                                                         \
+            const real h = cell(RNN_OP_OF(NG), relu, xz, hz, hin[b * H + j], &c);            \
+            cst[b * H + j] = c;                                                              \
+            hout[b * H + j] = h;                                                             \
+            store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);                    \
+        }                                                                                    \
+        BARRIER();  /* part is reused by the next row block */                               \
+    }
+
+KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
+                GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
+                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+{
+    LOCAL real part[RNN_GK][RNN_RB][4][RNN_GU];
+    const int u = (int)LID(0), slice = (int)LID(1);
+    const i64 j = GROUP(0) * RNN_GU + u, dir = GROUP(2);  /* j < HP: whT's zero padding covers j >= H */
+    const i64 HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
+    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
+    GLOBAL const real* hin = AT(real, hib, hio + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+    const i64 tt = dir ? S - 1 - t : t;
+    if (G == 4)
+        RNN_GPU_STEP(4)
+    else if (G == 3)
+        RNN_GPU_STEP(3)
+    else
+        RNN_GPU_STEP(1)
+}
+#else
+/* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0, NR (RNN_RB_G<NG>) batch rows from b0,
  * direction dir: hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT
  * row, shared by the NR rows; h broadcast), then the cell. The loops are unrolled so the NR*NG*NJ sums
  * stay in registers and the runs become vector loads and FMAs (sized to about 12 AVX2 vectors of
@@ -154,7 +245,6 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
         }                                                                                   \
     }
 
-/* whT is [dirs][H][G*HP + RNN_WPAD]: each gate's row padded to HP (a multiple of RNN_JB) with zeros. */
 KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
                 GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                 GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
@@ -183,6 +273,7 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
     else
         RNN_STEP_BODY(1, RNN_RB_G1, RNN_JB_G1)
 }
+#endif
 
 /* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */
 KERNEL rnn_state_in(int carry, int has_c, i64 n, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,

@@ -20,6 +20,7 @@ typedef long long i64;
 #define LID(d) ((i64)threadIdx.RLX_AXIS(d))
 #define GROUP(d) ((i64)blockIdx.RLX_AXIS(d))
 #define LSIZE(d) ((i64)blockDim.RLX_AXIS(d))
+#define GSIZE(d) ((i64)gridDim.RLX_AXIS(d) * (i64)blockDim.RLX_AXIS(d))
 #define BARRIER() __syncthreads()
 
 #define AT(T, base, off) ((T*)((uchar*)(base) + (off)))
@@ -29,3 +30,8 @@ typedef long long i64;
 
 #define LOAD_F16(p, i) __half2float(__ushort_as_half(((const ushort*)(p))[i]))
 #define STORE_F16(p, i, v) (((ushort*)(p))[i] = __half_as_ushort(__float2half_rn((float)(v))))
+
+/* The hardware exp of the gpu target: ex2.approx.f32 (MUFU, ~2 ulp) on x*log2(e). Not __expf, which is
+ * ex2.approx.ftz.f32 and flushes subnormal results to zero; exp2f without -ftz is the same instruction
+ * without the flush. */
+#define HW_EXP_F32(x) exp2f((x) * 1.44269504088896341f)

@@ -14,6 +14,7 @@ typedef long i64;
 #define LID(d) ((i64)get_local_id(d))
 #define GROUP(d) ((i64)get_group_id(d))
 #define LSIZE(d) ((i64)get_local_size(d))
+#define GSIZE(d) ((i64)get_global_size(d))
 #define BARRIER() barrier(CLK_LOCAL_MEM_FENCE | CLK_GLOBAL_MEM_FENCE)
 
 /* Rebase an arena pointer by a 64-bit byte offset: the only way a kernel reaches a tensor. */
@@ -25,3 +26,6 @@ typedef long i64;
 /* f16 storage needs no cl_khr_fp16: vload_half/vstore_half_rte are core and round to nearest even. */
 #define LOAD_F16(p, i) vload_half((i), (GLOBAL const half*)(p))
 #define STORE_F16(p, i, v) vstore_half_rte((float)(v), (i), (GLOBAL half*)(p))
+
+/* The hardware exp of the gpu target (the device's own precision; PoCL and Oclgrind give exp's). */
+#define HW_EXP_F32(x) native_exp(x)

@@ -89,6 +89,7 @@ def conformance(spec: str, extra_args: list[str]) -> int:
 
 
 DEMO = """
+import dataclasses
 import numpy as np
 from rlx_gpu.backends import programs
 from rlx_gpu.backends import opencl
@@ -97,13 +98,13 @@ from rlx_gpu.launches.core import Launch
 
 info = next(i for i in opencl.probe() if i.spec == {spec!r})
 s = opencl.open(info)
-prog = programs.program("opencl", "body", "f32")
-assert {good!r} in prog.source
-broken = s.program(programs.Program("opencl", "body", "f32", None, prog.source.replace({good!r}, {broken!r})))
 n = 30  # the tensor ends the arena, so the write one past it leaves the buffer
+fill = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)), target=s.limits.target)
+prog = programs.program_for("opencl", fill, s.limits)
+assert {good!r} in prog.source
+s._kernels[(prog.digest, "fill")] = s.program(dataclasses.replace(prog, source=prog.source.replace({good!r}, {broken!r}))).fill
 arena = s.alloc(4 * n)
-launch = Launch("body", "fill", "f32", (32,), (32,), (ARENA, np.int64(0), np.int64(n), np.float32(1)))
-s.prims.enqueue(s.prims.get_kernel(broken, "fill"), launch, (arena.buffer,) + launch.args[1:])
+s.enqueue(fill, {{ARENA: arena.buffer}})
 s.finish()
 """
 

@@ -248,13 +248,13 @@ class ScanMemory:
         self._ready(src, dst)
         # the copy kernel rather than a copy call of the API: Oclgrind counts its bytes as initialised
         src_buf, dst_buf = Buf("src"), Buf("dst")
-        item = launches.body.copy_launch(nbytes, (src_buf, src_off), (dst_buf, dst_off))
+        item = launches.body.copy_launch(self.session.limits, nbytes, (src_buf, src_off), (dst_buf, dst_off))
         self.session.enqueue(item, {src_buf: src.buffer, dst_buf: dst.buffer})
 
     def accumulate(self, dst: DeviceArena, dst_off: int, src: DeviceArena, src_off: int, count: int, dtype: str) -> None:
         self._ready(dst, src)
         dst_buf, src_buf = Buf("dst"), Buf("src")
-        item = launches.body.accumulate(dtype, count, (dst_buf, dst_off), (src_buf, src_off))
+        item = launches.body.accumulate(self.session.limits, dtype, count, (dst_buf, dst_off), (src_buf, src_off))
         self.session.enqueue(item, {dst_buf: dst.buffer, src_buf: src.buffer})
 
     def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:

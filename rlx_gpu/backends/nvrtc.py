@@ -1,35 +1,56 @@
-"""Compile every kernel family x dtype with the CUDA prelude through NVRTC (no GPU needed).
+"""NVRTC builds of the CUDA dialect (no GPU needed): PTX, sm_XX cubins and their ptxas resource usage.
 
 The proof that the portable text in ``kernels/`` is one text for both dialects: the exact source the
 OpenCL backend builds, with ``kernels_cuda/prelude.cuh`` in place of the OpenCL prelude, must compile
-to PTX for every architecture in ``ARCHS``. Run ``python -m rlx_gpu.backends.nvrtc``; it exits non-zero
-and prints the NVRTC log and numbered source of any failure.
+for every architecture in ``ARCHS``. ``compile_cubin`` builds the binary a CUDA backend loads and
+``resource_usage`` reads ptxas's report of it (registers, stack, spills, shared memory per kernel).
+Run ``python -m rlx_gpu.backends.nvrtc [--usage] [--target cpu|gpu]``; it exits non-zero and prints the
+NVRTC log and numbered source of any failure.
 """
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from dataclasses import dataclass
 
 from ..errors import KernelBuildError
+from ..launches.limits import TARGETS, variants
 from ..schedule.ops import DTYPES
-from .programs import FAMILIES, Program, program
+from . import programs as kernel_programs
 
 ARCHS = ("compute_80", "compute_90")
+CUBIN_ARCH = "sm_90"
 CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
+#: IEEE f32 throughout: NVRTC's defaults (no -ftz, precise div/sqrt, no --use_fast_math), said explicitly
+OPTIONS = ("-I" + CUDA_INCLUDE, "--std=c++17", "-default-device", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
 
 
 @dataclass(frozen=True)
 class Compiled:
-    program: Program
+    program: kernel_programs.Program
     arch: str
     ptx_bytes: int
 
 
-def programs() -> list[Program]:
-    """Every program the backends build: each family for each dtype, plus each cast variant."""
-    out = [program("cuda", fam, dt) for fam in FAMILIES for dt in DTYPES]
-    out += [program("cuda", "body", dt, src) for dt in DTYPES for src in DTYPES]
+@dataclass(frozen=True)
+class Usage:
+    """ptxas's resource report for one kernel (bytes, except registers)."""
+
+    registers: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+    shared: int
+
+
+def programs(target: str = "cpu") -> list[kernel_programs.Program]:
+    """Every program the backends build at ``target``: each family for each dtype and compile-time
+    variant, plus each cast variant of the body family."""
+    out = [kernel_programs.program("cuda", fam, dt, None, target, defs)
+           for fam in kernel_programs.FAMILIES for dt in DTYPES for defs in variants(fam, target)]
+    out += [kernel_programs.program("cuda", "body", dt, src, target) for dt in DTYPES for src in DTYPES]
     return out
 
 
@@ -41,36 +62,140 @@ def _check(result: tuple) -> tuple:
     return result[1:]
 
 
-def compile_ptx(prog: Program, arch: str) -> bytes:
-    """PTX of ``prog`` for ``arch``; raises KernelBuildError with NVRTC's log on failure."""
+def _fetch(handle, size_fn, get_fn) -> bytes:
+    (size,) = _check(size_fn(handle))
+    buf = b" " * size
+    _check(get_fn(handle, buf))
+    return buf
+
+
+def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
+    """An NVRTC program handle compiled for ``arch`` and its log; raises KernelBuildError on failure."""
     from cuda.bindings import nvrtc
 
-    options = [f"--gpu-architecture={arch}", f"-I{CUDA_INCLUDE}", "--std=c++17", "-default-device"]
+    options = [f"--gpu-architecture={arch}", *OPTIONS, *extra]
     (handle,) = _check(nvrtc.nvrtcCreateProgram(prog.source.encode(), f"{prog.family}.cu".encode(), 0, [], []))
+    status = nvrtc.nvrtcCompileProgram(handle, len(options), [o.encode() for o in options])[0]
+    log = _fetch(handle, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog).decode(errors="replace").rstrip("\x00 ")
+    if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        nvrtc.nvrtcDestroyProgram(handle)
+        raise KernelBuildError(f"NVRTC could not compile the {prog.label} for {arch}", log, options, prog.source)
+    return handle, log
+
+
+def compile_ptx(prog: kernel_programs.Program, arch: str) -> bytes:
+    """PTX of ``prog`` for ``arch`` (``compute_XX`` or ``sm_XX``); raises KernelBuildError with NVRTC's log."""
+    from cuda.bindings import nvrtc
+
+    handle, _ = _compile(prog, arch)
     try:
-        status = nvrtc.nvrtcCompileProgram(handle, len(options), [o.encode() for o in options])[0]
-        (size,) = _check(nvrtc.nvrtcGetProgramLogSize(handle))
-        log = b" " * size
-        _check(nvrtc.nvrtcGetProgramLog(handle, log))
-        if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise KernelBuildError(f"NVRTC could not compile the {prog.label} for {arch}",
-                                   log.decode(errors="replace").rstrip("\x00 "), options, prog.source)
-        (size,) = _check(nvrtc.nvrtcGetPTXSize(handle))
-        ptx = b" " * size
-        _check(nvrtc.nvrtcGetPTX(handle, ptx))
-        return ptx
+        return _fetch(handle, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
     finally:
         nvrtc.nvrtcDestroyProgram(handle)
 
 
-def check_all(archs: tuple[str, ...] = ARCHS) -> list[Compiled]:
-    """Compile every program for every arch; the first failure raises KernelBuildError."""
-    return [Compiled(p, arch, len(compile_ptx(p, arch))) for p in programs() for arch in archs]
+@dataclass(frozen=True)
+class CudaBuild:
+    """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
+
+    cubin: bytes
+    ptx: str
+    log: str
 
 
-def main() -> int:
+def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
+    """Compile ``prog`` for ``arch`` (``sm_XX``) once, keeping the cubin, the PTX and ptxas's ``-v`` report
+    (``extra``: further NVRTC options, after the project's)."""
+    from cuda.bindings import nvrtc
+
+    handle, log = _compile(prog, arch, ("--ptxas-options=-v", *extra))
     try:
-        done = check_all()
+        cubin = _fetch(handle, nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN)
+        ptx = _fetch(handle, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX).decode().rstrip("\x00")
+        return CudaBuild(cubin, ptx, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(handle)
+
+
+def compile_cubin(prog: kernel_programs.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
+    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+    done = build(prog, arch)
+    return done.cubin, done.log
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def resource_usage(log: str) -> dict[str, Usage]:
+    """Per kernel, ptxas's report in a ``compile_cubin`` log (``--ptxas-options=-v``)."""
+    usage, name, frame = {}, None, None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            name, frame = m.group(1), None
+        elif (m := _FRAME.search(line)) and name:
+            frame = tuple(int(g) for g in m.groups())
+        elif (m := _REGS.search(line)) and name and frame:
+            smem = _SMEM.search(line)
+            usage[name] = Usage(int(m.group(1)), *frame, int(smem.group(1)) if smem else 0)
+            name = None
+    return usage
+
+
+_PARAMS = re.compile(r"\.entry (\w+)\(([^)]*)\)")
+_PARAM = re.compile(r"\.param \.(?:align \d+ )?\.?([a-z]+)(\d+)")
+
+
+def parameters(ptx: str) -> dict[str, tuple[tuple[str, int], ...]]:
+    """Per kernel in ``ptx``, each parameter in order as (``"f"`` for floating point else ``"i"``, bytes):
+    what a launcher must pack (pointers are 8-byte integers)."""
+    out = {}
+    for name, params in _PARAMS.findall(ptx):
+        out[name] = tuple(("f" if kind == "f" else "i", int(bits) // 8) for kind, bits in _PARAM.findall(params))
+    return out
+
+
+#: f32 instructions that flush subnormals when they carry ``.ftz``. The MUFU approximations (ex2, lg2,
+#: rcp, rsqrt, sin, cos ``.approx.ftz``) are left out: libdevice's accurate expf/logf/tanhf apply them
+#: to range-reduced arguments, where a flush cannot occur, and they appear with -ftz=false too.
+_FTZ = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:add|sub|mul|fma|mad|div|sqrt|min|max|abs|neg|cvt|setp|testp|set|selp)"
+                  r"[.\w]*\.ftz[.\w]*f32)\b", re.M)
+
+
+def flushing_instructions(ptx: str) -> list[str]:
+    """The f32 arithmetic instructions of ``ptx`` that flush subnormals to zero (``.ftz``)."""
+    return _FTZ.findall(ptx)
+
+
+def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu") -> list[Compiled]:
+    """Compile every program for every arch; the first failure raises KernelBuildError."""
+    return [Compiled(p, arch, len(compile_ptx(p, arch))) for p in programs(target) for arch in archs]
+
+
+def usage_table(target: str) -> list[tuple[kernel_programs.Program, str, Usage]]:
+    """(program, kernel, usage) for every kernel of every family x dtype x variant at ``target`` (sm_90)."""
+    rows = []
+    for prog in programs(target):
+        if prog.src_dtype is None:
+            for kernel, use in sorted(resource_usage(compile_cubin(prog)[1]).items()):
+                rows.append((prog, kernel, use))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rlx_gpu.backends.nvrtc")
+    parser.add_argument("--usage", action="store_true", help=f"print ptxas resource usage at {CUBIN_ARCH}")
+    parser.add_argument("--target", default="cpu", choices=TARGETS)
+    args = parser.parse_args(argv)
+    try:
+        if args.usage:
+            print("| program | kernel | registers | stack B | spill st/ld B | shared B |\n|---|---|---|---|---|---|")
+            for prog, kernel, u in usage_table(args.target):
+                print(f"| {prog.label} | {kernel} | {u.registers} | {u.stack} | {u.spill_stores}/{u.spill_loads} | {u.shared} |")
+            return 0
+        done = check_all(target=args.target)
     except KernelBuildError as err:
         print(err, file=sys.stderr)
         return 1

@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import KernelBuildError
 from .programs import Program
 from ..launches import DeviceLimits, Launch
+from ..launches.limits import requested_target
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
 
@@ -75,7 +76,7 @@ class OpenCLPrimitives:
         self.context = cl.Context([self.device])
         self.queue = cl.CommandQueue(self.context)
         self.device_key = self.context.int_ptr
-        self.limits = DeviceLimits(self.device.max_work_group_size, self.device.local_mem_size, info.fp64)
+        self.limits = device_limits(cl, self.device, info.fp64)
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
 
@@ -121,3 +122,20 @@ class OpenCLPrimitives:
 
     def finish(self) -> None:
         self.queue.finish()
+
+
+def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:
+    """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
+    # a device that also says CPU (Oclgrind says every type) gets the cpu shapes unless forced
+    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
+    target = requested_target("gpu" if gpu else "cpu")
+    # the warp / wavefront width where the vendor's extension reports it, else the target's usual width
+    extensions = device.extensions.split()
+    if "cl_nv_device_attribute_query" in extensions:
+        sub_group = device.warp_size_nv
+    elif "cl_amd_device_attribute_query" in extensions:
+        sub_group = device.wavefront_width_amd
+    else:
+        sub_group = 32 if target == "gpu" else 1
+    return DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
+                                 sub_group=int(sub_group), compute_units=device.max_compute_units)

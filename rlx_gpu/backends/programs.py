@@ -1,8 +1,9 @@
-"""Assemble one device program: dialect prelude + shared text + one op family + dtype defines.
+"""Assemble one device program: defines + dialect prelude + shared text + one op family.
 
 The family text in ``kernels/`` is the same for every dialect (DESIGN.md principle 1); only the
-prelude differs. ``program(dialect, family, dtype)`` returns the full source, and its hash keys
-the compile caches of every backend.
+prelude differs. The defines select the dtype, the target's tuning constants (``launches.limits``)
+and a launch's compile-time constants. ``program_for(dialect, launch, limits)`` is the one way a
+backend gets the program of a launch; the program's digest keys every compile cache.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from host_fallback.arena import COMPUTE, STORAGE
 
 from ..launches.body import fn_defines
 from ..launches.core import Launch
-from ..launches.limits import CONSTANTS, DeviceLimits
+from ..launches.limits import TARGETS, TUNING, DeviceLimits
 from ..paths import data_dir
 
 FAMILIES = ("rnn", "ssm", "gdn", "body")
@@ -39,6 +40,8 @@ class Program:
     dtype: str
     src_dtype: str | None
     source: str
+    target: str = "cpu"
+    defines: tuple[tuple[str, int], ...] = ()
 
     @property
     def digest(self) -> str:
@@ -47,7 +50,8 @@ class Program:
     @property
     def label(self) -> str:
         cast = f" (cast from {self.src_dtype})" if self.src_dtype else ""
-        return f"{self.dialect} program {self.family}/{self.dtype}{cast}"
+        extra = "".join(f" {name}={value}" for name, value in self.defines)
+        return f"{self.dialect} program {self.family}/{self.dtype}{cast} [{self.target}{extra}]"
 
 
 @lru_cache(maxsize=None)
@@ -55,8 +59,10 @@ def _text(path: Path) -> str:
     return path.read_text()
 
 
-def defines(dtype: str, src_dtype: str | None = None) -> str:
-    """The ``#define`` block that selects storage, compute type and LOAD/STORE for ``dtype``."""
+def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
+            extra: tuple[tuple[str, int], ...] = ()) -> str:
+    """The ``#define`` block: storage, compute type and LOAD/STORE for ``dtype``, the target's tuning
+    constants and ``RLX_TARGET_CPU`` / ``RLX_TARGET_GPU``, then a launch's own constants ``extra``."""
     suffix, storage, compute = C_TYPES[dtype]
     lines = [f"#define RLX_DT {suffix}", f"#define RLX_STORE_T {storage}"]
     need_fp64 = dtype == "f64" or src_dtype == "f64"
@@ -65,31 +71,42 @@ def defines(dtype: str, src_dtype: str | None = None) -> str:
         lines.append(f"#define RLX_SRC_DT {C_TYPES[src_dtype][0]}")
     if need_fp64:
         lines.append("#define RLX_NEED_FP64 1")
-    lines += [f"#define {name} {value}" for name, value in {**CONSTANTS, **fn_defines()}.items()]
+    lines.append(f"#define RLX_TARGET_{target.upper()} 1")
+    tuning = TUNING[target]
+    clash = [name for name, _ in extra if name in tuning]
+    if clash:
+        raise ValueError(f"launch defines {clash} would redefine {target} tuning constants; rename them")
+    lines += [f"#define {name} {value}" for name, value in [*tuning.items(), *fn_defines().items(), *extra]]
     return "\n".join(lines) + "\n"
 
 
-def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None) -> Program:
-    """Full source of ``family`` for ``dtype`` in ``dialect`` (``src_dtype`` adds the cast kernel)."""
+def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None, target: str = "cpu",
+            extra: tuple[tuple[str, int], ...] = ()) -> Program:
+    """Full source of ``family`` for ``dtype`` in ``dialect`` at ``target`` (``src_dtype`` adds the cast
+    kernel, ``extra`` a launch's compile-time constants)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r}; expected one of {FAMILIES}")
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
     kernels = data_dir("kernels")
     source = "".join(
         [
             f"/* rlx_gpu {family} kernels, dtype {dtype} */\n",
-            defines(dtype, src_dtype),
+            defines(dtype, src_dtype, target, extra),
             _text(PRELUDES[dialect]),
             _text(kernels / "common.cl"),
             _text(kernels / f"{family}.cl"),
         ]
     )
-    return Program(dialect, family, dtype, src_dtype, source)
+    return Program(dialect, family, dtype, src_dtype, source, target, tuple(extra))
 
 
 def program_for(dialect: str, launch: Launch, limits: DeviceLimits) -> Program:
-    """The program that holds ``launch``'s kernel on a device with ``limits``: the one place a backend
-    gets program text from (a launch's own defines and per-device tuning belong here)."""
-    return program(dialect, launch.family, launch.dtype, launch.src_dtype)
+    """The program that holds ``launch``'s kernel, in ``dialect``, for a device with ``limits``."""
+    if launch.target != limits.target:
+        raise ValueError(f"launch {launch.kernel} was planned for the {launch.target} target but the device "
+                         f"runs {limits.target} kernels; plan it with this device's limits")
+    return program(dialect, launch.family, launch.dtype, launch.src_dtype, launch.target, launch.defines)
 
 
 def cache_key(device_key: object, prog: Program, options: tuple[str, ...]) -> tuple[object, str, tuple[str, ...]]:

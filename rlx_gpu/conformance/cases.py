@@ -104,3 +104,22 @@ def _align(n: int) -> int:
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
     """A one-thunk schedule dict."""
     return {"abi": ABI_VERSION, "arena_bytes": arena_bytes, "thunks": [thunk]}
+
+
+#: The GPU shapes of issue #12 (geometry test, README table, timing on a GPU): name -> (op, parameters).
+GPU_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "lstm B64 S512 H1024": ("lstm", dict(batch=64, seq=512, input_size=1024, hidden=1024, num_layers=1,
+                                         bidirectional=False, carry=False)),
+    "gru B64 S512 H1024": ("gru", dict(batch=64, seq=512, input_size=1024, hidden=1024, num_layers=1,
+                                       bidirectional=False, carry=False)),
+    "selective_scan B8 S4096 D4096 N16": ("selective_scan", dict(batch=8, seq=4096, hidden=4096, state_size=16)),
+    "mamba2 B8 S4096 H32 P64 N128": ("mamba2", dict(batch=8, seq=4096, heads=32, head_dim=64, state_size=128)),
+    "gdn B4 S8192 H16 N128 per-head": ("gated_delta_net", dict(batch=4, seq=8192, heads=16, state_size=128,
+                                                               gate_per_channel=False, carry_state=False)),
+    "gdn B4 S8192 H16 N128 per-channel": ("gated_delta_net", dict(batch=4, seq=8192, heads=16, state_size=128,
+                                                                  gate_per_channel=True, carry_state=False)),
+    "gdn decode B64 S1 H16 N128": ("gated_delta_net", dict(batch=64, seq=1, heads=16, state_size=128,
+                                                           gate_per_channel=False, carry_state=True)),
+    "matmul 4096^3": ("matmul", dict(batch=1, m=4096, k=4096, n=4096, trans_a=False, trans_b=False,
+                                     a_batch_stride=0, b_batch_stride=0)),
+}

@@ -1,9 +1,9 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
-from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
 from ..schedule.ops import BINARY_FNS, MAX_RANK, UNARY_FNS
-from .limits import GEMM_CN, GEMM_LOCAL, GEMM_RM, DeviceLimits
+from .limits import DeviceLimits
 
 #: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``
 #: ..., so the kernel text names each function and never depends on the order of the table.
@@ -16,12 +16,13 @@ def fn_defines() -> dict[str, int]:
     return {f"RLX_{op.upper()}_{fn.upper()}": code for op, codes in FN_CODES.items() for fn, code in codes.items()}
 
 
-def _linear(kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
+def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
     local = linear_local(n, 256)
-    return Launch("body", kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype)
+    return Launch("body", kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype, lim.target)
 
 
 def gemm(
+    lim: DeviceLimits,
     dtype: str,
     m: int,
     n: int,
@@ -45,27 +46,34 @@ def gemm(
         dbuf, i64(doff), i32(dreal), i64(dbs), i64(drs),
         i64(m), i64(n), i64(k),
     )
-    tile = GEMM_LOCAL + (1,)
-    return Launch("body", "gemm", dtype, grid((-(-n // GEMM_CN), -(-m // GEMM_RM), batch), tile), tile, args)
+    tile = (lim.tune("GEMM_LX"), lim.tune("GEMM_LY"), 1)
+    if lim.target == "gpu":  # one work-group per GEMM_TILE square of one batch item, all along x
+        side = lim.tune("GEMM_TILE")
+        groups = -(-n // side) * -(-m // side) * batch
+        size = (groups * tile[0], tile[1], 1)
+    else:
+        size = grid((-(-n // lim.tune("GEMM_CN")), -(-m // lim.tune("GEMM_RM")), batch), tile)
+    return Launch("body", "gemm", dtype, size, tile, args, target=lim.target)
 
 
-def transpose_real(dtype: str, rows: int, cols: int, batch: int, src: tuple[Buf, int, int, int, int],
-                   dst: tuple[Buf, int]) -> Launch:
+def transpose_real(lim: DeviceLimits, dtype: str, rows: int, cols: int, batch: int,
+                   src: tuple[Buf, int, int, int, int], dst: tuple[Buf, int]) -> Launch:
     """``dst[z][c][r] = src[z](r, c)`` in the compute type; ``src`` is ``(buffer, offset, batch, row, col
     element strides)``, ``dst`` dense scratch."""
     sbuf, soff, sbs, srs, scs = src
     local = (linear_local(rows, 64), 1, 1)
-    args = (sbuf, i64(soff), i64(sbs), i64(srs), i64(scs), dst[0], i64(dst[1]), i64(rows), i64(cols))
-    return Launch("body", "transpose_real", dtype, grid((rows, cols, batch), local), local, args)
+    args = (sbuf, i64(soff), i64(sbs), i64(srs), i64(scs), dst[0], i64(dst[1]), i64(rows), i64(cols), i64(batch))
+    size = strided_grid((rows, cols, batch), local, lim.max_grid)
+    return Launch("body", "transpose_real", dtype, size, local, args, target=lim.target)
 
 
 def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
     args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(FN_CODES["unary"][t["fn"]]))
-    return LaunchPlan((_linear("unary", t["dtype"], n, args),))
+    return LaunchPlan((_linear(lim, "unary", t["dtype"], n, args),))
 
 
-def _broadcast(dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
+def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
                b: tuple[Buf, int], b_strides: list[int], dst: tuple[Buf, int]) -> Launch:
     pad = MAX_RANK - len(shape)
     n = 1
@@ -75,17 +83,17 @@ def _broadcast(dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_stri
     # a zero extent means nothing to launch; keep the kernel's divisions defined regardless
     args += tuple(i64(max(d, 1)) for d in [1] * pad + list(shape))
     args += tuple(map(i64, [0] * pad + list(a_strides))) + tuple(map(i64, [0] * pad + list(b_strides)))
-    return _linear("binary", dtype, n, args)
+    return _linear(lim, "binary", dtype, n, args)
 
 
 def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
-    return LaunchPlan((_broadcast(t["dtype"], t["fn"], t["shape"], (ARENA, t["a"]), t["a_strides"],
+    return LaunchPlan((_broadcast(lim, t["dtype"], t["fn"], t["shape"], (ARENA, t["a"]), t["a_strides"],
                             (ARENA, t["b"]), t["b_strides"], (ARENA, t["dst"])),))
 
 
-def accumulate(dtype: str, count: int, dst: tuple[Buf, int], src: tuple[Buf, int]) -> Launch:
+def accumulate(lim: DeviceLimits, dtype: str, count: int, dst: tuple[Buf, int], src: tuple[Buf, int]) -> Launch:
     """``dst[i] += src[i]`` for ``count`` elements (the scan driver's upstream accumulation)."""
-    return _broadcast(dtype, "add", [count], dst, [1], src, [1], dst)
+    return _broadcast(lim, dtype, "add", [count], dst, [1], src, [1], dst)
 
 
 def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
@@ -95,16 +103,16 @@ def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     b_rs, b_cs = (1, k) if t["trans_b"] else (n, 1)
     if t["trans_b"] and n > 1:
         # the gemm wants B's columns contiguous: stage B(kk, c) as real scratch [batch][k][n] first
-        stage = transpose_real(t["dtype"], n, k, t["batch"], (ARENA, t["b"], t["b_batch_stride"], k, 1), (SCRATCH, 0))
+        stage = transpose_real(lim, t["dtype"], n, k, t["batch"], (ARENA, t["b"], t["b_batch_stride"], k, 1), (SCRATCH, 0))
         launch = gemm(
-            t["dtype"], m, n, k, t["batch"],
+            lim, t["dtype"], m, n, k, t["batch"],
             (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),
             (SCRATCH, 0, True, k * n, n, 1),
             (ARENA, t["dst"], False, m * n, n),
         )
         return LaunchPlan((stage, launch), t["batch"] * k * n * real_size(t["dtype"]))
     launch = gemm(
-        t["dtype"], m, n, k, t["batch"],
+        lim, t["dtype"], m, n, k, t["batch"],
         (ARENA, t["a"], False, t["a_batch_stride"], a_rs, a_cs),
         (ARENA, t["b"], False, t["b_batch_stride"], b_rs, b_cs),
         (ARENA, t["dst"], False, m * n, n),
@@ -116,32 +124,34 @@ def _reduce_sum(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     outer, r, inner = t["outer"], t["r"], t["inner"]
     args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(outer), i64(r), i64(inner))
     local = (linear_local(inner), 1)
-    return LaunchPlan((Launch("body", "reduce_sum", t["dtype"], grid((inner, outer), local), local, args),))
+    size = strided_grid((inner, outer), local, lim.max_grid)
+    return LaunchPlan((Launch("body", "reduce_sum", t["dtype"], size, local, args, target=lim.target),))
 
 
-def copy_launch(nbytes: int, src: tuple[Buf, int], dst: tuple[Buf, int], dtype: str = "f32") -> Launch:
+def copy_launch(lim: DeviceLimits, nbytes: int, src: tuple[Buf, int], dst: tuple[Buf, int], dtype: str = "f32") -> Launch:
     """``dst[0:nbytes] = src[0:nbytes]`` between (or within) buffers; bytes, so any dtype's program serves."""
-    return _linear("copy_bytes", dtype, nbytes, (src[0], i64(src[1]), dst[0], i64(dst[1]), i64(nbytes)))
+    return _linear(lim, "copy_bytes", dtype, nbytes, (src[0], i64(src[1]), dst[0], i64(dst[1]), i64(nbytes)))
 
 
 def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
-    return LaunchPlan((copy_launch(t["nbytes"], (ARENA, t["src"]), (ARENA, t["dst"]), t["dtype"]),))
+    return LaunchPlan((copy_launch(lim, t["nbytes"], (ARENA, t["src"]), (ARENA, t["dst"]), t["dtype"]),))
 
 
 def _fill(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n, dt = t["n"], t["dtype"]
-    return LaunchPlan((_linear("fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
+    return LaunchPlan((_linear(lim, "fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
 
 
 def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
     args = (ARENA, i64(t["src"]), ARENA, i64(t["dst"]), i64(n))
-    return LaunchPlan((_linear("cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
+    return LaunchPlan((_linear(lim, "cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
-    if t["op"] == "matmul" and lim.max_work_group < GEMM_LOCAL[0] * GEMM_LOCAL[1]:
-        return f"matmul needs work-groups of {GEMM_LOCAL[0] * GEMM_LOCAL[1]} items; the device allows {lim.max_work_group}"
+    items = lim.tune("GEMM_LX") * lim.tune("GEMM_LY")
+    if t["op"] == "matmul" and lim.max_work_group < items:
+        return f"matmul needs work-groups of {items} items at the {lim.target} target; the device allows {lim.max_work_group}"
     if t["op"] == "binary" and len(t["shape"]) > MAX_RANK:
         return f"binary supports rank <= {MAX_RANK}, got rank {len(t['shape'])}"
     return None

@@ -33,10 +33,17 @@ class Launch:
     local_size: tuple[int, ...]
     args: tuple[Any, ...]
     src_dtype: str | None = None  # only for cast: the program variant with the cast kernel
+    target: str = "cpu"  # the target whose tuning constants the program is built with
+    defines: tuple[tuple[str, int], ...] = ()  # this launch's compile-time constants (extra #defines)
 
     @property
     def empty(self) -> bool:
         return any(g == 0 for g in self.global_size)
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """Work-groups per dimension (CUDA's gridDim)."""
+        return tuple(g // l for g, l in zip(self.global_size, self.local_size))
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,12 @@ def ceil_to(value: int, multiple: int) -> int:
 def grid(sizes: tuple[int, ...], local: tuple[int, ...]) -> tuple[int, ...]:
     """Round each global extent up to its local size (kernels bound-check the tail)."""
     return tuple(ceil_to(s, l) for s, l in zip(sizes, local))
+
+
+def strided_grid(sizes: tuple[int, ...], local: tuple[int, ...], max_grid: tuple[int, ...]) -> tuple[int, ...]:
+    """``grid`` with at most ``max_grid`` work-groups per dimension, for kernels that stride over
+    the rest of their extents (``for (i = GID(d); i < n; i += GSIZE(d))``)."""
+    return tuple(min(ceil_to(s, l), cap * l) for s, l, cap in zip(sizes, local, max_grid))
 
 
 def linear_local(n: int, cap: int = 64) -> int:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
-from .limits import GDN_CJ, STATE_MAX, DeviceLimits
+from .limits import DeviceLimits
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
 
@@ -19,7 +19,7 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     state_bytes = ceil_to(b * heads * n * n * rs, 256) if parked else 0
     decay_bytes = b * steps * heads * n * rs if per_channel else 0
     arena_state, scratch_state = (ARENA, i64(t["state"] if carry else 0)), (SCRATCH, i64(0))
-    items = -(-n // GDN_CJ)
+    items = -(-n // lim.tune("GDN_CJ"))
     local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * heads * n, 256), 1)
     launches = []
@@ -29,7 +29,7 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
         if per_channel:
             launches.append(Launch("gdn", "gdn_decay", dt, grid((tb * heads * n, b), dec_local), dec_local,
                                    (i64(b), i64(s), i64(heads * n), i64(t0), i64(tb), ARENA, i64(t["g"]),
-                                    SCRATCH, i64(state_bytes))))
+                                    SCRATCH, i64(state_bytes)), target=lim.target))
         first, last = k == 0, k == blocks - 1
         if per_channel:
             kernel, args = "gated_delta_net_pc", (i64(b), i64(s), i64(heads), i64(n), i64(t0), i64(tb),
@@ -47,14 +47,14 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
         args += (ARENA, i64(t["dst"]))
         if per_channel:
             args += (SCRATCH, i64(state_bytes))
-        launches.append(Launch("gdn", kernel, dt, grid((items, heads, b), local), local, args))
+        launches.append(Launch("gdn", kernel, dt, grid((items, heads, b), local), local, args, target=lim.target))
     notes = (f"blocked T={steps}",) if per_channel else ()
     return LaunchPlan(tuple(launches), state_bytes + decay_bytes, notes)
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
-    if t["state_size"] > STATE_MAX:
-        return f"gated_delta_net keeps a state column of state_size={t['state_size']} in private memory; the kernel holds at most {STATE_MAX}"
+    if t["state_size"] > lim.tune("STATE_MAX"):
+        return f"gated_delta_net keeps a state column of state_size={t['state_size']} in private memory; the kernel holds at most {lim.tune('STATE_MAX')}"
     return None
 
 

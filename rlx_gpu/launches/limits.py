@@ -1,32 +1,107 @@
-"""Compile-time sizes shared by the kernel text and the launch geometry, and a device's limits."""
+"""A device's limits and target, and the per-target tuning constants shared by kernels and planners.
+
+The constants in ``TUNING`` are tuning, not semantics: blockings, work-group shapes, state sizes held
+in registers. ``backends.programs.defines`` emits the launch's target's table as ``#define`` lines, and the
+planners read the same table through ``DeviceLimits.tune``, so kernel text and geometry agree.
+"""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Mapping
 
-GEMM_LOCAL = (8, 8)  # the gemm kernel's work-group: items along (column runs, row blocks)
-GEMM_RM, GEMM_CN = 6, 16  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
-M2_PB = 16  # state rows (head_dim positions) per work-item of the mamba2 kernel
-GDN_CJ = 8  # value columns per work-item of the gated_delta_net kernels
-STATE_MAX = 256  # longest private state row of the ssm / gdn kernels (ABI.md asks for 256)
-RNN_RB = {4: 3, 3: 4, 1: 6}  # batch rows per item of the per-step recurrent kernel, by gate count
-RNN_JBG = {4: 8, 3: 8, 1: 16}  # consecutive hidden units per item of the per-step kernel, by gate count
-RNN_WPAD = 16  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
-RNN_JB = 16  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JBG)
-RNN_PERSIST_MAX = 1024  # largest hidden size the persistent recurrent kernel holds in local memory
+TARGETS = ("cpu", "gpu")
+TARGET_ENV = "RLX_TARGET"  # forces a target (e.g. gpu shapes on PoCL); unset: the device type decides
 
-#: Emitted as ``#define`` lines by backends.programs, so the kernels and the planners agree.
-CONSTANTS = {
-    "GEMM_RM": GEMM_RM, "GEMM_CN": GEMM_CN,
-    "STATE_MAX": STATE_MAX, "GDN_CJ": GDN_CJ, "M2_PB": M2_PB, "RNN_PERSIST_MAX": RNN_PERSIST_MAX, "RNN_JB": RNN_JB, "RNN_WPAD": RNN_WPAD,
-    "RNN_RB_G4": RNN_RB[4], "RNN_RB_G3": RNN_RB[3], "RNN_RB_G1": RNN_RB[1], "RNN_RB_MAX": max(RNN_RB.values()),
-    "RNN_JB_G4": RNN_JBG[4], "RNN_JB_G3": RNN_JBG[3], "RNN_JB_G1": RNN_JBG[1],
+#: CUDA's grid caps (work-groups per dimension); every gpu-target launch keeps within them
+CUDA_MAX_GRID = (2**31 - 1, 65535, 65535)
+UNBOUNDED_GRID = (2**63 - 1,) * 3
+
+_SHARED = {
+    "STATE_MAX": 256,  # longest state row of the ssm / gdn kernels (ABI.md asks for 256)
+    "RNN_PERSIST_MAX": 1024,  # largest hidden size the persistent recurrent kernel holds in local memory
 }
+
+TUNING: dict[str, Mapping[str, int]] = {
+    # shaped for AVX2 registers and L1 (PoCL)
+    "cpu": {
+        **_SHARED,
+        "GEMM_LX": 8, "GEMM_LY": 8,  # the gemm's work-group: items along (column runs, row blocks)
+        "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
+        "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
+        "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
+        # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count
+        "RNN_RB_G4": 3, "RNN_RB_G3": 4, "RNN_RB_G1": 6, "RNN_RB_MAX": 6,
+        "RNN_JB_G4": 8, "RNN_JB_G3": 8, "RNN_JB_G1": 16,
+        "RNN_WPAD": 16,  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
+        "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
+        "RNN_PERSIST_ROWS": 8,  # (batch row, direction) pairs up to which the persistent kernel wins
+    },
+    # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/test_ptxas.py)
+    "gpu": {
+        **_SHARED,
+        # LOCAL-tiled gemm: a GEMM_TILE x GEMM_TILE block of D per work-group of GEMM_LX x GEMM_LX items,
+        # each item GEMM_TM x GEMM_TM outputs strided by GEMM_LX (conflict-free LOCAL reads, coalesced
+        # stores), the reduction staged GEMM_TK at a time through LOCAL memory
+        "GEMM_LX": 16, "GEMM_LY": 16, "GEMM_TM": 8, "GEMM_TK": 16, "GEMM_TILE": 128,
+        "M2_PB": 16,
+        "GDN_CJ": 8,
+        # the per-step recurrent kernel: a work-group of RNN_GU consecutive units (coalesced W_hh^T
+        # reads) x RNN_GK slices of the reduction (summed through LOCAL memory), RNN_RB batch rows
+        # per item sharing each weight read
+        "RNN_GU": 16, "RNN_GK": 16, "RNN_RB": 4,
+        "RNN_WPAD": 0,  # no cache-set aliasing to avoid: rows stay contiguous
+        "RNN_JB": 16,  # W_hh^T rows padded to a multiple of RNN_GU
+        "RNN_PERSIST_ROWS": 0,  # one work-group per (row, direction) cannot fill a GPU: always per step
+    },
+}
+
+#: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
+#: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
+VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {}
+
+
+def variants(family: str, target: str) -> tuple[tuple[tuple[str, int], ...], ...]:
+    """The ``defines`` tuples a planner may give launches of ``family`` at ``target`` (at least ``()``)."""
+    return VARIANTS.get((family, target), ((),))
+
+
+def requested_target(detected: str) -> str:
+    """``$RLX_TARGET`` when set (``cpu`` or ``gpu``), else ``detected`` (the device type's target)."""
+    forced = os.environ.get(TARGET_ENV, "").strip().lower()
+    if forced and forced not in TARGETS:
+        raise ValueError(f"{TARGET_ENV}={forced!r} is not a target; use one of {', '.join(TARGETS)} (or unset it)")
+    return forced or detected
 
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """What launch geometry must respect on one device."""
+    """What launch geometry must respect on one device, and the target its kernels are shaped for.
+
+    ``max_grid`` counts work-groups per dimension (CUDA's ``gridDim``); at the gpu target it is never
+    above CUDA's caps, so a plan made on an OpenCL GPU also launches on CUDA.
+    """
 
     max_work_group: int
     local_mem_bytes: int
     fp64: bool
+    target: str = "cpu"
+    sub_group: int = 1  # warp / wavefront / preferred work-group multiple
+    compute_units: int = 1
+    max_grid: tuple[int, int, int] = UNBOUNDED_GRID
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"DeviceLimits target {self.target!r} is not one of {', '.join(TARGETS)}")
+        if self.target == "gpu":
+            object.__setattr__(self, "max_grid", tuple(min(a, b) for a, b in zip(self.max_grid, CUDA_MAX_GRID)))
+
+    def tune(self, name: str) -> int:
+        """The tuning constant ``name`` of this device's target (the value its kernels were built with)."""
+        return TUNING[self.target][name]
+
+
+#: The GPU the gpu tuning is sized for: an H200 (sm_90, 132 SMs, 228 KiB shared memory per SM); the
+#: geometry test and the README's work-group table plan against it.
+REFERENCE_GPU = DeviceLimits(max_work_group=1024, local_mem_bytes=228 * 1024, fp64=True, target="gpu",
+                             sub_group=32, compute_units=132, max_grid=CUDA_MAX_GRID)

@@ -3,39 +3,41 @@
 Per layer: W_ih is staged transposed (compute type) and one gemm projects every timestep of both
 directions at once (``xw``, compute type, bias folded in except GRU's ``b_hh``); then the recurrence
 runs either as one persistent launch (a work-group of ``hidden`` items per batch row and direction
-keeps h in local memory; chosen for few (batch row, direction) pairs) or as one launch per timestep
-over W_hh staged transposed, each item computing RNN_JBG[gates] units for RNN_RB[gates] batch rows (chosen for
-larger batches, and whenever the hidden size does not fit a work-group). Layers below the last write
-their output to scratch in the compute type.
+keeps h in local memory; chosen for few (batch row, direction) pairs on a cpu target) or as one launch
+per timestep over W_hh staged transposed (chosen otherwise). The per-step kernel's shape is per target:
+cpu, each item computes RNN_JB_G<gates> units for RNN_RB_G<gates> batch rows (a register block); gpu,
+a work-group of RNN_GU consecutive units x RNN_GK slices of the reduction for RNN_RB batch rows, the
+slices summed through LOCAL memory, so that B64 H1024 exposes over a thousand work-groups. Layers
+below the last write their output to scratch in the compute type.
 """
 from __future__ import annotations
 
 from host_fallback.arena import ELEM_SIZE
 
 from .body import gemm, transpose_real
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
-from .limits import RNN_JB, RNN_WPAD, RNN_JBG, RNN_PERSIST_MAX, RNN_RB, DeviceLimits
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size, strided_grid
+from .limits import DeviceLimits
 
 OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
-    """Whether one work-group of ``hidden`` items can hold a whole direction's h."""
-    return t["hidden"] <= min(lim.max_work_group, RNN_PERSIST_MAX)
-
-
-#: above this many (batch row, direction) pairs the per-step kernel, which shares each W_hh row among
-#: RNN_RB batch rows, beats the persistent one, which streams all of W_hh once per pair and step
-PERSIST_MAX_ROWS = 8
+    """Whether one work-group of ``hidden`` items can hold a whole direction's h (one group per batch row)."""
+    return t["hidden"] <= min(lim.max_work_group, lim.tune("RNN_PERSIST_MAX")) and t["batch"] <= lim.max_grid[1]
 
 
 def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
+    """Above RNN_PERSIST_ROWS (batch row, direction) pairs the per-step kernel, which shares each W_hh
+    row among several batch rows, beats the persistent one, which streams all of W_hh once per pair and step."""
     dirs = 2 if t["bidirectional"] else 1
-    return persistent_fits(t, lim) and t["batch"] * dirs <= PERSIST_MAX_ROWS
+    return persistent_fits(t, lim) and t["batch"] * dirs <= lim.tune("RNN_PERSIST_ROWS")
 
 
-def _scratch(dirs: int, b: int, s: int, h: int, i: int, gates: int, layers: int, rs: int) -> tuple[dict[str, int], int]:
-    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h, "c": dirs * b * h, "wt": dirs * h * (gates * ceil_to(h, RNN_JB) + RNN_WPAD),
+def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates: int, layers: int,
+             rs: int) -> tuple[dict[str, int], int]:
+    wt_row = gates * ceil_to(h, lim.tune("RNN_JB")) + lim.tune("RNN_WPAD")
+    sizes = {"xw": dirs * b * s * gates * h, "lo": b * s * dirs * h if layers > 1 else 0, "h": 2 * dirs * b * h,
+             "c": dirs * b * h, "wt": dirs * h * wt_row,
              "wit": dirs * gates * h * max(i, dirs * h)}
     offsets, total = {}, 0
     for name, count in sizes.items():
@@ -51,7 +53,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
     dirs = 2 if t["bidirectional"] else 1
     carry, relu, gh = bool(t["carry"]), bool(t.get("relu", False)), gates * h
     persistent = rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_wins(t, lim))
-    sc, scratch_bytes = _scratch(dirs, b, s, h, t["input_size"], gates, layers, rs)
+    sc, scratch_bytes = _scratch(lim, dirs, b, s, h, t["input_size"], gates, layers, rs)
     bias_field = "b_ih" if t["op"] == "gru" else "bias"
     launches: list[Launch] = []
     w_ih = t["w_ih"]
@@ -59,9 +61,9 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         in_l = t["input_size"] if layer == 0 else dirs * h
         src = (ARENA, t["x"], False, 0, in_l, 1) if layer == 0 else (SCRATCH, sc["lo"], True, 0, dirs * h, 1)
         # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
-        launches.append(transpose_real(dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, sc["wit"])))
+        launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, sc["wit"])))
         launches.append(gemm(
-            dt, b * s, gh, in_l, dirs, src,
+            lim, dt, b * s, gh, in_l, dirs, src,
             (SCRATCH, sc["wit"], True, in_l * gh, gh, 1),
             (SCRATCH, sc["xw"], True, b * s * gh, gh),
             bias=(ARENA, t[bias_field] + es * layer * dirs * gh, gh),
@@ -78,33 +80,47 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         tail = out + (i64(dirs * h),)
         if persistent:
             args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + whh + bhh + h0 + c0 + tail
-            launches.append(Launch("rnn", "rnn_persist", dt, (h, b, dirs), (h, 1, 1), args))
+            launches.append(Launch("rnn", "rnn_persist", dt, (h, b, dirs), (h, 1, 1), args, target=lim.target))
             continue
         n = dirs * b * h
         cs = (SCRATCH, i64(sc["c"]))
         hbuf = [(SCRATCH, i64(sc["h"])), (SCRATCH, i64(sc["h"] + n * rs))]
         lin = (linear_local(n, 256),)
         launches.append(Launch("rnn", "rnn_state_in", dt, grid((n,), lin), lin,
-                               (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs))
-        hp = ceil_to(h, RNN_JB)
+                               (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs, target=lim.target))
+        hp = ceil_to(h, lim.tune("RNN_JB"))
         tloc = (linear_local(gates * hp, 64), 1, 1)
-        launches.append(Launch("rnn", "rnn_whh_t", dt, grid((gates * hp, h, dirs), tloc), tloc,
-                               (i64(gates), i64(h), i64(hp)) + whh + (SCRATCH, i64(sc["wt"]))))
+        launches.append(Launch("rnn", "rnn_whh_t", dt, strided_grid((gates * hp, h, dirs), tloc, lim.max_grid), tloc,
+                               (i64(gates), i64(h), i64(hp)) + whh + (SCRATCH, i64(sc["wt"])), target=lim.target))
         wt = (SCRATCH, i64(sc["wt"]))
-        units = -(-h // RNN_JBG[gates])
-        local = (linear_local(units), 1, 1)
-        rows = -(-b // RNN_RB[gates])
+        size, local = _step_geometry(lim, gates, b, h, dirs)
         for step in range(s):
             args = head + (i64(step), SCRATCH, i64(sc["xw"])) + wt + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
-            launches.append(Launch("rnn", "rnn_step", dt, grid((units, rows, dirs), local), local, args))
+            launches.append(Launch("rnn", "rnn_step", dt, size, local, args, target=lim.target))
         if carry:
             launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
-                                   (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0))
+                                   (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0, target=lim.target))
     return LaunchPlan(tuple(launches), scratch_bytes, ("persistent" if persistent else "per-step",))
+
+
+def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Global and local size of the per-step kernel at the device's target."""
+    if lim.target == "gpu":  # row blocks past grid y are strided over by whole work-groups
+        gu, gk = lim.tune("RNN_GU"), lim.tune("RNN_GK")
+        row_blocks = min(-(-b // lim.tune("RNN_RB")), lim.max_grid[1])
+        return (ceil_to(h, gu), row_blocks * gk, dirs), (gu, gk, 1)
+    units = -(-h // lim.tune(f"RNN_JB_G{gates}"))
+    local = (linear_local(units), 1, 1)
+    return grid((units, -(-b // lim.tune(f"RNN_RB_G{gates}")), dirs), local), local
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     # the per-step kernel has no shape limit; the persistent one is chosen only when it fits
+    items = lim.tune("GEMM_LX") * lim.tune("GEMM_LY")
+    if lim.target == "gpu":
+        items = max(items, lim.tune("RNN_GU") * lim.tune("RNN_GK"))
+    if lim.max_work_group < items:
+        return f"{t['op']} needs work-groups of {items} items at the {lim.target} target; the device allows {lim.max_work_group}"
     return None
 
 

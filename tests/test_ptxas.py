@@ -1,0 +1,137 @@
+"""The gpu-target CUDA programs meet their sm_90 budgets, and every launch matches its kernel's signature.
+
+Each program is compiled once per test session with NVRTC for sm_90 (cubin, PTX and ptxas's ``-v``
+report; no GPU needed). Budgets (issue #12): 0 spill bytes and 0 stack bytes for every kernel in f32,
+f16 and bf16; at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
+rest; f64 is built and listed, and may spill. No f32 arithmetic flushes subnormals (``.ftz``).
+Signatures: CuPy packs each launch argument by its size and checks nothing, so every planner's Launch
+must match its kernel's PTX parameter list in count, width and kind (integer / floating point).
+"""
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
+
+import numpy as np  # noqa: E402
+
+from rlx_gpu import launches  # noqa: E402
+from rlx_gpu.backends import nvrtc, programs  # noqa: E402
+from rlx_gpu.conformance import cases  # noqa: E402
+from rlx_gpu.launches import Buf  # noqa: E402
+from rlx_gpu.launches.limits import REFERENCE_GPU, variants  # noqa: E402
+from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
+
+#: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
+STATE_SPACE_REGISTERS = 128
+REGISTERS = {
+    "selective_scan": STATE_SPACE_REGISTERS, "mamba2": STATE_SPACE_REGISTERS,
+    "gated_delta_net": STATE_SPACE_REGISTERS, "gated_delta_net_pc": STATE_SPACE_REGISTERS,
+}
+HARDWARE_REGISTERS = 255
+BUDGET_DTYPES = ("f32", "f16", "bf16")
+#: families whose GPU shapes are the ssmkern helper's part of issue #12, not merged here yet (strict:
+#: the marker must go once they meet the budgets)
+PENDING = {"ssm", "gdn"}
+CPU = REFERENCE_GPU.__class__(1024, 1 << 20, True)  # a cpu-target device
+
+
+@functools.lru_cache(maxsize=None)
+def _build(prog: programs.Program) -> nvrtc.CudaBuild:
+    return nvrtc.build(prog)
+
+
+def _gpu_programs(dtypes):
+    out = []
+    for family in programs.FAMILIES:
+        for dtype in dtypes:
+            for defines in variants(family, "gpu"):
+                prog = programs.program("cuda", family, dtype, None, "gpu", defines)
+                marks = [pytest.mark.xfail(strict=True, reason="state-space GPU kernels pending (ssmkern)")] \
+                    if family in PENDING and dtype in BUDGET_DTYPES else []
+                out.append(pytest.param(prog, id=f"{family}-{dtype}" + "".join(f"-{k}{v}" for k, v in defines),
+                                        marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES))
+def test_gpu_program_meets_sm90_budgets(prog):
+    usage = nvrtc.resource_usage(_build(prog).log)
+    assert usage, f"no ptxas report for {prog.label}"
+    over = {k: u for k, u in usage.items()
+            if u.spill_stores or u.spill_loads or u.stack or u.registers > REGISTERS.get(k, HARDWARE_REGISTERS)}
+    assert not over, f"{prog.label} over budget (0 spill, 0 stack, registers {REGISTERS}): {over}"
+
+
+@pytest.mark.parametrize("prog", _gpu_programs(("f64",)))
+def test_gpu_f64_program_builds_and_is_listed(prog):
+    """f64 may spill; it must still build, and ptxas must report every kernel of the program."""
+    built = _build(prog)
+    usage = nvrtc.resource_usage(built.log)
+    assert set(usage) == set(nvrtc.parameters(built.ptx)), usage
+    assert len(built.cubin) > 1000
+
+
+@pytest.mark.parametrize("family", programs.FAMILIES)
+def test_f32_ptx_does_not_flush_subnormals(family):
+    for target in ("gpu", "cpu"):
+        ptx = _build(programs.program("cuda", family, "f32", None, target)).ptx
+        assert nvrtc.flushing_instructions(ptx) == [], f"{family} [{target}] flushes f32 subnormals"
+
+
+def test_flush_check_sees_ftz():
+    """The check above can fail: the same program built with --ftz=true flushes."""
+    prog = programs.program("cuda", "rnn", "f32", None, "gpu")
+    assert nvrtc.flushing_instructions(nvrtc.build(prog, extra=("--ftz=true",)).ptx)
+
+
+def test_gpu_target_uses_the_hardware_exp():
+    """rlx_exp at the gpu target is ex2.approx.f32 (no .ftz); the cpu target keeps its polynomial."""
+    gpu = _build(programs.program("cuda", "rnn", "f32", None, "gpu")).ptx
+    cpu = _build(programs.program("cuda", "rnn", "f32", None, "cpu")).ptx
+    assert "ex2.approx.f32" in gpu and "ex2.approx" not in cpu
+
+
+# ------------------------------------------------------------------------------------------ signatures
+def _thunks():
+    """One small thunk of every planned op, the GPU shapes, and the recurrent kernel choices."""
+    out = []
+    for op in cases.SMALL:
+        if op not in SCAN_OPS:
+            out.append((op, None, {}))
+    out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
+    out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
+    return out
+
+
+def _kind(arg) -> tuple[str, int]:
+    if isinstance(arg, Buf):
+        return ("i", 8)  # a device pointer
+    value = np.asarray(arg)
+    assert value.dtype.kind in "iuf" and value.shape == (), f"launch argument {arg!r} is not a sized scalar"
+    return ("f" if value.dtype.kind == "f" else "i", value.dtype.itemsize)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])  # f16/bf16 share f32's compute type, so its signatures
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, CPU], ids=["gpu", "cpu"])
+def test_every_launch_matches_its_kernel_signature(lim, dtype):
+    checked = set()
+    for op, params, options in _thunks():
+        thunk, _ = cases.lay_out(op, dtype, params)
+        for launch in launches.plan(thunk, lim, **options).launches:
+            prog = programs.program_for("cuda", launch, lim)
+            ptx = _build(prog).ptx if lim.target == "gpu" else _cpu_ptx(prog)
+            params_of = nvrtc.parameters(ptx)
+            assert launch.kernel in params_of, f"{prog.label} has no kernel {launch.kernel}"
+            got = tuple(_kind(a) for a in launch.args)
+            assert got == params_of[launch.kernel], (
+                f"{op}: launch of {launch.kernel} passes {got}, the kernel takes {params_of[launch.kernel]}")
+            checked.add(launch.kernel)
+    assert {"gemm", "rnn_step", "rnn_persist", "selective_scan", "mamba2", "gated_delta_net_pc", "cast"} <= checked
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_ptx(prog: programs.Program) -> str:
+    return nvrtc.compile_ptx(prog, "compute_90").decode().rstrip("\x00")
