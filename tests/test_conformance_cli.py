@@ -122,3 +122,12 @@ def test_devices_shows_the_support_matrix_of_every_device(capsys):
     assert len(specs) >= 2
     for spec in specs:
         assert f"support on {spec} " in out
+
+
+@needs_opencl
+def test_target_forces_the_gpu_kernels_on_an_opencl_device(tmp_path, capsys):
+    out_json = tmp_path / "gpu.json"
+    assert main(["conformance", "--device", "opencl", "--target", "gpu", "--ops", "selective_scan", "--quick",
+                 "--json", str(out_json)]) == 0
+    assert "kernel target forced to gpu on opencl:" in capsys.readouterr().out
+    assert json.loads(out_json.read_text())["target"] == "gpu"

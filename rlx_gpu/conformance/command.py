@@ -102,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr),
                           perf_repeats=args.repeat if args.perf else 0)
     infos = [s.info for s in sessions]
+    if args.target:
+        print(f"kernel target forced to {args.target} on " + ", ".join(i.spec for i in infos if i.backend != "host"))
     print(report.text(infos, outcomes, config))
     if args.json:
-        report.write_json(args.json, report.as_json(infos, outcomes, config, args.quick))
+        report.write_json(args.json, {**report.as_json(infos, outcomes, config, args.quick), "target": args.target})
         print(f"wrote {args.json}")
     if args.markdown:
         with open(args.markdown, "w") as out:
