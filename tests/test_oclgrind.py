@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not _oclgrind_available(), reason="no Oclgrind O
 
 
 def test_conformance_cases_are_clean_under_oclgrind():
-    done = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Oclgrind: no diagnostics" in done.stdout
 

@@ -54,7 +54,7 @@ def main() -> int:
                 for kernel, use in nvrtc.resource_usage(nvrtc.compile_cubin(prog)[1]).items():
                     usage[(tag, kernel)][dtype] = use
     groups = exposure(args.target)
-    print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f64) "
+    print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f32 / f16 / bf16 / f64) "
           "| shared B f32 | work-groups x items at the GPU shapes |")
     print("|---|---|---|---|---|---|")
     for (tag, kernel), per in sorted(usage.items()):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from host_fallback.arena import COMPUTE, STORAGE
@@ -43,7 +43,7 @@ class Program:
     target: str = "cpu"
     defines: tuple[tuple[str, int], ...] = ()
 
-    @property
+    @cached_property
     def digest(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
@@ -80,6 +80,7 @@ def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
     return "\n".join(lines) + "\n"
 
 
+@lru_cache(maxsize=None)  # backends ask once per launch: the text and its digest are built once
 def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None, target: str = "cpu",
             extra: tuple[tuple[str, int], ...] = ()) -> Program:
     """Full source of ``family`` for ``dtype`` in ``dialect`` at ``target`` (``src_dtype`` adds the cast
