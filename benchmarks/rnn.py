@@ -53,6 +53,16 @@ def cpu_ticks() -> tuple[int, int] | None:
     return sum(v) - v[3] - v[4], round((t.user + t.system) * os.sysconf("SC_CLK_TCK"))
 
 
+def warn_if_shared(start: tuple[int, int] | None, t0: float) -> None:
+    """Print a warning when other processes used the CPUs since ``start = cpu_ticks()`` at ``t0``."""
+    end = cpu_ticks()
+    if start and end:
+        others = (end[0] - start[0]) - (end[1] - start[1])
+        share = others / ((time.perf_counter() - t0) * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1))
+        if share > 0.05:
+            print(f"warning: other processes used {share:.0%} of the CPUs meanwhile; these figures are unreliable")
+
+
 def alternate_ms(fns, runs: int, warmup: int, rounds: int) -> list[float]:
     """Median ms of each function over ``rounds`` blocks of ``warmup`` untimed then ``runs`` timed calls,
     the functions taking turns block by block, so that drifting clocks or load hit all alike and what
@@ -123,12 +133,7 @@ def main() -> None:
     print(f"{'op':<6}{'torch ms':>10}{'host ms':>10}{'ratio':>8}{'max |diff|':>12}")
     for op, t_ms, h_ms, ratio, diff in rows:
         print(f"{op:<6}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
-    end = cpu_ticks()
-    if start and end:
-        others = (end[0] - start[0]) - (end[1] - start[1])
-        share = others / ((time.perf_counter() - t0) * os.sysconf("SC_CLK_TCK") * (os.cpu_count() or 1))
-        if share > 0.05:
-            print(f"warning: other processes used {share:.0%} of the CPUs meanwhile; these figures are unreliable")
+    warn_if_shared(start, t0)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Time and memory of host ``scan_backward`` against the sequence length, per recompute strategy.
 
-Runs the tanh-RNN cell of ``tests/test_scan_host.py`` (f32, carry [2, 3]) for T = 64 … 16384 with
-every carry saved (K = T), √T checkpoints with the segment cache, and one checkpoint with
-treeverse. Prints medians and writes a log–log plot of the carries held against T to
-``benchmarks/out/scan_memory.png``.
+Runs the tanh-RNN cell of the conformance suite (``rlx_gpu.conformance.scan_cell``; f32, carry
+[2, 3]) for T = 64 … 16384 with every carry saved (K = T), √T checkpoints with the segment cache,
+and one checkpoint with treeverse. Prints medians and writes a log–log plot of the carries held
+against T to ``benchmarks/out/scan_memory.png``.
 
-    PYTHONPATH=. python benchmarks/scan.py [--max-t 16384] [--repeats 3]
+Needs rlx_gpu installed (or run from the checkout) and matplotlib, the ``[bench]`` extra:
+
+    pip install -e ".[bench]" && python benchmarks/scan.py [--max-t 16384] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -16,14 +18,22 @@ import sys
 import time
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' cells, run from anywhere
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # rlx_gpu from this checkout when not installed
+try:
+    import matplotlib
 
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+except ModuleNotFoundError as err:
+    sys.exit(f"benchmarks/scan.py needs matplotlib for its plot: pip install -e '.[bench]' ({err})")
+
+from host_fallback.arena import STORAGE  # noqa: E402
+from host_fallback.layout import regions  # noqa: E402
 from host_fallback.scan import HostMemory, run_scan_backward  # noqa: E402
-from tests.test_scan_host import Problem, Rnn  # noqa: E402
+from rlx_gpu.conformance import scan_cell  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -35,18 +45,30 @@ CONFIGS = [
 ]
 
 
+def backward_case(length: int, k: int) -> tuple[scan_cell.Cell, dict, np.ndarray]:
+    """The cell, a ``scan_backward`` thunk over it with ``k`` checkpoints, and its outer arena filled."""
+    cell = scan_cell.cell("f32", bcast_bias=False)
+    thunk, nbytes = lay_out("scan_backward", "f32", scan_cell.fields("scan_backward", cell, length, False, k))
+    values = scan_cell.inputs("scan_backward", cell, scan_cell.problem("scan_backward", cell, length, False, 1), k)
+    arena = np.zeros(nbytes, np.uint8)
+    for r in regions(thunk):
+        if r.field in values:
+            raw = np.asarray(values[r.field], np.float64).astype(STORAGE["f32"]).view(np.uint8).ravel()
+            arena[r.offset: r.offset + raw.size] = raw
+    return cell, thunk, arena
+
+
 def measure(length: int, k: int, how: str, repeats: int) -> dict:
     """Median seconds, peak extra bytes and body runs of one backward sweep."""
-    p = Problem(Rnn("f32"), length)
-    thunk = p.backward("scan_backward", save_trajectory=False, k=k)  # runs the checkpointed forward once
+    cell, thunk, arena = backward_case(length, k)
     times = []
     for _ in range(repeats):
         mem = HostMemory()
         start = time.perf_counter()
-        run_scan_backward(mem, thunk, p.arena, recompute=how)
+        run_scan_backward(mem, thunk, arena, recompute=how)
         times.append(time.perf_counter() - start)
-    c = p.rnn.carry_bytes
-    bodies = p.rnn.vjp["arena_bytes"] + (p.rnn.cell["arena_bytes"] if 0 < k < length else 0)
+    c = cell.carry_bytes
+    bodies = cell.vjp["arena_bytes"] + (cell.forward["arena_bytes"] if 0 < k < length else 0)
     rows = k if 0 < k < length else length
     return {
         "seconds": statistics.median(times),

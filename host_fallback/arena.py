@@ -1,6 +1,8 @@
 """Typed views of a uint8 host arena: the element types of ABI.md §1 and their rounding."""
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 
@@ -27,7 +29,7 @@ ELEM_SIZE: dict[str, int] = {name: dt.itemsize for name, dt in STORAGE.items()}
 def view(arena: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """Return a writable view of ``shape`` elements of ``dtype`` stored at byte ``offset``."""
     storage = STORAGE[dtype]
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     raw = arena[offset: offset + count * storage.itemsize]
     return raw.view(storage).reshape(shape)
 

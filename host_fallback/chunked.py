@@ -5,6 +5,13 @@ as GEMMs over every (chunk, batch, head) at once, and carry the state across chu
 sequential loop. Decay ratios are always built as ``exp(cum[i] - cum[j])`` with ``i >= j`` (a later
 cumulative log-decay minus an earlier one), masked before the exp: such a ratio is the product of
 the step decays between ``j`` and ``i``, so it is finite wherever the step recurrence is.
+
+Non-finite values: a NaN or inf at step ``t`` of a lane must leave that lane's outputs before
+``t`` as the step recurrence gives them, but the bulk forms are not causal for such values (a
+triangular GEMM multiplies the later steps by exact zeros, and ``0 * inf`` is NaN). The bulk
+output at step ``t`` itself is then non-finite, so ``redo_nonfinite`` reruns every chunk of a lane
+whose output holds a non-finite value with the step recurrence, from the state entering it; and
+``floor_log_decays`` keeps a ``-inf`` log-decay (a state reset) out of the cumulative sums.
 """
 from __future__ import annotations
 
@@ -110,6 +117,21 @@ def from_chunks(y: np.ndarray, seq: int) -> np.ndarray:
     return np.moveaxis(y, (0, 2), (1, 3)).reshape(b, count * length, h, *rest)[:, :seq]
 
 
+def floor_log_decays(logd: np.ndarray, low: float | None = None) -> np.ndarray:
+    """``logd`` with every log-decay below ``log(smallest subnormal) - 1`` of its type raised to it.
+
+    The step recurrence multiplies by ``exp`` of either, exactly 0, so nothing changes there; the
+    chunked forms gain twice: a ``-inf`` (a state reset) becomes finite and so never meets another
+    ``-inf`` in a cumulative difference (``-inf - -inf`` is NaN), and a huge finite one (``-1e6``)
+    no longer drowns the digits of every later cumulative log-decay of its chunk. ``low`` is
+    ``logd``'s minimum where the caller has it (no pass over ``logd`` then when nothing is below).
+    NaN stays NaN.
+    """
+    floor = float(np.log(np.finfo(logd.dtype).smallest_subnormal.astype(np.float64))) - 1.0
+    low = float(logd.min(initial=0.0)) if low is None else low
+    return logd if low >= floor else np.maximum(logd, floor)
+
+
 def decay_ratios(cum: np.ndarray) -> np.ndarray:
     """``[..., L] -> [..., L, L]``: ``exp(cum[i] - cum[j])`` where ``i >= j``, else 0."""
     length = cum.shape[-1]
@@ -150,6 +172,36 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
         if blk:
             full[..., rows, : blk * block] = -(inv[..., blk, :, :] @ (a[..., rows, : blk * block] @ full[..., : blk * block, : blk * block]))
     return full
+
+
+def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None],
+                   inputs: Callable[[], list[np.ndarray]]) -> None:
+    """Rerun with ``step`` each chunk of a lane whose output ``out [C, B, H, L, P]`` holds a
+    non-finite value, from the state ``starts [C, B, H, ...]`` entering it, into ``out``.
+
+    ``inputs()`` gives the per-step inputs as ``[C, B, H, L, ...]`` chunks (called only when a
+    chunk is redone); ``step(*inputs, state, result)`` gets those of ``K`` chunks as ``K`` batch
+    items of one head (``[K, L, 1, ...]``), their entering states as ``[K, 1, ...]`` (a copy it may
+    update) and writes ``result [K, L, 1, P]``.
+
+    The bulk states are exact wherever the recurrence's are finite and non-finite where they are
+    not (a NaN in one input channel spoils only the state entries it reaches), so a chunk entered
+    with a partly non-finite state is redone too. One entered with no finite entry is left as it
+    is: there, as in the recurrence, every output is non-finite. Costs one ``isfinite`` pass over
+    ``out`` when every value is finite.
+    """
+    bad = ~np.isfinite(out).all(axis=(-2, -1))
+    if not bad.any():
+        return
+    pick = np.nonzero(bad)
+    entering = starts[pick]
+    usable = np.isfinite(entering).reshape(len(entering), -1).any(-1)
+    pick, entering = tuple(i[usable] for i in pick), entering[usable]
+    if not len(entering):
+        return
+    result = np.empty((len(entering), out.shape[-2], 1, out.shape[-1]), out.dtype)
+    step(*(x[pick][:, :, None] for x in inputs()), entering[:, None], result)
+    out[pick] = result[:, :, 0]
 
 
 def pick_path(op: str, forced: str | None, seq: int, step_max: int, fast: str) -> str:

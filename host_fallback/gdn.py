@@ -18,8 +18,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import (chunk_cumsum, chunk_view, decay_ratios, from_chunks, pick_path, run_blocks, scratch,
-                      to_chunks, unit_lower_inverse)
+from .chunked import (chunk_cumsum, chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path,
+                      redo_nonfinite, run_blocks, scratch, to_chunks, unit_lower_inverse)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -151,9 +151,11 @@ def _chunked(q, k, v, g, beta, s, length, dst):
     lead = q.shape[:3]
     kt = scratch("gdn.kt", (*lead, n, length), q.dtype)  # [C, B, H, N, L]
     np.copyto(kt, _swap(k))
+    low = float(g.min(initial=0.0))
+    g = floor_log_decays(g, low)
     if per_channel:
         # |cum - m| <= (steps from the midpoint) * max|g|: one cheap bound over all chunks first
-        bounded = max(-float(g.min(initial=0.0)), float(g.max(initial=0.0))) * (length // 2 + 1) <= CHANNEL_SPREAD
+        bounded = max(-low, float(g.max(initial=0.0))) * (length // 2 + 1) <= CHANNEL_SPREAD
         padded = chunk_cumsum(g, length)  # [B, C, L, H, N], log-decay from the chunk start, inclusive
         cum = scratch("gdn.cum", (padded.shape[1], padded.shape[0], padded.shape[3], length, n), g.dtype)
         np.copyto(cum, padded.transpose(1, 0, 3, 2, 4))  # [C, B, H, L, N]
@@ -199,13 +201,15 @@ def _chunked(q, k, v, g, beta, s, length, dst):
         nxt += np.matmul(kd[c], u[c], out=step)
     scale = 1.0 / math.sqrt(n)
     if per_channel:
-        q = np.multiply(q, gamma, out=scratch("gdn.q", q.shape, q.dtype))
-        q *= scale
+        qg = np.multiply(q, gamma, out=scratch("gdn.q", q.shape, q.dtype))
+        qg *= scale
     else:
-        q = np.multiply(q, gamma * scale, out=scratch("gdn.q", q.shape, q.dtype))
-    out = np.matmul(q, starts, out=scratch("gdn.out", q.shape, q.dtype))
+        qg = np.multiply(q, gamma * scale, out=scratch("gdn.q", q.shape, q.dtype))
+    out = np.matmul(qg, starts, out=scratch("gdn.out", q.shape, q.dtype))
     qk *= scale
     out += np.matmul(qk, u, out=w)
+    redo_nonfinite(out, starts, lambda q, k, v, g, beta, s, o: _step(q, k, v, g, beta, s, length, o),
+                   lambda: [q, k, v, chunk_view(g, length), beta])
     np.copyto(dst, from_chunks(out, seq))
 
 

@@ -14,6 +14,10 @@ Layout and tricks, each measured on 2 cores (``benchmarks/rnn.py`` shape: B=32 S
   the biases are halved once (exact in binary floating point), so one ``tanh`` over all gates and
   ``½t+½`` on the sigmoid rows give ``σ(z) = ½tanh(z/2)+½`` (scipy's ``expit`` is 8x slower than
   ``tanh`` here). Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are contiguous.
+- Short sequences (decode, ``seq <= _STORED_MAX_SEQ``) in f32/f64 use the weights where they are
+  stored instead: the reordered, halved copy of ``w_ih`` and ``w_hh`` would cost more than the steps
+  (lstm B=1 H=256: 180 µs of copies for a 20 µs step), so the loop halves the sigmoid rows of each
+  step's pre-activations itself, in the ABI's gate order.
 - With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
   directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy releases
   the GIL inside its loops): the elementwise part of one direction overlaps the GEMMs of the other (lstm
@@ -34,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from . import threads
-from .arena import COMPUTE
+from .arena import COMPUTE, STORAGE
 from .layout import Bound, layer_input_sizes, recurrent_dims
 
 #: Internal gate order (ABI index of each internal gate): sigmoid gates first, tanh gates last.
@@ -47,6 +51,8 @@ _CHUNK_COLUMNS = 128
 #: the GIL (lstm B=32 H=64, 1 MFLOP: 14.4 ms in two threads vs 11.7 in one; B=64 H=64, 2 MFLOP:
 #: 18 vs 21; rnn B=16 H=256, 2 MFLOP: 13 vs 18).
 _PARALLEL_STEP_FLOPS = 2_000_000
+#: Longest sequence that reads f32/f64 weights where they are stored (no per-call reordered copy).
+_STORED_MAX_SEQ = 16
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class _Dims:
     dirs: int
     chunk: int  # steps per time chunk; divides seq
     compute: np.dtype
+    stored: bool  # weights used in place, ABI gate order, not halved (decode); else the internal copy
 
     @property
     def chunks(self) -> int:
@@ -72,11 +79,19 @@ def _dims(t: Mapping[str, Any]) -> _Dims:
     batch, seq = t["batch"], t["seq"]
     aim = -(-_CHUNK_COLUMNS // batch)
     chunk = max(c for c in range(1, min(aim, seq) + 1) if seq % c == 0)
-    return _Dims(t["op"], batch, seq, t["hidden"], t["num_layers"], gates, dirs, chunk, COMPUTE[t["dtype"]])
+    compute = COMPUTE[t["dtype"]]
+    stored = seq <= _STORED_MAX_SEQ and compute == STORAGE[t["dtype"]]
+    return _Dims(t["op"], batch, seq, t["hidden"], t["num_layers"], gates, dirs, chunk, compute, stored)
 
 
 def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
-    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows halved."""
+    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows halved.
+
+    With ``d.stored`` a weight matrix is the stored block itself and a bias a private copy, both in
+    the ABI's gate order and not halved.
+    """
+    if d.stored:
+        return w.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else w.astype(d.compute).reshape(-1, 1)
     src = w.reshape(d.gates, d.hidden, -1)
     out = np.empty(src.shape, d.compute)
     for k, g in enumerate(_ORDER[d.op]):
@@ -92,17 +107,25 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
 # input-side bias, y_t the slot where h_t lands, which then feeds the next step.
 
 
-def _lstm_loop(w_hh, h_bias, steps, h, c, relu):
+def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
     H, B = h.shape
     g = np.empty((4 * H, B), h.dtype)
     tmp = np.empty((H, B), h.dtype)
-    sig, i, f, o, gg = g[: 3 * H], g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+    if stored:  # ABI order i f g o: two runs of sigmoid rows, halved here every step
+        i, f, gg, o = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+        sigs = (g[: 2 * H], o)
+    else:
+        i, f, o, gg = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+        sigs = (g[: 3 * H],)
     for xp, y in steps:
         np.matmul(w_hh, h, out=g)
         g += xp
+        for sig in sigs if stored else ():
+            sig *= 0.5
         np.tanh(g, out=g)
-        sig *= 0.5
-        sig += 0.5
+        for sig in sigs:
+            sig *= 0.5
+            sig += 0.5
         c *= f
         np.multiply(i, gg, out=tmp)
         c += tmp
@@ -112,7 +135,7 @@ def _lstm_loop(w_hh, h_bias, steps, h, c, relu):
     return h, c
 
 
-def _gru_loop(w_hh, h_bias, steps, h, c, relu):
+def _gru_loop(w_hh, h_bias, steps, h, c, relu, stored):
     H, B = h.shape
     g = np.empty((3 * H, B), h.dtype)
     tmp = np.empty((H, B), h.dtype)
@@ -120,6 +143,8 @@ def _gru_loop(w_hh, h_bias, steps, h, c, relu):
     for xp, y in steps:
         np.matmul(w_hh, h, out=g)
         rz += xp[: 2 * H]
+        if stored:
+            rz *= 0.5
         np.tanh(rz, out=rz)
         rz *= 0.5
         rz += 0.5
@@ -134,7 +159,7 @@ def _gru_loop(w_hh, h_bias, steps, h, c, relu):
     return h, c
 
 
-def _rnn_loop(w_hh, h_bias, steps, h, c, relu):
+def _rnn_loop(w_hh, h_bias, steps, h, c, relu, stored):
     g = np.empty_like(h)
     for xp, y in steps:
         np.matmul(w_hh, h, out=g)
@@ -186,7 +211,7 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
 
     h, cell = state("h0"), state("c0") if d.op == "lstm" else None
     steps = _steps(w_ih, x_bias, x, out, d, reverse=dr == 1)
-    h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False))
+    h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
     if carry:  # the final state, in place
         b.view("h0")[ld] = h.T
         if cell is not None:

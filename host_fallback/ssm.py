@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import (chunk_view, decay_ratios, from_chunks, pick_path, run_blocks, scratch, to_chunks,
-                      to_chunks_t)
+from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite,
+                      run_blocks, scratch, to_chunks, to_chunks_t)
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -70,62 +70,97 @@ def _scan_blocked(x, delta, a, b, c, block, dst):
     np.copyto(dst, np.moveaxis(y, 0, 1))
 
 
+def _ssd_steps(logd, xs, b, c, s, y):
+    """The SSD recurrence from the state ``s [B, H, P, N]`` (updated in place): per step ``t`` (axis
+    1 of ``logd [B, S, H]``, ``xs [B, S, H, P]`` = dt*x, ``b, c [B, S, H, N]``)
+    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``."""
+    for t in range(logd.shape[1]):
+        s *= np.exp(logd[:, t])[..., None, None]
+        s += xs[:, t, ..., None] * b[:, t, ..., None, :]
+        y[:, t] = (s @ c[:, t, ..., None])[..., 0]
+
+
 def _mamba2_step(x, dt, a, b, c, length, y):
-    bsz, seq, heads, p = x.shape
-    s = np.zeros((bsz, heads, p, b.shape[-1]), x.dtype)
-    for t in range(seq):
-        s = np.exp(dt[:, t] * a)[..., None, None] * s + (dt[:, t, :, None] * x[:, t])[..., None] * b[:, t, :, None, :]
-        y[:, t] = (s @ c[:, t, :, :, None])[..., 0]
+    s = np.zeros((x.shape[0], x.shape[2], x.shape[3], b.shape[-1]), x.dtype)
+    _ssd_steps(dt * a, dt[..., None] * x, b, c, s, y)
+
+
+def _ssd_factored(xs, cum, b, c, scores, y, local):
+    """The SSD terms of each chunk with its decay ratios factored through its midpoint ``m``:
+    ``exp(cum_l - cum_s) = exp(cum_l - m) exp(m - cum_s)``, so the decayed scores are one GEMM of
+    ``c exp(cum - m)`` by ``b exp(m - cum)``. Writes the intra-chunk outputs ``y``, and ``local``,
+    the state each chunk builds from zero decayed to its end, transposed (``[..., N, P]``); returns
+    ``c exp(cum)``, with which ``c`` reads the state entering the chunk.
+
+    ``b`` is chunked ``[..., L, N]`` and read transposed; every GEMM operand is laid out as the GEMM
+    reads it (OpenBLAS runs transposed small GEMMs far slower)."""
+    length, n = cum.shape[-1], b.shape[-1]
+    mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
+    cs = np.multiply(c, np.exp(cum - mid)[..., None], out=scratch("m2.cs", c.shape, c.dtype))
+    bt = scratch("m2.bt", (*cum.shape[:-1], n, length), b.dtype)
+    np.multiply(_swap(b), np.exp(mid - cum)[..., None, :], out=bt)
+    np.matmul(cs, bt, out=scores)
+    np.copyto(scores, 0, where=_strict_upper(length))
+    np.matmul(scores, xs, out=y)
+    np.matmul(bt, xs, out=local)
+    local *= np.exp(cum[..., -1:] - mid)[..., None]
+    cs *= np.exp(mid)[..., None]
+    return cs
+
+
+def _ssd_masked(xs, cum, cs, bt, scores, y, local):
+    """``_ssd_factored`` with every decay ratio formed on its own (``chunked.decay_ratios``), for
+    chunks whose decays span too wide a range to factor; ``cs [..., L, N]`` (``c``, scaled in place
+    and returned) and ``bt [..., N, L]`` (``b`` transposed) are contiguous."""
+    np.matmul(cs, bt, out=scores)
+    scores *= decay_ratios(cum)
+    np.matmul(scores, xs, out=y)
+    np.matmul(bt, xs * np.exp(cum[..., -1:] - cum)[..., None], out=local)
+    cs *= np.exp(cum)[..., None]
+    return cs
 
 
 def _mamba2_chunked(x, dt, a, b, c, length, dst):
-    # every GEMM operand is laid out as the GEMM reads it (OpenBLAS runs transposed small GEMMs
-    # far slower), so b comes in transposed and the states are kept as [N, P]; the big
-    # intermediates live in reused scratch arrays (see chunked.scratch)
+    # the big intermediates live in reused scratch arrays (see chunked.scratch)
     seq, p, n = x.shape[1], x.shape[-1], b.shape[-1]
-    logd = dt * a
+    logd = floor_log_decays(dt * a)
     xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
     xs = chunk_view(xdt, length)  # [C, B, H, L, P]: the input each step adds, dt*x
-    cum = np.cumsum(to_chunks(logd, length), axis=-1)  # log-decay from the chunk start, inclusive
+    steps = to_chunks(logd, length)  # [C, B, H, L]
+    cum = np.cumsum(steps, axis=-1)  # log-decay from the chunk start, inclusive
     lead = cum.shape[:3]
     scores = scratch("m2.scores", (*lead, length, length), x.dtype)
     y = scratch("m2.y", (*lead, length, p), x.dtype)
     local = scratch("m2.local", (*lead, n, p), x.dtype)
-    if float(np.max(np.abs(logd), initial=0.0)) * (length // 2 + 1) <= MAMBA2_SPREAD:
-        # |cum - m| <= MAMBA2_SPREAD with m the chunk's midpoint: exp(cum_l - cum_s) factors into
-        # exp(cum_l - m) on c and exp(m - cum_s) on b, and the decayed scores are one GEMM
-        mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
-        cs = np.multiply(chunk_view(c, length), np.exp(cum - mid)[..., None],
-                         out=scratch("m2.cs", (*lead, length, n), x.dtype))  # [C, B, H, L, N]
-        bt = scratch("m2.bt", (*lead, n, length), x.dtype)  # [C, B, H, N, L]
-        np.multiply(_swap(to_chunks(b, length)), np.exp(mid - cum)[..., None, :], out=bt)
-        np.matmul(cs, bt, out=scores)
-        np.copyto(scores, 0, where=_strict_upper(length))
-        np.matmul(scores, xs, out=y)
-        # the state each chunk builds from zero, decayed to its end, transposed: [C, B, H, N, P]
-        np.matmul(bt, xs, out=local)
-        local *= np.exp(cum[..., -1:] - mid)[..., None]
-        # c reads the entering state decayed by exp(cum) = exp(cum - m) exp(m)
-        entry = np.exp(mid)[..., None]
+    # a chunk factors where |cum - m| <= max|logd| (L/2 + 1) <= MAMBA2_SPREAD (NaN: it does not);
+    # decided chunk by chunk, so one lane's values never change another lane's arithmetic
+    factored = np.max(np.abs(steps), axis=-1) * (length // 2 + 1) <= MAMBA2_SPREAD
+    if not factored.any():
+        cs = _ssd_masked(xs, cum, to_chunks(c, length), to_chunks_t(b, length), scores, y, local)
     else:
-        cs, bt = to_chunks(c, length), to_chunks_t(b, length)
-        np.matmul(cs, bt, out=scores)
-        scores *= decay_ratios(cum)
-        np.matmul(scores, xs, out=y)
-        np.matmul(bt, xs * np.exp(cum[..., -1:] - cum)[..., None], out=local)
-        cs *= np.exp(cum)[..., None]
-        entry = None
+        with np.errstate(over="ignore", invalid="ignore"):  # the chunks that do not factor are redone
+            cs = _ssd_factored(xs, cum, to_chunks(b, length), chunk_view(c, length), scores, y, local)
+        if not factored.all():
+            pick = np.nonzero(~factored)
+            part = [np.empty_like(t[pick]) for t in (scores, y, local)]
+            bt = np.ascontiguousarray(_swap(chunk_view(b, length)[pick]))
+            cs[pick] = _ssd_masked(xs[pick], cum[pick], chunk_view(c, length)[pick], bt, *part)
+            y[pick], local[pick] = part[1], part[2]
     through = np.exp(cum[..., -1])[..., None, None]
-    starts = scratch("m2.starts", local.shape, x.dtype)
+    starts = scratch("m2.starts", local.shape, x.dtype)  # the state entering each chunk, [N, P]
     starts[0] = 0
     for k in range(local.shape[0] - 1):
         np.multiply(through[k], starts[k], out=starts[k + 1])
         starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
-    if entry is not None:
-        starts *= entry
     y += np.matmul(cs, starts, out=scores if length == p else None)
+    redo_nonfinite(y, starts, _ssd_steps_transposed, lambda: [steps, xs, chunk_view(b, length), chunk_view(c, length)])
     np.copyto(dst, from_chunks(y, seq))
+
+
+def _ssd_steps_transposed(logd, xs, b, c, s, y):
+    """``_ssd_steps`` from a state given transposed, ``[..., N, P]`` (the chunked path's layout)."""
+    _ssd_steps(logd, xs, b, c, np.ascontiguousarray(_swap(s)), y)
 
 
 _UPPER: dict[int, np.ndarray] = {}

@@ -1,7 +1,8 @@
 """rlx_gpu: recurrent and sequence kernels on CUDA, OpenCL and the host, behind one arena-offset ABI."""
 from __future__ import annotations
 
-from .errors import DeviceError, FallbackForbidden, GraphError, KernelBuildError, RlxError, ScheduleError
+from .errors import (ConfigError, DeviceError, FallbackForbidden, GraphError, InputError, KernelBuildError, ModelError,
+                     RlxError, ScheduleError)
 from .graph.autodiff import vjp
 from .graph.builder import Graph
 from .graph.models import build_model, list_models
@@ -15,4 +16,5 @@ __version__ = "0.1.0"
 
 __all__ = ["load_schedule", "save_schedule", "get_device", "discover", "load_config", "Config", "Schedule",
            "Thunk", "TensorView", "ScheduleError", "KernelBuildError", "FallbackForbidden", "DeviceError",
-           "RlxError", "GraphError", "Graph", "vjp", "build_model", "list_models", "__version__"]
+           "RlxError", "GraphError", "ModelError", "ConfigError", "InputError", "Graph", "vjp", "build_model",
+           "list_models", "__version__"]

@@ -1,20 +1,23 @@
-"""The ``rlx-gpu`` command: ``devices``, ``run``, ``plan``."""
+"""The ``rlx-gpu`` command line: devices, run, plan, export (and conformance, bench)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TextIO
 
 import numpy as np
 
+from . import __version__
 from .conformance import command as conformance_command
 from .conformance.cases import lay_out
 from .conformance.compare import nmse
-from .errors import RlxError
-from .runtime.executor import get_device
+from .errors import InputError, RlxError
+from .runtime.executor import Device, get_device
 from .runtime.registry import discover, open_session
-from .schedule.io import load_schedule, read_source
+from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule
 from .schedule.ops import DTYPES, SPECS, footprint
 from .units import human_bytes, human_time
@@ -46,18 +49,53 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_target(target: str | None) -> tuple[Schedule, dict[str, np.ndarray]]:
-    """A schedule file (with seeded random inputs) or an example model (with its own inputs)."""
-    raw = None if target is None else read_source(Path(target) if Path(target).exists() else target)
-    if raw is not None and "abi" in raw:
-        schedule = load_schedule(raw)
+def _load_target(target: str | None, inputs_file: str | None = None) -> tuple[Schedule, dict[str, np.ndarray]]:
+    """A schedule file (inputs from ``inputs_file``, else seeded random ones) or a model (its own inputs).
+
+    A target is a schedule when it is a JSON file or a YAML file with an ``abi`` key; any other
+    existing file is a model file, and a name that is no file names a bundled example model.
+    """
+    path = Path(target) if target else None
+    if path is not None and path.is_file() and (path.suffix == ".json" or "abi" in (_yaml_keys(path))):
+        schedule = load_schedule(path)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
-        return schedule, inputs
-    from .graph.models import build_model
+    else:
+        from .graph.models import build_model
 
-    executable, inputs = build_model(target or "demo")
-    return executable.schedule, inputs
+        executable, inputs = build_model(target or "demo")
+        schedule = executable.schedule
+    if inputs_file:
+        inputs.update(_read_inputs(inputs_file, schedule))
+    return schedule, inputs
+
+
+def _yaml_keys(path: Path) -> list[str]:
+    """The top-level keys of a YAML file (none when it does not parse: the model reader then says why)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return list(data) if isinstance(data, dict) else []
+
+
+def _read_inputs(path: str, schedule: Schedule) -> dict[str, np.ndarray]:
+    """Named inputs from an ``.npz`` (what ``export`` writes), each checked against the schedule."""
+    try:
+        with np.load(path) as npz:
+            given = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError) as err:
+        raise InputError(f"inputs {path}: cannot read an .npz file: {err}") from err
+    for name, values in given.items():
+        if name not in schedule.inputs:
+            raise InputError(f"inputs {path}: {name!r} is no input of the schedule; its inputs: "
+                             f"{', '.join(schedule.inputs)}")
+        if values.shape != schedule.tensors[name].shape:
+            raise InputError(f"inputs {path}: {name!r} has shape {list(values.shape)}, expected "
+                             f"{list(schedule.tensors[name].shape)}")
+    return given
 
 
 def _outputs(schedule: Schedule, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -65,7 +103,7 @@ def _outputs(schedule: Schedule, arena: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    schedule, inputs = _load_target(args.target)
+    schedule, inputs = _load_target(args.target, args.inputs)
     arena = schedule.pristine_arena()
     for name, values in inputs.items():
         schedule.tensors[name].write(arena, values)
@@ -87,6 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"wrote {', '.join(outputs)} to {args.out}")
     if not args.check:
         return 0
+    if device.spec == "host":
+        return _check_against_float64(schedule, arena, device)
     reference = _outputs(schedule, get_device("host").run(schedule, arena))
     ok = True
     rows = []
@@ -105,8 +145,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def _check_against_float64(schedule: Schedule, arena: np.ndarray, device: Device) -> int:
+    """On the host, each thunk against the float64 reference of its op (the host against itself proves nothing)."""
+    from .conformance.schedule_check import check_on_host
+
+    checks = check_on_host(schedule, arena, device.config, device.options.host_keywords)
+    rows = [[c.index, c.op, c.dtype, "" if c.max_err is None else f"{c.max_err:.3g}",
+             "" if c.nmse is None else f"{c.nmse:.3g}", "" if c.bound is None else f"{c.bound:.0e}",
+             ("ok" if c.passed else "FAIL") if c.nmse is not None else "not checked", c.note] for c in checks]
+    print("\ncheck of each thunk against the float64 reference of ABI.md, on the host's inputs to it:")
+    print(_table(rows, ["#", "op", "dtype", "max |err|", "nmse", "bound", "result", "note"]))
+    return 0 if all(c.passed for c in checks) else 1
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
-    schedule = load_schedule(Path(args.schedule))
+    schedule, _ = _load_target(args.target)
     device = get_device(args.device)
     rows, total, per_step = [], 0, 0
     for a in device.place(schedule):
@@ -127,31 +180,100 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write a model's schedule and, beside it, its seeded inputs as ``.npz``."""
+    schedule, inputs = _load_target(args.target)
+    out = Path(args.out)
+    inputs_path = Path(args.inputs) if args.inputs else out.with_suffix(".npz")
+    save_schedule(schedule, out)
+    np.savez(inputs_path, **{n: np.asarray(v) for n, v in inputs.items()})
+    print(f"wrote the schedule ({len(schedule.thunks)} thunks, arena {human_bytes(schedule.arena_bytes)}) to {out}"
+          f" and its inputs {', '.join(inputs)} to {inputs_path}")
+    print(f"run it with: rlx-gpu run {out} --inputs {inputs_path}")
+    return 0
+
+
+DESCRIPTION = """\
+Recurrent and sequence kernels behind one arena-offset ABI (docs/abi.md), on the host (NumPy) and on
+OpenCL and CUDA devices (`rlx-gpu devices` says which run here).
+
+examples:
+  rlx-gpu devices                          what can run here, per device, op and dtype
+  rlx-gpu run --check                      the bundled demo on the default device, checked
+  rlx-gpu run gdn --device host --check    an example model, each thunk checked against float64
+  rlx-gpu plan configs/examples/gdn.yaml   the backend of each thunk and why
+  rlx-gpu export demo -o demo.json         write a schedule (and demo.npz, its inputs)
+  rlx-gpu run demo.json --inputs demo.npz  run a schedule file
+
+example models (configs/examples/*.yaml): {models}
+"""
+
+EPILOG = """\
+environment:
+  RLX_DEVICE     the device when --device is not given (host | opencl[:p[:d]] | cuda[:n] | auto)
+  PYOPENCL_CTX   without RLX_DEVICE: the OpenCL device, as pyopencl reads it (0, 0:1, or a name)
+  RLX_CONFIG     a config file over configs/default.yaml (device, priority, fallback, overrides,
+                 scan, tolerances)
+"""
+
+DEVICE_HELP = "host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then PYOPENCL_CTX, then the config)"
+TARGET_HELP = ("a schedule (.json, or .yaml with an abi key), a model file (.yaml), or the name of an example model "
+               "(default: demo)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlx-gpu", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .graph.models import list_models
+
+    parser = argparse.ArgumentParser(prog="rlx-gpu", description=DESCRIPTION.format(models=", ".join(list_models())),
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("devices", help="backends, devices, why any is unavailable, and the op × dtype support matrix")
-    run = sub.add_parser("run", help="run a schedule or example model (default: the bundled demo)")
-    run.add_argument("target", nargs="?", help="schedule (.json/.yaml) or example model (path or name)")
-    run.add_argument("--device", help="host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then config)")
-    run.add_argument("--check", action="store_true", help="compare every output with the host reference")
-    run.add_argument("--out", help="write the outputs to this .npz file")
+    run = sub.add_parser("run", help="run a schedule or model (default: the bundled demo)")
+    run.add_argument("target", nargs="?", help=TARGET_HELP)
+    run.add_argument("--device", help=DEVICE_HELP)
+    run.add_argument("--check", action="store_true",
+                     help="compare every output with the host (on the host: every thunk with the float64 reference)")
+    run.add_argument("--inputs", metavar="F.npz", help="named inputs (what export writes); others are seeded random")
+    run.add_argument("--out", metavar="F.npz", help="write the outputs to this .npz file")
     run.add_argument("--repeat", type=int, default=1, help="run this many times and report the last run")
     plan = sub.add_parser("plan", help="the backend chosen for each thunk and why, without running")
-    plan.add_argument("schedule")
-    plan.add_argument("--device")
+    plan.add_argument("target", nargs="?", help=TARGET_HELP)
+    plan.add_argument("--device", help=DEVICE_HELP)
+    export = sub.add_parser("export", help="write the schedule of a model (and its inputs as .npz)")
+    export.add_argument("target", nargs="?", help=TARGET_HELP)
+    export.add_argument("-o", "--out", required=True, metavar="F.json",
+                        help="the schedule file (.json; .yaml/.yml writes YAML)")
+    export.add_argument("--inputs", metavar="F.npz", help="the inputs file (default: the schedule's name with .npz)")
     conformance_command.add_parser(sub)
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: TextIO | None = None, line: str | None = None) -> None:
+    print(f"rlx-gpu: warning: {message}", file=file or sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan}.get(args.command) or args.handler
+    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan, "export": cmd_export}.get(args.command) \
+        or args.handler
     try:
-        return handler(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            code = handler(args)
+        sys.stdout.flush()  # inside the try: a reader that went away is met here, not at exit
+        return code
     except RlxError as err:
+        if args.debug:
+            raise
         print(f"rlx-gpu {args.command}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`rlx-gpu devices | head`): stop quietly, and keep Python's exit flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,18 @@ class GraphError(RlxError, ValueError):
     """A builder op was declared with shapes, counts or dtypes the ABI cannot run."""
 
 
+class ModelError(RlxError, ValueError):
+    """A model file (``configs/examples/*.yaml`` form) names a key, shape or op the builder cannot build."""
+
+
+class ConfigError(RlxError, ValueError):
+    """A configuration file (``configs/default.yaml`` form) has a key or value outside its vocabulary."""
+
+
+class InputError(RlxError, ValueError):
+    """Input values given for a schedule (an ``.npz`` file, a mapping) do not match its inputs."""
+
+
 class KernelBuildError(RlxError):
     """A device program failed to compile; carries the build log, the options and the numbered source."""
 
@@ -29,3 +41,7 @@ class FallbackForbidden(RlxError):
 
 class DeviceError(RlxError):
     """A device spec names no usable device."""
+
+
+class DLPackError(RlxError, BufferError):
+    """A tensor cannot cross the DLPack border (dtype, device, layout or protocol version); nothing was shared."""

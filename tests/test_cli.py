@@ -17,7 +17,7 @@ from rlx_gpu.conformance.cases import lay_out, schedule_of
 def test_run_check_passes_on_every_example_model(model, capsys):
     assert main(["run", model, "--device", "host", "--check"]) == 0
     out = capsys.readouterr().out
-    assert "check against the host reference" in out and "FAIL" not in out
+    assert "against the float64 reference" in out and "FAIL" not in out
 
 
 def _opencl_available() -> bool:

@@ -109,11 +109,11 @@ def test_device_specs_and_environment(monkeypatch, tmp_path):
     assert resolve("host", cfg).spec == "host"
     monkeypatch.setenv("RLX_DEVICE", "host")
     assert rlx_gpu.get_device().spec == "host"
-    with pytest.raises(rlx_gpu.DeviceError, match="unknown backend 'tpu'"):
+    with pytest.raises(rlx_gpu.DeviceError, match="device 'tpu' is not a device spec"):
         resolve("tpu", cfg)
     config = tmp_path / "c.yaml"
     config.write_text("device: host\nfallback: sometimes\n")
-    with pytest.raises(rlx_gpu.RlxError, match=r"fallback 'sometimes' is not one of allow, warn, forbid"):
+    with pytest.raises(rlx_gpu.RlxError, match=r"fallback: 'sometimes' is not a fallback policy; expected one of allow, warn, forbid"):
         load_config(config)
     config.write_text("device: host\nfallback: forbid\noverrides: {lstm: host}\n")
     monkeypatch.setenv("RLX_CONFIG", str(config))

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import base64
 import itertools
+import threading
 from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import load
+from host_fallback.arena import COMPUTE
 
 from ..errors import GraphError
+from ..runtime.arena import Arena
+from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_VERSION, Schedule
@@ -88,8 +91,11 @@ def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
 class Executable:
     """A compiled graph: ``run(**inputs)`` returns the outputs by name.
 
-    Inputs are converted to the storage type (rounding to nearest even into f16/bf16) and outputs
-    come back in the compute type (f32 for 16-bit storage, f64 for f64).
+    The first run allocates a resident arena on the device (zeros plus ``init``: the weights); every
+    run then writes only the inputs into it, runs in place and reads only the outputs. Inputs are
+    NumPy arrays or any DLPack producer (torch bf16 included), converted to the storage type
+    (rounding to nearest even into f16/bf16); outputs come back in the compute type (f32 for 16-bit
+    storage, f64 for f64). Runs of one Executable take turns (a lock), since they share the arena.
     """
 
     def __init__(self, schedule: Schedule, layout_report: LayoutReport, device: str | None):
@@ -97,6 +103,8 @@ class Executable:
         self.layout_report = layout_report
         self.device_spec = device
         self._device: Device | None = None
+        self._arena: Arena | None = None
+        self._lock = threading.Lock()
 
     @property
     def device(self) -> Device:
@@ -111,19 +119,23 @@ class Executable:
         if missing or extra:
             raise GraphError(f"run() takes the inputs {list(self.schedule.inputs)}; missing {missing}, "
                              f"unknown {extra}")
-        arena = self.schedule.pristine_arena()
         for name in self.schedule.inputs:
-            view = self.schedule.tensors[name]
-            values = np.asarray(arrays[name], dtype=np.float64)  # one rounding, straight into storage
-            if values.shape != view.shape:
-                raise GraphError(f"input {name!r} has shape {list(values.shape)}, expected {list(view.shape)}")
-            view.write(arena, values)
-        arena = self.device.run(self.schedule, arena)
-        return {n: load(arena, self.schedule.tensors[n].offset, self.schedule.tensors[n].dtype,
-                        self.schedule.tensors[n].shape) for n in self.schedule.outputs}
+            shape, expected = tuple(np.shape(arrays[name])), self.schedule.tensors[name].shape
+            if shape != expected:
+                raise GraphError(f"input {name!r} has shape {list(shape)}, expected {list(expected)}")
+        with self._lock:
+            if self._arena is None:
+                self._arena = self.device.arena(self.schedule)
+            for name in self.schedule.inputs:
+                self._arena.write(name, arrays[name])
+            self.device.run(self.schedule, self._arena)
+            return {n: self._arena.read(n).astype(COMPUTE[self.schedule.tensors[n].dtype], copy=False)
+                    for n in self.schedule.outputs}
 
 
 def compile_graph(graph: BodyGraph, device: str | None = None) -> Executable:
-    """Lower, validate and bind ``graph`` to ``device``."""
+    """Lower, validate and bind ``graph`` to ``device`` (a malformed spec is refused here, not at run)."""
+    if device is not None:
+        check_spec(device)
     schedule, report = lower(graph)
     return Executable(load_schedule(schedule), report, device)

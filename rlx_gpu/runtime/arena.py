@@ -3,6 +3,8 @@
 ``arena = device.arena(schedule)`` allocates it pristine (zeros plus ``init``) on the device;
 ``arena.write("x", values)`` and ``arena.read("y")`` move one named tensor; ``device.run(schedule,
 arena)`` runs in place, any number of times; ``arena.free()`` (or leaving a ``with`` block) releases it.
+``write`` takes any DLPack producer (torch bf16 included); on the host ``arena.view("y")`` hands a
+tensor out by DLPack without a copy.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import numpy as np
 
 from host_fallback.arena import STORAGE
 
-from ..errors import RlxError
+from ..errors import DLPackError, RlxError
 from ..schedule.model import Schedule, TensorView
+from .dlpack import ArenaView, DeviceTensor, import_tensor
 
 
 class Arena:
@@ -51,14 +54,40 @@ class Arena:
         return view
 
     def write(self, name: str, values: Any) -> None:
-        """Store ``values`` (its shape must match) into tensor ``name``, rounded to its storage dtype."""
+        """Store ``values`` (its shape must match) into tensor ``name``, rounded to its storage dtype.
+
+        ``values`` may be any DLPack producer in host memory (torch f32/f16/bf16/f64, dense): in the
+        tensor's own dtype its bytes go straight into the arena, one copy and no conversion.
+        """
         view = self._view(name)
+        if not isinstance(values, np.ndarray) and hasattr(values, "__dlpack__"):
+            values = self._taken(name, values)
         values = np.asarray(values)
         if values.shape != view.shape:
             raise RlxError(f"tensor {name!r} has shape {list(view.shape)}, got values of shape {list(values.shape)}")
         data = np.ascontiguousarray(values, dtype=STORAGE[view.dtype]).reshape(-1).view(np.uint8)
         with self.device.session.lock:
             self.device.session.write(self.handle, view.offset, data)
+
+    def _taken(self, name: str, values: Any) -> np.ndarray:
+        """A DLPack producer's memory as a NumPy view of its own dtype (no copy)."""
+        taken = import_tensor(values)
+        if isinstance(taken, DeviceTensor):
+            raise DLPackError(f"tensor {name!r}: values live on {taken.device}:{taken.device_id}; this arena takes "
+                              f"host memory: pass tensor.cpu()")
+        return taken.array()
+
+    def view(self, name: str) -> ArenaView:
+        """Tensor ``name`` as a zero-copy DLPack view (host arenas): ``torch.from_dlpack(arena.view("y"))``.
+
+        The view is live: the next run writes through it (clone to keep a value), and it keeps the
+        arena's memory alive after ``free`` while a consumer holds it.
+        """
+        view = self._view(name)
+        if not self.device.on_host:
+            raise DLPackError(f"the arena lives on {self.device.spec}, which offers no zero-copy host view; "
+                              f"use arena.read({name!r})")
+        return ArenaView(self.handle, view.offset, view.dtype, view.shape, owner=self)
 
     def read(self, name: str) -> np.ndarray:
         """A copy of tensor ``name`` in its storage dtype (``float16``, ``bfloat16``, ``float32``, ``float64``)."""

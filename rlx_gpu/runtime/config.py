@@ -1,6 +1,7 @@
 """The YAML configuration: device choice, backend priority, fallback policy, overrides, tolerances."""
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -8,11 +9,15 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..errors import RlxError
+from ..errors import ConfigError, DeviceError
 from ..paths import data_dir
+from ..schedule.ops import DTYPES, SPECS
 
+BACKENDS = ("host", "opencl", "cuda")
 POLICIES = ("allow", "warn", "forbid")
 RECOMPUTE = ("segment", "treeverse")
+KEYS = ("device", "priority", "fallback", "overrides", "scan", "tolerances")
+TOLERANCE_KEYS = ("thunk", "schedule", *SPECS)
 
 
 @dataclass(frozen=True)
@@ -37,45 +42,112 @@ class Config:
             bound = (self.tolerances.get(key) or {}).get(dtype)
             if bound is not None:
                 return float(bound)
-        raise RlxError(f"config {self.source}: no tolerance for {what!r} in {dtype}; add it under tolerances "
-                       f"(see {default_config_path()})")
+        raise ConfigError(f"config {self.source}: no tolerance for {what!r} in {dtype}; add it under tolerances "
+                          f"(see {default_config_path()})")
+
+
+SPEC_FORMS = "host | opencl[:platform[:device]] | cuda[:n] | auto"
+
+
+def check_spec(spec: str) -> str:
+    """``spec`` stripped, when it has one of the forms of ``SPEC_FORMS``; else a ``DeviceError`` saying so.
+
+    Only the form is checked: whether the device exists is ``resolve``'s question.
+    """
+    name, *indices = str(spec).strip().split(":")
+    most = {"auto": 0, "host": 0, "opencl": 2, "cuda": 1}
+    if name not in most or len(indices) > most[name] or not all(i.isdigit() for i in indices):
+        raise DeviceError(f"device {spec!r} is not a device spec; expected {SPEC_FORMS} "
+                          f"(`rlx-gpu devices` lists the devices here)")
+    return str(spec).strip()
 
 
 def default_config_path() -> Path:
     return data_dir("configs") / "default.yaml"
 
 
-def _tolerances(path: Path, given: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+def _one_of(path: Path, key: str, value: Any, known: tuple[str, ...], what: str) -> str:
+    """``value`` when it is in ``known``; else a ``ConfigError`` naming the file, the key and the choices."""
+    if value in known:
+        return str(value)
+    near = difflib.get_close_matches(str(value), known, n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ConfigError(f"config {path}: {key}: {value!r} is not {what}{hint}; expected one of {', '.join(known)}")
+
+
+def _mapping(path: Path, key: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"config {path}: {key}: expected a mapping, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _device(path: Path, value: Any) -> str:
+    try:
+        return check_spec(str(value))
+    except DeviceError as err:
+        raise ConfigError(f"config {path}: device: {err}") from err
+
+
+def _priority(path: Path, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"config {path}: priority: expected a list of backends ({', '.join(BACKENDS)}), got {value!r}")
+    return tuple(_one_of(path, "priority", name, BACKENDS, "a backend") for name in value)
+
+
+def _overrides(path: Path, value: Any) -> dict[str, str]:
+    """``op`` or ``op:dtype`` -> backend, each part checked against the op table, dtypes and backends."""
+    out = {}
+    for key, backend in _mapping(path, "overrides", value).items():
+        op, _, dtype = str(key).partition(":")
+        _one_of(path, f"overrides[{key!r}]", op, tuple(SPECS), "an op")
+        if dtype:
+            _one_of(path, f"overrides[{key!r}]", dtype, DTYPES, "a dtype")
+        out[str(key)] = _one_of(path, f"overrides[{key!r}]", backend, BACKENDS, "a backend")
+    return out
+
+
+def _tolerances(path: Path, given: Any) -> dict[str, dict[str, float]]:
     """The bundled table of ``configs/default.yaml`` with the entries of ``path`` on top."""
     base = {} if path == default_config_path() else load_config(default_config_path()).tolerances
     table = {key: dict(bounds) for key, bounds in base.items()}
-    for key, bounds in given.items():
-        table.setdefault(key, {}).update(bounds or {})
+    for key, bounds in _mapping(path, "tolerances", given).items():
+        _one_of(path, "tolerances", key, TOLERANCE_KEYS, "thunk, schedule or an op")
+        for dtype, bound in _mapping(path, f"tolerances.{key}", bounds).items():
+            _one_of(path, f"tolerances.{key}", dtype, DTYPES, "a dtype")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0:
+                raise ConfigError(f"config {path}: tolerances.{key}.{dtype}: expected an NMSE bound >= 0, got {bound!r}")
+            table.setdefault(key, {})[dtype] = float(bound)
     return table
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
-    """Read ``path``, else ``$RLX_CONFIG``, else the bundled default; unknown keys and values are errors."""
+    """Read ``path``, else ``$RLX_CONFIG``, else the bundled default, over the defaults' tolerances.
+
+    Every key and value is checked (devices, backends, ops, dtypes); a mistake raises ``ConfigError``.
+    """
     path = Path(path or os.environ.get("RLX_CONFIG") or default_config_path())
     try:
         data: Any = yaml.safe_load(path.read_text()) or {}
     except OSError as err:
-        raise RlxError(f"cannot read config {path}: {err.strerror}") from err
-    known = {"device", "priority", "fallback", "overrides", "scan", "tolerances"}
-    if not isinstance(data, dict) or set(data) - known:
-        raise RlxError(f"config {path}: unknown keys {sorted(set(data) - known)}; known: {sorted(known)}")
-    fallback = data.get("fallback", Config.fallback)
-    if fallback not in POLICIES:
-        raise RlxError(f"config {path}: fallback {fallback!r} is not one of {', '.join(POLICIES)}")
-    recompute = (data.get("scan") or {}).get("recompute", Config.recompute)
-    if recompute not in RECOMPUTE:
-        raise RlxError(f"config {path}: scan.recompute {recompute!r} is not one of {', '.join(RECOMPUTE)}")
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config {path}: not YAML: {' '.join(str(err).split())}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping of {', '.join(KEYS)}, got {type(data).__name__}")
+    for key in data:
+        _one_of(path, "top level", key, KEYS, "a config key")
+    scan = _mapping(path, "scan", data.get("scan"))
+    for key in scan:
+        _one_of(path, "scan", key, ("recompute",), "a scan option")
     return Config(
-        device=str(data.get("device", Config.device)),
-        priority=tuple(data.get("priority", Config.priority)),
-        fallback=fallback,
-        overrides=dict(data.get("overrides") or {}),
-        recompute=recompute,
-        tolerances=_tolerances(path, data.get("tolerances") or {}),
+        device=_device(path, data.get("device", Config.device)),
+        priority=_priority(path, data.get("priority", list(Config.priority))),
+        fallback=_one_of(path, "fallback", data.get("fallback", Config.fallback), POLICIES, "a fallback policy"),
+        overrides=_overrides(path, data.get("overrides")),
+        recompute=_one_of(path, "scan.recompute", scan.get("recompute", Config.recompute), RECOMPUTE,
+                          "a recompute strategy"),
+        tolerances=_tolerances(path, data.get("tolerances")),
         source=str(path),
     )

@@ -9,10 +9,9 @@ from types import ModuleType
 
 from ..backends.base import BackendUnavailable, DeviceInfo, Session
 from ..errors import DeviceError
-from .config import Config
+from .config import BACKENDS, Config, check_spec
 
-BACKEND_MODULES = {"host": "rlx_gpu.backends.host", "opencl": "rlx_gpu.backends.opencl",
-                   "cuda": "rlx_gpu.backends.cuda"}
+BACKEND_MODULES = {name: f"rlx_gpu.backends.{name}" for name in BACKENDS}
 
 
 @dataclass(frozen=True)
@@ -59,9 +58,34 @@ def discover() -> list[BackendStatus]:
     return [status(name) for name in BACKEND_MODULES]
 
 
+def _pyopencl_ctx(opencl: BackendStatus) -> str | None:
+    """The OpenCL device ``PYOPENCL_CTX`` picks (``p``, ``p:d``, or platform/device name fragments)."""
+    answer = os.environ.get("PYOPENCL_CTX")
+    if answer is None:
+        return None
+    parts = [p.strip() for p in answer.split(":")]
+    if all(p.isdigit() for p in parts if p):
+        return ":".join(["opencl", *[p for p in parts if p]][:3])
+    for info in opencl.devices:
+        name, platform = info.name.lower(), str(info.details.get("platform", "")).lower()
+        if parts[0].lower() in platform and (len(parts) < 2 or parts[1].lower() in name):
+            return info.spec
+    raise DeviceError(f"PYOPENCL_CTX={answer!r} names no OpenCL device; "
+                      f"opencl has {', '.join(d.spec + ' ' + d.name for d in opencl.devices) or 'none'}")
+
+
 def resolve(spec: str | None, config: Config) -> DeviceInfo:
-    """Turn ``host | opencl[:p[:d]] | cuda[:n] | auto`` (or RLX_DEVICE, or the config) into a device."""
-    spec = (spec or os.environ.get("RLX_DEVICE") or config.device or "auto").strip()
+    """Turn ``host | opencl[:p[:d]] | cuda[:n] | auto`` into a device.
+
+    Without ``spec``: ``RLX_DEVICE``, else ``PYOPENCL_CTX`` (an OpenCL device, as pyopencl reads it),
+    else the config's ``device``. A plain ``opencl`` also takes its platform and device from ``PYOPENCL_CTX``.
+    """
+    spec = spec or os.environ.get("RLX_DEVICE")
+    if not spec and os.environ.get("PYOPENCL_CTX") is not None:
+        spec = "opencl"
+    spec = check_spec(spec or config.device or "auto")
+    if spec == "opencl" and os.environ.get("PYOPENCL_CTX") is not None:
+        spec = _pyopencl_ctx(status("opencl")) or spec
     if spec == "auto":
         for name in config.priority:
             st = status(name)

@@ -7,18 +7,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..errors import ScheduleError
 from .model import Schedule
 from .validate import validate
 
 
 def parse_text(text: str) -> Any:
-    """JSON, or YAML as the same structure."""
+    """JSON, or YAML as the same structure; raises ``ScheduleError`` when the text is neither."""
     try:
         return json.loads(text)
-    except json.JSONDecodeError:
+    except json.JSONDecodeError as json_error:
         import yaml
 
-        return yaml.safe_load(text)
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ScheduleError(f"schedule text is neither JSON ({json_error}) nor YAML "
+                                f"({' '.join(str(err).split())})") from err
 
 
 def read_source(source: Any) -> Any:
@@ -29,9 +34,16 @@ def read_source(source: Any) -> Any:
         return source
     if isinstance(source, os.PathLike) or (isinstance(source, str) and "\n" not in source
                                              and not source.lstrip().startswith(("{", "[")) and Path(source).exists()):
-        return parse_text(Path(source).read_text())
+        try:
+            return parse_text(Path(source).read_text())
+        except ScheduleError as err:
+            raise ScheduleError(f"{source}: {err}") from err
     if isinstance(source, str):
-        return parse_text(source)
+        parsed = parse_text(source)
+        if isinstance(parsed, str) and "\n" not in source:  # one line that parses to a bare string: a path
+            raise ScheduleError(f"no such file: {source!r} (a schedule is a path to a JSON or YAML file, "
+                                f"JSON/YAML text, or a mapping)")
+        return parsed
     raise TypeError(f"a schedule is a dict, JSON/YAML text or a path, not {type(source).__name__}")
 
 

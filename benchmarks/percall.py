@@ -1,0 +1,165 @@
+"""Per-call cost of one decode step (S=1, carried state) through the resident arena API, side by side
+with torch on the same CPU and with the copy-everything path ``dev.run(schedule, numpy_arena)``.
+
+    python benchmarks/percall.py [--devices host,opencl] [--runs 50] [--rounds 5] [--warmup 10]
+
+Cases: lstm and gru (B=1 and B=32, input = hidden = 256, 1 layer, f32) against ``torch.nn.LSTM/GRU``
+with the same weights, and gated_delta_net (B=8, heads 8, N=64, state carried) against the same
+recurrence written in torch ops. Every call is one full step as a caller sees it: write the step's
+inputs, run, read the output; the state stays where each path keeps it (torch: its tensors; resident:
+the device arena, updated in place; copy-everything: the host arena, copied in and out every call).
+Medians in microseconds of ``--rounds`` blocks of ``--runs`` timed calls per path, the paths taking
+turns block by block; torch gets as many threads as NumPy's OpenBLAS. ``max |diff|`` compares the
+resident path's output after the timed calls with torch's, after as many steps from the same state.
+On a loaded machine run it with ``OPENBLAS_NUM_THREADS=1`` (torch follows): a two-thread step waits
+at its barriers for a descheduled thread. Needs only numpy, ml_dtypes, torch, pyopencl (for opencl)
+and this repository.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# benchmarks/rnn.py: turn-taking medians and the load check
+from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
+
+from host_fallback.layout import regions  # noqa: E402
+from host_fallback.threads import blas_threads  # noqa: E402
+from rlx_gpu import get_device, load_schedule  # noqa: E402
+from rlx_gpu.schedule.model import ABI_VERSION  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out  # noqa: E402
+from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
+
+SIZE = 256
+
+
+@dataclass
+class Case:
+    """One decode step: the schedule, its constant tensors, the inputs of a step, and torch's step."""
+
+    name: str
+    schedule: Any
+    inputs: dict[str, np.ndarray]
+    torch_step: Callable[[], np.ndarray]
+
+
+def schedule_for(thunk: dict, arena_bytes: int, inputs: list[str], constants: dict[str, np.ndarray]) -> Any:
+    """A one-thunk schedule naming every tensor by its field; ``constants`` become init blocks."""
+    tensors = {r.field: {"offset": r.offset, "dtype": r.dtype, "shape": list(r.shape)} for r in regions(thunk)}
+    init = [{"offset": tensors[n]["offset"], "b64": base64.b64encode(np.ascontiguousarray(a, np.float32)).decode()}
+            for n, a in constants.items()]
+    return load_schedule({"abi": ABI_VERSION, "arena_bytes": arena_bytes, "tensors": tensors, "inputs": inputs,
+                          "outputs": ["dst"], "init": init, "thunks": [thunk]})
+
+
+def recurrent_case(torch: Any, op: str, batch: int) -> Case:
+    model = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU}[op](SIZE, SIZE, batch_first=True)
+    params = dict(batch=batch, seq=1, input_size=SIZE, hidden=SIZE, num_layers=1, bidirectional=False, carry=True)
+    thunk, arena_bytes = lay_out(op, "f32", params)
+    x = torch.randn(batch, 1, SIZE)
+    schedule = schedule_for(thunk, arena_bytes, ["x"], pack_recurrent(model))
+    state = [torch.zeros(1, batch, SIZE) for _ in range(2 if op == "lstm" else 1)]
+
+    def step() -> np.ndarray:
+        with torch.no_grad():
+            y, new = model(x, tuple(state) if op == "lstm" else state[0])
+        state[:] = list(new) if op == "lstm" else [new]
+        return y.numpy()
+
+    return Case(f"{op} B={batch}", schedule, {"x": x.numpy()}, step)
+
+
+def gdn_case(torch: Any, batch: int = 8, heads: int = 8, n: int = 64) -> Case:
+    params = dict(batch=batch, seq=1, heads=heads, state_size=n, gate_per_channel=False, carry_state=True)
+    thunk, arena_bytes = lay_out("gated_delta_net", "f32", params)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.nn.functional.normalize(torch.randn(batch, 1, heads, n, generator=gen), dim=-1)
+    inputs = {"q": torch.randn(batch, 1, heads, n, generator=gen), "k": k,
+              "v": torch.randn(batch, 1, heads, n, generator=gen),
+              "g": -torch.rand(batch, 1, heads, generator=gen) * 0.1,
+              "beta": torch.rand(batch, 1, heads, generator=gen)}
+    schedule = schedule_for(thunk, arena_bytes, list(inputs), {})
+    q, k, v, g, beta = (inputs[f][:, 0] for f in ("q", "k", "v", "g", "beta"))
+    state = torch.zeros(batch, heads, n, n)  # [b, h, i (key), j (value)]
+    decay, scale = g.exp()[..., None, None], n ** -0.5
+
+    def step() -> np.ndarray:  # ABI.md §4, one step
+        with torch.no_grad():
+            state.mul_(decay)
+            u = (v - torch.einsum("bhij,bhi->bhj", state, k)) * beta[..., None]
+            state.add_(k[..., :, None] * u[..., None, :])
+            return (torch.einsum("bhij,bhi->bhj", state, q) * scale)[:, None].numpy()
+
+    return Case("gdn B=8 H=8 N=64", schedule, {f: t.numpy() for f, t in inputs.items()}, step)
+
+
+def copy_everything(dev: Any, case: Case) -> Callable[[], np.ndarray]:
+    """Today's ``dev.run(schedule, numpy_arena)``: every call copies the whole arena in and out."""
+    sched, views = case.schedule, case.schedule.tensors
+    arena = [sched.pristine_arena()]
+
+    def step() -> np.ndarray:
+        for name, values in case.inputs.items():
+            views[name].write(arena[0], values)
+        arena[0] = dev.run(sched, arena[0])
+        return views["dst"].read(arena[0])
+
+    return step
+
+
+def resident(dev: Any, case: Case) -> tuple[Callable[[], np.ndarray], Any]:
+    """The resident API: the arena stays on the device; a call writes the inputs, runs, reads ``dst``."""
+    arena = dev.arena(case.schedule)
+
+    def step() -> np.ndarray:
+        for name, values in case.inputs.items():
+            arena.write(name, values)
+        dev.run(case.schedule, arena)
+        return arena.read("dst")
+
+    return step, arena
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--devices", default="host,opencl")
+    ap.add_argument("--runs", type=int, default=50, help="timed calls per block and path")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed calls before each block")
+    ap.add_argument("--rounds", type=int, default=5, help="blocks per path, the paths taking turns")
+    args = ap.parse_args()
+
+    import torch
+
+    threads = blas_threads() or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cases = [recurrent_case(torch, op, b) for op in ("lstm", "gru") for b in (1, 32)] + [gdn_case(torch)]
+    devices = [get_device(spec) for spec in args.devices.split(",")]
+    print(f"decode step S=1, f32, H=I={SIZE}; torch.set_num_threads({threads}) = NumPy's OpenBLAS threads; "
+          f"median µs of {args.rounds}x{args.runs} calls per path after {args.warmup} warm-up, in turns")
+    start, t0 = cpu_ticks(), time.perf_counter()
+    print(f"{'case':<18}{'device':<12}{'torch':>8}{'resident':>10}{'copy-all':>10}{'res/torch':>11}"
+          f"{'copy/res':>10}{'max |diff|':>12}")
+    for case in cases:
+        for dev in devices:
+            step, arena = resident(dev, case)
+            paths = [case.torch_step, step, copy_everything(dev, case)]
+            us = [ms * 1e3 for ms in alternate_ms(paths, args.runs, args.warmup, args.rounds)]
+            diff = float(np.abs(step() - case.torch_step()).max())  # both took the same number of steps
+            arena.free()
+            print(f"{case.name:<18}{dev.spec:<12}{us[0]:>8.0f}{us[1]:>10.0f}{us[2]:>10.0f}{us[1] / us[0]:>10.2f}x"
+                  f"{us[2] / us[1]:>9.2f}x{diff:>12.1e}")
+    warn_if_shared(start, t0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""docs/abi.md: every worked schedule is valid and runs, and the matmul, gated_delta_net, mamba2, lstm
+and scan examples compute what the page says (NumPy written from the page, not from host_fallback)."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rlx_gpu
+from rlx_gpu.schedule.ops import SPECS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "abi.md"
+TEXT = DOC.read_text()
+
+
+def worked_examples() -> dict[str, dict]:
+    """Every fenced JSON block that is a schedule, by the op of its first thunk."""
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", TEXT, re.S)]
+    return {b["thunks"][0]["op"]: b for b in blocks if "abi" in b}
+
+
+EXAMPLES = worked_examples()
+sigmoid = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+
+
+def test_one_worked_example_per_op_family():
+    assert set(EXAMPLES) == {"lstm", "mamba2", "gated_delta_net", "matmul", "scan"}
+
+
+def run(op: str, **given: np.ndarray) -> dict[str, np.ndarray]:
+    """Load the worked example of ``op``, write its inputs (seeded random unless given), run it on the host."""
+    sched = rlx_gpu.load_schedule(EXAMPLES[op])
+    rng = np.random.default_rng(1)
+    arena = sched.pristine_arena()
+    values = {}
+    for name in sched.inputs:
+        view = sched.tensors[name]
+        values[name] = given.get(name, rng.standard_normal(view.shape) * 0.5)
+        view.write(arena, values[name])
+        values[name] = view.read(arena).astype(np.float64)  # what the arena holds (f32)
+    out = rlx_gpu.get_device("host").run(sched, arena)
+    return values, {name: sched.tensors[name].read(out).astype(np.float64) for name in sched.outputs}
+
+
+def test_matmul_example_is_tanh_of_a_times_b_plus_bias():
+    x, y = run("matmul")
+    np.testing.assert_allclose(y["y"], np.tanh(x["a"] @ x["b"] + x["bias"]), rtol=1e-5, atol=1e-6)
+
+
+def test_gated_delta_net_example_follows_the_four_steps():
+    rng = np.random.default_rng(2)
+    k = rng.standard_normal((1, 3, 2, 4))
+    x, y = run("gated_delta_net", k=k / np.linalg.norm(k, axis=-1, keepdims=True),
+               g=-np.abs(rng.standard_normal((1, 3, 2))), beta=rng.uniform(0.1, 0.9, (1, 3, 2)))
+    N = 4
+    state = x["state"].copy()
+    out = np.zeros((1, 3, 2, N))
+    for h in range(2):
+        S = state[0, h]  # [i key, j value]
+        for t in range(3):
+            S *= np.exp(x["g"][0, t, h])
+            u = (x["v"][0, t, h] - S.T @ x["k"][0, t, h]) * x["beta"][0, t, h]
+            S += np.outer(x["k"][0, t, h], u)
+            out[0, t, h] = S.T @ x["q"][0, t, h] / np.sqrt(N)
+    np.testing.assert_allclose(y["y"], out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["state"], state, rtol=1e-5, atol=1e-6)
+
+
+def test_mamba2_example_follows_the_recurrence():
+    rng = np.random.default_rng(3)
+    x, y = run("mamba2", dt=np.abs(rng.standard_normal((1, 4, 2))) * 0.5, a=-np.abs(rng.standard_normal(2)))
+    want = np.zeros((1, 4, 2, 3))
+    for h in range(2):
+        S = np.zeros((3, 2))
+        for t in range(4):
+            dt = x["dt"][0, t, h]
+            S = np.exp(dt * x["a"][h]) * S + np.outer(dt * x["x"][0, t, h], x["b"][0, t, h])
+            want[0, t, h] = S @ x["c"][0, t, h]
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_example_follows_the_gate_order_and_carries_its_state():
+    x, y = run("lstm")
+    H = 5
+    w_ih, w_hh, bias = x["w_ih"].reshape(4 * H, 4), x["w_hh"][0], x["bias"][0]
+    h, c = x["h"][0].copy(), x["c"][0].copy()
+    want = np.zeros((2, 3, H))
+    for t in range(3):
+        z = x["x"][:, t] @ w_ih.T + h @ w_hh.T + bias
+        i, f, g, o = sigmoid(z[:, :H]), sigmoid(z[:, H:2 * H]), np.tanh(z[:, 2 * H:3 * H]), sigmoid(z[:, 3 * H:])
+        c = f * c + i * g
+        h = o * np.tanh(c)
+        want[:, t] = h
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["h"][0], h, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["c"][0], c, rtol=1e-5, atol=1e-6)
+
+
+def test_scan_example_iterates_its_body():
+    x, y = run("scan")
+    h = x["h0"]
+    for t in range(5):
+        h = np.tanh(h + x["xs"][t])
+    np.testing.assert_allclose(y["h"], h, rtol=1e-5, atol=1e-6)
+
+
+def _sections() -> dict[str, str]:
+    """The text under each ``### ...`` heading, by the op names the heading spells in backticks."""
+    out: dict[str, str] = {}
+    parts = re.split(r"^### (.*)$", TEXT, flags=re.M)
+    for heading, body in zip(parts[1::2], parts[2::2]):
+        for op in re.findall(r"`(\w+)`", heading):
+            out[op] = body
+    return out
+
+
+@pytest.mark.parametrize("op", list(SPECS))
+def test_every_field_of_every_op_is_documented(op):
+    sections = _sections()
+    assert op in sections, f"docs/abi.md has no ### heading for {op}"
+    body = sections[op]
+    # a section may define its fields as another op's plus some ("the fields of `scan_backward` ...")
+    for other in re.findall(r"the fields of `(\w+)`", body, re.I):
+        body += sections[other]
+    words = set(re.findall(r"\w+", " ".join(re.findall(r"`([^`]*)`", body))))
+    missing = [f for f in SPECS[op].field_names if f not in words]
+    assert not missing, f"docs/abi.md, section {op}: fields {missing} are not named"
+
+
+def test_the_limits_table_is_the_one_in_code():
+    limits = pytest.importorskip("rlx_gpu.schedule.limits", reason="the limits table arrives with #9 (untrusted)")
+    section = TEXT.split("## 7. Limits")[1].split("\n## ")[0]
+    rows = re.findall(r"^\| (?!limit|---)(.*?) \| (\S+) \|$", section, re.M)
+    values = [2 ** int(v[2:]) if v.startswith("2^") else int(v) for _, v in rows]
+    assert values == [limit.value for limit in limits.TABLE]
+
+
+def test_the_state_size_every_backend_supports_is_the_kernels():
+    from rlx_gpu.launches.limits import STATE_MAX
+
+    assert f"`state_size` up to {STATE_MAX} is supported by every backend" in TEXT
