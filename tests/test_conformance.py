@@ -5,6 +5,8 @@ float64 reference written from ABI.md and against ``host_fallback`` (NaN/Inf pos
 ``configs/default.yaml``). Devices: ``RLX_TEST_DEVICES`` (comma-separated specs, e.g.
 ``host,opencl:0:0``); unset, the host and every available device but simulators (CUDA joins when its
 backend reports a device). A device named there but absent fails every test, with the list of devices.
+Kernel backends run at both targets: their own and the other one forced through ``RLX_TARGET`` (the gpu
+kernel shapes on PoCL).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from rlx_gpu.conformance import catalog, devices, runner
 from rlx_gpu.runtime.config import default_config_path, load_config
+from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import open_session, status
 
 CONFIG = load_config(default_config_path())
@@ -22,9 +25,14 @@ SPECS = [s.strip() for s in os.environ.get(devices.ENV, "").split(",") if s.stri
     [info.spec for info in devices.default_devices()]
 
 
-@pytest.fixture(scope="module", params=SPECS)
+DEVICES = [(spec, None) if spec.split(":")[0] == "host" else (spec, target) for spec in SPECS for target in TARGETS]
+DEVICES = list(dict.fromkeys(DEVICES))
+
+
+@pytest.fixture(scope="module", params=DEVICES, ids=lambda d: d[0] if d[1] is None else f"{d[0]}@{d[1]}")
 def session(request):
-    return open_session(devices.find(request.param))  # an absent device raises here: every test of it fails
+    spec, target = request.param
+    return devices.open_device(devices.find(spec), target)  # an absent device raises here: its tests fail
 
 
 @pytest.fixture(scope="module")

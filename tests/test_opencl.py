@@ -12,18 +12,23 @@ import pytest
 opencl = pytest.importorskip("rlx_gpu.backends.opencl")
 from rlx_gpu.backends import programs  # noqa: E402
 from rlx_gpu.errors import KernelBuildError  # noqa: E402
-from rlx_gpu.runtime.registry import open_session, status  # noqa: E402
+from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
+from rlx_gpu.launches.limits import TARGETS  # noqa: E402
+from rlx_gpu.runtime.registry import status  # noqa: E402
 from test_conformance import SPECS  # noqa: E402  (RLX_TEST_DEVICES, or every available device)
 
 OPENCL = [spec for spec in SPECS if spec.split(":")[0] == "opencl"]
 pytestmark = pytest.mark.skipif(not OPENCL, reason=f"no OpenCL device among {SPECS}: {status('opencl').reason}")
 
 
-@pytest.fixture(scope="module", params=OPENCL)
+@pytest.fixture(scope="module", params=[(spec, target) for spec in OPENCL for target in TARGETS], ids=str)
 def session(request):
-    from rlx_gpu.conformance.devices import find
-
-    return open_session(find(request.param))
+    """Each OpenCL test device at each target: the gpu target (forced through RLX_TARGET) runs the
+    GPU-shaped kernels on it, so they are checked here too."""
+    spec, target = request.param
+    opened = open_device(find(spec), target)
+    assert opened.limits.target == target
+    return opened
 
 
 def test_registry_reasons(session):
@@ -39,7 +44,7 @@ def test_registry_reasons(session):
 
 
 def test_build_cache_and_error(session):
-    prog = programs.program("opencl", "body", "f32")
+    prog = programs.program("opencl", "body", "f32", None, session.limits.target)
     assert session.program(prog) is session.program(prog)
     broken = dataclasses.replace(prog, source=prog.source.replace("return exp(x);", "return exp(x) +;"))
     with pytest.raises(KernelBuildError) as info:

@@ -1,7 +1,7 @@
 """Run the OpenCL conformance cases at small shapes on the Oclgrind simulator, failing on any diagnostic.
 
 Oclgrind never changes its exit code, so this script does: it runs ``rlx-gpu conformance --quick``
-(the conformance cases at small shapes) on the Oclgrind device with API checks, data-race and
+(the conformance cases at small shapes, at both kernel targets) on the Oclgrind device with API checks, data-race and
 uninitialized-memory detection on, and fails when the Oclgrind log has any line or any Oclgrind line
 reaches stderr.
 
@@ -67,23 +67,26 @@ def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int,
 
 
 def conformance(spec: str, extra_args: list[str]) -> int:
-    """One process per dtype: in one process, a gemm in f64 after one in f32 (same shapes, each clean
-    alone, results exact) gets "uninitialized value" reports from Oclgrind's shadow memory; separate
-    processes keep every case checked without them."""
+    """Both kernel targets (the gpu shapes forced on Oclgrind too), one process per target and dtype: in
+    one process, a gemm in f64 after one in f32 (same shapes, each clean alone, results exact) got
+    "uninitialized value" reports from Oclgrind's shadow memory; separate processes keep every case
+    checked without them."""
     # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
     # write of the pristine bytes (see core.ScanMemory), which Oclgrind's shadow tracks exactly.
+    from rlx_gpu.launches.limits import TARGETS
     from rlx_gpu.schedule.ops import DTYPES
 
     worst = 0
-    for dtype in DTYPES:
-        argv = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", spec, "--quick", "--dtypes", dtype,
-                *extra_args]
-        code, diagnostics, output = run_under_oclgrind(argv, {})
-        print(output[-1500:])
-        if diagnostics:
-            print(f"Oclgrind reported ({dtype}):\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
-            return 1
-        worst = max(worst, code)
+    for target in TARGETS:
+        for dtype in DTYPES:
+            argv = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", spec, "--quick",
+                    "--target", target, "--dtypes", dtype, *extra_args]
+            code, diagnostics, output = run_under_oclgrind(argv, {})
+            print(output[-1500:])
+            if diagnostics:
+                print(f"Oclgrind reported ({target} target, {dtype}):\n" + "\n".join(diagnostics[:60]), file=sys.stderr)
+                return 1
+            worst = max(worst, code)
     print(f"Oclgrind: no diagnostics (conformance exit {worst})")
     return worst
 

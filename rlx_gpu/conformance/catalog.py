@@ -100,6 +100,7 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("mamba2", _mamba2(1, 3, 2, 3, 64), {}, False),
     # seq >= 64 runs selective_scan chunked on the gpu target (chunks of 256 steps: 300 takes two)
     ("selective_scan", _ssm(2, 300, 5, 3), {}, False),
+    ("mamba2", _mamba2(1, 70, 1, 3, 4), {}, False),  # and mamba2 chunked (chunks of 64: 70 takes two, one partial)
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
     ("gated_delta_net", _gdn(3, 1, 2, 8, False, True), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
@@ -117,6 +118,7 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(1, 16, 2, 256, True, True), {}, True),
     ("gated_delta_net", _gdn(2, 24, 3, 64, False, False), {}, True),
     ("matmul", _matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True),
+    ("mamba2", _mamba2(2, 150, 2, 17, 20), {}, True),  # gpu target: three chunks, two tiles of 16 rows
 ]
 
 #: (op, params, field, step) of the causality cases: one NaN at ``step`` of batch row 0 must reach that row's
@@ -125,6 +127,7 @@ CAUSAL: list[tuple[str, dict, str, int]] = [
     ("selective_scan", _ssm(2, 9, 3, 16), "x", 5),
     ("selective_scan", _ssm(2, 300, 3, 4), "x", 270),  # in the second chunk of 256 steps (gpu target)
     ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5),
+    ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70),  # in the second chunk of 64 steps (gpu target)
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5),
 ]

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TextIO
 
 from ..errors import RlxError
+from ..launches.limits import TARGETS
 from ..runtime.config import load_config
 from ..runtime.registry import open_session, status
 from ..schedule.ops import DTYPES, SPECS
@@ -44,6 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _common(parser: argparse.ArgumentParser, default_dtypes: tuple[str, ...] | None = None) -> None:
     parser.add_argument("--device", action="append", metavar="D", help=DEVICE_HELP)
+    parser.add_argument("--target", choices=TARGETS, help="force the kernel shapes of the opencl/cuda devices "
+                        "(e.g. gpu on PoCL; default: each device's own, or RLX_TARGET)")
     parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops (default: all)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", default=default_dtypes,
                         help=f"only these dtypes, of {', '.join(DTYPES)} (default: {', '.join(default_dtypes or DTYPES)})")
@@ -85,7 +88,8 @@ def _selected(args: argparse.Namespace, quick: bool) -> list[catalog.Case]:
 
 
 def _sessions(args: argparse.Namespace) -> list:
-    return [open_session(info) for info in devices.resolve(args.device)]
+    infos = devices.resolve(args.device)
+    return [devices.open_device(info, None if info.backend == "host" else args.target) for info in infos]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,9 +102,11 @@ def run(args: argparse.Namespace) -> int:
     outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr),
                           perf_repeats=args.repeat if args.perf else 0)
     infos = [s.info for s in sessions]
+    if args.target:
+        print(f"kernel target forced to {args.target} on " + ", ".join(i.spec for i in infos if i.backend != "host"))
     print(report.text(infos, outcomes, config))
     if args.json:
-        report.write_json(args.json, report.as_json(infos, outcomes, config, args.quick))
+        report.write_json(args.json, {**report.as_json(infos, outcomes, config, args.quick), "target": args.target})
         print(f"wrote {args.json}")
     if args.markdown:
         with open(args.markdown, "w") as out:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
-from ..backends.base import DeviceInfo
+from ..backends.base import DeviceInfo, Session
 from ..errors import DeviceError
-from ..runtime.registry import discover, status
+from ..launches.limits import TARGET_ENV, TARGETS
+from ..runtime.registry import backend_module, discover, open_session, status
 
 ENV = "RLX_TEST_DEVICES"
 
@@ -65,3 +66,24 @@ def resolve(specs: Iterable[str] | None) -> list[DeviceInfo]:
 def from_environment() -> list[DeviceInfo]:
     """``RLX_TEST_DEVICES`` (``host,opencl:0:0``) resolved, or the default devices when it is unset."""
     return resolve(os.environ.get(ENV, "").split(","))
+
+
+def open_device(info: DeviceInfo, target: str | None = None) -> Session:
+    """A session on ``info``; ``target`` (``cpu`` or ``gpu``) forces the kernel shapes of a device backend
+    (through ``RLX_TARGET``, e.g. the gpu kernels on PoCL) in a session of its own."""
+    if target is None:
+        return open_session(info)
+    if target not in TARGETS:
+        raise DeviceError(f"target {target!r} is not one of {', '.join(TARGETS)}")
+    if info.backend == "host":
+        raise DeviceError("the host has no kernel targets; --target applies to opencl and cuda devices")
+    before = os.environ.get(TARGET_ENV)
+    os.environ[TARGET_ENV] = target
+    try:
+        session = backend_module(info.backend).open(info)
+    finally:
+        if before is None:
+            del os.environ[TARGET_ENV]
+        else:
+            os.environ[TARGET_ENV] = before
+    return session
