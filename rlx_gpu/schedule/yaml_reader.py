@@ -31,6 +31,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _TAG = "tag:yaml.org,2002:"
 _MERGE = _TAG + "merge"
+_STR = _TAG + "str"
 #: Words YAML 1.1 (as PyYAML reads it) makes booleans or null.
 _SPECIAL_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL "
                            "y Y n N".split())
@@ -168,6 +169,8 @@ class _Builder:
             if text.isidentifier() and text not in _SPECIAL_WORDS:
                 return text
         tag = self.loader.resolve(yaml.ScalarNode, text, (True, False))
+        if tag == _STR:
+            return text
         if tag == _MERGE and is_key:
             raise ConstructorError(None, None, "merge keys (<<) are not accepted", event.start_mark)
         if tag not in _IMPLICIT_SCALAR_TAGS:
