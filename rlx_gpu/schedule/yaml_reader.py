@@ -32,6 +32,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TAG = "tag:yaml.org,2002:"
 _MERGE = _TAG + "merge"
 _STR = _TAG + "str"
+_MERGE_REFUSED = "merge keys (<<) are not accepted"
 #: Words YAML 1.1 (as PyYAML reads it) makes booleans or null.
 _SPECIAL_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL "
                            "y Y n N".split())
@@ -149,7 +150,7 @@ class _Builder:
                 value = self._resolve_plain(text, event, is_key)
                 self.plain[text] = value
         elif tag == _MERGE and is_key:
-            raise ConstructorError(None, None, "merge keys (<<) are not accepted", event.start_mark)
+            raise ConstructorError(None, None, _MERGE_REFUSED, event.start_mark)
         elif tag in _EXPLICIT_SCALAR_TAGS:
             try:
                 value = SafeConstructor.yaml_constructors[tag](self.loader, yaml.ScalarNode(tag, text))
@@ -172,7 +173,7 @@ class _Builder:
         if tag == _STR:
             return text
         if tag == _MERGE and is_key:
-            raise ConstructorError(None, None, "merge keys (<<) are not accepted", event.start_mark)
+            raise ConstructorError(None, None, _MERGE_REFUSED, event.start_mark)
         if tag not in _IMPLICIT_SCALAR_TAGS:
             raise ConstructorError(None, None, f"could not determine a constructor for the tag {tag!r}",
                                    event.start_mark)
