@@ -15,47 +15,7 @@ import yaml
 from ..errors import ScheduleError, brief
 from .model import Schedule
 from .validate import validate
-
-
-#: Words YAML 1.1 (as PyYAML reads it) makes booleans or null.
-_SPECIAL_WORDS = frozenset("yes Yes YES no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL "
-                           "y Y n N".split())
-
-
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """PyYAML's safe loader (libyaml's parser when present) refusing duplicate and merge (``<<``) keys.
-
-    An alias is constructed once and shared, never expanded; libyaml bounds nesting at 1000 levels.
-    Plain decimal integers and plain words resolve without PyYAML's regex scan (half of its time on
-    a large schedule); everything else resolves as PyYAML does.
-    """
-
-    def resolve(self, kind: type, value: Any, implicit: tuple[bool, bool]) -> str:
-        if kind is yaml.ScalarNode and implicit[0] and value.isascii():
-            digits = value[1:] if value[:1] == "-" else value
-            if digits.isdigit() and (digits == "0" or digits[0] != "0"):
-                return "tag:yaml.org,2002:int"
-            if value.isidentifier() and value not in _SPECIAL_WORDS:
-                return "tag:yaml.org,2002:str"
-        return super().resolve(kind, value, implicit)
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: set = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                raise yaml.constructor.ConstructorError(None, None, "merge keys (<<) are not accepted",
-                                                        key_node.start_mark)
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {brief(key)}",
-                                                        key_node.start_mark) from None
-            if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {brief(key)}",
-                                                        key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+from .yaml_reader import load_yaml
 
 
 class _DuplicateKey(ValueError):
@@ -87,7 +47,7 @@ def parse_text(text: str) -> Any:
     except ValueError as err:  # JSONDecodeError, or an int literal longer than Python converts
         json_error = err
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+        return load_yaml(text)
     except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as err:
         yaml_error = _cut(" ".join(str(err).split()), 160)
     if text.lstrip()[:1] in ("{", "["):
