@@ -182,13 +182,6 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
  * grid is 1-D (groups of columns folded into x): no extent reaches CUDA's 65,535 cap on y/z. */
 #define SSM_W (SSM_N / SSM_L)
 
-#define GDN_ROW_SUM(y, part, at)                                                                        \
-    do {                                                                                              \
-        y = part[at];                                                                                 \
-        PRAGMA_UNROLL                                                                                 \
-        for (int l_ = 1; l_ < SSM_L; ++l_)                                                            \
-            y += part[(at) + l_];                                                                     \
-    } while (0)
 
 KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_channel,
                              GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -234,7 +227,7 @@ KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_cha
         }
         part[lane] = y;
         BARRIER();
-        GDN_ROW_SUM(y, part, first);
+        SSM_ROW_SUM(y, part, first);
         const real u = ((live ? LOAD(v, vec + j) : (real)0) - y) * LOAD(beta, head);
         y = (real)0;
         PRAGMA_UNROLL
@@ -248,7 +241,7 @@ KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_cha
         part[SSM_WG + lane] = y;
         BARRIER();
         if (live && nl == 0) {
-            GDN_ROW_SUM(y, part, SSM_WG + first);
+            SSM_ROW_SUM(y, part, SSM_WG + first);
             STORE(dst, vec + j, scale * y);
         }
     }

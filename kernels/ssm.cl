@@ -167,15 +167,6 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
  * The grid is 1-D (groups of rows folded into x), so no extent reaches CUDA's 65,535 cap on y/z. */
 #define SSM_W (SSM_N / SSM_L)
 
-/* y = the sum of the SSM_L partial sums at part[at .. at+SSM_L) (LOCAL; a macro, since the CUDA
- * dialect has no LOCAL pointer type). */
-#define SSM_ROW_SUM(y, part, at)                                                                        \
-    do {                                                                                              \
-        y = part[at];                                                                                 \
-        PRAGMA_UNROLL                                                                                 \
-        for (int l_ = 1; l_ < SSM_L; ++l_)                                                            \
-            y += part[(at) + l_];                                                                     \
-    } while (0)
 
 /* Mamba-1, rows = (batch row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[n]; y = sum_n c[n]*h[n]. */
 KERNEL selective_scan_lanes(i64 B, i64 S, i64 H, i64 N,
