@@ -214,6 +214,8 @@ environment:
   PYOPENCL_CTX   without RLX_DEVICE: the OpenCL device, as pyopencl reads it (0, 0:1, or a name)
   RLX_CONFIG     a config file over configs/default.yaml (device, priority, fallback, overrides,
                  scan, tolerances)
+  RLX_TARGET     cpu | gpu: force the kernel shapes (unset: the device type decides)
+  RLX_CACHE_DIR  where the CUDA backend keeps its cubins (default ~/.cache/rlx_gpu/cubin)
 """
 
 DEVICE_HELP = "host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then PYOPENCL_CTX, then the config)"
