@@ -19,6 +19,7 @@ from host_fallback.arena import STORAGE
 from host_fallback.layout import regions
 from rlx_gpu.conformance import cases
 from rlx_gpu.backends import opencl
+from rlx_gpu.conformance.devices import find
 
 
 def recurrent(op: str, b: int, s: int, i: int, h: int) -> dict:
@@ -92,8 +93,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
-    infos = opencl.probe()
-    info = next(i for i in infos if i.spec == args.device) if args.device else infos[0]
+    info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
     session = opencl.open(info)
     rng = np.random.default_rng(0)
     print(f"device: {info.name} ({info.spec}); medians of {args.repeat}; f32")

@@ -16,6 +16,7 @@ import numpy as np
 
 from benchmarks.backends import lay_out, median_time
 from rlx_gpu.backends import opencl
+from rlx_gpu.conformance.devices import find
 
 SEQS = (1, 16, 32, 64, 128, 256, 1024)
 
@@ -34,8 +35,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default=None)
     args = parser.parse_args()
-    infos = opencl.probe()
-    info = next(i for i in infos if i.spec == args.device) if args.device else infos[0]
+    info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
     session = opencl.open(info)
     if session.limits.target != "gpu":
         raise SystemExit("run with RLX_TARGET=gpu: this compares the gpu-target kernels")
