@@ -75,7 +75,7 @@ def conformance(spec: str, extra_args: list[str]) -> int:
     gated_delta_net_pc and gated_delta_net_state_pass after other cases; every case alone is clean and its
     results match the float64 references). They follow a growth of the session's shared scratch (the old
     buffer released, a larger one allocated under the released one's Oclgrind buffer number): every
-    reported address lies past the end of the smaller buffer, and with the scratch grown to its largest
+    reported address traced lies past the end of the smaller buffer, and with the scratch grown to its largest
     size first the same sequence is clean. The reports of the shared process are printed, never hidden.
     """
     # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
