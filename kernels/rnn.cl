@@ -1,5 +1,6 @@
 /* Recurrent family (ABI.md §3): the input projection runs first as body.cl's gemm over all timesteps
- * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence.
+ * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence (the cpu
+ * target's persistent kernel projects the input itself).
  * Per layer, the directions' blocks are consecutive: xw [dirs][B*S][G*H], w_hh [dirs][G*H][H],
  * b_hh [dirs][G*H], state [dirs][B][H]. */
 

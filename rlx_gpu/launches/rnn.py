@@ -1,14 +1,18 @@
 """Launch geometry of lstm / gru / rnn (ABI.md §3).
 
-Per layer: W_ih is staged transposed (compute type) and one gemm projects every timestep of both
-directions at once (``xw``, compute type, bias folded in except GRU's ``b_hh``); then the recurrence
-runs either as one persistent launch (a work-group of ``hidden`` items per batch row and direction
-keeps h in local memory; chosen for few (batch row, direction) pairs on a cpu target) or as one launch
-per timestep over W_hh staged transposed (chosen otherwise). The per-step kernel's shape is per target:
-cpu, each item computes RNN_JB_G<gates> units for RNN_RB_G<gates> batch rows (a register block); gpu,
-a work-group of RNN_GU consecutive units x RNN_GK slices of the reduction for RNN_RB batch rows, the
-slices summed through LOCAL memory, so that B64 H1024 exposes over a thousand work-groups. Layers
-below the last write their output to scratch in the compute type.
+Per layer the recurrence runs either as one persistent launch (chosen for up to RNN_PERSIST_ROWS
+(batch row, direction) pairs) or as one launch per timestep (chosen otherwise). Both first project
+every timestep of both directions at once (but for the cpu persistent kernel): W_ih is staged
+transposed (compute type) and one gemm writes ``xw`` (compute type, bias folded in except GRU's
+``b_hh``); each step of the per-step kernel then reads W_hh staged transposed. The persistent kernel's shape is per target: gpu, a work-group of ``hidden`` items
+per batch row keeps h in local memory (never chosen by default: it cannot fill a GPU); cpu, one
+work-item per (batch row, direction) runs every step over W_ih and W_hh staged transposed, projecting
+the input itself, so a layer is one launch (a decode step: one launch per layer and no gemm). The
+per-step kernel's shape is per target too: cpu, each item computes RNN_JB_G<gates> units for
+RNN_RB_G<gates> batch rows (a register block); gpu, a work-group of RNN_GU consecutive units x RNN_GK
+slices of the reduction for RNN_RB batch rows, the slices summed through LOCAL memory, so that B64
+H1024 exposes over a thousand work-groups. Layers below the last write their output to scratch in
+the compute type.
 """
 from __future__ import annotations
 
@@ -33,7 +37,9 @@ def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
 
 def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
     """Above RNN_PERSIST_ROWS (batch row, direction) pairs the per-step kernel, which shares each W_hh
-    row among several batch rows, beats the persistent one, which streams all of W_hh once per pair and step."""
+    row among several batch rows, beats the persistent one, which streams all of W_hh once per pair and
+    step (cpu target, PoCL on 2 cores: the persistent kernel 1.5-2x faster at one pair, even at two,
+    slower from four)."""
     dirs = 2 if t["bidirectional"] else 1
     return persistent_fits(t, lim) and t["batch"] * dirs <= lim.tune("RNN_PERSIST_ROWS")
 
