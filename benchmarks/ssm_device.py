@@ -2,9 +2,10 @@
 
     PYTHONPATH=. RLX_TARGET=gpu python benchmarks/ssm_device.py [--repeat N] [--device opencl:P:D]
 
-For selective_scan (B=2, H=256, N=16) and mamba2 (B=2, H=8, P=64, N=64), f32, at growing sequence
-lengths: the median time of the lanes kernel (one step per barrier) and of the chunked form, and
-their ratio; this sets the SSC_MIN_SEQ / M2_MIN_SEQ rules of ``launches.limits.TUNING['gpu']``. On
+For selective_scan (B=2, H=256, N=16), mamba2 (B=2, H=8, P=64, N=64) and gated_delta_net (B=2, H=4,
+N=64, both gate kinds), f32, at growing sequence lengths: the median time of the lanes kernel (one step
+per barrier) and of the chunked form, and their ratio; this sets the SSC_MIN_SEQ / M2_MIN_SEQ /
+GDN_MIN_SEQ rules of ``launches.limits.TUNING['gpu']``. On
 PoCL (a CPU) both run with the gpu target forced, so the figures rank the forms' work and barrier
 counts, not a GPU's latency hiding. Times exclude compilation and transfers.
 """
@@ -27,6 +28,9 @@ def thunks(seq: int) -> list[tuple[str, dict]]:
                                 x=0, delta=0, a=0, b=0, c=0, dst=0)),
         ("mamba2", dict(op="mamba2", batch=2, seq=seq, heads=8, head_dim=64, state_size=64,
                         x=0, dt=0, a=0, b=0, c=0, dst=0)),
+        *[(f"gdn {'channel' if pc else 'head'}", dict(op="gated_delta_net", batch=2, seq=seq, heads=4, state_size=64,
+                                                      gate_per_channel=pc, carry_state=True, q=0, k=0, v=0, g=0,
+                                                      beta=0, state=0, dst=0)) for pc in (False, True)],
     ]
 
 

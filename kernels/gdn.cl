@@ -254,3 +254,289 @@ KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_cha
         }
 }
 #endif
+
+#if defined(RLX_TARGET_GPU) && !defined(SSM_N) && !defined(RLX_NEED_FP64)
+/* Gated delta net chunked (target gpu, long sequences; f64 keeps the lanes kernel: its LOCAL tiles
+ * would pass CUDA's 48 KiB of static shared memory). Chunks of GDN_Q steps. Inside a chunk, with
+ * G[t] = sum_{s<=t} g[s] the cumulative log-decay from the chunk start (per key channel i with
+ * per-channel gates, the same for every i per head), S0 the state entering the chunk and
+ * D[t][s] = exp(G[t] - G[s]) (a diagonal over i per channel):
+ *   u[t] = beta[t] (v[t] - (exp(G[t]) k[t]) S0 - sum_{s<t} (k[t] . D[t][s] k[s]) u[s])
+ * is the unit lower triangular system (I + M) U = beta V - beta (exp(G) K) S0 with
+ * M[t][s] = beta[t] (k[t] . D[t][s] k[s]), s < t; with T = (I + M)^-1 (the WY/UT form)
+ *   U = U0 - W S0,   U0 = T beta V,   W = T beta exp(G) K,
+ *   out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]),   P[t][s] = q[t] . D[t][s] k[s],
+ *   S_next = exp(G[last]) S0 + sum_s (exp(G[last] - G[s]) k[s]) (x) u[s].
+ * Three launches over scratch in the compute type, one slot per (batch row, head, chunk):
+ *   gated_delta_net_chunk_prep   G (floored log-decays summed), P, T by forward substitution in LOCAL
+ *                                memory, then W and U0: one work-group of GDN_LANES per chunk;
+ *   gated_delta_net_state_pass   in chunk order: stores the state entering the chunk, turns U0 into
+ *                                U = U0 - W S0 and steps the state; one work-group per (batch row,
+ *                                head, block of value columns), each lane one key row i of the block's
+ *                                GDN_PJ-column strips in registers (the state is column-separable);
+ *   gated_delta_net_chunk_out    the outputs of one chunk and GDN_OT value columns per work-group, the
+ *                                products staged through LOCAL tiles.
+ * Log-decays below GDN_LOG_FLOOR (log of the smallest f32 subnormal, minus 1) are raised to it: exp
+ * of either is exactly 0, but a -inf (a state reset) would meet another in a difference G[t] - G[s]
+ * (NaN), and a huge finite one would drown the digits of every later G of its chunk. Every sum over
+ * steps is bounded by t (no product with a zero mask), so a NaN at step t of a lane reaches only its
+ * outputs from t on: in its chunk through G, P, T and U, beyond it through the state. */
+#define GDN_LOG_FLOOR (-104.2789f)
+#define GDN_QP (GDN_Q + 1)   /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#define GDN_NTP (GDN_NT + 1)
+#define GDN_OTP (GDN_OT + 1)
+#define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
+#define GDN_TS (GDN_LANES / GDN_OT)        /* output rows apart for one lane of chunk_out */
+#define GDN_OY (GDN_Q / GDN_TS)            /* outputs per lane of chunk_out */
+
+/* Chunk c of (batch row bt, head hh), slot `bhc` of the scratch arrays, for this work-group. */
+#define GDN_CHUNK_GROUP(bhc_of_group)                                                                  \
+    const int lane = (int)LID(0);                                                                     \
+    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, bhc = (bhc_of_group);                                 \
+    const i64 bh = bhc / chunks, c = bhc - bh * chunks, bt = bh / HD, hh = bh - bt * HD, t0 = c * GDN_Q; \
+    const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;                                         \
+    const i64 gw = per_channel ? N : 1; /* log-decays per step: one per key channel, or one */        \
+    GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw
+
+KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 HD, i64 N, int per_channel,
+                                  GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                                  GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* gmb, i64 gmo,
+                                  GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo)
+{
+    LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
+    GDN_CHUNK_GROUP(GROUP(0));
+    GLOBAL const store_t* q = AT(store_t, qb, qo);
+    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL const store_t* v = AT(store_t, vb, vo);
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    GLOBAL real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
+    GLOBAL real* wm = AT(real, wb, wo) + bhc * GDN_Q * N;
+    GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
+    /* G: each lane sums the floored log-decays of one channel (or the head's) over the chunk */
+    for (i64 i = lane; i < gw; i += GDN_LANES) {
+        real acc = (real)0;
+        for (int t = 0; t < steps; ++t) {
+            const real gv = LOAD(g, ((bt * S + t0 + t) * HD + hh) * gw + i);
+            acc += gv < GDN_LOG_FLOOR ? (real)GDN_LOG_FLOOR : gv; /* NaN stays NaN */
+            gam[t * gw + i] = acc;
+        }
+    }
+    if (lane < steps)
+        bs[lane] = LOAD(AT(store_t, beb, beo), (bt * S + t0 + lane) * HD + hh);
+    /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
+     * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
+    const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
+    real a[GDN_AS], p[GDN_AS];
+    PRAGMA_UNROLL
+    for (int j = 0; j < GDN_AS; ++j)
+        a[j] = p[j] = (real)0;
+    for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
+        BARRIER(); /* G is written (first tile), or the previous tile's readers are done */
+        for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
+            const int s = e / GDN_NT, ii = e - s * GDN_NT;
+            const int in = s < steps && i0 + ii < N;
+            const i64 at = ((bt * S + t0 + s) * HD + hh) * N + i0 + ii;
+            kt[s * GDN_NTP + ii] = in ? LOAD(k, at) : (real)0;
+            qt[s * GDN_NTP + ii] = in ? LOAD(q, at) : (real)0;
+            gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * N + i0 + ii] : (real)0;
+        }
+        BARRIER();
+        for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
+            const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
+            PRAGMA_UNROLL
+            for (int j = 0; j < GDN_AS; ++j)
+                if (s0 + j <= tg) {
+                    const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
+                                                : kt[(s0 + j) * GDN_NTP + ii];
+                    a[j] += kv * ks;
+                    p[j] += qv * ks;
+                }
+        }
+    }
+    /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
+    PRAGMA_UNROLL
+    for (int j = 0; j < GDN_AS; ++j)
+        if (s0 + j <= tg && tg < steps) {
+            const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
+            pm[tg * GDN_Q + s0 + j] = d * p[j];
+            if (s0 + j < tg)
+                m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
+        }
+    BARRIER();
+    /* T = (I + M)^-1 over M's strict lower triangle, row by row (row t needs rows < t):
+     * T[t][l] = -(M[t][l] + sum_{l<s<t} M[t][s] T[s][l]); the unit diagonal stays implicit */
+    for (int t = 1; t < steps; ++t) {
+        real x = (real)0;
+        if (lane < t) {
+            x = m[t * GDN_QP + lane];
+            for (int s = lane + 1; s < t; ++s)
+                x += m[t * GDN_QP + s] * m[s * GDN_QP + lane];
+        }
+        BARRIER(); /* row t of M read by every lane before any of it is replaced */
+        if (lane < t)
+            m[t * GDN_QP + lane] = -x;
+        BARRIER();
+    }
+    /* W = T beta exp(G) K (pass 0) and U0 = T beta V (pass 1), GDN_NT columns at a time through kt */
+    for (int pass = 0; pass < 2; ++pass)
+        for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
+            BARRIER();
+            for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
+                const int s = e / GDN_NT, ii = e - s * GDN_NT;
+                real x = (real)0;
+                if (i0 + ii < N) {
+                    const i64 at = ((bt * S + t0 + s) * HD + hh) * N + i0 + ii;
+                    x = bs[s] * (pass ? LOAD(v, at) : LOAD(k, at) * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
+                }
+                kt[s * GDN_NTP + ii] = x;
+            }
+            BARRIER();
+            for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
+                const int t = e / GDN_NT, ii = e - t * GDN_NT;
+                if (i0 + ii < N) {
+                    real x = kt[t * GDN_NTP + ii];
+                    for (int s = 0; s < t; ++s)
+                        x += m[t * GDN_QP + s] * kt[s * GDN_NTP + ii];
+                    (pass ? um : wm)[t * N + i0 + ii] = x;
+                }
+            }
+        }
+}
+
+/* Key rows of the state per work-group lane and value columns per work-group of the state pass:
+ * GDN_LANES / N strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
+#define GDN_STRIPS(N) (GDN_LANES / (N) < GDN_SPMAX ? GDN_LANES / (N) : GDN_SPMAX)
+
+KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 HD, i64 N, int per_channel, int carry,
+                                  GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* gmb, i64 gmo,
+                                  GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+{
+    LOCAL real sl[GDN_LANES * GDN_PJ], ul[GDN_Q * GDN_PJ * GDN_SPMAX];
+    const int lane = (int)LID(0);
+    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, strips = GDN_STRIPS(N), rc = strips * GDN_PJ;
+    const i64 blocks = (N + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
+    const i64 bt = bh / HD, hh = bh - bt * HD, jb = lane / N, i = lane - jb * N, gw = per_channel ? N : 1;
+    const int live = jb < strips; /* a lane past the last strip still meets every barrier */
+    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL store_t* st = AT(store_t, sb, so) + bh * N * N;
+    real s[GDN_PJ];
+    PRAGMA_UNROLL
+    for (int cj = 0; cj < GDN_PJ; ++cj) {
+        const i64 j = jc0 + jb * GDN_PJ + cj;
+        s[cj] = carry && live && j < N ? LOAD(st, i * N + j) : (real)0;
+    }
+    for (i64 c = 0; c < chunks; ++c) {
+        const i64 bhc = bh * chunks + c, t0 = c * GDN_Q;
+        const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;
+        GLOBAL const real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw;
+        GLOBAL const real* wm = AT(real, wb, wo) + bhc * GDN_Q * N;
+        GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
+        GLOBAL real* states = AT(real, hb, ho) + bhc * N * N;
+        BARRIER(); /* the previous chunk's readers of sl and ul are done */
+        PRAGMA_UNROLL
+        for (int cj = 0; cj < GDN_PJ; ++cj) {
+            const i64 j = jc0 + jb * GDN_PJ + cj;
+            if (live && j < N) {
+                states[i * N + j] = s[cj]; /* the state entering chunk c, for chunk_out */
+                sl[i * rc + jb * GDN_PJ + cj] = s[cj];
+            }
+        }
+        BARRIER();
+        /* U = U0 - W S0 over the block's columns, in place in scratch and into ul */
+        for (i64 e = lane; e < steps * rc; e += GDN_LANES) {
+            const i64 t = e / rc, jj = e - t * rc;
+            if (jc0 + jj < N) {
+                real x = um[t * N + jc0 + jj];
+                for (i64 r = 0; r < N; ++r)
+                    x -= wm[t * N + r] * sl[r * rc + jj];
+                um[t * N + jc0 + jj] = x;
+                ul[t * rc + jj] = x;
+            }
+        }
+        BARRIER();
+        if (live) {
+            const real last = gam[(steps - 1) * gw + (per_channel ? i : 0)], through = rlx_exp(last);
+            PRAGMA_UNROLL
+            for (int cj = 0; cj < GDN_PJ; ++cj)
+                s[cj] *= through;
+            for (int t = 0; t < steps; ++t) {
+                const real kd = rlx_exp(last - gam[t * gw + (per_channel ? i : 0)]) * LOAD(k, ((bt * S + t0 + t) * HD + hh) * N + i);
+                PRAGMA_UNROLL
+                for (int cj = 0; cj < GDN_PJ; ++cj)
+                    if (jc0 + jb * GDN_PJ + cj < N)
+                        s[cj] += kd * ul[t * rc + jb * GDN_PJ + cj];
+            }
+        }
+    }
+    if (carry && live)
+        PRAGMA_UNROLL
+        for (int cj = 0; cj < GDN_PJ; ++cj) {
+            const i64 j = jc0 + jb * GDN_PJ + cj;
+            if (j < N)
+                STORE(st, i * N + j, s[cj]);
+        }
+}
+
+KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 HD, i64 N, int per_channel,
+                                 GLOBAL uchar* qb, i64 qo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* gmb, i64 gmo,
+                                 GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+{
+    LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
+    const i64 tiles = (N + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
+    GDN_CHUNK_GROUP(GROUP(0) / tiles);
+    GLOBAL const store_t* q = AT(store_t, qb, qo);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    GLOBAL const real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
+    GLOBAL const real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
+    GLOBAL const real* states = AT(real, hb, ho) + bhc * N * N;
+    const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */
+    const real scale = (real)1 / sqrt((real)N);
+    real y[GDN_OY];
+    PRAGMA_UNROLL
+    for (int r = 0; r < GDN_OY; ++r)
+        y[r] = (real)0;
+    /* (exp(G[t]) q[t]) S0 */
+    for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
+        BARRIER(); /* the previous tile's readers are done */
+        for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
+            const int t = e / GDN_NT, ii = e - t * GDN_NT;
+            const i64 i = i0 + ii;
+            qt[t * GDN_NTP + ii] = t < steps && i < N
+                ? LOAD(q, ((bt * S + t0 + t) * HD + hh) * N + i) * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0;
+        }
+        for (int e = lane; e < GDN_NT * GDN_OT; e += GDN_LANES) {
+            const int ii = e / GDN_OT, jc = e - ii * GDN_OT;
+            hl[ii * GDN_OTP + jc] = i0 + ii < N && j0 + jc < N ? states[(i0 + ii) * N + j0 + jc] : (real)0;
+        }
+        BARRIER();
+        for (int ii = 0; ii < GDN_NT; ++ii) {
+            const real hv = hl[ii * GDN_OTP + jj];
+            PRAGMA_UNROLL
+            for (int r = 0; r < GDN_OY; ++r)
+                y[r] += qt[(ty + r * GDN_TS) * GDN_NTP + ii] * hv;
+        }
+    }
+    /* + sum_{s<=t} P[t][s] u[s]: P's lower triangle and the chunk's U columns through LOCAL */
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) {
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        if (s <= t && t < steps)
+            pl[t * GDN_QP + s] = pm[e];
+    }
+    for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
+        const int t = e / GDN_OT, jc = e - t * GDN_OT;
+        if (t < steps && j0 + jc < N)
+            ul[t * GDN_OTP + jc] = um[t * N + j0 + jc];
+    }
+    BARRIER();
+    PRAGMA_UNROLL
+    for (int r = 0; r < GDN_OY; ++r) {
+        const int t = ty + r * GDN_TS;
+        if (t < steps && j0 + jj < N) {
+            real x = y[r];
+            for (int s = 0; s <= t; ++s)
+                x += pl[t * GDN_QP + s] * ul[s * GDN_OTP + jj];
+            STORE(dst, ((bt * S + t0 + t) * HD + hh) * N + j0 + jj, scale * x);
+        }
+    }
+}
+#endif

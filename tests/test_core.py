@@ -223,6 +223,39 @@ def test_run_options_reach_the_kernels_through_the_device():
     session = open_double()
     with pytest.raises(rlx_gpu.RlxError, match=r"unknown run option\(s\) 'rnn_kernal'"):
         session.launch(sched.thunks[0], session.alloc(nbytes), rnn_kernal="step")
+    with pytest.raises(rlx_gpu.RlxError, match=r"ssm_kernel='fast' is not one of auto, lanes, chunked"):
+        rlx_gpu.get_device("host", ssm_kernel="fast")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_ssm_kernel_forces_the_chunked_gated_delta_net_at_any_length(per_channel):
+    """At the gpu target (forced on PoCL), ``ssm_kernel="chunked"`` runs the WY form on a 5-step sequence
+    (one partial chunk) and ``"lanes"`` the step kernel on a 70-step one; both match the float64 recurrence."""
+    from rlx_gpu import launches
+    from rlx_gpu.conformance.cases import schedule_of
+    from rlx_gpu.conformance.compare import nmse
+    from rlx_gpu.conformance.devices import find, open_device
+    from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, read
+    from rlx_gpu.runtime.registry import status
+
+    if not status("opencl").available:
+        pytest.skip(status("opencl").reason)
+    session = open_device(find("opencl"), "gpu")
+    rng = np.random.default_rng(11)
+    for seq, choice, first in ((5, "chunked", "gated_delta_net_chunk_prep"), (70, "lanes", "gated_delta_net_lanes")):
+        b, h, n = 2, 2, 12
+        k = rng.standard_normal((b, seq, h, n))
+        tensors = {"q": rng.standard_normal((b, seq, h, n)), "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+                   "v": rng.standard_normal((b, seq, h, n)),
+                   "g": rng.uniform(-1, 0, (b, seq, h, n) if per_channel else (b, seq, h)),
+                   "beta": rng.uniform(0, 1, (b, seq, h)), "state": rng.standard_normal((b, h, n, n))}
+        thunk, arena = lay_out("gated_delta_net", "f32", dict(batch=b, seq=seq, heads=h, state_size=n,
+                                                              gate_per_channel=per_channel, carry_state=True), tensors)
+        options = RunOptions(ssm_kernel=choice)
+        assert launches.plan(thunk, session.limits, **options.planner_keywords).launches[0].kernel == first
+        got = Device(session, Config(fallback="forbid"), options).run(schedule_of(thunk, arena.size), arena)
+        want, state = gated_delta_net(*(read(thunk, arena, f) for f in ("q", "k", "v", "g", "beta", "state")))
+        assert nmse(read(thunk, got, "dst"), want) < 1e-10 and nmse(read(thunk, got, "state"), state) < 1e-10
 
 
 

@@ -18,10 +18,14 @@ import pytest
 
 import host_fallback
 import rlx_gpu
+from rlx_gpu import launches
 from rlx_gpu.conformance import cases
+from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.conformance.compare import nmse
 from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, mamba2, read, selective_scan
 from rlx_gpu.runtime.config import default_config_path, load_config
+from rlx_gpu.runtime.executor import Device
+from rlx_gpu.runtime.options import RunOptions
 
 #: NMSE bounds of one thunk against the float64 reference: the ``tolerances`` table of configs/default.yaml.
 BOUNDS = load_config(default_config_path())
@@ -35,6 +39,9 @@ STEP_FIELDS = {
 }
 #: Inputs read before the first step: ``a`` (per channel/head), the carried ``state`` ([B, H, ...]).
 START_FIELDS = {"selective_scan": ("a",), "mamba2": ("a",), "gated_delta_net": ("state",)}
+
+#: The gpu target's kernels of the chunked forms (their names end so)
+CHUNKED = ("_chunked", "_chunk_state", "_state_pass", "_chunk_scan", "_chunk_prep", "_chunk_out")
 
 #: The case kinds: op, and for gated_delta_net the gate kind and whether the state is carried.
 KINDS = ["selective_scan", "mamba2", "gdn-head", "gdn-channel", "gdn-head-carry", "gdn-channel-carry"]
@@ -138,10 +145,11 @@ def check_causal(got: dict, clean: dict, want: dict, first: np.ndarray, op: str,
             check_close(values[keep], want[field][keep], op, dtype, f"{where}: {field} of lanes without a non-finite input")
 
 
-@pytest.fixture(scope="module", params=["host", "opencl"])
+@pytest.fixture(scope="module", params=["host", "opencl", "opencl-gpu"])
 def backend(request):
     """``(name, run)``: ``run(thunk, arena) -> {output: float64 array}`` on the host (asserting the
-    chunked or blocked path) or on OpenCL (no host fallback allowed)."""
+    chunked or blocked path) or on OpenCL (no host fallback allowed) at the device's own kernel target
+    and with the gpu target forced (every case is long enough for the chunked gpu forms)."""
     if request.param == "host":
         def run(thunk, arena):
             path = host_fallback.path_for(thunk)
@@ -150,15 +158,22 @@ def backend(request):
             host_fallback.execute(thunk, arena)
             return {f: read(thunk, arena, f) for f in outputs_of(thunk)}
         return "host", run
+    config = rlx_gpu.Config(fallback="forbid")
     try:
-        device = rlx_gpu.get_device("opencl", rlx_gpu.Config(fallback="forbid"))
+        session = open_device(find("opencl"), "gpu" if request.param == "opencl-gpu" else None)
     except rlx_gpu.RlxError as err:
         pytest.skip(f"no OpenCL device: {err}")
+    device = Device(session, config, RunOptions.build(config))
+    if request.param == "opencl-gpu":
+        for kind in KINDS:
+            op, params, _ = make_case(kind, np.random.default_rng(0))
+            thunk, _ = cases.lay_out(op, "f32", params)
+            assert all(launch.kernel.endswith(CHUNKED) for launch in launches.plan(thunk, session.limits).launches), kind
 
     def run(thunk, arena):
         out = device.run(cases.schedule_of(thunk, arena.size), arena)
         return {f: read(thunk, out, f) for f in outputs_of(thunk)}
-    return "opencl", run
+    return request.param, run
 
 
 _CLEAN: dict[tuple, tuple] = {}

@@ -28,7 +28,8 @@ from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 STATE_SPACE_REGISTERS = 128
 REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "mamba2_chunk_state", "mamba2_state_pass",
-    "mamba2_chunk_scan", "gated_delta_net_lanes",
+    "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
+    "gated_delta_net_chunk_out",
 )}
 HARDWARE_REGISTERS = 255
 BUDGET_DTYPES = ("f32", "f16", "bf16")
@@ -98,7 +99,7 @@ def _thunks():
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
-    out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2")]  # gpu: the chunked forms
+    out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
     return out
 
 
@@ -128,7 +129,8 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
     state_space = {"selective_scan", "mamba2", "gated_delta_net_pc"} if lim.target == "cpu" else {
         "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes"}
     if lim.target == "gpu" and dtype != "f64":
-        state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan"}
+        state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
+                        "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
     assert {"gemm", "rnn_step", "rnn_persist", "cast"} | state_space <= checked
 
 

@@ -5,7 +5,7 @@
 Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes: ``env.json``
 (interpreter, packages, ``nvidia-smi``, the CUDA devices or why there are none), ``build.md`` (every
 program built for the device's ``sm_XY`` with registers / local / shared bytes read back from the
-driver), ``conformance.txt`` (the conformance suite on ``cuda``), ``sanitizer.txt``
+driver), ``conformance.txt`` and ``conformance.json`` (`rlx-gpu conformance --device cuda`), ``sanitizer.txt``
 (``compute-sanitizer`` memcheck and racecheck on the small f32 cases, where the tool exists),
 ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings; event-timed medians at the GPU shapes
 against cuDNN and the torch chunked twins, and byte floors), ``summary.md`` (the final table),
@@ -34,8 +34,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(RO
 from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402  (beside this script)
 
 PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc")
-CONFORMANCE = ["tests/test_opencl.py"]  # the conformance suite; RLX_TEST_BACKENDS picks the backend it runs on
-SANITIZED = "f32 and (lstm or gru or selective_scan or mamba2 or gated or matmul or scan)"
+CONFORMANCE = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", "cuda"]  # the conformance suite on CUDA
+SANITIZED = ["--quick", "--dtypes", "f32"]  # the small f32 cases under compute-sanitizer
 
 
 @dataclass
@@ -132,10 +132,10 @@ def build(ck: Check, shared: dict) -> None:
 
 def conformance(ck: Check, shared: dict) -> None:
     cuda_session()
-    env = dict(os.environ, RLX_TEST_BACKENDS="cuda", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     timeout = max(60, int(ck.left() * 0.45))
     try:
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CONFORMANCE], cwd=ROOT,
+        run = subprocess.run([*CONFORMANCE, "--json", str(ck.out / "conformance.json")], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=timeout)
         text, ok = run.stdout + run.stderr, run.returncode == 0
     except subprocess.TimeoutExpired as err:
@@ -152,12 +152,11 @@ def sanitizer(ck: Check, shared: dict) -> None:
     if tool is None:
         ck.add("sanitizer", "compute-sanitizer", "skip", "not installed on this machine")
         return
-    env = dict(os.environ, RLX_TEST_BACKENDS="cuda", RLX_OPENCL_SMALL="1", RLX_CUDA_GRAPHS="0", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, RLX_CUDA_GRAPHS="0", PYTHONPATH=str(ROOT))
     report = []
     for mode in ("memcheck", "racecheck"):
         timeout = max(30, int(min(120, ck.left() * 0.25)))
-        cmd = [tool, "--tool", mode, "--error-exitcode", "86", sys.executable, "-m", "pytest", "-q", "-x",
-               "-p", "no:cacheprovider", *CONFORMANCE, "-k", SANITIZED]
+        cmd = [tool, "--tool", mode, "--error-exitcode", "86", *CONFORMANCE, *SANITIZED]
         try:
             run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
             text, rc = run.stdout + run.stderr, run.returncode

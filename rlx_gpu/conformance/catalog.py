@@ -105,6 +105,8 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # seq >= 64 runs selective_scan chunked on the gpu target (chunks of 256 steps: 300 takes two)
     ("selective_scan", _ssm(2, 300, 5, 3), {}, False),
     ("mamba2", _mamba2(1, 70, 1, 3, 4), {}, False),  # and mamba2 chunked (chunks of 64: 70 takes two, one partial)
+    ("gated_delta_net", _gdn(1, 70, 2, 16, True, True), {}, False),  # and gated_delta_net chunked, both gate kinds
+    ("gated_delta_net", _gdn(2, 130, 1, 20, False, False), {}, False),  # three chunks; 20 is no multiple of a tile
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
     ("gated_delta_net", _gdn(3, 1, 2, 8, False, True), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
@@ -123,6 +125,7 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(2, 24, 3, 64, False, False), {}, True),
     ("matmul", _matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True),
     ("mamba2", _mamba2(2, 150, 2, 17, 20), {}, True),  # gpu target: three chunks, two tiles of 16 rows
+    ("gated_delta_net", _gdn(1, 100, 1, 256, True, True), {}, True),  # gpu target: chunked, the largest state
 ]
 
 #: (op, params, field, step) of the causality cases: one NaN at ``step`` of batch row 0 must reach that row's
@@ -134,6 +137,10 @@ CAUSAL: list[tuple[str, dict, str, int]] = [
     ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70),  # in the second chunk of 64 steps (gpu target)
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5),
+    # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate
+    ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70),
+    ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70),
+    ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)

@@ -61,6 +61,11 @@ TUNING: dict[str, Mapping[str, int]] = {
         # chunked mamba2 (SSD): chunks of M2_Q steps, M2_PT rows of P and M2_NT state columns per tile,
         # M2_LANES lanes per work-group
         "M2_Q": 64, "M2_PT": 16, "M2_NT": 16, "M2_LANES": 256, "M2_MIN_SEQ": 64,
+        # chunked gated_delta_net (WY form): chunks of GDN_Q steps, work-groups of GDN_LANES lanes, key
+        # channels staged GDN_NT at a time; the state pass gives each lane GDN_PJ value columns of one
+        # key row (at most GDN_SPMAX strips of them per group), chunk_out GDN_OT value columns per group
+        "GDN_Q": 64, "GDN_LANES": 256, "GDN_NT": 16, "GDN_PJ": 4, "GDN_SPMAX": 16, "GDN_OT": 32,
+        "GDN_MIN_SEQ": 64,
     },
 }
 
@@ -80,9 +85,9 @@ def state_variant(n: int) -> tuple[tuple[str, int], ...]:
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
 #: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
-    # ssm: () builds the chunked forms (no state-size variant), the others the lanes kernels
+    # ssm and gdn: () builds the chunked forms (no state-size variant), the others the lanes kernels
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
-    ("gdn", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
+    ("gdn", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
 }
 
 

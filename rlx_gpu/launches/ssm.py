@@ -27,7 +27,7 @@ def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
     return tuple(v for f in fields for v in (ARENA, i64(t[f])))
 
 
-def _chunked(lim: DeviceLimits, seq: int, rule: str, ssm_kernel: str) -> bool:
+def takes_chunked(lim: DeviceLimits, seq: int, rule: str, ssm_kernel: str) -> bool:
     """gpu target: whether the chunked form runs (``ssm_kernel``: "auto" by the ``rule`` tuning
     constant, "lanes" or "chunked" to force one, as benchmarks/ssm_device.py does)."""
     if ssm_kernel not in ("auto", "lanes", "chunked"):
@@ -40,7 +40,7 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
     args = (i64(b), i64(s), i64(h), i64(n)) + _tensors(t, ("x", "delta", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, h, b, lim)
-        if _chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels)
+        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels)
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
             glob, local = (b * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
             return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu"),))
@@ -54,7 +54,7 @@ def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) 
     args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, p, b * heads, lim)
-        if _chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
+        if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
             return _mamba2_chunked(t, lim)
         return LaunchPlan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu", defines=defines),))
     items = -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows

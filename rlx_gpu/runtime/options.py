@@ -16,6 +16,7 @@ from .config import RECOMPUTE, Config
 
 RNN_KERNELS = ("auto", "persistent", "step")
 HOST_PATHS = ("step", "chunked", "blocked")
+SSM_KERNELS = ("auto", "lanes", "chunked")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,9 @@ class RunOptions:
         (ABI.md §6; never changes a result bit).
     rnn_kernel : str
         Device recurrent kernel: ``auto`` (by shape), ``persistent`` or ``step``.
+    ssm_kernel : str
+        Device state-space kernel at the gpu target (selective_scan, mamba2, gated_delta_net): ``auto``
+        (by sequence length), ``lanes`` (the step recurrence) or ``chunked``.
     workers : int or None
         Host threads one thunk may split across (ssm, mamba2, gated_delta_net).
     host_path : str or None
@@ -42,6 +46,7 @@ class RunOptions:
 
     recompute: str = "segment"
     rnn_kernel: str = "auto"
+    ssm_kernel: str = "auto"
     workers: int | None = None
     host_path: str | None = None
     host_chunk: int | None = None
@@ -50,6 +55,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         _choice("recompute", self.recompute, RECOMPUTE)
         _choice("rnn_kernel", self.rnn_kernel, RNN_KERNELS)
+        _choice("ssm_kernel", self.ssm_kernel, SSM_KERNELS)
         if self.host_path is not None:
             _choice("host_path", self.host_path, HOST_PATHS)
         for name in ("workers", "host_chunk"):
@@ -80,7 +86,7 @@ class RunOptions:
     @cached_property
     def planner_keywords(self) -> dict[str, Any]:
         """The keywords of ``launches.plan``."""
-        return {"rnn_kernel": self.rnn_kernel}
+        return {"rnn_kernel": self.rnn_kernel, "ssm_kernel": self.ssm_kernel}
 
 
 def _choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
