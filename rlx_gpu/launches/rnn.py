@@ -38,8 +38,8 @@ def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
 def persistent_wins(t: Thunk, lim: DeviceLimits) -> bool:
     """Above RNN_PERSIST_ROWS (batch row, direction) pairs the per-step kernel, which shares each W_hh
     row among several batch rows, beats the persistent one, which streams all of W_hh once per pair and
-    step (cpu target, PoCL on 2 cores: the persistent kernel 1.5-2x faster at one pair, even at two,
-    slower from four)."""
+    step (cpu target, PoCL on 2 cores: the persistent kernel ~1.9x faster for a decode step at one pair,
+    faster or even at two, slower from four)."""
     dirs = 2 if t["bidirectional"] else 1
     return persistent_fits(t, lim) and t["batch"] * dirs <= lim.tune("RNN_PERSIST_ROWS")
 
