@@ -63,22 +63,23 @@ class Arena:
         """Store ``values`` (its shape must match) into tensor ``name``, rounded to its storage dtype.
 
         ``values`` may be any DLPack producer in host memory (torch f32/f16/bf16/f64, dense): in the
-        tensor's own dtype its bytes go straight into the arena, one copy and no conversion.
+        tensor's own dtype its bytes go straight into the arena, one copy and no conversion (a device
+        arena stages that copy until the next run or read).
         """
         view = self._view(name)
-        if not isinstance(values, np.ndarray) and hasattr(values, "__dlpack__"):
-            values = self._taken(name, values)
-        values = np.asarray(values)
+        if not isinstance(values, np.ndarray):
+            values = self._taken(name, values) if hasattr(values, "__dlpack__") else np.asarray(values)
         if values.shape != view.shape:
             raise RlxError(f"tensor {name!r} has shape {list(view.shape)}, got values of shape {list(values.shape)}")
-        data = np.ascontiguousarray(values, dtype=STORAGE[view.dtype]).reshape(-1).view(np.uint8)
         session = self.device.session
         with session.lock:
-            if self.device.on_host:  # the arena is host memory: the write is a copy already
-                session.write(self.handle, view.offset, data)
-            else:  # a copy (the caller may change values before the flush); kept scratch goes stale now
-                self._staged.append((view.offset, data.copy() if np.may_share_memory(data, values) else data))
-                session.touched(self.handle, view.offset, data.size)
+            if self.device.on_host:  # the arena is host memory: the write is the one copy
+                data = np.ascontiguousarray(values, dtype=STORAGE[view.dtype])
+                session.write(self.handle, view.offset, data.reshape(-1).view(np.uint8))
+            else:  # staged as a copy of its own (the caller may change values before it is sent)
+                data = values.astype(STORAGE[view.dtype], order="C").reshape(-1).view(np.uint8)
+                self._staged.append((view.offset, data))
+                session.touched(self.handle, view.offset, data.size)  # kept scratch prepared from it is stale
 
     def flush(self) -> None:
         """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this)."""
