@@ -138,25 +138,23 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
     }
 
 #else
-/* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0 < H, NR (RNN_RB_G<NG>) batch
- * rows from b0 (rows[r], the rows past B repeating the last one), direction dir: hz = h . W_hh^T as a
- * rank-1 update per reduction index q (a contiguous run of a whT row, shared by the NR rows; h
- * broadcast), then the cell. The loops are unrolled so the NR*NG*NJ sums stay in registers and the runs
- * become vector loads and FMAs (sized to about 12 AVX2 vectors of sums, like the gemm's block). h
- * ping-pongs between hin and hout. */
-#define RNN_CPU_BLOCK(NG, NR, NJ)                                                           \
+/* cpu target: acc[r][g][u] = bias[g*H + j0+u] (when has_bias) + sum_q VEC(r, q) * wT[q][g*HP + j0+u]
+ * over q < K, for NR rows, NG gates and NJ units from j0: a rank-1 update per q (a contiguous run of a
+ * staged transpose's row, rows NG*HP + RNN_WPAD reals apart, shared by the NR rows; the row's value
+ * broadcast). The loops are unrolled so the NR*NG*NJ sums stay in registers and the runs become vector
+ * loads and FMAs. VEC(r, q) reads element q of row r's vector (h, or the input x). */
+#define RNN_RANK1_SUMS(NG, NR, NJ, has_bias, bias_p, wT, K, VEC)                            \
     {                                                                                       \
-        real acc[NR][NG][NJ];                                                               \
         PRAGMA_UNROLL                                                                       \
         for (int r = 0; r < NR; ++r)                                                        \
             PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
                 PRAGMA_UNROLL                                                               \
                 for (int u = 0; u < NJ; ++u)                                                \
-                    acc[r][g][u] = (has_bhh && j0 + u < H) ? LOAD(bhh, g * H + j0 + u) : (real)0; \
-        GLOBAL const real* wq = wt + j0;                                                    \
-        for (i64 q = 0; q < H; ++q) {                                                       \
-            real w[NG][NJ], hv[NR];                                                         \
+                    acc[r][g][u] = ((has_bias) && j0 + u < H) ? LOAD(bias_p, g * H + j0 + u) : (real)0; \
+        GLOBAL const real* wq = (wT) + j0;                                                  \
+        for (i64 q = 0; q < (K); ++q) {                                                     \
+            real w[NG][NJ], vq[NR];                                                         \
             PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
                 PRAGMA_UNROLL                                                               \
@@ -165,15 +163,27 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
             wq += NG * HP + RNN_WPAD;                                                       \
             PRAGMA_UNROLL                                                                   \
             for (int r = 0; r < NR; ++r)                                                    \
-                hv[r] = hin[rows[r] * H + q];                                               \
+                vq[r] = VEC(r, q);                                                          \
             PRAGMA_UNROLL                                                                   \
             for (int r = 0; r < NR; ++r)                                                    \
                 PRAGMA_UNROLL                                                               \
                 for (int g = 0; g < NG; ++g)                                                \
                     PRAGMA_UNROLL                                                           \
                     for (int u = 0; u < NJ; ++u)                                            \
-                        acc[r][g][u] += hv[r] * w[g][u];                                    \
+                        acc[r][g][u] += vq[r] * w[g][u];                                    \
         }                                                                                   \
+    }
+#define RNN_H_AT(r, q) hin[rows[r] * H + (q)]
+#define RNN_X_AT(r, q) load_any(x, (rows[r] * S + tt) * I + (q), x_real)
+
+/* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0 < H, NR (RNN_RB_G<NG>) batch
+ * rows from b0 (rows[r], the rows past B repeating the last one), direction dir: hz = b_hh + h . W_hh^T
+ * over whT (RNN_RANK1_SUMS; NR*NG*NJ sized to about 12 AVX2 vectors of sums, like the gemm's block),
+ * then the cell. h ping-pongs between hin and hout. */
+#define RNN_CPU_BLOCK(NG, NR, NJ)                                                           \
+    {                                                                                       \
+        real acc[NR][NG][NJ];                                                               \
+        RNN_RANK1_SUMS(NG, NR, NJ, has_bhh, bhh, wt, H, RNN_H_AT)                            \
         for (int r = 0; r < NR; ++r) {                                                      \
             const i64 b = b0 + r;                                                           \
             if (b >= B)                                                                     \
@@ -338,38 +348,12 @@ KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
 }
 #else
 /* xw of NR rows from b0, NG gates and NJ units from j0 at time tt, when the kernel projects the input
- * itself: bias + x . W_ih^T over wiT [dirs][I][NG*HP + RNN_WPAD] (rnn_w_t), register-blocked
- * like RNN_CPU_BLOCK; x is arena storage or scratch in the compute type (x_real), rows of I. */
+ * itself: bias + x . W_ih^T over wiT [dirs][I][NG*HP + RNN_WPAD] (rnn_w_t, RNN_RANK1_SUMS); x is
+ * arena storage or scratch in the compute type (x_real), rows of I. */
 #define RNN_CPU_XBLOCK(NG, NR, NJ)                                                          \
     {                                                                                       \
         real acc[NR][NG][NJ];                                                               \
-        PRAGMA_UNROLL                                                                       \
-        for (int r = 0; r < NR; ++r)                                                        \
-            PRAGMA_UNROLL                                                                   \
-            for (int g = 0; g < NG; ++g)                                                    \
-                PRAGMA_UNROLL                                                               \
-                for (int u = 0; u < NJ; ++u)                                                \
-                    acc[r][g][u] = j0 + u < H ? LOAD(bias, g * H + j0 + u) : (real)0;       \
-        GLOBAL const real* wq = wi + j0;                                                    \
-        for (i64 q = 0; q < I; ++q) {                                                       \
-            real w[NG][NJ], xv[NR];                                                         \
-            PRAGMA_UNROLL                                                                   \
-            for (int g = 0; g < NG; ++g)                                                    \
-                PRAGMA_UNROLL                                                               \
-                for (int u = 0; u < NJ; ++u)                                                \
-                    w[g][u] = wq[g * HP + u];                                               \
-            wq += NG * HP + RNN_WPAD;                                                       \
-            PRAGMA_UNROLL                                                                   \
-            for (int r = 0; r < NR; ++r)                                                    \
-                xv[r] = load_any(x, (rows[r] * S + tt) * I + q, x_real);                    \
-            PRAGMA_UNROLL                                                                   \
-            for (int r = 0; r < NR; ++r)                                                    \
-                PRAGMA_UNROLL                                                               \
-                for (int g = 0; g < NG; ++g)                                                \
-                    PRAGMA_UNROLL                                                           \
-                    for (int u = 0; u < NJ; ++u)                                            \
-                        acc[r][g][u] += xv[r] * w[g][u];                                    \
-        }                                                                                   \
+        RNN_RANK1_SUMS(NG, NR, NJ, 1, bias, wi, I, RNN_X_AT)                                 \
         for (int r = 0; r < NR && b0 + r < B; ++r)                                          \
             for (int g = 0; g < NG; ++g)                                                    \
                 for (int u = 0; u < NJ && j0 + u < H; ++u)                                  \
