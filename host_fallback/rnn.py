@@ -182,13 +182,16 @@ def _biases(b: Bound, d: _Dims, ld: int) -> tuple[np.ndarray, np.ndarray | None]
     b_ih, b_hh = _internal(b.view("b_ih")[ld], d), _internal(b.view("b_hh")[ld], d)
     two = 2 * d.hidden
     b_ih[:two] += b_hh[:two]
-    return b_ih, b_hh[two:] if d.batch == 1 else np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
+    # added once per step: broadcast from its column for one step (a decode) or one batch row, else
+    # spread over the batch once (a contiguous add per step is faster; the spread costs a step's add)
+    once = d.batch == 1 or d.seq == 1
+    return b_ih, b_hh[two:] if once else np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
 
 
 def _steps(w_ih, bias, x, out, d: _Dims, reverse: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Project one time chunk at a time, just before its steps, so they read it from cache."""
     B, c = d.batch, d.chunk
-    if c * B > 1:
+    if c * B > 1 and d.chunks > 1:  # spread once, added per chunk (one chunk: the broadcast add is cheaper)
         bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], c * B)))
     buf = np.empty((w_ih.shape[0], c * B), d.compute)
     for k in reversed(range(d.chunks)) if reverse else range(d.chunks):

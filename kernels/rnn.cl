@@ -1,5 +1,6 @@
 /* Recurrent family (ABI.md §3): the input projection runs first as body.cl's gemm over all timesteps
- * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence.
+ * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence (the cpu
+ * target's persistent kernel projects the input itself).
  * Per layer, the directions' blocks are consecutive: xw [dirs][B*S][G*H], w_hh [dirs][G*H][H],
  * b_hh [dirs][G*H], state [dirs][B][H]. */
 
@@ -55,19 +56,20 @@ INLINE_FN real cell(int op, int relu, const real* xz, const real* hz, real h, re
     for (int g = 0; g < G; ++g)                                                  \
         xz[g] = xw[(b * S + tt) * G * H + (i64)g * H + j];
 
-/* whT[dir][q][g][j] = W_hh[dir][g*H+j][q] in the compute type (j padded to HP with zeros), once per
- * layer, so that the step kernel reads contiguous runs of units. Rows are G*HP + RNN_WPAD reals apart:
- * the pad keeps a run's successive rows off one cache set (a 4 KiB stride aliases in L1). */
-KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar* tb, i64 to)
+/* wT[dir][q][g][j] = W[dir][g*H+j][q] in the compute type (j padded to HP with zeros) for a weight of
+ * G*H rows of K (W_hh: K = H; W_ih: K = the layer's input size), once per layer, so that the step
+ * kernels read contiguous runs of units. Rows are G*HP + RNN_WPAD reals apart: the pad keeps a run's
+ * successive rows off one cache set (a 4 KiB stride aliases in L1). */
+KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* tb, i64 to)
 {
     const i64 col = GID(0), dir = GID(2);
     if (col >= G * HP)
         return;
     const i64 g = col / HP, j = col - g * HP;
-    GLOBAL const uchar* whh = AT(uchar, whb, who);
+    GLOBAL const uchar* w = AT(uchar, wb, wo);
     GLOBAL real* wt = AT(real, tb, to);
-    for (i64 q = GID(1); q < H; q += GSIZE(1))  /* rows past grid y (capped at the gpu target) */
-        wt[(dir * H + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(whh, (dir * G * H + g * H + j) * H + q) : (real)0;
+    for (i64 q = GID(1); q < K; q += GSIZE(1))  /* rows past grid y (capped at the gpu target) */
+        wt[(dir * K + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(w, (dir * G * H + g * H + j) * K + q) : (real)0;
 }
 
 /* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
@@ -136,27 +138,23 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
     }
 
 #else
-/* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0, NR (RNN_RB_G<NG>) batch rows from b0,
- * direction dir: hz = h . W_hh^T as a rank-1 update per reduction index q (a contiguous run of a whT
- * row, shared by the NR rows; h broadcast), then the cell. The loops are unrolled so the NR*NG*NJ sums
- * stay in registers and the runs become vector loads and FMAs (sized to about 12 AVX2 vectors of
- * sums, like the gemm's block). h ping-pongs between hin and hout. */
-#define RNN_STEP_BODY(NG, NR, NJ)                                                           \
+/* cpu target: acc[r][g][u] = bias[g*H + j0+u] (when has_bias) + sum_q VEC(r, q) * wT[q][g*HP + j0+u]
+ * over q < K, for NR rows, NG gates and NJ units from j0: a rank-1 update per q (a contiguous run of a
+ * staged transpose's row, rows NG*HP + RNN_WPAD reals apart, shared by the NR rows; the row's value
+ * broadcast). The loops are unrolled so the NR*NG*NJ sums stay in registers and the runs become vector
+ * loads and FMAs. VEC(r, q) reads element q of row r's vector (h, or the input x). */
+#define RNN_RANK1_SUMS(NG, NR, NJ, has_bias, bias_p, wT, K, VEC)                            \
     {                                                                                       \
-        const i64 j0 = GID(0) * NJ;                                                         \
-        if (j0 >= H)                                                                        \
-            return;                                                                         \
-        real acc[NR][NG][NJ];                                                               \
         PRAGMA_UNROLL                                                                       \
         for (int r = 0; r < NR; ++r)                                                        \
             PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
                 PRAGMA_UNROLL                                                               \
                 for (int u = 0; u < NJ; ++u)                                                \
-                    acc[r][g][u] = (has_bhh && j0 + u < H) ? LOAD(bhh, g * H + j0 + u) : (real)0; \
-        GLOBAL const real* wq = wt + j0;                                                    \
-        for (i64 q = 0; q < H; ++q) {                                                       \
-            real w[NG][NJ], hv[NR];                                                         \
+                    acc[r][g][u] = ((has_bias) && j0 + u < H) ? LOAD(bias_p, g * H + j0 + u) : (real)0; \
+        GLOBAL const real* wq = (wT) + j0;                                                  \
+        for (i64 q = 0; q < (K); ++q) {                                                     \
+            real w[NG][NJ], vq[NR];                                                         \
             PRAGMA_UNROLL                                                                   \
             for (int g = 0; g < NG; ++g)                                                    \
                 PRAGMA_UNROLL                                                               \
@@ -165,15 +163,27 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
             wq += NG * HP + RNN_WPAD;                                                       \
             PRAGMA_UNROLL                                                                   \
             for (int r = 0; r < NR; ++r)                                                    \
-                hv[r] = hin[rows[r] * H + q];                                               \
+                vq[r] = VEC(r, q);                                                          \
             PRAGMA_UNROLL                                                                   \
             for (int r = 0; r < NR; ++r)                                                    \
                 PRAGMA_UNROLL                                                               \
                 for (int g = 0; g < NG; ++g)                                                \
                     PRAGMA_UNROLL                                                           \
                     for (int u = 0; u < NJ; ++u)                                            \
-                        acc[r][g][u] += hv[r] * w[g][u];                                    \
+                        acc[r][g][u] += vq[r] * w[g][u];                                    \
         }                                                                                   \
+    }
+#define RNN_H_AT(r, q) hin[rows[r] * H + (q)]
+#define RNN_X_AT(r, q) load_any(x, (rows[r] * S + tt) * I + (q), x_real)
+
+/* cpu target: one timestep for NJ (RNN_JB_G<NG>) consecutive units from j0 < H, NR (RNN_RB_G<NG>) batch
+ * rows from b0 (rows[r], the rows past B repeating the last one), direction dir: hz = b_hh + h . W_hh^T
+ * over whT (RNN_RANK1_SUMS; NR*NG*NJ sized to about 12 AVX2 vectors of sums, like the gemm's block),
+ * then the cell. h ping-pongs between hin and hout. */
+#define RNN_CPU_BLOCK(NG, NR, NJ)                                                           \
+    {                                                                                       \
+        real acc[NR][NG][NJ];                                                               \
+        RNN_RANK1_SUMS(NG, NR, NJ, has_bhh, bhh, wt, H, RNN_H_AT)                            \
         for (int r = 0; r < NR; ++r) {                                                      \
             const i64 b = b0 + r;                                                           \
             if (b >= B)                                                                     \
@@ -219,6 +229,15 @@ KERNEL rnn_whh_t(i64 G, i64 H, i64 HP, GLOBAL uchar* whb, i64 who, GLOBAL uchar*
                 store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);               \
             }                                                                               \
         }                                                                                   \
+    }
+
+/* the per-step kernel: item GID(0) takes the units from j0 = GID(0) * NJ */
+#define RNN_STEP_BODY(NG, NR, NJ)                                                           \
+    {                                                                                       \
+        const i64 j0 = GID(0) * NJ;                                                         \
+        if (j0 >= H)                                                                        \
+            return;                                                                         \
+        RNN_CPU_BLOCK(NG, NR, NJ)                                                           \
     }
 
 #endif
@@ -290,8 +309,9 @@ KERNEL rnn_state_out(int has_c, i64 n, GLOBAL uchar* hb, i64 ho, GLOBAL uchar* c
         STORE(AT(uchar, c0b, c0o), i, AT(real, cb, co)[i]);
 }
 
-/* The whole sequence of one layer in one launch: one work-group of H items per (batch row, direction)
- * keeps h in local memory; state moves in from / out to h0, c0 when carrying. */
+/* The whole sequence of one layer in one launch; state moves in from / out to h0, c0 when carrying. */
+#ifdef RLX_TARGET_GPU
+/* gpu target: one work-group of H items per (batch row, direction) keeps h in local memory. */
 KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
                    GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                    GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
@@ -326,3 +346,78 @@ KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
             STORE(c0, j, c);
     }
 }
+#else
+/* xw of NR rows from b0, NG gates and NJ units from j0 at time tt, when the kernel projects the input
+ * itself: bias + x . W_ih^T over wiT [dirs][I][NG*HP + RNN_WPAD] (rnn_w_t, RNN_RANK1_SUMS); x is
+ * arena storage or scratch in the compute type (x_real), rows of I. */
+#define RNN_CPU_XBLOCK(NG, NR, NJ)                                                          \
+    {                                                                                       \
+        real acc[NR][NG][NJ];                                                               \
+        RNN_RANK1_SUMS(NG, NR, NJ, 1, bias, wi, I, RNN_X_AT)                                 \
+        for (int r = 0; r < NR && b0 + r < B; ++r)                                          \
+            for (int g = 0; g < NG; ++g)                                                    \
+                for (int u = 0; u < NJ && j0 + u < H; ++u)                                  \
+                    xwr[((b0 + r) * S + tt) * NG * H + g * H + j0 + u] = acc[r][g][u];      \
+    }
+
+/* cpu target: one work-item (a work-group of one) per (batch row, direction) runs every step of that row,
+ * the input projection included: per step and run of RNN_JB units, RNN_CPU_XBLOCK (xw of the run) then
+ * RNN_CPU_BLOCK (the recurrence), h ping-ponging between the row's h in hb0 and hb1 and c in cst
+ * (scratch, compute type). So a layer is one launch and a decode step needs no gemm. A single item needs
+ * no barrier, which keeps PoCL's code register-blocked (measured: a work-group of items over the units
+ * with a barrier per step ran 1.3-2x slower), and the rows, which share nothing, run on as many cores as
+ * there are. Arguments as rnn_step's, without the step index, plus carry, h0, c0, the input x (arena
+ * storage or compute-type scratch: x_real; rows of I), W_ih^T staged like W_hh^T (rnn_w_t) and the
+ * input bias. */
+#define RNN_PERSIST_RUNS(NG)                                                                \
+    for (i64 j0 = 0; j0 < H; j0 += RNN_JB) {                                                \
+        RNN_CPU_XBLOCK(NG, 1, RNN_JB)                                                       \
+        RNN_CPU_BLOCK(NG, 1, RNN_JB)                                                        \
+    }
+
+KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
+                   GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                   GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                   GLOBAL uchar* hb0, i64 ho0, GLOBAL uchar* hb1, i64 ho1, GLOBAL uchar* cb, i64 co,
+                   i64 I, GLOBAL uchar* xb, i64 xo, int x_real, GLOBAL uchar* wib, i64 wio,
+                   GLOBAL uchar* bib, i64 bio,
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+{
+    const i64 b0 = GROUP(1), dir = GROUP(2), HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
+    const i64 rows[1] = {b0};
+    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL real* xwr = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
+    GLOBAL uchar* h0 = AT(uchar, h0b, h0o + dir * B * H * (i64)sizeof(store_t));
+    GLOBAL uchar* c0 = AT(uchar, c0b, c0o + dir * B * H * (i64)sizeof(store_t));
+    GLOBAL real* hs0 = AT(real, hb0, ho0 + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* hs1 = AT(real, hb1, ho1 + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+    GLOBAL const uchar* x = AT(uchar, xb, xo);
+    GLOBAL const real* wi = AT(real, wib, wio + dir * (G * HP + RNN_WPAD) * I * (i64)sizeof(real));
+    GLOBAL const uchar* bias = AT(uchar, bib, bio + dir * G * H * (i64)sizeof(store_t));
+    for (i64 i = b0 * H; i < (b0 + 1) * H; ++i) {
+        hs0[i] = carry ? LOAD(h0, i) : (real)0;
+        cst[i] = carry && G == 4 ? LOAD(c0, i) : (real)0;
+    }
+    for (i64 t = 0; t < S; ++t) {
+        const i64 tt = dir ? S - 1 - t : t;
+        GLOBAL const real* hin = t % 2 ? hs1 : hs0;
+        GLOBAL real* hout = t % 2 ? hs0 : hs1;
+        if (G == 4)
+            RNN_PERSIST_RUNS(4)
+        else if (G == 3)
+            RNN_PERSIST_RUNS(3)
+        else
+            RNN_PERSIST_RUNS(1)
+    }
+    if (carry)
+        for (i64 i = b0 * H; i < (b0 + 1) * H; ++i) {
+            STORE(h0, i, S % 2 ? hs1[i] : hs0[i]);
+            if (G == 4)
+                STORE(c0, i, cst[i]);
+        }
+}
+#endif

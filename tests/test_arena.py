@@ -106,3 +106,44 @@ def test_a_repeated_run_reuses_the_prepared_schedule():
     builds = len(device.session.prims.builds)
     device.run(sched)
     assert len(device.session.prims.builds) == builds
+
+
+@pytest.mark.parametrize("make", [p for p in _devices() if p.id != "host"])
+def test_staged_writes_reach_the_device_in_order_adjacent_ones_as_one_copy(make):
+    """Every write is staged until a run or a read; then tensors that follow each other in the arena go
+    as one copy, in the order written (a later write of the same bytes wins)."""
+    device = make()
+    sched = rlx_gpu.load_schedule(dict(_accumulate(), tensors={  # x, acc, y, c as 64-byte tensors in a row
+        name: {"offset": 64 * i, "dtype": "f32", "shape": [16]} for i, name in enumerate(("x", "acc", "y", "c"))}))
+    prims = device.session.prims
+    copies: list[tuple[int, int]] = []
+    write = prims.write
+
+    def counted(buffer, offset, data):
+        copies.append((offset, data.size))
+        write(buffer, offset, data)
+
+    rng = np.random.default_rng(5)
+    with device.arena(sched) as arena:
+        prims.write = counted
+        values = {name: rng.uniform(-1, 1, 16).astype(np.float32) for name in ("x", "acc", "y")}
+        kept = {name: v.copy() for name, v in values.items()}
+        for name, v in values.items():
+            arena.write(name, v)
+            v[:] = 7  # the caller's array changes after the write: the staged copy must not
+        assert copies == []  # nothing sent yet
+        for name, v in kept.items():
+            np.testing.assert_array_equal(arena.read(name), v)
+        assert copies == [(0, 3 * 64)]  # one copy for the three adjacent tensors
+        copies.clear()
+        arena.write("c", np.ones(16, np.float32))
+        arena.write("x", np.full(16, 2, np.float32))  # not right after c: a second copy
+        arena.write("x", np.full(16, 3, np.float32))  # the same tensor again: sent after, so it wins
+        np.testing.assert_array_equal(arena.read("x"), np.full(16, 3, np.float32))
+        np.testing.assert_array_equal(arena.read("c"), np.ones(16, np.float32))
+        assert [o for o, _ in copies] == [192, 0, 0]
+        copies.clear()
+        arena.write("x", np.full(16, 0.25, np.float32))
+        device.run(sched, arena)  # the run sends it first: acc (its first 8 values) = old acc + 0.25
+        assert copies[0] == (0, 64)
+        np.testing.assert_allclose(arena.read("acc")[:N], kept["acc"][:N] + np.float32(0.25), rtol=1e-6)

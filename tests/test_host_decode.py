@@ -73,3 +73,25 @@ def test_gdn_decode_updates_the_carried_state_in_place(monkeypatch, dtype, per_c
     tol = {"f32": 1e-5, "f64": 1e-12, "bf16": 3e-2}[dtype]
     np.testing.assert_allclose(read_ssm(thunk, arena, "dst"), want, rtol=tol, atol=tol)
     np.testing.assert_allclose(read_ssm(thunk, arena, "state"), want_state, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_prepared_gdn_decode_runs_on_the_arena_views_of_each_arena_it_is_given(monkeypatch, dtype, per_channel):
+    """``PREPARE["gated_delta_net"]``: f32/f64 decode runs straight on arena views (no block stores at
+    all), 16-bit storage through the kernel; two steps on one arena and one on another, each against
+    the float64 reference chained from the state it left."""
+    thunk, arena_a = _gdn(dtype, per_channel)
+    _, arena_b = _gdn(dtype, per_channel, seed=9)
+    stored: list[str] = []
+    original = Bound.store
+    monkeypatch.setattr(Bound, "store", lambda self, field, *a: (stored.append(field), original(self, field, *a)))
+    run = host_fallback.PREPARE["gated_delta_net"](thunk)
+    tol = {"f32": 1e-5, "f64": 1e-12, "bf16": 3e-2}[dtype]
+    for arena in (arena_a, arena_a, arena_b):
+        inputs = [read_ssm(thunk, arena, f) for f in ("q", "k", "v", "g", "beta", "state")]
+        run(arena)
+        want, want_state = gated_delta_net(*inputs)
+        np.testing.assert_allclose(read_ssm(thunk, arena, "dst"), want, rtol=tol, atol=tol)
+        np.testing.assert_allclose(read_ssm(thunk, arena, "state"), want_state, rtol=tol, atol=tol)
+    assert (stored == []) == (dtype != "bf16")

@@ -22,13 +22,14 @@ from rlx_gpu.schedule.model import ABI_VERSION
 
 pytestmark = pytest.mark.skipif(not status("opencl").available, reason="needs an OpenCL device (PoCL)")
 
-STAGING = {"transpose_real", "rnn_whh_t"}
+STAGING = {"transpose_real", "rnn_w_t"}
 
 
 def _schedule(op: str, batch: int = 12, layers: int = 1, bidirectional: bool = False, scaled: bool = False) -> tuple:
     """A carried decode step of ``op`` (S=1, I=5, H=8) naming every field; ``scaled`` puts a thunk
     first that writes ``w_ih = w_src * scale`` (``w_src`` from init, ``scale`` an input). At B=12 the
-    per-step kernel runs (W_ih and W_hh staged), at B=2 the persistent one (W_ih staged)."""
+    per-step kernel runs (W_ih staged for the gemm by transpose_real, W_hh by rnn_w_t), at B=2 the
+    persistent one (both staged by rnn_w_t: it projects the input itself)."""
     params = dict(batch=batch, seq=1, input_size=5, hidden=8, num_layers=layers, bidirectional=bidirectional, carry=True)
     thunk, arena_bytes = lay_out(op, "f32", params)
     regs = {r.field: r for r in regions(thunk)}
@@ -98,8 +99,9 @@ def test_staged_weights_are_kept_and_restaged_after_arena_write(op, batch):
     rng = np.random.default_rng(2)
     x = lambda: rng.standard_normal((batch, 1, 5)).astype(np.float32)  # noqa: E731
     _step(pair, sched, x=x())
-    staging = STAGING & set(names)  # the first run stages (W_hh only for the per-step kernel)
-    assert staging == (STAGING if batch == 12 else {"transpose_real"})
+    staging = STAGING & set(names)  # the first run stages
+    assert staging == (STAGING if batch == 12 else {"rnn_w_t"})
+    assert names.count("rnn_w_t") == (1 if batch == 12 else 2)
     names.clear()
     _step(pair, sched, x=x())
     _step(pair, sched, x=x())
@@ -139,7 +141,7 @@ def test_every_layer_and_direction_keeps_its_own_staged_weights(op):
         names.clear()
         extra = {"w_hh": rng.uniform(-0.5, 0.5, regs["w_hh"].shape).astype(np.float32)} if run == 2 else {}
         _step(pair, sched, x=rng.standard_normal((12, 1, 5)).astype(np.float32), **extra)
-        assert names.count("rnn_whh_t") == (2 if run in (0, 2) else 0)  # one staging per layer when stale
+        assert names.count("rnn_w_t") == (2 if run in (0, 2) else 0)  # one staging per layer when stale
 
 
 def test_the_copying_path_stages_on_every_run():

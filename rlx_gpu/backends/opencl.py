@@ -79,6 +79,7 @@ class OpenCLPrimitives:
         self.limits = device_limits(cl, self.device, info.fp64)
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
+        self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
 
     def allocate(self, nbytes: int) -> Any:
         return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
@@ -117,6 +118,11 @@ class OpenCLPrimitives:
         return self.cl.Kernel(built, name)
 
     def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
+        if kernel not in self._typed:
+            # pyopencl sets an untyped scalar argument through a slow generic path (~13 µs each, most of
+            # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
+            kernel.set_scalar_arg_dtypes([None if isinstance(a, self.cl.MemoryObjectHolder) else a.dtype for a in args])
+            self._typed.add(kernel)
         kernel.set_args(*args)
         self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
 

@@ -83,12 +83,16 @@ def _flags(params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
 
 #: (op, params, run options, large) of the per-dtype thunk cases
 THUNKS: list[tuple[str, dict, dict, bool]] = [
-    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 2, True, True), {}, False),
+    # each recurrent op through both kernels (persistent: layers > 0 read their input from scratch)
+    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 2, True, True), {"rnn_kernel": "persistent"}, False),
     ("lstm", _recurrent("lstm", 2, 5, 3, 4, 2, True, True), {"rnn_kernel": "step"}, False),
-    ("gru", _recurrent("gru", 2, 4, 3, 5, 2, True, True), {}, False),
+    ("gru", _recurrent("gru", 2, 4, 3, 5, 2, True, True), {"rnn_kernel": "persistent"}, False),
     ("gru", _recurrent("gru", 1, 3, 2, 6, 1, False, False), {"rnn_kernel": "step"}, False),
-    ("rnn", _recurrent("rnn", 2, 4, 3, 5, 1, True, True, relu=True), {}, False),
+    ("rnn", _recurrent("rnn", 2, 4, 3, 5, 1, True, True, relu=True), {"rnn_kernel": "persistent"}, False),
     ("rnn", _recurrent("rnn", 2, 4, 3, 5, 2, False, False), {"rnn_kernel": "step"}, False),
+    # a decode step (seq 1, state carried) as the kernel choice of each target makes it
+    ("lstm", _recurrent("lstm", 1, 1, 7, 20, 1, False, True), {}, False),
+    ("gru", _recurrent("gru", 2, 1, 7, 20, 1, False, True), {}, False),
     ("selective_scan", _ssm(2, 5, 5, 4), {}, False),
     ("selective_scan", _ssm(2, 9, 7, 16), {}, False),  # state_size 16: the fixed-width register path of ssm.cl
     ("mamba2", _mamba2(2, 4, 3, 4, 6), {}, False),
@@ -113,7 +117,7 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("fill", dict(n=9, value=1.5), {}, False),
     *[("unary", dict(fn=fn, n=67), {}, False) for fn in UNARY],
     *[("binary", dict(fn=fn, shape=[3, 1, 5], a_strides=[5, 0, 1], b_strides=[0, 0, 1]), {}, False) for fn in BINARY],
-    ("lstm", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
+    ("lstm", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {"rnn_kernel": "persistent"}, True),
     ("gru", _recurrent("gru", 2, 12, 16, 33, 1, True, False), {"rnn_kernel": "step"}, True),
     ("selective_scan", _ssm(2, 24, 16, 256), {}, True),
     ("mamba2", _mamba2(1, 20, 2, 16, 64), {}, True),

@@ -35,7 +35,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_JB_G4": 8, "RNN_JB_G3": 8, "RNN_JB_G1": 16,
         "RNN_WPAD": 16,  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
         "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
-        "RNN_PERSIST_ROWS": 8,  # (batch row, direction) pairs up to which the persistent kernel wins
+        "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
     },
     # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/test_ptxas.py)
     "gpu": {

@@ -147,6 +147,7 @@ class Device:
         if isinstance(arena, Arena):
             arena.check(self, schedule)
             with self.session.lock:
+                arena.flush()
                 self._execute(prepared, arena.handle, arena.image() if prepared.needs_image else None, profile)
             return arena
         host_arena = self._initial_arena(schedule, arena)
