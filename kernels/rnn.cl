@@ -75,6 +75,17 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
 /* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
  * whT [dirs][H][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros).
  * h ping-pongs between hin and hout. Both target shapes share the arguments. */
+/* Both shapes of the per-step kernel end a unit the same way: unit j of batch row b at step tt from its
+ * gate pre-activations xz (input side) and hz (recurrent side): the cell, then c, h and the output stored. */
+#define RNN_UNIT_OUT(NG, b, j, xz, hz)                                                          \
+    do {                                                                                        \
+        real c_ = cst[(b) * H + (j)];                                                           \
+        const real h_ = cell(RNN_OP_OF(NG), relu, xz, hz, hin[(b) * H + (j)], &c_);             \
+        cst[(b) * H + (j)] = c_;                                                                \
+        hout[(b) * H + (j)] = h_;                                                               \
+        store_any(out, ((b) * S + tt) * o_rs + dir * H + (j), o_real, h_);                      \
+    } while (0)
+
 #ifdef RLX_TARGET_GPU
 #if RNN_JB % RNN_GU != 0 || RNN_GK < RNN_RB
 #error "rnn gpu tuning: RNN_JB must be a multiple of RNN_GU and RNN_GK at least RNN_RB"
@@ -128,11 +139,7 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
                 hz[g] = sum;                                                                 \
                 xz[g] = xw[(b * S + tt) * NG * H + (i64)g * H + j];                          \
             }                                                                                \
-            real c = cst[b * H + j];                                                         \
-            const real h = cell(RNN_OP_OF(NG), relu, xz, hz, hin[b * H + j], &c);            \
-            cst[b * H + j] = c;                                                              \
-            hout[b * H + j] = h;                                                             \
-            store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);                    \
+            RNN_UNIT_OUT(NG, b, j, xz, hz);                                                  \
         }                                                                                    \
         BARRIER();  /* part is reused by the next row block */                               \
     }
@@ -222,11 +229,7 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
                     xz[g] = xw[(b * S + tt) * NG * H + (i64)g * H + j];                     \
                     hz[g] = acc[r][g][u];                                                   \
                 }                                                                           \
-                real c = cst[b * H + j];                                                    \
-                const real h = cell(RNN_OP_OF(NG), relu, xz, hz, hin[b * H + j], &c);       \
-                cst[b * H + j] = c;                                                         \
-                hout[b * H + j] = h;                                                        \
-                store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);               \
+                RNN_UNIT_OUT(NG, b, j, xz, hz);                                             \
             }                                                                               \
         }                                                                                   \
     }
