@@ -27,11 +27,15 @@ def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
     return tuple(v for f in fields for v in (ARENA, i64(t[f])))
 
 
+#: the state-space kernel choices at the gpu target (the ``ssm_kernel`` run option)
+SSM_KERNELS = ("auto", "lanes", "chunked")
+
+
 def takes_chunked(lim: DeviceLimits, seq: int, rule: str, ssm_kernel: str) -> bool:
     """gpu target: whether the chunked form runs (``ssm_kernel``: "auto" by the ``rule`` tuning
     constant, "lanes" or "chunked" to force one, as benchmarks/ssm_device.py does)."""
-    if ssm_kernel not in ("auto", "lanes", "chunked"):
-        raise ValueError(f"ssm_kernel={ssm_kernel!r}: expected 'auto', 'lanes' or 'chunked'")
+    if ssm_kernel not in SSM_KERNELS:
+        raise ValueError(f"ssm_kernel={ssm_kernel!r}: expected one of {', '.join(SSM_KERNELS)}")
     return ssm_kernel == "chunked" or (ssm_kernel == "auto" and seq >= lim.tune(rule))
 
 

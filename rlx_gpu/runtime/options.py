@@ -12,11 +12,11 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import RlxError
+from ..launches.ssm import SSM_KERNELS
 from .config import RECOMPUTE, Config
 
 RNN_KERNELS = ("auto", "persistent", "step")
 HOST_PATHS = ("step", "chunked", "blocked")
-SSM_KERNELS = ("auto", "lanes", "chunked")
 
 
 @dataclass(frozen=True)
