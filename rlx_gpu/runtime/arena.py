@@ -83,11 +83,11 @@ class Arena:
 
     def flush(self) -> None:
         """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this)."""
-        if not self._staged:
-            return
-        staged, self._staged = self._staged, []
         session = self.device.session
-        with session.lock:
+        with session.lock:  # taken whole under the lock: a write staged meanwhile waits for the next flush
+            staged, self._staged = self._staged, []
+            if not staged:
+                return
             start, end, parts = staged[0][0], staged[0][0], []
             for offset, data in staged:
                 if offset != end:  # not adjacent to the run so far: send the run
