@@ -6,7 +6,8 @@
  * Per-channel gates run per block of T steps [t0, t0+T): gdn_decay first writes exp(g) for the block
  * into scratch (fully parallel), so the recurrence reads each decay instead of every column's
  * work-item recomputing all N exponentials. Between blocks the state waits in scratch in the compute
- * type; with carry_state the first block reads it from the arena and the last writes it back. */
+ * type; with carry_state the first block reads it from the arena and the last writes it back.
+ * A decode step (seq == 1) takes gated_delta_net_step instead: one launch straight on the state. */
 
 
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
@@ -166,6 +167,72 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
     gdn_walk(B, S, HD, N, t0, T, resume, in_real, keep, out_real, qb, qo, kb, ko, vb, vo, beb, 0, beb, beo, sb, so, ob, oo,
              db, dof,
              AT(real, eb, eo), 1);
+}
+
+/* Columns [j0, j0+nc) of one decode step, on the state where it lives (`st`, storage type; null without
+ * carry_state: the step starts from zeros and keeps nothing), reading S once from memory and writing
+ * it once: no private copy to fill and drain, which at one step costs more than the step. With d[i]
+ * the decay (per channel, or 1 and the head's `decay` applied after) the delta rule's two products
+ * come from ONE sweep over the old state: a[j] = sum_i S[i,j] d[i] k[i] gives u = (v - decay a) beta,
+ * and the output sum_i q[i] (d[i] S[i,j] + k[i] u[j]) = decay b[j] + u[j] (q.k) with
+ * b[j] = sum_i S[i,j] d[i] q[i]; a second sweep (the item's columns, still in L1) writes
+ * S[i,j] = d[i] decay S[i,j] + k[i] u[j]. Called with nc = GDN_DJ (a constant after inlining: the column
+ * loops vectorize) or with the tail's column count. */
+INLINE_FN void gdn_step_columns(i64 vec, i64 j0, const int nc, i64 N, real decay, int per_channel,
+                                GLOBAL const store_t* qr, GLOBAL const store_t* kr, GLOBAL const store_t* v,
+                                GLOBAL const store_t* gr, real bh, GLOBAL store_t* st, GLOBAL store_t* dst)
+{
+    real a[GDN_DJ], b[GDN_DJ], d[STATE_MAX], kq = (real)0;
+    for (int c = 0; c < nc; ++c)
+        a[c] = b[c] = (real)0;
+    for (i64 i = 0; i < N; ++i) {
+        const real k0 = LOAD(kr, i), q0 = LOAD(qr, i);
+        kq += k0 * q0;
+        if (st) {
+            d[i] = per_channel ? exp(LOAD(gr, i)) : (real)1;
+            const real dk = d[i] * k0, dq = d[i] * q0;
+            for (int c = 0; c < nc; ++c) {
+                const real s = LOAD(st, i * N + c);
+                a[c] += s * dk;
+                b[c] += s * dq;
+            }
+        }
+    }
+    const real scale = (real)1 / sqrt((real)N);
+    for (int c = 0; c < nc; ++c) {
+        a[c] = (LOAD(v, vec + j0 + c) - decay * a[c]) * bh; /* from here on a holds u */
+        STORE(dst, vec + j0 + c, scale * (decay * b[c] + a[c] * kq));
+    }
+    if (st)
+        for (i64 i = 0; i < N; ++i) {
+            const real di = d[i] * decay, k0 = LOAD(kr, i);
+            for (int c = 0; c < nc; ++c)
+                STORE(st, i * N + c, di * LOAD(st, i * N + c) + k0 * a[c]);
+        }
+}
+
+/* seq == 1 (decode), both gate kinds, one launch and no scratch: one work-item per GDN_DJ value columns
+ * of a (head hh, batch row bt); a per-channel decay is taken where it is used (N exps per item). */
+KERNEL gated_delta_net_step(i64 B, i64 HD, i64 N, int carry, int per_channel,
+                            GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                            GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
+                            GLOBAL uchar* db, i64 dof)
+{
+    const i64 j0 = GID(0) * GDN_DJ, hh = GID(1), bt = GID(2);
+    if (j0 >= N || hh >= HD || bt >= B)
+        return;
+    const i64 head = bt * HD + hh, vec = head * N;
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    GLOBAL store_t* st = carry ? AT(store_t, sb, so) + head * N * N + j0 : 0;
+    const real decay = per_channel ? (real)1 : exp(LOAD(g, head)), bh = LOAD(AT(store_t, beb, beo), head);
+    GLOBAL const store_t* qr = AT(store_t, qb, qo) + vec;
+    GLOBAL const store_t* kr = AT(store_t, kb, ko) + vec;
+    GLOBAL const store_t* v = AT(store_t, vb, vo);
+    GLOBAL store_t* dst = AT(store_t, db, dof);
+    if (N - j0 >= GDN_DJ)
+        gdn_step_columns(vec, j0, GDN_DJ, N, decay, per_channel, qr, kr, v, g + vec, bh, st, dst);
+    else
+        gdn_step_columns(vec, j0, (int)(N - j0), N, decay, per_channel, qr, kr, v, g + vec, bh, st, dst);
 }
 #endif
 

@@ -98,3 +98,18 @@ def test_cpu_target_keeps_its_shapes():
     assert gemm.groups == (32, 86, 1)  # 256 column runs of 16 and 683 row blocks of 6, in 8 x 8 groups
     gpu = _plan("matmul", cases.GPU_SHAPES["matmul 4096^3"][1]).launches[0]
     assert gpu.local_size == (16, 16, 1) and gpu.groups == (32 * 32, 1, 1)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_a_cpu_target_decode_step_of_gated_delta_net_is_one_launch_on_the_state(per_channel):
+    """seq 1: gated_delta_net_step alone (no decay pass, no scratch), GDN_DJ value columns per item;
+    two steps take the blocked walk."""
+    cpu = dataclasses.replace(GPU, target="cpu", max_grid=(2**63 - 1,) * 3)
+    params = dict(batch=8, seq=1, heads=8, state_size=70, gate_per_channel=per_channel, carry_state=True)
+    plan = _plan("gated_delta_net", params, cpu)
+    (step,) = plan.launches
+    assert step.kernel == "gated_delta_net_step" and plan.scratch_bytes == 0
+    # 70 columns: items of 32, 32 and 6 (their group of 4 has one idle item)
+    assert step.global_size == (4, 8, 8) and step.local_size == (4, 1, 1)
+    two = {l.kernel for l in _plan("gated_delta_net", dict(params, seq=2), cpu).launches}
+    assert "gated_delta_net_step" not in two

@@ -54,9 +54,10 @@ def op_of(kind: str) -> str:
 F16_OVERFLOW = 7e4
 
 
-def make_case(kind: str, rng: np.random.Generator, batch: int = 2) -> tuple[str, dict, dict]:
+def make_case(kind: str, rng: np.random.Generator, batch: int = 2, gdn_seq: int = 75) -> tuple[str, dict, dict]:
     """``(op, params, tensors)``: float64 inputs in each op's usual range, at a sequence length that
-    takes the host's chunked (blocked) path over several chunks, the last one partial."""
+    takes the host's chunked (blocked) path over several chunks, the last one partial (``gdn_seq``:
+    another length for gated_delta_net)."""
     if kind == "selective_scan":
         b, s, h, n = batch, 70, 5, 4
         return kind, {"batch": b, "seq": s, "hidden": h, "state_size": n}, {
@@ -69,7 +70,7 @@ def make_case(kind: str, rng: np.random.Generator, batch: int = 2) -> tuple[str,
             "x": rng.standard_normal((b, s, h, p)), "dt": rng.uniform(0.01, 0.5, (b, s, h)),
             "a": rng.uniform(-2.0, -0.05, (h,)), "b": rng.standard_normal((b, s, h, n)) / math.sqrt(n),
             "c": rng.standard_normal((b, s, h, n))}
-    b, s, h, n = batch, 75, 3, 16
+    b, s, h, n = batch, gdn_seq, 3, 16
     per_channel, carry = "channel" in kind, kind.endswith("carry")
     k = rng.standard_normal((b, s, h, n))
     tensors = {"q": rng.standard_normal((b, s, h, n)), "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
@@ -153,7 +154,7 @@ def backend(request):
     if request.param == "host":
         def run(thunk, arena):
             path = host_fallback.path_for(thunk)
-            assert path.startswith(("chunked", "blocked")), f"{thunk['op']} seq {thunk['seq']} takes the {path} path"
+            assert path.startswith(("chunked", "blocked")) or thunk["seq"] == 1, f"{thunk['op']} seq {thunk['seq']} takes the {path} path"
             arena = arena.copy()
             host_fallback.execute(thunk, arena)
             return {f: read(thunk, arena, f) for f in outputs_of(thunk)}
@@ -258,14 +259,37 @@ def test_outputs_are_nonfinite_exactly_where_the_recurrence_has_them(backend, ki
             field = fields[rng.integers(len(fields))]
             value = -np.inf if field == "g" and rng.random() < 0.5 else rng.choice([np.nan, np.inf, -np.inf])
             tensors[field][tuple(int(rng.integers(size)) for size in tensors[field].shape)] = value
-        thunk, arena = lay_out(op, dtype, params, tensors)
-        want, got = reference(thunk, arena), backend[1](thunk, arena)
-        for field, values in got.items():
-            finite = np.isfinite(want[field])
-            where = f"{backend[0]} {kind} {dtype} seed {seed}, {field}"
-            wrong = int(np.count_nonzero(np.isfinite(values) != finite))
-            assert wrong == 0, f"{where}: {wrong} outputs finite where the recurrence's are not or the other way"
-            check_close(values, want[field], op, dtype, f"{where}, where finite")
+        check_nonfinite_where_the_recurrence_is(backend, kind, dtype, seed, op, params, tensors)
+
+
+def check_nonfinite_where_the_recurrence_is(backend, kind: str, dtype: str, seed: int, op: str, params: dict,
+                                            tensors: dict) -> None:
+    thunk, arena = lay_out(op, dtype, params, tensors)
+    want, got = reference(thunk, arena), backend[1](thunk, arena)
+    for field, values in got.items():
+        finite = np.isfinite(want[field])
+        where = f"{backend[0]} {kind} {dtype} seed {seed}, {field}"
+        wrong = int(np.count_nonzero(np.isfinite(values) != finite))
+        assert wrong == 0, f"{where}: {wrong} outputs finite where the recurrence's are not or the other way"
+        check_close(values, want[field], op, dtype, f"{where}, where finite")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind.startswith("gdn")])
+def test_a_decode_step_is_nonfinite_exactly_where_the_recurrence_is(backend, kind, dtype):
+    """One step (seq 1: the cpu target's gated_delta_net_step, the host's decode path) with one to
+    three NaN/±inf in q, k, v, g, beta or the carried state: non-finite exactly where the float64
+    recurrence is (a NaN in one channel of v spoils only that column of the state and output)."""
+    for seed in range(8):
+        rng = np.random.default_rng([seed, 23, KINDS.index(kind)])
+        op, params, tensors = make_case(kind, rng, gdn_seq=1)
+        fields = [*STEP_FIELDS[op], *(("state",) if params["carry_state"] else ())]
+        for _ in range(int(rng.integers(1, 4))):
+            field = fields[rng.integers(len(fields))]
+            value = -np.inf if field == "g" and rng.random() < 0.5 else rng.choice([np.nan, np.inf, -np.inf])
+            tensors[field][tuple(int(rng.integers(size)) for size in tensors[field].shape)] = value
+        check_nonfinite_where_the_recurrence_is(backend, kind, dtype, seed, op, params, tensors)
 
 
 def _overflowing(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

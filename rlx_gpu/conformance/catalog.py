@@ -109,6 +109,9 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(2, 130, 1, 20, False, False), {}, False),  # three chunks; 20 is no multiple of a tile
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
     ("gated_delta_net", _gdn(3, 1, 2, 8, False, True), {}, False),
+    # cpu target's decode step kernel: one work-item per 32 value columns, the last one partial
+    ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), {}, False),
+    ("gated_delta_net", _gdn(1, 1, 2, 70, False, False), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
     ("matmul", _matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
     ("reduce_sum", dict(outer=3, r=5, inner=7), {}, False),

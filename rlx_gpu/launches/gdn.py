@@ -1,6 +1,7 @@
 """Launch geometry of gated_delta_net (ABI.md §4). cpu target: one work-item per GDN_CJ state
-columns; gpu target: each column's key indices spread across the lanes of a work-group
-(ssm.state_lanes) for decode and short sequences, from GDN_MIN_SEQ steps on the chunked WY form."""
+columns, or for a decode step per GDN_DJ columns straight on the state; gpu target: each column's key
+indices spread across the lanes of a work-group (ssm.state_lanes) for decode and short sequences, from
+GDN_MIN_SEQ steps on the chunked WY form."""
 from __future__ import annotations
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
@@ -19,6 +20,8 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
         if takes_chunked(lim, s, "GDN_MIN_SEQ", ssm_kernel) and dt != "f64":
             return _plan_chunked(t, lim)
         return _plan_lanes(t, lim)
+    if s == 1:
+        return _plan_step(t, lim)
     rs = real_size(dt)
     steps = max(1, min(s, GDN_DECAY_MAX // max(1, b * heads * n))) if per_channel else max(1, s)
     blocks = max(1, -(-s // steps))
@@ -59,14 +62,26 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     return LaunchPlan(tuple(launches), state_bytes + decay_bytes, notes)
 
 
+def _tensors(t: Thunk) -> tuple:
+    """The (buffer, offset) arguments of q, k, v, g, beta, state (offset 0 without carry_state) and dst."""
+    offsets = (*(t[f] for f in ("q", "k", "v", "g", "beta")), t["state"] if t["carry_state"] else 0, t["dst"])
+    return tuple(v for offset in offsets for v in (ARENA, i64(offset)))
+
+
+def _plan_step(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
+    """A decode step (seq 1) at the cpu target: one launch on the state in place, both gate kinds."""
+    b, heads, n = t["batch"], t["heads"], t["state_size"]
+    args = (i64(b), i64(heads), i64(n), i32(t["carry_state"]), i32(t["gate_per_channel"])) + _tensors(t)
+    items = -(-n // lim.tune("GDN_DJ"))
+    local = (linear_local(items), 1, 1)
+    return LaunchPlan((Launch("gdn", "gated_delta_net_step", t["dtype"], grid((items, heads, b), local), local, args,
+                              target=lim.target),))
+
+
 def _plan_lanes(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
     """The whole sequence in one launch, both gate kinds (a per-channel decay is taken in the kernel)."""
     b, heads, n = t["batch"], t["heads"], t["state_size"]
-    carry = bool(t["carry_state"])
-    args = (i64(b), i64(t["seq"]), i64(heads), i64(n), i32(carry), i32(t["gate_per_channel"]))
-    for f in ("q", "k", "v", "g", "beta"):
-        args += (ARENA, i64(t[f]))
-    args += (ARENA, i64(t["state"] if carry else 0), ARENA, i64(t["dst"]))
+    args = (i64(b), i64(t["seq"]), i64(heads), i64(n), i32(t["carry_state"]), i32(t["gate_per_channel"])) + _tensors(t)
     defines, glob, local = state_lanes(n, n, b * heads, lim)
     return LaunchPlan((Launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local, args, target="gpu", defines=defines),))
 

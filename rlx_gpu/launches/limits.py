@@ -30,6 +30,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
         "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
         "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
+        "GDN_DJ": 32,  # value columns per work-item of its decode step (gated_delta_net_step)
         # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count
         "RNN_RB_G4": 3, "RNN_RB_G3": 4, "RNN_RB_G1": 6, "RNN_RB_MAX": 6,
         "RNN_JB_G4": 8, "RNN_JB_G3": 8, "RNN_JB_G1": 16,
