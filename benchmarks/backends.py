@@ -4,8 +4,9 @@
 
 Shapes follow the host benchmarks (benchmarks/rnn.py: batch 32, seq 128, input = hidden = 256,
 2 layers, bidirectional); ``--quick`` divides the large extents for a smoke run. Times exclude
-compilation (one warm-up launch) and host<->device transfers: the arena stays on the device, as
-in the executor. Ratio < 1 means OpenCL is faster.
+compilation (one warm-up launch), planning (each thunk is planned once, as the executor does) and
+host<->device transfers: the arena stays on the device, as in the executor. Ratio < 1 means OpenCL is
+faster.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from host_fallback.layout import regions
 from rlx_gpu.conformance import cases
 from rlx_gpu.backends import opencl
 from rlx_gpu.conformance.devices import find
+from rlx_gpu.runtime.options import RunOptions
 
 
 def recurrent(op: str, b: int, s: int, i: int, h: int) -> dict:
@@ -95,6 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
     session = opencl.open(info)
+    options = RunOptions.build()
     rng = np.random.default_rng(0)
     print(f"device: {info.name} ({info.spec}); medians of {args.repeat}; f32")
     print(f"{'op':<18} {'shape':<44} {'host ms':>9} {'opencl ms':>10} {'ocl/host':>9}")
@@ -104,9 +107,10 @@ def main() -> None:
         host = median_time(lambda: host_fallback.execute(t, host_arena), args.repeat)
         dev_arena = session.alloc(arena.size)
         session.write(dev_arena, 0, arena)
+        run = session.runner(t, options)  # planned and bound once, as the executor does
 
         def on_device():
-            session.launch(t, dev_arena)
+            run(dev_arena)
             session.finish()
 
         on_device()  # compile and warm up
