@@ -126,7 +126,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
             assert got == params_of[launch.kernel], (
                 f"{op}: launch of {launch.kernel} passes {got}, the kernel takes {params_of[launch.kernel]}")
             checked.add(launch.kernel)
-    state_space = {"selective_scan", "mamba2", "gated_delta_net_pc"} if lim.target == "cpu" else {
+    state_space = {"selective_scan", "mamba2", "gated_delta_net_pc", "gated_delta_net_step"} if lim.target == "cpu" else {
         "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
