@@ -87,6 +87,11 @@ def linear_local(n: int, cap: int = 64) -> int:
     return size
 
 
+def arena_args(t: Mapping[str, Any], fields: tuple[str, ...]) -> tuple:
+    """The (buffer, offset) kernel arguments of ``fields`` of ``t``, tensors of the arena, in order."""
+    return tuple(v for f in fields for v in (ARENA, i64(t[f])))
+
+
 def i64(v: int) -> np.int64:
     return np.int64(v)
 

@@ -4,7 +4,7 @@ indices spread across the lanes of a work-group (ssm.state_lanes) for decode and
 GDN_MIN_SEQ steps on the chunked WY form."""
 from __future__ import annotations
 
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i32, i64, linear_local, real_size
 from .limits import DeviceLimits
 from .ssm import state_lanes, takes_chunked
 
@@ -48,8 +48,7 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
             fields = ("q", "k", "v", "beta")
         else:
             kernel, args, fields = "gated_delta_net", (i64(b), i64(s), i64(heads), i64(n), i32(carry)), ("q", "k", "v", "g", "beta")
-        for f in fields:
-            args += (ARENA, i64(t[f]))
+        args += arena_args(t, fields)
         if per_channel:
             args += (arena_state if first else scratch_state) + (arena_state if last else scratch_state)
         else:
@@ -63,9 +62,9 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
 
 
 def _tensors(t: Thunk) -> tuple:
-    """The (buffer, offset) arguments of q, k, v, g, beta, state (offset 0 without carry_state) and dst."""
-    offsets = (*(t[f] for f in ("q", "k", "v", "g", "beta")), t["state"] if t["carry_state"] else 0, t["dst"])
-    return tuple(v for offset in offsets for v in (ARENA, i64(offset)))
+    """The arena arguments of q, k, v, g, beta, state (offset 0 without carry_state) and dst."""
+    state = (ARENA, i64(t["state"] if t["carry_state"] else 0))
+    return arena_args(t, ("q", "k", "v", "g", "beta")) + state + arena_args(t, ("dst",))
 
 
 def _plan_step(t: Thunk, lim: DeviceLimits) -> LaunchPlan:

@@ -85,19 +85,19 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
     w_ih = t["w_ih"]
     for layer in range(layers):
         in_l = t["input_size"] if layer == 0 else dirs * h
-        x = (ARENA, i64(t["x"]), i32(0)) if layer == 0 else (SCRATCH, i64(sc["lo"]), i32(1))
-        wit = (SCRATCH, i64(sc["wit"] + layer * sc["wit_layer"]))
-        bias = (ARENA, i64(t[bias_field] + es * layer * dirs * gh))
+        x_buf, x_off, x_real = (ARENA, t["x"], False) if layer == 0 else (SCRATCH, sc["lo"], True)
+        wit = sc["wit"] + layer * sc["wit_layer"]
+        bias = t[bias_field] + es * layer * dirs * gh
         if fused:  # W_ih^T padded like W_hh^T; the recurrence projects the input itself
-            stage(in_l, (ARENA, i64(w_ih)), wit)
+            stage(in_l, (ARENA, i64(w_ih)), (SCRATCH, i64(wit)))
         else:  # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
             prepare.append(len(launches))
-            launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, int(wit[1]))))
+            launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, wit)))
             launches.append(gemm(
-                lim, dt, b * s, gh, in_l, dirs, (x[0], int(x[1]), bool(x[2]), 0, in_l, 1),
-                (SCRATCH, int(wit[1]), True, in_l * gh, gh, 1),
+                lim, dt, b * s, gh, in_l, dirs, (x_buf, x_off, x_real, 0, in_l, 1),
+                (SCRATCH, wit, True, in_l * gh, gh, 1),
                 (SCRATCH, sc["xw"], True, b * s * gh, gh),
-                bias=(ARENA, int(bias[1]), gh),
+                bias=(ARENA, bias, gh),
             ))
         w_ih += es * dirs * gh * in_l
         last = layer == layers - 1
@@ -110,18 +110,18 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         head = (i32(op_code), i32(relu), i32(gates), i64(b), i64(s), i64(h))
         tail = out + (i64(dirs * h),)
         wt = (SCRATCH, i64(sc["wt"] + layer * sc["wt_layer"]))
-        if not persistent or lim.target == "cpu":  # W_hh^T
+        if not persistent or fused:  # W_hh^T
             stage(h, whh, wt)
         n = dirs * b * h
         cs = (SCRATCH, i64(sc["c"]))
         hbuf = [(SCRATCH, i64(sc["h"])), (SCRATCH, i64(sc["h"] + n * rs))]
         if persistent:
             size, local = _persist_geometry(lim, b, h, dirs)
-            if lim.target == "gpu":
-                args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + whh + bhh + h0 + c0 + tail
-            else:
-                x_in = (i64(in_l),) + x + wit + bias
+            if fused:
+                x_in = (i64(in_l), x_buf, i64(x_off), i32(x_real), SCRATCH, i64(wit), ARENA, i64(bias))
                 args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + wt + bhh + h0 + c0 + hbuf[0] + hbuf[1] + cs + x_in + tail
+            else:
+                args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + whh + bhh + h0 + c0 + tail
             launches.append(Launch("rnn", "rnn_persist", dt, size, local, args, target=lim.target))
             continue
         lin = (linear_local(n, 256),)

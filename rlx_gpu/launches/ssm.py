@@ -6,7 +6,7 @@ variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on,
 """
 from __future__ import annotations
 
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i64, linear_local, real_size
+from .core import SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i64, linear_local, real_size
 from .limits import DeviceLimits, state_variant
 
 Defines = tuple[tuple[str, int], ...]
@@ -23,10 +23,6 @@ def state_lanes(n: int, rows: int, outer: int, lim: DeviceLimits) -> tuple[Defin
     return defines, (outer * -(-rows // per_group) * local,), (local,)
 
 
-def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
-    return tuple(v for f in fields for v in (ARENA, i64(t[f])))
-
-
 #: the state-space kernel choices at the gpu target (the ``ssm_kernel`` run option)
 SSM_KERNELS = ("auto", "lanes", "chunked")
 
@@ -41,7 +37,7 @@ def takes_chunked(lim: DeviceLimits, seq: int, rule: str, ssm_kernel: str) -> bo
 
 def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     b, s, h, n, dt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"]
-    args = (i64(b), i64(s), i64(h), i64(n)) + _tensors(t, ("x", "delta", "a", "b", "c", "dst"))
+    args = (i64(b), i64(s), i64(h), i64(n)) + arena_args(t, ("x", "delta", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, h, b, lim)
         if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels)
@@ -55,7 +51,7 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
 
 def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     b, s, heads, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
-    args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst"))
+    args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + arena_args(t, ("x", "dt", "a", "b", "c", "dst"))
     if lim.target == "gpu":
         defines, glob, local = state_lanes(n, p, b * heads, lim)
         if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
@@ -76,11 +72,11 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
     dims = (i64(b), i64(s), i64(heads), i64(p), i64(n))
     tile = ((b * heads * chunks * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))
     st, dec = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at))
-    state = Launch("ssm", "mamba2_chunk_state", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b")) + st + dec,
+    state = Launch("ssm", "mamba2_chunk_state", dt, *tile, dims + arena_args(t, ("x", "dt", "a", "b")) + st + dec,
                    target="gpu")
     carry = Launch("ssm", "mamba2_state_pass", dt, grid((b * heads * p * n,), (lanes,)), (lanes,), dims + st + dec,
                    target="gpu")
-    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile, dims + _tensors(t, ("x", "dt", "a", "b", "c", "dst")) + st,
+    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile, dims + arena_args(t, ("x", "dt", "a", "b", "c", "dst")) + st,
                   target="gpu")
     return LaunchPlan((state, carry, scan), dec_at + b * heads * chunks * real_size(dt), (f"chunked Q={lim.tune('M2_Q')}",))
 
