@@ -1,5 +1,6 @@
 /* Gated delta net (ABI.md §4). cpu target below; the gpu target's gated_delta_net_lanes (decode, short
- * sequences) and its chunked WY form (long sequences) are in the two gpu blocks at the end. Every step of the delta rule touches column j of S only through
+ * sequences) and its chunked WY form (long sequences) are in the two gpu blocks at the end.
+ * Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
  * the whole sequence without barriers; the column stays in private memory in the compute type.
  * One work-item owns GDN_CJ adjacent columns (see gdn_walk).

@@ -72,9 +72,6 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
         wt[(dir * K + q) * (G * HP + RNN_WPAD) + col] = j < H ? LOAD(w, (dir * G * H + g * H + j) * K + q) : (real)0;
 }
 
-/* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
- * whT [dirs][H][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros).
- * h ping-pongs between hin and hout. Both target shapes share the arguments. */
 /* Both shapes of the per-step kernel end a unit the same way: unit j of batch row b at step tt from its
  * gate pre-activations xz (input side) and hz (recurrent side): the cell, then c, h and the output stored. */
 #define RNN_UNIT_OUT(NG, b, j, xz, hz)                                                          \
@@ -85,6 +82,19 @@ KERNEL rnn_w_t(i64 G, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uch
         hout[(b) * H + (j)] = h_;                                                               \
         store_any(out, ((b) * S + tt) * o_rs + dir * H + (j), o_real, h_);                      \
     } while (0)
+
+/* BODY(NG) with the gate count a compile-time constant: 4 (lstm), 3 (gru) or 1 (rnn), by the runtime G. */
+#define RNN_BY_GATES(BODY)                                                                      \
+    if (G == 4)                                                                                 \
+        BODY(4)                                                                                 \
+    else if (G == 3)                                                                            \
+        BODY(3)                                                                                 \
+    else                                                                                        \
+        BODY(1)
+
+/* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
+ * whT [dirs][H][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros).
+ * h ping-pongs between hin and hout. Both target shapes share the arguments. */
 
 #ifdef RLX_TARGET_GPU
 #if RNN_JB % RNN_GU != 0 || RNN_GK < RNN_RB
@@ -270,12 +280,7 @@ KERNEL rnn_step(int op, int relu, int G, i64 B, i64 S, i64 H, i64 t,
     GLOBAL uchar* out = AT(uchar, ob, oo);
     const i64 tt = dir ? S - 1 - t : t;
 #ifdef RLX_TARGET_GPU
-    if (G == 4)
-        RNN_GPU_STEP(4)
-    else if (G == 3)
-        RNN_GPU_STEP(3)
-    else
-        RNN_GPU_STEP(1)
+    RNN_BY_GATES(RNN_GPU_STEP)
 #else
     i64 rows[RNN_RB_MAX];  /* rows past B repeat the last one; their sums are dropped */
     for (int r = 0; r < RNN_RB_MAX; ++r)
@@ -360,7 +365,7 @@ KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
         for (int r = 0; r < NR && b0 + r < B; ++r)                                          \
             for (int g = 0; g < NG; ++g)                                                    \
                 for (int u = 0; u < NJ && j0 + u < H; ++u)                                  \
-                    xwr[((b0 + r) * S + tt) * NG * H + g * H + j0 + u] = acc[r][g][u];      \
+                    xw[((b0 + r) * S + tt) * NG * H + g * H + j0 + u] = acc[r][g][u];       \
     }
 
 /* cpu target: one work-item (a work-group of one) per (batch row, direction) runs every step of that row,
@@ -388,8 +393,7 @@ KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
 {
     const i64 b0 = GROUP(1), dir = GROUP(2), HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
     const i64 rows[1] = {b0};
-    GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
-    GLOBAL real* xwr = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real));
+    GLOBAL real* xw = AT(real, xwb, xwo + dir * B * S * G * H * (i64)sizeof(real)); /* written, then read */
     GLOBAL const real* wt = AT(real, wtb, wto + dir * (G * HP + RNN_WPAD) * H * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * G * H * (i64)sizeof(store_t));
     GLOBAL uchar* h0 = AT(uchar, h0b, h0o + dir * B * H * (i64)sizeof(store_t));
@@ -409,12 +413,7 @@ KERNEL rnn_persist(int op, int relu, int G, i64 B, i64 S, i64 H, int carry,
         const i64 tt = dir ? S - 1 - t : t;
         GLOBAL const real* hin = t % 2 ? hs1 : hs0;
         GLOBAL real* hout = t % 2 ? hs0 : hs1;
-        if (G == 4)
-            RNN_PERSIST_RUNS(4)
-        else if (G == 3)
-            RNN_PERSIST_RUNS(3)
-        else
-            RNN_PERSIST_RUNS(1)
+        RNN_BY_GATES(RNN_PERSIST_RUNS)
     }
     if (carry)
         for (i64 i = b0 * H; i < (b0 + 1) * H; ++i) {

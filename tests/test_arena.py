@@ -82,6 +82,10 @@ def test_arena_memory_is_released_and_misuse_is_refused():
         arena.write("z", np.zeros(N))
     with pytest.raises(rlx_gpu.RlxError, match=r"tensor 'x' has shape \[8\], got values of shape \[4\]"):
         arena.write("x", np.zeros(4))
+    unnamed = {k: v for k, v in _accumulate().items() if k not in ("tensors", "inputs", "outputs")}
+    with device.arena(rlx_gpu.load_schedule(unnamed)) as bare:
+        with pytest.raises(rlx_gpu.RlxError, match=r"it has none \(give the schedule a 'tensors' table"):
+            bare.read("x")
     other = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
     with pytest.raises(rlx_gpu.RlxError, match="this arena lives on"):
         other.run(sched, arena)

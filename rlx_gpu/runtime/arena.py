@@ -56,7 +56,8 @@ class Arena:
             raise RlxError("this arena was freed; allocate another with device.arena(schedule)")
         view = self.schedule.tensors.get(name)
         if view is None:
-            raise RlxError(f"the schedule names no tensor {name!r}; it has {', '.join(self.schedule.tensors)}")
+            known = ", ".join(self.schedule.tensors) or "none (give the schedule a 'tensors' table, ABI.md §2)"
+            raise RlxError(f"the schedule names no tensor {name!r}; it has {known}")
         return view
 
     def write(self, name: str, values: Any) -> None:
