@@ -106,7 +106,7 @@ def test_forbid_refuses_a_body_thunk_sent_to_the_host_before_any_launch():
     with pytest.raises(rlx_gpu.FallbackForbidden, match=r"thunk 0 › body thunk 0 \(binary, f32\): override binary:f32 -> "
                                                          r"host in <defaults>, but the fallback policy is 'forbid'"):
         device.run(sched, _arena(sched, np.random.default_rng(2)))
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
 
 
 def test_plan_lists_body_thunks_and_the_report_counts_their_footprint_per_step():
@@ -149,7 +149,7 @@ def test_a_schedule_larger_than_the_device_allows_is_refused_before_anything_run
         device.run(raw)
     with pytest.raises(rlx_gpu.DeviceError):
         device.arena(raw)
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
     small = open_double(max_alloc_bytes=1 << 20, global_mem_bytes=1000)
     with pytest.raises(rlx_gpu.DeviceError, match=r"more than the memory of NumPy test double \(numpy:0\): 1000 bytes"):
         Device(small, Config()).run(_elementwise() | {"arena_bytes": 1024})
@@ -167,7 +167,7 @@ def test_a_launch_scratch_larger_than_the_device_allows_is_refused_before_anythi
     with pytest.raises(rlx_gpu.DeviceError, match=r"the launch scratch of thunk 1 \(matmul\) needs 1280000 bytes "
                                                   r"\(1.2 MiB\), more than the largest allocation of NumPy test double"):
         device.run(raw)
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
 
 
 def test_run_options_are_typed_and_misspellings_are_errors():
@@ -209,7 +209,7 @@ def test_an_arena_over_the_opencl_devices_largest_allocation_names_size_limit_an
     for attempt in (lambda: device.run(raw), lambda: device.arena(raw)):
         with pytest.raises(rlx_gpu.DeviceError, match=message):
             attempt()
-    assert device.launches == 0
+    assert device.thunks_run == 0
 
 
 def test_run_options_reach_the_kernels_through_the_device():
@@ -282,4 +282,4 @@ def test_a_body_arena_larger_than_host_memory_is_a_device_error_before_anything_
     with pytest.raises(rlx_gpu.DeviceError, match=r"thunk 0 \(scan_backward\)'s body arenas and recompute cache "
                                                   r"needs \d+ bytes \(64.0 TiB\), more than the .* of memory of this"):
         device.run(schedule_of(*lay_out("scan_backward", "f32", fields)))
-    assert device.launches == 0
+    assert device.thunks_run == 0

@@ -74,7 +74,7 @@ def test_policies_warn_and_forbid():
     device = Device(PartialSession({"binary", "copy"}), Config(fallback="forbid"))
     with pytest.raises(rlx_gpu.FallbackForbidden, match=r"thunk 0 \(unary, f32\) cannot run on fake:0: the fake device has no unary kernel"):
         device.run(sched, _arena(sched))
-    assert device.launches == 0
+    assert device.thunks_run == 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Device(PartialSession({"unary", "binary", "copy"}), Config(fallback="forbid")).run(sched, _arena(sched))

@@ -38,8 +38,8 @@ class Arena:
         self._staged: list[tuple[int, np.ndarray]] = []  # (offset, bytes) written but not sent yet, in order
         session = device.session
         with session.lock:
-            self.handle: Any = session.alloc(self.nbytes, "the arena of this schedule (arena_bytes)", resident=True)
-            session.write(self.handle, 0, schedule.pristine_arena())
+            self.handle: Any = session.upload(schedule.pristine_arena(), "the arena of this schedule (arena_bytes)",
+                                              resident=True)
 
     def __repr__(self) -> str:
         state = "freed" if self.handle is None else f"{self.nbytes} bytes"
