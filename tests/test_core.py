@@ -283,3 +283,61 @@ def test_a_body_arena_larger_than_host_memory_is_a_device_error_before_anything_
                                                   r"needs \d+ bytes \(64.0 TiB\), more than the .* of memory of this"):
         device.run(schedule_of(*lay_out("scan_backward", "f32", fields)))
     assert device.thunks_run == 0
+
+
+def test_consecutive_body_thunks_on_the_host_share_one_copy_each_way_per_step():
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(5))
+    device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host", "unary": "host"}))
+    got = device.run(sched, arena)
+    np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
+    # binary reads a and b and writes dst; unary reads that dst and writes its own: as one run, a and b
+    # come in and the two outputs go back (4 tensors a step), where each alone would move 3 + 2
+    [record] = device.last_report.records
+    assert record.copied_bytes == 4 * 4 * N * LENGTH
+    assert sum(a.copied_bytes for a in device.place(sched) if a.nested) == 5 * 4 * N  # each thunk's own footprint
+
+
+def test_placement_is_decided_once_and_a_run_follows_it():
+    """The first run binds the schedule, placing every thunk; later runs ask the device nothing more
+    about what it supports (body thunks included)."""
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(6))
+    session = open_double()
+    device = Device(session, Config(fallback="allow", overrides={"binary": "host"}))
+    device.run(sched, arena)
+
+    def asked(thunk):
+        raise AssertionError(f"placement asked again about {thunk['op']} during a run")
+    session.unsupported = asked
+    np.testing.assert_array_equal(device.run(sched, arena), rlx_gpu.get_device("host").run(sched, arena))
+
+
+def _transfers(monkeypatch: pytest.MonkeyPatch, prims) -> list[tuple[str, int, int]]:
+    """Spy on a backend's ``write`` and ``zero`` primitives: (primitive, offset, bytes) per call."""
+    calls: list[tuple[str, int, int]] = []
+    for name in ("write", "zero"):
+        def spy(buffer, offset, what, _real=getattr(prims, name), _name=name):
+            calls.append((_name, offset, what if isinstance(what, int) else what.size))
+            _real(buffer, offset, what)
+        monkeypatch.setattr(prims, name, spy)
+    return calls
+
+
+def test_a_run_on_a_device_arena_uploads_it_once_without_zeroing_it_first(monkeypatch):
+    from rlx_gpu.runtime.registry import status
+
+    sched = rlx_gpu.load_schedule(_elementwise())
+    arena = _arena(sched, np.random.default_rng(7))
+    sessions = [open_double()]
+    if status("opencl").available:
+        sessions.append(rlx_gpu.get_device("opencl").session)
+    for session in sessions:
+        calls = _transfers(monkeypatch, session.prims)
+        got = Device(session, Config(fallback="forbid")).run(sched, arena)
+        want = rlx_gpu.get_device("host").run(sched, arena)
+        np.testing.assert_allclose(sched.tensors["w"].read(got), sched.tensors["w"].read(want), rtol=1e-6)
+        assert calls == [("write", 0, sched.arena_bytes)], session
+        calls.clear()
+        with Device(session, Config(fallback="forbid")).arena(sched):  # a resident arena: the pristine bytes, once
+            assert calls == [("write", 0, sched.arena_bytes)], session

@@ -1,4 +1,5 @@
-"""The package's layering: no import circle inside rlx_gpu, and host_fallback imports nothing of rlx_gpu.
+"""The package's layering: imports flow one way down an explicit order of layers (DESIGN.md, "Layers"),
+no import circle inside rlx_gpu, and host_fallback imports nothing of rlx_gpu.
 
 The import graph is read from the source with ``ast`` (every ``import``/``from ... import``, at module
 level or inside functions and ``if TYPE_CHECKING:`` blocks), so a lazy import that hides a circle at
@@ -14,6 +15,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlx_gpu"
+
+#: rlx_gpu's layers, top first: a module may import its own layer's modules and those of layers below
+#: it, never above. ``rlx_gpu`` is the package's public face; the last layer holds the shared leaves.
+LAYERS = (
+    ("cli",),
+    ("conformance",),
+    ("rlx_gpu",),
+    ("graph",),
+    ("runtime",),
+    ("backends",),
+    ("launches",),
+    ("schedule",),
+    ("errors", "units", "paths"),
+)
 
 
 def module_name(path: Path) -> str:
@@ -75,6 +90,40 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if start not in state and (cycle := visit(start)):
             return cycle
     return None
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of a module of rlx_gpu (by its subpackage or top-level module)."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    for depth, names in enumerate(LAYERS):
+        if name in names:
+            return depth
+    raise AssertionError(f"{module} lies in no layer of LAYERS: add {name!r} to the layer it belongs to")
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that reaches a layer above its own, or sideways between two leaves of one layer."""
+    bad = []
+    for module, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            here, there = layer_of(module), layer_of(target)
+            same_part = module.split(".")[:2] == target.split(".")[:2]
+            if there < here or (there == here and not same_part):
+                bad.append(f"{module} ({'/'.join(LAYERS[here])}) imports {target} ({'/'.join(LAYERS[there])})")
+    return bad
+
+
+def test_the_layer_check_refuses_an_upward_edge_and_accepts_a_downward_one():
+    assert upward_edges({"rlx_gpu.backends.core": {"rlx_gpu.launches.core", "rlx_gpu.errors"}}) == []
+    assert upward_edges({"rlx_gpu.backends.core": {"rlx_gpu.runtime.options"}}) == [
+        "rlx_gpu.backends.core (backends) imports rlx_gpu.runtime.options (runtime)"]
+    assert upward_edges({"rlx_gpu.units": {"rlx_gpu.errors"}}) != []  # leaves stay independent
+
+
+def test_imports_flow_down_the_layers():
+    bad = upward_edges(import_graph())
+    assert not bad, "imports against the layer order (DESIGN.md, Layers):\n" + "\n".join(bad)
 
 
 def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():

@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import numpy as np
+
+#: Runs one planned thunk on an arena in place; returns the bytes it moved between device and host.
+Runner = Callable[[Any], int]
+#: ``on_host`` when placement sent no body thunk to the host (a direct ``launch``, or a run without fallback)
+NONE_ON_HOST: Mapping[int, Runner] = MappingProxyType({})
 
 
 class BackendUnavailable(RuntimeError):
@@ -51,8 +57,7 @@ class Session(Protocol):
     def read(self, arena: Any, offset: int, nbytes: int) -> np.ndarray:
         """Copy ``nbytes`` at ``offset`` out of the arena into a new ``numpy.uint8`` array."""
 
-    def runner(self, thunk: Mapping[str, Any], options: Any,
-               on_host: Mapping[int, Callable[[Any], int]] = {}) -> Callable[[Any], int]:
+    def runner(self, thunk: Mapping[str, Any], options: Any, on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
         """Plan ``thunk`` once under ``options`` (a ``RunOptions``); the result runs it on an arena and
         returns the bytes it moved to and from the host. ``on_host`` maps the ``id`` of each body thunk
         placement sent to the host to the runner that runs it there (the executor's host runs)."""

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -22,15 +21,11 @@ from ..launches import ARENA, SCRATCH, Buf, Launch
 from ..schedule.ops import SCAN_OPS, footprint
 from ..units import human_bytes
 from . import programs
+from .base import NONE_ON_HOST, Runner
 from .options import RunOptions
 from .primitives import DeviceArena, Primitives
 
 Thunk = Mapping[str, Any]
-#: Runs one prepared thunk on an arena in place; returns the bytes it moved between device and host.
-Runner = Callable[[Any], int]
-
-#: ``on_host`` when placement sent no body thunk to the host (a direct ``launch``, or a device run without fallback)
-NONE_ON_HOST: Mapping[int, Runner] = MappingProxyType({})
 
 _PROGRAMS: dict[tuple, Any] = {}  # programs.cache_key -> built program, shared by every session of a device
 _PROGRAMS_LOCK = threading.Lock()

@@ -15,8 +15,7 @@ import host_fallback
 
 from ..errors import DeviceError
 from ..units import human_bytes
-from .base import DeviceInfo
-from .core import NONE_ON_HOST, Runner
+from .base import NONE_ON_HOST, DeviceInfo, Runner
 from .options import RunOptions
 
 NAME = "host"
