@@ -8,6 +8,7 @@ run time still counts.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -63,6 +64,7 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
+@functools.lru_cache(maxsize=1)  # parsing the package takes a couple of seconds; three tests read it
 def import_graph() -> dict[str, set[str]]:
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(f) for f in files}
