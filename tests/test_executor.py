@@ -186,6 +186,29 @@ def test_consecutive_host_thunks_share_one_copy_of_their_joint_footprint_each_wa
     assert session.copies == 3 + 1 + 1  # x in, y and z back; the arena in and out
 
 
+def test_host_runs_on_opencl_copy_their_joint_footprint_and_match_the_host():
+    from rlx_gpu.runtime.registry import status
+
+    if not status("opencl").available:
+        pytest.skip(status("opencl").reason)
+    sched = rlx_gpu.load_schedule(_chain())
+    arena = _arena(sched)
+    device = Device(rlx_gpu.get_device("opencl").session,
+                    Config(fallback="allow", overrides={"unary": "host", "binary": "host"}))
+    got = device.run(sched, arena)
+    np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
+    assert [r.backend for r in device.last_report.records] == ["host", "host", "host", "opencl"]
+    assert device.last_report.fallback_bytes == 3 * 4 * 16
+
+
+def test_joint_footprints_are_merged_ranges_less_what_the_run_wrote_first():
+    from rlx_gpu.runtime.fallback import merged, without
+
+    assert merged([(8, 4), (0, 4), (4, 2), (20, 0), (10, 6)]) == ((0, 6), (8, 8))
+    assert without(((0, 16), (32, 8)), ((4, 4), (12, 24))) == ((0, 4), (8, 4), (36, 4))
+    assert without(((0, 8),), ()) == ((0, 8),) and without(((0, 8),), ((0, 8),)) == ()
+
+
 def test_a_device_thunk_between_host_thunks_splits_their_runs():
     sched = rlx_gpu.load_schedule(_chain())
     arena = _arena(sched)

@@ -43,7 +43,7 @@ class Session(Protocol):
 
     def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> Any:
         """A zeroed device arena of ``nbytes``; ``resident`` when it lives between runs (the session may
-        keep data prepared from it, such as staged weights, alongside)."""
+        keep data staged from it, such as transposed weights, alongside)."""
 
     def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> Any:
         """A new device arena holding ``data`` (``numpy.uint8``): one allocation and one host write."""

@@ -235,7 +235,7 @@ class KernelSession:
 
         def run_and_note(arena: DeviceArena) -> int:
             copied = run(arena)
-            if arena.kept:  # what this thunk wrote may be what another (or its own) kept scratch was prepared from
+            if arena.kept:  # what this thunk wrote may be what another (or its own) kept scratch was staged from
                 for offset, nbytes in writes:
                     self.touched(arena, offset, nbytes)
             return copied

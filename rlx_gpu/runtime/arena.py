@@ -80,7 +80,7 @@ class Arena:
             else:  # staged as a copy of its own (the caller may change values before it is sent)
                 data = values.astype(STORAGE[view.dtype], order="C").reshape(-1).view(np.uint8)
                 self._staged.append((view.offset, data))
-                session.touched(self.handle, view.offset, data.size)  # kept scratch prepared from it is stale
+                session.touched(self.handle, view.offset, data.size)  # kept scratch staged from it is stale
 
     def flush(self) -> None:
         """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this)."""

@@ -7,6 +7,7 @@ Top-level thunks and the body thunks of a scan the device drives are grouped by 
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -67,19 +68,13 @@ class HostRun:
             written = merged([*written, *((w.offset, w.nbytes) for w in writes)])
         self.inbound, self.outbound = merged(inbound), written
 
-    @property
-    def copied_bytes(self) -> int:
-        """Bytes one execution of the run moves between device and host, both ways."""
-        return sum(n for _, n in self.inbound) + sum(n for _, n in self.outbound)
-
     def steps(self) -> list[Callable[..., int]]:
         """One runner per thunk, in order: ``step(arena, image=None)`` returns the bytes it copied
         (``image``: the host image of ``arena``; None, the arena's own, made on first use)."""
-        last = len(self.kernels) - 1
-        return [lambda arena, image=None, i=i: self._step(i, i == 0, i == last, arena, image)
-                for i in range(len(self.kernels))]
+        return [partial(self._step, index) for index in range(len(self.kernels))]
 
-    def _step(self, index: int, first: bool, last: bool, arena: Any, image: np.ndarray | None) -> int:
+    def _step(self, index: int, arena: Any, image: np.ndarray | None = None) -> int:
+        first, last = index == 0, index == len(self.kernels) - 1
         if image is None:
             if arena.image is None:
                 arena.image = np.zeros(arena.nbytes, np.uint8)
