@@ -97,4 +97,5 @@ def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
     return chooser(thunk, **keywords_for(thunk["op"], options)) if chooser else None
 
 
-__all__ = ["execute", "bound_kernel", "check_bounds", "keywords_for", "path_for", "regions", "Region", "KERNELS", "OPTIONS"]
+__all__ = ["execute", "bound_kernel", "check_bounds", "keywords_for", "path_for", "regions", "Region", "KERNELS",
+           "OPTIONS"]

@@ -253,7 +253,8 @@ def test_a_backend_module_registered_in_one_place_is_discovered_everywhere(tmp_p
         monkeypatch.delenv(name, raising=False)
 
     assert check_spec("toy:3") == "toy:3"
-    with pytest.raises(rlx_gpu.DeviceError, match=r"expected host \| opencl\[:platform\[:device\]\] \| cuda\[:n\] \| toy\[:slot\] \| auto"):
+    forms = r"expected host \| opencl\[:platform\[:device\]\] \| cuda\[:n\] \| toy\[:slot\] \| auto"
+    with pytest.raises(rlx_gpu.DeviceError, match=forms):
         check_spec("toy:1:2")
     config = tmp_path / "toy.yaml"
     config.write_text("device: toy:0\npriority: [toy, host]\noverrides: {lstm: toy}\n")

@@ -128,6 +128,19 @@ def test_imports_flow_down_the_layers():
     assert not bad, "imports against the layer order (DESIGN.md, Layers):\n" + "\n".join(bad)
 
 
+#: what the layers above the backends may import of them: the discovery list, the surface, the run options
+BACKEND_SURFACE = {"rlx_gpu.backends", "rlx_gpu.backends.base", "rlx_gpu.backends.options"}
+
+
+def test_the_layers_above_reach_the_backends_only_through_their_surface():
+    """A backend module (and the core under it) is imported by the registry by name, when asked for."""
+    backends = LAYERS.index(("backends",))
+    bad = sorted(f"{module} imports {target}" for module, imported in import_graph().items()
+                 if layer_of(module) < backends
+                 for target in imported if layer_of(target) == backends and target not in BACKEND_SURFACE)
+    assert not bad, "\n".join(bad)
+
+
 def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None

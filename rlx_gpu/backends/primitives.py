@@ -104,9 +104,9 @@ class DeviceArena:
     """``nbytes`` of device memory in one buffer (at least 1 byte: some APIs refuse empty buffers).
 
     ``pending`` is a host image not uploaded yet (see ``core.ScanMemory``); ``image`` the host copy
-    that body thunks placed on the host run on (``runtime.fallback.HostRun``). A ``resident`` arena (``runtime.arena.Arena``) lives
-    between runs, so ``kept`` holds, per bound launch plan, the scratch whose staged part
-    (``LaunchPlan.staging``) stays valid until a write overlaps what it was staged from.
+    that body thunks placed on the host run on (``runtime.fallback.HostRun``). A ``resident`` arena
+    (``runtime.arena.Arena``) lives between runs, so ``kept`` holds, per bound launch plan, the scratch
+    whose staged part (``LaunchPlan.staging``) stays valid until a write overlaps what it was staged from.
     """
 
     buffer: Any

@@ -52,7 +52,8 @@ def backend_names() -> tuple[str, ...]:
 
 
 def spec_forms() -> str:
-    """The device-spec forms, each backend's as its module declares it: ``host | opencl[:platform[:device]] | ... | auto``."""
+    """The device-spec forms, each backend's as its module declares it (``host | opencl[:platform[:device]]
+    | ... | auto``)."""
     return " | ".join([*(backends.spec_form(name) for name in backends.MODULES), "auto"])
 
 
@@ -62,7 +63,12 @@ def check_spec(spec: str) -> str:
     Only the form is checked: whether the device exists is ``resolve``'s question.
     """
     name, *indices = str(spec).strip().split(":")
-    most = 0 if name == "auto" else len(backends.backend_module(name).SPEC_INDICES) if name in backends.MODULES else -1
+    if name == "auto":
+        most = 0
+    elif name in backends.MODULES:
+        most = len(backends.backend_module(name).SPEC_INDICES)
+    else:
+        most = -1  # not a backend: no form fits
     if len(indices) > most or not all(i.isdigit() for i in indices):
         raise DeviceError(f"device {spec!r} is not a device spec; expected {spec_forms()} "
                           f"(`rlx-gpu devices` lists the devices here)")
