@@ -56,14 +56,12 @@ class HostMemory:
     """
 
     def __init__(self, **options: Any):
-        from . import keywords_for  # the package imports this module first
-
         self.options = options
-        self._keywords = keywords_for
         self.live = 0
         self.peak = 0  # most bytes held at once by alloc: the driver's extra memory
         self.runs = 0  # nested schedules run, forward bodies and vjp bodies together
         self._checked: set[tuple[int, int]] = set()  # (body, arena size) pairs whose bounds were checked
+        self._kernels: dict[int, Any] = {}  # id(body thunk) -> its bound kernel (body schedules outlive this object)
 
     def alloc(self, nbytes: int) -> np.ndarray:
         self.live += nbytes
@@ -80,7 +78,7 @@ class HostMemory:
         copy_bytes(src, src_off, dst, dst_off, nbytes)
 
     def run(self, schedule: Schedule, arena: np.ndarray) -> None:
-        from . import KERNELS, check_bounds  # the package imports this module first
+        from . import bound_kernel, check_bounds  # the package imports this module first
 
         self.runs += 1
         thunks = schedule["thunks"]
@@ -89,7 +87,10 @@ class HostMemory:
                 check_bounds(thunk, arena.size)
             self._checked.add((id(schedule), arena.size))
         for thunk in thunks:
-            KERNELS[thunk["op"]](thunk, arena, **self._keywords(thunk["op"], self.options))
+            kernel = self._kernels.get(id(thunk))
+            if kernel is None:
+                kernel = self._kernels[id(thunk)] = bound_kernel(thunk, self.options)
+            kernel(arena)
 
     def accumulate(self, dst: np.ndarray, dst_off: int, src: np.ndarray, src_off: int, count: int, dtype: str) -> None:
         total = load(dst, dst_off, dtype, (count,)) + load(src, src_off, dtype, (count,))

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DATA_DIRS = ("configs", "kernels", "kernels_opencl", "kernels_cuda")
+DATA_DIRS = ("configs", "kernels")
+#: the head of a kernel dialect's prelude folder (``kernels_opencl``), which its backend module names
+DIALECT_DIR = "kernels_"
 
 
 def data_dir(name: str) -> Path:
-    """The folder ``configs``, ``kernels``, ``kernels_opencl`` or ``kernels_cuda``."""
-    if name not in DATA_DIRS:
-        raise ValueError(f"unknown data folder {name!r}; known: {', '.join(DATA_DIRS)}")
+    """The folder ``configs``, ``kernels``, or a dialect's ``kernels_<dialect>``."""
+    if name not in DATA_DIRS and not (name.startswith(DIALECT_DIR) and name[len(DIALECT_DIR):].isidentifier()):
+        raise ValueError(f"unknown data folder {name!r}; known: {', '.join(DATA_DIRS)} and {DIALECT_DIR}<dialect>")
     package = Path(__file__).resolve().parent
     for candidate in (package / name, package.parent / name):
         if candidate.is_dir():

@@ -106,7 +106,7 @@ def test_forbid_refuses_a_body_thunk_sent_to_the_host_before_any_launch():
     with pytest.raises(rlx_gpu.FallbackForbidden, match=r"thunk 0 › body thunk 0 \(binary, f32\): override binary:f32 -> "
                                                          r"host in <defaults>, but the fallback policy is 'forbid'"):
         device.run(sched, _arena(sched, np.random.default_rng(2)))
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
 
 
 def test_plan_lists_body_thunks_and_the_report_counts_their_footprint_per_step():
@@ -149,7 +149,7 @@ def test_a_schedule_larger_than_the_device_allows_is_refused_before_anything_run
         device.run(raw)
     with pytest.raises(rlx_gpu.DeviceError):
         device.arena(raw)
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
     small = open_double(max_alloc_bytes=1 << 20, global_mem_bytes=1000)
     with pytest.raises(rlx_gpu.DeviceError, match=r"more than the memory of NumPy test double \(numpy:0\): 1000 bytes"):
         Device(small, Config()).run(_elementwise() | {"arena_bytes": 1024})
@@ -167,7 +167,7 @@ def test_a_launch_scratch_larger_than_the_device_allows_is_refused_before_anythi
     with pytest.raises(rlx_gpu.DeviceError, match=r"the launch scratch of thunk 1 \(matmul\) needs 1280000 bytes "
                                                   r"\(1.2 MiB\), more than the largest allocation of NumPy test double"):
         device.run(raw)
-    assert device.launches == 0 and session.prims.launched == [] and session.prims.live == {}
+    assert device.thunks_run == 0 and session.prims.launched == [] and session.prims.live == {}
 
 
 def test_run_options_are_typed_and_misspellings_are_errors():
@@ -209,7 +209,7 @@ def test_an_arena_over_the_opencl_devices_largest_allocation_names_size_limit_an
     for attempt in (lambda: device.run(raw), lambda: device.arena(raw)):
         with pytest.raises(rlx_gpu.DeviceError, match=message):
             attempt()
-    assert device.launches == 0
+    assert device.thunks_run == 0
 
 
 def test_run_options_reach_the_kernels_through_the_device():
@@ -282,4 +282,62 @@ def test_a_body_arena_larger_than_host_memory_is_a_device_error_before_anything_
     with pytest.raises(rlx_gpu.DeviceError, match=r"thunk 0 \(scan_backward\)'s body arenas and recompute cache "
                                                   r"needs \d+ bytes \(64.0 TiB\), more than the .* of memory of this"):
         device.run(schedule_of(*lay_out("scan_backward", "f32", fields)))
-    assert device.launches == 0
+    assert device.thunks_run == 0
+
+
+def test_consecutive_body_thunks_on_the_host_share_one_copy_each_way_per_step():
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(5))
+    device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host", "unary": "host"}))
+    got = device.run(sched, arena)
+    np.testing.assert_array_equal(got, rlx_gpu.get_device("host").run(sched, arena))
+    # binary reads a and b and writes dst; unary reads that dst and writes its own: as one run, a and b
+    # come in and the two outputs go back (4 tensors a step), where each alone would move 3 + 2
+    [record] = device.last_report.records
+    assert record.copied_bytes == 4 * 4 * N * LENGTH
+    assert sum(a.copied_bytes for a in device.place(sched) if a.nested) == 5 * 4 * N  # each thunk's own footprint
+
+
+def test_placement_is_decided_once_and_a_run_follows_it():
+    """The first run binds the schedule, placing every thunk; later runs ask the device nothing more
+    about what it supports (body thunks included)."""
+    sched = rlx_gpu.load_schedule(_scan())
+    arena = _arena(sched, np.random.default_rng(6))
+    session = open_double()
+    device = Device(session, Config(fallback="allow", overrides={"binary": "host"}))
+    device.run(sched, arena)
+
+    def asked(thunk):
+        raise AssertionError(f"placement asked again about {thunk['op']} during a run")
+    session.unsupported = asked
+    np.testing.assert_array_equal(device.run(sched, arena), rlx_gpu.get_device("host").run(sched, arena))
+
+
+def _transfers(monkeypatch: pytest.MonkeyPatch, prims) -> list[tuple[str, int, int]]:
+    """Spy on a backend's ``write`` and ``zero`` primitives: (primitive, offset, bytes) per call."""
+    calls: list[tuple[str, int, int]] = []
+    for name in ("write", "zero"):
+        def spy(buffer, offset, what, _real=getattr(prims, name), _name=name):
+            calls.append((_name, offset, what if isinstance(what, int) else what.size))
+            _real(buffer, offset, what)
+        monkeypatch.setattr(prims, name, spy)
+    return calls
+
+
+def test_a_run_on_a_device_arena_uploads_it_once_without_zeroing_it_first(monkeypatch):
+    from rlx_gpu.runtime.registry import status
+
+    sched = rlx_gpu.load_schedule(_elementwise())
+    arena = _arena(sched, np.random.default_rng(7))
+    sessions = [open_double()]
+    if status("opencl").available:
+        sessions.append(rlx_gpu.get_device("opencl").session)
+    for session in sessions:
+        calls = _transfers(monkeypatch, session.prims)
+        got = Device(session, Config(fallback="forbid")).run(sched, arena)
+        want = rlx_gpu.get_device("host").run(sched, arena)
+        np.testing.assert_allclose(sched.tensors["w"].read(got), sched.tensors["w"].read(want), rtol=1e-6)
+        assert calls == [("write", 0, sched.arena_bytes)], session
+        calls.clear()
+        with Device(session, Config(fallback="forbid")).arena(sched):  # a resident arena: the pristine bytes, once
+            assert calls == [("write", 0, sched.arena_bytes)], session

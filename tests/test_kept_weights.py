@@ -1,4 +1,4 @@
-"""Prepared weights kept on a resident arena (``LaunchPlan.prepare``, ``backends.core.KeptScratch``).
+"""Staged weights kept on a resident arena (``LaunchPlan.staging``, ``backends.core.KeptScratch``).
 
 On OpenCL the recurrent plans stage W_ih and W_hh transposed into scratch. On a resident arena that
 scratch is kept between runs and the staging launches are skipped, until a write overlaps the weights:

@@ -1,4 +1,5 @@
-"""The package's layering: no import circle inside rlx_gpu, and host_fallback imports nothing of rlx_gpu.
+"""The package's layering: imports flow one way down an explicit order of layers (DESIGN.md, "Layers"),
+no import circle inside rlx_gpu, and host_fallback imports nothing of rlx_gpu.
 
 The import graph is read from the source with ``ast`` (every ``import``/``from ... import``, at module
 level or inside functions and ``if TYPE_CHECKING:`` blocks), so a lazy import that hides a circle at
@@ -7,6 +8,7 @@ run time still counts.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -14,6 +16,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "rlx_gpu"
+
+#: rlx_gpu's layers, top first: a module may import its own layer's modules and those of layers below
+#: it, never above. ``rlx_gpu`` is the package's public face; the last layer holds the shared leaves.
+LAYERS = (
+    ("cli",),
+    ("conformance",),
+    ("rlx_gpu",),
+    ("graph",),
+    ("runtime",),
+    ("backends",),
+    ("launches",),
+    ("schedule",),
+    ("errors", "units", "paths"),
+)
 
 
 def module_name(path: Path) -> str:
@@ -48,6 +64,7 @@ def imported_modules(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
+@functools.lru_cache(maxsize=1)  # parsing the package takes a couple of seconds; three tests read it
 def import_graph() -> dict[str, set[str]]:
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(f) for f in files}
@@ -75,6 +92,53 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         if start not in state and (cycle := visit(start)):
             return cycle
     return None
+
+
+def layer_of(module: str) -> int:
+    """The index in ``LAYERS`` of a module of rlx_gpu (by its subpackage or top-level module)."""
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else parts[0]
+    for depth, names in enumerate(LAYERS):
+        if name in names:
+            return depth
+    raise AssertionError(f"{module} lies in no layer of LAYERS: add {name!r} to the layer it belongs to")
+
+
+def upward_edges(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that reaches a layer above its own, or sideways between two leaves of one layer."""
+    bad = []
+    for module, imported in sorted(graph.items()):
+        for target in sorted(imported):
+            here, there = layer_of(module), layer_of(target)
+            same_part = module.split(".")[:2] == target.split(".")[:2]
+            if there < here or (there == here and not same_part):
+                bad.append(f"{module} ({'/'.join(LAYERS[here])}) imports {target} ({'/'.join(LAYERS[there])})")
+    return bad
+
+
+def test_the_layer_check_refuses_an_upward_edge_and_accepts_a_downward_one():
+    assert upward_edges({"rlx_gpu.backends.core": {"rlx_gpu.launches.core", "rlx_gpu.errors"}}) == []
+    assert upward_edges({"rlx_gpu.backends.core": {"rlx_gpu.runtime.options"}}) == [
+        "rlx_gpu.backends.core (backends) imports rlx_gpu.runtime.options (runtime)"]
+    assert upward_edges({"rlx_gpu.units": {"rlx_gpu.errors"}}) != []  # leaves stay independent
+
+
+def test_imports_flow_down_the_layers():
+    bad = upward_edges(import_graph())
+    assert not bad, "imports against the layer order (DESIGN.md, Layers):\n" + "\n".join(bad)
+
+
+#: what the layers above the backends may import of them: the discovery list, the surface, the run options
+BACKEND_SURFACE = {"rlx_gpu.backends", "rlx_gpu.backends.base", "rlx_gpu.backends.options"}
+
+
+def test_the_layers_above_reach_the_backends_only_through_their_surface():
+    """A backend module (and the core under it) is imported by the registry by name, when asked for."""
+    backends = LAYERS.index(("backends",))
+    bad = sorted(f"{module} imports {target}" for module, imported in import_graph().items()
+                 if layer_of(module) < backends
+                 for target in imported if layer_of(target) == backends and target not in BACKEND_SURFACE)
+    assert not bad, "\n".join(bad)
 
 
 def test_the_cycle_finder_finds_a_circle_and_accepts_a_tree():

@@ -26,8 +26,8 @@ def test_one_text_for_both_dialects(family):
     ocl = programs.program("opencl", family, "f16").source
     body = (data_dir("kernels") / f"{family}.cl").read_text()
     assert cuda.endswith(body) and ocl.endswith(body)
-    assert cuda.replace(programs.PRELUDES["cuda"].read_text(), "") == ocl.replace(
-        programs.PRELUDES["opencl"].read_text(), "")
+    assert cuda.replace(programs.prelude_path("cuda").read_text(), "") == ocl.replace(
+        programs.prelude_path("opencl").read_text(), "")
 
 
 def test_nvrtc_failure_carries_log_and_source():

@@ -163,12 +163,12 @@ def test_nothing_launches_for_an_invalid_schedule():
     good = _case("copy")
     bad = copy.deepcopy(good)
     bad["thunks"].append(dict(bad["thunks"][0], nbytes=-1))
-    before = device.launches
+    before = device.thunks_run
     with pytest.raises(rlx_gpu.ScheduleError, match=r"thunk 1 \(copy\), field 'nbytes'"):
         device.run(bad)
-    assert device.launches == before
+    assert device.thunks_run == before
     device.run(good)
-    assert device.launches == before + 1
+    assert device.thunks_run == before + 1
 
 
 def test_json_and_yaml_round_trip(tmp_path):

@@ -2,9 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, ContextManager, Mapping, Protocol
+from types import MappingProxyType
+from typing import Any, Callable, ContextManager, Mapping, Protocol, Sequence
 
 import numpy as np
+
+#: Runs one planned thunk on an arena in place; returns the bytes it moved between device and host.
+Runner = Callable[[Any], int]
+#: ``on_host`` when placement sent no body thunk to the host (a direct ``launch``, or a run without fallback)
+NONE_ON_HOST: Mapping[int, Runner] = MappingProxyType({})
 
 
 class BackendUnavailable(RuntimeError):
@@ -37,10 +43,13 @@ class Session(Protocol):
 
     def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> Any:
         """A zeroed device arena of ``nbytes``; ``resident`` when it lives between runs (the session may
-        keep data prepared from it, such as staged weights, alongside)."""
+        keep data staged from it, such as transposed weights, alongside)."""
+
+    def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> Any:
+        """A new device arena holding ``data`` (``numpy.uint8``): one allocation and one host write."""
 
     def free(self, arena: Any) -> None:
-        """Release an arena from :meth:`alloc`."""
+        """Release an arena from :meth:`alloc` or :meth:`upload`."""
 
     def write(self, arena: Any, offset: int, data: np.ndarray) -> None:
         """Copy host bytes (``numpy.uint8``) into the arena at ``offset``."""
@@ -48,9 +57,10 @@ class Session(Protocol):
     def read(self, arena: Any, offset: int, nbytes: int) -> np.ndarray:
         """Copy ``nbytes`` at ``offset`` out of the arena into a new ``numpy.uint8`` array."""
 
-    def runner(self, thunk: Mapping[str, Any], options: Any, on_host: Collection[int] = ()) -> Callable[[Any], int]:
+    def runner(self, thunk: Mapping[str, Any], options: Any, on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
         """Plan ``thunk`` once under ``options`` (a ``RunOptions``); the result runs it on an arena and
-        returns the bytes it moved to and from the host (body thunks whose ``id`` is in ``on_host``)."""
+        returns the bytes it moved to and from the host. ``on_host`` maps the ``id`` of each body thunk
+        placement sent to the host to the runner that runs it there (the executor's host runs)."""
 
     def launch(self, thunk: Mapping[str, Any], arena: Any, **options: Any) -> None:
         """Run one thunk on the arena in place (``options`` by ``RunOptions`` field name)."""
@@ -60,9 +70,32 @@ class Session(Protocol):
 
 
 class Backend(Protocol):
-    """A backend module exposes ``NAME`` plus these two functions."""
+    """What a backend module declares about itself; ``rlx_gpu.backends.MODULES`` names the module and
+    the registry, the config and the program assembly discover the rest from it.
+
+    Attributes
+    ----------
+    NAME : str
+        The backend's name: the head of its device specs, its key in ``MODULES``, in a config's
+        ``priority`` and ``overrides``.
+    SPEC_INDICES : tuple of str
+        The ``:N`` parts a device spec may add, outermost first (``("platform", "device")`` makes
+        ``opencl[:platform[:device]]``; ``()`` allows the bare name only).
+    PRELUDE : tuple of (str, str) or None
+        The data folder and file of the kernel dialect's prelude (``("kernels_opencl", "prelude.cl")``);
+        the dialect's name is ``NAME``. None for a backend that compiles no kernels.
+    DEVICE_ENV : str or None
+        An environment variable that picks one of its devices (``PYOPENCL_CTX``), read when no
+        ``RLX_DEVICE`` is set and for a bare spec ``NAME``; the module then has ``device_from_env``.
+    """
 
     NAME: str
+    SPEC_INDICES: tuple[str, ...]
+    PRELUDE: tuple[str, str] | None
+    DEVICE_ENV: str | None
+
+    def device_from_env(self, value: str, devices: Sequence[DeviceInfo]) -> str:
+        """The device spec ``value`` of ``DEVICE_ENV`` names, among ``devices`` (those ``probe`` found)."""
 
     def probe(self) -> list[DeviceInfo]:
         """The devices present; raises ``BackendUnavailable`` with the reason when none can be used."""

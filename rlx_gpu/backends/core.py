@@ -3,29 +3,29 @@
 A backend module implements ``primitives.Primitives`` — memory, program build, kernel launch and the
 device's limits, in its own API — and wraps it in a :class:`KernelSession`. Arenas, the grow-only
 scratch, the program and kernel caches, running a launch plan, the scan driver's device memory
-(:class:`ScanMemory`, nested scans included), body thunks placed on the host, the device-memory
-limits and the session lock all live here.
+(:class:`ScanMemory`, nested scans included), the device-memory limits and the session lock all
+live here. Where each thunk runs is the runtime's decision: a scan's body thunks placed on the host
+arrive as ready runners (``on_host``), so the core only follows placement.
 """
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 from .. import launches
 from ..errors import DeviceError
 from ..launches import ARENA, SCRATCH, Buf, Launch
-from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS, footprint
 from ..units import human_bytes
 from . import programs
+from .base import NONE_ON_HOST, Runner
+from .options import RunOptions
 from .primitives import DeviceArena, Primitives
 
 Thunk = Mapping[str, Any]
-#: Runs one prepared thunk on an arena in place; returns the bytes it moved between device and host.
-Runner = Callable[[Any], int]
 
 _PROGRAMS: dict[tuple, Any] = {}  # programs.cache_key -> built program, shared by every session of a device
 _PROGRAMS_LOCK = threading.Lock()
@@ -35,20 +35,20 @@ _PROGRAMS_LOCK = threading.Lock()
 class BoundPlan:
     """A launch plan with each launch's kernel resolved: what repeated runs enqueue directly.
 
-    ``steady`` is ``launches`` without the plan's prepare launches: what a run enqueues on a resident
+    ``steady`` is ``launches`` without the plan's staging launches: what a run enqueues on a resident
     arena whose kept scratch (:class:`KeptScratch`) still holds their output.
     """
 
     launches: tuple[tuple[Any, Launch], ...]
     scratch_bytes: int
     steady: tuple[tuple[Any, Launch], ...]
-    prepare_reads: tuple[tuple[int, int], ...]
+    staging_reads: tuple[tuple[int, int], ...]
 
 
 @dataclass(eq=False)
 class KeptScratch:
-    """The scratch of one bound plan on one resident arena; ``fresh`` while its prepared part is valid,
-    i.e. no write has touched ``reads`` (the arena ranges it was prepared from) since it was made."""
+    """The scratch of one bound plan on one resident arena; ``fresh`` while its staged part is valid,
+    i.e. no write has touched ``reads`` (the arena ranges it was staged from) since it was made."""
 
     buffer: Any
     reads: tuple[tuple[int, int], ...]
@@ -102,6 +102,14 @@ class KernelSession:
         self.prims.zero(arena.buffer, 0, max(nbytes, 1))
         return arena
 
+    def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> DeviceArena:
+        """A new arena holding ``data`` (``numpy.uint8``), sent in one host write and not zeroed first."""
+        data = np.ascontiguousarray(data, dtype=np.uint8).reshape(-1)
+        arena = DeviceArena(self._buffer(data.size, what), data.size, resident=resident)
+        if data.size:
+            self.prims.write(arena.buffer, 0, data)
+        return arena
+
     def free(self, arena: DeviceArena) -> None:
         arena.pending = arena.image = None
         for kept in arena.kept.values():
@@ -117,7 +125,7 @@ class KernelSession:
 
     @staticmethod
     def touched(arena: DeviceArena, offset: int, nbytes: int) -> None:
-        """Note that ``nbytes`` at ``offset`` of ``arena`` changed: kept scratch prepared from them is stale."""
+        """Note that ``nbytes`` at ``offset`` of ``arena`` changed: kept scratch staged from them is stale."""
         for kept in arena.kept.values():
             if kept.fresh and any(lo < offset + nbytes and offset < lo + n for lo, n in kept.reads):
                 kept.fresh = False
@@ -178,22 +186,22 @@ class KernelSession:
         """Resolve every kernel of ``plan`` once (compiling what is not yet built)."""
         bound = tuple((index, self.kernel(item), item) for index, item in enumerate(plan.launches) if not item.empty)
         return BoundPlan(tuple((kernel, item) for _, kernel, item in bound), plan.scratch_bytes,
-                         tuple((kernel, item) for index, kernel, item in bound if index not in plan.prepare),
-                         plan.prepare_reads if plan.prepare else ())
+                         tuple((kernel, item) for index, kernel, item in bound if index not in plan.staging),
+                         plan.staging_reads if plan.staging else ())
 
     def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
         """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0).
 
-        On a resident arena a plan with prepare launches gets its own scratch, kept with the arena;
-        its prepare launches run only while that scratch is not fresh (first run, or after a write
+        On a resident arena a plan with staging launches gets its own scratch, kept with the arena;
+        its staging launches run only while that scratch is not fresh (first run, or after a write
         overlapped what they read). Elsewhere every launch runs, on the session's shared scratch.
         """
         launches, scratch = bound.launches, None
-        if bound.prepare_reads and arena.resident:
+        if bound.staging_reads and arena.resident:
             kept = arena.kept.get(bound)
             if kept is None:
-                what = "the kept scratch of a thunk's prepared weights on a resident arena"
-                kept = arena.kept[bound] = KeptScratch(self._buffer(bound.scratch_bytes, what), bound.prepare_reads)
+                what = "the kept scratch of a thunk's staged weights on a resident arena"
+                kept = arena.kept[bound] = KeptScratch(self._buffer(bound.scratch_bytes, what), bound.staging_reads)
             launches, scratch, kept.fresh = bound.steady if kept.fresh else launches, kept.buffer, True
         elif bound.scratch_bytes:
             scratch = self.scratch(bound.scratch_bytes)
@@ -202,18 +210,16 @@ class KernelSession:
             enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
         return 0
 
-    def run_plan(self, plan: launches.LaunchPlan, arena: DeviceArena) -> None:
-        self.run_bound(self.bind(plan), arena)
-
     def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:
         """Enqueue one launch whose ``Buf`` arguments ``buffers`` resolves (to buffers from ``allocate``)."""
         if not item.empty:
             self.prims.enqueue(self.kernel(item), item, tuple(buffers[a] if isinstance(a, Buf) else a for a in item.args))
 
-    def runner(self, thunk: Thunk, options: RunOptions, on_host: Collection[int] = ()) -> Runner:
+    def runner(self, thunk: Thunk, options: RunOptions, on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
         """Plan ``thunk`` once; the returned function runs it on an arena.
 
-        ``on_host`` holds the ``id`` of every body thunk (at any depth) that placement sent to the host.
+        ``on_host`` maps the ``id`` of every body thunk (at any depth) that placement sent to the host
+        to the runner that runs it there; every other body thunk runs here.
         """
         writes = tuple((r.offset, r.nbytes) for r in footprint(thunk)[1])
         if thunk["op"] in SCAN_OPS:
@@ -229,7 +235,7 @@ class KernelSession:
 
         def run_and_note(arena: DeviceArena) -> int:
             copied = run(arena)
-            if arena.kept:  # what this thunk wrote may be what another (or its own) kept scratch was prepared from
+            if arena.kept:  # what this thunk wrote may be what another (or its own) kept scratch was staged from
                 for offset, nbytes in writes:
                     self.touched(arena, offset, nbytes)
             return copied
@@ -240,7 +246,7 @@ class KernelSession:
         with self.lock:
             self.runner(thunk, RunOptions.build(**options))(arena)
 
-    def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Collection[int]) -> int:
+    def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Mapping[int, Runner]) -> int:
         from host_fallback import scan
 
         memory = self.scan_memory(options, on_host)
@@ -250,7 +256,7 @@ class KernelSession:
             scan.run_scan_backward(memory, thunk, arena, options.recompute)
         return memory.copied
 
-    def scan_memory(self, options: RunOptions, on_host: Collection[int]) -> "ScanMemory":
+    def scan_memory(self, options: RunOptions, on_host: Mapping[int, Runner]) -> "ScanMemory":
         """The scan driver's device memory for one scan execution (a backend may extend it)."""
         return ScanMemory(self, options, on_host)
 
@@ -265,10 +271,11 @@ class ScanMemory:
     that arrived through several offset host writes to one buffer, and never bytes written at once.
 
     A body runs once per step, so each body thunk is planned once per scan execution. A body thunk
-    placed on the host moves its own footprint: reads to the host, writes back (``copied`` counts them).
+    placed on the host runs through the runner ``on_host`` gives it, which moves the footprint of its
+    group of host thunks; ``copied`` counts those bytes.
     """
 
-    def __init__(self, session: KernelSession, options: RunOptions, on_host: Collection[int]):
+    def __init__(self, session: KernelSession, options: RunOptions, on_host: Mapping[int, Runner]):
         self.session = session
         self.options = options
         self.on_host = on_host
@@ -327,36 +334,5 @@ class ScanMemory:
             self.copied += runner(arena)
 
     def _runner(self, thunk: Thunk) -> Runner:
-        if id(thunk) in self.on_host:
-            return HostStep(self.session, thunk, self.options)
-        why_not = self.session.unsupported(thunk)
-        if why_not is not None:
-            raise DeviceError(f"body thunk {getattr(thunk, 'index', '?')} ({thunk['op']}, {thunk['dtype']}) cannot run on "
-                              f"{self.session.info.spec}: {why_not}; run the schedule through Device.run, whose "
-                              f"placement sends such thunks to the host")
-        return self.session.runner(thunk, self.options, self.on_host)
-
-
-class HostStep:
-    """A thunk placed on the host while its arena is on a device: its read footprint to a host image of
-    the arena (``image``, else the arena's own), the host kernel there, its write footprint back."""
-
-    def __init__(self, session: Any, thunk: Thunk, options: RunOptions):
-        import host_fallback
-
-        self.session, self.thunk, self.keywords = session, thunk, options.host_keywords
-        self.execute = host_fallback.execute
-        self.reads, self.writes = footprint(thunk)
-        self.nbytes = sum(r.nbytes for r in self.reads) + sum(r.nbytes for r in self.writes)
-
-    def __call__(self, arena: Any, image: np.ndarray | None = None) -> int:
-        if image is None:
-            if arena.image is None:
-                arena.image = np.zeros(arena.nbytes, np.uint8)
-            image = arena.image
-        for r in self.reads:
-            image[r.offset: r.offset + r.nbytes] = self.session.read(arena, r.offset, r.nbytes)
-        self.execute(self.thunk, image, **self.keywords)
-        for r in self.writes:
-            self.session.write(arena, r.offset, image[r.offset: r.offset + r.nbytes])
-        return self.nbytes
+        on_host = self.on_host.get(id(thunk))
+        return on_host if on_host is not None else self.session.runner(thunk, self.options, self.on_host)

@@ -35,6 +35,9 @@ from .graph_cache import GraphCache, GraphKey, Generations
 from .programs import Program
 
 NAME = "cuda"
+SPEC_INDICES = ("n",)
+PRELUDE = ("kernels_cuda", "prelude.cuh")
+DEVICE_ENV = None
 TF32_ENV = "RLX_CUDA_TF32"  # "1": f32 gemms may round their inputs to TF32 (off by default)
 GRAPHS_ENV = "RLX_CUDA_GRAPHS"  # "0": never capture CUDA graphs
 CUBLAS_WORKSPACE = 32 << 20  # a fixed workspace keeps cuBLAS from allocating while a graph is captured
@@ -235,7 +238,7 @@ class _CupyGraphs:
         del graph  # CuPy destroys the executable graph with its last reference
 
 
-Step = tuple[Any, Launch] | GemmCall  # a bound kernel launch, or a cuBLAS call
+DeviceCall = tuple[Any, Launch] | GemmCall  # a bound kernel launch, or a cuBLAS call
 
 
 class LaunchSequence:
@@ -284,7 +287,7 @@ class CudaSession(KernelSession):
             if thunk["batch"] == 0:
                 return lambda arena: 0
             try:
-                steps: Sequence[Step] = [matmul_call(thunk, self.tf32)]
+                steps: Sequence[DeviceCall] = [matmul_call(thunk, self.tf32)]
                 scratch_bytes = 0
             except NotMappable:
                 return super().runner(thunk, options, on_host)
@@ -300,7 +303,7 @@ class CudaSession(KernelSession):
         sequence = LaunchSequence(tuple(s if isinstance(s, GemmCall) else s[1] for s in steps))
         return lambda arena: self._run_steps(sequence, steps, scratch_bytes, arena)
 
-    def _run_steps(self, sequence: LaunchSequence, steps: Sequence[Step], scratch_bytes: int, arena: Any) -> int:
+    def _run_steps(self, sequence: LaunchSequence, steps: Sequence[DeviceCall], scratch_bytes: int, arena: Any) -> int:
         scratch = self.scratch(scratch_bytes) if scratch_bytes else None
         buffers = {ARENA: arena.buffer, SCRATCH: scratch, **{ones(dt): buf for dt, buf in self._ones.items()}}
 

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Collection, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
 import host_fallback
 
 from ..errors import DeviceError
-from ..runtime.options import RunOptions
 from ..units import human_bytes
-from .base import DeviceInfo
-from .core import Runner
+from .base import NONE_ON_HOST, DeviceInfo, Runner
+from .options import RunOptions
 
 NAME = "host"
+SPEC_INDICES: tuple[str, ...] = ()
+PRELUDE = None  # no kernel dialect: the host runs host_fallback's NumPy kernels
+DEVICE_ENV = None
 
 
 def physical_memory() -> int:
@@ -54,6 +56,10 @@ class HostSession:
         """A zeroed arena; ``resident`` changes nothing here (host kernels keep nothing between runs)."""
         return np.zeros(nbytes, dtype=np.uint8)
 
+    def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> np.ndarray:
+        """A new arena holding a copy of ``data``."""
+        return np.array(data, dtype=np.uint8).reshape(-1)
+
     def free(self, arena: np.ndarray) -> None:
         """NumPy frees the arena with its last reference."""
 
@@ -63,22 +69,14 @@ class HostSession:
     def read(self, arena: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
         return arena[offset: offset + nbytes].copy()
 
-    def runner(self, thunk: Mapping[str, Any], options: RunOptions, on_host: Collection[int] = ()) -> Runner:
-        """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call)."""
-        keywords = host_fallback.keywords_for(thunk["op"], options.host_keywords)
-        fields = dict(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
-        prepare = host_fallback.PREPARE.get(thunk["op"])
-        if prepare is not None:  # the kernel's thunk-only setup, once
-            prepared = prepare(fields)
-
-            def run_prepared(arena: np.ndarray) -> int:
-                prepared(arena, **keywords)
-                return 0
-            return run_prepared
-        kernel = host_fallback.KERNELS[thunk["op"]]
+    def runner(self, thunk: Mapping[str, Any], options: RunOptions,
+               on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
+        """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call);
+        ``on_host`` does not apply, everything runs here."""
+        kernel = host_fallback.bound_kernel(thunk, options.host_keywords)
 
         def run(arena: np.ndarray) -> int:
-            kernel(fields, arena, **keywords)
+            kernel(arena)
             return 0
         return run
 

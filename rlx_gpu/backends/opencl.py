@@ -1,15 +1,16 @@
 """OpenCL backend (pyopencl): the primitives of ``core.Primitives`` in OpenCL calls, nothing else.
 
-Device specs are ``opencl:PLATFORM:DEVICE`` indices. Arenas, caches, launch plans and the scan
-driver's device memory come from :class:`~rlx_gpu.backends.core.KernelSession`.
+Device specs are ``opencl:PLATFORM:DEVICE`` indices; ``PYOPENCL_CTX`` picks a device as pyopencl reads
+it. Arenas, caches, launch plans and the scan driver's device memory come from
+:class:`~rlx_gpu.backends.core.KernelSession`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import KernelBuildError
+from ..errors import DeviceError, KernelBuildError
 from ..launches import DeviceLimits, Launch
 from ..launches.limits import requested_target
 from .base import BackendUnavailable, DeviceInfo
@@ -17,6 +18,9 @@ from .core import KernelSession
 from .programs import Program
 
 NAME = "opencl"
+SPEC_INDICES = ("platform", "device")
+PRELUDE = ("kernels_opencl", "prelude.cl")
+DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
 
@@ -54,6 +58,19 @@ def probe() -> list[DeviceInfo]:
     if not infos:
         raise BackendUnavailable("OpenCL platforms exist but report no device")
     return sorted(infos, key=lambda info: bool(info.details["simulator"]))
+
+
+def device_from_env(value: str, devices: Sequence[DeviceInfo]) -> str:
+    """The device ``PYOPENCL_CTX`` picks: ``p``, ``p:d``, or platform and device name fragments."""
+    parts = [p.strip() for p in value.split(":")]
+    if all(p.isdigit() for p in parts if p):
+        return ":".join([NAME, *[p for p in parts if p]][:3])
+    for info in devices:
+        name, platform = info.name.lower(), str(info.details.get("platform", "")).lower()
+        if parts[0].lower() in platform and (len(parts) < 2 or parts[1].lower() in name):
+            return info.spec
+    raise DeviceError(f"{DEVICE_ENV}={value!r} names no OpenCL device; "
+                      f"opencl has {', '.join(d.spec + ' ' + d.name for d in devices) or 'none'}")
 
 
 def open(info: DeviceInfo) -> KernelSession:  # noqa: A001 - the backend surface names it open

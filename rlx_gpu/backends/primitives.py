@@ -26,7 +26,7 @@ class Primitives(Protocol):
     info : DeviceInfo
         The probed device this opens.
     dialect : str
-        The program dialect, a key of ``programs.PRELUDES`` (``"opencl"``, ``"cuda"``).
+        The program dialect: the name of the backend module whose ``PRELUDE`` it uses (``"opencl"``, ``"cuda"``).
     device_key : Hashable
         Identity of the compile target (an OpenCL context, a CUDA device): the program cache key.
     build_options : tuple of str
@@ -104,9 +104,9 @@ class DeviceArena:
     """``nbytes`` of device memory in one buffer (at least 1 byte: some APIs refuse empty buffers).
 
     ``pending`` is a host image not uploaded yet (see ``core.ScanMemory``); ``image`` the host copy
-    that body thunks placed on the host run on. A ``resident`` arena (``runtime.arena.Arena``) lives
-    between runs, so ``kept`` holds, per bound launch plan, the scratch whose prepared part
-    (``LaunchPlan.prepare``) stays valid until a write overlaps what it was prepared from.
+    that body thunks placed on the host run on (``runtime.fallback.HostRun``). A ``resident`` arena
+    (``runtime.arena.Arena``) lives between runs, so ``kept`` holds, per bound launch plan, the scratch
+    whose staged part (``LaunchPlan.staging``) stays valid until a write overlaps what it was staged from.
     """
 
     buffer: Any

@@ -18,9 +18,9 @@ from ..launches.body import fn_defines
 from ..launches.core import Launch
 from ..launches.limits import TARGETS, TUNING, DeviceLimits
 from ..paths import data_dir
+from . import backend_module
 
 FAMILIES = ("rnn", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
-PRELUDES = {"opencl": data_dir("kernels_opencl") / "prelude.cl", "cuda": data_dir("kernels_cuda") / "prelude.cuh"}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
@@ -59,6 +59,15 @@ def _text(path: Path) -> str:
     return path.read_text()
 
 
+def prelude_path(dialect: str) -> Path:
+    """The prelude of ``dialect``, as the backend module of that name declares it (``PRELUDE``)."""
+    prelude = backend_module(dialect).PRELUDE
+    if prelude is None:
+        raise ValueError(f"backend {dialect!r} compiles no kernels: its module declares no PRELUDE")
+    folder, name = prelude
+    return data_dir(folder) / name
+
+
 def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
             extra: tuple[tuple[str, int], ...] = ()) -> str:
     """The ``#define`` block: storage, compute type and LOAD/STORE for ``dtype``, the target's tuning
@@ -94,7 +103,7 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None,
         [
             f"/* rlx_gpu {family} kernels, dtype {dtype} */\n",
             defines(dtype, src_dtype, target, extra),
-            _text(PRELUDES[dialect]),
+            _text(prelude_path(dialect)),
             _text(kernels / "common.cl"),
             _text(kernels / f"{family}.cl"),
         ]

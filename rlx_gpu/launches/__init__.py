@@ -17,13 +17,11 @@ _UNSUPPORTED = {op: module.unsupported for module in _FAMILIES for op in module.
 
 
 def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
-    """``None`` when kernels exist for ``thunk`` within ``limits``, else the reason."""
+    """``None`` when kernels exist for ``thunk`` within ``limits``, else the reason (whether the device
+    offers f64 is the device session's question: it names the feature the device lacks)."""
     op = thunk["op"]
     if op not in PLANNERS:
         return f"no device kernel for op {op!r}"
-    dtypes = {thunk["dtype"], thunk.get("src_dtype", thunk["dtype"])}
-    if "f64" in dtypes and not limits.fp64:
-        return "f64 needs double precision, which this device does not offer"
     return _UNSUPPORTED[op](thunk, limits)
 
 

@@ -50,18 +50,18 @@ class Launch:
 class LaunchPlan:
     """Every launch of one thunk, in order, and the scratch bytes they share.
 
-    ``prepare`` lists (by index) the launches that only prepare data for the others, e.g. weights
-    staged transposed: each reads nothing of the arena outside ``prepare_reads`` (``(offset, nbytes)``
+    ``staging`` lists (by index) the launches that only stage data for the others, e.g. weights
+    transposed into scratch: each reads nothing of the arena outside ``staging_reads`` (``(offset, nbytes)``
     ranges), and writes only scratch bytes that no other launch of the plan writes. Their output may
     therefore be kept between runs on a resident arena, and the launches skipped until a write
-    overlaps ``prepare_reads`` (``backends.core`` does this).
+    overlaps ``staging_reads`` (``backends.core`` does this).
     """
 
     launches: tuple[Launch, ...]
     scratch_bytes: int = 0
     notes: tuple[str, ...] = field(default=())
-    prepare: tuple[int, ...] = ()
-    prepare_reads: tuple[tuple[int, int], ...] = ()
+    staging: tuple[int, ...] = ()
+    staging_reads: tuple[tuple[int, int], ...] = ()
 
 
 def ceil_to(value: int, multiple: int) -> int:

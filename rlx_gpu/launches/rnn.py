@@ -169,3 +169,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
 
 
 PLANNERS = {"lstm": _plan, "gru": _plan, "rnn": _plan}
+
+
+#: the recurrent kernel choices (the ``rnn_kernel`` run option): by shape, or one forced
+RNN_KERNELS = ("auto", "persistent", "step")

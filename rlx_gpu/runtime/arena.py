@@ -38,8 +38,8 @@ class Arena:
         self._staged: list[tuple[int, np.ndarray]] = []  # (offset, bytes) written but not sent yet, in order
         session = device.session
         with session.lock:
-            self.handle: Any = session.alloc(self.nbytes, "the arena of this schedule (arena_bytes)", resident=True)
-            session.write(self.handle, 0, schedule.pristine_arena())
+            self.handle: Any = session.upload(schedule.pristine_arena(), "the arena of this schedule (arena_bytes)",
+                                              resident=True)
 
     def __repr__(self) -> str:
         state = "freed" if self.handle is None else f"{self.nbytes} bytes"
@@ -80,7 +80,7 @@ class Arena:
             else:  # staged as a copy of its own (the caller may change values before it is sent)
                 data = values.astype(STORAGE[view.dtype], order="C").reshape(-1).view(np.uint8)
                 self._staged.append((view.offset, data))
-                session.touched(self.handle, view.offset, data.size)  # kept scratch prepared from it is stale
+                session.touched(self.handle, view.offset, data.size)  # kept scratch staged from it is stale
 
     def flush(self) -> None:
         """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this)."""

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+from host_fallback.scan import STRATEGIES as RECOMPUTE
 
+from .. import backends
 from ..errors import ConfigError, DeviceError
 from ..paths import data_dir
 from ..schedule.ops import DTYPES, SPECS
 
-BACKENDS = ("host", "opencl", "cuda")
 POLICIES = ("allow", "warn", "forbid")
-RECOMPUTE = ("segment", "treeverse")
 KEYS = ("device", "priority", "fallback", "overrides", "scan", "tolerances")
 TOLERANCE_KEYS = ("thunk", "schedule", *SPECS)
 
@@ -46,18 +46,31 @@ class Config:
                           f"(see {default_config_path()})")
 
 
-SPEC_FORMS = "host | opencl[:platform[:device]] | cuda[:n] | auto"
+def backend_names() -> tuple[str, ...]:
+    """Every backend a config may name (``rlx_gpu.backends.MODULES``)."""
+    return tuple(backends.MODULES)
+
+
+def spec_forms() -> str:
+    """The device-spec forms, each backend's as its module declares it (``host | opencl[:platform[:device]]
+    | ... | auto``)."""
+    return " | ".join([*(backends.spec_form(name) for name in backends.MODULES), "auto"])
 
 
 def check_spec(spec: str) -> str:
-    """``spec`` stripped, when it has one of the forms of ``SPEC_FORMS``; else a ``DeviceError`` saying so.
+    """``spec`` stripped, when it has one of the forms of :func:`spec_forms`; else a ``DeviceError`` saying so.
 
     Only the form is checked: whether the device exists is ``resolve``'s question.
     """
     name, *indices = str(spec).strip().split(":")
-    most = {"auto": 0, "host": 0, "opencl": 2, "cuda": 1}
-    if name not in most or len(indices) > most[name] or not all(i.isdigit() for i in indices):
-        raise DeviceError(f"device {spec!r} is not a device spec; expected {SPEC_FORMS} "
+    if name == "auto":
+        most = 0
+    elif name in backends.MODULES:
+        most = len(backends.backend_module(name).SPEC_INDICES)
+    else:
+        most = -1  # not a backend: no form fits
+    if len(indices) > most or not all(i.isdigit() for i in indices):
+        raise DeviceError(f"device {spec!r} is not a device spec; expected {spec_forms()} "
                           f"(`rlx-gpu devices` lists the devices here)")
     return str(spec).strip()
 
@@ -92,8 +105,9 @@ def _device(path: Path, value: Any) -> str:
 
 def _priority(path: Path, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"config {path}: priority: expected a list of backends ({', '.join(BACKENDS)}), got {value!r}")
-    return tuple(_one_of(path, "priority", name, BACKENDS, "a backend") for name in value)
+        raise ConfigError(f"config {path}: priority: expected a list of backends ({', '.join(backend_names())}), "
+                          f"got {value!r}")
+    return tuple(_one_of(path, "priority", name, backend_names(), "a backend") for name in value)
 
 
 def _overrides(path: Path, value: Any) -> dict[str, str]:
@@ -104,7 +118,7 @@ def _overrides(path: Path, value: Any) -> dict[str, str]:
         _one_of(path, f"overrides[{key!r}]", op, tuple(SPECS), "an op")
         if dtype:
             _one_of(path, f"overrides[{key!r}]", dtype, DTYPES, "a dtype")
-        out[str(key)] = _one_of(path, f"overrides[{key!r}]", backend, BACKENDS, "a backend")
+        out[str(key)] = _one_of(path, f"overrides[{key!r}]", backend, backend_names(), "a backend")
     return out
 
 

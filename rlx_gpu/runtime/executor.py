@@ -1,5 +1,5 @@
-"""Runs a schedule on one device: placement, launch plans and runners prepared once per schedule,
-host fallback copies of exactly each thunk's footprint, and the session lock held for a whole run."""
+"""Runs a schedule on one device: placement, launch plans and runners bound once per schedule, host
+fallback runs that copy their joint footprint once each way, and the session lock held for a whole run."""
 from __future__ import annotations
 
 import time
@@ -12,19 +12,19 @@ import numpy as np
 from host_fallback import scan
 
 from ..backends.base import Session
-from ..backends.core import HostStep
 from ..schedule.io import load_schedule
 from ..schedule.model import Schedule
 from ..schedule.ops import SCAN_OPS
 from ..units import human_bytes
 from .arena import Arena
 from .config import Config, load_config
+from .fallback import HostRun, host_runs
 from .options import RunOptions
 from .placement import Assignment, place
 from .registry import open_session, resolve, status
 
-#: One prepared top-level thunk: runs on (device arena, host image) and returns the bytes it copied.
-Step = Callable[[Any, "np.ndarray | None"], int]
+#: One bound top-level thunk: runs on (device arena, host image) and returns the bytes it copied.
+BoundThunk = Callable[[Any, "np.ndarray | None"], int]
 
 
 @dataclass(frozen=True)
@@ -53,11 +53,12 @@ class RunReport:
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """The per-schedule work a run repeats nothing of: placement, plans, runners, the fallback warning."""
+class BoundSchedule:
+    """A schedule bound to one device, the per-schedule work a run repeats nothing of: placement,
+    launch plans, runners (host runs included), the fallback warning."""
 
     assignments: tuple[Assignment, ...]
-    steps: tuple[tuple[Any, str, Step], ...]  # (thunk, backend, step) per top-level thunk
+    steps: tuple[tuple[Any, str, BoundThunk], ...]  # (thunk, backend, runner) per top-level thunk
     warning: str | None
     needs_image: bool  # a top-level thunk falls back, so a device run keeps a host image of the arena
 
@@ -75,10 +76,10 @@ class Device:
         self.options = options if options is not None else RunOptions.build(config)
         self.on_host = session.info.backend == "host"
         self.host = session if self.on_host else open_session(status("host").devices[0])
-        self.launches = 0  # thunks launched on any backend by this Device, for tests and reports
+        self.thunks_run = 0  # top-level thunks this Device has run, on any backend, for tests and reports
         self.last_report: RunReport | None = None
-        # id(schedule) -> (a weak reference to it, its Prepared); Schedules are unhashable Mappings
-        self._prepared: dict[int, tuple[weakref.ref, Prepared]] = {}
+        # id(schedule) -> (a weak reference to it, its BoundSchedule); Schedules are unhashable Mappings
+        self._bound: dict[int, tuple[weakref.ref, BoundSchedule]] = {}
 
     @property
     def spec(self) -> str:
@@ -94,13 +95,13 @@ class Device:
     def arena(self, schedule: Any) -> Arena:
         """A resident arena for ``schedule`` on this device: zeros plus ``init``, kept until freed."""
         schedule = load_schedule(schedule)
-        self.prepare(schedule)
+        self.bind(schedule)
         return Arena(self, schedule)
 
-    def prepare(self, schedule: Schedule) -> Prepared:
+    def bind(self, schedule: Schedule) -> BoundSchedule:
         """Place, check and plan ``schedule`` once; later runs reuse it."""
         key = id(schedule)
-        entry = self._prepared.get(key)
+        entry = self._bound.get(key)
         if entry is not None and entry[0]() is schedule:
             return entry[1]
         with self.session.lock:
@@ -108,29 +109,32 @@ class Device:
             for thunk in (t for t in schedule.thunks if t.op in SCAN_OPS):
                 self.session.check_fits(scan.working_bytes(thunk, self.options.recompute),
                                         f"thunk {thunk.index} ({thunk.op})'s body arenas and recompute cache")
-            prepared = self._prepare(schedule)
-        self._prepared[key] = (weakref.ref(schedule, lambda _, cache=self._prepared: cache.pop(key, None)), prepared)
-        return prepared
+            bound = self._bind(schedule)
+        self._bound[key] = (weakref.ref(schedule, lambda _, cache=self._bound: cache.pop(key, None)), bound)
+        return bound
 
-    def _prepare(self, schedule: Schedule) -> Prepared:
+    def _bind(self, schedule: Schedule) -> BoundSchedule:
         assignments = tuple(place(schedule, self.session, self.config))
-        on_host = frozenset(id(a.thunk) for a in assignments if a.nested and a.backend == "host")
+        device = self.session.info.backend
+        fallback: dict[int, BoundThunk] = {}  # id(thunk) -> its step of a host run, at every depth
+        for run in host_runs(assignments, device):
+            host_run = HostRun(self.session, self.host, [a.thunk for a in run], self.options)
+            fallback.update(zip((id(a.thunk) for a in run), host_run.steps()))
         steps = []
         for a in (a for a in assignments if not a.nested):
-            if a.backend == self.session.info.backend:
-                runner = self.session.runner(a.thunk, self.options, on_host)
+            if a.backend == device:
+                runner = self.session.runner(a.thunk, self.options, fallback)
                 steps.append((a.thunk, a.backend, lambda dev, image, run=runner: run(dev)))
             else:
-                host_step = HostStep(self.session, a.thunk, self.options)
-                steps.append((a.thunk, a.backend, host_step))
-        fallbacks = [a for a in assignments if a.backend != self.session.info.backend]
+                steps.append((a.thunk, a.backend, fallback[id(a.thunk)]))
+        fallbacks = [a for a in assignments if a.backend != device]
         warning = None
         if fallbacks and self.config.fallback == "warn":
             listed = ", ".join(f"{a.where if a.nested else a.index} ({a.op} {a.dtype})" for a in fallbacks[:8])
             warning = (f"{len(fallbacks)} thunk(s) fall back to the host from {self.spec}: {listed}"
                        f"{' ...' if len(fallbacks) > 8 else ''}; `rlx-gpu plan` says why")
-        needs_image = any(a.backend != self.session.info.backend for a in assignments if not a.nested)
-        return Prepared(assignments, tuple(steps), warning, needs_image)
+        needs_image = any(a.backend != device for a in assignments if not a.nested)
+        return BoundSchedule(assignments, tuple(steps), warning, needs_image)
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -141,39 +145,38 @@ class Device:
         in ``last_report``.
         """
         schedule = load_schedule(schedule)
-        prepared = self.prepare(schedule)
-        if prepared.warning:
-            warnings.warn(prepared.warning, stacklevel=2)
+        bound = self.bind(schedule)
+        if bound.warning:
+            warnings.warn(bound.warning, stacklevel=2)
         if isinstance(arena, Arena):
             arena.check(self, schedule)
             with self.session.lock:
                 arena.flush()
-                self._execute(prepared, arena.handle, arena.image() if prepared.needs_image else None, profile)
+                self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
             return arena
         host_arena = self._initial_arena(schedule, arena)
         if self.on_host:
-            self._execute(prepared, host_arena, host_arena, profile)
+            self._execute(bound, host_arena, host_arena, profile)
             return host_arena
         with self.session.lock:
-            dev_arena = self.session.alloc(schedule.arena_bytes, "the arena of this schedule")
+            dev_arena = self.session.upload(host_arena, "the arena of this schedule")
             try:
-                self.session.write(dev_arena, 0, host_arena)
-                self._execute(prepared, dev_arena, host_arena, profile)
+                self._execute(bound, dev_arena, host_arena, profile)
                 return self.session.read(dev_arena, 0, schedule.arena_bytes)
             finally:
                 self.session.free(dev_arena)
 
-    def _execute(self, prepared: Prepared, dev_arena: Any, image: np.ndarray | None, profile: bool) -> None:
+    def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool) -> None:
         report = RunReport(self.spec)
         started = time.perf_counter()
-        for thunk, backend, step in prepared.steps:
+        for thunk, backend, step in bound.steps:
             t0 = time.perf_counter()
             copied = step(dev_arena, image)
             if profile:
                 self.session.finish()
             report.records.append(ThunkRecord(thunk.index, thunk.op, thunk.dtype, backend,
                                               time.perf_counter() - t0, copied))
-        self.launches += len(prepared.steps)
+        self.thunks_run += len(bound.steps)
         report.seconds = time.perf_counter() - started
         self.last_report = report
 

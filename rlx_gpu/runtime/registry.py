@@ -1,17 +1,14 @@
 """Backend discovery (lazy imports), backend status, device selection and one session per device."""
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
-from types import ModuleType
 
+from ..backends import MODULES, backend_module
 from ..backends.base import BackendUnavailable, DeviceInfo, Session
 from ..errors import DeviceError
-from .config import BACKENDS, Config, check_spec
-
-BACKEND_MODULES = {name: f"rlx_gpu.backends.{name}" for name in BACKENDS}
+from .config import Config, check_spec
 
 
 @dataclass(frozen=True)
@@ -28,20 +25,6 @@ class BackendStatus:
 
 
 @lru_cache(maxsize=None)
-def backend_module(name: str) -> ModuleType:
-    """Import a backend by name; a missing package raises ``BackendUnavailable`` with the reason."""
-    if name not in BACKEND_MODULES:
-        raise DeviceError(f"unknown backend {name!r}; known: {', '.join(BACKEND_MODULES)}")
-    try:
-        return importlib.import_module(BACKEND_MODULES[name])
-    except ModuleNotFoundError as err:
-        if err.name == BACKEND_MODULES[name]:
-            raise BackendUnavailable(f"{name}: this release has no {name} backend module yet") from err
-        raise BackendUnavailable(f"{name}: module {err.name!r} is not installed "
-                                 f"(pip install 'rlx_gpu[{'cuda12' if name == 'cuda' else name}]')") from err
-
-
-@lru_cache(maxsize=None)
 def status(name: str) -> BackendStatus:
     """Probe one backend once per process."""
     try:
@@ -55,37 +38,31 @@ def status(name: str) -> BackendStatus:
 
 def discover() -> list[BackendStatus]:
     """Every known backend with its devices or the reason it is unavailable."""
-    return [status(name) for name in BACKEND_MODULES]
+    return [status(name) for name in MODULES]
 
 
-def _pyopencl_ctx(opencl: BackendStatus) -> str | None:
-    """The OpenCL device ``PYOPENCL_CTX`` picks (``p``, ``p:d``, or platform/device name fragments)."""
-    answer = os.environ.get("PYOPENCL_CTX")
-    if answer is None:
+def _device_env(name: str) -> str | None:
+    """The value of backend ``name``'s device variable (``DEVICE_ENV``), if it declares one and it is set."""
+    try:
+        variable = backend_module(name).DEVICE_ENV
+    except BackendUnavailable:
         return None
-    parts = [p.strip() for p in answer.split(":")]
-    if all(p.isdigit() for p in parts if p):
-        return ":".join(["opencl", *[p for p in parts if p]][:3])
-    for info in opencl.devices:
-        name, platform = info.name.lower(), str(info.details.get("platform", "")).lower()
-        if parts[0].lower() in platform and (len(parts) < 2 or parts[1].lower() in name):
-            return info.spec
-    raise DeviceError(f"PYOPENCL_CTX={answer!r} names no OpenCL device; "
-                      f"opencl has {', '.join(d.spec + ' ' + d.name for d in opencl.devices) or 'none'}")
+    return os.environ.get(variable) if variable else None
 
 
 def resolve(spec: str | None, config: Config) -> DeviceInfo:
-    """Turn ``host | opencl[:p[:d]] | cuda[:n] | auto`` into a device.
+    """Turn a device spec (``host | opencl[:p[:d]] | cuda[:n] | auto``) into a device.
 
-    Without ``spec``: ``RLX_DEVICE``, else ``PYOPENCL_CTX`` (an OpenCL device, as pyopencl reads it),
-    else the config's ``device``. A plain ``opencl`` also takes its platform and device from ``PYOPENCL_CTX``.
+    Without ``spec``: ``RLX_DEVICE``, else a backend's own device variable (``PYOPENCL_CTX``: an OpenCL
+    device, as pyopencl reads it), else the config's ``device``. A bare backend name also takes its
+    device from that variable when it is set.
     """
     spec = spec or os.environ.get("RLX_DEVICE")
-    if not spec and os.environ.get("PYOPENCL_CTX") is not None:
-        spec = "opencl"
+    if not spec:
+        spec = next((name for name in MODULES if _device_env(name) is not None), None)
     spec = check_spec(spec or config.device or "auto")
-    if spec == "opencl" and os.environ.get("PYOPENCL_CTX") is not None:
-        spec = _pyopencl_ctx(status("opencl")) or spec
+    if spec in MODULES and (value := _device_env(spec)) is not None:
+        spec = backend_module(spec).device_from_env(value, status(spec).devices)
     if spec == "auto":
         for name in config.priority:
             st = status(name)
