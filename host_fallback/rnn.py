@@ -85,10 +85,10 @@ def _dims(t: Mapping[str, Any]) -> _Dims:
 
 
 def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
-    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows halved.
+    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows negated.
 
     With ``d.stored`` a weight matrix is the stored block itself and a bias a private copy, both in
-    the ABI's gate order and not halved.
+    the ABI's gate order and not negated.
     """
     if d.stored:
         return w.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else w.astype(d.compute).reshape(-1, 1)
@@ -96,7 +96,7 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
     out = np.empty(src.shape, d.compute)
     for k, g in enumerate(_ORDER[d.op]):
         if k < _SIGMOID[d.op]:
-            np.multiply(src[g], 0.5, out=out[k], dtype=d.compute)
+            np.negative(src[g], out=out[k], dtype=d.compute)
         else:
             out[k] = src[g]
     return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
@@ -107,11 +107,18 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
 # input-side bias, y_t the slot where h_t lands, which then feeds the next step.
 
 
+def _sigmoid_of_negated(a: np.ndarray) -> None:
+    """``a`` holds ``-z``; leaves ``σ(z) = 1/(1+exp(-z))`` in place (exp(-z) = inf gives 0)."""
+    np.exp(a, out=a)
+    a += 1
+    np.divide(1, a, out=a)
+
+
 def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
     H, B = h.shape
     g = np.empty((4 * H, B), h.dtype)
     tmp = np.empty((H, B), h.dtype)
-    if stored:  # ABI order i f g o: two runs of sigmoid rows, halved here every step
+    if stored:  # ABI order i f g o: two runs of sigmoid rows, negated here every step
         i, f, gg, o = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
         sigs = (g[: 2 * H], o)
     else:
@@ -120,12 +127,11 @@ def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
     for xp, y in steps:
         np.matmul(w_hh, h, out=g)
         g += xp
-        for sig in sigs if stored else ():
-            sig *= 0.5
-        np.tanh(g, out=g)
         for sig in sigs:
-            sig *= 0.5
-            sig += 0.5
+            if stored:
+                np.negative(sig, out=sig)
+            _sigmoid_of_negated(sig)
+        np.tanh(gg, out=gg)
         c *= f
         np.multiply(i, gg, out=tmp)
         c += tmp
@@ -144,10 +150,8 @@ def _gru_loop(w_hh, h_bias, steps, h, c, relu, stored):
         np.matmul(w_hh, h, out=g)
         rz += xp[: 2 * H]
         if stored:
-            rz *= 0.5
-        np.tanh(rz, out=rz)
-        rz *= 0.5
-        rz += 0.5
+            np.negative(rz, out=rz)
+        _sigmoid_of_negated(rz)
         n += h_bias  # b_hn sits inside r⊙(W_hn·h + b_hn)
         n *= r
         n += xp[2 * H:]
@@ -215,7 +219,8 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
 
     h, cell = state("h0"), state("c0") if d.op == "lstm" else None
     steps = _steps(w_ih, x_bias, x, out, d, reverse=dr == 1)
-    h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
+    with np.errstate(over="ignore"):  # exp(-z) overflows to inf for z < -88 (f32): σ(z) is then 0
+        h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
     if carry:  # the final state, in place
         b.view("h0")[ld] = h.T
         if cell is not None:
