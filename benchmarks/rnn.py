@@ -129,7 +129,7 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, tor
         np.tanh(cell, out=tmp)
         np.multiply(g[2 * H: 3 * H], tmp, out=h)
 
-    tg, tt = torch.from_numpy(g), torch.from_numpy(h_t.copy())
+    tg = torch.from_numpy(g)
     tw = torch.from_numpy(w_hh)
     rows = []
     with threads.single_threaded_blas(), np.errstate(over="ignore"):
