@@ -11,8 +11,12 @@ the device arena, updated in place; copy-everything: the host arena, copied in a
 Medians in microseconds of ``--rounds`` blocks of ``--runs`` timed calls per path, the paths taking
 turns block by block; torch gets as many threads as NumPy's OpenBLAS. ``max |diff|`` compares the
 resident path's output after the timed calls with torch's, after as many steps from the same state.
-On a loaded machine run it with ``OPENBLAS_NUM_THREADS=1`` (torch follows): a two-thread step waits
-at its barriers for a descheduled thread. Needs only numpy, ml_dtypes, torch, pyopencl (for opencl)
+Then one gru B=1 decode step through the compiled-graph API (``Graph.gru`` with ``h0`` an input,
+``g.compile(device)``, ``exe.run(x=..., h0=...)`` per step) against torch, and a table of where
+``exe.run``'s time goes on each device: inputs staged, flush, each thunk, the wait, the outputs read,
+and what the executor and the Executable add. On a loaded machine run it with
+``OPENBLAS_NUM_THREADS=1`` (torch follows): a two-thread step waits at its barriers for a
+descheduled thread. Needs only numpy, ml_dtypes, torch, pyopencl (for opencl)
 and this repository.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -129,6 +134,117 @@ def resident(dev: Any, case: Case) -> tuple[Callable[[], np.ndarray], Any]:
     return step, arena
 
 
+def graph_gru_decode(torch: Any, dev: Any) -> tuple[Callable[[], np.ndarray], Callable[[], np.ndarray], Any]:
+    """A gru B=1 decode step through the compiled-graph API: ``Graph.gru`` with ``h0`` as an input,
+    ``g.compile(device)``, then ``exe.run(x=x, h0=h)`` per step with ``h`` the last ``h_n``; beside
+    it torch's ``GRU`` carrying its own state. Returns (ours, torch's, the Executable)."""
+    import rlx_gpu
+
+    model = torch.nn.GRU(SIZE, SIZE, batch_first=True)
+    g = rlx_gpu.Graph(dtype="f32")
+    x, h0 = g.input("x", (1, 1, SIZE)), g.input("h0", (1, 1, SIZE))
+    weights = {name: g.weight(name, values) for name, values in pack_recurrent(model).items()}
+    y, _ = g.gru(x, **weights, hidden=SIZE, h0=h0, name="gru")
+    g.output("y", y)
+    exe = g.compile(dev.spec)
+    exe._device = dev  # the opened device of this benchmark, not a second one
+    xs = np.random.default_rng(0).standard_normal((1, 1, SIZE)).astype(np.float32)
+    xt, ours_h, torch_h = torch.from_numpy(xs), [np.zeros((1, 1, SIZE), np.float32)], [torch.zeros(1, 1, SIZE)]
+
+    def ours() -> np.ndarray:
+        out = exe.run(x=xs, h0=ours_h[0])
+        ours_h[0] = out["gru.h_n"]
+        return out["y"]
+
+    def theirs() -> np.ndarray:
+        with torch.no_grad():
+            out, torch_h[0] = model(xt, torch_h[0])
+        return out.numpy()
+
+    return ours, theirs, exe
+
+
+def _call_us(fn: Callable[[], object], calls: int) -> float:
+    """Mean µs of one call of ``fn`` over ``calls`` calls."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def decode_breakdown(exe: Any, inputs: dict[str, np.ndarray], calls: int) -> list[tuple[str, float]]:
+    """Median µs of each part of ``exe.run(**inputs)``, each part called as the run calls it, in the
+    run's order: the inputs staged (``arena.write``), the flush (host-to-device copies), each thunk's
+    step (a launch on a kernel device, the kernel itself on the host), the wait for the device, the
+    outputs read; then what the executor and the Executable add on top, as differences of medians
+    (so on a noisy machine a small one can come out below zero)."""
+    dev, sched = exe.device, exe.schedule
+    exe.run(**inputs)
+    arena, prepared, session = exe._arena, dev.prepare(sched), dev.session
+    parts: dict[str, list[float]] = {}
+    clock = time.perf_counter
+    for call in range(calls + calls // 5):
+        t0 = clock()
+        exe.run(**inputs)
+        t1 = clock()
+        dev.run(sched, arena)
+        session.finish()
+        t2 = clock()
+        for name, values in inputs.items():
+            arena.write(name, values)
+        t3 = clock()
+        with session.lock:
+            arena.flush()
+        t4 = clock()
+        steps = []
+        for thunk, _, step in prepared.steps:
+            start = clock()
+            step(arena.handle, None)
+            steps.append((f"thunk {thunk.index} {thunk.op}", clock() - start))
+        t5 = clock()
+        session.finish()
+        t6 = clock()
+        arena.read_many(list(sched.outputs))
+        t7 = clock()
+        if call >= calls // 5:  # after the warm-up
+            for label, seconds in [("inputs staged (arena.write)", t3 - t2), ("flush (host to device)", t4 - t3),
+                                   *steps, ("wait for the device", t6 - t5), ("outputs read (read_many)", t7 - t6),
+                                   ("Device.run, whole", t2 - t1), ("exe.run, whole", t1 - t0)]:
+                parts.setdefault(label, []).append(seconds)
+    us = {label: statistics.median(v) * 1e6 for label, v in parts.items()}
+    device_run, whole = us.pop("Device.run, whole"), us.pop("exe.run, whole")
+    inside = sum(v for k, v in us.items() if k.startswith(("flush", "thunk", "wait")))
+    outside = us["inputs staged (arena.write)"] + us["outputs read (read_many)"]
+    if dev.on_host:  # the host's kernel, split: its GEMVs (W_ih·x, W_hh·h) alone, the rest is NumPy calls
+        rows = 3 * SIZE  # gru gates
+        w, v, out = np.ones((rows, SIZE), np.float32), np.ones((SIZE, 1), np.float32), np.empty((rows, 1), np.float32)
+        gemv = statistics.median(_call_us(lambda: np.matmul(w, v, out=out), 200) for _ in range(5))
+        at = next(i for i, label in enumerate(us) if label.startswith("thunk") and label.endswith(" gru")) + 1
+        us = dict([*list(us.items())[:at], ("  of which its two GEMVs, alone", 2 * gemv), *list(us.items())[at:]])
+    return [*us.items(), ("executor's own: Device.run less flush, thunks, wait", device_run - inside),
+            ("Executable's own: checks, lock, output dict", whole - device_run - outside), ("exe.run, whole", whole)]
+
+
+def print_graph_decode(torch: Any, devices: list[Any], args: Any) -> None:
+    """The compiled-graph decode table (torch, exe.run, ratio per device) and its per-part breakdown."""
+    print(f"\ngru B=1 H={SIZE} decode step through Graph.compile(device) + exe.run(x, h0) per step, median µs "
+          f"of {args.rounds}x{args.runs} calls after {args.warmup} warm-up, torch and ours in turns:")
+    print(f"{'device':<12}{'torch':>8}{'exe.run':>9}{'ratio':>8}{'max |diff|':>12}")
+    breakdowns = {}
+    for dev in devices:
+        ours, theirs, exe = graph_gru_decode(torch, dev)
+        us = [ms * 1e3 for ms in alternate_ms([theirs, ours], args.runs, args.warmup, args.rounds)]
+        diff = float(np.abs(ours() - theirs()).max())  # both took the same number of steps
+        print(f"{dev.spec:<12}{us[0]:>8.0f}{us[1]:>9.0f}{us[1] / us[0]:>7.2f}x{diff:>12.1e}")
+        inputs = {"x": np.zeros((1, 1, SIZE), np.float32), "h0": np.zeros((1, 1, SIZE), np.float32)}
+        breakdowns[dev.spec] = decode_breakdown(exe, inputs, args.rounds * args.runs)
+    labels = list(dict.fromkeys(label for rows in breakdowns.values() for label, _ in rows))
+    print(f"\nwhere exe.run's time goes, median µs per part ({' / '.join(breakdowns)}):")
+    for label in labels:
+        cells = [f"{dict(rows).get(label, float('nan')):>9.1f}" for rows in breakdowns.values()]
+        print(f"  {label:<46}{''.join(cells)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default="host,opencl")
@@ -158,6 +274,7 @@ def main() -> None:
             arena.free()
             print(f"{case.name:<18}{dev.spec:<12}{us[0]:>8.0f}{us[1]:>10.0f}{us[2]:>10.0f}{us[1] / us[0]:>10.2f}x"
                   f"{us[2] / us[1]:>9.2f}x{diff:>12.1e}")
+    print_graph_decode(torch, devices, args)
     warn_if_shared(start, t0)
 
 

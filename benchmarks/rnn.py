@@ -15,12 +15,15 @@ import os
 import statistics
 import sys
 import time
+from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import host_fallback  # noqa: E402
+from host_fallback import threads  # noqa: E402
+from host_fallback.rnn import chunk_steps  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
@@ -79,6 +82,101 @@ def alternate_ms(fns, runs: int, warmup: int, rounds: int) -> list[float]:
     return [statistics.median(ts) * 1e3 for ts in times]
 
 
+def per_call_us(fn: Callable[[], object], calls: int) -> float:
+    """Median µs of one call of ``fn`` over 5 blocks of ``calls`` calls, after one untimed block."""
+    blocks = []
+    for block in range(6):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        if block:
+            blocks.append((time.perf_counter() - start) / calls)
+    return statistics.median(blocks) * 1e6
+
+
+def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, torch_ms: float, host_ms: float) -> None:
+    """Where one lstm step of one layer-direction goes on the host, each part timed alone with a
+    one-thread BLAS (as each direction's thread runs), beside torch's GEMM at the same shapes and
+    thread count, and the whole runs' time per step (``steps`` = layers x directions x seq)."""
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    w_hh, h = rng.standard_normal((4 * H, H), f32) * 0.05, rng.standard_normal((H, B), f32)
+    w_t, h_t = np.ascontiguousarray(w_hh.T), np.ascontiguousarray(h.T)
+    g, g_t = np.empty((4 * H, B), f32), np.empty((B, 4 * H), f32)
+    x_chunk = {k: rng.standard_normal((k * H, chunk * B), f32) for k in (1, 2)}  # layer 0: I = H; layer 1: 2H
+    w_ih = {k: rng.standard_normal((4 * H, k * H), f32) * 0.05 for k in (1, 2)}
+    proj = np.empty((4 * H, chunk * B), f32)
+    whole = np.empty((4 * H, S * B), f32)  # a projection of every step up front, the alternative to chunks
+    tmp, cell = np.empty((H, B), f32), np.zeros((H, B), f32)
+    sig, gg = g[: 3 * H], g[3 * H:]
+    g[...] = rng.uniform(-3, 3, g.shape)
+    pre = g.copy()
+
+    def via_exp():  # the kernel's sigmoid rows: negated pre-activations in, sigma out
+        np.exp(sig, out=sig)
+        np.add(sig, 1, out=sig)
+        np.divide(1, sig, out=sig)
+
+    def via_tanh():  # sigma(z) = tanh(z/2)/2 + 1/2 on halved rows: the other way through NumPy
+        np.tanh(sig, out=sig)
+        np.multiply(sig, 0.5, out=sig)
+        np.add(sig, 0.5, out=sig)
+
+    def cell_and_h():
+        np.multiply(cell, g[H: 2 * H], out=cell)
+        np.multiply(g[:H], gg, out=tmp)
+        np.add(cell, tmp, out=cell)
+        np.tanh(cell, out=tmp)
+        np.multiply(g[2 * H: 3 * H], tmp, out=h)
+
+    tg = torch.from_numpy(g)
+    tw = torch.from_numpy(w_hh)
+    rows = []
+    with threads.single_threaded_blas(), np.errstate(over="ignore"):
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            gemm = per_call_us(lambda: np.matmul(w_hh, h, out=g), 400)
+            rows += [("recurrent GEMM W_hh·hᵀ [4H,H]·[H,B] (the kernel's)", gemm),
+                     ("  the other orientation h·W_hhᵀ [B,H]·[H,4H]", per_call_us(lambda: np.matmul(h_t, w_t, out=g_t), 400)),
+                     ("  torch.mm, same shape, 1 thread", per_call_us(lambda: torch.mm(tw, torch.from_numpy(h), out=tg), 400))]
+            for k, name in ((1, "layer 0"), (2, "layer 1")):
+                us = per_call_us(lambda k=k: np.matmul(w_ih[k], x_chunk[k], out=proj), 100) / chunk
+                rows.append((f"input projection, {name} (a {chunk}-step chunk GEMM / {chunk})", us))
+            rows += [("add the step's projection, from its chunk", per_call_us(lambda: np.add(g, proj[:, :B], out=g), 2000)),
+                     ("  from a whole-sequence projection", per_call_us(
+                         lambda: [np.add(g, whole[:, j * B:(j + 1) * B], out=g) for j in range(0, S, 16)], 200)
+                      / len(range(0, S, 16)))]
+            for label, fn in (("sigmoid rows (3H) via exp, +1, 1/x (the kernel's)", via_exp),
+                              ("  via tanh(z/2)/2+1/2", via_tanh)):
+                rows.append((label, per_call_us(lambda fn=fn: (np.copyto(g, pre), fn()), 1000)
+                             - per_call_us(lambda: np.copyto(g, pre), 1000)))
+            rows += [("tanh gate rows (H)", per_call_us(lambda: np.tanh(gg, out=gg), 1000)),
+                     ("cell update, tanh(c), h", per_call_us(cell_and_h, 1000))]
+            x = rng.standard_normal((B, S, H), f32)
+            x_tm, x_chunked = np.empty((S, B, H), f32), np.empty((S // chunk, H, chunk, B), f32)
+            per_run = [("layer 0's input: the time-major copy of x (the kernel's)",
+                        per_call_us(lambda: np.copyto(x_tm, x.transpose(1, 0, 2)), 20)),
+                       ("  x transposed into the chunked layout",
+                        per_call_us(lambda: np.copyto(x_chunked, x.reshape(B, S // chunk, chunk, H).transpose(1, 3, 2, 0)), 20))]
+            w_dec, x_dec, w_copy = w_ih[1], rng.standard_normal((H, 1), f32), np.empty((4 * H, H), f32)
+            g_dec = np.empty((4 * H, 1), f32)
+            per_run += [("decode B=1: w_ih and w_hh copied in gate order, negated",
+                         per_call_us(lambda: [np.negative(w_dec, out=w_copy) for _ in range(2)], 200)),
+                        ("  its two GEMVs on the stored weights (the kernel's)",
+                         per_call_us(lambda: [np.matmul(w_dec, x_dec, out=g_dec) for _ in range(2)], 200))]
+        finally:
+            torch.set_num_threads(torch_threads)
+    print(f"\nlstm, one step of one layer-direction (B={B} H={H}), µs, each part alone with a one-thread BLAS:")
+    for label, us in rows:
+        print(f"  {label:<58}{us:>8.1f}")
+    print(f"  {'whole run / (layers·dirs·seq) steps: host':<58}{host_ms * 1e3 / steps:>8.1f}")
+    print(f"  {'                                      torch':<58}{torch_ms * 1e3 / steps:>8.1f}")
+    print("once per call, µs:")
+    for label, us in per_run:
+        print(f"  {label:<58}{us:>8.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -133,6 +231,9 @@ def main() -> None:
     print(f"{'op':<6}{'torch ms':>10}{'host ms':>10}{'ratio':>8}{'max |diff|':>12}")
     for op, t_ms, h_ms, ratio, diff in rows:
         print(f"{op:<6}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
+    if "lstm" in [r[0] for r in rows]:
+        t_ms, h_ms = next((t, h) for op, t, h, _, _ in rows if op == "lstm")
+        lstm_step_profile(torch, B, S, H, chunk_steps(B, S), L * D * S, t_ms, h_ms)
     warn_if_shared(start, t0)
 
 

@@ -1,31 +1,30 @@
 """Host kernels for ``lstm``, ``gru`` and ``rnn`` (ABI.md §3): multi-layer, bidirectional, carried state.
 
-Layout and tricks, each measured on 2 cores (``benchmarks/rnn.py`` shape: B=32 S=128 I=H=256):
+How a layer-direction runs, and why (``python benchmarks/rnn.py`` times each choice beside its
+alternative and beside torch):
 
-- Feature-major inside: the state is ``h^T [hidden, batch]`` and a step is ``W_hh · h^T``; OpenBLAS
-  runs that 25-35% faster than ``h · W_hh^T`` at batch 32 (190 vs 255 µs single-threaded).
-- Time in chunks of ``c`` steps, ``c·batch`` ≈ 128 columns: a layer's output is
+- Feature-major inside: the state is ``h^T [hidden, batch]`` and a step is ``W_hh · h^T``, the GEMM
+  orientation OpenBLAS runs fastest at small batches.
+- Time in chunks of ``c`` steps, ``c·batch`` ≈ ``_CHUNK_COLUMNS`` columns: a layer's output is
   ``[seq/c, dirs*hidden, c·batch]``, which is also the next layer's input. Each chunk's input
-  projection (plus the input-side bias) is one GEMM at full speed, run just before its ``c`` steps,
-  so the per-step add reads it from cache (12 µs a step, against 29 µs from a projection of the whole
-  sequence done up front). Layer 0 reads ``x`` through a time-major copy, a cheap copy (0.1 ms) where
-  the chunked layout would need a 2 ms transpose; BLAS takes the transposed chunk as it is.
-- Sigmoid through tanh: the rows of a sigmoid gate (lstm i f o, gru r z) in ``w_ih``, ``w_hh`` and
-  the biases are halved once (exact in binary floating point), so one ``tanh`` over all gates and
-  ``½t+½`` on the sigmoid rows give ``σ(z) = ½tanh(z/2)+½`` (scipy's ``expit`` is 8x slower than
-  ``tanh`` here). Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are contiguous.
+  projection (plus the input-side bias) is one wide GEMM, run just before its ``c`` steps, so the
+  per-step add reads it from cache. Layer 0 reads ``x`` through a time-major copy, which is a plain
+  copy where the chunked layout would need a transpose; BLAS takes the transposed chunk as it is.
+- Sigmoids through exp: the rows of a sigmoid gate (lstm i f o, gru r z) in ``w_ih``, ``w_hh`` and
+  the input-side biases are negated once (exact), so ``σ(z) = 1/(1+exp(-z))`` is one ``exp``, one add
+  and one division over those rows, which NumPy runs in well under the time of its ``tanh``; the tanh
+  gates use ``tanh``. Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are
+  contiguous. ``exp(-z)`` overflows to inf for very negative ``z``, which gives ``σ = 0`` as it should:
+  the loops run with NumPy's overflow warning off.
 - Short sequences (decode, ``seq <= _STORED_MAX_SEQ``) in f32/f64 use the weights where they are
-  stored instead: the reordered, halved copy of ``w_ih`` and ``w_hh`` would cost more than the steps
-  (lstm B=1 H=256: 180 µs of copies for a 20 µs step), so the loop halves the sigmoid rows of each
-  step's pre-activations itself, in the ABI's gate order.
+  stored: the reordered, negated copy of ``w_ih`` and ``w_hh`` would cost more than the steps, so
+  the loop negates the sigmoid rows of each step's pre-activations itself, in the ABI's gate order.
 - With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
-  directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy releases
-  the GIL inside its loops): the elementwise part of one direction overlaps the GEMMs of the other (lstm
-  139 vs 159 ms, gru 103 vs 123 ms, rnn 39 vs 47 ms). Leaving the BLAS at two threads in both Python
-  threads gained nothing, and with more BLAS threads one direction at a time keeps every core on
-  each GEMM, so anything else runs the directions one after the other. Stacking both directions
-  into one batched matmul per step gained nothing either (NumPy loops the batch over separate
-  GEMMs: 281 vs 287 µs for the two).
+  directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy
+  releases the GIL inside its loops): the elementwise part of one direction overlaps the GEMMs of
+  the other. With more BLAS threads one direction at a time keeps every core on each GEMM, so
+  anything else runs the directions one after the other (``--directions`` of the benchmark
+  compares the two).
 
 16-bit storage is loaded to f32, everything between steps and layers stays f32, and only ``dst``
 and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
@@ -73,22 +72,28 @@ class _Dims:
         return self.seq // self.chunk
 
 
+def chunk_steps(batch: int, seq: int) -> int:
+    """Steps per time chunk: the largest divisor of ``seq`` whose chunk has at most ``_CHUNK_COLUMNS``
+    columns (``batch >= 1``, ``seq >= 1``), at least one step."""
+    aim = -(-_CHUNK_COLUMNS // batch)
+    return max(c for c in range(1, min(aim, seq) + 1) if seq % c == 0)
+
+
 def _dims(t: Mapping[str, Any]) -> _Dims:
-    """Sizes of a thunk with ``batch, seq >= 1``; the chunk is the largest divisor of seq up to the aim."""
+    """Sizes of a thunk with ``batch, seq >= 1``."""
     gates, dirs = recurrent_dims(t)
     batch, seq = t["batch"], t["seq"]
-    aim = -(-_CHUNK_COLUMNS // batch)
-    chunk = max(c for c in range(1, min(aim, seq) + 1) if seq % c == 0)
+    chunk = chunk_steps(batch, seq)
     compute = COMPUTE[t["dtype"]]
     stored = seq <= _STORED_MAX_SEQ and compute == STORAGE[t["dtype"]]
     return _Dims(t["op"], batch, seq, t["hidden"], t["num_layers"], gates, dirs, chunk, compute, stored)
 
 
 def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
-    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows halved.
+    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows negated.
 
     With ``d.stored`` a weight matrix is the stored block itself and a bias a private copy, both in
-    the ABI's gate order and not halved.
+    the ABI's gate order and not negated.
     """
     if d.stored:
         return w.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else w.astype(d.compute).reshape(-1, 1)
@@ -96,7 +101,7 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
     out = np.empty(src.shape, d.compute)
     for k, g in enumerate(_ORDER[d.op]):
         if k < _SIGMOID[d.op]:
-            np.multiply(src[g], 0.5, out=out[k], dtype=d.compute)
+            np.negative(src[g], out=out[k], dtype=d.compute)
         else:
             out[k] = src[g]
     return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
@@ -107,11 +112,18 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
 # input-side bias, y_t the slot where h_t lands, which then feeds the next step.
 
 
+def _sigmoid_of_negated(a: np.ndarray) -> None:
+    """``a`` holds ``-z``; leaves ``σ(z) = 1/(1+exp(-z))`` in place (exp(-z) = inf gives 0)."""
+    np.exp(a, out=a)
+    a += 1
+    np.divide(1, a, out=a)
+
+
 def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
     H, B = h.shape
     g = np.empty((4 * H, B), h.dtype)
     tmp = np.empty((H, B), h.dtype)
-    if stored:  # ABI order i f g o: two runs of sigmoid rows, halved here every step
+    if stored:  # ABI order i f g o: two runs of sigmoid rows, negated here every step
         i, f, gg, o = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
         sigs = (g[: 2 * H], o)
     else:
@@ -120,12 +132,11 @@ def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
     for xp, y in steps:
         np.matmul(w_hh, h, out=g)
         g += xp
-        for sig in sigs if stored else ():
-            sig *= 0.5
-        np.tanh(g, out=g)
         for sig in sigs:
-            sig *= 0.5
-            sig += 0.5
+            if stored:
+                np.negative(sig, out=sig)
+            _sigmoid_of_negated(sig)
+        np.tanh(gg, out=gg)
         c *= f
         np.multiply(i, gg, out=tmp)
         c += tmp
@@ -144,10 +155,8 @@ def _gru_loop(w_hh, h_bias, steps, h, c, relu, stored):
         np.matmul(w_hh, h, out=g)
         rz += xp[: 2 * H]
         if stored:
-            rz *= 0.5
-        np.tanh(rz, out=rz)
-        rz *= 0.5
-        rz += 0.5
+            np.negative(rz, out=rz)
+        _sigmoid_of_negated(rz)
         n += h_bias  # b_hn sits inside r⊙(W_hn·h + b_hn)
         n *= r
         n += xp[2 * H:]
@@ -215,7 +224,8 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
 
     h, cell = state("h0"), state("c0") if d.op == "lstm" else None
     steps = _steps(w_ih, x_bias, x, out, d, reverse=dr == 1)
-    h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
+    with np.errstate(over="ignore"):  # exp(-z) overflows to inf for z < -88 (f32): σ(z) is then 0
+        h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
     if carry:  # the final state, in place
         b.view("h0")[ld] = h.T
         if cell is not None:

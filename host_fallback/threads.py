@@ -101,6 +101,11 @@ def blas_threads() -> int | None:
     return max(counts) if counts else None
 
 
+def single_threaded_blas():
+    """A context in which every OpenBLAS runs one thread (as each of ``run_all``'s jobs does), restored after."""
+    return _blas.single_threaded()
+
+
 def cores() -> int:
     """How many threads a kernel may run at once: the OpenBLAS thread count, at most the CPUs this
     process may use; 1 where no OpenBLAS is found (its thread count cannot then be handed over)."""

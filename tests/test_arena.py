@@ -113,6 +113,29 @@ def test_a_repeated_run_reuses_the_bound_schedule():
     assert len(device.session.prims.builds) == builds
 
 
+def test_disjoint_writes_in_any_order_go_as_one_copy_and_neighbouring_reads_as_one():
+    """A decode step writes its inputs in the schedule's order, which need not be the arena's, and reads
+    outputs that lie side by side: one device copy each way, the values each tensor's own."""
+    device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
+    sched = rlx_gpu.load_schedule(dict(_accumulate(), tensors={
+        name: {"offset": 64 * i, "dtype": "f32", "shape": [16]} for i, name in enumerate(("x", "acc", "y", "c"))}))
+    prims = device.session.prims
+    writes: list[int] = []
+    reads: list[tuple[int, int]] = []
+    write, read = prims.write, prims.read
+    prims.write = lambda buffer, offset, data: (writes.append(offset), write(buffer, offset, data))
+    prims.read = lambda buffer, offset, out: (reads.append((offset, out.size)), read(buffer, offset, out))
+    values = {name: np.full(16, k, np.float32) for k, name in enumerate(("y", "acc", "x"), start=1)}
+    with device.arena(sched) as arena:
+        writes.clear()
+        for name, v in values.items():
+            arena.write(name, v)
+        got = arena.read_many(["acc", "x", "y"])
+        assert writes == [0] and reads == [(0, 3 * 64)]
+        for name, v in values.items():
+            np.testing.assert_array_equal(got[name], v)
+
+
 @pytest.mark.parametrize("make", [p for p in _devices() if p.id != "host"])
 def test_staged_writes_reach_the_device_in_order_adjacent_ones_as_one_copy(make):
     """Every write is staged until a run or a read; then tensors that follow each other in the arena go

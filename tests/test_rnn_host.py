@@ -229,3 +229,27 @@ def test_matches_torch(cell, dtype, bidirectional, carry):
         np.testing.assert_allclose(read(out, thunk, "h0", (L * D, B, H)), want_h.numpy(), **tol)
         if op == "lstm":
             np.testing.assert_allclose(read(out, thunk, "c0", (L * D, B, H)), want_c.numpy(), **tol)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+@pytest.mark.parametrize("seq", [2, 20], ids=["stored-weights", "internal-copy"])
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_saturated_sigmoid_gates_reach_0_and_1_without_a_warning(op, dtype, seq):
+    """Inputs scaled so pre-activations pass ±1000: exp(-z) overflows to inf (f32 and f64), which
+    must give σ = 0 exactly as the reference does, and no RuntimeWarning may leak to the caller."""
+    import warnings
+
+    shape = dict(batch=2, seq=seq, input_size=3, hidden=4, num_layers=1, bidirectional=True, carry=True)
+    thunk, arena, inp, writes = build(op, dtype, **shape)
+    storage = np.dtype(STORAGE[dtype])
+    inp["x"] = inp["x"] * 2e4
+    arena[thunk["x"]: thunk["x"] + inp["x"].size * storage.itemsize] = inp["x"].astype(storage).view(np.uint8).ravel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = run_host(thunk, arena, writes)
+    biases = {f: inp[f] for f in ("bias", "b_ih", "b_hh") if f in inp}
+    with np.errstate(over="ignore"):
+        want = reference(op, inp["x"], inp["w_ih"], inp["w_hh"], biases, hidden=4, num_layers=1,
+                         bidirectional=True, h0=inp["h0"], c0=inp.get("c0"))[0]
+    rtol, atol = TOL[dtype]
+    np.testing.assert_allclose(read(out, thunk, "dst", want.shape), want, rtol=rtol, atol=atol)

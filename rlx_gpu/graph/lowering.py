@@ -129,8 +129,8 @@ class Executable:
             for name in self.schedule.inputs:
                 self._arena.write(name, arrays[name])
             self.device.run(self.schedule, self._arena)
-            return {n: self._arena.read(n).astype(COMPUTE[self.schedule.tensors[n].dtype], copy=False)
-                    for n in self.schedule.outputs}
+            outputs = self._arena.read_many(list(self.schedule.outputs))
+            return {n: a.astype(COMPUTE[self.schedule.tensors[n].dtype], copy=False) for n, a in outputs.items()}
 
 
 def compile_graph(graph: BodyGraph, device: str | None = None) -> Executable:

@@ -89,6 +89,9 @@ class Arena:
             staged, self._staged = self._staged, []
             if not staged:
                 return
+            ordered = sorted(staged, key=lambda write: write[0])
+            if all(lo + data.size <= hi for (lo, data), (hi, _) in zip(ordered, ordered[1:])):
+                staged = ordered  # disjoint writes commute: in offset order, neighbours go as one copy
             start, end, parts = staged[0][0], staged[0][0], []
             for offset, data in staged:
                 if offset != end:  # not adjacent to the run so far: send the run
@@ -97,6 +100,21 @@ class Arena:
                 parts.append(data)
                 end = offset + data.size
             session.write(self.handle, start, np.concatenate(parts) if len(parts) > 1 else parts[0])
+
+    def read_many(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Copies of several tensors, as :meth:`read` gives them; from a device arena as one copy of
+        the span that covers them when that span is at most twice their bytes (each copy is a command
+        of its own, about 15 µs on PoCL, and a decode step's outputs lie side by side)."""
+        views = [self._view(name) for name in names]
+        lo = min((v.offset for v in views), default=0)
+        hi = max((v.offset + v.nbytes for v in views), default=0)
+        if self.device.on_host or len(views) < 2 or hi - lo > 2 * sum(v.nbytes for v in views):
+            return {name: self.read(name) for name in names}
+        self.flush()
+        with self.device.session.lock:
+            span = self.device.session.read(self.handle, lo, hi - lo)
+        return {name: span[v.offset - lo: v.offset - lo + v.nbytes].view(STORAGE[v.dtype]).reshape(v.shape)
+                for name, v in zip(names, views)}
 
     def _taken(self, name: str, values: Any) -> np.ndarray:
         """A DLPack producer's memory as a NumPy view of its own dtype (no copy)."""
