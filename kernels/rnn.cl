@@ -146,42 +146,48 @@ INLINE_FN void rnn_gpu_partial_sums(real* acc, const i64* rows, int slice, i64 j
 #error "rnn cpu tuning: RNN_JB must be a multiple of RNN_JB_G<gates> and RNN_RB_MAX at least RNN_RB_G<gates>"
 #endif
 
-/* cpu target: acc[(r*G + g)*nj + u] = (has_bias ? bias[g*H + j0+u] : 0) + sum_{q<K} v_r[q] wT[q][g*HP + j0+u]
- * for nr rows, every gate and nj units from j0, where v_r[q] = v[rows[r]*v_rs + v_at + q] (scratch in the
- * compute type, or arena storage: v_real). A rank-1 update per q: a contiguous run of a staged
- * transpose's row (rows G*HP + RNN_WPAD reals apart) shared by the nr rows, each row's value broadcast.
- * nr and nj are constants at every call, so the loops unroll, the sums stay in registers and the runs
- * become vector loads and FMAs. */
+/* cpu target: acc[(r*G + g)*RNN_JB + u] = (has_bias ? bias[g*H + j0+u] : 0) + sum_{q<K} v_r[q] wT[q][g*HP + j0+u]
+ * for nr <= RNN_RB_MAX rows, every gate and nj <= RNN_JB units from j0, where v_r[q] = v[rows[r]*v_rs + v_at + q]
+ * (scratch in the compute type, or arena storage: v_real). A rank-1 update per q: a contiguous run of a
+ * staged transpose's row (rows G*HP + RNN_WPAD reals apart) shared by the nr rows, each row's value
+ * broadcast. The loops run to the compile-time maxima with nr and nj as guards, constants at every
+ * call: PoCL unrolls the loops before a call's constants reach them (bounded by nr and nj they stayed
+ * loops: gru's prefill 1.45x, rnn's 1.9x slower), so literal trip counts unroll, the guards fold once
+ * inlined, the sums stay in registers and the runs become vector loads and FMAs. */
 INLINE_FN void rnn_rank1_sums(real* acc, int nr, int nj, i64 j0, i64 H, i64 HP, GLOBAL const uchar* bias,
                               int has_bias, GLOBAL const real* wT, i64 K, GLOBAL const uchar* v, const i64* rows,
                               i64 v_rs, i64 v_at, int v_real)
 {
     PRAGMA_UNROLL
-    for (int r = 0; r < nr; ++r)
+    for (int r = 0; r < RNN_RB_MAX; ++r)
         PRAGMA_UNROLL
         for (int g = 0; g < RNN_GATES; ++g)
             PRAGMA_UNROLL
-            for (int u = 0; u < nj; ++u)
-                acc[(r * RNN_GATES + g) * nj + u] = (has_bias && j0 + u < H) ? LOAD(bias, g * H + j0 + u) : (real)0;
+            for (int u = 0; u < RNN_JB; ++u)
+                if (r < nr && u < nj)
+                    acc[(r * RNN_GATES + g) * RNN_JB + u] = (has_bias && j0 + u < H) ? LOAD(bias, g * H + j0 + u) : (real)0;
     GLOBAL const real* wq = wT + j0;
     for (i64 q = 0; q < K; ++q) {
         real w[RNN_GATES * RNN_JB], vq[RNN_RB_MAX];
         PRAGMA_UNROLL
         for (int g = 0; g < RNN_GATES; ++g)
             PRAGMA_UNROLL
-            for (int u = 0; u < nj; ++u)
-                w[g * nj + u] = wq[g * HP + u];
+            for (int u = 0; u < RNN_JB; ++u)
+                if (u < nj)
+                    w[g * RNN_JB + u] = wq[g * HP + u];
         wq += RNN_GATES * HP + RNN_WPAD;
         PRAGMA_UNROLL
-        for (int r = 0; r < nr; ++r)
-            vq[r] = load_any(v, rows[r] * v_rs + v_at + q, v_real);
+        for (int r = 0; r < RNN_RB_MAX; ++r)
+            if (r < nr)
+                vq[r] = load_any(v, rows[r] * v_rs + v_at + q, v_real);
         PRAGMA_UNROLL
-        for (int r = 0; r < nr; ++r)
+        for (int r = 0; r < RNN_RB_MAX; ++r)
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g)
                 PRAGMA_UNROLL
-                for (int u = 0; u < nj; ++u)
-                    acc[(r * RNN_GATES + g) * nj + u] += vq[r] * w[g * nj + u];
+                for (int u = 0; u < RNN_JB; ++u)
+                    if (r < nr && u < nj)
+                        acc[(r * RNN_GATES + g) * RNN_JB + u] += vq[r] * w[g * RNN_JB + u];
     }
 }
 
@@ -207,7 +213,7 @@ INLINE_FN void rnn_cells(const real* acc, int nr, int nj, i64 b0, i64 j0, i64 tt
                 PRAGMA_UNROLL
                 for (int g = 0; g < RNN_GATES; ++g) {
                     xz[g] = xr[g * H + u];
-                    hz[g] = acc[(r * RNN_GATES + g) * nj + u];
+                    hz[g] = acc[(r * RNN_GATES + g) * RNN_JB + u];
                 }
                 real c = cr[u];
                 hv[u] = rnn_cell(xz, hz, hr[u], &c, relu);
@@ -226,7 +232,7 @@ INLINE_FN void rnn_cells(const real* acc, int nr, int nj, i64 b0, i64 j0, i64 tt
             rnn_input_gates(xz, xw, b * S + tt, j, H);
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g)
-                hz[g] = acc[(r * RNN_GATES + g) * nj + u];
+                hz[g] = acc[(r * RNN_GATES + g) * RNN_JB + u];
             rnn_unit_out(xz, hz, relu, b * H + j, hin, hout, cst, out, (b * S + tt) * o_rs + o_col + j, o_real);
         }
     }
@@ -295,7 +301,7 @@ KERNEL rnn_step(int relu, i64 B, i64 S, i64 H, i64 t,
     i64 rows[RNN_STEP_RB];  /* rows past B repeat the last one; their sums are dropped */
     for (int r = 0; r < RNN_STEP_RB; ++r)
         rows[r] = b0 + r < B ? b0 + r : B - 1;
-    real acc[RNN_STEP_RB * RNN_GATES * RNN_STEP_JB];
+    real acc[RNN_STEP_RB * RNN_GATES * RNN_JB];
     rnn_rank1_sums(acc, RNN_STEP_RB, RNN_STEP_JB, j0, H, HP, bhh, has_bhh, wt, H, (GLOBAL const uchar*)hin, rows, H,
                    0, 1);
     rnn_cells(acc, RNN_STEP_RB, RNN_STEP_JB, b0, j0, tt, relu, B, S, H, xw, hin, hout, cst, out, o_real, dir * H,
@@ -351,7 +357,6 @@ KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
         const i64 tt = dir ? S - 1 - t : t;
         real xz[RNN_GATES], hz[RNN_GATES];
         rnn_input_gates(xz, xw, b * S + tt, j, H);
-        PRAGMA_UNROLL
         for (int g = 0; g < RNN_GATES; ++g) {
             GLOBAL const uchar* wrow = whh + ((i64)g * H + j) * H * (i64)sizeof(store_t);
             real s = has_bhh ? LOAD(bhh, g * H + j) : (real)0;

@@ -12,7 +12,8 @@ per-step kernel's shape is per target too: cpu, each item computes RNN_JB_G<gate
 RNN_RB_G<gates> batch rows (a register block); gpu, a work-group of RNN_GU consecutive units x RNN_GK
 slices of the reduction for RNN_RB batch rows, the slices summed through LOCAL memory, so that B64
 H1024 exposes over a thousand work-groups. Layers below the last write their output to scratch in
-the compute type.
+the compute type. Every recurrent launch of a thunk is built as its op's program variant
+(``RNN_GATES``, ``limits.gate_variant``), so the kernels take no op or gate count at run time.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size, strided_grid
 from .limits import DeviceLimits, gate_variant
 
-GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
