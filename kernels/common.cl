@@ -1,6 +1,7 @@
 /* Shared by every family, after the dialect prelude: element types and 16-bit conversions.
- * kernel_source.py defines RLX_DT (F32 | F16 | BF16 | F64), RLX_REAL and RLX_STORE_T for the
- * thunk's dtype, and RLX_SRC_DT for the source side of a cast. */
+ * rlx_gpu/backends/programs.py defines RLX_DT (F32 | F16 | BF16 | F64), RLX_REAL and RLX_STORE_T for
+ * the launch's dtype, RLX_SRC_DT for the source side of a cast, RLX_TARGET_CPU or RLX_TARGET_GPU with
+ * the target's tuning constants (launches/limits.py), and the launch's own compile-time variant. */
 typedef RLX_REAL real;
 
 /* Fully unroll the next loop (constant trip count): both OpenCL C and CUDA honour #pragma unroll. */

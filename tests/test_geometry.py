@@ -12,7 +12,7 @@ import pytest
 
 from rlx_gpu import launches
 from rlx_gpu.conformance import cases
-from rlx_gpu.launches.limits import CUDA_MAX_GRID, REFERENCE_GPU, DeviceLimits
+from rlx_gpu.launches.limits import CUDA_MAX_GRID, REFERENCE_GPU, DeviceLimits, variants
 
 GPU = REFERENCE_GPU
 FILL_GROUPS = 4 * GPU.compute_units
@@ -88,6 +88,21 @@ def test_persistent_rnn_is_never_chosen_where_it_cannot_fill_a_gpu():
     assert "rnn_step" in kernels and "rnn_persist" not in kernels
     cpu = dataclasses.replace(GPU, target="cpu", max_grid=(2**63 - 1,) * 3)
     assert "rnn_persist" in {l.kernel for l in _plan(op, small, cpu).launches}
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"])
+@pytest.mark.parametrize("op, gates", [("lstm", 4), ("gru", 3), ("rnn", 1)])  # ABI.md §3's G
+def test_every_recurrent_launch_carries_its_ops_gate_count(op, gates, target):
+    """A recurrent program holds one op: every rnn-family launch of a thunk, both kernel choices, is
+    built with RNN_GATES = the op's gate count, a variant the target builds (the kernels have no
+    runtime gate count to dispatch on)."""
+    lim = GPU if target == "gpu" else dataclasses.replace(GPU, target="cpu", max_grid=(2**63 - 1,) * 3)
+    for rnn_kernel in ("persistent", "step"):
+        plan = _plan(op, cases.SMALL[op], lim, rnn_kernel=rnn_kernel)
+        recurrent = [launch for launch in plan.launches if launch.family == "rnn"]
+        assert ("rnn_persist" if rnn_kernel == "persistent" else "rnn_step") in {launch.kernel for launch in recurrent}
+        assert {launch.defines for launch in recurrent} == {(("RNN_GATES", gates),)}, recurrent
+        assert recurrent[0].defines in variants("rnn", target)
 
 
 def test_cpu_target_keeps_its_shapes():

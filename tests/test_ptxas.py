@@ -21,7 +21,7 @@ from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches import Buf  # noqa: E402
-from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits, variants  # noqa: E402
+from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits, gate_variant, variants  # noqa: E402
 from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
@@ -73,20 +73,21 @@ def test_gpu_f64_program_builds_and_is_listed(prog):
 @pytest.mark.parametrize("family", programs.FAMILIES)
 def test_f32_ptx_does_not_flush_subnormals(family):
     for target in ("gpu", "cpu"):
-        ptx = _build(programs.program("cuda", family, "f32", None, target)).ptx
-        assert nvrtc.flushing_instructions(ptx) == [], f"{family} [{target}] flushes f32 subnormals"
+        for defines in variants(family, target):
+            prog = programs.program("cuda", family, "f32", None, target, defines)
+            assert nvrtc.flushing_instructions(_build(prog).ptx) == [], f"{prog.label} flushes f32 subnormals"
 
 
 def test_flush_check_sees_ftz():
     """The check above can fail: the same program built with --ftz=true flushes."""
-    prog = programs.program("cuda", "rnn", "f32", None, "gpu")
+    prog = programs.program("cuda", "rnn", "f32", None, "gpu", gate_variant(4))
     assert nvrtc.flushing_instructions(nvrtc.build(prog, extra=("--ftz=true",)).ptx)
 
 
 def test_gpu_target_uses_the_hardware_exp():
     """rlx_exp at the gpu target is ex2.approx.f32 (no .ftz); the cpu target keeps its polynomial."""
-    gpu = _build(programs.program("cuda", "rnn", "f32", None, "gpu")).ptx
-    cpu = _build(programs.program("cuda", "rnn", "f32", None, "cpu")).ptx
+    gpu = _build(programs.program("cuda", "rnn", "f32", None, "gpu", gate_variant(4))).ptx
+    cpu = _build(programs.program("cuda", "rnn", "f32", None, "cpu", gate_variant(4))).ptx
     assert "ex2.approx.f32" in gpu and "ex2.approx" not in cpu
 
 

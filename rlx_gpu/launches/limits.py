@@ -83,17 +83,34 @@ def state_variant(n: int) -> tuple[tuple[str, int], ...]:
     size = next(v for v in SSM_VARIANTS if v >= n)
     return (("SSM_N", size), ("SSM_L", max(1, size // TUNING["gpu"]["SSM_LANE_W"])))
 
+
+#: the gate counts the recurrent kernels are compiled for: lstm 4, gru 3, rnn 1
+RNN_GATE_COUNTS = (4, 3, 1)
+
+
+def gate_variant(gates: int) -> tuple[tuple[str, int], ...]:
+    """The program variant of the recurrent kernels (every target) for an op of ``gates`` gates:
+    ``RNN_GATES``."""
+    if gates not in RNN_GATE_COUNTS:
+        raise ValueError(f"a recurrent op of {gates} gates has no kernel variant; the kernels are built for "
+                         f"{', '.join(map(str, RNN_GATE_COUNTS))}")
+    return (("RNN_GATES", gates),)
+
+
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
 #: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # ssm and gdn: () builds the chunked forms (no state-size variant), the others the lanes kernels
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
     ("gdn", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
+    # rnn: one program per op (its gate count) at each target
+    **{("rnn", target): tuple(gate_variant(g) for g in RNN_GATE_COUNTS) for target in TARGETS},
 }
 
 
 def variants(family: str, target: str) -> tuple[tuple[tuple[str, int], ...], ...]:
-    """The ``defines`` tuples a planner may give launches of ``family`` at ``target`` (at least ``()``)."""
+    """The ``defines`` tuples a planner may give launches of ``family`` at ``target`` (``((),)`` for a
+    family without variants)."""
     return VARIANTS.get((family, target), ((),))
 
 

@@ -12,7 +12,8 @@ per-step kernel's shape is per target too: cpu, each item computes RNN_JB_G<gate
 RNN_RB_G<gates> batch rows (a register block); gpu, a work-group of RNN_GU consecutive units x RNN_GK
 slices of the reduction for RNN_RB batch rows, the slices summed through LOCAL memory, so that B64
 H1024 exposes over a thousand work-groups. Layers below the last write their output to scratch in
-the compute type.
+the compute type. Every recurrent launch of a thunk is built as its op's program variant
+(``RNN_GATES``, ``limits.gate_variant``), so the kernels take no op or gate count at run time.
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from host_fallback.layout import regions
 
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real_size, strided_grid
-from .limits import DeviceLimits
+from .limits import DeviceLimits, gate_variant
 
-OPS = {"lstm": (0, 4), "gru": (1, 3), "rnn": (2, 1)}  # op -> (kernel op code, gates)
+GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
@@ -62,7 +63,8 @@ def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates
 
 
 def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
-    op_code, gates = OPS[t["op"]]
+    gates = GATES[t["op"]]
+    defines = gate_variant(gates)  # every rnn launch of the thunk: the op's program
     dt, es, rs = t["dtype"], ELEM_SIZE[t["dtype"]], real_size(t["dtype"])
     b, s, h, layers = t["batch"], t["seq"], t["hidden"], t["num_layers"]
     dirs = 2 if t["bidirectional"] else 1
@@ -80,7 +82,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         tloc = (linear_local(gates * hp, 64), 1, 1)
         prepare.append(len(launches))
         launches.append(Launch("rnn", "rnn_w_t", dt, strided_grid((gates * hp, k, dirs), tloc, lim.max_grid), tloc,
-                               (i64(gates), i64(h), i64(hp), i64(k)) + src + dst, target=lim.target))
+                               (i64(h), i64(hp), i64(k)) + src + dst, target=lim.target, defines=defines))
 
     w_ih = t["w_ih"]
     for layer in range(layers):
@@ -107,7 +109,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         state_off = es * layer * dirs * b * h
         h0 = (ARENA, i64(t["h0"] + state_off)) if carry else (ARENA, i64(0))
         c0 = (ARENA, i64(t["c0"] + state_off)) if carry and t["op"] == "lstm" else (ARENA, i64(0))
-        head = (i32(op_code), i32(relu), i32(gates), i64(b), i64(s), i64(h))
+        head = (i32(relu), i64(b), i64(s), i64(h))
         tail = out + (i64(dirs * h),)
         wt = (SCRATCH, i64(sc["wt"] + layer * sc["wt_layer"]))
         if not persistent or fused:  # W_hh^T
@@ -122,18 +124,18 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
                 args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + wt + bhh + h0 + c0 + hbuf[0] + hbuf[1] + cs + x_in + tail
             else:
                 args = head + (i32(carry), SCRATCH, i64(sc["xw"])) + whh + bhh + h0 + c0 + tail
-            launches.append(Launch("rnn", "rnn_persist", dt, size, local, args, target=lim.target))
+            launches.append(Launch("rnn", "rnn_persist", dt, size, local, args, target=lim.target, defines=defines))
             continue
         lin = (linear_local(n, 256),)
         launches.append(Launch("rnn", "rnn_state_in", dt, grid((n,), lin), lin,
-                               (i32(carry), i32(t["op"] == "lstm"), i64(n)) + h0 + c0 + hbuf[0] + cs, target=lim.target))
+                               (i32(carry), i64(n)) + h0 + c0 + hbuf[0] + cs, target=lim.target, defines=defines))
         size, local = _step_geometry(lim, gates, b, h, dirs)
         for step in range(s):
             args = head + (i64(step), SCRATCH, i64(sc["xw"])) + wt + bhh + hbuf[step % 2] + hbuf[1 - step % 2] + cs + tail
-            launches.append(Launch("rnn", "rnn_step", dt, size, local, args, target=lim.target))
+            launches.append(Launch("rnn", "rnn_step", dt, size, local, args, target=lim.target, defines=defines))
         if carry:
             launches.append(Launch("rnn", "rnn_state_out", dt, grid((n,), lin), lin,
-                                   (i32(t["op"] == "lstm"), i64(n)) + hbuf[s % 2] + cs + h0 + c0, target=lim.target))
+                                   (i64(n),) + hbuf[s % 2] + cs + h0 + c0, target=lim.target, defines=defines))
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh"))
     kind = ("persistent, input projected in the recurrence" if fused else "persistent") if persistent else "per-step"
     return LaunchPlan(tuple(launches), scratch_bytes, (kind,), tuple(prepare), weights)
