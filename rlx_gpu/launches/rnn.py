@@ -49,7 +49,7 @@ def _scratch(lim: DeviceLimits, dirs: int, b: int, s: int, h: int, i: int, gates
              rs: int) -> tuple[dict[str, int], int]:
     """Byte offsets of the scratch regions, and the total. Every layer stages its weights in its own
     slice of ``wt`` and ``wit`` (``wt_layer``, ``wit_layer`` bytes apart), so that the staged weights
-    of all layers stay valid together between runs (``LaunchPlan.prepare``). ``wit`` holds W_ih^T either
+    of all layers stay valid together between runs (``LaunchPlan.staging``). ``wit`` holds W_ih^T either
     as the gemm's [dirs][in][gates*h] or padded like W_hh^T ([dirs][in][wt_row], the fused kernel)."""
     wt_row = gates * ceil_to(h, lim.tune("RNN_JB")) + lim.tune("RNN_WPAD")
     wt_layer, wit_layer = ceil_to(dirs * h * wt_row * rs, 64), ceil_to(dirs * wt_row * max(i, dirs * h) * rs, 64)
@@ -75,12 +75,12 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
     hp = ceil_to(h, lim.tune("RNN_JB"))
     bias_field = "b_ih" if t["op"] == "gru" else "bias"
     launches: list[Launch] = []
-    prepare: list[int] = []  # the weight-staging launches (LaunchPlan.prepare)
+    staging: list[int] = []  # the weight-staging launches (LaunchPlan.staging)
 
     def stage(k: int, src: tuple, dst: tuple) -> None:
-        """W (gates*h rows of k) transposed into dst, padded (rnn_w_t), as a prepare launch."""
+        """W (gates*h rows of k) transposed into dst, padded (rnn_w_t), as a staging launch."""
         tloc = (linear_local(gates * hp, 64), 1, 1)
-        prepare.append(len(launches))
+        staging.append(len(launches))
         launches.append(Launch("rnn", "rnn_w_t", dt, strided_grid((gates * hp, k, dirs), tloc, lim.max_grid), tloc,
                                (i64(h), i64(hp), i64(k)) + src + dst, target=lim.target, defines=defines))
 
@@ -93,7 +93,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if fused:  # W_ih^T padded like W_hh^T; the recurrence projects the input itself
             stage(in_l, (ARENA, i64(w_ih)), (SCRATCH, i64(wit)))
         else:  # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
-            prepare.append(len(launches))
+            staging.append(len(launches))
             launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, wit)))
             launches.append(gemm(
                 lim, dt, b * s, gh, in_l, dirs, (x_buf, x_off, x_real, 0, in_l, 1),
@@ -138,7 +138,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
                                    (i64(n),) + hbuf[s % 2] + cs + h0 + c0, target=lim.target, defines=defines))
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh"))
     kind = ("persistent, input projected in the recurrence" if fused else "persistent") if persistent else "per-step"
-    return LaunchPlan(tuple(launches), scratch_bytes, (kind,), tuple(prepare), weights)
+    return LaunchPlan(tuple(launches), scratch_bytes, (kind,), tuple(staging), weights)
 
 
 def _persist_geometry(lim: DeviceLimits, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
