@@ -180,7 +180,7 @@ def decode_breakdown(exe: Any, inputs: dict[str, np.ndarray], calls: int) -> lis
     (so on a noisy machine a small one can come out below zero)."""
     dev, sched = exe.device, exe.schedule
     exe.run(**inputs)
-    arena, prepared, session = exe._arena, dev.prepare(sched), dev.session
+    arena, bound, session = exe._arena, dev.bind(sched), dev.session
     parts: dict[str, list[float]] = {}
     clock = time.perf_counter
     for call in range(calls + calls // 5):
@@ -197,7 +197,7 @@ def decode_breakdown(exe: Any, inputs: dict[str, np.ndarray], calls: int) -> lis
             arena.flush()
         t4 = clock()
         steps = []
-        for thunk, _, step in prepared.steps:
+        for thunk, _, step in bound.steps:
             start = clock()
             step(arena.handle, None)
             steps.append((f"thunk {thunk.index} {thunk.op}", clock() - start))

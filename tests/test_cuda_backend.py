@@ -1,8 +1,8 @@
 """The CUDA backend where no GPU is: unavailable with its reason, device records, and its cubins.
 
-What needs a GPU (launches, cuBLAS, graphs, DLPack on device memory) runs in tools/gpu_check.py on a
-lent machine; this file checks everything up to that line for real: CuPy is absent here, NVRTC and
-ptxas are present.
+What needs a GPU runs in tools/gpu_check.py on a lent machine; the CuPy calls of the backend run here
+through the CuPy contract double (tests/test_cuda_session.py). This file checks the rest for real: CuPy
+is absent here, NVRTC and ptxas are present.
 """
 from __future__ import annotations
 
@@ -103,20 +103,21 @@ def _cache(tmp_path, compile=None, arch="sm_90", version=None):
     return CubinCache(arch, nvrtc.OPTIONS, compile or nvrtc.compile_cubin, version or nvrtc_version(), tmp_path)
 
 
-def test_every_program_builds_to_an_sm90_cubin_through_the_backend_cache(tmp_path):
-    """The programs a CUDA device (gpu target) builds, with CudaPrimitives' options and cache, once each."""
-    from concurrent.futures import ThreadPoolExecutor
+def test_every_program_builds_to_an_sm90_cubin_through_the_backend_cache():
+    """The programs a CUDA device (gpu target) builds, with CudaPrimitives' options and cache, once each
+    (into the directory every cubin-loading test of this process shares), each with its PTX beside it."""
+    from cupy_double import gpu_cubins
 
     from rlx_gpu.backends import nvrtc
 
     progs = nvrtc.programs("gpu")
-    cache = _cache(tmp_path)
-    with ThreadPoolExecutor(2) as pool:
-        cubins = list(pool.map(cache.get, progs))
-    assert all(c.startswith(b"\x7fELF") for c in cubins) and cache.compiled == len(progs)
-    assert len(list(tmp_path.glob("*.cubin"))) == len({cache.key(p) for p in progs})
-    again = _cache(tmp_path, compile=lambda prog, arch: pytest.fail(f"rebuilt {prog.label} despite the disk cache"))
-    assert [again.get(p) for p in progs] == cubins and again.compiled == 0
+    directory, compiled, cubins = gpu_cubins()
+    assert all(c.startswith(b"\x7fELF") for c in cubins) and compiled == len(progs)
+    again = _cache(directory, compile=lambda prog, arch: pytest.fail(f"rebuilt {prog.label} despite the disk cache"))
+    # other tests of the process may add cpu-target programs to the shared directory, never a cubin without its PTX
+    assert len(list(directory.glob("*.cubin"))) == len(list(directory.glob("*.ptx"))) >= len({again.key(p) for p in progs})
+    assert [again.get(p) for p in progs] == list(cubins) and again.compiled == 0
+    assert all(".target sm_90" in again.ptx(p) for p in progs)  # a program may hold no kernel (compiled out)
 
 
 def test_cache_keys_and_damaged_entries(tmp_path):
@@ -138,6 +139,8 @@ def test_cache_keys_and_damaged_entries(tmp_path):
     assert _cache(tmp_path, counting, version="0.0").key(prog) != first.key(prog)
     first.path(prog).write_bytes(b"truncated")  # a damaged entry is rebuilt, never loaded
     assert _cache(tmp_path, counting).get(prog).startswith(b"\x7fELF") and len(built) == 2
+    first.path(prog).with_suffix(".ptx").unlink()  # a cubin without its PTX too
+    assert ".entry" in _cache(tmp_path, counting).ptx(prog) and len(built) == 3
     assert not list(tmp_path.glob("*.tmp")), "the atomic write leaves no temporary file"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tools" / "gpu_check.py"
-FILES = {"log.txt", "summary.md", "results.json", "env.json"}
+FILES = {"log.txt", "summary.md", "results.json"}
 
 
 def _run(out: Path, *args: str, **env: str) -> tuple[int, list[dict]]:
@@ -20,7 +20,7 @@ def _run(out: Path, *args: str, **env: str) -> tuple[int, list[dict]]:
     run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *args], env=environ, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert "Traceback" not in run.stderr, run.stderr
-    return run.returncode, json.loads((out / "results.json").read_text())
+    return run.returncode, json.loads((out / "results.json").read_text())["rows"]
 
 
 def _cuda_available() -> bool:
@@ -32,11 +32,11 @@ def _cuda_available() -> bool:
 def test_skipping_cuda_runs_the_environment_and_exits_zero(tmp_path):
     rc, rows = _run(tmp_path, "--skip-cuda")
     assert rc == 0
-    assert FILES <= {p.name for p in tmp_path.iterdir()}
+    assert FILES == {p.name for p in tmp_path.iterdir()}
     by_section = {r["section"]: r for r in rows if r["item"] == "all"}
     assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench"}
     assert all(r["status"] == "skip" for r in by_section.values())
-    env = json.loads((tmp_path / "env.json").read_text())
+    env = json.loads((tmp_path / "results.json").read_text())["env"]
     assert "numpy" in env["packages"] and "python" in env
     summary = (tmp_path / "summary.md").read_text()
     assert summary.startswith("| section | item | status | detail |") and "| build | all | skip |" in summary
@@ -81,3 +81,68 @@ def test_the_benchmark_shapes_are_valid_schedules_of_the_issue_sizes():
     # gdn decode carries its state: read once and written once
     state = 64 * 16 * 128 * 128 * 4
     assert floors["gdn decode B64 S1 H16 N128"] == 2 * state + 64 * 16 * (4 * 128 + 2) * 4
+
+
+def _script():
+    sys.path[:0] = [str(ROOT / "tools")]
+    import gpu_check
+
+    return gpu_check
+
+
+def test_the_check_writes_at_most_eight_files_whatever_happens(tmp_path):
+    """The lent machine returns at most 8 files: the check writes only those it names."""
+    gpu_check = _script()
+    assert len(gpu_check.FILES) <= 8 and {"results.json", "log.txt", "summary.md"} <= set(gpu_check.FILES)
+    ck = gpu_check.Check(tmp_path, True, 10.0)
+    with pytest.raises(ValueError, match="at most 8"):
+        ck.write("conformance.txt", "")
+
+
+def test_a_timed_out_child_keeps_its_output_as_text_and_its_stderr(tmp_path):
+    gpu_check = _script()
+    code = "import sys, time; print('started', flush=True); sys.stderr.write('progress 3/9\\n'); sys.stderr.flush(); time.sleep(60)"
+    text, rc = gpu_check.run_child([sys.executable, "-c", code], 3, gpu_check.child_env())
+    assert rc is None and text.startswith("started\n") and "progress 3/9" in text and "b'" not in text
+    assert "stopped after 3 s" in text
+
+
+def test_the_child_environment_prepends_the_checkout(monkeypatch):
+    gpu_check = _script()
+    monkeypatch.setenv("PYTHONPATH", "/carried/wheels")
+    env = gpu_check.child_env(RLX_CUDA_GRAPHS="0")
+    assert env["PYTHONPATH"] == os.pathsep.join([str(ROOT), "/carried/wheels"]) and env["RLX_CUDA_GRAPHS"] == "0"
+
+
+def test_no_child_and_no_section_outlasts_the_budget(tmp_path):
+    gpu_check = _script()
+    import gpu_bench
+
+    ck = gpu_check.Check(tmp_path, False, 200.0)
+    timeout = ck.timeout(0.9)
+    assert timeout is not None and timeout <= ck.left() - gpu_check.RESERVE
+    ck.budget = 30.0  # under RESERVE + MIN_CHILD, and under what a benchmark needs
+    assert ck.timeout(0.45) is None
+    gpu_bench.scan_per_step(ck, None, None, [])  # no time left: it says so and touches no session
+    assert [r.status for r in ck.rows] == ["fail", "fail"] and "budget" in ck.rows[0].detail
+
+
+def test_the_build_section_names_kernels_from_the_ptx(tmp_path, monkeypatch):
+    """Through the CuPy double: every kernel of every gpu program (kernels compiled out by an ``#if`` are
+    not in the module, and get_function of one is CUDA_ERROR_NOT_FOUND), build.md written as it goes."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
+    from cupy_double import gpu_cubins, installed
+
+    from rlx_gpu.backends import nvrtc
+    from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
+
+    gpu_check = _script()
+    with installed(monkeypatch):
+        ck = gpu_check.Check(tmp_path, False, 300.0)
+        gpu_check.build(ck, {})
+    assert [r.status for r in ck.rows] == ["ok"], ck.rows
+    table = (tmp_path / "build.md").read_text().splitlines()[2:]
+    built = CubinCache(nvrtc.CUBIN_ARCH, nvrtc.OPTIONS, nvrtc.compile_cubin, nvrtc_version(), gpu_cubins()[0])
+    entries = {(p.label, name) for p in nvrtc.programs("gpu") for name in nvrtc.parameters(built.ptx(p))}
+    assert {tuple(cell.strip() for cell in row.split("|")[1:3]) for row in table} == entries and len(table) == len(entries)
+    assert any(name == "mamba2_lanes" for _, name in entries)

@@ -47,3 +47,41 @@ def test_every_body_function_has_a_named_case_in_the_kernel():
         assert f"#define {name} {code}\n" in text
         assert f"case {name}:" in text, f"kernels/body.cl has no case for {name}"
     assert sorted(FN_CODES["unary"].values()) == list(range(len(FN_CODES["unary"])))
+
+
+def test_an_empty_build_log_leaves_pythons_one_byte_constant_alone():
+    """NVRTC writes into the buffer it is given; an empty log is one byte, and ``b" " * 1`` is Python's
+    shared ``b" "``: written into, it would become ``b"\\x00"`` for the whole process."""
+    clean = 'extern "C" __global__ void one(int *p) { *p = 1; }\n'  # compiles without a warning
+    prog = dataclasses.replace(programs.program("cuda", "body", "f32"), source=clean)
+    handle, log = nvrtc._compile(prog, "compute_90")
+    from cuda.bindings import nvrtc as bindings
+
+    bindings.nvrtcDestroyProgram(handle)
+    assert log == ""  # the case that corrupted it: a log of size 1
+    assert b" "[0] == 32 and b"x y".split(b" ") == [b"x", b"y"]
+
+
+def test_without_a_system_toolkit_the_wheel_headers_are_used(tmp_path):
+    """No cuda_fp16.h under the system path: the nvidia-cuda-runtime wheel's headers (cuda.pathfinder)."""
+    import os
+
+    found = nvrtc.include_dir(None, system=str(tmp_path))
+    assert found != str(tmp_path) and os.path.isfile(os.path.join(found, "cuda_fp16.h"))
+    assert nvrtc.include_dir("/given/by/CUDA_INCLUDE", system=str(tmp_path)) == "/given/by/CUDA_INCLUDE"
+    prog = programs.program("cuda", "body", "f16")
+    options = ["--gpu-architecture=compute_90", "-I" + found, *nvrtc.OPTIONS[1:]]
+    from cuda.bindings import nvrtc as bindings
+
+    (handle,) = nvrtc._check(bindings.nvrtcCreateProgram(prog.source.encode(), b"body.cu", 0, [], []))
+    try:
+        status = bindings.nvrtcCompileProgram(handle, len(options), [o.encode() for o in options])[0]
+        assert status == bindings.nvrtcResult.NVRTC_SUCCESS
+    finally:
+        bindings.nvrtcDestroyProgram(handle)
+
+
+def test_a_missing_header_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(nvrtc, "OPTIONS", ("-I" + str(tmp_path), *nvrtc.OPTIONS[1:]))
+    with pytest.raises(KernelBuildError, match="pip install nvidia-cuda-runtime"):
+        nvrtc.compile_ptx(programs.program("cuda", "body", "f16"), "compute_90")

@@ -2,16 +2,19 @@
 
     python3 tools/gpu_check.py [--out DIR] [--skip-cuda] [--budget SECONDS]
 
-Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes: ``env.json``
-(interpreter, packages, ``nvidia-smi``, the CUDA devices or why there are none), ``build.md`` (every
-program built for the device's ``sm_XY`` with registers / local / shared bytes read back from the
-driver), ``conformance.txt`` and ``conformance.json`` (`rlx-gpu conformance --device cuda`), ``sanitizer.txt``
-(``compute-sanitizer`` memcheck and racecheck on the small f32 cases, where the tool exists),
-``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings; event-timed medians at the GPU shapes
-against cuDNN and the torch chunked twins, and byte floors), ``summary.md`` (the final table),
-``results.json`` and ``log.txt``. Exit status: 0 when nothing failed, 1 otherwise (a section that
-could not run on a machine without CUDA counts as failed unless ``--skip-cuda`` or
-``RLX_GPU_CHECK_SKIP_CUDA=1`` says to skip it). Missed performance targets are listed, not failures.
+Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes, five files (the machine
+that runs it returns at most eight): ``results.json`` (every row, the environment — interpreter,
+packages, ``nvidia-smi``, the CUDA devices or why there are none — and the JSON of `rlx-gpu conformance
+--device cuda`), ``log.txt`` (the progress, then the whole output of the conformance run and of
+``compute-sanitizer`` memcheck and racecheck on the small f32 cases), ``build.md`` (every kernel of every
+program built for the device's ``sm_XY``, named by its PTX ``.entry`` list, with registers / local /
+shared bytes read back from the driver), ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings;
+event-timed medians at the GPU shapes against cuDNN and the torch chunked twins, and byte floors; a
+scan's time per step with CUDA graphs and without) and ``summary.md`` (the final table). ``--budget``
+caps the whole check: every section, and every child process, gets only the time left. Exit status: 0
+when nothing failed, 1 otherwise (a section that could not run on a machine without CUDA counts as
+failed unless ``--skip-cuda`` or ``RLX_GPU_CHECK_SKIP_CUDA=1`` says to skip it). Missed performance
+targets are listed, not failures.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -33,9 +37,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(RO
 
 from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402  (beside this script)
 
-PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc")
+PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc",
+            "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cublas-cu12", "cuda-pathfinder")
 CONFORMANCE = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", "cuda"]  # the conformance suite on CUDA
 SANITIZED = ["--quick", "--dtypes", "f32"]  # the small f32 cases under compute-sanitizer
+FILES = ("results.json", "log.txt", "summary.md", "build.md", "bench.md")  # all it writes: at most 8 come back
+MIN_CHILD = 30  # seconds: a child process given less than this is not started
+RESERVE = 15  # seconds kept back from every child for the sections' own bookkeeping
 
 
 @dataclass
@@ -53,6 +61,7 @@ class Check:
     budget: float
     started: float = field(default_factory=time.perf_counter)
     rows: list[Row] = field(default_factory=list)
+    results: dict = field(default_factory=dict)  # what results.json holds besides the rows
 
     def log(self, text: str) -> None:
         print(text, flush=True)
@@ -65,20 +74,51 @@ class Check:
         self.write_summary()
 
     def write(self, name: str, text: str) -> None:
+        if name not in FILES:
+            raise ValueError(f"{name} is not one of the check's files {FILES}: the GPU machine returns at most 8")
         (self.out / name).write_text(text)
 
     def write_summary(self) -> None:
         lines = ["| section | item | status | detail |", "|---|---|---|---|"]
         lines += [f"| {r.section} | {r.item} | {r.status} | {r.detail} |" for r in self.rows]
         self.write("summary.md", "\n".join(lines) + "\n")
-        self.write("results.json", json.dumps([asdict(r) for r in self.rows], indent=1))
+        self.write("results.json", json.dumps({"rows": [asdict(r) for r in self.rows], **self.results}, indent=1,
+                                              default=str))
 
     def left(self) -> float:
         return self.budget - (time.perf_counter() - self.started)
 
+    def timeout(self, share: float) -> int | None:
+        """Seconds for a child process: ``share`` of the time left, at least :data:`MIN_CHILD`, never past
+        the budget (less :data:`RESERVE`); None when not even :data:`MIN_CHILD` is left."""
+        room = self.left() - RESERVE
+        return None if room < MIN_CHILD else int(min(room, max(MIN_CHILD, self.left() * share)))
+
     @property
     def failed(self) -> bool:
         return any(r.status == "fail" for r in self.rows)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child run: this one, ``extra``, and the checkout ahead of ``PYTHONPATH``
+    (kept, so wheels carried to the machine stay importable)."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def run_child(cmd: list[str], timeout: int, env: dict[str, str]) -> tuple[str, int | None]:
+    """(stdout then stderr, exit status) of ``cmd``; the status is None when it ran past ``timeout``, and
+    the output is then what it wrote until stopped (a ``TimeoutExpired`` carries it as bytes)."""
+    try:
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as err:
+        return f"{_text(err.stdout)}{_text(err.stderr)}\n--- stopped after {timeout} s", None
+    return run.stdout + run.stderr, run.returncode
 
 
 def cuda_status():
@@ -102,7 +142,7 @@ def environment(ck: Check, shared: dict) -> None:
     st = cuda_status()
     env["cuda"] = {"reason": st.reason, "devices": [dict(spec=d.spec, name=d.name, **{k: v for k, v in d.details.items()})
                                                     for d in st.devices]}
-    ck.write("env.json", json.dumps(env, indent=1, default=str))
+    ck.results["env"] = env
     ck.add("env", "interpreter and packages", "ok", f"python {platform.python_version()}, "
            + ", ".join(f"{k} {v}" for k, v in env["packages"].items()))
     ck.add("env", "cuda backend", "ok" if st.available else "skip" if ck.skip_cuda else "fail",
@@ -110,8 +150,6 @@ def environment(ck: Check, shared: dict) -> None:
 
 
 def build(ck: Check, shared: dict) -> None:
-    import re
-
     from rlx_gpu.backends import nvrtc
 
     session = cuda_session()
@@ -119,30 +157,34 @@ def build(ck: Check, shared: dict) -> None:
     rows = ["| program | kernel | registers | local B | shared B | build s |", "|---|---|---|---|---|---|"]
     cold = time.perf_counter()
     for prog in nvrtc.programs(session.limits.target):
+        if ck.left() < RESERVE:
+            ck.add("build", "the remaining programs", "fail", "not run: time budget spent")
+            return
         t0 = time.perf_counter()
         module = session.program(prog)
         spent = time.perf_counter() - t0
-        for name in re.findall(r"KERNEL\s+(\w+)\s*\(", prog.source):
+        for name in nvrtc.parameters(prims.cubins.ptx(prog)):  # the kernels the module holds
             a = prims.kernel_attributes(prims.get_kernel(module, name))
             rows.append(f"| {prog.label} | {name} | {a['registers']} | {a['local_bytes']} | {a['shared_bytes']} | {spent:.2f} |")
-    ck.write("build.md", "\n".join(rows) + "\n")
+        ck.write("build.md", "\n".join(rows) + "\n")
     ck.add("build", f"every program for {prims.arch}", "ok",
            f"{len(rows) - 2} kernels, {prims.cubins.compiled} cubins compiled in {time.perf_counter() - cold:.1f} s")
 
 
 def conformance(ck: Check, shared: dict) -> None:
     cuda_session()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    timeout = max(60, int(ck.left() * 0.45))
-    try:
-        run = subprocess.run([*CONFORMANCE, "--json", str(ck.out / "conformance.json")], cwd=ROOT,
-                             env=env, capture_output=True, text=True, timeout=timeout)
-        text, ok = run.stdout + run.stderr, run.returncode == 0
-    except subprocess.TimeoutExpired as err:
-        text, ok = f"{err.stdout or ''}\n--- stopped after {timeout} s", False
-    ck.write("conformance.txt", text)
+    timeout = ck.timeout(0.45)
+    if timeout is None:
+        ck.add("conformance", "suite on cuda", "fail", "not run: time budget spent")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "conformance.json"
+        text, rc = run_child([*CONFORMANCE, "--json", str(report)], timeout, child_env())
+        if report.exists():
+            ck.results["conformance"] = json.loads(report.read_text())
+    ck.log(f"===== rlx-gpu conformance --device cuda (exit {rc})\n{text}")
     last = [line for line in text.strip().splitlines() if line.strip()][-1:] or ["no output"]
-    ck.add("conformance", "suite on cuda", "ok" if ok else "fail", last[0][:200])
+    ck.add("conformance", "suite on cuda", "ok" if rc == 0 else "fail", last[0][:200])
 
 
 def sanitizer(ck: Check, shared: dict) -> None:
@@ -152,24 +194,21 @@ def sanitizer(ck: Check, shared: dict) -> None:
     if tool is None:
         ck.add("sanitizer", "compute-sanitizer", "skip", "not installed on this machine")
         return
-    env = dict(os.environ, RLX_CUDA_GRAPHS="0", PYTHONPATH=str(ROOT))
-    report = []
+    env = child_env(RLX_CUDA_GRAPHS="0")
     for mode in ("memcheck", "racecheck"):
-        timeout = max(30, int(min(120, ck.left() * 0.25)))
-        cmd = [tool, "--tool", mode, "--error-exitcode", "86", *CONFORMANCE, *SANITIZED]
-        try:
-            run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-            text, rc = run.stdout + run.stderr, run.returncode
-        except subprocess.TimeoutExpired as err:
-            text, rc = f"{err.stdout or ''}\n--- stopped after {timeout} s", None
-        report.append(f"===== {mode} (exit {rc})\n{text}")
+        timeout = ck.timeout(0.25)
+        if timeout is None:
+            ck.add("sanitizer", mode, "fail", "not run: time budget spent")
+            continue
+        text, rc = run_child([tool, "--tool", mode, "--error-exitcode", "86", *CONFORMANCE, *SANITIZED],
+                             min(120, timeout), env)
+        ck.log(f"===== compute-sanitizer {mode} (exit {rc})\n{text}")
         if rc not in (0, 86) and "Device not supported" in text:  # gVisor machines: the tool cannot attach
-            ck.add("sanitizer", mode, "skip", "compute-sanitizer cannot attach to this device (see sanitizer.txt)")
+            ck.add("sanitizer", mode, "skip", "compute-sanitizer cannot attach to this device (see log.txt)")
             continue
         status = "ok" if rc == 0 else "fail"
         detail = "no errors" if rc == 0 else "timed out" if rc is None else "errors found" if rc == 86 else f"exit {rc}"
         ck.add("sanitizer", mode, status, detail)
-    ck.write("sanitizer.txt", "\n".join(report))
 
 
 def ceilings(ck: Check, shared: dict) -> dict[str, float]:
@@ -179,11 +218,11 @@ def ceilings(ck: Check, shared: dict) -> dict[str, float]:
     session = cuda_session()
     stream = session.prims.stream
     n = 1 << 31
-    src, dst = session.prims.allocate(n), session.prims.allocate(n)
+    pair = [session.prims.allocate(n, "a copy-bandwidth source"), session.prims.allocate(n, "a copy-bandwidth target")]
     rt = cp.cuda.runtime
-    ms = events_ms(stream, lambda: rt.memcpyAsync(dst.ptr, src.ptr, n, rt.memcpyDeviceToDevice, stream.ptr), 10)
+    ms = events_ms(stream, lambda: rt.memcpyAsync(pair[1].ptr, pair[0].ptr, n, rt.memcpyDeviceToDevice, stream.ptr), 10)
     bandwidth = 2 * n / (ms * 1e-3)  # bytes read + written per second
-    del src, dst
+    pair.clear()  # the 4 GiB go back before the benchmarks
     ck.add("ceilings", "device copy bandwidth", "ok", f"{bandwidth / 1e12:.2f} TB/s (read + write, 2 GiB)")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

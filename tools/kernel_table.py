@@ -51,7 +51,7 @@ def main() -> int:
             tag = family + "".join(f" {k}={v}" for k, v in defines)
             for dtype in DTYPES:
                 prog = programs.program("cuda", family, dtype, None, args.target, defines)
-                for kernel, use in nvrtc.resource_usage(nvrtc.compile_cubin(prog)[1]).items():
+                for kernel, use in nvrtc.resource_usage(nvrtc.build(prog).log).items():
                     usage[(tag, kernel)][dtype] = use
     groups = exposure(args.target)
     print("| kernel | registers f32 / f16 / bf16 / f64 | stack B (f32 / f16 / bf16 / f64) | spills B st+ld (f32 / f16 / bf16 / f64) "

@@ -190,7 +190,13 @@ class KernelSession:
                          plan.staging_reads if plan.staging else ())
 
     def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
-        """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0).
+        """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0)."""
+        launches, scratch = self.resolve(bound, arena)
+        self.enqueue_bound(launches, arena.buffer, scratch)
+        return 0
+
+    def resolve(self, bound: BoundPlan, arena: DeviceArena) -> tuple[tuple[tuple[Any, Launch], ...], Any]:
+        """The launches a run of ``bound`` on ``arena`` enqueues, and the scratch buffer they use.
 
         On a resident arena a plan with staging launches gets its own scratch, kept with the arena;
         its staging launches run only while that scratch is not fresh (first run, or after a write
@@ -205,10 +211,13 @@ class KernelSession:
             launches, scratch, kept.fresh = bound.steady if kept.fresh else launches, kept.buffer, True
         elif bound.scratch_bytes:
             scratch = self.scratch(bound.scratch_bytes)
-        enqueue, buffer = self.prims.enqueue, arena.buffer
+        return launches, scratch
+
+    def enqueue_bound(self, launches: tuple[tuple[Any, Launch], ...], buffer: Any, scratch: Any) -> None:
+        """Enqueue bound launches, their ``ARENA`` arguments on ``buffer``, their ``SCRATCH`` ones on ``scratch``."""
+        enqueue = self.prims.enqueue
         for kernel, item in launches:
             enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
-        return 0
 
     def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:
         """Enqueue one launch whose ``Buf`` arguments ``buffers`` resolves (to buffers from ``allocate``)."""

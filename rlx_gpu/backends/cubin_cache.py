@@ -5,6 +5,8 @@ NVRTC that wrote PTX rejects it). A cubin is identified by (architecture, progra
 compile options, NVRTC version); the disk copy lives in ``$RLX_CACHE_DIR`` or
 ``~/.cache/rlx_gpu/cubin`` and is written atomically (a temporary file renamed into place), so
 concurrent processes never read half a file. An unreadable cache entry is rebuilt, never trusted.
+Beside each cubin the cache keeps the PTX it was assembled from (``<name>.ptx``): its ``.entry`` list
+names the kernels the module holds and the parameters each takes.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from .programs import Program
 CACHE_ENV = "RLX_CACHE_DIR"
 MAGIC = b"\x7fELF"  # a cubin is an ELF image; anything else in the cache is a damaged entry
 
-#: builds ``(cubin, log)`` of a program for an architecture (``backends.nvrtc.compile_cubin``)
+#: builds ``(cubin, ptx)`` of a program for an architecture (``backends.nvrtc.compile_cubin``)
 Compile = Callable[[Program, str], tuple[bytes, str]]
 
 
@@ -50,7 +52,7 @@ class CubinCache:
     options : tuple of str
         The compile options ``compile`` uses (part of the key: a change of options rebuilds).
     compile : callable
-        ``(program, arch) -> (cubin, log)``; raises ``KernelBuildError`` on failure.
+        ``(program, arch) -> (cubin, ptx)``; raises ``KernelBuildError`` on failure.
     version : str
         The compiler's version (part of the key).
     directory : Path or None
@@ -61,7 +63,7 @@ class CubinCache:
                  directory: Path | None = None):
         self.arch, self.options, self.compile, self.version = arch, tuple(options), compile, version
         self.directory = directory
-        self._memory: dict[str, bytes] = {}
+        self._memory: dict[str, tuple[bytes, str]] = {}  # key -> (cubin, ptx)
         self._lock = threading.Lock()
         self.compiled = 0  # programs this cache compiled (not read back), for reports and tests
 
@@ -73,44 +75,55 @@ class CubinCache:
         return None if self.directory is None else self.directory / f"{prog.family}-{prog.dtype}-{self.key(prog)[:32]}.cubin"
 
     def get(self, prog: Program) -> bytes:
+        """The cubin of ``prog``."""
+        return self.built(prog)[0]
+
+    def ptx(self, prog: Program) -> str:
+        """The PTX the cubin of ``prog`` was assembled from."""
+        return self.built(prog)[1]
+
+    def built(self, prog: Program) -> tuple[bytes, str]:
+        """``(cubin, ptx)`` of ``prog``, from memory, the disk or a compile."""
         key = self.key(prog)
         with self._lock:
-            cubin = self._memory.get(key)
-        if cubin is not None:
-            return cubin
+            built = self._memory.get(key)
+        if built is not None:
+            return built
         # compiled outside the lock, so programs build in parallel; a race builds one twice, harmlessly
-        cubin = self._read(prog)
-        if cubin is None:
-            cubin, _ = self.compile(prog, self.arch)
-            self._write(prog, cubin)
+        built = self._read(prog)
+        if built is None:
+            built = self.compile(prog, self.arch)
+            self._write(prog, built)
             with self._lock:
                 self.compiled += 1
         with self._lock:
-            return self._memory.setdefault(key, cubin)
+            return self._memory.setdefault(key, built)
 
-    def _read(self, prog: Program) -> bytes | None:
+    def _read(self, prog: Program) -> tuple[bytes, str] | None:
         path = self.path(prog)
         if path is None:
             return None
         try:
-            data = path.read_bytes()
-        except OSError:
+            cubin, ptx = path.read_bytes(), path.with_suffix(".ptx").read_text()
+        except (OSError, UnicodeDecodeError):
             return None
-        return data if data.startswith(MAGIC) else None
+        return (cubin, ptx) if cubin.startswith(MAGIC) and ".target" in ptx else None
 
-    def _write(self, prog: Program, cubin: bytes) -> None:
+    def _write(self, prog: Program, built: tuple[bytes, str]) -> None:
         path = self.path(prog)
         if path is None:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(cubin)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            # the PTX first: a reader finding the cubin finds its PTX too
+            for target, data in ((path.with_suffix(".ptx"), built[1].encode()), (path, built[0])):
+                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=target.name, suffix=".tmp")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                    os.replace(tmp, target)
+                except BaseException:
+                    os.unlink(tmp)
+                    raise
         except OSError:
             pass  # a read-only or full cache costs a rebuild next time, never a failure now

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Mapping
 
-from ..launches.core import ARENA, Buf, Launch, Thunk
+from ..launches.core import ARENA, Buf, Launch, LaunchPlan, Thunk
 from ..launches.limits import TUNING
 
 INT_MAX = 2**31 - 1  # cuBLAS takes m, n, k, leading dimensions and the batch count as 32-bit ints
@@ -72,6 +72,16 @@ class GemmCall:
     def ones_needed(self) -> int:
         """Elements of :func:`ones` this call reads (0 unless it is a bias call)."""
         return self.n if self.b.buf.name.startswith("ones_") else 0
+
+    @property
+    def args(self) -> tuple[Buf, Buf, Buf]:
+        """The buffers of A, B and C, in that order: what a session resolves, as for a launch's ``Buf`` arguments."""
+        return self.a.buf, self.b.buf, self.c.buf
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute (``k == 0`` is not empty: it scales C by beta)."""
+        return self.batch == 0 or self.m == 0 or self.n == 0
 
 
 @dataclass(frozen=True)
@@ -233,3 +243,12 @@ def with_cublas(launches: Iterable[Launch], tf32: bool = False) -> list[Launch |
             out.pop()
         out.extend(calls)
     return out
+
+
+def lower(plan: LaunchPlan, tf32: bool = False) -> LaunchPlan:
+    """``plan`` with its gemms as cuBLAS calls (:func:`with_cublas`); its staging launches that remain
+    stay staging launches, the calls never are (a gemm reads the arena outside ``staging_reads``)."""
+    steps = with_cublas(plan.launches, tf32)
+    staging_ids = {id(plan.launches[i]) for i in plan.staging}
+    staging = tuple(i for i, step in enumerate(steps) if id(step) in staging_ids)
+    return replace(plan, launches=tuple(steps), staging=staging)  # type: ignore[arg-type]

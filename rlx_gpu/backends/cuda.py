@@ -1,35 +1,38 @@
 """CUDA backend (CuPy): the primitives of ``core.Primitives`` in CUDA calls, plus cuBLAS and CUDA graphs.
 
 Device specs are ``cuda:N``. An arena is one ``cudaMalloc`` allocation; kernels get its base pointer
-plus byte offsets (ABI.md §1). Everything runs on one non-blocking stream per session: copies and
-memsets are asynchronous on it, ``finish`` synchronizes it. Programs are the portable text compiled by
-NVRTC to a cubin for the device's exact ``sm_XY`` with the project's own options (``nvrtc.OPTIONS``:
-no ``-ftz``, precise division and square root — CuPy's ``RawModule(code=...)`` would add ``-ftz=true``),
-cached in memory and on disk (:mod:`.cubin_cache`) and loaded from bytes.
+plus byte offsets (ABI.md §1). Everything runs on one non-blocking stream per session, with the
+session's device current around every call (CuPy's current device is 0 otherwise): copies and memsets
+are asynchronous on it, ``finish`` synchronizes it. Programs are the portable text compiled by NVRTC
+to a cubin for the device's exact ``sm_XY`` with the project's own options (``nvrtc.OPTIONS``: no
+``-ftz``, precise division and square root — CuPy's ``RawModule(code=...)`` would add ``-ftz=true``),
+cached in memory and on disk with their PTX (:mod:`.cubin_cache`) and loaded from bytes.
 
-Beyond the core: ``matmul`` thunks and the recurrent input projections run as cuBLAS
-``gemmStridedBatchedEx`` calls on the session's stream (:mod:`.cublas_calls`; 16-bit inputs accumulate
-in f32; TF32 only with ``RLX_CUDA_TF32=1``), and a thunk of many launches (the recurrent per-step
-loop) is captured once as a CUDA graph and replayed (:mod:`.graph_cache`; ``RLX_CUDA_GRAPHS=0`` turns
-that off). Without CuPy, or with CuPy but no usable driver or device, ``probe`` raises
-``BackendUnavailable`` with the reason and ``auto`` picks the next backend.
+Beyond the core: the gemms of a plan (``matmul`` thunks, the recurrent input projections) run as
+cuBLAS ``cublasGemmStridedBatchedEx`` calls through the C API on a handle bound once to the session's
+stream and workspace (:mod:`.cublas_lib`, :mod:`.cublas_calls`; 16-bit inputs accumulate and reduce in
+f32; TF32 only with ``RLX_CUDA_TF32=1``), and a bound plan of many launches (the recurrent per-step
+loop) or a scan body's step is captured once as a CUDA graph and replayed (:mod:`.graph_cache`;
+``RLX_CUDA_GRAPHS=0`` turns that off). Without CuPy, or with CuPy but no usable driver or device,
+``probe`` raises ``BackendUnavailable`` with the reason and ``auto`` picks the next backend.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from .. import launches
 from ..errors import DeviceError, KernelBuildError
-from ..launches import ARENA, SCRATCH, DeviceLimits, Launch
+from ..launches import DeviceLimits, Launch
 from ..schedule.ops import SCAN_OPS
-from . import nvrtc
+from ..units import human_bytes
+from . import cublas_lib, nvrtc
 from .base import BackendUnavailable, DeviceInfo
-from .core import KernelSession, ScanMemory
-from .cublas_calls import GemmCall, NotMappable, matmul_call, ones, with_cublas
+from .core import BoundPlan, KernelSession, ScanMemory
+from .cublas_calls import GemmCall, lower, ones
 from .cubin_cache import CubinCache, cache_dir, nvrtc_version
 from .graph_cache import GraphCache, GraphKey, Generations
 from .programs import Program
@@ -40,7 +43,8 @@ PRELUDE = ("kernels_cuda", "prelude.cuh")
 DEVICE_ENV = None
 TF32_ENV = "RLX_CUDA_TF32"  # "1": f32 gemms may round their inputs to TF32 (off by default)
 GRAPHS_ENV = "RLX_CUDA_GRAPHS"  # "0": never capture CUDA graphs
-CUBLAS_WORKSPACE = 32 << 20  # a fixed workspace keeps cuBLAS from allocating while a graph is captured
+CUBLAS_WORKSPACE = 32 << 20  # the handle's fixed workspace: cuBLAS allocates nothing while a graph is captured
+GEMM = "cublasGemmStridedBatchedEx"  # what a bound GemmCall "kernel" is: the call that runs it
 # enum values of library_types.h / cublas_api.h (a stable ABI; CuPy's own names moved between releases)
 _DATA_TYPES = {"f32": 0, "f64": 1, "f16": 2, "bf16": 14}  # CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF
 _COMPUTE_TYPES = {"32F": 68, "32F_FAST_TF32": 77, "64F": 70}  # CUBLAS_COMPUTE_32F, ..._32F_FAST_TF32, ..._64F
@@ -99,7 +103,7 @@ def device_limits(info: DeviceInfo) -> DeviceLimits:
 
 
 def open(info: DeviceInfo) -> "CudaSession":  # noqa: A001 - the backend surface names it open
-    return CudaSession(CudaPrimitives(info))
+    return CudaSession(CudaPrimitives(info, cublas_lib.Cublas(cublas_lib.load_library())))
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,12 +120,12 @@ class Allocation:
 
 
 class CudaPrimitives:
-    """One CUDA device: its stream, allocations, cubins, cuBLAS handle and CUDA graphs."""
+    """One CUDA device: its stream, allocations, cubins, cuBLAS handle, ones buffers and CUDA graphs."""
 
     dialect = NAME
     fp64_feature = "double precision"  # every CUDA device has it
 
-    def __init__(self, info: DeviceInfo):
+    def __init__(self, info: DeviceInfo, cublas: cublas_lib.Cublas):
         cp = self.cp = _cupy()
         self.info = info
         self.index = int(info.spec.split(":")[1])
@@ -133,21 +137,26 @@ class CudaPrimitives:
         self.max_alloc_bytes = self.global_mem_bytes = info.details["global_mem_bytes"]
         self.cubins = CubinCache(self.arch, self.build_options, nvrtc.compile_cubin, nvrtc_version(), cache_dir())
         self.generations = Generations()
+        self.ones: dict[str, Allocation] = {}  # per dtype, the second operand of the bias gemms
+        self.cublas = cublas
         with self.device:
             self.stream = cp.cuda.Stream(non_blocking=True)
-            self.cublas = cp.cuda.cublas.create()
-            cp.cuda.cublas.setStream(self.cublas, self.stream.ptr)
-            self._workspace = self.allocate(CUBLAS_WORKSPACE)
-            set_workspace = getattr(cp.cuda.cublas, "setWorkspace", None)
-            if set_workspace is not None:  # without it a graph capture of a gemm may fail: that key then runs eagerly
-                set_workspace(self.cublas, self._workspace.ptr, CUBLAS_WORKSPACE)
-        self.graphs: GraphCache = GraphCache(_CupyGraphs(self.stream))
+            self._workspace = self.allocate(CUBLAS_WORKSPACE, "the cuBLAS workspace")
+            self.handle = cublas.bound_handle(self.stream.ptr, self._workspace.ptr, CUBLAS_WORKSPACE)
+        self.graphs: GraphCache = GraphCache(_CupyGraphs(self.stream, self.device))
 
     # -- memory -------------------------------------------------------------------------------
-    def allocate(self, nbytes: int) -> Allocation:
-        with self.device:
-            memory = self.cp.cuda.memory.Memory(nbytes)  # a plain cudaMalloc, not CuPy's pool
-        return Allocation(self.cp.cuda.memory.MemoryPointer(memory, 0), nbytes, self.generations.new())
+    def allocate(self, nbytes: int, what: str = "a device buffer") -> Allocation:
+        """A plain ``cudaMalloc`` (not CuPy's pool) of ``nbytes``; ``DeviceError`` naming ``what`` when it fails."""
+        memory = self.cp.cuda.memory
+        try:
+            with self.device:
+                block = memory.Memory(nbytes)
+        except (memory.OutOfMemoryError, self.cp.cuda.runtime.CUDARuntimeError) as err:
+            raise DeviceError(f"allocating {what} of {nbytes} bytes ({human_bytes(nbytes)}) on {self.info.name} "
+                              f"({self.info.spec}) failed: {type(err).__name__}: {err}; free other arenas, shrink the "
+                              f"schedule, or run it on a device with more free memory") from err
+        return Allocation(memory.MemoryPointer(block, 0), nbytes, self.generations.new())
 
     def release(self, buffer: Allocation) -> None:
         self.graphs.forget_generation(buffer.generation)
@@ -155,19 +164,41 @@ class CudaPrimitives:
 
     def write(self, buffer: Allocation, offset: int, data: np.ndarray) -> None:
         rt = self.cp.cuda.runtime
-        rt.memcpyAsync(buffer.ptr + offset, data.ctypes.data, data.nbytes, rt.memcpyHostToDevice, self.stream.ptr)
-        self.stream.synchronize()  # the host array may change once we return
+        with self.device:
+            rt.memcpyAsync(buffer.ptr + offset, data.ctypes.data, data.nbytes, rt.memcpyHostToDevice, self.stream.ptr)
+            self.stream.synchronize()  # the host array may change once we return
 
     def read(self, buffer: Allocation, offset: int, out: np.ndarray) -> None:
         rt = self.cp.cuda.runtime
-        rt.memcpyAsync(out.ctypes.data, buffer.ptr + offset, out.nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
-        self.stream.synchronize()
+        with self.device:
+            rt.memcpyAsync(out.ctypes.data, buffer.ptr + offset, out.nbytes, rt.memcpyDeviceToHost, self.stream.ptr)
+            self.stream.synchronize()
 
     def zero(self, buffer: Allocation, offset: int, nbytes: int) -> None:
-        self.cp.cuda.runtime.memsetAsync(buffer.ptr + offset, 0, nbytes, self.stream.ptr)
+        with self.device:
+            self.cp.cuda.runtime.memsetAsync(buffer.ptr + offset, 0, nbytes, self.stream.ptr)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Device-to-device ``nbytes`` from pointer ``src`` to ``dst`` on the stream, waited for."""
+        rt = self.cp.cuda.runtime
+        with self.device:
+            rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
+            self.stream.synchronize()
 
     def finish(self) -> None:
-        self.stream.synchronize()
+        with self.device:
+            self.stream.synchronize()
+
+    def ones_buffer(self, dtype: str, count: int) -> Allocation:
+        """At least ``count`` ones in ``dtype``; call it before any capture (an allocation cannot be captured)."""
+        have = self.ones.get(dtype)
+        if have is None or have.nbytes < count * _ONE[dtype].itemsize:
+            if have is not None:
+                self.release(have)
+            data = np.full(max(count, 1024), _ONE[dtype]).view(np.uint8)
+            have = self.ones[dtype] = self.allocate(data.size, f"the {dtype} ones of the bias gemms")
+            self.write(have, 0, data)
+        return have
 
     # -- programs -----------------------------------------------------------------------------
     def build_program(self, program: Program) -> Any:
@@ -183,84 +214,69 @@ class CudaPrimitives:
         return module
 
     def get_kernel(self, built: Any, name: str) -> Any:
-        return built.get_function(name)
+        with self.device:
+            return built.get_function(name)
 
     def kernel_attributes(self, kernel: Any) -> dict[str, int]:
         """Registers, local (spill/stack) bytes, static shared bytes and the block limit the driver reports."""
         get = self.cp.cuda.driver.funcGetAttribute
-        return {name: int(get(attr, kernel.ptr)) for name, attr in _FUNC_ATTRIBUTES.items()}
+        with self.device:
+            return {name: int(get(attr, kernel.ptr)) for name, attr in _FUNC_ATTRIBUTES.items()}
 
-    def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
+    def enqueue(self, kernel: Any, launch: Launch | GemmCall, args: tuple[Any, ...]) -> None:
+        """Launch ``kernel``, or run the cuBLAS call ``launch`` (``kernel`` is then :data:`GEMM` and ``args``
+        its operands' buffers, ``GemmCall.args``)."""
+        if isinstance(launch, GemmCall):
+            self.gemm(launch, args)
+            return
         groups = tuple(launch.groups) + (1,) * (3 - len(launch.groups))
         block = tuple(launch.local_size) + (1,) * (3 - len(launch.local_size))
-        kernel(groups, block, tuple(a.pointer if isinstance(a, Allocation) else a for a in args), stream=self.stream)
+        with self.device:
+            kernel(groups, block, tuple(a.pointer if isinstance(a, Allocation) else a for a in args), stream=self.stream)
 
     # -- cuBLAS -------------------------------------------------------------------------------
-    def gemm(self, call: GemmCall, buffers: Mapping[Any, Allocation]) -> None:
-        """One ``gemmStridedBatchedEx`` on the stream; operands resolve through ``buffers``."""
-        cp = self.cp
+    def gemm(self, call: GemmCall, buffers: tuple[Any, Any, Any]) -> None:
+        """One ``cublasGemmStridedBatchedEx`` on the bound handle; ``buffers`` hold A, B and C (an
+        allocation, or the ``ones`` Buf of a bias call)."""
         scalar = np.float64 if call.compute == "64F" else np.float32
         alpha, beta = np.array(call.alpha, scalar), np.array(call.beta, scalar)
-
-        def ptr(op) -> int:
-            return buffers[op.buf].ptr + op.offset
-
-        with self.stream:  # CuPy's wrapper points the handle at the current stream before every call
-            self._gemm(cp, call, alpha, beta, ptr)
-
-    def _gemm(self, cp: Any, call: GemmCall, alpha: np.ndarray, beta: np.ndarray, ptr: Callable[[Any], int]) -> None:
-        cp.cuda.cublas.gemmStridedBatchedEx(
-            self.cublas, _OPS[call.op_a], _OPS[call.op_b], call.m, call.n, call.k, alpha.ctypes.data,
-            ptr(call.a), _DATA_TYPES[call.a.dtype], call.lda, call.stride_a,
-            ptr(call.b), _DATA_TYPES[call.b.dtype], call.ldb, call.stride_b, beta.ctypes.data,
-            ptr(call.c), _DATA_TYPES[call.c.dtype], call.ldc, call.stride_c,
-            call.batch, _COMPUTE_TYPES[call.compute], _GEMM_DEFAULT)
+        a, b, c = (self.ones[op.dtype] if buf == ones(op.dtype) else buf for buf, op in zip(buffers, (call.a, call.b, call.c)))
+        with self.device:
+            self.cublas.gemm_strided_batched(
+                self.handle, _OPS[call.op_a], _OPS[call.op_b], call.m, call.n, call.k, alpha.ctypes.data,
+                a.ptr + call.a.offset, _DATA_TYPES[call.a.dtype], call.lda, call.stride_a,
+                b.ptr + call.b.offset, _DATA_TYPES[call.b.dtype], call.ldb, call.stride_b, beta.ctypes.data,
+                c.ptr + call.c.offset, _DATA_TYPES[call.c.dtype], call.ldc, call.stride_c,
+                call.batch, _COMPUTE_TYPES[call.compute], _GEMM_DEFAULT)
 
 
 class _CupyGraphs:
-    """graph_cache.GraphDriver over CuPy's stream capture."""
+    """graph_cache.GraphDriver over CuPy's stream capture, with the stream's device current."""
 
-    def __init__(self, stream: Any):
-        self.stream = stream
+    def __init__(self, stream: Any, device: Any):
+        self.stream, self.device = stream, device
 
     def capture(self, record: Callable[[], None]) -> Any:
-        self.stream.begin_capture()
-        try:
-            record()
-        finally:
-            graph = self.stream.end_capture()
+        with self.device:
+            self.stream.begin_capture()
+            try:
+                record()
+            finally:
+                graph = self.stream.end_capture()
         return graph
 
     def replay(self, graph: Any) -> None:
-        graph.launch(self.stream)
+        with self.device:
+            graph.launch(self.stream)
 
     def release(self, graph: Any) -> None:
         del graph  # CuPy destroys the executable graph with its last reference
 
 
-DeviceCall = tuple[Any, Launch] | GemmCall  # a bound kernel launch, or a cuBLAS call
-
-
-class LaunchSequence:
-    """What a thunk enqueues (launches with their arguments, cuBLAS calls) as a graph-cache key whose
-    hash is computed once: the same runner finds its graph by identity, an equal new one by value."""
-
-    __slots__ = ("items", "_hash")
-
-    def __init__(self, items: tuple):
-        self.items, self._hash = items, hash(items)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, LaunchSequence) and self._hash == other._hash
-                                 and self.items == other.items)
-
-
 class CudaSession(KernelSession):
-    """The shared kernel session with two CUDA additions: cuBLAS gemms, and CUDA graphs for a thunk of
-    many launches and for each step of a scan body that runs wholly here."""
+    """The shared kernel session with two CUDA additions: a plan's gemms as cuBLAS calls, and CUDA
+    graphs around the core's runs of a bound plan of many launches and around each step of a scan body
+    that runs wholly here."""
 
     prims: CudaPrimitives
 
@@ -268,9 +284,12 @@ class CudaSession(KernelSession):
         super().__init__(prims)
         self.tf32 = os.environ.get(TF32_ENV) == "1"
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
-        self._ones: dict[str, Allocation] = {}
         self._scratch_generation = 0
         self.capturing = False  # a scan body's step is being captured: what runs inside only records
+
+    def _buffer(self, nbytes: int, what: str) -> Any:
+        self.check_fits(nbytes, what)
+        return self.prims.allocate(max(nbytes, 1), what)
 
     def scratch(self, nbytes: int) -> Any:
         buffer = super().scratch(nbytes)
@@ -280,62 +299,34 @@ class CudaSession(KernelSession):
     def scan_memory(self, options, on_host):  # type: ignore[override]
         return GraphedScanMemory(self, options, on_host)
 
-    def runner(self, thunk, options, on_host=()):  # type: ignore[override]
-        if thunk["op"] in SCAN_OPS:
-            return super().runner(thunk, options, on_host)
-        if thunk["op"] == "matmul":
-            if thunk["batch"] == 0:
-                return lambda arena: 0
-            try:
-                steps: Sequence[DeviceCall] = [matmul_call(thunk, self.tf32)]
-                scratch_bytes = 0
-            except NotMappable:
-                return super().runner(thunk, options, on_host)
-        else:
-            plan = launches.plan(thunk, self.limits, **options.planner_keywords)
-            self.check_fits(plan.scratch_bytes, f"the launch scratch of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})")
-            steps = [s if isinstance(s, GemmCall) else (self.kernel(s), s)
-                     for s in with_cublas(plan.launches, self.tf32) if isinstance(s, GemmCall) or not s.empty]
-            scratch_bytes = plan.scratch_bytes
-        for call in steps:
+    def kernel(self, launch):  # type: ignore[override]
+        return GEMM if isinstance(launch, GemmCall) else super().kernel(launch)
+
+    def bind(self, plan: launches.LaunchPlan) -> BoundPlan:
+        """The core's binding of ``plan`` with its gemms as cuBLAS calls, their ones buffers made now
+        (before any capture)."""
+        lowered = lower(plan, self.tf32)
+        for call in lowered.launches:
             if isinstance(call, GemmCall) and call.ones_needed:
-                self._ones_buffer(call.b.dtype, call.ones_needed)  # before any capture: allocations cannot be captured
-        sequence = LaunchSequence(tuple(s if isinstance(s, GemmCall) else s[1] for s in steps))
-        return lambda arena: self._run_steps(sequence, steps, scratch_bytes, arena)
+                self.prims.ones_buffer(call.b.dtype, call.ones_needed)
+        return super().bind(lowered)
 
-    def _run_steps(self, sequence: LaunchSequence, steps: Sequence[DeviceCall], scratch_bytes: int, arena: Any) -> int:
-        scratch = self.scratch(scratch_bytes) if scratch_bytes else None
-        buffers = {ARENA: arena.buffer, SCRATCH: scratch, **{ones(dt): buf for dt, buf in self._ones.items()}}
-
-        def record() -> None:
-            for step in steps:
-                if isinstance(step, GemmCall):
-                    self.prims.gemm(step, buffers)
-                else:
-                    kernel, item = step
-                    self.prims.enqueue(kernel, item, tuple(buffers.get(a, a) if isinstance(a, launches.Buf) else a
-                                                           for a in item.args))
-
+    def run_bound(self, bound: BoundPlan, arena: Any) -> int:
+        """The core's run of ``bound``, through a CUDA graph once the same launches on the same
+        allocations repeat (``graph_cache``)."""
+        steps, scratch = self.resolve(bound, arena)
         if not self.use_graphs or self.capturing:
-            record()
+            self.enqueue_bound(steps, arena.buffer, scratch)
             return 0
-        gens = tuple(b.generation for b in buffers.values() if b is not None)
-        self.prims.graphs.run(GraphKey(sequence, gens), record, len(steps))
+        gens = (arena.buffer.generation, scratch.generation if scratch is not None else 0,
+                *(b.generation for b in self.prims.ones.values()))
+        self.prims.graphs.run(GraphKey((bound, steps is bound.steady), gens),
+                              lambda: self.enqueue_bound(steps, arena.buffer, scratch), len(steps))
         return 0
 
     def generations(self, arena: Any) -> tuple[int, ...]:
         """The allocations a launch on ``arena`` may point into: the arena, the scratch, the ones buffers."""
-        return (arena.buffer.generation, self._scratch_generation, *(b.generation for b in self._ones.values()))
-
-    def _ones_buffer(self, dtype: str, count: int) -> Allocation:
-        have = self._ones.get(dtype)
-        if have is None or have.nbytes < count * _ONE[dtype].itemsize:
-            if have is not None:
-                self.prims.release(have)
-            data = np.full(max(count, 1024), _ONE[dtype]).view(np.uint8)
-            have = self._ones[dtype] = self.prims.allocate(data.size)
-            self.prims.write(have, 0, data)
-        return have
+        return (arena.buffer.generation, self._scratch_generation, *(b.generation for b in self.prims.ones.values()))
 
     # -- DLPack: CUDA tensors in and arena views out, never through the host -------------------
     def import_device(self, arena: Any, offset: int, tensor: Any) -> None:
@@ -346,10 +337,9 @@ class CudaSession(KernelSession):
                               f"{self.info.spec}; move it to cuda:{self.prims.index} first")
         if offset < 0 or offset + tensor.nbytes > arena.nbytes:
             raise DeviceError(f"{tensor.nbytes} bytes at offset {offset} lie outside the arena of {arena.nbytes} bytes")
-        rt = self.prims.cp.cuda.runtime
-        rt.memcpyAsync(arena.buffer.ptr + offset, tensor.pointer, tensor.nbytes, rt.memcpyDeviceToDevice,
-                       self.prims.stream.ptr)
-        self.prims.stream.synchronize()  # the producer may free its memory once ``tensor`` is gone
+        # waited for: the producer may free its memory once ``tensor`` is gone
+        self.prims.copy(arena.buffer.ptr + offset, tensor.pointer, tensor.nbytes)
+        self.touched(arena, offset, tensor.nbytes)
 
     @property
     def stream_ptr(self) -> int:
@@ -359,22 +349,29 @@ class CudaSession(KernelSession):
     def export_view(self, arena: Any, offset: int, dtype: str, shape: tuple[int, ...]) -> Any:
         """A CuPy array sharing ``shape`` elements of ``dtype`` at ``offset`` of a device arena (no copy);
         ``torch.from_dlpack`` takes it as is. CuPy has no bfloat16, so bf16 comes out as its uint16 bits:
-        ``torch.from_dlpack(view).view(torch.bfloat16)``."""
+        ``torch.from_dlpack(view).view(torch.bfloat16)``.
+
+        The session's stream is synchronized first: CuPy's ``__dlpack__`` orders the consumer after
+        CuPy's *current* stream only, never after this session's non-blocking one.
+        """
         cp = self.prims.cp
         np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "f64": np.float64}[dtype]
         count = int(np.prod(shape, dtype=np.int64))
         if offset < 0 or offset % np.dtype(np_dtype).itemsize or offset + count * np.dtype(np_dtype).itemsize > arena.nbytes:
             raise DeviceError(f"{dtype} {list(shape)} at byte {offset} does not lie aligned inside the arena of "
                               f"{arena.nbytes} bytes")
+        self.prims.finish()
         pointer = arena.buffer.pointer + offset  # MemoryPointer arithmetic keeps the allocation alive
-        return cp.ndarray(tuple(shape), np_dtype, memptr=pointer)
+        with self.prims.device:
+            return cp.ndarray(tuple(shape), np_dtype, memptr=pointer)
 
 
 class GraphedScanMemory(ScanMemory):
     """The scan driver's device memory, replaying one CUDA graph per step of a body that runs wholly on
     the device (no body thunk placed on the host, no nested scan). The first step runs eagerly (it plans
     the body thunks, builds their kernels and grows the scratch), the second is captured, the rest replay;
-    the body arena is allocated per scan execution, so its graph lives as long as that arena."""
+    the body arena is allocated per scan execution, so its graph lives as long as that arena. Every step
+    is worth a graph, one launch or many: a replay also skips the driver's host work for the body."""
 
     def run(self, schedule: Mapping[str, Any], arena: Any) -> None:
         session: CudaSession = self.session  # type: ignore[assignment]
@@ -393,4 +390,4 @@ class GraphedScanMemory(ScanMemory):
                 session.capturing = False
 
         key = GraphKey(("scan body", id(schedule)), session.generations(arena))
-        session.prims.graphs.run(key, record, launches=2 * len(thunks))
+        session.prims.graphs.run(key, record, len(thunks), min_launches=1)

@@ -51,9 +51,14 @@ class GraphCache(Generic[G]):
         self._refused: dict[GraphKey, str] = {}  # keys whose capture failed, with the reason (never retried)
         self.counts = {"eager": 0, "captured": 0, "replayed": 0}
 
-    def run(self, key: GraphKey, record: Callable[[], None], launches: int, capturable: bool = True) -> str:
-        """Run the sequence ``record`` enqueues, through a graph when that pays; says which way it ran."""
-        how = self._decide(key, launches, capturable)
+    def run(self, key: GraphKey, record: Callable[[], None], launches: int, capturable: bool = True,
+            min_launches: int | None = None) -> str:
+        """Run the sequence ``record`` enqueues, through a graph when that pays; says which way it ran.
+
+        ``min_launches`` replaces the cache's threshold for this sequence: a scan body's step passes 1,
+        since its replay saves the driver's per-step host work besides the launches.
+        """
+        how = self._decide(key, launches, capturable, self.min_launches if min_launches is None else min_launches)
         if how == "replayed":
             self._graphs.move_to_end(key)
             self.driver.replay(self._graphs[key])
@@ -74,10 +79,10 @@ class GraphCache(Generic[G]):
         self.counts[how] += 1
         return how
 
-    def _decide(self, key: GraphKey, launches: int, capturable: bool) -> str:
+    def _decide(self, key: GraphKey, launches: int, capturable: bool, min_launches: int) -> str:
         if key in self._graphs:
             return "replayed"
-        if not capturable or launches < self.min_launches or key in self._refused or key not in self._seen:
+        if not capturable or launches < min_launches or key in self._refused or key not in self._seen:
             return "eager"
         return "captured"
 

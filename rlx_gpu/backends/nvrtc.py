@@ -22,9 +22,31 @@ from . import programs as kernel_programs
 
 ARCHS = ("compute_80", "compute_90")
 CUBIN_ARCH = "sm_90"
-CUDA_INCLUDE = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
+INCLUDE_ENV = "CUDA_INCLUDE"  # a directory holding cuda_fp16.h, ahead of every other place
+SYSTEM_INCLUDE = "/usr/local/cuda/include"
+HEADER = "cuda_fp16.h"  # the one toolkit header the CUDA prelude includes
+
+
+def include_dir(override: str | None = None, system: str = SYSTEM_INCLUDE) -> str:
+    """The directory NVRTC finds ``cuda_fp16.h`` in: ``override`` (``$CUDA_INCLUDE``) when given, else the
+    system toolkit's when it has the header, else the headers of the ``nvidia-cuda-runtime`` wheel (or of
+    a conda or ``$CUDA_HOME`` toolkit) that ``cuda.pathfinder`` finds. With none, ``system``: the build
+    then fails with NVRTC's "cannot open source file" and :func:`_compile` says how to get the header."""
+    if override:
+        return override
+    if os.path.isfile(os.path.join(system, HEADER)):
+        return system
+    try:
+        from cuda import pathfinder
+    except ImportError:
+        return system
+    found = pathfinder.find_nvidia_header_directory("cudart")
+    return found if found is not None and os.path.isfile(os.path.join(found, HEADER)) else system
+
+
 #: IEEE f32 throughout: NVRTC's defaults (no -ftz, precise div/sqrt, no --use_fast_math), said explicitly
-OPTIONS = ("-I" + CUDA_INCLUDE, "--std=c++17", "-default-device", "--ftz=false", "--prec-div=true", "--prec-sqrt=true")
+OPTIONS = ("-I" + include_dir(os.environ.get(INCLUDE_ENV)), "--std=c++17", "-default-device", "--ftz=false",
+           "--prec-div=true", "--prec-sqrt=true")
 
 
 @dataclass(frozen=True)
@@ -63,10 +85,12 @@ def _check(result: tuple) -> tuple:
 
 
 def _fetch(handle, size_fn, get_fn) -> bytes:
+    """What ``get_fn`` writes, in a buffer of its own: NVRTC writes into the object it is given, and a
+    ``bytes`` of one byte is Python's shared singleton, which would change for the whole process."""
     (size,) = _check(size_fn(handle))
-    buf = b" " * size
+    buf = bytearray(size)
     _check(get_fn(handle, buf))
-    return buf
+    return bytes(buf)
 
 
 def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = ()) -> tuple[object, str]:
@@ -79,7 +103,9 @@ def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = 
     log = _fetch(handle, nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog).decode(errors="replace").rstrip("\x00 ")
     if status != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         nvrtc.nvrtcDestroyProgram(handle)
-        raise KernelBuildError(f"NVRTC could not compile the {prog.label} for {arch}", log, options, prog.source)
+        hint = (f" ({HEADER} was not found: pip install nvidia-cuda-runtime, or set {INCLUDE_ENV} to a directory "
+                f"holding it)") if HEADER in log and "cannot open" in log else ""
+        raise KernelBuildError(f"NVRTC could not compile the {prog.label} for {arch}{hint}", log, options, prog.source)
     return handle, log
 
 
@@ -118,9 +144,10 @@ def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[st
 
 
 def compile_cubin(prog: kernel_programs.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
-    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the build log with ptxas's ``-v`` report."""
+    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the PTX it was assembled from (what
+    ``cubin_cache.CubinCache`` keeps)."""
     done = build(prog, arch)
-    return done.cubin, done.log
+    return done.cubin, done.ptx
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -130,7 +157,7 @@ _SMEM = re.compile(r"(\d+) bytes smem")
 
 
 def resource_usage(log: str) -> dict[str, Usage]:
-    """Per kernel, ptxas's report in a ``compile_cubin`` log (``--ptxas-options=-v``)."""
+    """Per kernel, ptxas's report in a :func:`build` log (``--ptxas-options=-v``)."""
     usage, name, frame = {}, None, None
     for line in log.splitlines():
         if m := _ENTRY.search(line):
@@ -179,7 +206,7 @@ def usage_table(target: str) -> list[tuple[kernel_programs.Program, str, Usage]]
     rows = []
     for prog in programs(target):
         if prog.src_dtype is None:
-            for kernel, use in sorted(resource_usage(compile_cubin(prog)[1]).items()):
+            for kernel, use in sorted(resource_usage(build(prog).log).items()):
                 rows.append((prog, kernel, use))
     return rows
 
