@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ..schedule.ops import DTYPES, SCAN_OPS
+from ..schedule.ops import DTYPES, SCAN_OPS, SPECS, Field
+from .cases import SMALL
 from .references import BINARY, UNARY
 
 
@@ -26,6 +27,15 @@ class Case:
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
+
+    def has(self, field: Field) -> bool:
+        """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
+
+        A nullable field is null where ``params`` gives it as False (the scan cases carry their bodies).
+        """
+        if field.used_when:
+            return bool(self.params.get(field.used_when))
+        return self.params.get(field.name, True) is not False
 
     @property
     def family(self) -> str:
@@ -150,6 +160,8 @@ CAUSAL: list[tuple[str, dict, str, int]] = [
 SCANS = [("scan", True, 0), ("scan", False, 0), ("scan_backward", True, 2), ("scan_backward_xs", False, 3)]
 SCAN_LENGTH = 5
 NAN_INF_DTYPES = ("f32", "bf16")
+#: The dtypes of the cases ``optional_field_cases`` adds: a 32-bit and a 16-bit storage.
+OPTIONAL_DTYPES = ("f32", "bf16")
 
 
 def _variant(op: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
@@ -173,7 +185,37 @@ def cases(quick: bool = False) -> list[Case]:
     out += [Case(op, dtype, dict(save_trajectory=save, num_checkpoints=k, length=SCAN_LENGTH),
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]
+    out += optional_field_cases(out)
     return [c for c in out if not (quick and c.large)]
+
+
+def _base(op: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(params, options)`` of the small case that ``optional_field_cases`` varies per op."""
+    if op in SCAN_OPS:
+        return dict(save_trajectory=True, num_checkpoints=0, length=SCAN_LENGTH), {"recompute": "treeverse"}
+    return dict(SMALL[op]), {}
+
+
+def optional_field_cases(existing: Iterable[Case]) -> list[Case]:
+    """For every op and every optional field of the op table (``OpSpec.optional_fields``), a case
+    with the field present and one with it absent, in each of ``OPTIONAL_DTYPES``, where ``existing``
+    has none: so a field marked optional is run both ways on every device the day it is added."""
+    have = {(c.op, c.dtype, f.name, c.has(f)) for c in existing for f in SPECS[c.op].optional_fields}
+    out: list[Case] = []
+    for op, spec in SPECS.items():
+        for f in spec.optional_fields:
+            for present in (True, False):
+                for dtype in OPTIONAL_DTYPES:
+                    if (op, dtype, f.name, present) in have:
+                        continue
+                    params, options = _base(op)
+                    params[f.used_when or f.name] = present
+                    made = Case(op, dtype, params, options, seed=2,
+                                variant=".".join(p for p in (_variant(op, params, options),
+                                                             "" if present else f"no_{f.used_when or f.name}") if p))
+                    have |= {(op, dtype, g.name, made.has(g)) for g in spec.optional_fields}
+                    out.append(made)
+    return out
 
 
 def select(all_cases: Iterable[Case], ops: Iterable[str] | None = None, dtypes: Iterable[str] | None = None) -> list[Case]:

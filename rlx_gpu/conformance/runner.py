@@ -20,10 +20,11 @@ from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
 from ..runtime.config import Config
+from ..runtime.executor import Device
 from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS
 from . import scan_cell
-from .cases import lay_out as place
+from .cases import lay_out as place, schedule_of
 from .catalog import Case
 from .compare import nmse
 from .reference_rnn import sigmoid
@@ -127,6 +128,8 @@ def _lay_out_scan(case: Case, rng: np.random.Generator) -> Laid:
     save, k, length = case.params["save_trajectory"], case.params["num_checkpoints"], case.params["length"]
     cell = scan_cell.cell(case.dtype, bcast_bias=case.op == "scan")
     fields = scan_cell.fields(case.op, cell, length, save, k)
+    if case.params.get("forward_body") is False:
+        fields["forward_body"] = None
     thunk, nbytes = place(case.op, case.dtype, fields, guard=GUARD)
     placed = tuple(regions(thunk))
     problem = scan_cell.problem(case.op, cell, length, save, case.seed)
@@ -143,16 +146,12 @@ class Mismatch(Exception):
     """A check failed; the message says which and by how much."""
 
 
-def _run(session: Session, thunk: Mapping[str, Any], arena: np.ndarray, options: Mapping[str, Any]) -> np.ndarray:
-    device_arena = session.alloc(arena.size, "a conformance arena")
-    try:
-        session.write(device_arena, 0, arena)
-        session.launch(thunk, device_arena, **options)
-        out = session.read(device_arena, 0, arena.size)
-        session.finish()
-    finally:
-        session.free(device_arena)
-    return out
+def _run(session: Session, thunk: Mapping[str, Any], arena: np.ndarray, options: Mapping[str, Any],
+         config: Config) -> np.ndarray:
+    """The arena after ``thunk`` ran as a one-thunk schedule through the executor, the path every run
+    takes (validation, placement of a scan's body thunks, the device's runner)."""
+    device = Device(session, config, RunOptions.build(config, **options))
+    return device.run(schedule_of(dict(thunk), arena.size), arena)
 
 
 def _check_guards(laid: Laid, got: np.ndarray) -> None:
@@ -203,7 +202,7 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     err = max_err = host_err = None
     try:
         with np.errstate(all="ignore"):
-            got = _run(session, laid.thunk, laid.arena, case.options)
+            got = _run(session, laid.thunk, laid.arena, case.options, config)
         _check_guards(laid, got)
         if case.op == "copy":
             src, dst, n = laid.thunk["src"], laid.thunk["dst"], laid.thunk["nbytes"]
