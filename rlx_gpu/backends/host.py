@@ -16,6 +16,7 @@ import host_fallback
 from ..errors import DeviceError
 from ..runtime.options import RunOptions
 from ..units import human_bytes
+from .allocation import allocating, allocation_failed
 from .base import DeviceInfo
 from .core import Runner
 
@@ -52,7 +53,8 @@ class HostSession:
 
     def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> np.ndarray:
         """A zeroed arena; ``resident`` changes nothing here (host kernels keep nothing between runs)."""
-        return np.zeros(nbytes, dtype=np.uint8)
+        with allocating(what, self.info.spec, nbytes):
+            return np.zeros(nbytes, dtype=np.uint8)
 
     def free(self, arena: np.ndarray) -> None:
         """NumPy frees the arena with its last reference."""
@@ -67,18 +69,26 @@ class HostSession:
         """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call)."""
         keywords = host_fallback.keywords_for(thunk["op"], options.host_keywords)
         fields = dict(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
+        what = f"the scratch and body arenas of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})"
         prepare = host_fallback.PREPARE.get(thunk["op"])
         if prepare is not None:  # the kernel's thunk-only setup, once
-            prepared = prepare(fields)
+            with allocating(what, self.info.spec):
+                prepared = prepare(fields)
 
             def run_prepared(arena: np.ndarray) -> int:
-                prepared(arena, **keywords)
+                try:
+                    prepared(arena, **keywords)
+                except MemoryError as err:
+                    raise allocation_failed(what, self.info.spec, err) from err
                 return 0
             return run_prepared
         kernel = host_fallback.KERNELS[thunk["op"]]
 
         def run(arena: np.ndarray) -> int:
-            kernel(fields, arena, **keywords)
+            try:
+                kernel(fields, arena, **keywords)
+            except MemoryError as err:
+                raise allocation_failed(what, self.info.spec, err) from err
             return 0
         return run
 
