@@ -23,7 +23,8 @@ class Case:
     params: Mapping[str, Any]
     options: Mapping[str, Any] = field(default_factory=dict)  # RunOptions fields (rnn_kernel, recompute)
     poison: str | None = None  # an input field whose first elements become NaN, +Inf, -Inf, 0, -0
-    poison_step: int | None = None  # instead: one NaN in ``poison`` at this step of batch row 0
+    poison_step: int | None = None  # instead: one ``poison_value`` in ``poison`` at this step of batch row 0
+    poison_value: float = float("nan")
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
@@ -141,19 +142,25 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(1, 100, 1, 256, True, True), {}, True),  # gpu target: chunked, the largest state
 ]
 
-#: (op, params, field, step) of the causality cases: one NaN at ``step`` of batch row 0 must reach that row's
-#: outputs from that step on and nothing else (positions compared with the float64 reference)
-CAUSAL: list[tuple[str, dict, str, int]] = [
-    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5),
-    ("selective_scan", _ssm(2, 300, 3, 4), "x", 270),  # in the second chunk of 256 steps (gpu target)
-    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5),
-    ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70),  # in the second chunk of 64 steps (gpu target)
-    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5),
-    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5),
+NAN, INF = float("nan"), float("inf")
+#: (op, params, field, step, value) of the causality cases: one NaN or Inf at ``step`` of batch row 0 must reach
+#: that row's outputs from that step on and nothing else (NaN and signed Inf positions compared with the float64
+#: reference and the host)
+CAUSAL: list[tuple[str, dict, str, int, float]] = [
+    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, NAN),
+    ("selective_scan", _ssm(2, 300, 3, 4), "x", 270, NAN),  # in the second chunk of 256 steps (gpu target)
+    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
+    ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70, NAN),  # in the second chunk of 64 steps (gpu target)
+    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
     # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate
-    ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70),
-    ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70),
-    ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100),
+    ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70, NAN),
+    ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70, NAN),
+    ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100, NAN),
+    # an Inf where the kernels keep the ABI's operation order, so every device gives the same classes
+    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, INF),
+    ("selective_scan", _ssm(2, 300, 3, 4), "delta", 270, -INF),
+    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
@@ -162,6 +169,10 @@ SCAN_LENGTH = 5
 NAN_INF_DTYPES = ("f32", "bf16")
 #: The dtypes of the cases ``optional_field_cases`` adds: a 32-bit and a 16-bit storage.
 OPTIONAL_DTYPES = ("f32", "bf16")
+
+
+def _special(value: float) -> str:
+    return "nan" if value != value else ("inf" if value > 0 else "ninf")
 
 
 def _variant(op: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
@@ -179,9 +190,9 @@ def cases(quick: bool = False) -> list[Case]:
         out += [Case("unary", dtype, dict(fn=fn, n=40), poison="x", seed=1, variant=f"{fn}.nan_inf") for fn in UNARY]
         out += [Case("binary", dtype, dict(fn=fn, shape=[40], a_strides=[1], b_strides=[1]), poison="b", seed=1,
                      variant=f"{fn}.nan_inf") for fn in BINARY]
-    out += [Case(op, dtype, params, poison=field, poison_step=step, seed=5,
-                 variant=".".join(p for p in (_flags(params, {}), f"nan_at_{step}") if p))
-            for op, params, field, step in CAUSAL for dtype in NAN_INF_DTYPES]
+    out += [Case(op, dtype, params, poison=field, poison_step=step, poison_value=value, seed=5,
+                 variant=".".join(p for p in (_flags(params, {}), f"{_special(value)}_at_{step}") if p))
+            for op, params, field, step, value in CAUSAL for dtype in NAN_INF_DTYPES]
     out += [Case(op, dtype, dict(save_trajectory=save, num_checkpoints=k, length=SCAN_LENGTH),
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]

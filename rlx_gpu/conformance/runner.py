@@ -26,7 +26,7 @@ from ..schedule.ops import SCAN_OPS
 from . import scan_cell
 from .cases import lay_out as place, schedule_of
 from .catalog import Case
-from .compare import nmse
+from .compare import nmse, non_finite_mismatch
 from .reference_rnn import sigmoid
 from .references import REFERENCES
 
@@ -108,7 +108,7 @@ def lay_out(case: Case) -> Laid:
         if case.poison_step is None:
             view[: SPECIALS.size * 3: 3] = SPECIALS.astype(STORAGE[r.dtype])
         else:  # [batch, seq, ...]: the first element of step poison_step of batch row 0
-            view[case.poison_step * int(np.prod(r.shape[2:]))] = np.nan
+            view[case.poison_step * int(np.prod(r.shape[2:]))] = case.poison_value
     pristine = arena.copy()
 
     def reference() -> dict[str, np.ndarray]:
@@ -174,10 +174,11 @@ def _compare(laid: Laid, got: np.ndarray, want: Mapping[str, np.ndarray], bound:
         exact = np.asarray(values, np.float64).reshape(-1)
         r = next(r for r in laid.regions if r.field == field)
         stored = exact.astype(STORAGE[dtype if r.dtype == "u8" else r.dtype]).astype(np.float64)
-        for name, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
-            differ = np.flatnonzero(test(have) != test(stored))
-            if differ.size:
-                raise Mismatch(f"{what}: {name} positions of {field} differ at elements {differ[:8].tolist()}")
+        mismatch = non_finite_mismatch(have, stored)
+        if mismatch is not None:
+            name, differ = mismatch
+            raise Mismatch(f"{what}: {name} positions of {field} differ at elements {differ[:8].tolist()} "
+                           f"({differ.size} in all)")
         err = nmse(have, exact)
         finite = np.isfinite(exact)
         max_err = max(max_err, float(np.max(np.abs(have[finite] - exact[finite]), initial=0.0)))
