@@ -157,10 +157,17 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70, NAN),
     ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70, NAN),
     ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100, NAN),
-    # an Inf where the kernels keep the ABI's operation order, so every device gives the same classes
+    # an Inf: every device keeps the ABI's operation order on the step forms, so NaN and each signed Inf
+    # land alike (the gpu target's chunked forms may differ in the class, see the ABI's non-finite rule)
     ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, INF),
     ("selective_scan", _ssm(2, 300, 3, 4), "delta", 270, -INF),
     ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, INF),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "beta", 5, -INF),
+    ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), "k", 0, INF),  # the cpu target's decode step kernel
+    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
+    ("gru", _recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
+    ("rnn", _recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
