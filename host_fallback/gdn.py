@@ -42,7 +42,8 @@ def _step(q, k, v, g, beta, s, length, out):
 
     Per step the state is decayed, then read ONCE for both ``k^T S`` and ``q^T S`` (one batched matmul
     of the rows [k; q]); the output is ``q^T S_new = q^T S + (q.k) u``, so the updated state is not read
-    again. The rank-1 update ``k u^T`` is a matmul of depth 2 (the second column and row zero): NumPy
+    again. A step whose output that way is not finite takes ``q^T S_new`` from the updated state, the
+    ABI's order, so NaN and each signed Inf land where they do on every device. The rank-1 update ``k u^T`` is a matmul of depth 2 (the second column and row zero): NumPy
     runs depth 1 in its own loop, 20x slower (B8 H8 N64: 780 vs 38 µs), and the einsum 3x slower.
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -70,6 +71,8 @@ def _step(q, k, v, g, beta, s, length, out):
         s += np.matmul(kcol, urow, out=outer)
         qk = np.einsum("...i,...i->...", q[:, t], k[:, t])
         out[:, t] = scale * (read[..., 1, :] + qk[..., None] * u)
+        if not math.isfinite(out[:, t].sum()):  # a NaN or Inf: the classes of S_new's products, not the rewrite's
+            out[:, t] = scale * np.matmul(q[:, t, ..., None, :], s)[..., 0, :]
 
 
 def _channel_grams(q, k, cum):

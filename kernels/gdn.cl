@@ -173,43 +173,41 @@ KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume
 /* Columns [j0, j0+nc) of one decode step, on the state where it lives (`st`, storage type; null without
  * carry_state: the step starts from zeros and keeps nothing), reading S once from memory and writing
  * it once: no private copy to fill and drain, which at one step costs more than the step. With d[i]
- * the decay (per channel, or 1 and the head's `decay` applied after) the delta rule's two products
- * come from ONE sweep over the old state: a[j] = sum_i S[i,j] d[i] k[i] gives u = (v - decay a) beta,
- * and the output sum_i q[i] (d[i] S[i,j] + k[i] u[j]) = decay b[j] + u[j] (q.k) with
- * b[j] = sum_i S[i,j] d[i] q[i]; a second sweep (the item's columns, still in L1) writes
- * S[i,j] = d[i] decay S[i,j] + k[i] u[j]. Called with nc = GDN_DJ (a constant after inlining: the column
- * loops vectorize) or with the tail's column count. */
+ * the decay (per channel, or 1 and the head's `decay` applied after) a first sweep over the old state
+ * gives a[j] = sum_i S[i,j] d[i] k[i], so u = (v - decay a) beta; a second sweep (the item's columns,
+ * still in L1) forms S[i,j] = d[i] decay S[i,j] + k[i] u[j] in the compute type, stores it and sums the
+ * output sum_i q[i] S[i,j] from it: the ABI's order, so a NaN or an Inf lands in the same class as on
+ * every other device. Called with nc = GDN_DJ (a constant after inlining: the column loops vectorize)
+ * or with the tail's column count. */
 INLINE_FN void gdn_step_columns(i64 vec, i64 j0, const int nc, i64 N, real decay, int per_channel,
                                 GLOBAL const store_t* qr, GLOBAL const store_t* kr, GLOBAL const store_t* v,
                                 GLOBAL const store_t* gr, real bh, GLOBAL store_t* st, GLOBAL store_t* dst)
 {
-    real a[GDN_DJ], b[GDN_DJ], d[STATE_MAX], kq = (real)0;
+    real a[GDN_DJ], y[GDN_DJ], d[STATE_MAX];
     for (int c = 0; c < nc; ++c)
-        a[c] = b[c] = (real)0;
+        a[c] = y[c] = (real)0;
+    /* without a state the zeros are decayed all the same: an infinite decay makes them NaN, as the ABI's
+     * order does */
     for (i64 i = 0; i < N; ++i) {
-        const real k0 = LOAD(kr, i), q0 = LOAD(qr, i);
-        kq += k0 * q0;
-        if (st) {
-            d[i] = per_channel ? exp(LOAD(gr, i)) : (real)1;
-            const real dk = d[i] * k0, dq = d[i] * q0;
-            for (int c = 0; c < nc; ++c) {
-                const real s = LOAD(st, i * N + c);
-                a[c] += s * dk;
-                b[c] += s * dq;
-            }
+        d[i] = per_channel ? exp(LOAD(gr, i)) : (real)1;
+        const real dk = d[i] * LOAD(kr, i);
+        for (int c = 0; c < nc; ++c)
+            a[c] += (st ? LOAD(st, i * N + c) : (real)0) * dk;
+    }
+    for (int c = 0; c < nc; ++c)
+        a[c] = (LOAD(v, vec + j0 + c) - decay * a[c]) * bh; /* from here on a holds u */
+    for (i64 i = 0; i < N; ++i) {
+        const real di = d[i] * decay, k0 = LOAD(kr, i), q0 = LOAD(qr, i);
+        for (int c = 0; c < nc; ++c) {
+            const real s = di * (st ? LOAD(st, i * N + c) : (real)0) + k0 * a[c];
+            if (st)
+                STORE(st, i * N + c, s);
+            y[c] += q0 * s;
         }
     }
     const real scale = (real)1 / sqrt((real)N);
-    for (int c = 0; c < nc; ++c) {
-        a[c] = (LOAD(v, vec + j0 + c) - decay * a[c]) * bh; /* from here on a holds u */
-        STORE(dst, vec + j0 + c, scale * (decay * b[c] + a[c] * kq));
-    }
-    if (st)
-        for (i64 i = 0; i < N; ++i) {
-            const real di = d[i] * decay, k0 = LOAD(kr, i);
-            for (int c = 0; c < nc; ++c)
-                STORE(st, i * N + c, di * LOAD(st, i * N + c) + k0 * a[c]);
-        }
+    for (int c = 0; c < nc; ++c)
+        STORE(dst, vec + j0 + c, scale * y[c]);
 }
 
 /* seq == 1 (decode), both gate kinds, one launch and no scratch: one work-item per GDN_DJ value columns

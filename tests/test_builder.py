@@ -162,6 +162,84 @@ def test_recurrent_matches_torch(op, layers, bidir, carry):
         np.testing.assert_allclose(out["cell.h_n"], ref_h, rtol=1e-10, atol=1e-12)
 
 
+@needs_rnn
+@pytest.mark.parametrize("by_weight", [False, True])
+def test_an_rnn_packed_from_a_relu_module_runs_relu_like_torch(by_weight):
+    """The packed arrays carry the module's activation, given as arrays or as Graph.weight tensors of them."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    module = torch.nn.RNN(3, 4, nonlinearity="relu", batch_first=True).double()
+    g = Graph("f64")
+    x = g.input("x", (2, 5, 3))
+    packed = pack_recurrent(module)
+    weights = {k: g.weight(k, v) for k, v in packed.items()} if by_weight else packed
+    g.output("y", g.rnn(x, **weights, hidden=4))
+    xs = rng.normal(size=(2, 5, 3))
+    want = module(torch.tensor(xs))[0].detach().numpy()
+    np.testing.assert_allclose(run(g, x=xs)["y"], want, rtol=1e-10, atol=1e-12)
+
+
+@needs_rnn
+def test_rnn_takes_torchs_nonlinearity_keyword():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(1)
+    module = torch.nn.RNN(3, 4, nonlinearity="relu", batch_first=True).double()
+    g = Graph("f64")
+    x = g.input("x", (2, 5, 3))
+    w = {k: g.input(k, v.shape) for k, v in pack_recurrent(module).items()}  # plain inputs: nothing packed
+    g.output("y", g.rnn(x, **w, hidden=4, nonlinearity="relu"))
+    xs = rng.normal(size=(2, 5, 3))
+    feed = {k: np.asarray(v) for k, v in pack_recurrent(module).items()}
+    want = module(torch.tensor(xs))[0].detach().numpy()
+    np.testing.assert_allclose(run(g, x=xs, **feed)["y"], want, rtol=1e-10, atol=1e-12)
+
+
+class RNN:
+    """Stands in for torch.nn.RNN (the attributes pack_recurrent reads), so no torch is needed."""
+
+    num_layers, bidirectional, proj_size = 1, False, 0
+
+    def __init__(self, nonlinearity: str):
+        self.nonlinearity = nonlinearity
+
+    def named_parameters(self):
+        class Param:
+            def __init__(self, values):
+                self.values = values
+
+            def detach(self):
+                return self
+
+            def cpu(self):
+                return self
+
+            def numpy(self):
+                return self.values
+        shapes = {"weight_ih_l0": (4, 3), "weight_hh_l0": (4, 4), "bias_ih_l0": (4,), "bias_hh_l0": (4,)}
+        return [(k, Param(np.ones(shape))) for k, shape in shapes.items()]
+
+
+def test_an_rnn_refuses_an_activation_other_than_the_packed_one():
+    g = Graph("f64")
+    x = g.input("x", (2, 5, 3))
+    relu = pack_recurrent(RNN("relu"))
+    assert {v.nonlinearity for v in relu.values()} == {"relu"}
+    with pytest.raises(GraphError, match=r"w_ih was packed from an RNN with nonlinearity='relu', but 'tanh'"):
+        g.rnn(x, **relu, hidden=4, nonlinearity="tanh")
+    with pytest.raises(GraphError, match="packed from an RNN with nonlinearity='relu'"):
+        g.rnn(x, *relu.values(), hidden=4, relu=False)
+    with pytest.raises(GraphError, match="different activations"):
+        g.rnn(x, relu["w_ih"], relu["w_hh"], pack_recurrent(RNN("tanh"))["bias"], hidden=4)
+    with pytest.raises(GraphError, match=r"nonlinearity='sigmoid' is not one of tanh, relu"):
+        g.rnn(x, **relu, hidden=4, nonlinearity="sigmoid")
+    with pytest.raises(GraphError, match="disagree"):
+        g.rnn(x, **relu, hidden=4, nonlinearity="relu", relu=False)
+    with pytest.raises(ValueError, match="'gelu' has no ABI counterpart"):
+        pack_recurrent(RNN("gelu"))
+    thunk = g.rnn(x, **relu, hidden=4)  # unset: the packed activation
+    assert g.nodes[-1].fields["relu"] is True and thunk.shape == (2, 5, 4)
+
+
 def test_recurrent_counts_are_checked_at_build_time():
     g = Graph()
     x = g.input("x", (2, 5, 3))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rlx_gpu.conformance.compare import nmse
+from rlx_gpu.conformance.compare import nmse, non_finite_mismatch
 from rlx_gpu.errors import RlxError
 from rlx_gpu.runtime.config import load_config
 from rlx_gpu.schedule.ops import DTYPES
@@ -21,6 +21,17 @@ def test_nmse_is_the_relative_squared_error_over_finite_reference_values():
 def test_a_non_finite_result_where_the_reference_is_finite_never_passes():
     assert not nmse(np.array([np.nan, 1.0]), np.array([1.0, 1.0])) <= 1.0
     assert not nmse(np.array([np.inf, 1.0]), np.array([1.0, 1.0])) <= 1.0
+
+
+def test_nan_and_each_signed_inf_are_compared_position_by_position_on_their_own():
+    want = np.array([1.0, np.nan, np.inf, -np.inf, 2.0])
+    assert non_finite_mismatch(want.copy(), want) is None
+    for got, expected in (([1.0, np.inf, np.inf, -np.inf, 2.0], ("NaN", [1])),      # NaN became +Inf
+                          ([1.0, np.nan, -np.inf, -np.inf, 2.0], ("+Inf", [2])),    # the sign of an Inf
+                          ([1.0, np.nan, np.inf, np.nan, 2.0], ("NaN", [3])),       # -Inf became NaN
+                          ([1.0, np.nan, np.inf, -np.inf, -np.inf], ("-Inf", [4]))):  # finite became -Inf
+        name, where = non_finite_mismatch(np.array(got), want)
+        assert (name, where.tolist()) == expected, got
 
 
 def test_the_bundled_table_bounds_every_dtype_for_a_thunk_and_a_schedule():

@@ -54,3 +54,36 @@ def test_every_op_and_dtype_has_cases():
     covered = {(c.op, c.dtype) for c in CASES}
     assert covered == {(op, dt) for op in OPS for dt in DTYPES}
     assert {c.id for c in CASES}.__len__() == len(CASES)  # ids are unique
+
+
+def test_every_optional_field_of_the_op_table_has_a_case_with_it_and_one_without():
+    """Walks the op table: each optional field (nullable, or used only under a flag) of each op is run
+    present and absent, and the laid-out thunk really has it or lacks it."""
+    from rlx_gpu.schedule.ops import SPECS as OPS
+
+    optional = [(op, f) for op, spec in OPS.items() for f in spec.optional_fields]
+    assert {(op, f.name) for op, f in optional} >= {("lstm", "c0"), ("gated_delta_net", "state"),
+                                                    ("scan_backward", "forward_body")}
+    for op, f in optional:
+        for present in (True, False):
+            found = [c for c in CASES if c.op == op and c.has(f) == present]
+            assert found, f"no conformance case of {op} {'with' if present else 'without'} {f.name}"
+            thunk = runner.lay_out(found[0]).thunk
+            if f.nullable:
+                assert (thunk[f.name] is not None) == present, found[0].id
+            else:
+                assert (f.name in {r.field for r in runner.lay_out(found[0]).regions}) == present, found[0].id
+
+
+def test_a_backward_scan_without_forward_body_is_placed_on_every_device(session):
+    """A null ``forward_body`` (every step saved) has no body thunks to place; the device drives the scan."""
+    from rlx_gpu.conformance.cases import schedule_of
+    from rlx_gpu.runtime.executor import Device
+
+    case = next(c for c in CASES if c.op == "scan_backward_xs" and c.params.get("forward_body") is False)
+    laid = runner.lay_out(case)
+    assert laid.thunk["forward_body"] is None
+    placed = Device(session, CONFIG).place(schedule_of(laid.thunk, laid.arena.size))
+    assert placed[0].backend == session.info.backend
+    nested = {a.path[1].split(" ")[0] for a in placed[1:]}  # a device walks the bodies; the host runs them whole
+    assert nested == (set() if session.info.backend == "host" else {"body_vjp"})

@@ -120,7 +120,7 @@ def test_every_op_and_dtype_of_the_catalog_plans_and_launches(monkeypatch, targe
                 outcome = runner.check(session, case, config)
                 assert outcome.status == "pass", (case.id, outcome.detail)
             else:
-                runner._run(session, laid.thunk, laid.arena, case.options)
+                runner._run(session, laid.thunk, laid.arena, case.options, config)
             assert len(machine.launches) > before or case.op == "matmul", case.id
             ran.add((case.op, case.dtype))
         assert {op for op, _ in ran} >= set(cases.SMALL) and {dt for _, dt in ran} == set(SWEPT[target])

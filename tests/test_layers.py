@@ -128,8 +128,10 @@ def test_imports_flow_down_the_layers():
     assert not bad, "imports against the layer order (DESIGN.md, Layers):\n" + "\n".join(bad)
 
 
-#: what the layers above the backends may import of them: the discovery list, the surface, the run options
-BACKEND_SURFACE = {"rlx_gpu.backends", "rlx_gpu.backends.base", "rlx_gpu.backends.options"}
+#: what the layers above the backends may import of them: the discovery list, the surface, the run options,
+#: the one rule that turns an allocation failure into a DeviceError
+BACKEND_SURFACE = {"rlx_gpu.backends", "rlx_gpu.backends.base", "rlx_gpu.backends.options",
+                   "rlx_gpu.backends.allocation"}
 
 
 def test_the_layers_above_reach_the_backends_only_through_their_surface():

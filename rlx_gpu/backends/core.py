@@ -21,6 +21,7 @@ from ..launches import ARENA, SCRATCH, Buf, Launch
 from ..schedule.ops import SCAN_OPS, footprint
 from ..units import human_bytes
 from . import programs
+from .allocation import allocating
 from .base import NONE_ON_HOST, Runner
 from .options import RunOptions
 from .primitives import DeviceArena, Primitives
@@ -92,14 +93,21 @@ class KernelSession:
                               f"{self.info.name} ({self.info.spec}): {limit} bytes ({human_bytes(limit)}); "
                               f"shrink the schedule or run it on a device with more memory")
 
+    @property
+    def where(self) -> str:
+        """The device as messages name it."""
+        return f"{self.info.name} ({self.info.spec})"
+
     def _buffer(self, nbytes: int, what: str) -> Any:
         self.check_fits(nbytes, what)
-        return self.prims.allocate(max(nbytes, 1))
+        with allocating(what, self.where, nbytes):
+            return self.prims.allocate(max(nbytes, 1))
 
     def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> DeviceArena:
         """A zeroed arena of ``nbytes``; ``resident`` when it lives between runs (``DeviceArena.kept``)."""
         arena = DeviceArena(self._buffer(nbytes, what), nbytes, resident=resident)
-        self.prims.zero(arena.buffer, 0, max(nbytes, 1))
+        with allocating(what, self.where, nbytes):  # a device may allocate on first use: the zeroing
+            self.prims.zero(arena.buffer, 0, max(nbytes, 1))
         return arena
 
     def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> DeviceArena:
@@ -259,10 +267,12 @@ class KernelSession:
         from host_fallback import scan
 
         memory = self.scan_memory(options, on_host)
-        if thunk["op"] == "scan":
-            scan.run_scan(memory, thunk, arena)
-        else:
-            scan.run_scan_backward(memory, thunk, arena, options.recompute)
+        # a body thunk on the host allocates host scratch; the device's own allocations say more themselves
+        with allocating(f"thunk {getattr(thunk, 'index', '?')} ({thunk['op']})'s host-side body work", self.where):
+            if thunk["op"] == "scan":
+                scan.run_scan(memory, thunk, arena)
+            else:
+                scan.run_scan_backward(memory, thunk, arena, options.recompute)
         return memory.copied
 
     def scan_memory(self, options: RunOptions, on_host: Mapping[int, Runner]) -> "ScanMemory":
@@ -293,7 +303,8 @@ class ScanMemory:
 
     def alloc(self, nbytes: int) -> DeviceArena:
         buffer = self.session._buffer(nbytes, "a scan body arena")
-        return DeviceArena(buffer, nbytes, np.zeros(max(nbytes, 1), np.uint8))
+        with allocating("the host image of a scan body arena", self.session.where, nbytes):
+            return DeviceArena(buffer, nbytes, np.zeros(max(nbytes, 1), np.uint8))
 
     def free(self, arena: DeviceArena) -> None:
         self.session.free(arena)

@@ -15,6 +15,7 @@ import host_fallback
 
 from ..errors import DeviceError
 from ..units import human_bytes
+from .allocation import allocating, allocation_failed
 from .base import NONE_ON_HOST, DeviceInfo, Runner
 from .options import RunOptions
 
@@ -54,11 +55,13 @@ class HostSession:
 
     def alloc(self, nbytes: int, what: str = "an arena", resident: bool = False) -> np.ndarray:
         """A zeroed arena; ``resident`` changes nothing here (host kernels keep nothing between runs)."""
-        return np.zeros(nbytes, dtype=np.uint8)
+        with allocating(what, self.info.spec, nbytes):
+            return np.zeros(nbytes, dtype=np.uint8)
 
     def upload(self, data: np.ndarray, what: str = "an arena", resident: bool = False) -> np.ndarray:
         """A new arena holding a copy of ``data``."""
-        return np.array(data, dtype=np.uint8).reshape(-1)
+        with allocating(what, self.info.spec, data.nbytes):
+            return np.array(data, dtype=np.uint8).reshape(-1)
 
     def free(self, arena: np.ndarray) -> None:
         """NumPy frees the arena with its last reference."""
@@ -73,10 +76,15 @@ class HostSession:
                on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
         """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call);
         ``on_host`` does not apply, everything runs here."""
-        kernel = host_fallback.bound_kernel(thunk, options.host_keywords)
+        what = f"the scratch and body arenas of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})"
+        with allocating(what, self.info.spec):  # the kernel's thunk-only setup may allocate
+            kernel = host_fallback.bound_kernel(thunk, options.host_keywords)
 
         def run(arena: np.ndarray) -> int:
-            kernel(arena)
+            try:
+                kernel(arena)
+            except MemoryError as err:
+                raise allocation_failed(what, self.info.spec, err) from err
             return 0
         return run
 

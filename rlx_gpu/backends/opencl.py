@@ -6,7 +6,8 @@ it. Arenas, caches, launch plans and the scan driver's device memory come from
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -99,13 +100,29 @@ class OpenCLPrimitives:
         self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
 
     def allocate(self, nbytes: int) -> Any:
-        return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+        with self._out_of_memory_as_memory_error():
+            return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
 
     def release(self, buffer: Any) -> None:
         buffer.release()
 
     def write(self, buffer: Any, offset: int, data: np.ndarray) -> None:
-        self.cl.enqueue_copy(self.queue, buffer, data, dst_offset=offset)
+        with self._out_of_memory_as_memory_error():  # a buffer's memory may be allocated on first use
+            self.cl.enqueue_copy(self.queue, buffer, data, dst_offset=offset)
+
+    @contextlib.contextmanager
+    def _out_of_memory_as_memory_error(self) -> Iterator[None]:
+        """pyopencl's out-of-memory errors (``cl.MemoryError``, or a status of MEM_OBJECT_ALLOCATION_FAILURE,
+        OUT_OF_RESOURCES or OUT_OF_HOST_MEMORY) as ``MemoryError``, the primitives' allocation failure."""
+        status = self.cl.status_code
+        try:
+            yield
+        except self.cl.Error as err:
+            code = getattr(err, "code", None)
+            if isinstance(err, self.cl.MemoryError) or code in (
+                    status.MEM_OBJECT_ALLOCATION_FAILURE, status.OUT_OF_RESOURCES, status.OUT_OF_HOST_MEMORY):
+                raise MemoryError(str(err)) from err
+            raise
 
     def read(self, buffer: Any, offset: int, out: np.ndarray) -> None:
         self.cl.enqueue_copy(self.queue, out, buffer, src_offset=offset)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from ..schedule.ops import DTYPES, SCAN_OPS
+from ..schedule.ops import DTYPES, SCAN_OPS, SPECS, Field
+from .cases import SMALL
 from .references import BINARY, UNARY
 
 
@@ -22,10 +23,20 @@ class Case:
     params: Mapping[str, Any]
     options: Mapping[str, Any] = field(default_factory=dict)  # RunOptions fields (rnn_kernel, recompute)
     poison: str | None = None  # an input field whose first elements become NaN, +Inf, -Inf, 0, -0
-    poison_step: int | None = None  # instead: one NaN in ``poison`` at this step of batch row 0
+    poison_step: int | None = None  # instead: one ``poison_value`` in ``poison`` at this step of batch row 0
+    poison_value: float = float("nan")
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
+
+    def has(self, field: Field) -> bool:
+        """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
+
+        A nullable field is null where ``params`` gives it as False (the scan cases carry their bodies).
+        """
+        if field.used_when:
+            return bool(self.params.get(field.used_when))
+        return self.params.get(field.name, True) is not False
 
     @property
     def family(self) -> str:
@@ -131,25 +142,44 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gated_delta_net", _gdn(1, 100, 1, 256, True, True), {}, True),  # gpu target: chunked, the largest state
 ]
 
-#: (op, params, field, step) of the causality cases: one NaN at ``step`` of batch row 0 must reach that row's
-#: outputs from that step on and nothing else (positions compared with the float64 reference)
-CAUSAL: list[tuple[str, dict, str, int]] = [
-    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5),
-    ("selective_scan", _ssm(2, 300, 3, 4), "x", 270),  # in the second chunk of 256 steps (gpu target)
-    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5),
-    ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70),  # in the second chunk of 64 steps (gpu target)
-    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5),
-    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5),
+NAN, INF = float("nan"), float("inf")
+#: (op, params, field, step, value) of the causality cases: one NaN or Inf at ``step`` of batch row 0 must reach
+#: that row's outputs from that step on and nothing else (NaN and signed Inf positions compared with the float64
+#: reference and the host)
+CAUSAL: list[tuple[str, dict, str, int, float]] = [
+    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, NAN),
+    ("selective_scan", _ssm(2, 300, 3, 4), "x", 270, NAN),  # in the second chunk of 256 steps (gpu target)
+    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
+    ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70, NAN),  # in the second chunk of 64 steps (gpu target)
+    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
     # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate
-    ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70),
-    ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70),
-    ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100),
+    ("gated_delta_net", _gdn(2, 80, 2, 8, False, True), "v", 70, NAN),
+    ("gated_delta_net", _gdn(2, 80, 1, 8, True, True), "k", 70, NAN),
+    ("gated_delta_net", _gdn(1, 140, 2, 8, False, False), "g", 100, NAN),
+    # an Inf: every device keeps the ABI's operation order on the step forms, so NaN and each signed Inf
+    # land alike (the gpu target's chunked forms may differ in the class, see the ABI's non-finite rule)
+    ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, INF),
+    ("selective_scan", _ssm(2, 300, 3, 4), "delta", 270, -INF),
+    ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, INF),
+    ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "beta", 5, -INF),
+    ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), "k", 0, INF),  # the cpu target's decode step kernel
+    ("lstm", _recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
+    ("gru", _recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
+    ("rnn", _recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
 SCANS = [("scan", True, 0), ("scan", False, 0), ("scan_backward", True, 2), ("scan_backward_xs", False, 3)]
 SCAN_LENGTH = 5
 NAN_INF_DTYPES = ("f32", "bf16")
+#: The dtypes of the cases ``optional_field_cases`` adds: a 32-bit and a 16-bit storage.
+OPTIONAL_DTYPES = ("f32", "bf16")
+
+
+def _special(value: float) -> str:
+    return "nan" if value != value else ("inf" if value > 0 else "ninf")
 
 
 def _variant(op: str, params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
@@ -167,13 +197,43 @@ def cases(quick: bool = False) -> list[Case]:
         out += [Case("unary", dtype, dict(fn=fn, n=40), poison="x", seed=1, variant=f"{fn}.nan_inf") for fn in UNARY]
         out += [Case("binary", dtype, dict(fn=fn, shape=[40], a_strides=[1], b_strides=[1]), poison="b", seed=1,
                      variant=f"{fn}.nan_inf") for fn in BINARY]
-    out += [Case(op, dtype, params, poison=field, poison_step=step, seed=5,
-                 variant=".".join(p for p in (_flags(params, {}), f"nan_at_{step}") if p))
-            for op, params, field, step in CAUSAL for dtype in NAN_INF_DTYPES]
+    out += [Case(op, dtype, params, poison=field, poison_step=step, poison_value=value, seed=5,
+                 variant=".".join(p for p in (_flags(params, {}), f"{_special(value)}_at_{step}") if p))
+            for op, params, field, step, value in CAUSAL for dtype in NAN_INF_DTYPES]
     out += [Case(op, dtype, dict(save_trajectory=save, num_checkpoints=k, length=SCAN_LENGTH),
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]
+    out += optional_field_cases(out)
     return [c for c in out if not (quick and c.large)]
+
+
+def _base(op: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(params, options)`` of the small case that ``optional_field_cases`` varies per op."""
+    if op in SCAN_OPS:
+        return dict(save_trajectory=True, num_checkpoints=0, length=SCAN_LENGTH), {"recompute": "treeverse"}
+    return dict(SMALL[op]), {}
+
+
+def optional_field_cases(existing: Iterable[Case]) -> list[Case]:
+    """For every op and every optional field of the op table (``OpSpec.optional_fields``), a case
+    with the field present and one with it absent, in each of ``OPTIONAL_DTYPES``, where ``existing``
+    has none: so a field marked optional is run both ways on every device the day it is added."""
+    have = {(c.op, c.dtype, f.name, c.has(f)) for c in existing for f in SPECS[c.op].optional_fields}
+    out: list[Case] = []
+    for op, spec in SPECS.items():
+        for f in spec.optional_fields:
+            for present in (True, False):
+                for dtype in OPTIONAL_DTYPES:
+                    if (op, dtype, f.name, present) in have:
+                        continue
+                    params, options = _base(op)
+                    params[f.used_when or f.name] = present
+                    made = Case(op, dtype, params, options, seed=2,
+                                variant=".".join(p for p in (_variant(op, params, options),
+                                                             "" if present else f"no_{f.used_when or f.name}") if p))
+                    have |= {(op, dtype, g.name, made.has(g)) for g in spec.optional_fields}
+                    out.append(made)
+    return out
 
 
 def select(all_cases: Iterable[Case], ops: Iterable[str] | None = None, dtypes: Iterable[str] | None = None) -> list[Case]:

@@ -20,12 +20,13 @@ from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
 from ..runtime.config import Config
+from ..runtime.executor import Device
 from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS
 from . import scan_cell
-from .cases import lay_out as place
+from .cases import lay_out as place, schedule_of
 from .catalog import Case
-from .compare import nmse
+from .compare import nmse, non_finite_mismatch
 from .reference_rnn import sigmoid
 from .references import REFERENCES
 
@@ -107,7 +108,7 @@ def lay_out(case: Case) -> Laid:
         if case.poison_step is None:
             view[: SPECIALS.size * 3: 3] = SPECIALS.astype(STORAGE[r.dtype])
         else:  # [batch, seq, ...]: the first element of step poison_step of batch row 0
-            view[case.poison_step * int(np.prod(r.shape[2:]))] = np.nan
+            view[case.poison_step * int(np.prod(r.shape[2:]))] = case.poison_value
     pristine = arena.copy()
 
     def reference() -> dict[str, np.ndarray]:
@@ -127,6 +128,8 @@ def _lay_out_scan(case: Case, rng: np.random.Generator) -> Laid:
     save, k, length = case.params["save_trajectory"], case.params["num_checkpoints"], case.params["length"]
     cell = scan_cell.cell(case.dtype, bcast_bias=case.op == "scan")
     fields = scan_cell.fields(case.op, cell, length, save, k)
+    if case.params.get("forward_body") is False:
+        fields["forward_body"] = None
     thunk, nbytes = place(case.op, case.dtype, fields, guard=GUARD)
     placed = tuple(regions(thunk))
     problem = scan_cell.problem(case.op, cell, length, save, case.seed)
@@ -143,16 +146,12 @@ class Mismatch(Exception):
     """A check failed; the message says which and by how much."""
 
 
-def _run(session: Session, thunk: Mapping[str, Any], arena: np.ndarray, options: Mapping[str, Any]) -> np.ndarray:
-    device_arena = session.alloc(arena.size, "a conformance arena")
-    try:
-        session.write(device_arena, 0, arena)
-        session.launch(thunk, device_arena, **options)
-        out = session.read(device_arena, 0, arena.size)
-        session.finish()
-    finally:
-        session.free(device_arena)
-    return out
+def _run(session: Session, thunk: Mapping[str, Any], arena: np.ndarray, options: Mapping[str, Any],
+         config: Config) -> np.ndarray:
+    """The arena after ``thunk`` ran as a one-thunk schedule through the executor, the path every run
+    takes (validation, placement of a scan's body thunks, the device's runner)."""
+    device = Device(session, config, RunOptions.build(config, **options))
+    return device.run(schedule_of(dict(thunk), arena.size), arena)
 
 
 def _check_guards(laid: Laid, got: np.ndarray) -> None:
@@ -175,10 +174,11 @@ def _compare(laid: Laid, got: np.ndarray, want: Mapping[str, np.ndarray], bound:
         exact = np.asarray(values, np.float64).reshape(-1)
         r = next(r for r in laid.regions if r.field == field)
         stored = exact.astype(STORAGE[dtype if r.dtype == "u8" else r.dtype]).astype(np.float64)
-        for name, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
-            differ = np.flatnonzero(test(have) != test(stored))
-            if differ.size:
-                raise Mismatch(f"{what}: {name} positions of {field} differ at elements {differ[:8].tolist()}")
+        mismatch = non_finite_mismatch(have, stored)
+        if mismatch is not None:
+            name, differ = mismatch
+            raise Mismatch(f"{what}: {name} positions of {field} differ at elements {differ[:8].tolist()} "
+                           f"({differ.size} in all)")
         err = nmse(have, exact)
         finite = np.isfinite(exact)
         max_err = max(max_err, float(np.max(np.abs(have[finite] - exact[finite]), initial=0.0)))
@@ -203,7 +203,7 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     err = max_err = host_err = None
     try:
         with np.errstate(all="ignore"):
-            got = _run(session, laid.thunk, laid.arena, case.options)
+            got = _run(session, laid.thunk, laid.arena, case.options, config)
         _check_guards(laid, got)
         if case.op == "copy":
             src, dst, n = laid.thunk["src"], laid.thunk["dst"], laid.thunk["nbytes"]

@@ -105,6 +105,8 @@ class BodyGraph:
         self.weights: dict[str, Tensor] = {}
         self.outputs: dict[str, Tensor] = {}
         self.init: dict[int, bytes] = {}  # constant bytes of every weight buffer
+        # the activation a weight was packed with (torch_weights.PackedStream), by buf id
+        self.activations: dict[int, str] = {}
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------- declarations
@@ -141,6 +143,8 @@ class BodyGraph:
         values = np.asarray(array, dtype=np.float64)
         t = self._new(values.shape, dt, self._claim(name))
         self.init[t.buf] = np.ascontiguousarray(values.astype(STORAGE[dt])).tobytes()
+        if getattr(array, "nonlinearity", None):
+            self.activations[t.buf] = array.nonlinearity
         self.weights[name] = t
         return t
 

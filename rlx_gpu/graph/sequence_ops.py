@@ -12,6 +12,7 @@ from host_fallback.layout import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Tensor
+from .torch_weights import NONLINEARITIES
 
 
 def recurrent_weight_counts(op: str, input_size: int, hidden: int, num_layers: int,
@@ -76,11 +77,39 @@ class SequenceOps:
         return self._recurrent("gru", x, {"w_ih": w_ih, "w_hh": w_hh, "b_ih": b_ih, "b_hh": b_hh}, {"h0": h0},
                                hidden, num_layers, bidirectional, name)
 
-    def rnn(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, relu: bool = False,
-            num_layers: int = 1, bidirectional: bool = False, h0: Any = None, name: str | None = None) -> Any:
-        """Elman RNN: ``h' = act(W_ih·x + W_hh·h + bias)``, act relu or tanh; returns ``y`` or ``(y, h_n)``."""
-        return self._recurrent("rnn", x, {"w_ih": w_ih, "w_hh": w_hh, "bias": bias}, {"h0": h0},
-                               hidden, num_layers, bidirectional, name, relu=bool(relu))
+    def rnn(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, nonlinearity: str | None = None,
+            relu: bool | None = None, num_layers: int = 1, bidirectional: bool = False, h0: Any = None,
+            name: str | None = None) -> Any:
+        """Elman RNN: ``h' = act(W_ih·x + W_hh·h + bias)``, act relu or tanh; returns ``y`` or ``(y, h_n)``.
+
+        ``nonlinearity`` is torch's keyword (``"tanh"`` or ``"relu"``; ``relu=True`` says the same).
+        Unset, the activation is the one the weights were packed with (``pack_recurrent`` of a torch
+        module), else tanh; asking for another than the packed one is an error.
+        """
+        weights = {"w_ih": w_ih, "w_hh": w_hh, "bias": bias}
+        act = self._rnn_activation(nonlinearity, relu, weights)
+        return self._recurrent("rnn", x, weights, {"h0": h0}, hidden, num_layers, bidirectional, name,
+                               relu=act == "relu")
+
+    def _rnn_activation(self, nonlinearity: str | None, relu: bool | None, weights: dict[str, Any]) -> str:
+        """The rnn's activation from its keywords and the activation its weights were packed with."""
+        if nonlinearity is not None and nonlinearity not in NONLINEARITIES:
+            raise GraphError(f"rnn: nonlinearity={nonlinearity!r} is not one of {', '.join(NONLINEARITIES)}")
+        by_relu = None if relu is None else ("relu" if relu else "tanh")
+        if nonlinearity is not None and by_relu is not None and nonlinearity != by_relu:
+            raise GraphError(f"rnn: nonlinearity={nonlinearity!r} and relu={relu!r} disagree; pass one of them")
+        asked = nonlinearity or by_relu
+        packed = {f: self.activations.get(v.buf) if isinstance(v, Tensor) else getattr(v, "nonlinearity", None)
+                  for f, v in weights.items()}
+        packed = {f: a for f, a in packed.items() if a is not None}
+        if len(set(packed.values())) > 1:
+            raise GraphError(f"rnn: the weights come from RNNs of different activations ({packed}); pack them "
+                             f"from one module")
+        if packed and asked is not None and asked not in packed.values():
+            field, act = next(iter(packed.items()))
+            raise GraphError(f"rnn: {field} was packed from an RNN with nonlinearity={act!r}, but "
+                             f"{asked!r} was asked; pass nonlinearity={act!r} (or weights of a {asked} RNN)")
+        return asked or next(iter(packed.values()), "tanh")
 
     def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any) -> Tensor:
         """Mamba-1: ``h = exp(delta·a)⊙h + delta·b·x``, ``y = Σ_n c·h`` per channel; ``x [B,S,H]``, ``a [H,N]``."""

@@ -19,6 +19,7 @@ import numpy as np
 
 from host_fallback.arena import STORAGE
 
+from ..backends.allocation import allocating
 from ..errors import DLPackError, RlxError
 from ..schedule.model import Schedule, TensorView
 from .dlpack import ArenaView, DeviceTensor, import_tensor
@@ -156,7 +157,8 @@ class Arena:
     def image(self) -> np.ndarray:
         """The host image that fallback thunks run on (only their footprint is ever copied into it)."""
         if self._image is None:
-            self._image = np.zeros(self.nbytes, np.uint8)
+            with allocating("the host image of a resident arena", "the host", self.nbytes):
+                self._image = np.zeros(self.nbytes, np.uint8)
         return self._image
 
     def free(self) -> None:

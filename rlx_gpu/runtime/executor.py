@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 from host_fallback import scan
 
+from ..backends.allocation import allocating
 from ..backends.base import Session
 from ..schedule.io import load_schedule
 from ..schedule.model import Schedule
@@ -183,12 +184,14 @@ class Device:
     @staticmethod
     def _initial_arena(schedule: Schedule, arena: np.ndarray | None) -> np.ndarray:
         if arena is None:
-            return schedule.pristine_arena()
+            with allocating("the arena of this schedule (arena_bytes)", "the host", schedule.arena_bytes):
+                return schedule.pristine_arena()
         if not isinstance(arena, np.ndarray) or arena.dtype != np.uint8 or arena.shape != (schedule.arena_bytes,):
             got = f"{type(arena).__name__} {getattr(arena, 'dtype', '')} {getattr(arena, 'shape', '')}"
             raise ValueError(f"arena must be a numpy uint8 array of arena_bytes = {schedule.arena_bytes} "
                              f"({human_bytes(schedule.arena_bytes)}) or a resident Arena, got {got}")
-        out = arena.copy()
+        with allocating("a copy of the arena given to run", "the host", schedule.arena_bytes):
+            out = arena.copy()
         schedule.apply_init(out)
         return out
 

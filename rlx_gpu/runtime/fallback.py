@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..backends.allocation import allocating
 from ..backends.base import Session
 from ..backends.options import RunOptions
 from ..schedule.model import Thunk
@@ -77,7 +78,8 @@ class HostRun:
         first, last = index == 0, index == len(self.kernels) - 1
         if image is None:
             if arena.image is None:
-                arena.image = np.zeros(arena.nbytes, np.uint8)
+                with allocating("the host image of the arena", "the host", arena.nbytes):
+                    arena.image = np.zeros(arena.nbytes, np.uint8)
             image = arena.image
         copied = 0
         if first:

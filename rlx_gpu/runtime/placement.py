@@ -93,7 +93,8 @@ def _walk(thunks: tuple[Thunk, ...], session: Session, config: Config, outer: tu
         yield chosen
         if chosen.backend == session.info.backend != "host" and thunk.op in SCAN_OPS:
             for body in BODIES[thunk.op]:  # the device drives this scan: place its body thunks too
-                yield from _walk(thunk[body].thunks, session, config, path, f"{body} ")
+                if thunk[body] is not None:  # a null forward_body: every step saved, nothing to recompute
+                    yield from _walk(thunk[body].thunks, session, config, path, f"{body} ")
 
 
 def place(schedule: Schedule, session: Session, config: Config) -> list[Assignment]:

@@ -24,11 +24,24 @@ BINARY_FNS = tuple(BINARY)
 
 @dataclass(frozen=True)
 class Field:
-    """One thunk field: ``kind`` names the check ``validate._check_field`` applies to its value."""
+    """One thunk field: ``kind`` names the check ``validate._check_field`` applies to its value.
+
+    A field is optional when it is nullable (an ``opt_`` kind: ``null`` means absent) or when
+    ``used_when`` names the op's flag without which it is unused (an offset written as 0).
+    """
 
     name: str
     kind: str
     choices: tuple[str, ...] = ()
+    used_when: str = ""
+
+    @property
+    def nullable(self) -> bool:
+        return self.kind.startswith("opt_")
+
+    @property
+    def optional(self) -> bool:
+        return self.nullable or bool(self.used_when)
 
 
 @dataclass(frozen=True)
@@ -44,13 +57,18 @@ class OpSpec:
         return tuple(f.name for f in self.fields)
 
     @cached_property
+    def optional_fields(self) -> tuple[Field, ...]:
+        """The fields a thunk of this op may go without (see ``Field.optional``)."""
+        return tuple(f for f in self.fields if f.optional)
+
+    @cached_property
     def keys(self) -> frozenset[str]:
         """Every key a thunk of this op has: its fields, ``op`` and ``dtype``."""
         return frozenset(self.field_names) | {"op", "dtype"}
 
 
-def _offsets(*names: str) -> tuple[Field, ...]:
-    return tuple(Field(n, "offset") for n in names)
+def _offsets(*names: str, used_when: str = "") -> tuple[Field, ...]:
+    return tuple(Field(n, "offset", used_when=used_when) for n in names)
 
 
 def _pos(*names: str) -> tuple[Field, ...]:
@@ -74,14 +92,18 @@ _SCAN_BACKWARD = (
 )
 
 SPECS: dict[str, OpSpec] = {s.name: s for s in (
-    OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst") + _RECURRENT_PARAMS),
-    OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst") + _RECURRENT_PARAMS),
-    OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias", "h0", "dst") + _RECURRENT_PARAMS + _flags("relu")),
+    OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias") + _offsets("h0", "c0", used_when="carry") + _offsets("dst")
+           + _RECURRENT_PARAMS),
+    OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh") + _offsets("h0", used_when="carry") + _offsets("dst")
+           + _RECURRENT_PARAMS),
+    OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias") + _offsets("h0", used_when="carry") + _offsets("dst")
+           + _RECURRENT_PARAMS + _flags("relu")),
     OpSpec("selective_scan", _offsets("x", "delta", "a", "b", "c", "dst")
            + _pos("batch", "seq", "hidden", "state_size")),
     OpSpec("mamba2", _offsets("x", "dt", "a", "b", "c", "dst")
            + _pos("batch", "seq", "heads", "head_dim", "state_size")),
-    OpSpec("gated_delta_net", _offsets("q", "k", "v", "g", "beta", "state", "dst")
+    OpSpec("gated_delta_net", _offsets("q", "k", "v", "g", "beta") + _offsets("state", used_when="carry_state")
+           + _offsets("dst")
            + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state")),
     OpSpec("unary", _offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS))),
     OpSpec("binary", _offsets("a", "b", "dst") + (Field("fn", "enum", BINARY_FNS), Field("shape", "shape"),
