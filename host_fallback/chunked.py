@@ -123,7 +123,7 @@ def floor_log_decays(logd: np.ndarray, low: float | None = None) -> np.ndarray:
     The step recurrence multiplies by ``exp`` of either, exactly 0, so nothing changes there; the
     chunked forms gain twice: a ``-inf`` (a state reset) becomes finite and so never meets another
     ``-inf`` in a cumulative difference (``-inf - -inf`` is NaN), and a huge finite one (``-1e6``)
-    no longer drowns the digits of every later cumulative log-decay of its chunk. ``low`` is
+    does not drown the digits of every later cumulative log-decay of its chunk. ``low`` is
     ``logd``'s minimum where the caller has it (no pass over ``logd`` then when nothing is below).
     NaN stays NaN.
     """

@@ -57,7 +57,7 @@ def test_gpu_shapes_keep_grid_caps_and_fill_the_device(name):
                 f"a 132-SM GPU needs >= {FILL_GROUPS} groups or >= {FILL_ITEMS} items")
 
 
-#: extents past 65,535 in every dimension a planner used to put them in (y/z on the gpu target)
+#: extents past 65,535 in every dimension a planner could put them in (y/z on the gpu target)
 LARGE = {
     "reduce_sum outer": ("reduce_sum", dict(outer=200_000, r=3, inner=5)),
     "matmul batch": ("matmul", dict(batch=100_000, m=4, k=3, n=5, trans_a=False, trans_b=False,

@@ -1,7 +1,7 @@
 """The gpu-target CUDA programs meet their sm_90 budgets, and every launch matches its kernel's signature.
 
 Each program is compiled once per test session with NVRTC for sm_90 (cubin, PTX and ptxas's ``-v``
-report; no GPU needed). Budgets (issue #12): 0 spill bytes and 0 stack bytes for every kernel in f32,
+report; no GPU needed). Budgets: 0 spill bytes and 0 stack bytes for every kernel in f32,
 f16 and bf16; at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
 rest; f64 is built and listed, and may spill. No f32 arithmetic flushes subnormals (``.ftz``).
 Signatures: CuPy packs each launch argument by its size and checks nothing, so every planner's Launch

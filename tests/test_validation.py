@@ -180,7 +180,7 @@ def test_json_and_yaml_round_trip(tmp_path):
     assert rlx_gpu.load_schedule((tmp_path / "s.json").read_text()).to_dict() == sched.to_dict()
 
 
-# ---- untrusted input (issue #9, holes 1-4): each of these got past the border before ----
+# ---- untrusted input: malformed sizes, offsets and nesting, each refused at the border ----
 
 def _refused(source, *patterns: str) -> str:
     """Load ``source``, expect a ScheduleError with a short message matching every pattern."""

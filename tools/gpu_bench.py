@@ -1,9 +1,10 @@
-"""The benchmark section of tools/gpu_check.py: event-timed medians at the GPU shapes of issue #12.
+"""The benchmark section of tools/gpu_check.py: event-timed medians at the GPU shapes
+(``rlx_gpu.conformance.cases.GPU_SHAPES``).
 
 Ours runs through the CUDA session on a resident arena (inputs written once, the runner planned once);
 the anchors are ``torch.nn.LSTM`` / ``GRU`` (cuDNN) and the torch chunked twins of ``benchmarks/ssm.py``
 on the same GPU; the byte floor is the thunk's footprint (bytes read + written once) over the copy
-bandwidth measured by the ceilings section. Targets (issue #13): lstm/gru <= 1.5x cuDNN; selective_scan,
+bandwidth measured by the ceilings section. Targets: lstm/gru <= 1.5x cuDNN; selective_scan,
 mamba2, gated_delta_net <= 0.5x the twin and <= 3x the floor; gdn decode <= 3x the floor; scan <= 10 us
 per step with graphs.
 """

@@ -1,4 +1,4 @@
-"""Damaged schedules for fuzzing the border (issue #9): every op family, every kind of damage.
+"""Damaged schedules for fuzzing the border: every op family, every kind of damage.
 
 ``make_case(seed)`` builds one case deterministically: a valid small schedule of a random op
 (``cases.lay_out`` with guard bytes around every tensor), sometimes given named views, init blocks
