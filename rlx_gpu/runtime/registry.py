@@ -37,8 +37,9 @@ def backend_module(name: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name == BACKEND_MODULES[name]:
             raise BackendUnavailable(f"{name}: this release has no {name} backend module yet") from err
+        extra = "cuda12" if name == "cuda" else name
         raise BackendUnavailable(f"{name}: module {err.name!r} is not installed "
-                                 f"(pip install 'rlx_gpu[{'cuda12' if name == 'cuda' else name}]')") from err
+                                 f'(in a checkout: pip install -e ".[{extra}]")') from err
 
 
 @lru_cache(maxsize=None)
@@ -80,9 +81,12 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
     Without ``spec``: ``RLX_DEVICE``, else ``PYOPENCL_CTX`` (an OpenCL device, as pyopencl reads it),
     else the config's ``device``. A plain ``opencl`` also takes its platform and device from ``PYOPENCL_CTX``.
     """
+    chosen_by = "the device argument" if spec else "RLX_DEVICE"
     spec = spec or os.environ.get("RLX_DEVICE")
     if not spec and os.environ.get("PYOPENCL_CTX") is not None:
-        spec = "opencl"
+        spec, chosen_by = "opencl", "PYOPENCL_CTX"
+    if not spec:
+        chosen_by = f"device: in the config {config.source}"
     spec = check_spec(spec or config.device or "auto")
     if spec == "opencl" and os.environ.get("PYOPENCL_CTX") is not None:
         spec = _pyopencl_ctx(status("opencl")) or spec
@@ -91,17 +95,17 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
             st = status(name)
             if st.available:
                 return st.devices[0]
-        raise DeviceError(f"auto: no backend of {list(config.priority)} is available")
+        raise DeviceError(f"auto (chosen by {chosen_by}): no backend of {list(config.priority)} is available")
     name = spec.split(":", 1)[0]
     st = status(name)
     if not st.available:
-        raise DeviceError(f"device {spec!r} is unavailable: {st.reason}")
+        raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) is unavailable: {st.reason}")
     if ":" not in spec:
         return st.devices[0]
     for info in st.devices:
         if info.spec == spec or info.spec.startswith(spec + ":"):
             return info
-    raise DeviceError(f"device {spec!r} not found; {name} has {', '.join(d.spec for d in st.devices)}")
+    raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) not found; {name} has {', '.join(d.spec for d in st.devices)}")
 
 
 @lru_cache(maxsize=None)
