@@ -1,6 +1,4 @@
 """rlx_gpu: recurrent and sequence kernels on CUDA, OpenCL and the host, behind one arena-offset ABI."""
-from __future__ import annotations
-
 from .errors import (ConfigError, DeviceError, FallbackForbidden, GraphError, InputError, KernelBuildError, ModelError,
                      RlxError, ScheduleError)
 from .graph.autodiff import vjp

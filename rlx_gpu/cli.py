@@ -20,7 +20,7 @@ from .runtime.registry import discover, open_session
 from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule
 from .schedule.ops import DTYPES, SPECS, footprint
-from .units import human_bytes, human_time
+from .units import human_bytes, human_time, plural
 from .units import text_table as _table
 
 
@@ -49,17 +49,26 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_target(target: str | None, inputs_file: str | None = None) -> tuple[Schedule, dict[str, np.ndarray]]:
+def _load_target(target: str | None, inputs_file: str | None = None,
+                 say_random: bool = False) -> tuple[Schedule, dict[str, np.ndarray]]:
     """A schedule file (inputs from ``inputs_file``, else seeded random ones) or a model (its own inputs).
 
     A target is a schedule when it is a JSON file or a YAML file with an ``abi`` key; any other
-    existing file is a model file, and a name that is no file names a bundled example model.
+    existing text file is a model file, and a name that is no file names a bundled example model.
+    ``say_random`` warns when a schedule's inputs are random, naming an ``.npz`` of the same name beside it.
     """
     path = Path(target) if target else None
+    if path is not None and path.is_file() and path.suffix != ".json":
+        _refuse_binary(path)
     if path is not None and path.is_file() and (path.suffix == ".json" or "abi" in (_yaml_keys(path))):
         schedule = load_schedule(path)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
+        if say_random and not inputs_file and schedule.inputs:
+            beside = path.with_suffix(".npz")
+            hint = f"; {beside} lies beside it: add --inputs {beside}" if beside.is_file() else ""
+            warnings.warn(f"schedule {path}: no --inputs given, so its inputs {', '.join(schedule.inputs)} "
+                          f"are seeded random numbers{hint}", stacklevel=2)
     else:
         from .graph.models import build_model
 
@@ -68,6 +77,23 @@ def _load_target(target: str | None, inputs_file: str | None = None) -> tuple[Sc
     if inputs_file:
         inputs.update(_read_inputs(inputs_file, schedule))
     return schedule, inputs
+
+
+def _refuse_binary(path: Path) -> None:
+    """An ``InputError`` when ``path`` is not UTF-8 text: no schedule or model file, maybe an inputs ``.npz``."""
+    try:
+        with path.open("rb") as stream:
+            stream.read(1 << 16).decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it: {err.strerror}") from err
+    else:
+        return
+    hint = (f"; an .npz holds a schedule's inputs: rlx-gpu run SCHEDULE.json --inputs {path}"
+            if path.suffix == ".npz" else "")
+    raise InputError(f"{path} is not a text file, so neither a schedule (.json, or .yaml with an abi key) "
+                     f"nor a model file (.yaml){hint}")
 
 
 def _yaml_keys(path: Path) -> list[str]:
@@ -95,6 +121,11 @@ def _read_inputs(path: str, schedule: Schedule) -> dict[str, np.ndarray]:
         if values.shape != schedule.tensors[name].shape:
             raise InputError(f"inputs {path}: {name!r} has shape {list(values.shape)}, expected "
                              f"{list(schedule.tensors[name].shape)}")
+    missing = [name for name in schedule.inputs if name not in given]
+    if missing:
+        raise InputError(f"inputs {path}: no {', '.join(map(repr, missing))}; the schedule's inputs are "
+                         f"{', '.join(schedule.inputs)}, and the file must hold every one "
+                         f"(`rlx-gpu export` writes them all)")
     return given
 
 
@@ -103,26 +134,27 @@ def _outputs(schedule: Schedule, arena: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    schedule, inputs = _load_target(args.target, args.inputs)
+    out = conformance_command.writable_path(args.out, "--out") if args.out else None
+    schedule, inputs = _load_target(args.target, args.inputs, say_random=True)
     arena = schedule.pristine_arena()
     for name, values in inputs.items():
         schedule.tensors[name].write(arena, values)
     device = get_device(args.device)
-    for _ in range(max(args.repeat, 1)):
+    for _ in range(args.repeat):
         result = device.run(schedule, arena, profile=True)
     report = device.last_report
     rows = [[r.index, r.op, r.dtype, r.backend, human_time(r.seconds),
              human_bytes(r.copied_bytes) if r.copied_bytes else ""] for r in report.records]
     print(f"device {device.spec} ({device.session.info.name}), arena {human_bytes(schedule.arena_bytes)}")
     print(_table(rows, ["#", "op", "dtype", "backend", "time", "fallback copies"]))
-    print(f"total {human_time(report.seconds)}, {len(report.records)} thunks, "
+    print(f"total {human_time(report.seconds)}, {plural(len(report.records), 'thunk')}, "
           f"{human_bytes(report.fallback_bytes)} copied for fallbacks")
     if args.repeat <= 1 and device.spec != "host":
         print("(times of a first run include kernel builds; --repeat 3 shows the third run)")
     outputs = _outputs(schedule, result)
-    if args.out:
-        np.savez(args.out, **outputs)
-        print(f"wrote {', '.join(outputs)} to {args.out}")
+    if out is not None:
+        np.savez(out, **outputs)
+        print(f"wrote {', '.join(outputs)} to {out}")
     if not args.check:
         return 0
     if device.spec == "host":
@@ -141,7 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ok &= good
         rows.append([name, dtype, f"{worst:.3g}", f"{err:.3g}", f"{tol:.0e}", "ok" if good else "FAIL"])
     print("\ncheck against the host reference:")
-    print(_table(rows, ["output", "dtype", "max |err|", "nmse", "bound", ""]))
+    print(_table(rows, ["output", "dtype", "max |err|", "nmse", "bound", "result"]))
     return 0 if ok else 1
 
 
@@ -182,12 +214,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Write a model's schedule and, beside it, its seeded inputs as ``.npz``."""
+    out = conformance_command.writable_path(args.out, "-o")
+    inputs_path = conformance_command.writable_path(args.inputs, "--inputs") if args.inputs else out.with_suffix(".npz")
     schedule, inputs = _load_target(args.target)
-    out = Path(args.out)
-    inputs_path = Path(args.inputs) if args.inputs else out.with_suffix(".npz")
     save_schedule(schedule, out)
     np.savez(inputs_path, **{n: np.asarray(v) for n, v in inputs.items()})
-    print(f"wrote the schedule ({len(schedule.thunks)} thunks, arena {human_bytes(schedule.arena_bytes)}) to {out}"
+    print(f"wrote the schedule ({plural(len(schedule.thunks), 'thunk')}, arena {human_bytes(schedule.arena_bytes)}) to {out}"
           f" and its inputs {', '.join(inputs)} to {inputs_path}")
     print(f"run it with: rlx-gpu run {out} --inputs {inputs_path}")
     return 0
@@ -218,6 +250,7 @@ environment:
   RLX_CACHE_DIR  where the CUDA backend keeps its cubins (default ~/.cache/rlx_gpu/cubin)
 """
 
+DEBUG_HELP = "show the traceback of an error (before or after the command)"
 DEVICE_HELP = "host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then PYOPENCL_CTX, then the config)"
 TARGET_HELP = ("a schedule (.json, or .yaml with an abi key), a model file (.yaml), or the name of an example model "
                "(default: demo)")
@@ -229,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlx-gpu", description=DESCRIPTION.format(models=", ".join(list_models())),
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("devices", help="backends, devices, why any is unavailable, and the op × dtype support matrix")
     run = sub.add_parser("run", help="run a schedule or model (default: the bundled demo)")
@@ -237,9 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--device", help=DEVICE_HELP)
     run.add_argument("--check", action="store_true",
                      help="compare every output with the host (on the host: every thunk with the float64 reference)")
-    run.add_argument("--inputs", metavar="F.npz", help="named inputs (what export writes); others are seeded random")
+    run.add_argument("--inputs", metavar="F.npz", help="every input of a schedule by name (what export writes; "
+                     "without it a schedule's inputs are seeded random numbers)")
     run.add_argument("--out", metavar="F.npz", help="write the outputs to this .npz file")
-    run.add_argument("--repeat", type=int, default=1, help="run this many times and report the last run")
+    run.add_argument("--repeat", type=conformance_command.positive_int, default=1,
+                     help="run this many times (>= 1) and report the last run")
     plan = sub.add_parser("plan", help="the backend chosen for each thunk and why, without running")
     plan.add_argument("target", nargs="?", help=TARGET_HELP)
     plan.add_argument("--device", help=DEVICE_HELP)
@@ -249,6 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the schedule file (.json; .yaml/.yml writes YAML)")
     export.add_argument("--inputs", metavar="F.npz", help="the inputs file (default: the schedule's name with .npz)")
     conformance_command.add_parser(sub)
+    for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 

@@ -23,6 +23,11 @@ def human_time(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
+def plural(count: int, noun: str) -> str:
+    """``plural(1, "thunk")`` → ``'1 thunk'``, ``plural(3, "thunk")`` → ``'3 thunks'``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def text_table(rows: list[Sequence[Any]], header: Sequence[str]) -> str:
     """Left-aligned columns under a header and a rule of dashes."""
     cells = [list(map(str, header))] + [list(map(str, r)) for r in rows]

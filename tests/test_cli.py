@@ -63,7 +63,7 @@ def test_errors_are_reported_without_a_traceback(tmp_path, capsys):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(schedule_of(thunk, n)))
     assert main(["plan", str(path)]) == 2
-    assert "ScheduleError: thunk 0 (gru), field 'hidden': expected an int >= 1, got 0" in capsys.readouterr().err
+    assert f"ScheduleError: {path}: thunk 0 (gru), field 'hidden': expected an int >= 1, got 0" in capsys.readouterr().err
 
 
 def test_devices_lists_every_backend_and_the_support_matrix(capsys):

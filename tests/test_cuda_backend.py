@@ -42,7 +42,7 @@ def _cupy_importable() -> bool:
 @pytest.mark.skipif(_cupy_importable(), reason="CuPy is installed here; this checks the machine without it")
 def test_without_cupy_the_backend_is_unavailable_and_auto_moves_on(fresh_registry, capsys):
     st = registry.status("cuda")
-    assert not st.available and "cupy is not importable" in st.reason and "rlx_gpu[cuda13]" in st.reason
+    assert not st.available and "cupy is not importable" in st.reason and 'pip install -e ".[cuda13]"' in st.reason
     config = dataclasses.replace(load_config(None), device="auto", priority=("cuda", "opencl", "host"))
     chosen = registry.resolve("auto", config)
     assert chosen.backend == ("opencl" if registry.status("opencl").available else "host")

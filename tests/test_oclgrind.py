@@ -1,7 +1,9 @@
-"""Oclgrind in CI: the OpenCL conformance cases at small shapes under Oclgrind's checkers must log nothing,
-and a deliberately broken kernel must be caught (so a clean log means something)."""
+"""Oclgrind in CI: a representative case of every kernel variant at small shapes under Oclgrind's checkers
+must log nothing, and a deliberately broken kernel must be caught (so a clean log means something).
+``python tools/oclgrind_check.py --full`` runs every quick case, for a change to the kernel text."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -30,3 +32,20 @@ def test_an_off_by_one_write_is_caught():
     done = subprocess.run([sys.executable, str(TOOL), "--demo-broken"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Invalid write" in done.stdout + done.stderr
+
+
+def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_launch():
+    from rlx_gpu.conformance import catalog
+    from rlx_gpu.launches.limits import TARGETS
+
+    spec = importlib.util.spec_from_file_location("oclgrind_check", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    quick = catalog.cases(quick=True)
+    for target in TARGETS:
+        planned = tool.plans(tool.oclgrind_spec(), target, quick)
+        chosen = tool.representative(planned, [c.dtype for c in quick], target)
+        every = set().union(*(kernels for kernels, _, _ in planned))
+        assert set().union(*(planned[i][0] for i in chosen)) == every
+        assert {quick[i].op for i in chosen} == {c.op for c in quick}
+        assert len(chosen) < len(quick) / 4, f"{target}: {len(chosen)} of {len(quick)} cases"

@@ -24,8 +24,6 @@ def test_the_readme_marks_its_examples_runnable():
 
 @pytest.mark.parametrize("setup,code", PYTHON, ids=[f"block{i}" for i in range(len(PYTHON))])
 def test_runnable_python_block(setup, code, tmp_path, monkeypatch, capsys):
-    if re.search(r"^import .*\btorch\b", code, re.M):
-        pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
     if setup:
         args = shlex.split(setup)
@@ -51,3 +49,20 @@ def test_benchmarks_import_nothing_from_tests():
     for script in sorted((ROOT / "benchmarks").glob("*.py")):
         imports = re.findall(r"^\s*(?:from|import) (tests\b[\w.]*)", script.read_text(), re.M)
         assert not imports, f"{script.name} imports {imports}: a benchmark runs from an installed package"
+
+
+def test_the_readme_reaches_the_command_line_early_and_keeps_reference_tables_in_docs():
+    lines = README.splitlines()
+    assert next(i for i, line in enumerate(lines) if line == "## The command line") < 100
+    table_rows = [len(list(rows)) for is_row, rows in __import__("itertools").groupby(
+        lines, key=lambda line: line.startswith("|")) if is_row]
+    assert max(table_rows) <= 20, f"a table of {max(table_rows)} rows belongs in docs/"
+    assert "](docs/kernels.md)" in README and (ROOT / "docs" / "kernels.md").is_file()
+    assert "| gemm |" in (ROOT / "docs" / "kernels.md").read_text()
+
+
+def test_the_extras_table_agrees_with_what_runs_where():
+    extras = README.split("## Extras")[1].split("\n## ")[0]
+    assert "not built" not in extras and "| `torch` |" in extras
+    assert "pip install -e \".[bench]\"" in extras and "rlx_gpu[" not in README
+    assert "tools/oclgrind_check.py --full" in README.split("## Tests")[1]

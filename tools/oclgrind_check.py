@@ -1,9 +1,14 @@
-"""Run the OpenCL conformance cases at small shapes on the Oclgrind simulator, failing on any diagnostic.
+"""Run the OpenCL conformance cases on the Oclgrind simulator, failing on any diagnostic.
 
-Oclgrind never changes its exit code, so this script does: it runs ``rlx-gpu conformance --quick``
-(the conformance cases at small shapes, at both kernel targets) on the Oclgrind device with API checks, data-race and
-uninitialized-memory detection on, and fails when the Oclgrind log has any line or any Oclgrind line
-reaches stderr.
+Oclgrind never changes its exit code, so this script does: it runs conformance cases at small shapes, at both
+kernel targets, on the Oclgrind device with API checks, data-race and uninitialized-memory detection on,
+and fails when the Oclgrind log has any line or any Oclgrind line reaches stderr.
+
+By default it runs a representative set: per kernel target, the cheapest quick case (fewest work-items)
+for every (op, kernel, compile-time variant) the quick cases launch, in one process per target; where
+cases cost the same, the 16-bit storage types come first at one target and f32 at the other
+(``PREFERRED``), so both element sizes of every kernel are checked. ``--full`` runs every quick case instead, one process per target and
+dtype: the check for a change to the kernel text. ``--ops``/``--dtypes`` narrow either set.
 
 ``--demo-broken`` shows the check has teeth: it builds the ``fill`` kernel with an off-by-one bound
 (patched in memory here, never in ``kernels/``) on a tensor that ends the arena, and fails unless
@@ -12,17 +17,17 @@ Oclgrind reports the invalid write.
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLAGS = {"OCLGRIND_CHECK_API": "1", "OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNINITIALIZED": "1",
-         # pyopencl's binary cache asks clGetDeviceInfo for a parameter Oclgrind does not know, which
-         # the API checker reports; our builds are memoized in-process anyway
-         "PYOPENCL_NO_CACHE": "1"}
+FLAGS = {"OCLGRIND_CHECK_API": "1", "OCLGRIND_DATA_RACES": "1", "OCLGRIND_UNINITIALIZED": "1"}
 GOOD_BOUND, BROKEN_BOUND = "    if (i < n)\n        STORE(dst, i, value);", "    if (i <= n)\n        STORE(dst, i, value);"
 
 
@@ -47,9 +52,8 @@ def _blocks(text: str) -> list[list[str]]:
 
 
 def _pyopencl_query(block: list[str]) -> bool:
-    """pyopencl's program build asks clGetDeviceInfo for a parameter Oclgrind does not know (even with
-    PYOPENCL_NO_CACHE); the API checker reports it on stderr. It is no kernel's fault, so it is ignored
-    (pytest's output capture used to hide it the same way)."""
+    """pyopencl's program build (and its binary cache) asks clGetDeviceInfo for a parameter Oclgrind does
+    not know; the API checker reports it on stderr. It is no kernel's fault, so it is ignored."""
     text = "\n".join(block)
     return "runtime error detected" in text and "clGetDeviceInfo" in text and "'param_name'" in text
 
@@ -66,79 +70,128 @@ def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int,
     return proc.returncode, [line for line in logged if line.strip()] + stderr_hits, proc.stdout + proc.stderr
 
 
-def conformance(spec: str, extra_args: list[str]) -> int:
-    """Both kernel targets (the gpu shapes forced on Oclgrind too), one process per target and dtype.
-
-    When such a process draws reports, each op is run again in a process of its own, the cases of an op
-    that still draws reports each in a process of their own, and only reports a case draws alone fail
-    the check: several cases in one process draw "uninitialized value" reports (seen for gemm,
-    gated_delta_net_pc and gated_delta_net_state_pass after other cases; every case alone is clean and its
-    results match the float64 references). They follow a growth of the session's shared scratch (the old
-    buffer released, a larger one allocated under the released one's Oclgrind buffer number): every
-    reported address traced lies past the end of the smaller buffer, and with the scratch grown to its largest
-    size first the same sequence is clean. The reports of the shared process are printed, never hidden.
-    """
-    # Every case runs, the scan-driver ones included: their body arenas reach the device in one host
-    # write of the pristine bytes (see core.ScanMemory), which Oclgrind's shadow tracks exactly.
-    from rlx_gpu.launches.limits import TARGETS
-    from rlx_gpu.schedule.ops import DTYPES, SPECS
-
-    worst = 0
-    for target in TARGETS:
-        for dtype in DTYPES:
-            base = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", spec, "--quick",
-                    "--target", target, "--dtypes", dtype]
-            code, diagnostics, output = run_under_oclgrind(base + extra_args, {})
-            print(output[-1500:])
-            if diagnostics:
-                print(f"Oclgrind reported with several ops in one process ({target} target, {dtype}); "
-                      f"each op again alone:\n" + "\n".join(diagnostics[:12]))
-                for op in _ops_named(extra_args) or list(SPECS):
-                    _, op_alone, _ = run_under_oclgrind(base + ["--ops", op], {})
-                    bad = _cases_alone(spec, target, dtype, op) if op_alone else ""
-                    if bad:
-                        print(bad, file=sys.stderr)
-                        return 1
-            worst = max(worst, code)
-    print(f"Oclgrind: no diagnostics from any op alone (conformance exit {worst})")
-    return worst
-
-
-CASE = """
-import sys
+CASES = """
+import json, sys
 from rlx_gpu.conformance import catalog, runner
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.config import load_config
 from rlx_gpu.runtime.registry import open_session, status
-case = catalog.select(catalog.cases(quick=True), [{op!r}], [{dtype!r}])[{index}]
-outcome = runner.check(open_device(find({spec!r}), {target!r}), case, load_config(),
-                       open_session(status("host").devices[0]))
-print(outcome.status, outcome.message)
-sys.exit(outcome.status == "fail")
+quick = catalog.cases(quick=True)
+session = open_device(find({spec!r}), {target!r})
+config, host = load_config(), open_session(status("host").devices[0])
+failed = 0
+for index in json.loads(sys.argv[1]):
+    outcome = runner.check(session, quick[index], config, host)
+    print(outcome.status, quick[index].id, outcome.message, flush=True)
+    failed += outcome.status == "fail"
+sys.exit(failed > 0)
 """
 
 
-def _cases_alone(spec: str, target: str, dtype: str, op: str) -> str:
-    """Run every quick case of ``op`` in ``dtype`` in a process of its own; the first failure, else ''."""
+def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
+    """Per case: the kernels it launches as (op, family, kernel, defines), its work-items and its launch
+    scratch bytes, planned (not run) for the Oclgrind device at ``target``.
+
+    A scan-family case is its op (its body thunks' kernels are the body ops' own), costed by its arena's size.
+    """
+    from rlx_gpu import launches
+    from rlx_gpu.conformance import runner
+    from rlx_gpu.conformance.devices import find, open_device
+    from rlx_gpu.runtime.options import RunOptions
+    from rlx_gpu.schedule.ops import SCAN_OPS
+
+    limits = open_device(find(spec), target).limits
+    out = []
+    for case in cases:
+        laid = runner.lay_out(case)
+        if case.op in SCAN_OPS:
+            out.append(({(case.op, "scan", case.op, ())}, laid.arena.size, 0))
+            continue
+        plan = launches.plan(laid.thunk, limits, **RunOptions.build(**case.options).planner_keywords)
+        items = [item for item in plan.launches if not item.empty]
+        kernels = {(case.op, i.family, i.kernel, i.defines) for i in items}
+        out.append((kernels, sum(math.prod(i.global_size) for i in items), plan.scratch_bytes))
+    return out
+
+
+PREFERRED = {"cpu": ("f16", "bf16", "f32", "f64"), "gpu": ("f32", "bf16", "f16", "f64")}
+
+
+def representative(planned: list[tuple[set, int, int]], dtypes: list[str], target: str) -> list[int]:
+    """Indices of the cheapest cases that together launch every kernel variant the cases launch
+    (``dtypes``: each case's; ties go to the target's ``PREFERRED`` order)."""
+    order = PREFERRED.get(target, ())
+    covered: set = set()
+    chosen = []
+    rank = {d: order.index(d) if d in order else len(order) for d in set(dtypes)}
+    for index in sorted(range(len(planned)), key=lambda i: (planned[i][1], rank[dtypes[i]])):
+        if planned[index][0] - covered:
+            chosen.append(index)
+            covered |= planned[index][0]
+    return chosen
+
+
+def check_cases(spec: str, target: str, indices: list[int], planned: dict[int, tuple[set, int, int]],
+                label: str) -> int:
+    """Run the quick cases ``indices`` in one Oclgrind process, largest launch scratch first.
+
+    The scratch is shared by a session's launches and only grows; growing it releases the old buffer and
+    allocates a larger one, which Oclgrind gives the released buffer's number, and the cases after it
+    then draw "uninitialized value" reports at addresses past the end of the old buffer (every case alone
+    is clean; so is the same sequence with the scratch at its largest first). Running the largest first
+    means it never grows. Should reports come anyway, each case launching a reported kernel (every case,
+    when no kernel is named) runs again in a process of its own, and only a report that a case draws alone
+    fails the check. The shared process's reports are printed, never hidden.
+    """
+    order = sorted(indices, key=lambda i: -planned[i][2])
+    code, diagnostics, output = _run_cases(spec, target, order)
+    print(f"{label}: {len(order)} case(s), exit {code}")
+    if code:
+        print(output[-3000:])
+    if not diagnostics:
+        return code
+    print(f"Oclgrind reported with several cases in one process ({label}); again alone:\n"
+          + "\n".join(diagnostics[:12]))
+    named = set(re.findall(r"Kernel: (\w+)", "\n".join(diagnostics)))
+    again = [i for i in order if not named or any(k[2] in named for k in planned[i][0])]
+    for index in again:
+        alone, reports, output = _run_cases(spec, target, [index])
+        if reports or alone:
+            print(f"Oclgrind ({label}, case {index} alone): exit {alone}\n"
+                  + "\n".join(reports[:60] or output.splitlines()[-20:]), file=sys.stderr)
+            return 1
+    print(f"  {len(again)} case(s) of the reported kernels, each clean alone")
+    return code
+
+
+def _run_cases(spec: str, target: str, indices: list[int]) -> tuple[int, list[str], str]:
+    script = CASES.format(spec=spec, target=target)
+    return run_under_oclgrind([sys.executable, "-c", script, json.dumps(indices)], {})
+
+
+def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] | None) -> int:
+    """Both kernel targets: the representative cases in one process per target, or (``full``) every quick
+    case in one process per target and dtype."""
     from rlx_gpu.conformance import catalog
+    from rlx_gpu.launches.limits import TARGETS
+    from rlx_gpu.schedule.ops import DTYPES
 
-    count = len(catalog.select(catalog.cases(quick=True), [op], [dtype]))
-    for index in range(count):
-        script = CASE.format(op=op, dtype=dtype, index=index, spec=spec, target=target)
-        code, diagnostics, output = run_under_oclgrind([sys.executable, "-c", script], {})
-        if diagnostics or code:
-            return (f"Oclgrind ({target} target, {dtype}, {op} case {index} alone): exit {code}\n"
-                    + "\n".join(diagnostics[:60] or output.splitlines()[-20:]))
-    print(f"  {op} {dtype} at {target}: {count} case(s), each clean alone")
-    return ""
-
-
-def _ops_named(args: list[str]) -> list[str]:
-    """The ops after ``--ops`` in ``args`` (up to the next option)."""
-    if "--ops" not in args:
-        return []
-    rest = args[args.index("--ops") + 1:]
-    return [a for a in rest[:next((i for i, a in enumerate(rest) if a.startswith("-")), len(rest))]]
+    quick = catalog.cases(quick=True)
+    wanted = [i for i, c in enumerate(quick) if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes)]
+    worst = 0
+    for target in TARGETS:
+        planned = dict(zip(wanted, plans(spec, target, [quick[i] for i in wanted])))
+        if full:
+            groups = {f"{target} target, {dt}, every quick case": [i for i in wanted if quick[i].dtype == dt]
+                      for dt in DTYPES}
+        else:
+            picked = representative([planned[i] for i in wanted], [quick[i].dtype for i in wanted], target)
+            groups = {f"{target} target, representative cases of {len(wanted)}": [wanted[k] for k in picked]}
+        for label, indices in groups.items():
+            if indices:
+                worst = max(worst, check_cases(spec, target, indices, planned, label))
+    print(f"Oclgrind: no diagnostics from any case alone (conformance exit {worst})")
+    return worst
 
 
 DEMO = """
@@ -172,11 +225,17 @@ def demo_broken(spec: str) -> int:
 
 
 def main() -> int:
+    from rlx_gpu.schedule.ops import DTYPES, SPECS
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-broken", action="store_true", help="show that an off-by-one write is caught")
-    args, conformance_args = parser.parse_known_args()  # the rest goes to `rlx-gpu conformance` (--ops lstm)
+    parser.add_argument("--full", action="store_true",
+                        help="every quick case, not a representative one per kernel (for a change to kernels/)")
+    parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", help="only these dtypes")
+    args = parser.parse_args()
     spec = oclgrind_spec()
-    return demo_broken(spec) if args.demo_broken else conformance(spec, conformance_args)
+    return demo_broken(spec) if args.demo_broken else conformance(spec, args.full, args.ops, args.dtypes)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ def backend_module(name: str) -> ModuleType:
     except ModuleNotFoundError as err:
         if err.name == MODULES[name]:
             raise BackendUnavailable(f"{name}: this release has no {name} backend module ({MODULES[name]})") from err
-        raise BackendUnavailable(f"{name}: importing {MODULES[name]} needs module {err.name!r}, "
-                                 f"which is not installed") from err
+        extra = "cuda13" if name == "cuda" else name
+        raise BackendUnavailable(f"{name}: importing {MODULES[name]} needs module {err.name!r}, which is not "
+                                 f'installed (in a checkout: pip install -e ".[{extra}]")') from err
 
 
 def spec_form(name: str) -> str:

@@ -59,8 +59,8 @@ def _cupy():
     try:
         import cupy
     except ImportError as err:
-        raise BackendUnavailable(f"cupy is not importable ({err}); install it with: pip install 'rlx_gpu[cuda13]' "
-                                 f"(CUDA 13 drivers) or 'rlx_gpu[cuda12]'") from err
+        raise BackendUnavailable(f"cupy is not importable ({err}); in a checkout install it with: "
+                                 f'pip install -e ".[cuda13]" (CUDA 13 drivers) or ".[cuda12]"') from err
     return cupy
 
 

@@ -1,7 +1,8 @@
 """Timings of the conformance cases per device, an anchor beside them where one is installed
 (PyTorch's nn.LSTM / nn.GRU / nn.RNN on the CPU for the recurrent ops), and the plot drawn from them.
 
-The plot and its JSON are written together: ``bench.png`` and ``bench.json``.
+The JSON and the table are written wherever the timings are; the plot (``bench.png`` beside
+``bench.json``) where matplotlib is installed.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 from ..backends.base import DeviceInfo
 from ..errors import RlxError
+from ..units import human_time, text_table
 from .catalog import Case
 from .runner import Outcome
 
@@ -22,13 +24,13 @@ TORCH_DTYPES = {"f32": "float32", "f64": "float64"}
 
 def _torch_time(case: Case, repeats: int) -> float | None:
     """Median seconds of the matching torch.nn recurrent layer's forward, or None where none matches."""
+    if case.op not in ("lstm", "gru", "rnn") or case.dtype not in TORCH_DTYPES:
+        return None
     try:
         import torch
     except ImportError:
         return None
     p = case.params
-    if case.op not in ("lstm", "gru", "rnn") or case.dtype not in TORCH_DTYPES:
-        return None
     dtype = getattr(torch, TORCH_DTYPES[case.dtype])
     kind = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[case.op]
     extra = {"nonlinearity": "relu" if p.get("relu") else "tanh"} if case.op == "rnn" else {}
@@ -69,34 +71,106 @@ def timings(infos: Sequence[DeviceInfo], outcomes: Iterable[Outcome], anchor_tim
     return {"format": FORMAT, "devices": [{"spec": i.spec, "name": i.name} for i in infos], "cases": list(rows.values())}
 
 
-def write(path: str | Path, data: dict[str, Any]) -> Path:
-    """Draw ``data`` to ``path`` (PNG) and write it beside as JSON; returns the JSON's path."""
+INSTALL_HINT = 'pip install matplotlib (in a checkout: pip install -e ".[bench]")'
+ANCHOR = "torch (CPU)"
+# one colour per backend, the same in every plot; several devices of a backend take its shades in turn
+COLOURS = {"host": ("#7f7f7f", "#b0b0b0"), "opencl": ("#1f77b4", "#6baed6", "#08306b"),
+           "cuda": ("#2ca02c", "#74c476", "#00441b"), "torch": ("#ff7f0e", "#fdae6b")}
+OTHER_COLOUR = "#9467bd"
+
+
+def plotting_missing() -> str | None:
+    """Why the plot cannot be drawn here (matplotlib missing, with the install line), else None."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as err:
-        raise RlxError("drawing the plot needs matplotlib: pip install 'rlx_gpu[bench]'") from err
-    path = Path(path)
-    json_path = path.with_suffix(".json")
-    json_path.write_text(json.dumps(data, indent=1) + "\n")
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"drawing the plot needs matplotlib, which is not installed: {INSTALL_HINT}"
+    return None
+
+
+def json_path(plot_path: str | Path) -> Path:
+    """The JSON written beside a plot: the same name with ``.json``."""
+    return Path(plot_path).with_suffix(".json")
+
+
+def write_json(plot_path: str | Path, data: dict[str, Any]) -> Path:
+    """Write the timings beside the plot's name; returns the JSON's path."""
+    path = json_path(plot_path)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def series(data: dict[str, Any]) -> list[str]:
+    """The timed series in a fixed order: the devices as listed, then the host, then the anchors."""
+    named = {name for row in data["cases"] for name in row["seconds"]}
+    devices = [d["spec"] for d in data["devices"] if d["spec"] in named and d["spec"] != "host"]
+    rest = sorted(named - set(devices) - {"host"})
+    return devices + (["host"] if "host" in named else []) + rest
+
+
+def colours(names: Sequence[str]) -> dict[str, str]:
+    """A colour per series by its backend (``opencl:1:0`` is opencl, ``torch (CPU)`` torch)."""
+    out, used = {}, {}
+    for name in names:
+        backend = name.split(":")[0].split(" ")[0]
+        shades = COLOURS.get(backend, (OTHER_COLOUR,))
+        out[name] = shades[used.get(backend, 0) % len(shades)]
+        used[backend] = used.get(backend, 0) + 1
+    return out
+
+
+def table(data: dict[str, Any]) -> str:
+    """The timings as a text table: a column per series (devices, host, torch), the device/host ratio."""
+    names = series(data)
+    devices = [n for n in names if n != "host" and n != ANCHOR and "host" in names]
+    rows = []
+    for row in data["cases"]:
+        seconds = row["seconds"]
+        cells = [row["case"]] + [human_time(seconds[n]) if n in seconds else "—" for n in names]
+        cells += [f"{seconds['host'] / seconds[d]:.2f}x" if d in seconds and "host" in seconds else "—"
+                  for d in devices]
+        rows.append(cells)
+    header = ["case", *names, *(f"host/{d}" for d in devices)]
+    return "time per run (median):\n" + text_table(rows, header)
+
+
+def draw(path: str | Path, data: dict[str, Any]) -> None:
+    """Draw ``data`` to ``path`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(data)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def figure(data: dict[str, Any]) -> Any:
+    """The plot of ``data`` as a matplotlib figure: a group of bars per case, a fixed colour per backend."""
+    missing = plotting_missing()
+    if missing:
+        raise RlxError(missing)
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
+
     cases = data["cases"]
     if not cases:
         raise RlxError("no case was timed (every one failed or was skipped); nothing to plot")
-    series = list(dict.fromkeys(name for row in cases for name in row["seconds"]))
-    height = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(9, 1.0 + 0.22 * len(cases) * max(len(series), 2)))
-    for k, name in enumerate(series):
+    names = series(data)
+    colour = colours(names)
+    height = 0.8 / len(names)
+    row_inches = max(0.16 * len(names), 0.3)  # a case's group of bars, taller than its 7-point label
+    fig, ax = plt.subplots(figsize=(10, 1.2 + row_inches * len(cases)))
+    for k, name in enumerate(names):
         ys = [i + k * height for i, row in enumerate(cases) if name in row["seconds"]]
         xs = [row["seconds"][name] * 1e3 for row in cases if name in row["seconds"]]
-        ax.barh(ys, xs, height=height, label=name)
+        ax.barh(ys, xs, height=height, label=name, color=colour[name])
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(cases))], [row["case"] for row in cases], fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(len(cases) - 0.1, -0.2)
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())  # the log axis' minor labels would overlap the major ones
     ax.set_xlabel("milliseconds per run (median; log scale)")
     ax.set_title("rlx-gpu: time per op and shape")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside, over no bar
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return json_path
+    return fig

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import warnings
 from collections import Counter
+from pathlib import Path
 from typing import TextIO
 
-from ..errors import RlxError
+from ..errors import InputError, RlxError
 from ..launches.limits import TARGETS
 from ..runtime.config import load_config
 from ..runtime.registry import open_session, status
@@ -15,6 +18,28 @@ from . import bench, catalog, devices, report, runner
 
 DEVICE_HELP = ("host | opencl[:p[:d]] | cuda[:n]; repeat for several (default: every available device but "
                "simulators; `rlx-gpu devices` lists them)")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a count of runs), else a usage error saying so."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def writable_path(path: str | Path, what: str) -> Path:
+    """``path`` (an output file) when its directory exists and is writable (checked before a run, not after); else ``InputError``."""
+    path = Path(path)
+    folder = path.parent
+    if not folder.is_dir():
+        raise InputError(f"{what} {path}: the directory {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK):
+        raise InputError(f"{what} {path}: the directory {folder} is not writable; choose another path")
+    return path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,14 +55,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     conf.add_argument("--markdown", metavar="F", help="write the report as Markdown")
     conf.add_argument("--perf", action="store_true", help="also time each passing case (median) against the host")
     conf.add_argument("--plot", metavar="F.png", help="with --perf: plot the times (and write F.json beside it)")
-    conf.add_argument("--repeat", type=int, default=5, help="timed runs per case with --perf (default 5)")
+    conf.add_argument("--repeat", type=positive_int, default=5, help="timed runs per case with --perf (default 5)")
     conf.set_defaults(handler=run)
     bench_parser = subparsers.add_parser(
         "bench", help="time the conformance cases per device against the host and anchors (torch); PNG + JSON",
         description="Time each case (median of --repeat runs after a warm-up) on every device and the host, "
                     "with PyTorch beside the recurrent ops where it is installed; write the plot and its JSON.")
     _common(bench_parser, default_dtypes=("f32",))
-    bench_parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (default 5)")
+    bench_parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs per case (default 5)")
     bench_parser.add_argument("--plot", metavar="F.png", default="bench.png", help="the plot (default bench.png); "
                               "its data goes to the same name with .json")
     bench_parser.set_defaults(handler=run_bench)
@@ -94,6 +119,9 @@ def _sessions(args: argparse.Namespace) -> list:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config()
+    for what, path in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
+        if path:
+            writable_path(path, what)
     sessions = _sessions(args)
     cases = _selected(args, args.quick)
     if not cases:
@@ -120,20 +148,41 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    """Time the cases; write the JSON and the table always, and the plot where matplotlib is installed.
+
+    The host is the baseline column of every row, so it is timed as a device of its own only when it is
+    the one device asked for.
+    """
     config = load_config()
+    writable_path(args.plot, "--plot")
+    cannot_draw = bench.plotting_missing()
+    if cannot_draw:
+        warnings.warn(f"{cannot_draw}; the timings go to the table and {bench.json_path(args.plot)} without the plot")
     sessions = _sessions(args)
+    devices_timed = [s for s in sessions if s.info.backend != "host"] or sessions
     cases = [c for c in _selected(args, quick=False) if c.family in ("thunk", "scan")]
     host = open_session(status("host").devices[0])
-    outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr), perf_repeats=args.repeat)
-    print(report.perf_text([o for o in outcomes if o.seconds is not None]))
-    _plot(args.plot, [s.info for s in sessions], outcomes, anchors=bench.anchors(cases, args.repeat))
+    baseline = None if all(s.info.backend == "host" for s in devices_timed) else host
+    outcomes = runner.run(devices_timed, cases, config, baseline, Progress(cases, sys.stderr), perf_repeats=args.repeat)
+    data = bench.timings([s.info for s in devices_timed], outcomes, bench.anchors(cases, args.repeat))
+    print(bench.table(data))
+    json_file = bench.write_json(args.plot, data)
+    print(f"wrote {json_file}")
+    if not cannot_draw:
+        bench.draw(args.plot, data)
+        print(f"wrote {args.plot}")
     bad = report.failures(outcomes)
     for o in bad:
         print(f"FAIL {o.device} {o.case.id}: {o.message} (not timed)")
     return 1 if bad else 0
 
 
-def _plot(path: str, infos: list, outcomes: list[runner.Outcome], anchors: dict | None = None) -> None:
-    data = bench.timings(infos, outcomes, anchors or {})
-    json_path = bench.write(path, data)
-    print(f"wrote {path} and {json_path}")
+def _plot(path: str, infos: list, outcomes: list[runner.Outcome]) -> None:
+    """``conformance --perf --plot``: the JSON, then the plot (which needs matplotlib)."""
+    data = bench.timings(infos, outcomes, {})
+    json_file = bench.write_json(path, data)
+    missing = bench.plotting_missing()
+    if missing:
+        raise RlxError(f"{missing}; wrote {json_file} without the plot")
+    bench.draw(path, data)
+    print(f"wrote {path} and {json_file}")

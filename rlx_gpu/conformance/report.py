@@ -127,12 +127,17 @@ def markdown(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: C
     lines = [f"# rlx-gpu conformance ({ABI_VERSION}, rlx_gpu {__version__})", ""]
     for info in infos:
         lines += [f"## {info.spec}", ""] + [f"- {label}: {value}" for label, value in device_details(info)] + [""]
-        lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-        lines += ["| " + " | ".join(row) + " |" for row in _rows(by_device.get(info.spec, []), config)]
+        lines += [_markdown_row(HEADER), "|" + "---|" * len(HEADER)]
+        lines += [_markdown_row(row) for row in _rows(by_device.get(info.spec, []), config)]
         n = counts.get(info.spec, {"pass": 0, "fail": 0, "skip": 0})
         lines += ["", f"{n['pass']} passed, {n['fail']} failed, {n['skip']} skipped", ""]
         lines += [f"- FAIL `{o.case.id}`: {o.message}" for o in failures(outcomes) if o.device == info.spec]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _markdown_row(cells: Sequence[str]) -> str:
+    """One Markdown table row; a ``|`` inside a cell (``max |err|``) is escaped so it splits no cell."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def as_json(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Config, quick: bool) -> dict[str, Any]:

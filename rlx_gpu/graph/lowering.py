@@ -113,7 +113,16 @@ class Executable:
         return self._device
 
     def run(self, **arrays: Any) -> dict[str, np.ndarray]:
-        """Run once: ``arrays`` by input name in, every output by name out."""
+        """Run once: ``arrays`` by input name in, every output by name out.
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Each output in its compute dtype: float32 for f32, f16 and bf16 tensors, float64 for f64.
+            An f16 or bf16 output holds exactly the 16-bit values stored in the arena, widened to
+            float32 (a lossless conversion); the ``read`` of a resident arena
+            (``device.arena(schedule)``) returns the storage dtype itself.
+        """
         missing = [n for n in self.schedule.inputs if n not in arrays]
         extra = [n for n in arrays if n not in self.schedule.inputs]
         if missing or extra:

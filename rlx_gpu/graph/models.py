@@ -189,11 +189,13 @@ def load_spec(path_or_name: str | Path) -> Any:
     """The parsed model file (a path, or the name of a bundled example)."""
     import yaml
 
+    from ..schedule.yaml_reader import yaml_message
+
     path = model_path(path_or_name)
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise ModelError(f"model {path}: not YAML: {' '.join(str(err).split())}") from err
+        raise ModelError(f"model {path}: not YAML: {yaml_message(err)}") from err
 
 
 def build_model(path_or_name: str | Path, device: str | None = None) -> tuple[Executable, dict[str, np.ndarray]]:

@@ -14,6 +14,7 @@ from .. import backends
 from ..errors import ConfigError, DeviceError
 from ..paths import data_dir
 from ..schedule.ops import DTYPES, SPECS
+from ..schedule.yaml_reader import yaml_message
 
 POLICIES = ("allow", "warn", "forbid")
 KEYS = ("device", "priority", "fallback", "overrides", "scan", "tolerances")
@@ -131,9 +132,32 @@ def _tolerances(path: Path, given: Any) -> dict[str, dict[str, float]]:
         for dtype, bound in _mapping(path, f"tolerances.{key}", bounds).items():
             _one_of(path, f"tolerances.{key}", dtype, DTYPES, "a dtype")
             if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0:
-                raise ConfigError(f"config {path}: tolerances.{key}.{dtype}: expected an NMSE bound >= 0, got {bound!r}")
+                raise ConfigError(f"config {path}: tolerances.{key}.{dtype}: expected an NMSE bound >= 0, "
+                                  f"got {bound!r}{_yaml11_hint(bound)}")
             table.setdefault(key, {})[dtype] = float(bound)
     return table
+
+
+def _yaml11_hint(value: Any) -> str:
+    """Why a number arrived as a string: YAML 1.1 (PyYAML) reads ``1e-20`` as text, wanting ``1.0e-20``."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        float(value)
+    except ValueError:
+        return ""
+    return (f", a string: YAML 1.1 reads a float only with a dot and a signed exponent; "
+            f"write {value.strip()} as {_yaml11_float(value)}")
+
+
+def _yaml11_float(text: str) -> str:
+    """``1e-20`` → ``1.0e-20``, ``5E3`` → ``5.0e+3``: the spelling YAML 1.1 reads as a float."""
+    mantissa, _, exponent = text.strip().lower().partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent and exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return mantissa + ("e" + exponent if exponent else "")
 
 
 def load_config(path: str | os.PathLike | None = None) -> Config:
@@ -147,7 +171,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     except OSError as err:
         raise ConfigError(f"cannot read config {path}: {err.strerror}") from err
     except yaml.YAMLError as err:
-        raise ConfigError(f"config {path}: not YAML: {' '.join(str(err).split())}") from err
+        raise ConfigError(f"config {path}: not YAML: {yaml_message(err)}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping of {', '.join(KEYS)}, got {type(data).__name__}")
     for key in data:

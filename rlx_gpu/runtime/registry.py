@@ -57,9 +57,14 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
     device, as pyopencl reads it), else the config's ``device``. A bare backend name also takes its
     device from that variable when it is set.
     """
+    chosen_by = "the device argument" if spec else "RLX_DEVICE"
     spec = spec or os.environ.get("RLX_DEVICE")
     if not spec:
         spec = next((name for name in MODULES if _device_env(name) is not None), None)
+        if spec:
+            chosen_by = backend_module(spec).DEVICE_ENV
+    if not spec:
+        chosen_by = f"device: in the config {config.source}"
     spec = check_spec(spec or config.device or "auto")
     if spec in MODULES and (value := _device_env(spec)) is not None:
         spec = backend_module(spec).device_from_env(value, status(spec).devices)
@@ -68,17 +73,17 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
             st = status(name)
             if st.available:
                 return st.devices[0]
-        raise DeviceError(f"auto: no backend of {list(config.priority)} is available")
+        raise DeviceError(f"auto (chosen by {chosen_by}): no backend of {list(config.priority)} is available")
     name = spec.split(":", 1)[0]
     st = status(name)
     if not st.available:
-        raise DeviceError(f"device {spec!r} is unavailable: {st.reason}")
+        raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) is unavailable: {st.reason}")
     if ":" not in spec:
         return st.devices[0]
     for info in st.devices:
         if info.spec == spec or info.spec.startswith(spec + ":"):
             return info
-    raise DeviceError(f"device {spec!r} not found; {name} has {', '.join(d.spec for d in st.devices)}")
+    raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) not found; {name} has {', '.join(d.spec for d in st.devices)}")
 
 
 @lru_cache(maxsize=None)

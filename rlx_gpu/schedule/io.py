@@ -15,7 +15,7 @@ import yaml
 from ..errors import ScheduleError, brief
 from .model import Schedule
 from .validate import validate
-from .yaml_reader import load_yaml
+from .yaml_reader import load_yaml, yaml_message
 
 
 class _DuplicateKey(ValueError):
@@ -49,7 +49,7 @@ def parse_text(text: str) -> Any:
     try:
         return load_yaml(text)
     except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as err:
-        yaml_error = _cut(" ".join(str(err).split()), 160)
+        yaml_error = _cut(yaml_message(err), 160)
     if text.lstrip()[:1] in ("{", "["):
         raise ScheduleError(f"schedule text is neither JSON ({_cut(str(json_error), 120)}) nor YAML ({yaml_error})")
     raise ScheduleError(f"schedule text is neither YAML ({yaml_error}) nor JSON ({_cut(str(json_error), 120)})")
@@ -115,8 +115,16 @@ def _decode(data: bytes, what: str) -> str:
 
 def load_schedule(source: Any) -> Schedule:
     """Parse and validate a schedule (any source ``read_source`` takes); raises ``rlx_gpu.ScheduleError``,
-    naming the thunk, op and field, for every malformed input."""
-    return source if isinstance(source, Schedule) else validate(read_source(source))
+    naming the file (when the source is one), the thunk, op and field, for every malformed input."""
+    if isinstance(source, Schedule):
+        return source
+    parsed = read_source(source)
+    try:
+        return validate(parsed)
+    except ScheduleError as err:
+        if isinstance(source, os.PathLike) or (isinstance(source, str) and _names_a_file(source)):
+            raise ScheduleError(f"{_cut(str(source), 200)}: {err}") from err
+        raise
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:

@@ -192,3 +192,22 @@ class _Builder:
 def _refused_tag(tag: str) -> str:
     shown = "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
     return f"the YAML tag {shown!r} is not accepted in a schedule (only {_ACCEPTED})"
+
+
+def yaml_message(err: BaseException) -> str:
+    """A YAML error as one line with 1-based line and column, without PyYAML's ``in "<unicode string>"``.
+
+    ``while parsing a flow sequence (line 1, column 4): expected ',' or ']', but got ':' (line 2, column 2)``.
+    """
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return " ".join(str(err).split())
+
+    def at(mark: Any) -> str:
+        return f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+
+    parts = []
+    if err.context:
+        parts.append(f"{err.context}{at(err.context_mark)}")
+    if err.problem:
+        parts.append(f"{err.problem}{at(err.problem_mark)}")
+    return " ".join(": ".join(parts).split()) or " ".join(str(err).split())
