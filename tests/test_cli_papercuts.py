@@ -20,16 +20,10 @@ from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.graph.lowering import Executable
 from rlx_gpu.runtime.registry import status
 
+from test_cli_consistency import _one_line_error  # the one rule for a clean CLI error
+
 ROOT = Path(__file__).resolve().parent.parent
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
-
-
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def _export_demo(tmp_path: Path) -> Path:
