@@ -133,9 +133,13 @@ class OpenCLPrimitives:
         self.write(buffer, offset, np.zeros(nbytes, np.uint8))
 
     def build_program(self, program: Program) -> Any:
-        built = self.cl.Program(self.context, program.source)
+        # pyopencl's raw program, built with exactly our options: ``Program.build`` appends ``-I`` of the
+        # headers inside the installed pyopencl, and a driver that caches builds (PoCL) keys them by the
+        # options, so every new virtual environment or checkout would miss that cache. The kernels
+        # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is.
+        built = self.cl._cl._Program(self.context, program.source)
         try:
-            built.build(options=list(BUILD_OPTIONS), devices=[self.device])
+            built.build(" ".join(BUILD_OPTIONS).encode(), [self.device])
         except self.cl.Error as err:
             raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed",
                                    self._build_log(built, err), list(BUILD_OPTIONS), program.source) from err
