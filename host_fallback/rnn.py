@@ -1,24 +1,37 @@
-"""Host kernels for ``lstm``, ``gru`` and ``rnn`` (ABI.md §3): multi-layer, bidirectional, carried state.
+"""Host kernels for ``lstm``, ``gru`` and ``rnn`` (ABI.md §3, and §8's version-2 fields): multi-layer,
+bidirectional, carried state, sequence lengths, clipping, any activations, both GRU forms, LSTM
+peepholes, coupled input-forget gates and projections.
 
 How a layer-direction runs, and why (``python benchmarks/rnn.py`` times each choice beside its
 alternative and beside torch):
 
-- Feature-major inside: the state is ``h^T [hidden, batch]`` and a step is ``W_hh · h^T``, the GEMM
+- Feature-major inside: the state is ``h^T [width, batch]`` and a step is ``W_hh · h^T``, the GEMM
   orientation OpenBLAS runs fastest at small batches.
-- Time in chunks of ``c`` steps, ``c·batch`` ≈ ``_CHUNK_COLUMNS`` columns: a layer's output is
-  ``[seq/c, dirs*hidden, c·batch]``, which is also the next layer's input. Each chunk's input
-  projection (plus the input-side bias) is one wide GEMM, run just before its ``c`` steps, so the
-  per-step add reads it from cache. Layer 0 reads ``x`` through a time-major copy, which is a plain
-  copy where the chunked layout would need a transpose; BLAS takes the transposed chunk as it is.
-- Sigmoids through exp: the rows of a sigmoid gate (lstm i f o, gru r z) in ``w_ih``, ``w_hh`` and
-  the input-side biases are negated once (exact), so ``σ(z) = 1/(1+exp(-z))`` is one ``exp``, one add
-  and one division over those rows, which NumPy runs in well under the time of its ``tanh``; the tanh
-  gates use ``tanh``. Internally lstm gates are ordered ``i f o g``, so the sigmoid rows are
-  contiguous. ``exp(-z)`` overflows to inf for very negative ``z``, which gives ``σ = 0`` as it should:
-  the loops run with NumPy's overflow warning off.
+- Time in chunks of about ``_CHUNK_COLUMNS`` columns (a column is one row of the batch at one
+  step): a layer's output is one ``[dirs*width, columns]`` block per chunk, which is also the next
+  layer's input. Each chunk's input projection (plus the input-side bias) is one wide GEMM, run
+  just before its steps, so the per-step add reads it from cache. Layer 0 reads ``x`` through a
+  time-major copy, which is a plain copy where the chunked layout would need a transpose; BLAS takes
+  the transposed chunk as it is.
+- Sequence lengths (``seq_lens``) pack the columns as PyTorch's packed sequences do: the rows sorted
+  by decreasing length, step ``t`` holds only the ``n_t`` rows still running, so the rows that run
+  at a step are a prefix of the batch. Neither the input projection nor the recurrence nor the gates
+  touch a finished row: a batch of lengths uniform in ``[1, seq]`` does about half the work of the
+  full one. Direction 1 walks the same columns from the end, where a row joins (from its initial
+  state) at its last valid step. The rows' final states are kept as they finish.
+- Sigmoids through exp: the rows of a gate whose activation is ``sigmoid`` (lstm i f o, gru r z by
+  default) in ``w_ih``, ``w_hh``, the biases and the peepholes are negated once (exact), so
+  ``σ(z) = 1/(1+exp(-z))`` is one ``exp``, one add and one division over those rows, which NumPy runs
+  in well under the time of its ``tanh``; clipping is symmetric, so it clips the negated rows alike.
+  Internally lstm gates are ordered ``i f o g``, so the rows of its first activation are contiguous.
+  ``exp(-z)`` overflows to inf for very negative ``z``, which gives ``σ = 0`` as it should: the loops
+  run with NumPy's overflow warning off.
+- Activations are NumPy functions chosen once per layer-direction (``_ACTIVATIONS``), each writing
+  ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
+  (peepholes, clip), never per element.
 - Short sequences (decode, ``seq <= _STORED_MAX_SEQ``) in f32/f64 use the weights where they are
   stored: the reordered, negated copy of ``w_ih`` and ``w_hh`` would cost more than the steps, so
-  the loop negates the sigmoid rows of each step's pre-activations itself, in the ABI's gate order.
+  the sigmoid negates each step's pre-activations itself, in the ABI's gate order.
 - With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
   directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy
   releases the GIL inside its loops): the elementwise part of one direction overlaps the GEMMs of
@@ -32,18 +45,20 @@ and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from . import threads
 from .arena import COMPUTE, STORAGE
-from .layout import Bound, layer_input_sizes, recurrent_dims, regions
+from .layout import Bound, regions
 
-#: Internal gate order (ABI index of each internal gate): sigmoid gates first, tanh gates last.
+#: Internal gate order (ABI index of each internal gate): the gates of the first activation slot first.
 _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
-#: How many leading internal gates are sigmoids.
-_SIGMOID = {"lstm": 3, "gru": 2, "rnn": 0}
+#: The activation slot (ABI.md §8: lstm f g h, gru f g, rnn f) that drives each internal gate.
+_SLOT = {"lstm": (0, 0, 0, 1), "gru": (0, 0, 1), "rnn": (0,)}
+#: Activation slots per direction.
+SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
 #: Columns of a time chunk the projection GEMM aims for.
 _CHUNK_COLUMNS = 128
 #: Smallest recurrent GEMM (flops a step) at which two threads pay: below it the threads mostly trade
@@ -54,43 +69,204 @@ _PARALLEL_STEP_FLOPS = 2_000_000
 _STORED_MAX_SEQ = 16
 
 
+# --- activations -------------------------------------------------------------------------------------
+# Each writes ``out = act(x)`` (``out`` may be ``x``) and may use ``scratch``, an array of x's shape
+# that is neither; ``x`` is left unchanged unless it is ``out``.
+
+Activation = Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def _sigmoid_of_negated(x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """``x`` holds ``-z``: ``out = σ(z) = 1/(1+exp(-z))`` (exp(-z) = inf gives 0)."""
+    np.exp(x, out=out)
+    out += 1
+    np.divide(1, out, out=out)
+
+
+def _sigmoid(x: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    np.negative(x, out=out)
+    _sigmoid_of_negated(out, out, scratch)
+
+
+def _tanh(x, out, scratch):
+    np.tanh(x, out=out)
+
+
+def _relu(x, out, scratch):
+    np.maximum(x, 0, out=out)
+
+
+def _softsign(x, out, scratch):
+    np.abs(x, out=scratch)
+    scratch += 1
+    np.divide(x, scratch, out=out)
+
+
+def _softplus(x, out, scratch):
+    np.logaddexp(x, 0, out=out)  # log(1 + e^x) without overflowing e^x
+
+
+def _affine(alpha: float, beta: float) -> Activation:
+    def act(x, out, scratch):
+        np.multiply(x, alpha, out=out)
+        out += beta
+    return act
+
+
+def _leaky_relu(alpha: float, beta: float) -> Activation:
+    # x >= 0 ? x : αx is max(x, αx) for α <= 1 and min(x, αx) above
+    pick = np.maximum if alpha <= 1 else np.minimum
+
+    def act(x, out, scratch):
+        np.multiply(x, alpha, out=scratch)
+        pick(x, scratch, out=out)
+    return act
+
+
+def _thresholded_relu(alpha: float, beta: float) -> Activation:
+    def act(x, out, scratch):
+        keep = x > alpha  # NaN and -inf are not above α: 0, as the formula says
+        np.copyto(out, x)
+        np.copyto(out, 0, where=~keep)
+    return act
+
+
+def _scaled_tanh(alpha: float, beta: float) -> Activation:
+    def act(x, out, scratch):
+        np.multiply(x, beta, out=out)
+        np.tanh(out, out=out)
+        out *= alpha
+    return act
+
+
+def _hard_sigmoid(alpha: float, beta: float) -> Activation:
+    def act(x, out, scratch):
+        np.multiply(x, alpha, out=out)
+        out += beta
+        np.clip(out, 0, 1, out=out)
+    return act
+
+
+def _elu(alpha: float, beta: float) -> Activation:
+    def act(x, out, scratch):  # max(x, 0) + α·(exp(min(x, 0)) - 1)
+        np.minimum(x, 0, out=scratch)
+        np.expm1(scratch, out=scratch)
+        scratch *= alpha
+        np.maximum(x, 0, out=out)
+        out += scratch
+    return act
+
+
+def _plain(fn: Activation) -> Callable[[float, float], Activation]:
+    return lambda alpha, beta: fn
+
+
+#: ABI.md §8's activations: name -> ``make(alpha, beta)``.
+_ACTIVATIONS: dict[str, Callable[[float, float], Activation]] = {
+    "sigmoid": _plain(_sigmoid), "tanh": _plain(_tanh), "relu": _plain(_relu), "affine": _affine,
+    "leaky_relu": _leaky_relu, "thresholded_relu": _thresholded_relu, "scaled_tanh": _scaled_tanh,
+    "hard_sigmoid": _hard_sigmoid, "elu": _elu, "softsign": _plain(_softsign), "softplus": _plain(_softplus),
+}
+ACTIVATION_NAMES = tuple(_ACTIVATIONS)
+
+
+def _activation(spec: Sequence[Any], negated: bool) -> Activation:
+    """The function of one ``[name, alpha, beta]`` entry; ``negated``: its input rows hold ``-z``
+    (only a sigmoid's rows are ever negated)."""
+    name, alpha, beta = spec
+    if negated:
+        return _sigmoid_of_negated
+    return _ACTIVATIONS[name](float(alpha), float(beta))
+
+
+# --- sizes and packing -------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class _Dims:
     op: str
     batch: int
     seq: int
     hidden: int
+    width: int  # of h, dst and the layers above 0: proj_size when the lstm projects, else hidden
     layers: int
     gates: int
     dirs: int
-    chunk: int  # steps per time chunk; divides seq
     compute: np.dtype
-    stored: bool  # weights used in place, ABI gate order, not halved (decode); else the internal copy
-
-    @property
-    def chunks(self) -> int:
-        return self.seq // self.chunk
-
-
-def chunk_steps(batch: int, seq: int) -> int:
-    """Steps per time chunk: the largest divisor of ``seq`` whose chunk has at most ``_CHUNK_COLUMNS``
-    columns (``batch >= 1``, ``seq >= 1``), at least one step."""
-    aim = -(-_CHUNK_COLUMNS // batch)
-    return max(c for c in range(1, min(aim, seq) + 1) if seq % c == 0)
+    stored: bool  # weights used in place, ABI gate order, not negated (decode); else the internal copy
 
 
 def _dims(t: Mapping[str, Any]) -> _Dims:
     """Sizes of a thunk with ``batch, seq >= 1``."""
-    gates, dirs = recurrent_dims(t)
-    batch, seq = t["batch"], t["seq"]
-    chunk = chunk_steps(batch, seq)
     compute = COMPUTE[t["dtype"]]
-    stored = seq <= _STORED_MAX_SEQ and compute == STORAGE[t["dtype"]]
-    return _Dims(t["op"], batch, seq, t["hidden"], t["num_layers"], gates, dirs, chunk, compute, stored)
+    stored = t["seq"] <= _STORED_MAX_SEQ and compute == STORAGE[t["dtype"]]
+    width = t.get("proj_size") or t["hidden"]
+    return _Dims(t["op"], t["batch"], t["seq"], t["hidden"], width, t["num_layers"], len(_ORDER[t["op"]]),
+                 2 if t["bidirectional"] else 1, compute, stored)
 
 
-def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
-    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, sigmoid rows negated.
+@dataclass(frozen=True)
+class _Chunk:
+    first: int  # its first column among all
+    columns: int
+    t0: int  # the time of its first step
+    steps: tuple[tuple[int, int], ...]  # (first column inside the chunk, rows) of steps t0, t0+1, ...
+
+
+@dataclass(frozen=True)
+class _Packing:
+    """Which rows run at each step, and where each step's columns lie in the time-chunked layout."""
+
+    chunks: tuple[_Chunk, ...]
+    columns: int
+    widest: int  # columns of the widest chunk
+    order: np.ndarray | None  # the rows by decreasing length (None: every row runs every step, in order)
+    index: np.ndarray | None  # row*seq + t of every column, with ``order``
+    lengths: np.ndarray | None
+
+
+def _chunks(rows: Sequence[int]) -> tuple[_Chunk, ...]:
+    """Cut the steps with ``rows[t] > 0`` running rows into chunks of at most ``_CHUNK_COLUMNS`` columns,
+    at least one step each."""
+    out, t, first = [], 0, 0
+    while t < len(rows) and rows[t] > 0:
+        t0, steps, width = t, [], 0
+        while t < len(rows) and rows[t] > 0 and (not steps or width + rows[t] <= _CHUNK_COLUMNS):
+            steps.append((width, rows[t]))
+            width += rows[t]
+            t += 1
+        out.append(_Chunk(first, width, t0, tuple(steps)))
+        first += width
+    return tuple(out)
+
+
+def _full_packing(batch: int, seq: int) -> _Packing:
+    chunks = _chunks([batch] * seq)
+    return _Packing(chunks, batch * seq, max(c.columns for c in chunks), None, None, None)
+
+
+def _varlen_packing(lengths: np.ndarray, seq: int) -> _Packing:
+    """The packing of rows of ``lengths`` (each in ``[0, seq]``, checked before the kernel runs)."""
+    order = np.argsort(-lengths, kind="stable")
+    running = np.count_nonzero(lengths[order][None, :] > np.arange(seq)[:, None], axis=1)
+    chunks = _chunks(running.tolist())
+    steps, rows = np.nonzero(np.arange(lengths.size)[None, :] < running[:, None])  # t-major, rows in order
+    index = order[rows] * seq + steps
+    widest = max((c.columns for c in chunks), default=0)
+    return _Packing(chunks, int(index.size), widest, order, index, lengths)
+
+
+def chunk_columns(batch: int, seq: int) -> list[int]:
+    """Columns of each time chunk of a full batch (``batch``, ``seq >= 1``), in time order."""
+    return [c.columns for c in _chunks([batch] * seq)]
+
+
+# --- weights in the loops' form ----------------------------------------------------------------------
+
+
+def _internal(w: np.ndarray, d: _Dims, negated: Sequence[bool]) -> np.ndarray:
+    """A ``[gates*hidden, ...]`` block in internal gate order and compute type, the rows of each
+    internal gate with ``negated`` negated; a 1-D block (a bias) comes back as a column.
 
     With ``d.stored`` a weight matrix is the stored block itself and a bias a private copy, both in
     the ABI's gate order and not negated.
@@ -100,140 +276,333 @@ def _internal(w: np.ndarray, d: _Dims) -> np.ndarray:
     src = w.reshape(d.gates, d.hidden, -1)
     out = np.empty(src.shape, d.compute)
     for k, g in enumerate(_ORDER[d.op]):
-        if k < _SIGMOID[d.op]:
+        if negated[k]:
             np.negative(src[g], out=out[k], dtype=d.compute)
         else:
             out[k] = src[g]
     return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
 
 
-# --- one layer-direction's time loop -----------------------------------------------------------------
-# Every array is feature-major [features, batch]. ``steps`` yields (x_t, y_t): x_t is W_ih·x_t plus the
-# input-side bias, y_t the slot where h_t lands, which then feeds the next step.
+@dataclass
+class _Cell:
+    """One layer-direction's weights and the fields its loop reads, in the loop's form."""
+
+    w_hh: np.ndarray
+    h_bias: np.ndarray | None  # gru with linear_before_reset: b_hn, spread over the batch or a column
+    acts: tuple[Activation, ...]  # one per slot
+    clip: float
+    peepholes: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # lstm p_i, p_f, p_o as columns, signed as their rows
+    input_forget: bool
+    w_hr: np.ndarray | None
+    linear_before_reset: bool
 
 
-def _sigmoid_of_negated(a: np.ndarray) -> None:
-    """``a`` holds ``-z``; leaves ``σ(z) = 1/(1+exp(-z))`` in place (exp(-z) = inf gives 0)."""
-    np.exp(a, out=a)
-    a += 1
-    np.divide(1, a, out=a)
-
-
-def _lstm_loop(w_hh, h_bias, steps, h, c, relu, stored):
-    H, B = h.shape
-    g = np.empty((4 * H, B), h.dtype)
-    tmp = np.empty((H, B), h.dtype)
-    if stored:  # ABI order i f g o: two runs of sigmoid rows, negated here every step
-        i, f, gg, o = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
-        sigs = (g[: 2 * H], o)
-    else:
-        i, f, o, gg = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
-        sigs = (g[: 3 * H],)
-    for xp, y in steps:
-        np.matmul(w_hh, h, out=g)
-        g += xp
-        for sig in sigs:
-            if stored:
-                np.negative(sig, out=sig)
-            _sigmoid_of_negated(sig)
-        np.tanh(gg, out=gg)
-        c *= f
-        np.multiply(i, gg, out=tmp)
-        c += tmp
-        np.tanh(c, out=tmp)
-        np.multiply(o, tmp, out=y)
-        h = y
-    return h, c
-
-
-def _gru_loop(w_hh, h_bias, steps, h, c, relu, stored):
-    H, B = h.shape
-    g = np.empty((3 * H, B), h.dtype)
-    tmp = np.empty((H, B), h.dtype)
-    rz, r, z, n = g[: 2 * H], g[:H], g[H: 2 * H], g[2 * H:]
-    for xp, y in steps:
-        np.matmul(w_hh, h, out=g)
-        rz += xp[: 2 * H]
-        if stored:
-            np.negative(rz, out=rz)
-        _sigmoid_of_negated(rz)
-        n += h_bias  # b_hn sits inside r⊙(W_hn·h + b_hn)
-        n *= r
-        n += xp[2 * H:]
-        np.tanh(n, out=n)
-        np.subtract(h, n, out=tmp)  # h' = (1-z)⊙n + z⊙h = n + z⊙(h-n)
-        tmp *= z
-        np.add(n, tmp, out=y)
-        h = y
-    return h, c
-
-
-def _rnn_loop(w_hh, h_bias, steps, h, c, relu, stored):
-    g = np.empty_like(h)
-    for xp, y in steps:
-        np.matmul(w_hh, h, out=g)
-        g += xp
-        if relu:
-            np.maximum(g, 0, out=y)
+def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int) -> tuple[_Cell, np.ndarray]:
+    """The loop's form of layer-direction ``ld`` (direction ``dr``), and its input-side bias column."""
+    specs = _specs(t, d, dr)
+    negated = _negated_rows(specs, d)
+    # the gates' slots (f, g) take negated rows where they are sigmoids; lstm's h reads the cell itself
+    acts = tuple(_activation(spec, s < 2 and not d.stored and spec[0] == "sigmoid") for s, spec in enumerate(specs))
+    w_hh = _internal(b.view("w_hh")[ld], d, negated)
+    h_bias, lbr = None, bool(t.get("linear_before_reset", True))
+    if d.op == "gru":
+        b_ih, b_hh = _internal(b.view("b_ih")[ld], d, negated), _internal(b.view("b_hh")[ld], d, negated)
+        two = 2 * d.hidden
+        if lbr:  # b_hn sits inside r⊙(W_hn·h + b_hn)
+            b_ih[:two] += b_hh[:two]
+            # added once per step: broadcast from its column for one step (a decode) or one batch row,
+            # else spread over the batch once (a contiguous add per step is faster; the spread costs a step's add)
+            once = d.batch == 1 or d.seq == 1
+            h_bias = b_hh[two:] if once else np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
         else:
-            np.tanh(g, out=y)
-        h = y
-    return h, c
+            b_ih += b_hh
+        x_bias = b_ih
+    else:
+        x_bias = _internal(b.view("bias")[ld], d, negated)
+    peepholes = None
+    if t.get("peepholes") is not None:
+        p = b.view("peepholes")[ld].astype(d.compute).reshape(3, d.hidden, 1)  # ONNX order i, o, f
+        sign = -1 if negated[0] else 1
+        peepholes = (sign * p[0], sign * p[2], sign * p[1])
+    w_hr = None
+    if t.get("w_hr") is not None:
+        w_hr = b.view("w_hr")[ld]
+        w_hr = w_hr if w_hr.dtype == d.compute else w_hr.astype(d.compute)
+    return _Cell(w_hh, h_bias, acts, float(t["clip"]), peepholes, bool(t.get("input_forget", False)), w_hr,
+                 lbr), x_bias
 
 
-_LOOPS: dict[str, Callable] = {"lstm": _lstm_loop, "gru": _gru_loop, "rnn": _rnn_loop}
+# --- one layer-direction's time loop -----------------------------------------------------------------
+# Every array is feature-major [features, columns]. ``steps`` yields (xp, h, y, n): xp is W_ih·x_t plus
+# the input-side bias for the n running rows, h their state, y the slot where h_t lands.
 
 
-def _biases(b: Bound, d: _Dims, ld: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """``(input-side bias [G*H, 1], hidden-side bias or None)``; gru keeps b_hn on the hidden side."""
-    if d.op != "gru":
-        return _internal(b.view("bias")[ld], d), None
-    b_ih, b_hh = _internal(b.view("b_ih")[ld], d), _internal(b.view("b_hh")[ld], d)
-    two = 2 * d.hidden
-    b_ih[:two] += b_hh[:two]
-    # added once per step: broadcast from its column for one step (a decode) or one batch row, else
-    # spread over the batch once (a contiguous add per step is faster; the spread costs a step's add)
-    once = d.batch == 1 or d.seq == 1
-    return b_ih, b_hh[two:] if once else np.ascontiguousarray(np.broadcast_to(b_hh[two:], (d.hidden, d.batch)))
+class _Spaces(dict):
+    """Per-step work arrays by running rows ``n``: views of shared flat buffers, made once per ``n``."""
+
+    def __init__(self, make: Callable[[int], Any]):
+        super().__init__()
+        self._make = make
+
+    def __missing__(self, n: int) -> Any:
+        made = self[n] = self._make(n)
+        return made
 
 
-def _steps(w_ih, bias, x, out, d: _Dims, reverse: bool) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Project one time chunk at a time, just before its steps, so they read it from cache."""
-    B, c = d.batch, d.chunk
-    if c * B > 1 and d.chunks > 1:  # spread once, added per chunk (one chunk: the broadcast add is cheaper)
-        bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], c * B)))
-    buf = np.empty((w_ih.shape[0], c * B), d.compute)
-    for k in reversed(range(d.chunks)) if reverse else range(d.chunks):
-        np.matmul(w_ih, x[k], out=buf)
-        buf += bias
-        for j in reversed(range(c)) if reverse else range(c):
-            yield buf[:, j * B: (j + 1) * B], out[k, :, j]
+def _blocks(flat: np.ndarray, n: int, rows: int) -> np.ndarray:
+    return flat[: rows * n].reshape(rows, n)
 
 
-def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, x: np.ndarray, y: np.ndarray):
-    """Run direction ``dr`` of ``layer``: ``w_ih`` its stored ``[G*H, in]`` block, ``x [chunks, in, c*B]``
-    the layer's input; write this direction's rows of ``y``, its final state, and at the top ``dst``."""
-    H, B, c, ld = d.hidden, d.batch, d.chunk, layer * d.dirs + dr
-    w_ih, w_hh = _internal(w_ih, d), _internal(b.view("w_hh")[ld], d)
-    x_bias, h_bias = _biases(b, d, ld)
-    out = y.reshape(d.chunks, d.dirs * H, c, B)[:, dr * H: dr * H + H]
+@dataclass
+class _LstmSpace:
+    g: np.ndarray
+    i: np.ndarray
+    f: np.ndarray
+    o: np.ndarray
+    gg: np.ndarray
+    early: list  # (rows, scratch) activated by slot f before the cell update
+    late: bool  # o activated after the cell update (it peeks at the new cell)
+    clip_early: list
+    c: np.ndarray
+    tmp: np.ndarray
+    scratch: np.ndarray
+    o_scratch: np.ndarray
+    g_scratch: np.ndarray
+
+
+def _lstm_spaces(cell: _Cell, d: _Dims, c: np.ndarray) -> _Spaces:
+    H, B = d.hidden, d.batch
+    g_flat, s_flat = np.empty(4 * H * B, d.compute), np.empty(4 * H * B, d.compute)
+    tmp_flat = np.empty(H * B, d.compute)
+    late = cell.peepholes is not None
+
+    def make(n: int) -> _LstmSpace:
+        g, scratch = _blocks(g_flat, n, 4 * H), _blocks(s_flat, n, 4 * H)
+        if d.stored:  # ABI order i f g o
+            i, f, gg, o = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+            early = [(g[: 2 * H], scratch[: 2 * H])] + ([] if late else [(o, scratch[3 * H:])])
+        else:
+            i, f, o, gg = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
+            early = [(g[: 2 * H], scratch[: 2 * H])] if late else [(g[: 3 * H], scratch[: 3 * H])]
+        return _LstmSpace(g, i, f, o, gg, early, late, [g[: 2 * H], gg] if late else [g], c[:, :n],
+                          _blocks(tmp_flat, n, H), scratch[:H], scratch[H: 2 * H], scratch[2 * H: 3 * H])
+    return _Spaces(make)
+
+
+def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
+    act_f, act_g, act_h = cell.acts
+    w_hh, clip, peep, w_hr, coupled = cell.w_hh, cell.clip, cell.peepholes, cell.w_hr, cell.input_forget
+    for xp, h, y, n in steps:
+        s = spaces[n]
+        c, tmp = s.c, s.tmp
+        np.matmul(w_hh, h, out=s.g)
+        s.g += xp
+        if peep is not None:  # i and f peek at the previous cell
+            np.multiply(c, peep[0], out=tmp)
+            s.i += tmp
+            if not coupled:
+                np.multiply(c, peep[1], out=tmp)
+                s.f += tmp
+        if clip:
+            for rows in s.clip_early:
+                np.clip(rows, -clip, clip, out=rows)
+        for rows, scratch in s.early:
+            act_f(rows, rows, scratch)
+        act_g(s.gg, s.gg, s.g_scratch)
+        if coupled:  # f = 1 - i: c' = c + i⊙(g - c)
+            np.subtract(s.gg, c, out=tmp)
+            tmp *= s.i
+            c += tmp
+        else:
+            c *= s.f
+            np.multiply(s.i, s.gg, out=tmp)
+            c += tmp
+        if s.late:  # o peeks at the new cell
+            np.multiply(c, peep[2], out=tmp)
+            s.o += tmp
+            if clip:
+                np.clip(s.o, -clip, clip, out=s.o)
+            act_f(s.o, s.o, s.o_scratch)
+        act_h(c, tmp, s.scratch)
+        if w_hr is None:
+            np.multiply(s.o, tmp, out=y)
+        else:
+            tmp *= s.o
+            np.matmul(w_hr, tmp, out=y)
+
+
+@dataclass
+class _GruSpace:
+    g: np.ndarray
+    rz: np.ndarray
+    r: np.ndarray
+    z: np.ndarray
+    n: np.ndarray
+    h_bias: np.ndarray | None
+    tmp: np.ndarray
+    rz_scratch: np.ndarray
+    n_scratch: np.ndarray
+
+
+def _gru_spaces(cell: _Cell, d: _Dims, c: None) -> _Spaces:
+    H, B = d.hidden, d.batch
+    g_flat, s_flat, tmp_flat = np.empty(3 * H * B, d.compute), np.empty(3 * H * B, d.compute), np.empty(H * B, d.compute)
+
+    def make(n: int) -> _GruSpace:
+        g, scratch = _blocks(g_flat, n, 3 * H), _blocks(s_flat, n, 3 * H)
+        hb = cell.h_bias
+        if hb is not None and hb.shape[1] > 1:
+            hb = hb[:, :n]
+        return _GruSpace(g, g[: 2 * H], g[:H], g[H: 2 * H], g[2 * H:], hb, _blocks(tmp_flat, n, H),
+                         scratch[: 2 * H], scratch[2 * H:])
+    return _Spaces(make)
+
+
+def _gru_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
+    act_f, act_g = cell.acts
+    H = cell.w_hh.shape[0] // 3
+    w_hh, w_rz, w_n, clip = cell.w_hh, cell.w_hh[: 2 * H], cell.w_hh[2 * H:], cell.clip
+    lbr = cell.linear_before_reset
+    for xp, h, y, n in steps:
+        s = spaces[n]
+        rz, cand, tmp = s.rz, s.n, s.tmp
+        np.matmul(w_hh if lbr else w_rz, h, out=s.g if lbr else rz)
+        rz += xp[: 2 * H]
+        if clip:
+            np.clip(rz, -clip, clip, out=rz)
+        act_f(rz, rz, s.rz_scratch)
+        if lbr:  # n = g(W_in·x + b_in + r⊙(W_hn·h + b_hn))
+            cand += s.h_bias
+            cand *= s.r
+        else:  # n = g(W_in·x + b_in + W_hn·(r⊙h) + b_hn), b_hn among the input-side biases
+            np.multiply(s.r, h, out=tmp)
+            np.matmul(w_n, tmp, out=cand)
+        cand += xp[2 * H:]
+        if clip:
+            np.clip(cand, -clip, clip, out=cand)
+        act_g(cand, cand, s.n_scratch)
+        np.subtract(h, cand, out=tmp)  # h' = (1-z)⊙n + z⊙h = n + z⊙(h-n)
+        tmp *= s.z
+        np.add(cand, tmp, out=y)
+
+
+@dataclass
+class _RnnSpace:
+    g: np.ndarray
+    scratch: np.ndarray
+
+
+def _rnn_spaces(cell: _Cell, d: _Dims, c: None) -> _Spaces:
+    H, B = d.hidden, d.batch
+    g_flat, s_flat = np.empty(H * B, d.compute), np.empty(H * B, d.compute)
+    return _Spaces(lambda n: _RnnSpace(_blocks(g_flat, n, H), _blocks(s_flat, n, H)))
+
+
+def _rnn_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
+    (act,) = cell.acts
+    w_hh, clip = cell.w_hh, cell.clip
+    for xp, h, y, n in steps:
+        s = spaces[n]
+        np.matmul(w_hh, h, out=s.g)
+        s.g += xp
+        if clip:
+            np.clip(s.g, -clip, clip, out=s.g)
+        act(s.g, y, s.scratch)
+
+
+_LOOPS: dict[str, tuple[Callable, Callable]] = {"lstm": (_lstm_spaces, _lstm_loop), "gru": (_gru_spaces, _gru_loop),
+                                                "rnn": (_rnn_spaces, _rnn_loop)}
+
+
+def _steps(w_ih: np.ndarray, bias: np.ndarray, xs: Sequence[np.ndarray], out: Sequence[np.ndarray],
+           pack: _Packing, d: _Dims, backwards: bool, state: np.ndarray) -> Iterator[tuple]:
+    """Project one time chunk at a time, just before its steps, so they read it from cache; hand each
+    step the state of its running rows.
+
+    A step's state is the previous step's output while no row joins (its first ``n`` columns: the
+    rows still running are a prefix); ``state`` ``[width, batch]`` holds the initial state of the rows
+    that have not run yet, receives each row's state as it stops, and ends as every row's final state.
+    """
+    if pack.widest > 1 and len(pack.chunks) > 1:  # spread once, added per chunk (one chunk: the broadcast add is cheaper)
+        bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], pack.widest)))
+    buf = np.empty(w_ih.shape[0] * pack.widest, d.compute)
+    prev, prev_n = None, 0
+    for k in reversed(range(len(pack.chunks))) if backwards else range(len(pack.chunks)):
+        chunk = pack.chunks[k]
+        proj = _blocks(buf, chunk.columns, w_ih.shape[0])
+        np.matmul(w_ih, xs[k], out=proj)
+        proj += bias if bias.shape[1] == 1 else bias[:, : chunk.columns]
+        for first, n in reversed(chunk.steps) if backwards else chunk.steps:
+            if prev is None:
+                h = state[:, :n]
+            elif n <= prev_n:
+                if n < prev_n:  # rows n.. stopped at the previous step
+                    state[:, n:prev_n] = prev[:, n:]
+                h = prev[:, :n]
+            else:  # rows prev_n.. join from their initial state
+                state[:, :prev_n] = prev
+                h = state[:, :n]
+            y = out[k][:, first: first + n]
+            yield proj[:, first: first + n], h, y, n
+            prev, prev_n = y, n
+    if prev is not None:
+        state[:, :prev_n] = prev
+
+
+def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, xs, ys, pack: _Packing):
+    """Run direction ``dr`` of ``layer``: ``w_ih`` its stored ``[G*H, in]`` block, ``xs`` the layer's input
+    chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state."""
+    ld, W = layer * d.dirs + dr, d.width
+    cell, x_bias = _cell(t, b, d, ld, dr)
+    w_ih = _internal(w_ih, d, _negated_rows(_specs(t, d, dr), d))
+    out = [y[dr * W: dr * W + W] for y in ys]
     carry = t["carry"]
 
-    def state(field: str) -> np.ndarray:  # always a private copy: the loop updates it in place
-        return np.array(b.view(field)[ld].T, d.compute, order="C") if carry else np.zeros((H, B), d.compute)
+    def state(field: str, rows: int) -> np.ndarray:  # always a private copy: the loop updates it in place
+        if not carry:
+            return np.zeros((rows, d.batch), d.compute)
+        held = b.view(field)[ld]
+        return np.array((held if pack.order is None else held[pack.order]).T, d.compute, order="C")
 
-    h, cell = state("h0"), state("c0") if d.op == "lstm" else None
-    steps = _steps(w_ih, x_bias, x, out, d, reverse=dr == 1)
+    h, c = state("h0", W), state("c0", d.hidden) if d.op == "lstm" else None
+    make_spaces, loop = _LOOPS[d.op]
+    backwards = dr == 1 or bool(t.get("reverse"))
+    steps = _steps(w_ih, x_bias, xs, out, pack, d, backwards, h)
     with np.errstate(over="ignore"):  # exp(-z) overflows to inf for z < -88 (f32): σ(z) is then 0
-        h, cell = _LOOPS[d.op](w_hh, h_bias, steps, h, cell, t.get("relu", False), d.stored)
+        loop(cell, steps, make_spaces(cell, d, c))
     if carry:  # the final state, in place
-        b.view("h0")[ld] = h.T
-        if cell is not None:
-            b.view("c0")[ld] = cell.T
-    if layer == d.layers - 1:  # dst [B, S, dirs*H]: this direction's features, one chunk at a time
-        dst = b.view("dst").reshape(B, d.chunks, c, d.dirs * H)[..., dr * H: dr * H + H]
-        for k in range(d.chunks):
-            dst[:, k] = out[k].transpose(2, 1, 0)
+        for field, final in (("h0", h), ("c0", c)):
+            if final is not None:
+                if pack.order is None:
+                    b.view(field)[ld] = final.T
+                else:
+                    b.view(field)[ld][pack.order] = final.T
+
+
+def _specs(t: Mapping[str, Any], d: _Dims, dr: int) -> Sequence[Sequence[Any]]:
+    """The ``[name, alpha, beta]`` of each activation slot of direction ``dr``."""
+    slots = SLOTS[d.op]
+    return t["activations"][dr * slots: (dr + 1) * slots]
+
+
+def _negated_rows(specs: Sequence[Sequence[Any]], d: _Dims) -> list[bool]:
+    """Which internal gates hold ``-z``: a sigmoid's rows, outside decode."""
+    return [not d.stored and specs[s][0] == "sigmoid" for s in _SLOT[d.op]]
+
+
+def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray]) -> None:
+    """dst ``[B, S, dirs*width]`` from the top layer's chunks; 0 where a row has no step."""
+    dst = b.view("dst")
+    if pack.order is None:
+        for chunk, y in zip(pack.chunks, ys):
+            steps = len(chunk.steps)
+            dst[:, chunk.t0: chunk.t0 + steps] = y.reshape(-1, steps, d.batch).transpose(2, 1, 0)
+        return
+    for row, length in enumerate(pack.lengths.tolist()):
+        dst[row, length:] = 0
+    flat = dst.reshape(d.batch * d.seq, -1)
+    for chunk, y in zip(pack.chunks, ys):
+        flat[pack.index[chunk.first: chunk.first + chunk.columns]] = y.T
 
 
 def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
@@ -241,43 +610,53 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     ``run(arena, *, parallel_directions=None)`` for any arena. A decode step (lstm B=1 H=256) spends
     more time on this setup than on its math, so a runtime that runs a thunk many times keeps ``run``.
 
-    ``parallel_directions``: ``None`` lets the kernel choose (see the module docstring),
-    ``True``/``False`` forces two threads or one."""
+    ``t`` is a completed thunk (every version-2 field present). ``parallel_directions``: ``None`` lets
+    the kernel choose (see the module docstring), ``True``/``False`` forces two threads or one."""
     if 0 in (t["batch"], t["seq"], t["hidden"]):
         return lambda arena, **_: None  # nothing to compute; a carried state is its own final state
     t = dict(t)  # the kernel reads its fields dozens of times a call; a plain dict is the fastest mapping
     d = _dims(t)
     by_field = {r.field: r for r in regions(t)}
-    B, c = d.batch, d.chunk
+    B, S = d.batch, d.seq
     layers, offset = [], 0
-    for layer, in_l in enumerate(layer_input_sizes(t)):
+    for layer in range(d.layers):
+        in_l = t["input_size"] if layer == 0 else d.dirs * d.width
         size = d.gates * d.hidden * in_l
         layers.append((layer, in_l, [(offset + k * size, offset + (k + 1) * size) for k in range(d.dirs)]))
         offset += d.dirs * size
-    wide = 2 * d.gates * d.hidden ** 2 * d.batch >= _PARALLEL_STEP_FLOPS
+    wide = 2 * d.gates * d.hidden * d.width * d.batch >= _PARALLEL_STEP_FLOPS
+    full = _full_packing(B, S) if t.get("seq_lens") is None else None
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
 
     def run(arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
         if not last or last[0].arena is not arena:
             last[:] = [Bound(t, arena, by_field)]
         b = last[0]
-        # Layer 0's input, time-major; chunk k is the transposed view x_tm[k*c:(k+1)*c].reshape(c*B, I).T
-        x = np.empty((d.seq, B, t["input_size"]), d.compute)
-        x[...] = b.view("x").transpose(1, 0, 2)
-        x = x.reshape(d.chunks, c * B, -1).transpose(0, 2, 1)
+        pack = full or _varlen_packing(b.view("seq_lens").astype(np.int64), S)
+        if pack.order is None:  # layer 0's input, time-major: chunk k is rows first..first+columns, transposed
+            x = np.empty((S, B, t["input_size"]), d.compute)
+            x[...] = b.view("x").transpose(1, 0, 2)
+            x = x.reshape(S * B, -1)
+        else:
+            x = b.view("x").reshape(B * S, -1)[pack.index].astype(d.compute, copy=False)
+        xs = [x[c.first: c.first + c.columns].T for c in pack.chunks]
         w_ih = b.view("w_ih")
         parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
                                      wide and threads.cores() == 2)
+        rows = d.dirs * d.width
         for layer, in_l, spans in layers:
             blocks = [w_ih[lo:hi].reshape(-1, in_l) for lo, hi in spans]
-            y = np.empty((d.chunks, d.dirs * d.hidden, c * B), d.compute)
-            jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], x, y) for dr in range(d.dirs)]
+            y = np.empty(rows * pack.columns, d.compute)
+            ys = [y[rows * c.first: rows * (c.first + c.columns)].reshape(rows, c.columns) for c in pack.chunks]
+            jobs = [lambda dr=dr: _layer_direction(t, b, d, layer, dr, blocks[dr], xs, ys, pack)
+                    for dr in range(d.dirs)]
             if parallel:
                 threads.run_all(jobs)
             else:
                 for job in jobs:
                     job()
-            x = y
+            xs = ys
+        _store_dst(b, d, pack, xs)
     return run
 
 

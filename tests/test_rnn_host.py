@@ -34,25 +34,37 @@ TOL = {  # (rtol, atol)
 CANARY = 0xFF  # NaN in every float type: an unwritten dst element cannot match the reference
 
 
-def build(op, dtype, *, batch, seq, input_size, hidden, num_layers, bidirectional, carry, relu=False, seed=0):
-    """A thunk, its arena, and the stored inputs as float64 arrays."""
+def build(op, dtype, *, batch, seq, input_size, hidden, num_layers, bidirectional, carry, relu=False, seed=0,
+          **v2):
+    """A thunk, its arena, and the stored inputs as float64 arrays.
+
+    ``v2``: ABI.md §8's fields: ``seq_lens`` (a list of ints), ``peepholes=True`` and ``proj_size``
+    (their tensors drawn here, ``w_hr`` with ``proj_size``), and the plain ones as they are."""
     rng = np.random.default_rng(seed)
     G, D, H = GATES[op], 2 if bidirectional else 1, hidden
+    W = v2.get("proj_size") or H
     k = 1 / np.sqrt(H)
-    w_ih_count = sum(D * G * H * (input_size if layer == 0 else D * H) for layer in range(num_layers))
+    w_ih_count = sum(D * G * H * (input_size if layer == 0 else D * W) for layer in range(num_layers))
     values = {
         "x": rng.uniform(-1, 1, (batch, seq, input_size)),
         "w_ih": rng.uniform(-k, k, (w_ih_count,)),
-        "w_hh": rng.uniform(-k, k, (num_layers * D, G * H, H)),
+        "w_hh": rng.uniform(-k, k, (num_layers * D, G * H, W)),
     }
     for f in ("b_ih", "b_hh") if op == "gru" else ("bias",):
         values[f] = rng.uniform(-k, k, (num_layers * D, G * H))
+    if v2.get("peepholes"):
+        values["peepholes"] = rng.uniform(-1, 1, (num_layers * D, 3 * H))
+    if v2.get("proj_size"):
+        values["w_hr"] = rng.uniform(-k, k, (num_layers * D, W, H))
     if carry:
-        for f in ("h0", "c0") if op == "lstm" else ("h0",):
-            values[f] = rng.uniform(-1, 1, (num_layers * D, batch, H))
+        values["h0"] = rng.uniform(-1, 1, (num_layers * D, batch, W))
+        if op == "lstm":
+            values["c0"] = rng.uniform(-1, 1, (num_layers * D, batch, H))
     storage = np.dtype(STORAGE[dtype])
     stored = {f: v.astype(storage) for f, v in values.items()}
-    stored["dst"] = np.zeros((batch, seq, D * H), storage)
+    if v2.get("seq_lens") is not None:
+        stored["seq_lens"] = np.asarray(v2["seq_lens"], "<i4")
+    stored["dst"] = np.zeros((batch, seq, D * W), storage)
 
     offsets, cursor = {}, 40  # a pattern before the first tensor and 24..88 bytes between tensors
     for f, a in stored.items():
@@ -70,6 +82,8 @@ def build(op, dtype, *, batch, seq, input_size, hidden, num_layers, bidirectiona
     thunk.update({f: offsets.get(f, 0) for f in fields})
     if op == "rnn":
         thunk["relu"] = relu
+    thunk.update({f: v for f, v in v2.items() if f not in ("seq_lens", "peepholes")})
+    thunk.update({f: offsets[f] for f in ("seq_lens", "peepholes", "w_hr") if f in offsets})
     writes = [(offsets[f], stored[f].nbytes) for f in ("dst", "h0", "c0") if f in offsets]
     inputs = {f: a.astype(np.float64) for f, a in stored.items() if f != "dst"}
     return thunk, arena, inputs, writes
@@ -93,13 +107,21 @@ def run_host(thunk, arena, writes, **options):
     return out
 
 
+def want_of(op, inp, relu=False, **shape):
+    """The float64 reference's ``(dst, h, c)`` of a ``build`` case."""
+    v2 = {f: shape[f] for f in ("reverse", "clip", "activations", "linear_before_reset", "input_forget",
+                                "proj_size") if f in shape}
+    biases = {f: inp[f] for f in ("bias", "b_ih", "b_hh") if f in inp}
+    return reference(op, inp["x"], inp["w_ih"], inp["w_hh"], biases, hidden=shape["hidden"],
+                     num_layers=shape["num_layers"], bidirectional=shape["bidirectional"], h0=inp.get("h0"),
+                     c0=inp.get("c0"), relu=relu, seq_lens=inp.get("seq_lens"), peepholes=inp.get("peepholes"),
+                     w_hr=inp.get("w_hr"), **v2)
+
+
 def check(op, dtype, relu=False, options=None, **shape):
     thunk, arena, inp, writes = build(op, dtype, relu=relu, **shape)
     out = run_host(thunk, arena, writes, **(options or {}))
-    biases = {f: inp[f] for f in ("bias", "b_ih", "b_hh") if f in inp}
-    want, h_want, c_want = reference(op, inp["x"], inp["w_ih"], inp["w_hh"], biases, hidden=shape["hidden"],
-                                     num_layers=shape["num_layers"], bidirectional=shape["bidirectional"],
-                                     h0=inp.get("h0"), c0=inp.get("c0"), relu=relu)
+    want, h_want, c_want = want_of(op, inp, relu, **shape)
     rtol, atol = TOL[dtype]
     np.testing.assert_allclose(read(out, thunk, "dst", want.shape), want, rtol=rtol, atol=atol, err_msg="dst")
     if shape["carry"]:
@@ -107,6 +129,7 @@ def check(op, dtype, relu=False, options=None, **shape):
         if op == "lstm":
             np.testing.assert_allclose(read(out, thunk, "c0", c_want.shape), c_want, rtol=rtol, atol=atol,
                                        err_msg="c0")
+    return out, thunk
 
 
 CELLS = [("lstm", False), ("gru", False), ("rnn", False), ("rnn", True)]

@@ -1,70 +1,132 @@
-"""Float64 reference for lstm, gru and rnn, written straight from ABI.md §3 (no host_fallback code).
+"""Float64 reference for lstm, gru and rnn, written straight from ABI.md §3 and §8 (no host_fallback code).
 
-Deliberately plain: one batch-major step at a time, gates in the ABI's order, sigmoid as 1/(1+e^-z).
+Deliberately plain: one batch row and one step at a time, gates in the ABI's order, every activation
+as §8 writes it, sigmoid as 1/(1+e^-z).
 """
 from __future__ import annotations
+
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
+#: Activation slots per direction (lstm f g h, gru f g, rnn f) and their defaults.
+SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _cell(op: str, relu: bool, x_t, h, c, w_ih, w_hh, biases):
-    """One step for one layer-direction: x_t [B, in], h/c [B, H] -> (h', c')."""
-    H = h.shape[1]
+#: ABI.md §8's activations, ``name -> f(x, alpha, beta)``.
+ACTIVATIONS: dict[str, Callable[[np.ndarray, float, float], np.ndarray]] = {
+    "sigmoid": lambda x, a, b: sigmoid(x),
+    "tanh": lambda x, a, b: np.tanh(x),
+    "relu": lambda x, a, b: np.maximum(x, 0.0),
+    "affine": lambda x, a, b: a * x + b,
+    "leaky_relu": lambda x, a, b: np.where(x >= 0, x, a * x),
+    "thresholded_relu": lambda x, a, b: np.where(x > a, x, 0.0),
+    "scaled_tanh": lambda x, a, b: a * np.tanh(b * x),
+    "hard_sigmoid": lambda x, a, b: np.minimum(np.maximum(a * x + b, 0.0), 1.0),
+    "elu": lambda x, a, b: np.where(x >= 0, x, a * (np.exp(np.minimum(x, 0.0)) - 1)),
+    "softsign": lambda x, a, b: x / (1 + np.abs(x)),
+    "softplus": lambda x, a, b: np.logaddexp(0.0, x),  # log(1 + e^x), exact where e^x overflows
+}
+
+
+def default_activations(op: str, dirs: int, relu: bool = False) -> list[tuple[str, float, float]]:
+    """§8's defaults: sigmoid, tanh, tanh (lstm), sigmoid, tanh (gru), §3's ``act`` (rnn), per direction."""
+    names = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"),
+             "rnn": ("relu" if relu else "tanh",)}[op]
+    return [(n, 0.0, 0.0) for _ in range(dirs) for n in names]
+
+
+def _act(spec: Sequence[Any]) -> Callable[[np.ndarray], np.ndarray]:
+    name, alpha, beta = spec
+    fn = ACTIVATIONS[name]
+    return lambda x: fn(x, float(alpha), float(beta))
+
+
+def _cell(op: str, x_t, h, c, w_ih, w_hh, b, acts, clip: float, options: dict):
+    """One step of one row: x_t [in], h [width], c [hidden] -> (h', c')."""
+    H = w_hh.shape[0] // GATES[op]
+
+    def clamp(z):
+        return np.clip(z, -clip, clip) if clip else z
+
     if op == "lstm":
-        z = x_t @ w_ih.T + h @ w_hh.T + biases["bias"]
-        i, f, g, o = (z[:, k * H: (k + 1) * H] for k in range(4))
-        i, f, g, o = sigmoid(i), sigmoid(f), np.tanh(g), sigmoid(o)
-        c = f * c + i * g
-        return o * np.tanh(c), c
+        f_act, g_act, h_act = acts
+        z = w_ih @ x_t + w_hh @ h + b["bias"]
+        z_i, z_f, z_g, z_o = (z[k * H: (k + 1) * H] for k in range(4))
+        p = options.get("peepholes")
+        if p is not None:  # order i, o, f; i and f see the previous cell, o the new one
+            z_i, z_f = z_i + p[:H] * c, z_f + p[2 * H:] * c
+        i = f_act(clamp(z_i))
+        f = 1 - i if options.get("input_forget") else f_act(clamp(z_f))
+        c = f * c + i * g_act(clamp(z_g))
+        if p is not None:
+            z_o = z_o + p[H: 2 * H] * c
+        h = f_act(clamp(z_o)) * h_act(c)
+        w_hr = options.get("w_hr")
+        return (h if w_hr is None else w_hr @ h), c
     if op == "gru":
-        a = x_t @ w_ih.T + biases["b_ih"]
-        b = h @ w_hh.T + biases["b_hh"]
-        r = sigmoid(a[:, :H] + b[:, :H])
-        z = sigmoid(a[:, H: 2 * H] + b[:, H: 2 * H])
-        n = np.tanh(a[:, 2 * H:] + r * b[:, 2 * H:])
+        f_act, g_act = acts
+        a = w_ih @ x_t + b["b_ih"]
+        r = f_act(clamp(a[:H] + w_hh[:H] @ h + b["b_hh"][:H]))
+        z = f_act(clamp(a[H: 2 * H] + w_hh[H: 2 * H] @ h + b["b_hh"][H: 2 * H]))
+        if options.get("linear_before_reset", True):
+            n = g_act(clamp(a[2 * H:] + r * (w_hh[2 * H:] @ h + b["b_hh"][2 * H:])))
+        else:
+            n = g_act(clamp(a[2 * H:] + w_hh[2 * H:] @ (r * h) + b["b_hh"][2 * H:]))
         return (1 - z) * n + z * h, c
-    pre = x_t @ w_ih.T + h @ w_hh.T + biases["bias"]
-    return (np.maximum(pre, 0.0) if relu else np.tanh(pre)), c
+    (f_act,) = acts
+    return f_act(clamp(w_ih @ x_t + w_hh @ h + b["bias"])), c
 
 
 def reference(op: str, x: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray, biases: dict[str, np.ndarray], *,
               hidden: int, num_layers: int, bidirectional: bool, h0: np.ndarray | None = None,
-              c0: np.ndarray | None = None, relu: bool = False):
+              c0: np.ndarray | None = None, relu: bool = False, seq_lens: Sequence[int] | None = None,
+              reverse: bool = False, clip: float = 0.0, activations: Sequence[Sequence[Any]] | None = None,
+              linear_before_reset: bool = True, peepholes: np.ndarray | None = None, input_forget: bool = False,
+              proj_size: int = 0, w_hr: np.ndarray | None = None):
     """Run the op in float64.
 
-    ``x [B,S,I]``; ``w_ih`` flat in ABI packing; ``w_hh [L*D, G*H, H]``; ``biases`` maps ``bias``
-    (lstm, rnn) or ``b_ih``/``b_hh`` (gru) to ``[L*D, G*H]``; ``h0``/``c0 [L*D, B, H]`` or ``None``
-    for a zero initial state. Returns ``(dst [B,S,D*H], h_final [L*D,B,H], c_final or None)``.
+    ``x [B,S,I]``; ``w_ih`` flat in ABI packing; ``w_hh [L*D, G*H, W]`` (``W`` = ``proj_size`` or
+    ``hidden``); ``biases`` maps ``bias`` (lstm, rnn) or ``b_ih``/``b_hh`` (gru) to ``[L*D, G*H]``;
+    ``h0 [L*D, B, W]`` / ``c0 [L*D, B, H]`` or ``None`` for a zero initial state. The keywords after
+    ``relu`` are ABI.md §8's fields (``peepholes [L*D, 3H]``, ``w_hr [L*D, P, H]``, ``seq_lens [B]``).
+    Returns ``(dst [B,S,D*W], h_final [L*D,B,W], c_final [L*D,B,H] or None)``.
     """
     G, D, H = GATES[op], 2 if bidirectional else 1, hidden
+    W = proj_size or H
     x = np.asarray(x, np.float64)
     B, S, I = x.shape
+    lengths = [S] * B if seq_lens is None else [int(n) for n in seq_lens]
     w_ih = np.asarray(w_ih, np.float64).ravel()
     w_hh = np.asarray(w_hh, np.float64)
     biases = {k: np.asarray(v, np.float64) for k, v in biases.items()}
-    zeros = np.zeros((num_layers * D, B, H))
-    h_init = zeros if h0 is None else np.asarray(h0, np.float64)
-    c_init = zeros if c0 is None else np.asarray(c0, np.float64)
-    h_fin, c_fin = np.zeros_like(zeros), np.zeros_like(zeros)
+    specs = default_activations(op, D, relu) if activations is None else list(activations)
+    h_fin = np.zeros((num_layers * D, B, W)) if h0 is None else np.array(h0, np.float64)
+    c_fin = np.zeros((num_layers * D, B, H)) if c0 is None else np.array(c0, np.float64)
     layer_in, offset = x, 0
     for layer in range(num_layers):
-        in_l = I if layer == 0 else D * H
-        out = np.zeros((B, S, D * H))
+        in_l = I if layer == 0 else D * W
+        out = np.zeros((B, S, D * W))
         for d in range(D):
             ld = layer * D + d
             w = w_ih[offset: offset + G * H * in_l].reshape(G * H, in_l)
             offset += G * H * in_l
+            acts = [_act(s) for s in specs[d * SLOTS[op]: (d + 1) * SLOTS[op]]]
+            options = {"linear_before_reset": linear_before_reset, "input_forget": input_forget,
+                       "peepholes": None if peepholes is None else np.asarray(peepholes, np.float64)[ld],
+                       "w_hr": None if w_hr is None else np.asarray(w_hr, np.float64)[ld]}
             b = {k: v[ld] for k, v in biases.items()}
-            h, c = h_init[ld].copy(), c_init[ld].copy()
-            for t in (range(S) if d == 0 else reversed(range(S))):
-                h, c = _cell(op, relu, layer_in[:, t], h, c, w, w_hh[ld], b)
-                out[:, t, d * H: (d + 1) * H] = h
-            h_fin[ld], c_fin[ld] = h, c
+            backwards = d == 1 or reverse
+            for row, n in enumerate(lengths):
+                h, c = h_fin[ld, row].copy(), c_fin[ld, row].copy()
+                for t in (reversed(range(n)) if backwards else range(n)):
+                    h, c = _cell(op, layer_in[row, t], h, c, w, w_hh[ld], b, acts, clip, options)
+                    out[row, t, d * W: (d + 1) * W] = h
+                h_fin[ld, row], c_fin[ld, row] = h, c
         layer_in = out
     return layer_in, h_fin, (c_fin if op == "lstm" else None)
