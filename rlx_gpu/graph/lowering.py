@@ -12,13 +12,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from host_fallback.arena import COMPUTE
+from host_fallback.fields import used
 
 from ..errors import GraphError
 from ..runtime.arena import Arena
 from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
-from ..schedule.model import ABI_VERSION, Schedule
+from ..schedule.model import ABI_V1, ABI_V2, Schedule
 from .layout import ArenaLayout, LayoutReport, arena_layout
 from .nodes import BodyGraph, Node, Slot, Tensor
 
@@ -55,7 +56,7 @@ class _Lowering:
         named = {**graph.inputs, **{k: v for k, v in graph.weights.items() if not k.startswith("const.")},
                  **graph.outputs}
         schedule = {
-            "abi": ABI_VERSION,
+            "abi": ABI_V1,
             "arena_bytes": arena.arena_bytes,
             "tensors": {k: {"offset": off[t.buf], "dtype": t.dtype, "shape": list(t.shape)} for k, t in named.items()},
             "inputs": list(graph.inputs),
@@ -85,7 +86,24 @@ class _Lowering:
 def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
     """The JSON form of ``graph``'s schedule and the layout report for its (outer) arena."""
     schedule, arena = _Lowering().graph(graph)
+    nested = list(_schedules(schedule))
+    if any(used(thunk) for s in nested for thunk in s["thunks"]):  # version 2 only where a §8 field is used
+        for s in nested:
+            s["abi"] = ABI_V2
     return schedule, arena.report
+
+
+def _schedules(schedule: dict[str, Any]) -> Any:
+    """``schedule`` and every body it nests (each once; a body lowered once may appear twice)."""
+    seen: set[int] = set()
+    todo = [schedule]
+    while todo:
+        s = todo.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        todo += [v for thunk in s["thunks"] for v in thunk.values() if isinstance(v, dict) and "thunks" in v]
 
 
 class Executable:
