@@ -10,8 +10,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
-#: Activation slots per direction (lstm f g h, gru f g, rnn f) and their defaults.
+#: Activation slots per direction (lstm f g h, gru f g, rnn f).
 SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
+_EVERY_OP = ("seq_lens", "reverse", "clip", "activations")
+#: op -> the version-2 fields (ABI.md §8) this reference implements: all of them.
+V2_FIELDS = {"lstm": frozenset(_EVERY_OP + ("peepholes", "input_forget", "proj_size", "w_hr")),
+             "gru": frozenset(_EVERY_OP + ("linear_before_reset",)), "rnn": frozenset(_EVERY_OP)}
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:
@@ -101,7 +105,7 @@ def reference(op: str, x: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray, biases
     W = proj_size or H
     x = np.asarray(x, np.float64)
     B, S, I = x.shape
-    lengths = [S] * B if seq_lens is None else [int(n) for n in seq_lens]
+    lengths = [S] * B if seq_lens is None else [int(n) for n in np.ravel(seq_lens)]
     w_ih = np.asarray(w_ih, np.float64).ravel()
     w_hh = np.asarray(w_hh, np.float64)
     biases = {k: np.asarray(v, np.float64) for k, v in biases.items()}

@@ -28,10 +28,14 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 def recurrent(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     op = t["op"]
     names = ("b_ih", "b_hh") if op == "gru" else ("bias",)
+    tensors = {f: load(f) for f in ("seq_lens", "peepholes", "w_hr") if t.get(f) is not None}
+    flags = {f: t[f] for f in ("reverse", "clip", "activations", "linear_before_reset", "input_forget", "proj_size")
+             if f in t}
     dst, h, c = reference_rnn.reference(
         op, load("x"), load("w_ih"), load("w_hh"), {n: load(n) for n in names}, hidden=t["hidden"],
         num_layers=t["num_layers"], bidirectional=t["bidirectional"], relu=bool(t.get("relu")),
-        h0=load("h0") if t["carry"] else None, c0=load("c0") if t["carry"] and op == "lstm" else None)
+        h0=load("h0") if t["carry"] else None, c0=load("c0") if t["carry"] and op == "lstm" else None,
+        **tensors, **flags)
     out = {"dst": dst}
     if t["carry"]:
         out["h0"] = h
