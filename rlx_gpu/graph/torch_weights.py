@@ -1,7 +1,9 @@
-"""Pack the parameters of a ``torch.nn.LSTM`` / ``GRU`` / ``RNN`` into the weight streams of ABI.md §3.
+"""Pack the parameters of a ``torch.nn.LSTM`` / ``GRU`` / ``RNN`` into the weight streams of ABI.md §3
+(and §8's ``w_hr`` of an LSTM with ``proj_size``), and a ``PackedSequence`` into a padded batch with
+its lengths (§8's ``seq_lens``).
 
-For people bringing PyTorch weights: the result feeds ``Graph.lstm/gru/rnn`` or a schedule's tensors.
-Works on any object with torch's module attributes; torch itself is never imported here.
+For people bringing PyTorch weights and batches: the results feed ``Graph.lstm/gru/rnn`` or a
+schedule's tensors. Works on any object with torch's attributes; torch itself is never imported here.
 """
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ def _stream(values: np.ndarray, nonlinearity: str | None) -> PackedStream:
 
 
 def pack_recurrent(module: Any) -> dict[str, PackedStream]:
-    """``{"w_ih", "w_hh", "bias"}`` (LSTM, RNN: ``b_ih + b_hh`` merged) or ``{"w_ih", "w_hh", "b_ih", "b_hh"}`` (GRU).
+    """``{"w_ih", "w_hh", "bias"}`` (LSTM, RNN: ``b_ih + b_hh`` merged) or ``{"w_ih", "w_hh", "b_ih", "b_hh"}`` (GRU),
+    plus ``"w_hr" [layers*dirs, proj_size, hidden]`` for an LSTM with ``proj_size`` (pass
+    ``proj_size=module.proj_size`` to ``Graph.lstm`` beside it).
 
     Gate orders already agree with the ABI (i, f, g, o and r, z, n); layer-direction blocks are laid out
     ``ld = layer*dirs + dir``. A module built with ``bias=False`` gets zero biases. The arrays of an RNN
@@ -47,8 +51,6 @@ def pack_recurrent(module: Any) -> dict[str, PackedStream]:
     if nonlinearity is not None and nonlinearity not in NONLINEARITIES:
         raise ValueError(f"RNN nonlinearity {nonlinearity!r} has no ABI counterpart; expected one of "
                          f"{', '.join(NONLINEARITIES)}")
-    if getattr(module, "proj_size", 0):
-        raise ValueError("LSTM projections (proj_size > 0) have no ABI counterpart")
     dirs = 2 if module.bidirectional else 1
     names = [f"l{layer}{'_reverse' if d else ''}" for layer in range(module.num_layers) for d in range(dirs)]
     params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
@@ -61,4 +63,25 @@ def pack_recurrent(module: Any) -> dict[str, PackedStream]:
         out.update(b_ih=b_ih, b_hh=b_hh)
     else:
         out["bias"] = b_ih + b_hh
+    if getattr(module, "proj_size", 0):
+        out["w_hr"] = np.stack([params[f"weight_hr_{n}"] for n in names])
     return {name: _stream(values, nonlinearity) for name, values in out.items()}
+
+
+def unpack_sequence(packed: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A ``torch.nn.utils.rnn.PackedSequence`` (sorted or not) as ``(x [batch, seq, features], lengths)``:
+    the batch in its original row order, zero past each row's length, and ``lengths`` as int32, the
+    ``seq_lens`` of ABI.md §8 (``seq`` is the longest length)."""
+    data = np.asarray(packed.data.detach().cpu().numpy())
+    running = np.asarray(packed.batch_sizes.cpu().numpy(), np.int64)  # rows still running at each step
+    sorted_rows = (np.arange(running[0]) if packed.sorted_indices is None
+                   else np.asarray(packed.sorted_indices.cpu().numpy()))
+    batch, seq = int(running[0]), running.size
+    x = np.zeros((batch, seq, *data.shape[1:]), data.dtype)
+    start = 0
+    for t, n in enumerate(running.tolist()):
+        x[sorted_rows[:n], t] = data[start: start + n]
+        start += n
+    lengths = np.zeros(batch, np.int32)
+    lengths[sorted_rows] = np.count_nonzero(np.arange(batch)[:, None] < running[None, :], axis=1)
+    return x, lengths
