@@ -51,7 +51,7 @@ import numpy as np
 
 from . import threads
 from .arena import COMPUTE, STORAGE
-from .layout import Bound, regions
+from .layout import Bound, output_width, regions
 
 #: Internal gate order (ABI index of each internal gate): the gates of the first activation slot first.
 _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
@@ -200,8 +200,7 @@ def _dims(t: Mapping[str, Any]) -> _Dims:
     """Sizes of a thunk with ``batch, seq >= 1``."""
     compute = COMPUTE[t["dtype"]]
     stored = t["seq"] <= _STORED_MAX_SEQ and compute == STORAGE[t["dtype"]]
-    width = t.get("proj_size") or t["hidden"]
-    return _Dims(t["op"], t["batch"], t["seq"], t["hidden"], width, t["num_layers"], len(_ORDER[t["op"]]),
+    return _Dims(t["op"], t["batch"], t["seq"], t["hidden"], output_width(t), t["num_layers"], len(_ORDER[t["op"]]),
                  2 if t["bidirectional"] else 1, compute, stored)
 
 

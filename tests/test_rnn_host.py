@@ -276,3 +276,139 @@ def test_saturated_sigmoid_gates_reach_0_and_1_without_a_warning(op, dtype, seq)
                          bidirectional=True, h0=inp["h0"], c0=inp.get("c0"))[0]
     rtol, atol = TOL[dtype]
     np.testing.assert_allclose(read(out, thunk, "dst", want.shape), want, rtol=rtol, atol=atol)
+
+
+# --- version 2 (ABI.md §8) ------------------------------------------------------------------------------
+
+ACTIVATIONS = ["sigmoid", "tanh", "relu", "affine", "leaky_relu", "thresholded_relu", "scaled_tanh",
+               "hard_sigmoid", "elu", "softsign", "softplus"]
+# Every field on each op it belongs to, alone and together; the lengths hold a row that never runs, a
+# full one and two partial ones (clipped to seq), the bf16 row order differing from the length order.
+LENGTHS = [20, 0, 2, 13]
+FIELD_CASES = [
+    *[(op, dict(seq_lens=LENGTHS)) for op in ("lstm", "gru", "rnn")],
+    *[(op, dict(bidirectional=False, reverse=True, seq_lens=LENGTHS)) for op in ("lstm", "gru", "rnn")],
+    *[(op, dict(bidirectional=False, reverse=True)) for op in ("lstm", "gru", "rnn")],
+    *[(op, dict(clip=0.3)) for op in ("lstm", "gru", "rnn")],
+    ("gru", dict(linear_before_reset=False)),
+    ("gru", dict(linear_before_reset=False, clip=0.4, seq_lens=[1, 20, 3, 0])),
+    ("lstm", dict(peepholes=True)),
+    ("lstm", dict(input_forget=True)),
+    ("lstm", dict(proj_size=3)),
+    ("lstm", dict(peepholes=True, input_forget=True, proj_size=2, clip=0.5, seq_lens=[1, 20, 0, 3])),
+    # every activation in every slot: the other direction keeps the defaults (bounded gates keep 20 steps finite)
+    *[("rnn", dict(activations=[[a, 0.7, 0.2], ["tanh", 0, 0]])) for a in ACTIVATIONS],
+    *[("gru", dict(activations=[["hard_sigmoid", 0.2, 0.5], [a, 0.6, 0.3], ["sigmoid", 0, 0], [a, 1.5, -0.1]]))
+      for a in ACTIVATIONS],
+    *[("lstm", dict(activations=[["sigmoid", 0, 0], [a, 0.8, 0.4], [a, 1.3, 0.2], ["hard_sigmoid", 0.2, 0.5],
+                                 ["tanh", 0, 0], [a, 0.5, -0.3]])) for a in ACTIVATIONS],
+]
+
+
+def _case_id(case):
+    op, v2 = case  # activations: named by the function under test (rnn's slot f, else slot g)
+    return op + "-" + "-".join(f"{k}={v[0 if op == 'rnn' else 1][0]}" if k == "activations" else f"{k}={v}"
+                               for k, v in v2.items())
+
+
+@pytest.mark.parametrize("seq,dtype", [(5, "f64"), (20, "f32"), (20, "bf16")],
+                         ids=["decode-path-f64", "prefill-f32", "prefill-bf16"])
+@pytest.mark.parametrize("case", FIELD_CASES, ids=[_case_id(c) for c in FIELD_CASES])
+def test_version2_fields_match_the_reference(case, seq, dtype):
+    """seq 5 in f64 reads the weights where they are stored, seq 20 runs the reordered, negated copy."""
+    op, v2 = case
+    v2 = dict(v2)
+    if "seq_lens" in v2:
+        v2["seq_lens"] = [min(n, seq) for n in v2["seq_lens"]]
+    shape = dict(batch=4, seq=seq, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
+    shape.update(v2)
+    out, thunk = check(op, dtype, options={"parallel_directions": seq == 20}, **shape)
+    if "seq_lens" in v2:  # exactly 0 past each row's length
+        dst = read(out, thunk, "dst", (4, seq, (2 if shape["bidirectional"] else 1) * (v2.get("proj_size") or 5)))
+        for row, n in enumerate(v2["seq_lens"]):
+            assert not dst[row, n:].any()
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_rows_of_length_0_keep_their_state_and_write_zeros(op):
+    thunk, arena, inp, writes = build(op, "f32", batch=2, seq=20, input_size=3, hidden=4, num_layers=2,
+                                      bidirectional=True, carry=True, seq_lens=[0, 0])
+    out = run_host(thunk, arena, writes)
+    assert not read(out, thunk, "dst", (2, 20, 8)).any()
+    for f in ("h0", "c0") if op == "lstm" else ("h0",):
+        np.testing.assert_array_equal(read(out, thunk, f, inp[f].shape), inp[f])
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_padding_is_never_read(op):
+    """NaN in x past each row's length must reach nothing: the padding is skipped, not masked after."""
+    lens = [7, 3, 0, 20]
+    shape = dict(batch=4, seq=20, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True, seq_lens=lens)
+    thunk, arena, inp, writes = build(op, "f32", **shape)
+    x = inp["x"].astype(np.float32)
+    for row, n in enumerate(lens):
+        x[row, n:] = np.nan
+    arena[thunk["x"]: thunk["x"] + x.nbytes] = x.view(np.uint8).ravel()
+    out = run_host(thunk, arena, writes)
+    inp["x"] = np.nan_to_num(x.astype(np.float64), nan=0.0)
+    want, h_want, _ = want_of(op, inp, **shape)
+    np.testing.assert_allclose(read(out, thunk, "dst", want.shape), want, rtol=2e-6, atol=1e-6)
+    np.testing.assert_allclose(read(out, thunk, "h0", h_want.shape), h_want, rtol=2e-6, atol=1e-6)
+
+
+def _load_torch(arena, thunk, tensors, dtype="f32"):
+    for f, a in tensors.items():  # overwrite the random tensors with torch's
+        raw = np.ascontiguousarray(a, "<i4" if f == "seq_lens" else STORAGE[dtype]).view(np.uint8).ravel()
+        arena[thunk[f]: thunk[f] + raw.size] = raw
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_packed_sequences_match_torch(op):
+    """pack_padded_sequence(enforce_sorted=False) through a bidirectional 2-layer module, with h0 (c0)."""
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from rlx_gpu.graph.torch_weights import unpack_sequence
+
+    B, S, I, H, L = 4, 7, 3, 5, 2
+    torch.manual_seed(1)
+    model = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
+        I, H, num_layers=L, bidirectional=True, batch_first=True)
+    lengths = torch.tensor([3, 7, 1, 5])
+    packed = pack_padded_sequence(torch.randn(B, S, I), lengths, batch_first=True, enforce_sorted=False)
+    h0, c0 = torch.randn(2 * L, B, H), torch.randn(2 * L, B, H)
+    with torch.no_grad():
+        out, final = model(packed, (h0, c0) if op == "lstm" else h0)
+    want = pad_packed_sequence(out, batch_first=True, total_length=S)[0].numpy()
+    x, lens = unpack_sequence(packed)
+    np.testing.assert_array_equal(lens, lengths.numpy())
+    tensors = {"x": x, **pack_recurrent(model), "h0": h0.numpy(), "seq_lens": lens}
+    if op == "lstm":
+        tensors["c0"] = c0.numpy()
+    thunk, arena, _, writes = build(op, "f32", batch=B, seq=S, input_size=I, hidden=H, num_layers=L,
+                                    bidirectional=True, carry=True, seq_lens=[0] * B)
+    _load_torch(arena, thunk, tensors)
+    got = run_host(thunk, arena, writes)
+    np.testing.assert_allclose(read(got, thunk, "dst", want.shape), want, rtol=2e-5, atol=2e-6)
+    finals = final if op == "lstm" else (final,)
+    for f, t in zip(("h0", "c0"), finals):
+        np.testing.assert_allclose(read(got, thunk, f, tuple(t.shape)), t.numpy(), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lstm_projections_match_torch(bidirectional):
+    torch = pytest.importorskip("torch")
+    B, S, I, H, P, L = 3, 20, 4, 6, 3, 2
+    D = 2 if bidirectional else 1
+    torch.manual_seed(2)
+    model = torch.nn.LSTM(I, H, num_layers=L, bidirectional=bidirectional, batch_first=True, proj_size=P)
+    x, h0, c0 = torch.randn(B, S, I), torch.randn(L * D, B, P), torch.randn(L * D, B, H)
+    with torch.no_grad():
+        want, (h_n, c_n) = model(x, (h0, c0))
+    thunk, arena, _, writes = build("lstm", "f32", batch=B, seq=S, input_size=I, hidden=H, num_layers=L,
+                                    bidirectional=bidirectional, carry=True, proj_size=P)
+    _load_torch(arena, thunk, {"x": x.numpy(), **pack_recurrent(model), "h0": h0.numpy(), "c0": c0.numpy()})
+    got = run_host(thunk, arena, writes)
+    np.testing.assert_allclose(read(got, thunk, "dst", (B, S, D * P)), want.numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(read(got, thunk, "h0", (L * D, B, P)), h_n.numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(read(got, thunk, "c0", (L * D, B, H)), c_n.numpy(), rtol=2e-5, atol=2e-6)
