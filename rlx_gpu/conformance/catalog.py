@@ -112,6 +112,17 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # a decode step (seq 1, state carried) as the kernel choice of each target makes it
     ("lstm", _recurrent("lstm", 1, 1, 7, 20, 1, False, True), {}, False),
     ("gru", _recurrent("gru", 2, 1, 7, 20, 1, False, True), {}, False),
+    # version 2 (ABI.md §8): every field of each op at once, seq 20 (past the host's decode path), a row that
+    # never runs and one that runs to the end; decode (seq 1) with a row of length 0
+    ("lstm", dict(_recurrent("lstm", 3, 20, 3, 5, 2, True, True), seq_lens=[20, 0, 7], peepholes=True,
+                  input_forget=True, clip=0.5, proj_size=3, w_hr=True,
+                  activations=[["hard_sigmoid", 0.2, 0.5], ["tanh", 0.0, 0.0], ["softsign", 0.0, 0.0]] * 2), {}, False),
+    ("gru", dict(_recurrent("gru", 3, 20, 3, 5, 2, True, True), seq_lens=[3, 20, 0], linear_before_reset=False,
+                 clip=0.5, activations=[["sigmoid", 0.0, 0.0], ["elu", 1.0, 0.0], ["hard_sigmoid", 0.2, 0.5],
+                                        ["tanh", 0.0, 0.0]]), {}, False),
+    ("rnn", dict(_recurrent("rnn", 2, 20, 3, 5, 2, False, True), reverse=True, seq_lens=[20, 4],
+                 activations=[["scaled_tanh", 1.5, 0.7]]), {}, False),
+    ("lstm", dict(_recurrent("lstm", 2, 1, 7, 20, 1, False, True), seq_lens=[1, 0], clip=1.0), {}, False),
     ("selective_scan", _ssm(2, 5, 5, 4), {}, False),
     ("selective_scan", _ssm(2, 9, 7, 16), {}, False),  # state_size 16: the fixed-width register path of ssm.cl
     ("mamba2", _mamba2(2, 4, 3, 4, 6), {}, False),
@@ -176,6 +187,9 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("lstm", _recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
     ("gru", _recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
     ("rnn", _recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF),
+    # with lengths: a NaN inside row 0's length reaches its steps; one in its padding reaches nothing
+    ("lstm", dict(_recurrent("lstm", 2, 5, 3, 4, 1, True, True), seq_lens=[4, 5]), "x", 2, NAN),
+    ("gru", dict(_recurrent("gru", 2, 5, 3, 4, 1, True, True), seq_lens=[2, 5]), "x", 3, NAN),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
