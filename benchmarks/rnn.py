@@ -1,12 +1,18 @@
-"""Host lstm / gru / rnn (host_fallback) against torch.nn.LSTM / GRU / RNN on the CPU.
+"""Host lstm / gru / rnn (host_fallback) against torch.nn.LSTM / GRU / RNN on the CPU, and each
+version-2 field (ABI.md §8) beside the plain op.
 
     python benchmarks/rnn.py [--runs 5] [--warmup 1] [--rounds 3] [--directions auto|parallel|serial]
+                             [--no-fields]
 
 Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32. torch gets as
 many threads as NumPy's OpenBLAS has (printed). Each op runs on the same weights in both; the table
 shows the median of ``--rounds`` x ``--runs`` timed runs (torch and host take turns, a block of
 ``--warmup`` untimed then ``--runs`` timed calls each, so drifting clocks or a neighbour's load hit
-both alike), and the largest difference between the two outputs. A warning follows the table when other processes used the CPUs meanwhile. Needs only numpy, ml_dtypes, torch and this repository.
+both alike), and the largest difference between the two outputs. A second table times every
+version-2 field of each op beside the plain op (the same weights, the field's tensors drawn once),
+``seq_lens`` with lengths uniform in ``[1, seq]`` also beside torch on the same batch packed
+(``pack_padded_sequence``). A warning follows the tables when other processes used the CPUs
+meanwhile. Needs only numpy, ml_dtypes, torch and this repository.
 """
 from __future__ import annotations
 
@@ -23,13 +29,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import host_fallback  # noqa: E402
 from host_fallback import threads  # noqa: E402
-from host_fallback.rnn import chunk_steps  # noqa: E402
+from host_fallback.rnn import chunk_columns  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
 FIELDS = {"lstm": ("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst"),
           "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst"),
           "rnn": ("x", "w_ih", "w_hh", "bias", "h0", "dst")}
+
+
+#: The version-2 tensors (ABI.md §8) a thunk may take besides FIELDS; ``seq_lens`` is int32.
+TENSORS_V2 = ("seq_lens", "peepholes", "w_hr")
 
 
 def lay_out(op: str, tensors: dict[str, np.ndarray], dst_shape: tuple[int, ...], **params):
@@ -40,8 +50,10 @@ def lay_out(op: str, tensors: dict[str, np.ndarray], dst_shape: tuple[int, ...],
         cursor += -(-a.nbytes // 64) * 64
     arena = np.zeros(cursor, np.uint8)
     for name, a in tensors.items():
-        arena[offsets[name]: offsets[name] + a.nbytes] = np.ascontiguousarray(a, np.float32).view(np.uint8).ravel()
-    thunk = {"op": op, "dtype": "f32", **params, **{f: offsets.get(f, 0) for f in FIELDS[op]}}
+        stored = np.ascontiguousarray(a, "<i4" if name == "seq_lens" else np.float32)
+        arena[offsets[name]: offsets[name] + stored.nbytes] = stored.view(np.uint8).ravel()
+    thunk = {"op": op, "dtype": "f32", **params, **{f: offsets.get(f, 0) for f in FIELDS[op]},
+             **{f: offsets[f] for f in TENSORS_V2 if f in offsets}}
     return thunk, arena
 
 
@@ -177,6 +189,65 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, tor
         print(f"  {label:<58}{us:>8.1f}")
 
 
+def torch_case(torch, op: str, x, H: int, L: int, bidi: bool):
+    """``(module, its tensors with x, the thunk's params)`` of one op at the benchmark's shape."""
+    B, S, _ = x.shape
+    model = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
+        H, H, num_layers=L, bidirectional=bidi, batch_first=True)
+    params = dict(batch=B, seq=S, input_size=H, hidden=H, num_layers=L, bidirectional=bidi, carry=False)
+    if op == "rnn":
+        params["relu"] = False
+    return model, {"x": x.numpy(), **pack_recurrent(model)}, params
+
+
+def variants(op: str, dirs: int, layers: int, hidden: int, seq: int, batch: int,
+             rng: np.random.Generator) -> list[tuple[str, dict, dict]]:
+    """``(label, thunk fields, extra tensors)`` of each version-2 field of ``op`` beside the plain op."""
+    slots = {"lstm": 3, "gru": 2, "rnn": 1}[op]
+    acts = {"lstm": [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0]],
+            "gru": [["hard_sigmoid", 0.2, 0.5], ["scaled_tanh", 1.0, 1.0]],
+            "rnn": [["leaky_relu", 0.01, 0.0]]}[op]
+    lengths = rng.integers(1, seq + 1, batch).astype(np.int32)
+    out = [("plain", {}, {}), ("seq_lens U[1,S]", {}, {"seq_lens": lengths}), ("clip 2", {"clip": 2.0}, {}),
+           ("activations " + "/".join(a[0] for a in acts[:slots]), {"activations": acts * dirs}, {})]
+    if op == "gru":
+        out.append(("linear_before_reset=false", {"linear_before_reset": False}, {}))
+    if op == "lstm":
+        k = 1 / np.sqrt(hidden)
+        out += [("peepholes", {}, {"peepholes": rng.uniform(-k, k, (layers * dirs, 3 * hidden))}),
+                ("input_forget", {"input_forget": True}, {})]
+    return out
+
+
+def fields_table(torch, op: str, x, B: int, S: int, H: int, L: int, bidi: bool, parallel, args) -> list[tuple]:
+    """Rows ``(op, label, host ms, ratio to plain, torch ms or None)`` for each field of ``op``."""
+    D = 2 if bidi else 1
+    rng = np.random.default_rng(1)
+    model, base, params = torch_case(torch, op, x, H, L, bidi)
+    runs, labels, lengths = [], [], None
+    for label, fields, tensors in variants(op, D, L, H, S, B, rng):
+        thunk, arena = lay_out(op, {**base, **tensors}, (B, S, D * H), **params, **fields)
+        runs.append(lambda thunk=thunk, arena=arena: host_fallback.execute(thunk, arena, parallel_directions=parallel))
+        labels.append(label)
+        lengths = tensors.get("seq_lens", lengths)
+    if op == "lstm":  # projections: the plain op's shape with proj_size H/2
+        proj = torch.nn.LSTM(H, H, num_layers=L, bidirectional=bidi, batch_first=True, proj_size=H // 2)
+        thunk, arena = lay_out(op, {"x": x.numpy(), **pack_recurrent(proj)}, (B, S, D * H // 2), **params,
+                               proj_size=H // 2)
+        runs.append(lambda thunk=thunk, arena=arena: host_fallback.execute(thunk, arena, parallel_directions=parallel))
+        labels.append(f"proj_size {H // 2}")
+    packed = torch.nn.utils.rnn.pack_padded_sequence(x, torch.from_numpy(lengths.astype(np.int64)),
+                                                     batch_first=True, enforce_sorted=False)
+    with torch.no_grad():
+        times = alternate_ms([*runs, lambda: model(x), lambda: model(packed)], args.runs, args.warmup, args.rounds)
+    full_torch, packed_torch = times[-2:]
+    rows = []
+    for label, ms in zip(labels, times):
+        against = {"plain": full_torch, "seq_lens U[1,S]": packed_torch}.get(label)
+        rows.append((op, label, ms, ms / times[0], against))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -190,6 +261,7 @@ def main() -> None:
     ap.add_argument("--directions", choices=("auto", "parallel", "serial"), default="auto",
                     help="host: two directions in two threads, one after the other, or the kernel's choice")
     ap.add_argument("--ops", default="lstm,gru,rnn")
+    ap.add_argument("--no-fields", action="store_true", help="leave out the table of version-2 fields")
     args = ap.parse_args()
 
     import torch
@@ -212,12 +284,7 @@ def main() -> None:
     start, t0 = cpu_ticks(), time.perf_counter()
     rows = []
     for op in args.ops.split(","):
-        model = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
-            H, H, num_layers=L, bidirectional=bidi, batch_first=True)
-        tensors = {"x": x.numpy(), **pack_recurrent(model)}
-        params = dict(batch=B, seq=S, input_size=H, hidden=H, num_layers=L, bidirectional=bidi, carry=False)
-        if op == "rnn":
-            params["relu"] = False
+        model, tensors, params = torch_case(torch, op, x, H, L, bidi)
         thunk, arena = lay_out(op, tensors, (B, S, D * H), **params)
 
         with torch.no_grad():
@@ -233,7 +300,15 @@ def main() -> None:
         print(f"{op:<6}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
     if "lstm" in [r[0] for r in rows]:
         t_ms, h_ms = next((t, h) for op, t, h, _, _ in rows if op == "lstm")
-        lstm_step_profile(torch, B, S, H, chunk_steps(B, S), L * D * S, t_ms, h_ms)
+        lstm_step_profile(torch, B, S, H, chunk_columns(B, S)[0] // B, L * D * S, t_ms, h_ms)
+    if not args.no_fields:
+        rows = [r for op in args.ops.split(",") for r in fields_table(torch, op, x, B, S, H, L, bidi, parallel, args)]
+        print("\nversion-2 fields, host ms and the ratio to the plain op (torch: the full batch beside plain, "
+              "the packed batch beside seq_lens):")
+        print(f"{'op':<6}{'field':<42}{'host ms':>10}{'/plain':>8}{'torch ms':>10}{'host/torch':>12}")
+        for op, label, ms, ratio, against in rows:
+            versus = f"{against:>10.1f}{ms / against:>11.2f}x" if against else ""
+            print(f"{op:<6}{label:<42}{ms:>10.1f}{ratio:>7.2f}x{versus}")
     warn_if_shared(start, t0)
 
 

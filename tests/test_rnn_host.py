@@ -412,3 +412,63 @@ def test_lstm_projections_match_torch(bidirectional):
     np.testing.assert_allclose(read(got, thunk, "dst", (B, S, D * P)), want.numpy(), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(read(got, thunk, "h0", (L * D, B, P)), h_n.numpy(), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(read(got, thunk, "c0", (L * D, B, H)), c_n.numpy(), rtol=2e-5, atol=2e-6)
+
+
+# --- the builder's version-2 arguments ------------------------------------------------------------------
+
+
+def test_builder_takes_a_packed_sequence_and_projections_and_labels_version_2_only_then():
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+    from rlx_gpu.graph.builder import Graph
+
+    B, S, I, H, P, L = 3, 6, 3, 5, 2, 2
+    torch.manual_seed(3)
+    model = torch.nn.LSTM(I, H, num_layers=L, bidirectional=True, batch_first=True, proj_size=P)
+    packed = pack_padded_sequence(torch.randn(B, S, I), torch.tensor([2, 6, 4]), batch_first=True,
+                                  enforce_sorted=False)
+    h0, c0 = torch.randn(2 * L, B, P), torch.randn(2 * L, B, H)
+    with torch.no_grad():
+        out, (h_n, c_n) = model(packed, (h0, c0))
+    g = Graph()
+    y, h, c = g.lstm(packed, **pack_recurrent(model), hidden=H, num_layers=L, bidirectional=True, proj_size=P,
+                     h0=h0.numpy(), c0=c0.numpy(), name="enc")
+    g.output("y", y)
+    exe = g.compile("host")
+    assert exe.schedule.abi == "rlx-thunks/2"
+    got = exe.run()
+    tol = dict(rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got["y"], pad_packed_sequence(out, batch_first=True, total_length=S)[0].numpy(), **tol)
+    np.testing.assert_allclose(got["enc.h_n"], h_n.numpy(), **tol)
+    np.testing.assert_allclose(got["enc.c_n"], c_n.numpy(), **tol)
+
+    plain = Graph()  # no version-2 argument, or one at its default: a version-1 schedule
+    x = plain.input("x", (B, S, I))
+    plain.output("y", plain.gru(x, *pack_recurrent(torch.nn.GRU(I, H)).values(), hidden=H, clip=0.0,
+                                linear_before_reset=True))
+    assert plain.compile("host").schedule.abi == "rlx-thunks/1"
+
+
+def test_builder_lengths_as_an_input_and_its_errors():
+    from rlx_gpu.errors import GraphError
+    from rlx_gpu.graph.builder import Graph
+
+    thunk, _, inp, _ = build("gru", "f32", batch=3, seq=4, input_size=2, hidden=3, num_layers=1,
+                             bidirectional=True, carry=False, linear_before_reset=False)
+    g = Graph()
+    x, lengths = g.input("x", (3, 4, 2)), g.input("lengths", (3,), "i32")
+    weights = {f: inp[f] for f in ("w_ih", "w_hh", "b_ih", "b_hh")}
+    g.output("y", g.gru(x, **weights, hidden=3, bidirectional=True, lengths=lengths, linear_before_reset=False))
+    exe = g.compile("host")
+    for lens in ([4, 0, 2], [1, 3, 4]):
+        want = want_of("gru", {**inp, "seq_lens": lens}, batch=3, seq=4, hidden=3, num_layers=1,
+                       bidirectional=True, linear_before_reset=False)[0]
+        np.testing.assert_allclose(exe.run(x=inp["x"], lengths=np.array(lens, np.int32))["y"], want,
+                                   rtol=2e-6, atol=1e-6)
+    with pytest.raises(GraphError, match=r"lengths .* must be i32 \[batch=3\]"):
+        g.gru(x, **weights, hidden=3, bidirectional=True, lengths=[1, 2])
+    with pytest.raises(GraphError, match="proj_size=2 needs w_hr"):
+        g.lstm(x, np.zeros(4 * 3 * 2), np.zeros((1, 12, 2)), np.zeros((1, 12)), hidden=3, proj_size=2)
+    with pytest.raises(GraphError, match="w_hr was given without proj_size"):
+        g.lstm(x, np.zeros(4 * 3 * 2), np.zeros((1, 12, 3)), np.zeros((1, 12)), hidden=3, w_hr=np.zeros((1, 2, 3)))
