@@ -51,14 +51,13 @@ import numpy as np
 
 from . import threads
 from .arena import COMPUTE, STORAGE
+from .fields import ACTIVATION_SLOTS, complete
 from .layout import Bound, output_width, regions
 
 #: Internal gate order (ABI index of each internal gate): the gates of the first activation slot first.
 _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}
 #: The activation slot (ABI.md §8: lstm f g h, gru f g, rnn f) that drives each internal gate.
 _SLOT = {"lstm": (0, 0, 0, 1), "gru": (0, 0, 1), "rnn": (0,)}
-#: Activation slots per direction.
-SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
 #: Columns of a time chunk the projection GEMM aims for.
 _CHUNK_COLUMNS = 128
 #: Smallest recurrent GEMM (flops a step) at which two threads pay: below it the threads mostly trade
@@ -167,7 +166,6 @@ _ACTIVATIONS: dict[str, Callable[[float, float], Activation]] = {
     "leaky_relu": _leaky_relu, "thresholded_relu": _thresholded_relu, "scaled_tanh": _scaled_tanh,
     "hard_sigmoid": _hard_sigmoid, "elu": _elu, "softsign": _plain(_softsign), "softplus": _plain(_softplus),
 }
-ACTIVATION_NAMES = tuple(_ACTIVATIONS)
 
 
 def _activation(spec: Sequence[Any], negated: bool) -> Activation:
@@ -580,7 +578,7 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
 
 def _specs(t: Mapping[str, Any], d: _Dims, dr: int) -> Sequence[Sequence[Any]]:
     """The ``[name, alpha, beta]`` of each activation slot of direction ``dr``."""
-    slots = SLOTS[d.op]
+    slots = ACTIVATION_SLOTS[d.op]
     return t["activations"][dr * slots: (dr + 1) * slots]
 
 
@@ -609,11 +607,11 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     ``run(arena, *, parallel_directions=None)`` for any arena. A decode step (lstm B=1 H=256) spends
     more time on this setup than on its math, so a runtime that runs a thunk many times keeps ``run``.
 
-    ``t`` is a completed thunk (every version-2 field present). ``parallel_directions``: ``None`` lets
+    A raw thunk is completed here (version-2 fields absent: their defaults). ``parallel_directions``: ``None`` lets
     the kernel choose (see the module docstring), ``True``/``False`` forces two threads or one."""
     if 0 in (t["batch"], t["seq"], t["hidden"]):
         return lambda arena, **_: None  # nothing to compute; a carried state is its own final state
-    t = dict(t)  # the kernel reads its fields dozens of times a call; a plain dict is the fastest mapping
+    t = complete(t)  # a plain dict (read dozens of times a call: the fastest mapping) with every field
     d = _dims(t)
     by_field = {r.field: r for r in regions(t)}
     B, S = d.batch, d.seq
