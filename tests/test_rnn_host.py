@@ -305,6 +305,12 @@ FIELD_CASES = [
 ]
 
 
+def test_the_cases_cover_every_activation_of_the_abi():
+    from host_fallback.fields import ACTIVATIONS as ABI_ACTIVATIONS
+
+    assert sorted(ACTIVATIONS) == sorted(ABI_ACTIVATIONS)
+
+
 def _case_id(case):
     op, v2 = case  # activations: named by the function under test (rnn's slot f, else slot g)
     return op + "-" + "-".join(f"{k}={v[0 if op == 'rnn' else 1][0]}" if k == "activations" else f"{k}={v}"
