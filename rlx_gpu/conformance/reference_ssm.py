@@ -9,6 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 
+#: op -> the version-2 fields (ABI.md §8) these references implement.
+V2_FIELDS = {
+    "selective_scan": frozenset({"groups", "delta_bias", "delta_softplus", "d", "z", "carry_state", "state",
+                                 "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
+    "mamba2": frozenset({"groups", "dt_bias", "dt_softplus", "dt_limit", "d", "z", "carry_state", "state",
+                         "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
+}
+
+
 def softplus(u):
     """ABI.md §8: ``u`` where ``u > 20``, else ``log1p(exp(u))``."""
     u = np.asarray(u, np.float64)
