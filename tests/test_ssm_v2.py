@@ -27,7 +27,7 @@ NUM_SLOTS = 7
 FAST = {"selective_scan": "blocked", "mamba2": "chunked"}
 
 
-def make(op: str, rng: np.random.Generator, fields: dict, batch: int = 2, seq: int = 37) -> tuple[dict, dict]:
+def make(op: str, rng: np.random.Generator, fields: dict, batch: int = 2, seq: int = 37, h: int = 4) -> tuple[dict, dict]:
     """``(params, tensors)``: a thunk of ``op`` with the §8 ``fields`` (``varlen`` packs ``CU``,
     ``slots`` adds ``SLOTS``) and float64 inputs in the usual ranges."""
     fields = dict(fields)
@@ -42,9 +42,9 @@ def make(op: str, rng: np.random.Generator, fields: dict, batch: int = 2, seq: i
         params.update(state_slots=list(SLOTS[:rows]), num_slots=NUM_SLOTS)
         rows = NUM_SLOTS
     soft = fields.get("delta_softplus") or fields.get("dt_softplus")
-    step = rng.uniform(-3.0, 0.5, (b, seq, 4)) if soft else rng.uniform(0.01, 0.5, (b, seq, 4))
+    step = rng.uniform(-3.0, 0.5, (b, seq, h)) if soft else rng.uniform(0.01, 0.5, (b, seq, h))
     if op == "selective_scan":
-        h, n, g = 4, 4, fields.get("groups", 1)
+        n, g = 4, fields.get("groups", 1)
         params.update(hidden=h, state_size=n)
         bc = (b, seq, n) if g == 1 else (b, seq, g, n)
         tensors = {"x": rng.standard_normal((b, seq, h)), "delta": step, "a": -rng.uniform(0.05, 2.0, (h, n)),
@@ -52,7 +52,7 @@ def make(op: str, rng: np.random.Generator, fields: dict, batch: int = 2, seq: i
                    "delta_bias": rng.uniform(-0.5, 0.5, h), "state": rng.standard_normal((rows, h, n))}
         bias = "delta_bias"
     else:
-        h, p, n, g = 4, 3, 4, fields.get("groups", 4)
+        p, n, g = 3, 4, fields.get("groups", h)
         params.update(heads=h, head_dim=p, state_size=n)
         tensors = {"x": rng.standard_normal((b, seq, h, p)), "dt": step, "a": rng.uniform(-2.0, -0.05, h),
                    "b": rng.standard_normal((b, seq, g, n)) / 2, "c": rng.standard_normal((b, seq, g, n)),
@@ -287,3 +287,24 @@ def test_builder_without_version_2_arguments_stays_version_1(op):
     exe = g.compile("host")
     assert exe.schedule.abi == "rlx-thunks/1"
     assert not set(exe.schedule.to_dict()["thunks"][0]) & set(DEFAULTS[op])
+
+
+@pytest.mark.parametrize("op", ["selective_scan", "mamba2"])
+@pytest.mark.parametrize("fast", [False, True], ids=["step", "fast"])
+@pytest.mark.parametrize("shape", [dict(batch=2, seq=37), dict(batch=1, seq=8, h=1)], ids=["B2S37", "B1S8H1"])
+def test_inputs_are_read_where_they_lie_and_left_as_they_were(op, fast, shape):
+    """The kernels read f32 inputs straight from the arena: every byte outside the outputs is unchanged
+    afterwards (one chunk of one head per thread included, where a chunked view is the input itself)."""
+    bias = "delta_bias" if op == "selective_scan" else "dt_bias"
+    fields = {"d": True, "z": True, bias: True, "delta_softplus" if op == "selective_scan" else "dt_softplus": True}
+    params, tensors = make(op, np.random.default_rng(3), fields, **shape)
+    if op == "mamba2":  # steep decays: the chunk is not factored and takes the form that scales c in place
+        tensors["a"] = tensors["a"] * 60
+    thunk, arena = lay_out(op, "f32", params, tensors)
+    before = arena.copy()
+    host_fallback.execute(thunk, arena, path=FAST[op] if fast else "step", chunk=8, workers=4)
+    dst = next(r for r in host_fallback.regions(thunk) if r.field == "dst")
+    kept = np.ones(arena.size, bool)
+    kept[dst.offset : dst.offset + dst.nbytes] = False
+    np.testing.assert_array_equal(arena[kept], before[kept])
+    assert not np.array_equal(arena[~kept], before[~kept])
