@@ -49,6 +49,18 @@ class Sequences:
             if hi > lo:
                 yield r, lo, hi
 
+    def lanes(self, count: int) -> list[list[tuple[int, int, int]]]:
+        """The non-empty sequences (``runs``) dealt into ``count`` lanes to run side by side: longest
+        first, each into the lane with the fewest tokens so far (LPT), so the longest lane holds at most
+        about ``total/count`` tokens plus one sequence."""
+        lanes: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
+        loads = [0] * count
+        for run in sorted(self.runs(), key=lambda r: r[1] - r[2]):
+            k = loads.index(min(loads))
+            lanes[k].append(run)
+            loads[k] += run[2] - run[1]
+        return lanes
+
     def pieces(self, length: int) -> list[Piece]:
         """Every non-empty sequence cut at the boundaries of chunks of ``length`` tokens, in token order."""
         out = []

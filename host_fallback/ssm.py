@@ -79,38 +79,73 @@ def _scan_step(x, delta, a, b, c, state, seqs, block):
 
 def _scan_blocked(x, delta, a, b, c, state, seqs, block):
     """``_scan_step`` with the decays and inputs of ``block`` steps formed in bulk, then a two-operation
-    loop per step. The states are group- and state-major, ``[B, G, N, H/G]``, so every broadcast runs
-    along the contiguous channels of a group (with H innermost a multiply broadcasts over only N values
-    per inner loop)."""
-    bsz, seq, hidden = x.shape
+    loop per step over every lane at once. Packed sequences are dealt into lanes run side by side
+    (``Sequences.lanes``), each lane restarting at its sequences' starts, so a packed batch takes about
+    as many steps as a batch of equal rows of as many tokens (one long row would take them all)."""
+    if seqs is None:
+        return _scan_lanes(x, delta, a, b, c, state, block, {}, {})
+    runs = list(seqs.runs())
+    lanes = seqs.lanes(min(len(runs), -(-x.shape[1] // max(hi - lo for _, lo, hi in runs))))
+    width = max(sum(hi - lo for _, lo, hi in lane) for lane in lanes)
+    source = np.full((len(lanes), width), x.shape[1])  # the token at each lane step; seq: a zero step
+    starts: dict[int, list[tuple[int, int]]] = {}
+    ends: dict[int, list[tuple[int, int]]] = {}
+    for k, lane in enumerate(lanes):
+        step = 0
+        for row, lo, hi in lane:
+            source[k, step : step + hi - lo] = range(lo, hi)
+            starts.setdefault(step, []).append((k, row))
+            step += hi - lo
+            ends.setdefault(step - 1, []).append((k, row))
+
+    def pack(t: np.ndarray) -> np.ndarray:  # [1, S, ...] -> [lanes, width, ...], zero past a lane's end
+        return np.concatenate([t[0], np.zeros((1, *t.shape[2:]), t.dtype)])[source]
+
+    y = _scan_lanes(pack(x), pack(delta), a, pack(b), pack(c), state, block, starts, ends)
+    out = np.empty_like(x)
+    used = source < x.shape[1]
+    out[0, source[used]] = y[used]
+    return out
+
+
+def _scan_lanes(x, delta, a, b, c, state, block, starts, ends):
+    """The blocked scan of ``_scan_blocked`` over lanes ``x [K, S, H]``. Without ``starts`` the lanes are
+    the state rows (``state [K, H, N]`` in and out); else ``starts``/``ends`` map a step to the
+    ``(lane, state row)`` pairs whose sequence starts (from that row's state) or ends (into it) there.
+
+    The states are group- and state-major, ``[K, G, N, H/G]``, so every broadcast runs along the
+    contiguous channels of a group (with H innermost a multiply broadcasts over only N values per
+    inner loop)."""
+    count, seq, hidden = x.shape
     groups, n = b.shape[2], a.shape[-1]
     width = hidden // groups
     at = np.ascontiguousarray(_swap(a.reshape(groups, width, n)))  # [G, N, H/G]
-    dt = np.ascontiguousarray(np.moveaxis(delta, 1, 0)).reshape(seq, bsz, groups, 1, width)
-    dx = dt * np.moveaxis(x, 1, 0).reshape(seq, bsz, groups, 1, width)  # delta * x
-    bt = np.moveaxis(b, 1, 0)[..., None]  # [S, B, G, N, 1]
-    ct = np.moveaxis(c, 1, 0)[:, :, :, None, :]  # [S, B, G, 1, N]
+    dt = np.ascontiguousarray(np.moveaxis(delta, 1, 0)).reshape(seq, count, groups, 1, width)
+    dx = dt * np.moveaxis(x, 1, 0).reshape(seq, count, groups, 1, width)  # delta * x
+    bt = np.moveaxis(b, 1, 0)[..., None]  # [S, K, G, N, 1]
+    ct = np.moveaxis(c, 1, 0)[:, :, :, None, :]  # [S, K, G, 1, N]
     rows = np.ascontiguousarray(_swap(state.reshape(state.shape[0], groups, width, n)))  # [R, G, N, H/G]
-    starts = {} if seqs is None else {lo: row for row, lo, _ in seqs.runs()}
-    ends = {} if seqs is None else {hi - 1: row for row, _, hi in seqs.runs()}
-    prev = rows
-    y = np.empty((seq, bsz, groups, 1, width), x.dtype)
+    prev = rows if not starts else np.zeros((count, groups, n, width), x.dtype)
+    y = np.empty((seq, count, groups, 1, width), x.dtype)
     for t0 in range(0, seq, block):
         steps = slice(t0, min(seq, t0 + block))
         decay = np.multiply(dt[steps], at)
         np.exp(decay, out=decay)
-        states = dx[steps] * bt[steps]  # [T, B, G, N, H/G]
+        states = dx[steps] * bt[steps]  # [T, K, G, N, H/G]
         for i in range(decay.shape[0]):
-            if starts and t0 + i in starts:  # a sequence starts here: from its own row's state
-                prev = rows[starts[t0 + i]][None]
+            if starts and t0 + i in starts:  # sequences start here, each from its own row's state
+                prev = prev.copy()  # the last step's states stay as they are for its outputs
+                for lane, row in starts[t0 + i]:
+                    prev[lane] = rows[row]
             np.multiply(decay[i], prev, out=decay[i])
             np.add(states[i], decay[i], out=states[i])
             prev = states[i]
             if ends and t0 + i in ends:
-                rows[ends[t0 + i]] = prev[0]
+                for lane, row in ends[t0 + i]:
+                    rows[row] = prev[lane]
         y[steps] = ct[steps] @ states
-    np.copyto(state, _swap(prev if seqs is None else rows).reshape(state.shape))
-    return np.moveaxis(y.reshape(seq, bsz, hidden), 0, 1)
+    np.copyto(state, _swap(rows if starts else prev).reshape(state.shape))
+    return np.moveaxis(y.reshape(seq, count, hidden), 0, 1)
 
 
 def _ssd_steps(logd, xs, b, c, s, y):
