@@ -63,12 +63,13 @@ def _scan_step(x, delta, a, b, c, state, seqs, block):
     a = a.reshape(groups, -1, n)  # [G, H/G, N]: channel ch reads group ch // (H/G)
     rows = state.reshape(state.shape[0], groups, -1, n)
     y = np.empty_like(x)
+    term = scratch("ss.term", (bsz, *rows.shape[1:]), x.dtype)  # reused: a fresh state-sized array page-faults
     for row, lo, hi in _runs(seq, seqs):
         h = rows if row is None else rows[row : row + 1].copy()
         for t in range(lo, hi):
             d = delta[:, t].reshape(lanes)
-            h *= np.exp(d * a)
-            h += (d * x[:, t].reshape(lanes)) * b[:, t, :, None, :]
+            h *= np.exp(np.multiply(d, a, out=term), out=term)
+            h += np.multiply(d * x[:, t].reshape(lanes), b[:, t, :, None, :], out=term)
             y[:, t] = (h @ c[:, t, :, :, None]).reshape(bsz, hidden)
         if row is not None:
             rows[row] = h[0]
@@ -151,10 +152,21 @@ def _scan_lanes(x, delta, a, b, c, state, block, starts, ends):
 def _ssd_steps(logd, xs, b, c, s, y):
     """The SSD recurrence from the state ``s [B, H, P, N]`` (updated in place): per step ``t`` (axis
     1 of ``logd [B, S, H]``, ``xs [B, S, H, P]`` = dt*x, ``b, c [B, S, H, N]``)
-    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``."""
+    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``.
+
+    The outer product goes through one reused scratch array (a fresh state-sized one per step
+    page-faults: decode B32 H24 P64 N128 spent half its time there), and a per-head decay scales each
+    contiguous ``[P, N]`` state as one row (a ``[B, H, 1, 1]`` broadcast runs an inner loop per row of P)."""
+    p, n = s.shape[-2:]
+    outer = scratch("m2.outer", s.shape, s.dtype)
+    rows = s.reshape(-1, p * n) if s.flags.c_contiguous else None
     for t in range(logd.shape[1]):
-        s *= np.exp(logd[:, t])[..., None, None]
-        s += xs[:, t, ..., None] * b[:, t, ..., None, :]
+        decay = np.exp(logd[:, t])
+        if rows is not None:
+            rows *= decay.reshape(-1, 1)
+        else:
+            s *= decay[..., None, None]
+        s += np.multiply(xs[:, t, ..., None], b[:, t, ..., None, :], out=outer)
         y[:, t] = (s @ c[:, t, ..., None])[..., 0]
 
 
