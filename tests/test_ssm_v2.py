@@ -332,3 +332,19 @@ def test_through_load_schedule_on_the_host_device(op):
     with pytest.raises(rlx_gpu.RunError, match="state_slots"):
         rlx_gpu.get_device("host").run(rlx_gpu.load_schedule(schedule_of(bad, bad_arena.size)), given)
     np.testing.assert_array_equal(given, bad_arena)
+
+
+@pytest.mark.parametrize("op", ["selective_scan", "mamba2"])
+@pytest.mark.parametrize("fast", [False, True], ids=["step", "fast"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_blocks_on_threads_share_the_pool(op, fast, dtype):
+    """Packed sequences through slots split across threads by groups (selective_scan) or heads (mamba2):
+    each block gathers and scatters its own part of the pool rows, and the whole matches the reference."""
+    fields = {"varlen": True, "carry_state": True, "slots": True, "groups": 2}
+    params, tensors = make(op, np.random.default_rng(13), fields)
+    thunk, got, want = run(op, dtype, params, tensors, path=FAST[op] if fast else "step", chunk=8, workers=3)
+    check_close(thunk, got, want, f"{op} {dtype} on threads")
+    fields["varlen"] = False
+    params, tensors = make(op, np.random.default_rng(14), fields)
+    thunk, got, want = run(op, dtype, params, tensors, path=FAST[op] if fast else "step", chunk=8, workers=3)
+    check_close(thunk, got, want, f"{op} {dtype} batch on threads")
