@@ -49,17 +49,24 @@ class Sequences:
             if hi > lo:
                 yield r, lo, hi
 
-    def lanes(self, count: int) -> list[list[tuple[int, int, int]]]:
-        """The non-empty sequences (``runs``) dealt into ``count`` lanes to run side by side: longest
-        first, each into the lane with the fewest tokens so far (LPT), so the longest lane holds at most
-        about ``total/count`` tokens plus one sequence."""
-        lanes: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
-        loads = [0] * count
-        for run in sorted(self.runs(), key=lambda r: r[1] - r[2]):
-            k = loads.index(min(loads))
-            lanes[k].append(run)
-            loads[k] += run[2] - run[1]
-        return lanes
+    def lanes(self, padding: float) -> list[list[tuple[int, int, int]]]:
+        """The non-empty sequences (``runs``) dealt into lanes to run side by side, each lane as long as
+        the longest (its tail padded): longest first, each into the lane with the fewest tokens so far
+        (LPT). The most lanes whose padding stays within ``padding`` of the tokens (every lane at most
+        as long as the longest sequence, by the count); one lane, unpadded, where no more fit."""
+        runs = sorted(self.runs(), key=lambda r: r[1] - r[2])
+        total = sum(hi - lo for _, lo, hi in runs)
+        longest = runs[0][2] - runs[0][1] if runs else 0
+        for count in range(min(len(runs), total // max(longest, 1)), 1, -1):
+            lanes: list[list[tuple[int, int, int]]] = [[] for _ in range(count)]
+            loads = [0] * count
+            for run in runs:
+                k = loads.index(min(loads))
+                lanes[k].append(run)
+                loads[k] += run[2] - run[1]
+            if count * max(loads) <= (1 + padding) * total:
+                return lanes
+        return [sorted(runs, key=lambda r: r[1])]
 
     def pieces(self, length: int) -> list[Piece]:
         """Every non-empty sequence cut at the boundaries of chunks of ``length`` tokens, in token order."""

@@ -40,6 +40,9 @@ MAMBA2_CHUNK = 64
 MAMBA2_SPREAD = 30.0
 #: Longest sequence that takes the mamba2 step path.
 MAMBA2_STEP_MAX = 10
+#: The padding a packed selective_scan may add to run its sequences in lanes side by side (a fraction of
+#: its tokens): each lane step costs about its share of the work, so lanes pay only where they pad little.
+LANE_PADDING = 0.1
 #: ABI.md §8's softplus is the identity above this input.
 SOFTPLUS_LINEAR = 20.0
 
@@ -85,27 +88,31 @@ def _scan_blocked(x, delta, a, b, c, state, seqs, block):
     as many steps as a batch of equal rows of as many tokens (one long row would take them all)."""
     if seqs is None:
         return _scan_lanes(x, delta, a, b, c, state, block, {}, {})
-    runs = list(seqs.runs())
-    lanes = seqs.lanes(min(len(runs), -(-x.shape[1] // max(hi - lo for _, lo, hi in runs))))
+    lanes = seqs.lanes(LANE_PADDING)
     width = max(sum(hi - lo for _, lo, hi in lane) for lane in lanes)
-    source = np.full((len(lanes), width), x.shape[1])  # the token at each lane step; seq: a zero step
     starts: dict[int, list[tuple[int, int]]] = {}
     ends: dict[int, list[tuple[int, int]]] = {}
+    spans = []  # (lane, lane step, token lo, token hi): where each sequence's tokens go
     for k, lane in enumerate(lanes):
         step = 0
         for row, lo, hi in lane:
-            source[k, step : step + hi - lo] = range(lo, hi)
+            spans.append((k, step, lo, hi))
             starts.setdefault(step, []).append((k, row))
             step += hi - lo
             ends.setdefault(step - 1, []).append((k, row))
+    if len(lanes) == 1:  # the row itself, its tokens in order
+        return _scan_lanes(x, delta, a, b, c, state, block, starts, ends)
 
     def pack(t: np.ndarray) -> np.ndarray:  # [1, S, ...] -> [lanes, width, ...], zero past a lane's end
-        return np.concatenate([t[0], np.zeros((1, *t.shape[2:]), t.dtype)])[source]
+        out = np.zeros((len(lanes), width, *t.shape[2:]), t.dtype)
+        for k, step, lo, hi in spans:
+            out[k, step : step + hi - lo] = t[0, lo:hi]
+        return out
 
     y = _scan_lanes(pack(x), pack(delta), a, pack(b), pack(c), state, block, starts, ends)
     out = np.empty_like(x)
-    used = source < x.shape[1]
-    out[0, source[used]] = y[used]
+    for k, step, lo, hi in spans:
+        out[0, lo:hi] = y[k, step : step + hi - lo]
     return out
 
 
