@@ -43,6 +43,8 @@ MAMBA2_STEP_MAX = 10
 #: The padding a packed selective_scan may add to run its sequences in lanes side by side (a fraction of
 #: its tokens): each lane step costs about its share of the work, so lanes pay only where they pad little.
 LANE_PADDING = 0.1
+#: Channels x state size of a block below which packed sequences run in lanes (see ``_scan_blocked``).
+LANE_STATE = 4096
 #: ABI.md §8's softplus is the identity above this input.
 SOFTPLUS_LINEAR = 20.0
 
@@ -88,7 +90,11 @@ def _scan_blocked(x, delta, a, b, c, state, seqs, block):
     as many steps as a batch of equal rows of as many tokens (one long row would take them all)."""
     if seqs is None:
         return _scan_lanes(x, delta, a, b, c, state, block, {}, {})
-    lanes = seqs.lanes(LANE_PADDING)
+    # lanes pay for their padding and copies only where a step's arrays are small enough for the per-step
+    # overhead to matter (a thread's block of channels: 2x1024 tokens H256 N16, packed / equal batch, one
+    # thread 1.01 without lanes and 1.16 with; two threads, 128 channels each, 1.31 and 1.07)
+    small = x.shape[2] * a.shape[-1] < LANE_STATE
+    lanes = seqs.lanes(LANE_PADDING) if small else [list(seqs.runs())]
     width = max(sum(hi - lo for _, lo, hi in lane) for lane in lanes)
     starts: dict[int, list[tuple[int, int]]] = {}
     ends: dict[int, list[tuple[int, int]]] = {}
