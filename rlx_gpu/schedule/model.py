@@ -20,7 +20,6 @@ from host_fallback.fields import DEFAULTS, is_default
 ABI_V1, ABI_V2 = "rlx-thunks/1", "rlx-thunks/2"
 #: The labels this reader accepts; version 2 (ABI.md §8) is a superset of version 1.
 ABI_VERSIONS = (ABI_V1, ABI_V2)
-ABI_VERSION = ABI_V1  # the label of a schedule that uses no version-2 field
 
 
 @dataclass(frozen=True)
