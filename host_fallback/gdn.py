@@ -59,12 +59,15 @@ def _split(x: np.ndarray, group: int, axis: int) -> np.ndarray:
     return x.reshape(*x.shape[:axis], x.shape[axis] // group, group, *x.shape[axis + 1:])
 
 
-def _step(q, k, v, g, beta, s, out, scale):
+def _step(q, k, v, g, beta, s, out, scale, active=None):
     """The recurrence of ABI.md §4/§8, step by step, into ``out``; ``s`` is updated in place.
 
     ``q, k [B, S, H, K]``; ``v, out [B, S, HV, V]``; ``g [B, S, HV]`` or ``[B, S, HV, K]``;
     ``beta [B, S, HV]``; ``s [B, HV, K, V]``. Value head ``j`` reads key head ``j // (HV / H)``: the
     value-head axis is viewed as ``[H, G]`` and q, k broadcast over ``G``, never copied.
+    ``active[t]`` (rows sorted longest first) is how many leading batch rows step ``t`` runs: the
+    rows of sequences shorter than ``t + 1`` steps are left alone (a zero step is no exact no-op on
+    a state holding an Inf: ``0 * inf`` is NaN).
 
     Per step the state is decayed, then read ONCE for both ``k^T S`` and ``q^T S`` (one batched matmul
     of the rows [k; q]); the output is ``q^T S_new = q^T S + (q.k) u``, so the updated state is not read
@@ -87,23 +90,27 @@ def _step(q, k, v, g, beta, s, out, scale):
     urow[..., 1, :] = 0
     # a per-head decay scales each (batch, head) state as one row of K*V: NumPy's broadcast of a
     # [B, H, 1, 1] factor runs an inner loop per state row, 3x slower (B8 H8 N64: 95 vs 30 µs)
-    flat = s.reshape(-1, n * width) if not per_channel and s.flags.c_contiguous else None
+    flat = s.reshape(lead[0], -1, n * width) if not per_channel and s.flags.c_contiguous else None
     for t in range(q.shape[1]):
-        decay = np.exp(g[:, t])
+        m = lead[0] if active is None else active[t]
+        if m == 0:
+            break
+        st, qt, kt, vt, ot = s[:m], q[:m, t], k[:m, t], v[:m, t], out[:m, t]
+        decay = np.exp(g[:m, t])
         if flat is not None:
-            flat *= decay.reshape(-1, 1)
+            flat[:m] *= decay.reshape(m, -1, 1)
         else:
-            s *= decay[..., :, None] if per_channel else decay[..., None, None]
-        rows[..., 0, :], rows[..., 1, :] = k[:, t], q[:, t]
-        read = np.matmul(rows, s)  # [k^T S; q^T S]
-        u = urow[..., 0, :]
-        np.multiply(np.subtract(v[:, t], read[..., 0, :], out=u), beta[:, t, ..., None], out=u)
-        kcol[..., 0] = k[:, t]
-        s += np.matmul(kcol, urow, out=outer)
-        qk = np.einsum("...i,...i->...", q[:, t], k[:, t])
-        out[:, t] = scale * (read[..., 1, :] + qk[..., None] * u)
-        if not math.isfinite(out[:, t].sum()):  # a NaN or Inf: the classes of S_new's products, not the rewrite's
-            out[:, t] = scale * np.matmul(q[:, t, ..., None, :], s)[..., 0, :]
+            st *= decay[..., :, None] if per_channel else decay[..., None, None]
+        rows[:m, ..., 0, :], rows[:m, ..., 1, :] = kt, qt
+        read = np.matmul(rows[:m], st)  # [k^T S; q^T S]
+        u = urow[:m, ..., 0, :]
+        np.multiply(np.subtract(vt, read[..., 0, :], out=u), beta[:m, t, ..., None], out=u)
+        kcol[:m, ..., 0] = kt
+        st += np.matmul(kcol[:m], urow[:m], out=outer[:m])
+        qk = np.einsum("...i,...i->...", qt, kt)
+        ot[...] = scale * (read[..., 1, :] + qk[..., None] * u)
+        if not math.isfinite(ot.sum()):  # a NaN or Inf: the classes of S_new's products, not the rewrite's
+            ot[...] = scale * np.matmul(qt[..., None, :], st)[..., 0, :]
 
 
 def _channel_grams(q, k, cum):
@@ -551,11 +558,15 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
         # inputs read and the output written in place, unless a (malformed) dst overlaps an input
         apart = not any(np.may_share_memory(dst, bound.view(f)) for f in ("q", "k", "v", "g", "beta"))
         direct = apart and dst.dtype == work
-        if varlen and name == "step":
+        carried = states.rows
+        if varlen and name == "step":  # sequences as batch rows, longest first when their lengths differ
             lengths = np.diff(cu)
+            order = np.argsort(-lengths, kind="stable") if lengths.min(initial=0) != lengths.max(initial=0) else None
+            if order is not None:
+                lengths, carried = lengths[order], states.rows[order]
             pad = np.arange(max(1, int(lengths.max(initial=0))))
             valid = pad[None, :] < lengths[:, None]  # [R, longest]
-            index = cu[:-1, None] + pad[None, :]  # the packed token of each (sequence, step)
+            index = (cu[:-1] if order is None else cu[:-1][order])[:, None] + pad[None, :]  # each step's packed token
             tokens = index[valid]
         layout = packed(cu, t["seq"], length) if varlen and name == "chunked" else None
 
@@ -570,7 +581,8 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
                     padded[valid] = x
                     inputs.append(padded[bs])
                 out = np.empty((*inputs[2].shape[:3], t["value_size"]), work)
-                _step(*inputs, states.rows[bs, vs], out, scale)
+                active = None if order is None else valid[bs].sum(axis=0)
+                _step(*inputs, carried[bs, vs], out, scale, active)
                 return out
             batch = slice(None) if varlen else bs
             inputs = [load(bound, f, (batch, slice(None), heads_of.get(f, vs)), not apart) for f in ("q", "k", "v", "g", "beta")]
@@ -592,6 +604,8 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
 
         blocks = 1 if varlen and name == "chunked" else rows
         threads.run_split(compute, store, blocks, heads, _parts(t, name, workers))
+        if carried is not states.rows:
+            states.rows[order] = carried
         states.write_back()
 
     return run

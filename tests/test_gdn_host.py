@@ -337,3 +337,24 @@ def test_packed_split_across_threads_matches_one_thread(per_channel, path):
     _close(got_state, want_state, "f32", "state")
     np.testing.assert_allclose(got, one, rtol=0, atol=1e-6 * np.max(np.abs(one)))
     np.testing.assert_allclose(got_state, one_state, rtol=0, atol=1e-6 * np.max(np.abs(one_state)))
+
+
+@pytest.mark.parametrize("path", ["step", "chunked"])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_packed_nonfinite_stays_in_its_sequence(value, per_channel, path):
+    """A NaN/Inf in one sequence's carried state and in another's value at a mid-chunk token reach
+    exactly the outputs and states the float64 recurrence gives them, and no other sequence."""
+    cu = [0, 5, 6, 13, 17]
+    params, tensors = _v2_case(np.random.default_rng(21), per_channel=per_channel, cu=cu, value_heads=4, v=6)
+    tensors["state"][1, 2, 0, 3] = value
+    tensors["v"][0, 9, 1, 2] = value
+    with np.errstate(invalid="ignore", over="ignore"):
+        got, got_state, want, want_state = _v2_run("f32", params, tensors, path=path, chunk=4)
+    for name, a, b in (("dst", got, want), ("state", got_state, want_state)):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=name)
+        np.testing.assert_array_equal(np.isposinf(a), np.isposinf(b), err_msg=name)
+        finite = np.isfinite(b)
+        np.testing.assert_allclose(a[finite], b[finite], rtol=1e-4, atol=1e-4, err_msg=name)
+    assert np.isfinite(got[0, :5]).all() and np.isfinite(got[0, 13:]).all()  # sequences 0 and 3 untouched
+    assert not np.isfinite(got[0, 5]).all() and not np.isfinite(got[0, 9:13]).all()
