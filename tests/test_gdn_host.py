@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -358,3 +359,43 @@ def test_packed_nonfinite_stays_in_its_sequence(value, per_channel, path):
         np.testing.assert_allclose(a[finite], b[finite], rtol=1e-4, atol=1e-4, err_msg=name)
     assert np.isfinite(got[0, :5]).all() and np.isfinite(got[0, 13:]).all()  # sequences 0 and 3 untouched
     assert not np.isfinite(got[0, 5]).all() and not np.isfinite(got[0, 9:13]).all()
+
+
+def _graph_gdn(dtype, state_dtype, shapes, **kwargs):
+    """A graph of one gated_delta_net over inputs of ``shapes``; returns (executable, its schedule's label)."""
+    from rlx_gpu.graph.builder import Graph
+    from rlx_gpu.graph.lowering import lower
+
+    g = Graph(dtype)
+    ins = {f: g.input(f, shape, {"cu_seqlens": "i32", "state_slots": "i32", "state": state_dtype}.get(f))
+           for f, shape in shapes.items()}
+    extra = {f: ins[f] for f in ("cu_seqlens", "state_slots") if f in ins}
+    out = g.gated_delta_net(*(ins[f] for f in ("q", "k", "v", "g", "beta")), initial_state=ins.get("state"),
+                            name="gdn", **extra, **kwargs)
+    g.output("y", out[0] if isinstance(out, tuple) else out)
+    return g.compile("host"), lower(g)[0]["abi"]
+
+
+def test_builder_takes_fla_arguments_and_emits_version_2_only_when_used():
+    cu, slots = [0, 3, 3, 9], [2, 0, 3]
+    params, tensors = _v2_case(np.random.default_rng(31), heads=2, value_heads=4, k=8, v=6, cu=cu, slots=slots,
+                               num_slots=4, per_channel=True, state_dtype="f32")
+    shapes = {f: np.shape(a) for f, a in tensors.items()}
+    exe, abi = _graph_gdn("bf16", "f32", shapes, gate_per_channel=True, scale=0.25, use_qk_l2norm=True)
+    assert abi == "rlx-thunks/2"
+    thunk = exe.schedule.thunks[0].to_dict()
+    assert {f: thunk[f] for f in ("value_heads", "value_size", "scale", "qk_l2norm", "num_seqs", "num_slots",
+                                  "state_dtype")} == dict(value_heads=4, value_size=6, scale=0.25, qk_l2norm=True,
+                                                          num_seqs=3, num_slots=4, state_dtype="f32")
+    got = exe.run(**{f: np.asarray(a) for f, a in tensors.items()})
+    rounded = {f: np.asarray(a, np.float64) if f in ("cu_seqlens", "state_slots", "state")
+               else np.asarray(a).astype(ml_dtypes.bfloat16).astype(np.float64) for f, a in tensors.items()}
+    want, want_state = gated_delta_net(*(rounded[f] for f in ("q", "k", "v", "g", "beta")),
+                                       rounded["state"].astype(np.float32), scale=0.25, qk_l2norm=True,
+                                       cu_seqlens=cu, state_slots=slots)
+    _close(got["y"], want, "bf16")
+    _close(got["gdn.state"], want_state, "f32", "state")
+    v1_shapes = {"q": (1, 9, 2, 8), "k": (1, 9, 2, 8), "v": (1, 9, 2, 8), "g": (1, 9, 2), "beta": (1, 9, 2),
+                 "state": (1, 2, 8, 8)}
+    _, abi = _graph_gdn("f32", None, v1_shapes, scale=8 ** -0.5)  # the default scale, given: still version 1
+    assert abi == "rlx-thunks/1"
