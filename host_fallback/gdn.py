@@ -547,10 +547,17 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
         x = np.array(bound.view(field)[index], work, copy=copy or None)
         return _l2norm(x) if normed and field in ("q", "k") else x
 
+    last: list[Bound] = []  # the views of the last arena: a decode runs on one arena call after call
+
+    def bind(arena: np.ndarray) -> Bound:
+        if not last or last[0].arena is not arena:
+            last[:] = [Bound(t, arena, by_field)]
+        return last[0]
+
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None) -> None:
         name, length = _choose(t, path, chunk)
-        bound = Bound(t, arena, by_field)
+        bound = bind(arena)
         cu = bound.view("cu_seqlens").astype(np.int64) if varlen else None
         rows = t["num_seqs"] if varlen else t["batch"]
         states = _States(t, bound, work, rows)
