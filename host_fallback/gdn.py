@@ -214,7 +214,6 @@ class Packed:
     """
 
     cu: np.ndarray
-    seq: int
     length: int
     seg: np.ndarray
     restart: np.ndarray
@@ -269,7 +268,7 @@ def packed(cu: np.ndarray, seq: int, length: int) -> Packed:
     restart = np.zeros_like(seg, bool)
     restart[:, 0] = True
     restart[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    return Packed(cu, seq, length, seg, restart)
+    return Packed(cu, length, seg, restart)
 
 
 def _segment_cumsum(g: np.ndarray, layout: Packed) -> np.ndarray:
