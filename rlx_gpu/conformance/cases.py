@@ -119,9 +119,8 @@ def int_values(params: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
-    """A one-thunk schedule dict, labelled version 2 when the thunk names a version-2 field (one given
-    with its default value too: version 1 may not name it)."""
-    abi = ABI_V2 if thunk["op"] in SPECS and SPECS[thunk["op"]].v2_fields & thunk.keys() else ABI_V1
+    """A one-thunk schedule dict, labelled version 2 when the thunk names a version-2 field (even at its default)."""
+    abi = ABI_V2 if thunk["op"] in SPECS and SPECS[thunk["op"]].v2_fields & set(thunk) else ABI_V1
     return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 
