@@ -479,6 +479,17 @@ def _read(bound: Bound, field: str, index: Any, dtype: np.dtype) -> np.ndarray:
     return block if block.dtype == dtype else block.astype(dtype)
 
 
+def _inputs(t: Thunk, bound: Bound, rows: tuple, hs: slice, ctype: np.dtype, step: str) -> tuple[np.ndarray, np.ndarray]:
+    """A block's ``x`` and step sizes (``step``: ``delta`` or ``dt``), the step sizes plus ``{step}_bias``
+    and softplus-ed with ``{step}_softplus`` where the thunk asks."""
+    x, steps = (_read(bound, f, rows, ctype) for f in ("x", step))
+    if t[f"{step}_bias"] is not None:
+        steps = steps + _read(bound, f"{step}_bias", hs, ctype)
+    if t[f"{step}_softplus"]:
+        steps = softplus(steps)
+    return x, steps
+
+
 def _run(t: Thunk, arena: np.ndarray, name: str, state_shape: tuple[int, ...],
          compute: Callable[[Bound, slice, slice, StatePool], np.ndarray], workers: int | None,
          by_field: Mapping[str, Region] | None) -> None:
@@ -523,11 +534,7 @@ def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | 
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
         rows = (bs, slice(None), hs)
-        x, delta = (_read(bound, f, rows, ctype) for f in ("x", "delta"))
-        if t["delta_bias"] is not None:
-            delta = delta + _read(bound, "delta_bias", hs, ctype)
-        if t["delta_softplus"]:
-            delta = softplus(delta)
+        x, delta = _inputs(t, bound, rows, hs, ctype, "delta")
         width = t["hidden"] // t["groups"]
         gs = (bs, slice(None), slice(hs.start // width, hs.stop // width)) if grouped else bs
         b, c = (_read(bound, f, gs, ctype).reshape(*x.shape[:2], -1, n) for f in "bc")
@@ -559,11 +566,7 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
         rows = (bs, slice(None), hs)
-        x, dt = (_read(bound, f, rows, ctype) for f in ("x", "dt"))
-        if t["dt_bias"] is not None:
-            dt = dt + _read(bound, "dt_bias", hs, ctype)
-        if t["dt_softplus"]:
-            dt = softplus(dt)
+        x, dt = _inputs(t, bound, rows, hs, ctype, "dt")
         if t["dt_limit"] is not None:
             low, high = t["dt_limit"]
             dt = np.maximum(dt, low)

@@ -183,10 +183,10 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     # version 2: the gate reaches only its own step; a packed sequence after a poisoned one starts clean, in
     # the chunk they share too (mamba2: 68 starts inside the second chunk of 64, selective_scan: 260 inside
     # the second of 256)
-    ("selective_scan", dict(_ssm(2, 9, 3, 16), z=True, d=True), "z", 5, NAN),
+    ("selective_scan", dict(_ssm(2, 10, 3, 16), z=True, d=True), "z", 5, NAN),  # seq 10: an id of its own
     ("selective_scan", dict(_ssm(1, 300, 3, 4), cu_seqlens=[0, 100, 260, 300], carry_state=True, state=True),
      "x", 150, NAN),
-    ("mamba2", dict(_mamba2(2, 9, 2, 3, 8), z=True), "z", 5, -INF),
+    ("mamba2", dict(_mamba2(2, 10, 2, 3, 8), z=True), "z", 5, -INF),
     ("mamba2", dict(_mamba2(1, 80, 1, 2, 4), cu_seqlens=[0, 30, 68, 80], dt_bias=True, dt_softplus=True), "dt", 40,
      INF),
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),

@@ -133,32 +133,48 @@ class SequenceOps:
         if z is not None:
             fields["z"] = self._t(z, x.dtype)
             self._expect(op, "z", fields["z"], x.shape, x.dtype)
-        if cu_seqlens is not None:
-            cu = self._t(cu_seqlens, "i32")
-            if x.shape[0] != 1 or len(cu.shape) != 1 or cu.shape[0] < 2 or cu.dtype != "i32":
-                raise GraphError(f"{op}: cu_seqlens {cu!r} must be i32 [num_seqs+1] with x's batch 1 (x is {x!r}); "
-                                 f"pack the sequences along the sequence axis")
-            fields.update(cu_seqlens=cu, num_seqs=cu.shape[0] - 1)
-            rows = cu.shape[0] - 1
+        packed, rows = self._packed(op, x, rows, cu_seqlens)
+        fields.update(packed)
+        carried, final = self._carried(op, x, rows, initial_state, state_shape, state_slots, state_dtype)
+        fields.update(carried)
+        if final is not None:
+            fields.update(carry_state=True, state=final)
+            self.output(f"{name or f'{op}{next(self._ids)}'}.state", final)
+        return fields, final
+
+    def _packed(self, op: str, x: Tensor, rows: int, cu_seqlens: Any) -> tuple[dict[str, Any], int]:
+        """``cu_seqlens`` and ``num_seqs`` when sequences are packed (``x`` of batch 1), and the state rows:
+        the sequences, else ``rows`` (the batch)."""
+        if cu_seqlens is None:
+            return {}, rows
+        cu = self._t(cu_seqlens, "i32")
+        if x.shape[0] != 1 or len(cu.shape) != 1 or cu.shape[0] < 2 or cu.dtype != "i32":
+            raise GraphError(f"{op}: cu_seqlens {cu!r} must be i32 [num_seqs+1] with {x!r} of batch 1; "
+                             f"pack the sequences along the sequence axis")
+        return {"cu_seqlens": cu, "num_seqs": cu.shape[0] - 1}, cu.shape[0] - 1
+
+    def _carried(self, op: str, x: Tensor, rows: int, initial_state: Any, state_shape: tuple[int, ...],
+                 state_slots: Any, state_dtype: str | None) -> tuple[dict[str, Any], Tensor | None]:
+        """The slot and ``state_dtype`` fields of a carried ``initial_state`` (``[rows, *state_shape]``, or a
+        pool of entries with ``state_slots``), and the tensor the thunk updates in place: a copy, so the
+        caller's stays intact (``None`` without a state)."""
         if initial_state is None:
             if state_slots is not None:
                 raise GraphError(f"{op}: state_slots needs initial_state, the pool the slots index")
-            return fields, None
+            return {}, None
         state = self._t(initial_state, state_dtype or x.dtype)
         if state_dtype is not None and state.dtype != state_dtype:
             raise GraphError(f"{op}: initial_state {state!r} is {state.dtype}, but state_dtype={state_dtype!r}")
         pool = state.shape[0] if state_slots is not None and state.shape else rows
         self._expect(op, "initial_state", state, (pool, *state_shape), state.dtype)
+        fields: dict[str, Any] = {}
         if state_slots is not None:
             slots = self._t(state_slots, "i32")
             self._expect(op, "state_slots", slots, (rows,), "i32")
             fields.update(state_slots=slots, num_slots=pool)
         if state.dtype != x.dtype:
             fields["state_dtype"] = state.dtype
-        final = self.copy(state)  # updated in place: keep the caller's tensor intact
-        fields.update(carry_state=True, state=final)
-        self.output(f"{name or f'{op}{next(self._ids)}'}.state", final)
-        return fields, final
+        return fields, self.copy(state)
 
     def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None,
                        delta_bias: Any = None, delta_softplus: bool = False, initial_state: Any = None,
@@ -282,35 +298,13 @@ class SequenceOps:
             fields["scale"] = float(scale)
         if use_qk_l2norm:
             fields["qk_l2norm"] = True
-        rows = bt
-        if cu_seqlens is not None:
-            cu = self._t(cu_seqlens, "i32")
-            if bt != 1 or len(cu.shape) != 1 or cu.shape[0] < 2 or cu.dtype != "i32":
-                raise GraphError(f"{op}: cu_seqlens {cu!r} must be i32 [num_seqs+1] with q's batch 1 (q is {q!r}); "
-                                 f"pack the sequences along the sequence axis")
-            rows = cu.shape[0] - 1
-            fields.update(cu_seqlens=cu, num_seqs=rows)
-        final: Any = 0
-        if initial_state is None and state_slots is not None:
-            raise GraphError(f"{op}: state_slots needs initial_state, the pool the slots index")
-        if initial_state is not None:
-            initial_state = self._t(initial_state, state_dtype or q.dtype)
-            if state_dtype is not None and initial_state.dtype != state_dtype:
-                raise GraphError(f"{op}: initial_state {initial_state!r} is {initial_state.dtype}, but "
-                                 f"state_dtype={state_dtype!r}")
-            pool = initial_state.shape[0] if state_slots is not None and initial_state.shape else rows
-            self._expect(op, "initial_state", initial_state, (pool, hv, n, width), initial_state.dtype)
-            if state_slots is not None:
-                slots = self._t(state_slots, "i32")
-                self._expect(op, "state_slots", slots, (rows,), "i32")
-                fields.update(state_slots=slots, num_slots=pool)
-            if initial_state.dtype != q.dtype:
-                fields["state_dtype"] = initial_state.dtype
-            final = self.copy(initial_state)  # updated in place: keep the caller's tensor intact
+        packed, rows = self._packed(op, q, bt, cu_seqlens)
+        carried, final = self._carried(op, q, rows, initial_state, (hv, n, width), state_slots, state_dtype)
+        fields.update(packed, **carried)
         y = self._new((bt, s, hv, width), q.dtype)
         self._emit(op, q.dtype, {
-            "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": final, "dst": y, "batch": bt, "seq": s,
-            "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
+            "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": 0 if final is None else final, "dst": y,
+            "batch": bt, "seq": s, "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
             "carry_state": initial_state is not None, **fields}, y, *([final] if initial_state is not None else []))
         if initial_state is None:
             return y
