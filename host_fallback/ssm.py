@@ -509,7 +509,11 @@ def _run(t: Thunk, arena: np.ndarray, name: str, state_shape: tuple[int, ...],
 
     def store(bs: slice, us: slice, y: np.ndarray) -> None:
         hs = channels(us)
-        bound.store("dst", y, (bs, slice(None), hs))
+        target = bound.view("dst")[bs, :, hs]
+        if y.dtype == target.dtype:  # one copy, where a store's reshape and astype would copy twice more
+            np.copyto(target, y)
+        else:
+            bound.store("dst", y, (bs, slice(None), hs))
         pool.store(bs, hs, states[bs.start, us.start])
 
     threads.run_split(block, store, t["batch"], units, _parts(t, name, workers))
