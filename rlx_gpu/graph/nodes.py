@@ -112,6 +112,8 @@ class BodyGraph:
     # ----------------------------------------------------------------- declarations
     @staticmethod
     def _check_dtype(dtype: str, allowed: tuple[str, ...] = DTYPES) -> str:
+        """``dtype`` if one of ``allowed`` (an op's element types; inputs and weights may also be ``i32``,
+        the integer tensors of ABI.md §8)."""
         if dtype not in allowed:
             raise GraphError(f"unknown dtype {dtype!r}; expected one of {', '.join(allowed)}")
         return dtype
@@ -132,14 +134,13 @@ class BodyGraph:
         self.nodes.append(Node(op, dtype, fields, writes))
 
     def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> Tensor:
-        """Declare an input the caller supplies by ``name`` at run time (``i32``: lengths, ABI.md §8)."""
+        """Declare an input the caller supplies by ``name`` at run time."""
         t = self._new(shape, self._check_dtype(dtype or self.dtype, TENSOR_DTYPES), self._claim(name))
         self.inputs[name] = t
         return t
 
     def weight(self, name: str, array: Any, dtype: str | None = None) -> Tensor:
-        """Declare a constant array, baked into the schedule's ``init`` (rounded to nearest even; ``i32``
-        for lengths)."""
+        """Declare a constant array, baked into the schedule's ``init`` (rounded to nearest even)."""
         dt = self._check_dtype(dtype or self.dtype, TENSOR_DTYPES)
         values = np.asarray(array, dtype=np.float64)
         t = self._new(values.shape, dt, self._claim(name))
