@@ -97,12 +97,17 @@ def gate_variant(gates: int) -> tuple[tuple[str, int], ...]:
     return (("RNN_GATES", gates),)
 
 
+#: the gated_delta_net program variant of ABI.md §8's optional fields (launches/gdn.py)
+GDN_V2 = (("GDN_V2", 1),)
+
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
 #: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # ssm and gdn: () builds the chunked forms (no state-size variant), the others the lanes kernels
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
-    ("gdn", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
+    # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
+    ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
+    ("gdn", "cpu"): ((), GDN_V2),
     # rnn: one program per op (its gate count) at each target
     **{("rnn", target): tuple(gate_variant(g) for g in RNN_GATE_COUNTS) for target in TARGETS},
 }
