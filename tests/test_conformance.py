@@ -57,8 +57,9 @@ def test_every_op_and_dtype_has_cases():
 
 
 def test_every_optional_field_of_the_op_table_has_a_case_with_it_and_one_without():
-    """Walks the op table: each optional field (nullable, or used only under a flag) of each op is run
-    present and absent, and the laid-out thunk really has it or lacks it."""
+    """Walks the op table: each optional field (nullable, used only under a flag, or of version 2) of
+    each op is run present and absent, and the laid-out thunk really has it or lacks it."""
+    from host_fallback.fields import used
     from rlx_gpu.schedule.ops import SPECS as OPS
 
     optional = [(op, f) for op, spec in OPS.items() for f in spec.optional_fields]
@@ -69,7 +70,9 @@ def test_every_optional_field_of_the_op_table_has_a_case_with_it_and_one_without
             found = [c for c in CASES if c.op == op and c.has(f) == present]
             assert found, f"no conformance case of {op} {'with' if present else 'without'} {f.name}"
             thunk = runner.lay_out(found[0]).thunk
-            if f.nullable:
+            if f.version > 1:
+                assert (f.name in used(thunk)) == present, found[0].id
+            elif f.nullable:
                 assert (thunk[f.name] is not None) == present, found[0].id
             else:
                 assert (f.name in {r.field for r in runner.lay_out(found[0]).regions}) == present, found[0].id

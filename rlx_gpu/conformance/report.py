@@ -11,7 +11,7 @@ from typing import Any, Iterable, Sequence
 from .. import __version__
 from ..backends.base import DeviceInfo
 from ..runtime.config import Config
-from ..schedule.model import ABI_VERSION
+from ..schedule.model import ABI_V2
 from ..units import human_bytes, human_time, text_table
 from .runner import Outcome
 
@@ -124,7 +124,7 @@ def perf_text(perf: Sequence[Outcome]) -> str:
 
 def markdown(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Config) -> str:
     by_device, counts = cells(outcomes), summary(outcomes)
-    lines = [f"# rlx-gpu conformance ({ABI_VERSION}, rlx_gpu {__version__})", ""]
+    lines = [f"# rlx-gpu conformance ({ABI_V2}, rlx_gpu {__version__})", ""]
     for info in infos:
         lines += [f"## {info.spec}", ""] + [f"- {label}: {value}" for label, value in device_details(info)] + [""]
         lines += [_markdown_row(HEADER), "|" + "---|" * len(HEADER)]
@@ -142,7 +142,7 @@ def _markdown_row(cells: Sequence[str]) -> str:
 
 def as_json(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Config, quick: bool) -> dict[str, Any]:
     return {
-        "format": FORMAT, "rlx_gpu": __version__, "abi": ABI_VERSION, "config": config.source, "quick": quick,
+        "format": FORMAT, "rlx_gpu": __version__, "abi": ABI_V2, "config": config.source, "quick": quick,
         "passed": not failures(outcomes),
         "devices": [{"spec": i.spec, "backend": i.backend, "name": i.name, "fp64": i.fp64,
                      "details": {k: v for k, v in i.details.items()}} for i in infos],

@@ -16,6 +16,7 @@ import numpy as np
 
 import host_fallback
 from host_fallback.arena import STORAGE
+from host_fallback.fields import complete
 from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
@@ -24,7 +25,7 @@ from ..runtime.executor import Device
 from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS
 from . import scan_cell
-from .cases import lay_out as place, schedule_of
+from .cases import int_values, lay_out as place, schedule_of
 from .catalog import Case
 from .compare import nmse, non_finite_mismatch
 from .reference_rnn import sigmoid
@@ -99,8 +100,11 @@ def lay_out(case: Case) -> Laid:
     thunk, nbytes = place(case.op, case.dtype, dict(case.params), guard=GUARD)
     placed = tuple(regions(thunk))
     arena = rng.integers(0, 256, nbytes, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
+    ints = int_values(dict(case.params))
     for r in placed:
-        if r.reads and r.dtype != "u8":
+        if r.dtype == "i32":
+            _store(arena, r, r.dtype, np.asarray(ints[r.field]))
+        elif r.reads and r.dtype != "u8":
             _store(arena, r, r.dtype, sample(case.op, case.params, r.field, r.shape, rng))
     if case.poison:
         r = next(r for r in placed if r.field == case.poison)
@@ -120,7 +124,7 @@ def lay_out(case: Case) -> Laid:
             r = by_field[field]
             return pristine[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype]).astype(np.float64).reshape(r.shape)
         with np.errstate(all="ignore"):
-            return REFERENCES[case.op](thunk, load)
+            return REFERENCES[case.op](complete(thunk), load)
     return Laid(thunk, arena, placed, reference)
 
 
