@@ -6,8 +6,9 @@ what a kernel reads (varlen, state slots, q/k L2-norm, a state kept wider than t
 program variant ``GDN_V2``, so the version-1 program keeps its plain loops."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from host_fallback.fields import complete, gdn_scale
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i32, i64, linear_local, real, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
@@ -57,19 +58,19 @@ class Shape:
 
 def shape(t: Thunk) -> Shape:
     """The geometry and flags of ``t`` (absent version-2 fields take their defaults)."""
-    b, heads, k = t["batch"], t["heads"], t["state_size"]
-    cu, slots = t.get("cu_seqlens"), t.get("state_slots")
-    scale = t.get("scale")
-    return Shape(rows=t["num_seqs"] if cu is not None else b, batch=b, seq=t["seq"], heads=heads,
-                 value_heads=t.get("value_heads") or heads, key_size=k, value_size=t.get("value_size") or k,
-                 scale=1 / math.sqrt(k) if scale is None else float(scale), carry=bool(t["carry_state"]),
-                 per_channel=bool(t["gate_per_channel"]), state_real=(t.get("state_dtype") or t["dtype"]) != t["dtype"],
-                 varlen=cu is not None, slotted=slots is not None, qk_norm=bool(t.get("qk_l2norm")))
+    t = complete(t)
+    varlen = t["cu_seqlens"] is not None
+    return Shape(rows=t["num_seqs"] if varlen else t["batch"], batch=t["batch"], seq=t["seq"], heads=t["heads"],
+                 value_heads=t["value_heads"], key_size=t["state_size"], value_size=t["value_size"],
+                 scale=gdn_scale(t), carry=bool(t["carry_state"]), per_channel=bool(t["gate_per_channel"]),
+                 state_real=t["state_dtype"] != t["dtype"], varlen=varlen, slotted=t["state_slots"] is not None,
+                 qk_norm=bool(t["qk_l2norm"]))
 
 
 def _optional(t: Thunk, field: str) -> tuple:
     """The arena argument of an optional int tensor (offset 0 when absent: the kernels' flag is off)."""
-    return (ARENA, i64(t.get(field) or 0))
+    offset = t.get(field)
+    return (ARENA, i64(0 if offset is None else offset))
 
 
 def _state(t: Thunk) -> tuple:
@@ -200,11 +201,11 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
-    most = lim.tune("STATE_MAX")
-    for field, size in (("state_size", t["state_size"]), ("value_size", t.get("value_size") or 0)):
-        if size > most:
-            return f"gated_delta_net keeps a state column of {field}={size} in private memory; the kernel holds at most {most}"
-    state_dtype = t.get("state_dtype") or t["dtype"]
+    t, most = complete(t), lim.tune("STATE_MAX")
+    for field in ("state_size", "value_size"):
+        if t[field] > most:
+            return f"gated_delta_net keeps a state column of {field}={t[field]} in private memory; the kernel holds at most {most}"
+    state_dtype = t["state_dtype"]
     if state_dtype not in (t["dtype"], _COMPUTE[t["dtype"]]):
         return (f"gated_delta_net with state_dtype={state_dtype!r} for a {t['dtype']} thunk: the device kernels carry the "
                 f"state in the thunk's compute type ({_COMPUTE[t['dtype']]}); the host runs it at {state_dtype}")
