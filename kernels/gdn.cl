@@ -423,18 +423,62 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
 #define GDN_TS (GDN_LANES / GDN_OT)        /* output rows apart for one lane of chunk_out */
 #define GDN_OY (GDN_Q / GDN_TS)            /* outputs per lane of chunk_out */
 
-/* Chunk c of (batch row bt, value head vh, its key head kh), slot `bhc` of the scratch arrays, for this
- * work-group. */
+/* Chunks never hold tokens of two rows: a row (a batch row, or a sequence of a varlen batch) of n tokens
+ * has ceil(n / GDN_Q) chunks of its own, the first at its first token (as fla's varlen chunk indices),
+ * so every chunk starts from the state its row's previous chunk left, or the row's initial state, and
+ * the state pass of each row runs on its own. The chunks of all rows are numbered one row after another;
+ * NC (the planner's) bounds their count: ceil(S / GDN_Q) per batch row, S / GDN_Q + R with varlen. */
+
+/* Row r's chunk count, and through *slot0 the number of its first chunk. */
+DEVICE_FN i64 gdn_row_chunks(i64 r, i64 S, GLOBAL const int* cu, i64* slot0)
+{
+    if (!(GDN_V2 && cu)) {
+        const i64 per = (S + GDN_Q - 1) / GDN_Q;
+        *slot0 = r * per;
+        return per;
+    }
+    i64 acc = 0;
+    for (i64 x = 0; x < r; ++x)
+        acc += ((i64)cu[x + 1] - cu[x] + GDN_Q - 1) / GDN_Q;
+    *slot0 = acc;
+    return ((i64)cu[r + 1] - cu[r] + GDN_Q - 1) / GDN_Q;
+}
+
+/* Chunk number `slot`: its first (flat) token through *t0, and its steps (0 past the last chunk). */
+DEVICE_FN int gdn_chunk(i64 slot, i64 R, i64 S, GLOBAL const int* cu, i64* t0)
+{
+    i64 acc = 0, first = 0, end = 0;
+    if (!(GDN_V2 && cu)) {
+        const i64 per = (S + GDN_Q - 1) / GDN_Q, r = slot / per;
+        first = r * S + (slot - r * per) * GDN_Q;
+        end = (r + 1) * S;
+    } else {
+        for (i64 r = 0; r < R && end == 0; ++r) {
+            const i64 n = ((i64)cu[r + 1] - cu[r] + GDN_Q - 1) / GDN_Q;
+            if (slot < acc + n) {
+                first = cu[r] + (slot - acc) * GDN_Q;
+                end = cu[r + 1];
+            }
+            acc += n;
+        }
+    }
+    *t0 = first;
+    return end - first < GDN_Q ? (int)(end - first) : GDN_Q;
+}
+
+/* Chunk `slot` of value head vh (its key head kh), slot `bhc` = vh * NC + slot of the scratch arrays,
+ * for this work-group: its first token t0 and its steps. */
 #define GDN_CHUNK_GROUP(bhc_of_group)                                                                  \
     const int lane = (int)LID(0);                                                                     \
-    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, bhc = (bhc_of_group);                                 \
-    const i64 bh = bhc / chunks, c = bhc - bh * chunks, bt = bh / HV, vh = bh - bt * HV, t0 = c * GDN_Q; \
-    const i64 kh = vh / (HV / H);                                                                     \
-    const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;                                         \
+    const i64 bhc = (bhc_of_group), vh = bhc / NC, kh = vh / (HV / H);                                \
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;                                    \
+    i64 t0 = 0;                                                                                       \
+    const int steps = gdn_chunk(bhc - vh * NC, R, S, cu, &t0);                                        \
     const i64 gw = per_channel ? K : 1; /* log-decays per step: one per key channel, or one */        \
     GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw
 
-KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int per_channel, int qk_norm,
+KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                  int varlen, GLOBAL uchar* cb, i64 co,
                                   GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                                   GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* nb, i64 no,
                                   GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo,
@@ -443,6 +487,8 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
     LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
     LOCAL real rqs[GDN_Q], rks[GDN_Q];
     GDN_CHUNK_GROUP(GROUP(0));
+    if (steps == 0)
+        return; /* a number past the last chunk of a varlen batch: the whole group leaves */
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
@@ -455,15 +501,15 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
     for (i64 i = lane; i < gw; i += GDN_LANES) {
         real acc = (real)0;
         for (int t = 0; t < steps; ++t) {
-            const real gv = LOAD(g, ((bt * S + t0 + t) * HV + vh) * gw + i);
+            const real gv = LOAD(g, ((t0 + t) * HV + vh) * gw + i);
             acc += gv < GDN_LOG_FLOOR ? (real)GDN_LOG_FLOOR : gv; /* NaN stays NaN */
             gam[t * gw + i] = acc;
         }
     }
     if (lane < steps) { /* beta, and with qk_norm 1/|q| and 1/|k| of each step (q and k enter every product scaled) */
-        bs[lane] = LOAD(AT(store_t, beb, beo), (bt * S + t0 + lane) * HV + vh);
-        rqs[lane] = GDN_V2 && qk_norm ? nrm[2 * ((bt * S + t0 + lane) * H + kh)] : (real)1;
-        rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((bt * S + t0 + lane) * H + kh) + 1] : (real)1;
+        bs[lane] = LOAD(AT(store_t, beb, beo), (t0 + lane) * HV + vh);
+        rqs[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh)] : (real)1;
+        rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh) + 1] : (real)1;
     }
     /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
      * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
@@ -477,7 +523,7 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int s = e / GDN_NT, ii = e - s * GDN_NT;
             const int in = s < steps && i0 + ii < K;
-            const i64 at = ((bt * S + t0 + s) * H + kh) * K + i0 + ii;
+            const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
             kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
             qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
             gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
@@ -529,7 +575,7 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
                 const int s = e / GDN_NT, ii = e - s * GDN_NT;
                 real x = (real)0;
                 if (i0 + ii < width) {
-                    const i64 tok = bt * S + t0 + s;
+                    const i64 tok = t0 + s;
                     x = bs[s] * (pass ? LOAD(v, (tok * HV + vh) * V + i0 + ii)
                                       : LOAD(k, (tok * H + kh) * K + i0 + ii) * rks[s]
                                             * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
@@ -554,24 +600,29 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
  * GDN_LANES / K strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
 #define GDN_STRIPS(K) (GDN_LANES / (K) < GDN_SPMAX ? GDN_LANES / (K) : GDN_SPMAX)
 
-KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int per_channel, int qk_norm, int carry,
-                                  int state_real, int slotted,
+KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                  int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real, int slotted,
                                   GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo,
                                   GLOBAL uchar* nb, i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo,
                                   GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
 {
     LOCAL real sl[GDN_LANES * GDN_PJ], ul[GDN_Q * GDN_PJ * GDN_SPMAX];
     const int lane = (int)LID(0);
-    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, strips = GDN_STRIPS(K), rc = strips * GDN_PJ;
+    const i64 strips = GDN_STRIPS(K), rc = strips * GDN_PJ;
     const i64 blocks = (V + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
-    const i64 bt = bh / HV, vh = bh - bt * HV, kh = vh / (HV / H), jb = lane / K, i = lane - jb * K;
+    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H), jb = lane / K, i = lane - jb * K;
     const i64 gw = per_channel ? K : 1;
     const int live = jb < strips; /* a lane past the last strip still meets every barrier */
     const int st_real = GDN_V2 && state_real;
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    i64 slot0 = 0;
+    const i64 chunks = gdn_row_chunks(r, S, cu, &slot0), first = gdn_row_start(r, S, cu), end = gdn_row_end(r, S, cu);
+    if (chunks == 0)
+        return; /* an empty sequence keeps its state as it is */
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
-    const i64 entry = (gdn_state_row(bt, slots) * HV + vh) * K * V;
+    const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V;
     GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
     real s[GDN_PJ];
     PRAGMA_UNROLL
@@ -580,8 +631,8 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
         s[cj] = carry && live && j < V ? load_any(st, i * V + j, st_real) : (real)0;
     }
     for (i64 c = 0; c < chunks; ++c) {
-        const i64 bhc = bh * chunks + c, t0 = c * GDN_Q;
-        const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;
+        const i64 bhc = vh * NC + slot0 + c, t0 = first + c * GDN_Q;
+        const int steps = end - t0 < GDN_Q ? (int)(end - t0) : GDN_Q;
         GLOBAL const real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw;
         GLOBAL const real* wm = AT(real, wb, wo) + bhc * GDN_Q * K;
         GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
@@ -614,7 +665,7 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
             for (int cj = 0; cj < GDN_PJ; ++cj)
                 s[cj] *= through;
             for (int t = 0; t < steps; ++t) {
-                const i64 key = (bt * S + t0 + t) * H + kh;
+                const i64 key = (t0 + t) * H + kh;
                 const real rk = GDN_V2 && qk_norm ? nrm[2 * key + 1] : (real)1;
                 const real kd = rlx_exp(last - gam[t * gw + (per_channel ? i : 0)]) * LOAD(k, key * K + i) * rk;
                 PRAGMA_UNROLL
@@ -633,7 +684,8 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int
         }
 }
 
-KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int per_channel, int qk_norm, real scale,
+KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                 int varlen, GLOBAL uchar* cb, i64 co, real scale,
                                  GLOBAL uchar* qb, i64 qo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* nb, i64 no,
                                  GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo,
                                  GLOBAL uchar* hb, i64 ho)
@@ -641,6 +693,8 @@ KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int 
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
     GDN_CHUNK_GROUP(GROUP(0) / tiles);
+    if (steps == 0)
+        return;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
@@ -657,7 +711,7 @@ KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int 
         BARRIER(); /* the previous tile's readers are done */
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int t = e / GDN_NT, ii = e - t * GDN_NT;
-            const i64 i = i0 + ii, key = (bt * S + t0 + t) * H + kh;
+            const i64 i = i0 + ii, key = (t0 + t) * H + kh;
             qt[t * GDN_NTP + ii] = t < steps && i < K
                 ? LOAD(q, key * K + i) * (GDN_V2 && qk_norm ? nrm[2 * key] : (real)1)
                       * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0;
@@ -693,7 +747,7 @@ KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int 
             real x = y[r];
             for (int s = 0; s <= t; ++s)
                 x += pl[t * GDN_QP + s] * ul[s * GDN_OTP + jj];
-            STORE(dst, ((bt * S + t0 + t) * HV + vh) * V + j0 + jj, scale * x);
+            STORE(dst, ((t0 + t) * HV + vh) * V + j0 + jj, scale * x);
         }
     }
 }

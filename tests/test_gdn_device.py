@@ -95,6 +95,13 @@ CASES = [
 CONFIG = load_config(default_config_path())
 
 
+def _form(params: dict, lim) -> str:
+    """The kernel that must run ``params`` at ``lim``'s target (so that the cases cover every form)."""
+    if lim.target == "gpu":
+        return "gated_delta_net_chunk_prep" if params["seq"] >= lim.tune("GDN_MIN_SEQ") else "gated_delta_net_lanes"
+    return "gated_delta_net_step" if params["seq"] == 1 else "gated_delta_net"
+
+
 @pytest.fixture(scope="module", params=[(spec, target) for spec in OPENCL for target in TARGETS], ids=str)
 def session(request):
     spec, target = request.param
@@ -105,7 +112,9 @@ def session(request):
 def test_v2_case_matches_the_float64_recurrence(session, dtype, params, monkeypatch):
     monkeypatch.setitem(REFERENCES, "gated_delta_net", reference)
     case = Case("gated_delta_net", dtype, params)
-    assert session.unsupported(runner.lay_out(case).thunk) is None, "the device gate sent a v2 case to the host"
+    thunk, lim = runner.lay_out(case).thunk, session.limits
+    assert session.unsupported(thunk) is None, "the device gate sent a v2 case to the host"
+    assert _form(params, lim) in {item.kernel for item in launches.plan(thunk, lim).launches}
     outcome = runner.check(session, case, CONFIG)
     assert outcome.status == "pass", f"{session.info.spec}@{session.limits.target}: {outcome.message}"
 

@@ -102,7 +102,7 @@ def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, 
 def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     sh = shape(t)
     if lim.target == "gpu":
-        if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64" and not sh.varlen:
+        if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
             return _plan_chunked(t, sh, lim)
         return _plan_lanes(t, sh, lim)
     if sh.seq == 1:
@@ -169,16 +169,19 @@ def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
 
 
 def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
-    """Three launches over scratch holding, per (batch row, value head, chunk), the cumulative
-    log-decays, the q.k products P, W, U (U0 until the state pass) and the state entering the chunk (f64
-    keeps the lanes kernel: its tiles would pass CUDA's 48 KiB of static shared memory)."""
-    b, s, hv, k, v, dt = sh.batch, sh.seq, sh.value_heads, sh.key_size, sh.value_size, t["dtype"]
+    """Three launches over scratch holding, per (value head, chunk), the cumulative log-decays, the q.k
+    products P, W, U (U0 until the state pass) and the state entering the chunk (f64 keeps the lanes
+    kernel: its tiles would pass CUDA's 48 KiB of static shared memory). Each row has chunks of its own
+    (a varlen sequence starts a chunk), so their count is bounded by S / Q + rows with varlen."""
+    s, hv, k, v, dt = sh.seq, sh.value_heads, sh.key_size, sh.value_size, t["dtype"]
     q, lanes = lim.tune("GDN_Q"), lim.tune("GDN_LANES")
-    slots = b * hv * -(-s // q)
+    chunks = (s + sh.rows * (q - 1)) // q if sh.varlen else sh.batch * -(-s // q)
+    slots = hv * chunks
     at, nbytes = _scratch({"gam": slots * q * (k if sh.per_channel else 1), "p": slots * q * q, "w": slots * q * k,
                            "u": slots * q * v, "states": slots * k * v,
-                           "nrm": 2 * b * s * sh.heads if sh.qk_norm else 0}, dt)
-    dims = (i64(b), i64(s), i64(sh.heads), i64(hv), i64(k), i64(v), i32(sh.per_channel), i32(sh.qk_norm))
+                           "nrm": 2 * sh.batch * s * sh.heads if sh.qk_norm else 0}, dt)
+    dims = (i64(sh.rows), i64(s), i64(sh.heads), i64(hv), i64(k), i64(v), i64(chunks), i32(sh.per_channel),
+            i32(sh.qk_norm), i32(sh.varlen)) + _optional(t, "cu_seqlens")
     arena = {f: (ARENA, i64(t[f])) for f in ("q", "k", "v", "g", "beta", "dst")}
     arena["state"], arena["slots"] = _state(t), _optional(t, "state_slots")
 
@@ -191,7 +194,7 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     tiles = -(-v // lim.tune("GDN_OT"))
     prep = Launch("gdn", "gated_delta_net_chunk_prep", dt, (slots * lanes,), (lanes,),
                   dims + args("q", "k", "v", "g", "beta", "nrm", "gam", "p", "w", "u"), target="gpu", defines=defines)
-    carry_pass = Launch("gdn", "gated_delta_net_state_pass", dt, (b * hv * blocks * lanes,), (lanes,),
+    carry_pass = Launch("gdn", "gated_delta_net_state_pass", dt, (sh.rows * hv * blocks * lanes,), (lanes,),
                         dims + (i32(sh.carry), i32(sh.state_real), i32(sh.slotted))
                         + args("k", "state", "slots", "nrm", "gam", "w", "u", "states"), target="gpu", defines=defines)
     out = Launch("gdn", "gated_delta_net_chunk_out", dt, (slots * tiles * lanes,), (lanes,),
