@@ -401,11 +401,12 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
  *   U = U0 - W S0,   U0 = T beta V,   W = T beta exp(G) K,
  *   out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]),   P[t][s] = q[t] . D[t][s] k[s],
  *   S_next = exp(G[last]) S0 + sum_s (exp(G[last] - G[s]) k[s]) (x) u[s].
- * Three launches over scratch in the compute type, one slot per (batch row, head, chunk):
+ * q and k enter every product scaled by 1/|q|, 1/|k| with qk_norm. Three launches over scratch in the
+ * compute type, one slot per (value head, chunk):
  *   gated_delta_net_chunk_prep   G (floored log-decays summed), P, T by forward substitution in LOCAL
  *                                memory, then W and U0: one work-group of GDN_LANES per chunk;
  *   gated_delta_net_state_pass   in chunk order: stores the state entering the chunk, turns U0 into
- *                                U = U0 - W S0 and steps the state; one work-group per (batch row,
+ *                                U = U0 - W S0 and steps the state; one work-group per (row, value
  *                                head, block of value columns), each lane one key row i of the block's
  *                                GDN_PJ-column strips in registers (the state is column-separable);
  *   gated_delta_net_chunk_out    the outputs of one chunk and GDN_OT value columns per work-group, the
