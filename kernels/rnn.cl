@@ -226,24 +226,32 @@ INLINE_FN int rnn_gate_count(int phase) { return RNN_LBR0 ? (phase ? 1 : 2) : RN
 INLINE_FN i64 rnn_len(GLOBAL const int* lens, i64 b, i64 S) { return RNN_LENS ? (i64)lens[b] : S; }
 INLINE_FN i64 rnn_time(i64 t, int back, i64 len) { return back ? len - 1 - t : t; }
 
+/* The batch row at position pos of the step kernels' order: ord[pos] (the rows longest first, rnn_order) with
+ * RNN_LENS, else pos. */
+INLINE_FN i64 rnn_row(i64 pos, GLOBAL const int* ord)
+{
+#if RNN_LENS
+    return (i64)ord[pos];
+#else
+    return pos;
+#endif
+}
+
 /* The batch rows of a block of nb from position b0 at step t: rows[r] = ord[b0 + r] (the rows longest first,
  * rnn_order) with RNN_LENS, else b0 + r. Returns how many lead the block and still run at t (positions
  * past B or finished rows end it); the others repeat rows[0], so their sums are a live row's and dropped. */
 INLINE_FN int rnn_rows(i64* rows, int nb, i64 b0, i64 B, i64 t, GLOBAL const int* lens, GLOBAL const int* ord)
 {
     int n = 0;
+    PRAGMA_UNROLL
     for (int r = 0; r < nb; ++r) {
         const i64 pos = b0 + r < B ? b0 + r : B - 1;
-#if RNN_LENS
-        rows[r] = (i64)ord[pos];
-        n += b0 + r < B && n == r && lens[rows[r]] > t;
-#else
-        rows[r] = pos;
-        n += b0 + r < B && n == r;
-#endif
+        rows[r] = rnn_row(pos, ord);
+        n += b0 + r < B && n == r && rnn_len(lens, rows[r], t + 1) > t; /* without RNN_LENS every row runs */
     }
-    for (int r = n; r < nb; ++r)
-        rows[r] = rows[0];
+    PRAGMA_UNROLL
+    for (int r = 1; r < nb; ++r)  /* constant indices: rows stays in registers */
+        rows[r] = r < n ? rows[r] : rows[0];
     return n;
 }
 
@@ -506,7 +514,7 @@ KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
                 part[slice][r][g][u] = acc[r * RNN_GATES + g];
         BARRIER();
         if (slice < n && j < H) {
-            const i64 b = rows[slice];
+            const i64 b = rnn_row(rb * RNN_RB + slice, ord);  /* rows[slice], by a constant index */
             real xz[RNN_GATES], hz[RNN_GATES];
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g) {

@@ -103,11 +103,12 @@ def _activation(name: str) -> int:
     return list(ACTIVATIONS).index(name)
 
 
+#: rnn's relu (version 1): its activation is a compile-time variant like every other
+RNN_RELU_VARIANT = (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("relu")))
 #: Representative version-2 programs of the recurrent family (a thunk's program is ``launches.rnn.variant``'s,
-#: one of thousands): rnn's relu, and per op every optional field at once with activations that take alpha and
-#: beta, different per direction.
+#: one of thousands): per op every optional field at once, with activations that take alpha and beta, different
+#: per direction.
 RNN_FIELD_VARIANTS = (
-    (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("relu"))),
     (("RNN_GATES", 4), ("RNN_ACT_F0", _activation("hard_sigmoid")), ("RNN_ACT_G0", _activation("elu")),
      ("RNN_ACT_H0", _activation("scaled_tanh")), ("RNN_ACT_H1", _activation("softsign")), ("RNN_LENS", 1),
      ("RNN_CLIP", 1), ("RNN_PEEP", 1), ("RNN_IFG", 1), ("RNN_PROJ", 1)),
@@ -127,7 +128,8 @@ VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
     ("gdn", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
     # rnn: one program per op (its gate count) at each target, and the representative version-2 ones
-    **{("rnn", target): tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + RNN_FIELD_VARIANTS for target in TARGETS},
+    **{("rnn", target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
+                         + RNN_FIELD_VARIANTS) for target in TARGETS},
 }
 
 
