@@ -545,27 +545,50 @@ KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
 
 #if RNN_PROJ
 /* lstm's projection of step t (RNN_PROJ): h[b][p] = sum_j m[b][j] W_hr[p][j], m = o * h(c) (aux, rows of H), over
- * whrT [dirs][H][PP + RNN_WPAD] (rnn_w_t of one gate); into hout and the output element. Item (p, b, dir); rows
- * whose steps have run out are left alone. */
+ * whrT [dirs][H][PP + RNN_WPAD] (rnn_w_t of one gate); into hout and the output element. Rows whose steps have
+ * run out are left alone. gpu target: item (p, row, dir), a warp reading runs of whrT; cpu target: item
+ * (RNN_JB_G1 values of p, RNN_RB_G1 rows in the step kernels' order, dir), rnn_rank1_sums' register block. */
 KERNEL rnn_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL uchar* mb, i64 mo, GLOBAL uchar* wb, i64 wo,
-                GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* lb, i64 lo)
+                GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* rb_, i64 ro,
+                GLOBAL uchar* lb, i64 lo)
 {
-    const i64 p = GID(0), dir = GID(2), PP = (P + RNN_JB - 1) / RNN_JB * RNN_JB;
+    const i64 dir = GROUP(2), PP = (P + RNN_JB - 1) / RNN_JB * RNN_JB;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const real* m = AT(real, mb, mo + dir * B * H * (i64)sizeof(real));
+    GLOBAL const real* w = AT(real, wb, wo + dir * (PP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + dir * B * P * (i64)sizeof(real));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+#ifdef RLX_TARGET_GPU
+    const i64 p = GID(0);
     if (p >= P)
         return;
-    GLOBAL const int* lens = AT(int, lb, lo);
-    GLOBAL const real* w = AT(real, wb, wo + dir * (PP + RNN_WPAD) * H * (i64)sizeof(real)) + p;
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {  /* rows past grid y (capped at the gpu target) */
         const i64 len = rnn_len(lens, b, S);
         if (len <= t)
             continue;
-        GLOBAL const real* m = AT(real, mb, mo + (dir * B + b) * H * (i64)sizeof(real));
         real s = (real)0;
         for (i64 j = 0; j < H; ++j)
-            s += m[j] * w[j * (PP + RNN_WPAD)];
-        AT(real, hob, hoo)[(dir * B + b) * P + p] = s;
-        store_any(AT(uchar, ob, oo), (b * S + rnn_time(t, dir || reverse, len)) * o_rs + dir * P + p, o_real, s);
+            s += m[b * H + j] * w[j * (PP + RNN_WPAD) + p];
+        hout[b * P + p] = s;
+        store_any(out, (b * S + rnn_time(t, dir || reverse, len)) * o_rs + dir * P + p, o_real, s);
     }
+#else
+    const i64 p0 = GID(0) * RNN_JB_G1, b0 = GID(1) * RNN_RB_G1;
+    if (p0 >= P || b0 >= B)
+        return;
+    i64 rows[RNN_RB_G1];
+    const int n = rnn_rows(rows, RNN_RB_G1, b0, B, t, lens, AT(int, rb_, ro));
+    real acc[RNN_RB_MAX * RNN_GATES * RNN_JB];
+    rnn_rank1_sums(acc, RNN_RB_G1, 0, 1, RNN_JB_G1, p0, P, PP, PP + RNN_WPAD, mb, 0, w, H, (GLOBAL const uchar*)m, rows,
+                   H, 0, 1);
+    for (int r = 0; r < n; ++r) {
+        const i64 b = rows[r], tt = rnn_time(t, dir || reverse, rnn_len(lens, b, S));
+        for (int u = 0; u < RNN_JB_G1 && p0 + u < P; ++u) {
+            hout[b * P + p0 + u] = acc[r * RNN_GATES * RNN_JB + u];
+            store_any(out, (b * S + tt) * o_rs + dir * P + p0 + u, o_real, acc[r * RNN_GATES * RNN_JB + u]);
+        }
+    }
+#endif
 }
 #endif
 

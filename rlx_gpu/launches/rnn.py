@@ -209,8 +209,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         lin = (linear_local(max(nh, nc), 256),)
         add("rnn_state_in", grid((max(nh, nc),), lin), lin, (i32(carry), i64(nh), i64(nc)) + h0 + c0 + hbuf[0] + cs)
         size, local = _step_geometry(lim, gates, b, h, dirs)
-        ploc = (linear_local(k, 64), 1, 1)
-        psize = strided_grid((k, b, dirs), ploc, lim.max_grid)
+        psize, ploc = _proj_geometry(lim, b, k, dirs)
         for step in range(s):
             hin, hout = hbuf[step % 2], hbuf[1 - step % 2]
             for phase in range(2 if lbr0 else 1):
@@ -219,7 +218,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
                 add("rnn_step", size, local, args)
             if proj:
                 add("rnn_proj", psize, ploc, (i64(b), i64(s), i64(h), i64(k), i64(step), i32(t["reverse"])) + aux + whr
-                    + hout + tail + lens)
+                    + hout + tail + order + lens)
         if carry:
             add("rnn_state_out", grid((max(nh, nc),), lin), lin,
                 (i64(nh), i64(nc), i64(b), i64(s), i64(k)) + hbuf[0] + hbuf[1] + cs + h0 + c0 + lens)
@@ -234,6 +233,17 @@ def _persist_geometry(lim: DeviceLimits, b: int, h: int, dirs: int) -> tuple[tup
     if lim.target == "gpu":
         return (h, b, dirs), (h, 1, 1)
     return (1, b, dirs), (1, 1, 1)
+
+
+def _proj_geometry(lim: DeviceLimits, b: int, p: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Global and local size of lstm's projection (rnn_proj): at the gpu target an item per (p, batch row), at the
+    cpu target a register block of RNN_JB_G1 values of p for RNN_RB_G1 rows per item."""
+    if lim.target == "gpu":
+        local = (linear_local(p, 64), 1, 1)
+        return strided_grid((p, b, dirs), local, lim.max_grid), local
+    units = -(-p // lim.tune("RNN_JB_G1"))
+    local = (linear_local(units), 1, 1)
+    return grid((units, -(-b // lim.tune("RNN_RB_G1")), dirs), local), local
 
 
 def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
