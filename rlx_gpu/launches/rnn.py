@@ -176,8 +176,8 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         last = layer == layers - 1
         out = (ARENA, i64(t["dst"]), i32(0)) if last else (SCRATCH, i64(sc["lo"]), i32(1))
         if t["seq_lens"] is not None:  # zeros past each row's length, written once; the steps never touch them
-            ploc = (linear_local(dirs * k, 64), 1, 1)
-            add("rnn_pad", strided_grid((dirs * k, s, b), ploc, lim.max_grid), ploc,
+            ploc = (linear_local(dirs * k, 256), 1, 1)  # an item walks its column's padding steps
+            add("rnn_pad", strided_grid((dirs * k, 1, b), ploc, lim.max_grid), ploc,
                 (i64(b), i64(s), i64(dirs * k)) + out + lens)
         whh = (ARENA, i64(t["w_hh"] + es * layer * dirs * gh * k))
         bhh = (ARENA, i64(t["b_hh"] + es * layer * dirs * gh), i32(1)) if t["op"] == "gru" else (ARENA, i64(0), i32(0))
