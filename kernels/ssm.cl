@@ -446,8 +446,9 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
  * zero, so a NaN or Inf reaches only later steps. `carry` of n is rewritten only after the barrier
  * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's.
  * A varlen row is one sequence, so a chunk never holds a sequence start: every sequence restarts at
- * its first chunk, whatever its length. */
-KERNEL selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
+ * its first chunk, whatever its length. Bounded to 4 groups per SM (128 registers): left free, ptxas
+ * spends more on scheduling than the budget of tests/test_ptxas.py. */
+KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
@@ -466,22 +467,26 @@ KERNEL selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
     GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
-    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     const i64 grp = cl / (H / G), first = ssm_first(r, S, cu), end = ssm_end(r, S, cu);
+    const int gn = (int)(G * N); /* b, c elements from one step to the next */
     const real bias = ssm_param(AT(param_t, biasb, biaso), cl, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), cl, SSM_D);
+    /* the channel's entry of `state`, found where it is read and again where it is written, so that
+     * no register holds it through the walk */
+    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     for (i64 n = sl; n < N; n += SSC_SL)
         carry[k * STATE_MAX + n] = SSM_CARRY && live ? SLOAD(st, n) : (real)0;
     BARRIER();
     for (i64 c0 = first; c0 < end; c0 += SSC_SL * SSC_T) {
         const i64 t0 = c0 + sl * SSC_T; /* this lane's first token */
-        real dl[SSC_T], xv[SSC_T], dx[SSC_T], y[SSC_T];
+        GLOBAL const store_t* brow = bm + (t0 * G + grp) * N; /* its first step's b and c rows */
+        GLOBAL const store_t* crow = cm + (t0 * G + grp) * N;
+        real dl[SSC_T], dx[SSC_T], y[SSC_T];
         PRAGMA_UNROLL
         for (int i = 0; i < SSC_T; ++i) {
             const i64 at = (t0 + i) * H + ch;
             const int in = live && t0 + i < end;
-            xv[i] = in ? LOAD(x, at) : (real)0;
             dl[i] = in ? ssm_delta(LOAD(delta, at), bias, (real)0, (real)0) : (real)0;
-            dx[i] = dl[i] * xv[i];
+            dx[i] = in ? dl[i] * LOAD(x, at) : (real)0;
             y[i] = (real)0;
         }
         for (i64 n = 0; n < N; ++n) {
@@ -491,7 +496,7 @@ KERNEL selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
             for (int i = 0; i < SSC_T; ++i) {
                 const int in = t0 + i < end;
                 da[i] = in ? rlx_exp(dl[i] * an) : (real)1;
-                db_[i] = in ? dx[i] * LOAD(bm, ((t0 + i) * G + grp) * N + n) : (real)0;
+                db_[i] = in ? dx[i] * LOAD(brow, i * gn + n) : (real)0;
                 A *= da[i];
                 Bv = da[i] * Bv + db_[i];
             }
@@ -505,7 +510,7 @@ KERNEL selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
             for (int i = 0; i < SSC_T; ++i) {
                 if (t0 + i < end) {
                     h = da[i] * h + db_[i];
-                    y[i] += LOAD(cm, ((t0 + i) * G + grp) * N + n) * h;
+                    y[i] += LOAD(crow, i * gn + n) * h;
                 }
             }
             BARRIER();
@@ -513,12 +518,15 @@ KERNEL selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                 carry[k * STATE_MAX + n] = h;
         }
         PRAGMA_UNROLL
-        for (int i = 0; i < SSC_T; ++i)
+        for (int i = 0; i < SSC_T; ++i) { /* x again for d * x: no register array holds it through the walk */
+            const i64 at = (t0 + i) * H + ch;
             if (live && t0 + i < end)
-                STORE(dst, (t0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], z, (t0 + i) * H + ch));
+                STORE(dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(x, at) : (real)0, z, at));
+        }
     }
     if (SSM_CARRY) {
         BARRIER(); /* the last lanes' final states are in `carry` */
+        st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
         for (i64 n = sl; n < N; n += SSC_SL)
             if (live)
                 SSTORE(st, n, carry[k * STATE_MAX + n]);
