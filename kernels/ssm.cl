@@ -62,6 +62,51 @@ typedef store_t state_t;
 #define SSTORE(p, i, v) STORE(p, i, v)
 #endif
 
+/* log(1 + x) for finite x >= 0 (NaN carried): the library's, except for f32 at the cpu target, where
+ * it is plain arithmetic as rlx_exp is (Cephes' logf: the exponent by bits, a degree-9 polynomial on
+ * [sqrt(1/2), sqrt(2)), plus what rounding 1 + x lost), so that it inlines: PoCL's library log1p and
+ * exp made a softplus per step cost twice the whole selective_scan step. */
+INLINE_FN real ssm_log1p(real x)
+{
+#ifdef RLX_TARGET_CPU
+    if (sizeof(real) == 4) {
+        const float u = 1.0f + (float)x, lost = ((float)x - (u - 1.0f)) / u;
+        const uint bits = F32_TO_BITS(u);
+        const int e0 = (int)((bits >> 23) & 0xffu) - 126; /* u = m * 2^e0, m in [1/2, 1) */
+        const float m = BITS_TO_F32((bits & 0x807fffffu) | 0x3f000000u);
+        const int low = m < 0.707106781186547524f;
+        const float f = low ? m + m - 1.0f : m - 1.0f, e = (float)(low ? e0 - 1 : e0), z = f * f;
+        float p = 7.0376836292E-2f;
+        p = p * f - 1.1514610310E-1f;
+        p = p * f + 1.1676998740E-1f;
+        p = p * f - 1.2420140846E-1f;
+        p = p * f + 1.4249322787E-1f;
+        p = p * f - 1.6668057665E-1f;
+        p = p * f + 2.0000714765E-1f;
+        p = p * f - 2.4999993993E-1f;
+        p = p * f + 3.3333331174E-1f;
+        const float y = (f + (p * f * z - 2.12194440e-4f * e - 0.5f * z)) + 0.693359375f * e + lost;
+        return x != x ? x : (real)y;
+    }
+#endif
+    return log1p(x);
+}
+
+/* softplus(u) = u above 20, else log(1 + exp(u)) (ABI.md §8). */
+INLINE_FN real ssm_softplus(real u)
+{
+    return u > (real)20 ? u : ssm_log1p(rlx_exp(u));
+}
+
+/* silu(u) = u * sigmoid(u) through the fast exp, without a select (so that it vectorizes): where that
+ * exp clamps (u < -87) the quotient is within 1e-36 of the exact value, and -inf gives NaN as
+ * -inf * sigmoid(-inf) does, through min(u, 0) - min(u, 0) (0 for every other u). */
+INLINE_FN real ssm_silu(real u)
+{
+    const real neg = fmin(u, (real)0);
+    return u / ((real)1 + rlx_exp(-u)) + (neg - neg);
+}
+
 /* One step's delta (mamba2: dt) as §8 transforms it: plus the channel's (head's) bias, softplus,
  * clamp. The comparisons keep a NaN a NaN (a min/max would replace it). */
 INLINE_FN real ssm_delta(real v, real bias, real lo, real hi)
@@ -69,7 +114,7 @@ INLINE_FN real ssm_delta(real v, real bias, real lo, real hi)
     if (SSM_BIAS)
         v += bias;
     if (SSM_SOFTPLUS)
-        v = v > (real)20 ? v : log1p(exp(v));
+        v = ssm_softplus(v);
     if (SSM_LIMIT) {
         v = v < lo ? lo : v;
         v = v > hi ? hi : v;
@@ -77,15 +122,21 @@ INLINE_FN real ssm_delta(real v, real bias, real lo, real hi)
     return v;
 }
 
-/* One output as §8 finishes it: plus d * x, then times silu(z[at]). */
-INLINE_FN real ssm_finish(real y, real dv, real xv, GLOBAL const store_t* z, i64 at)
+/* z[at], or 0 for a variant without z. */
+INLINE_FN real ssm_z(GLOBAL const store_t* z, i64 at)
+{
+    return SSM_Z ? LOAD(z, at) : (real)0;
+}
+
+/* One output as §8 finishes it: plus d * x, then times silu(z). The kernels that finish several
+ * outputs load their z values first, apart from the stores: dst and z may alias as far as the
+ * compiler knows, so loads between stores keep it from vectorizing the silu. */
+INLINE_FN real ssm_finish(real y, real dv, real xv, real zv)
 {
     if (SSM_D)
         y += dv * xv;
-    if (SSM_Z) {
-        const real zv = LOAD(z, at);
-        y *= zv * sigmoid_r(zv);
-    }
+    if (SSM_Z)
+        y *= ssm_silu(zv);
     return y;
 }
 
@@ -115,46 +166,81 @@ INLINE_FN i64 ssm_slot(i64 r, GLOBAL const int* slots)
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
-/* Mamba-1, the walk of one channel over tokens [t0, t1) for a state_size fixed at compile time (W, a
- * power of two): the state row lives in registers and each step is straight-line code over W
+#define SS_W 16 /* the state_size of selective_scan's fixed-width path */
+#define SS_TB 8 /* steps per block of that path */
+
+/* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or fewer at the row's end) for
+ * state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
  * contiguous values, so the (plain-arithmetic) exp, the update and the products vectorize across n;
- * y sums by a pairwise tree. b and c rows are those of the channel's group. */
-#define SS_FIXED(W)                                                                                   \
-    INLINE_FN void selective_scan_w##W(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv, \
-                                       GLOBAL const store_t* x, GLOBAL const store_t* delta,           \
-                                       GLOBAL const param_t* a, GLOBAL const store_t* bm,              \
-                                       GLOBAL const store_t* cm, GLOBAL const store_t* z,              \
-                                       GLOBAL store_t* dst, GLOBAL state_t* st)                        \
-    {                                                                                                 \
-        real h[W], av[W], y[W];                                                                       \
-        PRAGMA_UNROLL                                                                                 \
-        for (int n = 0; n < W; ++n) {                                                                 \
-            h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;                                                \
-            av[n] = PLOAD(a, n);                                                                      \
-        }                                                                                             \
-        for (i64 tok = t0; tok < t1; ++tok) {                                                         \
-            GLOBAL const store_t* brow = bm + (tok * G + grp) * W;                                    \
-            GLOBAL const store_t* crow = cm + (tok * G + grp) * W;                                    \
-            const real xv = LOAD(x, tok * H + ch);                                                    \
-            const real dl = ssm_delta(LOAD(delta, tok * H + ch), bias, (real)0, (real)0), dx = dl * xv; \
-            PRAGMA_UNROLL                                                                             \
-            for (int n = 0; n < W; ++n) {                                                             \
-                h[n] = rlx_exp(dl * av[n]) * h[n] + dx * LOAD(brow, n);                               \
-                y[n] = LOAD(crow, n) * h[n];                                                          \
-            }                                                                                         \
-            PRAGMA_UNROLL                                                                             \
-            for (int w = W / 2; w > 0; w /= 2)                                                        \
-                PRAGMA_UNROLL                                                                         \
-                for (int n = 0; n < w; ++n)                                                           \
-                    y[n] += y[n + w];                                                                 \
-            STORE(dst, tok * H + ch, ssm_finish(y[0], dv, xv, z, tok * H + ch));                      \
-        }                                                                                             \
-        if (SSM_CARRY)                                                                                \
-            PRAGMA_UNROLL                                                                             \
-            for (int n = 0; n < W; ++n)                                                               \
-                SSTORE(st, n, h[n]);                                                                  \
+ * y sums by a pairwise tree. The block's delta transforms, before its steps, and its output finishes
+ * (d, silu(z)), after them, are straight-line code across the steps, so they vectorize across steps
+ * too: taken one per step, a softplus or a silu sat on the step's serial path and cost as much as
+ * the step. b and c rows are those of the channel's group. */
+INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 tok0, i64 H, i64 G, i64 ch, i64 grp,
+                                      real bias, real dv, GLOBAL const store_t* x, GLOBAL const store_t* delta,
+                                      GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
+                                      GLOBAL store_t* dst)
+{
+    real xv[SS_TB], dl[SS_TB], y[SS_TB];
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i) {
+        const i64 at = (tok0 + i) * H + ch;
+        xv[i] = i < steps ? LOAD(x, at) : (real)0;
+        dl[i] = ssm_delta(i < steps ? LOAD(delta, at) : (real)0, bias, (real)0, (real)0);
     }
-SS_FIXED(16)
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i) {
+        y[i] = (real)0;
+        if (i < steps) {
+            GLOBAL const store_t* brow = bm + ((tok0 + i) * G + grp) * SS_W;
+            GLOBAL const store_t* crow = cm + ((tok0 + i) * G + grp) * SS_W;
+            const real dx = dl[i] * xv[i];
+            real part[SS_W];
+            PRAGMA_UNROLL
+            for (int n = 0; n < SS_W; ++n) {
+                h[n] = rlx_exp(dl[i] * av[n]) * h[n] + dx * LOAD(brow, n);
+                part[n] = LOAD(crow, n) * h[n];
+            }
+            PRAGMA_UNROLL
+            for (int w = SS_W / 2; w > 0; w /= 2)
+                PRAGMA_UNROLL
+                for (int n = 0; n < w; ++n)
+                    part[n] += part[n + w];
+            y[i] = part[0];
+        }
+    }
+    real zv[SS_TB];
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i)
+        zv[i] = i < steps ? ssm_z(z, (tok0 + i) * H + ch) : (real)0;
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i)
+        if (i < steps)
+            STORE(dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
+}
+
+/* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps. */
+INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
+                                  GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const param_t* a,
+                                  GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
+                                  GLOBAL store_t* dst, GLOBAL state_t* st)
+{
+    real h[SS_W], av[SS_W];
+    PRAGMA_UNROLL
+    for (int n = 0; n < SS_W; ++n) {
+        h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;
+        av[n] = PLOAD(a, n);
+    }
+    i64 tok = t0;
+    for (; tok + SS_TB <= t1; tok += SS_TB)
+        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+    if (tok < t1)
+        selective_scan_block16((int)(t1 - tok), h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+    if (SSM_CARRY)
+        PRAGMA_UNROLL
+        for (int n = 0; n < SS_W; ++n)
+            SSTORE(st, n, h[n]);
+}
 
 /* Mamba-1: per (channel ch, row r), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[g,n]*x; y = sum_n c[g,n]*h[n],
  * g = ch's group. */
@@ -178,7 +264,7 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + ch) * N;
     const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
-    if (N == 16) {
+    if (N == SS_W) {
         selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, x, delta, a, bm, cm, z, dst, st);
         return;
     }
@@ -204,11 +290,26 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
         for (; n < N; ++n)
             y[0] += LOAD(crow, n) * h[n];
         const real sum = ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7]));
-        STORE(dst, tok * H + ch, ssm_finish(sum, dv, xv, z, tok * H + ch));
+        STORE(dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(z, tok * H + ch)));
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
             SSTORE(st, n, h[n]);
+}
+
+/* Stores the outputs of an item's first `np` rows (y0 + y1, finished) at dst[at ..]; called with the
+ * constant M2_PB for a whole block, so that its guards fold away. */
+INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t* z, i64 at, const real* y0,
+                              const real* y1, real dv, const real* xv)
+{
+    real zv[M2_PB];
+    PRAGMA_UNROLL
+    for (int c = 0; c < M2_PB; ++c)
+        zv[c] = c < np ? ssm_z(z, at + c) : (real)0;
+    PRAGMA_UNROLL
+    for (int c = 0; c < M2_PB; ++c)
+        if (c < np)
+            STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
 }
 
 /* Mamba-2 (SSD): per (p, head hh, row r), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n],
@@ -279,10 +380,10 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
             for (int c = 0; c < M2_PB; ++c)
                 y0[c] += s[n * M2_PB + c] * c0;
         }
-        PRAGMA_UNROLL
-        for (int c = 0; c < M2_PB; ++c)
-            if (c < np)
-                STORE(dst, head * P + p0 + c, ssm_finish(y0[c] + y1[c], dv, xv[c], z, head * P + p0 + c));
+        if (np == M2_PB) /* a whole block of rows, unguarded: the finish vectorizes across them */
+            m2_finish_rows(M2_PB, dst, z, head * P + p0, y0, y1, dv, xv);
+        else
+            m2_finish_rows(np, dst, z, head * P + p0, y0, y1, dv, xv);
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
@@ -360,7 +461,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
         BARRIER();
         if (live && nl == 0) {
             SSM_ROW_SUM(y, part, buf + first);
-            STORE(dst, tok * H + ch, ssm_finish(y, dv, xv, z, tok * H + ch));
+            STORE(dst, tok * H + ch, ssm_finish(y, dv, xv, ssm_z(z, tok * H + ch)));
         }
     }
     if (SSM_CARRY && live)
@@ -419,7 +520,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
         BARRIER();
         if (live && nl == 0) {
             SSM_ROW_SUM(y, part, buf + first);
-            STORE(dst, head * P + p, ssm_finish(y, dv, xv, z, head * P + p));
+            STORE(dst, head * P + p, ssm_finish(y, dv, xv, ssm_z(z, head * P + p)));
         }
     }
     if (SSM_CARRY && live)
@@ -521,7 +622,7 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
         for (int i = 0; i < SSC_T; ++i) { /* x again for d * x: no register array holds it through the walk */
             const i64 at = (t0 + i) * H + ch;
             if (live && t0 + i < end)
-                STORE(dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(x, at) : (real)0, z, at));
+                STORE(dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(x, at) : (real)0, ssm_z(z, at)));
         }
     }
     if (SSM_CARRY) {
@@ -771,7 +872,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
             const i64 at = ((t0 + t) * HD + hh) * P + p0 + py;
-            STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], z, at));
+            STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }
 }
