@@ -409,6 +409,15 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
 #define SSM_W (SSM_N / SSM_L)
 
 
+/* The final state of a row: this lane's values (n = w*SSM_L + nl) into the row's entry of `state`. */
+INLINE_FN void ssm_lanes_write_state(GLOBAL state_t* st, const real* h, int nl, i64 N)
+{
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        if (w * SSM_L + nl < N)
+            SSTORE(st, w * SSM_L + nl, h[w]);
+}
+
 /* Mamba-1, state rows = (row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[g,n]; y = sum_n c[g,n]*h[n]. */
 KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
@@ -465,10 +474,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
         }
     }
     if (SSM_CARRY && live)
-        PRAGMA_UNROLL
-        for (int w = 0; w < SSM_W; ++w)
-            if (w * SSM_L + nl < N)
-                SSTORE(st, w * SSM_L + nl, h[w]);
+        ssm_lanes_write_state(st, h, nl, N);
 }
 
 /* Mamba-2, state rows = (row, head, p): S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n]. */
@@ -524,10 +530,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
         }
     }
     if (SSM_CARRY && live)
-        PRAGMA_UNROLL
-        for (int w = 0; w < SSM_W; ++w)
-            if (w * SSM_L + nl < N)
-                SSTORE(st, w * SSM_L + nl, s[w]);
+        ssm_lanes_write_state(st, s, nl, N);
 }
 #endif
 
@@ -676,6 +679,24 @@ INLINE_FN m2_chunk m2_chunk_at(i64 k, i64 K, i64 S, GLOBAL const int* cu, GLOBAL
     return out;
 }
 
+/* What the work-group `group` of mamba2_chunk_state / mamba2_chunk_scan owns: chunk slot `slot`
+ * (head * K + chunk), the rows p0 .. p0+M2_PT-1 of P, and that chunk. */
+typedef struct {
+    i64 slot, head, p0;
+    m2_chunk chunk;
+} m2_tile;
+
+INLINE_FN m2_tile m2_tile_of(i64 group, i64 P, i64 K, i64 S, GLOBAL const int* cu, GLOBAL const int* table)
+{
+    const i64 ptiles = (P + M2_PT - 1) / M2_PT;
+    m2_tile out;
+    out.slot = group / ptiles;
+    out.p0 = (group - out.slot * ptiles) * M2_PT;
+    out.head = out.slot / K;
+    out.chunk = m2_chunk_at(out.slot - out.head * K, K, S, cu, table);
+    return out;
+}
+
 /* The first chunk slot of row r (of row R: the slots in use). */
 INLINE_FN i64 m2_row_slot(i64 r, i64 K, i64 S, GLOBAL const int* table)
 {
@@ -724,13 +745,11 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], xw[M2_Q * M2_PT];
     const int lane = (int)LID(0);
-    const i64 ptiles = (P + M2_PT - 1) / M2_PT, slot = GROUP(0) / ptiles, pt = GROUP(0) - slot * ptiles;
-    const i64 hh = slot / K, p0 = pt * M2_PT;
-    const m2_chunk ck = m2_chunk_at(slot - hh * K, K, S, AT(int, cub, cuo), AT(int, tb, to));
-    if (ck.steps == 0) /* the whole group: a slot no sequence uses */
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
+    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
         return;
-    const int steps = (int)ck.steps;
-    const i64 t0 = ck.first, grp = hh / (HD / G);
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
@@ -743,7 +762,7 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
                            : (real)0;
     }
-    if (pt == 0 && lane == 0)
+    if (p0 == 0 && lane == 0)
         AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
     for (i64 n = lane; n < N; n += M2_LANES) {
@@ -803,13 +822,11 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], xs[M2_Q * M2_PT], cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
     const int lane = (int)LID(0);
-    const i64 ptiles = (P + M2_PT - 1) / M2_PT, slot = GROUP(0) / ptiles, pt = GROUP(0) - slot * ptiles;
-    const i64 hh = slot / K, p0 = pt * M2_PT;
-    const m2_chunk ck = m2_chunk_at(slot - hh * K, K, S, AT(int, cub, cuo), AT(int, tb, to));
-    if (ck.steps == 0) /* the whole group: a slot no sequence uses */
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
+    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
         return;
-    const int steps = (int)ck.steps;
-    const i64 t0 = ck.first, grp = hh / (HD / G);
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
