@@ -2,8 +2,9 @@
 
 Each case switches on many fields at once (one compile-time variant of kernels/ssm.cl), runs through
 the executor on every OpenCL test device at the cpu target and at the gpu target (lanes and chunked
-forms, forced by ``ssm_kernel``), and is compared with a float64 step recurrence written here from
-ABI.md §4 and §8: the output and the whole state pool (entries no row names must stay as they were).
+forms, forced by ``ssm_kernel``), and is compared with the conformance suite's float64 step
+recurrence (written from ABI.md §4 and §8): the output and the whole state pool (entries no row names
+must stay as they were).
 """
 from __future__ import annotations
 
@@ -16,70 +17,12 @@ from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.cases import schedule_of  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.compare import nmse  # noqa: E402
+from rlx_gpu.conformance.references import REFERENCES  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.executor import Device  # noqa: E402
 from rlx_gpu.runtime.options import RunOptions  # noqa: E402
 from test_opencl import OPENCL  # noqa: E402
-
-
-def _softplus(u):
-    return np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20))))
-
-
-def _silu(u):
-    return u / (1 + np.exp(-u))
-
-
-def reference(t, load):
-    """``dst`` and the final ``state`` pool of a completed selective_scan / mamba2 thunk, one step at a time."""
-    ss = t["op"] == "selective_scan"
-    b, s, g = t["batch"], t["seq"], t["groups"]
-    heads = t["hidden"] if ss else t["heads"]
-    x, delta = load("x"), load("delta" if ss else "dt")
-    a = load("a")
-    bm, cm = (load(f).reshape(b, s, g, -1) for f in ("b", "c"))
-    bias = load("delta_bias" if ss else "dt_bias") if t["delta_bias" if ss else "dt_bias"] is not None else None
-    softplus = t["delta_softplus" if ss else "dt_softplus"]
-    limit = None if ss else t["dt_limit"]
-    d = load("d") if t["d"] is not None else None
-    z = load("z") if t["z"] is not None else None
-    shape = (heads, t["state_size"]) if ss else (heads, t["head_dim"], t["state_size"])
-    pool = load("state").copy() if t["carry_state"] else None
-    if t["cu_seqlens"] is not None:
-        cu = [int(v) for v in load("cu_seqlens")]
-        rows = [[(0, step) for step in range(cu[r], cu[r + 1])] for r in range(t["num_seqs"])]
-    else:
-        rows = [[(row, step) for step in range(s)] for row in range(b)]
-    slots = [int(v) for v in load("state_slots")] if t["state_slots"] is not None else list(range(len(rows)))
-    y = np.zeros(x.shape)
-    for r, tokens in enumerate(rows):
-        h = pool[slots[r]].copy() if pool is not None else np.zeros(shape)
-        for bt, step in tokens:
-            dl = delta[bt, step].copy()
-            if bias is not None:
-                dl = dl + bias
-            if softplus:
-                dl = _softplus(dl)
-            if limit is not None:
-                dl = np.clip(dl, limit[0], np.inf if limit[1] is None else limit[1])
-            for ch in range(heads):
-                grp = ch // (heads // g)
-                bv, cv = bm[bt, step, grp], cm[bt, step, grp]
-                if ss:
-                    h[ch] = np.exp(dl[ch] * a[ch]) * h[ch] + dl[ch] * bv * x[bt, step, ch]
-                    out = cv @ h[ch]
-                else:
-                    h[ch] = np.exp(dl[ch] * a[ch]) * h[ch] + np.outer(dl[ch] * x[bt, step, ch], bv)
-                    out = h[ch] @ cv
-                if d is not None:
-                    out = out + d[ch] * x[bt, step, ch]
-                if z is not None:
-                    out = out * _silu(z[bt, step, ch])
-                y[bt, step, ch] = out
-        if pool is not None:
-            pool[slots[r]] = h
-    return {"dst": y} if pool is None else {"dst": y, "state": pool}
 
 
 _CARRIED = dict(carry_state=True, state=True)
@@ -116,7 +59,7 @@ def test_version2_fields_match_the_float64_recurrence(session, case):
     def load(field):
         return laid.view(laid.arena, field).reshape(regions[field].shape)
 
-    want = reference(complete(laid.thunk), load)
+    want = REFERENCES[case.op](complete(laid.thunk), load)
     config = load_config()
     kernels = ("lanes", "chunked") if session.limits.target == "gpu" else ("auto",)
     for kernel in kernels:
