@@ -22,7 +22,9 @@ from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches import Buf  # noqa: E402
-from rlx_gpu.launches.limits import RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLimits, gate_variant, variants  # noqa: E402
+from rlx_gpu.launches.limits import (RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLimits, gate_variant,  # noqa: E402
+                                     state_variant, variants)
+from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES  # noqa: E402
 from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 from test_rnn_device import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
 
@@ -56,7 +58,20 @@ def _gpu_programs(dtypes):
     return out
 
 
-@pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES))
+def _ssm_version2_programs():
+    """The state-space programs with every version-2 switch of kernels/ssm.cl on (the most each kernel
+    holds), as the planners emit them: an f32 thunk without the f32-beside-16-bit switches, a bf16 one
+    with them; the chunked program and the lanes kernels at the smallest and largest state variant."""
+    every = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt == "bf16" or not name.endswith("_F32"))
+             for dt in ("f32", "bf16")}
+    out = []
+    for dtype, variant in (("f32", ()), ("bf16", ()), ("f32", state_variant(16)), ("bf16", state_variant(256))):
+        prog = programs.program("cuda", "ssm", dtype, None, "gpu", variant + every[dtype])
+        out.append(pytest.param(prog, id=f"ssm-{dtype}-every-field" + "".join(f"-{k}{v}" for k, v in variant)))
+    return out
+
+
+@pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES) + _ssm_version2_programs())
 def test_gpu_program_meets_sm90_budgets(prog):
     usage = nvrtc.resource_usage(_build(prog).log)
     assert usage, f"no ptxas report for {prog.label}"
@@ -118,6 +133,17 @@ def _field_thunks():
     return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")]
 
 
+#: every version-2 field of the state-space ops at once (f32 thunks; at the gpu target seq 64 takes the
+#: chunked forms, the varlen table of mamba2's among them)
+_SSM_V2 = dict(carry_state=True, state=True, d=True, z=True, batch=1, state_slots=[1, 0],
+               num_slots=2)
+SSM_V2_THUNKS = [
+    (op, dict(cases.SMALL[op], seq=seq, **_SSM_V2, cu_seqlens=[0, 1, seq], **extra), {})
+    for op, extra in (("selective_scan", dict(groups=2, delta_bias=True, delta_softplus=True)),
+                      ("mamba2", dict(groups=1, dt_bias=True, dt_softplus=True, dt_limit=[0.0, None])))
+    for seq in (2, 64)]
+
+
 def _kind(arg) -> tuple[str, int]:
     if isinstance(arg, Buf):
         return ("i", 8)  # a device pointer
@@ -130,7 +156,7 @@ def _kind(arg) -> tuple[str, int]:
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, CPU], ids=["gpu", "cpu"])
 def test_every_launch_matches_its_kernel_signature(lim, dtype):
     checked = set()
-    for op, params, options in _thunks() + (_field_thunks() if dtype == "f32" else []):
+    for op, params, options in _thunks() + (_field_thunks() + SSM_V2_THUNKS if dtype == "f32" else []):
         thunk, _ = cases.lay_out(op, dtype, params)
         for launch in launches.plan(thunk, lim, **options).launches:
             prog = programs.program_for("cuda", launch, lim)
@@ -145,6 +171,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
         "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes", "gdn_qk_norm"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
+                        "mamba2_varlen_chunks",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
     recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out"}
     if dtype == "f32":
