@@ -66,11 +66,14 @@ def shapes(q: int) -> list[tuple[str, dict]]:
 
 def lay_out(t: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
     fields = dict(t)
+    ints = cases.int_values(fields)  # cu_seqlens, ...: given as their values
     t, arena_bytes = cases.lay_out(fields.pop("op"), "f32", fields)
     arena = np.zeros(arena_bytes, np.uint8)
     for r in regions(t):
         off = r.offset
-        if r.reads and r.dtype != "u8":
+        if r.dtype == "i32":
+            arena[off: off + r.nbytes] = np.asarray(ints[r.field], STORAGE["i32"]).view(np.uint8)
+        elif r.reads and r.dtype != "u8":
             vals = rng.standard_normal(r.shape) * 0.3
             if t["op"] in ("selective_scan", "mamba2") and r.field in ("delta", "dt"):
                 vals = np.abs(vals)

@@ -1,129 +1,362 @@
-/* State-space family (ABI.md §4), in two shapes chosen by the program's target.
+/* State-space family (ABI.md §4 and the version-2 fields of §8), in two shapes chosen by the program's target.
  * cpu: one work-item owns one row of the state (mamba2: M2_PB rows) and walks the sequence, so no
  * step needs a barrier; the state row stays in private memory in the compute type. Each step
  * updates the row in one loop (no loop-carried dependence: vectorizable) and reduces it in another
  * with SSM_ACC independent partial sums, so the sum is not one serial add chain.
  * gpu: a row's state spread across the lanes of a work-group (decode, short sequences), and the
- * chunked forms for long sequences (selective_scan_chunked, mamba2_chunk_*); see the gpu block. */
+ * chunked forms for long sequences (selective_scan_chunked, mamba2_chunk_*); see the gpu block.
+ *
+ * A "row" below is one independent sequence: a batch row, or with SSM_VARLEN one packed sequence of
+ * cu_seqlens (tokens cu[r] .. cu[r+1]-1 of the one batch row). Token indices are absolute (batch row
+ * times seq plus step), so both kinds of row index the tensors alike.
+ *
+ * The version-2 fields are compile-time variants (launches/ssm.py sets them, each 0 when absent):
+ *   SSM_BIAS      delta (mamba2: dt) += delta_bias / dt_bias [H], in the parameter type
+ *   SSM_SOFTPLUS  then delta = softplus(delta)
+ *   SSM_LIMIT     then (mamba2) delta clamped to [lo, hi] (kernel arguments; hi may be +inf)
+ *   SSM_D         y += d * x (d [H] in the parameter type)
+ *   SSM_Z         then y *= silu(z)
+ *   SSM_CARRY     each row starts from its entry of `state` and its final state is written there
+ *   SSM_VARLEN    rows are the sequences of cu_seqlens
+ *   SSM_SLOTS     row r's entry of `state` is state_slots[r] (the pool is used in place)
+ *   SSM_STATE_F32 / SSM_PARAM_F32  state / a, d, bias stored as f32 beside a 16-bit thunk. */
+#ifndef SSM_BIAS
+#define SSM_BIAS 0
+#endif
+#ifndef SSM_SOFTPLUS
+#define SSM_SOFTPLUS 0
+#endif
+#ifndef SSM_LIMIT
+#define SSM_LIMIT 0
+#endif
+#ifndef SSM_D
+#define SSM_D 0
+#endif
+#ifndef SSM_Z
+#define SSM_Z 0
+#endif
+#ifndef SSM_CARRY
+#define SSM_CARRY 0
+#endif
+#ifndef SSM_VARLEN
+#define SSM_VARLEN 0
+#endif
+#ifndef SSM_SLOTS
+#define SSM_SLOTS 0
+#endif
+
+#ifdef SSM_PARAM_F32
+typedef float param_t;
+#define PLOAD(p, i) ((real)RLX_LD_F32(p, i))
+#else
+typedef store_t param_t;
+#define PLOAD(p, i) LOAD(p, i)
+#endif
+#ifdef SSM_STATE_F32
+typedef float state_t;
+#define SLOAD(p, i) ((real)RLX_LD_F32(p, i))
+#define SSTORE(p, i, v) RLX_ST_F32(p, i, v)
+#else
+typedef store_t state_t;
+#define SLOAD(p, i) LOAD(p, i)
+#define SSTORE(p, i, v) STORE(p, i, v)
+#endif
+
+/* log(1 + x) for finite x >= 0 (NaN carried): the library's, except for f32 at the cpu target, where
+ * it is plain arithmetic as rlx_exp is (Cephes' logf: the exponent by bits, a degree-9 polynomial on
+ * [sqrt(1/2), sqrt(2)), plus what rounding 1 + x lost), so that it inlines: PoCL's library log1p and
+ * exp made a softplus per step cost twice the whole selective_scan step. */
+INLINE_FN real ssm_log1p(real x)
+{
+#ifdef RLX_TARGET_CPU
+    if (sizeof(real) == 4) {
+        const float u = 1.0f + (float)x, lost = ((float)x - (u - 1.0f)) / u;
+        const uint bits = F32_TO_BITS(u);
+        const int e0 = (int)((bits >> 23) & 0xffu) - 126; /* u = m * 2^e0, m in [1/2, 1) */
+        const float m = BITS_TO_F32((bits & 0x807fffffu) | 0x3f000000u);
+        const int low = m < 0.707106781186547524f;
+        const float f = low ? m + m - 1.0f : m - 1.0f, e = (float)(low ? e0 - 1 : e0), z = f * f;
+        float p = 7.0376836292E-2f;
+        p = p * f - 1.1514610310E-1f;
+        p = p * f + 1.1676998740E-1f;
+        p = p * f - 1.2420140846E-1f;
+        p = p * f + 1.4249322787E-1f;
+        p = p * f - 1.6668057665E-1f;
+        p = p * f + 2.0000714765E-1f;
+        p = p * f - 2.4999993993E-1f;
+        p = p * f + 3.3333331174E-1f;
+        const float y = (f + (p * f * z - 2.12194440e-4f * e - 0.5f * z)) + 0.693359375f * e + lost;
+        return x != x ? x : (real)y;
+    }
+#endif
+    return log1p(x);
+}
+
+/* softplus(u) = u above 20, else log(1 + exp(u)) (ABI.md §8). */
+INLINE_FN real ssm_softplus(real u)
+{
+    return u > (real)20 ? u : ssm_log1p(rlx_exp(u));
+}
+
+/* silu(u) = u * sigmoid(u) through the fast exp, without a select (so that it vectorizes): where that
+ * exp clamps (u < -87) the quotient is within 1e-36 of the exact value, and -inf gives NaN as
+ * -inf * sigmoid(-inf) does, through min(u, 0) - min(u, 0) (0 for every other u). */
+INLINE_FN real ssm_silu(real u)
+{
+    const real neg = fmin(u, (real)0);
+    return u / ((real)1 + rlx_exp(-u)) + (neg - neg);
+}
+
+/* One step's delta (mamba2: dt) as §8 transforms it: plus the channel's (head's) bias, softplus,
+ * clamp. The comparisons keep a NaN a NaN (a min/max would replace it). */
+INLINE_FN real ssm_delta(real v, real bias, real lo, real hi)
+{
+    if (SSM_BIAS)
+        v += bias;
+    if (SSM_SOFTPLUS)
+        v = ssm_softplus(v);
+    if (SSM_LIMIT) {
+        v = v < lo ? lo : v;
+        v = v > hi ? hi : v;
+    }
+    return v;
+}
+
+/* z[at], or 0 for a variant without z. */
+INLINE_FN real ssm_z(GLOBAL const store_t* z, i64 at)
+{
+    return SSM_Z ? LOAD(z, at) : (real)0;
+}
+
+/* One output as §8 finishes it: plus d * x, then times silu(z). The kernels that finish several
+ * outputs load their z values first, apart from the stores: dst and z may alias as far as the
+ * compiler knows, so loads between stores keep it from vectorizing the silu. */
+INLINE_FN real ssm_finish(real y, real dv, real xv, real zv)
+{
+    if (SSM_D)
+        y += dv * xv;
+    if (SSM_Z)
+        y *= ssm_silu(zv);
+    return y;
+}
+
+/* A per-channel (per-head) parameter, or 0 for a field the variant does not take. */
+INLINE_FN real ssm_param(GLOBAL const param_t* p, i64 i, int present)
+{
+    return present ? PLOAD(p, i) : (real)0;
+}
+
+/* The first token of row r, and one past its last. */
+INLINE_FN i64 ssm_first(i64 r, i64 S, GLOBAL const int* cu)
+{
+    return SSM_VARLEN ? (i64)cu[r] : r * S;
+}
+
+INLINE_FN i64 ssm_end(i64 r, i64 S, GLOBAL const int* cu)
+{
+    return SSM_VARLEN ? (i64)cu[r + 1] : r * S + S;
+}
+
+/* The entry of `state` that row r reads and writes. */
+INLINE_FN i64 ssm_slot(i64 r, GLOBAL const int* slots)
+{
+    return SSM_SLOTS ? (i64)slots[r] : r;
+}
 
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
-/* Mamba-1, the walk of one channel for a state_size fixed at compile time (W, a power of two): the
- * state row lives in registers and each step is straight-line code over W contiguous values, so the
- * (plain-arithmetic) exp, the update and the products vectorize across n; y sums by a pairwise tree. */
-#define SS_FIXED(W)                                                                                   \
-    INLINE_FN void selective_scan_w##W(i64 S, i64 H, i64 ch, i64 bt, GLOBAL const store_t* x,          \
-                                       GLOBAL const store_t* delta, GLOBAL const store_t* a,           \
-                                       GLOBAL const store_t* bm, GLOBAL const store_t* cm,             \
-                                       GLOBAL store_t* dst)                                            \
-    {                                                                                                 \
-        real h[W], av[W], y[W];                                                                       \
-        PRAGMA_UNROLL                                                                                 \
-        for (int n = 0; n < W; ++n) {                                                                 \
-            h[n] = (real)0;                                                                           \
-            av[n] = LOAD(a, n);                                                                       \
-        }                                                                                             \
-        for (i64 t = 0; t < S; ++t) {                                                                 \
-            const i64 row = bt * S + t;                                                               \
-            GLOBAL const store_t* brow = bm + row * W;                                                \
-            GLOBAL const store_t* crow = cm + row * W;                                                \
-            const real dl = LOAD(delta, row * H + ch), dx = dl * LOAD(x, row * H + ch);               \
-            PRAGMA_UNROLL                                                                             \
-            for (int n = 0; n < W; ++n) {                                                             \
-                h[n] = rlx_exp(dl * av[n]) * h[n] + dx * LOAD(brow, n);                               \
-                y[n] = LOAD(crow, n) * h[n];                                                          \
-            }                                                                                         \
-            PRAGMA_UNROLL                                                                             \
-            for (int w = W / 2; w > 0; w /= 2)                                                        \
-                PRAGMA_UNROLL                                                                         \
-                for (int n = 0; n < w; ++n)                                                           \
-                    y[n] += y[n + w];                                                                 \
-            STORE(dst, row * H + ch, y[0]);                                                           \
-        }                                                                                             \
-    }
-SS_FIXED(16)
+#define SS_W 16 /* the state_size of selective_scan's fixed-width path */
+#define SS_TB 8 /* steps per block of that path */
 
-/* Mamba-1: per (channel ch, batch row bb), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[n]*x; y = sum_n c[n]*h[n]. */
-KERNEL selective_scan(i64 B, i64 S, i64 H, i64 N,
-                      GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
-                      GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+/* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or fewer at the row's end) for
+ * state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
+ * contiguous values, so the (plain-arithmetic) exp, the update and the products vectorize across n;
+ * y sums by a pairwise tree. The block's delta transforms, before its steps, and its output finishes
+ * (d, silu(z)), after them, are straight-line code across the steps, so they vectorize across steps
+ * too: taken one per step, a softplus or a silu sat on the step's serial path and cost as much as
+ * the step. b and c rows are those of the channel's group. */
+INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 tok0, i64 H, i64 G, i64 ch, i64 grp,
+                                      real bias, real dv, GLOBAL const store_t* x, GLOBAL const store_t* delta,
+                                      GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
+                                      GLOBAL store_t* dst)
 {
-    const i64 ch = GID(0), bt = GID(1);
-    if (ch >= H || bt >= B)
+    real xv[SS_TB], dl[SS_TB], y[SS_TB];
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i) {
+        const i64 at = (tok0 + i) * H + ch;
+        xv[i] = i < steps ? LOAD(x, at) : (real)0;
+        dl[i] = ssm_delta(i < steps ? LOAD(delta, at) : (real)0, bias, (real)0, (real)0);
+    }
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i) {
+        y[i] = (real)0;
+        if (i < steps) {
+            GLOBAL const store_t* brow = bm + ((tok0 + i) * G + grp) * SS_W;
+            GLOBAL const store_t* crow = cm + ((tok0 + i) * G + grp) * SS_W;
+            const real dx = dl[i] * xv[i];
+            real part[SS_W];
+            PRAGMA_UNROLL
+            for (int n = 0; n < SS_W; ++n) {
+                h[n] = rlx_exp(dl[i] * av[n]) * h[n] + dx * LOAD(brow, n);
+                part[n] = LOAD(crow, n) * h[n];
+            }
+            PRAGMA_UNROLL
+            for (int w = SS_W / 2; w > 0; w /= 2)
+                PRAGMA_UNROLL
+                for (int n = 0; n < w; ++n)
+                    part[n] += part[n + w];
+            y[i] = part[0];
+        }
+    }
+    real zv[SS_TB];
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i)
+        zv[i] = i < steps ? ssm_z(z, (tok0 + i) * H + ch) : (real)0;
+    PRAGMA_UNROLL
+    for (int i = 0; i < SS_TB; ++i)
+        if (i < steps)
+            STORE(dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
+}
+
+/* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps. */
+INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
+                                  GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const param_t* a,
+                                  GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
+                                  GLOBAL store_t* dst, GLOBAL state_t* st)
+{
+    real h[SS_W], av[SS_W];
+    PRAGMA_UNROLL
+    for (int n = 0; n < SS_W; ++n) {
+        h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;
+        av[n] = PLOAD(a, n);
+    }
+    i64 tok = t0;
+    for (; tok + SS_TB <= t1; tok += SS_TB)
+        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+    if (tok < t1)
+        selective_scan_block16((int)(t1 - tok), h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+    if (SSM_CARRY)
+        PRAGMA_UNROLL
+        for (int n = 0; n < SS_W; ++n)
+            SSTORE(st, n, h[n]);
+}
+
+/* Mamba-1: per (channel ch, row r), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[g,n]*x; y = sum_n c[g,n]*h[n],
+ * g = ch's group. */
+KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
+                      GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
+                      GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+                      GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+                      GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    const i64 ch = GID(0), r = GID(1);
+    if (ch >= H || r >= R)
         return;
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* delta = AT(store_t, deb, deo);
-    GLOBAL const store_t* a = AT(store_t, ab, ao) + ch * N;
+    GLOBAL const param_t* a = AT(param_t, ab, ao) + ch * N;
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    if (N == 16) {
-        selective_scan_w16(S, H, ch, bt, x, delta, a, bm, cm, dst);
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + ch) * N;
+    const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
+    const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
+    if (N == SS_W) {
+        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, x, delta, a, bm, cm, z, dst, st);
         return;
     }
     real h[STATE_MAX], av[STATE_MAX];
     for (i64 n = 0; n < N; ++n) {
-        h[n] = (real)0;
-        av[n] = LOAD(a, n);
+        h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;
+        av[n] = PLOAD(a, n);
     }
-    for (i64 t = 0; t < S; ++t) {
-        const i64 row = bt * S + t;
-        GLOBAL const store_t* brow = bm + row * N;
-        GLOBAL const store_t* crow = cm + row * N;
-        const real dl = LOAD(delta, row * H + ch), dx = dl * LOAD(x, row * H + ch);
+    for (i64 tok = t0; tok < t1; ++tok) {
+        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
+        const real xv = LOAD(x, tok * H + ch);
+        const real dl = ssm_delta(LOAD(delta, tok * H + ch), bias, (real)0, (real)0), dx = dl * xv;
         for (i64 n = 0; n < N; ++n)
             h[n] = exp(dl * av[n]) * h[n] + dx * LOAD(brow, n);
         real y[SSM_ACC];
-        for (int r = 0; r < SSM_ACC; ++r)
-            y[r] = (real)0;
+        for (int k = 0; k < SSM_ACC; ++k)
+            y[k] = (real)0;
         i64 n = 0;
         for (; n + SSM_ACC <= N; n += SSM_ACC)
-            for (int r = 0; r < SSM_ACC; ++r)
-                y[r] += LOAD(crow, n + r) * h[n + r];
+            for (int k = 0; k < SSM_ACC; ++k)
+                y[k] += LOAD(crow, n + k) * h[n + k];
         for (; n < N; ++n)
             y[0] += LOAD(crow, n) * h[n];
-        STORE(dst, row * H + ch, ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7])));
+        const real sum = ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7]));
+        STORE(dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(z, tok * H + ch)));
     }
+    if (SSM_CARRY)
+        for (i64 n = 0; n < N; ++n)
+            SSTORE(st, n, h[n]);
 }
 
-/* Mamba-2 (SSD): per (p, head hh, batch row bt), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[n]; y[p] = sum_n S[p,n]*c[n].
- * One work-item owns M2_PB adjacent p (rows of the state) of one (head, batch row) and walks the
- * sequence. The item's rows are the innermost, contiguous index of its private state s[n*M2_PB + c],
+/* Stores the outputs of an item's first `np` rows (y0 + y1, finished) at dst[at ..]; called with the
+ * constant M2_PB for a whole block, so that its guards fold away. */
+INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t* z, i64 at, const real* y0,
+                              const real* y1, real dv, const real* xv)
+{
+    real zv[M2_PB];
+    PRAGMA_UNROLL
+    for (int c = 0; c < M2_PB; ++c)
+        zv[c] = c < np ? ssm_z(z, at + c) : (real)0;
+    PRAGMA_UNROLL
+    for (int c = 0; c < M2_PB; ++c)
+        if (c < np)
+            STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
+}
+
+/* Mamba-2 (SSD): per (p, head hh, row r), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n],
+ * g = hh's group. One work-item owns M2_PB adjacent p (rows of the state) of one (head, row) and walks
+ * the sequence. The item's rows are the innermost, contiguous index of its private state s[n*M2_PB + c],
  * so each b[n] / c[n] load serves M2_PB rows and the row loop (fully unrolled) vectorizes; the decay
  * is one scalar per (step, head). A step is two passes over the state: the update, then the output
  * sum with two independent partial sums per row (even and odd n), so the sum over n is not one
  * serial FMA chain. Fused into one pass, PoCL's vectorizer split and spilled the accumulators (f32
  * B=2 S=1024 H=8 P=64 N=64: 7.8 ms fused vs 4.3 ms in two passes; 16 rows per item vs 8: 4.3 vs 14;
  * four partial sums instead of two: 5.0). */
-KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
+KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
-              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+              GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
 {
-    const i64 p0 = GID(0) * M2_PB, hh = GID(1), bt = GID(2);
-    if (p0 >= P || hh >= HD || bt >= B)
+    const i64 p0 = GID(0) * M2_PB, hh = GID(1), r = GID(2);
+    if (p0 >= P || hh >= HD || r >= R)
         return;
     const int np = P - p0 < M2_PB ? (int)(P - p0) : M2_PB; /* rows of this item inside the head */
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const real a = LOAD(AT(store_t, ab, ao), hh);
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    GLOBAL state_t* st = AT(state_t, stb, sto) + ((ssm_slot(r, AT(int, slb, slo)) * HD + hh) * P + p0) * N;
+    const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
     real s[STATE_MAX * M2_PB];
     for (i64 n = 0; n < N; ++n)
         PRAGMA_UNROLL
         for (int c = 0; c < M2_PB; ++c)
-            s[n * M2_PB + c] = (real)0;
-    for (i64 t = 0; t < S; ++t) {
-        const i64 head = (bt * S + t) * HD + hh;
-        GLOBAL const store_t* brow = bm + head * N;
-        GLOBAL const store_t* crow = cm + head * N;
-        const real d = LOAD(dt, head), decay = exp(d * a);
-        real dx[M2_PB], y0[M2_PB], y1[M2_PB];
+            s[n * M2_PB + c] = SSM_CARRY && c < np ? SLOAD(st, c * N + n) : (real)0;
+    for (i64 tok = t0; tok < t1; ++tok) {
+        const i64 head = tok * HD + hh;
+        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
+        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi), decay = exp(d * a);
+        real xv[M2_PB], dx[M2_PB], y0[M2_PB], y1[M2_PB];
         PRAGMA_UNROLL
         for (int c = 0; c < M2_PB; ++c) {
-            dx[c] = c < np ? d * LOAD(x, head * P + p0 + c) : (real)0;
+            xv[c] = c < np ? LOAD(x, head * P + p0 + c) : (real)0;
+            dx[c] = d * xv[c];
             y0[c] = y1[c] = (real)0;
         }
         for (i64 n = 0; n < N; ++n) {
@@ -147,57 +380,82 @@ KERNEL mamba2(i64 B, i64 S, i64 HD, i64 P, i64 N,
             for (int c = 0; c < M2_PB; ++c)
                 y0[c] += s[n * M2_PB + c] * c0;
         }
-        PRAGMA_UNROLL
-        for (int c = 0; c < M2_PB; ++c)
-            if (c < np)
-                STORE(dst, head * P + p0 + c, y0[c] + y1[c]);
+        if (np == M2_PB) /* a whole block of rows, unguarded: the finish vectorizes across them */
+            m2_finish_rows(M2_PB, dst, z, head * P + p0, y0, y1, dv, xv);
+        else
+            m2_finish_rows(np, dst, z, head * P + p0, y0, y1, dv, xv);
     }
+    if (SSM_CARRY)
+        for (i64 n = 0; n < N; ++n)
+            PRAGMA_UNROLL
+            for (int c = 0; c < M2_PB; ++c)
+                if (c < np)
+                    SSTORE(st, c * N + n, s[n * M2_PB + c]);
 }
 #endif
 
 #if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
-/* GPU shapes (target gpu): the state of one row (selective_scan: one channel of one batch row;
- * mamba2: one head_dim position p of one (batch row, head)) is spread across SSM_L lanes of a
- * work-group, each lane holding SSM_W = SSM_N / SSM_L values in registers (a fixed-size private
- * array, fully unrolled: no stack). Lane nl holds n = w*SSM_L + nl, so the lanes of a row read b and
- * c contiguously. SSM_N (the state-size variant, >= state_size) and SSM_L come from the launch's
- * defines, SSM_WG (the largest work-group) from the gpu tuning table. Each step the lanes' partial sums of y meet in LOCAL
- * memory, double-buffered so that one barrier per step suffices: the buffer written at step t is
- * rewritten only at step t+2, after every reader of step t has passed the barrier of step t+1.
- * The grid is 1-D (groups of rows folded into x), so no extent reaches CUDA's 65,535 cap on y/z. */
+/* GPU shapes (target gpu): the state of one row (selective_scan: one channel of one row; mamba2:
+ * one head_dim position p of one (row, head)) is spread across SSM_L lanes of a work-group, each
+ * lane holding SSM_W = SSM_N / SSM_L values in registers (a fixed-size private array, fully
+ * unrolled: no stack). Lane nl holds n = w*SSM_L + nl, so the lanes of a row read b and c
+ * contiguously. SSM_N (the state-size variant, >= state_size) and SSM_L come from the launch's
+ * defines, SSM_WG (the largest work-group) from the gpu tuning table. Each step the lanes' partial
+ * sums of y meet in LOCAL memory, double-buffered so that one barrier per step suffices: the buffer
+ * written at step t is rewritten only at step t+2, after every reader of step t has passed the
+ * barrier of step t+1. A work-group's rows all belong to one row of the batch (or one sequence), so
+ * its lanes walk the same tokens and meet the same barriers. The grid is 1-D (groups of rows folded
+ * into x), so no extent reaches CUDA's 65,535 cap on y/z. */
 #define SSM_W (SSM_N / SSM_L)
 
 
-/* Mamba-1, rows = (batch row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[n]; y = sum_n c[n]*h[n]. */
-KERNEL selective_scan_lanes(i64 B, i64 S, i64 H, i64 N,
+/* The final state of a row: this lane's values (n = w*SSM_L + nl) into the row's entry of `state`. */
+INLINE_FN void ssm_lanes_write_state(GLOBAL state_t* st, const real* h, int nl, i64 N)
+{
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        if (w * SSM_L + nl < N)
+            SSTORE(st, w * SSM_L + nl, h[w]);
+}
+
+/* Mamba-1, state rows = (row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[g,n]; y = sum_n c[g,n]*h[n]. */
+KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
-                            GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+                            GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+                            GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
-    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
+    const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
     const i64 rows = LSIZE(0) / SSM_L, blocks = (H + rows - 1) / rows;
-    const i64 bt = GROUP(0) / blocks, ch = (GROUP(0) - bt * blocks) * rows + r;
+    const i64 r = GROUP(0) / blocks, ch = (GROUP(0) - r * blocks) * rows + k;
     const int live = ch < H; /* a lane past the last channel still meets every barrier */
+    const i64 cl = live ? ch : 0;
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* delta = AT(store_t, deb, deo);
-    GLOBAL const store_t* a = AT(store_t, ab, ao) + (live ? ch : 0) * N;
+    GLOBAL const param_t* a = AT(param_t, ab, ao) + cl * N;
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
+    const i64 grp = cl / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
+    const real bias = ssm_param(AT(param_t, biasb, biaso), cl, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), cl, SSM_D);
     real h[SSM_W], av[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w) {
-        const int n = w * SSM_L + nl;
-        h[w] = (real)0;
-        av[w] = n < N ? LOAD(a, n) : (real)0;
+        const int n = w * SSM_L + nl, in = live && n < N;
+        h[w] = SSM_CARRY && in ? SLOAD(st, n) : (real)0;
+        av[w] = in ? PLOAD(a, n) : (real)0;
     }
-    for (i64 t = 0; t < S; ++t) {
-        const i64 row = bt * S + t;
-        GLOBAL const store_t* brow = bm + row * N;
-        GLOBAL const store_t* crow = cm + row * N;
-        const real dl = live ? LOAD(delta, row * H + ch) : (real)0;
-        const real dx = live ? dl * LOAD(x, row * H + ch) : (real)0;
+    for (i64 tok = t0; tok < t1; ++tok) {
+        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
+        const real xv = live ? LOAD(x, tok * H + ch) : (real)0;
+        const real dl = live ? ssm_delta(LOAD(delta, tok * H + ch), bias, (real)0, (real)0) : (real)0;
+        const real dx = dl * xv;
         real y = (real)0;
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
@@ -207,43 +465,53 @@ KERNEL selective_scan_lanes(i64 B, i64 S, i64 H, i64 N,
                 y += LOAD(crow, n) * h[w];
             }
         }
-        const int buf = (int)(t & 1) * SSM_WG;
+        const int buf = (int)((tok - t0) & 1) * SSM_WG;
         part[buf + lane] = y;
         BARRIER();
         if (live && nl == 0) {
             SSM_ROW_SUM(y, part, buf + first);
-            STORE(dst, row * H + ch, y);
+            STORE(dst, tok * H + ch, ssm_finish(y, dv, xv, ssm_z(z, tok * H + ch)));
         }
     }
+    if (SSM_CARRY && live)
+        ssm_lanes_write_state(st, h, nl, N);
 }
 
-/* Mamba-2, rows = (batch row, head, p): S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[n]; y[p] = sum_n S[p,n]*c[n]. */
-KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
+/* Mamba-2, state rows = (row, head, p): S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n]. */
+KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                     GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
-                    GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+                    GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+                    GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
-    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
+    const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
     const i64 rows = LSIZE(0) / SSM_L, blocks = (P + rows - 1) / rows;
-    const i64 hb = GROUP(0) / blocks, bt = hb / HD, hh = hb - bt * HD, p = (GROUP(0) - hb * blocks) * rows + r;
+    const i64 rh = GROUP(0) / blocks, r = rh / HD, hh = rh - r * HD, p = (GROUP(0) - rh * blocks) * rows + k;
     const int live = p < P;
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const real a = LOAD(AT(store_t, ab, ao), hh);
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    GLOBAL state_t* st = AT(state_t, stb, sto) + ((ssm_slot(r, AT(int, slb, slo)) * HD + hh) * P + (live ? p : 0)) * N;
+    const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
     real s[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w)
-        s[w] = (real)0;
-    for (i64 t = 0; t < S; ++t) {
-        const i64 head = (bt * S + t) * HD + hh;
-        GLOBAL const store_t* brow = bm + head * N;
-        GLOBAL const store_t* crow = cm + head * N;
-        const real d = LOAD(dt, head), decay = rlx_exp(d * a);
-        const real dx = live ? d * LOAD(x, head * P + p) : (real)0;
+        s[w] = SSM_CARRY && live && w * SSM_L + nl < N ? SLOAD(st, w * SSM_L + nl) : (real)0;
+    for (i64 tok = t0; tok < t1; ++tok) {
+        const i64 head = tok * HD + hh;
+        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
+        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi), decay = rlx_exp(d * a);
+        const real xv = live ? LOAD(x, head * P + p) : (real)0;
+        const real dx = d * xv;
         real y = (real)0;
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
@@ -253,20 +521,22 @@ KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
                 y += s[w] * LOAD(crow, n);
             }
         }
-        const int buf = (int)(t & 1) * SSM_WG;
+        const int buf = (int)((tok - t0) & 1) * SSM_WG;
         part[buf + lane] = y;
         BARRIER();
         if (live && nl == 0) {
             SSM_ROW_SUM(y, part, buf + first);
-            STORE(dst, head * P + p, y);
+            STORE(dst, head * P + p, ssm_finish(y, dv, xv, ssm_z(z, head * P + p)));
         }
     }
+    if (SSM_CARRY && live)
+        ssm_lanes_write_state(st, s, nl, N);
 }
 #endif
 
-#if defined(RLX_TARGET_GPU) && !defined(SSM_N) /* the gpu program without variant defines: the chunked forms */
-/* Mamba-1 chunked over the sequence (target gpu, long sequences): one work-group per (batch row,
- * block of SSC_CB channels). The group walks the sequence in chunks of SSC_SL*SSC_T steps; the SSC_SL
+#if defined(RLX_TARGET_GPU) && !defined(SSM_N) /* the gpu program without a state-size variant: the chunked forms */
+/* Mamba-1 chunked over the sequence (target gpu, long sequences): one work-group per (row, block of
+ * SSC_CB channels). The group walks its row's tokens in chunks of SSC_SL*SSC_T steps; the SSC_SL
  * lanes of a channel each own SSC_T consecutive steps of the chunk (lanes of adjacent channels are
  * adjacent, so the x/delta/y accesses of one step are contiguous). The state index n is a loop, so
  * no register array depends on state_size. Per n:
@@ -276,45 +546,61 @@ KERNEL mamba2_lanes(i64 B, i64 S, i64 HD, i64 P, i64 N,
  *      start (LOCAL `carry`) composed with the (A, B) of the channel's earlier lanes, in order, and
  *      reruns its steps, adding c[n]*h to its outputs;
  *   3. after a second barrier the channel's last lane stores its final h as the next chunk's start.
- * Steps past the sequence end compose as the identity (A=1, B=0): masked, never multiplied by
+ * Steps past the row's end compose as the identity (A=1, B=0): masked, never multiplied by
  * zero, so a NaN or Inf reaches only later steps. `carry` of n is rewritten only after the barrier
- * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's. */
-KERNEL selective_scan_chunked(i64 B, i64 S, i64 H, i64 N,
+ * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's.
+ * A varlen row is one sequence, so a chunk never holds a sequence start: every sequence restarts at
+ * its first chunk, whatever its length. Bounded to 4 groups per SM (128 registers): left free, ptxas
+ * spends more on scheduling than the budget of tests/test_ptxas.py. */
+KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
-                              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof)
+                              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
+                              GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+                              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
 {
     LOCAL real pa[SSC_CB * SSC_SL], pb[SSC_CB * SSC_SL], carry[SSC_CB * STATE_MAX];
     const int lane = (int)LID(0), sl = lane / SSC_CB, k = lane - sl * SSC_CB;
-    const i64 blocks = (H + SSC_CB - 1) / SSC_CB, bt = GROUP(0) / blocks, ch = (GROUP(0) - bt * blocks) * SSC_CB + k;
+    const i64 blocks = (H + SSC_CB - 1) / SSC_CB, r = GROUP(0) / blocks, ch = (GROUP(0) - r * blocks) * SSC_CB + k;
     const int live = ch < H; /* a lane past the last channel still meets every barrier */
+    const i64 cl = live ? ch : 0;
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* delta = AT(store_t, deb, deo);
-    GLOBAL const store_t* a = AT(store_t, ab, ao) + (live ? ch : 0) * N;
+    GLOBAL const param_t* a = AT(param_t, ab, ao) + cl * N;
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    const i64 grp = cl / (H / G), first = ssm_first(r, S, cu), end = ssm_end(r, S, cu);
+    const int gn = (int)(G * N); /* b, c elements from one step to the next */
+    const real bias = ssm_param(AT(param_t, biasb, biaso), cl, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), cl, SSM_D);
+    /* the channel's entry of `state`, found where it is read and again where it is written, so that
+     * no register holds it through the walk */
+    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     for (i64 n = sl; n < N; n += SSC_SL)
-        carry[k * STATE_MAX + n] = (real)0;
+        carry[k * STATE_MAX + n] = SSM_CARRY && live ? SLOAD(st, n) : (real)0;
     BARRIER();
-    for (i64 c0 = 0; c0 < S; c0 += SSC_SL * SSC_T) {
-        const i64 t0 = c0 + sl * SSC_T; /* this lane's first step */
+    for (i64 c0 = first; c0 < end; c0 += SSC_SL * SSC_T) {
+        const i64 t0 = c0 + sl * SSC_T; /* this lane's first token */
+        GLOBAL const store_t* brow = bm + (t0 * G + grp) * N; /* its first step's b and c rows */
+        GLOBAL const store_t* crow = cm + (t0 * G + grp) * N;
         real dl[SSC_T], dx[SSC_T], y[SSC_T];
         PRAGMA_UNROLL
         for (int i = 0; i < SSC_T; ++i) {
-            const i64 at = (bt * S + t0 + i) * H + ch;
-            const int in = live && t0 + i < S;
-            dl[i] = in ? LOAD(delta, at) : (real)0;
+            const i64 at = (t0 + i) * H + ch;
+            const int in = live && t0 + i < end;
+            dl[i] = in ? ssm_delta(LOAD(delta, at), bias, (real)0, (real)0) : (real)0;
             dx[i] = in ? dl[i] * LOAD(x, at) : (real)0;
             y[i] = (real)0;
         }
         for (i64 n = 0; n < N; ++n) {
-            const real an = live ? LOAD(a, n) : (real)0;
+            const real an = live ? PLOAD(a, n) : (real)0;
             real da[SSC_T], db_[SSC_T], A = (real)1, Bv = (real)0;
             PRAGMA_UNROLL
             for (int i = 0; i < SSC_T; ++i) {
-                const int in = t0 + i < S;
+                const int in = t0 + i < end;
                 da[i] = in ? rlx_exp(dl[i] * an) : (real)1;
-                db_[i] = in ? dx[i] * LOAD(bm, (bt * S + t0 + i) * N + n) : (real)0;
+                db_[i] = in ? dx[i] * LOAD(brow, i * gn + n) : (real)0;
                 A *= da[i];
                 Bv = da[i] * Bv + db_[i];
             }
@@ -326,9 +612,9 @@ KERNEL selective_scan_chunked(i64 B, i64 S, i64 H, i64 N,
                 h = pa[j * SSC_CB + k] * h + pb[j * SSC_CB + k];
             PRAGMA_UNROLL
             for (int i = 0; i < SSC_T; ++i) {
-                if (t0 + i < S) {
+                if (t0 + i < end) {
                     h = da[i] * h + db_[i];
-                    y[i] += LOAD(cm, (bt * S + t0 + i) * N + n) * h;
+                    y[i] += LOAD(crow, i * gn + n) * h;
                 }
             }
             BARRIER();
@@ -336,67 +622,148 @@ KERNEL selective_scan_chunked(i64 B, i64 S, i64 H, i64 N,
                 carry[k * STATE_MAX + n] = h;
         }
         PRAGMA_UNROLL
-        for (int i = 0; i < SSC_T; ++i)
-            if (live && t0 + i < S)
-                STORE(dst, (bt * S + t0 + i) * H + ch, y[i]);
+        for (int i = 0; i < SSC_T; ++i) { /* x again for d * x: no register array holds it through the walk */
+            const i64 at = (t0 + i) * H + ch;
+            if (live && t0 + i < end)
+                STORE(dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(x, at) : (real)0, ssm_z(z, at)));
+        }
+    }
+    if (SSM_CARRY) {
+        BARRIER(); /* the last lanes' final states are in `carry` */
+        st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
+        for (i64 n = sl; n < N; n += SSC_SL)
+            if (live)
+                SSTORE(st, n, carry[k * STATE_MAX + n]);
     }
 }
 #ifndef RLX_NEED_FP64 /* f64 keeps the step kernel on GPUs: its LOCAL tiles would pass CUDA's 48 KiB static limit */
 /* Mamba-2 chunked (SSD, target gpu, long sequences), chunks of M2_Q steps, three launches over
- * scratch holding one state [P, N] per (batch row, head, chunk) in the compute type:
+ * scratch holding one state [P, N] per (head, chunk slot) in the compute type:
  *   mamba2_chunk_state  each chunk's own final state from zero, sum_s exp(L[last]-L[s]) dt[s] x[s] (x) b[s],
  *                       and its total decay exp(L[last]), where L[t] = a * sum_{s<=t} dt[s] in the chunk;
- *   mamba2_state_pass   per state element, in chunk order: replaces each chunk's own state by the
- *                       state entering it (the inter-chunk pass);
+ *   mamba2_state_pass   per state element of a row, in chunk order: replaces each chunk's own state by
+ *                       the state entering it (the inter-chunk pass), from the row's initial state
+ *                       (zero, or its entry of `state` with SSM_CARRY, where the final one is written);
  *   mamba2_chunk_scan   y[t] = exp(L[t]) C[t] . S_in  +  sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t] . B[s]) x[s],
  *                       the intra-chunk product as M2_Q x M2_Q work-group tiles in LOCAL memory.
- * Groups of M2_LANES lanes own (batch row, head, chunk, M2_PT rows of P); the grid is 1-D. Sums
- * over s <= t are loops bounded by t, never products with a zero mask, so a NaN at step t reaches
- * only steps >= t: within its chunk through L and the s <= t bound, beyond it through the state. */
+ * Chunks are laid per row: row r's tokens fill its chunks from its first token, the last one
+ * partial. With varlen a row is one sequence of cu_seqlens, so a sequence boundary anywhere in the
+ * packed tokens starts a chunk and the state restarts there (at most num_seqs partial chunks more
+ * than seq / M2_Q; mamba2_varlen_chunks lays the slots out). Groups of M2_LANES lanes own (head,
+ * chunk slot, M2_PT rows of P); the grid is 1-D. Sums over s <= t are loops bounded by t, never
+ * products with a zero mask, so a NaN at step t reaches only steps >= t: within its chunk through L
+ * and the s <= t bound, beyond it through the state. */
 
-/* dts[t] = dt of step t0+t of this (batch row, head) and Ls[t] = a * sum_{s<=t} dts[s], for the
- * chunk's `steps` steps (lane 0 sums serially: M2_Q adds), in LOCAL. */
-#define M2_STAGE_DECAY(dts, Ls, dt, a)                                                                  \
-    if (lane < steps)                                                                                 \
-        dts[lane] = LOAD(dt, (bt * S + t0 + lane) * HD + hh);                                          \
+/* One chunk slot: its row, first token and steps (0: a slot no sequence uses). */
+typedef struct {
+    i64 row, first, steps;
+} m2_chunk;
+
+/* Chunk slot k of K. Without varlen, row r holds slots r*chunks .. r*chunks+chunks-1; with it the
+ * scratch table of mamba2_varlen_chunks names each slot's sequence. */
+INLINE_FN m2_chunk m2_chunk_at(i64 k, i64 K, i64 S, GLOBAL const int* cu, GLOBAL const int* table)
+{
+    m2_chunk out;
+    if (SSM_VARLEN) {
+        const i64 r = table[k];
+        out.row = r < 0 ? 0 : r;
+        out.first = r < 0 ? 0 : (i64)cu[r] + (k - table[K + r]) * M2_Q;
+        const i64 left = r < 0 ? 0 : (i64)cu[r + 1] - out.first;
+        out.steps = left < M2_Q ? left : M2_Q;
+    } else {
+        const i64 chunks = (S + M2_Q - 1) / M2_Q, r = k / chunks, c = k - r * chunks;
+        out.row = r;
+        out.first = r * S + c * M2_Q;
+        out.steps = S - c * M2_Q < M2_Q ? S - c * M2_Q : M2_Q;
+    }
+    return out;
+}
+
+/* What the work-group `group` of mamba2_chunk_state / mamba2_chunk_scan owns: chunk slot `slot`
+ * (head * K + chunk), the rows p0 .. p0+M2_PT-1 of P, and that chunk. */
+typedef struct {
+    i64 slot, head, p0;
+    m2_chunk chunk;
+} m2_tile;
+
+INLINE_FN m2_tile m2_tile_of(i64 group, i64 P, i64 K, i64 S, GLOBAL const int* cu, GLOBAL const int* table)
+{
+    const i64 ptiles = (P + M2_PT - 1) / M2_PT;
+    m2_tile out;
+    out.slot = group / ptiles;
+    out.p0 = (group - out.slot * ptiles) * M2_PT;
+    out.head = out.slot / K;
+    out.chunk = m2_chunk_at(out.slot - out.head * K, K, S, cu, table);
+    return out;
+}
+
+/* The first chunk slot of row r (of row R: the slots in use). */
+INLINE_FN i64 m2_row_slot(i64 r, i64 K, i64 S, GLOBAL const int* table)
+{
+    return SSM_VARLEN ? (i64)table[K + r] : r * ((S + M2_Q - 1) / M2_Q);
+}
+
+/* varlen: the slot table in scratch: table[k] = the sequence of slot k (-1: unused), table[K + r] =
+ * the first slot of sequence r, table[K + R] = the slots in use. One work-item (R + K steps). */
+KERNEL mamba2_varlen_chunks(i64 R, i64 K, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* tb, i64 to)
+{
+    if (GID(0) != 0)
+        return;
+    GLOBAL const int* cu = AT(int, cub, cuo);
+    GLOBAL int* table = AT(int, tb, to);
+    i64 k = 0;
+    for (i64 r = 0; r < R; ++r) {
+        table[K + r] = (int)k;
+        for (i64 t = cu[r]; t < cu[r + 1]; t += M2_Q)
+            table[k++] = (int)r;
+    }
+    table[K + R] = (int)k;
+    for (; k < K; ++k)
+        table[k] = -1;
+}
+
+/* dts[t] = dt of token t0+t at head hh as §8 transforms it and Ls[t] = a * sum_{s<=t} dts[s], for
+ * the chunk's `steps` steps (lane 0 sums serially: M2_Q adds), in LOCAL (a macro, since the CUDA
+ * dialect has no LOCAL pointer type). */
+#define M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi)                         \
+    if ((lane) < (steps))                                                                             \
+        dts[lane] = ssm_delta(LOAD(dt, ((t0) + (lane)) * (HD) + (hh)), bias, lo, hi);                  \
     BARRIER();                                                                                        \
-    if (lane == 0) {                                                                                  \
+    if ((lane) == 0) {                                                                                \
         real acc_ = (real)0;                                                                          \
-        for (int i_ = 0; i_ < steps; ++i_) {                                                          \
+        for (int i_ = 0; i_ < (steps); ++i_) {                                                        \
             acc_ += dts[i_] * (a);                                                                    \
             Ls[i_] = acc_;                                                                            \
         }                                                                                             \
     }                                                                                                 \
     BARRIER()
 
-/* The (batch row, head, chunk, row tile) of this group, and the chunk's steps. */
-#define M2_GROUP()                                                                                      \
-    const int lane = (int)LID(0);                                                                     \
-    const i64 chunks = (S + M2_Q - 1) / M2_Q, ptiles = (P + M2_PT - 1) / M2_PT;                       \
-    const i64 bhc = GROUP(0) / ptiles, pt = GROUP(0) - bhc * ptiles, bh = bhc / chunks;              \
-    const i64 c = bhc - bh * chunks, bt = bh / HD, hh = bh - bt * HD, t0 = c * M2_Q, p0 = pt * M2_PT; \
-    const int steps = S - t0 < M2_Q ? (int)(S - t0) : M2_Q;                                          \
-    GLOBAL real* states = AT(real, sb, so) + bhc * P * N /* this chunk's [P, N] */
-
-KERNEL mamba2_chunk_state(i64 B, i64 S, i64 HD, i64 P, i64 N,
+KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                           GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
-                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo)
+                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* cub, i64 cuo,
+                          GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to, real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], xw[M2_Q * M2_PT];
-    M2_GROUP();
+    const int lane = (int)LID(0);
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
+    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
+        return;
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    const real a = LOAD(AT(store_t, ab, ao), hh);
-    M2_STAGE_DECAY(dts, Ls, dt, a);
+    GLOBAL real* states = AT(real, sb, so) + slot * P * N; /* this chunk's [P, N] */
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
     /* xw[s][p] = exp(L[last] - L[s]) dt[s] x[s][p]: the weight of step s in the chunk's final state */
     for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
         const int s = e / M2_PT, p = e - s * M2_PT;
-        xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((bt * S + t0 + s) * HD + hh) * P + p0 + p)
+        xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
                            : (real)0;
     }
-    if (pt == 0 && lane == 0)
-        AT(real, eb, eo)[bhc] = rlx_exp(Ls[steps - 1]);
+    if (p0 == 0 && lane == 0)
+        AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
     for (i64 n = lane; n < N; n += M2_LANES) {
         real acc[M2_PT];
@@ -404,7 +771,7 @@ KERNEL mamba2_chunk_state(i64 B, i64 S, i64 HD, i64 P, i64 N,
         for (int p = 0; p < M2_PT; ++p)
             acc[p] = (real)0;
         for (int s = 0; s < steps; ++s) {
-            const real bv = LOAD(bm, ((bt * S + t0 + s) * HD + hh) * N + n);
+            const real bv = LOAD(bm, ((t0 + s) * G + grp) * N + n);
             PRAGMA_UNROLL
             for (int p = 0; p < M2_PT; ++p)
                 acc[p] += xw[s * M2_PT + p] * bv;
@@ -416,22 +783,29 @@ KERNEL mamba2_chunk_state(i64 B, i64 S, i64 HD, i64 P, i64 N,
     }
 }
 
-/* One work-item per state element of one (batch row, head): walks the chunks in order, leaving in
+/* One work-item per state element of one (row, head): walks the row's chunks in order, leaving in
  * each chunk's slot the state entering it. */
-KERNEL mamba2_state_pass(i64 B, i64 S, i64 HD, i64 P, i64 N, GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo)
+KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
+                         GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to)
 {
-    const i64 e = GID(0), pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
-    if (e >= B * HD * pn)
+    const i64 e = GID(0), pn = P * N;
+    if (e >= R * HD * pn)
         return;
-    const i64 bh = e / pn, k = e - bh * pn;
-    GLOBAL real* st = AT(real, sb, so) + bh * chunks * pn + k;
-    GLOBAL const real* dec = AT(real, eb, eo) + bh * chunks;
-    real s = (real)0;
-    for (i64 c = 0; c < chunks; ++c) {
-        const real own = st[c * pn];
-        st[c * pn] = s;
-        s = dec[c] * s + own;
+    const i64 rh = e / pn, el = e - rh * pn, r = rh / HD, hh = rh - r * HD;
+    GLOBAL const int* table = AT(int, tb, to);
+    const i64 k0 = m2_row_slot(r, K, S, table), k1 = m2_row_slot(r + 1, K, S, table);
+    GLOBAL real* st = AT(real, sb, so) + hh * K * pn + el;
+    GLOBAL const real* dec = AT(real, eb, eo) + hh * K;
+    GLOBAL state_t* carried = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    real s = SSM_CARRY ? SLOAD(carried, 0) : (real)0;
+    for (i64 k = k0; k < k1; ++k) {
+        const real own = st[k * pn];
+        st[k * pn] = s;
+        s = dec[k] * s + own;
     }
+    if (SSM_CARRY)
+        SSTORE(carried, 0, s);
 }
 
 #define M2_NTP (M2_NT + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
@@ -440,23 +814,32 @@ KERNEL mamba2_state_pass(i64 B, i64 S, i64 HD, i64 P, i64 N, GLOBAL uchar* sb, i
 #define M2_TS (M2_LANES / M2_PT)       /* output rows apart for one lane: p = lane % M2_PT, t = lane / M2_PT + i*M2_TS */
 #define M2_YI (M2_Q / M2_TS)           /* outputs per lane */
 
-KERNEL mamba2_chunk_scan(i64 B, i64 S, i64 HD, i64 P, i64 N,
+KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
-                         GLOBAL uchar* sb, i64 so)
+                         GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], xs[M2_Q * M2_PT], cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
-    M2_GROUP();
+    const int lane = (int)LID(0);
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
+    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
+        return;
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL const store_t* cm = AT(store_t, cb, co);
+    GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const real a = LOAD(AT(store_t, ab, ao), hh);
-    M2_STAGE_DECAY(dts, Ls, dt, a);
+    GLOBAL const real* states = AT(real, sb, so) + slot * P * N; /* the state entering this chunk */
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
+    M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
     for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
         const int s = e / M2_PT, p = e - s * M2_PT;
-        xs[e] = p0 + p < P ? LOAD(x, ((bt * S + t0 + s) * HD + hh) * P + p0 + p) : (real)0;
+        xs[e] = p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0;
     }
     /* this lane's C.B^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M2_TS
      * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
@@ -473,7 +856,7 @@ KERNEL mamba2_chunk_scan(i64 B, i64 S, i64 HD, i64 P, i64 N,
         for (int e = lane; e < M2_Q * M2_NT; e += M2_LANES) {
             const int s = e / M2_NT, nn = e - s * M2_NT;
             const int in = s < steps && n0 + nn < N;
-            const i64 at = ((bt * S + t0 + s) * HD + hh) * N + n0 + nn;
+            const i64 at = ((t0 + s) * G + grp) * N + n0 + nn;
             cs[s * M2_NTP + nn] = in ? LOAD(cm, at) : (real)0;
             bs[s * M2_NTP + nn] = in ? LOAD(bm, at) : (real)0;
         }
@@ -505,7 +888,8 @@ KERNEL mamba2_chunk_scan(i64 B, i64 S, i64 HD, i64 P, i64 N,
             real y = rlx_exp(Ls[t]) * yi[i];
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
-            STORE(dst, ((bt * S + t0 + t) * HD + hh) * P + p0 + py, y);
+            const i64 at = ((t0 + t) * HD + hh) * P + p0 + py;
+            STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }
 }

@@ -8,6 +8,10 @@ typedef unsigned int uint;
 typedef long long i64;
 
 #define KERNEL extern "C" __global__ void
+/* A kernel launched with work-groups of at most `lanes` lanes, `groups` of which should fit on one SM at
+ * once: ptxas then holds the kernel within 65536 / (lanes * groups) registers, where it would otherwise
+ * spend registers freely on scheduling. */
+#define KERNEL_BOUNDED(lanes, groups) extern "C" __global__ void __launch_bounds__(lanes, groups)
 #define GLOBAL
 #define LOCAL __shared__
 #define DEVICE_FN static __device__ __forceinline__

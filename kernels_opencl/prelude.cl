@@ -7,6 +7,8 @@
 typedef long i64;
 
 #define KERNEL __kernel void
+/* A kernel launched with work-groups of at most `lanes` lanes (CUDA bounds its registers by it; here a hint). */
+#define KERNEL_BOUNDED(lanes, groups) __kernel __attribute__((work_group_size_hint(lanes, 1, 1))) void
 #define GLOBAL __global
 #define LOCAL __local
 #define DEVICE_FN static inline

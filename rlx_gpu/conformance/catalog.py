@@ -198,8 +198,9 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("selective_scan", dict(_ssm(1, 300, 3, 4), cu_seqlens=[0, 100, 260, 300], carry_state=True, state=True),
      "x", 150, NAN),
     ("mamba2", dict(_mamba2(2, 10, 2, 3, 8), z=True), "z", 5, -INF),
+    # (a NaN: past an Inf in dt the gpu target's chunked sums may give NaN where the step order gives ±Inf)
     ("mamba2", dict(_mamba2(1, 80, 1, 2, 4), cu_seqlens=[0, 30, 68, 80], dt_bias=True, dt_softplus=True), "dt", 40,
-     INF),
+     NAN),
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
     # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate

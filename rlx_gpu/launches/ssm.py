@@ -1,15 +1,74 @@
-"""Launch geometry of selective_scan and mamba2 (ABI.md §4).
+"""Launch geometry of selective_scan and mamba2 (ABI.md §4 and the version-2 fields of §8).
 
 cpu target: one work-item per state row (mamba2: per M2_PB rows) walks the sequence. gpu target: the
 state of one row spread across the lanes of a work-group (``state_lanes``, its size a compile-time
 variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on, the chunked forms.
+A row is a batch row or, with ``cu_seqlens``, one packed sequence. The version-2 fields a thunk uses
+select a compile-time variant of the kernels (``field_defines``); the kernels take every optional
+tensor as an argument, at offset 0 where the thunk has none (the variant never reads it).
 """
 from __future__ import annotations
 
-from .core import SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i64, linear_local, real_size
+import math
+
+from host_fallback.fields import complete
+
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i64, linear_local, real, real_size
 from .limits import DeviceLimits, state_variant
 
 Defines = tuple[tuple[str, int], ...]
+
+#: The version-2 fields (ABI.md §8) of both ops that the kernels below implement.
+V2_FIELDS = frozenset({
+    "groups", "d", "z", "carry_state", "state", "state_dtype", "param_dtype", "cu_seqlens", "num_seqs",
+    "state_slots", "num_slots",
+    "delta_bias", "delta_softplus",  # selective_scan
+    "dt_bias", "dt_softplus", "dt_limit",  # mamba2
+})
+
+#: kernels/ssm.cl's switches of the version-2 fields, in the order a launch's defines list them
+SWITCHES = ("SSM_BIAS", "SSM_SOFTPLUS", "SSM_LIMIT", "SSM_D", "SSM_Z", "SSM_CARRY", "SSM_VARLEN", "SSM_SLOTS",
+            "SSM_STATE_F32", "SSM_PARAM_F32")
+#: per op, the names of its delta transform's fields: (bias, softplus)
+_DELTA = {"selective_scan": ("delta_bias", "delta_softplus"), "mamba2": ("dt_bias", "dt_softplus")}
+_SIXTEEN_BIT = ("f16", "bf16")
+
+
+def field_defines(t: Thunk) -> Defines:
+    """The compile-time variant of the version-2 fields ``t`` (completed) uses: kernels/ssm.cl's SSM_*
+    switches, each given as 1; none for a version-1 thunk."""
+    bias, softplus = _DELTA[t["op"]]
+    on = {
+        "SSM_BIAS": t[bias] is not None, "SSM_SOFTPLUS": bool(t[softplus]),
+        "SSM_LIMIT": t.get("dt_limit") is not None, "SSM_D": t["d"] is not None, "SSM_Z": t["z"] is not None,
+        "SSM_CARRY": bool(t["carry_state"]), "SSM_VARLEN": t["cu_seqlens"] is not None,
+        "SSM_SLOTS": t["state_slots"] is not None,
+        # f32 state / parameters beside a 16-bit thunk (f32 is then the compute type itself)
+        "SSM_STATE_F32": t["dtype"] in _SIXTEEN_BIT and t["state_dtype"] == "f32",
+        "SSM_PARAM_F32": t["dtype"] in _SIXTEEN_BIT and t["param_dtype"] == "f32",
+    }
+    return tuple((name, 1) for name in SWITCHES if on[name])
+
+
+def rows(t: Thunk) -> int:
+    """Independent sequences of ``t`` (completed): ``num_seqs`` with cu_seqlens, else ``batch``."""
+    return t["num_seqs"] if t["cu_seqlens"] is not None else t["batch"]
+
+
+def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
+    """(buffer, offset) arguments of ``fields`` of ``t`` (``bias``: the op's delta_bias / dt_bias); an
+    optional tensor ``t`` has none of (``state`` without carry_state included) passes offset 0."""
+    out: tuple = ()
+    for f in fields:
+        offset = t[_DELTA[t["op"]][0] if f == "bias" else f]
+        out += (ARENA, i64(0 if offset is None else offset))
+    return out
+
+
+def _limits(t: Thunk) -> tuple:
+    """mamba2's dt clamp as two compute-type scalars (hi null: +inf); unused without dt_limit."""
+    lo, hi = t["dt_limit"] if t["dt_limit"] is not None else (0.0, None)
+    return (real(t["dtype"], lo), real(t["dtype"], math.inf if hi is None else hi))
 
 
 def state_lanes(n: int, rows: int, outer: int, lim: DeviceLimits) -> tuple[Defines, tuple[int], tuple[int]]:
@@ -35,55 +94,96 @@ def takes_chunked(lim: DeviceLimits, seq: int, rule: str, ssm_kernel: str) -> bo
     return ssm_kernel == "chunked" or (ssm_kernel == "auto" and seq >= lim.tune(rule))
 
 
+_SS_TENSORS = ("x", "delta", "a", "b", "c", "dst", "bias", "d", "z", "state", "cu_seqlens", "state_slots")
+
+
 def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
-    b, s, h, n, dt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"]
-    args = (i64(b), i64(s), i64(h), i64(n)) + arena_args(t, ("x", "delta", "a", "b", "c", "dst"))
+    t = complete(t)
+    r, s, h, n, dt = rows(t), t["seq"], t["hidden"], t["state_size"], t["dtype"]
+    args = (i64(r), i64(s), i64(h), i64(n), i64(t["groups"])) + _tensors(t, _SS_TENSORS)
+    fields = field_defines(t)
     if lim.target == "gpu":
-        defines, glob, local = state_lanes(n, h, b, lim)
-        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (batch row, SSC_CB channels)
+        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (row, SSC_CB channels)
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
-            glob, local = (b * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
-            return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu"),))
-        return LaunchPlan((Launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu", defines=defines),))
+            glob, local = (r * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
+            return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu",
+                                      defines=fields),))
+        defines, glob, local = state_lanes(n, h, r, lim)
+        return LaunchPlan((Launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
+                                  defines=defines + fields),))
     local = (linear_local(h), 1)
-    return LaunchPlan((Launch("ssm", "selective_scan", dt, grid((h, b), local), local, args, target=lim.target),))
+    return LaunchPlan((Launch("ssm", "selective_scan", dt, grid((h, r), local), local, args, target=lim.target,
+                              defines=fields),))
+
+
+_M2_TENSORS = ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z", "state", "cu_seqlens", "state_slots")
 
 
 def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
-    b, s, heads, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
-    args = (i64(b), i64(s), i64(heads), i64(p), i64(n)) + arena_args(t, ("x", "dt", "a", "b", "c", "dst"))
+    t = complete(t)
+    r, s, heads, p, n = rows(t), t["seq"], t["heads"], t["head_dim"], t["state_size"]
+    args = (i64(r), i64(s), i64(heads), i64(p), i64(n), i64(t["groups"])) + _tensors(t, _M2_TENSORS) + _limits(t)
+    fields = field_defines(t)
     if lim.target == "gpu":
-        defines, glob, local = state_lanes(n, p, b * heads, lim)
         if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
-            return _mamba2_chunked(t, lim)
-        return LaunchPlan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu", defines=defines),))
+            return _mamba2_chunked(t, lim, fields)
+        defines, glob, local = state_lanes(n, p, r * heads, lim)
+        return LaunchPlan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu",
+                                  defines=defines + fields),))
     items = -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows
     local = (linear_local(items), 1, 1)
-    return LaunchPlan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, b), local), local, args, target=lim.target),))
+    return LaunchPlan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, r), local), local, args,
+                              target=lim.target, defines=fields),))
 
 
-def _mamba2_chunked(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
-    """Three launches over scratch holding one state per (batch row, head, chunk): each chunk's own
-    state, the inter-chunk pass, the chunk outputs (f64 keeps the lanes kernel: its tiles would pass
-    CUDA's 48 KiB of static shared memory)."""
-    b, s, heads, p, n, dt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
-    chunks, lanes = -(-s // lim.tune("M2_Q")), lim.tune("M2_LANES")
-    dec_at = ceil_to(b * heads * chunks * p * n * real_size(dt), 256)
-    dims = (i64(b), i64(s), i64(heads), i64(p), i64(n))
-    tile = ((b * heads * chunks * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))
-    st, dec = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at))
-    state = Launch("ssm", "mamba2_chunk_state", dt, *tile, dims + arena_args(t, ("x", "dt", "a", "b")) + st + dec,
-                   target="gpu")
-    carry = Launch("ssm", "mamba2_state_pass", dt, grid((b * heads * p * n,), (lanes,)), (lanes,), dims + st + dec,
-                   target="gpu")
-    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile, dims + arena_args(t, ("x", "dt", "a", "b", "c", "dst")) + st,
-                  target="gpu")
-    return LaunchPlan((state, carry, scan), dec_at + b * heads * chunks * real_size(dt), (f"chunked Q={lim.tune('M2_Q')}",))
+def chunk_slots(t: Thunk, q: int) -> int:
+    """Chunks of ``q`` steps the chunked mamba2 lays out per head: ``ceil(seq/q)`` per row, or with
+    cu_seqlens the most that sequences of any lengths summing to ``seq`` take (each one's last chunk
+    may be partial): ``(seq + num_seqs*(q-1)) // q``."""
+    if t["cu_seqlens"] is not None:
+        return (t["seq"] + t["num_seqs"] * (q - 1)) // q
+    return t["batch"] * -(-t["seq"] // q)
+
+
+def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
+    """Three launches over scratch holding one state per (head, chunk slot): each chunk's own state,
+    the inter-chunk pass, the chunk outputs; with cu_seqlens a first launch lays the chunk slots out
+    per sequence (f64 keeps the lanes kernel: its tiles would pass CUDA's 48 KiB of static shared
+    memory)."""
+    r, s, heads, p, n, dt = rows(t), t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
+    lanes, k = lim.tune("M2_LANES"), chunk_slots(t, lim.tune("M2_Q"))
+    dec_at = ceil_to(heads * k * p * n * real_size(dt), 256)
+    table_at = ceil_to(dec_at + heads * k * real_size(dt), 256)
+    varlen = t["cu_seqlens"] is not None
+    dims = (i64(r), i64(s), i64(heads), i64(p), i64(n))
+    tile = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))
+    st, dec, table = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at)), (SCRATCH, i64(table_at))
+    cu, limits = _tensors(t, ("cu_seqlens",)), _limits(t)
+    state = Launch("ssm", "mamba2_chunk_state", dt, *tile,
+                   dims + (i64(t["groups"]), i64(k)) + _tensors(t, ("x", "dt", "a", "b", "bias")) + cu + st + dec
+                   + table + limits, target="gpu", defines=fields)
+    carry = Launch("ssm", "mamba2_state_pass", dt, grid((r * heads * p * n,), (lanes,)), (lanes,),
+                   dims + (i64(k),) + _tensors(t, ("state", "state_slots")) + st + dec + table,
+                   target="gpu", defines=fields)
+    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile,
+                  dims + (i64(t["groups"]), i64(k)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z"))
+                  + cu + st + table + limits, target="gpu", defines=fields)
+    launches = (state, carry, scan)
+    if varlen:
+        launches = (Launch("ssm", "mamba2_varlen_chunks", dt, (1,), (1,), (i64(r), i64(k)) + cu + table,
+                           target="gpu", defines=fields),) + launches
+    return LaunchPlan(launches, table_at + (k + r + 1) * 4 if varlen else dec_at + heads * k * real_size(dt),
+                      (f"chunked Q={lim.tune('M2_Q')}",))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
+    t = complete(t)
     if t["state_size"] > lim.tune("STATE_MAX"):
         return f"{t['op']} keeps a state row of state_size={t['state_size']} in private memory; the kernel holds at most {lim.tune('STATE_MAX')}"
+    wider = [f"{f}={t[f]}" for f in ("state_dtype", "param_dtype") if t[f] == "f64" and t["dtype"] != "f64"]
+    if wider:
+        return (f"{t['op']}'s device kernels carry the recurrence in the compute type of dtype={t['dtype']} (f32); "
+                f"{' and '.join(wider)} runs on the host (or give f32)")
     return None
 
 
