@@ -42,6 +42,14 @@ def _constant(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
     return [np.asarray(value, dtype=dtype)]
 
 
+def _constant_of_shape(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+    from onnx import numpy_helper
+
+    shape = [int(d) for d in importer.constant(node, ins[0], "the shape").ravel()]
+    fill = next((numpy_helper.to_array(a.t) for a in node.attribute if a.name == "value"), np.zeros(1, np.float32))
+    return [np.full(shape, fill.ravel()[0], dtype=fill.dtype)]
+
+
 def _cast(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
     from onnx import helper
 
@@ -224,6 +232,7 @@ def _h(run: Callable[[Importer, Any, Inputs], Sequence[Value]], *attributes: str
 HANDLERS = {
     "Identity": _h(_identity),
     "Constant": _h(_constant, "value", "value_float", "value_floats", "value_int", "value_ints"),
+    "ConstantOfShape": _h(_constant_of_shape, "value"),
     "Cast": _h(_cast, "to", "saturate"),
     "Shape": _h(_shape, "start", "end"),
     "Gather": _h(_gather, "axis"),

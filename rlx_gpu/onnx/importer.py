@@ -61,7 +61,11 @@ class Importer:
         out = {}
         for a in node.attribute:
             value = helper.get_attribute_value(a)
-            out[a.name] = value.decode() if isinstance(value, bytes) else value
+            if isinstance(value, bytes):
+                value = value.decode()
+            elif isinstance(value, list) and value and isinstance(value[0], bytes):
+                value = [v.decode() for v in value]
+            out[a.name] = value
         return out
 
     # ----------------------------------------------------------------- values

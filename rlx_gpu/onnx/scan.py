@@ -103,6 +103,8 @@ def _scan_one(importer: Importer, node: Any, proto: Any, states: list[Value], xs
     for shape in shapes:
         outs.append(_segment(importer, last, start, shape))
         start += _size(shape)
+    out_axes = _axes(importer, node, "scan_output_axes", len(out_shapes), [len(s) + 1 for s in out_shapes],
+                     out_axes)
     for shape, axis, reverse in zip(out_shapes, out_axes, out_reverse):
         columns = take(graph, result, 1, range(start, start + _size(shape)))
         stacked = reshape(graph, columns, (length, *shape))
@@ -121,8 +123,10 @@ def _along(importer: Importer, value: Value, axis: int, reverse: bool) -> Value:
     return take(importer.graph, moved, 0, range(moved.shape[0] - 1, -1, -1)) if reverse else moved
 
 
-def _axes(importer: Importer, node: Any, name: str, count: int, rank: Sequence[int]) -> list[int]:
-    given = importer.attributes(node).get(name) or [0] * count
+def _axes(importer: Importer, node: Any, name: str, count: int, rank: Sequence[int],
+          given: Sequence[int] | None = None) -> list[int]:
+    """The axes attribute ``name`` (``given`` when already read), one per tensor, non-negative."""
+    given = list(given if given is not None else importer.attributes(node).get(name) or [0] * count)
     if len(given) != count:
         raise importer.unsupported(node, name, given, f"expected {count} entries")
     out = []
@@ -150,8 +154,7 @@ def _scan(importer: Importer, node: Any, ins: list[Value | None]) -> list[Value 
             raise importer.unsupported(node, name, given, f"expected {count} entries of 0 (forward) or 1 (reverse)")
     if not batched:
         in_axes = _axes(importer, node, "scan_input_axes", m, [len(x.shape) for x in xs])
-        out_axes = _axes(importer, node, "scan_output_axes", k, [len(o.type.tensor_type.shape.dim) or 1
-                                                                 for o in proto.output[n:]])
+        out_axes = importer.attributes(node).get("scan_output_axes") or [0] * k
         xs = [_along(importer, x, a, bool(d)) for x, a, d in zip(xs, in_axes, in_dirs)]
         return _scan_one(importer, node, proto, states, xs, out_axes, [bool(d) for d in out_dirs])
     batch = xs[0].shape[0]
