@@ -177,3 +177,22 @@ def test_a_symbolic_input_shape_is_given_by_shapes():
         rlx_gpu.onnx.load(model)
     schedule = rlx_gpu.onnx.load(model, shapes={"x": [2, 3]})
     assert schedule.tensors["x"].shape == (2, 3) and schedule.inputs == ("x",) and schedule.outputs == ("y",)
+
+
+def test_the_cli_imports_a_model_and_runs_it_directly(tmp_path, capsys):
+    from rlx_gpu.cli import main
+
+    combo = dict(direction="bidirectional", layout=0, clip=None, activations="default", sequence_lens="absent",
+                 initial=True, bias=True, linear_before_reset=1)
+    model_path = tmp_path / "gru.onnx"
+    model_path.write_bytes(recurrent_case("GRU", combo)[0].SerializeToString())
+    out = tmp_path / "gru.json"
+    assert main(["import", str(model_path), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"to {out}" in said and "inputs X, initial_h, outputs Y, Y_h" in said
+    assert rlx_gpu.load_schedule(out).to_dict() == rlx_gpu.onnx.load(model_path).to_dict()
+    assert main(["run", str(model_path), "--device", "host", "--check"]) == 0
+    assert "gru" in capsys.readouterr().out
+    (tmp_path / "broken.onnx").write_bytes(b"\x08\x07not protobuf")
+    assert main(["import", str(tmp_path / "broken.onnx"), "-o", str(tmp_path / "x.json")]) == 2
+    assert "OnnxImportError" in capsys.readouterr().err

@@ -13,9 +13,13 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+import rlx_gpu
 import rlx_gpu.onnx
 from onnx_cases import run_imported
 from rlx_gpu.conformance.compare import nmse
+from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.runtime.config import load_config
+from rlx_gpu.runtime.executor import Device
 
 F32_BOUND = 1e-7  # the conformance suite's f32 bound
 KINDS = {"LSTM": dict(cls=torch.nn.LSTM), "GRU": dict(cls=torch.nn.GRU),
@@ -104,3 +108,22 @@ def test_an_exported_packed_sequence_module_reproduces_torch(kind):
     with torch.no_grad():
         want = dict(zip(out_names, module(x)))
     _check(run_imported(model, {"x": x.numpy()}), want)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_an_exported_module_reproduces_torch_on_opencl_at_each_target(target):
+    """The imported schedule (the recurrent thunks and their glue) on PoCL, with both targets' kernels."""
+    device = Device(open_device(find("opencl"), target), load_config())
+    assert device.session.limits.target == target
+    module = _WithStates(_module("LSTM"))
+    x = torch.randn(SEQ, BATCH, INPUT)
+    states = [torch.randn(LAYERS * 2, BATCH, HIDDEN) * 0.5 for _ in range(2)]
+    model = _export(module, (x, *states), ["x", "h0", "c0"], ["y", "h_n", "c_n"])
+    schedule = rlx_gpu.onnx.load(model)
+    arena = schedule.pristine_arena()
+    for name, value in (("x", x), ("h0", states[0]), ("c0", states[1])):
+        schedule.tensors[name].write(arena, value.numpy())
+    out = device.run(schedule, arena)
+    with torch.no_grad():
+        want = dict(zip(["y", "h_n", "c_n"], module(x, *states)))
+    _check({n: schedule.tensors[n].read(out) for n in schedule.outputs}, want)
