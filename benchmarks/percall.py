@@ -40,7 +40,7 @@ from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu import get_device, load_schedule  # noqa: E402
-from rlx_gpu.schedule.model import ABI_VERSION  # noqa: E402
+from rlx_gpu.schedule.model import ABI_V1  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
@@ -62,7 +62,7 @@ def schedule_for(thunk: dict, arena_bytes: int, inputs: list[str], constants: di
     tensors = {r.field: {"offset": r.offset, "dtype": r.dtype, "shape": list(r.shape)} for r in regions(thunk)}
     init = [{"offset": tensors[n]["offset"], "b64": base64.b64encode(np.ascontiguousarray(a, np.float32)).decode()}
             for n, a in constants.items()]
-    return load_schedule({"abi": ABI_VERSION, "arena_bytes": arena_bytes, "tensors": tensors, "inputs": inputs,
+    return load_schedule({"abi": ABI_V1, "arena_bytes": arena_bytes, "tensors": tensors, "inputs": inputs,
                           "outputs": ["dst"], "init": init, "thunks": [thunk]})
 
 

@@ -13,7 +13,9 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import body, gdn, rnn, scan, ssm
+from . import body, gdn, rnn, runtime_data, scan, ssm
+from .arena import view
+from .fields import complete
 from .layout import Region, regions
 
 Kernel = Callable[..., None]
@@ -55,7 +57,7 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     driver's body runs both come through it.
     """
     keywords = keywords_for(thunk["op"], options)
-    fields = dict(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
+    fields = complete(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
     prepare = PREPARE.get(thunk["op"])
     if prepare is not None:
         prepared = prepare(fields)
@@ -69,12 +71,15 @@ def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None
 
     ``options`` reach the kernels that take them (``OPTIONS`` lists every one): ``recompute``
     (``"segment" | "treeverse"``) for the scan family, ``path``, ``chunk`` and ``workers`` for the
-    state-space ops, ``parallel_directions`` for the recurrences. An unknown option raises ``TypeError``.
+    state-space ops, ``parallel_directions`` for the recurrences. An unknown option raises ``TypeError``;
+    an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything is written.
     """
     if arena.dtype != np.uint8 or arena.ndim != 1:
         raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
     check_bounds(thunk, arena.size)
-    KERNELS[thunk["op"]](thunk, arena, **keywords_for(thunk["op"], options))
+    fields = complete(thunk)
+    runtime_data.check(fields, lambda r: view(arena, r.offset, r.dtype, r.shape))
+    KERNELS[thunk["op"]](fields, arena, **keywords_for(thunk["op"], options))
 
 
 def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:

@@ -6,16 +6,18 @@ import math
 import ml_dtypes
 import numpy as np
 
-#: Storage type of every ABI dtype; ``u8`` names the byte-level slots of the scan family.
+#: Storage type of every ABI dtype; ``u8`` names the byte-level slots of the scan family and ``i32`` the
+#: integer tensors of version 2 (``seq_lens``, ``cu_seqlens``, ``state_slots``: little-endian int32).
 STORAGE: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.float16),
     "bf16": np.dtype(ml_dtypes.bfloat16),
     "f64": np.dtype(np.float64),
     "u8": np.dtype(np.uint8),
+    "i32": np.dtype("<i4"),
 }
 
-#: Arithmetic type: 16-bit storage computes in f32, f64 in f64.
+#: Arithmetic type of the thunk dtypes: 16-bit storage computes in f32, f64 in f64.
 COMPUTE: dict[str, np.dtype] = {
     "f32": np.dtype(np.float32),
     "f16": np.dtype(np.float32),

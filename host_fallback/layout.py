@@ -1,4 +1,4 @@
-"""Where every tensor of a thunk lives: the shape rules of ABI.md §3-§6, written once.
+"""Where every tensor of a thunk lives: the shape rules of ABI.md §3-§6 and §8, written once.
 
 ``regions(thunk)`` lists each tensor a thunk touches with its byte offset, shape, element type and
 access mode. The validator derives footprints from it, the executor copies exactly these ranges for
@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .arena import COMPUTE, ELEM_SIZE, STORAGE, view
+from .fields import complete, state_rows
 
 Thunk = Mapping[str, Any]
 
@@ -54,69 +55,111 @@ def recurrent_dims(t: Thunk) -> tuple[int, int]:
     return GATES[t["op"]], 2 if t["bidirectional"] else 1
 
 
+def output_width(t: Thunk) -> int:
+    """Width of one direction's output and hidden state: ``proj_size`` when an lstm projects, else ``hidden``."""
+    return t.get("proj_size") or t["hidden"]
+
+
 def layer_input_sizes(t: Thunk) -> list[int]:
-    """``in_l`` for every layer: ``input_size`` below, ``dirs*hidden`` above."""
+    """``in_l`` for every layer: ``input_size`` below, ``dirs*hidden`` (``dirs*proj_size``) above."""
     _, dirs = recurrent_dims(t)
-    return [t["input_size"]] + [dirs * t["hidden"]] * (t["num_layers"] - 1)
+    return [t["input_size"]] + [dirs * output_width(t)] * (t["num_layers"] - 1)
 
 
 def recurrent_weight_shapes(op: str, input_size: int, hidden: int, num_layers: int,
-                            bidirectional: bool) -> dict[str, tuple[int, ...]]:
-    """Shape of every weight stream of an lstm/gru/rnn (ABI.md §3), by field, in field order."""
+                            bidirectional: bool, proj_size: int = 0) -> dict[str, tuple[int, ...]]:
+    """Shape of every weight stream of an lstm/gru/rnn (ABI.md §3, §8's ``proj_size``), by field, in field order."""
     gates, dirs = GATES[op], 2 if bidirectional else 1
+    width = proj_size or hidden
     # Σ_l dirs*G*hidden*in_l in closed form: no list as long as num_layers
-    w_ih = dirs * gates * hidden * (input_size + (num_layers - 1) * dirs * hidden)
+    w_ih = dirs * gates * hidden * (input_size + (num_layers - 1) * dirs * width)
     shapes = {"w_ih": (w_ih,),
-              "w_hh": (num_layers * dirs, gates * hidden, hidden)}
+              "w_hh": (num_layers * dirs, gates * hidden, width)}
     shapes.update({f: (num_layers * dirs, gates * hidden) for f in RECURRENT_BIASES[op]})
     return shapes
 
 
 def _recurrent(t: Thunk) -> list[Region]:
+    t = complete(t)
     _, dirs = recurrent_dims(t)
     b, s, i, h, layers = t["batch"], t["seq"], t["input_size"], t["hidden"], t["num_layers"]
-    dt = t["dtype"]
-    weights = recurrent_weight_shapes(t["op"], i, h, layers, t["bidirectional"])
+    dt, width = t["dtype"], output_width(t)
+    weights = recurrent_weight_shapes(t["op"], i, h, layers, t["bidirectional"], t.get("proj_size", 0))
     out = [Region("x", t["x"], (b, s, i), dt, "r")]
     out += [Region(f, t[f], shape, dt, "r") for f, shape in weights.items()]
+    if t.get("peepholes") is not None:
+        out.append(Region("peepholes", t["peepholes"], (layers * dirs, 3 * h), dt, "r"))
+    if t.get("w_hr") is not None:
+        out.append(Region("w_hr", t["w_hr"], (layers * dirs, width, h), dt, "r"))
+    if t["seq_lens"] is not None:
+        out.append(Region("seq_lens", t["seq_lens"], (b,), "i32", "r"))
     if t["carry"]:
-        out += [Region(f, t[f], (layers * dirs, b, h), dt, "rw") for f in RECURRENT_STATES[t["op"]]]
-    out.append(Region("dst", t["dst"], (b, s, dirs * h), dt, "w"))
+        out += [Region(f, t[f], (layers * dirs, b, h if f == "c0" else width), dt, "rw")
+                for f in RECURRENT_STATES[t["op"]]]
+    out.append(Region("dst", t["dst"], (b, s, dirs * width), dt, "w"))
     return out
 
 
+def _state_regions(t: Thunk, shape: tuple[int, ...]) -> list[Region]:
+    """The §8 runtime-data and carried-state regions shared by selective_scan, mamba2 and gated_delta_net."""
+    out = []
+    if t["cu_seqlens"] is not None:
+        out.append(Region("cu_seqlens", t["cu_seqlens"], (t["num_seqs"] + 1,), "i32", "r"))
+    if t["state_slots"] is not None:
+        rows = t["num_seqs"] if t["cu_seqlens"] is not None else t["batch"]
+        out.append(Region("state_slots", t["state_slots"], (rows,), "i32", "r"))
+    if t["carry_state"]:
+        out.append(Region("state", t["state"], (state_rows(t),) + shape, t["state_dtype"], "rw"))
+    return out
+
+
+def _optional(t: Thunk, fields: tuple[str, ...], shape: tuple[int, ...], dtype: str) -> list[Region]:
+    return [Region(f, t[f], shape, dtype, "r") for f in fields if t[f] is not None]
+
+
 def _selective_scan(t: Thunk) -> list[Region]:
-    b, s, h, n, dt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"]
-    return [
+    t = complete(t)
+    b, s, h, n, dt, pt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"], t["param_dtype"]
+    bc = (b, s, n) if t["groups"] == 1 else (b, s, t["groups"], n)
+    out = [
         Region("x", t["x"], (b, s, h), dt, "r"),
         Region("delta", t["delta"], (b, s, h), dt, "r"),
-        Region("a", t["a"], (h, n), dt, "r"),
-        Region("b", t["b"], (b, s, n), dt, "r"),
-        Region("c", t["c"], (b, s, n), dt, "r"),
-        Region("dst", t["dst"], (b, s, h), dt, "w"),
+        Region("a", t["a"], (h, n), pt, "r"),
+        Region("b", t["b"], bc, dt, "r"),
+        Region("c", t["c"], bc, dt, "r"),
     ]
+    out += _optional(t, ("delta_bias", "d"), (h,), pt) + _optional(t, ("z",), (b, s, h), dt)
+    out += _state_regions(t, (h, n))
+    out.append(Region("dst", t["dst"], (b, s, h), dt, "w"))
+    return out
 
 
 def _mamba2(t: Thunk) -> list[Region]:
-    b, s, h, p, n, dt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
-    return [
+    t = complete(t)
+    b, s, h, p, n, dt, pt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"], t["param_dtype"]
+    out = [
         Region("x", t["x"], (b, s, h, p), dt, "r"),
         Region("dt", t["dt"], (b, s, h), dt, "r"),
-        Region("a", t["a"], (h,), dt, "r"),
-        Region("b", t["b"], (b, s, h, n), dt, "r"),
-        Region("c", t["c"], (b, s, h, n), dt, "r"),
-        Region("dst", t["dst"], (b, s, h, p), dt, "w"),
+        Region("a", t["a"], (h,), pt, "r"),
+        Region("b", t["b"], (b, s, t["groups"], n), dt, "r"),
+        Region("c", t["c"], (b, s, t["groups"], n), dt, "r"),
     ]
+    out += _optional(t, ("dt_bias", "d"), (h,), pt) + _optional(t, ("z",), (b, s, h, p), dt)
+    out += _state_regions(t, (h, p, n))
+    out.append(Region("dst", t["dst"], (b, s, h, p), dt, "w"))
+    return out
 
 
 def _gated_delta_net(t: Thunk) -> list[Region]:
-    b, s, h, n, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
-    out = [Region(f, t[f], (b, s, h, n), dt, "r") for f in ("q", "k", "v")]
-    out.append(Region("g", t["g"], (b, s, h, n) if t["gate_per_channel"] else (b, s, h), dt, "r"))
-    out.append(Region("beta", t["beta"], (b, s, h), dt, "r"))
-    if t["carry_state"]:
-        out.append(Region("state", t["state"], (b, h, n, n), dt, "rw"))
-    out.append(Region("dst", t["dst"], (b, s, h, n), dt, "w"))
+    t = complete(t)
+    b, s, h, k, dt = t["batch"], t["seq"], t["heads"], t["state_size"], t["dtype"]
+    hv, v = t["value_heads"], t["value_size"]
+    out = [Region(f, t[f], (b, s, h, k), dt, "r") for f in ("q", "k")]
+    out.append(Region("v", t["v"], (b, s, hv, v), dt, "r"))
+    out.append(Region("g", t["g"], (b, s, hv, k) if t["gate_per_channel"] else (b, s, hv), dt, "r"))
+    out.append(Region("beta", t["beta"], (b, s, hv), dt, "r"))
+    out += _state_regions(t, (hv, k, v))
+    out.append(Region("dst", t["dst"], (b, s, hv, v), dt, "w"))
     return out
 
 

@@ -1,6 +1,6 @@
 """rlx_gpu: recurrent and sequence kernels on CUDA, OpenCL and the host, behind one arena-offset ABI."""
 from .errors import (ConfigError, DeviceError, FallbackForbidden, GraphError, InputError, KernelBuildError, ModelError,
-                     RlxError, ScheduleError)
+                     RlxError, RunError, ScheduleError)
 from .graph.autodiff import vjp
 from .graph.builder import Graph
 from .graph.models import build_model, list_models
@@ -13,6 +13,6 @@ from .schedule.model import Schedule, TensorView, Thunk
 __version__ = "0.1.0"
 
 __all__ = ["load_schedule", "save_schedule", "get_device", "discover", "load_config", "Config", "Schedule",
-           "Thunk", "TensorView", "ScheduleError", "KernelBuildError", "FallbackForbidden", "DeviceError",
+           "Thunk", "TensorView", "ScheduleError", "RunError", "KernelBuildError", "FallbackForbidden", "DeviceError",
            "RlxError", "GraphError", "ModelError", "ConfigError", "InputError", "Graph", "vjp", "build_model",
            "list_models", "__version__"]

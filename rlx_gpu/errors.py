@@ -39,6 +39,10 @@ class FallbackForbidden(RlxError):
     """The fallback policy is ``forbid`` and a thunk would have to leave the chosen device."""
 
 
+class RunError(RlxError, ValueError):
+    """A run refused for its run-time data (ABI.md §8's integer tensors); nothing of that thunk was written."""
+
+
 class DeviceError(RlxError):
     """A device spec names no usable device."""
 

@@ -17,21 +17,25 @@ TEXT = DOC.read_text()
 
 
 def worked_examples() -> dict[str, dict]:
-    """Every fenced JSON block that is a schedule, by the op of its first thunk."""
+    """Every fenced JSON block that is a schedule, by its ``meta.example`` name, else the op of its first thunk."""
     blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", TEXT, re.S)]
-    return {b["thunks"][0]["op"]: b for b in blocks if "abi" in b}
+    return {b.get("meta", {}).get("example", b["thunks"][0]["op"]): b for b in blocks if "abi" in b}
 
 
 EXAMPLES = worked_examples()
 sigmoid = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
 
 
-def test_one_worked_example_per_op_family():
-    assert set(EXAMPLES) == {"lstm", "mamba2", "gated_delta_net", "matmul", "scan"}
+def test_one_worked_example_per_op_family_and_per_version_2_feature():
+    assert set(EXAMPLES) == {"lstm", "mamba2", "gated_delta_net", "matmul", "scan", "mamba2-varlen-slots",
+                             "selective_scan-fused-carried", "gated_delta_net-gva-varlen", "gru-onnx-seq_lens",
+                             "lstm-proj-peepholes"}
+    for name, example in EXAMPLES.items():
+        assert example["abi"] == ("rlx-thunks/2" if "-" in name else "rlx-thunks/1"), name
 
 
 def run(op: str, **given: np.ndarray) -> dict[str, np.ndarray]:
-    """Load the worked example of ``op``, write its inputs (seeded random unless given), run it on the host."""
+    """Load the worked example ``op``, write its inputs (seeded random unless given), run it on the host."""
     sched = rlx_gpu.load_schedule(EXAMPLES[op])
     rng = np.random.default_rng(1)
     arena = sched.pristine_arena()
@@ -105,6 +109,111 @@ def test_scan_example_iterates_its_body():
     for t in range(5):
         h = np.tanh(h + x["xs"][t])
     np.testing.assert_allclose(y["h"], h, rtol=1e-5, atol=1e-6)
+
+
+softplus = lambda u: np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20))))  # noqa: E731
+silu = lambda u: u * sigmoid(u)  # noqa: E731
+
+
+def test_the_serving_example_prefills_three_packed_prompts_into_their_slots():
+    rng = np.random.default_rng(4)
+    cu, slots = np.array([0, 2, 2, 6]), np.array([3, 0, 1])
+    x, y = run("mamba2-varlen-slots", cu_seqlens=cu, slots=slots, A=-np.abs(rng.standard_normal(2)))
+    want_state = x["state"].copy()
+    want = np.zeros((1, 6, 2, 2))
+    dt = np.maximum(softplus(x["dt"] + x["dt_bias"]), 0.0)  # [0, null]: clamped below at 0, no upper bound
+    for seq, slot in enumerate(slots):
+        for h in range(2):
+            S = x["state"][slot, h].copy()  # [P, N]
+            for t in range(cu[seq], cu[seq + 1]):
+                d = dt[0, t, h]
+                S = np.exp(d * x["A"][h]) * S + np.outer(d * x["x"][0, t, h], x["B"][0, t, 0])
+                out = S @ x["C"][0, t, 0] + x["D"][h] * x["x"][0, t, h]
+                want[0, t, h] = out * silu(x["z"][0, t, h])
+            want_state[slot, h] = S
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["state"], want_state, rtol=1e-5, atol=1e-6)  # entry 2 untouched, entry 0 kept
+
+
+def test_the_fused_selective_scan_example():
+    rng = np.random.default_rng(5)
+    x, y = run("selective_scan-fused-carried", A=-np.abs(rng.standard_normal((4, 2))))
+    delta = softplus(x["delta"] + x["delta_bias"])
+    want, state = np.zeros((2, 3, 4)), x["state"].copy()
+    for b in range(2):
+        for ch in range(4):
+            g = ch // 2
+            h = state[b, ch]
+            for t in range(3):
+                h = np.exp(delta[b, t, ch] * x["A"][ch]) * h + delta[b, t, ch] * x["B"][b, t, g] * x["u"][b, t, ch]
+                out = h @ x["C"][b, t, g] + x["D"][ch] * x["u"][b, t, ch]
+                want[b, t, ch] = out * silu(x["z"][b, t, ch])
+            state[b, ch] = h
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["state"], state, rtol=1e-5, atol=1e-6)
+
+
+def test_the_grouped_packed_gated_delta_net_example():
+    rng = np.random.default_rng(6)
+    cu = np.array([0, 2, 5])
+    x, y = run("gated_delta_net-gva-varlen", cu_seqlens=cu, g=-np.abs(rng.standard_normal((1, 5, 2))),
+               beta=rng.uniform(0.1, 0.9, (1, 5, 2)))
+    unit = lambda u: u / np.sqrt(np.sum(u * u) + 1e-6)  # noqa: E731
+    want, state = np.zeros((1, 5, 2, 2)), x["state"].copy()
+    for seq in range(2):
+        for j in range(2):  # value head j uses key head j // 2 = 0
+            S = state[seq, j]  # [K, V]
+            for t in range(cu[seq], cu[seq + 1]):
+                q, k = unit(x["q"][0, t, 0]), unit(x["k"][0, t, 0])
+                S *= np.exp(x["g"][0, t, j])
+                u = (x["v"][0, t, j] - S.T @ k) * x["beta"][0, t, j]
+                S += np.outer(k, u)
+                want[0, t, j] = 0.5 * S.T @ q
+    np.testing.assert_allclose(y["o"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["state"], state, rtol=1e-5, atol=1e-6)
+
+
+def test_the_onnx_gru_example_skips_the_padding():
+    lens = np.array([3, 1])
+    x, y = run("gru-onnx-seq_lens", sequence_lens=lens)
+    H = 2
+    want, h_n = np.zeros((2, 3, 2 * H)), np.zeros((2, 2, H))
+    for d in range(2):
+        w = x["W"].reshape(2, 3 * H, 2)[d]
+        r_w, b_ih, b_hh = x["R"][d], x["b_ih"][d], x["b_hh"][d]
+        for b in range(2):
+            h = x["h"][d, b].copy()
+            steps = range(lens[b]) if d == 0 else range(lens[b] - 1, -1, -1)
+            for t in steps:
+                gi, gh = w @ x["X"][b, t] + b_ih, r_w @ h  # linear_before_reset = false: W_hn·(r ⊙ h)
+                r = sigmoid(gi[:H] + gh[:H] + b_hh[:H])
+                z = sigmoid(gi[H:2 * H] + gh[H:2 * H] + b_hh[H:2 * H])
+                n = np.tanh(gi[2 * H:] + r_w[2 * H:] @ (r * h) + b_hh[2 * H:])
+                h = (1 - z) * n + z * h
+                want[b, t, d * H:(d + 1) * H] = h
+            h_n[d, b] = h
+    np.testing.assert_allclose(y["Y"], want, rtol=1e-5, atol=1e-6)  # row 1's steps 1, 2: zeros
+    np.testing.assert_allclose(y["h"], h_n, rtol=1e-5, atol=1e-6)
+
+
+def test_the_projected_lstm_example():
+    x, y = run("lstm-proj-peepholes")
+    H, P = 3, 2
+    w_ih, w_hh, bias = x["w_ih"].reshape(4 * H, 2), x["w_hh"][0], x["bias"][0]
+    p_i, p_o, p_f = x["P"][0, :H], x["P"][0, H:2 * H], x["P"][0, 2 * H:]
+    clip = lambda v: np.clip(v, -2.0, 2.0)  # noqa: E731
+    h, c = np.zeros(P), np.zeros(H)
+    want = np.zeros((1, 3, P))
+    for t in range(3):
+        z = w_ih @ x["x"][0, t] + w_hh @ h + bias
+        i = sigmoid(clip(z[:H] + p_i * c))
+        f = sigmoid(clip(z[H:2 * H] + p_f * c))
+        g = np.tanh(clip(z[2 * H:3 * H]))
+        c = f * c + i * g
+        o = sigmoid(clip(z[3 * H:] + p_o * c))
+        h = x["w_hr"][0] @ (o * np.tanh(c))
+        want[0, t] = h
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
 
 
 def _sections() -> dict[str, str]:

@@ -18,7 +18,7 @@ from host_fallback.layout import regions
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.runtime.registry import status
-from rlx_gpu.schedule.model import ABI_VERSION
+from rlx_gpu.schedule.model import ABI_V1
 
 pytestmark = pytest.mark.skipif(not status("opencl").available, reason="needs an OpenCL device (PoCL)")
 
@@ -52,7 +52,7 @@ def _schedule(op: str, batch: int = 12, layers: int = 1, bidirectional: bool = F
                    "b": scale, "b_strides": [0], "dst": w.offset}, thunk]
         inputs.append("scale")
         arena_bytes = scale + 64
-    sched = rlx_gpu.load_schedule({"abi": ABI_VERSION, "arena_bytes": arena_bytes, "tensors": tensors,
+    sched = rlx_gpu.load_schedule({"abi": ABI_V1, "arena_bytes": arena_bytes, "tensors": tensors,
                                    "inputs": inputs, "outputs": ["dst"], "init": init, "thunks": thunks})
     return sched, regs
 

@@ -27,9 +27,10 @@ def _bad_values(op: str, field) -> list[tuple[str, object]]:
     """(what, value) pairs that must be rejected for one field."""
     wrong_type = {"offset": "12", "pos": 2.5, "count": "3", "bool": 1, "float": "x", "enum": 7, "dtype": "f8",
                   "elem_size": 3, "shape": "3x5", "strides": [1.5, 1], "offsets": [-1], "xs": [[0, 0]],
-                  "bcast": [[0]], "pairs": [[0, 0, 0]], "schedule": [], "opt_schedule": 5}[field.kind]
+                  "bcast": [[0]], "pairs": [[0, 0, 0]], "schedule": [], "opt_schedule": 5, "opt_offset": "12",
+                  "limit": [1], "activations": "tanh", "opt_float": "x"}[field.kind]
     out = [("wrong type", wrong_type)]
-    if field.kind in ("offset", "pos", "count"):
+    if field.kind in ("offset", "pos", "count", "opt_offset"):
         out.append(("negative", -4))
     return out
 
@@ -41,6 +42,8 @@ CASES = [(op, f) for op, spec in SPECS.items() for f in spec.fields]
 def test_each_field_rejects_wrong_type_and_negative(op, field):
     for what, value in _bad_values(op, field):
         sched = _case(op)
+        if field.version > 1:
+            sched["abi"] = "rlx-thunks/2"
         sched["thunks"][0][field.name] = value
         with pytest.raises(rlx_gpu.ScheduleError) as err:
             rlx_gpu.load_schedule(sched)
@@ -93,8 +96,8 @@ def test_unknown_op_dtype_and_abi():
     with pytest.raises(rlx_gpu.ScheduleError, match=r"field 'dtype': expected one of f32, f16, bf16, f64, got 'f8'"):
         rlx_gpu.load_schedule(sched)
     sched = _case("lstm")
-    sched["abi"] = "rlx-thunks/2"
-    with pytest.raises(rlx_gpu.ScheduleError, match=r"unknown abi 'rlx-thunks/2'"):
+    sched["abi"] = "rlx-thunks/3"
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"unknown abi 'rlx-thunks/3'"):
         rlx_gpu.load_schedule(sched)
 
 

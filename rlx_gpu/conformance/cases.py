@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from host_fallback.arena import ELEM_SIZE
+from host_fallback.fields import INT_FIELDS, used
 from host_fallback.layout import regions
 
 from ..graph.layout import ALIGN
-from ..schedule.model import ABI_VERSION
+from ..schedule.model import ABI_V1, ABI_V2
 from ..schedule.ops import SCAN_OPS, SPECS
 
 #: Parameters of one small case per op (scan-family cases carry their own bodies, below).
@@ -68,13 +69,24 @@ def scan_case(op: str, dtype: str, length: int = 6, carry_n: int = 4) -> dict[st
 def lay_out(op: str, dtype: str, params: dict[str, Any] | None = None, guard: int = 0) -> tuple[dict, int]:
     """A thunk dict of ``op`` with its tensors placed one after another, ``guard`` bytes around each.
 
-    Returns ``(thunk, arena_bytes)``. Offsets are aligned to ``planner.ALIGN`` bytes.
+    ``params`` give the thunk's other fields; an optional (version-2) tensor is placed where its param
+    is True, and an integer tensor (``cu_seqlens`` ...) where its param is the list of its values (the
+    caller writes them; ``num_seqs`` follows from ``cu_seqlens``); a tensor param False or None is left
+    out. Returns ``(thunk, arena_bytes)``. Offsets are aligned to ``planner.ALIGN`` bytes.
     """
     if op in SCAN_OPS:
         fields = scan_case(op, dtype) if params is None else dict(params)
     else:
         fields = dict(SMALL[op] if params is None else params)
     offset_fields = [f.name for f in SPECS[op].fields if f.kind == "offset"]
+    for f in SPECS[op].fields:
+        if f.kind != "opt_offset" or f.name not in fields:
+            continue
+        value = fields.pop(f.name)
+        if value is True or isinstance(value, list):
+            offset_fields.append(f.name)
+            if f.name == "cu_seqlens":
+                fields.setdefault("num_seqs", len(value) - 1)
     thunk = {"op": op, "dtype": dtype, **{n: 0 for n in offset_fields}, **fields}
     cursor = guard
     placed: dict[str, int] = {}
@@ -101,9 +113,15 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def int_values(params: dict[str, Any]) -> dict[str, list[int]]:
+    """The values of the integer tensors ``params`` gives as lists (``lay_out`` places them)."""
+    return {name: params[name] for name in INT_FIELDS if isinstance(params.get(name), list)}
+
+
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
-    """A one-thunk schedule dict."""
-    return {"abi": ABI_VERSION, "arena_bytes": arena_bytes, "thunks": [thunk]}
+    """A one-thunk schedule dict, labelled version 2 when the thunk uses a version-2 field."""
+    abi = ABI_V2 if thunk["op"] in SPECS and used(thunk) else ABI_V1
+    return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 
 #: The GPU shapes (geometry test, README table, timing on a GPU): name -> (op, parameters).

@@ -9,9 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from host_fallback.fields import used
+
 from ..schedule.ops import DTYPES, SCAN_OPS, SPECS, Field
 from .cases import SMALL
-from .references import BINARY, UNARY
+from .references import BINARY, UNARY, V2_FIELDS
 
 
 @dataclass(frozen=True)
@@ -28,18 +30,24 @@ class Case:
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
+    refused: str | None = None  # an integer tensor holding a value outside its rule: the run must be refused
 
     def has(self, field: Field) -> bool:
         """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
 
-        A nullable field is null where ``params`` gives it as False (the scan cases carry their bodies).
+        A nullable field is null where ``params`` gives it as False (the scan cases carry their bodies);
+        a version-2 field is present where ``params`` give it a value other than its default.
         """
+        if field.version > 1:
+            return field.name in used({"op": self.op, "dtype": self.dtype, **self.params})
         if field.used_when:
             return bool(self.params.get(field.used_when))
         return self.params.get(field.name, True) is not False
 
     @property
     def family(self) -> str:
+        if self.refused:
+            return "run_data"
         if self.op in SCAN_OPS:
             return "scan"
         return "nan_inf" if self.poison else ("cast" if self.op == "cast" else "thunk")
@@ -178,6 +186,61 @@ NAN_INF_DTYPES = ("f32", "bf16")
 OPTIONAL_DTYPES = ("f32", "bf16")
 
 
+_CARRIED = {"carry_state": True, "state": True}
+_SLOTS = {"state_slots": [2, 0], "num_slots": 3}
+_PACKED = {"batch": 1, "cu_seqlens": [0, 3, 3, 7], "num_seqs": 3}  # three sequences of the small cases' seq 7, one empty
+#: (op, field) -> the params that give the op's small case (``cases.SMALL``) the version-2 ``field``
+#: (ABI.md §8), with what the field needs beside it; a field not listed is a flag or a tensor: ``True``.
+#: The "present" case of state_dtype / param_dtype is f32, which means the default for an f32 thunk.
+PRESENT: dict[tuple[str, str], dict[str, Any]] = {
+    **{(op, f): dict(params) for op in ("selective_scan", "mamba2") for f, params in {
+        "carry_state": _CARRIED, "state": _CARRIED, "param_dtype": {"param_dtype": "f32"},
+        "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
+        "state_slots": {**_CARRIED, **_SLOTS}, "num_slots": {**_CARRIED, **_SLOTS}}.items()},
+    ("selective_scan", "groups"): {"groups": 2},
+    ("mamba2", "groups"): {"groups": 1},
+    ("mamba2", "dt_limit"): {"dt_limit": [0.05, 0.5]},
+    ("gated_delta_net", "value_heads"): {"value_heads": 4},
+    ("gated_delta_net", "value_size"): {"value_size": 6},
+    ("gated_delta_net", "scale"): {"scale": 0.5},
+    ("gated_delta_net", "state_dtype"): {"state_dtype": "f32"},
+    ("gated_delta_net", "cu_seqlens"): _PACKED,
+    ("gated_delta_net", "num_seqs"): _PACKED,
+    ("gated_delta_net", "state_slots"): _SLOTS,
+    ("gated_delta_net", "num_slots"): _SLOTS,
+    **{(op, f): params for op in ("lstm", "gru", "rnn") for f, params in {
+        "seq_lens": {"seq_lens": [5, 2]}, "reverse": {"reverse": True, "bidirectional": False},
+        "clip": {"clip": 0.5}}.items()},
+    ("lstm", "activations"): {"activations": [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0]] * 2},
+    ("gru", "activations"): {"activations": [["leaky_relu", 0.01, 0.0], ["scaled_tanh", 1.5, 0.7]] * 2},
+    ("rnn", "activations"): {"activations": [["softplus", 0.0, 0.0], ["thresholded_relu", 0.1, 0.0]]},
+    ("lstm", "proj_size"): {"proj_size": 3, "w_hr": True},
+    ("lstm", "w_hr"): {"proj_size": 3, "w_hr": True},
+    ("gru", "linear_before_reset"): {"linear_before_reset": False},
+}
+
+
+#: (op, params, field, label) of the run-time data cases: an integer tensor outside its rule (ABI.md §8)
+#: must be refused with a RunError naming the field, leaving the arena as it was.
+REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("mamba2", {**_PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
+    ("selective_scan", {**_PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq"),
+    ("gated_delta_net", {**_PACKED, "cu_seqlens": [1, 3, 3, 7]}, "cu_seqlens", "first_not_0"),
+    ("gated_delta_net", {"state_slots": [1, 1], "num_slots": 3}, "state_slots", "used_twice"),
+    ("mamba2", {**_CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool"),
+    ("lstm", {"seq_lens": [6, 2]}, "seq_lens", "past_seq"),
+    ("gru", {"seq_lens": [3, -1]}, "seq_lens", "negative"),
+    ("rnn", {"seq_lens": [-5, 0]}, "seq_lens", "negative"),
+]
+
+
+def present(op: str, field: Field) -> dict[str, Any]:
+    """The params that make the small case of ``op`` have the optional ``field``."""
+    if field.version > 1:
+        return dict(PRESENT.get((op, field.name), {field.name: True}))
+    return {field.used_when or field.name: True}
+
+
 def _special(value: float) -> str:
     return "nan" if value != value else ("inf" if value > 0 else "ninf")
 
@@ -204,6 +267,8 @@ def cases(quick: bool = False) -> list[Case]:
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]
     out += optional_field_cases(out)
+    out += [Case(op, "f32", dict(_base(op)[0], **params), seed=3, refused=field, variant=f"bad_{field}.{label}")
+            for op, params, field, label in REFUSED]
     return [c for c in out if not (quick and c.large)]
 
 
@@ -223,14 +288,21 @@ def optional_field_cases(existing: Iterable[Case]) -> list[Case]:
     for op, spec in SPECS.items():
         for f in spec.optional_fields:
             for present in (True, False):
+                if present and f.version > 1 and f.name not in V2_FIELDS.get(op, ()):
+                    continue
                 for dtype in OPTIONAL_DTYPES:
                     if (op, dtype, f.name, present) in have:
                         continue
                     params, options = _base(op)
-                    params[f.used_when or f.name] = present
+                    if present:
+                        params.update(globals()["present"](op, f))
+                    elif f.version == 1:
+                        params[f.used_when or f.name] = False
+                    label = f.used_when or f.name
                     made = Case(op, dtype, params, options, seed=2,
                                 variant=".".join(p for p in (_variant(op, params, options),
-                                                             "" if present else f"no_{f.used_when or f.name}") if p))
+                                                             label if present and f.version > 1 else "",
+                                                             "" if present else f"no_{label}") if p))
                     have |= {(op, dtype, g.name, made.has(g)) for g in spec.optional_fields}
                     out.append(made)
     return out

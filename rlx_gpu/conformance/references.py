@@ -86,6 +86,10 @@ def cast(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": load("src")}
 
 
+#: op -> the version-2 fields (ABI.md §8) its float64 reference implements; the catalog makes "present"
+#: cases of these only (``catalog.optional_field_cases``), and tests/test_conformance.py names the rest.
+V2_FIELDS: dict[str, frozenset[str]] = {**getattr(reference_rnn, "V2_FIELDS", {}), **getattr(reference_ssm, "V2_FIELDS", {})}
+
 REFERENCES: dict[str, Callable[[Mapping[str, Any], Load], dict[str, np.ndarray]]] = {
     "lstm": recurrent, "gru": recurrent, "rnn": recurrent, "selective_scan": selective_scan, "mamba2": mamba2,
     "gated_delta_net": gated_delta_net, "unary": unary, "binary": binary, "matmul": matmul,

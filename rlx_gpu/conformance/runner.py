@@ -16,15 +16,17 @@ import numpy as np
 
 import host_fallback
 from host_fallback.arena import STORAGE
+from host_fallback.fields import complete
 from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
+from ..errors import RunError
 from ..runtime.config import Config
 from ..runtime.executor import Device
 from ..runtime.options import RunOptions
 from ..schedule.ops import SCAN_OPS
 from . import scan_cell
-from .cases import lay_out as place, schedule_of
+from .cases import int_values, lay_out as place, schedule_of
 from .catalog import Case
 from .compare import nmse, non_finite_mismatch
 from .reference_rnn import sigmoid
@@ -99,8 +101,11 @@ def lay_out(case: Case) -> Laid:
     thunk, nbytes = place(case.op, case.dtype, dict(case.params), guard=GUARD)
     placed = tuple(regions(thunk))
     arena = rng.integers(0, 256, nbytes, dtype=np.uint8)  # canaries everywhere, inputs overwrite below
+    ints = int_values(dict(case.params))
     for r in placed:
-        if r.reads and r.dtype != "u8":
+        if r.dtype == "i32":
+            _store(arena, r, r.dtype, np.asarray(ints[r.field]))
+        elif r.reads and r.dtype != "u8":
             _store(arena, r, r.dtype, sample(case.op, case.params, r.field, r.shape, rng))
     if case.poison:
         r = next(r for r in placed if r.field == case.poison)
@@ -120,7 +125,7 @@ def lay_out(case: Case) -> Laid:
             r = by_field[field]
             return pristine[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype]).astype(np.float64).reshape(r.shape)
         with np.errstate(all="ignore"):
-            return REFERENCES[case.op](thunk, load)
+            return REFERENCES[case.op](complete(thunk), load)
     return Laid(thunk, arena, placed, reference)
 
 
@@ -196,6 +201,8 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     """Run ``case`` on ``session`` and check it (``host``: the session for host parity, None to skip it)."""
     laid = lay_out(case)
     spec = session.info.spec
+    if case.refused:  # the check of run-time data comes before any kernel: every device makes it
+        return _check_refused(session, case, laid, config)
     why = session.unsupported(laid.thunk)
     if why is not None:
         return Outcome(spec, case, "skip", why)
@@ -228,6 +235,22 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     except Exception as crashed:  # a device error is a failed case, reported with the others
         return Outcome(spec, case, "fail", f"{type(crashed).__name__}: {crashed}", err, max_err, host_err)
     return Outcome(spec, case, "pass", "", err, max_err, host_err)
+
+
+def _check_refused(session: Session, case: Case, laid: Laid, config: Config) -> Outcome:
+    """A run-time data case: the device refuses the run with a RunError naming the field, before it writes."""
+    spec, given = session.info.spec, laid.arena.copy()
+    try:
+        _run(session, laid.thunk, laid.arena, case.options, config)
+    except RunError as refused:
+        if f"field {case.refused!r}" not in str(refused):
+            return Outcome(spec, case, "fail", f"refused, but naming another field: {refused}")
+        if not np.array_equal(given, laid.arena):
+            return Outcome(spec, case, "fail", "refused, but the caller's arena changed")
+        return Outcome(spec, case, "pass", "")
+    except Exception as crashed:
+        return Outcome(spec, case, "fail", f"{type(crashed).__name__} instead of RunError: {crashed}")
+    return Outcome(spec, case, "fail", f"ran although {case.refused} breaks its rule (expected RunError)")
 
 
 # ---------------------------------------------------------------- timing (--perf)

@@ -5,6 +5,7 @@ The result goes through ``load_schedule``, so the validator checks everything th
 from __future__ import annotations
 
 import base64
+import collections
 import itertools
 import threading
 from typing import Any, Mapping
@@ -12,13 +13,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from host_fallback.arena import COMPUTE
+from host_fallback.fields import used
 
 from ..errors import GraphError
 from ..runtime.arena import Arena
 from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
-from ..schedule.model import ABI_VERSION, Schedule
+from ..schedule.model import ABI_V1, ABI_V2, Schedule
 from .layout import ArenaLayout, LayoutReport, arena_layout
 from .nodes import BodyGraph, Node, Slot, Tensor
 
@@ -34,28 +36,56 @@ def live_nodes(graph: BodyGraph) -> list[Node]:
     return kept[::-1]
 
 
+def elided_copies(graph: BodyGraph, nodes: list[Node]) -> dict[int, int]:
+    """``{copy dst: its src}`` for every copy of a top-level input that nothing else reads or returns.
+
+    The builder copies a carried state before a thunk updates it in place, so the caller's tensor
+    stays intact; at the top level an input is written afresh before every run, so when nothing else
+    reads it the thunk may update the input's own bytes and the copy is left out (one thunk less per
+    decode step). Body graphs keep their copies: the scan driver reuses a body's inputs across steps.
+    """
+    inputs = {t.buf for t in graph.inputs.values()}
+    outputs = {t.buf for t in graph.outputs.values()}
+    readers = collections.Counter(t.buf for n in nodes for t in n.tensors())
+    same = {}
+    for n in nodes:
+        if n.op != "copy":
+            continue
+        src, dst = n.fields["src"], n.fields["dst"]
+        if (src.buf in inputs and src.buf not in outputs and readers[src.buf] == 1 and dst.buf not in inputs
+                and graph.buffers[src.buf] == graph.buffers[dst.buf] == n.fields["nbytes"]):
+            same[dst.buf] = src.buf
+    return same
+
+
 class _Lowering:
     """Lowers a graph and every body it nests, each once."""
 
     def __init__(self) -> None:
         self.done: dict[int, tuple[dict[str, Any], ArenaLayout]] = {}
 
-    def graph(self, graph: BodyGraph) -> tuple[dict[str, Any], ArenaLayout]:
+    def graph(self, graph: BodyGraph, top: bool = False) -> tuple[dict[str, Any], ArenaLayout]:
         if id(graph) in self.done:
             return self.done[id(graph)]
         if not graph.outputs:
             raise GraphError("the graph has no outputs: mark at least one with graph.output(name, tensor)")
         nodes = live_nodes(graph)
+        same = elided_copies(graph, nodes) if top else {}
+        nodes = [n for n in nodes if not (n.op == "copy" and n.fields["dst"].buf in same)]
+
+        def buf(t: Tensor) -> int:
+            return same.get(t.buf, t.buf)
+
         pinned_in = [t.buf for t in itertools.chain(graph.inputs.values(), graph.weights.values())]
-        pinned_out = [t.buf for t in graph.outputs.values()]
-        used = {t.buf for n in nodes for t in n.tensors()} | set(pinned_in) | set(pinned_out)
-        arena = arena_layout({buf: graph.buffers[buf] for buf in sorted(used)},
-                     [[t.buf for t in n.tensors()] for n in nodes], pinned_in, pinned_out)
-        off = arena.offsets
+        pinned_out = [buf(t) for t in graph.outputs.values()]
+        used = {buf(t) for n in nodes for t in n.tensors()} | set(pinned_in) | set(pinned_out)
+        arena = arena_layout({b: graph.buffers[b] for b in sorted(used)},
+                             [[buf(t) for t in n.tensors()] for n in nodes], pinned_in, pinned_out)
+        off = {**arena.offsets, **{dst: arena.offsets[src] for dst, src in same.items()}}
         named = {**graph.inputs, **{k: v for k, v in graph.weights.items() if not k.startswith("const.")},
                  **graph.outputs}
         schedule = {
-            "abi": ABI_VERSION,
+            "abi": ABI_V1,
             "arena_bytes": arena.arena_bytes,
             "tensors": {k: {"offset": off[t.buf], "dtype": t.dtype, "shape": list(t.shape)} for k, t in named.items()},
             "inputs": list(graph.inputs),
@@ -84,8 +114,25 @@ class _Lowering:
 
 def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
     """The JSON form of ``graph``'s schedule and the layout report for its (outer) arena."""
-    schedule, arena = _Lowering().graph(graph)
+    schedule, arena = _Lowering().graph(graph, top=True)
+    nested = list(_schedules(schedule))
+    if any(used(thunk) for s in nested for thunk in s["thunks"]):  # version 2 only where a §8 field is used
+        for s in nested:
+            s["abi"] = ABI_V2
     return schedule, arena.report
+
+
+def _schedules(schedule: dict[str, Any]) -> Any:
+    """``schedule`` and every body it nests (each once; a body lowered once may appear twice)."""
+    seen: set[int] = set()
+    todo = [schedule]
+    while todo:
+        s = todo.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        yield s
+        todo += [v for thunk in s["thunks"] for v in thunk.values() if isinstance(v, dict) and "thunks" in v]
 
 
 class Executable:

@@ -18,11 +18,7 @@ import numpy as np
 from host_fallback.arena import ELEM_SIZE, STORAGE
 
 from ..errors import GraphError
-from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, UNARY_FNS
-
-
-#: the element types of integer tensors (``seq_lens``, ``cu_seqlens``, ``state_slots``): inputs and weights only
-INTEGER_DTYPES = ("i32",)
+from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, TENSOR_DTYPES, UNARY_FNS
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,7 +113,7 @@ class BodyGraph:
     @staticmethod
     def _check_dtype(dtype: str, integer: bool = False) -> str:
         """``dtype`` when it is a thunk dtype, or with ``integer`` also an integer tensor's (ABI.md §8)."""
-        known = DTYPES + (INTEGER_DTYPES if integer else ())
+        known = TENSOR_DTYPES if integer else DTYPES
         if dtype not in known:
             raise GraphError(f"unknown dtype {dtype!r}; expected one of {', '.join(known)}")
         return dtype

@@ -7,6 +7,8 @@ cannot run a thunk, or ``None``. Backends only translate these into their API ca
 """
 from __future__ import annotations
 
+from host_fallback.fields import used
+
 from . import body, gdn, rnn, ssm
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk
 from .limits import DeviceLimits
@@ -14,6 +16,8 @@ from .limits import DeviceLimits
 _FAMILIES = (body, rnn, ssm, gdn)
 PLANNERS = {op: fn for module in _FAMILIES for op, fn in module.PLANNERS.items()}
 _UNSUPPORTED = {op: module.unsupported for module in _FAMILIES for op in module.PLANNERS}
+#: op -> the version-2 fields (ABI.md §8) its device kernels implement; a thunk using another runs on the host
+V2_FIELDS = {op: getattr(module, "V2_FIELDS", frozenset()) for module in _FAMILIES for op in module.PLANNERS}
 
 
 def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
@@ -22,6 +26,9 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
     op = thunk["op"]
     if op not in PLANNERS:
         return f"no device kernel for op {op!r}"
+    missing = [name for name in used(thunk) if name not in V2_FIELDS[op]]
+    if missing:
+        return f"no device kernel of {op} takes the version-2 field(s) {', '.join(missing)} yet"
     return _UNSUPPORTED[op](thunk, limits)
 
 

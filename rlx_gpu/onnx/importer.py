@@ -43,8 +43,6 @@ class Importer:
         self.opset = opset
         self.shapes = dict(shapes or {})
         self.values: dict[str, Value] = {}
-        #: the ABI.md §8 fields a handler emitted; any makes the schedule an ``rlx-thunks/2`` one
-        self.v2_fields: set[str] = set()
 
     # ----------------------------------------------------------------- errors and attributes
     @staticmethod

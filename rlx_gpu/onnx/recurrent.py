@@ -156,7 +156,6 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
         if p is not None and not (isinstance(p, np.ndarray) and not p.any()):
             _check_shape(importer, node, "P", p, (dirs, 3 * hidden))
             fields["peepholes"] = stream("peepholes", p)
-    importer.v2_fields.update(f for f in fields if f != "relu")
 
     states = ("initial_h", "initial_c") if op == "LSTM" else ("initial_h",)
     given = dict(zip(states, (initial_h, initial_c)))

@@ -75,7 +75,6 @@ class _Body:
             self.importer.values[name] = value
         self.importer.import_graph(proto)
         self.outputs = [self.importer.values[o.name] for o in proto.output]
-        outer.v2_fields |= self.importer.v2_fields
 
 
 def _scan_one(importer: Importer, node: Any, proto: Any, states: list[Value], xs: list[Value],

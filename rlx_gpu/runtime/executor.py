@@ -19,6 +19,7 @@ from ..schedule.ops import SCAN_OPS
 from ..units import human_bytes
 from .arena import Arena
 from .config import Config, load_config
+from .data_checks import DataCheck, data_checks, int32_reader
 from .fallback import HostRun, host_runs
 from .options import RunOptions
 from .placement import Assignment, place
@@ -62,6 +63,8 @@ class BoundSchedule:
     steps: tuple[tuple[Any, str, BoundThunk], ...]  # (thunk, backend, runner) per top-level thunk
     warning: str | None
     needs_image: bool  # a top-level thunk falls back, so a device run keeps a host image of the arena
+    early_checks: tuple[DataCheck, ...] = ()  # integer tensors checked before anything runs
+    late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
 
 
 class Device:
@@ -135,7 +138,10 @@ class Device:
             warning = (f"{len(fallbacks)} thunk(s) fall back to the host from {self.spec}: {listed}"
                        f"{' ...' if len(fallbacks) > 8 else ''}; `rlx-gpu plan` says why")
         needs_image = any(a.backend != device for a in assignments if not a.nested)
-        return BoundSchedule(assignments, tuple(steps), warning, needs_image)
+        checks = data_checks(schedule.thunks)
+        step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
+        return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
+                             {step_of[id(c.thunk)]: c for c in checks if not c.early})
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -153,9 +159,12 @@ class Device:
             arena.check(self, schedule)
             with self.session.lock:
                 arena.flush()
+                self._check_data(bound.early_checks, arena.handle)
                 self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
             return arena
         host_arena = self._initial_arena(schedule, arena)
+        for check in bound.early_checks:
+            check.run(int32_reader(lambda offset, nbytes: host_arena[offset: offset + nbytes]))
         if self.on_host:
             self._execute(bound, host_arena, host_arena, profile)
             return host_arena
@@ -170,7 +179,9 @@ class Device:
     def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool) -> None:
         report = RunReport(self.spec)
         started = time.perf_counter()
-        for thunk, backend, step in bound.steps:
+        for i, (thunk, backend, step) in enumerate(bound.steps):
+            if i in bound.late_checks:
+                self._check_data((bound.late_checks[i],), dev_arena)
             t0 = time.perf_counter()
             copied = step(dev_arena, image)
             if profile:
@@ -180,6 +191,11 @@ class Device:
         self.thunks_run += len(bound.steps)
         report.seconds = time.perf_counter() - started
         self.last_report = report
+
+    def _check_data(self, checks: tuple[DataCheck, ...], dev_arena: Any) -> None:
+        """Read each check's integer tensors from the device arena (one small read each) and check them."""
+        for check in checks:
+            check.run(int32_reader(lambda offset, nbytes: self.session.read(dev_arena, offset, nbytes)))
 
     @staticmethod
     def _initial_arena(schedule: Schedule, arena: np.ndarray | None) -> np.ndarray:

@@ -15,9 +15,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from host_fallback.arena import ELEM_SIZE, STORAGE, view
+from host_fallback.fields import DEFAULTS, is_default
 
-
-ABI_VERSION = "rlx-thunks/1"
+ABI_V1, ABI_V2 = "rlx-thunks/1", "rlx-thunks/2"
+#: The labels this reader accepts; version 2 (ABI.md §8) is a superset of version 1.
+ABI_VERSIONS = (ABI_V1, ABI_V2)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,12 @@ class Thunk(Mapping):
         return 2 + len(self.fields)
 
     def to_dict(self) -> dict[str, Any]:
+        """The thunk as the schedule file spells it; a version-2 field at its default is left out."""
         out: dict[str, Any] = {"op": self.op, "dtype": self.dtype}
+        newer = DEFAULTS.get(self.op, {})
         for key, value in self.fields.items():
+            if key in newer and is_default(self, key, value):
+                continue
             out[key] = value.to_dict() if isinstance(value, Schedule) else _plain(value)
         return out
 
@@ -97,12 +103,13 @@ class Schedule(Mapping):
     inputs: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
     init: tuple[InitBlock, ...] = ()
+    abi: str = ABI_V1
 
     _KEYS = ("abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks")
 
     def __getitem__(self, key: str) -> Any:
         if key == "abi":
-            return ABI_VERSION
+            return self.abi
         if key == "init":
             return [{"offset": b.offset, "b64": base64.b64encode(b.data).decode()} for b in self.init]
         if key == "tensors":

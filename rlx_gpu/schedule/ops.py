@@ -12,12 +12,15 @@ from typing import Any, Mapping
 from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.body import BINARY, UNARY
 from host_fallback import scan
+from host_fallback.fields import ACTIVATIONS, DEFAULTS
 from host_fallback.layout import Region, regions
 
 from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
 
-#: The ABI's element types and the unary/binary functions of ABI.md §5, as the host implements them.
+#: The ABI's element types of a thunk and the unary/binary functions of ABI.md §5, as the host implements them.
 DTYPES = tuple(COMPUTE)
+#: The element types of a named tensor: a thunk's, and ``i32`` for the integer tensors of ABI.md §8.
+TENSOR_DTYPES = DTYPES + ("i32",)
 UNARY_FNS = tuple(UNARY)
 BINARY_FNS = tuple(BINARY)
 
@@ -26,14 +29,17 @@ BINARY_FNS = tuple(BINARY)
 class Field:
     """One thunk field: ``kind`` names the check ``validate._check_field`` applies to its value.
 
-    A field is optional when it is nullable (an ``opt_`` kind: ``null`` means absent) or when
-    ``used_when`` names the op's flag without which it is unused (an offset written as 0).
+    A field is optional when it is nullable (an ``opt_`` kind: ``null`` means absent), when
+    ``used_when`` names the op's flag without which it is unused (an offset written as 0), or when it
+    belongs to ABI version 2 (``version``): a version-2 field may be left out, meaning its default
+    (``host_fallback.fields.DEFAULTS``), and a version-1 schedule may not name it.
     """
 
     name: str
     kind: str
     choices: tuple[str, ...] = ()
     used_when: str = ""
+    version: int = 1
 
     @property
     def nullable(self) -> bool:
@@ -41,7 +47,7 @@ class Field:
 
     @property
     def optional(self) -> bool:
-        return self.nullable or bool(self.used_when)
+        return self.nullable or bool(self.used_when) or self.version > 1
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,15 @@ class OpSpec:
         return tuple(f for f in self.fields if f.optional)
 
     @cached_property
+    def required(self) -> tuple[str, ...]:
+        """The fields every thunk of this op names (version 1's)."""
+        return tuple(f.name for f in self.fields if f.version == 1)
+
+    @cached_property
+    def v2_fields(self) -> frozenset[str]:
+        return frozenset(f.name for f in self.fields if f.version > 1)
+
+    @cached_property
     def keys(self) -> frozenset[str]:
         """Every key a thunk of this op has: its fields, ``op`` and ``dtype``."""
         return frozenset(self.field_names) | {"op", "dtype"}
@@ -79,6 +94,16 @@ def _flags(*names: str) -> tuple[Field, ...]:
     return tuple(Field(n, "bool") for n in names)
 
 
+def _v2(*fields: Field) -> tuple[Field, ...]:
+    return tuple(Field(f.name, f.kind, f.choices, f.used_when, version=2) for f in fields)
+
+
+#: ABI.md §8's fields shared by selective_scan, mamba2 and gated_delta_net (``state`` aside: gdn has it in v1).
+_STATE_V2 = _v2(Field("state_dtype", "dtype"), Field("cu_seqlens", "opt_offset"), Field("num_seqs", "pos"),
+                Field("state_slots", "opt_offset"), Field("num_slots", "pos"))
+_CARRIED_V2 = _v2(Field("carry_state", "bool"), Field("state", "opt_offset"), Field("param_dtype", "dtype"))
+_RECURRENT_V2 = _v2(Field("seq_lens", "opt_offset"), Field("reverse", "bool"), Field("clip", "float"),
+                    Field("activations", "activations", tuple(ACTIVATIONS)))
 _RECURRENT_PARAMS = _pos("batch", "seq", "input_size", "hidden", "num_layers") + _flags("bidirectional", "carry")
 _SCAN_BACKWARD = (
     Field("body_vjp", "schedule"), Field("body_carry_in_off", "offset"), Field("body_x_offs", "offsets"),
@@ -93,18 +118,27 @@ _SCAN_BACKWARD = (
 
 SPECS: dict[str, OpSpec] = {s.name: s for s in (
     OpSpec("lstm", _offsets("x", "w_ih", "w_hh", "bias") + _offsets("h0", "c0", used_when="carry") + _offsets("dst")
-           + _RECURRENT_PARAMS),
+           + _RECURRENT_PARAMS + _RECURRENT_V2
+           + _v2(Field("peepholes", "opt_offset"), Field("input_forget", "bool"), Field("proj_size", "count"),
+                 Field("w_hr", "opt_offset"))),
     OpSpec("gru", _offsets("x", "w_ih", "w_hh", "b_ih", "b_hh") + _offsets("h0", used_when="carry") + _offsets("dst")
-           + _RECURRENT_PARAMS),
+           + _RECURRENT_PARAMS + _RECURRENT_V2 + _v2(Field("linear_before_reset", "bool"))),
     OpSpec("rnn", _offsets("x", "w_ih", "w_hh", "bias") + _offsets("h0", used_when="carry") + _offsets("dst")
-           + _RECURRENT_PARAMS + _flags("relu")),
+           + _RECURRENT_PARAMS + _flags("relu") + _RECURRENT_V2),
     OpSpec("selective_scan", _offsets("x", "delta", "a", "b", "c", "dst")
-           + _pos("batch", "seq", "hidden", "state_size")),
+           + _pos("batch", "seq", "hidden", "state_size")
+           + _v2(Field("groups", "pos"), Field("delta_bias", "opt_offset"), Field("delta_softplus", "bool"),
+                 Field("d", "opt_offset"), Field("z", "opt_offset")) + _CARRIED_V2 + _STATE_V2),
     OpSpec("mamba2", _offsets("x", "dt", "a", "b", "c", "dst")
-           + _pos("batch", "seq", "heads", "head_dim", "state_size")),
+           + _pos("batch", "seq", "heads", "head_dim", "state_size")
+           + _v2(Field("groups", "pos"), Field("dt_bias", "opt_offset"), Field("dt_softplus", "bool"),
+                 Field("dt_limit", "limit"), Field("d", "opt_offset"), Field("z", "opt_offset"))
+           + _CARRIED_V2 + _STATE_V2),
     OpSpec("gated_delta_net", _offsets("q", "k", "v", "g", "beta") + _offsets("state", used_when="carry_state")
            + _offsets("dst")
-           + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state")),
+           + _pos("batch", "seq", "heads", "state_size") + _flags("gate_per_channel", "carry_state")
+           + _v2(Field("value_heads", "pos"), Field("value_size", "pos"), Field("scale", "opt_float"),
+                 Field("qk_l2norm", "bool")) + _STATE_V2),
     OpSpec("unary", _offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS))),
     OpSpec("binary", _offsets("a", "b", "dst") + (Field("fn", "enum", BINARY_FNS), Field("shape", "shape"),
                                                   Field("a_strides", "strides"), Field("b_strides", "strides"))),
@@ -126,6 +160,8 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in (
 )}
 
 SCAN_OPS = scan.SCAN_OPS
+
+assert all(SPECS[op].v2_fields == frozenset(DEFAULTS[op]) for op in DEFAULTS), "op table and defaults disagree"
 
 
 def footprint(thunk: Mapping[str, Any]) -> tuple[list[Region], list[Region]]:

@@ -15,14 +15,16 @@ from typing import Any, Callable
 
 from host_fallback import aliasing, scan_rules
 from host_fallback.arena import ELEM_SIZE
+from host_fallback.fields import complete
 from host_fallback.layout import regions
 
 from ..errors import ScheduleError, brief
 from ..units import human_bytes
 from .limits import (MAX_ARENA_BYTES, MAX_DIM, MAX_NESTING_DEPTH, MAX_NUM_LAYERS, MAX_RANK, MAX_SCAN_STEPS, MAX_THUNKS,
                      MAX_VIEW_RANK)
-from .model import ABI_VERSION, InitBlock, Schedule, TensorView, Thunk, freeze_fields
-from .ops import DTYPES, SCAN_OPS, SPECS, Field, OpSpec
+from .model import ABI_V1, ABI_VERSIONS, InitBlock, Schedule, TensorView, Thunk, freeze_fields
+from .ops import DTYPES, SCAN_OPS, SPECS, TENSOR_DTYPES, Field, OpSpec
+from .rules_v2 import RULES_V2
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
 _RECURRENT = ("lstm", "gru", "rnn")
@@ -119,8 +121,9 @@ class _Context:
     """What the thunks of one schedule are checked against, and what repeats are remembered."""
 
     def __init__(self, where: _Where, arena_bytes: int, tensors: Mapping[str, TensorView], depth: int,
-                 budget: _Budget, results: frozenset[str] = frozenset()):
+                 budget: _Budget, abi: str, results: frozenset[str] = frozenset()):
         self.where, self.arena_bytes, self.tensors, self.depth, self.budget = where, arena_bytes, tensors, depth, budget
+        self.abi = abi
         self.results = results  # the outputs that are no inputs
         self.seen: dict[int, tuple[Any, Thunk, int, int]] = {}  # id(raw) -> (raw, thunk, thunks inside, steps)
         self._by_offset: dict[tuple[int, str], str] | None = None
@@ -142,6 +145,14 @@ def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
     kind = f.kind
     if kind == "offset":
         return _offset(here, f.name, v)
+    if kind == "opt_offset":
+        return None if v is None else _offset(here, f.name, v)
+    if kind == "limit":
+        return _limit(here, f.name, v)
+    if kind == "opt_float":
+        return None if v is None else _number(here, f.name, v, "a finite number (null: the default)")
+    if kind == "activations":
+        return _activations(here, f, v)
     if kind in ("pos", "count"):
         maximum, limit = _FIELD_LIMITS.get(f.name, (MAX_DIM, "dimension"))
         minimum = 1 if kind == "pos" else 0
@@ -185,10 +196,51 @@ def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
         if ctx.depth >= MAX_NESTING_DEPTH:
             raise here.fail(f.name, f"scan bodies nest deeper than {MAX_NESTING_DEPTH} levels (limit 'nesting_depth')")
         _object(here, f.name, v, "a nested schedule object")
-        body, ctx.body_steps[f.name] = _schedule(v, _Where(f"{here.prefix}, field {f.name!r} → "), True,
+        body, ctx.body_steps[f.name] = _schedule(v, _Where(f"{here.prefix}, field {f.name!r} → "), ctx.abi,
                                                  ctx.depth + 1, ctx.budget)
         return body
     raise AssertionError(f"unknown field kind {kind}")
+
+
+def _number(here: _Where, name: str, v: Any, what: str) -> float:
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise here.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
+    try:
+        value = float(v)
+    except OverflowError:
+        raise here.fail(name, f"{brief(v)} is beyond the range of a float") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise here.fail(name, f"expected {what}, got {brief(v)}")
+    return value
+
+
+def _limit(here: _Where, name: str, v: Any) -> tuple[float, float | None] | None:
+    """``dt_limit``: ``[lo, hi]`` with ``0 <= lo < hi``, ``hi`` null for +inf; null is the default (no clamp)."""
+    if v is None:
+        return None
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        raise here.fail(name, f"expected [lo, hi] (hi a number or null for +inf), got {brief(v)}")
+    lo = _number(here, f"{name}[0]", v[0], "a finite number >= 0")
+    hi = None if v[1] is None else _number(here, f"{name}[1]", v[1], "a finite number or null (+inf)")
+    if lo < 0 or (hi is not None and not lo < hi):
+        raise here.fail(name, f"expected 0 <= lo < hi, got {brief(list(v))}")
+    return lo, hi
+
+
+def _activations(here: _Where, f: Field, v: Any) -> tuple[tuple[str, float, float], ...]:
+    """``activations``: a list of ``[name, alpha, beta]`` (the count per direction is a cross-field rule)."""
+    if not isinstance(v, (list, tuple)) or not v:
+        raise here.fail(f.name, f"expected a list of [name, alpha, beta], got {brief(v)}")
+    out = []
+    for i, entry in enumerate(v):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise here.fail(f"{f.name}[{i}]", f"expected [name, alpha, beta], got {brief(entry)}")
+        name = entry[0]
+        if not isinstance(name, str) or name not in f.choices:
+            raise here.fail(f"{f.name}[{i}]", f"unknown activation {brief(name)}; expected one of {', '.join(f.choices)}")
+        alpha, beta = (_number(here, f"{f.name}[{i}][{j}]", entry[j], "a finite number") for j in (1, 2))
+        out.append((name, alpha, beta))
+    return tuple(out)
 
 
 def _rules_binary(where: _Where, f: Mapping[str, Any]) -> None:
@@ -240,17 +292,30 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
     dtype = raw.get("dtype")
     if not isinstance(dtype, str) or dtype not in spec.dtypes:
         raise here.fail("dtype", f"expected one of {', '.join(spec.dtypes)}, got {brief(dtype)}")
-    missing = [n for n in spec.field_names if n not in raw]
+    missing = [n for n in spec.required if n not in raw]
     if missing:
         raise here.fail(missing[0], f"missing (required fields still absent: {', '.join(missing)})")
     extra = sorted(set(raw) - spec.keys, key=repr)
     if extra:
         key = extra[0] if isinstance(extra[0], str) and len(extra[0]) <= 40 else brief(extra[0], 40)
         raise here.fail(key, f"unknown field for {op} (known: {', '.join(spec.field_names)})")
+    if ctx.abi == ABI_V1:
+        newer = [f.name for f in spec.fields if f.version > 1 and f.name in raw]
+        if newer:
+            raise here.fail(newer[0], f"is a field of rlx-thunks/2 (ABI.md §8); this schedule is labelled "
+                                      f"{ABI_V1!r}: label it 'rlx-thunks/2' to use it")
     ctx.body_steps = {}
-    fields = {f.name: _check_field(here, f, raw[f.name], ctx) for f in spec.fields}
+    given = {f.name: _check_field(here, f, raw[f.name], ctx) for f in spec.fields if f.name in raw}
     if op in _RULES:
-        _RULES[op](here, {"op": op, "dtype": dtype, **fields})
+        _RULES[op](here, {"op": op, "dtype": dtype, **given})
+    if op in RULES_V2:
+        try:
+            RULES_V2[op]({"op": op, "dtype": dtype, **given})
+        except scan_rules.FieldError as err:
+            raise here.fail(err.field, err.message) from None
+    fields = complete({"op": op, "dtype": dtype, **given})
+    del fields["op"], fields["dtype"]
+    fields = {name: fields[name] for name in spec.field_names}
     thunk = Thunk(index, op, dtype, freeze_fields(fields))
     steps = 0
     if op in SCAN_OPS:
@@ -307,8 +372,8 @@ def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorV
         _object(tw, None, t, "{offset, dtype, shape}")
         if set(t) != {"offset", "dtype", "shape"}:
             raise tw.fail(None, f"expected the keys offset, dtype, shape, got {brief(sorted(t))}")
-        if not isinstance(t["dtype"], str) or t["dtype"] not in DTYPES:
-            raise tw.fail("dtype", f"expected one of {', '.join(DTYPES)}, got {brief(t['dtype'])}")
+        if not isinstance(t["dtype"], str) or t["dtype"] not in TENSOR_DTYPES:
+            raise tw.fail("dtype", f"expected one of {', '.join(TENSOR_DTYPES)}, got {brief(t['dtype'])}")
         view = TensorView(_offset(tw, "offset", t["offset"]), t["dtype"],
                           tuple(_int_list(tw, "shape", t["shape"], None, "ints >= 0", MAX_VIEW_RANK, "view_rank")))
         if view.offset % ELEM_SIZE[view.dtype] or view.offset + view.nbytes > arena_bytes:
@@ -364,14 +429,21 @@ def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...
     return tuple(init)
 
 
-def _schedule(raw: Mapping, where: _Where, nested: bool, depth: int, budget: _Budget) -> tuple[Schedule, int]:
-    """The validated schedule and the scan steps (body executions) it declares."""
+def _schedule(raw: Mapping, where: _Where, holder_abi: str | None, depth: int,
+              budget: _Budget) -> tuple[Schedule, int]:
+    """The validated schedule and the scan steps (body executions) it declares; ``holder_abi`` is the
+    label of the schedule holding a nested body (``None`` at the top)."""
     _object(where, None, raw, "a schedule object")
     extra = sorted(set(raw) - _TOP_KEYS)
     if extra:
         raise where.fail(extra[0], f"unknown schedule key (known: {', '.join(sorted(_TOP_KEYS))})")
-    if not (nested and "abi" not in raw) and raw.get("abi") != ABI_VERSION:
-        raise where.fail("abi", f"unknown abi {brief(raw.get('abi'))}; this reader implements {ABI_VERSION!r}")
+    abi = raw.get("abi", holder_abi)
+    if abi not in ABI_VERSIONS:
+        raise where.fail("abi", f"unknown abi {brief(raw.get('abi'))}; this reader implements "
+                                f"{' and '.join(map(repr, ABI_VERSIONS))}")
+    if holder_abi is not None and abi != holder_abi:
+        raise where.fail("abi", f"a nested body takes the label of the schedule that holds it ({holder_abi!r}), "
+                                f"got {brief(abi)}")
     arena_bytes = _int(where, "arena_bytes", raw.get("arena_bytes"), 1, "a size in bytes >= 1", MAX_ARENA_BYTES,
                        "arena_bytes")
     try:
@@ -387,7 +459,7 @@ def _schedule(raw: Mapping, where: _Where, nested: bool, depth: int, budget: _Bu
         raise where.fail("thunks", f"expected a list of thunks, got {type(raw_thunks).__name__} {brief(raw_thunks)}")
     if len(raw_thunks) > MAX_THUNKS:
         raise where.fail("thunks", f"{len(raw_thunks)} thunks exceed the limit {MAX_THUNKS} ('thunks')")
-    ctx = _Context(where, arena_bytes, tensors, depth, budget, frozenset(outputs) - frozenset(inputs))
+    ctx = _Context(where, arena_bytes, tensors, depth, budget, abi, frozenset(outputs) - frozenset(inputs))
     thunks, steps = [], 0
     for i, t in enumerate(raw_thunks):
         thunk, thunk_steps = _thunk(i, t, ctx)
@@ -396,7 +468,7 @@ def _schedule(raw: Mapping, where: _Where, nested: bool, depth: int, budget: _Bu
         if steps > MAX_SCAN_STEPS:
             raise where.thunk(i, thunk.op).fail("length", f"the schedule's scans declare {steps} body executions "
                                                           f"so far, over the limit {MAX_SCAN_STEPS} ('scan_steps')")
-    return Schedule(arena_bytes, tuple(thunks), tensors, inputs, outputs, init), steps
+    return Schedule(arena_bytes, tuple(thunks), tensors, inputs, outputs, init, abi), steps
 
 
 def validate(raw: Any) -> Schedule:
@@ -405,7 +477,7 @@ def validate(raw: Any) -> Schedule:
         return raw
     if not isinstance(raw, Mapping):
         raise ScheduleError(f"schedule: expected an object, got {type(raw).__name__} {brief(raw)}")
-    return _schedule(raw, _Where(""), nested=False, depth=0, budget=_Budget())[0]
+    return _schedule(raw, _Where(""), None, depth=0, budget=_Budget())[0]
 
 
 __all__ = ["validate"]

@@ -1,0 +1,57 @@
+"""The run-time check of ABI.md §8's integer tensors (``seq_lens``, ``cu_seqlens``, ``state_slots``).
+
+Validation cannot see their values, so before a thunk that has them runs, the executor reads them
+(one small read per tensor) and refuses values outside their rules with a ``RunError``. Values that no
+earlier thunk of the schedule writes are checked before anything runs, so a refused run writes
+nothing and leaves the caller's arena unchanged; values an earlier thunk produces are read just before
+their thunk, after the ones before it ran.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from host_fallback import runtime_data
+from host_fallback.layout import Region
+
+from ..errors import RunError
+from ..schedule.model import Thunk
+from ..schedule.ops import footprint
+
+Reader = Callable[[Region], np.ndarray]
+
+
+@dataclass(frozen=True)
+class DataCheck:
+    """One thunk's integer tensors; ``early``: no earlier thunk writes them, so they are checked first."""
+
+    thunk: Thunk
+    regions: tuple[Region, ...]
+    early: bool
+
+    def run(self, read: Reader) -> None:
+        try:
+            runtime_data.check(self.thunk, read)
+        except runtime_data.DataError as err:
+            raise RunError(f"thunk {self.thunk.index} ({self.thunk.op}), {err}; nothing of this thunk ran "
+                           f"(ABI.md §8: integer tensors are checked before their thunk)") from None
+
+
+def data_checks(thunks: Sequence[Thunk]) -> tuple[DataCheck, ...]:
+    """The checks of a schedule's top-level thunks that read integer tensors, in thunk order."""
+    checks, written = [], []
+    for thunk in thunks:
+        ints = runtime_data.int_regions(thunk)
+        if ints:
+            early = not any(w.offset < r.offset + r.nbytes and r.offset < w.offset + w.nbytes
+                            for r in ints for w in written)
+            checks.append(DataCheck(thunk, tuple(ints), early))
+        written += footprint(thunk)[1]
+    return tuple(checks)
+
+
+def int32_reader(read_bytes: Callable[[int, int], np.ndarray]) -> Reader:
+    """A reader of integer regions from ``read_bytes(offset, nbytes)`` (a host view or a device read)."""
+    return lambda r: np.asarray(read_bytes(r.offset, r.nbytes)).view("<i4")
