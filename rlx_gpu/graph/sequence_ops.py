@@ -91,22 +91,6 @@ class SequenceOps:
         return self._recurrent("rnn", x, weights, {"h0": h0}, hidden, num_layers, bidirectional, name,
                                relu=act == "relu")
 
-    def recurrent(self, op: str, x: Any, weights: dict[str, Any], *, hidden: int, bidirectional: bool = False,
-                  h0: Any = None, c0: Any = None, name: str | None = None, **fields: Any) -> Any:
-        """One layer of ``op`` (lstm, gru or rnn) from ABI fields, for frontends that map other attributes.
-
-        ``weights`` holds the op's weight and bias streams by ABI field; ``fields`` the further fields
-        as the ABI spells them (ABI.md §8; tensors stand for offsets), passed through unchanged and
-        checked by the validator. Returns like ``lstm``/``gru``/``rnn``; the final states are returned
-        only, not declared as outputs: the caller names its outputs.
-        """
-        states = {"h0": h0, "c0": c0} if op == "lstm" else {"h0": h0}
-        declared = set(self.outputs)
-        result = self._recurrent(op, x, weights, states, hidden, 1, bidirectional, name, **fields)
-        for added in set(self.outputs) - declared:
-            del self.outputs[added]
-        return result
-
     def _rnn_activation(self, nonlinearity: str | None, relu: bool | None, weights: dict[str, Any]) -> str:
         """The rnn's activation from its keywords and the activation its weights were packed with."""
         if nonlinearity is not None and nonlinearity not in NONLINEARITIES:

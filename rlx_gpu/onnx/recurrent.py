@@ -115,7 +115,6 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
     b = np.zeros((dirs, 2 * g * hidden), np.float32) if b is None else b
     _check_shape(importer, node, "B", b, (dirs, 2 * g * hidden))
     prefix = node.name or node.output[0] or op
-    fields: dict[str, Any] = {}
 
     def stream(field: str, value: Value) -> Any:
         if isinstance(value, np.ndarray):
@@ -130,37 +129,34 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
     else:
         weights["bias"] = stream("bias", _add(importer, wb, rb, dtype))
 
+    # ONNX attributes as the builder's keywords, each given only when it differs from the ABI's default
+    options: dict[str, Any] = {"reverse": True} if direction == "reverse" else {}
     if seq_lens is not None:
         _check_shape(importer, node, "sequence_lens", seq_lens, (batch,))
         if not (isinstance(seq_lens, np.ndarray) and np.all(seq_lens == seq)):
-            fields["seq_lens"] = (importer.graph.weight(f"{prefix}.seq_lens", seq_lens, "i32")
+            options["lengths"] = (importer.graph.weight(f"{prefix}.seq_lens", seq_lens, "i32")
                                   if isinstance(seq_lens, np.ndarray) else importer.dense(seq_lens))
-    if direction == "reverse":
-        fields["reverse"] = True
     if "clip" in attrs:
         if not attrs["clip"] > 0:
             raise importer.unsupported(node, "clip", attrs["clip"], "a clip bound is a positive number")
-        fields["clip"] = float(attrs["clip"])
+        options["clip"] = float(attrs["clip"])
     activations = read_activations(importer, node, dirs)
     if op == "RNN" and {a[0] for a in activations} in ({"tanh"}, {"relu"}):
-        fields["relu"] = activations[0][0] == "relu"
+        options["nonlinearity"] = activations[0][0]
     elif [a[0] for a in activations] != list(DEFAULT_ACTIVATIONS[op]) * dirs:
-        fields["activations"] = activations
-        if op == "RNN":
-            fields["relu"] = False
+        options["activations"] = activations
     if op == "GRU" and not attrs.get("linear_before_reset", 0):
-        fields["linear_before_reset"] = False
+        options["linear_before_reset"] = False
     if op == "LSTM":
         if attrs.get("input_forget", 0):
-            fields["input_forget"] = True
+            options["input_forget"] = True
         if p is not None and not (isinstance(p, np.ndarray) and not p.any()):
             _check_shape(importer, node, "P", p, (dirs, 3 * hidden))
-            fields["peepholes"] = stream("peepholes", p)
+            options["peepholes"] = stream("peepholes", p)
 
     states = ("initial_h", "initial_c") if op == "LSTM" else ("initial_h",)
     given = dict(zip(states, (initial_h, initial_c)))
     carry = any(v is not None for v in given.values()) or any(node.output[1:])
-    carried = {}
     for field, state in zip(("h0", "c0"), states):
         value = given[state]
         if value is None:
@@ -169,9 +165,14 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
             _check_shape(importer, node, state, value, (batch, dirs, hidden))
             value = value.transpose((1, 0, 2))
         _check_shape(importer, node, state, value, (dirs, batch, hidden))
-        carried[field] = importer.dense(value, dtype) if carry else None
-    result = importer.graph.recurrent(ABI_OP[op], importer.dense(xb), weights, hidden=hidden,
-                                      bidirectional=dirs == 2, name=prefix, **carried, **fields)
+        if carry:
+            options[field] = importer.dense(value, dtype)
+    graph = importer.graph
+    declared = set(graph.outputs)
+    result = getattr(graph, ABI_OP[op])(importer.dense(xb), **weights, hidden=hidden, bidirectional=dirs == 2,
+                                        name=prefix, **options)
+    for name in set(graph.outputs) - declared:  # the final states it names; the ONNX graph names its own outputs
+        del graph.outputs[name]
     y, *finals = result if carry else (result,)
     y = View.of(y).reshape((batch, seq, dirs, hidden))
     outs: list[Value | None] = [y if layout == 1 else y.transpose((1, 2, 0, 3))]
