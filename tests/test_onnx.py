@@ -196,3 +196,35 @@ def test_the_cli_imports_a_model_and_runs_it_directly(tmp_path, capsys):
     (tmp_path / "broken.onnx").write_bytes(b"\x08\x07not protobuf")
     assert main(["import", str(tmp_path / "broken.onnx"), "-o", str(tmp_path / "x.json")]) == 2
     assert "OnnxImportError" in capsys.readouterr().err
+
+
+def _busiest(op: str) -> dict:
+    """The sampled combination of ``op`` with the most attributes away from their defaults."""
+    defaults = {name: values[0] for name, values in COMBINATIONS[op].items()}
+    return max((combo for o, combo in SAMPLED if o == op), key=lambda c: sum(c[k] != defaults[k] for k in c))
+
+
+# each op at a target, LSTM (the most fields) at both: every new field set is a kernel build on PoCL
+@pytest.mark.parametrize("op,target", [("LSTM", "cpu"), ("LSTM", "gpu"), ("GRU", "gpu"), ("RNN", "cpu")])
+def test_a_random_recurrent_node_matches_onnxruntime_on_opencl(op, target):
+    """On PoCL; the recurrent thunk runs there when its device kernels take its fields."""
+    from host_fallback.fields import used
+    from rlx_gpu.conformance.devices import find, open_device
+    from rlx_gpu.launches import V2_FIELDS
+    from rlx_gpu.runtime.config import load_config
+    from rlx_gpu.runtime.executor import Device
+
+    device = Device(open_device(find("opencl"), target), load_config())
+    combo = _busiest(op)
+    model, feeds = recurrent_case(op, combo, seed=7)
+    schedule = rlx_gpu.onnx.load(model)
+    (thunk,) = [t for t in schedule.thunks if t.op == op.lower()]
+    placed = {a.index: a.backend for a in device.place(schedule)}
+    if set(used(thunk)) <= V2_FIELDS[thunk.op]:
+        assert placed[thunk.index] == "opencl", (used(thunk), placed)
+    arena = schedule.pristine_arena()
+    for name, values in feeds.items():
+        schedule.tensors[name].write(arena, values)
+    out = device.run(schedule, arena)
+    got = {name: schedule.tensors[name].read(out) for name in schedule.outputs}
+    assert_matches(got, abi_final_states(model, feeds, run_onnxruntime(model, feeds)))
