@@ -1,6 +1,6 @@
 """ONNX models of torch.nn.LSTM / GRU / RNN: imported by rlx_gpu.onnx and run on the host, against onnxruntime.
 
-    python benchmarks/from_onnx.py [--runs 5] [--warmup 1] [--rounds 3] [--ops lstm,gru,rnn]
+    python benchmarks/from_onnx.py [--seq 128] [--runs 5] [--warmup 1] [--rounds 3] [--ops lstm,gru,rnn]
 
 Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32 (prefill). Each
 module is exported with ``torch.onnx.export``; the one model runs in onnxruntime's CPU provider (as
@@ -29,29 +29,26 @@ import rlx_gpu  # noqa: E402
 import rlx_gpu.onnx  # noqa: E402
 
 MODULES = {"lstm": "LSTM", "gru": "GRU", "rnn": "RNN"}
+BATCH, SIZE, LAYERS = 32, 256, 2  # the prefill target's shape (bidirectional, input = hidden = SIZE)
 
 
-def export(torch, op: str, args: argparse.Namespace) -> tuple[object, bytes, np.ndarray]:
+def export(torch, op: str, seq: int) -> tuple[object, bytes, np.ndarray]:
     """The torch module, its ONNX model and a seeded time-major input."""
     torch.manual_seed(0)
-    module = getattr(torch.nn, MODULES[op])(args.size, args.size, num_layers=args.layers,
-                                             bidirectional=not args.unidirectional).eval()
-    x = torch.randn(args.seq, args.batch, args.size)
+    module = getattr(torch.nn, MODULES[op])(SIZE, SIZE, num_layers=LAYERS, bidirectional=True).eval()
+    x = torch.randn(seq, BATCH, SIZE)
     stream = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), stream, dynamo=False, input_names=["x"], output_names=["y", "h_n", "c_n"][
-            :3 if op == "lstm" else 2])
+        names = ["y", "h_n", "c_n"][:3 if op == "lstm" else 2]
+        torch.onnx.export(module, (x,), stream, dynamo=False, input_names=["x"], output_names=names)
     return module, stream.getvalue(), x.numpy()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--size", type=int, default=256, help="input_size = hidden")
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--unidirectional", action="store_true")
+    ap.add_argument("--seq", type=int, default=128, help="sequence length (batch 32, input = hidden = 256, "
+                    "2 layers, bidirectional: the prefill target's shape)")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per round and side")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before each round's timed ones")
     ap.add_argument("--rounds", type=int, default=3, help="rounds, the sides taking turns")
@@ -66,13 +63,12 @@ def main() -> None:
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads
     device = rlx_gpu.get_device("host")
-    dirs = 1 if args.unidirectional else 2
-    print(f"B={args.batch} S={args.seq} I=H={args.size} layers={args.layers} directions={dirs} f32; "
+    print(f"B={BATCH} S={args.seq} I=H={SIZE} layers={LAYERS} bidirectional f32; "
           f"{threads} threads (torch, onnxruntime, OpenBLAS); onnxruntime {onnxruntime.__version__}")
     rows = []
     start, t0 = cpu_ticks(), time.perf_counter()
     for op in args.ops.split(","):
-        module, model, x = export(torch, op, args)
+        module, model, x = export(torch, op, args.seq)
         session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         schedule = rlx_gpu.onnx.load(model)
@@ -97,8 +93,8 @@ def main() -> None:
     warn_if_shared(start, t0)
     print(f"{'op':<6}{'torch ms':>10}{'ort ms':>10}{'rlx ms':>10}{'rlx/ort':>9}{'rlx/torch':>11}{'max|rlx-ort|':>14}")
     for op, torch_ms, ort_ms, rlx_ms, diff in rows:
-        print(f"{op:<6}{torch_ms:>10.1f}{ort_ms:>10.1f}{rlx_ms:>10.1f}{rlx_ms / ort_ms:>8.2f}x{rlx_ms / torch_ms:>10.2f}x"
-              f"{diff:>14.2e}")
+        print(f"{op:<6}{torch_ms:>10.1f}{ort_ms:>10.1f}{rlx_ms:>10.1f}{rlx_ms / ort_ms:>8.2f}x"
+              f"{rlx_ms / torch_ms:>10.2f}x{diff:>14.2e}")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ def recurrent_case(op: str, combo: dict[str, Any], seed: int = 0, batch: int = 3
     names = ["X", "W", "R"]
     feeds = {"X": rng.standard_normal((batch, seq, inputs) if layout else (seq, batch, inputs)).astype(np.float32)}
     if combo["bias"]:
-        inits.append(numpy_helper.from_array(rng.uniform(-scale, scale, (dirs, 2 * g * hidden)).astype(np.float32), "B"))
+        bias = rng.uniform(-scale, scale, (dirs, 2 * g * hidden)).astype(np.float32)
+        inits.append(numpy_helper.from_array(bias, "B"))
     names.append("B" if combo["bias"] else "")
     if combo["sequence_lens"] != "absent":
         lens = np.full(batch, seq) if combo["sequence_lens"] == "full" else np.array([seq, 0, *rng.integers(
@@ -194,7 +195,8 @@ def run_imported(model: Any, feeds: dict[str, np.ndarray], device: str = "host")
     return {name: schedule.tensors[name].read(out) for name in schedule.outputs}
 
 
-def abi_final_states(model: Any, feeds: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def abi_final_states(model: Any, feeds: dict[str, np.ndarray],
+                     reference: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """onnxruntime's outputs with the final state of each length-0 row set to its initial state (ABI.md §8
     keeps it; onnxruntime writes 0)."""
     lens = feeds.get("sequence_lens")

@@ -23,7 +23,8 @@ from rlx_gpu.runtime.executor import Device
 
 F32_BOUND = 1e-7  # the conformance suite's f32 bound
 KINDS = {"LSTM": dict(cls=torch.nn.LSTM), "GRU": dict(cls=torch.nn.GRU),
-         "RNN_tanh": dict(cls=torch.nn.RNN, nonlinearity="tanh"), "RNN_relu": dict(cls=torch.nn.RNN, nonlinearity="relu")}
+         "RNN_tanh": dict(cls=torch.nn.RNN, nonlinearity="tanh"),
+         "RNN_relu": dict(cls=torch.nn.RNN, nonlinearity="relu")}
 SEQ, BATCH, INPUT, HIDDEN, LAYERS = 6, 3, 4, 5, 2
 
 

@@ -27,7 +27,8 @@ def _read_model(source: Any) -> Any:
     try:
         import onnx
     except ImportError as err:
-        raise OnnxImportError("reading ONNX models needs the onnx package: pip install 'rlx_gpu[onnx]'") from err
+        raise OnnxImportError('reading ONNX models needs the onnx package: pip install -e ".[onnx]" in the '
+                              'checkout') from err
     if isinstance(source, onnx.ModelProto):
         return source
     try:
