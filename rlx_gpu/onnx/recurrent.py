@@ -99,6 +99,8 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
     initial_c, p = (ins[6], ins[7]) if op == "LSTM" else (None, None)
     if not isinstance(x, View):
         raise importer.error(node, "X must be a run-time value (a graph input or computed from one)")
+    if w is None or r is None:
+        raise importer.error(node, "inputs W and R are required")
     layout = attrs.get("layout", 0)
     if layout not in (0, 1):
         raise importer.unsupported(node, "layout", layout, "ONNX defines 0 (time-major) and 1 (batch-major)")
