@@ -173,7 +173,7 @@ def test_an_unsupported_attribute_names_node_op_attribute_and_value(attribute, v
 
 def test_a_symbolic_input_shape_is_given_by_shapes():
     model = _model([helper.make_node("Tanh", ["x"], ["y"])], [_info("x", ["batch", 3])], [_info("y", None)])
-    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"symbolic shape \['batch', 3\].*--shape x="):
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"symbolic shape \[.batch., 3\].*--shape x=N,3"):
         rlx_gpu.onnx.load(model)
     schedule = rlx_gpu.onnx.load(model, shapes={"x": [2, 3]})
     assert schedule.tensors["x"].shape == (2, 3) and schedule.inputs == ("x",) and schedule.outputs == ("y",)

@@ -90,9 +90,10 @@ class Importer:
             dims = list(kind.shape.dim)
             if any(not d.HasField("dim_value") for d in dims):
                 spelled = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+                sizes = ",".join(str(d) if isinstance(d, int) else "N" for d in spelled)
                 raise OnnxImportError(f"graph input {info.name!r} has the symbolic shape {spelled}; a schedule "
-                                      f"has fixed sizes: give them, e.g. shapes={{{info.name!r}: [...]}} "
-                                      f"(rlx-gpu import --shape {info.name}=2,5,3)")
+                                      f"has fixed sizes: give them as shapes={{{info.name!r}: [{sizes}]}} "
+                                      f"(rlx-gpu import --shape {info.name}={sizes}) with N a size")
             shape = [d.dim_value for d in dims]
         self.values[info.name] = View.of(self.graph.input(info.name, shape, dtype))
 
