@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from host_fallback.arena import ELEM_SIZE
-from host_fallback.fields import INT_FIELDS, used
+from host_fallback.fields import INT_FIELDS
 from host_fallback.layout import regions
 
 from ..graph.layout import ALIGN
@@ -119,8 +119,8 @@ def int_values(params: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
-    """A one-thunk schedule dict, labelled version 2 when the thunk uses a version-2 field."""
-    abi = ABI_V2 if thunk["op"] in SPECS and used(thunk) else ABI_V1
+    """A one-thunk schedule dict, labelled version 2 when the thunk names a version-2 field (even at its default)."""
+    abi = ABI_V2 if thunk["op"] in SPECS and SPECS[thunk["op"]].v2_fields & set(thunk) else ABI_V1
     return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 

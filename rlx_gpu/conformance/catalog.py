@@ -85,8 +85,9 @@ def _mamba2(b: int, s: int, heads: int, p: int, n: int) -> dict:
     return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n)
 
 
-def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool) -> dict:
-    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry)
+def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool, **v2: Any) -> dict:
+    """A gated_delta_net case; ``v2`` adds ABI.md §8 fields (``state=True`` is implied by ``carry``)."""
+    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry, **v2)
 
 
 def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
@@ -131,6 +132,13 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # cpu target's decode step kernel: one work-item per 32 value columns, the last one partial
     ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), {}, False),
     ("gated_delta_net", _gdn(1, 1, 2, 70, False, False), {}, False),
+    # version 2: grouped value heads with K != V, L2-norm and a scale over packed sequences whose starts fall
+    # inside chunks (host L=32, gpu 64; one empty), per-channel gates; then a decode step of three rows into slots
+    ("gated_delta_net", _gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True, scale=0.3,
+                             cu_seqlens=[0, 20, 20, 45, 70]), {}, False),
+    ("gated_delta_net", _gdn(1, 9, 1, 8, False, False, value_heads=3, cu_seqlens=[0, 4, 9]), {}, False),
+    ("gated_delta_net", _gdn(3, 1, 2, 8, False, True, value_heads=4, value_size=6, state_slots=[4, 0, 2],
+                             num_slots=5), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
     ("matmul", _matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
     ("reduce_sum", dict(outer=3, r=5, inner=7), {}, False),
@@ -173,6 +181,10 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, INF),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "beta", 5, -INF),
     ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), "k", 0, INF),  # the cpu target's decode step kernel
+    # packed sequences: a NaN in one sequence reaches no other (in the first, and mid-chunk in the last)
+    ("gated_delta_net", _gdn(1, 80, 1, 8, False, True, value_heads=2, cu_seqlens=[0, 30, 30, 80]), "v", 5, NAN),
+    ("gated_delta_net", _gdn(1, 80, 2, 8, True, True, value_heads=4, value_size=5, cu_seqlens=[0, 30, 30, 80]),
+     "k", 70, NAN),
     ("lstm", _recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
     ("gru", _recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
     ("rnn", _recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF),

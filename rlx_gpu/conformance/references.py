@@ -49,8 +49,10 @@ def mamba2(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 
 
 def gated_delta_net(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
-    state = load("state") if t["carry_state"] else None
-    out, final = reference_ssm.gated_delta_net(*(load(f) for f in ("q", "k", "v", "g", "beta")), state=state)
+    ints = {f: load(f) for f in ("cu_seqlens", "state_slots") if t[f] is not None}
+    out, final = reference_ssm.gated_delta_net(
+        *(load(f) for f in ("q", "k", "v", "g", "beta")), state=load("state") if t["carry_state"] else None,
+        scale=t["scale"], qk_l2norm=t["qk_l2norm"], **ints)
     return {"dst": out, "state": final} if t["carry_state"] else {"dst": out}
 
 

@@ -4,6 +4,7 @@ A mixin of ``builder.Graph``: it uses the graph's ``_t``/``_new``/``_emit``/``co
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -140,30 +141,79 @@ class SequenceOps:
         return y
 
     def gated_delta_net(self, q: Any, k: Any, v: Any, g: Any, beta: Any, *, gate_per_channel: bool = False,
-                        state: Any = None, name: str | None = None) -> Any:
-        """Gated delta rule: ``S *= exp(g)``, ``S += k⊗((v - Sᵀk)·beta)``, ``out = Sᵀq/√N``; ``q [B,S,H,N]``.
+                        scale: float | None = None, initial_state: Any = None, state: Any = None,
+                        use_qk_l2norm: bool = False, cu_seqlens: Any = None, state_slots: Any = None,
+                        state_dtype: str | None = None, name: str | None = None) -> Any:
+        """Gated delta rule, fla's ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
+        (``chunk_kda`` with ``gate_per_channel``) in the ``[K,V]`` state layout: per value head
+        ``S *= exp(g)``, ``S += k⊗((v - Sᵀk)·beta)``, ``out = scale·Sᵀq``.
 
-        Returns ``out``, or ``(out, state_n)`` when ``state [B,H,N,N]`` is carried (also output
-        ``{name}.state``).
+        ``q, k [B,S,H,K]``; ``v [B,S,HV,V]`` (``HV`` a multiple of ``H``: value head ``j`` reads key head
+        ``j // (HV/H)``; ``V`` may differ from ``K``); ``beta [B,S,HV]``; ``g [B,S,HV]``, or
+        ``[B,S,HV,K]`` with ``gate_per_channel``. ``scale`` defaults to ``1/sqrt(K)``; ``use_qk_l2norm``
+        divides q and k by their L2 norms first (fla's ``use_qk_l2norm_in_kernel``). ``initial_state
+        [R,HV,K,V]`` (``state`` is the same argument), in ``state_dtype`` (default q's; e.g. f32 beside
+        bf16 activations), starts each row; the final states are returned too, ``(out, state)``, and
+        output ``{name}.state``. ``cu_seqlens`` (i32 ``[R+1]``, batch 1) packs R sequences along S, each
+        from its own state; ``state_slots`` (i32 ``[R]``) makes ``initial_state`` a pool of entries,
+        row ``r`` using entry ``state_slots[r]``. A field left at its default is left out of the thunk,
+        so a graph without these lowers to version 1.
         """
+        op = "gated_delta_net"
+        if state is not None and initial_state is not None:
+            raise GraphError(f"{op}: state and initial_state name the same argument; pass one of them")
+        initial_state = state if initial_state is None else initial_state
         q, k, v, g, beta = (self._t(t) for t in (q, k, v, g, beta))
-        if len(q.shape) != 4:
-            raise GraphError(f"gated_delta_net: q {q!r} must be [B,S,H,N]")
-        bt, s, h, n = q.shape
-        gate = (bt, s, h, n) if gate_per_channel else (bt, s, h)
-        for field, t, shape in (("k", k, q.shape), ("v", v, q.shape), ("g", g, gate), ("beta", beta, (bt, s, h))):
-            self._expect("gated_delta_net", field, t, shape, q.dtype)
-        final = 0
-        if state is not None:
-            state = self._t(state)
-            self._expect("gated_delta_net", "state", state, (bt, h, n, n), q.dtype)
-            final = self.copy(state)  # updated in place: keep the caller's tensor intact
-        y = self._new(q.shape, q.dtype)
-        self._emit("gated_delta_net", q.dtype, {
+        if len(q.shape) != 4 or len(v.shape) != 4:
+            raise GraphError(f"{op}: q {q!r} must be [B,S,H,K] and v {v!r} [B,S,HV,V]")
+        (bt, s, h, n), (hv, width) = q.shape, v.shape[2:]
+        if hv < 1 or hv % h:
+            raise GraphError(f"{op}: the {hv} value heads of v {v!r} are no multiple of the {h} heads of q")
+        gate = (bt, s, hv, n) if gate_per_channel else (bt, s, hv)
+        for field, t, shape in (("k", k, q.shape), ("v", v, (bt, s, hv, width)), ("g", g, gate),
+                                ("beta", beta, (bt, s, hv))):
+            self._expect(op, field, t, shape, q.dtype)
+        fields: dict[str, Any] = {}
+        if hv != h:
+            fields["value_heads"] = hv
+        if width != n:
+            fields["value_size"] = width
+        # fla's default, ``K ** -0.5``, is 1/sqrt(K) up to the last bit: it stays the (version-1) default
+        if scale is not None and not math.isclose(float(scale), 1.0 / math.sqrt(n), rel_tol=1e-12):
+            fields["scale"] = float(scale)
+        if use_qk_l2norm:
+            fields["qk_l2norm"] = True
+        rows = bt
+        if cu_seqlens is not None:
+            cu = self._t(cu_seqlens, "i32")
+            if bt != 1 or len(cu.shape) != 1 or cu.shape[0] < 2 or cu.dtype != "i32":
+                raise GraphError(f"{op}: cu_seqlens {cu!r} must be i32 [num_seqs+1] with q's batch 1 (q is {q!r}); "
+                                 f"pack the sequences along the sequence axis")
+            rows = cu.shape[0] - 1
+            fields.update(cu_seqlens=cu, num_seqs=rows)
+        final: Any = 0
+        if initial_state is None and state_slots is not None:
+            raise GraphError(f"{op}: state_slots needs initial_state, the pool the slots index")
+        if initial_state is not None:
+            initial_state = self._t(initial_state, state_dtype or q.dtype)
+            if state_dtype is not None and initial_state.dtype != state_dtype:
+                raise GraphError(f"{op}: initial_state {initial_state!r} is {initial_state.dtype}, but "
+                                 f"state_dtype={state_dtype!r}")
+            pool = initial_state.shape[0] if state_slots is not None and initial_state.shape else rows
+            self._expect(op, "initial_state", initial_state, (pool, hv, n, width), initial_state.dtype)
+            if state_slots is not None:
+                slots = self._t(state_slots, "i32")
+                self._expect(op, "state_slots", slots, (rows,), "i32")
+                fields.update(state_slots=slots, num_slots=pool)
+            if initial_state.dtype != q.dtype:
+                fields["state_dtype"] = initial_state.dtype
+            final = self.copy(initial_state)  # updated in place: keep the caller's tensor intact
+        y = self._new((bt, s, hv, width), q.dtype)
+        self._emit(op, q.dtype, {
             "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": final, "dst": y, "batch": bt, "seq": s,
             "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
-            "carry_state": state is not None}, y, *([final] if state is not None else []))
-        if state is None:
+            "carry_state": initial_state is not None, **fields}, y, *([final] if initial_state is not None else []))
+        if initial_state is None:
             return y
         self.output(f"{name or f'gdn{next(self._ids)}'}.state", final)
         return y, final
