@@ -125,6 +125,19 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # seq >= 64 runs selective_scan chunked on the gpu target (chunks of 256 steps: 300 takes two)
     ("selective_scan", _ssm(2, 300, 5, 3), {}, False),
     ("mamba2", _mamba2(1, 70, 1, 3, 4), {}, False),  # and mamba2 chunked (chunks of 64: 70 takes two, one partial)
+    # every version-2 field at once: packed sequences (one empty, one starting inside the second chunk of
+    # either target) through state slots, grouped b/c, the delta/dt knobs, d and z
+    ("selective_scan", dict(_ssm(1, 300, 4, 3), groups=2, cu_seqlens=[0, 40, 40, 270, 300], state_slots=[3, 0, 4, 1],
+                            num_slots=5, carry_state=True, state=True, delta_bias=True, delta_softplus=True, d=True,
+                            z=True), {}, False),
+    ("mamba2", dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1],
+                    num_slots=5, carry_state=True, state=True, dt_bias=True, dt_softplus=True, dt_limit=[0.0, None],
+                    d=True, z=True), {}, False),
+    # a decode step of each through slots (rows 2 of a pool of 3) with d and z
+    ("selective_scan", dict(_ssm(2, 1, 5, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+                            d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
+    ("mamba2", dict(_mamba2(2, 1, 3, 4, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+                    d=True, z=True, dt_bias=True, dt_softplus=True), {}, False),
     ("gated_delta_net", _gdn(1, 70, 2, 16, True, True), {}, False),  # and gated_delta_net chunked, both gate kinds
     ("gated_delta_net", _gdn(2, 130, 1, 20, False, False), {}, False),  # three chunks; 20 is no multiple of a tile
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
@@ -167,6 +180,15 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("selective_scan", _ssm(2, 300, 3, 4), "x", 270, NAN),  # in the second chunk of 256 steps (gpu target)
     ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
     ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70, NAN),  # in the second chunk of 64 steps (gpu target)
+    # version 2: the gate reaches only its own step; a packed sequence after a poisoned one starts clean, in
+    # the chunk they share too (mamba2: 68 starts inside the second chunk of 64, selective_scan: 260 inside
+    # the second of 256)
+    ("selective_scan", dict(_ssm(2, 10, 3, 16), z=True, d=True), "z", 5, NAN),  # seq 10: an id of its own
+    ("selective_scan", dict(_ssm(1, 300, 3, 4), cu_seqlens=[0, 100, 260, 300], carry_state=True, state=True),
+     "x", 150, NAN),
+    ("mamba2", dict(_mamba2(2, 10, 2, 3, 8), z=True), "z", 5, -INF),
+    ("mamba2", dict(_mamba2(1, 80, 1, 2, 4), cu_seqlens=[0, 30, 68, 80], dt_bias=True, dt_softplus=True), "dt", 40,
+     INF),
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
     # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate
