@@ -1,4 +1,4 @@
-"""The ``rlx-gpu`` command line: devices, run, plan, export (and conformance, bench)."""
+"""The ``rlx-gpu`` command line: devices, run, plan, export, import (and conformance, bench)."""
 from __future__ import annotations
 
 import argparse
@@ -53,15 +53,16 @@ def _load_target(target: str | None, inputs_file: str | None = None,
                  say_random: bool = False) -> tuple[Schedule, dict[str, np.ndarray]]:
     """A schedule file (inputs from ``inputs_file``, else seeded random ones) or a model (its own inputs).
 
-    A target is a schedule when it is a JSON file or a YAML file with an ``abi`` key; any other
+    A target is a schedule when it is a JSON file, an ONNX model (``.onnx``, imported) or a YAML file
+    with an ``abi`` key; any other
     existing text file is a model file, and a name that is no file names a bundled example model.
     ``say_random`` warns when a schedule's inputs are random, naming an ``.npz`` of the same name beside it.
     """
     path = Path(target) if target else None
-    if path is not None and path.is_file() and path.suffix != ".json":
+    if path is not None and path.is_file() and path.suffix not in (".json", ".onnx"):
         _refuse_binary(path)
-    if path is not None and path.is_file() and (path.suffix == ".json" or "abi" in (_yaml_keys(path))):
-        schedule = load_schedule(path)
+    if path is not None and path.is_file() and (path.suffix in (".json", ".onnx") or "abi" in (_yaml_keys(path))):
+        schedule = _import_onnx(path) if path.suffix == ".onnx" else load_schedule(path)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
         if say_random and not inputs_file and schedule.inputs:
@@ -77,6 +78,37 @@ def _load_target(target: str | None, inputs_file: str | None = None,
     if inputs_file:
         inputs.update(_read_inputs(inputs_file, schedule))
     return schedule, inputs
+
+
+def _import_onnx(path: Path, shapes: dict[str, list[int]] | None = None) -> Schedule:
+    """The schedule of an ONNX model file (rlx_gpu.onnx, the ``onnx`` extra)."""
+    from .onnx import load
+
+    return load(path, shapes=shapes)
+
+
+def _shape_option(text: str) -> tuple[str, list[int]]:
+    """``NAME=2,5,3`` of ``import --shape``."""
+    name, _, sizes = text.rpartition("=")
+    try:
+        shape = [int(d) for d in sizes.split(",")]
+    except ValueError:
+        shape = []
+    if not name or not shape or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"expected NAME=SIZE,SIZE,... (e.g. X=5,2,3), got {text!r}")
+    return name, shape
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Write the schedule of an ONNX model."""
+    out = conformance_command.writable_path(args.out, "-o")
+    schedule = _import_onnx(Path(args.model), dict(args.shape or []))
+    save_schedule(schedule, out)
+    print(f"wrote the schedule of {args.model} ({plural(len(schedule.thunks), 'thunk')}, arena "
+          f"{human_bytes(schedule.arena_bytes)}; inputs {', '.join(schedule.inputs) or 'none'}, outputs "
+          f"{', '.join(schedule.outputs)}) to {out}")
+    print(f"run it with: rlx-gpu run {out}")
+    return 0
 
 
 def _refuse_binary(path: Path) -> None:
@@ -236,6 +268,7 @@ examples:
   rlx-gpu plan configs/examples/gdn.yaml   the backend of each thunk and why
   rlx-gpu export demo -o demo.json         write a schedule (and demo.npz, its inputs)
   rlx-gpu run demo.json --inputs demo.npz  run a schedule file
+  rlx-gpu import model.onnx -o model.json  an ONNX model as a schedule (rlx-gpu run model.onnx runs it)
 
 example models (configs/examples/*.yaml): {models}
 """
@@ -252,8 +285,8 @@ environment:
 
 DEBUG_HELP = "show the traceback of an error (before or after the command)"
 DEVICE_HELP = "host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then PYOPENCL_CTX, then the config)"
-TARGET_HELP = ("a schedule (.json, or .yaml with an abi key), a model file (.yaml), or the name of an example model "
-               "(default: demo)")
+TARGET_HELP = ("a schedule (.json, or .yaml with an abi key), an ONNX model (.onnx), a model file (.yaml), or the "
+               "name of an example model (default: demo)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -283,6 +316,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--out", required=True, metavar="F.json",
                         help="the schedule file (.json; .yaml/.yml writes YAML)")
     export.add_argument("--inputs", metavar="F.npz", help="the inputs file (default: the schedule's name with .npz)")
+    imports = sub.add_parser("import", help="write the schedule of an ONNX model (LSTM, GRU, RNN, Scan and their glue)")
+    imports.add_argument("model", help="the ONNX model (.onnx)")
+    imports.add_argument("-o", "--out", required=True, metavar="F.json",
+                         help="the schedule file (.json; .yaml/.yml writes YAML)")
+    imports.add_argument("--shape", action="append", type=_shape_option, metavar="NAME=D,D,...",
+                         help="the sizes of a graph input whose ONNX shape is symbolic (repeatable)")
     conformance_command.add_parser(sub)
     for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -296,7 +335,8 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan, "export": cmd_export}.get(args.command) \
+    handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan, "export": cmd_export,
+               "import": cmd_import}.get(args.command) \
         or args.handler
     try:
         with warnings.catch_warnings():

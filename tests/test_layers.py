@@ -22,6 +22,7 @@ PACKAGE = ROOT / "rlx_gpu"
 LAYERS = (
     ("cli",),
     ("conformance",),
+    ("onnx",),  # a frontend: ONNX models through the graph builder into schedules
     ("rlx_gpu",),
     ("graph",),
     ("runtime",),
@@ -153,6 +154,7 @@ def test_the_graph_sees_relative_absolute_and_function_level_imports():
     assert "rlx_gpu.schedule.validate" in graph["rlx_gpu.schedule.io"]  # from .validate import validate
     assert "rlx_gpu.graph.models" in graph["rlx_gpu.cli"]  # inside a function
     assert "rlx_gpu.conformance.cases" in graph["rlx_gpu.conformance.reference_ssm"]
+    assert "rlx_gpu.graph.builder" in graph["rlx_gpu.onnx.values"]  # a frontend over the builder
 
 
 def test_no_import_circle_inside_rlx_gpu():

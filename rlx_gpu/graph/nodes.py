@@ -282,6 +282,29 @@ class BodyGraph:
         self._emit("reshape", x.dtype, {"x": x, "dst": y}, y)
         return y
 
+    def strided_copy(self, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Tensor:
+        """A dense ``shape`` tensor whose element at index ``i`` is element ``Σ i_k·strides[k]`` of ``x``.
+
+        Transposes and broadcasts (stride 0) of a row-major buffer, read in one ``binary`` thunk as
+        ``x·1``, which is exact for every value.
+        """
+        x = self._t(x)
+        shape, strides = [int(d) for d in shape], [int(s) for s in strides]
+        if len(shape) != len(strides) or any(s < 0 for s in strides):
+            raise GraphError(f"strided_copy: strides {strides} must be one non-negative stride per axis of {shape}")
+        keep = [ax for ax, d in enumerate(shape) if d != 1]
+        if len(keep) > MAX_RANK:
+            raise GraphError(f"strided_copy: shape {shape} has more than {MAX_RANK} non-unit axes")
+        if _count(shape) and 1 + sum((shape[ax] - 1) * strides[ax] for ax in keep) > x.size:
+            raise GraphError(f"strided_copy: shape {shape} at strides {strides} reads past the end of {x!r}")
+        y = self._new(shape, x.dtype)
+        one = self.constant(1.0, x.dtype)
+        self._emit("binary", x.dtype, {"a": x, "b": one, "dst": y, "fn": "mul",
+                                       "shape": [shape[ax] for ax in keep] or [1],
+                                       "a_strides": [strides[ax] for ax in keep] or [0],
+                                       "b_strides": [0] * max(1, len(keep))}, y)
+        return y
+
     def broadcast_to(self, x: Any, shape: Sequence[int]) -> Tensor:
         """``x`` repeated along broadcast axes to ``shape`` (as ``x·1``, which is exact)."""
         x = self._t(x)

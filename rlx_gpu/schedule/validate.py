@@ -121,16 +121,23 @@ class _Context:
     """What the thunks of one schedule are checked against, and what repeats are remembered."""
 
     def __init__(self, where: _Where, arena_bytes: int, tensors: Mapping[str, TensorView], depth: int,
-                 budget: _Budget, abi: str):
+                 budget: _Budget, abi: str, results: frozenset[str] = frozenset()):
         self.where, self.arena_bytes, self.tensors, self.depth, self.budget = where, arena_bytes, tensors, depth, budget
         self.abi = abi
+        self.results = results  # the outputs that are no inputs
         self.seen: dict[int, tuple[Any, Thunk, int, int]] = {}  # id(raw) -> (raw, thunk, thunks inside, steps)
         self._by_offset: dict[tuple[int, str], str] | None = None
         self.body_steps: dict[str, int] = {}  # scan steps of the bodies of the thunk being checked
 
     def by_offset(self) -> dict[tuple[int, str], str]:
+        """The named tensors a thunk's read may be checked against, by (offset, dtype).
+
+        An output that is no input is left out: until a thunk writes it, its space may hold an earlier
+        thunk's temporaries (the builder's layout reuses it).
+        """
         if self._by_offset is None:
-            self._by_offset = {(t.offset, t.dtype): name for name, t in self.tensors.items()}
+            self._by_offset = {(t.offset, t.dtype): name for name, t in self.tensors.items()
+                               if name not in self.results}
         return self._by_offset
 
 
@@ -452,7 +459,7 @@ def _schedule(raw: Mapping, where: _Where, holder_abi: str | None, depth: int,
         raise where.fail("thunks", f"expected a list of thunks, got {type(raw_thunks).__name__} {brief(raw_thunks)}")
     if len(raw_thunks) > MAX_THUNKS:
         raise where.fail("thunks", f"{len(raw_thunks)} thunks exceed the limit {MAX_THUNKS} ('thunks')")
-    ctx = _Context(where, arena_bytes, tensors, depth, budget, abi)
+    ctx = _Context(where, arena_bytes, tensors, depth, budget, abi, frozenset(outputs) - frozenset(inputs))
     thunks, steps = [], 0
     for i, t in enumerate(raw_thunks):
         thunk, thunk_steps = _thunk(i, t, ctx)

@@ -1,0 +1,230 @@
+"""rlx_gpu.onnx against onnxruntime: ONNX's own node tests, random recurrent nodes, the glue ops and Scan.
+
+Every LSTM, GRU, RNN and Scan node test of the onnx wheel runs through the importer on the host and
+matches onnxruntime (and ONNX's expected outputs). Random single nodes sample every value of every
+recurrent attribute (``onnx_cases.sample``; the whole product is ``tools/onnx_sweep.py``). Where a
+row has length 0, the reference's final state is its initial state (ABI.md §8; onnxruntime writes 0).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import rlx_gpu
+import rlx_gpu.onnx
+from onnx_cases import (COMBINATIONS, abi_final_states, node_tests, recurrent_case, run_imported, run_onnxruntime,
+                        sample)
+from rlx_gpu.conformance.compare import nmse
+
+F32_BOUND = 1e-7  # the conformance suite's f32 bound (configs/default.yaml, tolerances.thunk)
+NODE_TESTS = {name: (model, inputs, expected) for name, model, inputs, expected in node_tests()}
+
+
+def assert_matches(got: dict, want: dict, bound: float = F32_BOUND) -> None:
+    assert sorted(got) == sorted(want)
+    for name, ref in want.items():
+        assert got[name].shape == ref.shape, name
+        err = nmse(got[name], ref)
+        assert err <= bound, f"{name}: nmse {err:.3g} > {bound:.0e}"
+
+
+def test_every_node_test_of_the_four_ops_is_collected():
+    ops = {model.graph.node[0].op_type for model, _, _ in NODE_TESTS.values()}
+    assert ops == {"LSTM", "GRU", "RNN", "Scan"} and len(NODE_TESTS) >= 22
+
+
+@pytest.mark.parametrize("name", sorted(NODE_TESTS))
+def test_onnx_node_test_matches_onnxruntime(name):
+    model, inputs, expected = NODE_TESTS[name]
+    got = run_imported(model, inputs)
+    assert_matches(got, abi_final_states(model, inputs, run_onnxruntime(model, inputs)))
+    for out, want in expected.items():  # ONNX's own tolerances for its node tests
+        np.testing.assert_allclose(got[out], want, rtol=1e-3, atol=1e-6, err_msg=out)
+
+
+SAMPLED = [(op, combo) for op in COMBINATIONS for combo in sample(op, 6, seed=21)]
+
+
+def test_the_sample_holds_every_value_of_every_attribute():
+    for op, axes in COMBINATIONS.items():
+        rows = [combo for o, combo in SAMPLED if o == op]
+        for name, values in axes.items():
+            assert {repr(r[name]) for r in rows} == {repr(v) for v in values}, (op, name)
+
+
+@pytest.mark.parametrize("op,combo", SAMPLED, ids=[f"{op}-{i}" for i, (op, _) in enumerate(SAMPLED)])
+def test_random_recurrent_node_matches_onnxruntime(op, combo):
+    model, feeds = recurrent_case(op, combo, seed=len(str(combo)))
+    assert_matches(run_imported(model, feeds), abi_final_states(model, feeds, run_onnxruntime(model, feeds)))
+
+
+def test_default_attributes_give_a_version_1_schedule_and_others_name_their_fields():
+    plain = dict(direction="bidirectional", layout=0, clip=None, activations="default", sequence_lens="absent",
+                 initial=True, bias=True, linear_before_reset=1)
+    schedule = rlx_gpu.onnx.import_model(recurrent_case("GRU", plain)[0])
+    assert schedule["abi"] == "rlx-thunks/1"
+    (gru,) = [t for t in schedule["thunks"] if t["op"] == "gru"]
+    assert gru["bidirectional"] and gru["carry"] and "seq_lens" not in gru
+    onnx_default = dict(plain, direction="reverse", linear_before_reset=0, clip=0.6)
+    schedule = rlx_gpu.onnx.import_model(recurrent_case("GRU", onnx_default)[0])
+    (gru,) = [t for t in schedule["thunks"] if t["op"] == "gru"]
+    assert schedule["abi"] == "rlx-thunks/2"
+    assert (gru["reverse"], gru["linear_before_reset"], gru["clip"]) == (True, False, pytest.approx(0.6))
+
+
+def test_activations_are_filled_as_onnxruntime_fills_them():
+    combo = dict(direction="bidirectional", layout=0, clip=None, activations="default", sequence_lens="absent",
+                 initial=False, bias=False)
+    model, _ = recurrent_case("RNN", combo)
+    node = model.graph.node[0]
+    node.attribute.extend([helper.make_attribute("activations", ["LeakyRelu", "HardSigmoid"]),
+                           helper.make_attribute("activation_alpha", [0.3])])
+    (rnn,) = [t for t in rlx_gpu.onnx.import_model(model)["thunks"] if t["op"] == "rnn"]
+    # LeakyRelu takes the one alpha; HardSigmoid gets onnxruntime's defaults 0.2, 0.5
+    assert rnn["activations"] == [["leaky_relu", pytest.approx(0.3), 0.0], ["hard_sigmoid", 0.2, 0.5]]
+    assert rnn["relu"] is False
+
+
+def _model(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(initializers))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _info(name, shape, kind=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, kind, shape)
+
+
+def test_the_glue_ops_match_onnxruntime():
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((4, 6)).astype(np.float32), "w")
+    c = numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "c")
+    shape = numpy_helper.from_array(np.array([2, 3, 6], np.int64), "shape")
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    n = helper.make_node
+    nodes = [
+        n("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),                       # [3,2,4]
+        n("Reshape", ["xt", "shape6"], ["x2"]),                             # [6,4]
+        n("Gemm", ["x2", "w", "c"], ["g"], alpha=0.5, beta=2.0),            # [6,6]
+        n("MatMul", ["xt", "w"], ["m"]),                                    # [3,2,6]
+        n("Reshape", ["m", "shape"], ["m2"]),                               # [2,3,6]
+        n("Sigmoid", ["m2"], ["s"]), n("Exp", ["s"], ["e"]), n("Log", ["e"], ["l"]),
+        n("Tanh", ["l"], ["t"]), n("Relu", ["m2"], ["r"]),
+        n("Add", ["t", "r"], ["a"]), n("Sub", ["a", "c"], ["b"]), n("Mul", ["b", "b"], ["p"]),
+        n("Div", ["p", "e"], ["d"]),
+        n("Unsqueeze", ["d", "axes"], ["u"]), n("Squeeze", ["u", "axes"], ["q"]),
+        n("Identity", ["q"], ["i"]), n("Cast", ["i"], ["f"], to=TensorProto.FLOAT),
+        n("Concat", ["f", "f"], ["cat"], axis=1),                           # [2,6,6]
+        n("Reshape", ["g", "shape66"], ["g3"]), n("Add", ["cat", "g3"], ["out"]),
+        n("Shape", ["cat"], ["cat_shape"]), n("Slice", ["cat_shape", "one", "two"], ["rows"]),
+        n("Concat", ["rows", "rows"], ["dims"], axis=0), n("Expand", ["c", "dims"], ["ex"]),  # [6,6,6]->broadcast
+    ]
+    consts = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+              (("shape6", [6, 4]), ("shape66", [1, 6, 6]), ("one", [1]), ("two", [2]))]
+    model = _model(nodes, [_info("x", [2, 3, 4])], [_info("out", None), _info("ex", None)],
+                   [w, c, shape, axes, *consts])
+    feeds = {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)}
+    assert_matches(run_imported(model, feeds), run_onnxruntime(model, feeds))
+
+
+def test_a_scan_with_axes_directions_and_outer_values_matches_onnxruntime():
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["s_in", "decay"], ["sd"]), helper.make_node("Add", ["sd", "x_t"], ["s_mid"]),
+         helper.make_node("Add", ["s_mid", "shift"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["y_t"])],
+        "body", [_info("s_in", [3]), _info("x_t", [3])], [_info("s_out", [3]), _info("y_t", [3])])
+    node = helper.make_node("Scan", ["s0", "xs"], ["s_final", "ys"], body=body, num_scan_inputs=1,
+                            scan_input_axes=[1], scan_input_directions=[1], scan_output_axes=[1],
+                            scan_output_directions=[1])
+    shift = numpy_helper.from_array(np.array([0.1, -0.2, 0.3], np.float32), "shift")
+    model = _model([node], [_info("s0", [3]), _info("xs", [3, 5]), _info("decay", [3])],
+                   [_info("s_final", [3]), _info("ys", [3, 5])], [shift])
+    rng = np.random.default_rng(4)
+    feeds = {"s0": rng.standard_normal(3).astype(np.float32), "xs": rng.standard_normal((3, 5)).astype(np.float32),
+             "decay": rng.uniform(0.5, 0.9, 3).astype(np.float32)}
+    assert_matches(run_imported(model, feeds), run_onnxruntime(model, feeds))
+
+
+def test_an_unsupported_op_names_the_node_and_the_op():
+    model = _model([helper.make_node("Softmax", ["x"], ["y"], name="head")], [_info("x", [2, 3])], [_info("y", None)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"'head' \(Softmax\).*Softmax is not supported"):
+        rlx_gpu.onnx.load(model)
+
+
+@pytest.mark.parametrize("attribute,value,says", [
+    ("activations", ["Sigmoid", "Swish", "Tanh"], "'Swish' is not one of"),
+    ("activations", ["Sigmoid", "Tanh"], "takes 3 per direction"),
+    ("layout", 2, "0 (time-major) and 1"),
+    ("clip", -1.0, "positive"),
+    ("output_sequence", 1, "LSTM is read with"),
+])
+def test_an_unsupported_attribute_names_node_op_attribute_and_value(attribute, value, says):
+    combo = dict(direction="forward", layout=0, clip=None, activations="default", sequence_lens="absent",
+                 initial=False, bias=True, input_forget=0, peepholes=False)
+    model, _ = recurrent_case("LSTM", combo)
+    node = model.graph.node[0]
+    kept = [a for a in node.attribute if a.name != attribute]
+    del node.attribute[:]
+    node.attribute.extend(kept + [helper.make_attribute(attribute, value)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError) as info:
+        rlx_gpu.onnx.load(model)
+    message = str(info.value)
+    assert "'lstm0' (LSTM)" in message and f"{attribute}={value!r}" in message and says in message
+
+
+def test_a_symbolic_input_shape_is_given_by_shapes():
+    model = _model([helper.make_node("Tanh", ["x"], ["y"])], [_info("x", ["batch", 3])], [_info("y", None)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"symbolic shape \[.batch., 3\].*--shape x=N,3"):
+        rlx_gpu.onnx.load(model)
+    schedule = rlx_gpu.onnx.load(model, shapes={"x": [2, 3]})
+    assert schedule.tensors["x"].shape == (2, 3) and schedule.inputs == ("x",) and schedule.outputs == ("y",)
+
+
+def test_the_cli_imports_a_model_and_runs_it_directly(tmp_path, capsys):
+    from rlx_gpu.cli import main
+
+    combo = dict(direction="bidirectional", layout=0, clip=None, activations="default", sequence_lens="absent",
+                 initial=True, bias=True, linear_before_reset=1)
+    model_path = tmp_path / "gru.onnx"
+    model_path.write_bytes(recurrent_case("GRU", combo)[0].SerializeToString())
+    out = tmp_path / "gru.json"
+    assert main(["import", str(model_path), "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"to {out}" in said and "inputs X, initial_h, outputs Y, Y_h" in said
+    assert rlx_gpu.load_schedule(out).to_dict() == rlx_gpu.onnx.load(model_path).to_dict()
+    assert main(["run", str(model_path), "--device", "host", "--check"]) == 0
+    assert "gru" in capsys.readouterr().out
+    (tmp_path / "broken.onnx").write_bytes(b"\x08\x07not protobuf")
+    assert main(["import", str(tmp_path / "broken.onnx"), "-o", str(tmp_path / "x.json")]) == 2
+    assert "OnnxImportError" in capsys.readouterr().err
+
+
+def _busiest(op: str) -> dict:
+    """The sampled combination of ``op`` with the most attributes away from their defaults."""
+    defaults = {name: values[0] for name, values in COMBINATIONS[op].items()}
+    return max((combo for o, combo in SAMPLED if o == op), key=lambda c: sum(c[k] != defaults[k] for k in c))
+
+
+# each op at a target, LSTM (the most fields) at both: every new field set is a kernel build on PoCL
+@pytest.mark.parametrize("op,target", [("LSTM", "cpu"), ("LSTM", "gpu"), ("GRU", "gpu"), ("RNN", "cpu")])
+def test_a_random_recurrent_node_matches_onnxruntime_on_opencl(op, target):
+    """On PoCL; the recurrent thunk runs there when its device kernels take its fields."""
+    from host_fallback.fields import used
+    from rlx_gpu.conformance.devices import find, open_device
+    from rlx_gpu.launches import V2_FIELDS
+    from rlx_gpu.runtime.config import load_config
+    from rlx_gpu.runtime.executor import Device
+
+    device = Device(open_device(find("opencl"), target), load_config())
+    combo = _busiest(op)
+    model, feeds = recurrent_case(op, combo, seed=7)
+    schedule = rlx_gpu.onnx.load(model)
+    (thunk,) = [t for t in schedule.thunks if t.op == op.lower()]
+    placed = {a.index: a.backend for a in device.place(schedule)}
+    if set(used(thunk)) <= V2_FIELDS[thunk.op]:
+        assert placed[thunk.index] == "opencl", (used(thunk), placed)
+    arena = schedule.pristine_arena()
+    for name, values in feeds.items():
+        schedule.tensors[name].write(arena, values)
+    out = device.run(schedule, arena)
+    got = {name: schedule.tensors[name].read(out) for name in schedule.outputs}
+    assert_matches(got, abi_final_states(model, feeds, run_onnxruntime(model, feeds)))
