@@ -49,6 +49,8 @@ def host():
 def test_case(session, host, case):
     outcome = runner.check(session, case, CONFIG, None if session.info.backend == "host" else host)
     if outcome.status == "skip":
+        # every device kernel takes every version-2 field: a case falling back for one is a gap, not a skip
+        assert "version-2 field" not in outcome.message, f"{session.info.spec} {case.id}: {outcome.message}"
         pytest.skip(outcome.message)
     assert outcome.status == "pass", f"{session.info.spec} {case.id}: {outcome.message}"
 
@@ -72,7 +74,7 @@ def test_every_optional_field_of_the_op_table_has_a_case_with_it_and_one_without
                                                     ("scan_backward", "forward_body")}
     for op, f in optional:
         for present in (True, False):
-            found = [c for c in CASES if c.op == op and c.has(f) == present]
+            found = [c for c in CASES if c.op == op and c.has(f) == present and not c.refused]
             assert found, f"no conformance case of {op} {'with' if present else 'without'} {f.name}"
             thunk = runner.lay_out(found[0]).thunk
             if f.version > 1:

@@ -31,6 +31,7 @@ class Case:
     large: bool = False        # left out by --quick
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
+    refused: str | None = None  # an integer tensor holding a value outside its rule: the run must be refused
 
     def has(self, field: Field) -> bool:
         """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
@@ -46,6 +47,8 @@ class Case:
 
     @property
     def family(self) -> str:
+        if self.refused:
+            return "run_data"
         if self.op in SCAN_OPS:
             return "scan"
         return "nan_inf" if self.poison else ("cast" if self.op == "cast" else "thunk")
@@ -218,6 +221,20 @@ PRESENT: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
+#: (op, params, field, label) of the run-time data cases: an integer tensor outside its rule (ABI.md §8)
+#: must be refused with a RunError naming the field, leaving the arena as it was.
+REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
+    ("mamba2", {**_PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
+    ("selective_scan", {**_PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq"),
+    ("gated_delta_net", {**_PACKED, "cu_seqlens": [1, 3, 3, 7]}, "cu_seqlens", "first_not_0"),
+    ("gated_delta_net", {"state_slots": [1, 1], "num_slots": 3}, "state_slots", "used_twice"),
+    ("mamba2", {**_CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool"),
+    ("lstm", {"seq_lens": [6, 2]}, "seq_lens", "past_seq"),
+    ("gru", {"seq_lens": [3, -1]}, "seq_lens", "negative"),
+    ("rnn", {"seq_lens": [-5, 0]}, "seq_lens", "negative"),
+]
+
+
 def present(op: str, field: Field) -> dict[str, Any]:
     """The params that make the small case of ``op`` have the optional ``field``."""
     if field.version > 1:
@@ -251,6 +268,8 @@ def cases(quick: bool = False) -> list[Case]:
                  {"recompute": "treeverse"}, seed=1, variant=("traj" if save else "final") + f".k{k}")
             for op, save, k in SCANS for dtype in DTYPES]
     out += optional_field_cases(out)
+    out += [Case(op, "f32", dict(_base(op)[0], **params), seed=3, refused=field, variant=f"bad_{field}.{label}")
+            for op, params, field, label in REFUSED]
     return [c for c in out if not (quick and c.large)]
 
 

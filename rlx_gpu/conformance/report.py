@@ -12,6 +12,7 @@ from .. import __version__
 from ..backends.base import DeviceInfo
 from ..runtime.config import Config
 from ..schedule.model import ABI_V2
+from ..schedule.ops import SPECS
 from ..units import human_bytes, human_time, text_table
 from .runner import Outcome
 
@@ -86,6 +87,25 @@ def _rows(device_cells: Sequence[Cell], config: Config) -> list[list[str]]:
              _g(config.tolerance(c.op, c.dtype)), c.status] for c in device_cells]
 
 
+FIELD_HEADER = ("op", "version-2 field", "cases", "passed", "failed", "skipped")
+
+
+def field_rows(outcomes: Iterable[Outcome]) -> list[list[str]]:
+    """One row per (op, version-2 field) that some case has, and per integer tensor whose bad values
+    some case checks the refusal of ("field (run-time check)"), for one device's outcomes."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for o in outcomes:
+        spec = SPECS.get(o.case.op)
+        if spec is None:
+            continue
+        names = [f"{o.case.refused} (run-time check)"] if o.case.refused else [
+            f.name for f in spec.fields if f.version > 1 and o.case.has(f)]
+        for name in names:
+            counts.setdefault((o.case.op, name), {"pass": 0, "fail": 0, "skip": 0})[o.status] += 1
+    return [[op, name, str(sum(n.values())), str(n["pass"]), str(n["fail"]), str(n["skip"])]
+            for (op, name), n in counts.items()]
+
+
 def failures(outcomes: Iterable[Outcome]) -> list[Outcome]:
     return [o for o in outcomes if o.status == "fail"]
 
@@ -104,6 +124,9 @@ def text(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Confi
     for info in infos:
         parts.append("\n".join(f"{label:<10} {value}" for label, value in device_details(info)))
         parts.append(text_table(_rows(by_device.get(info.spec, []), config), HEADER))
+        fields = field_rows(o for o in outcomes if o.device == info.spec)
+        if fields:
+            parts.append(text_table(fields, FIELD_HEADER))
         n = counts.get(info.spec, {"pass": 0, "fail": 0, "skip": 0})
         parts.append(f"{info.spec}: {n['pass']} passed, {n['fail']} failed, {n['skip']} skipped\n")
     bad = failures(outcomes)
@@ -129,6 +152,10 @@ def markdown(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: C
         lines += [f"## {info.spec}", ""] + [f"- {label}: {value}" for label, value in device_details(info)] + [""]
         lines += [_markdown_row(HEADER), "|" + "---|" * len(HEADER)]
         lines += [_markdown_row(row) for row in _rows(by_device.get(info.spec, []), config)]
+        fields = field_rows(o for o in outcomes if o.device == info.spec)
+        if fields:
+            lines += ["", _markdown_row(FIELD_HEADER), "|" + "---|" * len(FIELD_HEADER)]
+            lines += [_markdown_row(row) for row in fields]
         n = counts.get(info.spec, {"pass": 0, "fail": 0, "skip": 0})
         lines += ["", f"{n['pass']} passed, {n['fail']} failed, {n['skip']} skipped", ""]
         lines += [f"- FAIL `{o.case.id}`: {o.message}" for o in failures(outcomes) if o.device == info.spec]

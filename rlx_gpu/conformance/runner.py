@@ -20,6 +20,7 @@ from host_fallback.fields import complete
 from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
+from ..errors import RunError
 from ..runtime.config import Config
 from ..runtime.executor import Device
 from ..runtime.options import RunOptions
@@ -200,6 +201,8 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     """Run ``case`` on ``session`` and check it (``host``: the session for host parity, None to skip it)."""
     laid = lay_out(case)
     spec = session.info.spec
+    if case.refused:  # the check of run-time data comes before any kernel: every device makes it
+        return _check_refused(session, case, laid, config)
     why = session.unsupported(laid.thunk)
     if why is not None:
         return Outcome(spec, case, "skip", why)
@@ -232,6 +235,22 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
     except Exception as crashed:  # a device error is a failed case, reported with the others
         return Outcome(spec, case, "fail", f"{type(crashed).__name__}: {crashed}", err, max_err, host_err)
     return Outcome(spec, case, "pass", "", err, max_err, host_err)
+
+
+def _check_refused(session: Session, case: Case, laid: Laid, config: Config) -> Outcome:
+    """A run-time data case: the device refuses the run with a RunError naming the field, before it writes."""
+    spec, given = session.info.spec, laid.arena.copy()
+    try:
+        _run(session, laid.thunk, laid.arena, case.options, config)
+    except RunError as refused:
+        if f"field {case.refused!r}" not in str(refused):
+            return Outcome(spec, case, "fail", f"refused, but naming another field: {refused}")
+        if not np.array_equal(given, laid.arena):
+            return Outcome(spec, case, "fail", "refused, but the caller's arena changed")
+        return Outcome(spec, case, "pass", "")
+    except Exception as crashed:
+        return Outcome(spec, case, "fail", f"{type(crashed).__name__} instead of RunError: {crashed}")
+    return Outcome(spec, case, "fail", f"ran although {case.refused} breaks its rule (expected RunError)")
 
 
 # ---------------------------------------------------------------- timing (--perf)
