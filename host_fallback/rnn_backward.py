@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from . import threads
 from .arena import COMPUTE
 from .fields import ACTIVATION_SLOTS, complete
 from .layout import Bound, forward_thunk, layer_input_sizes, output_width, recurrent_dims
@@ -88,6 +89,19 @@ class _Activation:
     def slope(self, u: Array, y: Array) -> Array:
         return _DERIVATIVES[self.name](u, y, self.alpha, self.beta).astype(u.dtype, copy=False)
 
+    def into(self, u: Array, out: Array) -> None:
+        """``out = self(u)``; sigmoid and tanh without a temporary (``out`` may be ``u``)."""
+        if self.name == "sigmoid":
+            np.negative(u, out=out)
+            with np.errstate(over="ignore"):  # exp(-u) = inf gives σ = 0, as it should
+                np.exp(out, out=out)
+            out += 1
+            np.reciprocal(out, out=out)
+        elif self.name == "tanh":
+            np.tanh(u, out=out)
+        else:
+            out[...] = self(u)
+
 
 @dataclass(frozen=True)
 class _Cell:
@@ -109,6 +123,19 @@ class _Cell:
         uc, mask = self.clipped(u)
         return self.acts[slot](uc), uc, mask
 
+    def gate_into(self, slot: int, u: Array, out: Array, mask: Array | None) -> None:
+        """Clip ``u`` in place (its gradient mask into ``mask``), then ``out = activation slot(u)``."""
+        if self.clip:
+            np.less_equal(np.abs(u), self.clip, out=mask)
+            np.clip(u, -self.clip, self.clip, out=u)
+        self.acts[slot].into(u, out)
+
+    def grad_into(self, slot: int, dy: Array, uc: Array, y: Array, mask: Array | None, out: Array) -> None:
+        """``out`` = the gradient of a gate pre-activation from its value's gradient ``dy`` (``grad``)."""
+        np.multiply(dy, self.acts[slot].slope(uc, y), out=out)
+        if mask is not None:
+            out *= mask
+
     def grad(self, slot: int, dy: Array, uc: Array, y: Array, mask: Array | None) -> Array:
         """The gradient of a gate pre-activation from its value's gradient ``dy``."""
         out = dy * self.acts[slot].slope(uc, y)
@@ -116,83 +143,89 @@ class _Cell:
 
 
 # --- the recurrences: forward keeps what the reverse pass reads; reverse returns the per-step gradients
-# Arrays are time-major [seq, batch, features]; ``order`` is the direction's walk, ``valid[t]`` [batch, 1].
+# Arrays are time-major [seq, batch, features]; ``order`` is the direction's walk, ``valid[t]`` [batch, 1]
+# (``valid`` None: every step of every row).
 
 
-def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array, order):
+def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order):
     S, B, _ = xp.shape
     H = c.shape[1]
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
-    keep = {k: np.zeros((S, B, n), xp.dtype) for k, n in
+    keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
             (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H))}
-    keep.update(u=np.zeros((S, B, 4 * H), xp.dtype), y=np.zeros((S, B, 4 * H), xp.dtype))
+    keep.update(u=np.empty((S, B, 4 * H), xp.dtype), y=np.empty((S, B, 4 * H), xp.dtype))
     keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
+    first = 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead: i (and f)
     for t in order:
-        z = xp[t] + h @ w["w_hh"].T
+        keep["h_prev"][t], keep["c_prev"][t] = h, c
+        u, y, c_new, hc, raw = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t], keep["raw"][t]
+        np.matmul(h, w["w_hh"].T, out=u)
+        u += xp[t]
         if peep is not None:
-            z[:, :H] += peep[:H] * c
-            z[:, H: 2 * H] += peep[2 * H:] * c
-        gi, ui, mi = cell.gate(0, z[:, :H])
+            u[:, :H] += peep[:H] * c
+            u[:, H: 2 * H] += peep[2 * H:] * c
+        m = keep["mask"][t] if cell.clip else None
+        cell.gate_into(0, u[:, : first * H], y[:, : first * H], None if m is None else m[:, : first * H])
         if cell.input_forget:
-            gf, uf, mf = 1 - gi, z[:, H: 2 * H], None
-        else:
-            gf, uf, mf = cell.gate(0, z[:, H: 2 * H])
-        gg, ug, mg = cell.gate(1, z[:, 2 * H: 3 * H])
-        c_new = gf * c + gi * gg
-        zo = z[:, 3 * H:] + (peep[H: 2 * H] * c_new if peep is not None else 0)
-        go, uo, mo = cell.gate(0, zo)
-        hc = cell.acts[2](c_new)
-        raw = go * hc
+            np.subtract(1, y[:, :H], out=y[:, H: 2 * H])
+        cell.gate_into(1, u[:, 2 * H: 3 * H], y[:, 2 * H: 3 * H], None if m is None else m[:, 2 * H: 3 * H])
+        np.multiply(y[:, H: 2 * H], c, out=c_new)
+        c_new += y[:, :H] * y[:, 2 * H: 3 * H]
+        if peep is not None:
+            u[:, 3 * H:] += peep[H: 2 * H] * c_new
+        cell.gate_into(0, u[:, 3 * H:], y[:, 3 * H:], None if m is None else m[:, 3 * H:])
+        cell.acts[2].into(c_new, hc)
+        np.multiply(y[:, 3 * H:], hc, out=raw)
         h_new = raw @ w_hr.T if w_hr is not None else raw
-        keep["h_prev"][t], keep["c_prev"][t], keep["c_new"][t], keep["hc"][t], keep["raw"][t] = h, c, c_new, hc, raw
-        keep["u"][t] = np.concatenate([ui, uf, ug, uo], axis=1)
-        keep["y"][t] = np.concatenate([gi, gf, gg, go], axis=1)
-        if cell.clip:
-            keep["mask"][t] = np.concatenate([mi, np.ones_like(mi) if mf is None else mf, mg, mo], axis=1)
-        v = valid[t]
-        h, c = np.where(v, h_new, h), np.where(v, c_new, c)
-        out[t] = np.where(v, h_new, 0)
+        v = None if valid is None else valid[t]
+        h, c = _where(v, h_new, h), _where(v, c_new, c)
+        out[t] = _where(v, h_new, 0)
     return out, (h, c), keep
 
 
-def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: Array, valid: Array, order):
+def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: Array, valid: Array | None,
+                  order):
     S, B, _ = dy.shape
     H = dc.shape[1]
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
     dz_all = np.zeros((S, B, 4 * H), dy.dtype)
     dh_out = np.zeros_like(dy) if w_hr is not None else None
     for t in order:
-        v = valid[t]
-        dh_in = dh + np.where(v, dy[t], 0)
+        v = None if valid is None else valid[t]
+        dh_in = dh + _where(v, dy[t], 0)
         u, y, m = keep["u"][t], keep["y"][t], keep["mask"][t] if cell.clip else None
         gi, gf, gg, go = (y[:, k * H: (k + 1) * H] for k in range(4))
+        dz = dz_all[t]
+        dzi, dzf, dzg, dzo = (dz[:, k * H: (k + 1) * H] for k in range(4))
 
         def part(k: int) -> Array | None:
             return None if m is None else m[:, k * H: (k + 1) * H]
         draw = dh_in @ w_hr if w_hr is not None else dh_in
-        hc, c_new, c_prev = keep["hc"][t], keep["c_new"][t], keep["c_prev"][t]
-        dzo = cell.grad(0, draw * hc, u[:, 3 * H:], go, part(3))
-        dcn = dc + draw * go * cell.acts[2].slope(c_new, hc)
+        hc, c_prev = keep["hc"][t], keep["c_prev"][t]
+        cell.grad_into(0, draw * hc, u[:, 3 * H:], go, part(3), dzo)
+        dcn = draw * go
+        dcn *= cell.acts[2].slope(keep["c_new"][t], hc)
+        dcn += dc
         if peep is not None:
-            dcn = dcn + dzo * peep[H: 2 * H]
-        dgi, dgg, dgf = dcn * gg, dcn * gi, dcn * c_prev
-        dc_prev = dcn * gf
+            dcn += dzo * peep[H: 2 * H]
+        dgi = dcn * gg
+        dgf = dcn * c_prev
         if cell.input_forget:
-            dgi = dgi - dgf
-            dzf = np.zeros_like(dgf)
+            dgi -= dgf
         else:
-            dzf = cell.grad(0, dgf, u[:, H: 2 * H], gf, part(1))
-        dzi = cell.grad(0, dgi, u[:, :H], gi, part(0))
-        dzg = cell.grad(1, dgg, u[:, 2 * H: 3 * H], gg, part(2))
+            cell.grad_into(0, dgf, u[:, H: 2 * H], gf, part(1), dzf)
+        cell.grad_into(0, dgi, u[:, :H], gi, part(0), dzi)
+        cell.grad_into(1, dcn * gi, u[:, 2 * H: 3 * H], gg, part(2), dzg)
+        dc_prev = dcn * gf
         if peep is not None:
-            dc_prev = dc_prev + dzi * peep[:H] + dzf * peep[2 * H:]
-        dz = np.where(v, np.concatenate([dzi, dzf, dzg, dzo], axis=1), 0)
-        dz_all[t] = dz
+            dc_prev += dzi * peep[:H]
+            dc_prev += dzf * peep[2 * H:]
+        if v is not None:  # a row past its length takes no step: no gradient reaches its gates
+            dz[...] = np.where(v, dz, 0)
         if dh_out is not None:
-            dh_out[t] = np.where(v, dh_in, 0)
-        dh = np.where(v, dz @ w["w_hh"], dh)
-        dc = np.where(v, dc_prev, dc)
+            dh_out[t] = _where(v, dh_in, 0)
+        dh, dc = _where(v, dz @ w["w_hh"], dh), _where(v, dc_prev, dc)
     grads = {"w_hh": _sum_outer(dz_all, keep["h_prev"])}
     if peep is not None:
         dzi, dzf, dzo = dz_all[..., :H], dz_all[..., H: 2 * H], dz_all[..., 3 * H:]
@@ -230,9 +263,9 @@ def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
         keep["u"][t], keep["y"][t] = np.concatenate([urz, un], axis=1), np.concatenate([grz, n], axis=1)
         if cell.clip:
             keep["mask"][t] = np.concatenate([mrz, mn], axis=1)
-        v = valid[t]
-        h = np.where(v, h_new, h)
-        out[t] = np.where(v, h_new, 0)
+        v = None if valid is None else valid[t]
+        h = _where(v, h_new, h)
+        out[t] = _where(v, h_new, 0)
     return out, (h, None), keep
 
 
@@ -243,8 +276,8 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
     d_in = np.zeros((S, B, 3 * H), dy.dtype)  # input side: W_ih·x + b_ih
     d_hid = np.zeros((S, B, 3 * H), dy.dtype)  # hidden side: W_hh·h + b_hh (n block: W_hn·(r⊙h) without lbr)
     for t in order:
-        v = valid[t]
-        dh_in = dh + np.where(v, dy[t], 0)
+        v = None if valid is None else valid[t]
+        dh_in = dh + _where(v, dy[t], 0)
         u, y, m = keep["u"][t], keep["y"][t], keep["mask"][t] if cell.clip else None
         r, z, n = y[:, :H], y[:, H: 2 * H], y[:, 2 * H:]
         h_prev, hn = keep["h_prev"][t], keep["hn"][t]
@@ -258,14 +291,14 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
             dh_prev = dh_prev + dq * r
         drz = cell.grad(0, np.concatenate([dr, dh_in * (h_prev - n)], axis=1), u[:, : 2 * H], y[:, : 2 * H],
                         None if m is None else m[:, : 2 * H])
-        da = np.where(v, np.concatenate([drz, dpn], axis=1), 0)
-        dhid = np.where(v, np.concatenate([drz, dhn], axis=1), 0)
+        da = _where(v, np.concatenate([drz, dpn], axis=1), 0)
+        dhid = _where(v, np.concatenate([drz, dhn], axis=1), 0)
         d_in[t], d_hid[t] = da, dhid
         if cell.linear_before_reset:
             dh_prev = dh_prev + dhid @ w_hh
         else:
             dh_prev = dh_prev + dhid[:, : 2 * H] @ w_hh[: 2 * H]
-        dh = np.where(v, dh_prev, dh)
+        dh = _where(v, dh_prev, dh)
     if cell.linear_before_reset:
         d_w_hh = _sum_outer(d_hid, keep["h_prev"])
     else:
@@ -285,25 +318,30 @@ def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
         keep["h_prev"][t], keep["u"][t], keep["y"][t] = h, u, y
         if cell.clip:
             keep["mask"][t] = m
-        v = valid[t]
-        h = np.where(v, y, h)
-        out[t] = np.where(v, y, 0)
+        v = None if valid is None else valid[t]
+        h = _where(v, y, h)
+        out[t] = _where(v, y, 0)
     return out, (h, None), keep
 
 
 def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
     dz_all = np.zeros_like(keep["u"])
     for t in order:
-        v = valid[t]
+        v = None if valid is None else valid[t]
         m = keep["mask"][t] if cell.clip else None
-        dz = np.where(v, cell.grad(0, dh + np.where(v, dy[t], 0), keep["u"][t], keep["y"][t], m), 0)
+        dz = _where(v, cell.grad(0, dh + _where(v, dy[t], 0), keep["u"][t], keep["y"][t], m), 0)
         dz_all[t] = dz
-        dh = np.where(v, dz @ w["w_hh"], dh)
+        dh = _where(v, dz @ w["w_hh"], dh)
     return dz_all, {"bias": _sum(dz_all)}, {"w_hh": _sum_outer(dz_all, keep["h_prev"])}, (dh, None)
 
 
 _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward, "rnn": _rnn_forward}
 _REVERSE = {"lstm": _lstm_reverse, "gru": _gru_reverse, "rnn": _rnn_reverse}
+
+
+def _where(valid: Array | None, new: Array, old: Array | float) -> Array:
+    """``new`` where ``valid`` (``None``: everywhere), else ``old``."""
+    return new if valid is None else np.where(valid, new, old)
 
 
 def _sum(a: Array) -> Array:
@@ -317,12 +355,25 @@ def _sum_outer(d: Array, operand: Array) -> Array:
 
 
 # --- the thunk ---------------------------------------------------------------------------------------
-def _valid(t: Mapping[str, Any], b: Bound) -> Array:
-    """``[seq, batch, 1]``: whether step ``t`` of row ``b`` is one of its ``seq_lens`` valid steps."""
-    steps = np.arange(t["seq"])[:, None, None]
+def _each_direction(jobs: list[Callable[[], None]]) -> None:
+    """Run a layer's directions, each with a one-thread BLAS: two at once on two threads where there are
+    two cores, else one after the other. A step's GEMMs are small (``batch`` rows): a second BLAS
+    thread mostly waits on the first, and on a busy machine it waits for a core (lstm B32 I=H=256
+    S128 while the machine ran other work: 25 ms a step's W_hh GEMM with two threads, 1.4 ms with one)."""
+    if len(jobs) > 1 and threads.cores() >= 2:
+        threads.run_all(jobs)
+        return
+    with threads.single_threaded_blas():
+        for job in jobs:
+            job()
+
+
+def _valid(t: Mapping[str, Any], b: Bound) -> Array | None:
+    """``[seq, batch, 1]``: whether step ``t`` of row ``b`` is one of its ``seq_lens`` valid steps; ``None``
+    without ``seq_lens`` (every step is)."""
     if t["seq_lens"] is None:
-        return np.ones((t["seq"], t["batch"], 1), bool)
-    return steps < b.view("seq_lens").astype(np.int64)[None, :, None]
+        return None
+    return np.arange(t["seq"])[:, None, None] < b.view("seq_lens").astype(np.int64)[None, :, None]
 
 
 def _cell(t: Mapping[str, Any], direction: int) -> _Cell:
@@ -377,43 +428,46 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
     x = np.ascontiguousarray(b.load("x").transpose(1, 0, 2))
     inputs, kept = [x], []
     for layer, layer_spans in enumerate(spans):
-        outs, layer_kept = [], []
-        for dr, (lo, hi, in_l) in enumerate(layer_spans):
+        outs: list[Array] = [None] * dirs
+        layer_kept: list[dict] = [None] * dirs
+
+        def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
             ld = layer * dirs + dr
             w = w_ih[lo:hi].reshape(gates * H, in_l)
             xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H) + b.load(biases[0], ld)
             h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            out, _, keep = _FORWARD[op](_cell(fwd, dr), xp, weights(ld), h, c, valid, walk(dr))
-            outs.append(out)
-            layer_kept.append(keep)
+            outs[dr], _, layer_kept[dr] = _FORWARD[op](_cell(fwd, dr), xp, weights(ld), h, c, valid, walk(dr))
+
+        _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
         inputs.append(np.concatenate(outs, axis=2))
         kept.append(layer_kept)
 
     # reverse, top down: d_y is the gradient of the layer's output, then of its input
-    d_y = np.where(valid, b.load("d_dst").transpose(1, 0, 2), 0)
+    d_y = _where(valid, b.load("d_dst").transpose(1, 0, 2), 0)
     for layer in reversed(range(len(spans))):
-        d_in = np.zeros_like(inputs[layer])
-        for dr, (lo, hi, in_l) in enumerate(spans[layer]):
+        d_ins: list[Array] = [None] * dirs
+
+        def reverse(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
             ld = layer * dirs + dr
-            w = weights(ld)
             dh = d_final["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             dc = (d_final["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            reverse_order = reversed(walk(dr))
-            d_pre, d_bias, d_w, (dh, dc) = _REVERSE[op](_cell(fwd, dr), kept[layer][dr], w,
+            d_pre, d_bias, d_w, (dh, dc) = _REVERSE[op](_cell(fwd, dr), kept[layer][dr], weights(ld),
                                                        d_y[..., dr * width: (dr + 1) * width], dh, dc, valid,
-                                                       reverse_order)
-            w_block = w_ih[lo:hi].reshape(gates * H, in_l)
+                                                       reversed(walk(dr)))
             d_w_ih[lo:hi] = _sum_outer(d_pre, inputs[layer]).reshape(-1)
-            d_in += (d_pre.reshape(S * B, -1) @ w_block).reshape(S, B, in_l)
+            d_ins[dr] = (d_pre.reshape(S * B, -1) @ w_ih[lo:hi].reshape(gates * H, in_l)).reshape(S, B, in_l)
             for f, g in {**d_bias, **d_w}.items():
                 grads[f][ld] = g
             if t["carry"]:
                 d_init["h0"][ld] = dh
                 if dc is not None:
                     d_init["c0"][ld] = dc
+
+        _each_direction([lambda dr=dr, span=span: reverse(dr, *span) for dr, span in enumerate(spans[layer])])
         kept[layer] = []  # the layer's saved steps are no longer needed
-        d_y = np.where(valid, d_in, 0) if layer else d_in
+        d_in = d_ins[0] if dirs == 1 else d_ins[0] + d_ins[1]  # in direction order: the same bytes every run
+        d_y = _where(valid, d_in, 0) if layer else d_in
     b.store("d_x", d_y.transpose(1, 0, 2))
     b.store("d_w_ih", d_w_ih)
     for f, g in grads.items():
