@@ -42,7 +42,8 @@ def _laid(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.nd
             view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
         elif r.reads:
             scale = 0.5 if r.field.startswith("w_") else 1.0
-            view(arena, r.offset, r.dtype, r.shape)[...] = (rng.standard_normal(r.shape) * scale).astype(STORAGE[r.dtype])
+            values = rng.standard_normal(r.shape) * scale
+            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
     return thunk, arena
 
 
@@ -154,7 +155,8 @@ def _torch_grads(op: str, thunk: dict, values: dict[str, np.ndarray]) -> dict[st
         if op == "gru":
             fixed.update({f"bias_ih_{suffix}": leaves["b_ih"][ld], f"bias_hh_{suffix}": leaves["b_hh"][ld]})
         else:  # one merged bias stream: torch's two are its halves (the hidden one zero)
-            fixed.update({f"bias_ih_{suffix}": leaves["bias"][ld], f"bias_hh_{suffix}": torch.zeros(rows, dtype=torch.float64)})
+            fixed.update({f"bias_ih_{suffix}": leaves["bias"][ld],
+                          f"bias_hh_{suffix}": torch.zeros(rows, dtype=torch.float64)})
         if proj:
             fixed[f"weight_hr_{suffix}"] = leaves["w_hr"][ld]
         params.update(fixed)
