@@ -22,7 +22,6 @@ from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches import Buf  # noqa: E402
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits, gate_variant, variants  # noqa: E402
-from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128
@@ -96,7 +95,7 @@ def _thunks():
     """One small thunk of every planned op, the GPU shapes, and the recurrent kernel choices."""
     out = []
     for op in cases.SMALL:
-        if op not in SCAN_OPS:
+        if op in launches.PLANNERS:
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
