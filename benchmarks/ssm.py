@@ -1,6 +1,6 @@
 """Host selective_scan / mamba2 / gated_delta_net: fast path against the step path and torch.
 
-    [OPENBLAS_NUM_THREADS=1] python benchmarks/ssm.py [--runs 7] [--warmup 1] [--crossover | --split]
+    [OPENBLAS_NUM_THREADS=1] python benchmarks/ssm.py [--runs 7] [--warmup 1] [--crossover | --split | --v2]
 
 Shapes (batch 2, seq 1024, f32): mamba2 H=8 P=64 N=64; gated_delta_net H=8 N=64 with per-head and
 per-channel gates; selective_scan H=256 N=16. Every host kernel runs through
@@ -12,7 +12,9 @@ batch x heads (channels) recurrences across the cores OpenBLAS was given (``host
 the step path runs on one thread, its fastest (two threads trade the GIL over its small per-step
 arrays). ``--crossover`` instead times step against fast path at short sequences, which sets the
 ``*_STEP_MAX`` rules; ``--split`` times the fast paths on one thread and on every core as the work
-grows, which sets ``threads.SPLIT_MIN_WORK``.
+grows, which sets ``threads.SPLIT_MIN_WORK``. ``--v2`` times ABI.md §8's forms of selective_scan and
+mamba2 against the plain op: the fused knobs (d, z, the delta/dt bias, softplus and limit) and a
+packed batch of mixed-length sequences against an equal-length batch of as many tokens.
 """
 from __future__ import annotations
 
@@ -49,6 +51,21 @@ def medians_ms(fns, runs: int, warmup: int) -> list[float]:
             spent.append(time.perf_counter() - start)
         medians.append(statistics.median(spent) * 1e3)
     return medians
+
+
+def alternating_ms(fns, runs: int, warmup: int) -> list[float]:
+    """Median wall time of each of ``fns`` over ``runs`` rounds that call each once in turn (host kernels
+    only: on a shared machine, contenders timed in turn see the same load)."""
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    spent: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, times in zip(fns, spent):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) * 1e3 for times in spent]
 
 
 def cases(seq: int, rng: np.random.Generator):
@@ -154,6 +171,48 @@ def torch_twin(op, params, tensors):
     return run
 
 
+#: Lengths of the packed sequences of ``--v2``: 2048 tokens, as the equal-length batch 2 x 1024.
+PACKED = (100, 700, 37, 411, 800)
+
+
+def v2_cases(rng: np.random.Generator):
+    """``(label, op, plain params, tensors, fused params, packed params)`` of ``--v2``: the fused params
+    add every knob to the plain op; the packed params hold the same 2048 tokens as ``PACKED`` sequences."""
+    seq, b = 1024, 2
+    cu = np.concatenate([[0], np.cumsum(PACKED)]).tolist()
+    packed = {"batch": 1, "seq": b * seq, "cu_seqlens": cu}
+    out = []
+    for label, op, params, tensors, _, _ in cases(seq, rng):
+        if op == "gated_delta_net":
+            continue
+        h = params["hidden"] if op == "selective_scan" else params["heads"]
+        bias = "delta_bias" if op == "selective_scan" else "dt_bias"
+        tensors = dict(tensors, d=rng.standard_normal(h), z=rng.standard_normal(tensors["x"].shape),
+                       **{bias: rng.uniform(-4, -2, h)})
+        fused = dict(params, d=True, z=True, **{bias: True},
+                     **({"delta_softplus": True} if op == "selective_scan" else {"dt_softplus": True,
+                                                                                 "dt_limit": [0.0, None]}))
+        out.append((label, op, params, tensors, fused, dict(params, **packed)))
+    return out
+
+
+def v2_table(args) -> None:
+    """The ``--v2`` table: plain op, fused knobs, equal-length batch and packed batch, and the ratios."""
+    head = (f"{'op':<26}{'plain ms':>10}{'fused ms':>10}{'fused/plain':>12}{'B2x1024 ms':>12}{'packed ms':>11}"
+            f"{'packed/equal':>13}")
+    print(f"packed: one row of {len(PACKED)} sequences {'+'.join(map(str, PACKED))} = 2048 tokens (varlen), "
+          f"equal: batch 2 x 1024; default paths")
+    print(head)
+    print("-" * len(head))
+    for label, op, plain, tensors, fused, packed in v2_cases(np.random.default_rng(0)):
+        flat = {f: v.reshape(1, -1, *v.shape[2:]) if v.ndim >= 3 else v for f, v in tensors.items()}
+        laid = [lay_out(op, "f32", plain, tensors), lay_out(op, "f32", fused, tensors),
+                lay_out(op, "f32", packed, flat)]
+        times = alternating_ms([lambda t=t, a=a: host_fallback.execute(t, a) for t, a in laid], args.runs, args.warmup)
+        print(f"{label:<26}{times[0]:>10.1f}{times[1]:>10.1f}{times[1] / times[0]:>12.2f}{times[0]:>12.1f}"
+              f"{times[2]:>11.1f}{times[2] / times[0]:>13.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seq", type=int, default=1024)
@@ -161,6 +220,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--crossover", action="store_true", help="time step against fast path at short sequences")
     ap.add_argument("--split", action="store_true", help="time the fast paths on one thread and on every core")
+    ap.add_argument("--v2", action="store_true", help="time the fused knobs and a packed batch against the plain op")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     # torch gets the thread count OpenBLAS was started with, so both sides use the same cores
@@ -184,6 +244,9 @@ def main() -> None:
                                           lambda: host_fallback.execute(thunk, arena, path=fast)], args.runs, args.warmup)
                 row += f"{step:>8.2f}/{quick:<7.2f}"
             print(f"{label:<26}{row}")
+        return
+    if args.v2:
+        v2_table(args)
         return
     if args.split:
         every = cores()

@@ -1,18 +1,58 @@
-/* Gated delta net (ABI.md §4). cpu target below; the gpu target's gated_delta_net_lanes (decode, short
- * sequences) and its chunked WY form (long sequences) are in the two gpu blocks at the end.
+/* Gated delta net (ABI.md §4, with §8's fields). cpu target below; the gpu target's gated_delta_net_lanes
+ * (decode, short sequences) and its chunked WY form (long sequences) are in the two gpu blocks at the end.
  * Every step of the delta rule touches column j of S only through
  * sum_i S[i,j]*k[i] and sum_i S[i,j]*q[i], so one work-item owns one column (value index j) and runs
  * the whole sequence without barriers; the column stays in private memory in the compute type.
- * One work-item owns GDN_CJ adjacent columns (see gdn_walk).
+ * One work-item owns GDN_CJ adjacent columns (see gated_delta_net).
  * Per-channel gates run per block of T steps [t0, t0+T): gdn_decay first writes exp(g) for the block
  * into scratch (fully parallel), so the recurrence reads each decay instead of every column's
- * work-item recomputing all N exponentials. Between blocks the state waits in scratch in the compute
+ * work-item recomputing all K exponentials. Between blocks the state waits in scratch in the compute
  * type; with carry_state the first block reads it from the arena and the last writes it back.
- * A decode step (seq == 1) takes gated_delta_net_step instead: one launch straight on the state. */
+ * A decode step (seq == 1) takes gated_delta_net_step instead: one launch straight on the state.
+ *
+ * Shapes (every target): R state rows r (batch rows, or the packed sequences of cu_seqlens), H key heads
+ * of K channels (q, k), HV value heads of V channels (v, dst, beta, g, the state [K, V] of a head);
+ * value head vh reads key head vh / (HV / H). Tokens are numbered flat over the batch (b * S + t).
+ * The optional fields of version 2 that change what a kernel reads are runtime flags that only the
+ * GDN_V2 program variant honours: in the version-1 program they are constant 0, so its loops are the
+ * plain ones. varlen: row r's tokens are cu[r] .. cu[r+1]-1 (batch 1); slotted: row r reads and writes
+ * state entry slots[r] of the pool; qk_norm: nrm (scratch, from gdn_qk_norm) holds 1/|q| and 1/|k| of
+ * every (token, key head), folded into the step's scalars (sum_i S k' = |k|^-1 sum_i S k, and likewise
+ * for the update and the output), so no loop over K changes; state_real: the state is kept in the
+ * compute type (f32 state of an f16 / bf16 thunk). */
+#ifndef GDN_V2
+#define GDN_V2 0
+#endif
 
+/* The first token of row r and the one past its last (packed sequence r, or batch row r of S steps). */
+DEVICE_FN i64 gdn_row_start(i64 r, i64 S, GLOBAL const int* cu) { return GDN_V2 && cu ? (i64)cu[r] : r * S; }
+DEVICE_FN i64 gdn_row_end(i64 r, i64 S, GLOBAL const int* cu) { return GDN_V2 && cu ? (i64)cu[r + 1] : (r + 1) * S; }
+
+/* The state entry of row r: slots[r] with state slots, else r. */
+DEVICE_FN i64 gdn_state_row(i64 r, GLOBAL const int* slots) { return GDN_V2 && slots ? (i64)slots[r] : r; }
+
+/* nrm[2e] = 1/sqrt(sum q^2 + 1e-6) and nrm[2e+1] the same of k, for every (token, key head) e < E: one
+ * work-item each (every target). */
+KERNEL gdn_qk_norm(i64 E, i64 K, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* nb, i64 no)
+{
+    const i64 e = GID(0);
+    if (e >= E)
+        return;
+    GLOBAL const store_t* q = AT(store_t, qb, qo) + e * K;
+    GLOBAL const store_t* k = AT(store_t, kb, ko) + e * K;
+    real sq = (real)0, sk = (real)0;
+    for (i64 i = 0; i < K; ++i) {
+        const real qi = LOAD(q, i), ki = LOAD(k, i);
+        sq += qi * qi;
+        sk += ki * ki;
+    }
+    GLOBAL real* nrm = AT(real, nb, no);
+    nrm[2 * e] = (real)1 / sqrt(sq + (real)1e-6);
+    nrm[2 * e + 1] = (real)1 / sqrt(sk + (real)1e-6);
+}
 
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
-/* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = heads*N: one work-item per element. */
+/* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = HV*K: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
 {
     const i64 e = GID(0), bt = GID(1);
@@ -21,65 +61,85 @@ KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, G
     AT(real, eb, eo)[bt * T * W + e] = exp(LOAD(AT(store_t, gb, go), (bt * S + t0) * W + e));
 }
 
-/* The recurrence of columns [j0, j0+GDN_CJ) of one (head hh, batch row bt) over steps [t0, t0+T).
- * `dec` holds the per-channel decays of the block (unused with per-head gates: exp(g) is taken here,
- * once per step). The item's columns are the innermost, contiguous index of its private state
- * s[i*GDN_CJ + c], so each k[i] / q[i] / decay load serves GDN_CJ columns and the column loop (fully
- * unrolled) vectorizes. A step is two passes over the state: with the decay d[i] (per channel, or one
- * per head) folded in, sum_i (d[i] S[i,j]) k[i] = sum_i S[i,j] (d[i] k[i]) reads S unchanged, then
- * S[i,j] = d[i] S[i,j] + k[i] u[j] and the output sum run in one sweep. Each sum keeps two
- * independent partial sums (even and odd i). */
-DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, int in_real, int keep, int out_real,
-                        GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
-                        GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
-                        GLOBAL uchar* ob, i64 oo, GLOBAL uchar* db, i64 dof, GLOBAL const real* dec, int per_channel)
+/* The recurrence of columns [j0, j0+GDN_CJ) of one (value head vh, row r) over the steps of block
+ * [t0, t0+T) of its batch row (the whole sequence with per-head gates: t0 = 0, T = S). The row's state
+ * enters from the arena (`st`, at its state entry; zeros without carry_state) in the block that holds
+ * its first token, else from `park` (scratch, compute type, at row r), and leaves to the arena (with
+ * carry_state) in the block that holds its last token, else to `park`. `dec` holds the per-channel
+ * decays of the block (unused with per-head gates: exp(g) is taken here, once per step). The item's
+ * columns are the innermost, contiguous index of its private state s[i*GDN_CJ + c], so each k[i] /
+ * q[i] / decay load serves GDN_CJ columns and the column loop (fully unrolled) vectorizes. A step is two
+ * passes over the state: with the decay d[i] (per channel, or one per head) folded in,
+ * sum_i (d[i] S[i,j]) k[i] = sum_i S[i,j] (d[i] k[i]) reads S unchanged, then
+ * S[i,j] = d[i] S[i,j] + k[i] u[j] and the output sum run in one sweep. Each sum keeps two independent
+ * partial sums (even and odd i). */
+KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T, int carry, int per_channel,
+                       int state_real, int varlen, int slotted, int qk_norm, real scale,
+                       GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                       GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
+                       GLOBAL uchar* pb, i64 po, GLOBAL uchar* db, i64 dof, GLOBAL uchar* eb, i64 eo,
+                       GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no)
 {
-    const i64 j0 = GID(0) * GDN_CJ, hh = GID(1), bt = GID(2);
-    if (j0 >= N || hh >= HD || bt >= B)
+    const i64 j0 = GID(0) * GDN_CJ, vh = GID(1), r = GID(2);
+    if (j0 >= V || vh >= HV || r >= R)
         return;
-    const int nc = N - j0 < GDN_CJ ? (int)(N - j0) : GDN_CJ; /* columns of this item inside the state */
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    const i64 first = gdn_row_start(r, S, cu), end = gdn_row_end(r, S, cu);
+    const i64 bt = cu ? 0 : r, from = bt * S + t0, to = from + T; /* the block's tokens */
+    const i64 lo = first > from ? first : from, hi = end < to ? end : to;
+    if (lo >= hi)
+        return; /* no token of this row in the block (an empty sequence keeps its state as it is) */
+    const int nc = V - j0 < GDN_CJ ? (int)(V - j0) : GDN_CJ; /* columns of this item inside the state */
+    const i64 kh = vh / (HV / H);
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL const store_t* g = AT(store_t, gb, go);
     GLOBAL const store_t* beta = AT(store_t, beb, beo);
-    const i64 s0 = (bt * HD + hh) * N * N + j0; /* the state arrives at sb and leaves at ob: storage or compute type */
-    GLOBAL const store_t* in_st = AT(store_t, sb, so) + s0;
-    GLOBAL const real* in_re = AT(real, sb, so) + s0;
-    GLOBAL store_t* out_st = AT(store_t, ob, oo) + s0;
-    GLOBAL real* out_re = AT(real, ob, oo) + s0;
+    GLOBAL const real* dec = AT(real, eb, eo);
+    GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const real scale = (real)1 / sqrt((real)N);
+    const int resume = first < from ? 1 : carry, in_park = first < from, keep = end > to ? 1 : carry, out_park = end > to;
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const i64 entry = ((in_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
+    const i64 leave = ((out_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
+    const int in_real = in_park || (GDN_V2 && state_real), out_real = out_park || (GDN_V2 && state_real);
+    GLOBAL const store_t* in_st = (in_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + entry;
+    GLOBAL const real* in_re = (in_park ? AT(real, pb, po) : AT(real, sb, so)) + entry;
+    GLOBAL store_t* out_st = (out_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + leave;
+    GLOBAL real* out_re = (out_park ? AT(real, pb, po) : AT(real, sb, so)) + leave;
     real s[STATE_MAX * GDN_CJ];
     /* The state moves in and out by loops unswitched on the (runtime) flags, so that a full item's
      * common case (all GDN_CJ columns, storage type) is a straight-line contiguous run per row. */
     if (resume && nc == GDN_CJ && !in_real)
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
-                s[i * GDN_CJ + c] = LOAD(in_st, i * N + c);
+                s[i * GDN_CJ + c] = LOAD(in_st, i * V + c);
     else if (resume && nc == GDN_CJ)
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
-                s[i * GDN_CJ + c] = in_re[i * N + c];
+                s[i * GDN_CJ + c] = in_re[i * V + c];
     else
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
-                s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * N + c] : LOAD(in_st, i * N + c);
-    for (i64 tt = 0; tt < T; ++tt) {
-        const i64 head = (bt * S + t0 + tt) * HD + hh, vec = head * N;
-        GLOBAL const store_t* kr = k + vec;
-        GLOBAL const store_t* qr = q + vec;
-        GLOBAL const real* gr = dec + ((bt * T + tt) * HD + hh) * N;
+                s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * V + c] : LOAD(in_st, i * V + c);
+    for (i64 tok = lo; tok < hi; ++tok) {
+        const i64 head = tok * HV + vh, vec = head * V, key = (tok * H + kh) * K;
+        GLOBAL const store_t* kr = k + key;
+        GLOBAL const store_t* qr = q + key;
+        GLOBAL const real* gr = dec + ((bt * T + tok - from) * HV + vh) * K;
         const real decay = per_channel ? (real)1 : exp(LOAD(g, head));
+        const real rq = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh)] : (real)1;
+        const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
         real a0[GDN_CJ], a1[GDN_CJ], u[GDN_CJ];
         PRAGMA_UNROLL
         for (int c = 0; c < GDN_CJ; ++c)
             a0[c] = a1[c] = (real)0;
         i64 i = 0;
-        for (; i + 2 <= N; i += 2) {
+        for (; i + 2 <= K; i += 2) {
             const real k0 = per_channel ? gr[i] * LOAD(kr, i) : LOAD(kr, i);
             const real k1 = per_channel ? gr[i + 1] * LOAD(kr, i + 1) : LOAD(kr, i + 1);
             PRAGMA_UNROLL
@@ -88,19 +148,19 @@ DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, 
                 a1[c] += s[(i + 1) * GDN_CJ + c] * k1;
             }
         }
-        if (i < N) {
+        if (i < K) {
             const real k0 = per_channel ? gr[i] * LOAD(kr, i) : LOAD(kr, i);
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
                 a0[c] += s[i * GDN_CJ + c] * k0;
         }
-        const real bh = LOAD(beta, head);
+        const real bh = LOAD(beta, head), dk = decay * rk;
         PRAGMA_UNROLL
-        for (int c = 0; c < GDN_CJ; ++c) {
-            u[c] = ((c < nc ? LOAD(v, vec + j0 + c) : (real)0) - decay * (a0[c] + a1[c])) * bh;
+        for (int c = 0; c < GDN_CJ; ++c) { /* u as the update takes it: times 1/|k| */
+            u[c] = ((c < nc ? LOAD(v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh * rk;
             a0[c] = a1[c] = (real)0;
         }
-        for (i = 0; i + 2 <= N; i += 2) {
+        for (i = 0; i + 2 <= K; i += 2) {
             const real d0 = per_channel ? gr[i] : decay, d1 = per_channel ? gr[i + 1] : decay;
             const real k0 = LOAD(kr, i), k1 = LOAD(kr, i + 1), q0 = LOAD(qr, i), q1 = LOAD(qr, i + 1);
             PRAGMA_UNROLL
@@ -112,7 +172,7 @@ DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, 
                 a1[c] += x1 * q1;
             }
         }
-        if (i < N) {
+        if (i < K) {
             const real d0 = per_channel ? gr[i] : decay, k0 = LOAD(kr, i), q0 = LOAD(qr, i);
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c) {
@@ -121,202 +181,210 @@ DEVICE_FN void gdn_walk(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, 
                 a0[c] += x0 * q0;
             }
         }
+        const real sq = scale * rq;
         PRAGMA_UNROLL
         for (int c = 0; c < GDN_CJ; ++c)
             if (c < nc)
-                STORE(dst, vec + j0 + c, scale * (a0[c] + a1[c]));
+                STORE(dst, vec + j0 + c, sq * (a0[c] + a1[c]));
     }
     if (keep && nc == GDN_CJ && !out_real)
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
-                STORE(out_st, i * N + c, s[i * GDN_CJ + c]);
+                STORE(out_st, i * V + c, s[i * GDN_CJ + c]);
     else if (keep && nc == GDN_CJ)
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
-                out_re[i * N + c] = s[i * GDN_CJ + c];
+                out_re[i * V + c] = s[i * GDN_CJ + c];
     else if (keep)
-        for (i64 i = 0; i < N; ++i)
+        for (i64 i = 0; i < K; ++i)
             PRAGMA_UNROLL
             for (int c = 0; c < GDN_CJ; ++c)
                 if (c < nc) {
                     if (out_real)
-                        out_re[i * N + c] = s[i * GDN_CJ + c];
+                        out_re[i * V + c] = s[i * GDN_CJ + c];
                     else
-                        STORE(out_st, i * N + c, s[i * GDN_CJ + c]);
+                        STORE(out_st, i * V + c, s[i * GDN_CJ + c]);
                 }
 }
 
-/* Per-head gates: the whole sequence in one launch; the state comes from and returns to the arena
- * with carry_state. */
-KERNEL gated_delta_net(i64 B, i64 S, i64 HD, i64 N, int carry,
-                       GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
-                       GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
-                       GLOBAL uchar* db, i64 dof)
-{
-    gdn_walk(B, S, HD, N, 0, S, carry, 0, carry, 0, qb, qo, kb, ko, vb, vo, gb, go, beb, beo, sb, so, sb, so, db, dof,
-             (GLOBAL const real*)gb, 0);
-}
-
-/* Per-channel gates, one block of steps [t0, t0+T) after gdn_decay filled `dec` (scratch). */
-KERNEL gated_delta_net_pc(i64 B, i64 S, i64 HD, i64 N, i64 t0, i64 T, int resume, int in_real, int keep, int out_real,
-                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
-                          GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* ob, i64 oo,
-                          GLOBAL uchar* db, i64 dof, GLOBAL uchar* eb, i64 eo)
-{
-    gdn_walk(B, S, HD, N, t0, T, resume, in_real, keep, out_real, qb, qo, kb, ko, vb, vo, beb, 0, beb, beo, sb, so, ob, oo,
-             db, dof,
-             AT(real, eb, eo), 1);
-}
-
-/* Columns [j0, j0+nc) of one decode step, on the state where it lives (`st`, storage type; null without
- * carry_state: the step starts from zeros and keeps nothing), reading S once from memory and writing
- * it once: no private copy to fill and drain, which at one step costs more than the step. With d[i]
- * the decay (per channel, or 1 and the head's `decay` applied after) a first sweep over the old state
- * gives a[j] = sum_i S[i,j] d[i] k[i], so u = (v - decay a) beta; a second sweep (the item's columns,
- * still in L1) forms S[i,j] = d[i] decay S[i,j] + k[i] u[j] in the compute type, stores it and sums the
- * output sum_i q[i] S[i,j] from it: the ABI's order, so a NaN or an Inf lands in the same class as on
- * every other device. Called with nc = GDN_DJ (a constant after inlining: the column loops vectorize)
- * or with the tail's column count. */
-INLINE_FN void gdn_step_columns(i64 vec, i64 j0, const int nc, i64 N, real decay, int per_channel,
+/* Columns [j0, j0+nc) of one decode step, on the state where it lives (`st`, the bytes of the head's
+ * [K, V] entry, storage type or with st_real the compute type; null without carry_state: the step
+ * starts from zeros and keeps nothing), reading S once from memory and writing it once: no private copy
+ * to fill and drain, which at one step costs more than the step. With d[i] the decay (per channel, or 1
+ * and the head's `decay` applied after) a first sweep over the old state gives a[j] = sum_i S[i,j] d[i]
+ * k[i], so u = (v - decay rk a) beta (rk = 1/|k| with qk_norm, else 1); a second sweep (the item's
+ * columns, still in L1) forms S[i,j] = d[i] decay S[i,j] + k[i] rk u[j] in the compute type, stores it
+ * and sums the output sum_i q[i] S[i,j] from it: the ABI's order, so a NaN or an Inf lands in the same
+ * class as on every other device. Called with constant nc (GDN_DJ) and st_real, or the tail's column
+ * count: after inlining the column loops vectorize and the state's element type is fixed. */
+INLINE_FN void gdn_step_columns(i64 vec, i64 j0, const int nc, i64 K, i64 V, real decay, int per_channel,
                                 GLOBAL const store_t* qr, GLOBAL const store_t* kr, GLOBAL const store_t* v,
-                                GLOBAL const store_t* gr, real bh, GLOBAL store_t* st, GLOBAL store_t* dst)
+                                GLOBAL const store_t* gr, real bh, real rk, real sq, GLOBAL uchar* st,
+                                const int st_real, GLOBAL store_t* dst)
 {
     real a[GDN_DJ], y[GDN_DJ], d[STATE_MAX];
     for (int c = 0; c < nc; ++c)
         a[c] = y[c] = (real)0;
     /* without a state the zeros are decayed all the same: an infinite decay makes them NaN, as the ABI's
      * order does */
-    for (i64 i = 0; i < N; ++i) {
+    for (i64 i = 0; i < K; ++i) {
         d[i] = per_channel ? exp(LOAD(gr, i)) : (real)1;
         const real dk = d[i] * LOAD(kr, i);
         for (int c = 0; c < nc; ++c)
-            a[c] += (st ? LOAD(st, i * N + c) : (real)0) * dk;
+            a[c] += (st ? load_any(st, i * V + j0 + c, st_real) : (real)0) * dk;
     }
     for (int c = 0; c < nc; ++c)
-        a[c] = (LOAD(v, vec + j0 + c) - decay * a[c]) * bh; /* from here on a holds u */
-    for (i64 i = 0; i < N; ++i) {
+        a[c] = (LOAD(v, vec + j0 + c) - decay * rk * a[c]) * bh * rk; /* from here on a holds rk u */
+    for (i64 i = 0; i < K; ++i) {
         const real di = d[i] * decay, k0 = LOAD(kr, i), q0 = LOAD(qr, i);
         for (int c = 0; c < nc; ++c) {
-            const real s = di * (st ? LOAD(st, i * N + c) : (real)0) + k0 * a[c];
+            const real s = di * (st ? load_any(st, i * V + j0 + c, st_real) : (real)0) + k0 * a[c];
             if (st)
-                STORE(st, i * N + c, s);
+                store_any(st, i * V + j0 + c, st_real, s);
             y[c] += q0 * s;
         }
     }
-    const real scale = (real)1 / sqrt((real)N);
     for (int c = 0; c < nc; ++c)
-        STORE(dst, vec + j0 + c, scale * y[c]);
+        STORE(dst, vec + j0 + c, sq * y[c]);
 }
 
 /* seq == 1 (decode), both gate kinds, one launch and no scratch: one work-item per GDN_DJ value columns
- * of a (head hh, batch row bt); a per-channel decay is taken where it is used (N exps per item). */
-KERNEL gated_delta_net_step(i64 B, i64 HD, i64 N, int carry, int per_channel,
+ * of a (value head vh, row r) and the row's token (none for an empty sequence of a varlen batch); a
+ * per-channel decay is taken where it is used (K exps per item). */
+KERNEL gated_delta_net_step(i64 R, i64 H, i64 HV, i64 K, i64 V, int carry, int per_channel, int state_real,
+                            int varlen, int slotted, int qk_norm, real scale,
                             GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                             GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
-                            GLOBAL uchar* db, i64 dof)
+                            GLOBAL uchar* db, i64 dof, GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo,
+                            GLOBAL uchar* nb, i64 no)
 {
-    const i64 j0 = GID(0) * GDN_DJ, hh = GID(1), bt = GID(2);
-    if (j0 >= N || hh >= HD || bt >= B)
+    const i64 j0 = GID(0) * GDN_DJ, vh = GID(1), r = GID(2);
+    if (j0 >= V || vh >= HV || r >= R)
         return;
-    const i64 head = bt * HD + hh, vec = head * N;
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    const i64 tok = gdn_row_start(r, 1, cu);
+    if (gdn_row_end(r, 1, cu) <= tok)
+        return;
+    const i64 kh = vh / (HV / H), head = tok * HV + vh, vec = head * V, key = (tok * H + kh) * K;
     GLOBAL const store_t* g = AT(store_t, gb, go);
-    GLOBAL store_t* st = carry ? AT(store_t, sb, so) + head * N * N + j0 : 0;
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const int st_real = GDN_V2 && state_real;
+    const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V;
+    GLOBAL uchar* st = carry ? (st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry)) : 0;
     const real decay = per_channel ? (real)1 : exp(LOAD(g, head)), bh = LOAD(AT(store_t, beb, beo), head);
-    GLOBAL const store_t* qr = AT(store_t, qb, qo) + vec;
-    GLOBAL const store_t* kr = AT(store_t, kb, ko) + vec;
+    GLOBAL const real* nrm = AT(real, nb, no);
+    const real rq = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh)] : (real)1;
+    const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
+    GLOBAL const store_t* qr = AT(store_t, qb, qo) + key;
+    GLOBAL const store_t* kr = AT(store_t, kb, ko) + key;
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    if (N - j0 >= GDN_DJ)
-        gdn_step_columns(vec, j0, GDN_DJ, N, decay, per_channel, qr, kr, v, g + vec, bh, st, dst);
+    const real sq = scale * rq;
+    if (V - j0 >= GDN_DJ && st_real)
+        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 1, dst);
+    else if (V - j0 >= GDN_DJ)
+        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 0, dst);
     else
-        gdn_step_columns(vec, j0, (int)(N - j0), N, decay, per_channel, qr, kr, v, g + vec, bh, st, dst);
+        gdn_step_columns(vec, j0, (int)(V - j0), K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st,
+                         st_real, dst);
 }
 #endif
 
 #if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
-/* GPU shapes (target gpu): one row is a state column j of one (batch row, head); its key indices i
+/* GPU shapes (target gpu): one row is a state column j of one (row r, value head vh); its key indices i
  * are spread across SSM_L lanes of a work-group, lane nl holding S[i, j] for i = w*SSM_L + nl,
  * w < SSM_W = SSM_N / SSM_L, in registers (fully unrolled: no stack). SSM_N (the state-size variant,
- * >= state_size) and SSM_L come from the launch's defines, SSM_WG (the largest work-group) from the
+ * >= K) and SSM_L come from the launch's defines, SSM_WG (the largest work-group) from the
  * gpu tuning table. Both gate kinds and both carry modes run the whole sequence in one launch: a
  * per-channel decay is exp(g[i]) of the lane's own rows. Each step reduces twice across the lanes of a column through
  * LOCAL memory: sum_i S[i,j] (d[i] k[i]) (every lane reads it back: it needs u[j]) in the first half
  * of `part`, then sum_i S[i,j] q[i] in the second (one lane stores it). Each half is rewritten only
  * after the barrier that follows the other half's write, which every reader of it has passed. The
- * grid is 1-D (groups of columns folded into x): no extent reaches CUDA's 65,535 cap on y/z. */
+ * grid is 1-D (groups of columns folded into x): no extent reaches CUDA's 65,535 cap on y/z.
+ * The version-2 flags are those of the cpu kernels (see the top of this file). */
 #define SSM_W (SSM_N / SSM_L)
 
 
-KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_channel,
+KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carry, int per_channel, int state_real,
+                             int varlen, int slotted, int qk_norm, real scale,
                              GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                              GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
-                             GLOBAL uchar* db, i64 dof)
+                             GLOBAL uchar* db, i64 dof, GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo,
+                             GLOBAL uchar* nb, i64 no)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
-    const int lane = (int)LID(0), r = lane / SSM_L, nl = lane - r * SSM_L, first = r * SSM_L;
-    const i64 rows = LSIZE(0) / SSM_L, blocks = (N + rows - 1) / rows;
-    const i64 hb = GROUP(0) / blocks, bt = hb / HD, hh = hb - bt * HD, j = (GROUP(0) - hb * blocks) * rows + r;
-    const int live = j < N; /* a lane past the last column still meets every barrier */
+    const int lane = (int)LID(0), rw = lane / SSM_L, nl = lane - rw * SSM_L, first = rw * SSM_L;
+    const i64 rows = LSIZE(0) / SSM_L, blocks = (V + rows - 1) / rows;
+    const i64 hb = GROUP(0) / blocks, r = hb / HV, vh = hb - r * HV, j = (GROUP(0) - hb * blocks) * rows + rw;
+    const int live = j < V; /* a lane past the last column still meets every barrier */
+    const i64 kh = vh / (HV / H);
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const i64 lo = gdn_row_start(r, S, cu), hi = gdn_row_end(r, S, cu); /* the same for the whole group */
+    const int st_real = GDN_V2 && state_real;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL const store_t* g = AT(store_t, gb, go);
     GLOBAL const store_t* beta = AT(store_t, beb, beo);
-    GLOBAL store_t* st = AT(store_t, sb, so) + (bt * HD + hh) * N * N + (live ? j : 0);
+    GLOBAL const real* nrm = AT(real, nb, no);
+    const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V + (live ? j : 0);
+    GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    const real scale = (real)1 / sqrt((real)N);
     real s[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w) {
         const int i = w * SSM_L + nl;
-        s[w] = carry && live && i < N ? LOAD(st, i * N) : (real)0;
+        s[w] = carry && live && i < K ? load_any(st, i * V, st_real) : (real)0;
     }
-    for (i64 t = 0; t < S; ++t) {
-        const i64 head = (bt * S + t) * HD + hh, vec = head * N;
+    for (i64 tok = lo; tok < hi; ++tok) {
+        const i64 head = tok * HV + vh, vec = head * V, key = (tok * H + kh) * K;
         const real decay = per_channel ? (real)1 : rlx_exp(LOAD(g, head));
+        const real rq = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh)] : (real)1;
+        const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
         real kd[SSM_W], y = (real)0;
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
             const int i = w * SSM_L + nl;
             kd[w] = (real)0;
-            if (i < N) {
+            if (i < K) {
                 if (per_channel)
-                    s[w] *= rlx_exp(LOAD(g, vec + i));
+                    s[w] *= rlx_exp(LOAD(g, head * K + i));
                 else
                     s[w] *= decay;
-                kd[w] = LOAD(k, vec + i);
+                kd[w] = LOAD(k, key + i);
                 y += s[w] * kd[w];
             }
         }
         part[lane] = y;
         BARRIER();
         SSM_ROW_SUM(y, part, first);
-        const real u = ((live ? LOAD(v, vec + j) : (real)0) - y) * LOAD(beta, head);
+        const real u = ((live ? LOAD(v, vec + j) : (real)0) - rk * y) * LOAD(beta, head) * rk; /* times 1/|k| */
         y = (real)0;
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
             const int i = w * SSM_L + nl;
-            if (i < N) {
+            if (i < K) {
                 s[w] += kd[w] * u;
-                y += s[w] * LOAD(q, vec + i);
+                y += s[w] * LOAD(q, key + i);
             }
         }
         part[SSM_WG + lane] = y;
         BARRIER();
         if (live && nl == 0) {
             SSM_ROW_SUM(y, part, SSM_WG + first);
-            STORE(dst, vec + j, scale * y);
+            STORE(dst, vec + j, scale * rq * y);
         }
     }
     if (carry && live)
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
             const int i = w * SSM_L + nl;
-            if (i < N)
-                STORE(st, i * N, s[w]);
+            if (i < K)
+                store_any(st, i * V, st_real, s[w]);
         }
 }
 #endif
@@ -333,11 +401,12 @@ KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_cha
  *   U = U0 - W S0,   U0 = T beta V,   W = T beta exp(G) K,
  *   out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]),   P[t][s] = q[t] . D[t][s] k[s],
  *   S_next = exp(G[last]) S0 + sum_s (exp(G[last] - G[s]) k[s]) (x) u[s].
- * Three launches over scratch in the compute type, one slot per (batch row, head, chunk):
+ * q and k enter every product scaled by 1/|q|, 1/|k| with qk_norm. Three launches over scratch in the
+ * compute type, one slot per (value head, chunk):
  *   gated_delta_net_chunk_prep   G (floored log-decays summed), P, T by forward substitution in LOCAL
  *                                memory, then W and U0: one work-group of GDN_LANES per chunk;
  *   gated_delta_net_state_pass   in chunk order: stores the state entering the chunk, turns U0 into
- *                                U = U0 - W S0 and steps the state; one work-group per (batch row,
+ *                                U = U0 - W S0 and steps the state; one work-group per (row, value
  *                                head, block of value columns), each lane one key row i of the block's
  *                                GDN_PJ-column strips in registers (the state is column-separable);
  *   gated_delta_net_chunk_out    the outputs of one chunk and GDN_OT value columns per work-group, the
@@ -355,40 +424,94 @@ KERNEL gated_delta_net_lanes(i64 B, i64 S, i64 HD, i64 N, int carry, int per_cha
 #define GDN_TS (GDN_LANES / GDN_OT)        /* output rows apart for one lane of chunk_out */
 #define GDN_OY (GDN_Q / GDN_TS)            /* outputs per lane of chunk_out */
 
-/* Chunk c of (batch row bt, head hh), slot `bhc` of the scratch arrays, for this work-group. */
+/* Chunks never hold tokens of two rows: a row (a batch row, or a sequence of a varlen batch) of n tokens
+ * has ceil(n / GDN_Q) chunks of its own, the first at its first token (as fla's varlen chunk indices),
+ * so every chunk starts from the state its row's previous chunk left, or the row's initial state, and
+ * the state pass of each row runs on its own. The chunks of all rows are numbered one row after another;
+ * NC (the planner's) bounds their count: ceil(S / GDN_Q) per batch row, S / GDN_Q + R with varlen. */
+
+/* Row r's chunk count, and through *slot0 the number of its first chunk. */
+DEVICE_FN i64 gdn_row_chunks(i64 r, i64 S, GLOBAL const int* cu, i64* slot0)
+{
+    if (!(GDN_V2 && cu)) {
+        const i64 per = (S + GDN_Q - 1) / GDN_Q;
+        *slot0 = r * per;
+        return per;
+    }
+    i64 acc = 0;
+    for (i64 x = 0; x < r; ++x)
+        acc += ((i64)cu[x + 1] - cu[x] + GDN_Q - 1) / GDN_Q;
+    *slot0 = acc;
+    return ((i64)cu[r + 1] - cu[r] + GDN_Q - 1) / GDN_Q;
+}
+
+/* Chunk number `slot`: its first (flat) token through *t0, and its steps (0 past the last chunk). */
+DEVICE_FN int gdn_chunk(i64 slot, i64 R, i64 S, GLOBAL const int* cu, i64* t0)
+{
+    i64 acc = 0, first = 0, end = 0;
+    if (!(GDN_V2 && cu)) {
+        const i64 per = (S + GDN_Q - 1) / GDN_Q, r = slot / per;
+        first = r * S + (slot - r * per) * GDN_Q;
+        end = (r + 1) * S;
+    } else {
+        for (i64 r = 0; r < R && end == 0; ++r) {
+            const i64 n = ((i64)cu[r + 1] - cu[r] + GDN_Q - 1) / GDN_Q;
+            if (slot < acc + n) {
+                first = cu[r] + (slot - acc) * GDN_Q;
+                end = cu[r + 1];
+            }
+            acc += n;
+        }
+    }
+    *t0 = first;
+    return end - first < GDN_Q ? (int)(end - first) : GDN_Q;
+}
+
+/* Chunk `slot` of value head vh (its key head kh), slot `bhc` = vh * NC + slot of the scratch arrays,
+ * for this work-group: its first token t0 and its steps. */
 #define GDN_CHUNK_GROUP(bhc_of_group)                                                                  \
     const int lane = (int)LID(0);                                                                     \
-    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, bhc = (bhc_of_group);                                 \
-    const i64 bh = bhc / chunks, c = bhc - bh * chunks, bt = bh / HD, hh = bh - bt * HD, t0 = c * GDN_Q; \
-    const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;                                         \
-    const i64 gw = per_channel ? N : 1; /* log-decays per step: one per key channel, or one */        \
+    const i64 bhc = (bhc_of_group), vh = bhc / NC, kh = vh / (HV / H);                                \
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;                                    \
+    i64 t0 = 0;                                                                                       \
+    const int steps = gdn_chunk(bhc - vh * NC, R, S, cu, &t0);                                        \
+    const i64 gw = per_channel ? K : 1; /* log-decays per step: one per key channel, or one */        \
     GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw
 
-KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 HD, i64 N, int per_channel,
+KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                  int varlen, GLOBAL uchar* cb, i64 co,
                                   GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
-                                  GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* gmb, i64 gmo,
-                                  GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo)
+                                  GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* nb, i64 no,
+                                  GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo,
+                                  GLOBAL uchar* ub, i64 uo)
 {
     LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
+    LOCAL real rqs[GDN_Q], rks[GDN_Q];
     GDN_CHUNK_GROUP(GROUP(0));
+    if (steps == 0)
+        return; /* a number past the last chunk of a varlen batch: the whole group leaves */
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL const store_t* g = AT(store_t, gb, go);
     GLOBAL real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
-    GLOBAL real* wm = AT(real, wb, wo) + bhc * GDN_Q * N;
-    GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
+    GLOBAL real* wm = AT(real, wb, wo) + bhc * GDN_Q * K;
+    GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
+    GLOBAL const real* nrm = AT(real, nb, no);
     /* G: each lane sums the floored log-decays of one channel (or the head's) over the chunk */
     for (i64 i = lane; i < gw; i += GDN_LANES) {
         real acc = (real)0;
         for (int t = 0; t < steps; ++t) {
-            const real gv = LOAD(g, ((bt * S + t0 + t) * HD + hh) * gw + i);
+            const real gv = LOAD(g, ((t0 + t) * HV + vh) * gw + i);
             acc += gv < GDN_LOG_FLOOR ? (real)GDN_LOG_FLOOR : gv; /* NaN stays NaN */
             gam[t * gw + i] = acc;
         }
     }
-    if (lane < steps)
-        bs[lane] = LOAD(AT(store_t, beb, beo), (bt * S + t0 + lane) * HD + hh);
+    if (lane < steps) { /* beta, and with qk_norm 1/|q| and 1/|k| of each step (q and k enter every product scaled) */
+        bs[lane] = LOAD(AT(store_t, beb, beo), (t0 + lane) * HV + vh);
+        rqs[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh)] : (real)1;
+        rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh) + 1] : (real)1;
+    }
     /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
      * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
     const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
@@ -396,15 +519,15 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 HD, i64 N, int per_channel,
     PRAGMA_UNROLL
     for (int j = 0; j < GDN_AS; ++j)
         a[j] = p[j] = (real)0;
-    for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
-        BARRIER(); /* G is written (first tile), or the previous tile's readers are done */
+    for (i64 i0 = 0; i0 < K; i0 += GDN_NT) {
+        BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int s = e / GDN_NT, ii = e - s * GDN_NT;
-            const int in = s < steps && i0 + ii < N;
-            const i64 at = ((bt * S + t0 + s) * HD + hh) * N + i0 + ii;
-            kt[s * GDN_NTP + ii] = in ? LOAD(k, at) : (real)0;
-            qt[s * GDN_NTP + ii] = in ? LOAD(q, at) : (real)0;
-            gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * N + i0 + ii] : (real)0;
+            const int in = s < steps && i0 + ii < K;
+            const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
+            kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
+            qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
+            gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
         }
         BARRIER();
         for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
@@ -443,67 +566,84 @@ KERNEL gated_delta_net_chunk_prep(i64 B, i64 S, i64 HD, i64 N, int per_channel,
             m[t * GDN_QP + lane] = -x;
         BARRIER();
     }
-    /* W = T beta exp(G) K (pass 0) and U0 = T beta V (pass 1), GDN_NT columns at a time through kt */
-    for (int pass = 0; pass < 2; ++pass)
-        for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
+    /* W = T beta exp(G) K (pass 0, K columns) and U0 = T beta V (pass 1, V columns), GDN_NT columns at a
+     * time through kt */
+    for (int pass = 0; pass < 2; ++pass) {
+        const i64 width = pass ? V : K;
+        for (i64 i0 = 0; i0 < width; i0 += GDN_NT) {
             BARRIER();
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
                 const int s = e / GDN_NT, ii = e - s * GDN_NT;
                 real x = (real)0;
-                if (i0 + ii < N) {
-                    const i64 at = ((bt * S + t0 + s) * HD + hh) * N + i0 + ii;
-                    x = bs[s] * (pass ? LOAD(v, at) : LOAD(k, at) * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
+                if (i0 + ii < width) {
+                    const i64 tok = t0 + s;
+                    x = bs[s] * (pass ? LOAD(v, (tok * HV + vh) * V + i0 + ii)
+                                      : LOAD(k, (tok * H + kh) * K + i0 + ii) * rks[s]
+                                            * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
                 }
                 kt[s * GDN_NTP + ii] = x;
             }
             BARRIER();
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
                 const int t = e / GDN_NT, ii = e - t * GDN_NT;
-                if (i0 + ii < N) {
+                if (i0 + ii < width) {
                     real x = kt[t * GDN_NTP + ii];
                     for (int s = 0; s < t; ++s)
                         x += m[t * GDN_QP + s] * kt[s * GDN_NTP + ii];
-                    (pass ? um : wm)[t * N + i0 + ii] = x;
+                    (pass ? um : wm)[t * width + i0 + ii] = x;
                 }
             }
         }
+    }
 }
 
 /* Key rows of the state per work-group lane and value columns per work-group of the state pass:
- * GDN_LANES / N strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
-#define GDN_STRIPS(N) (GDN_LANES / (N) < GDN_SPMAX ? GDN_LANES / (N) : GDN_SPMAX)
+ * GDN_LANES / K strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
+#define GDN_STRIPS(K) (GDN_LANES / (K) < GDN_SPMAX ? GDN_LANES / (K) : GDN_SPMAX)
 
-KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 HD, i64 N, int per_channel, int carry,
-                                  GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* gmb, i64 gmo,
-                                  GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                  int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real, int slotted,
+                                  GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo,
+                                  GLOBAL uchar* nb, i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo,
+                                  GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
 {
     LOCAL real sl[GDN_LANES * GDN_PJ], ul[GDN_Q * GDN_PJ * GDN_SPMAX];
     const int lane = (int)LID(0);
-    const i64 chunks = (S + GDN_Q - 1) / GDN_Q, strips = GDN_STRIPS(N), rc = strips * GDN_PJ;
-    const i64 blocks = (N + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
-    const i64 bt = bh / HD, hh = bh - bt * HD, jb = lane / N, i = lane - jb * N, gw = per_channel ? N : 1;
+    const i64 strips = GDN_STRIPS(K), rc = strips * GDN_PJ;
+    const i64 blocks = (V + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
+    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H), jb = lane / K, i = lane - jb * K;
+    const i64 gw = per_channel ? K : 1;
     const int live = jb < strips; /* a lane past the last strip still meets every barrier */
+    const int st_real = GDN_V2 && state_real;
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    i64 slot0 = 0;
+    const i64 chunks = gdn_row_chunks(r, S, cu, &slot0), first = gdn_row_start(r, S, cu), end = gdn_row_end(r, S, cu);
+    if (chunks == 0)
+        return; /* an empty sequence keeps its state as it is */
     GLOBAL const store_t* k = AT(store_t, kb, ko);
-    GLOBAL store_t* st = AT(store_t, sb, so) + bh * N * N;
+    GLOBAL const real* nrm = AT(real, nb, no);
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V;
+    GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
     real s[GDN_PJ];
     PRAGMA_UNROLL
     for (int cj = 0; cj < GDN_PJ; ++cj) {
         const i64 j = jc0 + jb * GDN_PJ + cj;
-        s[cj] = carry && live && j < N ? LOAD(st, i * N + j) : (real)0;
+        s[cj] = carry && live && j < V ? load_any(st, i * V + j, st_real) : (real)0;
     }
     for (i64 c = 0; c < chunks; ++c) {
-        const i64 bhc = bh * chunks + c, t0 = c * GDN_Q;
-        const int steps = S - t0 < GDN_Q ? (int)(S - t0) : GDN_Q;
+        const i64 bhc = vh * NC + slot0 + c, t0 = first + c * GDN_Q;
+        const int steps = end - t0 < GDN_Q ? (int)(end - t0) : GDN_Q;
         GLOBAL const real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw;
-        GLOBAL const real* wm = AT(real, wb, wo) + bhc * GDN_Q * N;
-        GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
-        GLOBAL real* states = AT(real, hb, ho) + bhc * N * N;
+        GLOBAL const real* wm = AT(real, wb, wo) + bhc * GDN_Q * K;
+        GLOBAL real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
+        GLOBAL real* states = AT(real, hb, ho) + bhc * K * V;
         BARRIER(); /* the previous chunk's readers of sl and ul are done */
         PRAGMA_UNROLL
         for (int cj = 0; cj < GDN_PJ; ++cj) {
             const i64 j = jc0 + jb * GDN_PJ + cj;
-            if (live && j < N) {
-                states[i * N + j] = s[cj]; /* the state entering chunk c, for chunk_out */
+            if (live && j < V) {
+                states[i * V + j] = s[cj]; /* the state entering chunk c, for chunk_out */
                 sl[i * rc + jb * GDN_PJ + cj] = s[cj];
             }
         }
@@ -511,11 +651,11 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 HD, i64 N, int per_channel, 
         /* U = U0 - W S0 over the block's columns, in place in scratch and into ul */
         for (i64 e = lane; e < steps * rc; e += GDN_LANES) {
             const i64 t = e / rc, jj = e - t * rc;
-            if (jc0 + jj < N) {
-                real x = um[t * N + jc0 + jj];
-                for (i64 r = 0; r < N; ++r)
-                    x -= wm[t * N + r] * sl[r * rc + jj];
-                um[t * N + jc0 + jj] = x;
+            if (jc0 + jj < V) {
+                real x = um[t * V + jc0 + jj];
+                for (i64 r = 0; r < K; ++r)
+                    x -= wm[t * K + r] * sl[r * rc + jj];
+                um[t * V + jc0 + jj] = x;
                 ul[t * rc + jj] = x;
             }
         }
@@ -526,10 +666,12 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 HD, i64 N, int per_channel, 
             for (int cj = 0; cj < GDN_PJ; ++cj)
                 s[cj] *= through;
             for (int t = 0; t < steps; ++t) {
-                const real kd = rlx_exp(last - gam[t * gw + (per_channel ? i : 0)]) * LOAD(k, ((bt * S + t0 + t) * HD + hh) * N + i);
+                const i64 key = (t0 + t) * H + kh;
+                const real rk = GDN_V2 && qk_norm ? nrm[2 * key + 1] : (real)1;
+                const real kd = rlx_exp(last - gam[t * gw + (per_channel ? i : 0)]) * LOAD(k, key * K + i) * rk;
                 PRAGMA_UNROLL
                 for (int cj = 0; cj < GDN_PJ; ++cj)
-                    if (jc0 + jb * GDN_PJ + cj < N)
+                    if (jc0 + jb * GDN_PJ + cj < V)
                         s[cj] += kd * ul[t * rc + jb * GDN_PJ + cj];
             }
         }
@@ -538,41 +680,46 @@ KERNEL gated_delta_net_state_pass(i64 B, i64 S, i64 HD, i64 N, int per_channel, 
         PRAGMA_UNROLL
         for (int cj = 0; cj < GDN_PJ; ++cj) {
             const i64 j = jc0 + jb * GDN_PJ + cj;
-            if (j < N)
-                STORE(st, i * N + j, s[cj]);
+            if (j < V)
+                store_any(st, i * V + j, st_real, s[cj]);
         }
 }
 
-KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 HD, i64 N, int per_channel,
-                                 GLOBAL uchar* qb, i64 qo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* gmb, i64 gmo,
-                                 GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
+                                 int varlen, GLOBAL uchar* cb, i64 co, real scale,
+                                 GLOBAL uchar* qb, i64 qo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* nb, i64 no,
+                                 GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo,
+                                 GLOBAL uchar* hb, i64 ho)
 {
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
-    const i64 tiles = (N + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
+    const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
     GDN_CHUNK_GROUP(GROUP(0) / tiles);
+    if (steps == 0)
+        return;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
-    GLOBAL const real* um = AT(real, ub, uo) + bhc * GDN_Q * N;
-    GLOBAL const real* states = AT(real, hb, ho) + bhc * N * N;
+    GLOBAL const real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
+    GLOBAL const real* states = AT(real, hb, ho) + bhc * K * V;
+    GLOBAL const real* nrm = AT(real, nb, no);
     const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */
-    const real scale = (real)1 / sqrt((real)N);
     real y[GDN_OY];
     PRAGMA_UNROLL
     for (int r = 0; r < GDN_OY; ++r)
         y[r] = (real)0;
     /* (exp(G[t]) q[t]) S0 */
-    for (i64 i0 = 0; i0 < N; i0 += GDN_NT) {
+    for (i64 i0 = 0; i0 < K; i0 += GDN_NT) {
         BARRIER(); /* the previous tile's readers are done */
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int t = e / GDN_NT, ii = e - t * GDN_NT;
-            const i64 i = i0 + ii;
-            qt[t * GDN_NTP + ii] = t < steps && i < N
-                ? LOAD(q, ((bt * S + t0 + t) * HD + hh) * N + i) * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0;
+            const i64 i = i0 + ii, key = (t0 + t) * H + kh;
+            qt[t * GDN_NTP + ii] = t < steps && i < K
+                ? LOAD(q, key * K + i) * (GDN_V2 && qk_norm ? nrm[2 * key] : (real)1)
+                      * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0;
         }
         for (int e = lane; e < GDN_NT * GDN_OT; e += GDN_LANES) {
             const int ii = e / GDN_OT, jc = e - ii * GDN_OT;
-            hl[ii * GDN_OTP + jc] = i0 + ii < N && j0 + jc < N ? states[(i0 + ii) * N + j0 + jc] : (real)0;
+            hl[ii * GDN_OTP + jc] = i0 + ii < K && j0 + jc < V ? states[(i0 + ii) * V + j0 + jc] : (real)0;
         }
         BARRIER();
         for (int ii = 0; ii < GDN_NT; ++ii) {
@@ -590,18 +737,18 @@ KERNEL gated_delta_net_chunk_out(i64 B, i64 S, i64 HD, i64 N, int per_channel,
     }
     for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
         const int t = e / GDN_OT, jc = e - t * GDN_OT;
-        if (t < steps && j0 + jc < N)
-            ul[t * GDN_OTP + jc] = um[t * N + j0 + jc];
+        if (t < steps && j0 + jc < V)
+            ul[t * GDN_OTP + jc] = um[t * V + j0 + jc];
     }
     BARRIER();
     PRAGMA_UNROLL
     for (int r = 0; r < GDN_OY; ++r) {
         const int t = ty + r * GDN_TS;
-        if (t < steps && j0 + jj < N) {
+        if (t < steps && j0 + jj < V) {
             real x = y[r];
             for (int s = 0; s <= t; ++s)
                 x += pl[t * GDN_QP + s] * ul[s * GDN_OTP + jj];
-            STORE(dst, ((bt * S + t0 + t) * HD + hh) * N + j0 + jj, scale * x);
+            STORE(dst, ((t0 + t) * HV + vh) * V + j0 + jj, scale * x);
         }
     }
 }

@@ -1,16 +1,82 @@
-/* Recurrent family (ABI.md §3): the input projection runs first as body.cl's gemm over all timesteps
- * (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence (the cpu
- * target's persistent kernel projects the input itself).
- * Per layer, the directions' blocks are consecutive: xw [dirs][B*S][G*H], w_hh [dirs][G*H][H],
- * b_hh [dirs][G*H], state [dirs][B][H].
- * A program holds one op: RNN_GATES, the gate count G (4 lstm, 3 gru, 1 rnn), is a compile-time variant
- * of the launch (launches/rnn.py), so every gate loop has a constant trip count and the cell has no
- * branch on the op. */
+/* Recurrent family (ABI.md §3, and §8's fields): the input projection runs first as body.cl's gemm over
+ * all timesteps (xw, compute type, bias folded in except GRU's b_hh); these kernels run the recurrence
+ * (the cpu target's persistent kernel projects the input itself).
+ * Per layer, the directions' blocks are consecutive: xw [dirs][B*S][G*H], w_hh [dirs][G*H][K],
+ * b_hh [dirs][G*H], h [dirs][B][K], c [dirs][B][H], where K (the width of h) is lstm's proj_size P
+ * with a projection and H otherwise.
+ * A program holds one op and one combination of its optional fields: RNN_GATES, the gate count G (4 lstm,
+ * 3 gru, 1 rnn), the activation of every slot and direction (RNN_ACT_<slot><dir>) and the RNN_<field>
+ * flags below are compile-time variants of the launch (launches/rnn.py `variant`), so every gate loop has
+ * a constant trip count and the cell has no branch on the op, its activations or its fields. The values
+ * a field carries (clip, activation alpha and beta, seq_lens, peepholes, W_hr) are kernel arguments. */
 
 #if RNN_GATES != 4 && RNN_GATES != 3 && RNN_GATES != 1
 #error "RNN_GATES (a launch define: the op's gate count) must be 4 (lstm), 3 (gru) or 1 (rnn)"
 #endif
 #define RNN_HAS_CELL (RNN_GATES == 4) /* lstm carries a cell state c beside h */
+
+/* The optional fields (0: absent, ABI.md §3's meaning). */
+#ifndef RNN_LENS
+#define RNN_LENS 0 /* seq_lens: row b runs lens[b] steps; the step kernels visit rows longest first */
+#endif
+#ifndef RNN_CLIP
+#define RNN_CLIP 0 /* clip: every gate pre-activation clamped to [-clip, clip] */
+#endif
+#ifndef RNN_PEEP
+#define RNN_PEEP 0 /* lstm peepholes */
+#endif
+#ifndef RNN_IFG
+#define RNN_IFG 0 /* lstm input_forget: f = 1 - i */
+#endif
+#ifndef RNN_PROJ
+#define RNN_PROJ 0 /* lstm proj_size: h = W_hr (o * h(c)), width K = P */
+#endif
+#ifndef RNN_LBR0
+#define RNN_LBR0 0 /* gru linear_before_reset false: n = g(W_in x + b_in + W_hn (r * h) + b_hn), two phases a step */
+#endif
+#if (RNN_PEEP || RNN_IFG || RNN_PROJ) && RNN_GATES != 4
+#error "RNN_PEEP, RNN_IFG and RNN_PROJ are lstm variants (RNN_GATES 4)"
+#endif
+#if RNN_LBR0 && RNN_GATES != 3
+#error "RNN_LBR0 is a gru variant (RNN_GATES 3)"
+#endif
+
+/* Activation codes (ABI.md §8's names, in launches/rnn.py ACTIVATIONS order). */
+#define RNN_ACT_SIGMOID 0
+#define RNN_ACT_TANH 1
+#define RNN_ACT_RELU 2
+#define RNN_ACT_AFFINE 3
+#define RNN_ACT_LEAKY_RELU 4
+#define RNN_ACT_THRESHOLDED_RELU 5
+#define RNN_ACT_SCALED_TANH 6
+#define RNN_ACT_HARD_SIGMOID 7
+#define RNN_ACT_ELU 8
+#define RNN_ACT_SOFTSIGN 9
+#define RNN_ACT_SOFTPLUS 10
+/* Each slot's activation per direction (f drives lstm i, f, o / gru r, z / rnn's one; g the candidate;
+ * h lstm's output o * h(c)); unset: §3's, and direction 1 as direction 0. */
+#ifndef RNN_ACT_F0
+#if RNN_GATES == 1
+#define RNN_ACT_F0 RNN_ACT_TANH
+#else
+#define RNN_ACT_F0 RNN_ACT_SIGMOID
+#endif
+#endif
+#ifndef RNN_ACT_G0
+#define RNN_ACT_G0 RNN_ACT_TANH
+#endif
+#ifndef RNN_ACT_H0
+#define RNN_ACT_H0 RNN_ACT_TANH
+#endif
+#ifndef RNN_ACT_F1
+#define RNN_ACT_F1 RNN_ACT_F0
+#endif
+#ifndef RNN_ACT_G1
+#define RNN_ACT_G1 RNN_ACT_G0
+#endif
+#ifndef RNN_ACT_H1
+#define RNN_ACT_H1 RNN_ACT_H0
+#endif
 
 INLINE_FN real rnn_sigmoid(real x) { return (real)1 / ((real)1 + rlx_exp(-x)); }
 /* tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)), odd-series near 0 where that form loses precision. */
@@ -24,36 +90,178 @@ INLINE_FN real rnn_tanh(real x)
     return x < (real)0 ? -t : t;
 }
 
-/* The cell's nonlinearities, one function per activation slot (ABI.md's names): f drives the gates
- * (lstm i, f, o; gru r, z; rnn's only one, tanh or relu by the launch's flag), g the candidate (lstm's
- * cell input, gru's n), h lstm's output o * h(c). */
-INLINE_FN real rnn_act_f(real v, int relu)
+/* Activation `code` (a compile-time constant at every call, so the switch folds away) with its alpha a and
+ * beta b. */
+INLINE_FN real rnn_act(int code, real v, real a, real b)
 {
-#if RNN_GATES == 1
-    return relu ? (v < (real)0 ? (real)0 : v) : rnn_tanh(v);
+    switch (code) {
+    case RNN_ACT_SIGMOID: return rnn_sigmoid(v);
+    case RNN_ACT_TANH: return rnn_tanh(v);
+    case RNN_ACT_RELU: return v < (real)0 ? (real)0 : v;
+    case RNN_ACT_AFFINE: return a * v + b;
+    case RNN_ACT_LEAKY_RELU: return v >= (real)0 ? v : a * v;
+    case RNN_ACT_THRESHOLDED_RELU: return v > a ? v : (real)0;
+    case RNN_ACT_SCALED_TANH: return a * rnn_tanh(b * v);
+    case RNN_ACT_HARD_SIGMOID: {
+        const real y = a * v + b;
+        return y < (real)0 ? (real)0 : (y > (real)1 ? (real)1 : y);
+    }
+    case RNN_ACT_ELU: return v >= (real)0 ? v : a * (rlx_exp(v) - (real)1);
+    case RNN_ACT_SOFTSIGN: return v / ((real)1 + (v < (real)0 ? -v : v));
+    default: /* softplus, log(1 + e^v) = max(v, 0) + log1p(e^-|v|): no overflow */
+        return (v > (real)0 ? v : (real)0) + log1p(rlx_exp(v > (real)0 ? -v : v));
+    }
+}
+
+/* What a cell needs besides its sums: the direction's alpha and beta of slots f, g, h (ab[2*slot],
+ * ab[2*slot+1]), clip, and the direction (which picks each slot's activation). */
+typedef struct {
+    real ab[6];
+    real clip;
+    int dir;
+} rnn_params;
+
+INLINE_FN rnn_params rnn_params_of(int dir, real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                                   real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
+{
+    rnn_params p;
+    p.ab[0] = dir ? a_f1 : a_f0;
+    p.ab[1] = dir ? b_f1 : b_f0;
+    p.ab[2] = dir ? a_g1 : a_g0;
+    p.ab[3] = dir ? b_g1 : b_g0;
+    p.ab[4] = dir ? a_h1 : a_h0;
+    p.ab[5] = dir ? b_h1 : b_h0;
+    p.clip = clip;
+    p.dir = dir;
+    return p;
+}
+
+/* Slot `slot` (0 f, 1 g, 2 h) of the cell: code0 at direction 0, code1 at direction 1. */
+INLINE_FN real rnn_slot(int code0, int code1, int slot, real v, const rnn_params* p)
+{
+    const real a = p->ab[2 * slot], b = p->ab[2 * slot + 1];
+    return (code0 == code1 || !p->dir) ? rnn_act(code0, v, a, b) : rnn_act(code1, v, a, b);
+}
+INLINE_FN real rnn_f(real v, const rnn_params* p) { return rnn_slot(RNN_ACT_F0, RNN_ACT_F1, 0, v, p); }
+INLINE_FN real rnn_g(real v, const rnn_params* p) { return rnn_slot(RNN_ACT_G0, RNN_ACT_G1, 1, v, p); }
+INLINE_FN real rnn_h(real v, const rnn_params* p) { return rnn_slot(RNN_ACT_H0, RNN_ACT_H1, 2, v, p); }
+
+/* A gate pre-activation clamped to [-clip, clip] (NaN kept), with RNN_CLIP. */
+INLINE_FN real rnn_clip(real v, const rnn_params* p)
+{
+#if RNN_CLIP
+    return v < -p->clip ? -p->clip : (v > p->clip ? p->clip : v);
 #else
-    return rnn_sigmoid(v);
+    return v;
 #endif
 }
-INLINE_FN real rnn_act_g(real v) { return rnn_tanh(v); }
-INLINE_FN real rnn_act_h(real v) { return rnn_tanh(v); }
 
-/* One unit's new h from its gate pre-activations in the op's gate order: xz = W_ih x + bias (input side),
- * hz = W_hh h (+ b_hh for gru; recurrent side). h is the unit's previous output (gru); *c its cell state
- * (lstm), read and updated. */
-INLINE_FN real rnn_cell(const real* xz, const real* hz, real h, real* c, int relu)
+/* gru's new h from the candidate's pre-activation zn and the update gate z. */
+INLINE_FN real rnn_gru_out(real zn, real z, real h, const rnn_params* p)
+{
+    return ((real)1 - z) * rnn_g(rnn_clip(zn, p), p) + z * h;
+}
+
+/* One unit's step from its gate pre-activations in the op's gate order: xz = W_ih x + bias (input side),
+ * hz = W_hh h (+ b_hh for gru; recurrent side), h the unit's previous output (gru), pp its peepholes
+ * (i, o, f; RNN_PEEP). Returns what the step stores for the unit: its new h; lstm's o * h(c) before the
+ * projection with RNN_PROJ; gru's r * h in phase 0 of RNN_LBR0. *c is read and updated: lstm's cell, or
+ * RNN_LBR0's update gate z (phase 0 writes it, phase 1 reads it, where hz[2] = W_hn (r * h) + b_hn). */
+INLINE_FN real rnn_unit(const real* xz, const real* hz, real h, real* c, const real* pp, const rnn_params* p, int phase)
 {
 #if RNN_GATES == 4
-    const real i = rnn_act_f(xz[0] + hz[0], relu), f = rnn_act_f(xz[1] + hz[1], relu);
-    const real g = rnn_act_g(xz[2] + hz[2]), o = rnn_act_f(xz[3] + hz[3], relu);
-    *c = f * *c + i * g;
-    return o * rnn_act_h(*c);
-#elif RNN_GATES == 3
-    const real r = rnn_act_f(xz[0] + hz[0], relu), z = rnn_act_f(xz[1] + hz[1], relu);
-    const real n = rnn_act_g(xz[2] + r * hz[2]); /* the reset scales W_hn h + b_hn */
-    return ((real)1 - z) * n + z * h;
+    real zi = xz[0] + hz[0], zf = xz[1] + hz[1], zo = xz[3] + hz[3];
+#if RNN_PEEP
+    zi += pp[0] * *c;
+    zf += pp[2] * *c;
+#endif
+    const real i = rnn_f(rnn_clip(zi, p), p);
+#if RNN_IFG
+    const real f = (real)1 - i;
 #else
-    return rnn_act_f(xz[0] + hz[0], relu);
+    const real f = rnn_f(rnn_clip(zf, p), p);
+#endif
+    *c = f * *c + i * rnn_g(rnn_clip(xz[2] + hz[2], p), p);
+#if RNN_PEEP
+    zo += pp[1] * *c; /* the output gate sees the new cell */
+#endif
+    return rnn_f(rnn_clip(zo, p), p) * rnn_h(*c, p);
+#elif RNN_GATES == 3
+#if RNN_LBR0
+    if (phase == 0) {
+        *c = rnn_f(rnn_clip(xz[1] + hz[1], p), p);
+        return rnn_f(rnn_clip(xz[0] + hz[0], p), p) * h;
+    }
+    return rnn_gru_out(xz[2] + hz[2], *c, h, p);
+#else
+    const real r = rnn_f(rnn_clip(xz[0] + hz[0], p), p), z = rnn_f(rnn_clip(xz[1] + hz[1], p), p);
+    return rnn_gru_out(xz[2] + r * hz[2], z, h, p); /* the reset scales W_hn h + b_hn */
+#endif
+#else
+    return rnn_f(rnn_clip(xz[0] + hz[0], p), p);
+#endif
+}
+
+/* Whether a step's value goes to aux (lstm's o * h(c) awaiting the projection; gru's r * h awaiting
+ * phase 1) rather than to h and the output. */
+INLINE_FN int rnn_to_aux(int phase)
+{
+#if RNN_PROJ
+    return 1;
+#elif RNN_LBR0
+    return phase == 0;
+#else
+    return 0;
+#endif
+}
+
+/* The gates a step sums (g0 .. g0+ng-1): all but with RNN_LBR0, whose phase 0 takes r, z and phase 1 n. */
+INLINE_FN int rnn_first_gate(int phase) { return RNN_LBR0 * (phase ? 2 : 0); }
+/* Whether a step sums aux (r * h: phase 1 of RNN_LBR0) rather than h. */
+INLINE_FN int rnn_sums_aux(int phase) { return RNN_LBR0 * phase; }
+INLINE_FN int rnn_gate_count(int phase) { return RNN_LBR0 ? (phase ? 1 : 2) : RNN_GATES; }
+
+/* Row b's steps (seq_lens with RNN_LENS, else S) and the time index of its step t: direction 1 and
+ * `reverse` walk their steps backwards. */
+INLINE_FN i64 rnn_len(GLOBAL const int* lens, i64 b, i64 S) { return RNN_LENS ? (i64)lens[b] : S; }
+INLINE_FN i64 rnn_time(i64 t, int back, i64 len) { return back ? len - 1 - t : t; }
+
+/* The batch row at position pos of the step kernels' order: ord[pos] (the rows longest first, rnn_order) with
+ * RNN_LENS, else pos. */
+INLINE_FN i64 rnn_row(i64 pos, GLOBAL const int* ord)
+{
+#if RNN_LENS
+    return (i64)ord[pos];
+#else
+    return pos;
+#endif
+}
+
+/* The batch rows of a block of nb from position b0 at step t: rows[r] = ord[b0 + r] (the rows longest first,
+ * rnn_order) with RNN_LENS, else b0 + r. Returns how many lead the block and still run at t (positions
+ * past B or finished rows end it); the others repeat rows[0], so their sums are a live row's and dropped. */
+INLINE_FN int rnn_rows(i64* rows, int nb, i64 b0, i64 B, i64 t, GLOBAL const int* lens, GLOBAL const int* ord)
+{
+    int n = 0;
+    PRAGMA_UNROLL
+    for (int r = 0; r < nb; ++r) {
+        const i64 pos = b0 + r < B ? b0 + r : B - 1;
+        rows[r] = rnn_row(pos, ord);
+        n += b0 + r < B && n == r && rnn_len(lens, rows[r], t + 1) > t; /* without RNN_LENS every row runs */
+    }
+    PRAGMA_UNROLL
+    for (int r = 1; r < nb; ++r)  /* constant indices: rows stays in registers */
+        rows[r] = r < n ? rows[r] : rows[0];
+    return n;
+}
+
+/* The peepholes of unit j (RNN_PEEP; row [3H] of the layer-direction, order i, o, f). */
+INLINE_FN void rnn_peepholes(real* pp, GLOBAL const uchar* peep, i64 j, i64 H)
+{
+#if RNN_PEEP
+    PRAGMA_UNROLL
+    for (int k = 0; k < 3; ++k)
+        pp[k] = LOAD(peep, k * H + j);
 #endif
 }
 
@@ -65,65 +273,75 @@ INLINE_FN void rnn_input_gates(real* xz, GLOBAL const real* xw, i64 row, i64 j, 
         xz[g] = xw[row * RNN_GATES * H + (i64)g * H + j];
 }
 
-/* Unit j of batch row b at step tt from its gate pre-activations: the cell, then its c (cst) and h
- * (hout, both [B][H] at `at` = b*H + j) and the output element out_at stored (o_real: out is scratch in
- * the compute type, else arena storage). */
-INLINE_FN void rnn_unit_out(const real* xz, const real* hz, int relu, i64 at, GLOBAL const real* hin,
-                            GLOBAL real* hout, GLOBAL real* cst, GLOBAL uchar* out, i64 out_at, int o_real)
-{
-    real c = cst[at];
-    const real h = rnn_cell(xz, hz, hin[at], &c, relu);
-    cst[at] = c;
-    hout[at] = h;
-    store_any(out, out_at, o_real, h);
-}
-
-/* wT[dir][q][g][j] = W[dir][g*H+j][q] in the compute type (j padded to HP with zeros) for a weight of
- * G*H rows of K (W_hh: K = H; W_ih: K = the layer's input size), once per layer, so that the step
- * kernels read contiguous runs of units. Rows are G*HP + RNN_WPAD reals apart: the pad keeps a run's
- * successive rows off one cache set (a 4 KiB stride aliases in L1). */
-KERNEL rnn_w_t(i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* tb, i64 to)
+/* wT[dir][q][g][j] = W[dir][g*H+j][q] in the compute type (j padded to HP with zeros) for a weight of ng*H
+ * rows of K (W_hh: ng = G, K = the width of h; W_ih: ng = G, K = the layer's input size; W_hr: ng = 1, H = P,
+ * K = hidden), once per layer, so that the step kernels read contiguous runs of units. Rows are
+ * ng*HP + RNN_WPAD reals apart: the pad keeps a run's successive rows off one cache set (a 4 KiB stride
+ * aliases in L1). */
+KERNEL rnn_w_t(int ng, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* tb, i64 to)
 {
     const i64 col = GID(0), dir = GID(2);
-    if (col >= RNN_GATES * HP)
+    if (col >= ng * HP)
         return;
     const i64 g = col / HP, j = col - g * HP;
     GLOBAL const uchar* w = AT(uchar, wb, wo);
     GLOBAL real* wt = AT(real, tb, to);
     for (i64 q = GID(1); q < K; q += GSIZE(1))  /* rows past grid y (capped at the gpu target) */
-        wt[(dir * K + q) * (RNN_GATES * HP + RNN_WPAD) + col] =
-            j < H ? LOAD(w, (dir * RNN_GATES * H + g * H + j) * K + q) : (real)0;
+        wt[(dir * K + q) * (ng * HP + RNN_WPAD) + col] = j < H ? LOAD(w, (dir * ng * H + g * H + j) * K + q) : (real)0;
 }
 
-/* The per-step kernel: h_out = cell(xw_t + h_in . W_hh^T (+ b_hh)) for one timestep, over
- * whT [dirs][H][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros).
- * h ping-pongs between hin and hout. Both target shapes share the arguments. */
+/* One unit's step (rnn_unit) for batch row b, unit j, from its gate pre-activations, and its stores: the cell
+ * (or RNN_LBR0's z) at cst[b*H + j]; the value at aux[b*H + j], or at hout[b*K + j] and as the output element
+ * (b*S + tt)*o_rs + o_col + j of out (o_real: out is scratch in the compute type, else arena storage). */
+INLINE_FN void rnn_unit_out(const real* xz, const real* hz, int phase, i64 b, i64 j, i64 tt, i64 S, i64 H, i64 K,
+                            GLOBAL const uchar* peep, const rnn_params* p, GLOBAL const real* hin, GLOBAL real* hout,
+                            GLOBAL real* cst, GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs)
+{
+    real pp[3];
+    rnn_peepholes(pp, peep, j, H);
+    real c = cst[b * H + j];
+    const real v = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j], &c, pp, p, phase);
+    cst[b * H + j] = c;
+    if (rnn_to_aux(phase)) {
+        aux[b * H + j] = v;
+        return;
+    }
+    hout[b * K + j] = v;
+    store_any(out, (b * S + tt) * o_rs + o_col + j, o_real, v);
+}
+
+/* The per-step kernel: h_out = cell(xw_t + v . W_hh^T (+ b_hh)) for one timestep, over
+ * whT [dirs][K][G*HP + RNN_WPAD] (each gate's row padded to HP, a multiple of RNN_JB, with zeros), where the
+ * summed vector v is h (hin), or r * h (aux) in phase 1 of RNN_LBR0. h ping-pongs between hin and hout; rows
+ * whose steps have run out (RNN_LENS) are skipped, and since the rows are visited longest first
+ * (ord, from rnn_order) whole blocks of them are. Both target shapes share the arguments. */
 
 #ifdef RLX_TARGET_GPU
 #if RNN_JB % RNN_GU != 0 || RNN_GK < RNN_RB
 #error "rnn gpu tuning: RNN_JB must be a multiple of RNN_GU and RNN_GK at least RNN_RB"
 #endif
-/* gpu target: item (u, slice)'s share of unit j's recurrent sums for RNN_RB batch rows (rows[r]):
- * acc[r*G + g] = sum over q = slice, slice + RNN_GK, ... < H of hin[rows[r]][q] * wT[q][g*HP + j], so a
- * warp reads runs of RNN_GU consecutive whT reals (coalesced) and each weight serves RNN_RB rows. */
-INLINE_FN void rnn_gpu_partial_sums(real* acc, const i64* rows, int slice, i64 j, i64 H, i64 HP,
-                                    GLOBAL const real* wt, GLOBAL const real* hin)
+/* gpu target: item (u, slice)'s share of unit j's recurrent sums for RNN_RB batch rows (rows[r]), gates
+ * g0 .. g0+ng-1: acc[r*G + g] = sum over q = slice, slice + RNN_GK, ... < K of v[rows[r]][q] * wT[q][g*HP + j],
+ * so a warp reads runs of RNN_GU consecutive whT reals (coalesced) and each weight serves RNN_RB rows. */
+INLINE_FN void rnn_gpu_partial_sums(real* acc, const i64* rows, int slice, int g0, int ng, i64 j, i64 K, i64 HP,
+                                    GLOBAL const real* wt, GLOBAL const real* v)
 {
     PRAGMA_UNROLL
     for (int k = 0; k < RNN_RB * RNN_GATES; ++k)
         acc[k] = (real)0;
-    for (i64 q = slice; q < H; q += RNN_GK) {
+    for (i64 q = slice; q < K; q += RNN_GK) {
         GLOBAL const real* wq = wt + q * (RNN_GATES * HP + RNN_WPAD) + j;
         real w[RNN_GATES];
         PRAGMA_UNROLL
         for (int g = 0; g < RNN_GATES; ++g)
-            w[g] = wq[g * HP];
+            w[g] = g >= g0 && g < g0 + ng ? wq[g * HP] : (real)0;
         PRAGMA_UNROLL
         for (int r = 0; r < RNN_RB; ++r) {
-            const real hv = hin[rows[r] * H + q];
+            const real hv = v[rows[r] * K + q];
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g)
-                acc[r * RNN_GATES + g] += hv * w[g];
+                if (g >= g0 && g < g0 + ng)
+                    acc[r * RNN_GATES + g] += hv * w[g];
         }
     }
 }
@@ -147,16 +365,16 @@ INLINE_FN void rnn_gpu_partial_sums(real* acc, const i64* rows, int slice, i64 j
 #endif
 
 /* cpu target: acc[(r*G + g)*RNN_JB + u] = (has_bias ? bias[g*H + j0+u] : 0) + sum_{q<K} v_r[q] wT[q][g*HP + j0+u]
- * for nr <= RNN_RB_MAX rows, every gate and nj <= RNN_JB units from j0, where v_r[q] = v[rows[r]*v_rs + v_at + q]
- * (scratch in the compute type, or arena storage: v_real). A rank-1 update per q: a contiguous run of a
- * staged transpose's row (rows G*HP + RNN_WPAD reals apart) shared by the nr rows, each row's value
- * broadcast. The loops run to the compile-time maxima with nr and nj as guards, constants at every
- * call: PoCL unrolls the loops before a call's constants reach them (bounded by nr and nj they stayed
+ * for nr <= RNN_RB_MAX rows, gates g0 .. g0+ng-1 and nj <= RNN_JB units from j0, where
+ * v_r[q] = v[rows[r]*v_rs + v_at + q] (scratch in the compute type, or arena storage: v_real). A rank-1 update
+ * per q: a contiguous run of a staged transpose's row (rows wrow reals apart) shared by the nr rows, each row's
+ * value broadcast. The loops run to the compile-time maxima with nr, g0, ng and nj as guards, constants at
+ * every call: PoCL unrolls the loops before a call's constants reach them (bounded by nr and nj they stayed
  * loops: gru's prefill 1.45x, rnn's 1.9x slower), so literal trip counts unroll, the guards fold once
  * inlined, the sums stay in registers and the runs become vector loads and FMAs. */
-INLINE_FN void rnn_rank1_sums(real* acc, int nr, int nj, i64 j0, i64 H, i64 HP, GLOBAL const uchar* bias,
-                              int has_bias, GLOBAL const real* wT, i64 K, GLOBAL const uchar* v, const i64* rows,
-                              i64 v_rs, i64 v_at, int v_real)
+INLINE_FN void rnn_rank1_sums(real* acc, int nr, int g0, int ng, int nj, i64 j0, i64 H, i64 HP, i64 wrow,
+                              GLOBAL const uchar* bias, int has_bias, GLOBAL const real* wT, i64 K, GLOBAL const uchar* v,
+                              const i64* rows, i64 v_rs, i64 v_at, int v_real)
 {
     PRAGMA_UNROLL
     for (int r = 0; r < RNN_RB_MAX; ++r)
@@ -164,7 +382,7 @@ INLINE_FN void rnn_rank1_sums(real* acc, int nr, int nj, i64 j0, i64 H, i64 HP, 
         for (int g = 0; g < RNN_GATES; ++g)
             PRAGMA_UNROLL
             for (int u = 0; u < RNN_JB; ++u)
-                if (r < nr && u < nj)
+                if (r < nr && g >= g0 && g < g0 + ng && u < nj)
                     acc[(r * RNN_GATES + g) * RNN_JB + u] = (has_bias && j0 + u < H) ? LOAD(bias, g * H + j0 + u) : (real)0;
     GLOBAL const real* wq = wT + j0;
     for (i64 q = 0; q < K; ++q) {
@@ -173,9 +391,9 @@ INLINE_FN void rnn_rank1_sums(real* acc, int nr, int nj, i64 j0, i64 H, i64 HP, 
         for (int g = 0; g < RNN_GATES; ++g)
             PRAGMA_UNROLL
             for (int u = 0; u < RNN_JB; ++u)
-                if (u < nj)
+                if (g >= g0 && g < g0 + ng && u < nj)
                     w[g * RNN_JB + u] = wq[g * HP + u];
-        wq += RNN_GATES * HP + RNN_WPAD;
+        wq += wrow;
         PRAGMA_UNROLL
         for (int r = 0; r < RNN_RB_MAX; ++r)
             if (r < nr)
@@ -186,63 +404,72 @@ INLINE_FN void rnn_rank1_sums(real* acc, int nr, int nj, i64 j0, i64 H, i64 HP, 
             for (int g = 0; g < RNN_GATES; ++g)
                 PRAGMA_UNROLL
                 for (int u = 0; u < RNN_JB; ++u)
-                    if (r < nr && u < nj)
+                    if (r < nr && g >= g0 && g < g0 + ng && u < nj)
                         acc[(r * RNN_GATES + g) * RNN_JB + u] += vq[r] * w[g * RNN_JB + u];
     }
 }
 
-/* cpu target: the cells of nr batch rows from b0 (those past B skipped) and nj units from j0 < H at step
- * tt, from their recurrent sums acc (rnn_rank1_sums' layout) and xw; c, h and the output (element
- * (b*S + tt)*o_rs + o_col + j of out) stored. A full run of units is straight-line code per unit, so
- * its nj cells vectorize across units; a run past H goes unit by unit. */
-INLINE_FN void rnn_cells(const real* acc, int nr, int nj, i64 b0, i64 j0, i64 tt, int relu, i64 B, i64 S, i64 H,
-                         GLOBAL const real* xw, GLOBAL const real* hin, GLOBAL real* hout, GLOBAL real* cst,
-                         GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs)
+/* cpu target: m units from j0 of batch row b (the block's row r) at time tt, from their recurrent sums acc
+ * (rnn_rank1_sums' layout) and xw, stored as rnn_unit_out stores them. Called with a literal m for a full
+ * run of units, so its m cells are straight-line code that vectorizes across units. */
+INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, i64 tt, i64 S, i64 H, i64 K,
+                       GLOBAL const real* xw, GLOBAL const uchar* peep, const rnn_params* p, GLOBAL const real* hin,
+                       GLOBAL real* hout, GLOBAL real* cst, GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col,
+                       i64 o_rs)
 {
-    for (int r = 0; r < nr; ++r) {
-        const i64 b = b0 + r;
-        if (b >= B)
-            break;
-        if (j0 + nj <= H) {
-            GLOBAL const real* xr = xw + (b * S + tt) * RNN_GATES * H + j0;
-            GLOBAL real* cr = cst + b * H + j0;
-            GLOBAL const real* hr = hin + b * H + j0;
-            real hv[RNN_JB];
-            for (int u = 0; u < nj; ++u) {
-                real xz[RNN_GATES], hz[RNN_GATES];
-                PRAGMA_UNROLL
-                for (int g = 0; g < RNN_GATES; ++g) {
-                    xz[g] = xr[g * H + u];
-                    hz[g] = acc[(r * RNN_GATES + g) * RNN_JB + u];
-                }
-                real c = cr[u];
-                hv[u] = rnn_cell(xz, hz, hr[u], &c, relu);
-                cr[u] = c;
-            }
-            PRAGMA_UNROLL
-            for (int u = 0; u < nj; ++u)
-                hout[b * H + j0 + u] = hv[u];
-            for (int u = 0; u < nj; ++u)
-                store_any(out, (b * S + tt) * o_rs + o_col + j0 + u, o_real, hv[u]);
-            continue;
+    const int g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
+    GLOBAL const real* xr = xw + (b * S + tt) * RNN_GATES * H + j0;
+    GLOBAL real* cr = cst + b * H + j0;
+    real hv[RNN_JB];
+    for (int u = 0; u < m; ++u) {
+        real xz[RNN_GATES], hz[RNN_GATES], pp[3];
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g) {
+            xz[g] = xr[g * H + u];
+            hz[g] = g >= g0 && g < g0 + ng ? acc[(r * RNN_GATES + g) * RNN_JB + u] : (real)0;
         }
-        for (int u = 0; u < nj && j0 + u < H; ++u) {
-            const i64 j = j0 + u;
-            real xz[RNN_GATES], hz[RNN_GATES];
-            rnn_input_gates(xz, xw, b * S + tt, j, H);
-            PRAGMA_UNROLL
-            for (int g = 0; g < RNN_GATES; ++g)
-                hz[g] = acc[(r * RNN_GATES + g) * RNN_JB + u];
-            rnn_unit_out(xz, hz, relu, b * H + j, hin, hout, cst, out, (b * S + tt) * o_rs + o_col + j, o_real);
-        }
+        rnn_peepholes(pp, peep, j0 + u, H);
+        real c = cr[u];
+        hv[u] = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j0 + u], &c, pp, p, phase);
+        cr[u] = c;
+    }
+    GLOBAL real* vr = rnn_to_aux(phase) ? aux + b * H + j0 : hout + b * K + j0;
+    PRAGMA_UNROLL
+    for (int u = 0; u < m; ++u)
+        vr[u] = hv[u];
+    if (!rnn_to_aux(phase))
+        for (int u = 0; u < m; ++u)
+            store_any(out, (b * S + tt) * o_rs + o_col + j0 + u, o_real, hv[u]);
+}
+
+/* cpu target: the cells of the block's first n rows (rows[r]) and nj units from j0 < H at step t (rnn_run). */
+INLINE_FN void rnn_cells(const real* acc, const i64* rows, int n, int nj, i64 j0, i64 t, int back, int phase, i64 S,
+                         i64 H, i64 K, GLOBAL const int* lens, GLOBAL const real* xw, GLOBAL const uchar* peep,
+                         const rnn_params* p, GLOBAL const real* hin, GLOBAL real* hout, GLOBAL real* cst,
+                         GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs)
+{
+    for (int r = 0; r < n; ++r) {
+        const i64 b = rows[r], tt = rnn_time(t, back, rnn_len(lens, b, S));
+        if (j0 + nj <= H)
+            rnn_run(acc, r, nj, phase, b, j0, tt, S, H, K, xw, peep, p, hin, hout, cst, aux, out, o_real, o_col, o_rs);
+        else
+            rnn_run(acc, r, (int)(H - j0), phase, b, j0, tt, S, H, K, xw, peep, p, hin, hout, cst, aux, out, o_real,
+                    o_col, o_rs);
     }
 }
 #endif
 
-KERNEL rnn_step(int relu, i64 B, i64 S, i64 H, i64 t,
+/* rnn_step: one timestep t of both directions. phase (RNN_LBR0 only): 0 sums r, z over h and stores z (cst)
+ * and r * h (aux); 1 sums n over r * h and finishes the step. aux also receives lstm's o * h(c) with RNN_PROJ
+ * (rnn_proj then makes h and the output). ord: the rows longest first (RNN_LENS). The last arguments, shared
+ * with rnn_persist: seq_lens (int32 [B], arena; RNN_LENS), the layer-direction's peepholes (RNN_PEEP), clip
+ * (RNN_CLIP), and alpha, beta of the activation slots f, g, h of direction 0, then of direction 1. */
+KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
                 GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
-                GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co,
-                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+                GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* ab, i64 ao,
+                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* rb_, i64 ro, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
 #ifdef RLX_TARGET_GPU
     LOCAL real part[RNN_GK][RNN_RB][RNN_GATES][RNN_GU];
@@ -255,91 +482,190 @@ KERNEL rnn_step(int relu, i64 B, i64 S, i64 H, i64 t,
 #endif
     const i64 dir = GROUP(2), HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
     GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * RNN_GATES * H * (i64)sizeof(real));
-    GLOBAL const real* wt = AT(real, wtb, wto + dir * (RNN_GATES * HP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * (RNN_GATES * HP + RNN_WPAD) * K * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * RNN_GATES * H * (i64)sizeof(store_t));
-    GLOBAL const real* hin = AT(real, hib, hio + dir * B * H * (i64)sizeof(real));
-    GLOBAL real* hout = AT(real, hob, hoo + dir * B * H * (i64)sizeof(real));
+    GLOBAL const real* hin = AT(real, hib, hio + dir * B * K * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + dir * B * K * (i64)sizeof(real));
     GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* aux = AT(real, ab, ao + dir * B * H * (i64)sizeof(real));
     GLOBAL uchar* out = AT(uchar, ob, oo);
-    const i64 tt = dir ? S - 1 - t : t;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const int* ord = AT(int, rb_, ro);
+    GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
+    const int back = dir || reverse, g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
+    GLOBAL const real* v = rnn_sums_aux(phase) ? (GLOBAL const real*)aux : hin;  /* the summed vector, rows of K */
 #ifdef RLX_TARGET_GPU
     /* gpu target: a work-group of RNN_GU consecutive units (LID 0) x RNN_GK slices of the reduction
      * (LID 1) for RNN_RB batch rows; the slices' partial sums meet in LOCAL memory, where item (u, r)
      * finishes row r's cell. Row blocks past grid y are strided over by whole work-groups (barriers
      * stay uniform). */
     for (i64 rb = GROUP(1); rb < (B + RNN_RB - 1) / RNN_RB; rb += GSIZE(1) / RNN_GK) {
-        const i64 b0 = rb * RNN_RB;
-        i64 rows[RNN_RB];  /* rows past B repeat the last one; their sums are dropped */
-        PRAGMA_UNROLL
-        for (int r = 0; r < RNN_RB; ++r)
-            rows[r] = b0 + r < B ? b0 + r : B - 1;
+        i64 rows[RNN_RB];
+        const int n = rnn_rows(rows, RNN_RB, rb * RNN_RB, B, t, lens, ord);
+        if (n == 0)
+            break;  /* the rows run longest first: every later block has finished too (the same for the group) */
         real acc[RNN_RB * RNN_GATES];
-        rnn_gpu_partial_sums(acc, rows, slice, j, H, HP, wt, hin);
+        rnn_gpu_partial_sums(acc, rows, slice, g0, ng, j, K, HP, wt, v);
         PRAGMA_UNROLL
         for (int r = 0; r < RNN_RB; ++r)
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g)
                 part[slice][r][g][u] = acc[r * RNN_GATES + g];
         BARRIER();
-        const i64 b = b0 + slice;
-        if (slice < RNN_RB && b < B && j < H) {
+        if (slice < n && j < H) {
+            const i64 b = rnn_row(rb * RNN_RB + slice, ord);  /* rows[slice], by a constant index */
             real xz[RNN_GATES], hz[RNN_GATES];
             PRAGMA_UNROLL
             for (int g = 0; g < RNN_GATES; ++g) {
                 real sum = has_bhh ? LOAD(bhh, g * H + j) : (real)0;
                 for (int k = 0; k < RNN_GK; ++k)
                     sum += part[k][slice][g][u];
-                hz[g] = sum;
+                hz[g] = g >= g0 && g < g0 + ng ? sum : (real)0;
             }
-            rnn_input_gates(xz, xw, b * S + tt, j, H);
-            rnn_unit_out(xz, hz, relu, b * H + j, hin, hout, cst, out, (b * S + tt) * o_rs + dir * H + j, o_real);
+            rnn_input_gates(xz, xw, b * S + rnn_time(t, back, rnn_len(lens, b, S)), j, H);
+            rnn_unit_out(xz, hz, phase, b, j, rnn_time(t, back, rnn_len(lens, b, S)), S, H, K, peep, &p, hin, hout,
+                         cst, aux, out, o_real, dir * K, o_rs);
         }
         BARRIER();  /* part is reused by the next row block */
     }
 #else
     /* cpu target: item GID(0) takes RNN_STEP_JB units from j0 for RNN_STEP_RB batch rows from b0 */
-    i64 rows[RNN_STEP_RB];  /* rows past B repeat the last one; their sums are dropped */
-    for (int r = 0; r < RNN_STEP_RB; ++r)
-        rows[r] = b0 + r < B ? b0 + r : B - 1;
+    i64 rows[RNN_STEP_RB];
+    const int n = rnn_rows(rows, RNN_STEP_RB, b0, B, t, lens, ord);
+    if (n == 0)
+        return;
     real acc[RNN_STEP_RB * RNN_GATES * RNN_JB];
-    rnn_rank1_sums(acc, RNN_STEP_RB, RNN_STEP_JB, j0, H, HP, bhh, has_bhh, wt, H, (GLOBAL const uchar*)hin, rows, H,
-                   0, 1);
-    rnn_cells(acc, RNN_STEP_RB, RNN_STEP_JB, b0, j0, tt, relu, B, S, H, xw, hin, hout, cst, out, o_real, dir * H,
-              o_rs);
+    rnn_rank1_sums(acc, RNN_STEP_RB, g0, ng, RNN_STEP_JB, j0, H, HP, RNN_GATES * HP + RNN_WPAD, bhh, has_bhh, wt, K,
+                   (GLOBAL const uchar*)v, rows, K, 0, 1);
+    rnn_cells(acc, rows, n, RNN_STEP_JB, j0, t, back, phase, S, H, K, lens, xw, peep, &p, hin, hout, cst, aux, out,
+              o_real, dir * K, o_rs);
 #endif
 }
 
-/* Initial state of one layer: h0/c0 slices (storage) into scratch (compute type), or zeros. */
-KERNEL rnn_state_in(int carry, i64 n, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+#if RNN_PROJ
+/* lstm's projection of step t (RNN_PROJ): h[b][p] = sum_j m[b][j] W_hr[p][j], m = o * h(c) (aux, rows of H), over
+ * whrT [dirs][H][PP + RNN_WPAD] (rnn_w_t of one gate); into hout and the output element. Rows whose steps have
+ * run out are left alone. gpu target: item (p, row, dir), a warp reading runs of whrT; cpu target: item
+ * (RNN_JB_G1 values of p, RNN_RB_G1 rows in the step kernels' order, dir), rnn_rank1_sums' register block. */
+KERNEL rnn_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL uchar* mb, i64 mo, GLOBAL uchar* wb, i64 wo,
+                GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* rb_, i64 ro,
+                GLOBAL uchar* lb, i64 lo)
+{
+    const i64 dir = GROUP(2), PP = (P + RNN_JB - 1) / RNN_JB * RNN_JB;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const real* m = AT(real, mb, mo + dir * B * H * (i64)sizeof(real));
+    GLOBAL const real* w = AT(real, wb, wo + dir * (PP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL real* hout = AT(real, hob, hoo + dir * B * P * (i64)sizeof(real));
+    GLOBAL uchar* out = AT(uchar, ob, oo);
+#ifdef RLX_TARGET_GPU
+    const i64 p = GID(0);
+    if (p >= P)
+        return;
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {  /* rows past grid y (capped at the gpu target) */
+        const i64 len = rnn_len(lens, b, S);
+        if (len <= t)
+            continue;
+        real s = (real)0;
+        for (i64 j = 0; j < H; ++j)
+            s += m[b * H + j] * w[j * (PP + RNN_WPAD) + p];
+        hout[b * P + p] = s;
+        store_any(out, (b * S + rnn_time(t, dir || reverse, len)) * o_rs + dir * P + p, o_real, s);
+    }
+#else
+    const i64 p0 = GID(0) * RNN_JB_G1, b0 = GID(1) * RNN_RB_G1;
+    if (p0 >= P || b0 >= B)
+        return;
+    i64 rows[RNN_RB_G1];
+    const int n = rnn_rows(rows, RNN_RB_G1, b0, B, t, lens, AT(int, rb_, ro));
+    real acc[RNN_RB_MAX * RNN_GATES * RNN_JB];
+    rnn_rank1_sums(acc, RNN_RB_G1, 0, 1, RNN_JB_G1, p0, P, PP, PP + RNN_WPAD, mb, 0, w, H, (GLOBAL const uchar*)m, rows,
+                   H, 0, 1);
+    for (int r = 0; r < n; ++r) {
+        const i64 b = rows[r], tt = rnn_time(t, dir || reverse, rnn_len(lens, b, S));
+        for (int u = 0; u < RNN_JB_G1 && p0 + u < P; ++u) {
+            hout[b * P + p0 + u] = acc[r * RNN_GATES * RNN_JB + u];
+            store_any(out, (b * S + tt) * o_rs + dir * P + p0 + u, o_real, acc[r * RNN_GATES * RNN_JB + u]);
+        }
+    }
+#endif
+}
+#endif
+
+#if RNN_LENS
+/* The rows in order of their steps, longest first, ties by row (a counting sort by one item: O(B + S));
+ * cnt is S + 1 ints of scratch. */
+KERNEL rnn_order(i64 B, i64 S, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* ob, i64 oo, GLOBAL uchar* cb, i64 co)
+{
+    if (GID(0) != 0)
+        return;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL int* ord = AT(int, ob, oo);
+    GLOBAL int* cnt = AT(int, cb, co);
+    for (i64 l = 0; l <= S; ++l)
+        cnt[l] = 0;
+    for (i64 b = 0; b < B; ++b)
+        cnt[lens[b]] += 1;
+    int at = 0;
+    for (i64 l = S; l >= 0; --l) {  /* cnt[l] becomes the first position of length l */
+        const int c = cnt[l];
+        cnt[l] = at;
+        at += c;
+    }
+    for (i64 b = 0; b < B; ++b)
+        ord[cnt[lens[b]]++] = (int)b;
+}
+
+/* Zeros of a layer's output (rows of W = o_rs) at the steps past each row's length. */
+KERNEL rnn_pad(i64 B, i64 S, i64 W, GLOBAL uchar* ob, i64 oo, int o_real, GLOBAL uchar* lb, i64 lo)
+{
+    const i64 col = GID(0);
+    if (col >= W)
+        return;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    for (i64 b = GID(2); b < B; b += GSIZE(2))
+        for (i64 t = GID(1) + lens[b]; t < S; t += GSIZE(1))
+            store_any(AT(uchar, ob, oo), (b * S + t) * W + col, o_real, (real)0);
+}
+#endif
+
+/* Initial state of one layer: h0 (nh values) and c0 (nc) slices (storage) into scratch (compute type), or zeros. */
+KERNEL rnn_state_in(int carry, i64 nh, i64 nc, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
                     GLOBAL uchar* hb, i64 ho, GLOBAL uchar* cb, i64 co)
 {
     const i64 i = GID(0);
-    if (i >= n)
-        return;
-    AT(real, hb, ho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
-    AT(real, cb, co)[i] = (carry && RNN_HAS_CELL) ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
+    if (i < nh)
+        AT(real, hb, ho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
+    if (i < nc)
+        AT(real, cb, co)[i] = (carry && RNN_HAS_CELL) ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
 }
 
-/* Final state of one layer back into h0/c0 in place. */
-KERNEL rnn_state_out(i64 n, GLOBAL uchar* hb, i64 ho, GLOBAL uchar* cb, i64 co,
-                     GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o)
+/* Final state of one layer back into h0/c0 in place: a row's h is in hb1 after an odd number of steps (its
+ * length with RNN_LENS, else S), else in hb0. */
+KERNEL rnn_state_out(i64 nh, i64 nc, i64 B, i64 S, i64 K, GLOBAL uchar* hb0, i64 ho0, GLOBAL uchar* hb1, i64 ho1,
+                     GLOBAL uchar* cb, i64 co, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                     GLOBAL uchar* lb, i64 lo)
 {
     const i64 i = GID(0);
-    if (i >= n)
-        return;
-    STORE(AT(uchar, h0b, h0o), i, AT(real, hb, ho)[i]);
-    if (RNN_HAS_CELL)
+    if (i < nh) {
+        const i64 steps = rnn_len(AT(int, lb, lo), (i / K) % B, S);
+        STORE(AT(uchar, h0b, h0o), i, (steps % 2 ? AT(real, hb1, ho1) : AT(real, hb0, ho0))[i]);
+    }
+    if (RNN_HAS_CELL && i < nc)
         STORE(AT(uchar, c0b, c0o), i, AT(real, cb, co)[i]);
 }
 
 /* The whole sequence of one layer in one launch; state moves in from / out to h0, c0 when carrying. */
 #ifdef RLX_TARGET_GPU
+#if !RNN_PROJ && !RNN_LBR0 /* fields that need every unit of a step before the next phase: per step only */
 /* gpu target: one work-group of H items per (batch row, direction) keeps h in local memory; item j
  * computes unit j's hz[g] = b_hh[g*H + j] + sum_q W_hh[g*H + j][q] h[q] straight from W_hh. */
-KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
+KERNEL rnn_persist(i64 B, i64 S, i64 H, int carry, int reverse,
                    GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                    GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
-                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
     const i64 j = LID(0), b = GROUP(1), dir = GROUP(2);
     GLOBAL const real* xw = AT(real, xwb, xwo + dir * B * S * RNN_GATES * H * (i64)sizeof(real));
@@ -348,13 +674,18 @@ KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
     GLOBAL uchar* h0 = AT(uchar, h0b, h0o + (dir * B + b) * H * (i64)sizeof(store_t));
     GLOBAL uchar* c0 = AT(uchar, c0b, c0o + (dir * B + b) * H * (i64)sizeof(store_t));
     GLOBAL uchar* out = AT(uchar, ob, oo);
+    GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
+    const i64 steps = rnn_len(AT(int, lb, lo), b, S);
     LOCAL real hs[RNN_PERSIST_MAX];
     real h = carry ? LOAD(h0, j) : (real)0;
     real c = (carry && RNN_HAS_CELL) ? LOAD(c0, j) : (real)0;
+    real pp[3];
+    rnn_peepholes(pp, peep, j, H);
     hs[j] = h;
     BARRIER();
-    for (i64 t = 0; t < S; ++t) {
-        const i64 tt = dir ? S - 1 - t : t;
+    for (i64 t = 0; t < steps; ++t) {  /* steps is the same for the whole group */
+        const i64 tt = rnn_time(t, dir || reverse, steps);
         real xz[RNN_GATES], hz[RNN_GATES];
         rnn_input_gates(xz, xw, b * S + tt, j, H);
         for (int g = 0; g < RNN_GATES; ++g) {
@@ -364,7 +695,7 @@ KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
                 s += LOAD(wrow, q) * hs[q];
             hz[g] = s;
         }
-        h = rnn_cell(xz, hz, h, &c, relu);
+        h = rnn_unit(xz, hz, h, &c, pp, &p, 0);
         BARRIER();
         hs[j] = h;
         store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);
@@ -376,61 +707,94 @@ KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
             STORE(c0, j, c);
     }
 }
+#endif
 #else
 /* cpu target: one work-item (a work-group of one) per (batch row, direction) runs every step of that row,
  * the input projection included: per step and run of RNN_JB units, xw of the run (bias + x . W_ih^T over
  * wiT [dirs][I][G*HP + RNN_WPAD], staged like W_hh^T by rnn_w_t) then the recurrence, h ping-ponging
- * between the row's h in hb0 and hb1 and c in cst (scratch, compute type). So a layer is one launch and a
- * decode step needs no gemm. A single item needs no barrier, which keeps PoCL's code register-blocked
- * (measured: a work-group of items over the units with a barrier per step ran 1.3-2x slower), and the
- * rows, which share nothing, run on as many cores as there are. Arguments as rnn_step's, without the
- * step index, plus carry, h0, c0, the input x (arena storage or compute-type scratch: x_real; rows of
- * I), wiT and the input bias. */
-KERNEL rnn_persist(int relu, i64 B, i64 S, i64 H, int carry,
+ * between the row's h in hb0 and hb1 and c in cst (scratch, compute type); RNN_LBR0 makes a second pass of
+ * the runs per step (n over r * h), RNN_PROJ a pass over runs of P (h = W_hr m over whrT [dirs][H][PP +
+ * RNN_WPAD]). So a layer is one launch and a decode step needs no gemm. A single item needs no barrier, which
+ * keeps PoCL's code register-blocked (measured: a work-group of items over the units with a barrier per step
+ * ran 1.3-2x slower), and the rows, which share nothing, run on as many cores as there are. Arguments as
+ * rnn_step's, without the step index, plus carry, h0, c0, the input x (arena storage or compute-type scratch:
+ * x_real; rows of I), wiT and the input bias, and whrT. */
+KERNEL rnn_persist(i64 B, i64 S, i64 H, i64 K, int carry, int reverse,
                    GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                    GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
-                   GLOBAL uchar* hb0, i64 ho0, GLOBAL uchar* hb1, i64 ho1, GLOBAL uchar* cb, i64 co,
+                   GLOBAL uchar* hb0, i64 ho0, GLOBAL uchar* hb1, i64 ho1, GLOBAL uchar* cb, i64 co, GLOBAL uchar* ab, i64 ao,
                    i64 I, GLOBAL uchar* xb, i64 xo, int x_real, GLOBAL uchar* wib, i64 wio,
-                   GLOBAL uchar* bib, i64 bio,
-                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs)
+                   GLOBAL uchar* bib, i64 bio, GLOBAL uchar* wrb, i64 wro,
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
     const i64 b0 = GROUP(1), dir = GROUP(2), HP = (H + RNN_JB - 1) / RNN_JB * RNN_JB;
     const i64 rows[1] = {b0};
     GLOBAL real* xw = AT(real, xwb, xwo + dir * B * S * RNN_GATES * H * (i64)sizeof(real)); /* written, then read */
-    GLOBAL const real* wt = AT(real, wtb, wto + dir * (RNN_GATES * HP + RNN_WPAD) * H * (i64)sizeof(real));
+    GLOBAL const real* wt = AT(real, wtb, wto + dir * (RNN_GATES * HP + RNN_WPAD) * K * (i64)sizeof(real));
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * RNN_GATES * H * (i64)sizeof(store_t));
-    GLOBAL uchar* h0 = AT(uchar, h0b, h0o + dir * B * H * (i64)sizeof(store_t));
+    GLOBAL uchar* h0 = AT(uchar, h0b, h0o + dir * B * K * (i64)sizeof(store_t));
     GLOBAL uchar* c0 = AT(uchar, c0b, c0o + dir * B * H * (i64)sizeof(store_t));
-    GLOBAL real* hs0 = AT(real, hb0, ho0 + dir * B * H * (i64)sizeof(real));
-    GLOBAL real* hs1 = AT(real, hb1, ho1 + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* hs0 = AT(real, hb0, ho0 + dir * B * K * (i64)sizeof(real));
+    GLOBAL real* hs1 = AT(real, hb1, ho1 + dir * B * K * (i64)sizeof(real));
     GLOBAL real* cst = AT(real, cb, co + dir * B * H * (i64)sizeof(real));
+    GLOBAL real* aux = AT(real, ab, ao + dir * B * H * (i64)sizeof(real));
     GLOBAL uchar* out = AT(uchar, ob, oo);
     GLOBAL const uchar* x = AT(uchar, xb, xo);
     GLOBAL const real* wi = AT(real, wib, wio + dir * (RNN_GATES * HP + RNN_WPAD) * I * (i64)sizeof(real));
     GLOBAL const uchar* bias = AT(uchar, bib, bio + dir * RNN_GATES * H * (i64)sizeof(store_t));
-    for (i64 i = b0 * H; i < (b0 + 1) * H; ++i) {
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
+    const i64 steps = rnn_len(lens, b0, S);
+    const int back = dir || reverse;
+    for (i64 i = b0 * K; i < (b0 + 1) * K; ++i)
         hs0[i] = carry ? LOAD(h0, i) : (real)0;
+    for (i64 i = b0 * H; i < (b0 + 1) * H; ++i)
         cst[i] = carry && RNN_HAS_CELL ? LOAD(c0, i) : (real)0;
-    }
-    for (i64 t = 0; t < S; ++t) {
-        const i64 tt = dir ? S - 1 - t : t;
+    for (i64 t = 0; t < steps; ++t) {
+        const i64 tt = rnn_time(t, back, steps);
         GLOBAL const real* hin = t % 2 ? hs1 : hs0;
         GLOBAL real* hout = t % 2 ? hs0 : hs1;
-        for (i64 j0 = 0; j0 < H; j0 += RNN_JB) {
+        for (int phase = 0; phase <= RNN_LBR0; ++phase) {
+            const int g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
+            GLOBAL const uchar* v = (GLOBAL const uchar*)(rnn_sums_aux(phase) ? (GLOBAL const real*)aux : hin);
+            for (i64 j0 = 0; j0 < H; j0 += RNN_JB) {
+                real acc[RNN_GATES * RNN_JB];
+                if (phase == 0) {
+                    rnn_rank1_sums(acc, 1, 0, RNN_GATES, RNN_JB, j0, H, HP, RNN_GATES * HP + RNN_WPAD, bias, 1, wi, I, x,
+                                   rows, S * I, tt * I, x_real);
+                    for (int g = 0; g < RNN_GATES; ++g)
+                        for (int u = 0; u < RNN_JB && j0 + u < H; ++u)
+                            xw[(b0 * S + tt) * RNN_GATES * H + g * H + j0 + u] = acc[g * RNN_JB + u];
+                }
+                rnn_rank1_sums(acc, 1, g0, ng, RNN_JB, j0, H, HP, RNN_GATES * HP + RNN_WPAD, bhh, has_bhh, wt, K, v, rows,
+                               K, 0, 1);
+                rnn_cells(acc, rows, 1, RNN_JB, j0, t, back, phase, S, H, K, lens, xw, peep, &p, hin, hout, cst, aux, out,
+                          o_real, dir * K, o_rs);
+            }
+        }
+#if RNN_PROJ
+        const i64 PP = (K + RNN_JB - 1) / RNN_JB * RNN_JB;
+        GLOBAL const real* whr = AT(real, wrb, wro + dir * (PP + RNN_WPAD) * H * (i64)sizeof(real));
+        for (i64 p0 = 0; p0 < K; p0 += RNN_JB) {
             real acc[RNN_GATES * RNN_JB];
-            rnn_rank1_sums(acc, 1, RNN_JB, j0, H, HP, bias, 1, wi, I, x, rows, S * I, tt * I, x_real);
-            for (int g = 0; g < RNN_GATES; ++g)
-                for (int u = 0; u < RNN_JB && j0 + u < H; ++u)
-                    xw[(b0 * S + tt) * RNN_GATES * H + g * H + j0 + u] = acc[g * RNN_JB + u];
-            rnn_rank1_sums(acc, 1, RNN_JB, j0, H, HP, bhh, has_bhh, wt, H, (GLOBAL const uchar*)hin, rows, H, 0, 1);
-            rnn_cells(acc, 1, RNN_JB, b0, j0, tt, relu, B, S, H, xw, hin, hout, cst, out, o_real, dir * H, o_rs);
+            rnn_rank1_sums(acc, 1, 0, 1, RNN_JB, p0, K, PP, PP + RNN_WPAD, bias, 0, whr, H, (GLOBAL const uchar*)aux,
+                           rows, H, 0, 1);
+            for (int u = 0; u < RNN_JB && p0 + u < K; ++u) {
+                hout[b0 * K + p0 + u] = acc[u];
+                store_any(out, (b0 * S + tt) * o_rs + dir * K + p0 + u, o_real, acc[u]);
+            }
         }
+#endif
     }
-    if (carry)
-        for (i64 i = b0 * H; i < (b0 + 1) * H; ++i) {
-            STORE(h0, i, S % 2 ? hs1[i] : hs0[i]);
-            if (RNN_HAS_CELL)
+    if (carry) {
+        for (i64 i = b0 * K; i < (b0 + 1) * K; ++i)
+            STORE(h0, i, steps % 2 ? hs1[i] : hs0[i]);
+        if (RNN_HAS_CELL)
+            for (i64 i = b0 * H; i < (b0 + 1) * H; ++i)
                 STORE(c0, i, cst[i]);
-        }
+    }
 }
 #endif

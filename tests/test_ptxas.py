@@ -2,7 +2,8 @@
 
 Each program is compiled once per test session with NVRTC for sm_90 (cubin, PTX and ptxas's ``-v``
 report; no GPU needed). Budgets: 0 spill bytes and 0 stack bytes for every kernel in f32,
-f16 and bf16; at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
+f16 and bf16 (the recurrent family's version-2 variants in f32, the storage types adding only loads and
+stores); at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
 rest; f64 is built and listed, and may spill. No f32 arithmetic flushes subnormals (``.ftz``).
 Signatures: CuPy packs each launch argument by its size and checks nothing, so every planner's Launch
 must match its kernel's PTX parameter list in count, width and kind (integer / floating point).
@@ -21,7 +22,8 @@ from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
 from rlx_gpu.launches import Buf  # noqa: E402
-from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits, gate_variant, variants  # noqa: E402
+from rlx_gpu.launches.limits import RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLimits, gate_variant, variants  # noqa: E402
+from test_rnn_device import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128
@@ -45,6 +47,8 @@ def _gpu_programs(dtypes):
     for family in programs.FAMILIES:
         for dtype in dtypes:
             for defines in variants(family, "gpu"):
+                if defines in RNN_FIELD_VARIANTS and dtype != "f32":
+                    continue  # the version-2 recurrent programs: f32 (16-bit storage adds only loads and stores)
                 src = "f32" if family == "cast" else None  # a cast program holds its kernel only with a source dtype
                 prog = programs.program("cuda", family, dtype, src, "gpu", defines)
                 out.append(pytest.param(prog, id=f"{family}-{dtype}" + "".join(f"-{k}{v}" for k, v in defines)))
@@ -98,9 +102,19 @@ def _thunks():
         if op in launches.PLANNERS:
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
+    out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
+    gdn_v2 = dict(cases.SMALL["gated_delta_net"], value_heads=4, value_size=6, scale=0.5, qk_l2norm=True, batch=1,
+                  cu_seqlens=[0, 1, 1], state_slots=[1, 0], num_slots=2)  # the GDN_V2 flags (the state's type is one more int)
+    out += [("gated_delta_net", dict(gdn_v2, seq=seq, cu_seqlens=[0, seq // 2, seq]), {}) for seq in (1, 7, 64)]
     return out
+
+
+def _field_thunks():
+    """The recurrent thunks with ABI.md §8's fields whose programs are the representative variants (at f32:
+    their gpu programs are the budget test's, and f64's signatures differ only in the compute type's width)."""
+    return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")]
 
 
 def _kind(arg) -> tuple[str, int]:
@@ -115,25 +129,24 @@ def _kind(arg) -> tuple[str, int]:
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, CPU], ids=["gpu", "cpu"])
 def test_every_launch_matches_its_kernel_signature(lim, dtype):
     checked = set()
-    for op, params, options in _thunks():
+    for op, params, options in _thunks() + (_field_thunks() if dtype == "f32" else []):
         thunk, _ = cases.lay_out(op, dtype, params)
         for launch in launches.plan(thunk, lim, **options).launches:
             prog = programs.program_for("cuda", launch, lim)
-            ptx = _build(prog).ptx if lim.target == "gpu" else _cpu_ptx(prog)
+            ptx = _build(prog).ptx  # the cpu target's f32 programs are the flush test's builds
             params_of = nvrtc.parameters(ptx)
             assert launch.kernel in params_of, f"{prog.label} has no kernel {launch.kernel}"
             got = tuple(_kind(a) for a in launch.args)
             assert got == params_of[launch.kernel], (
                 f"{op}: launch of {launch.kernel} passes {got}, the kernel takes {params_of[launch.kernel]}")
             checked.add(launch.kernel)
-    state_space = {"selective_scan", "mamba2", "gated_delta_net_pc", "gated_delta_net_step"} if lim.target == "cpu" else {
-        "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes"}
+    state_space = {"selective_scan", "mamba2", "gated_delta_net", "gated_delta_net_step", "gdn_qk_norm"} if lim.target == "cpu" else {
+        "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes", "gdn_qk_norm"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
-    assert {"gemm", "rnn_step", "rnn_persist", "cast"} | state_space <= checked
+    recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out"}
+    if dtype == "f32":
+        recurrent |= {"rnn_proj", "rnn_order", "rnn_pad"}
+    assert {"gemm", "cast"} | recurrent | state_space <= checked
 
-
-@functools.lru_cache(maxsize=None)
-def _cpu_ptx(prog: programs.Program) -> str:
-    return nvrtc.compile_ptx(prog, "compute_90").decode().rstrip("\x00")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from host_fallback.arena import ELEM_SIZE
-from host_fallback.fields import INT_FIELDS, used
+from host_fallback.fields import INT_FIELDS
 from host_fallback.gradients import BACKWARD
 from host_fallback.layout import regions
 
@@ -121,9 +121,10 @@ def int_values(params: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
-    """A one-thunk schedule dict, labelled version 2 when the thunk is of a version-2 op or uses a version-2 field."""
+    """A one-thunk schedule dict, labelled version 2 when the thunk is of a version-2 op or names a version-2
+    field (even at its default)."""
     spec = SPECS.get(thunk["op"])
-    abi = ABI_V2 if spec is not None and (spec.version > 1 or used(thunk)) else ABI_V1
+    abi = ABI_V2 if spec is not None and (spec.version > 1 or spec.v2_fields & set(thunk)) else ABI_V1
     return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 

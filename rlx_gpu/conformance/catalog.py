@@ -86,8 +86,9 @@ def _mamba2(b: int, s: int, heads: int, p: int, n: int) -> dict:
     return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n)
 
 
-def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool) -> dict:
-    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry)
+def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool, **v2: Any) -> dict:
+    """A gated_delta_net case; ``v2`` adds ABI.md §8 fields (``state=True`` is implied by ``carry``)."""
+    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry, **v2)
 
 
 def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
@@ -125,6 +126,19 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # seq >= 64 runs selective_scan chunked on the gpu target (chunks of 256 steps: 300 takes two)
     ("selective_scan", _ssm(2, 300, 5, 3), {}, False),
     ("mamba2", _mamba2(1, 70, 1, 3, 4), {}, False),  # and mamba2 chunked (chunks of 64: 70 takes two, one partial)
+    # every version-2 field at once: packed sequences (one empty, one starting inside the second chunk of
+    # either target) through state slots, grouped b/c, the delta/dt knobs, d and z
+    ("selective_scan", dict(_ssm(1, 300, 4, 3), groups=2, cu_seqlens=[0, 40, 40, 270, 300], state_slots=[3, 0, 4, 1],
+                            num_slots=5, carry_state=True, state=True, delta_bias=True, delta_softplus=True, d=True,
+                            z=True), {}, False),
+    ("mamba2", dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1],
+                    num_slots=5, carry_state=True, state=True, dt_bias=True, dt_softplus=True, dt_limit=[0.0, None],
+                    d=True, z=True), {}, False),
+    # a decode step of each through slots (rows 2 of a pool of 3) with d and z
+    ("selective_scan", dict(_ssm(2, 1, 5, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+                            d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
+    ("mamba2", dict(_mamba2(2, 1, 3, 4, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+                    d=True, z=True, dt_bias=True, dt_softplus=True), {}, False),
     ("gated_delta_net", _gdn(1, 70, 2, 16, True, True), {}, False),  # and gated_delta_net chunked, both gate kinds
     ("gated_delta_net", _gdn(2, 130, 1, 20, False, False), {}, False),  # three chunks; 20 is no multiple of a tile
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
@@ -132,6 +146,13 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     # cpu target's decode step kernel: one work-item per 32 value columns, the last one partial
     ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), {}, False),
     ("gated_delta_net", _gdn(1, 1, 2, 70, False, False), {}, False),
+    # version 2: grouped value heads with K != V, L2-norm and a scale over packed sequences whose starts fall
+    # inside chunks (host L=32, gpu 64; one empty), per-channel gates; then a decode step of three rows into slots
+    ("gated_delta_net", _gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True, scale=0.3,
+                             cu_seqlens=[0, 20, 20, 45, 70]), {}, False),
+    ("gated_delta_net", _gdn(1, 9, 1, 8, False, False, value_heads=3, cu_seqlens=[0, 4, 9]), {}, False),
+    ("gated_delta_net", _gdn(3, 1, 2, 8, False, True, value_heads=4, value_size=6, state_slots=[4, 0, 2],
+                             num_slots=5), {}, False),
     ("matmul", _matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
     ("matmul", _matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
     ("reduce_sum", dict(outer=3, r=5, inner=7), {}, False),
@@ -165,6 +186,15 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("selective_scan", _ssm(2, 300, 3, 4), "x", 270, NAN),  # in the second chunk of 256 steps (gpu target)
     ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
     ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70, NAN),  # in the second chunk of 64 steps (gpu target)
+    # version 2: the gate reaches only its own step; a packed sequence after a poisoned one starts clean, in
+    # the chunk they share too (mamba2: 68 starts inside the second chunk of 64, selective_scan: 260 inside
+    # the second of 256)
+    ("selective_scan", dict(_ssm(2, 10, 3, 16), z=True, d=True), "z", 5, NAN),  # seq 10: an id of its own
+    ("selective_scan", dict(_ssm(1, 300, 3, 4), cu_seqlens=[0, 100, 260, 300], carry_state=True, state=True),
+     "x", 150, NAN),
+    ("mamba2", dict(_mamba2(2, 10, 2, 3, 8), z=True), "z", 5, -INF),
+    ("mamba2", dict(_mamba2(1, 80, 1, 2, 4), cu_seqlens=[0, 30, 68, 80], dt_bias=True, dt_softplus=True), "dt", 40,
+     INF),
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
     # in the second chunk of 64 steps (gpu target): one value column, every column from a key or a gate
@@ -179,6 +209,10 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("gated_delta_net", _gdn(2, 9, 2, 8, False, True), "v", 5, INF),
     ("gated_delta_net", _gdn(2, 9, 2, 8, True, False), "beta", 5, -INF),
     ("gated_delta_net", _gdn(2, 1, 3, 40, True, True), "k", 0, INF),  # the cpu target's decode step kernel
+    # packed sequences: a NaN in one sequence reaches no other (in the first, and mid-chunk in the last)
+    ("gated_delta_net", _gdn(1, 80, 1, 8, False, True, value_heads=2, cu_seqlens=[0, 30, 30, 80]), "v", 5, NAN),
+    ("gated_delta_net", _gdn(1, 80, 2, 8, True, True, value_heads=4, value_size=5, cu_seqlens=[0, 30, 30, 80]),
+     "k", 70, NAN),
     ("lstm", _recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
     ("gru", _recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
     ("rnn", _recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF),

@@ -40,17 +40,32 @@ def recurrent(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return out
 
 
+def _state_space(t: Mapping[str, Any], load: Load, reference: Callable, inputs: tuple[str, ...],
+                 optional: tuple[str, ...], flags: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """A selective_scan or mamba2 reference on the thunk's tensors and §8 fields (``t`` is completed)."""
+    fields = {f: load(f) for f in optional + ("cu_seqlens", "state_slots") if t[f] is not None}
+    fields.update({f: t[f] for f in flags})
+    if t["carry_state"]:
+        y, final = reference(*(load(f) for f in inputs), state=load("state"), **fields)
+        return {"dst": y, "state": final}
+    return {"dst": reference(*(load(f) for f in inputs), **fields)}
+
+
 def selective_scan(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
-    return {"dst": reference_ssm.selective_scan(*(load(f) for f in ("x", "delta", "a", "b", "c")))}
+    return _state_space(t, load, reference_ssm.selective_scan, ("x", "delta", "a", "b", "c"), ("delta_bias", "d", "z"),
+                        ("delta_softplus",))
 
 
 def mamba2(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
-    return {"dst": reference_ssm.mamba2(*(load(f) for f in ("x", "dt", "a", "b", "c")))}
+    return _state_space(t, load, reference_ssm.mamba2, ("x", "dt", "a", "b", "c"), ("dt_bias", "d", "z"),
+                        ("dt_softplus", "dt_limit"))
 
 
 def gated_delta_net(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
-    state = load("state") if t["carry_state"] else None
-    out, final = reference_ssm.gated_delta_net(*(load(f) for f in ("q", "k", "v", "g", "beta")), state=state)
+    ints = {f: load(f) for f in ("cu_seqlens", "state_slots") if t[f] is not None}
+    out, final = reference_ssm.gated_delta_net(
+        *(load(f) for f in ("q", "k", "v", "g", "beta")), state=load("state") if t["carry_state"] else None,
+        scale=t["scale"], qk_l2norm=t["qk_l2norm"], **ints)
     return {"dst": out, "state": final} if t["carry_state"] else {"dst": out}
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from host_fallback.arena import ELEM_SIZE, STORAGE
 
 from ..errors import GraphError
-from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, UNARY_FNS
+from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, TENSOR_DTYPES, UNARY_FNS
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,9 +111,11 @@ class BodyGraph:
 
     # ----------------------------------------------------------------- declarations
     @staticmethod
-    def _check_dtype(dtype: str) -> str:
-        if dtype not in DTYPES:
-            raise GraphError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    def _check_dtype(dtype: str, allowed: tuple[str, ...] = DTYPES) -> str:
+        """``dtype`` if one of ``allowed`` (an op's element types; inputs and weights may also be ``i32``,
+        the integer tensors of ABI.md §8)."""
+        if dtype not in allowed:
+            raise GraphError(f"unknown dtype {dtype!r}; expected one of {', '.join(allowed)}")
         return dtype
 
     def _claim(self, name: str) -> str:
@@ -133,13 +135,13 @@ class BodyGraph:
 
     def input(self, name: str, shape: Sequence[int], dtype: str | None = None) -> Tensor:
         """Declare an input the caller supplies by ``name`` at run time."""
-        t = self._new(shape, self._check_dtype(dtype or self.dtype), self._claim(name))
+        t = self._new(shape, self._check_dtype(dtype or self.dtype, TENSOR_DTYPES), self._claim(name))
         self.inputs[name] = t
         return t
 
     def weight(self, name: str, array: Any, dtype: str | None = None) -> Tensor:
         """Declare a constant array, baked into the schedule's ``init`` (rounded to nearest even)."""
-        dt = self._check_dtype(dtype or self.dtype)
+        dt = self._check_dtype(dtype or self.dtype, TENSOR_DTYPES)
         values = np.asarray(array, dtype=np.float64)
         t = self._new(values.shape, dt, self._claim(name))
         self.init[t.buf] = np.ascontiguousarray(values.astype(STORAGE[dt])).tobytes()

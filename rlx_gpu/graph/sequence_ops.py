@@ -4,6 +4,7 @@ A mixin of ``builder.Graph``: it uses the graph's ``_t``/``_new``/``_emit``/``co
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -111,59 +112,201 @@ class SequenceOps:
                              f"{asked!r} was asked; pass nonlinearity={act!r} (or weights of a {asked} RNN)")
         return asked or next(iter(packed.values()), "tanh")
 
-    def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any) -> Tensor:
-        """Mamba-1: ``h = exp(delta·a)⊙h + delta·b·x``, ``y = Σ_n c·h`` per channel; ``x [B,S,H]``, ``a [H,N]``."""
-        x, delta, a, b, c = (self._t(v) for v in (x, delta, a, b, c))
-        if len(x.shape) != 3 or len(a.shape) != 2:
-            raise GraphError(f"selective_scan: x {x!r} must be [B,S,H] and a {a!r} [H,N]")
+    def _state_space(self, op: str, x: Tensor, rows: int, params: dict[str, Any], z: Any, initial_state: Any,
+                     state_shape: tuple[int, ...], cu_seqlens: Any, state_slots: Any, state_dtype: str | None,
+                     name: str | None) -> tuple[dict[str, Any], Tensor | None]:
+        """The ABI.md §8 fields of a selective_scan or mamba2 thunk that the caller uses, and the final
+        state tensor (``None`` without ``initial_state``). A field left at its default is left out, so a
+        graph without them lowers to version 1.
+
+        ``params`` are the per-channel (per-head) parameters, ``a`` first: their element type is ``a``'s,
+        the thunk's ``param_dtype``. ``rows`` is the batch, or the sequence count with ``cu_seqlens``.
+        """
+        fields: dict[str, Any] = {}
+        a = params.pop("a")
+        if a.dtype != x.dtype:
+            fields["param_dtype"] = a.dtype
+        for field, value in params.items():
+            if value is not None:
+                fields[field] = self._t(value, a.dtype)
+                self._expect(op, field, fields[field], a.shape[:1], a.dtype)
+        if z is not None:
+            fields["z"] = self._t(z, x.dtype)
+            self._expect(op, "z", fields["z"], x.shape, x.dtype)
+        packed, rows = self._packed(op, x, rows, cu_seqlens)
+        fields.update(packed)
+        carried, final = self._carried(op, x, rows, initial_state, state_shape, state_slots, state_dtype)
+        fields.update(carried)
+        if final is not None:
+            fields.update(carry_state=True, state=final)
+            self.output(f"{name or f'{op}{next(self._ids)}'}.state", final)
+        return fields, final
+
+    def _packed(self, op: str, x: Tensor, rows: int, cu_seqlens: Any) -> tuple[dict[str, Any], int]:
+        """``cu_seqlens`` and ``num_seqs`` when sequences are packed (``x`` of batch 1), and the state rows:
+        the sequences, else ``rows`` (the batch)."""
+        if cu_seqlens is None:
+            return {}, rows
+        cu = self._t(cu_seqlens, "i32")
+        if x.shape[0] != 1 or len(cu.shape) != 1 or cu.shape[0] < 2 or cu.dtype != "i32":
+            raise GraphError(f"{op}: cu_seqlens {cu!r} must be i32 [num_seqs+1] with {x!r} of batch 1; "
+                             f"pack the sequences along the sequence axis")
+        return {"cu_seqlens": cu, "num_seqs": cu.shape[0] - 1}, cu.shape[0] - 1
+
+    def _carried(self, op: str, x: Tensor, rows: int, initial_state: Any, state_shape: tuple[int, ...],
+                 state_slots: Any, state_dtype: str | None) -> tuple[dict[str, Any], Tensor | None]:
+        """The slot and ``state_dtype`` fields of a carried ``initial_state`` (``[rows, *state_shape]``, or a
+        pool of entries with ``state_slots``), and the tensor the thunk updates in place: a copy, so the
+        caller's stays intact (``None`` without a state)."""
+        if initial_state is None:
+            if state_slots is not None:
+                raise GraphError(f"{op}: state_slots needs initial_state, the pool the slots index")
+            return {}, None
+        state = self._t(initial_state, state_dtype or x.dtype)
+        if state_dtype is not None and state.dtype != state_dtype:
+            raise GraphError(f"{op}: initial_state {state!r} is {state.dtype}, but state_dtype={state_dtype!r}")
+        pool = state.shape[0] if state_slots is not None and state.shape else rows
+        self._expect(op, "initial_state", state, (pool, *state_shape), state.dtype)
+        fields: dict[str, Any] = {}
+        if state_slots is not None:
+            slots = self._t(state_slots, "i32")
+            self._expect(op, "state_slots", slots, (rows,), "i32")
+            fields.update(state_slots=slots, num_slots=pool)
+        if state.dtype != x.dtype:
+            fields["state_dtype"] = state.dtype
+        return fields, self.copy(state)
+
+    def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None,
+                       delta_bias: Any = None, delta_softplus: bool = False, initial_state: Any = None,
+                       cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
+                       param_dtype: str | None = None, name: str | None = None) -> Any:
+        """Mamba-1, mamba_ssm's ``selective_scan_fn`` in batch-major layout: per channel
+        ``h = exp(delta·a)⊙h + delta·b·x``, ``y = Σ_n c·h``, then ``y = (y + D⊙x)⊙silu(z)``.
+
+        ``x, delta [B,S,H]``, ``a [H,N]``; ``b, c [B,S,N]``, or ``[B,S,G,N]`` for ``G`` groups of
+        channels (channel ``ch`` reads group ``ch // (H/G)``). ``D``, ``delta_bias [H]`` and ``a`` share
+        one element type (``param_dtype`` for arrays given as NumPy values; f32 beside bf16 activations,
+        as mamba_ssm keeps them); ``delta`` is biased, then softplus-ed with ``delta_softplus``.
+        ``initial_state [R,H,N]`` (in ``state_dtype``, default ``x``'s) starts each row and the final
+        states are returned too, ``(y, state)``, and output ``{name}.state``. ``cu_seqlens`` (i32
+        ``[R+1]``, batch 1) packs R sequences along S, each from its own state; ``state_slots`` (i32
+        ``[R]``) makes ``initial_state`` a pool of entries, row ``r`` using entry ``state_slots[r]``.
+        """
+        x, delta, b, c = (self._t(v) for v in (x, delta, b, c))
+        a = self._t(a, param_dtype)
+        if len(x.shape) != 3 or len(a.shape) != 2 or len(b.shape) not in (3, 4):
+            raise GraphError(f"selective_scan: x {x!r} must be [B,S,H], a {a!r} [H,N] and b {b!r} [B,S,N] or "
+                             f"[B,S,G,N]")
         (bt, s, h), n = x.shape, a.shape[1]
-        for field, t, shape in (("delta", delta, (bt, s, h)), ("a", a, (h, n)), ("b", b, (bt, s, n)),
-                                ("c", c, (bt, s, n))):
+        groups = b.shape[2] if len(b.shape) == 4 else 1
+        if h % groups:
+            raise GraphError(f"selective_scan: {groups} groups of b {b!r} do not divide the {h} channels of x")
+        bc = (bt, s, n) if len(b.shape) == 3 else (bt, s, groups, n)
+        for field, t, shape in (("delta", delta, (bt, s, h)), ("b", b, bc), ("c", c, bc)):
             self._expect("selective_scan", field, t, shape, x.dtype)
+        self._expect("selective_scan", "a", a, (h, n), param_dtype or a.dtype)
+        extra, final = self._state_space("selective_scan", x, bt, {"a": a, "d": D, "delta_bias": delta_bias}, z,
+                                         initial_state, (h, n), cu_seqlens, state_slots, state_dtype, name)
+        if groups > 1:
+            extra["groups"] = groups
+        if delta_softplus:
+            extra["delta_softplus"] = True
         y = self._new(x.shape, x.dtype)
         self._emit("selective_scan", x.dtype, {"x": x, "delta": delta, "a": a, "b": b, "c": c, "dst": y,
-                                               "batch": bt, "seq": s, "hidden": h, "state_size": n}, y)
-        return y
+                                               "batch": bt, "seq": s, "hidden": h, "state_size": n, **extra},
+                   y, *([final] if final is not None else []))
+        return y if final is None else (y, final)
 
-    def mamba2(self, x: Any, dt: Any, a: Any, b: Any, c: Any) -> Tensor:
-        """Mamba-2 SSD: ``S = exp(dt·a)·S + (dt·x)⊗b``, ``y = S·c`` per head; ``x [B,S,H,P]``, ``b [B,S,H,N]``."""
-        x, dt, a, b, c = (self._t(v) for v in (x, dt, a, b, c))
+    def mamba2(self, x: Any, dt: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None, dt_bias: Any = None,
+               dt_softplus: bool = False, dt_limit: Sequence[float | None] | None = None, initial_state: Any = None,
+               cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
+               param_dtype: str | None = None, name: str | None = None) -> Any:
+        """Mamba-2 SSD, mamba_ssm's ``mamba_chunk_scan_combined``: per head ``S = exp(dt·a)·S + (dt·x)⊗b``,
+        ``y = S·c``, then ``y = (y + D·x)⊙silu(z)``.
+
+        ``x, z [B,S,H,P]``, ``dt [B,S,H]``, ``a, D, dt_bias [H]`` (one element type, see
+        ``selective_scan``); ``b, c [B,S,G,N]``, head ``h`` reading group ``h // (H/G)`` (``G = H``: one
+        per head). ``dt`` is biased, softplus-ed with ``dt_softplus`` and clamped to ``dt_limit = (lo,
+        hi)`` (``hi`` None or inf: no upper bound; mamba_ssm's default is ``(0, inf)``).
+        ``initial_state [R,H,P,N]``, ``cu_seqlens`` and ``state_slots`` as in ``selective_scan``.
+        """
+        x, dt, b, c = (self._t(v) for v in (x, dt, b, c))
+        a = self._t(a, param_dtype)
         if len(x.shape) != 4 or len(b.shape) != 4:
-            raise GraphError(f"mamba2: x {x!r} must be [B,S,H,P] and b {b!r} [B,S,H,N]")
-        (bt, s, h, p), n = x.shape, b.shape[3]
-        for field, t, shape in (("dt", dt, (bt, s, h)), ("a", a, (h,)), ("b", b, (bt, s, h, n)),
-                                ("c", c, (bt, s, h, n))):
+            raise GraphError(f"mamba2: x {x!r} must be [B,S,H,P] and b {b!r} [B,S,G,N]")
+        (bt, s, h, p), (groups, n) = x.shape, b.shape[2:]
+        if groups < 1 or h % groups:
+            raise GraphError(f"mamba2: {groups} groups of b {b!r} do not divide the {h} heads of x")
+        for field, t, shape in (("dt", dt, (bt, s, h)), ("b", b, (bt, s, groups, n)), ("c", c, (bt, s, groups, n))):
             self._expect("mamba2", field, t, shape, x.dtype)
+        self._expect("mamba2", "a", a, (h,), param_dtype or a.dtype)
+        extra, final = self._state_space("mamba2", x, bt, {"a": a, "d": D, "dt_bias": dt_bias}, z, initial_state,
+                                         (h, p, n), cu_seqlens, state_slots, state_dtype, name)
+        if groups != h:
+            extra["groups"] = groups
+        if dt_softplus:
+            extra["dt_softplus"] = True
+        if dt_limit is not None:
+            low, high = (float(v) if v is not None else None for v in dt_limit)
+            extra["dt_limit"] = [low, None if high is None or high == float("inf") else high]
         y = self._new(x.shape, x.dtype)
         self._emit("mamba2", x.dtype, {"x": x, "dt": dt, "a": a, "b": b, "c": c, "dst": y, "batch": bt,
-                                       "seq": s, "heads": h, "head_dim": p, "state_size": n}, y)
-        return y
+                                       "seq": s, "heads": h, "head_dim": p, "state_size": n, **extra},
+                   y, *([final] if final is not None else []))
+        return y if final is None else (y, final)
 
     def gated_delta_net(self, q: Any, k: Any, v: Any, g: Any, beta: Any, *, gate_per_channel: bool = False,
-                        state: Any = None, name: str | None = None) -> Any:
-        """Gated delta rule: ``S *= exp(g)``, ``S += k⊗((v - Sᵀk)·beta)``, ``out = Sᵀq/√N``; ``q [B,S,H,N]``.
+                        scale: float | None = None, initial_state: Any = None, state: Any = None,
+                        use_qk_l2norm: bool = False, cu_seqlens: Any = None, state_slots: Any = None,
+                        state_dtype: str | None = None, name: str | None = None) -> Any:
+        """Gated delta rule, fla's ``chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
+        (``chunk_kda`` with ``gate_per_channel``) in the ``[K,V]`` state layout: per value head
+        ``S *= exp(g)``, ``S += k⊗((v - Sᵀk)·beta)``, ``out = scale·Sᵀq``.
 
-        Returns ``out``, or ``(out, state_n)`` when ``state [B,H,N,N]`` is carried (also output
-        ``{name}.state``).
+        ``q, k [B,S,H,K]``; ``v [B,S,HV,V]`` (``HV`` a multiple of ``H``: value head ``j`` reads key head
+        ``j // (HV/H)``; ``V`` may differ from ``K``); ``beta [B,S,HV]``; ``g [B,S,HV]``, or
+        ``[B,S,HV,K]`` with ``gate_per_channel``. ``scale`` defaults to ``1/sqrt(K)``; ``use_qk_l2norm``
+        divides q and k by their L2 norms first (fla's ``use_qk_l2norm_in_kernel``). ``initial_state
+        [R,HV,K,V]`` (``state`` is the same argument), in ``state_dtype`` (default q's; e.g. f32 beside
+        bf16 activations), starts each row; the final states are returned too, ``(out, state)``, and
+        output ``{name}.state``. ``cu_seqlens`` (i32 ``[R+1]``, batch 1) packs R sequences along S, each
+        from its own state; ``state_slots`` (i32 ``[R]``) makes ``initial_state`` a pool of entries,
+        row ``r`` using entry ``state_slots[r]``. A field left at its default is left out of the thunk,
+        so a graph without these lowers to version 1.
         """
+        op = "gated_delta_net"
+        if state is not None and initial_state is not None:
+            raise GraphError(f"{op}: state and initial_state name the same argument; pass one of them")
+        initial_state = state if initial_state is None else initial_state
         q, k, v, g, beta = (self._t(t) for t in (q, k, v, g, beta))
-        if len(q.shape) != 4:
-            raise GraphError(f"gated_delta_net: q {q!r} must be [B,S,H,N]")
-        bt, s, h, n = q.shape
-        gate = (bt, s, h, n) if gate_per_channel else (bt, s, h)
-        for field, t, shape in (("k", k, q.shape), ("v", v, q.shape), ("g", g, gate), ("beta", beta, (bt, s, h))):
-            self._expect("gated_delta_net", field, t, shape, q.dtype)
-        final = 0
-        if state is not None:
-            state = self._t(state)
-            self._expect("gated_delta_net", "state", state, (bt, h, n, n), q.dtype)
-            final = self.copy(state)  # updated in place: keep the caller's tensor intact
-        y = self._new(q.shape, q.dtype)
-        self._emit("gated_delta_net", q.dtype, {
-            "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": final, "dst": y, "batch": bt, "seq": s,
-            "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
-            "carry_state": state is not None}, y, *([final] if state is not None else []))
-        if state is None:
+        if len(q.shape) != 4 or len(v.shape) != 4:
+            raise GraphError(f"{op}: q {q!r} must be [B,S,H,K] and v {v!r} [B,S,HV,V]")
+        (bt, s, h, n), (hv, width) = q.shape, v.shape[2:]
+        if hv < 1 or hv % h:
+            raise GraphError(f"{op}: the {hv} value heads of v {v!r} are no multiple of the {h} heads of q")
+        gate = (bt, s, hv, n) if gate_per_channel else (bt, s, hv)
+        for field, t, shape in (("k", k, q.shape), ("v", v, (bt, s, hv, width)), ("g", g, gate),
+                                ("beta", beta, (bt, s, hv))):
+            self._expect(op, field, t, shape, q.dtype)
+        fields: dict[str, Any] = {}
+        if hv != h:
+            fields["value_heads"] = hv
+        if width != n:
+            fields["value_size"] = width
+        # fla's default, ``K ** -0.5``, is 1/sqrt(K) up to the last bit: it stays the (version-1) default
+        if scale is not None and not math.isclose(float(scale), 1.0 / math.sqrt(n), rel_tol=1e-12):
+            fields["scale"] = float(scale)
+        if use_qk_l2norm:
+            fields["qk_l2norm"] = True
+        packed, rows = self._packed(op, q, bt, cu_seqlens)
+        carried, final = self._carried(op, q, rows, initial_state, (hv, n, width), state_slots, state_dtype)
+        fields.update(packed, **carried)
+        y = self._new((bt, s, hv, width), q.dtype)
+        self._emit(op, q.dtype, {
+            "q": q, "k": k, "v": v, "g": g, "beta": beta, "state": 0 if final is None else final, "dst": y,
+            "batch": bt, "seq": s, "heads": h, "state_size": n, "gate_per_channel": bool(gate_per_channel),
+            "carry_state": initial_state is not None, **fields}, y, *([final] if initial_state is not None else []))
+        if initial_state is None:
             return y
         self.output(f"{name or f'gdn{next(self._ids)}'}.state", final)
         return y, final

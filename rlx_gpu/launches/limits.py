@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from host_fallback.fields import ACTIVATIONS
+
 TARGETS = ("cpu", "gpu")
 TARGET_ENV = "RLX_TARGET"  # forces a target (e.g. gpu shapes on PoCL); unset: the device type decides
 
@@ -97,14 +99,43 @@ def gate_variant(gates: int) -> tuple[tuple[str, int], ...]:
     return (("RNN_GATES", gates),)
 
 
-#: Per kernel family: the compile-time variants (extra ``#define`` sets) a planner may request at a
-#: target, as ``((name, value), ...)`` tuples. Families not listed build one program per dtype.
+#: the gated_delta_net program variant of ABI.md §8's optional fields (launches/gdn.py)
+GDN_V2 = (("GDN_V2", 1),)
+
+
+def _activation(name: str) -> int:
+    return list(ACTIVATIONS).index(name)
+
+
+#: rnn's relu (version 1): its activation is a compile-time variant like every other
+RNN_RELU_VARIANT = (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("relu")))
+#: Representative version-2 programs of the recurrent family (a thunk's program is ``launches.rnn.variant``'s,
+#: one of thousands): per op every optional field at once, with activations that take alpha and beta, different
+#: per direction.
+RNN_FIELD_VARIANTS = (
+    (("RNN_GATES", 4), ("RNN_ACT_F0", _activation("hard_sigmoid")), ("RNN_ACT_G0", _activation("elu")),
+     ("RNN_ACT_H0", _activation("scaled_tanh")), ("RNN_ACT_H1", _activation("softsign")), ("RNN_LENS", 1),
+     ("RNN_CLIP", 1), ("RNN_PEEP", 1), ("RNN_IFG", 1), ("RNN_PROJ", 1)),
+    (("RNN_GATES", 3), ("RNN_ACT_F0", _activation("leaky_relu")), ("RNN_ACT_G0", _activation("affine")),
+     ("RNN_ACT_G1", _activation("softplus")), ("RNN_LENS", 1), ("RNN_CLIP", 1), ("RNN_LBR0", 1)),
+    (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("thresholded_relu")), ("RNN_ACT_F1", _activation("sigmoid")),
+     ("RNN_LENS", 1), ("RNN_CLIP", 1)),
+)
+
+
+#: Per kernel family: the compile-time variants (extra ``#define`` sets) built ahead and checked (NVRTC's
+#: program list, the ptxas budgets) at a target, as ``((name, value), ...)`` tuples: every one a planner may
+#: request, but for the recurrent family, whose planner builds any combination of its fields on demand.
+#: Families not listed build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # ssm and gdn: () builds the chunked forms (no state-size variant), the others the lanes kernels
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
-    ("gdn", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
-    # rnn: one program per op (its gate count) at each target
-    **{("rnn", target): tuple(gate_variant(g) for g in RNN_GATE_COUNTS) for target in TARGETS},
+    # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
+    ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
+    ("gdn", "cpu"): ((), GDN_V2),
+    # rnn: one program per op (its gate count) at each target, and the representative version-2 ones
+    **{("rnn", target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
+                         + RNN_FIELD_VARIANTS) for target in TARGETS},
 }
 
 
