@@ -1,4 +1,4 @@
-"""The version-2 fields of ABI.md §8: their defaults, and a thunk completed with them.
+"""The version-2 fields of ABI.md §8 and §9: their defaults, and a thunk completed with them.
 
 Every §8 field is optional; absent means its default, which is version 1's meaning. ``complete``
 returns a thunk as a plain dict holding every field of its op, so a kernel, a launch planner or a
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 from typing import Any, Callable, Mapping
+
+from .gradients import BACKWARD, OPTIONAL_INPUTS, forward_op, gradient
 
 Thunk = Mapping[str, Any]
 
@@ -30,7 +32,7 @@ def _same(name: str) -> Callable[[Thunk], Any]:
 
 
 def _default_activations(t: Thunk) -> tuple[tuple[str, float, float], ...]:
-    op = t["op"]
+    op = forward_op(t["op"])
     per_direction = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"),
                      "rnn": ("relu" if t.get("relu") else "tanh",)}[op]
     dirs = 2 if t["bidirectional"] else 1
@@ -54,6 +56,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "gru": {**_RECURRENT, "linear_before_reset": True},
     "rnn": dict(_RECURRENT),
 }
+# a backward op (ABI.md §9) takes its forward's version-2 fields, and the gradients of its optional inputs
+DEFAULTS.update({backward: {**DEFAULTS[op], **{gradient(name): None for name in OPTIONAL_INPUTS[op]}}
+                 for backward, op in BACKWARD.items()})
 
 
 def default(t: Thunk, name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Where every tensor of a thunk lives: the shape rules of ABI.md §3-§6 and §8, written once.
+"""Where every tensor of a thunk lives: the shape rules of ABI.md §3-§6, §8 and §9, written once.
 
 ``regions(thunk)`` lists each tensor a thunk touches with its byte offset, shape, element type and
 access mode. The validator derives footprints from it, the executor copies exactly these ranges for
@@ -18,6 +18,7 @@ import numpy as np
 
 from .arena import COMPUTE, ELEM_SIZE, STORAGE, view
 from .fields import complete, state_rows
+from .gradients import BACKWARD, gradient
 
 Thunk = Mapping[str, Any]
 
@@ -254,6 +255,25 @@ def _scan_backward_xs(t: Thunk) -> list[Region]:
     return _scan_backward_common(t) + [dxs]
 
 
+def forward_thunk(t: Thunk) -> dict[str, Any]:
+    """The forward thunk a backward thunk (ABI.md §9) differentiates, completed; its ``dst`` is ``d_dst``'s
+    offset (the forward's output is not stored: the range stands for its shape)."""
+    return complete({**t, "op": BACKWARD[t["op"]], "dst": t["d_dst"]})
+
+
+def _backward(t: Thunk) -> list[Region]:
+    """The forward's regions, every one read-only, then ``d_dst`` (read, shaped like ``dst``) and one
+    gradient per floating-point input in its input's shape and element type: an ordinary write range,
+    or, for a carried state, read (the final state's gradient) and written in place (the initial one's)."""
+    t = complete(t)
+    forward = regions(forward_thunk(t))
+    out = [Region(r.field, r.offset, r.shape, r.dtype, "r") for r in forward if r.field != "dst"]
+    out += [Region("d_dst", r.offset, r.shape, r.dtype, "r") for r in forward if r.field == "dst"]
+    out += [Region(gradient(r.field), t[gradient(r.field)], r.shape, r.dtype, "rw" if r.writes else "w")
+            for r in forward if r.field != "dst" and r.dtype != "i32"]
+    return out
+
+
 RULES: dict[str, Callable[[Thunk], list[Region]]] = {
     "lstm": _recurrent,
     "gru": _recurrent,
@@ -271,6 +291,7 @@ RULES: dict[str, Callable[[Thunk], list[Region]]] = {
     "scan": _scan,
     "scan_backward": _scan_backward,
     "scan_backward_xs": _scan_backward_xs,
+    **{op: _backward for op in BACKWARD},
 }
 
 

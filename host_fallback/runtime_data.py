@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .fields import INT_FIELDS, complete
+from .gradients import FORWARD_OPS, forward_op
 from .layout import Region, regions
 
 
@@ -24,7 +25,7 @@ class DataError(ValueError):
 
 def int_regions(thunk: Mapping[str, Any]) -> list[Region]:
     """The integer tensors ``thunk`` reads (none for a thunk without them)."""
-    if thunk["op"] not in ("lstm", "gru", "rnn", "selective_scan", "mamba2", "gated_delta_net"):
+    if forward_op(thunk["op"]) not in FORWARD_OPS:
         return []
     t = complete(thunk)
     if all(t.get(f) is None for f in INT_FIELDS):

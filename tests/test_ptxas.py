@@ -25,7 +25,6 @@ from rlx_gpu.launches import Buf  # noqa: E402
 from rlx_gpu.launches.limits import (RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLimits, gate_variant,  # noqa: E402
                                      state_variant, variants)
 from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES  # noqa: E402
-from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 from test_rnn_device import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
@@ -115,7 +114,7 @@ def _thunks():
     """One small thunk of every planned op, the GPU shapes, and the recurrent kernel choices."""
     out = []
     for op in cases.SMALL:
-        if op not in SCAN_OPS:
+        if op in launches.PLANNERS:
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
     out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]

@@ -13,11 +13,12 @@ import host_fallback
 import rlx_gpu
 from host_fallback import runtime_data
 from host_fallback.fields import DEFAULTS
+from host_fallback.gradients import FORWARD_OPS
 from host_fallback.layout import regions
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.schedule.ops import SPECS
 
-V2_OPS = tuple(DEFAULTS)
+V2_OPS = FORWARD_OPS  # the ops with version-2 fields that version 1 has too (backward ops: tests/test_backward_ops.py)
 
 
 def _schedule(op: str, **params) -> dict:

@@ -8,6 +8,7 @@ from typing import Any
 
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.fields import INT_FIELDS
+from host_fallback.gradients import BACKWARD
 from host_fallback.layout import regions
 
 from ..graph.layout import ALIGN
@@ -30,6 +31,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "fill": dict(n=17, value=1.5),
     "cast": dict(n=17, src_dtype="f32"),
 }
+SMALL.update({backward: SMALL[forward] for backward, forward in BACKWARD.items()})  # a backward op: its forward's
 
 
 def _body(dtype: str, carry_n: int) -> dict[str, Any]:
@@ -119,8 +121,10 @@ def int_values(params: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
-    """A one-thunk schedule dict, labelled version 2 when the thunk names a version-2 field (even at its default)."""
-    abi = ABI_V2 if thunk["op"] in SPECS and SPECS[thunk["op"]].v2_fields & set(thunk) else ABI_V1
+    """A one-thunk schedule dict, labelled version 2 when the thunk is of a version-2 op or names a version-2
+    field (even at its default)."""
+    spec = SPECS.get(thunk["op"])
+    abi = ABI_V2 if spec is not None and (spec.version > 1 or spec.v2_fields & set(thunk)) else ABI_V1
     return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 

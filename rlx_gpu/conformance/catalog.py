@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from host_fallback.fields import used
+from host_fallback.gradients import BACKWARD, OPTIONAL_INPUTS, gradient
 
 from ..schedule.ops import DTYPES, SCAN_OPS, SPECS, Field
 from .cases import SMALL
-from .references import BINARY, UNARY, V2_FIELDS
+from .references import BINARY, REFERENCES, UNARY, V2_FIELDS
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,11 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("matmul", _matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True),
     ("mamba2", _mamba2(2, 150, 2, 17, 20), {}, True),  # gpu target: three chunks, two tiles of 16 rows
     ("gated_delta_net", _gdn(1, 100, 1, 256, True, True), {}, True),  # gpu target: chunked, the largest state
+    # the recurrences' backward ops: layers and directions, with and without the carried state's gradient
+    ("lstm_backward", _recurrent("lstm", 2, 4, 3, 5, 2, True, True), {}, False),
+    ("gru_backward", _recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False),
+    ("rnn_backward", _recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False),
+    ("lstm_backward", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -225,6 +231,11 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     # with lengths: a NaN inside row 0's length reaches its steps; one in its padding reaches nothing
     ("lstm", dict(_recurrent("lstm", 2, 5, 3, 4, 1, True, True), seq_lens=[4, 5]), "x", 2, NAN),
     ("gru", dict(_recurrent("gru", 2, 5, 3, 4, 1, True, True), seq_lens=[2, 5]), "x", 3, NAN),
+    # a backward op walks back: a NaN gradient at one step reaches only that row's earlier steps' inputs
+    # (and every weight gradient, which sums over rows and steps)
+    ("lstm_backward", _recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
+    ("gru_backward", _recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, NAN),
+    ("rnn_backward", _recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
@@ -267,6 +278,23 @@ PRESENT: dict[tuple[str, str], dict[str, Any]] = {
     ("lstm", "w_hr"): {"proj_size": 3, "w_hr": True},
     ("gru", "linear_before_reset"): {"linear_before_reset": False},
 }
+
+
+def _with_gradients(forward: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The params of a backward op's case: ``params`` and the gradient of every optional input they place."""
+    return {**params, **{gradient(name): True for name in OPTIONAL_INPUTS[forward] if params.get(name)}}
+
+
+# a backward op's field is present as its forward's is; an optional input and its gradient come together
+for _backward_op, _forward_op in BACKWARD.items():
+    PRESENT.update({(_backward_op, f): _with_gradients(_forward_op, p) for (op, f), p in list(PRESENT.items())
+                    if op == _forward_op})
+    for _name in OPTIONAL_INPUTS[_forward_op]:
+        _given = _with_gradients(_forward_op, PRESENT.get((_forward_op, _name), {_name: True}))
+        PRESENT[(_backward_op, _name)] = PRESENT[(_backward_op, gradient(_name))] = _given
+# gates that keep the update a convex blend (z in [0, 1]): leaky_relu driving r and z compounds over the steps
+# past what a 16-bit thunk's f32 holds, and the backward multiplies those values again
+PRESENT[("gru_backward", "activations")] = {"activations": [["hard_sigmoid", 0.2, 0.5], ["leaky_relu", 0.01, 0.0]] * 2}
 
 
 #: (op, params, field, label) of the run-time data cases: an integer tensor outside its rule (ABI.md §8)
@@ -335,6 +363,8 @@ def optional_field_cases(existing: Iterable[Case]) -> list[Case]:
     have = {(c.op, c.dtype, f.name, c.has(f)) for c in existing for f in SPECS[c.op].optional_fields}
     out: list[Case] = []
     for op, spec in SPECS.items():
+        if op in BACKWARD and op not in REFERENCES:  # a backward op is certified once its reference exists
+            continue
         for f in spec.optional_fields:
             for present in (True, False):
                 if present and f.version > 1 and f.name not in V2_FIELDS.get(op, ()):

@@ -17,6 +17,7 @@ import numpy as np
 import host_fallback
 from host_fallback.arena import STORAGE
 from host_fallback.fields import complete
+from host_fallback.gradients import forward_op
 from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
@@ -83,7 +84,7 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
             return sigmoid(x)
         if field == "k":
             return x / np.linalg.norm(x, axis=-1, keepdims=True)
-    if op in ("lstm", "gru", "rnn") and field.startswith("w_"):
+    if forward_op(op) in ("lstm", "gru", "rnn") and field.startswith("w_"):
         return x * 0.5
     return x
 

@@ -67,6 +67,10 @@ def assign(thunk: Thunk, session: Session, config: Config, path: tuple[str, ...]
         host_path = _host_path(thunk) if device == "host" else ""
         return Assignment(thunk.index, thunk.op, thunk.dtype, device, f"{how} on {session.info.spec}{host_path}", path,
                           thunk=thunk)
+    if thunk.op not in host_fallback.KERNELS:
+        on_host = "" if device == "host" else f", and host_fallback has no {thunk.op} kernel"
+        raise DeviceError(f"{where}: no backend runs it yet ({session.info.spec}: {why_not}{on_host}); leave the "
+                          "op out of the schedule")
     if config.fallback == "forbid":
         raise FallbackForbidden(f"{where} cannot run on {session.info.spec}: {why_not}; the fallback policy is "
                                 f"'forbid' (set fallback: allow or warn in {config.source})")

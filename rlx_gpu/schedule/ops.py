@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.body import BINARY, UNARY
 from host_fallback import scan
-from host_fallback.fields import ACTIVATIONS, DEFAULTS
+from host_fallback.fields import ACTIVATIONS, DEFAULTS, INT_FIELDS
+from host_fallback.gradients import FORWARD_OPS, OPTIONAL_INPUTS, gradient
 from host_fallback.layout import Region, regions
 
 from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
@@ -52,11 +53,13 @@ class Field:
 
 @dataclass(frozen=True)
 class OpSpec:
-    """An op of ABI.md: its fields (besides ``op`` and ``dtype``) and the dtypes it accepts."""
+    """An op of ABI.md: its fields (besides ``op`` and ``dtype``), the dtypes it accepts, and the ABI
+    version that has it (a version-2 op inside an ``rlx-thunks/1`` schedule is refused)."""
 
     name: str
     fields: tuple[Field, ...]
     dtypes: tuple[str, ...] = DTYPES
+    version: int = 1
 
     @cached_property
     def field_names(self) -> tuple[str, ...]:
@@ -158,6 +161,20 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in (
         Field("xs_idx", "count"), Field("body_dxs_out_off", "offset"), Field("outer_dxs_off", "offset"),
         Field("per_step_bytes", "pos"))),
 )}
+
+
+
+def _backward(forward: OpSpec) -> OpSpec:
+    """ABI.md §9's ``OP_backward``: every field of ``OP`` but ``dst`` (all read), ``d_dst``, and a gradient
+    ``d_NAME`` of the same kind as each floating-point tensor ``NAME`` (optional exactly where it is)."""
+    kept = tuple(f for f in forward.fields if f.name != "dst")
+    tensors = [f for f in kept if f.kind in ("offset", "opt_offset") and f.name not in INT_FIELDS]
+    assert {f.name for f in tensors if f.nullable} == set(OPTIONAL_INPUTS[forward.name]), forward.name
+    grads = tuple(Field(gradient(f.name), f.kind, used_when=f.used_when, version=f.version) for f in tensors)
+    return OpSpec(f"{forward.name}_backward", kept + (Field("d_dst", "offset"),) + grads, forward.dtypes, version=2)
+
+
+SPECS.update({s.name: s for s in map(_backward, [SPECS[op] for op in FORWARD_OPS])})
 
 SCAN_OPS = scan.SCAN_OPS
 

@@ -1,4 +1,7 @@
-"""The cross-field rules of ABI.md §8, by op: what the version-2 fields require of each other.
+"""The cross-field rules of ABI.md §8 and §9, by op: what the version-2 fields require of each other.
+
+A backward op (§9) follows its forward's rules, and gives the gradient of an optional input exactly
+when it gives the input.
 
 Each rule gets the fields a thunk gives (``op`` and ``dtype`` included, version-2 fields only where
 given, each already checked for its kind) and raises ``FieldError`` naming the field to fix.
@@ -9,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.fields import ACTIVATION_SLOTS
+from host_fallback.gradients import BACKWARD, OPTIONAL_INPUTS, gradient
 from host_fallback.scan_rules import FieldError
 
 Fields = Mapping[str, Any]
@@ -109,5 +113,22 @@ RULES_V2: dict[str, Callable[[Fields], None]] = {
     "selective_scan": _selective_scan, "mamba2": _mamba2, "gated_delta_net": _gated_delta_net,
     "lstm": _lstm, "gru": _recurrent, "rnn": _recurrent,
 }
+
+
+def _backward_rule(forward: str) -> Callable[[Fields], None]:
+    forward_rule = RULES_V2[forward]
+
+    def rule(t: Fields) -> None:
+        forward_rule({**t, "op": forward})
+        for name in OPTIONAL_INPUTS[forward]:
+            has_input, has_gradient = t.get(name) is not None, t.get(gradient(name)) is not None
+            if has_input and not has_gradient:
+                raise _fail(t, gradient(name), f"missing: {name} is given, so its gradient is written")
+            if has_gradient and not has_input:
+                raise _fail(t, gradient(name), f"given without {name} (the gradient of an absent input)")
+    return rule
+
+
+RULES_V2.update({backward: _backward_rule(forward) for backward, forward in BACKWARD.items()})
 
 __all__ = ["RULES_V2"]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from host_fallback import aliasing, scan_rules
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.fields import complete
+from host_fallback.gradients import forward_op
 from host_fallback.layout import regions
 
 from ..errors import ScheduleError, brief
@@ -289,6 +290,9 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
 
 def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context) -> tuple[Thunk, int]:
     spec: OpSpec = SPECS[op]
+    if ctx.abi == ABI_V1 and spec.version > 1:
+        raise here.fail("op", f"{op} is an op of rlx-thunks/2 (ABI.md §9); this schedule is labelled {ABI_V1!r}: "
+                              "label it 'rlx-thunks/2' to use it")
     dtype = raw.get("dtype")
     if not isinstance(dtype, str) or dtype not in spec.dtypes:
         raise here.fail("dtype", f"expected one of {', '.join(spec.dtypes)}, got {brief(dtype)}")
@@ -339,7 +343,7 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
         aliasing.check(thunk, regs)
     except scan_rules.FieldError as err:
         raise here.fail(err.field, err.message) from None
-    if op in _RECURRENT and ctx.tensors:
+    if forward_op(op) in _RECURRENT and ctx.tensors:
         _recurrent_counts(here, thunk, [r for r in regs if r.reads], ctx)
     return thunk, steps
 

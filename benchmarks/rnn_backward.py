@@ -1,0 +1,85 @@
+"""Host lstm / gru / rnn forward + backward (host_fallback) against torch autograd of nn.LSTM / GRU / RNN.
+
+    python benchmarks/rnn_backward.py [--ops lstm gru rnn] [--runs 3] [--torch-threads N]
+
+Shape of the issue's target: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32,
+weights uniform in ±1/sqrt(hidden) as torch initialises them. Ours is the forward thunk then the
+backward thunk (which recomputes the forward inside); torch is one forward and ``backward()`` of the
+same loss ``Σ dst·d_dst``. Medians of ``--runs`` runs each, taking turns; the load average is printed
+beside the table, since neighbours on the machine slow both sides (torch's threads most of all).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import host_fallback  # noqa: E402
+from host_fallback.arena import view  # noqa: E402
+from host_fallback.layout import forward_thunk, regions  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out  # noqa: E402
+
+SHAPE = dict(batch=32, seq=128, input_size=256, hidden=256, num_layers=2, bidirectional=True, carry=False)
+
+
+def _ours(op: str, rng: np.random.Generator):
+    """The backward thunk of ``op``, its forward, and an arena with every input set."""
+    thunk, nbytes = lay_out(f"{op}_backward", "f32", dict(SHAPE, **({"relu": False} if op == "rnn" else {})))
+    arena = np.zeros(nbytes, np.uint8)
+    bound = 1 / np.sqrt(SHAPE["hidden"])
+    for r in regions(thunk):
+        if r.reads:
+            weight = r.field.startswith("w_") or r.field in ("bias", "b_ih", "b_hh")
+            values = rng.uniform(-bound, bound, r.shape) if weight else rng.standard_normal(r.shape)
+            view(arena, r.offset, r.dtype, r.shape)[...] = values
+    return thunk, forward_thunk(thunk), arena
+
+
+def _median(fn, runs: int) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", nargs="+", default=["lstm", "gru", "rnn"], choices=["lstm", "gru", "rnn"])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--torch-threads", type=int, default=None, help="default: torch's own choice")
+    args = parser.parse_args()
+    import torch
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    rng = np.random.default_rng(0)
+    print(f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}")
+    print(f"{'op':<5} {'ours fwd':>9} {'ours bwd':>9} {'torch f+b':>10} {'ours f+b / torch':>17}")
+    for op in args.ops:
+        thunk, forward, arena = _ours(op, rng)
+        module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
+            SHAPE["input_size"], SHAPE["hidden"], num_layers=SHAPE["num_layers"], bidirectional=True, batch_first=True)
+        x = torch.randn(SHAPE["batch"], SHAPE["seq"], SHAPE["input_size"], requires_grad=True)
+        d_dst = torch.randn(SHAPE["batch"], SHAPE["seq"], 2 * SHAPE["hidden"])
+
+        def torch_run() -> None:
+            (module(x)[0] * d_dst).sum().backward()
+
+        ours_f = _median(lambda: host_fallback.execute(forward, arena.copy()), args.runs)
+        ours_b = _median(lambda: host_fallback.execute(thunk, arena.copy()), args.runs)
+        theirs = _median(torch_run, args.runs)
+        print(f"{op:<5} {ours_f * 1e3:>7.0f}ms {ours_b * 1e3:>7.0f}ms {theirs * 1e3:>8.0f}ms "
+              f"{(ours_f + ours_b) / theirs:>17.2f}")
+    print(f"load average {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

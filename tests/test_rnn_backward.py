@@ -1,0 +1,220 @@
+"""host_fallback lstm_backward / gru_backward / rnn_backward (ABI.md §9) against float64 central finite
+differences of the conformance reference's forward, and against torch autograd of nn.LSTM/GRU/RNN in float64.
+
+Every ``d_`` output is checked, the initial state's gradients included, along a random direction per
+input (one directional derivative covers every element of it: an error in any element shows unless
+it is orthogonal to a random vector). The version-2 cases run for the fields the float64 reference
+implements (``reference_rnn.V2_FIELDS``), and every such field has one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import host_fallback
+from host_fallback.arena import STORAGE, view
+from host_fallback.fields import DEFAULTS, complete
+from host_fallback.gradients import OPTIONAL_INPUTS, gradient
+from host_fallback.layout import forward_thunk, regions
+from rlx_gpu.conformance.cases import lay_out
+from rlx_gpu.conformance.references import REFERENCES, V2_FIELDS
+
+BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)
+SEQ_LENS = [5, 2, 0]  # a full row, a short one, an empty one (its final state is its initial state)
+
+
+def _params(op: str, **extra) -> dict:
+    params = {**BASE, **({"relu": False} if op == "rnn" else {}), **extra}
+    for name in OPTIONAL_INPUTS[op]:  # an optional input's gradient is placed with it
+        if params.get(name):
+            params[gradient(name)] = True
+    return params
+
+
+def _laid(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
+    """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
+    thunk, nbytes = lay_out(f"{op}_backward", dtype, params)
+    rng = np.random.default_rng(seed)
+    arena = np.zeros(nbytes, np.uint8)
+    for r in regions(thunk):
+        if r.dtype == "i32":
+            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
+        elif r.reads:
+            scale = 0.5 if r.field.startswith("w_") else 1.0
+            values = rng.standard_normal(r.shape) * scale
+            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
+    return thunk, arena
+
+
+def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+
+
+def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    out = arena.copy()
+    host_fallback.execute(thunk, out)
+    return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
+    """``Σ dst·d_dst + Σ h_final·d_h0 (+ Σ c_final·d_c0)`` with the reference forward on ``values``."""
+    forward = forward_thunk(thunk)
+    out = REFERENCES[forward["op"]](forward, lambda f: values[f])
+    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
+
+
+def _check_finite_differences(op: str, params: dict, seed: int = 0) -> None:
+    thunk, arena = _laid(op, "f64", params, seed)
+    values = _read(thunk, arena)
+    grads = _backward(thunk, arena)
+    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
+    assert set(grads) == expected
+    rng = np.random.default_rng(seed + 1)
+    eps = 1e-6
+    for name, grad in grads.items():
+        field = name[2:]
+        direction = rng.standard_normal(values[field].shape)
+        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
+        numeric = (sides[0] - sides[1]) / (2 * eps)
+        analytic = float(np.sum(grad * direction))
+        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
+        assert abs(numeric - analytic) <= 1e-7 * scale, (op, name, numeric, analytic)
+
+
+V1 = [
+    ("lstm", {}), ("gru", {}), ("rnn", {}), ("rnn", dict(relu=True, num_layers=1)),
+    ("gru", dict(bidirectional=False, carry=False)), ("lstm", dict(num_layers=1, carry=False)),
+]
+
+
+@pytest.mark.parametrize("op,extra", V1, ids=[f"{op}-{'.'.join(map(str, e.items())) or 'base'}" for op, e in V1])
+def test_every_gradient_matches_central_finite_differences(op, extra):
+    _check_finite_differences(op, _params(op, **extra))
+
+
+_ACTIVATIONS = {
+    "lstm": [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0],
+             ["sigmoid", 0.0, 0.0], ["scaled_tanh", 1.5, 0.7], ["tanh", 0.0, 0.0]],
+    "gru": [["leaky_relu", 0.01, 0.0], ["scaled_tanh", 1.5, 0.7], ["sigmoid", 0.0, 0.0], ["affine", 0.7, 0.1]],
+    "rnn": [["softplus", 0.0, 0.0], ["thresholded_relu", 0.1, 0.0]],
+}
+#: (op, the version-2 fields a case exercises, its params)
+V2 = [
+    *[(op, {"seq_lens"}, dict(seq_lens=SEQ_LENS)) for op in ("lstm", "gru", "rnn")],
+    *[(op, {"reverse", "seq_lens"}, dict(reverse=True, bidirectional=False, seq_lens=[4, 1, 5]))
+      for op in ("lstm", "gru", "rnn")],
+    *[(op, {"clip"}, dict(clip=0.5)) for op in ("lstm", "gru", "rnn")],
+    *[(op, {"activations"}, dict(activations=_ACTIVATIONS[op])) for op in ("lstm", "gru", "rnn")],
+    ("gru", {"linear_before_reset"}, dict(linear_before_reset=False)),
+    ("gru", {"linear_before_reset", "clip", "seq_lens"}, dict(linear_before_reset=False, clip=0.8, seq_lens=[3, 5, 1])),
+    ("lstm", {"peepholes"}, dict(peepholes=True)),
+    ("lstm", {"input_forget", "peepholes"}, dict(input_forget=True, peepholes=True)),
+    ("lstm", {"proj_size", "w_hr"}, dict(proj_size=3, w_hr=True)),
+    ("lstm", {"proj_size", "w_hr", "peepholes", "seq_lens", "clip"},
+     dict(proj_size=2, w_hr=True, peepholes=True, seq_lens=[1, 5, 3], clip=0.7)),
+]
+V2_RUN = [case for case in V2 if case[1] <= V2_FIELDS.get(case[0], frozenset())]
+
+
+def test_version_2_fields_match_central_finite_differences():
+    """Every case of a field the reference implements, and a case for every such field."""
+    for op, fields, extra in V2_RUN:
+        _check_finite_differences(op, _params(op, **extra))
+    for op in ("lstm", "gru", "rnn"):
+        for field in V2_FIELDS.get(op, frozenset()) & set(DEFAULTS[op]):
+            assert any(op == o and field in fields for o, fields, _ in V2_RUN), f"no backward case of {op} {field}"
+
+
+# --- torch autograd -----------------------------------------------------------------------------------
+_MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
+
+
+def _torch_grads(op: str, thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The same loss as ``_loss`` through torch.nn in float64, and the gradient of every input."""
+    t = complete(forward_thunk(thunk))
+    H, L, dirs, proj = t["hidden"], t["num_layers"], 2 if t["bidirectional"] else 1, t.get("proj_size", 0)
+    kwargs = dict(proj_size=proj) if proj else {}
+    if op == "rnn":
+        kwargs["nonlinearity"] = "relu" if t["relu"] else "tanh"
+    module = _MODULES[op](t["input_size"], H, num_layers=L, bidirectional=t["bidirectional"], batch_first=True,
+                          dtype=torch.float64, **kwargs)
+    leaves = {f: torch.tensor(values[f], requires_grad=True) for f in values if not f.startswith("d_")
+              and f != "seq_lens"}
+    w_ih = leaves["w_ih"]
+    offset, width = 0, proj or H
+    params = dict(module.named_parameters())
+    for ld in range(L * dirs):
+        layer, dr = divmod(ld, dirs)
+        suffix = f"l{layer}{'_reverse' if dr else ''}"
+        in_l = t["input_size"] if layer == 0 else dirs * width
+        rows = params[f"weight_ih_{suffix}"].shape[0]
+        block = w_ih[offset: offset + rows * in_l].reshape(rows, in_l)
+        offset += rows * in_l
+        fixed = {f"weight_ih_{suffix}": block, f"weight_hh_{suffix}": leaves["w_hh"][ld]}
+        if op == "gru":
+            fixed.update({f"bias_ih_{suffix}": leaves["b_ih"][ld], f"bias_hh_{suffix}": leaves["b_hh"][ld]})
+        else:  # one merged bias stream: torch's two are its halves (the hidden one zero)
+            fixed.update({f"bias_ih_{suffix}": leaves["bias"][ld],
+                          f"bias_hh_{suffix}": torch.zeros(rows, dtype=torch.float64)})
+        if proj:
+            fixed[f"weight_hr_{suffix}"] = leaves["w_hr"][ld]
+        params.update(fixed)
+    x = leaves["x"]
+    state = (leaves["h0"], leaves["c0"]) if op == "lstm" else leaves["h0"]
+    lens = values.get("seq_lens")
+    if lens is not None:
+        x = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lens, dtype=torch.int64), batch_first=True,
+                                                    enforce_sorted=False)
+    dst, final = torch.func.functional_call(module, params, (x, state))
+    if lens is not None:
+        dst = torch.nn.utils.rnn.pad_packed_sequence(dst, batch_first=True, total_length=t["seq"])[0]
+    finals = final if op == "lstm" else (final,)
+    loss = (dst * torch.tensor(values["d_dst"])).sum()
+    for name, value in zip(("h0", "c0"), finals):
+        loss = loss + (value * torch.tensor(values[gradient(name)])).sum()
+    loss.backward()
+    return {gradient(f): leaf.grad.numpy() for f, leaf in leaves.items()}
+
+
+TORCH = [("lstm", {}), ("gru", {}), ("rnn", {}), ("rnn", dict(relu=True)), ("lstm", dict(seq_lens=[5, 2, 3])),
+         ("gru", dict(seq_lens=[1, 5, 4]))]
+TORCH_PROJ = [("lstm", dict(proj_size=3, w_hr=True))]
+
+
+@pytest.mark.parametrize("op,extra", TORCH + TORCH_PROJ,
+                         ids=[f"{op}-{'.'.join(e) or 'base'}" for op, e in TORCH + TORCH_PROJ])
+def test_every_gradient_matches_torch_autograd(op, extra):
+    thunk, arena = _laid(op, "f64", _params(op, **extra), seed=3)
+    grads = _backward(thunk, arena)
+    want = _torch_grads(op, thunk, _read(thunk, arena))
+    assert set(want) == set(grads)
+    for name, value in want.items():
+        np.testing.assert_allclose(grads[name], value, rtol=1e-10, atol=1e-12, err_msg=f"{op} {name}")
+
+
+# --- dtypes and determinism ---------------------------------------------------------------------------
+#: NMSE of each gradient of a 16-bit / f32 thunk against the f64 backward on the same stored inputs: the
+#: outputs are rounded once (bf16 2^-8, f16 2^-11 relative) and everything before that is f32.
+NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
+
+
+@pytest.mark.parametrize("dtype", list(NMSE))
+@pytest.mark.parametrize("op,extra", [("lstm", dict(seq_lens=SEQ_LENS, proj_size=3, w_hr=True)), ("gru", {})],
+                         ids=["lstm", "gru"])
+def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(op, extra, dtype):
+    params = _params(op, **extra)
+    thunk, arena = _laid(op, dtype, params)
+    first, second = arena.copy(), arena.copy()
+    host_fallback.execute(thunk, first)
+    host_fallback.execute(thunk, second)
+    assert np.array_equal(first, second)
+    wide, wide_arena = _laid(op, "f64", params)
+    for r in regions(thunk):  # the f64 thunk gets the values the narrow one stores
+        if r.reads and r.dtype != "i32":
+            w = next(x for x in regions(wide) if x.field == r.field)
+            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
+    want, got = _backward(wide, wide_arena), _read(thunk, first)
+    for name, value in want.items():
+        err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+        assert err <= NMSE[dtype], (name, err)
