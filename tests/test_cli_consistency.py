@@ -167,7 +167,9 @@ def test_check_on_the_host_uses_the_float64_reference(capsys):
     assert main(["run", "demo", "--device", "host", "--check"]) == 0
     out = capsys.readouterr().out
     assert "float64 reference" in out and "host reference" not in out
-    assert "copy" in out and "not checked" in out  # an op without a reference says so
+    assert main(["run", "scan_cell", "--device", "host", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "scan" in out and "not checked" in out  # an op without a reference says so
 
 
 def test_check_on_the_host_catches_a_wrong_host_kernel(monkeypatch, capsys):

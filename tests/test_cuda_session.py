@@ -104,7 +104,7 @@ DEVICE_OPS = set(PLANNERS) | set(SCAN_OPS)
 def _one_case_per_op_dtype(dtypes: tuple[str, ...]) -> list[catalog.Case]:
     picked = {}
     for case in catalog.cases(quick=True):
-        if case.dtype in dtypes and case.op in DEVICE_OPS:
+        if case.dtype in dtypes and case.op in DEVICE_OPS and not case.refused:  # refused: no launch at all
             picked.setdefault((case.op, case.dtype, case.family), case)
     return list(picked.values())
 
