@@ -33,8 +33,8 @@ def _wide_enough(t: Fields, field: str) -> None:
         return
     chosen, dtype = t[field], t["dtype"]
     if chosen not in (dtype, "f32", "f64") or ELEM_SIZE[chosen] < ELEM_SIZE[dtype]:
-        raise _fail(t, field, f"{chosen} cannot hold a {dtype} thunk's values; expected {dtype}, f32 or f64 with "
-                              f"an element at least {ELEM_SIZE[dtype]} bytes wide")
+        allowed = ", ".join(dict.fromkeys(d for d in (dtype, "f32", "f64") if ELEM_SIZE[d] >= ELEM_SIZE[dtype]))
+        raise _fail(t, field, f"{chosen} cannot hold a {dtype} thunk's values; expected one of {allowed}")
 
 
 def _paired(t: Fields, tensor: str, count: str) -> None:
