@@ -20,7 +20,10 @@ from ..launches.limits import TARGETS, TUNING, DeviceLimits
 from ..paths import data_dir
 from . import backend_module
 
-FAMILIES = ("rnn", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
+FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
+#: family -> the families whose text comes before its own: the recurrences' backward recomputes the forward
+#: with the forward's own cell functions and compile-time variants
+BUILDS_ON = {"rnn_backward": ("rnn",)}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
@@ -105,6 +108,7 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None,
             defines(dtype, src_dtype, target, extra),
             _text(prelude_path(dialect)),
             _text(kernels / "common.cl"),
+            *(_text(kernels / f"{base}.cl") for base in BUILDS_ON.get(family, ())),
             _text(kernels / f"{family}.cl"),
         ]
     )

@@ -133,9 +133,10 @@ VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
     ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
     ("gdn", "cpu"): ((), GDN_V2),
-    # rnn: one program per op (its gate count) at each target, and the representative version-2 ones
-    **{("rnn", target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
-                         + RNN_FIELD_VARIANTS) for target in TARGETS},
+    # rnn and its backward: one program per op (its gate count) at each target, and the representative
+    # version-2 ones
+    **{(family, target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
+                          + RNN_FIELD_VARIANTS) for family in ("rnn", "rnn_backward") for target in TARGETS},
 }
 
 

@@ -58,7 +58,7 @@ def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
     return tuple(defines) + tuple((name, 1) for name, on in flags.items() if on)
 
 
-def _cell_args(t: Thunk, lens: tuple, peep_off: int | None) -> tuple:
+def cell_args(t: Thunk, lens: tuple, peep_off: int | None) -> tuple:
     """The trailing arguments of rnn_step and rnn_persist: seq_lens, the layer's peepholes, clip, and alpha, beta
     of the slots f, g, h of direction 0 then 1 (unused slots and directions 0)."""
     dt, slots = t["dtype"], ACTIVATION_SLOTS[t["op"]]
@@ -184,7 +184,7 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         h0 = (ARENA, i64(t["h0"] + es * layer * dirs * b * k)) if carry else (ARENA, i64(0))
         c0 = (ARENA, i64(t["c0"] + es * layer * dirs * b * h)) if carry and t["op"] == "lstm" else (ARENA, i64(0))
         peep = None if t["op"] != "lstm" or t["peepholes"] is None else t["peepholes"] + es * layer * dirs * 3 * h
-        cell = _cell_args(t, lens, peep)
+        cell = cell_args(t, lens, peep)
         tail = out + (i64(dirs * k),)
         wt = (SCRATCH, i64(sc["wt"] + layer * sc["wt_layer"]))
         whr = (SCRATCH, i64(sc["whr"] + layer * sc["whr_layer"]))

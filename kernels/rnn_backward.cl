@@ -1,0 +1,470 @@
+/* Backward of the recurrent family (ABI.md §9 for lstm, gru, rnn): appended to kernels/rnn.cl's text, whose
+ * compile-time variants (RNN_GATES, RNN_ACT_*, RNN_LENS, RNN_CLIP, RNN_PEEP, RNN_IFG, RNN_PROJ, RNN_LBR0) and
+ * cell functions (activations, clip, seq_lens, peepholes) it shares, so the forward it recomputes is the
+ * forward's own arithmetic.
+ *
+ * Per layer, bottom up, the forward runs again one step per launch and keeps what the reverse pass reads (all
+ * scratch in the compute type, row = b*S + tt as the forward's xw, every per-direction tensor [D][B*S][width]):
+ * u (the gate pre-activations, written over the input projection xw they start from), hp (the h entering each
+ * step, width K), lstm's cp / cn (the cell entering and leaving each step) and raw (o * h(c) before a
+ * projection), gru's hn (W_hn h + b_hn, or r * h without linear_before_reset), and the layer's output o
+ * [B*S][D*K] (the input of the layer above). Then, top layer first, the reverse walk: a step computes the
+ * gradients of the gate pre-activations, dz [B*S][D*G*H] (gru's hidden side apart: dzh), and from them the
+ * gradient of the state entering the step (dh, dc per [D][B][width]); every weight, bias and input gradient is
+ * then a sum over the whole sequence (body.cl's gemm, rnnb_colsum). Every sum runs in a fixed order on one
+ * work-item: no atomics, the same bytes on every run. */
+
+/* The derivative of activation `code` at the (clipped) pre-activation v whose value is y (ABI.md §9: at a kink,
+ * the branch the forward takes). */
+INLINE_FN real rnnb_slope(int code, real v, real y, real a, real b)
+{
+    switch (code) {
+    case RNN_ACT_SIGMOID: return y * ((real)1 - y);
+    case RNN_ACT_TANH: return (real)1 - y * y;
+    case RNN_ACT_RELU: return v > (real)0 ? (real)1 : (real)0;
+    case RNN_ACT_AFFINE: return a;
+    case RNN_ACT_LEAKY_RELU: return v >= (real)0 ? (real)1 : a;
+    case RNN_ACT_THRESHOLDED_RELU: return v > a ? (real)1 : (real)0;
+    case RNN_ACT_SCALED_TANH: {
+        const real th = rnn_tanh(b * v);
+        return a * b * ((real)1 - th * th);
+    }
+    case RNN_ACT_HARD_SIGMOID: {
+        const real s = a * v + b;
+        return s >= (real)0 && s <= (real)1 ? a : (real)0;
+    }
+    case RNN_ACT_ELU: return v >= (real)0 ? (real)1 : y + a;
+    case RNN_ACT_SOFTSIGN: {
+        const real d = (real)1 + (v < (real)0 ? -v : v);
+        return (real)1 / (d * d);
+    }
+    default: return rnn_sigmoid(v); /* softplus */
+    }
+}
+
+/* Slot `slot`'s derivative (rnn_slot's selection of the direction's activation). */
+INLINE_FN real rnnb_slot_slope(int code0, int code1, int slot, real v, real y, const rnn_params* p)
+{
+    const real a = p->ab[2 * slot], b = p->ab[2 * slot + 1];
+    return (code0 == code1 || !p->dir) ? rnnb_slope(code0, v, y, a, b) : rnnb_slope(code1, v, y, a, b);
+}
+
+/* A gate of activation slot `slot` from its raw pre-activation u: *y its value, returned the gradient factor
+ * that turns the value's gradient into the pre-activation's (the slope, 0 where clip clamped u). */
+INLINE_FN real rnnb_gate(int slot, real u, real* y, const rnn_params* p)
+{
+    const real v = rnn_clip(u, p);
+    real pass = (real)1;
+#if RNN_CLIP
+    pass = (u < -p->clip || u > p->clip) ? (real)0 : (real)1; /* torch.clamp: the bounds pass the gradient */
+#endif
+    if (slot == 0) {
+        *y = rnn_f(v, p);
+        return pass * rnnb_slot_slope(RNN_ACT_F0, RNN_ACT_F1, 0, v, *y, p);
+    }
+    *y = rnn_g(v, p);
+    return pass * rnnb_slot_slope(RNN_ACT_G0, RNN_ACT_G1, 1, v, *y, p);
+}
+
+/* sum_q w[q] * v[q]: a row of a weight in arena storage against a vector in the compute type. */
+INLINE_FN real rnnb_dot(GLOBAL const uchar* w, GLOBAL const real* v, i64 n)
+{
+    real s = (real)0;
+    for (i64 q = 0; q < n; ++q)
+        s += LOAD(w, q) * v[q];
+    return s;
+}
+
+/* Row b's step t: its time tt (through *tt) and the row of its successor in the walk (-1 past the last). */
+INLINE_FN i64 rnnb_next_row(i64 b, i64 t, i64 len, int back, i64 S, i64* tt)
+{
+    *tt = rnn_time(t, back, len);
+    return t + 1 < len ? b * S + rnn_time(t + 1, back, len) : -1;
+}
+
+/* n reals of scratch set to zero (the tensors whose padding steps, past seq_lens, no step writes). */
+KERNEL rnnb_zero(i64 n, GLOBAL uchar* zb, i64 zo)
+{
+    GLOBAL real* z = AT(real, zb, zo);
+    for (i64 i = GID(0); i < n; i += GSIZE(0))
+        z[i] = (real)0;
+}
+
+/* The state entering each row's first step into hp (and cp): h0/c0 of the layer with carry, else zeros. */
+KERNEL rnnb_forward_init(i64 B, i64 S, i64 H, i64 K, int carry, int reverse, GLOBAL uchar* h0b, i64 h0o,
+                         GLOBAL uchar* c0b, i64 c0o, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo,
+                         GLOBAL uchar* lb, i64 lo)
+{
+    const i64 i = GID(0), dir = GID(2);
+    GLOBAL const int* lens = AT(int, lb, lo);
+    if (i >= (H > K ? H : K))
+        return;
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (len == 0)
+            continue;
+        const i64 row = b * S + rnn_time(0, dir || reverse, len), at = dir * B + b;
+        if (i < K)
+            AT(real, hpb, hpo)[(dir * B * S + row) * K + i] = carry ? LOAD(AT(uchar, h0b, h0o), at * K + i) : (real)0;
+        if (RNN_HAS_CELL && i < H)
+            AT(real, cpb, cpo)[(dir * B * S + row) * H + i] = carry ? LOAD(AT(uchar, c0b, c0o), at * H + i) : (real)0;
+    }
+}
+
+/* One forward step t of every row and both directions, item (unit j, row, direction), keeping what the reverse
+ * pass reads: u over xw in place, cp / cn / raw (lstm), hn (gru), the new h into hp at the row's next step and
+ * into the layer output o (has_out; rows of o_rs = D*K). With RNN_PROJ the new h is rnnb_forward_proj's; with RNN_LBR0 phase 0
+ * makes r, z and r * h (hn), phase 1 n and h. w_hh and b_hh are the layer's (arena storage); the last
+ * arguments are rnn_step's (seq_lens, the layer's peepholes, clip, alpha and beta per slot and direction). */
+KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
+                         GLOBAL uchar* ub, i64 uo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                         GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
+                         GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* rwb, i64 rwo, GLOBAL uchar* ob, i64 oo, int has_out, i64 o_rs,
+                         GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                         real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                         real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
+{
+    const i64 j = GID(0), dir = GID(2), GH = RNN_GATES * H, N = B * S;
+    if (j >= H)
+        return;
+    GLOBAL real* u_all = AT(real, ub, uo) + dir * N * GH;
+    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
+    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * GH * (i64)sizeof(store_t));
+    GLOBAL real* hp = AT(real, hpb, hpo) + dir * N * K;
+    GLOBAL real* cp = AT(real, cpb, cpo) + dir * N * H;
+    GLOBAL real* cn = AT(real, cnb, cno) + dir * N * H;
+    GLOBAL real* hn = AT(real, hnb, hno) + dir * N * H;
+    GLOBAL real* raw = AT(real, rwb, rwo) + dir * N * H;
+    GLOBAL real* o = AT(real, ob, oo);
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
+    const int back = dir || reverse;
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (t >= len)
+            continue;
+        i64 tt;
+        const i64 next = rnnb_next_row(b, t, len, back, S, &tt), row = b * S + tt;
+        GLOBAL real* u = u_all + row * GH;
+        GLOBAL const real* h = hp + row * K;
+        real hv;
+#if RNN_GATES == 4
+        real pp[3];
+        rnn_peepholes(pp, peep, j, H);
+        const real c = cp[row * H + j];
+        real z[4];
+        for (int g = 0; g < 4; ++g)
+            z[g] = u[g * H + j] + rnnb_dot(whh + ((i64)g * H + j) * K * (i64)sizeof(store_t), h, K);
+#if RNN_PEEP
+        z[0] += pp[0] * c;
+        z[1] += pp[2] * c;
+#endif
+        real gi, gf, gg, go;
+        rnnb_gate(0, z[0], &gi, &p);
+#if RNN_IFG
+        gf = (real)1 - gi;
+#else
+        rnnb_gate(0, z[1], &gf, &p);
+#endif
+        rnnb_gate(1, z[2], &gg, &p);
+        const real c_new = gf * c + gi * gg;
+#if RNN_PEEP
+        z[3] += pp[1] * c_new;
+#endif
+        rnnb_gate(0, z[3], &go, &p);
+        for (int g = 0; g < 4; ++g)
+            u[g * H + j] = z[g];
+        cn[row * H + j] = c_new;
+        if (next >= 0)
+            cp[next * H + j] = c_new;
+        hv = go * rnn_h(c_new, &p);
+#if RNN_PROJ
+        raw[row * H + j] = hv;
+        continue; /* rnnb_forward_proj makes h */
+#endif
+#elif RNN_GATES == 3
+        const real hj = h[j];
+        GLOBAL const uchar* wn = whh + (2 * H + j) * K * (i64)sizeof(store_t);
+        const real bn = has_bhh ? LOAD(bhh, 2 * H + j) : (real)0;
+#if RNN_LBR0
+        if (phase == 0) {
+            real gr;
+            for (int g = 0; g < 2; ++g) {
+                u[g * H + j] += (has_bhh ? LOAD(bhh, g * H + j) : (real)0) +
+                                rnnb_dot(whh + ((i64)g * H + j) * K * (i64)sizeof(store_t), h, K);
+            }
+            rnnb_gate(0, u[j], &gr, &p);
+            hn[row * H + j] = gr * hj; /* W_hn's operand r * h: phase 1 needs every unit's */
+            continue;
+        }
+        u[2 * H + j] += bn + rnnb_dot(wn, hn + row * H, H);
+#else
+        real zr = u[j], zz = u[H + j];
+        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + rnnb_dot(whh + j * K * (i64)sizeof(store_t), h, K);
+        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + rnnb_dot(whh + (H + j) * K * (i64)sizeof(store_t), h, K);
+        const real hq = bn + rnnb_dot(wn, h, K);
+        real gr;
+        rnnb_gate(0, zr, &gr, &p);
+        hn[row * H + j] = hq;
+        u[j] = zr;
+        u[H + j] = zz;
+        u[2 * H + j] += gr * hq;
+#endif
+        real gz, gn;
+        rnnb_gate(0, u[H + j], &gz, &p);
+        rnnb_gate(1, u[2 * H + j], &gn, &p);
+        hv = ((real)1 - gz) * gn + gz * hj;
+#else
+        u[j] += rnnb_dot(whh + j * K * (i64)sizeof(store_t), h, K);
+        rnnb_gate(0, u[j], &hv, &p);
+#endif
+        if (next >= 0)
+            hp[next * K + j] = hv;
+        if (has_out)
+            o[row * o_rs + dir * K + j] = hv;
+    }
+}
+
+#if RNN_PROJ
+/* lstm's projection of forward step t: h[p] = sum_j W_hr[p][j] raw[j], into hp at the row's next step and the
+ * layer output o; item (p, row, direction), w_hr the layer's (arena storage, [D][P][H]). */
+KERNEL rnnb_forward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL uchar* rwb, i64 rwo,
+                         GLOBAL uchar* wrb, i64 wro, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* ob, i64 oo, int has_out,
+                         i64 o_rs, GLOBAL uchar* lb, i64 lo)
+{
+    const i64 q = GID(0), dir = GID(2), N = B * S;
+    if (q >= P)
+        return;
+    GLOBAL const real* raw = AT(real, rwb, rwo) + dir * N * H;
+    GLOBAL const uchar* wr = AT(uchar, wrb, wro + (dir * P + q) * H * (i64)sizeof(store_t));
+    GLOBAL real* hp = AT(real, hpb, hpo) + dir * N * P;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (t >= len)
+            continue;
+        i64 tt;
+        const i64 next = rnnb_next_row(b, t, len, dir || reverse, S, &tt), row = b * S + tt;
+        const real hv = rnnb_dot(wr, raw + row * H, H);
+        if (next >= 0)
+            hp[next * P + q] = hv;
+        if (has_out)
+            AT(real, ob, oo)[row * o_rs + dir * P + q] = hv;
+    }
+}
+#endif
+
+/* The reverse walk's state gradients of a layer, [D][B][width]: the final state's (d_h0, d_c0 of the layer, arena
+ * storage) with carry, else zeros. */
+KERNEL rnnb_backward_init(i64 nh, i64 nc, int carry, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                          GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco)
+{
+    const i64 i = GID(0);
+    if (i < nh)
+        AT(real, dhb, dho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
+    if (i < nc)
+        AT(real, dcb, dco)[i] = carry ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
+}
+
+/* The initial state's gradients of a layer, after its reverse walk, into d_h0 / d_c0 in place. */
+KERNEL rnnb_backward_out(i64 nh, i64 nc, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco,
+                         GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o)
+{
+    const i64 i = GID(0);
+    if (i < nh)
+        STORE(AT(uchar, h0b, h0o), i, AT(real, dhb, dho)[i]);
+    if (i < nc)
+        STORE(AT(uchar, c0b, c0o), i, AT(real, dcb, dco)[i]);
+}
+
+/* The gradient of the h a step t outputs, dh_in = dh + dy (dy: the layer output's gradient, arena storage or
+ * compute-type scratch: dy_real; rows of dy_rs), for unit j of batch row b at row `row`. */
+INLINE_FN real rnnb_dh_in(GLOBAL const real* dh, GLOBAL const uchar* dy, int dy_real, i64 dy_rs, i64 dir, i64 B,
+                          i64 b, i64 row, i64 K, i64 j)
+{
+    return dh[(dir * B + b) * K + j] + load_any(dy, row * dy_rs + dir * K + j, dy_real);
+}
+
+#if RNN_PROJ
+/* lstm's projection in reverse at step t: item (unit, row, direction) keeps dh_in of its unit p < P in dhin
+ * (for d_w_hr) and makes draw[j] = sum_p dh_in[p] W_hr[p][j], the gradient of o * h(c), for its unit j < H. */
+KERNEL rnnb_backward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL uchar* yb, i64 yo, int dy_real,
+                          i64 dy_rs, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* wrb, i64 wro, GLOBAL uchar* dib, i64 dio,
+                          GLOBAL uchar* drb, i64 dro, GLOBAL uchar* lb, i64 lo)
+{
+    const i64 j = GID(0), dir = GID(2), N = B * S;
+    if (j >= (H > P ? H : P))
+        return;
+    GLOBAL const uchar* dy = AT(uchar, yb, yo);
+    GLOBAL const real* dh = AT(real, dhb, dho);
+    GLOBAL const uchar* wr = AT(uchar, wrb, wro + dir * P * H * (i64)sizeof(store_t));
+    GLOBAL const int* lens = AT(int, lb, lo);
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (t >= len)
+            continue;
+        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
+        if (j < P)
+            AT(real, dib, dio)[(dir * N + row) * P + j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, P, j);
+        if (j < H) {
+            real s = (real)0;
+            for (i64 q = 0; q < P; ++q)
+                s += rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, P, q) * LOAD(wr, q * H + j);
+            AT(real, drb, dro)[(dir * B + b) * H + j] = s;
+        }
+    }
+}
+#endif
+
+/* One reverse step of every row and both directions, item (unit j, row, direction): the walk's step t from its
+ * end (the forward's step len-1-t). From the kept forward (u, hp, cp, cn, hn) and the gradient of the step's h
+ * (dh_in; lstm with RNN_PROJ: draw, the gradient of o * h(c)), the gate pre-activations' gradients into dz (input
+ * side) and dzh (gru's hidden side; rows of dz_rs = D*G*H, direction dir's block at dir*G*H), lstm's cell
+ * gradient in dc (in place), and gru's direct part of the entering h's gradient (dh_in * z, and W_hn's through
+ * r * h without linear_before_reset) in direct. RNN_LBR0 takes two phases: 0 every unit but r's gradient, 1
+ * r's, from dq = W_hn^T dz_n. Arguments past dzh as rnnb_forward_step's. */
+KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase, GLOBAL uchar* yb, i64 yo,
+                          int dy_real, i64 dy_rs, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco,
+                          GLOBAL uchar* drb, i64 dro, GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* ub, i64 uo,
+                          GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
+                          GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* whb, i64 who, GLOBAL uchar* dzb, i64 dzo,
+                          GLOBAL uchar* dhzb, i64 dhzo, i64 dz_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                          real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
+                          real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
+{
+    const i64 j = GID(0), dir = GID(2), GH = RNN_GATES * H, N = B * S;
+    if (j >= H)
+        return;
+    GLOBAL const uchar* dy = AT(uchar, yb, yo);
+    GLOBAL const real* dh = AT(real, dhb, dho);
+    GLOBAL real* dc = AT(real, dcb, dco) + dir * B * H;
+    GLOBAL const real* draw = AT(real, drb, dro) + dir * B * H;
+    GLOBAL real* direct = AT(real, dsb, dso) + dir * B * H;
+    GLOBAL const real* u_all = AT(real, ub, uo) + dir * N * GH;
+    GLOBAL const real* hp = AT(real, hpb, hpo) + dir * N * K;
+    GLOBAL const real* cp = AT(real, cpb, cpo) + dir * N * H;
+    GLOBAL const real* cn = AT(real, cnb, cno) + dir * N * H;
+    GLOBAL const real* hn = AT(real, hnb, hno) + dir * N * H;
+    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
+    GLOBAL real* dz_all = AT(real, dzb, dzo) + dir * GH;
+    GLOBAL real* dzh_all = AT(real, dhzb, dhzo) + dir * GH;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (t >= len)
+            continue;
+        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
+        GLOBAL const real* u = u_all + row * GH;
+        GLOBAL real* dz = dz_all + row * dz_rs;
+        GLOBAL real* dzh = dzh_all + row * dz_rs;
+#if RNN_GATES == 4
+        real pp[3];
+        rnn_peepholes(pp, peep, j, H);
+        const real dhj = RNN_PROJ ? draw[b * H + j] : rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j);
+        real gi, gf, gg, go, sf = (real)0;
+        const real si = rnnb_gate(0, u[j], &gi, &p);
+#if RNN_IFG
+        gf = (real)1 - gi;
+#else
+        sf = rnnb_gate(0, u[H + j], &gf, &p);
+#endif
+        const real sg = rnnb_gate(1, u[2 * H + j], &gg, &p), so = rnnb_gate(0, u[3 * H + j], &go, &p);
+        const real c_prev = cp[row * H + j], c_new = cn[row * H + j], hc = rnn_h(c_new, &p);
+        const real dzo = dhj * hc * so;
+        real dcn = dhj * go * rnnb_slot_slope(RNN_ACT_H0, RNN_ACT_H1, 2, c_new, hc, &p) + dc[b * H + j];
+#if RNN_PEEP
+        dcn += dzo * pp[1];
+#endif
+        real dgi = dcn * gg;
+        const real dgf = dcn * c_prev;
+#if RNN_IFG
+        dgi -= dgf; /* f = 1 - i */
+#endif
+        const real dzi = dgi * si, dzf = dgf * sf, dzg = dcn * gi * sg;
+        real dc_prev = dcn * gf;
+#if RNN_PEEP
+        dc_prev += dzi * pp[0] + dzf * pp[2];
+#endif
+        dz[j] = dzi;
+        dz[H + j] = dzf;
+        dz[2 * H + j] = dzg;
+        dz[3 * H + j] = dzo;
+        dc[b * H + j] = dc_prev;
+#elif RNN_GATES == 3
+        real gr, gz, gn;
+        const real sr = rnnb_gate(0, u[j], &gr, &p), h_prev = hp[row * K + j];
+        if (RNN_LBR0 && phase == 1) { /* r's gradient through W_hn (r * h): dq = sum_i dz_n[i] W_hn[i][j] */
+            real dq = (real)0;
+            for (i64 i = 0; i < H; ++i)
+                dq += dz[2 * H + i] * LOAD(whh, (2 * H + i) * K + j);
+            dz[j] = dzh[j] = dq * h_prev * sr;
+            direct[b * H + j] += dq * gr;
+            continue;
+        }
+        const real dhj = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j);
+        const real sz = rnnb_gate(0, u[H + j], &gz, &p), sn = rnnb_gate(1, u[2 * H + j], &gn, &p);
+        const real dpn = dhj * ((real)1 - gz) * sn;
+        dz[H + j] = dzh[H + j] = dhj * (h_prev - gn) * sz;
+        dz[2 * H + j] = dpn;
+        direct[b * H + j] = dhj * gz;
+#if RNN_LBR0
+        dzh[2 * H + j] = dpn;
+#else
+        const real hq = hn[row * H + j]; /* W_hn h + b_hn, which the reset scales */
+        dzh[2 * H + j] = dpn * gr;
+        dz[j] = dzh[j] = dpn * hq * sr;
+#endif
+#else
+        real y;
+        const real s = rnnb_gate(0, u[j], &y, &p);
+        dz[j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) * s;
+#endif
+    }
+}
+
+/* The gradient of the h entering reverse step t, item (q < K, row, direction): dh[q] = direct[q] (gru) +
+ * sum_r dzh[r] W_hh[r][q] over the first `rows_hh` rows of the layer's W_hh (every gate; gru's r and z without
+ * linear_before_reset, whose n block went through r * h). Rows that take no step keep theirs. */
+KERNEL rnnb_backward_dh(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, i64 rows_hh, GLOBAL uchar* dhzb, i64 dhzo,
+                        i64 dz_rs, GLOBAL uchar* whb, i64 who, GLOBAL uchar* dsb, i64 dso, int has_direct,
+                        GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* lb, i64 lo)
+{
+    const i64 q = GID(0), dir = GID(2), GH = RNN_GATES * H;
+    if (q >= K)
+        return;
+    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
+    GLOBAL const int* lens = AT(int, lb, lo);
+    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+        const i64 len = rnn_len(lens, b, S);
+        if (t >= len)
+            continue;
+        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
+        GLOBAL const real* dzh = AT(real, dhzb, dhzo) + row * dz_rs + dir * GH;
+        real s = has_direct ? AT(real, dsb, dso)[(dir * B + b) * K + q] : (real)0;
+        for (i64 r = 0; r < rows_hh; ++r)
+            s += dzh[r] * LOAD(whh, r * K + q);
+        AT(real, dhb, dho)[(dir * B + b) * K + q] = s;
+    }
+}
+
+/* out[z][c] = sum over rows r (in order) of a[z][r][c] (times m[z][r][c] with has_m), into arena storage:
+ * the bias and peephole gradients, sums over the whole sequence. a, m: compute-type scratch at element
+ * strides (batch, row; columns contiguous). */
+KERNEL rnnb_colsum(i64 rows, i64 cols, i64 batch, GLOBAL uchar* ab, i64 ao, i64 a_bs, i64 a_rs, GLOBAL uchar* mb,
+                   i64 mo, i64 m_bs, i64 m_rs, int has_m, GLOBAL uchar* ob, i64 oo, i64 o_bs)
+{
+    const i64 c = GID(0);
+    if (c >= cols)
+        return;
+    GLOBAL const real* a = AT(real, ab, ao);
+    GLOBAL const real* m = AT(real, mb, mo);
+    for (i64 z = GID(2); z < batch; z += GSIZE(2)) {
+        real s = (real)0;
+        for (i64 r = 0; r < rows; ++r)
+            s += a[z * a_bs + r * a_rs + c] * (has_m ? m[z * m_bs + r * m_rs + c] : (real)1);
+        STORE(AT(uchar, ob, oo), z * o_bs + c, s);
+    }
+}
