@@ -25,8 +25,9 @@ def test_kernel_texts_name_only_files_that_exist(path):
     assert not missing, f"{path.name} names {missing}: no such file; name the module that does it now"
 
 
-def test_recurrent_kernels_have_no_macro_bodies():
-    text = (data_dir("kernels") / "rnn.cl").read_text()
+@pytest.mark.parametrize("name", ["rnn_cell.cl", "rnn.cl", "rnn_backward.cl"])
+def test_recurrent_kernels_have_no_macro_bodies(name):
+    text = (data_dir("kernels") / name).read_text()
     continued = [n for n, line in enumerate(text.splitlines(), 1) if line.rstrip().endswith("\\")]
-    assert not continued, (f"kernels/rnn.cl has {len(continued)} macro continuation lines, the first at line "
+    assert not continued, (f"kernels/{name} has {len(continued)} macro continuation lines, the first at line "
                            f"{continued[0]}; write a function (a gate-count variant: RNN_GATES) instead")

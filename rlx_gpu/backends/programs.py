@@ -21,9 +21,9 @@ from ..paths import data_dir
 from . import backend_module
 
 FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
-#: family -> the families whose text comes before its own: the recurrences' backward recomputes the forward
-#: with the forward's own cell functions and compile-time variants
-BUILDS_ON = {"rnn_backward": ("rnn",)}
+#: family -> the shared texts (kernels/NAME.cl) that come before its own: the recurrent cell, which the
+#: forward runs and the backward differentiates
+BUILDS_ON = {"rnn": ("rnn_cell",), "rnn_backward": ("rnn_cell",)}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}

@@ -32,7 +32,7 @@ GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 V2_FIELDS = frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "peepholes",
                        "input_forget", "proj_size", "w_hr"})
 
-#: activation name -> the kernel's code (kernels/rnn.cl's RNN_ACT_<NAME>, in the same order)
+#: activation name -> the kernel's code (kernels/rnn_cell.cl's RNN_ACT_<NAME>, in the same order)
 ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 _SLOT_NAMES = "FGH"  # the activation slots f, g, h (RNN_ACT_<slot><dir>)
 _V1_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
@@ -41,7 +41,7 @@ _V1_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh
 def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
     """The program variant of every recurrent launch of the completed thunk ``t``: ``RNN_GATES``, then only what
     differs from ABI.md §3 — each slot's activation code (``RNN_ACT_F0``.., direction 1's only where it differs
-    from direction 0's) and a flag per optional field in use (kernels/rnn.cl's RNN_LENS, RNN_CLIP, RNN_PEEP,
+    from direction 0's) and a flag per optional field in use (kernels/rnn_cell.cl's RNN_LENS, RNN_CLIP, RNN_PEEP,
     RNN_IFG, RNN_PROJ, RNN_LBR0). A version-1 thunk gets ``gate_variant`` (and rnn's relu as ``RNN_ACT_F0``)."""
     op, dirs = t["op"], 2 if t["bidirectional"] else 1
     slots = ACTIVATION_SLOTS[op]
