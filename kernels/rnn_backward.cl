@@ -364,12 +364,12 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
         real pp[3];
         rnn_peepholes(pp, peep, j, H);
         const real dhj = RNN_PROJ ? draw[b * H + j] : rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j);
-        real gi, gf, gg, go, sf = (real)0;
+        real gi, gf, gg, go;
         const real si = rnnb_gate(0, u[j], &gi, &p);
 #if RNN_IFG
         gf = (real)1 - gi;
 #else
-        sf = rnnb_gate(0, u[H + j], &gf, &p);
+        const real sf = rnnb_gate(0, u[H + j], &gf, &p);
 #endif
         const real sg = rnnb_gate(1, u[2 * H + j], &gg, &p), so = rnnb_gate(0, u[3 * H + j], &go, &p);
         const real c_prev = cp[row * H + j], c_new = cn[row * H + j], hc = rnn_h(c_new, &p);
@@ -381,9 +381,12 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
         real dgi = dcn * gg;
         const real dgf = dcn * c_prev;
 #if RNN_IFG
-        dgi -= dgf; /* f = 1 - i */
+        dgi -= dgf; /* f = 1 - i: z_f reaches nothing, its gradient is 0 (not 0 times a NaN) */
+        const real dzf = (real)0;
+#else
+        const real dzf = dgf * sf;
 #endif
-        const real dzi = dgi * si, dzf = dgf * sf, dzg = dcn * gi * sg;
+        const real dzi = dgi * si, dzg = dcn * gi * sg;
         real dc_prev = dcn * gf;
 #if RNN_PEEP
         dc_prev += dzi * pp[0] + dzf * pp[2];

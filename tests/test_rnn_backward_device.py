@@ -1,0 +1,98 @@
+"""The recurrent backward ops (ABI.md §9) on PoCL at both kernel targets: kernels/rnn_backward.cl.
+
+Each op runs once with every optional field of tests/test_rnn_device.py at once (the representative program
+variants that NVRTC and ptxas check), against the conformance suite's float64 reference (a step-by-step
+reverse written from ABI.md) and the host; the same thunk run twice gives the same bytes; a NaN in ``d_dst``
+stays causal. Every recurrent backward case of the conformance catalog has a device kernel at both targets.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host_fallback.fields import complete
+from host_fallback.gradients import BACKWARD, OPTIONAL_INPUTS, gradient
+from rlx_gpu import launches
+from rlx_gpu.conformance import catalog, runner
+from rlx_gpu.conformance.catalog import Case
+from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.launches.limits import REFERENCE_GPU, RNN_FIELD_VARIANTS, TARGETS, DeviceLimits
+from rlx_gpu.runtime.config import default_config_path, load_config
+from rlx_gpu.runtime.registry import open_session, status
+from test_rnn_device import FIELDS
+
+POCL = [i.spec for i in status("opencl").devices if i.details.get("platform") == "Portable Computing Language"]
+CONFIG = load_config(default_config_path())
+RECURRENT = ("lstm", "gru", "rnn")
+
+
+def _backward(op: str, params: dict) -> tuple[str, dict]:
+    """The backward op of ``op`` and ``params`` with the gradient of every optional input they place."""
+    return f"{op}_backward", {**params, **{gradient(n): True for n in OPTIONAL_INPUTS[op] if params.get(n)}}
+
+
+#: op -> (backward op, params): every §8 field at once, with d_h0 / d_c0 (carry) over two bidirectional layers
+CASES = {op: _backward(op, dict(FIELDS[op], relu=False) if op == "rnn" else FIELDS[op]) for op in RECURRENT}
+
+
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
+def test_every_recurrent_backward_case_of_the_catalog_has_a_device_kernel(lim):
+    backward = [c for c in catalog.cases() if BACKWARD.get(c.op) in RECURRENT and not c.refused]
+    assert {c.op for c in backward} == {f"{op}_backward" for op in RECURRENT}
+    for case in backward:
+        assert launches.unsupported(complete(runner.lay_out(case).thunk), lim) is None, case.id
+
+
+def test_the_cases_build_the_representative_variants():
+    """The backward programs ptxas and NVRTC check (RNN_FIELD_VARIANTS) are the ones these cases run."""
+    built = set()
+    for op, params in CASES.values():
+        plan = launches.plan(runner.lay_out(Case(op, "f32", params)).thunk, REFERENCE_GPU)
+        built |= {launch.defines for launch in plan.launches if launch.family == "rnn_backward"}
+    assert built == set(RNN_FIELD_VARIANTS)
+
+
+needs_pocl = pytest.mark.skipif(not POCL, reason=f"no PoCL device: {status('opencl').reason}")
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def session(request):
+    return open_device(find(POCL[0]), request.param)
+
+
+@pytest.fixture(scope="module")
+def host():
+    return open_session(status("host").devices[0])
+
+
+@needs_pocl
+@pytest.mark.parametrize("op", RECURRENT)
+def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes_twice(session, host, op):
+    name, params = CASES[op]
+    case = Case(name, "f32", params, seed=4)
+    outcome = runner.check(session, case, CONFIG, host)
+    assert outcome.status == "pass", outcome.message
+    laid = runner.lay_out(case)
+    runs = []
+    for _ in range(2):
+        arena = session.upload(laid.arena)
+        session.launch(laid.thunk, arena)
+        runs.append(session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+    assert not np.array_equal(runs[0], laid.arena)
+
+
+@needs_pocl
+def test_a_nan_gradient_stays_causal_with_every_field(session, host):
+    """A NaN in d_dst at step 2 of row 0 (bidirectional, lengths, projection): NaN exactly where the float64
+    reverse has it, i.e. row 0's inputs and every weight gradient, and no other row's d_x or d_h0."""
+    name, params = CASES["lstm"]
+    case = Case(name, "f32", params, poison="d_dst", poison_step=2, poison_value=float("nan"), seed=5)
+    outcome = runner.check(session, case, CONFIG, host)
+    assert outcome.status == "pass", outcome.message
+    laid = runner.lay_out(case)
+    arena = session.upload(laid.arena)
+    session.launch(laid.thunk, arena)
+    got = session.read(arena, 0, laid.arena.size)
+    d_x = laid.view(got, "d_x").reshape(params["batch"], params["seq"], -1)
+    assert np.isnan(d_x[0]).any() and np.isfinite(d_x[1:]).all()
