@@ -26,6 +26,7 @@ from rlx_gpu.launches.limits import (RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLi
                                      state_variant, variants)
 from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES  # noqa: E402
 from test_rnn_device import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
+from test_rnn_backward_device import CASES as RNN_BACKWARD_FIELDS  # noqa: E402  (their backward ops)
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128
@@ -127,9 +128,11 @@ def _thunks():
 
 
 def _field_thunks():
-    """The recurrent thunks with ABI.md §8's fields whose programs are the representative variants (at f32:
-    their gpu programs are the budget test's, and f64's signatures differ only in the compute type's width)."""
-    return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")]
+    """The recurrent thunks with ABI.md §8's fields whose programs are the representative variants, and their
+    backward ops (at f32: their gpu programs are the budget test's, and f64's signatures differ only in the
+    compute type's width)."""
+    return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")] + [
+        (op, params, {}) for op, params in RNN_BACKWARD_FIELDS.values()]
 
 
 #: every version-2 field of the state-space ops at once (f32 thunks; at the gpu target seq 64 takes the
@@ -172,8 +175,9 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "mamba2_varlen_chunks",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
-    recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out"}
+    recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out", "rnnb_forward_init", "rnnb_forward_step",
+                 "rnnb_backward_init", "rnnb_backward_out", "rnnb_backward_cell", "rnnb_backward_dh", "rnnb_colsum"}
     if dtype == "f32":
-        recurrent |= {"rnn_proj", "rnn_order", "rnn_pad"}
+        recurrent |= {"rnn_proj", "rnn_order", "rnn_pad", "rnnb_zero", "rnnb_forward_proj", "rnnb_backward_proj"}
     assert {"gemm", "cast"} | recurrent | state_space <= checked
 
