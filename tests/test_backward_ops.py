@@ -122,10 +122,11 @@ def test_the_state_gradient_may_not_share_bytes_with_the_state():
 
 
 @pytest.mark.parametrize("op", BACKWARD)
-def test_no_device_kernel_runs_a_backward_op_yet(op):
+def test_a_backward_op_has_device_kernels_or_says_it_has_none(op):
     thunk = _schedule(op)["thunks"][0]
     for target in TARGETS:
-        assert unsupported(thunk, replace(REFERENCE_GPU, target=target)) == f"no device kernel for op {op!r}"
+        why = unsupported(thunk, replace(REFERENCE_GPU, target=target))
+        assert why is None if op in ("lstm_backward", "gru_backward", "rnn_backward") else why == f"no device kernel for op {op!r}"
 
 
 def test_the_state_space_backward_ops_run_nowhere_yet_and_say_so():
