@@ -1,0 +1,328 @@
+"""Host kernel of ``mamba2_backward`` (ABI.md §9 over §4's mamba2 and its §8 fields): the SSD form in reverse.
+
+Per (row, head) the forward is ``S_t = exp(l_t) S_{t-1} + u_t (x) b_t``, ``y_t = S_t c_t`` with
+``l = dt*a`` and ``u = dt*x``, then ``out = (y + d*x) * silu(z)``. The backward takes the gradient
+``gy`` of ``y`` (``d_dst * silu(z)``) and returns the gradients of ``u``, ``l``, ``b``, ``c`` and of the
+initial state, from which the chain rule gives every ``d_`` output (``dt``'s through the bias, softplus
+and clamp; ``a``, ``d``, ``dt_bias`` summed over rows and steps).
+
+The chunked path (mamba_ssm's chunk kernels, in NumPy) works on chunks of ``length`` steps, with
+``cum`` the log-decay summed from the chunk start, ``M_ij = exp(cum_i - cum_j)`` (``i >= j``) and the
+decayed scores ``W = (c b^T) * M``:
+
+1. per chunk, by GEMMs over every chunk at once: the state it builds from zero (``local``) and the
+   gradient its outputs send to the state entering it (``Σ_i exp(cum_i) c_i (x) gy_i``);
+2. two short loops over the chunks: the states entering each chunk, forward from the initial state,
+   and the gradients of the states leaving each, backward from ``d_state``;
+3. per slab of chunks, by GEMMs: the chunk's outputs (for ``z``'s gradient), then
+   ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b + exp(cum) gy S_0``,
+   ``db = (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's gradient as the reverse
+   cumulative sum of ``d cum`` (row sums minus column sums of ``gy u^T * W``, the state terms).
+
+So the extra memory is two states per chunk (entering, and the gradient leaving) plus one slab's
+temporaries. Short sequences take the step path: the reverse recurrence, its states recomputed
+chunk by chunk from checkpoints saved by a first forward walk. The bulk GEMMs are not causal for a
+NaN or Inf (``0 * inf``), so every (row, head) lane whose bulk results hold a non-finite value is
+redone on the step path, whose operation order is the recurrence's. Packed sequences run as batch
+rows of their own, those of equal chunk count side by side (zero-padded: a padded step has no input
+and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk gives the same bytes on
+every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import threads
+from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path
+from .fields import complete
+from .layout import Bound
+from .sequences import Sequences, StatePool
+from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+
+Thunk = Mapping[str, Any]
+
+#: Bytes of the per-slab temporaries of the chunked path (a few ``[L, L]`` and ``[L, N]`` arrays per chunk
+#: and lane): slabs of chunks keep the backward's memory near the forward's at long sequences.
+SLAB_BYTES = 16 << 20
+
+
+def _swap(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
+
+
+def _steps(logd, u, b, c, s0, gy, ds, length):
+    """The reverse recurrence, vectorized over lanes: ``logd [B, S, H]``, ``u, gy [B, S, H, P]``, ``b, c
+    [B, S, H, N]``, ``s0, ds [B, H, P, N]`` (the initial state, the final state's gradient). The states
+    entering every ``length`` steps are saved by a forward walk, and each chunk's states recomputed from
+    its checkpoint before its steps are walked back. Returns ``(y, du, dlogd, db, dc, ds0)``."""
+    seq = logd.shape[1]
+    y, du, db, dc = np.empty_like(u), np.empty_like(u), np.empty_like(b), np.empty_like(c)
+    dlogd = np.empty_like(logd)
+    decay = np.exp(logd)[..., None, None]
+
+    def step(s: np.ndarray, t: int) -> np.ndarray:
+        return decay[:, t] * s + u[:, t, ..., None] * b[:, t, ..., None, :]
+
+    checkpoints, s = [], s0
+    for t in range(seq):
+        if t % length == 0:
+            checkpoints.append(s)
+        s = step(s, t)
+    ds = ds.copy()
+    for k in reversed(range(len(checkpoints))):
+        span = range(k * length, min(seq, (k + 1) * length))
+        states = [checkpoints[k]]  # states[i]: the state entering step span[i]
+        for t in span:
+            states.append(step(states[-1], t))
+        for i in reversed(range(len(span))):
+            t, after = span[i], states[i + 1]
+            y[:, t] = (after @ c[:, t, ..., None])[..., 0]
+            ds += gy[:, t, ..., None] * c[:, t, ..., None, :]
+            dc[:, t] = (gy[:, t, ..., None, :] @ after)[..., 0, :]
+            du[:, t] = (ds @ b[:, t, ..., None])[..., 0]
+            db[:, t] = (u[:, t, ..., None, :] @ ds)[..., 0, :]
+            dlogd[:, t] = decay[:, t, ..., 0, 0] * np.sum(states[i] * ds, axis=(-2, -1))
+            ds *= decay[:, t]
+    return y, du, dlogd, db, dc, ds
+
+
+def _chunked(logd, u, b, c, s0, gy, ds, length):
+    """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results."""
+    bsz, seq, heads, p = u.shape
+    n = b.shape[-1]
+    padded = -(-seq // length) * length
+    count = padded // length
+    ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
+    lu, lb, lc, lg = ch(u), ch(b), ch(c), ch(gy)
+    cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
+    to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
+    # 1. what each chunk builds from zero, and the gradient its outputs send to the state entering it
+    starts = _swap(lb * to_end[..., None]) @ lu  # [C, B, H, N, P], then (below) the states entering each chunk
+    from_outputs = _swap(lc * np.exp(cum)[..., None]) @ lg  # [C, B, H, N, P]
+    # 2. the states entering each chunk, and the gradients of the states leaving each
+    through = np.exp(cum[..., -1])[..., None, None]
+    s = np.ascontiguousarray(_swap(s0))  # states are kept transposed, [N, P]: the GEMMs' layout
+    for k in range(count):
+        s, starts[k] = through[k] * s + starts[k], s
+    leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
+    end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
+    for k in reversed(range(count)):
+        end_dot[k] = np.sum(d * (starts[k + 1] if k + 1 < count else s), axis=(-2, -1))
+        d, leaving[k] = through[k] * d + leaving[k], d
+    ds0 = np.ascontiguousarray(_swap(d))
+    # 3. the intra-chunk gradients, a slab of chunks at a time
+    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in (("y", p), ("du", p), ("db", n), ("dc", n))}
+    dlogd = np.empty((bsz, padded, heads), u.dtype)
+    views = {name: chunk_view(v, length) for name, v in out.items()}
+    dl = chunk_view(dlogd, length)
+    per_chunk = bsz * heads * (5 * length * length + 6 * length * (n + p)) * u.itemsize
+    slab = max(1, SLAB_BYTES // max(per_chunk, 1))
+    for lo in range(0, count, slab):
+        ks = slice(lo, min(count, lo + slab))
+        kc, kb, kc_, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
+        ratios = decay_ratios(kc)  # M
+        scores = kc_ @ _swap(kb)  # c b^T
+        weights = scores * ratios  # W
+        inter = (kc_ * np.exp(kc)[..., None]) @ starts[ks]  # the entering state's share of y
+        views["y"][ks] = weights @ ku + inter
+        d_weights = kg @ _swap(ku)  # gy u^T
+        flow = d_weights * weights  # gy u^T * W: d cum_i gains its row sum and loses its column sum
+        d_scores = np.multiply(d_weights, ratios, out=d_weights)
+        to_state = to_end[ks][..., None] * (kb @ leaving[ks])  # the state leaving the chunk's share of du
+        views["du"][ks] = _swap(weights) @ kg + to_state
+        views["dc"][ks] = d_scores @ kb + np.exp(kc)[..., None] * (kg @ _swap(starts[ks]))
+        views["db"][ks] = _swap(d_scores) @ kc_ + to_end[ks][..., None] * (ku @ _swap(leaving[ks]))
+        d_cum = flow.sum(-1) - flow.sum(-2) + np.sum(kg * inter, -1) - np.sum(ku * to_state, -1)
+        d_cum[..., -1] += end_dot[ks]
+        dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
+    return (out["y"][:, :seq], out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0)
+
+
+def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length):
+    """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
+    value is redone on the step path, so NaN and Inf land where the recurrence puts them."""
+    if path == "step":
+        return _steps(logd, u, b, c, s0, gy, ds, length)
+    with np.errstate(all="ignore"):
+        result = _chunked(logd, u, b, c, s0, gy, ds, length)
+    bad = np.zeros(s0.shape[:2], bool)
+    for r in result[:-1]:
+        bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
+    bad |= ~np.isfinite(result[-1]).all(axis=(-2, -1))
+    if bad.any():
+        rows, heads = np.nonzero(bad)
+        lane = lambda v: v[rows, :, heads][:, :, None]  # noqa: E731  [K, S, 1, ...]: K lanes as batch rows
+        with np.errstate(all="ignore"):
+            redo = _steps(lane(logd), lane(u), lane(b), lane(c), s0[rows, heads][:, None], lane(gy),
+                          ds[rows, heads][:, None], length)
+        for r, again in zip(result[:-1], redo[:-1]):
+            r[rows, :, heads] = again[:, :, 0]
+        result[-1][rows, heads] = redo[-1][:, 0]
+    return result
+
+
+def _step_sizes(t: Thunk, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """ABI.md §8's ``dt`` from ``raw`` (the bias added), softplus-ed and clamped where asked, and its
+    derivative by ``raw`` (``None``: 1): softplus above 20 is the identity; the clamp passes at its bounds."""
+    dt, slope = raw, None
+    if t["dt_softplus"]:
+        dt = softplus(raw)
+        slope = -np.expm1(-dt)  # sigmoid(raw) = 1 - exp(-softplus(raw)), exact for very negative raw too
+        slope[raw > SOFTPLUS_LINEAR] = 1
+    if t["dt_limit"] is not None:
+        low, high = t["dt_limit"]
+        inside = (dt >= low) & (dt <= (np.inf if high is None else high))
+        slope = inside.astype(dt.dtype) if slope is None else slope * inside
+        dt = np.clip(dt, low, high)
+    return dt, slope
+
+
+def _lanes(seqs: Sequences | None, length: int) -> list[list[tuple[int, int, int]]]:
+    """The ``(state row, lo, hi)`` token spans run side by side: one group of every batch row (``seqs``
+    None, the spans then span the batch), else the non-empty packed sequences grouped by chunk count."""
+    if seqs is None:
+        return [[]]
+    groups: dict[int, list[tuple[int, int, int]]] = {}
+    for row, lo, hi in seqs.runs():
+        groups.setdefault(-(-(hi - lo) // length), []).append((row, lo, hi))
+    return [groups[k] for k in sorted(groups)]
+
+
+def _gather(v: np.ndarray, spans: list[tuple[int, int, int]]) -> np.ndarray:
+    """``v [1, S, ...]``'s token spans as zero-padded batch rows ``[K, longest, ...]``."""
+    width = max(hi - lo for _, lo, hi in spans)
+    out = np.zeros((len(spans), width, *v.shape[2:]), v.dtype)
+    for k, (_, lo, hi) in enumerate(spans):
+        out[k, : hi - lo] = v[0, lo:hi]
+    return out
+
+
+def _scatter(into: np.ndarray, rows: np.ndarray, spans: list[tuple[int, int, int]]) -> None:
+    for k, (_, lo, hi) in enumerate(spans):
+        into[0, lo:hi] = rows[k, : hi - lo]
+
+
+def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None) -> None:
+    t = complete(thunk)
+    name = pick_path("mamba2_backward", path, t["seq"], MAMBA2_STEP_MAX, "chunked")
+    length = chunk or MAMBA2_CHUNK
+    bound = Bound(t, arena)
+    ctype = compute_type(t)
+    bsz, seq, heads, p = t["batch"], t["seq"], t["heads"], t["head_dim"]
+    groups, n = t["groups"], t["state_size"]
+    group_of = np.arange(heads) // (heads // groups)
+    seqs = Sequences.of(t, bound)
+    pools = [StatePool(t, bound, ctype, (p, n), f) for f in ("state", "d_state")]
+    read = lambda f, index: bound.view(f)[index].astype(ctype, copy=False)  # noqa: E731
+    # per-head gradients of b and c (summed over each group's heads below) and per-(row, head) partial sums
+    grads = {f: np.empty((bsz, seq, heads, w), ctype) for f, w in (("x", p), ("z", p), ("b", n), ("c", n))}
+    grads["dt"] = np.empty((bsz, seq, heads), ctype)
+    partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
+    d_states: dict[tuple[int, int], np.ndarray] = {}
+
+    def compute(bs: slice, hs: slice) -> dict[str, np.ndarray]:
+        rows = (bs, slice(None), hs)
+        x, a = read("x", rows), read("a", hs)
+        raw = read("dt", rows)
+        if t["dt_bias"] is not None:
+            raw = raw + read("dt_bias", hs)
+        dt, slope = _step_sizes(t, raw)
+        gs = rows if groups == heads else (bs, slice(None), group_of[hs])
+        b, c = read("b", gs), read("c", gs)
+        g = read("d_dst", rows)
+        skip = read("d", hs)[:, None] if t["d"] is not None else None
+        gate = None
+        if t["z"] is not None:
+            z = read("z", rows)
+            with np.errstate(over="ignore"):
+                sig = 1 / (1 + np.exp(-z))
+            gate = (z, sig)
+            gy = g * z * sig  # the gradient of y + d*x
+        else:
+            gy = g
+        s0, ds = pools[0].initial(bs, hs), pools[1].initial(bs, hs)
+        logd = floor_log_decays(dt * a)
+        u = dt[..., None] * x
+        result = {}
+        for spans in _lanes(seqs, length):
+            if not spans and seqs is not None:
+                continue
+            if seqs is None:
+                parts = (logd, u, b, c, s0, gy, ds)
+            else:
+                idx = [r for r, _, _ in spans]
+                parts = (*(_gather(v, spans) for v in (logd, u, b, c)), s0[idx], _gather(gy, spans), ds[idx])
+            name_here = "step" if parts[0].shape[1] <= MAMBA2_STEP_MAX and path is None else name
+            y, du, dlogd, db, dc, ds0 = _ssd_backward(name_here, *parts, length)
+            if seqs is None:
+                result.update(y=y, du=du, dlogd=dlogd, db=db, dc=dc)
+                ds_init = ds0
+            else:
+                for key, v in (("y", y), ("du", du), ("dlogd", dlogd), ("db", db), ("dc", dc)):
+                    if key not in result:
+                        result[key] = np.zeros((1, seq, *v.shape[2:]), v.dtype)
+                    _scatter(result[key], v, spans)
+                ds_init = result.setdefault("ds0", ds.copy())
+                ds_init[idx] = ds0
+        if seqs is not None and "y" not in result:  # every sequence empty: nothing flows but the state's gradient
+            result = dict(y=np.zeros_like(x), du=np.zeros_like(x), dlogd=np.zeros_like(dt), db=np.zeros_like(b),
+                          dc=np.zeros_like(c), ds0=ds.copy())
+        ds_init = result.pop("ds0", None) if seqs is not None else ds_init
+        y, du, dlogd = result["y"], result["du"], result["dlogd"]
+        d_dt = dlogd * a + np.sum(du * x, axis=-1)
+        if slope is not None:
+            d_dt *= slope
+        d_x = du * dt[..., None]
+        out = {"x": d_x, "dt": d_dt, "b": result["db"], "c": result["dc"], "a": np.sum(dlogd * dt, axis=1),
+               "dt_bias": np.sum(d_dt, axis=1), "state": ds_init}
+        if skip is not None:
+            d_x += skip * gy
+            out["d"] = np.sum(gy * x, axis=(1, 3))
+        if gate is not None:
+            z, sig = gate
+            pre = y if skip is None else y + skip * x
+            out["z"] = g * pre * sig * (1 + z * (1 - sig))
+        return out
+
+    def store(bs: slice, hs: slice, out: dict[str, np.ndarray]) -> None:
+        for f in ("x", "dt", "b", "c") + (("z",) if "z" in out else ()):
+            grads[f][bs, :, hs] = out[f]
+        for f in ("a", "dt_bias") + (("d",) if "d" in out else ()):
+            partial[f][bs if seqs is None else slice(0, 1), hs] = out[f]
+        d_states[bs.start, hs.start] = (bs, hs, out["state"])
+
+    work = bsz * seq * heads * p * n
+    threads.run_split(compute, store, bsz, heads, threads.parts_for("mamba2_backward", work, bsz, heads, workers))
+    bound.store("d_x", grads["x"])
+    bound.store("d_dt", grads["dt"])
+    bound.store("d_a", partial["a"].sum(axis=0))
+    for f in ("b", "c"):  # each group's heads in order
+        bound.store(f"d_{f}", grads[f] if groups == heads else grads[f].reshape(bsz, seq, groups, -1, n).sum(axis=3))
+    for f, field in (("dt_bias", "dt_bias"), ("d", "d"), ("z", "z")):
+        if t[field] is not None:
+            bound.store(f"d_{field}", partial[f].sum(axis=0) if f != "z" else grads["z"])
+    if t["carry_state"]:
+        for bs, hs, d_init in d_states.values():
+            pools[1].store(bs, hs, d_init)
+
+
+def mamba2_backward(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+                    workers: int | None = None) -> None:
+    """The gradients of mamba2 (ABI.md §9): from ``d_dst`` (and ``d_state``, the final state's gradient),
+    every ``d_`` output of the forward's floating-point inputs, ``d_state`` rewritten as the initial state's.
+
+    ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (chunk length, also the step path's checkpoint
+    interval) and ``workers`` (threads over the batch x heads recurrences) override the choice.
+    """
+    _run(thunk, arena, path, chunk, workers)
+
+
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
+    """Name the path ``mamba2_backward`` runs ``thunk`` on: ``step`` or ``chunked L=64``."""
+    name = pick_path("mamba2_backward", path, thunk["seq"], MAMBA2_STEP_MAX, "chunked")
+    return name if name == "step" else f"chunked L={chunk or MAMBA2_CHUNK}"
+
+
+KERNELS = {"mamba2_backward": mamba2_backward}
