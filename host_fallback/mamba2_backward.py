@@ -39,7 +39,7 @@ from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path
 from .fields import complete
 from .layout import Bound
 from .sequences import Sequences, StatePool
-from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+from .ssm import MAMBA2_CHUNK, MAMBA2_SPREAD, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
 
 Thunk = Mapping[str, Any]
 
@@ -88,8 +88,9 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def _chunked(logd, u, b, c, s0, gy, ds, length):
-    """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results."""
+def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
+    """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results, but ``y``
+    (``None`` unless ``need_y``)."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -113,42 +114,63 @@ def _chunked(logd, u, b, c, s0, gy, ds, length):
         d, leaving[k] = through[k] * d + leaving[k], d
     ds0 = np.ascontiguousarray(_swap(d))
     # 3. the intra-chunk gradients, a slab of chunks at a time
-    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in (("y", p), ("du", p), ("db", n), ("dc", n))}
+    widths = (("y", p),) * need_y + (("du", p), ("db", n), ("dc", n))
+    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     dlogd = np.empty((bsz, padded, heads), u.dtype)
     views = {name: chunk_view(v, length) for name, v in out.items()}
     dl = chunk_view(dlogd, length)
-    per_chunk = bsz * heads * (5 * length * length + 6 * length * (n + p)) * u.itemsize
+    per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
     slab = max(1, SLAB_BYTES // max(per_chunk, 1))
+    upper = np.triu(np.ones((length, length), bool), 1)
     for lo in range(0, count, slab):
         ks = slice(lo, min(count, lo + slab))
-        kc, kb, kc_, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
-        ratios = decay_ratios(kc)  # M
-        scores = kc_ @ _swap(kb)  # c b^T
-        weights = scores * ratios  # W
-        inter = (kc_ * np.exp(kc)[..., None]) @ starts[ks]  # the entering state's share of y
-        views["y"][ks] = weights @ ku + inter
-        d_weights = kg @ _swap(ku)  # gy u^T
-        flow = d_weights * weights  # gy u^T * W: d cum_i gains its row sum and loses its column sum
-        d_scores = np.multiply(d_weights, ratios, out=d_weights)
+        kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
+        weights = _decayed(kc, kb, kcum, upper)  # W
+        d_scores = _decayed(kg, ku, kcum, upper)  # gy u^T * M
+        grow = np.exp(kcum)[..., None]  # the decay from the chunk's start to each step
         to_state = to_end[ks][..., None] * (kb @ leaving[ks])  # the state leaving the chunk's share of du
-        views["du"][ks] = _swap(weights) @ kg + to_state
-        views["dc"][ks] = d_scores @ kb + np.exp(kc)[..., None] * (kg @ _swap(starts[ks]))
-        views["db"][ks] = _swap(d_scores) @ kc_ + to_end[ks][..., None] * (ku @ _swap(leaving[ks]))
-        d_cum = flow.sum(-1) - flow.sum(-2) + np.sum(kg * inter, -1) - np.sum(ku * to_state, -1)
+        du = views["du"][ks] = _swap(weights) @ kg + to_state
+        entering = grow * (kg @ _swap(starts[ks]))  # the state entering the chunk's share of dc
+        views["dc"][ks] = d_scores @ kb + entering
+        views["db"][ks] = _swap(d_scores) @ kc + to_end[ks][..., None] * (ku @ _swap(leaving[ks]))
+        # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
+        # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
+        # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
+        intra = weights @ ku
+        d_cum = np.sum(kg * intra, axis=-1) + np.sum(kc * entering, axis=-1) - np.sum(ku * du, axis=-1)
+        if need_y:
+            views["y"][ks] = intra + (kc * grow) @ starts[ks]
         d_cum[..., -1] += end_dot[ks]
         dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
-    return (out["y"][:, :seq], out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0)
+    y = out["y"][:, :seq] if need_y else None
+    return y, out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0
 
 
-def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length):
+def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """``(left right^T) * M`` for every chunk (``[..., L, L]``, zero above the diagonal): factored through
+    the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m - cum)`` where every
+    ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed on its own (``decay_ratios``) elsewhere."""
+    length = cum.shape[-1]
+    mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
+    spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = (left * np.exp(cum - mid)[..., None]) @ _swap(right * np.exp(mid - cum)[..., None])
+    if not spread.all():
+        pick = np.nonzero(~spread)
+        out[pick] = (left[pick] @ _swap(right[pick])) * decay_ratios(cum[pick])
+    np.copyto(out, 0, where=upper)
+    return out
+
+
+def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them."""
     if path == "step":
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
-        result = _chunked(logd, u, b, c, s0, gy, ds, length)
+        result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y)
     bad = np.zeros(s0.shape[:2], bool)
-    for r in result[:-1]:
+    for r in result[1 - need_y: -1]:
         bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
     bad |= ~np.isfinite(result[-1]).all(axis=(-2, -1))
     if bad.any():
@@ -157,7 +179,7 @@ def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length):
         with np.errstate(all="ignore"):
             redo = _steps(lane(logd), lane(u), lane(b), lane(c), s0[rows, heads][:, None], lane(gy),
                           ds[rows, heads][:, None], length)
-        for r, again in zip(result[:-1], redo[:-1]):
+        for r, again in zip(result[1 - need_y: -1], redo[1 - need_y: -1]):
             r[rows, :, heads] = again[:, :, 0]
         result[-1][rows, heads] = redo[-1][:, 0]
     return result
@@ -179,119 +201,107 @@ def _step_sizes(t: Thunk, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | Non
     return dt, slope
 
 
-def _lanes(seqs: Sequences | None, length: int) -> list[list[tuple[int, int, int]]]:
-    """The ``(state row, lo, hi)`` token spans run side by side: one group of every batch row (``seqs``
-    None, the spans then span the batch), else the non-empty packed sequences grouped by chunk count."""
-    if seqs is None:
-        return [[]]
-    groups: dict[int, list[tuple[int, int, int]]] = {}
-    for row, lo, hi in seqs.runs():
-        groups.setdefault(-(-(hi - lo) // length), []).append((row, lo, hi))
-    return [groups[k] for k in sorted(groups)]
+def _packed(path: str | None, seqs: Sequences, length: int, need_y: bool, logd, u, b, c, s0, gy, ds):
+    """``_ssd_backward`` over packed sequences (batch 1, ``s0``/``ds`` one row per sequence): the non-empty
+    sequences of equal chunk count run side by side as zero-padded batch rows (a padded step has no input
+    and no decay, so it passes every state and gradient on unchanged). Same results; an empty sequence's
+    initial-state gradient is its final state's."""
+    shapes = {"du": u.shape, "dlogd": logd.shape, "db": b.shape, "dc": c.shape, **({"y": u.shape} if need_y else {})}
+    out = {name: np.zeros(shape, u.dtype) for name, shape in shapes.items()}
+    ds0 = ds.copy()
+    by_count: dict[int, list[tuple[int, int, int]]] = {}
+    for run in seqs.runs():
+        by_count.setdefault(-(-(run[2] - run[1]) // length), []).append(run)
+    for count in sorted(by_count):
+        spans = by_count[count]
+        width, rows = max(hi - lo for _, lo, hi in spans), [r for r, _, _ in spans]
+
+        def gather(v: np.ndarray) -> np.ndarray:
+            rows_of = np.zeros((len(spans), width, *v.shape[2:]), v.dtype)
+            for k, (_, lo, hi) in enumerate(spans):
+                rows_of[k, : hi - lo] = v[0, lo:hi]
+            return rows_of
+
+        y, *grads, init = _ssd_backward(_path(path, width), *(gather(v) for v in (logd, u, b, c)), s0[rows],
+                                        gather(gy), ds[rows], length, need_y)
+        for name, v in zip(("y", "du", "dlogd", "db", "dc"), (y, *grads)):
+            if name in out:  # (the step path gives y either way)
+                for k, (_, lo, hi) in enumerate(spans):
+                    out[name][0, lo:hi] = v[k, : hi - lo]
+        ds0[rows] = init
+    return out.get("y"), out["du"], out["dlogd"], out["db"], out["dc"], ds0
 
 
-def _gather(v: np.ndarray, spans: list[tuple[int, int, int]]) -> np.ndarray:
-    """``v [1, S, ...]``'s token spans as zero-padded batch rows ``[K, longest, ...]``."""
-    width = max(hi - lo for _, lo, hi in spans)
-    out = np.zeros((len(spans), width, *v.shape[2:]), v.dtype)
-    for k, (_, lo, hi) in enumerate(spans):
-        out[k, : hi - lo] = v[0, lo:hi]
-    return out
+def _path(forced: str | None, seq: int) -> str:
+    return pick_path("mamba2_backward", forced, seq, MAMBA2_STEP_MAX, "chunked")
 
 
-def _scatter(into: np.ndarray, rows: np.ndarray, spans: list[tuple[int, int, int]]) -> None:
-    for k, (_, lo, hi) in enumerate(spans):
-        into[0, lo:hi] = rows[k, : hi - lo]
+def _silu_slopes(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(silu(z), silu'(z))``, ``silu(z) = z sigmoid(z)``."""
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-z))
+    return z * sig, sig * (1 + z * (1 - sig))
 
 
 def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None) -> None:
     t = complete(thunk)
-    name = pick_path("mamba2_backward", path, t["seq"], MAMBA2_STEP_MAX, "chunked")
     length = chunk or MAMBA2_CHUNK
     bound = Bound(t, arena)
     ctype = compute_type(t)
-    bsz, seq, heads, p = t["batch"], t["seq"], t["heads"], t["head_dim"]
-    groups, n = t["groups"], t["state_size"]
+    bsz, seq, heads, p, n, groups = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["groups"]
     group_of = np.arange(heads) // (heads // groups)
     seqs = Sequences.of(t, bound)
     pools = [StatePool(t, bound, ctype, (p, n), f) for f in ("state", "d_state")]
     read = lambda f, index: bound.view(f)[index].astype(ctype, copy=False)  # noqa: E731
-    # per-head gradients of b and c (summed over each group's heads below) and per-(row, head) partial sums
+    # per-head gradients (b's and c's summed over each group's heads at the end) and per-(row, head) partial
+    # sums, each block writing its own part: the sums then run in one order however the blocks are cut
     grads = {f: np.empty((bsz, seq, heads, w), ctype) for f, w in (("x", p), ("z", p), ("b", n), ("c", n))}
     grads["dt"] = np.empty((bsz, seq, heads), ctype)
     partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
-    d_states: dict[tuple[int, int], np.ndarray] = {}
+    d_initial: list[tuple[slice, slice, np.ndarray]] = []
 
     def compute(bs: slice, hs: slice) -> dict[str, np.ndarray]:
         rows = (bs, slice(None), hs)
-        x, a = read("x", rows), read("a", hs)
-        raw = read("dt", rows)
-        if t["dt_bias"] is not None:
-            raw = raw + read("dt_bias", hs)
+        x, a, g = read("x", rows), read("a", hs), read("d_dst", rows)
+        raw = read("dt", rows) if t["dt_bias"] is None else read("dt", rows) + read("dt_bias", hs)
         dt, slope = _step_sizes(t, raw)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
-        b, c = read("b", gs), read("c", gs)
-        g = read("d_dst", rows)
-        skip = read("d", hs)[:, None] if t["d"] is not None else None
-        gate = None
         if t["z"] is not None:
             z = read("z", rows)
-            with np.errstate(over="ignore"):
-                sig = 1 / (1 + np.exp(-z))
-            gate = (z, sig)
-            gy = g * z * sig  # the gradient of y + d*x
+            silu, silu_slope = _silu_slopes(z)
+            gy = g * silu  # the gradient of y + d*x
         else:
             gy = g
-        s0, ds = pools[0].initial(bs, hs), pools[1].initial(bs, hs)
-        logd = floor_log_decays(dt * a)
-        u = dt[..., None] * x
-        result = {}
-        for spans in _lanes(seqs, length):
-            if not spans and seqs is not None:
-                continue
-            if seqs is None:
-                parts = (logd, u, b, c, s0, gy, ds)
-            else:
-                idx = [r for r, _, _ in spans]
-                parts = (*(_gather(v, spans) for v in (logd, u, b, c)), s0[idx], _gather(gy, spans), ds[idx])
-            name_here = "step" if parts[0].shape[1] <= MAMBA2_STEP_MAX and path is None else name
-            y, du, dlogd, db, dc, ds0 = _ssd_backward(name_here, *parts, length)
-            if seqs is None:
-                result.update(y=y, du=du, dlogd=dlogd, db=db, dc=dc)
-                ds_init = ds0
-            else:
-                for key, v in (("y", y), ("du", du), ("dlogd", dlogd), ("db", db), ("dc", dc)):
-                    if key not in result:
-                        result[key] = np.zeros((1, seq, *v.shape[2:]), v.dtype)
-                    _scatter(result[key], v, spans)
-                ds_init = result.setdefault("ds0", ds.copy())
-                ds_init[idx] = ds0
-        if seqs is not None and "y" not in result:  # every sequence empty: nothing flows but the state's gradient
-            result = dict(y=np.zeros_like(x), du=np.zeros_like(x), dlogd=np.zeros_like(dt), db=np.zeros_like(b),
-                          dc=np.zeros_like(c), ds0=ds.copy())
-        ds_init = result.pop("ds0", None) if seqs is not None else ds_init
-        y, du, dlogd = result["y"], result["du"], result["dlogd"]
+        args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
+                pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
+        need_y = t["z"] is not None
+        if seqs is None:
+            y, du, dlogd, db, dc, ds0 = _ssd_backward(_path(path, seq), *args, length, need_y)
+        else:
+            y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
         d_dt = dlogd * a + np.sum(du * x, axis=-1)
         if slope is not None:
             d_dt *= slope
-        d_x = du * dt[..., None]
-        out = {"x": d_x, "dt": d_dt, "b": result["db"], "c": result["dc"], "a": np.sum(dlogd * dt, axis=1),
-               "dt_bias": np.sum(d_dt, axis=1), "state": ds_init}
-        if skip is not None:
-            d_x += skip * gy
+        out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
+               "dt_bias": np.sum(d_dt, axis=1), "state": ds0}
+        if t["d"] is not None:
+            skip = read("d", hs)[:, None]
+            out["x"] += skip * gy
             out["d"] = np.sum(gy * x, axis=(1, 3))
-        if gate is not None:
-            z, sig = gate
-            pre = y if skip is None else y + skip * x
-            out["z"] = g * pre * sig * (1 + z * (1 - sig))
+            if y is not None:
+                y += skip * x
+        if t["z"] is not None:
+            out["z"] = g * y * silu_slope
         return out
 
     def store(bs: slice, hs: slice, out: dict[str, np.ndarray]) -> None:
-        for f in ("x", "dt", "b", "c") + (("z",) if "z" in out else ()):
-            grads[f][bs, :, hs] = out[f]
-        for f in ("a", "dt_bias") + (("d",) if "d" in out else ()):
-            partial[f][bs if seqs is None else slice(0, 1), hs] = out[f]
-        d_states[bs.start, hs.start] = (bs, hs, out["state"])
+        for f in ("x", "dt", "b", "c", "z"):
+            if f in out:
+                grads[f][bs, :, hs] = out[f]
+        for f in ("a", "dt_bias", "d"):
+            if f in out:
+                partial[f][bs, hs] = out[f]
+        d_initial.append((bs, hs, out["state"]))
 
     work = bsz * seq * heads * p * n
     threads.run_split(compute, store, bsz, heads, threads.parts_for("mamba2_backward", work, bsz, heads, workers))
@@ -300,12 +310,13 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
     bound.store("d_a", partial["a"].sum(axis=0))
     for f in ("b", "c"):  # each group's heads in order
         bound.store(f"d_{f}", grads[f] if groups == heads else grads[f].reshape(bsz, seq, groups, -1, n).sum(axis=3))
-    for f, field in (("dt_bias", "dt_bias"), ("d", "d"), ("z", "z")):
-        if t[field] is not None:
-            bound.store(f"d_{field}", partial[f].sum(axis=0) if f != "z" else grads["z"])
-    if t["carry_state"]:
-        for bs, hs, d_init in d_states.values():
-            pools[1].store(bs, hs, d_init)
+    for f in ("dt_bias", "d"):
+        if t[f] is not None:
+            bound.store(f"d_{f}", partial[f].sum(axis=0))
+    if t["z"] is not None:
+        bound.store("d_z", grads["z"])
+    for bs, hs, d_init in d_initial:
+        pools[1].store(bs, hs, d_init)
 
 
 def mamba2_backward(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
@@ -321,7 +332,7 @@ def mamba2_backward(thunk: Thunk, arena: np.ndarray, *, path: str | None = None,
 
 def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
     """Name the path ``mamba2_backward`` runs ``thunk`` on: ``step`` or ``chunked L=64``."""
-    name = pick_path("mamba2_backward", path, thunk["seq"], MAMBA2_STEP_MAX, "chunked")
+    name = _path(path, thunk["seq"])
     return name if name == "step" else f"chunked L={chunk or MAMBA2_CHUNK}"
 
 
