@@ -137,13 +137,18 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
         # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
         # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
         intra = weights @ ku
-        d_cum = np.sum(kg * intra, axis=-1) + np.sum(kc * entering, axis=-1) - np.sum(ku * du, axis=-1)
+        d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
         if need_y:
             views["y"][ks] = intra + (kc * grow) @ starts[ks]
         d_cum[..., -1] += end_dot[ks]
         dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
     y = out["y"][:, :seq] if need_y else None
     return y, out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``Σ a*b`` over the last axis, without the product's temporary."""
+    return np.einsum("...i,...i->...", a, b)
 
 
 def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray) -> np.ndarray:
@@ -253,10 +258,9 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
     seqs = Sequences.of(t, bound)
     pools = [StatePool(t, bound, ctype, (p, n), f) for f in ("state", "d_state")]
     read = lambda f, index: bound.view(f)[index].astype(ctype, copy=False)  # noqa: E731
-    # per-head gradients (b's and c's summed over each group's heads at the end) and per-(row, head) partial
-    # sums, each block writing its own part: the sums then run in one order however the blocks are cut
-    grads = {f: np.empty((bsz, seq, heads, w), ctype) for f, w in (("x", p), ("z", p), ("b", n), ("c", n))}
-    grads["dt"] = np.empty((bsz, seq, heads), ctype)
+    # per-(row, head) partial sums and, with groups, per-head gradients of b and c (summed over each group's
+    # heads at the end), each block writing its own part: the sums run in one order however the blocks are cut
+    per_head = {f: np.empty((bsz, seq, heads, n), ctype) for f in ("b", "c") if groups < heads}
     partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
     d_initial: list[tuple[slice, slice, np.ndarray]] = []
 
@@ -296,8 +300,10 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
 
     def store(bs: slice, hs: slice, out: dict[str, np.ndarray]) -> None:
         for f in ("x", "dt", "b", "c", "z"):
-            if f in out:
-                grads[f][bs, :, hs] = out[f]
+            if f in per_head:
+                per_head[f][bs, :, hs] = out[f]
+            elif f in out:
+                bound.store(f"d_{f}", out[f], (bs, slice(None), hs))
         for f in ("a", "dt_bias", "d"):
             if f in out:
                 partial[f][bs, hs] = out[f]
@@ -305,16 +311,12 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
 
     work = bsz * seq * heads * p * n
     threads.run_split(compute, store, bsz, heads, threads.parts_for("mamba2_backward", work, bsz, heads, workers))
-    bound.store("d_x", grads["x"])
-    bound.store("d_dt", grads["dt"])
+    for f, grad in per_head.items():  # each group's heads in order
+        bound.store(f"d_{f}", grad.reshape(bsz, seq, groups, -1, n).sum(axis=3))
     bound.store("d_a", partial["a"].sum(axis=0))
-    for f in ("b", "c"):  # each group's heads in order
-        bound.store(f"d_{f}", grads[f] if groups == heads else grads[f].reshape(bsz, seq, groups, -1, n).sum(axis=3))
     for f in ("dt_bias", "d"):
         if t[f] is not None:
             bound.store(f"d_{f}", partial[f].sum(axis=0))
-    if t["z"] is not None:
-        bound.store("d_z", grads["z"])
     for bs, hs, d_init in d_initial:
         pools[1].store(bs, hs, d_init)
 
