@@ -62,7 +62,8 @@ def main() -> None:
 
     params, tensors, thunk, forward, arena = _problem(args.seq)
     ours_fwd, ours_bwd = arena.copy(), arena.copy()  # the forward writes dst where the backward reads d_dst
-    leaves = {f: torch.tensor(np.asarray(tensors[f], np.float32), requires_grad=True) for f in ("x", "dt", "a", "b", "c")}
+    leaves = {f: torch.tensor(np.asarray(tensors[f], np.float32), requires_grad=True)
+              for f in ("x", "dt", "a", "b", "c")}
     upstream = torch.tensor(np.asarray(tensors["d_dst"], np.float32))
 
     def torch_step() -> None:

@@ -14,10 +14,11 @@ decayed scores ``W = (c b^T) * M``:
    gradient its outputs send to the state entering it (``Σ_i exp(cum_i) c_i (x) gy_i``);
 2. two short loops over the chunks: the states entering each chunk, forward from the initial state,
    and the gradients of the states leaving each, backward from ``d_state``;
-3. per slab of chunks, by GEMMs: the chunk's outputs (for ``z``'s gradient), then
-   ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b + exp(cum) gy S_0``,
-   ``db = (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's gradient as the reverse
-   cumulative sum of ``d cum`` (row sums minus column sums of ``gy u^T * W``, the state terms).
+3. per slab of chunks, by GEMMs (``W`` and ``gy u^T * M`` factored through the chunk's midpoint, as
+   the forward's scores are): ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b +
+   exp(cum) gy S_0``, ``db = (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's
+   gradient as the reverse cumulative sum of ``d cum_i = gy_i . y_i - u_i . du_i`` (plus the leaving
+   state's term at a chunk's end); ``y`` whole only where ``z``'s gradient needs it.
 
 So the extra memory is two states per chunk (entering, and the gradient leaving) plus one slab's
 temporaries. Short sequences take the step path: the reverse recurrence, its states recomputed
