@@ -36,7 +36,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
-from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path
+from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
 from .fields import complete
 from .layout import Bound
 from .sequences import Sequences, StatePool
@@ -100,9 +100,11 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
     lu, lb, lc, lg = ch(u), ch(b), ch(c), ch(gy)
     cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
     to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
+    work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
     # 1. what each chunk builds from zero, and the gradient its outputs send to the state entering it
-    starts = _swap(lb * to_end[..., None]) @ lu  # [C, B, H, N, P], then (below) the states entering each chunk
-    from_outputs = _swap(lc * np.exp(cum)[..., None]) @ lg  # [C, B, H, N, P]
+    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
+    starts = _swap(scaled) @ lu  # [C, B, H, N, P], then (below) the states entering each chunk
+    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=scaled)) @ lg  # [C, B, H, N, P]
     # 2. the states entering each chunk, and the gradients of the states leaving each
     through = np.exp(cum[..., -1])[..., None, None]
     s = np.ascontiguousarray(_swap(s0))  # states are kept transposed, [N, P]: the GEMMs' layout
@@ -126,21 +128,27 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
     for lo in range(0, count, slab):
         ks = slice(lo, min(count, lo + slab))
         kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
-        weights = _decayed(kc, kb, kcum, upper)  # W
-        d_scores = _decayed(kg, ku, kcum, upper)  # gy u^T * M
-        grow = np.exp(kcum)[..., None]  # the decay from the chunk's start to each step
-        to_state = to_end[ks][..., None] * (kb @ leaving[ks])  # the state leaving the chunk's share of du
-        du = views["du"][ks] = _swap(weights) @ kg + to_state
-        entering = grow * (kg @ _swap(starts[ks]))  # the state entering the chunk's share of dc
-        views["dc"][ks] = d_scores @ kb + entering
-        views["db"][ks] = _swap(d_scores) @ kc + to_end[ks][..., None] * (ku @ _swap(leaving[ks]))
+        weights = _decayed(kc, kb, kcum, upper, work, "w")  # W
+        d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
+        grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
+        # the state leaving the chunk's share of du, and the state entering it's share of dc
+        to_state = np.matmul(kb, leaving[ks], out=work("to_state", ku.shape))
+        to_state *= decay_to_end
+        entering = np.matmul(kg, _swap(starts[ks]), out=work("entering", kb.shape))
+        entering *= grow
+        du = np.matmul(_swap(weights), kg, out=views["du"][ks])
+        du += to_state
+        np.add(np.matmul(d_scores, kb, out=views["dc"][ks]), entering, out=views["dc"][ks])
+        leaving_b = np.matmul(ku, _swap(leaving[ks]), out=work("leaving_b", kb.shape))
+        leaving_b *= decay_to_end
+        np.add(np.matmul(_swap(d_scores), kc, out=views["db"][ks]), leaving_b, out=views["db"][ks])
         # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
         # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
         # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
-        intra = weights @ ku
+        intra = np.matmul(weights, ku, out=work("intra", ku.shape))
         d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
         if need_y:
-            views["y"][ks] = intra + (kc * grow) @ starts[ks]
+            np.add(intra, np.multiply(kc, grow, out=work("grown", kc.shape)) @ starts[ks], out=views["y"][ks])
         d_cum[..., -1] += end_dot[ks]
         dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
     y = out["y"][:, :seq] if need_y else None
@@ -152,15 +160,18 @@ def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.einsum("...i,...i->...", a, b)
 
 
-def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray) -> np.ndarray:
+def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray, work, key: str) -> np.ndarray:
     """``(left right^T) * M`` for every chunk (``[..., L, L]``, zero above the diagonal): factored through
     the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m - cum)`` where every
-    ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed on its own (``decay_ratios``) elsewhere."""
+    ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed on its own (``decay_ratios``) elsewhere.
+    The result and its operands live in ``work(name, shape)`` arrays (kept by the caller for one slab)."""
     length = cum.shape[-1]
     mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
     spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
     with np.errstate(over="ignore", invalid="ignore"):
-        out = (left * np.exp(cum - mid)[..., None]) @ _swap(right * np.exp(mid - cum)[..., None])
+        lhs = np.multiply(left, np.exp(cum - mid)[..., None], out=work(f"{key}.lhs", left.shape))
+        rhs = np.multiply(right, np.exp(mid - cum)[..., None], out=work(f"{key}.rhs", right.shape))
+        out = np.matmul(lhs, _swap(rhs), out=work(key, (*cum.shape, length)))
     if not spread.all():
         pick = np.nonzero(~spread)
         out[pick] = (left[pick] @ _swap(right[pick])) * decay_ratios(cum[pick])
