@@ -75,6 +75,16 @@ INLINE_FN real rnnb_dot(GLOBAL const uchar* w, GLOBAL const real* v, i64 n)
     return s;
 }
 
+/* sum_q wT[q][col] * v[q] over a weight staged transposed in the compute type (rows of `cols`): consecutive
+ * work-items (units) read consecutive reals. */
+INLINE_FN real rnnb_column_dot(GLOBAL const real* wT, i64 cols, i64 col, GLOBAL const real* v, i64 n)
+{
+    real s = (real)0;
+    for (i64 q = 0; q < n; ++q)
+        s += wT[q * cols + col] * v[q];
+    return s;
+}
+
 /* Row b's step t: its time tt (through *tt) and the row of its successor in the walk (-1 past the last). */
 INLINE_FN i64 rnnb_next_row(i64 b, i64 t, i64 len, int back, i64 S, i64* tt)
 {
@@ -114,10 +124,11 @@ KERNEL rnnb_forward_init(i64 B, i64 S, i64 H, i64 K, int carry, int reverse, GLO
 /* One forward step t of every row and both directions, item (unit j, row, direction), keeping what the reverse
  * pass reads: u over xw in place, cp / cn / raw (lstm), hn (gru), the new h into hp at the row's next step and
  * into the layer output o (has_out; rows of o_rs = D*K). With RNN_PROJ the new h is rnnb_forward_proj's; with RNN_LBR0 phase 0
- * makes r, z and r * h (hn), phase 1 n and h. w_hh and b_hh are the layer's (arena storage); the last
+ * makes r, z and r * h (hn), phase 1 n and h. wT is the layer's W_hh staged transposed, [D][K][G*H] in the
+ * compute type (body.cl's transpose_real), b_hh the layer's (arena storage); the last
  * arguments are rnn_step's (seq_lens, the layer's peepholes, clip, alpha and beta per slot and direction). */
 KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
-                         GLOBAL uchar* ub, i64 uo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
+                         GLOBAL uchar* ub, i64 uo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                          GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
                          GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* rwb, i64 rwo, GLOBAL uchar* ob, i64 oo, int has_out, i64 o_rs,
                          GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
@@ -128,7 +139,7 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
     if (j >= H)
         return;
     GLOBAL real* u_all = AT(real, ub, uo) + dir * N * GH;
-    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
+    GLOBAL const real* wt = AT(real, wtb, wto) + dir * K * GH;
     GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * GH * (i64)sizeof(store_t));
     GLOBAL real* hp = AT(real, hpb, hpo) + dir * N * K;
     GLOBAL real* cp = AT(real, cpb, cpo) + dir * N * H;
@@ -155,7 +166,7 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         const real c = cp[row * H + j];
         real z[4];
         for (int g = 0; g < 4; ++g)
-            z[g] = u[g * H + j] + rnnb_dot(whh + ((i64)g * H + j) * K * (i64)sizeof(store_t), h, K);
+            z[g] = u[g * H + j] + rnnb_column_dot(wt, GH, g * H + j, h, K);
 #if RNN_PEEP
         z[0] += pp[0] * c;
         z[1] += pp[2] * c;
@@ -185,25 +196,23 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
 #endif
 #elif RNN_GATES == 3
         const real hj = h[j];
-        GLOBAL const uchar* wn = whh + (2 * H + j) * K * (i64)sizeof(store_t);
         const real bn = has_bhh ? LOAD(bhh, 2 * H + j) : (real)0;
 #if RNN_LBR0
         if (phase == 0) {
             real gr;
             for (int g = 0; g < 2; ++g) {
-                u[g * H + j] += (has_bhh ? LOAD(bhh, g * H + j) : (real)0) +
-                                rnnb_dot(whh + ((i64)g * H + j) * K * (i64)sizeof(store_t), h, K);
+                u[g * H + j] += (has_bhh ? LOAD(bhh, g * H + j) : (real)0) + rnnb_column_dot(wt, GH, g * H + j, h, K);
             }
             rnnb_gate(0, u[j], &gr, &p);
             hn[row * H + j] = gr * hj; /* W_hn's operand r * h: phase 1 needs every unit's */
             continue;
         }
-        u[2 * H + j] += bn + rnnb_dot(wn, hn + row * H, H);
+        u[2 * H + j] += bn + rnnb_column_dot(wt, GH, 2 * H + j, hn + row * H, H);
 #else
         real zr = u[j], zz = u[H + j];
-        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + rnnb_dot(whh + j * K * (i64)sizeof(store_t), h, K);
-        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + rnnb_dot(whh + (H + j) * K * (i64)sizeof(store_t), h, K);
-        const real hq = bn + rnnb_dot(wn, h, K);
+        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + rnnb_column_dot(wt, GH, j, h, K);
+        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + rnnb_column_dot(wt, GH, H + j, h, K);
+        const real hq = bn + rnnb_column_dot(wt, GH, 2 * H + j, h, K);
         real gr;
         rnnb_gate(0, zr, &gr, &p);
         hn[row * H + j] = hq;
@@ -216,7 +225,7 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         rnnb_gate(1, u[2 * H + j], &gn, &p);
         hv = ((real)1 - gz) * gn + gz * hj;
 #else
-        u[j] += rnnb_dot(whh + j * K * (i64)sizeof(store_t), h, K);
+        u[j] += rnnb_column_dot(wt, GH, j, h, K);
         rnnb_gate(0, u[j], &hv, &p);
 #endif
         if (next >= 0)

@@ -96,3 +96,38 @@ def test_a_nan_gradient_stays_causal_with_every_field(session, host):
     got = session.read(arena, 0, laid.arena.size)
     d_x = laid.view(got, "d_x").reshape(params["batch"], params["seq"], -1)
     assert np.isnan(d_x[0]).any() and np.isfinite(d_x[1:]).all()
+
+
+@needs_pocl
+def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
+    """Graph.backward's gru_backward thunk placed on PoCL (its own target), f32, against torch autograd of
+    nn.GRU in float64, with the final state's gradient."""
+    import torch
+
+    from rlx_gpu.graph.builder import Graph
+    from rlx_gpu.graph.torch_weights import pack_recurrent
+
+    torch.manual_seed(0)
+    b, s, i, h = 3, 5, 4, 6
+    gru = torch.nn.GRU(i, h, batch_first=True, num_layers=2, bidirectional=True).double()
+    weights = pack_recurrent(gru)
+    g = Graph("f32")
+    x, h0, dy, dh = g.input("x", (b, s, i)), g.input("h0", (4, b, h)), g.input("dy", (b, s, 2 * h)), g.input("dh", (4, b, h))
+    w = {k: g.input(k, np.shape(v)) for k, v in weights.items()}
+    y, _ = g.gru(x, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], hidden=h, num_layers=2, bidirectional=True, h0=h0)
+    for name, grad in g.backward(y, dy, {"h0": dh}).items():
+        g.output(f"d_{name}", grad)
+    exe = g.compile(POCL[0])
+    assert {p.backend for p in exe.device.place(exe.schedule) if p.op == "gru_backward"} == {"opencl"}
+
+    xt, h0t = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((b, s, i), (4, b, h)))
+    yt, hn = gru(xt, h0t)
+    dyt, dht = torch.randn_like(yt), torch.randn_like(hn)
+    ((yt * dyt).sum() + (hn * dht).sum()).backward()
+    f32 = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    out = exe.run(x=xt.detach().numpy().astype(np.float32), h0=h0t.detach().numpy().astype(np.float32),
+                  dy=dyt.numpy().astype(np.float32), dh=dht.numpy().astype(np.float32), **f32)
+    np.testing.assert_allclose(out["d_x"], xt.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["d_h0"], h0t.grad.numpy(), rtol=1e-4, atol=1e-5)
+    d_hh = torch.stack([p.grad for n, p in gru.named_parameters() if n.startswith("weight_hh")])
+    np.testing.assert_allclose(out["d_w_hh"], d_hh.numpy(), rtol=1e-4, atol=1e-5)

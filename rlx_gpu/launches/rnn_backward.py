@@ -3,7 +3,7 @@
 A backward thunk runs in two walks, every launch built as its forward's program variant (``rnn.variant``):
 
 1. Forward, bottom up: per layer the input projection (W_ih staged transposed, one gemm over every timestep
-   of both directions, bias folded in), then one launch per step (two for gru without
+   of both directions, bias folded in) and W_hh staged transposed, then one launch per step (two for gru without
    ``linear_before_reset``, and lstm's projection after each) that keeps, per step, the gate
    pre-activations, the state entering the step and what the gradients read besides (lstm's cells and
    ``o * h(c)``, gru's ``W_hn h + b_hn`` or ``r * h``), and the layer's output for the layer above.
@@ -44,7 +44,7 @@ def _scratch(t: Thunk, rs: int) -> tuple[dict[str, int], int, int]:
     n, gh = b * s, gates * h
     lstm, gru, proj = op == "lstm", op == "gru", op == "lstm" and t["proj_size"] > 0
     sizes: dict[str, int] = {f"u{l}": dirs * n * gh for l in range(layers)}
-    sizes.update(wit=dirs * max(layer_input_sizes(t)) * gh, dh=dirs * b * k, dc=dirs * b * h if lstm else 0,
+    sizes.update(wit=dirs * max(layer_input_sizes(t)) * gh, wht=dirs * k * gh, dh=dirs * b * k, dc=dirs * b * h if lstm else 0,
                  draw=dirs * b * h if proj else 0, direct=dirs * b * h if gru else 0)
     zeroed = len(sizes)
     for l in range(layers):
@@ -109,7 +109,8 @@ def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
         c0 = arena("c0", ld * b * h) if carry and lstm else _NONE
         add("rnnb_forward_init", max(h, k), walk + (i64(k), i32(carry), i32(fwd["reverse"])) + h0 + c0
             + scr(f"hp{l}") + scr(f"cp{l}") + lens)
-        whh = arena("w_hh", ld * gh * k)
+        launches.append(transpose_real(lim, dt, gh, k, dirs, (ARENA, t["w_hh"] + es * ld * gh * k, gh * k, k, 1),
+                                       (SCRATCH, sc["wht"])))  # W_hh^T: the step's units read runs of it
         bhh = arena("b_hh", ld * gh) + (i32(1),) if gru else _NONE + (i32(0),)
         peep = t["peepholes"] + es * ld * 3 * h if lstm and t["peepholes"] is not None else None
         cell = cell_args(fwd, lens, peep)
@@ -118,7 +119,7 @@ def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
         for step in range(s):
             for phase in range(2 if lbr0 else 1):
                 add("rnnb_forward_step", h, walk + (i64(k), i64(step), i32(fwd["reverse"]), i32(phase)) + scr(f"u{l}")
-                    + whh + bhh + kept + out + cell)
+                    + scr("wht") + bhh + kept + out + cell)
             if proj:
                 add("rnnb_forward_proj", k, walk + (i64(k), i64(step), i32(fwd["reverse"])) + scr(f"raw{l}")
                     + arena("w_hr", ld * k * h) + scr(f"hp{l}") + out + lens)
