@@ -77,7 +77,7 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
         return np.abs(x) * 0.5
     if (op, field) in (("selective_scan", "a"), ("mamba2", "a")):
         return -np.abs(x)
-    if op == "gated_delta_net":
+    if forward_op(op) == "gated_delta_net":  # a backward op samples its forward's inputs alike
         if field == "g":
             return -np.abs(x) * 0.3
         if field == "beta":
