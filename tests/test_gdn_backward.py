@@ -1,0 +1,188 @@
+"""host_fallback gated_delta_net_backward (ABI.md §9) against float64 central finite differences of the
+conformance reference's forward, and against torch autograd of a float64 torch rewrite of fla's
+naive recurrent gated delta rule (per-head gates) and of its per-channel (KDA) form.
+
+Every ``d_`` output is checked, the initial state's gradient included, along a random direction per
+input (one directional derivative covers every element: an error in any element shows unless it is
+orthogonal to a random vector). Both host paths run: the step reverse and the chunked WY backward
+(chunks of 16 here, so a short sequence spans several).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import host_fallback
+from host_fallback.arena import STORAGE, view
+from host_fallback.fields import complete
+from host_fallback.gradients import gradient
+from host_fallback.layout import forward_thunk, regions
+from rlx_gpu.conformance.cases import lay_out
+from rlx_gpu.conformance.references import REFERENCES
+from rlx_gpu.conformance.runner import sample
+
+OP = "gated_delta_net_backward"
+BASE = dict(batch=2, seq=5, heads=2, state_size=4, gate_per_channel=False, carry_state=True)
+#: Every version-2 field at once: grouped value heads, K != V, L2-norm, a scale, packed sequences (one
+#: empty, one starting inside the second chunk of 16) through state slots.
+FIELDS = dict(batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True, scale=0.7, cu_seqlens=[0, 2, 2, 23, 40],
+              state_slots=[3, 0, 4, 1], num_slots=5)
+
+
+def _laid(params: dict, dtype: str = "f64", seed: int = 0, g_scale: float = 1.0) -> tuple[dict, np.ndarray]:
+    """A backward thunk and its arena, every input sampled as the conformance cases sample it
+    (``g_scale`` stretches the log-decays)."""
+    thunk, nbytes = lay_out(OP, dtype, dict(params))
+    rng = np.random.default_rng(seed)
+    arena = np.zeros(nbytes, np.uint8)
+    for r in regions(thunk):
+        if r.dtype == "i32":
+            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
+        elif r.reads:
+            values = sample(OP, params, r.field, r.shape, rng) * (g_scale if r.field == "g" else 1.0)
+            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
+    return thunk, arena
+
+
+def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+
+
+def _backward(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
+    out = arena.copy()
+    host_fallback.execute(thunk, out, **options)
+    return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
+    """``Σ dst·d_dst (+ Σ final state·d_state)`` with the float64 reference forward on ``values``."""
+    forward = forward_thunk(thunk)
+    out = REFERENCES[forward["op"]](forward, lambda f: values[f])
+    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
+
+
+PATHS = [dict(path="step"), dict(path="chunked", chunk=16)]
+#: (the fields a case exercises, its params)
+FD_CASES = [
+    ("per-head", BASE),
+    ("per-channel", dict(BASE, gate_per_channel=True, seq=20)),
+    ("every field, per-channel", dict(BASE, gate_per_channel=True, **FIELDS)),
+    ("every field, per-head, no carry", dict(BASE, carry_state=False, **{k: v for k, v in FIELDS.items()
+                                                                          if k not in ("state_slots", "num_slots")})),
+]
+
+
+@pytest.mark.parametrize("options", PATHS, ids=["step", "chunked"])
+@pytest.mark.parametrize("label,params", FD_CASES, ids=[c[0] for c in FD_CASES])
+def test_every_gradient_matches_central_finite_differences(label, params, options):
+    thunk, arena = _laid(params)
+    values = _read(thunk, arena)
+    grads = _backward(thunk, arena, **options)
+    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
+    assert set(grads) == expected and ("d_state" in grads) == params["carry_state"]
+    rng = np.random.default_rng(1)
+    eps = 1e-6
+    for name, grad in grads.items():
+        field = name[2:]
+        direction = rng.standard_normal(values[field].shape)
+        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
+        numeric = (sides[0] - sides[1]) / (2 * eps)
+        analytic = float(np.sum(grad * direction))
+        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
+        assert abs(numeric - analytic) <= 1e-7 * scale, (label, name, numeric, analytic)
+
+
+def test_chunks_whose_per_channel_decays_spread_widely_match_the_reference():
+    """Per-channel log-decays of ~-4 a step spread far past what one factored GEMM may hold inside a chunk
+    (``gdn.CHANNEL_SPREAD``): those chunks take the pairwise form, and every gradient stays finite."""
+    thunk, arena = _laid(dict(BASE, gate_per_channel=True, seq=40), g_scale=16.0)
+    values = _read(thunk, arena)
+    want = REFERENCES[OP](complete(thunk), lambda f: values[f])
+    got = _backward(thunk, arena, path="chunked", chunk=32)
+    for name, value in want.items():
+        assert np.isfinite(got[name]).all()
+        np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-11, err_msg=name)
+
+
+# --- torch autograd of fla's naive recurrent form, rewritten in float64 torch -------------------------
+def _torch_recurrent(q, k, v, g, beta, state, scale, l2norm):
+    """fla's ``naive_recurrent_gated_delta_rule`` math ([B, T, H, K] layout, state [B, HV, K, V]); with
+    per-channel ``g [B, T, HV, K]`` it is the KDA recurrence. Key heads are repeated over their value heads."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (torch.repeat_interleave(x, group, dim=2) for x in (q, k))
+    if l2norm:
+        q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    h, outs = state, []
+    for t in range(q.shape[1]):
+        decay = torch.exp(g[:, t])
+        h = h * (decay[..., None] if g.dim() == 4 else decay[..., None, None])
+        correction = v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], h)
+        h = h + k[:, t, :, :, None] * (correction * beta[:, t, :, None])[:, :, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, h))
+    return torch.stack(outs, 1), h
+
+
+TORCH_CASES = [("per-head", dict(BASE, seq=20)),
+               ("per-channel GVA K!=V l2norm", dict(BASE, seq=20, gate_per_channel=True, value_heads=4, value_size=3,
+                                                    qk_l2norm=True, scale=0.6))]
+
+
+@pytest.mark.parametrize("label,params", TORCH_CASES, ids=[c[0] for c in TORCH_CASES])
+def test_every_gradient_matches_torch_autograd(label, params):
+    thunk, arena = _laid(params, seed=3)
+    values = _read(thunk, arena)
+    leaves = {f: torch.tensor(values[f], requires_grad=True) for f in ("q", "k", "v", "g", "beta", "state")}
+    scale = params.get("scale", params["state_size"] ** -0.5)
+    out, final = _torch_recurrent(*leaves.values(), scale, params.get("qk_l2norm", False))
+    loss = (out * torch.tensor(values["d_dst"])).sum() + (final * torch.tensor(values["d_state"])).sum()
+    loss.backward()
+    for options in PATHS:
+        got = _backward(thunk, arena, **options)
+        for f, leaf in leaves.items():
+            np.testing.assert_allclose(got[gradient(f)], leaf.grad.numpy(), rtol=1e-9, atol=1e-11,
+                                       err_msg=f"{label} {options} d_{f}")
+
+
+# --- dtypes and determinism ---------------------------------------------------------------------------
+#: NMSE of each gradient of a 16-bit / f32 thunk against the f64 backward on the same stored inputs: the
+#: outputs are rounded once (bf16 2^-8, f16 2^-11 relative) and everything before that is f32.
+NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
+
+
+@pytest.mark.parametrize("dtype", list(NMSE))
+def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(dtype):
+    params = dict(BASE, seq=50, gate_per_channel=True, value_heads=4)
+    thunk, arena = _laid(params, dtype)
+    first, second = arena.copy(), arena.copy()
+    host_fallback.execute(thunk, first, chunk=16, workers=2)
+    host_fallback.execute(thunk, second, chunk=16, workers=2)
+    assert np.array_equal(first, second)
+    wide, wide_arena = _laid(params)
+    for r in regions(thunk):  # the f64 thunk gets the values the narrow one stores
+        if r.reads and r.dtype != "i32":
+            w = next(x for x in regions(wide) if x.field == r.field)
+            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
+    want, got = _backward(wide, wide_arena, chunk=16), _read(thunk, first)
+    for name, value in want.items():
+        err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+        assert err <= NMSE[dtype], (name, err)
+
+
+def test_a_nan_in_d_dst_reaches_only_the_steps_before_it_on_the_chunked_path():
+    """The chunked GEMMs would spread it over the whole chunk (``0 * nan``): the lane is redone step by step."""
+    params = dict(BASE, seq=48, value_heads=4)
+    thunk, arena = _laid(params)
+    d_dst = next(r for r in regions(thunk) if r.field == "d_dst")
+    view(arena, d_dst.offset, "f64", d_dst.shape)[0, 30, 1, 2] = np.nan  # batch row 0, step 30, value head 1
+    with np.errstate(invalid="ignore"):
+        got = _backward(thunk, arena, path="chunked", chunk=16)
+    for name in ("d_v", "d_beta", "d_g"):  # per value head
+        bad = np.isnan(got[name])
+        assert bad[0, :31, 1].any() and not bad[0, 31:].any() and not bad[:, :, [0, 2, 3]].any(), name
+        assert not bad[1].any(), name
+    for name in ("d_q", "d_k"):  # key head 0 serves value heads 0 and 1
+        bad = np.isnan(got[name])
+        assert bad[0, :31, 0].any() and not bad[0, 31:].any() and not bad[:, :, 1].any() and not bad[1].any(), name
+    assert np.isnan(got["d_state"][0, 1]).any() and not np.isnan(got["d_state"][[1]]).any()
+    assert not np.isnan(got["d_state"][0, [0, 2, 3]]).any()
