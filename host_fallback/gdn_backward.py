@@ -35,10 +35,10 @@ import numpy as np
 
 from . import threads
 from .arena import COMPUTE
-from .chunked import (decay_ratios, floor_log_decays, from_chunks, pick_path, to_chunks,
+from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, to_chunks,
                       unit_lower_inverse)
 from .fields import complete, gdn_scale
-from .gdn import CHANNEL_SPREAD, L2_EPS, _carry, _channel_grams_fast, _split, _swap, _upper
+from .gdn import CHANNEL_SPREAD, L2_EPS, _channel_grams_fast, _split, _swap, _upper
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -174,6 +174,11 @@ class _Decayed:
         return flat.reshape(out.shape)
 
 
+def _rowdot(x: Array, y: Array) -> Array:
+    """``sum_i x[..., i] y[..., i]``."""
+    return np.einsum("...i,...i->...", x, y)
+
+
 def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results)."""
     seq, heads, n = q.shape[1:]
@@ -182,93 +187,116 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     low, high = float(g.min(initial=0.0)), float(g.max(initial=0.0))
     g = floor_log_decays(g, low)
     qc, kc = (to_chunks(x, length)[:, :, :, None] for x in (q, k))  # [C, B, H, 1, L, K]
-    vc, oc, gc, bc = (_split(to_chunks(x, length), group, 2) for x in (v, d_out, g, beta))  # [C, B, H, G, L, ...]
+    vc, oc = (_split(chunk_view(x, length), group, 2) for x in (v, d_out))  # [C, B, H, G, L, V]
+    gc, bc = (_split(to_chunks(x, length), group, 2) for x in (g, beta))  # [C, B, H, G, L(, K)]
     count = qc.shape[0]
+    kt = np.ascontiguousarray(_swap(kc))  # [C, B, H, 1, K, L]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
             cum = np.cumsum(gc, axis=-2)  # [C, B, H, G, L, K]
             bounded = max(-low, high) * (length // 2 + 1) <= CHANNEL_SPREAD
             lead = cum.shape[:-2]
             qk, kk = _channel_grams_fast(np.broadcast_to(qc, (*lead, length, n)), np.broadcast_to(kc, (*lead, length, n)),
-                                         np.ascontiguousarray(np.broadcast_to(_swap(kc), (*lead, n, length))),
-                                         cum, np.ascontiguousarray(_swap(cum)), bounded)
+                                         kt, cum, np.ascontiguousarray(_swap(cum)), bounded)
             qk, kk = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
-            last = cum[..., -1:, :]
+            decayed = _Decayed(cum, True, bounded)
         else:
             cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
-            bounded = True
             ratios = decay_ratios(cum[..., 0])
-            qk = np.matmul(qc, _swap(kc)) * ratios
-            kk = np.matmul(kc, _swap(kc)) * ratios
+            qk = np.multiply(np.matmul(qc, kt), ratios)
+            kk = np.multiply(np.matmul(kc, kt), ratios)
             np.copyto(kk, 0, where=_upper(length, 0))
-            last = cum[..., -1:, :]
+        last = cum[..., -1:, :]
         gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
-        through = last[..., 0, :]  # [..., K or 1]: the chunk's log-decay
-        through = np.exp(through)
-    decayed = _Decayed(cum if per_channel else cum[..., 0], per_channel, bounded)
+        through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay
+    inverse = unit_lower_inverse(kk * bc[..., None])  # (I + A)^-1
+    inverse_t = np.ascontiguousarray(_swap(inverse))
+    t = inverse * bc[..., None, :]  # T = (I + A)^-1 beta
+    gk = gamma * kc  # [..., L, K]
+    gk_t = np.ascontiguousarray(_swap(gk))
+    kd = kc * to_end  # KD, [..., L, K]
+    kd_t = np.ascontiguousarray(_swap(kd))
 
-    # the forward again: T = (I + A)^-1 beta, W = T (gamma K), U = T V - W S0, the state entering each chunk
-    inverse = unit_lower_inverse(kk * bc[..., None])
-    t = inverse * bc[..., None, :]
-    gk = gamma * kc
-    w, u = np.matmul(t, gk), np.matmul(t, vc)
-    kd = kc * to_end  # [..., L, K]
+    # the forward again, keeping R = V - (gamma K) S0, U = T R and the state entering each chunk
+    rest, u = np.empty(vc.shape, q.dtype), np.empty(vc.shape, q.dtype)
     starts = np.empty((count, b, heads, group, n, width), s0.dtype)
-    starts[0] = _split(s0, group, 1)
-    _carry(u, w, np.ascontiguousarray(_swap(kd)), through, starts, np.empty_like(starts[0]))
+    state = _split(s0, group, 1)
+    for c in range(count):
+        starts[c] = state
+        np.subtract(vc[c], np.matmul(gk[c], state), out=rest[c])
+        np.matmul(t[c], rest[c], out=u[c])
+        state = starts[c] * through[c] + np.matmul(kd_t[c], u[c])
 
-    # the reverse loop over chunks: dU = scale M^T dO + KD dS_L, dS0 = gamma_L dS_L + scale (gamma Q)^T dO - W^T dU
+    # the reverse over chunks: dU = scale M^T dO + KD dS_L, Y = (I + A)^-T dU, dV = beta Y and
+    # dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV
     du = np.matmul(_swap(qk), oc)
     du *= scale
     carried = np.matmul(_swap(gamma * qc), oc)  # [C, ..., K, V]; then each chunk's dS_L in its place
     carried *= scale
+    y, dv = np.empty_like(du), np.empty_like(du)
     ds = _split(dsf, group, 1).copy()
     for c in range(count - 1, -1, -1):
         du[c] += np.matmul(kd[c], ds)
-        nxt = ds * through[c][..., None] + carried[c] - np.matmul(_swap(w[c]), du[c])
+        np.matmul(inverse_t[c], du[c], out=y[c])
+        np.multiply(y[c], bc[c][..., None], out=dv[c])
+        nxt = ds * through[c]
+        nxt += carried[c]
+        nxt -= np.matmul(gk_t[c], dv[c])
         carried[c] = ds
         ds = nxt
     d_leave = carried
 
     # every other gradient, all chunks at once
-    y = np.matmul(_swap(inverse), du)  # the gradient of beta (V - (gamma K) S0)
-    dv = bc[..., None] * y
-    rest = vc - np.matmul(gk, starts)
-    dbeta = np.sum(y * rest, axis=-1)
-    da = -np.matmul(y, _swap(u))
+    dbeta = _rowdot(y, rest)
+    da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
     np.copyto(da, 0, where=_upper(length, 0))
-    dbeta += np.sum(da * kk, axis=-1)
-    dkk = da * bc[..., None]
+    dbeta -= np.sum(da * kk, axis=-1)
+    dkk = da
+    dkk *= bc[..., None]
+    dkk *= -1
     s0t = _swap(starts)
-    dgk = -np.matmul(dv, s0t)  # of gamma K
-    dqg = np.matmul(oc, s0t)  # of gamma Q
+    dgk = np.matmul(dv, s0t)  # minus the gradient of gamma K
+    dgk *= gamma
+    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale
+    dqg *= gamma
     dqg *= scale
     dqk = np.matmul(oc, _swap(u))
     dqk *= scale
     np.copyto(dqk, 0, where=_upper(length, 1))
     dkd = np.matmul(u, _swap(d_leave))  # of KD
-
-    rows_q = decayed.later(dqk, kc)
-    cols_q = decayed.earlier(dqk, qc)
-    rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
-    dq = dqg * gamma + rows_q
     dkd *= to_end
-    dgk *= gamma
-    dk = dgk + dkd + cols_q + rows_k + cols_k
     # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s)
-    dcum = qc * (dq) + kc * (dgk + rows_k - cols_q - cols_k - dkd)
-    end = np.sum(kc * dkd, axis=-2) + np.sum(starts * through[..., None] * d_leave, axis=-1)  # [..., K]
     if per_channel:
-        dcum[..., -1, :] += end
+        rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
+        rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
+        dq = dqg + rows_q
+        dk = rows_k + cols_q
+        dk += cols_k
+        dk += dkd
+        dk -= dgk
+        dcum = qc * dq
+        dcum -= kc * (dgk + cols_q + cols_k + dkd - rows_k)
+        dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + np.sum(starts * through * d_leave, axis=-1)
+        axis = -2
     else:
-        dcum = dcum.sum(axis=-1)
-        dcum[..., -1] += end.sum(axis=-1)
-    axis = -2 if per_channel else -1
+        p_q, p_k = dqk * ratios, dkk * ratios
+        dq = np.matmul(p_q, kc)
+        dq += dqg
+        dk = np.matmul(_swap(p_q), qc)
+        dk += np.matmul(p_k + _swap(p_k), kc)
+        dk += dkd
+        dk -= dgk
+        e = dqk * qk
+        e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
+        dcum = e.sum(axis=-1) - e.sum(axis=-2)
+        dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
+        dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + np.sum(starts * through * d_leave, axis=(-2, -1))
+        axis = -1
     dg = np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
-    dq, dk = (from_chunks(x.sum(axis=3), seq) for x in (dq, dk))
+    dq, dk = (from_chunks(x[:, :, :, 0] if group == 1 else x.sum(axis=3), seq) for x in (dq, dk))
     dv, dg, dbeta = (from_chunks(x.reshape(count, b, heads * group, *x.shape[4:]), seq) for x in (dv, dg, dbeta))
     return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
 
