@@ -48,6 +48,9 @@ Array = np.ndarray
 CHUNK = 32
 #: Longest sequence (a packed one: the longest sequence) that takes the step path.
 STEP_MAX = 12
+#: Lanes (batch row x key head) times steps the chunked path takes at once: longer sequences run fewer lanes
+#: at a time, so the per-chunk intermediates stay bounded (B2 H8 S4096 f32: four blocks of two lanes).
+BLOCK_STEPS = 8192
 
 
 def _step(q, k, v, g, beta, s0, ds, d_out, scale):
@@ -333,6 +336,19 @@ def _unnormed(x_hat: Array, norm: Array, d_hat: Array) -> Array:
     return (d_hat - x_hat * np.einsum("...i,...i->...", x_hat, d_hat)[..., None]) / norm
 
 
+def _blocks(bs: slice, hs: slice, lanes: int) -> list[tuple[slice, slice]]:
+    """``bs x hs`` (batch rows x key heads) cut into blocks of at most ``lanes`` lanes (at least one lane),
+    whole rows of heads where they fit."""
+    rows, heads = bs.stop - bs.start, hs.stop - hs.start
+    if rows * heads <= lanes:
+        return [(bs, hs)]
+    if heads <= lanes:
+        per = lanes // heads
+        return [(slice(r, min(r + per, bs.stop)), hs) for r in range(bs.start, bs.stop, per)]
+    return [(slice(r, r + 1), slice(h, min(h + lanes, hs.stop))) for r in range(bs.start, bs.stop)
+            for h in range(hs.start, hs.stop, lanes)]
+
+
 def _choose(t: Thunk, longest: int, path: str | None, chunk: int | None) -> tuple[str, int]:
     length = chunk or CHUNK
     if length < 16 or length & (length - 1):
@@ -354,7 +370,8 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     heads, hv, n, width = t["heads"], t["value_heads"], t["state_size"], t["value_size"]
     group, scale = hv // heads, gdn_scale(t)
     fields = ("q", "k", "v", "g", "beta", "d_dst")
-    inputs = {f: bound.view(f).astype(work) for f in fields}
+    inputs = {f: bound.view(f) for f in fields}  # read where they lie when stored in the work type
+    inputs.update({f: x.astype(work) for f, x in inputs.items() if x.dtype != work})
     if t["qk_l2norm"]:
         (inputs["q"], q_norm), (inputs["k"], k_norm) = _normed(inputs["q"]), _normed(inputs["k"])
     normed = {f: inputs[f] for f in ("q", "k")}  # as the thunk lays them out, for the normalisation's gradient
@@ -377,31 +394,38 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     else:
         s0, dsf = np.zeros(shape, work), np.zeros(shape, work)
     name, length = _choose(t, inputs["q"].shape[1], path, chunk)
-    grads = {f: np.empty_like(inputs[f]) for f in ("q", "k", "v", "g", "beta")}
+    # the gradients go straight into the arena where nothing is left to do to them (ABI.md: no output
+    # overlaps an input)
+    direct = not varlen and bound.view("d_q").dtype == work
+    grads = {f: bound.view(f"d_{f}") if direct else np.empty_like(inputs[f]) for f in ("q", "k", "v", "g", "beta")}
     d_init = np.empty(shape, work)
+    seq = inputs["q"].shape[1]
 
-    def compute(bs: slice, hs: slice) -> tuple[Array, ...]:
-        vs = slice(hs.start * group, hs.stop * group)
-        args = [inputs[f][bs, :, hs if f in ("q", "k") else vs] for f in fields]
-        q, k, v, g, beta, d_out = args
-        if name == "step":
-            return _step_path(q, k, v, g, beta, s0[bs, vs], dsf[bs, vs], d_out, scale)
-        return _chunked(q, k, v, g, beta, s0[bs, vs], dsf[bs, vs], d_out, scale, length)
+    def compute(bs: slice, hs: slice) -> list[tuple[slice, slice, tuple[Array, ...]]]:
+        done = []
+        for sub_bs, sub_hs in _blocks(bs, hs, 1 if name == "step" else max(1, BLOCK_STEPS // seq)):
+            vs = slice(sub_hs.start * group, sub_hs.stop * group)
+            q, k, v, g, beta, d_out = (inputs[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in fields)
+            run = _step_path if name == "step" else lambda *args: _chunked(*args, length)
+            done.append((sub_bs, sub_hs, run(q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)))
+        return done
 
-    def store(bs: slice, hs: slice, result: tuple[Array, ...]) -> None:
-        vs = slice(hs.start * group, hs.stop * group)
-        for f, x in zip(("q", "k", "v", "g", "beta"), result):
-            grads[f][bs, :, hs if f in ("q", "k") else vs] = x
-        d_init[bs, vs] = result[-1]
+    def store(bs: slice, hs: slice, done: list[tuple[slice, slice, tuple[Array, ...]]]) -> None:
+        for sub_bs, sub_hs, result in done:
+            vs = slice(sub_hs.start * group, sub_hs.stop * group)
+            for f, x in zip(("q", "k", "v", "g", "beta"), result):
+                grads[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] = x
+            d_init[sub_bs, vs] = result[-1]
 
-    lanes_work = rows * inputs["q"].shape[1] * hv * n * width
+    lanes_work = rows * seq * hv * n * width
     threads.run_split(compute, store, rows, heads,
                       threads.parts_for("gated_delta_net_backward", lanes_work, rows, heads, workers))
     if varlen:
         grads = {f: x[valid][None] for f, x in grads.items()}
     if t["qk_l2norm"]:
-        grads["q"], grads["k"] = _unnormed(normed["q"], q_norm, grads["q"]), _unnormed(normed["k"], k_norm, grads["k"])
-    for f, x in grads.items():
+        for f, norm in (("q", q_norm), ("k", k_norm)):
+            grads[f][...] = _unnormed(normed[f], norm, grads[f])
+    for f, x in grads.items() if not direct else ():
         bound.store(f"d_{f}", x)
     if t["carry_state"]:
         if isinstance(slots, slice):
