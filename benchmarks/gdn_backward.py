@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 import tracemalloc
 
 import numpy as np
@@ -34,6 +32,7 @@ from host_fallback.arena import view  # noqa: E402
 from host_fallback.layout import forward_thunk, regions  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.units import human_bytes  # noqa: E402
+from ssm import alternating_ms  # noqa: E402  (benchmarks/ssm.py: medians of runs taking turns)
 
 HEADS, SIZE, BATCH = 8, 64, 2
 
@@ -112,19 +111,6 @@ def _torch_run(values: dict[str, np.ndarray]):
     return run
 
 
-def _timed(fns, runs: int) -> list[float]:
-    """Median ms of each of ``fns`` over ``runs`` rounds calling each once in turn (after one untimed round)."""
-    for fn in fns:
-        fn()
-    spent: list[list[float]] = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, times in zip(fns, spent):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return [statistics.median(times) * 1e3 for times in spent]
-
-
 def _peak(fn) -> int:
     """Peak bytes tracemalloc sees allocated during ``fn()`` beyond what was allocated before it."""
     tracemalloc.start()
@@ -165,7 +151,7 @@ def main() -> None:
             host_fallback.execute(backward, work)
 
         twin = _torch_run(values)
-        f_ms, b_ms, t_ms = _timed([fwd, bwd, twin], args.runs)
+        f_ms, b_ms, t_ms = alternating_ms([fwd, bwd, twin], args.runs, 1)
         bwd()
         ours = {r.field: view(work, r.offset, r.dtype, r.shape) for r in regions(backward) if r.field.startswith("d_")}
         diff = max(float(np.max(np.abs(ours[f] - x)) / np.max(np.abs(x))) for f, x in twin().items())

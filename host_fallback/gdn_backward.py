@@ -144,8 +144,10 @@ class _Decayed:
         mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
         with np.errstate(over="ignore", under="ignore"):
             self.up, self.down = np.exp(cum - mid), np.exp(mid - cum)
-        spread = np.max(np.abs(cum - mid), axis=(-2, -1))
-        self.unsafe = None if bounded else np.nonzero((spread > CHANNEL_SPREAD).reshape(-1))[0]
+        self.unsafe = None
+        if not bounded:
+            spread = np.max(np.abs(cum - mid), axis=(-2, -1))
+            self.unsafe = np.nonzero((spread > CHANNEL_SPREAD).reshape(-1))[0]
 
     def later(self, p: Array, x: Array) -> Array:
         if not self.per_channel:

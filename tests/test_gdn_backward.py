@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import host_fallback
-from host_fallback.arena import STORAGE, view
+from host_fallback.arena import view
 from host_fallback.fields import complete
 from host_fallback.gradients import gradient
 from host_fallback.layout import forward_thunk, regions
-from rlx_gpu.conformance.cases import lay_out
+from backward_checks import assert_finite_differences, laid_out, read as _read
 from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.conformance.runner import sample
 
@@ -33,33 +33,15 @@ FIELDS = dict(batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True, scal
 def _laid(params: dict, dtype: str = "f64", seed: int = 0, g_scale: float = 1.0) -> tuple[dict, np.ndarray]:
     """A backward thunk and its arena, every input sampled as the conformance cases sample it
     (``g_scale`` stretches the log-decays)."""
-    thunk, nbytes = lay_out(OP, dtype, dict(params))
-    rng = np.random.default_rng(seed)
-    arena = np.zeros(nbytes, np.uint8)
-    for r in regions(thunk):
-        if r.dtype == "i32":
-            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
-        elif r.reads:
-            values = sample(OP, params, r.field, r.shape, rng) * (g_scale if r.field == "g" else 1.0)
-            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
-    return thunk, arena
-
-
-def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+    def draw(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        return sample(OP, params, field, shape, rng) * (g_scale if field == "g" else 1.0)
+    return laid_out(OP, dtype, params, draw, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
     out = arena.copy()
     host_fallback.execute(thunk, out, **options)
     return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
-    """``Σ dst·d_dst (+ Σ final state·d_state)`` with the float64 reference forward on ``values``."""
-    forward = forward_thunk(thunk)
-    out = REFERENCES[forward["op"]](forward, lambda f: values[f])
-    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
 
 
 PATHS = [dict(path="step"), dict(path="chunked", chunk=16)]
@@ -81,16 +63,7 @@ def test_every_gradient_matches_central_finite_differences(label, params, option
     grads = _backward(thunk, arena, **options)
     expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
     assert set(grads) == expected and ("d_state" in grads) == params["carry_state"]
-    rng = np.random.default_rng(1)
-    eps = 1e-6
-    for name, grad in grads.items():
-        field = name[2:]
-        direction = rng.standard_normal(values[field].shape)
-        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
-        numeric = (sides[0] - sides[1]) / (2 * eps)
-        analytic = float(np.sum(grad * direction))
-        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
-        assert abs(numeric - analytic) <= 1e-7 * scale, (label, name, numeric, analytic)
+    assert_finite_differences(thunk, values, grads, 1, label)
 
 
 def test_chunks_whose_per_channel_decays_spread_widely_match_the_reference():

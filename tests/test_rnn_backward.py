@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import host_fallback
-from host_fallback.arena import STORAGE, view
+from host_fallback.arena import view
 from host_fallback.fields import DEFAULTS, complete
 from host_fallback.gradients import OPTIONAL_INPUTS, gradient
 from host_fallback.layout import forward_thunk, regions
-from rlx_gpu.conformance.cases import lay_out
-from rlx_gpu.conformance.references import REFERENCES, V2_FIELDS
+from backward_checks import assert_finite_differences, laid_out, read as _read
+from rlx_gpu.conformance.references import V2_FIELDS
 
 BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)
 SEQ_LENS = [5, 2, 0]  # a full row, a short one, an empty one (its final state is its initial state)
@@ -34,21 +34,9 @@ def _params(op: str, **extra) -> dict:
 
 def _laid(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
     """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
-    thunk, nbytes = lay_out(f"{op}_backward", dtype, params)
-    rng = np.random.default_rng(seed)
-    arena = np.zeros(nbytes, np.uint8)
-    for r in regions(thunk):
-        if r.dtype == "i32":
-            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
-        elif r.reads:
-            scale = 0.5 if r.field.startswith("w_") else 1.0
-            values = rng.standard_normal(r.shape) * scale
-            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
-    return thunk, arena
-
-
-def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+    def draw(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+        return rng.standard_normal(shape) * (0.5 if field.startswith("w_") else 1.0)
+    return laid_out(f"{op}_backward", dtype, params, draw, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -57,29 +45,13 @@ def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
     return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
 
 
-def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
-    """``Σ dst·d_dst + Σ h_final·d_h0 (+ Σ c_final·d_c0)`` with the reference forward on ``values``."""
-    forward = forward_thunk(thunk)
-    out = REFERENCES[forward["op"]](forward, lambda f: values[f])
-    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
-
-
 def _check_finite_differences(op: str, params: dict, seed: int = 0) -> None:
     thunk, arena = _laid(op, "f64", params, seed)
     values = _read(thunk, arena)
     grads = _backward(thunk, arena)
     expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
     assert set(grads) == expected
-    rng = np.random.default_rng(seed + 1)
-    eps = 1e-6
-    for name, grad in grads.items():
-        field = name[2:]
-        direction = rng.standard_normal(values[field].shape)
-        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
-        numeric = (sides[0] - sides[1]) / (2 * eps)
-        analytic = float(np.sum(grad * direction))
-        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
-        assert abs(numeric - analytic) <= 1e-7 * scale, (op, name, numeric, analytic)
+    assert_finite_differences(thunk, values, grads, seed + 1, op)
 
 
 V1 = [
@@ -131,7 +103,7 @@ _MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
 
 
 def _torch_grads(op: str, thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same loss as ``_loss`` through torch.nn in float64, and the gradient of every input."""
+    """The same loss as ``backward_checks.reference_loss`` through torch.nn in float64, and the gradient of every input."""
     t = complete(forward_thunk(thunk))
     H, L, dirs, proj = t["hidden"], t["num_layers"], 2 if t["bidirectional"] else 1, t.get("proj_size", 0)
     kwargs = dict(proj_size=proj) if proj else {}
