@@ -159,3 +159,28 @@ def test_a_nan_in_d_dst_reaches_only_the_steps_before_it_on_the_chunked_path():
         assert bad[0, :31, 0].any() and not bad[0, 31:].any() and not bad[:, :, 1].any() and not bad[1].any(), name
     assert np.isnan(got["d_state"][0, 1]).any() and not np.isnan(got["d_state"][[1]]).any()
     assert not np.isnan(got["d_state"][0, [0, 2, 3]]).any()
+
+
+def test_graph_backward_of_a_gated_delta_net_call_matches_torch_autograd():
+    """``Graph.backward`` emits this op's thunk: the caller's initial state is read, its gradient returned."""
+    from rlx_gpu.graph.builder import Graph
+    b, s, h, hv, n, width = 1, 20, 1, 2, 4, 3
+    rng = np.random.default_rng(5)
+    values = {"q": rng.standard_normal((b, s, h, n)), "k": rng.standard_normal((b, s, h, n)),
+              "v": rng.standard_normal((b, s, hv, width)), "g": -0.3 * rng.random((b, s, hv, n)),
+              "beta": rng.random((b, s, hv)), "state": rng.standard_normal((b, hv, n, width)),
+              "dy": rng.standard_normal((b, s, hv, width)), "ds": rng.standard_normal((b, hv, n, width))}
+    g = Graph("f64")
+    t = {f: g.input(f, x.shape) for f, x in values.items()}
+    y, _ = g.gated_delta_net(t["q"], t["k"], t["v"], t["g"], t["beta"], gate_per_channel=True,
+                             initial_state=t["state"], use_qk_l2norm=True)
+    grads = g.backward(y, t["dy"], {"state": t["ds"]})
+    assert list(grads) == ["q", "k", "v", "g", "beta", "state"]
+    for name, grad in grads.items():
+        g.output(f"d_{name}", grad)
+    out = g.compile("host").run(**values)
+    leaves = {f: torch.tensor(values[f], requires_grad=True) for f in ("q", "k", "v", "g", "beta", "state")}
+    o, final = _torch_recurrent(*leaves.values(), n ** -0.5, True)
+    ((o * torch.tensor(values["dy"])).sum() + (final * torch.tensor(values["ds"])).sum()).backward()
+    for f, leaf in leaves.items():
+        np.testing.assert_allclose(out[f"d_{f}"], leaf.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=f)
