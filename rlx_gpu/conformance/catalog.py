@@ -186,10 +186,12 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gru_backward", _recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False),
     ("rnn_backward", _recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False),
     ("lstm_backward", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
-    # gated_delta_net_backward: both gate kinds on the host's step path, then three chunks of 32 (the last
-    # partial) with grouped value heads, K != V and L2-norm, and a packed row through slots
-    ("gated_delta_net_backward", _gdn(2, 5, 2, 8, False, True), {}, False),
-    ("gated_delta_net_backward", _gdn(1, 4, 2, 5, True, False), {}, False),
+    # gated_delta_net_backward: both gate kinds on the host's step path (decode) and in one partial chunk, then
+    # three chunks of 32 (the last partial) with grouped value heads, K != V and L2-norm, and a packed row
+    # through slots
+    ("gated_delta_net_backward", _gdn(2, 2, 2, 8, False, True), {}, False),
+    ("gated_delta_net_backward", _gdn(1, 1, 2, 5, True, False), {}, False),
+    ("gated_delta_net_backward", _gdn(2, 5, 2, 8, True, True), {}, False),
     ("gated_delta_net_backward", _gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True),
      {}, False),
     ("gated_delta_net_backward", _gdn(1, 40, 1, 8, False, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0],
@@ -244,7 +246,7 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("lstm_backward", _recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
     ("gru_backward", _recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, NAN),
     ("rnn_backward", _recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
-    # the gated delta rule's: on the step path, and in the second of two chunks (both gate kinds)
+    # the gated delta rule's: in one short chunk, and in the second of two chunks (both gate kinds)
     ("gated_delta_net_backward", _gdn(2, 9, 2, 8, False, True), "d_dst", 5, NAN),
     ("gated_delta_net_backward", _gdn(2, 40, 1, 8, True, True, value_heads=2), "d_dst", 35, NAN),
 ]
