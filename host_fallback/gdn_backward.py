@@ -9,15 +9,18 @@ step ``r``, per head or per key channel):
     O = scale ((gamma Q) S0 + M U),        M = lower decayed Q K^T,
     S_L = gamma_L S0 + KD^T U,             KD_s = k_s gamma_L / gamma_s.
 
-The forward is recomputed chunk-parallel and its one sequential loop over chunks (``gdn._carry``)
-keeps the state entering each chunk: the only per-chunk checkpoint, so the extra memory is
-``O(S / L * state)``. The reverse loop over chunks carries the state's gradient back,
-``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - W^T dU`` with ``dU = scale M^T dO + KD dS_L``; every
-other gradient is a handful of GEMMs over all chunks at once. Decayed products with per-channel
-gates factor through the chunk's midpoint as ``gdn`` does (``CHANNEL_SPREAD``), and chunks whose
-decays spread further take an exact pairwise form. A log-decay's gradient is the reverse cumulative
-sum over the chunk of the cumulative log-decays' gradients, which are ``x * dx`` summed over the
-terms in which ``x`` carries that decay (minus for the terms that divide by it).
+The forward is recomputed chunk-parallel (``gdn``'s decayed Gram products), and one sequential loop
+over chunks forms ``R = V - (gamma K) S0`` and ``U`` and keeps the state entering each chunk: the
+only per-chunk checkpoint, so the extra memory is ``O(S / L * state)`` (long sequences also run
+fewer lanes at a time, ``BLOCK_STEPS``). The reverse loop over chunks carries the state's gradient
+back: ``dU = scale M^T dO + KD dS_L``, ``Y = (I + A)^-T dU``, ``dV = beta Y`` and
+``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``; every other gradient is a handful
+of GEMMs over all chunks at once. Decayed products with per-channel gates factor through the
+chunk's midpoint as ``gdn`` does (``CHANNEL_SPREAD``), and chunks whose decays spread further take
+an exact pairwise form. A log-decay's gradient is the reverse cumulative sum over the chunk of the
+cumulative log-decays' gradients, which are ``x * dx`` summed over the terms in which ``x`` carries
+that decay (minus for the terms that divide by it); per head, those of the ``[L, L]`` products are
+their row sums minus their column sums.
 
 The step path walks the recurrence back one step at a time (decode-sized sequences, up to
 ``STEP_MAX``). It also redoes every lane (batch row x value head) whose chunked gradients hold a NaN
@@ -125,21 +128,16 @@ def _step_path(q, k, v, g, beta, s0, ds, d_out, scale):
 
 
 class _Decayed:
-    """Products that pair a later step ``r`` with an earlier step ``s`` of a chunk through the decay
-    ``exp(cum_r - cum_s)`` (per key channel), for ``P [..., L, L]`` lower triangular:
+    """Products that pair a later step ``r`` with an earlier step ``s`` of a chunk through the per-key-channel
+    decay ``exp(cum_r - cum_s)`` (``cum [..., L, K]``), for ``P [..., L, L]`` lower triangular:
     ``later(P, x)[r] = sum_s P[r, s] x_s exp(cum_r - cum_s)`` and
     ``earlier(P, y)[s] = sum_r P[r, s] y_r exp(cum_r - cum_s)``.
 
-    Per head the decay is one ``[L, L]`` matrix that scales ``P``. Per channel each ratio factors
-    through the chunk's midpoint ``m`` (``exp(cum_r - m) exp(m - cum_s)``, both within
-    ``exp(CHANNEL_SPREAD)``); chunks whose spread is wider are formed pair by pair.
+    Each ratio factors through the chunk's midpoint ``m`` (``exp(cum_r - m) exp(m - cum_s)``, both within
+    ``exp(CHANNEL_SPREAD)`` where ``bounded``); chunks whose spread is wider are formed pair by pair.
     """
 
-    def __init__(self, cum: Array, per_channel: bool, bounded: bool):
-        self.per_channel = per_channel
-        if not per_channel:
-            self.ratios = decay_ratios(cum)
-            return
+    def __init__(self, cum: Array, bounded: bool):
         self.cum = cum
         length = cum.shape[-2]
         mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
@@ -151,14 +149,10 @@ class _Decayed:
             self.unsafe = np.nonzero((spread > CHANNEL_SPREAD).reshape(-1))[0]
 
     def later(self, p: Array, x: Array) -> Array:
-        if not self.per_channel:
-            return np.matmul(p * self.ratios, x)
         out = self.up * np.matmul(p, x * self.down)
         return self._exact(out, p, x, "rs,rsi,si->ri")
 
     def earlier(self, p: Array, y: Array) -> Array:
-        if not self.per_channel:
-            return np.matmul(_swap(p * self.ratios), y)
         out = self.down * np.matmul(_swap(p), y * self.up)
         return self._exact(out, p, y, "rs,rsi,ri->si")
 
@@ -205,7 +199,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
             qk, kk = _channel_grams_fast(np.broadcast_to(qc, (*lead, length, n)), np.broadcast_to(kc, (*lead, length, n)),
                                          kt, cum, np.ascontiguousarray(_swap(cum)), bounded)
             qk, kk = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
-            decayed = _Decayed(cum, True, bounded)
+            decayed = _Decayed(cum, bounded)
         else:
             cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
             ratios = decay_ratios(cum[..., 0])
