@@ -265,7 +265,9 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     np.copyto(dqk, 0, where=_upper(length, 1))
     dkd = np.matmul(u, _swap(d_leave))  # of KD
     dkd *= to_end
-    # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s)
+    # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
+    # last one also through the decayed entering state, gamma_L S0
+    entering = np.einsum("...kv,...kv->...k", starts, d_leave) * through[..., 0]  # [..., K]
     if per_channel:
         rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
         rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
@@ -275,8 +277,13 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
         dk += dkd
         dk -= dgk
         dcum = qc * dq
-        dcum -= kc * (dgk + cols_q + cols_k + dkd - rows_k)
-        dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + np.sum(starts * through * d_leave, axis=-1)
+        cols_q += cols_k
+        cols_q += dgk
+        cols_q += dkd
+        cols_q -= rows_k
+        cols_q *= kc
+        dcum -= cols_q
+        dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
         axis = -2
     else:
         p_q, p_k = dqk * ratios, dkk * ratios
@@ -290,7 +297,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
         e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
         dcum = e.sum(axis=-1) - e.sum(axis=-2)
         dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
-        dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + np.sum(starts * through * d_leave, axis=(-2, -1))
+        dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering.sum(axis=-1)
         axis = -1
     dg = np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
 
