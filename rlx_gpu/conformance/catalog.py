@@ -186,6 +186,15 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gru_backward", _recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False),
     ("rnn_backward", _recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False),
     ("lstm_backward", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
+    # the selective scan's backward: one host chunk (32 steps), then three (the last partial); every version-2
+    # field at once over packed sequences (one empty, two starting inside a chunk) through state slots
+    ("selective_scan_backward", _ssm(2, 5, 5, 4), {}, False),
+    ("selective_scan_backward", _ssm(2, 70, 5, 3), {}, False),
+    ("selective_scan_backward", dict(_ssm(1, 70, 4, 3), groups=2, cu_seqlens=[0, 20, 20, 45, 70],
+                                     state_slots=[3, 0, 4, 1], num_slots=5, carry_state=True, state=True, d_state=True,
+                                     delta_bias=True, d_delta_bias=True, delta_softplus=True, d=True, d_d=True, z=True,
+                                     d_z=True), {}, False),
+    ("selective_scan_backward", _ssm(2, 130, 8, 16), {}, True),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -236,6 +245,7 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("lstm_backward", _recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
     ("gru_backward", _recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, NAN),
     ("rnn_backward", _recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
+    ("selective_scan_backward", _ssm(2, 40, 3, 4), "d_dst", 35, NAN),  # in the second host chunk of 32 steps
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)
