@@ -26,11 +26,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import threads
 from .arena import STORAGE
 from .fields import complete
 from .layout import Bound
 from .sequences import Sequences, StatePool
-from .ssm import SOFTPLUS_LINEAR, _read, compute_type, softplus
+from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, softplus
 
 #: Steps per chunk: the checkpoints cost ``S/L`` states and a chunk's working set about six ``[L]``
 #: states, so ``L`` near ``sqrt(S/6)`` keeps the memory least; 32 also keeps a chunk of the benchmark's
@@ -78,8 +79,23 @@ class _Chunk:
         return prev
 
 
+@dataclass
+class _Sums:
+    """The parameters' gradients of one block of rows, summed over its chunks in a fixed order: ``a`` as
+    ``[G, N, W]``, ``d`` as ``[G, 1, W]``, ``bias`` as ``[H]`` (``None`` where the thunk lacks the parameter)."""
+
+    a: np.ndarray
+    d: np.ndarray | None
+    bias: np.ndarray | None
+
+    def add(self, other: "_Sums") -> None:
+        for mine, theirs in ((self.a, other.a), (self.d, other.d), (self.bias, other.bias)):
+            if mine is not None:
+                mine += theirs
+
+
 class _Thunk:
-    """A selective_scan_backward thunk bound to its arena: its tensors, parameters and gradient sums."""
+    """A selective_scan_backward thunk bound to its arena: its tensors and parameters."""
 
     def __init__(self, t: Mapping[str, Any], arena: np.ndarray, chunk: int):
         self.t, self.bound, self.chunk = t, Bound(t, arena), chunk
@@ -91,10 +107,11 @@ class _Thunk:
         self.a = np.ascontiguousarray(np.swapaxes(a, -1, -2))  # [G, N, W]
         self.d = None if t["d"] is None else _read(self.bound, "d", everything, self.ctype).reshape(self.groups, 1, width)
         self.bias = None if t["delta_bias"] is None else _read(self.bound, "delta_bias", everything, self.ctype)
-        # the parameters' gradients, summed over every chunk of every row in a fixed order
-        self.d_a = np.zeros_like(self.a)
-        self.d_d = None if self.d is None else np.zeros_like(self.d)
-        self.d_bias = None if self.bias is None else np.zeros(t["hidden"], self.ctype)
+
+    def sums(self) -> _Sums:
+        """Zeroed gradients of the parameters the thunk has."""
+        return _Sums(np.zeros_like(self.a), None if self.d is None else np.zeros_like(self.d),
+                     None if self.bias is None else np.zeros(self.t["hidden"], self.ctype))
 
     # --- a chunk's tensors ----------------------------------------------------------------------------
     def _get(self, field: str, rows: slice, steps: slice) -> np.ndarray:
@@ -130,18 +147,20 @@ class _Thunk:
         target[...] = values.reshape(target.shape).astype(STORAGE[self.bound.regions[field].dtype], copy=False)
 
     # --- the two passes -------------------------------------------------------------------------------
-    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray) -> np.ndarray:
+    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums) -> np.ndarray:
         """Every gradient of the rows ``rows`` over the tokens ``tokens`` (one recurrence each), from their
-        starting states and their final states' gradients (``[R, H, N]``); returns the starting states'."""
+        starting states and their final states' gradients (``[R, H, N]``), the parameters' added to ``sums``;
+        returns the starting states' gradients."""
         spans = [slice(lo, min(tokens.stop, lo + self.chunk)) for lo in range(tokens.start, tokens.stop, self.chunk)]
         state = self._state_layout(entering)
         checkpoints = np.empty((len(spans), *state.shape), self.ctype)
-        for k, span in enumerate(spans):
+        for k, span in enumerate(spans[:-1]):  # the last chunk's states are recomputed below anyway
             checkpoints[k] = state
             state = self.load(rows, span).walk(checkpoints[k])
+        checkpoints[-1] = state
         grad = self._state_layout(d_final)
         for k in reversed(range(len(spans))):
-            grad = self._chunk(rows, spans[k], checkpoints[k], grad)
+            grad = self._chunk(rows, spans[k], checkpoints[k], grad, sums)
         return np.swapaxes(grad.reshape(grad.shape[0], self.groups, self.n, -1), -1, -2).reshape(entering.shape)
 
     def _state_layout(self, s: np.ndarray) -> np.ndarray:
@@ -149,7 +168,7 @@ class _Thunk:
         s = s.reshape(s.shape[0], self.groups, -1, self.n)
         return np.ascontiguousarray(np.swapaxes(s, -1, -2), dtype=self.ctype)
 
-    def _chunk(self, rows: slice, steps: slice, entering: np.ndarray, grad: np.ndarray) -> np.ndarray:
+    def _chunk(self, rows: slice, steps: slice, entering: np.ndarray, grad: np.ndarray, sums: _Sums) -> np.ndarray:
         """One chunk of the reverse: its states from ``entering``, then every gradient of its steps from
         ``grad``, the gradient of the state it hands on; returns the gradient of ``entering``."""
         t = self.t
@@ -159,7 +178,7 @@ class _Thunk:
         c = self._bc("c", rows, steps)
         dy = _steps_first(self._get("d_dst", rows, steps), self.groups)
         if t["d"] is not None or t["z"] is not None:
-            dy = self._gate(rows, steps, ch, c, dy)
+            dy = self._gate(rows, steps, ch, c, dy, sums)
         # the state's gradient after each step: c dy from the output, then the step after it through its decay
         g = np.multiply(c[..., None], dy)
         carry = grad.copy()
@@ -173,8 +192,9 @@ class _Thunk:
         p = np.multiply(ch.decay, g, out=ch.decay)
         p[0] *= entering
         p[1:] *= h[:-1]
-        self.d_a += (p * ch.delta).sum(axis=(0, 1))
-        d_delta = np.multiply(p, self.a, out=p).sum(axis=-2, keepdims=True)
+        # the two contractions of p as einsums: each one pass over p, half the time of a product and a sum
+        sums.a += np.einsum("trgnw,trgw->gnw", p, ch.delta[..., 0, :])
+        d_delta = np.einsum("trgnw,gnw->trgw", p, self.a)[..., None, :]
         d_delta += ch.x * gb
         d_x = ch.delta * gb
         if t["d"] is not None:
@@ -182,12 +202,12 @@ class _Thunk:
         self._put("d_x", rows, steps, _rows_first(d_x))
         if ch.slope is not None:
             d_delta *= ch.slope
-        if self.d_bias is not None:
-            self.d_bias += d_delta.sum(axis=(0, 1)).reshape(-1)
+        if sums.bias is not None:
+            sums.bias += d_delta.sum(axis=(0, 1)).reshape(-1)
         self._put("d_delta", rows, steps, _rows_first(d_delta))
         return carry
 
-    def _gate(self, rows: slice, steps: slice, ch: _Chunk, c: np.ndarray, dy: np.ndarray) -> np.ndarray:
+    def _gate(self, rows: slice, steps: slice, ch: _Chunk, c: np.ndarray, dy: np.ndarray, sums: _Sums) -> np.ndarray:
         """Back through ``y = (c . h + d x) * silu(z)``: write ``d_z``, sum ``d_d``; return the gradient of ``c . h``."""
         y = np.swapaxes(c[..., None], -1, -2) @ ch.states  # [T, R, G, 1, W]
         if self.d is not None:
@@ -198,24 +218,26 @@ class _Thunk:
             with np.errstate(invalid="ignore"):  # z = ±inf: the forward's 0 * inf is NaN too
                 self._put("d_z", rows, steps, _rows_first(dy * y * gate * (1 + z * (1 - gate))))
             dy = dy * (z * gate)
-        if self.d is not None:
-            self.d_d += (dy * ch.x).sum(axis=(0, 1))
+        if sums.d is not None:
+            sums.d += (dy * ch.x).sum(axis=(0, 1))
         return dy
 
-    def store_parameters(self) -> None:
-        width = self.t["hidden"] // self.groups
-        self.bound.store("d_a", np.swapaxes(self.d_a, -1, -2).reshape(self.groups * width, self.n))
-        if self.d_d is not None:
-            self.bound.store("d_d", self.d_d.reshape(-1))
-        if self.d_bias is not None:
-            self.bound.store("d_delta_bias", self.d_bias)
+    def store(self, sums: _Sums) -> None:
+        """Write the parameters' gradients."""
+        self.bound.store("d_a", np.swapaxes(sums.a, -1, -2).reshape(self.t["hidden"], self.n))
+        if sums.d is not None:
+            self.bound.store("d_d", sums.d.reshape(-1))
+        if sums.bias is not None:
+            self.bound.store("d_delta_bias", sums.bias)
 
 
-def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chunk: int | None = None) -> None:
+def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chunk: int | None = None,
+                            workers: int | None = None) -> None:
     """The gradients of a selective_scan (ABI.md §9): every ``d_`` output of the thunk from ``d_dst`` and,
     with ``carry_state``, the final states' gradients in ``d_state`` (overwritten with the initial ones').
 
-    ``chunk`` (steps per checkpoint, default ``CHUNK``) trades the checkpoints' memory for the chunk's.
+    ``chunk`` (steps per checkpoint, default ``CHUNK``) trades the checkpoints' memory for the chunk's;
+    ``workers`` (threads over blocks of batch rows; packed sequences run on one) overrides the choice.
     """
     t = complete(thunk)
     if chunk is not None and chunk < 1:
@@ -227,14 +249,30 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     batch, channels = slice(0, t["batch"]), slice(0, t["hidden"])
     entering, d_final = states.initial(batch, channels), grads.initial(batch, channels)
     seqs = Sequences.of(t, run.bound)
+    sums = run.sums()
     if seqs is None:
-        d_initial = run.reverse(batch, slice(0, t["seq"]), entering, d_final)
+        d_initial = np.empty_like(d_final)
+        blocks: dict[int, _Sums] = {}
+
+        def compute(bs: slice, _: slice) -> _Sums:
+            part = run.sums()
+            d_initial[bs] = run.reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part)
+            return part
+
+        def keep(bs: slice, _: slice, part: _Sums) -> None:
+            blocks[bs.start] = part
+
+        work = t["batch"] * t["seq"] * t["hidden"] * t["state_size"] * SCAN_ELEMENT_WORK
+        parts = threads.parts_for(t["op"], work, t["batch"], 1, workers)
+        threads.run_split(compute, keep, t["batch"], 1, parts)
+        for start in sorted(blocks):  # in row order, whichever block finished first
+            sums.add(blocks[start])
     else:
         d_initial = np.array(d_final)  # an empty sequence hands its final state's gradient straight back
         for row, lo, hi in seqs.runs():
             one = slice(row, row + 1)
-            d_initial[one] = run.reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one])
-    run.store_parameters()
+            d_initial[one] = run.reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one], sums)
+    run.store(sums)
     grads.store(batch, channels, d_initial)
 
 

@@ -259,3 +259,18 @@ def test_a_chunk_below_one_step_is_refused():
     thunk, arena = _laid("f32", _params())
     with pytest.raises(ValueError, match="chunk must be at least 1 step, got 0"):
         host_fallback.execute(thunk, arena, chunk=0)
+
+
+def test_rows_split_across_threads_give_the_gradients_of_one_thread_and_the_same_bytes_twice():
+    params = _params(**CARRIED, batch=3, seq=40, d=True, delta_bias=True)
+    thunk, arena = _laid("f32", params)
+    split = [arena.copy(), arena.copy()]
+    for out in split:
+        host_fallback.execute(thunk, out, workers=2)
+    assert np.array_equal(*split)
+    one = arena.copy()
+    host_fallback.execute(thunk, one, workers=1)
+    got, want = _read(thunk, split[0]), _read(thunk, one)
+    for r in regions(thunk):
+        if r.field.startswith("d_") and r.field != "d_dst":
+            np.testing.assert_allclose(got[r.field], want[r.field], rtol=1e-5, atol=1e-5, err_msg=r.field)
