@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import host_fallback
-from host_fallback.arena import STORAGE, view
+from gradient_check import check_finite_differences, copy_inputs, laid, read
+from host_fallback.arena import view
 from host_fallback.fields import DEFAULTS
 from host_fallback.gradients import OPTIONAL_INPUTS, gradient
 from host_fallback.layout import forward_thunk, regions
-from rlx_gpu.conformance.cases import lay_out
-from rlx_gpu.conformance.references import REFERENCES, V2_FIELDS
+from rlx_gpu.conformance.references import V2_FIELDS
 
 OP = "selective_scan_backward"
 BASE = dict(batch=2, seq=7, hidden=6, state_size=4)
@@ -44,51 +44,13 @@ def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
 
 
 def _laid(dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
-    """A backward thunk and its arena with every input (forward inputs, d_dst, d_state) random."""
-    thunk, nbytes = lay_out(OP, dtype, params)
-    rng = np.random.default_rng(seed)
-    arena = np.zeros(nbytes, np.uint8)
-    for r in regions(thunk):
-        if r.dtype == "i32":
-            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
-        elif r.reads:
-            view(arena, r.offset, r.dtype, r.shape)[...] = _sample(r.field, r.shape, rng).astype(STORAGE[r.dtype])
-    return thunk, arena
-
-
-def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+    return laid(OP, dtype, params, _sample, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray, chunk: int | None = 3) -> dict[str, np.ndarray]:
     out = arena.copy()
     host_fallback.execute(thunk, out, **({} if chunk is None else {"chunk": chunk}))
-    return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
-    """``Σ dst·d_dst + Σ state_final·d_state`` with the reference forward on ``values``."""
-    forward = forward_thunk(thunk)
-    out = REFERENCES["selective_scan"](forward, lambda f: values[f])
-    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
-
-
-def _check_finite_differences(params: dict, seed: int = 0) -> None:
-    thunk, arena = _laid("f64", params, seed)
-    values = _read(thunk, arena)
-    grads = _backward(thunk, arena)
-    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
-    assert set(grads) == expected
-    rng = np.random.default_rng(seed + 1)
-    eps = 1e-6
-    for name, grad in grads.items():
-        field = name[2:]
-        direction = rng.standard_normal(values[field].shape)
-        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
-        numeric = (sides[0] - sides[1]) / (2 * eps)
-        analytic = float(np.sum(grad * direction))
-        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
-        assert abs(numeric - analytic) <= 1e-7 * scale, (name, numeric, analytic)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
 
 
 _PACKED = dict(batch=1, seq=9, cu_seqlens=[0, 4, 4, 9])  # one empty sequence, the next starting inside a chunk
@@ -113,7 +75,8 @@ CASES = [
 
 @pytest.mark.parametrize("fields,extra", CASES, ids=[".".join(sorted(f)) or "base" for f, _ in CASES])
 def test_every_gradient_matches_central_finite_differences(fields, extra):
-    _check_finite_differences(_params(**extra))
+    thunk, arena = _laid("f64", _params(**extra))
+    check_finite_differences(thunk, arena, _backward(thunk, arena))
 
 
 def test_every_field_the_reference_implements_has_a_finite_difference_case():
@@ -130,10 +93,7 @@ def test_a_softplus_above_20_passes_the_gradient_unchanged():
     bias = next(r for r in regions(thunk) if r.field == "delta_bias")
     view(arena, bias.offset, "f64", bias.shape)[...] = 30.0  # every channel far past 20: delta + 30
     plain, plain_arena = _laid("f64", _params(delta_bias=True))
-    for r in regions(thunk):  # the same values, without softplus
-        if r.reads and r.dtype != "i32":
-            p = next(q for q in regions(plain) if q.field == r.field)
-            view(plain_arena, p.offset, "f64", p.shape)[...] = view(arena, r.offset, "f64", r.shape)
+    copy_inputs(thunk, arena, plain, plain_arena)  # the same values, without softplus
     with_softplus, without = _backward(thunk, arena), _backward(plain, plain_arena)
     for name, value in without.items():
         np.testing.assert_array_equal(with_softplus[name], value, err_msg=name)
@@ -169,7 +129,7 @@ def _selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delt
 
 
 def _torch_grads(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The loss of ``_loss`` through ``_selective_scan_ref`` in float64, and the gradient of every input."""
+    """``gradient_check.loss`` through ``_selective_scan_ref`` in float64, and the gradient of every input."""
     t = forward_thunk(thunk)
     leaves = {f: torch.tensor(values[f], requires_grad=True) for f in values if not f.startswith("d_")}
     channel_major = lambda v: v.transpose(1, 2)  # noqa: E731  [B, S, H] -> [B, H, S]
@@ -194,7 +154,7 @@ TORCH = [{}, dict(groups=2, d=True, z=True, delta_bias=True, delta_softplus=True
 def test_every_gradient_matches_torch_autograd_of_mamba_ssm_reference(extra):
     thunk, arena = _laid("f64", _params(**extra, seq=40), seed=3)
     grads = _backward(thunk, arena, chunk=None)  # the default chunk: 40 steps take two
-    want = _torch_grads(thunk, _read(thunk, arena))
+    want = _torch_grads(thunk, read(thunk, arena))
     assert set(want) == set(grads)
     for name, value in want.items():
         np.testing.assert_allclose(grads[name], value, rtol=1e-10, atol=1e-12, err_msg=name)
@@ -217,11 +177,8 @@ def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(dtype):
     host_fallback.execute(thunk, second)
     assert np.array_equal(first, second)
     wide, wide_arena = _laid("f64", EVERY_FIELD)
-    for r in regions(thunk):  # the f64 thunk gets the values the narrow one stores
-        if r.reads and r.dtype != "i32":
-            w = next(x for x in regions(wide) if x.field == r.field)
-            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
-    want, got = _backward(wide, wide_arena, chunk=None), _read(thunk, first)
+    copy_inputs(thunk, arena, wide, wide_arena)  # the f64 thunk gets the values the narrow one stores
+    want, got = _backward(wide, wide_arena, chunk=None), read(thunk, first)
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
         assert err <= NMSE[dtype], (name, err)
@@ -236,12 +193,9 @@ def test_a_wider_state_and_parameter_type_carries_a_16_bit_thunk_in_f32():
     assert {kinds[f] for f in ("d_a", "d_d", "d_delta_bias", "d_state")} == {"f32"}
     out = arena.copy()
     host_fallback.execute(thunk, out)
-    got = _read(thunk, out)
+    got = read(thunk, out)
     wide, wide_arena = _laid("f64", EVERY_FIELD)
-    for r in regions(thunk):
-        if r.reads and r.dtype != "i32":
-            w = next(x for x in regions(wide) if x.field == r.field)
-            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
+    copy_inputs(thunk, arena, wide, wide_arena)
     want = _backward(wide, wide_arena, chunk=None)
     for name in ("d_a", "d_d", "d_delta_bias", "d_state"):
         err = np.mean((got[name] - want[name]) ** 2) / np.mean(want[name] ** 2)
@@ -270,7 +224,38 @@ def test_rows_split_across_threads_give_the_gradients_of_one_thread_and_the_same
     assert np.array_equal(*split)
     one = arena.copy()
     host_fallback.execute(thunk, one, workers=1)
-    got, want = _read(thunk, split[0]), _read(thunk, one)
+    got, want = read(thunk, split[0]), read(thunk, one)
     for r in regions(thunk):
         if r.field.startswith("d_") and r.field != "d_dst":
             np.testing.assert_allclose(got[r.field], want[r.field], rtol=1e-5, atol=1e-5, err_msg=r.field)
+
+
+def test_a_graph_differentiates_its_selective_scan_on_the_host_as_torch_autograd_does():
+    """``Graph.backward`` of a selective_scan with every knob and a carried state, compiled for the host."""
+    from rlx_gpu.graph.builder import Graph
+
+    rng = np.random.default_rng(5)
+    B, S, H, N, G = 2, 40, 4, 3, 2
+    values = {"x": rng.standard_normal((B, S, H)), "delta": _sample("delta", (B, S, H), rng),
+              "a": _sample("a", (H, N), rng), "b": rng.standard_normal((B, S, G, N)),
+              "c": rng.standard_normal((B, S, G, N)), "d": rng.standard_normal(H), "z": rng.standard_normal((B, S, H)),
+              "delta_bias": _sample("delta_bias", (H,), rng), "state": rng.standard_normal((B, H, N)),
+              "dy": rng.standard_normal((B, S, H)), "dstate": rng.standard_normal((B, H, N))}
+    g = Graph("f64")
+    t = {f: g.input(f, v.shape) for f, v in values.items()}
+    y, _ = g.selective_scan(t["x"], t["delta"], t["a"], t["b"], t["c"], D=t["d"], z=t["z"], delta_bias=t["delta_bias"],
+                            delta_softplus=True, initial_state=t["state"])
+    for name, grad in g.backward(y, t["dy"], {"state": t["dstate"]}).items():
+        g.output(f"d_{name}", grad)
+    got = g.compile("host").run(**values)
+
+    leaves = {f: torch.tensor(v, requires_grad=True) for f, v in values.items() if f not in ("dy", "dstate")}
+    channel_major = lambda v: v.transpose(1, 2)  # noqa: E731
+    out, last = _selective_scan_ref(channel_major(leaves["x"]), channel_major(leaves["delta"]), leaves["a"],
+                                    leaves["b"].permute(0, 2, 3, 1), leaves["c"].permute(0, 2, 3, 1), D=leaves["d"],
+                                    z=channel_major(leaves["z"]), delta_bias=leaves["delta_bias"], delta_softplus=True,
+                                    initial=leaves["state"])
+    ((channel_major(out) * torch.tensor(values["dy"])).sum() + (last * torch.tensor(values["dstate"])).sum()).backward()
+    assert {f for f in got if f.startswith("d_")} == {f"d_{f}" for f in leaves}
+    for name, leaf in leaves.items():
+        np.testing.assert_allclose(got[f"d_{name}"], leaf.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
