@@ -57,12 +57,13 @@ def _rows_first(v: np.ndarray) -> np.ndarray:
 
 @dataclass
 class _Chunk:
-    """One chunk's inputs in the compute type: ``x``, ``delta`` (after bias and softplus) as ``[T, R, G, 1, W]``,
-    ``b`` as ``[T, R, G, N, 1]``; ``decay = exp(delta a)`` and ``states``, first ``delta b x`` and after
-    ``walk`` the states after each step, both ``[T, R, G, N, W]``."""
+    """One chunk's inputs in the compute type: ``x``, ``delta`` (after bias and softplus) and ``dx = delta x`` as
+    ``[T, R, G, 1, W]``, ``b`` as ``[T, R, G, N, 1]``; ``decay = exp(delta a)`` and ``states``, first ``delta b x``
+    and after ``walk`` the states after each step, both ``[T, R, G, N, W]``."""
 
     x: np.ndarray
     delta: np.ndarray
+    dx: np.ndarray
     slope: np.ndarray | None  # d delta / d (delta + bias): softplus' derivative, None without softplus
     b: np.ndarray
     decay: np.ndarray
@@ -138,8 +139,8 @@ class _Thunk:
         b = self._bc("b", rows, steps)[..., None]
         decay = np.multiply(delta, self.a)
         np.exp(decay, out=decay)
-        states = (delta * x) * b
-        return _Chunk(x, delta, slope, b, decay, states)
+        dx = delta * x
+        return _Chunk(x, delta, dx, slope, b, decay, dx * b)
 
     def _put(self, field: str, rows: slice, steps: slice, values: np.ndarray) -> None:
         """Write ``[R, T, ...]`` values of a chunk into a ``[B, S, ...]`` gradient, rounded into its type."""
@@ -186,7 +187,7 @@ class _Thunk:
             g[i] += carry
             np.multiply(ch.decay[i], g[i], out=carry)
         self._put("d_c", rows, steps, np.moveaxis(h @ np.swapaxes(dy, -1, -2), 0, 1))
-        self._put("d_b", rows, steps, np.moveaxis(g @ np.swapaxes(ch.delta * ch.x, -1, -2), 0, 1))
+        self._put("d_b", rows, steps, np.moveaxis(g @ np.swapaxes(ch.dx, -1, -2), 0, 1))
         gb = np.swapaxes(ch.b, -1, -2) @ g  # [T, R, G, 1, W]: sum over n of g b
         # through the decay: p = g * exp(delta a) * h_prev is the gradient of delta a
         p = np.multiply(ch.decay, g, out=ch.decay)
