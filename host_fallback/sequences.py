@@ -90,7 +90,7 @@ class StatePool:
 
     def __init__(self, thunk: Thunk, bound: Bound, dtype: np.dtype, shape: tuple[int, ...], field: str = "state"):
         """``shape``: one row's state per unit (``[N]`` for selective_scan, ``[P, N]`` for mamba2); ``field``:
-        the pool's tensor, ``state`` or a backward op's ``d_state`` (indexed alike, ABI.md §9)."""
+        the tensor the pool lives in (a backward op's ``d_state`` is indexed as its ``state`` is)."""
         self.bound, self.dtype, self.shape, self.field = bound, np.dtype(dtype), tuple(shape), field
         self.carry = bool(thunk["carry_state"])
         self.varlen = thunk["cu_seqlens"] is not None
