@@ -7,12 +7,17 @@ from typing import Callable
 import numpy as np
 
 from host_fallback.arena import STORAGE, view
-from host_fallback.gradients import gradient
+from host_fallback.gradients import OPTIONAL_INPUTS, gradient
 from host_fallback.layout import forward_thunk, regions
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.conformance.references import REFERENCES
 
 Sample = Callable[[str, tuple[int, ...], np.random.Generator], np.ndarray]
+
+
+def with_gradients(op: str, params: dict) -> dict:
+    """``params`` of a backward thunk of the forward ``op``, with the gradient of every optional input they place."""
+    return {**params, **{gradient(name): True for name in OPTIONAL_INPUTS[op] if params.get(name)}}
 
 
 def laid(op: str, dtype: str, params: dict, sample: Sample, seed: int = 0) -> tuple[dict, np.ndarray]:

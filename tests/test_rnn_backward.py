@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import host_fallback
-from gradient_check import check_finite_differences, copy_inputs, laid, read
+from gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
 from host_fallback.fields import DEFAULTS, complete
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
+from host_fallback.gradients import gradient
 from host_fallback.layout import forward_thunk
 from rlx_gpu.conformance.references import V2_FIELDS
 
@@ -24,11 +24,7 @@ SEQ_LENS = [5, 2, 0]  # a full row, a short one, an empty one (its final state i
 
 
 def _params(op: str, **extra) -> dict:
-    params = {**BASE, **({"relu": False} if op == "rnn" else {}), **extra}
-    for name in OPTIONAL_INPUTS[op]:  # an optional input's gradient is placed with it
-        if params.get(name):
-            params[gradient(name)] = True
-    return params
+    return with_gradients(op, {**BASE, **({"relu": False} if op == "rnn" else {}), **extra})
 
 
 def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

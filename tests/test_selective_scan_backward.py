@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import host_fallback
-from gradient_check import check_finite_differences, copy_inputs, laid, read
+from gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
 from host_fallback.arena import view
 from host_fallback.fields import DEFAULTS
 from host_fallback.gradients import OPTIONAL_INPUTS, gradient
@@ -26,11 +26,7 @@ CARRIED = dict(carry_state=True, state=True)
 
 
 def _params(**extra) -> dict:
-    params = {**BASE, **extra}
-    for name in OPTIONAL_INPUTS["selective_scan"]:  # an optional input's gradient is placed with it
-        if params.get(name):
-            params[gradient(name)] = True
-    return params
+    return with_gradients("selective_scan", {**BASE, **extra})
 
 
 def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

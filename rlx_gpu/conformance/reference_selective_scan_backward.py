@@ -11,6 +11,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .reference_ssm import _rows, softplus
+
 Load = Callable[[str], np.ndarray]
 
 #: The §8 fields of selective_scan this reference implements (all of them), with their gradients.
@@ -25,14 +27,6 @@ def _sigmoid(u: np.ndarray) -> np.ndarray:
     return 0.5 * (1 + np.tanh(0.5 * u))
 
 
-def _recurrences(t: Mapping[str, Any], load: Load) -> list[tuple[int, int, range]]:
-    """``(batch row, state row, tokens)`` of every recurrence: each batch row, or each packed sequence."""
-    if t["cu_seqlens"] is None:
-        return [(i, i, range(t["seq"])) for i in range(t["batch"])]
-    cu = [int(v) for v in load("cu_seqlens")]
-    return [(0, r, range(cu[r], cu[r + 1])) for r in range(len(cu) - 1)]
-
-
 def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """The gradients of a selective_scan_backward thunk ``t`` (completed), its tensors through ``load``."""
     B, S, H, N, groups = t["batch"], t["seq"], t["hidden"], t["state_size"], t["groups"]
@@ -44,7 +38,7 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     z = load("z") if t["z"] is not None else None
     u = raw + bias
     if t["delta_softplus"]:
-        delta = np.where(u > 20, u, np.log1p(np.exp(np.minimum(u, 20))))
+        delta = softplus(u)
         slope = np.where(u > 20, 1.0, _sigmoid(u))
     else:
         delta, slope = u, np.ones_like(u)
@@ -53,7 +47,8 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     pool, d_pool = (load("state"), load("d_state").copy()) if carry else (None, None)
     g = {f: np.zeros_like(v) for f, v in (("x", x), ("delta", raw), ("a", a), ("b", b), ("c", c))}
     d_d, d_z, d_bias = np.zeros(H), np.zeros_like(x), np.zeros(H)
-    for i, r, tokens in _recurrences(t, load):
+    cu = load("cu_seqlens") if t["cu_seqlens"] is not None else None
+    for i, r, tokens in _rows(B, S, cu):  # (batch row, state row, tokens) of every recurrence
         entry = r if slots is None else slots[r]
         for ch in range(H):
             grp = ch // width
