@@ -4,9 +4,10 @@
 
 Shape: benchmarks/ssm.py's selective_scan (batch 2, H=256, N=16, f32). Columns: the median of ``--runs``
 runs of our forward thunk, of our backward thunk, their sum over the forward (target <= 3), and
-the Mamba-1 reference loop (benchmarks/ssm.py's ``torch_mamba1``, mamba_ssm's ``selective_scan_ref``
-math) forward and backward under torch autograd on the CPU, against which ours is a ratio (target
-<= 0.5). ``--fields`` adds d, z and the softplus-ed delta bias to both sides.
+the Mamba-1 reference loop (benchmarks/ssm.py's ``torch_mamba1``: mamba_ssm's ``selective_scan_ref``
+math, its steps unbound rather than indexed, which under autograd costs O(S^2)) forward and backward
+under torch autograd on the CPU, against which ours is a ratio (target <= 0.5). ``--fields`` adds d,
+z and the softplus-ed delta bias to both sides.
 
 Memory (at ``--memory-seq``): the peak of what each thunk allocates beyond its arena, traced with
 ``tracemalloc`` (NumPy reports its buffers to it), for the forward and for the backward, and their

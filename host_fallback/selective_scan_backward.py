@@ -16,8 +16,10 @@ keeps it, so every broadcast runs along a group's contiguous channels. Packed se
 (``cu_seqlens``) run one after another, each from its own starting state; with ``carry_state``,
 ``d_state`` holds the final states' gradients (slots included) and receives the initial ones'.
 16-bit storage computes in f32, widened to ``state_dtype``/``param_dtype`` where they are wider; each
-chunk's gradients are rounded once on store. The parameter gradients are summed chunk by chunk and
-sequence by sequence in a fixed order, so a thunk gives the same bytes on every run.
+chunk's gradients are rounded once on store. Long sequences split the batch rows across threads
+(``threads.run_split``, as the forward does); the parameter gradients are summed chunk by chunk,
+sequence by sequence and block by block in a fixed order, so a thunk gives the same bytes on every
+run of one machine.
 """
 from __future__ import annotations
 
