@@ -17,8 +17,8 @@ import host_fallback
 from host_fallback.arena import view
 from host_fallback.fields import complete
 from host_fallback.gradients import gradient
-from host_fallback.layout import forward_thunk, regions
-from backward_checks import assert_finite_differences, laid_out, read as _read
+from host_fallback.layout import regions
+from gradient_check import check_finite_differences, copy_inputs, laid, read as _read
 from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.conformance.runner import sample
 
@@ -35,7 +35,7 @@ def _laid(params: dict, dtype: str = "f64", seed: int = 0, g_scale: float = 1.0)
     (``g_scale`` stretches the log-decays)."""
     def draw(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
         return sample(OP, params, field, shape, rng) * (g_scale if field == "g" else 1.0)
-    return laid_out(OP, dtype, params, draw, seed)
+    return laid(OP, dtype, params, draw, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
@@ -59,11 +59,9 @@ FD_CASES = [
 @pytest.mark.parametrize("label,params", FD_CASES, ids=[c[0] for c in FD_CASES])
 def test_every_gradient_matches_central_finite_differences(label, params, options):
     thunk, arena = _laid(params)
-    values = _read(thunk, arena)
     grads = _backward(thunk, arena, **options)
-    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
-    assert set(grads) == expected and ("d_state" in grads) == params["carry_state"]
-    assert_finite_differences(thunk, values, grads, 1, label)
+    assert ("d_state" in grads) == params["carry_state"]
+    check_finite_differences(thunk, arena, grads)  # every gradient field, each along a random direction
 
 
 def test_chunks_whose_per_channel_decays_spread_widely_match_the_reference():
@@ -132,10 +130,7 @@ def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(dtype):
     host_fallback.execute(thunk, second, chunk=16, workers=2)
     assert np.array_equal(first, second)
     wide, wide_arena = _laid(params)
-    for r in regions(thunk):  # the f64 thunk gets the values the narrow one stores
-        if r.reads and r.dtype != "i32":
-            w = next(x for x in regions(wide) if x.field == r.field)
-            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
+    copy_inputs(thunk, arena, wide, wide_arena)  # the f64 thunk gets the values the narrow one stores
     want, got = _backward(wide, wide_arena, chunk=16), _read(thunk, first)
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
