@@ -60,8 +60,8 @@ def _backward_graph(call: FusedCall, inputs: dict[str, torch.Tensor], wanted: tu
     graph = Graph()
     tensors = _declare(graph, inputs)
     y, final = call.emit(graph, {f: tensors[f] for f in call.fields})
-    d_state = {"state": tensors["d_state"]} if final is not None else None
-    grads = graph.backward(y, tensors["d_y"], d_state)
+    d_state = {"state": tensors["d_final_state"]} if final is not None else None
+    grads = graph.backward(y, tensors["d_dst"], d_state)
     for field in wanted:
         graph.output(f"d_{field}", grads[field])
     return graph
@@ -87,9 +87,9 @@ class FusedFunction(torch.autograd.Function):
         call: FusedCall = ctx.call
         tensors = ctx.saved_tensors
         wanted = tuple(f for f, need in zip(call.fields, ctx.needs_input_grad[1:]) if need)
-        inputs = {**dict(zip(call.fields, tensors)), "d_y": d_y}
+        inputs = {**dict(zip(call.fields, tensors)), "d_dst": d_y}
         if ctx.final_like is not None:
-            inputs["d_state"] = d_final
+            inputs["d_final_state"] = d_final
         out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, inputs, wanted), inputs)
         return (None, *(out.get(f"d_{f}") for f in call.fields))
 

@@ -24,7 +24,8 @@ def _refuse(name: str, **given: Any) -> None:
     """fla arguments the op cannot express, refused when given a value other than fla's default."""
     for arg, value in given.items():
         if value is not None and value is not False:
-            raise NotImplementedError(f"{name}: {arg}={value!r} is not supported by rlx_gpu's gated_delta_net "
+            shown = f"a tensor {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+            raise NotImplementedError(f"{name}: {arg}={shown} is not supported by rlx_gpu's gated_delta_net "
                                       f"(ABI.md §8); leave {arg} at its default")
 
 
