@@ -212,17 +212,21 @@ def state_update_reference(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, 
     return out, new
 
 
-def test_selective_state_update_updates_the_named_slots_in_place_and_no_other(device):
+@pytest.mark.parametrize("tied", [True, False], ids=["per-head", "per-channel"])
+def test_selective_state_update_updates_the_named_slots_in_place_and_no_other(tied, device):
     g = torch.Generator().manual_seed(2)
     batch, heads, head_dim, groups, n = 2, 4, 3, 2, 5
     pool = torch.randn(5, heads, head_dim, n, generator=g)
     before = pool.clone()
     x = torch.randn(batch, heads, head_dim, generator=g)
-    # Mamba-2 decode passes per-head values broadcast along head_dim (stride-0 views)
-    dt = torch.randn(batch, heads, 1, generator=g).expand(-1, -1, head_dim)
-    A = (-torch.rand(heads, generator=g))[:, None, None].expand(-1, head_dim, n)
-    D = torch.randn(heads, generator=g)[:, None].expand(-1, head_dim)
-    dt_bias = torch.randn(heads, generator=g)[:, None].expand(-1, head_dim)
+    if tied:  # Mamba-2 decode passes per-head values broadcast along head_dim (stride-0 views)
+        dt = torch.randn(batch, heads, 1, generator=g).expand(-1, -1, head_dim)
+        A = (-torch.rand(heads, generator=g))[:, None, None].expand(-1, head_dim, n)
+        D = torch.randn(heads, generator=g)[:, None].expand(-1, head_dim)
+        dt_bias = torch.randn(heads, generator=g)[:, None].expand(-1, head_dim)
+    else:
+        dt, A = torch.randn(batch, heads, head_dim, generator=g), -torch.rand(heads, head_dim, n, generator=g)
+        D, dt_bias = torch.randn(heads, head_dim, generator=g), torch.randn(heads, head_dim, generator=g)
     B, C = torch.randn(batch, groups, n, generator=g), torch.randn(batch, groups, n, generator=g)
     slots = torch.tensor([3, 1], dtype=torch.int32)
     out = selective_state_update(pool, x, dt, A, B, C, D=D, dt_bias=dt_bias, dt_softplus=True,

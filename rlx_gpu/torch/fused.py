@@ -67,18 +67,23 @@ def _backward_graph(call: FusedCall, inputs: dict[str, torch.Tensor], wanted: tu
     return graph
 
 
+def run_forward(call: FusedCall, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The call's output and final state (or None), without autograd."""
+    inputs = dict(zip(call.fields, tensors))
+    out = run_graph(("forward", call), lambda: _forward_graph(call, inputs), inputs)
+    return out["y"], out.get(FINAL_STATE)
+
+
 class FusedFunction(torch.autograd.Function):
     """``apply(call, *tensors)`` -> ``(y, final state or None)``, differentiable in every float tensor."""
 
     @staticmethod
     def forward(ctx: Any, call: FusedCall, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        inputs = dict(zip(call.fields, tensors))
-        out = run_graph(("forward", call), lambda: _forward_graph(call, inputs), inputs)
+        y, final = run_forward(call, tensors)
         ctx.call = call
         ctx.save_for_backward(*tensors)
-        final = out.get(FINAL_STATE)
-        ctx.final_like = None if final is None else (final.shape, final.dtype)
-        return out["y"], final
+        ctx.has_final = final is not None
+        return y, final
 
     @staticmethod
     def backward(ctx: Any, d_y: torch.Tensor, d_final: torch.Tensor | None) -> tuple[Any, ...]:
@@ -88,7 +93,7 @@ class FusedFunction(torch.autograd.Function):
         tensors = ctx.saved_tensors
         wanted = tuple(f for f, need in zip(call.fields, ctx.needs_input_grad[1:]) if need)
         inputs = {**dict(zip(call.fields, tensors)), "d_dst": d_y}
-        if ctx.final_like is not None:
+        if ctx.has_final:
             inputs["d_final_state"] = d_final
         out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, inputs, wanted), inputs)
         return (None, *(out.get(f"d_{f}") for f in call.fields))
@@ -101,4 +106,6 @@ def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Hashable) 
     """
     given = {f: t for f, t in tensors.items() if t is not None}
     call = FusedCall(op, tuple(sorted(static.items())), tuple(given))
-    return FusedFunction.apply(call, *given.values())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in given.values()):
+        return FusedFunction.apply(call, *given.values())
+    return run_forward(call, tuple(given.values()))  # a decode step: no graph for autograd to record

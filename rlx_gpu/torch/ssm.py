@@ -217,6 +217,13 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return result[0] if len(result) == 1 else tuple(result)
 
 
+def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
+    """Whether dt, A (and D, dt bias) of a heads-form step are per-head values broadcast along ``dim`` by
+    stride-0 views, as a Mamba-2 block passes them."""
+    return (heads_form and A.dim() == 3 and A.stride(-1) == 0 and A.stride(-2) == 0 and dt.dim() == 3
+            and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
+
+
 def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                            C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                            dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
@@ -263,17 +270,27 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
                              f"distinct entries of the state pool (one per row of x)")
         current = pool.index_select(0, rows)
     act, param = x.dtype, _param_dtype(A, x)
-    bc = B.dim() == 2
-    tensors = {
-        "x": x4.reshape(batch, 1, channels), "delta": dt.to(act).reshape(batch, 1, channels),
-        "a": A.to(param).expand(heads, dim, dstate).reshape(channels, dstate),
-        "b": (B.unsqueeze(1) if bc else B).to(act).unsqueeze(1), "c": (C.unsqueeze(1) if bc else C).to(act).unsqueeze(1),
-        "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
-        "z": None if z is None else z.to(act).reshape(batch, 1, channels),
-        "state": current.reshape(batch, channels, dstate).to(_state_dtype(x) if state.dtype.itemsize < act.itemsize
-                                                              else state.dtype)}
+    carried = _state_dtype(x) if state.dtype.itemsize < act.itemsize else state.dtype
+    B, C = (M.unsqueeze(1) if M.dim() == 2 else M for M in (B, C))  # [batch, ngroups, dstate]
+    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
+        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
+        op, statics = "mamba2", {"dt_softplus": bool(dt_softplus)}
+        tensors = {"x": x4.unsqueeze(1), "dt": dt[..., 0].to(act).unsqueeze(1), "a": A[:, 0, 0].to(param),
+                   "b": B.to(act).unsqueeze(1), "c": C.to(act).unsqueeze(1),
+                   "d": None if D is None else D[:, 0].to(param),
+                   "dt_bias": None if dt_bias is None else dt_bias[:, 0].to(param),
+                   "z": None if z is None else z.to(act).unsqueeze(1), "state": current.to(carried)}
+    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
+        op, statics = "selective_scan", {"delta_softplus": bool(dt_softplus)}
+        tensors = {
+            "x": x4.reshape(batch, 1, channels), "delta": dt.to(act).reshape(batch, 1, channels),
+            "a": A.to(param).expand(heads, dim, dstate).reshape(channels, dstate),
+            "b": B.to(act).unsqueeze(1), "c": C.to(act).unsqueeze(1),
+            "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
+            "z": None if z is None else z.to(act).reshape(batch, 1, channels),
+            "state": current.reshape(batch, channels, dstate).to(carried)}
     with torch.no_grad():
-        y, final = fused("selective_scan", tensors, delta_softplus=bool(dt_softplus))
+        y, final = fused(op, tensors, **statics)
         new = final.to(state.dtype).reshape(current.shape)
         if rows is None:
             pool.copy_(new)
