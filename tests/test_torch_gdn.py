@@ -31,7 +31,8 @@ def host(monkeypatch):
 
 def delta_rule_reference(q, k, v, g, beta, scale=None, initial_state=None, l2norm=False, cu_seqlens=None):
     """Per value head ``j`` (key head ``j // (HV/H)``), state ``S [K, V]``: ``S ← exp(g)·S`` (``g [HV]`` or
-    per key channel ``[HV, K]``), ``S ← S + k⊗(beta·(v - Sᵀk))``, ``o = scale·Sᵀq``; restarts at each sequence."""
+    per key channel ``[HV, K]``), ``S ← S + k⊗(beta·(v - Sᵀk))``, ``o = scale·Sᵀq``; restarting at each
+    sequence."""
     q, k, v, g, beta = (t.to(F64) for t in (q, k, v, g, beta))
     batch, length, heads, key_size = q.shape
     value_heads = v.shape[2]

@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from cupy_double import installed
 from rlx_gpu.runtime.registry import status
-from rlx_gpu.torch import mamba_chunk_scan_combined, selective_scan_fn, selective_state_update
+from rlx_gpu.torch import (bridge, fused_recurrent_gated_delta_rule, mamba_chunk_scan_combined, selective_scan_fn,
+                           selective_state_update)
 
 F64 = torch.float64
 
@@ -287,3 +289,26 @@ def test_mamba_chunk_scan_combined_differentiates_every_argument_and_the_initial
         lambda x, dt, A, B, C, D, z, dt_bias, h0: mamba_chunk_scan_combined(
             x, dt, A, B, C, 4, D=D, z=z, dt_bias=dt_bias, initial_states=h0, seq_idx=seq_idx, dt_softplus=True,
             return_final_states=True), tuple(tiny.values()), fast_mode=True)
+
+
+def test_calls_on_cuda_tensors_compile_for_cuda_and_launch_the_ops_kernels(monkeypatch):
+    """Through the CuPy contract double (which records launches, not their results): the device of a call
+    is the tensors' (``bridge.device_for``; answered "cuda:0" here, as for tensors on cuda:0, which a CPU
+    build of torch cannot make), and each function's op compiles for CUDA and launches its kernel there."""
+    with installed(monkeypatch) as machine:
+        monkeypatch.setattr(bridge, "device_for", lambda *tensors: "cuda:0")
+        bridge.clear_cache()
+        scan = scan_inputs(dtype=torch.float32)
+        scan.update(A=scan["A"].float(), D=scan["D"].float(), delta_bias=scan["delta_bias"].float())
+        out, last = selective_scan_fn(**scan, delta_softplus=True, return_last_state=True)
+        ssd = {k: v.float() for k, v in ssd_inputs().items()}
+        y, final = mamba_chunk_scan_combined(**ssd, chunk_size=4, return_final_states=True)
+        q = torch.randn(1, 5, 1, 3)
+        o, state = fused_recurrent_gated_delta_rule(q, q, torch.randn(1, 5, 2, 4), -torch.rand(1, 5, 2),
+                                                    beta=torch.rand(1, 5, 2), output_final_state=True)
+        kernels = [r.kernel for r in machine.launches]
+        assert kernels == ["selective_scan_lanes", "mamba2_lanes", "gated_delta_net_lanes"]
+        assert {exe.device.spec for exe in bridge._cache.values()} == {"cuda:0"}
+        assert (out.shape, last.shape, y.shape, final.shape, o.shape, state.shape) == (
+            (2, 4, 5), (2, 4, 3), (2, 6, 4, 3), (2, 4, 3, 5), (1, 5, 2, 4), (1, 2, 3, 4))
+        bridge.clear_cache()  # their arenas belong to the double's device

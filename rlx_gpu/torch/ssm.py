@@ -56,8 +56,8 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
                       D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
                       return_last_state: bool = False) -> Any:
-    """Mamba-1's selective scan, mamba_ssm's ``selective_scan_fn``: per channel
-    ``h = exp(Δ·A)⊙h + Δ·B·u``, ``y = C·h``, ``out = (y + D·u)⊙silu(z)``, ``Δ = softplus(delta + delta_bias)``.
+    """Mamba-1's selective scan, mamba_ssm's ``selective_scan_fn``: per channel ``h = exp(Δ·A)⊙h + Δ·B·u``,
+    ``y = C·h``, ``out = (y + D·u)⊙silu(z)``, ``Δ = softplus(delta + delta_bias)``.
 
     Parameters
     ----------
