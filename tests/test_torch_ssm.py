@@ -161,8 +161,12 @@ def test_the_default_dt_limit_clamps_negative_dt_to_zero_and_D_may_be_per_channe
     args["D"] = torch.randn(4, 3, dtype=F64)  # mamba_ssm's D [nheads, headdim]
     out = mamba_chunk_scan_combined(**args, chunk_size=8)  # no softplus: about half of dt is negative
     torch.testing.assert_close(out, ssd_reference(**args)[0], rtol=1e-10, atol=1e-10)
-    unclamped = ssd_reference(**args, dt_limit=(-float("inf"), float("inf")))[0]
+    unbounded = (-float("inf"), float("inf"))
+    unclamped = ssd_reference(**args, dt_limit=unbounded)[0]
     assert (out - unclamped).abs().max() > 1e-2
+    torch.testing.assert_close(mamba_chunk_scan_combined(**args, chunk_size=8, dt_limit=unbounded), unclamped)
+    with pytest.raises(NotImplementedError, match=r"dt_limit=\(-0.5, 1.0\): the op clamps dt to \[lo, hi\]"):
+        mamba_chunk_scan_combined(**args, chunk_size=8, dt_limit=(-0.5, 1.0))
     bounded = mamba_chunk_scan_combined(**args, chunk_size=8, dt_softplus=True, dt_limit=(0.1, 0.6))
     torch.testing.assert_close(bounded, ssd_reference(**args, dt_softplus=True, dt_limit=(0.1, 0.6))[0])
 

@@ -169,7 +169,14 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     batch, length, heads, head_dim = x.shape
     act, param, carried = x.dtype, _param_dtype(A, x), _state_dtype(x)
     lo, hi = (float(v) for v in dt_limit)
-    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": (lo, None if math.isinf(hi) else hi)}
+    if lo == -math.inf and hi == math.inf:
+        limit = None  # no clamp at all
+    elif math.isfinite(lo) and lo >= 0:
+        limit = (lo, None if hi == math.inf else hi)
+    else:
+        raise NotImplementedError(f"{name}: dt_limit={tuple(dt_limit)!r}: the op clamps dt to [lo, hi] with a finite "
+                                  f"lo >= 0 (ABI.md §8), or not at all (-inf, inf)")
+    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": limit}
     # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
     per_channel_d = D is not None and D.dim() == 2
     inner_d, inner_z = (None, None) if per_channel_d else (D, z)
