@@ -99,6 +99,11 @@ class FusedFunction(torch.autograd.Function):
         return (None, *(out.get(f"d_{f}") for f in call.fields))
 
 
+def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``t`` in ``dtype`` (``t`` itself when it is already, without the cost of a ``to`` call; None stays None)."""
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
 def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Hashable) -> tuple[torch.Tensor, Any]:
     """Run graph method ``op`` on ``tensors`` (by field; ``None`` ones left out) with autograd.
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .fused import fused
+from .fused import cast, fused
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
 
@@ -67,8 +67,8 @@ def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         if initial_state is None:
             state = q.new_zeros((rows, value_heads, key_size, value_size), dtype=carried)
         else:
-            state = (initial_state.transpose(-1, -2) if state_v_first else initial_state).to(carried)
-    tensors = {"q": q, "k": k.to(act), "v": v.to(act), "g": g.to(act), "beta": beta.to(act),
+            state = cast(initial_state.transpose(-1, -2) if state_v_first else initial_state, carried)
+    tensors = {"q": q, "k": cast(k, act), "v": cast(v, act), "g": cast(g, act), "beta": cast(beta, act),
                "cu_seqlens": cu, "state": state}
     o, final = fused("gated_delta_net", tensors, gate_per_channel=per_channel,
                      scale=None if scale is None else float(scale), use_qk_l2norm=bool(use_qk_l2norm_in_kernel))

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .fused import fused
+from .fused import cast, fused
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
 
@@ -35,10 +35,6 @@ def _param_dtype(a: torch.Tensor, x: torch.Tensor) -> torch.dtype:
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
     """The precision states are carried at: f32, or f64 for f64 activations."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
 
 
 def _channel_bc(name: str, arg: str, t: torch.Tensor, batch: int, length: int) -> torch.Tensor:
@@ -83,11 +79,11 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
     _refuse_complex(name, A=A, B=B, C=C)
     batch, _, length = u.shape
     act, param = u.dtype, _param_dtype(A, u)
-    tensors = {"x": u.transpose(1, 2), "delta": delta.to(act).transpose(1, 2), "a": A.to(param),
-               "b": _channel_bc(name, "B", B.to(act), batch, length),
-               "c": _channel_bc(name, "C", C.to(act), batch, length),
-               "d": _cast(D, param), "delta_bias": _cast(delta_bias, param),
-               "z": None if z is None else z.to(act).transpose(1, 2)}
+    tensors = {"x": u.transpose(1, 2), "delta": cast(delta, act).transpose(1, 2), "a": cast(A, param),
+               "b": _channel_bc(name, "B", cast(B, act), batch, length),
+               "c": _channel_bc(name, "C", cast(C, act), batch, length),
+               "d": cast(D, param), "delta_bias": cast(delta_bias, param),
+               "z": None if z is None else cast(z, act).transpose(1, 2)}
     if return_last_state:  # the op returns a final state only when it is given an initial one
         tensors["state"] = u.new_zeros((batch, *A.shape), dtype=_state_dtype(u))
     y, last = fused("selective_scan", tensors, delta_softplus=bool(delta_softplus))
@@ -180,8 +176,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
     per_channel_d = D is not None and D.dim() == 2
     inner_d, inner_z = (None, None) if per_channel_d else (D, z)
-    tensors = {"x": x, "dt": dt.to(act), "a": A.to(param), "b": B.to(act), "c": C.to(act),
-               "d": _cast(inner_d, param), "dt_bias": _cast(dt_bias, param), "z": _cast(inner_z, act)}
+    tensors = {"x": x, "dt": cast(dt, act), "a": cast(A, param), "b": cast(B, act), "c": cast(C, act),
+               "d": cast(inner_d, param), "dt_bias": cast(dt_bias, param), "z": cast(inner_z, act)}
     state_shape = (heads, head_dim, B.shape[-1])
     if initial_states is not None and tuple(initial_states.shape) != (batch, *state_shape):
         raise ValueError(f"{name}: initial_states has shape {list(initial_states.shape)}, expected "
@@ -193,7 +189,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     if seq_idx is None:
         if wants_state:
             tensors["state"] = (x.new_zeros((batch, *state_shape), dtype=carried) if initial_states is None
-                                else initial_states.to(carried))
+                                else cast(initial_states, carried))
         out, final = fused("mamba2", tensors, **statics)
         varlen = None
     else:
@@ -207,14 +203,14 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         if wants_state:
             pool = x.new_zeros((len(cu) - 1, *state_shape), dtype=carried)
             if initial_states is not None:
-                pool = pool.index_copy(0, first.to(x.device), initial_states.to(carried))
+                pool = pool.index_copy(0, first.to(x.device), cast(initial_states, carried))
             packed["state"] = pool
         out, varlen = fused("mamba2", packed, **statics)
         out = out.reshape(x.shape)
         final = None if varlen is None else varlen.index_select(0, last.to(x.device))
     if per_channel_d:
-        out = out + x * D.to(act)
-        out = out if z is None else out * F.silu(z.to(act))
+        out = out + x * cast(D, act)
+        out = out if z is None else out * F.silu(cast(z, act))
     result = [out]
     as_dtype = state_dtype or C.dtype
     if return_final_states:
@@ -265,7 +261,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     channels, dstate = heads * dim, pool.shape[-1]
 
     def per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if t is None else t.to(dtype).expand(heads, dim).reshape(channels)
+        return None if t is None else cast(t, dtype).expand(heads, dim).reshape(channels)
 
     if state_batch_indices is None:
         rows = None
@@ -282,23 +278,24 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     if _tied_along_dim(heads_form, dt, A, D, dt_bias):
         # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
         op, statics = "mamba2", {"dt_softplus": bool(dt_softplus)}
-        tensors = {"x": x4.unsqueeze(1), "dt": dt[..., 0].to(act).unsqueeze(1), "a": A[:, 0, 0].to(param),
-                   "b": B.to(act).unsqueeze(1), "c": C.to(act).unsqueeze(1),
-                   "d": None if D is None else D[:, 0].to(param),
-                   "dt_bias": None if dt_bias is None else dt_bias[:, 0].to(param),
-                   "z": None if z is None else z.to(act).unsqueeze(1), "state": current.to(carried)}
+        tensors = {"x": x4.unsqueeze(1), "dt": cast(dt.select(-1, 0), act).unsqueeze(1),
+                   "a": cast(A.select(2, 0).select(1, 0), param),
+                   "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
+                   "d": None if D is None else cast(D.select(1, 0), param),
+                   "dt_bias": None if dt_bias is None else cast(dt_bias.select(1, 0), param),
+                   "z": None if z is None else cast(z, act).unsqueeze(1), "state": cast(current, carried)}
     else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
         op, statics = "selective_scan", {"delta_softplus": bool(dt_softplus)}
         tensors = {
-            "x": x4.reshape(batch, 1, channels), "delta": dt.to(act).reshape(batch, 1, channels),
-            "a": A.to(param).expand(heads, dim, dstate).reshape(channels, dstate),
-            "b": B.to(act).unsqueeze(1), "c": C.to(act).unsqueeze(1),
+            "x": x4.reshape(batch, 1, channels), "delta": cast(dt, act).reshape(batch, 1, channels),
+            "a": cast(A, param).expand(heads, dim, dstate).reshape(channels, dstate),
+            "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
             "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
-            "z": None if z is None else z.to(act).reshape(batch, 1, channels),
-            "state": current.reshape(batch, channels, dstate).to(carried)}
+            "z": None if z is None else cast(z, act).reshape(batch, 1, channels),
+            "state": cast(current.reshape(batch, channels, dstate), carried)}
     with torch.no_grad():
         y, final = fused(op, tensors, **statics)
-        new = final.to(state.dtype).reshape(current.shape)
+        new = cast(final, state.dtype).reshape(current.shape)
         if rows is None:
             pool.copy_(new)
         else:
