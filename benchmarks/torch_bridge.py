@@ -142,7 +142,8 @@ def main() -> None:
             raw, mapping = raw_call(call), mapping_only(call)
             ours, theirs, own = alternate_us([call, raw, mapping], args.runs, args.rounds, args.warmup)
         over = ours - theirs
-        print(f"{name:48} {ours:10.1f} {theirs:7.1f} {over:8.1f} {own:14.1f}  {'met' if over <= TARGET_US else 'missed'}")
+        verdict = "met" if over <= TARGET_US else "missed"
+        print(f"{name:48} {ours:10.1f} {theirs:7.1f} {over:8.1f} {own:14.1f}  {verdict}")
 
 
 if __name__ == "__main__":
