@@ -316,3 +316,20 @@ def test_calls_on_cuda_tensors_compile_for_cuda_and_launch_the_ops_kernels(monke
         assert (out.shape, last.shape, y.shape, final.shape, o.shape, state.shape) == (
             (2, 4, 5), (2, 4, 3), (2, 6, 4, 3), (2, 4, 3, 5), (1, 5, 2, 4), (1, 2, 3, 4))
         bridge.clear_cache()  # their arenas belong to the double's device
+
+
+def test_gradients_on_opencl_equal_the_references(monkeypatch):
+    """On an OpenCL default device the forward runs on the device and the backward thunk where it has a
+    kernel (the host, until a device kernel exists: the fallback the config allows)."""
+    if not status("opencl").available:
+        pytest.fail(f"OpenCL is unavailable: {status('opencl').reason}")
+    monkeypatch.setenv("RLX_DEVICE", "opencl")
+    leaves = _leaves({k: v.float() for k, v in ssd_inputs().items()})
+    out, final = mamba_chunk_scan_combined(**leaves, chunk_size=4, dt_softplus=True, return_final_states=True)
+    ref, ref_final, _ = ssd_reference(**leaves, dt_softplus=True)
+    weights = (torch.randn_like(out), torch.randn_like(final))
+    mine = torch.autograd.grad(sum((w * o).sum() for w, o in zip(weights, (out, final))), list(leaves.values()))
+    theirs = torch.autograd.grad(sum((w.double() * o).sum() for w, o in zip(weights, (ref, ref_final))),
+                                 list(leaves.values()))
+    for name, a, b in zip(leaves, mine, theirs):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-3, atol=1e-3, msg=lambda m: f"d_{name}: {m}")
