@@ -5,7 +5,8 @@
 Shapes: ``target`` is the issue's, batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32;
 ``small`` is batch 8, seq 32, input = hidden = 64, one bidirectional layer. Each time is the median of
 ``--runs`` runs of the backward thunk alone (which recomputes its forward) after one untimed run that builds the
-programs (the conformance runner's ``time_case``); the load average is printed beside the table, since
+programs (the conformance runner's ``time_case``, on its standard-normal inputs: at hidden 256 the tanh rnn's
+gradient overflows to Inf and NaN through W_hh, the same on every side); the load average is printed beside the table, since
 neighbours on the machine slow every column.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -46,7 +49,8 @@ def main() -> None:
         for op in args.ops:
             params = dict(SHAPES[shape], **({"relu": False} if op == "rnn" else {}))
             case = Case(f"{op}_backward", "f32", params)
-            host = runner.time_case(host_session, case, args.runs)
+            with np.errstate(all="ignore"):  # the rnn's gradient overflows at hidden 256 (see the docstring)
+                host = runner.time_case(host_session, case, args.runs)
             device = {target: runner.time_case(session, case, args.runs) for target, session in sessions.items()}
             print(f"{shape:<7} {op:<5} {host * 1e3:>7.0f}ms " + " ".join(f"{device[t] * 1e3:>8.0f}ms" for t in TARGETS)
                   + " " + " ".join(f"{device[t] / host:>11.2f}" for t in TARGETS), flush=True)
