@@ -85,6 +85,22 @@ INLINE_FN real rnnb_column_dot(GLOBAL const real* wT, i64 cols, i64 col, GLOBAL 
     return s;
 }
 
+/* z[g] = sum_q wT[q][g*H + j] * v[q] for every gate g at once (rnnb_column_dot's sums, each in the same order):
+ * one pass over v for the step's G sums of unit j. */
+INLINE_FN void rnnb_gate_sums(real* z, GLOBAL const real* wT, i64 H, i64 j, GLOBAL const real* v, i64 n)
+{
+    PRAGMA_UNROLL
+    for (int g = 0; g < RNN_GATES; ++g)
+        z[g] = (real)0;
+    for (i64 q = 0; q < n; ++q) {
+        const real vq = v[q];
+        GLOBAL const real* w = wT + q * RNN_GATES * H + j;
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g)
+            z[g] += w[g * H] * vq;
+    }
+}
+
 /* Row b's step t: its time tt (through *tt) and the row of its successor in the walk (-1 past the last). */
 INLINE_FN i64 rnnb_next_row(i64 b, i64 t, i64 len, int back, i64 S, i64* tt)
 {
@@ -165,8 +181,9 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         rnn_peepholes(pp, peep, j, H);
         const real c = cp[row * H + j];
         real z[4];
+        rnnb_gate_sums(z, wt, H, j, h, K);
         for (int g = 0; g < 4; ++g)
-            z[g] = u[g * H + j] + rnnb_column_dot(wt, GH, g * H + j, h, K);
+            z[g] += u[g * H + j];
 #if RNN_PEEP
         z[0] += pp[0] * c;
         z[1] += pp[2] * c;
@@ -209,10 +226,12 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         }
         u[2 * H + j] += bn + rnnb_column_dot(wt, GH, 2 * H + j, hn + row * H, H);
 #else
+        real sums[3];
+        rnnb_gate_sums(sums, wt, H, j, h, K);
         real zr = u[j], zz = u[H + j];
-        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + rnnb_column_dot(wt, GH, j, h, K);
-        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + rnnb_column_dot(wt, GH, H + j, h, K);
-        const real hq = bn + rnnb_column_dot(wt, GH, 2 * H + j, h, K);
+        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + sums[0];
+        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + sums[1];
+        const real hq = bn + sums[2];
         real gr;
         rnnb_gate(0, zr, &gr, &p);
         hn[row * H + j] = hq;
@@ -225,7 +244,9 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         rnnb_gate(1, u[2 * H + j], &gn, &p);
         hv = ((real)1 - gz) * gn + gz * hj;
 #else
-        u[j] += rnnb_column_dot(wt, GH, j, h, K);
+        real sum[1];
+        rnnb_gate_sums(sum, wt, H, j, h, K);
+        u[j] += sum[0];
         rnnb_gate(0, u[j], &hv, &p);
 #endif
         if (next >= 0)
