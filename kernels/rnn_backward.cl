@@ -1,7 +1,7 @@
 /* Backward of the recurrent family (ABI.md §9 for lstm, gru, rnn), after kernels/rnn_cell.cl in its program:
  * the forward's compile-time variants (RNN_GATES, RNN_ACT_*, RNN_LENS, RNN_CLIP, RNN_PEEP, RNN_IFG, RNN_PROJ,
- * RNN_LBR0) and cell functions (activations, clip, seq_lens, peepholes), so the forward it recomputes is the
- * forward's own arithmetic.
+ * RNN_LBR0) and cell functions (activations, clip, seq_lens, peepholes), so the forward it recomputes applies
+ * the forward's own activations and clamps.
  *
  * Per layer, bottom up, the forward runs again one step per launch and keeps what the reverse pass reads (all
  * scratch in the compute type, row = b*S + tt as the forward's xw, every per-direction tensor [D][B*S][width]):
