@@ -93,11 +93,10 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     device = device if device is not None else device_for(*inputs.values())
     exe = compiled(key, build, inputs, device)
     home = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-    arrays: dict[str, Any] = {name: t.detach().contiguous() if t.device.type == "cpu" else t.detach().cpu().contiguous()
-                              for name, t in inputs.items()}
-    # DLPack brings only the floating-point types into an arena; the int32 runtime data of ABI.md §8
-    # (lengths, slots) is a few bytes and goes in as NumPy
-    arrays.update({name: t.numpy() for name, t in arrays.items() if t.dtype == torch.int32})
+    arrays = {name: t.detach().contiguous() if t.device.type == "cpu" else t.detach().cpu().contiguous()
+              for name, t in inputs.items()}
+    # DLPack brings floating-point tensors only (dlpack.import_tensor): the int32 ones go in as NumPy
+    arrays = {name: a.numpy() if a.dtype == torch.int32 else a for name, a in arrays.items()}
     outputs = exe.run(**arrays)
     tensors = exe.schedule.tensors
     return {name: torch.from_numpy(a).to(device=home, dtype=TORCH_DTYPES[tensors[name].dtype])
