@@ -29,6 +29,8 @@ VOCAB = sorted(set(CORPUS))
 EMBED, HIDDEN, LAYERS = 16, 32, 2
 BATCH, WINDOW = 8, 24
 LEARNING_RATE = 1e-2
+#: How far apart the two loss curves may be at any step.
+TOLERANCE = 1e-3
 
 
 class LanguageModel(torch.nn.Module):
@@ -97,8 +99,10 @@ def plot(curves: dict[str, list[float]], path: str) -> None:
     top.set_title(f"character LSTM language model ({LAYERS} layers, hidden {HIDDEN}), Adam")
     top.legend()
     first, second = curves.values()
-    bottom.plot([abs(a - b) for a, b in zip(first, second)], color="k")
+    bottom.plot([abs(a - b) for a, b in zip(first, second)], ".", color="k", markersize=3)
+    bottom.axhline(TOLERANCE, linestyle=":", color="r", label=f"tolerance {TOLERANCE:g}")
     bottom.set_ylabel("|difference|")
+    bottom.legend(loc="center right")
     bottom.set_xlabel("step")
     bottom.set_yscale("log")
     fig.tight_layout()
