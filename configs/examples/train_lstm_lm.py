@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+
 import torch
 
 import rlx_gpu.torch.nn as rlx_nn
