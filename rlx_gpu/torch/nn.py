@@ -74,8 +74,7 @@ class _RlxRecurrent:
             x, lengths = pad_packed_sequence(input, batch_first=True)
             seq_lens = lengths.to(torch.int32)
         else:
-            x = input if not batched else input if module.batch_first else input.transpose(0, 1)
-            x = x if batched else x.unsqueeze(0)
+            x = input.unsqueeze(0) if not batched else input if module.batch_first else input.transpose(0, 1)
             seq_lens = None
         states = self._initial_states(x, hx, batched)
         module.check_forward_args(input.data if packed else x if module.batch_first else x.transpose(0, 1),
@@ -102,8 +101,8 @@ class _RlxRecurrent:
             return {f: x.new_zeros(module.num_layers * dirs, x.shape[0], widths[f]) for f in fields}
         given = tuple(hx) if module.mode == "LSTM" and isinstance(hx, (tuple, list)) else (hx,)
         if len(given) != len(fields) or not all(isinstance(t, torch.Tensor) for t in given):
-            raise TypeError(f"{type(self).__name__}: hx must be {'a tuple (h_0, c_0)' if module.mode == 'LSTM' else 'a tensor'}"
-                            f" of initial states, or None for zeros")
+            wanted = "a tuple (h_0, c_0)" if module.mode == "LSTM" else "a tensor"
+            raise TypeError(f"{type(self).__name__}: hx must be {wanted} of initial states, or None for zeros")
         return {f: t if batched else t.unsqueeze(1) for f, t in zip(fields, given)}
 
     def _layers(self, x: torch.Tensor, states: dict[str, torch.Tensor],
@@ -111,8 +110,8 @@ class _RlxRecurrent:
         """``y`` and the final states of every layer: one thunk for them all, or with dropout between layers
         in training mode one per layer."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
-        spec = dict(op=OPS[module.mode], hidden=module.hidden_size, bidirectional=module.bidirectional, proj_size=module.proj_size,
-                    relu=module.mode == "RNN_RELU")
+        spec = dict(op=OPS[module.mode], hidden=module.hidden_size, bidirectional=module.bidirectional,
+                    proj_size=module.proj_size, relu=module.mode == "RNN_RELU")
         split = module.training and module.dropout > 0 and module.num_layers > 1
         groups = [range(l, l + 1) for l in range(module.num_layers)] if split else [range(module.num_layers)]
         dirs = 2 if module.bidirectional else 1
