@@ -19,11 +19,9 @@ from host_fallback.gradients import FORWARD_OPS
 
 from ..errors import GraphError
 from .nodes import BodyGraph, Node, Tensor
+from .sequence_ops import STATE_FIELDS
 
 BODY_OPS = frozenset({"unary", "binary", "matmul", "reduce_sum", "cast", "copy", "fill", "reshape"})
-#: The carried-state fields of each fused op: read as the initial state, written back in place as the final.
-STATE_FIELDS: dict[str, tuple[str, ...]] = {
-    op: {"lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",)}.get(op, ("state",)) for op in FORWARD_OPS}
 
 # d(fn(x))/dx times dy, from the forward input x and output y.
 _UNARY: dict[str, Callable[[BodyGraph, Tensor, Tensor, Tensor], Tensor | None]] = {
