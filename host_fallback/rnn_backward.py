@@ -112,6 +112,12 @@ class _Cell:
     linear_before_reset: bool
     input_forget: bool
 
+    def keeps_pre_activations(self, slots: int) -> bool:
+        """Whether the reverse pass reads the gates' pre-activations: a clip's mask needs them, and so does
+        the slope of any activation of the first ``slots`` slots but sigmoid and tanh (whose slopes follow
+        from their values). Otherwise a gate is activated in place and only its value is kept."""
+        return bool(self.clip) or any(a.name not in ("sigmoid", "tanh") for a in self.acts[:slots])
+
     def clipped(self, u: Array) -> tuple[Array, Array | None]:
         """``(u clamped to [-clip, clip], where the clamp passes the gradient)``; ``None``: no clip."""
         if not self.clip:
@@ -153,7 +159,8 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
     keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
             (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H))}
-    keep.update(u=np.empty((S, B, 4 * H), xp.dtype), y=np.empty((S, B, 4 * H), xp.dtype))
+    keep["y"] = np.empty((S, B, 4 * H), xp.dtype)
+    keep["u"] = np.empty_like(keep["y"]) if cell.keeps_pre_activations(2) else keep["y"]  # h's slot reads c'
     keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
     first = 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead: i (and f)
@@ -310,12 +317,15 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
 def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
     S, B, _ = xp.shape
     H = h.shape[1]
-    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "u", "y")}
+    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "y")}
+    keep["u"] = np.zeros_like(keep["y"]) if cell.keeps_pre_activations(1) else keep["y"]
     keep["mask"] = np.ones((S, B, H), bool) if cell.clip else None
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
         y, u, m = cell.gate(0, xp[t] + h @ w["w_hh"].T)
-        keep["h_prev"][t], keep["u"][t], keep["y"][t] = h, u, y
+        keep["h_prev"][t], keep["y"][t] = h, y
+        if keep["u"] is not keep["y"]:
+            keep["u"][t] = u
         if cell.clip:
             keep["mask"][t] = m
         v = None if valid is None else valid[t]
@@ -434,13 +444,15 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
         def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
             ld = layer * dirs + dr
             w = w_ih[lo:hi].reshape(gates * H, in_l)
-            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H) + b.load(biases[0], ld)
+            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
+            xp += b.load(biases[0], ld)
             h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
             outs[dr], _, layer_kept[dr] = _FORWARD[op](_cell(fwd, dr), xp, weights(ld), h, c, valid, walk(dr))
 
         _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
-        inputs.append(np.concatenate(outs, axis=2))
+        if layer + 1 < len(spans):  # the next layer's input (the top layer's output is dst: not needed here)
+            inputs.append(np.concatenate(outs, axis=2))
         kept.append(layer_kept)
 
     # reverse, top down: d_y is the gradient of the layer's output, then of its input
