@@ -158,15 +158,19 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     H = c.shape[1]
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
     keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
-            (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H))}
+            (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H)) if k != "raw" or w_hr is not None}
     keep["y"] = np.empty((S, B, 4 * H), xp.dtype)
     keep["u"] = np.empty_like(keep["y"]) if cell.keeps_pre_activations(2) else keep["y"]  # h's slot reads c'
     keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
+    # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
+    direct = w_hr is None and valid is None
+    scratch = np.empty((B, H), xp.dtype) if w_hr is None and valid is not None else None
     first = 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead: i (and f)
     for t in order:
         keep["h_prev"][t], keep["c_prev"][t] = h, c
-        u, y, c_new, hc, raw = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t], keep["raw"][t]
+        u, y, c_new, hc = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t]
+        raw = keep["raw"][t] if w_hr is not None else out[t] if direct else scratch
         np.matmul(h, w["w_hh"].T, out=u)
         u += xp[t]
         if peep is not None:
@@ -187,7 +191,8 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
         h_new = raw @ w_hr.T if w_hr is not None else raw
         v = None if valid is None else valid[t]
         h, c = _where(v, h_new, h), _where(v, c_new, c)
-        out[t] = _where(v, h_new, 0)
+        if not direct:
+            out[t] = _where(v, h_new, 0)
     return out, (h, c), keep
 
 
