@@ -150,7 +150,8 @@ class _Cell:
 
 # --- the recurrences: forward keeps what the reverse pass reads; reverse returns the per-step gradients
 # Arrays are time-major [seq, batch, features]; ``order`` is the direction's walk, ``valid[t]`` [batch, 1]
-# (``valid`` None: every step of every row).
+# (``valid`` None: every step of every row); ``xp`` is the input projection plus bias, which a forward
+# may keep and overwrite.
 
 
 def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order):
@@ -159,8 +160,11 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
     keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
             (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H)) if k != "raw" or w_hr is not None}
-    keep["y"] = np.empty((S, B, 4 * H), xp.dtype)
-    keep["u"] = np.empty_like(keep["y"]) if cell.keeps_pre_activations(2) else keep["y"]  # h's slot reads c'
+    # the projection's buffer becomes the pre-activations' (each step adds W_hh·h to its row), and also the
+    # gates' where those are activated in place (h's slot reads c', not the gates)
+    keep["u"] = xp
+    keep["y"] = np.empty_like(xp) if cell.keeps_pre_activations(2) else xp
+    step = np.empty((B, 4 * H), xp.dtype)
     keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
     # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
@@ -171,8 +175,8 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
         keep["h_prev"][t], keep["c_prev"][t] = h, c
         u, y, c_new, hc = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t]
         raw = keep["raw"][t] if w_hr is not None else out[t] if direct else scratch
-        np.matmul(h, w["w_hh"].T, out=u)
-        u += xp[t]
+        np.matmul(h, w["w_hh"].T, out=step)
+        u += step
         if peep is not None:
             u[:, :H] += peep[:H] * c
             u[:, H: 2 * H] += peep[2 * H:] * c
