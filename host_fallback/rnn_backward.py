@@ -255,30 +255,31 @@ def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Arra
 def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
     S, B, _ = xp.shape
     H = h.shape[1]
-    w_hh, b_hh = w["w_hh"], w["b_hh"]
-    keep = {k: np.zeros((S, B, n), xp.dtype) for k, n in (("h_prev", H), ("u", 3 * H), ("y", 3 * H), ("hn", H))}
+    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
+    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "hn")}
+    keep["u"] = xp  # each step adds the hidden side to its row of the projection (see _lstm_forward)
+    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(2) else xp
     keep["mask"] = np.ones((S, B, 3 * H), bool) if cell.clip else None
+    hidden = np.empty((B, 3 * H if lbr else 2 * H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        a = xp[t]
-        if cell.linear_before_reset:
-            hh = h @ w_hh.T + b_hh
-            hn = hh[:, 2 * H:]
+        u, y, m = xp[t], keep["y"][t], keep["mask"][t] if cell.clip else None
+        np.matmul(h, (w_hh if lbr else w_hh[: 2 * H]).T, out=hidden)
+        hidden += b_hh if lbr else b_hh[: 2 * H]
+        u[:, : 2 * H] += hidden[:, : 2 * H]
+        cell.gate_into(0, u[:, : 2 * H], y[:, : 2 * H], None if m is None else m[:, : 2 * H])
+        r, z = y[:, :H], y[:, H: 2 * H]
+        if lbr:
+            hn = hidden[:, 2 * H:]
+            u[:, 2 * H:] += r * hn
         else:
-            hh = h @ w_hh[: 2 * H].T + b_hh[: 2 * H]
-        grz, urz, mrz = cell.gate(0, a[:, : 2 * H] + hh[:, : 2 * H])
-        r, z = grz[:, :H], grz[:, H:]
-        if not cell.linear_before_reset:
             hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
-            pre_n = a[:, 2 * H:] + hn @ w_hh[2 * H:].T + b_hh[2 * H:]
-        else:
-            pre_n = a[:, 2 * H:] + r * hn
-        n, un, mn = cell.gate(1, pre_n)
+            u[:, 2 * H:] += hn @ w_hh[2 * H:].T
+            u[:, 2 * H:] += b_hh[2 * H:]
+        cell.gate_into(1, u[:, 2 * H:], y[:, 2 * H:], None if m is None else m[:, 2 * H:])
+        n = y[:, 2 * H:]
         h_new = (1 - z) * n + z * h
         keep["h_prev"][t], keep["hn"][t] = h, hn
-        keep["u"][t], keep["y"][t] = np.concatenate([urz, un], axis=1), np.concatenate([grz, n], axis=1)
-        if cell.clip:
-            keep["mask"][t] = np.concatenate([mrz, mn], axis=1)
         v = None if valid is None else valid[t]
         h = _where(v, h_new, h)
         out[t] = _where(v, h_new, 0)
