@@ -186,6 +186,14 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gru_backward", _recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False),
     ("rnn_backward", _recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False),
     ("lstm_backward", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
+    # mamba2's backward: the host's step path (seq <= 10); then chunked (chunks of 64, the last partial) with every
+    # version-2 field at once, packed sequences (one empty, one starting inside the second chunk) through slots
+    ("mamba2_backward", _mamba2(2, 9, 2, 3, 8), {}, False),
+    ("mamba2_backward", dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150],
+                             state_slots=[3, 0, 4, 1], num_slots=5, carry_state=True, state=True, d_state=True,
+                             dt_bias=True, d_dt_bias=True, dt_softplus=True, dt_limit=[0.0, None], d=True, d_d=True,
+                             z=True, d_z=True), {}, False),
+    ("mamba2_backward", _mamba2(2, 150, 2, 17, 20), {}, True),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -236,6 +244,8 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("lstm_backward", _recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
     ("gru_backward", _recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, NAN),
     ("rnn_backward", _recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
+    ("mamba2_backward", _mamba2(2, 9, 2, 3, 8), "d_dst", 5, NAN),
+    ("mamba2_backward", _mamba2(2, 80, 1, 2, 4), "d_dst", 70, NAN),  # in the host's second chunk of 64 steps
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)

@@ -73,9 +73,9 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
     x = rng.standard_normal(shape)
     if op == "unary" and params["fn"] in ("log", "sqrt", "rsqrt"):
         return np.abs(x) + 0.1
-    if (op, field) in (("selective_scan", "delta"), ("mamba2", "dt")):
+    if (forward_op(op), field) in (("selective_scan", "delta"), ("mamba2", "dt")):
         return np.abs(x) * 0.5
-    if (op, field) in (("selective_scan", "a"), ("mamba2", "a")):
+    if (forward_op(op), field) in (("selective_scan", "a"), ("mamba2", "a")):
         return -np.abs(x)
     if op == "gated_delta_net":
         if field == "g":
