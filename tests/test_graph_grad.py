@@ -104,19 +104,19 @@ def test_checkpointed_trajectory_and_the_final_state_alone():
     check_against_differences(build, {"init": (S, O), "zs": (5, S, O), "u": (O, O), "w": (2, S, O)})
 
 
-def test_a_graph_with_selective_scan_and_matmul_matches_finite_differences():
-    b, s, h, n = 2, 4, 3, 2
-    shapes = {"x": (b, s, h), "delta": (b, s, h), "a": (h, n), "b": (b, s, n), "c": (b, s, n), "d": (h,),
-              "z": (b, s, h), "delta_bias": (h,), "h0": (b, h, n), "w": (h, 2)}
+def test_a_graph_with_mamba2_and_matmul_matches_finite_differences():
+    b, s, h, p, n = 2, 4, 2, 2, 3
+    shapes = {"x": (b, s, h, p), "dt": (b, s, h), "a": (h,), "b": (b, s, 1, n), "c": (b, s, 1, n), "d": (h,),
+              "z": (b, s, h, p), "dt_bias": (h,), "state0": (b, h, p, n), "w": (p, 2)}
 
     def build(g, v):
-        y, state = g.selective_scan(v["x"], v["delta"], v["a"], v["b"], v["c"], D=v["d"], z=v["z"],
-                                    delta_bias=v["delta_bias"], delta_softplus=True, initial_state=v["h0"])
-        p = y @ v["w"]
-        return g.reduce_sum(p * p, (0, 1, 2)) + g.reduce_sum(state * v["h0"], (0, 1, 2))
+        y, state = g.mamba2(v["x"], v["dt"], v["a"], v["b"], v["c"], D=v["d"], z=v["z"], dt_bias=v["dt_bias"],
+                            dt_softplus=True, initial_state=v["state0"])
+        q = y @ v["w"]
+        return g.reduce_sum(q * q, (0, 1, 2, 3)) + g.reduce_sum(state * v["state0"], (0, 1, 2, 3))
 
-    schedule = check_against_differences(build, shapes, {"a": 0.5, "delta": 0.5})
-    assert [t.op for t in schedule.thunks].count("selective_scan_backward") == 1
+    schedule = check_against_differences(build, shapes, {"a": 0.5, "dt": 0.5})
+    assert [t.op for t in schedule.thunks].count("mamba2_backward") == 1
 
 
 # ------------------------------------------------------------------ the same LSTM, fused and as a scan cell
