@@ -327,17 +327,17 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
 def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
     S, B, _ = xp.shape
     H = h.shape[1]
-    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "y")}
-    keep["u"] = np.zeros_like(keep["y"]) if cell.keeps_pre_activations(1) else keep["y"]
+    keep = {"h_prev": np.zeros((S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
+    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(1) else xp
     keep["mask"] = np.ones((S, B, H), bool) if cell.clip else None
+    hidden = np.empty((B, H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        y, u, m = cell.gate(0, xp[t] + h @ w["w_hh"].T)
-        keep["h_prev"][t], keep["y"][t] = h, y
-        if keep["u"] is not keep["y"]:
-            keep["u"][t] = u
-        if cell.clip:
-            keep["mask"][t] = m
+        u, y = xp[t], keep["y"][t]
+        np.matmul(h, w["w_hh"].T, out=hidden)
+        u += hidden
+        cell.gate_into(0, u, y, keep["mask"][t] if cell.clip else None)
+        keep["h_prev"][t] = h
         v = None if valid is None else valid[t]
         h = _where(v, y, h)
         out[t] = _where(v, y, 0)
@@ -488,7 +488,9 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 
         _each_direction([lambda dr=dr, span=span: reverse(dr, *span) for dr, span in enumerate(spans[layer])])
         kept[layer] = []  # the layer's saved steps are no longer needed
-        d_in = d_ins[0] if dirs == 1 else d_ins[0] + d_ins[1]  # in direction order: the same bytes every run
+        d_in = d_ins[0]
+        if dirs == 2:
+            d_in += d_ins[1]  # in direction order: the same bytes every run
         d_y = _where(valid, d_in, 0) if layer else d_in
     b.store("d_x", d_y.transpose(1, 0, 2))
     b.store("d_w_ih", d_w_ih)
