@@ -119,6 +119,22 @@ def test_a_graph_with_mamba2_and_matmul_matches_finite_differences():
     assert [t.op for t in schedule.thunks].count("mamba2_backward") == 1
 
 
+@pytest.mark.parametrize("carried", [False, True])
+def test_a_graph_with_gated_delta_net_matches_finite_differences(carried):
+    b, s, h, n = 1, 3, 1, 2
+    shapes = {"q": (b, s, h, n), "k": (b, s, h, n), "v": (b, s, h, n), "g": (b, s, h), "beta": (b, s, h),
+              **({"state0": (b, h, n, n)} if carried else {})}
+
+    def build(g, v):
+        out = g.gated_delta_net(v["q"], v["k"], v["v"], v["g"], g.unary("sigmoid", v["beta"]),
+                                initial_state=v.get("state0"))
+        y, extra = (out[0], g.reduce_sum(out[1] * v["state0"], (0, 1, 2, 3))) if carried else (out, 0.0)
+        return g.reduce_sum(y * y, (0, 1, 2, 3)) + extra
+
+    schedule = check_against_differences(build, shapes, {"g": 0.3})
+    assert [t.op for t in schedule.thunks].count("gated_delta_net_backward") == 1
+
+
 # ------------------------------------------------------------------ the same LSTM, fused and as a scan cell
 def lstm_cell(batch: int, inputs: int, hidden: int) -> Graph:
     """One LSTM step (gates i, f, g, o) of body ops; the carry is ``[batch, 2·hidden]``: h, then c.
