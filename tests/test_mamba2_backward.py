@@ -14,11 +14,10 @@ import pytest
 import torch
 
 import host_fallback
-from host_fallback.arena import STORAGE, view
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
-from host_fallback.layout import forward_thunk, regions
-from rlx_gpu.conformance.cases import lay_out
-from rlx_gpu.conformance.references import REFERENCES
+from gradient_check import check_finite_differences, laid, read, with_gradients
+from host_fallback.arena import view
+from host_fallback.gradients import gradient
+from host_fallback.layout import regions
 
 BASE = dict(batch=2, seq=7, heads=2, head_dim=3, state_size=4)
 #: Packed sequences, one empty and one crossing chunks of 4, through slots of a pool of 5.
@@ -28,46 +27,28 @@ KNOBS = dict(dt_bias=True, dt_softplus=True, dt_limit=[0.3, 1.2], d=True, z=True
 
 
 def _params(**extra) -> dict:
-    params = {**BASE, **extra}
-    for name in OPTIONAL_INPUTS["mamba2"]:  # an optional input's gradient is placed with it
-        if params.get(name):
-            params[gradient(name)] = True
-    return params
+    return with_gradients("mamba2", {**BASE, **extra})
+
+
+def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random inputs, step sizes positive and decays negative."""
+    values = rng.standard_normal(shape)
+    if field == "dt":
+        return np.abs(values) * 0.5 + 0.05
+    if field == "a":
+        return -np.abs(values) - 0.1
+    return values
 
 
 def _laid(dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
-    """A backward thunk and its arena with every input random (step sizes positive, decays negative)."""
-    thunk, nbytes = lay_out("mamba2_backward", dtype, params)
-    rng = np.random.default_rng(seed)
-    arena = np.zeros(nbytes, np.uint8)
-    for r in regions(thunk):
-        if r.dtype == "i32":
-            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
-        elif r.reads:
-            values = rng.standard_normal(r.shape)
-            if r.field == "dt":
-                values = np.abs(values) * 0.5 + 0.05
-            elif r.field == "a":
-                values = -np.abs(values) - 0.1
-            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
-    return thunk, arena
-
-
-def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+    """A backward thunk and its arena with every input random."""
+    return laid("mamba2_backward", dtype, params, _sample, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
     out = arena.copy()
     host_fallback.execute(thunk, out, **options)
-    return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
-    """``Σ dst·d_dst (+ Σ final pool·d_state)`` with the conformance reference's forward on ``values``."""
-    forward = forward_thunk(thunk)
-    out = REFERENCES["mamba2"](forward, lambda f: values[f])
-    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
 
 
 #: (label, params) of the finite-difference cases: each field alone and all of them at once
@@ -85,20 +66,7 @@ FIELDS = [
 @pytest.mark.parametrize("label,extra", FIELDS, ids=[label for label, _ in FIELDS])
 def test_every_gradient_matches_central_finite_differences(label, extra, path):
     thunk, arena = _laid("f64", _params(**extra), seed=len(label))
-    values = _read(thunk, arena)
-    grads = _backward(thunk, arena, path=path, chunk=4)
-    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
-    assert set(grads) == expected
-    rng = np.random.default_rng(1)
-    eps = 1e-6
-    for name, grad in grads.items():
-        field = name[2:]
-        direction = rng.standard_normal(values[field].shape)
-        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
-        numeric = (sides[0] - sides[1]) / (2 * eps)
-        analytic = float(np.sum(grad * direction))
-        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
-        assert abs(numeric - analytic) <= 1e-7 * scale, (label, path, name, numeric, analytic)
+    check_finite_differences(thunk, arena, _backward(thunk, arena, path=path, chunk=4))
 
 
 def test_a_dt_at_a_limit_or_past_the_softplus_knee_passes_its_gradient():
@@ -152,7 +120,7 @@ def _torch_ssd_steps(xs, logd, b, c, init):
 
 
 def _torch_grads(thunk: dict, values: dict[str, np.ndarray], ssd) -> dict[str, np.ndarray]:
-    """``_loss`` through a torch forward (batch rows, no packing), and the gradient of every input."""
+    """``gradient_check.loss`` through a torch forward (batch rows, no packing), and the gradient of every input."""
     leaves = {f: torch.tensor(v, requires_grad=True) for f, v in values.items()
               if not f.startswith("d_") and f in ("x", "dt", "a", "b", "c", "dt_bias", "d", "z", "state")}
     per_group = thunk["heads"] // thunk.get("groups", thunk["heads"])
@@ -184,7 +152,7 @@ TORCH = [("base", dict(seq=30)), ("all", dict(seq=30, heads=4, groups=2, **CARRI
 def test_every_gradient_matches_torch_autograd(label, extra, form):
     thunk, arena = _laid("f64", _params(**extra), seed=3)
     ssd = (lambda *a: _torch_ssd_chunked(*a, 8)) if form == "chunked" else _torch_ssd_steps
-    want = _torch_grads(thunk, _read(thunk, arena), ssd)
+    want = _torch_grads(thunk, read(thunk, arena), ssd)
     grads = _backward(thunk, arena, chunk=16)  # the host's chunks differ from the torch form's
     assert set(want) == set(grads)
     for name, value in want.items():
@@ -212,7 +180,7 @@ def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(dtype):
         if r.reads and r.dtype != "i32":
             w = next(x for x in regions(wide) if x.field == r.field)
             view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
-    want, got = _backward(wide, wide_arena), _read(thunk, runs[0])
+    want, got = _backward(wide, wide_arena), read(thunk, runs[0])
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
         assert err <= NMSE[dtype], (name, err)

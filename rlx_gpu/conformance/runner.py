@@ -69,7 +69,8 @@ class Laid:
 
 
 def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Inputs in the range each op is defined on (positive log args, decays below 1 ...)."""
+    """Inputs in the range each op is defined on (positive log args, decays below 1 ...); a backward op's
+    forward inputs as its forward's."""
     x = rng.standard_normal(shape)
     if op == "unary" and params["fn"] in ("log", "sqrt", "rsqrt"):
         return np.abs(x) + 0.1
@@ -77,7 +78,7 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
         return np.abs(x) * 0.5
     if (forward_op(op), field) in (("selective_scan", "a"), ("mamba2", "a")):
         return -np.abs(x)
-    if op == "gated_delta_net":
+    if forward_op(op) == "gated_delta_net":
         if field == "g":
             return -np.abs(x) * 0.3
         if field == "beta":

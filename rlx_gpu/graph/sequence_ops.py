@@ -425,16 +425,18 @@ class SequenceOps:
             else:
                 g = self._new(v.shape, v.dtype)
             fields[gradient(name)] = grads[name] = g
-        fields.update({gradient(f): 0 for f in STATE_FIELDS[op] if f not in carried})
+        # an unused state field is written 0 and so is its gradient's; an absent one (the version-2
+        # state of selective_scan and mamba2 without carry_state) has no gradient field either
+        fields.update({gradient(f): 0 for f in STATE_FIELDS[op] if f not in carried and f in node.fields})
         self._emit(bop, node.dtype, fields, *grads.values())
         return grads
 
     def _forward_node(self, y: Tensor) -> Node:
         """The fused-op node of this graph whose ``dst`` is ``y``."""
         y = self._t(y)
-        for node in reversed(self.nodes):
+        for node in reversed(self.nodes):  # the node that wrote y's buffer (a reshape only views it)
             dst = node.fields.get("dst")
-            if isinstance(dst, Tensor) and dst.buf == y.buf:
+            if isinstance(dst, Tensor) and dst.buf == y.buf and node.op != "reshape":
                 if node.op not in FORWARD_OPS:
                     break
                 return node
