@@ -73,6 +73,7 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
     x = rng.standard_normal(shape)
     if op == "unary" and params["fn"] in ("log", "sqrt", "rsqrt"):
         return np.abs(x) + 0.1
+    op = forward_op(op)  # a backward op's inputs are its forward's
     if (op, field) in (("selective_scan", "delta"), ("mamba2", "dt")):
         return np.abs(x) * 0.5
     if (op, field) in (("selective_scan", "a"), ("mamba2", "a")):
@@ -84,7 +85,7 @@ def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...
             return sigmoid(x)
         if field == "k":
             return x / np.linalg.norm(x, axis=-1, keepdims=True)
-    if forward_op(op) in ("lstm", "gru", "rnn") and field.startswith("w_"):
+    if op in ("lstm", "gru", "rnn") and field.startswith("w_"):
         return x * 0.5
     return x
 
