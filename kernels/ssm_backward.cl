@@ -180,6 +180,23 @@ INLINE_FN void ssmb_clear_sums(i64 t0, i64 t1, i64 bs, i64 bo, i64 N, i64 L, i64
     }
 }
 
+/* An item's (row, group, block) from its index, block fastest; the remainders by multiplication, not
+ * `%`: a division and a remainder of the same operands become a `freeze` instruction in the compiler
+ * that Oclgrind's uninitialized-value checker cannot interpret. */
+typedef struct {
+    i64 r, grp, blk;
+} ssmb_item;
+
+INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 G)
+{
+    ssmb_item at;
+    at.r = item / (blocks * G);
+    const i64 rest = item - at.r * blocks * G;
+    at.grp = rest / blocks;
+    at.blk = rest - at.grp * blocks;
+    return at;
+}
+
 /* Mamba-1 backward: item = (row r, group grp, block blk of `per` channels of the group). T: tokens of
  * the arena (batch * seq). Scratch (reals, at the offsets given): the items' workspaces; ddl [T][H];
  * the d_b and d_c partials [blocks][T][G][N]; the per-row partials of d_a [R][H][N], d_d and the
@@ -196,7 +213,8 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
     const i64 item = GID(0);
     if (item >= R * G * blocks)
         return;
-    const i64 blk = item % blocks, grp = (item / blocks) % G, r = item / (blocks * G);
+    const ssmb_item at = ssmb_item_of(item, blocks, G);
+    const i64 blk = at.blk, grp = at.grp, r = at.r;
     GLOBAL const int* cu = AT(int, cub, cuo);
     const i64 t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu), slot = ssm_slot(r, AT(int, slb, slo));
     const i64 width = H / G, j1 = (blk + 1) * per < width ? (blk + 1) * per : width;
@@ -239,7 +257,8 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
     const i64 item = GID(0);
     if (item >= R * G * blocks)
         return;
-    const i64 blk = item % blocks, grp = (item / blocks) % G, r = item / (blocks * G);
+    const ssmb_item at = ssmb_item_of(item, blocks, G);
+    const i64 blk = at.blk, grp = at.grp, r = at.r;
     GLOBAL const int* cu = AT(int, cub, cuo);
     const i64 t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu), slot = ssm_slot(r, AT(int, slb, slo));
     const i64 width = HD / G, j1 = (blk + 1) * per < width ? (blk + 1) * per : width;
