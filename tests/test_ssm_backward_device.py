@@ -1,4 +1,5 @@
-"""The OpenCL kernels of selective_scan_backward and mamba2_backward (ABI.md §9), at both kernel targets.
+"""The OpenCL kernels of selective_scan_backward, mamba2_backward and gated_delta_net_backward (ABI.md §9),
+at both kernel targets.
 
 Each case turns on many of the forward's §8 fields at once and runs through the executor on every
 OpenCL test device at the cpu and the gpu target; its gradients are compared with torch autograd of a
@@ -47,6 +48,15 @@ CASES = [
                                         dt_limit=[0.1, 0.3], d=True, d_d=True)),
     # f64, the plain op
     Case("selective_scan_backward", "f64", dict(batch=2, seq=9, hidden=3, state_size=6)),
+    # gated_delta_net: every field (grouped value heads, K != V, per-channel gate, q/k norm, scale, f32 state
+    # beside bf16, varlen into slots), then batch rows with a carried state, then the plain op in f64
+    Case("gated_delta_net_backward", "bf16", dict(
+        seq=40, heads=2, value_heads=4, state_size=4, value_size=3, gate_per_channel=True, qk_l2norm=True,
+        scale=0.5, carry_state=True, state_dtype="f32", **_PACKED)),
+    Case("gated_delta_net_backward", "f32", dict(batch=2, seq=37, heads=2, state_size=5, gate_per_channel=False,
+                                                 carry_state=True)),
+    Case("gated_delta_net_backward", "f64", dict(batch=2, seq=6, heads=1, state_size=3, gate_per_channel=False,
+                                                 carry_state=False)),
 ]
 
 
@@ -125,9 +135,37 @@ def _mamba2(t, T):
     return out, finals
 
 
-_FORWARD = {"selective_scan_backward": _selective_scan, "mamba2_backward": _mamba2}
+def _gated_delta_net(t, T):
+    """dst and the final states of gated_delta_net (ABI.md §4, §8), step by step in float64."""
+    q, k, v = T["q"], T["k"], T["v"]
+    h, hv = q.shape[2], v.shape[2]
+    key = torch.arange(hv) // (hv // h)
+    scale = t["scale"] if t["scale"] is not None else q.shape[-1] ** -0.5
+    out, finals = torch.zeros_like(v.detach()), {}
+    for row, t0, t1, slot in _rows(t, q.shape[1]):
+        st = T["state"][slot] if t["carry_state"] else torch.zeros(hv, q.shape[-1], v.shape[-1], dtype=q.dtype)
+        ys = []
+        for s in range(t0, t1):
+            qv, kv = q[row, s][key], k[row, s][key]
+            if t["qk_l2norm"]:
+                qv = qv / torch.sqrt((qv * qv).sum(-1, keepdim=True) + 1e-6)
+                kv = kv / torch.sqrt((kv * kv).sum(-1, keepdim=True) + 1e-6)
+            gate = torch.exp(T["g"][row, s])
+            st = st * (gate[:, :, None] if t["gate_per_channel"] else gate[:, None, None])
+            u = (v[row, s] - torch.einsum("hkv,hk->hv", st, kv)) * T["beta"][row, s][:, None]
+            st = st + kv[:, :, None] * u[:, None, :]
+            ys.append(scale * torch.einsum("hkv,hk->hv", st, qv))
+        if ys:
+            out[row, t0:t1] = torch.stack(ys)
+        finals[slot] = st
+    return out, finals
+
+
+_FORWARD = {"selective_scan_backward": _selective_scan, "mamba2_backward": _mamba2,
+            "gated_delta_net_backward": _gated_delta_net}
 _INPUTS = {"selective_scan_backward": ("x", "delta", "a", "b", "c", "delta_bias", "d", "z", "state"),
-           "mamba2_backward": ("x", "dt", "a", "b", "c", "dt_bias", "d", "z", "state")}
+           "mamba2_backward": ("x", "dt", "a", "b", "c", "dt_bias", "d", "z", "state"),
+           "gated_delta_net_backward": ("q", "k", "v", "g", "beta", "state")}
 
 
 def expected_gradients(t, load):
@@ -137,7 +175,7 @@ def expected_gradients(t, load):
         t["_cu"] = [int(v) for v in load("cu_seqlens")]
     if t["state_slots"] is not None:
         t["_slots"] = [int(v) for v in load("state_slots")]
-    names = [f for f in _INPUTS[t["op"]] if t[f] is not None]
+    names = [f for f in _INPUTS[t["op"]] if t.get(f) is not None and (f != "state" or t["carry_state"])]
     T = {f: torch.tensor(load(f), dtype=torch.float64, requires_grad=True) for f in names}
     t["_T"] = T
     out, finals = _FORWARD[t["op"]](t, T)
@@ -194,9 +232,10 @@ def test_gradients_match_torch_autograd_of_the_float64_forward(session, case):
 
 
 def test_a_nan_in_d_dst_reaches_only_the_steps_it_depends_on(session):
+    # the variant of the f32 case above (one program build less)
     case = Case("selective_scan_backward", "f32", dict(batch=2, seq=40, hidden=3, state_size=4, z=True, d_z=True,
-                                                       **_CARRIED), poison="d_dst", poison_step=33,
-                poison_value=np.nan)
+                                                       state_slots=[0, 1], num_slots=2, **_CARRIED),
+                poison="d_dst", poison_step=33, poison_value=np.nan)
     laid = runner.lay_out(case)
     load = _loader(laid, _run(session, laid))
     dx, dz, d_b = load("d_x"), load("d_z"), load("d_b")

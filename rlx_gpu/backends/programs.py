@@ -21,9 +21,9 @@ from ..paths import data_dir
 from . import backend_module
 
 FAMILIES = ("rnn", "ssm", "gdn", "body", "cast",  # cast: one program per (dtype, source dtype)
-            "ssm_backward")
+            "ssm_backward", "gdn_backward")
 #: family -> the kernel texts it shares with other families, put before its own (``kernels/<family>.cl``)
-SHARED_TEXTS: dict[str, tuple[str, ...]] = {"ssm": ("ssm_fields.cl",), "ssm_backward": ("ssm_fields.cl",)}
+SHARED_TEXTS: dict[str, tuple[str, ...]] = {family: ("ssm_fields.cl",) for family in ("ssm", "ssm_backward", "gdn_backward")}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
