@@ -22,7 +22,7 @@ PACKAGE = ROOT / "rlx_gpu"
 LAYERS = (
     ("cli",),
     ("conformance",),
-    ("onnx",),  # a frontend: ONNX models through the graph builder into schedules
+    ("onnx", "torch"),  # frontends: ONNX models and PyTorch calls through the graph builder into schedules
     ("rlx_gpu",),
     ("graph",),
     ("runtime",),

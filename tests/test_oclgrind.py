@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import background
 import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "oclgrind_check.py"
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.skipif(not _oclgrind_available(), reason="no Oclgrind O
 
 
 def test_conformance_cases_are_clean_under_oclgrind():
-    done = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, timeout=1800)
+    done = background.result("oclgrind")  # started with the session, beside the other tests
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "Oclgrind: no diagnostics" in done.stdout
 

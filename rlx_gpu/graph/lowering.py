@@ -21,6 +21,7 @@ from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_V1, ABI_V2, Schedule
+from ..schedule.ops import SPECS
 from .layout import ArenaLayout, LayoutReport, arena_layout
 from .nodes import BodyGraph, Node, Slot, Tensor
 
@@ -116,7 +117,8 @@ def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
     """The JSON form of ``graph``'s schedule and the layout report for its (outer) arena."""
     schedule, arena = _Lowering().graph(graph, top=True)
     nested = list(_schedules(schedule))
-    if any(used(thunk) for s in nested for thunk in s["thunks"]):  # version 2 only where a §8 field is used
+    # version 2 only where a §8 field or a §9 op is used
+    if any(used(thunk) or SPECS[thunk["op"]].version == 2 for s in nested for thunk in s["thunks"]):
         for s in nested:
             s["abi"] = ABI_V2
     return schedule, arena.report

@@ -10,11 +10,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from host_fallback.fields import DEFAULTS, is_default
+from host_fallback.gradients import FORWARD_OPS, gradient
 from host_fallback.layout import recurrent_weight_shapes
 
 from ..errors import GraphError
-from .nodes import Tensor
+from .nodes import Node, Tensor
 from .torch_weights import NONLINEARITIES, unpack_sequence
+
+
+#: The carried-state fields of each fused op, whose gradients a backward op reads and writes in place.
+STATE_FIELDS: dict[str, tuple[str, ...]] = {"lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",),
+                                            "selective_scan": ("state",), "mamba2": ("state",),
+                                            "gated_delta_net": ("state",)}
 
 
 def recurrent_weight_counts(op: str, input_size: int, hidden: int, num_layers: int,
@@ -373,3 +380,71 @@ class SequenceOps:
             return y
         self.output(f"{name or f'gdn{next(self._ids)}'}.state", final)
         return y, final
+
+    # ----------------------------------------------------------------- gradients
+    def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None) -> dict[str, Tensor]:
+        """Emit the ``OP_backward`` thunk (ABI.md §9) of the fused op that returned ``y``.
+
+        ``y`` is the output (``dst``) of an ``lstm``, ``gru``, ``rnn``, ``selective_scan``, ``mamba2``
+        or ``gated_delta_net`` call of this graph and ``d_y`` the gradient of the loss with respect to
+        it. ``d_state`` holds the gradients of the call's final states by the forward's state field
+        (``{"h0": ..., "c0": ...}`` for an lstm, ``{"h0": ...}`` for a gru or rnn, ``{"state": ...}``
+        for the others); a state left out has gradient zero. It applies only to a call given initial
+        states.
+
+        Returns
+        -------
+        dict of str to Tensor
+            The gradient of every floating-point input of the call, keyed by the forward's field
+            name (``x``, ``w_ih``, ``a``, ``d`` for D, ``delta_bias``, ``z``, ``q``, ...), the initial
+            states' under their state fields (``h0``, ``c0``, ``state``); each is shaped and typed
+            like the input it belongs to.
+        """
+        node = self._forward_node(y)
+        op, bop = node.op, f"{node.op}_backward"
+        d_y = self._t(d_y, y.dtype)
+        self._expect(bop, "d_y", d_y, y.shape, y.dtype)
+        carried = [f for f in STATE_FIELDS[op] if isinstance(node.fields.get(f), Tensor)]
+        given = dict(d_state or {})
+        if set(given) - set(carried):
+            have = f"its carried states are {', '.join(carried)}" if carried else "it was given no initial state"
+            raise GraphError(f"{bop}: d_state names {', '.join(sorted(set(given) - set(carried)))}, but {have}")
+        fields = {k: v for k, v in node.fields.items() if k != "dst"}
+        fields["d_dst"] = d_y
+        grads: dict[str, Tensor] = {}
+        for name, v in node.fields.items():
+            if name == "dst" or not isinstance(v, Tensor) or v.dtype == "i32":
+                continue
+            if name in carried:
+                # the thunk holds the initial state (the tensor the call was given) and updates the
+                # final state's gradient in place into the initial state's
+                v = fields[name] = self._initial_state(node, name)
+                g = (self.fill(v.shape, 0.0, v.dtype) if given.get(name) is None
+                     else self.copy(self._t(given[name], v.dtype)))
+                self._expect(bop, f"d_state[{name!r}]", g, v.shape, v.dtype)
+            else:
+                g = self._new(v.shape, v.dtype)
+            fields[gradient(name)] = grads[name] = g
+        fields.update({gradient(f): 0 for f in STATE_FIELDS[op] if f not in carried})
+        self._emit(bop, node.dtype, fields, *grads.values())
+        return grads
+
+    def _forward_node(self, y: Tensor) -> Node:
+        """The fused-op node of this graph whose ``dst`` is ``y``."""
+        y = self._t(y)
+        for node in reversed(self.nodes):
+            dst = node.fields.get("dst")
+            if isinstance(dst, Tensor) and dst.buf == y.buf:
+                if node.op not in FORWARD_OPS:
+                    break
+                return node
+        raise GraphError(f"backward: {y!r} is no output of a {', '.join(FORWARD_OPS)} call of this graph; "
+                         f"pass the tensor the call returned (its first value)")
+
+    def _initial_state(self, node: Node, field: str) -> Tensor:
+        """The tensor a call was given as state ``field``: the source of the copy its thunk updates."""
+        final = node.fields[field]
+        for other in self.nodes:
+            if other.op == "copy" and other.fields["dst"].buf == final.buf:
+                return other.fields["src"]
+        raise GraphError(f"{node.op}_backward: the initial {field} of {node.fields['dst']!r} is not in this graph")

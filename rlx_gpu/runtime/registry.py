@@ -50,6 +50,18 @@ def _device_env(name: str) -> str | None:
     return os.environ.get(variable) if variable else None
 
 
+def device_variables() -> tuple[str, ...]:
+    """The environment variables that choose the default device: ``RLX_DEVICE``, each available
+    backend's own device variable, and ``RLX_CONFIG`` (whose ``device`` comes last)."""
+    own = []
+    for name in MODULES:
+        try:
+            own.append(backend_module(name).DEVICE_ENV)
+        except BackendUnavailable:
+            continue
+    return ("RLX_DEVICE", *(v for v in own if v), "RLX_CONFIG")
+
+
 def resolve(spec: str | None, config: Config) -> DeviceInfo:
     """Turn a device spec (``host | opencl[:p[:d]] | cuda[:n] | auto``) into a device.
 

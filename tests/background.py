@@ -1,0 +1,59 @@
+"""Long checks that run beside the rest of the suite, in processes of their own.
+
+Oclgrind's simulation of the representative kernel cases and NVRTC's compile of every program are
+single-threaded and take minutes; started as soon as the session has collected its tests (only the
+checks whose test was selected), they run on the second core while the other tests run, and the test
+that owns a check waits for its result. A check is the same command a developer runs by hand.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+NVRTC_SCRIPT = """
+import json
+from rlx_gpu.backends import nvrtc
+print(json.dumps([[c.program.label, c.arch, c.ptx_bytes] for c in nvrtc.check_all()]))
+"""
+
+#: check -> (the test that asserts on it, its command)
+CHECKS: dict[str, tuple[str, list[str]]] = {
+    "oclgrind": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
+                 [sys.executable, str(ROOT / "tools" / "oclgrind_check.py")]),
+    "nvrtc": ("tests/test_nvrtc.py::test_every_program_compiles_for_every_arch",
+              [sys.executable, "-c", NVRTC_SCRIPT]),
+}
+
+_running: dict[str, subprocess.Popen] = {}
+
+
+def start(selected: set[str]) -> None:
+    """Start every check whose test is among the ``selected`` test ids."""
+    for name, (test, argv) in CHECKS.items():
+        if test in selected and name not in _running:
+            _running[name] = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                              text=True)
+
+
+def result(name: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """The finished check ``name`` (started now, when the session did not start it)."""
+    if name not in _running:
+        start({CHECKS[name][0]})
+    proc = _running.pop(name)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop_all() -> None:
+    """Kill the checks nobody waited for (their test was deselected or the session was interrupted)."""
+    for proc in _running.values():
+        proc.kill()
+        proc.communicate()
+    _running.clear()
