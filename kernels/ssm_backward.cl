@@ -180,21 +180,63 @@ INLINE_FN void ssmb_clear_sums(i64 t0, i64 t1, i64 bs, i64 bo, i64 N, i64 L, i64
     }
 }
 
-/* An item's (row, group, block) from its index, block fastest; the remainders by multiplication, not
- * `%`: a division and a remainder of the same operands become a `freeze` instruction in the compiler
- * that Oclgrind's uninitialized-value checker cannot interpret. */
+/* One work-item's share: its row r (tokens [t0, t1), state entry slot), group grp, block blk of the
+ * group's channels (heads) [j0, j1) counted inside the group of `width`, and its scratch: workspace,
+ * delta-gradient sums, the block's partials of d_b and d_c. */
 typedef struct {
-    i64 r, grp, blk;
+    i64 r, grp, blk, t0, t1, slot, width, j0, j1;
+    ssmb_workspace ws;
+    GLOBAL real* ddl;
+    GLOBAL real* db;
+    GLOBAL real* dc;
 } ssmb_item;
 
-INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 G)
+/* Item `item`'s share (block fastest) of L channels (heads) in G groups, with its sums zeroed. The
+ * remainders by multiplication, not `%`: a division and a remainder of the same operands become a
+ * `freeze` instruction in the compiler that Oclgrind's uninitialized-value checker cannot interpret. */
+INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 per, i64 G, i64 L, i64 N, i64 S, i64 T,
+                                 GLOBAL const int* cu, GLOBAL const int* slots, GLOBAL uchar* scb, i64 wso, i64 ddlo,
+                                 i64 dbo, i64 dco)
 {
     ssmb_item at;
     at.r = item / (blocks * G);
     const i64 rest = item - at.r * blocks * G;
     at.grp = rest / blocks;
     at.blk = rest - at.grp * blocks;
+    at.t0 = ssm_first(at.r, S, cu);
+    at.t1 = ssm_end(at.r, S, cu);
+    at.slot = ssm_slot(at.r, slots);
+    at.width = L / G;
+    at.j0 = at.blk * per;
+    at.j1 = at.j0 + per < at.width ? at.j0 + per : at.width;
+    at.ws = ssmb_workspace_of(AT(real, scb, wso), item, S, N);
+    at.ddl = AT(real, scb, ddlo);
+    at.db = AT(real, scb, dbo) + at.blk * T * G * N;
+    at.dc = AT(real, scb, dco) + at.blk * T * G * N;
+    ssmb_clear_sums(at.t0, at.t1, G * N, at.grp * N, N, L, at.grp * at.width + at.j0, at.grp * at.width + at.j1, at.db,
+                    at.dc, at.ddl);
     return at;
+}
+
+/* Channel (head) j of an item's group: its index c among the L, its per-row partials' index, its bias
+ * and d, and its d_a partial (N reals, zeroed). */
+typedef struct {
+    i64 c, lane;
+    real bias, dv;
+    GLOBAL real* da;
+} ssmb_lane;
+
+INLINE_FN ssmb_lane ssmb_lane_of(ssmb_item at, i64 j, i64 L, i64 N, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb,
+                                 i64 sko, GLOBAL uchar* scb, i64 pao)
+{
+    ssmb_lane ln;
+    ln.c = at.grp * at.width + j;
+    ln.lane = at.r * L + ln.c;
+    ln.bias = ssm_param(AT(param_t, biasb, biaso), ln.c, SSM_BIAS);
+    ln.dv = ssm_param(AT(param_t, skb, sko), ln.c, SSM_D);
+    ln.da = AT(real, scb, pao) + ln.lane * N;
+    ssmb_clear(ln.da, N);
+    return ln;
 }
 
 /* Mamba-1 backward: item = (row r, group grp, block blk of `per` channels of the group). T: tokens of
@@ -213,31 +255,19 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
     const i64 item = GID(0);
     if (item >= R * G * blocks)
         return;
-    const ssmb_item at = ssmb_item_of(item, blocks, G);
-    const i64 blk = at.blk, grp = at.grp, r = at.r;
-    GLOBAL const int* cu = AT(int, cub, cuo);
-    const i64 t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu), slot = ssm_slot(r, AT(int, slb, slo));
-    const i64 width = H / G, j1 = (blk + 1) * per < width ? (blk + 1) * per : width;
-    GLOBAL real* ddl = AT(real, scb, ddlo);
-    GLOBAL real* db = AT(real, scb, dbo) + blk * T * G * N;
-    GLOBAL real* dc = AT(real, scb, dco) + blk * T * G * N;
-    const ssmb_workspace ws = ssmb_workspace_of(AT(real, scb, wso), item, S, N);
-    ssmb_clear_sums(t0, t1, G * N, grp * N, N, H, grp * width + blk * per, grp * width + j1, db, dc, ddl);
-    for (i64 j = blk * per; j < j1; ++j) {
-        const i64 ch = grp * width + j, lane = r * H + ch;
-        const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS);
-        const real dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
+    const ssmb_item at = ssmb_item_of(item, blocks, per, G, H, N, S, T, AT(int, cub, cuo), AT(int, slb, slo), scb, wso,
+                                      ddlo, dbo, dco);
+    for (i64 j = at.j0; j < at.j1; ++j) {
+        const ssmb_lane ln = ssmb_lane_of(at, j, H, N, biasb, biaso, skb, sko, scb, pao);
         ssmb_index ix;
-        ix.xs = H; ix.xo = ch; ix.ds = H; ix.dof = ch; ix.bs = G * N; ix.bo = grp * N; ix.an = 1;
-        GLOBAL real* da = AT(real, scb, pao) + lane * N;
-        ssmb_clear(da, N);
-        AT(real, scb, pdo)[lane] = ssmb_row(
-            ix, t0, t1, N, AT(param_t, ab, ao) + ch * N, bias, dv, (real)0, (real)0, AT(store_t, xb, xo),
+        ix.xs = H; ix.xo = ln.c; ix.ds = H; ix.dof = ln.c; ix.bs = G * N; ix.bo = at.grp * N; ix.an = 1;
+        AT(real, scb, pdo)[ln.lane] = ssmb_row(
+            ix, at.t0, at.t1, N, AT(param_t, ab, ao) + ln.c * N, ln.bias, ln.dv, (real)0, (real)0, AT(store_t, xb, xo),
             AT(store_t, deb, deo), AT(store_t, bb, bo), AT(store_t, cb, co), AT(store_t, zb, zo), AT(store_t, gb, go),
-            AT(store_t, dxb, dxo), AT(store_t, dzb, dzo), AT(state_t, stb, sto) + (slot * H + ch) * N,
-            AT(state_t, dstb, dsto) + (slot * H + ch) * N, ws, ddl, db, dc, da);
-        AT(real, scb, pbo)[lane] = ssmb_delta_grads(t0, t1, H, ch, bias, (real)0, (real)0, AT(store_t, deb, deo), ddl,
-                                                    AT(store_t, ddeb, ddeo));
+            AT(store_t, dxb, dxo), AT(store_t, dzb, dzo), AT(state_t, stb, sto) + (at.slot * H + ln.c) * N,
+            AT(state_t, dstb, dsto) + (at.slot * H + ln.c) * N, at.ws, at.ddl, at.db, at.dc, ln.da);
+        AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, H, ln.c, ln.bias, (real)0, (real)0,
+                                                       AT(store_t, deb, deo), at.ddl, AT(store_t, ddeb, ddeo));
     }
 }
 
@@ -257,41 +287,31 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
     const i64 item = GID(0);
     if (item >= R * G * blocks)
         return;
-    const ssmb_item at = ssmb_item_of(item, blocks, G);
-    const i64 blk = at.blk, grp = at.grp, r = at.r;
-    GLOBAL const int* cu = AT(int, cub, cuo);
-    const i64 t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu), slot = ssm_slot(r, AT(int, slb, slo));
-    const i64 width = HD / G, j1 = (blk + 1) * per < width ? (blk + 1) * per : width;
-    GLOBAL real* ddl = AT(real, scb, ddlo);
-    GLOBAL real* db = AT(real, scb, dbo) + blk * T * G * N;
-    GLOBAL real* dc = AT(real, scb, dco) + blk * T * G * N;
-    const ssmb_workspace ws = ssmb_workspace_of(AT(real, scb, wso), item, S, N);
-    ssmb_clear_sums(t0, t1, G * N, grp * N, N, HD, grp * width + blk * per, grp * width + j1, db, dc, ddl);
-    for (i64 j = blk * per; j < j1; ++j) {
-        const i64 hh = grp * width + j, lane = r * HD + hh;
-        const real bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
-        const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
-        GLOBAL real* da = AT(real, scb, pao) + lane * N;
-        ssmb_clear(da, N);
+    const ssmb_item at = ssmb_item_of(item, blocks, per, G, HD, N, S, T, AT(int, cub, cuo), AT(int, slb, slo), scb, wso,
+                                      ddlo, dbo, dco);
+    for (i64 j = at.j0; j < at.j1; ++j) {
+        const ssmb_lane ln = ssmb_lane_of(at, j, HD, N, biasb, biaso, skb, sko, scb, pao);
         real dd = (real)0;
         for (i64 p = 0; p < P; ++p) {
             ssmb_index ix;
-            ix.xs = HD * P; ix.xo = hh * P + p; ix.ds = HD; ix.dof = hh; ix.bs = G * N; ix.bo = grp * N; ix.an = 0;
-            const i64 entry = ((slot * HD + hh) * P + p) * N;
-            dd += ssmb_row(ix, t0, t1, N, AT(param_t, ab, ao) + hh, bias, dv, lo, hi, AT(store_t, xb, xo),
+            ix.xs = HD * P; ix.xo = ln.c * P + p; ix.ds = HD; ix.dof = ln.c;
+            ix.bs = G * N; ix.bo = at.grp * N; ix.an = 0;
+            const i64 entry = ((at.slot * HD + ln.c) * P + p) * N;
+            dd += ssmb_row(ix, at.t0, at.t1, N, AT(param_t, ab, ao) + ln.c, ln.bias, ln.dv, lo, hi, AT(store_t, xb, xo),
                            AT(store_t, dtb, dto), AT(store_t, bb, bo), AT(store_t, cb, co), AT(store_t, zb, zo),
                            AT(store_t, gb, go), AT(store_t, dxb, dxo), AT(store_t, dzb, dzo),
-                           AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry, ws, ddl, db, dc, da);
+                           AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry, at.ws, at.ddl, at.db,
+                           at.dc, ln.da);
         }
-        AT(real, scb, pdo)[lane] = dd;
-        AT(real, scb, pbo)[lane] = ssmb_delta_grads(t0, t1, HD, hh, bias, lo, hi, AT(store_t, dtb, dto), ddl,
-                                                    AT(store_t, ddtb, ddto));
+        AT(real, scb, pdo)[ln.lane] = dd;
+        AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, HD, ln.c, ln.bias, lo, hi, AT(store_t, dtb, dto),
+                                                       at.ddl, AT(store_t, ddtb, ddto));
     }
 }
 
 /* out[i] = sum over k < K, j < J of part[(k*M + i)*J + j], in that order, for i < M: the partials of
  * one gradient summed over items (rows, blocks) and, for mamba2's d_a, over n. Stored in the parameter
- * type when as_param (d_a, d_d, the bias's gradient), else in the thunk's dtype (d_b, d_c). */
+ * type when as_param (d_a, d_d, the ln.bias's gradient), else in the thunk's dtype (d_b, d_c). */
 KERNEL ssm_backward_reduce(i64 M, i64 K, i64 J, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ob, i64 oo, int as_param)
 {
     const i64 i = GID(0);
