@@ -38,12 +38,12 @@ typedef struct {
     GLOBAL const store_t* q;
     GLOBAL const store_t* k;
     GLOBAL const store_t* g;
-    real qf, kf, beta, v;
+    real qf, kf, beta, v, e; /* e: exp(g) of a scalar gate */
 } gdnb_token;
 
 INLINE_FN real gdnb_decay(gdnb_token tk, i64 i)
 {
-    return exp(LOAD(tk.g, GDNB_GATE_K ? i : 0));
+    return GDNB_GATE_K ? rlx_exp(LOAD(tk.g, i)) : tk.e;
 }
 
 /* k.s1 with s1 = e * s0 (the decayed state). */
@@ -82,6 +82,7 @@ INLINE_FN gdnb_token gdnb_token_at(gdnb_index ix, i64 tok, i64 j, i64 K, GLOBAL 
     tk.kf = gdnb_inv_norm(tk.k, K);
     tk.beta = LOAD(beta, tok * ix.bs + ix.bo);
     tk.v = LOAD(v, tok * ix.vs + ix.vo + j);
+    tk.e = GDNB_GATE_K ? (real)0 : rlx_exp(LOAD(tk.g, 0));
     return tk;
 }
 

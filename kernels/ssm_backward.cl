@@ -56,6 +56,12 @@ INLINE_FN real ssmb_dl(GLOBAL const store_t* delta, i64 at, real bias, real lo, 
     return ssm_delta(LOAD(delta, at), bias, lo, hi);
 }
 
+/* exp(dl * a[n]): for a state row of one shared a (an = 0, mamba2) the step's one value `shared`. */
+INLINE_FN real ssmb_decay(real dl, GLOBAL const param_t* a, i64 n, i64 an, real shared)
+{
+    return an ? rlx_exp(dl * PLOAD(a, n)) : shared;
+}
+
 /* h_next[n] = exp(dl*a[n]) * h[n] + dl*x*b[n] for token tok (h_next may be h). */
 INLINE_FN void ssmb_step(ssmb_index ix, i64 tok, i64 N, GLOBAL const param_t* a, real bias, real lo, real hi,
                          GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const store_t* bm,
@@ -63,8 +69,9 @@ INLINE_FN void ssmb_step(ssmb_index ix, i64 tok, i64 N, GLOBAL const param_t* a,
 {
     const real dl = ssmb_dl(delta, tok * ix.ds + ix.dof, bias, lo, hi), u = dl * LOAD(x, tok * ix.xs + ix.xo);
     GLOBAL const store_t* brow = bm + tok * ix.bs + ix.bo;
+    const real shared = rlx_exp(dl * PLOAD(a, 0));
     for (i64 n = 0; n < N; ++n)
-        h_next[n] = exp(dl * PLOAD(a, n * ix.an)) * h[n] + u * LOAD(brow, n);
+        h_next[n] = ssmb_decay(dl, a, n, ix.an, shared) * h[n] + u * LOAD(brow, n);
 }
 
 /* The reverse walk of one state row over tokens [t0, t1): writes d_x and d_z of its tokens, adds its
@@ -115,8 +122,10 @@ INLINE_FN real ssmb_row(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL const param
             real gx = SSM_D ? gy * dv : (real)0, gb = (real)0, gdl = (real)0;
             if (SSM_D)
                 dd += gy * xv;
+            const real shared = rlx_exp(dl * PLOAD(a, 0));
             for (i64 n = 0; n < N; ++n) {
-                const real an = PLOAD(a, n * ix.an), decay = exp(dl * an), bn = LOAD(bm + bi, n);
+                const real an = PLOAD(a, n * ix.an), decay = ssmb_decay(dl, a, n, ix.an, shared);
+                const real bn = LOAD(bm + bi, n);
                 const real gn = g[n] + gy * LOAD(cm + bi, n), carried = gn * decay * hp[n];
                 dc[bi + n] += gy * h[n];
                 db[bi + n] += gn * u;
