@@ -22,6 +22,7 @@ from rlx_gpu.conformance.cases import schedule_of  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.compare import nmse  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
+from rlx_gpu.graph.builder import Graph  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.executor import Device  # noqa: E402
 from rlx_gpu.runtime.options import RunOptions  # noqa: E402
@@ -243,3 +244,37 @@ def test_a_nan_in_d_dst_reaches_only_the_steps_it_depends_on(session):
     assert np.isnan(dz[0, 33, 0]) and np.isfinite(dz[0, 34:]).all() and np.isfinite(dz[1]).all()
     assert np.isfinite(d_b[0, 34:]).all() and np.isfinite(d_b[1]).all()
     assert np.isfinite(load("d_state")[1]).all() and np.isnan(load("d_state")[0]).any()
+
+
+def test_a_graph_trains_through_mamba2_on_opencl_without_falling_back(tmp_path, monkeypatch):
+    """Graph.backward of a mamba2 call (D, z, dt bias, softplus, clamp, groups, carried state), compiled
+    for OpenCL with fallback forbidden: forward and backward thunks run there, against torch autograd."""
+    config = tmp_path / "forbid.yaml"
+    config.write_text("fallback: forbid\n")
+    monkeypatch.setenv("RLX_CONFIG", str(config))
+    b, s, h, p, n, groups = 2, 37, 4, 3, 5, 2
+    rng = np.random.default_rng(7)
+    data = {"x": rng.standard_normal((b, s, h, p)), "dt": np.abs(rng.standard_normal((b, s, h))) * 0.5,
+            "a": -np.abs(rng.standard_normal(h)), "b": rng.standard_normal((b, s, groups, n)),
+            "c": rng.standard_normal((b, s, groups, n)), "d": rng.standard_normal(h),
+            "dt_bias": rng.standard_normal(h) * 0.3, "z": rng.standard_normal((b, s, h, p)),
+            "state": rng.standard_normal((b, h, p, n)), "dy": rng.standard_normal((b, s, h, p)),
+            "ds": rng.standard_normal((b, h, p, n))}
+    g = Graph("f32")
+    inputs = {k: g.input(k, v.shape) for k, v in data.items()}
+    y, _ = g.mamba2(*(inputs[k] for k in ("x", "dt", "a", "b", "c")), D=inputs["d"], z=inputs["z"],
+                    dt_bias=inputs["dt_bias"], dt_softplus=True, dt_limit=(0.05, 1.5), initial_state=inputs["state"])
+    grads = g.backward(y, inputs["dy"], {"state": inputs["ds"]})
+    for name, t in grads.items():
+        g.output(f"d_{name}", t)
+    got = g.compile(OPENCL[0]).run(**{k: v.astype(np.float32) for k, v in data.items()})
+
+    stored = {k: torch.tensor(v.astype(np.float32).astype(np.float64), requires_grad=True) for k, v in data.items()}
+    t = {"cu_seqlens": None, "state_slots": None, "carry_state": True, "batch": b, "dt_bias": 1, "dt_softplus": True,
+         "dt_limit": [0.05, 1.5], "d": 1, "z": 1, "_T": stored}
+    out, finals = _mamba2(t, stored)
+    loss = (out * stored["dy"]).sum() + sum((finals[r] * stored["ds"][r]).sum() for r in finals)
+    loss.backward()
+    for name in grads:
+        err = nmse(got[f"d_{name}"], stored[name].grad.numpy())
+        assert err < 1e-7, f"d_{name}: nmse {err:.3g}"
