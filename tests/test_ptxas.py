@@ -34,9 +34,11 @@ REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
     "gated_delta_net_chunk_out",
 )}
-#: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: every §8 field inlined into one
-#: loop; f32/bf16 128-150 registers) and their reductions
-REGISTERS.update({**dict.fromkeys(("selective_scan_backward", "mamba2_backward", "gated_delta_net_backward"), 160),
+#: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
+#: one kernel; f32/bf16 128-164 registers measured) and their reductions
+BACKWARD_WALK_REGISTERS = 176
+REGISTERS.update({**dict.fromkeys(("selective_scan_backward", "mamba2_backward", "gated_delta_net_backward"),
+                                  BACKWARD_WALK_REGISTERS),
                   **dict.fromkeys(("ssm_backward_reduce", "gdn_backward_qk"), STATE_SPACE_REGISTERS)})
 HARDWARE_REGISTERS = 255
 BUDGET_DTYPES = ("f32", "f16", "bf16")
