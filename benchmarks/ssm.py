@@ -138,14 +138,18 @@ def torch_gdn(q, k, v, g, beta, length=64):
 
 
 def torch_mamba1(x, delta, a, b, c):
-    """The Mamba-1 reference loop: one step at a time over ``[B, H, N]``."""
+    """The Mamba-1 reference loop: one step at a time over ``[B, H, N]``.
+
+    The steps are taken with ``unbind``, not by indexing as mamba_ssm's ``selective_scan_ref`` does: under
+    autograd each indexed step's backward adds a zero-filled gradient of the whole ``[B, S, H, N]`` input
+    (B2 S1024 H256 N16: 183 s for one forward and backward, against 2 s unbound)."""
     import torch
     dA = torch.exp(delta[..., None] * a)  # [B, S, H, N]
     dBx = (delta * x)[..., None] * b[:, :, None, :]
     h, ys = torch.zeros(x.shape[0], a.shape[0], a.shape[1], dtype=x.dtype, device=x.device), []
-    for t in range(x.shape[1]):
-        h = dA[:, t] * h + dBx[:, t]
-        ys.append(torch.einsum("bhn,bn->bh", h, c[:, t]))
+    for decay, term, read in zip(dA.unbind(1), dBx.unbind(1), c.unbind(1)):
+        h = decay * h + term
+        ys.append(torch.einsum("bhn,bn->bh", h, read))
     return torch.stack(ys, 1)
 
 

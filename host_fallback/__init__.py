@@ -13,14 +13,17 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import body, gdn, rnn, rnn_backward, runtime_data, scan, ssm
+from . import (body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, runtime_data, scan, selective_scan_backward,
+               ssm)
 from .arena import view
 from .fields import complete
 from .layout import Region, regions
 
 Kernel = Callable[..., None]
 
-KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNELS, **gdn.KERNELS, **body.KERNELS, **scan.KERNELS}
+KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNELS, **mamba2_backward.KERNELS,
+                              **selective_scan_backward.KERNELS, **gdn.KERNELS, **gdn_backward.KERNELS, **body.KERNELS,
+                              **scan.KERNELS}
 #: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
 #: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
 PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **ssm.PREPARE, **gdn.PREPARE}
@@ -93,7 +96,7 @@ def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
 
 
 PATHS: dict[str, Callable[..., str]] = {"selective_scan": ssm.path_for, "mamba2": ssm.path_for,
-                                        "gated_delta_net": gdn.path_for}
+                                        "gated_delta_net": gdn.path_for, "mamba2_backward": mamba2_backward.path_for}
 
 
 def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:

@@ -88,9 +88,10 @@ class StatePool:
     heads of a block). Without ``carry_state`` every row starts from zero and nothing is stored.
     """
 
-    def __init__(self, thunk: Thunk, bound: Bound, dtype: np.dtype, shape: tuple[int, ...]):
-        """``shape``: one row's state per unit (``[N]`` for selective_scan, ``[P, N]`` for mamba2)."""
-        self.bound, self.dtype, self.shape = bound, np.dtype(dtype), tuple(shape)
+    def __init__(self, thunk: Thunk, bound: Bound, dtype: np.dtype, shape: tuple[int, ...], field: str = "state"):
+        """``shape``: one row's state per unit (``[N]`` for selective_scan, ``[P, N]`` for mamba2); ``field``:
+        the tensor the pool lives in (a backward op's ``d_state`` is indexed as its ``state`` is)."""
+        self.bound, self.dtype, self.shape, self.field = bound, np.dtype(dtype), tuple(shape), field
         self.carry = bool(thunk["carry_state"])
         self.varlen = thunk["cu_seqlens"] is not None
         self.count = thunk["num_seqs"] if self.varlen else thunk["batch"]
@@ -109,8 +110,8 @@ class StatePool:
         if not self.carry:
             return np.zeros((rows.stop - rows.start, units.stop - units.start, *self.shape), self.dtype)
         if self.slots is not None:
-            return self.bound.view("state")[self.slots[rows], units].astype(self.dtype)
-        own = self.bound.view("state")[rows, units]
+            return self.bound.view(self.field)[self.slots[rows], units].astype(self.dtype)
+        own = self.bound.view(self.field)[rows, units]
         return own if own.dtype == self.dtype else own.astype(self.dtype)
 
     def store(self, batch: slice, units: slice, final: np.ndarray) -> None:
@@ -119,7 +120,7 @@ class StatePool:
             return
         rows = self.rows(batch)
         if self.slots is None:
-            self.bound.store("state", final, (rows, units))
+            self.bound.store(self.field, final, (rows, units))
             return
-        pool = self.bound.view("state")
+        pool = self.bound.view(self.field)
         pool[self.slots[rows], units] = final.astype(pool.dtype)

@@ -34,7 +34,7 @@ def test_skipping_cuda_runs_the_environment_and_exits_zero(tmp_path):
     assert rc == 0
     assert FILES == {p.name for p in tmp_path.iterdir()}
     by_section = {r["section"]: r for r in rows if r["item"] == "all"}
-    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench"}
+    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench", "backward"}
     assert all(r["status"] == "skip" for r in by_section.values())
     env = json.loads((tmp_path / "results.json").read_text())["env"]
     assert "numpy" in env["packages"] and "python" in env
@@ -52,7 +52,7 @@ def test_without_cuda_every_cuda_section_fails_with_the_reason(tmp_path):
     rc, rows = _run(tmp_path)
     assert rc == 1
     failed = {r["section"] for r in rows if r["status"] == "fail"}
-    assert {"build", "conformance", "sanitizer", "ceilings", "bench"} <= failed
+    assert {"build", "conformance", "sanitizer", "ceilings", "bench", "backward"} <= failed
     reason = next(r["detail"] for r in rows if r["section"] == "build")
     assert "cuda backend is unavailable" in reason
     assert "[fail] build" in (tmp_path / "log.txt").read_text()
@@ -81,6 +81,25 @@ def test_the_benchmark_shapes_are_valid_schedules_of_the_issue_sizes():
     # gdn decode carries its state: read once and written once
     state = 64 * 16 * 128 * 128 * 4
     assert floors["gdn decode B64 S1 H16 N128"] == 2 * state + 64 * 16 * (4 * 128 + 2) * 4
+
+
+def test_the_backward_shapes_are_valid_schedules_with_every_gradient():
+    sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
+    import gpu_backward
+
+    from host_fallback.layout import regions
+    from rlx_gpu.conformance import cases
+    from rlx_gpu.schedule.io import load_schedule
+
+    for label, template in gpu_backward.shapes():
+        fields = gpu_backward.backward_template(template)
+        thunk, nbytes = cases.lay_out(fields.pop("op"), "f32", fields)
+        load_schedule(cases.schedule_of(thunk, nbytes))
+        written = {r.field for r in regions(thunk) if r.writes}
+        inputs = {"lstm": {"x", "w_ih", "w_hh", "bias"}, "gru": {"x", "w_ih", "w_hh", "b_ih", "b_hh"},
+                  "selective_scan": {"x", "delta", "a", "b", "c"}, "mamba2": {"x", "dt", "a", "b", "c"},
+                  "gated_delta_net": {"q", "k", "v", "g", "beta"}}[template["op"]]
+        assert written == {f"d_{name}" for name in inputs}, label
 
 
 def _script():

@@ -13,73 +13,38 @@ import pytest
 import torch
 
 import host_fallback
-from host_fallback.arena import STORAGE, view
+from gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
 from host_fallback.fields import DEFAULTS, complete
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
-from host_fallback.layout import forward_thunk, regions
-from rlx_gpu.conformance.cases import lay_out
-from rlx_gpu.conformance.references import REFERENCES, V2_FIELDS
+from host_fallback.gradients import gradient
+from host_fallback.layout import forward_thunk
+from rlx_gpu.conformance.references import V2_FIELDS
 
 BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)
 SEQ_LENS = [5, 2, 0]  # a full row, a short one, an empty one (its final state is its initial state)
 
 
 def _params(op: str, **extra) -> dict:
-    params = {**BASE, **({"relu": False} if op == "rnn" else {}), **extra}
-    for name in OPTIONAL_INPUTS[op]:  # an optional input's gradient is placed with it
-        if params.get(name):
-            params[gradient(name)] = True
-    return params
+    return with_gradients(op, {**BASE, **({"relu": False} if op == "rnn" else {}), **extra})
+
+
+def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    return rng.standard_normal(shape) * (0.5 if field.startswith("w_") else 1.0)
 
 
 def _laid(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
     """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
-    thunk, nbytes = lay_out(f"{op}_backward", dtype, params)
-    rng = np.random.default_rng(seed)
-    arena = np.zeros(nbytes, np.uint8)
-    for r in regions(thunk):
-        if r.dtype == "i32":
-            view(arena, r.offset, r.dtype, r.shape)[...] = params[r.field]
-        elif r.reads:
-            scale = 0.5 if r.field.startswith("w_") else 1.0
-            values = rng.standard_normal(r.shape) * scale
-            view(arena, r.offset, r.dtype, r.shape)[...] = values.astype(STORAGE[r.dtype])
-    return thunk, arena
-
-
-def _read(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: view(arena, r.offset, r.dtype, r.shape).astype(np.float64) for r in regions(thunk)}
+    return laid(f"{op}_backward", dtype, params, _sample, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
     out = arena.copy()
     host_fallback.execute(thunk, out)
-    return {f: v for f, v in _read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _loss(thunk: dict, values: dict[str, np.ndarray]) -> float:
-    """``Σ dst·d_dst + Σ h_final·d_h0 (+ Σ c_final·d_c0)`` with the reference forward on ``values``."""
-    forward = forward_thunk(thunk)
-    out = REFERENCES[forward["op"]](forward, lambda f: values[f])
-    return sum(float(np.sum(out[f] * values["d_dst" if f == "dst" else gradient(f)])) for f in out)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
 
 
 def _check_finite_differences(op: str, params: dict, seed: int = 0) -> None:
     thunk, arena = _laid(op, "f64", params, seed)
-    values = _read(thunk, arena)
-    grads = _backward(thunk, arena)
-    expected = {gradient(r.field) for r in regions(forward_thunk(thunk)) if r.field != "dst" and r.dtype != "i32"}
-    assert set(grads) == expected
-    rng = np.random.default_rng(seed + 1)
-    eps = 1e-6
-    for name, grad in grads.items():
-        field = name[2:]
-        direction = rng.standard_normal(values[field].shape)
-        sides = [_loss(thunk, {**values, field: values[field] + sign * eps * direction}) for sign in (1, -1)]
-        numeric = (sides[0] - sides[1]) / (2 * eps)
-        analytic = float(np.sum(grad * direction))
-        scale = np.linalg.norm(grad) * np.linalg.norm(direction) + 1e-12
-        assert abs(numeric - analytic) <= 1e-7 * scale, (op, name, numeric, analytic)
+    check_finite_differences(thunk, arena, _backward(thunk, arena), seed)
 
 
 V1 = [
@@ -131,7 +96,7 @@ _MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
 
 
 def _torch_grads(op: str, thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same loss as ``_loss`` through torch.nn in float64, and the gradient of every input."""
+    """The same loss as ``gradient_check.loss`` through torch.nn in float64, and the gradient of every input."""
     t = complete(forward_thunk(thunk))
     H, L, dirs, proj = t["hidden"], t["num_layers"], 2 if t["bidirectional"] else 1, t.get("proj_size", 0)
     kwargs = dict(proj_size=proj) if proj else {}
@@ -187,7 +152,7 @@ TORCH_PROJ = [("lstm", dict(proj_size=3, w_hr=True))]
 def test_every_gradient_matches_torch_autograd(op, extra):
     thunk, arena = _laid(op, "f64", _params(op, **extra), seed=3)
     grads = _backward(thunk, arena)
-    want = _torch_grads(op, thunk, _read(thunk, arena))
+    want = _torch_grads(op, thunk, read(thunk, arena))
     assert set(want) == set(grads)
     for name, value in want.items():
         np.testing.assert_allclose(grads[name], value, rtol=1e-10, atol=1e-12, err_msg=f"{op} {name}")
@@ -210,11 +175,8 @@ def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(op, extra,
     host_fallback.execute(thunk, second)
     assert np.array_equal(first, second)
     wide, wide_arena = _laid(op, "f64", params)
-    for r in regions(thunk):  # the f64 thunk gets the values the narrow one stores
-        if r.reads and r.dtype != "i32":
-            w = next(x for x in regions(wide) if x.field == r.field)
-            view(wide_arena, w.offset, "f64", w.shape)[...] = view(arena, r.offset, r.dtype, r.shape)
-    want, got = _backward(wide, wide_arena), _read(thunk, first)
+    copy_inputs(thunk, arena, wide, wide_arena)  # the f64 thunk gets the values the narrow one stores
+    want, got = _backward(wide, wide_arena), read(thunk, first)
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
         assert err <= NMSE[dtype], (name, err)

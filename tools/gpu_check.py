@@ -2,7 +2,7 @@
 
     python3 tools/gpu_check.py [--out DIR] [--skip-cuda] [--budget SECONDS]
 
-Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes, five files (the machine
+Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes, six files (the machine
 that runs it returns at most eight): ``results.json`` (every row, the environment — interpreter,
 packages, ``nvidia-smi``, the CUDA devices or why there are none — and the JSON of `rlx-gpu conformance
 --device cuda`), ``log.txt`` (the progress, then the whole output of the conformance run and of
@@ -10,7 +10,8 @@ packages, ``nvidia-smi``, the CUDA devices or why there are none — and the JSO
 program built for the device's ``sm_XY``, named by its PTX ``.entry`` list, with registers / local /
 shared bytes read back from the driver), ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings;
 event-timed medians at the GPU shapes against cuDNN and the torch chunked twins, and byte floors; a
-scan's time per step with CUDA graphs and without) and ``summary.md`` (the final table). ``--budget``
+scan's time per step with CUDA graphs and without), ``backward.md`` (a training step, forward and §9 backward
+thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``) and ``summary.md`` (the final table). ``--budget``
 caps the whole check: every section, and every child process, gets only the time left. Exit status: 0
 when nothing failed, 1 otherwise (a section that could not run on a machine without CUDA counts as
 failed unless ``--skip-cuda`` or ``RLX_GPU_CHECK_SKIP_CUDA=1`` says to skip it). Missed performance
@@ -35,13 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 
-from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402  (beside this script)
+import gpu_backward  # noqa: E402  (beside this script)
+from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402
 
 PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc",
             "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cublas-cu12", "cuda-pathfinder")
 CONFORMANCE = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", "cuda"]  # the conformance suite on CUDA
 SANITIZED = ["--quick", "--dtypes", "f32"]  # the small f32 cases under compute-sanitizer
-FILES = ("results.json", "log.txt", "summary.md", "build.md", "bench.md")  # all it writes: at most 8 come back
+FILES = ("results.json", "log.txt", "summary.md", "build.md", "bench.md", "backward.md")  # all it writes: at most 8 come back
 MIN_CHILD = 30  # seconds: a child process given less than this is not started
 RESERVE = 15  # seconds kept back from every child for the sections' own bookkeeping
 
@@ -233,7 +235,8 @@ def ceilings(ck: Check, shared: dict) -> dict[str, float]:
 
 
 SECTIONS = (("env", environment, False), ("build", build, True), ("conformance", conformance, True),
-            ("sanitizer", sanitizer, True), ("ceilings", ceilings, True), ("bench", benchmarks, True))
+            ("sanitizer", sanitizer, True), ("ceilings", ceilings, True), ("bench", benchmarks, True),
+            ("backward", gpu_backward.benchmarks, True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,6 +186,33 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
     ("gru_backward", _recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False),
     ("rnn_backward", _recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False),
     ("lstm_backward", _recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True),
+    # mamba2's backward: the host's step path (seq <= 10); then chunked (chunks of 64, the last partial) with every
+    # version-2 field at once, packed sequences (one empty, one starting inside the second chunk) through slots
+    ("mamba2_backward", _mamba2(2, 9, 2, 3, 8), {}, False),
+    ("mamba2_backward", dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150],
+                             state_slots=[3, 0, 4, 1], num_slots=5, carry_state=True, state=True, d_state=True,
+                             dt_bias=True, d_dt_bias=True, dt_softplus=True, dt_limit=[0.0, None], d=True, d_d=True,
+                             z=True, d_z=True), {}, False),
+    ("mamba2_backward", _mamba2(2, 150, 2, 17, 20), {}, True),
+    # the selective scan's backward: one host chunk (32 steps), then three (the last partial); every version-2
+    # field at once over packed sequences (one empty, two starting inside a chunk) through state slots
+    ("selective_scan_backward", _ssm(2, 5, 5, 4), {}, False),
+    ("selective_scan_backward", _ssm(2, 70, 5, 3), {}, False),
+    ("selective_scan_backward", dict(_ssm(1, 70, 4, 3), groups=2, cu_seqlens=[0, 20, 20, 45, 70],
+                                     state_slots=[3, 0, 4, 1], num_slots=5, carry_state=True, state=True, d_state=True,
+                                     delta_bias=True, d_delta_bias=True, delta_softplus=True, d=True, d_d=True, z=True,
+                                     d_z=True), {}, False),
+    ("selective_scan_backward", _ssm(2, 130, 8, 16), {}, True),
+    # gated_delta_net_backward: both gate kinds on the host's step path (decode) and in one partial chunk, then
+    # three chunks of 32 (the last partial) with grouped value heads, K != V and L2-norm, and a packed row
+    # through slots
+    ("gated_delta_net_backward", _gdn(2, 2, 2, 8, False, True), {}, False),
+    ("gated_delta_net_backward", _gdn(1, 1, 2, 5, True, False), {}, False),
+    ("gated_delta_net_backward", _gdn(2, 5, 2, 8, True, True), {}, False),
+    ("gated_delta_net_backward", _gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True),
+     {}, False),
+    ("gated_delta_net_backward", _gdn(1, 40, 1, 8, False, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0],
+                                      num_slots=3, scale=0.4), {}, False),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -236,6 +263,12 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("lstm_backward", _recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
     ("gru_backward", _recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, NAN),
     ("rnn_backward", _recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, NAN),
+    ("mamba2_backward", _mamba2(2, 9, 2, 3, 8), "d_dst", 5, NAN),
+    ("mamba2_backward", _mamba2(2, 80, 1, 2, 4), "d_dst", 70, NAN),  # in the host's second chunk of 64 steps
+    ("selective_scan_backward", _ssm(2, 40, 3, 4), "d_dst", 35, NAN),  # in the second host chunk of 32 steps
+    # the gated delta rule's: in one short chunk, and in the second of two chunks (both gate kinds)
+    ("gated_delta_net_backward", _gdn(2, 9, 2, 8, False, True), "d_dst", 5, NAN),
+    ("gated_delta_net_backward", _gdn(2, 40, 1, 8, True, True, value_heads=2), "d_dst", 35, NAN),
 ]
 
 #: (op, save_trajectory, num_checkpoints) of the scan-family cases (length 5, tanh-RNN cell)

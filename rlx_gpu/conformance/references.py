@@ -10,7 +10,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import reference_rnn, reference_rnn_backward, reference_ssm
+from . import (reference_gdn_backward, reference_mamba2_backward, reference_rnn, reference_rnn_backward,
+               reference_selective_scan_backward, reference_ssm)
 from .reference_rnn import sigmoid
 
 Load = Callable[[str], np.ndarray]
@@ -108,11 +109,16 @@ def cast(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 #: op -> the version-2 fields (ABI.md §8) its float64 reference implements; the catalog makes "present"
 #: cases of these only (``catalog.optional_field_cases``), and tests/test_conformance.py names the rest.
 V2_FIELDS: dict[str, frozenset[str]] = {**getattr(reference_rnn, "V2_FIELDS", {}), **getattr(reference_ssm, "V2_FIELDS", {}),
-                                        **reference_rnn_backward.V2_FIELDS}
+                                        **reference_rnn_backward.V2_FIELDS, **reference_mamba2_backward.V2_FIELDS,
+                                        **reference_selective_scan_backward.V2_FIELDS,
+                                        **reference_gdn_backward.V2_FIELDS}
 
 REFERENCES: dict[str, Callable[[Mapping[str, Any], Load], dict[str, np.ndarray]]] = {
     "lstm": recurrent, "gru": recurrent, "rnn": recurrent, "selective_scan": selective_scan, "mamba2": mamba2,
     "gated_delta_net": gated_delta_net, "unary": unary, "binary": binary, "matmul": matmul,
     "reduce_sum": reduce_sum, "fill": fill, "cast": cast,
     **{f"{op}_backward": reference_rnn_backward.backward for op in ("lstm", "gru", "rnn")},
+    "mamba2_backward": reference_mamba2_backward.backward,
+    "selective_scan_backward": reference_selective_scan_backward.backward,
+    "gated_delta_net_backward": reference_gdn_backward.backward,
 }

@@ -69,23 +69,23 @@ class Laid:
 
 
 def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Inputs in the range each op is defined on (positive log args, decays below 1 ...)."""
+    """Inputs in the range each op is defined on (positive log args, decays below 1 ...); a backward op's
+    forward inputs as its forward's."""
     x = rng.standard_normal(shape)
     if op == "unary" and params["fn"] in ("log", "sqrt", "rsqrt"):
         return np.abs(x) + 0.1
-    op = forward_op(op)  # a backward op's inputs are its forward's
-    if (op, field) in (("selective_scan", "delta"), ("mamba2", "dt")):
+    if (forward_op(op), field) in (("selective_scan", "delta"), ("mamba2", "dt")):
         return np.abs(x) * 0.5
-    if (op, field) in (("selective_scan", "a"), ("mamba2", "a")):
+    if (forward_op(op), field) in (("selective_scan", "a"), ("mamba2", "a")):
         return -np.abs(x)
-    if op == "gated_delta_net":
+    if forward_op(op) == "gated_delta_net":
         if field == "g":
             return -np.abs(x) * 0.3
         if field == "beta":
             return sigmoid(x)
         if field == "k":
             return x / np.linalg.norm(x, axis=-1, keepdims=True)
-    if op in ("lstm", "gru", "rnn") and field.startswith("w_"):
+    if forward_op(op) in ("lstm", "gru", "rnn") and field.startswith("w_"):
         return x * 0.5
     return x
 

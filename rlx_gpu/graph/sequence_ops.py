@@ -425,7 +425,9 @@ class SequenceOps:
             else:
                 g = self._new(v.shape, v.dtype)
             fields[gradient(name)] = grads[name] = g
-        fields.update({gradient(f): 0 for f in STATE_FIELDS[op] if f not in carried})
+        # an unused state field is written 0 and so is its gradient's; an absent one (the version-2
+        # state of selective_scan and mamba2 without carry_state) has no gradient field either
+        fields.update({gradient(f): 0 for f in STATE_FIELDS[op] if f not in carried and f in node.fields})
         self._emit(bop, node.dtype, fields, *grads.values())
         return grads
 

@@ -1,4 +1,14 @@
 """rlx_gpu from PyTorch: the anchors' function signatures and torch.nn modules, with autograd.
 
 Importing ``rlx_gpu`` never imports torch; this package does (torch is the ``torch`` extra).
+``selective_scan_fn``, ``mamba_chunk_scan_combined`` and ``selective_state_update`` take mamba_ssm's
+arguments; ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule`` and ``chunk_kda`` take
+flash-linear-attention's. They run where their tensors lie (CPU tensors: ``RLX_DEVICE`` or the config's
+device; ``cuda:N`` tensors: CUDA device N) and are differentiable (``selective_state_update`` excepted,
+as in mamba_ssm).
 """
+from .gdn import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
+from .ssm import mamba_chunk_scan_combined, selective_scan_fn, selective_state_update
+
+__all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update", "chunk_gated_delta_rule",
+           "fused_recurrent_gated_delta_rule", "chunk_kda"]

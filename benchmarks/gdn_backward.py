@@ -1,0 +1,180 @@
+"""Host gated_delta_net forward + backward (host_fallback) against torch autograd of fla's chunked reference.
+
+    [OPENBLAS_NUM_THREADS=N] python benchmarks/gdn_backward.py [--runs 3] [--seq 1024] [--memory-seq 4096]
+
+Shapes of ``benchmarks/ssm.py`` (batch 2, seq 1024, H=8, K=V=64, f32, unit keys, beta in (0, 1), log-decays
+in (-0.5, 0)), per-head and per-channel gates. Ours is the forward thunk then the backward thunk (which
+recomputes the forward inside); torch is one forward and ``backward()`` of the same loss
+``Σ dst·d_dst`` through a float32 torch rewrite of fla's ``naive_chunk_gated_delta_rule`` math (chunks
+of 64, the triangular solve by forward substitution row by row; per-channel gates with the decays of
+each key channel, as fla's KDA reference does). Columns: forward ms, backward ms, their sum over the
+forward (target <= 3), torch ms and ours over torch (target <= 0.5), the largest gradient difference
+relative to torch's largest. Medians of ``--runs`` runs, taking turns.
+
+The memory table runs at ``--memory-seq`` (target: the backward's peak extra memory <= 2x the
+forward's, both measured with tracemalloc, which sees every NumPy allocation), beside the forward's
+state footprint: the chunk-entry states the chunked form keeps (S / 32 states of H x K x V per row).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tracemalloc
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import host_fallback  # noqa: E402
+from host_fallback import gdn  # noqa: E402
+from host_fallback.arena import view  # noqa: E402
+from host_fallback.layout import forward_thunk, regions  # noqa: E402
+from rlx_gpu.conformance.cases import lay_out  # noqa: E402
+from rlx_gpu.units import human_bytes  # noqa: E402
+from ssm import alternating_ms  # noqa: E402  (benchmarks/ssm.py: medians of runs taking turns)
+
+HEADS, SIZE, BATCH = 8, 64, 2
+
+
+def _inputs(seq: int, per_channel: bool, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    shape = (BATCH, seq, HEADS, SIZE)
+    k = rng.standard_normal(shape)
+    return {"q": rng.standard_normal(shape), "k": k / np.linalg.norm(k, axis=-1, keepdims=True),
+            "v": rng.standard_normal(shape), "beta": rng.uniform(0, 1, shape[:3]),
+            "g": rng.uniform(-0.5, 0, shape if per_channel else shape[:3]), "d_dst": rng.standard_normal(shape)}
+
+
+def _ours(seq: int, per_channel: bool, values: dict[str, np.ndarray]):
+    """``(forward thunk, backward thunk, arena)``: the forward writes its output where the backward reads ``d_dst``
+    from, so both run on one arena; ``d_dst`` is restored before every backward."""
+    params = dict(batch=BATCH, seq=seq, heads=HEADS, state_size=SIZE, gate_per_channel=per_channel, carry_state=False)
+    thunk, nbytes = lay_out("gated_delta_net_backward", "f32", params)
+    arena = np.zeros(nbytes, np.uint8)
+    for r in regions(thunk):
+        if r.field in values:
+            view(arena, r.offset, r.dtype, r.shape)[...] = values[r.field]
+    return forward_thunk(thunk), thunk, arena
+
+
+def _torch_chunked(q, k, v, g, beta, scale: float, length: int = 64):
+    """fla's naive chunked gated delta rule in torch: ``[B, T, H, K]`` in, ``[B, T, H, V]`` out, from a zero state."""
+    import torch
+    b, seq, h, n = q.shape
+    chunks = seq // length
+    per_channel = g.dim() == 4
+
+    def split(x):  # [B, T, H, ...] -> [B, H, C, L, ...]
+        return x.reshape(b, chunks, length, h, *x.shape[3:]).movedim(3, 1)
+
+    q, k, v, g, beta = (split(x) for x in (q * scale, k, v, g, beta))
+    cum = g.cumsum(3)  # [B, H, C, L] or [B, H, C, L, K]
+    lower = torch.ones(length, length, dtype=torch.bool).tril()
+    if per_channel:  # decay of every key channel between each later step r and earlier step s
+        ratio = torch.exp((cum[..., :, None, :] - cum[..., None, :, :]).masked_fill(~lower[..., None], -torch.inf))
+        kk = torch.einsum("...ri,...rsi,...si->...rs", k * beta[..., None], ratio, k)
+        qk = torch.einsum("...ri,...rsi,...si->...rs", q, ratio, k)
+    else:
+        ratio = torch.exp((cum[..., :, None] - cum[..., None, :]).masked_fill(~lower, -torch.inf))
+        kk, qk = (k * beta[..., None]) @ k.transpose(-1, -2) * ratio, q @ k.transpose(-1, -2) * ratio
+    attn = -kk.masked_fill(~lower.tril(-1), 0)  # strictly lower
+    rows = [attn[..., 0, :]]
+    for i in range(1, length):  # (I + A)^-1 by forward substitution, one row at a time
+        done = torch.stack(rows, -2)
+        rows.append(attn[..., i, :] + (attn[..., i, :i, None] * done[..., :i, :]).sum(-2))
+    solve = torch.stack(rows, -2) + torch.eye(length, dtype=q.dtype)
+    gamma = torch.exp(cum) if per_channel else torch.exp(cum)[..., None]
+    values, decayed_keys = solve @ (v * beta[..., None]), solve @ (k * beta[..., None] * gamma)
+    qk = qk.masked_fill(~lower, 0)
+    state = torch.zeros(b, h, n, v.shape[-1], dtype=q.dtype)
+    out = []
+    for c in range(chunks):
+        fresh = values[:, :, c] - decayed_keys[:, :, c] @ state
+        out.append((q[:, :, c] * gamma[:, :, c]) @ state + qk[:, :, c] @ fresh)
+        to_end = torch.exp(cum[:, :, c, -1:] - cum[:, :, c])
+        to_end = to_end if per_channel else to_end[..., None]
+        through = torch.exp(cum[:, :, c, -1])
+        through = through[..., None] if per_channel else through[..., None, None]
+        state = through * state + (k[:, :, c] * to_end).transpose(-1, -2) @ fresh
+    return torch.stack(out, 2).movedim(1, 3).reshape(b, seq, h, -1)
+
+
+def _torch_run(values: dict[str, np.ndarray]):
+    """A callable running torch's forward + backward; it returns ``{d_NAME: gradient}``."""
+    import torch
+
+    def run():
+        leaves = {f: torch.tensor(values[f], dtype=torch.float32, requires_grad=True) for f in ("q", "k", "v", "g", "beta")}
+        out = _torch_chunked(*leaves.values(), SIZE ** -0.5)
+        (out * torch.tensor(values["d_dst"], dtype=torch.float32)).sum().backward()
+        return {f"d_{f}": leaf.grad.numpy() for f, leaf in leaves.items()}
+    return run
+
+
+def _peak(fn) -> int:
+    """Peak bytes tracemalloc sees allocated during ``fn()`` beyond what was allocated before it."""
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    before = tracemalloc.get_traced_memory()[0]
+    fn()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak - before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--memory-seq", type=int, default=4096)
+    args = ap.parse_args()
+    import torch
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS", os.cpu_count() or 1))
+    torch.set_num_threads(threads)
+    print(f"host CPU, f32, batch {BATCH}, seq {args.seq}, H={HEADS} K=V={SIZE}; OpenBLAS and torch {threads} threads; "
+          f"medians of {args.runs} runs; load average {os.getloadavg()[0]:.1f}")
+    head = (f"{'gates':<12}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'torch ms':>10}{'ours/torch':>12}"
+            f"{'max rel diff':>14}")
+    print(head)
+    print("-" * len(head))
+    for per_channel in (False, True):
+        values = _inputs(args.seq, per_channel, np.random.default_rng(0))
+        forward, backward, arena = _ours(args.seq, per_channel, values)
+        d_dst = next(r for r in regions(backward) if r.field == "d_dst")
+        work = arena.copy()
+
+        def fwd() -> None:
+            host_fallback.execute(forward, work)
+
+        def bwd() -> None:
+            work[d_dst.offset: d_dst.offset + d_dst.nbytes] = arena[d_dst.offset: d_dst.offset + d_dst.nbytes]
+            host_fallback.execute(backward, work)
+
+        twin = _torch_run(values)
+        f_ms, b_ms, t_ms = alternating_ms([fwd, bwd, twin], args.runs, 1)
+        bwd()
+        ours = {r.field: view(work, r.offset, r.dtype, r.shape) for r in regions(backward) if r.field.startswith("d_")}
+        diff = max(float(np.max(np.abs(ours[f] - x)) / np.max(np.abs(x))) for f, x in twin().items())
+        print(f"{'per-channel' if per_channel else 'per-head':<12}{f_ms:>9.1f}{b_ms:>9.1f}{(f_ms + b_ms) / f_ms:>9.2f}"
+              f"{t_ms:>10.1f}{(f_ms + b_ms) / t_ms:>12.2f}{diff:>14.1e}")
+    print()
+    seq = args.memory_seq
+    states = BATCH * HEADS * SIZE * SIZE * 4 * -(-seq // gdn.CHUNK)
+    print(f"peak extra memory at seq {seq} (tracemalloc); the forward's chunk-entry states: {human_bytes(states)}")
+    head = f"{'gates':<12}{'forward':>12}{'backward':>12}{'bwd/fwd':>9}{'bwd/states':>12}"
+    print(head)
+    print("-" * len(head))
+    for per_channel in (False, True):
+        values = _inputs(seq, per_channel, np.random.default_rng(1))
+        forward, backward, arena = _ours(seq, per_channel, values)
+        del values
+        host_fallback.execute(backward, arena.copy())  # warm: imports, scratch pools, thread pool
+        first, second = arena.copy(), arena.copy()
+        f_peak = _peak(lambda: host_fallback.execute(forward, first))
+        b_peak = _peak(lambda: host_fallback.execute(backward, second))
+        print(f"{'per-channel' if per_channel else 'per-head':<12}{human_bytes(f_peak):>12}{human_bytes(b_peak):>12}"
+              f"{b_peak / f_peak:>9.2f}{b_peak / states:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

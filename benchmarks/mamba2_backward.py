@@ -1,0 +1,94 @@
+"""Host mamba2 forward + backward (host_fallback) against torch autograd of the SSD chunked form, and the
+backward's peak extra memory against the forward's.
+
+    [OPENBLAS_NUM_THREADS=1] python benchmarks/mamba2_backward.py [--runs 5] [--seq 1024] [--memory-seq 4096]
+
+Shape: ``benchmarks/ssm.py``'s mamba2 perf case (batch 2, heads 8, head_dim 64, state 64, f32). Ours is
+the forward thunk, then the backward thunk (which recomputes the forward it needs); torch is
+``benchmarks/ssm.py``'s ``torch_ssd`` (the four-term SSD form of mamba_ssm's ``ssd_minimal_discrete``)
+forward and ``backward()`` of the loss ``Σ dst·d_dst`` on CPU. Times are medians of ``--runs`` runs,
+one contender at a time (``ssm.medians_ms``); the load average is printed beside them, since the
+neighbours on a shared machine slow every column. Memory: the ``tracemalloc`` peak of one run of each
+thunk at ``--memory-seq`` (the arena itself allocated before; the scratch pool emptied first, so the
+forward's reused arrays count), beside the bytes of the states a chunked pass keeps (one per chunk).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tracemalloc
+
+import numpy as np
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+import host_fallback  # noqa: E402
+from host_fallback import chunked  # noqa: E402
+from host_fallback.layout import forward_thunk  # noqa: E402
+from host_fallback.ssm import MAMBA2_CHUNK  # noqa: E402
+from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
+from ssm import cases, medians_ms, torch_ssd  # noqa: E402  (the perf shape and the torch twin)
+
+
+def _problem(seq: int):
+    """``(params, tensors, backward thunk, its forward, arena)`` of the perf case at ``seq``."""
+    rng = np.random.default_rng(0)
+    label, op, params, tensors, *_ = cases(seq, rng)[0]
+    tensors["d_dst"] = rng.standard_normal(tensors["x"].shape)
+    thunk, arena = lay_out("mamba2_backward", "f32", params, tensors)
+    return params, tensors, thunk, forward_thunk(thunk), arena
+
+
+def _peak_bytes(thunk: dict, arena: np.ndarray) -> int:
+    work = arena.copy()
+    chunked._POOL.__dict__.pop("arrays", None)
+    tracemalloc.start()
+    try:
+        host_fallback.execute(thunk, work)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--memory-seq", type=int, default=4096)
+    args = parser.parse_args()
+    import torch
+
+    params, tensors, thunk, forward, arena = _problem(args.seq)
+    ours_fwd, ours_bwd = arena.copy(), arena.copy()  # the forward writes dst where the backward reads d_dst
+    leaves = {f: torch.tensor(np.asarray(tensors[f], np.float32), requires_grad=True)
+              for f in ("x", "dt", "a", "b", "c")}
+    upstream = torch.tensor(np.asarray(tensors["d_dst"], np.float32))
+
+    def torch_step() -> None:
+        for leaf in leaves.values():
+            leaf.grad = None
+        (torch_ssd(*leaves.values()) * upstream).sum().backward()
+
+    fwd, bwd, ref = medians_ms([lambda: host_fallback.execute(forward, ours_fwd),
+                                lambda: host_fallback.execute(thunk, ours_bwd), torch_step], args.runs, 1)
+    print(f"mamba2 B{params['batch']} S{args.seq} H{params['heads']} P{params['head_dim']} N{params['state_size']} f32,"
+          f" load average {os.getloadavg()[0]:.1f}, torch threads {torch.get_num_threads()}")
+    print(f"{'ours forward':>24} {fwd:9.1f} ms")
+    print(f"{'ours backward':>24} {bwd:9.1f} ms   {bwd / fwd:5.2f}x our forward")
+    print(f"{'ours forward+backward':>24} {fwd + bwd:9.1f} ms   {(fwd + bwd) / fwd:5.2f}x our forward")
+    print(f"{'torch autograd fwd+bwd':>24} {ref:9.1f} ms   ours / torch {(fwd + bwd) / ref:5.2f}")
+
+    params, _, thunk, forward, arena = _problem(args.memory_seq)
+    f_peak, b_peak = _peak_bytes(forward, arena), _peak_bytes(thunk, arena)
+    states = -(-args.memory_seq // MAMBA2_CHUNK) * params["batch"] * params["heads"] * params["head_dim"] * \
+        params["state_size"] * 4
+    mib = 1 << 20
+    print(f"peak extra memory at S{args.memory_seq}: forward {f_peak / mib:.1f} MiB, backward {b_peak / mib:.1f} MiB "
+          f"({b_peak / f_peak:.2f}x the forward's; the chunk states are {states / mib:.1f} MiB, "
+          f"{b_peak / states:.1f}x)")
+
+
+if __name__ == "__main__":
+    main()

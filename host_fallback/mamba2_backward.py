@@ -1,0 +1,353 @@
+"""Host kernel of ``mamba2_backward`` (ABI.md §9 over §4's mamba2 and its §8 fields): the SSD form in reverse.
+
+Per (row, head) the forward is ``S_t = exp(l_t) S_{t-1} + u_t (x) b_t``, ``y_t = S_t c_t`` with
+``l = dt*a`` and ``u = dt*x``, then ``out = (y + d*x) * silu(z)``. The backward takes the gradient
+``gy`` of ``y`` (``d_dst * silu(z)``) and returns the gradients of ``u``, ``l``, ``b``, ``c`` and of the
+initial state, from which the chain rule gives every ``d_`` output (``dt``'s through the bias, softplus
+and clamp; ``a``, ``d``, ``dt_bias`` summed over rows and steps).
+
+The chunked path (mamba_ssm's chunk kernels, in NumPy) works on chunks of ``length`` steps, with
+``cum`` the log-decay summed from the chunk start, ``M_ij = exp(cum_i - cum_j)`` (``i >= j``) and the
+decayed scores ``W = (c b^T) * M``:
+
+1. per chunk, by GEMMs over every chunk at once: the state it builds from zero (``local``) and the
+   gradient its outputs send to the state entering it (``Σ_i exp(cum_i) c_i (x) gy_i``);
+2. two short loops over the chunks: the states entering each chunk, forward from the initial state,
+   and the gradients of the states leaving each, backward from ``d_state``;
+3. per slab of chunks, by GEMMs (``W`` and ``gy u^T * M`` factored through the chunk's midpoint, as
+   the forward's scores are): ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b +
+   exp(cum) gy S_0``, ``db = (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's
+   gradient as the reverse cumulative sum of ``d cum_i = gy_i . y_i - u_i . du_i`` (plus the leaving
+   state's term at a chunk's end); ``y`` whole only where ``z``'s gradient needs it.
+
+So the extra memory is two states per chunk (entering, and the gradient leaving) plus one slab's
+temporaries. Short sequences take the step path: the reverse recurrence, its states recomputed
+chunk by chunk from checkpoints saved by a first forward walk. The bulk GEMMs are not causal for a
+NaN or Inf (``0 * inf``), so every (row, head) lane whose bulk results hold a non-finite value is
+redone on the step path, whose operation order is the recurrence's. Packed sequences run as batch
+rows of their own, those of equal chunk count side by side (zero-padded: a padded step has no input
+and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk gives the same bytes on
+every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import threads
+from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
+from .fields import complete
+from .layout import Bound
+from .sequences import Sequences, StatePool
+from .ssm import MAMBA2_CHUNK, MAMBA2_SPREAD, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+
+Thunk = Mapping[str, Any]
+
+#: Bytes of the per-slab temporaries of the chunked path (a few ``[L, L]`` and ``[L, N]`` arrays per chunk
+#: and lane): slabs of chunks keep the backward's memory near the forward's at long sequences.
+SLAB_BYTES = 16 << 20
+
+
+def _swap(x: np.ndarray) -> np.ndarray:
+    return np.swapaxes(x, -1, -2)
+
+
+def _steps(logd, u, b, c, s0, gy, ds, length):
+    """The reverse recurrence, vectorized over lanes: ``logd [B, S, H]``, ``u, gy [B, S, H, P]``, ``b, c
+    [B, S, H, N]``, ``s0, ds [B, H, P, N]`` (the initial state, the final state's gradient). The states
+    entering every ``length`` steps are saved by a forward walk, and each chunk's states recomputed from
+    its checkpoint before its steps are walked back. Returns ``(y, du, dlogd, db, dc, ds0)``."""
+    seq = logd.shape[1]
+    y, du, db, dc = np.empty_like(u), np.empty_like(u), np.empty_like(b), np.empty_like(c)
+    dlogd = np.empty_like(logd)
+    decay = np.exp(logd)[..., None, None]
+
+    def step(s: np.ndarray, t: int) -> np.ndarray:
+        return decay[:, t] * s + u[:, t, ..., None] * b[:, t, ..., None, :]
+
+    checkpoints, s = [], s0
+    for t in range(seq):
+        if t % length == 0:
+            checkpoints.append(s)
+        s = step(s, t)
+    ds = ds.copy()
+    for k in reversed(range(len(checkpoints))):
+        span = range(k * length, min(seq, (k + 1) * length))
+        states = [checkpoints[k]]  # states[i]: the state entering step span[i]
+        for t in span:
+            states.append(step(states[-1], t))
+        for i in reversed(range(len(span))):
+            t, after = span[i], states[i + 1]
+            y[:, t] = (after @ c[:, t, ..., None])[..., 0]
+            ds += gy[:, t, ..., None] * c[:, t, ..., None, :]
+            dc[:, t] = (gy[:, t, ..., None, :] @ after)[..., 0, :]
+            du[:, t] = (ds @ b[:, t, ..., None])[..., 0]
+            db[:, t] = (u[:, t, ..., None, :] @ ds)[..., 0, :]
+            dlogd[:, t] = decay[:, t, ..., 0, 0] * np.sum(states[i] * ds, axis=(-2, -1))
+            ds *= decay[:, t]
+    return y, du, dlogd, db, dc, ds
+
+
+def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
+    """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results, but ``y``
+    (``None`` unless ``need_y``)."""
+    bsz, seq, heads, p = u.shape
+    n = b.shape[-1]
+    padded = -(-seq // length) * length
+    count = padded // length
+    ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
+    lu, lb, lc, lg = ch(u), ch(b), ch(c), ch(gy)
+    cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
+    to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
+    work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
+    # 1. what each chunk builds from zero, and the gradient its outputs send to the state entering it
+    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
+    starts = _swap(scaled) @ lu  # [C, B, H, N, P], then (below) the states entering each chunk
+    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=scaled)) @ lg  # [C, B, H, N, P]
+    # 2. the states entering each chunk, and the gradients of the states leaving each
+    through = np.exp(cum[..., -1])[..., None, None]
+    s = np.ascontiguousarray(_swap(s0))  # states are kept transposed, [N, P]: the GEMMs' layout
+    for k in range(count):
+        s, starts[k] = through[k] * s + starts[k], s
+    leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
+    end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
+    for k in reversed(range(count)):
+        end_dot[k] = np.sum(d * (starts[k + 1] if k + 1 < count else s), axis=(-2, -1))
+        d, leaving[k] = through[k] * d + leaving[k], d
+    ds0 = np.ascontiguousarray(_swap(d))
+    # 3. the intra-chunk gradients, a slab of chunks at a time
+    widths = (("y", p),) * need_y + (("du", p), ("db", n), ("dc", n))
+    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
+    dlogd = np.empty((bsz, padded, heads), u.dtype)
+    views = {name: chunk_view(v, length) for name, v in out.items()}
+    dl = chunk_view(dlogd, length)
+    per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
+    slab = max(1, SLAB_BYTES // max(per_chunk, 1))
+    upper = np.triu(np.ones((length, length), bool), 1)
+    for lo in range(0, count, slab):
+        ks = slice(lo, min(count, lo + slab))
+        kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
+        weights = _decayed(kc, kb, kcum, upper, work, "w")  # W
+        d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
+        grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
+        # the state leaving the chunk's share of du, and the state entering it's share of dc
+        to_state = np.matmul(kb, leaving[ks], out=work("to_state", ku.shape))
+        to_state *= decay_to_end
+        entering = np.matmul(kg, _swap(starts[ks]), out=work("entering", kb.shape))
+        entering *= grow
+        du = np.matmul(_swap(weights), kg, out=views["du"][ks])
+        du += to_state
+        np.add(np.matmul(d_scores, kb, out=views["dc"][ks]), entering, out=views["dc"][ks])
+        leaving_b = np.matmul(ku, _swap(leaving[ks]), out=work("leaving_b", kb.shape))
+        leaving_b *= decay_to_end
+        np.add(np.matmul(_swap(d_scores), kc, out=views["db"][ks]), leaving_b, out=views["db"][ks])
+        # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
+        # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
+        # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
+        intra = np.matmul(weights, ku, out=work("intra", ku.shape))
+        d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
+        if need_y:
+            np.add(intra, np.multiply(kc, grow, out=work("grown", kc.shape)) @ starts[ks], out=views["y"][ks])
+        d_cum[..., -1] += end_dot[ks]
+        dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
+    y = out["y"][:, :seq] if need_y else None
+    return y, out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0
+
+
+def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``Σ a*b`` over the last axis, without the product's temporary."""
+    return np.einsum("...i,...i->...", a, b)
+
+
+def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray, work, key: str) -> np.ndarray:
+    """``(left right^T) * M`` for every chunk (``[..., L, L]``, zero above the diagonal): factored through
+    the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m - cum)`` where every
+    ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed on its own (``decay_ratios``) elsewhere.
+    The result and its operands live in ``work(name, shape)`` arrays (kept by the caller for one slab)."""
+    length = cum.shape[-1]
+    mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
+    spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
+    with np.errstate(over="ignore", invalid="ignore"):
+        lhs = np.multiply(left, np.exp(cum - mid)[..., None], out=work(f"{key}.lhs", left.shape))
+        rhs = np.multiply(right, np.exp(mid - cum)[..., None], out=work(f"{key}.rhs", right.shape))
+        out = np.matmul(lhs, _swap(rhs), out=work(key, (*cum.shape, length)))
+    if not spread.all():
+        pick = np.nonzero(~spread)
+        out[pick] = (left[pick] @ _swap(right[pick])) * decay_ratios(cum[pick])
+    np.copyto(out, 0, where=upper)
+    return out
+
+
+def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y):
+    """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
+    value is redone on the step path, so NaN and Inf land where the recurrence puts them."""
+    if path == "step":
+        return _steps(logd, u, b, c, s0, gy, ds, length)
+    with np.errstate(all="ignore"):
+        result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y)
+    bad = np.zeros(s0.shape[:2], bool)
+    for r in result[1 - need_y: -1]:
+        bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
+    bad |= ~np.isfinite(result[-1]).all(axis=(-2, -1))
+    if bad.any():
+        rows, heads = np.nonzero(bad)
+        lane = lambda v: v[rows, :, heads][:, :, None]  # noqa: E731  [K, S, 1, ...]: K lanes as batch rows
+        with np.errstate(all="ignore"):
+            redo = _steps(lane(logd), lane(u), lane(b), lane(c), s0[rows, heads][:, None], lane(gy),
+                          ds[rows, heads][:, None], length)
+        for r, again in zip(result[1 - need_y: -1], redo[1 - need_y: -1]):
+            r[rows, :, heads] = again[:, :, 0]
+        result[-1][rows, heads] = redo[-1][:, 0]
+    return result
+
+
+def _step_sizes(t: Thunk, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """ABI.md §8's ``dt`` from ``raw`` (the bias added), softplus-ed and clamped where asked, and its
+    derivative by ``raw`` (``None``: 1): softplus above 20 is the identity; the clamp passes at its bounds."""
+    dt, slope = raw, None
+    if t["dt_softplus"]:
+        dt = softplus(raw)
+        slope = -np.expm1(-dt)  # sigmoid(raw) = 1 - exp(-softplus(raw)), exact for very negative raw too
+        slope[raw > SOFTPLUS_LINEAR] = 1
+    if t["dt_limit"] is not None:
+        low, high = t["dt_limit"]
+        inside = (dt >= low) & (dt <= (np.inf if high is None else high))
+        slope = inside.astype(dt.dtype) if slope is None else slope * inside
+        dt = np.clip(dt, low, high)
+    return dt, slope
+
+
+def _packed(path: str | None, seqs: Sequences, length: int, need_y: bool, logd, u, b, c, s0, gy, ds):
+    """``_ssd_backward`` over packed sequences (batch 1, ``s0``/``ds`` one row per sequence): the non-empty
+    sequences of equal chunk count run side by side as zero-padded batch rows (a padded step has no input
+    and no decay, so it passes every state and gradient on unchanged). Same results; an empty sequence's
+    initial-state gradient is its final state's."""
+    shapes = {"du": u.shape, "dlogd": logd.shape, "db": b.shape, "dc": c.shape, **({"y": u.shape} if need_y else {})}
+    out = {name: np.zeros(shape, u.dtype) for name, shape in shapes.items()}
+    ds0 = ds.copy()
+    by_count: dict[int, list[tuple[int, int, int]]] = {}
+    for run in seqs.runs():
+        by_count.setdefault(-(-(run[2] - run[1]) // length), []).append(run)
+    for count in sorted(by_count):
+        spans = by_count[count]
+        width, rows = max(hi - lo for _, lo, hi in spans), [r for r, _, _ in spans]
+
+        def gather(v: np.ndarray) -> np.ndarray:
+            rows_of = np.zeros((len(spans), width, *v.shape[2:]), v.dtype)
+            for k, (_, lo, hi) in enumerate(spans):
+                rows_of[k, : hi - lo] = v[0, lo:hi]
+            return rows_of
+
+        y, *grads, init = _ssd_backward(_path(path, width), *(gather(v) for v in (logd, u, b, c)), s0[rows],
+                                        gather(gy), ds[rows], length, need_y)
+        for name, v in zip(("y", "du", "dlogd", "db", "dc"), (y, *grads)):
+            if name in out:  # (the step path gives y either way)
+                for k, (_, lo, hi) in enumerate(spans):
+                    out[name][0, lo:hi] = v[k, : hi - lo]
+        ds0[rows] = init
+    return out.get("y"), out["du"], out["dlogd"], out["db"], out["dc"], ds0
+
+
+def _path(forced: str | None, seq: int) -> str:
+    return pick_path("mamba2_backward", forced, seq, MAMBA2_STEP_MAX, "chunked")
+
+
+def _silu_slopes(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(silu(z), silu'(z))``, ``silu(z) = z sigmoid(z)``."""
+    with np.errstate(over="ignore"):
+        sig = 1 / (1 + np.exp(-z))
+    return z * sig, sig * (1 + z * (1 - sig))
+
+
+def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None) -> None:
+    t = complete(thunk)
+    length = chunk or MAMBA2_CHUNK
+    bound = Bound(t, arena)
+    ctype = compute_type(t)
+    bsz, seq, heads, p, n, groups = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["groups"]
+    group_of = np.arange(heads) // (heads // groups)
+    seqs = Sequences.of(t, bound)
+    pools = [StatePool(t, bound, ctype, (p, n), f) for f in ("state", "d_state")]
+    read = lambda f, index: bound.view(f)[index].astype(ctype, copy=False)  # noqa: E731
+    # per-(row, head) partial sums and, with groups, per-head gradients of b and c (summed over each group's
+    # heads at the end), each block writing its own part: the sums run in one order however the blocks are cut
+    per_head = {f: np.empty((bsz, seq, heads, n), ctype) for f in ("b", "c") if groups < heads}
+    partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
+    d_initial: list[tuple[slice, slice, np.ndarray]] = []
+
+    def compute(bs: slice, hs: slice) -> dict[str, np.ndarray]:
+        rows = (bs, slice(None), hs)
+        x, a, g = read("x", rows), read("a", hs), read("d_dst", rows)
+        raw = read("dt", rows) if t["dt_bias"] is None else read("dt", rows) + read("dt_bias", hs)
+        dt, slope = _step_sizes(t, raw)
+        gs = rows if groups == heads else (bs, slice(None), group_of[hs])
+        if t["z"] is not None:
+            z = read("z", rows)
+            silu, silu_slope = _silu_slopes(z)
+            gy = g * silu  # the gradient of y + d*x
+        else:
+            gy = g
+        args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
+                pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
+        need_y = t["z"] is not None
+        if seqs is None:
+            y, du, dlogd, db, dc, ds0 = _ssd_backward(_path(path, seq), *args, length, need_y)
+        else:
+            y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
+        d_dt = dlogd * a + np.sum(du * x, axis=-1)
+        if slope is not None:
+            d_dt *= slope
+        out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
+               "dt_bias": np.sum(d_dt, axis=1), "state": ds0}
+        if t["d"] is not None:
+            skip = read("d", hs)[:, None]
+            out["x"] += skip * gy
+            out["d"] = np.sum(gy * x, axis=(1, 3))
+            if y is not None:
+                y += skip * x
+        if t["z"] is not None:
+            out["z"] = g * y * silu_slope
+        return out
+
+    def store(bs: slice, hs: slice, out: dict[str, np.ndarray]) -> None:
+        for f in ("x", "dt", "b", "c", "z"):
+            if f in per_head:
+                per_head[f][bs, :, hs] = out[f]
+            elif f in out:
+                bound.store(f"d_{f}", out[f], (bs, slice(None), hs))
+        for f in ("a", "dt_bias", "d"):
+            if f in out:
+                partial[f][bs, hs] = out[f]
+        d_initial.append((bs, hs, out["state"]))
+
+    work = bsz * seq * heads * p * n
+    threads.run_split(compute, store, bsz, heads, threads.parts_for("mamba2_backward", work, bsz, heads, workers))
+    for f, grad in per_head.items():  # each group's heads in order
+        bound.store(f"d_{f}", grad.reshape(bsz, seq, groups, -1, n).sum(axis=3))
+    bound.store("d_a", partial["a"].sum(axis=0))
+    for f in ("dt_bias", "d"):
+        if t[f] is not None:
+            bound.store(f"d_{f}", partial[f].sum(axis=0))
+    for bs, hs, d_init in d_initial:
+        pools[1].store(bs, hs, d_init)
+
+
+def mamba2_backward(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+                    workers: int | None = None) -> None:
+    """The gradients of mamba2 (ABI.md §9): from ``d_dst`` (and ``d_state``, the final state's gradient),
+    every ``d_`` output of the forward's floating-point inputs, ``d_state`` rewritten as the initial state's.
+
+    ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (chunk length, also the step path's checkpoint
+    interval) and ``workers`` (threads over the batch x heads recurrences) override the choice.
+    """
+    _run(thunk, arena, path, chunk, workers)
+
+
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
+    """Name the path ``mamba2_backward`` runs ``thunk`` on: ``step`` or ``chunked L=64``."""
+    name = _path(path, thunk["seq"])
+    return name if name == "step" else f"chunked L={chunk or MAMBA2_CHUNK}"
+
+
+KERNELS = {"mamba2_backward": mamba2_backward}

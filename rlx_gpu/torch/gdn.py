@@ -1,0 +1,198 @@
+"""flash-linear-attention's gated delta rule functions with its signatures and conventions, on rlx_gpu's op.
+
+``chunk_gated_delta_rule`` and ``fused_recurrent_gated_delta_rule`` (a gate per value head) and
+``chunk_kda`` (a gate per key channel) map onto the ``gated_delta_net`` op of ABI.md §4/§8: fla's
+``[N, HV, K, V]`` state (f32), ``scale``, ``initial_state``, ``output_final_state``,
+``use_qk_l2norm_in_kernel`` and ``cu_seqlens`` are the op's own; the gate and beta activations fla
+can fuse (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``) are applied here before the op, and
+``state_v_first`` transposes the state around it. Every function is differentiable
+(``fused.FusedFunction``) and runs where its tensors lie.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .fused import cast, fused
+
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
+
+
+def _refuse(name: str, **given: Any) -> None:
+    """fla arguments the op cannot express, refused when given a value other than fla's default."""
+    for arg, value in given.items():
+        if value is not None and value is not False:
+            shown = f"a tensor {list(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+            raise NotImplementedError(f"{name}: {arg}={shown} is not supported by rlx_gpu's gated_delta_net "
+                                      f"(ABI.md §8); leave {arg} at its default")
+
+
+def _beta(name: str, beta: torch.Tensor, sigmoid: bool, allow_neg_eigval: bool) -> torch.Tensor:
+    """fla's ``use_beta_sigmoid_in_kernel`` (``sigmoid(beta)``, doubled with ``allow_neg_eigval``)."""
+    if allow_neg_eigval and not sigmoid:
+        raise ValueError(f"{name}: allow_neg_eigval=True requires use_beta_sigmoid_in_kernel=True")
+    if not sigmoid:
+        return beta
+    return (2.0 if allow_neg_eigval else 1.0) * torch.sigmoid(beta)
+
+
+def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                per_channel: bool, scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
+                use_qk_l2norm_in_kernel: bool, state_v_first: bool,
+                cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The shared body: fla's checks, the op's call, fla's return value ``(o, final_state or None)``."""
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"{name}: q and k must have the same number of heads, got {q.shape[2]} and {k.shape[2]}")
+    heads, value_heads = q.shape[2], v.shape[2]
+    if value_heads % heads:
+        raise ValueError(f"{name}: num_v_heads (HV={value_heads}) must be divisible by num_heads (H={heads})")
+    rows = q.shape[0]
+    cu = None
+    if cu_seqlens is not None:
+        if q.shape[0] != 1:
+            raise ValueError(f"{name}: the batch size must be 1 rather than {q.shape[0]} with cu_seqlens; "
+                             f"flatten variable-length inputs first")
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+        rows = cu.numel() - 1
+    if initial_state is not None and initial_state.shape[0] != rows:
+        raise ValueError(f"{name}: {rows} initial states expected (one per input sequence), got "
+                         f"{initial_state.shape[0]}")
+    act = q.dtype
+    carried = torch.float64 if act == torch.float64 else torch.float32  # fla's state is f32
+    state = None
+    if initial_state is not None or output_final_state:
+        key_size, value_size = k.shape[-1], v.shape[-1]
+        if initial_state is None:
+            state = q.new_zeros((rows, value_heads, key_size, value_size), dtype=carried)
+        else:
+            state = cast(initial_state.transpose(-1, -2) if state_v_first else initial_state, carried)
+    tensors = {"q": q, "k": cast(k, act), "v": cast(v, act), "g": cast(g, act), "beta": cast(beta, act),
+               "cu_seqlens": cu, "state": state}
+    o, final = fused("gated_delta_net", tensors, gate_per_channel=per_channel,
+                     scale=None if scale is None else float(scale), use_qk_l2norm=bool(use_qk_l2norm_in_kernel))
+    if not output_final_state:
+        return o, None
+    return o, final.transpose(-1, -2) if state_v_first else final
+
+
+def _gdn_gate(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None) -> torch.Tensor:
+    """fla's gate fused in the kernel: ``-exp(A_log)·softplus(g + dt_bias)`` per value head."""
+    u = g.float() if dt_bias is None else g.float() + dt_bias.float()
+    return (-A_log.float().exp() * F.softplus(u)).to(g.dtype)
+
+
+def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                           scale: float | None = None, initial_state: torch.Tensor | None = None,
+                           output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                           use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                           state_v_first: bool = False, cu_seqlens: torch.Tensor | None = None,
+                           cu_seqlens_cpu: torch.Tensor | None = None, chunk_indices: torch.Tensor | None = None,
+                           cp_context: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gated delta rule, fla's ``chunk_gated_delta_rule``: per value head ``S ← exp(g)·S``,
+    ``S ← S + k⊗(beta·(v - Sᵀk))``, ``o = scale·Sᵀq``.
+
+    Parameters
+    ----------
+    q, k : torch.Tensor
+        ``[B, T, H, K]``.
+    v : torch.Tensor
+        ``[B, T, HV, V]``; value head ``j`` reads key head ``j // (HV/H)``.
+    g, beta : torch.Tensor
+        ``[B, T, HV]``: the log decay and the write strength. With ``use_gate_in_kernel=True`` (a
+        keyword, with ``A_log`` and ``dt_bias`` ``[HV]``) ``g`` is raw: ``-exp(A_log)·softplus(g + dt_bias)``.
+    scale : float, optional
+        Default ``1/sqrt(K)``.
+    initial_state : torch.Tensor, optional
+        ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``), one per sequence.
+    cu_seqlens : torch.Tensor, optional
+        ``[N + 1]`` boundaries of ``N`` sequences packed along ``T`` (batch 1).
+    use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval : bool
+        As fla: L2-normalise q and k; ``beta = sigmoid(beta)`` (``2·sigmoid`` with ``allow_neg_eigval``).
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor or None)
+        ``o [B, T, HV, V]`` in q's dtype and, with ``output_final_state``, the final state (f32; f64 for
+        f64 inputs). Differentiable in q, k, v, g, beta, the initial state and the gate's parameters.
+    """
+    name = "chunk_gated_delta_rule"
+    _refuse(name, cp_context=cp_context)
+    if kwargs.pop("chunk_size", 64) not in (16, 32, 64):
+        raise ValueError(f"{name}: chunk_size must be 16, 32 or 64, as fla's")
+    if kwargs.pop("use_gate_in_kernel", False):
+        A_log = kwargs.pop("A_log", None)
+        if A_log is None:
+            raise ValueError(f"{name}: A_log must be provided when use_gate_in_kernel=True")
+        g = _gdn_gate(g, A_log, kwargs.pop("dt_bias", None))
+    _refuse(name, **kwargs)
+    beta = _beta(name, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    return _delta_rule(name, q, k, v, g, beta, False, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+
+
+def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
+                                     gk: torch.Tensor | None = None, gv: torch.Tensor | None = None,
+                                     beta: torch.Tensor | None = None, scale: float | None = None,
+                                     initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+                                     use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+                                     A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+                                     use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
+                                     state_v_first: bool = False, cu_seqlens: torch.Tensor | None = None,
+                                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The gated delta rule step by step, fla's ``fused_recurrent_gated_delta_rule`` (same result as
+    ``chunk_gated_delta_rule``; the decode-time spelling).
+
+    ``g [B, T, HV]`` (a decay per value head) and ``gk [B, T, HV, K]`` (per key channel) may be given
+    alone or together (their sum is the log decay); neither: no decay. ``beta`` defaults to ones.
+    ``gv`` (a decay per value channel) has no counterpart in the op. Otherwise as
+    ``chunk_gated_delta_rule``; with ``use_gate_in_kernel`` the raw ``g`` goes through
+    ``-exp(A_log)·softplus(g + dt_bias)``.
+    """
+    name = "fused_recurrent_gated_delta_rule"
+    _refuse(name, gv=gv, **kwargs)
+    if use_gate_in_kernel:
+        if A_log is None or g is None:
+            raise ValueError(f"{name}: use_gate_in_kernel=True needs A_log and the raw g")
+        g = _gdn_gate(g, A_log, dt_bias)
+    beta = torch.ones_like(q[..., 0]).expand(*v.shape[:3]) if beta is None else beta
+    beta = _beta(name, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    if gk is not None:
+        gate, per_channel = gk if g is None else gk + g.unsqueeze(-1), True
+    else:
+        gate, per_channel = (v.new_zeros(v.shape[:3]) if g is None else g), False
+    return _delta_rule(name, q, k, v, gate, beta, per_channel, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+
+
+def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
+              use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,
+              use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False, safe_gate: bool = False,
+              lower_bound: float | None = None, disable_recompute: bool = False,
+              return_intermediate_states: bool = False, state_v_first: bool = False,
+              cu_seqlens: torch.Tensor | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
+              cp_context: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Kimi Delta Attention, fla's ``chunk_kda``: the gated delta rule with a decay per key channel,
+    ``S[i, :] ← exp(g[i])·S[i, :]``; ``g [B, T, HV, K]``, otherwise as ``chunk_gated_delta_rule``.
+
+    With ``use_gate_in_kernel`` the raw ``g`` becomes ``-exp(A_log)·softplus(g + dt_bias)`` (``A_log
+    [HV]``, ``dt_bias [HV·K]``, keywords as in fla). ``safe_gate``/``lower_bound`` and
+    ``return_intermediate_states`` (fla's kernel-specific modes) are refused.
+    """
+    name = "chunk_kda"
+    _refuse(name, safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
+            cp_context=cp_context)
+    if kwargs.pop("chunk_size", 64) not in (32, 64):
+        raise ValueError(f"{name}: chunk_size must be 32 or 64, as fla's")
+    A_log, dt_bias = kwargs.pop("A_log", None), kwargs.pop("dt_bias", None)
+    _refuse(name, **kwargs)
+    if use_gate_in_kernel:
+        if A_log is None:
+            raise ValueError(f"{name}: A_log must be provided when use_gate_in_kernel=True")
+        heads, width = g.shape[-2:]
+        g = _gdn_gate(g, A_log.reshape(heads, 1), None if dt_bias is None else dt_bias.reshape(heads, width))
+    beta = _beta(name, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
+    return _delta_rule(name, q, k, v, g, beta, True, scale, initial_state, output_final_state,
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)

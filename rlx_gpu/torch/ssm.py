@@ -1,0 +1,303 @@
+"""mamba_ssm's selective-scan functions with its signatures and conventions, on rlx_gpu's ops.
+
+``selective_scan_fn`` (Mamba-1, channel-major ``[B, D, L]`` like mamba_ssm), ``mamba_chunk_scan_combined``
+(Mamba-2 SSD, ``seq_idx`` as mamba_ssm's spelling of packed sequences) and ``selective_state_update``
+(one decode step, updating ``state`` in place) map onto the ``selective_scan`` and ``mamba2`` ops of
+ABI.md §4/§8; the first two are differentiable (``fused.FusedFunction``), the third is not (neither is
+mamba_ssm's). Every function runs where its tensors lie (``bridge.device_for``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .fused import cast, fused
+
+__all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
+
+
+def _refuse_complex(name: str, **tensors: torch.Tensor | None) -> None:
+    for arg, t in tensors.items():
+        if t is not None and t.is_complex():
+            raise NotImplementedError(f"{name}: {arg} is complex ({t.dtype}); rlx_gpu's scans are real "
+                                      f"(ABI.md §4): pass a real {arg}")
+
+
+def _param_dtype(a: torch.Tensor, x: torch.Tensor) -> torch.dtype:
+    """The element type of the per-channel parameters: ``a``'s (mamba_ssm keeps A, D and the dt bias
+    in f32 beside 16-bit activations), widened to ``x``'s where ``x`` is wider (ABI.md §8's rule)."""
+    return a.dtype if a.dtype.itemsize >= x.dtype.itemsize and a.is_floating_point() else x.dtype
+
+
+def _state_dtype(x: torch.Tensor) -> torch.dtype:
+    """The precision states are carried at: f32, or f64 for f64 activations."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _channel_bc(name: str, arg: str, t: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """mamba_ssm's B or C (``[D,N]`` fixed, ``[B,N,L]`` or ``[B,G,N,L]``) as the op's ``[B,L,N]`` / ``[B,L,G,N]``."""
+    if t.dim() == 2:  # one B per channel for every step: D groups of one channel, broadcast over time
+        return t.expand(batch, length, *t.shape)
+    if t.dim() == 3:
+        return t.permute(0, 2, 1)
+    if t.dim() == 4:
+        return t.permute(0, 3, 1, 2)
+    raise ValueError(f"{name}: {arg} has shape {list(t.shape)}; mamba_ssm takes [D, N], [B, N, L] or [B, G, N, L]")
+
+
+def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                      D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                      delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                      return_last_state: bool = False) -> Any:
+    """Mamba-1's selective scan, mamba_ssm's ``selective_scan_fn``: per channel ``h = exp(Δ·A)⊙h + Δ·B·u``,
+    ``y = C·h``, ``out = (y + D·u)⊙silu(z)``, ``Δ = softplus(delta + delta_bias)``.
+
+    Parameters
+    ----------
+    u, delta, z : torch.Tensor
+        ``[B, D, L]`` (channel-major, like mamba_ssm).
+    A : torch.Tensor
+        ``[D, N]``, real. ``A``, ``D`` and ``delta_bias`` (``[D]``) share ``A``'s element type (f32
+        beside 16-bit activations, as mamba_ssm keeps them).
+    B, C : torch.Tensor
+        ``[B, N, L]``, ``[B, G, N, L]`` (channel ``d`` reads group ``d // (D/G)``) or ``[D, N]`` (fixed).
+    delta_softplus : bool
+        Apply softplus to the biased ``delta``.
+    return_last_state : bool
+        Also return the state after the last step, ``[B, D, N]`` (f32; f64 for f64 ``u``).
+
+    Returns
+    -------
+    torch.Tensor or (torch.Tensor, torch.Tensor)
+        ``out [B, D, L]`` in ``u``'s dtype, and the last state with ``return_last_state``. Differentiable
+        in every tensor argument, the last state included (mamba_ssm leaves its gradient out).
+    """
+    name = "selective_scan_fn"
+    _refuse_complex(name, A=A, B=B, C=C)
+    batch, _, length = u.shape
+    act, param = u.dtype, _param_dtype(A, u)
+    tensors = {"x": u.transpose(1, 2), "delta": cast(delta, act).transpose(1, 2), "a": cast(A, param),
+               "b": _channel_bc(name, "B", cast(B, act), batch, length),
+               "c": _channel_bc(name, "C", cast(C, act), batch, length),
+               "d": cast(D, param), "delta_bias": cast(delta_bias, param),
+               "z": None if z is None else cast(z, act).transpose(1, 2)}
+    if return_last_state:  # the op returns a final state only when it is given an initial one
+        tensors["state"] = u.new_zeros((batch, *A.shape), dtype=_state_dtype(u))
+    y, last = fused("selective_scan", tensors, delta_softplus=bool(delta_softplus))
+    out = y.transpose(1, 2).contiguous()
+    return (out, last) if return_last_state else out
+
+
+def _packed_rows(seq_idx: torch.Tensor, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """mamba_ssm's ``seq_idx [B, L]`` as packed sequences of the ``B·L`` tokens laid end to end:
+    ``(cu_seqlens, first, last)``, the int32 boundaries and each row's first and last sequence.
+
+    The state restarts wherever ``seq_idx`` changes along a row, and at every row start; a row's
+    indices must not decrease (a sequence is one run of tokens).
+    """
+    name = "mamba_chunk_scan_combined"
+    if seq_idx.shape != (batch, length) or seq_idx.is_floating_point():
+        raise ValueError(f"{name}: seq_idx has shape {list(seq_idx.shape)} ({seq_idx.dtype}); mamba_ssm takes "
+                         f"integer [batch={batch}, seqlen={length}]")
+    idx = seq_idx.detach().cpu().to(torch.int64)
+    steps = idx[:, 1:] - idx[:, :-1]
+    if (steps < 0).any():
+        row, t = (int(v) for v in (steps < 0).nonzero()[0])
+        raise NotImplementedError(f"{name}: seq_idx falls from {int(idx[row, t])} to {int(idx[row, t + 1])} at "
+                                  f"[{row}, {t + 1}]; rlx_gpu packs sequences as runs of tokens (cu_seqlens), so "
+                                  f"seq_idx must not decrease along a row")
+    starts = torch.ones(batch, length, dtype=torch.bool)
+    starts[:, 1:] = steps != 0
+    flat = starts.reshape(-1).nonzero().reshape(-1)
+    cu = torch.cat([flat, torch.tensor([batch * length])]).to(torch.int32)
+    counts = starts.sum(1)
+    last = counts.cumsum(0) - 1
+    return cu, last - counts + 1, last
+
+
+def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                              chunk_size: int, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                              dt_bias: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
+                              seq_idx: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+                              dt_softplus: bool = False, dt_limit: Sequence[float] = (0.0, float("inf")),
+                              return_final_states: bool = False, return_varlen_states: bool = False,
+                              state_dtype: torch.dtype | None = None) -> Any:
+    """Mamba-2's SSD, mamba_ssm's ``mamba_chunk_scan_combined``: per head ``S = exp(dt·A)·S + (dt·x)⊗B``,
+    ``y = S·C``, ``out = (y + D·x)⊙silu(z)``, ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``.
+
+    Parameters
+    ----------
+    x, z : torch.Tensor
+        ``[B, L, H, P]``.
+    dt : torch.Tensor
+        ``[B, L, H]``.
+    A, dt_bias : torch.Tensor
+        ``[H]``; with ``D`` (``[H]`` or ``[H, P]``) in ``A``'s element type (see ``selective_scan_fn``).
+    B, C : torch.Tensor
+        ``[B, L, G, N]``; head ``h`` reads group ``h // (H/G)``.
+    chunk_size : int
+        mamba_ssm's blocking; the result does not depend on it here.
+    initial_states : torch.Tensor, optional
+        ``[B, H, P, N]``. With ``seq_idx`` each row's state feeds its first sequence only, as in mamba_ssm.
+    seq_idx : torch.Tensor, optional
+        ``[B, L]`` integers: the state restarts where the index changes along a row (packed sequences).
+    cu_seqlens : torch.Tensor, optional
+        ``[num_seqs + 1]``, read only for ``return_varlen_states`` (batch 1, with ``seq_idx``), as mamba_ssm.
+    dt_limit : (float, float)
+        The clamp of ``dt``; the default ``(0, inf)`` clamps negative values to 0, as mamba_ssm.
+    return_final_states, return_varlen_states : bool
+        Also return the state after each row's last step ``[B, H, P, N]``, and after each packed
+        sequence ``[num_seqs, H, P, N]``, in ``state_dtype`` (default ``C``'s dtype).
+
+    Returns
+    -------
+    torch.Tensor or tuple
+        ``out [B, L, H, P]`` in ``x``'s dtype, then the final states and the varlen states as asked, in
+        mamba_ssm's order. Differentiable in every tensor argument, the initial states included.
+    """
+    name = "mamba_chunk_scan_combined"
+    _refuse_complex(name, A=A, B=B, C=C)
+    if not (isinstance(chunk_size, int) and chunk_size > 0):
+        raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int")
+    batch, length, heads, head_dim = x.shape
+    act, param, carried = x.dtype, _param_dtype(A, x), _state_dtype(x)
+    lo, hi = (float(v) for v in dt_limit)
+    if lo == -math.inf and hi == math.inf:
+        limit = None  # no clamp at all
+    elif math.isfinite(lo) and lo >= 0:
+        limit = (lo, None if hi == math.inf else hi)
+    else:
+        raise NotImplementedError(f"{name}: dt_limit={tuple(dt_limit)!r}: the op clamps dt to [lo, hi] with a finite "
+                                  f"lo >= 0 (ABI.md §8), or not at all (-inf, inf)")
+    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": limit}
+    # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
+    per_channel_d = D is not None and D.dim() == 2
+    inner_d, inner_z = (None, None) if per_channel_d else (D, z)
+    tensors = {"x": x, "dt": cast(dt, act), "a": cast(A, param), "b": cast(B, act), "c": cast(C, act),
+               "d": cast(inner_d, param), "dt_bias": cast(dt_bias, param), "z": cast(inner_z, act)}
+    state_shape = (heads, head_dim, B.shape[-1])
+    if initial_states is not None and tuple(initial_states.shape) != (batch, *state_shape):
+        raise ValueError(f"{name}: initial_states has shape {list(initial_states.shape)}, expected "
+                         f"[batch, nheads, headdim, dstate] = {[batch, *state_shape]}")
+    if return_varlen_states and (cu_seqlens is None or seq_idx is None):
+        raise NotImplementedError(f"{name}: return_varlen_states needs cu_seqlens and seq_idx (mamba_ssm "
+                                  f"restarts the state where seq_idx changes; cu_seqlens names the sequences)")
+    wants_state = initial_states is not None or return_final_states or return_varlen_states
+    if seq_idx is None:
+        if wants_state:
+            tensors["state"] = (x.new_zeros((batch, *state_shape), dtype=carried) if initial_states is None
+                                else cast(initial_states, carried))
+        out, final = fused("mamba2", tensors, **statics)
+        varlen = None
+    else:
+        cu, first, last = _packed_rows(seq_idx, batch, length)
+        if return_varlen_states and not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
+            raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
+                             f"{cu.tolist()} disagree")
+        packed = {f: None if t is None else t.reshape(1, batch * length, *t.shape[2:]) if f not in ("a", "d", "dt_bias")
+                  else t for f, t in tensors.items()}
+        packed["cu_seqlens"] = cu.to(x.device)
+        if wants_state:
+            pool = x.new_zeros((len(cu) - 1, *state_shape), dtype=carried)
+            if initial_states is not None:
+                pool = pool.index_copy(0, first.to(x.device), cast(initial_states, carried))
+            packed["state"] = pool
+        out, varlen = fused("mamba2", packed, **statics)
+        out = out.reshape(x.shape)
+        final = None if varlen is None else varlen.index_select(0, last.to(x.device))
+    if per_channel_d:
+        out = out + x * cast(D, act)
+        out = out if z is None else out * F.silu(cast(z, act))
+    result = [out]
+    as_dtype = state_dtype or C.dtype
+    if return_final_states:
+        result.append(final.to(as_dtype))
+    if return_varlen_states:
+        result.append(varlen.to(as_dtype))
+    return result[0] if len(result) == 1 else tuple(result)
+
+
+def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
+    """Whether dt, A (and D, dt bias) of a heads-form step are per-head values broadcast along ``dim`` by
+    stride-0 views, as a Mamba-2 block passes them."""
+    return (heads_form and A.dim() == 3 and A.stride(-1) == 0 and A.stride(-2) == 0 and dt.dim() == 3
+            and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
+
+
+def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                           C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                           dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                           state_batch_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of Mamba-1 or Mamba-2, mamba_ssm's ``selective_state_update``: ``state`` is
+    updated IN PLACE, ``state = exp(dt·A)·state + dt·B·x``, and ``out = (C·state + D·x)⊙silu(z)`` returned.
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[batch, dim, dstate]`` or ``[batch, nheads, dim, dstate]``; with ``state_batch_indices`` a pool
+        whose entry ``state_batch_indices[i]`` row ``i`` reads and writes (entries named by no row are
+        left untouched; no entry may be named twice).
+    x, dt, z : torch.Tensor
+        ``[batch, dim]`` or ``[batch, nheads, dim]`` (a ``dt`` broadcast along ``dim`` may be a stride-0 view).
+    A : torch.Tensor
+        ``[dim, dstate]`` or ``[nheads, dim, dstate]``; ``D`` and ``dt_bias`` ``[dim]`` or ``[nheads, dim]``.
+    B, C : torch.Tensor
+        ``[batch, dstate]`` or ``[batch, ngroups, dstate]``; head ``h`` reads group ``h // (nheads/ngroups)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
+    """
+    name = "selective_state_update"
+    _refuse_complex(name, A=A, B=B, C=C)
+    heads_form = state.dim() == 4
+    pool = state if heads_form else state.unsqueeze(1)
+    x4 = x if heads_form else x.unsqueeze(1)
+    batch, heads, dim = x4.shape
+    channels, dstate = heads * dim, pool.shape[-1]
+
+    def per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        return None if t is None else cast(t, dtype).expand(heads, dim).reshape(channels)
+
+    if state_batch_indices is None:
+        rows = None
+        current = pool
+    else:
+        rows = state_batch_indices.to(device=state.device, dtype=torch.int64).reshape(-1)
+        if rows.numel() != batch or len(set(rows.tolist())) != batch:
+            raise ValueError(f"{name}: state_batch_indices {state_batch_indices.tolist()} must name {batch} "
+                             f"distinct entries of the state pool (one per row of x)")
+        current = pool.index_select(0, rows)
+    act, param = x.dtype, _param_dtype(A, x)
+    carried = _state_dtype(x) if state.dtype.itemsize < act.itemsize else state.dtype
+    B, C = (M.unsqueeze(1) if M.dim() == 2 else M for M in (B, C))  # [batch, ngroups, dstate]
+    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
+        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
+        op, statics = "mamba2", {"dt_softplus": bool(dt_softplus)}
+        tensors = {"x": x4.unsqueeze(1), "dt": cast(dt.select(-1, 0), act).unsqueeze(1),
+                   "a": cast(A.select(2, 0).select(1, 0), param),
+                   "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
+                   "d": None if D is None else cast(D.select(1, 0), param),
+                   "dt_bias": None if dt_bias is None else cast(dt_bias.select(1, 0), param),
+                   "z": None if z is None else cast(z, act).unsqueeze(1), "state": cast(current, carried)}
+    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
+        op, statics = "selective_scan", {"delta_softplus": bool(dt_softplus)}
+        tensors = {
+            "x": x4.reshape(batch, 1, channels), "delta": cast(dt, act).reshape(batch, 1, channels),
+            "a": cast(A, param).expand(heads, dim, dstate).reshape(channels, dstate),
+            "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
+            "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
+            "z": None if z is None else cast(z, act).reshape(batch, 1, channels),
+            "state": cast(current.reshape(batch, channels, dstate), carried)}
+    with torch.no_grad():
+        y, final = fused(op, tensors, **statics)
+        new = cast(final, state.dtype).reshape(current.shape)
+        if rows is None:
+            pool.copy_(new)
+        else:
+            pool.index_copy_(0, rows, new)
+    return y.reshape(x.shape)
