@@ -6,7 +6,8 @@ OpenCL test device at the cpu and the gpu target; its gradients are compared wit
 float64 forward written here from ABI.md §4 and §8 (a loop over steps, independent of the kernels):
 every ``d_`` output, and the whole ``d_state`` pool (entries no row names stay as they were). The
 kernels must also give the same bytes on a second run, and a NaN in ``d_dst`` must reach only what the
-poisoned step depends on.
+poisoned step depends on. (Every dtype, f64 among them, and each field present and absent: the conformance
+catalog's backward cases, which tests/test_conformance.py runs on the same devices.)
 """
 from __future__ import annotations
 
@@ -47,17 +48,13 @@ CASES = [
                                                 state_slots=[1, 0], num_slots=2, **_CARRIED)),
     Case("mamba2_backward", "f32", dict(batch=2, seq=6, heads=2, head_dim=5, state_size=4, groups=1,
                                         dt_limit=[0.1, 0.3], d=True, d_d=True)),
-    # f64, the plain op
-    Case("selective_scan_backward", "f64", dict(batch=2, seq=9, hidden=3, state_size=6)),
     # gated_delta_net: every field (grouped value heads, K != V, per-channel gate, q/k norm, scale, f32 state
-    # beside bf16, varlen into slots), then batch rows with a carried state, then the plain op in f64
+    # beside bf16, varlen into slots), then batch rows with a carried state
     Case("gated_delta_net_backward", "bf16", dict(
         seq=40, heads=2, value_heads=4, state_size=4, value_size=3, gate_per_channel=True, qk_l2norm=True,
         scale=0.5, carry_state=True, state_dtype="f32", **_PACKED)),
     Case("gated_delta_net_backward", "f32", dict(batch=2, seq=37, heads=2, state_size=5, gate_per_channel=False,
                                                  carry_state=True)),
-    Case("gated_delta_net_backward", "f64", dict(batch=2, seq=6, heads=1, state_size=3, gate_per_channel=False,
-                                                 carry_state=False)),
 ]
 
 
@@ -278,3 +275,14 @@ def test_a_graph_trains_through_mamba2_on_opencl_without_falling_back(tmp_path, 
     for name in grads:
         err = nmse(got[f"d_{name}"], stored[name].grad.numpy())
         assert err < 1e-7, f"d_{name}: nmse {err:.3g}"
+
+
+def test_every_catalog_case_of_these_ops_runs_on_the_device(session):
+    """The conformance catalog's cases of the three backward ops (every field present and absent, every
+    dtype) are the device's to run, not the host's: none is refused by the device."""
+    from rlx_gpu.conformance.catalog import cases
+
+    ours = [c for c in cases() if c.op in _FORWARD and not c.refused]
+    assert {c.op for c in ours} == set(_FORWARD) and {c.dtype for c in ours} == {"f16", "bf16", "f32", "f64"}
+    refused = {c.id: session.unsupported(runner.lay_out(c).thunk) for c in ours}
+    assert not {k: v for k, v in refused.items() if v is not None}
