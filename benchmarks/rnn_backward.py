@@ -1,12 +1,15 @@
 """Host lstm / gru / rnn forward + backward (host_fallback) against torch autograd of nn.LSTM / GRU / RNN.
 
-    python benchmarks/rnn_backward.py [--ops lstm gru rnn] [--runs 3] [--torch-threads N]
+    python benchmarks/rnn_backward.py [--ops lstm gru rnn] [--runs 3] [--torch-threads N] [--cpu-time]
 
 Shape of the issue's target: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32,
 weights uniform in ±1/sqrt(hidden) as torch initialises them. Ours is the forward thunk then the
 backward thunk (which recomputes the forward inside); torch is one forward and ``backward()`` of the
 same loss ``Σ dst·d_dst``. Medians of ``--runs`` runs each, taking turns; the load average is printed
 beside the table, since neighbours on the machine slow both sides (torch's threads most of all).
+``--cpu-time`` times the CPU each side spends instead, both on one thread (``OPENBLAS_NUM_THREADS=1``
+set before NumPy loads, ``torch.set_num_threads(1)``): on a machine busy with other work that is
+the comparison that holds still.
 """
 from __future__ import annotations
 
@@ -41,12 +44,12 @@ def _ours(op: str, rng: np.random.Generator):
     return thunk, forward_thunk(thunk), arena
 
 
-def _median(fn, runs: int) -> float:
+def _median(fn, runs: int, clock=time.perf_counter) -> float:
     times = []
     for _ in range(runs):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
@@ -55,11 +58,16 @@ def main() -> None:
     parser.add_argument("--ops", nargs="+", default=["lstm", "gru", "rnn"], choices=["lstm", "gru", "rnn"])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--torch-threads", type=int, default=None, help="default: torch's own choice")
+    parser.add_argument("--cpu-time", action="store_true", help="CPU time of each side on one thread")
     args = parser.parse_args()
+    if args.cpu_time and os.environ.get("OPENBLAS_NUM_THREADS") != "1":  # BLAS reads it when it loads
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     import torch
 
-    if args.torch_threads:
-        torch.set_num_threads(args.torch_threads)
+    if args.torch_threads or args.cpu_time:
+        torch.set_num_threads(1 if args.cpu_time else args.torch_threads)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     rng = np.random.default_rng(0)
     print(f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}")
     print(f"{'op':<5} {'ours fwd':>9} {'ours bwd':>9} {'torch f+b':>10} {'ours f+b / torch':>17}")
@@ -73,9 +81,9 @@ def main() -> None:
         def torch_run() -> None:
             (module(x)[0] * d_dst).sum().backward()
 
-        ours_f = _median(lambda: host_fallback.execute(forward, arena.copy()), args.runs)
-        ours_b = _median(lambda: host_fallback.execute(thunk, arena.copy()), args.runs)
-        theirs = _median(torch_run, args.runs)
+        ours_f = _median(lambda: host_fallback.execute(forward, arena.copy()), args.runs, clock)
+        ours_b = _median(lambda: host_fallback.execute(thunk, arena.copy()), args.runs, clock)
+        theirs = _median(torch_run, args.runs, clock)
         print(f"{op:<5} {ours_f * 1e3:>7.0f}ms {ours_b * 1e3:>7.0f}ms {theirs * 1e3:>8.0f}ms "
               f"{(ours_f + ours_b) / theirs:>17.2f}")
     print(f"load average {os.getloadavg()[0]:.1f}")

@@ -112,6 +112,12 @@ class _Cell:
     linear_before_reset: bool
     input_forget: bool
 
+    def keeps_pre_activations(self, slots: int) -> bool:
+        """Whether the reverse pass reads the gates' pre-activations: a clip's mask needs them, and so does
+        the slope of any activation of the first ``slots`` slots but sigmoid and tanh (whose slopes follow
+        from their values). Otherwise a gate is activated in place and only its value is kept."""
+        return bool(self.clip) or any(a.name not in ("sigmoid", "tanh") for a in self.acts[:slots])
+
     def clipped(self, u: Array) -> tuple[Array, Array | None]:
         """``(u clamped to [-clip, clip], where the clamp passes the gradient)``; ``None``: no clip."""
         if not self.clip:
@@ -144,7 +150,8 @@ class _Cell:
 
 # --- the recurrences: forward keeps what the reverse pass reads; reverse returns the per-step gradients
 # Arrays are time-major [seq, batch, features]; ``order`` is the direction's walk, ``valid[t]`` [batch, 1]
-# (``valid`` None: every step of every row).
+# (``valid`` None: every step of every row); ``xp`` is the input projection plus bias, which a forward
+# may keep and overwrite.
 
 
 def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order):
@@ -152,16 +159,24 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     H = c.shape[1]
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
     keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
-            (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H))}
-    keep.update(u=np.empty((S, B, 4 * H), xp.dtype), y=np.empty((S, B, 4 * H), xp.dtype))
+            (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H)) if k != "raw" or w_hr is not None}
+    # the projection's buffer becomes the pre-activations' (each step adds W_hh·h to its row), and also the
+    # gates' where those are activated in place (h's slot reads c', not the gates)
+    keep["u"] = xp
+    keep["y"] = np.empty_like(xp) if cell.keeps_pre_activations(2) else xp
+    step = np.empty((B, 4 * H), xp.dtype)
     keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
+    # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
+    direct = w_hr is None and valid is None
+    scratch = np.empty((B, H), xp.dtype) if w_hr is None and valid is not None else None
     first = 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead: i (and f)
     for t in order:
         keep["h_prev"][t], keep["c_prev"][t] = h, c
-        u, y, c_new, hc, raw = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t], keep["raw"][t]
-        np.matmul(h, w["w_hh"].T, out=u)
-        u += xp[t]
+        u, y, c_new, hc = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t]
+        raw = keep["raw"][t] if w_hr is not None else out[t] if direct else scratch
+        np.matmul(h, w["w_hh"].T, out=step)
+        u += step
         if peep is not None:
             u[:, :H] += peep[:H] * c
             u[:, H: 2 * H] += peep[2 * H:] * c
@@ -180,7 +195,8 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
         h_new = raw @ w_hr.T if w_hr is not None else raw
         v = None if valid is None else valid[t]
         h, c = _where(v, h_new, h), _where(v, c_new, c)
-        out[t] = _where(v, h_new, 0)
+        if not direct:
+            out[t] = _where(v, h_new, 0)
     return out, (h, c), keep
 
 
@@ -239,30 +255,31 @@ def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Arra
 def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
     S, B, _ = xp.shape
     H = h.shape[1]
-    w_hh, b_hh = w["w_hh"], w["b_hh"]
-    keep = {k: np.zeros((S, B, n), xp.dtype) for k, n in (("h_prev", H), ("u", 3 * H), ("y", 3 * H), ("hn", H))}
+    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
+    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "hn")}
+    keep["u"] = xp  # each step adds the hidden side to its row of the projection (see _lstm_forward)
+    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(2) else xp
     keep["mask"] = np.ones((S, B, 3 * H), bool) if cell.clip else None
+    hidden = np.empty((B, 3 * H if lbr else 2 * H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        a = xp[t]
-        if cell.linear_before_reset:
-            hh = h @ w_hh.T + b_hh
-            hn = hh[:, 2 * H:]
+        u, y, m = xp[t], keep["y"][t], keep["mask"][t] if cell.clip else None
+        np.matmul(h, (w_hh if lbr else w_hh[: 2 * H]).T, out=hidden)
+        hidden += b_hh if lbr else b_hh[: 2 * H]
+        u[:, : 2 * H] += hidden[:, : 2 * H]
+        cell.gate_into(0, u[:, : 2 * H], y[:, : 2 * H], None if m is None else m[:, : 2 * H])
+        r, z = y[:, :H], y[:, H: 2 * H]
+        if lbr:
+            hn = hidden[:, 2 * H:]
+            u[:, 2 * H:] += r * hn
         else:
-            hh = h @ w_hh[: 2 * H].T + b_hh[: 2 * H]
-        grz, urz, mrz = cell.gate(0, a[:, : 2 * H] + hh[:, : 2 * H])
-        r, z = grz[:, :H], grz[:, H:]
-        if not cell.linear_before_reset:
             hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
-            pre_n = a[:, 2 * H:] + hn @ w_hh[2 * H:].T + b_hh[2 * H:]
-        else:
-            pre_n = a[:, 2 * H:] + r * hn
-        n, un, mn = cell.gate(1, pre_n)
+            u[:, 2 * H:] += hn @ w_hh[2 * H:].T
+            u[:, 2 * H:] += b_hh[2 * H:]
+        cell.gate_into(1, u[:, 2 * H:], y[:, 2 * H:], None if m is None else m[:, 2 * H:])
+        n = y[:, 2 * H:]
         h_new = (1 - z) * n + z * h
         keep["h_prev"][t], keep["hn"][t] = h, hn
-        keep["u"][t], keep["y"][t] = np.concatenate([urz, un], axis=1), np.concatenate([grz, n], axis=1)
-        if cell.clip:
-            keep["mask"][t] = np.concatenate([mrz, mn], axis=1)
         v = None if valid is None else valid[t]
         h = _where(v, h_new, h)
         out[t] = _where(v, h_new, 0)
@@ -310,14 +327,17 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
 def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
     S, B, _ = xp.shape
     H = h.shape[1]
-    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "u", "y")}
+    keep = {"h_prev": np.zeros((S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
+    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(1) else xp
     keep["mask"] = np.ones((S, B, H), bool) if cell.clip else None
+    hidden = np.empty((B, H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        y, u, m = cell.gate(0, xp[t] + h @ w["w_hh"].T)
-        keep["h_prev"][t], keep["u"][t], keep["y"][t] = h, u, y
-        if cell.clip:
-            keep["mask"][t] = m
+        u, y = xp[t], keep["y"][t]
+        np.matmul(h, w["w_hh"].T, out=hidden)
+        u += hidden
+        cell.gate_into(0, u, y, keep["mask"][t] if cell.clip else None)
+        keep["h_prev"][t] = h
         v = None if valid is None else valid[t]
         h = _where(v, y, h)
         out[t] = _where(v, y, 0)
@@ -434,13 +454,15 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
         def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
             ld = layer * dirs + dr
             w = w_ih[lo:hi].reshape(gates * H, in_l)
-            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H) + b.load(biases[0], ld)
+            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
+            xp += b.load(biases[0], ld)
             h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
             outs[dr], _, layer_kept[dr] = _FORWARD[op](_cell(fwd, dr), xp, weights(ld), h, c, valid, walk(dr))
 
         _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
-        inputs.append(np.concatenate(outs, axis=2))
+        if layer + 1 < len(spans):  # the next layer's input (the top layer's output is dst: not needed here)
+            inputs.append(np.concatenate(outs, axis=2))
         kept.append(layer_kept)
 
     # reverse, top down: d_y is the gradient of the layer's output, then of its input
@@ -466,7 +488,9 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 
         _each_direction([lambda dr=dr, span=span: reverse(dr, *span) for dr, span in enumerate(spans[layer])])
         kept[layer] = []  # the layer's saved steps are no longer needed
-        d_in = d_ins[0] if dirs == 1 else d_ins[0] + d_ins[1]  # in direction order: the same bytes every run
+        d_in = d_ins[0]
+        if dirs == 2:
+            d_in += d_ins[1]  # in direction order: the same bytes every run
         d_y = _where(valid, d_in, 0) if layer else d_in
     b.store("d_x", d_y.transpose(1, 0, 2))
     b.store("d_w_ih", d_w_ih)

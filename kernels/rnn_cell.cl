@@ -1,5 +1,5 @@
 /* The recurrent family's cell (ABI.md §3, and §8's fields), shared by kernels/rnn.cl (the forward) and
- * kernels/rnn_backward.cl, which come after it in their programs (backends/programs.py BUILDS_ON).
+ * kernels/rnn_backward.cl, which come after it in their programs (backends/programs.py SHARED_TEXTS).
  * A program holds one op and one combination of its optional fields: RNN_GATES, the gate count G (4 lstm,
  * 3 gru, 1 rnn), the activation of every slot and direction (RNN_ACT_<slot><dir>) and the RNN_<field>
  * flags below are compile-time variants of the launch (launches/rnn.py `variant`), so every gate loop has

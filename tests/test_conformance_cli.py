@@ -138,3 +138,23 @@ def test_target_forces_the_gpu_kernels_on_an_opencl_device(tmp_path, capsys):
                  "--json", str(out_json)]) == 0
     assert "kernel target forced to gpu on opencl:" in capsys.readouterr().out
     assert json.loads(out_json.read_text())["target"] == "gpu"
+
+
+def test_grad_certifies_only_the_backward_ops_and_says_so(tmp_path, capsys):
+    out_json, out_md = tmp_path / "grad.json", tmp_path / "grad.md"
+    assert main(["conformance", "--device", "host", "--grad", "--quick", "--dtypes", "f64", "--json", str(out_json),
+                 "--markdown", str(out_md)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("certifies the backward ops only (--grad): lstm_backward, gru_backward, rnn_backward, "
+                          "selective_scan_backward, mamba2_backward, gated_delta_net_backward, scan_backward, "
+                          "scan_backward_xs")
+    data = json.loads(out_json.read_text())
+    ops = {r["op"] for r in data["results"]}
+    assert data["scope"] == "backward ops" and data["passed"] is True
+    assert {"lstm_backward", "gru_backward", "rnn_backward", "scan_backward", "scan_backward_xs"} <= ops
+    assert all(op.endswith("_backward") or op.startswith("scan_backward") for op in ops), ops
+    grad_ops = [op for op in catalog.SPECS if op.endswith("_backward") or op.startswith("scan_backward")]
+    assert len(data["results"]) == len(catalog.select(catalog.cases(quick=True), grad_ops, ["f64"]))
+    assert "Certifies the backward ops only (--grad)" in out_md.read_text().splitlines()[2]
+    assert main(["conformance", "--device", "host", "--grad", "--ops", "lstm", "gru_backward"]) != 0
+    assert "--ops lstm names forward ops" in capsys.readouterr().err

@@ -71,3 +71,12 @@ def test_backward_refuses_what_it_cannot_differentiate():
         g.backward(y, np.zeros((1, 3, 4)), {"h0": np.zeros((1, 1, 4))})
     with pytest.raises(GraphError, match=r"rnn_backward: d_y .* has shape \[1, 3, 2\], expected \[1, 3, 4\]"):
         g.backward(y, np.zeros((1, 3, 2)))
+
+
+def test_a_reshaped_view_of_the_output_does_not_hide_the_call_that_wrote_it():
+    g = Graph("f64")
+    x = g.input("x", (1, 3, 2))
+    y = g.rnn(x, np.zeros((4, 2)), np.zeros((4, 4)), np.zeros(4), hidden=4)
+    g.reshape(y, (3, 4))  # a later view of y's buffer
+    grads = g.backward(y, np.ones((1, 3, 4)))
+    assert g.nodes[-1].op == "rnn_backward" and set(grads) == {"x", "w_ih", "w_hh", "bias"}

@@ -35,6 +35,12 @@ REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
     "gated_delta_net_chunk_out",
 )}
+#: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
+#: one kernel; f32/bf16 128-164 registers measured) and their reductions
+BACKWARD_WALK_REGISTERS = 176
+REGISTERS.update({**dict.fromkeys(("selective_scan_backward", "mamba2_backward", "gated_delta_net_backward"),
+                                  BACKWARD_WALK_REGISTERS),
+                  **dict.fromkeys(("ssm_backward_reduce", "gdn_backward_qk"), STATE_SPACE_REGISTERS)})
 HARDWARE_REGISTERS = 255
 BUDGET_DTYPES = ("f32", "f16", "bf16")
 CPU = DeviceLimits(1024, 1 << 20, True)  # a cpu-target device
@@ -68,6 +74,12 @@ def _ssm_version2_programs():
     for dtype, variant in (("f32", ()), ("bf16", ()), ("f32", state_variant(16)), ("bf16", state_variant(256))):
         prog = programs.program("cuda", "ssm", dtype, None, "gpu", variant + every[dtype])
         out.append(pytest.param(prog, id=f"ssm-{dtype}-every-field" + "".join(f"-{k}{v}" for k, v in variant)))
+    gdn_every = {dt: (("GDNB_GATE_K", 1), ("GDNB_NORM", 1), ("SSM_CARRY", 1), ("SSM_VARLEN", 1), ("SSM_SLOTS", 1))
+                 + ((("SSM_STATE_F32", 1),) if dt == "bf16" else ()) for dt in ("f32", "bf16")}
+    for dtype in ("f32", "bf16"):  # the backward kernels have no state-size variant
+        for family, defines in (("ssm_backward", every[dtype]), ("gdn_backward", gdn_every[dtype])):
+            prog = programs.program("cuda", family, dtype, None, "gpu", defines)
+            out.append(pytest.param(prog, id=f"{family}-{dtype}-every-field"))
     return out
 
 
@@ -144,6 +156,13 @@ SSM_V2_THUNKS = [
     for op, extra in (("selective_scan", dict(groups=2, delta_bias=True, delta_softplus=True)),
                       ("mamba2", dict(groups=1, dt_bias=True, dt_softplus=True, dt_limit=[0.0, None])))
     for seq in (2, 64)]
+#: their backward ops with every field and every gradient (the reductions of d_d and the bias's among them)
+SSM_V2_THUNKS += [
+    (f"{op}_backward", dict(params, d_state=True, d_d=True, d_z=True, **{f"d_{bias}": True}), {})
+    for (op, params, _), bias in zip(SSM_V2_THUNKS[::2], ("delta_bias", "dt_bias"))]
+SSM_V2_THUNKS += [("gated_delta_net_backward", dict(cases.SMALL["gated_delta_net"], value_heads=4, value_size=6,
+                                                    scale=0.5, qk_l2norm=True, gate_per_channel=True, batch=1,
+                                                    cu_seqlens=[0, 3, 7], state_slots=[1, 0], num_slots=2), {})]
 
 
 def _kind(arg) -> tuple[str, int]:
@@ -175,6 +194,8 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "mamba2_varlen_chunks",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
+    state_space |= {"selective_scan_backward", "mamba2_backward", "ssm_backward_reduce", "gated_delta_net_backward",
+                    "gdn_backward_qk"}
     recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out", "rnnb_forward_init", "rnnb_forward_step",
                  "rnnb_backward_init", "rnnb_backward_out", "rnnb_backward_cell", "rnnb_backward_dh", "rnnb_colsum"}
     if dtype == "f32":

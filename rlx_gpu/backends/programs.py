@@ -20,10 +20,14 @@ from ..launches.limits import TARGETS, TUNING, DeviceLimits
 from ..paths import data_dir
 from . import backend_module
 
-FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast")  # cast: one program per (dtype, source dtype)
-#: family -> the shared texts (kernels/NAME.cl) that come before its own: the recurrent cell, which the
-#: forward runs and the backward differentiates
-BUILDS_ON = {"rnn": ("rnn_cell",), "rnn_backward": ("rnn_cell",)}
+FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast",  # cast: one program per (dtype, source dtype)
+            "ssm_backward", "gdn_backward")
+#: family -> the kernel texts it shares with other families, put before its own (``kernels/<family>.cl``): the
+#: recurrent cell, which the forward runs and the backward differentiates; the state-space ops' fields
+SHARED_TEXTS: dict[str, tuple[str, ...]] = {
+    **{family: ("ssm_fields.cl",) for family in ("ssm", "ssm_backward", "gdn_backward")},
+    **{family: ("rnn_cell.cl",) for family in ("rnn", "rnn_backward")},
+}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
@@ -108,7 +112,7 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None,
             defines(dtype, src_dtype, target, extra),
             _text(prelude_path(dialect)),
             _text(kernels / "common.cl"),
-            *(_text(kernels / f"{base}.cl") for base in BUILDS_ON.get(family, ())),
+            *(_text(kernels / name) for name in SHARED_TEXTS.get(family, ())),
             _text(kernels / f"{family}.cl"),
         ]
     )

@@ -9,12 +9,19 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
+from host_fallback.gradients import BACKWARD
+
 from ..errors import InputError, RlxError
 from ..launches.limits import TARGETS
 from ..runtime.config import load_config
 from ..runtime.registry import open_session, status
 from ..schedule.ops import DTYPES, SPECS
 from . import bench, catalog, devices, report, runner
+
+#: What ``conformance --grad`` certifies: the backward ops of ABI.md §9 and the scan family's reverse mode.
+GRADIENT_OPS = (*BACKWARD, "scan_backward", "scan_backward_xs")
+GRADIENT_SCOPE = (f"the backward ops only (--grad): {', '.join(GRADIENT_OPS)}; the forward ops are certified "
+                  "without --grad")
 
 DEVICE_HELP = ("host | opencl[:p[:d]] | cuda[:n]; repeat for several (default: every available device but "
                "simulators; `rlx-gpu devices` lists them)")
@@ -51,6 +58,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "print the op × dtype table and exit 1 on any failure.")
     _common(conf)
     conf.add_argument("--quick", action="store_true", help="small shapes only (seconds; what Oclgrind runs)")
+    conf.add_argument("--grad", action="store_true",
+                      help="certify only the backward ops (training): " + ", ".join(GRADIENT_OPS))
     conf.add_argument("--json", metavar="F", help="write every result, the devices and the summary as JSON")
     conf.add_argument("--markdown", metavar="F", help="write the report as Markdown")
     conf.add_argument("--perf", action="store_true", help="also time each passing case (median) against the host")
@@ -107,7 +116,14 @@ class Progress:
 
 
 def _selected(args: argparse.Namespace, quick: bool) -> list[catalog.Case]:
-    chosen = catalog.select(catalog.cases(quick=quick), args.ops, args.dtypes)
+    ops = args.ops
+    if getattr(args, "grad", False):
+        other = sorted(set(ops or ()) - set(GRADIENT_OPS))
+        if other:
+            raise InputError(f"--grad certifies the backward ops, and --ops {' '.join(other)} names forward ops; "
+                             f"choose among {', '.join(GRADIENT_OPS)}, or leave out --grad")
+        ops = ops or GRADIENT_OPS
+    chosen = catalog.select(catalog.cases(quick=quick), ops, args.dtypes)
     order = {op: i for i, op in enumerate(SPECS)}
     return sorted(chosen, key=lambda c: order[c.op])  # stable: one op's cases together, for the progress lines
 
@@ -130,15 +146,19 @@ def run(args: argparse.Namespace) -> int:
     outcomes = runner.run(sessions, cases, config, host, Progress(cases, sys.stderr),
                           perf_repeats=args.repeat if args.perf else 0)
     infos = [s.info for s in sessions]
+    scope = GRADIENT_SCOPE if args.grad else None
+    if scope:
+        print(f"certifies {scope}")
     if args.target:
         print(f"kernel target forced to {args.target} on " + ", ".join(i.spec for i in infos if i.backend != "host"))
     print(report.text(infos, outcomes, config))
     if args.json:
-        report.write_json(args.json, {**report.as_json(infos, outcomes, config, args.quick), "target": args.target})
+        report.write_json(args.json, {**report.as_json(infos, outcomes, config, args.quick), "target": args.target,
+                                      "scope": "backward ops" if args.grad else "all ops"})
         print(f"wrote {args.json}")
     if args.markdown:
         with open(args.markdown, "w") as out:
-            out.write(report.markdown(infos, outcomes, config))
+            out.write(report.markdown(infos, outcomes, config, scope))
         print(f"wrote {args.markdown}")
     if args.plot:
         if not args.perf:

@@ -145,9 +145,12 @@ def perf_text(perf: Sequence[Outcome]) -> str:
     return "time per run (median):\n" + text_table(rows, ("device", "case", "time", "host", "speed-up"))
 
 
-def markdown(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Config) -> str:
+def markdown(infos: Sequence[DeviceInfo], outcomes: Sequence[Outcome], config: Config, scope: str | None = None) -> str:
+    """The report as Markdown; ``scope`` (what the run certifies, when not every op) goes under the title."""
     by_device, counts = cells(outcomes), summary(outcomes)
     lines = [f"# rlx-gpu conformance ({ABI_V2}, rlx_gpu {__version__})", ""]
+    if scope:
+        lines += [f"Certifies {scope}.", ""]
     for info in infos:
         lines += [f"## {info.spec}", ""] + [f"- {label}: {value}" for label, value in device_details(info)] + [""]
         lines += [_markdown_row(HEADER), "|" + "---|" * len(HEADER)]

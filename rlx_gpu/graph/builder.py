@@ -1,13 +1,15 @@
 """The Graph builder: declare named inputs, weights and ops, mark outputs, compile to a validated Schedule.
 
 ``Graph`` is a ``nodes.BodyGraph`` (declarations and body ops) with the recurrent and state-space ops
-of ``sequence_ops``, the scans of ``scans`` and ``compile()`` through ``lowering``.
+of ``sequence_ops``, the scans of ``scans``, reverse mode through ``autodiff`` and ``compile()``
+through ``lowering``.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..errors import GraphError
+from .autodiff import grad
 from .lowering import Executable, compile_graph
 from .nodes import BodyGraph, Node, Slot, Tensor
 from .scans import ScanGrads, scan, scan_grad
@@ -41,6 +43,33 @@ class Graph(BodyGraph, SequenceOps):
         """Gradients of a scan with respect to its init, xs and bcast inputs: see ``scans.scan_grad``."""
         return scan_grad(self, body, init, xs, bcast, d_final=d_final, d_traj=d_traj,
                          num_checkpoints=num_checkpoints, length=length)
+
+    def grad(self, outputs: Tensor | Sequence[Tensor], wrt: Tensor | Sequence[Tensor],
+             d_outputs: Any = None) -> Tensor | tuple[Tensor, ...]:
+        """Reverse mode over this graph: the gradients of ``outputs`` with respect to ``wrt``, as new tensors.
+
+        ``torch.autograd.grad(outputs, inputs, grad_outputs)`` (or ``jax.vjp``'s pullback) over the ops
+        declared so far: the result is the vector-Jacobian product ``Σ_i d_outputs[i]ᵀ·∂outputs[i]/∂wrt``,
+        one tensor per ``wrt`` (a tuple, or one tensor when ``wrt`` is one tensor), shaped and typed
+        like it; zero where the outputs do not depend on it (torch's ``materialize_grads``).
+
+        Parameters
+        ----------
+        outputs : Tensor or sequence of Tensor
+            What to differentiate: any tensors of this graph (a loss, a layer's output, a final state).
+        wrt : Tensor or sequence of Tensor
+            The tensors to differentiate with respect to: inputs, weights or intermediate values.
+        d_outputs : tensor, array or sequence of them, optional
+            The cotangent of each output (``grad_outputs``), shaped like it; arrays become constants.
+            Without it every output must have one element (a loss), whose cotangent is 1.
+
+        Body ops differentiate by their rules (``autodiff``), each fused op (lstm, gru, rnn,
+        selective_scan, mamba2, gated_delta_net) by one backward thunk of ABI.md §9 (``backward``;
+        a carried state's gradient flows to the initial state the caller passed) and each scan by
+        ``scan_grad`` (its forward's checkpoints reused). Mark the gradients with ``output`` to read
+        them; what no output needs is pruned at ``compile()``.
+        """
+        return grad(self, outputs, wrt, d_outputs)
 
     def compile(self, device: str | None = None) -> Executable:
         """Lay out the arena, lower to a validated Schedule and bind it to ``device`` (see ``get_device``)."""

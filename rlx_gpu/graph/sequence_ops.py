@@ -434,9 +434,9 @@ class SequenceOps:
     def _forward_node(self, y: Tensor) -> Node:
         """The fused-op node of this graph whose ``dst`` is ``y``."""
         y = self._t(y)
-        for node in reversed(self.nodes):
+        for node in reversed(self.nodes):  # the node that wrote y's buffer (a reshape only views it)
             dst = node.fields.get("dst")
-            if isinstance(dst, Tensor) and dst.buf == y.buf:
+            if isinstance(dst, Tensor) and dst.buf == y.buf and node.op != "reshape":
                 if node.op not in FORWARD_OPS:
                     break
                 return node

@@ -35,6 +35,13 @@ def _stream(values: np.ndarray, nonlinearity: str | None) -> PackedStream:
     return out
 
 
+def layer_directions(num_layers: int, bidirectional: bool) -> list[str]:
+    """torch's parameter-name suffixes (``l0``, ``l0_reverse``, ``l1``, ...) in the ABI's layer-direction
+    order ``ld = layer*dirs + dir``."""
+    dirs = 2 if bidirectional else 1
+    return [f"l{layer}{'_reverse' if d else ''}" for layer in range(num_layers) for d in range(dirs)]
+
+
 def pack_recurrent(module: Any) -> dict[str, PackedStream]:
     """``{"w_ih", "w_hh", "bias"}`` (LSTM, RNN: ``b_ih + b_hh`` merged) or ``{"w_ih", "w_hh", "b_ih", "b_hh"}`` (GRU),
     plus ``"w_hr" [layers*dirs, proj_size, hidden]`` for an LSTM with ``proj_size`` (pass
@@ -51,8 +58,7 @@ def pack_recurrent(module: Any) -> dict[str, PackedStream]:
     if nonlinearity is not None and nonlinearity not in NONLINEARITIES:
         raise ValueError(f"RNN nonlinearity {nonlinearity!r} has no ABI counterpart; expected one of "
                          f"{', '.join(NONLINEARITIES)}")
-    dirs = 2 if module.bidirectional else 1
-    names = [f"l{layer}{'_reverse' if d else ''}" for layer in range(module.num_layers) for d in range(dirs)]
+    names = layer_directions(module.num_layers, module.bidirectional)
     params = {k: v.detach().cpu().numpy() for k, v in module.named_parameters()}
     w_hh = np.stack([params[f"weight_hh_{n}"] for n in names])
     zeros = np.zeros(w_hh.shape[:2], dtype=w_hh.dtype)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from host_fallback.fields import used
 
-from . import body, gdn, rnn, rnn_backward, ssm
+from . import body, gdn, rnn, rnn_backward, ssm, ssm_backward
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk
 from .limits import DeviceLimits
 
-_FAMILIES = (body, rnn, rnn_backward, ssm, gdn)
+_FAMILIES = (body, rnn, rnn_backward, ssm, gdn, ssm_backward)
 PLANNERS = {op: fn for module in _FAMILIES for op, fn in module.PLANNERS.items()}
 _UNSUPPORTED = {op: module.unsupported for module in _FAMILIES for op in module.PLANNERS}
 #: op -> the version-2 fields (ABI.md §8) its device kernels implement; a thunk using another runs on the host

@@ -22,6 +22,7 @@ UNBOUNDED_GRID = (2**63 - 1,) * 3
 _SHARED = {
     "STATE_MAX": 256,  # longest state row of the ssm / gdn kernels (ABI.md asks for 256)
     "RNN_PERSIST_MAX": 1024,  # largest hidden size the persistent recurrent kernel holds in local memory
+    "SSMB_Q": 32,  # steps between the checkpoints of the state-space backward kernels
 }
 
 TUNING: dict[str, Mapping[str, int]] = {
@@ -39,6 +40,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_WPAD": 16,  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
         "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
         "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
+        "SSMB_BLOCKS": 4,  # state-space backward: blocks of a group's channels (heads) walked by separate items
     },
     # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/test_ptxas.py)
     "gpu": {
@@ -69,6 +71,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         # key row (at most GDN_SPMAX strips of them per group), chunk_out GDN_OT value columns per group
         "GDN_Q": 64, "GDN_LANES": 256, "GDN_NT": 16, "GDN_PJ": 4, "GDN_SPMAX": 16, "GDN_OT": 32,
         "GDN_MIN_SEQ": 64,
+        "SSMB_BLOCKS": 64,
     },
 }
 

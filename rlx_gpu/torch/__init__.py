@@ -5,10 +5,12 @@ Importing ``rlx_gpu`` never imports torch; this package does (torch is the ``tor
 arguments; ``chunk_gated_delta_rule``, ``fused_recurrent_gated_delta_rule`` and ``chunk_kda`` take
 flash-linear-attention's. They run where their tensors lie (CPU tensors: ``RLX_DEVICE`` or the config's
 device; ``cuda:N`` tensors: CUDA device N) and are differentiable (``selective_state_update`` excepted,
-as in mamba_ssm).
+as in mamba_ssm). ``LSTM``, ``GRU`` and ``RNN`` are torch.nn's modules (constructor, parameters and
+``state_dict`` keys) running their layers as one fused op, differentiable through its backward op.
 """
 from .gdn import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
+from .nn import GRU, LSTM, RNN
 from .ssm import mamba_chunk_scan_combined, selective_scan_fn, selective_state_update
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update", "chunk_gated_delta_rule",
-           "fused_recurrent_gated_delta_rule", "chunk_kda"]
+           "fused_recurrent_gated_delta_rule", "chunk_kda", "LSTM", "GRU", "RNN"]

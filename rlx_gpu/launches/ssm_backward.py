@@ -1,0 +1,136 @@
+"""Launch geometry of selective_scan_backward, mamba2_backward and gated_delta_net_backward (ABI.md §9),
+every target.
+
+One launch walks the state rows (gated_delta_net: state columns) in reverse, kernels/ssm_backward.cl
+and kernels/gdn_backward.cl: a work-item per (row, group or key head, block of its channels / heads),
+``SSMB_BLOCKS`` blocks at most, each item with its own checkpoint workspace in scratch. Then launches
+sum the partials the items wrote, in a fixed order: ``ssm_backward_reduce`` d_b and d_c over the
+blocks, d_a, d_d and the delta bias's gradient over the rows; ``gdn_backward_qk`` d_q and d_k over the
+blocks. The version-2 fields are compile-time variants (for selective_scan and mamba2 the forward's,
+``ssm.field_defines``).
+"""
+from __future__ import annotations
+
+from host_fallback.fields import complete, gdn_scale
+from host_fallback.gradients import forward_op
+
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real, real_size
+from .limits import DeviceLimits
+from . import gdn, ssm
+from .ssm import _limits, _tensors, field_defines, rows
+
+#: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
+#: optional inputs' gradients
+V2_FIELDS = ssm.V2_FIELDS | gdn.V2_FIELDS | {"d_delta_bias", "d_dt_bias", "d_d", "d_z", "d_state"}
+
+#: per op: (the delta field, the width of a token's delta: channels or heads)
+_DELTA = {"selective_scan": ("delta", "hidden"), "mamba2": ("dt", "heads")}
+
+
+def _layout(dtype: str, parts: dict[str, int]) -> tuple[dict[str, int], int]:
+    """Byte offsets in scratch of ``parts`` (name -> reals of the compute type of ``dtype``), each on 256
+    bytes, and the bytes in all."""
+    at, offsets = 0, {}
+    for name, reals in parts.items():
+        offsets[name] = at
+        at = ceil_to(at + reals * real_size(dtype), 256)
+    return offsets, at
+
+
+def _blocks(width: int, lim: DeviceLimits) -> tuple[int, int]:
+    """(blocks, per): ``width`` channels (heads) cut into at most ``SSMB_BLOCKS`` blocks of ``per``, none empty."""
+    per = -(-width // min(width, lim.tune("SSMB_BLOCKS")))
+    return -(-width // per), per
+
+
+def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+    op = forward_op(t["op"])
+    fwd = {**complete(t), "op": op}  # the forward's view: its field names and variant switches
+    delta, width = _DELTA[op]
+    r, g, n, dt, lanes = rows(fwd), fwd["groups"], fwd["state_size"], fwd["dtype"], fwd[width]
+    tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
+    blocks, per = _blocks(lanes // g, lim)
+    items = r * g * blocks
+    at, total = _layout(dt, {"workspaces": items * (-(-fwd["seq"] // q) + q + 1) * n, "delta_sums": tokens * lanes,
+                             "db": blocks * tokens * g * n, "dc": blocks * tokens * g * n, "da": r * lanes * n,
+                             "dd": r * lanes, "dbias": r * lanes})
+    dims = (i64(r), i64(fwd["seq"]), i64(tokens), i64(lanes))
+    if op == "mamba2":
+        dims += (i64(fwd["head_dim"]),)
+    dims += (i64(n), i64(g), i64(blocks), i64(per))
+    args = (dims + _tensors(fwd, ("x", delta, "a", "b", "c", "bias", "d", "z", "state", "cu_seqlens", "state_slots",
+                                  "d_dst", "d_x", f"d_{delta}", "d_z", "d_state"))
+            + (SCRATCH,) + tuple(i64(at[f]) for f in ("workspaces", "delta_sums", "db", "dc", "da", "dd", "dbias")))
+    if op == "mamba2":
+        args += _limits(fwd)
+    fields = field_defines(fwd)
+    local = (linear_local(items),)
+    walk = Launch("ssm_backward", f"{op}_backward", dt, grid((items,), local), local, args, target=lim.target,
+                  defines=fields)
+    bias = "d_delta_bias" if op == "selective_scan" else "d_dt_bias"
+    shared_a = op == "mamba2"  # one a per head: its partials sum over n too
+    sums = [("d_b", tokens * g * n, blocks, 1, "db", False), ("d_c", tokens * g * n, blocks, 1, "dc", False),
+            ("d_a", lanes if shared_a else lanes * n, r, n if shared_a else 1, "da", True),
+            ("d_d", lanes, r, 1, "dd", True), (bias, lanes, r, 1, "dbias", True)]
+    launches = [walk] + [_reduce(fwd[field], m, k, j, at[part], as_param, dt, lim, fields)
+                         for field, m, k, j, part, as_param in sums if fwd.get(field) is not None]
+    return LaunchPlan(tuple(launches), total, (f"checkpoints every {q} steps, {blocks} blocks",))
+
+
+def _reduce(out: int, m: int, k: int, j: int, part: int, as_param: bool, dt: str, lim: DeviceLimits,
+            fields: tuple) -> Launch:
+    """``ssm_backward_reduce``: ``out`` (an arena offset) = the ``k`` x ``j`` partials at scratch ``part``."""
+    local = (linear_local(m),)
+    return Launch("ssm_backward", "ssm_backward_reduce", dt, grid((m,), local), local,
+                  (i64(m), i64(k), i64(j), SCRATCH, i64(part), ARENA, i64(out), i32(as_param)), target=lim.target,
+                  defines=fields)
+
+
+
+
+def _gdn_defines(t: Thunk) -> tuple[tuple[str, int], ...]:
+    """kernels/gdn_backward.cl's variant of ``t`` (completed): the gate's shape, the norm, and the rows,
+    slots and state switches it shares with kernels/ssm_fields.cl."""
+    on = {"GDNB_GATE_K": t["gate_per_channel"], "GDNB_NORM": t["qk_l2norm"], "SSM_CARRY": t["carry_state"],
+          "SSM_VARLEN": t["cu_seqlens"] is not None, "SSM_SLOTS": t["state_slots"] is not None,
+          "SSM_STATE_F32": t["dtype"] in ("f16", "bf16") and t["state_dtype"] == "f32"}
+    return tuple((name, 1) for name, value in on.items() if value)
+
+
+def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+    t = complete(t)
+    r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
+    tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")
+    blocks, per = _blocks(hv // h, lim)
+    items = r * h * blocks
+    gk = k if t["gate_per_channel"] else 1
+    offsets, total = _layout(dt, {"workspaces": items * (-(-t["seq"] // q) + q + 1) * k,
+                                  "dq": blocks * tokens * h * k, "dk": blocks * tokens * h * k,
+                                  "dbeta": tokens * hv, "dg": tokens * hv * gk})
+    defines = _gdn_defines(t)
+
+    def tensors(*names: str) -> tuple:
+        return tuple(v for f in names for v in (ARENA, i64(t.get(f) or 0)))  # state, d_state: with carry_state
+    walk_args = ((i64(r), i64(t["seq"]), i64(tokens), i64(h), i64(hv), i64(k), i64(v), i64(blocks), i64(per),
+                  real(dt, gdn_scale(t)))
+                 + tensors("q", "k", "v", "g", "beta", "state", "cu_seqlens", "state_slots", "d_dst", "d_v", "d_g",
+                           "d_beta", "d_state")
+                 + (SCRATCH,) + tuple(i64(offsets[f]) for f in ("workspaces", "dq", "dk", "dbeta", "dg")))
+    local = (linear_local(items),)
+    walk = Launch("gdn_backward", "gated_delta_net_backward", dt, grid((items,), local), local, walk_args,
+                  target=lim.target, defines=defines)
+    e = tokens * h
+    local_qk = (linear_local(e),)
+    qk = Launch("gdn_backward", "gdn_backward_qk", dt, grid((e,), local_qk), local_qk,
+                (i64(e), i64(k), i64(blocks)) + tensors("q", "k", "d_q", "d_k")
+                + (SCRATCH, i64(offsets["dq"]), i64(offsets["dk"])), target=lim.target, defines=defines)
+    return LaunchPlan((walk, qk), total, (f"checkpoints every {q} steps, {blocks} blocks",))
+
+
+def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
+    """The forward's limits (a state or parameters in f64 beside a narrower thunk run on the host)."""
+    op = forward_op(t["op"])
+    return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
+
+
+PLANNERS = {"selective_scan_backward": _plan, "mamba2_backward": _plan, "gated_delta_net_backward": _plan_gdn}
