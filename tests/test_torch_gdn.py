@@ -9,24 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlx_gpu.runtime.registry import status
+from torch_devices import device, host  # noqa: F401  (fixtures)
+
 from rlx_gpu.torch import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
 
 F64 = torch.float64
-
-
-@pytest.fixture(params=["host", "opencl"])
-def device(request, monkeypatch):
-    """The default device CPU tensors run on (RLX_DEVICE)."""
-    if request.param == "opencl" and not status("opencl").available:
-        pytest.fail(f"OpenCL is unavailable: {status('opencl').reason}")
-    monkeypatch.setenv("RLX_DEVICE", request.param)
-    return request.param
-
-
-@pytest.fixture
-def host(monkeypatch):
-    monkeypatch.setenv("RLX_DEVICE", "host")
 
 
 def delta_rule_reference(q, k, v, g, beta, scale=None, initial_state=None, l2norm=False, cu_seqlens=None):

@@ -10,25 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from cupy_double import installed
+from torch_devices import device, host  # noqa: F401  (fixtures)
 from rlx_gpu.runtime.registry import status
 from rlx_gpu.torch import (bridge, fused_recurrent_gated_delta_rule, mamba_chunk_scan_combined, selective_scan_fn,
                            selective_state_update)
 
 F64 = torch.float64
-
-
-@pytest.fixture(params=["host", "opencl"])
-def device(request, monkeypatch):
-    """The default device CPU tensors run on (RLX_DEVICE)."""
-    if request.param == "opencl" and not status("opencl").available:
-        pytest.fail(f"OpenCL is unavailable: {status('opencl').reason}")
-    monkeypatch.setenv("RLX_DEVICE", request.param)
-    return request.param
-
-
-@pytest.fixture
-def host(monkeypatch):
-    monkeypatch.setenv("RLX_DEVICE", "host")
 
 
 def scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False):
