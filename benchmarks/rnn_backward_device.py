@@ -2,7 +2,7 @@
 
     python benchmarks/rnn_backward_device.py [--ops lstm gru rnn] [--shapes small target] [--runs 3]
 
-Shapes: ``target`` is the issue's, batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32;
+Shapes: ``target`` is the training shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32;
 ``small`` is batch 8, seq 32, input = hidden = 64, one bidirectional layer. Each time is the median of
 ``--runs`` runs of the backward thunk alone (which recomputes its forward) after one untimed run that builds the
 programs (the conformance runner's ``time_case``, on its standard-normal inputs: at hidden 256 the tanh rnn's

@@ -6,7 +6,7 @@ The anchor is the same step under torch autograd on the same GPU: cuDNN's RNN ba
 (``torch.nn.LSTM``/``GRU`` in training mode), and for the state-space ops mamba_ssm's
 ``selective_scan_fn`` / ``mamba_chunk_scan_combined`` and fla's ``chunk_gated_delta_rule`` where those
 packages are installed, else the torch chunked twins of ``benchmarks/ssm.py``; the table names which.
-Ratios are reported, not judged: the issue sets no GPU target for the backward ops.
+Ratios are reported, not judged against a target.
 """
 from __future__ import annotations
 
