@@ -167,12 +167,19 @@ def test_a_capsule_is_taken_once():
 
 
 def test_wrong_dtype_is_refused_by_name_and_handed_back():
-    made = HandMade(code=0, bits=32)
-    with pytest.raises(DLPackError, match="int32") as refused:
+    made = HandMade(code=0, bits=64)
+    with pytest.raises(DLPackError, match="int64") as refused:
         import_capsule(made.capsule())
     assert made.deleted == 1 and refused.tb is not None  # handed back at once, not when the traceback dies
-    with pytest.raises(DLPackError, match="int32.*f32, f16, bf16 and f64"):
-        import_tensor(torch.arange(4, dtype=torch.int32))
+    with pytest.raises(DLPackError, match="int64.*f32, f16, bf16, f64 and i32"):
+        import_tensor(torch.arange(4, dtype=torch.int64))
+    with pytest.raises(DLPackError, match="int16"):
+        import_tensor(torch.arange(4, dtype=torch.int16))
+
+
+def test_int32_enters_as_the_abis_i32():
+    taken = import_tensor(torch.tensor([0, 3, 7], dtype=torch.int32))
+    assert taken.dtype == "i32" and taken.array().tolist() == [0, 3, 7]
 
 
 def test_unknown_major_version_is_refused_and_handed_back():
@@ -237,8 +244,9 @@ def test_export_arguments_are_checked():
     arena = np.zeros(64, np.uint8)
     with pytest.raises(DLPackError, match="outside the arena"):
         ArenaView(arena, 60, "f32", (2,))
-    with pytest.raises(DLPackError, match="'i32' is not an ABI dtype"):
-        ArenaView(arena, 0, "i32", (2,))
+    with pytest.raises(DLPackError, match="'i64' is not an ABI dtype"):
+        ArenaView(arena, 0, "i64", (2,))
+    assert torch.from_dlpack(ArenaView(arena, 0, "i32", (2,))).dtype == torch.int32  # the §8 integer tensors
     view = ArenaView(arena, 0, "f32", (2,))
     with pytest.raises(DLPackError, match="device"):
         view.__dlpack__(dl_device=(2, 0))

@@ -12,7 +12,8 @@ Rules this module keeps (the DLPack spec's, plus two choices of ours):
 - **Layout.** Only dense row-major tensors cross (strides of size-1 dimensions are ignored, a NULL
   strides pointer means row-major). A strided view is *refused*, not copied: a hidden copy would break
   the "shares memory" promise of both directions; call ``.contiguous()`` or ``np.ascontiguousarray``.
-- **Dtypes.** f32, f16, bf16 and f64 (ABI.md §1); anything else is refused naming its dtype.
+- **Dtypes.** f32, f16, bf16 and f64 (ABI.md §1) and i32 (the integer tensors of §8); anything else is
+  refused naming its dtype.
 - **Devices.** CPU (and CUDA pinned host) memory becomes a NumPy view; CUDA memory becomes a
   ``DeviceTensor`` (pointer, byte count, device id) for a device backend to copy from.
 """
@@ -62,8 +63,9 @@ class DLManagedTensorVersioned(ctypes.Structure):
 
 FLAG_READ_ONLY = 1 << 0
 DLPACK_MAJOR = 1
-#: (type code, bits) of each ABI dtype; kDLFloat = 2, kDLBfloat = 4; lanes are always 1.
-DTYPE_CODES: dict[str, tuple[int, int]] = {"f32": (2, 32), "f16": (2, 16), "bf16": (4, 16), "f64": (2, 64)}
+#: (type code, bits) of each ABI dtype; kDLInt = 0, kDLFloat = 2, kDLBfloat = 4; lanes are always 1.
+DTYPE_CODES: dict[str, tuple[int, int]] = {"f32": (2, 32), "f16": (2, 16), "bf16": (4, 16), "f64": (2, 64),
+                                         "i32": (0, 32)}
 _ABI_DTYPES = {code: name for name, code in DTYPE_CODES.items()}
 _CODE_NAMES = {0: "int", 1: "uint", 2: "float", 3: "opaque", 4: "bfloat", 5: "complex", 6: "bool"}
 KDL_CPU = 1
@@ -202,7 +204,7 @@ def _describe(managed: Any, owner: _ImportedCapsule) -> HostTensor | DeviceTenso
     dtype = _ABI_DTYPES.get((code, bits)) if lanes == 1 else None
     if dtype is None:
         raise DLPackError(f"dtype {describe_dtype(code, bits, lanes)} cannot enter an arena: the ABI stores "
-                          f"f32, f16, bf16 and f64; cast first (torch: .float(), NumPy: .astype(np.float32))")
+                          f"f32, f16, bf16, f64 and i32; cast first (torch: .float() or .int(), NumPy: .astype(np.float32))")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     if any(n < 0 for n in shape):
         raise DLPackError(f"negative extent in shape {list(shape)}")

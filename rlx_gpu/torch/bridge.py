@@ -95,8 +95,6 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     home = next(iter(inputs.values())).device if inputs else torch.device("cpu")
     arrays = {name: t.detach().contiguous() if t.device.type == "cpu" else t.detach().cpu().contiguous()
               for name, t in inputs.items()}
-    # DLPack brings floating-point tensors only (dlpack.import_tensor): the int32 ones go in as NumPy
-    arrays = {name: a.numpy() if a.dtype == torch.int32 else a for name, a in arrays.items()}
     outputs = exe.run(**arrays)
     tensors = exe.schedule.tensors
     return {name: torch.from_numpy(a).to(device=home, dtype=TORCH_DTYPES[tensors[name].dtype])
