@@ -67,3 +67,22 @@ def test_the_default_device_is_part_of_the_signature(monkeypatch):
     assert builds == [1, 1]
     assert [e.device.spec.split(":")[0] for e in bridge._cache.values()] == ["host", "opencl"]
     torch.testing.assert_close(y, x * 3.0)
+
+
+
+def test_a_backward_schedule_holds_the_backward_thunk_and_not_the_forward_it_recomputes(monkeypatch):
+    from rlx_gpu.torch import LSTM, chunk_gated_delta_rule
+
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    bridge.clear_cache()
+    q = torch.randn(1, 6, 1, 4, requires_grad=True)
+    state = torch.randn(1, 1, 4, 4, requires_grad=True)
+    o, final = chunk_gated_delta_rule(q, q, torch.randn(1, 6, 1, 4), -torch.rand(1, 6, 1), torch.rand(1, 6, 1),
+                                      initial_state=state, output_final_state=True)
+    (o.sum() + final.sum()).backward()
+    y, _ = LSTM(3, 4)(torch.randn(5, 2, 3, requires_grad=True))
+    y.sum().backward()
+    backward = [[t.op for t in exe.schedule.thunks] for key, exe in bridge._cache.items() if key[0][0] == "backward"]
+    assert len(backward) == 2
+    for ops in backward:
+        assert [op for op in ops if op.endswith("_backward")] and not {"gated_delta_net", "lstm"} & set(ops), ops

@@ -10,7 +10,7 @@ signature (``bridge.run_graph``): a training loop plans nothing after its first 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterable, Mapping
 
 import torch
 
@@ -24,7 +24,8 @@ POSITIONAL: dict[str, tuple[str, ...]] = {"selective_scan": ("x", "delta", "a", 
                                           "gated_delta_net": ("q", "k", "v", "g", "beta")}
 #: The graph methods' keyword for a field, where the two names differ.
 KEYWORDS = {"d": "D", "state": "initial_state"}
-#: The graph's output name of the call's final state (``{name}.state``, the builder's naming).
+#: The name a call gets in its graph: the builder names its final states' outputs ``{CALL}.state``,
+#: ``{CALL}.h_n``, ``{CALL}.c_n``.
 CALL = "call"
 FINAL_STATE = f"{CALL}.state"
 
@@ -45,25 +46,37 @@ class FusedCall:
         return out if isinstance(out, tuple) else (out, None)
 
 
-def _declare(graph: Graph, inputs: dict[str, torch.Tensor]) -> dict[str, Tensor]:
+def declare(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> dict[str, Tensor]:
+    """One graph input per torch tensor of ``inputs``, of its name, shape and element type."""
     return {name: graph.input(name, tuple(t.shape), rlx_dtype(t, name)) for name, t in inputs.items()}
+
+
+def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Tensor] | None,
+                     wanted: Iterable[str]) -> None:
+    """Emit the backward thunk of the call that returned ``y`` and mark the gradients of the ``wanted``
+    fields as outputs ``grad.FIELD`` (no input ``d_...`` takes such a name). The call's own outputs (its
+    final states) are unmarked first, so its forward thunk is pruned: the backward thunk recomputes what
+    it needs of it."""
+    grads = graph.backward(y, d_y, d_state)
+    for name in [n for n in graph.outputs if n.startswith(f"{CALL}.")]:
+        del graph.outputs[name]
+    for field in wanted:
+        graph.output(f"grad.{field}", grads[field])
 
 
 def _forward_graph(call: FusedCall, inputs: dict[str, torch.Tensor]) -> Graph:
     graph = Graph()
-    y, _ = call.emit(graph, _declare(graph, inputs))
+    y, _ = call.emit(graph, declare(graph, inputs))
     graph.output("y", y)
     return graph
 
 
 def _backward_graph(call: FusedCall, inputs: dict[str, torch.Tensor], wanted: tuple[str, ...]) -> Graph:
     graph = Graph()
-    tensors = _declare(graph, inputs)
+    tensors = declare(graph, inputs)
     y, final = call.emit(graph, {f: tensors[f] for f in call.fields})
     d_state = {"state": tensors["d_final_state"]} if final is not None else None
-    grads = graph.backward(y, tensors["d_dst"], d_state)
-    for field in wanted:
-        graph.output(f"d_{field}", grads[field])
+    output_gradients(graph, y, tensors["d_dst"], d_state, wanted)
     return graph
 
 
@@ -96,7 +109,7 @@ class FusedFunction(torch.autograd.Function):
         if ctx.has_final:
             inputs["d_final_state"] = d_final
         out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, inputs, wanted), inputs)
-        return (None, *(out.get(f"d_{f}") for f in call.fields))
+        return (None, *(out.get(f"grad.{f}") for f in call.fields))
 
 
 def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

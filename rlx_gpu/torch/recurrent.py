@@ -18,9 +18,7 @@ from torch.autograd.function import once_differentiable
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from .bridge import rlx_dtype, run_graph
-
-#: The name the thunk's call gets in its graph; its final states are the outputs ``{CALL}.h_n`` / ``.c_n``.
-CALL = "rnn"
+from .fused import CALL, declare, output_gradients
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,9 @@ class Recurrence:
 
 
 def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tensor]]:
-    """A graph of x's element type with one input per tensor of ``inputs``, of its name, shape and type."""
+    """A graph of x's element type with one input per tensor of ``inputs``."""
     g = Graph(rlx_dtype(inputs["x"], "x"))
-    return g, {name: g.input(name, tuple(t.shape), rlx_dtype(t, name)) for name, t in inputs.items()}
+    return g, declare(g, inputs)
 
 
 def _forward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Graph:
@@ -81,13 +79,7 @@ def _backward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Gra
     """The backward thunk: outputs ``grad.NAME`` for the input, every weight stream and the initial states."""
     g, t = _declared(inputs)
     y = spec.emit(g, t)
-    grads = g.backward(y, t["d_y"], {s: t[f"d_{s}"] for s in spec.states})
-    # the final states are outputs of the forward call; this graph needs only the gradients, and
-    # without those outputs the forward thunk is pruned (the backward thunk recomputes it)
-    for name in [n for n in g.outputs if n.startswith(f"{CALL}.")]:
-        del g.outputs[name]
-    for name, grad in grads.items():
-        g.output(f"grad.{name}", grad)
+    output_gradients(g, y, t["d_y"], {s: t[f"d_{s}"] for s in spec.states}, ("x", *spec.weights, *spec.states))
     return g
 
 
