@@ -29,7 +29,7 @@ def main() -> None:
     spent: dict[str, float] = collections.defaultdict(float)
     count: dict[str, int] = collections.Counter()
     with tempfile.TemporaryDirectory() as tmp:
-        cache = CubinCache(args.arch, nvrtc.OPTIONS, nvrtc.compile_cubin, nvrtc_version(), Path(tmp))
+        cache = CubinCache(args.arch, nvrtc.OPTIONS, nvrtc.build, nvrtc_version(), Path(tmp))
 
         def build(prog):
             t0 = time.perf_counter()

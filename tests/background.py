@@ -1,9 +1,11 @@
 """Long checks that run beside the rest of the suite, in processes of their own.
 
-Oclgrind's simulation of the representative kernel cases and NVRTC's compile of every program are
-single-threaded and take minutes; started as soon as the session has collected its tests (only the
-checks whose test was selected), they run on the second core while the other tests run, and the test
-that owns a check waits for its result. A check is the same command a developer runs by hand.
+Oclgrind's simulation of the representative kernel cases (one process per kernel target) and NVRTC's
+build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
+kernel's text changed) are single-threaded. Started as soon as the session has collected its tests
+(only the checks whose test was selected), they share both cores with the other tests, and the test
+that owns a check waits for its result. A check is the command a developer runs by hand
+(``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache).
 """
 from __future__ import annotations
 
@@ -11,18 +13,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cuda_builds
+from rlx_gpu.launches.limits import TARGETS
+
 ROOT = Path(__file__).resolve().parent.parent
 
-NVRTC_SCRIPT = """
+#: every cpu-target program for both architectures, through the session's cubin cache (``cuda_builds``)
+NVRTC_SCRIPT = f"""
 import json
+from pathlib import Path
 from rlx_gpu.backends import nvrtc
-print(json.dumps([[c.program.label, c.arch, c.ptx_bytes] for c in nvrtc.check_all()]))
+done = nvrtc.check_all(directory=Path({str(cuda_builds.directory())!r}))
+print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in done]))
 """
 
+#: the kernel targets Oclgrind checks, each in a process of its own (``oclgrind-<target>``)
+OCLGRIND_TARGETS = TARGETS
 #: check -> (the test that asserts on it, its command)
 CHECKS: dict[str, tuple[str, list[str]]] = {
-    "oclgrind": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
-                 [sys.executable, str(ROOT / "tools" / "oclgrind_check.py")]),
+    **{f"oclgrind-{target}": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
+                              [sys.executable, str(ROOT / "tools" / "oclgrind_check.py"), "--targets", target])
+       for target in OCLGRIND_TARGETS},
     "nvrtc": ("tests/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
 }

@@ -28,16 +28,12 @@ which cannot raise through ctypes) are kept in ``Machine.errors`` and returned a
 """
 from __future__ import annotations
 
-import atexit
 import bisect
 import contextlib
 import ctypes
-import functools
 import hashlib
 import itertools
-import shutil
 import sys
-import tempfile
 import threading
 import types
 from dataclasses import dataclass, field
@@ -47,6 +43,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
+import cuda_builds
 from rlx_gpu.backends import nvrtc
 
 VERSION = "14.2.0"
@@ -61,6 +58,9 @@ H200 = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "totalGlobalMem": 150_00
 CUBLAS_OK, CUBLAS_INVALID_VALUE, CUBLAS_INTERNAL_ERROR, CUBLAS_NOT_SUPPORTED = 0, 7, 14, 15
 BLAS_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64), 2: np.dtype(np.float16), 14: np.dtype(ml_dtypes.bfloat16)}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
+# the PTX beside each cubin of the session's cache, by the cubin's digest, and the cubin files already read
+_PTX_OF_CUBIN: dict[str, str] = {}
+_READ_CUBINS: set[Path] = set()
 
 
 class CUDARuntimeError(RuntimeError):
@@ -130,7 +130,6 @@ class Machine:
         self.graph_counts = {"captured": 0, "launched": 0}
         self.handles: dict[int, dict[str, Any]] = {}
         self.errors: list[BaseException] = []
-        self._ptx: dict[str, str] = {}
         for device in range(devices):  # the legacy default stream of each device
             self.streams.setdefault(LEGACY_STREAM, StreamState(device, LEGACY_STREAM))
 
@@ -216,12 +215,15 @@ class Machine:
     def ptx_of(self, cubin: bytes) -> str:
         """The PTX NVRTC built with ``cubin``: the ``.ptx`` beside it in the backend's cubin cache."""
         digest = hashlib.sha256(cubin).hexdigest()
-        if digest not in self._ptx:
+        if digest not in _PTX_OF_CUBIN:
             for path in sorted(self.cubin_dir.glob("*.cubin")) if self.cubin_dir else ():
-                self._ptx.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(), path.with_suffix(".ptx").read_text())
-        if digest not in self._ptx:
+                if path not in _READ_CUBINS:
+                    _READ_CUBINS.add(path)
+                    _PTX_OF_CUBIN.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(),
+                                             path.with_suffix(".ptx").read_text())
+        if digest not in _PTX_OF_CUBIN:
             raise ContractError("a cubin the cubin cache did not build was loaded")
-        return self._ptx[digest]
+        return _PTX_OF_CUBIN[digest]
 
 
 # ------------------------------------------------------------------------------------------ the module
@@ -632,30 +634,14 @@ def _cupy_cublas(m: Machine) -> types.SimpleNamespace:
 
 
 # ------------------------------------------------------------------------------------------ fixtures
-@functools.lru_cache(maxsize=None)
-def gpu_cubins() -> tuple[Path, int, tuple[bytes, ...]]:
-    """Every gpu-target program built once per test process into one cubin cache directory, shared by
-    every test that builds or loads cubins: (directory, programs compiled, cubins in program order)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
-
-    directory = Path(tempfile.mkdtemp(prefix="rlx-cubins-"))
-    atexit.register(shutil.rmtree, directory, True)
-    cache = CubinCache(nvrtc.CUBIN_ARCH, nvrtc.OPTIONS, nvrtc.compile_cubin, nvrtc_version(), directory)
-    with ThreadPoolExecutor(2) as pool:
-        cubins = tuple(pool.map(cache.get, nvrtc.programs("gpu")))
-    return directory, cache.compiled, cubins
-
-
 @contextlib.contextmanager
 def installed(monkeypatch: Any, devices: int = 1, memory_bytes: int = 1 << 34):
-    """The double in place of CuPy and cuBLAS, the backend's cubin cache on :func:`gpu_cubins`' directory
+    """The double in place of CuPy and cuBLAS, the backend's cubin cache on the session's (``cuda_builds``)
     and fresh registry and program caches; yields the :class:`Machine`. Fails if a cuBLAS call failed inside."""
     from rlx_gpu.backends import core, cublas_lib
     from rlx_gpu.runtime import registry
 
-    directory = gpu_cubins()[0]
+    directory = cuda_builds.directory()
     machine = Machine(devices, directory, memory_bytes)
     monkeypatch.setitem(sys.modules, "cupy", cupy_module(machine))
     monkeypatch.setattr(cublas_lib, "load_library", lambda: cublas_library(machine))

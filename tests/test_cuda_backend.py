@@ -100,24 +100,24 @@ def _cache(tmp_path, compile=None, arch="sm_90", version=None):
     from rlx_gpu.backends import nvrtc
     from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
 
-    return CubinCache(arch, nvrtc.OPTIONS, compile or nvrtc.compile_cubin, version or nvrtc_version(), tmp_path)
+    return CubinCache(arch, nvrtc.OPTIONS, compile or nvrtc.build, version or nvrtc_version(), tmp_path)
 
 
 def test_every_program_builds_to_an_sm90_cubin_through_the_backend_cache():
-    """The programs a CUDA device (gpu target) builds, with CudaPrimitives' options and cache, once each
-    (into the directory every cubin-loading test of this process shares), each with its PTX beside it."""
-    from cupy_double import gpu_cubins
+    """Every program a CUDA device (gpu target) builds is an sm_90 cubin in the session's cache
+    (``cuda_builds``), its PTX and ptxas's report beside it, which a cache with the backend's options
+    then reads back without compiling."""
+    import cuda_builds
 
     from rlx_gpu.backends import nvrtc
 
     progs = nvrtc.programs("gpu")
-    directory, compiled, cubins = gpu_cubins()
-    assert all(c.startswith(b"\x7fELF") for c in cubins) and compiled == len(progs)
-    again = _cache(directory, compile=lambda prog, arch: pytest.fail(f"rebuilt {prog.label} despite the disk cache"))
-    # other tests of the process may add cpu-target programs to the shared directory, never a cubin without its PTX
-    assert len(list(directory.glob("*.cubin"))) == len(list(directory.glob("*.ptx"))) >= len({again.key(p) for p in progs})
+    cubins = cuda_builds.gpu_cubins()
+    assert len(cubins) == len(progs) and all(c.startswith(b"\x7fELF") for c in cubins)
+    again = _cache(cuda_builds.directory(), compile=lambda prog, arch: pytest.fail(f"rebuilt {prog.label} despite the disk cache"))
     assert [again.get(p) for p in progs] == list(cubins) and again.compiled == 0
     assert all(".target sm_90" in again.ptx(p) for p in progs)  # a program may hold no kernel (compiled out)
+    assert all(again.path(p).with_suffix(".log").is_file() for p in progs)
 
 
 def test_cache_keys_and_damaged_entries(tmp_path):
@@ -126,11 +126,12 @@ def test_cache_keys_and_damaged_entries(tmp_path):
     prog = programs.program("cuda", "body", "f32")
     built = []
 
-    def counting(p, arch):
-        from rlx_gpu.backends import nvrtc
+    def counting(p, arch):  # the session's build of the program: what is checked is what the cache does with it
+        import cuda_builds
 
+        assert arch == cuda_builds.cache().arch
         built.append(arch)
-        return nvrtc.compile_cubin(p, arch)
+        return cuda_builds.build(p)
 
     first = _cache(tmp_path, counting)
     cubin = first.get(prog)
@@ -141,6 +142,8 @@ def test_cache_keys_and_damaged_entries(tmp_path):
     assert _cache(tmp_path, counting).get(prog).startswith(b"\x7fELF") and len(built) == 2
     first.path(prog).with_suffix(".ptx").unlink()  # a cubin without its PTX too
     assert ".entry" in _cache(tmp_path, counting).ptx(prog) and len(built) == 3
+    first.path(prog).with_suffix(".log").unlink()  # and one without ptxas's report
+    assert "registers" in _cache(tmp_path, counting).built(prog).log and len(built) == 4
     assert not list(tmp_path.glob("*.tmp")), "the atomic write leaves no temporary file"
 
 

@@ -150,10 +150,10 @@ def test_the_build_section_names_kernels_from_the_ptx(tmp_path, monkeypatch):
     """Through the CuPy double: every kernel of every gpu program (kernels compiled out by an ``#if`` are
     not in the module, and get_function of one is CUDA_ERROR_NOT_FOUND), build.md written as it goes."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
-    from cupy_double import gpu_cubins, installed
+    import cuda_builds
+    from cupy_double import installed
 
     from rlx_gpu.backends import nvrtc
-    from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
 
     gpu_check = _script()
     with installed(monkeypatch):
@@ -161,7 +161,6 @@ def test_the_build_section_names_kernels_from_the_ptx(tmp_path, monkeypatch):
         gpu_check.build(ck, {})
     assert [r.status for r in ck.rows] == ["ok"], ck.rows
     table = (tmp_path / "build.md").read_text().splitlines()[2:]
-    built = CubinCache(nvrtc.CUBIN_ARCH, nvrtc.OPTIONS, nvrtc.compile_cubin, nvrtc_version(), gpu_cubins()[0])
-    entries = {(p.label, name) for p in nvrtc.programs("gpu") for name in nvrtc.parameters(built.ptx(p))}
+    entries = {(p.label, name) for p in nvrtc.programs("gpu") for name in nvrtc.parameters(cuda_builds.build(p).ptx)}
     assert {tuple(cell.strip() for cell in row.split("|")[1:3]) for row in table} == entries and len(table) == len(entries)
     assert any(name == "mamba2_lanes" for _, name in entries)

@@ -1,4 +1,4 @@
-"""The portable kernel text compiles for CUDA: every family x dtype through NVRTC for sm_80 and sm_90."""
+"""The portable kernel text compiles for CUDA: every family x dtype to NVRTC cubins for sm_80 and sm_90."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,10 +18,10 @@ def test_every_program_compiles_for_every_arch():
     done = background.result("nvrtc")  # nvrtc.check_all() in a process of its own, beside the other tests
     assert done.returncode == 0, done.stderr[-4000:]
     compiled = json.loads(done.stdout)
-    assert {(label, arch) for label, arch, _ in compiled} == {
-        (p.label, arch) for p in nvrtc.programs() for arch in ("compute_80", "compute_90")
+    assert {(label, arch) for label, arch, _, _ in compiled} == {
+        (p.label, arch) for p in nvrtc.programs() for arch in ("sm_80", "sm_90")
     }
-    assert all(ptx_bytes > 1000 for _, _, ptx_bytes in compiled)
+    assert all(ptx_bytes > 1000 and cubin_bytes > 1000 for _, _, ptx_bytes, cubin_bytes in compiled)
 
 
 @pytest.mark.parametrize("family", programs.FAMILIES)
@@ -38,8 +38,8 @@ def test_nvrtc_failure_carries_log_and_source():
     prog = programs.program("cuda", "gdn", "f32")
     broken = dataclasses.replace(prog, source=prog.source + "\nKERNEL oops(int x) { undefined_name(x); }\n")
     with pytest.raises(KernelBuildError) as info:
-        nvrtc.compile_ptx(broken, "compute_80")
-    assert "undefined_name" in info.value.log and "--gpu-architecture=compute_80" in info.value.options
+        nvrtc.build(broken, "sm_80")
+    assert "undefined_name" in info.value.log and "--gpu-architecture=sm_80" in info.value.options
 
 
 def test_every_body_function_has_a_named_case_in_the_kernel():
@@ -88,4 +88,4 @@ def test_without_a_system_toolkit_the_wheel_headers_are_used(tmp_path):
 def test_a_missing_header_says_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(nvrtc, "OPTIONS", ("-I" + str(tmp_path), *nvrtc.OPTIONS[1:]))
     with pytest.raises(KernelBuildError, match="pip install nvidia-cuda-runtime"):
-        nvrtc.compile_ptx(programs.program("cuda", "body", "f16"), "compute_90")
+        nvrtc.build(programs.program("cuda", "body", "f16"), "sm_90")

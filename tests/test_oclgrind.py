@@ -24,9 +24,10 @@ pytestmark = pytest.mark.skipif(not _oclgrind_available(), reason="no Oclgrind O
 
 
 def test_conformance_cases_are_clean_under_oclgrind():
-    done = background.result("oclgrind")  # started with the session, beside the other tests
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "Oclgrind: no diagnostics" in done.stdout
+    for target in background.OCLGRIND_TARGETS:
+        done = background.result(f"oclgrind-{target}")  # started with the session, beside the other tests
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        assert f"{target} target, representative cases" in done.stdout and "Oclgrind: no diagnostics" in done.stdout
 
 
 def test_an_off_by_one_write_is_caught():

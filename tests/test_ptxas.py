@@ -1,17 +1,16 @@
 """The gpu-target CUDA programs meet their sm_90 budgets, and every launch matches its kernel's signature.
 
-Each program is compiled once per test session with NVRTC for sm_90 (cubin, PTX and ptxas's ``-v``
-report; no GPU needed). Budgets: 0 spill bytes and 0 stack bytes for every kernel in f32,
-f16 and bf16 (the recurrent family's version-2 variants in f32, the storage types adding only loads and
-stores); at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
+Each program is compiled with NVRTC for sm_90 (cubin, PTX and ptxas's ``-v`` report; no GPU needed)
+once per machine, through the session's cache (``cuda_builds``). Budgets: 0 spill bytes and 0 stack
+bytes for every kernel in f32, f16 and bf16 (the recurrent family's version-2 variants in f32, the
+storage types adding only loads and stores); at most 128 registers for the state-space kernels and 255 (the hardware limit) for the
 rest; f64 is built and listed, and may spill. No f32 arithmetic flushes subnormals (``.ftz``).
 Signatures: CuPy packs each launch argument by its size and checks nothing, so every planner's Launch
 must match its kernel's PTX parameter list in count, width and kind (integer / floating point).
 """
 from __future__ import annotations
 
-import functools
-
+import cuda_builds
 import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
@@ -45,10 +44,6 @@ HARDWARE_REGISTERS = 255
 BUDGET_DTYPES = ("f32", "f16", "bf16")
 CPU = DeviceLimits(1024, 1 << 20, True)  # a cpu-target device
 
-
-@functools.lru_cache(maxsize=None)
-def _build(prog: programs.Program) -> nvrtc.CudaBuild:
-    return nvrtc.build(prog)
 
 
 def _gpu_programs(dtypes):
@@ -85,7 +80,7 @@ def _ssm_version2_programs():
 
 @pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES) + _ssm_version2_programs())
 def test_gpu_program_meets_sm90_budgets(prog):
-    usage = nvrtc.resource_usage(_build(prog).log)
+    usage = nvrtc.resource_usage(cuda_builds.build(prog).log)
     assert usage, f"no ptxas report for {prog.label}"
     over = {k: u for k, u in usage.items()
             if u.spill_stores or u.spill_loads or u.stack or u.registers > REGISTERS.get(k, HARDWARE_REGISTERS)}
@@ -95,7 +90,7 @@ def test_gpu_program_meets_sm90_budgets(prog):
 @pytest.mark.parametrize("prog", _gpu_programs(("f64",)))
 def test_gpu_f64_program_builds_and_is_listed(prog):
     """f64 may spill; it must still build, and ptxas must report every kernel of the program."""
-    built = _build(prog)
+    built = cuda_builds.build(prog)
     usage = nvrtc.resource_usage(built.log)
     assert set(usage) == set(nvrtc.parameters(built.ptx)), usage
     assert len(built.cubin) > 1000
@@ -106,7 +101,7 @@ def test_f32_ptx_does_not_flush_subnormals(family):
     for target in ("gpu", "cpu"):
         for defines in variants(family, target):
             prog = programs.program("cuda", family, "f32", None, target, defines)
-            assert nvrtc.flushing_instructions(_build(prog).ptx) == [], f"{prog.label} flushes f32 subnormals"
+            assert nvrtc.flushing_instructions(cuda_builds.build(prog).ptx) == [], f"{prog.label} flushes f32 subnormals"
 
 
 def test_flush_check_sees_ftz():
@@ -117,8 +112,8 @@ def test_flush_check_sees_ftz():
 
 def test_gpu_target_uses_the_hardware_exp():
     """rlx_exp at the gpu target is ex2.approx.f32 (no .ftz); the cpu target keeps its polynomial."""
-    gpu = _build(programs.program("cuda", "rnn", "f32", None, "gpu", gate_variant(4))).ptx
-    cpu = _build(programs.program("cuda", "rnn", "f32", None, "cpu", gate_variant(4))).ptx
+    gpu = cuda_builds.build(programs.program("cuda", "rnn", "f32", None, "gpu", gate_variant(4))).ptx
+    cpu = cuda_builds.build(programs.program("cuda", "rnn", "f32", None, "cpu", gate_variant(4))).ptx
     assert "ex2.approx.f32" in gpu and "ex2.approx" not in cpu
 
 
@@ -181,7 +176,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
         thunk, _ = cases.lay_out(op, dtype, params)
         for launch in launches.plan(thunk, lim, **options).launches:
             prog = programs.program_for("cuda", launch, lim)
-            ptx = _build(prog).ptx  # the cpu target's f32 programs are the flush test's builds
+            ptx = cuda_builds.build(prog).ptx  # the cpu target's f32 programs are the flush test's builds
             params_of = nvrtc.parameters(ptx)
             assert launch.kernel in params_of, f"{prog.label} has no kernel {launch.kernel}"
             got = tuple(_kind(a) for a in launch.args)

@@ -8,7 +8,7 @@ By default it runs a representative set: per kernel target, the cheapest quick c
 for every (op, kernel, compile-time variant) the quick cases launch, in one process per target; where
 cases cost the same, the 16-bit storage types come first at one target and f32 at the other
 (``PREFERRED``), so both element sizes of every kernel are checked. ``--full`` runs every quick case instead, one process per target and
-dtype: the check for a change to the kernel text. ``--ops``/``--dtypes`` narrow either set.
+dtype: the check for a change to the kernel text. ``--ops``/``--dtypes``/``--targets`` narrow either set.
 
 ``--demo-broken`` shows the check has teeth: it builds the ``fill`` kernel with an off-by-one bound
 (patched in memory here, never in ``kernels/``) on a tensor that ends the arena, and fails unless
@@ -176,17 +176,16 @@ def _run_cases(spec: str, target: str, indices: list[int]) -> tuple[int, list[st
     return run_under_oclgrind([sys.executable, "-c", script, json.dumps(indices)], {})
 
 
-def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] | None) -> int:
-    """Both kernel targets: the representative cases in one process per target, or (``full``) every quick
+def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] | None, targets: list[str]) -> int:
+    """The kernel ``targets``: the representative cases in one process per target, or (``full``) every quick
     case in one process per target and dtype."""
     from rlx_gpu.conformance import catalog
-    from rlx_gpu.launches.limits import TARGETS
     from rlx_gpu.schedule.ops import DTYPES
 
     quick = catalog.cases(quick=True)
     wanted = [i for i, c in enumerate(quick) if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes)]
     worst = 0
-    for target in TARGETS:
+    for target in targets:
         planned = dict(zip(wanted, plans(spec, target, [quick[i] for i in wanted])))
         if full:
             groups = {f"{target} target, {dt}, every quick case": [i for i in wanted if quick[i].dtype == dt]
@@ -232,6 +231,7 @@ def demo_broken(spec: str) -> int:
 
 
 def main() -> int:
+    from rlx_gpu.launches.limits import TARGETS
     from rlx_gpu.schedule.ops import DTYPES, SPECS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -240,9 +240,11 @@ def main() -> int:
                         help="every quick case, not a representative one per kernel (for a change to kernels/)")
     parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", help="only these dtypes")
+    parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS), metavar="TARGET",
+                        help=f"only these kernel targets (default: {' '.join(TARGETS)}; one command per target runs them side by side)")
     args = parser.parse_args()
     spec = oclgrind_spec()
-    return demo_broken(spec) if args.demo_broken else conformance(spec, args.full, args.ops, args.dtypes)
+    return demo_broken(spec) if args.demo_broken else conformance(spec, args.full, args.ops, args.dtypes, args.targets)
 
 
 if __name__ == "__main__":

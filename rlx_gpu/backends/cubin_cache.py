@@ -5,8 +5,9 @@ NVRTC that wrote PTX rejects it). A cubin is identified by (architecture, progra
 compile options, NVRTC version); the disk copy lives in ``$RLX_CACHE_DIR`` or
 ``~/.cache/rlx_gpu/cubin`` and is written atomically (a temporary file renamed into place), so
 concurrent processes never read half a file. An unreadable cache entry is rebuilt, never trusted.
-Beside each cubin the cache keeps the PTX it was assembled from (``<name>.ptx``): its ``.entry`` list
-names the kernels the module holds and the parameters each takes.
+Beside each cubin the cache keeps the PTX it was assembled from (``<name>.ptx``), whose ``.entry`` list
+names the kernels the module holds and the parameters each takes, and ptxas's ``-v`` report
+(``<name>.log``: registers, stack and spills per kernel).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import hashlib
 import os
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,8 +24,19 @@ from .programs import Program
 CACHE_ENV = "RLX_CACHE_DIR"
 MAGIC = b"\x7fELF"  # a cubin is an ELF image; anything else in the cache is a damaged entry
 
-#: builds ``(cubin, ptx)`` of a program for an architecture (``backends.nvrtc.compile_cubin``)
-Compile = Callable[[Program, str], tuple[bytes, str]]
+
+
+@dataclass(frozen=True)
+class CudaBuild:
+    """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
+
+    cubin: bytes
+    ptx: str
+    log: str
+
+
+#: builds a program for an architecture (``backends.nvrtc.build``)
+Compile = Callable[[Program, str], CudaBuild]
 
 
 def cache_dir() -> Path:
@@ -52,7 +65,7 @@ class CubinCache:
     options : tuple of str
         The compile options ``compile`` uses (part of the key: a change of options rebuilds).
     compile : callable
-        ``(program, arch) -> (cubin, ptx)``; raises ``KernelBuildError`` on failure.
+        ``(program, arch) -> CudaBuild``; raises ``KernelBuildError`` on failure.
     version : str
         The compiler's version (part of the key).
     directory : Path or None
@@ -63,7 +76,7 @@ class CubinCache:
                  directory: Path | None = None):
         self.arch, self.options, self.compile, self.version = arch, tuple(options), compile, version
         self.directory = directory
-        self._memory: dict[str, tuple[bytes, str]] = {}  # key -> (cubin, ptx)
+        self._memory: dict[str, CudaBuild] = {}
         self._lock = threading.Lock()
         self.compiled = 0  # programs this cache compiled (not read back), for reports and tests
 
@@ -76,14 +89,14 @@ class CubinCache:
 
     def get(self, prog: Program) -> bytes:
         """The cubin of ``prog``."""
-        return self.built(prog)[0]
+        return self.built(prog).cubin
 
     def ptx(self, prog: Program) -> str:
         """The PTX the cubin of ``prog`` was assembled from."""
-        return self.built(prog)[1]
+        return self.built(prog).ptx
 
-    def built(self, prog: Program) -> tuple[bytes, str]:
-        """``(cubin, ptx)`` of ``prog``, from memory, the disk or a compile."""
+    def built(self, prog: Program) -> CudaBuild:
+        """The build of ``prog``, from memory, the disk or a compile."""
         key = self.key(prog)
         with self._lock:
             built = self._memory.get(key)
@@ -99,24 +112,26 @@ class CubinCache:
         with self._lock:
             return self._memory.setdefault(key, built)
 
-    def _read(self, prog: Program) -> tuple[bytes, str] | None:
+    def _read(self, prog: Program) -> CudaBuild | None:
         path = self.path(prog)
         if path is None:
             return None
         try:
-            cubin, ptx = path.read_bytes(), path.with_suffix(".ptx").read_text()
+            built = CudaBuild(path.read_bytes(), path.with_suffix(".ptx").read_text(),
+                              path.with_suffix(".log").read_text())
         except (OSError, UnicodeDecodeError):
             return None
-        return (cubin, ptx) if cubin.startswith(MAGIC) and ".target" in ptx else None
+        return built if built.cubin.startswith(MAGIC) and ".target" in built.ptx else None
 
-    def _write(self, prog: Program, built: tuple[bytes, str]) -> None:
+    def _write(self, prog: Program, built: CudaBuild) -> None:
         path = self.path(prog)
         if path is None:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # the PTX first: a reader finding the cubin finds its PTX too
-            for target, data in ((path.with_suffix(".ptx"), built[1].encode()), (path, built[0])):
+            # the cubin last: a reader finding it finds its PTX and report too
+            for target, data in ((path.with_suffix(".ptx"), built.ptx.encode()),
+                                 (path.with_suffix(".log"), built.log.encode()), (path, built.cubin)):
                 fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=target.name, suffix=".tmp")
                 try:
                     with os.fdopen(fd, "wb") as f:

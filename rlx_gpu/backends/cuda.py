@@ -135,7 +135,7 @@ class CudaPrimitives:
         self.build_options = tuple(nvrtc.OPTIONS)
         self.device_key = (NAME, self.index, self.arch)
         self.max_alloc_bytes = self.global_mem_bytes = info.details["global_mem_bytes"]
-        self.cubins = CubinCache(self.arch, self.build_options, nvrtc.compile_cubin, nvrtc_version(), cache_dir())
+        self.cubins = CubinCache(self.arch, self.build_options, nvrtc.build, nvrtc_version(), cache_dir())
         self.generations = Generations()
         self.ones: dict[str, Allocation] = {}  # per dtype, the second operand of the bias gemms
         self.cublas = cublas

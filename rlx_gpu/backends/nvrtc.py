@@ -1,9 +1,10 @@
-"""NVRTC builds of the CUDA dialect (no GPU needed): PTX, sm_XX cubins and their ptxas resource usage.
+"""NVRTC builds of the CUDA dialect (no GPU needed): sm_XX cubins, their PTX and ptxas resource usage.
 
 The proof that the portable text in ``kernels/`` is one text for both dialects: the exact source the
-OpenCL backend builds, with ``kernels_cuda/prelude.cuh`` in place of the OpenCL prelude, must compile
-for every architecture in ``ARCHS``. ``compile_cubin`` builds the binary a CUDA backend loads and
-``resource_usage`` reads ptxas's report of it (registers, stack, spills, shared memory per kernel).
+OpenCL backend builds, with ``kernels_cuda/prelude.cuh`` in place of the OpenCL prelude, must build a
+cubin (NVRTC, then ptxas) for every architecture in ``ARCHS``. ``build`` makes the binary a CUDA
+backend loads and ``resource_usage`` reads ptxas's report of it (registers, stack, spills, shared
+memory per kernel).
 Run ``python -m rlx_gpu.backends.nvrtc [--usage] [--target cpu|gpu]``; it exits non-zero and prints the
 NVRTC log and numbered source of any failure.
 """
@@ -14,13 +15,16 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import KernelBuildError
 from ..launches.limits import TARGETS, variants
 from ..schedule.ops import DTYPES
 from . import programs as kernel_programs
+from .cubin_cache import CubinCache, CudaBuild, nvrtc_version
 
-ARCHS = ("compute_80", "compute_90")
+#: the architectures every program must build cubins for (A100, H100/H200)
+ARCHS = ("sm_80", "sm_90")
 CUBIN_ARCH = "sm_90"
 INCLUDE_ENV = "CUDA_INCLUDE"  # a directory holding cuda_fp16.h, ahead of every other place
 SYSTEM_INCLUDE = "/usr/local/cuda/include"
@@ -54,6 +58,7 @@ class Compiled:
     program: kernel_programs.Program
     arch: str
     ptx_bytes: int
+    cubin_bytes: int
 
 
 @dataclass(frozen=True)
@@ -109,26 +114,6 @@ def _compile(prog: kernel_programs.Program, arch: str, extra: tuple[str, ...] = 
     return handle, log
 
 
-def compile_ptx(prog: kernel_programs.Program, arch: str) -> bytes:
-    """PTX of ``prog`` for ``arch`` (``compute_XX`` or ``sm_XX``); raises KernelBuildError with NVRTC's log."""
-    from cuda.bindings import nvrtc
-
-    handle, _ = _compile(prog, arch)
-    try:
-        return _fetch(handle, nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX)
-    finally:
-        nvrtc.nvrtcDestroyProgram(handle)
-
-
-@dataclass(frozen=True)
-class CudaBuild:
-    """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
-
-    cubin: bytes
-    ptx: str
-    log: str
-
-
 def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[str, ...] = ()) -> CudaBuild:
     """Compile ``prog`` for ``arch`` (``sm_XX``) once, keeping the cubin, the PTX and ptxas's ``-v`` report
     (``extra``: further NVRTC options, after the project's)."""
@@ -141,13 +126,6 @@ def build(prog: kernel_programs.Program, arch: str = CUBIN_ARCH, extra: tuple[st
         return CudaBuild(cubin, ptx, log)
     finally:
         nvrtc.nvrtcDestroyProgram(handle)
-
-
-def compile_cubin(prog: kernel_programs.Program, arch: str = CUBIN_ARCH) -> tuple[bytes, str]:
-    """The cubin of ``prog`` for ``arch`` (``sm_XX``) and the PTX it was assembled from (what
-    ``cubin_cache.CubinCache`` keeps)."""
-    done = build(prog, arch)
-    return done.cubin, done.ptx
 
 
 _ENTRY = re.compile(r"Compiling entry function '(\w+)'")
@@ -196,9 +174,16 @@ def flushing_instructions(ptx: str) -> list[str]:
     return _FTZ.findall(ptx)
 
 
-def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu") -> list[Compiled]:
-    """Compile every program for every arch; the first failure raises KernelBuildError."""
-    return [Compiled(p, arch, len(compile_ptx(p, arch))) for p in programs(target) for arch in archs]
+def check_all(archs: tuple[str, ...] = ARCHS, target: str = "cpu", directory: Path | None = None) -> list[Compiled]:
+    """Build every program for every arch (``sm_XX``) through a :class:`CubinCache` on ``directory``
+    (``None``: no disk cache, every program compiled); the first failure raises KernelBuildError."""
+    out = []
+    for arch in archs:
+        cache = CubinCache(arch, OPTIONS, build, nvrtc_version(), directory)
+        for p in programs(target):
+            built = cache.built(p)
+            out.append(Compiled(p, arch, len(built.ptx), len(built.cubin)))
+    return out
 
 
 def usage_table(target: str) -> list[tuple[kernel_programs.Program, str, Usage]]:
@@ -227,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 1
     for c in done:
-        print(f"ok  {c.program.label:<45} {c.arch}  {c.ptx_bytes:>8} bytes of PTX")
+        print(f"ok  {c.program.label:<45} {c.arch}  {c.ptx_bytes:>8} bytes of PTX  {c.cubin_bytes:>8} bytes of cubin")
     print(f"{len(done)} programs compiled through NVRTC")
     return 0
 
