@@ -8,7 +8,10 @@ Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional,
 many threads as NumPy's OpenBLAS has (printed). Each op runs on the same weights in both; the table
 shows the median of ``--rounds`` x ``--runs`` timed runs (torch and host take turns, a block of
 ``--warmup`` untimed then ``--runs`` timed calls each, so drifting clocks or a neighbour's load hit
-both alike), and the largest difference between the two outputs. A second table times every
+both alike), and the largest difference between the two outputs. With lstm, a breakdown of one
+step follows: each part of the kernel's step alone beside its alternative (paired, turn by turn),
+their sum beside the whole runs per step, host and torch each on one thread (CPU time) and as the
+table ran them (wall time x threads: what the second thread adds). A second table times every
 version-2 field of each op beside the plain op (the same weights, the field's tensors drawn once),
 ``seq_lens`` with lengths uniform in ``[1, seq]`` also beside torch on the same batch packed
 (``pack_padded_sequence``). A warning follows the tables when other processes used the CPUs
@@ -96,97 +99,131 @@ def alternate_ms(fns, runs: int, warmup: int, rounds: int) -> list[float]:
 
 def per_call_us(fn: Callable[[], object], calls: int) -> float:
     """Median µs of one call of ``fn`` over 5 blocks of ``calls`` calls, after one untimed block."""
-    blocks = []
+    return paired_us([fn], calls)[0]
+
+
+def paired_us(fns: list[Callable[[], object]], calls: int) -> list[float]:
+    """``per_call_us`` of each of ``fns``, their blocks taking turns, so that a kernel's part and its
+    alternative see the same clock and load."""
+    blocks = [[] for _ in fns]
     for block in range(6):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if block:
-            blocks.append((time.perf_counter() - start) / calls)
-    return statistics.median(blocks) * 1e6
+        for fn, times in zip(fns, blocks):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            if block:
+                times.append((time.perf_counter() - start) / calls)
+    return [statistics.median(times) * 1e6 for times in blocks]
 
 
-def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, torch_ms: float, host_ms: float) -> None:
-    """Where one lstm step of one layer-direction goes on the host, each part timed alone with a
-    one-thread BLAS (as each direction's thread runs), beside torch's GEMM at the same shapes and
-    thread count, and the whole runs' time per step (``steps`` = layers x directions x seq)."""
+def one_thread_cpu_ms(fns, runs: int, rounds: int) -> list[float]:
+    """Median CPU ms (this process's) of one call of each function with a one-thread BLAS and torch on
+    one thread, the functions taking turns as in ``alternate_ms``: the work a call does, whatever the
+    load."""
+    import torch
+
+    times = [[] for _ in fns]
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threads.single_threaded_blas():
+            for _ in range(rounds):
+                for fn, ts in zip(fns, times):
+                    fn()
+                    for _ in range(runs):
+                        start = time.process_time()
+                        fn()
+                        ts.append(time.process_time() - start)
+    finally:
+        torch.set_num_threads(torch_threads)
+    return [statistics.median(ts) * 1e3 for ts in times]
+
+
+def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wall_ms: dict[str, float],
+                      cpu_ms: dict[str, float], cores: int) -> None:
+    """Where one lstm step of one layer-direction goes on the host: each part of the kernel's step timed
+    alone with a one-thread BLAS (as each direction's thread runs it), an alternative under it, the
+    parts' sum beside the whole runs' time per step (``steps`` = layers x directions x seq): host and
+    torch on one thread (``cpu_ms``, CPU time), and as the main table ran them (``wall_ms``, on
+    ``cores`` threads) times ``cores``: what a step costs the machine."""
+    from host_fallback.activations import sigmoid_of_negated, sigmoid_then_tanh_of_scaled, tanh_through_exp
+
     rng = np.random.default_rng(0)
     f32 = np.float32
     w_hh, h = rng.standard_normal((4 * H, H), f32) * 0.05, rng.standard_normal((H, B), f32)
     w_t, h_t = np.ascontiguousarray(w_hh.T), np.ascontiguousarray(h.T)
     g, g_t = np.empty((4 * H, B), f32), np.empty((B, 4 * H), f32)
     x_chunk = {k: rng.standard_normal((k * H, chunk * B), f32) for k in (1, 2)}  # layer 0: I = H; layer 1: 2H
+    x_whole = {k: rng.standard_normal((k * H, S * B), f32) for k in (1, 2)}
     w_ih = {k: rng.standard_normal((4 * H, k * H), f32) * 0.05 for k in (1, 2)}
-    proj = np.empty((4 * H, chunk * B), f32)
-    whole = np.empty((4 * H, S * B), f32)  # a projection of every step up front, the alternative to chunks
-    tmp, cell = np.empty((H, B), f32), np.zeros((H, B), f32)
-    sig, gg = g[: 3 * H], g[3 * H:]
+    proj, whole = np.empty((4 * H, chunk * B), f32), np.empty((4 * H, S * B), f32)
+    y = np.empty((2 * H, chunk * B), f32)[:H, :B]  # h's slot: this direction's rows of a layer's output chunk
+    tmp, cell = np.empty((H, B), f32), rng.uniform(-2, 2, (H, B)).astype(f32)
     g[...] = rng.uniform(-3, 3, g.shape)
     pre = g.copy()
 
-    def via_exp():  # the kernel's sigmoid rows: negated pre-activations in, sigma out
-        np.exp(sig, out=sig)
-        np.add(sig, 1, out=sig)
-        np.divide(1, sig, out=sig)
+    def fresh(*fns):  # each fn's µs on fresh pre-activations (their copy's time taken off)
+        *us, copy = paired_us([*[lambda fn=fn: (np.copyto(g, pre), fn()) for fn in fns], lambda: np.copyto(g, pre)], 1000)
+        return [t - copy for t in us]
 
-    def via_tanh():  # sigma(z) = tanh(z/2)/2 + 1/2 on halved rows: the other way through NumPy
-        np.tanh(sig, out=sig)
-        np.multiply(sig, 0.5, out=sig)
-        np.add(sig, 0.5, out=sig)
-
-    def cell_and_h():
+    def cell_update():
         np.multiply(cell, g[H: 2 * H], out=cell)
-        np.multiply(g[:H], gg, out=tmp)
+        np.multiply(g[:H], g[3 * H:], out=tmp)
         np.add(cell, tmp, out=cell)
-        np.tanh(cell, out=tmp)
-        np.multiply(g[2 * H: 3 * H], tmp, out=h)
 
-    tg = torch.from_numpy(g)
-    tw = torch.from_numpy(w_hh)
-    rows = []
+    def sigmoids_then_np_tanh():
+        sigmoid_of_negated(g[: 3 * H], g[: 3 * H], None)
+        np.tanh(g[3 * H:], out=g[3 * H:])
+
+    tg, tw = torch.from_numpy(g), torch.from_numpy(w_hh)
+    rows = []  # (label, µs, its weight in the kernel's step: 1, 1/2 for each layer's projection, 0 for an alternative)
     with threads.single_threaded_blas(), np.errstate(over="ignore"):
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            gemm = per_call_us(lambda: np.matmul(w_hh, h, out=g), 400)
-            rows += [("recurrent GEMM W_hh·hᵀ [4H,H]·[H,B] (the kernel's)", gemm),
-                     ("  the other orientation h·W_hhᵀ [B,H]·[H,4H]", per_call_us(lambda: np.matmul(h_t, w_t, out=g_t), 400)),
-                     ("  torch.mm, same shape, 1 thread", per_call_us(lambda: torch.mm(tw, torch.from_numpy(h), out=tg), 400))]
+            ours, other, theirs = paired_us([lambda: np.matmul(w_hh, h, out=g), lambda: np.matmul(h_t, w_t, out=g_t),
+                                             lambda: torch.mm(tw, torch.from_numpy(h), out=tg)], 400)
+            rows += [("recurrent GEMM W_hh·hᵀ [4H,H]·[H,B] (the kernel's)", ours, 1),
+                     ("  the other orientation h·W_hhᵀ [B,H]·[H,4H]", other, 0),
+                     ("  torch.mm, same shape, 1 thread", theirs, 0)]
             for k, name in ((1, "layer 0"), (2, "layer 1")):
-                us = per_call_us(lambda k=k: np.matmul(w_ih[k], x_chunk[k], out=proj), 100) / chunk
-                rows.append((f"input projection, {name} (a {chunk}-step chunk GEMM / {chunk})", us))
-            rows += [("add the step's projection, from its chunk", per_call_us(lambda: np.add(g, proj[:, :B], out=g), 2000)),
-                     ("  from a whole-sequence projection", per_call_us(
-                         lambda: [np.add(g, whole[:, j * B:(j + 1) * B], out=g) for j in range(0, S, 16)], 200)
-                      / len(range(0, S, 16)))]
-            for label, fn in (("sigmoid rows (3H) via exp, +1, 1/x (the kernel's)", via_exp),
-                              ("  via tanh(z/2)/2+1/2", via_tanh)):
-                rows.append((label, per_call_us(lambda fn=fn: (np.copyto(g, pre), fn()), 1000)
-                             - per_call_us(lambda: np.copyto(g, pre), 1000)))
-            rows += [("tanh gate rows (H)", per_call_us(lambda: np.tanh(gg, out=gg), 1000)),
-                     ("cell update, tanh(c), h", per_call_us(cell_and_h, 1000))]
+                chunked = per_call_us(lambda k=k: np.matmul(w_ih[k], x_chunk[k], out=proj), 100) / chunk
+                rows += [(f"input projection, {name}: a {chunk}-step chunk's GEMM / {chunk}", chunked, 0.5),
+                         (f"  the whole sequence's GEMM / {S}",
+                          per_call_us(lambda k=k: np.matmul(w_ih[k], x_whole[k], out=whole), 3) / S, 0)]
+            fused, separate = fresh(lambda: sigmoid_then_tanh_of_scaled(g, 3 * H), sigmoids_then_np_tanh)
+            via_exp, via_tanh = paired_us([lambda: (tanh_through_exp(cell, tmp, None), np.multiply(g[2 * H: 3 * H], tmp, out=y)),
+                                           lambda: (np.tanh(cell, out=tmp), np.multiply(g[2 * H: 3 * H], tmp, out=y))], 1000)
+            rows += [("add the step's projection, from its chunk", per_call_us(lambda: np.add(g, proj[:, :B], out=g), 2000), 1),
+                     ("gates: exp, +1 over i f o g; 1/x over i f o; 2/x - 1 over g", fused, 1),
+                     ("  exp, +1, 1/x over i f o; np.tanh over g", separate, 0),
+                     ("cell update c = f·c + i·g", per_call_us(cell_update, 1000), 1),
+                     ("h = o·tanh(c), tanh through exp, into the chunk's slot", via_exp, 1),
+                     ("  with np.tanh", via_tanh, 0)]
             x = rng.standard_normal((B, S, H), f32)
-            x_tm, x_chunked = np.empty((S, B, H), f32), np.empty((S // chunk, H, chunk, B), f32)
-            per_run = [("layer 0's input: the time-major copy of x (the kernel's)",
-                        per_call_us(lambda: np.copyto(x_tm, x.transpose(1, 0, 2)), 20)),
-                       ("  x transposed into the chunked layout",
-                        per_call_us(lambda: np.copyto(x_chunked, x.reshape(B, S // chunk, chunk, H).transpose(1, 3, 2, 0)), 20))]
+            x_tm = np.empty((S, B, H), f32)
+            per_run = [("layer 0's input: the time-major copy of x", per_call_us(lambda: np.copyto(x_tm, x.transpose(1, 0, 2)), 20))]
             w_dec, x_dec, w_copy = w_ih[1], rng.standard_normal((H, 1), f32), np.empty((4 * H, H), f32)
             g_dec = np.empty((4 * H, 1), f32)
-            per_run += [("decode B=1: w_ih and w_hh copied in gate order, negated",
+            per_run += [("decode B=1: w_ih and w_hh copied in gate order, scaled",
                          per_call_us(lambda: [np.negative(w_dec, out=w_copy) for _ in range(2)], 200)),
                         ("  its two GEMVs on the stored weights (the kernel's)",
                          per_call_us(lambda: [np.matmul(w_dec, x_dec, out=g_dec) for _ in range(2)], 200))]
         finally:
             torch.set_num_threads(torch_threads)
     print(f"\nlstm, one step of one layer-direction (B={B} H={H}), µs, each part alone with a one-thread BLAS:")
-    for label, us in rows:
-        print(f"  {label:<58}{us:>8.1f}")
-    print(f"  {'whole run / (layers·dirs·seq) steps: host':<58}{host_ms * 1e3 / steps:>8.1f}")
-    print(f"  {'                                      torch':<58}{torch_ms * 1e3 / steps:>8.1f}")
+    for label, us, _ in rows:
+        print(f"  {label:<64}{us:>8.1f}")
+    summed = "sum of the kernel's parts (projection: mean of the layers)"
+    print(f"  {summed:<64}{sum(us * weight for _, us, weight in rows):>8.1f}")
+    print("whole runs / (layers·dirs·seq) steps, µs:")
+    for side in ("host", "torch"):
+        print(f"  {side + ', one thread (CPU time)':<64}{cpu_ms[side] * 1e3 / steps:>8.1f}")
+    for side in ("host", "torch"):
+        print(f"  {f'{side} as the table ran it (wall time x {cores} threads)':<64}{wall_ms[side] * 1e3 * cores / steps:>8.1f}")
     print("once per call, µs:")
     for label, us in per_run:
-        print(f"  {label:<58}{us:>8.1f}")
+        print(f"  {label:<64}{us:>8.1f}")
 
 
 def torch_case(torch, op: str, x, H: int, L: int, bidi: bool):
@@ -282,15 +319,17 @@ def main() -> None:
     torch.manual_seed(0)
     x = torch.randn(B, S, H)
     start, t0 = cpu_ticks(), time.perf_counter()
-    rows = []
+    rows, runs = [], {}
     for op in args.ops.split(","):
         model, tensors, params = torch_case(torch, op, x, H, L, bidi)
         thunk, arena = lay_out(op, tensors, (B, S, D * H), **params)
 
+        def host(parallel=parallel, thunk=thunk, arena=arena):
+            host_fallback.execute(thunk, arena, parallel_directions=parallel)
+
+        runs[op] = (host, model)
         with torch.no_grad():
-            torch_ms, host_ms = alternate_ms(
-                [lambda: model(x), lambda: host_fallback.execute(thunk, arena, parallel_directions=parallel)],
-                args.runs, args.warmup, args.rounds)
+            torch_ms, host_ms = alternate_ms([lambda: model(x), host], args.runs, args.warmup, args.rounds)
             want = model(x)[0].numpy()
         got = arena[thunk["dst"]: thunk["dst"] + want.nbytes].view(np.float32).reshape(want.shape)
         rows.append((op, torch_ms, host_ms, host_ms / torch_ms, float(np.abs(got - want).max())))
@@ -298,9 +337,14 @@ def main() -> None:
     print(f"{'op':<6}{'torch ms':>10}{'host ms':>10}{'ratio':>8}{'max |diff|':>12}")
     for op, t_ms, h_ms, ratio, diff in rows:
         print(f"{op:<6}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
-    if "lstm" in [r[0] for r in rows]:
+    if "lstm" in runs:
         t_ms, h_ms = next((t, h) for op, t, h, _, _ in rows if op == "lstm")
-        lstm_step_profile(torch, B, S, H, chunk_columns(B, S)[0] // B, L * D * S, t_ms, h_ms)
+        host, model = runs["lstm"]
+        with torch.no_grad():
+            host_cpu, torch_cpu = one_thread_cpu_ms([lambda: host(False), lambda: model(x)], max(1, args.runs // 2),
+                                                    args.rounds)
+        lstm_step_profile(torch, B, S, H, chunk_columns(B, S)[0] // B, L * D * S, {"host": h_ms, "torch": t_ms},
+                          {"host": host_cpu, "torch": torch_cpu}, threads)
     if not args.no_fields:
         rows = [r for op in args.ops.split(",") for r in fields_table(torch, op, x, B, S, H, L, bidi, parallel, args)]
         print("\nversion-2 fields, host ms and the ratio to the plain op (torch: the full batch beside plain, "

@@ -19,18 +19,22 @@ alternative and beside torch):
   touch a finished row: a batch of lengths uniform in ``[1, seq]`` does about half the work of the
   full one. Direction 1 walks the same columns from the end, where a row joins (from its initial
   state) at its last valid step. The rows' final states are kept as they finish.
-- Sigmoids through exp: the rows of a gate whose activation is ``sigmoid`` (lstm i f o, gru r z by
-  default) in ``w_ih``, ``w_hh``, the biases and the peepholes are negated once (exact), so
-  ``σ(z) = 1/(1+exp(-z))`` is one ``exp``, one add and one division over those rows, which NumPy runs
-  in well under the time of its ``tanh``; clipping is symmetric, so it clips the negated rows alike.
-  Internally lstm gates are ordered ``i f o g``, so the rows of its first activation are contiguous.
-  ``exp(-z)`` overflows to inf for very negative ``z``, which gives ``σ = 0`` as it should: the loops
-  run with NumPy's overflow warning off.
+- Sigmoids and tanhs through exp: the rows of a gate whose activation is ``sigmoid`` (lstm i f o, gru
+  r z by default) in ``w_ih``, ``w_hh``, the biases and the peepholes are negated once (exact), and
+  those of a ``tanh`` gate (lstm g, gru n) doubled and negated where a step's block is wide
+  (``activations.stored_scale``), so ``σ(z) = 1/(1+exp(-z))`` and ``tanh(z) = 2/(1+exp(-2z)) - 1`` are
+  one ``exp``, one add and one division (and a subtraction) over those rows; NumPy's ``exp`` costs
+  about half its ``tanh``. Clipping is symmetric, so it clips the scaled rows at the bound scaled
+  alike. Internally lstm gates are ordered ``i f o g``: the rows of its first activation are
+  contiguous, and with the defaults one ``exp`` and one add run over all four gates
+  (``activations.sigmoid_then_tanh_of_scaled``); the cell's tanh goes through exp too. ``exp``
+  overflows to inf for very negative ``z``, which gives ``σ = 0`` and ``tanh = -1`` as it should: the
+  loops run with NumPy's overflow warning off.
 - Activations are NumPy functions chosen once per layer-direction (``activations.activation``), each writing
   ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
   (peepholes, clip), never per element.
 - Short sequences (decode, ``seq <= _STORED_MAX_SEQ``) in f32/f64 use the weights where they are
-  stored: the reordered, negated copy of ``w_ih`` and ``w_hh`` would cost more than the steps, so
+  stored: the reordered, scaled copy of ``w_ih`` and ``w_hh`` would cost more than the steps, so
   the sigmoid negates each step's pre-activations itself, in the ABI's gate order.
 - With two directions, a two-thread OpenBLAS and steps big enough (``_PARALLEL_STEP_FLOPS``), the
   directions run on two threads (``threads.run_all``), each with a single-threaded BLAS (NumPy
@@ -50,7 +54,8 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from . import threads
-from .activations import Activation, activation
+from .activations import (Activation, activation, sigmoid_of_negated, sigmoid_then_tanh_of_scaled, stored_scale,
+                          tanh_of_scaled)
 from .arena import COMPUTE, STORAGE
 from .fields import ACTIVATION_SLOTS, complete
 from .layout import Bound, output_width, regions
@@ -83,7 +88,7 @@ class _Dims:
     gates: int
     dirs: int
     compute: np.dtype
-    stored: bool  # weights used in place, ABI gate order, not negated (decode); else the internal copy
+    stored: bool  # weights used in place, ABI gate order, not scaled (decode); else the internal copy
 
 
 def _dims(t: Mapping[str, Any]) -> _Dims:
@@ -153,20 +158,20 @@ def chunk_columns(batch: int, seq: int) -> list[int]:
 # --- weights in the loops' form ----------------------------------------------------------------------
 
 
-def _internal(w: np.ndarray, d: _Dims, negated: Sequence[bool]) -> np.ndarray:
+def _internal(w: np.ndarray, d: _Dims, scales: Sequence[float]) -> np.ndarray:
     """A ``[gates*hidden, ...]`` block in internal gate order and compute type, the rows of each
-    internal gate with ``negated`` negated; a 1-D block (a bias) comes back as a column.
+    internal gate times its ``scales`` entry; a 1-D block (a bias) comes back as a column.
 
     With ``d.stored`` a weight matrix is the stored block itself and a bias a private copy, both in
-    the ABI's gate order and not negated.
+    the ABI's gate order and not scaled.
     """
     if d.stored:
         return w.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else w.astype(d.compute).reshape(-1, 1)
     src = w.reshape(d.gates, d.hidden, -1)
     out = np.empty(src.shape, d.compute)
     for k, g in enumerate(_ORDER[d.op]):
-        if negated[k]:
-            np.negative(src[g], out=out[k], dtype=d.compute)
+        if scales[k] != 1:
+            np.multiply(src[g], scales[k], out=out[k], dtype=d.compute)
         else:
             out[k] = src[g]
     return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
@@ -179,8 +184,8 @@ class _Cell:
     w_hh: np.ndarray
     h_bias: np.ndarray | None  # gru with linear_before_reset: b_hn, spread over the batch or a column
     acts: tuple[Activation, ...]  # one per slot
-    clip: float
-    peepholes: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # lstm p_i, p_f, p_o as columns, signed as their rows
+    clips: tuple[float, ...]  # per internal gate: the clip bound at the scale its rows are stored at; 0: none
+    peepholes: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # lstm p_i, p_f, p_o as columns, scaled as their rows
     input_forget: bool
     w_hr: np.ndarray | None
     linear_before_reset: bool
@@ -189,13 +194,14 @@ class _Cell:
 def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int) -> tuple[_Cell, np.ndarray]:
     """The loop's form of layer-direction ``ld`` (direction ``dr``), and its input-side bias column."""
     specs = _specs(t, d, dr)
-    negated = _negated_rows(specs, d)
-    # the gates' slots (f, g) take negated rows where they are sigmoids; lstm's h reads the cell itself
-    acts = tuple(activation(spec, s < 2 and not d.stored and spec[0] == "sigmoid") for s, spec in enumerate(specs))
-    w_hh = _internal(b.view("w_hh")[ld], d, negated)
+    scales = _scales(specs, d)
+    slot_scale = dict(zip(_SLOT[d.op], scales))  # lstm's h (slot 2) reads the cell itself, never scaled
+    acts = tuple(activation(spec, slot_scale.get(s, 1.0), _block(d)) for s, spec in enumerate(specs))
+    clips = tuple(abs(k) * float(t["clip"]) for k in scales)
+    w_hh = _internal(b.view("w_hh")[ld], d, scales)
     h_bias, lbr = None, bool(t.get("linear_before_reset", True))
     if d.op == "gru":
-        b_ih, b_hh = _internal(b.view("b_ih")[ld], d, negated), _internal(b.view("b_hh")[ld], d, negated)
+        b_ih, b_hh = _internal(b.view("b_ih")[ld], d, scales), _internal(b.view("b_hh")[ld], d, scales)
         two = 2 * d.hidden
         if lbr:  # b_hn sits inside r⊙(W_hn·h + b_hn)
             b_ih[:two] += b_hh[:two]
@@ -207,17 +213,17 @@ def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int) -> tuple[_
             b_ih += b_hh
         x_bias = b_ih
     else:
-        x_bias = _internal(b.view("bias")[ld], d, negated)
+        x_bias = _internal(b.view("bias")[ld], d, scales)
     peepholes = None
     if t.get("peepholes") is not None:
         p = b.view("peepholes")[ld].astype(d.compute).reshape(3, d.hidden, 1)  # ONNX order i, o, f
-        sign = -1 if negated[0] else 1
-        peepholes = (sign * p[0], sign * p[2], sign * p[1])
+        k = scales[0]  # i f o: the rows of slot f
+        peepholes = (k * p[0], k * p[2], k * p[1])
     w_hr = None
     if t.get("w_hr") is not None:
         w_hr = b.view("w_hr")[ld]
         w_hr = w_hr if w_hr.dtype == d.compute else w_hr.astype(d.compute)
-    return _Cell(w_hh, h_bias, acts, float(t["clip"]), peepholes, bool(t.get("input_forget", False)), w_hr,
+    return _Cell(w_hh, h_bias, acts, clips, peepholes, bool(t.get("input_forget", False)), w_hr,
                  lbr), x_bias
 
 
@@ -251,7 +257,8 @@ class _LstmSpace:
     gg: np.ndarray
     early: list  # (rows, scratch) activated by slot f before the cell update
     late: bool  # o activated after the cell update (it peeks at the new cell)
-    clip_early: list
+    fused: bool  # i f o hold -z and g -2z, all activated before the cell update: one exp pass for the four
+    clip_early: list  # (rows, bound) clipped before the activations
     c: np.ndarray
     tmp: np.ndarray
     scratch: np.ndarray
@@ -264,6 +271,8 @@ def _lstm_spaces(cell: _Cell, d: _Dims, c: np.ndarray) -> _Spaces:
     g_flat, s_flat = np.empty(4 * H * B, d.compute), np.empty(4 * H * B, d.compute)
     tmp_flat = np.empty(H * B, d.compute)
     late = cell.peepholes is not None
+    fused = not late and cell.acts[0] is sigmoid_of_negated and cell.acts[1] is tanh_of_scaled
+    clip_f, clip_g = cell.clips[0], cell.clips[-1]  # slot f's gates, slot g's (internal order; all alike when stored)
 
     def make(n: int) -> _LstmSpace:
         g, scratch = _blocks(g_flat, n, 4 * H), _blocks(s_flat, n, 4 * H)
@@ -273,14 +282,19 @@ def _lstm_spaces(cell: _Cell, d: _Dims, c: np.ndarray) -> _Spaces:
         else:
             i, f, o, gg = g[:H], g[H: 2 * H], g[2 * H: 3 * H], g[3 * H:]
             early = [(g[: 2 * H], scratch[: 2 * H])] if late else [(g[: 3 * H], scratch[: 3 * H])]
-        return _LstmSpace(g, i, f, o, gg, early, late, [g[: 2 * H], gg] if late else [g], c[:, :n],
-                          _blocks(tmp_flat, n, H), scratch[:H], scratch[H: 2 * H], scratch[2 * H: 3 * H])
+        if late:
+            clip_early = [(g[: 2 * H], clip_f), (gg, clip_g)]
+        else:
+            clip_early = [(g, clip_f)] if clip_f == clip_g else [(g[: 3 * H], clip_f), (gg, clip_g)]
+        return _LstmSpace(g, i, f, o, gg, early, late, fused, clip_early, c[:, :n], _blocks(tmp_flat, n, H),
+                          scratch[:H], scratch[H: 2 * H], scratch[2 * H: 3 * H])
     return _Spaces(make)
 
 
 def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
     act_f, act_g, act_h = cell.acts
-    w_hh, clip, peep, w_hr, coupled = cell.w_hh, cell.clip, cell.peepholes, cell.w_hr, cell.input_forget
+    w_hh, clip, peep, w_hr, coupled = cell.w_hh, cell.clips[0], cell.peepholes, cell.w_hr, cell.input_forget
+    H = w_hh.shape[0] // 4
     for xp, h, y, n in steps:
         s = spaces[n]
         c, tmp = s.c, s.tmp
@@ -293,11 +307,14 @@ def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
                 np.multiply(c, peep[1], out=tmp)
                 s.f += tmp
         if clip:
-            for rows in s.clip_early:
-                np.clip(rows, -clip, clip, out=rows)
-        for rows, scratch in s.early:
-            act_f(rows, rows, scratch)
-        act_g(s.gg, s.gg, s.g_scratch)
+            for rows, bound in s.clip_early:
+                np.clip(rows, -bound, bound, out=rows)
+        if s.fused:
+            sigmoid_then_tanh_of_scaled(s.g, 3 * H)
+        else:
+            for rows, scratch in s.early:
+                act_f(rows, rows, scratch)
+            act_g(s.gg, s.gg, s.g_scratch)
         if coupled:  # f = 1 - i: c' = c + i⊙(g - c)
             np.subtract(s.gg, c, out=tmp)
             tmp *= s.i
@@ -350,7 +367,8 @@ def _gru_spaces(cell: _Cell, d: _Dims, c: None) -> _Spaces:
 def _gru_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
     act_f, act_g = cell.acts
     H = cell.w_hh.shape[0] // 3
-    w_hh, w_rz, w_n, clip = cell.w_hh, cell.w_hh[: 2 * H], cell.w_hh[2 * H:], cell.clip
+    w_hh, w_rz, w_n = cell.w_hh, cell.w_hh[: 2 * H], cell.w_hh[2 * H:]
+    clip, clip_n = cell.clips[0], cell.clips[2]
     lbr = cell.linear_before_reset
     for xp, h, y, n in steps:
         s = spaces[n]
@@ -368,7 +386,7 @@ def _gru_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
             np.matmul(w_n, tmp, out=cand)
         cand += xp[2 * H:]
         if clip:
-            np.clip(cand, -clip, clip, out=cand)
+            np.clip(cand, -clip_n, clip_n, out=cand)
         act_g(cand, cand, s.n_scratch)
         np.subtract(h, cand, out=tmp)  # h' = (1-z)⊙n + z⊙h = n + z⊙(h-n)
         tmp *= s.z
@@ -389,7 +407,7 @@ def _rnn_spaces(cell: _Cell, d: _Dims, c: None) -> _Spaces:
 
 def _rnn_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
     (act,) = cell.acts
-    w_hh, clip = cell.w_hh, cell.clip
+    w_hh, clip = cell.w_hh, cell.clips[0]
     for xp, h, y, n in steps:
         s = spaces[n]
         np.matmul(w_hh, h, out=s.g)
@@ -443,7 +461,7 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
     chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state."""
     ld, W = layer * d.dirs + dr, d.width
     cell, x_bias = _cell(t, b, d, ld, dr)
-    w_ih = _internal(w_ih, d, _negated_rows(_specs(t, d, dr), d))
+    w_ih = _internal(w_ih, d, _scales(_specs(t, d, dr), d))
     out = [y[dr * W: dr * W + W] for y in ys]
     carry = t["carry"]
 
@@ -474,9 +492,16 @@ def _specs(t: Mapping[str, Any], d: _Dims, dr: int) -> Sequence[Sequence[Any]]:
     return t["activations"][dr * slots: (dr + 1) * slots]
 
 
-def _negated_rows(specs: Sequence[Sequence[Any]], d: _Dims) -> list[bool]:
-    """Which internal gates hold ``-z``: a sigmoid's rows, outside decode."""
-    return [not d.stored and specs[s][0] == "sigmoid" for s in _SLOT[d.op]]
+def _block(d: _Dims) -> int:
+    """Elements of a step's activation block as the exp route counts them (``activations.stored_scale``).
+    An rnn's activation writes straight into the layer's output slot, strided, where NumPy's one
+    ``tanh`` pass beats the route's four (rnn B=32 H=256: 8% slower through exp), so there it is 0."""
+    return 0 if d.op == "rnn" else d.hidden * d.batch
+
+
+def _scales(specs: Sequence[Sequence[Any]], d: _Dims) -> list[float]:
+    """The factor each internal gate's rows are stored at (``activations.stored_scale``; 1 in decode)."""
+    return [1.0 if d.stored else stored_scale(specs[s][0], _block(d)) for s in _SLOT[d.op]]
 
 
 def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray]) -> None:

@@ -335,6 +335,28 @@ def test_version2_fields_match_the_reference(case, seq, dtype):
             assert not dst[row, n:].any()
 
 
+# A step's block of at least EXP_TANH_MIN_ELEMENTS (batch x hidden) stores the tanh gates' rows at -2z
+# and takes every tanh through exp: the plain ops in each precision, and the fields that touch the scaled
+# rows (clip bounds, peepholes, the coupled gate, lengths, the other GRU form).
+WIDE = dict(batch=16, seq=18, input_size=3, hidden=128, num_layers=2, bidirectional=True, carry=True)
+WIDE_CASES = [
+    *[(op, {}, dtype) for op in ("lstm", "gru") for dtype in ("f32", "f64", "bf16")],
+    *[(op, dict(clip=0.3), "f32") for op in ("lstm", "gru")],
+    ("lstm", dict(peepholes=True, clip=0.5, seq_lens=[18, 0, 5, 17] * 4), "f32"),
+    ("lstm", dict(input_forget=True, proj_size=24), "f32"),
+    ("gru", dict(linear_before_reset=False, clip=0.4, seq_lens=[3, 18, 0, 9] * 4), "f32"),
+]
+
+
+@pytest.mark.parametrize("op,v2,dtype", WIDE_CASES, ids=[f"{op}-{'-'.join(v2) or 'plain'}-{dtype}"
+                                                          for op, v2, dtype in WIDE_CASES])
+def test_wide_blocks_take_tanh_through_exp_and_match_the_reference(op, v2, dtype):
+    from host_fallback.activations import stored_scale
+
+    assert stored_scale("tanh", WIDE["batch"] * WIDE["hidden"]) == -2.0  # the route under test
+    check(op, dtype, options={"parallel_directions": True}, **WIDE, **v2)
+
+
 @pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
 def test_rows_of_length_0_keep_their_state_and_write_zeros(op):
     thunk, arena, inp, writes = build(op, "f32", batch=2, seq=20, input_size=3, hidden=4, num_layers=2,
