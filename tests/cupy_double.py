@@ -58,7 +58,7 @@ H200 = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "totalGlobalMem": 150_00
 CUBLAS_OK, CUBLAS_INVALID_VALUE, CUBLAS_INTERNAL_ERROR, CUBLAS_NOT_SUPPORTED = 0, 7, 14, 15
 BLAS_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64), 2: np.dtype(np.float16), 14: np.dtype(ml_dtypes.bfloat16)}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
-# the PTX beside each cubin of the session's cache, by the cubin's digest, and the cubin files already read
+# the PTX beside each cubin of the session's cache, by the cubin's digest, and the cubin files already hashed
 _PTX_OF_CUBIN: dict[str, str] = {}
 _READ_CUBINS: set[Path] = set()
 
@@ -215,9 +215,9 @@ class Machine:
     def ptx_of(self, cubin: bytes) -> str:
         """The PTX NVRTC built with ``cubin``: the ``.ptx`` beside it in the backend's cubin cache."""
         digest = hashlib.sha256(cubin).hexdigest()
-        if digest not in _PTX_OF_CUBIN:
+        if digest not in _PTX_OF_CUBIN:  # the cache is kept across sessions: hash only files of the cubin's size
             for path in sorted(self.cubin_dir.glob("*.cubin")) if self.cubin_dir else ():
-                if path not in _READ_CUBINS:
+                if path not in _READ_CUBINS and path.stat().st_size == len(cubin):
                     _READ_CUBINS.add(path)
                     _PTX_OF_CUBIN.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(),
                                              path.with_suffix(".ptx").read_text())
