@@ -66,6 +66,22 @@ def test_the_double_marshals_kernel_arguments_as_cupy_does(monkeypatch):
         assert [r.kernel for r in machine.launches] == ["fill"]
 
 
+def test_the_double_refuses_a_cubin_the_cache_did_not_build(monkeypatch):
+    """The double judges launches by the PTX beside each cached cubin: a cubin of a cached one's size whose
+    bytes differ has no PTX there, and loading it is a contract breach (a real one is found by its digest)."""
+    import cuda_builds
+
+    from rlx_gpu.backends import programs
+
+    cached = cuda_builds.build(programs.program("cuda", "body", "f32", None, "gpu")).cubin
+    with installed(monkeypatch):
+        import cupy
+
+        cupy.cuda.function.Module().load(cached)
+        with pytest.raises(ContractError, match="did not build"):
+            cupy.cuda.function.Module().load(cached[:-1] + bytes([cached[-1] ^ 1]))
+
+
 def test_the_double_copies_and_multiplies_real_bytes(monkeypatch):
     with installed(monkeypatch) as machine:
         session = _session()
