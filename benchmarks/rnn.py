@@ -4,18 +4,19 @@ version-2 field (ABI.md §8) beside the plain op.
     python benchmarks/rnn.py [--runs 5] [--warmup 1] [--rounds 3] [--directions auto|parallel|serial]
                              [--no-fields]
 
-Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32. torch gets as
-many threads as NumPy's OpenBLAS has (printed). Each op runs on the same weights in both; the table
-shows the median of ``--rounds`` x ``--runs`` timed runs (torch and host take turns, a block of
-``--warmup`` untimed then ``--runs`` timed calls each, so drifting clocks or a neighbour's load hit
-both alike), and the largest difference between the two outputs. With lstm, a breakdown of one
-step follows: each part of the kernel's step alone beside its alternative (paired, turn by turn),
-their sum beside the whole runs per step, host and torch each on one thread (CPU time) and as the
-table ran them (wall time x threads: what the second thread adds). A second table times every
-version-2 field of each op beside the plain op (the same weights, the field's tensors drawn once),
-``seq_lens`` with lengths uniform in ``[1, seq]`` also beside torch on the same batch packed
-(``pack_padded_sequence``). A warning follows the tables when other processes used the CPUs
-meanwhile. Needs only numpy, ml_dtypes, torch and this repository.
+Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32. torch gets as many
+threads as NumPy's OpenBLAS has (printed). Each op runs on the same weights in both; the table shows the
+median of ``--rounds`` x ``--runs`` timed runs (torch and host take turns, a block of ``--warmup``
+untimed then ``--runs`` timed calls each, so drifting clocks or a neighbour's load hit both alike), and
+the largest difference between the two outputs. Where Numba is installed (the ``jit`` extra) the host
+lstm runs its compiled step (``host_fallback.jit``) and a second lstm row, in the same turns, runs
+NumPy's (``RLX_HOST_JIT=0``). With lstm, a breakdown of one step follows: each part of the kernel's step
+alone beside its alternative (paired, turn by turn), their sum beside the whole runs per step, host and
+torch each on one thread (CPU time) and as the table ran them (wall time x threads: what the second
+thread adds). A second table times every version-2 field of each op beside the plain op (the same
+weights, the field's tensors drawn once), ``seq_lens`` with lengths uniform in ``[1, seq]`` also beside
+torch on the same batch packed (``pack_padded_sequence``). A warning follows the tables when other
+processes used the CPUs meanwhile. Needs only numpy, ml_dtypes, torch and this repository (and Numba for the compiled step).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -31,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import host_fallback  # noqa: E402
-from host_fallback import threads  # noqa: E402
+from host_fallback import jit, threads  # noqa: E402
 from host_fallback.rnn import chunk_columns  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
@@ -58,6 +60,20 @@ def lay_out(op: str, tensors: dict[str, np.ndarray], dst_shape: tuple[int, ...],
     thunk = {"op": op, "dtype": "f32", **params, **{f: offsets.get(f, 0) for f in FIELDS[op]},
              **{f: offsets[f] for f in TENSORS_V2 if f in offsets}}
     return thunk, arena
+
+
+@contextmanager
+def numpy_steps():
+    """Within it, the host kernels run NumPy's loops even where Numba is installed."""
+    before = os.environ.get(jit.ENV)
+    os.environ[jit.ENV] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[jit.ENV]
+        else:
+            os.environ[jit.ENV] = before
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -191,14 +207,24 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
                 rows += [(f"input projection, {name}: a {chunk}-step chunk's GEMM / {chunk}", chunked, 0.5),
                          (f"  the whole sequence's GEMM / {S}",
                           per_call_us(lambda k=k: np.matmul(w_ih[k], x_whole[k], out=whole), 3) / S, 0)]
+            pointwise = jit.kernel("lstm_pointwise")
+            numpy_weight = 1
+            if pointwise is not None:  # the kernel's step: everything after the GEMM in one pass
+                bias, inf, out = np.zeros(4 * H, f32), f32(np.inf), np.empty((H, chunk * B), f32)
+                rows += [("the rest of the step, one Numba pass (the kernel's, jit extra)",
+                          per_call_us(lambda: pointwise(pre, proj, 0, bias, cell, out, 0, B, inf, inf, f32(1), False),
+                                      1000), 1),
+                         ("  NumPy's steps instead (RLX_HOST_JIT=0):", 0.0, 0)]
+                numpy_weight = 0
             fused, separate = fresh(lambda: sigmoid_then_tanh_of_scaled(g, 3 * H), sigmoids_then_np_tanh)
             via_exp, via_tanh = paired_us([lambda: (tanh_through_exp(cell, tmp, None), np.multiply(g[2 * H: 3 * H], tmp, out=y)),
                                            lambda: (np.tanh(cell, out=tmp), np.multiply(g[2 * H: 3 * H], tmp, out=y))], 1000)
-            rows += [("add the step's projection, from its chunk", per_call_us(lambda: np.add(g, proj[:, :B], out=g), 2000), 1),
-                     ("gates: exp, +1 over i f o g; 1/x over i f o; 2/x - 1 over g", fused, 1),
+            rows += [("add the step's projection, from its chunk", per_call_us(lambda: np.add(g, proj[:, :B], out=g), 2000),
+                      numpy_weight),
+                     ("gates: exp, +1 over i f o g; 1/x over i f o; 2/x - 1 over g", fused, numpy_weight),
                      ("  exp, +1, 1/x over i f o; np.tanh over g", separate, 0),
-                     ("cell update c = f·c + i·g", per_call_us(cell_update, 1000), 1),
-                     ("h = o·tanh(c), tanh through exp, into the chunk's slot", via_exp, 1),
+                     ("cell update c = f·c + i·g", per_call_us(cell_update, 1000), numpy_weight),
+                     ("h = o·tanh(c), tanh through exp, into the chunk's slot", via_exp, numpy_weight),
                      ("  with np.tanh", via_tanh, 0)]
             x = rng.standard_normal((B, S, H), f32)
             x_tm = np.empty((S, B, H), f32)
@@ -213,7 +239,7 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
             torch.set_num_threads(torch_threads)
     print(f"\nlstm, one step of one layer-direction (B={B} H={H}), µs, each part alone with a one-thread BLAS:")
     for label, us, _ in rows:
-        print(f"  {label:<64}{us:>8.1f}")
+        print(f"  {label:<64}{us:>8.1f}" if us else f"  {label}")
     summed = "sum of the kernel's parts (projection: mean of the layers)"
     print(f"  {summed:<64}{sum(us * weight for _, us, weight in rows):>8.1f}")
     print("whole runs / (layers·dirs·seq) steps, µs:")
@@ -327,18 +353,30 @@ def main() -> None:
         def host(parallel=parallel, thunk=thunk, arena=arena):
             host_fallback.execute(thunk, arena, parallel_directions=parallel)
 
+        def host_numpy(host=host):
+            with numpy_steps():
+                host()
+
         runs[op] = (host, model)
+        compiled = op == "lstm" and jit.kernel("lstm_pointwise") is not None
         with torch.no_grad():
-            torch_ms, host_ms = alternate_ms([lambda: model(x), host], args.runs, args.warmup, args.rounds)
+            sides = [lambda: model(x), host] + ([host_numpy] if compiled else [])
+            torch_ms, host_ms, *numpy_ms = alternate_ms(sides, args.runs, args.warmup, args.rounds)
             want = model(x)[0].numpy()
         got = arena[thunk["dst"]: thunk["dst"] + want.nbytes].view(np.float32).reshape(want.shape)
-        rows.append((op, torch_ms, host_ms, host_ms / torch_ms, float(np.abs(got - want).max())))
+        label = f"{op} (Numba step)" if compiled else op
+        rows.append((label, torch_ms, host_ms, host_ms / torch_ms, float(np.abs(got - want).max())))
+        if compiled:
+            host_numpy()
+            got = arena[thunk["dst"]: thunk["dst"] + want.nbytes].view(np.float32).reshape(want.shape)
+            rows.append((f"{op} (NumPy step)", torch_ms, numpy_ms[0], numpy_ms[0] / torch_ms,
+                         float(np.abs(got - want).max())))
 
-    print(f"{'op':<6}{'torch ms':>10}{'host ms':>10}{'ratio':>8}{'max |diff|':>12}")
+    print(f"{'op':<20}{'torch ms':>10}{'host ms':>10}{'ratio':>8}{'max |diff|':>12}")
     for op, t_ms, h_ms, ratio, diff in rows:
-        print(f"{op:<6}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
+        print(f"{op:<20}{t_ms:>10.1f}{h_ms:>10.1f}{ratio:>7.2f}x{diff:>12.1e}")
     if "lstm" in runs:
-        t_ms, h_ms = next((t, h) for op, t, h, _, _ in rows if op == "lstm")
+        t_ms, h_ms = next((t, h) for op, t, h, _, _ in rows if op.startswith("lstm"))
         host, model = runs["lstm"]
         with torch.no_grad():
             host_cpu, torch_cpu = one_thread_cpu_ms([lambda: host(False), lambda: model(x)], max(1, args.runs // 2),
