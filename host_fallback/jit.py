@@ -2,7 +2,7 @@
 
 One kernel so far: everything of an lstm step but its GEMM (``lstm_pointwise``), one pass over the
 step's gates. NumPy runs that part as about fifteen whole-block passes (``rnn._lstm_loop``): at B=32
-H=256 they take 105-165 µs of a 650-900 µs step, the compiled pass 55-85 µs, which takes the host lstm
+H=256 they take 105-167 µs of a 650-900 µs step, the compiled pass 55-85 µs, which takes the host lstm
 prefill from a median 1.28x torch's oneDNN kernel to 1.12x (``python benchmarks/rnn.py``, which times
 both beside torch). NumPy's loop stays the path without Numba and everywhere the pass does not apply;
 the tests run both against the same float64 recurrences.

@@ -33,7 +33,7 @@ alternative and beside torch):
 - Where Numba is installed (the ``jit`` extra) an lstm with the default activations and no peepholes, f32
   inside, runs everything of a step after its GEMM (the projection and bias added, the four gates, clip,
   the cell, ``o·tanh(c)`` into its slot) as one compiled pass (``jit``, ``_lstm_pointwise_loop``) instead
-  of the ~15 NumPy passes below: at B=32 H=256 55-85 against 105-165 µs of a 650-900 µs step. The NumPy
+  of the ~15 NumPy passes below: at B=32 H=256 55-85 against 105-167 µs of a 650-900 µs step. The NumPy
   loop is the same recurrence and stays the path everywhere else, and with ``RLX_HOST_JIT=0``.
 - Activations are NumPy functions chosen once per layer-direction (``activations.activation``), each writing
   ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
