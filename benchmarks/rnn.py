@@ -25,8 +25,8 @@ import os
 import statistics
 import sys
 import time
-from contextlib import contextmanager
 from typing import Callable
+from unittest import mock
 
 import numpy as np
 
@@ -60,20 +60,6 @@ def lay_out(op: str, tensors: dict[str, np.ndarray], dst_shape: tuple[int, ...],
     thunk = {"op": op, "dtype": "f32", **params, **{f: offsets.get(f, 0) for f in FIELDS[op]},
              **{f: offsets[f] for f in TENSORS_V2 if f in offsets}}
     return thunk, arena
-
-
-@contextmanager
-def numpy_steps():
-    """Within it, the host kernels run NumPy's loops even where Numba is installed."""
-    before = os.environ.get(jit.ENV)
-    os.environ[jit.ENV] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[jit.ENV]
-        else:
-            os.environ[jit.ENV] = before
 
 
 def cpu_ticks() -> tuple[int, int] | None:
@@ -192,7 +178,9 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
         np.tanh(g[3 * H:], out=g[3 * H:])
 
     tg, tw = torch.from_numpy(g), torch.from_numpy(w_hh)
-    rows = []  # (label, µs, its weight in the kernel's step: 1, 1/2 for each layer's projection, 0 for an alternative)
+    # (label, µs or None for a heading, its weight in the kernel's step: 1, 1/2 for each layer's projection,
+    # 0 for an alternative)
+    rows = []
     with threads.single_threaded_blas(), np.errstate(over="ignore"):
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -214,7 +202,7 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
                 rows += [("the rest of the step, one Numba pass (the kernel's, jit extra)",
                           per_call_us(lambda: pointwise(pre, proj, 0, bias, cell, out, 0, B, inf, inf, f32(1), False),
                                       1000), 1),
-                         ("  NumPy's steps instead (RLX_HOST_JIT=0):", 0.0, 0)]
+                         ("  NumPy's steps instead (RLX_HOST_JIT=0):", None, 0)]
                 numpy_weight = 0
             fused, separate = fresh(lambda: sigmoid_then_tanh_of_scaled(g, 3 * H), sigmoids_then_np_tanh)
             via_exp, via_tanh = paired_us([lambda: (tanh_through_exp(cell, tmp, None), np.multiply(g[2 * H: 3 * H], tmp, out=y)),
@@ -239,9 +227,9 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
             torch.set_num_threads(torch_threads)
     print(f"\nlstm, one step of one layer-direction (B={B} H={H}), µs, each part alone with a one-thread BLAS:")
     for label, us, _ in rows:
-        print(f"  {label:<64}{us:>8.1f}" if us else f"  {label}")
+        print(f"  {label}" if us is None else f"  {label:<64}{us:>8.1f}")
     summed = "sum of the kernel's parts (projection: mean of the layers)"
-    print(f"  {summed:<64}{sum(us * weight for _, us, weight in rows):>8.1f}")
+    print(f"  {summed:<64}{sum(us * weight for _, us, weight in rows if weight):>8.1f}")
     print("whole runs / (layers·dirs·seq) steps, µs:")
     for side in ("host", "torch"):
         print(f"  {side + ', one thread (CPU time)':<64}{cpu_ms[side] * 1e3 / steps:>8.1f}")
@@ -354,7 +342,7 @@ def main() -> None:
             host_fallback.execute(thunk, arena, parallel_directions=parallel)
 
         def host_numpy(host=host):
-            with numpy_steps():
+            with mock.patch.dict(os.environ, {jit.ENV: "0"}):  # NumPy's loops even where Numba is installed
                 host()
 
         runs[op] = (host, model)

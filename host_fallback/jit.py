@@ -8,38 +8,34 @@ both beside torch). NumPy's loop stays the path without Numba and everywhere the
 the tests run both against the same float64 recurrences.
 
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
-signature each, eagerly when ``jit_kernels`` is first imported (so two threads never race to compile),
+signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
+the threads),
 and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
 a process pays the compile once per machine, a few seconds; a later one loads them in well under one.
 """
 from __future__ import annotations
 
 import os
-import threading
+from functools import cache
 from types import ModuleType
 from typing import Callable
 
 #: The environment variable that turns the compiled kernels off (``0``, ``off``, ``false`` or ``no``).
 ENV = "RLX_HOST_JIT"
 
-_lock = threading.Lock()
-_loaded: list[ModuleType | None] = []  # empty until the first try; then the module, or None without Numba
-
-
 def enabled() -> bool:
     """Whether ``RLX_HOST_JIT`` allows the compiled kernels (read on every call)."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+@cache
 def _kernels() -> ModuleType | None:
-    with _lock:
-        if not _loaded:
-            try:
-                from . import jit_kernels
-            except ImportError:  # no Numba (or no llvmlite): the NumPy loops
-                jit_kernels = None
-            _loaded.append(jit_kernels)
-        return _loaded[0]
+    """``jit_kernels``, or None without Numba (Python's import lock compiles it once across threads)."""
+    try:
+        from . import jit_kernels
+    except ImportError:  # no Numba (or no llvmlite): the NumPy loops
+        return None
+    return jit_kernels
 
 
 def kernel(name: str) -> Callable | None:

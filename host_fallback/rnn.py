@@ -349,21 +349,24 @@ def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
             np.matmul(w_hr, tmp, out=y)
 
 
-def _lstm_pointwise_loop(cell: _Cell, steps, spaces: _Spaces, bias: np.ndarray, c: np.ndarray) -> None:
+def _lstm_pointwise_loop(cell: _Cell, steps, d: _Dims, bias: np.ndarray, c: np.ndarray) -> None:
     """``_lstm_loop`` with everything after each step's GEMM in Numba's one pass (``jit``): ``steps`` carry
     no input-side bias, ``bias [4H]`` is added there; ``c [H, batch]`` is the cell."""
     w_hh, w_hr, step = cell.w_hh, cell.w_hr, cell.pointwise
+    H, B = d.hidden, d.batch
+    g_flat, tmp_flat = np.empty(4 * H * B, d.compute), np.empty(H * B, d.compute)
+    spaces = _Spaces(lambda n: (_blocks(g_flat, n, 4 * H), _blocks(tmp_flat, n, H)))  # W_hh·h, o·tanh(c) for w_hr
     clip_ifo, clip_g = (np.float32(bound or np.inf) for bound in (cell.clips[0], cell.clips[-1]))  # inf: no clip
     g_scale = np.float32(1.0 if cell.acts[1] is tanh_of_scaled else -2.0)  # g's rows at -2z, or at z (narrow blocks)
     coupled = cell.input_forget
     for _, h, y, n, (proj, col, out) in steps:
-        s = spaces[n]
-        np.matmul(w_hh, h, out=s.g)
+        g, tmp = spaces[n]
+        np.matmul(w_hh, h, out=g)
         if w_hr is None:
-            step(s.g, proj, col, bias, c, out, col, n, clip_ifo, clip_g, g_scale, coupled)
+            step(g, proj, col, bias, c, out, col, n, clip_ifo, clip_g, g_scale, coupled)
         else:
-            step(s.g, proj, col, bias, c, s.tmp, 0, n, clip_ifo, clip_g, g_scale, coupled)
-            np.matmul(w_hr, s.tmp, out=y)
+            step(g, proj, col, bias, c, tmp, 0, n, clip_ifo, clip_g, g_scale, coupled)
+            np.matmul(w_hr, tmp, out=y)
 
 
 @dataclass
@@ -509,8 +512,7 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
         if cell.pointwise is None:
             loop(cell, _steps(w_ih, x_bias, xs, out, pack, d, backwards, h), make_spaces(cell, d, c))
         else:
-            _lstm_pointwise_loop(cell, _steps(w_ih, None, xs, out, pack, d, backwards, h), make_spaces(cell, d, c),
-                                 x_bias.ravel(), c)
+            _lstm_pointwise_loop(cell, _steps(w_ih, None, xs, out, pack, d, backwards, h), d, x_bias.ravel(), c)
     if carry:  # the final state, in place
         for field, final in (("h0", h), ("c0", c)):
             if final is not None:

@@ -25,7 +25,6 @@ CACHE_ENV = "RLX_CACHE_DIR"
 MAGIC = b"\x7fELF"  # a cubin is an ELF image; anything else in the cache is a damaged entry
 
 
-
 @dataclass(frozen=True)
 class CudaBuild:
     """One NVRTC compile for an ``sm_XX`` architecture: the cubin, its PTX and the log with ptxas's report."""
