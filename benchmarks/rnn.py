@@ -162,6 +162,7 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
     y = np.empty((2 * H, chunk * B), f32)[:H, :B]  # h's slot: this direction's rows of a layer's output chunk
     tmp, cell = np.empty((H, B), f32), rng.uniform(-2, 2, (H, B)).astype(f32)
     g[...] = rng.uniform(-3, 3, g.shape)
+    proj[...] = rng.uniform(-1, 1, proj.shape)
     pre = g.copy()
 
     def fresh(*fns):  # each fn's µs on fresh pre-activations (their copy's time taken off)
@@ -185,25 +186,24 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
+            step, panels = jit.kernel("lstm_step"), jit.kernel("lstm_panels")
+            numpy_weight = 1
+            if step is not None:  # the kernel's step: W_hh·h + W_ih·x_t in register tiles and the rest, one call
+                inf, out = f32(np.inf), np.empty((H, chunk * B), f32)
+                packed_hh, bias = panels(w_hh), jit.kernel("lstm_panel_bias")(np.zeros(4 * H, f32))
+                for k, name in ((1, "layer 0"), (2, "layer 1")):
+                    packed_ih, x_t = panels(w_ih[k]), x_chunk[k][:, :B]
+                    rows.append((f"one compiled step, {name}: W_hh·h + W_ih·x_t, then the rest (the kernel's)",
+                                 per_call_us(lambda packed_ih=packed_ih, x_t=x_t: step(
+                                     packed_hh, h, packed_ih, x_t, bias, cell, out, 0, inf, inf, f32(1), False), 400),
+                                 0.5))
+                rows.append(("NumPy's step instead (RLX_HOST_JIT=0, or without the jit extra):", None, 0))
+                numpy_weight = 0
             ours, other, theirs = paired_us([lambda: np.matmul(w_hh, h, out=g), lambda: np.matmul(h_t, w_t, out=g_t),
                                              lambda: torch.mm(tw, torch.from_numpy(h), out=tg)], 400)
-            rows += [("recurrent GEMM W_hh·hᵀ [4H,H]·[H,B] (the kernel's)", ours, 1),
+            rows += [("recurrent GEMM W_hh·hᵀ [4H,H]·[H,B], OpenBLAS", ours, numpy_weight),
                      ("  the other orientation h·W_hhᵀ [B,H]·[H,4H]", other, 0),
                      ("  torch.mm, same shape, 1 thread", theirs, 0)]
-            for k, name in ((1, "layer 0"), (2, "layer 1")):
-                chunked = per_call_us(lambda k=k: np.matmul(w_ih[k], x_chunk[k], out=proj), 100) / chunk
-                rows += [(f"input projection, {name}: a {chunk}-step chunk's GEMM / {chunk}", chunked, 0.5),
-                         (f"  the whole sequence's GEMM / {S}",
-                          per_call_us(lambda k=k: np.matmul(w_ih[k], x_whole[k], out=whole), 3) / S, 0)]
-            pointwise = jit.kernel("lstm_pointwise")
-            numpy_weight = 1
-            if pointwise is not None:  # the kernel's step: everything after the GEMM in one pass
-                bias, inf, out = np.zeros(4 * H, f32), f32(np.inf), np.empty((H, chunk * B), f32)
-                rows += [("the rest of the step, one Numba pass (the kernel's, jit extra)",
-                          per_call_us(lambda: pointwise(pre, proj, 0, bias, cell, out, 0, B, inf, inf, f32(1), False),
-                                      1000), 1),
-                         ("  NumPy's steps instead (RLX_HOST_JIT=0):", None, 0)]
-                numpy_weight = 0
             fused, separate = fresh(lambda: sigmoid_then_tanh_of_scaled(g, 3 * H), sigmoids_then_np_tanh)
             via_exp, via_tanh = paired_us([lambda: (tanh_through_exp(cell, tmp, None), np.multiply(g[2 * H: 3 * H], tmp, out=y)),
                                            lambda: (np.tanh(cell, out=tmp), np.multiply(g[2 * H: 3 * H], tmp, out=y))], 1000)
@@ -214,9 +214,16 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
                      ("cell update c = f·c + i·g", per_call_us(cell_update, 1000), numpy_weight),
                      ("h = o·tanh(c), tanh through exp, into the chunk's slot", via_exp, numpy_weight),
                      ("  with np.tanh", via_tanh, 0)]
+            for k, name in ((1, "layer 0"), (2, "layer 1")):
+                chunked = per_call_us(lambda k=k: np.matmul(w_ih[k], x_chunk[k], out=proj), 100) / chunk
+                rows += [(f"input projection, {name}: a {chunk}-step chunk's GEMM / {chunk}", chunked, numpy_weight / 2),
+                         (f"  the whole sequence's GEMM / {S}",
+                          per_call_us(lambda k=k: np.matmul(w_ih[k], x_whole[k], out=whole), 3) / S, 0)]
             x = rng.standard_normal((B, S, H), f32)
             x_tm = np.empty((S, B, H), f32)
             per_run = [("layer 0's input: the time-major copy of x", per_call_us(lambda: np.copyto(x_tm, x.transpose(1, 0, 2)), 20))]
+            if panels is not None:
+                per_run.append(("w_hh in the compiled step's panels, each layer-direction", per_call_us(lambda: panels(w_hh), 20)))
             w_dec, x_dec, w_copy = w_ih[1], rng.standard_normal((H, 1), f32), np.empty((4 * H, H), f32)
             g_dec = np.empty((4 * H, 1), f32)
             per_run += [("decode B=1: w_ih and w_hh copied in gate order, scaled",
@@ -346,7 +353,7 @@ def main() -> None:
                 host()
 
         runs[op] = (host, model)
-        compiled = op == "lstm" and jit.kernel("lstm_pointwise") is not None
+        compiled = op == "lstm" and jit.kernel("lstm_step") is not None
         with torch.no_grad():
             sides = [lambda: model(x), host] + ([host_numpy] if compiled else [])
             torch_ms, host_ms, *numpy_ms = alternate_ms(sides, args.runs, args.warmup, args.rounds)

@@ -1,16 +1,17 @@
 """Host kernels compiled by Numba (the ``jit`` extra), used where it is installed.
 
-One kernel so far: everything of an lstm step but its GEMM (``lstm_pointwise``), one pass over the
-step's gates. NumPy runs that part as about fifteen whole-block passes (``rnn._lstm_loop``): at B=32
-H=256 they take 105-167 µs of a 650-900 µs step, the compiled pass 55-85 µs, which takes the host lstm
-prefill from a median 1.28x torch's oneDNN kernel to 1.12x (``python benchmarks/rnn.py``, which times
-both beside torch). NumPy's loop stays the path without Numba and everywhere the pass does not apply;
-the tests run both against the same float64 recurrences.
+One kernel so far: a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
+over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
+``o·tanh(c)`` in one vectorized pass. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
+every call), the input projection a time chunk at a time, and about fifteen array passes
+(``rnn._lstm_loop``). At B=32 H=256, 2 layers, bidirectional, the compiled step takes the host lstm prefill
+from a median 1.28x torch's oneDNN kernel to 0.93x (``python benchmarks/rnn.py`` times both beside torch,
+and each part of a step). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
+(``rnn._cell`` says where); the tests run both against the same float64 recurrences.
 
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
-the threads),
-and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
+the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
 a process pays the compile once per machine, a few seconds; a later one loads them in well under one.
 """
 from __future__ import annotations
@@ -41,14 +42,16 @@ def _kernels() -> ModuleType | None:
 def kernel(name: str) -> Callable | None:
     """The compiled kernel ``name``, or ``None`` without Numba or with ``RLX_HOST_JIT=0``.
 
-    ``lstm_pointwise(g, proj, col, bias, c, out, out_col, n, clip_ifo, clip_g, g_scale, coupled)``, float32,
-    every array C-contiguous: ``g [4H, n]`` is ``W_hh·h`` in the internal gate order ``i f o g``
-    (``rnn._ORDER``), the rows of i f o at ``-z`` (``activations.stored_scale``) and those of g at ``-2z``
-    (``g_scale`` 1) or at ``z`` (``g_scale`` -2); columns ``col..col+n`` of ``proj`` are the step's input
-    projection and ``bias [4H]`` the input-side bias, at the same scales; ``c [H, >=n]`` is the cell,
-    updated in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows.
+    ``lstm_panels(w)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
+    ``rnn._ORDER``) packed for ``lstm_step``; ``lstm_panel_bias(b)`` the same for a bias ``[4H]``.
+
+    ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one
+    step of the ``n`` columns of ``h [width, n]`` and ``x [in, n]`` (views, any strides), over the packed
+    ``w_hh``, ``w_ih`` and ``bias``, whose rows of i f o are at ``-z`` (``activations.stored_scale``) and
+    those of g at ``-2z`` (``g_scale`` 1) or at ``z`` (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated
+    in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:
-    ``input_forget``.
+    ``input_forget``. Shapes that do not fit together raise ``ValueError`` before anything is read or written.
     """
     if not enabled():
         return None

@@ -30,11 +30,15 @@ alternative and beside torch):
   (``activations.sigmoid_then_tanh_of_scaled``); the cell's tanh goes through exp too. ``exp``
   overflows to inf for very negative ``z``, which gives ``σ = 0`` and ``tanh = -1`` as it should: the
   loops run with NumPy's overflow warning off.
-- Where Numba is installed (the ``jit`` extra) an lstm with the default activations and no peepholes, f32
-  inside, runs everything of a step after its GEMM (the projection and bias added, the four gates, clip,
-  the cell, ``o·tanh(c)`` into its slot) as one compiled pass (``jit``, ``_lstm_pointwise_loop``) instead
-  of the ~15 NumPy passes below: at B=32 H=256 55-85 against 105-167 µs of a 650-900 µs step. The NumPy
-  loop is the same recurrence and stays the path everywhere else, and with ``RLX_HOST_JIT=0``.
+- Where Numba is installed (the ``jit`` extra) an f32-inside lstm with the default activations, no
+  peepholes and a batch of at least ``_COMPILED_MIN_BATCH`` runs each step as one compiled kernel
+  (``jit``, ``_lstm_compiled_loop``): ``W_hh·h + W_ih·x_t`` in register tiles over the weights packed
+  once per call (no projection chunks: the steps read their input columns in place), then the gates,
+  clip, the cell and ``o·tanh(c)`` into its slot, where the NumPy loop below runs two OpenBLAS GEMMs
+  and ~15 array passes. It runs on one core, so where a direction's GEMMs would get several (one
+  direction at a time on a multi-thread BLAS) it takes only the steps it still runs faster
+  (``_COMPILED_SHARED_MIN_BATCH``, ``_COMPILED_SHARED_STEP_FLOPS``).
+  The NumPy loop is the same recurrence and stays the path everywhere else, and with ``RLX_HOST_JIT=0``.
 - Activations are NumPy functions chosen once per layer-direction (``activations.activation``), each writing
   ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
   (peepholes, clip), never per element.
@@ -54,7 +58,7 @@ and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -77,6 +81,16 @@ _CHUNK_COLUMNS = 128
 _PARALLEL_STEP_FLOPS = 2_000_000
 #: Longest sequence that reads f32/f64 weights where they are stored (no per-call reordered copy).
 _STORED_MAX_SEQ = 16
+#: Smallest batch the compiled lstm step runs (``jit``): its tiles are 8 columns wide, so below 8 lanes idle
+#: (unidirectional H=256, its time over NumPy's step's: B=1 3.3x, B=4 1.26x, B=8 1.12x, B=16 0.95x).
+_COMPILED_MIN_BATCH = 8
+#: The compiled step runs on one core. Where NumPy's step would run each GEMM on two (one direction at a
+#: time on a two-thread BLAS) the compiled one wins from a batch of 12 up to about this many flops a step
+#: (B=12 H=256: 12.6 MFLOP, 0.86x NumPy's time; B=32 H=256: 33.6, 0.94x) and loses past it (B=16 H=512: 67,
+#: 0.98x; B=64 H=512: 268, 1.20x) or below it (B=8 H=256: 1.12x; B=8 H=512: 1.74x); with more BLAS threads
+#: the bound shrinks in proportion.
+_COMPILED_SHARED_MIN_BATCH = 12
+_COMPILED_SHARED_STEP_FLOPS = 40_000_000
 
 
 # --- sizes and packing -------------------------------------------------------------------------------
@@ -182,6 +196,14 @@ def _internal(w: np.ndarray, d: _Dims, scales: Sequence[float]) -> np.ndarray:
     return out.reshape(d.gates * d.hidden, -1) if w.ndim == 2 else out.reshape(-1, 1)
 
 
+class _Compiled(NamedTuple):
+    """The Numba kernels of the compiled lstm step (``jit``)."""
+
+    lstm_panels: Callable
+    lstm_panel_bias: Callable
+    lstm_step: Callable
+
+
 @dataclass
 class _Cell:
     """One layer-direction's weights and the fields its loop reads, in the loop's form."""
@@ -194,11 +216,13 @@ class _Cell:
     input_forget: bool
     w_hr: np.ndarray | None
     linear_before_reset: bool
-    pointwise: Callable | None  # lstm: Numba's fused step after the GEMM (``jit``), where it applies; else None
+    compiled: _Compiled | None  # lstm: Numba's kernels (``jit``) where they apply
 
 
-def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int) -> tuple[_Cell, np.ndarray]:
-    """The loop's form of layer-direction ``ld`` (direction ``dr``), and its input-side bias column."""
+def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int, inputs: int,
+          blas_cores: int) -> tuple[_Cell, np.ndarray]:
+    """The loop's form of layer-direction ``ld`` (direction ``dr``, ``inputs`` features in), and its input-side
+    bias column; ``blas_cores``: the threads a GEMM of NumPy's step would run on."""
     specs = _specs(t, d, dr)
     scales = _scales(specs, d)
     slot_scale = dict(zip(_SLOT[d.op], scales))  # lstm's h (slot 2) reads the cell itself, never scaled
@@ -229,19 +253,23 @@ def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int) -> tuple[_
     if t.get("w_hr") is not None:
         w_hr = b.view("w_hr")[ld]
         w_hr = w_hr if w_hr.dtype == d.compute else w_hr.astype(d.compute)
-    pointwise = None
-    if (d.op == "lstm" and not d.stored and d.compute == np.float32 and peepholes is None
-            and [spec[0] for spec in specs] == ["sigmoid", "tanh", "tanh"]):
-        pointwise = jit.kernel("lstm_pointwise")
+    compiled = None
+    step_flops = 2 * d.gates * d.hidden * (d.width + inputs) * d.batch
+    if (d.op == "lstm" and not d.stored and d.compute == np.float32 and d.batch >= _COMPILED_MIN_BATCH
+            and (blas_cores == 1 or (d.batch >= _COMPILED_SHARED_MIN_BATCH
+                                     and step_flops * blas_cores <= 2 * _COMPILED_SHARED_STEP_FLOPS))
+            and peepholes is None and [spec[0] for spec in specs] == ["sigmoid", "tanh", "tanh"]):
+        kernels = [jit.kernel(name) for name in _Compiled._fields]
+        compiled = None if None in kernels else _Compiled(*kernels)
     return _Cell(w_hh, h_bias, acts, clips, peepholes, bool(t.get("input_forget", False)), w_hr,
-                 lbr, pointwise), x_bias
+                 lbr, compiled), x_bias
 
 
 # --- one layer-direction's time loop -----------------------------------------------------------------
 # Every array is feature-major [features, columns]. ``steps`` yields (xp, h, y, n, at): xp is W_ih·x_t plus
-# the input-side bias for the n running rows, h their state, y the slot where h_t lands; ``at`` is where
-# xp and y lie, (the projection chunk, the step's first column in it, the output chunk): what a compiled
-# loop indexes, since it takes whole C-contiguous arrays.
+# the input-side bias for the n running rows (for the compiled lstm step, x_t itself), h their state, y the
+# slot where h_t lands; ``at`` is where y lies, (the output chunk, the step's first column in it): what the
+# compiled step writes through, since it vectorizes over rows of a C-contiguous array.
 
 
 class _Spaces(dict):
@@ -349,23 +377,22 @@ def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
             np.matmul(w_hr, tmp, out=y)
 
 
-def _lstm_pointwise_loop(cell: _Cell, steps, d: _Dims, bias: np.ndarray, c: np.ndarray) -> None:
-    """``_lstm_loop`` with everything after each step's GEMM in Numba's one pass (``jit``): ``steps`` carry
-    no input-side bias, ``bias [4H]`` is added there; ``c [H, batch]`` is the cell."""
-    w_hh, w_hr, step = cell.w_hh, cell.w_hr, cell.pointwise
-    H, B = d.hidden, d.batch
-    g_flat, tmp_flat = np.empty(4 * H * B, d.compute), np.empty(H * B, d.compute)
-    spaces = _Spaces(lambda n: (_blocks(g_flat, n, 4 * H), _blocks(tmp_flat, n, H)))  # W_hh·h, o·tanh(c) for w_hr
+def _lstm_compiled_loop(cell: _Cell, w_ih: np.ndarray, steps, d: _Dims, bias: np.ndarray, c: np.ndarray) -> None:
+    """``_lstm_loop`` as one Numba kernel a step (``jit``): ``W_hh·h + W_ih·x_t + bias`` over the weights packed
+    once for the call, and everything after it. ``w_ih`` is the internal ``[4H, in]`` block, ``steps`` yield
+    ``x_t`` itself (not its projection), ``bias [4H]`` is the input-side bias, ``c [H, batch]`` the cell."""
+    kernels, w_hr, step = cell.compiled, cell.w_hr, cell.compiled.lstm_step
+    w_hh, w_ih, bias = kernels.lstm_panels(cell.w_hh), kernels.lstm_panels(w_ih), kernels.lstm_panel_bias(bias)
+    tmp_flat = np.empty(d.hidden * d.batch, d.compute)  # o·tanh(c) before w_hr
     clip_ifo, clip_g = (np.float32(bound or np.inf) for bound in (cell.clips[0], cell.clips[-1]))  # inf: no clip
     g_scale = np.float32(1.0 if cell.acts[1] is tanh_of_scaled else -2.0)  # g's rows at -2z, or at z (narrow blocks)
     coupled = cell.input_forget
-    for _, h, y, n, (proj, col, out) in steps:
-        g, tmp = spaces[n]
-        np.matmul(w_hh, h, out=g)
+    for x, h, y, n, (out, col) in steps:
         if w_hr is None:
-            step(g, proj, col, bias, c, out, col, n, clip_ifo, clip_g, g_scale, coupled)
+            step(w_hh, h, w_ih, x, bias, c, out, col, clip_ifo, clip_g, g_scale, coupled)
         else:
-            step(g, proj, col, bias, c, tmp, 0, n, clip_ifo, clip_g, g_scale, coupled)
+            tmp = _blocks(tmp_flat, n, d.hidden)
+            step(w_hh, h, w_ih, x, bias, c, tmp, 0, clip_ifo, clip_g, g_scale, coupled)
             np.matmul(w_hr, tmp, out=y)
 
 
@@ -453,26 +480,34 @@ _LOOPS: dict[str, tuple[Callable, Callable]] = {"lstm": (_lstm_spaces, _lstm_loo
                                                 "rnn": (_rnn_spaces, _rnn_loop)}
 
 
-def _steps(w_ih: np.ndarray, bias: np.ndarray | None, xs: Sequence[np.ndarray], out: Sequence[np.ndarray],
-           pack: _Packing, d: _Dims, backwards: bool, state: np.ndarray) -> Iterator[tuple]:
-    """Project one time chunk at a time (plus ``bias``, unless ``None``: the loop adds it), just before its
-    steps, so they read it from cache; hand each step the state of its running rows.
+def _projection(w_ih: np.ndarray, bias: np.ndarray, xs: Sequence[np.ndarray], pack: _Packing,
+                d: _Dims) -> Callable[[int], np.ndarray]:
+    """``source(k)``: chunk ``k``'s input projection plus ``bias``, into a buffer the chunks share."""
+    # spread once, added per chunk (one chunk: the broadcast add is cheaper)
+    if pack.widest > 1 and len(pack.chunks) > 1:
+        bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], pack.widest)))
+    buf = np.empty(w_ih.shape[0] * pack.widest, d.compute)
+
+    def source(k: int) -> np.ndarray:
+        proj = _blocks(buf, pack.chunks[k].columns, w_ih.shape[0])
+        np.matmul(w_ih, xs[k], out=proj)
+        proj += bias if bias.shape[1] == 1 else bias[:, : proj.shape[1]]
+        return proj
+    return source
+
+
+def _steps(source: Callable[[int], np.ndarray], out: Sequence[np.ndarray], pack: _Packing, backwards: bool,
+           state: np.ndarray) -> Iterator[tuple]:
+    """Take each time chunk's per-step block from ``source`` (its input projection, or its input) just before
+    its steps, so they read it from cache; hand each step the state of its running rows.
 
     A step's state is the previous step's output while no row joins (its first ``n`` columns: the
     rows still running are a prefix); ``state`` ``[width, batch]`` holds the initial state of the rows
     that have not run yet, receives each row's state as it stops, and ends as every row's final state.
     """
-    # spread once, added per chunk (one chunk: the broadcast add is cheaper)
-    if bias is not None and pack.widest > 1 and len(pack.chunks) > 1:
-        bias = np.ascontiguousarray(np.broadcast_to(bias, (bias.shape[0], pack.widest)))
-    buf = np.empty(w_ih.shape[0] * pack.widest, d.compute)
     prev, prev_n = None, 0
     for k in reversed(range(len(pack.chunks))) if backwards else range(len(pack.chunks)):
-        chunk = pack.chunks[k]
-        proj = _blocks(buf, chunk.columns, w_ih.shape[0])
-        np.matmul(w_ih, xs[k], out=proj)
-        if bias is not None:
-            proj += bias if bias.shape[1] == 1 else bias[:, : chunk.columns]
+        block, chunk = source(k), pack.chunks[k]
         for first, n in reversed(chunk.steps) if backwards else chunk.steps:
             if prev is None:
                 h = state[:, :n]
@@ -484,17 +519,19 @@ def _steps(w_ih: np.ndarray, bias: np.ndarray | None, xs: Sequence[np.ndarray], 
                 state[:, :prev_n] = prev
                 h = state[:, :n]
             y = out[k][:, first: first + n]
-            yield proj[:, first: first + n], h, y, n, (proj, first, out[k])
+            yield block[:, first: first + n], h, y, n, (out[k], first)
             prev, prev_n = y, n
     if prev is not None:
         state[:, :prev_n] = prev
 
 
-def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, xs, ys, pack: _Packing):
+def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, xs, ys, pack: _Packing,
+                     blas_cores: int):
     """Run direction ``dr`` of ``layer``: ``w_ih`` its stored ``[G*H, in]`` block, ``xs`` the layer's input
-    chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state."""
+    chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state.
+    ``blas_cores``: the threads each GEMM runs on (1 where the directions run in two threads)."""
     ld, W = layer * d.dirs + dr, d.width
-    cell, x_bias = _cell(t, b, d, ld, dr)
+    cell, x_bias = _cell(t, b, d, ld, dr, w_ih.shape[1], blas_cores)
     w_ih = _internal(w_ih, d, _scales(_specs(t, d, dr), d))
     out = [y[dr * W: dr * W + W] for y in ys]
     carry = t["carry"]
@@ -509,10 +546,12 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
     make_spaces, loop = _LOOPS[d.op]
     backwards = dr == 1 or bool(t.get("reverse"))
     with np.errstate(over="ignore"):  # exp(-z) overflows to inf for z < -88 (f32): σ(z) is then 0
-        if cell.pointwise is None:
-            loop(cell, _steps(w_ih, x_bias, xs, out, pack, d, backwards, h), make_spaces(cell, d, c))
+        if cell.compiled is None:
+            steps = _steps(_projection(w_ih, x_bias, xs, pack, d), out, pack, backwards, h)
+            loop(cell, steps, make_spaces(cell, d, c))
         else:
-            _lstm_pointwise_loop(cell, _steps(w_ih, None, xs, out, pack, d, backwards, h), d, x_bias.ravel(), c)
+            steps = _steps(xs.__getitem__, out, pack, backwards, h)  # the step reads x_t in place
+            _lstm_compiled_loop(cell, w_ih, steps, d, x_bias.ravel(), c)
     if carry:  # the final state, in place
         for field, final in (("h0", h), ("c0", c)):
             if final is not None:
@@ -598,8 +637,9 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
             x = b.view("x").reshape(B * S, -1)[pack.index].astype(d.compute, copy=False)
         xs = [x[c.first: c.first + c.columns].T for c in pack.chunks]
         w_ih = b.view("w_ih")
+        blas_cores = threads.cores()
         parallel = d.dirs == 2 and (parallel_directions if parallel_directions is not None else
-                                     wide and threads.cores() == 2)
+                                     wide and blas_cores == 2)
         rows = d.dirs * d.width
         _zero_padding(b, pack)
         for layer, in_l, spans in layers:
@@ -608,7 +648,7 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
             ys = [y[rows * c.first: rows * (c.first + c.columns)].reshape(rows, c.columns) for c in pack.chunks]
 
             def direction(dr: int, layer=layer, blocks=blocks, xs=xs, ys=ys) -> None:
-                _layer_direction(t, b, d, layer, dr, blocks[dr], xs, ys, pack)
+                _layer_direction(t, b, d, layer, dr, blocks[dr], xs, ys, pack, 1 if parallel else blas_cores)
                 if layer == d.layers - 1:  # dst overlaps no other range (ABI.md §1): stored as each direction ends
                     _store_dst(b, d, pack, ys, dr)
             jobs = [lambda dr=dr: direction(dr) for dr in range(d.dirs)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import jit, threads
+from host_fallback import jit, rnn, threads
 from test_rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -21,12 +21,12 @@ from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
 def calls(monkeypatch):
     """Counts the compiled lstm step's calls (it still runs)."""
     counted = {"n": 0}
-    real = jit_kernels.lstm_pointwise
+    real = jit_kernels.lstm_step
 
     def spy(*args):
         counted["n"] += 1
         real(*args)
-    monkeypatch.setattr(jit_kernels, "lstm_pointwise", spy)
+    monkeypatch.setattr(jit_kernels, "lstm_step", spy)
     return counted
 
 
@@ -56,19 +56,22 @@ def test_exp_is_within_an_ulp_and_keeps_nan_and_inf():
 
 # (label, build/check arguments): the fields the compiled step handles, at narrow blocks (batch x hidden
 # below EXP_TANH_MIN_ELEMENTS: g's rows at z) and wide ones (at -2z), one and two threads.
-NARROW = dict(batch=4, seq=20, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
-WIDE = dict(batch=16, seq=18, input_size=3, hidden=128, num_layers=2, bidirectional=True, carry=True)
+# (the batch: a 16-column tile and one padded to 8; a 16-column tile and one of 8; hidden: a part-filled
+# last group of units)
+NARROW = dict(batch=13, seq=20, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
+WIDE = dict(batch=24, seq=18, input_size=3, hidden=100, num_layers=2, bidirectional=True, carry=True)
 CASES = [
     ("narrow", NARROW, {}),
     ("narrow-unidirectional-reverse", {**NARROW, "bidirectional": False}, dict(reverse=True)),
     ("narrow-clip", NARROW, dict(clip=0.3)),
     ("narrow-input_forget", NARROW, dict(input_forget=True)),
     ("narrow-proj_size", NARROW, dict(proj_size=3)),
-    ("narrow-seq_lens", NARROW, dict(seq_lens=[20, 0, 2, 13])),
-    ("narrow-everything", NARROW, dict(input_forget=True, proj_size=2, clip=0.5, seq_lens=[1, 20, 0, 3])),
+    ("narrow-seq_lens", NARROW, dict(seq_lens=[20, 0, 2, 13, 7, 20, 1, 9, 3, 20, 20, 11, 5])),
+    ("narrow-everything", NARROW, dict(input_forget=True, proj_size=2, clip=0.5,
+                                       seq_lens=[1, 20, 0, 3, 5, 20, 2, 11, 4, 19, 20, 8, 6])),
     ("wide", WIDE, {}),
     ("wide-clip", WIDE, dict(clip=0.3)),
-    ("wide-seq_lens", WIDE, dict(seq_lens=[18, 0, 5, 17] * 4)),
+    ("wide-seq_lens", WIDE, dict(seq_lens=[18, 0, 5, 17, 9, 2] * 4)),
     ("wide-input_forget-proj_size", WIDE, dict(input_forget=True, proj_size=24)),
 ]
 
@@ -92,12 +95,23 @@ def test_both_steps_match_the_reference(label, shape, v2, dtype, compiled, calls
     ("peepholes", dict(peepholes=True)),
     ("f64", dict(dtype="f64")),
     ("another activation", dict(activations=[["sigmoid", 0, 0], ["relu", 0, 0], ["tanh", 0, 0]] * 2)),
+    ("a batch below 8", dict(batch=7)),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_numpy_step_runs_where_the_compiled_one_does_not_apply(label, options, calls):
     options = dict(options)
     dtype = options.pop("dtype", "f32")
     check("lstm", dtype, **{**NARROW, **options})
     assert calls["n"] == 0
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["one-direction-at-a-time", "directions-in-two-threads"])
+def test_a_big_step_keeps_numpy_s_on_a_shared_blas(parallel, monkeypatch, calls):
+    """One direction at a time on a two-thread BLAS, NumPy's step runs each GEMM on both cores: past
+    ``_COMPILED_SHARED_STEP_FLOPS`` it keeps that step; directions in two threads take the compiled one."""
+    monkeypatch.setattr(rnn, "_COMPILED_SHARED_STEP_FLOPS", 1000)  # NARROW's steps: ~4000 flops
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    check("lstm", "f32", options={"parallel_directions": parallel}, **NARROW)
+    assert (calls["n"] > 0) == parallel
 
 
 @pytest.mark.parametrize("op", ["gru", "rnn"])
@@ -108,7 +122,7 @@ def test_gru_and_rnn_keep_numpy_steps(op, calls):
 
 def test_without_numba_the_numpy_step_runs(monkeypatch, calls):
     monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
-    assert jit.kernel("lstm_pointwise") is None
+    assert jit.kernel("lstm_step") is None
     check("lstm", "f32", **NARROW)
     assert calls["n"] == 0
 
@@ -116,9 +130,9 @@ def test_without_numba_the_numpy_step_runs(monkeypatch, calls):
 @pytest.mark.parametrize("value", ["0", "off", "False", " no "])
 def test_rlx_host_jit_turns_it_off(monkeypatch, value):
     monkeypatch.setenv(jit.ENV, value)
-    assert jit.kernel("lstm_pointwise") is None
+    assert jit.kernel("lstm_step") is None
     monkeypatch.setenv(jit.ENV, "1")
-    assert jit.kernel("lstm_pointwise") is jit_kernels.lstm_pointwise
+    assert jit.kernel("lstm_step") is jit_kernels.lstm_step
 
 
 @pytest.mark.parametrize("shape", [NARROW, WIDE], ids=["narrow", "wide"])
@@ -161,3 +175,67 @@ def test_two_threads_give_the_bytes_of_one(calls):
     threaded = run_host(thunk, arena, writes, parallel_directions=True)
     np.testing.assert_array_equal(serial, threaded)
     assert calls["n"] > 0
+
+
+def _step_reference(w_hh, h, w_ih, x, bias, c, clip_ifo, clip_g, g_scale, coupled):
+    """``lstm_step`` in float64 from ``jit.kernel``'s contract: rows of i f o at ``-z``, g's at ``-2z`` or ``z``."""
+    hidden = c.shape[0]
+    s = w_hh.astype(np.float64) @ h + w_ih.astype(np.float64) @ x + bias[:, None]
+    si, sf, so, sg = (np.clip(s[k * hidden: (k + 1) * hidden], -b, b)
+                      for k, b in enumerate((clip_ifo, clip_ifo, clip_ifo, clip_g)))
+    i, f, o = (1 / (1 + np.exp(v)) for v in (si, sf, so))
+    g = 2 / (1 + np.exp(g_scale * sg)) - 1
+    f = 1 - i if coupled else f
+    cell = f * c[:, : h.shape[1]] + i * g
+    return cell, o * np.tanh(cell)
+
+
+@pytest.mark.parametrize("hidden,width,inputs", [(1, 1, 1), (11, 3, 2), (12, 5, 0), (13, 4, 7), (25, 9, 16)])
+@pytest.mark.parametrize("n", [1, 5, 8, 9, 16, 17, 24, 31, 40])
+def test_the_compiled_step_against_float64(hidden, width, inputs, n):
+    """Every column count the tiles split differently (16-column tiles, one of 8, the rest padded to 8 or
+    16), groups of units filled in part, h and x as views (x's columns not adjacent); clip, input_forget and g's
+    rows at z (g_scale -2) or -2z; nothing written outside c's first n columns and out's slot."""
+    rng = np.random.default_rng(hidden * 100 + n)
+    f32 = np.float32
+    w_hh = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(f32)
+    w_ih = (rng.standard_normal((4 * hidden, inputs)) / np.sqrt(max(inputs, 1))).astype(f32)
+    bias = rng.standard_normal(4 * hidden).astype(f32)
+    h = rng.standard_normal((width, n + 7)).astype(f32)[:, 3: 3 + n]
+    x = rng.standard_normal((inputs, 2 * n + 2)).astype(f32)[:, 1: 1 + 2 * n: 2]  # columns apart, too
+    c0 = rng.standard_normal((hidden, n + 3)).astype(f32)
+    packed = jit_kernels.lstm_panels(w_hh), jit_kernels.lstm_panels(w_ih), jit_kernels.lstm_panel_bias(bias)
+    for clip, g_scale, coupled in [(np.inf, 1.0, False), (0.7, 1.0, True), (np.inf, -2.0, False)]:
+        c, out = c0.copy(), np.full((hidden + 2, n + 6), 7.0, f32)
+        jit_kernels.lstm_step(packed[0], h, packed[1], x, packed[2], c, out, 4, f32(clip), f32(2 * clip), f32(g_scale),
+                              coupled)
+        want_c, want_y = _step_reference(w_hh, h, w_ih, x, bias, c0, clip, 2 * clip, g_scale, coupled)
+        np.testing.assert_allclose(c[:, :n], want_c, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(out[:hidden, 4: 4 + n], want_y, rtol=2e-5, atol=2e-6)
+        np.testing.assert_array_equal(c[:, n:], c0[:, n:])
+        untouched = np.ones(out.shape, bool)
+        untouched[:hidden, 4: 4 + n] = False
+        assert np.all(out[untouched] == 7.0)
+
+
+def test_the_compiled_step_refuses_arrays_that_do_not_fit():
+    """Its tiles read through raw addresses, so every shape is checked first: a mismatch is a ValueError
+    and nothing is written."""
+    f32 = np.float32
+    hidden, width, inputs, n = 13, 4, 3, 10
+    rng = np.random.default_rng(0)
+    w_hh, w_ih = (jit_kernels.lstm_panels(rng.standard_normal((4 * hidden, k)).astype(f32)) for k in (width, inputs))
+    bias = jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32))
+    h, x = np.ones((width, n), f32), np.ones((inputs, n), f32)
+    c, out = np.zeros((hidden, n), f32), np.zeros((hidden, n), f32)
+    good = dict(w_hh=w_hh, h=h, w_ih=w_ih, x=x, bias=bias, c=c, out=out, out_col=0)
+    bad = {"w_hh": jit_kernels.lstm_panels(np.zeros((4 * hidden, width + 1), f32)),
+           "w_ih": jit_kernels.lstm_panels(np.zeros((4 * (hidden + 12), inputs), f32)),
+           "x": np.ones((inputs, n - 1), f32), "bias": jit_kernels.lstm_panel_bias(np.zeros(4 * hidden + 52, f32)),
+           "c": np.zeros((hidden, n - 1), f32), "out": np.zeros((hidden - 1, n), f32), "out_col": 1,
+           "h": np.ones((width - 1, n), f32)}
+    for field, value in bad.items():
+        args = {**good, field: value}
+        with pytest.raises(ValueError, match="do not fit"):
+            jit_kernels.lstm_step(*args.values(), f32(np.inf), f32(np.inf), f32(1), False)
+        assert not c.any() and not out.any(), field
