@@ -359,7 +359,7 @@ def main() -> None:
             torch_ms, host_ms, *numpy_ms = alternate_ms(sides, args.runs, args.warmup, args.rounds)
             want = model(x)[0].numpy()
         got = arena[thunk["dst"]: thunk["dst"] + want.nbytes].view(np.float32).reshape(want.shape)
-        label = f"{op} (Numba step)" if compiled else op
+        label = f"{op} (compiled step)" if compiled else op
         rows.append((label, torch_ms, host_ms, host_ms / torch_ms, float(np.abs(got - want).max())))
         if compiled:
             host_numpy()

@@ -139,8 +139,11 @@ def _tile(vectors: int):
             src_row = at(src, builder.mul(k, ld))
             sv = [builder.load(as_vector(at(src_row, const(_LANES * v))), align=4) for v in range(vectors)]
             w_k = at(panel, builder.mul(k, const(PANEL)))
-            summed = [[builder.fadd(builder.fmul(w, sv[v], flags=("contract",)), acc[r][v], flags=("contract",))
-                       for v in range(vectors)] for r, w in enumerate(broadcast(at(w_k, const(r))) for r in range(PANEL))]
+            summed = []
+            for r in range(PANEL):  # row r's weight at k, broadcast, times each vector of src's row k
+                w = broadcast(at(w_k, const(r)))
+                summed.append([builder.fadd(builder.fmul(w, s, flags=("contract",)), a, flags=("contract",))
+                               for s, a in zip(sv, acc[r])])
             next_k = builder.add(k, const(1))
             k.add_incoming(next_k, loop)
             for row, new in zip(acc, summed):

@@ -58,6 +58,7 @@ and ``h0``/``c0`` are rounded (to nearest even) on store; f64 computes in f64.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
@@ -381,7 +382,8 @@ def _lstm_compiled_loop(cell: _Cell, w_ih: np.ndarray, steps, d: _Dims, bias: np
     """``_lstm_loop`` as one Numba kernel a step (``jit``): ``W_hh·h + W_ih·x_t + bias`` over the weights packed
     once for the call, and everything after it. ``w_ih`` is the internal ``[4H, in]`` block, ``steps`` yield
     ``x_t`` itself (not its projection), ``bias [4H]`` is the input-side bias, ``c [H, batch]`` the cell."""
-    kernels, w_hr, step = cell.compiled, cell.w_hr, cell.compiled.lstm_step
+    kernels, w_hr = cell.compiled, cell.w_hr
+    step = kernels.lstm_step
     w_hh, w_ih, bias = kernels.lstm_panels(cell.w_hh), kernels.lstm_panels(w_ih), kernels.lstm_panel_bias(bias)
     tmp_flat = np.empty(d.hidden * d.batch, d.compute)  # o·tanh(c) before w_hr
     clip_ifo, clip_g = (np.float32(bound or np.inf) for bound in (cell.clips[0], cell.clips[-1]))  # inf: no clip
@@ -651,7 +653,7 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
                 _layer_direction(t, b, d, layer, dr, blocks[dr], xs, ys, pack, 1 if parallel else blas_cores)
                 if layer == d.layers - 1:  # dst overlaps no other range (ABI.md §1): stored as each direction ends
                     _store_dst(b, d, pack, ys, dr)
-            jobs = [lambda dr=dr: direction(dr) for dr in range(d.dirs)]
+            jobs = [partial(direction, dr) for dr in range(d.dirs)]
             if parallel:
                 threads.run_all(jobs)
             else:

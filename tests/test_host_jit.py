@@ -1,9 +1,10 @@
 """host_fallback.jit: the lstm step compiled by Numba (the ``jit`` extra, which the ``test`` extra installs).
 
-Its exp against float64's, its use exactly where it applies, the compiled and the NumPy step each
-against the float64 reference (rlx_gpu/conformance/reference_rnn.py, through test_rnn_host's ``check``)
-over the fields it handles, their non-finite classes against each other, and the NumPy step where
-Numba is missing or turned off.
+Its exp against float64's; the step kernel alone against a float64 formula of its contract over every
+way it splits columns and units, and its refusals; its use exactly where it applies; the compiled and
+the NumPy step each against the float64 reference (rlx_gpu/conformance/reference_rnn.py, through
+test_rnn_host's ``check``) over the fields it handles, their non-finite classes against each other, and
+the NumPy step where Numba is missing or turned off.
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def test_exp_is_within_an_ulp_and_keeps_nan_and_inf():
 
 # (label, build/check arguments): the fields the compiled step handles, at narrow blocks (batch x hidden
 # below EXP_TANH_MIN_ELEMENTS: g's rows at z) and wide ones (at -2z), one and two threads.
-# (the batch: a 16-column tile and one padded to 8; a 16-column tile and one of 8; hidden: a part-filled
-# last group of units)
+# (the batch: 13 columns padded to one 16-column tile; 24, a 16-column tile and one of 8; hidden: a
+# part-filled last group of units)
 NARROW = dict(batch=13, seq=20, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
 WIDE = dict(batch=24, seq=18, input_size=3, hidden=100, num_layers=2, bidirectional=True, carry=True)
 CASES = [
@@ -193,8 +194,8 @@ def _step_reference(w_hh, h, w_ih, x, bias, c, clip_ifo, clip_g, g_scale, couple
 @pytest.mark.parametrize("hidden,width,inputs", [(1, 1, 1), (11, 3, 2), (12, 5, 0), (13, 4, 7), (25, 9, 16)])
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 16, 17, 24, 31, 40])
 def test_the_compiled_step_against_float64(hidden, width, inputs, n):
-    """Every column count the tiles split differently (16-column tiles, one of 8, the rest padded to 8 or
-    16), groups of units filled in part, h and x as views (x's columns not adjacent); clip, input_forget and g's
+    """Every column count the tiles split differently (16-column tiles, then one of 8, the columns padded
+    with zeros to a multiple of 8), groups of units filled in part, h and x as views (x's columns not adjacent); clip, input_forget and g's
     rows at z (g_scale -2) or -2z; nothing written outside c's first n columns and out's slot."""
     rng = np.random.default_rng(hidden * 100 + n)
     f32 = np.float32
