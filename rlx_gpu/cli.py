@@ -30,6 +30,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
         print(f"{st.name}: {'available' if st.available else 'unavailable — ' + str(st.reason)}")
         for info in st.devices:
             print(f"  {info.spec:<14} {info.name}{'' if info.fp64 else '  (no fp64)'}")
+        for info in st.refused:
+            print(f"  {info.spec:<14} {info.name}  (cannot run here: {info.details['unusable']})")
     for info in (i for s in statuses if s.available for i in s.devices):
         session = open_session(info)
         print(f"\nsupport on {session.info.spec} (✓ runs there, · falls back to the host):")

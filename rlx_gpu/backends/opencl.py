@@ -34,8 +34,27 @@ def _cl():
     return cl
 
 
+#: a kernel every OpenCL C compiler must build: a device whose compiler refuses it cannot run any kernel
+PROBE_SOURCE = "__kernel void rlx_probe(__global int *out) { out[get_global_id(0)] = 1; }"
+
+
+def _compile_failure(cl, device) -> str | None:
+    """``None`` when ``device``'s compiler builds :data:`PROBE_SOURCE`, else why not (its build log).
+
+    An implementation's compiler may not know the CPU it runs on (PoCL 3.0's LLVM 14 on an AMD Zen 5
+    reports ``unknown target CPU 'generic'`` for every program); such a device is listed but not used."""
+    try:
+        cl.Program(cl.Context([device]), PROBE_SOURCE).build()
+    except cl.Error as err:
+        log = " ".join(line.strip() for line in str(err).splitlines()
+                       if line.strip() and not line.startswith(("clBuildProgram failed", "Build on", "(options")))
+        return f"its compiler builds no kernel: {log or err}"
+    return None
+
+
 def probe() -> list[DeviceInfo]:
-    """Every OpenCL device, real ones first (simulators such as Oclgrind last)."""
+    """Every OpenCL device, real ones first (simulators such as Oclgrind last); a device whose compiler
+    cannot build a trivial kernel carries the reason in ``details["unusable"]``."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
@@ -54,6 +73,8 @@ def probe() -> list[DeviceInfo]:
                 "max_alloc_bytes": dev.max_mem_alloc_size,
                 "simulator": platform.name in SIMULATORS,
             }
+            if (failure := _compile_failure(cl, dev)) is not None:
+                details["unusable"] = failure
             fp64 = "cl_khr_fp64" in dev.extensions.split()
             infos.append(DeviceInfo(NAME, f"opencl:{pi}:{di}", f"{dev.name.strip()} ({platform.name})", fp64, details))
     if not infos:

@@ -18,6 +18,8 @@ class BackendStatus:
     name: str
     devices: tuple[DeviceInfo, ...]
     reason: str | None  # None when available
+    #: devices the backend found but cannot run on (``details["unusable"]`` says why), listed, never chosen
+    refused: tuple[DeviceInfo, ...] = ()
 
     @property
     def available(self) -> bool:
@@ -33,7 +35,12 @@ def status(name: str) -> BackendStatus:
         return BackendStatus(name, (), str(err))
     except Exception as err:  # a broken driver must not hide the other backends
         return BackendStatus(name, (), f"{name}: probing failed: {type(err).__name__}: {err}")
-    return BackendStatus(name, devices, None if devices else f"{name}: no device found")
+    usable = tuple(d for d in devices if "unusable" not in d.details)
+    refused = tuple(d for d in devices if "unusable" in d.details)
+    if usable:
+        return BackendStatus(name, usable, None, refused)
+    reason = "; ".join(f"{d.spec} {d.name}: {d.details['unusable']}" for d in refused)
+    return BackendStatus(name, (), f"{name}: {reason or 'no device found'}", refused)
 
 
 def discover() -> list[BackendStatus]:
@@ -88,6 +95,10 @@ def resolve(spec: str | None, config: Config) -> DeviceInfo:
         raise DeviceError(f"auto (chosen by {chosen_by}): no backend of {list(config.priority)} is available")
     name = spec.split(":", 1)[0]
     st = status(name)
+    for info in st.refused:
+        if ":" in spec and (info.spec == spec or info.spec.startswith(spec + ":")):
+            raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) is {info.name}, which cannot run here: "
+                              f"{info.details['unusable']}")
     if not st.available:
         raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) is unavailable: {st.reason}")
     if ":" not in spec:

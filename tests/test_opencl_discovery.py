@@ -1,0 +1,44 @@
+"""OpenCL discovery: a device whose compiler cannot build a trivial kernel is listed with the reason and
+never chosen; every device that is used builds it."""
+from __future__ import annotations
+
+import pytest
+
+cl = pytest.importorskip("pyopencl")
+from rlx_gpu.backends import opencl  # noqa: E402
+from rlx_gpu.errors import DeviceError  # noqa: E402
+from rlx_gpu.runtime import registry  # noqa: E402
+from rlx_gpu.runtime.config import load_config  # noqa: E402
+
+
+
+class _RefusingProgram:
+    """A compiler that refuses every program as PoCL 3.0 (LLVM 14) does on a CPU its LLVM does not know."""
+
+    def __init__(self, context, source):
+        pass
+
+    def build(self):
+        raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\nBuild on <pyopencl.Device>:\n\n"
+                              "error: unknown target CPU 'generic'\n\n(options: -I /x)")
+
+
+def test_a_device_whose_compiler_builds_nothing_is_listed_with_the_reason_and_never_chosen(monkeypatch):
+    monkeypatch.setattr(cl, "Program", _RefusingProgram)
+    registry.status.cache_clear()
+    try:
+        st = registry.status("opencl")
+        assert not st.available and not st.devices and st.refused
+        assert all("unknown target CPU 'generic'" in d.details["unusable"] for d in st.refused)
+        assert "unknown target CPU 'generic'" in st.reason
+        with pytest.raises(DeviceError, match=r"cannot run here: its compiler builds no kernel: error: unknown target"):
+            registry.resolve(st.refused[0].spec, load_config())
+    finally:
+        registry.status.cache_clear()
+
+
+def test_every_usable_opencl_device_builds_the_probe_kernel():
+    assert registry.status("opencl").available, registry.status("opencl").reason
+    for info in registry.status("opencl").devices:
+        _, pi, di = info.spec.split(":")
+        assert opencl._compile_failure(cl, cl.get_platforms()[int(pi)].get_devices()[int(di)]) is None
