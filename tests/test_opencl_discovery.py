@@ -11,7 +11,6 @@ from rlx_gpu.runtime import registry  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 
 
-
 class _RefusingProgram:
     """A compiler that refuses every program as PoCL 3.0 (LLVM 14) does on a CPU its LLVM does not know."""
 
