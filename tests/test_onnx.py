@@ -349,6 +349,24 @@ def test_every_symbolic_input_is_named_with_the_shape_to_give():
     assert schedule.tensors["h0"].shape == (1, 2, 4)
 
 
+def test_the_cli_runs_a_model_with_a_symbolic_shape_given_by_shape(tmp_path, capsys):
+    from rlx_gpu.cli import main
+
+    model, feeds = _symbolic_gru()
+    path = tmp_path / "gru.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["run", str(path), "--device", "host"]) == 2
+    assert "--shape x=5,N,3 --shape h0=1,N,4" in capsys.readouterr().err
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(path), "--device", "host", "--shape", "x=5,2,3", "--shape", "h0=1,2,4",
+                 "--inputs", str(tmp_path / "in.npz"), "--out", str(out)]) == 0
+    with np.load(out) as got:
+        assert_matches(dict(got), run_onnxruntime(model, feeds))
+    assert main(["run", "demo", "--shape", "x=1,2"]) == 2
+    assert "--shape sizes the inputs of an ONNX model" in capsys.readouterr().err
+
+
 def test_the_cli_imports_a_model_and_runs_it_directly(tmp_path, capsys):
     from rlx_gpu.cli import main
 
