@@ -7,6 +7,8 @@ row has length 0, the reference's final state is its initial state (ABI.md §8; 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -292,6 +294,18 @@ def test_a_scan_8_names_its_node_and_calls_sequence_lens_an_input():
 def test_an_unsupported_op_names_the_node_and_the_op():
     model = _model([helper.make_node("Erf", ["x"], ["y"], name="head")], [_info("x", [2, 3])], [_info("y", None)])
     with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"'head' \(Erf\).*Erf is not supported"):
+        rlx_gpu.onnx.load(model)
+
+
+@pytest.mark.parametrize("op,inputs,says", [
+    ("MatMul", {"a": [2, 3], "b": [4, 5]}, "inputs of shapes [2, 3] and [4, 5] do not multiply"),
+    ("Add", {"a": [2, 3], "i": ([2, 3], TensorProto.INT32)}, "differ in dtype"),
+    ("Sub", {"a": [2, 3], "c": [4]}, "do not broadcast"),
+])
+def test_a_node_the_builder_refuses_is_named_in_the_error(op, inputs, says):
+    infos = [_info(k, *(v if isinstance(v, tuple) else (v,))) for k, v in inputs.items()]
+    model = _model([helper.make_node(op, list(inputs), ["y"], name="culprit")], infos, [_info("y", None)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=rf"'culprit' \({op}\): .*{re.escape(says)}"):
         rlx_gpu.onnx.load(model)
 
 

@@ -167,7 +167,11 @@ def _matmul(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
     a, b = ins
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return [np.matmul(a, b)]
-    shape = np.matmul(np.empty(_shape_of(a), np.uint8), np.empty(_shape_of(b), np.uint8)).shape
+    try:
+        shape = np.matmul(np.empty(_shape_of(a), np.uint8), np.empty(_shape_of(b), np.uint8)).shape
+    except ValueError as err:
+        raise importer.error(node, f"inputs of shapes {list(_shape_of(a))} and {list(_shape_of(b))} do not "
+                                   "multiply") from err
     a2 = reshape(importer.graph, a, (1, *_shape_of(a))) if len(_shape_of(a)) == 1 else a
     b2 = reshape(importer.graph, b, (*_shape_of(b), 1)) if len(_shape_of(b)) == 1 else b
     dtype = (a if isinstance(a, View) else b).dtype

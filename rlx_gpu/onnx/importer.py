@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import GraphError, ModelError
 from ..graph.nodes import BodyGraph, Tensor
 from .values import Value, View, dense
 
@@ -164,7 +164,12 @@ class Importer:
                 if name and name not in self.values:
                     raise self.error(node, f"input {name!r} is defined by no earlier node, initializer or input")
                 inputs.append(self.values[name] if name else None)
-            outputs = handler.run(self, node, inputs)
+            try:
+                outputs = handler.run(self, node, inputs)
+            except OnnxImportError:
+                raise
+            except (GraphError, ValueError) as err:  # the builder's checks and NumPy's shape rules, of this node
+                raise self.error(node, str(err)) from err
             for name, value in zip(node.output, outputs):
                 if name:
                     if value is None:
