@@ -51,20 +51,23 @@ def cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_target(target: str | None, inputs_file: str | None = None,
-                 say_random: bool = False) -> tuple[Schedule, dict[str, np.ndarray]]:
+def _load_target(target: str | None, inputs_file: str | None = None, say_random: bool = False,
+                 shapes: dict[str, list[int]] | None = None) -> tuple[Schedule, dict[str, np.ndarray]]:
     """A schedule file (inputs from ``inputs_file``, else seeded random ones) or a model (its own inputs).
 
     A target is a schedule when it is a JSON file, an ONNX model (``.onnx``, imported) or a YAML file
     with an ``abi`` key; any other
     existing text file is a model file, and a name that is no file names a bundled example model.
     ``say_random`` warns when a schedule's inputs are random, naming an ``.npz`` of the same name beside it.
+    ``shapes`` fixes the symbolic sizes of an ONNX model's inputs (``--shape``).
     """
     path = Path(target) if target else None
+    if shapes and not (path is not None and path.suffix == ".onnx"):
+        raise InputError(f"--shape sizes the inputs of an ONNX model (.onnx); {target or 'the demo'} is none")
     if path is not None and path.is_file() and path.suffix not in (".json", ".onnx"):
         _refuse_binary(path)
     if path is not None and path.is_file() and (path.suffix in (".json", ".onnx") or "abi" in (_yaml_keys(path))):
-        schedule = _import_onnx(path) if path.suffix == ".onnx" else load_schedule(path)
+        schedule = _import_onnx(path, shapes) if path.suffix == ".onnx" else load_schedule(path)
         rng = np.random.default_rng(0)
         inputs = {n: rng.standard_normal(schedule.tensors[n].shape) * 0.5 for n in schedule.inputs}
         if say_random and not inputs_file and schedule.inputs:
@@ -90,7 +93,7 @@ def _import_onnx(path: Path, shapes: dict[str, list[int]] | None = None) -> Sche
 
 
 def _shape_option(text: str) -> tuple[str, list[int]]:
-    """``NAME=2,5,3`` of ``import --shape``."""
+    """``NAME=2,5,3`` of ``import --shape`` and ``run --shape``."""
     name, _, sizes = text.rpartition("=")
     try:
         shape = [int(d) for d in sizes.split(",")]
@@ -169,7 +172,7 @@ def _outputs(schedule: Schedule, arena: np.ndarray) -> dict[str, np.ndarray]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     out = conformance_command.writable_path(args.out, "--out") if args.out else None
-    schedule, inputs = _load_target(args.target, args.inputs, say_random=True)
+    schedule, inputs = _load_target(args.target, args.inputs, say_random=True, shapes=dict(args.shape or []))
     arena = schedule.pristine_arena()
     for name, values in inputs.items():
         schedule.tensors[name].write(arena, values)
@@ -287,6 +290,7 @@ environment:
 
 DEBUG_HELP = "show the traceback of an error (before or after the command)"
 DEVICE_HELP = "host | opencl[:p[:d]] | cuda[:n] | auto (default: RLX_DEVICE, then PYOPENCL_CTX, then the config)"
+SHAPE_HELP = "the sizes of an ONNX graph input whose shape is symbolic, e.g. x=2,5,3 (repeatable)"
 TARGET_HELP = ("a schedule (.json, or .yaml with an abi key), an ONNX model (.onnx), a model file (.yaml), or the "
                "name of an example model (default: demo)")
 
@@ -310,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", metavar="F.npz", help="write the outputs to this .npz file")
     run.add_argument("--repeat", type=conformance_command.positive_int, default=1,
                      help="run this many times (>= 1) and report the last run")
+    run.add_argument("--shape", action="append", type=_shape_option, metavar="NAME=D,D,...", help=SHAPE_HELP)
     plan = sub.add_parser("plan", help="the backend chosen for each thunk and why, without running")
     plan.add_argument("target", nargs="?", help=TARGET_HELP)
     plan.add_argument("--device", help=DEVICE_HELP)
@@ -322,8 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     imports.add_argument("model", help="the ONNX model (.onnx)")
     imports.add_argument("-o", "--out", required=True, metavar="F.json",
                          help="the schedule file (.json; .yaml/.yml writes YAML)")
-    imports.add_argument("--shape", action="append", type=_shape_option, metavar="NAME=D,D,...",
-                         help="the sizes of a graph input whose ONNX shape is symbolic (repeatable)")
+    imports.add_argument("--shape", action="append", type=_shape_option, metavar="NAME=D,D,...", help=SHAPE_HELP)
     conformance_command.add_parser(sub)
     for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)

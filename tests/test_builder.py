@@ -88,6 +88,34 @@ def test_unary_cast_fill_copy_reshape():
     np.testing.assert_array_equal(out["x_again"], xv)
 
 
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_concat_and_strided_copy_move_inf_and_nan_unchanged(axis):
+    """Every element is copied (x·1), never summed with others: an inf or a NaN stays where it was."""
+    g = Graph("f32")
+    shapes = [(2, 3, 2), (2, 3, 2), (2, 3, 2)]
+    shapes = [tuple(d if ax != axis else d + k for ax, d in enumerate(s)) for k, s in enumerate(shapes)]
+    xs = [g.input(f"x{k}", s) for k, s in enumerate(shapes)]
+    g.output("cat", g.concat(xs, axis))
+    g.output("window", g.strided_copy(xs[0], (2, 2), (6, 2), start=1))  # [:, 0..1, 1] of x0 read at a start
+    values = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    values[0].flat[1], values[1].flat[2], values[2].flat[-1], values[0].flat[9] = np.inf, np.nan, -np.inf, -0.0
+    out = run(g, **{f"x{k}": v for k, v in enumerate(values)})
+    np.testing.assert_array_equal(out["cat"], np.concatenate(values, axis))
+    np.testing.assert_array_equal(out["window"], values[0][:, 0:2, 1])
+    assert np.signbit(out["window"][1, 1])  # -0.0 moved as -0.0
+    with pytest.raises(GraphError, match="no derivative rule"):
+        g.grad(g.reduce_sum(g.concat(xs, axis), (0, 1, 2)), xs[0])
+
+
+def test_concat_and_strided_copy_check_their_arguments():
+    g = Graph("f32")
+    a, b = g.input("a", (2, 3)), g.input("b", (3, 3))
+    with pytest.raises(GraphError, match=r"does not join .* along axis 1"):
+        g.concat([a, b], 1)
+    with pytest.raises(GraphError, match="reads past the end"):
+        g.strided_copy(a, (2, 2), (3, 1), start=2)
+
+
 def test_f16_inputs_are_rounded_to_nearest_even():
     g = Graph("f16")
     g.output("y", g.unary("neg", g.input("x", (4,))))

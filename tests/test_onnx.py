@@ -7,6 +7,8 @@ row has length 0, the reference's final state is its initial state (ABI.md §8; 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -144,9 +146,166 @@ def test_a_scan_with_axes_directions_and_outer_values_matches_onnxruntime():
     assert_matches(run_imported(model, feeds), run_onnxruntime(model, feeds))
 
 
+def test_two_unnamed_recurrent_nodes_of_one_op_get_weights_of_their_own():
+    """Unnamed, with Y left out: the weights of each are named apart (the op, then ``_1``), as in the graph's order."""
+    rng = np.random.default_rng(5)
+    inits, nodes = [], []
+    for k in range(2):
+        w, r = (rng.uniform(-0.5, 0.5, (1, 4, n)).astype(np.float32) for n in (3, 4))
+        inits += [numpy_helper.from_array(w, f"W{k}"), numpy_helper.from_array(r, f"R{k}")]
+        nodes.append(helper.make_node("RNN", ["x", f"W{k}", f"R{k}"], ["", f"h{k}"], hidden_size=4))
+    model = _model(nodes, [_info("x", [5, 2, 3])], [_info("h0", None), _info("h1", None)], inits)
+    feeds = {"x": rng.standard_normal((5, 2, 3)).astype(np.float32)}
+    assert_matches(run_imported(model, feeds), run_onnxruntime(model, feeds))
+    names = rlx_gpu.onnx.import_model(model)["tensors"]
+    assert {"h0.w_ih", "h1.w_ih"} <= set(names)  # the first output's name where a node has none
+    del nodes[0].output[1:], nodes[1].output[1:]  # no output named at all: the op's name, then _1
+    nodes[0].output.append(""), nodes[1].output.append("")
+    graph = helper.make_graph(nodes + [helper.make_node("Tanh", ["x"], ["t"])], "m", [_info("x", [5, 2, 3])],
+                              [_info("t", None)], initializer=inits)
+    names = rlx_gpu.onnx.import_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))["tensors"]
+    assert {"RNN.w_ih", "RNN_1.w_ih"} <= set(names)
+
+
+def test_an_inf_or_a_nan_stays_where_it_is_through_concat_slice_gather_and_reversal():
+    """Selections of run-time values move each element: 0·inf would be NaN in a product with a 0/1 matrix."""
+    n = helper.make_node
+    ints = {k: numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+            (("idx", [4, 0, 2, 2]), ("s1", [1]), ("e4", [4]), ("ax1", [1]), ("sm", [-1]), ("em", [-100]),
+             ("neg", [-1]))}
+    nodes = [
+        n("Concat", ["a", "b"], ["cat"], axis=1),                                # [2, 5]
+        n("Slice", ["cat", "s1", "e4", "ax1"], ["mid"]),                         # [2, 3]
+        n("Gather", ["cat", "idx"], ["picked"], axis=1),                         # [2, 4]
+        n("Slice", ["cat", "sm", "em", "ax1", "neg"], ["reversed"]),             # [2, 5], backwards
+        n("Concat", ["mid", "picked"], ["out"], axis=1),                         # [2, 7]
+    ]
+    model = _model(nodes, [_info("a", [2, 3]), _info("b", [2, 2])],
+                   [_info(k, None) for k in ("cat", "mid", "picked", "reversed", "out")], ints.values())
+    feeds = {"a": np.array([[1, np.inf, 4], [-0.0, 2, 3]], np.float32),
+             "b": np.array([[5, np.nan], [-np.inf, 7]], np.float32)}
+    got, want = run_imported(model, feeds), run_onnxruntime(model, feeds)
+    assert sorted(got) == sorted(want)
+    for name, ref in want.items():
+        np.testing.assert_array_equal(got[name], ref, err_msg=name)  # NaN where NaN, and nowhere else
+    np.testing.assert_array_equal(got["cat"][0, :3], [1, np.inf, 4])
+
+
+def test_an_inf_in_a_run_time_lstm_weight_stays_in_its_gate():
+    """W as a graph input: reordering its gates moves rows; an inf forget weight saturates that gate only."""
+    rng = np.random.default_rng(6)
+    node = helper.make_node("LSTM", ["x", "W", "R", "B"], ["y", "y_h", "y_c"], hidden_size=3)
+    model = _model([node], [_info("x", [1, 2, 2]), _info("W", [1, 12, 2]), _info("R", [1, 12, 3]),
+                            _info("B", [1, 24])], [_info(k, None) for k in ("y", "y_h", "y_c")])
+    feeds = {"x": rng.standard_normal((1, 2, 2)).astype(np.float32),
+             "W": rng.uniform(-0.5, 0.5, (1, 12, 2)).astype(np.float32),
+             "R": rng.uniform(-0.5, 0.5, (1, 12, 3)).astype(np.float32),
+             "B": rng.uniform(-0.5, 0.5, (1, 24)).astype(np.float32)}
+    feeds["W"][0, 6, 1] = np.inf  # ONNX's gates are i, o, f, c: row 6 is unit 0 of the forget gate
+    want = run_onnxruntime(model, feeds)
+    assert all(np.isfinite(v).all() for v in want.values())
+    assert_matches(run_imported(model, feeds), want)
+
+
+def _glue_model(nodes, inputs, outputs, opset=17, initializers=()):
+    return _model(nodes, [_info(k, s) for k, s in inputs.items()], [_info(k, None) for k in outputs],
+                  initializers, opset=opset)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_the_classifier_heads_match_onnxruntime(opset):
+    """Softmax and LogSoftmax (over the 2-D coercion before opset 13, one axis from it), reductions,
+    Flatten, Dropout at inference and the elementwise ops torch writes around a recurrent model."""
+    n = helper.make_node
+    rng = np.random.default_rng(opset)
+    axes_in = opset >= 18  # ReduceMean takes its axes as an input from opset 18, ReduceSum from 13
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes1")
+    nodes = [
+        n("Softmax", ["x"], ["soft"], axis=1),
+        n("LogSoftmax", ["x"], ["logsoft"], axis=-1),
+        n("ReduceMean", ["x", "axes1"] if axes_in else ["x"], ["mean"], keepdims=0, **({} if axes_in else
+                                                                                     {"axes": [1]})),
+        n("ReduceSum", ["x", "axes1"] if opset >= 13 else ["x"], ["sum"], **({} if opset >= 13 else {"axes": [1]})),
+        n("Flatten", ["x"], ["flat"], axis=2),
+        n("Dropout", ["flat"], ["dropped"]),
+        n("Abs", ["dropped"], ["abs"]), n("Sqrt", ["abs"], ["sqrt"]), n("Neg", ["sqrt"], ["neg"]),
+        n("Reciprocal", ["neg"], ["recip"]), n("Softplus", ["recip"], ["softplus"]),
+        n("Max", ["softplus", "abs", "bias"], ["max"]), n("Min", ["max", "bias"], ["min"]),
+    ]
+    bias = numpy_helper.from_array(rng.uniform(0.5, 1.5, 4).astype(np.float32), "bias")
+    model = _glue_model(nodes, {"x": [2, 3, 4]},
+                        ["soft", "logsoft", "mean", "sum", "flat", "softplus", "min"], opset, [axes, bias])
+    feeds = {"x": (rng.standard_normal((2, 3, 4)) * 40).astype(np.float32)}  # exp(x) alone would overflow
+    want = run_onnxruntime(model, feeds)
+    assert all(np.isfinite(v).all() for v in want.values())
+    assert_matches(run_imported(model, feeds), want)
+
+
+def test_a_training_mode_dropout_names_its_node():
+    flag = numpy_helper.from_array(np.array(True), "train")
+    ratio = numpy_helper.from_array(np.array(0.5, np.float32), "ratio")
+    model = _glue_model([helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop")], {"x": [2, 3]},
+                        ["y"], initializers=[flag, ratio])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"'drop' \(Dropout\): input training_mode is true"):
+        rlx_gpu.onnx.load(model)
+
+
+def _scan8(lens_given: str, direction: int = 0) -> tuple:
+    """A Scan-8 over a batch of 3 rows of 4 steps; ``sequence_lens`` an initializer, a graph input or absent."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["s_in", "x_t"], ["s_out"]), helper.make_node("Tanh", ["s_out"], ["y_t"])],
+        "body", [_info("s_in", [2]), _info("x_t", [2])], [_info("s_out", [2]), _info("y_t", [2])])
+    lens = np.array([4, 2, 1], np.int64)
+    node = helper.make_node("Scan", ["lens" if lens_given != "absent" else "", "s0", "xs"], ["s_final", "ys"],
+                            body=body, num_scan_inputs=1, directions=[direction], name="scan")
+    inputs = [_info("s0", [3, 2]), _info("xs", [3, 4, 2])]
+    if lens_given == "input":
+        inputs.insert(0, _info("lens", [3], TensorProto.INT64))
+    inits = [numpy_helper.from_array(lens, "lens")] if lens_given == "initializer" else []
+    model = _model([node], inputs, [_info("s_final", None), _info("ys", None)], inits, opset=8)
+    rng = np.random.default_rng(9)
+    feeds = {"s0": rng.standard_normal((3, 2)).astype(np.float32),
+             "xs": rng.standard_normal((3, 4, 2)).astype(np.float32)}
+    return model, feeds, lens
+
+
+@pytest.mark.parametrize("direction", [0, 1])
+def test_a_scan_8_with_rows_of_different_lengths_matches_onnxruntime(direction):
+    """Known lengths (int64, as ONNX has them): each row runs its own steps, its scan outputs zero after them."""
+    model, feeds, lens = _scan8("initializer", direction)
+    assert_matches(run_imported(model, feeds), run_onnxruntime(model, feeds))
+
+
+def test_a_scan_8_names_its_node_and_calls_sequence_lens_an_input():
+    model, feeds, lens = _scan8("input")
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError) as info:
+        rlx_gpu.onnx.load(model)
+    assert "graph input 'lens' has the ONNX element type int64" in str(info.value)
+    assert "read by ONNX node 'scan' (Scan) as its input sequence_lens" in str(info.value)
+    model, _, _ = _scan8("initializer")
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([4, 5, 0], np.int64), "lens"))
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError) as info:
+        rlx_gpu.onnx.load(model)
+    message = str(info.value)
+    assert "'scan' (Scan): input sequence_lens is int64 [4, 5, 0]" in message and "in 1..4" in message
+    assert "attribute" not in message
+
+
 def test_an_unsupported_op_names_the_node_and_the_op():
-    model = _model([helper.make_node("Softmax", ["x"], ["y"], name="head")], [_info("x", [2, 3])], [_info("y", None)])
-    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"'head' \(Softmax\).*Softmax is not supported"):
+    model = _model([helper.make_node("Erf", ["x"], ["y"], name="head")], [_info("x", [2, 3])], [_info("y", None)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=r"'head' \(Erf\).*Erf is not supported"):
+        rlx_gpu.onnx.load(model)
+
+
+@pytest.mark.parametrize("op,inputs,says", [
+    ("MatMul", {"a": [2, 3], "b": [4, 5]}, "inputs of shapes [2, 3] and [4, 5] do not multiply"),
+    ("Add", {"a": [2, 3], "i": ([2, 3], TensorProto.INT32)}, "differ in dtype"),
+    ("Sub", {"a": [2, 3], "c": [4]}, "do not broadcast"),
+])
+def test_a_node_the_builder_refuses_is_named_in_the_error(op, inputs, says):
+    infos = [_info(k, *(v if isinstance(v, tuple) else (v,))) for k, v in inputs.items()]
+    model = _model([helper.make_node(op, list(inputs), ["y"], name="culprit")], infos, [_info("y", None)])
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=rf"'culprit' \({op}\): .*{re.escape(says)}"):
         rlx_gpu.onnx.load(model)
 
 
@@ -177,6 +336,49 @@ def test_a_symbolic_input_shape_is_given_by_shapes():
         rlx_gpu.onnx.load(model)
     schedule = rlx_gpu.onnx.load(model, shapes={"x": [2, 3]})
     assert schedule.tensors["x"].shape == (2, 3) and schedule.inputs == ("x",) and schedule.outputs == ("y",)
+
+
+def _symbolic_gru() -> tuple:
+    """A GRU whose X and initial_h both have a symbolic batch (what an exporter with dynamic axes writes)."""
+    rng = np.random.default_rng(8)
+    w, r = (numpy_helper.from_array(rng.uniform(-0.4, 0.4, (1, 3 * 4, k)).astype(np.float32), n)
+            for n, k in (("W", 3), ("R", 4)))
+    node = helper.make_node("GRU", ["x", "W", "R", "", "", "h0"], ["y", "h_n"], hidden_size=4, name="gru")
+    model = _model([node], [_info("x", [5, "batch", 3]), _info("h0", [1, "batch", 4])],
+                   [_info("y", None), _info("h_n", None)], [w, r])
+    feeds = {"x": rng.standard_normal((5, 2, 3)).astype(np.float32),
+             "h0": rng.standard_normal((1, 2, 4)).astype(np.float32)}
+    return model, feeds
+
+
+def test_every_symbolic_input_is_named_with_the_shape_to_give():
+    model, feeds = _symbolic_gru()
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError) as info:
+        rlx_gpu.onnx.load(model)
+    message = str(info.value)
+    assert "'x' has the symbolic shape [5, 'batch', 3]" in message
+    assert "'h0' has the symbolic shape [1, 'batch', 4]" in message
+    assert "shapes={'x': [5,N,3], 'h0': [1,N,4]}" in message and "--shape x=5,N,3 --shape h0=1,N,4" in message
+    schedule = rlx_gpu.onnx.load(model, shapes={"x": [5, 2, 3], "h0": [1, 2, 4]})
+    assert schedule.tensors["h0"].shape == (1, 2, 4)
+
+
+def test_the_cli_runs_a_model_with_a_symbolic_shape_given_by_shape(tmp_path, capsys):
+    from rlx_gpu.cli import main
+
+    model, feeds = _symbolic_gru()
+    path = tmp_path / "gru.onnx"
+    path.write_bytes(model.SerializeToString())
+    assert main(["run", str(path), "--device", "host"]) == 2
+    assert "--shape x=5,N,3 --shape h0=1,N,4" in capsys.readouterr().err
+    np.savez(tmp_path / "in.npz", **feeds)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(path), "--device", "host", "--shape", "x=5,2,3", "--shape", "h0=1,2,4",
+                 "--inputs", str(tmp_path / "in.npz"), "--out", str(out)]) == 0
+    with np.load(out) as got:
+        assert_matches(dict(got), run_onnxruntime(model, feeds))
+    assert main(["run", "demo", "--shape", "x=1,2"]) == 2
+    assert "--shape sizes the inputs of an ONNX model" in capsys.readouterr().err
 
 
 def test_the_cli_imports_a_model_and_runs_it_directly(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Models exported by ``torch.onnx.export`` from nn.LSTM/GRU/RNN, imported by rlx_gpu.onnx, reproduce torch.
 
 Multi-layer and bidirectional, with initial states given (the exporter slices them per layer), batch-first
-(the exporter transposes), and packed sequences of different lengths (``sequence_lens``).
+(the exporter transposes), packed sequences of different lengths (``sequence_lens``), and classifiers
+(a recurrent model, a Linear and a Softmax-like head) at the exporter's default opset and at 11.
 """
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ import io
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rlx_gpu
 import rlx_gpu.onnx
-from onnx_cases import run_imported
+from onnx_cases import run_imported, run_onnxruntime
 from rlx_gpu.conformance.compare import nmse
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.config import load_config
@@ -128,3 +130,50 @@ def test_an_exported_module_reproduces_torch_on_opencl_at_each_target(target):
     with torch.no_grad():
         want = dict(zip(["y", "h_n", "c_n"], module(x, *states)))
     _check({n: schedule.tensors[n].read(out) for n in schedule.outputs}, want)
+
+
+class _Classifier(torch.nn.Module):
+    """A batch-first recurrent model with a Linear head and one of the heads torch classifiers end with."""
+
+    HEADS = ("softmax", "log_softmax", "sigmoid_of_mean", "tanh_of_final_state", "softmax_per_step")
+
+    def __init__(self, kind: str, head: str):
+        super().__init__()
+        spec = dict(KINDS[kind])
+        self.rnn = spec.pop("cls")(INPUT, HIDDEN, num_layers=LAYERS, bidirectional=True, batch_first=True, **spec)
+        self.fc = torch.nn.Linear(2 * HIDDEN, 3)
+        self.drop = torch.nn.Dropout(0.3)
+        self.head = head
+
+    def forward(self, x):
+        y, final = self.rnn(x)
+        h = final[0] if isinstance(final, tuple) else final
+        if self.head == "softmax":
+            return torch.softmax(self.fc(self.drop(y[:, -1])), dim=-1)
+        if self.head == "log_softmax":
+            return torch.log_softmax(torch.relu(self.fc(y[:, -1])), dim=1)
+        if self.head == "sigmoid_of_mean":
+            return torch.sigmoid(self.fc(y.mean(1)))
+        if self.head == "tanh_of_final_state":
+            return torch.tanh(self.fc(torch.flatten(h[-2:].transpose(0, 1), 1))).unsqueeze(-1)
+        return self.fc(y).softmax(-1)
+
+
+@pytest.mark.parametrize("opset", [None, 11])
+@pytest.mark.parametrize("kind,head", [("LSTM", "softmax"), ("GRU", "log_softmax"), ("RNN_tanh", "sigmoid_of_mean"),
+                                       ("LSTM", "tanh_of_final_state"), ("GRU", "softmax_per_step")])
+def test_an_exported_classifier_reproduces_torch_and_onnxruntime(kind, head, opset):
+    torch.manual_seed(len(head))
+    module = _Classifier(kind, head).eval()
+    x = torch.randn(BATCH, SEQ, INPUT)
+    stream = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), stream, dynamo=False, input_names=["x"], output_names=["p"],
+                          **({"opset_version": opset} if opset else {}))
+    model = stream.getvalue()
+    with torch.no_grad():
+        want = {"p": module(x)}
+    got = run_imported(model, {"x": x.numpy()})
+    _check(got, want)
+    _check(got, {"p": torch.from_numpy(run_onnxruntime(onnx.load_from_string(model), {"x": x.numpy()})["p"])})

@@ -87,6 +87,15 @@ def _broadcasts(f: dict[str, Any]) -> bool:
     return all(f[k] == BodyGraph._strides(f[op].shape, out, keep) for op, k in (("a", "a_strides"), ("b", "b_strides")))
 
 
+def _whole_buffers(node: Node) -> None:
+    """Refuse a node that reads or writes part of a buffer (``concat``, ``strided_copy`` from a start)."""
+    part = next((t for t in node.tensors() if not t.whole), None)
+    if part is not None:
+        raise GraphError(f"grad: the {node.op} writing {node.writes[0]!r} reads or writes part of a buffer "
+                         f"(concat, or strided_copy from a start), which has no derivative rule; build it from "
+                         "reshape, broadcasting binary ops and matmul instead")
+
+
 class _Reverse:
     """One derivation into graph ``g``: the forward values (``env``) and the cotangents (``cot``), by tensor."""
 
@@ -109,6 +118,7 @@ class _Reverse:
 
     def replay(self, node: Node) -> None:
         g, env = self.g, self.env
+        _whole_buffers(node)
         if node.op == "reshape":
             env[node.fields["dst"]] = g.reshape(env[node.fields["x"]], node.fields["dst"].shape)
             return
@@ -132,6 +142,7 @@ class _Reverse:
 
     def body_op(self, node: Node) -> None:
         g, env, f = self.g, self.env, node.fields
+        _whole_buffers(node)
         dst = f["dst"]
         if dst not in self.cot or node.op == "fill":
             return

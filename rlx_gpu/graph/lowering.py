@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import COMPUTE
+from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.fields import used
 
 from ..errors import GraphError
@@ -101,7 +101,7 @@ class _Lowering:
     def thunk(self, node: Node, off: Mapping[int, int]) -> dict[str, Any]:
         def resolve(v: Any) -> Any:
             if isinstance(v, Tensor):
-                return off[v.buf]
+                return off[v.buf] + v.offset * ELEM_SIZE[v.dtype]
             if isinstance(v, Slot):
                 return self.graph(v.graph)[1].offsets[v.tensor.buf]
             if isinstance(v, BodyGraph):

@@ -23,13 +23,19 @@ from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, TENSOR_DTYPES, UNARY_FN
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
-    """A dense row-major tensor of a graph; tensors that share ``buf`` are reshaped views of one buffer."""
+    """A dense row-major tensor of a graph; tensors that share ``buf`` are reshaped views of one buffer.
+
+    ``offset`` (elements) is nonzero only for a window into part of a buffer, which the builder makes
+    for itself (``concat`` writes its parts into windows, ``strided_copy`` reads from one at ``start``)
+    and never returns.
+    """
 
     graph: "BodyGraph"
     buf: int
     shape: tuple[int, ...]
     dtype: str
     name: str | None = None
+    offset: int = 0
 
     @property
     def size(self) -> int:
@@ -38,6 +44,11 @@ class Tensor:
     @property
     def nbytes(self) -> int:
         return self.size * ELEM_SIZE[self.dtype]
+
+    @property
+    def whole(self) -> bool:
+        """True unless this is a window into part of its buffer."""
+        return self.offset == 0 and self.nbytes == self.graph.buffers[self.buf]
 
     def __repr__(self) -> str:
         return f"Tensor({self.name or f'#{self.buf}'}, {list(self.shape)}, {self.dtype})"
@@ -278,32 +289,84 @@ class BodyGraph:
             shape = np.empty(x.shape, dtype=np.uint8).reshape(tuple(shape)).shape
         except ValueError as err:
             raise GraphError(f"reshape: cannot view {x!r} as {list(shape)}") from err
-        y = Tensor(self, x.buf, tuple(shape), x.dtype)
+        y = Tensor(self, x.buf, tuple(shape), x.dtype, offset=x.offset)
         self._emit("reshape", x.dtype, {"x": x, "dst": y}, y)
         return y
 
-    def strided_copy(self, x: Any, shape: Sequence[int], strides: Sequence[int]) -> Tensor:
-        """A dense ``shape`` tensor whose element at index ``i`` is element ``Σ i_k·strides[k]`` of ``x``.
+    def _window(self, x: Tensor, start: int, shape: Sequence[int]) -> Tensor:
+        """A view of ``shape`` into ``x``'s buffer from element ``start`` of ``x`` (no thunk)."""
+        return Tensor(self, x.buf, tuple(int(d) for d in shape), x.dtype, offset=x.offset + int(start))
 
-        Transposes and broadcasts (stride 0) of a row-major buffer, read in one ``binary`` thunk as
-        ``x·1``, which is exact for every value.
+    def _strided_into(self, x: Tensor, shape: Sequence[int], strides: Sequence[int], dst: Tensor) -> None:
+        """Write the elements of ``x`` at element ``strides`` into ``dst`` (dense ``shape``), as ``x·1``.
+
+        A product by one is exact for every value (inf and NaN included): the elements move unchanged.
         """
-        x = self._t(x)
-        shape, strides = [int(d) for d in shape], [int(s) for s in strides]
-        if len(shape) != len(strides) or any(s < 0 for s in strides):
-            raise GraphError(f"strided_copy: strides {strides} must be one non-negative stride per axis of {shape}")
         keep = [ax for ax, d in enumerate(shape) if d != 1]
         if len(keep) > MAX_RANK:
-            raise GraphError(f"strided_copy: shape {shape} has more than {MAX_RANK} non-unit axes")
-        if _count(shape) and 1 + sum((shape[ax] - 1) * strides[ax] for ax in keep) > x.size:
-            raise GraphError(f"strided_copy: shape {shape} at strides {strides} reads past the end of {x!r}")
-        y = self._new(shape, x.dtype)
+            raise GraphError(f"strided_copy: shape {list(shape)} has more than {MAX_RANK} non-unit axes")
         one = self.constant(1.0, x.dtype)
-        self._emit("binary", x.dtype, {"a": x, "b": one, "dst": y, "fn": "mul",
+        self._emit("binary", x.dtype, {"a": x, "b": one, "dst": dst, "fn": "mul",
                                        "shape": [shape[ax] for ax in keep] or [1],
                                        "a_strides": [strides[ax] for ax in keep] or [0],
-                                       "b_strides": [0] * max(1, len(keep))}, y)
+                                       "b_strides": [0] * max(1, len(keep))}, dst)
+
+    def strided_copy(self, x: Any, shape: Sequence[int], strides: Sequence[int], start: int = 0) -> Tensor:
+        """A dense ``shape`` tensor whose element at index ``i`` is element ``start + Σ i_k·strides[k]`` of ``x``.
+
+        Transposes, slices and broadcasts (stride 0) of a row-major buffer, read in one ``binary``
+        thunk as ``x·1``, which is exact for every value.
+        """
+        x = self._t(x)
+        shape, strides, start = [int(d) for d in shape], [int(s) for s in strides], int(start)
+        if len(shape) != len(strides) or any(s < 0 for s in strides) or start < 0:
+            raise GraphError(f"strided_copy: strides {strides} must be one non-negative stride per axis of {shape}, "
+                             f"start {start} non-negative")
+        if _count(shape) and start + 1 + sum((d - 1) * s for d, s in zip(shape, strides) if d) > x.size:
+            raise GraphError(f"strided_copy: shape {shape} at strides {strides} from {start} reads past the end "
+                             f"of {x!r}")
+        y = self._new(shape, x.dtype)
+        self._strided_into(self._window(x, start, (x.size - start,)) if start else x, shape, strides, y)
         return y
+
+    def concat(self, parts: Sequence[Any], axis: int = 0) -> Tensor:
+        """``parts`` joined along ``axis``, as NumPy's ``concatenate``: every element is copied, none computed.
+
+        Along the outermost axis (or one with only size-1 axes before it) each part is one ``copy``
+        into its place; along an inner axis each part is written, transposed, into an axis-first
+        buffer that one strided copy then puts in order.
+        """
+        ts = [self._t(p) for p in parts]
+        if not ts:
+            raise GraphError("concat: no parts to join")
+        first = ts[0]
+        if not -len(first.shape) <= axis < len(first.shape):
+            raise GraphError(f"concat: axis {axis} is out of range for {first!r}")
+        axis %= len(first.shape)
+        for t in ts:
+            other = t.shape[:axis] + t.shape[axis + 1:]
+            if t.dtype != first.dtype or other != first.shape[:axis] + first.shape[axis + 1:]:
+                raise GraphError(f"concat: {t!r} does not join {first!r} along axis {axis}: every part has one "
+                                 "dtype and the same sizes on the other axes")
+        if len(ts) == 1:
+            return first
+        total = sum(t.shape[axis] for t in ts)
+        shape = (*first.shape[:axis], total, *first.shape[axis + 1:])
+        pre, post = _count(shape[:axis]), _count(shape[axis + 1:])
+        y = self._new(shape if pre == 1 else (total, pre, post), first.dtype)
+        start = 0
+        for t in ts:
+            n = t.shape[axis]
+            if t.size and pre == 1:
+                part = self._window(y, start * post, t.shape)
+                self._emit("copy", t.dtype, {"src": t, "dst": part, "nbytes": t.nbytes}, part)
+            elif t.size:
+                part = self._window(y, start * pre * post, (n, pre, post))
+                self._strided_into(t, (n, pre, post), (post, n * post, 1), part)
+            start += n
+        if pre == 1:
+            return y
+        return self.reshape(self.strided_copy(y, (pre, total, post), (post, pre * post, 1)), shape)
 
     def broadcast_to(self, x: Any, shape: Sequence[int]) -> Tensor:
         """``x`` repeated along broadcast axes to ``shape`` (as ``x·1``, which is exact)."""

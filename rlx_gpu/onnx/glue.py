@@ -1,10 +1,12 @@
-"""The glue ops around ONNX's recurrent nodes: shapes, views, casts, products and elementwise math.
+"""The glue ops around ONNX's recurrent nodes: shapes, views, casts, products, elementwise math,
+reductions and the softmax heads of classifiers (what ``torch.onnx.export`` writes around nn.LSTM/GRU/RNN).
 
 Every handler folds its node into a NumPy constant when all its inputs are known at import time
 (the shape arithmetic ``torch.onnx.export`` emits), and otherwise emits builder ops on views.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -165,7 +167,11 @@ def _matmul(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
     a, b = ins
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         return [np.matmul(a, b)]
-    shape = np.matmul(np.empty(_shape_of(a), np.uint8), np.empty(_shape_of(b), np.uint8)).shape
+    try:
+        shape = np.matmul(np.empty(_shape_of(a), np.uint8), np.empty(_shape_of(b), np.uint8)).shape
+    except ValueError as err:
+        raise importer.error(node, f"inputs of shapes {list(_shape_of(a))} and {list(_shape_of(b))} do not "
+                                   "multiply") from err
     a2 = reshape(importer.graph, a, (1, *_shape_of(a))) if len(_shape_of(a)) == 1 else a
     b2 = reshape(importer.graph, b, (*_shape_of(b), 1)) if len(_shape_of(b)) == 1 else b
     dtype = (a if isinstance(a, View) else b).dtype
@@ -211,7 +217,9 @@ def _binary(fn: str) -> Callable[[Importer, Any, Inputs], list[Value]]:
 
 
 UNARY = {"Relu": ("relu", lambda x: np.maximum(x, 0)), "Tanh": ("tanh", np.tanh),
-         "Sigmoid": ("sigmoid", lambda x: 1 / (1 + np.exp(-x))), "Exp": ("exp", np.exp), "Log": ("log", np.log)}
+         "Sigmoid": ("sigmoid", lambda x: 1 / (1 + np.exp(-x))), "Exp": ("exp", np.exp), "Log": ("log", np.log),
+         "Neg": ("neg", np.negative), "Sqrt": ("sqrt", np.sqrt), "Abs": ("abs", np.abs),
+         "Reciprocal": ("recip", np.reciprocal), "Softplus": ("softplus", lambda x: np.logaddexp(0, x))}
 
 
 def _unary(op: str) -> Callable[[Importer, Any, Inputs], list[Value]]:
@@ -223,6 +231,111 @@ def _unary(op: str) -> Callable[[Importer, Any, Inputs], list[Value]]:
                 return [fold(ins[0]).astype(ins[0].dtype)]
         return [View.of(importer.graph.unary(fn, importer.dense(ins[0])))]
     return run
+
+
+def _extreme(fn: str) -> Callable[[Importer, Any, Inputs], list[Value]]:
+    """ONNX's variadic Max and Min: the elementwise extreme of every input, broadcast."""
+    fold = {"max": np.maximum, "min": np.minimum}[fn]
+
+    def run(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+        if not ins or any(v is None for v in ins):
+            raise importer.error(node, f"takes one or more inputs, got {list(node.input)}")
+        if all(isinstance(v, np.ndarray) for v in ins):
+            return [functools.reduce(fold, ins)]
+        dtype = next(v.dtype for v in ins if isinstance(v, View))
+        out = importer.dense(ins[0], dtype)
+        for v in ins[1:]:
+            out = importer.graph.binary(fn, out, importer.dense(v, dtype))
+        return [View.of(out)]
+    return run
+
+
+def _count(shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def _reduce_max(importer: Importer, x: View, axis: int) -> Any:
+    """The maximum of ``x`` along ``axis`` (kept, of size 1): halves compared until one row is left.
+
+    The ABI has no max reduction; each round takes the elementwise ``max`` of the first and the last
+    ``ceil(n/2)`` rows (which overlap by one when ``n`` is odd, harmless for a maximum).
+    """
+    g, n = importer.graph, x.shape[axis]
+    while n > 1:
+        half = -(-n // 2)
+        first, last = (importer.dense(x.run(axis, start, half, 1)) for start in (0, n - half))
+        x = View.of(g.binary("max", first, last))
+        n = half
+    return importer.dense(x)
+
+
+def _softmax(log: bool) -> Callable[[Importer, Any, Inputs], list[Value]]:
+    """Softmax and LogSoftmax: ``exp(x - max)`` over its sum, or ``x - max - log(sum)``, along ``axis``.
+
+    From opset 13 along the one axis (default -1); before it over the input coerced to 2-D at ``axis``
+    (default 1), so over every axis from ``axis`` on.
+    """
+    def run(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+        x, g = ins[0], importer.graph
+        shape = _shape_of(x)
+        modern = importer.opset >= 13
+        axis = _axis(importer, node, importer.attributes(node).get("axis", -1 if modern else 1), len(shape))
+        work = x if modern else reshape(g, x, (_count(shape[:axis]), _count(shape[axis:])))
+        ax = axis if modern else 1
+        if isinstance(work, np.ndarray):
+            with np.errstate(all="ignore"):
+                shifted = work - work.max(axis=ax, keepdims=True)
+                total = np.exp(shifted).sum(axis=ax, keepdims=True)
+                y = shifted - np.log(total) if log else np.exp(shifted) / total
+            return [y.astype(x.dtype).reshape(shape)]
+        shifted = g.binary("sub", importer.dense(work), _reduce_max(importer, work, ax))
+        e = g.unary("exp", shifted)
+        total = g.reduce_sum(e, ax, keepdims=True)
+        y = g.binary("sub", shifted, g.unary("log", total)) if log else g.binary("div", e, total)
+        return [reshape(g, View.of(y), shape)]
+    return run
+
+
+def _reduce(mean: bool) -> Callable[[Importer, Any, Inputs], list[Value]]:
+    """ReduceSum and ReduceMean over ``axes`` (the attribute, or the second input from opset 13/18)."""
+    def run(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+        x, attrs = ins[0], importer.attributes(node)
+        shape = _shape_of(x)
+        given = _axes(importer, node, ins)
+        if not given and attrs.get("noop_with_empty_axes", 0):
+            return [x]
+        axes = sorted({_axis(importer, node, a, len(shape), "axes") for a in given} if given else range(len(shape)))
+        keep = bool(attrs.get("keepdims", 1))
+        count = _count([shape[a] for a in axes])
+        if isinstance(x, np.ndarray):
+            y = x.sum(axis=tuple(axes), keepdims=keep)
+            return [(y / count).astype(x.dtype) if mean else y]
+        if not shape:
+            return [x]
+        y = importer.graph.reduce_sum(importer.dense(x), axes, keepdims=keep)
+        return [View.of(importer.graph.binary("div", y, float(count)) if mean else y)]
+    return run
+
+
+def _flatten(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+    x = ins[0]
+    shape = _shape_of(x)
+    axis = importer.attributes(node).get("axis", 1)
+    if not -len(shape) <= axis <= len(shape):
+        raise importer.unsupported(node, "axis", axis, f"out of range for rank {len(shape)}")
+    axis %= len(shape) + 1
+    return [reshape(importer.graph, x, (_count(shape[:axis]), _count(shape[axis:])))]
+
+
+def _dropout(importer: Importer, node: Any, ins: Inputs) -> list[Value]:
+    """Dropout at inference: the identity (a training-mode dropout is refused)."""
+    training = ins[2] if len(ins) > 2 else None
+    if training is not None and bool(importer.constant(node, training, "training_mode").ravel()[0]):
+        raise importer.error(node, "input training_mode is true; the importer reads models for inference")
+    if len(node.output) > 1 and node.output[1]:
+        raise importer.error(node, f"output mask {node.output[1]!r} is not supported: a model for inference "
+                                   "has no use for it")
+    return [ins[0]]
 
 
 def _h(run: Callable[[Importer, Any, Inputs], Sequence[Value]], *attributes: str) -> Handler:
@@ -247,4 +360,12 @@ HANDLERS = {
     "Gemm": _h(_gemm, "alpha", "beta", "transA", "transB"),
     **{op: _h(_binary(op.lower())) for op in ("Add", "Sub", "Mul", "Div")},
     **{op: _h(_unary(op)) for op in UNARY},
+    "Max": _h(_extreme("max")),
+    "Min": _h(_extreme("min")),
+    "Softmax": _h(_softmax(log=False), "axis"),
+    "LogSoftmax": _h(_softmax(log=True), "axis"),
+    "ReduceSum": _h(_reduce(mean=False), "axes", "keepdims", "noop_with_empty_axes"),
+    "ReduceMean": _h(_reduce(mean=True), "axes", "keepdims", "noop_with_empty_axes"),
+    "Flatten": _h(_flatten, "axis"),
+    "Dropout": _h(_dropout, "ratio", "seed", "is_test"),
 }

@@ -12,13 +12,22 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import GraphError, ModelError
 from ..graph.nodes import BodyGraph, Tensor
 from .values import Value, View, dense
 
 #: ONNX element types with a float counterpart in the ABI, and the integer ones folded at import.
 FLOAT_TYPES = {1: "f32", 10: "f16", 11: "f64", 16: "bf16"}
 INT32 = 6
+
+
+def _type_name(elem_type: int) -> str:
+    from onnx import TensorProto
+
+    try:
+        return f"{TensorProto.DataType.Name(elem_type).lower()} ({elem_type})"
+    except ValueError:
+        return str(elem_type)
 
 
 class OnnxImportError(ModelError):
@@ -43,6 +52,7 @@ class Importer:
         self.opset = opset
         self.shapes = dict(shapes or {})
         self.values: dict[str, Value] = {}
+        self.prefixes: set[str] = set()
 
     # ----------------------------------------------------------------- errors and attributes
     @staticmethod
@@ -66,6 +76,17 @@ class Importer:
             out[a.name] = value
         return out
 
+    def prefix(self, node: Any) -> str:
+        """A name for ``node``'s weights, unique in this graph: the node's name, else its first output's,
+        else its op, with ``_1``, ``_2``, ... after a name an earlier node took (in the graph's order)."""
+        base = node.name or next((o for o in node.output if o), node.op_type)
+        name, k = base, 0
+        while name in self.prefixes:
+            k += 1
+            name = f"{base}_{k}"
+        self.prefixes.add(name)
+        return name
+
     # ----------------------------------------------------------------- values
     def constant(self, node: Any, value: Value | None, what: str) -> np.ndarray:
         """``value`` as a NumPy array; a run-time value is refused, naming ``what`` it is."""
@@ -77,25 +98,53 @@ class Importer:
     def dense(self, value: Value, dtype: str | None = None) -> Tensor:
         return dense(self.graph, value, dtype)
 
-    def declare_input(self, info: Any) -> None:
-        """A graph input: a named tensor of the schedule, shaped by its type or by ``shapes``."""
-        kind = info.type.tensor_type
-        dtype = FLOAT_TYPES.get(kind.elem_type) or ("i32" if kind.elem_type == INT32 else None)
-        if dtype is None:
-            raise OnnxImportError(f"graph input {info.name!r} has ONNX element type {kind.elem_type}; the schedule "
-                                  f"takes float32, float16, bfloat16, float64 and int32 inputs")
-        if info.name in self.shapes:
-            shape = [int(d) for d in self.shapes[info.name]]
-        else:
+    def _readers(self, proto: Any, name: str) -> str:
+        """``; it is read by ONNX node ... as its input ...`` for every node of ``proto`` that reads ``name``."""
+        from onnx import defs
+
+        said = []
+        for node in proto.node:
+            for k, given in enumerate(node.input):
+                if given == name:
+                    try:
+                        formal = defs.get_schema(node.op_type, self.opset, node.domain).inputs
+                        what = formal[min(k, len(formal) - 1)].name
+                    except defs.SchemaError:
+                        what = str(k)
+                    said.append(f"ONNX node {node.name or '(unnamed)'!r} ({node.op_type}) as its input {what}")
+        return f"; it is read by {', and by '.join(said)}" if said else ""
+
+    def declare_inputs(self, proto: Any) -> None:
+        """The graph inputs that are no initializer: named tensors of the schedule, shaped by their type or
+        by ``shapes``; every input whose shape is symbolic is named in one error."""
+        symbolic = {}
+        for info in proto.input:
+            if info.name in self.values:
+                continue
+            kind = info.type.tensor_type
+            dtype = FLOAT_TYPES.get(kind.elem_type) or ("i32" if kind.elem_type == INT32 else None)
+            if dtype is None:
+                raise OnnxImportError(f"graph input {info.name!r} has the ONNX element type "
+                                      f"{_type_name(kind.elem_type)}; the schedule takes float32, float16, bfloat16, "
+                                      f"float64 and int32 inputs{self._readers(proto, info.name)}: give it as an "
+                                      f"initializer or a Constant")
             dims = list(kind.shape.dim)
-            if any(not d.HasField("dim_value") for d in dims):
-                spelled = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
-                sizes = ",".join(str(d) if isinstance(d, int) else "N" for d in spelled)
-                raise OnnxImportError(f"graph input {info.name!r} has the symbolic shape {spelled}; a schedule "
-                                      f"has fixed sizes: give them as shapes={{{info.name!r}: [{sizes}]}} "
-                                      f"(rlx-gpu import --shape {info.name}={sizes}) with N a size")
-            shape = [d.dim_value for d in dims]
-        self.values[info.name] = View.of(self.graph.input(info.name, shape, dtype))
+            if info.name in self.shapes:
+                shape = [int(d) for d in self.shapes[info.name]]
+            elif any(not d.HasField("dim_value") for d in dims):
+                symbolic[info.name] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
+                continue
+            else:
+                shape = [d.dim_value for d in dims]
+            self.values[info.name] = View.of(self.graph.input(info.name, shape, dtype))
+        if symbolic:
+            given = {name: ",".join(str(d) if isinstance(d, int) else "N" for d in dims)
+                     for name, dims in symbolic.items()}
+            listed = "; ".join(f"graph input {name!r} has the symbolic shape {dims}" for name, dims in symbolic.items())
+            raise OnnxImportError(
+                f"{listed}; a schedule has fixed sizes: give them as shapes="
+                f"{{{', '.join(f'{n!r}: [{d}]' for n, d in given.items())}}} (rlx-gpu import or rlx-gpu run "
+                f"{' '.join(f'--shape {n}={d}' for n, d in given.items())}) with N a size")
 
     # ----------------------------------------------------------------- the walk
     def run_nodes(self, nodes: Sequence[Any]) -> None:
@@ -115,7 +164,12 @@ class Importer:
                 if name and name not in self.values:
                     raise self.error(node, f"input {name!r} is defined by no earlier node, initializer or input")
                 inputs.append(self.values[name] if name else None)
-            outputs = handler.run(self, node, inputs)
+            try:
+                outputs = handler.run(self, node, inputs)
+            except OnnxImportError:
+                raise
+            except (GraphError, ValueError) as err:  # the builder's checks and NumPy's shape rules, of this node
+                raise self.error(node, str(err)) from err
             for name, value in zip(node.output, outputs):
                 if name:
                     if value is None:
@@ -128,9 +182,7 @@ class Importer:
 
         for init in proto.initializer:
             self.values[init.name] = numpy_helper.to_array(init)
-        for info in proto.input:
-            if info.name not in self.values:
-                self.declare_input(info)
+        self.declare_inputs(proto)
         self.run_nodes(proto.node)
 
     def declare_outputs(self, proto: Any) -> None:

@@ -116,7 +116,7 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
     _check_shape(importer, node, "R", r, (dirs, g * hidden, hidden))
     b = np.zeros((dirs, 2 * g * hidden), np.float32) if b is None else b
     _check_shape(importer, node, "B", b, (dirs, 2 * g * hidden))
-    prefix = node.name or node.output[0] or op
+    prefix = importer.prefix(node)
 
     def stream(field: str, value: Value) -> Any:
         if isinstance(value, np.ndarray):

@@ -158,18 +158,40 @@ def _scan(importer: Importer, node: Any, ins: list[Value | None]) -> list[Value 
         return _scan_one(importer, node, proto, states, xs, out_axes, [bool(d) for d in out_dirs])
     batch = xs[0].shape[0]
     length = xs[0].shape[1]
-    if seq_lens is not None and not (isinstance(seq_lens, np.ndarray) and np.all(seq_lens == length)):
-        raise importer.unsupported(node, "sequence_lens", seq_lens, "rows of different lengths: every row of a "
-                                   "Scan-8 runs the whole sequence here")
+    lengths = _sequence_lens(importer, node, seq_lens, batch, length)
     rows = []
-    for b in range(batch):
+    for b, steps in enumerate(lengths):
         def row(v: Value) -> Value:
             return reshape(importer.graph, take(importer.graph, v, 0, [b]), v.shape[1:])
-        row_xs = [_along(importer, row(x), 0, bool(d)) for x, d in zip(xs, in_dirs)]
-        rows.append(_scan_one(importer, node, proto, [row(s) for s in states], row_xs, [0] * k,
-                              [bool(d) for d in out_dirs]))
+        row_xs = [_along(importer, take(importer.graph, row(x), 0, range(steps)), 0, bool(d))
+                  for x, d in zip(xs, in_dirs)]
+        outs = _scan_one(importer, node, proto, [row(s) for s in states], row_xs, [0] * k,
+                         [bool(d) for d in out_dirs])
+        # a row shorter than the sequence has its scan outputs zero after its last step (as onnxruntime)
+        outs = outs[:n] + [concat(importer.graph, [o, np.zeros((length - steps, *o.shape[1:]), np.float32)], 0)
+                           if steps < length else o for o in outs[n:]]
+        rows.append(outs)
     return [concat(importer.graph, [reshape(importer.graph, r[i], (1, *r[i].shape)) for r in rows], 0)
             for i in range(n + k)]
+
+
+def _sequence_lens(importer: Importer, node: Any, seq_lens: Value | None, batch: int, length: int) -> list[int]:
+    """The steps of every row of a Scan-8: ``length`` without ``sequence_lens``, else its values, checked.
+
+    Each row is its own scan thunk, so a row's length is that scan's static ``length``: known lengths
+    are exact, lengths known only at run time cannot be expressed (no scan length or select is data).
+    """
+    if seq_lens is None:
+        return [length] * batch
+    if not isinstance(seq_lens, np.ndarray):
+        raise importer.error(node, "input sequence_lens is computed at run time; a Scan-8 is imported with the "
+                                   "number of steps of every row fixed, so give sequence_lens as an initializer "
+                                   "or a Constant (or leave it out: every row runs the whole sequence)")
+    if not np.issubdtype(seq_lens.dtype, np.integer) or seq_lens.shape != (batch,) or \
+            (seq_lens.size and not (seq_lens.min() >= 1 and seq_lens.max() <= length)):
+        raise importer.error(node, f"input sequence_lens is {seq_lens.dtype} {seq_lens.tolist()}; expected {batch} "
+                                   f"integers (int64 in ONNX) in 1..{length}, one per batch row (as onnxruntime)")
+    return [int(v) for v in seq_lens]
 
 
 HANDLERS = {

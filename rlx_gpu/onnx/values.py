@@ -4,8 +4,9 @@ A value known at import time (an initializer, a ``Constant``, a shape, anything 
 stays a NumPy array and is folded; a value known only at run time is a ``View``: a graph tensor read
 at element strides, so that ONNX's transposes, reshapes and broadcasts cost nothing until an op
 needs its operand dense (then one ``strided_copy`` thunk, or nothing when the view is the buffer).
-Selections along an axis (``Gather``, ``Slice``, ``Concat`` of run-time values, gate reordering)
-are products with a constant 0/1 matrix, exact for finite values.
+Selections along an axis (``Gather``, ``Slice``, gate reordering) are views too: each run of evenly
+spaced indices is a view at an offset, and several runs are joined by ``concat``, which copies. A
+value is moved, never multiplied by a 0/1 matrix, so an inf or NaN stays where it is.
 """
 from __future__ import annotations
 
@@ -29,11 +30,12 @@ def dense_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class View:
-    """``tensor``'s buffer read as ``shape`` at element ``strides`` (0 on a broadcast axis)."""
+    """``tensor``'s buffer read as ``shape`` at element ``strides`` (0 on a broadcast axis) from element ``offset``."""
 
     tensor: Tensor
     shape: tuple[int, ...]
     strides: tuple[int, ...]
+    offset: int = 0
 
     @classmethod
     def of(cls, tensor: Tensor) -> "View":
@@ -49,11 +51,11 @@ class View:
 
     def is_dense(self) -> bool:
         """True when the view is the buffer itself in row-major order (size-1 axes have any stride)."""
-        return self.size == self.tensor.size and all(
+        return self.offset == 0 and self.size == self.tensor.size and all(
             d == 1 or s == t for d, s, t in zip(self.shape, self.strides, dense_strides(self.shape)))
 
     def transpose(self, perm: Sequence[int]) -> "View":
-        return View(self.tensor, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm))
+        return View(self.tensor, tuple(self.shape[p] for p in perm), tuple(self.strides[p] for p in perm), self.offset)
 
     def expand(self, shape: Sequence[int]) -> "View":
         """NumPy broadcasting of the view to ``shape`` (stride 0 on the new and the stretched axes)."""
@@ -61,7 +63,7 @@ class View:
         pad = len(shape) - len(self.shape)
         own = ((1,) * pad + self.shape, (0,) * pad + self.strides)
         strides = tuple(0 if d == 1 and want != 1 else s for d, s, want in zip(*own, shape))
-        return View(self.tensor, shape, strides)
+        return View(self.tensor, shape, strides, self.offset)
 
     def reshape(self, shape: Sequence[int]) -> "View | None":
         """The view as ``shape`` without a copy, or None when its strides do not allow one.
@@ -93,7 +95,13 @@ class View:
                 strides[new[k]] = step
                 step *= shape[new[k]]
             oi, ni = o_end, n_end
-        return View(self.tensor, shape, tuple(strides))
+        return View(self.tensor, shape, tuple(strides), self.offset)
+
+    def run(self, axis: int, first: int, count: int, step: int) -> "View":
+        """The ``count`` elements ``first, first + step, ...`` (``step >= 0``) along ``axis``, as a view."""
+        stride = self.strides[axis]
+        return View(self.tensor, (*self.shape[:axis], count, *self.shape[axis + 1:]),
+                    (*self.strides[:axis], step * stride, *self.strides[axis + 1:]), self.offset + first * stride)
 
 
 Value = Union[np.ndarray, View]
@@ -106,7 +114,7 @@ def dense(graph: BodyGraph, value: Value, dtype: str | None = None) -> Tensor:
     if value.is_dense():
         t = value.tensor
         return t if t.shape == value.shape else graph.reshape(t, value.shape)
-    return graph.strided_copy(value.tensor, value.shape, value.strides)
+    return graph.strided_copy(value.tensor, value.shape, value.strides, value.offset)
 
 
 def reshape(graph: BodyGraph, value: Value, shape: Sequence[int]) -> Value:
@@ -116,45 +124,40 @@ def reshape(graph: BodyGraph, value: Value, shape: Sequence[int]) -> Value:
     return value.reshape(shape) or View.of(graph.reshape(dense(graph, value), shape))
 
 
-def select(graph: BodyGraph, value: Value, axis: int, rows: np.ndarray) -> Value:
-    """``rows @ value`` along ``axis``: output index ``i`` of that axis is ``Σ_j rows[i, j]·value[j]``.
-
-    ``rows`` is a 0/1 matrix ``[m, value.shape[axis]]``: a one-hot row takes an element, a zero row
-    writes zeros. On a run-time value it is one matmul thunk with ``rows`` as a constant.
-    """
-    if isinstance(value, np.ndarray):
-        return np.moveaxis(np.tensordot(rows.astype(value.dtype), value, axes=([1], [axis])), 0, axis)
-    shape = value.shape
-    pre, n = int(np.prod(shape[:axis], dtype=np.int64)), shape[axis]
-    post = int(np.prod(shape[axis + 1:], dtype=np.int64))
-    x = reshape(graph, value, (pre, n, post) if pre > 1 else (n, post))
-    out = graph.matmul(graph.constant(rows, value.dtype), dense(graph, x))
-    return View.of(graph.reshape(out, (*shape[:axis], rows.shape[0], *shape[axis + 1:])))
+def _runs(indices: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``indices`` as maximal runs ``(first, count, step)`` of evenly spaced ones with ``step >= 0``."""
+    runs: list[tuple[int, int, int]] = []
+    i = 0
+    while i < len(indices):
+        count, step = 1, 0
+        if i + 1 < len(indices) and indices[i + 1] >= indices[i]:
+            step = indices[i + 1] - indices[i]
+            while i + count < len(indices) and indices[i + count] - indices[i + count - 1] == step:
+                count += 1
+        runs.append((indices[i], count, step))
+        i += count
+    return runs
 
 
 def take(graph: BodyGraph, value: Value, axis: int, indices: Sequence[int]) -> Value:
-    """The elements ``indices`` (non-negative) of ``value`` along ``axis``, as NumPy's ``take``."""
+    """The elements ``indices`` (non-negative) of ``value`` along ``axis``, as NumPy's ``take``.
+
+    Of a run-time value: a view when the indices are evenly spaced in order, else the views of
+    their runs joined (``concat``).
+    """
+    indices = [int(i) for i in indices]
     if isinstance(value, np.ndarray):
-        return np.take(value, list(indices), axis=axis)
-    if list(indices) == list(range(value.shape[axis])):
+        return np.take(value, indices, axis=axis)
+    if indices == list(range(value.shape[axis])):
         return value
-    rows = np.zeros((len(indices), value.shape[axis]))
-    rows[np.arange(len(indices)), list(indices)] = 1.0
-    return select(graph, value, axis, rows)
+    return concat(graph, [value.run(axis, *run) for run in _runs(indices) or [(0, 0, 0)]], axis)
 
 
 def concat(graph: Graph | BodyGraph, values: Sequence[Value], axis: int) -> Value:
-    """``values`` joined along ``axis`` (NumPy's ``concatenate``); a sum of placements for run-time ones."""
+    """``values`` joined along ``axis`` (NumPy's ``concatenate``); run-time ones by the graph's ``concat``."""
     if all(isinstance(v, np.ndarray) for v in values):
         return np.concatenate(values, axis=axis)
+    if len(values) == 1:
+        return values[0]
     dtype = next(v.dtype for v in values if isinstance(v, View))
-    total = sum(v.shape[axis] for v in values)
-    out, start = None, 0
-    for v in values:
-        if v.shape[axis]:
-            rows = np.zeros((total, v.shape[axis]))
-            rows[start + np.arange(v.shape[axis]), np.arange(v.shape[axis])] = 1.0
-            part = dense(graph, select(graph, View.of(dense(graph, v, dtype)), axis, rows))
-            out = part if out is None else graph.binary("add", out, part)
-        start += v.shape[axis]
-    return View.of(out)
+    return View.of(graph.concat([dense(graph, v, dtype) for v in values], axis))
