@@ -1,4 +1,4 @@
-"""Print the README's per-kernel table: sm_90 resources of every gpu-target CUDA program (NVRTC +
+"""Print docs/kernels.md's per-kernel table: sm_90 resources of every gpu-target CUDA program (NVRTC +
 ptxas, no GPU needed) and the work-groups each kernel exposes at the issue's GPU shapes (planned for
 an H200-like device, nothing allocated).
 

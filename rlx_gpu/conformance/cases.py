@@ -128,7 +128,7 @@ def schedule_of(thunk: dict, arena_bytes: int) -> dict[str, Any]:
     return {"abi": abi, "arena_bytes": arena_bytes, "thunks": [thunk]}
 
 
-#: The GPU shapes (geometry test, README table, timing on a GPU): name -> (op, parameters).
+#: The GPU shapes (geometry test, docs/kernels.md table, timing on a GPU): name -> (op, parameters).
 GPU_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "lstm B64 S512 H1024": ("lstm", dict(batch=64, seq=512, input_size=1024, hidden=1024, num_layers=1,
                                          bidirectional=False, carry=False)),

@@ -185,6 +185,6 @@ class DeviceLimits:
 
 
 #: The GPU the gpu tuning is sized for: an H200 (sm_90, 132 SMs, 228 KiB shared memory per SM); the
-#: geometry test and the README's work-group table plan against it.
+#: geometry test and docs/kernels.md's work-group column plan against it.
 REFERENCE_GPU = DeviceLimits(max_work_group=1024, local_mem_bytes=228 * 1024, fp64=True, target="gpu",
                              sub_group=32, compute_units=132, max_grid=CUDA_MAX_GRID)
