@@ -201,6 +201,23 @@ def test_every_column_of_the_device_check_has_a_label(tmp_path, capsys):
     assert len(rule.split()) == len(re.split(r"\s{2,}", header.strip())), (header, rule)  # a label per column
 
 
+def _table_after(lines: list[str], first: str) -> tuple[list[str], list[str]]:
+    """The column labels of the first table of errors whose header starts with ``first``, and its first row's cells."""
+    at = next(i for i, line in enumerate(lines) if line.startswith(first) and "max |err|" in line)
+    return re.split(r"\s{2,}", lines[at].strip()), lines[at + 2].split()
+
+
+def test_each_bound_stands_beside_the_figure_it_bounds_and_says_what_it_bounds(capsys):
+    assert main(["conformance", "--device", "host", "--quick", "--ops", "lstm", "--dtypes", "f32"]) == 0
+    columns, row = _table_after(capsys.readouterr().out.splitlines(), "op ")
+    assert columns == ["op", "dtype", "cases", "max |err|", "worst nmse", "nmse bound", "status"]
+    assert float(row[columns.index("worst nmse")]) <= float(row[columns.index("nmse bound")]) and row[-1] == "ok"
+    assert main(["run", "demo", "--device", "host", "--check"]) == 0  # each thunk against float64
+    columns, row = _table_after(capsys.readouterr().out.splitlines(), "#  op")
+    assert columns[columns.index("nmse bound") - 1] == "nmse" and "bound" not in columns
+    assert float(row[columns.index("nmse")]) <= float(row[columns.index("nmse bound")])
+
+
 def test_conformance_markdown_rows_have_as_many_cells_as_the_header(tmp_path):
     md = tmp_path / "c.md"
     assert main(["conformance", "--device", "host", "--quick", "--ops", "fill", "--dtypes", "f32",
