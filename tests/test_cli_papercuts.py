@@ -253,6 +253,13 @@ def test_every_script_describes_itself_with_the_whole_first_paragraph():
     assert not cut, f"--help shows less than the first paragraph of the docstring: {cut}"
 
 
+def test_run_help_says_check_fails_when_the_nmse_exceeds_its_bound(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "exit 1 when an NMSE exceeds its bound in the config's tolerances" in shown and "passes" not in shown
+
+
 def test_conformance_markdown_rows_have_as_many_cells_as_the_header(tmp_path):
     md = tmp_path / "c.md"
     assert main(["conformance", "--device", "host", "--quick", "--ops", "fill", "--dtypes", "f32",
