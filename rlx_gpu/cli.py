@@ -34,8 +34,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     for st in statuses:
         print(f"{st.name}: {'available' if st.available else 'unavailable — ' + str(st.reason)}")
         for info in st.devices:
-            notes = "".join(f"  ({note})" for note, shown in (("no fp64", not info.fp64),
-                                                              ("a CPU device", info.cpu and info.backend != "host")) if shown)
+            simulator = bool(info.details.get("simulator"))
+            notes = "".join(f"  ({note})" for note, shown in (
+                ("no fp64", not info.fp64), ("a simulator", simulator),
+                ("a CPU device", info.cpu and info.backend != "host" and not simulator)) if shown)
             print(f"  {info.spec:<14} {info.name}{notes}{'  ← default' if info == default else ''}")
         for info in st.refused:
             print(f"  {info.spec:<14} {info.name}  (cannot run here: {info.details['unusable']})")

@@ -84,6 +84,10 @@ def test_devices_marks_the_default_and_says_why(machine, monkeypatch, capsys):
     assert "  opencl:0:0     pthread-Xeon (Portable Computing Language)  (a CPU device)\n" in out
     assert "\ndefault device: host\n  auto (device: in the config " in out
     assert "runs on the CPU, where the host runs most ops faster; name it to use it: --device opencl" in out
+    machine(opencl=[POCL, OCLGRIND])
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "  opencl:1:0     Oclgrind Simulator (Oclgrind)  (a simulator)\n" in out and "name one to use it" in out
     monkeypatch.setenv("RLX_DEVICE", "opencl:5")
     assert main(["devices"]) == 0  # a default that cannot be found is said, not raised
     assert "default device: none\n  DeviceError: device 'opencl:5' (chosen by RLX_DEVICE) not found" in \
