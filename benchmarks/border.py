@@ -124,7 +124,7 @@ print(repr((statistics.median(times), statistics.median(cpu), peak, rss, outcome
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

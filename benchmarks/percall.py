@@ -246,7 +246,7 @@ def print_graph_decode(torch: Any, devices: list[Any], args: Any) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     ap.add_argument("--devices", default="host,opencl")
     ap.add_argument("--runs", type=int, default=50, help="timed calls per block and path")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls before each block")

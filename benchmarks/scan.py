@@ -79,7 +79,7 @@ def measure(length: int, k: int, how: str, repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--max-t", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=3, help="runs per point for T ≤ 1024 (one above)")
     args = parser.parse_args()

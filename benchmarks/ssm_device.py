@@ -76,7 +76,7 @@ def fields_table(session, repeat: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--device", default=None)
     parser.add_argument("--fields", action="store_true", help="the version-2 fields' cost at the device's target")

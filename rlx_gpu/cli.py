@@ -16,7 +16,8 @@ from .conformance.cases import lay_out
 from .conformance.compare import nmse
 from .errors import InputError, RlxError
 from .runtime.executor import Device, get_device
-from .runtime.registry import discover, open_session
+from .runtime.config import load_config
+from .runtime.registry import choose, discover, open_session
 from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule
 from .schedule.ops import DTYPES, SPECS, footprint
@@ -26,12 +27,21 @@ from .units import text_table as _table
 
 def cmd_devices(args: argparse.Namespace) -> int:
     statuses = discover()
+    try:
+        default, why = choose(None, load_config())
+    except RlxError as err:  # a device variable or config naming a missing device: the listing still helps
+        default, why = None, f"{type(err).__name__}: {err}"
     for st in statuses:
         print(f"{st.name}: {'available' if st.available else 'unavailable — ' + str(st.reason)}")
         for info in st.devices:
-            print(f"  {info.spec:<14} {info.name}{'' if info.fp64 else '  (no fp64)'}")
+            simulator = bool(info.details.get("simulator"))
+            notes = "".join(f"  ({note})" for note, shown in (
+                ("no fp64", not info.fp64), ("a simulator", simulator),
+                ("a CPU device", info.cpu and info.backend != "host" and not simulator)) if shown)
+            print(f"  {info.spec:<14} {info.name}{notes}{'  ← default' if info == default else ''}")
         for info in st.refused:
             print(f"  {info.spec:<14} {info.name}  (cannot run here: {info.details['unusable']})")
+    print(f"\ndefault device: {default.spec if default else 'none'}\n  {why}")
     for info in (i for s in statuses if s.available for i in s.devices):
         session = open_session(info)
         print(f"\nsupport on {session.info.spec} (✓ runs there, · falls back to the host):")
@@ -210,7 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ok &= good
         rows.append([name, dtype, f"{worst:.3g}", f"{err:.3g}", f"{tol:.0e}", "ok" if good else "FAIL"])
     print("\ncheck against the host reference:")
-    print(_table(rows, ["output", "dtype", "max |err|", "nmse", "bound", "result"]))
+    print(_table(rows, ["output", "dtype", "max |err|", "nmse", "nmse bound", "result"]))
     return 0 if ok else 1
 
 
@@ -223,7 +233,7 @@ def _check_against_float64(schedule: Schedule, arena: np.ndarray, device: Device
              "" if c.nmse is None else f"{c.nmse:.3g}", "" if c.bound is None else f"{c.bound:.0e}",
              ("ok" if c.passed else "FAIL") if c.nmse is not None else "not checked", c.note] for c in checks]
     print("\ncheck of each thunk against the float64 reference of ABI.md, on the host's inputs to it:")
-    print(_table(rows, ["#", "op", "dtype", "max |err|", "nmse", "bound", "result", "note"]))
+    print(_table(rows, ["#", "op", "dtype", "max |err|", "nmse", "nmse bound", "result", "note"]))
     return 0 if all(c.passed for c in checks) else 1
 
 
@@ -267,7 +277,7 @@ Recurrent and sequence kernels behind one arena-offset ABI (docs/abi.md), on the
 OpenCL and CUDA devices (`rlx-gpu devices` says which run here).
 
 examples:
-  rlx-gpu devices                          what can run here, per device, op and dtype
+  rlx-gpu devices                          what can run here, per device, op and dtype; the default device and why
   rlx-gpu run --check                      the bundled demo on the default device, checked
   rlx-gpu run gdn --device host --check    an example model, each thunk checked against float64
   rlx-gpu plan configs/examples/gdn.yaml   the backend of each thunk and why
@@ -280,7 +290,8 @@ example models (configs/examples/*.yaml): {models}
 
 EPILOG = """\
 environment:
-  RLX_DEVICE     the device when --device is not given (host | opencl[:p[:d]] | cuda[:n] | auto)
+  RLX_DEVICE     the device when --device is not given (host | opencl[:p[:d]] | cuda[:n] | auto; auto, the
+                 config's default, takes a GPU or accelerator, else the host: a CPU OpenCL device runs when named)
   PYOPENCL_CTX   without RLX_DEVICE: the OpenCL device, as pyopencl reads it (0, 0:1, or a name)
   RLX_CONFIG     a config file over configs/default.yaml (device, priority, fallback, overrides,
                  scan, tolerances)
@@ -303,12 +314,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("devices", help="backends, devices, why any is unavailable, and the op × dtype support matrix")
+    sub.add_parser("devices", help="backends, devices, why any is unavailable, the default device and why, and "
+                   "the op × dtype support matrix")
     run = sub.add_parser("run", help="run a schedule or model (default: the bundled demo)")
     run.add_argument("target", nargs="?", help=TARGET_HELP)
     run.add_argument("--device", help=DEVICE_HELP)
     run.add_argument("--check", action="store_true",
-                     help="compare every output with the host (on the host: every thunk with the float64 reference)")
+                     help="compare every output with the host (on the host itself: every thunk with the float64 "
+                     "reference of its op) and exit 1 when an NMSE exceeds its bound in the config's tolerances "
+                     "(schedule; on the host, the op's) or the non-finite values differ")
     run.add_argument("--inputs", metavar="F.npz", help="every input of a schedule by name (what export writes; "
                      "without it a schedule's inputs are seeded random numbers)")
     run.add_argument("--out", metavar="F.npz", help="write the outputs to this .npz file")

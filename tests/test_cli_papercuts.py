@@ -2,9 +2,11 @@
 and reports whose tables, plots and messages say what they mean."""
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import re
+import runpy
 import sys
 from pathlib import Path
 
@@ -199,6 +201,63 @@ def test_every_column_of_the_device_check_has_a_label(tmp_path, capsys):
     header, rule, row = lines[at + 1: at + 4]
     assert header.split()[-1] == "result" and row.split()[-1] == "ok"
     assert len(rule.split()) == len(re.split(r"\s{2,}", header.strip())), (header, rule)  # a label per column
+
+
+def _table_after(lines: list[str], first: str) -> tuple[list[str], list[str]]:
+    """The column labels of the first table of errors whose header starts with ``first``, and its first row's cells."""
+    at = next(i for i, line in enumerate(lines) if line.startswith(first) and "max |err|" in line)
+    return re.split(r"\s{2,}", lines[at].strip()), lines[at + 2].split()
+
+
+def test_each_bound_stands_beside_the_figure_it_bounds_and_says_what_it_bounds(capsys):
+    assert main(["conformance", "--device", "host", "--quick", "--ops", "lstm", "--dtypes", "f32"]) == 0
+    columns, row = _table_after(capsys.readouterr().out.splitlines(), "op ")
+    assert columns == ["op", "dtype", "cases", "max |err|", "worst nmse", "nmse bound", "status"]
+    assert float(row[columns.index("worst nmse")]) <= float(row[columns.index("nmse bound")]) and row[-1] == "ok"
+    assert main(["run", "demo", "--device", "host", "--check"]) == 0  # each thunk against float64
+    columns, row = _table_after(capsys.readouterr().out.splitlines(), "#  op")
+    assert columns[columns.index("nmse bound") - 1] == "nmse" and "bound" not in columns
+    assert float(row[columns.index("nmse")]) <= float(row[columns.index("nmse bound")])
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "configs" / "examples").glob("*.py")), ids=lambda p: p.name)
+def test_each_example_help_prints_the_whole_first_paragraph_of_its_docstring(example, monkeypatch, capsys):
+    doc = ast.get_docstring(ast.parse(example.read_text()))
+    paragraph = " ".join(doc.split("\n\n")[0].replace("``", "").split())
+    monkeypatch.setattr(sys, "argv", [str(example), "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(example), run_name="__main__")
+    shown = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0 and paragraph.endswith(".")
+    assert paragraph in shown, f"--help of {example.name} shows {shown[:400]!r}"
+
+
+def _description(script: Path) -> str | None:
+    """The description a script's ArgumentParser shows, when it is made from the module docstring."""
+    tree = ast.parse(script.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "ArgumentParser":
+            given = next((k.value for k in node.keywords if k.arg == "description"), None)
+            if given is not None and "__doc__" in ast.unparse(given):
+                return eval(compile(ast.Expression(given), str(script), "eval"), {"__doc__": ast.get_docstring(tree)})
+    return None
+
+
+def test_every_script_describes_itself_with_the_whole_first_paragraph():
+    scripts = sorted(p for folder in ("configs/examples", "tools", "benchmarks") for p in (ROOT / folder).glob("*.py"))
+    described = {p.relative_to(ROOT).as_posix(): _description(p) for p in scripts}
+    assert "tools/kernel_table.py" in described and "configs/examples/serve_mamba2.py" in described
+    cut = [name for name, text in described.items() if text is not None
+           and " ".join(text.split()) != " ".join(ast.get_docstring(ast.parse((ROOT / name).read_text()))
+                                                   .split("\n\n")[0].replace("``", "").split())]
+    assert not cut, f"--help shows less than the first paragraph of the docstring: {cut}"
+
+
+def test_run_help_says_check_fails_when_the_nmse_exceeds_its_bound(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "exit 1 when an NMSE exceeds its bound in the config's tolerances" in shown and "passes" not in shown
 
 
 def test_conformance_markdown_rows_have_as_many_cells_as_the_header(tmp_path):

@@ -31,7 +31,7 @@ def test_host_and_opencl_pass_with_table_json_and_markdown(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, out[-3000:]
     # the op column is as wide as the longest op name
-    assert re.search(r"^op +dtype  cases  worst nmse  max \|err\|  bound", out, re.M), out[:3000]
+    assert re.search(r"^op +dtype  cases  max \|err\|  worst nmse  nmse bound  status", out, re.M), out[:3000]
     assert "simulator  no" in out and "fp64       yes" in out and "memory" in out and "version" in out
     n = len(catalog.select(catalog.cases(), REPORTED_OPS))
     assert f"host: {n} passed, 0 failed" in out and f"opencl:" in out and "FAIL" not in out

@@ -45,7 +45,8 @@ def test_without_cupy_the_backend_is_unavailable_and_auto_moves_on(fresh_registr
     assert not st.available and "cupy is not importable" in st.reason and 'pip install -e ".[cuda13]"' in st.reason
     config = dataclasses.replace(load_config(None), device="auto", priority=("cuda", "opencl", "host"))
     chosen = registry.resolve("auto", config)
-    assert chosen.backend == ("opencl" if registry.status("opencl").available else "host")
+    gpus = [info for info in registry.status("opencl").devices if not info.cpu]  # auto passes CPU devices over
+    assert chosen == (gpus[0] if gpus else registry.status("host").devices[0])
     from rlx_gpu.cli import main
 
     assert main(["devices"]) == 0

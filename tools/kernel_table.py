@@ -42,7 +42,7 @@ def exposure(target: str) -> dict[str, list[str]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="gpu", choices=("gpu", "cpu"))
     args = parser.parse_args()
     usage: dict[tuple[str, str], dict[str, nvrtc.Usage]] = defaultdict(dict)

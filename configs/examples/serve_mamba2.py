@@ -93,7 +93,7 @@ def serve(device: str, steps: int, seed: int = 0) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))  # the first paragraph
     ap.add_argument("--device", default=None, help="host, opencl[:p[:d]], cuda[:n] (default: RLX_DEVICE / config)")
     ap.add_argument("--steps", type=int, default=4, help="decode steps after the prefill")
     args = ap.parse_args()

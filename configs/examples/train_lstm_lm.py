@@ -197,7 +197,7 @@ def train_distributed(steps: int, save: str | None) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))  # the first paragraph
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--device", default=None, help="the rlx_gpu device CPU tensors run on (RLX_DEVICE)")

@@ -19,13 +19,18 @@ class BackendUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """One device a backend can open: ``spec`` is what ``get_device`` accepts (``opencl:0:1``)."""
+    """One device a backend can open: ``spec`` is what ``get_device`` accepts (``opencl:0:1``).
+
+    ``cpu``: the device computes on the machine's CPU (the host; an OpenCL CPU device such as PoCL; a
+    simulator). ``device: auto`` takes the host over a backend's CPU device; naming the device runs it.
+    """
 
     backend: str
     spec: str
     name: str
     fp64: bool
     details: Mapping[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    cpu: bool = False
 
 
 class Session(Protocol):

@@ -31,7 +31,7 @@ def physical_memory() -> int:
 
 
 def probe() -> list[DeviceInfo]:
-    return [DeviceInfo(NAME, "host", f"NumPy {np.__version__} on the CPU", fp64=True)]
+    return [DeviceInfo(NAME, "host", f"NumPy {np.__version__} on the CPU", fp64=True, cpu=True)]
 
 
 class HostSession:

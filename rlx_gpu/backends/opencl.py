@@ -53,8 +53,8 @@ def _compile_failure(cl, device) -> str | None:
 
 
 def probe() -> list[DeviceInfo]:
-    """Every OpenCL device, real ones first (simulators such as Oclgrind last); a device whose compiler
-    cannot build a trivial kernel carries the reason in ``details["unusable"]``."""
+    """Every OpenCL device: GPUs and accelerators first, then CPU devices, simulators such as Oclgrind last;
+    a device whose compiler cannot build a trivial kernel carries the reason in ``details["unusable"]``."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
@@ -76,10 +76,16 @@ def probe() -> list[DeviceInfo]:
             if (failure := _compile_failure(cl, dev)) is not None:
                 details["unusable"] = failure
             fp64 = "cl_khr_fp64" in dev.extensions.split()
-            infos.append(DeviceInfo(NAME, f"opencl:{pi}:{di}", f"{dev.name.strip()} ({platform.name})", fp64, details))
+            infos.append(DeviceInfo(NAME, f"opencl:{pi}:{di}", f"{dev.name.strip()} ({platform.name})", fp64, details,
+                                    cpu=not _accelerator(cl, dev)))
     if not infos:
         raise BackendUnavailable("OpenCL platforms exist but report no device")
-    return sorted(infos, key=lambda info: bool(info.details["simulator"]))
+    return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu))
+
+
+def _accelerator(cl: Any, device: Any) -> bool:
+    """Whether ``device`` is a GPU or an accelerator; one that also says CPU (Oclgrind says every type) is not."""
+    return bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
 
 
 def device_from_env(value: str, devices: Sequence[DeviceInfo]) -> str:
@@ -191,9 +197,7 @@ class OpenCLPrimitives:
 
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:
     """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
-    # a device that also says CPU (Oclgrind says every type) gets the cpu shapes unless forced
-    gpu = bool(device.type & (cl.device_type.GPU | cl.device_type.ACCELERATOR)) and not device.type & cl.device_type.CPU
-    target = requested_target("gpu" if gpu else "cpu")
+    target = requested_target("gpu" if _accelerator(cl, device) else "cpu")
     # the warp / wavefront width where the vendor's extension reports it, else the target's usual width
     extensions = device.extensions.split()
     if "cl_nv_device_attribute_query" in extensions:

@@ -7,7 +7,8 @@ are read where they lie: one copy, into the arena) and the outputs come back as 
 inputs' device, in their storage dtype (a bf16 output is bf16).
 
 The device follows the tensors: CPU tensors run on the default device (``RLX_DEVICE``, else the
-config's ``device``: the host or an OpenCL device), tensors on ``cuda:N`` on the CUDA backend's device N.
+config's ``device``, whose ``auto`` takes a GPU or accelerator, else the host), tensors on ``cuda:N`` on the
+CUDA backend's device N.
 """
 from __future__ import annotations
 
