@@ -64,9 +64,17 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     prepare = PREPARE.get(thunk["op"])
     if prepare is not None:
         prepared = prepare(fields)
-        return lambda arena: prepared(arena, **keywords)
+
+        def run_prepared(arena: np.ndarray) -> None:
+            with np.errstate(all="ignore"):  # NaN and inf are data: they propagate without a RuntimeWarning
+                prepared(arena, **keywords)
+        return run_prepared
     kernel = KERNELS[thunk["op"]]
-    return lambda arena: kernel(fields, arena, **keywords)
+
+    def run(arena: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            kernel(fields, arena, **keywords)
+    return run
 
 
 def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
@@ -76,13 +84,15 @@ def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None
     (``"segment" | "treeverse"``) for the scan family, ``path``, ``chunk`` and ``workers`` for the
     state-space ops, ``parallel_directions`` for the recurrences. An unknown option raises ``TypeError``;
     an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything is written.
+    Non-finite values propagate silently: the kernels run under ``numpy.errstate(all="ignore")``.
     """
     if arena.dtype != np.uint8 or arena.ndim != 1:
         raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
     check_bounds(thunk, arena.size)
     fields = complete(thunk)
     runtime_data.check(fields, lambda r: view(arena, r.offset, r.dtype, r.shape))
-    KERNELS[thunk["op"]](fields, arena, **keywords_for(thunk["op"], options))
+    with np.errstate(all="ignore"):  # as in bound_kernel
+        KERNELS[thunk["op"]](fields, arena, **keywords_for(thunk["op"], options))
 
 
 def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
