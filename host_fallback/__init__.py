@@ -77,6 +77,17 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     return run
 
 
+#: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it.
+WORKING: dict[str, Callable[[Mapping[str, Any]], int]] = {op: rnn.working_bytes for op in rnn.KERNELS}
+
+
+def working_bytes(thunk: Mapping[str, Any]) -> int:
+    """A lower bound of the bytes ``thunk``'s kernel allocates besides the arena (0 where none is known):
+    a runtime refuses a thunk this exceeds its memory before ``bound_kernel`` prepares anything."""
+    bound = WORKING.get(thunk["op"])
+    return bound(thunk) if bound else 0
+
+
 def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
     """Run one thunk on a host arena in place.
 
@@ -116,4 +127,4 @@ def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
 
 
 __all__ = ["execute", "bound_kernel", "check_bounds", "keywords_for", "path_for", "regions", "Region", "KERNELS",
-           "OPTIONS"]
+           "OPTIONS", "working_bytes"]
