@@ -52,15 +52,15 @@ class BodyData:
                  slots: Sequence[tuple[int, int]]):
         self.field, self.body, self.feeds = field, body, tuple(feeds)
         thunks = body["thunks"]
-        written = list(slots) + [(r.offset, r.nbytes) for t in thunks for r in regions(t) if r.writes]
+        ints = [(index, r) for index, thunk in enumerate(thunks) for r in runtime_data.int_regions(thunk)]
+        written = list(slots) + [(r.offset, r.nbytes) for t in thunks for r in regions(t) if r.writes] if ints else []
         self.given: list[tuple[int, Region]] = []
         self.computed: dict[int, list[Region]] = {}
-        for index, thunk in enumerate(thunks):
-            for r in runtime_data.int_regions(thunk):
-                if any(_overlaps(r.offset, r.nbytes, lo, n) for lo, n in written):
-                    self.computed.setdefault(index, []).append(r)
-                else:
-                    self.given.append((index, r))
+        for index, r in ints:
+            if any(_overlaps(r.offset, r.nbytes, lo, n) for lo, n in written):
+                self.computed.setdefault(index, []).append(r)
+            else:
+                self.given.append((index, r))
 
     def where(self, index: int, step: int | None = None) -> str:
         """The body thunk ``index`` as a ``DataError`` names it from the scan down."""

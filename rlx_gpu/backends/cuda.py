@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from host_fallback.scan_data import BeforeThunk
 
 from .. import launches
 from ..errors import DeviceError, KernelBuildError
@@ -374,7 +375,7 @@ class GraphedScanMemory(ScanMemory):
     is worth a graph, one launch or many: a replay also skips the driver's host work for the body. A body
     whose run-time data must be read between its thunks (``before.reads``) runs eagerly."""
 
-    def run(self, schedule: Mapping[str, Any], arena: Any, before: Any) -> None:
+    def run(self, schedule: Mapping[str, Any], arena: Any, before: BeforeThunk) -> None:
         session: CudaSession = self.session  # type: ignore[assignment]
         thunks = schedule["thunks"]
         if not session.use_graphs or session.capturing or before.reads or any(
