@@ -15,7 +15,7 @@ import host_fallback
 import rlx_gpu
 from host_fallback import runtime_data
 from rlx_gpu.conformance import devices
-from rlx_gpu.conformance.cases import SMALL, body_case
+from rlx_gpu.conformance.cases import SMALL, body_case, lay_out
 from rlx_gpu.conformance.fuzz import _nest
 from rlx_gpu.runtime.config import Config
 
@@ -139,3 +139,18 @@ def test_the_opencl_segfault_is_a_run_error(spec):
     done = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("refused") == len(BAD), done.stdout
+
+
+@pytest.mark.parametrize("spec", OPENCL)
+def test_a_direct_launch_on_a_device_checks_the_data_too(spec):
+    """``session.launch`` (one thunk on a device arena, as host_fallback.execute on the host) refuses first."""
+    op, params, bad, field, at, value = BAD[0]
+    thunk, nbytes = lay_out(op, "f32", params)
+    r = next(r for r in host_fallback.regions(thunk) if r.field == field)
+    arena = np.zeros(nbytes, np.uint8)
+    arena[r.offset: r.offset + r.nbytes] = np.asarray(bad, "<i4").view(np.uint8)
+    session = rlx_gpu.get_device(spec).session
+    dev_arena = session.upload(arena)
+    with pytest.raises(runtime_data.DataError, match=rf"field '{field}'\[{at}\] = {value}"):
+        session.launch(thunk, dev_arena)
+    assert np.array_equal(session.read(dev_arena, 0, nbytes), arena)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from host_fallback import runtime_data
 
 from .. import launches
 from ..errors import DeviceError
@@ -259,8 +260,10 @@ class KernelSession:
         return run_and_note
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
-        """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``)."""
+        """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``); as ``host_fallback.execute``,
+        an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything runs."""
         with self.lock:
+            runtime_data.check(thunk, lambda r: self.read(arena, r.offset, r.nbytes).view("<i4"))
             self.runner(thunk, RunOptions.build(**options))(arena)
 
     def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Mapping[int, Runner]) -> int:
