@@ -3,37 +3,25 @@
 Every damaged schedule must be refused with a ScheduleError/DeviceError/RunError or run cleanly:
 nothing written outside its write footprint, the caller's arena untouched. The checker itself is
 shown to catch a device that breaks either promise. The profile runs on the host in this process and
-on every OpenCL implementation of ``OPENCL`` through ``tools/fuzz.py`` (child processes: a crash of
-the device is a finding, not the end of the test run).
+on every OpenCL implementation of ``background.FUZZ_OPENCL_PLATFORMS`` through ``tools/fuzz.py``, beside
+the other tests (child processes: a crash of the device is a finding, not the end of the test run).
 """
 from __future__ import annotations
 
 import collections
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+import background
 import host_fallback
 import rlx_gpu
-from rlx_gpu.conformance import devices
 from rlx_gpu.conformance.fuzz import Case, check_case, make_case, make_data_case
 from rlx_gpu.conformance.cases import FEEDS, lay_out, schedule_of
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.schedule.ops import SPECS
 
 PROFILE = range(1500)
-#: The OpenCL implementations the fuzz profile runs on, by platform name: one line per implementation.
-OPENCL_PLATFORMS = [
-    "Portable Computing Language",
-]
-OPENCL = [info.spec for info in devices.every_device()
-          if info.backend == "opencl" and info.details.get("platform") in OPENCL_PLATFORMS]
-#: The seeds of the OpenCL profile (shorter: a device compiles its kernels once per child process).
-OPENCL_PROFILE = 300
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "fuzz.py"
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +62,11 @@ def test_damaged_run_time_data_and_knobs_on_the_host(host):
         assert outcomes[form, "refused"] and outcomes[form, "ran"], (form, outcomes)
 
 
-@pytest.mark.parametrize("spec", OPENCL)
-def test_the_profile_on_opencl(spec, tmp_path):
-    done = subprocess.run([sys.executable, str(TOOL), "--cases", str(OPENCL_PROFILE), "--batch", str(OPENCL_PROFILE),
-                           "--device", spec, "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+@pytest.mark.parametrize("spec", background.FUZZ_OPENCL)  # the implementations: background.FUZZ_OPENCL_PLATFORMS
+def test_the_profile_on_opencl(spec):
+    done = background.result(f"fuzz-{spec}")  # tools/fuzz.py, started with the session beside the other tests
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert f"{OPENCL_PROFILE} schedules, 0 bad" in done.stdout, done.stdout[-2000:]
+    assert f"{background.FUZZ_OPENCL_CASES} schedules, 0 bad" in done.stdout, done.stdout[-2000:]
 
 
 def test_cases_are_reproducible():
