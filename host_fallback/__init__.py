@@ -64,9 +64,28 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     prepare = PREPARE.get(thunk["op"])
     if prepare is not None:
         prepared = prepare(fields)
-        return lambda arena: prepared(arena, **keywords)
+
+        def run_prepared(arena: np.ndarray) -> None:
+            with np.errstate(all="ignore"):  # NaN and inf are data: they propagate without a RuntimeWarning
+                prepared(arena, **keywords)
+        return run_prepared
     kernel = KERNELS[thunk["op"]]
-    return lambda arena: kernel(fields, arena, **keywords)
+
+    def run(arena: np.ndarray) -> None:
+        with np.errstate(all="ignore"):
+            kernel(fields, arena, **keywords)
+    return run
+
+
+#: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it.
+WORKING: dict[str, Callable[[Mapping[str, Any]], int]] = {op: rnn.working_bytes for op in rnn.KERNELS}
+
+
+def working_bytes(thunk: Mapping[str, Any]) -> int:
+    """A lower bound of the bytes ``thunk``'s kernel allocates besides the arena (0 where none is known):
+    a runtime refuses a thunk this exceeds its memory before ``bound_kernel`` prepares anything."""
+    bound = WORKING.get(thunk["op"])
+    return bound(thunk) if bound else 0
 
 
 def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
@@ -76,13 +95,15 @@ def execute(thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None
     (``"segment" | "treeverse"``) for the scan family, ``path``, ``chunk`` and ``workers`` for the
     state-space ops, ``parallel_directions`` for the recurrences. An unknown option raises ``TypeError``;
     an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything is written.
+    Non-finite values propagate silently: the kernels run under ``numpy.errstate(all="ignore")``.
     """
     if arena.dtype != np.uint8 or arena.ndim != 1:
         raise TypeError(f"arena must be a 1-D numpy.uint8 array, got {arena.dtype} with shape {arena.shape}")
     check_bounds(thunk, arena.size)
     fields = complete(thunk)
     runtime_data.check(fields, lambda r: view(arena, r.offset, r.dtype, r.shape))
-    KERNELS[thunk["op"]](fields, arena, **keywords_for(thunk["op"], options))
+    with np.errstate(all="ignore"):  # as in bound_kernel
+        KERNELS[thunk["op"]](fields, arena, **keywords_for(thunk["op"], options))
 
 
 def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
@@ -106,4 +127,4 @@ def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:
 
 
 __all__ = ["execute", "bound_kernel", "check_bounds", "keywords_for", "path_for", "regions", "Region", "KERNELS",
-           "OPTIONS"]
+           "OPTIONS", "working_bytes"]

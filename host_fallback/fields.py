@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from .gradients import BACKWARD, OPTIONAL_INPUTS, forward_op, gradient
+from .gradients import BACKWARD, FLAGGED_STATES, OPTIONAL_INPUTS, forward_op, gradient
 
 Thunk = Mapping[str, Any]
 
@@ -56,8 +56,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "gru": {**_RECURRENT, "linear_before_reset": True},
     "rnn": dict(_RECURRENT),
 }
-# a backward op (ABI.md §9) takes its forward's version-2 fields, and the gradients of its optional inputs
-DEFAULTS.update({backward: {**DEFAULTS[op], **{gradient(name): None for name in OPTIONAL_INPUTS[op]}}
+# a backward op (ABI.md §9) takes its forward's version-2 fields, and the gradients of its optional inputs and
+# of the states it carries only with its carry flag
+DEFAULTS.update({backward: {**DEFAULTS[op], **{gradient(name): None for name in OPTIONAL_INPUTS[op] + FLAGGED_STATES[op]}}
                  for backward, op in BACKWARD.items()})
 
 

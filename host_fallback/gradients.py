@@ -19,6 +19,13 @@ OPTIONAL_INPUTS: dict[str, tuple[str, ...]] = {
     "gated_delta_net": (),
 }
 
+#: The state tensors version 1 names even without the op's carry flag (an unused offset, written 0).
+#: Their gradients exist only with a carried state (ABI.md §9): a backward op without one leaves them out.
+FLAGGED_STATES: dict[str, tuple[str, ...]] = {
+    "lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",), "selective_scan": (), "mamba2": (),
+    "gated_delta_net": ("state",),
+}
+
 
 def forward_op(op: str) -> str:
     """The forward op ``op`` differentiates, or ``op`` itself when it is no backward op."""

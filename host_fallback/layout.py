@@ -18,14 +18,14 @@ import numpy as np
 
 from .arena import COMPUTE, ELEM_SIZE, STORAGE, view
 from .fields import complete, state_rows
-from .gradients import BACKWARD, gradient
+from .gradients import BACKWARD, FLAGGED_STATES, gradient
 
 Thunk = Mapping[str, Any]
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 #: The bias streams of each recurrent op (GRU keeps its input and hidden biases apart) and its carried states.
 RECURRENT_BIASES = {"lstm": ("bias",), "gru": ("b_ih", "b_hh"), "rnn": ("bias",)}
-RECURRENT_STATES = {"lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",)}
+RECURRENT_STATES = {op: FLAGGED_STATES[op] for op in GATES}
 
 
 @dataclass(frozen=True)

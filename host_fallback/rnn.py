@@ -603,6 +603,19 @@ def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray], dr:
         flat[pack.index[chunk.first: chunk.first + chunk.columns], rows] = y[rows].T
 
 
+def working_bytes(t: Mapping[str, Any]) -> int:
+    """A lower bound of the bytes a run of ``t`` allocates besides the arena: with every row running
+    every step, layer 0's time-major input and two layers' outputs (one for a single layer). The
+    packing ``prepare`` builds first takes time and memory in proportion to ``seq``, so a runtime
+    compares this with the machine's memory before preparing. 0 with ``seq_lens`` (rows may not run)."""
+    t = complete(t)
+    if t.get("seq_lens") is not None or 0 in (t["batch"], t["seq"], t["hidden"]):
+        return 0
+    d = _dims(t)
+    per_column = t["input_size"] + min(d.layers, 2) * d.dirs * d.width
+    return d.batch * d.seq * per_column * np.dtype(d.compute).itemsize
+
+
 def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     """Do the work that depends only on the thunk once (sizes, regions, the layer split); returns
     ``run(arena, *, parallel_directions=None)`` for any arena. A decode step (lstm B=1 H=256) spends

@@ -6,7 +6,7 @@ trust them afterwards: every index they derive from them is then inside the foot
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
@@ -16,11 +16,19 @@ from .layout import Region, regions
 
 
 class DataError(ValueError):
-    """An integer tensor holds a value outside its rule: ``field``, ``index`` and ``value`` say where."""
+    """An integer tensor holds a value outside its rule: ``field``, ``index`` and ``value`` say where.
 
-    def __init__(self, field: str, index: int, value: int, rule: str):
-        super().__init__(f"field {field!r}[{index}] = {value}: {rule}")
-        self.field, self.index, self.value, self.rule = field, index, value, rule
+    ``where`` names the body thunk holding the field when the thunk that ran is a scan (ABI.md §6),
+    from that scan down: ``field 'body' → thunk 0 (selective_scan) at step 3, `` (empty at top level).
+    """
+
+    def __init__(self, field: str, index: int, value: int, rule: str, where: str = ""):
+        super().__init__(f"{where}field {field!r}[{index}] = {value}: {rule}")
+        self.field, self.index, self.value, self.rule, self.where = field, index, value, rule, where
+
+    def within(self, where: str) -> "DataError":
+        """The same error one scan level up: ``where`` names the body thunk of that scan it came from."""
+        return DataError(self.field, self.index, self.value, self.rule, where + self.where)
 
 
 def int_regions(thunk: Mapping[str, Any]) -> list[Region]:
@@ -33,13 +41,15 @@ def int_regions(thunk: Mapping[str, Any]) -> list[Region]:
     return [r for r in regions(t) if r.dtype == "i32"]
 
 
-def check(thunk: Mapping[str, Any], read: Callable[[Region], np.ndarray]) -> None:
+def check(thunk: Mapping[str, Any], read: Callable[[Region], np.ndarray],
+          fields: Collection[str] = INT_FIELDS) -> None:
     """Raise ``DataError`` for the first value of an integer tensor of ``thunk`` outside ABI.md §8's rules.
 
-    ``read(region)`` returns the region's values (any integer array of its shape).
+    ``read(region)`` returns the region's values (any integer array of its shape); only the tensors
+    named in ``fields`` are read (each rule concerns one tensor alone).
     """
     t = complete(thunk)
-    values = {r.field: np.asarray(read(r)).astype(np.int64).reshape(-1) for r in int_regions(t)}
+    values = {r.field: np.asarray(read(r)).astype(np.int64).reshape(-1) for r in int_regions(t) if r.field in fields}
     if "seq_lens" in values:
         _seq_lens(values["seq_lens"], t["seq"])
     if "cu_seqlens" in values:

@@ -8,13 +8,14 @@ CUDA backends run the same driver over device buffers; :class:`HostMemory` is th
 from __future__ import annotations
 
 import base64
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from .arena import ELEM_SIZE, load, store
 from . import scan_rules
 from .body import copy_bytes
+from .scan_data import BodyData, Feed
 
 Thunk = Mapping[str, Any]
 Schedule = Mapping[str, Any]
@@ -38,8 +39,12 @@ class Memory(Protocol):
     def copy(self, src: Any, src_off: int, dst: Any, dst_off: int, nbytes: int) -> None:
         """Copy bytes between (or within) arenas; overlapping ranges raise ``ValueError``."""
 
-    def run(self, schedule: Schedule, arena: Any) -> None:
-        """Run a nested schedule's thunks in order on ``arena``."""
+    def read(self, arena: Any, offset: int, nbytes: int) -> np.ndarray:
+        """``nbytes`` of ``arena`` at ``offset`` as host bytes (``numpy.uint8``): the run-time data checks."""
+
+    def run(self, schedule: Schedule, arena: Any, before: Callable[[int], None]) -> None:
+        """Run a nested schedule's thunks in order on ``arena``, calling ``before(i)`` before thunk ``i``
+        (it checks the thunk's run-time data; see ``scan_data.BeforeThunk`` for when it may be skipped)."""
 
     def accumulate(self, dst: Any, dst_off: int, src: Any, src_off: int, count: int, dtype: str) -> None:
         """``dst[i] += src[i]`` for ``count`` elements of ``dtype`` (16-bit: in f32, rounded on store)."""
@@ -77,7 +82,10 @@ class HostMemory:
     def copy(self, src: np.ndarray, src_off: int, dst: np.ndarray, dst_off: int, nbytes: int) -> None:
         copy_bytes(src, src_off, dst, dst_off, nbytes)
 
-    def run(self, schedule: Schedule, arena: np.ndarray) -> None:
+    def read(self, arena: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
+        return arena[offset: offset + nbytes]
+
+    def run(self, schedule: Schedule, arena: np.ndarray, before: Callable[[int], None]) -> None:
         from . import bound_kernel, check_bounds  # the package imports this module first
 
         self.runs += 1
@@ -86,10 +94,11 @@ class HostMemory:
             for thunk in thunks:
                 check_bounds(thunk, arena.size)
             self._checked.add((id(schedule), arena.size))
-        for thunk in thunks:
+        for index, thunk in enumerate(thunks):
             kernel = self._kernels.get(id(thunk))
             if kernel is None:
                 kernel = self._kernels[id(thunk)] = bound_kernel(thunk, self.options)
+            before(index)
             kernel(arena)
 
     def accumulate(self, dst: np.ndarray, dst_off: int, src: np.ndarray, src_off: int, count: int, dtype: str) -> None:
@@ -155,6 +164,9 @@ def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
     length, c = t["length"], t["carry_bytes"]
 
     body, in_off, out_off, final = t["body"], t["body_input_off"], t["body_output_off"], t["outer_final_off"]
+    data = BodyData("body", body, [Feed(b, o, n, 0) for b, o, n in t["bcast_inputs"]]
+                    + [Feed(b, o, n, n) for b, o, n in t["xs_inputs"]], [(in_off, c)])
+    data.check_given(mem, outer, length)
     saved = checkpoint_steps(length, t["num_checkpoints"]) if t["save_trajectory"] else []
     rows = {step: k for k, step in enumerate(saved)}
     arena = _pristine(mem, body)
@@ -165,7 +177,7 @@ def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
         for step in range(length):
             for body_off, outer_off, step_bytes in t["xs_inputs"]:
                 mem.copy(outer, outer_off + step * step_bytes, arena, body_off, step_bytes)
-            mem.run(body, arena)
+            data.before(mem, arena, step).run()
             if step in rows:
                 mem.copy(arena, out_off, outer, final + rows[step] * c, c)
             _pass(mem, arena, out_off, in_off, c)
@@ -175,10 +187,24 @@ def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
         mem.free(arena)
 
 
+def _body_data(t: Thunk) -> tuple[BodyData, BodyData | None]:
+    """The run-time data of ``scan_backward``'s ``body_vjp`` and, when it recomputes, ``forward_body``."""
+    c, length, k = t["carry_bytes"], t["length"], t["num_checkpoints"]
+
+    def feeds(body_offs: Sequence[int]) -> list[Feed]:
+        return [Feed(b, o, n, n) for b, (o, n) in zip(body_offs, t["outer_xs_offs"])]
+    vjp = BodyData("body_vjp", t["body_vjp"], feeds(t["body_x_offs"]),
+                   [(t["body_carry_in_off"], c), (t["body_d_output_off"], c)])
+    if not 0 < k < length:
+        return vjp, None
+    return vjp, BodyData("forward_body", t["forward_body"], feeds(t["forward_body_x_offs"]),
+                         [(t["forward_body_carry_in_off"], c)])
+
+
 class _Reverse:
     """One execution of ``scan_backward`` / ``scan_backward_xs``: the vjp sweep and the recomputation."""
 
-    def __init__(self, mem: Memory, t: Thunk, outer: Any):
+    def __init__(self, mem: Memory, t: Thunk, outer: Any, data: tuple[BodyData, BodyData | None]):
         self.mem, self.t, self.outer = mem, t, outer
         self.c = t["carry_bytes"]
         self.xs: Sequence[Sequence[int]] = t["outer_xs_offs"]
@@ -187,6 +213,7 @@ class _Reverse:
         self.vjp = _pristine(mem, t["body_vjp"])
         k, length = t["num_checkpoints"], t["length"]
         self.fwd = _pristine(mem, t["forward_body"]) if 0 < k < length else None  # only checkpoints recompute
+        self.vjp_data, self.fwd_data = data
 
     def close(self) -> None:
         for arena in (self.vjp, self.fwd):
@@ -213,7 +240,7 @@ class _Reverse:
             mem.accumulate(self.vjp, d_out, self.outer, t["outer_upstream_off"] + step * c, count, self.upstream_dtype)
         mem.copy(*carry, self.vjp, t["body_carry_in_off"], c)
         self._xs_rows(step, self.vjp, t["body_x_offs"])
-        mem.run(t["body_vjp"], self.vjp)
+        self.vjp_data.before(mem, self.vjp, step).run()
         if self.dxs:
             n = t["per_step_bytes"]
             mem.copy(self.vjp, t["body_dxs_out_off"], self.outer, t["outer_dxs_off"] + step * n, n)
@@ -230,7 +257,7 @@ class _Reverse:
         mem.copy(*carry, self.fwd, in_off, c)
         for i in range(count):
             self._xs_rows(first + i, self.fwd, t["forward_body_x_offs"])
-            mem.run(t["forward_body"], self.fwd)
+            self.fwd_data.before(mem, self.fwd, first + i).run()
             _pass(mem, self.fwd, out_off, in_off, c)
             if keep_all:
                 mem.copy(self.fwd, in_off, dst[0], dst[1] + i * c, c)
@@ -273,7 +300,11 @@ def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segme
         raise ValueError(f"recompute={recompute!r}; choose one of {STRATEGIES}")
     scan_rules.check(t)
     c, d_out = t["carry_bytes"], t["body_d_output_off"]
-    rev = _Reverse(mem, t, outer)
+    data = _body_data(t)
+    for body in data:
+        if body is not None:
+            body.check_given(mem, outer, t["length"])
+    rev = _Reverse(mem, t, outer, data)
     try:
         if t["save_trajectory"]:
             mem.zero(rev.vjp, d_out, c)

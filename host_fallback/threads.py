@@ -19,6 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -129,8 +131,9 @@ def run_all(jobs: list[Callable[[], None]]) -> None:
     if len(jobs) == 1:
         jobs[0]()
         return
+    errors = np.geterr()  # a worker thread starts from NumPy's default error state: it gets the caller's
     with _blas.single_threaded():
-        pending: list[Future[None]] = [_workers(len(jobs) - 1).submit(job) for job in jobs[1:]]
+        pending: list[Future[None]] = [_workers(len(jobs) - 1).submit(_under(errors, job)) for job in jobs[1:]]
         failed: list[BaseException] = []
         try:
             jobs[0]()
@@ -142,6 +145,14 @@ def run_all(jobs: list[Callable[[], None]]) -> None:
                 failed.append(err)
     if failed:
         raise failed[0]
+
+
+def _under(errors: dict[str, str], job: Callable[[], None]) -> Callable[[], None]:
+    """``job`` run under the NumPy error state ``errors``."""
+    def run() -> None:
+        with np.errstate(**errors):
+            job()
+    return run
 
 
 def _spans(total: int, parts: int) -> list[slice]:

@@ -1,19 +1,22 @@
 """Long checks that run beside the rest of the suite, in processes of their own.
 
-Oclgrind's simulation of the representative kernel cases (one process per kernel target) and NVRTC's
+Oclgrind's simulation of the representative kernel cases (one process per kernel target), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
-kernel's text changed) are single-threaded. Started as soon as the session has collected its tests
+kernel's text changed) and the fuzz profile on each tested OpenCL implementation are single-threaded. Started as soon as the session has collected its tests
 (only the checks whose test was selected), they share both cores with the other tests, and the test
 that owns a check waits for its result. A check is the command a developer runs by hand
-(``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache).
+(``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache,
+``tools/fuzz.py --device D``).
 """
 from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import cuda_builds
+from rlx_gpu.conformance import devices
 from rlx_gpu.launches.limits import TARGETS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +32,14 @@ print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in
 
 #: the kernel targets Oclgrind checks, each in a process of its own (``oclgrind-<target>``)
 OCLGRIND_TARGETS = TARGETS
+#: The OpenCL implementations the fuzz profile runs on (``fuzz-<spec>``), by platform name: one line each.
+FUZZ_OPENCL_PLATFORMS = (
+    "Portable Computing Language",
+)
+FUZZ_OPENCL = [info.spec for info in devices.every_device()
+               if info.backend == "opencl" and info.details.get("platform") in FUZZ_OPENCL_PLATFORMS]
+#: Seeds of the profile on a device (fewer than the host's: a child compiles the kernels its cases use).
+FUZZ_OPENCL_CASES = 300
 #: check -> (the test that asserts on it, its command)
 CHECKS: dict[str, tuple[str, list[str]]] = {
     **{f"oclgrind-{target}": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
@@ -36,6 +47,11 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
        for target in OCLGRIND_TARGETS},
     "nvrtc": ("tests/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
+    **{f"fuzz-{spec}": (f"tests/test_fuzz.py::test_the_profile_on_opencl[{spec}]",
+                        [sys.executable, str(ROOT / "tools" / "fuzz.py"), "--device", spec, "--cases",
+                         str(FUZZ_OPENCL_CASES), "--batch", str(FUZZ_OPENCL_CASES), "--out",
+                         str(Path(tempfile.gettempdir()) / f"rlx-fuzz-{spec.replace(':', '-')}")])
+       for spec in FUZZ_OPENCL},
 }
 
 _running: dict[str, subprocess.Popen] = {}

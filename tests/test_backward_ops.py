@@ -156,3 +156,27 @@ def test_seq_lens_of_a_backward_thunk_are_checked_before_it_runs():
     with pytest.raises(rlx_gpu.RunError, match=r"seq_lens.*\[1\] = 6"):
         rlx_gpu.get_device("host").run(rlx_gpu.load_schedule(sched), arena)
     assert np.array_equal(arena, before)
+
+
+#: The backward ops whose forward names its state even without a carried one (version 1's unused offset),
+#: with the flag that carries it and the state gradients §9 defines only with that flag.
+FLAGGED = [("lstm_backward", "carry", ("d_h0", "d_c0")), ("gru_backward", "carry", ("d_h0",)),
+           ("rnn_backward", "carry", ("d_h0",)), ("gated_delta_net_backward", "carry_state", ("d_state",))]
+
+
+@pytest.mark.parametrize("op,flag,grads", FLAGGED, ids=[f[0] for f in FLAGGED])
+def test_state_gradients_exist_only_with_a_carried_state(op, flag, grads):
+    """§9: without a carried state there is no d_h0 / d_c0 / d_state to give; with one each is required."""
+    sched = _schedule(op, **{flag: False})
+    given = copy.deepcopy(sched)
+    for name in grads:
+        given["thunks"][0][name] = 0  # the unused offset, as a version-1 producer writes it
+        del sched["thunks"][0][name]
+    loaded = rlx_gpu.load_schedule(sched)
+    assert loaded.to_dict()["thunks"] == sched["thunks"] and not set(grads) & {r.field for r in regions(loaded.thunks[0])}
+    arena = np.random.default_rng(0).uniform(-1, 1, sched["arena_bytes"] // 4).astype(np.float32).view(np.uint8)
+    host = rlx_gpu.get_device("host")
+    np.testing.assert_array_equal(host.run(loaded, arena), host.run(given, arena))
+    carried = _schedule(op, **{flag: True})
+    del carried["thunks"][0][grads[-1]]
+    _refused(carried, op, grads[-1], f"missing: {flag} = true needs it")

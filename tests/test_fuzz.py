@@ -1,8 +1,10 @@
 """A short seeded fuzz profile of the schedule border (the long runs are ``tools/fuzz.py``).
 
-Every damaged schedule must be refused with a ScheduleError/DeviceError or run cleanly: nothing
-written outside its write footprint, the caller's arena untouched. The checker itself is shown to
-catch a device that breaks either promise.
+Every damaged schedule must be refused with a ScheduleError/DeviceError/RunError or run cleanly:
+nothing written outside its write footprint, the caller's arena untouched. The checker itself is
+shown to catch a device that breaks either promise. The profile runs on the host in this process and
+on every OpenCL implementation of ``background.FUZZ_OPENCL_PLATFORMS`` through ``tools/fuzz.py``, beside
+the other tests (child processes: a crash of the device is a finding, not the end of the test run).
 """
 from __future__ import annotations
 
@@ -11,10 +13,11 @@ import collections
 import numpy as np
 import pytest
 
+import background
 import host_fallback
 import rlx_gpu
-from rlx_gpu.conformance.fuzz import Case, check_case, make_case
-from rlx_gpu.conformance.cases import lay_out, schedule_of
+from rlx_gpu.conformance.fuzz import Case, check_case, make_case, make_data_case
+from rlx_gpu.conformance.cases import FEEDS, lay_out, schedule_of
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.schedule.ops import SPECS
 
@@ -42,6 +45,28 @@ def test_seeded_profile_on_the_host(host):
     runnable = set(SPECS) & set(host_fallback.KERNELS)  # an op with no kernel anywhere is refused (DeviceError)
     assert ran_ops == runnable, f"no clean run of {sorted(runnable - ran_ops)}"
     assert outcomes["refused"] > len(PROFILE) // 2 and outcomes["ran"] > len(PROFILE) // 10, outcomes
+
+
+def test_damaged_run_time_data_and_knobs_on_the_host(host):
+    """The data cases alone: every form (top level, late, each body feed) both refused and run cleanly."""
+    outcomes: collections.Counter = collections.Counter()
+    problems = []
+    for seed in range(300):
+        case = make_data_case(seed)
+        outcome, problem = check_case(case, host)
+        outcomes[case.mutations[-1], outcome] += 1
+        if problem is not None:
+            problems.append(f"seed {seed} ({', '.join(case.mutations)}): {problem}")
+    assert not problems, "\n".join(problems[:10])
+    for form in ("top", "late") + FEEDS:
+        assert outcomes[form, "refused"] and outcomes[form, "ran"], (form, outcomes)
+
+
+@pytest.mark.parametrize("spec", background.FUZZ_OPENCL)  # the implementations: background.FUZZ_OPENCL_PLATFORMS
+def test_the_profile_on_opencl(spec):
+    done = background.result(f"fuzz-{spec}")  # tools/fuzz.py, started with the session beside the other tests
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert f"{background.FUZZ_OPENCL_CASES} schedules, 0 bad" in done.stdout, done.stdout[-2000:]
 
 
 def test_cases_are_reproducible():

@@ -337,3 +337,35 @@ def test_right_padding_that_overflows_f16_leaves_the_real_tokens_alone(backend, 
         first = first_nonfinite(thunk, arena)
         assert np.all(first[1] == start) and np.all(first[0] == params["seq"])
         check_causal(backend[1](thunk, arena), clean, want, first, op, "f16", f"{backend[0]} {kind} seed {seed}, padding from step {start}")
+
+
+#: Every op with a host kernel whose arithmetic can overflow or meet a NaN (the ABI's numeric ops).
+QUIET_OPS = ["lstm", "gru", "rnn", "selective_scan", "mamba2", "gated_delta_net", "lstm_backward", "gru_backward",
+             "rnn_backward", "selective_scan_backward", "mamba2_backward", "gated_delta_net_backward"]
+
+
+def _saturated(n: int, seed: int) -> np.ndarray:
+    """Arena bytes of f32 values up to 3e38 in size, a few of them NaN or ±inf."""
+    rng = np.random.default_rng(seed)
+    values = np.clip(rng.standard_normal(n // 4) * 10.0 ** rng.integers(0, 39, n // 4), -3e38, 3e38)
+    values[rng.integers(0, values.size, 6)] = [np.nan, np.inf, -np.inf, np.nan, -np.inf, np.inf]
+    return values.astype(np.float32).view(np.uint8)
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("op", QUIET_OPS)
+def test_host_kernels_raise_no_runtime_warning_on_non_finite_or_saturated_input(op):
+    """NaN/inf propagate silently (the host kernels run under errstate), through the host device, the
+    fallback's entry point and its worker threads alike; the caller's NumPy error state is left as it was."""
+    params = dict(cases.SMALL[op])
+    if "seq" in params:
+        params["seq"] = 80  # long enough for the chunked paths
+    thunk, nbytes = cases.lay_out(op, "f32", params)
+    sched = cases.schedule_of(thunk, nbytes)
+    before = np.geterr()
+    for seed in range(3):
+        arena = _saturated(nbytes, seed)
+        rlx_gpu.get_device("host").run(sched, arena)
+        workers = {"workers": 2} if "workers" in host_fallback.ACCEPTS[op] else {}
+        host_fallback.execute(thunk, arena.copy(), **workers)
+    assert np.geterr() == before

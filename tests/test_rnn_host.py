@@ -500,3 +500,28 @@ def test_builder_lengths_as_an_input_and_its_errors():
         g.lstm(x, np.zeros(4 * 3 * 2), np.zeros((1, 12, 2)), np.zeros((1, 12)), hidden=3, proj_size=2)
     with pytest.raises(GraphError, match="w_hr was given without proj_size"):
         g.lstm(x, np.zeros(4 * 3 * 2), np.zeros((1, 12, 3)), np.zeros((1, 12)), hidden=3, w_hr=np.zeros((1, 2, 3)))
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_a_sequence_too_long_for_memory_is_refused_before_the_packing(op, monkeypatch):
+    """A sequence whose arena fits but whose working memory does not (the issue's lstm with seq 2**28 took
+    26 s to be refused): refused before ``prepare`` builds the packing, whose Python tables grow with seq."""
+    import time
+
+    import rlx_gpu
+    from host_fallback import rnn
+    from rlx_gpu.backends.host import physical_memory
+    from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
+
+    params = dict(SMALL[op], batch=1, num_layers=2, bidirectional=False, carry=False, input_size=1, hidden=1)
+    seq = physical_memory() // 10  # per step 8 bytes of arena (f32 x, dst) fit, 12 of working memory do not
+    thunk, nbytes = lay_out(op, "f32", dict(params, seq=seq))
+    sched = schedule_of(thunk, nbytes)
+
+    def no_packing(*_):
+        raise AssertionError("the packing was built for a thunk the machine cannot hold")
+    monkeypatch.setattr(rnn, "_chunks", no_packing)
+    started = time.perf_counter()
+    with pytest.raises(rlx_gpu.DeviceError, match=rf"thunk 0 \({op}\)'s working memory .* more than the .* memory"):
+        rlx_gpu.get_device("host").run(sched)
+    assert time.perf_counter() - started < 10  # generous: the refusal takes milliseconds

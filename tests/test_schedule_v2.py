@@ -195,3 +195,32 @@ def test_a_nested_body_takes_its_holders_label():
     sched["thunks"][0]["body"]["abi"] = "rlx-thunks/2"
     with pytest.raises(rlx_gpu.ScheduleError, match=r"nested body takes the label of the schedule that holds it"):
         rlx_gpu.load_schedule(sched)
+
+
+#: Every number of ABI.md §8 with a bound (a fill value is data: NaN there is a value to write).
+KNOBS = [
+    ("lstm", "clip", lambda v: v),
+    ("gru", "clip", lambda v: v),
+    ("rnn", "clip", lambda v: v),
+    ("gated_delta_net", "scale", lambda v: v),
+    ("mamba2", "dt_limit", lambda v: [v, None]),
+    ("mamba2", "dt_limit", lambda v: [0.0, v]),
+    ("lstm", "activations", lambda v: [["affine", v, 0.0]] * 6),
+    ("lstm", "activations", lambda v: [["affine", 1.0, v]] * 6),
+]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("op,field,given", KNOBS, ids=[f"{k[0]}.{k[1]}{i}" for i, k in enumerate(KNOBS)])
+def test_a_non_finite_knob_is_refused_naming_thunk_field_and_value(op, field, given, value):
+    sched = dict(_schedule(op), abi="rlx-thunks/2")
+    sched["thunks"][0][field] = given(value)
+    with pytest.raises(rlx_gpu.ScheduleError, match=rf"thunk 0 \({op}\), field '{field}(\[\d\])*'.*{value}"):
+        rlx_gpu.load_schedule(sched)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_fill_value_may_be_non_finite(value):
+    """A fill value is data, not a knob: NaN and inf are values to write."""
+    out = rlx_gpu.get_device("host").run(schedule_of(dict(op="fill", dtype="f32", dst=0, n=4, value=value), 16))
+    np.testing.assert_array_equal(out.view(np.float32), np.full(4, value, np.float32))

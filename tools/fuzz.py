@@ -1,7 +1,7 @@
 """Fuzz the schedule border: N damaged schedules in subprocess batches, each under a memory limit.
 
 Every case is ``rlx_gpu.conformance.fuzz.make_case(seed)`` (deterministic), checked by ``check_case``
-on the chosen device: acceptable outcomes are a ScheduleError/DeviceError or a clean run that wrote
+on the chosen device: acceptable outcomes are a ScheduleError/DeviceError/RunError or a clean run that wrote
 nothing outside its write footprint and left the caller's arena alone. A batch runs in a child
 process limited to ``--mem-mb`` of address space (RLIMIT_AS) and ``--timeout`` seconds; a batch that
 dies (signal, timeout, MemoryError) is split in halves until the cases that kill it are found, and
@@ -10,6 +10,9 @@ each of those counts as bad. Bad cases are pickled to ``--out`` for ``--replay``
     python tools/fuzz.py --cases 100000 --device host
     python tools/fuzz.py --cases 5000 --device opencl --batch 250
     python tools/fuzz.py --replay fuzz-bad/
+
+A fifth of the seeds are ``make_data_case``: damaged run-time data (top level, late, in scan bodies) and
+non-finite knobs.
 """
 from __future__ import annotations
 

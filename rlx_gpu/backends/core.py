@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+from host_fallback import runtime_data
 
 from .. import launches
 from ..errors import DeviceError
@@ -259,8 +260,10 @@ class KernelSession:
         return run_and_note
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
-        """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``)."""
+        """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``); as ``host_fallback.execute``,
+        an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything runs."""
         with self.lock:
+            runtime_data.check(thunk, lambda r: self.read(arena, r.offset, r.nbytes).view("<i4"))
             self.runner(thunk, RunOptions.build(**options))(arena)
 
     def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Mapping[int, Runner]) -> int:
@@ -344,13 +347,19 @@ class ScanMemory:
         item = launches.body.accumulate(self.session.limits, dtype, count, (dst_buf, dst_off), (src_buf, src_off))
         self.session.enqueue(item, {dst_buf: dst.buffer, src_buf: src.buffer})
 
-    def run(self, schedule: Mapping[str, Any], arena: DeviceArena) -> None:
-        """Run a body schedule on ``arena``: each thunk where placement put it."""
+    def read(self, arena: DeviceArena, offset: int, nbytes: int) -> np.ndarray:
+        if arena.pending is not None:
+            return arena.pending[offset: offset + nbytes]
+        return self.session.read(arena, offset, nbytes)
+
+    def run(self, schedule: Mapping[str, Any], arena: DeviceArena, before: Callable[[int], None]) -> None:
+        """Run a body schedule on ``arena``: each thunk where placement put it, after ``before`` checked it."""
         self._ready(arena)
-        for thunk in schedule["thunks"]:
+        for index, thunk in enumerate(schedule["thunks"]):
             runner = self._runners.get(id(thunk))
             if runner is None:
                 runner = self._runners[id(thunk)] = self._runner(thunk)
+            before(index)
             self.copied += runner(arena)
 
     def _runner(self, thunk: Thunk) -> Runner:

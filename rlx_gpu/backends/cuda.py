@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from host_fallback.scan_data import BeforeThunk
 
 from .. import launches
 from ..errors import DeviceError, KernelBuildError
@@ -371,21 +372,22 @@ class GraphedScanMemory(ScanMemory):
     the device (no body thunk placed on the host, no nested scan). The first step runs eagerly (it plans
     the body thunks, builds their kernels and grows the scratch), the second is captured, the rest replay;
     the body arena is allocated per scan execution, so its graph lives as long as that arena. Every step
-    is worth a graph, one launch or many: a replay also skips the driver's host work for the body."""
+    is worth a graph, one launch or many: a replay also skips the driver's host work for the body. A body
+    whose run-time data must be read between its thunks (``before.reads``) runs eagerly."""
 
-    def run(self, schedule: Mapping[str, Any], arena: Any) -> None:
+    def run(self, schedule: Mapping[str, Any], arena: Any, before: BeforeThunk) -> None:
         session: CudaSession = self.session  # type: ignore[assignment]
         thunks = schedule["thunks"]
-        if not session.use_graphs or session.capturing or any(
+        if not session.use_graphs or session.capturing or before.reads or any(
                 id(t) in self.on_host or t["op"] in SCAN_OPS for t in thunks):
-            super().run(schedule, arena)
+            super().run(schedule, arena, before)
             return
         self._ready(arena)  # the body arena's pristine bytes reach the device before any capture
 
         def record() -> None:
             session.capturing = True
             try:
-                super(GraphedScanMemory, self).run(schedule, arena)
+                super(GraphedScanMemory, self).run(schedule, arena, before)
             finally:
                 session.capturing = False
 

@@ -77,6 +77,8 @@ class HostSession:
         """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call);
         ``on_host`` does not apply, everything runs here."""
         what = f"the scratch and body arenas of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})"
+        self.check_fits(host_fallback.working_bytes(thunk), f"thunk {getattr(thunk, 'index', '?')} ({thunk['op']})'s "
+                                                            "working memory besides the arena (a lower bound)")
         with allocating(what, self.info.spec):  # the kernel's thunk-only setup may allocate
             kernel = host_fallback.bound_kernel(thunk, options.host_keywords)
 

@@ -4,7 +4,10 @@ Used by ``rlx-gpu devices`` for the support matrix and by the conformance suite 
 """
 from __future__ import annotations
 
+import base64
 from typing import Any
+
+import numpy as np
 
 from host_fallback.arena import ELEM_SIZE
 from host_fallback.fields import INT_FIELDS
@@ -145,3 +148,58 @@ GPU_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "matmul 4096^3": ("matmul", dict(batch=1, m=4096, k=4096, n=4096, trans_a=False, trans_b=False,
                                      a_batch_stride=0, b_batch_stride=0)),
 }
+
+
+#: How ``body_case`` feeds a body thunk's integer tensors (see there).
+FEEDS = ("init", "xs", "computed", "carry")
+
+
+def body_case(scan_op: str, op: str, params: dict[str, Any], feed: str, length: int = 3) -> tuple[dict, dict[str, int]]:
+    """A ``scan_op`` schedule (``scan_case``'s ``carry + x`` body) whose body holds a thunk of ``op`` after
+    its own: ``body`` for ``scan``, ``body_vjp`` for the backward scans. Its integer tensors (``params``
+    gives them as lists, as ``lay_out`` takes them) are fed by ``feed``:
+
+    - ``init``: the body's ``init`` holds the values of ``params``;
+    - ``xs``: an extra ``xs`` input, one row per step in the outer arena;
+    - ``computed``: an extra ``xs`` input lands in spare body bytes a ``copy`` body thunk moves into place;
+    - ``carry`` (``scan`` only, one tensor): the tensor is the scan's carry, its first value in the outer arena.
+
+    Returns the schedule and, per fed tensor, the outer offset where the caller writes its values: row
+    ``s`` of an ``xs`` input at ``s`` times the tensor's bytes after it, or the initial carry.
+    """
+    thunk, nbytes = lay_out(op, "f32", params)
+    ints = [r for r in regions(thunk) if r.dtype == "i32"]
+    fields = scan_case(scan_op, "f32", length)
+    body = fields["body" if scan_op == "scan" else "body_vjp"]
+    base = _align(body["arena_bytes"])
+    offsets = {r.field for r in regions(thunk)}
+    body["thunks"] = body["thunks"] + [{k: v + base if k in offsets else v for k, v in thunk.items()}]
+    spare = body["arena_bytes"] = base + nbytes
+    feeds: dict[str, tuple[str, int]] = {}  # field -> (the scan field holding its outer offset, the row index)
+    for r in ints:
+        at = r.offset + base
+        if feed == "init":
+            data = np.asarray(params[r.field], "<i4").tobytes()
+            body.setdefault("init", []).append({"offset": at, "b64": base64.b64encode(data).decode()})
+        elif feed == "carry":
+            fields.update(body_input_off=at, body_output_off=at, carry_bytes=r.nbytes, save_trajectory=False)
+            feeds[r.field] = ("outer_init_off", -1)
+        else:
+            if feed == "computed":
+                body["thunks"].insert(-1, dict(op="copy", dtype="f32", src=spare, dst=at, nbytes=r.nbytes))
+                at = spare
+                spare = body["arena_bytes"] = _align(spare + r.nbytes)
+            if scan_op == "scan":
+                feeds[r.field] = ("xs_inputs", len(fields["xs_inputs"]))
+                fields["xs_inputs"] = fields["xs_inputs"] + [[at, 0, r.nbytes]]
+            else:  # the forward body gets the row too, in spare bytes of its own
+                fwd = fields["forward_body"] = dict(fields["forward_body"])
+                fields["forward_body_x_offs"] = fields["forward_body_x_offs"] + [fwd["arena_bytes"]]
+                fwd["arena_bytes"] = _align(fwd["arena_bytes"] + r.nbytes)
+                feeds[r.field] = ("outer_xs_offs", len(fields["outer_xs_offs"]))
+                fields["body_x_offs"] = fields["body_x_offs"] + [at]
+                fields["outer_xs_offs"] = fields["outer_xs_offs"] + [[0, r.nbytes]]
+    scan, outer_bytes = lay_out(scan_op, "f32", fields)
+    places = {name: scan[key] if row < 0 else scan[key][row][1 if key == "xs_inputs" else 0]
+              for name, (key, row) in feeds.items()}
+    return {"abi": ABI_V2, "arena_bytes": outer_bytes, "thunks": [scan]}, places

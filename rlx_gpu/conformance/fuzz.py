@@ -7,12 +7,19 @@ huge and wrapping integers, moved and overlapping offsets, NaN/inf, extra fields
 and sent as a mapping, JSON or YAML text — text that may be truncated, salted with random bytes,
 given duplicate keys, or replaced by random bytes, deep brackets or an alias bomb.
 
+Some cases (``make_data_case``) are valid schedules with damaged run-time data (ABI.md §8): a
+version-2 thunk whose ``seq_lens``/``cu_seqlens``/``state_slots`` hold wrapping, out-of-range or
+repeated values, at top level (in the caller's arena, or written by an earlier thunk) or inside a
+scan body (in its ``init``, rows of an ``xs`` input, bytes a body thunk computes, or the carry), or
+whose bounded knobs (``clip``, ``scale``, ``dt_limit``, activation α/β) are NaN or ±inf.
+
 ``check_case`` loads it and, when it validates, runs it: the outcome is acceptable when it is a
-``ScheduleError``/``DeviceError``, or a clean run that left the caller's arena unchanged and wrote
-no byte outside the union of the thunks' write footprints.
+``ScheduleError``/``DeviceError``/``RunError``, or a clean run that left the caller's arena unchanged
+and wrote no byte outside the union of the thunks' write footprints.
 """
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import random
@@ -24,11 +31,11 @@ import yaml
 
 from host_fallback.layout import regions
 
-from ..errors import DeviceError, ScheduleError, brief
+from ..errors import DeviceError, RunError, ScheduleError, brief
 from ..schedule.io import load_schedule
-from ..schedule.model import Schedule
+from ..schedule.model import ABI_V2, Schedule
 from ..schedule.ops import DTYPES, SPECS, footprint
-from .cases import lay_out, schedule_of
+from .cases import FEEDS, SMALL, body_case, lay_out, schedule_of
 
 #: Integers that wrap, overflow, sit on a limit or are merely wrong.
 INTERESTING = (-1, 0, 1, 2, 3, 4, 7, 8, 16, 255, 4096, 2**31 - 1, 2**31, 2**32, 2**32 + 1, 2**48, 2**48 + 1,
@@ -50,11 +57,18 @@ class Case:
     op: str
     source: Any
     mutations: tuple[str, ...]
+    data: tuple[tuple[int, bytes], ...] = ()  # (offset, bytes) written into the caller's arena before the run
+
+
+#: The share of seeds ``make_case`` gives to ``make_data_case``.
+DATA_SHARE = 0.2
 
 
 def make_case(seed: int) -> Case:
     """The case of ``seed`` (the same seed always gives the same case)."""
     rng = random.Random(seed)
+    if rng.random() < DATA_SHARE:
+        return make_data_case(seed)
     op = rng.choice(list(SPECS))
     dtype = rng.choice(SPECS[op].dtypes)
     thunk, arena_bytes = lay_out(op, dtype, guard=16)
@@ -78,6 +92,92 @@ def make_case(seed: int) -> Case:
     return Case(seed, op, text, tuple(done))
 
 
+#: The ops with integer tensors, and the parameters that give them (lists: their valid values).
+_INT_OPS: dict[str, Any] = {
+    "selective_scan": lambda rng: rng.choice((_slots, _packed))("selective_scan", rng),
+    "mamba2": lambda rng: rng.choice((_slots, _packed))("mamba2", rng),
+    "gated_delta_net": lambda rng: rng.choice((_slots, _packed))("gated_delta_net", rng),
+    "lstm": lambda rng: _lengths("lstm", rng), "gru": lambda rng: _lengths("gru", rng),
+    "rnn": lambda rng: _lengths("rnn", rng),
+}
+#: Bounded knobs of ABI.md §8 (a fill value is data, not a knob) and how each is given a value.
+_KNOBS: dict[str, tuple[tuple[str, Any], ...]] = {
+    "lstm": (("clip", lambda v: v), ("activations", lambda v: [["affine", v, 0.5]] * 6),
+             ("activations", lambda v: [["scaled_tanh", 1.0, v]] * 6)),
+    "gru": (("clip", lambda v: v),), "rnn": (("clip", lambda v: v),),
+    "gated_delta_net": (("scale", lambda v: v),),
+    "mamba2": (("dt_limit", lambda v: [v, None]), ("dt_limit", lambda v: [0.0, v])),
+}
+_NON_FINITE = (float("nan"), float("inf"), -float("inf"))
+
+
+def _slots(op: str, rng: random.Random) -> dict[str, Any]:
+    batch = rng.choice((1, 2, 3))
+    slots = rng.sample(range(batch + 2), batch)
+    state = {} if op == "gated_delta_net" else {"state": True}  # gdn's state is a version-1 offset, always placed
+    return dict(SMALL[op], batch=batch, carry_state=True, state_slots=slots, num_slots=batch + 2, **state)
+
+
+def _packed(op: str, rng: random.Random) -> dict[str, Any]:
+    seq = SMALL[op]["seq"]
+    cuts = sorted(rng.randint(0, seq) for _ in range(rng.choice((0, 1, 2))))
+    return dict(SMALL[op], batch=1, cu_seqlens=[0, *cuts, seq])
+
+
+def _lengths(op: str, rng: random.Random) -> dict[str, Any]:
+    return dict(SMALL[op], seq_lens=[rng.randint(0, SMALL[op]["seq"]) for _ in range(SMALL[op]["batch"])])
+
+
+def _damage_values(rng: random.Random, values: list[int], params: dict[str, Any], done: list[str]) -> list[int]:
+    """``values`` with zero to two entries replaced: wrapping, out of range, repeated, or one off."""
+    values = list(values)
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        i = rng.randrange(len(values))
+        bound = params.get("num_slots") or params["seq"]
+        value = rng.choice((2**31 - 1, -2**31, -1, bound, bound + 1, values[rng.randrange(len(values))],
+                            values[i] + rng.choice((-1, 1))))
+        values[i] = (value + 2**31) % 2**32 - 2**31  # as an int32 holds it: 2**31 wraps to -2**31
+        done.append(f"value [{i}] = {values[i]}")
+    return values
+
+
+def make_data_case(seed: int) -> Case:
+    """A valid schedule of a version-2 thunk with damaged run-time data or a non-finite knob (see the module)."""
+    rng = random.Random(seed)
+    forward = rng.choice(list(_INT_OPS))
+    op = forward + "_backward" if rng.random() < 0.25 else forward
+    params = _INT_OPS[forward](rng)
+    field = next(f for f in ("state_slots", "cu_seqlens", "seq_lens") if isinstance(params.get(f), list))
+    done = [f"{op} {field}"]
+    if forward in _KNOBS and rng.random() < 0.3:
+        name, given = rng.choice(_KNOBS[forward])
+        params[name] = given(rng.choice(_NON_FINITE + (0.5,)))
+        done.append(f"knob {name} = {params[name]}")
+    rows = [_damage_values(rng, params[field], params, done) for _ in range(3)]
+    where = rng.choice(("top", "late") + FEEDS)
+    done.append(where)
+    if where in FEEDS:
+        scan_op = "scan" if where == "carry" else rng.choice(("scan", "scan_backward", "scan_backward_xs"))
+        sched, places = body_case(scan_op, op, {**params, field: rows[0]}, where, length=3)
+        per_step = 4 * len(rows[0])
+        data = tuple((offset + step * per_step, _i32(row)) for offset in places.values()
+                     for step, row in enumerate(rows[:1] if where == "carry" else rows))
+        return Case(seed, op, sched, tuple(done), data)
+    thunk, nbytes = lay_out(op, "f32", params)
+    r = next(r for r in regions(thunk) if r.field == field)
+    if where == "top":
+        return Case(seed, op, dict(schedule_of(thunk, nbytes), abi=ABI_V2), tuple(done), ((r.offset, _i32(rows[0])),))
+    source = nbytes  # late: a copy thunk writes the values from an init block just before the thunk reads them
+    copy_thunk = dict(op="copy", dtype="f32", src=source, dst=r.offset, nbytes=r.nbytes)
+    sched = {"abi": ABI_V2, "arena_bytes": nbytes + r.nbytes, "thunks": [copy_thunk, thunk],
+             "init": [{"offset": source, "b64": base64.b64encode(_i32(rows[0])).decode()}]}
+    return Case(seed, op, sched, tuple(done))
+
+
+def _i32(values: list[int]) -> bytes:
+    return np.asarray(values, "<i4").tobytes()
+
+
 def _add_views(rng: random.Random, sched: dict, done: list[str]) -> None:
     thunk = sched["thunks"][0]
     views = {r.field: {"offset": r.offset, "dtype": r.dtype, "shape": list(r.shape)}
@@ -90,8 +190,6 @@ def _add_views(rng: random.Random, sched: dict, done: list[str]) -> None:
 
 
 def _add_init(rng: random.Random, sched: dict, done: list[str]) -> None:
-    import base64
-
     offset = rng.choice((0, 16, 32, sched["arena_bytes"] - 8, sched["arena_bytes"]))
     data = bytes(rng.randrange(256) for _ in range(rng.choice((0, 1, 8, 24))))
     sched["init"] = [{"offset": offset, "b64": base64.b64encode(data).decode()}]
@@ -217,11 +315,15 @@ def check_case(case: Case, device: Any) -> tuple[str, str | None]:
     if _arena_bytes(schedule) > RUN_ARENA_BYTES or _scan_steps(schedule) > RUN_SCAN_STEPS:
         return "not run", None
     arena = np.random.default_rng(case.seed).integers(0, 256, schedule.arena_bytes, dtype=np.uint8)
+    for offset, data in case.data:
+        arena[offset: offset + len(data)] = np.frombuffer(data, np.uint8)
     before = arena.copy()
     try:
         with np.errstate(all="ignore"):
             out = device.run(schedule, arena)
-    except (ScheduleError, DeviceError):
+    except (ScheduleError, DeviceError, RunError):
+        if not np.array_equal(arena, before):
+            return "refused", "the caller's arena changed"
         return "refused", None
     except Exception as err:  # noqa: BLE001
         return "crashed", f"run raised {type(err).__name__}: {brief(str(err), 200)}"

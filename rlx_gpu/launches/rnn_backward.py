@@ -30,7 +30,7 @@ from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
 #: its optional inputs.
-V2_FIELDS = FORWARD_FIELDS | {"d_peepholes", "d_w_hr"}
+V2_FIELDS = FORWARD_FIELDS | {"d_peepholes", "d_w_hr", "d_h0", "d_c0"}
 
 FAMILY = "rnn_backward"
 _NONE = (ARENA, i64(0))  # a tensor argument a variant does not read

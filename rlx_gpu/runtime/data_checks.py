@@ -1,5 +1,8 @@
 """The run-time check of ABI.md §8's integer tensors (``seq_lens``, ``cu_seqlens``, ``state_slots``).
 
+The thunks of scan bodies are checked by the scan driver (``host_fallback.scan_data``), on every
+device; ``refused`` turns its ``DataError`` into the ``RunError`` naming the top-level thunk too.
+
 Validation cannot see their values, so before a thunk that has them runs, the executor reads them
 (one small read per tensor) and refuses values outside their rules with a ``RunError``. Values that no
 earlier thunk of the schedule writes are checked before anything runs, so a refused run writes
@@ -35,8 +38,16 @@ class DataCheck:
         try:
             runtime_data.check(self.thunk, read)
         except runtime_data.DataError as err:
-            raise RunError(f"thunk {self.thunk.index} ({self.thunk.op}), {err}; nothing of this thunk ran "
-                           f"(ABI.md §8: integer tensors are checked before their thunk)") from None
+            raise refused(self.thunk, err) from None
+
+
+def refused(thunk: Thunk, err: runtime_data.DataError) -> RunError:
+    """The ``RunError`` of top-level thunk ``thunk`` for ``err``: raised by its own check or, for a scan,
+    by the scan driver's check of a body thunk (``err.where`` names it)."""
+    if not err.where:
+        return RunError(f"thunk {thunk.index} ({thunk.op}), {err}; nothing of this thunk ran "
+                        f"(ABI.md §8: integer tensors are checked before their thunk)")
+    return RunError(f"thunk {thunk.index} ({thunk.op}), {err}; that body thunk did not run (ABI.md §8)")
 
 
 def data_checks(thunks: Sequence[Thunk]) -> tuple[DataCheck, ...]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from host_fallback import scan
+from host_fallback import runtime_data, scan
 
 from ..backends.allocation import allocating
 from ..backends.base import Session
@@ -19,7 +19,7 @@ from ..schedule.ops import SCAN_OPS
 from ..units import human_bytes
 from .arena import Arena
 from .config import Config, load_config
-from .data_checks import DataCheck, data_checks, int32_reader
+from .data_checks import DataCheck, data_checks, int32_reader, refused
 from .fallback import HostRun, host_runs
 from .options import RunOptions
 from .placement import Assignment, place
@@ -183,7 +183,10 @@ class Device:
             if i in bound.late_checks:
                 self._check_data((bound.late_checks[i],), dev_arena)
             t0 = time.perf_counter()
-            copied = step(dev_arena, image)
+            try:
+                copied = step(dev_arena, image)
+            except runtime_data.DataError as err:  # a scan driver refused a body thunk's run-time data
+                raise refused(thunk, err) from None
             if profile:
                 self.session.finish()
             report.records.append(ThunkRecord(thunk.index, thunk.op, thunk.dtype, backend,

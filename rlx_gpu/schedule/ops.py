@@ -13,7 +13,7 @@ from host_fallback.arena import COMPUTE, ELEM_SIZE
 from host_fallback.body import BINARY, UNARY
 from host_fallback import scan
 from host_fallback.fields import ACTIVATIONS, DEFAULTS, INT_FIELDS
-from host_fallback.gradients import FORWARD_OPS, OPTIONAL_INPUTS, gradient
+from host_fallback.gradients import FLAGGED_STATES, FORWARD_OPS, OPTIONAL_INPUTS, gradient
 from host_fallback.layout import Region, regions
 
 from .limits import MAX_RANK  # noqa: F401  (re-exported for the builder)
@@ -166,11 +166,14 @@ SPECS: dict[str, OpSpec] = {s.name: s for s in (
 
 def _backward(forward: OpSpec) -> OpSpec:
     """ABI.md §9's ``OP_backward``: every field of ``OP`` but ``dst`` (all read), ``d_dst``, and a gradient
-    ``d_NAME`` of the same kind as each floating-point tensor ``NAME`` (optional exactly where it is)."""
+    ``d_NAME`` of the same kind as each floating-point tensor ``NAME`` (optional exactly where it is; the
+    gradient of a state used only with the carry flag is a version-2 field, required with the flag only)."""
     kept = tuple(f for f in forward.fields if f.name != "dst")
     tensors = [f for f in kept if f.kind in ("offset", "opt_offset") and f.name not in INT_FIELDS]
     assert {f.name for f in tensors if f.nullable} == set(OPTIONAL_INPUTS[forward.name]), forward.name
-    grads = tuple(Field(gradient(f.name), f.kind, used_when=f.used_when, version=f.version) for f in tensors)
+    assert {f.name for f in tensors if f.used_when} == set(FLAGGED_STATES[forward.name]), forward.name
+    grads = tuple(Field(gradient(f.name), f.kind, used_when=f.used_when, version=2 if f.used_when else f.version)
+                  for f in tensors)
     return OpSpec(f"{forward.name}_backward", kept + (Field("d_dst", "offset"),) + grads, forward.dtypes, version=2)
 
 

@@ -8,6 +8,7 @@ given, each already checked for its kind) and raises ``FieldError`` naming the f
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from host_fallback.arena import ELEM_SIZE
@@ -87,8 +88,9 @@ def _gated_delta_net(t: Fields) -> None:
 def _recurrent(t: Fields) -> None:
     if t.get("reverse") and t["bidirectional"]:
         raise _fail(t, "reverse", "reverse needs bidirectional = false (a bidirectional layer walks both ways)")
-    if t.get("clip", 0.0) < 0:
-        raise _fail(t, "clip", f"expected a number >= 0 (0: no clip), got {t['clip']}")
+    clip = t.get("clip", 0.0)
+    if not (math.isfinite(clip) and clip >= 0):  # NaN < 0 is false: NaN would pass a plain comparison
+        raise _fail(t, "clip", f"expected a finite number >= 0 (0: no clip), got {clip}")
     if "activations" in t:
         slots, dirs = ACTIVATION_SLOTS[t["op"]], 2 if t["bidirectional"] else 1
         if len(t["activations"]) != slots * dirs:

@@ -310,6 +310,9 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
                                       f"{ABI_V1!r}: label it 'rlx-thunks/2' to use it")
     ctx.body_steps = {}
     given = {f.name: _check_field(here, f, raw[f.name], ctx) for f in spec.fields if f.name in raw}
+    for f in spec.optional_fields:  # a field used only with a flag (d_h0 of lstm_backward) is required with it
+        if f.used_when and f.name not in given and given.get(f.used_when):
+            raise here.fail(f.name, f"missing: {f.used_when} = true needs it")
     if op in _RULES:
         _RULES[op](here, {"op": op, "dtype": dtype, **given})
     if op in RULES_V2:
