@@ -16,6 +16,7 @@ from ..launches import DeviceLimits, Launch
 from ..launches.limits import requested_target
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
+from .opencl_icd import register, registered_platforms
 from .programs import Program
 
 NAME = "opencl"
@@ -27,6 +28,7 @@ SIMULATORS = ("Oclgrind",)
 
 
 def _cl():
+    register()  # before the loader's first platform query: the wheel runtimes' ICD files (opencl_icd)
     try:
         import pyopencl as cl
     except ImportError as err:
@@ -53,14 +55,17 @@ def _compile_failure(cl, device) -> str | None:
 
 
 def probe() -> list[DeviceInfo]:
-    """Every OpenCL device: GPUs and accelerators first, then CPU devices, simulators such as Oclgrind last;
-    a device whose compiler cannot build a trivial kernel carries the reason in ``details["unusable"]``."""
+    """Every OpenCL device: GPUs and accelerators first, then CPU devices, simulators such as Oclgrind last, and
+    among each the wheel runtimes this package registered after the others (installing one never changes which
+    device ``opencl`` names); a device whose compiler cannot build a trivial kernel carries the reason in
+    ``details["unusable"]``."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
     except cl.Error as err:
         raise BackendUnavailable(f"no OpenCL platform found ({err}); install an ICD, e.g. pip install 'pyopencl[pocl]'") from err
     infos = []
+    ours = registered_platforms()
     for pi, platform in enumerate(platforms):
         for di, dev in enumerate(platform.get_devices()):
             details = {
@@ -72,6 +77,7 @@ def probe() -> list[DeviceInfo]:
                 "global_mem_bytes": dev.global_mem_size,
                 "max_alloc_bytes": dev.max_mem_alloc_size,
                 "simulator": platform.name in SIMULATORS,
+                "registered_by_rlx_gpu": platform.name in ours,
             }
             if (failure := _compile_failure(cl, dev)) is not None:
                 details["unusable"] = failure
@@ -80,7 +86,8 @@ def probe() -> list[DeviceInfo]:
                                     cpu=not _accelerator(cl, dev)))
     if not infos:
         raise BackendUnavailable("OpenCL platforms exist but report no device")
-    return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu))
+    return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu,
+                                           bool(info.details["registered_by_rlx_gpu"])))
 
 
 def _accelerator(cl: Any, device: Any) -> bool:
