@@ -103,7 +103,9 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
     const i64 entry = ((in_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
     const i64 leave = ((out_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
-    const int in_real = in_park || (GDN_V2 && state_real), out_real = out_park || (GDN_V2 && state_real);
+    /* parked rows, and with state_real every row, hold the state in the compute type (a select, not `||`: with
+     * GDN_V2 0 the right operand is a constant, which clang warns of) */
+    const int st_real = GDN_V2 && state_real, in_real = st_real ? 1 : in_park, out_real = st_real ? 1 : out_park;
     GLOBAL const store_t* in_st = (in_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + entry;
     GLOBAL const real* in_re = (in_park ? AT(real, pb, po) : AT(real, sb, so)) + entry;
     GLOBAL store_t* out_st = (out_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + leave;
@@ -282,11 +284,12 @@ KERNEL gated_delta_net_step(i64 R, i64 H, i64 HV, i64 K, i64 V, int carry, int p
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     const real sq = scale * rq;
-    if (V - j0 >= GDN_DJ && st_real)
-        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 1, dst);
-    else if (V - j0 >= GDN_DJ)
-        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 0, dst);
-    else
+    if (V - j0 >= GDN_DJ) { /* st_real by itself: `&& st_real` is a constant operand with GDN_V2 0 (clang warns) */
+        if (st_real)
+            gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 1, dst);
+        else
+            gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 0, dst);
+    } else
         gdn_step_columns(vec, j0, (int)(V - j0), K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st,
                          st_real, dst);
 }

@@ -7,11 +7,14 @@ it. Arenas, caches, launch plans and the scan driver's device memory come from
 from __future__ import annotations
 
 import contextlib
+import re
+import shlex
+import warnings
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DeviceError, KernelBuildError
+from ..errors import DeviceError, KernelBuildError, KernelBuildWarning
 from ..launches import DeviceLimits, Launch
 from ..launches.limits import requested_target
 from .base import BackendUnavailable, DeviceInfo
@@ -25,6 +28,21 @@ PRELUDE = ("kernels_opencl", "prelude.cl")
 DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
+#: what an implementation writes into every build log without saying anything of the source: Intel's progress
+#: lines and its optimization remarks (vectorization reports)
+LOG_CHATTER = re.compile(r"(Compilation|Linking|Device build) (started|done)|Options used by backend compiler:.*"
+                         r"|remark: .*")
+
+
+def diagnostics(log: str) -> list[str]:
+    """The lines of a build log that are the compiler's diagnostics (warnings, notes, the source they quote)."""
+    return [line for line in log.splitlines() if line.strip() and not LOG_CHATTER.fullmatch(line.strip())]
+
+
+def reproduce_command(spec: str, program: Program) -> str:
+    """The one-line command that builds ``program`` alone on device ``spec`` in a fresh process (opencl_builds)."""
+    return " ".join(["python -m rlx_gpu.backends.opencl_builds", "--device", spec, "--target", program.target,
+                     "--program", shlex.quote(program.label)])
 
 
 def _cl():
@@ -170,21 +188,29 @@ class OpenCLPrimitives:
         # pyopencl's raw program, built with exactly our options: ``Program.build`` appends ``-I`` of the
         # headers inside the installed pyopencl, and a driver that caches builds (PoCL) keys them by the
         # options, so every new virtual environment or checkout would miss that cache. The kernels
-        # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is.
+        # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is. ``_build`` rather than
+        # ``build``: pyopencl warns of any non-empty log, and Intel's always holds progress lines and remarks;
+        # the diagnostics among them are warned of here, with the program they belong to.
         built = self.cl._cl._Program(self.context, program.source)
         try:
-            built.build(" ".join(BUILD_OPTIONS).encode(), [self.device])
+            built._build(options=" ".join(BUILD_OPTIONS).encode(), devices=[self.device])
         except self.cl.Error as err:
-            raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed",
+            raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed; "
+                                   f"alone: {reproduce_command(self.info.spec, program)}",
                                    self._build_log(built, err), list(BUILD_OPTIONS), program.source) from err
+        said = diagnostics(self._build_log(built, None))
+        if said:
+            warnings.warn(f"the {program.label} built on {self.info.name} with diagnostics "
+                          f"({reproduce_command(self.info.spec, program)}):\n" + "\n".join(said), KernelBuildWarning,
+                          stacklevel=2)
         return built
 
-    def _build_log(self, built: Any, err: Exception) -> str:
+    def _build_log(self, built: Any, err: Exception | None) -> str:
         try:
             log = built.get_build_info(self.device, self.cl.program_build_info.LOG)
         except self.cl.Error:
             log = ""
-        return log.strip() or str(err)
+        return log.strip() or (str(err) if err is not None else "")
 
     def get_kernel(self, built: Any, name: str) -> Any:
         return self.cl.Kernel(built, name)
