@@ -1,8 +1,9 @@
 """Long checks that run beside the rest of the suite, in processes of their own.
 
-Oclgrind's simulation of the representative kernel cases (one process per kernel target) and NVRTC's
+Oclgrind's simulation of the representative kernel cases (one process per kernel target), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
-kernel's text changed) are single-threaded. Started as soon as the session has collected its tests
+kernel's text changed) and each OpenCL implementation's build of every f32 program (a compiler that
+crashes takes only its own process) are single-threaded. Started as soon as the session has collected its tests
 (only the checks whose test was selected), they share both cores with the other tests, and the test
 that owns a check waits for its result. A check is the command a developer runs by hand
 (``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache).
@@ -27,6 +28,21 @@ done = nvrtc.check_all(directory=Path({str(cuda_builds.directory())!r}))
 print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in done]))
 """
 
+def _opencl_implementations() -> list[str]:
+    """Every OpenCL device here but simulators (none without pyopencl or a platform: the test says why)."""
+    from rlx_gpu.backends import opencl
+    from rlx_gpu.backends.base import BackendUnavailable
+
+    try:
+        return [info.spec for info in opencl.probe() if not info.details["simulator"]]
+    except BackendUnavailable:
+        return []
+
+
+OPENCL_IMPLEMENTATIONS = _opencl_implementations()
+#: the command that builds every f32 program at both targets on one OpenCL device
+OPENCL_BUILDS = [sys.executable, "-m", "rlx_gpu.backends.opencl_builds", "--dtypes", "f32", "--device"]
+
 #: the kernel targets Oclgrind checks, each in a process of its own (``oclgrind-<target>``)
 OCLGRIND_TARGETS = TARGETS
 #: check -> (the test that asserts on it, its command)
@@ -36,6 +52,8 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
        for target in OCLGRIND_TARGETS},
     "nvrtc": ("tests/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
+    **{f"opencl-builds-{spec}": (f"tests/test_opencl_builds.py::test_every_program_builds_cleanly[{spec}]",
+                                 OPENCL_BUILDS + [spec]) for spec in OPENCL_IMPLEMENTATIONS},
 }
 
 _running: dict[str, subprocess.Popen] = {}

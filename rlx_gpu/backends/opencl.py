@@ -29,9 +29,9 @@ DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
 #: what an implementation writes into every build log without saying anything of the source: Intel's progress
-#: lines and its optimization remarks (vectorization reports)
+#: lines, its optimization remarks and its vectorizer's report per kernel
 LOG_CHATTER = re.compile(r"(Compilation|Linking|Device build) (started|done)|Options used by backend compiler:.*"
-                         r"|remark: .*")
+                         r"|remark: .*|Kernel \"\w+\" was (successfully vectorized \(\d+\)|not vectorized)|Done\.")
 
 
 def diagnostics(log: str) -> list[str]:
@@ -41,8 +41,13 @@ def diagnostics(log: str) -> list[str]:
 
 def reproduce_command(spec: str, program: Program) -> str:
     """The one-line command that builds ``program`` alone on device ``spec`` in a fresh process (opencl_builds)."""
-    return " ".join(["python -m rlx_gpu.backends.opencl_builds", "--device", spec, "--target", program.target,
-                     "--program", shlex.quote(program.label)])
+    words = ["python -m rlx_gpu.backends.opencl_builds", "--device", spec, "--target", program.target,
+             "--family", program.family, "--dtype", program.dtype]
+    if program.src_dtype:
+        words += ["--src-dtype", program.src_dtype]
+    if program.defines:
+        words += ["--defines", ",".join(f"{name}={value}" for name, value in program.defines)]
+    return " ".join(words)
 
 
 def _cl():
