@@ -11,6 +11,7 @@ import collections
 import numpy as np
 import pytest
 
+import background
 import host_fallback
 import rlx_gpu
 from rlx_gpu.conformance.fuzz import Case, check_case, make_case
@@ -70,3 +71,16 @@ def test_the_checker_catches_a_device_that_scribbles(host, into_caller, expected
     assert check_case(case, host) == ("ran", None)
     outcome, problem = check_case(case, _Scribbler(host, into_caller))
     assert outcome == "ran" and problem is not None and problem.startswith(expected)
+
+
+#: every OpenCL implementation here but simulators (PoCL, Intel's CPU runtime): each samples a short profile
+OPENCL_IMPLEMENTATIONS = background.OPENCL_IMPLEMENTATIONS
+DEVICE_PROFILE = range(0, 1500, 25)  # 60 seeds of the host's profile, spread over it
+
+
+@pytest.mark.parametrize("spec", OPENCL_IMPLEMENTATIONS)
+def test_seeded_profile_on_each_opencl_implementation(spec):
+    device = rlx_gpu.get_device(spec, Config(fallback="allow"))
+    problems = [f"seed {seed}: {problem}" for seed in DEVICE_PROFILE
+                for _, problem in [check_case(make_case(seed), device)] if problem is not None]
+    assert not problems, "\n".join(problems[:10])
