@@ -52,3 +52,32 @@ def test_build_cache_and_error(session):
     err = info.value
     assert "error" in err.log.lower() and err.options == list(opencl.BUILD_OPTIONS)
     assert "return exp(x) +;" in str(err) and "    1  /* rlx_gpu body kernels" in str(err)
+
+
+def test_the_launch_limits_are_read_from_the_device(session):
+    """Work-group size, local memory, compute units, fp64 and the SIMD width come from the device at either
+    target (the gpu target on a CPU implementation plans within that implementation's real limits)."""
+    dev, lim = session.prims.device, session.limits
+    assert (lim.max_work_group, lim.local_mem_bytes, lim.compute_units) == (
+        dev.max_work_group_size, dev.local_mem_size, dev.max_compute_units)
+    assert lim.fp64 == ("cl_khr_fp64" in dev.extensions.split())
+    assert lim.sub_group == dev.preferred_work_group_size_multiple  # not a warp of 32 assumed at the gpu target
+
+
+def test_a_work_group_past_the_kernel_s_own_limit_is_a_device_error(session):
+    import numpy as np
+
+    from rlx_gpu.errors import DeviceError
+    from rlx_gpu.launches import ARENA
+    from rlx_gpu.launches.core import Launch
+
+    prims = session.prims
+    kernel = prims.get_kernel(session.program(programs.program("opencl", "body", "f32", None, session.limits.target)),
+                              "fill")
+    most = kernel.get_work_group_info(prims.cl.kernel_work_group_info.WORK_GROUP_SIZE, prims.device)
+    arena = session.alloc(4 * 64)
+    launch = Launch("body", "fill", "f32", (2 * most,), (2 * most,), (ARENA, np.int64(0), np.int64(64), np.float32(1)),
+                    target=session.limits.target)
+    with pytest.raises(DeviceError, match=f"work-groups of {2 * most} items.*at most {most}"):
+        prims.enqueue(kernel, launch, (arena.buffer,) + launch.args[1:])
+    session.free(arena)

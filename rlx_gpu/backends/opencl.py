@@ -7,6 +7,7 @@ it. Arenas, caches, launch plans and the scan driver's device memory come from
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 import shlex
 import warnings
@@ -17,6 +18,7 @@ import numpy as np
 from ..errors import DeviceError, KernelBuildError, KernelBuildWarning
 from ..launches import DeviceLimits, Launch
 from ..launches.limits import requested_target
+from ..units import human_bytes
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
 from .opencl_icd import register, registered_platforms
@@ -154,7 +156,7 @@ class OpenCLPrimitives:
         self.limits = device_limits(cl, self.device, info.fp64)
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
-        self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
+        self._typed: dict[Any, int] = {}  # kernel -> its work-group limit, once pyopencl knows its scalar types
 
     def allocate(self, nbytes: int) -> Any:
         with self._out_of_memory_as_memory_error():
@@ -221,13 +223,29 @@ class OpenCLPrimitives:
         return self.cl.Kernel(built, name)
 
     def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
-        if kernel not in self._typed:
+        most = self._typed.get(kernel)
+        if most is None:
             # pyopencl sets an untyped scalar argument through a slow generic path (~13 µs each, most of
             # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
             kernel.set_scalar_arg_dtypes([None if isinstance(a, self.cl.MemoryObjectHolder) else a.dtype for a in args])
-            self._typed.add(kernel)
+            most = self._typed[kernel] = self._work_group_limit(kernel, launch)
+        if launch.local_size is not None and math.prod(launch.local_size) > most:
+            raise DeviceError(f"kernel {launch.kernel} ({launch.family}/{launch.dtype}, {launch.target} target) is "
+                              f"launched in work-groups of {math.prod(launch.local_size)} items; {self.info.name} "
+                              f"({self.info.spec}) runs it in work-groups of at most {most}")
         kernel.set_args(*args)
         self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
+
+    def _work_group_limit(self, kernel: Any, launch: Launch) -> int:
+        """The largest work-group the device runs ``kernel`` in (its registers can make it smaller than the
+        device's), after checking that the kernel's LOCAL arrays fit the device's local memory."""
+        info = self.cl.kernel_work_group_info
+        local = int(kernel.get_work_group_info(info.LOCAL_MEM_SIZE, self.device))
+        if local > self.limits.local_mem_bytes:
+            raise DeviceError(f"kernel {launch.kernel} ({launch.family}/{launch.dtype}, {launch.target} target) needs "
+                              f"{human_bytes(local)} of local memory; {self.info.name} ({self.info.spec}) has "
+                              f"{human_bytes(self.limits.local_mem_bytes)}")
+        return int(kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device))
 
     def finish(self) -> None:
         self.queue.finish()
@@ -236,13 +254,17 @@ class OpenCLPrimitives:
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:
     """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
     target = requested_target("gpu" if _accelerator(cl, device) else "cpu")
-    # the warp / wavefront width where the vendor's extension reports it, else the target's usual width
+    # the warp / wavefront width where the vendor's extension reports it, else the work-group multiple the
+    # device prefers (its SIMD width; an OpenCL 3.0 query: 1, no grouping claimed, where the device cannot say)
     extensions = device.extensions.split()
     if "cl_nv_device_attribute_query" in extensions:
         sub_group = device.warp_size_nv
     elif "cl_amd_device_attribute_query" in extensions:
         sub_group = device.wavefront_width_amd
     else:
-        sub_group = 32 if target == "gpu" else 1
+        try:
+            sub_group = device.preferred_work_group_size_multiple
+        except cl.Error:
+            sub_group = 1
     return DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
                         sub_group=int(sub_group), compute_units=device.max_compute_units)
