@@ -16,6 +16,7 @@ from pathlib import Path
 
 import cuda_builds
 from rlx_gpu.launches.limits import TARGETS
+from rlx_gpu.runtime.registry import status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,18 +29,8 @@ done = nvrtc.check_all(directory=Path({str(cuda_builds.directory())!r}))
 print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in done]))
 """
 
-def _opencl_implementations() -> list[str]:
-    """Every OpenCL device here but simulators (none without pyopencl or a platform: the test says why)."""
-    from rlx_gpu.backends import opencl
-    from rlx_gpu.backends.base import BackendUnavailable
-
-    try:
-        return [info.spec for info in opencl.probe() if not info.details["simulator"]]
-    except BackendUnavailable:
-        return []
-
-
-OPENCL_IMPLEMENTATIONS = _opencl_implementations()
+#: every usable OpenCL device here but simulators (none without pyopencl or a platform: the tests say why)
+OPENCL_IMPLEMENTATIONS = [info.spec for info in status("opencl").devices if not info.details["simulator"]]
 #: the command that builds every f32 program at both targets on one OpenCL device
 OPENCL_BUILDS = [sys.executable, "-m", "rlx_gpu.backends.opencl_builds", "--dtypes", "f32", "--device"]
 
