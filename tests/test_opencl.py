@@ -64,7 +64,7 @@ def test_the_launch_limits_are_read_from_the_device(session):
     assert lim.sub_group == dev.preferred_work_group_size_multiple  # not a warp of 32 assumed at the gpu target
 
 
-def test_a_work_group_past_the_kernel_s_own_limit_is_a_device_error(session):
+def test_a_kernel_whose_local_arrays_pass_the_device_s_local_memory_is_a_device_error(session):
     import numpy as np
 
     from rlx_gpu.errors import DeviceError
@@ -72,12 +72,11 @@ def test_a_work_group_past_the_kernel_s_own_limit_is_a_device_error(session):
     from rlx_gpu.launches.core import Launch
 
     prims = session.prims
-    kernel = prims.get_kernel(session.program(programs.program("opencl", "body", "f32", None, session.limits.target)),
-                              "fill")
-    most = kernel.get_work_group_info(prims.cl.kernel_work_group_info.WORK_GROUP_SIZE, prims.device)
-    arena = session.alloc(4 * 64)
-    launch = Launch("body", "fill", "f32", (2 * most,), (2 * most,), (ARENA, np.int64(0), np.int64(64), np.float32(1)),
-                    target=session.limits.target)
-    with pytest.raises(DeviceError, match=f"work-groups of {2 * most} items.*at most {most}"):
-        prims.enqueue(kernel, launch, (arena.buffer,) + launch.args[1:])
-    session.free(arena)
+    prog = programs.program("opencl", "ssm", "f32", None, "gpu")  # mamba2_chunk_scan's tiles: ~31 KiB of LOCAL
+    kernel = prims.get_kernel(session.program(prog), "mamba2_chunk_scan")
+    need = kernel.get_work_group_info(prims.cl.kernel_work_group_info.LOCAL_MEM_SIZE, prims.device)
+    assert need > 16 * 1024
+    prims.limits = dataclasses.replace(prims.limits, local_mem_bytes=16 * 1024)  # a device with 16 KiB
+    launch = Launch("ssm", "mamba2_chunk_scan", "f32", (256,), (256,), (ARENA, np.int64(0)), target="gpu")
+    with pytest.raises(DeviceError, match=r"mamba2_chunk_scan .*needs .* of local memory; .* has 16.0 KiB"):
+        prims.enqueue(kernel, launch, launch.args)

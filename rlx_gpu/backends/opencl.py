@@ -7,7 +7,6 @@ it. Arenas, caches, launch plans and the scan driver's device memory come from
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import shlex
 import warnings
@@ -157,7 +156,7 @@ class OpenCLPrimitives:
         self.limits = device_limits(cl, self.device, info.fp64)
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
-        self._typed: dict[Any, int] = {}  # kernel -> its work-group limit, once pyopencl knows its scalar types
+        self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
 
     def allocate(self, nbytes: int) -> Any:
         with self._out_of_memory_as_memory_error():
@@ -224,29 +223,23 @@ class OpenCLPrimitives:
         return self.cl.Kernel(built, name)
 
     def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
-        most = self._typed.get(kernel)
-        if most is None:
+        if kernel not in self._typed:
+            self._check_local_memory(kernel, launch)
             # pyopencl sets an untyped scalar argument through a slow generic path (~13 µs each, most of
             # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
             kernel.set_scalar_arg_dtypes([None if isinstance(a, self.cl.MemoryObjectHolder) else a.dtype for a in args])
-            most = self._typed[kernel] = self._work_group_limit(kernel, launch)
-        if launch.local_size is not None and math.prod(launch.local_size) > most:
-            raise DeviceError(f"kernel {launch.kernel} ({launch.family}/{launch.dtype}, {launch.target} target) is "
-                              f"launched in work-groups of {math.prod(launch.local_size)} items; {self.info.name} "
-                              f"({self.info.spec}) runs it in work-groups of at most {most}")
+            self._typed.add(kernel)
         kernel.set_args(*args)
         self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
 
-    def _work_group_limit(self, kernel: Any, launch: Launch) -> int:
-        """The largest work-group the device runs ``kernel`` in (its registers can make it smaller than the
-        device's), after checking that the kernel's LOCAL arrays fit the device's local memory."""
-        info = self.cl.kernel_work_group_info
-        local = int(kernel.get_work_group_info(info.LOCAL_MEM_SIZE, self.device))
+    def _check_local_memory(self, kernel: Any, launch: Launch) -> None:
+        """A kernel whose LOCAL arrays (the gpu target's tiles) pass the device's local memory is a DeviceError
+        naming both sizes, not the driver's bare OUT_OF_RESOURCES at launch."""
+        local = int(kernel.get_work_group_info(self.cl.kernel_work_group_info.LOCAL_MEM_SIZE, self.device))
         if local > self.limits.local_mem_bytes:
             raise DeviceError(f"kernel {launch.kernel} ({launch.family}/{launch.dtype}, {launch.target} target) needs "
                               f"{human_bytes(local)} of local memory; {self.info.name} ({self.info.spec}) has "
                               f"{human_bytes(self.limits.local_mem_bytes)}")
-        return int(kernel.get_work_group_info(info.WORK_GROUP_SIZE, self.device))
 
     def finish(self) -> None:
         self.queue.finish()
