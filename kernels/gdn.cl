@@ -103,7 +103,9 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
     const i64 entry = ((in_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
     const i64 leave = ((out_park ? r : gdn_state_row(r, slots)) * HV + vh) * K * V + j0;
-    const int in_real = in_park || (GDN_V2 && state_real), out_real = out_park || (GDN_V2 && state_real);
+    /* parked rows, and with state_real every row, hold the state in the compute type (a select, not `||`: with
+     * GDN_V2 0 the right operand is a constant, which clang warns of) */
+    const int st_real = GDN_V2 && state_real, in_real = st_real ? 1 : in_park, out_real = st_real ? 1 : out_park;
     GLOBAL const store_t* in_st = (in_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + entry;
     GLOBAL const real* in_re = (in_park ? AT(real, pb, po) : AT(real, sb, so)) + entry;
     GLOBAL store_t* out_st = (out_park ? AT(store_t, pb, po) : AT(store_t, sb, so)) + leave;
@@ -282,11 +284,12 @@ KERNEL gated_delta_net_step(i64 R, i64 H, i64 HV, i64 K, i64 V, int carry, int p
     GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     const real sq = scale * rq;
-    if (V - j0 >= GDN_DJ && st_real)
-        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 1, dst);
-    else if (V - j0 >= GDN_DJ)
-        gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 0, dst);
-    else
+    if (V - j0 >= GDN_DJ) { /* st_real by itself: `&& st_real` is a constant operand with GDN_V2 0 (clang warns) */
+        if (st_real)
+            gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 1, dst);
+        else
+            gdn_step_columns(vec, j0, GDN_DJ, K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st, 0, dst);
+    } else
         gdn_step_columns(vec, j0, (int)(V - j0), K, V, decay, per_channel, qr, kr, v, g + head * K, bh, rk, sq, st,
                          st_real, dst);
 }
@@ -487,9 +490,10 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
 {
     LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
     LOCAL real rqs[GDN_Q], rks[GDN_Q];
+    /* a number past the last chunk of a varlen batch has no steps: the whole group walks empty loops to every
+     * barrier (a work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashed on
+     * it in mamba2_chunk_state) */
     GDN_CHUNK_GROUP(GROUP(0));
-    if (steps == 0)
-        return; /* a number past the last chunk of a varlen batch: the whole group leaves */
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
@@ -519,7 +523,7 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     PRAGMA_UNROLL
     for (int j = 0; j < GDN_AS; ++j)
         a[j] = p[j] = (real)0;
-    for (i64 i0 = 0; i0 < K; i0 += GDN_NT) {
+    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
         BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int s = e / GDN_NT, ii = e - s * GDN_NT;
@@ -569,7 +573,7 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     /* W = T beta exp(G) K (pass 0, K columns) and U0 = T beta V (pass 1, V columns), GDN_NT columns at a
      * time through kt */
     for (int pass = 0; pass < 2; ++pass) {
-        const i64 width = pass ? V : K;
+        const i64 width = steps == 0 ? 0 : pass ? V : K;
         for (i64 i0 = 0; i0 < width; i0 += GDN_NT) {
             BARRIER();
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
@@ -618,8 +622,7 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
     i64 slot0 = 0;
     const i64 chunks = gdn_row_chunks(r, S, cu, &slot0), first = gdn_row_start(r, S, cu), end = gdn_row_end(r, S, cu);
-    if (chunks == 0)
-        return; /* an empty sequence keeps its state as it is */
+    /* an empty sequence (no chunks) keeps its state as it is: no store, every barrier met */
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
@@ -676,7 +679,7 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
             }
         }
     }
-    if (carry && live)
+    if (carry && live && chunks > 0)
         PRAGMA_UNROLL
         for (int cj = 0; cj < GDN_PJ; ++cj) {
             const i64 j = jc0 + jb * GDN_PJ + cj;
@@ -693,9 +696,7 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
 {
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
-    GDN_CHUNK_GROUP(GROUP(0) / tiles);
-    if (steps == 0)
-        return;
+    GDN_CHUNK_GROUP(GROUP(0) / tiles); /* no steps: empty loops to every barrier, as in gated_delta_net_chunk_prep */
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;
@@ -708,7 +709,7 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
     for (int r = 0; r < GDN_OY; ++r)
         y[r] = (real)0;
     /* (exp(G[t]) q[t]) S0 */
-    for (i64 i0 = 0; i0 < K; i0 += GDN_NT) {
+    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
         BARRIER(); /* the previous tile's readers are done */
         for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
             const int t = e / GDN_NT, ii = e - t * GDN_NT;

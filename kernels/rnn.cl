@@ -168,9 +168,10 @@ INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, 
         cr[u] = c;
     }
     GLOBAL real* vr = rnn_to_aux(phase) ? aux + b * H + j0 : hout + b * K + j0;
-    PRAGMA_UNROLL
-    for (int u = 0; u < m; ++u)
-        vr[u] = hv[u];
+    PRAGMA_UNROLL /* over RNN_JB, not m: a loop of a run-time count cannot unroll (clang warns) */
+    for (int u = 0; u < RNN_JB; ++u)
+        if (u < m)
+            vr[u] = hv[u];
     if (!rnn_to_aux(phase))
         for (int u = 0; u < m; ++u)
             store_any(out, (b * S + tt) * o_rs + o_col + j0 + u, o_real, hv[u]);

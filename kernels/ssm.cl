@@ -591,8 +591,8 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     LOCAL real dts[M2_Q], Ls[M2_Q], xw[M2_Q * M2_PT];
     const int lane = (int)LID(0);
     const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
-    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
-        return;
+    /* a slot no sequence uses has no steps: the whole group walks empty loops to every barrier (a
+     * work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashes on it) */
     const int steps = (int)tile.chunk.steps;
     const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
@@ -607,10 +607,10 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
                            : (real)0;
     }
-    if (p0 == 0 && lane == 0)
+    if (p0 == 0 && lane == 0 && steps > 0)
         AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
-    for (i64 n = lane; n < N; n += M2_LANES) {
+    for (i64 n = lane; n < (steps > 0 ? N : 0); n += M2_LANES) {
         real acc[M2_PT];
         PRAGMA_UNROLL
         for (int p = 0; p < M2_PT; ++p)
@@ -668,9 +668,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     LOCAL real dts[M2_Q], Ls[M2_Q], xs[M2_Q * M2_PT], cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
     const int lane = (int)LID(0);
     const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
-    if (tile.chunk.steps == 0) /* the whole group: a slot no sequence uses */
-        return;
-    const int steps = (int)tile.chunk.steps;
+    const int steps = (int)tile.chunk.steps; /* 0: a slot no sequence uses, walked empty as in mamba2_chunk_state */
     const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dt = AT(store_t, dtb, dto);
@@ -696,7 +694,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     PRAGMA_UNROLL
     for (int i = 0; i < M2_YI; ++i)
         yi[i] = (real)0;
-    for (i64 n0 = 0; n0 < N; n0 += M2_NT) {
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M2_NT) {
         BARRIER(); /* the previous tile's readers are done */
         for (int e = lane; e < M2_Q * M2_NT; e += M2_LANES) {
             const int s = e / M2_NT, nn = e - s * M2_NT;

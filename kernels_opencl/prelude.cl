@@ -30,4 +30,4 @@ typedef long i64;
 #define STORE_F16(p, i, v) vstore_half_rte((float)(v), (i), (GLOBAL half*)(p))
 
 /* The hardware exp of the gpu target (the device's own precision; PoCL and Oclgrind give exp's). */
-#define HW_EXP_F32(x) native_exp(x)
+#define HW_EXP_F32(x) exp(x)

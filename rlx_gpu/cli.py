@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import io
 import os
 import sys
 import warnings
@@ -354,6 +356,12 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # a driver that crashes (a segfault in an OpenCL runtime's compiled kernel) still leaves the Python stack
+    # that led there; a build error names the command that builds its program alone (backends.opencl_builds)
+    try:
+        faulthandler.enable()
+    except io.UnsupportedOperation:  # a stderr without a file descriptor (captured): no stack to leave then
+        pass
     args = build_parser().parse_args(argv)
     handler = {"devices": cmd_devices, "run": cmd_run, "plan": cmd_plan, "export": cmd_export,
                "import": cmd_import}.get(args.command) \

@@ -35,6 +35,10 @@ class KernelBuildError(RlxError):
         self.log, self.options, self.source = log, options, source
 
 
+class KernelBuildWarning(UserWarning):
+    """A device program built, but its compiler said something about the source (the log's diagnostics)."""
+
+
 class FallbackForbidden(RlxError):
     """The fallback policy is ``forbid`` and a thunk would have to leave the chosen device."""
 

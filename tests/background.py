@@ -2,7 +2,9 @@
 
 Oclgrind's simulation of the representative kernel cases (one process per kernel target), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
-kernel's text changed) and the fuzz profile on each tested OpenCL implementation are single-threaded. Started as soon as the session has collected its tests
+kernel's text changed), each OpenCL implementation's build of every f32 program and the fuzz profile on
+each OpenCL implementation (a compiler or kernel that crashes takes only its own process) are
+single-threaded. Started as soon as the session has collected its tests
 (only the checks whose test was selected), they share both cores with the other tests, and the test
 that owns a check waits for its result. A check is the command a developer runs by hand
 (``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache,
@@ -16,8 +18,8 @@ import tempfile
 from pathlib import Path
 
 import cuda_builds
-from rlx_gpu.conformance import devices
 from rlx_gpu.launches.limits import TARGETS
+from rlx_gpu.runtime.registry import status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,16 +32,16 @@ done = nvrtc.check_all(directory=Path({str(cuda_builds.directory())!r}))
 print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in done]))
 """
 
+#: every usable OpenCL device here but simulators (none without pyopencl or a platform: the tests say why)
+OPENCL_IMPLEMENTATIONS = [info.spec for info in status("opencl").devices if not info.details["simulator"]]
+#: the command that builds every f32 program at both targets on one OpenCL device
+OPENCL_BUILDS = [sys.executable, "-m", "rlx_gpu.backends.opencl_builds", "--dtypes", "f32", "--device"]
+
 #: the kernel targets Oclgrind checks, each in a process of its own (``oclgrind-<target>``)
 OCLGRIND_TARGETS = TARGETS
-#: The OpenCL implementations the fuzz profile runs on (``fuzz-<spec>``), by platform name: one line each.
-FUZZ_OPENCL_PLATFORMS = (
-    "Portable Computing Language",
-)
-FUZZ_OPENCL = [info.spec for info in devices.every_device()
-               if info.backend == "opencl" and info.details.get("platform") in FUZZ_OPENCL_PLATFORMS]
-#: Seeds of the profile on a device (fewer than the host's: a child compiles the kernels its cases use).
-FUZZ_OPENCL_CASES = 300
+#: Seeds of the fuzz profile on each OpenCL implementation (``fuzz-<spec>``; fewer than the host's: a
+#: child compiles the kernels its cases use)
+FUZZ_OPENCL_CASES = 120
 #: check -> (the test that asserts on it, its command)
 CHECKS: dict[str, tuple[str, list[str]]] = {
     **{f"oclgrind-{target}": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
@@ -51,7 +53,9 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
                         [sys.executable, str(ROOT / "tools" / "fuzz.py"), "--device", spec, "--cases",
                          str(FUZZ_OPENCL_CASES), "--batch", str(FUZZ_OPENCL_CASES), "--out",
                          str(Path(tempfile.gettempdir()) / f"rlx-fuzz-{spec.replace(':', '-')}")])
-       for spec in FUZZ_OPENCL},
+       for spec in OPENCL_IMPLEMENTATIONS},
+    **{f"opencl-builds-{spec}": (f"tests/test_opencl_builds.py::test_every_program_builds_cleanly[{spec}]",
+                                 OPENCL_BUILDS + [spec]) for spec in OPENCL_IMPLEMENTATIONS},
 }
 
 _running: dict[str, subprocess.Popen] = {}

@@ -6,7 +6,9 @@ float64 reference written from ABI.md and against ``host_fallback`` (NaN/Inf pos
 ``host,opencl:0:0``); unset, the host and every available device but simulators (CUDA joins when its
 backend reports a device). A device named there but absent fails every test, with the list of devices.
 Kernel backends run at both targets: their own and the other one forced through ``RLX_TARGET`` (the gpu
-kernel shapes on PoCL).
+kernel shapes on PoCL). A runtime rlx_gpu registers itself (Intel's OpenCL CPU runtime, a second compiler of
+the same kernel text) runs, at both targets, the representative f32 quick cases: the cheapest case of every
+kernel variant (its program builds take about two seconds each; every case would take many minutes).
 """
 from __future__ import annotations
 
@@ -30,11 +32,26 @@ SPECS = [s.strip() for s in os.environ.get(devices.ENV, "").split(",") if s.stri
     [info.spec for info in devices.default_devices()]
 
 
+def _second(spec: str) -> bool:
+    """A runtime rlx_gpu registered itself (Intel's OpenCL CPU runtime): a second compiler of the same text,
+    two seconds a program build, so it runs the representative f32 cases rather than every case."""
+    try:
+        return bool(devices.find(spec).details.get("registered_by_rlx_gpu"))
+    except Exception:  # an absent device: test_case reports it
+        return False
+
+
 DEVICES = [(spec, None) if spec.split(":")[0] == "host" else (spec, target) for spec in SPECS for target in TARGETS]
 DEVICES = list(dict.fromkeys(DEVICES))
+FULL = [d for d in DEVICES if not _second(d[0])]
+SECOND = [d for d in DEVICES if _second(d[0])]
 
 
-@pytest.fixture(scope="module", params=DEVICES, ids=lambda d: d[0] if d[1] is None else f"{d[0]}@{d[1]}")
+def _device_id(d):
+    return d[0] if d[1] is None else f"{d[0]}@{d[1]}"
+
+
+@pytest.fixture(scope="module", params=FULL, ids=_device_id)
 def session(request):
     spec, target = request.param
     return devices.open_device(devices.find(spec), target)  # an absent device raises here: its tests fail
@@ -53,6 +70,33 @@ def test_case(session, host, case):
         assert "version-2 field" not in outcome.message, f"{session.info.spec} {case.id}: {outcome.message}"
         pytest.skip(outcome.message)
     assert outcome.status == "pass", f"{session.info.spec} {case.id}: {outcome.message}"
+
+
+def _representative(spec: str, target: str) -> list:
+    from rlx_gpu.conformance.representative import plans, representative
+
+    f32 = [c for c in catalog.cases(quick=True) if c.dtype == "f32"]
+    return [f32[i] for i in representative(plans(spec, target, f32), [c.dtype for c in f32], target)]
+
+
+SECOND_CASES = [(d, c) for d in SECOND for c in _representative(*d)]
+
+
+@pytest.fixture(scope="module")
+def second_sessions():
+    return {}  # (spec, target) -> its session, opened by the first case that needs it
+
+
+@pytest.mark.parametrize("device, case", SECOND_CASES, ids=[f"{_device_id(d)}-{c.id}" for d, c in SECOND_CASES])
+def test_representative_case_on_a_second_implementation(device, case, host, second_sessions):
+    """The cheapest f32 quick case of every kernel variant, within the same bounds, on Intel's runtime."""
+    if device not in second_sessions:
+        second_sessions[device] = devices.open_device(devices.find(device[0]), device[1])
+    outcome = runner.check(second_sessions[device], case, CONFIG, host)
+    if outcome.status == "skip":
+        assert "version-2 field" not in outcome.message, f"{device[0]} {case.id}: {outcome.message}"
+        pytest.skip(outcome.message)
+    assert outcome.status == "pass", f"{device[0]}@{device[1]} {case.id}: {outcome.message}"
 
 
 def test_every_op_and_dtype_has_cases():

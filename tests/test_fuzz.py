@@ -3,7 +3,7 @@
 Every damaged schedule must be refused with a ScheduleError/DeviceError/RunError or run cleanly:
 nothing written outside its write footprint, the caller's arena untouched. The checker itself is
 shown to catch a device that breaks either promise. The profile runs on the host in this process and
-on every OpenCL implementation of ``background.FUZZ_OPENCL_PLATFORMS`` through ``tools/fuzz.py``, beside
+on every OpenCL implementation here (``background.OPENCL_IMPLEMENTATIONS``) through ``tools/fuzz.py``, beside
 the other tests (child processes: a crash of the device is a finding, not the end of the test run).
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_damaged_run_time_data_and_knobs_on_the_host(host):
         assert outcomes[form, "refused"] and outcomes[form, "ran"], (form, outcomes)
 
 
-@pytest.mark.parametrize("spec", background.FUZZ_OPENCL)  # the implementations: background.FUZZ_OPENCL_PLATFORMS
+@pytest.mark.parametrize("spec", background.OPENCL_IMPLEMENTATIONS)
 def test_the_profile_on_opencl(spec):
     done = background.result(f"fuzz-{spec}")  # tools/fuzz.py, started with the session beside the other tests
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -95,3 +95,4 @@ def test_the_checker_catches_a_device_that_scribbles(host, into_caller, expected
     assert check_case(case, host) == ("ran", None)
     outcome, problem = check_case(case, _Scribbler(host, into_caller))
     assert outcome == "ran" and problem is not None and problem.startswith(expected)
+

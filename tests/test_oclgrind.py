@@ -38,6 +38,7 @@ def test_an_off_by_one_write_is_caught():
 
 def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_launch():
     from rlx_gpu.conformance import catalog
+    from rlx_gpu.conformance.representative import plans, representative
     from rlx_gpu.launches import PLANNERS
     from rlx_gpu.launches.limits import TARGETS
     from rlx_gpu.schedule.ops import SCAN_OPS
@@ -47,8 +48,8 @@ def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_la
     spec.loader.exec_module(tool)
     quick = catalog.cases(quick=True)
     for target in TARGETS:
-        planned = tool.plans(tool.oclgrind_spec(), target, quick)
-        chosen = tool.representative(planned, [c.dtype for c in quick], target)
+        planned = plans(tool.oclgrind_spec(), target, quick)
+        chosen = representative(planned, [c.dtype for c in quick], target)
         every = set().union(*(kernels for kernels, _, _ in planned))
         assert set().union(*(planned[i][0] for i in chosen)) == every
         assert {quick[i].op for i in chosen} == {c.op for c in quick if c.op in PLANNERS or c.op in SCAN_OPS}

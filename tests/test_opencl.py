@@ -52,3 +52,31 @@ def test_build_cache_and_error(session):
     err = info.value
     assert "error" in err.log.lower() and err.options == list(opencl.BUILD_OPTIONS)
     assert "return exp(x) +;" in str(err) and "    1  /* rlx_gpu body kernels" in str(err)
+
+
+def test_the_launch_limits_are_read_from_the_device(session):
+    """Work-group size, local memory, compute units, fp64 and the SIMD width come from the device at either
+    target (the gpu target on a CPU implementation plans within that implementation's real limits)."""
+    dev, lim = session.prims.device, session.limits
+    assert (lim.max_work_group, lim.local_mem_bytes, lim.compute_units) == (
+        dev.max_work_group_size, dev.local_mem_size, dev.max_compute_units)
+    assert lim.fp64 == ("cl_khr_fp64" in dev.extensions.split())
+    assert lim.sub_group == dev.preferred_work_group_size_multiple  # not a warp of 32 assumed at the gpu target
+
+
+def test_a_kernel_whose_local_arrays_pass_the_device_s_local_memory_is_a_device_error(session):
+    import numpy as np
+
+    from rlx_gpu.errors import DeviceError
+    from rlx_gpu.launches import ARENA
+    from rlx_gpu.launches.core import Launch
+
+    prims = session.prims
+    prog = programs.program("opencl", "ssm", "f32", None, "gpu")  # mamba2_chunk_scan's tiles: ~31 KiB of LOCAL
+    kernel = prims.get_kernel(session.program(prog), "mamba2_chunk_scan")
+    need = kernel.get_work_group_info(prims.cl.kernel_work_group_info.LOCAL_MEM_SIZE, prims.device)
+    assert need > 16 * 1024
+    prims.limits = dataclasses.replace(prims.limits, local_mem_bytes=16 * 1024)  # a device with 16 KiB
+    launch = Launch("ssm", "mamba2_chunk_scan", "f32", (256,), (256,), (ARENA, np.int64(0)), target="gpu")
+    with pytest.raises(DeviceError, match=r"mamba2_chunk_scan .*needs .* of local memory; .* has 16.0 KiB"):
+        prims.enqueue(kernel, launch, launch.args)

@@ -17,13 +17,15 @@ class _RefusingProgram:
     def __init__(self, context, source):
         pass
 
-    def build(self):
-        raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\nBuild on <pyopencl.Device>:\n\n"
-                              "error: unknown target CPU 'generic'\n\n(options: -I /x)")
+    def _build(self, options, devices):
+        raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE")
+
+    def get_build_info(self, device, param):
+        return "error: unknown target CPU 'generic'\nDevice pthread-AMD EPYC failed to build the program\n"
 
 
 def test_a_device_whose_compiler_builds_nothing_is_listed_with_the_reason_and_never_chosen(monkeypatch):
-    monkeypatch.setattr(cl, "Program", _RefusingProgram)
+    monkeypatch.setattr(cl._cl, "_Program", _RefusingProgram)  # the raw program the probe builds
     registry.status.cache_clear()
     try:
         st = registry.status("opencl")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -88,56 +87,6 @@ sys.exit(failed > 0)
 """
 
 
-def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
-    """Per case: the kernels it launches as (op, family, kernel, defines; no defines for a ``PER_KERNEL``
-    family), its work-items and its launch scratch bytes, planned (not run) for the Oclgrind device at ``target``.
-
-    A scan-family case is its op (its body thunks' kernels are the body ops' own), costed by its arena's size.
-    """
-    from rlx_gpu import launches
-    from rlx_gpu.conformance import runner
-    from rlx_gpu.conformance.devices import find, open_device
-    from rlx_gpu.runtime.options import RunOptions
-    from rlx_gpu.schedule.ops import SCAN_OPS
-
-    limits = open_device(find(spec), target).limits
-    out = []
-    for case in cases:
-        laid = runner.lay_out(case)
-        if case.op in SCAN_OPS:
-            out.append(({(case.op, "scan", case.op, ())}, laid.arena.size, 0))
-            continue
-        if case.op not in launches.PLANNERS:  # no device kernel: it runs on the host, nothing to check
-            out.append((set(), 0, 0))
-            continue
-        plan = launches.plan(laid.thunk, limits, **RunOptions.build(**case.options).planner_keywords)
-        items = [item for item in plan.launches if not item.empty]
-        kernels = {(case.op, i.family, i.kernel, () if i.family in PER_KERNEL else i.defines) for i in items}
-        out.append((kernels, sum(math.prod(i.global_size) for i in items), plan.scratch_bytes))
-    return out
-
-
-#: families checked once per (op, kernel) rather than per compile-time variant: the recurrent backward, whose
-#: variants are the forward's cell (each checked through the forward's cases) and whose every case runs a
-#: launch per step and layer in both walks (per variant it was 18 cases, four minutes, at each target)
-PER_KERNEL = {"rnn_backward"}
-PREFERRED = {"cpu": ("f16", "bf16", "f32", "f64"), "gpu": ("f32", "bf16", "f16", "f64")}
-
-
-def representative(planned: list[tuple[set, int, int]], dtypes: list[str], target: str) -> list[int]:
-    """Indices of the cheapest cases that together launch every kernel variant the cases launch
-    (``dtypes``: each case's; ties go to the target's ``PREFERRED`` order)."""
-    order = PREFERRED.get(target, ())
-    covered: set = set()
-    chosen = []
-    rank = {d: order.index(d) if d in order else len(order) for d in set(dtypes)}
-    for index in sorted(range(len(planned)), key=lambda i: (planned[i][1], rank[dtypes[i]])):
-        if planned[index][0] - covered:
-            chosen.append(index)
-            covered |= planned[index][0]
-    return chosen
-
-
 def check_cases(spec: str, target: str, indices: list[int], planned: dict[int, tuple[set, int, int]],
                 label: str) -> int:
     """Run the quick cases ``indices`` in one Oclgrind process, largest launch scratch first.
@@ -180,6 +129,7 @@ def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] 
     """The kernel ``targets``: the representative cases in one process per target, or (``full``) every quick
     case in one process per target and dtype."""
     from rlx_gpu.conformance import catalog
+    from rlx_gpu.conformance.representative import plans, representative
     from rlx_gpu.schedule.ops import DTYPES
 
     quick = catalog.cases(quick=True)

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import KernelBuildError
-from ..launches.limits import TARGETS, variants
-from ..schedule.ops import DTYPES
+from ..launches.limits import TARGETS
 from . import programs as kernel_programs
 from .cubin_cache import CubinCache, CudaBuild, nvrtc_version
 
@@ -73,12 +72,8 @@ class Usage:
 
 
 def programs(target: str = "cpu") -> list[kernel_programs.Program]:
-    """Every program the backends build at ``target``: each family for each dtype and compile-time
-    variant, and the cast family for each (dtype, source dtype)."""
-    out = [kernel_programs.program("cuda", fam, dt, None, target, defs)
-           for fam in kernel_programs.FAMILIES if fam != "cast" for dt in DTYPES for defs in variants(fam, target)]
-    out += [kernel_programs.program("cuda", "cast", dt, src, target) for dt in DTYPES for src in DTYPES]
-    return out
+    """Every program the backends build at ``target``, in the CUDA dialect."""
+    return kernel_programs.every_program("cuda", target)
 
 
 def _check(result: tuple) -> tuple:

@@ -7,15 +7,20 @@ it. Arenas, caches, launch plans and the scan driver's device memory come from
 from __future__ import annotations
 
 import contextlib
+import re
+import shlex
+import warnings
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DeviceError, KernelBuildError
+from ..errors import DeviceError, KernelBuildError, KernelBuildWarning
 from ..launches import DeviceLimits, Launch
 from ..launches.limits import requested_target
+from ..units import human_bytes
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
+from .opencl_icd import register, registered_platforms
 from .programs import Program
 
 NAME = "opencl"
@@ -24,9 +29,30 @@ PRELUDE = ("kernels_opencl", "prelude.cl")
 DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
+#: what an implementation writes into every build log without saying anything of the source: Intel's progress
+#: lines, its optimization remarks and its vectorizer's report per kernel
+LOG_CHATTER = re.compile(r"(Compilation|Linking|Device build) (started|done)|Options used by backend compiler:.*"
+                         r"|remark: .*|Kernel \"\w+\" was (successfully vectorized \(\d+\)|not vectorized)|Done\.")
+
+
+def diagnostics(log: str) -> list[str]:
+    """The lines of a build log that are the compiler's diagnostics (warnings, notes, the source they quote)."""
+    return [line for line in log.splitlines() if line.strip() and not LOG_CHATTER.fullmatch(line.strip())]
+
+
+def reproduce_command(spec: str, program: Program) -> str:
+    """The one-line command that builds ``program`` alone on device ``spec`` in a fresh process (opencl_builds)."""
+    words = ["python -m rlx_gpu.backends.opencl_builds", "--device", spec, "--target", program.target,
+             "--family", program.family, "--dtype", program.dtype]
+    if program.src_dtype:
+        words += ["--src-dtype", program.src_dtype]
+    if program.defines:
+        words += ["--defines", ",".join(f"{name}={value}" for name, value in program.defines)]
+    return " ".join(words)
 
 
 def _cl():
+    register()  # before the loader's first platform query: the wheel runtimes' ICD files (opencl_icd)
     try:
         import pyopencl as cl
     except ImportError as err:
@@ -43,24 +69,28 @@ def _compile_failure(cl, device) -> str | None:
 
     An implementation's compiler may not know the CPU it runs on (PoCL 3.0's LLVM 14 on an AMD Zen 5
     reports ``unknown target CPU 'generic'`` for every program); such a device is listed but not used."""
+    built = cl._cl._Program(cl.Context([device]), PROBE_SOURCE)
     try:
-        cl.Program(cl.Context([device]), PROBE_SOURCE).build()
+        built._build(options=b"", devices=[device])  # raw, as build_program: Intel's log is never empty
     except cl.Error as err:
-        log = " ".join(line.strip() for line in str(err).splitlines()
-                       if line.strip() and not line.startswith(("clBuildProgram failed", "Build on", "(options")))
+        log = " ".join(line.strip() for line in built.get_build_info(device, cl.program_build_info.LOG).splitlines()
+                       if line.strip())
         return f"its compiler builds no kernel: {log or err}"
     return None
 
 
 def probe() -> list[DeviceInfo]:
-    """Every OpenCL device: GPUs and accelerators first, then CPU devices, simulators such as Oclgrind last;
-    a device whose compiler cannot build a trivial kernel carries the reason in ``details["unusable"]``."""
+    """Every OpenCL device: GPUs and accelerators first, then CPU devices, simulators such as Oclgrind last, and
+    among each the wheel runtimes this package registered after the others (installing one never changes which
+    device ``opencl`` names); a device whose compiler cannot build a trivial kernel carries the reason in
+    ``details["unusable"]``."""
     cl = _cl()
     try:
         platforms = cl.get_platforms()
     except cl.Error as err:
         raise BackendUnavailable(f"no OpenCL platform found ({err}); install an ICD, e.g. pip install 'pyopencl[pocl]'") from err
     infos = []
+    ours = registered_platforms()
     for pi, platform in enumerate(platforms):
         for di, dev in enumerate(platform.get_devices()):
             details = {
@@ -72,6 +102,7 @@ def probe() -> list[DeviceInfo]:
                 "global_mem_bytes": dev.global_mem_size,
                 "max_alloc_bytes": dev.max_mem_alloc_size,
                 "simulator": platform.name in SIMULATORS,
+                "registered_by_rlx_gpu": platform.name in ours,
             }
             if (failure := _compile_failure(cl, dev)) is not None:
                 details["unusable"] = failure
@@ -80,7 +111,8 @@ def probe() -> list[DeviceInfo]:
                                     cpu=not _accelerator(cl, dev)))
     if not infos:
         raise BackendUnavailable("OpenCL platforms exist but report no device")
-    return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu))
+    return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu,
+                                           bool(info.details["registered_by_rlx_gpu"])))
 
 
 def _accelerator(cl: Any, device: Any) -> bool:
@@ -163,33 +195,51 @@ class OpenCLPrimitives:
         # pyopencl's raw program, built with exactly our options: ``Program.build`` appends ``-I`` of the
         # headers inside the installed pyopencl, and a driver that caches builds (PoCL) keys them by the
         # options, so every new virtual environment or checkout would miss that cache. The kernels
-        # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is.
+        # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is. ``_build`` rather than
+        # ``build``: pyopencl warns of any non-empty log, and Intel's always holds progress lines and remarks;
+        # the diagnostics among them are warned of here, with the program they belong to.
         built = self.cl._cl._Program(self.context, program.source)
         try:
-            built.build(" ".join(BUILD_OPTIONS).encode(), [self.device])
+            built._build(options=" ".join(BUILD_OPTIONS).encode(), devices=[self.device])
         except self.cl.Error as err:
-            raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed",
+            raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed; "
+                                   f"alone: {reproduce_command(self.info.spec, program)}",
                                    self._build_log(built, err), list(BUILD_OPTIONS), program.source) from err
+        said = diagnostics(self._build_log(built, None))
+        if said:
+            warnings.warn(f"the {program.label} built on {self.info.name} with diagnostics "
+                          f"({reproduce_command(self.info.spec, program)}):\n" + "\n".join(said), KernelBuildWarning,
+                          stacklevel=2)
         return built
 
-    def _build_log(self, built: Any, err: Exception) -> str:
+    def _build_log(self, built: Any, err: Exception | None) -> str:
         try:
             log = built.get_build_info(self.device, self.cl.program_build_info.LOG)
         except self.cl.Error:
             log = ""
-        return log.strip() or str(err)
+        return log.strip() or (str(err) if err is not None else "")
 
     def get_kernel(self, built: Any, name: str) -> Any:
         return self.cl.Kernel(built, name)
 
     def enqueue(self, kernel: Any, launch: Launch, args: tuple[Any, ...]) -> None:
         if kernel not in self._typed:
+            self._check_local_memory(kernel, launch)
             # pyopencl sets an untyped scalar argument through a slow generic path (~13 µs each, most of
             # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
             kernel.set_scalar_arg_dtypes([None if isinstance(a, self.cl.MemoryObjectHolder) else a.dtype for a in args])
             self._typed.add(kernel)
         kernel.set_args(*args)
         self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
+
+    def _check_local_memory(self, kernel: Any, launch: Launch) -> None:
+        """A kernel whose LOCAL arrays (the gpu target's tiles) pass the device's local memory is a DeviceError
+        naming both sizes, not the driver's bare OUT_OF_RESOURCES at launch."""
+        local = int(kernel.get_work_group_info(self.cl.kernel_work_group_info.LOCAL_MEM_SIZE, self.device))
+        if local > self.limits.local_mem_bytes:
+            raise DeviceError(f"kernel {launch.kernel} ({launch.family}/{launch.dtype}, {launch.target} target) needs "
+                              f"{human_bytes(local)} of local memory; {self.info.name} ({self.info.spec}) has "
+                              f"{human_bytes(self.limits.local_mem_bytes)}")
 
     def finish(self) -> None:
         self.queue.finish()
@@ -198,13 +248,17 @@ class OpenCLPrimitives:
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:
     """The launch limits of ``device``; its type picks the target unless ``RLX_TARGET`` forces one."""
     target = requested_target("gpu" if _accelerator(cl, device) else "cpu")
-    # the warp / wavefront width where the vendor's extension reports it, else the target's usual width
+    # the warp / wavefront width where the vendor's extension reports it, else the work-group multiple the
+    # device prefers (its SIMD width; an OpenCL 3.0 query: 1, no grouping claimed, where the device cannot say)
     extensions = device.extensions.split()
     if "cl_nv_device_attribute_query" in extensions:
         sub_group = device.warp_size_nv
     elif "cl_amd_device_attribute_query" in extensions:
         sub_group = device.wavefront_width_amd
     else:
-        sub_group = 32 if target == "gpu" else 1
+        try:
+            sub_group = device.preferred_work_group_size_multiple
+        except cl.Error:
+            sub_group = 1
     return DeviceLimits(device.max_work_group_size, device.local_mem_size, fp64, target=target,
                         sub_group=int(sub_group), compute_units=device.max_compute_units)

@@ -16,8 +16,9 @@ from host_fallback.arena import COMPUTE, STORAGE
 
 from ..launches.body import fn_defines
 from ..launches.core import Launch
-from ..launches.limits import TARGETS, TUNING, DeviceLimits
+from ..launches.limits import TARGETS, TUNING, DeviceLimits, variants
 from ..paths import data_dir
+from ..schedule.ops import DTYPES
 from . import backend_module
 
 FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast",  # cast: one program per (dtype, source dtype)
@@ -125,6 +126,16 @@ def program_for(dialect: str, launch: Launch, limits: DeviceLimits) -> Program:
         raise ValueError(f"launch {launch.kernel} was planned for the {launch.target} target but the device "
                          f"runs {limits.target} kernels; plan it with this device's limits")
     return program(dialect, launch.family, launch.dtype, launch.src_dtype, launch.target, launch.defines)
+
+
+def every_program(dialect: str, target: str = "cpu", dtypes: tuple[str, ...] | None = None) -> list[Program]:
+    """Every program the backends build at ``target`` in ``dialect``: each family for each dtype (of ``dtypes``,
+    default all) and compile-time variant, and the cast family for each (dtype, source dtype)."""
+    chosen = DTYPES if dtypes is None else dtypes
+    out = [program(dialect, fam, dt, None, target, defs)
+           for fam in FAMILIES if fam != "cast" for dt in chosen for defs in variants(fam, target)]
+    out += [program(dialect, "cast", dt, src, target) for dt in chosen for src in DTYPES]
+    return out
 
 
 def cache_key(device_key: object, prog: Program, options: tuple[str, ...]) -> tuple[object, str, tuple[str, ...]]:
