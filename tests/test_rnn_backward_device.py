@@ -1,4 +1,4 @@
-"""The recurrent backward ops (ABI.md §9) on PoCL at both kernel targets: kernels/rnn_backward.cl.
+"""The recurrent backward ops (ABI.md §9) on an OpenCL CPU implementation at both kernel targets: kernels/rnn_backward.cl.
 
 Each op runs once with every optional field of tests/test_rnn_device.py at once (the representative program
 variants that NVRTC and ptxas check), against the conformance suite's float64 reference (a step-by-step
@@ -21,7 +21,8 @@ from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.runtime.registry import open_session, status
 from test_rnn_device import FIELDS
 
-POCL = [i.spec for i in status("opencl").devices if i.details.get("platform") == "Portable Computing Language"]
+#: the first OpenCL CPU implementation that runs here (PoCL, or Intel's runtime where PoCL cannot build)
+OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
 CONFIG = load_config(default_config_path())
 RECURRENT = ("lstm", "gru", "rnn")
 
@@ -52,12 +53,12 @@ def test_the_cases_build_the_representative_variants():
     assert built == set(RNN_FIELD_VARIANTS)
 
 
-needs_pocl = pytest.mark.skipif(not POCL, reason=f"no PoCL device: {status('opencl').reason}")
+needs_opencl_cpu = pytest.mark.skipif(not OPENCL_CPU, reason=f"no OpenCL CPU device: {status('opencl').reason}")
 
 
 @pytest.fixture(scope="module", params=TARGETS)
 def session(request):
-    return open_device(find(POCL[0]), request.param)
+    return open_device(find(OPENCL_CPU[0]), request.param)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def host():
     return open_session(status("host").devices[0])
 
 
-@needs_pocl
+@needs_opencl_cpu
 @pytest.mark.parametrize("op", RECURRENT)
 def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes_twice(session, host, op):
     name, params = CASES[op]
@@ -82,7 +83,7 @@ def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes
     assert not np.array_equal(runs[0], laid.arena)
 
 
-@needs_pocl
+@needs_opencl_cpu
 def test_a_nan_gradient_stays_causal_with_every_field(session, host):
     """A NaN in d_dst at step 2 of row 0 (bidirectional, lengths, projection): NaN exactly where the float64
     reverse has it, i.e. row 0's inputs and every weight gradient, and no other row's d_x or d_h0."""
@@ -98,9 +99,9 @@ def test_a_nan_gradient_stays_causal_with_every_field(session, host):
     assert np.isnan(d_x[0]).any() and np.isfinite(d_x[1:]).all()
 
 
-@needs_pocl
+@needs_opencl_cpu
 def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
-    """Graph.backward's gru_backward thunk placed on PoCL (its own target), f32, against torch autograd of
+    """Graph.backward's gru_backward thunk placed on an OpenCL CPU device (its own target), f32, against torch autograd of
     nn.GRU in float64, with the final state's gradient."""
     import torch
 
@@ -117,7 +118,7 @@ def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
     y, _ = g.gru(x, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], hidden=h, num_layers=2, bidirectional=True, h0=h0)
     for name, grad in g.backward(y, dy, {"h0": dh}).items():
         g.output(f"d_{name}", grad)
-    exe = g.compile(POCL[0])
+    exe = g.compile(OPENCL_CPU[0])
     assert {p.backend for p in exe.device.place(exe.schedule) if p.op == "gru_backward"} == {"opencl"}
 
     xt, h0t = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((b, s, i), (4, b, h)))
