@@ -83,7 +83,9 @@ def lay_out(op: str, dtype: str, params: dict[str, Any] | None = None, guard: in
         fields = scan_case(op, dtype) if params is None else dict(params)
     else:
         fields = dict(SMALL[op] if params is None else params)
-    offset_fields = [f.name for f in SPECS[op].fields if f.kind == "offset"]
+    # a version-2 tensor used only under a flag (a carried state's gradient) exists only with its flag
+    offset_fields = [f.name for f in SPECS[op].fields if f.kind == "offset"
+                     and not (f.version > 1 and f.used_when and not fields.get(f.used_when))]
     for f in SPECS[op].fields:
         if f.kind != "opt_offset" or f.name not in fields:
             continue

@@ -37,12 +37,13 @@ class Case:
         """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
 
         A nullable field is null where ``params`` gives it as False (the scan cases carry their bodies);
-        a version-2 field is present where ``params`` give it a value other than its default.
+        a field used only under a flag (a carried state's gradient, of version 2) is present with its flag;
+        another version-2 field where ``params`` give it a value other than its default.
         """
-        if field.version > 1:
-            return field.name in used({"op": self.op, "dtype": self.dtype, **self.params})
         if field.used_when:
             return bool(self.params.get(field.used_when))
+        if field.version > 1:
+            return field.name in used({"op": self.op, "dtype": self.dtype, **self.params})
         return self.params.get(field.name, True) is not False
 
     @property
