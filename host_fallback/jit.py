@@ -9,6 +9,8 @@ from a median 1.28x torch's oneDNN kernel to 0.93x (``python benchmarks/rnn.py``
 and each part of a step). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
 (``rnn._cell`` says where); the tests run both against the same float64 recurrences.
 
+The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where it has AVX-512, else 8
+(AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
@@ -23,10 +25,32 @@ from typing import Callable
 
 #: The environment variable that turns the compiled kernels off (``0``, ``off``, ``false`` or ``no``).
 ENV = "RLX_HOST_JIT"
+#: The environment variable that forces the tiles' vector width, in float32 lanes: ``8`` or ``16``.
+WIDTH_ENV = "RLX_HOST_JIT_WIDTH"
 
 def enabled() -> bool:
     """Whether ``RLX_HOST_JIT`` allows the compiled kernels (read on every call)."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def lanes() -> int:
+    """The float32 lanes of the compiled lstm step's vectors: ``RLX_HOST_JIT_WIDTH`` where set (read on every
+    call), else the CPU's (``host_lanes``)."""
+    forced = os.environ.get(WIDTH_ENV, "").strip()
+    if not forced:
+        return host_lanes()
+    if forced not in ("8", "16"):
+        raise ValueError(f"{WIDTH_ENV}={forced!r}: expected 8 or 16 (float32 lanes a vector), or unset for the CPU's")
+    return int(forced)
+
+
+@cache
+def host_lanes() -> int:
+    """16 where the CPU has AVX-512F (32 registers of 16 float32 lanes), else 8 (AVX2's 16 of 8, and the
+    width that suits a CPU with neither), from the features LLVM reports for the CPU it compiles for."""
+    from llvmlite import binding  # Numba's dependency: only asked where the kernels exist
+
+    return 16 if binding.get_host_cpu_features().get("avx512f") else 8
 
 
 @cache
@@ -42,12 +66,13 @@ def _kernels() -> ModuleType | None:
 def kernel(name: str) -> Callable | None:
     """The compiled kernel ``name``, or ``None`` without Numba or with ``RLX_HOST_JIT=0``.
 
-    ``lstm_panels(w)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
-    ``rnn._ORDER``) packed for ``lstm_step``; ``lstm_panel_bias(b)`` the same for a bias ``[4H]``.
+    ``lstm_panels(w, lanes)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
+    ``rnn._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
+    ``lstm_panel_bias(b, lanes)`` the same for a bias ``[4H]``.
 
     ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one
     step of the ``n`` columns of ``h [width, n]`` and ``x [in, n]`` (views, any strides), over the packed
-    ``w_hh``, ``w_ih`` and ``bias``, whose rows of i f o are at ``-z`` (``activations.stored_scale``) and
+    ``w_hh``, ``w_ih`` and ``bias`` (packed for one width, which the step reads from their shapes), whose rows of i f o are at ``-z`` (``activations.stored_scale``) and
     those of g at ``-2z`` (``g_scale`` 1) or at ``z`` (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated
     in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:

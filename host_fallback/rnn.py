@@ -33,7 +33,8 @@ alternative and beside torch):
 - Where Numba is installed (the ``jit`` extra) an f32-inside lstm with the default activations, no
   peepholes and a batch of at least ``_COMPILED_MIN_BATCH`` runs each step as one compiled kernel
   (``jit``, ``_lstm_compiled_loop``): ``W_hh·h + W_ih·x_t`` in register tiles over the weights packed
-  once per call (no projection chunks: the steps read their input columns in place), then the gates,
+  once per call, in vectors as wide as the CPU's (``jit.lanes``: 16 float32 lanes with AVX-512, else 8;
+  no projection chunks: the steps read their input columns in place), then the gates,
   clip, the cell and ``o·tanh(c)`` into its slot, where the NumPy loop below runs two OpenBLAS GEMMs
   and ~15 array passes. It runs on one core, so where a direction's GEMMs would get several (one
   direction at a time on a multi-thread BLAS) it takes only the steps it still runs faster
@@ -82,8 +83,9 @@ _CHUNK_COLUMNS = 128
 _PARALLEL_STEP_FLOPS = 2_000_000
 #: Longest sequence that reads f32/f64 weights where they are stored (no per-call reordered copy).
 _STORED_MAX_SEQ = 16
-#: Smallest batch the compiled lstm step runs (``jit``): its tiles are 8 columns wide, so below 8 lanes idle
-#: (unidirectional H=256, its time over NumPy's step's: B=1 3.3x, B=4 1.26x, B=8 1.12x, B=16 0.95x).
+#: Smallest batch the compiled lstm step runs (``jit``): its narrowest tile is one vector (8 or 16 columns), so
+#: below 8 lanes idle (8 lanes, unidirectional H=256, its time over NumPy's step's: B=1 3.3x, B=4 1.26x, B=8
+#: 1.12x, B=16 0.95x; 16 lanes take the time of 8 at B=8).
 _COMPILED_MIN_BATCH = 8
 #: The compiled step runs on one core. Where NumPy's step would run each GEMM on two (one direction at a
 #: time on a two-thread BLAS) the compiled one wins from a batch of 12 up to about this many flops a step
@@ -383,8 +385,9 @@ def _lstm_compiled_loop(cell: _Cell, w_ih: np.ndarray, steps, d: _Dims, bias: np
     once for the call, and everything after it. ``w_ih`` is the internal ``[4H, in]`` block, ``steps`` yield
     ``x_t`` itself (not its projection), ``bias [4H]`` is the input-side bias, ``c [H, batch]`` the cell."""
     kernels, w_hr = cell.compiled, cell.w_hr
-    step = kernels.lstm_step
-    w_hh, w_ih, bias = kernels.lstm_panels(cell.w_hh), kernels.lstm_panels(w_ih), kernels.lstm_panel_bias(bias)
+    step, lanes = kernels.lstm_step, jit.lanes()
+    w_hh, w_ih = kernels.lstm_panels(cell.w_hh, lanes), kernels.lstm_panels(w_ih, lanes)
+    bias = kernels.lstm_panel_bias(bias, lanes)
     tmp_flat = np.empty(d.hidden * d.batch, d.compute)  # o·tanh(c) before w_hr
     clip_ifo, clip_g = (np.float32(bound or np.inf) for bound in (cell.clips[0], cell.clips[-1]))  # inf: no clip
     g_scale = np.float32(1.0 if cell.acts[1] is tanh_of_scaled else -2.0)  # g's rows at -2z, or at z (narrow blocks)
