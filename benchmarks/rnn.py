@@ -28,6 +28,7 @@ import platform
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Callable
 from unittest import mock
 
@@ -189,13 +190,15 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            step, panels, lanes = jit.kernel("lstm_step"), jit.kernel("lstm_panels"), jit.lanes()
+            step, lanes = jit.kernel("lstm_step"), jit.lanes()
+            panels = None if step is None else partial(jit.kernel("lstm_panels"), order=np.arange(4),
+                                                          scales=np.ones(4, f32), lanes=lanes)
             numpy_weight = 1
             if step is not None:  # the kernel's step: W_hh·h + W_ih·x_t in register tiles and the rest, one call
                 inf, out = f32(np.inf), np.empty((H, chunk * B), f32)
-                packed_hh, bias = panels(w_hh, lanes), jit.kernel("lstm_panel_bias")(np.zeros(4 * H, f32), lanes)
+                packed_hh, bias = panels(w_hh), jit.kernel("lstm_panel_bias")(np.zeros(4 * H, f32), lanes)
                 for k, name in ((1, "layer 0"), (2, "layer 1")):
-                    packed_ih, x_t = panels(w_ih[k], lanes), x_chunk[k][:, :B]
+                    packed_ih, x_t = panels(w_ih[k]), x_chunk[k][:, :B]
                     rows.append((f"one compiled step, {name}: W_hh·h + W_ih·x_t, then the rest (the kernel's)",
                                  per_call_us(lambda packed_ih=packed_ih, x_t=x_t: step(
                                      packed_hh, h, packed_ih, x_t, bias, cell, out, 0, inf, inf, f32(1), False), 400),
@@ -226,7 +229,7 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
             x_tm = np.empty((S, B, H), f32)
             per_run = [("layer 0's input: the time-major copy of x", per_call_us(lambda: np.copyto(x_tm, x.transpose(1, 0, 2)), 20))]
             if panels is not None:
-                per_run.append(("w_hh in the compiled step's panels, each layer-direction", per_call_us(lambda: panels(w_hh, lanes), 20)))
+                per_run.append(("w_hh in the compiled step's panels, each layer-direction", per_call_us(lambda: panels(w_hh), 20)))
             w_dec, x_dec, w_copy = w_ih[1], rng.standard_normal((H, 1), f32), np.empty((4 * H, H), f32)
             g_dec = np.empty((4 * H, 1), f32)
             per_run += [("decode B=1: w_ih and w_hh copied in gate order, scaled",

@@ -2,15 +2,18 @@
 
 One kernel so far: a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
-``o·tanh(c)`` in one vectorized pass. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
+``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
 every call), the input projection a time chunk at a time, and about fifteen array passes
-(``rnn._lstm_loop``). At B=32 H=256, 2 layers, bidirectional, the compiled step takes the host lstm prefill
-from a median 1.28x torch's oneDNN kernel to 0.93x (``python benchmarks/rnn.py`` times both beside torch,
-and each part of a step). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
+(``rnn._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
 (``rnn._cell`` says where); the tests run both against the same float64 recurrences.
 
 The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where it has AVX-512, else 8
-(AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine.
+(AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine (both are
+tested on every machine). ``python benchmarks/rnn.py`` times the host lstm with either step beside torch's
+oneDNN kernel, and each part of a step, under a header naming the CPU, its vector ISA and the width. At B=32
+S=128 I=H=256, 2 layers, bidirectional, 2 threads: on a 2-core AMD EPYC Zen 3 (AVX2, 8 lanes) the compiled
+step took the host lstm from 1.28x torch to 0.93x (medians); on a 2-core AMD EPYC Zen 5 (AVX-512), 8-lane
+tiles left it at 1.86x, 16-lane ones bring it to torch's time (one thread each, CPU time: 1.00-1.05x).
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):

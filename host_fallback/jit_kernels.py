@@ -22,6 +22,7 @@ _ROWS = types.Array(types.float32, 2, "C")
 _ROW = types.Array(types.float32, 1, "C")
 _VIEW = types.Array(types.float32, 2, "A")  # a view at any strides
 _PACKED = types.Array(types.float32, 3, "C")
+_ORDER = types.Array(types.int64, 1, "C")
 
 
 @intrinsic
@@ -197,14 +198,19 @@ def _source_row(group, panel, lane, rows, hidden):
     return gate * hidden + unit if unit < hidden else -1
 
 
-@numba.njit(_PACKED(_ROWS, types.intp), nogil=True, cache=True, error_model="numpy", boundscheck=False)
-def lstm_panels(w, lanes):
-    """An lstm weight ``[4H, K]`` (``w_hh`` or ``w_ih``; internal gate order ``i f o g``) packed as
-    ``lstm_step`` reads it with tiles of ``lanes`` (8 or 16) float32 lanes: ``[groups, K*PANELS, rows]``,
-    ``rows = PANEL_ROWS[lanes]``, ``groups = ceil(H/units)``, ``units = PANELS*rows/4``: a group's K in blocks
-    of ``K_BLOCK`` rows, each block its panels ``[block, rows]`` one after the other, so that the step reads
-    every group front to back (zeros for the units past ``H``)."""
+@numba.njit(_PACKED(_ROWS, _ORDER, _ROW, types.intp), nogil=True, cache=True, error_model="numpy",
+            boundscheck=False)
+def lstm_panels(w, order, scales, lanes):
+    """An lstm weight ``[4H, K]`` (``w_hh`` or ``w_ih``) packed as ``lstm_step`` reads it with tiles of
+    ``lanes`` (8 or 16) float32 lanes, internal gate ``g`` (``i f o g``) taken from gate ``order[g]`` of
+    ``w`` times ``scales[g]`` (so the stored weights are read once, not reordered and scaled first):
+    ``[groups, K*PANELS, rows]``, ``rows = PANEL_ROWS[lanes]``, ``groups = ceil(H/units)``,
+    ``units = PANELS*rows/4``: a group's K in blocks of ``K_BLOCK`` rows, each block its panels ``[block,
+    rows]`` one after the other, so that the step reads every group front to back (zeros for the units
+    past ``H``)."""
     rows = _panel_rows(lanes)
+    if order.size != 4 or scales.size != 4 or w.shape[0] % 4 != 0:
+        raise ValueError("lstm_panels: w must be [4H, K], order and scales one entry per gate")
     units, panels = PANELS * rows // 4, PANELS
     hidden, width = w.shape[0] // 4, w.shape[1]
     out = np.zeros(((hidden + units - 1) // units, width * panels, rows), _F32)
@@ -217,9 +223,10 @@ def lstm_panels(w, lanes):
                 for lane in range(rows):
                     row = _source_row(group, p, lane, rows, hidden)
                     if row >= 0:
-                        src = w[row, k0: k0 + block]
+                        gate = row // hidden
+                        src, scale = w[order[gate] * hidden + row % hidden, k0: k0 + block], scales[gate]
                         for k in range(block):
-                            panel[k, lane] = src[k]
+                            panel[k, lane] = src[k] * scale
     return out
 
 

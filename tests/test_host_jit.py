@@ -218,17 +218,21 @@ def test_the_compiled_step_against_float64(hidden, width, inputs, n, lanes):
     vector, the columns padded with zeros to a whole vector: 8 lanes 16 + 8 columns, 16 lanes 32 + 16),
     groups of units (12 at 8 lanes, 16 at 16) filled in part or whole, one group or two, h and x as views
     (x's columns not adjacent); clip, input_forget and g's rows at z (g_scale -2) or -2z; nothing written
-    outside c's first n columns and out's slot."""
+    outside c's first n columns and out's slot. The weights are packed from blocks in another gate order,
+    each gate scaled, as the packing reorders and scales them."""
     rng = np.random.default_rng(hidden * 100 + n)
     f32 = np.float32
-    w_hh = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(f32)
-    w_ih = (rng.standard_normal((4 * hidden, inputs)) / np.sqrt(max(inputs, 1))).astype(f32)
+    stored_hh = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(f32)
+    stored_ih = (rng.standard_normal((4 * hidden, inputs)) / np.sqrt(max(inputs, 1))).astype(f32)
+    order, scales = np.array([2, 0, 3, 1]), np.array([0.5, -1.0, 2.0, -0.25], f32)  # exact in float32
+    w_hh, w_ih = ((w.reshape(4, hidden, -1)[order] * scales[:, None, None]).reshape(4 * hidden, -1)
+                  for w in (stored_hh, stored_ih))
     bias = rng.standard_normal(4 * hidden).astype(f32)
     h = rng.standard_normal((width, n + 7)).astype(f32)[:, 3: 3 + n]
     x = rng.standard_normal((inputs, 2 * n + 2)).astype(f32)[:, 1: 1 + 2 * n: 2]  # columns apart, too
     c0 = rng.standard_normal((hidden, n + 3)).astype(f32)
-    packed = (jit_kernels.lstm_panels(w_hh, lanes), jit_kernels.lstm_panels(w_ih, lanes),
-              jit_kernels.lstm_panel_bias(bias, lanes))
+    packed = (jit_kernels.lstm_panels(stored_hh, order, scales, lanes),
+              jit_kernels.lstm_panels(stored_ih, order, scales, lanes), jit_kernels.lstm_panel_bias(bias, lanes))
     for clip, g_scale, coupled in [(np.inf, 1.0, False), (0.7, 1.0, True), (np.inf, -2.0, False)]:
         c, out = c0.copy(), np.full((hidden + 2, n + 6), 7.0, f32)
         jit_kernels.lstm_step(packed[0], h, packed[1], x, packed[2], c, out, 4, f32(clip), f32(2 * clip), f32(g_scale),
@@ -242,19 +246,24 @@ def test_the_compiled_step_against_float64(hidden, width, inputs, n, lanes):
         assert np.all(out[untouched] == 7.0)
 
 
+def _panels(w, lanes):
+    """``w`` packed in its own gate order, unscaled."""
+    return jit_kernels.lstm_panels(w, np.arange(4), np.ones(4, np.float32), lanes)
+
+
 def test_the_compiled_step_refuses_arrays_that_do_not_fit():
     """Its tiles read through raw addresses, so every shape is checked first: a mismatch, weights packed
     for one width and the bias for the other included, is a ValueError and nothing is written."""
     f32 = np.float32
     hidden, width, inputs, n = 13, 4, 3, 10
     rng = np.random.default_rng(0)
-    w_hh, w_ih = (jit_kernels.lstm_panels(rng.standard_normal((4 * hidden, k)).astype(f32), 8) for k in (width, inputs))
+    w_hh, w_ih = (_panels(rng.standard_normal((4 * hidden, k)).astype(f32), 8) for k in (width, inputs))
     bias = jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 8)
     h, x = np.ones((width, n), f32), np.ones((inputs, n), f32)
     c, out = np.zeros((hidden, n), f32), np.zeros((hidden, n), f32)
     good = dict(w_hh=w_hh, h=h, w_ih=w_ih, x=x, bias=bias, c=c, out=out, out_col=0)
-    bad = {"w_hh": jit_kernels.lstm_panels(np.zeros((4 * hidden, width + 1), f32), 8),
-           "w_ih": jit_kernels.lstm_panels(np.zeros((4 * (hidden + 12), inputs), f32), 8),
+    bad = {"w_hh": _panels(np.zeros((4 * hidden, width + 1), f32), 8),
+           "w_ih": _panels(np.zeros((4 * (hidden + 12), inputs), f32), 8),
            "x": np.ones((inputs, n - 1), f32), "bias": jit_kernels.lstm_panel_bias(np.zeros(4 * hidden + 52, f32), 8),
            "c": np.zeros((hidden, n - 1), f32), "out": np.zeros((hidden - 1, n), f32), "out_col": 1,
            "h": np.ones((width - 1, n), f32)}
@@ -264,15 +273,18 @@ def test_the_compiled_step_refuses_arrays_that_do_not_fit():
         with pytest.raises(ValueError, match="do not fit|not a tile's"):
             jit_kernels.lstm_step(*args.values(), f32(np.inf), f32(np.inf), f32(1), False)
         assert not c.any() and not out.any(), field
-    for packer in (jit_kernels.lstm_panels, jit_kernels.lstm_panel_bias):
-        with pytest.raises(ValueError, match="lanes must be 8 or 16"):
-            packer(np.zeros((4 * hidden, width), f32) if packer is jit_kernels.lstm_panels else np.zeros(4 * hidden, f32), 4)
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        _panels(np.zeros((4 * hidden, width), f32), 4)
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 4)
+    with pytest.raises(ValueError, match="one entry per gate"):
+        jit_kernels.lstm_panels(np.zeros((4 * hidden, width), f32), np.arange(3), np.ones(3, f32), 8)
 
 
 @pytest.mark.parametrize("avx512f,want", [(True, 16), (False, 8)])
 def test_the_width_is_the_cpu_s_unless_forced(avx512f, want, monkeypatch):
     """16 lanes where LLVM reports AVX-512F, else 8; RLX_HOST_JIT_WIDTH forces either, and anything else
-    there is refused naming the variable and what it takes."""
+    there is refused naming the variable and what it takes, by an lstm the kernel would run too."""
     from llvmlite import binding
 
     monkeypatch.setattr(binding, "get_host_cpu_features", lambda: {"avx2": True, "avx512f": avx512f})
@@ -286,5 +298,8 @@ def test_the_width_is_the_cpu_s_unless_forced(avx512f, want, monkeypatch):
         monkeypatch.setenv(jit.WIDTH_ENV, "32")
         with pytest.raises(ValueError, match=r"RLX_HOST_JIT_WIDTH='32': expected 8 or 16"):
             jit.lanes()
+        thunk, arena, _, writes = build("lstm", "f32", **NARROW)  # and an lstm that would run the kernel
+        with pytest.raises(ValueError, match=r"RLX_HOST_JIT_WIDTH='32'"):
+            run_host(thunk, arena, writes)
     finally:
         jit.host_lanes.cache_clear()
