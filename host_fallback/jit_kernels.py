@@ -14,6 +14,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 _F32, _I32 = np.float32, np.int32
@@ -39,6 +40,19 @@ def _as_int(typingctx, value):
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], ir.IntType(32))
     return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _copy(typingctx, dst, src, count):
+    """Copy ``count`` float32 from address ``src`` to address ``dst`` (ranges apart) with LLVM's memcpy: a
+    row of 32 columns in a few vector moves, where a loop over them, its length unknown to LLVM, runs scalar
+    below its unrolled vector width (Zen 5, B=32 H=256: the step 2% faster)."""
+    def codegen(context, builder, signature, args):
+        dst, src, count = (builder.inttoptr(a, ir.IntType(8).as_pointer()) if k < 2 else a
+                           for k, a in enumerate(args))
+        cgutils.raw_memcpy(builder, dst, src, count, 4, align=4)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.intp), codegen
 
 
 #: 1.5 * 2**23: adding it rounds a float32 of magnitude below 2**22 to an integer, which its low bits then hold.
@@ -292,8 +306,11 @@ def lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale
     for src, dst in ((h, h_block), (x, x_block)):
         for k in range(src.shape[0]):
             row, out_row = src[k], dst[k]
-            for j in range(n):
-                out_row[j] = row[j]
+            if src.strides[1] == 4:  # adjacent columns (x of layer 0 comes transposed: a gather)
+                _copy(out_row.ctypes.data, row.ctypes.data, n)
+            else:
+                for j in range(n):
+                    out_row[j] = row[j]
             for j in range(n, cols):
                 out_row[j] = 0
     gates_at = gates.ctypes.data
@@ -322,16 +339,13 @@ def lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale
                             _tile_8x1(first, b, w, at + wide * 4, cols, k, rows_at + wide * 4, cols)
                 first = 0
         running = min(units, hidden - group * units)
-        for u in range(running):  # loops, not slice assignments (which would check for overlap, and copy)
-            cell, held = cells[u], c[group * units + u]
-            for k in range(n):
-                cell[k] = held[k]
+        c_at, cells_at = c.ctypes.data + group * units * c.shape[1] * 4, cells.ctypes.data
+        for u in range(running):  # copies, not slice assignments (which would check for overlap, and copy)
+            _copy(cells_at + u * cols * 4, c_at + u * c.shape[1] * 4, n)
         flat = gates.ravel()
         _cells(flat[:block], flat[block: 2 * block], flat[2 * block: 3 * block], flat[3 * block:], cells.ravel(),
                ys.ravel(), clip_ifo, clip_g, g_scale, coupled)
+        out_at = out.ctypes.data + (group * units * out.shape[1] + out_col) * 4
         for u in range(running):
-            r = group * units + u
-            cell, held, y, dst = cells[u], c[r], ys[u], out[r, out_col: out_col + n]
-            for k in range(n):
-                held[k] = cell[k]
-                dst[k] = y[k]
+            _copy(c_at + u * c.shape[1] * 4, cells_at + u * cols * 4, n)
+            _copy(out_at + u * out.shape[1] * 4, ys.ctypes.data + u * cols * 4, n)
