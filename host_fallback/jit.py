@@ -12,8 +12,10 @@ The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where 
 tested on every machine). ``python benchmarks/rnn.py`` times the host lstm with either step beside torch's
 oneDNN kernel, and each part of a step, under a header naming the CPU, its vector ISA and the width. At B=32
 S=128 I=H=256, 2 layers, bidirectional, 2 threads: on a 2-core AMD EPYC Zen 3 (AVX2, 8 lanes) the compiled
-step took the host lstm from 1.28x torch to 0.93x (medians); on a 2-core AMD EPYC Zen 5 (AVX-512), 8-lane
-tiles left it at 1.86x, 16-lane ones bring it to torch's time (one thread each, CPU time: 1.00-1.05x).
+step took the host lstm from 1.28x torch to 0.93x (medians); on a 2-core AMD EPYC Zen 5 (AVX-512) it is
+0.97x with 16 lanes (0.92-0.99) and 1.79x with 8 (NumPy's step: 2.07x). On one thread each (CPU time) the
+Zen 5 figures are 1.04x and 1.91x: torch's kernel loses more to its second thread than the host's
+directions do.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
@@ -50,7 +52,9 @@ def lanes() -> int:
 @cache
 def host_lanes() -> int:
     """16 where the CPU has AVX-512F (32 registers of 16 float32 lanes), else 8 (AVX2's 16 of 8, and the
-    width that suits a CPU with neither), from the features LLVM reports for the CPU it compiles for."""
+    width that suits a CPU with neither), from the features LLVM reports for this machine's CPU: what Numba
+    compiles for, unless ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name another (either width is correct on
+    any CPU; LLVM splits vectors wider than the target's)."""
     from llvmlite import binding  # Numba's dependency: only asked where the kernels exist
 
     return 16 if binding.get_host_cpu_features().get("avx512f") else 8
