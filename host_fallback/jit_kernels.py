@@ -102,8 +102,8 @@ def _clipped(z, bound):
 # 8 lanes (15 of AVX2's 16 ymm; 12 sums keep both FMA pipes busy through their 4-cycle latency), 8 with 16
 # lanes (19 of AVX-512's 32 zmm: 12 rows ran no faster, and pad H=256 to 264 units). 8-lane tiles on an
 # AVX-512 core fill half of each FMA pipe. On an AMD EPYC Zen 5 (AVX-512, 2 cores, B=32 H=256, one thread):
-# the 16-lane tile alone 244 GFLOP/s in L1 (16 FMA lanes x 2 pipes x 2 flops a cycle), a whole step 200-215
-# (the tiles at 230-240 over weights streamed from L3, the gates' pass about 12 µs of 160); 8 lanes 104-112.
+# the 16-lane tiles 245-257 GFLOP/s over 2 MB of weights streamed from L3 (16 FMA lanes x 2 pipes x 2 flops
+# a cycle), a whole step 210-230 (the gates' pass about 10 µs of 150 at layer 0); 8 lanes 104-112.
 #
 # Each step copies h and x_t into blocks of adjacent rows (where they come from, rows lie 512 bytes
 # apart at B=32: a K block of them then maps to a quarter of L1's sets and misses, 20-30% slower). Rows
