@@ -16,15 +16,19 @@ torch each on one thread (CPU time) and as the table ran them (wall time x threa
 thread adds). A second table times every version-2 field of each op beside the plain op (the same
 weights, the field's tensors drawn once), ``seq_lens`` with lengths uniform in ``[1, seq]`` also beside
 torch on the same batch packed (``pack_padded_sequence``). A warning follows the tables when other
-processes used the CPUs meanwhile. Needs only numpy, ml_dtypes, torch and this repository (and Numba for the compiled step).
+processes used the CPUs meanwhile. The header names the CPU, its vector ISA and the compiled step's width
+(``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one). Needs only numpy, ml_dtypes, torch and this repository
+(and Numba for the compiled step).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import time
+from functools import partial
 from typing import Callable
 from unittest import mock
 
@@ -186,11 +190,13 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
         torch_threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            step, panels = jit.kernel("lstm_step"), jit.kernel("lstm_panels")
+            step, lanes = jit.kernel("lstm_step"), jit.lanes()
+            panels = None if step is None else partial(jit.kernel("lstm_panels"), order=np.arange(4),
+                                                          scales=np.ones(4, f32), lanes=lanes)
             numpy_weight = 1
             if step is not None:  # the kernel's step: W_hh·h + W_ih·x_t in register tiles and the rest, one call
                 inf, out = f32(np.inf), np.empty((H, chunk * B), f32)
-                packed_hh, bias = panels(w_hh), jit.kernel("lstm_panel_bias")(np.zeros(4 * H, f32))
+                packed_hh, bias = panels(w_hh), jit.kernel("lstm_panel_bias")(np.zeros(4 * H, f32), lanes)
                 for k, name in ((1, "layer 0"), (2, "layer 1")):
                     packed_ih, x_t = panels(w_ih[k]), x_chunk[k][:, :B]
                     rows.append((f"one compiled step, {name}: W_hh·h + W_ih·x_t, then the rest (the kernel's)",
@@ -245,6 +251,29 @@ def lstm_step_profile(torch, B: int, S: int, H: int, chunk: int, steps: int, wal
     print("once per call, µs:")
     for label, us in per_run:
         print(f"  {label:<64}{us:>8.1f}")
+
+
+def cpu_line() -> str:
+    """The CPU's model, LLVM's name for it and its widest vector ISA, and the compiled lstm step's width:
+    what every figure of the tables belongs to."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    try:
+        from llvmlite import binding
+    except ImportError:
+        return f"CPU: {model}"
+    features = binding.get_host_cpu_features()
+    isa = "AVX-512" if features.get("avx512f") else "AVX2" if features.get("avx2") else "no AVX2"
+    line = f"CPU: {model} ({binding.get_host_cpu_name()}, {isa}, {os.cpu_count()} CPUs)"
+    if jit.kernel("lstm_step") is not None:
+        forced = os.environ.get(jit.WIDTH_ENV, "").strip()
+        source = f"{jit.WIDTH_ENV}={forced}" if forced else "the CPU's"
+        line += f"; compiled lstm step: {jit.lanes()} float32 lanes a vector ({source})"
+    return line
 
 
 def torch_case(torch, op: str, x, H: int, L: int, bidi: bool):
@@ -333,6 +362,7 @@ def main() -> None:
     bidi = not args.unidirectional
     D = 2 if bidi else 1
     parallel = {"auto": None, "parallel": True, "serial": False}[args.directions]
+    print(cpu_line())
     print(f"B={B} S={S} I=H={H} layers={L} {'bidirectional' if bidi else 'unidirectional'} f32; "
           f"threads: {threads} ({note}), torch.set_num_threads({threads}); host directions: {args.directions}; "
           f"median of {args.rounds}x{args.runs} runs, each block after {args.warmup} warm-up, torch and host in turns")

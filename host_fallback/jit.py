@@ -2,13 +2,20 @@
 
 One kernel so far: a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
-``o·tanh(c)`` in one vectorized pass. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
+``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
 every call), the input projection a time chunk at a time, and about fifteen array passes
-(``rnn._lstm_loop``). At B=32 H=256, 2 layers, bidirectional, the compiled step takes the host lstm prefill
-from a median 1.28x torch's oneDNN kernel to 0.93x (``python benchmarks/rnn.py`` times both beside torch,
-and each part of a step). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
+(``rnn._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
 (``rnn._cell`` says where); the tests run both against the same float64 recurrences.
 
+The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where it has AVX-512, else 8
+(AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine (both are
+tested on every machine). ``python benchmarks/rnn.py`` times the host lstm with either step beside torch's
+oneDNN kernel, and each part of a step, under a header naming the CPU, its vector ISA and the width. At B=32
+S=128 I=H=256, 2 layers, bidirectional, 2 threads: on a 2-core AMD EPYC Zen 3 (AVX2, 8 lanes) the compiled
+step took the host lstm from 1.28x torch to 0.93x (medians); on a 2-core AMD EPYC Zen 5 (AVX-512) it is
+0.97x with 16 lanes (0.92-0.99) and 1.79x with 8 (NumPy's step: 2.07x). On one thread each (CPU time) the
+Zen 5 figures are 1.04x and 1.91x: torch's kernel loses more to its second thread than the host's
+directions do.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
@@ -23,10 +30,34 @@ from typing import Callable
 
 #: The environment variable that turns the compiled kernels off (``0``, ``off``, ``false`` or ``no``).
 ENV = "RLX_HOST_JIT"
+#: The environment variable that forces the tiles' vector width, in float32 lanes: ``8`` or ``16``.
+WIDTH_ENV = "RLX_HOST_JIT_WIDTH"
 
 def enabled() -> bool:
     """Whether ``RLX_HOST_JIT`` allows the compiled kernels (read on every call)."""
     return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def lanes() -> int:
+    """The float32 lanes of the compiled lstm step's vectors: ``RLX_HOST_JIT_WIDTH`` where set (read on every
+    call), else the CPU's (``host_lanes``)."""
+    forced = os.environ.get(WIDTH_ENV, "").strip()
+    if not forced:
+        return host_lanes()
+    if forced not in ("8", "16"):
+        raise ValueError(f"{WIDTH_ENV}={forced!r}: expected 8 or 16 (float32 lanes a vector), or unset for the CPU's")
+    return int(forced)
+
+
+@cache
+def host_lanes() -> int:
+    """16 where the CPU has AVX-512F (32 registers of 16 float32 lanes), else 8 (AVX2's 16 of 8, and the
+    width that suits a CPU with neither), from the features LLVM reports for this machine's CPU: what Numba
+    compiles for, unless ``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` name another (either width is correct on
+    any CPU; LLVM splits vectors wider than the target's)."""
+    from llvmlite import binding  # Numba's dependency: only asked where the kernels exist
+
+    return 16 if binding.get_host_cpu_features().get("avx512f") else 8
 
 
 @cache
@@ -42,12 +73,13 @@ def _kernels() -> ModuleType | None:
 def kernel(name: str) -> Callable | None:
     """The compiled kernel ``name``, or ``None`` without Numba or with ``RLX_HOST_JIT=0``.
 
-    ``lstm_panels(w)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
-    ``rnn._ORDER``) packed for ``lstm_step``; ``lstm_panel_bias(b)`` the same for a bias ``[4H]``.
+    ``lstm_panels(w, lanes)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
+    ``rnn._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
+    ``lstm_panel_bias(b, lanes)`` the same for a bias ``[4H]``.
 
     ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one
     step of the ``n`` columns of ``h [width, n]`` and ``x [in, n]`` (views, any strides), over the packed
-    ``w_hh``, ``w_ih`` and ``bias``, whose rows of i f o are at ``-z`` (``activations.stored_scale``) and
+    ``w_hh``, ``w_ih`` and ``bias`` (packed for one width, which the step reads from their shapes), whose rows of i f o are at ``-z`` (``activations.stored_scale``) and
     those of g at ``-2z`` (``g_scale`` 1) or at ``z`` (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated
     in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:

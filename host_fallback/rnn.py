@@ -33,7 +33,8 @@ alternative and beside torch):
 - Where Numba is installed (the ``jit`` extra) an f32-inside lstm with the default activations, no
   peepholes and a batch of at least ``_COMPILED_MIN_BATCH`` runs each step as one compiled kernel
   (``jit``, ``_lstm_compiled_loop``): ``W_hh·h + W_ih·x_t`` in register tiles over the weights packed
-  once per call (no projection chunks: the steps read their input columns in place), then the gates,
+  once per call, in vectors as wide as the CPU's (``jit.lanes``: 16 float32 lanes with AVX-512, else 8;
+  no projection chunks: the steps read their input columns in place), then the gates,
   clip, the cell and ``o·tanh(c)`` into its slot, where the NumPy loop below runs two OpenBLAS GEMMs
   and ~15 array passes. It runs on one core, so where a direction's GEMMs would get several (one
   direction at a time on a multi-thread BLAS) it takes only the steps it still runs faster
@@ -82,8 +83,9 @@ _CHUNK_COLUMNS = 128
 _PARALLEL_STEP_FLOPS = 2_000_000
 #: Longest sequence that reads f32/f64 weights where they are stored (no per-call reordered copy).
 _STORED_MAX_SEQ = 16
-#: Smallest batch the compiled lstm step runs (``jit``): its tiles are 8 columns wide, so below 8 lanes idle
-#: (unidirectional H=256, its time over NumPy's step's: B=1 3.3x, B=4 1.26x, B=8 1.12x, B=16 0.95x).
+#: Smallest batch the compiled lstm step runs (``jit``): its narrowest tile is one vector (8 or 16 columns), so
+#: below 8 lanes idle (8 lanes, unidirectional H=256, its time over NumPy's step's: B=1 3.3x, B=4 1.26x, B=8
+#: 1.12x, B=16 0.95x; 16 lanes take the time of 8 at B=8).
 _COMPILED_MIN_BATCH = 8
 #: The compiled step runs on one core. Where NumPy's step would run each GEMM on two (one direction at a
 #: time on a two-thread BLAS) the compiled one wins from a batch of 12 up to about this many flops a step
@@ -198,11 +200,18 @@ def _internal(w: np.ndarray, d: _Dims, scales: Sequence[float]) -> np.ndarray:
 
 
 class _Compiled(NamedTuple):
-    """The Numba kernels of the compiled lstm step (``jit``)."""
+    """The Numba kernels of the compiled lstm step (``jit``), and the width of its tiles (``jit.lanes``)."""
 
     lstm_panels: Callable
     lstm_panel_bias: Callable
     lstm_step: Callable
+    lanes: int
+
+    def pack(self, w: np.ndarray, scales: Sequence[float]) -> np.ndarray:
+        """A stored ``[4H, K]`` weight block packed for the step's tiles: ``_internal``'s reordered, scaled
+        rows, read from the stored ones in one pass (16-bit storage converted to f32 first)."""
+        return self.lstm_panels(np.require(w, np.float32, ("C", "A")), np.array(_ORDER["lstm"], np.int64),
+                                np.array(scales, np.float32), self.lanes)
 
 
 @dataclass
@@ -217,7 +226,7 @@ class _Cell:
     input_forget: bool
     w_hr: np.ndarray | None
     linear_before_reset: bool
-    compiled: _Compiled | None  # lstm: Numba's kernels (``jit``) where they apply
+    compiled: _Compiled | None  # lstm: Numba's kernels (``jit``) where they apply; w_hh is then packed for them
 
 
 def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int, inputs: int,
@@ -229,7 +238,6 @@ def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int, inputs: in
     slot_scale = dict(zip(_SLOT[d.op], scales))  # lstm's h (slot 2) reads the cell itself, never scaled
     acts = tuple(activation(spec, slot_scale.get(s, 1.0), _block(d)) for s, spec in enumerate(specs))
     clips = tuple(abs(k) * float(t["clip"]) for k in scales)
-    w_hh = _internal(b.view("w_hh")[ld], d, scales)
     h_bias, lbr = None, bool(t.get("linear_before_reset", True))
     if d.op == "gru":
         b_ih, b_hh = _internal(b.view("b_ih")[ld], d, scales), _internal(b.view("b_hh")[ld], d, scales)
@@ -260,8 +268,10 @@ def _cell(t: Mapping[str, Any], b: Bound, d: _Dims, ld: int, dr: int, inputs: in
             and (blas_cores == 1 or (d.batch >= _COMPILED_SHARED_MIN_BATCH
                                      and step_flops * blas_cores <= 2 * _COMPILED_SHARED_STEP_FLOPS))
             and peepholes is None and [spec[0] for spec in specs] == ["sigmoid", "tanh", "tanh"]):
-        kernels = [jit.kernel(name) for name in _Compiled._fields]
-        compiled = None if None in kernels else _Compiled(*kernels)
+        kernels = [jit.kernel(name) for name in _Compiled._fields[:-1]]  # all but lanes
+        compiled = None if None in kernels else _Compiled(*kernels, jit.lanes())
+    w_hh = b.view("w_hh")[ld]
+    w_hh = _internal(w_hh, d, scales) if compiled is None else compiled.pack(w_hh, scales)
     return _Cell(w_hh, h_bias, acts, clips, peepholes, bool(t.get("input_forget", False)), w_hr,
                  lbr, compiled), x_bias
 
@@ -380,11 +390,10 @@ def _lstm_loop(cell: _Cell, steps, spaces: _Spaces) -> None:
 
 def _lstm_compiled_loop(cell: _Cell, w_ih: np.ndarray, steps, d: _Dims, bias: np.ndarray, c: np.ndarray) -> None:
     """``_lstm_loop`` as one Numba kernel a step (``jit``): ``W_hh·h + W_ih·x_t + bias`` over the weights packed
-    once for the call, and everything after it. ``w_ih`` is the internal ``[4H, in]`` block, ``steps`` yield
-    ``x_t`` itself (not its projection), ``bias [4H]`` is the input-side bias, ``c [H, batch]`` the cell."""
-    kernels, w_hr = cell.compiled, cell.w_hr
-    step = kernels.lstm_step
-    w_hh, w_ih, bias = kernels.lstm_panels(cell.w_hh), kernels.lstm_panels(w_ih), kernels.lstm_panel_bias(bias)
+    once for the call (``cell.w_hh`` and ``w_ih``, by ``_Compiled.pack``), and everything after it. ``steps``
+    yield ``x_t`` itself (not its projection), ``bias [4H]`` is the input-side bias, ``c [H, batch]`` the cell."""
+    kernels, w_hh, w_hr = cell.compiled, cell.w_hh, cell.w_hr
+    step, bias = kernels.lstm_step, kernels.lstm_panel_bias(bias, kernels.lanes)
     tmp_flat = np.empty(d.hidden * d.batch, d.compute)  # o·tanh(c) before w_hr
     clip_ifo, clip_g = (np.float32(bound or np.inf) for bound in (cell.clips[0], cell.clips[-1]))  # inf: no clip
     g_scale = np.float32(1.0 if cell.acts[1] is tanh_of_scaled else -2.0)  # g's rows at -2z, or at z (narrow blocks)
@@ -534,7 +543,8 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
     ``blas_cores``: the threads each GEMM runs on (1 where the directions run in two threads)."""
     ld, W = layer * d.dirs + dr, d.width
     cell, x_bias = _cell(t, b, d, ld, dr, w_ih.shape[1], blas_cores)
-    w_ih = _internal(w_ih, d, _scales(_specs(t, d, dr), d))
+    scales = _scales(_specs(t, d, dr), d)
+    w_ih = _internal(w_ih, d, scales) if cell.compiled is None else cell.compiled.pack(w_ih, scales)
     out = [y[dr * W: dr * W + W] for y in ys]
     carry = t["carry"]
 

@@ -18,17 +18,32 @@ numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not instal
 from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
 
 
+#: The vector widths (float32 lanes) the tiles come in: each is tested on every machine (LLVM splits 16 lanes
+#: into two 8-lane vectors where the CPU has no AVX-512).
+LANES = sorted(jit_kernels.PANEL_ROWS)
+
+
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the compiled lstm step's calls (it still runs)."""
-    counted = {"n": 0}
+    """Counts the compiled lstm step's calls (it still runs) and the lanes of the tiles they ran (read
+    from the packed bias's rows)."""
+    counted = {"n": 0, "lanes": set()}
     real = jit_kernels.lstm_step
+    lanes_of = {rows: lanes for lanes, rows in jit_kernels.PANEL_ROWS.items()}
 
     def spy(*args):
         counted["n"] += 1
+        counted["lanes"].add(lanes_of[args[4].shape[1]])
         real(*args)
     monkeypatch.setattr(jit_kernels, "lstm_step", spy)
     return counted
+
+
+@pytest.fixture(params=LANES, ids=[f"{n}-lanes" for n in LANES])
+def lanes(request, monkeypatch):
+    """Each width of the tiles, forced through RLX_HOST_JIT_WIDTH."""
+    monkeypatch.setenv(jit.WIDTH_ENV, str(request.param))
+    return request.param
 
 
 @numba.njit(fastmath=jit_kernels._FLAGS)
@@ -57,8 +72,9 @@ def test_exp_is_within_an_ulp_and_keeps_nan_and_inf():
 
 # (label, build/check arguments): the fields the compiled step handles, at narrow blocks (batch x hidden
 # below EXP_TANH_MIN_ELEMENTS: g's rows at z) and wide ones (at -2z), one and two threads.
-# (the batch: 13 columns padded to one 16-column tile; 24, a 16-column tile and one of 8; hidden: a
-# part-filled last group of units)
+# (the batch: 13 columns padded to 16, with 8 lanes one two-vector tile, with 16 one one-vector tile; 24,
+# with 8 lanes a two-vector tile and a one-vector one, with 16 padded to one two-vector tile; hidden: a
+# part-filled last group of units at either width)
 NARROW = dict(batch=13, seq=20, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
 WIDE = dict(batch=24, seq=18, input_size=3, hidden=100, num_layers=2, bidirectional=True, carry=True)
 CASES = [
@@ -77,18 +93,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["numba-step", "numpy-step"])
+@pytest.mark.parametrize("step", [*LANES, None], ids=[*(f"numba-step-{n}-lanes" for n in LANES), "numpy-step"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("label,shape,v2", CASES, ids=[c[0] for c in CASES])
-def test_both_steps_match_the_reference(label, shape, v2, dtype, compiled, calls, monkeypatch):
-    if not compiled:
+def test_both_steps_match_the_reference(label, shape, v2, dtype, step, calls, monkeypatch):
+    if step is None:
         monkeypatch.setenv(jit.ENV, "0")
+    else:
+        monkeypatch.setenv(jit.WIDTH_ENV, str(step))
     parallel = "wide" in label
     check("lstm", dtype, options={"parallel_directions": parallel}, **shape, **v2)
     # one call per step of every layer-direction; with seq_lens the steps where some row still runs
     steps = max(min(n, shape["seq"]) for n in v2.get("seq_lens", [shape["seq"]]))
     layer_directions = shape["num_layers"] * (2 if shape["bidirectional"] else 1)
-    assert calls["n"] == (layer_directions * steps if compiled else 0)
+    assert calls["n"] == (layer_directions * steps if step else 0)
+    assert calls["lanes"] == ({step} if step else set())
 
 
 @pytest.mark.parametrize("label,options", [
@@ -137,9 +156,9 @@ def test_rlx_host_jit_turns_it_off(monkeypatch, value):
 
 
 @pytest.mark.parametrize("shape", [NARROW, WIDE], ids=["narrow", "wide"])
-def test_nan_and_inf_land_where_numpy_puts_them(shape, monkeypatch):
+def test_nan_and_inf_land_where_numpy_puts_them(shape, lanes, monkeypatch):
     """NaN, +inf and -inf in x, and weights large enough to saturate or overflow gates: the compiled
-    step's NaN and ±inf positions are the NumPy step's, and its finite values agree."""
+    step's NaN and ±inf positions (at each width) are the NumPy step's, and its finite values agree."""
     thunk, arena, inp, writes = build("lstm", "f32", clip=0.0, **shape)
     x = inp["x"].astype(np.float32)
     rng = np.random.default_rng(5)
@@ -191,21 +210,29 @@ def _step_reference(w_hh, h, w_ih, x, bias, c, clip_ifo, clip_g, g_scale, couple
     return cell, o * np.tanh(cell)
 
 
-@pytest.mark.parametrize("hidden,width,inputs", [(1, 1, 1), (11, 3, 2), (12, 5, 0), (13, 4, 7), (25, 9, 16)])
+@pytest.mark.parametrize("hidden,width,inputs", [(1, 1, 1), (11, 3, 2), (12, 5, 0), (13, 4, 7), (16, 2, 3),
+                                                  (25, 9, 16)])
 @pytest.mark.parametrize("n", [1, 5, 8, 9, 16, 17, 24, 31, 40])
-def test_the_compiled_step_against_float64(hidden, width, inputs, n):
-    """Every column count the tiles split differently (16-column tiles, then one of 8, the columns padded
-    with zeros to a multiple of 8), groups of units filled in part, h and x as views (x's columns not adjacent); clip, input_forget and g's
-    rows at z (g_scale -2) or -2z; nothing written outside c's first n columns and out's slot."""
+def test_the_compiled_step_against_float64(hidden, width, inputs, n, lanes):
+    """At each width, every column count its tiles split differently (two-vector tiles, then one of one
+    vector, the columns padded with zeros to a whole vector: 8 lanes 16 + 8 columns, 16 lanes 32 + 16),
+    groups of units (12 at 8 lanes, 16 at 16) filled in part or whole, one group or two, h and x as views
+    (x's columns not adjacent); clip, input_forget and g's rows at z (g_scale -2) or -2z; nothing written
+    outside c's first n columns and out's slot. The weights are packed from blocks in another gate order,
+    each gate scaled, as the packing reorders and scales them."""
     rng = np.random.default_rng(hidden * 100 + n)
     f32 = np.float32
-    w_hh = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(f32)
-    w_ih = (rng.standard_normal((4 * hidden, inputs)) / np.sqrt(max(inputs, 1))).astype(f32)
+    stored_hh = (rng.standard_normal((4 * hidden, width)) / np.sqrt(width)).astype(f32)
+    stored_ih = (rng.standard_normal((4 * hidden, inputs)) / np.sqrt(max(inputs, 1))).astype(f32)
+    order, scales = np.array([2, 0, 3, 1]), np.array([0.5, -1.0, 2.0, -0.25], f32)  # exact in float32
+    w_hh, w_ih = ((w.reshape(4, hidden, -1)[order] * scales[:, None, None]).reshape(4 * hidden, -1)
+                  for w in (stored_hh, stored_ih))
     bias = rng.standard_normal(4 * hidden).astype(f32)
     h = rng.standard_normal((width, n + 7)).astype(f32)[:, 3: 3 + n]
     x = rng.standard_normal((inputs, 2 * n + 2)).astype(f32)[:, 1: 1 + 2 * n: 2]  # columns apart, too
     c0 = rng.standard_normal((hidden, n + 3)).astype(f32)
-    packed = jit_kernels.lstm_panels(w_hh), jit_kernels.lstm_panels(w_ih), jit_kernels.lstm_panel_bias(bias)
+    packed = (jit_kernels.lstm_panels(stored_hh, order, scales, lanes),
+              jit_kernels.lstm_panels(stored_ih, order, scales, lanes), jit_kernels.lstm_panel_bias(bias, lanes))
     for clip, g_scale, coupled in [(np.inf, 1.0, False), (0.7, 1.0, True), (np.inf, -2.0, False)]:
         c, out = c0.copy(), np.full((hidden + 2, n + 6), 7.0, f32)
         jit_kernels.lstm_step(packed[0], h, packed[1], x, packed[2], c, out, 4, f32(clip), f32(2 * clip), f32(g_scale),
@@ -219,24 +246,60 @@ def test_the_compiled_step_against_float64(hidden, width, inputs, n):
         assert np.all(out[untouched] == 7.0)
 
 
+def _panels(w, lanes):
+    """``w`` packed in its own gate order, unscaled."""
+    return jit_kernels.lstm_panels(w, np.arange(4), np.ones(4, np.float32), lanes)
+
+
 def test_the_compiled_step_refuses_arrays_that_do_not_fit():
-    """Its tiles read through raw addresses, so every shape is checked first: a mismatch is a ValueError
-    and nothing is written."""
+    """Its tiles read through raw addresses, so every shape is checked first: a mismatch, weights packed
+    for one width and the bias for the other included, is a ValueError and nothing is written."""
     f32 = np.float32
     hidden, width, inputs, n = 13, 4, 3, 10
     rng = np.random.default_rng(0)
-    w_hh, w_ih = (jit_kernels.lstm_panels(rng.standard_normal((4 * hidden, k)).astype(f32)) for k in (width, inputs))
-    bias = jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32))
+    w_hh, w_ih = (_panels(rng.standard_normal((4 * hidden, k)).astype(f32), 8) for k in (width, inputs))
+    bias = jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 8)
     h, x = np.ones((width, n), f32), np.ones((inputs, n), f32)
     c, out = np.zeros((hidden, n), f32), np.zeros((hidden, n), f32)
     good = dict(w_hh=w_hh, h=h, w_ih=w_ih, x=x, bias=bias, c=c, out=out, out_col=0)
-    bad = {"w_hh": jit_kernels.lstm_panels(np.zeros((4 * hidden, width + 1), f32)),
-           "w_ih": jit_kernels.lstm_panels(np.zeros((4 * (hidden + 12), inputs), f32)),
-           "x": np.ones((inputs, n - 1), f32), "bias": jit_kernels.lstm_panel_bias(np.zeros(4 * hidden + 52, f32)),
+    bad = {"w_hh": _panels(np.zeros((4 * hidden, width + 1), f32), 8),
+           "w_ih": _panels(np.zeros((4 * (hidden + 12), inputs), f32), 8),
+           "x": np.ones((inputs, n - 1), f32), "bias": jit_kernels.lstm_panel_bias(np.zeros(4 * hidden + 52, f32), 8),
            "c": np.zeros((hidden, n - 1), f32), "out": np.zeros((hidden - 1, n), f32), "out_col": 1,
            "h": np.ones((width - 1, n), f32)}
-    for field, value in bad.items():
+    for field, value in [*bad.items(), ("bias", jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 16)),
+                         ("bias", np.zeros((12, 4), f32))]:
         args = {**good, field: value}
-        with pytest.raises(ValueError, match="do not fit"):
+        with pytest.raises(ValueError, match="do not fit|not a tile's"):
             jit_kernels.lstm_step(*args.values(), f32(np.inf), f32(np.inf), f32(1), False)
         assert not c.any() and not out.any(), field
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        _panels(np.zeros((4 * hidden, width), f32), 4)
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 4)
+    with pytest.raises(ValueError, match="one entry per gate"):
+        jit_kernels.lstm_panels(np.zeros((4 * hidden, width), f32), np.arange(3), np.ones(3, f32), 8)
+
+
+@pytest.mark.parametrize("avx512f,want", [(True, 16), (False, 8)])
+def test_the_width_is_the_cpu_s_unless_forced(avx512f, want, monkeypatch):
+    """16 lanes where LLVM reports AVX-512F, else 8; RLX_HOST_JIT_WIDTH forces either, and anything else
+    there is refused naming the variable and what it takes, by an lstm the kernel would run too."""
+    from llvmlite import binding
+
+    monkeypatch.setattr(binding, "get_host_cpu_features", lambda: {"avx2": True, "avx512f": avx512f})
+    monkeypatch.delenv(jit.WIDTH_ENV, raising=False)
+    jit.host_lanes.cache_clear()
+    try:
+        assert jit.lanes() == want
+        for forced in ("8", " 16 "):
+            monkeypatch.setenv(jit.WIDTH_ENV, forced)
+            assert jit.lanes() == int(forced)
+        monkeypatch.setenv(jit.WIDTH_ENV, "32")
+        with pytest.raises(ValueError, match=r"RLX_HOST_JIT_WIDTH='32': expected 8 or 16"):
+            jit.lanes()
+        thunk, arena, _, writes = build("lstm", "f32", **NARROW)  # and an lstm that would run the kernel
+        with pytest.raises(ValueError, match=r"RLX_HOST_JIT_WIDTH='32'"):
+            run_host(thunk, arena, writes)
+    finally:
+        jit.host_lanes.cache_clear()
