@@ -1,11 +1,45 @@
-"""Session hooks: the long checks of ``background`` start once the tests are collected."""
+"""Session hooks: the long checks of ``background`` start once the tests are collected, and the run ends
+with one JSON line per device and kernel target of the conformance cases it ran (CI's log shows what
+each OpenCL implementation passed at each target)."""
 from __future__ import annotations
 
+import collections
+import json
+
 import background
+
+#: (device id as the conformance tests name it, e.g. ``opencl:1:0@gpu``) -> outcome -> count
+_CONFORMANCE: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+_CONFORMANCE_TESTS = ("tests/test_conformance.py::test_case[",
+                      "tests/test_conformance.py::test_representative_case_on_a_second_implementation[")
 
 
 def pytest_collection_finish(session):
     background.start({item.nodeid for item in session.items})
+
+
+def pytest_runtest_logreport(report):
+    if not report.nodeid.startswith(_CONFORMANCE_TESTS):
+        return
+    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        device = report.nodeid.split("[", 1)[1].split("-", 1)[0]
+        _CONFORMANCE[device][report.outcome] += 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CONFORMANCE:
+        return
+    from rlx_gpu.conformance import devices
+
+    terminalreporter.section("conformance cases per device and kernel target")
+    for device, counts in _CONFORMANCE.items():
+        spec, _, target = device.partition("@")
+        try:
+            name = devices.find(spec).name
+        except Exception as err:  # an absent device: its tests failed and say why
+            name = f"absent ({type(err).__name__})"
+        terminalreporter.write_line(json.dumps({"device": spec, "name": name, "target": target or None,
+                                                **{k: counts[k] for k in ("passed", "failed", "skipped")}}))
 
 
 def pytest_sessionfinish(session, exitstatus):
