@@ -45,6 +45,11 @@ DEVICES = [(spec, None) if spec.split(":")[0] == "host" else (spec, target) for 
 DEVICES = list(dict.fromkeys(DEVICES))
 FULL = [d for d in DEVICES if not _second(d[0])]
 SECOND = [d for d in DEVICES if _second(d[0])]
+#: The OpenCL devices the per-kernel test files run on: every one but a runtime rlx_gpu registered itself
+#: (covered by the representative cases here, the build check and the fuzz profile), which stands in only
+#: where no other OpenCL device is tested.
+KERNEL_OPENCL = [s for s in SPECS if s.split(":")[0] == "opencl" and not _second(s)] or \
+    [s for s in SPECS if s.split(":")[0] == "opencl"][:1]
 
 
 def _device_id(d):

@@ -15,9 +15,9 @@ from rlx_gpu.errors import KernelBuildError  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.launches.limits import TARGETS  # noqa: E402
 from rlx_gpu.runtime.registry import status  # noqa: E402
-from test_conformance import SPECS  # noqa: E402  (RLX_TEST_DEVICES, or every available device)
+from test_conformance import KERNEL_OPENCL, SPECS  # noqa: E402  (RLX_TEST_DEVICES, or every available device)
 
-OPENCL = [spec for spec in SPECS if spec.split(":")[0] == "opencl"]
+OPENCL = KERNEL_OPENCL
 pytestmark = pytest.mark.skipif(not OPENCL, reason=f"no OpenCL device among {SPECS}: {status('opencl').reason}")
 
 
