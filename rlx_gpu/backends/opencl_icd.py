@@ -50,7 +50,6 @@ def registered_platforms() -> frozenset[str]:
     return frozenset(WHEEL_RUNTIMES[d][1] for d in wheel_libraries())
 
 
-
 def vendors_files(libraries: dict[str, Path]) -> dict[str, str]:
     """The ``.icd`` files of the vendors folder: one per wheel runtime, and a copy of each system one."""
     files = {f"{dist}.icd": f"{path}\n" for dist, path in sorted(libraries.items())}

@@ -100,7 +100,7 @@ def choose(spec: str | None, config: Config) -> tuple[DeviceInfo, str]:
     name = spec.split(":", 1)[0]
     st = status(name)
     for info in st.refused:
-        if ":" in spec and (info.spec == spec or info.spec.startswith(spec + ":")):
+        if ":" in spec and _names(spec, info):
             raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) is {info.name}, which cannot run here: "
                               f"{info.details['unusable']}")
     if not st.available:
@@ -108,9 +108,14 @@ def choose(spec: str | None, config: Config) -> tuple[DeviceInfo, str]:
     if ":" not in spec:
         return st.devices[0], why
     for info in st.devices:
-        if info.spec == spec or info.spec.startswith(spec + ":"):
+        if _names(spec, info):
             return info, why
     raise DeviceError(f"device {spec!r} (chosen by {chosen_by}) not found; {name} has {', '.join(d.spec for d in st.devices)}")
+
+
+def _names(spec: str, info: DeviceInfo) -> bool:
+    """Whether ``spec`` (``opencl:1`` or ``opencl:1:0``) names ``info``: its whole spec or a leading part."""
+    return info.spec == spec or info.spec.startswith(spec + ":")
 
 
 def _auto(config: Config, chosen_by: str) -> tuple[DeviceInfo, str]:
