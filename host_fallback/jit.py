@@ -80,8 +80,8 @@ def kernel(name: str) -> Callable | None:
     ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one
     step of the ``n`` columns of ``h [width, n]`` and ``x [in, n]`` (views, any strides), over the packed
     ``w_hh``, ``w_ih`` and ``bias`` (packed for one width, which the step reads from their shapes), whose rows
-    of i f o are at ``-z`` (``activations.stored_scale``) and those of g at ``-2z`` (``g_scale`` 1) or at ``z`` (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated
-    in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
+    of i f o are at ``-z`` (``activations.stored_scale``) and those of g at ``-2z`` (``g_scale`` 1) or at ``z``
+    (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:
     ``input_forget``. Shapes that do not fit together raise ``ValueError`` before anything is read or written.
     """
