@@ -363,6 +363,19 @@ def test_every_symbolic_input_is_named_with_the_shape_to_give():
     assert schedule.tensors["h0"].shape == (1, 2, 4)
 
 
+@pytest.mark.parametrize("shapes, expected", [
+    ({"x": [5, 2], "h0": [1, 2, 4]}, r"shapes\['x'\] = \[5, 2\] does not fit graph input 'x' of shape \[5, 'batch', 3\]"),
+    ({"x": [6, 2, 3], "h0": [1, 2, 4]}, r"shapes\['x'\] = \[6, 2, 3\] does not fit .*equal to its fixed ones"),
+    ({"x": [5, 0, 3], "h0": [1, 2, 4]}, r"shapes\['x'\] = \[5, 0, 3\] does not fit .*at least 1"),
+    ({"x": [5, 2, 3], "h0": [1, 2, 4], "c0": [1]}, r"shapes names 'c0', which is no graph input; the graph inputs "
+                                                     r"are 'x', 'h0'"),
+])
+def test_shapes_that_do_not_fit_the_graph_inputs_are_refused_naming_them(shapes, expected):
+    model, _ = _symbolic_gru()
+    with pytest.raises(rlx_gpu.onnx.OnnxImportError, match=expected):
+        rlx_gpu.onnx.load(model, shapes=shapes)
+
+
 def test_the_cli_runs_a_model_with_a_symbolic_shape_given_by_shape(tmp_path, capsys):
     from rlx_gpu.cli import main
 

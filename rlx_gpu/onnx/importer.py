@@ -118,6 +118,11 @@ class Importer:
         """The graph inputs that are no initializer: named tensors of the schedule, shaped by their type or
         by ``shapes``; every input whose shape is symbolic is named in one error."""
         symbolic = {}
+        inputs = [info.name for info in proto.input if info.name not in self.values]
+        unknown = sorted(set(self.shapes) - set(inputs))
+        if unknown:
+            raise OnnxImportError(f"shapes names {', '.join(map(repr, unknown))}, which is no graph input; the graph "
+                                  f"inputs are {', '.join(map(repr, inputs)) or 'none'}")
         for info in proto.input:
             if info.name in self.values:
                 continue
@@ -131,6 +136,13 @@ class Importer:
             dims = list(kind.shape.dim)
             if info.name in self.shapes:
                 shape = [int(d) for d in self.shapes[info.name]]
+                declared = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+                if len(shape) != len(declared) or any(g < 1 or (d is not None and g != d)
+                                                      for g, d in zip(shape, declared)):
+                    raise OnnxImportError(
+                        f"shapes[{info.name!r}] = {shape} does not fit graph input {info.name!r} of shape "
+                        f"{[d if d is not None else (e.dim_param or '?') for d, e in zip(declared, dims)]}: "
+                        f"give {len(declared)} sizes of at least 1, equal to its fixed ones")
             elif any(not d.HasField("dim_value") for d in dims):
                 symbolic[info.name] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
                 continue
