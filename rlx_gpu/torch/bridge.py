@@ -23,6 +23,7 @@ import torch
 from ..errors import RlxError
 from ..graph.builder import Graph
 from ..graph.lowering import Executable
+from ..runtime.executor import RunReport
 from ..runtime.registry import device_variables
 
 #: torch dtype -> ABI element type (ABI.md §1; i32 for the integer tensors of §8).
@@ -34,6 +35,7 @@ CACHE_SIZE = 256
 
 _cache: collections.OrderedDict[Hashable, Executable] = collections.OrderedDict()
 _cache_lock = threading.Lock()
+_last = threading.local()  # the Executable of this thread's latest call
 
 
 @functools.cache
@@ -97,6 +99,7 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     arrays = {name: t.detach().contiguous() if t.device.type == "cpu" else t.detach().cpu().contiguous()
               for name, t in inputs.items()}
     outputs = exe.run(**arrays)
+    _last.exe = exe
     tensors = exe.schedule.tensors
     return {name: torch.from_numpy(a).to(device=home, dtype=TORCH_DTYPES[tensors[name].dtype])
             for name, a in outputs.items()}
@@ -106,3 +109,10 @@ def clear_cache() -> None:
     """Drop every compiled signature (their resident arenas are freed with them)."""
     with _cache_lock:
         _cache.clear()
+
+
+def last_report() -> RunReport | None:
+    """How this thread's latest call ran (each thunk's backend and seconds), or None before any call:
+    what a benchmark subtracts from a call's time to see what the bridge adds."""
+    exe = getattr(_last, "exe", None)
+    return None if exe is None else exe.device.last_report
