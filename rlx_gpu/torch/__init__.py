@@ -8,9 +8,19 @@ device; ``cuda:N`` tensors: CUDA device N) and are differentiable (``selective_s
 as in mamba_ssm). ``LSTM``, ``GRU`` and ``RNN`` are torch.nn's modules (constructor, parameters and
 ``state_dict`` keys) running their layers as one fused op, differentiable through its backward op.
 """
+from . import bridge, recurrent
 from .gdn import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
 from .nn import GRU, LSTM, RNN
 from .ssm import mamba_chunk_scan_combined, selective_scan_fn, selective_state_update
 
-__all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update", "chunk_gated_delta_rule",
+
+
+def clear_cache() -> None:
+    """Drop every compiled signature (with its resident arena) and every packing of module weights; needed
+    only after changing parameters through ``.data``, which torch does not count as a new version."""
+    bridge.clear_cache()
+    recurrent.forget_packings()
+
+
+__all__ = ["clear_cache", "selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update", "chunk_gated_delta_rule",
            "fused_recurrent_gated_delta_rule", "chunk_kda", "LSTM", "GRU", "RNN"]

@@ -1,33 +1,61 @@
-"""One state-space or linear-attention call of the graph builder as a ``torch.autograd.Function``.
+"""The state-space and linear-attention ops as torch custom ops: ``torch.ops.rlx_gpu.selective_scan``,
+``.mamba2`` and ``.gated_delta_net``, each with its ``..._backward``.
 
-A ``FusedCall`` names a ``Graph`` method (``selective_scan``, ``mamba2``, ``gated_delta_net``), its
-static keyword arguments and its tensors by the forward op's field names (ABI.md §4, §8). The forward
-runs a graph holding that one call; the backward runs a graph holding the call and its
-``Graph.backward``: the ``OP_backward`` thunk of ABI.md §9, which recomputes the forward from the same
-inputs, so nothing but the inputs is kept between the two. Both graphs are compiled once per
-signature (``bridge.run_graph``): a training loop plans nothing after its first step.
+Each takes the tensors of its ABI op by field name (ABI.md §4, §8: the op's own layout, batch-major)
+and its static arguments, and returns ``(y, final_state)`` (a tensor of no elements as the final state
+of a call given no initial ``state``). The forward runs a graph holding that one call; the backward op
+runs a graph holding the call and its ``Graph.backward``: the ``OP_backward`` thunk of ABI.md §9,
+which recomputes the forward from the same inputs, so autograd keeps nothing but the inputs between
+the two. Both graphs are compiled once per signature (``bridge.run_graph``). The anchors' functions
+(``ssm.py``, ``gdn.py``) map their callers' layouts onto these ops with torch operations, which
+``torch.compile`` traces around the opaque op.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Mapping
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from .bridge import rlx_dtype, run_graph
+from .library import define, dense, empty, schema_args
 
-#: The positional arguments of each graph method, by field name, in order.
-POSITIONAL: dict[str, tuple[str, ...]] = {"selective_scan": ("x", "delta", "a", "b", "c"),
-                                          "mamba2": ("x", "dt", "a", "b", "c"),
-                                          "gated_delta_net": ("q", "k", "v", "g", "beta")}
 #: The graph methods' keyword for a field, where the two names differ.
 KEYWORDS = {"d": "D", "state": "initial_state"}
 #: The name a call gets in its graph: the builder names its final states' outputs ``{CALL}.state``,
 #: ``{CALL}.h_n``, ``{CALL}.c_n``.
 CALL = "call"
 FINAL_STATE = f"{CALL}.state"
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    """One ABI op as a custom op: its required tensor fields (the graph method's positional arguments,
+    in order), its optional ones, its statics with their schema types, and the field whose shape ``y``
+    takes (its dtype is the first field's)."""
+
+    name: str
+    tensors: tuple[str, ...]
+    optional: tuple[str, ...]
+    statics: tuple[tuple[str, str], ...]
+    y_like: str
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.tensors + self.optional
+
+
+OPS = {op.name: op for op in (
+    FusedOp("selective_scan", ("x", "delta", "a", "b", "c"), ("d", "z", "delta_bias", "state", "cu_seqlens"),
+            (("delta_softplus", "bool"),), "x"),
+    FusedOp("mamba2", ("x", "dt", "a", "b", "c"), ("d", "z", "dt_bias", "state", "cu_seqlens"),
+            (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"),
+    FusedOp("gated_delta_net", ("q", "k", "v", "g", "beta"), ("state", "cu_seqlens"),
+            (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v"),
+)}
 
 
 @dataclass(frozen=True)
@@ -40,8 +68,9 @@ class FusedCall:
 
     def emit(self, graph: Graph, tensors: dict[str, Tensor]) -> tuple[Tensor, Tensor | None]:
         """Declare the call in ``graph`` on ``tensors`` (by field); its output and final state (or None)."""
-        args = [tensors[f] for f in POSITIONAL[self.op]]
-        kwargs = {KEYWORDS.get(f, f): t for f, t in tensors.items() if f not in POSITIONAL[self.op]}
+        positional = OPS[self.op].tensors
+        args = [tensors[f] for f in positional]
+        kwargs = {KEYWORDS.get(f, f): t for f, t in tensors.items() if f not in positional}
         out = getattr(graph, self.op)(*args, **kwargs, **dict(self.static), name=CALL)
         return out if isinstance(out, tuple) else (out, None)
 
@@ -80,36 +109,95 @@ def _backward_graph(call: FusedCall, inputs: dict[str, torch.Tensor], wanted: tu
     return graph
 
 
-def run_forward(call: FusedCall, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The call's output and final state (or None), without autograd."""
-    inputs = dict(zip(call.fields, tensors))
-    out = run_graph(("forward", call), lambda: _forward_graph(call, inputs), inputs)
-    return out["y"], out.get(FINAL_STATE)
+def _static(name: str, value: Any) -> Hashable:
+    """A schema value as the graph method takes it: ``dt_limit`` ``[lo, hi]`` as ``(lo, hi or None)``."""
+    if name == "dt_limit" and value is not None:
+        lo, hi = value
+        return float(lo), None if hi == math.inf else float(hi)
+    return value
 
 
-class FusedFunction(torch.autograd.Function):
-    """``apply(call, *tensors)`` -> ``(y, final state or None)``, differentiable in every float tensor."""
+def _call(op: FusedOp, args: Sequence[Any]) -> tuple[FusedCall, dict[str, torch.Tensor]]:
+    """The ``FusedCall`` and its given tensors by field, from an op's schema arguments."""
+    count = len(op.fields)
+    given = {f: t for f, t in zip(op.fields, args[:count]) if t is not None}
+    statics = tuple((name, _static(name, v)) for (name, _), v in zip(op.statics, args[count:]))
+    return FusedCall(op.name, statics, tuple(given)), given
 
-    @staticmethod
-    def forward(ctx: Any, call: FusedCall, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        y, final = run_forward(call, tensors)
-        ctx.call = call
-        ctx.save_for_backward(*tensors)
-        ctx.has_final = final is not None
-        return y, final
 
-    @staticmethod
-    def backward(ctx: Any, d_y: torch.Tensor, d_final: torch.Tensor | None) -> tuple[Any, ...]:
-        # autograd materializes the gradient of an unused output as zeros; the final state's is None
-        # when the call returned no state
-        call: FusedCall = ctx.call
-        tensors = ctx.saved_tensors
-        wanted = tuple(f for f, need in zip(call.fields, ctx.needs_input_grad[1:]) if need)
-        inputs = {**dict(zip(call.fields, tensors)), "d_dst": d_y}
-        if ctx.has_final:
-            inputs["d_final_state"] = d_final
+def _no_work(op: FusedOp, given: Mapping[str, torch.Tensor]) -> bool:
+    """A call on no tokens (batch 0 or length 0): the anchors return empty outputs and, for a state,
+    the initial one; no graph is built for it."""
+    return given[op.tensors[0]].shape[:2].numel() == 0
+
+
+def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    call, given = _call(op, args)
+    state = given.get("state")
+    if _no_work(op, given):
+        y = dense(given[op.y_like].shape, given[op.tensors[0]]).zero_()
+        return y, empty(y) if state is None else state.clone()
+    out = run_graph(("forward", call), lambda: _forward_graph(call, given), given)
+    return out["y"], empty(out["y"]) if state is None else out[FINAL_STATE]
+
+
+def _forward_fake(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    given = dict(zip(op.fields, args))
+    first = given[op.tensors[0]]
+    y = dense(given[op.y_like].shape, first)
+    state = given["state"]
+    return y, empty(first) if state is None else dense(state.shape, state)
+
+
+def _backward(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *args: Any) -> list[torch.Tensor]:
+    call, given = _call(op, args[:-1])
+    wanted = tuple(f for f, need in zip(op.fields, args[-1]) if need and f in given)
+    if _no_work(op, given):
+        grads = {f: torch.zeros_like(given[f], memory_format=torch.contiguous_format) for f in wanted}
+        if "state" in wanted:
+            grads["state"] = d_state.clone()
+    else:
+        inputs = {**given, "d_dst": d_y}
+        if "state" in given:
+            inputs["d_final_state"] = d_state
         out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, inputs, wanted), inputs)
-        return (None, *(out.get(f"grad.{f}") for f in call.fields))
+        grads = {f: out[f"grad.{f}"] for f in wanted}
+    return [grads[f] if f in grads else empty(d_y) for f in op.fields]
+
+
+def _backward_fake(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *args: Any) -> list[torch.Tensor]:
+    need = args[-1]
+    return [dense(t.shape, t) if t is not None and wanted else empty(d_y)
+            for t, wanted in zip(args[:len(op.fields)], need)]
+
+
+def _register(op: FusedOp) -> Any:
+    """Define ``rlx_gpu::{op}`` and ``rlx_gpu::{op}_backward`` and tie them with ``register_autograd``."""
+    args = schema_args(op.tensors, op.optional, op.statics)
+    forward = define(op.name, f"({args}) -> (Tensor, Tensor)",
+                     lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a))
+    backward = define(f"{op.name}_backward", f"(Tensor d_y, Tensor? d_state, {args}, bool[] wanted) -> Tensor[]",
+                      lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
+    count, state = len(op.fields), op.fields.index("state")
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs[:count])
+        ctx.statics = inputs[count:]
+
+    def gradients(ctx: Any, d_y: torch.Tensor, d_final: torch.Tensor | None) -> tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        wanted = [bool(ctx.needs_input_grad[i]) for i in range(count)]
+        d_state = None
+        if saved[state] is not None:  # autograd leaves the gradient of an unused final state out
+            d_state = d_final if d_final is not None else torch.zeros_like(saved[state])
+        grads = backward(d_y, d_state, *saved, *ctx.statics, wanted)
+        return (*(g if w else None for g, w in zip(grads, wanted)), *(None for _ in ctx.statics))
+
+    forward.register_autograd(gradients, setup_context=setup_context)
+    return forward
+
+
+CUSTOM_OPS = {name: _register(op) for name, op in OPS.items()}
 
 
 def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -117,13 +205,26 @@ def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Hashable) -> tuple[torch.Tensor, Any]:
-    """Run graph method ``op`` on ``tensors`` (by field; ``None`` ones left out) with autograd.
+def _schema_args(op: str, tensors: Mapping[str, torch.Tensor | None], static: Mapping[str, Any]) -> list[Any]:
+    """The arguments of ``rlx_gpu::<op>`` in schema order: tensors by field (absent ones ``None``), then statics."""
+    spec = OPS[op]
+    args: list[Any] = [tensors.get(f) for f in spec.fields]
+    for name, _ in spec.statics:
+        value = static.get(name)
+        if name == "dt_limit" and value is not None:
+            value = [float(value[0]), math.inf if value[1] is None else float(value[1])]
+        args.append(value)
+    return args
 
-    Returns the call's output and its final state (``None`` without an initial ``state``).
-    """
-    given = {f: t for f, t in tensors.items() if t is not None}
-    call = FusedCall(op, tuple(sorted(static.items())), tuple(given))
-    if torch.is_grad_enabled() and any(t.requires_grad for t in given.values()):
-        return FusedFunction.apply(call, *given.values())
-    return run_forward(call, tuple(given.values()))  # a decode step: no graph for autograd to record
+
+def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, Any]:
+    """Run ``torch.ops.rlx_gpu.<op>`` on ``tensors`` (by field; absent or ``None`` ones left out) and the
+    statics; differentiable. Returns the call's output and its final state (``None`` without a ``state``)."""
+    y, final = CUSTOM_OPS[op](*_schema_args(op, tensors, static))
+    return y, final if tensors.get("state") is not None else None
+
+
+def forward_now(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused``'s forward run directly, without the dispatcher or autograd: for the implementation of
+    another op (``selective_state_update``), which is itself the opaque call."""
+    return _forward(OPS[op], *_schema_args(op, tensors, static))

@@ -1,12 +1,14 @@
-"""``LSTM``, ``GRU`` and ``RNN``: torch.nn's modules running on rlx_gpu's recurrent thunks.
+"""``LSTM``, ``GRU`` and ``RNN``: torch.nn's modules running on rlx_gpu's recurrent ops.
 
-Each is a subclass of its torch.nn module, so the constructor (``input_size, hidden_size,
-num_layers, bias, batch_first, dropout, bidirectional, proj_size, nonlinearity, device, dtype``), the
-parameters and the ``state_dict`` keys are torch's own: a torch state_dict loads unchanged, and an
-instance is an ``isinstance`` of the torch module. Only ``forward`` differs: the parameters are
-packed into ABI.md §3's weight streams with torch ops (so their gradients flow back through the
-packing) and run as one thunk for all layers, or, with dropout between layers in training mode, one
-thunk per layer with torch's dropout between them. Inputs and outputs follow torch: ``[seq, batch,
+Each is a ``torch.nn.RNNBase`` built as its torch.nn namesake builds itself, so the constructor
+(``input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, proj_size,
+nonlinearity, device, dtype``), the parameters and the ``state_dict`` keys are torch's own: a torch
+state_dict loads unchanged. They are not instances of ``torch.nn.LSTM``/``GRU``/``RNN`` themselves:
+Dynamo refuses to trace those classes, and these compile (``torch.compile(fullgraph=True)``). Only
+``forward`` differs: the parameters go as they are to ``torch.ops.rlx_gpu.lstm`` (``gru``, ``rnn``),
+which packs them into ABI.md §3's weight streams once per parameter version, and run as one op for
+all layers, or, with dropout between layers in training mode, one op per layer with torch's dropout
+between them. Inputs and outputs follow torch: ``[seq, batch,
 features]`` or, with ``batch_first``, ``[batch, seq, features]``, unbatched ``[seq, features]``, and
 ``PackedSequence`` in and out (``h_n`` in the caller's batch order, sorted or not).
 """
@@ -17,36 +19,10 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
-from ..graph.torch_weights import layer_directions
 from .recurrent import Recurrence, recurrent
 
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
 OPS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn", "RNN_RELU": "rnn"}
-
-
-def weight_streams(module: torch.nn.RNNBase, layers: range) -> dict[str, torch.Tensor]:
-    """The ABI.md §3 weight streams of ``layers`` of ``module`` (``w_ih, w_hh`` and ``bias`` (b_ih + b_hh)
-    or ``b_ih, b_hh`` for a GRU, plus ``w_hr`` with ``proj_size``), built from the parameters with
-    differentiable torch ops; a module without biases gets zeros."""
-    dirs = 2 if module.bidirectional else 1
-    names = layer_directions(module.num_layers, module.bidirectional)[layers.start * dirs: layers.stop * dirs]
-
-    def stacked(kind: str) -> torch.Tensor:
-        return torch.stack([getattr(module, f"{kind}_{n}") for n in names])
-
-    w_hh = stacked("weight_hh")
-    streams = {"w_ih": torch.cat([getattr(module, f"weight_ih_{n}").reshape(-1) for n in names]), "w_hh": w_hh}
-    if module.bias:
-        b_ih, b_hh = stacked("bias_ih"), stacked("bias_hh")
-    else:
-        b_ih = b_hh = w_hh.new_zeros(w_hh.shape[:2])
-    if module.mode == "GRU":
-        streams.update(b_ih=b_ih, b_hh=b_hh)
-    else:
-        streams["bias"] = b_ih + b_hh
-    if module.proj_size:
-        streams["w_hr"] = stacked("weight_hr")
-    return streams
 
 
 def packed_like(y: torch.Tensor, like: PackedSequence) -> PackedSequence:
@@ -111,33 +87,62 @@ class _RlxRecurrent:
         in training mode one per layer."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         spec = dict(op=OPS[module.mode], hidden=module.hidden_size, bidirectional=module.bidirectional,
-                    proj_size=module.proj_size, relu=module.mode == "RNN_RELU")
+                    proj_size=module.proj_size, relu=module.mode == "RNN_RELU", has_biases=module.bias)
+        weights = [getattr(module, name) for name in module._flat_weights_names]
         split = module.training and module.dropout > 0 and module.num_layers > 1
         groups = [range(l, l + 1) for l in range(module.num_layers)] if split else [range(module.num_layers)]
         dirs = 2 if module.bidirectional else 1
+        per_layer = len(weights) // module.num_layers
         finals: list[list[torch.Tensor]] = [[] for _ in states]
         for layers in groups:
             if layers.start > 0:
                 x = torch.nn.functional.dropout(x, module.dropout, training=True)
             rows = slice(layers.start * dirs, layers.stop * dirs)
-            x, *ends = recurrent(Recurrence(num_layers=len(layers), **spec), x, weight_streams(module, layers),
+            x, *ends = recurrent(Recurrence(num_layers=len(layers), **spec), x,
+                                 weights[layers.start * per_layer: layers.stop * per_layer],
                                  {f: s[rows] for f, s in states.items()}, seq_lens)
             for out, end in zip(finals, ends):
                 out.append(end)
         return x, [torch.cat(f) if len(f) > 1 else f[0] for f in finals]
 
 
-class LSTM(_RlxRecurrent, torch.nn.LSTM):
+def _no_projection(name: str, kwargs: dict[str, Any]) -> None:
+    if "proj_size" in kwargs:
+        raise ValueError(f"{name}: proj_size argument is only supported for LSTM, not RNN or GRU")
+
+
+class LSTM(_RlxRecurrent, torch.nn.RNNBase):
     """``torch.nn.LSTM`` on rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input,
     (h_0, c_0))`` returns ``(output, (h_n, c_n))``, differentiable in the input, every parameter and both states."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__("LSTM", *args, **kwargs)
 
-class GRU(_RlxRecurrent, torch.nn.GRU):
+    # torch.nn.LSTM's checks of (h_0, c_0), the functions themselves
+    get_expected_cell_size = torch.nn.LSTM.get_expected_cell_size
+    check_forward_args = torch.nn.LSTM.check_forward_args
+
+
+class GRU(_RlxRecurrent, torch.nn.RNNBase):
     """``torch.nn.GRU`` on rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input,
     h_0)`` returns ``(output, h_n)``, differentiable in the input, every parameter and ``h_0``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _no_projection("GRU", kwargs)
+        super().__init__("GRU", *args, **kwargs)
 
-class RNN(_RlxRecurrent, torch.nn.RNN):
-    """``torch.nn.RNN`` (``nonlinearity`` tanh or relu) on rlx_gpu: the same constructor, parameters and
-    ``state_dict``; ``forward(input, h_0)`` returns ``(output, h_n)``, differentiable in the input, every
-    parameter and ``h_0``."""
+
+class RNN(_RlxRecurrent, torch.nn.RNNBase):
+    """``torch.nn.RNN`` (``nonlinearity`` tanh or relu, the fourth positional argument or a keyword) on
+    rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input, h_0)`` returns
+    ``(output, h_n)``, differentiable in the input, every parameter and ``h_0``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _no_projection("RNN", kwargs)
+        if len(args) > 3:
+            self.nonlinearity, args = args[3], args[:3] + args[4:]
+        else:
+            self.nonlinearity = kwargs.pop("nonlinearity", "tanh")
+        if self.nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: unknown nonlinearity {self.nonlinearity!r}; select from 'tanh' or 'relu'")
+        super().__init__("RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU", *args, **kwargs)

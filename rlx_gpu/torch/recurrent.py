@@ -1,24 +1,31 @@
-"""lstm, gru and rnn as ``torch.autograd.Function``s: the forward thunk of ABI.md §3 forward, its §9
-backward thunk backward.
+"""lstm, gru and rnn as torch custom ops: ``torch.ops.rlx_gpu.lstm``, ``.gru`` and ``.rnn``, each with its
+``..._backward`` (the forward thunk of ABI.md §3, its §9 backward thunk).
 
-The backward thunk recomputes the forward from the inputs it is given (the input, the weight
-streams, the initial states and the lengths), so nothing but those inputs is kept between the two
-passes. Gradients come back for the input, every weight stream and the initial states; a module
-(``rlx_gpu.torch.nn``) packs its parameters into the streams with torch ops, so torch's autograd
-carries the streams' gradients on to the parameters.
+Each op takes torch.nn's own parameters, ``weights`` in the order of ``RNNBase._flat_weights``
+(per layer and direction ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``), and packs them into ABI.md §3's
+weight streams itself, once per parameter version: the packing is kept while every parameter's
+storage and ``_version`` stay the same (an optimizer step bumps the versions), so a decode or
+training loop does not re-pack its weights per call. The backward thunk recomputes the forward from
+the inputs (the input, the weights, the initial states and the lengths), so autograd keeps nothing
+else between the two passes; its stream gradients are unpacked into one gradient per parameter.
 """
 from __future__ import annotations
 
+import collections
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from .bridge import rlx_dtype, run_graph
 from .fused import CALL, declare, output_gradients
+from .library import define, dense, schema_args
+
+#: How many packings of weights are kept (the least recently used one is dropped past it).
+PACKED_CACHE = 32
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class Recurrence:
     """The static arguments of one lstm, gru or rnn thunk: with the input shapes, what keys its schedules.
 
     ``proj_size`` applies to an lstm (torch's projection, ABI.md §8's ``w_hr``), ``relu`` to an rnn
-    (torch's ``nonlinearity="relu"``; tanh otherwise).
+    (torch's ``nonlinearity="relu"``; tanh otherwise); ``has_biases`` is torch's ``bias``.
     """
 
     op: str
@@ -35,18 +42,24 @@ class Recurrence:
     bidirectional: bool = False
     proj_size: int = 0
     relu: bool = False
+    has_biases: bool = True
 
     @property
-    def weights(self) -> tuple[str, ...]:
-        """The weight-stream fields of the thunk, in the order ``apply`` takes them."""
+    def streams(self) -> tuple[str, ...]:
+        """The weight-stream fields of the thunk."""
         if self.op == "gru":
             return "w_ih", "w_hh", "b_ih", "b_hh"
         return ("w_ih", "w_hh", "bias") + (("w_hr",) if self.proj_size else ())
 
     @property
     def states(self) -> tuple[str, ...]:
-        """The carried-state fields, in the order ``apply`` takes and returns them."""
+        """The carried-state fields, in the order the op takes and returns them."""
         return ("h0", "c0") if self.op == "lstm" else ("h0",)
+
+    @property
+    def per_direction(self) -> int:
+        """How many of torch's parameters each layer and direction has."""
+        return 2 + 2 * self.has_biases + bool(self.proj_size)
 
     def emit(self, g: Graph, t: Mapping[str, Tensor]) -> Tensor:
         """Emit the forward thunk on the graph tensors ``t`` (by field; ``seq_lens`` optional); returns ``y``."""
@@ -60,6 +73,104 @@ class Recurrence:
         else:
             out = g.rnn(t["x"], t["w_ih"], t["w_hh"], t["bias"], h0=t["h0"], relu=self.relu, **common)
         return out[0]
+
+
+#: The statics of each op's schema, in order, with their types.
+STATICS = {"lstm": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("proj_size", "int"),
+                    ("has_biases", "bool")),
+           "gru": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("has_biases", "bool")),
+           "rnn": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("has_biases", "bool"),
+                   ("relu", "bool"))}
+
+
+def _spec(op: str, statics: Sequence[Any]) -> Recurrence:
+    given = dict(zip((name for name, _ in STATICS[op]), statics))
+    return Recurrence(op, given["hidden_size"], given["num_layers"], given["bidirectional"],
+                      given.get("proj_size", 0), given.get("relu", False), given["has_biases"])
+
+
+class _Packings:
+    """The weight streams of parameter lists, kept per (storage, version) of every parameter.
+
+    A parameter changed in place by a torch operation (an optimizer step, ``copy_`` under ``no_grad``)
+    gets a new ``_version``, so it is packed again; one changed through ``.data`` (which torch does not
+    count, and ``torch.autograd.gradcheck`` perturbs) is not seen until ``rlx_gpu.torch.clear_cache()``.
+    """
+
+    def __init__(self) -> None:
+        self._kept: collections.OrderedDict[Any, dict[str, torch.Tensor]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+
+    def streams(self, spec: Recurrence, weights: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        key = (spec, tuple((w.data_ptr(), w._version, w.shape, w.dtype, w.device) for w in weights))
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is not None:
+                self._kept.move_to_end(key)
+                return kept
+        packed = _pack(spec, weights)
+        with self._lock:
+            self._kept[key] = packed
+            while len(self._kept) > PACKED_CACHE:
+                self._kept.popitem(last=False)
+        return packed
+
+
+def _groups(spec: Recurrence, weights: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """torch's flat parameters by layer and direction, each by its role (``w_ih``, ``b_ih`` ...)."""
+    roles = ("w_ih", "w_hh") + (("b_ih", "b_hh") if spec.has_biases else ()) + (("w_hr",) if spec.proj_size else ())
+    n = spec.per_direction
+    return [dict(zip(roles, weights[i: i + n])) for i in range(0, len(weights), n)]
+
+
+def _pack(spec: Recurrence, weights: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ABI.md §3's streams from torch's parameters: ``w_ih`` one flat run of every input weight,
+    ``w_hh`` (and ``w_hr``) stacked, ``bias = b_ih + b_hh`` (a GRU keeps both), zeros without biases."""
+    with torch.no_grad():
+        groups = _groups(spec, weights)
+        w_hh = torch.stack([p["w_hh"] for p in groups])
+        streams = {"w_ih": torch.cat([p["w_ih"].reshape(-1) for p in groups]), "w_hh": w_hh}
+        if spec.has_biases:
+            b_ih, b_hh = torch.stack([p["b_ih"] for p in groups]), torch.stack([p["b_hh"] for p in groups])
+        else:
+            b_ih = b_hh = w_hh.new_zeros(w_hh.shape[:2])
+        if spec.op == "gru":
+            streams.update(b_ih=b_ih, b_hh=b_hh)
+        else:
+            streams["bias"] = b_ih + b_hh
+        if spec.proj_size:
+            streams["w_hr"] = torch.stack([p["w_hr"] for p in groups])
+        return streams
+
+
+def _unpack(spec: Recurrence, weights: Sequence[torch.Tensor], grads: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The gradient of each of torch's parameters from the gradients of the streams ``_pack`` made."""
+    groups = _groups(spec, weights)
+    w_ih = torch.split(grads["w_ih"], [p["w_ih"].numel() for p in groups])
+    out: list[torch.Tensor] = []
+    for i, p in enumerate(groups):
+        out += [w_ih[i].reshape(p["w_ih"].shape), grads["w_hh"][i]]
+        if spec.has_biases:
+            out += [grads["b_ih"][i], grads["b_hh"][i]] if spec.op == "gru" else [grads["bias"][i]] * 2
+        if spec.proj_size:
+            out.append(grads["w_hr"][i])
+    return [g.clone() for g in out]  # an op's outputs may not share memory: each its own
+
+
+_packings = _Packings()
+forget_packings = _packings.clear
+
+
+def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
+            seq_lens: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    inputs = {"x": x, **_packings.streams(spec, weights), **dict(zip(spec.states, states))}
+    if seq_lens is not None:
+        inputs["seq_lens"] = seq_lens
+    return inputs
 
 
 def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tensor]]:
@@ -79,47 +190,92 @@ def _backward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Gra
     """The backward thunk: outputs ``grad.NAME`` for the input, every weight stream and the initial states."""
     g, t = _declared(inputs)
     y = spec.emit(g, t)
-    output_gradients(g, y, t["d_y"], {s: t[f"d_{s}"] for s in spec.states}, ("x", *spec.weights, *spec.states))
+    output_gradients(g, y, t["d_y"], {s: t[f"d_{s}"] for s in spec.states}, ("x", *spec.streams, *spec.states))
     return g
 
 
-class RecurrentFunction(torch.autograd.Function):
-    """``(y, *final_states) = apply(spec, seq_lens, x, *weight_streams, *initial_states)``.
-
-    ``spec`` is a ``Recurrence``; ``seq_lens`` an int32 ``[batch]`` tensor or None; ``x [batch, seq,
-    input_size]``; the weight streams are ABI.md §3's in ``spec.weights`` order; the states
-    ``[num_layers*dirs, batch, width]`` in ``spec.states`` order. All floating-point tensors share x's
-    dtype and device.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, spec: Recurrence, seq_lens: torch.Tensor | None, x: torch.Tensor,
-                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        names = ("x", *spec.weights, *spec.states)
-        inputs = dict(zip(names, (x, *tensors)))
-        if seq_lens is not None:
-            inputs["seq_lens"] = seq_lens
-        out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs)
-        ctx.spec, ctx.names = spec, tuple(inputs)
-        ctx.save_for_backward(*inputs.values())
-        finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
-        return (out["y"], *(out[finals[s]] for s in spec.states))
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, d_y: torch.Tensor, *d_finals: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        spec: Recurrence = ctx.spec
-        inputs = dict(zip(ctx.names, ctx.saved_tensors))
-        x = inputs["x"]
-        inputs["d_y"] = d_y.to(x.dtype)
-        inputs.update({f"d_{s}": d.to(x.dtype) for s, d in zip(spec.states, d_finals)})
-        grads = run_graph(("backward", spec), lambda: _backward_graph(spec, inputs), inputs)
-        return (None, None, grads["grad.x"], *(grads[f"grad.{name}"] for name in (*spec.weights, *spec.states)))
+def _width(spec: Recurrence) -> int:
+    return (2 if spec.bidirectional else 1) * (spec.proj_size or spec.hidden)
 
 
-def recurrent(spec: Recurrence, x: torch.Tensor, weights: Mapping[str, torch.Tensor],
-              states: Mapping[str, torch.Tensor], seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
-    """Run the thunk ``spec`` describes, differentiably: ``(y, h_n)`` or, for an lstm, ``(y, h_n, c_n)``.
+def _split(op: str, args: Sequence[Any]) -> tuple[Recurrence, torch.Tensor, list[torch.Tensor], list[torch.Tensor],
+                                                   torch.Tensor | None]:
+    """``(spec, x, weights, states, seq_lens)`` from an op's schema arguments."""
+    spec = _spec(op, args[-len(STATICS[op]):])
+    count = len(spec.states)
+    return spec, args[0], list(args[1]), list(args[2: 2 + count]), args[2 + count]
+
+
+def _forward(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
+    spec, x, weights, states, seq_lens = _split(op, args)
+    if x.shape[:2].numel() == 0:  # batch 0 or no steps: torch.nn's empty output, the states unchanged
+        return (dense((*x.shape[:2], _width(spec)), x).zero_(), *(s.clone() for s in states))
+    inputs = _inputs(spec, x, weights, states, seq_lens)
+    out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs)
+    finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
+    return (out["y"], *(out[finals[s]] for s in spec.states))
+
+
+def _forward_fake(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
+    spec, x, _, states, _ = _split(op, args)
+    return (dense((*x.shape[:2], _width(spec)), x), *(dense(s.shape, s) for s in states))
+
+
+def _backward(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]:
+    spec = _spec(op, args[-len(STATICS[op]):])
+    d_finals, rest = args[:len(spec.states)], args[len(spec.states):]
+    spec, x, weights, states, seq_lens = _split(op, rest)
+    if x.shape[:2].numel() == 0:
+        return [torch.zeros_like(t) for t in (x, *weights)] + [d.clone() for d in d_finals]
+    inputs = _inputs(spec, x, weights, states, seq_lens)
+    inputs["d_y"] = d_y.to(x.dtype)
+    inputs.update({f"d_{s}": d.to(x.dtype) for s, d in zip(spec.states, d_finals)})
+    out = run_graph(("backward", spec), lambda: _backward_graph(spec, inputs), inputs)
+    grads = {name[len("grad."):]: t for name, t in out.items()}
+    return [grads["x"], *_unpack(spec, weights, grads), *(grads[s] for s in spec.states)]
+
+
+def _backward_fake(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]:
+    spec = _spec(op, args[-len(STATICS[op]):])
+    _, x, weights, states, _ = _split(op, args[len(spec.states):])
+    return [dense(t.shape, t) for t in (x, *weights, *states)]
+
+
+def _register(op: str) -> Any:
+    states = ("h0", "c0") if op == "lstm" else ("h0",)
+    args = "Tensor x, Tensor[] weights, " + schema_args(states, ("seq_lens",), STATICS[op])
+    outputs = ", ".join(["Tensor"] * (1 + len(states)))
+    forward = define(op, f"({args}) -> ({outputs})", lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a))
+    d_finals = ", ".join(f"Tensor d_{s}" for s in states)
+    backward = define(f"{op}_backward", f"(Tensor d_y, {d_finals}, {args}) -> Tensor[]",
+                      lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
+    count = len(states)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        x, weights = inputs[0], inputs[1]
+        ctx.weights = len(weights)
+        ctx.save_for_backward(x, *weights, *inputs[2: 3 + count])
+        ctx.statics = inputs[3 + count:]
+
+    def gradients(ctx: Any, d_y: torch.Tensor, *d_finals: torch.Tensor | None) -> tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        x, weights = saved[0], list(saved[1: 1 + ctx.weights])
+        states, seq_lens = saved[1 + ctx.weights: 1 + ctx.weights + count], saved[-1]
+        d_finals = tuple(torch.zeros_like(s) if d is None else d for s, d in zip(states, d_finals))
+        grads = backward(d_y, *d_finals, x, weights, *states, seq_lens, *ctx.statics)
+        return (grads[0], list(grads[1: 1 + ctx.weights]), *grads[1 + ctx.weights:], None,
+                *(None for _ in ctx.statics))
+
+    forward.register_autograd(gradients, setup_context=setup_context)
+    return forward
+
+
+CUSTOM_OPS = {op: _register(op) for op in STATICS}
+
+
+def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Mapping[str, torch.Tensor],
+              seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """Run ``torch.ops.rlx_gpu.<spec.op>``, differentiably: ``(y, h_n)`` or, for an lstm, ``(y, h_n, c_n)``.
 
     Parameters
     ----------
@@ -127,13 +283,15 @@ def recurrent(spec: Recurrence, x: torch.Tensor, weights: Mapping[str, torch.Ten
         The op and its static arguments.
     x : torch.Tensor
         ``[batch, seq, input_size]``, any strides.
-    weights : mapping of str to torch.Tensor
-        The weight streams of ABI.md §3 by field (``spec.weights``).
+    weights : sequence of torch.Tensor
+        torch.nn's parameters of the layers run, in ``_flat_weights`` order.
     states : mapping of str to torch.Tensor
         The initial states by field (``spec.states``), ``[num_layers*dirs, batch, width]``.
     seq_lens : torch.Tensor, optional
         int32 ``[batch]``: row ``b`` runs its first ``seq_lens[b]`` steps (ABI.md §8), ``y`` is 0 past
         them and its final state is the one after its last step.
     """
-    return RecurrentFunction.apply(spec, seq_lens, x, *(weights[n] for n in spec.weights),
-                                   *(states[n] for n in spec.states))
+    statics = {"hidden_size": spec.hidden, "num_layers": spec.num_layers, "bidirectional": spec.bidirectional,
+               "proj_size": spec.proj_size, "has_biases": spec.has_biases, "relu": spec.relu}
+    return CUSTOM_OPS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,
+                               *(statics[name] for name, _ in STATICS[spec.op]))

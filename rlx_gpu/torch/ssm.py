@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from .fused import cast, fused
+from .fused import cast, forward_now, fused
+from .library import define, dense
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
 
@@ -252,6 +253,14 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     torch.Tensor
         ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
     """
+    return _STATE_UPDATE(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+
+
+def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                  dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
+    """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
+    call of one token, the state rows it reads gathered from the pool and written back."""
     name = "selective_state_update"
     _refuse_complex(name, A=A, B=B, C=C)
     heads_form = state.dim() == 4
@@ -293,11 +302,18 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
             "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
             "z": None if z is None else cast(z, act).reshape(batch, 1, channels),
             "state": cast(current.reshape(batch, channels, dstate), carried)}
-    with torch.no_grad():
-        y, final = fused(op, tensors, **statics)
-        new = cast(final, state.dtype).reshape(current.shape)
-        if rows is None:
-            pool.copy_(new)
-        else:
-            pool.index_copy_(0, rows, new)
+    y, final = forward_now(op, tensors, **statics)
+    new = cast(final, state.dtype).reshape(current.shape)
+    if rows is None:
+        pool.copy_(new)
+    else:
+        pool.index_copy_(0, rows, new)
     return y.reshape(x.shape)
+
+
+
+_STATE_UPDATE = define(
+    "selective_state_update",
+    "(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
+    "bool dt_softplus, Tensor? state_batch_indices) -> Tensor",
+    _state_update, lambda state, x, *rest: dense(x.shape, x), mutates=("state",))
