@@ -28,7 +28,7 @@ example = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(example)
 
 
-def _step_times(models: dict[str, torch.nn.Module], data: list, runs: int) -> dict[str, float]:
+def step_times(models: dict[str, torch.nn.Module], data: list, runs: int) -> dict[str, float]:
     """The median seconds per training step of each model, after two warm-up steps, taking turns."""
     for model in models.values():
         example.train(model, data[:2])
@@ -56,7 +56,7 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}; "
           f"batch {args.batch}, window {example.WINDOW}")
     for kind in args.models:
-        step = _step_times(example.models(kind), data, args.runs)
+        step = step_times(example.models(kind), data, args.runs)
         reference, ours = step.values()
         print(example.TITLES[kind])
         for name, seconds in step.items():

@@ -1,0 +1,32 @@
+"""Benchmark scripts run end to end at a tiny size. No figure of time is asserted (on a shared machine it
+is noise); what a script checks besides timing (agreement with torch) and what it prints are."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_torch_decode_benchmark_prints_every_case_agreeing_with_torch_and_the_training_ratio():
+    tiny = ["--quick", "--runs", "2", "--rounds", "1", "--warmup", "0", "--train-steps", "1", "--train-runs", "1"]
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "torch_decode.py"), *tiny,
+                           "--devices", "host,opencl", "--opencl", "opencl:9:9"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("OpenCL skipped: no device 'opencl:9:9' here") for line in lines)
+    header = next(line for line in lines if line.startswith("case "))
+    assert all(f in header for f in ("host/torch (≤ 1.0x)", "overhead µs (≤ 30)", "OpenCL/torch (≤ 2.0x)"))
+    cases = ("selective_state_update Mamba-2 B1 H8 P64 N64", "selective_state_update Mamba-1 B1 D1536 N16",
+             "fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64", "rlx_gpu.torch.LSTM one step B1 I=H=256")
+    for case in cases:
+        row = next(line for line in lines if line.startswith(case))
+        host_diff, opencl_diff = row.split()[-3::2]  # "max |diff| host / OpenCL"
+        assert float(host_diff) < 1e-4 and opencl_diff == "—", row
+        assert re.search(r"\d+\.\d\dx [✓✗] +[\d.]+ [✓✗]", row), row  # the host ratio and overhead, each judged
+    training = next(line for line in lines if line.startswith("character LSTM language model"))
+    ratio = r"torch\.nn\.LSTM [\d.]+ ms, rlx_gpu\.torch\.LSTM [\d.]+ ms: [\d.]+x [✓✗] \(target ≤ 1\.5x\)$"
+    assert re.search(ratio, training), training
