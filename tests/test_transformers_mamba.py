@@ -130,3 +130,25 @@ def test_one_optimizer_step_through_rlx_gpu_gives_the_same_gradients(kind, monke
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
         torch.testing.assert_close(after[1][name], after[0][name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2"])
+def test_the_routed_model_compiles_whole_to_the_unpatched_loss_and_gradients(kind, monkeypatch):
+    """The model under torch.compile(fullgraph=True): no graph break around rlx_gpu's ops, the same loss and
+    gradients as the unpatched eager model."""
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    model = tiny(kind).train()
+    loss = model(PROMPT, labels=PROMPT).loss
+    loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    routed(monkeypatch)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)  # a graph break raises
+    got = compiled(PROMPT, labels=PROMPT).loss
+    got.backward()
+    assert CALLS[ROUTES[kind][0]] == 2  # traced once per layer
+    torch.testing.assert_close(got, loss, rtol=1e-5, atol=1e-6)
+    for name, grad in expected.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, rtol=1e-3, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
