@@ -129,6 +129,8 @@ class Arena:
     def flush(self) -> int:
         """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this);
         returns the number of copies sent."""
+        if not self._staged:  # nothing staged (a host arena always): no lock to take
+            return 0
         session = self.device.session
         with session.lock:  # taken whole under the lock: a write staged meanwhile waits for the next flush
             staged, self._staged = self._staged, []

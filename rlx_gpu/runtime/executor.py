@@ -194,8 +194,10 @@ class Device:
                 if data is None:
                     data, copies = self.session.read(arena.handle, offset, nbytes), copies + (not self.on_host)
                 return data
-            for check in bound.early_checks:
-                check.run(int32_reader(read))
+            if bound.early_checks:
+                reader = int32_reader(read)
+                for check in bound.early_checks:
+                    check.run(reader)
             report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
         if not self.on_host:
             report.copies = copies + sum(len(c.regions) for c in bound.late_checks.values())
