@@ -11,11 +11,11 @@ an input given with the stamp of its last write is not written again, so weights
 version, not once per call. An input some thunk writes (a carried state updated in place) or that
 shares bytes with another input is written on every call whatever its stamp.
 
-On the host an input is one ``numpy.copyto`` into the arena and an output one copy out. On a device
+On the host an input is one copy into its place in the arena and an output one copy out. On a device
 every copy is a command of its own (about 15 µs on PoCL): the inputs are staged in host buffers of
-the plan and sent by one copy per run of neighbouring tensors, the outputs read by one copy per span
-of neighbours, and the integer tensors an early data check reads come from those host buffers, not
-from the device; ``last_report.copies`` counts the commands.
+the plan and sent by one copy per cluster of neighbouring inputs (``_Staging``), the outputs read by
+one copy per span of neighbours, and the integer tensors an early data check reads come from those
+host buffers, not from the device; ``last_report.copies`` counts the commands.
 """
 from __future__ import annotations
 
@@ -133,6 +133,8 @@ class CallPlan:
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
         self._staging: _Staging | None = None
+        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # on the host: each output's arena view
+        self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # on a device: the reads
         self._freed = False
 
     def __repr__(self) -> str:
