@@ -4,8 +4,8 @@
 
 Default shape: batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional, f32 (prefill). Each
 module is exported with ``torch.onnx.export``; the one model runs in onnxruntime's CPU provider (as
-many intra-op threads as NumPy's OpenBLAS has) and, imported, on rlx_gpu's host device (a resident
-arena: inputs written, the schedule run, outputs read, as ``Executable.run`` does), torch itself
+many intra-op threads as NumPy's OpenBLAS has) and, imported, on rlx_gpu's host device (a ``CallPlan``, as ``Executable.run`` uses: the input copied into
+its resident arena, the schedule run, the outputs copied out), torch itself
 beside them. The table shows medians of ``--rounds`` x ``--runs`` timed calls, the sides taking turns
 (``benchmarks/rnn.py``'s ``alternate_ms``), the ratios, and the largest difference from onnxruntime.
 Needs torch, onnx and onnxruntime (the test extra).
@@ -72,13 +72,11 @@ def main() -> None:
         session = onnxruntime.InferenceSession(model, options, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         schedule = rlx_gpu.onnx.load(model)
-        arena = device.arena(schedule)
+        plan = rlx_gpu.CallPlan(schedule, device)
         xt = torch.from_numpy(x)
 
         def imported():
-            arena.write("x", x)
-            device.run(schedule, arena)
-            return arena.read_many(list(schedule.outputs))
+            return plan({"x": x})
 
         def with_torch():
             with torch.no_grad():

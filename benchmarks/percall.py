@@ -12,9 +12,10 @@ Medians in microseconds of ``--rounds`` blocks of ``--runs`` timed calls per pat
 turns block by block; torch gets as many threads as NumPy's OpenBLAS. ``max |diff|`` compares the
 resident path's output after the timed calls with torch's, after as many steps from the same state.
 Then one gru B=1 decode step through the compiled-graph API (``Graph.gru`` with ``h0`` an input,
-``g.compile(device)``, ``exe.run(x=..., h0=...)`` per step) against torch, and a table of where
-``exe.run``'s time goes on each device: inputs staged, flush, each thunk, the wait, the outputs read,
-and what the executor and the Executable add. On a loaded machine run it with
+``g.compile(device)``, ``exe.run(x=..., h0=...)`` per step) against torch, and what a ``CallPlan``
+(the per-call path under ``exe.run``) adds to its thunks' own time on each device, for that step and a
+Mamba-2 decode step of nine inputs (three of them parameters, also timed with stamps), with the
+host-device copies of a call. ``--graph-only`` runs only these two tables. On a loaded machine run it with
 ``OPENBLAS_NUM_THREADS=1`` (torch follows): a two-thread step waits at its barriers for a
 descheduled thread. Needs only numpy, ml_dtypes, torch, pyopencl (for opencl)
 and this repository.
@@ -40,7 +41,7 @@ from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu import get_device, load_schedule  # noqa: E402
-from rlx_gpu.schedule.model import ABI_V1  # noqa: E402
+from rlx_gpu.schedule.model import ABI_V1, ABI_V2  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 
@@ -57,12 +58,13 @@ class Case:
     torch_step: Callable[[], np.ndarray]
 
 
-def schedule_for(thunk: dict, arena_bytes: int, inputs: list[str], constants: dict[str, np.ndarray]) -> Any:
+def schedule_for(thunk: dict, arena_bytes: int, inputs: list[str], constants: dict[str, np.ndarray],
+                 abi: str = ABI_V1) -> Any:
     """A one-thunk schedule naming every tensor by its field; ``constants`` become init blocks."""
     tensors = {r.field: {"offset": r.offset, "dtype": r.dtype, "shape": list(r.shape)} for r in regions(thunk)}
     init = [{"offset": tensors[n]["offset"], "b64": base64.b64encode(np.ascontiguousarray(a, np.float32)).decode()}
             for n, a in constants.items()]
-    return load_schedule({"abi": ABI_V1, "arena_bytes": arena_bytes, "tensors": tensors, "inputs": inputs,
+    return load_schedule({"abi": abi, "arena_bytes": arena_bytes, "tensors": tensors, "inputs": inputs,
                           "outputs": ["dst"], "init": init, "thunks": [thunk]})
 
 
@@ -164,85 +166,68 @@ def graph_gru_decode(torch: Any, dev: Any) -> tuple[Callable[[], np.ndarray], Ca
     return ours, theirs, exe
 
 
-def _call_us(fn: Callable[[], object], calls: int) -> float:
-    """Mean µs of one call of ``fn`` over ``calls`` calls."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+def mamba2_step(dev: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, int]]:
+    """A Mamba-2 decode step (``selective_state_update``'s form: B=1 S=1 H=8 P=64 N=64 with D, z,
+    dt_bias, softplus and the state carried in place) as a one-thunk schedule of nine inputs, its call
+    plan on ``dev`` (profiled: each thunk waits, so its record is its own time), the inputs of a step
+    and stamps for its parameters (A, D, dt_bias)."""
+    from rlx_gpu.runtime.call_plan import CallPlan
+
+    params = dict(batch=1, seq=1, heads=8, head_dim=64, state_size=64, dt_bias=True, dt_softplus=True, d=True,
+                  z=True, carry_state=True, state=True)
+    thunk, arena_bytes = lay_out("mamba2", "f32", params)
+    inputs = ["x", "dt", "a", "b", "c", "dt_bias", "d", "z", "state"]
+    schedule = schedule_for(thunk, arena_bytes, inputs, {}, ABI_V2)
+    rng = np.random.default_rng(0)
+    values = {name: rng.uniform(-0.5, 0.5, schedule.tensors[name].shape).astype(np.float32) for name in inputs}
+    values["a"] = -np.abs(values["a"])
+    return CallPlan(schedule, dev, profile=True), values, {"a": 1, "d": 1, "dt_bias": 1}
 
 
-def decode_breakdown(exe: Any, inputs: dict[str, np.ndarray], calls: int) -> list[tuple[str, float]]:
-    """Median µs of each part of ``exe.run(**inputs)``, each part called as the run calls it, in the
-    run's order: the inputs staged (``arena.write``), the flush (host-to-device copies), each thunk's
-    step (a launch on a kernel device, the kernel itself on the host), the wait for the device, the
-    outputs read; then what the executor and the Executable add on top, as differences of medians
-    (so on a noisy machine a small one can come out below zero)."""
-    dev, sched = exe.device, exe.schedule
-    exe.run(**inputs)
-    arena, bound, session = exe._arena, dev.bind(sched), dev.session
-    parts: dict[str, list[float]] = {}
-    clock = time.perf_counter
+def plan_overhead(plan: Any, inputs: dict[str, np.ndarray], stamps: dict[str, int] | None,
+                  calls: int) -> tuple[float, float, float, int]:
+    """Median µs per call of ``plan(inputs, stamps)``, of its thunks' own time (its ``last_report``) and
+    of the difference per call (what the plan adds: inputs in, checks, outputs out), and the
+    host-device copies of a call."""
+    clock, whole, own, extra = time.perf_counter, [], [], []
     for call in range(calls + calls // 5):
         t0 = clock()
-        exe.run(**inputs)
+        plan(inputs, stamps)
         t1 = clock()
-        dev.run(sched, arena)
-        session.finish()
-        t2 = clock()
-        for name, values in inputs.items():
-            arena.write(name, values)
-        t3 = clock()
-        with session.lock:
-            arena.flush()
-        t4 = clock()
-        steps = []
-        for thunk, _, step in bound.steps:
-            start = clock()
-            step(arena.handle, None)
-            steps.append((f"thunk {thunk.index} {thunk.op}", clock() - start))
-        t5 = clock()
-        session.finish()
-        t6 = clock()
-        arena.read_many(list(sched.outputs))
-        t7 = clock()
         if call >= calls // 5:  # after the warm-up
-            for label, seconds in [("inputs staged (arena.write)", t3 - t2), ("flush (host to device)", t4 - t3),
-                                   *steps, ("wait for the device", t6 - t5), ("outputs read (read_many)", t7 - t6),
-                                   ("Device.run, whole", t2 - t1), ("exe.run, whole", t1 - t0)]:
-                parts.setdefault(label, []).append(seconds)
-    us = {label: statistics.median(v) * 1e6 for label, v in parts.items()}
-    device_run, whole = us.pop("Device.run, whole"), us.pop("exe.run, whole")
-    inside = sum(v for k, v in us.items() if k.startswith(("flush", "thunk", "wait")))
-    outside = us["inputs staged (arena.write)"] + us["outputs read (read_many)"]
-    if dev.on_host:  # the host's kernel, split: its GEMVs (W_ih·x, W_hh·h) alone, the rest is NumPy calls
-        rows = 3 * SIZE  # gru gates
-        w, v, out = np.ones((rows, SIZE), np.float32), np.ones((SIZE, 1), np.float32), np.empty((rows, 1), np.float32)
-        gemv = statistics.median(_call_us(lambda: np.matmul(w, v, out=out), 200) for _ in range(5))
-        at = next(i for i, label in enumerate(us) if label.startswith("thunk") and label.endswith(" gru")) + 1
-        us = dict([*list(us.items())[:at], ("  of which its two GEMVs, alone", 2 * gemv), *list(us.items())[at:]])
-    return [*us.items(), ("executor's own: Device.run less flush, thunks, wait", device_run - inside),
-            ("Executable's own: checks, lock, output dict", whole - device_run - outside), ("exe.run, whole", whole)]
+            thunks = sum(r.seconds for r in plan.last_report.records)
+            whole.append(t1 - t0)
+            own.append(thunks)
+            extra.append(t1 - t0 - thunks)
+    return (*(statistics.median(v) * 1e6 for v in (whole, own, extra)), plan.last_report.copies)
 
 
 def print_graph_decode(torch: Any, devices: list[Any], args: Any) -> None:
-    """The compiled-graph decode table (torch, exe.run, ratio per device) and its per-part breakdown."""
+    """The compiled-graph decode table (torch, exe.run, ratio per device) and the call plans' overhead."""
+    from rlx_gpu.runtime.call_plan import CallPlan
+
     print(f"\ngru B=1 H={SIZE} decode step through Graph.compile(device) + exe.run(x, h0) per step, median µs "
           f"of {args.rounds}x{args.runs} calls after {args.warmup} warm-up, torch and ours in turns:")
     print(f"{'device':<12}{'torch':>8}{'exe.run':>9}{'ratio':>8}{'max |diff|':>12}")
-    breakdowns = {}
+    rows = []
+    calls = args.rounds * args.runs
     for dev in devices:
         ours, theirs, exe = graph_gru_decode(torch, dev)
         us = [ms * 1e3 for ms in alternate_ms([theirs, ours], args.runs, args.warmup, args.rounds)]
         diff = float(np.abs(ours() - theirs()).max())  # both took the same number of steps
         print(f"{dev.spec:<12}{us[0]:>8.0f}{us[1]:>9.0f}{us[1] / us[0]:>7.2f}x{diff:>12.1e}")
         inputs = {"x": np.zeros((1, 1, SIZE), np.float32), "h0": np.zeros((1, 1, SIZE), np.float32)}
-        breakdowns[dev.spec] = decode_breakdown(exe, inputs, args.rounds * args.runs)
-    labels = list(dict.fromkeys(label for rows in breakdowns.values() for label, _ in rows))
-    print(f"\nwhere exe.run's time goes, median µs per part ({' / '.join(breakdowns)}):")
-    for label in labels:
-        cells = [f"{dict(rows).get(label, float('nan')):>9.1f}" for rows in breakdowns.values()]
-        print(f"  {label:<46}{''.join(cells)}")
+        with CallPlan(exe.schedule, dev, profile=True) as plan:
+            rows.append((dev.spec, "gru graph step, 2 inputs", plan_overhead(plan, inputs, None, calls)))
+        plan, values, stamps = mamba2_step(dev)
+        with plan:
+            rows.append((dev.spec, "mamba2 step, 9 inputs", plan_overhead(plan, values, None, calls)))
+            rows.append((dev.spec, "  A, D, dt_bias stamped", plan_overhead(plan, values, stamps, calls)))
+    print(f"\nCallPlan per call, median µs of {calls} calls (profiled: each thunk waits for the device; "
+          f"overhead = call - thunks, per call; copies: host-device commands):")
+    print(f"{'device':<12}{'step':<28}{'call':>8}{'thunks':>8}{'overhead':>10}{'copies':>8}")
+    for spec, label, (whole, own, extra, copies) in rows:
+        print(f"{spec:<12}{label:<28}{whole:>8.1f}{own:>8.1f}{extra:>10.1f}{copies:>8}")
 
 
 def main() -> None:
@@ -251,6 +236,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50, help="timed calls per block and path")
     ap.add_argument("--warmup", type=int, default=10, help="untimed calls before each block")
     ap.add_argument("--rounds", type=int, default=5, help="blocks per path, the paths taking turns")
+    ap.add_argument("--graph-only", action="store_true", help="only the compiled-graph and call-plan tables")
     args = ap.parse_args()
 
     import torch
@@ -258,7 +244,8 @@ def main() -> None:
     threads = blas_threads() or os.cpu_count() or 1
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    cases = [recurrent_case(torch, op, b) for op in ("lstm", "gru") for b in (1, 32)] + [gdn_case(torch)]
+    cases = [] if args.graph_only else [recurrent_case(torch, op, b) for op in ("lstm", "gru") for b in (1, 32)]
+    cases += [] if args.graph_only else [gdn_case(torch)]
     devices = [get_device(spec) for spec in args.devices.split(",")]
     print(f"decode step S=1, f32, H=I={SIZE}; torch.set_num_threads({threads}) = NumPy's OpenBLAS threads; "
           f"median µs of {args.rounds}x{args.runs} calls per path after {args.warmup} warm-up, in turns")

@@ -4,6 +4,7 @@ from .errors import (ConfigError, DeviceError, FallbackForbidden, GraphError, In
 from .graph.autodiff import vjp
 from .graph.builder import Graph
 from .graph.models import build_model, list_models
+from .runtime.call_plan import CallPlan
 from .runtime.config import Config, load_config
 from .runtime.executor import get_device
 from .runtime.registry import discover
@@ -13,6 +14,6 @@ from .schedule.model import Schedule, TensorView, Thunk
 __version__ = "0.1.0"
 
 __all__ = ["load_schedule", "save_schedule", "get_device", "discover", "load_config", "Config", "Schedule",
-           "Thunk", "TensorView", "ScheduleError", "RunError", "KernelBuildError", "FallbackForbidden", "DeviceError",
+           "Thunk", "TensorView", "CallPlan", "ScheduleError", "RunError", "KernelBuildError", "FallbackForbidden", "DeviceError",
            "RlxError", "GraphError", "ModelError", "ConfigError", "InputError", "Graph", "vjp", "build_model",
            "list_models", "__version__"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import host_fallback
-from rlx_gpu import load_schedule
+from rlx_gpu import InputError, load_schedule
 from rlx_gpu.graph.builder import Graph, GraphError
 from rlx_gpu.graph.models import build_model, list_models, load_spec
 from rlx_gpu.graph.torch_weights import pack_recurrent
@@ -143,10 +143,13 @@ def test_run_checks_inputs():
     g = Graph()
     g.output("y", g.unary("relu", g.input("x", (2,))))
     exe = g.compile("host")
-    with pytest.raises(GraphError, match="missing \\['x'\\]"):
+    # the call plan under exe.run refuses them (InputError: the values given, not the graph, are wrong)
+    with pytest.raises(InputError, match="input 'x' is missing: .*; the plan takes the inputs \\['x'\\]"):
         exe.run()
-    with pytest.raises(GraphError, match="shape \\[3\\], expected \\[2\\]"):
+    with pytest.raises(InputError, match="input 'x' has shape \\[3\\], expected \\[2\\]"):
         exe.run(x=np.zeros(3))
+    with pytest.raises(InputError, match="the schedule has no input 'z'"):
+        exe.run(x=np.zeros(2), z=np.zeros(2))
 
 
 def test_names_and_graph_mixups_are_errors():

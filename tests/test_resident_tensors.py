@@ -112,6 +112,7 @@ def test_compile_keeps_weights_resident_and_uploads_only_inputs(spec, monkeypatc
     exe = g.compile(spec)
     xs = np.random.default_rng(1).uniform(-1, 1, (3, 2, 4))
     exe.run(x=xs[0])
+    arena = exe.plan._arena.handle
     written: list[int] = []
     session = exe.device.session
     real_write = session.write
@@ -119,7 +120,10 @@ def test_compile_keeps_weights_resident_and_uploads_only_inputs(spec, monkeypatc
                                                                         real_write(arena, offset, data))[1])
     for x in xs:
         np.testing.assert_allclose(exe.run(x=x)["y"], np.tanh(x @ w), rtol=1e-5, atol=1e-6)
-    assert written == [2 * 4 * 4] * len(xs)  # x alone, every run: the weights stayed on the device
+        assert exe.plan.last_report.copies == (0 if spec == "host" else 2)  # on a device: x in, y out
+    # x alone, every run (on the host copied straight into the arena): the weights stayed on the device
+    assert written == ([] if spec == "host" else [2 * 4 * 4] * len(xs))
+    assert exe.plan._arena.handle is arena
 
 
 def test_compile_takes_torch_bf16_inputs():

@@ -12,11 +12,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import COMPUTE, ELEM_SIZE
+from host_fallback.arena import COMPUTE, ELEM_SIZE, STORAGE
 from host_fallback.fields import used
 
 from ..errors import GraphError
-from ..runtime.arena import Arena
+from ..runtime.call_plan import CallPlan
 from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
@@ -140,11 +140,12 @@ def _schedules(schedule: dict[str, Any]) -> Any:
 class Executable:
     """A compiled graph: ``run(**inputs)`` returns the outputs by name.
 
-    The first run allocates a resident arena on the device (zeros plus ``init``: the weights); every
-    run then writes only the inputs into it, runs in place and reads only the outputs. Inputs are
-    NumPy arrays or any DLPack producer (torch bf16 included), converted to the storage type
-    (rounding to nearest even into f16/bf16); outputs come back in the compute type (f32 for 16-bit
-    storage, f64 for f64). Runs of one Executable take turns (a lock), since they share the arena.
+    Runs go through a :class:`~rlx_gpu.runtime.call_plan.CallPlan` made on the first run: a resident
+    arena on the device (zeros plus ``init``: the weights) that every run writes only the inputs into,
+    runs in place and reads only the outputs of. Inputs are NumPy arrays or any DLPack producer (torch
+    bf16 included), converted to the storage type (rounding to nearest even into f16/bf16); outputs
+    come back in the compute type (f32 for 16-bit storage, f64 for f64). Runs of one Executable take
+    turns, since they share the arena.
     """
 
     def __init__(self, schedule: Schedule, layout_report: LayoutReport, device: str | None):
@@ -152,14 +153,25 @@ class Executable:
         self.layout_report = layout_report
         self.device_spec = device
         self._device: Device | None = None
-        self._arena: Arena | None = None
-        self._lock = threading.Lock()
+        self._plan: CallPlan | None = None
+        self._lock = threading.Lock()  # the first run makes the plan once
+        self._compute = {n: COMPUTE.get(schedule.tensors[n].dtype, STORAGE[schedule.tensors[n].dtype])
+                         for n in schedule.outputs}  # an i32 output stays int32
 
     @property
     def device(self) -> Device:
         if self._device is None:
             self._device = get_device(self.device_spec)
         return self._device
+
+    @property
+    def plan(self) -> CallPlan:
+        """The call plan every run goes through (made on first use, on :attr:`device`)."""
+        if self._plan is None:
+            with self._lock:
+                if self._plan is None:
+                    self._plan = CallPlan(self.schedule, self.device)
+        return self._plan
 
     def run(self, **arrays: Any) -> dict[str, np.ndarray]:
         """Run once: ``arrays`` by input name in, every output by name out.
@@ -170,25 +182,10 @@ class Executable:
             Each output in its compute dtype: float32 for f32, f16 and bf16 tensors, float64 for f64.
             An f16 or bf16 output holds exactly the 16-bit values stored in the arena, widened to
             float32 (a lossless conversion); the ``read`` of a resident arena
-            (``device.arena(schedule)``) returns the storage dtype itself.
+            (``device.arena(schedule)``) and a ``CallPlan`` return the storage dtype itself.
         """
-        missing = [n for n in self.schedule.inputs if n not in arrays]
-        extra = [n for n in arrays if n not in self.schedule.inputs]
-        if missing or extra:
-            raise GraphError(f"run() takes the inputs {list(self.schedule.inputs)}; missing {missing}, "
-                             f"unknown {extra}")
-        for name in self.schedule.inputs:
-            shape, expected = tuple(np.shape(arrays[name])), self.schedule.tensors[name].shape
-            if shape != expected:
-                raise GraphError(f"input {name!r} has shape {list(shape)}, expected {list(expected)}")
-        with self._lock:
-            if self._arena is None:
-                self._arena = self.device.arena(self.schedule)
-            for name in self.schedule.inputs:
-                self._arena.write(name, arrays[name])
-            self.device.run(self.schedule, self._arena)
-            outputs = self._arena.read_many(list(self.schedule.outputs))
-            return {n: a.astype(COMPUTE[self.schedule.tensors[n].dtype], copy=False) for n, a in outputs.items()}
+        compute = self._compute
+        return {n: a.astype(compute[n], copy=False) for n, a in self.plan(arrays).items()}
 
 
 def compile_graph(graph: BodyGraph, device: str | None = None) -> Executable:

@@ -13,7 +13,7 @@ for a decode step's five inputs was most of the call.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -23,6 +23,42 @@ from ..backends.allocation import allocating
 from ..errors import DLPackError, RlxError
 from ..schedule.model import Schedule, TensorView
 from .dlpack import ArenaView, DeviceTensor, import_tensor
+
+
+def host_array(name: str, values: Any) -> np.ndarray:
+    """``values`` for tensor ``name`` as a NumPy array: a DLPack producer's host memory as a view of its
+    own dtype (no copy), anything else through ``numpy.asarray``."""
+    if isinstance(values, np.ndarray):
+        return values
+    if not hasattr(values, "__dlpack__"):
+        return np.asarray(values)
+    taken = import_tensor(values)
+    if isinstance(taken, DeviceTensor):
+        raise DLPackError(f"tensor {name!r}: values live on {taken.device}:{taken.device_id}; this arena takes "
+                          f"host memory: pass tensor.cpu()")
+    return taken.array()
+
+
+def read_spans(views: Sequence[TensorView]) -> list[tuple[int, int, list[int]]]:
+    """How to read ``views`` out of a device arena in few copies: ``(offset, nbytes, indices into views)``
+    per copy, a span covering neighbours while it is at most twice their own bytes (each copy is a
+    command of its own, about 15 µs on PoCL, and a decode step's outputs lie side by side)."""
+    spans: list[tuple[int, int, list[int]]] = []
+    for i in sorted(range(len(views)), key=lambda i: views[i].offset):
+        v = views[i]
+        if spans:
+            lo, nbytes, members = spans[-1]
+            hi = max(lo + nbytes, v.offset + v.nbytes)
+            if hi - lo <= 2 * sum(views[j].nbytes for j in [*members, i]):
+                spans[-1] = (lo, hi - lo, [*members, i])
+                continue
+        spans.append((v.offset, v.nbytes, [i]))
+    return spans
+
+
+def span_view(span: np.ndarray, view: TensorView, lo: int) -> np.ndarray:
+    """Tensor ``view`` inside ``span``, the bytes read from offset ``lo`` (a view, in its storage dtype)."""
+    return span[view.offset - lo: view.offset - lo + view.nbytes].view(STORAGE[view.dtype]).reshape(view.shape)
 
 
 class Arena:
@@ -69,8 +105,7 @@ class Arena:
         arena stages that copy until the next run or read).
         """
         view = self._view(name)
-        if not isinstance(values, np.ndarray):
-            values = self._taken(name, values) if hasattr(values, "__dlpack__") else np.asarray(values)
+        values = host_array(name, values)
         if values.shape != view.shape:
             raise RlxError(f"tensor {name!r} has shape {list(view.shape)}, got values of shape {list(values.shape)}")
         session = self.device.session
@@ -79,51 +114,54 @@ class Arena:
                 data = np.ascontiguousarray(values, dtype=STORAGE[view.dtype])
                 session.write(self.handle, view.offset, data.reshape(-1).view(np.uint8))
             else:  # staged as a copy of its own (the caller may change values before it is sent)
-                data = values.astype(STORAGE[view.dtype], order="C").reshape(-1).view(np.uint8)
-                self._staged.append((view.offset, data))
-                session.touched(self.handle, view.offset, data.size)  # kept scratch staged from it is stale
+                self.stage(view.offset, values.astype(STORAGE[view.dtype], order="C").reshape(-1).view(np.uint8))
 
-    def flush(self) -> None:
-        """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this)."""
+    def stage(self, offset: int, data: np.ndarray, changed: Sequence[tuple[int, int]] | None = None) -> None:
+        """Stage the bytes ``data`` (``numpy.uint8``, contiguous) for ``offset`` of a device arena, sent by the
+        next :meth:`flush`; the caller leaves ``data`` unchanged until then. ``changed``: the ``(offset,
+        nbytes)`` whose values differ from the device's (None: all of them)."""
+        session = self.device.session
+        with session.lock:
+            self._staged.append((offset, data))
+            for lo, nbytes in changed if changed is not None else [(offset, data.size)]:
+                session.touched(self.handle, lo, nbytes)  # kept scratch staged from them is stale
+
+    def flush(self) -> int:
+        """Send the staged writes to the device, runs of adjacent ones as one copy (a run calls this);
+        returns the number of copies sent."""
+        if not self._staged:  # nothing staged (a host arena always): no lock to take
+            return 0
         session = self.device.session
         with session.lock:  # taken whole under the lock: a write staged meanwhile waits for the next flush
             staged, self._staged = self._staged, []
             if not staged:
-                return
+                return 0
             ordered = sorted(staged, key=lambda write: write[0])
             if all(lo + data.size <= hi for (lo, data), (hi, _) in zip(ordered, ordered[1:])):
                 staged = ordered  # disjoint writes commute: in offset order, neighbours go as one copy
-            start, end, parts = staged[0][0], staged[0][0], []
+            start, end, parts, copies = staged[0][0], staged[0][0], [], 1
             for offset, data in staged:
                 if offset != end:  # not adjacent to the run so far: send the run
                     session.write(self.handle, start, np.concatenate(parts) if len(parts) > 1 else parts[0])
-                    start, parts = offset, []
+                    start, parts, copies = offset, [], copies + 1
                 parts.append(data)
                 end = offset + data.size
             session.write(self.handle, start, np.concatenate(parts) if len(parts) > 1 else parts[0])
+            return copies
 
     def read_many(self, names: list[str]) -> dict[str, np.ndarray]:
-        """Copies of several tensors, as :meth:`read` gives them; from a device arena as one copy of
-        the span that covers them when that span is at most twice their bytes (each copy is a command
-        of its own, about 15 µs on PoCL, and a decode step's outputs lie side by side)."""
+        """Copies of several tensors, as :meth:`read` gives them; from a device arena each group of
+        :func:`read_spans` (tensors that lie close) as one copy of the span that covers it."""
         views = [self._view(name) for name in names]
-        lo = min((v.offset for v in views), default=0)
-        hi = max((v.offset + v.nbytes for v in views), default=0)
-        if self.device.on_host or len(views) < 2 or hi - lo > 2 * sum(v.nbytes for v in views):
+        if self.device.on_host:
             return {name: self.read(name) for name in names}
         self.flush()
+        out: dict[str, np.ndarray] = {}
         with self.device.session.lock:
-            span = self.device.session.read(self.handle, lo, hi - lo)
-        return {name: span[v.offset - lo: v.offset - lo + v.nbytes].view(STORAGE[v.dtype]).reshape(v.shape)
-                for name, v in zip(names, views)}
-
-    def _taken(self, name: str, values: Any) -> np.ndarray:
-        """A DLPack producer's memory as a NumPy view of its own dtype (no copy)."""
-        taken = import_tensor(values)
-        if isinstance(taken, DeviceTensor):
-            raise DLPackError(f"tensor {name!r}: values live on {taken.device}:{taken.device_id}; this arena takes "
-                              f"host memory: pass tensor.cpu()")
-        return taken.array()
+            for lo, nbytes, members in read_spans(views):
+                span = self.device.session.read(self.handle, lo, nbytes)
+                out.update((names[i], span_view(span, views[i], lo)) for i in members)
+        return {name: out[name] for name in names}
 
     def view(self, name: str) -> ArenaView:
         """Tensor ``name`` as a zero-copy DLPack view (host arenas): ``torch.from_dlpack(arena.view("y"))``.

@@ -6,7 +6,7 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from host_fallback import runtime_data, scan
@@ -29,9 +29,9 @@ from .registry import open_session, resolve, status
 BoundThunk = Callable[[Any, "np.ndarray | None"], int]
 
 
-@dataclass(frozen=True)
-class ThunkRecord:
-    """How one thunk ran: where, for how long, and the bytes its fallback copied (body fallbacks included)."""
+class ThunkRecord(NamedTuple):
+    """How one thunk ran: where, for how long, and the bytes its fallback copied (body fallbacks included);
+    a tuple, made on every run at a fraction of a frozen dataclass's cost."""
 
     index: int
     op: str
@@ -43,11 +43,14 @@ class ThunkRecord:
 
 @dataclass
 class RunReport:
-    """What the last ``Device.run`` did."""
+    """What the last ``Device.run`` (or call of a ``CallPlan``) did. ``copies``: the host-device copies a
+    run on a resident arena made, each a command of its own (staged inputs sent, integer tensors read
+    for their checks, and a call plan's outputs read); 0 on the host."""
 
     device: str
     records: list[ThunkRecord] = field(default_factory=list)
     seconds: float = 0.0
+    copies: int = 0
 
     @property
     def fallback_bytes(self) -> int:
@@ -157,10 +160,7 @@ class Device:
             warnings.warn(bound.warning, stacklevel=2)
         if isinstance(arena, Arena):
             arena.check(self, schedule)
-            with self.session.lock:
-                arena.flush()
-                self._check_data(bound.early_checks, arena.handle)
-                self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
+            self.execute(bound, arena, profile=profile)
             return arena
         host_arena = self._initial_arena(schedule, arena)
         for check in bound.early_checks:
@@ -176,7 +176,34 @@ class Device:
             finally:
                 self.session.free(dev_arena)
 
-    def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool) -> None:
+    def execute(self, bound: BoundSchedule, arena: Arena, *, profile: bool = False,
+                held: Callable[[int, int], np.ndarray | None] | None = None) -> RunReport:
+        """Run ``bound`` in place on the resident ``arena`` (of this device and its schedule), under the
+        session lock: the staged writes sent, the early data checks, the steps with their late checks.
+
+        ``held(offset, nbytes)`` gives the bytes an early check reads when the caller holds them on the
+        host (None: read them from the arena, one read each: a command on a device). Returns the
+        report, also kept as ``last_report``.
+        """
+        with self.session.lock:
+            copies = arena.flush()
+
+            def read(offset: int, nbytes: int) -> np.ndarray:
+                nonlocal copies
+                data = held(offset, nbytes) if held is not None else None
+                if data is None:
+                    data, copies = self.session.read(arena.handle, offset, nbytes), copies + (not self.on_host)
+                return data
+            if bound.early_checks:
+                reader = int32_reader(read)
+                for check in bound.early_checks:
+                    check.run(reader)
+            report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
+        if not self.on_host:
+            report.copies = copies + sum(len(c.regions) for c in bound.late_checks.values())
+        return report
+
+    def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool) -> RunReport:
         report = RunReport(self.spec)
         started = time.perf_counter()
         for i, (thunk, backend, step) in enumerate(bound.steps):
@@ -194,6 +221,7 @@ class Device:
         self.thunks_run += len(bound.steps)
         report.seconds = time.perf_counter() - started
         self.last_report = report
+        return report
 
     def _check_data(self, checks: tuple[DataCheck, ...], dev_arena: Any) -> None:
         """Read each check's integer tensors from the device arena (one small read each) and check them."""

@@ -1,0 +1,263 @@
+"""A call plan: one schedule called again and again on one device, each call doing only what changed.
+
+``plan = CallPlan(schedule, device)``; ``outs = plan(inputs, stamps)``. The first call binds the
+schedule (placement, runners, data checks: ``Device.bind``), allocates its resident arena and works out
+once where each input and output lies and how it moves. Every call then copies the inputs in, runs
+the bound steps (``Device.execute``: the checks, fallbacks and report of ``Device.run``) and copies the
+outputs out, into new arrays the caller owns, in their storage dtype.
+
+A stamp (any hashable: the torch side passes ``(data_ptr, tensor._version)``) marks an input's value:
+an input given with the stamp of its last write is not written again, so weights cross once per
+version, not once per call. An input some thunk writes (a carried state updated in place) or that
+shares bytes with another input is written on every call whatever its stamp.
+
+On the host an input is one copy into its place in the arena and an output one copy out. On a device
+every copy is a command of its own (about 15 µs on PoCL): the inputs are staged in host buffers of
+the plan and sent by one copy per cluster of neighbouring inputs (``_Staging``), the outputs read by
+one copy per span of neighbours, and the integer tensors an early data check reads come from those
+host buffers, not from the device; ``last_report.copies`` counts the commands.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from typing import Any, Hashable, Mapping, NamedTuple, Sequence
+
+import numpy as np
+
+from host_fallback.arena import view
+from host_fallback.layout import Region
+
+from ..errors import InputError, RlxError, RunError
+from ..schedule.io import load_schedule
+from ..schedule.model import Schedule, TensorView
+from ..schedule.ops import footprint
+from .arena import Arena, host_array, read_spans, span_view
+from .executor import BoundSchedule, Device, RunReport
+
+_ABSENT = object()
+
+
+class _Input(NamedTuple):
+    """One input: ``array`` is where a call copies it (on the host its place in the arena, on a device
+    the plan's staging buffer), ``raw`` the same bytes as ``uint8`` (a tuple: a call unpacks it)."""
+
+    name: str
+    shape: tuple[int, ...]
+    array: np.ndarray
+    raw: np.ndarray
+    offset: int
+    kept: bool  # no thunk writes it and no other input shares its bytes: an unchanged stamp skips its write
+    cluster: int  # on a device, the index of the staging buffer it lies in (-1 on the host)
+
+
+#: Bytes between two inputs that one host-to-device copy carries along rather than being split in two
+#: (a copy is a command of about 15 µs on PoCL, in which time some 100 KB more cross).
+BRIDGE = 64 << 10
+
+
+class _Staging:
+    """A device plan's host buffers for its inputs. Inputs in offset order, less than ``BRIDGE`` bytes
+    apart with nothing a thunk writes between them, form a cluster sharing one buffer: their bytes and
+    the bytes between them (pristine: zeros and init), so the buffer holds what the device holds. The
+    inputs a call writes then go as one copy per cluster, from the first written to the last."""
+
+    def __init__(self, schedule: Schedule, inputs: Sequence[str], written: Sequence[Region]):
+        views = sorted(((schedule.tensors[name], name) for name in inputs), key=lambda vn: vn[0].offset)
+        spans: list[list[int]] = []  # [start, end] per cluster
+        self.cluster: dict[str, int] = {}
+        for v, name in views:
+            end = spans[-1][1] if spans else 0
+            if spans and (v.offset <= end or v.offset - end <= BRIDGE and not any(
+                    w.offset < v.offset and end < w.offset + w.nbytes for w in written)):  # a thunk writes between
+                spans[-1][1] = max(end, v.offset + v.nbytes)
+            else:
+                spans.append([v.offset, v.offset + v.nbytes])
+            self.cluster[name] = len(spans) - 1
+        pristine = schedule.pristine_arena()
+        self.buffers = tuple((start, pristine[start: end].copy()) for start, end in spans)
+
+    def array(self, name: str, v: TensorView) -> np.ndarray:
+        """Where input ``name`` is staged: its place in its cluster's buffer, in its storage dtype."""
+        start, buffer = self.buffers[self.cluster[name]]
+        return view(buffer, v.offset - start, v.dtype, v.shape)
+
+    def stage(self, arena: Arena, written: Sequence[_Input]) -> None:
+        """Stage the inputs ``written`` into ``arena``: per cluster, the bytes from the first to the last."""
+        runs: dict[int, tuple[int, int]] = {}
+        for slot in written:
+            lo, hi = slot.offset, slot.offset + slot.raw.size
+            run = runs.get(slot.cluster)
+            runs[slot.cluster] = (lo, hi) if run is None else (min(run[0], lo), max(run[1], hi))
+        for k, (lo, hi) in runs.items():
+            start, buffer = self.buffers[k]
+            arena.stage(lo, buffer[lo - start: hi - start],
+                        changed=[(s.offset, s.raw.size) for s in written if s.cluster == k])
+
+    def held(self, offset: int, nbytes: int) -> np.ndarray | None:
+        """The ``nbytes`` at ``offset`` when they lie in one buffer (as the device holds them: an input
+        some thunk writes is written again on every call), else None."""
+        for start, buffer in self.buffers:
+            if start <= offset and offset + nbytes <= start + buffer.size:
+                return buffer[offset - start: offset - start + nbytes]
+        return None
+
+
+def _overlap(a: TensorView | Region, b: TensorView | Region) -> bool:
+    """Whether two tensors of one arena share a byte."""
+    return a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+
+class CallPlan:
+    """``schedule`` (a ``Schedule`` or anything ``load_schedule`` reads) called repeatedly on ``device``
+    (a ``runtime.executor.Device``), on a resident arena of its own.
+
+    ``inputs`` and ``outputs`` name the schedule's tensors. ``profile`` waits for each thunk so its
+    record in ``last_report`` holds its own time. Calls of one plan take turns (a lock); ``free()``,
+    leaving a ``with`` block or garbage collection releases the arena.
+    """
+
+    def __init__(self, schedule: Any, device: Device, *, profile: bool = False):
+        self.schedule = load_schedule(schedule)
+        self.device = device
+        self.profile = profile
+        self.inputs: tuple[str, ...] = tuple(self.schedule.inputs)
+        self.outputs: tuple[str, ...] = tuple(self.schedule.outputs)
+        self.last_report: RunReport | None = None
+        self._lock = threading.Lock()
+        self._slots: tuple[_Input, ...] | None = None
+        self._names = frozenset(self.inputs)
+        self._stamps: dict[str, Hashable] = {}  # input -> the stamp of its last write
+        self._bound: BoundSchedule | None = None
+        self._arena: Arena | None = None
+        self._release: weakref.finalize | None = None
+        self._staging: _Staging | None = None
+        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # on the host: each output's arena view
+        self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # on a device: the reads
+        self._freed = False
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else "bound" if self._slots is not None else "not called yet"
+        return f"CallPlan({self.device!r}, inputs {list(self.inputs)}, outputs {list(self.outputs)}, {state})"
+
+    def __enter__(self) -> "CallPlan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.free()
+
+    def __call__(self, inputs: Mapping[str, Any], stamps: Mapping[str, Hashable] | None = None
+                 ) -> dict[str, np.ndarray]:
+        """Run once: ``inputs`` (name -> host array of any strides, or a DLPack producer in host memory)
+        are converted to their storage dtype (rounding to nearest even) and copied in; returns every
+        output by name, a new array in its storage dtype.
+
+        ``stamps`` (name -> hashable): an input whose stamp equals the one of its last write is not
+        written (and may be left out of ``inputs``); an input given without a stamp (or with None) is
+        written and its stamp forgotten. Every input must be given on the first call.
+        """
+        with self._lock:
+            slots = self._slots if self._slots is not None else self._prepare()
+            if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
+                raise self._unknown(inputs, stamps or {})
+            recorded, arena, staging, staged = self._stamps, self._arena, self._staging, []
+            for slot in slots:
+                name, shape, array, _, _, kept, _ = slot
+                stamp = stamps.get(name) if stamps else None
+                if stamp is not None and kept and recorded.get(name, _ABSENT) == stamp:
+                    continue
+                values = inputs.get(name, _ABSENT)
+                if type(values) is not np.ndarray:
+                    if values is _ABSENT:
+                        raise self._missing(name, stamp)
+                    values = host_array(name, values)
+                if values.shape != shape:
+                    raise InputError(f"input {name!r} has shape {list(values.shape)}, expected {list(shape)}")
+                # the stamp is dropped before the write and set after it: one that fails leaves none behind
+                recorded.pop(name, None)
+                array[...] = values  # converted to the storage dtype, rounding to nearest even
+                if staging is not None:
+                    staged.append(slot)
+                if stamp is not None:
+                    recorded[name] = stamp
+            try:
+                if staged:
+                    staging.stage(arena, staged)
+                report = self.device.execute(self._bound, arena, profile=self.profile,
+                                             held=None if staging is None else staging.held)
+            except RunError:  # refused by a data check after the inputs went in: the stamps hold
+                raise
+            except BaseException:  # the device may have missed a write: write every input again next call
+                recorded.clear()
+                raise
+            self.last_report = report
+            return self._outputs(report)
+
+    def _outputs(self, report: RunReport) -> dict[str, np.ndarray]:
+        if self.device.on_host:
+            return {name: array.copy() for name, array in self._host_outputs}
+        session, handle, out = self.device.session, self._arena.handle, {}
+        with session.lock:
+            for lo, nbytes, members in self._spans:
+                span = session.read(handle, lo, nbytes)
+                out.update((name, span_view(span, v, lo)) for name, v in members)
+        report.copies += len(self._spans)
+        return {name: out[name] for name in self.outputs}
+
+    def _prepare(self) -> tuple[_Input, ...]:
+        """Bind, allocate the arena and place every input and output (the first call)."""
+        if self._freed:
+            raise RlxError("this CallPlan was freed; make another with CallPlan(schedule, device)")
+        device, schedule = self.device, self.schedule
+        self._bound = device.bind(schedule)
+        if self._bound.warning:
+            warnings.warn(self._bound.warning, stacklevel=4)  # once per plan, at its caller's first call
+        self._arena = device.arena(schedule)
+        self._release = weakref.finalize(self, self._arena.free)
+        tensors, handle = schedule.tensors, self._arena.handle
+        written = [w for thunk in schedule.thunks for w in footprint(thunk)[1]]
+        self._staging = None if device.on_host else _Staging(schedule, self.inputs, written)
+        slots = []
+        for name in self.inputs:
+            v = tensors[name]
+            kept = not any(_overlap(v, w) for w in written) and not any(
+                _overlap(v, tensors[other]) for other in self.inputs if other != name)
+            if self._staging is None:
+                array, cluster = view(handle, v.offset, v.dtype, v.shape), -1
+            else:
+                array, cluster = self._staging.array(name, v), self._staging.cluster[name]
+            slots.append(_Input(name, v.shape, array, array.reshape(-1).view(np.uint8), v.offset, kept, cluster))
+        outputs = [tensors[name] for name in self.outputs]
+        self._host_outputs = tuple((name, view(handle, v.offset, v.dtype, v.shape))
+                                   for name, v in zip(self.outputs, outputs)) if device.on_host else ()
+        self._spans = tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
+                            for lo, nbytes, members in read_spans(outputs))
+        self._slots = tuple(slots)
+        return self._slots
+
+    def _missing(self, name: str, stamp: Hashable) -> InputError:
+        if not next(s for s in self._slots if s.name == name).kept:
+            why = "a thunk of the schedule writes it (or it shares bytes with another input), so every call writes it"
+        elif name not in self._stamps:
+            why = "an input is needed on every call until it has been written with a stamp"
+        elif stamp is None:
+            why = "an input may be left out only with the stamp of its last write"
+        else:
+            why = f"its stamp {stamp!r} is not the one of its last write ({self._stamps[name]!r})"
+        return InputError(f"input {name!r} is missing: {why}; the plan takes the inputs {list(self.inputs)}")
+
+    def _unknown(self, inputs: Mapping[str, Any], stamps: Mapping[str, Hashable]) -> InputError:
+        unknown = [n for n in inputs if n not in self._names] + [n for n in stamps if n not in self._names]
+        return InputError(f"the schedule has no input {', '.join(map(repr, dict.fromkeys(unknown)))}; "
+                          f"its inputs are {list(self.inputs)}")
+
+    def free(self) -> None:
+        """Release the resident arena; a call afterwards is refused (a second free does nothing)."""
+        with self._lock:
+            self._freed = True
+            if self._release is not None:
+                self._release()
+            self._slots = self._arena = self._bound = self._staging = None
+            self._host_outputs = self._spans = ()
+            self._stamps.clear()
