@@ -1,10 +1,12 @@
 """The border between torch tensors and compiled schedules.
 
 ``run_graph`` runs a graph built once per signature: the first call with a (key, input shapes and
-dtypes, device) compiles it and keeps the ``Executable`` with its resident arena, so a training
-loop or a decode loop plans nothing after its first step. Tensors go in through DLPack (host tensors
-are read where they lie: one copy, into the arena) and the outputs come back as torch tensors on the
-inputs' device, in their storage dtype (a bf16 output is bf16).
+dtypes, device) compiles it and keeps the ``Executable`` with its call plan (``runtime.call_plan``:
+the resident arena, the bound launches, where each input and output lies), so a training loop or a
+decode loop plans nothing after its first step. CPU tensors are read where they lie, with their own
+strides (one copy, into the arena; none for a weight whose stamp is unchanged), and the outputs come
+back as torch tensors on the inputs' device, in their storage dtype (a bf16 output is bf16), wrapping
+the plan's new arrays without a copy.
 
 The device follows the tensors: CPU tensors run on the default device (``RLX_DEVICE``, else the
 config's ``device``, whose ``auto`` takes a GPU or accelerator, else the host), tensors on ``cuda:N`` on the
@@ -14,10 +16,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import os
 import threading
+import weakref
 from typing import Any, Callable, Hashable, Mapping
 
+import ml_dtypes
+import numpy as np
 import torch
 
 from ..errors import RlxError
@@ -30,12 +36,13 @@ from ..runtime.registry import device_variables
 DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
                                   torch.bfloat16: "bf16", torch.int32: "i32"}
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: How many compiled signatures are kept (the least recently used one is dropped past it).
 CACHE_SIZE = 256
 
 _cache: collections.OrderedDict[Hashable, Executable] = collections.OrderedDict()
 _cache_lock = threading.Lock()
-_last = threading.local()  # the Executable of this thread's latest call
+_last = threading.local()  # the CallPlan of this thread's latest call
 
 
 @functools.cache
@@ -86,23 +93,68 @@ def compiled(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, tor
     return exe
 
 
+def host_array(t: torch.Tensor) -> np.ndarray:
+    """A tensor's memory as a NumPy array of its own shape and strides: no copy for a CPU tensor (bf16 as
+    ``ml_dtypes.bfloat16``), a copy to the host for another device's."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def _tensor(a: np.ndarray, home: torch.device) -> torch.Tensor:
+    """A new array of a call's output as a torch tensor on ``home`` (no copy on the CPU)."""
+    t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == BFLOAT16 else torch.from_numpy(a)
+    return t if home.type == "cpu" else t.to(home)
+
+
+class _Stamps:
+    """Stamps of tensors for a call plan (``CallPlan``: an input given with the stamp of its last write is
+    not written again): equal while the tensor holds the same values, as far as torch tells.
+
+    A stamp is (the serial of the tensor's storage owner, its ``_version``, data pointer, shape and
+    strides). The owner (a view's base) gets a serial the first time it is seen and keeps it while it
+    lives, so a new tensor that reuses a dead one's ``id`` or memory gets a new stamp. An in-place torch
+    operation advances ``_version``; a write through ``.data`` does not (``rlx_gpu.torch.clear_cache``).
+    """
+
+    def __init__(self) -> None:
+        self._serials: dict[int, tuple[weakref.ref, int]] = {}
+        self._next = itertools.count()
+        self._lock = threading.Lock()
+
+    def __call__(self, t: torch.Tensor) -> Hashable:
+        owner = t._base if t._base is not None else t
+        key = id(owner)
+        entry = self._serials.get(key)
+        if entry is None or entry[0]() is not owner:
+            with self._lock:
+                entry = (weakref.ref(owner, lambda _, key=key: self._serials.pop(key, None)), next(self._next))
+                self._serials[key] = entry
+        return entry[1], owner._version, t.data_ptr(), t.shape, t.stride(), t.dtype
+
+
+stamp = _Stamps()
+
+
 def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, torch.Tensor], *,
-              device: str | None = None) -> dict[str, torch.Tensor]:
+              device: str | None = None, stamps: Mapping[str, Hashable] | None = None) -> dict[str, torch.Tensor]:
     """Run the graph ``build()`` makes (its inputs named as ``inputs``) on ``inputs``; its outputs by name.
 
     ``key`` names the graph's structure (the op and its static arguments): the graph is built and
-    compiled once per ``key``, input shapes and dtypes, and device (``device``, else the tensors').
+    compiled once per ``key``, input shapes and dtypes, and device (``device``, else the tensors'), and
+    called through its ``CallPlan``: the inputs are read where they lie (any strides) and copied into
+    its resident arena, but those given a ``stamps`` entry equal to the one of their last call (weights).
     """
     device = device if device is not None else device_for(*inputs.values())
     exe = compiled(key, build, inputs, device)
     home = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-    arrays = {name: t.detach().contiguous() if t.device.type == "cpu" else t.detach().cpu().contiguous()
-              for name, t in inputs.items()}
-    outputs = exe.run(**arrays)
-    _last.exe = exe
-    tensors = exe.schedule.tensors
-    return {name: torch.from_numpy(a).to(device=home, dtype=TORCH_DTYPES[tensors[name].dtype])
-            for name, a in outputs.items()}
+    plan = exe.plan
+    outputs = plan({name: host_array(t) for name, t in inputs.items()}, stamps)
+    _last.plan = plan
+    return {name: _tensor(a, home) for name, a in outputs.items()}
 
 
 def clear_cache() -> None:
@@ -114,5 +166,5 @@ def clear_cache() -> None:
 def last_report() -> RunReport | None:
     """How this thread's latest call ran (each thunk's backend and seconds), or None before any call:
     what a benchmark subtracts from a call's time to see what the bridge adds."""
-    exe = getattr(_last, "exe", None)
-    return None if exe is None else exe.device.last_report
+    plan = getattr(_last, "plan", None)
+    return None if plan is None else plan.last_report
