@@ -80,7 +80,8 @@ def test_cu_seqlens_restart_the_state_per_sequence_and_bf16_keeps_an_f32_state(h
     torch.testing.assert_close(o.to(F64), ref, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(final.to(F64), ref_final, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(final[1], h0[1])  # an empty sequence passes its state through
-    with pytest.raises(ValueError, match="3 initial states expected"):
+    with pytest.raises(ValueError,
+                       match=r"initial_state has shape \[2, 2, 3, 4\]; expected \(N, HV, K, V\) = \[3, 2, 3, 4\]"):
         chunk_gated_delta_rule(**args, initial_state=h0[:2], cu_seqlens=cu)
 
 

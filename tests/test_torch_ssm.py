@@ -230,7 +230,7 @@ def test_selective_state_update_updates_the_named_slots_in_place_and_no_other(ti
     torch.testing.assert_close(pool[slots.long()].to(F64), new, rtol=1e-5, atol=1e-5)
     untouched = [0, 2, 4]
     assert torch.equal(pool[untouched], before[untouched])
-    with pytest.raises(ValueError, match="must name 2 distinct entries"):
+    with pytest.raises(ValueError, match=r"state_batch_indices\[0\] and \[1\] both name state entry 1"):
         selective_state_update(pool, x, dt, A, B, C, state_batch_indices=torch.tensor([1, 1]))
 
 

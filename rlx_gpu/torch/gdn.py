@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
+                        check_fused_recurrent_gated_delta_rule)
 from .fused import cast, fused
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
@@ -42,23 +44,16 @@ def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                 per_channel: bool, scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
                 use_qk_l2norm_in_kernel: bool, state_v_first: bool,
                 cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The shared body: fla's checks, the op's call, fla's return value ``(o, final_state or None)``."""
-    if q.shape[2] != k.shape[2]:
-        raise ValueError(f"{name}: q and k must have the same number of heads, got {q.shape[2]} and {k.shape[2]}")
-    heads, value_heads = q.shape[2], v.shape[2]
-    if value_heads % heads:
-        raise ValueError(f"{name}: num_v_heads (HV={value_heads}) must be divisible by num_heads (H={heads})")
+    """The shared body: the op's call on arguments ``arguments.check_*`` passed, fla's return value
+    ``(o, final_state or None)``."""
+    value_heads = v.shape[2]
     rows = q.shape[0]
     cu = None
     if cu_seqlens is not None:
-        if q.shape[0] != 1:
-            raise ValueError(f"{name}: the batch size must be 1 rather than {q.shape[0]} with cu_seqlens; "
-                             f"flatten variable-length inputs first")
+        if not torch.compiler.is_compiling():  # reads the values; traced, the op's run-time data check stands
+            check_cu_seqlens(name, cu_seqlens, q.shape[1])
         cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
         rows = cu.numel() - 1
-    if initial_state is not None and initial_state.shape[0] != rows:
-        raise ValueError(f"{name}: {rows} initial states expected (one per input sequence), got "
-                         f"{initial_state.shape[0]}")
     act = q.dtype
     carried = torch.float64 if act == torch.float64 else torch.float32  # fla's state is f32
     state = None
@@ -117,6 +112,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         ``o [B, T, HV, V]`` in q's dtype and, with ``output_final_state``, the final state (f32; f64 for
         f64 inputs). Differentiable in q, k, v, g, beta, the initial state and the gate's parameters.
     """
+    check_chunk_gated_delta_rule(q, k, v, g, beta, initial_state, state_v_first, cu_seqlens, kwargs.get("A_log"),
+                                 kwargs.get("dt_bias"))
     name = "chunk_gated_delta_rule"
     _refuse(name, cp_context=cp_context)
     if kwargs.pop("chunk_size", 64) not in (16, 32, 64):
@@ -150,6 +147,8 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     ``chunk_gated_delta_rule``; with ``use_gate_in_kernel`` the raw ``g`` goes through
     ``-exp(A_log)·softplus(g + dt_bias)``.
     """
+    check_fused_recurrent_gated_delta_rule(q, k, v, g, gk, beta, initial_state, state_v_first, cu_seqlens, A_log,
+                                           dt_bias)
     name = "fused_recurrent_gated_delta_rule"
     _refuse(name, gv=gv, **kwargs)
     if use_gate_in_kernel:
@@ -181,6 +180,8 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     [HV]``, ``dt_bias [HV·K]``, keywords as in fla). ``safe_gate``/``lower_bound`` and
     ``return_intermediate_states`` (fla's kernel-specific modes) are refused.
     """
+    check_chunk_kda(q, k, v, g, beta, initial_state, state_v_first, cu_seqlens, kwargs.get("A_log"),
+                    kwargs.get("dt_bias"))
     name = "chunk_kda"
     _refuse(name, safe_gate=safe_gate, lower_bound=lower_bound, return_intermediate_states=return_intermediate_states,
             cp_context=cp_context)

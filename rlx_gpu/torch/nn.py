@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
+from .arguments import check_rnn_forward
 from .recurrent import Recurrence, recurrent
 
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
@@ -41,11 +42,9 @@ class _RlxRecurrent:
 
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        check_rnn_forward(module, input, hx)
         packed = isinstance(input, PackedSequence)
         batched = packed or input.dim() == 3
-        if not packed and input.dim() not in (2, 3):
-            raise ValueError(f"{type(self).__name__}: input has {input.dim()} dimensions; expected 3 ([seq, batch, "
-                             f"features] or, with batch_first, [batch, seq, features]) or 2 (unbatched)")
         if packed:
             x, lengths = pad_packed_sequence(input, batch_first=True)
             seq_lens = lengths.to(torch.int32)

@@ -14,17 +14,12 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
+                        check_selective_state_update, check_seq_idx, check_state_batch_indices)
 from .fused import cast, forward_now, fused
 from .library import define, dense
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
-
-
-def _refuse_complex(name: str, **tensors: torch.Tensor | None) -> None:
-    for arg, t in tensors.items():
-        if t is not None and t.is_complex():
-            raise NotImplementedError(f"{name}: {arg} is complex ({t.dtype}); rlx_gpu's scans are real "
-                                      f"(ABI.md §4): pass a real {arg}")
 
 
 def _param_dtype(a: torch.Tensor, x: torch.Tensor) -> torch.dtype:
@@ -76,8 +71,8 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
         ``out [B, D, L]`` in ``u``'s dtype, and the last state with ``return_last_state``. Differentiable
         in every tensor argument, the last state included (mamba_ssm leaves its gradient out).
     """
+    check_selective_scan_fn(u, delta, A, B, C, D, z, delta_bias)
     name = "selective_scan_fn"
-    _refuse_complex(name, A=A, B=B, C=C)
     batch, _, length = u.shape
     act, param = u.dtype, _param_dtype(A, u)
     tensors = {"x": u.transpose(1, 2), "delta": cast(delta, act).transpose(1, 2), "a": cast(A, param),
@@ -99,17 +94,9 @@ def _packed_rows(seq_idx: torch.Tensor, batch: int, length: int) -> tuple[torch.
     The state restarts wherever ``seq_idx`` changes along a row, and at every row start; a row's
     indices must not decrease (a sequence is one run of tokens).
     """
-    name = "mamba_chunk_scan_combined"
-    if seq_idx.shape != (batch, length) or seq_idx.is_floating_point():
-        raise ValueError(f"{name}: seq_idx has shape {list(seq_idx.shape)} ({seq_idx.dtype}); mamba_ssm takes "
-                         f"integer [batch={batch}, seqlen={length}]")
+    check_seq_idx("mamba_chunk_scan_combined", seq_idx)
     idx = seq_idx.detach().cpu().to(torch.int64)
     steps = idx[:, 1:] - idx[:, :-1]
-    if (steps < 0).any():
-        row, t = (int(v) for v in (steps < 0).nonzero()[0])
-        raise NotImplementedError(f"{name}: seq_idx falls from {int(idx[row, t])} to {int(idx[row, t + 1])} at "
-                                  f"[{row}, {t + 1}]; rlx_gpu packs sequences as runs of tokens (cu_seqlens), so "
-                                  f"seq_idx must not decrease along a row")
     starts = torch.ones(batch, length, dtype=torch.bool)
     starts[:, 1:] = steps != 0
     flat = starts.reshape(-1).nonzero().reshape(-1)
@@ -159,8 +146,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         ``out [B, L, H, P]`` in ``x``'s dtype, then the final states and the varlen states as asked, in
         mamba_ssm's order. Differentiable in every tensor argument, the initial states included.
     """
+    check_mamba_chunk_scan_combined(x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens, state_dtype)
     name = "mamba_chunk_scan_combined"
-    _refuse_complex(name, A=A, B=B, C=C)
     if not (isinstance(chunk_size, int) and chunk_size > 0):
         raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int")
     batch, length, heads, head_dim = x.shape
@@ -180,9 +167,6 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     tensors = {"x": x, "dt": cast(dt, act), "a": cast(A, param), "b": cast(B, act), "c": cast(C, act),
                "d": cast(inner_d, param), "dt_bias": cast(dt_bias, param), "z": cast(inner_z, act)}
     state_shape = (heads, head_dim, B.shape[-1])
-    if initial_states is not None and tuple(initial_states.shape) != (batch, *state_shape):
-        raise ValueError(f"{name}: initial_states has shape {list(initial_states.shape)}, expected "
-                         f"[batch, nheads, headdim, dstate] = {[batch, *state_shape]}")
     if return_varlen_states and (cu_seqlens is None or seq_idx is None):
         raise NotImplementedError(f"{name}: return_varlen_states needs cu_seqlens and seq_idx (mamba_ssm "
                                   f"restarts the state where seq_idx changes; cu_seqlens names the sequences)")
@@ -195,9 +179,11 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         varlen = None
     else:
         cu, first, last = _packed_rows(seq_idx, batch, length)
-        if return_varlen_states and not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
-            raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
-                             f"{cu.tolist()} disagree")
+        if return_varlen_states:
+            check_cu_seqlens(name, cu_seqlens, batch * length)
+            if not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
+                raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
+                                 f"{cu.tolist()} disagree")
         packed = {f: None if t is None else t.reshape(1, batch * length, *t.shape[2:]) if f not in ("a", "d", "dt_bias")
                   else t for f, t in tensors.items()}
         packed["cu_seqlens"] = cu.to(x.device)
@@ -253,6 +239,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     torch.Tensor
         ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
     """
+    check_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
     return _STATE_UPDATE(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
 
 
@@ -262,7 +249,6 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
     call of one token, the state rows it reads gathered from the pool and written back."""
     name = "selective_state_update"
-    _refuse_complex(name, A=A, B=B, C=C)
     heads_form = state.dim() == 4
     pool = state if heads_form else state.unsqueeze(1)
     x4 = x if heads_form else x.unsqueeze(1)
@@ -276,10 +262,8 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
         rows = None
         current = pool
     else:
+        check_state_batch_indices(name, state_batch_indices, state.shape[0])
         rows = state_batch_indices.to(device=state.device, dtype=torch.int64).reshape(-1)
-        if rows.numel() != batch or len(set(rows.tolist())) != batch:
-            raise ValueError(f"{name}: state_batch_indices {state_batch_indices.tolist()} must name {batch} "
-                             f"distinct entries of the state pool (one per row of x)")
         current = pool.index_select(0, rows)
     act, param = x.dtype, _param_dtype(A, x)
     carried = _state_dtype(x) if state.dtype.itemsize < act.itemsize else state.dtype

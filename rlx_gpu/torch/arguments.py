@@ -1,0 +1,449 @@
+"""The argument checks of ``rlx_gpu.torch``, in the caller's terms: each public function's arguments
+named as the function takes them, in the anchor's layout (mamba_ssm's ``(batch, dim, seqlen)``,
+fla's ``(B, T, H, K)``), with what was expected.
+
+Two kinds of check, called from two places:
+
+- ``check_<function>`` (one per public function, ``check_rnn_forward`` for the modules) reads shapes,
+  dtypes, devices and Python scalars only, never tensor data, so it runs unchanged under
+  ``torch.compile`` tracing (fake tensors) and raises before anything runs. Each size is named as the
+  anchor's docstring names it and fixed by the first argument that shows it, in a fixed order that
+  starts at the anchor (``u``, ``x``, ``q``), so a mismatch blames the argument that disagrees with
+  what came before, and says where each size came from.
+- ``check_state_batch_indices``, ``check_seq_idx`` and ``check_cu_seqlens`` read index tensors'
+  values: they run where those values are read (eagerly, inside the op), before anything is written.
+
+Shape and rank mismatches raise ``ValueError``; a dtype the function cannot take, mixed activation
+dtypes and a floating index tensor ``TypeError``; complex tensors ``NotImplementedError`` (the scans
+are real, ABI.md §4); index values out of their pool ``IndexError``.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable, Hashable, Iterable, TypeVar
+
+import torch
+
+#: The floating dtypes the ops run (ABI.md §1).
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+Form = tuple[str, ...]
+Check = TypeVar("Check", bound=Callable[..., None])
+#: How many argument signatures each check remembers as passed.
+PASSED_SIZE = 512
+
+
+def _signature(value: Any) -> Hashable:
+    """What a static check reads of an argument: a tensor's shape, dtype and device; a value itself."""
+    if isinstance(value, torch.Tensor):
+        return value.shape, value.dtype, value.device
+    if isinstance(value, (list, tuple)):
+        return tuple(_signature(v) for v in value)
+    return value if isinstance(value, Hashable) else (type(value), id(value))
+
+
+def once_per_signature(check: Check) -> Check:
+    """``check`` run once per signature of its arguments (``_signature``): a static check reads nothing
+    else, so a signature that passed passes again; a decode loop pays a dictionary lookup per call, not
+    the check. Under ``torch.compile`` the check runs as written (once, while tracing)."""
+    passed: dict[Hashable, None] = {}
+    lock = threading.Lock()
+
+    @functools.wraps(check)
+    def checked(*args: Any, **kwargs: Any) -> None:
+        if torch.compiler.is_compiling():
+            return check(*args, **kwargs)
+        key = (tuple(map(_signature, args)), tuple((k, _signature(v)) for k, v in kwargs.items()))
+        if key in passed:
+            return None
+        check(*args, **kwargs)
+        with lock:
+            if len(passed) >= PASSED_SIZE:
+                passed.clear()
+            passed[key] = None
+        return None
+    return checked  # type: ignore[return-value]
+
+
+def _spelled(form: Form) -> str:
+    """A form as the anchors' docstrings write it: ``(batch, dim, seqlen)``, ``(dim,)``."""
+    return f"({form[0]},)" if len(form) == 1 else f"({', '.join(form)})"
+
+
+def _is_tensor(fn: str, arg: str, t: Any) -> bool:
+    """Whether ``t`` is given (None: not); anything but a tensor or None is refused."""
+    if t is None:
+        return False
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {arg} must be a torch.Tensor, got {type(t).__name__}")
+    return True
+
+
+class Sizes:
+    """The named sizes of one call, each fixed by the first argument that shows it; ``take`` checks an
+    argument against them and fixes the sizes it shows first. Messages are made only when one is raised:
+    a call that passes costs a few microseconds."""
+
+    def __init__(self, fn: str):
+        self.fn = fn
+        #: name -> (size, the argument that showed it and its shape, or a function saying where it came from)
+        self.known: dict[str, tuple[int, str | Callable[[], str], torch.Size | None]] = {}
+
+    def fix(self, name: str, size: int, source: Callable[[], str]) -> None:
+        """Fix ``name`` to ``size``; ``source()`` says where it came from, in a message."""
+        self.known[name] = (size, source, None)
+
+    def size(self, name: str) -> int:
+        return self.known[name][0]
+
+    def source(self, name: str) -> str:
+        """Where the size ``name`` came from: ``u [2, 4, 6]``, or what ``fix`` was told."""
+        _, arg, shape = self.known[name]
+        return arg() if callable(arg) else f"{arg} {list(shape)}"
+
+    def take(self, arg: str, t: Any, *forms: Form) -> Form:
+        """Check the tensor ``t`` against the form of its rank among ``forms`` (its dimensions' names);
+        the form taken."""
+        if not _is_tensor(self.fn, arg, t):
+            raise TypeError(f"{self.fn}: {arg} must be a torch.Tensor, got None")
+        shape = t.shape
+        rank = len(shape)
+        for form in forms:
+            if len(form) == rank:
+                break
+        else:
+            spelled = [_spelled(f) for f in forms]
+            choices = spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} or {spelled[-1]}"
+            raise ValueError(f"{self.fn}: {arg} has shape {list(shape)} ({rank} dimensions); expected {choices}")
+        known = self.known
+        fresh = []
+        for name, size in zip(form, shape):
+            seen = known.get(name)
+            if seen is None:
+                fresh.append((name, size))
+            elif seen[0] != size:
+                self._mismatch(arg, shape, form)
+        for name, size in fresh:  # fixed once the whole shape fits, so a mismatch names only earlier sources
+            known[name] = (size, arg, shape)
+        return form
+
+    def _mismatch(self, arg: str, shape: torch.Size, form: Form) -> None:
+        known = self.known
+        expected = ", ".join(str(known[n][0]) if n in known else n for n in form)
+        why = ", ".join(f"{n}={known[n][0]} from {self.source(n)}" for n, s in zip(form, shape)
+                        if n in known and known[n][0] != s)
+        raise ValueError(f"{self.fn}: {arg} has shape {list(shape)}; expected {_spelled(form)} = [{expected}] ({why})")
+
+    def maybe(self, arg: str, t: Any, *forms: Form) -> Form | None:
+        """``take`` for an optional argument: None when ``t`` is."""
+        return None if t is None else self.take(arg, t, *forms)
+
+    def divides(self, part: str, whole: str, arg: str, meaning: str) -> None:
+        """``part`` (shown by ``arg``) divides ``whole``; ``meaning`` says why it must."""
+        p, w = self.size(part), self.size(whole)
+        if p == 0 or w % p:
+            raise ValueError(f"{self.fn}: {arg} has {part}={p}, which does not divide {whole}={w} (from "
+                             f"{self.source(whole)}); {meaning}")
+
+
+def _real(fn: str, arg: str, t: torch.Tensor) -> None:
+    """``t`` is one of the ops' floating dtypes (complex: the scans are real)."""
+    if t.is_complex():
+        raise NotImplementedError(f"{fn}: {arg} is complex ({t.dtype}); rlx_gpu's scans are real (ABI.md §4): "
+                                  f"pass a real {arg}")
+    if t.dtype not in FLOATS:
+        raise TypeError(f"{fn}: {arg} is {t.dtype}; expected a floating tensor ({', '.join(map(str, FLOATS))})")
+
+
+def _dtypes(fn: str, library: str, tensors: dict[str, torch.Tensor | None], anchor: str, same: Iterable[str],
+            beside: dict[str, tuple[tuple[torch.dtype, ...], str]]) -> None:
+    """Every tensor real; those named in ``same`` (the activations) of the anchor's dtype, as ``library``
+    requires; each of ``beside`` of the anchor's dtype or one of its allowed dtypes, which its text names
+    (``{anchor}`` and ``{A}`` there: the anchor's name and A's dtype)."""
+    given = {arg: t for arg, t in tensors.items() if t is not None}
+    for arg, t in given.items():
+        _real(fn, arg, t)
+    act = given[anchor].dtype
+    for arg in same:
+        t = given.get(arg)
+        if t is not None and t.dtype != act:
+            raise TypeError(f"{fn}: {arg} is {t.dtype} beside {anchor} {act}; the activations "
+                            f"({', '.join([anchor, *same])}) share one dtype, as {library}'s kernels require: "
+                            f"pass {arg}.to({act})")
+    for arg, (allowed, why) in beside.items():
+        t = given.get(arg)
+        if t is not None and t.dtype != act and t.dtype not in allowed:
+            a_dtype = given["A"].dtype if "A" in given else None
+            raise TypeError(f"{fn}: {arg} is {t.dtype} beside {anchor} {act}; {arg} takes "
+                            f"{why.format(anchor=anchor, A=a_dtype)}")
+
+
+def _same_device(fn: str, anchor: str, tensors: dict[str, torch.Tensor | None]) -> None:
+    home = tensors[anchor].device
+    for arg, t in tensors.items():
+        if t is not None and t.device != home:
+            raise ValueError(f"{fn}: {arg} lies on {t.device}, {anchor} on {home}; the tensors of one call lie on "
+                             f"one device: move {arg} with .to({anchor}.device)")
+
+
+def _indices(fn: str, arg: str, t: torch.Tensor | None, what: str) -> bool:
+    """An index tensor (``what`` it holds) is integer; whether it is given."""
+    if not _is_tensor(fn, arg, t):
+        return False
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{fn}: {arg} is {t.dtype}; expected an integer tensor (torch.int32 or torch.int64) of "
+                        f"{what}")
+    return True
+
+
+#: The floating dtypes of more bytes than each (ABI.md §8's ``param_dtype``: f32 or f64 beside f16).
+WIDER = {d: tuple(w for w in FLOATS if w.itemsize > d.itemsize) for d in FLOATS}
+
+
+def _parameters(act: torch.dtype, A: torch.Tensor, *names: str) -> dict[str, tuple[tuple[torch.dtype, ...], str]]:
+    """mamba_ssm's per-channel parameters: ``A`` in the activations' dtype or a wider float (f32 beside
+    16-bit activations, as mamba_ssm keeps it), the others in the activations' or ``A``'s dtype."""
+    return {"A": (WIDER.get(act, ()), "{anchor}'s dtype or a wider float (f32 beside 16-bit {anchor}, as mamba_ssm "
+                                      "keeps A)"),
+            **{n: ((A.dtype,), "{anchor}'s or A's dtype ({A})") for n in names}}
+
+
+@once_per_signature
+def check_selective_scan_fn(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
+                            delta_bias: Any = None) -> None:
+    """mamba_ssm's layout: ``u, delta, z (batch, dim, seqlen)``, ``A (dim, dstate)``, ``B, C (batch,
+    dstate, seqlen)``, ``(batch, ngroups, dstate, seqlen)`` or ``(dim, dstate)`` (both the same form),
+    ``D, delta_bias (dim,)``; dtypes as ``_dtypes`` and ``_parameters`` say (a fixed ``(dim, dstate)``
+    B or C is a parameter, as in mamba_ssm)."""
+    fn = "selective_scan_fn"
+    sizes = Sizes(fn)
+    sizes.take("u", u, ("batch", "dim", "seqlen"))
+    sizes.take("delta", delta, ("batch", "dim", "seqlen"))
+    sizes.take("A", A, ("dim", "dstate"))
+    forms = (("batch", "dstate", "seqlen"), ("batch", "ngroups", "dstate", "seqlen"), ("dim", "dstate"))
+    b_form = sizes.take("B", B, *forms)
+    if isinstance(C, torch.Tensor) and C.dim() != B.dim():
+        raise NotImplementedError(f"{fn}: C has shape {list(C.shape)} and B {list(B.shape)}; rlx_gpu's op reads B "
+                                  f"and C in one of mamba_ssm's layouts: pass C as {_spelled(b_form)} like B")
+    sizes.take("C", C, b_form)
+    if "ngroups" in b_form:
+        sizes.divides("ngroups", "dim", "B", "channel d reads group d // (dim / ngroups)")
+    sizes.maybe("D", D, ("dim",))
+    sizes.maybe("z", z, ("batch", "dim", "seqlen"))
+    sizes.maybe("delta_bias", delta_bias, ("dim",))
+    tensors = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    fixed = b_form == ("dim", "dstate")
+    params = _parameters(u.dtype, A, "D", "delta_bias", *(("B", "C") if fixed else ()))
+    _dtypes(fn, "mamba_ssm", tensors, "u", ("delta", "z") if fixed else ("delta", "B", "C", "z"), params)
+    _same_device(fn, "u", tensors)
+
+
+@once_per_signature
+def check_mamba_chunk_scan_combined(x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
+                                    dt_bias: Any = None, initial_states: Any = None, seq_idx: Any = None,
+                                    cu_seqlens: Any = None, state_dtype: torch.dtype | None = None) -> None:
+    """mamba_ssm's layout: ``x, z (batch, seqlen, nheads, headdim)``, ``dt (batch, seqlen, nheads)``,
+    ``A, dt_bias (nheads,)``, ``B, C (batch, seqlen, ngroups, dstate)``, ``D (nheads,)`` or ``(nheads,
+    headdim)``, ``initial_states (batch, nheads, headdim, dstate)`` (x's dtype, f32, or ``state_dtype``),
+    ``seq_idx (batch, seqlen)`` and ``cu_seqlens (num_sequences + 1,)`` integers."""
+    fn = "mamba_chunk_scan_combined"
+    sizes = Sizes(fn)
+    sizes.take("x", x, ("batch", "seqlen", "nheads", "headdim"))
+    sizes.take("dt", dt, ("batch", "seqlen", "nheads"))
+    sizes.take("A", A, ("nheads",))
+    sizes.take("B", B, ("batch", "seqlen", "ngroups", "dstate"))
+    sizes.take("C", C, ("batch", "seqlen", "ngroups", "dstate"))
+    sizes.divides("ngroups", "nheads", "B", "head h reads group h // (nheads / ngroups)")
+    sizes.maybe("D", D, ("nheads",), ("nheads", "headdim"))
+    sizes.maybe("z", z, ("batch", "seqlen", "nheads", "headdim"))
+    sizes.maybe("dt_bias", dt_bias, ("nheads",))
+    sizes.maybe("initial_states", initial_states, ("batch", "nheads", "headdim", "dstate"))
+    if _indices(fn, "seq_idx", seq_idx, "sequence indices"):
+        sizes.take("seq_idx", seq_idx, ("batch", "seqlen"))
+    if _indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
+        sizes.take("cu_seqlens", cu_seqlens, ("num_sequences + 1",))
+    tensors = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
+               "initial_states": initial_states}
+    params = _parameters(x.dtype, A, "D", "dt_bias")
+    params["initial_states"] = ((torch.float32,), "x's dtype or f32 (the carried state)") if state_dtype is None else (
+        (torch.float32, state_dtype), f"x's dtype, f32 (the carried state) or state_dtype ({state_dtype})")
+    _dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
+    _same_device(fn, "x", {**tensors, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens})
+
+
+@once_per_signature
+def check_selective_state_update(state: Any, x: Any, dt: Any, A: Any, B: Any, C: Any, D: Any = None, z: Any = None,
+                                 dt_bias: Any = None, state_batch_indices: Any = None) -> None:
+    """mamba_ssm's layout, in x's form: ``x, dt, z (batch, dim)`` with ``state (batch, dim, dstate)``,
+    or ``(batch, nheads, dim)`` with ``state (batch, nheads, dim, dstate)``; with
+    ``state_batch_indices (batch,)`` the state's first size is its pool's. ``A (nheads, dim, dstate)``
+    or ``(dim, dstate)``, ``D, dt_bias (nheads, dim)`` or ``(dim,)``, ``B, C (batch, dstate)`` or
+    ``(batch, ngroups, dstate)``. The state may be any floating dtype (it is carried at f32 or wider)."""
+    fn = "selective_state_update"
+    sizes = Sizes(fn)
+    heads_form = _is_tensor(fn, "x", x) and x.dim() == 3
+    form = ("batch", "nheads", "dim") if heads_form else ("batch", "dim")
+    if not heads_form:
+        sizes.fix("nheads", 1, lambda: "x (batch, dim): one head")
+    sizes.take("x", x, ("batch", "dim"), ("batch", "nheads", "dim"))
+    pool = "pool" if state_batch_indices is not None else "batch"
+    sizes.take("state", state, (pool, *form[1:], "dstate"))
+    sizes.take("dt", dt, form)
+    sizes.take("A", A, ("nheads", "dim", "dstate"), ("dim", "dstate"))
+    sizes.take("B", B, ("batch", "dstate"), ("batch", "ngroups", "dstate"))
+    sizes.take("C", C, ("batch", "dstate"), ("batch", "ngroups", "dstate"))
+    if "ngroups" in sizes.known:
+        sizes.divides("ngroups", "nheads", "B", "head h reads group h // (nheads / ngroups)")
+    sizes.maybe("D", D, ("nheads", "dim"), ("dim",))
+    sizes.maybe("z", z, form)
+    sizes.maybe("dt_bias", dt_bias, ("nheads", "dim"), ("dim",))
+    if _indices(fn, "state_batch_indices", state_batch_indices, "state pool entries"):
+        sizes.take("state_batch_indices", state_batch_indices, ("batch",))
+    tensors = {"x": x, "state": state, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias}
+    params = _parameters(x.dtype, A, "D", "dt_bias")
+    params["state"] = (FLOATS, "a floating dtype")
+    _dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
+    _same_device(fn, "x", {**tensors, "state_batch_indices": state_batch_indices})
+
+
+def _check_delta_rule(fn: str, q: Any, k: Any, v: Any, gates: dict[str, tuple[Any, Form]], beta: Any,
+                      initial_state: Any, state_v_first: bool, cu_seqlens: Any,
+                      parameters: dict[str, tuple[Any, Form]]) -> None:
+    """fla's layout: ``q, k (B, T, H, K)``, ``v (B, T, HV, V)`` (HV a multiple of H), the ``gates`` and
+    ``beta (B, T, HV)``, ``cu_seqlens (N + 1,)`` integers with B = 1, ``initial_state (N, HV, K, V)``
+    (``(N, HV, V, K)`` with ``state_v_first``; N = B without cu_seqlens), and the gate's ``parameters``.
+    k and v share q's dtype; the gates, beta, the state and the parameters may be f32 beside it (fla
+    computes its gates and carries its state in f32)."""
+    sizes = Sizes(fn)
+    sizes.take("q", q, ("B", "T", "H", "K"))
+    sizes.take("k", k, ("B", "T", "H", "K"))
+    sizes.take("v", v, ("B", "T", "HV", "V"))
+    sizes.divides("H", "HV", "q", "value head j reads key head j // (HV / H)")
+    for arg, (t, form) in gates.items():
+        sizes.maybe(arg, t, form)
+    sizes.maybe("beta", beta, ("B", "T", "HV"))
+    if _indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
+        sizes.take("cu_seqlens", cu_seqlens, ("N + 1",))
+        if sizes.size("B") != 1:
+            raise ValueError(f"{fn}: the batch size must be 1 rather than {sizes.size('B')} with cu_seqlens "
+                             f"(q {list(q.shape)}); flatten variable-length inputs first")
+        sizes.fix("N", cu_seqlens.shape[0] - 1,
+                  lambda: f"cu_seqlens {list(cu_seqlens.shape)}: one state per sequence")
+    else:
+        sizes.fix("N", sizes.size("B"), lambda: f"q {list(q.shape)}: one state per row")
+    sizes.maybe("initial_state", initial_state, ("N", "HV", "V", "K") if state_v_first else ("N", "HV", "K", "V"))
+    sizes.fix("HV·K", sizes.size("HV") * sizes.size("K"),
+              lambda: f"HV={sizes.size('HV')} from {sizes.source('HV')} times K={sizes.size('K')} from "
+                      f"{sizes.source('K')}")
+    for arg, (t, form) in parameters.items():
+        sizes.maybe(arg, t, form)
+    beside = ((torch.float32,), "q's dtype or f32")
+    tensors = {"q": q, "k": k, "v": v, **{arg: t for arg, (t, _) in gates.items()}, "beta": beta,
+               "initial_state": initial_state, **{arg: t for arg, (t, _) in parameters.items()}}
+    _dtypes(fn, "fla", tensors, "q", ("k", "v"), {arg: beside for arg in tensors if arg not in ("q", "k", "v")})
+    _same_device(fn, "q", {**tensors, "cu_seqlens": cu_seqlens})
+
+
+@once_per_signature
+def check_chunk_gated_delta_rule(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = None,
+                                 state_v_first: bool = False, cu_seqlens: Any = None, A_log: Any = None,
+                                 dt_bias: Any = None) -> None:
+    """fla's layout (``_check_delta_rule``) with ``g (B, T, HV)`` and, for the gate fused in the kernel,
+    ``A_log, dt_bias (HV,)``."""
+    _check_delta_rule("chunk_gated_delta_rule", q, k, v, {"g": (g, ("B", "T", "HV"))}, beta, initial_state,
+                      state_v_first, cu_seqlens, {"A_log": (A_log, ("HV",)), "dt_bias": (dt_bias, ("HV",))})
+
+
+@once_per_signature
+def check_fused_recurrent_gated_delta_rule(q: Any, k: Any, v: Any, g: Any = None, gk: Any = None, beta: Any = None,
+                                           initial_state: Any = None, state_v_first: bool = False,
+                                           cu_seqlens: Any = None, A_log: Any = None, dt_bias: Any = None) -> None:
+    """fla's layout (``_check_delta_rule``) with ``g (B, T, HV)``, ``gk (B, T, HV, K)`` and ``beta`` optional,
+    and ``A_log, dt_bias (HV,)`` for the gate fused in the kernel."""
+    _check_delta_rule("fused_recurrent_gated_delta_rule", q, k, v,
+                      {"g": (g, ("B", "T", "HV")), "gk": (gk, ("B", "T", "HV", "K"))}, beta, initial_state,
+                      state_v_first, cu_seqlens, {"A_log": (A_log, ("HV",)), "dt_bias": (dt_bias, ("HV",))})
+
+
+@once_per_signature
+def check_chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: Any = None, state_v_first: bool = False,
+                    cu_seqlens: Any = None, A_log: Any = None, dt_bias: Any = None) -> None:
+    """fla's layout (``_check_delta_rule``) with a gate per key channel ``g (B, T, HV, K)``, and for the gate
+    fused in the kernel ``A_log (HV,)`` and ``dt_bias (HV·K,)``."""
+    _check_delta_rule("chunk_kda", q, k, v, {"g": (g, ("B", "T", "HV", "K"))}, beta, initial_state, state_v_first,
+                      cu_seqlens, {"A_log": (A_log, ("HV",)), "dt_bias": (dt_bias, ("HV·K",))})
+
+
+def check_rnn_forward(module: torch.nn.RNNBase, input: Any, hx: Any) -> None:
+    """What torch.nn's ``forward`` checks before ``check_forward_args``, with torch's messages: the input is 2-D
+    or 3-D with at least one step and the initial states have its rank; and, beyond torch, that the initial
+    states have the input's dtype (torch fails inside its kernel there)."""
+    name = "RNN" if module.mode.startswith("RNN") else module.mode  # as torch.nn's messages name the module
+    packed = isinstance(input, torch.nn.utils.rnn.PackedSequence)
+    data = input.data if packed else input
+    if not packed:
+        if input.dim() not in (2, 3):
+            tensor = " tensor" if name == "RNN" else ""  # torch.nn's RNN says so
+            raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D{tensor} instead")
+        if input.shape[1 if module.batch_first and input.dim() == 3 else 0] == 0:
+            raise RuntimeError("Expected sequence length to be larger than 0 in RNN")
+    lstm = module.mode == "LSTM"
+    if hx is None or (lstm and not isinstance(hx, (tuple, list))):
+        return  # no states, or not a pair (forward's own TypeError says what an LSTM takes)
+    states = dict(zip(("hx", "cx") if lstm else ("hx",), hx if lstm else (hx,)))
+    if not all(isinstance(t, torch.Tensor) for t in states.values()):
+        return
+    rank = 3 if packed or input.dim() == 3 else 2
+    if any(t.dim() != rank for t in states.values()):
+        kind = "batched 3-D" if rank == 3 else "unbatched 2-D"
+        if lstm:
+            got = ", ".join(f"{t.dim()}-D" for t in states.values())
+            raise RuntimeError(f"For {kind} input, hx and cx should also be {rank}-D but got ({got}) tensors")
+        raise RuntimeError(f"For {kind} input, hx should also be {rank}-D but got {states['hx'].dim()}-D tensor")
+    for i, (arg, t) in enumerate(states.items()):
+        if t.dtype != data.dtype:
+            which = f"hx[{i}] ({'h_0' if arg == 'hx' else 'c_0'})" if lstm else "hx (h_0)"
+            raise TypeError(f"{name}: {which} is {t.dtype} beside input {data.dtype}; the initial states take the "
+                            f"input's dtype: pass {which.split(' ')[0]}.to({data.dtype})")
+
+
+def check_state_batch_indices(fn: str, indices: torch.Tensor, pool: int) -> None:
+    """Each entry of ``state_batch_indices`` names an entry of the state pool (``state.shape[0]`` =
+    ``pool``) and no entry is named twice; reads the indices' values."""
+    values = indices.reshape(-1).tolist()
+    for position, value in enumerate(values):
+        if not 0 <= value < pool:
+            raise IndexError(f"{fn}: state_batch_indices[{position}] = {value} is outside the state pool of "
+                             f"{pool} entries (state.shape[0]); expected 0 <= index < {pool}")
+    first: dict[int, int] = {}
+    for position, value in enumerate(values):
+        if value in first:
+            raise ValueError(f"{fn}: state_batch_indices[{first[value]}] and [{position}] both name state entry "
+                             f"{value}; each row of x updates an entry of its own")
+        first[value] = position
+
+
+def check_seq_idx(fn: str, seq_idx: torch.Tensor) -> None:
+    """``seq_idx`` does not decrease along a row (rlx_gpu packs sequences as runs of tokens); reads its values."""
+    idx = seq_idx.detach().cpu().to(torch.int64)
+    falls = (idx[:, 1:] < idx[:, :-1]).nonzero()
+    if len(falls):
+        row, t = (int(v) for v in falls[0])
+        raise NotImplementedError(f"{fn}: seq_idx falls from {int(idx[row, t])} to {int(idx[row, t + 1])} at "
+                                  f"[{row}, {t + 1}]; rlx_gpu packs sequences as runs of tokens (cu_seqlens), so "
+                                  f"seq_idx must not decrease along a row")
+
+
+def check_cu_seqlens(fn: str, cu_seqlens: torch.Tensor, tokens: int) -> None:
+    """``cu_seqlens`` starts at 0, does not decrease and ends at ``tokens`` (ABI.md §8's rule); reads its values."""
+    cu = cu_seqlens.reshape(-1).tolist()
+    if not cu or cu[0] != 0:
+        raise ValueError(f"{fn}: cu_seqlens {cu} must start at 0 (the first sequence's first token)")
+    for i in range(1, len(cu)):
+        if cu[i] < cu[i - 1]:
+            raise ValueError(f"{fn}: cu_seqlens[{i}] = {cu[i]} is below cu_seqlens[{i - 1}] = {cu[i - 1]}; the "
+                             f"sequence boundaries must not decrease")
+    if cu[-1] != tokens:
+        raise ValueError(f"{fn}: cu_seqlens ends at {cu[-1]}, expected the token count {tokens} (the packed "
+                         f"sequences cover every token)")
