@@ -14,7 +14,6 @@ CUDA backend's device N.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import os
@@ -29,6 +28,7 @@ import torch
 from ..errors import RlxError
 from ..graph.builder import Graph
 from ..graph.lowering import Executable
+from ..runtime.call_plan import CallPlan
 from ..runtime.executor import RunReport
 from ..runtime.registry import device_variables
 
@@ -40,7 +40,7 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 #: How many compiled signatures are kept (the least recently used one is dropped past it).
 CACHE_SIZE = 256
 
-_cache: collections.OrderedDict[Hashable, Executable] = collections.OrderedDict()
+_cache: dict[Hashable, Executable] = {}  # in the order compiled
 _cache_lock = threading.Lock()
 _last = threading.local()  # the CallPlan of this thread's latest call
 
@@ -73,24 +73,31 @@ def device_for(*tensors: Any) -> str | None:
     raise NotImplementedError(f"tensors on {device} have no rlx_gpu backend; use CPU or CUDA tensors")
 
 
-def compiled(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, torch.Tensor],
-             device: str | None) -> Executable:
-    """The ``Executable`` of ``build()`` for this signature, compiled on first use and kept."""
-    # the default device is looked up when the Executable first runs: the variables that choose it are
-    # part of the signature, so a test or a process that changes RLX_DEVICE gets a schedule of its own
-    where = device or tuple(os.environ.get(v) for v in _device_variables())
-    signature = (key, where, tuple((name, tuple(t.shape), t.dtype) for name, t in inputs.items()))
-    with _cache_lock:
-        exe = _cache.get(signature)
-        if exe is not None:
-            _cache.move_to_end(signature)
-            return exe
+#: A graph input's shape and ABI element type: what a call's schedule is compiled for.
+Spec = tuple[tuple[int, ...], str]
+
+
+def specs_of(inputs: Mapping[str, torch.Tensor]) -> dict[str, Spec]:
+    """The ``Spec`` of each tensor of ``inputs``."""
+    return {name: (tuple(t.shape), rlx_dtype(t, name)) for name, t in inputs.items()}
+
+
+def plan_for(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], device: str | None) -> CallPlan:
+    """The ``CallPlan`` of ``build()`` (a graph whose inputs are ``specs``) on ``device``, compiled on first
+    use and kept per signature: ``key`` (the call's structure), the device and the specs."""
+    # the default device is looked up when the plan first runs: the variables that choose it are part of
+    # the signature, so a test or a process that changes RLX_DEVICE gets a schedule of its own
+    where = device or tuple(map(os.environ.get, _device_variables()))
+    signature = (key, where, tuple(specs.items()))
+    exe = _cache.get(signature)
+    if exe is not None:
+        return exe.plan
     exe = build().compile(device)
     with _cache_lock:
         exe = _cache.setdefault(signature, exe)
         while len(_cache) > CACHE_SIZE:
-            _cache.popitem(last=False)
-    return exe
+            _cache.pop(next(iter(_cache)))  # the oldest compiled
+    return exe.plan
 
 
 def host_array(t: torch.Tensor) -> np.ndarray:
@@ -104,7 +111,7 @@ def host_array(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _tensor(a: np.ndarray, home: torch.device) -> torch.Tensor:
+def tensor(a: np.ndarray, home: torch.device) -> torch.Tensor:
     """A new array of a call's output as a torch tensor on ``home`` (no copy on the CPU)."""
     t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == BFLOAT16 else torch.from_numpy(a)
     return t if home.type == "cpu" else t.to(home)
@@ -145,16 +152,24 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
 
     ``key`` names the graph's structure (the op and its static arguments): the graph is built and
     compiled once per ``key``, input shapes and dtypes, and device (``device``, else the tensors'), and
-    called through its ``CallPlan``: the inputs are read where they lie (any strides) and copied into
-    its resident arena, but those given a ``stamps`` entry equal to the one of their last call (weights).
+    called through its ``CallPlan`` (``run_arrays``).
     """
     device = device if device is not None else device_for(*inputs.values())
-    exe = compiled(key, build, inputs, device)
     home = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-    plan = exe.plan
-    outputs = plan({name: host_array(t) for name, t in inputs.items()}, stamps)
+    outputs = run_arrays(key, build, specs_of(inputs), {name: host_array(t) for name, t in inputs.items()},
+                         device, stamps)
+    return {name: tensor(a, home) for name, a in outputs.items()}
+
+
+def run_arrays(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], arrays: Mapping[str, np.ndarray],
+               device: str | None, stamps: Mapping[str, Hashable] | None = None) -> dict[str, np.ndarray]:
+    """``run_graph`` on host arrays (any strides and float dtypes: the plan converts them to each input's
+    storage type as it copies them in, none for a weight whose stamp is unchanged); the outputs are new
+    arrays in their storage dtype."""
+    plan = plan_for(key, build, specs, device)
+    outputs = plan(arrays, stamps)
     _last.plan = plan
-    return {name: _tensor(a, home) for name, a in outputs.items()}
+    return outputs
 
 
 def clear_cache() -> None:

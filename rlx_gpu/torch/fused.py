@@ -16,11 +16,12 @@ import math
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import rlx_dtype, run_graph
+from .bridge import Spec, run_arrays, run_graph, specs_of
 from .library import define, dense, empty, schema_args
 
 #: The graph methods' keyword for a field, where the two names differ.
@@ -75,9 +76,9 @@ class FusedCall:
         return out if isinstance(out, tuple) else (out, None)
 
 
-def declare(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> dict[str, Tensor]:
-    """One graph input per torch tensor of ``inputs``, of its name, shape and element type."""
-    return {name: graph.input(name, tuple(t.shape), rlx_dtype(t, name)) for name, t in inputs.items()}
+def declare(graph: Graph, specs: Mapping[str, Spec]) -> dict[str, Tensor]:
+    """One graph input per entry of ``specs``, of its name, shape and element type."""
+    return {name: graph.input(name, shape, dtype) for name, (shape, dtype) in specs.items()}
 
 
 def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Tensor] | None,
@@ -93,16 +94,16 @@ def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Te
         graph.output(f"grad.{field}", grads[field])
 
 
-def _forward_graph(call: FusedCall, inputs: dict[str, torch.Tensor]) -> Graph:
+def _forward_graph(call: FusedCall, specs: Mapping[str, Spec]) -> Graph:
     graph = Graph()
-    y, _ = call.emit(graph, declare(graph, inputs))
+    y, _ = call.emit(graph, declare(graph, specs))
     graph.output("y", y)
     return graph
 
 
-def _backward_graph(call: FusedCall, inputs: dict[str, torch.Tensor], wanted: tuple[str, ...]) -> Graph:
+def _backward_graph(call: FusedCall, specs: Mapping[str, Spec], wanted: tuple[str, ...]) -> Graph:
     graph = Graph()
-    tensors = declare(graph, inputs)
+    tensors = declare(graph, specs)
     y, final = call.emit(graph, {f: tensors[f] for f in call.fields})
     d_state = {"state": tensors["d_final_state"]} if final is not None else None
     output_gradients(graph, y, tensors["d_dst"], d_state, wanted)
@@ -121,8 +122,12 @@ def _call(op: FusedOp, args: Sequence[Any]) -> tuple[FusedCall, dict[str, torch.
     """The ``FusedCall`` and its given tensors by field, from an op's schema arguments."""
     count = len(op.fields)
     given = {f: t for f, t in zip(op.fields, args[:count]) if t is not None}
-    statics = tuple((name, _static(name, v)) for (name, _), v in zip(op.statics, args[count:]))
-    return FusedCall(op.name, statics, tuple(given)), given
+    return FusedCall(op.name, _statics(op, args[count:]), tuple(given)), given
+
+
+def _statics(op: FusedOp, values: Sequence[Any]) -> tuple[tuple[str, Hashable], ...]:
+    """An op's static schema arguments as the graph method's keywords."""
+    return tuple((name, _static(name, v)) for (name, _), v in zip(op.statics, values))
 
 
 def _no_work(op: FusedOp, given: Mapping[str, torch.Tensor]) -> bool:
@@ -137,7 +142,7 @@ def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if _no_work(op, given):
         y = dense(given[op.y_like].shape, given[op.tensors[0]]).zero_()
         return y, empty(y) if state is None else state.clone()
-    out = run_graph(("forward", call), lambda: _forward_graph(call, given), given)
+    out = run_graph(("forward", call), lambda: _forward_graph(call, specs_of(given)), given)
     return out["y"], empty(out["y"]) if state is None else out[FINAL_STATE]
 
 
@@ -160,7 +165,7 @@ def _backward(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *arg
         inputs = {**given, "d_dst": d_y}
         if "state" in given:
             inputs["d_final_state"] = d_state
-        out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, inputs, wanted), inputs)
+        out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, specs_of(inputs), wanted), inputs)
         grads = {f: out[f"grad.{f}"] for f in wanted}
     return [grads[f] if f in grads else empty(d_y) for f in op.fields]
 
@@ -172,10 +177,8 @@ def _backward_fake(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None,
 
 
 def _register(op: FusedOp) -> Any:
-    """Define ``rlx_gpu::{op}`` and ``rlx_gpu::{op}_backward`` and tie them with ``register_autograd``."""
+    """Define ``rlx_gpu::{op}_backward`` and ``rlx_gpu::{op}``, the second differentiable through the first."""
     args = schema_args(op.tensors, op.optional, op.statics)
-    forward = define(op.name, f"({args}) -> (Tensor, Tensor)",
-                     lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a))
     backward = define(f"{op.name}_backward", f"(Tensor d_y, Tensor? d_state, {args}, bool[] wanted) -> Tensor[]",
                       lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
     count, state = len(op.fields), op.fields.index("state")
@@ -193,8 +196,8 @@ def _register(op: FusedOp) -> Any:
         grads = backward(d_y, d_state, *saved, *ctx.statics, wanted)
         return (*(g if w else None for g, w in zip(grads, wanted)), *(None for _ in ctx.statics))
 
-    forward.register_autograd(gradients, setup_context=setup_context)
-    return forward
+    return define(op.name, f"({args}) -> (Tensor, Tensor)", lambda *a: _forward(op, *a),
+                  lambda *a: _forward_fake(op, *a), gradients, setup_context)
 
 
 CUSTOM_OPS = {name: _register(op) for name, op in OPS.items()}
@@ -224,7 +227,14 @@ def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tu
     return y, final if tensors.get("state") is not None else None
 
 
-def forward_now(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``fused``'s forward run directly, without the dispatcher or autograd: for the implementation of
-    another op (``selective_state_update``), which is itself the opaque call."""
-    return _forward(OPS[op], *_schema_args(op, tensors, static))
+def forward_arrays(op: str, arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str], device: str | None,
+                   **static: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """The forward of ``op`` on host arrays (by field; any strides and float dtypes, each converted to the
+    element type ``dtypes`` names as it is copied in), without the dispatcher or autograd: for the
+    implementation of another op (``selective_state_update``), itself the opaque call. Returns ``y`` and
+    the final state (None without a ``state``) as new arrays in their storage dtype."""
+    spec = OPS[op]
+    call = FusedCall(op, _statics(spec, _schema_args(op, {}, static)[len(spec.fields):]), tuple(arrays))
+    specs = {f: (a.shape, dtypes[f]) for f, a in arrays.items()}
+    out = run_arrays(("forward", call), lambda: _forward_graph(call, specs), specs, arrays, device)
+    return out["y"], out.get(FINAL_STATE)

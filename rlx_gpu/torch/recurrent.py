@@ -20,7 +20,7 @@ import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import rlx_dtype, run_graph
+from .bridge import run_graph, specs_of
 from .fused import CALL, declare, output_gradients
 from .library import define, dense, schema_args
 
@@ -175,8 +175,9 @@ def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], 
 
 def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tensor]]:
     """A graph of x's element type with one input per tensor of ``inputs``."""
-    g = Graph(rlx_dtype(inputs["x"], "x"))
-    return g, declare(g, inputs)
+    specs = specs_of(inputs)
+    g = Graph(specs["x"][1])
+    return g, declare(g, specs)
 
 
 def _forward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Graph:
@@ -242,10 +243,9 @@ def _backward_fake(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]
 
 
 def _register(op: str) -> Any:
+    """Define ``rlx_gpu::{op}_backward`` and ``rlx_gpu::{op}``, the second differentiable through the first."""
     states = ("h0", "c0") if op == "lstm" else ("h0",)
     args = "Tensor x, Tensor[] weights, " + schema_args(states, ("seq_lens",), STATICS[op])
-    outputs = ", ".join(["Tensor"] * (1 + len(states)))
-    forward = define(op, f"({args}) -> ({outputs})", lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a))
     d_finals = ", ".join(f"Tensor d_{s}" for s in states)
     backward = define(f"{op}_backward", f"(Tensor d_y, {d_finals}, {args}) -> Tensor[]",
                       lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
@@ -266,8 +266,9 @@ def _register(op: str) -> Any:
         return (grads[0], list(grads[1: 1 + ctx.weights]), *grads[1 + ctx.weights:], None,
                 *(None for _ in ctx.statics))
 
-    forward.register_autograd(gradients, setup_context=setup_context)
-    return forward
+    outputs = ", ".join(["Tensor"] * (1 + count))
+    return define(op, f"({args}) -> ({outputs})", lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a),
+                  gradients, setup_context)
 
 
 CUSTOM_OPS = {op: _register(op) for op in STATICS}

@@ -11,12 +11,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
                         check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .fused import cast, forward_now, fused
+from .bridge import device_for, host_array, rlx_dtype, tensor
+from .fused import cast, forward_arrays, fused
 from .library import define, dense
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
@@ -247,57 +249,62 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
                   C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                   dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
     """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
-    call of one token, the state rows it reads gathered from the pool and written back."""
+    call of one token, the state rows it reads gathered from the pool and written back.
+
+    The tensors are mapped onto the op's fields as NumPy views of their memory (a decode step's budget
+    has no room for a dozen torch view operations); each is converted to its field's element type as the
+    call plan copies it in.
+    """
     name = "selective_state_update"
     heads_form = state.dim() == 4
-    pool = state if heads_form else state.unsqueeze(1)
-    x4 = x if heads_form else x.unsqueeze(1)
-    batch, heads, dim = x4.shape
-    channels, dstate = heads * dim, pool.shape[-1]
-
-    def per_channel(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if t is None else cast(t, dtype).expand(heads, dim).reshape(channels)
-
+    batch = x.shape[0]
+    if batch == 0:
+        return dense(x.shape, x).zero_()
+    heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
+    channels, dstate = heads * dim, state.shape[-1]
+    act, param = rlx_dtype(x), rlx_dtype(x.new_empty(0, dtype=_param_dtype(A, x)))
+    carried = rlx_dtype(state) if state.dtype.itemsize >= x.dtype.itemsize else rlx_dtype(x.new_empty(0, dtype=_state_dtype(x)))
+    pool = host_array(state) if heads_form else host_array(state)[:, None]  # views: the step writes through them
     if state_batch_indices is None:
-        rows = None
-        current = pool
+        rows, current = None, pool
     else:
         check_state_batch_indices(name, state_batch_indices, state.shape[0])
-        rows = state_batch_indices.to(device=state.device, dtype=torch.int64).reshape(-1)
-        current = pool.index_select(0, rows)
-    act, param = x.dtype, _param_dtype(A, x)
-    carried = _state_dtype(x) if state.dtype.itemsize < act.itemsize else state.dtype
-    B, C = (M.unsqueeze(1) if M.dim() == 2 else M for M in (B, C))  # [batch, ngroups, dstate]
+        rows = host_array(state_batch_indices).reshape(-1).astype(np.intp)
+        current = pool[rows]
+    xs = host_array(x) if heads_form else host_array(x)[:, None]
+    Bs, Cs = (host_array(M) if M.dim() == 3 else host_array(M)[:, None] for M in (B, C))  # [batch, ngroups, dstate]
+    Ds, zs, biases = (None if t is None else host_array(t) for t in (D, z, dt_bias))
     if _tied_along_dim(heads_form, dt, A, D, dt_bias):
         # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
-        op, statics = "mamba2", {"dt_softplus": bool(dt_softplus)}
-        tensors = {"x": x4.unsqueeze(1), "dt": cast(dt.select(-1, 0), act).unsqueeze(1),
-                   "a": cast(A.select(2, 0).select(1, 0), param),
-                   "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
-                   "d": None if D is None else cast(D.select(1, 0), param),
-                   "dt_bias": None if dt_bias is None else cast(dt_bias.select(1, 0), param),
-                   "z": None if z is None else cast(z, act).unsqueeze(1), "state": cast(current, carried)}
+        op, statics = "mamba2", {"dt_softplus": dt_softplus}
+        fields = {"x": xs[:, None], "dt": host_array(dt)[:, None, :, 0], "a": host_array(A)[:, 0, 0],
+                  "b": Bs[:, None], "c": Cs[:, None], "d": None if Ds is None else Ds[:, 0],
+                  "dt_bias": None if biases is None else biases[:, 0], "z": None if zs is None else zs[:, None],
+                  "state": current}
+        dtypes = dict(x=act, dt=act, a=param, b=act, c=act, d=param, dt_bias=param, z=act, state=carried)
     else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
-        op, statics = "selective_scan", {"delta_softplus": bool(dt_softplus)}
-        tensors = {
-            "x": x4.reshape(batch, 1, channels), "delta": cast(dt, act).reshape(batch, 1, channels),
-            "a": cast(A, param).expand(heads, dim, dstate).reshape(channels, dstate),
-            "b": cast(B, act).unsqueeze(1), "c": cast(C, act).unsqueeze(1),
-            "d": per_channel(D, param), "delta_bias": per_channel(dt_bias, param),
-            "z": None if z is None else cast(z, act).reshape(batch, 1, channels),
-            "state": cast(current.reshape(batch, channels, dstate), carried)}
-    y, final = forward_now(op, tensors, **statics)
-    new = cast(final, state.dtype).reshape(current.shape)
-    if rows is None:
-        pool.copy_(new)
-    else:
-        pool.index_copy_(0, rows, new)
-    return y.reshape(x.shape)
 
+        def per_channel(t: np.ndarray | None) -> np.ndarray | None:
+            return None if t is None else np.broadcast_to(t, (heads, dim)).reshape(channels)
+
+        op, statics = "selective_scan", {"delta_softplus": dt_softplus}
+        fields = {"x": xs.reshape(batch, 1, channels), "delta": host_array(dt).reshape(batch, 1, channels),
+                  "a": np.broadcast_to(host_array(A), (heads, dim, dstate)).reshape(channels, dstate),
+                  "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
+                  "z": None if zs is None else zs.reshape(batch, 1, channels),
+                  "state": current.reshape(batch, channels, dstate)}
+        dtypes = dict(x=act, delta=act, a=param, b=act, c=act, d=param, delta_bias=param, z=act, state=carried)
+    given = {f: a for f, a in fields.items() if a is not None}
+    y, final = forward_arrays(op, given, dtypes, device_for(state, x), **statics)
+    if rows is None:
+        pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
+    else:
+        pool[rows] = final.reshape(current.shape)
+    return tensor(y, x.device).reshape(x.shape)
 
 
 _STATE_UPDATE = define(
     "selective_state_update",
     "(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
     "bool dt_softplus, Tensor? state_batch_indices) -> Tensor",
-    _state_update, lambda state, x, *rest: dense(x.shape, x), mutates=("state",))
+    _state_update, lambda state, x, *rest: dense(x.shape, x))
