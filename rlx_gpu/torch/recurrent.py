@@ -14,13 +14,13 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import run_graph, specs_of
+from .bridge import run_graph, specs_of, stamp
 from .fused import CALL, declare, output_gradients
 from .library import define, dense, schema_args
 
@@ -90,7 +90,8 @@ def _spec(op: str, statics: Sequence[Any]) -> Recurrence:
 
 
 class _Packings:
-    """The weight streams of parameter lists, kept per (storage, version) of every parameter.
+    """The weight streams of parameter lists, kept per stamp (``bridge.stamp``: owner, version, memory) of
+    every parameter; the stamps also tell a call plan that streams it was given before are unchanged.
 
     A parameter changed in place by a torch operation (an optimizer step, ``copy_`` under ``no_grad``)
     gets a new ``_version``, so it is packed again; one changed through ``.data`` (which torch does not
@@ -105,19 +106,20 @@ class _Packings:
         with self._lock:
             self._kept.clear()
 
-    def streams(self, spec: Recurrence, weights: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
-        key = (spec, tuple((w.data_ptr(), w._version, w.shape, w.dtype, w.device) for w in weights))
+    def streams(self, spec: Recurrence, weights: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], Hashable]:
+        """The streams of ``weights`` and their key (the same for the same parameters at the same versions)."""
+        key = (spec, tuple(map(stamp, weights)))
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
                 self._kept.move_to_end(key)
-                return kept
+                return kept, key
         packed = _pack(spec, weights)
         with self._lock:
             self._kept[key] = packed
             while len(self._kept) > PACKED_CACHE:
                 self._kept.popitem(last=False)
-        return packed
+        return packed, key
 
 
 def _groups(spec: Recurrence, weights: Sequence[torch.Tensor]) -> list[dict[str, torch.Tensor]]:
@@ -166,11 +168,14 @@ forget_packings = _packings.clear
 
 
 def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
-            seq_lens: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    inputs = {"x": x, **_packings.streams(spec, weights), **dict(zip(spec.states, states))}
+            seq_lens: torch.Tensor | None) -> tuple[dict[str, torch.Tensor], dict[str, Hashable]]:
+    """The thunk's inputs by field, and the stamps of its weight streams (the call plan copies them only
+    when they change)."""
+    streams, key = _packings.streams(spec, weights)
+    inputs = {"x": x, **streams, **dict(zip(spec.states, states))}
     if seq_lens is not None:
         inputs["seq_lens"] = seq_lens
-    return inputs
+    return inputs, {name: key for name in streams}
 
 
 def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tensor]]:
@@ -211,8 +216,8 @@ def _forward(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
     spec, x, weights, states, seq_lens = _split(op, args)
     if x.shape[:2].numel() == 0:  # batch 0 or no steps: torch.nn's empty output, the states unchanged
         return (dense((*x.shape[:2], _width(spec)), x).zero_(), *(s.clone() for s in states))
-    inputs = _inputs(spec, x, weights, states, seq_lens)
-    out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs)
+    inputs, stamps = _inputs(spec, x, weights, states, seq_lens)
+    out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs, stamps=stamps)
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     return (out["y"], *(out[finals[s]] for s in spec.states))
 
@@ -228,10 +233,10 @@ def _backward(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]:
     spec, x, weights, states, seq_lens = _split(op, rest)
     if x.shape[:2].numel() == 0:
         return [torch.zeros_like(t) for t in (x, *weights)] + [d.clone() for d in d_finals]
-    inputs = _inputs(spec, x, weights, states, seq_lens)
+    inputs, stamps = _inputs(spec, x, weights, states, seq_lens)
     inputs["d_y"] = d_y.to(x.dtype)
     inputs.update({f"d_{s}": d.to(x.dtype) for s, d in zip(spec.states, d_finals)})
-    out = run_graph(("backward", spec), lambda: _backward_graph(spec, inputs), inputs)
+    out = run_graph(("backward", spec), lambda: _backward_graph(spec, inputs), inputs, stamps=stamps)
     grads = {name[len("grad."):]: t for name, t in out.items()}
     return [grads["x"], *_unpack(spec, weights, grads), *(grads[s] for s in spec.states)]
 
