@@ -196,3 +196,32 @@ def test_opencl_runs_the_modules_forward_and_backward():
     assert [e.device.spec.split(":")[0] for e in bridge._cache.values()][-2:] == ["opencl", "opencl"]
     torch.testing.assert_close(y, ref(x)[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(xs.grad, xr.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_weights_are_packed_again_after_an_optimizer_step_and_for_a_new_module_in_old_memory():
+    """The packing and the call plan's copy of the weights follow every parameter's version: an optimizer
+    step (in-place updates) is seen at the next call, and a module built where a dead one's parameters
+    lay (same addresses, version 0) gets its own weights, not the dead one's."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, IN)
+    for _ in range(3):  # each round frees the last round's modules, whose memory the next may reuse
+        ref, ours = _pair(rnn.LSTM, dict(batch_first=True), seed=int(torch.randint(0, 1000, ())))
+        for step in range(2):
+            torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-5, atol=1e-6)
+            for module in (ref, ours):
+                module.zero_grad()
+                module(x)[0].square().sum().backward()
+                torch.optim.SGD(module.parameters(), lr=0.5).step()
+        del ref, ours
+
+
+def test_selective_state_update_advances_the_states_version_as_an_in_place_op_does():
+    """selective_state_update writes its state in place and says so to autograd (the version advances),
+    as an in-place torch operation does."""
+    from rlx_gpu.torch import selective_state_update
+
+    state = torch.zeros(1, 4, 3)
+    before = state._version
+    selective_state_update(state, torch.randn(1, 4), torch.rand(1, 4), -torch.rand(4, 3), torch.randn(1, 3),
+                           torch.randn(1, 3))
+    assert state._version > before and state.abs().sum() > 0
