@@ -1,12 +1,16 @@
-"""The Numba kernels behind ``jit`` (imported only through it, where Numba is installed).
+"""The Numba kernels behind ``jit`` (imported only through it, where Numba is installed): the lstm step,
+and the step paths of selective_scan, mamba2 and gated_delta_net.
 
 ``exp`` is written out so that LLVM vectorizes the loops it sits in (a call to libm's ``expf`` would keep
 them scalar, four times slower than NumPy's ``exp``): Cody-Waite reduction by ln 2, a degree-6 polynomial,
-and the power of two put in by a bit cast. Within an ulp of float32 over its range, ``inf`` above 88.72, 0
-below about -87.0 (results under 2.4e-38, which no gate, adding them to 1, tells from 0; NumPy gives them,
-denormals included), NaN for NaN: the gates' non-finite classes are NumPy's. The fast-math flags allow FMA
-contraction and ignore the sign of zero, nothing more: no NaN or inf is assumed away. Nothing in the loops
-branches (clips are clamps, inf for none; ``input_forget`` a select), so LLVM vectorizes them.
+and the power of two put in by a bit cast. Within an ulp of float32 over its range, ``inf`` above 88.72, NaN
+for NaN. The lstm's gates take ``_exp``, 0 below about -87.0 (results under 2.4e-38, which no gate, adding
+them to 1, tells from 0; NumPy gives them, denormals included); the state-space steps take
+``_exp_subnormal``, which gives the subnormals as NumPy does (a decay multiplies a state: an infinite state
+times 0 is NaN, times a subnormal inf), at one more multiply. ``_log`` (for softplus) is written out the
+same way. The non-finite classes are NumPy's. The fast-math flags allow FMA contraction and ignore the sign
+of zero, nothing more: no NaN or inf is assumed away. Nothing in the loops branches (clips are clamps, inf
+for none; ``input_forget`` a select), so LLVM vectorizes them.
 """
 from __future__ import annotations
 
@@ -379,6 +383,8 @@ def lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale
 # ``carry_state``), a zeroed work state that is not kept. Optional inputs (biases, d, z) are empty arrays
 # where the thunk has none. The arithmetic is ABI.md §4/§8's in its order, so non-finite values land where
 # NumPy's step path puts them; only the dot products' sums are reassociated (``_dot``), as a BLAS's are.
+# Loops run over a state's rows as views, the inner loop over a row's contiguous N (or V) values, which LLVM
+# vectorizes (indexing flat arrays at computed offsets instead left it scalar, 6x slower).
 
 _T1, _T2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
 _T3, _T4 = types.Array(types.float32, 3, "C"), types.Array(types.float32, 4, "C")
@@ -450,8 +456,14 @@ def _rows(varlen, cu, batch):
 
 
 @numba.njit(inline="always")
-def _entry(r, slots):
-    return slots[r] if slots.size > 0 else r
+def _state(pool, work, slots, r, unit, units):
+    """Row ``r``'s state of channel block or head ``unit`` of ``units`` (``pool [entries * units, ...]``): that
+    of pool entry ``slots[r]`` (``r`` without slots), updated in place, or where the pool is empty (no
+    ``carry_state``) the zeroed ``work``."""
+    if pool.shape[0] > 0:
+        return pool[(slots[r] if slots.size > 0 else r) * units + unit]
+    work[:] = 0
+    return work
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
@@ -473,16 +485,11 @@ def selective_scan_step(x, delta, a, b, c, delta_bias, d, z, state, dst, cu, slo
     [B, S, G, N]``, ``delta_bias, d [H]``, ``state [E, H, N]``."""
     bsz, seq, hidden = x.shape
     n, width = a.shape[1], hidden // b.shape[2]
-    carry = state.shape[0] > 0
-    work = np.zeros((0 if carry else hidden, n), _F32)
+    work = np.empty((hidden, n), _F32)
     steps, inputs, y = np.empty(hidden, _F32), np.empty(hidden, _F32), np.empty(hidden, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
-        if carry:
-            h = state[_entry(r, slots)]
-        else:
-            h = work
-            h[:] = 0
+        h = _state(state, work, slots, r, 0, 1)
         for t in range(lo, hi):
             for ch in range(hidden):
                 steps[ch] = delta[row, t, ch]
@@ -521,17 +528,12 @@ def mamba2_step(x, dt, a, b, c, dt_bias, d, z, state, dst, cu, slots, varlen, so
     where the thunk has no ``dt_limit``, so NaN stays NaN)."""
     bsz, seq, heads, p = x.shape
     n, per_group = b.shape[3], heads // b.shape[2]
-    carry = state.shape[0] > 0
-    work = np.zeros((0 if carry else p, n), _F32)
+    pool, work = state.reshape(state.shape[0] * heads, p, n), np.empty((p, n), _F32)
     y = np.empty(p, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
         for hd in range(heads):
-            if carry:
-                s = state[_entry(r, slots), hd]
-            else:
-                s = work
-                s[:] = 0
+            s = _state(pool, work, slots, r, hd, heads)
             for t in range(lo, hi):
                 step = dt[row, t, hd]
                 if dt_bias.size > 0:
@@ -568,18 +570,13 @@ def gated_delta_net_step(q, k, v, g, beta, state, dst, cu, slots, varlen, l2norm
     bsz, seq, heads, n = q.shape
     value_heads, width = v.shape[2], v.shape[3]
     group, per_channel = value_heads // heads, g.shape[3] > 1
-    carry = state.shape[0] > 0
-    work = np.zeros((0 if carry else n, width), _F32)
+    pool, work = state.reshape(state.shape[0] * value_heads, n, width), np.empty((n, width), _F32)
     qn, kn, decay = np.empty(n, _F32), np.empty(n, _F32), np.empty(n, _F32)
     ks, u, out = np.empty(width, _F32), np.empty(width, _F32), np.empty(width, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
         for j in range(value_heads):
-            if carry:
-                s = state[_entry(r, slots), j]
-            else:
-                s = work
-                s[:] = 0
+            s = _state(pool, work, slots, r, j, value_heads)
             for t in range(lo, hi):
                 qs, kk = q[row, t, j // group], k[row, t, j // group]
                 if l2norm:  # x / sqrt(sum x^2 + eps), per head vector
