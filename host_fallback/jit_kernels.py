@@ -456,12 +456,11 @@ def _rows(varlen, cu, batch):
 
 
 @numba.njit(inline="always")
-def _state(pool, work, slots, r, unit, units):
-    """Row ``r``'s state of channel block or head ``unit`` of ``units`` (``pool [entries * units, ...]``): that
-    of pool entry ``slots[r]`` (``r`` without slots), updated in place, or where the pool is empty (no
-    ``carry_state``) the zeroed ``work``."""
+def _state(pool, work, slots, r):
+    """Row ``r``'s state: pool entry ``slots[r]`` (``r`` without slots), updated in place, or where the pool is
+    empty (no ``carry_state``) the zeroed ``work``, an entry's shape."""
     if pool.shape[0] > 0:
-        return pool[(slots[r] if slots.size > 0 else r) * units + unit]
+        return pool[slots[r] if slots.size > 0 else r]
     work[:] = 0
     return work
 
@@ -485,11 +484,11 @@ def selective_scan_step(x, delta, a, b, c, delta_bias, d, z, state, dst, cu, slo
     [B, S, G, N]``, ``delta_bias, d [H]``, ``state [E, H, N]``."""
     bsz, seq, hidden = x.shape
     n, width = a.shape[1], hidden // b.shape[2]
-    work = np.empty((hidden, n), _F32)
+    work = np.empty((0 if state.size else hidden, n), _F32)  # the state where no pool keeps it
     steps, inputs, y = np.empty(hidden, _F32), np.empty(hidden, _F32), np.empty(hidden, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
-        h = _state(state, work, slots, r, 0, 1)
+        h = _state(state, work, slots, r)
         for t in range(lo, hi):
             for ch in range(hidden):
                 steps[ch] = delta[row, t, ch]
@@ -528,12 +527,13 @@ def mamba2_step(x, dt, a, b, c, dt_bias, d, z, state, dst, cu, slots, varlen, so
     where the thunk has no ``dt_limit``, so NaN stays NaN)."""
     bsz, seq, heads, p = x.shape
     n, per_group = b.shape[3], heads // b.shape[2]
-    pool, work = state.reshape(state.shape[0] * heads, p, n), np.empty((p, n), _F32)
+    work = np.empty((0 if state.size else heads, p, n), _F32)
     y = np.empty(p, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
+        states = _state(state, work, slots, r)
         for hd in range(heads):
-            s = _state(pool, work, slots, r, hd, heads)
+            s = states[hd]
             for t in range(lo, hi):
                 step = dt[row, t, hd]
                 if dt_bias.size > 0:
@@ -570,13 +570,14 @@ def gated_delta_net_step(q, k, v, g, beta, state, dst, cu, slots, varlen, l2norm
     bsz, seq, heads, n = q.shape
     value_heads, width = v.shape[2], v.shape[3]
     group, per_channel = value_heads // heads, g.shape[3] > 1
-    pool, work = state.reshape(state.shape[0] * value_heads, n, width), np.empty((n, width), _F32)
+    work = np.empty((0 if state.size else value_heads, n, width), _F32)
     qn, kn, decay = np.empty(n, _F32), np.empty(n, _F32), np.empty(n, _F32)
     ks, u, out = np.empty(width, _F32), np.empty(width, _F32), np.empty(width, _F32)
     for r in range(_rows(varlen, cu, bsz)):
         row, lo, hi = _span(r, varlen, cu, seq)
+        states = _state(state, work, slots, r)
         for j in range(value_heads):
-            s = _state(pool, work, slots, r, j, value_heads)
+            s = states[j]
             for t in range(lo, hi):
                 qs, kk = q[row, t, j // group], k[row, t, j // group]
                 if l2norm:  # x / sqrt(sum x^2 + eps), per head vector
