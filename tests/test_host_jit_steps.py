@@ -170,6 +170,18 @@ def test_numpy_runs_where_the_compiled_step_does_not_apply(label, op, change, ca
 
 
 @pytest.mark.parametrize("op", list(STEPS))
+def test_without_numba_the_numpy_step_runs(op, monkeypatch, calls):
+    monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
+    if op == "gated_delta_net":
+        got, got_state, want, want_state = _v2_run("f32", *_v2_case(np.random.default_rng(0), seq=1), path="step")
+        np.testing.assert_allclose(got_state, want_state, rtol=GDN_TOL, atol=GDN_TOL)
+    else:
+        thunk, got, want = run(op, "f32", *make(op, np.random.default_rng(0), _ssm_everything(op), seq=1))
+        check_close(thunk, got, want, op)
+    assert calls[op] == 0
+
+
+@pytest.mark.parametrize("op", list(STEPS))
 def test_a_prepared_step_binds_each_arena_it_is_given(op, calls):
     """``PREPARE[op]`` on arena A, B, then A again with new inputs written in place: each run against the
     float64 reference of what that arena held, each through the compiled step."""
