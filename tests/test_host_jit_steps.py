@@ -65,6 +65,25 @@ def test_ssm_steps_match_the_reference(op, fields, seq, compiled, calls):
     assert calls[op] == int(compiled)
 
 
+@pytest.mark.parametrize("n", [16, 17, 40])
+def test_selective_scan_state_sizes(n, compiled, calls):
+    """Mamba's d_state 16 (a row of the state one 16-lane vector, its own loop) and sizes around it, with
+    every field, at S=1 and S=2."""
+    rng = np.random.default_rng(n)
+    for seq in (1, 2):
+        b, h, g = 3, 6, 2
+        params = dict(batch=b, seq=seq, hidden=h, state_size=n, groups=g, d=True, z=True, delta_bias=True,
+                      delta_softplus=True, carry_state=True, state=True)
+        tensors = {"x": rng.standard_normal((b, seq, h)), "delta": rng.uniform(-3.0, 0.5, (b, seq, h)),
+                   "a": -rng.uniform(0.05, 2.0, (h, n)), "b": rng.standard_normal((b, seq, g, n)),
+                   "c": rng.standard_normal((b, seq, g, n)), "d": rng.standard_normal(h),
+                   "z": rng.standard_normal((b, seq, h)), "delta_bias": rng.uniform(-0.5, 0.5, h),
+                   "state": rng.standard_normal((b, h, n))}
+        thunk, got, want = run("selective_scan", "f32", params, tensors, path="step")
+        check_close(thunk, got, want, f"N={n} seq {seq}")
+    assert calls["selective_scan"] == 2 * int(compiled)
+
+
 @pytest.mark.parametrize("seq", [1, 3])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["per-head", "per-channel"])
 @pytest.mark.parametrize("case", list(V2_CASES))
