@@ -19,6 +19,15 @@ torch gets as many threads as NumPy's OpenBLAS. ``ran on`` names the backend tha
 (a device without the kernel for a field falls back to the host); ``max |diff|`` compares ours with
 torch after both took the same steps from the same state. On a loaded machine run it with
 ``OPENBLAS_NUM_THREADS=1``. Needs numpy, ml_dtypes, torch, pyopencl (for opencl) and this repository.
+
+    python benchmarks/decode.py --thunk [--batches 1,32] [--runs 30] [--rounds 5] [--warmup 5]
+
+times the op's thunk alone on the host, ``host_fallback.bound_kernel(thunk, {})`` called on its arena (what
+a decode step's kernel costs beneath any runtime or bridge), with the compiled step (``jit``, Numba) and
+with NumPy's (``RLX_HOST_JIT=0``), in turns, on one thread (NumPy's BLAS too), medians of single calls in µs: ``THUNK_SHAPES``, the shapes and
+fields of Mamba-2 (H=8 P=64 N=64, one group, d, z, dt_bias, softplus), Mamba (H=1536 N=16, d, z,
+delta_bias, softplus) and Gated DeltaNet (H=8 K=V=64, with and without q/k L2-norm) decoding with a
+carried state, f32. Needs numpy, ml_dtypes, numba and this repository (no torch).
 """
 from __future__ import annotations
 
@@ -38,8 +47,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # benchmarks/rnn.py: turn-taking medians and the load check
 from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 
+import host_fallback  # noqa: E402
+from host_fallback import jit  # noqa: E402
+from host_fallback.arena import view  # noqa: E402
 from host_fallback.layout import regions  # noqa: E402
-from host_fallback.threads import blas_threads  # noqa: E402
+from host_fallback.threads import blas_threads, single_threaded_blas  # noqa: E402
 from rlx_gpu import Graph, load_schedule  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out, schedule_of  # noqa: E402
 from rlx_gpu.graph.lowering import Executable  # noqa: E402
@@ -181,6 +193,61 @@ def ran_on(case: Case) -> str:
                                                                               "gated_delta_net"))
 
 
+#: --thunk: name -> (op, its params but batch), the fields decoding models use (state carried, f32).
+THUNK_SHAPES = {
+    "mamba2 H=8 P=64 N=64 G=1 +d,z,dt_bias,softplus": (
+        "mamba2", dict(heads=8, head_dim=64, state_size=64, groups=1, d=True, z=True, dt_bias=True,
+                       dt_softplus=True)),
+    "mamba H=1536 N=16 +d,z,delta_bias,softplus": (
+        "selective_scan", dict(hidden=1536, state_size=16, d=True, z=True, delta_bias=True, delta_softplus=True)),
+    "gdn H=8 K=V=64": ("gated_delta_net", dict(heads=8, state_size=64, gate_per_channel=False)),
+    "gdn H=8 K=V=64 +qk_l2norm": ("gated_delta_net", dict(heads=8, state_size=64, gate_per_channel=False,
+                                                            qk_l2norm=True)),
+}
+
+
+def thunk_step(op: str, batch: int, p: dict[str, Any], rng: np.random.Generator) -> tuple[Callable, np.ndarray]:
+    """The op's one-token thunk with a carried state, bound (``bound_kernel``), and its arena filled with
+    inputs in the ranges models feed (steps before softplus about -3..0.5, decays below 1, unit keys)."""
+    thunk, arena_bytes = lay_out(op, "f32", dict(batch=batch, seq=1, carry_state=True, state=True, **p))
+    arena = np.zeros(arena_bytes, np.uint8)
+    for r in regions(thunk):
+        shape = r.shape
+        values = {"a": lambda: -rng.uniform(0.1, 1.0, shape), "delta": lambda: rng.uniform(-3.0, 0.5, shape),
+                  "dt": lambda: rng.uniform(-3.0, 0.5, shape), "g": lambda: -rng.uniform(0.0, 0.5, shape),
+                  "beta": lambda: rng.uniform(0.0, 1.0, shape),
+                  "k": lambda: rng.standard_normal(shape) / np.sqrt(shape[-1]),
+                  "state": lambda: rng.standard_normal(shape) * 0.1}.get(r.field, lambda: rng.standard_normal(shape))
+        if r.field != "dst":
+            view(arena, r.offset, r.dtype, shape)[...] = values()
+    run = host_fallback.bound_kernel(thunk, {})
+    return (lambda: run(arena)), arena
+
+
+def thunk_table(args: argparse.Namespace) -> None:
+    """``--thunk``: each case's thunk with the compiled step and with NumPy's, in turns (one thread)."""
+    if jit.kernel("mamba2_step") is None:
+        raise SystemExit(f"--thunk compares the compiled step with NumPy's: it needs Numba and {jit.ENV} unset or 1")
+    rng = np.random.default_rng(0)
+    print(f"one thunk S=1, f32, state carried: bound_kernel on its arena; median µs of {args.rounds}x{args.runs} "
+          f"single calls after {args.warmup} warm-up, in turns; NumPy's step with {jit.ENV}=0")
+    print(f"{'case':<52}{'numba':>9}{'numpy':>9}{'speed-up':>10}")
+    start, t0 = cpu_ticks(), time.perf_counter()
+    for name, (op, p) in THUNK_SHAPES.items():
+        for batch in (int(b) for b in args.batches.split(",")):
+            step, _ = thunk_step(op, batch, p, rng)
+            use = [lambda: os.environ.pop(jit.ENV, None), lambda: os.environ.__setitem__(jit.ENV, "0")]
+            try:
+                with single_threaded_blas():
+                    compiled, numpy_step = (ms * 1e3 for ms in alternate_ms([step, step], args.runs, args.warmup,
+                                                                            args.rounds, use))
+            finally:
+                os.environ.pop(jit.ENV, None)
+            print(f"{f'{name} B={batch}':<52}{compiled:>9.1f}{numpy_step:>9.1f}{numpy_step / compiled:>9.1f}x",
+                  flush=True)
+    warn_if_shared(start, t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", default="host,opencl")
@@ -189,7 +256,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30, help="timed calls per block and path")
     ap.add_argument("--warmup", type=int, default=5, help="untimed calls before each block")
     ap.add_argument("--rounds", type=int, default=5, help="blocks per path, the paths taking turns")
+    ap.add_argument("--thunk", action="store_true", help="time the thunk alone, compiled step against NumPy's")
     args = ap.parse_args()
+    if args.thunk:
+        thunk_table(args)
+        return
 
     import torch
 

@@ -87,13 +87,16 @@ def warn_if_shared(start: tuple[int, int] | None, t0: float) -> None:
             print(f"warning: other processes used {share:.0%} of the CPUs meanwhile; these figures are unreliable")
 
 
-def alternate_ms(fns, runs: int, warmup: int, rounds: int) -> list[float]:
+def alternate_ms(fns, runs: int, warmup: int, rounds: int, setups=None) -> list[float]:
     """Median ms of each function over ``rounds`` blocks of ``warmup`` untimed then ``runs`` timed calls,
     the functions taking turns block by block, so that drifting clocks or load hit all alike and what
-    one side leaves behind (BLAS or OpenMP workers still spinning) falls on a warm-up call."""
+    one side leaves behind (BLAS or OpenMP workers still spinning) falls on a warm-up call. ``setups``:
+    one callable per function, run before each of its blocks (an environment variable that picks a path)."""
     times = [[] for _ in fns]
     for _ in range(rounds):
-        for fn, ts in zip(fns, times):
+        for k, (fn, ts) in enumerate(zip(fns, times)):
+            if setups is not None:
+                setups[k]()
             for _ in range(warmup):
                 fn()
             for _ in range(runs):

@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import threads
+from . import compiled_step, threads
 from .arena import COMPUTE
 from .chunked import (chunk_cumsum, chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path,
                       redo_nonfinite, scratch, to_chunks, unit_lower_inverse)
@@ -527,6 +527,19 @@ class _States:
             pool[self.slots] = self.rows.astype(pool.dtype)
 
 
+def _arguments(t: Thunk) -> compiled_step.Arguments:
+    """``jit_kernels.gated_delta_net_step``'s arguments from a thunk's arena views (a per-head ``g`` as
+    ``[B, S, HV, 1]``)."""
+    scale = np.float32(gdn_scale(t))
+
+    def arguments(bound: Bound) -> tuple:
+        g = bound.view("g")
+        return (*(bound.view(f) for f in ("q", "k", "v")), g if t["gate_per_channel"] else g.reshape(*g.shape, 1),
+                bound.view("beta"), compiled_step.view(bound, "state", 4, t["carry_state"]), bound.view("dst"),
+                *compiled_step.rows(t, bound), t["cu_seqlens"] is not None, bool(t["qk_l2norm"]), scale)
+    return arguments
+
+
 def prepare(thunk: Thunk) -> Callable[..., None]:
     """The thunk-only setup of ``gated_delta_net``, once (``host_fallback.PREPARE``): where its tensors
     lie, the work type and, for packed sequences, nothing that depends on their (runtime) lengths.
@@ -547,6 +560,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
         return _l2norm(x) if normed and field in ("q", "k") else x
 
     last: list[Bound] = []  # the views of the last arena: a decode runs on one arena call after call
+    compiled = compiled_step.CompiledStep.of(t, by_field, "gated_delta_net_step", _arguments(t))
 
     def bind(arena: np.ndarray) -> Bound:
         if not last or last[0].arena is not arena:
@@ -556,6 +570,10 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None) -> None:
         name, length = _choose(t, path, chunk)
+        # the step path runs on one thread unless workers are forced (``_parts``)
+        if (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
+                and compiled.run(arena)):
+            return
         bound = bind(arena)
         cu = bound.view("cu_seqlens").astype(np.int64) if varlen else None
         rows = t["num_seqs"] if varlen else t["batch"]

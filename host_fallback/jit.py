@@ -1,6 +1,11 @@
 """Host kernels compiled by Numba (the ``jit`` extra), used where it is installed.
 
-One kernel so far: a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
+The step paths of selective_scan, mamba2 and gated_delta_net, each one call a thunk
+(``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``; where they apply and their arguments:
+``compiled_step``), where NumPy's step makes a dozen array passes a token: a B1 decode thunk's own time on
+an AMD EPYC Zen 5 falls from 45-75 µs to 6-15 µs (``python benchmarks/decode.py --thunk``).
+
+And a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
 ``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
 every call), the input projection a time chunk at a time, and about fifteen array passes
@@ -19,7 +24,8 @@ directions do.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
-a process pays the compile once per machine, a few seconds; a later one loads them in well under one.
+a process pays the compile once per machine, several seconds (about 8 on a Zen 5); a later one loads them in
+about one.
 """
 from __future__ import annotations
 
@@ -84,6 +90,10 @@ def kernel(name: str) -> Callable | None:
     (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:
     ``input_forget``. Shapes that do not fit together raise ``ValueError`` before anything is read or written.
+
+    ``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``: an f32 thunk's step path on its arena
+    views, as ``compiled_step`` binds them (each kernel's docstring gives the shapes). Not checked: the
+    caller passes a validated thunk's views.
     """
     if not enabled():
         return None

@@ -1,12 +1,16 @@
-"""The Numba kernels behind ``jit`` (imported only through it, where Numba is installed).
+"""The Numba kernels behind ``jit`` (imported only through it, where Numba is installed): the lstm step,
+and the step paths of selective_scan, mamba2 and gated_delta_net.
 
 ``exp`` is written out so that LLVM vectorizes the loops it sits in (a call to libm's ``expf`` would keep
 them scalar, four times slower than NumPy's ``exp``): Cody-Waite reduction by ln 2, a degree-6 polynomial,
-and the power of two put in by a bit cast. Within an ulp of float32 over its range, ``inf`` above 88.72, 0
-below about -87.0 (results under 2.4e-38, which no gate, adding them to 1, tells from 0; NumPy gives them,
-denormals included), NaN for NaN: the gates' non-finite classes are NumPy's. The fast-math flags allow FMA
-contraction and ignore the sign of zero, nothing more: no NaN or inf is assumed away. Nothing in the loops
-branches (clips are clamps, inf for none; ``input_forget`` a select), so LLVM vectorizes them.
+and the power of two put in by a bit cast. Within an ulp of float32 over its range, ``inf`` above 88.72, NaN
+for NaN. The lstm's gates take ``_exp``, 0 below about -87.0 (results under 2.4e-38, which no gate, adding
+them to 1, tells from 0; NumPy gives them, denormals included); the state-space steps take
+``_exp_subnormal``, which gives the subnormals as NumPy does (a decay multiplies a state: an infinite state
+times 0 is NaN, times a subnormal inf), at one more multiply. ``_log`` (for softplus) is written out the
+same way. The non-finite classes are NumPy's. The fast-math flags allow FMA contraction and ignore the sign
+of zero, nothing more: no NaN or inf is assumed away. Nothing in the loops branches (clips are clamps, inf
+for none; ``input_forget`` a select), so LLVM vectorizes them.
 """
 from __future__ import annotations
 
@@ -61,12 +65,13 @@ _ROUNDER_BITS = _I32(np.array(_ROUNDER).view(np.int32))
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _exp(x):
+def _exp_parts(x, low):
+    """``e^x = m * 2**k`` for ``x`` clamped to ``[low, 88.7228]``: ``(m, k)``, ``m`` in ``[1.41, 2.83]``."""
     # the clamps keep NaN (NaN < lo is false), which then runs through as NaN: no integer is made from
     # a float, only bits reinterpreted, so NaN needs no select of its own
-    xc = _F32(-87.3365) if x < _F32(-87.3365) else x  # ln of float32's smallest normal
-    xc = _F32(88.7228) if xc > _F32(88.7228) else xc  # ln of its largest
-    shifted = xc * _F32(1.4426950408889634) + _ROUNDER  # x / ln2 rounded to the integer r, -126..128
+    xc = low if x < low else x
+    xc = _F32(88.7228) if xc > _F32(88.7228) else xc  # ln of float32's largest
+    shifted = xc * _F32(1.4426950408889634) + _ROUNDER  # x / ln2 rounded to the integer r, -151..128
     r = shifted - _ROUNDER
     f = xc - r * _F32(0.693359375)  # ln 2 = 0.693359375 - 2.12194440e-4, the first part exact times r
     f = f + r * _F32(2.12194440e-4)  # |f| <= ln2/2
@@ -76,8 +81,27 @@ def _exp(x):
     p = _F32(0.4999999) + f * p
     p = _F32(1.0) + f * p
     p = _F32(1.0) + f * p
-    # 2**r as 2 * 2**(r-1), so that r = 128 stays finite; r = -126 gives 0 (x below about -87)
-    e = (p + p) * _as_float((_as_int(shifted) - _ROUNDER_BITS + _I32(126)) << 23)
+    # 2**r as 2 * 2**(r-1), so that r = 128 stays finite
+    return p + p, _as_int(shifted) - _ROUNDER_BITS - _I32(1)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _exp(x):
+    """e^x, 0 below about -87.0 (where e^x is no normal float32): for gates, which add it to 1."""
+    m, k = _exp_parts(x, _F32(-87.3365))  # ln of float32's smallest normal: k >= -127, 2**k normal
+    e = m * _as_float((k + _I32(127)) << 23)
+    return _F32(np.inf) if x > _F32(88.7228) else e
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _exp_subnormal(x):
+    """e^x down to float32's subnormals (0 below about -103.97), as NumPy's: for decays that multiply a
+    state, where 0 and a subnormal differ (an infinite state times either: NaN or inf)."""
+    m, k = _exp_parts(x, _F32(-104.0))
+    k = _I32(k)
+    normal = _I32(k if k > _I32(-126) else _I32(-126))  # 2**k as 2**normal * 2**(k - normal), both normal:
+    e = m * _as_float(_I32(normal + _I32(127)) << _I32(23))  # exact, then one rounding into the subnormals
+    e = e * _as_float(_I32(_I32(k - normal) + _I32(127)) << _I32(23))
     return _F32(np.inf) if x > _F32(88.7228) else e
 
 
@@ -349,3 +373,253 @@ def lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale
         for u in range(running):
             _copy(c_at + u * c.shape[1] * 4, cells_at + u * cols * 4, n)
             _copy(out_at + u * out.shape[1] * 4, ys.ctypes.data + u * cols * 4, n)
+
+
+# --- the state-space decode steps: selective_scan, mamba2, gated_delta_net -----------------------------
+# One call runs a thunk's step path whole: every row (batch row, or packed sequence), channel or head,
+# token, with the v2 fields, the state updated where it lies in the arena. Rows are the step path's: row
+# r is batch row r over all tokens, or with ``varlen`` sequence r (tokens cu[r]..cu[r+1]-1 of batch row 0);
+# its state is pool entry ``slots[r]`` (``r`` where ``slots`` is empty), or, where the pool is empty (no
+# ``carry_state``), a zeroed work state that is not kept. Optional inputs (biases, d, z) are empty arrays
+# where the thunk has none. The arithmetic is ABI.md §4/§8's in its order, so non-finite values land where
+# NumPy's step path puts them; only the dot products' sums are reassociated (``_dot``), as a BLAS's are.
+# Loops run over a state's rows as views, the inner loop over a row's contiguous N (or V) values, which LLVM
+# vectorizes (indexing flat arrays at computed offsets instead left it scalar, 6x slower).
+
+_T1, _T2 = types.Array(types.float32, 1, "C"), types.Array(types.float32, 2, "C")
+_T3, _T4 = types.Array(types.float32, 3, "C"), types.Array(types.float32, 4, "C")
+_INDEX = types.Array(types.int32, 1, "C")
+#: ABI.md §8's softplus is the identity above this input (``ssm.SOFTPLUS_LINEAR``).
+_SOFTPLUS_LINEAR = _F32(20.0)
+_L2_EPS = _F32(1e-6)  # gdn.L2_EPS
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _log(w):
+    """ln w for a positive normal float32 (NaN for NaN), within about two ulps: ``w = m * 2**e`` with ``m``
+    in ``[sqrt(1/2), sqrt(2))``, ``ln m = 2 atanh(s)``, ``s = (m-1)/(m+1)`` (|s| <= 0.172), whose series
+    ``2s (1 + s²/3 + s⁴/5 + ...)`` is cut where its terms fall below 2**-28."""
+    bits = _as_int(w)
+    e = (bits >> 23) - _I32(127)
+    m = _as_float((bits & _I32(0x007FFFFF)) | _I32(0x3F800000))  # [1, 2)
+    high = m > _F32(1.4142135)
+    m = m * _F32(0.5) if high else m
+    e = e + _I32(1) if high else e
+    f = m - _F32(1.0)  # exact
+    s = f / (f + _F32(2.0))
+    s2 = s * s
+    p = _F32(1.0 / 9.0) + s2 * (_F32(1.0 / 11.0))
+    p = _F32(1.0 / 7.0) + s2 * p
+    p = _F32(1.0 / 5.0) + s2 * p
+    p = _F32(1.0 / 3.0) + s2 * p
+    ln_m = (s + s) + (s + s) * (s2 * p)
+    k = _F32(e)
+    return k * _F32(0.693359375) + (ln_m - k * _F32(2.12194440e-4))
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _softplus(u):
+    """ABI.md §8's softplus, as ``ssm.softplus`` forms it: ``log1p(e^u)`` as ``ln(w) * e / (w - 1)``,
+    ``w = 1 + e^u`` (exact to a few ulps), ``e^u`` where ``w`` rounds to 1, ``u`` above 20."""
+    e = _exp_subnormal(u)
+    w = e + _F32(1.0)
+    soft = _log(w) * (e / (w - _F32(1.0)))
+    soft = e if w == _F32(1.0) else soft
+    return u if u > _SOFTPLUS_LINEAR else soft
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _silu(z):
+    return z / (_F32(1.0) + _exp(-z))
+
+
+@numba.njit(fastmath={"reassoc", "nsz", "contract"}, nogil=True, error_model="numpy", boundscheck=False)
+def _dot(a, b, n):
+    """``sum(a[:n] * b[:n])``, its sum reassociated (only here) so that LLVM runs it in vector lanes."""
+    total = _F32(0.0)
+    for i in range(n):
+        total += a[i] * b[i]
+    return total
+
+
+@numba.njit(inline="always")
+def _span(r, varlen, cu, seq):
+    """Row ``r``'s batch row and tokens ``lo..hi-1``."""
+    if varlen:
+        return 0, cu[r], cu[r + 1]
+    return r, 0, seq
+
+
+@numba.njit(inline="always")
+def _rows(varlen, cu, batch):
+    return cu.size - 1 if varlen else batch
+
+
+@numba.njit(inline="always")
+def _state(pool, work, slots, r):
+    """Row ``r``'s state: pool entry ``slots[r]`` (``r`` without slots), updated in place, or where the pool is
+    empty (no ``carry_state``) the zeroed ``work``, an entry's shape."""
+    if pool.shape[0] > 0:
+        return pool[slots[r] if slots.size > 0 else r]
+    work[:] = 0
+    return work
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _gated(y, z, gated, out):
+    """``out = y * silu(z)`` where ``gated`` (ABI.md §8's ``z``), else ``y``."""
+    if gated:
+        for i in range(y.size):
+            out[i] = y[i] * _silu(z[i])
+    else:
+        for i in range(y.size):
+            out[i] = y[i]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _decay_row(h, a, b, step, dx, n):
+    """One channel's ``h = exp(delta a) h + (delta x) b`` over its ``n`` state values."""
+    for k in range(n):
+        h[k] = _exp_subnormal(step * a[k]) * h[k] + dx * b[k]
+
+
+@numba.njit(types.void(_T3, _T3, _T2, _T4, _T4, _T1, _T1, _T3, _T3, _T3, _INDEX, _INDEX, types.boolean,
+                       types.boolean), fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy",
+            boundscheck=False)
+def selective_scan_step(x, delta, a, b, c, delta_bias, d, z, state, dst, cu, slots, varlen, softplus):
+    """``selective_scan``'s step path (ABI.md §4, §8): ``x, delta, z, dst [B, S, H]``, ``a [H, N]``, ``b, c
+    [B, S, G, N]``, ``delta_bias, d [H]``, ``state [E, H, N]``."""
+    bsz, seq, hidden = x.shape
+    n, width = a.shape[1], hidden // b.shape[2]
+    work = np.empty((0 if state.size else hidden, n), _F32)  # the state where no pool keeps it
+    steps, inputs, y = np.empty(hidden, _F32), np.empty(hidden, _F32), np.empty(hidden, _F32)
+    for r in range(_rows(varlen, cu, bsz)):
+        row, lo, hi = _span(r, varlen, cu, seq)
+        h = _state(state, work, slots, r)
+        for t in range(lo, hi):
+            for ch in range(hidden):
+                steps[ch] = delta[row, t, ch]
+            if delta_bias.size > 0:
+                for ch in range(hidden):
+                    steps[ch] += delta_bias[ch]
+            if softplus:
+                for ch in range(hidden):
+                    steps[ch] = _softplus(steps[ch])
+            for ch in range(hidden):
+                inputs[ch] = steps[ch] * x[row, t, ch]
+            for group in range(b.shape[2]):  # its channels read its b and c
+                bs, cs = b[row, t, group], c[row, t, group]
+                for i in range(width):  # h = exp(delta a) h + (delta x) b
+                    # unsigned, so that no negative index's wraparound is left to select (B1 H1536 N16: 4 of 16 µs)
+                    ch = np.uintp(group * width + i)
+                    if n == 16:  # Mamba's d_state: a trip count LLVM knows, one 16-lane vector (8% faster)
+                        _decay_row(h[ch], a[ch], bs, steps[ch], inputs[ch], 16)
+                    else:
+                        _decay_row(h[ch], a[ch], bs, steps[ch], inputs[ch], n)
+                for i in range(width):
+                    ch = np.uintp(group * width + i)
+                    y[ch] = _dot(h[ch], cs, n)
+            if d.size > 0:
+                for ch in range(hidden):
+                    y[ch] += x[row, t, ch] * d[ch]
+            gated = z.size > 0
+            _gated(y, z[row, t] if gated else y, gated, dst[row, t])
+
+
+@numba.njit(types.void(_T4, _T3, _T1, _T4, _T4, _T1, _T1, _T4, _T4, _T4, _INDEX, _INDEX, types.boolean,
+                       types.boolean, types.float32, types.float32), fastmath=_FLAGS, nogil=True, cache=True,
+            error_model="numpy", boundscheck=False)
+def mamba2_step(x, dt, a, b, c, dt_bias, d, z, state, dst, cu, slots, varlen, softplus, low, high):
+    """``mamba2``'s step path (ABI.md §4, §8): ``x, z, dst [B, S, H, P]``, ``dt [B, S, H]``, ``a, dt_bias, d
+    [H]``, ``b, c [B, S, G, N]``, ``state [E, H, P, N]``; ``dt`` clamped to ``[low, high]`` (-inf and inf
+    where the thunk has no ``dt_limit``, so NaN stays NaN)."""
+    bsz, seq, heads, p = x.shape
+    n, per_group = b.shape[3], heads // b.shape[2]
+    work = np.empty((0 if state.size else heads, p, n), _F32)
+    y = np.empty(p, _F32)
+    for r in range(_rows(varlen, cu, bsz)):
+        row, lo, hi = _span(r, varlen, cu, seq)
+        states = _state(state, work, slots, r)
+        for hd in range(heads):
+            s = states[hd]
+            for t in range(lo, hi):
+                step = dt[row, t, hd]
+                if dt_bias.size > 0:
+                    step += dt_bias[hd]
+                if softplus:
+                    step = _softplus(step)
+                step = low if step < low else step
+                step = high if step > high else step
+                decay = _exp_subnormal(step * a[hd])
+                xs, bs, cs = x[row, t, hd], b[row, t, hd // per_group], c[row, t, hd // per_group]
+                for i in range(p):  # S = exp(dt a) S + (dt x) (x) b, a row of N at a time; y = S c
+                    si, xi = s[i], step * xs[i]
+                    for k in range(n):
+                        si[k] = si[k] * decay + xi * bs[k]
+                    y[i] = _dot(si, cs, n)
+                if d.size > 0:
+                    skip = d[hd]
+                    for i in range(p):
+                        y[i] += xs[i] * skip
+                gated = z.size > 0
+                _gated(y, z[row, t, hd] if gated else y, gated, dst[row, t, hd])
+
+
+@numba.njit(types.void(_T4, _T4, _T4, _T4, _T3, _T4, _T4, _INDEX, _INDEX, types.boolean, types.boolean,
+                       types.float32), fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy",
+            boundscheck=False)
+def gated_delta_net_step(q, k, v, g, beta, state, dst, cu, slots, varlen, l2norm, scale):
+    """``gated_delta_net``'s step path (ABI.md §4, §8): ``q, k [B, S, H, K]``, ``v, dst [B, S, HV, V]``, ``g [B,
+    S, HV, K]`` per channel or ``[B, S, HV, 1]`` per head, ``beta [B, S, HV]``, ``state [E, HV, K, V]``.
+
+    Per step, two passes over the state's rows (S[i, :], the values of key i): the first decays them and
+    sums ``k^T S``, the second adds ``k u^T`` and sums ``q^T S`` of the updated state (step 4's order, so
+    its NaN and each signed inf land where the ABI puts them)."""
+    bsz, seq, heads, n = q.shape
+    value_heads, width = v.shape[2], v.shape[3]
+    group, per_channel = value_heads // heads, g.shape[3] > 1
+    work = np.empty((0 if state.size else value_heads, n, width), _F32)
+    qn, kn, decay = np.empty(n, _F32), np.empty(n, _F32), np.empty(n, _F32)
+    ks, u, out = np.empty(width, _F32), np.empty(width, _F32), np.empty(width, _F32)
+    for r in range(_rows(varlen, cu, bsz)):
+        row, lo, hi = _span(r, varlen, cu, seq)
+        states = _state(state, work, slots, r)
+        for j in range(value_heads):
+            s = states[j]
+            for t in range(lo, hi):
+                qs, kk = q[row, t, j // group], k[row, t, j // group]
+                if l2norm:  # x / sqrt(sum x^2 + eps), per head vector
+                    qnorm = np.sqrt(_dot(qs, qs, n) + _L2_EPS)
+                    knorm = np.sqrt(_dot(kk, kk, n) + _L2_EPS)
+                    for i in range(n):
+                        qn[i] = qs[i] / qnorm
+                        kn[i] = kk[i] / knorm
+                    qs, kk = qn, kn
+                gs = g[row, t, j]
+                if per_channel:
+                    for i in range(n):
+                        decay[i] = _exp_subnormal(gs[i])
+                else:
+                    whole = _exp_subnormal(gs[0])
+                    for i in range(n):
+                        decay[i] = whole
+                ks[:] = 0
+                for i in range(n):  # S *= exp(g); ks = k^T S
+                    si, di, ki = s[i], decay[i], kk[i]
+                    for col in range(width):
+                        value = si[col] * di
+                        si[col] = value
+                        ks[col] += ki * value
+                vs, bt = v[row, t, j], beta[row, t, j]
+                for col in range(width):
+                    u[col] = (vs[col] - ks[col]) * bt
+                out[:] = 0
+                for i in range(n):  # S += k u^T; out = q^T S
+                    si, ki, qi = s[i], kk[i], qs[i]
+                    for col in range(width):
+                        value = si[col] + ki * u[col]
+                        si[col] = value
+                        out[col] += qi * value
+                o = dst[row, t, j]
+                for col in range(width):
+                    o[col] = scale * out[col]

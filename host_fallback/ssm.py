@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import threads
+from . import compiled_step, threads
 from .arena import COMPUTE
 from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite, scratch,
                       to_chunks, to_chunks_t)
@@ -528,7 +528,7 @@ def selective_scan(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, 
     ``path`` (``"step"`` or ``"blocked"``), ``chunk`` (steps per block) and ``workers`` (threads
     over the batch x channel recurrences) override the choice.
     """
-    _selective_scan(complete(thunk), arena, path, chunk, workers, None)
+    prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
 def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None,
@@ -559,7 +559,7 @@ def mamba2(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: i
     ``path`` (``"step"`` or ``"chunked"``), ``chunk`` (chunk length) and ``workers`` (threads over
     the batch x heads recurrences) override the choice.
     """
-    _mamba2(complete(thunk), arena, path, chunk, workers, None)
+    prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
 def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None,
@@ -586,19 +586,56 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
     _run(t, arena, name, (t["head_dim"], t["state_size"]), compute, workers, by_field)
 
 
+def _scan_arguments(t: Thunk) -> compiled_step.Arguments:
+    """``jit_kernels.selective_scan_step``'s arguments from a thunk's arena views."""
+    def arguments(bound: Bound) -> tuple:
+        b, c = bound.view("b"), bound.view("c")
+        if t["groups"] == 1:  # [B, S, N]: one group
+            b, c = (v.reshape(*v.shape[:2], 1, -1) for v in (b, c))
+        optional = [compiled_step.view(bound, f, rank, t[f] is not None) for f, rank in
+                    (("delta_bias", 1), ("d", 1), ("z", 3))]
+        return (bound.view("x"), bound.view("delta"), bound.view("a"), b, c, *optional,
+                compiled_step.view(bound, "state", 3, t["carry_state"]), bound.view("dst"),
+                *compiled_step.rows(t, bound), t["cu_seqlens"] is not None, bool(t["delta_softplus"]))
+    return arguments
+
+
+def _mamba2_arguments(t: Thunk) -> compiled_step.Arguments:
+    """``jit_kernels.mamba2_step``'s arguments from a thunk's arena views."""
+    low, high = t["dt_limit"] if t["dt_limit"] is not None else (-np.inf, np.inf)
+    limit = (np.float32(low), np.float32(np.inf if high is None else high))
+
+    def arguments(bound: Bound) -> tuple:
+        optional = [compiled_step.view(bound, f, rank, t[f] is not None) for f, rank in
+                    (("dt_bias", 1), ("d", 1), ("z", 4))]
+        return (*(bound.view(f) for f in ("x", "dt", "a", "b", "c")), *optional,
+                compiled_step.view(bound, "state", 4, t["carry_state"]), bound.view("dst"),
+                *compiled_step.rows(t, bound), t["cu_seqlens"] is not None, bool(t["dt_softplus"]), *limit)
+    return arguments
+
+
+#: op -> its NumPy body, and its compiled step's kernel and arguments.
 _BODIES = {"selective_scan": _selective_scan, "mamba2": _mamba2}
+_STEPS = {"selective_scan": ("selective_scan_step", _scan_arguments), "mamba2": ("mamba2_step", _mamba2_arguments)}
 
 
 def prepare(thunk: Thunk) -> Callable[..., None]:
     """The thunk-only setup of ``selective_scan``/``mamba2``, once (``host_fallback.PREPARE``): the thunk
     completed and its regions laid out, which cost about as much as a decode step's arithmetic
-    (B1 H1536 N16: ~60 of ~230 µs). Returns ``run(arena, *, path, chunk, workers)``."""
+    (B1 H1536 N16: ~60 of ~230 µs), and its compiled step bound (``compiled_step``), which runs the step
+    path on one thread where it applies. Returns ``run(arena, *, path, chunk, workers)``."""
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
     body = _BODIES[t["op"]]
+    kernel, arguments = _STEPS[t["op"]]
+    compiled = compiled_step.CompiledStep.of(t, by_field, kernel, arguments(t))
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None) -> None:
+        # the step path runs on one thread unless workers are forced (``_parts``)
+        if (compiled is not None and _choose(t, path, chunk)[0] == "step"
+                and (workers is None or _parts(t, "step", workers) == 1) and compiled.run(arena)):
+            return
         body(t, arena, path, chunk, workers, by_field)
     return run
 
