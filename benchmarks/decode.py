@@ -24,10 +24,11 @@ torch after both took the same steps from the same state. On a loaded machine ru
 
 times the op's thunk alone on the host, ``host_fallback.bound_kernel(thunk, {})`` called on its arena (what
 a decode step's kernel costs beneath any runtime or bridge), with the compiled step (``jit``, Numba) and
-with NumPy's (``RLX_HOST_JIT=0``), in turns, on one thread (NumPy's BLAS too), medians of single calls in µs: ``THUNK_SHAPES``, the shapes and
-fields of Mamba-2 (H=8 P=64 N=64, one group, d, z, dt_bias, softplus), Mamba (H=1536 N=16, d, z,
-delta_bias, softplus) and Gated DeltaNet (H=8 K=V=64, with and without q/k L2-norm) decoding with a
-carried state, f32. Needs numpy, ml_dtypes, numba and this repository (no torch).
+with NumPy's (``RLX_HOST_JIT=0``), in turns, on one thread (NumPy's BLAS too), medians of single calls in
+µs: ``THUNK_SHAPES``, the shapes and fields of Mamba-2 (H=8 P=64 N=64, one group, d, z, dt_bias,
+softplus), Mamba (H=1536 N=16, d, z, delta_bias, softplus) and Gated DeltaNet (H=8 K=V=64, with and
+without q/k L2-norm) decoding with a carried state, f32. Needs numpy, ml_dtypes, numba and this
+repository (no torch).
 """
 from __future__ import annotations
 

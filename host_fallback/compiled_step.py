@@ -22,7 +22,8 @@ Thunk = Mapping[str, Any]
 Arguments = Callable[[Bound], tuple]
 
 _F32 = np.dtype(np.float32)
-#: An optional tensor the thunk does not have, or the empty pool, slots or ``cu_seqlens`` (ranks as the kernels take them).
+#: An optional tensor the thunk does not have, or the empty pool, slots or ``cu_seqlens`` (by rank, as the
+#: kernels take them).
 NONE = {rank: np.empty((0,) * rank, _F32) for rank in (1, 2, 3, 4)}
 NO_INDEX = np.empty(0, np.int32)
 
