@@ -103,10 +103,11 @@ def plan_for(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec
 def host_array(t: torch.Tensor) -> np.ndarray:
     """A tensor's memory as a NumPy array of its own shape and strides: no copy for a CPU tensor (bf16 as
     ``ml_dtypes.bfloat16``), a copy to the host for another device's."""
-    t = t.detach()
-    if t.device.type != "cpu":
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu:
         t = t.cpu()
-    if t.dtype == torch.bfloat16:
+    if t.dtype is torch.bfloat16:
         return t.view(torch.int16).numpy().view(BFLOAT16)
     return t.numpy()
 

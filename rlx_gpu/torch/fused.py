@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
-import numpy as np
 import torch
 
 from ..graph.builder import Graph
@@ -94,7 +93,7 @@ def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Te
         graph.output(f"grad.{field}", grads[field])
 
 
-def _forward_graph(call: FusedCall, specs: Mapping[str, Spec]) -> Graph:
+def forward_graph(call: FusedCall, specs: Mapping[str, Spec]) -> Graph:
     graph = Graph()
     y, _ = call.emit(graph, declare(graph, specs))
     graph.output("y", y)
@@ -142,7 +141,7 @@ def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if _no_work(op, given):
         y = dense(given[op.y_like].shape, given[op.tensors[0]]).zero_()
         return y, empty(y) if state is None else state.clone()
-    out = run_graph(("forward", call), lambda: _forward_graph(call, specs_of(given)), given)
+    out = run_graph(("forward", call), lambda: forward_graph(call, specs_of(given)), given)
     return out["y"], empty(out["y"]) if state is None else out[FINAL_STATE]
 
 
@@ -227,14 +226,9 @@ def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tu
     return y, final if tensors.get("state") is not None else None
 
 
-def forward_arrays(op: str, arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str], device: str | None,
-                   **static: Any) -> tuple[np.ndarray, np.ndarray | None]:
-    """The forward of ``op`` on host arrays (by field; any strides and float dtypes, each converted to the
-    element type ``dtypes`` names as it is copied in), without the dispatcher or autograd: for the
-    implementation of another op (``selective_state_update``), itself the opaque call. Returns ``y`` and
-    the final state (None without a ``state``) as new arrays in their storage dtype."""
+def call_of(op: str, fields: Sequence[str], **static: Any) -> FusedCall:
+    """The ``FusedCall`` of ``op`` on tensors of ``fields`` with the statics given as ``fused`` takes them:
+    for the implementation of another op (``selective_state_update``), itself the opaque call, which runs
+    ``forward_graph(call_of(...), specs)`` through ``bridge.run_arrays``."""
     spec = OPS[op]
-    call = FusedCall(op, _statics(spec, _schema_args(op, {}, static)[len(spec.fields):]), tuple(arrays))
-    specs = {f: (a.shape, dtypes[f]) for f, a in arrays.items()}
-    out = run_arrays(("forward", call), lambda: _forward_graph(call, specs), specs, arrays, device)
-    return out["y"], out.get(FINAL_STATE)
+    return FusedCall(op, _statics(spec, _schema_args(op, {}, static)[len(spec.fields):]), tuple(fields))

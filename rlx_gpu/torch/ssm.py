@@ -9,7 +9,7 @@ mamba_ssm's). Every function runs where its tensors lie (``bridge.device_for``).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
                         check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .bridge import device_for, host_array, rlx_dtype, tensor
-from .fused import cast, forward_arrays, fused
+from .bridge import DTYPES, device_for, host_array, rlx_dtype, run_arrays, tensor
+from .fused import FINAL_STATE, FusedCall, call_of, cast, forward_graph, fused
 from .library import define, dense
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
@@ -245,62 +245,99 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     return _STATE_UPDATE(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
 
 
+class _StepRoute(NamedTuple):
+    """How one signature of ``selective_state_update`` maps onto an op: worked out once (``_step_route``),
+    so a decode step does only the NumPy views of its tensors and the plan's call."""
+
+    op: str
+    call: FusedCall
+    specs: dict[str, tuple[tuple[int, ...], str]]  # the op's fields: shapes and element types
+    fields: Callable[..., dict[str, np.ndarray]]  # (pool rows, x, dt, A, B, C, D, z, dt_bias) views -> by field
+
+
+def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                dt_softplus: bool) -> _StepRoute:
+    heads_form = state.dim() == 4
+    batch = x.shape[0]
+    heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
+    channels, dstate, groups = heads * dim, state.shape[-1], B.shape[1] if B.dim() == 3 else 1
+    act, param = rlx_dtype(x), DTYPES[_param_dtype(A, x)]
+    carried = DTYPES[state.dtype if state.dtype.itemsize >= x.dtype.itemsize else _state_dtype(x)]
+    given = {"d": D is not None, "z": z is not None}
+    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
+        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
+        op, bias, statics = "mamba2", "dt_bias", {"dt_softplus": dt_softplus}
+        shapes = {"x": (batch, 1, heads, dim), "dt": (batch, 1, heads), "a": (heads,), "b": (batch, 1, groups, dstate),
+                  "c": (batch, 1, groups, dstate), "d": (heads,), "dt_bias": (heads,), "z": (batch, 1, heads, dim),
+                  "state": (batch, heads, dim, dstate)}
+
+        def fields(rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            return {"x": xs[:, None], "dt": dts[:, None, :, 0], "a": As[:, 0, 0], "b": Bs[:, None], "c": Cs[:, None],
+                    "d": None if Ds is None else Ds[:, 0], "dt_bias": None if biases is None else biases[:, 0],
+                    "z": None if zs is None else zs[:, None], "state": rows}
+    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
+        op, bias, statics = "selective_scan", "delta_bias", {"delta_softplus": dt_softplus}
+        shapes = {"x": (batch, 1, channels), "delta": (batch, 1, channels), "a": (channels, dstate),
+                  "b": (batch, 1, groups, dstate), "c": (batch, 1, groups, dstate), "d": (channels,),
+                  "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
+
+        def per_channel(t: np.ndarray | None) -> np.ndarray | None:
+            return None if t is None else np.broadcast_to(t, (heads, dim)).reshape(channels)
+
+        def fields(rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            return {"x": xs.reshape(batch, 1, channels), "delta": dts.reshape(batch, 1, channels),
+                    "a": np.broadcast_to(As, (heads, dim, dstate)).reshape(channels, dstate),
+                    "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
+                    "z": None if zs is None else zs.reshape(batch, 1, channels),
+                    "state": rows.reshape(batch, channels, dstate)}
+    given[bias] = dt_bias is not None
+    dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else act for f in shapes}
+    specs = {f: (shape, dtypes[f]) for f, shape in shapes.items() if given.get(f, True)}
+    return _StepRoute(op, call_of(op, tuple(specs), **statics), specs, fields)
+
+
+_step_routes: dict[Hashable, _StepRoute] = {}
+
+
 def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                   C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
                   dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
     """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
     call of one token, the state rows it reads gathered from the pool and written back.
 
-    The tensors are mapped onto the op's fields as NumPy views of their memory (a decode step's budget
-    has no room for a dozen torch view operations); each is converted to its field's element type as the
-    call plan copies it in.
+    The tensors are mapped onto the op's fields as NumPy views of their memory, by a route worked out
+    once per signature (a decode step's budget has no room for a dozen torch view operations); each is
+    converted to its field's element type as the call plan copies it in.
     """
-    name = "selective_state_update"
-    heads_form = state.dim() == 4
-    batch = x.shape[0]
-    if batch == 0:
+    if x.shape[0] == 0:
         return dense(x.shape, x).zero_()
-    heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
-    channels, dstate = heads * dim, state.shape[-1]
-    act, param = rlx_dtype(x), rlx_dtype(x.new_empty(0, dtype=_param_dtype(A, x)))
-    carried = rlx_dtype(state) if state.dtype.itemsize >= x.dtype.itemsize else rlx_dtype(x.new_empty(0, dtype=_state_dtype(x)))
+    signature = (dt_softplus, *((None if t is None else (t.shape, t.stride(), t.dtype))
+                                for t in (state, x, dt, A, B, D, z, dt_bias)))
+    route = _step_routes.get(signature)
+    if route is None:
+        route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
+    heads_form = state.dim() == 4
     pool = host_array(state) if heads_form else host_array(state)[:, None]  # views: the step writes through them
     if state_batch_indices is None:
         rows, current = None, pool
     else:
-        check_state_batch_indices(name, state_batch_indices, state.shape[0])
+        check_state_batch_indices("selective_state_update", state_batch_indices, state.shape[0])
         rows = host_array(state_batch_indices).reshape(-1).astype(np.intp)
         current = pool[rows]
     xs = host_array(x) if heads_form else host_array(x)[:, None]
-    Bs, Cs = (host_array(M) if M.dim() == 3 else host_array(M)[:, None] for M in (B, C))  # [batch, ngroups, dstate]
-    Ds, zs, biases = (None if t is None else host_array(t) for t in (D, z, dt_bias))
-    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
-        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
-        op, statics = "mamba2", {"dt_softplus": dt_softplus}
-        fields = {"x": xs[:, None], "dt": host_array(dt)[:, None, :, 0], "a": host_array(A)[:, 0, 0],
-                  "b": Bs[:, None], "c": Cs[:, None], "d": None if Ds is None else Ds[:, 0],
-                  "dt_bias": None if biases is None else biases[:, 0], "z": None if zs is None else zs[:, None],
-                  "state": current}
-        dtypes = dict(x=act, dt=act, a=param, b=act, c=act, d=param, dt_bias=param, z=act, state=carried)
-    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
-
-        def per_channel(t: np.ndarray | None) -> np.ndarray | None:
-            return None if t is None else np.broadcast_to(t, (heads, dim)).reshape(channels)
-
-        op, statics = "selective_scan", {"delta_softplus": dt_softplus}
-        fields = {"x": xs.reshape(batch, 1, channels), "delta": host_array(dt).reshape(batch, 1, channels),
-                  "a": np.broadcast_to(host_array(A), (heads, dim, dstate)).reshape(channels, dstate),
-                  "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
-                  "z": None if zs is None else zs.reshape(batch, 1, channels),
-                  "state": current.reshape(batch, channels, dstate)}
-        dtypes = dict(x=act, delta=act, a=param, b=act, c=act, d=param, delta_bias=param, z=act, state=carried)
-    given = {f: a for f, a in fields.items() if a is not None}
-    y, final = forward_arrays(op, given, dtypes, device_for(state, x), **statics)
+    Bs, Cs = (host_array(M) if M.dim() == 3 else host_array(M)[:, None] for M in (B, C))
+    fields = route.fields(current, xs, host_array(dt), host_array(A), Bs, Cs,
+                          *(None if t is None else host_array(t) for t in (D, z, dt_bias)))
+    specs = route.specs
+    out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
+                     {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x))
+    final = out[FINAL_STATE]
     if rows is None:
         pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
     else:
         pool[rows] = final.reshape(current.shape)
-    return tensor(y, x.device).reshape(x.shape)
+    return tensor(out["y"], x.device).reshape(x.shape)
 
 
 _STATE_UPDATE = define(
