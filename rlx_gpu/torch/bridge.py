@@ -37,6 +37,7 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.float64: "f64", to
                                   torch.bfloat16: "bf16", torch.int32: "i32"}
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+CPU = torch.device("cpu")
 #: How many compiled signatures are kept (the least recently used one is dropped past it).
 CACHE_SIZE = 256
 
@@ -115,7 +116,7 @@ def host_array(t: torch.Tensor) -> np.ndarray:
 def tensor(a: np.ndarray, home: torch.device) -> torch.Tensor:
     """A new array of a call's output as a torch tensor on ``home`` (no copy on the CPU)."""
     t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16) if a.dtype == BFLOAT16 else torch.from_numpy(a)
-    return t if home.type == "cpu" else t.to(home)
+    return t if home == CPU else t.to(home)
 
 
 class _Stamps:
@@ -155,10 +156,15 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     compiled once per ``key``, input shapes and dtypes, and device (``device``, else the tensors'), and
     called through its ``CallPlan`` (``run_arrays``).
     """
-    device = device if device is not None else device_for(*inputs.values())
-    home = next(iter(inputs.values())).device if inputs else torch.device("cpu")
-    outputs = run_arrays(key, build, specs_of(inputs), {name: host_array(t) for name, t in inputs.items()},
-                         device, stamps)
+    specs, arrays, on_cpu = {}, {}, True
+    for name, t in inputs.items():  # one pass: a decode step's call has a dozen inputs and no time to spare
+        specs[name] = (t.shape, DTYPES[t.dtype] if t.dtype in DTYPES else rlx_dtype(t, name))
+        arrays[name] = host_array(t)
+        on_cpu = on_cpu and t.is_cpu
+    if device is None and not on_cpu:
+        device = device_for(*inputs.values())
+    home = next(iter(inputs.values())).device if not on_cpu else CPU
+    outputs = run_arrays(key, build, specs, arrays, device, stamps)
     return {name: tensor(a, home) for name, a in outputs.items()}
 
 

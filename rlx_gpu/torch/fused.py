@@ -13,8 +13,7 @@ the two. Both graphs are compiled once per signature (``bridge.run_graph``). The
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Hashable, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -31,8 +30,7 @@ CALL = "call"
 FINAL_STATE = f"{CALL}.state"
 
 
-@dataclass(frozen=True)
-class FusedOp:
+class FusedOp(NamedTuple):
     """One ABI op as a custom op: its required tensor fields (the graph method's positional arguments,
     in order), its optional ones, its statics with their schema types, and the field whose shape ``y``
     takes (its dtype is the first field's)."""
@@ -58,9 +56,9 @@ OPS = {op.name: op for op in (
 )}
 
 
-@dataclass(frozen=True)
-class FusedCall:
-    """One call: the graph method ``op``, its hashable keyword arguments and its tensors' field names."""
+class FusedCall(NamedTuple):
+    """One call: the graph method ``op``, its hashable keyword arguments and its tensors' field names (a
+    tuple: made and hashed on every call, as part of the key of its compiled schedule)."""
 
     op: str
     static: tuple[tuple[str, Hashable], ...]
