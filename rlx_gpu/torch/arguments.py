@@ -38,9 +38,15 @@ def _signature(value: Any) -> Hashable:
     """What a static check reads of an argument: a tensor's shape, dtype and device; a value itself."""
     if isinstance(value, torch.Tensor):
         return value.shape, value.dtype, value.device
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     if isinstance(value, (list, tuple)):
-        return tuple(_signature(v) for v in value)
-    return value if isinstance(value, Hashable) else (type(value), id(value))
+        return tuple(map(_signature, value))
+    try:
+        hash(value)
+    except TypeError:
+        return type(value), id(value)
+    return value
 
 
 def once_per_signature(check: Check) -> Check:
@@ -54,7 +60,9 @@ def once_per_signature(check: Check) -> Check:
     def checked(*args: Any, **kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return check(*args, **kwargs)
-        key = (tuple(map(_signature, args)), tuple((k, _signature(v)) for k, v in kwargs.items()))
+        key = tuple(map(_signature, args))
+        if kwargs:
+            key += tuple((k, _signature(v)) for k, v in kwargs.items())
         if key in passed:
             return None
         check(*args, **kwargs)
