@@ -13,7 +13,7 @@ import torch
 
 import rlx_gpu.torch as rt
 from rlx_gpu.runtime.call_plan import CallPlan
-from rlx_gpu.torch import bridge
+from rlx_gpu.torch import bridge, ssm
 
 STREAM = 0x5EED
 
@@ -21,7 +21,8 @@ STREAM = 0x5EED
 def _as_cuda(monkeypatch) -> list[CallPlan]:
     """Tensors taken for CUDA ones from now on; returns the plans ``on_stream`` was called on, in order."""
     calls: list[CallPlan] = []
-    monkeypatch.setattr(bridge, "on_cuda", lambda t: isinstance(t, torch.Tensor))
+    for module in (bridge, ssm):
+        monkeypatch.setattr(module, "on_cuda", lambda t: isinstance(t, torch.Tensor))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=STREAM))
 
     def on_stream(plan, inputs, outputs, stream, stamps=None):
@@ -74,7 +75,8 @@ def _decode_steps():
         with torch.no_grad():
             y, (h1, c1) = lstm(x, (h, c))
         return y, h1, c1
-    return {"fused_recurrent_gated_delta_rule": gdn, "LSTM": lstm_step}
+    return {"selective_state_update mamba2": mamba2, "selective_state_update mamba1 pool": mamba1_pool,
+            "fused_recurrent_gated_delta_rule": gdn, "LSTM": lstm_step}
 
 
 @pytest.mark.parametrize("label", list(_decode_steps()))

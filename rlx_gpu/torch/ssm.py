@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
                         check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .bridge import device_for, host_array, rlx_dtype, tensor
+from .bridge import device_for, host_array, on_cuda, rlx_dtype, tensor
 from .fused import cast, forward_arrays, fused
 from .library import define, dense
 
@@ -253,7 +253,9 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
 
     The tensors are mapped onto the op's fields as NumPy views of their memory (a decode step's budget
     has no room for a dozen torch view operations); each is converted to its field's element type as the
-    call plan copies it in.
+    call plan copies it in. CUDA tensors are mapped as torch views instead, and the call runs on torch's
+    stream without leaving the device (``bridge.run_arrays``), the state written back by torch ops: a
+    decode step a ``torch.cuda.CUDAGraph`` can capture (without ``state_batch_indices``, whose check reads them).
     """
     name = "selective_state_update"
     heads_form = state.dim() == 4
@@ -264,20 +266,23 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     channels, dstate = heads * dim, state.shape[-1]
     act, param = rlx_dtype(x), rlx_dtype(x.new_empty(0, dtype=_param_dtype(A, x)))
     carried = rlx_dtype(state) if state.dtype.itemsize >= x.dtype.itemsize else rlx_dtype(x.new_empty(0, dtype=_state_dtype(x)))
-    pool = host_array(state) if heads_form else host_array(state)[:, None]  # views: the step writes through them
+    on_device = on_cuda(x)
+    view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
+    pool = view(state) if heads_form else view(state)[:, None]  # views: the step writes through them
     if state_batch_indices is None:
         rows, current = None, pool
     else:
         check_state_batch_indices(name, state_batch_indices, state.shape[0])
-        rows = host_array(state_batch_indices).reshape(-1).astype(np.intp)
+        rows = view(state_batch_indices).reshape(-1)
+        rows = rows.long() if on_device else rows.astype(np.intp)
         current = pool[rows]
-    xs = host_array(x) if heads_form else host_array(x)[:, None]
-    Bs, Cs = (host_array(M) if M.dim() == 3 else host_array(M)[:, None] for M in (B, C))  # [batch, ngroups, dstate]
-    Ds, zs, biases = (None if t is None else host_array(t) for t in (D, z, dt_bias))
+    xs = view(x) if heads_form else view(x)[:, None]
+    Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))  # [batch, ngroups, dstate]
+    Ds, zs, biases = (None if t is None else view(t) for t in (D, z, dt_bias))
     if _tied_along_dim(heads_form, dt, A, D, dt_bias):
         # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
         op, statics = "mamba2", {"dt_softplus": dt_softplus}
-        fields = {"x": xs[:, None], "dt": host_array(dt)[:, None, :, 0], "a": host_array(A)[:, 0, 0],
+        fields = {"x": xs[:, None], "dt": view(dt)[:, None, :, 0], "a": view(A)[:, 0, 0],
                   "b": Bs[:, None], "c": Cs[:, None], "d": None if Ds is None else Ds[:, 0],
                   "dt_bias": None if biases is None else biases[:, 0], "z": None if zs is None else zs[:, None],
                   "state": current}
@@ -285,11 +290,11 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
 
         def per_channel(t: np.ndarray | None) -> np.ndarray | None:
-            return None if t is None else np.broadcast_to(t, (heads, dim)).reshape(channels)
+            return None if t is None else broadcast(t, (heads, dim)).reshape(channels)
 
         op, statics = "selective_scan", {"delta_softplus": dt_softplus}
-        fields = {"x": xs.reshape(batch, 1, channels), "delta": host_array(dt).reshape(batch, 1, channels),
-                  "a": np.broadcast_to(host_array(A), (heads, dim, dstate)).reshape(channels, dstate),
+        fields = {"x": xs.reshape(batch, 1, channels), "delta": view(dt).reshape(batch, 1, channels),
+                  "a": broadcast(view(A), (heads, dim, dstate)).reshape(channels, dstate),
                   "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
                   "z": None if zs is None else zs.reshape(batch, 1, channels),
                   "state": current.reshape(batch, channels, dstate)}
@@ -300,7 +305,7 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
         pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
     else:
         pool[rows] = final.reshape(current.shape)
-    return tensor(y, x.device).reshape(x.shape)
+    return (y if on_device else tensor(y, x.device)).reshape(x.shape)
 
 
 _STATE_UPDATE = define(
