@@ -6,6 +6,7 @@ current stream is a stand-in, and ``CallPlan.on_stream`` is replaced by a check 
 host run of the same plan: the device side of the path is tests/test_cuda_stream.py's."""
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ def _as_cuda(monkeypatch) -> list[CallPlan]:
     for module in (bridge, ssm):
         monkeypatch.setattr(module, "on_cuda", lambda t: isinstance(t, torch.Tensor))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=STREAM))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
 
     def on_stream(plan, inputs, outputs, stream, stamps=None):
         tensors = plan.schedule.tensors

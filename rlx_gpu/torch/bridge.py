@@ -196,7 +196,8 @@ def run_on_stream(plan: CallPlan, inputs: Mapping[str, torch.Tensor], stamps: Ma
     given = {name: t.detach().to(TORCH_DTYPES[tensors[name].dtype]).contiguous() for name, t in inputs.items()}
     outputs = {name: torch.empty(tensors[name].shape, dtype=TORCH_DTYPES[tensors[name].dtype], device=home)
                for name in plan.outputs}
-    plan.on_stream(given, outputs, torch.cuda.current_stream(home).cuda_stream, stamps)
+    with torch.cuda.device(home):  # torch's __dlpack__ exports only tensors of the current device
+        plan.on_stream(given, outputs, torch.cuda.current_stream(home).cuda_stream, stamps)
     return outputs
 
 
