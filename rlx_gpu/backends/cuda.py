@@ -3,7 +3,9 @@
 Device specs are ``cuda:N``. An arena is one ``cudaMalloc`` allocation; kernels get its base pointer
 plus byte offsets (ABI.md §1). Everything runs on one non-blocking stream per session, with the
 session's device current around every call (CuPy's current device is 0 otherwise): copies and memsets
-are asynchronous on it, ``finish`` synchronizes it. Programs are the portable text compiled by NVRTC
+are asynchronous on it, ``finish`` synchronizes it. ``CudaSession.on_stream(ptr)`` sends the work to a
+caller's stream instead (torch's current stream), device-to-device copies there not waited for and no
+graph of the session's own captured, so the caller can capture a whole call in a CUDA graph of its own. Programs are the portable text compiled by NVRTC
 to a cubin for the device's exact ``sm_XY`` with the project's own options (``nvrtc.OPTIONS``: no
 ``-ftz``, precise division and square root — CuPy's ``RawModule(code=...)`` would add ``-ftz=true``),
 cached in memory and on disk with their PTX (:mod:`.cubin_cache`) and loaded from bytes.
