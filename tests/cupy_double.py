@@ -22,7 +22,8 @@ they bite:
 What it can compute it computes: copies, memsets and GEMMs move real bytes (host memory is read and
 written at its real address); kernel launches are recorded (kernel, grid, block, arguments) but not
 run, so buffers written by kernels hold whatever was there. CUDA graphs record what a capture enqueued
-and replay it, refusing to replay into freed memory. Breaches that a GPU would not report but would
+and replay it, refusing to replay into freed memory. ``Machine.log`` lists, in order, every copy (by
+kind), memset and gemm with the stream it was enqueued on, and every synchronization. Breaches that a GPU would not report but would
 turn into wrong results raise :class:`ContractError`; failures inside a cuBLAS call (a C callback,
 which cannot raise through ctypes) are kept in ``Machine.errors`` and returned as a failing status.
 """
@@ -128,6 +129,7 @@ class Machine:
         self._stream_ids = itertools.count(0x1000, 0x10)
         self.launches: list[LaunchRecord] = []
         self.graph_counts = {"captured": 0, "launched": 0}
+        self.log: list[tuple[str, int]] = []  # ("H2D" | "D2H" | "D2D" | "memset" | "gemm" | "sync", stream)
         self.handles: dict[int, dict[str, Any]] = {}
         self.errors: list[BaseException] = []
         for device in range(devices):  # the legacy default stream of each device
@@ -207,6 +209,7 @@ class Machine:
             stream.pending |= op(False)
 
     def synchronize(self, stream: StreamState) -> None:
+        self.log.append(("sync", stream.ptr))
         if stream.capture is not None:
             raise CUDARuntimeError("cudaErrorStreamCaptureUnsupported: operation not permitted when stream is capturing")
         stream.pending.clear()
@@ -303,6 +306,15 @@ def cupy_module(machine: Machine) -> types.ModuleType:
         def is_capturing(self):
             return m.stream(self.ptr).capture is not None
 
+    class ExternalStream(Stream):
+        """A stream made elsewhere (torch's), known by its pointer: ``cupy.cuda.ExternalStream(ptr, device_id)``."""
+
+        def __init__(self, ptr: int, device_id: int = -1):
+            state = m.stream(ptr)
+            if device_id not in (-1, state.device):
+                raise _invalid_handle(f"stream 0x{ptr:x} of device {state.device} named as one of device {device_id}")
+            self.ptr, self.device_id = ptr, state.device
+
     class Graph:
         def __init__(self, ops: list, device: int):
             self.ops, self.device = ops, device
@@ -328,6 +340,7 @@ def cupy_module(machine: Machine) -> types.ModuleType:
         for ptr in (p for p, on_device in ((src, where[0]), (dst, where[1])) if on_device):
             if m.find(ptr, size, "cudaMemcpyAsync")[0].device != state.device:
                 raise ContractError(f"cudaMemcpyAsync: 0x{ptr:x} is memory of another device than the stream's")
+        m.log.append(({1: "H2D", 2: "D2H", 3: "D2D"}[kind], state.ptr))
 
         def copy(replayed: bool) -> set:
             if kind == 1:
@@ -346,6 +359,7 @@ def cupy_module(machine: Machine) -> types.ModuleType:
         state = m.own_stream(stream, "cudaMemsetAsync")
         if m.find(ptr, size, "cudaMemsetAsync")[0].device != state.device:
             raise ContractError(f"cudaMemsetAsync: 0x{ptr:x} is memory of another device than the stream's")
+        m.log.append(("memset", state.ptr))
 
         def fill(replayed: bool) -> set:
             block, into = m.device_bytes(ptr, size, "cudaMemsetAsync")
@@ -446,6 +460,8 @@ def cupy_module(machine: Machine) -> types.ModuleType:
             return (2, self.device_id)  # kDLCUDA
 
         def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+            if stream == 0:  # the array API's DLPack rule for CUDA (torch's __dlpack__ asserts it)
+                raise ValueError("stream 0 is ambiguous on CUDA: pass 1 for the legacy default stream")
             consumer = LEGACY_STREAM if stream is None else stream
             current = m.current_stream
             block = m.find(self.data.ptr, self.nbytes, "__dlpack__")[0]
@@ -466,7 +482,7 @@ def cupy_module(machine: Machine) -> types.ModuleType:
     cupy.ndarray = ndarray
     cublas = _cupy_cublas(m)
     cupy.cuda = types.SimpleNamespace(
-        Device=Device, Stream=Stream, Event=Event, runtime=runtime, cublas=cublas,
+        Device=Device, Stream=Stream, ExternalStream=ExternalStream, Event=Event, runtime=runtime, cublas=cublas,
         memory=types.SimpleNamespace(Memory=Memory, MemoryPointer=MemoryPointer, OutOfMemoryError=OutOfMemoryError),
         function=types.SimpleNamespace(Module=Module, Function=Function),
         driver=types.SimpleNamespace(CUDADriverError=CUDADriverError, funcGetAttribute=funcGetAttribute),
@@ -478,7 +494,8 @@ def _device_capsule(array: Any, versioned: bool) -> Any:
     """A DLPack capsule of ``array``'s device memory (kDLCUDA), as CuPy's ``_toDlpack`` makes one."""
     from rlx_gpu.runtime import dlpack
 
-    codes = {np.dtype(np.float32): (2, 32), np.dtype(np.float16): (2, 16), np.dtype(np.float64): (2, 64)}
+    codes = {np.dtype(np.float32): (2, 32), np.dtype(np.float16): (2, 16), np.dtype(np.float64): (2, 64),
+             np.dtype(np.int32): (0, 32)}
     ndim = len(array.shape)
     sizes = (ctypes.c_int64 * max(ndim, 1))(*array.shape)
     managed: Any = dlpack.DLManagedTensorVersioned() if versioned else dlpack.DLManagedTensor()
@@ -550,6 +567,7 @@ def _gemm(m: Machine, handle: dict, transa: int, transb: int, rows: int, cols: i
             written.add(block)
         return written
     m.submit(stream, run)
+    m.log.append(("gemm", stream.ptr))
     handle["gemms"] += 1
     return CUBLAS_OK
 

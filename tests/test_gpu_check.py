@@ -34,7 +34,7 @@ def test_skipping_cuda_runs_the_environment_and_exits_zero(tmp_path):
     assert rc == 0
     assert FILES == {p.name for p in tmp_path.iterdir()}
     by_section = {r["section"]: r for r in rows if r["item"] == "all"}
-    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench", "backward"}
+    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture"}
     assert all(r["status"] == "skip" for r in by_section.values())
     env = json.loads((tmp_path / "results.json").read_text())["env"]
     assert "numpy" in env["packages"] and "python" in env
@@ -52,7 +52,7 @@ def test_without_cuda_every_cuda_section_fails_with_the_reason(tmp_path):
     rc, rows = _run(tmp_path)
     assert rc == 1
     failed = {r["section"] for r in rows if r["status"] == "fail"}
-    assert {"build", "conformance", "sanitizer", "ceilings", "bench", "backward"} <= failed
+    assert {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture"} <= failed
     reason = next(r["detail"] for r in rows if r["section"] == "build")
     assert "cuda backend is unavailable" in reason
     assert "[fail] build" in (tmp_path / "log.txt").read_text()
@@ -164,3 +164,18 @@ def test_the_build_section_names_kernels_from_the_ptx(tmp_path, monkeypatch):
     entries = {(p.label, name) for p in nvrtc.programs("gpu") for name in nvrtc.parameters(cuda_builds.build(p).ptx)}
     assert {tuple(cell.strip() for cell in row.split("|")[1:3]) for row in table} == entries and len(table) == len(entries)
     assert any(name == "mamba2_lanes" for _, name in entries)
+
+
+@pytest.mark.skipif(_cuda_available(), reason="CUDA is available: the section captures for real (tools/gpu_capture.py)")
+def test_the_capture_section_names_a_torch_without_cuda(tmp_path):
+    """The decode-step capture needs torch's CUDA (its streams and CUDAGraph); without it the section says
+    so in one failed row rather than a traceback."""
+    gpu_check = _script()
+    import gpu_capture
+
+    assert [label for label, _ in gpu_capture.CASES] == [
+        "selective_state_update mamba2 B1 H8 P64 N64", "fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64",
+        "rlx_gpu.torch.LSTM one step B1 I=H=256"]
+    ck = gpu_check.Check(tmp_path, False, 60.0)
+    gpu_capture.decode_steps(ck, {})
+    assert [(r.section, r.status) for r in ck.rows] == [("capture", "fail")] and "has no CUDA device" in ck.rows[0].detail

@@ -11,7 +11,9 @@ program built for the device's ``sm_XY``, named by its PTX ``.entry`` list, with
 shared bytes read back from the driver), ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings;
 event-timed medians at the GPU shapes against cuDNN and the torch chunked twins, and byte floors; a
 scan's time per step with CUDA graphs and without), ``backward.md`` (a training step, forward and §9 backward
-thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``) and ``summary.md`` (the final table). ``--budget``
+thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``) and ``summary.md`` (the final table,
+which also holds the capture section's rows: a decode step of each op family captured in a
+``torch.cuda.CUDAGraph`` and replayed against eager calls, ``gpu_capture.py``). ``--budget``
 caps the whole check: every section, and every child process, gets only the time left. Exit status: 0
 when nothing failed, 1 otherwise (a section that could not run on a machine without CUDA counts as
 failed unless ``--skip-cuda`` or ``RLX_GPU_CHECK_SKIP_CUDA=1`` says to skip it). Missed performance
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(ROOT / "tools")]
 
 import gpu_backward  # noqa: E402  (beside this script)
+import gpu_capture  # noqa: E402
 from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402
 
 PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc",
@@ -236,7 +239,7 @@ def ceilings(ck: Check, shared: dict) -> dict[str, float]:
 
 SECTIONS = (("env", environment, False), ("build", build, True), ("conformance", conformance, True),
             ("sanitizer", sanitizer, True), ("ceilings", ceilings, True), ("bench", benchmarks, True),
-            ("backward", gpu_backward.benchmarks, True))
+            ("backward", gpu_backward.benchmarks, True), ("capture", gpu_capture.decode_steps, True))
 
 
 def main(argv: list[str] | None = None) -> int:

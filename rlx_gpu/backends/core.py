@@ -72,6 +72,9 @@ class KernelSession:
         self._kernels: dict[tuple[str, str], Any] = {}  # (program digest, kernel name) -> kernel
         self._launches: dict[Launch, Any] = {}  # a launch without its arguments -> its kernel
         self._scratch: DeviceArena | None = None
+        # a plan's scratch is kept with its resident arena, not the shared one (which a larger plan's run
+        # frees and grows): set while a caller may capture the launches into a graph of its own
+        self.pinned_scratch = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.info.spec!r})"
@@ -207,12 +210,13 @@ class KernelSession:
     def resolve(self, bound: BoundPlan, arena: DeviceArena) -> tuple[tuple[tuple[Any, Launch], ...], Any]:
         """The launches a run of ``bound`` on ``arena`` enqueues, and the scratch buffer they use.
 
-        On a resident arena a plan with staging launches gets its own scratch, kept with the arena;
-        its staging launches run only while that scratch is not fresh (first run, or after a write
-        overlapped what they read). Elsewhere every launch runs, on the session's shared scratch.
+        On a resident arena a plan with staging launches (or any scratch, while ``pinned_scratch``) gets
+        its own scratch, kept with the arena; its staging launches run only while that scratch is not
+        fresh (first run, or after a write overlapped what they read). Elsewhere every launch runs, on
+        the session's shared scratch.
         """
         launches, scratch = bound.launches, None
-        if bound.staging_reads and arena.resident:
+        if arena.resident and (bound.staging_reads or self.pinned_scratch and bound.scratch_bytes):
             kept = arena.kept.get(bound)
             if kept is None:
                 what = "the kept scratch of a thunk's staged weights on a resident arena"

@@ -80,10 +80,15 @@ class Cublas:
         reduced-precision reductions disallowed."""
         handle = ctypes.c_void_p()
         self.check("cublasCreate_v2", self.cublasCreate_v2(ctypes.byref(handle)))
-        self.check("cublasSetStream_v2", self.cublasSetStream_v2(handle, stream))
-        self.check("cublasSetWorkspace_v2", self.cublasSetWorkspace_v2(handle, workspace, workspace_bytes))
+        self.bind_stream(handle, stream, workspace, workspace_bytes)
         self.check("cublasSetMathMode", self.cublasSetMathMode(handle, DEFAULT_MATH | DISALLOW_REDUCED_PRECISION_REDUCTION))
         return int(handle.value)
+
+    def bind_stream(self, handle: Any, stream: int, workspace: int, workspace_bytes: int) -> None:
+        """Point ``handle`` at ``stream`` and attach ``workspace`` again (``cublasSetStream`` resets the
+        workspace to cuBLAS's own pool, which allocates while a graph is captured)."""
+        self.check("cublasSetStream_v2", self.cublasSetStream_v2(handle, stream))
+        self.check("cublasSetWorkspace_v2", self.cublasSetWorkspace_v2(handle, workspace, workspace_bytes))
 
     def destroy(self, handle: int) -> None:
         self.check("cublasDestroy_v2", self.cublasDestroy_v2(handle))

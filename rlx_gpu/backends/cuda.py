@@ -3,7 +3,9 @@
 Device specs are ``cuda:N``. An arena is one ``cudaMalloc`` allocation; kernels get its base pointer
 plus byte offsets (ABI.md §1). Everything runs on one non-blocking stream per session, with the
 session's device current around every call (CuPy's current device is 0 otherwise): copies and memsets
-are asynchronous on it, ``finish`` synchronizes it. Programs are the portable text compiled by NVRTC
+are asynchronous on it, ``finish`` synchronizes it. ``CudaSession.on_stream(ptr)`` sends the work to a
+caller's stream instead (torch's current stream), device-to-device copies there not waited for and no
+graph of the session's own captured, so the caller can capture a whole call in a CUDA graph of its own. Programs are the portable text compiled by NVRTC
 to a cubin for the device's exact ``sm_XY`` with the project's own options (``nvrtc.OPTIONS``: no
 ``-ftz``, precise division and square root — CuPy's ``RawModule(code=...)`` would add ``-ftz=true``),
 cached in memory and on disk with their PTX (:mod:`.cubin_cache`) and loaded from bytes.
@@ -18,6 +20,7 @@ loop) or a scan body's step is captured once as a CUDA graph and replayed (:mod:
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -141,10 +144,45 @@ class CudaPrimitives:
         self.ones: dict[str, Allocation] = {}  # per dtype, the second operand of the bias gemms
         self.cublas = cublas
         with self.device:
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            self.stream = self.own_stream = cp.cuda.Stream(non_blocking=True)
             self._workspace = self.allocate(CUBLAS_WORKSPACE, "the cuBLAS workspace")
             self.handle = cublas.bound_handle(self.stream.ptr, self._workspace.ptr, CUBLAS_WORKSPACE)
-        self.graphs: GraphCache = GraphCache(_CupyGraphs(self.stream, self.device))
+        self.graphs: GraphCache = GraphCache(_CupyGraphs(self.own_stream, self.device))
+
+    # -- streams ------------------------------------------------------------------------------
+    @property
+    def external(self) -> bool:
+        """Whether the work is enqueued on a caller's stream (:meth:`on_stream`), not the session's own."""
+        return self.stream is not self.own_stream
+
+    @contextlib.contextmanager
+    def on_stream(self, ptr: int):
+        """Enqueue every copy, memset, launch and gemm on the caller's CUDA stream ``ptr`` (torch's
+        ``current_stream().cuda_stream``) until the block ends; the session's own stream afterwards.
+
+        The cuBLAS handle is pointed at that stream and its workspace attached again (``cublasSetStream``
+        drops the workspace, and a gemm captured without one would allocate). Nothing here waits for the
+        device: both calls are host-side settings, allowed while the stream captures.
+        """
+        if ptr == self.own_stream.ptr:
+            yield
+            return
+        with self.device:
+            self._bind_stream(self.cp.cuda.ExternalStream(ptr, self.index))
+        try:
+            yield
+        finally:
+            with self.device:
+                self._bind_stream(self.own_stream)
+
+    def _bind_stream(self, stream: Any) -> None:
+        self.cublas.bind_stream(self.handle, stream.ptr, self._workspace.ptr, CUBLAS_WORKSPACE)
+        self.stream = stream
+
+    def stream_is_capturing(self) -> bool:
+        """Whether the stream the work goes to is being captured into a CUDA graph (by its owner)."""
+        with self.device:
+            return bool(self.cp.cuda.runtime.streamIsCapturing(self.stream.ptr))
 
     # -- memory -------------------------------------------------------------------------------
     def allocate(self, nbytes: int, what: str = "a device buffer") -> Allocation:
@@ -180,11 +218,14 @@ class CudaPrimitives:
             self.cp.cuda.runtime.memsetAsync(buffer.ptr + offset, 0, nbytes, self.stream.ptr)
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
-        """Device-to-device ``nbytes`` from pointer ``src`` to ``dst`` on the stream, waited for."""
+        """Device-to-device ``nbytes`` from pointer ``src`` to ``dst`` on the stream; waited for on the
+        session's own stream (its producer may free the memory as soon as we return), not on a caller's
+        (:meth:`on_stream`), whose allocator reuses memory in that stream's order, after the copy."""
         rt = self.cp.cuda.runtime
         with self.device:
             rt.memcpyAsync(dst, src, nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
-            self.stream.synchronize()
+            if not self.external:
+                self.stream.synchronize()
 
     def finish(self) -> None:
         with self.device:
@@ -316,7 +357,7 @@ class CudaSession(KernelSession):
         """The core's run of ``bound``, through a CUDA graph once the same launches on the same
         allocations repeat (``graph_cache``)."""
         steps, scratch = self.resolve(bound, arena)
-        if not self.use_graphs or self.capturing:
+        if not self.own_graphs:
             self.enqueue_bound(steps, arena.buffer, scratch)
             return 0
         gens = (arena.buffer.generation, scratch.generation if scratch is not None else 0,
@@ -325,6 +366,27 @@ class CudaSession(KernelSession):
                               lambda: self.enqueue_bound(steps, arena.buffer, scratch), len(steps))
         return 0
 
+    @property
+    def own_graphs(self) -> bool:
+        """Whether a run may capture and replay graphs of its own: not with ``RLX_CUDA_GRAPHS=0``, not inside
+        a capture of its own, and not on a caller's stream (:meth:`on_stream`), where the caller captures
+        the whole step if it wants a graph (a session graph is captured and replayed on its own stream)."""
+        return self.use_graphs and not self.capturing and not self.prims.external
+
+    @contextlib.contextmanager
+    def on_stream(self, ptr: int):
+        """Hold the session (its lock) with every copy, launch and gemm enqueued on the caller's CUDA stream
+        ``ptr`` (``CudaPrimitives.on_stream``), and a plan's scratch kept with its resident arena
+        (``pinned_scratch``: a graph the caller captures keeps pointing at that scratch, whereas the
+        shared one is freed when it grows). What waits for the device on that path: nothing but a host
+        read (``read``, ``write``), which the call plan's stream path does only for an eager data check."""
+        with self.lock, self.prims.on_stream(ptr):
+            self.pinned_scratch = True
+            try:
+                yield self
+            finally:
+                self.pinned_scratch = False
+
     def generations(self, arena: Any) -> tuple[int, ...]:
         """The allocations a launch on ``arena`` may point into: the arena, the scratch, the ones buffers."""
         return (arena.buffer.generation, self._scratch_generation, *(b.generation for b in self.prims.ones.values()))
@@ -332,15 +394,24 @@ class CudaSession(KernelSession):
     # -- DLPack: CUDA tensors in and arena views out, never through the host -------------------
     def import_device(self, arena: Any, offset: int, tensor: Any) -> None:
         """Copy a CUDA tensor taken by ``runtime.dlpack.import_tensor(obj, stream=session.stream_ptr)``
-        (a ``DeviceTensor``) into ``arena`` at byte ``offset``, device to device on the session's stream."""
+        (a ``DeviceTensor``) into ``arena`` at byte ``offset``, device to device on the session's stream
+        (waited for: ``CudaPrimitives.copy``) or the caller's (:meth:`on_stream`: not waited for)."""
+        self._check_device_range(arena, offset, tensor, "into")
+        self.prims.copy(arena.buffer.ptr + offset, tensor.pointer, tensor.nbytes)
+        self.touched(arena, offset, tensor.nbytes)
+
+    def export_device(self, arena: Any, offset: int, tensor: Any) -> None:
+        """Copy ``tensor.nbytes`` of ``arena`` at byte ``offset`` into the memory of the CUDA tensor
+        ``tensor`` (a ``DeviceTensor``: the caller's output), device to device, as :meth:`import_device`."""
+        self._check_device_range(arena, offset, tensor, "out of")
+        self.prims.copy(tensor.pointer, arena.buffer.ptr + offset, tensor.nbytes)
+
+    def _check_device_range(self, arena: Any, offset: int, tensor: Any, way: str) -> None:
         if tensor.device != "cuda" or tensor.device_id != self.prims.index:
-            raise DeviceError(f"a {tensor.device}:{tensor.device_id} tensor cannot be copied into an arena on "
+            raise DeviceError(f"a {tensor.device}:{tensor.device_id} tensor cannot be copied {way} an arena on "
                               f"{self.info.spec}; move it to cuda:{self.prims.index} first")
         if offset < 0 or offset + tensor.nbytes > arena.nbytes:
             raise DeviceError(f"{tensor.nbytes} bytes at offset {offset} lie outside the arena of {arena.nbytes} bytes")
-        # waited for: the producer may free its memory once ``tensor`` is gone
-        self.prims.copy(arena.buffer.ptr + offset, tensor.pointer, tensor.nbytes)
-        self.touched(arena, offset, tensor.nbytes)
 
     @property
     def stream_ptr(self) -> int:
@@ -378,7 +449,7 @@ class GraphedScanMemory(ScanMemory):
     def run(self, schedule: Mapping[str, Any], arena: Any, before: BeforeThunk) -> None:
         session: CudaSession = self.session  # type: ignore[assignment]
         thunks = schedule["thunks"]
-        if not session.use_graphs or session.capturing or before.reads or any(
+        if not session.own_graphs or before.reads or any(
                 id(t) in self.on_host or t["op"] in SCAN_OPS for t in thunks):
             super().run(schedule, arena, before)
             return

@@ -16,6 +16,12 @@ every copy is a command of its own (about 15 µs on PoCL): the inputs are staged
 the plan and sent by one copy per cluster of neighbouring inputs (``_Staging``), the outputs read by
 one copy per span of neighbours, and the integer tensors an early data check reads come from those
 host buffers, not from the device; ``last_report.copies`` counts the commands.
+
+On CUDA, ``plan.on_stream(inputs, outputs, stream)`` runs a call whose tensors stay on the device,
+every copy and launch enqueued on the caller's stream (torch's current stream) and nothing waited
+for, so the caller may capture the call into a CUDA graph of its own: each input is one
+device-to-device copy into the resident arena, each output one out of it into memory the caller
+allocated. Its rules are on that method.
 """
 from __future__ import annotations
 
@@ -32,11 +38,13 @@ from host_fallback.layout import Region
 from ..errors import InputError, RlxError, RunError
 from ..schedule.io import load_schedule
 from ..schedule.model import Schedule, TensorView
-from ..schedule.ops import footprint
+from ..schedule.ops import SCAN_OPS, footprint
 from .arena import Arena, host_array, read_spans, span_view
+from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport
 
 _ABSENT = object()
+_LEGACY_STREAM = 1  # DLPack's (and CUDA's cudaStreamLegacy) name of the legacy default stream
 
 
 class _Input(NamedTuple):
@@ -136,6 +144,8 @@ class CallPlan:
         self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # on the host: each output's arena view
         self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # on a device: the reads
         self._freed = False
+        self._on_stream = False  # the path of the latest call: its stamps mean nothing to the other path
+        self._stream_ready = False  # an eager call on a stream has bound and allocated all a capture needs
 
     def __repr__(self) -> str:
         state = "freed" if self._freed else "bound" if self._slots is not None else "not called yet"
@@ -161,6 +171,7 @@ class CallPlan:
             slots = self._slots if self._slots is not None else self._prepare()
             if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
                 raise self._unknown(inputs, stamps or {})
+            self._switch_path(False)
             recorded, arena, staging, staged = self._stamps, self._arena, self._staging, []
             for slot in slots:
                 name, shape, array, _, _, kept, _ = slot
@@ -193,6 +204,116 @@ class CallPlan:
                 raise
             self.last_report = report
             return self._outputs(report)
+
+    def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
+                  stamps: Mapping[str, Hashable] | None = None) -> RunReport:
+        """Run once on a CUDA plan with every tensor on the device and every copy and launch enqueued on
+        the caller's CUDA ``stream`` (a ``cudaStream_t`` as an int: torch's
+        ``torch.cuda.current_stream().cuda_stream``); returns the report.
+
+        ``inputs`` (name -> a DLPack producer in the plan device's memory, dense, in the input's storage
+        dtype) are copied device to device into the resident arena, ``outputs`` (every output by name,
+        likewise: memory the caller allocated, e.g. ``torch.empty`` on the device) filled device to
+        device from it. Nothing waits for the device and nothing crosses to the host, so the call may
+        be captured into the caller's CUDA graph, with these rules:
+
+        - the first call of a plan binds it (kernels built, arena and scratch allocated and uploaded):
+          make it eagerly, as torch's own warm-up before a capture;
+        - while ``stream`` captures, every input is copied whatever its stamp (a replay then reads the
+          inputs' memory as it is at replay time, as a torch op does) and no stamp is kept;
+        - the integer tensors of ABI.md §8 (``seq_lens``, ``cu_seqlens``, ``state_slots``) are checked on
+          an eager call, by one read of them from the arena (which waits for the stream); a capture
+          cannot read them, and the kernels trust them, so a plan that has them is refused a capture
+          (``RunError`` naming the thunk and the field), as is a plan with a thunk falling back to the
+          host or a scan (their drivers move bytes through the host).
+        """
+        with self._lock:
+            session = self.device.session
+            if self.device.on_host or not hasattr(session, "on_stream"):
+                raise RlxError(f"CallPlan.on_stream runs on a CUDA device; this plan runs on {self.device.spec}: "
+                               f"call it with host arrays")
+            if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
+                raise self._unknown(inputs, stamps or {})
+            with session.on_stream(stream):
+                capturing = session.prims.stream_is_capturing()
+                if capturing and not self._stream_ready:
+                    raise RlxError("the first call of a plan on a stream binds it (builds kernels, allocates and "
+                                   "uploads its arena and scratch), which a CUDA graph capture cannot hold; call it "
+                                   "once eagerly on the stream first")
+                slots = self._slots if self._slots is not None else self._prepare()
+                if capturing:
+                    self._refuse_capture()
+                self._switch_path(True)
+                targets = self._targets(outputs, stream)
+                recorded, handle, moved = self._stamps, self._arena.handle, 0
+                try:
+                    for slot in slots:
+                        name = slot.name
+                        stamp = None if capturing or not stamps else stamps.get(name)
+                        if stamp is not None and slot.kept and recorded.get(name, _ABSENT) == stamp:
+                            continue
+                        values = inputs.get(name, _ABSENT)
+                        if values is _ABSENT:
+                            raise self._missing(name, stamp)
+                        recorded.pop(name, None)
+                        session.import_device(handle, slot.offset, self._device_tensor(
+                            f"input {name!r}", values, stream, self.schedule.tensors[name]))
+                        moved += 1
+                        if stamp is not None:
+                            recorded[name] = stamp
+                    report = self.device.execute(self._bound, self._arena, profile=self.profile, checks=not capturing)
+                except RunError:  # refused by a data check after the inputs went in: the stamps hold
+                    raise
+                except BaseException:
+                    recorded.clear()
+                    raise
+                for offset, tensor in targets:
+                    session.export_device(handle, offset, tensor)
+            report.copies += moved + len(targets)
+            self._stream_ready = True
+            self.last_report = report
+            return report
+
+    def _switch_path(self, on_stream: bool) -> None:
+        """Forget every stamp when a call takes the other path than the latest one: a stream call leaves
+        the host path's staging buffers behind the arena, and each path's stamps speak of its own copies."""
+        if self._on_stream != on_stream:
+            self._stamps.clear()
+            self._on_stream = on_stream
+
+    def _refuse_capture(self) -> None:
+        """Refuse a capture of a plan whose run must read the device or move bytes through the host."""
+        for check in (*self._bound.early_checks, *self._bound.late_checks.values()):
+            fields = ", ".join(repr(r.field) for r in check.regions)
+            raise RunError(f"thunk {check.thunk.index} ({check.thunk.op}): its integer tensors ({fields}) are "
+                           f"checked by reading them from the device (ABI.md §8), which a CUDA graph capture "
+                           f"cannot do, and the kernels trust them; call it eagerly")
+        for thunk, backend, _ in self._bound.steps:
+            if backend != self.device.session.info.backend or thunk.op in SCAN_OPS:
+                why = "falls back to the host" if backend != self.device.session.info.backend else \
+                    "is a scan, whose driver moves bytes through the host"
+                raise RunError(f"thunk {thunk.index} ({thunk.op}) {why}, which a CUDA graph capture cannot "
+                               f"hold; call it eagerly")
+
+    def _targets(self, outputs: Mapping[str, Any], stream: int) -> list[tuple[int, DeviceTensor]]:
+        """Each output's arena offset and the caller's device memory it goes to, checked before anything runs."""
+        if set(outputs) != set(self.outputs):
+            raise InputError(f"outputs {sorted(outputs)} given; the plan's outputs are {list(self.outputs)}, "
+                             f"each needs device memory of its own")
+        tensors = self.schedule.tensors
+        return [(tensors[name].offset, self._device_tensor(f"output {name!r}", outputs[name], stream, tensors[name]))
+                for name in self.outputs]
+
+    def _device_tensor(self, what: str, obj: Any, stream: int, v: TensorView) -> DeviceTensor:
+        # DLPack names the legacy default stream 1: 0 (torch's default stream) is ambiguous there and refused
+        tensor = import_tensor(obj, stream=stream or _LEGACY_STREAM)
+        if not isinstance(tensor, DeviceTensor):
+            raise InputError(f"{what} lies in host memory; CallPlan.on_stream takes device memory on "
+                             f"{self.device.spec} (call the plan itself with host arrays)")
+        if tensor.dtype != v.dtype or tensor.shape != v.shape:
+            raise InputError(f"{what} is {tensor.dtype} {list(tensor.shape)}, expected {v.dtype} {list(v.shape)} "
+                             f"(on the stream path nothing is converted)")
+        return tensor
 
     def _outputs(self, report: RunReport) -> dict[str, np.ndarray]:
         if self.device.on_host:
@@ -260,4 +381,5 @@ class CallPlan:
                 self._release()
             self._slots = self._arena = self._bound = self._staging = None
             self._host_outputs = self._spans = ()
+            self._stream_ready = False
             self._stamps.clear()

@@ -158,13 +158,16 @@ class DeviceTensor:
 def import_tensor(obj: Any, *, stream: int | None = None) -> HostTensor | DeviceTensor:
     """Take ``obj`` (anything with ``__dlpack__``: NumPy, torch, CuPy) without copying its memory.
 
-    ``stream`` is the consumer's stream for a GPU producer (DLPack's ``__dlpack__(stream=...)``);
-    None for host memory. Raises ``DLPackError`` for a dtype other than f32/f16/bf16/f64, a strided
-    layout, or a device this library cannot read.
+    ``stream`` is the consumer's stream for a GPU producer (DLPack's ``__dlpack__(stream=...)``); a
+    producer whose ``__dlpack_device__`` is not a GPU gets None, as the protocol asks of host memory.
+    Raises ``DLPackError`` for a dtype other than f32/f16/bf16/f64, a strided layout, or a device this
+    library cannot read.
     """
     if not hasattr(obj, "__dlpack__"):
         raise DLPackError(f"{type(obj).__name__} does not implement __dlpack__; pass a NumPy array, "
                           f"a torch tensor or another DLPack producer")
+    if stream is not None and hasattr(obj, "__dlpack_device__") and obj.__dlpack_device__()[0] not in _GPU_DEVICES:
+        stream = None
     try:
         capsule = obj.__dlpack__(stream=stream, max_version=(DLPACK_MAJOR, 0))
     except TypeError:  # a producer older than DLPack 1.0 knows no max_version

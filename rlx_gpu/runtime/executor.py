@@ -177,13 +177,14 @@ class Device:
                 self.session.free(dev_arena)
 
     def execute(self, bound: BoundSchedule, arena: Arena, *, profile: bool = False,
-                held: Callable[[int, int], np.ndarray | None] | None = None) -> RunReport:
+                held: Callable[[int, int], np.ndarray | None] | None = None, checks: bool = True) -> RunReport:
         """Run ``bound`` in place on the resident ``arena`` (of this device and its schedule), under the
         session lock: the staged writes sent, the early data checks, the steps with their late checks.
 
         ``held(offset, nbytes)`` gives the bytes an early check reads when the caller holds them on the
-        host (None: read them from the arena, one read each: a command on a device). Returns the
-        report, also kept as ``last_report``.
+        host (None: read them from the arena, one read each: a command on a device). ``checks=False``
+        runs no data check (a run being captured into a CUDA graph cannot read the device: the call
+        plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
         with self.session.lock:
             copies = arena.flush()
@@ -194,20 +195,21 @@ class Device:
                 if data is None:
                     data, copies = self.session.read(arena.handle, offset, nbytes), copies + (not self.on_host)
                 return data
-            if bound.early_checks:
+            if checks and bound.early_checks:
                 reader = int32_reader(read)
                 for check in bound.early_checks:
                     check.run(reader)
-            report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile)
+            report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile, checks)
         if not self.on_host:
-            report.copies = copies + sum(len(c.regions) for c in bound.late_checks.values())
+            report.copies = copies + checks * sum(len(c.regions) for c in bound.late_checks.values())
         return report
 
-    def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool) -> RunReport:
+    def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool,
+                 checks: bool = True) -> RunReport:
         report = RunReport(self.spec)
         started = time.perf_counter()
         for i, (thunk, backend, step) in enumerate(bound.steps):
-            if i in bound.late_checks:
+            if checks and i in bound.late_checks:
                 self._check_data((bound.late_checks[i],), dev_arena)
             t0 = time.perf_counter()
             try:

@@ -6,7 +6,8 @@ the resident arena, the bound launches, where each input and output lies), so a 
 decode loop plans nothing after its first step. CPU tensors are read where they lie, with their own
 strides (one copy, into the arena; none for a weight whose stamp is unchanged), and the outputs come
 back as torch tensors on the inputs' device, in their storage dtype (a bf16 output is bf16), wrapping
-the plan's new arrays without a copy.
+the plan's new arrays without a copy. CUDA tensors never cross to the host: ``run_on_stream`` copies
+them device to device into the plan's arena and its outputs out of it, on torch's current stream.
 
 The device follows the tensors: CPU tensors run on the default device (``RLX_DEVICE``, else the
 config's ``device``, whose ``auto`` takes a GPU or accelerator, else the host), tensors on ``cuda:N`` on the
@@ -156,6 +157,10 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     compiled once per ``key``, input shapes and dtypes, and device (``device``, else the tensors'), and
     called through its ``CallPlan`` (``run_arrays``).
     """
+    first = next(iter(inputs.values()), None)
+    if on_cuda(first):  # on torch's current stream, device to device
+        device = device if device is not None else device_for(*inputs.values())
+        return run_arrays(key, build, specs_of(inputs), inputs, device, stamps)
     specs, arrays, on_cpu = {}, {}, True
     for name, t in inputs.items():  # one pass: a decode step's call has a dozen inputs and no time to spare
         specs[name] = (t.shape, DTYPES[t.dtype] if t.dtype in DTYPES else rlx_dtype(t, name))
@@ -163,19 +168,45 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
         on_cpu = on_cpu and t.is_cpu
     if device is None and not on_cpu:
         device = device_for(*inputs.values())
-    home = next(iter(inputs.values())).device if not on_cpu else CPU
+    home = first.device if not on_cpu else CPU
     outputs = run_arrays(key, build, specs, arrays, device, stamps)
     return {name: tensor(a, home) for name, a in outputs.items()}
 
 
-def run_arrays(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], arrays: Mapping[str, np.ndarray],
-               device: str | None, stamps: Mapping[str, Hashable] | None = None) -> dict[str, np.ndarray]:
+def run_arrays(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], arrays: Mapping[str, Any],
+               device: str | None, stamps: Mapping[str, Hashable] | None = None) -> dict[str, Any]:
     """``run_graph`` on host arrays (any strides and float dtypes: the plan converts them to each input's
     storage type as it copies them in, none for a weight whose stamp is unchanged); the outputs are new
-    arrays in their storage dtype."""
+    arrays in their storage dtype. On CUDA tensors (any strides and float dtypes too), the same on torch's
+    current stream (``run_on_stream``), the outputs new CUDA tensors."""
     plan = plan_for(key, build, specs, device)
-    outputs = plan(arrays, stamps)
+    first = next(iter(arrays.values()), None)
+    if on_cuda(first):
+        outputs = run_on_stream(plan, arrays, stamps, first.device)
+    else:
+        outputs = plan(arrays, stamps)
     _last.plan = plan
+    return outputs
+
+
+def on_cuda(t: Any) -> bool:
+    """Whether ``t`` is a torch tensor in CUDA memory, which a call takes on torch's stream (``run_on_stream``)."""
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
+def run_on_stream(plan: CallPlan, inputs: Mapping[str, torch.Tensor], stamps: Mapping[str, Hashable] | None,
+                  home: torch.device) -> dict[str, torch.Tensor]:
+    """``plan`` (on CUDA) called on CUDA tensors on torch's current stream of ``home`` (``CallPlan.on_stream``):
+    each input in the dtype its arena place stores, dense (a torch op on that stream where it is not yet),
+    each output a new ``torch.empty`` on ``home`` (torch's allocator: a captured call's outputs come from
+    the graph's pool) filled device to device. Nothing waits for the device, so a warmed-up call can be
+    captured in a ``torch.cuda.CUDAGraph``."""
+    tensors = plan.schedule.tensors
+    given = {name: t.detach().to(TORCH_DTYPES[tensors[name].dtype]).contiguous() for name, t in inputs.items()}
+    outputs = {name: torch.empty(tensors[name].shape, dtype=TORCH_DTYPES[tensors[name].dtype], device=home)
+               for name in plan.outputs}
+    with torch.cuda.device(home):  # torch's __dlpack__ exports only tensors of the current device
+        plan.on_stream(given, outputs, torch.cuda.current_stream(home).cuda_stream, stamps)
     return outputs
 
 

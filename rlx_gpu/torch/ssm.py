@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
                         check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .bridge import DTYPES, device_for, host_array, rlx_dtype, run_arrays, tensor
+from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, tensor
 from .fused import FINAL_STATE, FusedCall, call_of, cast, forward_graph, fused
 from .library import define, dense
 
@@ -252,7 +252,8 @@ class _StepRoute(NamedTuple):
     op: str
     call: FusedCall
     specs: dict[str, tuple[tuple[int, ...], str]]  # the op's fields: shapes and element types
-    fields: Callable[..., dict[str, np.ndarray]]  # (pool rows, x, dt, A, B, C, D, z, dt_bias) views -> by field
+    # (broadcast_to, pool rows, x, dt, A, B, C, D, z, dt_bias) -> by field: NumPy views, or torch views on CUDA
+    fields: Callable[..., dict[str, Any]]
 
 
 def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -272,7 +273,7 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
                   "c": (batch, 1, groups, dstate), "d": (heads,), "dt_bias": (heads,), "z": (batch, 1, heads, dim),
                   "state": (batch, heads, dim, dstate)}
 
-        def fields(rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
             return {"x": xs[:, None], "dt": dts[:, None, :, 0], "a": As[:, 0, 0], "b": Bs[:, None], "c": Cs[:, None],
                     "d": None if Ds is None else Ds[:, 0], "dt_bias": None if biases is None else biases[:, 0],
                     "z": None if zs is None else zs[:, None], "state": rows}
@@ -282,12 +283,12 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
                   "b": (batch, 1, groups, dstate), "c": (batch, 1, groups, dstate), "d": (channels,),
                   "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
 
-        def per_channel(t: np.ndarray | None) -> np.ndarray | None:
-            return None if t is None else np.broadcast_to(t, (heads, dim)).reshape(channels)
+        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            def per_channel(t):
+                return None if t is None else broadcast(t, (heads, dim)).reshape(channels)
 
-        def fields(rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
             return {"x": xs.reshape(batch, 1, channels), "delta": dts.reshape(batch, 1, channels),
-                    "a": np.broadcast_to(As, (heads, dim, dstate)).reshape(channels, dstate),
+                    "a": broadcast(As, (heads, dim, dstate)).reshape(channels, dstate),
                     "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
                     "z": None if zs is None else zs.reshape(batch, 1, channels),
                     "state": rows.reshape(batch, channels, dstate)}
@@ -308,7 +309,10 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
 
     The tensors are mapped onto the op's fields as NumPy views of their memory, by a route worked out
     once per signature (a decode step's budget has no room for a dozen torch view operations); each is
-    converted to its field's element type as the call plan copies it in.
+    converted to its field's element type as the call plan copies it in. CUDA tensors are mapped as torch
+    views instead, and the call runs on torch's stream without leaving the device (``bridge.run_arrays``),
+    the state written back by torch ops: a decode step a ``torch.cuda.CUDAGraph`` can capture (without
+    ``state_batch_indices``, whose check reads them).
     """
     if x.shape[0] == 0:
         return dense(x.shape, x).zero_()
@@ -317,18 +321,21 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     route = _step_routes.get(signature)
     if route is None:
         route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
+    on_device = on_cuda(x)
+    view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
     heads_form = state.dim() == 4
-    pool = host_array(state) if heads_form else host_array(state)[:, None]  # views: the step writes through them
+    pool = view(state) if heads_form else view(state)[:, None]  # views: the step writes through them
     if state_batch_indices is None:
         rows, current = None, pool
     else:
         check_state_batch_indices("selective_state_update", state_batch_indices, state.shape[0])
-        rows = host_array(state_batch_indices).reshape(-1).astype(np.intp)
+        rows = view(state_batch_indices).reshape(-1)
+        rows = rows.long() if on_device else rows.astype(np.intp)
         current = pool[rows]
-    xs = host_array(x) if heads_form else host_array(x)[:, None]
-    Bs, Cs = (host_array(M) if M.dim() == 3 else host_array(M)[:, None] for M in (B, C))
-    fields = route.fields(current, xs, host_array(dt), host_array(A), Bs, Cs,
-                          *(None if t is None else host_array(t) for t in (D, z, dt_bias)))
+    xs = view(x) if heads_form else view(x)[:, None]
+    Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))
+    fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
+                          *(None if t is None else view(t) for t in (D, z, dt_bias)))
     specs = route.specs
     out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
                      {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x))
@@ -337,7 +344,7 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
         pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
     else:
         pool[rows] = final.reshape(current.shape)
-    return tensor(out["y"], x.device).reshape(x.shape)
+    return (out["y"] if on_device else tensor(out["y"], x.device)).reshape(x.shape)
 
 
 _STATE_UPDATE = define(
