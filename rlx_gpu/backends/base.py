@@ -39,6 +39,7 @@ class Session(Protocol):
 
     info: DeviceInfo
     lock: ContextManager[Any]  # held by the executor for a whole run and each resident-arena operation
+    shared: bool  # arenas are memory the host writes and reads in place: a write or a read is no command
 
     def unsupported(self, thunk: Mapping[str, Any]) -> str | None:
         """``None`` when this device runs ``thunk``, else the reason it does not."""

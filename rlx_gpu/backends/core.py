@@ -68,6 +68,7 @@ class KernelSession:
         self.prims = prims
         self.info = prims.info
         self.limits = prims.limits
+        self.shared = prims.shared
         self.lock = threading.RLock()
         self._kernels: dict[tuple[str, str], Any] = {}  # (program digest, kernel name) -> kernel
         self._launches: dict[Launch, Any] = {}  # a launch without its arguments -> its kernel

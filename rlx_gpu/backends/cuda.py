@@ -125,6 +125,7 @@ class CudaPrimitives:
 
     dialect = NAME
     fp64_feature = "double precision"  # every CUDA device has it
+    shared = False
 
     def __init__(self, info: DeviceInfo, cublas: cublas_lib.Cublas):
         cp = self.cp = _cupy()

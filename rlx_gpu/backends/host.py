@@ -38,6 +38,7 @@ class HostSession:
     """Arenas are NumPy arrays; launching is calling the host kernel."""
 
     lock = contextlib.nullcontext()
+    shared = True
 
     def __init__(self, info: DeviceInfo):
         self.info = info

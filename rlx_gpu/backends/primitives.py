@@ -39,6 +39,9 @@ class Primitives(Protocol):
         The device's memory; an arena plus its scratch must fit.
     fp64_feature : str
         What the device must report for f64 (``"cl_khr_fp64"``), named when it does not.
+    shared : bool
+        Buffers are memory the host writes and reads in place (fine-grained SVM on a CPU device): a
+        :meth:`write` or :meth:`read` is a host copy, not a command, and waits for the launches before it.
     """
 
     info: DeviceInfo
@@ -49,6 +52,7 @@ class Primitives(Protocol):
     max_alloc_bytes: int
     global_mem_bytes: int
     fp64_feature: str
+    shared: bool
 
     def allocate(self, nbytes: int) -> Any:
         """An uninitialised device buffer.

@@ -202,7 +202,8 @@ class CallPlan:
             for lo, nbytes, members in self._spans:
                 span = session.read(handle, lo, nbytes)
                 out.update((name, span_view(span, v, lo)) for name, v in members)
-        report.copies += len(self._spans)
+        if not session.shared:
+            report.copies += len(self._spans)
         return {name: out[name] for name in self.outputs}
 
     def _prepare(self) -> tuple[_Input, ...]:
