@@ -34,8 +34,9 @@ CASES = [
     Case("mamba2", "bf16", dict(seq=70, heads=4, head_dim=3, state_size=5, groups=2, dt_bias=True, dt_softplus=True,
                                 dt_limit=[0.05, None], d=True, z=True, state_dtype="f32", param_dtype="f32",
                                 **_CARRIED, **_PACKED)),
-    # batch rows, state_size 16 (selective_scan's fixed-width path at the cpu target), slots without varlen
-    Case("selective_scan", "f32", dict(batch=2, seq=5, hidden=4, state_size=16, groups=4, delta_bias=True, z=True,
+    # batch rows, state_size 16 (selective_scan's fixed-width path at the cpu target: a block of 8 steps, then
+    # 3 single steps), slots without varlen
+    Case("selective_scan", "f32", dict(batch=2, seq=11, hidden=4, state_size=16, groups=4, delta_bias=True, z=True,
                                        state_slots=[1, 0], num_slots=2, **_CARRIED)),
     Case("mamba2", "f16", dict(batch=2, seq=6, heads=2, head_dim=17, state_size=4, groups=1, dt_limit=[0.1, 0.3],
                                d=True, **_CARRIED)),
