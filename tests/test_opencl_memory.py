@@ -1,0 +1,78 @@
+"""An OpenCL CPU device's buffers are host memory (fine-grained SVM) that the host writes and reads in
+place: a decode step through a ``CallPlan`` is its launches and one wait, no copy command, and gives
+bit for bit what the same device gives through ``cl.Buffer`` objects and copy commands (the path of
+GPUs and of Oclgrind, whose memory is the simulator's)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+opencl = pytest.importorskip("rlx_gpu.backends.opencl")
+from rlx_gpu.backends.core import KernelSession  # noqa: E402
+from rlx_gpu.conformance.devices import find  # noqa: E402
+from rlx_gpu.runtime.call_plan import CallPlan  # noqa: E402
+from rlx_gpu.runtime.config import Config  # noqa: E402
+from rlx_gpu.runtime.executor import Device  # noqa: E402
+from rlx_gpu.runtime.registry import status  # noqa: E402
+from test_call_plan import _mamba2_inputs, _named  # noqa: E402
+from test_conformance import SPECS  # noqa: E402
+
+#: every OpenCL device under test but a simulator (PoCL and Intel's CPU runtime here)
+CPU_DEVICES = [s for s in SPECS if s.split(":")[0] == "opencl" and not find(s).details.get("simulator")]
+pytestmark = pytest.mark.skipif(not CPU_DEVICES, reason=f"no OpenCL CPU device among {SPECS}: {status('opencl').reason}")
+#: one token of a Mamba-2 decode: the state carried in place, every per-head field
+STEP = dict(batch=1, seq=1, heads=2, head_dim=8, state_size=16, dt_bias=True, dt_softplus=True, d=True, z=True,
+            carry_state=True, state=True)
+
+
+def _counting(monkeypatch, cl) -> dict[str, int]:
+    """Counts of pyopencl's copy commands and kernel launches from now on."""
+    counts = {"copy": 0, "launch": 0}
+    for name, key in (("enqueue_copy", "copy"), ("enqueue_nd_range_kernel", "launch")):
+        real = getattr(cl, name)
+
+        def counted(*args, real=real, key=key, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(cl, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("spec", CPU_DEVICES)
+def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec, monkeypatch):
+    info = find(spec)
+    shared = KernelSession(opencl.OpenCLPrimitives(info))
+    if not shared.shared:
+        pytest.skip(f"{info.name} offers no fine-grained buffer SVM on host-unified memory")
+    buffers = KernelSession(opencl.OpenCLPrimitives(info, shared=False))
+    assert not buffers.shared
+    sched = _named("mamba2", "f32", **STEP)
+    config = Config(fallback="forbid")
+    with CallPlan(sched, Device(shared, config)) as in_place, CallPlan(sched, Device(buffers, config)) as copied:
+        state = None
+        for seed in range(3):
+            values = _mamba2_inputs(sched, seed, cu_seqlens=())
+            del values["cu_seqlens"]
+            if state is not None:
+                values["state"] = state
+            want = copied(values)
+            assert copied.last_report.copies == 2  # the inputs in one copy, state and dst out in another
+            counts = _counting(monkeypatch, shared.prims.cl)
+            got = in_place(values)
+            monkeypatch.undo()
+            assert counts == {"copy": 0, "launch": 1}
+            assert in_place.last_report.copies == 0
+            for name in ("state", "dst"):
+                np.testing.assert_array_equal(got[name], want[name])
+            state = got["state"]
+        assert np.abs(state).max() > 0
+
+
+def test_a_simulator_s_buffers_stay_its_own():
+    """Oclgrind's memory is the simulator's (its checks cover every copy), so its buffers stay ``cl.Buffer``."""
+    simulators = [d for d in status("opencl").devices if d.details.get("simulator")]
+    if not simulators:
+        pytest.skip("no OpenCL simulator here")
+    for info in simulators:
+        prims = opencl.OpenCLPrimitives(info)
+        assert not prims.shared and not opencl.shares_host_memory(prims.cl, prims.device)
