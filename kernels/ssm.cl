@@ -159,6 +159,38 @@ INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t*
             STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
 }
 
+/* Mamba-2, the one token of a row (a decode step) at the cpu target: each of the item's np rows of the
+ * state updated where it lies (contiguous in n), with the sums of mamba2's walk below (even and odd n
+ * apart), but no private copy of the state, whose transposed load and store cost more than the step. */
+INLINE_FN void mamba2_one_token(int np, i64 N, GLOBAL state_t* st, GLOBAL const store_t* x, GLOBAL const store_t* brow,
+                                GLOBAL const store_t* crow, GLOBAL const store_t* z, GLOBAL store_t* dst, i64 at,
+                                real d, real decay, real dv)
+{
+    for (int c = 0; c < np; ++c) {
+        GLOBAL state_t* row = st + c * N;
+        const real xv = LOAD(x, at + c), dx = d * xv;
+        real y0 = (real)0, y1 = (real)0;
+        i64 n = 0;
+        for (; n + 2 <= N; n += 2) {
+            const real s0 = decay * (SSM_CARRY ? SLOAD(row, n) : (real)0) + dx * LOAD(brow, n);
+            const real s1 = decay * (SSM_CARRY ? SLOAD(row, n + 1) : (real)0) + dx * LOAD(brow, n + 1);
+            y0 += s0 * LOAD(crow, n);
+            y1 += s1 * LOAD(crow, n + 1);
+            if (SSM_CARRY) {
+                SSTORE(row, n, s0);
+                SSTORE(row, n + 1, s1);
+            }
+        }
+        if (n < N) {
+            const real s0 = decay * (SSM_CARRY ? SLOAD(row, n) : (real)0) + dx * LOAD(brow, n);
+            y0 += s0 * LOAD(crow, n);
+            if (SSM_CARRY)
+                SSTORE(row, n, s0);
+        }
+        STORE(dst, at + c, ssm_finish(y0 + y1, dv, xv, ssm_z(z, at + c)));
+    }
+}
+
 /* Mamba-2 (SSD): per (p, head hh, row r), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n],
  * g = hh's group. One work-item owns M2_PB adjacent p (rows of the state) of one (head, row) and walks
  * the sequence. The item's rows are the innermost, contiguous index of its private state s[n*M2_PB + c],
@@ -189,6 +221,13 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
+    if (t1 - t0 == 1) {
+        const i64 head = t0 * HD + hh;
+        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi);
+        mamba2_one_token(np, N, st, x, bm + (t0 * G + grp) * N, cm + (t0 * G + grp) * N, z, dst, head * P + p0, d,
+                         exp(d * a), dv);
+        return;
+    }
     real s[STATE_MAX * M2_PB];
     for (i64 n = 0; n < N; ++n)
         PRAGMA_UNROLL
