@@ -122,6 +122,7 @@ class KernelSession:
 
     def free(self, arena: DeviceArena) -> None:
         arena.pending = arena.image = None
+        arena.args.clear()
         for kept in arena.kept.values():
             self.prims.release(kept.buffer)
         arena.kept.clear()
@@ -202,7 +203,7 @@ class KernelSession:
     def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
         """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0)."""
         launches, scratch = self.resolve(bound, arena)
-        self.enqueue_bound(launches, arena.buffer, scratch)
+        self.enqueue_bound(launches, arena, scratch)
         return 0
 
     def resolve(self, bound: BoundPlan, arena: DeviceArena) -> tuple[tuple[tuple[Any, Launch], ...], Any]:
@@ -223,11 +224,23 @@ class KernelSession:
             scratch = self.scratch(bound.scratch_bytes)
         return launches, scratch
 
-    def enqueue_bound(self, launches: tuple[tuple[Any, Launch], ...], buffer: Any, scratch: Any) -> None:
-        """Enqueue bound launches, their ``ARENA`` arguments on ``buffer``, their ``SCRATCH`` ones on ``scratch``."""
+    def enqueue_bound(self, launches: tuple[tuple[Any, Launch], ...], arena: DeviceArena, scratch: Any) -> None:
+        """Enqueue bound launches, their ``ARENA`` arguments on ``arena``'s buffer, their ``SCRATCH`` ones on
+        ``scratch``.
+
+        The argument tuples are made once per arena and scratch and kept with the arena (``DeviceArena.args``):
+        a decode loop on a resident arena makes none, and ``Primitives.enqueue`` gets the same tuple each run,
+        so a backend whose kernels keep their arguments (OpenCL) sets them only when they change.
+        """
+        kept = arena.args.get(id(launches))
+        if kept is None or kept[0] is not launches or kept[1] is not scratch:
+            buffer = arena.buffer
+            kept = arena.args[id(launches)] = (launches, scratch, tuple(
+                (kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
+                for kernel, item in launches))
         enqueue = self.prims.enqueue
-        for kernel, item in launches:
-            enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
+        for kernel, item, args in kept[2]:
+            enqueue(kernel, item, args)
 
     def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:
         """Enqueue one launch whose ``Buf`` arguments ``buffers`` resolves (to buffers from ``allocate``)."""

@@ -318,12 +318,12 @@ class CudaSession(KernelSession):
         allocations repeat (``graph_cache``)."""
         steps, scratch = self.resolve(bound, arena)
         if not self.use_graphs or self.capturing:
-            self.enqueue_bound(steps, arena.buffer, scratch)
+            self.enqueue_bound(steps, arena, scratch)
             return 0
         gens = (arena.buffer.generation, scratch.generation if scratch is not None else 0,
                 *(b.generation for b in self.prims.ones.values()))
         self.prims.graphs.run(GraphKey((bound, steps is bound.steady), gens),
-                              lambda: self.enqueue_bound(steps, arena.buffer, scratch), len(steps))
+                              lambda: self.enqueue_bound(steps, arena, scratch), len(steps))
         return 0
 
     def generations(self, arena: Any) -> tuple[int, ...]:

@@ -179,6 +179,7 @@ class OpenCLPrimitives:
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
         self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
+        self._set: dict[Any, tuple] = {}  # kernel -> the argument tuple it holds (a kernel keeps its arguments)
         self.shared = shares_host_memory(cl, self.device) if shared is None else shared
         self._host: dict[int, np.ndarray] = {}  # id(SVM allocation) -> its bytes, as the host sees them
         self._unfinished: Any = None  # shared: the event of the latest launch the host has not waited for
@@ -278,7 +279,10 @@ class OpenCLPrimitives:
             # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
             kernel.set_scalar_arg_dtypes([None if isinstance(a, self._buffer_types) else a.dtype for a in args])
             self._typed.add(kernel)
-        kernel.set_args(*args)
+        if self._set.get(kernel) is not args:  # the same tuple: the same arguments, still set
+            self._set.pop(kernel, None)  # until all are set: a failure midway leaves the kernel's arguments unknown
+            kernel.set_args(*args)
+            self._set[kernel] = args
         self._unfinished = self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
 
     def _check_local_memory(self, kernel: Any, launch: Launch) -> None:

@@ -96,7 +96,8 @@ class Primitives(Protocol):
         args : tuple
             ``launch.args`` with every ``Buf`` replaced by a buffer from :meth:`allocate`; the other
             entries are NumPy scalars (``int64``, ``int32``, ``float32``, ``float64``). Launches run
-            in the order they are enqueued.
+            in the order they are enqueued. A tuple is never changed: given the same tuple object
+            again, a backend may take the arguments as set already.
         """
 
     def finish(self) -> None:
@@ -111,6 +112,7 @@ class DeviceArena:
     that body thunks placed on the host run on (``runtime.fallback.HostRun``). A ``resident`` arena
     (``runtime.arena.Arena``) lives between runs, so ``kept`` holds, per bound launch plan, the scratch
     whose staged part (``LaunchPlan.staging``) stays valid until a write overlaps what it was staged from.
+    ``args`` holds the argument tuples of the launches run on it (``KernelSession.enqueue_bound``).
     """
 
     buffer: Any
@@ -119,3 +121,4 @@ class DeviceArena:
     image: np.ndarray | None = None
     resident: bool = False
     kept: dict[Any, Any] = field(default_factory=dict)
+    args: dict[int, Any] = field(default_factory=dict)

@@ -1,7 +1,8 @@
-"""An OpenCL CPU device's buffers are host memory (fine-grained SVM) that the host writes and reads in
-place: a decode step through a ``CallPlan`` is its launches and one wait, no copy command, and gives
-bit for bit what the same device gives through ``cl.Buffer`` objects and copy commands (the path of
-GPUs and of Oclgrind, whose memory is the simulator's)."""
+"""What a call costs on OpenCL. An OpenCL CPU device's buffers are host memory (fine-grained SVM) that
+the host writes and reads in place: a decode step through a ``CallPlan`` is its launches and one wait,
+no copy command, and gives bit for bit what the same device gives through ``cl.Buffer`` objects and
+copy commands (the path of GPUs and of Oclgrind, whose memory is the simulator's). The launches of a
+resident arena keep their kernel arguments set from call to call."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,3 +77,30 @@ def test_a_simulator_s_buffers_stay_its_own():
     for info in simulators:
         prims = opencl.OpenCLPrimitives(info)
         assert not prims.shared and not opencl.shares_host_memory(prims.cl, prims.device)
+
+
+@pytest.mark.parametrize("spec", CPU_DEVICES)
+def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec, monkeypatch):
+    """pyopencl sets a kernel's arguments through ``Kernel._set_arg_multi``: once for the first call of a plan
+    (and again where another arena's launch of the same kernel set others in between), not on every call."""
+    device = Device(KernelSession(opencl.OpenCLPrimitives(find(spec))), Config(fallback="forbid"))
+    sched = _named("mamba2", "f32", **STEP)
+    values = _mamba2_inputs(sched, 0, cu_seqlens=())
+    del values["cu_seqlens"]
+    cl = device.session.prims.cl
+    sets = []
+    real = cl.Kernel._set_arg_multi
+    monkeypatch.setattr(cl.Kernel, "_set_arg_multi", lambda self, *args: (sets.append(1), real(self, *args))[1])
+    with CallPlan(sched, device) as one, CallPlan(sched, device) as other:
+        first = one(values)
+        assert sets and one.last_report.records[0].op == "mamba2"
+        sets.clear()
+        for _ in range(3):
+            one(values)
+        assert sets == []
+        np.testing.assert_array_equal(other(values)["dst"], first["dst"])  # its own arena: set again
+        assert sets
+        sets.clear()
+        again = one(values)  # the kernel holds the other arena's arguments: set back
+        assert sets
+        np.testing.assert_array_equal(again["state"], other(values)["state"])  # the same inputs, state included
