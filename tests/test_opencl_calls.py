@@ -26,16 +26,25 @@ STEP = dict(batch=1, seq=1, heads=2, head_dim=8, state_size=16, dt_bias=True, dt
             carry_state=True, state=True)
 
 
-def _counting(monkeypatch, cl) -> dict[str, int]:
-    """Counts of pyopencl's copy commands and kernel launches from now on."""
-    counts = {"copy": 0, "launch": 0}
-    for name, key in (("enqueue_copy", "copy"), ("enqueue_nd_range_kernel", "launch")):
-        real = getattr(cl, name)
+def _inputs(sched, seed: int) -> dict[str, np.ndarray]:
+    """A step's inputs (no cu_seqlens: one row of one token)."""
+    values = _mamba2_inputs(sched, seed)
+    del values["cu_seqlens"]
+    return values
+
+
+def _counting(monkeypatch, prims) -> dict[str, int]:
+    """Counts from now on of pyopencl's copy commands and kernel launches, and of the primitives' writes and
+    reads (on shared memory host copies into and out of a buffer)."""
+    counts = {"copy": 0, "launch": 0, "write": 0, "read": 0}
+    for owner, name, key in ((prims.cl, "enqueue_copy", "copy"), (prims.cl, "enqueue_nd_range_kernel", "launch"),
+                             (prims, "write", "write"), (prims, "read", "read")):
+        real = getattr(owner, name)
 
         def counted(*args, real=real, key=key, **kwargs):
             counts[key] += 1
             return real(*args, **kwargs)
-        monkeypatch.setattr(cl, name, counted)
+        monkeypatch.setattr(owner, name, counted)
     return counts
 
 
@@ -51,17 +60,19 @@ def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec, m
     config = Config(fallback="forbid")
     with CallPlan(sched, Device(shared, config)) as in_place, CallPlan(sched, Device(buffers, config)) as copied:
         state = None
+        for plan in (in_place, copied):  # the first call allocates the arena: an upload of its own
+            plan(_inputs(sched, 9))
         for seed in range(3):
-            values = _mamba2_inputs(sched, seed, cu_seqlens=())
-            del values["cu_seqlens"]
+            values = _inputs(sched, seed)
             if state is not None:
                 values["state"] = state
             want = copied(values)
             assert copied.last_report.copies == 2  # the inputs in one copy, state and dst out in another
-            counts = _counting(monkeypatch, shared.prims.cl)
+            counts = _counting(monkeypatch, shared.prims)
             got = in_place(values)
             monkeypatch.undo()
-            assert counts == {"copy": 0, "launch": 1}
+            # the inputs written and the outputs read in place, in the arena: no copy through a staging buffer
+            assert counts == {"copy": 0, "launch": 1, "write": 0, "read": 0}
             assert in_place.last_report.copies == 0
             for name in ("state", "dst"):
                 np.testing.assert_array_equal(got[name], want[name])
@@ -85,8 +96,7 @@ def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec, monkeyp
     (and again where another arena's launch of the same kernel set others in between), not on every call."""
     device = Device(KernelSession(opencl.OpenCLPrimitives(find(spec))), Config(fallback="forbid"))
     sched = _named("mamba2", "f32", **STEP)
-    values = _mamba2_inputs(sched, 0, cu_seqlens=())
-    del values["cu_seqlens"]
+    values = _inputs(sched, 0)
     cl = device.session.prims.cl
     sets = []
     real = cl.Kernel._set_arg_multi

@@ -155,6 +155,9 @@ class KernelSession:
     def finish(self) -> None:
         self.prims.finish()
 
+    def host_view(self, arena: DeviceArena) -> np.ndarray:
+        return self.prims.host_view(arena.buffer)
+
     def scratch(self, nbytes: int) -> Any:
         """The scratch buffer, grown to ``nbytes``: shared by every launch, which the queue serialises."""
         if self._scratch is None or self._scratch.nbytes < nbytes:

@@ -127,6 +127,9 @@ class CudaPrimitives:
     fp64_feature = "double precision"  # every CUDA device has it
     shared = False
 
+    def host_view(self, buffer: Any) -> np.ndarray:
+        raise NotImplementedError("CUDA device memory has no host view; read it")
+
     def __init__(self, info: DeviceInfo, cublas: cublas_lib.Cublas):
         cp = self.cp = _cupy()
         self.info = info

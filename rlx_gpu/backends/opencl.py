@@ -182,7 +182,7 @@ class OpenCLPrimitives:
         self._set: dict[Any, tuple] = {}  # kernel -> the argument tuple it holds (a kernel keeps its arguments)
         self.shared = shares_host_memory(cl, self.device) if shared is None else shared
         self._host: dict[int, np.ndarray] = {}  # id(SVM allocation) -> its bytes, as the host sees them
-        self._unfinished: Any = None  # shared: the event of the latest launch the host has not waited for
+        self._unfinished: Any = None  # the event of the latest launch not waited for
         self._buffer_types = (cl.MemoryObjectHolder, cl.SVMPointer)
 
     def allocate(self, nbytes: int) -> Any:
@@ -196,20 +196,18 @@ class OpenCLPrimitives:
 
     def release(self, buffer: Any) -> None:
         if self.shared:
-            self._settle()  # a launch still running may use it
+            self.finish()  # a launch still running may use it
             del self._host[id(buffer)]
         buffer.release()
 
-    def _settle(self) -> None:
-        """Shared memory: wait for the launches enqueued so far (in order: the latest one), so that the host
-        sees what they wrote and may change what they read."""
-        if self._unfinished is not None:
-            self._unfinished.wait()
-            self._unfinished = None
+    def host_view(self, buffer: Any) -> np.ndarray:
+        if not self.shared:
+            raise NotImplementedError(f"{self.info.name} ({self.info.spec}) keeps its buffers in memory of its own")
+        return self._host[id(buffer)]
 
     def write(self, buffer: Any, offset: int, data: np.ndarray) -> None:
         if self.shared:
-            self._settle()
+            self.finish()
             self._host[id(buffer)][offset: offset + data.size] = data
             return
         with self._out_of_memory_as_memory_error():  # a buffer's memory may be allocated on first use
@@ -231,7 +229,7 @@ class OpenCLPrimitives:
 
     def read(self, buffer: Any, offset: int, out: np.ndarray) -> None:
         if self.shared:
-            self._settle()
+            self.finish()
             out[...] = self._host[id(buffer)][offset: offset + out.size]
             return
         self.cl.enqueue_copy(self.queue, out, buffer, src_offset=offset)
@@ -295,8 +293,13 @@ class OpenCLPrimitives:
                               f"{human_bytes(self.limits.local_mem_bytes)}")
 
     def finish(self) -> None:
-        self.queue.finish()
-        self._unfinished = None
+        # shared: the queue holds launches only, so waiting for the latest (in order: all) is a finish, and is
+        # cheaper than clFinish on PoCL (one wait per decode step); nothing to wait for when none is pending
+        if self._unfinished is not None:
+            self._unfinished.wait()
+            self._unfinished = None
+        if not self.shared:
+            self.queue.finish()
 
 
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:

@@ -103,6 +103,10 @@ class Primitives(Protocol):
     def finish(self) -> None:
         """Wait until every enqueued launch and copy has completed."""
 
+    def host_view(self, buffer: Any) -> np.ndarray:
+        """Where ``shared``: the bytes of ``buffer`` as the host reads and writes them (``numpy.uint8``), valid
+        between a :meth:`finish` and the next launch; elsewhere ``NotImplementedError``."""
+
 
 @dataclass(eq=False)
 class DeviceArena:
