@@ -14,8 +14,8 @@
 #define SS_W 16 /* the state_size of selective_scan's fixed-width path */
 #define SS_TB 8 /* steps per block of that path */
 
-/* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or fewer at the row's end) for
- * state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
+/* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or 1: called with either constant, so
+ * that the guards fold away) for state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
  * contiguous values, so the (plain-arithmetic) exp, the update and the products vectorize across n;
  * y sums by a pairwise tree. The block's delta transforms, before its steps, and its output finishes
  * (d, silu(z)), after them, are straight-line code across the steps, so they vectorize across steps
@@ -64,7 +64,9 @@ INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 to
             STORE(dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
 }
 
-/* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps. */
+/* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps and
+ * the rest one step at a time: a block run with fewer steps still computed all SS_TB delta transforms and
+ * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs). */
 INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
                                   GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const param_t* a,
                                   GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
@@ -79,8 +81,8 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
     i64 tok = t0;
     for (; tok + SS_TB <= t1; tok += SS_TB)
         selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
-    if (tok < t1)
-        selective_scan_block16((int)(t1 - tok), h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+    for (; tok < t1; ++tok)
+        selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
     if (SSM_CARRY)
         PRAGMA_UNROLL
         for (int n = 0; n < SS_W; ++n)
@@ -157,6 +159,38 @@ INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t*
             STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
 }
 
+/* Mamba-2, the one token of a row (a decode step) at the cpu target: each of the item's np rows of the
+ * state updated where it lies (contiguous in n), with the sums of mamba2's walk below (even and odd n
+ * apart), but no private copy of the state, whose transposed load and store cost more than the step. */
+INLINE_FN void mamba2_one_token(int np, i64 N, GLOBAL state_t* st, GLOBAL const store_t* x, GLOBAL const store_t* brow,
+                                GLOBAL const store_t* crow, GLOBAL const store_t* z, GLOBAL store_t* dst, i64 at,
+                                real d, real decay, real dv)
+{
+    for (int c = 0; c < np; ++c) {
+        GLOBAL state_t* row = st + c * N;
+        const real xv = LOAD(x, at + c), dx = d * xv;
+        real y0 = (real)0, y1 = (real)0;
+        i64 n = 0;
+        for (; n + 2 <= N; n += 2) {
+            const real s0 = decay * (SSM_CARRY ? SLOAD(row, n) : (real)0) + dx * LOAD(brow, n);
+            const real s1 = decay * (SSM_CARRY ? SLOAD(row, n + 1) : (real)0) + dx * LOAD(brow, n + 1);
+            y0 += s0 * LOAD(crow, n);
+            y1 += s1 * LOAD(crow, n + 1);
+            if (SSM_CARRY) {
+                SSTORE(row, n, s0);
+                SSTORE(row, n + 1, s1);
+            }
+        }
+        if (n < N) {
+            const real s0 = decay * (SSM_CARRY ? SLOAD(row, n) : (real)0) + dx * LOAD(brow, n);
+            y0 += s0 * LOAD(crow, n);
+            if (SSM_CARRY)
+                SSTORE(row, n, s0);
+        }
+        STORE(dst, at + c, ssm_finish(y0 + y1, dv, xv, ssm_z(z, at + c)));
+    }
+}
+
 /* Mamba-2 (SSD): per (p, head hh, row r), S[p,n] = exp(dt*a[hh])*S[p,n] + dt*x[p]*b[g,n]; y[p] = sum_n S[p,n]*c[g,n],
  * g = hh's group. One work-item owns M2_PB adjacent p (rows of the state) of one (head, row) and walks
  * the sequence. The item's rows are the innermost, contiguous index of its private state s[n*M2_PB + c],
@@ -187,6 +221,13 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
+    if (t1 - t0 == 1) {
+        const i64 head = t0 * HD + hh;
+        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi);
+        mamba2_one_token(np, N, st, x, bm + (t0 * G + grp) * N, cm + (t0 * G + grp) * N, z, dst, head * P + p0, d,
+                         exp(d * a), dv);
+        return;
+    }
     real s[STATE_MAX * M2_PB];
     for (i64 n = 0; n < N; ++n)
         PRAGMA_UNROLL

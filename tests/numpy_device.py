@@ -40,6 +40,10 @@ class NumpyPrimitives:
     dialect = "opencl"  # program text is only assembled, never compiled
     build_options = ("-numpy",)
     fp64_feature = "the numpy double's fp64"
+    shared = False  # a device of its own: every write and read counts as a copy
+
+    def host_view(self, buffer: np.ndarray) -> np.ndarray:
+        raise NotImplementedError("the double plays a device with memory of its own")
 
     def __init__(self, max_alloc_bytes: int = 1 << 20, global_mem_bytes: int = 4 << 20, key: Hashable = None):
         self.info = DeviceInfo("numpy", "numpy:0", "NumPy test double", fp64=False)

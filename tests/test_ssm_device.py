@@ -34,11 +34,20 @@ CASES = [
     Case("mamba2", "bf16", dict(seq=70, heads=4, head_dim=3, state_size=5, groups=2, dt_bias=True, dt_softplus=True,
                                 dt_limit=[0.05, None], d=True, z=True, state_dtype="f32", param_dtype="f32",
                                 **_CARRIED, **_PACKED)),
-    # batch rows, state_size 16 (selective_scan's fixed-width path at the cpu target), slots without varlen
-    Case("selective_scan", "f32", dict(batch=2, seq=5, hidden=4, state_size=16, groups=4, delta_bias=True, z=True,
+    # batch rows, state_size 16 (selective_scan's fixed-width path at the cpu target: a block of 8 steps, then
+    # 3 single steps), slots without varlen
+    Case("selective_scan", "f32", dict(batch=2, seq=11, hidden=4, state_size=16, groups=4, delta_bias=True, z=True,
                                        state_slots=[1, 0], num_slots=2, **_CARRIED)),
     Case("mamba2", "f16", dict(batch=2, seq=6, heads=2, head_dim=17, state_size=4, groups=1, dt_limit=[0.1, 0.3],
                                d=True, **_CARRIED)),
+    # one token per row (mamba2's decode form at the cpu target): batch rows; packed sequences of 1, 0 and 3
+    # tokens into slots; head_dim 17 (an item with a partial block of rows), odd state_size
+    Case("mamba2", "f32", dict(batch=2, seq=1, heads=2, head_dim=17, state_size=5, groups=2, dt_bias=True,
+                               dt_softplus=True, d=True, z=True, **_CARRIED)),
+    Case("mamba2", "f32", dict(batch=1, seq=4, heads=2, head_dim=17, state_size=5, groups=1, dt_limit=[0.1, 0.3],
+                               z=True, cu_seqlens=[0, 1, 1, 4], num_seqs=3, state_slots=[2, 0, 3], num_slots=4,
+                               **_CARRIED)),
+    Case("mamba2", "f32", dict(batch=2, seq=1, heads=2, head_dim=4, state_size=6, d=True)),  # no state carried
     # f64, state only
     Case("mamba2", "f64", dict(batch=2, seq=4, heads=2, head_dim=3, state_size=6, **_CARRIED)),
 ]

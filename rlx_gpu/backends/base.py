@@ -39,6 +39,7 @@ class Session(Protocol):
 
     info: DeviceInfo
     lock: ContextManager[Any]  # held by the executor for a whole run and each resident-arena operation
+    shared: bool  # arenas are memory the host writes and reads in place: a write or a read is no command
 
     def unsupported(self, thunk: Mapping[str, Any]) -> str | None:
         """``None`` when this device runs ``thunk``, else the reason it does not."""
@@ -71,7 +72,11 @@ class Session(Protocol):
         """Run one thunk on the arena in place (``options`` by ``RunOptions`` field name)."""
 
     def finish(self) -> None:
-        """Wait until every launch has completed (for timing)."""
+        """Wait until every launch has completed (for timing, and where ``shared`` before the host touches an
+        arena's bytes through :meth:`host_view`)."""
+
+    def host_view(self, arena: Any) -> np.ndarray:
+        """Where ``shared``: the arena's bytes as the host reads and writes them in place (``numpy.uint8``)."""
 
 
 class Backend(Protocol):

@@ -68,6 +68,7 @@ class KernelSession:
         self.prims = prims
         self.info = prims.info
         self.limits = prims.limits
+        self.shared = prims.shared
         self.lock = threading.RLock()
         self._kernels: dict[tuple[str, str], Any] = {}  # (program digest, kernel name) -> kernel
         self._launches: dict[Launch, Any] = {}  # a launch without its arguments -> its kernel
@@ -124,6 +125,7 @@ class KernelSession:
 
     def free(self, arena: DeviceArena) -> None:
         arena.pending = arena.image = None
+        arena.args.clear()
         for kept in arena.kept.values():
             self.prims.release(kept.buffer)
         arena.kept.clear()
@@ -155,6 +157,9 @@ class KernelSession:
 
     def finish(self) -> None:
         self.prims.finish()
+
+    def host_view(self, arena: DeviceArena) -> np.ndarray:
+        return self.prims.host_view(arena.buffer)
 
     def scratch(self, nbytes: int) -> Any:
         """The scratch buffer, grown to ``nbytes``: shared by every launch, which the queue serialises."""
@@ -204,7 +209,7 @@ class KernelSession:
     def run_bound(self, bound: BoundPlan, arena: DeviceArena) -> int:
         """Enqueue a bound plan on ``arena``; no bytes move to the host (returns 0)."""
         launches, scratch = self.resolve(bound, arena)
-        self.enqueue_bound(launches, arena.buffer, scratch)
+        self.enqueue_bound(launches, arena, scratch)
         return 0
 
     def resolve(self, bound: BoundPlan, arena: DeviceArena) -> tuple[tuple[tuple[Any, Launch], ...], Any]:
@@ -226,11 +231,23 @@ class KernelSession:
             scratch = self.scratch(bound.scratch_bytes)
         return launches, scratch
 
-    def enqueue_bound(self, launches: tuple[tuple[Any, Launch], ...], buffer: Any, scratch: Any) -> None:
-        """Enqueue bound launches, their ``ARENA`` arguments on ``buffer``, their ``SCRATCH`` ones on ``scratch``."""
+    def enqueue_bound(self, launches: tuple[tuple[Any, Launch], ...], arena: DeviceArena, scratch: Any) -> None:
+        """Enqueue bound launches, their ``ARENA`` arguments on ``arena``'s buffer, their ``SCRATCH`` ones on
+        ``scratch``.
+
+        The argument tuples are made once per arena and scratch and kept with the arena (``DeviceArena.args``):
+        a decode loop on a resident arena makes none, and ``Primitives.enqueue`` gets the same tuple each run,
+        so a backend whose kernels keep their arguments (OpenCL) sets them only when they change.
+        """
+        kept = arena.args.get(id(launches))
+        if kept is None or kept[0] is not launches or kept[1] is not scratch:
+            buffer = arena.buffer
+            kept = arena.args[id(launches)] = (launches, scratch, tuple(
+                (kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
+                for kernel, item in launches))
         enqueue = self.prims.enqueue
-        for kernel, item in launches:
-            enqueue(kernel, item, tuple(buffer if a is ARENA else scratch if a is SCRATCH else a for a in item.args))
+        for kernel, item, args in kept[2]:
+            enqueue(kernel, item, args)
 
     def enqueue(self, item: Launch, buffers: Mapping[Buf, Any]) -> None:
         """Enqueue one launch whose ``Buf`` arguments ``buffers`` resolves (to buffers from ``allocate``)."""

@@ -128,6 +128,10 @@ class CudaPrimitives:
 
     dialect = NAME
     fp64_feature = "double precision"  # every CUDA device has it
+    shared = False
+
+    def host_view(self, buffer: Any) -> np.ndarray:
+        raise NotImplementedError("CUDA device memory has no host view; read it")
 
     def __init__(self, info: DeviceInfo, cublas: cublas_lib.Cublas):
         cp = self.cp = _cupy()
@@ -358,12 +362,12 @@ class CudaSession(KernelSession):
         allocations repeat (``graph_cache``)."""
         steps, scratch = self.resolve(bound, arena)
         if not self.own_graphs:
-            self.enqueue_bound(steps, arena.buffer, scratch)
+            self.enqueue_bound(steps, arena, scratch)
             return 0
         gens = (arena.buffer.generation, scratch.generation if scratch is not None else 0,
                 *(b.generation for b in self.prims.ones.values()))
         self.prims.graphs.run(GraphKey((bound, steps is bound.steady), gens),
-                              lambda: self.enqueue_bound(steps, arena.buffer, scratch), len(steps))
+                              lambda: self.enqueue_bound(steps, arena, scratch), len(steps))
         return 0
 
     @property

@@ -38,6 +38,7 @@ class HostSession:
     """Arenas are NumPy arrays; launching is calling the host kernel."""
 
     lock = contextlib.nullcontext()
+    shared = True
 
     def __init__(self, info: DeviceInfo):
         self.info = info
@@ -92,6 +93,9 @@ class HostSession:
 
     def launch(self, thunk: Mapping[str, Any], arena: np.ndarray, **options: Any) -> None:
         host_fallback.execute(thunk, arena, **RunOptions.build(**options).host_keywords)
+
+    def host_view(self, arena: np.ndarray) -> np.ndarray:
+        return arena
 
     def finish(self) -> None:
         pass

@@ -3,6 +3,13 @@
 Device specs are ``opencl:PLATFORM:DEVICE`` indices; ``PYOPENCL_CTX`` picks a device as pyopencl reads
 it. Arenas, caches, launch plans and the scan driver's device memory come from
 :class:`~rlx_gpu.backends.core.KernelSession`.
+
+On a CPU device whose memory is the host's and that offers fine-grained buffer SVM (OpenCL 2.0 shared
+virtual memory: PoCL, Intel's CPU runtime), every buffer is such an allocation (``shared``): the host
+writes and reads it in place, so a write or a read is a host copy rather than a command (each command
+costs 15-60 µs on PoCL, most of a decode step), and launches are waited for only when the host next
+touches memory (fine-grained SVM is coherent at that wait, OpenCL 2.0 §3.3.6). Elsewhere buffers are
+``cl.Buffer`` objects moved by blocking copy commands.
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ PRELUDE = ("kernels_opencl", "prelude.cl")
 DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
+#: fine-grained buffer SVM, aligned to a cache line pair as ``cl.Buffer`` storage is on the CPU runtimes
+SVM_ALIGNMENT = 128
 #: what an implementation writes into every build log without saying anything of the source: Intel's progress
 #: lines, its optimization remarks and its vectorizer's report per kernel
 LOG_CHATTER = re.compile(r"(Compilation|Linking|Device build) (started|done)|Options used by backend compiler:.*"
@@ -137,14 +146,27 @@ def open(info: DeviceInfo) -> KernelSession:  # noqa: A001 - the backend surface
     return KernelSession(OpenCLPrimitives(info))
 
 
+def shares_host_memory(cl: Any, device: Any) -> bool:
+    """Whether ``device`` runs on the host's memory and its buffers can be fine-grained SVM: a CPU device
+    (not a simulator, whose memory is its own) reporting host-unified memory and fine-grained buffer SVM."""
+    if _accelerator(cl, device) or device.platform.name in SIMULATORS:
+        return False
+    try:
+        return bool(device.host_unified_memory) and bool(
+            device.svm_capabilities & cl.device_svm_capabilities.FINE_GRAIN_BUFFER)
+    except (cl.Error, AttributeError):  # an OpenCL 1.x device has no SVM query
+        return False
+
+
 class OpenCLPrimitives:
-    """One OpenCL device, context and in-order queue."""
+    """One OpenCL device, context and in-order queue. ``shared`` (None: :func:`shares_host_memory`)
+    makes every buffer fine-grained SVM that the host writes and reads in place."""
 
     dialect = NAME
     build_options = BUILD_OPTIONS
     fp64_feature = "cl_khr_fp64"
 
-    def __init__(self, info: DeviceInfo):
+    def __init__(self, info: DeviceInfo, shared: bool | None = None):
         cl = _cl()
         _, pi, di = info.spec.split(":")
         self.cl = cl
@@ -157,15 +179,37 @@ class OpenCLPrimitives:
         self.max_alloc_bytes = int(self.device.max_mem_alloc_size)
         self.global_mem_bytes = int(self.device.global_mem_size)
         self._typed: set[Any] = set()  # kernels whose scalar argument types pyopencl has been told
+        self._set: dict[Any, tuple] = {}  # kernel -> the argument tuple it holds (a kernel keeps its arguments)
+        self.shared = shares_host_memory(cl, self.device) if shared is None else shared
+        self._host: dict[int, np.ndarray] = {}  # id(SVM allocation) -> its bytes, as the host sees them
+        self._unfinished: Any = None  # the event of the latest launch not waited for
+        self._buffer_types = (cl.MemoryObjectHolder, cl.SVMPointer)
 
     def allocate(self, nbytes: int) -> Any:
         with self._out_of_memory_as_memory_error():
-            return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+            if not self.shared:
+                return self.cl.Buffer(self.context, self.cl.mem_flags.READ_WRITE, nbytes)
+            flags = self.cl.svm_mem_flags.READ_WRITE | self.cl.svm_mem_flags.SVM_FINE_GRAIN_BUFFER
+            host = self.cl.svm_empty(self.context, flags, nbytes, np.uint8, alignment=SVM_ALIGNMENT)
+            self._host[id(host.base)] = host
+            return host.base  # the allocation (a kernel argument); the host's view of it stays in _host
 
     def release(self, buffer: Any) -> None:
+        if self.shared:
+            self.finish()  # a launch still running may use it
+            del self._host[id(buffer)]
         buffer.release()
 
+    def host_view(self, buffer: Any) -> np.ndarray:
+        if not self.shared:
+            raise NotImplementedError(f"{self.info.name} ({self.info.spec}) keeps its buffers in memory of its own")
+        return self._host[id(buffer)]
+
     def write(self, buffer: Any, offset: int, data: np.ndarray) -> None:
+        if self.shared:
+            self.finish()
+            self._host[id(buffer)][offset: offset + data.size] = data
+            return
         with self._out_of_memory_as_memory_error():  # a buffer's memory may be allocated on first use
             self.cl.enqueue_copy(self.queue, buffer, data, dst_offset=offset)
 
@@ -184,6 +228,10 @@ class OpenCLPrimitives:
             raise
 
     def read(self, buffer: Any, offset: int, out: np.ndarray) -> None:
+        if self.shared:
+            self.finish()
+            out[...] = self._host[id(buffer)][offset: offset + out.size]
+            return
         self.cl.enqueue_copy(self.queue, out, buffer, src_offset=offset)
 
     def zero(self, buffer: Any, offset: int, nbytes: int) -> None:
@@ -227,10 +275,13 @@ class OpenCLPrimitives:
             self._check_local_memory(kernel, launch)
             # pyopencl sets an untyped scalar argument through a slow generic path (~13 µs each, most of
             # a small launch's cost on PoCL); told the types once, it packs them in generated code (~0.2 µs)
-            kernel.set_scalar_arg_dtypes([None if isinstance(a, self.cl.MemoryObjectHolder) else a.dtype for a in args])
+            kernel.set_scalar_arg_dtypes([None if isinstance(a, self._buffer_types) else a.dtype for a in args])
             self._typed.add(kernel)
-        kernel.set_args(*args)
-        self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
+        if self._set.get(kernel) is not args:  # the same tuple: the same arguments, still set
+            self._set.pop(kernel, None)  # until all are set: a failure midway leaves the kernel's arguments unknown
+            kernel.set_args(*args)
+            self._set[kernel] = args
+        self._unfinished = self.cl.enqueue_nd_range_kernel(self.queue, kernel, launch.global_size, launch.local_size)
 
     def _check_local_memory(self, kernel: Any, launch: Launch) -> None:
         """A kernel whose LOCAL arrays (the gpu target's tiles) pass the device's local memory is a DeviceError
@@ -242,7 +293,13 @@ class OpenCLPrimitives:
                               f"{human_bytes(self.limits.local_mem_bytes)}")
 
     def finish(self) -> None:
-        self.queue.finish()
+        # shared: the queue holds launches only, so waiting for the latest (in order: all) is a finish, and is
+        # cheaper than clFinish on PoCL (one wait per decode step); nothing to wait for when none is pending
+        if self._unfinished is not None:
+            self._unfinished.wait()
+            self._unfinished = None
+        if not self.shared:
+            self.queue.finish()
 
 
 def device_limits(cl: Any, device: Any, fp64: bool) -> DeviceLimits:

@@ -39,6 +39,9 @@ class Primitives(Protocol):
         The device's memory; an arena plus its scratch must fit.
     fp64_feature : str
         What the device must report for f64 (``"cl_khr_fp64"``), named when it does not.
+    shared : bool
+        Buffers are memory the host writes and reads in place (fine-grained SVM on a CPU device): a
+        :meth:`write` or :meth:`read` is a host copy, not a command, and waits for the launches before it.
     """
 
     info: DeviceInfo
@@ -49,6 +52,7 @@ class Primitives(Protocol):
     max_alloc_bytes: int
     global_mem_bytes: int
     fp64_feature: str
+    shared: bool
 
     def allocate(self, nbytes: int) -> Any:
         """An uninitialised device buffer.
@@ -92,11 +96,16 @@ class Primitives(Protocol):
         args : tuple
             ``launch.args`` with every ``Buf`` replaced by a buffer from :meth:`allocate`; the other
             entries are NumPy scalars (``int64``, ``int32``, ``float32``, ``float64``). Launches run
-            in the order they are enqueued.
+            in the order they are enqueued. A tuple is never changed: given the same tuple object
+            again, a backend may take the arguments as set already.
         """
 
     def finish(self) -> None:
         """Wait until every enqueued launch and copy has completed."""
+
+    def host_view(self, buffer: Any) -> np.ndarray:
+        """Where ``shared``: the bytes of ``buffer`` as the host reads and writes them (``numpy.uint8``), valid
+        between a :meth:`finish` and the next launch; elsewhere ``NotImplementedError``."""
 
 
 @dataclass(eq=False)
@@ -107,6 +116,7 @@ class DeviceArena:
     that body thunks placed on the host run on (``runtime.fallback.HostRun``). A ``resident`` arena
     (``runtime.arena.Arena``) lives between runs, so ``kept`` holds, per bound launch plan, the scratch
     whose staged part (``LaunchPlan.staging``) stays valid until a write overlaps what it was staged from.
+    ``args`` holds the argument tuples of the launches run on it (``KernelSession.enqueue_bound``).
     """
 
     buffer: Any
@@ -115,3 +125,4 @@ class DeviceArena:
     image: np.ndarray | None = None
     resident: bool = False
     kept: dict[Any, Any] = field(default_factory=dict)
+    args: dict[int, Any] = field(default_factory=dict)

@@ -11,11 +11,13 @@ an input given with the stamp of its last write is not written again, so weights
 version, not once per call. An input some thunk writes (a carried state updated in place) or that
 shares bytes with another input is written on every call whatever its stamp.
 
-On the host an input is one copy into its place in the arena and an output one copy out. On a device
-every copy is a command of its own (about 15 µs on PoCL): the inputs are staged in host buffers of
-the plan and sent by one copy per cluster of neighbouring inputs (``_Staging``), the outputs read by
-one copy per span of neighbours, and the integer tensors an early data check reads come from those
-host buffers, not from the device; ``last_report.copies`` counts the commands.
+Where the arena is host memory (the host; an OpenCL CPU device's shared memory, ``Session.shared``)
+an input is one copy into its place in the arena and an output one copy out, after the launches
+before are waited for (on a device, one wait per call). On another device every copy is a command
+of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the plan and sent by one
+copy per cluster of neighbouring inputs (``_Staging``), the outputs read by one copy per span of
+neighbours, and the integer tensors an early data check reads come from those host buffers, not from
+the device; ``last_report.copies`` counts the commands.
 
 On CUDA, ``plan.on_stream(inputs, outputs, stream)`` runs a call whose tensors stay on the device,
 every copy and launch enqueued on the caller's stream (torch's current stream) and nothing waited
@@ -48,8 +50,9 @@ _LEGACY_STREAM = 1  # DLPack's (and CUDA's cudaStreamLegacy) name of the legacy 
 
 
 class _Input(NamedTuple):
-    """One input: ``array`` is where a call copies it (on the host its place in the arena, on a device
-    the plan's staging buffer), ``raw`` the same bytes as ``uint8`` (a tuple: a call unpacks it)."""
+    """One input: ``array`` is where a call copies it (in an arena of host memory its place there, on
+    another device the plan's staging buffer), ``raw`` the same bytes as ``uint8`` (a tuple: a call
+    unpacks it)."""
 
     name: str
     shape: tuple[int, ...]
@@ -57,7 +60,7 @@ class _Input(NamedTuple):
     raw: np.ndarray
     offset: int
     kept: bool  # no thunk writes it and no other input shares its bytes: an unchanged stamp skips its write
-    cluster: int  # on a device, the index of the staging buffer it lies in (-1 on the host)
+    cluster: int  # staged: the index of the staging buffer it lies in (-1 in an arena of host memory)
 
 
 #: Bytes between two inputs that one host-to-device copy carries along rather than being split in two
@@ -140,9 +143,10 @@ class CallPlan:
         self._bound: BoundSchedule | None = None
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
-        self._staging: _Staging | None = None
-        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # on the host: each output's arena view
-        self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # on a device: the reads
+        self._staging: _Staging | None = None  # None where the arena is host memory (written in place)
+        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # in place: each output's arena view
+        self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # staged: the reads
+        self._touched: Any = None  # in place on a device: what notes a write (kept scratch staged from it is stale)
         self._freed = False
         self._on_stream = False  # the path of the latest call: its stamps mean nothing to the other path
         self._stream_ready = False  # an eager call on a stream has bound and allocated all a capture needs
@@ -172,7 +176,9 @@ class CallPlan:
             if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
                 raise self._unknown(inputs, stamps or {})
             self._switch_path(False)
-            recorded, arena, staging, staged = self._stamps, self._arena, self._staging, []
+            recorded, arena, staging, staged, touched = self._stamps, self._arena, self._staging, [], self._touched
+            if touched is not None:  # in place on a device: the launches before are done with the arena's bytes
+                self._finish()
             for slot in slots:
                 name, shape, array, _, _, kept, _ = slot
                 stamp = stamps.get(name) if stamps else None
@@ -190,6 +196,8 @@ class CallPlan:
                 array[...] = values  # converted to the storage dtype, rounding to nearest even
                 if staging is not None:
                     staged.append(slot)
+                elif touched is not None:
+                    touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
                     recorded[name] = stamp
             try:
@@ -315,8 +323,16 @@ class CallPlan:
                              f"(on the stream path nothing is converted)")
         return tensor
 
+    def _finish(self) -> None:
+        """Wait for the launches the device has not finished (nothing on the host)."""
+        session = self.device.session
+        with session.lock:
+            session.finish()
+
     def _outputs(self, report: RunReport) -> dict[str, np.ndarray]:
-        if self.device.on_host:
+        if self._staging is None:
+            if self._touched is not None:
+                self._finish()
             return {name: array.copy() for name, array in self._host_outputs}
         session, handle, out = self.device.session, self._arena.handle, {}
         with session.lock:
@@ -336,24 +352,26 @@ class CallPlan:
             warnings.warn(self._bound.warning, stacklevel=4)  # once per plan, at its caller's first call
         self._arena = device.arena(schedule)
         self._release = weakref.finalize(self, self._arena.free)
-        tensors, handle = schedule.tensors, self._arena.handle
+        tensors, handle, session = schedule.tensors, self._arena.handle, device.session
         written = [w for thunk in schedule.thunks for w in footprint(thunk)[1]]
-        self._staging = None if device.on_host else _Staging(schedule, self.inputs, written)
+        memory = session.host_view(handle) if session.shared else None
+        self._staging = None if session.shared else _Staging(schedule, self.inputs, written)
+        self._touched = session.touched if session.shared and not device.on_host else None
         slots = []
         for name in self.inputs:
             v = tensors[name]
             kept = not any(_overlap(v, w) for w in written) and not any(
                 _overlap(v, tensors[other]) for other in self.inputs if other != name)
             if self._staging is None:
-                array, cluster = view(handle, v.offset, v.dtype, v.shape), -1
+                array, cluster = view(memory, v.offset, v.dtype, v.shape), -1
             else:
                 array, cluster = self._staging.array(name, v), self._staging.cluster[name]
             slots.append(_Input(name, v.shape, array, array.reshape(-1).view(np.uint8), v.offset, kept, cluster))
         outputs = [tensors[name] for name in self.outputs]
-        self._host_outputs = tuple((name, view(handle, v.offset, v.dtype, v.shape))
-                                   for name, v in zip(self.outputs, outputs)) if device.on_host else ()
-        self._spans = tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
-                            for lo, nbytes, members in read_spans(outputs))
+        self._host_outputs = tuple((name, view(memory, v.offset, v.dtype, v.shape))
+                                   for name, v in zip(self.outputs, outputs)) if session.shared else ()
+        self._spans = () if session.shared else tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
+                                                      for lo, nbytes, members in read_spans(outputs))
         self._slots = tuple(slots)
         return self._slots
 
@@ -379,7 +397,7 @@ class CallPlan:
             self._freed = True
             if self._release is not None:
                 self._release()
-            self._slots = self._arena = self._bound = self._staging = None
+            self._slots = self._arena = self._bound = self._staging = self._touched = None
             self._host_outputs = self._spans = ()
             self._stream_ready = False
             self._stamps.clear()

@@ -45,7 +45,8 @@ class ThunkRecord(NamedTuple):
 class RunReport:
     """What the last ``Device.run`` (or call of a ``CallPlan``) did. ``copies``: the host-device copies a
     run on a resident arena made, each a command of its own (staged inputs sent, integer tensors read
-    for their checks, and a call plan's outputs read); 0 on the host."""
+    for their checks, and a call plan's outputs read); 0 where arenas are host memory (the host, an
+    OpenCL CPU device's shared memory: ``Session.shared``)."""
 
     device: str
     records: list[ThunkRecord] = field(default_factory=list)
@@ -193,14 +194,14 @@ class Device:
                 nonlocal copies
                 data = held(offset, nbytes) if held is not None else None
                 if data is None:
-                    data, copies = self.session.read(arena.handle, offset, nbytes), copies + (not self.on_host)
+                    data, copies = self.session.read(arena.handle, offset, nbytes), copies + 1
                 return data
             if checks and bound.early_checks:
                 reader = int32_reader(read)
                 for check in bound.early_checks:
                     check.run(reader)
             report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile, checks)
-        if not self.on_host:
+        if not self.session.shared:
             report.copies = copies + checks * sum(len(c.regions) for c in bound.late_checks.values())
         return report
 

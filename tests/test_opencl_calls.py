@@ -1,0 +1,116 @@
+"""What a call costs on OpenCL. An OpenCL CPU device's buffers are host memory (fine-grained SVM) that
+the host writes and reads in place: a decode step through a ``CallPlan`` is its launches and one wait,
+no copy command, and gives bit for bit what the same device gives through ``cl.Buffer`` objects and
+copy commands (the path of GPUs and of Oclgrind, whose memory is the simulator's). The launches of a
+resident arena keep their kernel arguments set from call to call."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+opencl = pytest.importorskip("rlx_gpu.backends.opencl")
+from rlx_gpu.backends.core import KernelSession  # noqa: E402
+from rlx_gpu.conformance.devices import find  # noqa: E402
+from rlx_gpu.runtime.call_plan import CallPlan  # noqa: E402
+from rlx_gpu.runtime.config import Config  # noqa: E402
+from rlx_gpu.runtime.executor import Device  # noqa: E402
+from rlx_gpu.runtime.registry import status  # noqa: E402
+from test_call_plan import _mamba2_inputs, _named  # noqa: E402
+from test_conformance import SPECS  # noqa: E402
+
+#: every OpenCL device under test but a simulator (PoCL and Intel's CPU runtime here)
+CPU_DEVICES = [s for s in SPECS if s.split(":")[0] == "opencl" and not find(s).details.get("simulator")]
+pytestmark = pytest.mark.skipif(not CPU_DEVICES, reason=f"no OpenCL CPU device among {SPECS}: {status('opencl').reason}")
+#: one token of a Mamba-2 decode: the state carried in place, every per-head field
+STEP = dict(batch=1, seq=1, heads=2, head_dim=8, state_size=16, dt_bias=True, dt_softplus=True, d=True, z=True,
+            carry_state=True, state=True)
+
+
+def _inputs(sched, seed: int) -> dict[str, np.ndarray]:
+    """A step's inputs (no cu_seqlens: one row of one token)."""
+    values = _mamba2_inputs(sched, seed)
+    del values["cu_seqlens"]
+    return values
+
+
+def _counting(monkeypatch, prims) -> dict[str, int]:
+    """Counts from now on of pyopencl's copy commands and kernel launches, and of the primitives' writes and
+    reads (on shared memory host copies into and out of a buffer)."""
+    counts = {"copy": 0, "launch": 0, "write": 0, "read": 0}
+    for owner, name, key in ((prims.cl, "enqueue_copy", "copy"), (prims.cl, "enqueue_nd_range_kernel", "launch"),
+                             (prims, "write", "write"), (prims, "read", "read")):
+        real = getattr(owner, name)
+
+        def counted(*args, real=real, key=key, **kwargs):
+            counts[key] += 1
+            return real(*args, **kwargs)
+        monkeypatch.setattr(owner, name, counted)
+    return counts
+
+
+@pytest.mark.parametrize("spec", CPU_DEVICES)
+def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec, monkeypatch):
+    info = find(spec)
+    shared = KernelSession(opencl.OpenCLPrimitives(info))
+    if not shared.shared:
+        pytest.skip(f"{info.name} offers no fine-grained buffer SVM on host-unified memory")
+    buffers = KernelSession(opencl.OpenCLPrimitives(info, shared=False))
+    assert not buffers.shared
+    sched = _named("mamba2", "f32", **STEP)
+    config = Config(fallback="forbid")
+    with CallPlan(sched, Device(shared, config)) as in_place, CallPlan(sched, Device(buffers, config)) as copied:
+        state = None
+        for plan in (in_place, copied):  # the first call allocates the arena: an upload of its own
+            plan(_inputs(sched, 9))
+        for seed in range(3):
+            values = _inputs(sched, seed)
+            if state is not None:
+                values["state"] = state
+            want = copied(values)
+            assert copied.last_report.copies == 2  # the inputs in one copy, state and dst out in another
+            counts = _counting(monkeypatch, shared.prims)
+            got = in_place(values)
+            monkeypatch.undo()
+            # the inputs written and the outputs read in place, in the arena: no copy through a staging buffer
+            assert counts == {"copy": 0, "launch": 1, "write": 0, "read": 0}
+            assert in_place.last_report.copies == 0
+            for name in ("state", "dst"):
+                np.testing.assert_array_equal(got[name], want[name])
+            state = got["state"]
+        assert np.abs(state).max() > 0
+
+
+def test_a_simulator_s_buffers_stay_its_own():
+    """Oclgrind's memory is the simulator's (its checks cover every copy), so its buffers stay ``cl.Buffer``."""
+    simulators = [d for d in status("opencl").devices if d.details.get("simulator")]
+    if not simulators:
+        pytest.skip("no OpenCL simulator here")
+    for info in simulators:
+        prims = opencl.OpenCLPrimitives(info)
+        assert not prims.shared and not opencl.shares_host_memory(prims.cl, prims.device)
+
+
+@pytest.mark.parametrize("spec", CPU_DEVICES)
+def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec, monkeypatch):
+    """pyopencl sets a kernel's arguments through ``Kernel._set_arg_multi``: once for the first call of a plan
+    (and again where another arena's launch of the same kernel set others in between), not on every call."""
+    device = Device(KernelSession(opencl.OpenCLPrimitives(find(spec))), Config(fallback="forbid"))
+    sched = _named("mamba2", "f32", **STEP)
+    values = _inputs(sched, 0)
+    cl = device.session.prims.cl
+    sets = []
+    real = cl.Kernel._set_arg_multi
+    monkeypatch.setattr(cl.Kernel, "_set_arg_multi", lambda self, *args: (sets.append(1), real(self, *args))[1])
+    with CallPlan(sched, device) as one, CallPlan(sched, device) as other:
+        first = one(values)
+        assert sets and one.last_report.records[0].op == "mamba2"
+        sets.clear()
+        for _ in range(3):
+            one(values)
+        assert sets == []
+        np.testing.assert_array_equal(other(values)["dst"], first["dst"])  # its own arena: set again
+        assert sets
+        sets.clear()
+        again = one(values)  # the kernel holds the other arena's arguments: set back
+        assert sets
+        np.testing.assert_array_equal(again["state"], other(values)["state"])  # the same inputs, state included
