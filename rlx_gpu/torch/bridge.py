@@ -121,13 +121,18 @@ def tensor(a: np.ndarray, home: torch.device) -> torch.Tensor:
 
 
 class _Stamps:
-    """Stamps of tensors for a call plan (``CallPlan``: an input given with the stamp of its last write is
-    not written again): equal while the tensor holds the same values, as far as torch tells.
+    """Stamps of parameters for a call plan (``CallPlan``: an input given with the stamp of its last write
+    is not written again): equal while the tensor holds the same values, as far as torch tells.
 
-    A stamp is (the serial of the tensor's storage owner, its ``_version``, data pointer, shape and
-    strides). The owner (a view's base) gets a serial the first time it is seen and keeps it while it
-    lives, so a new tensor that reuses a dead one's ``id`` or memory gets a new stamp. An in-place torch
-    operation advances ``_version``; a write through ``.data`` does not (``rlx_gpu.torch.clear_cache``).
+    Only a ``torch.nn.Parameter`` (or a view of one: ``D[:, None].expand(...)``) gets a stamp; another
+    tensor gets ``None`` (written on every call): activations change every call, a tensor computed from a
+    parameter (``-exp(A_log)``) is a new tensor every call, and a tool such as
+    ``torch.autograd.gradcheck`` changes its inputs through ``.data``, which torch's version counter does
+    not see. A stamp is (the serial of the parameter, its ``_version``, data pointer, shape and strides of
+    the view): the parameter gets a serial the first time it is seen and keeps it while it lives, so one
+    that reuses a dead one's ``id`` or memory gets a new stamp. An in-place torch operation (an optimizer
+    step) advances ``_version``; a write through a parameter's ``.data`` does not, and needs
+    ``rlx_gpu.torch.clear_cache()``.
     """
 
     def __init__(self) -> None:
@@ -135,8 +140,10 @@ class _Stamps:
         self._next = itertools.count()
         self._lock = threading.Lock()
 
-    def __call__(self, t: torch.Tensor) -> Hashable:
+    def __call__(self, t: torch.Tensor) -> Hashable | None:
         owner = t._base if t._base is not None else t
+        if not isinstance(owner, torch.nn.Parameter):
+            return None
         key = id(owner)
         entry = self._serials.get(key)
         if entry is None or entry[0]() is not owner:

@@ -19,9 +19,12 @@ import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import Spec, run_arrays, run_graph, specs_of
+from .bridge import Spec, run_arrays, run_graph, specs_of, stamp
 from .library import define, dense, empty, schema_args
 
+#: The per-channel or per-head parameters of the ops (module parameters in a model): given to the call plan
+#: with their stamps, so they cross into the arena once per parameter version.
+PARAMETERS = ("a", "d", "dt_bias", "delta_bias")
 #: The graph methods' keyword for a field, where the two names differ.
 KEYWORDS = {"d": "D", "state": "initial_state"}
 #: The name a call gets in its graph: the builder names its final states' outputs ``{CALL}.state``,
@@ -139,7 +142,8 @@ def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if _no_work(op, given):
         y = dense(given[op.y_like].shape, given[op.tensors[0]]).zero_()
         return y, empty(y) if state is None else state.clone()
-    out = run_graph(("forward", call), lambda: forward_graph(call, specs_of(given)), given)
+    stamps = {f: stamp(given[f]) for f in PARAMETERS if f in given}  # a parameter: copied in once per version
+    out = run_graph(("forward", call), lambda: forward_graph(call, specs_of(given)), given, stamps=stamps)
     return out["y"], empty(out["y"]) if state is None else out[FINAL_STATE]
 
 

@@ -90,12 +90,13 @@ def _spec(op: str, statics: Sequence[Any]) -> Recurrence:
 
 
 class _Packings:
-    """The weight streams of parameter lists, kept per stamp (``bridge.stamp``: owner, version, memory) of
-    every parameter; the stamps also tell a call plan that streams it was given before are unchanged.
+    """The weight streams of parameter lists, kept per stamp (``bridge.stamp``: parameter, version, memory)
+    of every parameter; the stamps also tell a call plan that streams it was given before are unchanged.
 
     A parameter changed in place by a torch operation (an optimizer step, ``copy_`` under ``no_grad``)
-    gets a new ``_version``, so it is packed again; one changed through ``.data`` (which torch does not
-    count, and ``torch.autograd.gradcheck`` perturbs) is not seen until ``rlx_gpu.torch.clear_cache()``.
+    gets a new ``_version``, so it is packed again; one changed through its ``.data`` (which torch does not
+    count) is not seen until ``rlx_gpu.torch.clear_cache()``. Weights that are not parameters (a
+    ``torch.func.functional_call``, ``gradcheck``'s inputs) are packed on every call.
     """
 
     def __init__(self) -> None:
@@ -106,9 +107,14 @@ class _Packings:
         with self._lock:
             self._kept.clear()
 
-    def streams(self, spec: Recurrence, weights: Sequence[torch.Tensor]) -> tuple[dict[str, torch.Tensor], Hashable]:
-        """The streams of ``weights`` and their key (the same for the same parameters at the same versions)."""
-        key = (spec, tuple(map(stamp, weights)))
+    def streams(self, spec: Recurrence, weights: Sequence[torch.Tensor]
+                ) -> tuple[dict[str, torch.Tensor], Hashable | None]:
+        """The streams of ``weights`` and their key (the same for the same parameters at the same versions;
+        None, and packed afresh, where one of them is no parameter: ``bridge.stamp``)."""
+        stamps = tuple(map(stamp, weights))
+        if None in stamps:
+            return _pack(spec, weights), None
+        key = (spec, stamps)
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:
@@ -175,7 +181,7 @@ def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], 
     inputs = {"x": x, **streams, **dict(zip(spec.states, states))}
     if seq_lens is not None:
         inputs["seq_lens"] = seq_lens
-    return inputs, {name: key for name in streams}
+    return inputs, {name: key for name in streams} if key is not None else {}
 
 
 def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tensor]]:

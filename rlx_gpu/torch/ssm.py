@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
                         check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, tensor
+from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
 from .fused import FINAL_STATE, FusedCall, call_of, cast, forward_graph, fused
 from .library import define, dense
 
@@ -254,6 +254,7 @@ class _StepRoute(NamedTuple):
     specs: dict[str, tuple[tuple[int, ...], str]]  # the op's fields: shapes and element types
     # (broadcast_to, pool rows, x, dt, A, B, C, D, z, dt_bias) -> by field: NumPy views, or torch views on CUDA
     fields: Callable[..., dict[str, Any]]
+    bias: str  # the op's field of the dt bias
 
 
 def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -295,7 +296,7 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
     given[bias] = dt_bias is not None
     dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else act for f in shapes}
     specs = {f: (shape, dtypes[f]) for f, shape in shapes.items() if given.get(f, True)}
-    return _StepRoute(op, call_of(op, tuple(specs), **statics), specs, fields)
+    return _StepRoute(op, call_of(op, tuple(specs), **statics), specs, fields, bias)
 
 
 _step_routes: dict[Hashable, _StepRoute] = {}
@@ -337,8 +338,10 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
                           *(None if t is None else view(t) for t in (D, z, dt_bias)))
     specs = route.specs
+    parameters = {"a": A, "d": D, route.bias: dt_bias}  # copied in once per version
     out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
-                     {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x))
+                     {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x),
+                     {f: stamp(t) for f, t in parameters.items() if t is not None})
     final = out[FINAL_STATE]
     if rows is None:
         pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
