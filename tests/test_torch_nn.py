@@ -223,3 +223,27 @@ def test_selective_state_update_advances_the_states_version_as_an_in_place_op_do
     selective_state_update(state, torch.randn(1, 4), torch.rand(1, 4), -torch.rand(4, 3), torch.randn(1, 3),
                            torch.randn(1, 3))
     assert state._version > before and state.abs().sum() > 0
+
+
+def test_a_state_space_parameter_changed_in_place_is_seen_and_an_unchanged_one_is_not_copied_again():
+    """D and dt_bias as module parameters cross into the call's arena once per version: an in-place update
+    (as an optimizer's) is seen at the next call; the call before and after it agree with fresh tensors."""
+    from rlx_gpu.torch import mamba_chunk_scan_combined
+
+    torch.manual_seed(6)
+    x, dt, A = torch.randn(1, 4, 2, 3), torch.rand(1, 4, 2), -torch.rand(2)
+    Bm, Cm = torch.randn(1, 4, 1, 5), torch.randn(1, 4, 1, 5)
+    D, bias = torch.nn.Parameter(torch.randn(2)), torch.nn.Parameter(torch.randn(2))
+
+    def run(d, b):
+        with torch.no_grad():
+            return mamba_chunk_scan_combined(x, dt, A, Bm, Cm, 4, D=d, dt_bias=b, dt_softplus=True)
+
+    first = run(D, bias)
+    torch.testing.assert_close(run(D, bias), first)
+    assert bridge.last_report() is not None
+    with torch.no_grad():
+        D.add_(1.0)
+        bias.mul_(-1.0)
+    torch.testing.assert_close(run(D, bias), run(D.detach().clone(), bias.detach().clone()))
+    assert not torch.allclose(run(D, bias), first)
