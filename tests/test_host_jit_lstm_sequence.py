@@ -1,0 +1,151 @@
+"""host_fallback.jit's whole-sequence lstm kernels (``lstm_sequence``, ``lstm_sequence_backward``): an f32
+lstm_backward thunk's layer-directions with the default activations and no clip, peepholes, projection or
+coupled gates, at small steps.
+
+Every gradient of a thunk that runs them, at either tile width, and of the same thunk on NumPy's path
+(``RLX_HOST_JIT=0``), against torch autograd of nn.LSTM in float64 on the values the thunk stores (independent
+of both paths); the kernels run exactly where they apply, once per layer-direction.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+from gradient_check import read
+from host_fallback import jit, rnn_backward
+from test_rnn_backward import _laid, _params, _torch_grads
+
+numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
+from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
+
+LANES = sorted(jit_kernels.PANEL_ROWS)
+KERNELS = ("lstm_sequence", "lstm_sequence_backward")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts each whole-sequence kernel's calls (they still run)."""
+    counted = dict.fromkeys(KERNELS, 0)
+    for name in KERNELS:
+        real = getattr(jit_kernels, name)
+
+        def spy(*args, name=name, real=real):
+            counted[name] += 1
+            real(*args)
+        monkeypatch.setattr(jit_kernels, name, spy)
+    return counted
+
+
+# batch 9: two panels of rows at either width (8 or 6 a panel), the last part-filled; hidden 20: 4H = 80
+# gates, at 16 lanes two two-vector tiles and a one-vector one, and dh's 20 columns padded to 32 (or 24)
+TWO_PANELS = dict(batch=9, seq=7, input_size=5, hidden=20)
+CASES = [
+    ("two-layers-bidirectional-carry", {}),  # d_h0 and d_c0 given, their gradients out
+    ("seq_lens-with-a-zero", dict(seq_lens=[5, 2, 0])),
+    ("reverse-seq_lens", dict(reverse=True, bidirectional=False, seq_lens=[4, 1, 5])),
+    ("one-layer-no-carry", dict(num_layers=1, bidirectional=False, carry=False)),
+    ("two-panels", dict(TWO_PANELS, seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
+    ("two-panels-bidirectional-no-carry", dict(TWO_PANELS, carry=False)),
+]
+#: NMSE of an f32 gradient against float64's: f32 throughout, the sums in another order than torch's.
+NMSE = 1e-10
+
+
+def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    out = arena.copy()
+    host_fallback.execute(thunk, out)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _within_lengths_flipped(a: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``a [batch, seq, ...]`` with each row's first ``lengths[row]`` steps in reverse order."""
+    out = a.copy()
+    for row, n in enumerate(lengths.astype(int)):
+        out[row, :n] = a[row, :n][::-1]
+    return out
+
+
+def _torch_reference(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``_torch_grads`` of the thunk, for the fields torch's LSTM lacks too: ``reverse`` (one direction) as
+    torch's over each row's valid steps in reverse order, and rows of length 0 (which torch's packed sequences
+    refuse) left out of torch's batch: such a row has no step, so its final state is its initial one (the
+    final state's gradient passes to it unchanged) and its input gets none."""
+    if "h0" not in values:  # no carry: zero initial states, whose gradients the thunk does not give
+        states = (thunk["num_layers"] * (2 if thunk["bidirectional"] else 1), values["x"].shape[0], thunk["hidden"])
+        zeros = {f: np.zeros(states) for f in ("h0", "c0", "d_h0", "d_c0")}
+        grads = _torch_reference(thunk, {**values, **zeros})
+        return {f: g for f, g in grads.items() if f not in ("d_h0", "d_c0")}
+    lengths = values.get("seq_lens", np.full(values["x"].shape[0], values["x"].shape[1]))
+    if thunk.get("reverse"):
+        assert not thunk["bidirectional"]
+        flipped = {f: _within_lengths_flipped(values[f], lengths) for f in ("x", "d_dst")}
+        grads = _torch_reference({**thunk, "reverse": False}, {**values, **flipped})
+        grads["d_x"] = _within_lengths_flipped(grads["d_x"], lengths)
+        return grads
+    running = np.flatnonzero(lengths > 0)
+    batch_axis = {"x": 0, "d_dst": 0, "seq_lens": 0, "h0": 1, "c0": 1, "d_h0": 1, "d_c0": 1}
+    part = {f: np.take(v, running, axis=batch_axis[f]) if f in batch_axis else v for f, v in values.items()}
+    grads = _torch_grads("lstm", thunk, part)
+    d_x = np.zeros_like(values["x"])
+    d_x[running] = grads["d_x"]
+    grads["d_x"] = d_x
+    for state in ("h0", "c0"):
+        if f"d_{state}" in grads:
+            full = values[f"d_{state}"].copy()  # the final state's gradient, for the rows that never ran
+            full[:, running] = grads[f"d_{state}"]
+            grads[f"d_{state}"] = full
+    return grads
+
+
+def _check_against_torch(extra: dict) -> int:
+    """Every gradient of an f32 lstm_backward against torch's in float64; returns the layer-directions."""
+    params = _params("lstm", **extra)
+    thunk, arena = _laid("lstm", "f32", params, seed=5)
+    got = _gradients(thunk, arena)
+    want = _torch_reference(thunk, read(thunk, arena))
+    assert set(got) == set(want)
+    for name, value in want.items():
+        err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+        assert err <= NMSE, (name, err)
+    return params["num_layers"] * (2 if params["bidirectional"] else 1)
+
+
+@pytest.mark.parametrize("width", [*LANES, None], ids=[*(f"numba-{n}-lanes" for n in LANES), "numpy"])
+@pytest.mark.parametrize("label,extra", CASES, ids=[c[0] for c in CASES])
+def test_both_paths_match_torch_autograd(label, extra, width, calls, monkeypatch):
+    if width is None:
+        monkeypatch.setenv(jit.ENV, "0")
+    else:
+        monkeypatch.setenv(jit.WIDTH_ENV, str(width))
+    layer_directions = _check_against_torch(extra)
+    runs = layer_directions if width else 0
+    assert calls == dict.fromkeys(KERNELS, runs)
+
+
+@pytest.mark.parametrize("label,extra", [
+    ("clip", dict(clip=0.5)),
+    ("peepholes", dict(peepholes=True)),
+    ("input_forget", dict(input_forget=True)),
+    ("proj_size", dict(proj_size=3, w_hr=True)),
+    ("another activation", dict(activations=[["sigmoid", 0, 0], ["relu", 0, 0], ["tanh", 0, 0]] * 2)),
+    ("a step past the bound", dict(batch=3, hidden=4)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_numpy_s_path_runs_where_the_kernels_do_not_apply(label, extra, calls, monkeypatch):
+    if label == "a step past the bound":
+        monkeypatch.setattr(rnn_backward, "_COMPILED_MAX_STEP", 3 * 4 * 4 - 1)
+    thunk, arena = _laid("lstm", "f32", _params("lstm", **extra))
+    host_fallback.execute(thunk, arena)
+    assert calls == dict.fromkeys(KERNELS, 0)
+
+
+def test_f64_keeps_numpy_s_path(calls):
+    thunk, arena = _laid("lstm", "f64", _params("lstm"))
+    host_fallback.execute(thunk, arena)
+    assert calls == dict.fromkeys(KERNELS, 0)
+
+
+def test_without_numba_numpy_s_path_runs(monkeypatch, calls):
+    monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
+    _check_against_torch({})
+    assert calls == dict.fromkeys(KERNELS, 0)
