@@ -64,7 +64,7 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from . import jit, threads
+from . import jit, lstm_sequence, threads
 from .activations import (Activation, activation, sigmoid_of_negated, sigmoid_then_tanh_of_scaled, stored_scale,
                           tanh_of_scaled)
 from .arena import COMPUTE, STORAGE
@@ -613,6 +613,31 @@ def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray], dr:
         flat[pack.index[chunk.first: chunk.first + chunk.columns], rows] = y[rows].T
 
 
+def _lstm_sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers) -> None:
+    """Every layer-direction of an lstm that ``lstm_sequence`` covers as one compiled call, batch-major and
+    time-major (``[S, B, features]``): its input projection plus bias one GEMM, then the kernel's steps."""
+    S, B, H = d.seq, d.batch, d.hidden
+    lens = lstm_sequence.lengths(b.view("seq_lens") if t.get("seq_lens") is not None else None)
+    x = b.load("x").transpose(1, 0, 2)
+    w_ih = b.load("w_ih")
+    out = np.empty((S, B, H), np.float32)
+    for layer, in_l, spans in layers:
+        y = np.empty((S, B, d.dirs * H), np.float32)
+        rows = np.ascontiguousarray(x).reshape(S * B, in_l)
+        for dr, (lo, hi) in enumerate(spans):
+            ld = layer * d.dirs + dr
+            u = (rows @ w_ih[lo:hi].reshape(4 * H, in_l).T).reshape(S, B, 4 * H)
+            u += b.load("bias", ld)
+            h, c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in ("h0", "c0"))
+            lstm_sequence.forward(u, b.load("w_hh", ld), h, c, lens, dr == 1 or bool(t.get("reverse")), out)
+            y[..., dr * H: (dr + 1) * H] = out
+            if t["carry"]:  # the final state, in place
+                b.store("h0", h, ld)
+                b.store("c0", c, ld)
+        x = y
+    b.store("dst", x.transpose(1, 0, 2))
+
+
 def working_bytes(t: Mapping[str, Any]) -> int:
     """A lower bound of the bytes a run of ``t`` allocates besides the arena: with every row running
     every step, layer 0's time-major input and two layers' outputs (one for a single layer). The
@@ -653,6 +678,9 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
         if not last or last[0].arena is not arena:
             last[:] = [Bound(t, arena, by_field)]
         b = last[0]
+        if not parallel_directions and lstm_sequence.applies(t):  # True: the directions in two threads
+            _lstm_sequences(t, d, b, layers)
+            return
         pack = full or _varlen_packing(b.view("seq_lens").astype(np.int64), S)
         if pack.order is None:  # layer 0's input, time-major: chunk k is rows first..first+columns, transposed
             x = np.empty((S, B, t["input_size"]), d.compute)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import jit, threads
+from . import lstm_sequence, threads
 from .arena import COMPUTE
 from .fields import ACTIVATION_SLOTS, complete
 from .layout import Bound, forward_thunk, layer_input_sizes, output_width, recurrent_dims
@@ -357,54 +357,32 @@ def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
 
 def _compiled_lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array,
                            valid: Array | None, order: range):
-    """``_lstm_forward`` for an f32 lstm with the default activations and nothing else (``_compiles``), in one
-    Numba call (``jit``'s ``lstm_sequence``); it keeps what ``_compiled_lstm_reverse`` reads."""
+    """``_lstm_forward`` where ``lstm_sequence`` applies, in one Numba call; it keeps what
+    ``_compiled_lstm_reverse`` reads."""
     S, B, _ = xp.shape
     keep = {k: np.empty((S, B, c.shape[1]), xp.dtype) for k in ("h_prev", "c_prev", "hc")}
     keep["y"] = xp  # the gates, activated in place
     out = np.empty_like(keep["hc"])
     h, c = h.copy(), c.copy()
-    jit.kernel("lstm_sequence")(xp, w["w_hh"], h, c, _lengths(valid), _backwards(order), out, True,
-                                keep["h_prev"], keep["c_prev"], keep["hc"], jit.lanes())
+    lstm_sequence.forward(xp, w["w_hh"], h, c, _lengths(valid), order.step < 0, out,
+                          (keep["h_prev"], keep["c_prev"], keep["hc"]))
     return out, (h, c), keep
 
 
 def _compiled_lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: Array,
                            valid: Array | None, order: range):
-    """``_lstm_reverse`` of ``_compiled_lstm_forward``'s steps, in one Numba call (``lstm_sequence_backward``)."""
+    """``_lstm_reverse`` of ``_compiled_lstm_forward``'s steps, in one Numba call."""
     dz_all = np.empty_like(keep["y"])
     dh, dc = dh.copy(), dc.copy()
-    # ``order`` walks the forward's steps from the end: backwards when the forward walked forwards
-    jit.kernel("lstm_sequence_backward")(keep["y"], keep["hc"], keep["c_prev"], w["w_hh"], np.ascontiguousarray(dy), dh, dc,
-                                         _lengths(valid), not _backwards(order), dz_all, jit.lanes())
+    # ``order`` walks the forward's steps from the end: backwards where the forward walked forwards
+    lstm_sequence.backward(keep["y"], keep["hc"], keep["c_prev"], w["w_hh"], dy, dh, dc, _lengths(valid),
+                           order.step > 0, dz_all)
     return dz_all, {"bias": _sum(dz_all)}, {"w_hh": _sum_outer(dz_all, keep["h_prev"])}, (dh, dc)
 
 
-def _backwards(order: range) -> bool:
-    return order.step < 0
-
-
-_NO_LENGTHS = np.empty(0, np.int64)
-
-
 def _lengths(valid: Array | None) -> Array:
-    """Each row's valid steps from ``valid`` ``[seq, batch, 1]``; empty for ``None`` (all)."""
-    return _NO_LENGTHS if valid is None else np.count_nonzero(valid[:, :, 0], axis=0).astype(np.int64)
-
-
-#: The most ``batch * hidden**2`` (a step's W_hh·h, in multiply-adds over 4) that the compiled lstm takes: its
-#: vector loops beat NumPy's loop of small BLAS calls and array passes up to about there; a BLAS GEMM wins past it.
-_COMPILED_MAX_STEP = 8 * 64 * 64
-
-
-def _compiles(t: Mapping[str, Any], fwd: Mapping[str, Any]) -> bool:
-    """Whether the lstm layer-directions run compiled (``jit``): f32 inside, the default activations, no clip,
-    peepholes, projection or coupled gates, small steps, and Numba there (not ``RLX_HOST_JIT=0``)."""
-    return (fwd["op"] == "lstm" and COMPUTE[t["dtype"]] == np.float32 and not fwd["clip"]
-            and not fwd.get("input_forget") and fwd.get("peepholes") is None and fwd.get("w_hr") is None
-            and all(a[0] == n for a, n in zip(fwd["activations"], ("sigmoid", "tanh", "tanh") * 2))
-            and t["batch"] * t["hidden"] ** 2 <= _COMPILED_MAX_STEP
-            and jit.kernel("lstm_sequence") is not None)
+    """Each row's valid steps from ``valid`` ``[seq, batch, 1]`` (``None``: all), as ``lstm_sequence`` takes them."""
+    return lstm_sequence.lengths(None if valid is None else np.count_nonzero(valid[:, :, 0], axis=0))
 
 
 _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward, "rnn": _rnn_forward}
@@ -477,7 +455,7 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
         init = {f: b.load(f) for f in states}
         d_final = {f: b.load(f"d_{f}") for f in states}
         d_init = {f: np.zeros_like(init[f]) for f in states}
-    compiled = _compiles(t, fwd)
+    compiled = lstm_sequence.applies(fwd)
     forwards = _compiled_lstm_forward if compiled else _FORWARD[op]
     reverses = _compiled_lstm_reverse if compiled else _REVERSE[op]
     spans, offset = [], 0

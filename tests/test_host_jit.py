@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import jit, rnn, threads
+from host_fallback import jit, lstm_sequence, rnn, threads
 from test_rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -21,6 +21,13 @@ from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
 #: The vector widths (float32 lanes) the tiles come in: each is tested on every machine (LLVM splits 16 lanes
 #: into two 8-lane vectors where the CPU has no AVX-512).
 LANES = sorted(jit_kernels.PANEL_ROWS)
+
+
+@pytest.fixture(autouse=True)
+def _step_route(monkeypatch):
+    """The lstms here run the per-step route: the whole-sequence kernels, which would take the small ones, are
+    test_host_jit_lstm_sequence's."""
+    monkeypatch.setattr(lstm_sequence, "MAX_STEP", -1)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""host_fallback.jit's whole-sequence lstm kernels (``lstm_sequence``, ``lstm_sequence_backward``): an f32
-lstm_backward thunk's layer-directions with the default activations and no clip, peepholes, projection or
-coupled gates, at small steps.
+"""host_fallback's whole-sequence lstm kernels (``lstm_sequence``, ``lstm_sequence_backward``): the
+layer-directions of an f32-inside lstm and lstm_backward thunk with the default activations and no clip,
+peepholes, projection or coupled gates, at small steps.
 
-Every gradient of a thunk that runs them, at either tile width, and of the same thunk on NumPy's path
-(``RLX_HOST_JIT=0``), against torch autograd of nn.LSTM in float64 on the values the thunk stores (independent
-of both paths); the kernels run exactly where they apply, once per layer-direction.
+The forward thunk's outputs and final states against the float64 reference (test_rnn_host's ``check``), and
+every gradient of a backward thunk against torch autograd of nn.LSTM in float64 on the values the thunk stores
+(independent of both paths), each at either tile width and on NumPy's path (``RLX_HOST_JIT=0``); the kernels
+run exactly where they apply, once per layer-direction.
 """
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import pytest
 
 import host_fallback
 from gradient_check import read
-from host_fallback import jit, rnn_backward
+from host_fallback import jit, lstm_sequence
 from test_rnn_backward import _laid, _params, _torch_grads
+from test_rnn_host import build, check
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
@@ -133,8 +135,11 @@ def test_both_paths_match_torch_autograd(label, extra, width, calls, monkeypatch
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_numpy_s_path_runs_where_the_kernels_do_not_apply(label, extra, calls, monkeypatch):
     if label == "a step past the bound":
-        monkeypatch.setattr(rnn_backward, "_COMPILED_MAX_STEP", 3 * 4 * 4 - 1)
+        monkeypatch.setattr(lstm_sequence, "MAX_STEP", 3 * 4 * 4 - 1)
     thunk, arena = _laid("lstm", "f32", _params("lstm", **extra))
+    host_fallback.execute(thunk, arena)
+    forward = {k: v for k, v in extra.items() if k != "w_hr"}
+    thunk, arena, _, _ = build("lstm", "f32", **{**FORWARD, **dict(batch=3, hidden=4), **forward})
     host_fallback.execute(thunk, arena)
     assert calls == dict.fromkeys(KERNELS, 0)
 
@@ -148,4 +153,32 @@ def test_f64_keeps_numpy_s_path(calls):
 def test_without_numba_numpy_s_path_runs(monkeypatch, calls):
     monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
     _check_against_torch({})
+    assert calls == dict.fromkeys(KERNELS, 0)
+
+
+FORWARD = dict(batch=9, seq=7, input_size=5, hidden=20, num_layers=2, bidirectional=True, carry=True)
+FORWARD_CASES = [
+    ("two-layers-bidirectional-carry", "f32", {}),
+    ("seq_lens-with-a-zero", "f32", dict(seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
+    ("reverse-no-carry", "f32", dict(bidirectional=False, carry=False, reverse=True)),
+    ("f16", "f16", dict(seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
+    ("bf16", "bf16", {}),
+]
+
+
+@pytest.mark.parametrize("width", [*LANES, None], ids=[*(f"numba-{n}-lanes" for n in LANES), "numpy"])
+@pytest.mark.parametrize("label,dtype,extra", FORWARD_CASES, ids=[c[0] for c in FORWARD_CASES])
+def test_the_forward_thunk_matches_the_reference(label, dtype, extra, width, calls, monkeypatch):
+    if width is None:
+        monkeypatch.setenv(jit.ENV, "0")
+    else:
+        monkeypatch.setenv(jit.WIDTH_ENV, str(width))
+    shape = {**FORWARD, **extra}
+    check("lstm", dtype, **shape)
+    layer_directions = shape["num_layers"] * (2 if shape["bidirectional"] else 1)
+    assert calls == {"lstm_sequence": layer_directions if width else 0, "lstm_sequence_backward": 0}
+
+
+def test_directions_forced_into_two_threads_take_the_step_route(calls):
+    check("lstm", "f32", options={"parallel_directions": True}, **FORWARD)
     assert calls == dict.fromkeys(KERNELS, 0)
