@@ -467,9 +467,11 @@ def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc,
         raise ValueError("lstm_sequence: the kept arrays' shapes are not out's")
     rows, cols = _tile_rows(lanes), _padded(four, lanes)
     w_t = np.zeros((hidden, cols), _F32)  # W_hh^T, its rows padded to whole vectors
-    for j in range(four):
-        for k in range(hidden):
-            w_t[k, j] = w_hh[j, k]
+    for j0 in range(0, four, 16):  # in 16 x 16 blocks: a column of w_t at a time would touch a page a value
+        for k0 in range(0, hidden, 16):
+            for j in range(j0, min(j0 + 16, four)):
+                for k in range(k0, min(k0 + 16, hidden)):
+                    w_t[k, j] = w_hh[j, k]
     panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
     g = np.zeros((panels.shape[0] * rows, cols), _F32)
     tcs = np.empty(hidden, _F32)  # a row's tanh(c)

@@ -24,6 +24,10 @@ from .arena import COMPUTE
 #: B8 H64 0.21, B32 H64 0.71, B8 H128 0.63, B16 H128 0.74, B64 H64 0.74. At B32 H256 (2 layers, bidirectional,
 #: S128) the two were within the machine's noise of each other (0.6-2x), so the bound stops short of it.
 MAX_STEP = 16 * 128 * 128
+#: The widest ``hidden`` they take: a step's tiles take batch rows 8 (or 6) at a time, so a batch below that
+#: leaves rows idle, which past about this width costs more than NumPy's steps (B1 S16 H256, forward: 0.52 ms
+#: NumPy's loop, about 0.64 the kernel's tiles).
+MAX_HIDDEN = 128
 _DEFAULT_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
 _NO_LENGTHS = np.empty(0, np.int64)
 _NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
@@ -31,11 +35,12 @@ _NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
 
 def applies(t: Mapping[str, Any]) -> bool:
     """Whether the kernels run the completed forward thunk ``t`` (of an lstm_backward: its forward): the fields
-    they cover, a step within ``MAX_STEP``, and Numba there (not ``RLX_HOST_JIT=0``; read on every call)."""
+    they cover, a step within ``MAX_STEP`` and ``MAX_HIDDEN``, and Numba there (not ``RLX_HOST_JIT=0``; read on every call)."""
     return (t["op"] == "lstm" and COMPUTE[t["dtype"]] == np.float32 and not t["clip"]
             and not t.get("input_forget") and t.get("peepholes") is None and not t.get("proj_size")
             and all(spec[0] == _DEFAULT_ACTIVATIONS[k % 3] for k, spec in enumerate(t["activations"]))
-            and t["batch"] * t["hidden"] ** 2 <= MAX_STEP and jit.kernel("lstm_sequence") is not None)
+            and t["batch"] * t["hidden"] ** 2 <= MAX_STEP and t["hidden"] <= MAX_HIDDEN
+            and jit.kernel("lstm_sequence") is not None)
 
 
 def lengths(seq_lens: np.ndarray | None) -> np.ndarray:

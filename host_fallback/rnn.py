@@ -93,6 +93,11 @@ _COMPILED_MIN_BATCH = 8
 #: 0.98x; B=64 H=512: 268, 1.20x) or below it (B=8 H=256: 1.12x; B=8 H=512: 1.74x); with more BLAS threads
 #: the bound shrinks in proportion.
 _COMPILED_SHARED_MIN_BATCH = 12
+#: The whole-sequence lstm kernel (``lstm_sequence``) copies W_hh once a call (4H² values), which a short call's
+#: steps repay only where H is at most this many units a step of the call. One thread, a Zen 5, µs a call, the
+#: per-step route / the kernel: S1 B1 H32 37 / 22, S1 B8 H64 50 / 40, S1 B1 H128 45 / 86, S2 B1 H128 66 / 101,
+#: S2 B1 H64 52 / 39, S4 B1 H128 95-117 / 110-131, S4 B2 H128 143 / 119, S8 B1 H128 189 / 135.
+_SEQUENCE_UNITS_PER_STEP = 32
 _COMPILED_SHARED_STEP_FLOPS = 40_000_000
 
 
@@ -673,12 +678,14 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     wide = 2 * d.gates * d.hidden * d.width * d.batch >= _PARALLEL_STEP_FLOPS
     full = _full_packing(B, S) if t.get("seq_lens") is None else None
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
+    sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S  # the whole-sequence kernel repays its copy of W_hh
 
     def run(arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
         if not last or last[0].arena is not arena:
             last[:] = [Bound(t, arena, by_field)]
         b = last[0]
-        if not parallel_directions and lstm_sequence.applies(t):  # True: the directions in two threads
+        # not with parallel_directions=True, which asks for the directions in two threads
+        if sequences and not parallel_directions and lstm_sequence.applies(t):
             _lstm_sequences(t, d, b, layers)
             return
         pack = full or _varlen_packing(b.view("seq_lens").astype(np.int64), S)

@@ -182,3 +182,34 @@ def test_the_forward_thunk_matches_the_reference(label, dtype, extra, width, cal
 def test_directions_forced_into_two_threads_take_the_step_route(calls):
     check("lstm", "f32", options={"parallel_directions": True}, **FORWARD)
     assert calls == dict.fromkeys(KERNELS, 0)
+
+
+def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
+    S, B, H, f32 = 3, 2, 4, np.float32
+    seq = lambda *shape: np.zeros(shape, f32)  # noqa: E731
+    lens = np.empty(0, np.int64)
+    forward = dict(u=seq(S, B, 4 * H), w_hh=seq(4 * H, H), h=seq(B, H), c=seq(B, H), out=np.full((S, B, H), 7, f32))
+    for field, bad in [("w_hh", seq(4 * H, H + 1)), ("h", seq(B + 1, H)), ("out", np.full((S, B + 1, H), 7, f32))]:
+        args = {**forward, field: bad}
+        with pytest.raises(ValueError, match="lstm_sequence: the arrays' shapes do not fit together"):
+            jit_kernels.lstm_sequence(args["u"], args["w_hh"], args["h"], args["c"], lens, False, args["out"], False,
+                                      seq(0, 0, 0), seq(0, 0, 0), seq(0, 0, 0), 16)
+        assert np.all(args["out"] == 7)
+    with pytest.raises(ValueError, match="the kept arrays' shapes are not out's"):
+        jit_kernels.lstm_sequence(forward["u"], forward["w_hh"], forward["h"], forward["c"], lens, False, forward["out"],
+                                  True, seq(S, B, H), seq(S, B, H), seq(0, 0, 0), 16)
+    dz = np.full((S, B, 4 * H), 7, f32)
+    with pytest.raises(ValueError, match="lstm_sequence_backward: the arrays' shapes do not fit together"):
+        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H), seq(S, B, H + 1),
+                                           seq(B, H), seq(B, H), lens, False, dz, 16)
+    assert np.all(dz == 7)
+    with pytest.raises(ValueError, match="lanes must be 8 or 16"):
+        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H), seq(S, B, H),
+                                           seq(B, H), seq(B, H), lens, False, dz, 4)
+
+
+@pytest.mark.parametrize("seq,runs", [(1, False), (2, True)], ids=["one-step", "two-steps"])
+def test_a_short_forward_call_takes_the_kernel_where_its_steps_repay_the_copy_of_w_hh(seq, runs, calls):
+    """40 units: one step a call keeps the step route (decode), two take the kernel (``rnn._SEQUENCE_UNITS_PER_STEP``)."""
+    check("lstm", "f32", **{**FORWARD, "hidden": 40, "seq": seq, "bidirectional": False})
+    assert calls["lstm_sequence"] == (2 if runs else 0)
