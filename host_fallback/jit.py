@@ -28,8 +28,8 @@ time went between the steps (B=8 S=24 H=32, 2 layers, one thread: the backward t
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
-a process pays the compile once per machine, several seconds (about 8 on a Zen 5); a later one loads them in
-about one.
+a process pays the compile once per machine, several seconds (about 10 on a Zen 5, the whole-sequence lstm
+kernels included); a later one loads them in about one.
 """
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ _NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
 
 def applies(t: Mapping[str, Any]) -> bool:
     """Whether the kernels run the completed forward thunk ``t`` (of an lstm_backward: its forward): the fields
-    they cover, a step within ``MAX_STEP`` and ``MAX_HIDDEN``, and Numba there (not ``RLX_HOST_JIT=0``; read on every call)."""
+    they cover, a step within ``MAX_STEP`` and ``MAX_HIDDEN``, and Numba there (not ``RLX_HOST_JIT=0``; read on
+    every call)."""
     return (t["op"] == "lstm" and COMPUTE[t["dtype"]] == np.float32 and not t["clip"]
             and not t.get("input_forget") and t.get("peepholes") is None and not t.get("proj_size")
             and all(spec[0] == _DEFAULT_ACTIVATIONS[k % 3] for k, spec in enumerate(t["activations"]))

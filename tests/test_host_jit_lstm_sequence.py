@@ -196,12 +196,12 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
                                       seq(0, 0, 0), seq(0, 0, 0), seq(0, 0, 0), 16)
         assert np.all(args["out"] == 7)
     with pytest.raises(ValueError, match="the kept arrays' shapes are not out's"):
-        jit_kernels.lstm_sequence(forward["u"], forward["w_hh"], forward["h"], forward["c"], lens, False, forward["out"],
-                                  True, seq(S, B, H), seq(S, B, H), seq(0, 0, 0), 16)
+        jit_kernels.lstm_sequence(forward["u"], forward["w_hh"], forward["h"], forward["c"], lens, False,
+                                  forward["out"], True, seq(S, B, H), seq(S, B, H), seq(0, 0, 0), 16)
     dz = np.full((S, B, 4 * H), 7, f32)
     with pytest.raises(ValueError, match="lstm_sequence_backward: the arrays' shapes do not fit together"):
-        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H), seq(S, B, H + 1),
-                                           seq(B, H), seq(B, H), lens, False, dz, 16)
+        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H),
+                                           seq(S, B, H + 1), seq(B, H), seq(B, H), lens, False, dz, 16)
     assert np.all(dz == 7)
     with pytest.raises(ValueError, match="lanes must be 8 or 16"):
         jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H), seq(S, B, H),
@@ -210,6 +210,7 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
 
 @pytest.mark.parametrize("seq,runs", [(1, False), (2, True)], ids=["one-step", "two-steps"])
 def test_a_short_forward_call_takes_the_kernel_where_its_steps_repay_the_copy_of_w_hh(seq, runs, calls):
-    """40 units: one step a call keeps the step route (decode), two take the kernel (``rnn._SEQUENCE_UNITS_PER_STEP``)."""
+    """40 units: one step a call keeps the step route (decode), two take the kernel
+    (``rnn._SEQUENCE_UNITS_PER_STEP``)."""
     check("lstm", "f32", **{**FORWARD, "hidden": 40, "seq": seq, "bidirectional": False})
     assert calls["lstm_sequence"] == (2 if runs else 0)
