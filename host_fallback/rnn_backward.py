@@ -466,6 +466,7 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
         init = {f: b.load(f) for f in states}
         d_final = {f: b.load(f"d_{f}") for f in states}
         d_init = {f: np.zeros_like(init[f]) for f in states}
+    cells = [_cell(fwd, dr) for dr in range(dirs)]  # a direction's activations and flags, alike in every layer
     compiled = lstm_sequence.applies(fwd)
     forwards = _compiled_lstm_forward if compiled else _FORWARD[op]
     reverses = _compiled_lstm_reverse if compiled else _REVERSE[op]
@@ -502,7 +503,7 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
             xp += b.load(biases[0], ld)
             h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            outs[dr], _, layer_kept[dr] = forwards(_cell(fwd, dr), xp, weights(ld), h, c, valid, walk(dr))
+            outs[dr], _, layer_kept[dr] = forwards(cells[dr], xp, weights(ld), h, c, valid, walk(dr))
 
         _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
         if layer + 1 < len(spans):  # the next layer's input (the top layer's output is dst: not needed here)
@@ -518,7 +519,7 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
             ld = layer * dirs + dr
             dh = d_final["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             dc = (d_final["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            d_pre, d_bias, d_w, (dh, dc) = reverses(_cell(fwd, dr), kept[layer][dr], weights(ld),
+            d_pre, d_bias, d_w, (dh, dc) = reverses(cells[dr], kept[layer][dr], weights(ld),
                                                     d_y[..., dr * width: (dr + 1) * width], dh, dc, valid,
                                                     walk(dr)[::-1])
             d_w_ih[lo:hi] = _sum_outer(d_pre, inputs[layer]).reshape(-1)
