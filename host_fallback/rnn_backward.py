@@ -17,6 +17,11 @@ top layer first, each direction walking its steps in the opposite order:
   forward takes there (ABI.md §9): ``relu`` and ``thresholded_relu`` 0 at the kink, ``leaky_relu``
   and ``elu`` 1, and ``clip`` and ``hard_sigmoid`` pass the gradient at their bounds.
 
+A small f32-inside lstm that ``lstm_sequence`` covers runs each layer-direction's forward and its steps back
+through time as one compiled call each (``_compiled_lstm_forward``, ``_compiled_lstm_reverse``: the same
+recurrence, with the GEMMs over the whole sequence still NumPy's), where NumPy's ~40 array passes a step
+were the time (B=8 S=24 H=32, 2 layers: the thunk 2.5 ms to 0.4).
+
 16-bit storage computes in f32 (every gradient sum included), f64 in f64; only the outputs are
 rounded on store. The order of every sum is fixed, so a thunk gives the same bytes on every run.
 """
