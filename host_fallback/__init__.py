@@ -26,7 +26,8 @@ KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNE
                               **scan.KERNELS}
 #: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
 #: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
-PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **ssm.PREPARE, **gdn.PREPARE}
+PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **rnn_backward.PREPARE,
+                                                                         **ssm.PREPARE, **gdn.PREPARE}
 
 
 def _keywords(kernel: Kernel) -> frozenset[str]:

@@ -21,11 +21,15 @@ step took the host lstm from 1.28x torch to 0.93x (medians); on a 2-core AMD EPY
 0.97x with 16 lanes (0.92-0.99) and 1.79x with 8 (NumPy's step: 2.07x). On one thread each (CPU time) the
 Zen 5 figures are 1.04x and 1.91x: torch's kernel loses more to its second thread than the host's
 directions do.
+And a small lstm's whole layer-direction, forward and backward through time (``lstm_sequence``,
+``lstm_sequence_backward``; where they apply: the ``lstm_sequence`` module): one call for every step, where the
+time went between the steps (B=8 S=24 H=32, 2 layers, one thread: the backward thunk 2.5 ms to 0.4, the forward
+0.29 to 0.12).
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
-a process pays the compile once per machine, several seconds (about 8 on a Zen 5); a later one loads them in
-about one.
+a process pays the compile once per machine, several seconds (about 10 on a Zen 5, the whole-sequence lstm
+kernels included); a later one loads them in about one.
 """
 from __future__ import annotations
 
@@ -90,6 +94,19 @@ def kernel(name: str) -> Callable | None:
     (``g_scale`` -2). ``c [H, >=n]`` is the cell, updated in place; ``o·tanh(c)`` goes to columns ``out_col..out_col+n`` of ``out``'s first ``H`` rows (C-contiguous).
     ``clip_ifo``, ``clip_g``: ``clip`` at the scale of each gate's rows, inf for none; ``coupled``:
     ``input_forget``. Shapes that do not fit together raise ``ValueError`` before anything is read or written.
+
+    ``lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc, lanes)``, float32,
+    C-contiguous: every step of one lstm layer-direction (ABI gate order i f g o, default activations, no clip),
+    batch-major: ``u [S, B, 4H]`` the input projection plus bias, ``w_hh [4H, H]``, the states ``h, c [B, H]``
+    updated in place to the final ones, ``lens [B]`` int64 each row's valid steps (empty: all; a row takes no
+    step past its length, its ``out`` 0 there), walking time from the end where ``backwards``, ``out [S, B, H]``;
+    where ``keep``, ``u`` ends as the activated gates and ``h_prev``, ``c_prev`` (the state entering each step)
+    and ``hc`` (``tanh(c')``) ``[S, B, H]`` are filled, else they are not read (empty will do). ``lanes``: the
+    tiles' width, 8 or 16 (``lanes()``). ``lstm_sequence_backward(gates, hc, c_prev, w_hh, dy, dh, dc, lens,
+    backwards, dz, lanes)``: backpropagation through those kept steps (``backwards``: the forward's walk):
+    ``dy [S, B, H]`` the output's gradient, ``dh, dc [B, H]`` the final state's, updated in place to the
+    initial state's, ``dz [S, B, 4H]`` the gate pre-activations' gradient (0 past a row's length). Both raise
+    ``ValueError`` for shapes that do not fit together, before anything is written.
 
     ``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``: an f32 thunk's step path on its arena
     views, as ``compiled_step`` binds them (each kernel's docstring gives the shapes). Not checked: the

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import jit, rnn, threads
+from host_fallback import jit, lstm_sequence, rnn, threads
 from test_rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -21,6 +21,17 @@ from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
 #: The vector widths (float32 lanes) the tiles come in: each is tested on every machine (LLVM splits 16 lanes
 #: into two 8-lane vectors where the CPU has no AVX-512).
 LANES = sorted(jit_kernels.PANEL_ROWS)
+
+
+#: ``lstm_sequence``'s bound, for the tests that lift ``_step_route``'s pin
+SEQUENCE_MAX_STEP = lstm_sequence.MAX_STEP
+
+
+@pytest.fixture(autouse=True)
+def _step_route(monkeypatch):
+    """The lstms here run the per-step route: the whole-sequence kernels, which would take the small ones, are
+    test_host_jit_lstm_sequence's."""
+    monkeypatch.setattr(lstm_sequence, "MAX_STEP", -1)
 
 
 @pytest.fixture
@@ -156,9 +167,13 @@ def test_rlx_host_jit_turns_it_off(monkeypatch, value):
 
 
 @pytest.mark.parametrize("shape", [NARROW, WIDE], ids=["narrow", "wide"])
-def test_nan_and_inf_land_where_numpy_puts_them(shape, lanes, monkeypatch):
+@pytest.mark.parametrize("route", ["step", "sequence"])
+def test_nan_and_inf_land_where_numpy_puts_them(shape, lanes, route, monkeypatch, calls):
     """NaN, +inf and -inf in x, and weights large enough to saturate or overflow gates: the compiled
-    step's NaN and ±inf positions (at each width) are the NumPy step's, and its finite values agree."""
+    step's (or the whole-sequence kernel's, which these lstms take by default) NaN and ±inf positions (at
+    each width) are the NumPy step's, and its finite values agree."""
+    if route == "sequence":
+        monkeypatch.setattr(lstm_sequence, "MAX_STEP", SEQUENCE_MAX_STEP)
     thunk, arena, inp, writes = build("lstm", "f32", clip=0.0, **shape)
     x = inp["x"].astype(np.float32)
     rng = np.random.default_rng(5)
@@ -176,6 +191,7 @@ def test_nan_and_inf_land_where_numpy_puts_them(shape, lanes, monkeypatch):
             ("dst", (shape["batch"], shape["seq"], 2 * shape["hidden"])),
             ("h0", (4, shape["batch"], shape["hidden"])), ("c0", (4, shape["batch"], shape["hidden"])))})
     compiled, numpy_step = results
+    assert (calls["n"] > 0) == (route == "step")  # else the whole-sequence kernel ran (RLX_HOST_JIT=1)
     for field in compiled:
         a, b = compiled[field], numpy_step[field]
         assert np.isnan(a).any() and np.isfinite(a).any(), field  # the case reaches both classes

@@ -201,7 +201,10 @@ def test_blas_threads_are_restored_and_a_failing_thread_raises(monkeypatch):
     assert threads.blas_threads() == before
 
 
-def test_bigger_than_a_chunk_in_parallel_and_serial_agree():
+def test_bigger_than_a_chunk_in_parallel_and_serial_agree(monkeypatch):
+    from host_fallback import lstm_sequence
+
+    monkeypatch.setattr(lstm_sequence, "MAX_STEP", -1)  # serial too on the chunked route (not one call a sequence)
     thunk, arena, _, writes = build("lstm", "f32", batch=32, seq=12, input_size=16, hidden=16, num_layers=2,
                                     bidirectional=True, carry=True)
     a = run_host(thunk, arena, writes, parallel_directions=True)
