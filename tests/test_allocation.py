@@ -90,9 +90,10 @@ def test_pyopencls_out_of_memory_errors_are_device_errors(monkeypatch, kind):
     record = _cl._ErrorRecord(msg="clCreateBuffer failed: MEM_OBJECT_ALLOCATION_FAILURE",
                               code=cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE, routine="clCreateBuffer")
 
-    def refuse(*args):
+    def refuse(*args, **kwargs):
         raise getattr(cl, kind)(record)
-    monkeypatch.setattr(cl, "Buffer", refuse)
+    monkeypatch.setattr(cl, "Buffer", refuse)  # a device with memory of its own
+    monkeypatch.setattr(cl, "svm_empty", refuse)  # a CPU device's shared memory (fine-grained SVM)
     with pytest.raises(DeviceError, match=r"could not allocate 1\.5 KiB \(1536 bytes\) for a scan body arena on "
                                           r".*\(opencl:.*MEM_OBJECT_ALLOCATION_FAILURE") as caught:
         session.alloc(1536, "a scan body arena")
@@ -108,9 +109,10 @@ def test_other_opencl_errors_pass_unchanged(monkeypatch):
     record = _cl._ErrorRecord(msg="clCreateBuffer failed: INVALID_VALUE", code=cl.status_code.INVALID_VALUE,
                               routine="clCreateBuffer")
 
-    def refuse(*args):
+    def refuse(*args, **kwargs):
         raise cl.LogicError(record)
     monkeypatch.setattr(cl, "Buffer", refuse)
+    monkeypatch.setattr(cl, "svm_empty", refuse)
     with pytest.raises(cl.LogicError, match="INVALID_VALUE"):
         session.alloc(64)
     np.testing.assert_array_equal(open_session(status("host").devices[0]).alloc(4), np.zeros(4, np.uint8))
