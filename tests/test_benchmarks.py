@@ -12,12 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_torch_decode_benchmark_prints_every_case_agreeing_with_torch_and_the_training_ratio():
     tiny = ["--quick", "--runs", "2", "--rounds", "1", "--warmup", "0", "--train-steps", "1", "--train-runs", "1"]
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "torch_decode.py"), *tiny,
-                           "--devices", "host,opencl", "--opencl", "opencl:9:9"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "torch_decode.py"), *tiny, "--devices", "host"],
+                          capture_output=True, text=True, timeout=600)  # the OpenCL column: the devices' own tests
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    assert any(line.startswith("OpenCL skipped: no device 'opencl:9:9' here") for line in lines)
     header = next(line for line in lines if line.startswith("case "))
     assert all(f in header for f in ("host/torch (≤ 1.0x)", "overhead µs (≤ 30)", "OpenCL/torch (≤ 2.0x)"))
     cases = ("selective_state_update Mamba-2 B1 H8 P64 N64", "selective_state_update Mamba-1 B1 D1536 N16",
