@@ -94,14 +94,14 @@ def test_fullgraph_compile_forward_and_backward_equal_eager(name, backend, host)
     expected = _run(fn, tensors)
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, fullgraph=True)  # a graph break raises
-    got = _run(compiled, tensors) if not hasattr(fn, "__defaults__") or fn.__defaults__ is None else \
-        _run(_with_defaults(compiled, fn), tensors)
+    got = _run(_with_defaults(compiled, fn), tensors)
     for a, b in zip(got[0] + got[1], expected[0] + expected[1]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def _with_defaults(compiled: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled`` carrying ``fn``'s module default, so ``_run`` finds the parameters to read gradients of."""
+    """``compiled`` carrying ``fn``'s defaults (a module's case binds its module as one), so ``_run`` finds
+    the parameters to read gradients of."""
     def call(*tensors: torch.Tensor) -> Any:
         return compiled(*tensors)
     call.__defaults__ = fn.__defaults__
