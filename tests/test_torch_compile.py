@@ -176,23 +176,29 @@ def test_opcheck_passes_for_every_op(op, host):
     torch.library.opcheck(getattr(getattr(torch.ops, NAMESPACE), op).default, args)
 
 
-def test_a_decode_loop_compiles_whole_and_keeps_the_state_in_place(host):
+@pytest.mark.parametrize("pool", [False, True], ids=["state", "state_batch_indices"])
+def test_a_decode_loop_compiles_whole_and_keeps_the_state_in_place(pool, host):
+    """A Mamba-2 block's decode step compiled whole, its state updated in place: the batch's own state, or
+    rows of a pool named by ``state_batch_indices`` (a tensor the op reads itself, so tracing never needs
+    its values)."""
     torch.manual_seed(3)
     A, Dv, bias = -torch.rand(H), torch.randn(H), torch.randn(H)
     steps = [(torch.randn(B, H, P), torch.rand(B, H), torch.randn(B, G, N), torch.randn(B, G, N)) for _ in range(4)]
+    slots = torch.tensor([2, 0], dtype=torch.int32) if pool else None
 
     def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, Bm: torch.Tensor, Cm: torch.Tensor) -> torch.Tensor:
-        # a Mamba-2 block's decode: per-head parameters broadcast along head_dim as stride-0 views
+        # per-head parameters broadcast along head_dim as stride-0 views, as the block passes them
         return rt.selective_state_update(state, x, dt[..., None].expand(B, H, P), A[:, None, None].expand(H, P, N),
                                          Bm, Cm, D=Dv[:, None].expand(H, P), dt_bias=bias[:, None].expand(H, P),
-                                         dt_softplus=True)
+                                         dt_softplus=True, state_batch_indices=slots)
 
     compiled = torch.compile(step, backend="inductor", fullgraph=True)
-    eager_state, compiled_state = torch.zeros(B, H, P, N), torch.zeros(B, H, P, N)
+    rows = 3 if pool else B
+    eager_state, compiled_state = torch.zeros(rows, H, P, N), torch.zeros(rows, H, P, N)
     for args in steps:
         torch.testing.assert_close(compiled(compiled_state, *args), step(eager_state, *args))
     torch.testing.assert_close(compiled_state, eager_state)
-    assert eager_state.abs().sum() > 0
+    assert eager_state.abs().sum() > 0 and (not pool or eager_state[1].abs().sum() == 0)  # row 1: no slot names it
 
 
 class _Mamba2Block(torch.nn.Module):
