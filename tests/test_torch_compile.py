@@ -46,6 +46,11 @@ def _cases() -> dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]]:
                 return_final_states=True),
             (x, dt, -torch.rand(H), torch.randn(B, L, G, N), torch.randn(B, L, G, N), torch.randn(H),
              torch.randn(B, L, H, P), torch.randn(H), torch.randn(B, H, P, N))),
+        "mamba_chunk_scan_combined seq_idx": (  # packed sequences: a size known only when the op runs
+            lambda x, dt, A, Bm, Cm, s0: rt.mamba_chunk_scan_combined(
+                x, dt, A, Bm, Cm, 4, initial_states=s0, seq_idx=torch.tensor([[0, 0, 1, 1, 1], [2, 2, 2, 3, 3]]),
+                return_final_states=True),
+            (x, dt, -torch.rand(H), torch.randn(B, L, G, N), torch.randn(B, L, G, N), torch.randn(B, H, P, N))),
         "chunk_gated_delta_rule": (
             lambda q, k, v, g, beta, s0: rt.chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
                                                                    output_final_state=True),
@@ -160,18 +165,20 @@ def _fresh(a: Any, grad: bool) -> Any:
     return [_fresh(t, grad) for t in a] if isinstance(a, list) else a
 
 
-OPS = ["selective_scan", "mamba2", "gated_delta_net", "lstm", "gru", "rnn", "selective_state_update"]
+OPS = ["selective_scan", "mamba2", "gated_delta_net", "lstm", "gru", "rnn", "selective_state_update", "packed_rows"]
+#: The ops without a gradient (nothing to differentiate, or not differentiable, as mamba_ssm's decode step).
+NOT_DIFFERENTIABLE = ("selective_state_update", "packed_rows")
 
 
 def test_every_registered_op_is_exercised_here():
     registered = {name for name in dir(getattr(torch.ops, NAMESPACE)) if not name.startswith("_")}
-    expected = set(OPS) | {f"{op}_backward" for op in OPS if op != "selective_state_update"}
+    expected = set(OPS) | {f"{op}_backward" for op in OPS if op not in NOT_DIFFERENTIABLE}
     assert expected <= registered and set(_op_samples()) == expected
 
 
-@pytest.mark.parametrize("op", OPS + [f"{op}_backward" for op in OPS[:-1]])
+@pytest.mark.parametrize("op", OPS + [f"{op}_backward" for op in OPS if op not in NOT_DIFFERENTIABLE])
 def test_opcheck_passes_for_every_op(op, host):
-    differentiable = not op.endswith("_backward") and op != "selective_state_update"
+    differentiable = not op.endswith("_backward") and op not in NOT_DIFFERENTIABLE
     args = tuple(_fresh(a, differentiable) for a in _op_samples()[op])
     torch.library.opcheck(getattr(getattr(torch.ops, NAMESPACE), op).default, args)
 

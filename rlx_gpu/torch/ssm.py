@@ -89,14 +89,17 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
     return (out, last) if return_last_state else out
 
 
-def _packed_rows(seq_idx: torch.Tensor, batch: int, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """mamba_ssm's ``seq_idx [B, L]`` as packed sequences of the ``B·L`` tokens laid end to end:
-    ``(cu_seqlens, first, last)``, the int32 boundaries and each row's first and last sequence.
+def _packed_rows(seq_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``rlx_gpu::packed_rows``: mamba_ssm's ``seq_idx [B, L]`` as packed sequences of the ``B·L`` tokens
+    laid end to end: ``(cu_seqlens, first, last)``, the int32 boundaries and each row's first and last
+    sequence (int64), on ``seq_idx``'s device.
 
     The state restarts wherever ``seq_idx`` changes along a row, and at every row start; a row's
-    indices must not decrease (a sequence is one run of tokens).
+    indices must not decrease (a sequence is one run of tokens). An op of its own, since it reads the
+    indices: traced, the number of sequences is a size known only when it runs.
     """
     check_seq_idx("mamba_chunk_scan_combined", seq_idx)
+    batch, length = seq_idx.shape
     idx = seq_idx.detach().cpu().to(torch.int64)
     steps = idx[:, 1:] - idx[:, :-1]
     starts = torch.ones(batch, length, dtype=torch.bool)
@@ -105,7 +108,16 @@ def _packed_rows(seq_idx: torch.Tensor, batch: int, length: int) -> tuple[torch.
     cu = torch.cat([flat, torch.tensor([batch * length])]).to(torch.int32)
     counts = starts.sum(1)
     last = counts.cumsum(0) - 1
-    return cu, last - counts + 1, last
+    return tuple(t.to(seq_idx.device) for t in (cu, last - counts + 1, last))
+
+
+def _packed_rows_fake(seq_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    boundaries = torch.library.get_ctx().new_dynamic_size(min=2)  # one past each sequence, and 0
+    rows = seq_idx.new_empty((seq_idx.shape[0],), dtype=torch.int64)
+    return seq_idx.new_empty((boundaries,), dtype=torch.int32), rows, torch.empty_like(rows)
+
+
+_PACKED_ROWS = define("packed_rows", "(Tensor seq_idx) -> (Tensor, Tensor, Tensor)", _packed_rows, _packed_rows_fake)
 
 
 def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -180,8 +192,8 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         out, final = fused("mamba2", tensors, **statics)
         varlen = None
     else:
-        cu, first, last = _packed_rows(seq_idx, batch, length)
-        if return_varlen_states:
+        cu, first, last = _PACKED_ROWS(seq_idx)
+        if return_varlen_states and not torch.compiler.is_compiling():  # reads values; traced, they are trusted
             check_cu_seqlens(name, cu_seqlens, batch * length)
             if not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
                 raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
@@ -190,7 +202,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
                   else t for f, t in tensors.items()}
         packed["cu_seqlens"] = cu.to(x.device)
         if wants_state:
-            pool = x.new_zeros((len(cu) - 1, *state_shape), dtype=carried)
+            pool = x.new_zeros((cu.shape[0] - 1, *state_shape), dtype=carried)
             if initial_states is not None:
                 pool = pool.index_copy(0, first.to(x.device), cast(initial_states, carried))
             packed["state"] = pool
