@@ -1,4 +1,4 @@
-"""The whole CudaSession driven through the CuPy contract double (tests/cupy_double.py): every op and
+"""The whole CudaSession driven through the CuPy contract double (tests/support/cupy_double.py): every op and
 dtype of the conformance catalog at both kernel targets, cuBLAS through its C API, CUDA graphs, resident
 arenas, DLPack both ways, two devices and allocation failures. Copies, memsets and GEMMs compute real
 bytes; kernel launches are checked against their PTX signatures and recorded."""
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
 
 from host_fallback.layout import regions  # noqa: E402
-from cupy_double import ContractError, CUDADriverError, cublas_library, installed  # noqa: E402
+from support.cupy_double import ContractError, CUDADriverError, cublas_library, installed  # noqa: E402
 from rlx_gpu.conformance import catalog, cases, runner  # noqa: E402
 from rlx_gpu.errors import DeviceError  # noqa: E402
 from rlx_gpu.runtime import registry  # noqa: E402
@@ -69,7 +69,7 @@ def test_the_double_marshals_kernel_arguments_as_cupy_does(monkeypatch):
 def test_the_double_refuses_a_cubin_the_cache_did_not_build(monkeypatch):
     """The double judges launches by the PTX beside each cached cubin: a cubin of a cached one's size whose
     bytes differ has no PTX there, and loading it is a contract breach (a real one is found by its digest)."""
-    import cuda_builds
+    from support import cuda_builds
 
     from rlx_gpu.backends import programs
 
