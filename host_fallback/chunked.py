@@ -16,12 +16,10 @@ whose output holds a non-finite value with the step recurrence, from the state e
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from typing import Callable
 
 import numpy as np
 
-from . import threads
-from .layout import Bound
 
 #: Bytes of scratch arrays ``scratch`` keeps per thread between calls. A fresh multi-megabyte
 #: array costs a page fault per 4 KiB on first touch (glibc hands big freed blocks back to the
@@ -211,26 +209,3 @@ def pick_path(op: str, forced: str | None, seq: int, step_max: int, fast: str) -
     if forced not in ("step", fast):
         raise ValueError(f"{op}: unknown path {forced!r}; expected 'step' or {fast!r}")
     return forced
-
-
-def run_blocks(thunk: Mapping[str, Any], arena: np.ndarray, path: Callable[..., None],
-               inputs: Callable[[Bound, slice, slice], list[np.ndarray]], length: int, units: int, parts: int,
-               carried: bool = False) -> None:
-    """Run ``path(*inputs, length, out)`` over ``parts`` blocks of batch items x channels (heads)
-    (``threads.run_split``), each block loading its own ``inputs(bound, batch_slice, unit_slice)``
-    and storing its ``out`` into ``dst``; with ``carried`` the last input is the state ``path``
-    updates in place, stored back into ``state`` unless it is the arena's own (``Bound.in_place``)."""
-    bound = Bound(thunk, arena)
-
-    def compute(bs: slice, hs: slice) -> tuple[np.ndarray, np.ndarray]:
-        args = inputs(bound, bs, hs)
-        out = np.empty_like(args[0])
-        path(*args, length, out)
-        return out, args[-1]
-
-    def store(bs: slice, hs: slice, result: tuple[np.ndarray, np.ndarray]) -> None:
-        bound.store("dst", result[0], (bs, slice(None), hs))
-        if carried and not np.may_share_memory(result[1], bound.arena):
-            bound.store("state", result[1], (bs, hs))
-
-    threads.run_split(compute, store, thunk["batch"], units, parts)

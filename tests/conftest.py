@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import json
 
-import background
+from support import background
 
 #: (device id as the conformance tests name it, e.g. ``opencl:1:0@gpu``) -> outcome -> count
 _CONFORMANCE: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import rlx_gpu
-from numpy_device import open_double
+from support.numpy_device import open_double
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.runtime.executor import Device
 from rlx_gpu.runtime.registry import status

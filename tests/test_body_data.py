@@ -15,9 +15,10 @@ import host_fallback
 import rlx_gpu
 from host_fallback import runtime_data
 from rlx_gpu.conformance import devices
-from rlx_gpu.conformance.cases import SMALL, body_case, lay_out
+from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.conformance.fuzz import _nest
 from rlx_gpu.runtime.config import Config
+from support.body_data_cases import BAD, IDS, SLOTS, body_data_case
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The OpenCL devices here (PoCL and Oclgrind): body thunks run through the device's scan memory.
@@ -27,31 +28,6 @@ _EVERY_OPENCL = [info for info in devices.every_device() if info.backend == "ope
 OPENCL = [info.spec for info in _EVERY_OPENCL if not info.details.get("registered_by_rlx_gpu")] or \
     [info.spec for info in _EVERY_OPENCL][:1]
 DEVICES = ["host"] + OPENCL
-
-_SLOTS = dict(SMALL["selective_scan"], batch=3, carry_state=True, state=True, state_slots=[0, 1, 2], num_slots=4)
-_CU = dict(SMALL["mamba2"], batch=1, cu_seqlens=[0, 3, 7])
-_LENS = dict(SMALL["lstm"], seq_lens=[5, 2])
-#: (op, params with good values, bad values, field, index, value) — the issue's cases.
-BAD = [
-    ("selective_scan", _SLOTS, [1, 3, 2**31 - 1], "state_slots", 2, 2**31 - 1),
-    ("selective_scan", _SLOTS, [1, 1, 2], "state_slots", 1, 1),
-    ("mamba2", _CU, [0, -2**31, 7], "cu_seqlens", 1, -2**31),
-    ("mamba2", _CU, [0, 2**31 - 1, 7], "cu_seqlens", 2, 7),
-    ("lstm", _LENS, [3, 99], "seq_lens", 1, 99),
-]
-IDS = [f"{op}.{field}={bad}" for op, _, bad, field, _, _ in BAD]
-
-
-def _case(scan_op: str, op: str, params: dict, feed: str, rows: list[list[int]]) -> tuple[dict, np.ndarray]:
-    """The schedule of ``body_case`` and an outer arena holding ``rows`` (one per step, or the initial carry)."""
-    field = next(f for f in ("state_slots", "cu_seqlens", "seq_lens") if isinstance(params.get(f), list))
-    sched, places = body_case(scan_op, op, {**params, field: rows[0]} if feed == "init" else params, feed,
-                              length=len(rows) if feed in ("xs", "computed") else 3)
-    arena = np.random.default_rng(0).uniform(-1, 1, sched["arena_bytes"] // 4).astype(np.float32).view(np.uint8)
-    for name, offset in places.items():
-        data = np.asarray(rows, "<i4").reshape(-1).view(np.uint8)
-        arena[offset: offset + data.size] = data
-    return sched, arena
 
 
 def _message(scan_op: str, body: str, index: int, op: str, field: str, at: int, value: int, step: int | None) -> str:
@@ -73,7 +49,7 @@ def test_given_data_is_refused_before_the_scan_writes_anything(device, scan_op, 
     good = params[field]
     body = "body" if scan_op == "scan" else "body_vjp"
     for feed, rows, step in (("init", [bad], None), ("xs", [good, good, bad], 2)):
-        sched, arena = _case(scan_op, op, params, feed, rows)
+        sched, arena = body_data_case(scan_op, op, params, feed, rows)
         with pytest.raises(rlx_gpu.RunError, match=_message(scan_op, body, 1, op, field, at, value, step)):
             device.run(sched, arena)
         resident = device.arena(sched)
@@ -88,10 +64,10 @@ def test_given_data_is_refused_before_the_scan_writes_anything(device, scan_op, 
 def test_computed_data_is_refused_before_its_body_thunk(device, op, params, bad, field, at, value):
     """Values a body thunk copies into place at step 1, or a carry: read just before their thunk."""
     good = params[field]
-    sched, arena = _case("scan", op, params, "computed", [good, bad, good])
+    sched, arena = body_data_case("scan", op, params, "computed", [good, bad, good])
     with pytest.raises(rlx_gpu.RunError, match=_message("scan", "body", 2, op, field, at, value, 1)):
         device.run(sched, arena)
-    sched, arena = _case("scan", op, params, "carry", [bad])
+    sched, arena = body_data_case("scan", op, params, "carry", [bad])
     with pytest.raises(rlx_gpu.RunError, match=_message("scan", "body", 1, op, field, at, value, 0)):
         device.run(sched, arena)
 
@@ -99,13 +75,13 @@ def test_computed_data_is_refused_before_its_body_thunk(device, op, params, bad,
 @pytest.mark.parametrize("feed", ["init", "xs", "computed", "carry"])
 def test_good_data_in_a_body_is_not_refused(device, feed):
     rows = [[2, 0, 3], [1, 3, 0], [0, 2, 1]] if feed != "carry" else [[2, 0, 3]]
-    sched, arena = _case("scan", "selective_scan", _SLOTS, feed, rows)
+    sched, arena = body_data_case("scan", "selective_scan", SLOTS, feed, rows)
     want = rlx_gpu.get_device("host").run(sched, arena)
     assert np.array_equal(device.run(sched, arena), want)
 
 
 def test_a_nested_scan_names_every_level():
-    sched, arena = _case("scan", *BAD[0][:2], "init", [BAD[0][2]])
+    sched, arena = body_data_case("scan", *BAD[0][:2], "init", [BAD[0][2]])
     nested = dict(_nest(random.Random(0), dict(sched), 2, []), abi="rlx-thunks/2")
     with pytest.raises(rlx_gpu.RunError, match=r"thunk 0 \(scan\), field 'body' → thunk 0 \(scan\) at step 0, "
                                                r"field 'body' → thunk 0 \(scan\) at step 0, field 'body' → thunk 1 "
@@ -114,7 +90,7 @@ def test_a_nested_scan_names_every_level():
 
 
 def test_the_host_fallback_entry_point_refuses_body_data_with_a_data_error():
-    sched, arena = _case("scan", *BAD[0][:2], "xs", [[0, 1, 2], BAD[0][2]])
+    sched, arena = body_data_case("scan", *BAD[0][:2], "xs", [[0, 1, 2], BAD[0][2]])
     before = arena.copy()
     with pytest.raises(runtime_data.DataError, match=r"field 'body' → thunk 1 \(selective_scan\) at step 1, "):
         host_fallback.execute(sched["thunks"][0], arena)
@@ -124,11 +100,11 @@ def test_the_host_fallback_entry_point_refuses_body_data_with_a_data_error():
 _CHILD = """
 import sys, numpy as np, rlx_gpu
 sys.path.insert(0, "tests")
-from test_body_data import BAD, _case
+from support.body_data_cases import BAD, body_data_case
 from rlx_gpu.runtime.config import Config
 dev = rlx_gpu.get_device(sys.argv[1], Config(fallback="allow"))
 for op, params, bad, field, at, value in BAD:
-    sched, arena = _case("scan", op, params, "init", [bad])
+    sched, arena = body_data_case("scan", op, params, "init", [bad])
     try:
         dev.run(sched, arena)
         print("ran", op, field)

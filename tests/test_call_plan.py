@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import rlx_gpu
-from host_fallback.layout import regions
-from numpy_device import open_double
-from rlx_gpu.conformance.cases import lay_out, schedule_of
+from support.call_plan_schedules import mamba2_inputs, named
+from support.numpy_device import open_double
 from rlx_gpu.errors import InputError, RlxError, RunError
 from rlx_gpu.runtime.call_plan import CallPlan
 from rlx_gpu.runtime.config import Config
@@ -35,23 +34,6 @@ def _devices(*, double_fallback: str = "allow") -> list:
     devices.append(pytest.param(lambda: Device(open_double(), Config(fallback=double_fallback, overrides={
         "binary": "host", "mamba2": "host"})), id="double"))
     return devices
-
-
-def _named(op: str, dtype: str = "f32", **params) -> rlx_gpu.Schedule:
-    """A one-thunk schedule of ``op`` naming each tensor by its field: what it reads are the inputs,
-    what it writes the outputs (a state updated in place is both)."""
-    thunk, nbytes = lay_out(op, dtype, params)
-    regs = regions(thunk)
-    return rlx_gpu.load_schedule(schedule_of(thunk, nbytes) | {
-        "tensors": {r.field: {"offset": r.offset, "dtype": r.dtype, "shape": list(r.shape)} for r in regs},
-        "inputs": [r.field for r in regs if r.reads], "outputs": [r.field for r in regs if r.writes]})
-
-
-def _mamba2_inputs(sched: rlx_gpu.Schedule, seed: int, cu_seqlens=(0, 3, 7)) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    values = {name: rng.uniform(-1, 1, sched.tensors[name].shape) for name in sched.inputs if name != "cu_seqlens"}
-    values["a"] = -np.abs(values["a"])
-    return values | {"cu_seqlens": np.asarray(cu_seqlens, np.int64)}
 
 
 def _binary(fn: str, a: int, b: int, dst: int, tensors: dict[str, int], inputs: list[str], outputs: list[str],
@@ -87,14 +69,14 @@ def _counting_writes(device: Device, but: int) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("make", _devices())
 def test_a_plan_gives_what_device_run_gives_call_after_call(make, dtype):
     device = make()
-    sched = _named("mamba2", dtype, **MAMBA2)
+    sched = named("mamba2", dtype, **MAMBA2)
     arena = sched.pristine_arena()
     storage = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}[dtype]
     with CallPlan(sched, device) as plan:
         assert plan.inputs == tuple(sched.inputs) and plan.outputs == tuple(sched.outputs) == ("state", "dst")
         state, previous = None, None
         for seed in range(3):
-            values = _mamba2_inputs(sched, seed)  # float64: the plan rounds to nearest even as write does
+            values = mamba2_inputs(sched, seed)  # float64: the plan rounds to nearest even as write does
             if state is not None:
                 values["state"] = state  # the state the last call returned, carried
             for name, v in values.items():
@@ -171,8 +153,8 @@ def test_inputs_that_do_not_fit_are_refused_naming_them_before_anything_runs():
 @pytest.mark.parametrize("make", _devices())
 def test_integer_tensors_out_of_range_are_refused_through_a_plan(make):
     device = make()
-    sched = _named("mamba2", **MAMBA2)
-    good, bad = _mamba2_inputs(sched, 0), _mamba2_inputs(sched, 0, cu_seqlens=(0, 3, 9))
+    sched = named("mamba2", **MAMBA2)
+    good, bad = mamba2_inputs(sched, 0), mamba2_inputs(sched, 0, cu_seqlens=(0, 3, 9))
     with CallPlan(sched, device) as plan:
         want = plan(good)
         with pytest.raises(RunError, match=r"thunk 0 \(mamba2\), field 'cu_seqlens'\[2\] = 9"):
@@ -184,17 +166,17 @@ def test_integer_tensors_out_of_range_are_refused_through_a_plan(make):
 
 def test_an_early_check_reads_the_staged_inputs_not_the_device():
     device = Device(open_double(), Config(fallback="allow", overrides={"mamba2": "host"}))
-    sched = _named("mamba2", **MAMBA2)
+    sched = named("mamba2", **MAMBA2)
     prims = device.session.prims
     reads: list[int] = []
     read = prims.read
     with CallPlan(sched, device) as plan:
-        plan(_mamba2_inputs(sched, 0))
+        plan(mamba2_inputs(sched, 0))
         prims.read = lambda buffer, offset, out: (reads.append(out.size), read(buffer, offset, out))[1]
         with pytest.raises(RunError, match=r"field 'cu_seqlens'\[2\] = 9"):
-            plan(_mamba2_inputs(sched, 0, cu_seqlens=(0, 3, 9)))
+            plan(mamba2_inputs(sched, 0, cu_seqlens=(0, 3, 9)))
         assert reads == []  # cu_seqlens was checked from the host buffer it was sent from
-        plan(_mamba2_inputs(sched, 1))
+        plan(mamba2_inputs(sched, 1))
         # the inputs lie in a row (x ... cu_seqlens, state; dst after them): one copy in; state and dst
         # side by side: one copy out (the host fallback's own copies count as its copied bytes)
         assert plan.last_report.copies == 2

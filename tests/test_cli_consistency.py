@@ -16,6 +16,7 @@ from host_fallback.layout import Bound
 from rlx_gpu.cli import main
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.runtime.registry import status
+from support.cli_errors import one_line_error
 
 OPENCL = status("opencl").available
 needs_opencl = pytest.mark.skipif(not OPENCL, reason="no OpenCL platform (pip install .[opencl])")
@@ -34,14 +35,6 @@ def _model(tmp_path, shape="[2, 8, 4]", args="hidden: 4"):
     path = tmp_path / "model.yaml"
     path.write_text(MODEL.format(shape=shape, args=args))
     return path
-
-
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 # --- plan and export take what run takes ---------------------------------------------------------------
@@ -72,7 +65,7 @@ def test_run_refuses_inputs_that_do_not_fit(tmp_path, capsys):
     assert main(["export", "demo", "-o", str(out)]) == 0
     np.savez(tmp_path / "bad.npz", x=np.zeros((3, 3)))
     assert main(["run", str(out), "--inputs", str(tmp_path / "bad.npz"), "--device", "host"]) == 2
-    _one_line_error(capsys, "InputError", "bad.npz", "'x' has shape [3, 3], expected [2, 8, 4]")
+    one_line_error(capsys, "InputError", "bad.npz", "'x' has shape [3, 3], expected [2, 8, 4]")
 
 
 # --- one error style for model files, schedules and configs ----------------------------------------------
@@ -86,12 +79,12 @@ def test_run_refuses_inputs_that_do_not_fit(tmp_path, capsys):
 def test_model_file_mistakes_are_one_line_naming_file_key_and_expectation(tmp_path, capsys, shape, args, needles):
     path = _model(tmp_path, shape, args)
     assert main(["run", str(path), "--device", "host"]) == 2
-    _one_line_error(capsys, "ModelError", str(path), *needles)
+    one_line_error(capsys, "ModelError", str(path), *needles)
 
 
 def test_an_unknown_model_name_lists_the_examples(capsys):
     assert main(["run", "nosuch", "--device", "host"]) == 2
-    _one_line_error(capsys, "no model file 'nosuch'", "demo, gdn")
+    one_line_error(capsys, "no model file 'nosuch'", "demo, gdn")
 
 
 def test_debug_shows_the_traceback(tmp_path):
@@ -119,7 +112,7 @@ def test_config_mistakes_are_refused_naming_file_and_key(tmp_path, monkeypatch, 
     path.write_text(text)
     monkeypatch.setenv("RLX_CONFIG", str(path))
     assert main(["plan", "demo", "--device", "host"]) == 2
-    _one_line_error(capsys, "ConfigError", f"config {path}", *needles)
+    one_line_error(capsys, "ConfigError", f"config {path}", *needles)
 
 
 def test_a_config_without_tolerances_keeps_the_default_bounds(tmp_path):
@@ -248,14 +241,14 @@ def test_more_model_file_mistakes(tmp_path, capsys, text, needles):
     path = tmp_path / "m.yaml"
     path.write_text(text)
     assert main(["plan", str(path), "--device", "host"]) == 2
-    _one_line_error(capsys, "ModelError", str(path), *needles)
+    one_line_error(capsys, "ModelError", str(path), *needles)
 
 
 def test_a_schedule_file_that_does_not_parse_is_one_line(tmp_path, capsys):
     path = tmp_path / "s.json"
     path.write_text('{"abi": "rlx-thunks/1", "arena_bytes": 4')
     assert main(["plan", str(path), "--device", "host"]) == 2
-    _one_line_error(capsys, "ScheduleError", f"{path}: schedule text is neither JSON")
+    one_line_error(capsys, "ScheduleError", f"{path}: schedule text is neither JSON")
 
 
 def test_export_to_yaml_is_read_back_as_a_schedule(tmp_path, capsys):

@@ -22,7 +22,7 @@ from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.graph.lowering import Executable
 from rlx_gpu.runtime.registry import status
 
-from test_cli_consistency import _one_line_error  # the one rule for a clean CLI error
+from support.cli_errors import one_line_error  # the one rule for a clean CLI error
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
@@ -47,7 +47,7 @@ def test_an_npz_target_is_a_one_line_error_pointing_at_inputs(tmp_path, capsys):
     _export_demo(tmp_path)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "demo.npz"), "--device", "host"]) == 2
-    _one_line_error(capsys, "InputError", "demo.npz is not a text file", "--inputs")
+    one_line_error(capsys, "InputError", "demo.npz is not a text file", "--inputs")
 
 
 def test_binary_bytes_named_yaml_are_refused_like_the_json_ones(tmp_path, capsys):
@@ -55,20 +55,20 @@ def test_binary_bytes_named_yaml_are_refused_like_the_json_ones(tmp_path, capsys
     (tmp_path / "b.yaml").write_bytes(blob)
     (tmp_path / "b.json").write_bytes(blob)
     assert main(["run", str(tmp_path / "b.yaml"), "--device", "host"]) == 2
-    _one_line_error(capsys, "b.yaml is not a text file")
+    one_line_error(capsys, "b.yaml is not a text file")
     assert main(["run", str(tmp_path / "b.json"), "--device", "host"]) == 2
-    _one_line_error(capsys, "ScheduleError", "not UTF-8 text")
+    one_line_error(capsys, "ScheduleError", "not UTF-8 text")
 
 
 def test_run_refuses_an_out_path_in_a_missing_directory_before_running(tmp_path, capsys, monkeypatch):
     _no_run(monkeypatch)
     assert main(["run", "--device", "host", "--out", str(tmp_path / "missing" / "o.npz")]) == 2
-    _one_line_error(capsys, "--out", "the directory", "missing", "does not exist")
+    one_line_error(capsys, "--out", "the directory", "missing", "does not exist")
 
 
 def test_export_refuses_a_missing_directory_in_one_line(tmp_path, capsys):
     assert main(["export", "demo", "-o", str(tmp_path / "missing" / "d.json")]) == 2
-    _one_line_error(capsys, "-o", "does not exist")
+    one_line_error(capsys, "-o", "does not exist")
     assert not (tmp_path / "missing").exists()
 
 
@@ -91,7 +91,7 @@ def test_inputs_missing_a_tensor_are_refused_naming_it(tmp_path, capsys):
         np.savez(tmp_path / "part.npz", x=npz["x"])
     capsys.readouterr()
     assert main(["run", str(schedule), "--device", "host", "--inputs", str(tmp_path / "part.npz")]) == 2
-    _one_line_error(capsys, "InputError", "part.npz", "no 'h0'", "x, h0")
+    one_line_error(capsys, "InputError", "part.npz", "no 'h0'", "x, h0")
 
 
 @pytest.mark.parametrize("argv", [["run", "--repeat", "0"], ["run", "--repeat", "-2"],
@@ -118,14 +118,14 @@ def test_debug_is_accepted_after_the_command_too(tmp_path):
 def test_an_unusable_device_names_the_setting_that_chose_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RLX_DEVICE", "opencl:9:9")
     assert main(["plan", "demo"]) == 2
-    _one_line_error(capsys, "DeviceError", "'opencl:9:9' (chosen by RLX_DEVICE)")
+    one_line_error(capsys, "DeviceError", "'opencl:9:9' (chosen by RLX_DEVICE)")
     monkeypatch.delenv("RLX_DEVICE")
     monkeypatch.delenv("PYOPENCL_CTX", raising=False)
     config = tmp_path / "cfg.yaml"
     config.write_text("device: 'opencl:9:9'\n")
     monkeypatch.setenv("RLX_CONFIG", str(config))
     assert main(["plan", "demo"]) == 2
-    _one_line_error(capsys, f"(chosen by device: in the config {config})")
+    one_line_error(capsys, f"(chosen by device: in the config {config})")
 
 
 def test_a_yaml11_string_tolerance_says_why_and_how_to_write_it(tmp_path, monkeypatch, capsys):
@@ -133,7 +133,7 @@ def test_a_yaml11_string_tolerance_says_why_and_how_to_write_it(tmp_path, monkey
     config.write_text("tolerances: {thunk: {f32: 1e-20}}\n")
     monkeypatch.setenv("RLX_CONFIG", str(config))
     assert main(["plan", "demo", "--device", "host"]) == 2
-    err = _one_line_error(capsys, "ConfigError", "tolerances.thunk.f32", "'1e-20'", "a string", "YAML 1.1")
+    err = one_line_error(capsys, "ConfigError", "tolerances.thunk.f32", "'1e-20'", "a string", "YAML 1.1")
     suggestion = re.search(r"write 1e-20 as (\S+)", err).group(1)
     assert yaml.safe_load(f"x: {suggestion}") == {"x": 1e-20}  # the spelling offered is a float
 
@@ -151,7 +151,7 @@ def test_yaml_errors_give_line_and_column_without_pyyaml_internals(where, tmp_pa
         argv = ["plan", str(path), "--device", "host"]
         path.write_text("steps: [\n  {op: lstm\n")
     assert main(argv) == 2
-    err = _one_line_error(capsys, "line ", "column ")
+    err = one_line_error(capsys, "line ", "column ")
     assert "<unicode string>" not in err and "<file>" not in err
 
 

@@ -12,8 +12,6 @@ kernel variant (its program builds take about two seconds each; every case would
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from host_fallback.gradients import BACKWARD
@@ -23,33 +21,17 @@ from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import open_session, status
 from rlx_gpu.schedule.ops import SPECS as OPS
+from support.conformance_devices import SPECS, is_second
 
 CONFIG = load_config(default_config_path())
 CASES = catalog.cases()
 #: The ops the catalog certifies: every op but a backward one (ABI.md §9) still without its float64 reference.
 CERTIFIED = {op for op in OPS if op not in BACKWARD or op in REFERENCES}
-SPECS = [s.strip() for s in os.environ.get(devices.ENV, "").split(",") if s.strip()] or \
-    [info.spec for info in devices.default_devices()]
-
-
-def _second(spec: str) -> bool:
-    """A runtime rlx_gpu registered itself (Intel's OpenCL CPU runtime): a second compiler of the same text,
-    two seconds a program build, so it runs the representative f32 cases rather than every case."""
-    try:
-        return bool(devices.find(spec).details.get("registered_by_rlx_gpu"))
-    except Exception:  # an absent device: test_case reports it
-        return False
-
 
 DEVICES = [(spec, None) if spec.split(":")[0] == "host" else (spec, target) for spec in SPECS for target in TARGETS]
 DEVICES = list(dict.fromkeys(DEVICES))
-FULL = [d for d in DEVICES if not _second(d[0])]
-SECOND = [d for d in DEVICES if _second(d[0])]
-#: The OpenCL devices the per-kernel test files run on: every one but a runtime rlx_gpu registered itself
-#: (covered by the representative cases here, the build check and the fuzz profile), which stands in only
-#: where no other OpenCL device is tested.
-KERNEL_OPENCL = [s for s in SPECS if s.split(":")[0] == "opencl" and not _second(s)] or \
-    [s for s in SPECS if s.split(":")[0] == "opencl"][:1]
+FULL = [d for d in DEVICES if not is_second(d[0])]
+SECOND = [d for d in DEVICES if is_second(d[0])]
 
 
 def _device_id(d):

@@ -9,7 +9,7 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from numpy_device import open_double
+from support.numpy_device import open_double
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.runtime.executor import Device
 from rlx_gpu.runtime.options import RunOptions

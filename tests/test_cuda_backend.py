@@ -108,7 +108,7 @@ def test_every_program_builds_to_an_sm90_cubin_through_the_backend_cache():
     """Every program a CUDA device (gpu target) builds is an sm_90 cubin in the session's cache
     (``cuda_builds``), its PTX and ptxas's report beside it, which a cache with the backend's options
     then reads back without compiling."""
-    import cuda_builds
+    from support import cuda_builds
 
     from rlx_gpu.backends import nvrtc
 
@@ -128,7 +128,7 @@ def test_cache_keys_and_damaged_entries(tmp_path):
     built = []
 
     def counting(p, arch):  # the session's build of the program: what is checked is what the cache does with it
-        import cuda_builds
+        from support import cuda_builds
 
         assert arch == cuda_builds.cache().arch
         built.append(arch)

@@ -1,6 +1,6 @@
-"""The whole CudaSession driven through the CuPy contract double (tests/cupy_double.py): every op and
+"""The whole CudaSession driven through the CuPy contract double (tests/support/cupy_double.py): every op and
 dtype of the conformance catalog at both kernel targets, cuBLAS through its C API, CUDA graphs, resident
-arenas, DLPack both ways, two devices and allocation failures. Copies, memsets and GEMMs compute real
+arenas, two devices and allocation failures. Copies, memsets and GEMMs compute real
 bytes; kernel launches are checked against their PTX signatures and recorded."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
 
 from host_fallback.layout import regions  # noqa: E402
-from cupy_double import ContractError, CUDADriverError, cublas_library, installed  # noqa: E402
+from support.cupy_double import ContractError, CUDADriverError, cublas_library, installed  # noqa: E402
 from rlx_gpu.conformance import catalog, cases, runner  # noqa: E402
 from rlx_gpu.errors import DeviceError  # noqa: E402
 from rlx_gpu.runtime import registry  # noqa: E402
@@ -69,7 +69,7 @@ def test_the_double_marshals_kernel_arguments_as_cupy_does(monkeypatch):
 def test_the_double_refuses_a_cubin_the_cache_did_not_build(monkeypatch):
     """The double judges launches by the PTX beside each cached cubin: a cubin of a cached one's size whose
     bytes differ has no PTX there, and loading it is a contract breach (a real one is found by its digest)."""
-    import cuda_builds
+    from support import cuda_builds
 
     from rlx_gpu.backends import programs
 
@@ -196,28 +196,6 @@ def test_resident_runs_keep_the_staged_weights(monkeypatch):
             run(arena)
             staged.append(sum(r.kernel == "rnn_w_t" for r in machine.launches[before:]))
         assert staged == [1, 0, 0, 1], staged
-
-
-# ------------------------------------------------------------------------------------------ DLPack
-def test_dlpack_out_is_ordered_after_the_session_stream_and_in_copies_device_to_device(monkeypatch):
-    from rlx_gpu.runtime.dlpack import import_tensor
-
-    with installed(monkeypatch):
-        session = _session()
-        arena = session.alloc(256)
-        values = np.arange(8, dtype=np.float32)
-        session.write(arena, 64, values.view(np.uint8))
-        session.zero(arena, 64, 8)  # asynchronous on the session's stream: still pending when exported
-        view = session.export_view(arena, 64, "f32", (8,))
-        view.__dlpack__(stream=0x77)  # a consumer on another stream
-        np.testing.assert_array_equal(view.get(), np.r_[0, 0, values[2:]])
-        other = session.alloc(256)
-        session.write(other, 0, (values * 3).view(np.uint8))
-        producer = session.export_view(other, 0, "f32", (8,))
-        tensor = import_tensor(producer, stream=session.stream_ptr)
-        assert (tensor.device, tensor.device_id, tensor.nbytes) == ("cuda", 0, 32)
-        session.import_device(arena, 128, tensor)
-        np.testing.assert_array_equal(session.read(arena, 128, 32).view(np.float32), values * 3)
 
 
 # ------------------------------------------------------------------------------------------ devices and memory

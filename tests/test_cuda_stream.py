@@ -1,5 +1,5 @@
 """A call plan on the caller's CUDA stream (``CallPlan.on_stream``), through the CuPy contract double
-(tests/cupy_double.py): every copy, launch and gemm of a call goes to the stream it is given (torch's
+(tests/support/cupy_double.py): every copy, launch and gemm of a call goes to the stream it is given (torch's
 current stream), nothing synchronizes and nothing crosses to the host, so the caller can capture the
 call into a CUDA graph of its own and replay it; the double refuses a synchronization or a host copy
 inside a capture, and computes the gemms, so a replayed matmul's values are checked too."""
@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
 
 import rlx_gpu  # noqa: E402
-from cupy_double import LEGACY_STREAM, installed  # noqa: E402
+from support.cupy_double import LEGACY_STREAM, installed  # noqa: E402
 from host_fallback.layout import regions  # noqa: E402
 from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of  # noqa: E402
 from rlx_gpu.errors import RlxError, RunError  # noqa: E402

@@ -13,7 +13,7 @@ import collections
 import numpy as np
 import pytest
 
-import background
+from support import background
 import host_fallback
 import rlx_gpu
 from rlx_gpu.conformance.fuzz import Case, check_case, make_case, make_data_case

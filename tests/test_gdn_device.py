@@ -19,7 +19,7 @@ from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.launches.limits import TARGETS  # noqa: E402
 from rlx_gpu.runtime.config import default_config_path, load_config  # noqa: E402
 from rlx_gpu.runtime.registry import status  # noqa: E402
-from test_conformance import KERNEL_OPENCL, SPECS  # noqa: E402
+from support.conformance_devices import KERNEL_OPENCL, SPECS  # noqa: E402  (RLX_TEST_DEVICES, or every available device)
 
 OPENCL = KERNEL_OPENCL
 pytestmark = pytest.mark.skipif(not OPENCL, reason=f"no OpenCL device among {SPECS}: {status('opencl').reason}")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import host_fallback
 from host_fallback import gdn
 from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, read
+from support.gdn_v2_cases import V2_CASES, v2_case, v2_run
 
 settings.register_profile("ci", derandomize=True, max_examples=8, deadline=None)
 PROPERTY = settings.get_profile("ci") if os.environ.get("CI") else settings(max_examples=30, deadline=None)
@@ -209,71 +210,14 @@ def test_output_overlapping_another_blocks_inputs_reads_them_as_they_were(worker
 
 
 # --- version 2 (ABI.md §8): grouped value heads, K != V, scale, q/k L2-norm, packed sequences, slots ---
-
-def _v2_case(rng, *, batch=2, seq=11, heads=2, value_heads=2, k=8, v=8, per_channel=False, carry=True,
-             cu=None, slots=None, num_slots=0, scale=None, l2norm=False, state_dtype=None):
-    """``(params, tensors)`` of a version-2 thunk; ``cu`` packs ``seq`` tokens into the one batch row."""
-    if cu is not None:
-        batch, seq = 1, cu[-1]
-    rows = (len(cu) - 1 if cu is not None else batch)
-    params = dict(batch=batch, seq=seq, heads=heads, state_size=k, gate_per_channel=per_channel,
-                  carry_state=carry, value_heads=value_heads, value_size=v, qk_l2norm=l2norm)
-    keys = rng.standard_normal((batch, seq, heads, k))
-    tensors = {"q": rng.standard_normal((batch, seq, heads, k)),
-               # unnormalized keys when the kernel normalizes them (so the norm is what keeps the state bounded)
-               "k": keys * 3 if l2norm else keys / np.linalg.norm(keys, axis=-1, keepdims=True),
-               "v": rng.standard_normal((batch, seq, value_heads, v)),
-               "g": rng.uniform(-2.0, 0.0, (batch, seq, value_heads, k) if per_channel else (batch, seq, value_heads)),
-               "beta": rng.uniform(0.0, 1.0, (batch, seq, value_heads))}
-    if scale is not None:
-        params["scale"] = scale
-    if state_dtype is not None:
-        params["state_dtype"] = state_dtype
-    if cu is not None:
-        params["cu_seqlens"] = tensors["cu_seqlens"] = list(cu)
-    if slots is not None:
-        params.update(state_slots=list(slots), num_slots=num_slots)
-        tensors["state_slots"] = list(slots)
-    if carry:
-        tensors["state"] = rng.standard_normal((num_slots if slots is not None else rows, value_heads, k, v))
-    return params, tensors
-
-
-def _v2_run(dtype, params, tensors, **options):
-    """Run a version-2 thunk; return ``(dst, state or None, want dst, want state or None)``."""
-    thunk, arena = lay_out("gated_delta_net", dtype, params, tensors)
-    ins = {f: read(thunk, arena, f) for f in ("q", "k", "v", "g", "beta")}
-    state = read(thunk, arena, "state") if params["carry_state"] else None
-    ints = {f: tensors[f] for f in ("cu_seqlens", "state_slots") if f in tensors}
-    want, want_state = gated_delta_net(*ins.values(), state, scale=params.get("scale"),
-                                       qk_l2norm=params["qk_l2norm"], **ints)
-    host_fallback.execute(thunk, arena, **options)
-    got_state = read(thunk, arena, "state") if params["carry_state"] else None
-    return read(thunk, arena, "dst"), got_state, want, want_state if params["carry_state"] else None
-
-
-#: name -> the version-2 fields of a case (``_v2_case`` keywords); sequence starts fall inside chunks of 4
-V2_CASES = {
-    "gva": dict(heads=2, value_heads=6),
-    "k_ne_v": dict(k=8, v=5),
-    "k_lt_v": dict(k=4, v=12, carry=False),
-    "scale": dict(scale=0.3),
-    "l2norm": dict(l2norm=True),
-    "varlen": dict(cu=[0, 3, 3, 10, 11]),  # one sequence empty, one inside a chunk, one a single token
-    "varlen_from_zero": dict(cu=[0, 6, 13], carry=False),
-    "varlen_at_chunk_edges": dict(cu=[0, 4, 8, 8, 12]),
-    "slots": dict(slots=[2, 0], num_slots=4),
-    "all": dict(heads=2, value_heads=4, k=8, v=6, cu=[0, 5, 5, 7, 14], slots=[1, 3, 0, 4], num_slots=5, l2norm=True,
-                scale=0.4),
-}
-
+# (the cases: support.gdn_v2_cases)
 
 @pytest.mark.parametrize("path", ["step", "chunked"])
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("case", list(V2_CASES))
 def test_v2_fields_match_reference(case, per_channel, path):
-    params, tensors = _v2_case(np.random.default_rng(len(case)), per_channel=per_channel, **V2_CASES[case])
-    got, got_state, want, want_state = _v2_run("f32", params, tensors, path=path, chunk=4)
+    params, tensors = v2_case(np.random.default_rng(len(case)), per_channel=per_channel, **V2_CASES[case])
+    got, got_state, want, want_state = v2_run("f32", params, tensors, path=path, chunk=4)
     _close(got, want, "f32")
     if got_state is not None:
         _close(got_state, want_state, "f32", "state")
@@ -284,8 +228,8 @@ def test_v2_fields_match_reference(case, per_channel, path):
 def test_state_dtype_carries_the_state_at_its_precision(dtype, state_dtype, path):
     """Everything at once in 16-bit storage with an f32 state: the state round trip keeps f32 digits."""
     fields = dict(V2_CASES["all"], state_dtype=state_dtype)
-    params, tensors = _v2_case(np.random.default_rng(3), per_channel=True, **fields)
-    got, got_state, want, want_state = _v2_run(dtype, params, tensors, path=path, chunk=4)
+    params, tensors = v2_case(np.random.default_rng(3), per_channel=True, **fields)
+    got, got_state, want, want_state = v2_run(dtype, params, tensors, path=path, chunk=4)
     _close(got, want, dtype)
     _close(got_state, want_state, "f32" if state_dtype != dtype else dtype, "state")
 
@@ -294,7 +238,7 @@ def test_state_dtype_carries_the_state_at_its_precision(dtype, state_dtype, path
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_packed_sequences_match_each_sequence_run_alone(per_channel, path):
     cu = [0, 5, 5, 6, 17, 19]
-    params, tensors = _v2_case(np.random.default_rng(8), per_channel=per_channel, cu=cu, value_heads=4)
+    params, tensors = v2_case(np.random.default_rng(8), per_channel=per_channel, cu=cu, value_heads=4)
     thunk, arena = lay_out("gated_delta_net", "f32", params, tensors)
     host_fallback.execute(thunk, arena, path=path, chunk=4)
     packed_out, packed_state = read(thunk, arena, "dst"), read(thunk, arena, "state")
@@ -316,7 +260,7 @@ def test_packed_sequences_match_each_sequence_run_alone(per_channel, path):
 @pytest.mark.parametrize("cu", [None, [0, 2, 9]])
 @pytest.mark.parametrize("path", ["step", "chunked"])
 def test_slots_leave_every_other_pool_entry_untouched(path, cu):
-    params, tensors = _v2_case(np.random.default_rng(11), slots=[3, 1], num_slots=5, cu=cu, value_heads=4)
+    params, tensors = v2_case(np.random.default_rng(11), slots=[3, 1], num_slots=5, cu=cu, value_heads=4)
     thunk, arena = lay_out("gated_delta_net", "bf16", {**params, "state_dtype": "f32"}, tensors)
     region = next(r for r in host_fallback.regions(thunk) if r.field == "state")
     before = arena[region.offset:region.offset + region.nbytes].copy().reshape(5, -1)
@@ -330,10 +274,10 @@ def test_slots_leave_every_other_pool_entry_untouched(path, cu):
 @pytest.mark.parametrize("path", ["step", "chunked"])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_packed_split_across_threads_matches_one_thread(per_channel, path):
-    params, tensors = _v2_case(np.random.default_rng(13), per_channel=per_channel, cu=[0, 3, 11, 12], heads=3,
+    params, tensors = v2_case(np.random.default_rng(13), per_channel=per_channel, cu=[0, 3, 11, 12], heads=3,
                                value_heads=6)
-    one, one_state, want, want_state = _v2_run("f32", params, tensors, path=path, chunk=4, workers=1)
-    got, got_state, _, _ = _v2_run("f32", params, tensors, path=path, chunk=4, workers=3)
+    one, one_state, want, want_state = v2_run("f32", params, tensors, path=path, chunk=4, workers=1)
+    got, got_state, _, _ = v2_run("f32", params, tensors, path=path, chunk=4, workers=3)
     _close(got, want, "f32")
     _close(got_state, want_state, "f32", "state")
     np.testing.assert_allclose(got, one, rtol=0, atol=1e-6 * np.max(np.abs(one)))
@@ -347,11 +291,11 @@ def test_packed_nonfinite_stays_in_its_sequence(value, per_channel, path):
     """A NaN/Inf in one sequence's carried state and in another's value at a mid-chunk token reach
     exactly the outputs and states the float64 recurrence gives them, and no other sequence."""
     cu = [0, 5, 6, 13, 17]
-    params, tensors = _v2_case(np.random.default_rng(21), per_channel=per_channel, cu=cu, value_heads=4, v=6)
+    params, tensors = v2_case(np.random.default_rng(21), per_channel=per_channel, cu=cu, value_heads=4, v=6)
     tensors["state"][1, 2, 0, 3] = value
     tensors["v"][0, 9, 1, 2] = value
     with np.errstate(invalid="ignore", over="ignore"):
-        got, got_state, want, want_state = _v2_run("f32", params, tensors, path=path, chunk=4)
+        got, got_state, want, want_state = v2_run("f32", params, tensors, path=path, chunk=4)
     for name, a, b in (("dst", got, want), ("state", got_state, want_state)):
         np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=name)
         np.testing.assert_array_equal(np.isposinf(a), np.isposinf(b), err_msg=name)
@@ -378,7 +322,7 @@ def _graph_gdn(dtype, state_dtype, shapes, **kwargs):
 
 def test_builder_takes_fla_arguments_and_emits_version_2_only_when_used():
     cu, slots = [0, 3, 3, 9], [2, 0, 3]
-    params, tensors = _v2_case(np.random.default_rng(31), heads=2, value_heads=4, k=8, v=6, cu=cu, slots=slots,
+    params, tensors = v2_case(np.random.default_rng(31), heads=2, value_heads=4, k=8, v=6, cu=cu, slots=slots,
                                num_slots=4, per_channel=True, state_dtype="f32")
     shapes = {f: np.shape(a) for f, a in tensors.items()}
     exe, abi = _graph_gdn("bf16", "f32", shapes, gate_per_channel=True, scale=0.25, use_qk_l2norm=True)

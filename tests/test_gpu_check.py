@@ -150,8 +150,8 @@ def test_the_build_section_names_kernels_from_the_ptx(tmp_path, monkeypatch):
     """Through the CuPy double: every kernel of every gpu program (kernels compiled out by an ``#if`` are
     not in the module, and get_function of one is CUDA_ERROR_NOT_FOUND), build.md written as it goes."""
     pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
-    import cuda_builds
-    from cupy_double import installed
+    from support import cuda_builds
+    from support.cupy_double import installed
 
     from rlx_gpu.backends import nvrtc
 

@@ -12,7 +12,7 @@ import host_fallback
 from host_fallback.layout import Bound, regions
 from rlx_gpu.conformance.reference_rnn import reference
 from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, read as read_ssm
-from test_rnn_host import build, read
+from support.rnn_host import build, read
 
 SHAPE = dict(batch=3, seq=1, input_size=5, hidden=7, num_layers=2, bidirectional=True, carry=True)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from host_fallback import jit, lstm_sequence, rnn, threads
-from test_rnn_host import build, check, read, run_host
+from support.rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_kernels  # noqa: E402  (needs Numba)

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import host_fallback
-from gradient_check import read
+from support.gradient_check import read
 from host_fallback import jit, lstm_sequence
-from test_rnn_backward import _laid, _params, _torch_grads
-from test_rnn_host import build, check
+from support.rnn_backward_cases import backward_params, laid_backward, torch_gradients
+from support.rnn_host import build, check
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
@@ -69,7 +69,7 @@ def _within_lengths_flipped(a: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def _torch_reference(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``_torch_grads`` of the thunk, for the fields torch's LSTM lacks too: ``reverse`` (one direction) as
+    """``torch_gradients`` of the thunk, for the fields torch's LSTM lacks too: ``reverse`` (one direction) as
     torch's over each row's valid steps in reverse order, and rows of length 0 (which torch's packed sequences
     refuse) left out of torch's batch: such a row has no step, so its final state is its initial one (the
     final state's gradient passes to it unchanged) and its input gets none."""
@@ -88,7 +88,7 @@ def _torch_reference(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np
     running = np.flatnonzero(lengths > 0)
     batch_axis = {"x": 0, "d_dst": 0, "seq_lens": 0, "h0": 1, "c0": 1, "d_h0": 1, "d_c0": 1}
     part = {f: np.take(v, running, axis=batch_axis[f]) if f in batch_axis else v for f, v in values.items()}
-    grads = _torch_grads("lstm", thunk, part)
+    grads = torch_gradients("lstm", thunk, part)
     d_x = np.zeros_like(values["x"])
     d_x[running] = grads["d_x"]
     grads["d_x"] = d_x
@@ -102,8 +102,8 @@ def _torch_reference(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np
 
 def _check_against_torch(extra: dict) -> int:
     """Every gradient of an f32 lstm_backward against torch's in float64; returns the layer-directions."""
-    params = _params("lstm", **extra)
-    thunk, arena = _laid("lstm", "f32", params, seed=5)
+    params = backward_params("lstm", **extra)
+    thunk, arena = laid_backward("lstm", "f32", params, seed=5)
     got = _gradients(thunk, arena)
     want = _torch_reference(thunk, read(thunk, arena))
     assert set(got) == set(want)
@@ -136,7 +136,7 @@ def test_both_paths_match_torch_autograd(label, extra, width, calls, monkeypatch
 def test_numpy_s_path_runs_where_the_kernels_do_not_apply(label, extra, calls, monkeypatch):
     if label == "a step past the bound":
         monkeypatch.setattr(lstm_sequence, "MAX_STEP", 3 * 4 * 4 - 1)
-    thunk, arena = _laid("lstm", "f32", _params("lstm", **extra))
+    thunk, arena = laid_backward("lstm", "f32", backward_params("lstm", **extra))
     host_fallback.execute(thunk, arena)
     forward = {k: v for k, v in extra.items() if k != "w_hr"}
     thunk, arena, _, _ = build("lstm", "f32", **{**FORWARD, **dict(batch=3, hidden=4), **forward})
@@ -145,7 +145,7 @@ def test_numpy_s_path_runs_where_the_kernels_do_not_apply(label, extra, calls, m
 
 
 def test_f64_keeps_numpy_s_path(calls):
-    thunk, arena = _laid("lstm", "f64", _params("lstm"))
+    thunk, arena = laid_backward("lstm", "f64", backward_params("lstm"))
     host_fallback.execute(thunk, arena)
     assert calls == dict.fromkeys(KERNELS, 0)
 

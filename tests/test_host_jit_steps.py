@@ -15,8 +15,8 @@ import pytest
 import host_fallback
 from host_fallback import jit
 from rlx_gpu.conformance.reference_ssm import lay_out, read
-from test_gdn_host import V2_CASES, _v2_case, _v2_run
-from test_ssm_v2 import MAMBA2_FIELDS, SCAN_FIELDS, check_close, make, outputs, run
+from support.gdn_v2_cases import V2_CASES, v2_case, v2_run
+from support.ssm_v2_cases import MAMBA2_FIELDS, SCAN_FIELDS, check_close, make, outputs, run
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
@@ -91,8 +91,8 @@ def test_gdn_steps_match_the_reference(case, per_channel, seq, compiled, calls):
     """Grouped value heads, K != V, scale, q/k L2-norm, packed sequences (one empty, one of a single
     token) and slots, with and without a carried state, per-head and per-channel gates."""
     fields = dict(V2_CASES[case])
-    params, tensors = _v2_case(np.random.default_rng(len(case) + seq), per_channel=per_channel, seq=seq, **fields)
-    got, got_state, want, want_state = _v2_run("f32", params, tensors, path="step")
+    params, tensors = v2_case(np.random.default_rng(len(case) + seq), per_channel=per_channel, seq=seq, **fields)
+    got, got_state, want, want_state = v2_run("f32", params, tensors, path="step")
     for name, values, reference in (("dst", got, want), ("state", got_state, want_state)):
         if values is not None:
             err = np.max(np.abs(values - reference)) / max(np.max(np.abs(reference)), 1e-30)
@@ -138,7 +138,7 @@ def test_nan_and_inf_land_where_numpy_puts_them(op, seq, monkeypatch, calls):
     for seed in range(10):
         rng = np.random.default_rng([seed, seq, list(STEPS).index(op)])
         if op == "gated_delta_net":
-            params, tensors = _v2_case(rng, per_channel=bool(seed % 2), seq=seq, heads=2, value_heads=4, k=8, v=6,
+            params, tensors = v2_case(rng, per_channel=bool(seed % 2), seq=seq, heads=2, value_heads=4, k=8, v=6,
                                        slots=[2, 0], num_slots=3, l2norm=seed % 3 == 0)
             fields = ("q", "k", "v", "g", "beta", "state")
         else:
@@ -178,7 +178,7 @@ def test_numpy_runs_where_the_compiled_step_does_not_apply(label, op, change, ca
     dtype, options = change.pop("dtype", "f32"), {k: change.pop(k) for k in ("workers", "path") if k in change}
     overlap, seq = change.pop("overlap", False), change.pop("seq", 2)
     if op == "gated_delta_net":
-        params, tensors = _v2_case(np.random.default_rng(0), seq=seq, **change)
+        params, tensors = v2_case(np.random.default_rng(0), seq=seq, **change)
     else:
         params, tensors = make(op, np.random.default_rng(0), {"carry_state": True, **change}, seq=seq)
     thunk, arena = lay_out(op, dtype, params, tensors)
@@ -192,7 +192,7 @@ def test_numpy_runs_where_the_compiled_step_does_not_apply(label, op, change, ca
 def test_without_numba_the_numpy_step_runs(op, monkeypatch, calls):
     monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
     if op == "gated_delta_net":
-        got, got_state, want, want_state = _v2_run("f32", *_v2_case(np.random.default_rng(0), seq=1), path="step")
+        got, got_state, want, want_state = v2_run("f32", *v2_case(np.random.default_rng(0), seq=1), path="step")
         np.testing.assert_allclose(got_state, want_state, rtol=GDN_TOL, atol=GDN_TOL)
     else:
         thunk, got, want = run(op, "f32", *make(op, np.random.default_rng(0), _ssm_everything(op), seq=1))
@@ -208,7 +208,7 @@ def test_a_prepared_step_binds_each_arena_it_is_given(op, calls):
     for seed in (1, 2, 3):
         rng = np.random.default_rng(seed)
         if op == "gated_delta_net":
-            params, tensors = _v2_case(rng, seq=1, slots=[1, 0], num_slots=2, l2norm=True)
+            params, tensors = v2_case(rng, seq=1, slots=[1, 0], num_slots=2, l2norm=True)
         else:
             params, tensors = make(op, rng, _ssm_everything(op), seq=1)
         thunk, arena = lay_out(op, "f32", params, tensors)

@@ -169,3 +169,37 @@ def test_host_fallback_imports_nothing_of_rlx_gpu():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """The ``test_*`` modules that ``source`` imports, counting the code of its string constants that parse as
+    Python (a child process's script)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.add(node.module or "")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "import" in node.value:
+            try:
+                found.update(imported_test_modules(node.value))
+            except SyntaxError:  # prose, not code
+                pass
+    return {name for name in found if name.split(".")[0].startswith("test_")}
+
+
+def test_the_test_import_check_sees_imports_and_child_scripts():
+    # the sources are formatted here, so this file's own constants import nothing
+    assert imported_test_modules("from {t}a import x\nimport os, {t}b.c\nfrom support import y".format(t="test_")) == \
+        {"test_a", "test_b.c"}
+    assert imported_test_modules('CHILD = """\nimport sys\nfrom {t}c import z\n"""'.format(t="test_")) == {"test_c"}
+    assert imported_test_modules('"""to import tests, see test_layers."""\nfrom support.rnn_host import build') == set()
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/support/; a test module (or a support module, or a tool) importing a
+    test module would run its collection-time code and couple two test files."""
+    files = sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "tools").rglob("*.py")) + \
+        sorted((ROOT / "benchmarks").rglob("*.py"))
+    bad = {str(f.relative_to(ROOT)): sorted(found) for f in files if (found := imported_test_modules(f.read_text()))}
+    assert not bad, f"import a test module (move what they share into tests/support/): {bad}"

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import host_fallback
-from gradient_check import check_finite_differences, laid, read, with_gradients
+from support.gradient_check import check_finite_differences, laid, read, with_gradients
 from host_fallback.arena import view
 from host_fallback.gradients import gradient
 from host_fallback.layout import regions

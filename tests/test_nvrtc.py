@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import background
+from support import background
 import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import background
+from support import background
 import pytest
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "oclgrind_check.py"

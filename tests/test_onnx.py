@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import rlx_gpu
 import rlx_gpu.onnx
-from onnx_cases import (COMBINATIONS, abi_final_states, node_tests, recurrent_case, run_imported, run_onnxruntime,
-                        sample)
+from support.onnx_cases import (COMBINATIONS, abi_final_states, node_tests, recurrent_case, run_imported, run_onnxruntime,
+                                sample)
 from rlx_gpu.conformance.compare import nmse
 
 F32_BOUND = 1e-7  # the conformance suite's f32 bound (configs/default.yaml, tolerances.thunk)

@@ -17,7 +17,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 import rlx_gpu
 import rlx_gpu.onnx
-from onnx_cases import run_imported, run_onnxruntime
+from support.onnx_cases import run_imported, run_onnxruntime
 from rlx_gpu.conformance.compare import nmse
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.config import load_config

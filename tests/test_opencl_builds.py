@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import background
+from support import background
 from rlx_gpu.backends import opencl, programs
 from rlx_gpu.errors import KernelBuildError, KernelBuildWarning
 from rlx_gpu.launches.limits import TARGETS

@@ -15,8 +15,8 @@ from rlx_gpu.runtime.call_plan import CallPlan  # noqa: E402
 from rlx_gpu.runtime.config import Config  # noqa: E402
 from rlx_gpu.runtime.executor import Device  # noqa: E402
 from rlx_gpu.runtime.registry import status  # noqa: E402
-from test_call_plan import _mamba2_inputs, _named  # noqa: E402
-from test_conformance import SPECS  # noqa: E402
+from support.call_plan_schedules import mamba2_inputs, named  # noqa: E402
+from support.conformance_devices import SPECS  # noqa: E402
 
 #: every OpenCL device under test but a simulator (PoCL and Intel's CPU runtime here)
 CPU_DEVICES = [s for s in SPECS if s.split(":")[0] == "opencl" and not find(s).details.get("simulator")]
@@ -28,7 +28,7 @@ STEP = dict(batch=1, seq=1, heads=2, head_dim=8, state_size=16, dt_bias=True, dt
 
 def _inputs(sched, seed: int) -> dict[str, np.ndarray]:
     """A step's inputs (no cu_seqlens: one row of one token)."""
-    values = _mamba2_inputs(sched, seed)
+    values = mamba2_inputs(sched, seed)
     del values["cu_seqlens"]
     return values
 
@@ -56,7 +56,7 @@ def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec, m
         pytest.skip(f"{info.name} offers no fine-grained buffer SVM on host-unified memory")
     buffers = KernelSession(opencl.OpenCLPrimitives(info, shared=False))
     assert not buffers.shared
-    sched = _named("mamba2", "f32", **STEP)
+    sched = named("mamba2", "f32", **STEP)
     config = Config(fallback="forbid")
     with CallPlan(sched, Device(shared, config)) as in_place, CallPlan(sched, Device(buffers, config)) as copied:
         state = None
@@ -95,7 +95,7 @@ def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec, monkeyp
     """pyopencl sets a kernel's arguments through ``Kernel._set_arg_multi``: once for the first call of a plan
     (and again where another arena's launch of the same kernel set others in between), not on every call."""
     device = Device(KernelSession(opencl.OpenCLPrimitives(find(spec))), Config(fallback="forbid"))
-    sched = _named("mamba2", "f32", **STEP)
+    sched = named("mamba2", "f32", **STEP)
     values = _inputs(sched, 0)
     cl = device.session.prims.cl
     sets = []

@@ -10,7 +10,7 @@ must match its kernel's PTX parameter list in count, width and kind (integer / f
 """
 from __future__ import annotations
 
-import cuda_builds
+from support import cuda_builds
 import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
@@ -24,8 +24,8 @@ from rlx_gpu.launches import Buf  # noqa: E402
 from rlx_gpu.launches.limits import (RNN_FIELD_VARIANTS, REFERENCE_GPU, DeviceLimits, gate_variant,  # noqa: E402
                                      state_variant, variants)
 from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES  # noqa: E402
-from test_rnn_device import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
-from test_rnn_backward_device import CASES as RNN_BACKWARD_FIELDS  # noqa: E402  (their backward ops)
+from support.rnn_fields import BACKWARD_FIELDS as RNN_BACKWARD_FIELDS  # noqa: E402  (their backward ops)
+from support.rnn_fields import FIELDS as RNN_FIELDS  # noqa: E402  (one case per op with every §8 field)
 
 #: register budget per kernel at sm_90 (f32/f16/bf16); kernels not listed get the hardware's 255
 STATE_SPACE_REGISTERS = 128

@@ -10,30 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 import host_fallback
-from gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
-from host_fallback.fields import DEFAULTS, complete
-from host_fallback.gradients import gradient
-from host_fallback.layout import forward_thunk
+from host_fallback.fields import DEFAULTS
 from rlx_gpu.conformance.references import V2_FIELDS
+from support.gradient_check import check_finite_differences, copy_inputs, read
+from support.rnn_backward_cases import backward_params, laid_backward, torch_gradients
 
-BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)
 SEQ_LENS = [5, 2, 0]  # a full row, a short one, an empty one (its final state is its initial state)
-
-
-def _params(op: str, **extra) -> dict:
-    return with_gradients(op, {**BASE, **({"relu": False} if op == "rnn" else {}), **extra})
-
-
-def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    return rng.standard_normal(shape) * (0.5 if field.startswith("w_") else 1.0)
-
-
-def _laid(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
-    """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
-    return laid(f"{op}_backward", dtype, params, _sample, seed)
 
 
 def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -43,7 +27,7 @@ def _backward(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _check_finite_differences(op: str, params: dict, seed: int = 0) -> None:
-    thunk, arena = _laid(op, "f64", params, seed)
+    thunk, arena = laid_backward(op, "f64", params, seed)
     check_finite_differences(thunk, arena, _backward(thunk, arena), seed)
 
 
@@ -55,7 +39,7 @@ V1 = [
 
 @pytest.mark.parametrize("op,extra", V1, ids=[f"{op}-{'.'.join(map(str, e.items())) or 'base'}" for op, e in V1])
 def test_every_gradient_matches_central_finite_differences(op, extra):
-    _check_finite_differences(op, _params(op, **extra))
+    _check_finite_differences(op, backward_params(op, **extra))
 
 
 _ACTIVATIONS = {
@@ -85,63 +69,13 @@ V2_RUN = [case for case in V2 if case[1] <= V2_FIELDS.get(case[0], frozenset())]
 def test_version_2_fields_match_central_finite_differences():
     """Every case of a field the reference implements, and a case for every such field."""
     for op, fields, extra in V2_RUN:
-        _check_finite_differences(op, _params(op, **extra))
+        _check_finite_differences(op, backward_params(op, **extra))
     for op in ("lstm", "gru", "rnn"):
         for field in V2_FIELDS.get(op, frozenset()) & set(DEFAULTS[op]):
             assert any(op == o and field in fields for o, fields, _ in V2_RUN), f"no backward case of {op} {field}"
 
 
 # --- torch autograd -----------------------------------------------------------------------------------
-_MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
-
-
-def _torch_grads(op: str, thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The same loss as ``gradient_check.loss`` through torch.nn in float64, and the gradient of every input."""
-    t = complete(forward_thunk(thunk))
-    H, L, dirs, proj = t["hidden"], t["num_layers"], 2 if t["bidirectional"] else 1, t.get("proj_size", 0)
-    kwargs = dict(proj_size=proj) if proj else {}
-    if op == "rnn":
-        kwargs["nonlinearity"] = "relu" if t["relu"] else "tanh"
-    module = _MODULES[op](t["input_size"], H, num_layers=L, bidirectional=t["bidirectional"], batch_first=True,
-                          dtype=torch.float64, **kwargs)
-    leaves = {f: torch.tensor(values[f], requires_grad=True) for f in values if not f.startswith("d_")
-              and f != "seq_lens"}
-    w_ih = leaves["w_ih"]
-    offset, width = 0, proj or H
-    params = dict(module.named_parameters())
-    for ld in range(L * dirs):
-        layer, dr = divmod(ld, dirs)
-        suffix = f"l{layer}{'_reverse' if dr else ''}"
-        in_l = t["input_size"] if layer == 0 else dirs * width
-        rows = params[f"weight_ih_{suffix}"].shape[0]
-        block = w_ih[offset: offset + rows * in_l].reshape(rows, in_l)
-        offset += rows * in_l
-        fixed = {f"weight_ih_{suffix}": block, f"weight_hh_{suffix}": leaves["w_hh"][ld]}
-        if op == "gru":
-            fixed.update({f"bias_ih_{suffix}": leaves["b_ih"][ld], f"bias_hh_{suffix}": leaves["b_hh"][ld]})
-        else:  # one merged bias stream: torch's two are its halves (the hidden one zero)
-            fixed.update({f"bias_ih_{suffix}": leaves["bias"][ld],
-                          f"bias_hh_{suffix}": torch.zeros(rows, dtype=torch.float64)})
-        if proj:
-            fixed[f"weight_hr_{suffix}"] = leaves["w_hr"][ld]
-        params.update(fixed)
-    x = leaves["x"]
-    state = (leaves["h0"], leaves["c0"]) if op == "lstm" else leaves["h0"]
-    lens = values.get("seq_lens")
-    if lens is not None:
-        x = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(lens, dtype=torch.int64), batch_first=True,
-                                                    enforce_sorted=False)
-    dst, final = torch.func.functional_call(module, params, (x, state))
-    if lens is not None:
-        dst = torch.nn.utils.rnn.pad_packed_sequence(dst, batch_first=True, total_length=t["seq"])[0]
-    finals = final if op == "lstm" else (final,)
-    loss = (dst * torch.tensor(values["d_dst"])).sum()
-    for name, value in zip(("h0", "c0"), finals):
-        loss = loss + (value * torch.tensor(values[gradient(name)])).sum()
-    loss.backward()
-    return {gradient(f): leaf.grad.numpy() for f, leaf in leaves.items()}
-
-
 TORCH = [("lstm", {}), ("gru", {}), ("rnn", {}), ("rnn", dict(relu=True)), ("lstm", dict(seq_lens=[5, 2, 3])),
          ("gru", dict(seq_lens=[1, 5, 4]))]
 TORCH_PROJ = [("lstm", dict(proj_size=3, w_hr=True))]
@@ -150,9 +84,9 @@ TORCH_PROJ = [("lstm", dict(proj_size=3, w_hr=True))]
 @pytest.mark.parametrize("op,extra", TORCH + TORCH_PROJ,
                          ids=[f"{op}-{'.'.join(e) or 'base'}" for op, e in TORCH + TORCH_PROJ])
 def test_every_gradient_matches_torch_autograd(op, extra):
-    thunk, arena = _laid(op, "f64", _params(op, **extra), seed=3)
+    thunk, arena = laid_backward(op, "f64", backward_params(op, **extra), seed=3)
     grads = _backward(thunk, arena)
-    want = _torch_grads(op, thunk, read(thunk, arena))
+    want = torch_gradients(op, thunk, read(thunk, arena))
     assert set(want) == set(grads)
     for name, value in want.items():
         np.testing.assert_allclose(grads[name], value, rtol=1e-10, atol=1e-12, err_msg=f"{op} {name}")
@@ -168,13 +102,13 @@ NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
 @pytest.mark.parametrize("op,extra", [("lstm", dict(seq_lens=SEQ_LENS, proj_size=3, w_hr=True)), ("gru", {})],
                          ids=["lstm", "gru"])
 def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(op, extra, dtype):
-    params = _params(op, **extra)
-    thunk, arena = _laid(op, dtype, params)
+    params = backward_params(op, **extra)
+    thunk, arena = laid_backward(op, dtype, params)
     first, second = arena.copy(), arena.copy()
     host_fallback.execute(thunk, first)
     host_fallback.execute(thunk, second)
     assert np.array_equal(first, second)
-    wide, wide_arena = _laid(op, "f64", params)
+    wide, wide_arena = laid_backward(op, "f64", params)
     copy_inputs(thunk, arena, wide, wide_arena)  # the f64 thunk gets the values the narrow one stores
     want, got = _backward(wide, wide_arena), read(thunk, first)
     for name, value in want.items():

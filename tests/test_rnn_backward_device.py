@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from host_fallback.fields import complete
-from host_fallback.gradients import BACKWARD, OPTIONAL_INPUTS, gradient
+from host_fallback.gradients import BACKWARD
 from rlx_gpu import launches
 from rlx_gpu.conformance import catalog, runner
 from rlx_gpu.conformance.catalog import Case
@@ -19,21 +19,11 @@ from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.launches.limits import REFERENCE_GPU, RNN_FIELD_VARIANTS, TARGETS, DeviceLimits
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.runtime.registry import open_session, status
-from test_rnn_device import FIELDS
+from support.rnn_fields import BACKWARD_FIELDS, RECURRENT
 
 #: the first OpenCL CPU implementation that runs here (PoCL, or Intel's runtime where PoCL cannot build)
 OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
 CONFIG = load_config(default_config_path())
-RECURRENT = ("lstm", "gru", "rnn")
-
-
-def _backward(op: str, params: dict) -> tuple[str, dict]:
-    """The backward op of ``op`` and ``params`` with the gradient of every optional input they place."""
-    return f"{op}_backward", {**params, **{gradient(n): True for n in OPTIONAL_INPUTS[op] if params.get(n)}}
-
-
-#: op -> (backward op, params): every §8 field at once, with d_h0 / d_c0 (carry) over two bidirectional layers
-CASES = {op: _backward(op, dict(FIELDS[op], relu=False) if op == "rnn" else FIELDS[op]) for op in RECURRENT}
 
 
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
@@ -47,7 +37,7 @@ def test_every_recurrent_backward_case_of_the_catalog_has_a_device_kernel(lim):
 def test_the_cases_build_the_representative_variants():
     """The backward programs ptxas and NVRTC check (RNN_FIELD_VARIANTS) are the ones these cases run."""
     built = set()
-    for op, params in CASES.values():
+    for op, params in BACKWARD_FIELDS.values():
         plan = launches.plan(runner.lay_out(Case(op, "f32", params)).thunk, REFERENCE_GPU)
         built |= {launch.defines for launch in plan.launches if launch.family == "rnn_backward"}
     assert built == set(RNN_FIELD_VARIANTS)
@@ -69,7 +59,7 @@ def host():
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", RECURRENT)
 def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes_twice(session, host, op):
-    name, params = CASES[op]
+    name, params = BACKWARD_FIELDS[op]
     case = Case(name, "f32", params, seed=4)
     outcome = runner.check(session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message
@@ -87,7 +77,7 @@ def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes
 def test_a_nan_gradient_stays_causal_with_every_field(session, host):
     """A NaN in d_dst at step 2 of row 0 (bidirectional, lengths, projection): NaN exactly where the float64
     reverse has it, i.e. row 0's inputs and every weight gradient, and no other row's d_x or d_h0."""
-    name, params = CASES["lstm"]
+    name, params = BACKWARD_FIELDS["lstm"]
     case = Case(name, "f32", params, poison="d_dst", poison_step=2, poison_value=float("nan"), seed=5)
     outcome = runner.check(session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message

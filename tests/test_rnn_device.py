@@ -18,6 +18,7 @@ from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.launches import rnn as rnn_launches
 from rlx_gpu.launches.limits import RNN_FIELD_VARIANTS, TARGETS
 from rlx_gpu.runtime.registry import status
+from support.rnn_fields import BASE, FIELDS
 
 #: the first OpenCL CPU implementation that runs here (PoCL, or Intel's runtime where PoCL cannot build)
 OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
@@ -101,19 +102,7 @@ def reference(t, get):
 
 
 # ---------------------------------------------------------------------------------------- cases
-BASE = dict(batch=5, seq=6, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)
-#: one case per op, every optional field on at once (the variants of launches.limits.RNN_FIELD_VARIANTS)
-FIELDS = {
-    "lstm": dict(BASE, seq_lens=[6, 2, 0, 5, 1], clip=0.9, peepholes=True, input_forget=True, proj_size=3, w_hr=True,
-                 activations=[["hard_sigmoid", 0.3, 0.6], ["elu", 0.8, 0.0], ["scaled_tanh", 1.2, 0.7],
-                              ["hard_sigmoid", 0.3, 0.4], ["elu", 1.1, 0.0], ["softsign", 0.0, 0.0]]),
-    "gru": dict(BASE, seq_lens=[3, 6, 1, 0, 4], clip=1.1, linear_before_reset=False,
-                activations=[["leaky_relu", 0.05, 0.0], ["affine", 0.7, 0.1],
-                             ["leaky_relu", 0.2, 0.0], ["softplus", 0.0, 0.0]]),
-    "rnn": dict(BASE, seq_lens=[2, 6, 6, 0, 3], clip=0.8,
-                activations=[["thresholded_relu", 0.1, 0.0], ["sigmoid", 0.0, 0.0]]),
-}
-#: single fields beside them: reverse (one direction), seq_lens with the default activations, peepholes
+#: single fields beside the FIELDS cases (support.rnn_fields): reverse (one direction), seq_lens with the default activations, peepholes
 SINGLE = {
     "lstm reverse": ("lstm", dict(BASE, bidirectional=False, reverse=True, num_layers=1)),
     "gru lens": ("gru", dict(BASE, seq_lens=[6, 0, 3, 3, 1], num_layers=1)),

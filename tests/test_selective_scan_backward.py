@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import host_fallback
-from gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
+from support.gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
 from host_fallback.arena import view
 from host_fallback.fields import DEFAULTS
 from host_fallback.gradients import OPTIONAL_INPUTS, gradient

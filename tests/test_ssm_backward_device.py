@@ -27,7 +27,7 @@ from rlx_gpu.graph.builder import Graph  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.executor import Device  # noqa: E402
 from rlx_gpu.runtime.options import RunOptions  # noqa: E402
-from test_opencl import OPENCL  # noqa: E402
+from support.conformance_devices import KERNEL_OPENCL as OPENCL  # noqa: E402
 
 F = torch.nn.functional
 

@@ -22,7 +22,7 @@ from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.executor import Device  # noqa: E402
 from rlx_gpu.runtime.options import RunOptions  # noqa: E402
-from test_opencl import OPENCL  # noqa: E402
+from support.conformance_devices import KERNEL_OPENCL as OPENCL  # noqa: E402
 
 
 _CARRIED = dict(carry_state=True, state=True)

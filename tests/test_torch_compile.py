@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import rlx_gpu.torch as rt
 from rlx_gpu.torch.library import NAMESPACE
 
-from torch_devices import device, host  # noqa: F401  (fixtures)
+from support.torch_devices import device, host  # noqa: F401  (fixtures)
 
 B, L, D, N, H, P, G, K = 2, 5, 4, 3, 4, 3, 2, 4
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torch_devices import host  # noqa: F401  (fixture)
+from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torch_devices import host  # noqa: F401  (fixture)
+from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
 from rlx_gpu.torch import arguments

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_devices import device, host  # noqa: F401  (fixtures)
+from support.torch_devices import device, host  # noqa: F401  (fixtures)
 
 from rlx_gpu.torch import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cupy_double import installed
-from torch_devices import device, host  # noqa: F401  (fixtures)
+from support.cupy_double import installed
+from support.torch_devices import device, host  # noqa: F401  (fixtures)
 from rlx_gpu.runtime.registry import status
 from rlx_gpu.torch import (bridge, fused_recurrent_gated_delta_rule, mamba_chunk_scan_combined, selective_scan_fn,
                            selective_state_update)

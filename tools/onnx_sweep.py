@@ -2,7 +2,7 @@
 
     python tools/onnx_sweep.py [--device host|opencl|...] [--target cpu|gpu] [--ops LSTM,GRU,RNN] [--seeds 1]
 
-The tests run a covering sample of these combinations (``tests/onnx_cases.py``'s ``sample``); this
+The tests run a covering sample of these combinations (``tests/support/onnx_cases.py``'s ``sample``); this
 runs the whole product (``COMBINATIONS``: direction, layout, clip, activations, sequence_lens,
 initial states, bias, and input_forget/peepholes or linear_before_reset), each with ``--seeds``
 seeded models, plus ONNX's own node tests, and prints one line per failing case and a count per op.
@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from onnx_cases import (COMBINATIONS, abi_final_states, combinations, node_tests, recurrent_case,  # noqa: E402
-                        run_imported, run_onnxruntime)
+from support.onnx_cases import (COMBINATIONS, abi_final_states, combinations, node_tests, recurrent_case,  # noqa: E402
+                                run_imported, run_onnxruntime)
 from rlx_gpu.conformance.compare import nmse  # noqa: E402
 
 F32_BOUND = 1e-7

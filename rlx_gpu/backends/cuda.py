@@ -395,11 +395,10 @@ class CudaSession(KernelSession):
         """The allocations a launch on ``arena`` may point into: the arena, the scratch, the ones buffers."""
         return (arena.buffer.generation, self._scratch_generation, *(b.generation for b in self.prims.ones.values()))
 
-    # -- DLPack: CUDA tensors in and arena views out, never through the host -------------------
+    # -- CUDA tensors in and out of a device arena, never through the host (the call plan's stream path) ---
     def import_device(self, arena: Any, offset: int, tensor: Any) -> None:
-        """Copy a CUDA tensor taken by ``runtime.dlpack.import_tensor(obj, stream=session.stream_ptr)``
-        (a ``DeviceTensor``) into ``arena`` at byte ``offset``, device to device on the session's stream
-        (waited for: ``CudaPrimitives.copy``) or the caller's (:meth:`on_stream`: not waited for)."""
+        """Copy a CUDA tensor taken by ``runtime.dlpack.import_tensor`` (a ``DeviceTensor``) into ``arena``
+        at byte ``offset``, device to device on the session's stream (waited for: ``CudaPrimitives.copy``) or the caller's (:meth:`on_stream`: not waited for)."""
         self._check_device_range(arena, offset, tensor, "into")
         self.prims.copy(arena.buffer.ptr + offset, tensor.pointer, tensor.nbytes)
         self.touched(arena, offset, tensor.nbytes)
@@ -416,30 +415,6 @@ class CudaSession(KernelSession):
                               f"{self.info.spec}; move it to cuda:{self.prims.index} first")
         if offset < 0 or offset + tensor.nbytes > arena.nbytes:
             raise DeviceError(f"{tensor.nbytes} bytes at offset {offset} lie outside the arena of {arena.nbytes} bytes")
-
-    @property
-    def stream_ptr(self) -> int:
-        """The session's stream, for DLPack producers (``__dlpack__(stream=...)``) to order their work before."""
-        return int(self.prims.stream.ptr)
-
-    def export_view(self, arena: Any, offset: int, dtype: str, shape: tuple[int, ...]) -> Any:
-        """A CuPy array sharing ``shape`` elements of ``dtype`` at ``offset`` of a device arena (no copy);
-        ``torch.from_dlpack`` takes it as is. CuPy has no bfloat16, so bf16 comes out as its uint16 bits:
-        ``torch.from_dlpack(view).view(torch.bfloat16)``.
-
-        The session's stream is synchronized first: CuPy's ``__dlpack__`` orders the consumer after
-        CuPy's *current* stream only, never after this session's non-blocking one.
-        """
-        cp = self.prims.cp
-        np_dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16, "f64": np.float64}[dtype]
-        count = int(np.prod(shape, dtype=np.int64))
-        if offset < 0 or offset % np.dtype(np_dtype).itemsize or offset + count * np.dtype(np_dtype).itemsize > arena.nbytes:
-            raise DeviceError(f"{dtype} {list(shape)} at byte {offset} does not lie aligned inside the arena of "
-                              f"{arena.nbytes} bytes")
-        self.prims.finish()
-        pointer = arena.buffer.pointer + offset  # MemoryPointer arithmetic keeps the allocation alive
-        with self.prims.device:
-            return cp.ndarray(tuple(shape), np_dtype, memptr=pointer)
 
 
 class GraphedScanMemory(ScanMemory):

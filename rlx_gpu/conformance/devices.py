@@ -63,11 +63,6 @@ def resolve(specs: Iterable[str] | None) -> list[DeviceInfo]:
     return found
 
 
-def from_environment() -> list[DeviceInfo]:
-    """``RLX_TEST_DEVICES`` (``host,opencl:0:0``) resolved, or the default devices when it is unset."""
-    return resolve(os.environ.get(ENV, "").split(","))
-
-
 def open_device(info: DeviceInfo, target: str | None = None) -> Session:
     """A session on ``info``; ``target`` (``cpu`` or ``gpu``) forces the kernel shapes of a device backend
     (through ``RLX_TARGET``, e.g. the gpu kernels on PoCL) in a session of its own."""

@@ -44,7 +44,7 @@ from typing import Any, Callable
 import ml_dtypes
 import numpy as np
 
-import cuda_builds
+from support import cuda_builds
 from rlx_gpu.backends import nvrtc
 
 VERSION = "14.2.0"

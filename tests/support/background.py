@@ -17,11 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import cuda_builds
+from support import cuda_builds
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import status
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: every cpu-target program for both architectures, through the session's cubin cache (``cuda_builds``)
 NVRTC_SCRIPT = f"""

@@ -1,0 +1,27 @@
+"""The devices the device tests run on: ``RLX_TEST_DEVICES`` (comma-separated specs, e.g.
+``host,opencl:0:0``), or, unset, the host and every available device but simulators; and which of them
+run every case and which only the representative ones."""
+from __future__ import annotations
+
+import os
+
+from rlx_gpu.conformance import devices
+
+SPECS = [s.strip() for s in os.environ.get(devices.ENV, "").split(",") if s.strip()] or \
+    [info.spec for info in devices.default_devices()]
+
+
+def is_second(spec: str) -> bool:
+    """A runtime rlx_gpu registered itself (Intel's OpenCL CPU runtime): a second compiler of the same text,
+    two seconds a program build, so it runs the representative f32 cases rather than every case."""
+    try:
+        return bool(devices.find(spec).details.get("registered_by_rlx_gpu"))
+    except Exception:  # an absent device: test_conformance's test_case reports it
+        return False
+
+
+#: The OpenCL devices the per-kernel test files run on: every one but a runtime rlx_gpu registered itself
+#: (covered by test_conformance's representative cases, the build check and the fuzz profile), which stands
+#: in only where no other OpenCL device is tested.
+KERNEL_OPENCL = [s for s in SPECS if s.split(":")[0] == "opencl" and not is_second(s)] or \
+    [s for s in SPECS if s.split(":")[0] == "opencl"][:1]
