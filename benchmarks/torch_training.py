@@ -61,7 +61,7 @@ def main() -> None:
         print(example.TITLES[kind])
         for name, seconds in step.items():
             print(f"{name:>38}: {seconds * 1e3:7.1f} ms per training step")
-        print(f"{'ratio':>38}: {ours / reference:7.2f}x (issue 33: <= 1.5x for the lstm)")
+        print(f"{'ratio':>38}: {ours / reference:7.2f}x (target <= 1.5x for the lstm)")
 
 
 if __name__ == "__main__":
