@@ -23,14 +23,15 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
            backward: Callable[..., Any] | None = None, setup_context: Callable[..., Any] | None = None) -> Any:
     """Register ``rlx_gpu::name`` with ``schema`` (the part after the name: ``"(Tensor x, ...) -> Tensor"``),
     ``impl`` for every device, ``fake`` for tracing and, for a differentiable op, its autograd formula
-    (``torch.library.register_autograd``'s ``backward`` and ``setup_context``); returns the op overload.
+    (``backward`` and ``setup_context``, as ``torch.library.register_autograd`` takes them); returns the op
+    overload.
 
     The op is declared with ``torch.library.Library`` rather than ``torch.library.custom_op``: the
-    same registrations, without the Python wrappers ``custom_op`` adds around every call (about 34 µs
-    for an op that mutates an argument, 2 µs otherwise, against 4 µs for the whole dispatch here: a decode
-    step's budget). What those wrappers would do is done here: an argument the schema marks written
-    (``Tensor(a!)``) gets its version counter advanced after ``impl`` wrote it, as an in-place torch
-    operation's would be.
+    same registrations, without the Python wrappers ``custom_op`` and ``register_autograd`` add around
+    every call (about 34 µs for an op that mutates an argument, 2 µs otherwise, against 4 µs for the
+    whole dispatch here: a decode step's budget). What those wrappers would do is done here: an argument
+    the schema marks written (``Tensor(a!)``) gets its version counter advanced after ``impl`` wrote it,
+    as an in-place torch operation's would be, and the Autograd kernel is ``_autograd_kernel``.
     """
     _LIBRARY.define(name + schema)
     qualified = f"{NAMESPACE}::{name}"
