@@ -297,11 +297,14 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
                   "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
 
         def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            def spread(t, shape):  # one head (Mamba-1's own form): the parameters are per channel already
+                return t if heads == 1 else broadcast(t, shape)
+
             def per_channel(t):
-                return None if t is None else broadcast(t, (heads, dim)).reshape(channels)
+                return None if t is None else spread(t, (heads, dim)).reshape(channels)
 
             return {"x": xs.reshape(batch, 1, channels), "delta": dts.reshape(batch, 1, channels),
-                    "a": broadcast(As, (heads, dim, dstate)).reshape(channels, dstate),
+                    "a": spread(As, (heads, dim, dstate)).reshape(channels, dstate),
                     "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
                     "z": None if zs is None else zs.reshape(batch, 1, channels),
                     "state": rows.reshape(batch, channels, dstate)}
