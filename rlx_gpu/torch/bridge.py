@@ -39,7 +39,8 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.float64: "f64", to
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 CPU = torch.device("cpu")
-#: How many compiled signatures are kept (the least recently used one is dropped past it).
+#: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
+#: reorders nothing).
 CACHE_SIZE = 256
 
 _cache: dict[Hashable, Executable] = {}  # in the order compiled
@@ -170,7 +171,7 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
         return run_arrays(key, build, specs_of(inputs), inputs, device, stamps)
     specs, arrays, on_cpu = {}, {}, True
     for name, t in inputs.items():  # one pass: a decode step's call has a dozen inputs and no time to spare
-        specs[name] = (t.shape, DTYPES[t.dtype] if t.dtype in DTYPES else rlx_dtype(t, name))
+        specs[name] = (t.shape, rlx_dtype(t, name))
         arrays[name] = host_array(t)
         on_cpu = on_cpu and t.is_cpu
     if device is None and not on_cpu:

@@ -209,16 +209,21 @@ def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def _schema_args(op: str, tensors: Mapping[str, torch.Tensor | None], static: Mapping[str, Any]) -> list[Any]:
-    """The arguments of ``rlx_gpu::<op>`` in schema order: tensors by field (absent ones ``None``), then statics."""
-    spec = OPS[op]
-    args: list[Any] = [tensors.get(f) for f in spec.fields]
-    for name, _ in spec.statics:
+def _schema_statics(op: str, static: Mapping[str, Any]) -> list[Any]:
+    """``rlx_gpu::<op>``'s static arguments in schema order from ``fused``'s keywords (``dt_limit``'s
+    ``(lo, hi or None)`` as ``[lo, hi or inf]``; ``_static`` turns it back for the graph method)."""
+    values: list[Any] = []
+    for name, _ in OPS[op].statics:
         value = static.get(name)
         if name == "dt_limit" and value is not None:
             value = [float(value[0]), math.inf if value[1] is None else float(value[1])]
-        args.append(value)
-    return args
+        values.append(value)
+    return values
+
+
+def _schema_args(op: str, tensors: Mapping[str, torch.Tensor | None], static: Mapping[str, Any]) -> list[Any]:
+    """The arguments of ``rlx_gpu::<op>`` in schema order: tensors by field (absent ones ``None``), then statics."""
+    return [tensors.get(f) for f in OPS[op].fields] + _schema_statics(op, static)
 
 
 def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, Any]:
@@ -232,5 +237,4 @@ def call_of(op: str, fields: Sequence[str], **static: Any) -> FusedCall:
     """The ``FusedCall`` of ``op`` on tensors of ``fields`` with the statics given as ``fused`` takes them:
     for the implementation of another op (``selective_state_update``), itself the opaque call, which runs
     ``forward_graph(call_of(...), specs)`` through ``bridge.run_arrays``."""
-    spec = OPS[op]
-    return FusedCall(op, _statics(spec, _schema_args(op, {}, static)[len(spec.fields):]), tuple(fields))
+    return FusedCall(op, _statics(OPS[op], _schema_statics(op, static)), tuple(fields))

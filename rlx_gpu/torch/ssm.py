@@ -315,6 +315,8 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
 
 
 _step_routes: dict[Hashable, _StepRoute] = {}
+#: How many signatures' routes are kept (all are dropped past it: a route is cheap to work out again).
+STEP_ROUTES = 256
 
 
 def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
@@ -336,6 +338,8 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
                                 for t in (state, x, dt, A, B, D, z, dt_bias)))
     route = _step_routes.get(signature)
     if route is None:
+        if len(_step_routes) >= STEP_ROUTES:
+            _step_routes.clear()
         route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
     on_device = on_cuda(x)
     view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
