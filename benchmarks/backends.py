@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 import host_fallback
+from host_fallback.abi import regions
 from host_fallback.arena import STORAGE
-from host_fallback.layout import regions
 from rlx_gpu.conformance import cases
 from rlx_gpu.backends import opencl
 from rlx_gpu.conformance.devices import find

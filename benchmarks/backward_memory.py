@@ -24,9 +24,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import host_fallback  # noqa: E402
-from host_fallback.arena import ELEM_SIZE, STORAGE, view  # noqa: E402
-from host_fallback.gradients import FORWARD_OPS  # noqa: E402
-from host_fallback.layout import forward_thunk, regions  # noqa: E402
+from host_fallback.abi import ELEM_SIZE, FORWARD_OPS, forward_thunk, regions  # noqa: E402
+from host_fallback.arena import STORAGE, view  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.units import human_bytes  # noqa: E402
 

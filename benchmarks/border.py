@@ -30,7 +30,7 @@ def _thunks_text(op: str, size: int, views: bool = False, last_bad: bool = False
     thunk, arena = lay_out(op, "f32")
     sched = schedule_of(thunk, arena)
     if views:
-        from host_fallback.layout import regions
+        from host_fallback.abi import regions
         sched["tensors"] = {f"t{i}": {"offset": r.offset, "dtype": "f32", "shape": list(r.shape)}
                             for i, r in enumerate(regions(thunk)) if r.dtype == "f32"}
     one = json.dumps(thunk)

@@ -50,8 +50,8 @@ from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 
 import host_fallback  # noqa: E402
 from host_fallback import jit  # noqa: E402
+from host_fallback.abi import regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
-from host_fallback.layout import regions  # noqa: E402
 from host_fallback.threads import blas_threads, single_threaded_blas  # noqa: E402
 from rlx_gpu import Graph, load_schedule  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out, schedule_of  # noqa: E402

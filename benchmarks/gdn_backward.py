@@ -28,8 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import host_fallback  # noqa: E402
 from host_fallback import gdn  # noqa: E402
+from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
-from host_fallback.layout import forward_thunk, regions  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.units import human_bytes  # noqa: E402
 from ssm import alternating_ms  # noqa: E402  (benchmarks/ssm.py: medians of runs taking turns)

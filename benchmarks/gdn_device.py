@@ -21,8 +21,8 @@ import argparse
 import numpy as np
 
 from benchmarks.backends import median_time
+from host_fallback.abi import regions
 from host_fallback.arena import STORAGE
-from host_fallback.layout import regions
 from rlx_gpu.conformance import cases
 from rlx_gpu.conformance.devices import find, open_device
 

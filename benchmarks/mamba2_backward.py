@@ -26,7 +26,7 @@ sys.path.insert(0, ROOT)
 
 import host_fallback  # noqa: E402
 from host_fallback import chunked  # noqa: E402
-from host_fallback.layout import forward_thunk  # noqa: E402
+from host_fallback.abi import forward_thunk  # noqa: E402
 from host_fallback.ssm import MAMBA2_CHUNK  # noqa: E402
 from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
 from ssm import cases, medians_ms, torch_ssd  # noqa: E402  (the perf shape and the torch twin)

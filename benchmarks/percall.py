@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 # benchmarks/rnn.py: turn-taking medians and the load check
 from rnn import alternate_ms, cpu_ticks, warn_if_shared  # noqa: E402
 
-from host_fallback.layout import regions  # noqa: E402
+from host_fallback.abi import regions  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu import get_device, load_schedule  # noqa: E402
 from rlx_gpu.schedule.model import ABI_V1, ABI_V2  # noqa: E402

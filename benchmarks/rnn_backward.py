@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import host_fallback  # noqa: E402
+from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
-from host_fallback.layout import forward_thunk, regions  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 
 SHAPES = {"large": dict(batch=32, seq=128, input_size=256, hidden=256, num_layers=2, bidirectional=True, carry=False),

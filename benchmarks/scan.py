@@ -29,9 +29,9 @@ try:
 except ModuleNotFoundError as err:
     sys.exit(f"benchmarks/scan.py needs matplotlib for its plot: pip install -e '.[bench]' ({err})")
 
+from host_fallback.abi import regions  # noqa: E402
 from host_fallback.arena import STORAGE  # noqa: E402
-from host_fallback.layout import regions  # noqa: E402
-from host_fallback.scan import HostMemory, run_scan_backward  # noqa: E402
+from host_fallback.scan_driver import HostMemory, run_scan_backward  # noqa: E402
 from rlx_gpu.conformance import scan_cell  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 

@@ -13,17 +13,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import (body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, runtime_data, scan, selective_scan_backward,
-               ssm)
+from . import body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan_driver, selective_scan_backward, ssm
+from .abi import Region, complete, regions, runtime_data
 from .arena import view
-from .fields import complete
-from .layout import Region, regions
 
 Kernel = Callable[..., None]
 
 KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNELS, **mamba2_backward.KERNELS,
                               **selective_scan_backward.KERNELS, **gdn.KERNELS, **gdn_backward.KERNELS, **body.KERNELS,
-                              **scan.KERNELS}
+                              **scan_driver.KERNELS}
 #: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
 #: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
 PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **rnn_backward.PREPARE,

@@ -6,6 +6,8 @@ import math
 import ml_dtypes
 import numpy as np
 
+from .abi import ELEM_SIZE
+
 #: Storage type of every ABI dtype; ``u8`` names the byte-level slots of the scan family and ``i32`` the
 #: integer tensors of version 2 (``seq_lens``, ``cu_seqlens``, ``state_slots``: little-endian int32).
 STORAGE: dict[str, np.dtype] = {
@@ -25,7 +27,7 @@ COMPUTE: dict[str, np.dtype] = {
     "f64": np.dtype(np.float64),
 }
 
-ELEM_SIZE: dict[str, int] = {name: dt.itemsize for name, dt in STORAGE.items()}
+assert {name: dt.itemsize for name, dt in STORAGE.items()} == ELEM_SIZE, "storage and the ABI's element sizes disagree"
 
 
 def view(arena: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:

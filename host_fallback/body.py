@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .arena import COMPUTE
-from .layout import Bound
+from .bound import Bound
 
 Thunk = Mapping[str, Any]
 

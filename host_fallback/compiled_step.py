@@ -15,7 +15,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import jit
-from .layout import Bound, Region
+from .abi import Region
+from .bound import Bound
 
 Thunk = Mapping[str, Any]
 #: The kernel's arguments from the thunk's arena views.

@@ -32,11 +32,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import compiled_step, threads
+from .abi import complete, regions
+from .abi.gdn import gdn_scale
 from .arena import COMPUTE
+from .bound import Bound
 from .chunked import (chunk_cumsum, chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path,
                       redo_nonfinite, scratch, to_chunks, unit_lower_inverse)
-from .fields import complete, gdn_scale
-from .layout import Bound, regions
 
 Thunk = Mapping[str, Any]
 

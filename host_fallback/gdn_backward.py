@@ -37,12 +37,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
+from .abi import complete
+from .abi.gdn import gdn_scale
 from .arena import COMPUTE
-from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, to_chunks,
-                      unit_lower_inverse)
-from .fields import complete, gdn_scale
+from .bound import Bound
+from .chunked import chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, to_chunks, unit_lower_inverse
 from .gdn import CHANNEL_SPREAD, L2_EPS, _channel_grams_fast, _split, _swap, _upper
-from .layout import Bound
 
 Thunk = Mapping[str, Any]
 Array = np.ndarray

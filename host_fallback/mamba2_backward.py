@@ -36,9 +36,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
+from .abi import complete
+from .bound import Bound
 from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
-from .fields import complete
-from .layout import Bound
 from .sequences import Sequences, StatePool
 from .ssm import MAMBA2_CHUNK, MAMBA2_SPREAD, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
 

@@ -70,11 +70,12 @@ from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from . import jit, lstm_sequence, threads
+from .abi import complete, regions
+from .abi.recurrent import ACTIVATION_SLOTS, output_width
 from .activations import (Activation, activation, sigmoid_of_negated, sigmoid_then_tanh_of_scaled, stored_scale,
                           tanh_of_scaled)
 from .arena import COMPUTE, STORAGE
-from .fields import ACTIVATION_SLOTS, complete
-from .layout import Bound, output_width, regions
+from .bound import Bound
 
 #: Internal gate order (ABI index of each internal gate): the gates of the first activation slot first.
 _ORDER = {"lstm": (0, 1, 3, 2), "gru": (0, 1, 2), "rnn": (0,)}

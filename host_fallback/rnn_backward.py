@@ -33,9 +33,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import lstm_sequence, threads
+from .abi import Region, complete, forward_thunk, regions
+from .abi.recurrent import ACTIVATION_SLOTS, layer_input_sizes, output_width, recurrent_dims
 from .arena import COMPUTE
-from .fields import ACTIVATION_SLOTS, complete
-from .layout import Bound, Region, forward_thunk, layer_input_sizes, output_width, recurrent_dims, regions
+from .bound import Bound
 
 Array = np.ndarray
 

@@ -21,8 +21,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import runtime_data
-from .layout import Region, regions
+from .abi import Region, regions, runtime_data
 
 
 @dataclass(frozen=True)

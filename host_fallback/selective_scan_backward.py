@@ -29,9 +29,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import threads
+from .abi import complete
 from .arena import STORAGE
-from .fields import complete
-from .layout import Bound
+from .bound import Bound
 from .sequences import Sequences, StatePool
 from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, softplus
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .layout import Bound
+from .bound import Bound
 
 Thunk = Mapping[str, Any]
 

@@ -20,11 +20,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from . import compiled_step, threads
+from .abi import Region, complete, regions
 from .arena import COMPUTE
+from .bound import Bound
 from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite, scratch,
                       to_chunks, to_chunks_t)
-from .fields import complete
-from .layout import Bound, Region, regions
 from .sequences import Piece, Sequences, StatePool
 
 Thunk = Mapping[str, Any]

@@ -12,6 +12,8 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
+from host_fallback.abi import DTYPES, OPS, footprint
+
 from . import __version__
 from .conformance import command as conformance_command
 from .conformance.cases import lay_out
@@ -22,7 +24,6 @@ from .runtime.config import load_config
 from .runtime.registry import choose, discover, open_session
 from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule
-from .schedule.ops import DTYPES, SPECS, footprint
 from .units import human_bytes, human_time, plural
 from .units import text_table as _table
 
@@ -48,7 +49,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
         session = open_session(info)
         print(f"\nsupport on {session.info.spec} (✓ runs there, · falls back to the host):")
         rows, reasons = [], {}
-        for op in SPECS:
+        for op in OPS:
             marks = []
             for dtype in DTYPES:
                 thunk, _ = lay_out(op, dtype)

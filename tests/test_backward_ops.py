@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import rlx_gpu
-from host_fallback.layout import regions
+from host_fallback.abi import regions
 from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 from rlx_gpu.launches import unsupported
 from rlx_gpu.launches.limits import REFERENCE_GPU, TARGETS

@@ -13,7 +13,7 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from host_fallback import runtime_data
+from host_fallback.abi import runtime_data
 from rlx_gpu.conformance import devices
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.conformance.fuzz import _nest

@@ -12,7 +12,7 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from host_fallback.layout import Bound
+from host_fallback.bound import Bound
 from rlx_gpu.cli import main
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.runtime.registry import status

@@ -7,7 +7,7 @@ import pytest
 from rlx_gpu.conformance.compare import nmse, non_finite_mismatch
 from rlx_gpu.errors import RlxError
 from rlx_gpu.runtime.config import load_config
-from rlx_gpu.schedule.ops import DTYPES
+from host_fallback.abi import DTYPES
 
 
 def test_nmse_is_the_relative_squared_error_over_finite_reference_values():

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import pytest
 
-from host_fallback.gradients import BACKWARD
+from host_fallback.abi import BACKWARD, OPS
 from rlx_gpu.conformance import catalog, devices, runner
 from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import open_session, status
-from rlx_gpu.schedule.ops import SPECS as OPS
 from support.conformance_devices import SPECS, is_second
 
 CONFIG = load_config(default_config_path())
@@ -87,7 +86,7 @@ def test_representative_case_on_a_second_implementation(device, case, host, seco
 
 
 def test_every_op_and_dtype_has_cases():
-    from rlx_gpu.schedule.ops import DTYPES, SPECS as OPS
+    from host_fallback.abi import DTYPES, OPS
 
     covered = {(c.op, c.dtype) for c in CASES}
     assert covered == {(op, dt) for op in OPS for dt in DTYPES if op in CERTIFIED}
@@ -97,8 +96,7 @@ def test_every_op_and_dtype_has_cases():
 def test_every_optional_field_of_the_op_table_has_a_case_with_it_and_one_without():
     """Walks the op table: each optional field (nullable, used only under a flag, or of version 2) of
     each op is run present and absent, and the laid-out thunk really has it or lacks it."""
-    from host_fallback.fields import used
-    from rlx_gpu.schedule.ops import SPECS as OPS
+    from host_fallback.abi import OPS, used
 
     optional = [(op, f) for op, spec in OPS.items() if op in CERTIFIED for f in spec.optional_fields]
     assert {(op, f.name) for op, f in optional} >= {("lstm", "c0"), ("gated_delta_net", "state"),

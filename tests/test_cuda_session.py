@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
 
-from host_fallback.layout import regions  # noqa: E402
+from host_fallback.abi import SCAN_OPS, regions  # noqa: E402
 from support.cupy_double import ContractError, CUDADriverError, cublas_library, installed  # noqa: E402
 from rlx_gpu.conformance import catalog, cases, runner  # noqa: E402
 from rlx_gpu.errors import DeviceError  # noqa: E402
@@ -21,7 +21,6 @@ from rlx_gpu.runtime import registry  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.options import RunOptions  # noqa: E402
 from rlx_gpu.launches import PLANNERS  # noqa: E402
-from rlx_gpu.schedule.ops import SCAN_OPS  # noqa: E402
 
 DISALLOW_REDUCED_PRECISION_REDUCTION = 16  # cublas_api.h
 F32_EXACT = {"matmul"}  # cases whose every write a GEMM computes: their results are real here

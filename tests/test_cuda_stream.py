@@ -14,7 +14,7 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is n
 
 import rlx_gpu  # noqa: E402
 from support.cupy_double import LEGACY_STREAM, installed  # noqa: E402
-from host_fallback.layout import regions  # noqa: E402
+from host_fallback.abi import regions  # noqa: E402
 from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of  # noqa: E402
 from rlx_gpu.errors import RlxError, RunError  # noqa: E402
 from rlx_gpu.runtime.call_plan import CallPlan  # noqa: E402

@@ -15,7 +15,7 @@ from rlx_gpu.backends.base import DeviceInfo
 from rlx_gpu.backends.host import HostSession
 from rlx_gpu.runtime.config import Config, check_spec, load_config
 from rlx_gpu.runtime.executor import Device
-from rlx_gpu.schedule.ops import footprint
+from host_fallback.abi import footprint
 from rlx_gpu.runtime.registry import resolve
 
 

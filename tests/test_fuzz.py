@@ -19,7 +19,7 @@ import rlx_gpu
 from rlx_gpu.conformance.fuzz import Case, check_case, make_case, make_data_case
 from rlx_gpu.conformance.cases import FEEDS, lay_out, schedule_of
 from rlx_gpu.runtime.config import Config
-from rlx_gpu.schedule.ops import SPECS
+from host_fallback.abi import OPS
 
 PROFILE = range(1500)
 
@@ -42,7 +42,7 @@ def test_seeded_profile_on_the_host(host):
         if problem is not None:
             problems.append(f"seed {seed} ({', '.join(case.mutations)}): {problem}")
     assert not problems, "\n".join(problems[:10])
-    runnable = set(SPECS) & set(host_fallback.KERNELS)  # an op with no kernel anywhere is refused (DeviceError)
+    runnable = set(OPS) & set(host_fallback.KERNELS)  # an op with no kernel anywhere is refused (DeviceError)
     assert ran_ops == runnable, f"no clean run of {sorted(runnable - ran_ops)}"
     assert outcomes["refused"] > len(PROFILE) // 2 and outcomes["ran"] > len(PROFILE) // 10, outcomes
 

@@ -14,10 +14,8 @@ import pytest
 import torch
 
 import host_fallback
+from host_fallback.abi import complete, gradient, regions
 from host_fallback.arena import view
-from host_fallback.fields import complete
-from host_fallback.gradients import gradient
-from host_fallback.layout import regions
 from support.gradient_check import check_finite_differences, copy_inputs, laid, read as _read
 from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.conformance.runner import sample

@@ -87,7 +87,7 @@ def test_the_backward_shapes_are_valid_schedules_with_every_gradient():
     sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
     import gpu_backward
 
-    from host_fallback.layout import regions
+    from host_fallback.abi import regions
     from rlx_gpu.conformance import cases
     from rlx_gpu.schedule.io import load_schedule
 

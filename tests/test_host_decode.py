@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback.layout import Bound, regions
+from host_fallback.abi import regions
+from host_fallback.bound import Bound
 from rlx_gpu.conformance.reference_rnn import reference
 from rlx_gpu.conformance.reference_ssm import gated_delta_net, lay_out, read as read_ssm
 from support.rnn_host import build, read

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import rlx_gpu
-from host_fallback.layout import regions
+from host_fallback.abi import regions
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.runtime.config import Config
 from rlx_gpu.runtime.registry import status

@@ -203,3 +203,45 @@ def test_no_test_module_imports_another():
         sorted((ROOT / "benchmarks").rglob("*.py"))
     bad = {str(f.relative_to(ROOT)): sorted(found) for f in files if (found := imported_test_modules(f.read_text()))}
     assert not bad, f"import a test module (move what they share into tests/support/): {bad}"
+
+
+HOST = ROOT / "host_fallback"
+ABI = HOST / "abi"
+#: What rlx_gpu.schedule may import of host_fallback: the ABI model, and the arena's typed views (the storage type
+#: of each element type, which needs ml_dtypes and so stays out of the leaf) — never a host kernel module.
+SCHEDULE_MAY_IMPORT = ("host_fallback.abi", "host_fallback.arena")
+
+
+def absolute_imports(path: Path, package: str) -> set[str]:
+    """Every module ``path`` imports (``package``: the dotted package it lies in), relative imports resolved."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            source = ".".join(base + ([node.module] if node.module else []))
+            found.update(f"{source}.{a.name}" if node.level and not node.module else source for a in node.names)
+    return found
+
+
+def test_the_schedule_reads_only_the_abi_model_of_host_fallback():
+    bad = sorted(f"{module_name(f)} imports {m}" for f in sorted((PACKAGE / "schedule").rglob("*.py"))
+                 for m in absolute_imports(f, "rlx_gpu.schedule")
+                 if m.split(".")[0] == "host_fallback" and not m.startswith(SCHEDULE_MAY_IMPORT))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_abi_model_is_a_leaf():
+    """host_fallback/abi imports the standard library, NumPy and itself: nothing else of host_fallback, no rlx_gpu."""
+    bad = sorted(f"{f.relative_to(ROOT)} imports {m}" for f in sorted(ABI.rglob("*.py"))
+                 for m in absolute_imports(f, "host_fallback.abi")
+                 if not (m.split(".")[0] in sys.stdlib_module_names or m.split(".")[0] == "numpy"
+                         or m == "host_fallback.abi" or m.startswith("host_fallback.abi.")))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_leaf_check_sees_an_import_out_of_the_leaf(tmp_path):
+    module = tmp_path / "probe.py"
+    module.write_text("from ..arena import STORAGE\nfrom . import model\nimport numpy\n")
+    assert absolute_imports(module, "host_fallback.abi") == {"host_fallback.arena", "host_fallback.abi.model", "numpy"}

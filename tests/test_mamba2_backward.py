@@ -15,9 +15,8 @@ import torch
 
 import host_fallback
 from support.gradient_check import check_finite_differences, laid, read, with_gradients
+from host_fallback.abi import gradient, regions
 from host_fallback.arena import view
-from host_fallback.gradients import gradient
-from host_fallback.layout import regions
 
 BASE = dict(batch=2, seq=7, heads=2, head_dim=3, state_size=4)
 #: Packed sequences, one empty and one crossing chunks of 4, through slots of a pool of 5.

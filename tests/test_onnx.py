@@ -423,7 +423,7 @@ def _busiest(op: str) -> dict:
 @pytest.mark.parametrize("op,target", [("LSTM", "cpu"), ("LSTM", "gpu"), ("GRU", "gpu"), ("RNN", "cpu")])
 def test_a_random_recurrent_node_matches_onnxruntime_on_opencl(op, target):
     """On PoCL; the recurrent thunk runs there when its device kernels take its fields."""
-    from host_fallback.fields import used
+    from host_fallback.abi import used
     from rlx_gpu.conformance.devices import find, open_device
     from rlx_gpu.launches import V2_FIELDS
     from rlx_gpu.runtime.config import load_config

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback.fields import DEFAULTS
+from host_fallback.abi import OPS
 from rlx_gpu.conformance.references import V2_FIELDS
 from support.gradient_check import check_finite_differences, copy_inputs, read
 from support.rnn_backward_cases import backward_params, laid_backward, torch_gradients
@@ -71,7 +71,7 @@ def test_version_2_fields_match_central_finite_differences():
     for op, fields, extra in V2_RUN:
         _check_finite_differences(op, backward_params(op, **extra))
     for op in ("lstm", "gru", "rnn"):
-        for field in V2_FIELDS.get(op, frozenset()) & set(DEFAULTS[op]):
+        for field in V2_FIELDS.get(op, frozenset()) & set(OPS[op].defaults):
             assert any(op == o and field in fields for o, fields, _ in V2_RUN), f"no backward case of {op} {field}"
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback.fields import complete
-from host_fallback.gradients import BACKWARD
+from host_fallback.abi import BACKWARD, complete
 from rlx_gpu import launches
 from rlx_gpu.conformance import catalog, runner
 from rlx_gpu.conformance.catalog import Case

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback.fields import complete
+from host_fallback.abi import complete
 from rlx_gpu import launches
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case

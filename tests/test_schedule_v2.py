@@ -11,12 +11,8 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from host_fallback import runtime_data
-from host_fallback.fields import DEFAULTS
-from host_fallback.gradients import FORWARD_OPS
-from host_fallback.layout import regions
+from host_fallback.abi import FORWARD_OPS, OPS, regions, runtime_data
 from rlx_gpu.conformance.cases import lay_out, schedule_of
-from rlx_gpu.schedule.ops import SPECS
 
 V2_OPS = FORWARD_OPS  # the ops with version-2 fields that version 1 has too (backward ops: tests/test_backward_ops.py)
 
@@ -40,10 +36,10 @@ def test_a_version_1_schedule_relabelled_2_is_the_same_schedule(op):
     assert np.array_equal(dev.run(one, arena), dev.run(two, arena))
 
 
-@pytest.mark.parametrize("op,field", [(op, f.name) for op in V2_OPS for f in SPECS[op].fields if f.version > 1])
+@pytest.mark.parametrize("op,field", [(op, f.name) for op in V2_OPS for f in OPS[op].fields if f.version > 1])
 def test_a_version_2_field_under_version_1_is_refused_naming_field_and_version(op, field):
     sched = _schedule(op)
-    sched["thunks"][0][field] = DEFAULTS[op][field] if not callable(DEFAULTS[op][field]) else 1
+    sched["thunks"][0][field] = OPS[op].defaults[field] if not callable(OPS[op].defaults[field]) else 1
     with pytest.raises(rlx_gpu.ScheduleError, match=rf"thunk 0 \({op}\), field '{field}': is a field of rlx-thunks/2"):
         rlx_gpu.load_schedule(sched)
 
@@ -53,7 +49,7 @@ def test_a_field_given_at_its_default_is_the_field_absent(op):
     sched = dict(_schedule(op), abi="rlx-thunks/2")
     plain = rlx_gpu.load_schedule(sched)
     given = copy.deepcopy(sched)
-    for name, value in DEFAULTS[op].items():
+    for name, value in OPS[op].defaults.items():
         if name in ("num_seqs", "num_slots"):  # no default value: counts (>= 1) given with their tensor
             continue
         value = value(plain.thunks[0]) if callable(value) else value

@@ -14,10 +14,8 @@ import torch
 
 import host_fallback
 from support.gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
+from host_fallback.abi import OPS, OPTIONAL_INPUTS, forward_thunk, gradient, regions
 from host_fallback.arena import view
-from host_fallback.fields import DEFAULTS
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
-from host_fallback.layout import forward_thunk, regions
 from rlx_gpu.conformance.references import V2_FIELDS
 
 OP = "selective_scan_backward"
@@ -77,7 +75,7 @@ def test_every_gradient_matches_central_finite_differences(fields, extra):
 
 def test_every_field_the_reference_implements_has_a_finite_difference_case():
     gradients = {gradient(name) for name in OPTIONAL_INPUTS["selective_scan"]}
-    for field in V2_FIELDS[OP] & set(DEFAULTS["selective_scan"]) - {"state_dtype", "param_dtype"}:
+    for field in V2_FIELDS[OP] & set(OPS["selective_scan"].defaults) - {"state_dtype", "param_dtype"}:
         assert any(field in fields for fields, _ in CASES), f"no backward case of {field}"
     assert V2_FIELDS[OP] >= gradients  # the reference gives every optional gradient
 

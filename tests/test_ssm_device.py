@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rlx_gpu.backends.opencl")
-from host_fallback.fields import complete  # noqa: E402
+from host_fallback.abi import complete  # noqa: E402
 from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.cases import schedule_of  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import host_fallback
+from host_fallback.abi import complete
 from host_fallback.arena import STORAGE
-from host_fallback.fields import complete
 from rlx_gpu.conformance.compare import non_finite_mismatch
 from rlx_gpu.conformance.reference_ssm import lay_out, read
 from rlx_gpu.conformance.references import REFERENCES
@@ -191,7 +191,7 @@ def test_builder_takes_mamba_ssm_arguments(op):
 
 @pytest.mark.parametrize("op", ["selective_scan", "mamba2"])
 def test_builder_without_version_2_arguments_stays_version_1(op):
-    from host_fallback.fields import DEFAULTS
+    from host_fallback.abi import OPS
     from rlx_gpu.graph.builder import Graph
 
     _, tensors = make(op, np.random.default_rng(1), {})
@@ -200,7 +200,7 @@ def test_builder_without_version_2_arguments_stays_version_1(op):
     g.output("y", getattr(g, op)(*(g.input(f, tensors[f].shape) for f in names)))
     exe = g.compile("host")
     assert exe.schedule.abi == "rlx-thunks/1"
-    assert not set(exe.schedule.to_dict()["thunks"][0]) & set(DEFAULTS[op])
+    assert not set(exe.schedule.to_dict()["thunks"][0]) & set(OPS[op].defaults)
 
 
 @pytest.mark.parametrize("op", ["selective_scan", "mamba2"])

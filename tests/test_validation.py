@@ -12,9 +12,8 @@ import pytest
 import yaml
 
 import rlx_gpu
-from host_fallback.layout import regions
+from host_fallback.abi import OPS, regions
 from rlx_gpu.schedule.io import parse_text
-from rlx_gpu.schedule.ops import SPECS
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
 
@@ -35,7 +34,7 @@ def _bad_values(op: str, field) -> list[tuple[str, object]]:
     return out
 
 
-CASES = [(op, f) for op, spec in SPECS.items() for f in spec.fields]
+CASES = [(op, f) for op, spec in OPS.items() for f in spec.fields]
 
 
 @pytest.mark.parametrize("op,field", CASES, ids=[f"{op}.{f.name}" for op, f in CASES])
@@ -56,7 +55,7 @@ def _offset_regions(op: str):
     return [r for r in regions(thunk) if "[" not in r.field and r.nbytes > 0]
 
 
-OFFSET_CASES = [(op, r.field, r.dtype) for op in SPECS for r in _offset_regions(op)]
+OFFSET_CASES = [(op, r.field, r.dtype) for op in OPS for r in _offset_regions(op)]
 
 
 @pytest.mark.parametrize("op,field,dtype", OFFSET_CASES, ids=[f"{o}.{f}" for o, f, _ in OFFSET_CASES])
@@ -73,14 +72,14 @@ def test_offsets_misaligned_or_outside_the_arena(op, field, dtype):
         rlx_gpu.load_schedule(bad)
 
 
-@pytest.mark.parametrize("op", list(SPECS))
+@pytest.mark.parametrize("op", list(OPS))
 def test_unknown_missing_and_extra_fields(op):
     sched = _case(op)
     sched["thunks"][0]["colour"] = 3
     with pytest.raises(rlx_gpu.ScheduleError, match=rf"thunk 0 \({op}\), field 'colour': unknown field"):
         rlx_gpu.load_schedule(sched)
     sched = _case(op)
-    name = SPECS[op].fields[0].name
+    name = OPS[op].fields[0].name
     del sched["thunks"][0][name]
     with pytest.raises(rlx_gpu.ScheduleError, match=rf"thunk 0 \({op}\), field '{name}': missing"):
         rlx_gpu.load_schedule(sched)

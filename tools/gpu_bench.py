@@ -80,15 +80,15 @@ def shapes() -> list[tuple[str, dict]]:
 
 
 def _fields(t: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    from host_fallback.abi import regions
     from host_fallback.arena import STORAGE
-    from host_fallback.layout import regions
 
     return {r.field: arena[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype]).reshape(r.shape) for r in regions(t)}
 
 
 def footprint_bytes(t: dict) -> int:
     """Bytes a thunk must move at least: each tensor it reads, read once; each it writes, written once."""
-    from host_fallback.layout import regions
+    from host_fallback.abi import regions
 
     return sum(r.nbytes * (int(r.reads) + int(r.writes)) for r in regions(t))
 

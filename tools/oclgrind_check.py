@@ -130,7 +130,7 @@ def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] 
     case in one process per target and dtype."""
     from rlx_gpu.conformance import catalog
     from rlx_gpu.conformance.representative import plans, representative
-    from rlx_gpu.schedule.ops import DTYPES
+    from host_fallback.abi import DTYPES
 
     quick = catalog.cases(quick=True)
     wanted = [i for i, c in enumerate(quick) if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes)]
@@ -182,13 +182,13 @@ def demo_broken(spec: str) -> int:
 
 def main() -> int:
     from rlx_gpu.launches.limits import TARGETS
-    from rlx_gpu.schedule.ops import DTYPES, SPECS
+    from host_fallback.abi import DTYPES, OPS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-broken", action="store_true", help="show that an off-by-one write is caught")
     parser.add_argument("--full", action="store_true",
                         help="every quick case, not a representative one per kernel (for a change to kernels/)")
-    parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops")
+    parser.add_argument("--ops", nargs="+", choices=list(OPS), metavar="OP", help="only these ops")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", help="only these dtypes")
     parser.add_argument("--targets", nargs="+", choices=list(TARGETS), default=list(TARGETS), metavar="TARGET",
                         help=f"only these kernel targets (default: {' '.join(TARGETS)}; one command per target runs them side by side)")

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
+from host_fallback.abi import SCAN_OPS
 from host_fallback.scan_data import BeforeThunk
 
 from .. import launches
 from ..errors import DeviceError, KernelBuildError
 from ..launches import DeviceLimits, Launch
-from ..schedule.ops import SCAN_OPS
 from ..units import human_bytes
 from . import cublas_lib, nvrtc
 from .base import BackendUnavailable, DeviceInfo

@@ -14,9 +14,10 @@ import json
 import sys
 import warnings
 
+from host_fallback.abi import DTYPES
+
 from ..errors import KernelBuildError
 from ..launches.limits import TARGETS
-from ..schedule.ops import DTYPES
 from . import opencl
 from .programs import FAMILIES, Program, every_program, program
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+from host_fallback.abi import DTYPES
 from host_fallback.arena import COMPUTE, STORAGE
 
 from ..launches.body import fn_defines
 from ..launches.core import Launch
 from ..launches.limits import TARGETS, TUNING, DeviceLimits, variants
 from ..paths import data_dir
-from ..schedule.ops import DTYPES
 from . import backend_module
 
 FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast",  # cast: one program per (dtype, source dtype)

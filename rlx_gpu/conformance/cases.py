@@ -9,14 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE
-from host_fallback.fields import INT_FIELDS
-from host_fallback.gradients import BACKWARD
-from host_fallback.layout import regions
+from host_fallback.abi import BACKWARD, ELEM_SIZE, INT_FIELDS, SCAN_OPS, OPS as SPECS, regions
 
 from ..graph.layout import ALIGN
 from ..schedule.model import ABI_V1, ABI_V2
-from ..schedule.ops import SCAN_OPS, SPECS
 
 #: Parameters of one small case per op (scan-family cases carry their own bodies, below).
 SMALL: dict[str, dict[str, Any]] = {

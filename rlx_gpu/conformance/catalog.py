@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from host_fallback.fields import used
-from host_fallback.gradients import BACKWARD, OPTIONAL_INPUTS, gradient
+from host_fallback.abi import BACKWARD, DTYPES, OPTIONAL_INPUTS, SCAN_OPS, Field, OPS as SPECS, gradient, used
 
-from ..schedule.ops import DTYPES, SCAN_OPS, SPECS, Field
 from .cases import SMALL
 from .references import BINARY, REFERENCES, UNARY, V2_FIELDS
 

@@ -9,13 +9,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TextIO
 
-from host_fallback.gradients import BACKWARD
+from host_fallback.abi import BACKWARD, DTYPES, OPS
 
 from ..errors import InputError, RlxError
 from ..launches.limits import TARGETS
 from ..runtime.config import load_config
 from ..runtime.registry import open_session, status
-from ..schedule.ops import DTYPES, SPECS
 from . import bench, catalog, devices, report, runner
 
 #: What ``conformance --grad`` certifies: the backward ops of ABI.md §9 and the scan family's reverse mode.
@@ -81,7 +80,7 @@ def _common(parser: argparse.ArgumentParser, default_dtypes: tuple[str, ...] | N
     parser.add_argument("--device", action="append", metavar="D", help=DEVICE_HELP)
     parser.add_argument("--target", choices=TARGETS, help="force the kernel shapes of the opencl/cuda devices "
                         "(e.g. gpu on PoCL; default: each device's own, or RLX_TARGET)")
-    parser.add_argument("--ops", nargs="+", choices=list(SPECS), metavar="OP", help="only these ops (default: all)")
+    parser.add_argument("--ops", nargs="+", choices=list(OPS), metavar="OP", help="only these ops (default: all)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DT", default=default_dtypes,
                         help=f"only these dtypes, of {', '.join(DTYPES)} (default: {', '.join(default_dtypes or DTYPES)})")
 
@@ -124,7 +123,7 @@ def _selected(args: argparse.Namespace, quick: bool) -> list[catalog.Case]:
                              f"choose among {', '.join(GRADIENT_OPS)}, or leave out --grad")
         ops = ops or GRADIENT_OPS
     chosen = catalog.select(catalog.cases(quick=quick), ops, args.dtypes)
-    order = {op: i for i, op in enumerate(SPECS)}
+    order = {op: i for i, op in enumerate(OPS)}
     return sorted(chosen, key=lambda c: order[c.op])  # stable: one op's cases together, for the progress lines
 
 

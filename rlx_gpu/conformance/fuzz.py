@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from host_fallback.layout import regions
+from host_fallback.abi import DTYPES, OPS, footprint, regions
 
 from ..errors import DeviceError, RunError, ScheduleError, brief
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_V2, Schedule
-from ..schedule.ops import DTYPES, SPECS, footprint
 from .cases import FEEDS, SMALL, body_case, lay_out, schedule_of
 
 #: Integers that wrap, overflow, sit on a limit or are merely wrong.
@@ -69,8 +68,8 @@ def make_case(seed: int) -> Case:
     rng = random.Random(seed)
     if rng.random() < DATA_SHARE:
         return make_data_case(seed)
-    op = rng.choice(list(SPECS))
-    dtype = rng.choice(SPECS[op].dtypes)
+    op = rng.choice(list(OPS))
+    dtype = rng.choice(OPS[op].dtypes)
     thunk, arena_bytes = lay_out(op, dtype, guard=16)
     sched = copy.deepcopy(schedule_of(thunk, arena_bytes))  # lay_out shares its parameter lists
     done: list[str] = [f"{op} {dtype}"]

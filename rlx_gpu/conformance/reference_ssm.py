@@ -176,8 +176,8 @@ def lay_out(op: str, dtype: str, params: dict, tensors: dict):
     values written); each input is rounded into its element type (the thunk's ``dtype``, ``state_dtype``,
     ``param_dtype``) on the way in, outputs start zeroed.
     """
+    from host_fallback.abi import regions
     from host_fallback.arena import store
-    from host_fallback.layout import regions
     from .cases import lay_out as place
 
     values = {**tensors, **{f: v for f, v in params.items() if isinstance(v, list) and f in _INT_FIELDS}}
@@ -195,8 +195,8 @@ _INT_FIELDS = ("seq_lens", "cu_seqlens", "state_slots")
 
 def read(thunk, arena, field: str) -> np.ndarray:
     """A tensor of a laid-out thunk as float64 (the stored, rounded values; integer tensors too)."""
+    from host_fallback.abi import regions
     from host_fallback.arena import view
-    from host_fallback.layout import regions
 
     region = next(r for r in regions(thunk) if r.field == field)
     return view(arena, region.offset, region.dtype, region.shape).astype(np.float64)

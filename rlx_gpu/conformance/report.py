@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from host_fallback.abi import OPS
+
 from .. import __version__
 from ..backends.base import DeviceInfo
 from ..runtime.config import Config
 from ..schedule.model import ABI_V2
-from ..schedule.ops import SPECS
 from ..units import human_bytes, human_time, text_table
 from .runner import Outcome
 
@@ -96,7 +97,7 @@ def field_rows(outcomes: Iterable[Outcome]) -> list[list[str]]:
     some case checks the refusal of ("field (run-time check)"), for one device's outcomes."""
     counts: dict[tuple[str, str], dict[str, int]] = {}
     for o in outcomes:
-        spec = SPECS.get(o.case.op)
+        spec = OPS.get(o.case.op)
         if spec is None:
             continue
         names = [f"{o.case.refused} (run-time check)"] if o.case.refused else [

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 
+from host_fallback.abi import SCAN_OPS
+
 from .. import launches
 from ..runtime.options import RunOptions
-from ..schedule.ops import SCAN_OPS
 from .devices import find, open_device
 from . import runner
 

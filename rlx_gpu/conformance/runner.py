@@ -15,22 +15,18 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 import host_fallback
+from host_fallback.abi import OPS, SCAN_OPS, Region, complete, regions
 from host_fallback.arena import STORAGE
-from host_fallback.fields import complete
-from host_fallback.gradients import forward_op
-from host_fallback.layout import Region, regions
 
 from ..backends.base import Session
 from ..errors import RunError
 from ..runtime.config import Config
 from ..runtime.executor import Device
 from ..runtime.options import RunOptions
-from ..schedule.ops import SCAN_OPS
 from . import scan_cell
 from .cases import int_values, lay_out as place, schedule_of
 from .catalog import Case
 from .compare import nmse, non_finite_mismatch
-from .reference_rnn import sigmoid
 from .references import REFERENCES
 
 GUARD = 1024
@@ -69,25 +65,9 @@ class Laid:
 
 
 def sample(op: str, params: Mapping[str, Any], field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Inputs in the range each op is defined on (positive log args, decays below 1 ...); a backward op's
-    forward inputs as its forward's."""
-    x = rng.standard_normal(shape)
-    if op == "unary" and params["fn"] in ("log", "sqrt", "rsqrt"):
-        return np.abs(x) + 0.1
-    if (forward_op(op), field) in (("selective_scan", "delta"), ("mamba2", "dt")):
-        return np.abs(x) * 0.5
-    if (forward_op(op), field) in (("selective_scan", "a"), ("mamba2", "a")):
-        return -np.abs(x)
-    if forward_op(op) == "gated_delta_net":
-        if field == "g":
-            return -np.abs(x) * 0.3
-        if field == "beta":
-            return sigmoid(x)
-        if field == "k":
-            return x / np.linalg.norm(x, axis=-1, keepdims=True)
-    if forward_op(op) in ("lstm", "gru", "rnn") and field.startswith("w_"):
-        return x * 0.5
-    return x
+    """Inputs in the range each op is defined on (its definition's ``OpDef.sample``: positive log args,
+    decays below 1 ...); a backward op's forward inputs as its forward's."""
+    return OPS[op].sample(field, params, rng.standard_normal(shape))
 
 
 def _store(arena: np.ndarray, r: Region, dtype: str, values: np.ndarray) -> None:

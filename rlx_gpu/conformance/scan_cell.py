@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE, STORAGE
+from host_fallback.abi import ELEM_SIZE
+from host_fallback.arena import STORAGE
 
 B, H, I = 2, 3, 2  # batch rows, carry width, input width of the cell
 
@@ -180,7 +181,7 @@ def gradients(c: Cell, p: Problem, save_trajectory: bool) -> tuple[np.ndarray, n
 
 
 def inputs(op: str, c: Cell, p: Problem, num_checkpoints: int) -> dict[str, np.ndarray]:
-    """The outer input tensors by region label (``host_fallback.layout.regions``)."""
+    """The outer input tensors by region label (``host_fallback.abi.regions``)."""
     if op == "scan":
         bias = {"bcast_inputs[0]": c.bias} if c.bcast_bias else {}
         return {"outer_init_off": p.h0, "xs_inputs[0]": p.xs, **bias}

@@ -14,8 +14,8 @@ from typing import Mapping
 import numpy as np
 
 import host_fallback
+from host_fallback.abi import regions
 from host_fallback.arena import STORAGE
-from host_fallback.layout import regions
 
 from ..runtime.config import Config
 from ..schedule.model import Schedule

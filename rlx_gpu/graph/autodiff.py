@@ -14,8 +14,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from host_fallback.abi import FORWARD_OPS
 from host_fallback.arena import STORAGE
-from host_fallback.gradients import FORWARD_OPS
 
 from ..errors import GraphError
 from .nodes import BodyGraph, Node, Tensor

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import COMPUTE, ELEM_SIZE, STORAGE
-from host_fallback.fields import used
+from host_fallback.abi import ELEM_SIZE, OPS, used
+from host_fallback.arena import COMPUTE, STORAGE
 
 from ..errors import GraphError
 from ..runtime.call_plan import CallPlan
@@ -21,7 +21,6 @@ from ..runtime.config import check_spec
 from ..runtime.executor import Device, get_device
 from ..schedule.io import load_schedule
 from ..schedule.model import ABI_V1, ABI_V2, Schedule
-from ..schedule.ops import SPECS
 from .layout import ArenaLayout, LayoutReport, arena_layout
 from .nodes import BodyGraph, Node, Slot, Tensor
 
@@ -118,7 +117,7 @@ def lower(graph: BodyGraph) -> tuple[dict[str, Any], LayoutReport]:
     schedule, arena = _Lowering().graph(graph, top=True)
     nested = list(_schedules(schedule))
     # version 2 only where a §8 field or a §9 op is used
-    if any(used(thunk) or SPECS[thunk["op"]].version == 2 for s in nested for thunk in s["thunks"]):
+    if any(used(thunk) or OPS[thunk["op"]].version == 2 for s in nested for thunk in s["thunks"]):
         for s in nested:
             s["abi"] = ABI_V2
     return schedule, arena.report

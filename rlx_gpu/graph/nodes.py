@@ -15,10 +15,12 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE, STORAGE
+from host_fallback.abi import DTYPES, ELEM_SIZE, TENSOR_DTYPES
+from host_fallback.abi.body_ops import BINARY_FNS, UNARY_FNS
+from host_fallback.arena import STORAGE
 
 from ..errors import GraphError
-from ..schedule.ops import BINARY_FNS, DTYPES, MAX_RANK, TENSOR_DTYPES, UNARY_FNS
+from ..schedule.limits import MAX_RANK
 
 
 @dataclass(frozen=True, eq=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
-from host_fallback.arena import ELEM_SIZE
+from host_fallback.abi import ELEM_SIZE
 
 from ..errors import GraphError
 from .autodiff import vjp

@@ -9,9 +9,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from host_fallback.fields import DEFAULTS, is_default
-from host_fallback.gradients import FORWARD_OPS, gradient
-from host_fallback.layout import recurrent_weight_shapes
+from host_fallback.abi import FORWARD_OPS, OPS, gradient, is_default
+from host_fallback.abi.recurrent import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Node, Tensor
@@ -78,7 +77,7 @@ class SequenceOps:
             if t.dtype != x.dtype:
                 raise GraphError(f"{op}: input {field!r} ({t!r}) is {t.dtype}, x is {x.dtype}")
         probe = {"op": op, "bidirectional": bidirectional, "relu": extra.get("relu", False)}
-        v2 = {f: v for f, v in extra.items() if f in DEFAULTS[op] and not is_default(probe, f, v)}
+        v2 = {f: v for f, v in extra.items() if f in OPS[op].defaults and not is_default(probe, f, v)}
         v2.update({f: given[f] for f in ("peepholes", "w_hr") if f in given})
         if proj_size:
             v2["proj_size"] = int(proj_size)
@@ -95,7 +94,7 @@ class SequenceOps:
         # The thunk updates its state in place: it works on a copy, so the caller's tensor stays intact.
         finals = {f: self.copy(given[f]) for f in states} if carry else {}
         y = self._new((b, s, dirs * width), x.dtype)
-        v1 = {f: v for f, v in extra.items() if f not in DEFAULTS[op]}
+        v1 = {f: v for f, v in extra.items() if f not in OPS[op].defaults}
         fields = {"x": x, **{f: given[f] for f in params if f in given and f not in v2},
                   **{f: finals.get(f, 0) for f in states}, "dst": y,
                   "batch": b, "seq": s, "input_size": i, "hidden": hidden, "num_layers": num_layers,

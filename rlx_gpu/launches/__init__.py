@@ -7,7 +7,7 @@ cannot run a thunk, or ``None``. Backends only translate these into their API ca
 """
 from __future__ import annotations
 
-from host_fallback.fields import used
+from host_fallback.abi import used
 
 from . import body, gdn, rnn, rnn_backward, ssm, ssm_backward
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk

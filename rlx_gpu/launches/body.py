@@ -1,8 +1,10 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
+from host_fallback.abi.body_ops import BINARY_FNS, UNARY_FNS
+
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
-from ..schedule.ops import BINARY_FNS, MAX_RANK, UNARY_FNS
+from ..schedule.limits import MAX_RANK
 from .limits import DeviceLimits
 
 #: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``

@@ -6,7 +6,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from host_fallback.arena import COMPUTE, ELEM_SIZE
+from host_fallback.abi import ELEM_SIZE
+from host_fallback.arena import COMPUTE
 
 Thunk = Mapping[str, Any]
 

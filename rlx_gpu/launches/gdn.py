@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host_fallback.fields import complete, gdn_scale
+from host_fallback.abi import complete
+from host_fallback.abi.gdn import gdn_scale
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i32, i64, linear_local, real, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from host_fallback.fields import complete
+from host_fallback.abi import complete
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i64, linear_local, real, real_size
 from .limits import DeviceLimits, state_variant

@@ -11,8 +11,8 @@ blocks. The version-2 fields are compile-time variants (for selective_scan and m
 """
 from __future__ import annotations
 
-from host_fallback.fields import complete, gdn_scale
-from host_fallback.gradients import forward_op
+from host_fallback.abi import complete, forward_op
+from host_fallback.abi.gdn import gdn_scale
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real, real_size
 from .limits import DeviceLimits

@@ -34,13 +34,12 @@ from typing import Any, Hashable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from host_fallback.abi import SCAN_OPS, Region, footprint
 from host_fallback.arena import view
-from host_fallback.layout import Region
 
 from ..errors import InputError, RlxError, RunError
 from ..schedule.io import load_schedule
 from ..schedule.model import Schedule, TensorView
-from ..schedule.ops import SCAN_OPS, footprint
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport

@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from host_fallback.scan import STRATEGIES as RECOMPUTE
+from host_fallback.abi import DTYPES, OPS
+from host_fallback.scan_driver import STRATEGIES as RECOMPUTE
 
 from .. import backends
 from ..errors import ConfigError, DeviceError
 from ..paths import data_dir
-from ..schedule.ops import DTYPES, SPECS
 from ..schedule.yaml_reader import yaml_message
 
 POLICIES = ("allow", "warn", "forbid")
 KEYS = ("device", "priority", "fallback", "overrides", "scan", "tolerances")
-TOLERANCE_KEYS = ("thunk", "schedule", *SPECS)
+TOLERANCE_KEYS = ("thunk", "schedule", *OPS)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def _overrides(path: Path, value: Any) -> dict[str, str]:
     out = {}
     for key, backend in _mapping(path, "overrides", value).items():
         op, _, dtype = str(key).partition(":")
-        _one_of(path, f"overrides[{key!r}]", op, tuple(SPECS), "an op")
+        _one_of(path, f"overrides[{key!r}]", op, tuple(OPS), "an op")
         if dtype:
             _one_of(path, f"overrides[{key!r}]", dtype, DTYPES, "a dtype")
         out[str(key)] = _one_of(path, f"overrides[{key!r}]", backend, backend_names(), "a backend")

@@ -16,12 +16,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from host_fallback import runtime_data
-from host_fallback.layout import Region
+from host_fallback.abi import Region, footprint, runtime_data
 
 from ..errors import RunError
 from ..schedule.model import Thunk
-from ..schedule.ops import footprint
 
 Reader = Callable[[Region], np.ndarray]
 

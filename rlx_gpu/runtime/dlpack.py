@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE, STORAGE
+from host_fallback.abi import ELEM_SIZE
+from host_fallback.arena import STORAGE
 
 from ..errors import DLPackError
 

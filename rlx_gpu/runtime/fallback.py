@@ -12,11 +12,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from host_fallback.abi import footprint
+
 from ..backends.allocation import allocating
 from ..backends.base import Session
 from ..backends.options import RunOptions
 from ..schedule.model import Thunk
-from ..schedule.ops import footprint
 from .placement import Assignment
 
 Ranges = tuple[tuple[int, int], ...]  # (offset, nbytes), sorted, disjoint and not touching

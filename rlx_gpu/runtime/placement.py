@@ -8,10 +8,11 @@ from typing import Iterator
 
 import host_fallback
 
+from host_fallback.abi import SCAN_OPS, footprint
+
 from ..backends.base import Session
 from ..errors import DeviceError, FallbackForbidden
 from ..schedule.model import Schedule, Thunk
-from ..schedule.ops import SCAN_OPS, footprint
 from .config import Config
 
 #: The body schedules of each scan op, in the order placement lists them.

@@ -14,8 +14,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from host_fallback.arena import ELEM_SIZE, STORAGE, view
-from host_fallback.fields import DEFAULTS, is_default
+from host_fallback.abi import ELEM_SIZE, OPS, is_default
+from host_fallback.arena import STORAGE, view
 
 ABI_V1, ABI_V2 = "rlx-thunks/1", "rlx-thunks/2"
 #: The labels this reader accepts; version 2 (ABI.md §8) is a superset of version 1.
@@ -85,7 +85,7 @@ class Thunk(Mapping):
     def to_dict(self) -> dict[str, Any]:
         """The thunk as the schedule file spells it; a version-2 field at its default is left out."""
         out: dict[str, Any] = {"op": self.op, "dtype": self.dtype}
-        newer = DEFAULTS.get(self.op, {})
+        newer = OPS[self.op].defaults
         for key, value in self.fields.items():
             if key in newer and is_default(self, key, value):
                 continue

@@ -11,24 +11,17 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
-from host_fallback import aliasing, scan_rules
-from host_fallback.arena import ELEM_SIZE
-from host_fallback.fields import complete
-from host_fallback.gradients import forward_op
-from host_fallback.layout import regions
+from host_fallback.abi import DTYPES, ELEM_SIZE, OPS, TENSOR_DTYPES, Checked, Field, FieldError, OpDef, Region
 
 from ..errors import ScheduleError, brief
 from ..units import human_bytes
 from .limits import (MAX_ARENA_BYTES, MAX_DIM, MAX_NESTING_DEPTH, MAX_NUM_LAYERS, MAX_RANK, MAX_SCAN_STEPS, MAX_THUNKS,
                      MAX_VIEW_RANK)
 from .model import ABI_V1, ABI_VERSIONS, InitBlock, Schedule, TensorView, Thunk, freeze_fields
-from .ops import DTYPES, SCAN_OPS, SPECS, TENSOR_DTYPES, Field, OpSpec
-from .rules_v2 import RULES_V2
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
-_RECURRENT = ("lstm", "gru", "rnn")
 #: Fields bounded by their own limit rather than by ``dimension``.
 _FIELD_LIMITS = {"num_layers": (MAX_NUM_LAYERS, "num_layers")}
 #: What a malformed value can raise from inside a check that assumed its type.
@@ -141,6 +134,11 @@ class _Context:
                                if name not in self.results}
         return self._by_offset
 
+    def named(self, region: Region) -> tuple[str, int] | None:
+        """The named tensor placed at ``region`` (its offset and element type) and its element count, if any."""
+        name = self.by_offset().get((region.offset, region.dtype)) if self.tensors else None
+        return None if name is None else (name, self.tensors[name].count)
+
 
 def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
     kind = f.kind
@@ -244,23 +242,6 @@ def _activations(here: _Where, f: Field, v: Any) -> tuple[tuple[str, float, floa
     return tuple(out)
 
 
-def _rules_binary(where: _Where, f: Mapping[str, Any]) -> None:
-    for name in ("a_strides", "b_strides"):
-        if len(f[name]) != len(f["shape"]):
-            raise where.fail(name, f"rank {len(f[name])} differs from shape's rank {len(f['shape'])}")
-
-
-def _rules_copy(where: _Where, f: Mapping[str, Any]) -> None:
-    n, src, dst = f["nbytes"], f["src"], f["dst"]
-    if n and src < dst + n and dst < src + n:
-        raise where.fail("dst", f"range [{dst}, {dst + n}) overlaps src range [{src}, {src + n}); copy ranges "
-                                "must not overlap")
-
-
-#: Cross-field rules by op, checked before the footprint; each gets the fields with ``op`` and ``dtype``.
-_RULES: dict[str, Callable[[_Where, Mapping[str, Any]], None]] = {"binary": _rules_binary, "copy": _rules_copy}
-
-
 def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
     """The validated thunk and the scan steps it declares."""
     where = ctx.where
@@ -272,9 +253,9 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
         ctx.budget.add(where.thunk(index, thunk.op), 1 + inside)
         return Thunk(index, thunk.op, thunk.dtype, thunk.fields), steps
     op = raw.get("op")
-    if not isinstance(op, str) or op not in SPECS:
+    if not isinstance(op, str) or op not in OPS:
         named = op if isinstance(op, str) and len(op) <= 24 else brief(op, 24)
-        raise where.thunk(index, named).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(SPECS)}")
+        raise where.thunk(index, named).fail("op", f"unknown op {brief(op)}; expected one of {', '.join(OPS)}")
     here = where.thunk(index, op)
     ctx.budget.add(here, 1)
     before = ctx.budget.thunks
@@ -289,7 +270,8 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
 
 
 def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context) -> tuple[Thunk, int]:
-    spec: OpSpec = SPECS[op]
+    """The thunk checked field by field, then by its op's rules in their order (``OpDef.rules``)."""
+    spec: OpDef = OPS[op]
     if ctx.abi == ABI_V1 and spec.version > 1:
         raise here.fail("op", f"{op} is an op of rlx-thunks/2 (ABI.md §9); this schedule is labelled {ABI_V1!r}: "
                               "label it 'rlx-thunks/2' to use it")
@@ -313,28 +295,31 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
     for f in spec.optional_fields:  # a field used only with a flag (d_h0 of lstm_backward) is required with it
         if f.used_when and f.name not in given and given.get(f.used_when):
             raise here.fail(f.name, f"missing: {f.used_when} = true needs it")
-    if op in _RULES:
-        _RULES[op](here, {"op": op, "dtype": dtype, **given})
-    if op in RULES_V2:
-        try:
-            RULES_V2[op]({"op": op, "dtype": dtype, **given})
-        except scan_rules.FieldError as err:
-            raise here.fail(err.field, err.message) from None
-    fields = complete({"op": op, "dtype": dtype, **given})
-    del fields["op"], fields["dtype"]
+    checked = Checked({"op": op, "dtype": dtype, **given}, named=ctx.named)
+    placed: tuple[Thunk, int] | None = None
+    try:
+        for rule in spec.rules:
+            if rule.on_footprint and placed is None:
+                placed = _placed(here, index, spec, checked, ctx)
+            rule.check(checked)
+    except FieldError as err:
+        raise here.fail(err.field, err.message) from None
+    return placed or _placed(here, index, spec, checked, ctx)
+
+
+def _placed(here: _Where, index: int, spec: OpDef, checked: Checked, ctx: _Context) -> tuple[Thunk, int]:
+    """The thunk completed with its defaults and the scan steps it declares, once its footprint is known to
+    lie inside the arena, aligned; ``checked`` gets the completed fields and the regions."""
+    fields = spec.complete(checked.given)
+    op, dtype = fields.pop("op"), fields.pop("dtype")
     fields = {name: fields[name] for name in spec.field_names}
     thunk = Thunk(index, op, dtype, freeze_fields(fields))
-    steps = 0
-    if op in SCAN_OPS:
-        try:
-            scan_rules.check(thunk)
-        except scan_rules.FieldError as err:
-            raise here.fail(err.field, err.message) from None
-        steps = sum(fields["length"] * (1 + inner) for inner in ctx.body_steps.values())
-        if steps > MAX_SCAN_STEPS:
-            raise here.fail("length", f"length {fields['length']} declares {steps} body executions (nested scans "
-                                      f"included), over the limit {MAX_SCAN_STEPS} ('scan_steps')")
-    regs = regions({"op": op, "dtype": dtype, **fields})  # a plain dict: the shape rules read it fast
+    steps = sum(fields["length"] * (1 + inner) for inner in ctx.body_steps.values())
+    if steps > MAX_SCAN_STEPS:
+        raise here.fail("length", f"length {fields['length']} declares {steps} body executions (nested scans "
+                                  f"included), over the limit {MAX_SCAN_STEPS} ('scan_steps')")
+    checked.thunk = {"op": op, "dtype": dtype, **fields}  # a plain dict: the shape rules read it fast
+    checked.regions = regs = spec.layout(checked.thunk)
     for r in regs:
         size = ELEM_SIZE[r.dtype]
         if r.offset % size:
@@ -342,27 +327,11 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
         if r.offset + r.nbytes > ctx.arena_bytes:
             raise here.fail(r.field, f"bytes [{r.offset}, {r.offset + r.nbytes}) ({_shape(r.shape)} {r.dtype}, "
                                      f"{human_bytes(r.nbytes)}) fall outside the arena of {ctx.arena_bytes} bytes")
-    try:
-        aliasing.check(thunk, regs)
-    except scan_rules.FieldError as err:
-        raise here.fail(err.field, err.message) from None
-    if forward_op(op) in _RECURRENT and ctx.tensors:
-        _recurrent_counts(here, thunk, [r for r in regs if r.reads], ctx)
     return thunk, steps
 
 
 def _shape(shape: tuple[int, ...]) -> str:
     return brief(list(shape), 60)
-
-
-def _recurrent_counts(here: _Where, thunk: Thunk, reads: list, ctx: _Context) -> None:
-    """A named tensor placed at an RNN input must hold exactly the element count ABI.md §3 expects."""
-    by_offset = ctx.by_offset()
-    for r in reads:
-        name = by_offset.get((r.offset, r.dtype))
-        expected = r.nbytes // ELEM_SIZE[r.dtype]
-        if name is not None and ctx.tensors[name].count != expected:
-            raise here.fail(r.field, f"input {name!r} has {ctx.tensors[name].count} elements, expected {expected}")
 
 
 def _or_empty(value: Any, empty: Any) -> Any:

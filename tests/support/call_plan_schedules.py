@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import rlx_gpu
-from host_fallback.layout import regions
+from host_fallback.abi import regions
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
 

@@ -6,9 +6,8 @@ from typing import Callable
 
 import numpy as np
 
+from host_fallback.abi import OPTIONAL_INPUTS, forward_thunk, gradient, regions
 from host_fallback.arena import STORAGE, view
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
-from host_fallback.layout import forward_thunk, regions
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.conformance.references import REFERENCES
 

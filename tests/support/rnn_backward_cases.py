@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from host_fallback.fields import complete
-from host_fallback.gradients import gradient
-from host_fallback.layout import forward_thunk
+from host_fallback.abi import complete, forward_thunk, gradient
 from support.gradient_check import laid, with_gradients
 
 BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)

@@ -2,7 +2,7 @@
 ops with the gradient of every optional input: the device, backward-device and ptxas tests share them."""
 from __future__ import annotations
 
-from host_fallback.gradients import OPTIONAL_INPUTS, gradient
+from host_fallback.abi import OPTIONAL_INPUTS, gradient
 
 RECURRENT = ("lstm", "gru", "rnn")
 BASE = dict(batch=5, seq=6, input_size=3, hidden=5, num_layers=2, bidirectional=True, carry=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import host_fallback
-from host_fallback.fields import complete
+from host_fallback.abi import complete
 from rlx_gpu.conformance.reference_ssm import lay_out, read
 from rlx_gpu.conformance.references import REFERENCES
 

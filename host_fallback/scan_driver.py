@@ -12,8 +12,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from .arena import ELEM_SIZE, load, store
-from . import scan_rules
+from .abi import ELEM_SIZE
+from .abi.scan import SCAN_OPS, check, upstream_dtype
+from .arena import load, store
 from .body import copy_bytes
 from .scan_data import BodyData, Feed
 
@@ -115,10 +116,6 @@ def checkpoint_steps(length: int, num_checkpoints: int) -> list[int]:
     return [-(-(k + 1) * length // rows) - 1 for k in range(rows)]
 
 
-#: The ops this driver runs.
-SCAN_OPS = frozenset({"scan", "scan_backward", "scan_backward_xs"})
-
-
 def working_bytes(t: Thunk, recompute: str = "segment", _seen: dict[int, int] | None = None) -> int:
     """The most bytes the driver holds at once for ``t`` besides the outer arena.
 
@@ -160,7 +157,7 @@ def _pass(mem: Memory, arena: Any, src_off: int, dst_off: int, nbytes: int) -> N
 
 def run_scan(mem: Memory, t: Thunk, outer: Any) -> None:
     """``scan``: run ``body`` ``length`` times, threading the carry and saving the trajectory or final carry."""
-    scan_rules.check(t)
+    check(t)
     length, c = t["length"], t["carry_bytes"]
 
     body, in_off, out_off, final = t["body"], t["body_input_off"], t["body_output_off"], t["outer_final_off"]
@@ -209,7 +206,7 @@ class _Reverse:
         self.c = t["carry_bytes"]
         self.xs: Sequence[Sequence[int]] = t["outer_xs_offs"]
         self.dxs = t["op"] == "scan_backward_xs"
-        self.upstream_dtype = scan_rules.upstream_dtype(t)
+        self.upstream_dtype = upstream_dtype(t)
         self.vjp = _pristine(mem, t["body_vjp"])
         k, length = t["num_checkpoints"], t["length"]
         self.fwd = _pristine(mem, t["forward_body"]) if 0 < k < length else None  # only checkpoints recompute
@@ -298,7 +295,7 @@ def run_scan_backward(mem: Memory, t: Thunk, outer: Any, recompute: str = "segme
     """
     if recompute not in STRATEGIES:
         raise ValueError(f"recompute={recompute!r}; choose one of {STRATEGIES}")
-    scan_rules.check(t)
+    check(t)
     c, d_out = t["carry_bytes"], t["body_d_output_off"]
     data = _body_data(t)
     for body in data:

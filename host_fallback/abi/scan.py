@@ -1,26 +1,17 @@
-"""The cross-field rules of the scan family (ABI.md §6), written once.
+"""The scan family of ABI.md §6 and §9: ``scan``, ``scan_backward`` and ``scan_backward_xs``.
 
-The host driver checks them before it runs (a runtime may call ``host_fallback`` directly) and
-``rlx_gpu``'s validator calls the same function, adding the thunk's place in the schedule.
+Their cross-field rules are written once: a scan driver checks them before it runs (a runtime may
+call ``host_fallback`` directly) and ``rlx_gpu``'s validator runs the same rule, adding the thunk's
+place in the schedule.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
 
-from .arena import ELEM_SIZE
-
-Thunk = Mapping[str, Any]
+from .aliasing import ALIASING
+from .model import ELEM_SIZE, Field, FieldError, OpDef, Region, Thunk, rule
 
 UPSTREAM_DTYPES = {4: "f32", 8: "f64"}  # carry_elem_size 2 means the thunk's own 16-bit dtype
-
-
-class FieldError(ValueError):
-    """A field value the ABI forbids; ``field`` names it as the schedule spells it."""
-
-    def __init__(self, op: str, field: str, message: str):
-        super().__init__(f"{op}, field {field!r}: {message}")
-        self.field, self.message = field, message
 
 
 def upstream_dtype(t: Thunk) -> str:
@@ -124,3 +115,70 @@ def _check_backward(t: Thunk) -> None:
         for i, (body_off, (_, step_bytes)) in enumerate(zip(t["forward_body_x_offs"], t["outer_xs_offs"])):
             _slot(t, "forward_body", f"forward_body_x_offs[{i}]", body_off, step_bytes)
         _inputs(t, "forward_body", 1 + n_xs, "the carry, one per xs input")
+
+
+def trajectory_rows(t: Thunk) -> int:
+    """Rows of a saved trajectory: ``K`` for a checkpointed one, else ``length``."""
+    k, length = t["num_checkpoints"], t["length"]
+    return k if 0 < k < length else length
+
+
+def _bytes(field: str, offset: int, nbytes: int, access: str) -> Region:
+    return Region(field, offset, (nbytes,), "u8", access)
+
+
+def _scan(t: Thunk) -> list[Region]:
+    length, carry = t["length"], t["carry_bytes"]
+    out = [_bytes("outer_init_off", t["outer_init_off"], carry, "r")]
+    out += [_bytes(f"xs_inputs[{i}]", outer, length * step, "r") for i, (_, outer, step) in enumerate(t["xs_inputs"])]
+    out += [_bytes(f"bcast_inputs[{i}]", outer, total, "r") for i, (_, outer, total) in enumerate(t["bcast_inputs"])]
+    rows = trajectory_rows(t) if t["save_trajectory"] else 1
+    out.append(_bytes("outer_final_off", t["outer_final_off"], rows * carry, "w"))
+    return out
+
+
+def _scan_backward_common(t: Thunk) -> list[Region]:
+    length, carry = t["length"], t["carry_bytes"]
+    upstream_rows = length if t["save_trajectory"] else 1
+    out = [
+        _bytes("outer_init_off", t["outer_init_off"], carry, "r"),
+        _bytes("outer_traj_off", t["outer_traj_off"], trajectory_rows(t) * carry, "r"),
+        _bytes("outer_upstream_off", t["outer_upstream_off"], upstream_rows * carry, "r"),
+    ]
+    out += [_bytes(f"outer_xs_offs[{i}]", outer, length * step, "r") for i, (outer, step) in enumerate(t["outer_xs_offs"])]
+    return out
+
+
+def _scan_backward(t: Thunk) -> list[Region]:
+    return _scan_backward_common(t) + [_bytes("outer_dinit_off", t["outer_dinit_off"], t["carry_bytes"], "w")]
+
+
+def _scan_backward_xs(t: Thunk) -> list[Region]:
+    dxs = _bytes("outer_dxs_off", t["outer_dxs_off"], t["length"] * t["per_step_bytes"], "w")
+    return _scan_backward_common(t) + [dxs]
+
+
+_BACKWARD_FIELDS = (
+    Field("body_vjp", "schedule"), Field("body_carry_in_off", "offset"), Field("body_x_offs", "offsets"),
+    Field("body_d_output_off", "offset"), Field("body_dcarry_out_off", "offset"),
+    Field("outer_init_off", "offset"), Field("outer_traj_off", "offset"), Field("outer_upstream_off", "offset"),
+    Field("outer_xs_offs", "pairs"), Field("length", "pos"), Field("carry_bytes", "pos"),
+    Field("carry_elem_size", "elem_size"), Field("save_trajectory", "bool"),
+    Field("num_checkpoints", "count"), Field("forward_body", "opt_schedule"),
+    Field("forward_body_carry_in_off", "offset"), Field("forward_body_output_off", "offset"),
+    Field("forward_body_x_offs", "offsets"),
+)
+_RULES = (rule(check), ALIASING)
+
+SCAN = OpDef("scan", (
+    Field("body", "schedule"), Field("body_input_off", "offset"), Field("body_output_off", "offset"),
+    Field("outer_init_off", "offset"), Field("outer_final_off", "offset"), Field("length", "pos"),
+    Field("carry_bytes", "pos"), Field("save_trajectory", "bool"), Field("xs_inputs", "xs"),
+    Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count")), _scan, rules=_RULES)
+SCAN_BACKWARD = OpDef("scan_backward", _BACKWARD_FIELDS + (Field("outer_dinit_off", "offset"),), _scan_backward,
+                      rules=_RULES)
+SCAN_BACKWARD_XS = OpDef("scan_backward_xs", _BACKWARD_FIELDS + (
+    Field("xs_idx", "count"), Field("body_dxs_out_off", "offset"), Field("outer_dxs_off", "offset"),
+    Field("per_step_bytes", "pos")), _scan_backward_xs, rules=_RULES)
+#: The scan family: thunks holding nested schedules, run by a scan driver.
+SCAN_OPS = frozenset({SCAN.name, SCAN_BACKWARD.name, SCAN_BACKWARD_XS.name})

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from .layout import Region, regions
-from .scan_rules import FieldError
+from .model import Checked, FieldError, Region, Rule
 
 Thunk = Mapping[str, Any]
 
@@ -63,10 +62,9 @@ def _describe(r: Region) -> str:
     return f"{r.field} [{r.offset}, {r.offset + r.nbytes}) ({kind})"
 
 
-def check(t: Thunk, regs: list[Region] | None = None) -> None:
-    """Raise ``FieldError`` when ``t``'s ranges (``regs``: ``regions(t)`` if already computed) overlap in
-    a way the aliasing rule forbids."""
-    spans = [(r, r.offset, r.offset + r.nbytes) for r in (regions(t) if regs is None else regs) if r.nbytes > 0]
+def check(t: Thunk, regs: list[Region]) -> None:
+    """Raise ``FieldError`` when ``t``'s ranges (``regs``: its regions) overlap in a way the aliasing rule forbids."""
+    spans = [(r, r.offset, r.offset + r.nbytes) for r in regs if r.nbytes > 0]
     for w, w_start, w_end in spans:
         if not w.writes:
             continue
@@ -121,3 +119,11 @@ def _slot_error(t: Thunk, body: str, a: tuple[str, int, int], b: tuple[str, int,
     return FieldError(t["op"], a[0], f"{body} slot [{a[1]}, {a[1] + a[2]}) overlaps {b[0]} [{b[1]}, {b[1] + b[2]}); "
                                      "the slots a scan fills and reads back must be disjoint (only the loop's "
                                      "output may equal its input exactly)")
+
+
+def _check(c: Checked) -> None:
+    check(c.thunk, c.regions)
+
+
+#: The aliasing rule as an entry of every op's rules.
+ALIASING = Rule(_check, on_footprint=True)

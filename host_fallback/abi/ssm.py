@@ -1,0 +1,85 @@
+"""The state-space ops of ABI.md §4 and §8: ``selective_scan`` (Mamba-1) and ``mamba2`` (SSD)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from .aliasing import ALIASING
+from .model import Field, OpDef, Region, Thunk, newer, offsets, positive, rule, same
+from .state import CARRIED_FIELDS, DATA_RULES, STATE_FIELDS, check_carried, divides, optional_regions, state_regions
+
+
+def _selective_scan(t: Thunk) -> list[Region]:
+    b, s, h, n, dt, pt = t["batch"], t["seq"], t["hidden"], t["state_size"], t["dtype"], t["param_dtype"]
+    bc = (b, s, n) if t["groups"] == 1 else (b, s, t["groups"], n)
+    out = [
+        Region("x", t["x"], (b, s, h), dt, "r"),
+        Region("delta", t["delta"], (b, s, h), dt, "r"),
+        Region("a", t["a"], (h, n), pt, "r"),
+        Region("b", t["b"], bc, dt, "r"),
+        Region("c", t["c"], bc, dt, "r"),
+    ]
+    out += optional_regions(t, ("delta_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h), dt)
+    out += state_regions(t, (h, n))
+    out.append(Region("dst", t["dst"], (b, s, h), dt, "w"))
+    return out
+
+
+def _mamba2(t: Thunk) -> list[Region]:
+    b, s, h, p, n, dt, pt = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"], t["param_dtype"]
+    out = [
+        Region("x", t["x"], (b, s, h, p), dt, "r"),
+        Region("dt", t["dt"], (b, s, h), dt, "r"),
+        Region("a", t["a"], (h,), pt, "r"),
+        Region("b", t["b"], (b, s, t["groups"], n), dt, "r"),
+        Region("c", t["c"], (b, s, t["groups"], n), dt, "r"),
+    ]
+    out += optional_regions(t, ("dt_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h, p), dt)
+    out += state_regions(t, (h, p, n))
+    out.append(Region("dst", t["dst"], (b, s, h, p), dt, "w"))
+    return out
+
+
+def _check_selective_scan(t: Thunk) -> None:
+    divides(t, "groups", "hidden")
+    check_carried(t)
+
+
+def _check_mamba2(t: Thunk) -> None:
+    divides(t, "groups", "heads")
+    check_carried(t)
+
+
+def _sampler(step: str) -> Any:
+    """Conformance inputs: a positive step size (``delta`` / ``dt``) and a negative decay ``a``."""
+    def sample(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
+        if field == step:
+            return np.abs(x) * 0.5
+        return -np.abs(x) if field == "a" else x
+    return sample
+
+
+def _gate_fields(bias: str, softplus: str) -> tuple[Field, ...]:
+    return (newer(bias, "opt_offset", None), newer(softplus, "bool", False))
+
+
+def _skip_fields() -> tuple[Field, ...]:
+    return (newer("d", "opt_offset", None), newer("z", "opt_offset", None))
+
+
+SELECTIVE_SCAN = OpDef(
+    "selective_scan",
+    offsets("x", "delta", "a", "b", "c", "dst") + positive("batch", "seq", "hidden", "state_size")
+    + (newer("groups", "pos", 1),) + _gate_fields("delta_bias", "delta_softplus") + _skip_fields()
+    + CARRIED_FIELDS + STATE_FIELDS,
+    _selective_scan, rules=(rule(_check_selective_scan), ALIASING), data_rules=DATA_RULES, states=("state",),
+    differentiable=True, sample=_sampler("delta"))
+
+MAMBA2 = OpDef(
+    "mamba2",
+    offsets("x", "dt", "a", "b", "c", "dst") + positive("batch", "seq", "heads", "head_dim", "state_size")
+    + (newer("groups", "pos", same("heads")),) + _gate_fields("dt_bias", "dt_softplus")
+    + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS,
+    _mamba2, rules=(rule(_check_mamba2), ALIASING), data_rules=DATA_RULES, states=("state",),
+    differentiable=True, sample=_sampler("dt"))
