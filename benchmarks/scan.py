@@ -31,7 +31,7 @@ except ModuleNotFoundError as err:
 
 from host_fallback.abi import regions  # noqa: E402
 from host_fallback.arena import STORAGE  # noqa: E402
-from host_fallback.scan_driver import HostMemory, run_scan_backward  # noqa: E402
+from host_fallback.scan import HostMemory, run_scan_backward  # noqa: E402
 from rlx_gpu.conformance import scan_cell  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 

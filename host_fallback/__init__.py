@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan_driver, selective_scan_backward, ssm
+from . import body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan, selective_scan_backward, ssm
 from .abi import Region, complete, regions, runtime_data
 from .arena import view
 
@@ -21,7 +21,7 @@ Kernel = Callable[..., None]
 
 KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNELS, **mamba2_backward.KERNELS,
                               **selective_scan_backward.KERNELS, **gdn.KERNELS, **gdn_backward.KERNELS, **body.KERNELS,
-                              **scan_driver.KERNELS}
+                              **scan.KERNELS}
 #: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
 #: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
 PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **rnn_backward.PREPARE,

@@ -71,7 +71,7 @@ import numpy as np
 
 from . import jit, lstm_sequence, threads
 from .abi import complete, regions
-from .abi.recurrent import ACTIVATION_SLOTS, output_width
+from .abi.rnn import ACTIVATION_SLOTS, output_width
 from .activations import (Activation, activation, sigmoid_of_negated, sigmoid_then_tanh_of_scaled, stored_scale,
                           tanh_of_scaled)
 from .arena import COMPUTE, STORAGE

@@ -34,7 +34,7 @@ import numpy as np
 
 from . import lstm_sequence, threads
 from .abi import Region, complete, forward_thunk, regions
-from .abi.recurrent import ACTIVATION_SLOTS, layer_input_sizes, output_width, recurrent_dims
+from .abi.rnn import ACTIVATION_SLOTS, layer_input_sizes, output_width, recurrent_dims
 from .arena import COMPUTE
 from .bound import Bound
 

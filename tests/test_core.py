@@ -262,15 +262,15 @@ def test_ssm_kernel_forces_the_chunked_gated_delta_net_at_any_length(per_channel
 @pytest.mark.parametrize("recompute", ["segment", "treeverse"])
 @pytest.mark.parametrize("length,checkpoints", [(6, 0), (6, 2), (13, 3), (17, 1)])
 def test_working_bytes_is_the_peak_the_host_driver_allocates(recompute, length, checkpoints):
-    from host_fallback import scan_driver
+    from host_fallback import scan
     from rlx_gpu.conformance.cases import lay_out, scan_case
 
     fields = dict(scan_case("scan_backward_xs", "f32", length=length), num_checkpoints=checkpoints)
     thunk, arena_bytes = lay_out("scan_backward_xs", "f32", fields)
     arena = np.random.default_rng(length).standard_normal(arena_bytes // 4).astype(np.float32).view(np.uint8)
-    memory = scan_driver.HostMemory(recompute=recompute)
-    scan_driver.run_scan_backward(memory, thunk, arena, recompute)
-    assert scan_driver.working_bytes(thunk, recompute) == memory.peak
+    memory = scan.HostMemory(recompute=recompute)
+    scan.run_scan_backward(memory, thunk, arena, recompute)
+    assert scan.working_bytes(thunk, recompute) == memory.peak
 
 
 def test_a_body_arena_larger_than_host_memory_is_a_device_error_before_anything_runs():

@@ -193,7 +193,7 @@ FIELD_CASES = [
 
 
 def test_the_cases_cover_every_activation_of_the_abi():
-    from host_fallback.abi.recurrent import ACTIVATIONS as ABI_ACTIVATIONS
+    from host_fallback.abi.rnn import ACTIVATIONS as ABI_ACTIVATIONS
 
     assert sorted(ACTIVATIONS) == sorted(ABI_ACTIVATIONS)
 

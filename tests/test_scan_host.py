@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from host_fallback import execute
-from host_fallback.scan_driver import HostMemory, run_scan_backward
+from host_fallback.scan import HostMemory, run_scan_backward
 
 NP = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 B, H, I = 2, 3, 2

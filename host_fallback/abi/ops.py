@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import backward, body_ops, gdn, recurrent, scan, ssm
+from . import backward, body, gdn, rnn, scan, ssm
 from .model import OpDef, Region, Thunk
 
-_DEFINED = (recurrent.LSTM, recurrent.GRU, recurrent.RNN, ssm.SELECTIVE_SCAN, ssm.MAMBA2, gdn.GATED_DELTA_NET,
-            body_ops.UNARY, body_ops.BINARY, body_ops.MATMUL, body_ops.REDUCE_SUM, body_ops.COPY, body_ops.FILL,
-            body_ops.CAST, scan.SCAN, scan.SCAN_BACKWARD, scan.SCAN_BACKWARD_XS)
+_DEFINED = (rnn.LSTM, rnn.GRU, rnn.RNN, ssm.SELECTIVE_SCAN, ssm.MAMBA2, gdn.GATED_DELTA_NET,
+            body.UNARY, body.BINARY, body.MATMUL, body.REDUCE_SUM, body.COPY, body.FILL, body.CAST,
+            scan.SCAN, scan.SCAN_BACKWARD, scan.SCAN_BACKWARD_XS)
 
 OPS: dict[str, OpDef] = {op.name: op for op in _DEFINED}
 OPS.update({b.name: b for b in (backward.backward_of(op) for op in _DEFINED if op.differentiable)})

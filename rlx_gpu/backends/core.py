@@ -287,15 +287,15 @@ class KernelSession:
             self.runner(thunk, RunOptions.build(**options))(arena)
 
     def _run_scan(self, thunk: Thunk, arena: DeviceArena, options: RunOptions, on_host: Mapping[int, Runner]) -> int:
-        from host_fallback import scan_driver
+        from host_fallback import scan
 
         memory = self.scan_memory(options, on_host)
         # a body thunk on the host allocates host scratch; the device's own allocations say more themselves
         with allocating(f"thunk {getattr(thunk, 'index', '?')} ({thunk['op']})'s host-side body work", self.where):
             if thunk["op"] == "scan":
-                scan_driver.run_scan(memory, thunk, arena)
+                scan.run_scan(memory, thunk, arena)
             else:
-                scan_driver.run_scan_backward(memory, thunk, arena, options.recompute)
+                scan.run_scan_backward(memory, thunk, arena, options.recompute)
         return memory.copied
 
     def scan_memory(self, options: RunOptions, on_host: Mapping[int, Runner]) -> "ScanMemory":
@@ -304,7 +304,7 @@ class KernelSession:
 
 
 class ScanMemory:
-    """The scan driver's memory protocol (``host_fallback.scan_driver.Memory``) over device arenas.
+    """The scan driver's memory protocol (``host_fallback.scan.Memory``) over device arenas.
 
     An arena from :meth:`alloc` starts as a host image (zeros): the driver's writes and zeroings
     (``init`` entries of a body arena, the first dcarry) land in that image, and the arena's pristine

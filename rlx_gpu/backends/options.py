@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from host_fallback.scan_driver import STRATEGIES as RECOMPUTE
+from host_fallback.scan import STRATEGIES as RECOMPUTE
 
 from ..errors import RlxError
 from ..launches.rnn import RNN_KERNELS

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from host_fallback.abi.recurrent import GATES, RECURRENT_BIASES
+from host_fallback.abi.rnn import GATES, RECURRENT_BIASES
 
 from ..errors import GraphError, ModelError
 from ..paths import data_dir

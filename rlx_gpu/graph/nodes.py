@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from host_fallback.abi import DTYPES, ELEM_SIZE, TENSOR_DTYPES
-from host_fallback.abi.body_ops import BINARY_FNS, UNARY_FNS
+from host_fallback.abi.body import BINARY_FNS, UNARY_FNS
 from host_fallback.arena import STORAGE
 
 from ..errors import GraphError

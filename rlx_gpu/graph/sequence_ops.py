@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from host_fallback.abi import FORWARD_OPS, OPS, gradient, is_default
-from host_fallback.abi.recurrent import recurrent_weight_shapes
+from host_fallback.abi.rnn import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Node, Tensor

@@ -1,7 +1,7 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
-from host_fallback.abi.body_ops import BINARY_FNS, UNARY_FNS
+from host_fallback.abi.body import BINARY_FNS, UNARY_FNS
 
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
 from ..schedule.limits import MAX_RANK

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from host_fallback.abi.recurrent import ACTIVATIONS
+from host_fallback.abi.rnn import ACTIVATIONS
 
 TARGETS = ("cpu", "gpu")
 TARGET_ENV = "RLX_TARGET"  # forces a target (e.g. gpu shapes on PoCL); unset: the device type decides

@@ -18,7 +18,7 @@ the compute type. Every recurrent launch of a thunk is built as its op's program
 from __future__ import annotations
 
 from host_fallback.abi import ELEM_SIZE, complete, regions
-from host_fallback.abi.recurrent import ACTIVATION_SLOTS, ACTIVATIONS, output_width
+from host_fallback.abi.rnn import ACTIVATION_SLOTS, ACTIVATIONS, output_width
 
 from .body import gemm, transpose_real
 from .core import (ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real,

@@ -20,7 +20,7 @@ until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 
 from __future__ import annotations
 
 from host_fallback.abi import ELEM_SIZE, complete, forward_thunk
-from host_fallback.abi.recurrent import layer_input_sizes, output_width
+from host_fallback.abi.rnn import layer_input_sizes, output_width
 
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, i32, i64, linear_local, real_size, strided_grid

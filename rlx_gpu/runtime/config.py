@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 from host_fallback.abi import DTYPES, OPS
-from host_fallback.scan_driver import STRATEGIES as RECOMPUTE
+from host_fallback.scan import STRATEGIES as RECOMPUTE
 
 from .. import backends
 from ..errors import ConfigError, DeviceError

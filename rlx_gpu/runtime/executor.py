@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
-from host_fallback import scan_driver
+from host_fallback import scan
 from host_fallback.abi import SCAN_OPS, runtime_data
 
 from ..backends.allocation import allocating
@@ -115,7 +115,7 @@ class Device:
         with self.session.lock:
             self.session.check_fits(schedule.arena_bytes, "the arena of this schedule (arena_bytes)")
             for thunk in (t for t in schedule.thunks if t.op in SCAN_OPS):
-                self.session.check_fits(scan_driver.working_bytes(thunk, self.options.recompute),
+                self.session.check_fits(scan.working_bytes(thunk, self.options.recompute),
                                         f"thunk {thunk.index} ({thunk.op})'s body arenas and recompute cache")
             bound = self._bind(schedule)
         self._bound[key] = (weakref.ref(schedule, lambda _, cache=self._bound: cache.pop(key, None)), bound)
