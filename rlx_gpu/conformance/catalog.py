@@ -389,7 +389,7 @@ def _base(op: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def optional_field_cases(existing: Iterable[Case]) -> list[Case]:
-    """For every op and every optional field of the op table (``OpSpec.optional_fields``), a case
+    """For every op and every optional field of the op table (``OpDef.optional_fields``), a case
     with the field present and one with it absent, in each of ``OPTIONAL_DTYPES``, where ``existing``
     has none: so a field marked optional is run both ways on every device the day it is added."""
     have = {(c.op, c.dtype, f.name, c.has(f)) for c in existing for f in SPECS[c.op].optional_fields}
