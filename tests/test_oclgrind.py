@@ -40,8 +40,8 @@ def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_la
     from rlx_gpu.conformance import catalog
     from rlx_gpu.conformance.representative import plans, representative
     from rlx_gpu.launches import PLANNERS
-    from rlx_gpu.launches.limits import TARGETS
     from host_fallback.abi import SCAN_OPS
+    from rlx_gpu.launches.limits import TARGETS
 
     spec = importlib.util.spec_from_file_location("oclgrind_check", TOOL)
     tool = importlib.util.module_from_spec(spec)

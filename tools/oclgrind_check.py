@@ -128,9 +128,9 @@ def _run_cases(spec: str, target: str, indices: list[int]) -> tuple[int, list[st
 def conformance(spec: str, full: bool, ops: list[str] | None, dtypes: list[str] | None, targets: list[str]) -> int:
     """The kernel ``targets``: the representative cases in one process per target, or (``full``) every quick
     case in one process per target and dtype."""
+    from host_fallback.abi import DTYPES
     from rlx_gpu.conformance import catalog
     from rlx_gpu.conformance.representative import plans, representative
-    from host_fallback.abi import DTYPES
 
     quick = catalog.cases(quick=True)
     wanted = [i for i, c in enumerate(quick) if (not ops or c.op in ops) and (not dtypes or c.dtype in dtypes)]
@@ -181,8 +181,8 @@ def demo_broken(spec: str) -> int:
 
 
 def main() -> int:
-    from rlx_gpu.launches.limits import TARGETS
     from host_fallback.abi import DTYPES, OPS
+    from rlx_gpu.launches.limits import TARGETS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--demo-broken", action="store_true", help="show that an off-by-one write is caught")
