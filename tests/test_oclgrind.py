@@ -37,10 +37,10 @@ def test_an_off_by_one_write_is_caught():
 
 
 def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_launch():
+    from host_fallback.abi import SCAN_OPS
     from rlx_gpu.conformance import catalog
     from rlx_gpu.conformance.representative import plans, representative
     from rlx_gpu.launches import PLANNERS
-    from host_fallback.abi import SCAN_OPS
     from rlx_gpu.launches.limits import TARGETS
 
     spec = importlib.util.spec_from_file_location("oclgrind_check", TOOL)
