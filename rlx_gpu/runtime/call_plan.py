@@ -27,6 +27,7 @@ allocated. Its rules are on that method.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 import weakref
@@ -46,6 +47,7 @@ from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport
 
 _ABSENT = object()
+_NO_STAMPS = itertools.repeat(None)  # a call given no stamps: None for every input
 _LEGACY_STREAM = 1  # DLPack's (and CUDA's cudaStreamLegacy) name of the legacy default stream
 
 
@@ -144,7 +146,7 @@ class CallPlan:
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
         self._staging: _Staging | None = None  # None where the arena is host memory (written in place)
-        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # in place: each output's arena view
+        self._host_outputs: tuple[np.ndarray, ...] = ()  # in place: each output's arena view, in order
         self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # staged: the reads
         self._touched: Any = None  # in place on a device: what notes a write (kept scratch staged from it is stale)
         self._freed = False
@@ -171,35 +173,45 @@ class CallPlan:
         written (and may be left out of ``inputs``); an input given without a stamp (or with None) is
         written and its stamp forgotten. Every input must be given on the first call.
         """
+        if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
+            raise self._unknown(inputs, stamps or {})
+        values = [inputs.get(name, _ABSENT) for name in self.inputs]
+        given = [stamps.get(name) for name in self.inputs] if stamps else None
+        return dict(zip(self.outputs, self.call(values, given)))
+
+    def call(self, values: Sequence[Any], stamps: Sequence[Hashable | None] | None = None,
+             into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """``plan(inputs, stamps)`` with the inputs and their stamps (None: none) given in the order of
+        ``inputs``, and the outputs returned in the order of ``outputs``: what a caller that binds a
+        signature once calls (no name is looked up). ``into`` (in the order of ``outputs``; None: a new
+        array) names arrays of the outputs' shapes the outputs are written to (converted to their dtype)
+        and returned as."""
         with self._lock:
             slots = self._slots if self._slots is not None else self._prepare()
-            if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
-                raise self._unknown(inputs, stamps or {})
+            if len(values) != len(slots):
+                raise InputError(f"{len(values)} inputs given; the plan takes {len(slots)}: {list(self.inputs)}")
             self._switch_path(False)
             recorded, arena, staging, staged, touched = self._stamps, self._arena, self._staging, [], self._touched
             if touched is not None:  # in place on a device: the launches before are done with the arena's bytes
                 self._finish()
-            for slot in slots:
-                name, shape, array, _, _, kept, _ = slot
-                stamp = stamps.get(name) if stamps else None
-                if stamp is not None and kept and recorded.get(name, _ABSENT) == stamp:
+            for slot, value, stamp in zip(slots, values, stamps or _NO_STAMPS):
+                if stamp is not None and slot.kept and recorded.get(slot.name, _ABSENT) == stamp:
                     continue
-                values = inputs.get(name, _ABSENT)
-                if type(values) is not np.ndarray:
-                    if values is _ABSENT:
-                        raise self._missing(name, stamp)
-                    values = host_array(name, values)
-                if values.shape != shape:
-                    raise InputError(f"input {name!r} has shape {list(values.shape)}, expected {list(shape)}")
-                # the stamp is dropped before the write and set after it: one that fails leaves none behind
-                recorded.pop(name, None)
-                array[...] = values  # converted to the storage dtype, rounding to nearest even
+                if type(value) is not np.ndarray:
+                    if value is _ABSENT:
+                        raise self._missing(slot.name, stamp)
+                    value = host_array(slot.name, value)
+                if value.shape != slot.shape:
+                    raise InputError(f"input {slot.name!r} has shape {list(value.shape)}, expected {list(slot.shape)}")
+                if recorded:  # the stamp is dropped before the write and set after it: one that fails leaves none
+                    recorded.pop(slot.name, None)
+                slot.array[...] = value  # converted to the storage dtype, rounding to nearest even
                 if staging is not None:
                     staged.append(slot)
                 elif touched is not None:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
-                    recorded[name] = stamp
+                    recorded[slot.name] = stamp
             try:
                 if staged:
                     staging.stage(arena, staged)
@@ -211,7 +223,7 @@ class CallPlan:
                 recorded.clear()
                 raise
             self.last_report = report
-            return self._outputs(report)
+            return self._outputs(report, into)
 
     def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
                   stamps: Mapping[str, Hashable] | None = None) -> RunReport:
@@ -329,18 +341,26 @@ class CallPlan:
         with session.lock:
             session.finish()
 
-    def _outputs(self, report: RunReport) -> dict[str, np.ndarray]:
+    def _outputs(self, report: RunReport, into: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
+        """Every output, in the order of ``outputs``: a new array of its own, or written to its ``into`` array."""
         if self._staging is None:
             if self._touched is not None:
                 self._finish()
-            return {name: array.copy() for name, array in self._host_outputs}
-        session, handle, out = self.device.session, self._arena.handle, {}
-        with session.lock:
-            for lo, nbytes, members in self._spans:
-                span = session.read(handle, lo, nbytes)
-                out.update((name, span_view(span, v, lo)) for name, v in members)
-        report.copies += len(self._spans)
-        return {name: out[name] for name in self.outputs}
+            out, own = self._host_outputs, False  # views of the arena
+        else:
+            session, handle, spans = self.device.session, self._arena.handle, {}
+            with session.lock:
+                for lo, nbytes, members in self._spans:
+                    span = session.read(handle, lo, nbytes)
+                    spans.update((name, span_view(span, v, lo)) for name, v in members)
+            report.copies += len(self._spans)
+            out, own = [spans[name] for name in self.outputs], True  # read from the device: new arrays
+        if into is None:
+            return list(out) if own else [array.copy() for array in out]
+        for array, target in zip(out, into):
+            if target is not None:
+                target[...] = array  # converted to its dtype, rounding to nearest even
+        return [target if target is not None else array if own else array.copy() for array, target in zip(out, into)]
 
     def _prepare(self) -> tuple[_Input, ...]:
         """Bind, allocate the arena and place every input and output (the first call)."""
@@ -368,8 +388,7 @@ class CallPlan:
                 array, cluster = self._staging.array(name, v), self._staging.cluster[name]
             slots.append(_Input(name, v.shape, array, array.reshape(-1).view(np.uint8), v.offset, kept, cluster))
         outputs = [tensors[name] for name in self.outputs]
-        self._host_outputs = tuple((name, view(memory, v.offset, v.dtype, v.shape))
-                                   for name, v in zip(self.outputs, outputs)) if session.shared else ()
+        self._host_outputs = tuple(view(memory, v.offset, v.dtype, v.shape) for v in outputs) if session.shared else ()
         self._spans = () if session.shared else tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
                                                       for lo, nbytes, members in read_spans(outputs))
         self._slots = tuple(slots)

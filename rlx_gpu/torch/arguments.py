@@ -60,7 +60,9 @@ def once_per_signature(check: Check) -> Check:
     def checked(*args: Any, **kwargs: Any) -> None:
         if torch.compiler.is_compiling():
             return check(*args, **kwargs)
-        key = tuple(map(_signature, args))
+        # _signature of each argument, its two common cases written out (a decode step's call has a dozen)
+        key = tuple([(a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor) else a if a is None or type(a) is bool
+                     else _signature(a) for a in args])
         if kwargs:
             key += tuple((k, _signature(v)) for k, v in kwargs.items())
         if key in passed:
