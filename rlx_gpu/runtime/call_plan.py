@@ -190,7 +190,8 @@ class CallPlan:
             slots = self._slots if self._slots is not None else self._prepare()
             if len(values) != len(slots):
                 raise InputError(f"{len(values)} inputs given; the plan takes {len(slots)}: {list(self.inputs)}")
-            self._switch_path(False)
+            if self._on_stream:
+                self._switch_path(False)
             recorded, arena, staging, staged, touched = self._stamps, self._arena, self._staging, [], self._touched
             if touched is not None:  # in place on a device: the launches before are done with the arena's bytes
                 self._finish()

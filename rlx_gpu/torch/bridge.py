@@ -38,6 +38,7 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.float64: "f64", to
                                   torch.bfloat16: "bf16", torch.int32: "i32"}
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_NUMPY = frozenset(d for d in DTYPES if d is not torch.bfloat16)  # the dtypes Tensor.numpy() views as they are
 CPU = torch.device("cpu")
 #: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
 #: reorders nothing).
@@ -124,6 +125,8 @@ def plan_for(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec
 def host_array(t: torch.Tensor) -> np.ndarray:
     """A tensor's memory as a NumPy array of its own shape and strides: no copy for a CPU tensor (bf16 as
     ``ml_dtypes.bfloat16``), a copy to the host for another device's."""
+    if type(t) is torch.Tensor and t.dtype in _NUMPY and t.is_cpu and not t.requires_grad:
+        return t.numpy()  # the common case first: a decode step makes a dozen of these
     if t.requires_grad:
         t = t.detach()
     if not t.is_cpu:
@@ -161,7 +164,8 @@ class _Stamps:
 
     def __call__(self, t: torch.Tensor) -> Hashable | None:
         owner = t._base if t._base is not None else t
-        if not isinstance(owner, torch.nn.Parameter):
+        # a plain tensor first: Parameter's isinstance is a Python metaclass check (a microsecond a call)
+        if type(owner) is torch.Tensor or not isinstance(owner, torch.nn.Parameter):
             return None
         key = id(owner)
         entry = self._serials.get(key)
@@ -233,10 +237,7 @@ class BoundCall:
     def __call__(self, tensors: Sequence[torch.Tensor | Any]) -> list[torch.Tensor]:
         """The call on CPU tensors, each input's at its position of ``tensors`` (a stamped one with
         ``stamp``'s): the outputs taken, new CPU tensors in their storage dtype."""
-        try:  # every tensor as it lies, the common case written out: a view (bf16 and grad-requiring ones raise)
-            given = [tensors[i].numpy() for i in self.order]
-        except (RuntimeError, TypeError):
-            given = [host_array(tensors[i]) for i in self.order]
+        given = [host_array(tensors[i]) for i in self.order]
         return [tensor(a, CPU) for a in self._run(given, self._stamps(lambda at: stamp(tensors[at])))]
 
     def _stamps(self, of: Callable[[int], Hashable | None]) -> list[Hashable | None] | None:
@@ -255,10 +256,13 @@ class BoundCall:
         return [out[i] for i in self.outputs]
 
 
-def bound_call(signature: Hashable, bind: Callable[[], BoundCall | None]) -> BoundCall | None:
+def bound_call(signature: Hashable, bind: Callable[[], BoundCall | None], lead: Any) -> BoundCall | None:
     """The ``BoundCall`` of ``signature`` (what decides a call's schedule and bindings: the op, its statics,
     its tensors' shapes, dtypes and devices, and ``default_device()``), ``bind()`` on its first call (None:
-    a call the caller runs otherwise, kept as such)."""
+    a call the caller runs otherwise, kept as such); None for a call whose ``lead`` tensor is in CUDA
+    memory (``on_cuda``: it takes torch's stream)."""
+    if on_cuda(lead):
+        return None
     try:
         return _bound[signature]
     except KeyError:

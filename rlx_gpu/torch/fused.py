@@ -157,7 +157,7 @@ def _bind(op: FusedOp, args: Sequence[Any]) -> BoundCall | None:
 
 
 def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    bound = bound_call(_signature(op, args), lambda: _bind(op, args))
+    bound = bound_call(_signature(op, args), lambda: _bind(op, args), args[0])
     if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
         y, *final = bound(args)
         return y, final[0] if final else empty(y)
