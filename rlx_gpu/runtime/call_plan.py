@@ -15,7 +15,7 @@ Where the arena is host memory (the host; an OpenCL CPU device's shared memory, 
 an input is one copy into its place in the arena and an output one copy out, after the launches
 before are waited for (on a device, one wait per call). On another device every copy is a command
 of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the plan and sent by one
-copy per cluster of neighbouring inputs (``_Staging``), the outputs read by one copy per span of
+copy per cluster of neighbouring inputs (``Staging``), the outputs read by one copy per span of
 neighbours, and the integer tensors an early data check reads come from those host buffers, not from
 the device; ``last_report.copies`` counts the commands.
 
@@ -45,6 +45,7 @@ from ..schedule.ops import SCAN_OPS, footprint
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport
+from .staging import Staging
 
 _ABSENT = object()
 _NO_STAMPS = itertools.repeat(None)  # a call given no stamps: None for every input
@@ -63,58 +64,6 @@ class _Input(NamedTuple):
     offset: int
     kept: bool  # no thunk writes it and no other input shares its bytes: an unchanged stamp skips its write
     cluster: int  # staged: the index of the staging buffer it lies in (-1 in an arena of host memory)
-
-
-#: Bytes between two inputs that one host-to-device copy carries along rather than being split in two
-#: (a copy is a command of about 15 µs on PoCL, in which time some 100 KB more cross).
-BRIDGE = 64 << 10
-
-
-class _Staging:
-    """A device plan's host buffers for its inputs. Inputs in offset order, less than ``BRIDGE`` bytes
-    apart with nothing a thunk writes between them, form a cluster sharing one buffer: their bytes and
-    the bytes between them (pristine: zeros and init), so the buffer holds what the device holds. The
-    inputs a call writes then go as one copy per cluster, from the first written to the last."""
-
-    def __init__(self, schedule: Schedule, inputs: Sequence[str], written: Sequence[Region]):
-        views = sorted(((schedule.tensors[name], name) for name in inputs), key=lambda vn: vn[0].offset)
-        spans: list[list[int]] = []  # [start, end] per cluster
-        self.cluster: dict[str, int] = {}
-        for v, name in views:
-            end = spans[-1][1] if spans else 0
-            if spans and (v.offset <= end or v.offset - end <= BRIDGE and not any(
-                    w.offset < v.offset and end < w.offset + w.nbytes for w in written)):  # a thunk writes between
-                spans[-1][1] = max(end, v.offset + v.nbytes)
-            else:
-                spans.append([v.offset, v.offset + v.nbytes])
-            self.cluster[name] = len(spans) - 1
-        pristine = schedule.pristine_arena()
-        self.buffers = tuple((start, pristine[start: end].copy()) for start, end in spans)
-
-    def array(self, name: str, v: TensorView) -> np.ndarray:
-        """Where input ``name`` is staged: its place in its cluster's buffer, in its storage dtype."""
-        start, buffer = self.buffers[self.cluster[name]]
-        return view(buffer, v.offset - start, v.dtype, v.shape)
-
-    def stage(self, arena: Arena, written: Sequence[_Input]) -> None:
-        """Stage the inputs ``written`` into ``arena``: per cluster, the bytes from the first to the last."""
-        runs: dict[int, tuple[int, int]] = {}
-        for slot in written:
-            lo, hi = slot.offset, slot.offset + slot.raw.size
-            run = runs.get(slot.cluster)
-            runs[slot.cluster] = (lo, hi) if run is None else (min(run[0], lo), max(run[1], hi))
-        for k, (lo, hi) in runs.items():
-            start, buffer = self.buffers[k]
-            arena.stage(lo, buffer[lo - start: hi - start],
-                        changed=[(s.offset, s.raw.size) for s in written if s.cluster == k])
-
-    def held(self, offset: int, nbytes: int) -> np.ndarray | None:
-        """The ``nbytes`` at ``offset`` when they lie in one buffer (as the device holds them: an input
-        some thunk writes is written again on every call), else None."""
-        for start, buffer in self.buffers:
-            if start <= offset and offset + nbytes <= start + buffer.size:
-                return buffer[offset - start: offset - start + nbytes]
-        return None
 
 
 def _overlap(a: TensorView | Region, b: TensorView | Region) -> bool:
@@ -145,7 +94,7 @@ class CallPlan:
         self._bound: BoundSchedule | None = None
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
-        self._staging: _Staging | None = None  # None where the arena is host memory (written in place)
+        self._staging: Staging | None = None  # None where the arena is host memory (written in place)
         self._host_outputs: tuple[np.ndarray, ...] = ()  # in place: each output's arena view, in order
         self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # staged: the reads
         self._touched: Any = None  # in place on a device: what notes a write (kept scratch staged from it is stale)
@@ -376,7 +325,7 @@ class CallPlan:
         tensors, handle, session = schedule.tensors, self._arena.handle, device.session
         written = [w for thunk in schedule.thunks for w in footprint(thunk)[1]]
         memory = session.host_view(handle) if session.shared else None
-        self._staging = None if session.shared else _Staging(schedule, self.inputs, written)
+        self._staging = None if session.shared else Staging(schedule, self.inputs, written)
         self._touched = session.touched if session.shared and not device.on_host else None
         slots = []
         for name in self.inputs:
