@@ -207,7 +207,8 @@ THUNK_SHAPES = {
 }
 
 
-def thunk_step(op: str, batch: int, p: dict[str, Any], rng: np.random.Generator) -> tuple[Callable, Callable, np.ndarray]:
+def thunk_step(op: str, batch: int, p: dict[str, Any],
+               rng: np.random.Generator) -> tuple[Callable, Callable, np.ndarray]:
     """The op's one-token thunk with a carried state, bound (``bound_kernel``) twice: with the compiled step
     and with NumPy's (bound with ``RLX_HOST_JIT=0``, which a thunk reads as it is prepared); and their
     arena, filled with inputs in the ranges models feed (steps before softplus about -3..0.5, decays below

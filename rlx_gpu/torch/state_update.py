@@ -173,7 +173,8 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))
     fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
                           *(None if t is None else view(t) for t in (D, z, dt_bias)))
-    stamps = {"a": stamp(A), "d": None if D is None else stamp(D), route.bias: None if dt_bias is None else stamp(dt_bias)}
+    stamps = {"a": stamp(A), "d": None if D is None else stamp(D),
+              route.bias: None if dt_bias is None else stamp(dt_bias)}
     if route.bound is not None and not on_device and rows is None and route.in_place:  # the final state straight in
         y, _ = route.bound.arrays(fields, stamps, into=(None, fields["state"]))
         return tensor(y, CPU).reshape(x.shape)
