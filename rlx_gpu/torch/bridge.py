@@ -211,7 +211,7 @@ class BoundCall:
     name, spec or signature is worked out again.
     """
 
-    __slots__ = ("plan", "order", "stamped", "outputs")
+    __slots__ = ("plan", "order", "stamped", "outputs", "plain")
 
     def __init__(self, plan: CallPlan, positions: Mapping[str, int], stamped: Sequence[str], outputs: Sequence[str]):
         """``positions``: each plan input's index among the arguments a call gets; ``stamped``: the inputs
@@ -220,6 +220,10 @@ class BoundCall:
         self.order = tuple(positions[name] for name in plan.inputs)
         self.stamped = tuple((i, positions[name]) for i, name in enumerate(plan.inputs) if name in stamped)
         self.outputs = tuple(plan.outputs.index(name) for name in outputs)
+        # no bf16 among the inputs and outputs: Tensor.numpy(force=True) and torch.from_numpy take them as they
+        # are (a CPU tensor's view, detached), without host_array's and tensor's cases (a decode step's µs)
+        tensors = plan.schedule.tensors
+        self.plain = all(tensors[name].dtype != "bf16" for name in (*plan.inputs, *plan.outputs))
 
     def arrays(self, values: Any, stamps: Any = None, into: Sequence[np.ndarray | None] | None = None
                ) -> list[np.ndarray]:
@@ -237,8 +241,10 @@ class BoundCall:
     def __call__(self, tensors: Sequence[torch.Tensor | Any]) -> list[torch.Tensor]:
         """The call on CPU tensors, each input's at its position of ``tensors`` (a stamped one with
         ``stamp``'s): the outputs taken, new CPU tensors in their storage dtype."""
-        given = [host_array(tensors[i]) for i in self.order]
-        return [tensor(a, CPU) for a in self._run(given, self._stamps(lambda at: stamp(tensors[at])))]
+        stamps = self._stamps(lambda at: stamp(tensors[at]))
+        if self.plain:
+            return [torch.from_numpy(a) for a in self._run([tensors[i].numpy(force=True) for i in self.order], stamps)]
+        return [tensor(a, CPU) for a in self._run([host_array(tensors[i]) for i in self.order], stamps)]
 
     def _stamps(self, of: Callable[[int], Hashable | None]) -> list[Hashable | None] | None:
         """The stamps in the plan's order, ``of(position)`` for each stamped input (None without any)."""
