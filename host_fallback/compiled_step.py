@@ -39,11 +39,13 @@ def _applies(by_field: Mapping[str, Region]) -> bool:
 
 class CompiledStep:
     """The compiled kernel ``name`` of one thunk, its arguments bound once per arena (a decode runs on one
-    arena call after call); ``run(arena)`` says whether it ran (False: no Numba, ``RLX_HOST_JIT=0``, or
-    arena views the kernel does not take, read-only or misaligned)."""
+    arena call after call); ``run(arena)`` says whether it ran (False: no Numba, ``RLX_HOST_JIT=0`` when
+    the thunk was prepared, or arena views the kernel does not take, read-only or misaligned). The kernel
+    is looked up once, as the thunk is prepared (``RLX_HOST_JIT`` read then, not on every step)."""
 
     def __init__(self, t: Thunk, by_field: Mapping[str, Region], name: str, arguments: Arguments):
         self.t, self.by_field, self.name, self.arguments = t, by_field, name, arguments
+        self.kernel = jit.kernel(name)
         self.last: tuple[np.ndarray, tuple | None] | None = None
 
     @classmethod
@@ -52,7 +54,7 @@ class CompiledStep:
         return cls(t, by_field, name, arguments) if _applies(by_field) else None
 
     def run(self, arena: np.ndarray) -> bool:
-        kernel = jit.kernel(self.name)
+        kernel = self.kernel
         if kernel is None:
             return False
         last = self.last
