@@ -528,7 +528,7 @@ class _States:
 
 
 def _arguments(t: Thunk) -> compiled_step.Arguments:
-    """``jit_kernels.gated_delta_net_step``'s arguments from a thunk's arena views (a per-head ``g`` as
+    """``jit_ssm_steps.gated_delta_net_step``'s arguments from a thunk's arena views (a per-head ``g`` as
     ``[B, S, HV, 1]``)."""
     scale = np.float32(gdn_scale(t))
 

@@ -26,7 +26,7 @@ And a small lstm's whole layer-direction, forward and backward through time (``l
 time went between the steps (B=8 S=24 H=32, 2 layers, one thread: the backward thunk 2.5 ms to 0.4, the forward
 0.29 to 0.12).
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
-signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
+signature each, eagerly when their module is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
 a process pays the compile once per machine, several seconds (about 10 on a Zen 5, the whole-sequence lstm
 kernels included); a later one loads them in about one.
@@ -71,13 +71,14 @@ def host_lanes() -> int:
 
 
 @cache
-def _kernels() -> ModuleType | None:
-    """``jit_kernels``, or None without Numba (Python's import lock compiles it once across threads)."""
+def _kernels() -> dict[str, ModuleType] | None:
+    """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``), or
+    None without Numba (Python's import lock compiles each module once across threads)."""
     try:
-        from . import jit_kernels
+        from . import jit_lstm, jit_lstm_sequence, jit_ssm_steps
     except ImportError:  # no Numba (or no llvmlite): the NumPy loops
         return None
-    return jit_kernels
+    return {name: module for module in (jit_lstm, jit_lstm_sequence, jit_ssm_steps) for name in module.__all__}
 
 
 def kernel(name: str) -> Callable | None:
@@ -114,5 +115,5 @@ def kernel(name: str) -> Callable | None:
     """
     if not enabled():
         return None
-    module = _kernels()
-    return None if module is None else getattr(module, name)
+    modules = _kernels()
+    return None if modules is None else getattr(modules[name], name)

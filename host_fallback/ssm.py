@@ -587,7 +587,7 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
 
 
 def _scan_arguments(t: Thunk) -> compiled_step.Arguments:
-    """``jit_kernels.selective_scan_step``'s arguments from a thunk's arena views."""
+    """``jit_ssm_steps.selective_scan_step``'s arguments from a thunk's arena views."""
     def arguments(bound: Bound) -> tuple:
         b, c = bound.view("b"), bound.view("c")
         if t["groups"] == 1:  # [B, S, N]: one group
@@ -601,7 +601,7 @@ def _scan_arguments(t: Thunk) -> compiled_step.Arguments:
 
 
 def _mamba2_arguments(t: Thunk) -> compiled_step.Arguments:
-    """``jit_kernels.mamba2_step``'s arguments from a thunk's arena views."""
+    """``jit_ssm_steps.mamba2_step``'s arguments from a thunk's arena views."""
     low, high = t["dt_limit"] if t["dt_limit"] is not None else (-np.inf, np.inf)
     limit = (np.float32(low), np.float32(np.inf if high is None else high))
 
