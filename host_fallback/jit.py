@@ -9,8 +9,8 @@ And a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in 
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
 ``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
 every call), the input projection a time chunk at a time, and about fifteen array passes
-(``rnn._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
-(``rnn._cell`` says where); the tests run both against the same float64 recurrences.
+(``rnn_loops._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
+(``rnn_cell._cell`` says where); the tests run both against the same float64 recurrences.
 
 The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where it has AVX-512, else 8
 (AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine (both are
@@ -85,7 +85,7 @@ def kernel(name: str) -> Callable | None:
     """The compiled kernel ``name``, or ``None`` without Numba or with ``RLX_HOST_JIT=0``.
 
     ``lstm_panels(w, lanes)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
-    ``rnn._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
+    ``rnn_packing._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
     ``lstm_panel_bias(b, lanes)`` the same for a bias ``[4H]``.
 
     ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one

@@ -147,7 +147,8 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
             xp += b.load(biases[0], ld)
             h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
             c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            outs[dr], _, layer_kept[dr] = forwards(cells[dr], xp, _weights(b, op, optional, ld), h, c, valid, _walk(t, dr))
+            outs[dr], _, layer_kept[dr] = forwards(cells[dr], xp, _weights(b, op, optional, ld), h, c, valid,
+                                                   _walk(t, dr))
 
         _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
         if layer + 1 < len(spans):  # the next layer's input (the top layer's output is dst: not needed here)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import jit, lstm_sequence, rnn, threads
+from host_fallback import jit, lstm_sequence, rnn_cell, threads
 from support.rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -139,7 +139,7 @@ def test_the_numpy_step_runs_where_the_compiled_one_does_not_apply(label, option
 def test_a_big_step_keeps_numpy_s_on_a_shared_blas(parallel, monkeypatch, calls):
     """One direction at a time on a two-thread BLAS, NumPy's step runs each GEMM on both cores: past
     ``_COMPILED_SHARED_STEP_FLOPS`` it keeps that step; directions in two threads take the compiled one."""
-    monkeypatch.setattr(rnn, "_COMPILED_SHARED_STEP_FLOPS", 1000)  # NARROW's steps: ~4000 flops
+    monkeypatch.setattr(rnn_cell, "_COMPILED_SHARED_STEP_FLOPS", 1000)  # NARROW's steps: ~4000 flops
     monkeypatch.setattr(threads, "cores", lambda: 2)
     check("lstm", "f32", options={"parallel_directions": parallel}, **NARROW)
     assert (calls["n"] > 0) == parallel
