@@ -22,6 +22,9 @@ once before the thunk and scatter them once after it.
 back to); a state stored wider (``state_dtype``) is carried at its own precision, and the whole
 thunk computes at the wider of the two. ``state`` is read and the final state written back,
 rounded once, when ``carry_state``.
+
+The parts: ``gdn_step`` (the step path), ``gdn_chunked`` (the chunked path), ``gdn_grams`` (the per-channel
+decayed products both the chunked forward and backward form); this module chooses a path and runs a thunk.
 """
 from __future__ import annotations
 
