@@ -1,4 +1,5 @@
-"""CUDA backend (CuPy): the primitives of ``core.Primitives`` in CUDA calls (``cuda_primitives``), plus cuBLAS and CUDA graphs.
+"""CUDA backend (CuPy): the primitives of ``core.Primitives`` in CUDA calls (``cuda_primitives``), plus cuBLAS
+and CUDA graphs.
 
 Device specs are ``cuda:N``. An arena is one ``cudaMalloc`` allocation; kernels get its base pointer
 plus byte offsets (ABI.md §1). Everything runs on one non-blocking stream per session, with the
