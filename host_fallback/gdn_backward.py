@@ -29,6 +29,9 @@ or Inf, chunk by chunk from the checkpoints: the chunked GEMMs multiply later st
 zero-padded batch rows (a padded step leaves the state and its gradient unchanged); state slots
 gather the rows once and scatter the initial state's gradient once. 16-bit storage computes in f32,
 a wider ``state_dtype`` widens the whole thunk; every sum has a fixed order.
+
+The parts: ``gdn_backward_step`` (the step path), ``gdn_backward_chunked`` (the chunked path); this module
+chooses a path and runs a thunk.
 """
 from __future__ import annotations
 
