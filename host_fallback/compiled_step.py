@@ -1,7 +1,7 @@
 """The compiled step paths of ``selective_scan``, ``mamba2`` and ``gated_delta_net`` (``jit``): where they
 apply, and their kernel's arguments bound from an arena.
 
-A compiled step runs a thunk's whole step path in one Numba call (``jit_kernels``: every row, channel or
+A compiled step runs a thunk's whole step path in one Numba call (``jit_ssm_steps``: every row, channel or
 head and token, the version-2 fields, the carried state updated where it lies), where NumPy's step path
 makes a dozen array passes a token and the Python around them (B1 decode: 45-75 µs against 5-15). It
 applies to a thunk whose every tensor is stored in f32 (the integer runtime data aside) and whose outputs
