@@ -37,20 +37,10 @@
 #error "RNN_LBR0 is a gru variant (RNN_GATES 3)"
 #endif
 
-/* Activation codes (ABI.md §8's names, in launches/rnn.py ACTIVATIONS order). */
-#define RNN_ACT_SIGMOID 0
-#define RNN_ACT_TANH 1
-#define RNN_ACT_RELU 2
-#define RNN_ACT_AFFINE 3
-#define RNN_ACT_LEAKY_RELU 4
-#define RNN_ACT_THRESHOLDED_RELU 5
-#define RNN_ACT_SCALED_TANH 6
-#define RNN_ACT_HARD_SIGMOID 7
-#define RNN_ACT_ELU 8
-#define RNN_ACT_SOFTSIGN 9
-#define RNN_ACT_SOFTPLUS 10
-/* Each slot's activation per direction (f drives lstm i, f, o / gru r, z / rnn's one; g the candidate;
- * h lstm's output o * h(c)); unset: §3's, and direction 1 as direction 0. */
+/* The activation codes RNN_ACT_SIGMOID, RNN_ACT_TANH, ... (ABI.md §8's names) come with the program's
+ * defines, from the one table of launches/activation_codes.py. Each slot's activation per direction (f drives
+ * lstm i, f, o / gru r, z / rnn's one; g the candidate; h lstm's output o * h(c)); unset: §3's, and direction 1
+ * as direction 0. */
 #ifndef RNN_ACT_F0
 #if RNN_GATES == 1
 #define RNN_ACT_F0 RNN_ACT_TANH
@@ -104,7 +94,8 @@ INLINE_FN real rnn_act(int code, real v, real a, real b)
     }
     case RNN_ACT_ELU: return v >= (real)0 ? v : a * (rlx_exp(v) - (real)1);
     case RNN_ACT_SOFTSIGN: return v / ((real)1 + (v < (real)0 ? -v : v));
-    default: /* softplus, log(1 + e^v) = max(v, 0) + log1p(e^-|v|): no overflow */
+    case RNN_ACT_SOFTPLUS: /* log(1 + e^v) = max(v, 0) + log1p(e^-|v|): no overflow */
+    default:
         return (v > (real)0 ? v : (real)0) + log1p(rlx_exp(v > (real)0 ? -v : v));
     }
 }
