@@ -213,6 +213,17 @@ INLINE_FN int rnn_gate_count(int phase) { return RNN_LBR0 ? (phase ? 1 : 2) : RN
 INLINE_FN i64 rnn_len(GLOBAL const int* lens, i64 b, i64 S) { return RNN_LENS ? (i64)lens[b] : S; }
 INLINE_FN i64 rnn_time(i64 t, int back, i64 len) { return back ? len - 1 - t : t; }
 
+/* Item i of a layer's state into scratch: h[i] (i < nh) and c[i] (i < nc) from the storage h0, c0 with carry (c
+ * only where the op carries a cell), else zeros: the forward's initial state, the reverse walk's final gradients. */
+INLINE_FN void rnn_state_into(i64 i, int carry, i64 nh, i64 nc, GLOBAL const uchar* h0, GLOBAL const uchar* c0,
+                              GLOBAL real* h, GLOBAL real* c)
+{
+    if (i < nh)
+        h[i] = carry ? LOAD(h0, i) : (real)0;
+    if (i < nc)
+        c[i] = carry && RNN_HAS_CELL ? LOAD(c0, i) : (real)0;
+}
+
 /* The batch row at position pos of the step kernels' order: ord[pos] (the rows longest first, rnn_order) with
  * RNN_LENS, else pos. */
 INLINE_FN i64 rnn_row(i64 pos, GLOBAL const int* ord)
