@@ -38,26 +38,29 @@ def _code(text: str) -> str:
 
 
 def _everywhere() -> tuple[set[str], set[str]]:
-    """The parameter names of every kernel and device function, and every type name, of all the texts."""
-    params, types = set(), set(C_WORDS)
+    """The parameter names of every kernel and device function (a caller's locals), and every type name, of
+    all the texts."""
+    parameters, types = set(), set(C_WORDS)
     for path in TEXTS:
         text = _code(path.read_text())
         for fn in FUNCTION.finditer(text):
-            params |= {re.findall(r"\w+", p)[-1] for p in fn.group(3).split(",") if p.strip()}
+            parameters |= {re.findall(r"\w+", p)[-1] for p in fn.group(3).split(",") if p.strip()}
         types |= set(re.findall(r"typedef\b[^;{]*?(\w+)\s*;", text)) | set(re.findall(r"\}\s*(\w+)\s*;", text))
-    return params, types
+    return parameters, types
 
 
-def _offences(name: str, params: list[str], body: str, builtins: frozenset[str],
-              locals_: set[str], types: set[str]) -> list[str]:
-    """What the macro ``name(params) body`` does with names that are not its own."""
+def _offences(name: str, params: list[str], body: str, builtins: frozenset[str], parameters: set[str],
+              types: set[str]) -> list[str]:
+    """What the macro ``name(params) body`` does with names that are not its own: the variables it declares,
+    the names it reads and the parameters it assigns (a value returned through the caller's variable)."""
     kinds = "|".join(sorted(types, key=len, reverse=True))
-    declared = list(dict.fromkeys(re.findall(rf"\b(?:{kinds})\b[\s*]*(?:const\b[\s*]*)?([A-Za-z_]\w*)\s*(?:=|;|,|\[)", body)))
+    declaration = rf"\b(?:{kinds})\b[\s*]*(?:const\b[\s*]*)?([A-Za-z_]\w*)\s*(?:=|;|,|\[)"
+    declared = list(dict.fromkeys(re.findall(declaration, body)))
     read = []
     for word in re.finditer(r"(\.|->)?\s*\b([A-Za-z_]\w*)\b(\s*\()?", body):
         member, ident, called = word.groups()
         allowed = (member or called or ident in params or ident in types or ident in builtins
-                   or (CONSTANT.fullmatch(ident) and ident not in locals_))
+                   or (CONSTANT.fullmatch(ident) and ident not in parameters))
         if not allowed and ident not in declared and ident not in read:
             read.append(ident)
     assigned = [p for p in params if re.search(rf"\b{p}\s*(?:[-+*/%&|^]|<<|>>)?=(?!=)|\+\+\s*{p}\b|\b{p}\s*\+\+", body)]
@@ -69,19 +72,14 @@ def _offences(name: str, params: list[str], body: str, builtins: frozenset[str],
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
 def test_no_macro_reads_or_declares_its_callers_locals(path):
-    locals_, types = _everywhere()
+    parameters, types = _everywhere()
     offenders = []
-    for macro in DEFINE.finditer(_code_keeping_lines(path.read_text())):
+    for macro in DEFINE.finditer(_code(path.read_text())):
         params = [p.strip() for p in (macro.group(3) or "").split(",") if p.strip() not in ("", "...")]
-        offenders += _offences(macro.group(1), params, _code(macro.group(4)), BUILTINS.get(path.name, frozenset()),
-                               locals_, types)
+        offenders += _offences(macro.group(1), params, macro.group(4), BUILTINS.get(path.name, frozenset()),
+                               parameters, types)
     assert not offenders, (f"{path.name}: macros over their caller's names: {'; '.join(offenders)}; write an "
                            f"inline function taking what it reads and returning what it makes (DESIGN.md 14)")
-
-
-def _code_keeping_lines(text: str) -> str:
-    """``text`` without comments (so a comment's words are not a macro body's)."""
-    return re.sub(r"/\*.*?\*/|//[^\n]*", lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
 
 
 @pytest.mark.parametrize("path", TEXTS, ids=lambda p: p.name)
