@@ -155,6 +155,7 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
  * as base + jj so compilers emit vector loads and FMAs (6 x 16 is the classic AVX2 register block: 12
  * accumulators, 2 B vectors, 1 broadcast). Edge runs and strided B take the clamped path. Rows past
  * the edge are clamped on load and dropped on store. */
+
 /* acc = the sums over k of A's rows ra[i] times B's columns: column jj starts at bcol[jj], or at brun + jj
  * where `run` (a full run of contiguous columns, which compilers load as vectors). A and B are arena storage
  * or, with a_real / b_real, the compute type; every flag is a constant at each call, so the loads fold to

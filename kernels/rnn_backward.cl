@@ -38,7 +38,8 @@ INLINE_FN real rnnb_slope(int code, real v, real y, real a, real b)
         const real d = (real)1 + (v < (real)0 ? -v : v);
         return (real)1 / (d * d);
     }
-    default: return rnn_sigmoid(v); /* softplus */
+    case RNN_ACT_SOFTPLUS:
+    default: return rnn_sigmoid(v);
     }
 }
 
