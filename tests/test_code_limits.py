@@ -24,10 +24,7 @@ SIZES_HEADING = "## Module sizes"
 OWNED_ELSEWHERE: dict[str, str] = {
     "rlx_gpu/launches/rnn.py::_plan": "kernel arguments by name (kargs): split the long planners per kernel",
     "rlx_gpu/launches/rnn_backward.py::_plan": "kernel arguments by name (kargs): split the long planners per kernel",
-    "rlx_gpu/torch/ssm.py::mamba_chunk_scan_combined": "torch hot path (hotpath)",
     "rlx_gpu/schedule/validate.py": "one rule mechanism (opdef)",
-    "rlx_gpu/torch/arguments.py": "torch hot path (hotpath)",
-    "rlx_gpu/runtime/call_plan.py": "torch hot path (hotpath)",
     "rlx_gpu/conformance/catalog.py": "one definition per op (registry)",
 }
 
