@@ -207,9 +207,12 @@ THUNK_SHAPES = {
 }
 
 
-def thunk_step(op: str, batch: int, p: dict[str, Any], rng: np.random.Generator) -> tuple[Callable, np.ndarray]:
-    """The op's one-token thunk with a carried state, bound (``bound_kernel``), and its arena filled with
-    inputs in the ranges models feed (steps before softplus about -3..0.5, decays below 1, unit keys)."""
+def thunk_step(op: str, batch: int, p: dict[str, Any],
+               rng: np.random.Generator) -> tuple[Callable, Callable, np.ndarray]:
+    """The op's one-token thunk with a carried state, bound (``bound_kernel``) twice: with the compiled step
+    and with NumPy's (bound with ``RLX_HOST_JIT=0``, which a thunk reads as it is prepared); and their
+    arena, filled with inputs in the ranges models feed (steps before softplus about -3..0.5, decays below
+    1, unit keys)."""
     thunk, arena_bytes = lay_out(op, "f32", dict(batch=batch, seq=1, carry_state=True, state=True, **p))
     arena = np.zeros(arena_bytes, np.uint8)
     for r in regions(thunk):
@@ -222,7 +225,12 @@ def thunk_step(op: str, batch: int, p: dict[str, Any], rng: np.random.Generator)
         if r.field != "dst":
             view(arena, r.offset, r.dtype, shape)[...] = values()
     run = host_fallback.bound_kernel(thunk, {})
-    return (lambda: run(arena)), arena
+    os.environ[jit.ENV] = "0"
+    try:
+        numpy_run = host_fallback.bound_kernel(thunk, {})
+    finally:
+        os.environ.pop(jit.ENV, None)
+    return (lambda: run(arena)), (lambda: numpy_run(arena)), arena
 
 
 def thunk_table(args: argparse.Namespace) -> None:
@@ -236,14 +244,10 @@ def thunk_table(args: argparse.Namespace) -> None:
     start, t0 = cpu_ticks(), time.perf_counter()
     for name, (op, p) in THUNK_SHAPES.items():
         for batch in (int(b) for b in args.batches.split(",")):
-            step, _ = thunk_step(op, batch, p, rng)
-            use = [lambda: os.environ.pop(jit.ENV, None), lambda: os.environ.__setitem__(jit.ENV, "0")]
-            try:
-                with single_threaded_blas():
-                    compiled, numpy_step = (ms * 1e3 for ms in alternate_ms([step, step], args.runs, args.warmup,
-                                                                            args.rounds, use))
-            finally:
-                os.environ.pop(jit.ENV, None)
+            step, numpy_run, _ = thunk_step(op, batch, p, rng)
+            with single_threaded_blas():
+                compiled, numpy_step = (ms * 1e3 for ms in alternate_ms([step, numpy_run], args.runs, args.warmup,
+                                                                        args.rounds))
             print(f"{f'{name} B={batch}':<52}{compiled:>9.1f}{numpy_step:>9.1f}{numpy_step / compiled:>9.1f}x",
                   flush=True)
     warn_if_shared(start, t0)

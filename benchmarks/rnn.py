@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import host_fallback  # noqa: E402
 from host_fallback import jit, threads  # noqa: E402
-from host_fallback.rnn import chunk_columns  # noqa: E402
+from host_fallback.rnn_packing import chunk_columns  # noqa: E402
 from host_fallback.threads import blas_threads  # noqa: E402
 from rlx_gpu.graph.torch_weights import pack_recurrent  # noqa: E402
 

@@ -32,6 +32,11 @@ _POOL = threading.local()
 INVERSE_BLOCK = 16
 
 
+def swap(x: np.ndarray) -> np.ndarray:
+    """``x`` with its last two axes swapped (a view)."""
+    return np.swapaxes(x, -1, -2)
+
+
 def scratch(key: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     """An uninitialized array kept for reuse under ``key`` (per thread, least recently used
     evicted past ``SCRATCH_BYTES``; a fresh one if it alone is larger). The caller must not return

@@ -1,7 +1,7 @@
 """The compiled step paths of ``selective_scan``, ``mamba2`` and ``gated_delta_net`` (``jit``): where they
 apply, and their kernel's arguments bound from an arena.
 
-A compiled step runs a thunk's whole step path in one Numba call (``jit_kernels``: every row, channel or
+A compiled step runs a thunk's whole step path in one Numba call (``jit_ssm_steps``: every row, channel or
 head and token, the version-2 fields, the carried state updated where it lies), where NumPy's step path
 makes a dozen array passes a token and the Python around them (B1 decode: 45-75 µs against 5-15). It
 applies to a thunk whose every tensor is stored in f32 (the integer runtime data aside) and whose outputs
@@ -40,11 +40,13 @@ def _applies(by_field: Mapping[str, Region]) -> bool:
 
 class CompiledStep:
     """The compiled kernel ``name`` of one thunk, its arguments bound once per arena (a decode runs on one
-    arena call after call); ``run(arena)`` says whether it ran (False: no Numba, ``RLX_HOST_JIT=0``, or
-    arena views the kernel does not take, read-only or misaligned)."""
+    arena call after call); ``run(arena)`` says whether it ran (False: no Numba, ``RLX_HOST_JIT=0`` when
+    the thunk was prepared, or arena views the kernel does not take, read-only or misaligned). The kernel
+    is looked up once, as the thunk is prepared (``RLX_HOST_JIT`` read then, not on every step)."""
 
     def __init__(self, t: Thunk, by_field: Mapping[str, Region], name: str, arguments: Arguments):
         self.t, self.by_field, self.name, self.arguments = t, by_field, name, arguments
+        self.kernel = jit.kernel(name)
         self.last: tuple[np.ndarray, tuple | None] | None = None
 
     @classmethod
@@ -53,7 +55,7 @@ class CompiledStep:
         return cls(t, by_field, name, arguments) if _applies(by_field) else None
 
     def run(self, arena: np.ndarray) -> bool:
-        kernel = jit.kernel(self.name)
+        kernel = self.kernel
         if kernel is None:
             return False
         last = self.last

@@ -9,8 +9,8 @@ And a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in 
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
 ``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
 every call), the input projection a time chunk at a time, and about fifteen array passes
-(``rnn._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
-(``rnn._cell`` says where); the tests run both against the same float64 recurrences.
+(``rnn_loops._lstm_loop``). NumPy's loop stays the path without Numba and everywhere the kernel does not apply
+(``rnn_cell._cell`` says where); the tests run both against the same float64 recurrences.
 
 The tiles' vectors are as wide as the CPU's (``lanes``): 16 float32 lanes where it has AVX-512, else 8
 (AVX2's width); ``RLX_HOST_JIT_WIDTH=8`` or ``16`` forces one, to compare them on one machine (both are
@@ -26,7 +26,7 @@ And a small lstm's whole layer-direction, forward and backward through time (``l
 time went between the steps (B=8 S=24 H=32, 2 layers, one thread: the backward thunk 2.5 ms to 0.4, the forward
 0.29 to 0.12).
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
-signature each, eagerly when ``jit_kernels`` is first imported (under Python's import lock: once, whatever
+signature each, eagerly when their module is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):
 a process pays the compile once per machine, several seconds (about 10 on a Zen 5, the whole-sequence lstm
 kernels included); a later one loads them in about one.
@@ -71,20 +71,21 @@ def host_lanes() -> int:
 
 
 @cache
-def _kernels() -> ModuleType | None:
-    """``jit_kernels``, or None without Numba (Python's import lock compiles it once across threads)."""
+def _kernels() -> dict[str, ModuleType] | None:
+    """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``), or
+    None without Numba (Python's import lock compiles each module once across threads)."""
     try:
-        from . import jit_kernels
+        from . import jit_lstm, jit_lstm_sequence, jit_ssm_steps
     except ImportError:  # no Numba (or no llvmlite): the NumPy loops
         return None
-    return jit_kernels
+    return {name: module for module in (jit_lstm, jit_lstm_sequence, jit_ssm_steps) for name in module.__all__}
 
 
 def kernel(name: str) -> Callable | None:
     """The compiled kernel ``name``, or ``None`` without Numba or with ``RLX_HOST_JIT=0``.
 
     ``lstm_panels(w, lanes)``: ``w [4H, K]`` (float32, C-contiguous, the internal gate order ``i f o g`` of
-    ``rnn._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
+    ``rnn_packing._ORDER``) packed for ``lstm_step``'s tiles of ``lanes`` (8 or 16, ``lanes()``) float32 lanes;
     ``lstm_panel_bias(b, lanes)`` the same for a bias ``[4H]``.
 
     ``lstm_step(w_hh, h, w_ih, x, bias, c, out, out_col, clip_ifo, clip_g, g_scale, coupled)``, float32: one
@@ -114,5 +115,5 @@ def kernel(name: str) -> Callable | None:
     """
     if not enabled():
         return None
-    module = _kernels()
-    return None if module is None else getattr(module, name)
+    modules = _kernels()
+    return None if modules is None else getattr(modules[name], name)

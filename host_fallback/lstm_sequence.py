@@ -5,7 +5,7 @@ Small lstms spend their time between the steps, not in them: at B=8 S=24 H=32, 2
 makes ~40 array passes and two BLAS calls a step (2.5 ms a thunk), and the forward one compiled call a step
 (``lstm_step``) and the Python around it (0.3 ms). One Numba call per layer-direction runs every step instead:
 ``W_hh·h`` in the lstm step's register tiles with a group of batch rows as the panel, then the gates, the cell
-and ``o·tanh(c)`` in vector loops over a row (``jit_kernels``). They cover an f32-inside lstm (f32, f16 or
+and ``o·tanh(c)`` in vector loops over a row (``jit_lstm_sequence``). They cover an f32-inside lstm (f32, f16 or
 bf16 storage) with the default activations, any layers, directions, ``reverse``, ``seq_lens`` and carried
 state, and no ``clip``, peepholes, projection or coupled gates; ``rnn`` (forward) and ``rnn_backward`` keep
 their NumPy loops for everything else, and everywhere with ``RLX_HOST_JIT=0`` or without Numba.

@@ -40,7 +40,8 @@ from .abi import complete
 from .bound import Bound
 from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
 from .sequences import Sequences, StatePool
-from .ssm import MAMBA2_CHUNK, MAMBA2_SPREAD, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+from .ssm_ssd import MAMBA2_SPREAD
 
 Thunk = Mapping[str, Any]
 

@@ -124,3 +124,9 @@ class StatePool:
             return
         pool = self.bound.view(self.field)
         pool[self.slots[rows], units] = final.astype(pool.dtype)
+
+
+def step_spans(seq: int, seqs: Sequences | None) -> list[tuple[int | None, int, int]]:
+    """``(row, lo, hi)``: the token spans a step path walks. Without varlen one span, every batch row at
+    once (``row`` None: the state rows are the batch rows); with it one per non-empty sequence."""
+    return [(None, 0, seq)] if seqs is None else list(seqs.runs())

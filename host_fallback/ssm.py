@@ -12,6 +12,8 @@ rows' starting states are gathered once per block and their final states scatter
 (``sequences.StatePool``); packed sequences (``cu_seqlens``) restart the state inside the step
 loops and inside a chunk of the SSD form. 16-bit storage computes in f32, widened to
 ``state_dtype``/``param_dtype`` where they are wider (``compute_type``), and rounds once on store.
+
+The paths: ``ssm_scan`` (selective_scan's), ``ssm_ssd`` (mamba2's); this module chooses one and runs a thunk.
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from . import compiled_step, threads
 from .abi import Region, complete, regions
 from .arena import COMPUTE
 from .bound import Bound
-from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite, scratch,
-                      to_chunks, to_chunks_t)
-from .sequences import Piece, Sequences, StatePool
+from .chunked import pick_path, scratch
+from .sequences import Sequences, StatePool
+from .ssm_scan import _scan_blocked, _scan_step
+from .ssm_ssd import _mamba2_chunked, _mamba2_step
 
 Thunk = Mapping[str, Any]
 
@@ -35,359 +38,10 @@ SCAN_BLOCK = 32
 SCAN_STEP_MAX = 16
 #: Default chunk length of the SSD form of mamba2.
 MAMBA2_CHUNK = 64
-#: Largest ``|cum - m|`` (log-decay from a chunk's midpoint) for which the SSD scores factor into
-#: one GEMM of ``c exp(cum - m)`` by ``b exp(m - cum)``, well inside f32 range either way.
-MAMBA2_SPREAD = 30.0
 #: Longest sequence that takes the mamba2 step path.
 MAMBA2_STEP_MAX = 10
-#: The padding a packed selective_scan may add to run its sequences in lanes side by side (a fraction of
-#: its tokens): each lane step costs about its share of the work, so lanes pay only where they pad little.
-LANE_PADDING = 0.1
-#: Channels x state size of a block below which packed sequences run in lanes (see ``_scan_blocked``).
-LANE_STATE = 4096
 #: ABI.md §8's softplus is the identity above this input.
 SOFTPLUS_LINEAR = 20.0
-
-
-def _swap(x: np.ndarray) -> np.ndarray:
-    return np.swapaxes(x, -1, -2)
-
-
-def _runs(seq: int, seqs: Sequences | None) -> list[tuple[int | None, int, int]]:
-    """``(row, lo, hi)``: the token spans a step path walks. Without varlen one span, every batch row at
-    once (``row`` None: the state rows are the batch rows); with it one per non-empty sequence."""
-    return [(None, 0, seq)] if seqs is None else list(seqs.runs())
-
-
-def _scan_step(x, delta, a, b, c, state, seqs, block):
-    """The recurrence step by step: ``x, delta [B, S, H]``, ``a [H, N]``, ``b, c [B, S, G, N]``, ``state
-    [R, H, N]`` (the rows' starting states, updated in place to their final ones); returns ``y``."""
-    bsz, seq, hidden = x.shape
-    groups, n = b.shape[2], a.shape[-1]
-    lanes = (bsz, groups, hidden // groups, 1)
-    a = a.reshape(groups, -1, n)  # [G, H/G, N]: channel ch reads group ch // (H/G)
-    rows = state.reshape(state.shape[0], groups, -1, n)
-    y = np.empty_like(x)
-    term = scratch("ss.term", (bsz, *rows.shape[1:]), x.dtype)  # reused: a fresh state-sized array page-faults
-    for row, lo, hi in _runs(seq, seqs):
-        h = rows if row is None else rows[row : row + 1].copy()
-        for t in range(lo, hi):
-            d = delta[:, t].reshape(lanes)
-            h *= np.exp(np.multiply(d, a, out=term), out=term)
-            h += np.multiply(d * x[:, t].reshape(lanes), b[:, t, :, None, :], out=term)
-            y[:, t] = (h @ c[:, t, :, :, None]).reshape(bsz, hidden)
-        if row is not None:
-            rows[row] = h[0]
-    if not np.shares_memory(rows, state):  # the reshape copied a strided block: hand the states back
-        np.copyto(state, rows.reshape(state.shape))
-    return y
-
-
-def _scan_blocked(x, delta, a, b, c, state, seqs, block):
-    """``_scan_step`` with the decays and inputs of ``block`` steps formed in bulk, then a two-operation
-    loop per step over every lane at once. Packed sequences are dealt into lanes run side by side
-    (``Sequences.lanes``), each lane restarting at its sequences' starts, so a packed batch takes about
-    as many steps as a batch of equal rows of as many tokens (one long row would take them all)."""
-    if seqs is None:
-        return _scan_lanes(x, delta, a, b, c, state, block, {}, {})
-    # lanes pay for their padding and copies only where a step's arrays are small enough for the per-step
-    # overhead to matter (a thread's block of channels: 2x1024 tokens H256 N16, packed / equal batch, one
-    # thread 1.01 without lanes and 1.16 with; two threads, 128 channels each, 1.31 and 1.07)
-    small = x.shape[2] * a.shape[-1] < LANE_STATE
-    lanes = seqs.lanes(LANE_PADDING) if small else [list(seqs.runs())]
-    width = max(sum(hi - lo for _, lo, hi in lane) for lane in lanes)
-    starts: dict[int, list[tuple[int, int]]] = {}
-    ends: dict[int, list[tuple[int, int]]] = {}
-    spans = []  # (lane, lane step, token lo, token hi): where each sequence's tokens go
-    for k, lane in enumerate(lanes):
-        step = 0
-        for row, lo, hi in lane:
-            spans.append((k, step, lo, hi))
-            starts.setdefault(step, []).append((k, row))
-            step += hi - lo
-            ends.setdefault(step - 1, []).append((k, row))
-    if len(lanes) == 1:  # the row itself, its tokens in order
-        return _scan_lanes(x, delta, a, b, c, state, block, starts, ends)
-
-    def pack(t: np.ndarray) -> np.ndarray:  # [1, S, ...] -> [lanes, width, ...], zero past a lane's end
-        out = np.zeros((len(lanes), width, *t.shape[2:]), t.dtype)
-        for k, step, lo, hi in spans:
-            out[k, step : step + hi - lo] = t[0, lo:hi]
-        return out
-
-    y = _scan_lanes(pack(x), pack(delta), a, pack(b), pack(c), state, block, starts, ends)
-    out = np.empty_like(x)
-    for k, step, lo, hi in spans:
-        out[0, lo:hi] = y[k, step : step + hi - lo]
-    return out
-
-
-def _scan_lanes(x, delta, a, b, c, state, block, starts, ends):
-    """The blocked scan of ``_scan_blocked`` over lanes ``x [K, S, H]``. Without ``starts`` the lanes are
-    the state rows (``state [K, H, N]`` in and out); else ``starts``/``ends`` map a step to the
-    ``(lane, state row)`` pairs whose sequence starts (from that row's state) or ends (into it) there.
-
-    The states are group- and state-major, ``[K, G, N, H/G]``, so every broadcast runs along the
-    contiguous channels of a group (with H innermost a multiply broadcasts over only N values per
-    inner loop)."""
-    count, seq, hidden = x.shape
-    groups, n = b.shape[2], a.shape[-1]
-    width = hidden // groups
-    at = np.ascontiguousarray(_swap(a.reshape(groups, width, n)))  # [G, N, H/G]
-    dt = np.ascontiguousarray(np.moveaxis(delta, 1, 0)).reshape(seq, count, groups, 1, width)
-    dx = dt * np.moveaxis(x, 1, 0).reshape(seq, count, groups, 1, width)  # delta * x
-    bt = np.moveaxis(b, 1, 0)[..., None]  # [S, K, G, N, 1]
-    ct = np.moveaxis(c, 1, 0)[:, :, :, None, :]  # [S, K, G, 1, N]
-    rows = np.ascontiguousarray(_swap(state.reshape(state.shape[0], groups, width, n)))  # [R, G, N, H/G]
-    prev = rows if not starts else np.zeros((count, groups, n, width), x.dtype)
-    y = np.empty((seq, count, groups, 1, width), x.dtype)
-    for t0 in range(0, seq, block):
-        steps = slice(t0, min(seq, t0 + block))
-        decay = np.multiply(dt[steps], at)
-        np.exp(decay, out=decay)
-        states = dx[steps] * bt[steps]  # [T, K, G, N, H/G]
-        for i in range(decay.shape[0]):
-            if starts and t0 + i in starts:  # sequences start here, each from its own row's state
-                prev = prev.copy()  # the last step's states stay as they are for its outputs
-                for lane, row in starts[t0 + i]:
-                    prev[lane] = rows[row]
-            np.multiply(decay[i], prev, out=decay[i])
-            np.add(states[i], decay[i], out=states[i])
-            prev = states[i]
-            if ends and t0 + i in ends:
-                for lane, row in ends[t0 + i]:
-                    rows[row] = prev[lane]
-        y[steps] = ct[steps] @ states
-    np.copyto(state, _swap(rows if starts else prev).reshape(state.shape))
-    return np.moveaxis(y.reshape(seq, count, hidden), 0, 1)
-
-
-def _ssd_steps(logd, xs, b, c, s, y):
-    """The SSD recurrence from the state ``s [B, H, P, N]`` (updated in place): per step ``t`` (axis
-    1 of ``logd [B, S, H]``, ``xs [B, S, H, P]`` = dt*x, ``b, c [B, S, H, N]``)
-    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``.
-
-    The outer product goes through one reused scratch array (a fresh state-sized one per step
-    page-faults: decode B32 H24 P64 N128 spent half its time there), and a per-head decay scales each
-    contiguous ``[P, N]`` state as one row (a ``[B, H, 1, 1]`` broadcast runs an inner loop per row of P)."""
-    p, n = s.shape[-2:]
-    outer = scratch("m2.outer", s.shape, s.dtype)
-    rows = s.reshape(-1, p * n) if s.flags.c_contiguous else None
-    for t in range(logd.shape[1]):
-        decay = np.exp(logd[:, t])
-        if rows is not None:
-            rows *= decay.reshape(-1, 1)
-        else:
-            s *= decay[..., None, None]
-        s += np.multiply(xs[:, t, ..., None], b[:, t, ..., None, :], out=outer)
-        y[:, t] = (s @ c[:, t, ..., None])[..., 0]
-
-
-def _mamba2_step(x, dt, a, b, c, state, seqs, length):
-    """The SSD recurrence step by step: ``x [B, S, H, P]``, ``dt [B, S, H]``, ``a [H]``, ``b, c [B, S, H,
-    N]``, ``state [R, H, P, N]`` (updated in place to the rows' final states); returns ``y``."""
-    y = np.empty_like(x)
-    logd, xs = dt * a, dt[..., None] * x
-    for row, lo, hi in _runs(x.shape[1], seqs):
-        s = state if row is None else state[row : row + 1].copy()
-        span = slice(lo, hi)
-        _ssd_steps(logd[:, span], xs[:, span], b[:, span], c[:, span], s, y[:, span])
-        if row is not None:
-            state[row] = s[0]
-    return y
-
-
-def _ssd_factored(xs, cum, b, c, scores, y, local, drop):
-    """The SSD terms of each chunk with its decay ratios factored through its midpoint ``m``:
-    ``exp(cum_l - cum_s) = exp(cum_l - m) exp(m - cum_s)``, so the decayed scores are one GEMM of
-    ``c exp(cum - m)`` by ``b exp(m - cum)``, with the pairs ``drop`` selects (a later step, another
-    sequence) set to zero. Writes the intra-chunk outputs ``y``, and ``local``, the state each chunk
-    builds from zero decayed to its end, transposed (``[..., N, P]``); returns ``c exp(cum)``, with
-    which ``c`` reads the state entering the chunk.
-
-    ``b`` is chunked ``[..., L, N]`` and read transposed; every GEMM operand is laid out as the GEMM
-    reads it (OpenBLAS runs transposed small GEMMs far slower)."""
-    length, n = cum.shape[-1], b.shape[-1]
-    mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
-    cs = np.multiply(c, np.exp(cum - mid)[..., None], out=scratch("m2.cs", c.shape, c.dtype))
-    bt = scratch("m2.bt", (*cum.shape[:-1], n, length), b.dtype)
-    np.multiply(_swap(b), np.exp(mid - cum)[..., None, :], out=bt)
-    np.matmul(cs, bt, out=scores)
-    np.copyto(scores, 0, where=drop)
-    np.matmul(scores, xs, out=y)
-    np.matmul(bt, xs, out=local)
-    local *= np.exp(cum[..., -1:] - mid)[..., None]
-    cs *= np.exp(mid)[..., None]
-    return cs
-
-
-def _ssd_masked(xs, cum, cs, bt, scores, y, local, drop=None):
-    """``_ssd_factored`` with every decay ratio formed on its own (``chunked.decay_ratios``), for
-    chunks whose decays span too wide a range to factor; ``cs [..., L, N]`` (``c``, scaled in place
-    and returned) and ``bt [..., N, L]`` (``b`` transposed) are contiguous. ``drop``, where given,
-    also zeroes the pairs of steps of different sequences (selected after the product, so a ratio
-    across a restart that overflowed leaves no NaN)."""
-    np.matmul(cs, bt, out=scores)
-    scores *= decay_ratios(cum)
-    if drop is not None:
-        np.copyto(scores, 0, where=drop)
-    np.matmul(scores, xs, out=y)
-    np.matmul(bt, xs * np.exp(cum[..., -1:] - cum)[..., None], out=local)
-    cs *= np.exp(cum)[..., None]
-    return cs
-
-
-def _drop_pairs(length: int, count: int, inner: list[Piece]) -> np.ndarray:
-    """The score pairs ``(l, s)`` of each chunk that no output reads: ``s`` after ``l``, and with varlen
-    ``s`` in an earlier sequence than ``l`` (``inner``: the sequences that start inside a chunk).
-    ``[L, L]``, or ``[C, 1, 1, L, L]`` per chunk when some sequence starts inside one."""
-    if not inner:
-        return _strict_upper(length)
-    segment = np.zeros((count, length), np.int32)
-    for q in inner:
-        segment[q.chunk, q.lo :] += 1
-    drop = segment[:, :, None] != segment[:, None, :]
-    drop |= _strict_upper(length)
-    return drop[:, None, None]
-
-
-def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
-    """The chunked SSD form: ``_mamba2_step``'s arguments, ``state`` updated in place likewise.
-
-    With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
-    start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
-    first steps read its own starting state rather than the one entering the chunk, and the chunk
-    hands on only what its last sequence built. So every chunk stays one set of GEMMs; the sequences
-    cost a few small products each (their starts, their final states)."""
-    # the big intermediates live in reused scratch arrays (see chunked.scratch)
-    seq, p, n = x.shape[1], x.shape[-1], b.shape[-1]
-    logd = floor_log_decays(dt * a)
-    xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
-    xs = chunk_view(xdt, length)  # [C, B, H, L, P]: the input each step adds, dt*x
-    steps = to_chunks(logd, length)  # [C, B, H, L]
-    cum = np.cumsum(steps, axis=-1)  # log-decay from the chunk start (or the sequence's), inclusive
-    count, lead = steps.shape[0], steps.shape[:3]
-    pieces = [] if seqs is None else seqs.pieces(length)
-    inner = [q for q in pieces if q.first and q.lo > 0]
-    for q in inner:  # in token order: a later start in the same chunk sums afresh from there
-        np.cumsum(steps[q.chunk, ..., q.lo :], axis=-1, out=cum[q.chunk, ..., q.lo :])
-    split = sorted({q.chunk for q in inner})
-    drop = _drop_pairs(length, count, inner)
-    scores = scratch("m2.scores", (*lead, length, length), x.dtype)
-    y = scratch("m2.y", (*lead, length, p), x.dtype)
-    local = scratch("m2.local", (*lead, n, p), x.dtype)
-    # a chunk factors where |cum - m| <= max|logd| (L/2 + 1) <= MAMBA2_SPREAD (NaN: it does not);
-    # decided chunk by chunk, so one lane's values never change another lane's arithmetic. A chunk in
-    # which a sequence restarts its sum is measured instead.
-    factored = np.max(np.abs(steps), axis=-1) * (length // 2 + 1) <= MAMBA2_SPREAD
-    if split:
-        within = cum[split]
-        factored[split] = np.max(np.abs(within - within[..., (length - 1) // 2 : (length + 1) // 2]), axis=-1) \
-            <= MAMBA2_SPREAD
-    cb, cc = chunk_view(b, length), chunk_view(c, length)
-    if not factored.any():
-        # c into a scratch copy: _ssd_masked scales it in place, and c may be the arena's own bytes
-        cs = _ssd_masked(xs, cum, to_chunks(c, length, "m2.cs"), to_chunks_t(b, length), scores, y, local,
-                         None if not inner else drop)
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):  # the chunks that do not factor are redone
-            cs = _ssd_factored(xs, cum, to_chunks(b, length), cc, scores, y, local, drop)
-        if not factored.all():
-            pick = np.nonzero(~factored)
-            part = [np.empty_like(t[pick]) for t in (scores, y, local)]
-            bt = np.ascontiguousarray(_swap(cb[pick]))
-            cs[pick] = _ssd_masked(xs[pick], cum[pick], cc[pick], bt, *part, None if not inner else drop[:, 0, 0][pick[0]])
-            y[pick], local[pick] = part[1], part[2]
-    init = _swap(state)  # [R, H, N, P]: each row's starting state, in the layout of the chunk states
-    last = {q.chunk: q for q in inner}  # the last sequence starting inside each chunk
-    for k, q in last.items():  # such a chunk hands on only what that sequence built, from its start
-        span = slice(q.lo, None)
-        ratio = np.exp(cum[k, ..., -1:] - cum[k, ..., span])
-        np.matmul(_swap(cb[k][..., span, :]) * ratio[..., None, :], xs[k][..., span, :], out=local[k])
-    for q in inner:  # its first steps read its own starting state, not the chunk's
-        rows = cs[q.chunk, ..., q.lo : q.hi, :]
-        y[q.chunk, ..., q.lo : q.hi, :] += rows @ init[q.row]
-        rows[...] = 0
-    through = np.exp(cum[..., -1])[..., None, None]
-    starts = scratch("m2.starts", local.shape, x.dtype)  # the state entering each chunk, [N, P]
-    begins = {q.chunk: q.row for q in pieces if q.first and q.lo == 0}  # chunks a sequence starts at
-    if seqs is None:
-        starts[0] = init
-    for k in range(count):
-        if k in begins:
-            starts[k] = init[begins[k]]
-        if k + 1 < count and k + 1 not in begins:
-            np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
-            starts[k + 1] += local[k]
-    # state-to-output: the state entering the chunk, decayed to each step and read by c
-    y += np.matmul(cs, starts, out=scores if length == p else None)
-    steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
-    if seqs is None:
-        redo_nonfinite(y, starts, _ssd_steps_transposed, steps_of)
-        final = through[-1] * starts[-1] + local[-1]
-        _redo_nonfinite_state(final, starts[-1], [t[-1] for t in steps_of()])
-        np.copyto(state, _swap(final))
-    else:
-        _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, steps_of())
-    return from_chunks(y, seq)
-
-
-def _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, inputs):
-    """Write each sequence's final state into ``state`` (rows not named keep theirs: an empty sequence
-    ends where it started), and redo with the recurrence every chunk whose outputs hold a non-finite
-    value, sequence piece by sequence piece (which also gives the final states of the pieces that end
-    there)."""
-    finals = state.copy()
-    for q in pieces:
-        if not q.last:
-            continue
-        k, span, end = q.chunk, slice(q.lo, q.hi), q.hi - 1
-        entering = starts[k] if q.lo == 0 else init[q.row]
-        ratio = np.exp(cum[k, ..., end : end + 1] - cum[k, ..., span])
-        built = np.matmul(_swap(cb[k][..., span, :]) * ratio[..., None, :], xs[k][..., span, :])
-        finals[q.row] = _swap(np.exp(cum[k, ..., end])[..., None, None] * entering + built)[0]
-    bad = ~np.isfinite(y).reshape(y.shape[0], -1).all(-1)
-    for q in pieces:
-        if not bad[q.chunk]:
-            continue
-        k, span = q.chunk, slice(q.lo, q.hi)
-        s = np.ascontiguousarray(_swap(starts[k])) if q.lo == 0 else state[q.row][None].copy()
-        logd, xs_k, b_k, c_k = (np.moveaxis(t[k][:, :, span], 2, 1) for t in inputs)
-        out = np.empty((1, q.hi - q.lo, *y.shape[2:3], y.shape[-1]), y.dtype)
-        _ssd_steps(logd, xs_k, b_k, c_k, s, out)
-        y[k][:, :, span] = np.moveaxis(out, 1, 2)
-        if q.last:
-            finals[q.row] = s[0]
-    np.copyto(state, finals)
-
-
-def _redo_nonfinite_state(final, entering, inputs):
-    """Recompute with the recurrence, over the last chunk, each lane of the bulk ``final`` state
-    (``[B, H, N, P]``) holding a non-finite value, from the state ``entering`` that chunk; so every
-    NaN and signed Inf of a final state lands where the recurrence puts it. ``inputs`` are the
-    last chunk's per-step inputs (``[B, H, L, ...]``)."""
-    bad = ~np.isfinite(final).all(axis=(-2, -1))
-    if not bad.any():
-        return
-    pick = np.nonzero(bad)
-    s = np.ascontiguousarray(_swap(entering[pick]))[:, None]  # [K, 1, P, N]
-    logd, xs, b, c = (t[pick][:, :, None] for t in inputs)
-    _ssd_steps(logd, xs, b, c, s, np.empty((len(s), logd.shape[1], 1, xs.shape[-1]), final.dtype))
-    final[pick] = _swap(s[:, 0])
-
-
-def _ssd_steps_transposed(logd, xs, b, c, s, y):
-    """``_ssd_steps`` from a state given transposed, ``[..., N, P]`` (the chunked path's layout)."""
-    _ssd_steps(logd, xs, b, c, np.ascontiguousarray(_swap(s)), y)
-
-
-_UPPER: dict[int, np.ndarray] = {}
-
-
-def _strict_upper(length: int) -> np.ndarray:
-    if length not in _UPPER:
-        _UPPER[length] = np.triu(np.ones((length, length), bool), 1)
-    return _UPPER[length]
 
 
 _SCAN_PATHS: dict[str, Callable[..., np.ndarray]] = {"step": _scan_step, "blocked": _scan_blocked}
@@ -587,7 +241,7 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
 
 
 def _scan_arguments(t: Thunk) -> compiled_step.Arguments:
-    """``jit_kernels.selective_scan_step``'s arguments from a thunk's arena views."""
+    """``jit_ssm_steps.selective_scan_step``'s arguments from a thunk's arena views."""
     def arguments(bound: Bound) -> tuple:
         b, c = bound.view("b"), bound.view("c")
         if t["groups"] == 1:  # [B, S, N]: one group
@@ -601,7 +255,7 @@ def _scan_arguments(t: Thunk) -> compiled_step.Arguments:
 
 
 def _mamba2_arguments(t: Thunk) -> compiled_step.Arguments:
-    """``jit_kernels.mamba2_step``'s arguments from a thunk's arena views."""
+    """``jit_ssm_steps.mamba2_step``'s arguments from a thunk's arena views."""
     low, high = t["dt_limit"] if t["dt_limit"] is not None else (-np.inf, np.inf)
     limit = (np.float32(low), np.float32(np.inf if high is None else high))
 

@@ -155,43 +155,35 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
  * as base + jj so compilers emit vector loads and FMAs (6 x 16 is the classic AVX2 register block: 12
  * accumulators, 2 B vectors, 1 broadcast). Edge runs and strided B take the clamped path. Rows past
  * the edge are clamped on load and dropped on store. */
-#define GEMM_BCOL_RUN(jj) (cbase + (jj))
-#define GEMM_BCOL_ANY(jj) cb_[jj]
-#define GEMM_BODY(LA, LB, BCOL)                                                         \
-    {                                                                                   \
-        real acc[GEMM_RM][GEMM_CN];                                                     \
-        PRAGMA_UNROLL                                                                   \
-        for (int i = 0; i < GEMM_RM; ++i)                                               \
-            PRAGMA_UNROLL                                                               \
-            for (int jj = 0; jj < GEMM_CN; ++jj)                                        \
-                acc[i][jj] = (real)0;                                                   \
-        for (i64 kk = 0; kk < k; ++kk) {                                                \
-            real av[GEMM_RM], bv[GEMM_CN];                                              \
-            PRAGMA_UNROLL                                                               \
-            for (int i = 0; i < GEMM_RM; ++i)                                           \
-                av[i] = LA(A, ra[i] + kk * a_cs);                                       \
-            PRAGMA_UNROLL                                                               \
-            for (int jj = 0; jj < GEMM_CN; ++jj)                                        \
-                bv[jj] = LB(B, BCOL(jj) + kk * b_rs);                                   \
-            PRAGMA_UNROLL                                                               \
-            for (int i = 0; i < GEMM_RM; ++i)                                           \
-                PRAGMA_UNROLL                                                           \
-                for (int jj = 0; jj < GEMM_CN; ++jj)                                    \
-                    acc[i][jj] += av[i] * bv[jj];                                       \
-        }                                                                               \
-        for (int jj = 0; jj < GEMM_CN; ++jj) {                                          \
-            const i64 col = col0 + jj;                                                  \
-            if (col >= n)                                                               \
-                break;                                                                  \
-            const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;          \
-            for (int i = 0; i < GEMM_RM; ++i)                                           \
-                if (row0 + i < m)                                                       \
-                    store_any(D, z * d_bs + (row0 + i) * d_rs + col, d_real, acc[i][jj] + bval); \
-        }                                                                               \
+
+/* acc = the sums over k of A's rows ra[i] times B's columns: column jj starts at bcol[jj], or at brun + jj
+ * where `run` (a full run of contiguous columns, which compilers load as vectors). A and B are arena storage
+ * or, with a_real / b_real, the compute type; every flag is a constant at each call, so the loads fold to
+ * one form per call. */
+INLINE_FN void gemm_sums(real acc[GEMM_RM][GEMM_CN], GLOBAL const uchar* A, int a_real, const i64* ra, i64 a_cs,
+                         GLOBAL const uchar* B, int b_real, const i64* bcol, i64 brun, int run, i64 b_rs, i64 k)
+{
+    PRAGMA_UNROLL
+    for (int i = 0; i < GEMM_RM; ++i)
+        PRAGMA_UNROLL
+        for (int jj = 0; jj < GEMM_CN; ++jj)
+            acc[i][jj] = (real)0;
+    for (i64 kk = 0; kk < k; ++kk) {
+        real av[GEMM_RM], bv[GEMM_CN];
+        PRAGMA_UNROLL
+        for (int i = 0; i < GEMM_RM; ++i)
+            av[i] = load_any(A, ra[i] + kk * a_cs, a_real);
+        PRAGMA_UNROLL
+        for (int jj = 0; jj < GEMM_CN; ++jj)
+            bv[jj] = load_any(B, (run ? brun + jj : bcol[jj]) + kk * b_rs, b_real);
+        PRAGMA_UNROLL
+        for (int i = 0; i < GEMM_RM; ++i)
+            PRAGMA_UNROLL
+            for (int jj = 0; jj < GEMM_CN; ++jj)
+                acc[i][jj] += av[i] * bv[jj];
     }
-#define GEMM_LD_REAL(p, i) ((GLOBAL const real*)(p))[i]
-#define GEMM_LD_A_ANY(p, i) load_any(p, i, a_real)
-#define GEMM_LD_B_ANY(p, i) load_any(p, i, b_real)
+}
+
 KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
             GLOBAL uchar* bb, i64 bo, int b_real, i64 b_bs, i64 b_rs, i64 b_cs,
             GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
@@ -213,17 +205,27 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
     for (int jj = 0; jj < GEMM_CN; ++jj)
         cb_[jj] = z * b_bs + (col0 + jj < n ? col0 + jj : n - 1) * b_cs;
     const i64 cbase = z * b_bs + col0;
+    real acc[GEMM_RM][GEMM_CN];
     if (b_cs == 1 && col0 + GEMM_CN <= n) {
         if (a_real && b_real)
-            GEMM_BODY(GEMM_LD_REAL, GEMM_LD_REAL, GEMM_BCOL_RUN)
+            gemm_sums(acc, A, 1, ra, a_cs, B, 1, cb_, cbase, 1, b_rs, k);
         else if (a_real)
-            GEMM_BODY(GEMM_LD_REAL, LOAD, GEMM_BCOL_RUN)
+            gemm_sums(acc, A, 1, ra, a_cs, B, 0, cb_, cbase, 1, b_rs, k);
         else if (b_real)
-            GEMM_BODY(LOAD, GEMM_LD_REAL, GEMM_BCOL_RUN)
+            gemm_sums(acc, A, 0, ra, a_cs, B, 1, cb_, cbase, 1, b_rs, k);
         else
-            GEMM_BODY(LOAD, LOAD, GEMM_BCOL_RUN)
+            gemm_sums(acc, A, 0, ra, a_cs, B, 0, cb_, cbase, 1, b_rs, k);
     } else {
-        GEMM_BODY(GEMM_LD_A_ANY, GEMM_LD_B_ANY, GEMM_BCOL_ANY)
+        gemm_sums(acc, A, a_real, ra, a_cs, B, b_real, cb_, cbase, 0, b_rs, k);
+    }
+    for (int jj = 0; jj < GEMM_CN; ++jj) {
+        const i64 col = col0 + jj;
+        if (col >= n)
+            break;
+        const real bval = has_bias ? LOAD(bias, z * c_bs + col) : (real)0;
+        for (int i = 0; i < GEMM_RM; ++i)
+            if (row0 + i < m)
+                store_any(D, z * d_bs + (row0 + i) * d_rs + col, d_real, acc[i][jj] + bval);
     }
 }
 #endif

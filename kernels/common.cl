@@ -89,13 +89,13 @@ INLINE_FN real rlx_exp(real x)
 }
 
 #ifdef SSM_L /* the state-space programs' gpu variants: a row's state spread over SSM_L lanes */
-/* y = the sum of the SSM_L partial sums at part[at .. at+SSM_L) (LOCAL; a macro, since the CUDA
- * dialect has no LOCAL pointer type). */
-#define SSM_ROW_SUM(y, part, at)                                                                        \
-    do {                                                                                              \
-        y = part[at];                                                                                 \
-        PRAGMA_UNROLL                                                                                 \
-        for (int l_ = 1; l_ < SSM_L; ++l_)                                                            \
-            y += part[(at) + l_];                                                                     \
-    } while (0)
+/* The sum of the SSM_L partial sums at part[at .. at+SSM_L) (LOCAL). */
+INLINE_FN real ssm_row_sum(LOCAL_PTR const real* part, int at)
+{
+    real y = part[at];
+    PRAGMA_UNROLL
+    for (int l = 1; l < SSM_L; ++l)
+        y += part[at + l];
+    return y;
+}
 #endif

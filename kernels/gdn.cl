@@ -364,7 +364,7 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
         }
         part[lane] = y;
         BARRIER();
-        SSM_ROW_SUM(y, part, first);
+        y = ssm_row_sum(part, first);
         const real u = ((live ? LOAD(v, vec + j) : (real)0) - rk * y) * LOAD(beta, head) * rk; /* times 1/|k| */
         y = (real)0;
         PRAGMA_UNROLL
@@ -378,7 +378,7 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
         part[SSM_WG + lane] = y;
         BARRIER();
         if (live && nl == 0) {
-            SSM_ROW_SUM(y, part, SSM_WG + first);
+            y = ssm_row_sum(part, SSM_WG + first);
             STORE(dst, vec + j, scale * rq * y);
         }
     }
@@ -470,16 +470,22 @@ DEVICE_FN int gdn_chunk(i64 slot, i64 R, i64 S, GLOBAL const int* cu, i64* t0)
     return end - first < GDN_Q ? (int)(end - first) : GDN_Q;
 }
 
-/* Chunk `slot` of value head vh (its key head kh), slot `bhc` = vh * NC + slot of the scratch arrays,
- * for this work-group: its first token t0 and its steps. */
-#define GDN_CHUNK_GROUP(bhc_of_group)                                                                  \
-    const int lane = (int)LID(0);                                                                     \
-    const i64 bhc = (bhc_of_group), vh = bhc / NC, kh = vh / (HV / H);                                \
-    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;                                    \
-    i64 t0 = 0;                                                                                       \
-    const int steps = gdn_chunk(bhc - vh * NC, R, S, cu, &t0);                                        \
-    const i64 gw = per_channel ? K : 1; /* log-decays per step: one per key channel, or one */        \
-    GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw
+/* Chunk `slot` of value head vh (its key head kh), slot `bhc` = vh * NC + slot of the scratch arrays:
+ * its first token t0 and its steps. */
+typedef struct {
+    i64 bhc, vh, kh, t0;
+    int steps;
+} gdn_chunk_slot;
+
+INLINE_FN gdn_chunk_slot gdn_chunk_slot_of(i64 bhc, i64 R, i64 S, i64 H, i64 HV, i64 NC, GLOBAL const int* cu)
+{
+    gdn_chunk_slot out;
+    out.bhc = bhc;
+    out.vh = bhc / NC;
+    out.kh = out.vh / (HV / H);
+    out.steps = gdn_chunk(bhc - out.vh * NC, R, S, cu, &out.t0);
+    return out;
+}
 
 KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                   int varlen, GLOBAL uchar* cb, i64 co,
@@ -493,7 +499,13 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     /* a number past the last chunk of a varlen batch has no steps: the whole group walks empty loops to every
      * barrier (a work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashed on
      * it in mamba2_chunk_state) */
-    GDN_CHUNK_GROUP(GROUP(0));
+    const int lane = (int)LID(0);
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    const gdn_chunk_slot chunk = gdn_chunk_slot_of(GROUP(0), R, S, H, HV, NC, cu);
+    const i64 bhc = chunk.bhc, vh = chunk.vh, kh = chunk.kh, t0 = chunk.t0;
+    const i64 gw = per_channel ? K : 1; /* log-decays per step: one per key channel, or one */
+    const int steps = chunk.steps;
+    GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
     GLOBAL const store_t* v = AT(store_t, vb, vo);
@@ -696,7 +708,14 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
 {
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
-    GDN_CHUNK_GROUP(GROUP(0) / tiles); /* no steps: empty loops to every barrier, as in gated_delta_net_chunk_prep */
+    const int lane = (int)LID(0);
+    GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
+    /* no steps: empty loops to every barrier, as in gated_delta_net_chunk_prep */
+    const gdn_chunk_slot chunk = gdn_chunk_slot_of(GROUP(0) / tiles, R, S, H, HV, NC, cu);
+    const i64 bhc = chunk.bhc, vh = chunk.vh, kh = chunk.kh, t0 = chunk.t0;
+    const i64 gw = per_channel ? K : 1; /* log-decays per step: one per key channel, or one */
+    const int steps = chunk.steps;
+    GLOBAL real* gam = AT(real, gmb, gmo) + bhc * GDN_Q * gw;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const real* pm = AT(real, pb, po) + bhc * GDN_Q * GDN_Q;

@@ -368,11 +368,7 @@ KERNEL rnn_pad(i64 B, i64 S, i64 W, GLOBAL uchar* ob, i64 oo, int o_real, GLOBAL
 KERNEL rnn_state_in(int carry, i64 nh, i64 nc, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
                     GLOBAL uchar* hb, i64 ho, GLOBAL uchar* cb, i64 co)
 {
-    const i64 i = GID(0);
-    if (i < nh)
-        AT(real, hb, ho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
-    if (i < nc)
-        AT(real, cb, co)[i] = (carry && RNN_HAS_CELL) ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
+    rnn_state_into(GID(0), carry, nh, nc, AT(uchar, h0b, h0o), AT(uchar, c0b, c0o), AT(real, hb, ho), AT(real, cb, co));
 }
 
 /* Final state of one layer back into h0/c0 in place: a row's h is in hb1 after an odd number of steps (its

@@ -38,7 +38,8 @@ INLINE_FN real rnnb_slope(int code, real v, real y, real a, real b)
         const real d = (real)1 + (v < (real)0 ? -v : v);
         return (real)1 / (d * d);
     }
-    default: return rnn_sigmoid(v); /* softplus */
+    case RNN_ACT_SOFTPLUS:
+    default: return rnn_sigmoid(v);
     }
 }
 
@@ -106,6 +107,13 @@ INLINE_FN i64 rnnb_next_row(i64 b, i64 t, i64 len, int back, i64 S, i64* tt)
 {
     *tt = rnn_time(t, back, len);
     return t + 1 < len ? b * S + rnn_time(t + 1, back, len) : -1;
+}
+
+/* The row (b * S + time) that reverse step t of batch row b visits; -1 where row b takes no step t. */
+INLINE_FN i64 rnnb_reverse_row(GLOBAL const int* lens, i64 b, i64 S, i64 t, int back)
+{
+    const i64 len = rnn_len(lens, b, S);
+    return t < len ? b * S + rnn_time(len - 1 - t, back, len) : -1;
 }
 
 /* n reals of scratch set to zero (the tensors whose padding steps, past seq_lens, no step writes). */
@@ -290,11 +298,9 @@ KERNEL rnnb_forward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL 
 KERNEL rnnb_backward_init(i64 nh, i64 nc, int carry, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
                           GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco)
 {
-    const i64 i = GID(0);
-    if (i < nh)
-        AT(real, dhb, dho)[i] = carry ? LOAD(AT(uchar, h0b, h0o), i) : (real)0;
-    if (i < nc)
-        AT(real, dcb, dco)[i] = carry ? LOAD(AT(uchar, c0b, c0o), i) : (real)0;
+    /* nc is 0 but for lstm */
+    rnn_state_into(GID(0), carry, nh, nc, AT(uchar, h0b, h0o), AT(uchar, c0b, c0o), AT(real, dhb, dho),
+                   AT(real, dcb, dco));
 }
 
 /* The initial state's gradients of a layer, after its reverse walk, into d_h0 / d_c0 in place. */
@@ -329,12 +335,10 @@ KERNEL rnnb_backward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL
     GLOBAL const uchar* dy = AT(uchar, yb, yo);
     GLOBAL const real* dh = AT(real, dhb, dho);
     GLOBAL const uchar* wr = AT(uchar, wrb, wro + dir * P * H * (i64)sizeof(store_t));
-    GLOBAL const int* lens = AT(int, lb, lo);
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
-        const i64 len = rnn_len(lens, b, S);
-        if (t >= len)
+        const i64 row = rnnb_reverse_row(AT(int, lb, lo), b, S, t, dir || reverse);
+        if (row < 0)
             continue;
-        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
         if (j < P)
             AT(real, dib, dio)[(dir * N + row) * P + j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, P, j);
         if (j < H) {
@@ -379,14 +383,12 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
     GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
     GLOBAL real* dz_all = AT(real, dzb, dzo) + dir * GH;
     GLOBAL real* dzh_all = AT(real, dhzb, dhzo) + dir * GH;
-    GLOBAL const int* lens = AT(int, lb, lo);
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
-        const i64 len = rnn_len(lens, b, S);
-        if (t >= len)
+        const i64 row = rnnb_reverse_row(AT(int, lb, lo), b, S, t, dir || reverse);
+        if (row < 0)
             continue;
-        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
         GLOBAL const real* u = u_all + row * GH;
         GLOBAL real* dz = dz_all + row * dz_rs;
         GLOBAL real* dzh = dzh_all + row * dz_rs;
@@ -469,12 +471,10 @@ KERNEL rnnb_backward_dh(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, i64 rows
     if (q >= K)
         return;
     GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
-    GLOBAL const int* lens = AT(int, lb, lo);
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
-        const i64 len = rnn_len(lens, b, S);
-        if (t >= len)
+        const i64 row = rnnb_reverse_row(AT(int, lb, lo), b, S, t, dir || reverse);
+        if (row < 0)
             continue;
-        const i64 row = b * S + rnn_time(len - 1 - t, dir || reverse, len);
         GLOBAL const real* dzh = AT(real, dhzb, dhzo) + row * dz_rs + dir * GH;
         real s = has_direct ? AT(real, dsb, dso)[(dir * B + b) * K + q] : (real)0;
         for (i64 r = 0; r < rows_hh; ++r)

@@ -37,20 +37,10 @@
 #error "RNN_LBR0 is a gru variant (RNN_GATES 3)"
 #endif
 
-/* Activation codes (ABI.md §8's names, in launches/rnn.py ACTIVATIONS order). */
-#define RNN_ACT_SIGMOID 0
-#define RNN_ACT_TANH 1
-#define RNN_ACT_RELU 2
-#define RNN_ACT_AFFINE 3
-#define RNN_ACT_LEAKY_RELU 4
-#define RNN_ACT_THRESHOLDED_RELU 5
-#define RNN_ACT_SCALED_TANH 6
-#define RNN_ACT_HARD_SIGMOID 7
-#define RNN_ACT_ELU 8
-#define RNN_ACT_SOFTSIGN 9
-#define RNN_ACT_SOFTPLUS 10
-/* Each slot's activation per direction (f drives lstm i, f, o / gru r, z / rnn's one; g the candidate;
- * h lstm's output o * h(c)); unset: §3's, and direction 1 as direction 0. */
+/* The activation codes RNN_ACT_SIGMOID, RNN_ACT_TANH, ... (ABI.md §8's names) come with the program's
+ * defines, from the one table of launches/activation_codes.py. Each slot's activation per direction (f drives
+ * lstm i, f, o / gru r, z / rnn's one; g the candidate; h lstm's output o * h(c)); unset: §3's, and direction 1
+ * as direction 0. */
 #ifndef RNN_ACT_F0
 #if RNN_GATES == 1
 #define RNN_ACT_F0 RNN_ACT_TANH
@@ -104,7 +94,8 @@ INLINE_FN real rnn_act(int code, real v, real a, real b)
     }
     case RNN_ACT_ELU: return v >= (real)0 ? v : a * (rlx_exp(v) - (real)1);
     case RNN_ACT_SOFTSIGN: return v / ((real)1 + (v < (real)0 ? -v : v));
-    default: /* softplus, log(1 + e^v) = max(v, 0) + log1p(e^-|v|): no overflow */
+    case RNN_ACT_SOFTPLUS: /* log(1 + e^v) = max(v, 0) + log1p(e^-|v|): no overflow */
+    default:
         return (v > (real)0 ? v : (real)0) + log1p(rlx_exp(v > (real)0 ? -v : v));
     }
 }
@@ -221,6 +212,17 @@ INLINE_FN int rnn_gate_count(int phase) { return RNN_LBR0 ? (phase ? 1 : 2) : RN
  * `reverse` walk their steps backwards. */
 INLINE_FN i64 rnn_len(GLOBAL const int* lens, i64 b, i64 S) { return RNN_LENS ? (i64)lens[b] : S; }
 INLINE_FN i64 rnn_time(i64 t, int back, i64 len) { return back ? len - 1 - t : t; }
+
+/* Item i of a layer's state into scratch: h[i] (i < nh) and c[i] (i < nc) from the storage h0, c0 with carry (c
+ * only where the op carries a cell), else zeros: the forward's initial state, the reverse walk's final gradients. */
+INLINE_FN void rnn_state_into(i64 i, int carry, i64 nh, i64 nc, GLOBAL const uchar* h0, GLOBAL const uchar* c0,
+                              GLOBAL real* h, GLOBAL real* c)
+{
+    if (i < nh)
+        h[i] = carry ? LOAD(h0, i) : (real)0;
+    if (i < nc)
+        c[i] = carry && RNN_HAS_CELL ? LOAD(c0, i) : (real)0;
+}
 
 /* The batch row at position pos of the step kernels' order: ord[pos] (the rows longest first, rnn_order) with
  * RNN_LENS, else pos. */

@@ -355,7 +355,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
         part[buf + lane] = y;
         BARRIER();
         if (live && nl == 0) {
-            SSM_ROW_SUM(y, part, buf + first);
+            y = ssm_row_sum(part, buf + first);
             STORE(dst, tok * H + ch, ssm_finish(y, dv, xv, ssm_z(z, tok * H + ch)));
         }
     }
@@ -411,7 +411,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
         part[buf + lane] = y;
         BARRIER();
         if (live && nl == 0) {
-            SSM_ROW_SUM(y, part, buf + first);
+            y = ssm_row_sum(part, buf + first);
             STORE(dst, head * P + p, ssm_finish(y, dv, xv, ssm_z(z, head * P + p)));
         }
     }
@@ -609,20 +609,24 @@ KERNEL mamba2_varlen_chunks(i64 R, i64 K, GLOBAL uchar* cub, i64 cuo, GLOBAL uch
 }
 
 /* dts[t] = dt of token t0+t at head hh as §8 transforms it and Ls[t] = a * sum_{s<=t} dts[s], for
- * the chunk's `steps` steps (lane 0 sums serially: M2_Q adds), in LOCAL (a macro, since the CUDA
- * dialect has no LOCAL pointer type). */
-#define M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi)                         \
-    if ((lane) < (steps))                                                                             \
-        dts[lane] = ssm_delta(LOAD(dt, ((t0) + (lane)) * (HD) + (hh)), bias, lo, hi);                  \
-    BARRIER();                                                                                        \
-    if ((lane) == 0) {                                                                                \
-        real acc_ = (real)0;                                                                          \
-        for (int i_ = 0; i_ < (steps); ++i_) {                                                        \
-            acc_ += dts[i_] * (a);                                                                    \
-            Ls[i_] = acc_;                                                                            \
-        }                                                                                             \
-    }                                                                                                 \
-    BARRIER()
+ * the chunk's `steps` steps, in LOCAL (lane 0 sums serially: M2_Q adds). Every lane of the work-group
+ * calls it: it meets two barriers, the second once both arrays are complete. */
+INLINE_FN void m2_stage_decay_barrier(LOCAL_PTR real* dts, LOCAL_PTR real* Ls, int lane, int steps,
+                                      GLOBAL const store_t* dt, i64 t0, i64 HD, i64 hh, real a, real bias, real lo,
+                                      real hi)
+{
+    if (lane < steps)
+        dts[lane] = ssm_delta(LOAD(dt, (t0 + lane) * HD + hh), bias, lo, hi);
+    BARRIER();
+    if (lane == 0) {
+        real acc = (real)0;
+        for (int i = 0; i < steps; ++i) {
+            acc += dts[i] * a;
+            Ls[i] = acc;
+        }
+    }
+    BARRIER();
+}
 
 KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                           GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
@@ -641,7 +645,7 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL const store_t* bm = AT(store_t, bb, bo);
     GLOBAL real* states = AT(real, sb, so) + slot * P * N; /* this chunk's [P, N] */
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
-    M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
     /* xw[s][p] = exp(L[last] - L[s]) dt[s] x[s][p]: the weight of step s in the chunk's final state */
     for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
         const int s = e / M2_PT, p = e - s * M2_PT;
@@ -720,7 +724,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL const real* states = AT(real, sb, so) + slot * P * N; /* the state entering this chunk */
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
-    M2_STAGE_DECAY(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
     for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
         const int s = e / M2_PT, p = e - s * M2_PT;
         xs[e] = p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0;

@@ -14,6 +14,9 @@ typedef long long i64;
 #define KERNEL_BOUNDED(lanes, groups) extern "C" __global__ void __launch_bounds__(lanes, groups)
 #define GLOBAL
 #define LOCAL __shared__
+/* A function parameter pointing into LOCAL memory: a CUDA pointer is generic (once the function is inlined,
+ * NVVM sees the __shared__ array it points into). */
+#define LOCAL_PTR
 #define DEVICE_FN static __device__ __forceinline__
 /* GID(0) -> x: the dimension argument is always a literal, so token pasting picks the member. */
 #define RLX_AXIS_0 x

@@ -11,6 +11,8 @@ typedef long i64;
 #define KERNEL_BOUNDED(lanes, groups) __kernel __attribute__((work_group_size_hint(lanes, 1, 1))) void
 #define GLOBAL __global
 #define LOCAL __local
+/* A function parameter pointing into LOCAL memory: OpenCL names its address space. */
+#define LOCAL_PTR __local
 #define DEVICE_FN static inline
 #define GID(d) ((i64)get_global_id(d))
 #define LID(d) ((i64)get_local_id(d))

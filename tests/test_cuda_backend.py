@@ -83,12 +83,12 @@ def test_cupy_without_a_driver_is_unavailable_with_the_runtime_error(fresh_regis
 
 
 def test_device_record_and_limits_from_the_runtime_properties():
-    from rlx_gpu.backends import cuda
+    from rlx_gpu.backends import cuda, cuda_primitives
 
     info = cuda.device_info(0, H200)
     assert (info.backend, info.spec, info.name, info.fp64) == ("cuda", "cuda:0", "NVIDIA H200 (sm_90)", True)
     assert info.details["compute_capability"] == "9.0" and info.details["multiprocessors"] == 132
-    limits = cuda.device_limits(info)
+    limits = cuda_primitives.device_limits(info)
     assert (limits.max_work_group, limits.local_mem_bytes, limits.target) == (1024, 49152, "gpu")
     assert (limits.sub_group, limits.compute_units, limits.max_grid) == (32, 132, (2147483647, 65535, 65535))
 
@@ -164,8 +164,8 @@ def test_build_failure_names_log_options_and_source(tmp_path):
 def test_cublas_data_types_are_the_cuda_header_values():
     from cuda.bindings import runtime
 
-    from rlx_gpu.backends import cuda
+    from rlx_gpu.backends import cuda_primitives
 
     dt = runtime.cudaDataType
-    assert cuda._DATA_TYPES == {"f32": int(dt.CUDA_R_32F), "f64": int(dt.CUDA_R_64F), "f16": int(dt.CUDA_R_16F),
-                                "bf16": int(dt.CUDA_R_16BF)}
+    assert cuda_primitives._DATA_TYPES == {"f32": int(dt.CUDA_R_32F), "f64": int(dt.CUDA_R_64F),
+                                           "f16": int(dt.CUDA_R_16F), "bf16": int(dt.CUDA_R_16BF)}

@@ -64,7 +64,7 @@ def test_every_gradient_matches_central_finite_differences(label, params, option
 
 def test_chunks_whose_per_channel_decays_spread_widely_match_the_reference():
     """Per-channel log-decays of ~-4 a step spread far past what one factored GEMM may hold inside a chunk
-    (``gdn.CHANNEL_SPREAD``): those chunks take the pairwise form, and every gradient stays finite."""
+    (``gdn_grams.CHANNEL_SPREAD``): those chunks take the pairwise form, and every gradient stays finite."""
     thunk, arena = _laid(dict(BASE, gate_per_channel=True, seq=40), g_scale=16.0)
     values = _read(thunk, arena)
     want = REFERENCES[OP](complete(thunk), lambda f: values[f])

@@ -11,16 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import jit, lstm_sequence, rnn, threads
+from host_fallback import jit, lstm_sequence, rnn_cell, threads
 from support.rnn_host import build, check, read, run_host
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
-from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
+from host_fallback import jit_lstm, jit_math  # noqa: E402  (needs Numba)
 
 
 #: The vector widths (float32 lanes) the tiles come in: each is tested on every machine (LLVM splits 16 lanes
 #: into two 8-lane vectors where the CPU has no AVX-512).
-LANES = sorted(jit_kernels.PANEL_ROWS)
+LANES = sorted(jit_lstm.PANEL_ROWS)
 
 
 #: ``lstm_sequence``'s bound, for the tests that lift ``_step_route``'s pin
@@ -39,14 +39,14 @@ def calls(monkeypatch):
     """Counts the compiled lstm step's calls (it still runs) and the lanes of the tiles they ran (read
     from the packed bias's rows)."""
     counted = {"n": 0, "lanes": set()}
-    real = jit_kernels.lstm_step
-    lanes_of = {rows: lanes for lanes, rows in jit_kernels.PANEL_ROWS.items()}
+    real = jit_lstm.lstm_step
+    lanes_of = {rows: lanes for lanes, rows in jit_lstm.PANEL_ROWS.items()}
 
     def spy(*args):
         counted["n"] += 1
         counted["lanes"].add(lanes_of[args[4].shape[1]])
         real(*args)
-    monkeypatch.setattr(jit_kernels, "lstm_step", spy)
+    monkeypatch.setattr(jit_lstm, "lstm_step", spy)
     return counted
 
 
@@ -57,10 +57,10 @@ def lanes(request, monkeypatch):
     return request.param
 
 
-@numba.njit(fastmath=jit_kernels._FLAGS)
+@numba.njit(fastmath=jit_math._FLAGS)
 def _exp_over(x, out):  # the kernels' exp in a loop, as they run it (vectorized)
     for k in range(x.size):
-        out[k] = jit_kernels._exp(x[k])
+        out[k] = jit_math._exp(x[k])
 
 
 def test_exp_is_within_an_ulp_and_keeps_nan_and_inf():
@@ -139,7 +139,7 @@ def test_the_numpy_step_runs_where_the_compiled_one_does_not_apply(label, option
 def test_a_big_step_keeps_numpy_s_on_a_shared_blas(parallel, monkeypatch, calls):
     """One direction at a time on a two-thread BLAS, NumPy's step runs each GEMM on both cores: past
     ``_COMPILED_SHARED_STEP_FLOPS`` it keeps that step; directions in two threads take the compiled one."""
-    monkeypatch.setattr(rnn, "_COMPILED_SHARED_STEP_FLOPS", 1000)  # NARROW's steps: ~4000 flops
+    monkeypatch.setattr(rnn_cell, "_COMPILED_SHARED_STEP_FLOPS", 1000)  # NARROW's steps: ~4000 flops
     monkeypatch.setattr(threads, "cores", lambda: 2)
     check("lstm", "f32", options={"parallel_directions": parallel}, **NARROW)
     assert (calls["n"] > 0) == parallel
@@ -163,7 +163,7 @@ def test_rlx_host_jit_turns_it_off(monkeypatch, value):
     monkeypatch.setenv(jit.ENV, value)
     assert jit.kernel("lstm_step") is None
     monkeypatch.setenv(jit.ENV, "1")
-    assert jit.kernel("lstm_step") is jit_kernels.lstm_step
+    assert jit.kernel("lstm_step") is jit_lstm.lstm_step
 
 
 @pytest.mark.parametrize("shape", [NARROW, WIDE], ids=["narrow", "wide"])
@@ -247,11 +247,11 @@ def test_the_compiled_step_against_float64(hidden, width, inputs, n, lanes):
     h = rng.standard_normal((width, n + 7)).astype(f32)[:, 3: 3 + n]
     x = rng.standard_normal((inputs, 2 * n + 2)).astype(f32)[:, 1: 1 + 2 * n: 2]  # columns apart, too
     c0 = rng.standard_normal((hidden, n + 3)).astype(f32)
-    packed = (jit_kernels.lstm_panels(stored_hh, order, scales, lanes),
-              jit_kernels.lstm_panels(stored_ih, order, scales, lanes), jit_kernels.lstm_panel_bias(bias, lanes))
+    packed = (jit_lstm.lstm_panels(stored_hh, order, scales, lanes),
+              jit_lstm.lstm_panels(stored_ih, order, scales, lanes), jit_lstm.lstm_panel_bias(bias, lanes))
     for clip, g_scale, coupled in [(np.inf, 1.0, False), (0.7, 1.0, True), (np.inf, -2.0, False)]:
         c, out = c0.copy(), np.full((hidden + 2, n + 6), 7.0, f32)
-        jit_kernels.lstm_step(packed[0], h, packed[1], x, packed[2], c, out, 4, f32(clip), f32(2 * clip), f32(g_scale),
+        jit_lstm.lstm_step(packed[0], h, packed[1], x, packed[2], c, out, 4, f32(clip), f32(2 * clip), f32(g_scale),
                               coupled)
         want_c, want_y = _step_reference(w_hh, h, w_ih, x, bias, c0, clip, 2 * clip, g_scale, coupled)
         np.testing.assert_allclose(c[:, :n], want_c, rtol=2e-5, atol=2e-6)
@@ -264,7 +264,7 @@ def test_the_compiled_step_against_float64(hidden, width, inputs, n, lanes):
 
 def _panels(w, lanes):
     """``w`` packed in its own gate order, unscaled."""
-    return jit_kernels.lstm_panels(w, np.arange(4), np.ones(4, np.float32), lanes)
+    return jit_lstm.lstm_panels(w, np.arange(4), np.ones(4, np.float32), lanes)
 
 
 def test_the_compiled_step_refuses_arrays_that_do_not_fit():
@@ -274,27 +274,27 @@ def test_the_compiled_step_refuses_arrays_that_do_not_fit():
     hidden, width, inputs, n = 13, 4, 3, 10
     rng = np.random.default_rng(0)
     w_hh, w_ih = (_panels(rng.standard_normal((4 * hidden, k)).astype(f32), 8) for k in (width, inputs))
-    bias = jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 8)
+    bias = jit_lstm.lstm_panel_bias(np.zeros(4 * hidden, f32), 8)
     h, x = np.ones((width, n), f32), np.ones((inputs, n), f32)
     c, out = np.zeros((hidden, n), f32), np.zeros((hidden, n), f32)
     good = dict(w_hh=w_hh, h=h, w_ih=w_ih, x=x, bias=bias, c=c, out=out, out_col=0)
     bad = {"w_hh": _panels(np.zeros((4 * hidden, width + 1), f32), 8),
            "w_ih": _panels(np.zeros((4 * (hidden + 12), inputs), f32), 8),
-           "x": np.ones((inputs, n - 1), f32), "bias": jit_kernels.lstm_panel_bias(np.zeros(4 * hidden + 52, f32), 8),
+           "x": np.ones((inputs, n - 1), f32), "bias": jit_lstm.lstm_panel_bias(np.zeros(4 * hidden + 52, f32), 8),
            "c": np.zeros((hidden, n - 1), f32), "out": np.zeros((hidden - 1, n), f32), "out_col": 1,
            "h": np.ones((width - 1, n), f32)}
-    for field, value in [*bad.items(), ("bias", jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 16)),
+    for field, value in [*bad.items(), ("bias", jit_lstm.lstm_panel_bias(np.zeros(4 * hidden, f32), 16)),
                          ("bias", np.zeros((12, 4), f32))]:
         args = {**good, field: value}
         with pytest.raises(ValueError, match="do not fit|not a tile's"):
-            jit_kernels.lstm_step(*args.values(), f32(np.inf), f32(np.inf), f32(1), False)
+            jit_lstm.lstm_step(*args.values(), f32(np.inf), f32(np.inf), f32(1), False)
         assert not c.any() and not out.any(), field
     with pytest.raises(ValueError, match="lanes must be 8 or 16"):
         _panels(np.zeros((4 * hidden, width), f32), 4)
     with pytest.raises(ValueError, match="lanes must be 8 or 16"):
-        jit_kernels.lstm_panel_bias(np.zeros(4 * hidden, f32), 4)
+        jit_lstm.lstm_panel_bias(np.zeros(4 * hidden, f32), 4)
     with pytest.raises(ValueError, match="one entry per gate"):
-        jit_kernels.lstm_panels(np.zeros((4 * hidden, width), f32), np.arange(3), np.ones(3, f32), 8)
+        jit_lstm.lstm_panels(np.zeros((4 * hidden, width), f32), np.arange(3), np.ones(3, f32), 8)
 
 
 @pytest.mark.parametrize("avx512f,want", [(True, 16), (False, 8)])

@@ -19,9 +19,9 @@ from support.rnn_backward_cases import backward_params, laid_backward, torch_gra
 from support.rnn_host import build, check
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
-from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
+from host_fallback import jit_lstm, jit_lstm_sequence  # noqa: E402  (needs Numba)
 
-LANES = sorted(jit_kernels.PANEL_ROWS)
+LANES = sorted(jit_lstm.PANEL_ROWS)
 KERNELS = ("lstm_sequence", "lstm_sequence_backward")
 
 
@@ -30,12 +30,12 @@ def calls(monkeypatch):
     """Counts each whole-sequence kernel's calls (they still run)."""
     counted = dict.fromkeys(KERNELS, 0)
     for name in KERNELS:
-        real = getattr(jit_kernels, name)
+        real = getattr(jit_lstm_sequence, name)
 
         def spy(*args, name=name, real=real):
             counted[name] += 1
             real(*args)
-        monkeypatch.setattr(jit_kernels, name, spy)
+        monkeypatch.setattr(jit_lstm_sequence, name, spy)
     return counted
 
 
@@ -192,20 +192,20 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
     for field, bad in [("w_hh", seq(4 * H, H + 1)), ("h", seq(B + 1, H)), ("out", np.full((S, B + 1, H), 7, f32))]:
         args = {**forward, field: bad}
         with pytest.raises(ValueError, match="lstm_sequence: the arrays' shapes do not fit together"):
-            jit_kernels.lstm_sequence(args["u"], args["w_hh"], args["h"], args["c"], lens, False, args["out"], False,
-                                      seq(0, 0, 0), seq(0, 0, 0), seq(0, 0, 0), 16)
+            jit_lstm_sequence.lstm_sequence(args["u"], args["w_hh"], args["h"], args["c"], lens, False, args["out"],
+                                            False, seq(0, 0, 0), seq(0, 0, 0), seq(0, 0, 0), 16)
         assert np.all(args["out"] == 7)
     with pytest.raises(ValueError, match="the kept arrays' shapes are not out's"):
-        jit_kernels.lstm_sequence(forward["u"], forward["w_hh"], forward["h"], forward["c"], lens, False,
-                                  forward["out"], True, seq(S, B, H), seq(S, B, H), seq(0, 0, 0), 16)
+        jit_lstm_sequence.lstm_sequence(forward["u"], forward["w_hh"], forward["h"], forward["c"], lens, False,
+                                        forward["out"], True, seq(S, B, H), seq(S, B, H), seq(0, 0, 0), 16)
     dz = np.full((S, B, 4 * H), 7, f32)
     with pytest.raises(ValueError, match="lstm_sequence_backward: the arrays' shapes do not fit together"):
-        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H),
-                                           seq(S, B, H + 1), seq(B, H), seq(B, H), lens, False, dz, 16)
+        jit_lstm_sequence.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H),
+                                                 seq(S, B, H + 1), seq(B, H), seq(B, H), lens, False, dz, 16)
     assert np.all(dz == 7)
     with pytest.raises(ValueError, match="lanes must be 8 or 16"):
-        jit_kernels.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H), seq(S, B, H),
-                                           seq(B, H), seq(B, H), lens, False, dz, 4)
+        jit_lstm_sequence.lstm_sequence_backward(seq(S, B, 4 * H), seq(S, B, H), seq(S, B, H), seq(4 * H, H),
+                                                 seq(S, B, H), seq(B, H), seq(B, H), lens, False, dz, 4)
 
 
 @pytest.mark.parametrize("seq,runs", [(1, False), (2, True)], ids=["one-step", "two-steps"])

@@ -19,7 +19,7 @@ from support.gdn_v2_cases import V2_CASES, v2_case, v2_run
 from support.ssm_v2_cases import MAMBA2_FIELDS, SCAN_FIELDS, check_close, make, outputs, run
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
-from host_fallback import jit_kernels  # noqa: E402  (needs Numba)
+from host_fallback import jit_math, jit_ssm_steps  # noqa: E402  (needs Numba)
 
 STEPS = {"selective_scan": "selective_scan_step", "mamba2": "mamba2_step", "gated_delta_net": "gated_delta_net_step"}
 #: Error allowed relative to the largest reference value (f32 arithmetic, as test_gdn_host's).
@@ -31,10 +31,10 @@ def calls(monkeypatch):
     """Counts each compiled step's calls (they still run), by op."""
     counted = dict.fromkeys(STEPS, 0)
     for op, name in STEPS.items():
-        def spy(*args, op=op, real=getattr(jit_kernels, name)):
+        def spy(*args, op=op, real=getattr(jit_ssm_steps, name)):
             counted[op] += 1
             real(*args)
-        monkeypatch.setattr(jit_kernels, name, spy)
+        monkeypatch.setattr(jit_ssm_steps, name, spy)
     return counted
 
 
@@ -234,11 +234,11 @@ def test_a_prepared_step_binds_each_arena_it_is_given(op, calls):
 def _apply(kind, x, out):  # the kernels' functions in a loop, as they run them
     for i in range(x.size):
         if kind == 0:
-            out[i] = jit_kernels._exp_subnormal(x[i])
+            out[i] = jit_math._exp_subnormal(x[i])
         elif kind == 1:
-            out[i] = jit_kernels._log(x[i])
+            out[i] = jit_math._log(x[i])
         else:
-            out[i] = jit_kernels._softplus(x[i])
+            out[i] = jit_math._softplus(x[i])
 
 
 def _ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
-"""What the kernel texts say about themselves holds: every source file their comments name exists, and
-the recurrent family is written as functions over its compile-time gate count, not as multi-line
-macros expanded inside the kernels (DESIGN.md principle 14)."""
+"""What the kernel texts say about themselves holds: every source file their comments name exists, the
+activation codes they name are those of the one table the programs' defines carry, and no work-item
+returns before a barrier (the macros: test_kernel_macros.py)."""
 from __future__ import annotations
 
 import re
@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rlx_gpu.backends import programs
+from rlx_gpu.launches.activation_codes import activation_defines
+from rlx_gpu.launches.limits import gate_variant
 from rlx_gpu.paths import data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,12 +28,19 @@ def test_kernel_texts_name_only_files_that_exist(path):
     assert not missing, f"{path.name} names {missing}: no such file; name the module that does it now"
 
 
-@pytest.mark.parametrize("name", ["rnn_cell.cl", "rnn.cl", "rnn_backward.cl"])
-def test_recurrent_kernels_have_no_macro_bodies(name):
-    text = (data_dir("kernels") / name).read_text()
-    continued = [n for n, line in enumerate(text.splitlines(), 1) if line.rstrip().endswith("\\")]
-    assert not continued, (f"kernels/{name} has {len(continued)} macro continuation lines, the first at line "
-                           f"{continued[0]}; write a function (a gate-count variant: RNN_GATES) instead")
+def test_the_activation_codes_come_from_the_one_table():
+    """The kernels name every code of launches/activation_codes.py's table and no other, type none of their
+    numbers, and the recurrent programs define each one."""
+    codes = activation_defines()
+    texts = "".join(path.read_text() for path in data_dir("kernels").glob("*.cl"))
+    named = set(re.findall(r"\bRNN_ACT_[A-Z_]+\b", texts))
+    assert named == set(codes), f"the kernels name {sorted(named - set(codes))} beyond the table and leave out " \
+                                f"{sorted(set(codes) - named)}"
+    typed = re.findall(r"#\s*define\s+(RNN_ACT_[A-Z_]+)\s", texts)
+    assert not typed, f"the kernels define {typed}: the table's codes come with the program's defines"
+    source = programs.program("opencl", "rnn", "f32", None, "cpu", gate_variant(1)).source
+    missing = [name for name, code in codes.items() if f"#define {name} {code}\n" not in source]
+    assert not missing, f"the rnn program does not define {missing}"
 
 
 def _gpu_lines(lines: list[str]) -> list[str]:
@@ -55,9 +65,7 @@ def test_no_work_item_returns_before_a_barrier(path):
     Intel's CPU runtime ran mamba2_chunk_state's vectorized form into a segfault on a group that returned
     early. A group with nothing to do walks empty loops to every barrier instead."""
     text = path.read_text()
-    barrier_macros = {m.group(1) for m in re.finditer(r"#define (\w+)\([^)]*\)((?:.*\\\n)*.*)", text)
-                      if "BARRIER()" in m.group(2)}
-    meets = re.compile(r"\bBARRIER\(\)|\b(" + "|".join(barrier_macros or {"BARRIER"}) + r")\(")
+    meets = re.compile(r"\bBARRIER\(|_barrier\(")  # a function that meets one says so (test_kernel_macros.py)
     found = []
     for kernel in re.finditer(r"^KERNEL\w* (\w+)\(.*?^}", text, re.S | re.M):
         body = _gpu_lines(kernel.group(0).splitlines())

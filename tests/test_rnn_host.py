@@ -396,7 +396,7 @@ def test_a_sequence_too_long_for_memory_is_refused_before_the_packing(op, monkey
     import time
 
     import rlx_gpu
-    from host_fallback import rnn
+    from host_fallback import rnn_packing
     from rlx_gpu.backends.host import physical_memory
     from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 
@@ -407,7 +407,7 @@ def test_a_sequence_too_long_for_memory_is_refused_before_the_packing(op, monkey
 
     def no_packing(*_):
         raise AssertionError("the packing was built for a thunk the machine cannot hold")
-    monkeypatch.setattr(rnn, "_chunks", no_packing)
+    monkeypatch.setattr(rnn_packing, "_chunks", no_packing)
     started = time.perf_counter()
     with pytest.raises(rlx_gpu.DeviceError, match=rf"thunk 0 \({op}\)'s working memory .* more than the .* memory"):
         rlx_gpu.get_device("host").run(sched)

@@ -14,7 +14,7 @@ import torch
 
 import rlx_gpu.torch as rt
 from rlx_gpu.runtime.call_plan import CallPlan
-from rlx_gpu.torch import bridge, ssm
+from rlx_gpu.torch import bridge, state_update
 
 STREAM = 0x5EED
 
@@ -22,7 +22,7 @@ STREAM = 0x5EED
 def _as_cuda(monkeypatch) -> list[CallPlan]:
     """Tensors taken for CUDA ones from now on; returns the plans ``on_stream`` was called on, in order."""
     calls: list[CallPlan] = []
-    for module in (bridge, ssm):
+    for module in (bridge, state_update):
         monkeypatch.setattr(module, "on_cuda", lambda t: isinstance(t, torch.Tensor))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=STREAM))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())

@@ -15,6 +15,7 @@ from pathlib import Path
 from host_fallback.abi import DTYPES
 from host_fallback.arena import COMPUTE, STORAGE
 
+from ..launches.activation_codes import activation_defines
 from ..launches.body import fn_defines
 from ..launches.core import Launch
 from ..launches.limits import TARGETS, TUNING, DeviceLimits, variants
@@ -79,7 +80,8 @@ def prelude_path(dialect: str) -> Path:
 def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
             extra: tuple[tuple[str, int], ...] = ()) -> str:
     """The ``#define`` block: storage, compute type and LOAD/STORE for ``dtype``, the target's tuning
-    constants and ``RLX_TARGET_CPU`` / ``RLX_TARGET_GPU``, then a launch's own constants ``extra``."""
+    constants and ``RLX_TARGET_CPU`` / ``RLX_TARGET_GPU``, the body's function codes and the recurrent
+    activation codes (``launches.activation_codes``), then a launch's own constants ``extra``."""
     suffix, storage, compute = C_TYPES[dtype]
     lines = [f"#define RLX_DT {suffix}", f"#define RLX_STORE_T {storage}"]
     need_fp64 = dtype == "f64" or src_dtype == "f64"
@@ -93,7 +95,8 @@ def defines(dtype: str, src_dtype: str | None = None, target: str = "cpu",
     clash = [name for name, _ in extra if name in tuning]
     if clash:
         raise ValueError(f"launch defines {clash} would redefine {target} tuning constants; rename them")
-    lines += [f"#define {name} {value}" for name, value in [*tuning.items(), *fn_defines().items(), *extra]]
+    named = [*tuning.items(), *fn_defines().items(), *activation_defines().items(), *extra]
+    lines += [f"#define {name} {value}" for name, value in named]
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ from ..errors import GraphError, ModelError
 from ..paths import data_dir
 from .builder import Graph, Tensor
 from .lowering import Executable
-from .sequence_ops import recurrent_weight_counts
+from .recurrent_ops import recurrent_weight_counts
 
 
 def examples_dir() -> Path:

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from host_fallback.abi.rnn import ACTIVATIONS
+from .activation_codes import ACTIVATION_CODES
 
 TARGETS = ("cpu", "gpu")
 TARGET_ENV = "RLX_TARGET"  # forces a target (e.g. gpu shapes on PoCL); unset: the device type decides
@@ -106,23 +106,19 @@ def gate_variant(gates: int) -> tuple[tuple[str, int], ...]:
 GDN_V2 = (("GDN_V2", 1),)
 
 
-def _activation(name: str) -> int:
-    return list(ACTIVATIONS).index(name)
-
-
 #: rnn's relu (version 1): its activation is a compile-time variant like every other
-RNN_RELU_VARIANT = (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("relu")))
+RNN_RELU_VARIANT = (("RNN_GATES", 1), ("RNN_ACT_F0", ACTIVATION_CODES["relu"]))
 #: Representative version-2 programs of the recurrent family (a thunk's program is ``launches.rnn.variant``'s,
 #: one of thousands): per op every optional field at once, with activations that take alpha and beta, different
 #: per direction.
 RNN_FIELD_VARIANTS = (
-    (("RNN_GATES", 4), ("RNN_ACT_F0", _activation("hard_sigmoid")), ("RNN_ACT_G0", _activation("elu")),
-     ("RNN_ACT_H0", _activation("scaled_tanh")), ("RNN_ACT_H1", _activation("softsign")), ("RNN_LENS", 1),
+    (("RNN_GATES", 4), ("RNN_ACT_F0", ACTIVATION_CODES["hard_sigmoid"]), ("RNN_ACT_G0", ACTIVATION_CODES["elu"]),
+     ("RNN_ACT_H0", ACTIVATION_CODES["scaled_tanh"]), ("RNN_ACT_H1", ACTIVATION_CODES["softsign"]), ("RNN_LENS", 1),
      ("RNN_CLIP", 1), ("RNN_PEEP", 1), ("RNN_IFG", 1), ("RNN_PROJ", 1)),
-    (("RNN_GATES", 3), ("RNN_ACT_F0", _activation("leaky_relu")), ("RNN_ACT_G0", _activation("affine")),
-     ("RNN_ACT_G1", _activation("softplus")), ("RNN_LENS", 1), ("RNN_CLIP", 1), ("RNN_LBR0", 1)),
-    (("RNN_GATES", 1), ("RNN_ACT_F0", _activation("thresholded_relu")), ("RNN_ACT_F1", _activation("sigmoid")),
-     ("RNN_LENS", 1), ("RNN_CLIP", 1)),
+    (("RNN_GATES", 3), ("RNN_ACT_F0", ACTIVATION_CODES["leaky_relu"]), ("RNN_ACT_G0", ACTIVATION_CODES["affine"]),
+     ("RNN_ACT_G1", ACTIVATION_CODES["softplus"]), ("RNN_LENS", 1), ("RNN_CLIP", 1), ("RNN_LBR0", 1)),
+    (("RNN_GATES", 1), ("RNN_ACT_F0", ACTIVATION_CODES["thresholded_relu"]),
+     ("RNN_ACT_F1", ACTIVATION_CODES["sigmoid"]), ("RNN_LENS", 1), ("RNN_CLIP", 1)),
 )
 
 

@@ -18,8 +18,9 @@ the compute type. Every recurrent launch of a thunk is built as its op's program
 from __future__ import annotations
 
 from host_fallback.abi import ELEM_SIZE, complete, regions
-from host_fallback.abi.rnn import ACTIVATION_SLOTS, ACTIVATIONS, output_width
+from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width
 
+from .activation_codes import ACTIVATION_CODES
 from .body import gemm, transpose_real
 from .core import (ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real,
                    real_size, strided_grid)
@@ -31,8 +32,6 @@ GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 V2_FIELDS = frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "peepholes",
                        "input_forget", "proj_size", "w_hr"})
 
-#: activation name -> the kernel's code (kernels/rnn_cell.cl's RNN_ACT_<NAME>, in the same order)
-ACTIVATION_CODES = {name: code for code, name in enumerate(ACTIVATIONS)}
 _SLOT_NAMES = "FGH"  # the activation slots f, g, h (RNN_ACT_<slot><dir>)
 _V1_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
 

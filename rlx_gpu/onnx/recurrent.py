@@ -15,7 +15,7 @@ where onnxruntime writes zeros to Y_h and Y_c for it.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -91,6 +91,38 @@ def _check_shape(importer: Importer, node: Any, what: str, value: Value, shape: 
         raise importer.error(node, f"input {what} has shape {list(value.shape)}, expected {list(shape)}")
 
 
+def _options(importer: Importer, node: Any, dirs: int, sizes: tuple[int, int, int], seq_lens: Value | None,
+             p: Value | None, stream: Callable[[str, Value], Any], prefix: str) -> dict[str, Any]:
+    """The node's attributes, ``sequence_lens`` and ``P`` as the builder's keywords, each given only where it
+    differs from the ABI's default; ``sizes``: ``(batch, seq, hidden)``, ``stream`` a weight's graph value,
+    ``prefix`` the node's weights' name."""
+    op, attrs, (batch, seq, hidden) = node.op_type, importer.attributes(node), sizes
+    options: dict[str, Any] = {"reverse": True} if attrs.get("direction", "forward") == "reverse" else {}
+    if seq_lens is not None:
+        _check_shape(importer, node, "sequence_lens", seq_lens, (batch,))
+        if not (isinstance(seq_lens, np.ndarray) and np.all(seq_lens == seq)):
+            options["lengths"] = (importer.graph.weight(f"{prefix}.seq_lens", seq_lens, "i32")
+                                  if isinstance(seq_lens, np.ndarray) else importer.dense(seq_lens))
+    if "clip" in attrs:
+        if not attrs["clip"] > 0:
+            raise importer.unsupported(node, "clip", attrs["clip"], "a clip bound is a positive number")
+        options["clip"] = float(attrs["clip"])
+    activations = read_activations(importer, node, dirs)
+    if op == "RNN" and {a[0] for a in activations} in ({"tanh"}, {"relu"}):
+        options["nonlinearity"] = activations[0][0]
+    elif [a[0] for a in activations] != list(DEFAULT_ACTIVATIONS[op]) * dirs:
+        options["activations"] = activations
+    if op == "GRU" and not attrs.get("linear_before_reset", 0):
+        options["linear_before_reset"] = False
+    if op == "LSTM":
+        if attrs.get("input_forget", 0):
+            options["input_forget"] = True
+        if p is not None and not (isinstance(p, np.ndarray) and not p.any()):
+            _check_shape(importer, node, "P", p, (dirs, 3 * hidden))
+            options["peepholes"] = stream("peepholes", p)
+    return options
+
+
 def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[Value | None]:
     op, g = node.op_type, GATES[node.op_type]
     attrs = importer.attributes(node)
@@ -131,31 +163,7 @@ def _recurrent(importer: Importer, node: Any, ins: list[Value | None]) -> list[V
     else:
         weights["bias"] = stream("bias", _add(importer, wb, rb, dtype))
 
-    # ONNX attributes as the builder's keywords, each given only when it differs from the ABI's default
-    options: dict[str, Any] = {"reverse": True} if direction == "reverse" else {}
-    if seq_lens is not None:
-        _check_shape(importer, node, "sequence_lens", seq_lens, (batch,))
-        if not (isinstance(seq_lens, np.ndarray) and np.all(seq_lens == seq)):
-            options["lengths"] = (importer.graph.weight(f"{prefix}.seq_lens", seq_lens, "i32")
-                                  if isinstance(seq_lens, np.ndarray) else importer.dense(seq_lens))
-    if "clip" in attrs:
-        if not attrs["clip"] > 0:
-            raise importer.unsupported(node, "clip", attrs["clip"], "a clip bound is a positive number")
-        options["clip"] = float(attrs["clip"])
-    activations = read_activations(importer, node, dirs)
-    if op == "RNN" and {a[0] for a in activations} in ({"tanh"}, {"relu"}):
-        options["nonlinearity"] = activations[0][0]
-    elif [a[0] for a in activations] != list(DEFAULT_ACTIVATIONS[op]) * dirs:
-        options["activations"] = activations
-    if op == "GRU" and not attrs.get("linear_before_reset", 0):
-        options["linear_before_reset"] = False
-    if op == "LSTM":
-        if attrs.get("input_forget", 0):
-            options["input_forget"] = True
-        if p is not None and not (isinstance(p, np.ndarray) and not p.any()):
-            _check_shape(importer, node, "P", p, (dirs, 3 * hidden))
-            options["peepholes"] = stream("peepholes", p)
-
+    options = _options(importer, node, dirs, (batch, seq, hidden), seq_lens, p, stream, prefix)
     states = ("initial_h", "initial_c") if op == "LSTM" else ("initial_h",)
     given = dict(zip(states, (initial_h, initial_c)))
     carry = any(v is not None for v in given.values()) or any(node.output[1:])

@@ -15,7 +15,7 @@ Where the arena is host memory (the host; an OpenCL CPU device's shared memory, 
 an input is one copy into its place in the arena and an output one copy out, after the launches
 before are waited for (on a device, one wait per call). On another device every copy is a command
 of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the plan and sent by one
-copy per cluster of neighbouring inputs (``_Staging``), the outputs read by one copy per span of
+copy per cluster of neighbouring inputs (``Staging``), the outputs read by one copy per span of
 neighbours, and the integer tensors an early data check reads come from those host buffers, not from
 the device; ``last_report.copies`` counts the commands.
 
@@ -27,6 +27,7 @@ allocated. Its rules are on that method.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 import weakref
@@ -43,8 +44,10 @@ from ..schedule.model import Schedule, TensorView
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport
+from .staging import Staging
 
 _ABSENT = object()
+_NO_STAMPS = itertools.repeat(None)  # a call given no stamps: None for every input
 _LEGACY_STREAM = 1  # DLPack's (and CUDA's cudaStreamLegacy) name of the legacy default stream
 
 
@@ -60,58 +63,6 @@ class _Input(NamedTuple):
     offset: int
     kept: bool  # no thunk writes it and no other input shares its bytes: an unchanged stamp skips its write
     cluster: int  # staged: the index of the staging buffer it lies in (-1 in an arena of host memory)
-
-
-#: Bytes between two inputs that one host-to-device copy carries along rather than being split in two
-#: (a copy is a command of about 15 µs on PoCL, in which time some 100 KB more cross).
-BRIDGE = 64 << 10
-
-
-class _Staging:
-    """A device plan's host buffers for its inputs. Inputs in offset order, less than ``BRIDGE`` bytes
-    apart with nothing a thunk writes between them, form a cluster sharing one buffer: their bytes and
-    the bytes between them (pristine: zeros and init), so the buffer holds what the device holds. The
-    inputs a call writes then go as one copy per cluster, from the first written to the last."""
-
-    def __init__(self, schedule: Schedule, inputs: Sequence[str], written: Sequence[Region]):
-        views = sorted(((schedule.tensors[name], name) for name in inputs), key=lambda vn: vn[0].offset)
-        spans: list[list[int]] = []  # [start, end] per cluster
-        self.cluster: dict[str, int] = {}
-        for v, name in views:
-            end = spans[-1][1] if spans else 0
-            if spans and (v.offset <= end or v.offset - end <= BRIDGE and not any(
-                    w.offset < v.offset and end < w.offset + w.nbytes for w in written)):  # a thunk writes between
-                spans[-1][1] = max(end, v.offset + v.nbytes)
-            else:
-                spans.append([v.offset, v.offset + v.nbytes])
-            self.cluster[name] = len(spans) - 1
-        pristine = schedule.pristine_arena()
-        self.buffers = tuple((start, pristine[start: end].copy()) for start, end in spans)
-
-    def array(self, name: str, v: TensorView) -> np.ndarray:
-        """Where input ``name`` is staged: its place in its cluster's buffer, in its storage dtype."""
-        start, buffer = self.buffers[self.cluster[name]]
-        return view(buffer, v.offset - start, v.dtype, v.shape)
-
-    def stage(self, arena: Arena, written: Sequence[_Input]) -> None:
-        """Stage the inputs ``written`` into ``arena``: per cluster, the bytes from the first to the last."""
-        runs: dict[int, tuple[int, int]] = {}
-        for slot in written:
-            lo, hi = slot.offset, slot.offset + slot.raw.size
-            run = runs.get(slot.cluster)
-            runs[slot.cluster] = (lo, hi) if run is None else (min(run[0], lo), max(run[1], hi))
-        for k, (lo, hi) in runs.items():
-            start, buffer = self.buffers[k]
-            arena.stage(lo, buffer[lo - start: hi - start],
-                        changed=[(s.offset, s.raw.size) for s in written if s.cluster == k])
-
-    def held(self, offset: int, nbytes: int) -> np.ndarray | None:
-        """The ``nbytes`` at ``offset`` when they lie in one buffer (as the device holds them: an input
-        some thunk writes is written again on every call), else None."""
-        for start, buffer in self.buffers:
-            if start <= offset and offset + nbytes <= start + buffer.size:
-                return buffer[offset - start: offset - start + nbytes]
-        return None
 
 
 def _overlap(a: TensorView | Region, b: TensorView | Region) -> bool:
@@ -142,8 +93,8 @@ class CallPlan:
         self._bound: BoundSchedule | None = None
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
-        self._staging: _Staging | None = None  # None where the arena is host memory (written in place)
-        self._host_outputs: tuple[tuple[str, np.ndarray], ...] = ()  # in place: each output's arena view
+        self._staging: Staging | None = None  # None where the arena is host memory (written in place)
+        self._host_outputs: tuple[np.ndarray, ...] = ()  # in place: each output's arena view, in order
         self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # staged: the reads
         self._touched: Any = None  # in place on a device: what notes a write (kept scratch staged from it is stale)
         self._freed = False
@@ -170,35 +121,46 @@ class CallPlan:
         written (and may be left out of ``inputs``); an input given without a stamp (or with None) is
         written and its stamp forgotten. Every input must be given on the first call.
         """
+        if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
+            raise self._unknown(inputs, stamps or {})
+        values = [inputs.get(name, _ABSENT) for name in self.inputs]
+        given = [stamps.get(name) for name in self.inputs] if stamps else None
+        return dict(zip(self.outputs, self.call(values, given)))
+
+    def call(self, values: Sequence[Any], stamps: Sequence[Hashable | None] | None = None,
+             into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """``plan(inputs, stamps)`` with the inputs and their stamps (None: none) given in the order of
+        ``inputs``, and the outputs returned in the order of ``outputs``: what a caller that binds a
+        signature once calls (no name is looked up). ``into`` (in the order of ``outputs``; None: a new
+        array) names arrays of the outputs' shapes the outputs are written to (converted to their dtype)
+        and returned as."""
         with self._lock:
             slots = self._slots if self._slots is not None else self._prepare()
-            if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
-                raise self._unknown(inputs, stamps or {})
-            self._switch_path(False)
+            if len(values) != len(slots):
+                raise InputError(f"{len(values)} inputs given; the plan takes {len(slots)}: {list(self.inputs)}")
+            if self._on_stream:
+                self._switch_path(False)
             recorded, arena, staging, staged, touched = self._stamps, self._arena, self._staging, [], self._touched
             if touched is not None:  # in place on a device: the launches before are done with the arena's bytes
                 self._finish()
-            for slot in slots:
-                name, shape, array, _, _, kept, _ = slot
-                stamp = stamps.get(name) if stamps else None
-                if stamp is not None and kept and recorded.get(name, _ABSENT) == stamp:
+            for slot, value, stamp in zip(slots, values, stamps or _NO_STAMPS):
+                if stamp is not None and slot.kept and recorded.get(slot.name, _ABSENT) == stamp:
                     continue
-                values = inputs.get(name, _ABSENT)
-                if type(values) is not np.ndarray:
-                    if values is _ABSENT:
-                        raise self._missing(name, stamp)
-                    values = host_array(name, values)
-                if values.shape != shape:
-                    raise InputError(f"input {name!r} has shape {list(values.shape)}, expected {list(shape)}")
-                # the stamp is dropped before the write and set after it: one that fails leaves none behind
-                recorded.pop(name, None)
-                array[...] = values  # converted to the storage dtype, rounding to nearest even
+                if type(value) is not np.ndarray:
+                    if value is _ABSENT:
+                        raise self._missing(slot.name, stamp)
+                    value = host_array(slot.name, value)
+                if value.shape != slot.shape:
+                    raise InputError(f"input {slot.name!r} has shape {list(value.shape)}, expected {list(slot.shape)}")
+                if recorded:  # the stamp is dropped before the write and set after it: one that fails leaves none
+                    recorded.pop(slot.name, None)
+                slot.array[...] = value  # converted to the storage dtype, rounding to nearest even
                 if staging is not None:
                     staged.append(slot)
                 elif touched is not None:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
-                    recorded[name] = stamp
+                    recorded[slot.name] = stamp
             try:
                 if staged:
                     staging.stage(arena, staged)
@@ -210,7 +172,7 @@ class CallPlan:
                 recorded.clear()
                 raise
             self.last_report = report
-            return self._outputs(report)
+            return self._outputs(report, into)
 
     def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
                   stamps: Mapping[str, Hashable] | None = None) -> RunReport:
@@ -328,18 +290,26 @@ class CallPlan:
         with session.lock:
             session.finish()
 
-    def _outputs(self, report: RunReport) -> dict[str, np.ndarray]:
+    def _outputs(self, report: RunReport, into: Sequence[np.ndarray | None] | None) -> list[np.ndarray]:
+        """Every output, in the order of ``outputs``: a new array of its own, or written to its ``into`` array."""
         if self._staging is None:
             if self._touched is not None:
                 self._finish()
-            return {name: array.copy() for name, array in self._host_outputs}
-        session, handle, out = self.device.session, self._arena.handle, {}
-        with session.lock:
-            for lo, nbytes, members in self._spans:
-                span = session.read(handle, lo, nbytes)
-                out.update((name, span_view(span, v, lo)) for name, v in members)
-        report.copies += len(self._spans)
-        return {name: out[name] for name in self.outputs}
+            out, own = self._host_outputs, False  # views of the arena
+        else:
+            session, handle, spans = self.device.session, self._arena.handle, {}
+            with session.lock:
+                for lo, nbytes, members in self._spans:
+                    span = session.read(handle, lo, nbytes)
+                    spans.update((name, span_view(span, v, lo)) for name, v in members)
+            report.copies += len(self._spans)
+            out, own = [spans[name] for name in self.outputs], True  # read from the device: new arrays
+        if into is None:
+            return list(out) if own else [array.copy() for array in out]
+        for array, target in zip(out, into):
+            if target is not None:
+                target[...] = array  # converted to its dtype, rounding to nearest even
+        return [target if target is not None else array if own else array.copy() for array, target in zip(out, into)]
 
     def _prepare(self) -> tuple[_Input, ...]:
         """Bind, allocate the arena and place every input and output (the first call)."""
@@ -354,7 +324,7 @@ class CallPlan:
         tensors, handle, session = schedule.tensors, self._arena.handle, device.session
         written = [w for thunk in schedule.thunks for w in footprint(thunk)[1]]
         memory = session.host_view(handle) if session.shared else None
-        self._staging = None if session.shared else _Staging(schedule, self.inputs, written)
+        self._staging = None if session.shared else Staging(schedule, self.inputs, written)
         self._touched = session.touched if session.shared and not device.on_host else None
         slots = []
         for name in self.inputs:
@@ -367,8 +337,7 @@ class CallPlan:
                 array, cluster = self._staging.array(name, v), self._staging.cluster[name]
             slots.append(_Input(name, v.shape, array, array.reshape(-1).view(np.uint8), v.offset, kept, cluster))
         outputs = [tensors[name] for name in self.outputs]
-        self._host_outputs = tuple((name, view(memory, v.offset, v.dtype, v.shape))
-                                   for name, v in zip(self.outputs, outputs)) if session.shared else ()
+        self._host_outputs = tuple(view(memory, v.offset, v.dtype, v.shape) for v in outputs) if session.shared else ()
         self._spans = () if session.shared else tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
                                                       for lo, nbytes, members in read_spans(outputs))
         self._slots = tuple(slots)

@@ -189,14 +189,13 @@ class Device:
         """
         with self.session.lock:
             copies = arena.flush()
-
-            def read(offset: int, nbytes: int) -> np.ndarray:
-                nonlocal copies
-                data = held(offset, nbytes) if held is not None else None
-                if data is None:
-                    data, copies = self.session.read(arena.handle, offset, nbytes), copies + 1
-                return data
             if checks and bound.early_checks:
+                def read(offset: int, nbytes: int) -> np.ndarray:
+                    nonlocal copies
+                    data = held(offset, nbytes) if held is not None else None
+                    if data is None:
+                        data, copies = self.session.read(arena.handle, offset, nbytes), copies + 1
+                    return data
                 reader = int32_reader(read)
                 for check in bound.early_checks:
                     check.run(reader)

@@ -11,7 +11,8 @@ as in mamba_ssm). ``LSTM``, ``GRU`` and ``RNN`` are torch.nn's modules (construc
 from . import bridge, recurrent
 from .gdn import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
 from .nn import GRU, LSTM, RNN
-from .ssm import mamba_chunk_scan_combined, selective_scan_fn, selective_state_update
+from .ssm import mamba_chunk_scan_combined, selective_scan_fn
+from .state_update import selective_state_update
 
 
 

@@ -1,6 +1,6 @@
 """The argument checks of ``rlx_gpu.torch``, in the caller's terms: each public function's arguments
 named as the function takes them, in the anchor's layout (mamba_ssm's ``(batch, dim, seqlen)``,
-fla's ``(B, T, H, K)``), with what was expected.
+fla's ``(B, T, H, K)``), with what was expected, written in ``argument_rules``' vocabulary.
 
 Two kinds of check, called from two places:
 
@@ -19,202 +19,12 @@ are real, ABI.md §4); index values out of their pool ``IndexError``.
 """
 from __future__ import annotations
 
-import functools
-import threading
-from typing import Any, Callable, Hashable, Iterable, TypeVar
+from typing import Any
 
 import torch
 
-#: The floating dtypes the ops run (ABI.md §1).
-FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-Form = tuple[str, ...]
-Check = TypeVar("Check", bound=Callable[..., None])
-#: How many argument signatures each check remembers as passed.
-PASSED_SIZE = 512
-
-
-def _signature(value: Any) -> Hashable:
-    """What a static check reads of an argument: a tensor's shape, dtype and device; a value itself."""
-    if isinstance(value, torch.Tensor):
-        return value.shape, value.dtype, value.device
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple)):
-        return tuple(map(_signature, value))
-    try:
-        hash(value)
-    except TypeError:
-        return type(value), id(value)
-    return value
-
-
-def once_per_signature(check: Check) -> Check:
-    """``check`` run once per signature of its arguments (``_signature``): a static check reads nothing
-    else, so a signature that passed passes again; a decode loop pays a dictionary lookup per call, not
-    the check. Under ``torch.compile`` the check runs as written (once, while tracing)."""
-    passed: dict[Hashable, None] = {}
-    lock = threading.Lock()
-
-    @functools.wraps(check)
-    def checked(*args: Any, **kwargs: Any) -> None:
-        if torch.compiler.is_compiling():
-            return check(*args, **kwargs)
-        key = tuple(map(_signature, args))
-        if kwargs:
-            key += tuple((k, _signature(v)) for k, v in kwargs.items())
-        if key in passed:
-            return None
-        check(*args, **kwargs)
-        with lock:
-            if len(passed) >= PASSED_SIZE:
-                passed.clear()
-            passed[key] = None
-        return None
-    return checked  # type: ignore[return-value]
-
-
-def _spelled(form: Form) -> str:
-    """A form as the anchors' docstrings write it: ``(batch, dim, seqlen)``, ``(dim,)``."""
-    return f"({form[0]},)" if len(form) == 1 else f"({', '.join(form)})"
-
-
-def _is_tensor(fn: str, arg: str, t: Any) -> bool:
-    """Whether ``t`` is given (None: not); anything but a tensor or None is refused."""
-    if t is None:
-        return False
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{fn}: {arg} must be a torch.Tensor, got {type(t).__name__}")
-    return True
-
-
-class Sizes:
-    """The named sizes of one call, each fixed by the first argument that shows it; ``take`` checks an
-    argument against them and fixes the sizes it shows first. Messages are made only when one is raised:
-    a call that passes costs a few microseconds."""
-
-    def __init__(self, fn: str):
-        self.fn = fn
-        #: name -> (size, the argument that showed it and its shape, or a function saying where it came from)
-        self.known: dict[str, tuple[int, str | Callable[[], str], torch.Size | None]] = {}
-
-    def fix(self, name: str, size: int, source: Callable[[], str]) -> None:
-        """Fix ``name`` to ``size``; ``source()`` says where it came from, in a message."""
-        self.known[name] = (size, source, None)
-
-    def size(self, name: str) -> int:
-        return self.known[name][0]
-
-    def source(self, name: str) -> str:
-        """Where the size ``name`` came from: ``u [2, 4, 6]``, or what ``fix`` was told."""
-        _, arg, shape = self.known[name]
-        return arg() if callable(arg) else f"{arg} {list(shape)}"
-
-    def take(self, arg: str, t: Any, *forms: Form) -> Form:
-        """Check the tensor ``t`` against the form of its rank among ``forms`` (its dimensions' names);
-        the form taken."""
-        if not _is_tensor(self.fn, arg, t):
-            raise TypeError(f"{self.fn}: {arg} must be a torch.Tensor, got None")
-        shape = t.shape
-        rank = len(shape)
-        for form in forms:
-            if len(form) == rank:
-                break
-        else:
-            spelled = [_spelled(f) for f in forms]
-            choices = spelled[0] if len(spelled) == 1 else f"{', '.join(spelled[:-1])} or {spelled[-1]}"
-            raise ValueError(f"{self.fn}: {arg} has shape {list(shape)} ({rank} dimensions); expected {choices}")
-        known = self.known
-        fresh = []
-        for name, size in zip(form, shape):
-            seen = known.get(name)
-            if seen is None:
-                fresh.append((name, size))
-            elif seen[0] != size:
-                self._mismatch(arg, shape, form)
-        for name, size in fresh:  # fixed once the whole shape fits, so a mismatch names only earlier sources
-            known[name] = (size, arg, shape)
-        return form
-
-    def _mismatch(self, arg: str, shape: torch.Size, form: Form) -> None:
-        known = self.known
-        expected = ", ".join(str(known[n][0]) if n in known else n for n in form)
-        why = ", ".join(f"{n}={known[n][0]} from {self.source(n)}" for n, s in zip(form, shape)
-                        if n in known and known[n][0] != s)
-        raise ValueError(f"{self.fn}: {arg} has shape {list(shape)}; expected {_spelled(form)} = [{expected}] ({why})")
-
-    def maybe(self, arg: str, t: Any, *forms: Form) -> Form | None:
-        """``take`` for an optional argument: None when ``t`` is."""
-        return None if t is None else self.take(arg, t, *forms)
-
-    def divides(self, part: str, whole: str, arg: str, meaning: str) -> None:
-        """``part`` (shown by ``arg``) divides ``whole``; ``meaning`` says why it must."""
-        p, w = self.size(part), self.size(whole)
-        if p == 0 or w % p:
-            raise ValueError(f"{self.fn}: {arg} has {part}={p}, which does not divide {whole}={w} (from "
-                             f"{self.source(whole)}); {meaning}")
-
-
-def _real(fn: str, arg: str, t: torch.Tensor) -> None:
-    """``t`` is one of the ops' floating dtypes (complex: the scans are real)."""
-    if t.is_complex():
-        raise NotImplementedError(f"{fn}: {arg} is complex ({t.dtype}); rlx_gpu's scans are real (ABI.md §4): "
-                                  f"pass a real {arg}")
-    if t.dtype not in FLOATS:
-        raise TypeError(f"{fn}: {arg} is {t.dtype}; expected a floating tensor ({', '.join(map(str, FLOATS))})")
-
-
-def _dtypes(fn: str, library: str, tensors: dict[str, torch.Tensor | None], anchor: str, same: Iterable[str],
-            beside: dict[str, tuple[tuple[torch.dtype, ...], str]]) -> None:
-    """Every tensor real; those named in ``same`` (the activations) of the anchor's dtype, as ``library``
-    requires; each of ``beside`` of the anchor's dtype or one of its allowed dtypes, which its text names
-    (``{anchor}`` and ``{A}`` there: the anchor's name and A's dtype)."""
-    given = {arg: t for arg, t in tensors.items() if t is not None}
-    for arg, t in given.items():
-        _real(fn, arg, t)
-    act = given[anchor].dtype
-    for arg in same:
-        t = given.get(arg)
-        if t is not None and t.dtype != act:
-            raise TypeError(f"{fn}: {arg} is {t.dtype} beside {anchor} {act}; the activations "
-                            f"({', '.join([anchor, *same])}) share one dtype, as {library}'s kernels require: "
-                            f"pass {arg}.to({act})")
-    for arg, (allowed, why) in beside.items():
-        t = given.get(arg)
-        if t is not None and t.dtype != act and t.dtype not in allowed:
-            a_dtype = given["A"].dtype if "A" in given else None
-            raise TypeError(f"{fn}: {arg} is {t.dtype} beside {anchor} {act}; {arg} takes "
-                            f"{why.format(anchor=anchor, A=a_dtype)}")
-
-
-def _same_device(fn: str, anchor: str, tensors: dict[str, torch.Tensor | None]) -> None:
-    home = tensors[anchor].device
-    for arg, t in tensors.items():
-        if t is not None and t.device != home:
-            raise ValueError(f"{fn}: {arg} lies on {t.device}, {anchor} on {home}; the tensors of one call lie on "
-                             f"one device: move {arg} with .to({anchor}.device)")
-
-
-def _indices(fn: str, arg: str, t: torch.Tensor | None, what: str) -> bool:
-    """An index tensor (``what`` it holds) is integer; whether it is given."""
-    if not _is_tensor(fn, arg, t):
-        return False
-    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{fn}: {arg} is {t.dtype}; expected an integer tensor (torch.int32 or torch.int64) of "
-                        f"{what}")
-    return True
-
-
-#: The floating dtypes of more bytes than each (ABI.md §8's ``param_dtype``: f32 or f64 beside f16).
-WIDER = {d: tuple(w for w in FLOATS if w.itemsize > d.itemsize) for d in FLOATS}
-
-
-def _parameters(act: torch.dtype, A: torch.Tensor, *names: str) -> dict[str, tuple[tuple[torch.dtype, ...], str]]:
-    """mamba_ssm's per-channel parameters: ``A`` in the activations' dtype or a wider float (f32 beside
-    16-bit activations, as mamba_ssm keeps it), the others in the activations' or ``A``'s dtype."""
-    return {"A": (WIDER.get(act, ()), "{anchor}'s dtype or a wider float (f32 beside 16-bit {anchor}, as mamba_ssm "
-                                      "keeps A)"),
-            **{n: ((A.dtype,), "{anchor}'s or A's dtype ({A})") for n in names}}
+from .argument_rules import (FLOATS, Form, Sizes, dtypes, indices, is_tensor, once_per_signature, parameter_dtypes,
+                             same_device, spelled)
 
 
 @once_per_signature
@@ -222,7 +32,7 @@ def check_selective_scan_fn(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any =
                             delta_bias: Any = None) -> None:
     """mamba_ssm's layout: ``u, delta, z (batch, dim, seqlen)``, ``A (dim, dstate)``, ``B, C (batch,
     dstate, seqlen)``, ``(batch, ngroups, dstate, seqlen)`` or ``(dim, dstate)`` (both the same form),
-    ``D, delta_bias (dim,)``; dtypes as ``_dtypes`` and ``_parameters`` say (a fixed ``(dim, dstate)``
+    ``D, delta_bias (dim,)``; dtypes as ``dtypes`` and ``parameters`` say (a fixed ``(dim, dstate)``
     B or C is a parameter, as in mamba_ssm)."""
     fn = "selective_scan_fn"
     sizes = Sizes(fn)
@@ -233,7 +43,7 @@ def check_selective_scan_fn(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any =
     b_form = sizes.take("B", B, *forms)
     if isinstance(C, torch.Tensor) and C.dim() != B.dim():
         raise NotImplementedError(f"{fn}: C has shape {list(C.shape)} and B {list(B.shape)}; rlx_gpu's op reads B "
-                                  f"and C in one of mamba_ssm's layouts: pass C as {_spelled(b_form)} like B")
+                                  f"and C in one of mamba_ssm's layouts: pass C as {spelled(b_form)} like B")
     sizes.take("C", C, b_form)
     if "ngroups" in b_form:
         sizes.divides("ngroups", "dim", "B", "channel d reads group d // (dim / ngroups)")
@@ -242,9 +52,9 @@ def check_selective_scan_fn(u: Any, delta: Any, A: Any, B: Any, C: Any, D: Any =
     sizes.maybe("delta_bias", delta_bias, ("dim",))
     tensors = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
     fixed = b_form == ("dim", "dstate")
-    params = _parameters(u.dtype, A, "D", "delta_bias", *(("B", "C") if fixed else ()))
-    _dtypes(fn, "mamba_ssm", tensors, "u", ("delta", "z") if fixed else ("delta", "B", "C", "z"), params)
-    _same_device(fn, "u", tensors)
+    params = parameter_dtypes(u.dtype, A, "D", "delta_bias", *(("B", "C") if fixed else ()))
+    dtypes(fn, "mamba_ssm", tensors, "u", ("delta", "z") if fixed else ("delta", "B", "C", "z"), params)
+    same_device(fn, "u", tensors)
 
 
 @once_per_signature
@@ -267,17 +77,17 @@ def check_mamba_chunk_scan_combined(x: Any, dt: Any, A: Any, B: Any, C: Any, D: 
     sizes.maybe("z", z, ("batch", "seqlen", "nheads", "headdim"))
     sizes.maybe("dt_bias", dt_bias, ("nheads",))
     sizes.maybe("initial_states", initial_states, ("batch", "nheads", "headdim", "dstate"))
-    if _indices(fn, "seq_idx", seq_idx, "sequence indices"):
+    if indices(fn, "seq_idx", seq_idx, "sequence indices"):
         sizes.take("seq_idx", seq_idx, ("batch", "seqlen"))
-    if _indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
+    if indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
         sizes.take("cu_seqlens", cu_seqlens, ("num_sequences + 1",))
     tensors = {"x": x, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias,
                "initial_states": initial_states}
-    params = _parameters(x.dtype, A, "D", "dt_bias")
+    params = parameter_dtypes(x.dtype, A, "D", "dt_bias")
     params["initial_states"] = ((torch.float32,), "x's dtype or f32 (the carried state)") if state_dtype is None else (
         (torch.float32, state_dtype), f"x's dtype, f32 (the carried state) or state_dtype ({state_dtype})")
-    _dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
-    _same_device(fn, "x", {**tensors, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens})
+    dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
+    same_device(fn, "x", {**tensors, "seq_idx": seq_idx, "cu_seqlens": cu_seqlens})
 
 
 @once_per_signature
@@ -290,7 +100,7 @@ def check_selective_state_update(state: Any, x: Any, dt: Any, A: Any, B: Any, C:
     ``(batch, ngroups, dstate)``. The state may be any floating dtype (it is carried at f32 or wider)."""
     fn = "selective_state_update"
     sizes = Sizes(fn)
-    heads_form = _is_tensor(fn, "x", x) and x.dim() == 3
+    heads_form = is_tensor(fn, "x", x) and x.dim() == 3
     form = ("batch", "nheads", "dim") if heads_form else ("batch", "dim")
     if not heads_form:
         sizes.fix("nheads", 1, lambda: "x (batch, dim): one head")
@@ -306,13 +116,13 @@ def check_selective_state_update(state: Any, x: Any, dt: Any, A: Any, B: Any, C:
     sizes.maybe("D", D, ("nheads", "dim"), ("dim",))
     sizes.maybe("z", z, form)
     sizes.maybe("dt_bias", dt_bias, ("nheads", "dim"), ("dim",))
-    if _indices(fn, "state_batch_indices", state_batch_indices, "state pool entries"):
+    if indices(fn, "state_batch_indices", state_batch_indices, "state pool entries"):
         sizes.take("state_batch_indices", state_batch_indices, ("batch",))
     tensors = {"x": x, "state": state, "dt": dt, "A": A, "B": B, "C": C, "D": D, "z": z, "dt_bias": dt_bias}
-    params = _parameters(x.dtype, A, "D", "dt_bias")
+    params = parameter_dtypes(x.dtype, A, "D", "dt_bias")
     params["state"] = (FLOATS, "a floating dtype")
-    _dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
-    _same_device(fn, "x", {**tensors, "state_batch_indices": state_batch_indices})
+    dtypes(fn, "mamba_ssm", tensors, "x", ("dt", "B", "C", "z"), params)
+    same_device(fn, "x", {**tensors, "state_batch_indices": state_batch_indices})
 
 
 def _check_delta_rule(fn: str, q: Any, k: Any, v: Any, gates: dict[str, tuple[Any, Form]], beta: Any,
@@ -331,7 +141,7 @@ def _check_delta_rule(fn: str, q: Any, k: Any, v: Any, gates: dict[str, tuple[An
     for arg, (t, form) in gates.items():
         sizes.maybe(arg, t, form)
     sizes.maybe("beta", beta, ("B", "T", "HV"))
-    if _indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
+    if indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
         sizes.take("cu_seqlens", cu_seqlens, ("N + 1",))
         if sizes.size("B") != 1:
             raise ValueError(f"{fn}: the batch size must be 1 rather than {sizes.size('B')} with cu_seqlens "
@@ -349,8 +159,8 @@ def _check_delta_rule(fn: str, q: Any, k: Any, v: Any, gates: dict[str, tuple[An
     beside = ((torch.float32,), "q's dtype or f32")
     tensors = {"q": q, "k": k, "v": v, **{arg: t for arg, (t, _) in gates.items()}, "beta": beta,
                "initial_state": initial_state, **{arg: t for arg, (t, _) in parameters.items()}}
-    _dtypes(fn, "fla", tensors, "q", ("k", "v"), {arg: beside for arg in tensors if arg not in ("q", "k", "v")})
-    _same_device(fn, "q", {**tensors, "cu_seqlens": cu_seqlens})
+    dtypes(fn, "fla", tensors, "q", ("k", "v"), {arg: beside for arg in tensors if arg not in ("q", "k", "v")})
+    same_device(fn, "q", {**tensors, "cu_seqlens": cu_seqlens})
 
 
 @once_per_signature

@@ -20,7 +20,7 @@ import itertools
 import os
 import threading
 import weakref
-from typing import Any, Callable, Hashable, Mapping
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -38,19 +38,38 @@ DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.float64: "f64", to
                                   torch.bfloat16: "bf16", torch.int32: "i32"}
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_NUMPY = frozenset(d for d in DTYPES if d is not torch.bfloat16)  # the dtypes Tensor.numpy() views as they are
 CPU = torch.device("cpu")
 #: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
 #: reorders nothing).
 CACHE_SIZE = 256
 
 _cache: dict[Hashable, Executable] = {}  # in the order compiled
+_bound: dict[Hashable, "BoundCall | None"] = {}  # a call's signature -> its bound call (None: not bindable)
 _cache_lock = threading.Lock()
 _last = threading.local()  # the CallPlan of this thread's latest call
 
 
 @functools.cache
-def _device_variables() -> tuple[str, ...]:
-    return device_variables()
+def _device_variables() -> tuple[Any, ...]:
+    """The variables that choose the default device, as keys of ``_ENVIRON``."""
+    return tuple(map(_environ_key, device_variables()))
+
+
+#: os.environ's own dictionary where it has one (POSIX: bytes -> bytes, what os.environ.get reads after
+#: encoding the name): read as it is, a decode step's lookups take 0.1 µs rather than 2.
+_ENVIRON: Mapping[Any, Any] = getattr(os.environ, "_data", os.environ)
+
+
+def _environ_key(name: str) -> Any:
+    return os.fsencode(name) if _ENVIRON is not os.environ and os.name == "posix" else name
+
+
+def default_device() -> tuple[Any, ...]:
+    """The values of the variables that choose the default device, read on every call (what a test or a
+    process that changes ``RLX_DEVICE`` between calls relies on: the values are part of a signature, so
+    each gets a schedule of its own)."""
+    return tuple(map(_ENVIRON.get, _device_variables()))
 
 
 def rlx_dtype(t: torch.Tensor, what: str = "tensor") -> str:
@@ -90,7 +109,7 @@ def plan_for(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec
     use and kept per signature: ``key`` (the call's structure), the device and the specs."""
     # the default device is looked up when the plan first runs: the variables that choose it are part of
     # the signature, so a test or a process that changes RLX_DEVICE gets a schedule of its own
-    where = device or tuple(map(os.environ.get, _device_variables()))
+    where = device or default_device()
     signature = (key, where, tuple(specs.items()))
     exe = _cache.get(signature)
     if exe is not None:
@@ -106,6 +125,8 @@ def plan_for(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec
 def host_array(t: torch.Tensor) -> np.ndarray:
     """A tensor's memory as a NumPy array of its own shape and strides: no copy for a CPU tensor (bf16 as
     ``ml_dtypes.bfloat16``), a copy to the host for another device's."""
+    if type(t) is torch.Tensor and t.dtype in _NUMPY and t.is_cpu and not t.requires_grad:
+        return t.numpy()  # the common case first: a decode step makes a dozen of these
     if t.requires_grad:
         t = t.detach()
     if not t.is_cpu:
@@ -143,7 +164,8 @@ class _Stamps:
 
     def __call__(self, t: torch.Tensor) -> Hashable | None:
         owner = t._base if t._base is not None else t
-        if not isinstance(owner, torch.nn.Parameter):
+        # a plain tensor first: Parameter's isinstance is a Python metaclass check (a microsecond a call)
+        if type(owner) is torch.Tensor or not isinstance(owner, torch.nn.Parameter):
             return None
         key = id(owner)
         entry = self._serials.get(key)
@@ -179,6 +201,84 @@ def run_graph(key: Hashable, build: Callable[[], Graph], inputs: Mapping[str, to
     home = first.device if not on_cpu else CPU
     outputs = run_arrays(key, build, specs, arrays, device, stamps)
     return {name: tensor(a, home) for name, a in outputs.items()}
+
+
+class BoundCall:
+    """One signature's call on tensors in host memory, bound once: its ``CallPlan``, where each input of
+    the plan lies among the caller's arguments, which inputs are given with their stamps (``stamp``), and
+    which outputs the caller takes. A call (``__call__`` on tensors, ``arrays`` on NumPy arrays) moves the
+    inputs in, runs the plan and hands out the new output arrays (as CPU tensors, without a copy): no
+    name, spec or signature is worked out again.
+    """
+
+    __slots__ = ("plan", "order", "stamped", "outputs", "plain")
+
+    def __init__(self, plan: CallPlan, positions: Mapping[str, int], stamped: Sequence[str], outputs: Sequence[str]):
+        """``positions``: each plan input's index among the arguments a call gets; ``stamped``: the inputs
+        given with their stamps (parameters); ``outputs``: the plan's outputs a call returns, in order."""
+        self.plan = plan
+        self.order = tuple(positions[name] for name in plan.inputs)
+        self.stamped = tuple((i, positions[name]) for i, name in enumerate(plan.inputs) if name in stamped)
+        self.outputs = tuple(plan.outputs.index(name) for name in outputs)
+        # no bf16 among the inputs and outputs: Tensor.numpy(force=True) and torch.from_numpy take them as they
+        # are (a CPU tensor's view, detached), without host_array's and tensor's cases (a decode step's µs)
+        tensors = plan.schedule.tensors
+        self.plain = all(tensors[name].dtype != "bf16" for name in (*plan.inputs, *plan.outputs))
+
+    def arrays(self, values: Any, stamps: Any = None, into: Sequence[np.ndarray | None] | None = None
+               ) -> list[np.ndarray]:
+        """The call on host arrays, each input's at its position of ``values`` (a sequence, or a mapping
+        by name; its stamp, if stamped, at the same position of ``stamps``): the outputs taken, new
+        arrays in their storage dtype, or written to the arrays of ``into`` (in the order taken; None: new)."""
+        if into is not None:
+            placed: list[np.ndarray | None] = [None] * len(self.plan.outputs)
+            for i, target in zip(self.outputs, into):
+                placed[i] = target
+            into = placed
+        return self._run([values[i] for i in self.order], None if stamps is None else self._stamps(stamps.__getitem__),
+                         into)
+
+    def __call__(self, tensors: Sequence[torch.Tensor | Any]) -> list[torch.Tensor]:
+        """The call on CPU tensors, each input's at its position of ``tensors`` (a stamped one with
+        ``stamp``'s): the outputs taken, new CPU tensors in their storage dtype."""
+        stamps = self._stamps(lambda at: stamp(tensors[at]))
+        if self.plain:
+            return [torch.from_numpy(a) for a in self._run([tensors[i].numpy(force=True) for i in self.order], stamps)]
+        return [tensor(a, CPU) for a in self._run([host_array(tensors[i]) for i in self.order], stamps)]
+
+    def _stamps(self, of: Callable[[int], Hashable | None]) -> list[Hashable | None] | None:
+        """The stamps in the plan's order, ``of(position)`` for each stamped input (None without any)."""
+        if not self.stamped:
+            return None
+        stamps: list[Hashable | None] = [None] * len(self.order)
+        for i, at in self.stamped:
+            stamps[i] = of(at)
+        return stamps
+
+    def _run(self, given: list[Any], stamps: list[Hashable | None] | None,
+             into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        out = self.plan.call(given, stamps, into)
+        _last.plan = self.plan
+        return [out[i] for i in self.outputs]
+
+
+def bound_call(signature: Hashable, bind: Callable[[], BoundCall | None], lead: Any) -> BoundCall | None:
+    """The ``BoundCall`` of ``signature`` (what decides a call's schedule and bindings: the op, its statics,
+    its tensors' shapes, dtypes and devices, and ``default_device()``), ``bind()`` on its first call (None:
+    a call the caller runs otherwise, kept as such); None for a call whose ``lead`` tensor is in CUDA
+    memory (``on_cuda``: it takes torch's stream)."""
+    if on_cuda(lead):
+        return None
+    try:
+        return _bound[signature]
+    except KeyError:
+        pass
+    bound = bind()
+    with _cache_lock:
+        if len(_bound) >= CACHE_SIZE:  # a bound call holds a plan the compiled cache may have dropped
+            _bound.clear()
+        _bound[signature] = bound
+    return bound
 
 
 def run_arrays(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], arrays: Mapping[str, Any],
@@ -219,9 +319,10 @@ def run_on_stream(plan: CallPlan, inputs: Mapping[str, torch.Tensor], stamps: Ma
 
 
 def clear_cache() -> None:
-    """Drop every compiled signature (their resident arenas are freed with them)."""
+    """Drop every compiled signature and bound call (their resident arenas are freed with them)."""
     with _cache_lock:
         _cache.clear()
+        _bound.clear()
 
 
 def last_report() -> RunReport | None:

@@ -19,8 +19,8 @@ import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import Spec, run_arrays, run_graph, specs_of, stamp
-from .library import define, dense, empty, schema_args
+from .bridge import BoundCall, Spec, bound_call, default_device, plan_for, run_arrays, run_graph, specs_of, stamp
+from .library import define, dense, direct, empty, schema_args
 
 #: The per-channel or per-head parameters of the ops (module parameters in a model): given to the call plan
 #: with their stamps, so they cross into the arena once per parameter version.
@@ -136,7 +136,31 @@ def _no_work(op: FusedOp, given: Mapping[str, torch.Tensor]) -> bool:
     return given[op.tensors[0]].shape[:2].numel() == 0
 
 
+def _signature(op: FusedOp, args: Sequence[Any]) -> tuple:
+    """What decides a call's schedule and its binding: the op, the default device, each tensor's shape,
+    dtype and device, the statics (a list as a tuple)."""
+    return (op.name, default_device(), *[(a.shape, a.dtype, a.device) if isinstance(a, torch.Tensor)
+                                         else tuple(a) if type(a) is list else a for a in args])
+
+
+def _bind(op: FusedOp, args: Sequence[Any]) -> BoundCall | None:
+    """The bound forward call of a signature of CPU tensors with tokens to run (None for any other: the
+    general path runs it)."""
+    call, given = _call(op, args)
+    if _no_work(op, given) or not all(t.is_cpu for t in given.values()):
+        return None
+    specs = specs_of(given)
+    plan = plan_for(("forward", call), lambda: forward_graph(call, specs), specs, None)
+    positions = {f: i for i, f in enumerate(op.fields) if f in given}
+    return BoundCall(plan, positions, [f for f in PARAMETERS if f in given],
+                     ("y", FINAL_STATE) if "state" in given else ("y",))
+
+
 def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    bound = bound_call(_signature(op, args), lambda: _bind(op, args), args[0])
+    if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
+        y, *final = bound(args)
+        return y, final[0] if final else empty(y)
     call, given = _call(op, args)
     state = given.get("state")
     if _no_work(op, given):
@@ -202,6 +226,8 @@ def _register(op: FusedOp) -> Any:
 
 
 CUSTOM_OPS = {name: _register(op) for name, op in OPS.items()}
+#: What the anchors call: each op as ``library.direct`` makes it, its schema's arguments in order.
+CALLS = {name: direct(op) for name, op in CUSTOM_OPS.items()}
 
 
 def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -229,7 +255,7 @@ def _schema_args(op: str, tensors: Mapping[str, torch.Tensor | None], static: Ma
 def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, Any]:
     """Run ``torch.ops.rlx_gpu.<op>`` on ``tensors`` (by field; absent or ``None`` ones left out) and the
     statics; differentiable. Returns the call's output and its final state (``None`` without a ``state``)."""
-    y, final = CUSTOM_OPS[op](*_schema_args(op, tensors, static))
+    y, final = CALLS[op](*_schema_args(op, tensors, static))
     return y, final if tensors.get("state") is not None else None
 
 

@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
-from .fused import cast, fused
+from .fused import CALLS, cast
+
+_GATED_DELTA_NET = CALLS["gated_delta_net"]
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
 
@@ -63,10 +65,9 @@ def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             state = q.new_zeros((rows, value_heads, key_size, value_size), dtype=carried)
         else:
             state = cast(initial_state.transpose(-1, -2) if state_v_first else initial_state, carried)
-    tensors = {"q": q, "k": cast(k, act), "v": cast(v, act), "g": cast(g, act), "beta": cast(beta, act),
-               "cu_seqlens": cu, "state": state}
-    o, final = fused("gated_delta_net", tensors, gate_per_channel=per_channel,
-                     scale=None if scale is None else float(scale), use_qk_l2norm=bool(use_qk_l2norm_in_kernel))
+    # the op's schema: q, k, v, g, beta, state, cu_seqlens, gate_per_channel, scale, use_qk_l2norm
+    o, final = _GATED_DELTA_NET(q, cast(k, act), cast(v, act), cast(g, act), cast(beta, act), state, cu, per_channel,
+                                None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel))
     if not output_final_state:
         return o, None
     return o, final.transpose(-1, -2) if state_v_first else final

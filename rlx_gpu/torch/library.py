@@ -17,6 +17,10 @@ NAMESPACE = "rlx_gpu"
 
 
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+_RUNS: dict[Any, Callable[..., Any]] = {}  # op overload -> its implementation (what its device keys run)
+#: The tensor types a direct call takes: a subclass (a fake tensor, a functional tensor) goes to the dispatcher.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_FUNCTORCH = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 
 
 def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[..., Any],
@@ -46,20 +50,29 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
     else:
         run = impl
     _LIBRARY.impl(name, run, "CompositeExplicitAutograd")
+    _RUNS[getattr(getattr(torch.ops, NAMESPACE), name).default] = run
     torch.library.register_fake(qualified, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     if backward is not None:
-        _LIBRARY.impl(name, _autograd_kernel(op, backward, setup_context), "Autograd", with_keyset=True)
+        _LIBRARY.impl(name, _autograd_kernel(op, run, backward, setup_context), "Autograd", with_keyset=True)
     return op
 
 
-def _autograd_kernel(op: Any, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> Callable[..., Any]:
+#: The dispatch keys below Autograd that are a device's own kernel: nothing (a fake tensor, a dispatch mode,
+#: functionalization) stands between Autograd and ``impl`` when the next key is one of these.
+_DEVICE_KEYS = frozenset({torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA})
+
+
+def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., Any],
+                     setup_context: Callable[..., Any]) -> Callable[..., Any]:
     """The Autograd kernel of ``op``: what ``torch.library.register_autograd`` registers (an
     ``autograd.Function`` whose forward runs the op below autograd and calls ``setup_context``, whose
     backward calls ``backward`` with ``ctx.needs_input_grad`` per schema argument), without its
     general-purpose wrapping (a pytree over every argument, twice, for the ``Tensor[]`` of the recurrent
     ops' weights: about 90 µs of a training step's 2 ms). ``backward`` returns one gradient per schema
-    argument, a list for a ``Tensor[]``."""
+    argument, a list for a ``Tensor[]``. A call autograd has nothing to record for whose next dispatch
+    key is the device's own calls ``run`` (the op's implementation) straight away, rather than through a
+    second pass of the dispatcher (a decode step's few microseconds)."""
     lists = frozenset(i for i, arg in enumerate(op._schema.arguments) if str(arg.type) == "List[Tensor]")
     below = torch._C._after_autograd_keyset
 
@@ -103,9 +116,33 @@ def _autograd_kernel(op: Any, backward: Callable[..., Any], setup_context: Calla
             sizes = tuple(len(a) if i in lists else -1 for i, a in enumerate(args))
             flat = [t for i, a in enumerate(args) for t in (a if i in lists else (a,))]
             return Function.apply(keyset, sizes, *flat)
+        rest = keyset & below
+        if rest.highestPriorityTypeId() in _DEVICE_KEYS:
+            return run(*args)
         with torch._C._AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & below, *args)
+            return op.redispatch(rest, *args)
     return kernel
+
+
+def direct(op: Any) -> Callable[..., Any]:
+    """``op`` (an op ``define`` made) as the frontends call it: its implementation itself, where the
+    dispatcher would do nothing but reach it, else ``op``. That is an eager call (not traced by Dynamo,
+    no torch function or dispatch mode, no functorch transform) on plain tensors of which autograd
+    records nothing (grad disabled, or none requires it): the dispatcher's two passes and the Python
+    kernel's frames cost a decode step about as much as its kernel (on an Intel Xeon, 20 of ~75 µs)."""
+    run = _RUNS[op]
+
+    def call(*args: Any) -> Any:
+        if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._len_torch_dispatch_stack() or torch._C._dispatch_tls_local_include_set().has(_FUNCTORCH)
+                or (torch.is_grad_enabled() and torch._C._any_requires_grad(*args))):
+            return op(*args)
+        for a in args:
+            if isinstance(a, torch.Tensor) and type(a) not in _PLAIN or type(a) is list and not all(
+                    type(t) in _PLAIN for t in a):
+                return op(*args)
+        return run(*args)
+    return call
 
 
 def empty(like: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from .bridge import run_graph, specs_of, stamp
 from .fused import CALL, declare, output_gradients
-from .library import define, dense, schema_args
+from .library import define, dense, direct, schema_args
 
 #: How many packings of weights are kept (the least recently used one is dropped past it).
 PACKED_CACHE = 32
@@ -283,6 +283,7 @@ def _register(op: str) -> Any:
 
 
 CUSTOM_OPS = {op: _register(op) for op in STATICS}
+_CALLS = {op: direct(custom) for op, custom in CUSTOM_OPS.items()}  # what the modules call (library.direct)
 
 
 def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Mapping[str, torch.Tensor],
@@ -305,5 +306,5 @@ def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor]
     """
     statics = {"hidden_size": spec.hidden, "num_layers": spec.num_layers, "bidirectional": spec.bidirectional,
                "proj_size": spec.proj_size, "has_biases": spec.has_biases, "relu": spec.relu}
-    return CUSTOM_OPS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,
+    return _CALLS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,
                                *(statics[name] for name, _ in STATICS[spec.op]))

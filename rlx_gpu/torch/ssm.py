@@ -1,27 +1,24 @@
 """mamba_ssm's selective-scan functions with its signatures and conventions, on rlx_gpu's ops.
 
-``selective_scan_fn`` (Mamba-1, channel-major ``[B, D, L]`` like mamba_ssm), ``mamba_chunk_scan_combined``
-(Mamba-2 SSD, ``seq_idx`` as mamba_ssm's spelling of packed sequences) and ``selective_state_update``
-(one decode step, updating ``state`` in place) map onto the ``selective_scan`` and ``mamba2`` ops of
-ABI.md §4/§8; the first two are differentiable (``fused.FusedFunction``), the third is not (neither is
-mamba_ssm's). Every function runs where its tensors lie (``bridge.device_for``).
+``selective_scan_fn`` (Mamba-1, channel-major ``[B, D, L]`` like mamba_ssm) and ``mamba_chunk_scan_combined``
+(Mamba-2 SSD, ``seq_idx`` as mamba_ssm's spelling of packed sequences) map onto the ``selective_scan`` and
+``mamba2`` ops of ABI.md §4/§8, differentiable (``fused.FusedFunction``); ``selective_state_update`` (one
+decode step, updating ``state`` in place) is ``state_update``'s. Every function runs where its tensors lie
+(``bridge.device_for``).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+from typing import Any, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn,
-                        check_selective_state_update, check_seq_idx, check_state_batch_indices)
-from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
-from .fused import FINAL_STATE, FusedCall, call_of, cast, forward_graph, fused
-from .library import define, dense
+from .arguments import check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn, check_seq_idx
+from .fused import cast, fused
+from .library import define
 
-__all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
+__all__ = ["selective_scan_fn", "mamba_chunk_scan_combined"]
 
 
 def _param_dtype(a: torch.Tensor, x: torch.Tensor) -> torch.dtype:
@@ -166,15 +163,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int")
     batch, length, heads, head_dim = x.shape
     act, param, carried = x.dtype, _param_dtype(A, x), _state_dtype(x)
-    lo, hi = (float(v) for v in dt_limit)
-    if lo == -math.inf and hi == math.inf:
-        limit = None  # no clamp at all
-    elif math.isfinite(lo) and lo >= 0:
-        limit = (lo, None if hi == math.inf else hi)
-    else:
-        raise NotImplementedError(f"{name}: dt_limit={tuple(dt_limit)!r}: the op clamps dt to [lo, hi] with a finite "
-                                  f"lo >= 0 (ABI.md §8), or not at all (-inf, inf)")
-    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": limit}
+    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": _dt_limit(name, dt_limit)}
     # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
     per_channel_d = D is not None and D.dim() == 2
     inner_d, inner_z = (None, None) if per_channel_d else (D, z)
@@ -192,23 +181,9 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         out, final = fused("mamba2", tensors, **statics)
         varlen = None
     else:
-        cu, first, last = _PACKED_ROWS(seq_idx)
-        if return_varlen_states and not torch.compiler.is_compiling():  # reads values; traced, they are trusted
-            check_cu_seqlens(name, cu_seqlens, batch * length)
-            if not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
-                raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
-                                 f"{cu.tolist()} disagree")
-        packed = {f: None if t is None else t.reshape(1, batch * length, *t.shape[2:]) if f not in ("a", "d", "dt_bias")
-                  else t for f, t in tensors.items()}
-        packed["cu_seqlens"] = cu.to(x.device)
-        if wants_state:
-            pool = x.new_zeros((cu.shape[0] - 1, *state_shape), dtype=carried)
-            if initial_states is not None:
-                pool = pool.index_copy(0, first.to(x.device), cast(initial_states, carried))
-            packed["state"] = pool
-        out, varlen = fused("mamba2", packed, **statics)
-        out = out.reshape(x.shape)
-        final = None if varlen is None else varlen.index_select(0, last.to(x.device))
+        initial = None if initial_states is None else cast(initial_states, carried)
+        out, final, varlen = _packed_scan(name, x, tensors, statics, seq_idx, cu_seqlens, return_varlen_states,
+                                          (carried, state_shape) if wants_state else None, initial)
     if per_channel_d:
         out = out + x * cast(D, act)
         out = out if z is None else out * F.silu(cast(z, act))
@@ -221,156 +196,40 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return result[0] if len(result) == 1 else tuple(result)
 
 
-def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
-    """Whether dt, A (and D, dt bias) of a heads-form step are per-head values broadcast along ``dim`` by
-    stride-0 views, as a Mamba-2 block passes them."""
-    return (heads_form and A.dim() == 3 and A.stride(-1) == 0 and A.stride(-2) == 0 and dt.dim() == 3
-            and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
+def _dt_limit(name: str, dt_limit: Sequence[float]) -> tuple[float, float | None] | None:
+    """mamba_ssm's ``dt_limit`` as the op's: ``(lo, hi or None)``, or None for no clamp at all."""
+    lo, hi = (float(v) for v in dt_limit)
+    if lo == -math.inf and hi == math.inf:
+        return None
+    if math.isfinite(lo) and lo >= 0:
+        return lo, None if hi == math.inf else hi
+    raise NotImplementedError(f"{name}: dt_limit={tuple(dt_limit)!r}: the op clamps dt to [lo, hi] with a finite "
+                              f"lo >= 0 (ABI.md §8), or not at all (-inf, inf)")
 
 
-def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                           C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
-                           dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
-                           state_batch_indices: torch.Tensor | None = None) -> torch.Tensor:
-    """One decode step of Mamba-1 or Mamba-2, mamba_ssm's ``selective_state_update``: ``state`` is
-    updated IN PLACE, ``state = exp(dt·A)·state + dt·B·x``, and ``out = (C·state + D·x)⊙silu(z)`` returned.
-
-    Parameters
-    ----------
-    state : torch.Tensor
-        ``[batch, dim, dstate]`` or ``[batch, nheads, dim, dstate]``; with ``state_batch_indices`` a pool
-        whose entry ``state_batch_indices[i]`` row ``i`` reads and writes (entries named by no row are
-        left untouched; no entry may be named twice).
-    x, dt, z : torch.Tensor
-        ``[batch, dim]`` or ``[batch, nheads, dim]`` (a ``dt`` broadcast along ``dim`` may be a stride-0 view).
-    A : torch.Tensor
-        ``[dim, dstate]`` or ``[nheads, dim, dstate]``; ``D`` and ``dt_bias`` ``[dim]`` or ``[nheads, dim]``.
-    B, C : torch.Tensor
-        ``[batch, dstate]`` or ``[batch, ngroups, dstate]``; head ``h`` reads group ``h // (nheads/ngroups)``.
-
-    Returns
-    -------
-    torch.Tensor
-        ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
-    """
-    check_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-    return _STATE_UPDATE(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
-
-
-class _StepRoute(NamedTuple):
-    """How one signature of ``selective_state_update`` maps onto an op: worked out once (``_step_route``),
-    so a decode step does only the NumPy views of its tensors and the plan's call."""
-
-    op: str
-    call: FusedCall
-    specs: dict[str, tuple[tuple[int, ...], str]]  # the op's fields: shapes and element types
-    # (broadcast_to, pool rows, x, dt, A, B, C, D, z, dt_bias) -> by field: NumPy views, or torch views on CUDA
-    fields: Callable[..., dict[str, Any]]
-    bias: str  # the op's field of the dt bias
-
-
-def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                dt_softplus: bool) -> _StepRoute:
-    heads_form = state.dim() == 4
-    batch = x.shape[0]
-    heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
-    channels, dstate, groups = heads * dim, state.shape[-1], B.shape[1] if B.dim() == 3 else 1
-    act, param = rlx_dtype(x), DTYPES[_param_dtype(A, x)]
-    carried = DTYPES[state.dtype if state.dtype.itemsize >= x.dtype.itemsize else _state_dtype(x)]
-    given = {"d": D is not None, "z": z is not None}
-    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
-        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
-        op, bias, statics = "mamba2", "dt_bias", {"dt_softplus": dt_softplus}
-        shapes = {"x": (batch, 1, heads, dim), "dt": (batch, 1, heads), "a": (heads,), "b": (batch, 1, groups, dstate),
-                  "c": (batch, 1, groups, dstate), "d": (heads,), "dt_bias": (heads,), "z": (batch, 1, heads, dim),
-                  "state": (batch, heads, dim, dstate)}
-
-        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
-            return {"x": xs[:, None], "dt": dts[:, None, :, 0], "a": As[:, 0, 0], "b": Bs[:, None], "c": Cs[:, None],
-                    "d": None if Ds is None else Ds[:, 0], "dt_bias": None if biases is None else biases[:, 0],
-                    "z": None if zs is None else zs[:, None], "state": rows}
-    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
-        op, bias, statics = "selective_scan", "delta_bias", {"delta_softplus": dt_softplus}
-        shapes = {"x": (batch, 1, channels), "delta": (batch, 1, channels), "a": (channels, dstate),
-                  "b": (batch, 1, groups, dstate), "c": (batch, 1, groups, dstate), "d": (channels,),
-                  "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
-
-        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
-            def spread(t, shape):  # one head (Mamba-1's own form): the parameters are per channel already
-                return t if heads == 1 else broadcast(t, shape)
-
-            def per_channel(t):
-                return None if t is None else spread(t, (heads, dim)).reshape(channels)
-
-            return {"x": xs.reshape(batch, 1, channels), "delta": dts.reshape(batch, 1, channels),
-                    "a": spread(As, (heads, dim, dstate)).reshape(channels, dstate),
-                    "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
-                    "z": None if zs is None else zs.reshape(batch, 1, channels),
-                    "state": rows.reshape(batch, channels, dstate)}
-    given[bias] = dt_bias is not None
-    dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else act for f in shapes}
-    specs = {f: (shape, dtypes[f]) for f, shape in shapes.items() if given.get(f, True)}
-    return _StepRoute(op, call_of(op, tuple(specs), **statics), specs, fields, bias)
-
-
-_step_routes: dict[Hashable, _StepRoute] = {}
-#: How many signatures' routes are kept (all are dropped past it: a route is cheap to work out again).
-STEP_ROUTES = 256
-
-
-def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                  dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
-    """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
-    call of one token, the state rows it reads gathered from the pool and written back.
-
-    The tensors are mapped onto the op's fields as NumPy views of their memory, by a route worked out
-    once per signature (a decode step's budget has no room for a dozen torch view operations); each is
-    converted to its field's element type as the call plan copies it in. CUDA tensors are mapped as torch
-    views instead, and the call runs on torch's stream without leaving the device (``bridge.run_arrays``),
-    the state written back by torch ops: a decode step a ``torch.cuda.CUDAGraph`` can capture (without
-    ``state_batch_indices``, whose check reads them).
-    """
-    if x.shape[0] == 0:
-        return dense(x.shape, x).zero_()
-    signature = (dt_softplus, *((None if t is None else (t.shape, t.stride(), t.dtype))
-                                for t in (state, x, dt, A, B, D, z, dt_bias)))
-    route = _step_routes.get(signature)
-    if route is None:
-        if len(_step_routes) >= STEP_ROUTES:
-            _step_routes.clear()
-        route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
-    on_device = on_cuda(x)
-    view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
-    heads_form = state.dim() == 4
-    pool = view(state) if heads_form else view(state)[:, None]  # views: the step writes through them
-    if state_batch_indices is None:
-        rows, current = None, pool
-    else:
-        check_state_batch_indices("selective_state_update", state_batch_indices, state.shape[0])
-        rows = view(state_batch_indices).reshape(-1)
-        rows = rows.long() if on_device else rows.astype(np.intp)
-        current = pool[rows]
-    xs = view(x) if heads_form else view(x)[:, None]
-    Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))
-    fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
-                          *(None if t is None else view(t) for t in (D, z, dt_bias)))
-    specs = route.specs
-    parameters = {"a": A, "d": D, route.bias: dt_bias}  # copied in once per version
-    out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
-                     {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x),
-                     {f: stamp(t) for f, t in parameters.items() if t is not None})
-    final = out[FINAL_STATE]
-    if rows is None:
-        pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
-    else:
-        pool[rows] = final.reshape(current.shape)
-    return (out["y"] if on_device else tensor(out["y"], x.device)).reshape(x.shape)
-
-
-_STATE_UPDATE = define(
-    "selective_state_update",
-    "(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
-    "bool dt_softplus, Tensor? state_batch_indices) -> Tensor",
-    _state_update, lambda state, x, *rest: dense(x.shape, x))
+def _packed_scan(name: str, x: torch.Tensor, tensors: dict[str, torch.Tensor | None], statics: dict[str, Any],
+                 seq_idx: torch.Tensor, cu_seqlens: torch.Tensor | None, return_varlen_states: bool,
+                 state: tuple[torch.dtype, tuple[int, ...]] | None, initial: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``mamba_chunk_scan_combined`` with ``seq_idx``: the ``B·L`` tokens as packed sequences of one row, each
+    row's initial state feeding its first sequence (``state``: the carried dtype and ``(H, P, N)``, None
+    without states). Returns ``out [B, L, H, P]``, each row's final state and each sequence's (None without)."""
+    batch, length = x.shape[:2]
+    cu, first, last = _PACKED_ROWS(seq_idx)
+    if return_varlen_states and not torch.compiler.is_compiling():  # reads values; traced, they are trusted
+        check_cu_seqlens(name, cu_seqlens, batch * length)
+        if not torch.equal(cu_seqlens.detach().cpu().to(torch.int32), cu):
+            raise ValueError(f"{name}: cu_seqlens {cu_seqlens.tolist()} and the sequences of seq_idx "
+                             f"{cu.tolist()} disagree")
+    packed = {f: None if t is None else t.reshape(1, batch * length, *t.shape[2:]) if f not in ("a", "d", "dt_bias")
+              else t for f, t in tensors.items()}
+    packed["cu_seqlens"] = cu.to(x.device)
+    if state is not None:
+        carried, state_shape = state
+        pool = x.new_zeros((cu.shape[0] - 1, *state_shape), dtype=carried)
+        if initial is not None:
+            pool = pool.index_copy(0, first.to(x.device), initial)
+        packed["state"] = pool
+    out, varlen = fused("mamba2", packed, **statics)
+    final = None if varlen is None else varlen.index_select(0, last.to(x.device))
+    return out.reshape(x.shape), final, varlen

@@ -1,5 +1,6 @@
-"""A CuPy contract double: a stand-in ``cupy`` module of exactly what ``backends/cuda.py`` calls, and a
-stand-in cuBLAS library for ``backends/cublas_lib.py``, over NumPy memory.
+"""A CuPy contract double: a stand-in ``cupy`` module of exactly what ``backends/cuda.py`` and
+``backends/cuda_primitives.py`` call, and a stand-in cuBLAS library for ``backends/cublas_lib.py``, over NumPy
+memory.
 
 It enforces the rules of CuPy 14.2 (read from its source: ``cupy/cuda/function.pyx``,
 ``cupy/_core/_scalar.pyx``, ``cupy/cuda/memory.pyx``, ``cupy/_core/core.pyx``,

@@ -1,0 +1,199 @@
+"""An lstm layer-direction's whole sequence in one compiled call, and its backpropagation through time
+(``jit.kernel`` says what each argument is; where they apply: the ``lstm_sequence`` module). Imported only
+through ``jit``."""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+
+from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x1, _tile_8x2, _tile_16x1, _tile_16x2
+from .jit_math import _F32, _FLAGS, _ROWS, _exp
+
+
+# --- an lstm layer-direction's whole sequence, and its backpropagation through time (small sizes) -----
+# Batch-major, time-major as ``rnn_backward`` keeps them: ``u [S, B, 4H]`` the input projection plus bias
+# in the ABI's gate order i f g o, the states ``[B, H]``. One call runs every step, with no packing of the
+# weights beyond a zero-padded copy: a step's ``W_hh·h`` is the tiles above the other way round, the panel a
+# group of batch rows (h transposed: each of its values broadcast) and the source ``W_hh^T``'s rows, whose
+# vectors run along the gates, so that a batch of 8 fills a 16-lane tile's 8 rows. (Plain Numba loops over
+# the same sums, re-reading the gates from memory for each of h's values, ran at a seventh of the speed.)
+# ``lens [B]`` are the rows' valid steps (empty: all): a row past its length takes no step (state unchanged,
+# output 0, no gradient).
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _tanh(x):
+    return _F32(2.0) / (_F32(1.0) + _exp(_F32(-2.0) * x)) - _F32(1.0)
+
+
+@numba.njit(inline="always")
+def _walked(step, seq, backwards):
+    return seq - 1 - step if backwards else step
+
+
+@numba.njit(inline="always")
+def _padded(n, lanes):
+    return (n + lanes - 1) // lanes * lanes
+
+
+@numba.njit(inline="always")
+def _panel_times(lanes, zeros, panel, src, ld, depth, cols, out, ldo):
+    """``out[rows, :cols] += panelᵀ · src[depth, :cols]`` (addresses; ``cols`` a multiple of ``lanes``, the
+    panel ``[depth, rows]`` contiguous, ``rows`` = ``PANEL_ROWS[lanes]``; ``zeros`` a readable address the
+    tiles load and ignore)."""
+    wide = cols - cols % (2 * lanes)
+    if lanes == 16:
+        for j in range(0, wide, 32):
+            _tile_16x2(0, zeros, panel, src + j * 4, ld, depth, out + j * 4, ldo)
+        if cols > wide:
+            _tile_16x1(0, zeros, panel, src + wide * 4, ld, depth, out + wide * 4, ldo)
+    else:
+        for j in range(0, wide, 16):
+            _tile_8x2(0, zeros, panel, src + j * 4, ld, depth, out + j * 4, ldo)
+        if cols > wide:
+            _tile_8x1(0, zeros, panel, src + wide * 4, ld, depth, out + wide * 4, ldo)
+
+
+@numba.njit(inline="always")
+def _batch_times(lanes, rows_of, n, panels, weights, sums):
+    """``sums[:n] += rows_of[:n] · weights`` for ``rows_of [n, depth]`` (any row stride), ``weights [depth,
+    cols]`` zero-padded to whole vectors and ``sums [>= n, cols]``: ``rows_of`` transposed into ``panels``
+    (``[>= ceil(n/rows), depth, rows]``, rows past ``n`` zero), then each panel's tiles."""
+    rows, depth, cols = panels.shape[2], weights.shape[0], weights.shape[1]
+    zeros = panels.ctypes.data  # any readable address: the tiles start from what sums holds
+    for p in range((n + rows - 1) // rows):
+        panel = panels[p]
+        for r in range(rows):
+            b = p * rows + r
+            if b < n:
+                src = rows_of[b]
+                for k in range(depth):
+                    panel[k, r] = src[k]
+            else:
+                for k in range(depth):
+                    panel[k, r] = 0
+        _panel_times(lanes, zeros, panel.ctypes.data, weights.ctypes.data, cols, depth, cols,
+                     sums.ctypes.data + p * rows * sums.shape[1] * 4, sums.shape[1])
+
+
+@numba.njit(inline="always")
+def _tile_rows(lanes):
+    if lanes != 8 and lanes != 16:
+        raise ValueError("lstm_sequence / lstm_sequence_backward: lanes must be 8 or 16 (the tiles' widths)")
+    return _PANEL_16 if lanes == 16 else _PANEL_8
+
+
+_SEQ = types.Array(types.float32, 3, "C")
+_LENS = types.Array(types.int64, 1, "C")
+
+
+@numba.njit(types.void(_SEQ, _ROWS, _ROWS, _ROWS, _LENS, types.boolean, _SEQ, types.boolean, _SEQ, _SEQ, _SEQ,
+                       types.intp), fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", boundscheck=False)
+def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc, lanes):
+    """Every step of one lstm layer-direction (``jit.kernel`` says what each argument is)."""
+    seq, batch, four = u.shape
+    hidden = four // 4
+    if (four != 4 * hidden or w_hh.shape[0] != four or w_hh.shape[1] != hidden or h.shape[0] != batch
+            or h.shape[1] != hidden or c.shape[0] != batch or c.shape[1] != hidden
+            or (lens.size != 0 and lens.size != batch) or out.shape[0] != seq or out.shape[1] != batch
+            or out.shape[2] != hidden):
+        raise ValueError("lstm_sequence: the arrays' shapes do not fit together")
+    if keep and (h_prev.shape != out.shape or c_prev.shape != out.shape or hc.shape != out.shape):
+        raise ValueError("lstm_sequence: the kept arrays' shapes are not out's")
+    rows, cols = _tile_rows(lanes), _padded(four, lanes)
+    w_t = np.zeros((hidden, cols), _F32)  # W_hh^T, its rows padded to whole vectors
+    for j0 in range(0, four, 16):  # in 16 x 16 blocks: a column of w_t at a time would touch a page a value
+        for k0 in range(0, hidden, 16):
+            for j in range(j0, min(j0 + 16, four)):
+                for k in range(k0, min(k0 + 16, hidden)):
+                    w_t[k, j] = w_hh[j, k]
+    panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
+    g = np.zeros((panels.shape[0] * rows, cols), _F32)
+    tcs = np.empty(hidden, _F32)  # a row's tanh(c)
+    # each gate column's activation as scale / (1 + exp(slope z)) - shift: σ for i f o, tanh for g (three loops
+    # over the gates' blocks, of H columns each, ran scalar: about 7x slower at H=32)
+    slope, scale, shift = np.full(cols, _F32(-1.0)), np.ones(cols, _F32), np.zeros(cols, _F32)
+    for j in range(2 * hidden, 3 * hidden):
+        slope[j], scale[j], shift[j] = _F32(-2.0), _F32(2.0), _F32(1.0)
+    for step in range(seq):
+        t = _walked(step, seq, backwards)
+        for b in range(batch):
+            gb, ub = g[b], u[t, b]
+            for j in range(four):
+                gb[j] = ub[j]
+        _batch_times(lanes, h, batch, panels, w_t, g)
+        for b in range(batch):
+            gb, hb, cb, ob = g[b], h[b], c[b], out[t, b]
+            for j in range(cols):  # σ(z) or tanh(z) = 2σ(2z) - 1 by the column's gate: one loop LLVM vectorizes
+                gb[j] = scale[j] / (_F32(1.0) + _exp(slope[j] * gb[j])) - shift[j]
+            if keep:
+                ub, hp, cp = u[t, b], h_prev[t, b], c_prev[t, b]
+                for j in range(four):
+                    ub[j] = gb[j]
+                for k in range(hidden):
+                    hp[k] = hb[k]
+                    cp[k] = cb[k]
+            if lens.size != 0 and t >= lens[b]:
+                for k in range(hidden):
+                    ob[k] = 0
+                continue
+            for k in range(hidden):
+                cn = gb[hidden + k] * cb[k] + gb[k] * gb[2 * hidden + k]
+                cb[k] = cn
+                tc = _tanh(cn)
+                tcs[k] = tc
+                hk = gb[3 * hidden + k] * tc
+                hb[k] = hk
+                ob[k] = hk
+            if keep:
+                hcb = hc[t, b]
+                for k in range(hidden):
+                    hcb[k] = tcs[k]
+
+
+@numba.njit(types.void(_SEQ, _SEQ, _SEQ, _ROWS, _SEQ, _ROWS, _ROWS, _LENS, types.boolean, _SEQ, types.intp),
+            fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", boundscheck=False)
+def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz, lanes):
+    """Backpropagation through the steps ``lstm_sequence`` kept (``jit.kernel`` says what each argument is)."""
+    seq, batch, four = y.shape
+    hidden = four // 4
+    if (four != 4 * hidden or hc.shape[0] != seq or hc.shape[1] != batch or hc.shape[2] != hidden
+            or c_prev.shape != hc.shape or dy.shape != hc.shape or w_hh.shape[0] != four or w_hh.shape[1] != hidden
+            or dh.shape[0] != batch or dh.shape[1] != hidden or dc.shape[0] != batch or dc.shape[1] != hidden
+            or (lens.size != 0 and lens.size != batch) or dz.shape != y.shape):
+        raise ValueError("lstm_sequence_backward: the arrays' shapes do not fit together")
+    rows, cols = _tile_rows(lanes), _padded(hidden, lanes)
+    w = np.zeros((four, cols), _F32)  # W_hh, its rows padded to whole vectors
+    for j in range(four):
+        for k in range(hidden):
+            w[j, k] = w_hh[j, k]
+    panels = np.empty(((batch + rows - 1) // rows, four, rows), _F32)
+    sums = np.empty((panels.shape[0] * rows, cols), _F32)
+    for step in range(seq):
+        t = _walked(step, seq, not backwards)  # the forward's walk, from its end
+        for b in range(batch):
+            zb = dz[t, b]
+            if lens.size != 0 and t >= lens[b]:
+                for j in range(four):
+                    zb[j] = 0
+                continue
+            yb, hcb, cpb, dyb, dhb, dcb = y[t, b], hc[t, b], c_prev[t, b], dy[t, b], dh[b], dc[b]
+            for k in range(hidden):
+                dhk = dhb[k] + dyb[k]
+                i, f, g, o, tc = yb[k], yb[hidden + k], yb[2 * hidden + k], yb[3 * hidden + k], hcb[k]
+                zb[3 * hidden + k] = dhk * tc * (o * (_F32(1.0) - o))
+                dcn = dhk * o * (_F32(1.0) - tc * tc) + dcb[k]
+                zb[k] = dcn * g * (i * (_F32(1.0) - i))
+                zb[hidden + k] = dcn * cpb[k] * (f * (_F32(1.0) - f))
+                zb[2 * hidden + k] = dcn * i * (_F32(1.0) - g * g)
+                dcb[k] = dcn * f
+        sums[:] = 0
+        _batch_times(lanes, dz[t], batch, panels, w, sums)  # dh = dz · W_hh
+        for b in range(batch):
+            if lens.size == 0 or t < lens[b]:
+                dhb, sb = dh[b], sums[b]
+                for k in range(hidden):
+                    dhb[k] = sb[k]
+
+
+__all__ = ["lstm_sequence", "lstm_sequence_backward"]  # the kernels ``jit.kernel`` hands out

@@ -1,0 +1,198 @@
+"""mamba_ssm's ``selective_state_update``: one decode step of Mamba-1 or Mamba-2, the state updated in place,
+as one ``selective_scan`` or ``mamba2`` call of one token (ABI.md §4/§8); not differentiable, like mamba_ssm's.
+It runs where its tensors lie (``bridge.device_for``).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, NamedTuple
+
+import numpy as np
+import torch
+
+from .arguments import check_selective_state_update, check_state_batch_indices
+from .bridge import (CPU, DTYPES, BoundCall, default_device, device_for, host_array, on_cuda, plan_for, rlx_dtype,
+                     run_arrays, stamp, tensor)
+from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
+from .library import define, dense, direct
+from .ssm import _param_dtype, _state_dtype
+
+__all__ = ["selective_state_update"]
+
+
+def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
+    """Whether dt, A (and D, dt bias) of a heads-form step are per-head values broadcast along ``dim`` by
+    stride-0 views, as a Mamba-2 block passes them."""
+    return (heads_form and A.dim() == 3 and A.stride(-1) == 0 and A.stride(-2) == 0 and dt.dim() == 3
+            and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
+
+
+def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                           C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                           dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
+                           state_batch_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """One decode step of Mamba-1 or Mamba-2, mamba_ssm's ``selective_state_update``: ``state`` is
+    updated IN PLACE, ``state = exp(dt·A)·state + dt·B·x``, and ``out = (C·state + D·x)⊙silu(z)`` returned.
+
+    Parameters
+    ----------
+    state : torch.Tensor
+        ``[batch, dim, dstate]`` or ``[batch, nheads, dim, dstate]``; with ``state_batch_indices`` a pool
+        whose entry ``state_batch_indices[i]`` row ``i`` reads and writes (entries named by no row are
+        left untouched; no entry may be named twice).
+    x, dt, z : torch.Tensor
+        ``[batch, dim]`` or ``[batch, nheads, dim]`` (a ``dt`` broadcast along ``dim`` may be a stride-0 view).
+    A : torch.Tensor
+        ``[dim, dstate]`` or ``[nheads, dim, dstate]``; ``D`` and ``dt_bias`` ``[dim]`` or ``[nheads, dim]``.
+    B, C : torch.Tensor
+        ``[batch, dstate]`` or ``[batch, ngroups, dstate]``; head ``h`` reads group ``h // (nheads/ngroups)``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
+    """
+    check_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
+    return _STATE_UPDATE_CALL(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+
+
+class _StepRoute(NamedTuple):
+    """How one signature of ``selective_state_update`` maps onto an op: worked out once (``_step_route``),
+    so a decode step does only the NumPy views of its tensors and the plan's call."""
+
+    op: str
+    call: FusedCall
+    specs: dict[str, tuple[tuple[int, ...], str]]  # the op's fields: shapes and element types
+    # (broadcast_to, pool rows, x, dt, A, B, C, D, z, dt_bias) -> by field: NumPy views, or torch views on CUDA
+    fields: Callable[..., dict[str, Any]]
+    bias: str  # the op's field of the dt bias
+    bound: BoundCall | None  # CPU tensors: the call bound once (None on another device)
+    in_place: bool  # the state field is a view of the caller's state: the final state is written straight to it
+
+
+def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                dt_softplus: bool) -> _StepRoute:
+    """The route of one signature (shapes, strides, dtypes, devices and the default device)."""
+    heads_form = state.dim() == 4
+    batch = x.shape[0]
+    heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
+    channels, dstate, groups = heads * dim, state.shape[-1], B.shape[1] if B.dim() == 3 else 1
+    act, param = rlx_dtype(x), DTYPES[_param_dtype(A, x)]
+    carried = DTYPES[state.dtype if state.dtype.itemsize >= x.dtype.itemsize else _state_dtype(x)]
+    given = {"d": D is not None, "z": z is not None}
+    if _tied_along_dim(heads_form, dt, A, D, dt_bias):
+        # one dt, A, D and dt bias per head, broadcast along dim (mamba_ssm's tie_hdim): Mamba-2's own op
+        op, bias, statics = "mamba2", "dt_bias", {"dt_softplus": dt_softplus}
+        shapes = {"x": (batch, 1, heads, dim), "dt": (batch, 1, heads), "a": (heads,), "b": (batch, 1, groups, dstate),
+                  "c": (batch, 1, groups, dstate), "d": (heads,), "dt_bias": (heads,), "z": (batch, 1, heads, dim),
+                  "state": (batch, heads, dim, dstate)}
+
+        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            return {"x": xs[:, None], "dt": dts[:, None, :, 0], "a": As[:, 0, 0], "b": Bs[:, None], "c": Cs[:, None],
+                    "d": None if Ds is None else Ds[:, 0], "dt_bias": None if biases is None else biases[:, 0],
+                    "z": None if zs is None else zs[:, None], "state": rows}
+    else:  # every (head, channel) a channel of Mamba-1's op, its B and C those of the head's group
+        op, bias, statics = "selective_scan", "delta_bias", {"delta_softplus": dt_softplus}
+        shapes = {"x": (batch, 1, channels), "delta": (batch, 1, channels), "a": (channels, dstate),
+                  "b": (batch, 1, groups, dstate), "c": (batch, 1, groups, dstate), "d": (channels,),
+                  "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
+
+        def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
+            def spread(t, shape):  # one head (Mamba-1's own form): the parameters are per channel already
+                return t if heads == 1 else broadcast(t, shape)
+
+            def per_channel(t):
+                return None if t is None else spread(t, (heads, dim)).reshape(channels)
+
+            return {"x": xs.reshape(batch, 1, channels), "delta": dts.reshape(batch, 1, channels),
+                    "a": spread(As, (heads, dim, dstate)).reshape(channels, dstate),
+                    "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
+                    "z": None if zs is None else zs.reshape(batch, 1, channels),
+                    "state": rows.reshape(batch, channels, dstate)}
+    given[bias] = dt_bias is not None
+    dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else act for f in shapes}
+    specs = {f: (shape, dtypes[f]) for f, shape in shapes.items() if given.get(f, True)}
+    call = call_of(op, tuple(specs), **statics)
+    bound = None
+    if state.is_cpu and x.is_cpu:
+        plan = plan_for(("forward", call), lambda: forward_graph(call, specs), specs, None)
+        bound = BoundCall(plan, {f: f for f in specs}, ("a", "d", bias), ("y", FINAL_STATE))
+    # the caller's state in the op's layout is a view of it (Mamba-2's op, one head, or heads whose strides merge)
+    in_place = op == "mamba2" or heads == 1 or _merges(state, shapes["state"])
+    return _StepRoute(op, call, specs, fields, bias, bound, in_place)
+
+
+def _merges(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """Whether ``t`` has a view of ``shape`` (its strides allow it without a copy)."""
+    try:
+        t.view(shape)
+    except RuntimeError:
+        return False
+    return True
+
+
+_step_routes: dict[Hashable, _StepRoute] = {}
+#: How many signatures' routes are kept (all are dropped past it: a route is cheap to work out again).
+STEP_ROUTES = 256
+
+
+def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                  C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                  dt_softplus: bool, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
+    """``rlx_gpu::selective_state_update``'s implementation: the step as one ``selective_scan`` or ``mamba2``
+    call of one token, the state rows it reads gathered from the pool and written back.
+
+    The tensors are mapped onto the op's fields as NumPy views of their memory, by a route worked out
+    once per signature (a decode step's budget has no room for a dozen torch view operations); each is
+    converted to its field's element type as the call plan copies it in. CUDA tensors are mapped as torch
+    views instead, and the call runs on torch's stream without leaving the device (``bridge.run_arrays``),
+    the state written back by torch ops: a decode step a ``torch.cuda.CUDAGraph`` can capture (without
+    ``state_batch_indices``, whose check reads them).
+    """
+    if x.shape[0] == 0:
+        return dense(x.shape, x).zero_()
+    signature = (dt_softplus, default_device(), *[None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+                                                  for t in (state, x, dt, A, B, D, z, dt_bias)])
+    route = _step_routes.get(signature)
+    if route is None:
+        if len(_step_routes) >= STEP_ROUTES:
+            _step_routes.clear()
+        route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
+    on_device = on_cuda(x)
+    view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
+    heads_form = state.dim() == 4
+    pool = view(state) if heads_form else view(state)[:, None]  # views: the step writes through them
+    if state_batch_indices is None:
+        rows, current = None, pool
+    else:
+        check_state_batch_indices("selective_state_update", state_batch_indices, state.shape[0])
+        rows = view(state_batch_indices).reshape(-1)
+        rows = rows.long() if on_device else rows.astype(np.intp)
+        current = pool[rows]
+    xs = view(x) if heads_form else view(x)[:, None]
+    Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))
+    fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
+                          *(None if t is None else view(t) for t in (D, z, dt_bias)))
+    stamps = {"a": stamp(A), "d": None if D is None else stamp(D),
+              route.bias: None if dt_bias is None else stamp(dt_bias)}
+    if route.bound is not None and not on_device and rows is None and route.in_place:  # the final state straight in
+        y, _ = route.bound.arrays(fields, stamps, into=(None, fields["state"]))
+        return tensor(y, CPU).reshape(x.shape)
+    specs = route.specs
+    out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
+                     {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x),
+                     {f: s for f, s in stamps.items() if s is not None})
+    final = out[FINAL_STATE]
+    if rows is None:
+        pool[...] = final.reshape(pool.shape)  # converted to the state's dtype, rounding to nearest even
+    else:
+        pool[rows] = final.reshape(current.shape)
+    return (out["y"] if on_device else tensor(out["y"], x.device)).reshape(x.shape)
+
+
+_STATE_UPDATE = define(
+    "selective_state_update",
+    "(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, "
+    "bool dt_softplus, Tensor? state_batch_indices) -> Tensor",
+    _state_update, lambda state, x, *rest: dense(x.shape, x))
+_STATE_UPDATE_CALL = direct(_STATE_UPDATE)
