@@ -24,7 +24,6 @@ SIZES_HEADING = "## Module sizes"
 OWNED_ELSEWHERE: dict[str, str] = {
     "rlx_gpu/launches/rnn.py::_plan": "kernel arguments by name (kargs): split the long planners per kernel",
     "rlx_gpu/launches/rnn_backward.py::_plan": "kernel arguments by name (kargs): split the long planners per kernel",
-    "rlx_gpu/schedule/validate.py": "one rule mechanism (opdef)",
     "rlx_gpu/conformance/catalog.py": "one definition per op (registry)",
 }
 

@@ -19,7 +19,9 @@ from ..errors import ScheduleError, brief
 from ..units import human_bytes
 from .limits import (MAX_ARENA_BYTES, MAX_DIM, MAX_NESTING_DEPTH, MAX_NUM_LAYERS, MAX_RANK, MAX_SCAN_STEPS, MAX_THUNKS,
                      MAX_VIEW_RANK)
+from . import values
 from .model import ABI_V1, ABI_VERSIONS, InitBlock, Schedule, TensorView, Thunk, freeze_fields
+from .values import Where
 
 _TOP_KEYS = {"abi", "arena_bytes", "tensors", "inputs", "outputs", "init", "thunks", "meta"}
 #: Fields bounded by their own limit rather than by ``dimension``.
@@ -28,93 +30,23 @@ _FIELD_LIMITS = {"num_layers": (MAX_NUM_LAYERS, "num_layers")}
 _VALUE_ERRORS = (TypeError, ValueError, OverflowError, KeyError, IndexError, AttributeError)
 
 
-class _Where:
-    """Names the place a message is about: ``body of thunk 2 (scan) → thunk 0 (matmul), field 'a'``."""
-
-    def __init__(self, prefix: str, thunk: tuple[int, str] | None = None):
-        self._prefix, self._thunk = prefix, thunk  # the text is built only when a message needs it
-
-    @property
-    def prefix(self) -> str:
-        return self._prefix if self._thunk is None else f"{self._prefix}thunk {self._thunk[0]} ({self._thunk[1]})"
-
-    def thunk(self, index: int, op: str) -> "_Where":
-        return _Where(self._prefix, (index, op))
-
-    def fail(self, field: str | None, message: str) -> ScheduleError:
-        where = self.prefix or "schedule"
-        steps = where.split(" → ")
-        if len(steps) > 6:  # a deep nest: the outermost and innermost levels say where
-            where = " → ".join(steps[:2] + [f"... {len(steps) - 4} levels ..."] + steps[-2:])
-        if field:
-            return ScheduleError(f"{where}{'' if where.endswith('→ ') else ', '}field {field!r}: {message}")
-        return ScheduleError(f"{where.removesuffix(' → ')}: {message}")
-
-
 class _Budget:
     """Counts the thunks validated so far, every repetition of an aliased body included."""
 
     def __init__(self) -> None:
         self.thunks = 0
 
-    def add(self, where: _Where, count: int) -> None:
+    def add(self, where: Where, count: int) -> None:
         self.thunks += count
         if self.thunks > MAX_THUNKS:
             raise where.fail(None, f"the schedule has more than {MAX_THUNKS} thunks (nested bodies counted each "
                                    "time they appear; limit 'thunks'); split it")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int(where: _Where, name: str, v: Any, minimum: int, what: str, maximum: int = MAX_DIM,
-         limit: str = "dimension") -> int:
-    if not _is_int(v):
-        raise where.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
-    if v < minimum:
-        raise where.fail(name, f"expected {what}, got {brief(v)}")
-    if v > maximum:
-        raise where.fail(name, f"{brief(v)} exceeds the limit {maximum} (2^{maximum.bit_length() - 1}, "
-                               f"limit {limit!r})")
-    return v
-
-
-def _offset(where: _Where, name: str, v: Any) -> int:
-    return _int(where, name, v, 0, "a byte offset >= 0", MAX_ARENA_BYTES, "arena_bytes")
-
-
-def _object(where: _Where, name: str | None, v: Any, what: str) -> Mapping:
-    """``v`` as a mapping whose keys are all strings."""
-    if not isinstance(v, Mapping):
-        raise where.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
-    for key in v:
-        if not isinstance(key, str):
-            raise where.fail(name, f"keys must be strings, got {type(key).__name__} {brief(key)} in {what}")
-    return v
-
-
-def _int_list(where: _Where, name: str, v: Any, width: int | None, what: str, max_len: int | None = None,
-              limit: str = "rank") -> list:
-    if not isinstance(v, (list, tuple)):
-        raise where.fail(name, f"expected a list of {what}, got {type(v).__name__} {brief(v)}")
-    if max_len is not None and len(v) > max_len:
-        raise where.fail(name, f"expected rank <= {max_len} (limit {limit!r}), got rank {len(v)}")
-    for i, item in enumerate(v):
-        if width is None:
-            _int(where, f"{name}[{i}]", item, 0, "an int >= 0")
-        else:
-            if not isinstance(item, (list, tuple)) or len(item) != width:
-                raise where.fail(f"{name}[{i}]", f"expected [{what}] ({width} ints), got {brief(item)}")
-            for j, x in enumerate(item):
-                _int(where, f"{name}[{i}][{j}]", x, 0, "an int >= 0")
-    return [list(x) if isinstance(x, (list, tuple)) else x for x in v]
-
-
 class _Context:
     """What the thunks of one schedule are checked against, and what repeats are remembered."""
 
-    def __init__(self, where: _Where, arena_bytes: int, tensors: Mapping[str, TensorView], depth: int,
+    def __init__(self, where: Where, arena_bytes: int, tensors: Mapping[str, TensorView], depth: int,
                  budget: _Budget, abi: str, results: frozenset[str] = frozenset()):
         self.where, self.arena_bytes, self.tensors, self.depth, self.budget = where, arena_bytes, tensors, depth, budget
         self.abi = abi
@@ -140,22 +72,22 @@ class _Context:
         return None if name is None else (name, self.tensors[name].count)
 
 
-def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
+def _check_field(here: Where, f: Field, v: Any, ctx: _Context) -> Any:
     kind = f.kind
     if kind == "offset":
-        return _offset(here, f.name, v)
+        return values.offset(here, f.name, v)
     if kind == "opt_offset":
-        return None if v is None else _offset(here, f.name, v)
+        return None if v is None else values.offset(here, f.name, v)
     if kind == "limit":
-        return _limit(here, f.name, v)
+        return values.limit(here, f.name, v)
     if kind == "opt_float":
-        return None if v is None else _number(here, f.name, v, "a finite number (null: the default)")
+        return None if v is None else values.number(here, f.name, v, "a finite number (null: the default)")
     if kind == "activations":
-        return _activations(here, f, v)
+        return values.activations(here, f, v)
     if kind in ("pos", "count"):
         maximum, limit = _FIELD_LIMITS.get(f.name, (MAX_DIM, "dimension"))
         minimum = 1 if kind == "pos" else 0
-        return _int(here, f.name, v, minimum, f"an int >= {minimum}", maximum, limit)
+        return values.integer(here, f.name, v, minimum, f"an int >= {minimum}", maximum, limit)
     if kind == "bool":
         if not isinstance(v, bool):
             raise here.fail(f.name, f"expected true or false, got {type(v).__name__} {brief(v)}")
@@ -173,73 +105,32 @@ def _check_field(here: _Where, f: Field, v: Any, ctx: _Context) -> Any:
             raise here.fail(f.name, f"expected one of {', '.join(choices)}, got {brief(v)}")
         return v
     if kind == "elem_size":
-        if not _is_int(v) or v not in (2, 4, 8):
+        if not values.is_int(v) or v not in (2, 4, 8):
             raise here.fail(f.name, f"expected 2, 4 or 8 (bytes per carry element), got {brief(v)}")
         return v
     if kind in ("shape", "strides"):
-        out = _int_list(here, f.name, v, None, "ints >= 0", MAX_RANK)
+        out = values.int_list(here, f.name, v, None, "ints >= 0", MAX_RANK)
         if kind == "shape" and not out:
             raise here.fail(f.name, "expected rank 1..6, got rank 0 ([])")
         return out
     if kind == "offsets":
-        return _int_list(here, f.name, v, None, "byte offsets >= 0")
+        return values.int_list(here, f.name, v, None, "byte offsets >= 0")
     if kind == "xs":
-        return _int_list(here, f.name, v, 3, "body_x_off, outer_xs_off, per_step_bytes")
+        return values.int_list(here, f.name, v, 3, "body_x_off, outer_xs_off, per_step_bytes")
     if kind == "bcast":
-        return _int_list(here, f.name, v, 3, "body_b_off, outer_b_off, total_bytes")
+        return values.int_list(here, f.name, v, 3, "body_b_off, outer_b_off, total_bytes")
     if kind == "pairs":
-        return _int_list(here, f.name, v, 2, "outer_xs_off, per_step_bytes")
+        return values.int_list(here, f.name, v, 2, "outer_xs_off, per_step_bytes")
     if kind in ("schedule", "opt_schedule"):
         if v is None and kind == "opt_schedule":
             return None
         if ctx.depth >= MAX_NESTING_DEPTH:
             raise here.fail(f.name, f"scan bodies nest deeper than {MAX_NESTING_DEPTH} levels (limit 'nesting_depth')")
-        _object(here, f.name, v, "a nested schedule object")
-        body, ctx.body_steps[f.name] = _schedule(v, _Where(f"{here.prefix}, field {f.name!r} → "), ctx.abi,
+        values.mapping(here, f.name, v, "a nested schedule object")
+        body, ctx.body_steps[f.name] = _schedule(v, Where(f"{here.prefix}, field {f.name!r} → "), ctx.abi,
                                                  ctx.depth + 1, ctx.budget)
         return body
     raise AssertionError(f"unknown field kind {kind}")
-
-
-def _number(here: _Where, name: str, v: Any, what: str) -> float:
-    if not isinstance(v, (int, float)) or isinstance(v, bool):
-        raise here.fail(name, f"expected {what}, got {type(v).__name__} {brief(v)}")
-    try:
-        value = float(v)
-    except OverflowError:
-        raise here.fail(name, f"{brief(v)} is beyond the range of a float") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise here.fail(name, f"expected {what}, got {brief(v)}")
-    return value
-
-
-def _limit(here: _Where, name: str, v: Any) -> tuple[float, float | None] | None:
-    """``dt_limit``: ``[lo, hi]`` with ``0 <= lo < hi``, ``hi`` null for +inf; null is the default (no clamp)."""
-    if v is None:
-        return None
-    if not isinstance(v, (list, tuple)) or len(v) != 2:
-        raise here.fail(name, f"expected [lo, hi] (hi a number or null for +inf), got {brief(v)}")
-    lo = _number(here, f"{name}[0]", v[0], "a finite number >= 0")
-    hi = None if v[1] is None else _number(here, f"{name}[1]", v[1], "a finite number or null (+inf)")
-    if lo < 0 or (hi is not None and not lo < hi):
-        raise here.fail(name, f"expected 0 <= lo < hi, got {brief(list(v))}")
-    return lo, hi
-
-
-def _activations(here: _Where, f: Field, v: Any) -> tuple[tuple[str, float, float], ...]:
-    """``activations``: a list of ``[name, alpha, beta]`` (the count per direction is a cross-field rule)."""
-    if not isinstance(v, (list, tuple)) or not v:
-        raise here.fail(f.name, f"expected a list of [name, alpha, beta], got {brief(v)}")
-    out = []
-    for i, entry in enumerate(v):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-            raise here.fail(f"{f.name}[{i}]", f"expected [name, alpha, beta], got {brief(entry)}")
-        name = entry[0]
-        if not isinstance(name, str) or name not in f.choices:
-            raise here.fail(f"{f.name}[{i}]", f"unknown activation {brief(name)}; expected one of {', '.join(f.choices)}")
-        alpha, beta = (_number(here, f"{f.name}[{i}][{j}]", entry[j], "a finite number") for j in (1, 2))
-        out.append((name, alpha, beta))
-    return tuple(out)
 
 
 def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
@@ -269,7 +160,7 @@ def _thunk(index: int, raw: Any, ctx: _Context) -> tuple[Thunk, int]:
     return thunk, steps
 
 
-def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context) -> tuple[Thunk, int]:
+def _thunk_fields(here: Where, index: int, op: str, raw: Mapping, ctx: _Context) -> tuple[Thunk, int]:
     """The thunk checked field by field, then by its op's rules in their order (``OpDef.rules``)."""
     spec: OpDef = OPS[op]
     if ctx.abi == ABI_V1 and spec.version > 1:
@@ -307,7 +198,7 @@ def _thunk_fields(here: _Where, index: int, op: str, raw: Mapping, ctx: _Context
     return placed or _placed(here, index, spec, checked, ctx)
 
 
-def _placed(here: _Where, index: int, spec: OpDef, checked: Checked, ctx: _Context) -> tuple[Thunk, int]:
+def _placed(here: Where, index: int, spec: OpDef, checked: Checked, ctx: _Context) -> tuple[Thunk, int]:
     """The thunk completed with its defaults and the scan steps it declares, once its footprint is known to
     lie inside the arena, aligned; ``checked`` gets the completed fields and the regions."""
     fields = spec.complete(checked.given)
@@ -339,19 +230,19 @@ def _or_empty(value: Any, empty: Any) -> Any:
     return empty if value is None else value
 
 
-def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorView]:
+def _tensors(raw: Mapping, where: Where, arena_bytes: int) -> dict[str, TensorView]:
     raw_tensors = _or_empty(raw.get("tensors"), {})
-    _object(where, "tensors", raw_tensors, "an object of named views")
+    values.mapping(where, "tensors", raw_tensors, "an object of named views")
     tensors: dict[str, TensorView] = {}
     for name, t in raw_tensors.items():
-        tw = _Where(f"{where.prefix}tensor {brief(name, 40)}")
-        _object(tw, None, t, "{offset, dtype, shape}")
+        tw = Where(f"{where.prefix}tensor {brief(name, 40)}")
+        values.mapping(tw, None, t, "{offset, dtype, shape}")
         if set(t) != {"offset", "dtype", "shape"}:
             raise tw.fail(None, f"expected the keys offset, dtype, shape, got {brief(sorted(t))}")
         if not isinstance(t["dtype"], str) or t["dtype"] not in TENSOR_DTYPES:
             raise tw.fail("dtype", f"expected one of {', '.join(TENSOR_DTYPES)}, got {brief(t['dtype'])}")
-        view = TensorView(_offset(tw, "offset", t["offset"]), t["dtype"],
-                          tuple(_int_list(tw, "shape", t["shape"], None, "ints >= 0", MAX_VIEW_RANK, "view_rank")))
+        shape = values.int_list(tw, "shape", t["shape"], None, "ints >= 0", MAX_VIEW_RANK, "view_rank")
+        view = TensorView(values.offset(tw, "offset", t["offset"]), t["dtype"], tuple(shape))
         if view.offset % ELEM_SIZE[view.dtype] or view.offset + view.nbytes > arena_bytes:
             raise tw.fail("offset", f"bytes [{view.offset}, {view.offset + view.nbytes}) are misaligned for "
                                     f"{view.dtype} or outside the arena of {arena_bytes} bytes")
@@ -359,7 +250,7 @@ def _tensors(raw: Mapping, where: _Where, arena_bytes: int) -> dict[str, TensorV
     return tensors
 
 
-def _names(raw: Mapping, where: _Where, key: str, tensors: Mapping[str, TensorView]) -> tuple[str, ...]:
+def _names(raw: Mapping, where: Where, key: str, tensors: Mapping[str, TensorView]) -> tuple[str, ...]:
     listed = _or_empty(raw.get(key), [])
     if not isinstance(listed, list) or not all(isinstance(n, str) for n in listed):
         raise where.fail(key, f"expected a list of tensor names, got {brief(listed)}")
@@ -369,7 +260,7 @@ def _names(raw: Mapping, where: _Where, key: str, tensors: Mapping[str, TensorVi
     return tuple(listed)
 
 
-def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...]:
+def _init(raw: Mapping, where: Where, arena_bytes: int) -> tuple[InitBlock, ...]:
     blocks = _or_empty(raw.get("init"), [])
     if not isinstance(blocks, list):
         raise where.fail("init", f"expected a list of {{offset, b64}} blocks, got {type(blocks).__name__} "
@@ -377,10 +268,10 @@ def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...
     decoded: dict[int, bytes] = {}  # id(text) -> bytes: a text a YAML alias repeats is decoded once
     init = []
     for i, block in enumerate(blocks):
-        _object(where, f"init[{i}]", block, "{offset, b64}")
+        values.mapping(where, f"init[{i}]", block, "{offset, b64}")
         if set(block) != {"offset", "b64"}:
             raise where.fail(f"init[{i}]", f"expected the keys offset, b64, got {brief(sorted(block))}")
-        offset = _offset(where, f"init[{i}].offset", block["offset"])
+        offset = values.offset(where, f"init[{i}].offset", block["offset"])
         text = block["b64"]
         if not isinstance(text, str):
             raise where.fail(f"init[{i}].b64", f"expected base64 text, got {type(text).__name__} {brief(text)}")
@@ -405,11 +296,11 @@ def _init(raw: Mapping, where: _Where, arena_bytes: int) -> tuple[InitBlock, ...
     return tuple(init)
 
 
-def _schedule(raw: Mapping, where: _Where, holder_abi: str | None, depth: int,
+def _schedule(raw: Mapping, where: Where, holder_abi: str | None, depth: int,
               budget: _Budget) -> tuple[Schedule, int]:
     """The validated schedule and the scan steps (body executions) it declares; ``holder_abi`` is the
     label of the schedule holding a nested body (``None`` at the top)."""
-    _object(where, None, raw, "a schedule object")
+    values.mapping(where, None, raw, "a schedule object")
     extra = sorted(set(raw) - _TOP_KEYS)
     if extra:
         raise where.fail(extra[0], f"unknown schedule key (known: {', '.join(sorted(_TOP_KEYS))})")
@@ -420,8 +311,8 @@ def _schedule(raw: Mapping, where: _Where, holder_abi: str | None, depth: int,
     if holder_abi is not None and abi != holder_abi:
         raise where.fail("abi", f"a nested body takes the label of the schedule that holds it ({holder_abi!r}), "
                                 f"got {brief(abi)}")
-    arena_bytes = _int(where, "arena_bytes", raw.get("arena_bytes"), 1, "a size in bytes >= 1", MAX_ARENA_BYTES,
-                       "arena_bytes")
+    arena_bytes = values.integer(where, "arena_bytes", raw.get("arena_bytes"), 1, "a size in bytes >= 1",
+                                 MAX_ARENA_BYTES, "arena_bytes")
     try:
         tensors = _tensors(raw, where, arena_bytes)
         inputs, outputs = (_names(raw, where, key, tensors) for key in ("inputs", "outputs"))
@@ -453,7 +344,7 @@ def validate(raw: Any) -> Schedule:
         return raw
     if not isinstance(raw, Mapping):
         raise ScheduleError(f"schedule: expected an object, got {type(raw).__name__} {brief(raw)}")
-    return _schedule(raw, _Where(""), None, depth=0, budget=_Budget())[0]
+    return _schedule(raw, Where(""), None, depth=0, budget=_Budget())[0]
 
 
 __all__ = ["validate"]
