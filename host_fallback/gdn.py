@@ -36,6 +36,7 @@ from .arena import COMPUTE
 from .chunked import (chunk_cumsum, chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path,
                       redo_nonfinite, scratch, to_chunks, unit_lower_inverse)
 from .fields import complete, gdn_scale
+from .implementations import KERNELS, PATHS, PREPARE
 from .layout import Bound, regions
 
 Thunk = Mapping[str, Any]
@@ -646,5 +647,6 @@ def gated_delta_net(thunk: Thunk, arena: np.ndarray, *, path: str | None = None,
     prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
-KERNELS = {"gated_delta_net": gated_delta_net}
-PREPARE = {"gated_delta_net": prepare}
+KERNELS.add("gated_delta_net", gated_delta_net)
+PREPARE.add("gated_delta_net", prepare)
+PATHS.add("gated_delta_net", path_for)

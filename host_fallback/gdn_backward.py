@@ -42,6 +42,7 @@ from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, p
                       unit_lower_inverse)
 from .fields import complete, gdn_scale
 from .gdn import CHANNEL_SPREAD, L2_EPS, _channel_grams_fast, _split, _swap, _upper
+from .implementations import KERNELS
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -439,4 +440,4 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
             pool[slots] = d_init.astype(pool.dtype)
 
 
-KERNELS = {"gated_delta_net_backward": gated_delta_net_backward}
+KERNELS.add("gated_delta_net_backward", gated_delta_net_backward)

@@ -74,6 +74,7 @@ from .activations import (Activation, activation, sigmoid_of_negated, sigmoid_th
                           tanh_of_scaled)
 from .arena import COMPUTE, STORAGE
 from .fields import ACTIVATION_SLOTS, complete
+from .implementations import KERNELS, PREPARE, WORKING
 from .layout import Bound, output_width, regions
 
 #: Internal gate order (ABI index of each internal gate): the gates of the first activation slot first.
@@ -731,5 +732,6 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool |
     prepare(t)(arena, parallel_directions=parallel_directions)
 
 
-KERNELS = {"lstm": _run, "gru": _run, "rnn": _run}
-PREPARE = {"lstm": prepare, "gru": prepare, "rnn": prepare}
+KERNELS.add(("lstm", "gru", "rnn"), _run)
+PREPARE.add(("lstm", "gru", "rnn"), prepare)
+WORKING.add(("lstm", "gru", "rnn"), working_bytes)

@@ -24,6 +24,7 @@ from .arena import COMPUTE
 from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, pick_path, redo_nonfinite, scratch,
                       to_chunks, to_chunks_t)
 from .fields import complete
+from .implementations import KERNELS, PATHS, PREPARE
 from .layout import Bound, Region, regions
 from .sequences import Piece, Sequences, StatePool
 
@@ -640,5 +641,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     return run
 
 
-KERNELS = {"selective_scan": selective_scan, "mamba2": mamba2}
-PREPARE = {"selective_scan": prepare, "mamba2": prepare}
+KERNELS.add("selective_scan", selective_scan)
+KERNELS.add("mamba2", mamba2)
+PREPARE.add(("selective_scan", "mamba2"), prepare)
+PATHS.add(("selective_scan", "mamba2"), path_for)

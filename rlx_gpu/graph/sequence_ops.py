@@ -10,11 +10,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from host_fallback.fields import DEFAULTS, is_default
-from host_fallback.gradients import FORWARD_OPS, gradient
+from host_fallback.gradients import BACKWARD, FORWARD_OPS, gradient
 from host_fallback.layout import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Node, Tensor
+from .registry import BUILDERS
 from .torch_weights import NONLINEARITIES, unpack_sequence
 
 
@@ -105,6 +106,7 @@ class SequenceOps:
             self.output(f"{name}.{'h_n' if f == 'h0' else 'c_n'}", t)
         return (y, *finals.values()) if carry else y
 
+    @BUILDERS.register("lstm")
     def lstm(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, num_layers: int = 1,
              bidirectional: bool = False, h0: Any = None, c0: Any = None, lengths: Any = None,
              proj_size: int = 0, w_hr: Any = None, peepholes: Any = None, input_forget: bool = False,
@@ -123,6 +125,7 @@ class SequenceOps:
                                hidden, num_layers, bidirectional, name, lengths, proj_size,
                                input_forget=bool(input_forget), **self._onnx_flags(clip, activations, reverse))
 
+    @BUILDERS.register("gru")
     def gru(self, x: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, *, hidden: int, num_layers: int = 1,
             bidirectional: bool = False, h0: Any = None, lengths: Any = None, linear_before_reset: bool = True,
             clip: float = 0.0, activations: Any = None, reverse: bool = False, name: str | None = None) -> Any:
@@ -136,6 +139,7 @@ class SequenceOps:
                                linear_before_reset=bool(linear_before_reset),
                                **self._onnx_flags(clip, activations, reverse))
 
+    @BUILDERS.register("rnn")
     def rnn(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, nonlinearity: str | None = None,
             relu: bool | None = None, num_layers: int = 1, bidirectional: bool = False, h0: Any = None,
             lengths: Any = None, clip: float = 0.0, activations: Any = None, reverse: bool = False,
@@ -246,6 +250,7 @@ class SequenceOps:
             fields["state_dtype"] = state.dtype
         return fields, self.copy(state)
 
+    @BUILDERS.register("selective_scan")
     def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None,
                        delta_bias: Any = None, delta_softplus: bool = False, initial_state: Any = None,
                        cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
@@ -287,6 +292,7 @@ class SequenceOps:
                    y, *([final] if final is not None else []))
         return y if final is None else (y, final)
 
+    @BUILDERS.register("mamba2")
     def mamba2(self, x: Any, dt: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None, dt_bias: Any = None,
                dt_softplus: bool = False, dt_limit: Sequence[float | None] | None = None, initial_state: Any = None,
                cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
@@ -325,6 +331,7 @@ class SequenceOps:
                    y, *([final] if final is not None else []))
         return y if final is None else (y, final)
 
+    @BUILDERS.register("gated_delta_net")
     def gated_delta_net(self, q: Any, k: Any, v: Any, g: Any, beta: Any, *, gate_per_channel: bool = False,
                         scale: float | None = None, initial_state: Any = None, state: Any = None,
                         use_qk_l2norm: bool = False, cu_seqlens: Any = None, state_slots: Any = None,
@@ -382,6 +389,7 @@ class SequenceOps:
         return y, final
 
     # ----------------------------------------------------------------- gradients
+    @BUILDERS.register(*BACKWARD)
     def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None) -> dict[str, Tensor]:
         """Emit the ``OP_backward`` thunk (ABI.md §9) of the fused op that returned ``y``.
 

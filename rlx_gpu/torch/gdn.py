@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
 from .fused import cast, fused
+from .registry import FUNCTIONS
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
 
@@ -78,6 +79,7 @@ def _gdn_gate(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor
     return (-A_log.float().exp() * F.softplus(u)).to(g.dtype)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                            scale: float | None = None, initial_state: torch.Tensor | None = None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
@@ -129,6 +131,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                        use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                                      gk: torch.Tensor | None = None, gv: torch.Tensor | None = None,
                                      beta: torch.Tensor | None = None, scale: float | None = None,
@@ -165,6 +168,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
                        use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,

@@ -20,6 +20,7 @@ from .arguments import (check_cu_seqlens, check_mamba_chunk_scan_combined, check
 from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
 from .fused import FINAL_STATE, FusedCall, call_of, cast, forward_graph, fused
 from .library import define, dense
+from .registry import FUNCTIONS
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update"]
 
@@ -46,6 +47,7 @@ def _channel_bc(name: str, arg: str, t: torch.Tensor, batch: int, length: int) -
     raise ValueError(f"{name}: {arg} has shape {list(t.shape)}; mamba_ssm takes [D, N], [B, N, L] or [B, G, N, L]")
 
 
+@FUNCTIONS.register("selective_scan")
 def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                       D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
@@ -120,6 +122,7 @@ def _packed_rows_fake(seq_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 _PACKED_ROWS = define("packed_rows", "(Tensor seq_idx) -> (Tensor, Tensor, Tensor)", _packed_rows, _packed_rows_fake)
 
 
+@FUNCTIONS.register("mamba2")
 def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                               chunk_size: int, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                               dt_bias: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
@@ -228,6 +231,7 @@ def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_he
             and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
 
 
+@FUNCTIONS.register("mamba2")
 def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                            C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                            dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
