@@ -46,6 +46,7 @@ from .fields import complete, gdn_scale
 from .gdn import L2_EPS
 from .gdn_backward_chunked import _chunked
 from .gdn_backward_step import _step_path
+from .implementations import KERNELS
 from .layout import Bound
 
 Thunk = Mapping[str, Any]
@@ -171,4 +172,4 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
             pool[slots] = d_init.astype(pool.dtype)
 
 
-KERNELS = {"gated_delta_net_backward": gated_delta_net_backward}
+KERNELS.add("gated_delta_net_backward", gated_delta_net_backward)

@@ -37,6 +37,7 @@ import numpy as np
 from . import lstm_sequence, threads
 from .arena import COMPUTE
 from .fields import ACTIVATION_SLOTS, complete
+from .implementations import KERNELS, PREPARE
 from .layout import Bound, Region, forward_thunk, layer_input_sizes, output_width, recurrent_dims, regions
 from .rnn_backward_cell import _Activation, _Cell
 from .rnn_backward_steps import _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse, _sum_outer, _where
@@ -194,5 +195,5 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
             b.store(f"d_{f}", d_init[f])
 
 
-KERNELS = {"lstm_backward": _run, "gru_backward": _run, "rnn_backward": _run}
-PREPARE = {"lstm_backward": prepare, "gru_backward": prepare, "rnn_backward": prepare}
+KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)
+PREPARE.add(("lstm_backward", "gru_backward", "rnn_backward"), prepare)

@@ -31,6 +31,7 @@ import numpy as np
 from . import threads
 from .arena import STORAGE
 from .fields import complete
+from .implementations import KERNELS
 from .layout import Bound
 from .sequences import Sequences, StatePool
 from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, softplus
@@ -284,4 +285,4 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     grads.store(batch, channels, d_initial)
 
 
-KERNELS = {"selective_scan_backward": selective_scan_backward}
+KERNELS.add("selective_scan_backward", selective_scan_backward)

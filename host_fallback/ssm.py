@@ -25,6 +25,7 @@ from . import compiled_step, threads
 from .arena import COMPUTE
 from .chunked import pick_path, scratch
 from .fields import complete
+from .implementations import KERNELS, PATHS, PREPARE
 from .layout import Bound, Region, regions
 from .sequences import Sequences, StatePool
 from .ssm_scan import _scan_blocked, _scan_step
@@ -294,5 +295,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     return run
 
 
-KERNELS = {"selective_scan": selective_scan, "mamba2": mamba2}
-PREPARE = {"selective_scan": prepare, "mamba2": prepare}
+KERNELS.add("selective_scan", selective_scan)
+KERNELS.add("mamba2", mamba2)
+PREPARE.add(("selective_scan", "mamba2"), prepare)
+PATHS.add(("selective_scan", "mamba2"), path_for)

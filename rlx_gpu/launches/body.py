@@ -4,6 +4,7 @@ from __future__ import annotations
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
 from ..schedule.ops import BINARY_FNS, MAX_RANK, UNARY_FNS
 from .limits import DeviceLimits
+from .registry import register
 
 #: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``
 #: ..., so the kernel text names each function and never depends on the order of the table.
@@ -158,12 +159,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {
-    "unary": _unary,
-    "binary": _binary,
-    "matmul": _matmul,
-    "reduce_sum": _reduce_sum,
-    "copy": _copy,
-    "fill": _fill,
-    "cast": _cast,
-}
+for _op, _planner in {"unary": _unary, "binary": _binary, "matmul": _matmul, "reduce_sum": _reduce_sum, "copy": _copy,
+                      "fill": _fill}.items():
+    register(_op, _planner, unsupported, family="body")
+register("cast", _cast, unsupported, family="cast")  # kernels/cast.cl: a cast never builds the body family

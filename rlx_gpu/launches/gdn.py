@@ -12,6 +12,7 @@ from host_fallback.fields import complete, gdn_scale
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i32, i64, linear_local, real, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
+from .registry import register
 from .ssm import state_lanes, takes_chunked
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
@@ -215,4 +216,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"gated_delta_net": _plan}
+register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS, family="gdn")

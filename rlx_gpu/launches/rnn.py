@@ -26,6 +26,7 @@ from .body import gemm, transpose_real
 from .core import (ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real,
                    real_size, strided_grid)
 from .limits import DeviceLimits, gate_variant
+from .registry import register
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
@@ -266,7 +267,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"lstm": _plan, "gru": _plan, "rnn": _plan}
+register(("lstm", "gru", "rnn"), _plan, unsupported, v2_fields=V2_FIELDS, family="rnn")
 
 
 #: the recurrent kernel choices (the ``rnn_kernel`` run option): by shape, or one forced

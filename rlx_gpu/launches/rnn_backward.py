@@ -26,6 +26,7 @@ from host_fallback.layout import forward_thunk, layer_input_sizes, output_width
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, i32, i64, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
+from .registry import register
 from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
@@ -190,4 +191,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"lstm_backward": _plan, "gru_backward": _plan, "rnn_backward": _plan}
+register(("lstm_backward", "gru_backward", "rnn_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family=FAMILY)

@@ -15,6 +15,7 @@ from host_fallback.fields import complete
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i64, linear_local, real, real_size
 from .limits import DeviceLimits, state_variant
+from .registry import register
 
 Defines = tuple[tuple[str, int], ...]
 
@@ -187,4 +188,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"selective_scan": _selective_scan, "mamba2": _mamba2}
+register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS, family="ssm")
+register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS, family="ssm")

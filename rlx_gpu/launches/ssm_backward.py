@@ -16,6 +16,7 @@ from host_fallback.gradients import forward_op
 
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real, real_size
 from .limits import DeviceLimits
+from .registry import register
 from . import gdn, ssm
 from .ssm import _limits, _tensors, field_defines, rows
 
@@ -133,4 +134,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
 
 
-PLANNERS = {"selective_scan_backward": _plan, "mamba2_backward": _plan, "gated_delta_net_backward": _plan_gdn}
+register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward")
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward")
