@@ -1,12 +1,14 @@
 """Launch geometry of the body ops (ABI.md §5) and the gemm shared with the recurrent projection."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from ..schedule.ops import BINARY_FNS, MAX_RANK, UNARY_FNS
-from .arguments import kernel_launch
+from .arguments import Partial, bind_some, kernel_launch
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
+from .signatures import signature
 
 #: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``
 #: ..., so the kernel text names each function and never depends on the order of the table.
@@ -20,11 +22,11 @@ def fn_defines() -> dict[str, int]:
 
 
 def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: dict[str, Any],
-            src_dtype: str | None = None) -> Launch:
+            src_dtype: str | None = None, shared: Partial | None = None) -> Launch:
     local = linear_local(n, 256)
     family = "cast" if src_dtype else "body"  # kernels/cast.cl: a cast never builds the body family
     return kernel_launch(family, kernel, dtype, grid((n,), (local,)), (local,), args, target=lim.target,
-                         src_dtype=src_dtype)
+                         src_dtype=src_dtype, shared=shared)
 
 
 def gemm(
@@ -76,20 +78,29 @@ def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     return LaunchPlan((_linear(lim, "unary", t["dtype"], n, args),))
 
 
-def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
-               b: tuple[Buf, int], b_strides: list[int], dst: tuple[Buf, int]) -> Launch:
-    pad = MAX_RANK - len(shape)
-    n = 1
+#: the binary kernel's parameters of each axis: extent, then a's and b's element strides
+_EXTENTS, _A_STRIDES, _B_STRIDES = (tuple(f"{name}{axis}" for axis in range(MAX_RANK)) for name in ("d", "as", "bs"))
+
+
+@lru_cache(maxsize=256)  # the scan driver accumulates per step: its shape's arguments are bound once
+def _broadcast_shape(target: str, dtype: str, fn: str, shape: tuple[int, ...], a_strides: tuple[int, ...],
+                     b_strides: tuple[int, ...]) -> tuple[int, Partial]:
+    """The element count and the binary kernel's arguments but its tensors: fn, extents and strides, padded on
+    the left (a zero extent means nothing to launch; the kernel's divisions stay defined regardless)."""
+    pad, n = MAX_RANK - len(shape), 1
     for d in shape:
         n *= d
-    args: dict[str, Any] = dict(ab=a, bb=b, db=dst, n=n, fn=FN_CODES["binary"][fn])
-    for axis in range(MAX_RANK):  # d<axis>, as<axis>, bs<axis>: extents and strides, padded on the left
-        known = axis - pad >= 0
-        # a zero extent means nothing to launch; keep the kernel's divisions defined regardless
-        args[f"d{axis}"] = max(shape[axis - pad], 1) if known else 1
-        args[f"as{axis}"] = a_strides[axis - pad] if known else 0
-        args[f"bs{axis}"] = b_strides[axis - pad] if known else 0
-    return _linear(lim, "binary", dtype, n, args)
+    args: dict[str, Any] = dict(n=n, fn=FN_CODES["binary"][fn])
+    args.update(zip(_EXTENTS, [1] * pad + [max(d, 1) for d in shape]))
+    args.update(zip(_A_STRIDES, [0] * pad + list(a_strides)))
+    args.update(zip(_B_STRIDES, [0] * pad + list(b_strides)))
+    return n, bind_some(signature("body", "binary", target), dtype, args)
+
+
+def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
+               b: tuple[Buf, int], b_strides: list[int], dst: tuple[Buf, int]) -> Launch:
+    n, shared = _broadcast_shape(lim.target, dtype, fn, tuple(shape), tuple(a_strides), tuple(b_strides))
+    return _linear(lim, "binary", dtype, n, dict(ab=a, bb=b, db=dst), shared=shared)
 
 
 def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
