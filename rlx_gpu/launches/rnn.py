@@ -289,13 +289,13 @@ def _steps(f: _Forward, layer: _Layer) -> None:
     size, local = _step_geometry(lim, GATES[t["op"]], b, h, dirs)
     psize, ploc = _proj_geometry(lim, b, k, dirs)
     walk = dict(B=b, S=s, H=h, reverse=t["reverse"], **f.output(layer), rb_=order)
-    cell = f.ahead("rnn_step", dict(walk, K=k, xwb=(SCRATCH, sc["xw"]), wtb=layer.wt, **layer.bhh, cb=cs, ab=aux,
-                                    **cell_args(t, layer.peep)))
+    each_step = f.ahead("rnn_step", dict(walk, K=k, xwb=(SCRATCH, sc["xw"]), wtb=layer.wt, **layer.bhh, cb=cs,
+                                         ab=aux, **cell_args(t, layer.peep)))
     proj = f.ahead("rnn_proj", dict(walk, P=k, mb=aux, wb=layer.whr, lb=f.lens)) if _proj(t) else None
     for step in range(s):
         hin, hout = hbuf[step % 2], hbuf[1 - step % 2]
         for phase in range(2 if t["op"] == "gru" and not t["linear_before_reset"] else 1):
-            f.add("rnn_step", size, local, dict(t=step, phase=phase, hib=hin, hob=hout), cell)
+            f.add("rnn_step", size, local, dict(t=step, phase=phase, hib=hin, hob=hout), each_step)
         if proj is not None:
             f.add("rnn_proj", psize, ploc, dict(t=step, hob=hout), proj)
     if t["carry"]:
