@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping
 
+from ..launches.arguments import named
 from ..launches.core import ARENA, Buf, Launch, LaunchPlan, Thunk
 from ..launches.limits import TUNING
-from ..launches.arguments import named
 from ..launches.signatures import signature
 
 INT_MAX = 2**31 - 1  # cuBLAS takes m, n, k, leading dimensions and the batch count as 32-bit ints
