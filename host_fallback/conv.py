@@ -54,12 +54,11 @@ def entry_of(row: int, slots: np.ndarray | None) -> int:
     return row if slots is None else int(slots[row])
 
 
-def initial_window(pool: np.ndarray | None, entry: int, cs: slice, dim: int, width: int,
-                   dtype: np.dtype) -> np.ndarray:
-    """The ``width-1`` values a sequence's inputs are extended by, ``[width-1, channels]`` in ``dtype``:
+def initial_window(pool: np.ndarray | None, entry: int, cs: slice, width: int, dtype: np.dtype) -> np.ndarray:
+    """The ``width-1`` values a sequence's inputs are extended by, ``[width-1, channels cs]`` in ``dtype``:
     the pool entry's (transposed) with a carried state, zeros without."""
     if pool is None:
-        return np.zeros((width - 1, dim), dtype)
+        return np.zeros((width - 1, cs.stop - cs.start), dtype)
     return pool[entry, cs].T.astype(dtype)
 
 
@@ -163,8 +162,7 @@ def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = N
 
 def _sequence(xs, ys, taps, bias, activation, pool, entry, cs, tokens, scratch) -> None:
     """One non-empty sequence's outputs ``ys`` over channels ``cs``, a slab at a time, and its final state."""
-    width, dim = taps.shape
-    slabs = Slabs(xs, initial_window(pool, entry, cs, dim, width, xs.dtype))
+    slabs = Slabs(xs, initial_window(pool, entry, cs, len(taps), xs.dtype))
     for lo, n in iter_slabs(len(xs), tokens):
         convolve(slabs.source(lo, n), taps, bias, ys[lo:lo + n], scratch)
         if activation == "silu":

@@ -50,7 +50,7 @@ def causal_conv1d_backward(x: np.ndarray, weight: np.ndarray, d_dst: np.ndarray,
             if hi == lo:
                 continue  # an empty sequence: its final state is its initial one, d_state passes as it is
             entry = entry_of(r, slots)
-            head = initial_window(state, entry, cs, x.shape[2], len(taps), ct)
+            head = initial_window(state, entry, cs, len(taps), ct)
             d_final = None if d_state is None else d_state[entry, cs].T.astype(ct)
             d_head = walk.sequence(x[b, lo:hi, cs], d_dst[b, lo:hi, cs], head, d_final, d_x[b, lo:hi, cs],
                                    d_taps[:, cs], d_bias[cs])
