@@ -28,6 +28,9 @@ typedef struct {
     i64 first, end, entry;
 } conv_row;
 
+/* The int32 tensor at byte offset o of b (cu_seqlens, state_slots), or null where its field is absent. */
+DEVICE_FN GLOBAL const int* conv_ints(int present, GLOBAL uchar* b, i64 o) { return present ? AT(int, b, o) : 0; }
+
 /* The row of token tok < total: tok / S, or with varlen (cu non-null) the largest r with cu[r] <= tok,
  * which is non-empty. */
 DEVICE_FN i64 conv_row_of(i64 tok, i64 R, i64 S, GLOBAL const int* cu)
@@ -111,8 +114,7 @@ KERNEL causal_conv1d(i64 R, i64 S, i64 D, i64 W, i64 T, int carry, int varlen, i
     const i64 d = GID(0), c = GID(1), total = varlen ? S : R * S;
     if (d >= D || c * T >= total)
         return;
-    GLOBAL const int* cu = varlen ? AT(int, cub, cuo) : 0;
-    GLOBAL const int* slots = slotted ? AT(int, slb, slo) : 0;
+    GLOBAL const int *cu = conv_ints(varlen, cub, cuo), *slots = conv_ints(slotted, slb, slo);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL uchar* st = AT(uchar, stb, sto);
     GLOBAL store_t* dst = AT(store_t, db, dof);
@@ -167,8 +169,7 @@ KERNEL causal_conv1d_backward_dx(i64 R, i64 S, i64 D, i64 W, i64 T, int carry, i
     const i64 d = GID(0), c = GID(1), total = varlen ? S : R * S;
     if (d >= D || c * T >= total)
         return;
-    GLOBAL const int* cu = varlen ? AT(int, cub, cuo) : 0;
-    GLOBAL const int* slots = slotted ? AT(int, slb, slo) : 0;
+    GLOBAL const int *cu = conv_ints(varlen, cub, cuo), *slots = conv_ints(slotted, slb, slo);
     GLOBAL const store_t* x = AT(store_t, xb, xo);
     GLOBAL const store_t* dy = AT(store_t, ddb, ddo);
     GLOBAL const uchar* st = AT(uchar, stb, sto);
@@ -259,7 +260,7 @@ KERNEL causal_conv1d_backward_state(i64 R, i64 S, i64 D, i64 W, int varlen, int 
     const i64 d = GID(0), r = GID(1);
     if (d >= D || r >= R)
         return;
-    const conv_row row = conv_row_at(r, S, varlen ? AT(int, cub, cuo) : 0, slotted ? AT(int, slb, slo) : 0);
+    const conv_row row = conv_row_at(r, S, conv_ints(varlen, cub, cuo), conv_ints(slotted, slb, slo));
     const i64 length = row.end - row.first;
     if (length == 0)
         return;

@@ -251,3 +251,18 @@ def test_decode_matches_dao_ailab_update_with_state_indices(activation):
     y = conv.causal_conv1d(x[:, None], weight, bias, activation, pool, state_slots=indices)
     np.testing.assert_allclose(y[:, 0], out.numpy(), rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(pool, conv_state.numpy())
+
+
+def test_the_reference_reads_a_thunk_by_its_field_names():
+    """``forward(t, load)`` / ``backward(t, load)``: what the conformance runner calls, the §10 fields by name."""
+    args, grads = _case(3, varlen=True, carry=True, slots=True, bias=True)
+    values = {**{k: v for k, v in args.items() if v is not None}, **grads}
+    t = dict(activation="silu", carry_state=True, bias=1, cu_seqlens=1, state_slots=1)
+    out = ref.forward(t, values.__getitem__)
+    y, final = ref.causal_conv1d(args["x"], args["weight"], bias=args["bias"], activation="silu", state=args["state"],
+                                 cu_seqlens=args["cu_seqlens"], state_slots=args["state_slots"])
+    assert set(out) == {"dst", "state"} and (out["dst"] == y).all() and (out["state"] == final).all()
+    back = ref.backward(t, values.__getitem__)
+    assert set(back) == {"d_x", "d_weight", "d_bias", "d_state"}
+    no_carry = ref.forward({**t, "carry_state": False, "state_slots": None, "bias": None}, values.__getitem__)
+    assert set(no_carry) == {"dst"}
