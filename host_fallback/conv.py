@@ -182,27 +182,29 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
 
 
 def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out) -> None:
-    """Every row one token with a carried state: ``y = bias + window . taps[:W-1] + x * taps[W-1]`` for all
-    rows at once, then each entry's window shifted by the token, straight on the pool."""
-    width = len(taps)
-    entries = np.array([entry_of(r, slots) for _, r, _, _ in sequences], np.intp)
+    """Every row one token with a carried state, all rows at once: the rows' windows and tokens side by side
+    in a channel-contiguous buffer ``e [rows, W, D]`` (the pool's ``[D, W-1]`` entries transposed once, at the
+    pool's precision or the compute type's, the wider), ``y = bias + sum_w taps[w] * e[:, w]`` in contiguous
+    passes (the prefill's order), then ``e[:, 1:]`` back to the entries, straight on the pool."""
+    width, count = len(taps), len(sequences)
+    entries = slice(0, count) if slots is None else slots[:count]
     tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
-    xs = x[0, tokens] if varlen else x[:, 0]
-    window = pool[entries]  # [rows, D, W-1], the pool's type (a copy: fancy indexing)
-    y = np.multiply(xs, taps[width - 1])
+    e = np.empty((count, width, x.shape[2]), np.result_type(x.dtype, pool.dtype))
+    e[:, :width - 1] = pool[entries].transpose(0, 2, 1)
+    e[:, width - 1] = x[0, tokens] if varlen else x[:, 0]
+    y = np.multiply(e[:, width - 1], taps[width - 1])
+    term = np.empty_like(y)
     for w in range(width - 1):
-        y += window[:, :, w].astype(x.dtype, copy=False) * taps[w]
+        y += np.multiply(e[:, w], taps[w], out=term)
     if bias is not None:
         y += bias
     if activation == "silu":
-        silu_(y, np.empty_like(y))
+        silu_(y, term)
     if varlen:
         out[0, tokens] = y
     else:
         out[:, 0] = y
-    window[:, :, :-1] = window[:, :, 1:]
-    window[:, :, -1] = xs
-    pool[entries] = window
+    pool[entries] = e[:, 1:].transpose(0, 2, 1)
 
 
 def iter_slabs(length: int, tokens: int, reverse: bool = False) -> Iterator[tuple[int, int]]:
