@@ -39,14 +39,14 @@ def rows(batch: int, seq: int, cu_seqlens: np.ndarray | None) -> list[Row]:
     return [(0, r, lo, hi) for r, (lo, hi) in enumerate(zip(cu, cu[1:]))]
 
 
-def block_tokens(dim: int, itemsize: int, width: int) -> int:
-    """Tokens per slab: a power of two filling :data:`SLAB_BYTES` at ``dim`` channels, at least 16 and at
-    least ``width - 1`` (so that only a sequence's first slab reaches into its carried state). A function of
-    the full channel count only: the threads' channel ranges change no summation order."""
+def block_tokens(dim: int, itemsize: int) -> int:
+    """Tokens per slab: a power of two filling :data:`SLAB_BYTES` at ``dim`` channels, at least 16 (more than
+    ``width - 1``: a sequence's first slab holds every token its initial state meets). A function of the full
+    channel count only: the threads' channel ranges change no summation order."""
     tokens = 16
     while tokens * 2 * dim * itemsize <= SLAB_BYTES:
         tokens *= 2
-    return max(tokens, width - 1)
+    return tokens
 
 
 def entry_of(row: int, slots: np.ndarray | None) -> int:
@@ -147,7 +147,7 @@ def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = N
     if state is not None and sequences and all(hi - lo == 1 for _, _, lo, hi in sequences):
         _decode(x, taps, bias, activation, state, sequences, slots, cu_seqlens is not None, out)
         return out
-    tokens = block_tokens(x.shape[2], ct.itemsize, len(taps))
+    tokens = block_tokens(x.shape[2], ct.itemsize)
 
     def job(cs: slice) -> None:
         scratch = np.empty((tokens, cs.stop - cs.start), ct)

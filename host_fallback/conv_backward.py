@@ -42,7 +42,7 @@ def causal_conv1d_backward(x: np.ndarray, weight: np.ndarray, d_dst: np.ndarray,
     d_taps = np.zeros(taps.shape, ct)
     d_bias = np.zeros(x.shape[2], ct)
     slots = None if state_slots is None else np.asarray(state_slots, np.intp)
-    tokens = block_tokens(x.shape[2], ct.itemsize, len(taps))
+    tokens = block_tokens(x.shape[2], ct.itemsize)
 
     def job(cs: slice) -> None:
         walk = _Walk(taps[:, cs], None if bias is None else bias[cs], activation, tokens, cs.stop - cs.start, ct)

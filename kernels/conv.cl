@@ -8,7 +8,7 @@
  * y[t] = bias[d] + sum_w weight[d,w] * e[t+w], silu'd, and with carry the last W-1 values of e are the row's
  * final state.
  *
- * Work-item (d, c) owns channel d of the tokens of chunk c, [c*T, (c+1)*T) (T >= W-1, a launch argument),
+ * Work-item (d, c) owns channel d of the tokens of chunk c, [c*T, (c+1)*T) (T >= 1, a launch argument),
  * walking them in order with the last W values of e in registers; a chunk crosses sequence boundaries as
  * the tokens do. The decode step (S = 1, carried state) is the same kernel: one launch straight on the pool.
  * The state entries are read in place and written in place, so exactly one work-item may touch an entry:
