@@ -279,11 +279,12 @@ KERNEL causal_conv1d_backward_state(i64 R, i64 S, i64 D, i64 W, int varlen, int 
     for (int k = 0; k < CONV_WIDTH_MAX - 1; ++k) { /* g of the row's first min(L, W-1) tokens */
         g[k] = (real)0;
         if (k < W - 1 && k < length) {
+            const i64 tok = row.first + k;
             PRAGMA_UNROLL
             for (int j = 0; j < CONV_WIDTH_MAX; ++j)
                 win[j] = j >= CONV_WIDTH_MAX - W
-                    ? conv_input(x, st, row, row.first + k - (CONV_WIDTH_MAX - 1 - j), d, D, W, 1, state_real) : (real)0;
-            g[k] = conv_grad(taps, win, W, bias, silu, LOAD(dy, (row.first + k) * D + d));
+                    ? conv_input(x, st, row, tok - (CONV_WIDTH_MAX - 1 - j), d, D, W, 1, state_real) : (real)0;
+            g[k] = conv_grad(taps, win, W, bias, silu, LOAD(dy, tok * D + d));
         }
     }
     const i64 base = (row.entry * D + d) * (W - 1);

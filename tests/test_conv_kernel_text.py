@@ -202,10 +202,10 @@ def test_kernels_match_the_reference(spec, case, width, activation):
 
 def _backward(dev, dtype, t, flags, chunk, chunks, carry) -> dict[str, np.ndarray]:
     """The backward's three kernels in order: d_x and the chunks' sums, d_weight / d_bias, d_state."""
-    shape = t["xb"].shape
-    real = COMPUTE[dtype]
-    arena = Arena(dev, {**t, "dxb": np.zeros(shape, STORAGE[dtype]), "pb": np.zeros((chunks, shape[2], flags["W"] + 1), real),
-                        "dwb": np.zeros(t["wb"].shape, STORAGE[dtype]), "dbb": np.zeros(shape[2], STORAGE[dtype])})
+    shape, store = t["xb"].shape, STORAGE[dtype]
+    part = np.zeros((chunks, shape[2], flags["W"] + 1), COMPUTE[dtype])
+    arena = Arena(dev, {**t, "dxb": np.zeros(shape, store), "pb": part, "dwb": np.zeros(t["wb"].shape, store),
+                        "dbb": np.zeros(shape[2], store)})
     dev.run(dtype, "causal_conv1d_backward_dx", (shape[2], chunks), arena, T=chunk, **flags)
     dev.run(dtype, "causal_conv1d_backward_weight", (shape[2], 1), arena, D=shape[2], W=flags["W"], chunks=chunks,
             has_bias=1)
@@ -222,7 +222,8 @@ def test_decode_step_is_one_launch_straight_on_the_pool():
     dev = device(KERNEL_OPENCL[0])
     rng = np.random.default_rng(3)
     dim, width = 7, 4
-    x, weight = rng.standard_normal((3, 1, dim)).astype(np.float32), rng.standard_normal((dim, width)).astype(np.float32)
+    x = rng.standard_normal((3, 1, dim)).astype(np.float32)
+    weight = rng.standard_normal((dim, width)).astype(np.float32)
     pool, slots = rng.standard_normal((5, dim, width - 1)).astype(np.float32), np.array([4, 0, 2], np.int32)
     arena = Arena(dev, dict(xb=x, wb=weight, biasb=np.zeros(dim, np.float32), stb=pool, cub=np.zeros(1, np.int32),
                             slb=slots, db=np.zeros(x.shape, np.float32)))
