@@ -266,3 +266,14 @@ def test_the_reference_reads_a_thunk_by_its_field_names():
     assert set(back) == {"d_x", "d_weight", "d_bias", "d_state"}
     no_carry = ref.forward({**t, "carry_state": False, "state_slots": None, "bias": None}, values.__getitem__)
     assert set(no_carry) == {"dst"}
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(weight=np.zeros((5, 9))), "2 <= W <= 8"), (dict(activation="gelu"), "activation='gelu'"),
+    (dict(state=np.zeros((3, 5, 4))), "expected [entries, 5, 2]")])
+def test_a_caller_hears_what_is_wrong(change, words):
+    call = dict(x=np.zeros((3, 4, 5)), weight=np.zeros((5, 3)), activation="none", state=None)
+    call.update(change)
+    with pytest.raises(ValueError) as info:
+        conv.causal_conv1d(call["x"], call["weight"], None, call["activation"], call["state"])
+    assert words in str(info.value)
