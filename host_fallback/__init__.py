@@ -13,19 +13,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan, selective_scan_backward, ssm
+# the kernel modules register their kernels against their ops on import (``implementations``)
+from . import (body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan,  # noqa: F401
+               selective_scan_backward, ssm)
 from .abi import Region, complete, regions, runtime_data
 from .arena import view
-
-Kernel = Callable[..., None]
-
-KERNELS: dict[str, Kernel] = {**rnn.KERNELS, **rnn_backward.KERNELS, **ssm.KERNELS, **mamba2_backward.KERNELS,
-                              **selective_scan_backward.KERNELS, **gdn.KERNELS, **gdn_backward.KERNELS, **body.KERNELS,
-                              **scan.KERNELS}
-#: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
-#: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``.
-PREPARE: dict[str, Callable[[Mapping[str, Any]], Callable[..., None]]] = {**rnn.PREPARE, **rnn_backward.PREPARE,
-                                                                         **ssm.PREPARE, **gdn.PREPARE}
+from .implementations import KERNELS, PATHS, PREPARE, WORKING, Kernel
 
 
 def _keywords(kernel: Kernel) -> frozenset[str]:
@@ -76,10 +69,6 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     return run
 
 
-#: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it.
-WORKING: dict[str, Callable[[Mapping[str, Any]], int]] = {op: rnn.working_bytes for op in rnn.KERNELS}
-
-
 def working_bytes(thunk: Mapping[str, Any]) -> int:
     """A lower bound of the bytes ``thunk``'s kernel allocates besides the arena (0 where none is known):
     a runtime refuses a thunk this exceeds its memory before ``bound_kernel`` prepares anything."""
@@ -113,10 +102,6 @@ def check_bounds(thunk: Mapping[str, Any], arena_bytes: int) -> None:
         if r.offset < 0 or r.offset + r.nbytes > arena_bytes:
             raise ValueError(f"{thunk['op']} thunk, field {r.field!r}: bytes [{r.offset}, {r.offset + r.nbytes}) "
                              f"fall outside the arena of {arena_bytes} bytes; validate it with rlx_gpu.load_schedule")
-
-
-PATHS: dict[str, Callable[..., str]] = {"selective_scan": ssm.path_for, "mamba2": ssm.path_for,
-                                        "gated_delta_net": gdn.path_for, "mamba2_backward": mamba2_backward.path_for}
 
 
 def path_for(thunk: Mapping[str, Any], **options: Any) -> str | None:

@@ -12,6 +12,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .arena import COMPUTE
 from .bound import Bound
+from .implementations import KERNELS
 
 Thunk = Mapping[str, Any]
 
@@ -58,6 +59,7 @@ def _strided(bound: Bound, field: str, shape: tuple[int, ...], strides: tuple[in
     return as_strided(flat, shape, tuple(s * itemsize for s in strides), writeable=False).astype(COMPUTE[dtype])
 
 
+@KERNELS.register('unary')
 def unary(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = fn(x[i])`` for ``i < n``."""
     io = Bound(t, arena)
@@ -65,6 +67,7 @@ def unary(t: Thunk, arena: np.ndarray) -> None:
         io.store("dst", UNARY[t["fn"]](io.load("x")))
 
 
+@KERNELS.register('binary')
 def binary(t: Thunk, arena: np.ndarray) -> None:
     """``dst[idx] = fn(a[idx·a_strides], b[idx·b_strides])`` over the dense index space ``shape``."""
     io, shape, dt = Bound(t, arena), tuple(t["shape"]), t["dtype"]
@@ -74,6 +77,7 @@ def binary(t: Thunk, arena: np.ndarray) -> None:
         io.store("dst", BINARY[t["fn"]](a, b))
 
 
+@KERNELS.register('matmul')
 def matmul(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = A_i·B_i``, ``A_i`` at ``a + i·a_batch_stride`` (stored ``[k,m]`` if ``trans_a``); ``B_i`` alike."""
     io, dt = Bound(t, arena), t["dtype"]
@@ -89,6 +93,7 @@ def matmul(t: Thunk, arena: np.ndarray) -> None:
     io.store("dst", np.matmul(a, b))
 
 
+@KERNELS.register('reduce_sum')
 def reduce_sum(t: Thunk, arena: np.ndarray) -> None:
     """``dst[o,i] = Σ_j x[o,j,i]`` for ``x [outer,r,inner]``."""
     io = Bound(t, arena)
@@ -109,31 +114,23 @@ def copy_bytes(src: np.ndarray, src_off: int, dst: np.ndarray, dst_off: int, nby
     target[...] = source
 
 
+@KERNELS.register('copy')
 def copy(t: Thunk, arena: np.ndarray) -> None:
     """``dst[0:nbytes] = src[0:nbytes]`` byte for byte; the ranges must not overlap."""
     copy_bytes(arena, t["src"], arena, t["dst"], t["nbytes"])
 
 
+@KERNELS.register('fill')
 def fill(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = value`` for ``i < n``, rounded once into ``dtype``."""
     io = Bound(t, arena)
     io.store("dst", np.full(t["n"], t["value"], COMPUTE[t["dtype"]]))
 
 
+@KERNELS.register('cast')
 def cast(t: Thunk, arena: np.ndarray) -> None:
     """``dst[i] = src[i]`` converted from ``src_dtype`` into ``dtype`` via the compute type (round to nearest even)."""
     io = Bound(t, arena)
     # Through the destination's compute type like every other op, so an f64 source bound for
     # f16/bf16 passes f32 first: the rounding a device kernel's 16-bit store from float performs.
     io.store("dst", io.load("src").astype(COMPUTE[t["dtype"]]))
-
-
-KERNELS: dict[str, Callable[..., None]] = {
-    "unary": unary,
-    "binary": binary,
-    "matmul": matmul,
-    "reduce_sum": reduce_sum,
-    "copy": copy,
-    "fill": fill,
-    "cast": cast,
-}

@@ -41,6 +41,7 @@ from .chunked import pick_path
 from .gdn_chunked import _chunked, packed
 from .gdn_grams import LEAF
 from .gdn_step import _step
+from .implementations import KERNELS, PATHS, PREPARE
 
 Thunk = Mapping[str, Any]
 
@@ -247,5 +248,6 @@ def gated_delta_net(thunk: Thunk, arena: np.ndarray, *, path: str | None = None,
     prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
-KERNELS = {"gated_delta_net": gated_delta_net}
-PREPARE = {"gated_delta_net": prepare}
+KERNELS.add("gated_delta_net", gated_delta_net)
+PREPARE.add("gated_delta_net", prepare)
+PATHS.add("gated_delta_net", path_for)

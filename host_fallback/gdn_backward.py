@@ -48,6 +48,7 @@ from .chunked import pick_path
 from .gdn import L2_EPS
 from .gdn_backward_chunked import _chunked
 from .gdn_backward_step import _step_path
+from .implementations import KERNELS
 
 Thunk = Mapping[str, Any]
 Array = np.ndarray
@@ -172,4 +173,4 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
             pool[slots] = d_init.astype(pool.dtype)
 
 
-KERNELS = {"gated_delta_net_backward": gated_delta_net_backward}
+KERNELS.add("gated_delta_net_backward", gated_delta_net_backward)

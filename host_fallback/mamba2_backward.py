@@ -39,6 +39,7 @@ from . import threads
 from .abi import complete
 from .bound import Bound
 from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
+from .implementations import KERNELS, PATHS
 from .sequences import Sequences, StatePool
 from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
 from .ssm_ssd import MAMBA2_SPREAD
@@ -351,4 +352,5 @@ def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None,
     return name if name == "step" else f"chunked L={chunk or MAMBA2_CHUNK}"
 
 
-KERNELS = {"mamba2_backward": mamba2_backward}
+KERNELS.add("mamba2_backward", mamba2_backward)
+PATHS.add("mamba2_backward", path_for)

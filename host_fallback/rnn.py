@@ -74,6 +74,7 @@ import numpy as np
 from . import lstm_sequence, threads
 from .abi import complete, regions
 from .bound import Bound
+from .implementations import KERNELS, PREPARE, WORKING
 from .rnn_loops import _layer_direction
 from .rnn_packing import _Dims, _dims, _full_packing, _Packing, _varlen_packing
 
@@ -218,5 +219,6 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool |
     prepare(t)(arena, parallel_directions=parallel_directions)
 
 
-KERNELS = {"lstm": _run, "gru": _run, "rnn": _run}
-PREPARE = {"lstm": prepare, "gru": prepare, "rnn": prepare}
+KERNELS.add(("lstm", "gru", "rnn"), _run)
+PREPARE.add(("lstm", "gru", "rnn"), prepare)
+WORKING.add(("lstm", "gru", "rnn"), working_bytes)

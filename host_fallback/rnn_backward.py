@@ -39,6 +39,7 @@ from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import ACTIVATION_SLOTS, layer_input_sizes, output_width, recurrent_dims
 from .arena import COMPUTE
 from .bound import Bound
+from .implementations import KERNELS, PREPARE
 from .rnn_backward_cell import _Activation, _Cell
 from .rnn_backward_steps import _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse, _sum_outer, _where
 
@@ -195,5 +196,5 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
             b.store(f"d_{f}", d_init[f])
 
 
-KERNELS = {"lstm_backward": _run, "gru_backward": _run, "rnn_backward": _run}
-PREPARE = {"lstm_backward": prepare, "gru_backward": prepare, "rnn_backward": prepare}
+KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)
+PREPARE.add(("lstm_backward", "gru_backward", "rnn_backward"), prepare)

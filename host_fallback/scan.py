@@ -16,6 +16,7 @@ from .abi import ELEM_SIZE
 from .abi.scan import SCAN_OPS, check, upstream_dtype
 from .arena import load, store
 from .body import copy_bytes
+from .implementations import KERNELS
 from .scan_data import BodyData, Feed
 
 Thunk = Mapping[str, Any]
@@ -331,4 +332,5 @@ def _backward_kernel(thunk: Thunk, arena: np.ndarray, *, recompute: str = "segme
     run_scan_backward(HostMemory(recompute=recompute, **options), thunk, arena, recompute)
 
 
-KERNELS = {"scan": _scan_kernel, "scan_backward": _backward_kernel, "scan_backward_xs": _backward_kernel}
+KERNELS.add("scan", _scan_kernel)
+KERNELS.add(("scan_backward", "scan_backward_xs"), _backward_kernel)

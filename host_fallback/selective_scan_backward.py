@@ -32,6 +32,7 @@ from . import threads
 from .abi import complete
 from .arena import STORAGE
 from .bound import Bound
+from .implementations import KERNELS
 from .sequences import Sequences, StatePool
 from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, softplus
 
@@ -284,4 +285,4 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     grads.store(batch, channels, d_initial)
 
 
-KERNELS = {"selective_scan_backward": selective_scan_backward}
+KERNELS.add("selective_scan_backward", selective_scan_backward)

@@ -26,6 +26,7 @@ from .abi import Region, complete, regions
 from .arena import COMPUTE
 from .bound import Bound
 from .chunked import pick_path, scratch
+from .implementations import KERNELS, PATHS, PREPARE
 from .sequences import Sequences, StatePool
 from .ssm_scan import _scan_blocked, _scan_step
 from .ssm_ssd import _mamba2_chunked, _mamba2_step
@@ -294,5 +295,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     return run
 
 
-KERNELS = {"selective_scan": selective_scan, "mamba2": mamba2}
-PREPARE = {"selective_scan": prepare, "mamba2": prepare}
+KERNELS.add("selective_scan", selective_scan)
+KERNELS.add("mamba2", mamba2)
+PREPARE.add(("selective_scan", "mamba2"), prepare)
+PATHS.add(("selective_scan", "mamba2"), path_for)

@@ -425,7 +425,7 @@ def test_a_random_recurrent_node_matches_onnxruntime_on_opencl(op, target):
     """On PoCL; the recurrent thunk runs there when its device kernels take its fields."""
     from host_fallback.abi import used
     from rlx_gpu.conformance.devices import find, open_device
-    from rlx_gpu.launches import V2_FIELDS
+    from rlx_gpu.launches import PLANNERS
     from rlx_gpu.runtime.config import load_config
     from rlx_gpu.runtime.executor import Device
 
@@ -435,7 +435,7 @@ def test_a_random_recurrent_node_matches_onnxruntime_on_opencl(op, target):
     schedule = rlx_gpu.onnx.load(model)
     (thunk,) = [t for t in schedule.thunks if t.op == op.lower()]
     placed = {a.index: a.backend for a in device.place(schedule)}
-    if set(used(thunk)) <= V2_FIELDS[thunk.op]:
+    if set(used(thunk)) <= PLANNERS[thunk.op].v2_fields:
         assert placed[thunk.index] == "opencl", (used(thunk), placed)
     arena = schedule.pristine_arena()
     for name, values in feeds.items():

@@ -1,7 +1,7 @@
 """The recurrent backward ops (ABI.md §9) on an OpenCL CPU implementation at both kernel targets: kernels/rnn_backward.cl.
 
-Each op runs once with every optional field of tests/test_rnn_device.py at once (the representative program
-variants that NVRTC and ptxas check), against the conformance suite's float64 reference (a step-by-step
+Each op runs once with every optional field of the catalog's combined-field cases (``support.rnn_fields``)
+at once (the representative program variants that NVRTC and ptxas check), against the conformance suite's float64 reference (a step-by-step
 reverse written from ABI.md) and the host; the same thunk run twice gives the same bytes; a NaN in ``d_dst``
 stays causal. Every recurrent backward case of the conformance catalog has a device kernel at both targets.
 """

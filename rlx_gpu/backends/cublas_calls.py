@@ -14,10 +14,12 @@ the caller passes ``tf32=True`` (the backend's documented ``RLX_CUDA_TF32=1`` op
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
+from ..launches.arguments import named
 from ..launches.core import ARENA, Buf, Launch, LaunchPlan, Thunk
 from ..launches.limits import TUNING
+from ..launches.signatures import signature
 
 INT_MAX = 2**31 - 1  # cuBLAS takes m, n, k, leading dimensions and the batch count as 32-bit ints
 COMPUTE = {"f32": "32F", "f16": "32F", "bf16": "32F", "f64": "64F"}
@@ -154,21 +156,15 @@ def bias_call(m: int, n: int, batch: int, bias: RowMajor, d: RowMajor) -> GemmCa
 
 
 # -- the portable ``body/gemm`` launch (launches.body.gemm) -------------------------------------------
-#: launches.body.gemm's positional arguments, by name
-GEMM_ARGS = ("a_buf", "a_off", "a_real", "a_bs", "a_rs", "a_cs", "b_buf", "b_off", "b_real", "b_bs", "b_rs", "b_cs",
-             "bias_buf", "bias_off", "has_bias", "bias_bs", "d_buf", "d_off", "d_real", "d_bs", "d_rs", "m", "n", "k")
-TRANSPOSE_ARGS = ("s_buf", "s_off", "s_bs", "s_rs", "s_cs", "d_buf", "d_off", "rows", "cols", "batch")
+def _named(item: Launch) -> dict[str, Any]:
+    """``item``'s arguments by the parameter names of its kernel (kernels/body.cl)."""
+    return named(signature(item.family, item.kernel, item.target), item.args)
 
 
-def _named(item: Launch, names: tuple[str, ...]) -> dict[str, object]:
-    if len(item.args) != len(names):
-        raise NotMappable(f"{item.kernel} launch has {len(item.args)} arguments, expected {len(names)} ({names})")
-    return {n: (v if isinstance(v, Buf) else int(v)) for n, v in zip(names, item.args)}
-
-
-def _operand(g: Mapping[str, object], p: str, dtype: str, strides: tuple[str, ...]) -> RowMajor:
+def _operand(g: Mapping[str, Any], p: str, dtype: str, strides: tuple[str, ...]) -> RowMajor:
+    """Operand ``p`` (a, b) of gemm arguments ``g``: its tensor ``<p>b``, ``<p>_real`` and strides ``<p>_<s>``."""
     kind = REAL[dtype] if g[f"{p}_real"] else dtype
-    return RowMajor(g[f"{p}_buf"], g[f"{p}_off"], kind, *(g[f"{p}_{s}"] for s in strides))  # type: ignore[arg-type]
+    return RowMajor(*g[f"{p}b"], kind, *(g[f"{p}_{s}"] for s in strides))
 
 
 def _unstaged(b: RowMajor, stage: Launch | None, k: int, n: int) -> RowMajor | None:
@@ -179,12 +175,12 @@ def _unstaged(b: RowMajor, stage: Launch | None, k: int, n: int) -> RowMajor | N
     """
     if stage is None or stage.kernel != "transpose_real":
         return None
-    s = _named(stage, TRANSPOSE_ARGS)
-    if (s["d_buf"], s["d_off"]) != (b.buf, b.offset) or (s["rows"], s["cols"]) != (n, k):
+    s = _named(stage)
+    if s["db"] != (b.buf, b.offset) or (s["rows"], s["cols"]) != (n, k):
         return None
     if (b.batch_stride, b.row_stride, b.col_stride) != (n * k, n, 1):
         return None
-    return RowMajor(s["s_buf"], s["s_off"], stage.dtype, s["s_bs"], s["s_cs"], s["s_rs"])  # type: ignore[arg-type]
+    return RowMajor(*s["sb"], stage.dtype, s["s_bs"], s["s_cs"], s["s_rs"])
 
 
 def _gemm_batch(item: Launch, m: int, n: int) -> int:
@@ -203,18 +199,18 @@ def gemm_launch_calls(item: Launch, stage: Launch | None = None, tf32: bool = Fa
     B is then read from its source instead when that makes the input types agree or saves the stage.
     Raises :class:`NotMappable` when cuBLAS cannot take it.
     """
-    g = _named(item, GEMM_ARGS)
+    g = _named(item)
     m, n, k, dt = g["m"], g["n"], g["k"], item.dtype
     a = _operand(g, "a", dt, ("bs", "rs", "cs"))
     b = _operand(g, "b", dt, ("bs", "rs", "cs"))
-    d = RowMajor(g["d_buf"], g["d_off"], REAL[dt] if g["d_real"] else dt, g["d_bs"], g["d_rs"], 1)  # type: ignore[arg-type]
+    d = RowMajor(*g["db"], REAL[dt] if g["d_real"] else dt, g["d_bs"], g["d_rs"], 1)
     source = _unstaged(b, stage, k, n)
     if source is not None and source.dtype == a.dtype:
         b = source
     batch = _gemm_batch(item, m, n)
     calls = []
     if g["has_bias"]:
-        bias = RowMajor(g["bias_buf"], g["bias_off"], dt, g["bias_bs"], 0, 1)  # type: ignore[arg-type]
+        bias = RowMajor(*g["cb"], dt, g["c_bs"], 0, 1)
         calls.append(bias_call(m, n, batch, bias, d))
     calls.append(strided_gemm(m, n, k, batch, a, b, d, tf32, beta=1.0 if g["has_bias"] else 0.0))
     return tuple(calls)
@@ -238,7 +234,7 @@ def with_cublas(launches: Iterable[Launch], tf32: bool = False) -> list[Launch |
         except NotMappable:
             out.append(item)
             continue
-        staged_b = (item.args[GEMM_ARGS.index("b_buf")], int(item.args[GEMM_ARGS.index("b_off")]))
+        staged_b = _named(item)["bb"]
         if stage is not None and out and out[-1] is stage and all((c.a.buf, c.a.offset) != staged_b for c in calls):
             out.pop()
         out.extend(calls)

@@ -15,6 +15,7 @@ from pathlib import Path
 from host_fallback.abi import DTYPES
 from host_fallback.arena import COMPUTE, STORAGE
 
+from ..launches import families
 from ..launches.activation_codes import activation_defines
 from ..launches.body import fn_defines
 from ..launches.core import Launch
@@ -22,8 +23,9 @@ from ..launches.limits import TARGETS, TUNING, DeviceLimits, variants
 from ..paths import data_dir
 from . import backend_module
 
-FAMILIES = ("rnn", "rnn_backward", "ssm", "gdn", "body", "cast",  # cast: one program per (dtype, source dtype)
-            "ssm_backward", "gdn_backward")
+#: Every program family: the ones the registered planners launch (``launches.families``); ``cast`` builds one
+#: program per (dtype, source dtype)
+FAMILIES = families()
 #: family -> the kernel texts it shares with other families, put before its own (``kernels/<family>.cl``): the
 #: recurrent cell, which the forward runs and the backward differentiates; the state-space ops' fields
 SHARED_TEXTS: dict[str, tuple[str, ...]] = {

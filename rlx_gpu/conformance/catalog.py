@@ -1,5 +1,6 @@
 """The conformance cases as data: every op × dtype × representative shape, plus the cast matrix,
-NaN/Inf propagation through every elementwise function, and the scan family with its gradients.
+NaN/Inf propagation through every elementwise function, the scan family with its gradients, and the
+combined-field cases (``combined``).
 
 ``cases(quick=...)`` lists them; ``quick`` keeps the small shapes (seconds on a CPU, and what the
 Oclgrind simulator runs). A case is only a description; :mod:`.runner` lays it out and checks it.
@@ -12,6 +13,7 @@ from typing import Any, Iterable, Mapping
 from host_fallback.abi import BACKWARD, DTYPES, OPTIONAL_INPUTS, SCAN_OPS, Field, OPS as SPECS, gradient, used
 
 from .cases import SMALL
+from .combined import combined
 from .references import BINARY, REFERENCES, UNARY, V2_FIELDS
 
 
@@ -30,6 +32,7 @@ class Case:
     seed: int = 7
     variant: str = ""          # names what sets this case apart from the others of its op
     refused: str | None = None  # an integer tensor holding a value outside its rule: the run must be refused
+    combined: bool = False     # one of the combined-field cases (``combined``): sampled per kernel where runs are costly
 
     def has(self, field: Field) -> bool:
         """Whether this case's thunk has the optional ``field``: its flag set, or (nullable) not null.
@@ -48,6 +51,8 @@ class Case:
     def family(self) -> str:
         if self.refused:
             return "run_data"
+        if self.combined:
+            return "combined"
         if self.op in SCAN_OPS:
             return "scan"
         return "nan_inf" if self.poison else ("cast" if self.op == "cast" else "thunk")
@@ -378,6 +383,8 @@ def cases(quick: bool = False) -> list[Case]:
     out += optional_field_cases(out)
     out += [Case(op, "f32", dict(_base(op)[0], **params), seed=3, refused=field, variant=f"bad_{field}.{label}")
             for op, params, field, label in REFUSED]
+    out += [Case(op, dtype, params, options, variant=".".join(["combined", label, *map(str, options.values())]),
+                 combined=True) for label, op, dtype, params, options in combined()]
     return [c for c in out if not (quick and c.large)]
 
 

@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .registry import register
+
 Load = Callable[[str], np.ndarray]
 
 #: The version-2 fields (ABI.md §8) of gated_delta_net_backward this reference implements (all of them).
@@ -102,3 +104,6 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     if carried:
         out["d_state"] = d_pool
     return out
+
+
+register(V2_FIELDS.keys(), backward, V2_FIELDS)

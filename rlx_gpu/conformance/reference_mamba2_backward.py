@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .registry import register
+
 Load = Callable[[str], np.ndarray]
 
 #: The §8 fields of mamba2 this reference implements (all of them), with the gradients of the optional inputs.
@@ -113,3 +115,6 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     if carried:
         out["d_state"] = d_pool
     return out
+
+
+register(V2_FIELDS.keys(), backward, V2_FIELDS)

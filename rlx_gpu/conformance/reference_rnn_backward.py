@@ -12,6 +12,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from .registry import register
+
 Load = Callable[[str], np.ndarray]
 Fn = Callable[[np.ndarray, float, float], np.ndarray]
 
@@ -294,3 +296,6 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
         for f in states:
             del out[f"d_{f}"]
     return out
+
+
+register(V2_FIELDS.keys(), backward, V2_FIELDS)

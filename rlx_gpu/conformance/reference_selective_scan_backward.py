@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .reference_ssm import _rows, softplus
+from .registry import register
 
 Load = Callable[[str], np.ndarray]
 
@@ -93,3 +94,6 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     if carry:
         out["d_state"] = d_pool
     return out
+
+
+register(V2_FIELDS.keys(), backward, V2_FIELDS)

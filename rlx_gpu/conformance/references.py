@@ -1,8 +1,7 @@
 """Float64 references of every non-scan op, written from ABI.md (no ``host_fallback`` code).
 
-Each reference takes the thunk and ``load(field)`` (a tensor of the laid-out arena as the float64
-values stored there) and returns ``{field: float64 array}`` for every tensor the op writes.
-``copy`` has none: it moves bytes, which the runner compares exactly.
+The forward ops' are here; every ``reference_*`` module registers its own (``registry``), and importing
+this module imports them all. ``copy`` and the scan family have none, each for the reason it is exempt.
 """
 from __future__ import annotations
 
@@ -10,11 +9,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import (reference_gdn_backward, reference_mamba2_backward, reference_rnn, reference_rnn_backward,
-               reference_selective_scan_backward, reference_ssm)
-from .reference_rnn import sigmoid
+from host_fallback.abi import SCAN_OPS
+from host_fallback.registry import import_all
 
-Load = Callable[[str], np.ndarray]
+from . import reference_rnn, reference_ssm
+from .reference_rnn import sigmoid
+from .registry import REFERENCES, V2_FIELDS, Load, reference
 
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": sigmoid, "relu": lambda x: np.maximum(x, 0),
@@ -26,6 +26,7 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 }
 
 
+@reference("lstm", "gru", "rnn", v2_fields=reference_rnn.V2_FIELDS)
 def recurrent(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     op = t["op"]
     names = ("b_ih", "b_hh") if op == "gru" else ("bias",)
@@ -56,16 +57,19 @@ def _state_space(t: Mapping[str, Any], load: Load, reference: Callable, inputs: 
     return {"dst": reference(*(load(f) for f in inputs), **fields)}
 
 
+@reference("selective_scan", v2_fields=reference_ssm.V2_FIELDS)
 def selective_scan(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return _state_space(t, load, reference_ssm.selective_scan, ("x", "delta", "a", "b", "c"), ("delta_bias", "d", "z"),
                         ("delta_softplus",))
 
 
+@reference("mamba2", v2_fields=reference_ssm.V2_FIELDS)
 def mamba2(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return _state_space(t, load, reference_ssm.mamba2, ("x", "dt", "a", "b", "c"), ("dt_bias", "d", "z"),
                         ("dt_softplus", "dt_limit"))
 
 
+@reference("gated_delta_net", v2_fields=reference_ssm.V2_FIELDS)
 def gated_delta_net(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     ints = {f: load(f) for f in ("cu_seqlens", "state_slots") if t[f] is not None}
     out, final = reference_ssm.gated_delta_net(
@@ -74,15 +78,18 @@ def gated_delta_net(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": out, "state": final} if t["carry_state"] else {"dst": out}
 
 
+@reference("unary")
 def unary(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": UNARY[t["fn"]](load("x"))}
 
 
+@reference("binary")
 def binary(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     a, b = (np.lib.stride_tricks.as_strided(load(f), t["shape"], [s * 8 for s in t[f + "_strides"]]) for f in "ab")
     return {"dst": BINARY[t["fn"]](a, b)}
 
 
+@reference("matmul")
 def matmul(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     m, k, n = t["m"], t["k"], t["n"]
     a, b = load("a").ravel(), load("b").ravel()
@@ -94,31 +101,23 @@ def matmul(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": np.array(out)}
 
 
+@reference("reduce_sum")
 def reduce_sum(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": load("x").sum(axis=1)}
 
 
+@reference("fill")
 def fill(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": np.full(t["n"], t["value"])}
 
 
+@reference("cast")
 def cast(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": load("src")}
 
 
-#: op -> the version-2 fields (ABI.md §8) its float64 reference implements; the catalog makes "present"
-#: cases of these only (``catalog.optional_field_cases``), and tests/test_conformance.py names the rest.
-V2_FIELDS: dict[str, frozenset[str]] = {**getattr(reference_rnn, "V2_FIELDS", {}), **getattr(reference_ssm, "V2_FIELDS", {}),
-                                        **reference_rnn_backward.V2_FIELDS, **reference_mamba2_backward.V2_FIELDS,
-                                        **reference_selective_scan_backward.V2_FIELDS,
-                                        **reference_gdn_backward.V2_FIELDS}
+import_all(__package__, "reference_")  # the other ops' references register themselves on import
+REFERENCES.exempt("copy", "it moves bytes, which the runner compares exactly")
+REFERENCES.exempt(SCAN_OPS, "the runner checks the scan family against scan_cell's float64 recurrence of its body")
 
-REFERENCES: dict[str, Callable[[Mapping[str, Any], Load], dict[str, np.ndarray]]] = {
-    "lstm": recurrent, "gru": recurrent, "rnn": recurrent, "selective_scan": selective_scan, "mamba2": mamba2,
-    "gated_delta_net": gated_delta_net, "unary": unary, "binary": binary, "matmul": matmul,
-    "reduce_sum": reduce_sum, "fill": fill, "cast": cast,
-    **{f"{op}_backward": reference_rnn_backward.backward for op in ("lstm", "gru", "rnn")},
-    "mamba2_backward": reference_mamba2_backward.backward,
-    "selective_scan_backward": reference_selective_scan_backward.backward,
-    "gated_delta_net_backward": reference_gdn_backward.backward,
-}
+__all__ = ["REFERENCES", "V2_FIELDS", "UNARY", "BINARY", "Load"]

@@ -2,13 +2,14 @@
 
 A kernel implementation that is slow to build or to run (Oclgrind's simulation, Intel's CPU runtime at two
 seconds a program) is checked on these rather than on every quick case: per kernel target, the cheapest case
-(fewest work-items) for every (op, kernel, compile-time variant) the cases launch.
+(fewest work-items) for every (op, kernel, compile-time variant) the cases launch, and one combined-field
+case per op.
 """
 from __future__ import annotations
 
 import math
 
-from host_fallback.abi import SCAN_OPS
+from host_fallback.abi import SCAN_OPS, used
 
 from .. import launches
 from ..runtime.options import RunOptions
@@ -21,11 +22,18 @@ def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
     family), its work-items and its launch scratch bytes, planned (not run) for the device ``spec`` at ``target``.
 
     A scan-family case is its op (its body thunks' kernels are the body ops' own), costed by its arena's size.
+    A combined-field case (``catalog.Case.combined``) stands for its op alone: its kernels are the single-field
+    cases' own, compiled with several fields' defines at once, so a costly implementation runs one combination
+    per op and target, of those with the most fields (the first OpenCL implementation runs every one).
     """
     limits = open_device(find(spec), target).limits
+    laid_out = [runner.lay_out(case) for case in cases]
+    most = {}
+    for case, laid in zip(cases, laid_out):
+        if case.combined:
+            most[case.op] = max(most.get(case.op, 0), len(used(laid.thunk)))
     out = []
-    for case in cases:
-        laid = runner.lay_out(case)
+    for case, laid in zip(cases, laid_out):
         if case.op in SCAN_OPS:
             out.append(({(case.op, "scan", case.op, ())}, laid.arena.size, 0))
             continue
@@ -35,6 +43,8 @@ def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
         plan = launches.plan(laid.thunk, limits, **RunOptions.build(**case.options).planner_keywords)
         items = [item for item in plan.launches if not item.empty]
         kernels = {(case.op, i.family, i.kernel, () if i.family in PER_KERNEL else i.defines) for i in items}
+        if case.combined:
+            kernels = {(case.op, "combined", "", ())} if len(used(laid.thunk)) == most[case.op] else set()
         out.append((kernels, sum(math.prod(i.global_size) for i in items), plan.scratch_bytes))
     return out
 

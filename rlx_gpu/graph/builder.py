@@ -12,6 +12,7 @@ from ..errors import GraphError
 from .autodiff import grad
 from .lowering import Executable, compile_graph
 from .nodes import BodyGraph, Node, Slot, Tensor
+from .registry import BUILDERS
 from .scans import ScanGrads, scan, scan_grad
 from .sequence_ops import SequenceOps
 
@@ -25,6 +26,7 @@ class Graph(BodyGraph, SequenceOps):
     """
 
     # ----------------------------------------------------------------- scans
+    @BUILDERS.register("scan")
     def scan(self, body: BodyGraph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
              length: int | None = None, save_trajectory: bool = False, num_checkpoints: int = 0) -> Tensor:
         """``carry = body(carry, xs[0][t], ..., *bcast)`` for ``t < length``; returns the final carry.
@@ -37,6 +39,7 @@ class Graph(BodyGraph, SequenceOps):
         return scan(self, body, init, xs, bcast, length=length, save_trajectory=save_trajectory,
                     num_checkpoints=num_checkpoints)
 
+    @BUILDERS.register("scan_backward", "scan_backward_xs")
     def scan_grad(self, body: BodyGraph, init: Any, xs: Sequence[Any] = (), bcast: Sequence[Any] = (), *,
                   d_final: Any = None, d_traj: Any = None, num_checkpoints: int = 0,
                   length: int | None = None) -> ScanGrads:

@@ -21,6 +21,7 @@ from host_fallback.arena import STORAGE
 
 from ..errors import GraphError
 from ..schedule.limits import MAX_RANK
+from .registry import BUILDERS
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,6 +186,7 @@ class BodyGraph:
         return self.constant(v, dtype)
 
     # ----------------------------------------------------------------- body ops
+    @BUILDERS.register("unary")
     def unary(self, fn: str, x: Any) -> Tensor:
         """Elementwise ``fn(x)``, ``fn`` one of ABI.md §5's unary functions."""
         if fn not in UNARY_FNS:
@@ -194,6 +196,7 @@ class BodyGraph:
         self._emit("unary", x.dtype, {"x": x, "dst": y, "n": x.size, "fn": fn}, y)
         return y
 
+    @BUILDERS.register("binary")
     def binary(self, fn: str, a: Any, b: Any, shape: Sequence[int] | None = None) -> Tensor:
         """Elementwise ``fn(a, b)`` with NumPy broadcasting (to ``shape`` too when given)."""
         if fn not in BINARY_FNS:
@@ -225,6 +228,7 @@ class BodyGraph:
         strides = [0 if padded[ax] == 1 else dense[ax] for ax in keep]
         return strides or [0]
 
+    @BUILDERS.register("matmul")
     def matmul(self, a: Any, b: Any, *, trans_a: bool = False, trans_b: bool = False) -> Tensor:
         """Batched ``op(a)·op(b)`` over leading axes; an operand without them is shared across the batch."""
         a, b = self._t(a), self._t(b)
@@ -247,6 +251,7 @@ class BodyGraph:
             "b_batch_stride": k * n if _count(b.shape[:-2]) > 1 else 0}, y)
         return y
 
+    @BUILDERS.register("reduce_sum")
     def reduce_sum(self, x: Any, axis: int | Sequence[int] = -1, keepdims: bool = False) -> Tensor:
         """Sum over ``axis`` (one or several)."""
         x = self._t(x)
@@ -262,6 +267,7 @@ class BodyGraph:
             y = out
         return y if keepdims else self.reshape(y, [d for ax, d in enumerate(y.shape) if ax not in axes])
 
+    @BUILDERS.register("cast")
     def cast(self, x: Any, dtype: str) -> Tensor:
         """Convert to ``dtype`` (rounding to nearest even); the same tensor when it already is."""
         x = self._t(x)
@@ -271,12 +277,14 @@ class BodyGraph:
         self._emit("cast", dtype, {"src": x, "dst": y, "n": x.size, "src_dtype": x.dtype}, y)
         return y
 
+    @BUILDERS.register("fill")
     def fill(self, shape: Sequence[int], value: float, dtype: str | None = None) -> Tensor:
         """A tensor of ``shape`` holding ``value`` everywhere (written by a thunk, every run)."""
         y = self._new(shape, self._check_dtype(dtype or self.dtype))
         self._emit("fill", y.dtype, {"dst": y, "n": y.size, "value": float(value)}, y)
         return y
 
+    @BUILDERS.register("copy")
     def copy(self, x: Any) -> Tensor:
         """A new buffer holding the bytes of ``x``."""
         x = self._t(x)

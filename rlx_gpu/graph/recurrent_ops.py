@@ -14,6 +14,7 @@ from host_fallback.abi.rnn import recurrent_weight_shapes
 
 from ..errors import GraphError
 from .nodes import Tensor
+from .registry import BUILDERS
 from .torch_weights import NONLINEARITIES, unpack_sequence
 
 
@@ -92,6 +93,7 @@ class RecurrentOps:
             self.output(f"{name}.{'h_n' if f == 'h0' else 'c_n'}", t)
         return (y, *finals.values()) if carry else y
 
+    @BUILDERS.register("lstm")
     def lstm(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, num_layers: int = 1,
              bidirectional: bool = False, h0: Any = None, c0: Any = None, lengths: Any = None,
              proj_size: int = 0, w_hr: Any = None, peepholes: Any = None, input_forget: bool = False,
@@ -110,6 +112,7 @@ class RecurrentOps:
                                hidden, num_layers, bidirectional, name, lengths, proj_size,
                                input_forget=bool(input_forget), **self._onnx_flags(clip, activations, reverse))
 
+    @BUILDERS.register("gru")
     def gru(self, x: Any, w_ih: Any, w_hh: Any, b_ih: Any, b_hh: Any, *, hidden: int, num_layers: int = 1,
             bidirectional: bool = False, h0: Any = None, lengths: Any = None, linear_before_reset: bool = True,
             clip: float = 0.0, activations: Any = None, reverse: bool = False, name: str | None = None) -> Any:
@@ -123,6 +126,7 @@ class RecurrentOps:
                                linear_before_reset=bool(linear_before_reset),
                                **self._onnx_flags(clip, activations, reverse))
 
+    @BUILDERS.register("rnn")
     def rnn(self, x: Any, w_ih: Any, w_hh: Any, bias: Any, *, hidden: int, nonlinearity: str | None = None,
             relu: bool | None = None, num_layers: int = 1, bidirectional: bool = False, h0: Any = None,
             lengths: Any = None, clip: float = 0.0, activations: Any = None, reverse: bool = False,

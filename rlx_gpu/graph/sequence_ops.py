@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from host_fallback.abi import FORWARD_OPS, gradient
+from host_fallback.abi import BACKWARD, FORWARD_OPS, gradient
 
 from ..errors import GraphError
 from .nodes import Node, Tensor
 from .recurrent_ops import RecurrentOps
+from .registry import BUILDERS
 
 
 #: The carried-state fields of each fused op, whose gradients a backward op reads and writes in place.
@@ -95,6 +96,7 @@ class SequenceOps(RecurrentOps):
             fields["state_dtype"] = state.dtype
         return fields, self.copy(state)
 
+    @BUILDERS.register("selective_scan")
     def selective_scan(self, x: Any, delta: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None,
                        delta_bias: Any = None, delta_softplus: bool = False, initial_state: Any = None,
                        cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
@@ -136,6 +138,7 @@ class SequenceOps(RecurrentOps):
                    y, *([final] if final is not None else []))
         return y if final is None else (y, final)
 
+    @BUILDERS.register("mamba2")
     def mamba2(self, x: Any, dt: Any, a: Any, b: Any, c: Any, *, D: Any = None, z: Any = None, dt_bias: Any = None,
                dt_softplus: bool = False, dt_limit: Sequence[float | None] | None = None, initial_state: Any = None,
                cu_seqlens: Any = None, state_slots: Any = None, state_dtype: str | None = None,
@@ -174,6 +177,7 @@ class SequenceOps(RecurrentOps):
                    y, *([final] if final is not None else []))
         return y if final is None else (y, final)
 
+    @BUILDERS.register("gated_delta_net")
     def gated_delta_net(self, q: Any, k: Any, v: Any, g: Any, beta: Any, *, gate_per_channel: bool = False,
                         scale: float | None = None, initial_state: Any = None, state: Any = None,
                         use_qk_l2norm: bool = False, cu_seqlens: Any = None, state_slots: Any = None,
@@ -231,6 +235,7 @@ class SequenceOps(RecurrentOps):
         return y, final
 
     # ----------------------------------------------------------------- gradients
+    @BUILDERS.register(*BACKWARD)
     def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None) -> dict[str, Tensor]:
         """Emit the ``OP_backward`` thunk (ABI.md §9) of the fused op that returned ``y``.
 

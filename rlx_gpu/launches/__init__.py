@@ -7,35 +7,35 @@ cannot run a thunk, or ``None``. Backends only translate these into their API ca
 """
 from __future__ import annotations
 
-from host_fallback.abi import used
+from host_fallback.abi import SCAN_OPS, used
+from host_fallback.registry import import_all
 
-from . import body, gdn, rnn, rnn_backward, ssm, ssm_backward
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk
 from .limits import DeviceLimits
+from .registry import PLANNERS, DeviceOp, families
 
-_FAMILIES = (body, rnn, rnn_backward, ssm, gdn, ssm_backward)
-PLANNERS = {op: fn for module in _FAMILIES for op, fn in module.PLANNERS.items()}
-_UNSUPPORTED = {op: module.unsupported for module in _FAMILIES for op in module.PLANNERS}
-#: op -> the version-2 fields (ABI.md §8) its device kernels implement; a thunk using another runs on the host
-V2_FIELDS = {op: getattr(module, "V2_FIELDS", frozenset()) for module in _FAMILIES for op in module.PLANNERS}
+import_all(__name__)  # each planner module registers its ops (``registry.register``) on import
+PLANNERS.exempt(SCAN_OPS, "the scan driver runs it on every device, each body thunk planned as its own op")
 
 
 def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
     """``None`` when kernels exist for ``thunk`` within ``limits``, else the reason (whether the device
     offers f64 is the device session's question: it names the feature the device lacks)."""
     op = thunk["op"]
-    if op not in PLANNERS:
+    device_op = PLANNERS.get(op)
+    if device_op is None:
         return f"no device kernel for op {op!r}"
-    missing = [name for name in used(thunk) if name not in V2_FIELDS[op]]
+    missing = [name for name in used(thunk) if name not in device_op.v2_fields]
     if missing:
         return f"no device kernel of {op} takes the version-2 field(s) {', '.join(missing)} yet"
-    return _UNSUPPORTED[op](thunk, limits)
+    return device_op.unsupported(thunk, limits)
 
 
 def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
     """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``; at the gpu
     target ``ssm_kernel="auto"|"lanes"|"chunked"`` for selective_scan, mamba2 and gated_delta_net)."""
-    return PLANNERS[thunk["op"]](thunk, limits, **options)
+    return PLANNERS[thunk["op"]].plan(thunk, limits, **options)
 
 
-__all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "LaunchPlan", "DeviceLimits", "plan", "unsupported", "PLANNERS"]
+__all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "LaunchPlan", "DeviceLimits", "DeviceOp", "plan", "unsupported",
+           "PLANNERS", "families"]

@@ -3,9 +3,14 @@ from __future__ import annotations
 
 from host_fallback.abi.body import BINARY_FNS, UNARY_FNS
 
-from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, i32, i64, linear_local, real, real_size, strided_grid
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, grid, linear_local, real_size, strided_grid
 from ..schedule.limits import MAX_RANK
+from functools import lru_cache
+from typing import Any
+from .arguments import Partial, bind_some, kernel_launch
 from .limits import DeviceLimits
+from .registry import register
+from .signatures import signature
 
 #: The kernel's code of every unary/binary fn. ``backends.programs`` emits them as ``#define RLX_UNARY_EXP 0``
 #: ..., so the kernel text names each function and never depends on the order of the table.
@@ -18,10 +23,12 @@ def fn_defines() -> dict[str, int]:
     return {f"RLX_{op.upper()}_{fn.upper()}": code for op, codes in FN_CODES.items() for fn, code in codes.items()}
 
 
-def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: tuple, src_dtype: str | None = None) -> Launch:
+def _linear(lim: DeviceLimits, kernel: str, dtype: str, n: int, args: dict[str, Any],
+            src_dtype: str | None = None, shared: Partial | None = None) -> Launch:
     local = linear_local(n, 256)
     family = "cast" if src_dtype else "body"  # kernels/cast.cl: a cast never builds the body family
-    return Launch(family, kernel, dtype, grid((n,), (local,)), (local,), args, src_dtype, lim.target)
+    return kernel_launch(family, kernel, dtype, grid((n,), (local,)), (local,), args, target=lim.target,
+                         src_dtype=src_dtype, shared=shared)
 
 
 def gemm(
@@ -42,13 +49,10 @@ def gemm(
     bbuf, boff, breal, bbs, brs, bcs = b
     dbuf, doff, dreal, dbs, drs = d
     cbuf, coff, cbs = bias if bias is not None else (ARENA, 0, 0)
-    args = (
-        abuf, i64(aoff), i32(areal), i64(abs_), i64(ars), i64(acs),
-        bbuf, i64(boff), i32(breal), i64(bbs), i64(brs), i64(bcs),
-        cbuf, i64(coff), i32(bias is not None), i64(cbs),
-        dbuf, i64(doff), i32(dreal), i64(dbs), i64(drs),
-        i64(m), i64(n), i64(k),
-    )
+    args = dict(ab=(abuf, aoff), a_real=areal, a_bs=abs_, a_rs=ars, a_cs=acs,
+                bb=(bbuf, boff), b_real=breal, b_bs=bbs, b_rs=brs, b_cs=bcs,
+                cb=(cbuf, coff), has_bias=bias is not None, c_bs=cbs,
+                db=(dbuf, doff), d_real=dreal, d_bs=dbs, d_rs=drs, m=m, n=n, k=k)
     tile = (lim.tune("GEMM_LX"), lim.tune("GEMM_LY"), 1)
     if lim.target == "gpu":  # one work-group per GEMM_TILE square of one batch item, all along x
         side = lim.tune("GEMM_TILE")
@@ -56,7 +60,7 @@ def gemm(
         size = (groups * tile[0], tile[1], 1)
     else:
         size = grid((-(-n // lim.tune("GEMM_CN")), -(-m // lim.tune("GEMM_RM")), batch), tile)
-    return Launch("body", "gemm", dtype, size, tile, args, target=lim.target)
+    return kernel_launch("body", "gemm", dtype, size, tile, args, target=lim.target)
 
 
 def transpose_real(lim: DeviceLimits, dtype: str, rows: int, cols: int, batch: int,
@@ -65,28 +69,40 @@ def transpose_real(lim: DeviceLimits, dtype: str, rows: int, cols: int, batch: i
     element strides)``, ``dst`` dense scratch."""
     sbuf, soff, sbs, srs, scs = src
     local = (linear_local(rows, 64), 1, 1)
-    args = (sbuf, i64(soff), i64(sbs), i64(srs), i64(scs), dst[0], i64(dst[1]), i64(rows), i64(cols), i64(batch))
+    args = dict(sb=(sbuf, soff), s_bs=sbs, s_rs=srs, s_cs=scs, db=dst, rows=rows, cols=cols, batch=batch)
     size = strided_grid((rows, cols, batch), local, lim.max_grid)
-    return Launch("body", "transpose_real", dtype, size, local, args, target=lim.target)
+    return kernel_launch("body", "transpose_real", dtype, size, local, args, target=lim.target)
 
 
 def _unary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
-    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(n), i32(FN_CODES["unary"][t["fn"]]))
+    args = dict(xb=(ARENA, t["x"]), db=(ARENA, t["dst"]), n=n, fn=FN_CODES["unary"][t["fn"]])
     return LaunchPlan((_linear(lim, "unary", t["dtype"], n, args),))
+
+
+#: the binary kernel's parameters of each axis: extent, then a's and b's element strides
+_EXTENTS, _A_STRIDES, _B_STRIDES = (tuple(f"{name}{axis}" for axis in range(MAX_RANK)) for name in ("d", "as", "bs"))
+
+
+@lru_cache(maxsize=256)  # the scan driver accumulates per step: its shape's arguments are bound once
+def _broadcast_shape(target: str, dtype: str, fn: str, shape: tuple[int, ...], a_strides: tuple[int, ...],
+                     b_strides: tuple[int, ...]) -> tuple[int, Partial]:
+    """The element count and the binary kernel's arguments but its tensors: fn, extents and strides, padded on
+    the left (a zero extent means nothing to launch; the kernel's divisions stay defined regardless)."""
+    pad, n = MAX_RANK - len(shape), 1
+    for d in shape:
+        n *= d
+    args: dict[str, Any] = dict(n=n, fn=FN_CODES["binary"][fn])
+    args.update(zip(_EXTENTS, [1] * pad + [max(d, 1) for d in shape]))
+    args.update(zip(_A_STRIDES, [0] * pad + list(a_strides)))
+    args.update(zip(_B_STRIDES, [0] * pad + list(b_strides)))
+    return n, bind_some(signature("body", "binary", target), dtype, args)
 
 
 def _broadcast(lim: DeviceLimits, dtype: str, fn: str, shape: list[int], a: tuple[Buf, int], a_strides: list[int],
                b: tuple[Buf, int], b_strides: list[int], dst: tuple[Buf, int]) -> Launch:
-    pad = MAX_RANK - len(shape)
-    n = 1
-    for d in shape:
-        n *= d
-    args = (a[0], i64(a[1]), b[0], i64(b[1]), dst[0], i64(dst[1]), i64(n), i32(FN_CODES["binary"][fn]))
-    # a zero extent means nothing to launch; keep the kernel's divisions defined regardless
-    args += tuple(i64(max(d, 1)) for d in [1] * pad + list(shape))
-    args += tuple(map(i64, [0] * pad + list(a_strides))) + tuple(map(i64, [0] * pad + list(b_strides)))
-    return _linear(lim, "binary", dtype, n, args)
+    n, shared = _broadcast_shape(lim.target, dtype, fn, tuple(shape), tuple(a_strides), tuple(b_strides))
+    return _linear(lim, "binary", dtype, n, dict(ab=a, bb=b, db=dst), shared=shared)
 
 
 def _binary(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
@@ -125,15 +141,15 @@ def _matmul(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
 
 def _reduce_sum(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     outer, r, inner = t["outer"], t["r"], t["inner"]
-    args = (ARENA, i64(t["x"]), ARENA, i64(t["dst"]), i64(outer), i64(r), i64(inner))
+    args = dict(xb=(ARENA, t["x"]), db=(ARENA, t["dst"]), outer=outer, r=r, inner=inner)
     local = (linear_local(inner), 1)
     size = strided_grid((inner, outer), local, lim.max_grid)
-    return LaunchPlan((Launch("body", "reduce_sum", t["dtype"], size, local, args, target=lim.target),))
+    return LaunchPlan((kernel_launch("body", "reduce_sum", t["dtype"], size, local, args, target=lim.target),))
 
 
 def copy_launch(lim: DeviceLimits, nbytes: int, src: tuple[Buf, int], dst: tuple[Buf, int], dtype: str = "f32") -> Launch:
     """``dst[0:nbytes] = src[0:nbytes]`` between (or within) buffers; bytes, so any dtype's program serves."""
-    return _linear(lim, "copy_bytes", dtype, nbytes, (src[0], i64(src[1]), dst[0], i64(dst[1]), i64(nbytes)))
+    return _linear(lim, "copy_bytes", dtype, nbytes, dict(sb=src, db=dst, nbytes=nbytes))
 
 
 def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
@@ -142,12 +158,12 @@ def _copy(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
 
 def _fill(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n, dt = t["n"], t["dtype"]
-    return LaunchPlan((_linear(lim, "fill", dt, n, (ARENA, i64(t["dst"]), i64(n), real(dt, t["value"]))),))
+    return LaunchPlan((_linear(lim, "fill", dt, n, dict(db=(ARENA, t["dst"]), n=n, value=t["value"])),))
 
 
 def _cast(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     n = t["n"]
-    args = (ARENA, i64(t["src"]), ARENA, i64(t["dst"]), i64(n))
+    args = dict(sb=(ARENA, t["src"]), db=(ARENA, t["dst"]), n=n)
     return LaunchPlan((_linear(lim, "cast", t["dtype"], n, args, src_dtype=t["src_dtype"]),))
 
 
@@ -160,12 +176,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {
-    "unary": _unary,
-    "binary": _binary,
-    "matmul": _matmul,
-    "reduce_sum": _reduce_sum,
-    "copy": _copy,
-    "fill": _fill,
-    "cast": _cast,
-}
+for _op, _planner in {"unary": _unary, "binary": _binary, "matmul": _matmul, "reduce_sum": _reduce_sum, "copy": _copy,
+                      "fill": _fill}.items():
+    register(_op, _planner, unsupported, family="body")
+register("cast", _cast, unsupported, family="cast")  # kernels/cast.cl: a cast never builds the body family

@@ -4,9 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
-
-from host_fallback.abi import ELEM_SIZE
 from host_fallback.arena import COMPUTE
 
 Thunk = Mapping[str, Any]
@@ -86,24 +83,6 @@ def linear_local(n: int, cap: int = 64) -> int:
     while size < min(n, cap):
         size *= 2
     return size
-
-
-def arena_args(t: Mapping[str, Any], fields: tuple[str, ...]) -> tuple:
-    """The (buffer, offset) kernel arguments of ``fields`` of ``t``, tensors of the arena, in order."""
-    return tuple(v for f in fields for v in (ARENA, i64(t[f])))
-
-
-def i64(v: int) -> np.int64:
-    return np.int64(v)
-
-
-def i32(v: int | bool) -> np.int32:
-    return np.int32(int(v))
-
-
-def real(dtype: str, v: float) -> np.floating:
-    """A scalar of the compute type of ``dtype`` (f64 for f64, else f32)."""
-    return COMPUTE[dtype].type(v)
 
 
 def real_size(dtype: str) -> int:

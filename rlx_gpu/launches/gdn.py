@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from host_fallback.abi import complete
 from host_fallback.abi.gdn import gdn_scale
 
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, arena_args, ceil_to, grid, i32, i64, linear_local, real, real_size
+from .arguments import kernel_launch
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
+from .registry import register
 from .ssm import state_lanes, takes_chunked
 
 GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may hold in scratch (64 MiB at f32)
@@ -52,9 +54,9 @@ class Shape:
         return self.state_real or self.varlen or self.slotted or self.qk_norm
 
     @property
-    def flags(self) -> tuple:
-        """The kernels' runtime flags, in their order: state_real, varlen, slotted, qk_norm."""
-        return (i32(self.state_real), i32(self.varlen), i32(self.slotted), i32(self.qk_norm))
+    def flags(self) -> dict[str, bool]:
+        """The kernels' runtime flags of the version-2 fields, by their parameter names."""
+        return {"state_real": self.state_real, "varlen": self.varlen, "slotted": self.slotted, "qk_norm": self.qk_norm}
 
 
 def shape(t: Thunk) -> Shape:
@@ -68,14 +70,20 @@ def shape(t: Thunk) -> Shape:
                  qk_norm=bool(t["qk_l2norm"]))
 
 
-def _optional(t: Thunk, field: str) -> tuple:
-    """The arena argument of an optional int tensor (offset 0 when absent: the kernels' flag is off)."""
-    offset = t.get(field)
-    return (ARENA, i64(0 if offset is None else offset))
+#: field (or scratch region) -> the kernels' tensor parameter that takes it (kernels/gdn.cl)
+_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "beb", "state": "sb", "dst": "db", "cu_seqlens": "cb",
+           "state_slots": "slb", "park": "pb", "dec": "eb", "nrm": "nb", "gam": "gmb", "p": "pb", "w": "wb", "u": "ub",
+           "states": "hb"}
 
 
-def _state(t: Thunk) -> tuple:
-    return (ARENA, i64(t["state"] if t["carry_state"] else 0))
+def _arena(t: Thunk, *fields: str) -> dict[str, tuple]:
+    """The arena arguments of ``fields`` of ``t``: an optional int tensor ``t`` lacks at offset 0 (the kernels'
+    flag is off), as the state without carry_state."""
+    out = {}
+    for field in fields:
+        offset = (t["state"] if t["carry_state"] else 0) if field == "state" else t.get(field)
+        out[_PARAMS[field]] = (ARENA, 0 if offset is None else offset)
+    return out
 
 
 def _scratch(sizes: dict[str, int], dtype: str) -> tuple[dict[str, tuple], int]:
@@ -84,9 +92,21 @@ def _scratch(sizes: dict[str, int], dtype: str) -> tuple[dict[str, tuple], int]:
     without scratch has no scratch buffer to point at)."""
     at, offset = {}, 0
     for name, count in sizes.items():
-        at[name] = (SCRATCH, i64(offset)) if count else (ARENA, i64(0))
+        at[name] = (SCRATCH, offset) if count else (ARENA, 0)
         offset += ceil_to(count * real_size(dtype), 256)
     return at, offset
+
+
+def _regions(at: dict[str, tuple], *names: str) -> dict[str, tuple]:
+    """The scratch regions ``names`` of ``at`` as arguments of their kernel parameters."""
+    return {_PARAMS[name]: at[name] for name in names}
+
+
+def _recurrent(t: Thunk, sh: Shape, nrm: tuple) -> dict[str, object]:
+    """The arguments the walk, step and lanes kernels share: the shape, flags, scale and tensors."""
+    return dict(R=sh.rows, H=sh.heads, HV=sh.value_heads, K=sh.key_size, V=sh.value_size, carry=sh.carry,
+                per_channel=sh.per_channel, **sh.flags, scale=sh.scale, nb=nrm,
+                **_arena(t, "q", "k", "v", "g", "beta", "state", "dst", "cu_seqlens", "state_slots"))
 
 
 def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, ...]:
@@ -95,9 +115,9 @@ def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, 
         return ()
     count = sh.batch * sh.seq * sh.heads
     local = (linear_local(count, 256 if lim.target == "gpu" else 64),)
-    return (Launch("gdn", "gdn_qk_norm", t["dtype"], grid((count,), local), local,
-                   (i64(count), i64(sh.key_size)) + arena_args(t, ("q", "k")) + nrm, target=lim.target,
-                   defines=V2_VARIANT),)
+    return (kernel_launch("gdn", "gdn_qk_norm", t["dtype"], grid((count,), local), local,
+                          dict(E=count, K=sh.key_size, **_arena(t, "q", "k"), nb=nrm), target=lim.target,
+                          defines=V2_VARIANT),)
 
 
 def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
@@ -129,15 +149,12 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
         t0 = block * steps
         tb = min(steps, s - t0)
         if sh.per_channel:
-            launches.append(Launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
-                                   (i64(b), i64(s), i64(hv * k), i64(t0), i64(tb), ARENA, i64(t["g"])) + at["dec"],
-                                   target=lim.target))
-        args = (i64(sh.rows), i64(s), i64(sh.heads), i64(hv), i64(k), i64(v), i64(t0), i64(tb), i32(sh.carry),
-                i32(sh.per_channel)) + sh.flags + (real(dt, sh.scale),)
-        args += arena_args(t, ("q", "k", "v", "g", "beta")) + _state(t) + at["park"] + arena_args(t, ("dst",))
-        args += at["dec"] + _optional(t, "cu_seqlens") + _optional(t, "state_slots") + at["nrm"]
-        launches.append(Launch("gdn", "gated_delta_net", dt, grid((items, hv, sh.rows), local), local, args,
-                               target=lim.target, defines=defines))
+            launches.append(kernel_launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
+                                          dict(B=b, S=s, W=hv * k, t0=t0, T=tb, **_arena(t, "g"), eb=at["dec"]),
+                                          target=lim.target))
+        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"))
+        launches.append(kernel_launch("gdn", "gated_delta_net", dt, grid((items, hv, sh.rows), local), local, args,
+                                      target=lim.target, defines=defines))
     notes = (f"blocked T={steps}",) if sh.per_channel else ()
     return LaunchPlan(tuple(launches), nbytes, notes)
 
@@ -145,27 +162,20 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
 def _plan_step(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     """A decode step (seq 1) at the cpu target: one launch on the state in place, both gate kinds."""
     at, nbytes = _scratch({"nrm": 2 * sh.batch * sh.heads if sh.qk_norm else 0}, t["dtype"])
-    args = (i64(sh.rows), i64(sh.heads), i64(sh.value_heads), i64(sh.key_size), i64(sh.value_size), i32(sh.carry),
-            i32(sh.per_channel)) + sh.flags + (real(t["dtype"], sh.scale),)
-    args += arena_args(t, ("q", "k", "v", "g", "beta")) + _state(t) + arena_args(t, ("dst",))
-    args += _optional(t, "cu_seqlens") + _optional(t, "state_slots") + at["nrm"]
     items = -(-sh.value_size // lim.tune("GDN_DJ"))
     local = (linear_local(items), 1, 1)
-    step = Launch("gdn", "gated_delta_net_step", t["dtype"], grid((items, sh.value_heads, sh.rows), local), local, args,
-                  target=lim.target, defines=V2_VARIANT if sh.v2 else ())
+    step = kernel_launch("gdn", "gated_delta_net_step", t["dtype"], grid((items, sh.value_heads, sh.rows), local),
+                         local, _recurrent(t, sh, at["nrm"]), target=lim.target, defines=V2_VARIANT if sh.v2 else ())
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (step,), nbytes)
 
 
 def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     """The whole sequence in one launch, both gate kinds (a per-channel decay is taken in the kernel)."""
     at, nbytes = _scratch({"nrm": 2 * sh.batch * sh.seq * sh.heads if sh.qk_norm else 0}, t["dtype"])
-    args = (i64(sh.rows), i64(sh.seq), i64(sh.heads), i64(sh.value_heads), i64(sh.key_size), i64(sh.value_size),
-            i32(sh.carry), i32(sh.per_channel)) + sh.flags + (real(t["dtype"], sh.scale),)
-    args += arena_args(t, ("q", "k", "v", "g", "beta")) + _state(t) + arena_args(t, ("dst",))
-    args += _optional(t, "cu_seqlens") + _optional(t, "state_slots") + at["nrm"]
     defines, glob, local = state_lanes(sh.key_size, sh.value_size, sh.rows * sh.value_heads, lim)
-    lanes = Launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local, args, target="gpu",
-                   defines=defines + (V2_VARIANT if sh.v2 else ()))
+    lanes = kernel_launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local,
+                          dict(_recurrent(t, sh, at["nrm"]), S=sh.seq), target="gpu",
+                          defines=defines + (V2_VARIANT if sh.v2 else ()))
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (lanes,), nbytes)
 
 
@@ -181,26 +191,23 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     at, nbytes = _scratch({"gam": slots * q * (k if sh.per_channel else 1), "p": slots * q * q, "w": slots * q * k,
                            "u": slots * q * v, "states": slots * k * v,
                            "nrm": 2 * sh.batch * s * sh.heads if sh.qk_norm else 0}, dt)
-    dims = (i64(sh.rows), i64(s), i64(sh.heads), i64(hv), i64(k), i64(v), i64(chunks), i32(sh.per_channel),
-            i32(sh.qk_norm), i32(sh.varlen)) + _optional(t, "cu_seqlens")
-    arena = {f: (ARENA, i64(t[f])) for f in ("q", "k", "v", "g", "beta", "dst")}
-    arena["state"], arena["slots"] = _state(t), _optional(t, "state_slots")
+    dims = dict(R=sh.rows, S=s, H=sh.heads, HV=hv, K=k, V=v, NC=chunks, per_channel=sh.per_channel,
+                qk_norm=sh.qk_norm, varlen=sh.varlen, **_arena(t, "cu_seqlens"))
 
-    def args(*names: str) -> tuple:
-        return tuple(x for name in names for x in (arena[name] if name in arena else at[name]))
+    def launch(kernel: str, size: tuple, args: dict[str, object], *regions: str) -> Launch:
+        return kernel_launch("gdn", kernel, dt, size, (lanes,), {**dims, **args, **_regions(at, *regions)},
+                             target="gpu", defines=V2_VARIANT if sh.v2 else ())
 
-    defines = V2_VARIANT if sh.v2 else ()
     strips = min(lanes // k, lim.tune("GDN_SPMAX"))  # the kernel's GDN_STRIPS
     blocks = -(-v // (strips * lim.tune("GDN_PJ")))
     tiles = -(-v // lim.tune("GDN_OT"))
-    prep = Launch("gdn", "gated_delta_net_chunk_prep", dt, (slots * lanes,), (lanes,),
-                  dims + args("q", "k", "v", "g", "beta", "nrm", "gam", "p", "w", "u"), target="gpu", defines=defines)
-    carry_pass = Launch("gdn", "gated_delta_net_state_pass", dt, (sh.rows * hv * blocks * lanes,), (lanes,),
-                        dims + (i32(sh.carry), i32(sh.state_real), i32(sh.slotted))
-                        + args("k", "state", "slots", "nrm", "gam", "w", "u", "states"), target="gpu", defines=defines)
-    out = Launch("gdn", "gated_delta_net_chunk_out", dt, (slots * tiles * lanes,), (lanes,),
-                 dims + (real(dt, sh.scale),) + args("q", "dst", "nrm", "gam", "p", "u", "states"), target="gpu",
-                 defines=defines)
+    prep = launch("gated_delta_net_chunk_prep", (slots * lanes,), _arena(t, "q", "k", "v", "g", "beta"),
+                  "nrm", "gam", "p", "w", "u")
+    carry_pass = launch("gated_delta_net_state_pass", (sh.rows * hv * blocks * lanes,),
+                        dict(carry=sh.carry, state_real=sh.state_real, slotted=sh.slotted,
+                             **_arena(t, "k", "state", "state_slots")), "nrm", "gam", "w", "u", "states")
+    out = launch("gated_delta_net_chunk_out", (slots * tiles * lanes,), dict(scale=sh.scale, **_arena(t, "q", "dst")),
+                 "nrm", "gam", "p", "u", "states")
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
@@ -216,4 +223,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"gated_delta_net": _plan}
+register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS, family="gdn")

@@ -17,14 +17,19 @@ the compute type. Every recurrent launch of a thunk is built as its op's program
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from host_fallback.abi import ELEM_SIZE, complete, regions
 from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width
 
 from .activation_codes import ACTIVATION_CODES
+from .arguments import Partial, bind_some, kernel_launch
 from .body import gemm, transpose_real
-from .core import (ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real,
-                   real_size, strided_grid)
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size, strided_grid
 from .limits import DeviceLimits, gate_variant
+from .registry import register
+from .signatures import signature
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
@@ -56,18 +61,19 @@ def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
     return tuple(defines) + tuple((name, 1) for name, on in flags.items() if on)
 
 
-def cell_args(t: Thunk, lens: tuple, peep_off: int | None) -> tuple:
-    """The trailing arguments of rnn_step and rnn_persist: seq_lens, the layer's peepholes, clip, and alpha, beta
-    of the slots f, g, h of direction 0 then 1 (unused slots and directions 0)."""
-    dt, slots = t["dtype"], ACTIVATION_SLOTS[t["op"]]
-    acts = list(t["activations"])
-    ab: list[float] = []
+def cell_args(t: Thunk, peep_off: int | None) -> dict[str, Any]:
+    """The cell arguments of the recurrent kernels (rnn_step, rnn_persist and the backward's): seq_lens (``lb``), the
+    layer's peepholes (``pb``), clip, and alpha, beta of the slots f, g, h of direction 0 then 1 (``a_f0``, ``b_f0``,
+    ..., unused slots and directions 0)."""
+    slots, acts = ACTIVATION_SLOTS[t["op"]], list(t["activations"])
+    args: dict[str, Any] = {"lb": (ARENA, t["seq_lens"] or 0), "pb": (ARENA, 0 if peep_off is None else peep_off),
+                            "clip": t["clip"]}
     for d in range(2):
         mine = acts[d * slots:(d + 1) * slots] if d * slots < len(acts) else [("", 0.0, 0.0)] * slots
         mine += [("", 0.0, 0.0)] * (3 - slots)
-        ab += [v for _, a, b in mine for v in (a, b)]
-    peep = (ARENA, i64(0)) if peep_off is None else (ARENA, i64(peep_off))
-    return lens + peep + (real(dt, t["clip"]),) + tuple(real(dt, v) for v in ab)
+        for slot, (_, alpha, beta) in zip(_SLOT_NAMES.lower(), mine):
+            args[f"a_{slot}{d}"], args[f"b_{slot}{d}"] = alpha, beta
+    return args
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
@@ -120,109 +126,180 @@ def _scratch(lim: DeviceLimits, t: Thunk, rs: int) -> tuple[dict[str, int], int]
     return offsets, total
 
 
-def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
-    t = complete(t)
-    gates = GATES[t["op"]]
-    defines = variant(t)  # every rnn launch of the thunk: the op's program
-    dt, es, rs = t["dtype"], ELEM_SIZE[t["dtype"]], real_size(t["dtype"])
-    b, s, h, layers, k = t["batch"], t["seq"], t["hidden"], t["num_layers"], output_width(t)
-    dirs = 2 if t["bidirectional"] else 1
-    carry, gh = bool(t["carry"]), gates * h
-    proj = t["op"] == "lstm" and t["proj_size"] > 0
-    lbr0 = t["op"] == "gru" and not t["linear_before_reset"]
-    persistent = persistent_fits(t, lim) and (rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_wins(t, lim)))
-    fused = persistent and lim.target == "cpu"  # the cpu persistent kernel projects the input itself
-    sc, scratch_bytes = _scratch(lim, t, rs)
-    jb, wpad = lim.tune("RNN_JB"), lim.tune("RNN_WPAD")
-    hp, kp = ceil_to(h, jb), ceil_to(k, jb)
-    bias_field = "b_ih" if t["op"] == "gru" else "bias"
-    lens = (ARENA, i64(t["seq_lens"] or 0))
-    launches: list[Launch] = []
-    staging: list[int] = []  # the weight-staging launches (LaunchPlan.staging)
+@dataclass(frozen=True)
+class _Layer:
+    """One layer of a forward thunk as its kernels see it: arena offsets of its weights and states, its input
+    (arena x, or the layer below's output in scratch) and output, and its staged weights in scratch."""
 
-    def add(kernel: str, size: tuple, local: tuple, args: tuple) -> None:
-        launches.append(Launch("rnn", kernel, dt, size, local, args, target=lim.target, defines=defines))
+    in_size: int
+    x: tuple[Buf, int]
+    x_real: bool  # x is compute-type scratch
+    w_ih: int
+    wit: int  # scratch: W_ih^T
+    bias: int
+    out: tuple[Buf, int]
+    out_real: bool
+    w_hh: int
+    bhh: dict[str, Any]  # bhb, has_bhh
+    h0: tuple[Buf, int]
+    c0: tuple[Buf, int]
+    peep: int | None
+    wt: tuple[Buf, int]  # scratch: W_hh^T
+    w_hr: int
+    whr: tuple[Buf, int]  # scratch: W_hr^T
 
-    def stage(ng: int, units: int, units_p: int, rows: int, src: tuple, dst: tuple) -> None:
+
+def _layers(t: Thunk, sc: dict[str, int]) -> list[_Layer]:
+    """Every layer of the completed forward thunk ``t`` with the scratch layout ``sc``."""
+    op, es, dirs, h, k = t["op"], ELEM_SIZE[t["dtype"]], 2 if t["bidirectional"] else 1, t["hidden"], output_width(t)
+    gh, carry, layers = GATES[op] * h, bool(t["carry"]), t["num_layers"]
+    out, w_ih = [], t["w_ih"]
+    for l in range(layers):
+        in_l = t["input_size"] if l == 0 else dirs * k
+        last, lstm = l == layers - 1, op == "lstm"
+        out.append(_Layer(
+            in_size=in_l, x=(ARENA, t["x"]) if l == 0 else (SCRATCH, sc["lo"]), x_real=l > 0, w_ih=w_ih,
+            wit=sc["wit"] + l * sc["wit_layer"], bias=t["b_ih" if op == "gru" else "bias"] + es * l * dirs * gh,
+            out=(ARENA, t["dst"]) if last else (SCRATCH, sc["lo"]), out_real=not last,
+            w_hh=t["w_hh"] + es * l * dirs * gh * k,
+            bhh={"bhb": (ARENA, t["b_hh"] + es * l * dirs * gh), "has_bhh": True} if op == "gru"
+            else {"bhb": (ARENA, 0), "has_bhh": False},
+            h0=(ARENA, t["h0"] + es * l * dirs * t["batch"] * k if carry else 0),
+            c0=(ARENA, t["c0"] + es * l * dirs * t["batch"] * h if carry and lstm else 0),
+            peep=None if not lstm or t["peepholes"] is None else t["peepholes"] + es * l * dirs * 3 * h,
+            wt=(SCRATCH, sc["wt"] + l * sc["wt_layer"]), w_hr=t["w_hr"] + es * l * dirs * k * h if _proj(t) else 0,
+            whr=(SCRATCH, sc["whr"] + l * sc["whr_layer"])))
+        w_ih += es * dirs * gh * in_l
+    return out
+
+
+def _proj(t: Thunk) -> bool:
+    return t["op"] == "lstm" and t["proj_size"] > 0
+
+
+class _Forward:
+    """The launches of one forward thunk (completed) as they are planned, and what its kernels share."""
+
+    def __init__(self, t: Thunk, lim: DeviceLimits, persistent: bool) -> None:
+        self.t, self.lim = t, lim
+        self.fused = persistent and lim.target == "cpu"  # the cpu persistent kernel projects the input itself
+        self.sc, self.scratch_bytes = _scratch(lim, t, real_size(t["dtype"]))
+        self.defines = variant(t)  # every rnn launch of the thunk: the op's program
+        self.dirs, self.k = 2 if t["bidirectional"] else 1, output_width(t)
+        self.lens = (ARENA, t["seq_lens"] or 0)
+        self.launches: list[Launch] = []
+        self.staging: list[int] = []  # the weight-staging launches (LaunchPlan.staging)
+
+    def add(self, kernel: str, size: tuple, local: tuple, args: dict[str, Any], shared: Partial | None = None) -> None:
+        self.launches.append(kernel_launch("rnn", kernel, self.t["dtype"], size, local, args, target=self.lim.target,
+                                           defines=self.defines, shared=shared))
+
+    def ahead(self, kernel: str, args: dict[str, Any]) -> Partial:
+        """``kernel``'s arguments that every step of a layer shares, bound once."""
+        return bind_some(signature("rnn", kernel, self.lim.target), self.t["dtype"], args)
+
+    def stage(self, ng: int, units: int, units_p: int, rows: int, src: tuple[Buf, int], dst: tuple[Buf, int]) -> None:
         """W (ng*units rows of ``rows``) transposed into dst, padded (rnn_w_t), as a staging launch."""
         tloc = (linear_local(ng * units_p, 64), 1, 1)
-        staging.append(len(launches))
-        add("rnn_w_t", strided_grid((ng * units_p, rows, dirs), tloc, lim.max_grid), tloc,
-            (i32(ng), i64(units), i64(units_p), i64(rows)) + src + dst)
+        self.staging.append(len(self.launches))
+        self.add("rnn_w_t", strided_grid((ng * units_p, rows, self.dirs), tloc, self.lim.max_grid), tloc,
+                 dict(ng=ng, H=units, HP=units_p, K=rows, wb=src, tb=dst))
 
-    order = (SCRATCH, i64(sc["ord"]))
+    def h_buffers(self) -> tuple[tuple[Buf, int], tuple[Buf, int]]:
+        """The two scratch buffers h ping-pongs between, step by step."""
+        nh = self.dirs * self.t["batch"] * self.k
+        return (SCRATCH, self.sc["h"]), (SCRATCH, self.sc["h"] + nh * real_size(self.t["dtype"]))
+
+    def output(self, layer: _Layer) -> dict[str, Any]:
+        """The layer's output arguments: where, whether compute-type scratch, and its row stride."""
+        return {"ob": layer.out, "o_real": layer.out_real, "o_rs": self.dirs * self.k}
+
+
+def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
+    t = complete(t)
+    persistent = persistent_fits(t, lim) and (rnn_kernel == "persistent" or (rnn_kernel == "auto" and persistent_wins(t, lim)))
+    f = _Forward(t, lim, persistent)
     if t["seq_lens"] is not None:  # the rows longest first, for every layer's steps
-        add("rnn_order", (1,), (1,), (i64(b), i64(s)) + lens + order + (SCRATCH, i64(sc["cnt"])))
-    w_ih = t["w_ih"]
-    for layer in range(layers):
-        in_l = t["input_size"] if layer == 0 else dirs * k
-        x_buf, x_off, x_real = (ARENA, t["x"], False) if layer == 0 else (SCRATCH, sc["lo"], True)
-        wit = sc["wit"] + layer * sc["wit_layer"]
-        bias = t[bias_field] + es * layer * dirs * gh
-        if fused:  # W_ih^T padded like W_hh^T; the recurrence projects the input itself
-            stage(gates, h, hp, in_l, (ARENA, i64(w_ih)), (SCRATCH, i64(wit)))
-        else:  # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
-            staging.append(len(launches))
-            launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, w_ih, gh * in_l, in_l, 1), (SCRATCH, wit)))
-            launches.append(gemm(
-                lim, dt, b * s, gh, in_l, dirs, (x_buf, x_off, x_real, 0, in_l, 1),
-                (SCRATCH, wit, True, in_l * gh, gh, 1),
-                (SCRATCH, sc["xw"], True, b * s * gh, gh),
-                bias=(ARENA, bias, gh),
-            ))
-        w_ih += es * dirs * gh * in_l
-        last = layer == layers - 1
-        out = (ARENA, i64(t["dst"]), i32(0)) if last else (SCRATCH, i64(sc["lo"]), i32(1))
+        f.add("rnn_order", (1,), (1,), dict(B=t["batch"], S=t["seq"], lb=f.lens, ob=(SCRATCH, f.sc["ord"]),
+                                            cb=(SCRATCH, f.sc["cnt"])))
+    for layer in _layers(t, f.sc):
+        _project(f, layer)
         if t["seq_lens"] is not None:  # zeros past each row's length, written once; the steps never touch them
-            ploc = (linear_local(dirs * k, 256), 1, 1)  # an item walks its column's padding steps
-            add("rnn_pad", strided_grid((dirs * k, 1, b), ploc, lim.max_grid), ploc,
-                (i64(b), i64(s), i64(dirs * k)) + out + lens)
-        whh = (ARENA, i64(t["w_hh"] + es * layer * dirs * gh * k))
-        bhh = (ARENA, i64(t["b_hh"] + es * layer * dirs * gh), i32(1)) if t["op"] == "gru" else (ARENA, i64(0), i32(0))
-        h0 = (ARENA, i64(t["h0"] + es * layer * dirs * b * k)) if carry else (ARENA, i64(0))
-        c0 = (ARENA, i64(t["c0"] + es * layer * dirs * b * h)) if carry and t["op"] == "lstm" else (ARENA, i64(0))
-        peep = None if t["op"] != "lstm" or t["peepholes"] is None else t["peepholes"] + es * layer * dirs * 3 * h
-        cell = cell_args(t, lens, peep)
-        tail = out + (i64(dirs * k),)
-        wt = (SCRATCH, i64(sc["wt"] + layer * sc["wt_layer"]))
-        whr = (SCRATCH, i64(sc["whr"] + layer * sc["whr_layer"]))
-        if not persistent or fused:  # W_hh^T
-            stage(gates, h, hp, k, whh, wt)
-        if proj:  # W_hr^T [dirs][h][kp + wpad]
-            stage(1, k, kp, h, (ARENA, i64(t["w_hr"] + es * layer * dirs * k * h)), whr)
-        nh, nc = dirs * b * k, dirs * b * h
-        cs, aux = (SCRATCH, i64(sc["c"])), (SCRATCH, i64(sc["aux"]))
-        hbuf = [(SCRATCH, i64(sc["h"])), (SCRATCH, i64(sc["h"] + nh * rs))]
-        if persistent:
-            size, local = _persist_geometry(lim, b, h, dirs)
-            if fused:
-                x_in = (i64(in_l), x_buf, i64(x_off), i32(x_real), SCRATCH, i64(wit), ARENA, i64(bias)) + whr
-                args = ((i64(b), i64(s), i64(h), i64(k), i32(carry), i32(t["reverse"]), SCRATCH, i64(sc["xw"])) + wt
-                        + bhh + h0 + c0 + hbuf[0] + hbuf[1] + cs + aux + x_in + tail + cell)
-            else:
-                args = ((i64(b), i64(s), i64(h), i32(carry), i32(t["reverse"]), SCRATCH, i64(sc["xw"])) + whh + bhh
-                        + h0 + c0 + tail + cell)
-            add("rnn_persist", size, local, args)
-            continue
-        lin = (linear_local(max(nh, nc), 256),)
-        add("rnn_state_in", grid((max(nh, nc),), lin), lin, (i32(carry), i64(nh), i64(nc)) + h0 + c0 + hbuf[0] + cs)
-        size, local = _step_geometry(lim, gates, b, h, dirs)
-        psize, ploc = _proj_geometry(lim, b, k, dirs)
-        for step in range(s):
-            hin, hout = hbuf[step % 2], hbuf[1 - step % 2]
-            for phase in range(2 if lbr0 else 1):
-                args = ((i64(b), i64(s), i64(h), i64(k), i64(step), i32(t["reverse"]), i32(phase), SCRATCH, i64(sc["xw"]))
-                        + wt + bhh + hin + hout + cs + aux + tail + order + cell)
-                add("rnn_step", size, local, args)
-            if proj:
-                add("rnn_proj", psize, ploc, (i64(b), i64(s), i64(h), i64(k), i64(step), i32(t["reverse"])) + aux + whr
-                    + hout + tail + order + lens)
-        if carry:
-            add("rnn_state_out", grid((max(nh, nc),), lin), lin,
-                (i64(nh), i64(nc), i64(b), i64(s), i64(k)) + hbuf[0] + hbuf[1] + cs + h0 + c0 + lens)
+            ploc = (linear_local(f.dirs * f.k, 256), 1, 1)  # an item walks its column's padding steps
+            f.add("rnn_pad", strided_grid((f.dirs * f.k, 1, t["batch"]), ploc, lim.max_grid), ploc,
+                  dict(B=t["batch"], S=t["seq"], W=f.dirs * f.k, ob=layer.out, o_real=layer.out_real, lb=f.lens))
+        jb, gates, h = lim.tune("RNN_JB"), GATES[t["op"]], t["hidden"]
+        if not persistent or f.fused:  # W_hh^T
+            f.stage(gates, h, ceil_to(h, jb), f.k, (ARENA, layer.w_hh), layer.wt)
+        if _proj(t):  # W_hr^T [dirs][h][kp + wpad]
+            f.stage(1, f.k, ceil_to(f.k, jb), h, (ARENA, layer.w_hr), layer.whr)
+        (_persist if persistent else _steps)(f, layer)
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh", "w_hr"))
-    kind = ("persistent, input projected in the recurrence" if fused else "persistent") if persistent else "per-step"
-    return LaunchPlan(tuple(launches), scratch_bytes, (kind,), tuple(staging), weights)
+    kind = ("persistent, input projected in the recurrence" if f.fused else "persistent") if persistent else "per-step"
+    return LaunchPlan(tuple(f.launches), f.scratch_bytes, (kind,), tuple(f.staging), weights)
+
+
+def _project(f: _Forward, layer: _Layer) -> None:
+    """The layer's input projection: staged for the fused cpu persistent kernel, else one gemm of every step."""
+    t, lim, dt = f.t, f.lim, f.t["dtype"]
+    gh, in_l = GATES[t["op"]] * t["hidden"], layer.in_size
+    if f.fused:  # W_ih^T padded like W_hh^T; the recurrence projects the input itself
+        f.stage(GATES[t["op"]], t["hidden"], ceil_to(t["hidden"], lim.tune("RNN_JB")), in_l, (ARENA, layer.w_ih),
+                (SCRATCH, layer.wit))
+        return
+    # B(kk, col) = W_ih[col, kk], staged as [dirs][in_l][gh] so the gemm reads B's columns contiguously
+    f.staging.append(len(f.launches))
+    f.launches.append(transpose_real(lim, dt, gh, in_l, f.dirs, (ARENA, layer.w_ih, gh * in_l, in_l, 1),
+                                     (SCRATCH, layer.wit)))
+    f.launches.append(gemm(lim, dt, t["batch"] * t["seq"], gh, in_l, f.dirs, (*layer.x, layer.x_real, 0, in_l, 1),
+                           (SCRATCH, layer.wit, True, in_l * gh, gh, 1),
+                           (SCRATCH, f.sc["xw"], True, t["batch"] * t["seq"] * gh, gh),
+                           bias=(ARENA, layer.bias, gh)))
+
+
+def _persist(f: _Forward, layer: _Layer) -> None:
+    """The layer's recurrence as one launch (rnn_persist): at the cpu target it projects the input too."""
+    t, sc = f.t, f.sc
+    size, local = _persist_geometry(f.lim, t["batch"], t["hidden"], f.dirs)
+    args = dict(B=t["batch"], S=t["seq"], H=t["hidden"], carry=t["carry"], reverse=t["reverse"],
+                xwb=(SCRATCH, sc["xw"]), **layer.bhh, h0b=layer.h0, c0b=layer.c0, **f.output(layer),
+                **cell_args(t, layer.peep))
+    if f.fused:
+        h = f.h_buffers()
+        args.update(K=f.k, wtb=layer.wt, hb0=h[0], hb1=h[1], cb=(SCRATCH, sc["c"]), ab=(SCRATCH, sc["aux"]),
+                    I=layer.in_size, xb=layer.x, x_real=layer.x_real, wib=(SCRATCH, layer.wit), bib=(ARENA, layer.bias),
+                    wrb=layer.whr)
+    else:
+        args.update(whb=(ARENA, layer.w_hh))
+    f.add("rnn_persist", size, local, args)
+
+
+def _steps(f: _Forward, layer: _Layer) -> None:
+    """The layer's recurrence a launch per step (rnn_step; two phases for gru without linear_before_reset,
+    lstm's projection rnn_proj after each), between the states' entry (rnn_state_in) and exit (rnn_state_out)."""
+    t, sc, lim = f.t, f.sc, f.lim
+    b, s, h, k, dirs = t["batch"], t["seq"], t["hidden"], f.k, f.dirs
+    nh, nc = dirs * b * k, dirs * b * h
+    hbuf = f.h_buffers()
+    cs, aux, order = (SCRATCH, sc["c"]), (SCRATCH, sc["aux"]), (SCRATCH, sc["ord"])
+    lin = (linear_local(max(nh, nc), 256),)
+    f.add("rnn_state_in", grid((max(nh, nc),), lin), lin,
+          dict(carry=t["carry"], nh=nh, nc=nc, h0b=layer.h0, c0b=layer.c0, hb=hbuf[0], cb=cs))
+    size, local = _step_geometry(lim, GATES[t["op"]], b, h, dirs)
+    psize, ploc = _proj_geometry(lim, b, k, dirs)
+    walk = dict(B=b, S=s, H=h, reverse=t["reverse"], **f.output(layer), rb_=order)
+    each_step = f.ahead("rnn_step", dict(walk, K=k, xwb=(SCRATCH, sc["xw"]), wtb=layer.wt, **layer.bhh, cb=cs,
+                                         ab=aux, **cell_args(t, layer.peep)))
+    proj = f.ahead("rnn_proj", dict(walk, P=k, mb=aux, wb=layer.whr, lb=f.lens)) if _proj(t) else None
+    for step in range(s):
+        hin, hout = hbuf[step % 2], hbuf[1 - step % 2]
+        for phase in range(2 if t["op"] == "gru" and not t["linear_before_reset"] else 1):
+            f.add("rnn_step", size, local, dict(t=step, phase=phase, hib=hin, hob=hout), each_step)
+        if proj is not None:
+            f.add("rnn_proj", psize, ploc, dict(t=step, hob=hout), proj)
+    if t["carry"]:
+        f.add("rnn_state_out", grid((max(nh, nc),), lin), lin,
+              dict(nh=nh, nc=nc, B=b, S=s, K=k, hb0=hbuf[0], hb1=hbuf[1], cb=cs, h0b=layer.h0, c0b=layer.c0, lb=f.lens))
 
 
 def _persist_geometry(lim: DeviceLimits, b: int, h: int, dirs: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -265,7 +342,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"lstm": _plan, "gru": _plan, "rnn": _plan}
+register(("lstm", "gru", "rnn"), _plan, unsupported, v2_fields=V2_FIELDS, family="rnn")
 
 
 #: the recurrent kernel choices (the ``rnn_kernel`` run option): by shape, or one forced

@@ -19,20 +19,25 @@ until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from host_fallback.abi import ELEM_SIZE, complete, forward_thunk
 from host_fallback.abi.rnn import layer_input_sizes, output_width
 
+from .arguments import Partial, bind_some, kernel_launch
 from .body import gemm, transpose_real
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, i32, i64, linear_local, real_size, strided_grid
+from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
+from .registry import register
 from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
+from .signatures import signature
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
 #: its optional inputs.
 V2_FIELDS = FORWARD_FIELDS | {"d_peepholes", "d_w_hr", "d_h0", "d_c0"}
 
 FAMILY = "rnn_backward"
-_NONE = (ARENA, i64(0))  # a tensor argument a variant does not read
+_NONE = (ARENA, 0)  # a tensor argument a variant does not read
 
 
 def _scratch(t: Thunk, rs: int) -> tuple[dict[str, int], int, int]:
@@ -61,125 +66,176 @@ def _scratch(t: Thunk, rs: int) -> tuple[dict[str, int], int, int]:
     return offsets, zero_from, total
 
 
-def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
-    t = complete(thunk)
-    fwd = forward_thunk(t)
-    op, dt = fwd["op"], t["dtype"]
-    es, rs = ELEM_SIZE[dt], real_size(dt)
-    gates, dirs = GATES[op], 2 if fwd["bidirectional"] else 1
-    b, s, h, layers, k = t["batch"], t["seq"], t["hidden"], t["num_layers"], output_width(fwd)
-    n, gh, carry = b * s, gates * h, bool(t["carry"])
-    lstm, gru = op == "lstm", op == "gru"
-    proj, lbr0 = lstm and fwd["proj_size"] > 0, gru and not fwd["linear_before_reset"]
-    sc, zero_from, scratch_bytes = _scratch(fwd, rs)
-    defines = variant(fwd)
-    lens = (ARENA, i64(t["seq_lens"] or 0))
-    walk = (i64(b), i64(s), i64(h))
-    launches: list[Launch] = []
+class _Backward:
+    """The launches of one backward thunk (completed) as they are planned, and what its kernels share."""
 
-    def add(kernel: str, items: int, args: tuple, rows: int = b, depth: int = dirs) -> None:
+    def __init__(self, t: Thunk, lim: DeviceLimits) -> None:
+        self.t, self.lim, self.fwd = t, lim, forward_thunk(t)
+        fwd, op = self.fwd, self.fwd["op"]
+        self.es, self.rs = ELEM_SIZE[t["dtype"]], real_size(t["dtype"])
+        self.dirs, self.gh = 2 if fwd["bidirectional"] else 1, GATES[op] * t["hidden"]
+        self.b, self.s, self.h, self.k = t["batch"], t["seq"], t["hidden"], output_width(fwd)
+        self.n, self.carry, self.layers = self.b * self.s, bool(t["carry"]), t["num_layers"]
+        self.lstm, self.gru = op == "lstm", op == "gru"
+        self.proj, self.lbr0 = self.lstm and fwd["proj_size"] > 0, self.gru and not fwd["linear_before_reset"]
+        self.sc, self.zero_from, self.scratch_bytes = _scratch(fwd, self.rs)
+        self.defines = variant(fwd)
+        self.lens = (ARENA, t["seq_lens"] or 0)
+        self.in_sizes = layer_input_sizes(fwd)
+        # per layer: W_ih's elements before it, and its input (arena x, or the layer below's output in scratch)
+        self.w_ih = [sum(self.dirs * self.gh * size for size in self.in_sizes[:l]) for l in range(self.layers)]
+        self.x_in = [(ARENA, t["x"], False)] + [(SCRATCH, self.sc[f"o{l}"], True) for l in range(self.layers - 1)]
+        self.launches: list[Launch] = []
+
+    def add(self, kernel: str, items: int, args: dict[str, Any], per_row: bool = True,
+            shared: Partial | None = None) -> None:
+        """A launch of ``items`` work-items per (batch row, direction), or of ``items`` in all."""
         local = (linear_local(items, 64), 1, 1)
-        launches.append(Launch(FAMILY, kernel, dt, strided_grid((items, rows, depth), local, lim.max_grid), local,
-                               args, target=lim.target, defines=defines))
+        size = strided_grid((items, self.b, self.dirs) if per_row else (items, 1, 1), local, self.lim.max_grid)
+        self.launches.append(kernel_launch(FAMILY, kernel, self.t["dtype"], size, local, args, target=self.lim.target,
+                                           defines=self.defines, shared=shared))
 
-    def scr(name: str, extra: int = 0) -> tuple:
-        return (SCRATCH, i64(sc[name] + extra))
+    def ahead(self, kernel: str, args: dict[str, Any]) -> Partial:
+        """``kernel``'s arguments that every step of a layer shares (all but the step, and the phase), bound once."""
+        walk = dict(B=self.b, S=self.s, H=self.h, reverse=self.fwd["reverse"])
+        return bind_some(signature(FAMILY, kernel, self.lim.target), self.t["dtype"], {**walk, **args})
 
-    def arena(field: str, elements: int = 0) -> tuple:
-        return (ARENA, i64(t[field] + es * elements))
+    def scr(self, name: str, extra: int = 0) -> tuple[Buf, int]:
+        return (SCRATCH, self.sc[name] + extra)
 
-    if t["seq_lens"] is not None:
-        add("rnnb_zero", 256, (i64((scratch_bytes - zero_from) // rs), SCRATCH, i64(zero_from)), rows=1, depth=1)
-    bias_field = "b_ih" if gru else "bias"
-    w_ih, in_sizes = [], layer_input_sizes(fwd)
-    for l, in_l in enumerate(in_sizes):
-        w_ih.append(sum(dirs * gh * size for size in in_sizes[:l]))
-    x_in = [(ARENA, t["x"], False)] + [(SCRATCH, sc[f"o{l}"], True) for l in range(layers - 1)]
+    def arena(self, field: str, elements: int = 0) -> tuple[Buf, int]:
+        return (ARENA, self.t[field] + self.es * elements)
 
-    # forward, bottom up
-    for l, in_l in enumerate(in_sizes):
-        ld = l * dirs
-        launches.append(transpose_real(lim, dt, gh, in_l, dirs, (ARENA, t["w_ih"] + es * w_ih[l], gh * in_l, in_l, 1),
-                                       (SCRATCH, sc["wit"])))
-        xb, xo, xr = x_in[l]
-        launches.append(gemm(lim, dt, n, gh, in_l, dirs, (xb, xo, xr, 0, in_l, 1), (SCRATCH, sc["wit"], True, in_l * gh, gh, 1),
-                             (SCRATCH, sc[f"u{l}"], True, n * gh, gh), bias=(ARENA, t[bias_field] + es * ld * gh, gh)))
-        h0 = arena("h0", ld * b * k) if carry else _NONE
-        c0 = arena("c0", ld * b * h) if carry and lstm else _NONE
-        add("rnnb_forward_init", max(h, k), walk + (i64(k), i32(carry), i32(fwd["reverse"])) + h0 + c0
-            + scr(f"hp{l}") + scr(f"cp{l}") + lens)
-        launches.append(transpose_real(lim, dt, gh, k, dirs, (ARENA, t["w_hh"] + es * ld * gh * k, gh * k, k, 1),
-                                       (SCRATCH, sc["wht"])))  # W_hh^T: the step's units read runs of it
-        bhh = arena("b_hh", ld * gh) + (i32(1),) if gru else _NONE + (i32(0),)
-        peep = t["peepholes"] + es * ld * 3 * h if lstm and t["peepholes"] is not None else None
-        cell = cell_args(fwd, lens, peep)
-        out = scr(f"o{l}") + (i32(l < layers - 1), i64(dirs * k))
-        kept = scr(f"hp{l}") + scr(f"cp{l}") + scr(f"cn{l}") + scr(f"hn{l}") + scr(f"raw{l}")
-        for step in range(s):
-            for phase in range(2 if lbr0 else 1):
-                add("rnnb_forward_step", h, walk + (i64(k), i64(step), i32(fwd["reverse"]), i32(phase)) + scr(f"u{l}")
-                    + scr("wht") + bhh + kept + out + cell)
-            if proj:
-                add("rnnb_forward_proj", k, walk + (i64(k), i64(step), i32(fwd["reverse"])) + scr(f"raw{l}")
-                    + arena("w_hr", ld * k * h) + scr(f"hp{l}") + out + lens)
+    def peep(self, l: int) -> int | None:
+        """Arena offset of the peepholes of layer ``l``, or None."""
+        t = self.t
+        if not self.lstm or t["peepholes"] is None:
+            return None
+        return t["peepholes"] + self.es * l * self.dirs * 3 * self.h
 
-    # reverse, top down
-    dz_rs = dirs * gh
-    for l in reversed(range(layers)):
-        ld, in_l = l * dirs, in_sizes[l]
-        dy = (arena("d_dst") + (i32(0),) if l == layers - 1 else scr("dy") + (i32(1),)) + (i64(dirs * k),)
-        nh, nc = dirs * b * k, dirs * b * h if lstm else 0
-        d_h0 = arena("d_h0", ld * b * k) if carry else _NONE
-        d_c0 = arena("d_c0", ld * b * h) if carry and lstm else _NONE
-        add("rnnb_backward_init", max(nh, nc), (i64(nh), i64(nc), i32(carry)) + d_h0 + d_c0 + scr("dh") + scr("dc"),
-            rows=1, depth=1)
-        whh = arena("w_hh", ld * gh * k)
-        peep = t["peepholes"] + es * ld * 3 * h if lstm and t["peepholes"] is not None else None
-        cell = cell_args(fwd, lens, peep)
-        dzh = scr("dzh") if gru else scr("dz")
-        for step in range(s):
-            head = walk + (i64(k), i64(step), i32(fwd["reverse"]))
-            if proj:
-                add("rnnb_backward_proj", max(h, k), head + dy + scr("dh") + arena("w_hr", ld * k * h) + scr("dhin")
-                    + scr("draw") + lens)
-            for phase in range(2 if lbr0 else 1):
-                add("rnnb_backward_cell", h, head + (i32(phase),) + dy + scr("dh") + scr("dc") + scr("draw")
-                    + scr("direct") + scr(f"u{l}") + scr(f"hp{l}") + scr(f"cp{l}") + scr(f"cn{l}") + scr(f"hn{l}")
-                    + whh + scr("dz") + dzh + (i64(dz_rs),) + cell)
-            add("rnnb_backward_dh", k, head + (i64(2 * h if lbr0 else gh),) + dzh + (i64(dz_rs),) + whh
-                + scr("direct") + (i32(gru),) + scr("dh") + lens)
-        if carry:
-            add("rnnb_backward_out", max(nh, nc), (i64(nh), i64(nc)) + scr("dh") + scr("dc") + d_h0 + d_c0,
-                rows=1, depth=1)
-        xb, xo, xr = x_in[l]
-        w_ih_l = t["w_ih"] + es * w_ih[l]
-        launches.append(gemm(lim, dt, dirs * gh, in_l, n, 1, (SCRATCH, sc["dz"], True, 0, 1, dz_rs), (xb, xo, xr, 0, in_l, 1),
-                             (ARENA, t["d_w_ih"] + es * w_ih[l], False, 0, in_l)))
-        d_in = (ARENA, t["d_x"], False, 0, in_l) if l == 0 else (SCRATCH, sc["dy"], True, 0, in_l)
-        launches.append(gemm(lim, dt, n, in_l, dirs * gh, 1, (SCRATCH, sc["dz"], True, 0, dz_rs, 1),
-                             (ARENA, w_ih_l, False, 0, in_l, 1), d_in))
-        d_w_hh = t["d_w_hh"] + es * ld * gh * k
-        hidden_rows = 2 * h if lbr0 else gh
-        launches.append(gemm(lim, dt, hidden_rows, k, n, dirs, (dzh[0], int(dzh[1]), True, gh, 1, dz_rs),
-                             (SCRATCH, sc[f"hp{l}"], True, n * k, k, 1), (ARENA, d_w_hh, False, gh * k, k)))
-        if lbr0:  # W_hn multiplies r * h
-            launches.append(gemm(lim, dt, h, h, n, dirs, (SCRATCH, sc["dzh"] + 2 * h * rs, True, gh, 1, dz_rs),
-                                 (SCRATCH, sc[f"hn{l}"], True, n * h, h, 1), (ARENA, d_w_hh + es * 2 * h * k, False, gh * k, k)))
-        sums = [(scr("dz"), dirs * gh, 1, 0, _NONE + (i64(0), i64(0), i32(0)), arena(f"d_{bias_field}", ld * gh), 0)]
-        if gru:
-            sums.append((scr("dzh"), dirs * gh, 1, 0, _NONE + (i64(0), i64(0), i32(0)), arena("d_b_hh", ld * gh), 0))
-        if peep is not None:  # peepholes i, o, f: dz_i * c_prev, dz_o * c_new, dz_f * c_prev
-            for slot, (gate, cell_state) in enumerate(((0, "cp"), (3, "cn"), (1, "cp"))):
-                sums.append((scr("dz", gate * h * rs), h, dirs, gh, scr(f"{cell_state}{l}") + (i64(n * h), i64(h), i32(1)),
-                             arena("d_peepholes", ld * 3 * h + slot * h), 3 * h))
-        for a, cols, batch, a_bs, m, o, o_bs in sums:
-            add("rnnb_colsum", cols, (i64(n), i64(cols), i64(batch)) + a + (i64(a_bs), i64(dz_rs)) + m + o + (i64(o_bs),),
-                rows=1, depth=1)
-        if proj:
-            launches.append(gemm(lim, dt, k, h, n, dirs, (SCRATCH, sc["dhin"], True, n * k, 1, k),
-                                 (SCRATCH, sc[f"raw{l}"], True, n * h, h, 1),
-                                 (ARENA, t["d_w_hr"] + es * ld * k * h, False, k * h, h)))
-    return LaunchPlan(tuple(launches), scratch_bytes, ("per-step forward recompute, then per-step reverse",))
+    def phases(self) -> range:
+        """The launches a cell step takes: two for gru without linear_before_reset (n needs every r * h)."""
+        return range(2 if self.lbr0 else 1)
+
+
+def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+    c = _Backward(complete(thunk), lim)
+    if c.t["seq_lens"] is not None:
+        c.add("rnnb_zero", 256, dict(n=(c.scratch_bytes - c.zero_from) // c.rs, zb=(SCRATCH, c.zero_from)), per_row=False)
+    for l in range(c.layers):  # forward, bottom up
+        _forward_layer(c, l)
+    for l in reversed(range(c.layers)):  # reverse, top down
+        _reverse_layer(c, l)
+        _weight_gradients(c, l)
+        _sums(c, l)
+        if c.proj:
+            _projection_gradient(c, l)
+    return LaunchPlan(tuple(c.launches), c.scratch_bytes, ("per-step forward recompute, then per-step reverse",))
+
+
+def _forward_layer(c: _Backward, l: int) -> None:
+    """Layer ``l``'s forward: its input projection, then a launch per step (and phase, and lstm's projection)
+    keeping what the reverse walk reads."""
+    t, lim, dt, gh, ld, in_l, k = c.t, c.lim, c.t["dtype"], c.gh, l * c.dirs, c.in_sizes[l], c.k
+    launches = c.launches
+    launches.append(transpose_real(lim, dt, gh, in_l, c.dirs, (*c.arena("w_ih", c.w_ih[l]), gh * in_l, in_l, 1),
+                                   (SCRATCH, c.sc["wit"])))
+    launches.append(gemm(lim, dt, c.n, gh, in_l, c.dirs, (*c.x_in[l], 0, in_l, 1),
+                         (SCRATCH, c.sc["wit"], True, in_l * gh, gh, 1), (SCRATCH, c.sc[f"u{l}"], True, c.n * gh, gh),
+                         bias=(ARENA, t["b_ih" if c.gru else "bias"] + c.es * ld * gh, gh)))
+    h0 = c.arena("h0", ld * c.b * k) if c.carry else _NONE
+    c0 = c.arena("c0", ld * c.b * c.h) if c.carry and c.lstm else _NONE
+    c.add("rnnb_forward_init", max(c.h, k), dict(B=c.b, S=c.s, H=c.h, K=k, carry=c.carry, reverse=c.fwd["reverse"],
+                                                 h0b=h0, c0b=c0, hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), lb=c.lens))
+    launches.append(transpose_real(lim, dt, gh, k, c.dirs, (ARENA, t["w_hh"] + c.es * ld * gh * k, gh * k, k, 1),
+                                   (SCRATCH, c.sc["wht"])))  # W_hh^T: the step's units read runs of it
+    bhh = dict(bhb=c.arena("b_hh", ld * gh), has_bhh=True) if c.gru else dict(bhb=_NONE, has_bhh=False)
+    out = dict(ob=c.scr(f"o{l}"), has_out=l < c.layers - 1, o_rs=c.dirs * k)
+    kept = dict(hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), cnb=c.scr(f"cn{l}"), hnb=c.scr(f"hn{l}"),
+                rwb=c.scr(f"raw{l}"))
+    cell = c.ahead("rnnb_forward_step", dict(K=k, ub=c.scr(f"u{l}"), wtb=c.scr("wht"), **bhh, **kept, **out,
+                                             **cell_args(c.fwd, c.peep(l))))
+    proj = c.ahead("rnnb_forward_proj", dict(P=k, rwb=c.scr(f"raw{l}"), wrb=c.arena("w_hr", ld * k * c.h),
+                                             hpb=c.scr(f"hp{l}"), **out, lb=c.lens)) if c.proj else None
+    for step in range(c.s):
+        for phase in c.phases():
+            c.add("rnnb_forward_step", c.h, dict(t=step, phase=phase), shared=cell)
+        if proj is not None:
+            c.add("rnnb_forward_proj", k, dict(t=step), shared=proj)
+
+
+def _reverse_layer(c: _Backward, l: int) -> None:
+    """Layer ``l``'s reverse walk, a step at a time from the end: lstm's projection, the pre-activations'
+    gradients (per phase), the entering state's gradient; the states' gradients in and out around it."""
+    ld, k, h, b, gh = l * c.dirs, c.k, c.h, c.b, c.gh
+    dy = (dict(yb=c.arena("d_dst"), dy_real=False) if l == c.layers - 1 else dict(yb=c.scr("dy"), dy_real=True))
+    dy["dy_rs"] = c.dirs * k
+    nh, nc = c.dirs * b * k, c.dirs * b * h if c.lstm else 0
+    states = dict(h0b=c.arena("d_h0", ld * b * k) if c.carry else _NONE,
+                  c0b=c.arena("d_c0", ld * b * h) if c.carry and c.lstm else _NONE)
+    grads = dict(dhb=c.scr("dh"), dcb=c.scr("dc"))
+    c.add("rnnb_backward_init", max(nh, nc), dict(nh=nh, nc=nc, carry=c.carry, **states, **grads), per_row=False)
+    whh = c.arena("w_hh", ld * gh * k)
+    dzh = c.scr("dzh") if c.gru else c.scr("dz")
+    kept = dict(ub=c.scr(f"u{l}"), hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), cnb=c.scr(f"cn{l}"), hnb=c.scr(f"hn{l}"))
+    proj = c.ahead("rnnb_backward_proj", dict(P=k, **dy, dhb=c.scr("dh"), wrb=c.arena("w_hr", ld * k * h),
+                                              dib=c.scr("dhin"), drb=c.scr("draw"), lb=c.lens)) if c.proj else None
+    cell = c.ahead("rnnb_backward_cell", dict(K=k, **dy, **grads, drb=c.scr("draw"), dsb=c.scr("direct"), **kept,
+                                              whb=whh, dzb=c.scr("dz"), dhzb=dzh, dz_rs=c.dirs * gh,
+                                              **cell_args(c.fwd, c.peep(l))))
+    dh = c.ahead("rnnb_backward_dh", dict(K=k, rows_hh=2 * h if c.lbr0 else gh, dhzb=dzh, dz_rs=c.dirs * gh, whb=whh,
+                                          dsb=c.scr("direct"), has_direct=c.gru, dhb=c.scr("dh"), lb=c.lens))
+    for step in range(c.s):
+        if proj is not None:
+            c.add("rnnb_backward_proj", max(h, k), dict(t=step), shared=proj)
+        for phase in c.phases():
+            c.add("rnnb_backward_cell", h, dict(t=step, phase=phase), shared=cell)
+        c.add("rnnb_backward_dh", k, dict(t=step), shared=dh)
+    if c.carry:
+        c.add("rnnb_backward_out", max(nh, nc), dict(nh=nh, nc=nc, **grads, **states), per_row=False)
+
+
+def _weight_gradients(c: _Backward, l: int) -> None:
+    """Layer ``l``'s d_w_ih, its input's gradient and d_w_hh: gemms over the batch*seq rows."""
+    t, lim, dt, gh, ld, in_l, k, n = c.t, c.lim, c.t["dtype"], c.gh, l * c.dirs, c.in_sizes[l], c.k, c.n
+    dz_rs, sc, es = c.dirs * gh, c.sc, c.es
+    x = (*c.x_in[l], 0, in_l, 1)
+    c.launches.append(gemm(lim, dt, c.dirs * gh, in_l, n, 1, (SCRATCH, sc["dz"], True, 0, 1, dz_rs), x,
+                           (ARENA, t["d_w_ih"] + es * c.w_ih[l], False, 0, in_l)))
+    d_in = (ARENA, t["d_x"], False, 0, in_l) if l == 0 else (SCRATCH, sc["dy"], True, 0, in_l)
+    c.launches.append(gemm(lim, dt, n, in_l, c.dirs * gh, 1, (SCRATCH, sc["dz"], True, 0, dz_rs, 1),
+                           (ARENA, t["w_ih"] + es * c.w_ih[l], False, 0, in_l, 1), d_in))
+    d_w_hh = t["d_w_hh"] + es * ld * gh * k
+    dzh = sc["dzh"] if c.gru else sc["dz"]
+    c.launches.append(gemm(lim, dt, 2 * c.h if c.lbr0 else gh, k, n, c.dirs, (SCRATCH, dzh, True, gh, 1, dz_rs),
+                           (SCRATCH, sc[f"hp{l}"], True, n * k, k, 1), (ARENA, d_w_hh, False, gh * k, k)))
+    if c.lbr0:  # W_hn multiplies r * h
+        c.launches.append(gemm(lim, dt, c.h, c.h, n, c.dirs, (SCRATCH, sc["dzh"] + 2 * c.h * c.rs, True, gh, 1, dz_rs),
+                               (SCRATCH, sc[f"hn{l}"], True, n * c.h, c.h, 1),
+                               (ARENA, d_w_hh + es * 2 * c.h * k, False, gh * k, k)))
+
+
+def _sums(c: _Backward, l: int) -> None:
+    """Layer ``l``'s bias gradients (and peepholes'): column sums over the batch*seq rows (rnnb_colsum)."""
+    ld, h, gh, n = l * c.dirs, c.h, c.gh, c.n
+    whole = dict(cols=c.dirs * gh, batch=1, a_bs=0, mb=_NONE, m_bs=0, m_rs=0, has_m=False, o_bs=0)  # dz's columns
+    sums = [dict(whole, ab=c.scr("dz"), ob=c.arena(f"d_{'b_ih' if c.gru else 'bias'}", ld * gh))]
+    if c.gru:
+        sums.append(dict(whole, ab=c.scr("dzh"), ob=c.arena("d_b_hh", ld * gh)))
+    if c.peep(l) is not None:  # peepholes i, o, f: dz_i * c_prev, dz_o * c_new, dz_f * c_prev
+        for slot, (gate, cell_state) in enumerate(((0, "cp"), (3, "cn"), (1, "cp"))):
+            sums.append(dict(cols=h, batch=c.dirs, ab=c.scr("dz", gate * h * c.rs), a_bs=gh, mb=c.scr(f"{cell_state}{l}"),
+                             m_bs=n * h, m_rs=h, has_m=True, ob=c.arena("d_peepholes", ld * 3 * h + slot * h), o_bs=3 * h))
+    for args in sums:
+        c.add("rnnb_colsum", args["cols"], dict(args, rows=n, a_rs=c.dirs * gh), per_row=False)
+
+
+def _projection_gradient(c: _Backward, l: int) -> None:
+    """Layer ``l``'s d_w_hr = dhin^T . raw over the batch*seq rows (lstm with proj_size)."""
+    k, h, n = c.k, c.h, c.n
+    c.launches.append(gemm(c.lim, c.t["dtype"], k, h, n, c.dirs, (*c.scr("dhin"), True, n * k, 1, k),
+                           (*c.scr(f"raw{l}"), True, n * h, h, 1),
+                           (*c.arena("d_w_hr", l * c.dirs * k * h), False, k * h, h)))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
@@ -189,4 +245,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"lstm_backward": _plan, "gru_backward": _plan, "rnn_backward": _plan}
+register(("lstm_backward", "gru_backward", "rnn_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family=FAMILY)

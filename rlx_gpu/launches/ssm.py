@@ -10,11 +10,14 @@ tensor as an argument, at offset 0 where the thunk has none (the variant never r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from host_fallback.abi import complete
 
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i64, linear_local, real, real_size
+from .arguments import kernel_launch
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits, state_variant
+from .registry import register
 
 Defines = tuple[tuple[str, int], ...]
 
@@ -55,20 +58,26 @@ def rows(t: Thunk) -> int:
     return t["num_seqs"] if t["cu_seqlens"] is not None else t["batch"]
 
 
-def _tensors(t: Thunk, fields: tuple[str, ...]) -> tuple:
-    """(buffer, offset) arguments of ``fields`` of ``t`` (``bias``: the op's delta_bias / dt_bias); an
-    optional tensor ``t`` has none of (``state`` without carry_state included) passes offset 0."""
-    out: tuple = ()
+#: field -> the kernels' tensor parameter that takes it (kernels/ssm.cl, kernels/ssm_backward.cl)
+TENSOR_PARAMS = {"x": "xb", "delta": "deb", "dt": "dtb", "a": "ab", "b": "bb", "c": "cb", "dst": "db", "bias": "biasb",
+                 "d": "skb", "z": "zb", "state": "stb", "cu_seqlens": "cub", "state_slots": "slb"}
+
+
+def tensors(t: Thunk, fields: tuple[str, ...], params: dict[str, str] = TENSOR_PARAMS) -> dict[str, tuple]:
+    """The arena arguments of ``fields`` of ``t``, by their kernel parameters in ``params`` (``bias``: the op's
+    delta_bias / dt_bias); an optional tensor ``t`` has none of (``state`` without carry_state included)
+    passes offset 0."""
+    out = {}
     for f in fields:
         offset = t[_DELTA[t["op"]][0] if f == "bias" else f]
-        out += (ARENA, i64(0 if offset is None else offset))
+        out[params[f]] = (ARENA, 0 if offset is None else offset)
     return out
 
 
-def _limits(t: Thunk) -> tuple:
-    """mamba2's dt clamp as two compute-type scalars (hi null: +inf); unused without dt_limit."""
+def dt_limits(t: Thunk) -> dict[str, float]:
+    """mamba2's dt clamp, ``lo`` and ``hi`` (hi null: +inf); unused without dt_limit."""
     lo, hi = t["dt_limit"] if t["dt_limit"] is not None else (0.0, None)
-    return (real(t["dtype"], lo), real(t["dtype"], math.inf if hi is None else hi))
+    return {"lo": lo, "hi": math.inf if hi is None else hi}
 
 
 def state_lanes(n: int, rows: int, outer: int, lim: DeviceLimits) -> tuple[Defines, tuple[int], tuple[int]]:
@@ -100,20 +109,20 @@ _SS_TENSORS = ("x", "delta", "a", "b", "c", "dst", "bias", "d", "z", "state", "c
 def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     r, s, h, n, dt = rows(t), t["seq"], t["hidden"], t["state_size"], t["dtype"]
-    args = (i64(r), i64(s), i64(h), i64(n), i64(t["groups"])) + _tensors(t, _SS_TENSORS)
+    args = dict(R=r, S=s, H=h, N=n, G=t["groups"], **tensors(t, _SS_TENSORS))
     fields = field_defines(t)
     if lim.target == "gpu":
         if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (row, SSC_CB channels)
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
             glob, local = (r * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
-            return LaunchPlan((Launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu",
-                                      defines=fields),))
+            return LaunchPlan((kernel_launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu",
+                                             defines=fields),))
         defines, glob, local = state_lanes(n, h, r, lim)
-        return LaunchPlan((Launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
-                                  defines=defines + fields),))
+        return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
+                                         defines=defines + fields),))
     local = (linear_local(h), 1)
-    return LaunchPlan((Launch("ssm", "selective_scan", dt, grid((h, r), local), local, args, target=lim.target,
-                              defines=fields),))
+    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((h, r), local), local, args,
+                                     target=lim.target, defines=fields),))
 
 
 _M2_TENSORS = ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z", "state", "cu_seqlens", "state_slots")
@@ -122,18 +131,18 @@ _M2_TENSORS = ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z", "state", "cu_s
 def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     r, s, heads, p, n = rows(t), t["seq"], t["heads"], t["head_dim"], t["state_size"]
-    args = (i64(r), i64(s), i64(heads), i64(p), i64(n), i64(t["groups"])) + _tensors(t, _M2_TENSORS) + _limits(t)
+    args = dict(R=r, S=s, HD=heads, P=p, N=n, G=t["groups"], **tensors(t, _M2_TENSORS), **dt_limits(t))
     fields = field_defines(t)
     if lim.target == "gpu":
         if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
             return _mamba2_chunked(t, lim, fields)
         defines, glob, local = state_lanes(n, p, r * heads, lim)
-        return LaunchPlan((Launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu",
-                                  defines=defines + fields),))
+        return LaunchPlan((kernel_launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu",
+                                         defines=defines + fields),))
     items = -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows
     local = (linear_local(items), 1, 1)
-    return LaunchPlan((Launch("ssm", "mamba2", t["dtype"], grid((items, heads, r), local), local, args,
-                              target=lim.target, defines=fields),))
+    return LaunchPlan((kernel_launch("ssm", "mamba2", t["dtype"], grid((items, heads, r), local), local, args,
+                                     target=lim.target, defines=fields),))
 
 
 def chunk_slots(t: Thunk, q: int) -> int:
@@ -155,23 +164,25 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
     dec_at = ceil_to(heads * k * p * n * real_size(dt), 256)
     table_at = ceil_to(dec_at + heads * k * real_size(dt), 256)
     varlen = t["cu_seqlens"] is not None
-    dims = (i64(r), i64(s), i64(heads), i64(p), i64(n))
+    dims = dict(R=r, S=s, HD=heads, P=p, N=n, K=k)
     tile = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))
-    st, dec, table = (SCRATCH, i64(0)), (SCRATCH, i64(dec_at)), (SCRATCH, i64(table_at))
-    cu, limits = _tensors(t, ("cu_seqlens",)), _limits(t)
-    state = Launch("ssm", "mamba2_chunk_state", dt, *tile,
-                   dims + (i64(t["groups"]), i64(k)) + _tensors(t, ("x", "dt", "a", "b", "bias")) + cu + st + dec
-                   + table + limits, target="gpu", defines=fields)
-    carry = Launch("ssm", "mamba2_state_pass", dt, grid((r * heads * p * n,), (lanes,)), (lanes,),
-                   dims + (i64(k),) + _tensors(t, ("state", "state_slots")) + st + dec + table,
-                   target="gpu", defines=fields)
-    scan = Launch("ssm", "mamba2_chunk_scan", dt, *tile,
-                  dims + (i64(t["groups"]), i64(k)) + _tensors(t, ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z"))
-                  + cu + st + table + limits, target="gpu", defines=fields)
+    scratch = dict(sb=(SCRATCH, 0), eb=(SCRATCH, dec_at), tb=(SCRATCH, table_at))  # states, decays, chunk table
+
+    def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str) -> Launch:
+        return kernel_launch("ssm", kernel, dt, size, local, {**args, **{p: scratch[p] for p in parts}},
+                             target="gpu", defines=fields)
+
+    cu = tensors(t, ("cu_seqlens",))
+    state = launch("mamba2_chunk_state", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
+                                                     **tensors(t, ("x", "dt", "a", "b", "bias"))), "sb", "eb", "tb")
+    carry = launch("mamba2_state_pass", grid((r * heads * p * n,), (lanes,)), (lanes,),
+                   dict(**dims, **tensors(t, ("state", "state_slots"))), "sb", "eb", "tb")
+    scan = launch("mamba2_chunk_scan", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
+                                                   **tensors(t, ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z"))),
+                  "sb", "tb")
     launches = (state, carry, scan)
     if varlen:
-        launches = (Launch("ssm", "mamba2_varlen_chunks", dt, (1,), (1,), (i64(r), i64(k)) + cu + table,
-                           target="gpu", defines=fields),) + launches
+        launches = (launch("mamba2_varlen_chunks", (1,), (1,), dict(R=r, K=k, **cu), "tb"),) + launches
     return LaunchPlan(launches, table_at + (k + r + 1) * 4 if varlen else dec_at + heads * k * real_size(dt),
                       (f"chunked Q={lim.tune('M2_Q')}",))
 
@@ -187,4 +198,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-PLANNERS = {"selective_scan": _selective_scan, "mamba2": _mamba2}
+register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS, family="ssm")
+register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS, family="ssm")

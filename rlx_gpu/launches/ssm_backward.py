@@ -14,17 +14,24 @@ from __future__ import annotations
 from host_fallback.abi import complete, forward_op
 from host_fallback.abi.gdn import gdn_scale
 
-from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, i32, i64, linear_local, real, real_size
-from .limits import DeviceLimits
 from . import gdn, ssm
-from .ssm import _limits, _tensors, field_defines, rows
+from .arguments import kernel_launch
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
+from .limits import DeviceLimits
+from .registry import register
+from .ssm import TENSOR_PARAMS, dt_limits, field_defines, rows, tensors
 
 #: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
 #: optional inputs' gradients
 V2_FIELDS = ssm.V2_FIELDS | gdn.V2_FIELDS | {"d_delta_bias", "d_dt_bias", "d_d", "d_z", "d_state"}
 
-#: per op: (the delta field, the width of a token's delta: channels or heads)
-_DELTA = {"selective_scan": ("delta", "hidden"), "mamba2": ("dt", "heads")}
+#: per op: (the delta field, the width of a token's delta: channels or heads, and its kernel parameter)
+_DELTA = {"selective_scan": ("delta", "hidden", "H"), "mamba2": ("dt", "heads", "HD")}
+#: field -> the kernels' tensor parameter that takes it, the forward's and the gradients (kernels/ssm_backward.cl)
+_TENSOR_PARAMS = {**TENSOR_PARAMS, "d_dst": "gb", "d_x": "dxb", "d_delta": "ddeb", "d_dt": "ddtb", "d_z": "dzb",
+                  "d_state": "dstb"}
+#: scratch part -> the kernels' offset parameter of it, after the scratch buffer ``scb`` with the workspaces' offset
+_SCRATCH_OFFSETS = {"delta_sums": "ddlo", "db": "dbo", "dc": "dco", "da": "pao", "dd": "pdo", "dbias": "pbo"}
 
 
 def _layout(dtype: str, parts: dict[str, int]) -> tuple[dict[str, int], int]:
@@ -46,7 +53,7 @@ def _blocks(width: int, lim: DeviceLimits) -> tuple[int, int]:
 def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     op = forward_op(t["op"])
     fwd = {**complete(t), "op": op}  # the forward's view: its field names and variant switches
-    delta, width = _DELTA[op]
+    delta, width, width_param = _DELTA[op]
     r, g, n, dt, lanes = rows(fwd), fwd["groups"], fwd["state_size"], fwd["dtype"], fwd[width]
     tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
     blocks, per = _blocks(lanes // g, lim)
@@ -54,19 +61,16 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     at, total = _layout(dt, {"workspaces": items * (-(-fwd["seq"] // q) + q + 1) * n, "delta_sums": tokens * lanes,
                              "db": blocks * tokens * g * n, "dc": blocks * tokens * g * n, "da": r * lanes * n,
                              "dd": r * lanes, "dbias": r * lanes})
-    dims = (i64(r), i64(fwd["seq"]), i64(tokens), i64(lanes))
+    args = {"R": r, "S": fwd["seq"], "T": tokens, width_param: lanes, "N": n, "G": g, "blocks": blocks, "per": per,
+            **tensors(fwd, ("x", delta, "a", "b", "c", "bias", "d", "z", "state", "cu_seqlens", "state_slots", "d_dst",
+                            "d_x", f"d_{delta}", "d_z", "d_state"), _TENSOR_PARAMS),
+            "scb": (SCRATCH, at["workspaces"]), **{param: at[part] for part, param in _SCRATCH_OFFSETS.items()}}
     if op == "mamba2":
-        dims += (i64(fwd["head_dim"]),)
-    dims += (i64(n), i64(g), i64(blocks), i64(per))
-    args = (dims + _tensors(fwd, ("x", delta, "a", "b", "c", "bias", "d", "z", "state", "cu_seqlens", "state_slots",
-                                  "d_dst", "d_x", f"d_{delta}", "d_z", "d_state"))
-            + (SCRATCH,) + tuple(i64(at[f]) for f in ("workspaces", "delta_sums", "db", "dc", "da", "dd", "dbias")))
-    if op == "mamba2":
-        args += _limits(fwd)
+        args.update(P=fwd["head_dim"], **dt_limits(fwd))
     fields = field_defines(fwd)
     local = (linear_local(items),)
-    walk = Launch("ssm_backward", f"{op}_backward", dt, grid((items,), local), local, args, target=lim.target,
-                  defines=fields)
+    walk = kernel_launch("ssm_backward", f"{op}_backward", dt, grid((items,), local), local, args, target=lim.target,
+                         defines=fields)
     bias = "d_delta_bias" if op == "selective_scan" else "d_dt_bias"
     shared_a = op == "mamba2"  # one a per head: its partials sum over n too
     sums = [("d_b", tokens * g * n, blocks, 1, "db", False), ("d_c", tokens * g * n, blocks, 1, "dc", False),
@@ -81,9 +85,9 @@ def _reduce(out: int, m: int, k: int, j: int, part: int, as_param: bool, dt: str
             fields: tuple) -> Launch:
     """``ssm_backward_reduce``: ``out`` (an arena offset) = the ``k`` x ``j`` partials at scratch ``part``."""
     local = (linear_local(m),)
-    return Launch("ssm_backward", "ssm_backward_reduce", dt, grid((m,), local), local,
-                  (i64(m), i64(k), i64(j), SCRATCH, i64(part), ARENA, i64(out), i32(as_param)), target=lim.target,
-                  defines=fields)
+    return kernel_launch("ssm_backward", "ssm_backward_reduce", dt, grid((m,), local), local,
+                         dict(M=m, K=k, J=j, pb=(SCRATCH, part), ob=(ARENA, out), as_param=as_param), target=lim.target,
+                         defines=fields)
 
 
 
@@ -95,6 +99,12 @@ def _gdn_defines(t: Thunk) -> tuple[tuple[str, int], ...]:
           "SSM_VARLEN": t["cu_seqlens"] is not None, "SSM_SLOTS": t["state_slots"] is not None,
           "SSM_STATE_F32": t["dtype"] in ("f16", "bf16") and t["state_dtype"] == "f32"}
     return tuple((name, 1) for name, value in on.items() if value)
+
+
+#: field -> the kernels' tensor parameter that takes it (kernels/gdn_backward.cl)
+_GDN_TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab", "state": "stb", "cu_seqlens": "cub",
+                      "state_slots": "slb", "d_dst": "gob", "d_v": "dvb", "d_g": "dgb", "d_beta": "dbetab",
+                      "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
 
 
 def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
@@ -109,21 +119,21 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                                   "dbeta": tokens * hv, "dg": tokens * hv * gk})
     defines = _gdn_defines(t)
 
-    def tensors(*names: str) -> tuple:
-        return tuple(v for f in names for v in (ARENA, i64(t.get(f) or 0)))  # state, d_state: with carry_state
-    walk_args = ((i64(r), i64(t["seq"]), i64(tokens), i64(h), i64(hv), i64(k), i64(v), i64(blocks), i64(per),
-                  real(dt, gdn_scale(t)))
-                 + tensors("q", "k", "v", "g", "beta", "state", "cu_seqlens", "state_slots", "d_dst", "d_v", "d_g",
-                           "d_beta", "d_state")
-                 + (SCRATCH,) + tuple(i64(offsets[f]) for f in ("workspaces", "dq", "dk", "dbeta", "dg")))
+    def tensors(*names: str) -> dict[str, tuple]:
+        return {_GDN_TENSOR_PARAMS[f]: (ARENA, t.get(f) or 0) for f in names}  # state, d_state: with carry_state
+    walk_args = dict(R=r, S=t["seq"], T=tokens, H=h, HV=hv, K=k, V=v, blocks=blocks, per=per, scale=gdn_scale(t),
+                     **tensors("q", "k", "v", "g", "beta", "state", "cu_seqlens", "state_slots", "d_dst", "d_v", "d_g",
+                               "d_beta", "d_state"),
+                     scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"],
+                     dbso=offsets["dbeta"], dgso=offsets["dg"])
     local = (linear_local(items),)
-    walk = Launch("gdn_backward", "gated_delta_net_backward", dt, grid((items,), local), local, walk_args,
-                  target=lim.target, defines=defines)
+    walk = kernel_launch("gdn_backward", "gated_delta_net_backward", dt, grid((items,), local), local, walk_args,
+                         target=lim.target, defines=defines)
     e = tokens * h
     local_qk = (linear_local(e),)
-    qk = Launch("gdn_backward", "gdn_backward_qk", dt, grid((e,), local_qk), local_qk,
-                (i64(e), i64(k), i64(blocks)) + tensors("q", "k", "d_q", "d_k")
-                + (SCRATCH, i64(offsets["dq"]), i64(offsets["dk"])), target=lim.target, defines=defines)
+    qk = kernel_launch("gdn_backward", "gdn_backward_qk", dt, grid((e,), local_qk), local_qk,
+                       dict(E=e, K=k, blocks=blocks, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, offsets["dq"]),
+                            dkso=offsets["dk"]), target=lim.target, defines=defines)
     return LaunchPlan((walk, qk), total, (f"checkpoints every {q} steps, {blocks} blocks",))
 
 
@@ -133,4 +143,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
 
 
-PLANNERS = {"selective_scan_backward": _plan, "mamba2_backward": _plan, "gated_delta_net_backward": _plan_gdn}
+register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward")
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward")

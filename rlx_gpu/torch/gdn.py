@@ -19,6 +19,8 @@ from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_
                         check_fused_recurrent_gated_delta_rule)
 from .fused import CALLS, cast
 
+from .registry import FUNCTIONS
+
 _GATED_DELTA_NET = CALLS["gated_delta_net"]
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
@@ -79,6 +81,7 @@ def _gdn_gate(g: torch.Tensor, A_log: torch.Tensor | None, dt_bias: torch.Tensor
     return (-A_log.float().exp() * F.softplus(u)).to(g.dtype)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                            scale: float | None = None, initial_state: torch.Tensor | None = None,
                            output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
@@ -130,6 +133,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                        use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None = None,
                                      gk: torch.Tensor | None = None, gv: torch.Tensor | None = None,
                                      beta: torch.Tensor | None = None, scale: float | None = None,
@@ -166,6 +170,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
                        use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
 
 
+@FUNCTIONS.register("gated_delta_net")
 def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               scale: float | None = None, initial_state: torch.Tensor | None = None, output_final_state: bool = False,
               use_qk_l2norm_in_kernel: bool = False, use_gate_in_kernel: bool = False,

@@ -21,6 +21,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from .arguments import check_rnn_forward
 from .recurrent import Recurrence, recurrent
+from .registry import FUNCTIONS
 
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
 OPS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn", "RNN_RELU": "rnn"}
@@ -110,6 +111,7 @@ def _no_projection(name: str, kwargs: dict[str, Any]) -> None:
         raise ValueError(f"{name}: proj_size argument is only supported for LSTM, not RNN or GRU")
 
 
+@FUNCTIONS.register("lstm")
 class LSTM(_RlxRecurrent, torch.nn.RNNBase):
     """``torch.nn.LSTM`` on rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input,
     (h_0, c_0))`` returns ``(output, (h_n, c_n))``, differentiable in the input, every parameter and both states."""
@@ -122,6 +124,7 @@ class LSTM(_RlxRecurrent, torch.nn.RNNBase):
     check_forward_args = torch.nn.LSTM.check_forward_args
 
 
+@FUNCTIONS.register("gru")
 class GRU(_RlxRecurrent, torch.nn.RNNBase):
     """``torch.nn.GRU`` on rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input,
     h_0)`` returns ``(output, h_n)``, differentiable in the input, every parameter and ``h_0``."""
@@ -131,6 +134,7 @@ class GRU(_RlxRecurrent, torch.nn.RNNBase):
         super().__init__("GRU", *args, **kwargs)
 
 
+@FUNCTIONS.register("rnn")
 class RNN(_RlxRecurrent, torch.nn.RNNBase):
     """``torch.nn.RNN`` (``nonlinearity`` tanh or relu, the fourth positional argument or a keyword) on
     rlx_gpu: the same constructor, parameters and ``state_dict``; ``forward(input, h_0)`` returns

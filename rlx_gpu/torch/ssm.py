@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .arguments import check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn, check_seq_idx
 from .fused import cast, fused
 from .library import define
+from .registry import FUNCTIONS
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined"]
 
@@ -43,6 +44,7 @@ def _channel_bc(name: str, arg: str, t: torch.Tensor, batch: int, length: int) -
     raise ValueError(f"{name}: {arg} has shape {list(t.shape)}; mamba_ssm takes [D, N], [B, N, L] or [B, G, N, L]")
 
 
+@FUNCTIONS.register("selective_scan")
 def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                       D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
@@ -117,6 +119,7 @@ def _packed_rows_fake(seq_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 _PACKED_ROWS = define("packed_rows", "(Tensor seq_idx) -> (Tensor, Tensor, Tensor)", _packed_rows, _packed_rows_fake)
 
 
+@FUNCTIONS.register("mamba2")
 def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                               chunk_size: int, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                               dt_bias: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,

@@ -14,6 +14,7 @@ from .bridge import (CPU, DTYPES, BoundCall, default_device, device_for, host_ar
                      run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
 from .library import define, dense, direct
+from .registry import FUNCTIONS
 from .ssm import _param_dtype, _state_dtype
 
 __all__ = ["selective_state_update"]
@@ -26,6 +27,7 @@ def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_he
             and dt.stride(-1) == 0 and all(t is None or (t.dim() == 2 and t.stride(-1) == 0) for t in per_head))
 
 
+@FUNCTIONS.register("mamba2")
 def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                            C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                            dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,

@@ -1,0 +1,214 @@
+"""The host kernel of ``causal_conv1d`` (ABI.md §10) on NumPy arrays: the depthwise causal convolution of
+every Mamba / Gated DeltaNet layer, with §8's packed sequences, carried state and state slots.
+
+Per sequence and channel ``d`` the inputs are extended on the left by ``width-1`` values (the carried state,
+oldest first, or zeros): ``e``; then ``y[t] = bias + sum_w weight[d,w] * e[t+w]``, then the activation, and
+with a carried state the last ``width-1`` values of ``e`` go back to the row's pool entry.
+
+The arrays are in the compute type (ABI.md §1: 16-bit storage computes in f32; the caller converts); the
+pool ``state`` may be stored in any float type (``state_dtype``) and is updated in place. The work is
+``width`` shifted multiply-adds over ``[tokens, channels]`` slabs of :func:`block_tokens` tokens (each slab a
+few hundred KiB, so the passes over it stay in cache), vectorised over channels; the threads
+(``threads.run_all``) take disjoint channel ranges, so every thread count gives the same bytes. A decode
+step (every row one token, carried state) is a handful of array operations over all rows at once.
+``conv_backward`` holds the gradients.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import threads
+
+ACTIVATIONS = ("none", "silu")
+#: the widths ABI.md §10 allows
+WIDTHS = range(2, 9)
+#: the bytes of one [tokens, channels] slab of the blocked passes (several live at once: within L2)
+SLAB_BYTES = 1 << 18
+
+Row = tuple[int, int, int, int]  # (batch row, state row, first token, one past the last)
+
+
+def rows(batch: int, seq: int, cu_seqlens: np.ndarray | None) -> list[Row]:
+    """Every sequence as ``(batch row, state row, lo, hi)``: each batch row, or each packed sequence of
+    ``cu_seqlens`` (batch 1), empty ones included."""
+    if cu_seqlens is None:
+        return [(b, b, 0, seq) for b in range(batch)]
+    cu = [int(v) for v in cu_seqlens]
+    return [(0, r, lo, hi) for r, (lo, hi) in enumerate(zip(cu, cu[1:]))]
+
+
+def block_tokens(dim: int, itemsize: int) -> int:
+    """Tokens per slab: a power of two filling :data:`SLAB_BYTES` at ``dim`` channels, at least 16 (more than
+    ``width - 1``: a sequence's first slab holds every token its initial state meets). A function of the full
+    channel count only: the threads' channel ranges change no summation order."""
+    tokens = 16
+    while tokens * 2 * dim * itemsize <= SLAB_BYTES:
+        tokens *= 2
+    return tokens
+
+
+def entry_of(row: int, slots: np.ndarray | None) -> int:
+    """The pool entry of state row ``row``: ``slots[row]`` with state slots, else the row itself."""
+    return row if slots is None else int(slots[row])
+
+
+def initial_window(pool: np.ndarray | None, entry: int, cs: slice, width: int, dtype: np.dtype) -> np.ndarray:
+    """The ``width-1`` values a sequence's inputs are extended by, ``[width-1, channels cs]`` in ``dtype``:
+    the pool entry's (transposed) with a carried state, zeros without."""
+    if pool is None:
+        return np.zeros((width - 1, cs.stop - cs.start), dtype)
+    return pool[entry, cs].T.astype(dtype)
+
+
+class Slabs:
+    """The extended inputs of one sequence, a slab of tokens at a time: ``source(lo, n)`` is ``e`` over the
+    tokens ``lo - (width-1) .. lo + n - 1`` (``[n + width-1, channels]``), a view of ``x`` past the first
+    ``width-1`` tokens, else the carried values and the first tokens copied into a buffer."""
+
+    def __init__(self, xs: np.ndarray, head: np.ndarray):
+        self.xs, self.head = xs, head
+        self.buffer: np.ndarray | None = None
+
+    def source(self, lo: int, n: int) -> np.ndarray:
+        back = len(self.head)
+        if lo >= back:
+            return self.xs[lo - back:lo + n]
+        if self.buffer is None or len(self.buffer) < back + n:
+            self.buffer = np.empty((back + n, self.xs.shape[1]), self.xs.dtype)
+        out = self.buffer[:back + n]
+        out[:back - lo] = self.head[lo:]
+        out[back - lo:] = self.xs[:lo + n]
+        return out
+
+
+def convolve(src: np.ndarray, taps: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
+             scratch: np.ndarray) -> None:
+    """``out = bias + sum_w taps[w] * src[w : w+n]`` (``taps [width, channels]``, ``n = len(out)``): the
+    pre-activation of ``n`` tokens from their extended inputs. ``scratch`` is at least ``out``'s shape."""
+    n, width = len(out), len(taps)
+    term = scratch[:n]
+    np.multiply(src[width - 1:width - 1 + n], taps[width - 1], out=out)
+    for w in range(width - 1):
+        out += np.multiply(src[w:w + n], taps[w], out=term)
+    if bias is not None:
+        out += bias
+
+
+def silu_(values: np.ndarray, scratch: np.ndarray) -> None:
+    """``values = values * sigmoid(values)`` in place, as ``values / (1 + exp(-values))``."""
+    term = scratch[:len(values)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.exp(np.negative(values, out=term), out=term)
+        term += 1
+        np.divide(values, term, out=values)
+
+
+def check(x: np.ndarray, weight: np.ndarray, activation: str, state: np.ndarray | None) -> None:
+    """The shapes and choices a caller must get right (the validator's, repeated for direct callers)."""
+    if x.ndim != 3 or weight.ndim != 2 or weight.shape[0] != x.shape[2] or weight.shape[1] not in WIDTHS:
+        raise ValueError(f"causal_conv1d: x {x.shape} and weight {weight.shape}: expected x [B,S,D] and "
+                         f"weight [D,W] with 2 <= W <= 8")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"causal_conv1d: activation={activation!r}: expected one of {ACTIVATIONS}")
+    if state is not None and state.shape[1:] != (x.shape[2], weight.shape[1] - 1):
+        raise ValueError(f"causal_conv1d: state {state.shape}: expected [entries, {x.shape[2]}, "
+                         f"{weight.shape[1] - 1}]")
+
+
+def over_channels(dim: int, work: int, workers: int | None, job: Callable[[slice], None]) -> None:
+    """``job(channels)`` over disjoint channel ranges, on ``workers`` threads (default: every core once the
+    work is large enough, ``threads.parts_for``)."""
+    parts = threads.parts_for("causal_conv1d", work, 1, dim, workers)
+    edges = [dim * i // parts for i in range(parts + 1)]
+    threads.run_all([lambda cs=slice(lo, hi): job(cs) for lo, hi in zip(edges, edges[1:])])
+
+
+def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, activation: str = "none",
+                  state: np.ndarray | None = None, cu_seqlens: np.ndarray | None = None,
+                  state_slots: np.ndarray | None = None, *, out: np.ndarray | None = None,
+                  workers: int | None = None) -> np.ndarray:
+    """``y = act(bias + causal depthwise convolution of x by weight)``, ABI.md §10.
+
+    ``x [B,S,D]`` and ``out`` (default: a new array) in the compute type; ``weight [D,W]``, ``bias [D]``;
+    ``state``: the carried state's pool ``[entries, D, W-1]`` (``carry_state``; absent: every sequence starts
+    from zeros), row ``r`` reading and writing entry ``state_slots[r]`` (else ``r``), updated in place;
+    ``cu_seqlens``: packed sequences of the one batch row. Rows are independent; the values are trusted
+    (the runtime checks them, ABI.md §8).
+    """
+    check(x, weight, activation, state)
+    ct = x.dtype
+    taps = np.ascontiguousarray(weight.T, ct)
+    bias = None if bias is None else np.asarray(bias, ct)
+    out = np.empty(x.shape, ct) if out is None else out
+    slots = None if state_slots is None else np.asarray(state_slots, np.intp)
+    sequences = rows(x.shape[0], x.shape[1], cu_seqlens)
+    if state is not None and sequences and all(hi - lo == 1 for _, _, lo, hi in sequences):
+        _decode(x, taps, bias, activation, state, sequences, slots, cu_seqlens is not None, out)
+        return out
+    tokens = block_tokens(x.shape[2], ct.itemsize)
+
+    def job(cs: slice) -> None:
+        scratch = np.empty((tokens, cs.stop - cs.start), ct)
+        for b, r, lo, hi in sequences:
+            if hi > lo:
+                _sequence(x[b, lo:hi, cs], out[b, lo:hi, cs], taps[:, cs], None if bias is None else bias[cs],
+                          activation, state, entry_of(r, slots), cs, tokens, scratch)
+
+    over_channels(x.shape[2], x.size * len(taps), workers, job)
+    return out
+
+
+def _sequence(xs, ys, taps, bias, activation, pool, entry, cs, tokens, scratch) -> None:
+    """One non-empty sequence's outputs ``ys`` over channels ``cs``, a slab at a time, and its final state."""
+    slabs = Slabs(xs, initial_window(pool, entry, cs, len(taps), xs.dtype))
+    for lo, n in iter_slabs(len(xs), tokens):
+        convolve(slabs.source(lo, n), taps, bias, ys[lo:lo + n], scratch)
+        if activation == "silu":
+            silu_(ys[lo:lo + n], scratch)
+    if pool is not None:
+        store_final(pool, entry, cs, xs)
+
+
+def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None:
+    """Entry ``entry``'s channels ``cs`` become the last ``W-1`` values of the extended inputs: the sequence's
+    last tokens, after the carried values still in the window where it is shorter than ``W-1`` (those kept
+    at the pool's own precision)."""
+    back = pool.shape[2]
+    kept = pool[entry, cs, len(xs):]  # [channels, back - len] carried values that stay (empty when len >= back)
+    newest = xs[max(0, len(xs) - back):].T.astype(pool.dtype)
+    pool[entry, cs] = np.concatenate([kept, newest], axis=1)
+
+
+def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out) -> None:
+    """Every row one token with a carried state, all rows at once: the rows' windows and tokens side by side
+    in a channel-contiguous buffer ``e [rows, W, D]`` (the pool's ``[D, W-1]`` entries transposed once, at the
+    pool's precision or the compute type's, the wider), ``y = bias + sum_w taps[w] * e[:, w]`` in contiguous
+    passes (the prefill's order), then ``e[:, 1:]`` back to the entries, straight on the pool."""
+    width, count = len(taps), len(sequences)
+    entries = slice(0, count) if slots is None else slots[:count]
+    tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
+    e = np.empty((count, width, x.shape[2]), np.result_type(x.dtype, pool.dtype))
+    e[:, :width - 1] = pool[entries].transpose(0, 2, 1)
+    e[:, width - 1] = x[0, tokens] if varlen else x[:, 0]
+    y = np.multiply(e[:, width - 1], taps[width - 1])
+    term = np.empty_like(y)
+    for w in range(width - 1):
+        y += np.multiply(e[:, w], taps[w], out=term)
+    if bias is not None:
+        y += bias
+    if activation == "silu":
+        silu_(y, term)
+    if varlen:
+        out[0, tokens] = y
+    else:
+        out[:, 0] = y
+    pool[entries] = e[:, 1:].transpose(0, 2, 1)
+
+
+def iter_slabs(length: int, tokens: int, reverse: bool = False) -> Iterator[tuple[int, int]]:
+    """``(lo, n)`` of the slabs of ``tokens`` over ``length`` tokens, last first with ``reverse``."""
+    starts = range(0, length, tokens)
+    for lo in (reversed(starts) if reverse else starts):
+        yield lo, min(tokens, length - lo)

@@ -1,0 +1,21 @@
+"""The host's registries: what each kernel module of ``host_fallback`` registers against its ops on import.
+
+``host_fallback`` (the package) imports those modules and serves thunks from these tables.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from .registry import Registry
+
+Kernel = Callable[..., None]
+
+#: op -> ``kernel(thunk, arena, **options)``, which runs one thunk on a host arena in place
+KERNELS: Registry[Kernel] = Registry("host kernel")
+#: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
+#: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``
+PREPARE: Registry[Callable[[Mapping[str, Any]], Callable[..., None]]] = Registry("host kernel setup (prepare)")
+#: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it
+WORKING: Registry[Callable[[Mapping[str, Any]], int]] = Registry("host working-memory bound")
+#: op -> ``path_for(thunk, **options)``: the algorithm the host runs a thunk with, for ops that choose one
+PATHS: Registry[Callable[..., str]] = Registry("host path chooser")
