@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from host_fallback.abi import BACKWARD, FORWARD_OPS, gradient
+from host_fallback.abi import BACKWARD, FORWARD_OPS, OPS, gradient
 
 from ..errors import GraphError
 from .nodes import Node, Tensor
@@ -16,10 +16,9 @@ from .recurrent_ops import RecurrentOps
 from .registry import BUILDERS
 
 
-#: The carried-state fields of each fused op, whose gradients a backward op reads and writes in place.
-STATE_FIELDS: dict[str, tuple[str, ...]] = {"lstm": ("h0", "c0"), "gru": ("h0",), "rnn": ("h0",),
-                                            "selective_scan": ("state",), "mamba2": ("state",),
-                                            "gated_delta_net": ("state",)}
+#: The carried-state fields of each differentiable op (its definition's ``states``), whose gradients a
+#: backward op reads and writes in place.
+STATE_FIELDS: dict[str, tuple[str, ...]] = {op: OPS[op].states for op in FORWARD_OPS}
 
 
 class SequenceOps(RecurrentOps):

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
+from host_fallback.abi import OPS as DEFINITIONS
+
 from .arguments import check_rnn_forward
 from .recurrent import Recurrence, recurrent
 from .registry import FUNCTIONS
@@ -70,7 +72,7 @@ class _RlxRecurrent:
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:
         """``{"h0": ..}`` (and ``"c0"`` for an LSTM), ``[layers*dirs, batch, width]``: zeros without ``hx``."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
-        fields = ("h0", "c0") if module.mode == "LSTM" else ("h0",)
+        fields = DEFINITIONS[OPS[module.mode]].states
         if hx is None:
             dirs = 2 if module.bidirectional else 1
             widths = {"h0": module.proj_size or module.hidden_size, "c0": module.hidden_size}

@@ -18,6 +18,8 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import torch
 
+from host_fallback.abi import OPS
+
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from .bridge import run_graph, specs_of, stamp
@@ -54,7 +56,7 @@ class Recurrence:
     @property
     def states(self) -> tuple[str, ...]:
         """The carried-state fields, in the order the op takes and returns them."""
-        return ("h0", "c0") if self.op == "lstm" else ("h0",)
+        return OPS[self.op].states
 
     @property
     def per_direction(self) -> int:
@@ -255,7 +257,7 @@ def _backward_fake(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]
 
 def _register(op: str) -> Any:
     """Define ``rlx_gpu::{op}_backward`` and ``rlx_gpu::{op}``, the second differentiable through the first."""
-    states = ("h0", "c0") if op == "lstm" else ("h0",)
+    states = OPS[op].states
     args = "Tensor x, Tensor[] weights, " + schema_args(states, ("seq_lens",), STATICS[op])
     d_finals = ", ".join(f"Tensor d_{s}" for s in states)
     backward = define(f"{op}_backward", f"(Tensor d_y, {d_finals}, {args}) -> Tensor[]",
