@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--threads", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)

@@ -4,7 +4,7 @@ One ``Registry`` per kind of implementation — host kernel, launch planner, flo
 method, torch function ... — filled where each implementation is written (the module registers it on
 import) and read at plan or bind time, never per call. An op may instead be *exempt* from a registry,
 with the reason why it has no entry; ``missing(ops)`` names the ops with neither, which the
-completeness test (tests/test_op_registries.py) reads for every registry.
+completeness test (tests/project/test_op_registries.py) reads for every registry.
 
 Standard library only: ``host_fallback`` (which imports nothing of ``rlx_gpu``) and every layer of
 ``rlx_gpu`` register through it.

@@ -10,8 +10,8 @@ from support import background
 
 #: (device id as the conformance tests name it, e.g. ``opencl:1:0@gpu``) -> outcome -> count
 _CONFORMANCE: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-_CONFORMANCE_TESTS = ("tests/test_conformance.py::test_case[",
-                      "tests/test_conformance.py::test_representative_case_on_a_second_implementation[")
+_CONFORMANCE_TESTS = ("tests/conformance/test_conformance.py::test_case[",
+                      "tests/conformance/test_conformance.py::test_representative_case_on_a_second_implementation[")
 
 
 def pytest_collection_finish(session):

@@ -18,7 +18,7 @@ Reference = Callable[[Mapping[str, Any], Load], dict[str, np.ndarray]]
 
 REFERENCES: Registry[Reference] = Registry("float64 reference")
 #: op -> the version-2 fields (ABI.md §8) its float64 reference implements; the catalog makes "present"
-#: cases of these only (``catalog.optional_field_cases``), and tests/test_conformance.py names the rest.
+#: cases of these only (``catalog.optional_field_cases``), and tests/conformance/test_conformance.py names the rest.
 V2_FIELDS: dict[str, frozenset[str]] = {}
 
 

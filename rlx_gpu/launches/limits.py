@@ -42,7 +42,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
         "SSMB_BLOCKS": 4,  # state-space backward: blocks of a group's channels (heads) walked by separate items
     },
-    # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/test_ptxas.py)
+    # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/devices/test_ptxas.py)
     "gpu": {
         **_SHARED,
         # LOCAL-tiled gemm: a GEMM_TILE x GEMM_TILE block of D per work-group of GEMM_LX x GEMM_LX items,

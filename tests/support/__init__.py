@@ -1,2 +1,2 @@
 """What the test modules share: device lists, fixtures, harnesses, case tables and test doubles, one concept
-per module. A test module imports from here, never from another test module (tests/test_layers.py checks)."""
+per module. A test module imports from here, never from another test module (tests/project/test_layers.py checks)."""

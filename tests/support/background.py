@@ -44,17 +44,17 @@ OCLGRIND_TARGETS = TARGETS
 FUZZ_OPENCL_CASES = 120
 #: check -> (the test that asserts on it, its command)
 CHECKS: dict[str, tuple[str, list[str]]] = {
-    **{f"oclgrind-{target}": ("tests/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
+    **{f"oclgrind-{target}": ("tests/devices/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
                               [sys.executable, str(ROOT / "tools" / "oclgrind_check.py"), "--targets", target])
        for target in OCLGRIND_TARGETS},
-    "nvrtc": ("tests/test_nvrtc.py::test_every_program_compiles_for_every_arch",
+    "nvrtc": ("tests/devices/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
-    **{f"fuzz-{spec}": (f"tests/test_fuzz.py::test_the_profile_on_opencl[{spec}]",
+    **{f"fuzz-{spec}": (f"tests/schedule/test_fuzz.py::test_the_profile_on_opencl[{spec}]",
                         [sys.executable, str(ROOT / "tools" / "fuzz.py"), "--device", spec, "--cases",
                          str(FUZZ_OPENCL_CASES), "--batch", str(FUZZ_OPENCL_CASES), "--out",
                          str(Path(tempfile.gettempdir()) / f"rlx-fuzz-{spec.replace(':', '-')}")])
        for spec in OPENCL_IMPLEMENTATIONS},
-    **{f"opencl-builds-{spec}": (f"tests/test_opencl_builds.py::test_every_program_builds_cleanly[{spec}]",
+    **{f"opencl-builds-{spec}": (f"tests/devices/test_opencl_builds.py::test_every_program_builds_cleanly[{spec}]",
                                  OPENCL_BUILDS + [spec]) for spec in OPENCL_IMPLEMENTATIONS},
 }
 

@@ -3,7 +3,7 @@ goes through ``bridge.run_on_stream`` (inputs converted and made dense by torch 
 ``torch.empty``, the call handed to ``CallPlan.on_stream`` with torch's current stream) and gives what the
 ordinary path gives. Here CPU tensors stand for CUDA ones (``bridge.on_cuda`` answers yes), torch's
 current stream is a stand-in, and ``CallPlan.on_stream`` is replaced by a check of what it is handed and a
-host run of the same plan: the device side of the path is tests/test_cuda_stream.py's."""
+host run of the same plan: the device side of the path is tests/devices/test_cuda_stream.py's."""
 from __future__ import annotations
 
 import contextlib

@@ -14,7 +14,7 @@ import rlx_gpu
 from host_fallback.abi import FORWARD_OPS, OPS, regions, runtime_data
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
-V2_OPS = FORWARD_OPS  # the ops with version-2 fields that version 1 has too (backward ops: tests/test_backward_ops.py)
+V2_OPS = FORWARD_OPS  # the ops with version-2 fields that version 1 has too (backward ops: tests/schedule/test_backward_ops.py)
 
 
 def _schedule(op: str, **params) -> dict:

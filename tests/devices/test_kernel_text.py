@@ -13,7 +13,7 @@ from rlx_gpu.launches.activation_codes import activation_defines
 from rlx_gpu.launches.limits import gate_variant
 from rlx_gpu.paths import data_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = sorted(data_dir("kernels").glob("*.cl")) + [data_dir("kernels_opencl") / "prelude.cl",
                                                     data_dir("kernels_cuda") / "prelude.cuh"]
 #: a source file named in a comment: repository-relative, package-relative or a kernel text's bare name

@@ -1,7 +1,7 @@
 """The recurrent device kernels' compile-time variants with ABI.md §8's fields.
 
 The catalog's combined-field cases of lstm, gru and rnn (``rlx_gpu.conformance.combined.RNN_FIELDS``: every
-optional field of an op at once, each through both recurrent kernels), which tests/test_conformance.py runs
+optional field of an op at once, each through both recurrent kernels), which tests/conformance/test_conformance.py runs
 on every device against the float64 reference, build exactly the representative variants that ptxas and
 NVRTC check; a version-1 thunk keeps its program.
 """

@@ -12,7 +12,7 @@ import pytest
 import rlx_gpu
 from host_fallback.abi import OPS
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "abi.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "abi.md"
 TEXT = DOC.read_text()
 
 

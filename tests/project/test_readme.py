@@ -15,7 +15,7 @@ import rlx_gpu
 from rlx_gpu.cli import main
 from rlx_gpu.graph.models import examples_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = {path.relative_to(ROOT).as_posix(): path.read_text()
          for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]}
 README = PAGES["README.md"]
@@ -46,7 +46,7 @@ SHELL = [(where, code) for where, lang, mark, code in RUNNABLE if lang in ("sh",
 
 
 def test_every_code_block_of_every_page_is_marked_runnable_or_says_why_not():
-    """JSON blocks are docs/abi.md's worked schedules, which tests/test_docs.py runs; a fence without a language
+    """JSON blocks are docs/abi.md's worked schedules, which tests/project/test_docs.py runs; a fence without a language
     is program output."""
     unmarked = [where for where, lang, mark, code in BLOCKS
                 if not mark and not (lang == "json" and where.startswith("docs/abi.md:"))]

@@ -15,7 +15,7 @@ from rlx_gpu.cli import main
 from rlx_gpu.conformance import catalog
 from rlx_gpu.runtime.registry import open_session, status
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
 
 
@@ -118,7 +118,7 @@ def test_perf_and_bench_write_the_plot_and_its_json(tmp_path, capsys):
 
 def test_pytest_fails_on_an_absent_test_device():
     env = {**os.environ, "RLX_TEST_DEVICES": "host,opencl:9:9", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_conformance.py",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/conformance/test_conformance.py",
                            "-k", "fill-9-f32"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0, done.stdout[-2000:]
     assert "1 passed" in done.stdout and " error" in done.stdout and "no device 'opencl:9:9'" in done.stdout

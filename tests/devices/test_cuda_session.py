@@ -108,7 +108,7 @@ def test_the_double_copies_and_multiplies_real_bytes(monkeypatch):
 # ------------------------------------------------------------------------------------------ the catalog
 #: the dtypes swept per kernel target: every one at the gpu target, whose cubins the suite builds anyway;
 #: f32 at the cpu target, whose cubins are built here (~12 s) — its f16/bf16/f64 kernels take the
-#: same parameter kinds and widths as f32's (tests/test_ptxas.py checks f32 and f64 of every planner)
+#: same parameter kinds and widths as f32's (tests/devices/test_ptxas.py checks f32 and f64 of every planner)
 SWEPT = {"gpu": ("f32", "f16", "bf16", "f64"), "cpu": ("f32",)}
 
 

@@ -1,7 +1,7 @@
 """gated_delta_net's version-2 fields (ABI.md §8) on the OpenCL device at both kernel targets: the catalog's
 combined-field cases (``rlx_gpu.conformance.combined.GDN``: grouped value heads, value_size != state_size,
 scale, q/k L2-norm, carried state (f32 for 16-bit thunks), varlen batches and state slots, and their
-combinations), which tests/test_conformance.py runs on every device, reach the device in every kernel form
+combinations), which tests/conformance/test_conformance.py runs on every device, reach the device in every kernel form
 (cpu recurrence and decode step, gpu lanes and chunked, varlen sequences ending inside a chunk); a thunk
 without a field that changes what a kernel reads keeps the version-1 programs.
 """

@@ -9,7 +9,7 @@ import pytest
 
 from rlx_gpu.backends import opencl, opencl_icd
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

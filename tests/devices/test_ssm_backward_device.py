@@ -7,7 +7,7 @@ float64 forward written here from ABI.md §4 and §8 (a loop over steps, indepen
 every ``d_`` output, and the whole ``d_state`` pool (entries no row names stay as they were). The
 kernels must also give the same bytes on a second run, and a NaN in ``d_dst`` must reach only what the
 poisoned step depends on. (Every dtype, f64 among them, and each field present and absent: the conformance
-catalog's backward cases, which tests/test_conformance.py runs on the same devices.)
+catalog's backward cases, which tests/conformance/test_conformance.py runs on the same devices.)
 """
 from __future__ import annotations
 

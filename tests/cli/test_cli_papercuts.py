@@ -24,7 +24,7 @@ from rlx_gpu.runtime.registry import status
 
 from support.cli_errors import one_line_error  # the one rule for a clean CLI error
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
 
 

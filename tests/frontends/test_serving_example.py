@@ -10,7 +10,7 @@ import pytest
 
 from rlx_gpu.runtime.registry import status
 
-PATH = Path(__file__).resolve().parents[1] / "configs" / "examples" / "serve_mamba2.py"
+PATH = Path(__file__).resolve().parents[2] / "configs" / "examples" / "serve_mamba2.py"
 spec = importlib.util.spec_from_file_location("serve_mamba2", PATH)
 serve_mamba2 = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve_mamba2)

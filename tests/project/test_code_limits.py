@@ -11,7 +11,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("rlx_gpu", "host_fallback")
 MAX_FUNCTION_LINES = 80
 MAX_MODULE_LINES = 400

@@ -11,7 +11,7 @@ from pathlib import Path
 from support import background
 import pytest
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "oclgrind_check.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
 
 
 def _oclgrind_available() -> bool:

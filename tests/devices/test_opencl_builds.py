@@ -21,7 +21,7 @@ from rlx_gpu.errors import KernelBuildError, KernelBuildWarning
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import status
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 IMPLEMENTATIONS = background.OPENCL_IMPLEMENTATIONS
 needs_opencl = pytest.mark.skipif(not IMPLEMENTATIONS, reason=f"no OpenCL device: {status('opencl').reason}")
 

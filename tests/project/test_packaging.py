@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CODE = ("rlx_gpu", "host_fallback")
 #: the data folders beside the code, which install inside rlx_gpu (rlx_gpu.paths)
 DATA = ("configs", "kernels", *sorted(p.name for p in ROOT.glob("kernels_*") if p.is_dir()))

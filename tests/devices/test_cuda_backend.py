@@ -1,7 +1,7 @@
 """The CUDA backend where no GPU is: unavailable with its reason, device records, and its cubins.
 
 What needs a GPU runs in tools/gpu_check.py on a lent machine; the CuPy calls of the backend run here
-through the CuPy contract double (tests/test_cuda_session.py). This file checks the rest for real: CuPy
+through the CuPy contract double (tests/devices/test_cuda_session.py). This file checks the rest for real: CuPy
 is absent here, NVRTC and ptxas are present.
 """
 from __future__ import annotations

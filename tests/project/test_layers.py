@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "rlx_gpu"
 
 #: rlx_gpu's layers, top first: a module may import its own layer's modules and those of layers below
@@ -203,6 +203,19 @@ def test_no_test_module_imports_another():
         sorted((ROOT / "benchmarks").rglob("*.py"))
     bad = {str(f.relative_to(ROOT)): sorted(found) for f in files if (found := imported_test_modules(f.read_text()))}
     assert not bad, f"import a test module (move what they share into tests/support/): {bad}"
+
+
+#: The test folders, one per layer of the code they test (docs/testing.md lists what each holds).
+TEST_LAYERS = ("cli", "frontends", "graph", "runtime", "schedule", "devices", "conformance", "host", "project")
+
+
+def test_every_test_module_lives_in_its_layers_folder():
+    tests = ROOT / "tests"
+    misplaced = sorted(str(f.relative_to(ROOT)) for f in tests.rglob("test_*.py")
+                       if f.parent == tests or f.relative_to(tests).parts[0] not in TEST_LAYERS)
+    assert not misplaced, f"put each test module in the folder of its layer, one of {TEST_LAYERS}: {misplaced}"
+    assert sorted(p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(
+        TEST_LAYERS + ("support",))
 
 
 HOST = ROOT / "host_fallback"

@@ -20,7 +20,7 @@ from rlx_gpu.conformance.fuzz import _nest
 from rlx_gpu.runtime.config import Config
 from support.body_data_cases import BAD, IDS, SLOTS, body_data_case
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: The OpenCL devices here (PoCL and Oclgrind): body thunks run through the device's scan memory.
 #: every OpenCL device, Oclgrind included, but a runtime rlx_gpu registered itself where another one runs
 #: (Intel's: its builds take seconds a program; it samples run-time data through the fuzz profile)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-PATH = Path(__file__).resolve().parents[1] / "configs" / "examples" / "train_lstm_lm.py"
+PATH = Path(__file__).resolve().parents[2] / "configs" / "examples" / "train_lstm_lm.py"
 spec = importlib.util.spec_from_file_location("train_lstm_lm", PATH)
 train_lstm_lm = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(train_lstm_lm)
