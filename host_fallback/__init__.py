@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 # the kernel modules register their kernels against their ops on import (``implementations``)
-from . import (body, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan,  # noqa: F401
+from . import (body, conv, conv_backward, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan,  # noqa: F401
                selective_scan_backward, ssm)
 from .abi import Region, complete, regions, runtime_data
 from .arena import view

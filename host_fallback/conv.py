@@ -15,11 +15,13 @@ step (every row one token, carried state) is a handful of array operations over 
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from . import threads
+from .bound import Bound
+from .implementations import KERNELS
 
 ACTIVATIONS = ("none", "silu")
 #: the widths ABI.md §10 allows
@@ -212,3 +214,33 @@ def iter_slabs(length: int, tokens: int, reverse: bool = False) -> Iterator[tupl
     starts = range(0, length, tokens)
     for lo in (reversed(starts) if reverse else starts):
         yield lo, min(tokens, length - lo)
+
+
+def pool_of(bound: Bound, field: str) -> tuple[np.ndarray, bool]:
+    """A carried-state pool (``state`` / ``d_state``) to update in place: the arena's view when it is stored in
+    its compute type, else a loaded copy; and whether that copy must be stored back (16-bit storage)."""
+    view = bound.in_place(field)
+    return (view, False) if view is not None else (bound.load(field), True)
+
+
+def optional_inputs(t: Mapping[str, Any], bound: Bound) -> dict[str, Any]:
+    """The optional §10 inputs of thunk ``t`` (completed) as the host cores take them (``state`` aside)."""
+    out: dict[str, Any] = {"activation": t["activation"], "bias": None if t["bias"] is None else bound.load("bias")}
+    out.update({f: None if t[f] is None else bound.view(f) for f in ("cu_seqlens", "state_slots")})
+    return out
+
+
+def kernel(t: Mapping[str, Any], arena: np.ndarray, *, workers: int | None = None) -> None:
+    """``causal_conv1d`` on a host arena: 16-bit storage computes in f32, the pool is updated in place."""
+    bound = Bound(t, arena)
+    pool, copied = pool_of(bound, "state") if t["carry_state"] else (None, False)
+    out = bound.in_place("dst")
+    y = causal_conv1d(bound.load("x"), bound.load("weight"), state=pool, out=out, workers=workers,
+                      **optional_inputs(t, bound))
+    if out is None:
+        bound.store("dst", y)
+    if copied:
+        bound.store("state", pool)
+
+
+KERNELS.add("causal_conv1d", kernel)

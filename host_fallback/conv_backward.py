@@ -16,8 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .conv import (Slabs, block_tokens, check, convolve, entry_of, initial_window, iter_slabs, over_channels,
-                   rows)
+from typing import Any, Mapping
+
+from .bound import Bound
+from .conv import (Slabs, block_tokens, check, convolve, entry_of, initial_window, iter_slabs, optional_inputs,
+                   over_channels, pool_of, rows)
+from .implementations import KERNELS
 
 
 def causal_conv1d_backward(x: np.ndarray, weight: np.ndarray, d_dst: np.ndarray, bias: np.ndarray | None = None,
@@ -138,3 +142,24 @@ class _Walk:
             if length < back:
                 d_head[length:] += d_final[:back - length]
         return d_head
+
+
+def kernel(t: Mapping[str, Any], arena: np.ndarray, *, workers: int | None = None) -> None:
+    """``causal_conv1d_backward`` on a host arena: 16-bit storage computes in f32, ``d_state`` is overwritten in
+    place (the initial states' gradients over the final states')."""
+    bound = Bound(t, arena)
+    state, d_state, copied = None, None, False
+    if t["carry_state"]:
+        state = bound.load("state")
+        d_state, copied = pool_of(bound, "d_state")
+    d_x, d_weight, d_bias = causal_conv1d_backward(bound.load("x"), bound.load("weight"), bound.load("d_dst"),
+                                                   state=state, d_state=d_state, workers=workers,
+                                                   **optional_inputs(t, bound))
+    for field, values in (("d_x", d_x), ("d_weight", d_weight), ("d_bias", d_bias)):
+        if values is not None:
+            bound.store(field, values)
+    if copied:
+        bound.store("d_state", d_state)
+
+
+KERNELS.add("causal_conv1d_backward", kernel)

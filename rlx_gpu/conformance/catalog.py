@@ -95,6 +95,12 @@ def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool, **v
     return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry, **v2)
 
 
+def _conv(b: int, s: int, dim: int, width: int, carry_state: bool = True, **v2: Any) -> dict:
+    """A causal_conv1d case, its state carried unless told (a backward op's case adds ``d_state``)."""
+    carried = dict(carry_state=True, state=True) if carry_state else {}
+    return dict(batch=b, seq=s, dim=dim, width=width, **carried, **v2)
+
+
 def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
     return dict(batch=batch, m=m, k=k, n=n, trans_a=ta, trans_b=tb, a_batch_stride=sa, b_batch_stride=sb)
 
@@ -217,6 +223,20 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
      {}, False),
     ("gated_delta_net_backward", _gdn(1, 40, 1, 8, False, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0],
                                       num_slots=3, scale=0.4), {}, False),
+    # causal_conv1d (ABI.md §10): widths 2..8 sampled; packed sequences with empty ones and ones shorter than
+    # width-1 through slots (the carried values then stay in the window); a decode step into slots; two chunks
+    # of the cpu target's 256 tokens; the backward likewise (d_weight summed over chunks, rows and sequences)
+    ("causal_conv1d", _conv(2, 5, 3, 2), {}, False),
+    ("causal_conv1d", _conv(1, 12, 5, 3, cu_seqlens=[0, 1, 1, 9, 12], state_slots=[3, 0, 4, 1], num_slots=5,
+                            bias=True, activation="silu"), {}, False),
+    ("causal_conv1d", _conv(1, 10, 4, 8, cu_seqlens=[0, 2, 2, 10], state_slots=[1, 2, 0], num_slots=3), {}, False),
+    ("causal_conv1d", _conv(3, 1, 6, 4, state_slots=[2, 0, 4], num_slots=5, bias=True), {}, False),
+    ("causal_conv1d", _conv(2, 300, 3, 5, bias=True, activation="silu", carry_state=False), {}, False),
+    ("causal_conv1d_backward", _conv(2, 9, 3, 7, bias=True, d_bias=True, carry_state=False), {}, False),
+    ("causal_conv1d_backward", _conv(1, 12, 5, 4, cu_seqlens=[0, 2, 2, 9, 12], state_slots=[3, 0, 4, 1],
+                                     num_slots=5, bias=True, d_bias=True, activation="silu", d_state=True), {}, False),
+    ("causal_conv1d_backward", _conv(2, 1, 4, 3, state_slots=[1, 0], num_slots=2, d_state=True), {}, False),
+    ("causal_conv1d_backward", _conv(1, 300, 3, 6, activation="silu", d_state=True), {}, False),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -314,6 +334,10 @@ PRESENT: dict[tuple[str, str], dict[str, Any]] = {
     ("lstm", "proj_size"): {"proj_size": 3, "w_hr": True},
     ("lstm", "w_hr"): {"proj_size": 3, "w_hr": True},
     ("gru", "linear_before_reset"): {"linear_before_reset": False},
+    **{("causal_conv1d", f): params for f, params in {
+        "activation": {"activation": "silu"}, "carry_state": _CARRIED, "state": _CARRIED,
+        "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
+        "state_slots": {**_CARRIED, **_SLOTS}, "num_slots": {**_CARRIED, **_SLOTS}}.items()},
 }
 
 

@@ -9,11 +9,11 @@ any float arrays (rounded storage values as they are stored); results are float6
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-Load = Callable[[str], np.ndarray]
+from .registry import Load, reference
 
 #: The optional fields of §10 these references implement (all of them).
 FIELDS = frozenset({"bias", "activation", "carry_state", "state", "state_dtype", "cu_seqlens", "num_seqs",
@@ -110,6 +110,7 @@ def _fields(t: Mapping[str, Any], load: Load) -> dict[str, Any]:
     return out
 
 
+@reference("causal_conv1d", v2_fields={"causal_conv1d": FIELDS})
 def forward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """``{field: float64}`` of every tensor a ``causal_conv1d`` thunk ``t`` (completed) writes."""
     result = causal_conv1d(load("x"), load("weight"), **_fields(t, load))
@@ -118,6 +119,7 @@ def forward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": result}
 
 
+@reference("causal_conv1d_backward", v2_fields={"causal_conv1d_backward": FIELDS | {"d_bias", "d_state"}})
 def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """``{field: float64}`` of every tensor a ``causal_conv1d_backward`` thunk ``t`` (completed) writes."""
     extra = {"d_state": load("d_state")} if t["carry_state"] else {}

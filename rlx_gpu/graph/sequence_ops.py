@@ -233,6 +233,45 @@ class SequenceOps(RecurrentOps):
         self.output(f"{name or f'gdn{next(self._ids)}'}.state", final)
         return y, final
 
+    @BUILDERS.register("causal_conv1d")
+    def causal_conv1d(self, x: Any, weight: Any, *, bias: Any = None, activation: str | None = None,
+                      initial_state: Any = None, cu_seqlens: Any = None, state_slots: Any = None,
+                      state_dtype: str | None = None, name: str | None = None) -> Any:
+        """The short depthwise causal convolution before a Mamba / GDN scan (ABI.md §10), Dao-AILab's
+        ``causal_conv1d_fn`` in token-major layout: ``y[t,d] = bias[d] + Σ_w weight[d,w]·x[t-W+1+w, d]``, then
+        silu with ``activation="silu"`` (or ``"swish"``).
+
+        ``x [B,S,D]``, ``weight [D,W]`` (``2 <= W <= 8``), ``bias [D]``. ``initial_state [R,D,W-1]`` (in
+        ``state_dtype``, default x's) holds the ``W-1`` inputs before each row's first (oldest first); the
+        final states are returned too, ``(y, state)``, and output ``{name}.state``. ``cu_seqlens`` (i32
+        ``[R+1]``, batch 1) packs R sequences along S; ``state_slots`` (i32 ``[R]``) makes ``initial_state`` a
+        pool of entries, row ``r`` using entry ``state_slots[r]``. A decode step is ``S = 1`` with a state.
+        """
+        op = "causal_conv1d"
+        x, weight = self._t(x), self._t(weight)
+        if len(x.shape) != 3 or len(weight.shape) != 2 or not 2 <= weight.shape[1] <= 8:
+            raise GraphError(f"{op}: x {x!r} must be [B,S,D] and weight {weight!r} [D,W] with 2 <= W <= 8")
+        (bt, s, dim), width = x.shape, weight.shape[1]
+        self._expect(op, "weight", weight, (dim, width), x.dtype)
+        if activation not in (None, "none", "silu", "swish"):
+            raise GraphError(f"{op}: activation={activation!r}, expected None, 'silu' or 'swish'")
+        fields: dict[str, Any] = {"activation": "silu"} if activation in ("silu", "swish") else {}
+        if bias is not None:
+            fields["bias"] = self._t(bias, x.dtype)
+            self._expect(op, "bias", fields["bias"], (dim,), x.dtype)
+        packed, rows = self._packed(op, x, bt, cu_seqlens)
+        carried, final = self._carried(op, x, rows, initial_state, (dim, width - 1), state_slots, state_dtype)
+        fields.update(packed, **carried)
+        if final is not None:
+            fields.update(carry_state=True, state=final)
+        y = self._new(x.shape, x.dtype)
+        self._emit(op, x.dtype, {"x": x, "weight": weight, "dst": y, "batch": bt, "seq": s, "dim": dim,
+                                 "width": width, **fields}, y, *([final] if final is not None else []))
+        if final is None:
+            return y
+        self.output(f"{name or f'conv{next(self._ids)}'}.state", final)
+        return y, final
+
     # ----------------------------------------------------------------- gradients
     @BUILDERS.register(*BACKWARD)
     def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None) -> dict[str, Tensor]:

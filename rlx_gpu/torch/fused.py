@@ -1,5 +1,6 @@
-"""The state-space and linear-attention ops as torch custom ops: ``torch.ops.rlx_gpu.selective_scan``,
-``.mamba2`` and ``.gated_delta_net``, each with its ``..._backward``.
+"""The state-space and linear-attention ops and the short convolution as torch custom ops:
+``torch.ops.rlx_gpu.selective_scan``, ``.mamba2``, ``.gated_delta_net`` and ``.causal_conv1d``, each with its
+``..._backward``.
 
 Each takes the tensors of its ABI op by field name (ABI.md §4, §8: the op's own layout, batch-major)
 and its static arguments, and returns ``(y, final_state)`` (a tensor of no elements as the final state
@@ -56,6 +57,7 @@ OPS = {op.name: op for op in (
             (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"),
     FusedOp("gated_delta_net", ("q", "k", "v", "g", "beta"), ("state", "cu_seqlens"),
             (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v"),
+    FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"), (("activation", "str?"),), "x"),
 )}
 
 

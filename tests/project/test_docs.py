@@ -29,7 +29,7 @@ sigmoid = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
 def test_one_worked_example_per_op_family_and_per_version_2_feature():
     assert set(EXAMPLES) == {"lstm", "mamba2", "gated_delta_net", "matmul", "scan", "mamba2-varlen-slots",
                              "selective_scan-fused-carried", "gated_delta_net-gva-varlen", "gru-onnx-seq_lens",
-                             "lstm-proj-peepholes"}
+                             "lstm-proj-peepholes", "causal_conv1d-prefill-decode"}
     for name, example in EXAMPLES.items():
         assert example["abi"] == ("rlx-thunks/2" if "-" in name else "rlx-thunks/1"), name
 
@@ -214,6 +214,32 @@ def test_the_projected_lstm_example():
         h = x["w_hr"][0] @ (o * np.tanh(c))
         want[0, t] = h
     np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_causal_conv1d_example_prefills_into_slots_then_decodes():
+    cu, slots = np.array([0, 3, 4]), np.array([2, 0])
+    x, y = run("causal_conv1d-prefill-decode", cu_seqlens=cu, slots=slots)
+    silu = lambda u: u * sigmoid(u)  # noqa: E731
+    w, bias, pool = x["weight"], x["bias"], x["state"].copy()
+
+    def step(e: np.ndarray) -> np.ndarray:  # e [3, 2]: the window of one token, oldest first
+        return silu(bias + np.sum(w.T * e, axis=0))
+
+    want = np.zeros((1, 4, 2))
+    for seq, slot in enumerate(slots):
+        e = np.concatenate([pool[slot].T, x["x"][0, cu[seq]:cu[seq + 1]]])
+        for k in range(cu[seq + 1] - cu[seq]):
+            want[0, cu[seq] + k] = step(e[k:k + 3])
+        pool[slot] = e[-2:].T
+    want_next = np.zeros((2, 1, 2))
+    for row, slot in enumerate(slots):
+        e = np.concatenate([pool[slot].T, x["x_next"][row]])
+        want_next[row, 0] = step(e)
+        pool[slot] = e[-2:].T
+    np.testing.assert_allclose(y["y"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["y_next"], want_next, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y["state"], pool, rtol=1e-6)
+    assert np.array_equal(y["state"][1], x["state"][1])  # entry 1 is not named
 
 
 def _sections() -> dict[str, str]:

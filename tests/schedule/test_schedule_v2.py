@@ -14,7 +14,9 @@ import rlx_gpu
 from host_fallback.abi import FORWARD_OPS, OPS, regions, runtime_data
 from rlx_gpu.conformance.cases import lay_out, schedule_of
 
-V2_OPS = FORWARD_OPS  # the ops with version-2 fields that version 1 has too (backward ops: tests/schedule/test_backward_ops.py)
+# the ops with version-2 fields that version 1 has too (backward ops: tests/schedule/test_backward_ops.py; an op of version 2
+# alone, causal_conv1d, has no version-1 form to compare)
+V2_OPS = tuple(op for op in FORWARD_OPS if OPS[op].version == 1)
 
 
 def _schedule(op: str, **params) -> dict:
@@ -220,3 +222,15 @@ def test_a_fill_value_may_be_non_finite(value):
     """A fill value is data, not a knob: NaN and inf are values to write."""
     out = rlx_gpu.get_device("host").run(schedule_of(dict(op="fill", dtype="f32", dst=0, n=4, value=value), 16))
     np.testing.assert_array_equal(out.view(np.float32), np.full(4, value, np.float32))
+
+
+def test_causal_conv1d_is_an_op_of_version_2_with_its_width_rule():
+    sched = _schedule("causal_conv1d")
+    assert sched["abi"] == "rlx-thunks/2"
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"thunk 0 \(causal_conv1d\), field 'op': .*rlx-thunks/2"):
+        rlx_gpu.load_schedule(dict(sched, abi="rlx-thunks/1"))
+    for width in (1, 9):
+        with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'width': {width} is outside 2 <= width <= 8"):
+            rlx_gpu.load_schedule(_schedule("causal_conv1d", width=width))
+    with pytest.raises(rlx_gpu.ScheduleError, match=r"field 'state_slots': state slots need carry_state"):
+        rlx_gpu.load_schedule(_schedule("causal_conv1d", state_slots=[1, 0], num_slots=2))

@@ -1,0 +1,98 @@
+"""rlx_gpu.torch.causal_conv1d_fn / causal_conv1d_update (Dao-AILab causal-conv1d's signatures and layouts,
+ABI.md §10) against a torch reference written here (a depthwise F.conv1d padded by width-1, then silu): outputs,
+final states, gradients (initial states included), seq_idx, a cache of any state_len with slots, and
+torch.compile(fullgraph=True) of causal_conv1d_fn."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from rlx_gpu.torch import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
+
+
+def reference(x, weight, bias=None, initial_states=None, activation=None):
+    """``(out, final_states)``: x (batch, dim, seqlen), the inputs extended by initial_states or zeros."""
+    dim, width = weight.shape
+    padded = (F.pad(x, (width - 1, 0)) if initial_states is None
+              else torch.cat([initial_states.to(x.dtype), x], dim=-1))
+    out = F.conv1d(padded, weight.unsqueeze(1), bias, groups=dim)
+    out = F.silu(out) if activation in ("silu", "swish") else out
+    return out, padded[..., -(width - 1):]
+
+
+def _inputs(batch, dim, seqlen, width, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
+    return make(batch, dim, seqlen), make(dim, width), make(dim), make(batch, dim, width - 1)
+
+
+@pytest.mark.parametrize("width,activation,with_bias,with_state", [(2, None, False, False), (4, "silu", True, True),
+                                                                   (8, "swish", True, True), (3, None, False, True)])
+def test_fn_forward_final_states_and_gradients(width, activation, with_bias, with_state):
+    x, w, b, s = _inputs(2, 3, 5, width, seed=width)
+    b = b if with_bias else None
+    leaves = [t.requires_grad_() for t in (x, w, *(b,) * with_bias, *(s,) * with_state)]
+    out, final = causal_conv1d_fn(x, w, b, initial_states=s if with_state else None, return_final_states=True,
+                                  activation=activation)
+    want, want_final = reference(x, w, b, s if with_state else None, activation)
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(final, want_final)
+    d_out, d_final = torch.randn_like(out), torch.randn_like(final)
+    got = torch.autograd.grad((out * d_out).sum() + (final * d_final).sum(), leaves)
+    expected = torch.autograd.grad((want * d_out).sum() + (want_final * d_final).sum(), leaves)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_fn_f32_channel_last_view_and_final_states_out():
+    x, w, b, _ = _inputs(2, 6, 7, 4, torch.float32)
+    x = x.transpose(1, 2).contiguous().transpose(1, 2)  # (batch, dim, seqlen) with dim the fastest axis
+    into = torch.empty(2, 6, 3)
+    out, final = causal_conv1d_fn(x, w, b, return_final_states=True, final_states_out=into, activation="silu")
+    want, want_final = reference(x, w, b, activation="silu")
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert final is into
+    torch.testing.assert_close(into, want_final)
+
+
+def test_fn_seq_idx_restarts_at_every_change():
+    x, w, b, _ = _inputs(2, 3, 8, 4)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 2, 2, 2]], dtype=torch.int32)
+    out = causal_conv1d_fn(x, w, b, seq_idx=seq_idx)
+    for r in range(2):
+        for k in seq_idx[r].unique():
+            cols = (seq_idx[r] == k).nonzero().reshape(-1)
+            part = x[r:r + 1, :, cols]
+            torch.testing.assert_close(out[r:r + 1, :, cols], reference(part, w, b)[0])
+
+
+def test_fn_compiles_without_breaks():
+    x, w, b, s = _inputs(2, 4, 6, 4, torch.float32)
+    compiled = torch.compile(lambda *a: causal_conv1d_fn(*a, initial_states=s, activation="silu"), fullgraph=True,
+                             backend="eager")
+    torch.testing.assert_close(compiled(x, w, b), reference(x, w, b, s, "silu")[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("state_len,seqlen", [(3, None), (4, None), (6, 2)])
+def test_update_shifts_the_whole_cache_through_slots(state_len, seqlen):
+    width, dim = 4, 5
+    x, w, b, _ = _inputs(2, dim, seqlen or 1, width, seed=state_len)
+    x = x[..., 0] if seqlen is None else x
+    cache = torch.randn(4, dim, state_len, dtype=torch.float64)
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+    before = cache.clone()
+    out = causal_conv1d_update(x, cache, w, b, activation="silu", conv_state_indices=slots)
+    steps = x.unsqueeze(-1) if seqlen is None else x
+    want, _ = reference(steps, w, b, before[slots.long()][..., -(width - 1):], "silu")
+    torch.testing.assert_close(out, want.squeeze(-1) if seqlen is None else want)
+    shifted = torch.cat([before[slots.long()], steps], dim=-1)[..., -state_len:]
+    torch.testing.assert_close(cache[slots.long()], shifted)
+    torch.testing.assert_close(cache[[0, 2]], before[[0, 2]])  # entries not named stay
+
+
+def test_update_refuses_a_ring_buffer():
+    x, w, _, s = _inputs(2, 3, 1, 4)
+    with pytest.raises(NotImplementedError, match="cache_seqlens"):
+        causal_conv1d_update(x[..., 0], s, w, cache_seqlens=torch.tensor([1, 2]))
