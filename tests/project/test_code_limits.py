@@ -18,13 +18,6 @@ MAX_MODULE_LINES = 400
 DESIGN = ROOT / "docs" / "design.md"
 SIZES_HEADING = "## Module sizes"
 
-#: OVER THE LIMITS TODAY, EACH OWNED BY ANOTHER ITEM OF ISSUE 34 (the owner named): this list only shrinks.
-#: An entry is removed when its owner's change lands (the test fails on an entry no longer over its limit,
-#: so that none stays behind); the list ends empty.
-OWNED_ELSEWHERE: dict[str, str] = {
-    "rlx_gpu/conformance/catalog.py": "one definition per op (registry)",
-}
-
 
 def _modules() -> list[Path]:
     return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
@@ -61,15 +54,14 @@ def _explained_modules() -> dict[str, str]:
 
 
 def test_no_function_is_over_80_lines():
-    over = {name: lines for name, lines in _long_functions().items() if name not in OWNED_ELSEWHERE}
+    over = _long_functions()
     assert not over, (f"functions over {MAX_FUNCTION_LINES} lines (split them by step): "
                       + ", ".join(f"{name} ({lines})" for name, lines in sorted(over.items())))
 
 
 def test_no_module_is_over_400_lines_without_a_reason():
     explained = _explained_modules()
-    over = {name: lines for name, lines in _long_modules().items()
-            if name not in explained and name not in OWNED_ELSEWHERE}
+    over = {name: lines for name, lines in _long_modules().items() if name not in explained}
     assert not over, (f"modules over {MAX_MODULE_LINES} lines: split them by concept, or give the reason in "
                       f"docs/design.md's {SIZES_HEADING!r}: "
                       + ", ".join(f"{name} ({lines})" for name, lines in sorted(over.items())))
@@ -83,8 +75,3 @@ def test_every_reason_is_given_and_needed():
     assert not stale, f"docs/design.md's {SIZES_HEADING!r} names modules no longer over {MAX_MODULE_LINES} lines " \
                       f"(or gone): {stale}; remove their lines"
 
-
-def test_the_owned_elsewhere_list_only_shrinks():
-    over = set(_long_functions()) | set(_long_modules())
-    done = sorted(set(OWNED_ELSEWHERE) - over)
-    assert not done, f"no longer over the limits: {done}; remove them from OWNED_ELSEWHERE"
