@@ -83,6 +83,33 @@ def lay_out(t: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
     return t, arena
 
 
+def with_device_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``parser`` with the options the OpenCL benchmarks share: ``--repeat`` (timed runs) and ``--device`` (a
+    spec)."""
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--device", default=None)
+    return parser
+
+
+def open_opencl(spec: str | None):
+    """``(device info, OpenCL session)`` of ``spec``; a spec that names no device lists the ones there are."""
+    info = find(spec or "opencl")
+    return info, opencl.open(info)
+
+
+def warm_launcher(session, t: dict, arena: np.ndarray, **options):
+    """A function that launches thunk ``t`` once on a copy of ``arena`` on ``session`` and waits; compiled
+    and warmed up before it is returned."""
+    dev = session.alloc(arena.size)
+    session.write(dev, 0, arena)
+
+    def run():
+        session.launch(t, dev, **options)
+        session.finish()
+    run()
+    return run
+
+
 def median_time(fn, repeat: int) -> float:
     times = []
     for _ in range(repeat):
@@ -93,13 +120,10 @@ def median_time(fn, repeat: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = with_device_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--device", default=None)
     args = parser.parse_args()
-    info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
-    session = opencl.open(info)
+    info, session = open_opencl(args.device)
     options = RunOptions.build()
     rng = np.random.default_rng(0)
     print(f"device: {info.name} ({info.spec}); medians of {args.repeat}; f32")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tracemalloc
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.units import human_bytes  # noqa: E402
+from backward_harness import peak_bytes, print_head, with_backward_arguments  # noqa: E402
 from ssm import alternating_ms  # noqa: E402  (benchmarks/ssm.py: medians of runs taking turns)
 
 HEADS, SIZE, BATCH = 8, 64, 2
@@ -111,23 +111,8 @@ def _torch_run(values: dict[str, np.ndarray]):
     return run
 
 
-def _peak(fn) -> int:
-    """Peak bytes tracemalloc sees allocated during ``fn()`` beyond what was allocated before it."""
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    before = tracemalloc.get_traced_memory()[0]
-    fn()
-    peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return peak - before
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--memory-seq", type=int, default=4096)
-    args = ap.parse_args()
+    args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=3).parse_args()
     import torch
     threads = int(os.environ.get("OPENBLAS_NUM_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
@@ -135,8 +120,7 @@ def main() -> None:
           f"medians of {args.runs} runs; load average {os.getloadavg()[0]:.1f}")
     head = (f"{'gates':<12}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'torch ms':>10}{'ours/torch':>12}"
             f"{'max rel diff':>14}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for per_channel in (False, True):
         values = _inputs(args.seq, per_channel, np.random.default_rng(0))
         forward, backward, arena = _ours(args.seq, per_channel, values)
@@ -162,16 +146,15 @@ def main() -> None:
     states = BATCH * HEADS * SIZE * SIZE * 4 * -(-seq // gdn.CHUNK)
     print(f"peak extra memory at seq {seq} (tracemalloc); the forward's chunk-entry states: {human_bytes(states)}")
     head = f"{'gates':<12}{'forward':>12}{'backward':>12}{'bwd/fwd':>9}{'bwd/states':>12}"
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     for per_channel in (False, True):
         values = _inputs(seq, per_channel, np.random.default_rng(1))
         forward, backward, arena = _ours(seq, per_channel, values)
         del values
         host_fallback.execute(backward, arena.copy())  # warm: imports, scratch pools, thread pool
         first, second = arena.copy(), arena.copy()
-        f_peak = _peak(lambda: host_fallback.execute(forward, first))
-        b_peak = _peak(lambda: host_fallback.execute(backward, second))
+        f_peak = peak_bytes(lambda: host_fallback.execute(forward, first))
+        b_peak = peak_bytes(lambda: host_fallback.execute(backward, second))
         print(f"{'per-channel' if per_channel else 'per-head':<12}{human_bytes(f_peak):>12}{human_bytes(b_peak):>12}"
               f"{b_peak / f_peak:>9.2f}{b_peak / states:>12.2f}")
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tracemalloc
 
 import numpy as np
 
@@ -29,6 +28,7 @@ from host_fallback import chunked  # noqa: E402
 from host_fallback.abi import forward_thunk  # noqa: E402
 from host_fallback.ssm import MAMBA2_CHUNK  # noqa: E402
 from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
+from backward_harness import peak_bytes, with_backward_arguments  # noqa: E402
 from ssm import cases, medians_ms, torch_ssd  # noqa: E402  (the perf shape and the torch twin)
 
 
@@ -42,22 +42,15 @@ def _problem(seq: int):
 
 
 def _peak_bytes(thunk: dict, arena: np.ndarray) -> int:
+    """What one run of ``thunk`` on a copy of ``arena`` allocates at its peak, the scratch pool emptied first (so
+    the arrays it reuses count)."""
     work = arena.copy()
     chunked._POOL.__dict__.pop("arrays", None)
-    tracemalloc.start()
-    try:
-        host_fallback.execute(thunk, work)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    return peak_bytes(lambda: host_fallback.execute(thunk, work))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--memory-seq", type=int, default=4096)
-    args = parser.parse_args()
+    args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=5).parse_args()
     import torch
 
     params, tensors, thunk, forward, arena = _problem(args.seq)

@@ -15,9 +15,7 @@ import argparse
 
 import numpy as np
 
-from benchmarks.backends import lay_out, median_time
-from rlx_gpu.backends import opencl
-from rlx_gpu.conformance.devices import find
+from benchmarks.backends import lay_out, median_time, open_opencl, warm_launcher, with_device_arguments
 
 B, S, I, H = 16, 64, 128, 128
 _OFFSETS = {"lstm": ("x", "w_ih", "w_hh", "bias", "h0", "c0", "dst"), "gru": ("x", "w_ih", "w_hh", "b_ih", "b_hh", "h0", "dst"),
@@ -59,19 +57,6 @@ def _arena(template: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
     return t, arena
 
 
-def _runner(session, template: dict, rng: np.random.Generator):
-    """A function that runs ``template`` once on the device and waits (compiled and warmed up)."""
-    t, arena = _arena(template, rng)
-    dev = session.alloc(arena.size)
-    session.write(dev, 0, arena)
-
-    def run():
-        session.launch(t, dev)
-        session.finish()
-    run()
-    return run
-
-
 def interleaved(runs: dict, repeat: int) -> dict[str, float]:
     """Median seconds of each of ``runs`` over ``repeat`` rounds, each round running every one once (so the
     load of a shared machine drifts over all of them alike)."""
@@ -83,13 +68,10 @@ def interleaved(runs: dict, repeat: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--device", default=None)
+    parser = with_device_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     parser.add_argument("--plain", action="store_true", help="only the version-1 rows (the plain ops)")
     args = parser.parse_args()
-    info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
-    session = opencl.open(info)
+    info, session = open_opencl(args.device)
     rng = np.random.default_rng(0)
     print(f"device: {info.name} ({info.spec}); target {session.limits.target}; medians of {args.repeat}; f32; "
           f"B{B} S{S} I{I} H{H}, one layer")
@@ -97,7 +79,7 @@ def main() -> None:
     for op in ("lstm", "gru", "rnn"):
         rows = [("plain", None, plain(op)), ("one direction", None, plain(op, False))]
         rows += [] if args.plain else fields_of(op)
-        ms = interleaved({label: _runner(session, template, rng) for label, _, template in rows}, args.repeat)
+        ms = interleaved({label: warm_launcher(session, *_arena(template, rng)) for label, _, template in rows}, args.repeat)
         for label, against, _ in rows:
             ratio = f"{ms[label] / ms[against]:>8.2f}" if against else ""
             print(f"{op:<6} {label:<28} {ms[label] * 1e3:>9.2f} {ratio:>8}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tracemalloc
 
 import numpy as np
 
@@ -29,6 +28,7 @@ sys.path.insert(0, HERE)
 import host_fallback  # noqa: E402
 from host_fallback.selective_scan_backward import CHUNK  # noqa: E402
 from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
+from backward_harness import peak_bytes, print_head, with_backward_arguments  # noqa: E402
 from ssm import alternating_ms, medians_ms, torch_mamba1  # noqa: E402  (the harness and twin of benchmarks/ssm.py)
 
 B, H, N = 2, 256, 16
@@ -76,27 +76,12 @@ def torch_step(values: dict[str, np.ndarray], d_dst: np.ndarray):
     return run
 
 
-def peak_bytes(fn) -> int:
-    """The most bytes ``fn`` held allocated at once beyond what was allocated when it started."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        fn()
-        return tracemalloc.get_traced_memory()[1] - base
-    finally:
-        tracemalloc.stop()
-
-
 def mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--memory-seq", type=int, default=4096)
-    ap.add_argument("--runs", type=int, default=5)
+    ap = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--fields", action="store_true", help="add d, z and the softplus-ed delta bias")
     args = ap.parse_args()
@@ -115,8 +100,7 @@ def main() -> None:
           f"{os.cpu_count()} cores; OpenBLAS and torch {threads} threads; medians of {args.runs} runs; chunk {CHUNK}")
     head = (f"{'forward ms':>11}{'backward ms':>13}{'fwd+bwd ms':>12}{'/ forward':>11}{'torch fwd+bwd ms':>18}"
             f"{'ours / torch':>14}")
-    print(head)
-    print("-" * len(head))
+    print_head(head)
     print(f"{ours[0]:>11.1f}{ours[1]:>13.1f}{total:>12.1f}{total / ours[0]:>11.2f}{twin:>18.1f}{total / twin:>14.3f}")
 
     (fwd, fwd_arena, bwd, bwd_arena), _ = thunks(args.memory_seq, args.fields, np.random.default_rng(1))

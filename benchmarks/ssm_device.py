@@ -22,9 +22,7 @@ import argparse
 
 import numpy as np
 
-from benchmarks.backends import lay_out, median_time
-from rlx_gpu.backends import opencl
-from rlx_gpu.conformance.devices import find
+from benchmarks.backends import lay_out, median_time, open_opencl, warm_launcher, with_device_arguments
 
 SEQS = (1, 16, 32, 64, 128, 256, 1024)
 #: the packed sequences of ``--fields``: 2048 tokens, as the plain batch of two sequences of 1024
@@ -54,15 +52,7 @@ def field_thunks() -> list[tuple[str, dict, dict, dict]]:
 
 def time_thunk(session, template: dict, rng: np.random.Generator, repeat: int, **options) -> float:
     """Median seconds of one launch of ``template`` laid out on ``session`` (after a warm-up launch)."""
-    t, arena = lay_out(template, rng)
-    dev = session.alloc(arena.size)
-    session.write(dev, 0, arena)
-
-    def run():
-        session.launch(t, dev, **options)
-        session.finish()
-    run()  # compile and warm up
-    return median_time(run, repeat)
+    return median_time(warm_launcher(session, *lay_out(template, rng), **options), repeat)
 
 
 def fields_table(session, repeat: int) -> None:
@@ -76,13 +66,10 @@ def fields_table(session, repeat: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--device", default=None)
+    parser = with_device_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--fields", action="store_true", help="the version-2 fields' cost at the device's target")
     args = parser.parse_args()
-    info = find(args.device or "opencl")  # a spec that names no device lists the ones there are
-    session = opencl.open(info)
+    info, session = open_opencl(args.device)
     print(f"device: {info.name} ({info.spec})")
     if args.fields:
         fields_table(session, args.repeat)

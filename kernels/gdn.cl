@@ -31,6 +31,28 @@ DEVICE_FN i64 gdn_row_end(i64 r, i64 S, GLOBAL const int* cu) { return GDN_V2 &&
 /* The state entry of row r: slots[r] with state slots, else r. */
 DEVICE_FN i64 gdn_state_row(i64 r, GLOBAL const int* slots) { return GDN_V2 && slots ? (i64)slots[r] : r; }
 
+/* The token-major inputs of gated_delta_net, as its kernels find them in their arguments: q, k ([tokens][H][K]),
+ * v ([tokens][HV][V]), the gates g and beta. */
+typedef struct {
+    GLOBAL const store_t* q;
+    GLOBAL const store_t* k;
+    GLOBAL const store_t* v;
+    GLOBAL const store_t* g;
+    GLOBAL const store_t* beta;
+} gdn_tensors;
+
+INLINE_FN gdn_tensors gdn_tensors_of(GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                                     GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo)
+{
+    gdn_tensors out;
+    out.q = AT(store_t, qb, qo);
+    out.k = AT(store_t, kb, ko);
+    out.v = AT(store_t, vb, vo);
+    out.g = AT(store_t, gb, go);
+    out.beta = AT(store_t, beb, beo);
+    return out;
+}
+
 /* nrm[2e] = 1/sqrt(sum q^2 + 1e-6) and nrm[2e+1] the same of k, for every (token, key head) e < E: one
  * work-item each (every target). */
 KERNEL gdn_qk_norm(i64 E, i64 K, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* nb, i64 no)
@@ -91,11 +113,7 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
         return; /* no token of this row in the block (an empty sequence keeps its state as it is) */
     const int nc = V - j0 < GDN_CJ ? (int)(V - j0) : GDN_CJ; /* columns of this item inside the state */
     const i64 kh = vh / (HV / H);
-    GLOBAL const store_t* q = AT(store_t, qb, qo);
-    GLOBAL const store_t* k = AT(store_t, kb, ko);
-    GLOBAL const store_t* v = AT(store_t, vb, vo);
-    GLOBAL const store_t* g = AT(store_t, gb, go);
-    GLOBAL const store_t* beta = AT(store_t, beb, beo);
+    const gdn_tensors io = gdn_tensors_of(qb, qo, kb, ko, vb, vo, gb, go, beb, beo);
     GLOBAL const real* dec = AT(real, eb, eo);
     GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL store_t* dst = AT(store_t, db, dof);
@@ -130,10 +148,10 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
                 s[i * GDN_CJ + c] = !resume || c >= nc ? (real)0 : in_real ? in_re[i * V + c] : LOAD(in_st, i * V + c);
     for (i64 tok = lo; tok < hi; ++tok) {
         const i64 head = tok * HV + vh, vec = head * V, key = (tok * H + kh) * K;
-        GLOBAL const store_t* kr = k + key;
-        GLOBAL const store_t* qr = q + key;
+        GLOBAL const store_t* kr = io.k + key;
+        GLOBAL const store_t* qr = io.q + key;
         GLOBAL const real* gr = dec + ((bt * T + tok - from) * HV + vh) * K;
-        const real decay = per_channel ? (real)1 : exp(LOAD(g, head));
+        const real decay = per_channel ? (real)1 : exp(LOAD(io.g, head));
         const real rq = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh)] : (real)1;
         const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
         real a0[GDN_CJ], a1[GDN_CJ], u[GDN_CJ];
@@ -156,10 +174,10 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
             for (int c = 0; c < GDN_CJ; ++c)
                 a0[c] += s[i * GDN_CJ + c] * k0;
         }
-        const real bh = LOAD(beta, head), dk = decay * rk;
+        const real bh = LOAD(io.beta, head), dk = decay * rk;
         PRAGMA_UNROLL
         for (int c = 0; c < GDN_CJ; ++c) { /* u as the update takes it: times 1/|k| */
-            u[c] = ((c < nc ? LOAD(v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh * rk;
+            u[c] = ((c < nc ? LOAD(io.v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh * rk;
             a0[c] = a1[c] = (real)0;
         }
         for (i = 0; i + 2 <= K; i += 2) {
@@ -328,11 +346,7 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
     const i64 lo = gdn_row_start(r, S, cu), hi = gdn_row_end(r, S, cu); /* the same for the whole group */
     const int st_real = GDN_V2 && state_real;
-    GLOBAL const store_t* q = AT(store_t, qb, qo);
-    GLOBAL const store_t* k = AT(store_t, kb, ko);
-    GLOBAL const store_t* v = AT(store_t, vb, vo);
-    GLOBAL const store_t* g = AT(store_t, gb, go);
-    GLOBAL const store_t* beta = AT(store_t, beb, beo);
+    const gdn_tensors io = gdn_tensors_of(qb, qo, kb, ko, vb, vo, gb, go, beb, beo);
     GLOBAL const real* nrm = AT(real, nb, no);
     const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V + (live ? j : 0);
     GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
@@ -345,7 +359,7 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
     }
     for (i64 tok = lo; tok < hi; ++tok) {
         const i64 head = tok * HV + vh, vec = head * V, key = (tok * H + kh) * K;
-        const real decay = per_channel ? (real)1 : rlx_exp(LOAD(g, head));
+        const real decay = per_channel ? (real)1 : rlx_exp(LOAD(io.g, head));
         const real rq = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh)] : (real)1;
         const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
         real kd[SSM_W], y = (real)0;
@@ -355,24 +369,24 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
             kd[w] = (real)0;
             if (i < K) {
                 if (per_channel)
-                    s[w] *= rlx_exp(LOAD(g, head * K + i));
+                    s[w] *= rlx_exp(LOAD(io.g, head * K + i));
                 else
                     s[w] *= decay;
-                kd[w] = LOAD(k, key + i);
+                kd[w] = LOAD(io.k, key + i);
                 y += s[w] * kd[w];
             }
         }
         part[lane] = y;
         BARRIER();
         y = ssm_row_sum(part, first);
-        const real u = ((live ? LOAD(v, vec + j) : (real)0) - rk * y) * LOAD(beta, head) * rk; /* times 1/|k| */
+        const real u = ((live ? LOAD(io.v, vec + j) : (real)0) - rk * y) * LOAD(io.beta, head) * rk; /* times 1/|k| */
         y = (real)0;
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w) {
             const int i = w * SSM_L + nl;
             if (i < K) {
                 s[w] += kd[w] * u;
-                y += s[w] * LOAD(q, key + i);
+                y += s[w] * LOAD(io.q, key + i);
             }
         }
         part[SSM_WG + lane] = y;

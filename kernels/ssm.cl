@@ -8,6 +8,30 @@
  *
  * Rows, token indices and the version-2 switches: kernels/ssm_fields.cl, which precedes this text. */
 
+/* The token-major tensors of selective_scan and mamba2, as their kernels find them in their arguments: x,
+ * delta (mamba2: dt), the b and c rows ([tokens][G][N]), z and the output. */
+typedef struct {
+    GLOBAL const store_t* x;
+    GLOBAL const store_t* delta;
+    GLOBAL const store_t* bm;
+    GLOBAL const store_t* cm;
+    GLOBAL const store_t* z;
+    GLOBAL store_t* dst;
+} ssm_tensors;
+
+INLINE_FN ssm_tensors ssm_tensors_of(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* bb, i64 bo,
+                                     GLOBAL uchar* cb, i64 co, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* db, i64 dof)
+{
+    ssm_tensors out;
+    out.x = AT(store_t, xb, xo);
+    out.delta = AT(store_t, deb, deo);
+    out.bm = AT(store_t, bb, bo);
+    out.cm = AT(store_t, cb, co);
+    out.z = AT(store_t, zb, zo);
+    out.dst = AT(store_t, db, dof);
+    return out;
+}
+
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
@@ -22,23 +46,21 @@
  * too: taken one per step, a softplus or a silu sat on the step's serial path and cost as much as
  * the step. b and c rows are those of the channel's group. */
 INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 tok0, i64 H, i64 G, i64 ch, i64 grp,
-                                      real bias, real dv, GLOBAL const store_t* x, GLOBAL const store_t* delta,
-                                      GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
-                                      GLOBAL store_t* dst)
+                                      real bias, real dv, ssm_tensors io)
 {
     real xv[SS_TB], dl[SS_TB], y[SS_TB];
     PRAGMA_UNROLL
     for (int i = 0; i < SS_TB; ++i) {
         const i64 at = (tok0 + i) * H + ch;
-        xv[i] = i < steps ? LOAD(x, at) : (real)0;
-        dl[i] = ssm_delta(i < steps ? LOAD(delta, at) : (real)0, bias, (real)0, (real)0);
+        xv[i] = i < steps ? LOAD(io.x, at) : (real)0;
+        dl[i] = ssm_delta(i < steps ? LOAD(io.delta, at) : (real)0, bias, (real)0, (real)0);
     }
     PRAGMA_UNROLL
     for (int i = 0; i < SS_TB; ++i) {
         y[i] = (real)0;
         if (i < steps) {
-            GLOBAL const store_t* brow = bm + ((tok0 + i) * G + grp) * SS_W;
-            GLOBAL const store_t* crow = cm + ((tok0 + i) * G + grp) * SS_W;
+            GLOBAL const store_t* brow = io.bm + ((tok0 + i) * G + grp) * SS_W;
+            GLOBAL const store_t* crow = io.cm + ((tok0 + i) * G + grp) * SS_W;
             const real dx = dl[i] * xv[i];
             real part[SS_W];
             PRAGMA_UNROLL
@@ -57,20 +79,18 @@ INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 to
     real zv[SS_TB];
     PRAGMA_UNROLL
     for (int i = 0; i < SS_TB; ++i)
-        zv[i] = i < steps ? ssm_z(z, (tok0 + i) * H + ch) : (real)0;
+        zv[i] = i < steps ? ssm_z(io.z, (tok0 + i) * H + ch) : (real)0;
     PRAGMA_UNROLL
     for (int i = 0; i < SS_TB; ++i)
         if (i < steps)
-            STORE(dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
+            STORE(io.dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
 }
 
 /* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps and
  * the rest one step at a time: a block run with fewer steps still computed all SS_TB delta transforms and
  * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs). */
 INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
-                                  GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const param_t* a,
-                                  GLOBAL const store_t* bm, GLOBAL const store_t* cm, GLOBAL const store_t* z,
-                                  GLOBAL store_t* dst, GLOBAL state_t* st)
+                                  ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st)
 {
     real h[SS_W], av[SS_W];
     PRAGMA_UNROLL
@@ -80,9 +100,9 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
     }
     i64 tok = t0;
     for (; tok + SS_TB <= t1; tok += SS_TB)
-        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
     for (; tok < t1; ++tok)
-        selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, x, delta, bm, cm, z, dst);
+        selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
     if (SSM_CARRY)
         PRAGMA_UNROLL
         for (int n = 0; n < SS_W; ++n)
@@ -100,19 +120,14 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     const i64 ch = GID(0), r = GID(1);
     if (ch >= H || r >= R)
         return;
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
     GLOBAL const param_t* a = AT(param_t, ab, ao) + ch * N;
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL const store_t* cm = AT(store_t, cb, co);
-    GLOBAL const store_t* z = AT(store_t, zb, zo);
-    GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + ch) * N;
     const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
     if (N == SS_W) {
-        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, x, delta, a, bm, cm, z, dst, st);
+        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st);
         return;
     }
     real h[STATE_MAX], av[STATE_MAX];
@@ -121,10 +136,10 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
         av[n] = PLOAD(a, n);
     }
     for (i64 tok = t0; tok < t1; ++tok) {
-        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
-        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
-        const real xv = LOAD(x, tok * H + ch);
-        const real dl = ssm_delta(LOAD(delta, tok * H + ch), bias, (real)0, (real)0), dx = dl * xv;
+        GLOBAL const store_t* brow = io.bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = io.cm + (tok * G + grp) * N;
+        const real xv = LOAD(io.x, tok * H + ch);
+        const real dl = ssm_delta(LOAD(io.delta, tok * H + ch), bias, (real)0, (real)0), dx = dl * xv;
         for (i64 n = 0; n < N; ++n)
             h[n] = exp(dl * av[n]) * h[n] + dx * LOAD(brow, n);
         real y[SSM_ACC];
@@ -137,7 +152,7 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
         for (; n < N; ++n)
             y[0] += LOAD(crow, n) * h[n];
         const real sum = ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7]));
-        STORE(dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(z, tok * H + ch)));
+        STORE(io.dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(io.z, tok * H + ch)));
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
@@ -210,12 +225,7 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     if (p0 >= P || hh >= HD || r >= R)
         return;
     const int np = P - p0 < M2_PB ? (int)(P - p0) : M2_PB; /* rows of this item inside the head */
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL const store_t* cm = AT(store_t, cb, co);
-    GLOBAL const store_t* z = AT(store_t, zb, zo);
-    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const ssm_tensors io = ssm_tensors_of(xb, xo, dtb, dto, bb, bo, cb, co, zb, zo, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
     GLOBAL state_t* st = AT(state_t, stb, sto) + ((ssm_slot(r, AT(int, slb, slo)) * HD + hh) * P + p0) * N;
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
@@ -223,9 +233,9 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
     if (t1 - t0 == 1) {
         const i64 head = t0 * HD + hh;
-        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi);
-        mamba2_one_token(np, N, st, x, bm + (t0 * G + grp) * N, cm + (t0 * G + grp) * N, z, dst, head * P + p0, d,
-                         exp(d * a), dv);
+        const real d = ssm_delta(LOAD(io.delta, head), bias, lo, hi);
+        mamba2_one_token(np, N, st, io.x, io.bm + (t0 * G + grp) * N, io.cm + (t0 * G + grp) * N, io.z, io.dst,
+                         head * P + p0, d, exp(d * a), dv);
         return;
     }
     real s[STATE_MAX * M2_PB];
@@ -235,13 +245,13 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
             s[n * M2_PB + c] = SSM_CARRY && c < np ? SLOAD(st, c * N + n) : (real)0;
     for (i64 tok = t0; tok < t1; ++tok) {
         const i64 head = tok * HD + hh;
-        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
-        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
-        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi), decay = exp(d * a);
+        GLOBAL const store_t* brow = io.bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = io.cm + (tok * G + grp) * N;
+        const real d = ssm_delta(LOAD(io.delta, head), bias, lo, hi), decay = exp(d * a);
         real xv[M2_PB], dx[M2_PB], y0[M2_PB], y1[M2_PB];
         PRAGMA_UNROLL
         for (int c = 0; c < M2_PB; ++c) {
-            xv[c] = c < np ? LOAD(x, head * P + p0 + c) : (real)0;
+            xv[c] = c < np ? LOAD(io.x, head * P + p0 + c) : (real)0;
             dx[c] = d * xv[c];
             y0[c] = y1[c] = (real)0;
         }
@@ -267,9 +277,9 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                 y0[c] += s[n * M2_PB + c] * c0;
         }
         if (np == M2_PB) /* a whole block of rows, unguarded: the finish vectorizes across them */
-            m2_finish_rows(M2_PB, dst, z, head * P + p0, y0, y1, dv, xv);
+            m2_finish_rows(M2_PB, io.dst, io.z, head * P + p0, y0, y1, dv, xv);
         else
-            m2_finish_rows(np, dst, z, head * P + p0, y0, y1, dv, xv);
+            m2_finish_rows(np, io.dst, io.z, head * P + p0, y0, y1, dv, xv);
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
@@ -304,6 +314,19 @@ INLINE_FN void ssm_lanes_write_state(GLOBAL state_t* st, const real* h, int nl, 
             SSTORE(st, w * SSM_L + nl, h[w]);
 }
 
+/* The end of step `step` of a row (every lane of the group calls it: it meets the step's barrier): this
+ * lane's partial sum y into the step's buffer of `part`, then the lane that stores (`store`: the row's
+ * first lane, when the row is live) finishes the output at `at` from the row's sum and stores it. */
+INLINE_FN void ssm_lanes_finish_barrier(LOCAL_PTR real* part, real y, i64 step, int lane, int first, int store,
+                                        ssm_tensors io, i64 at, real dv, real xv)
+{
+    const int buf = (int)(step & 1) * SSM_WG;
+    part[buf + lane] = y;
+    BARRIER();
+    if (store)
+        STORE(io.dst, at, ssm_finish(ssm_row_sum(part, buf + first), dv, xv, ssm_z(io.z, at)));
+}
+
 /* Mamba-1, state rows = (row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[g,n]; y = sum_n c[g,n]*h[n]. */
 KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
@@ -318,13 +341,8 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
     const i64 r = GROUP(0) / blocks, ch = (GROUP(0) - r * blocks) * rows + k;
     const int live = ch < H; /* a lane past the last channel still meets every barrier */
     const i64 cl = live ? ch : 0;
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
     GLOBAL const param_t* a = AT(param_t, ab, ao) + cl * N;
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL const store_t* cm = AT(store_t, cb, co);
-    GLOBAL const store_t* z = AT(store_t, zb, zo);
-    GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     const i64 grp = cl / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
@@ -337,10 +355,10 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
         av[w] = in ? PLOAD(a, n) : (real)0;
     }
     for (i64 tok = t0; tok < t1; ++tok) {
-        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
-        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
-        const real xv = live ? LOAD(x, tok * H + ch) : (real)0;
-        const real dl = live ? ssm_delta(LOAD(delta, tok * H + ch), bias, (real)0, (real)0) : (real)0;
+        GLOBAL const store_t* brow = io.bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = io.cm + (tok * G + grp) * N;
+        const real xv = live ? LOAD(io.x, tok * H + ch) : (real)0;
+        const real dl = live ? ssm_delta(LOAD(io.delta, tok * H + ch), bias, (real)0, (real)0) : (real)0;
         const real dx = dl * xv;
         real y = (real)0;
         PRAGMA_UNROLL
@@ -351,13 +369,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                 y += LOAD(crow, n) * h[w];
             }
         }
-        const int buf = (int)((tok - t0) & 1) * SSM_WG;
-        part[buf + lane] = y;
-        BARRIER();
-        if (live && nl == 0) {
-            y = ssm_row_sum(part, buf + first);
-            STORE(dst, tok * H + ch, ssm_finish(y, dv, xv, ssm_z(z, tok * H + ch)));
-        }
+        ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, tok * H + ch, dv, xv);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, h, nl, N);
@@ -376,12 +388,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 rows = LSIZE(0) / SSM_L, blocks = (P + rows - 1) / rows;
     const i64 rh = GROUP(0) / blocks, r = rh / HD, hh = rh - r * HD, p = (GROUP(0) - rh * blocks) * rows + k;
     const int live = p < P;
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL const store_t* cm = AT(store_t, cb, co);
-    GLOBAL const store_t* z = AT(store_t, zb, zo);
-    GLOBAL store_t* dst = AT(store_t, db, dof);
+    const ssm_tensors io = ssm_tensors_of(xb, xo, dtb, dto, bb, bo, cb, co, zb, zo, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
     GLOBAL state_t* st = AT(state_t, stb, sto) + ((ssm_slot(r, AT(int, slb, slo)) * HD + hh) * P + (live ? p : 0)) * N;
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
@@ -393,10 +400,10 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
         s[w] = SSM_CARRY && live && w * SSM_L + nl < N ? SLOAD(st, w * SSM_L + nl) : (real)0;
     for (i64 tok = t0; tok < t1; ++tok) {
         const i64 head = tok * HD + hh;
-        GLOBAL const store_t* brow = bm + (tok * G + grp) * N;
-        GLOBAL const store_t* crow = cm + (tok * G + grp) * N;
-        const real d = ssm_delta(LOAD(dt, head), bias, lo, hi), decay = rlx_exp(d * a);
-        const real xv = live ? LOAD(x, head * P + p) : (real)0;
+        GLOBAL const store_t* brow = io.bm + (tok * G + grp) * N;
+        GLOBAL const store_t* crow = io.cm + (tok * G + grp) * N;
+        const real d = ssm_delta(LOAD(io.delta, head), bias, lo, hi), decay = rlx_exp(d * a);
+        const real xv = live ? LOAD(io.x, head * P + p) : (real)0;
         const real dx = d * xv;
         real y = (real)0;
         PRAGMA_UNROLL
@@ -407,13 +414,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                 y += s[w] * LOAD(crow, n);
             }
         }
-        const int buf = (int)((tok - t0) & 1) * SSM_WG;
-        part[buf + lane] = y;
-        BARRIER();
-        if (live && nl == 0) {
-            y = ssm_row_sum(part, buf + first);
-            STORE(dst, head * P + p, ssm_finish(y, dv, xv, ssm_z(z, head * P + p)));
-        }
+        ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, head * P + p, dv, xv);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, s, nl, N);
@@ -449,13 +450,8 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
     const i64 blocks = (H + SSC_CB - 1) / SSC_CB, r = GROUP(0) / blocks, ch = (GROUP(0) - r * blocks) * SSC_CB + k;
     const int live = ch < H; /* a lane past the last channel still meets every barrier */
     const i64 cl = live ? ch : 0;
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* delta = AT(store_t, deb, deo);
+    const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
     GLOBAL const param_t* a = AT(param_t, ab, ao) + cl * N;
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL const store_t* cm = AT(store_t, cb, co);
-    GLOBAL const store_t* z = AT(store_t, zb, zo);
-    GLOBAL store_t* dst = AT(store_t, db, dof);
     GLOBAL const int* cu = AT(int, cub, cuo);
     const i64 grp = cl / (H / G), first = ssm_first(r, S, cu), end = ssm_end(r, S, cu);
     const int gn = (int)(G * N); /* b, c elements from one step to the next */
@@ -468,15 +464,15 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
     BARRIER();
     for (i64 c0 = first; c0 < end; c0 += SSC_SL * SSC_T) {
         const i64 t0 = c0 + sl * SSC_T; /* this lane's first token */
-        GLOBAL const store_t* brow = bm + (t0 * G + grp) * N; /* its first step's b and c rows */
-        GLOBAL const store_t* crow = cm + (t0 * G + grp) * N;
+        GLOBAL const store_t* brow = io.bm + (t0 * G + grp) * N; /* its first step's b and c rows */
+        GLOBAL const store_t* crow = io.cm + (t0 * G + grp) * N;
         real dl[SSC_T], dx[SSC_T], y[SSC_T];
         PRAGMA_UNROLL
         for (int i = 0; i < SSC_T; ++i) {
             const i64 at = (t0 + i) * H + ch;
             const int in = live && t0 + i < end;
-            dl[i] = in ? ssm_delta(LOAD(delta, at), bias, (real)0, (real)0) : (real)0;
-            dx[i] = in ? dl[i] * LOAD(x, at) : (real)0;
+            dl[i] = in ? ssm_delta(LOAD(io.delta, at), bias, (real)0, (real)0) : (real)0;
+            dx[i] = in ? dl[i] * LOAD(io.x, at) : (real)0;
             y[i] = (real)0;
         }
         for (i64 n = 0; n < N; ++n) {
@@ -511,7 +507,7 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
         for (int i = 0; i < SSC_T; ++i) { /* x again for d * x: no register array holds it through the walk */
             const i64 at = (t0 + i) * H + ch;
             if (live && t0 + i < end)
-                STORE(dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(x, at) : (real)0, ssm_z(z, at)));
+                STORE(io.dst, at, ssm_finish(y[i], dv, SSM_D ? LOAD(io.x, at) : (real)0, ssm_z(io.z, at)));
         }
     }
     if (SSM_CARRY) {

@@ -25,8 +25,9 @@ def _stored(values: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(values, np.float64).astype(STORAGE[dtype]).astype(np.float64)
 
 
-class _Slots:
-    """Bump allocator of one body arena, with the constants it bakes into ``init``."""
+class ArenaSlots:
+    """Bump allocator of one arena (a body's, or the schedule's around it), with the constants it bakes into
+    ``init``."""
 
     def __init__(self, dtype: str):
         self.dtype, self.size, self.init = dtype, 0, []
@@ -89,7 +90,7 @@ def cell(dtype: str, bcast_bias: bool, seed: int = 0) -> Cell:
     w_hh, w_ih, bias = rng.normal(0, 0.6, (H, H)), rng.normal(0, 0.6, (H, I)), rng.normal(0, 0.3, H)
     bodies = []
     for vjp in (False, True):
-        mem, dt = _Slots(dtype), dtype
+        mem, dt = ArenaSlots(dtype), dtype
         w_hh_at, w_ih_at = mem.const(w_hh), mem.const(w_ih)
         bias_at = mem.alloc(H) if bcast_bias and not vjp else mem.const(bias)
         h, x = mem.alloc(B * H), mem.alloc(B * I)

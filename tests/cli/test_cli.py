@@ -1,7 +1,6 @@
 """The rlx-gpu command: devices, run --check on every example model, plan."""
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 
@@ -10,7 +9,9 @@ import pytest
 
 import rlx_gpu
 from rlx_gpu.cli import main
-from rlx_gpu.conformance.cases import lay_out, schedule_of
+from rlx_gpu.conformance.cases import lay_out
+
+from support.schedule_files import write_one_thunk
 
 
 @pytest.mark.parametrize("model", rlx_gpu.list_models())
@@ -50,8 +51,7 @@ def test_run_writes_outputs_and_a_per_thunk_table(tmp_path, capsys):
 
 def test_plan_names_backend_and_reason_for_each_thunk(tmp_path, capsys):
     thunk, n = lay_out("gru", "f16")
-    path = tmp_path / "s.json"
-    path.write_text(json.dumps(schedule_of(thunk, n)))
+    path = write_one_thunk(tmp_path / "s.json", thunk, n)
     assert main(["plan", str(path), "--device", "host"]) == 0
     out = capsys.readouterr().out
     assert "0  gru  f16    host     supported on host" in out
@@ -60,8 +60,7 @@ def test_plan_names_backend_and_reason_for_each_thunk(tmp_path, capsys):
 def test_errors_are_reported_without_a_traceback(tmp_path, capsys):
     thunk, n = lay_out("gru", "f16")
     thunk["hidden"] = 0
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(schedule_of(thunk, n)))
+    path = write_one_thunk(tmp_path / "bad.json", thunk, n)
     assert main(["plan", str(path)]) == 2
     assert f"ScheduleError: {path}: thunk 0 (gru), field 'hidden': expected an int >= 1, got 0" in capsys.readouterr().err
 

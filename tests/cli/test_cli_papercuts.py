@@ -18,11 +18,12 @@ import rlx_gpu
 from rlx_gpu import cli
 from rlx_gpu.cli import main
 from rlx_gpu.conformance import bench
-from rlx_gpu.conformance.cases import lay_out, schedule_of
+from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.graph.lowering import Executable
 from rlx_gpu.runtime.registry import status
 
 from support.cli_errors import one_line_error  # the one rule for a clean CLI error
+from support.schedule_files import write_one_thunk
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
@@ -158,8 +159,7 @@ def test_yaml_errors_give_line_and_column_without_pyyaml_internals(where, tmp_pa
 def test_schedule_errors_name_the_file(tmp_path):
     thunk, n = lay_out("gru", "f16")
     thunk["hidden"] = 0
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(schedule_of(thunk, n)))
+    path = write_one_thunk(tmp_path / "bad.json", thunk, n)
     for source in (path, str(path)):
         with pytest.raises(rlx_gpu.ScheduleError) as err:
             rlx_gpu.load_schedule(source)
@@ -181,8 +181,7 @@ def test_install_hints_name_the_checkout_form_no_index_refuses():
 
 def test_counts_are_singular_for_one(tmp_path, capsys):
     thunk, n = lay_out("fill", "f32")
-    path = tmp_path / "one.json"
-    path.write_text(json.dumps(schedule_of(thunk, n)))
+    path = write_one_thunk(tmp_path / "one.json", thunk, n)
     assert main(["run", str(path), "--device", "host"]) == 0
     out = capsys.readouterr().out
     assert "1 thunk," in out and "1 thunks" not in out

@@ -14,26 +14,10 @@ import pytest
 
 from host_fallback import execute
 from host_fallback.scan import HostMemory, run_scan_backward
+from rlx_gpu.conformance.scan_cell import ArenaSlots
 
 NP = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 B, H, I = 2, 3, 2
-
-
-class Arena:
-    """Bump allocator for a schedule or outer arena, plus the constants baked into ``init``."""
-
-    def __init__(self, dtype: str):
-        self.dtype, self.es, self.size, self.init = dtype, np.dtype(NP[dtype]).itemsize, 0, []
-
-    def alloc(self, count: int) -> int:
-        offset, self.size = self.size, self.size + count * self.es
-        return offset
-
-    def const(self, values: np.ndarray) -> int:
-        offset = self.alloc(np.size(values))
-        raw = np.asarray(values, np.float64).astype(NP[self.dtype]).tobytes()
-        self.init.append({"offset": offset, "b64": base64.b64encode(raw).decode()})
-        return offset
 
 
 def matmul(a: int, b: int, dst: int, m: int, k: int, n: int, dt: str, trans_b: bool) -> dict:
@@ -65,7 +49,7 @@ class Rnn:
         self.vjp, self.vjp_slots = self._body(vjp=True)
 
     def _body(self, vjp: bool) -> tuple[dict, dict]:
-        dt, mem = self.dtype, Arena(self.dtype)
+        dt, mem = self.dtype, ArenaSlots(self.dtype)
         w_hh, w_ih = mem.const(self.w_hh), mem.const(self.w_ih)
         bias = mem.alloc(H) if self.bcast_bias and not vjp else mem.const(self.bias)
         h, x = mem.alloc(B * H), mem.alloc(B * I)
@@ -150,7 +134,7 @@ class Problem:
         self.rnn, self.length = rnn, length
         self.h0, self.xs = rng.normal(0, 0.5, B * H), rng.normal(0, 1.0, (length, B * I))
         self.up_rows, self.up_final = rng.normal(0, 1, (length, B * H)), rng.normal(0, 1, B * H)
-        lay = Arena(rnn.dtype)
+        lay = ArenaSlots(rnn.dtype)
         self.init, self.xs_off, self.traj = lay.alloc(B * H), lay.alloc(length * B * I), lay.alloc(length * B * H)
         self.upstream, self.dinit, self.dxs = lay.alloc(length * B * H), lay.alloc(B * H), lay.alloc(length * B * I)
         self.bias = lay.alloc(H)
@@ -243,7 +227,7 @@ def test_length_zero_passes_init_through() -> None:
 
 def test_body_arena_restored_per_execution_not_per_step() -> None:
     # carry' = carry + n after n += 1, with n baked as 100 in init: 101+102+103+104 per execution.
-    mem = Arena("f64")
+    mem = ArenaSlots("f64")
     one, n = mem.const([1.0]), mem.const([100.0])
     c_in, c_out = mem.alloc(1), mem.alloc(1)
     add = {"op": "binary", "dtype": "f64", "fn": "add", "shape": [1], "a_strides": [1], "b_strides": [1]}

@@ -18,6 +18,8 @@ from rlx_gpu.runtime.executor import Device
 from host_fallback.abi import footprint
 from rlx_gpu.runtime.registry import resolve
 
+from support.schedule_files import f32_chain
+
 
 class PartialSession(HostSession):
     """A stand-in device with its own arenas that runs only some ops, so the rest must fall back."""
@@ -48,17 +50,12 @@ class PartialSession(HostSession):
 def _schedule() -> dict:
     """fill x; unary tanh x -> y (falls back); binary y + x -> z; copy z -> w."""
     n = 16
-    return {
-        "abi": "rlx-thunks/1", "arena_bytes": 4096,
-        "tensors": {"x": {"offset": 0, "dtype": "f32", "shape": [n]}, "w": {"offset": 1024, "dtype": "f32", "shape": [n]}},
-        "inputs": ["x"], "outputs": ["w"],
-        "thunks": [
-            {"op": "unary", "dtype": "f32", "x": 0, "dst": 256, "n": n, "fn": "tanh"},
-            {"op": "binary", "dtype": "f32", "a": 256, "b": 0, "dst": 512, "fn": "add", "shape": [n],
-             "a_strides": [1], "b_strides": [1]},
-            {"op": "copy", "dtype": "f32", "src": 512, "dst": 1024, "nbytes": 4 * n},
-        ],
-    }
+    return f32_chain(n, 4096, 1024, [
+        {"op": "unary", "dtype": "f32", "x": 0, "dst": 256, "n": n, "fn": "tanh"},
+        {"op": "binary", "dtype": "f32", "a": 256, "b": 0, "dst": 512, "fn": "add", "shape": [n],
+         "a_strides": [1], "b_strides": [1]},
+        {"op": "copy", "dtype": "f32", "src": 512, "dst": 1024, "nbytes": 4 * n},
+    ])
 
 
 def _arena(sched: rlx_gpu.Schedule) -> np.ndarray:
@@ -153,18 +150,13 @@ def _chain() -> dict:
     """unary tanh x -> y; binary y * x -> z; unary exp z -> z (in place); copy z -> w. The first three
     fall back on a device that runs only copy; each reads what the one before wrote."""
     n = 16
-    return {
-        "abi": "rlx-thunks/1", "arena_bytes": 1024,
-        "tensors": {"x": {"offset": 0, "dtype": "f32", "shape": [n]}, "w": {"offset": 768, "dtype": "f32", "shape": [n]}},
-        "inputs": ["x"], "outputs": ["w"],
-        "thunks": [
-            {"op": "unary", "dtype": "f32", "x": 0, "dst": 256, "n": n, "fn": "tanh"},
-            {"op": "binary", "dtype": "f32", "a": 256, "b": 0, "dst": 512, "fn": "mul", "shape": [n],
-             "a_strides": [1], "b_strides": [1]},
-            {"op": "unary", "dtype": "f32", "x": 512, "dst": 512, "n": n, "fn": "exp"},
-            {"op": "copy", "dtype": "f32", "src": 512, "dst": 768, "nbytes": 4 * n},
-        ],
-    }
+    return f32_chain(n, 1024, 768, [
+        {"op": "unary", "dtype": "f32", "x": 0, "dst": 256, "n": n, "fn": "tanh"},
+        {"op": "binary", "dtype": "f32", "a": 256, "b": 0, "dst": 512, "fn": "mul", "shape": [n],
+         "a_strides": [1], "b_strides": [1]},
+        {"op": "unary", "dtype": "f32", "x": 512, "dst": 512, "n": n, "fn": "exp"},
+        {"op": "copy", "dtype": "f32", "src": 512, "dst": 768, "nbytes": 4 * n},
+    ])
 
 
 def test_consecutive_host_thunks_share_one_copy_of_their_joint_footprint_each_way():

@@ -1,0 +1,34 @@
+"""What the host backward benchmarks (gdn_backward, mamba2_backward, selective_scan_backward) share: their
+command line, the peak memory one call allocates, and a table's column heads."""
+from __future__ import annotations
+
+import argparse
+import tracemalloc
+
+
+def with_backward_arguments(parser: argparse.ArgumentParser, runs: int) -> argparse.ArgumentParser:
+    """``parser`` with the options every host backward benchmark takes: ``--runs`` (medians of that many runs,
+    ``runs`` by default), ``--seq`` (the timed length) and ``--memory-seq`` (the length memory is traced at)."""
+    parser.add_argument("--runs", type=int, default=runs)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--memory-seq", type=int, default=4096)
+    return parser
+
+
+def peak_bytes(fn) -> int:
+    """The most bytes ``fn`` held allocated at once beyond what was allocated when it started (tracemalloc,
+    which sees every NumPy buffer)."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+def print_head(head: str) -> None:
+    """A table's column heads and a rule under them."""
+    print(head)
+    print("-" * len(head))
