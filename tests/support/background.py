@@ -32,8 +32,10 @@ done = nvrtc.check_all(directory=Path({str(cuda_builds.directory())!r}))
 print(json.dumps([[c.program.label, c.arch, c.ptx_bytes, c.cubin_bytes] for c in done]))
 """
 
-#: every usable OpenCL device here but simulators (none without pyopencl or a platform: the tests say why)
-OPENCL_IMPLEMENTATIONS = [info.spec for info in status("opencl").devices if not info.details["simulator"]]
+#: every OpenCL implementation here but simulators, its first device (none without pyopencl or a platform: the
+#: tests say why); a second build of one implementation (pyopencl's PoCL beside Debian's) is not checked twice
+OPENCL_IMPLEMENTATIONS = list({info.details["platform"]: info.spec for info in reversed(status("opencl").devices)
+                               if not info.details["simulator"]}.values())[::-1]
 #: the command that builds every f32 program at both targets on one OpenCL device
 OPENCL_BUILDS = [sys.executable, "-m", "rlx_gpu.backends.opencl_builds", "--dtypes", "f32", "--device"]
 
