@@ -438,7 +438,7 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
  * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's.
  * A varlen row is one sequence, so a chunk never holds a sequence start: every sequence restarts at
  * its first chunk, whatever its length. Bounded to 4 groups per SM (128 registers): left free, ptxas
- * spends more on scheduling than the budget of tests/test_ptxas.py. */
+ * spends more on scheduling than the budget of tests/devices/test_ptxas.py. */
 KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
