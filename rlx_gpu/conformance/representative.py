@@ -17,9 +17,11 @@ from .devices import find, open_device
 from . import runner
 
 
-def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
+def plans(spec: str, target: str, cases: list, per_kernel: bool = False) -> list[tuple[set, int, int]]:
     """Per case: the kernels it launches as (op, family, kernel, defines; no defines for a ``PER_KERNEL``
-    family), its work-items and its launch scratch bytes, planned (not run) for the device ``spec`` at ``target``.
+    family, or for any with ``per_kernel``), its work-items and its launch scratch bytes, planned (not run) for
+    the device ``spec`` at ``target``. ``per_kernel`` suits a second compiler of the text whose every
+    compile-time variant is built anyway (the OpenCL build check): its cases then run each kernel once.
 
     A scan-family case is its op (its body thunks' kernels are the body ops' own), costed by its arena's size.
     A combined-field case (``catalog.Case.combined``) stands for its op alone: its kernels are the single-field
@@ -42,7 +44,8 @@ def plans(spec: str, target: str, cases: list) -> list[tuple[set, int, int]]:
             continue
         plan = launches.plan(laid.thunk, limits, **RunOptions.build(**case.options).planner_keywords)
         items = [item for item in plan.launches if not item.empty]
-        kernels = {(case.op, i.family, i.kernel, () if i.family in PER_KERNEL else i.defines) for i in items}
+        kernels = {(case.op, i.family, i.kernel, () if per_kernel or i.family in PER_KERNEL else i.defines)
+                   for i in items}
         if case.combined:
             kernels = {(case.op, "combined", "", ())} if len(used(laid.thunk)) == most[case.op] else set()
         out.append((kernels, sum(math.prod(i.global_size) for i in items), plan.scratch_bytes))
