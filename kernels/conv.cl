@@ -13,8 +13,9 @@
  * the tokens do. The decode step (S = 1, carried state) is the same kernel: one launch straight on the pool.
  * The state entries are read in place and written in place, so exactly one work-item may touch an entry:
  * the first W-1 tokens of a sequence always go to the item holding its first token (conv_boundary), the only
- * one whose window reaches into the state, and the item holding the last token writes the final state (the
- * same item when the sequence is shorter than W-1 tokens past its start).
+ * one whose window reaches into the state, and that item writes the final state too, reading the row's last
+ * W-1 values of e (x, or state values for a row shorter than W-1) before it writes (the item holding the last
+ * token of a longer row would race with the reader).
  *
  * Runtime flags (uniform over the launch): carry (state present), varlen (cu_seqlens), slotted
  * (state_slots), state_real (the state stored in the compute type: f32 state of a 16-bit thunk; else in the
@@ -127,10 +128,17 @@ KERNEL causal_conv1d(i64 R, i64 S, i64 D, i64 W, i64 T, int carry, int varlen, i
     while (tok < stop) {
         const conv_row row = conv_row_at(conv_row_of(tok, R, S, cu), S, cu, slots);
         const i64 hi = row.end < stop ? row.end : stop;
+        /* the item holding the row's first token is the only one reading its state entry: it alone writes the
+         * final state too (the last W-1 values of e, read before anything is written) */
+        const int owner = carry && tok == row.first;
+        real fin[CONV_WIDTH_MAX];
         PRAGMA_UNROLL
-        for (int j = 0; j < CONV_WIDTH_MAX; ++j) /* e(tok - W + 1) .. e(tok - 1) at slots M-W+1 .. M-1 */
+        for (int j = 0; j < CONV_WIDTH_MAX; ++j) { /* e(tok - W + 1) .. e(tok - 1) at slots M-W+1 .. M-1 */
             win[j] = j > CONV_WIDTH_MAX - W ? conv_input(x, st, row, tok - (CONV_WIDTH_MAX - j), d, D, W, carry,
                                                          state_real) : (real)0;
+            fin[j] = owner && j > CONV_WIDTH_MAX - W ? conv_input(x, st, row, row.end - (CONV_WIDTH_MAX - j), d, D, W,
+                                                                  carry, state_real) : (real)0;
+        }
         for (; tok < hi; ++tok) {
             PRAGMA_UNROLL
             for (int j = 0; j < CONV_WIDTH_MAX - 1; ++j)
@@ -139,11 +147,11 @@ KERNEL causal_conv1d(i64 R, i64 S, i64 D, i64 W, i64 T, int carry, int varlen, i
             const real y = conv_dot(taps, win, W, bias);
             STORE(dst, tok * D + d, silu ? conv_silu(y) : y);
         }
-        if (carry && hi == row.end) { /* the last W-1 values of e, oldest first */
+        if (owner) { /* the last W-1 values of e, oldest first */
             PRAGMA_UNROLL
             for (int j = 0; j < CONV_WIDTH_MAX; ++j)
                 if (j > CONV_WIDTH_MAX - W)
-                    store_any(st, (row.entry * D + d) * (W - 1) + j - (CONV_WIDTH_MAX - W + 1), state_real, win[j]);
+                    store_any(st, (row.entry * D + d) * (W - 1) + j - (CONV_WIDTH_MAX - W + 1), state_real, fin[j]);
         }
     }
 }
