@@ -226,18 +226,19 @@ def check_rnn_forward(module: torch.nn.RNNBase, input: Any, hx: Any) -> None:
                             f"input's dtype: pass {which.split(' ')[0]}.to({data.dtype})")
 
 
-def check_state_batch_indices(fn: str, indices: torch.Tensor, pool: int) -> None:
-    """Each entry of ``state_batch_indices`` names an entry of the state pool (``state.shape[0]`` =
+def check_state_batch_indices(fn: str, indices: torch.Tensor, pool: int, argument: str = "state_batch_indices",
+                              pool_argument: str = "state") -> None:
+    """Each entry of the indices (``argument``) names an entry of the state pool (``pool_argument.shape[0]`` =
     ``pool``) and no entry is named twice; reads the indices' values."""
     values = indices.reshape(-1).tolist()
     for position, value in enumerate(values):
         if not 0 <= value < pool:
-            raise IndexError(f"{fn}: state_batch_indices[{position}] = {value} is outside the state pool of "
-                             f"{pool} entries (state.shape[0]); expected 0 <= index < {pool}")
+            raise IndexError(f"{fn}: {argument}[{position}] = {value} is outside the state pool of "
+                             f"{pool} entries ({pool_argument}.shape[0]); expected 0 <= index < {pool}")
     first: dict[int, int] = {}
     for position, value in enumerate(values):
         if value in first:
-            raise ValueError(f"{fn}: state_batch_indices[{first[value]}] and [{position}] both name state entry "
+            raise ValueError(f"{fn}: {argument}[{first[value]}] and [{position}] both name state entry "
                              f"{value}; each row of x updates an entry of its own")
         first[value] = position
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .arguments import check_state_batch_indices
 from .fused import CALLS, cast
 from .registry import FUNCTIONS
 
@@ -91,6 +92,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     width, state_len = weight.shape[1], conv_state.shape[-1]
     if state_len < width - 1:
         raise ValueError(f"{name}: conv_state holds {state_len} columns; width {width} needs at least {width - 1}")
+    if conv_state_indices is not None and not torch.compiler.is_compiling():  # traced, the indices are trusted
+        check_state_batch_indices(name, conv_state_indices, conv_state.shape[0], "conv_state_indices", "conv_state")
     rows = (torch.arange(x.shape[0], device=conv_state.device) if conv_state_indices is None
             else conv_state_indices.to(device=conv_state.device, dtype=torch.long))
     cache = conv_state[rows]

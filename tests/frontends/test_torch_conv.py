@@ -96,3 +96,13 @@ def test_update_refuses_a_ring_buffer():
     x, w, _, s = _inputs(2, 3, 1, 4)
     with pytest.raises(NotImplementedError, match="cache_seqlens"):
         causal_conv1d_update(x[..., 0], s, w, cache_seqlens=torch.tensor([1, 2]))
+
+
+def test_update_refuses_a_pool_index_outside_the_pool_or_named_twice_naming_the_argument():
+    x, pool, weight = torch.randn(2, 4), torch.randn(3, 4, 3), torch.randn(4, 4)
+    before = pool.clone()
+    with pytest.raises(IndexError, match=r"conv_state_indices\[0\] = 5 is outside the state pool of 3 entries"):
+        causal_conv1d_update(x, pool, weight, conv_state_indices=torch.tensor([5, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"conv_state_indices\[0\] and \[1\] both name state entry 1"):
+        causal_conv1d_update(x, pool, weight, conv_state_indices=torch.tensor([1, 1], dtype=torch.int32))
+    assert torch.equal(pool, before)  # nothing written
