@@ -46,6 +46,7 @@ CACHE_SIZE = 256
 
 _cache: dict[Hashable, Executable] = {}  # in the order compiled
 _bound: dict[Hashable, "BoundCall | None"] = {}  # a call's signature -> its bound call (None: not bindable)
+_hot: dict[Hashable, "Callable[..., Any] | None"] = {}  # a public call's signature -> its hot path (None: none)
 _cache_lock = threading.Lock()
 _last = threading.local()  # the CallPlan of this thread's latest call
 
@@ -281,6 +282,34 @@ def bound_call(signature: Hashable, bind: Callable[[], BoundCall | None], lead: 
     return bound
 
 
+#: What ``hot_path`` answers for a signature whose hot path has not been worked out yet.
+UNBUILT = object()
+
+
+def call_key(*args: Any) -> tuple:
+    """A call's signature as a hot path is kept by: each tensor's type, shape, strides, dtype and whether it
+    lies in CPU memory (nothing of its data or address; only CPU calls get a hot path, so the device
+    beyond that tells nothing), any other argument (hashable) itself."""
+    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, torch.Tensor) else a
+                  for a in args])
+
+
+def hot_path(key: Hashable) -> "Callable[..., Any] | None | object":
+    """The hot path kept for a call signature (``call_key``): a function doing all a call of that signature
+    needs, its static checks passed and its call plan bound, worked out by ``keep_hot_path`` after the
+    signature's first call ran the whole way; None for a signature that has none; ``UNBUILT`` before."""
+    return _hot.get(key, UNBUILT)
+
+
+def keep_hot_path(key: Hashable, build: Callable[[], "Callable[..., Any] | None"]) -> None:
+    """Keep ``build()`` as the hot path of ``key`` (None: the signature always takes the whole way)."""
+    path = build()
+    with _cache_lock:
+        if len(_hot) >= CACHE_SIZE:  # a hot path holds a plan the compiled cache may have dropped
+            _hot.clear()
+        _hot[key] = path
+
+
 def run_arrays(key: Hashable, build: Callable[[], Graph], specs: Mapping[str, Spec], arrays: Mapping[str, Any],
                device: str | None, stamps: Mapping[str, Hashable] | None = None) -> dict[str, Any]:
     """``run_graph`` on host arrays (any strides and float dtypes: the plan converts them to each input's
@@ -319,10 +348,11 @@ def run_on_stream(plan: CallPlan, inputs: Mapping[str, torch.Tensor], stamps: Ma
 
 
 def clear_cache() -> None:
-    """Drop every compiled signature and bound call (their resident arenas are freed with them)."""
+    """Drop every compiled signature, bound call and hot path (their resident arenas are freed with them)."""
     with _cache_lock:
         _cache.clear()
         _bound.clear()
+        _hot.clear()
 
 
 def last_report() -> RunReport | None:

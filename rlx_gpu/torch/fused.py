@@ -158,8 +158,15 @@ def _bind(op: FusedOp, args: Sequence[Any]) -> BoundCall | None:
                      ("y", FINAL_STATE) if "state" in given else ("y",))
 
 
+def bound_forward(name: str, args: Sequence[Any]) -> BoundCall | None:
+    """The bound forward call ``rlx_gpu::<name>`` keeps for the signature of ``args`` (its schema's
+    arguments; None where the general path runs it): what its implementation calls, and a hot path."""
+    op = OPS[name]
+    return bound_call(_signature(op, args), lambda: _bind(op, args), args[0])
+
+
 def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    bound = bound_call(_signature(op, args), lambda: _bind(op, args), args[0])
+    bound = bound_forward(op.name, args)
     if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
         y, *final = bound(args)
         return y, final[0] if final else empty(y)

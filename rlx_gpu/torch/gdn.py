@@ -10,14 +10,16 @@ can fuse (``use_gate_in_kernel``, ``use_beta_sigmoid_in_kernel``) are applied he
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
-from .fused import CALLS, cast
+from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .fused import CALLS, bound_forward, cast
+from .library import PLAIN, runs_directly
 
 from .registry import FUNCTIONS
 
@@ -152,6 +154,57 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     ``chunk_gated_delta_rule``; with ``use_gate_in_kernel`` the raw ``g`` goes through
     ``-exp(A_log)·softplus(g + dt_bias)``.
     """
+    key = None
+    if not kwargs and runs_directly(q, k, v, g, gk, gv, beta, initial_state, A_log, dt_bias, cu_seqlens):
+        key = call_key(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                       state_v_first, cu_seqlens, default_device())
+        path = hot_path(key)
+        if path is not None and path is not UNBUILT:
+            return path(q, k, v, g, beta, initial_state)
+    out = _fused_recurrent(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                           use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
+                           state_v_first, cu_seqlens, kwargs)
+    if key is not None and path is UNBUILT:
+        plain = (gk is gv is cu_seqlens is None and g is not None and beta is not None and not use_gate_in_kernel
+                 and not use_beta_sigmoid_in_kernel and not state_v_first)
+        keep_hot_path(key, lambda: _hot_recurrent(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                  use_qk_l2norm_in_kernel) if plain else None)
+    return out
+
+
+def _hot_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
+                   use_qk_l2norm_in_kernel: bool) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]] | None:
+    """The hot path (``bridge.hot_path``) of a plain ``fused_recurrent_gated_delta_rule`` signature whose
+    call just passed its checks: a gate per value head, ``beta`` as it is, the state in fla's layout as
+    the op carries it or none at all, tensors of q's dtype: the op's bound forward call on the tensors
+    themselves; None for any other."""
+    carried = torch.float64 if q.dtype == torch.float64 else torch.float32
+    state_given = initial_state is not None and initial_state.dtype == carried
+    if not (state_given or not output_final_state) or any(t.dtype != q.dtype for t in (k, v, g, beta)) or not all(
+            type(t) in PLAIN for t in (q, k, v, g, beta, initial_state) if t is not None):
+        return None
+    bound = bound_forward("gated_delta_net", (q, k, v, g, beta, initial_state, None, False,
+                                              None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel)))
+    if bound is None:
+        return None
+
+    def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                  initial_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        o, *final = bound((q, k, v, g, beta, initial_state))  # by the op's fields: q, k, v, g, beta, state
+        return o, final[0] if output_final_state else None
+    return recurrent
+
+
+def _fused_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None,
+                     gk: torch.Tensor | None, gv: torch.Tensor | None, beta: torch.Tensor | None, scale: float | None,
+                     initial_state: torch.Tensor | None, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
+                     use_gate_in_kernel: bool, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
+                     use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, state_v_first: bool,
+                     cu_seqlens: torch.Tensor | None,
+                     kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``fused_recurrent_gated_delta_rule`` the whole way: its checks, fla's options, the op."""
     check_fused_recurrent_gated_delta_rule(q, k, v, g, gk, beta, initial_state, state_v_first, cu_seqlens, A_log,
                                            dt_bias)
     name = "fused_recurrent_gated_delta_rule"

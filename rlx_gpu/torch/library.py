@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.autograd.graph import increment_version
 
 #: The namespace of every op: ``torch.ops.rlx_gpu.<name>``.
 NAMESPACE = "rlx_gpu"
@@ -19,7 +20,7 @@ NAMESPACE = "rlx_gpu"
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 _RUNS: dict[Any, Callable[..., Any]] = {}  # op overload -> its implementation (what its device keys run)
 #: The tensor types a direct call takes: a subclass (a fake tensor, a functional tensor) goes to the dispatcher.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+PLAIN = (torch.Tensor, torch.nn.Parameter)
 _FUNCTORCH = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
 
 
@@ -45,7 +46,7 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
         def run(*args: Any) -> Any:
             out = impl(*args)
             for i in written:
-                torch.autograd.graph.increment_version(args[i])
+                increment_version(args[i])
             return out
     else:
         run = impl
@@ -133,16 +134,29 @@ def direct(op: Any) -> Callable[..., Any]:
     run = _RUNS[op]
 
     def call(*args: Any) -> Any:
-        if (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._len_torch_dispatch_stack() or torch._C._dispatch_tls_local_include_set().has(_FUNCTORCH)
-                or (torch.is_grad_enabled() and torch._C._any_requires_grad(*args))):
+        if not runs_directly(*args):
             return op(*args)
         for a in args:
-            if isinstance(a, torch.Tensor) and type(a) not in _PLAIN or type(a) is list and not all(
-                    type(t) in _PLAIN for t in a):
+            if isinstance(a, torch.Tensor) and type(a) not in PLAIN or type(a) is list and not all(
+                    type(t) in PLAIN for t in a):
                 return op(*args)
         return run(*args)
     return call
+
+
+def untraced() -> bool:
+    """Whether a call now runs eagerly with nothing between its caller and the dispatcher's device kernel:
+    not traced by Dynamo, no torch function or dispatch mode, no functorch transform (what ``direct`` and a
+    hot path, ``bridge.hot_path``, require besides plain tensors of which autograd records nothing). Traced
+    code sees ``torch.compiler.is_compiling()`` first, so Dynamo never reads the rest."""
+    return not (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._len_torch_dispatch_stack() or torch._C._dispatch_tls_local_include_set().has(_FUNCTORCH))
+
+
+def runs_directly(*args: Any) -> bool:
+    """Whether a call on ``args`` may skip the dispatcher: ``untraced()``, and autograd records nothing of
+    it (grad disabled, or no argument requires it; a list's tensors are looked into)."""
+    return untraced() and not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args))
 
 
 def empty(like: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ features]`` or, with ``batch_first``, ``[batch, seq, features]``, unbatched ``[s
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
@@ -22,7 +22,9 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from host_fallback.abi import OPS as DEFINITIONS
 
 from .arguments import check_rnn_forward
-from .recurrent import Recurrence, recurrent
+from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .library import PLAIN, runs_directly
+from .recurrent import Recurrence, hot_recurrent, recurrent
 from .registry import FUNCTIONS
 
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
@@ -45,7 +47,31 @@ class _RlxRecurrent:
 
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        key = None
+        given = () if hx is None else tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
+        if isinstance(input, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in given) and runs_directly(
+                input, *given, *module._flat_weights):
+            key = (type(module), module.mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
+                   module.batch_first, module.bidirectional, module.proj_size, module.training, module.dropout,
+                   isinstance(hx, tuple), *call_key(input, *given), default_device())
+            path = hot_path(key)
+            if path is not None and path is not UNBUILT:
+                return path(module, input, hx)
         check_rnn_forward(module, input, hx)
+        packed = isinstance(input, PackedSequence)
+        x, states, seq_lens, batched = self._arguments(input, hx)
+        module.check_forward_args(input.data if packed else x if module.batch_first else x.transpose(0, 1),
+                                  tuple(states.values()) if module.mode == "LSTM" else states["h0"],
+                                  input.batch_sizes if packed else None)
+        y, finals = self._layers(x, states, seq_lens)
+        if key is not None and path is UNBUILT:
+            keep_hot_path(key, lambda: self._hot_path(x, states, batched))
+        return self._results(input, y, finals, batched)
+
+    def _arguments(self, input: Any, hx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any, bool]:
+        """The input as ``[batch, seq, features]``, the initial states by field, the lengths of a packed input
+        (int32, else None) and whether the input is batched."""
+        module: torch.nn.RNNBase = self  # type: ignore[assignment]
         packed = isinstance(input, PackedSequence)
         batched = packed or input.dim() == 3
         if packed:
@@ -54,12 +80,12 @@ class _RlxRecurrent:
         else:
             x = input.unsqueeze(0) if not batched else input if module.batch_first else input.transpose(0, 1)
             seq_lens = None
-        states = self._initial_states(x, hx, batched)
-        module.check_forward_args(input.data if packed else x if module.batch_first else x.transpose(0, 1),
-                                  tuple(states.values()) if module.mode == "LSTM" else states["h0"],
-                                  input.batch_sizes if packed else None)
-        y, finals = self._layers(x, states, seq_lens)
-        if packed:
+        return x, self._initial_states(x, hx, batched), seq_lens, batched
+
+    def _results(self, input: Any, y: torch.Tensor, finals: list[torch.Tensor], batched: bool) -> tuple[Any, Any]:
+        """torch.nn's ``(output, h_n)`` (``(output, (h_n, c_n))``) from ``y [batch, seq, width]`` and the final states."""
+        module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        if isinstance(input, PackedSequence):
             output: Any = packed_like(y, input)
         elif not batched:
             output = y.squeeze(0)
@@ -68,6 +94,24 @@ class _RlxRecurrent:
         if not batched:
             finals = [f.squeeze(1) for f in finals]
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
+
+    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool) -> Callable[..., Any] | None:
+        """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
+        op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
+        on the bound forward (``recurrent.hot_recurrent``); None for any other."""
+        module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        weights = module._flat_weights
+        if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):
+            return None
+        run = hot_recurrent(self._recurrence(module.num_layers), x, weights, list(states.values()))
+        if run is None:
+            return None
+
+        def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any]:
+            x, states, _, _ = module._arguments(input, hx)
+            y, *finals = run(x, module._flat_weights, states.values())
+            return module._results(input, y, finals, batched)
+        return forward
 
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:
         """``{"h0": ..}`` (and ``"c0"`` for an LSTM), ``[layers*dirs, batch, width]``: zeros without ``hx``."""
@@ -88,10 +132,8 @@ class _RlxRecurrent:
         """``y`` and the final states of every layer: one thunk for them all, or with dropout between layers
         in training mode one per layer."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
-        spec = dict(op=OPS[module.mode], hidden=module.hidden_size, bidirectional=module.bidirectional,
-                    proj_size=module.proj_size, relu=module.mode == "RNN_RELU", has_biases=module.bias)
         weights = [getattr(module, name) for name in module._flat_weights_names]
-        split = module.training and module.dropout > 0 and module.num_layers > 1
+        split = self._split()
         groups = [range(l, l + 1) for l in range(module.num_layers)] if split else [range(module.num_layers)]
         dirs = 2 if module.bidirectional else 1
         per_layer = len(weights) // module.num_layers
@@ -100,12 +142,24 @@ class _RlxRecurrent:
             if layers.start > 0:
                 x = torch.nn.functional.dropout(x, module.dropout, training=True)
             rows = slice(layers.start * dirs, layers.stop * dirs)
-            x, *ends = recurrent(Recurrence(num_layers=len(layers), **spec), x,
+            x, *ends = recurrent(self._recurrence(len(layers)), x,
                                  weights[layers.start * per_layer: layers.stop * per_layer],
                                  {f: s[rows] for f, s in states.items()}, seq_lens)
             for out, end in zip(finals, ends):
                 out.append(end)
         return x, [torch.cat(f) if len(f) > 1 else f[0] for f in finals]
+
+
+    def _split(self) -> bool:
+        """Whether the layers run one op each: dropout between them in training mode."""
+        module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        return module.training and module.dropout > 0 and module.num_layers > 1
+
+    def _recurrence(self, num_layers: int) -> Recurrence:
+        """The statics of an op running ``num_layers`` of the module's layers."""
+        module: torch.nn.RNNBase = self  # type: ignore[assignment]
+        return Recurrence(OPS[module.mode], module.hidden_size, num_layers, module.bidirectional, module.proj_size,
+                          module.mode == "RNN_RELU", module.bias)
 
 
 def _no_projection(name: str, kwargs: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
@@ -22,7 +22,7 @@ from host_fallback.abi import OPS
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import run_graph, specs_of, stamp
+from .bridge import CPU, BoundCall, host_array, plan_for, run_graph, specs_of, stamp, tensor
 from .fused import CALL, declare, output_gradients
 from .library import define, dense, direct, schema_args
 
@@ -228,6 +228,31 @@ def _forward(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
     out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs, stamps=stamps)
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     return (out["y"], *(out[finals[s]] for s in spec.states))
+
+
+def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor],
+                  states: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
+    """The forward of ``spec`` bound for the signature of a call on CPU tensors that just ran (a module's
+    hot path: ``nn``), ``run(x, weights, states) -> [y, *final states]``: its call plan bound once, the
+    weight streams taken from ``_Packings`` and copied in only when a parameter changed (their stamp);
+    None where the weights are no parameters (packed on every call) or there are no steps to run."""
+    if x.shape[:2].numel() == 0 or not x.is_cpu:
+        return None
+    inputs, stamps = _inputs(spec, x, weights, states, None)
+    if not stamps:
+        return None
+    specs = specs_of(inputs)
+    plan = plan_for(("forward", spec), lambda: _forward_graph(spec, inputs), specs, None)
+    positions = {name: i for i, name in enumerate(inputs)}  # x, the streams, the states
+    finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
+    bound = BoundCall(plan, positions, spec.streams, ("y", *(finals[s] for s in spec.states)))
+    view = torch.Tensor.numpy if bound.plain else host_array
+
+    def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        streams, key = _packings.streams(spec, weights)
+        values = [view(x), *streams.values(), *map(view, states)]  # a stream is read only when its stamp changed
+        return [tensor(a, CPU) for a in bound.arrays(values, [None, *(key for _ in streams), *(None for _ in states)])]
+    return run
 
 
 def _forward_fake(op: str, *args: Any) -> tuple[torch.Tensor, ...]:

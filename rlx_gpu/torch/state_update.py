@@ -8,12 +8,13 @@ from typing import Any, Callable, Hashable, NamedTuple
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from .arguments import check_selective_state_update, check_state_batch_indices
-from .bridge import (CPU, DTYPES, BoundCall, default_device, device_for, host_array, on_cuda, plan_for, rlx_dtype,
-                     run_arrays, stamp, tensor)
+from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, call_key, default_device, device_for, host_array, hot_path,
+                     keep_hot_path, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
-from .library import define, dense, direct
+from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
 from .ssm import _param_dtype, _state_dtype
 
@@ -53,8 +54,38 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     torch.Tensor
         ``out``, shaped and typed like ``x``. Not differentiable, like mamba_ssm's.
     """
+    key = None
+    if state_batch_indices is None and runs_directly(state, x, dt, A, B, C, D, z, dt_bias):
+        key = call_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, default_device())
+        path = hot_path(key)
+        if path is not None and path is not UNBUILT:
+            return path(state, x, dt, A, B, C, D, z, dt_bias)
     check_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, state_batch_indices)
-    return _STATE_UPDATE_CALL(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+    out = _STATE_UPDATE_CALL(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus), state_batch_indices)
+    if key is not None and path is UNBUILT:
+        keep_hot_path(key, lambda: _hot_step(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus)))
+    return out
+
+
+def _hot_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+              C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+              dt_softplus: bool) -> Callable[..., torch.Tensor] | None:
+    """The hot path of a signature (``bridge.hot_path``) whose call just passed its checks: the step on its
+    route's bound call, the final state written straight into the caller's (CPU tensors of torch's own
+    types, rows to run, the state in the op's layout a view of the caller's); None for any other."""
+    if x.shape[0] == 0 or not all(type(t) in PLAIN for t in (state, x, dt, A, B, C, D, z, dt_bias) if t is not None):
+        return None
+    route = _route(state, x, dt, A, B, D, z, dt_bias, dt_softplus)
+    if route.bound is None or not route.in_place:
+        return None
+
+    def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+             dt_bias: torch.Tensor | None) -> torch.Tensor:
+        y = _step(route, state, x, dt, A, B, C, D, z, dt_bias, None)
+        increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
+        return y
+    return step
 
 
 class _StepRoute(NamedTuple):
@@ -153,6 +184,14 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     """
     if x.shape[0] == 0:
         return dense(x.shape, x).zero_()
+    return _step(_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus), state, x, dt, A, B, C, D, z, dt_bias,
+                 state_batch_indices)
+
+
+def _route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+           D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
+           dt_softplus: bool) -> _StepRoute:
+    """The route of the call's signature, worked out on its first call."""
     signature = (dt_softplus, default_device(), *[None if t is None else (t.shape, t.stride(), t.dtype, t.device)
                                                   for t in (state, x, dt, A, B, D, z, dt_bias)])
     route = _step_routes.get(signature)
@@ -160,6 +199,13 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
         if len(_step_routes) >= STEP_ROUTES:
             _step_routes.clear()
         route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
+    return route
+
+
+def _step(route: _StepRoute, state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
+          B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+          dt_bias: torch.Tensor | None, state_batch_indices: torch.Tensor | None) -> torch.Tensor:
+    """The step on its ``route`` (a batch of rows to run)."""
     on_device = on_cuda(x)
     view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
     heads_form = state.dim() == 4
