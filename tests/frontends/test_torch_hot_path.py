@@ -1,0 +1,154 @@
+"""A call signature's hot path (``bridge.hot_path``): after a signature's first call ran the whole way, its
+later calls skip the checks and lookups and run the bound call. These calls must be the same calls: the
+same results (against torch references written here from mamba_ssm's, fla's and torch.nn's formulas),
+the state written in place with its version advanced, parameters changed in place seen, and every error
+still raised in the caller's terms where a call differs from the signature (another shape, dtype or
+tensor type, out-of-range indices).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from support.torch_devices import host  # noqa: F401  (fixture)
+
+import rlx_gpu.torch as rt
+from rlx_gpu.torch import state_update
+
+F64 = torch.float64
+
+
+def r(*shape: int, dtype: torch.dtype = F64) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype)
+
+
+def step_reference(state, x, dt, A, B, C, D, z, dt_bias):
+    """mamba_ssm's ``selective_state_update_ref`` (dt_softplus, Mamba-2's heads form, one group) in float64."""
+    dt = F.softplus(dt + dt_bias)
+    state.copy_(state * torch.exp(dt[..., None] * A) + (dt[..., None] * B[:, :, None, :]) * x[..., None])
+    return ((state * C[:, :, None, :]).sum(-1) + D * x) * F.silu(z)
+
+
+def step_arguments(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """x, dt, A, B, C, D, z, dt_bias of one heads-form step (B1 H2 P4 N3); dt, A, D, dt bias per head, broadcast."""
+    A = (-r(2, dtype=dtype).abs() - 0.5)[:, None, None].expand(2, 4, 3)
+    D, dt_bias = (r(2, dtype=dtype)[:, None].expand(2, 4) for _ in range(2))
+    dt = r(1, 2, 1, dtype=dtype).expand(1, 2, 4)
+    return r(1, 2, 4, dtype=dtype), dt, A, r(1, 1, 3, dtype=dtype), r(1, 1, 3, dtype=dtype), D, r(1, 2, 4, dtype=dtype), dt_bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_a_decode_loop_on_the_hot_path_matches_mamba_ssms_step_and_updates_the_state_in_place(dtype, host,
+                                                                                              monkeypatch):
+    torch.manual_seed(0)
+    checks = []
+    check = state_update.check_selective_state_update
+    monkeypatch.setattr(state_update, "check_selective_state_update", lambda *a: checks.append(1) or check(*a))
+    ours = r(1, 2, 4, 3).to(dtype)
+    theirs = ours.to(F64, copy=True)
+    for step in range(4):
+        x, dt, A, B, C, D, z, dt_bias = step_arguments(dtype)
+        version = ours._version
+        out = rt.selective_state_update(ours, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        expected = step_reference(theirs, *(t.to(F64) for t in (x, dt, A, B, C, D, z, dt_bias)))
+        tolerance = 1e-12 if dtype == F64 else 1e-5
+        assert torch.allclose(out.to(F64), expected, atol=tolerance, rtol=tolerance)
+        assert torch.allclose(ours.to(F64), theirs, atol=tolerance, rtol=tolerance)
+        assert ours._version > version  # written in place, as its schema declares
+    assert len(checks) == 1  # the first call checked the signature; the others took its hot path
+
+
+def test_a_call_unlike_the_hot_paths_signature_is_checked_in_the_callers_terms(host):
+    state = r(3, 2, 4, 3)
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    rt.selective_state_update(state[:1], x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    with pytest.raises(ValueError, match="selective_state_update: B"):
+        rt.selective_state_update(state[:1], x, dt, A, r(1, 1, 4), C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    with pytest.raises(TypeError, match="selective_state_update"):
+        rt.selective_state_update(state[:1], x, dt, A, B.float(), C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    with pytest.raises(IndexError, match=r"state_batch_indices\[0\] = 3 is outside the state pool of 3 entries"):
+        rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True,
+                                  state_batch_indices=torch.tensor([3], dtype=torch.int32))
+
+
+class Marked(torch.Tensor):
+    """A tensor subclass: its calls go through torch's dispatcher, never a hot path of plain tensors."""
+
+
+def test_a_tensor_subclass_leaves_the_hot_path_of_plain_tensors(host, monkeypatch):
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    state = r(1, 2, 4, 3)
+    for _ in range(2):
+        rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    checks = []
+    check = state_update.check_selective_state_update
+    monkeypatch.setattr(state_update, "check_selective_state_update", lambda *a: checks.append(1) or check(*a))
+    expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
+    out = rt.selective_state_update(state, x.as_subclass(Marked), dt, A, B, C, D=D, z=z, dt_bias=dt_bias,
+                                    dt_softplus=True)
+    assert checks == [1]
+    assert torch.allclose(out.as_subclass(torch.Tensor), expected, atol=1e-12)
+
+
+def gated_delta_reference(q, k, v, g, beta, state):
+    """fla's naive recurrent gated delta rule, one token (T=1), scale 1/sqrt(K): ``(o, final state)``."""
+    S = state.clone() * g[:, 0].exp()[..., None, None]
+    k0, v0, q0, b0 = k[:, 0], v[:, 0], q[:, 0], beta[:, 0]
+    u = (v0 - (S * k0[..., None]).sum(-2)) * b0[..., None]
+    S = S + k0[..., None] * u[..., None, :]
+    return ((q0 * k.shape[-1] ** -0.5)[..., None] * S).sum(-2)[:, None], S
+
+
+@pytest.mark.parametrize("output_final_state", [True, False])
+def test_fused_recurrent_gated_delta_rule_on_its_hot_path_matches_flas_step(output_final_state, host):
+    torch.manual_seed(1)
+    state = r(1, 2, 4, 4)
+    for _ in range(3):
+        q, k = (F.normalize(r(1, 1, 2, 4), dim=-1) for _ in range(2))
+        v, g, beta = r(1, 1, 2, 4), -torch.rand(1, 1, 2, dtype=F64), torch.rand(1, 1, 2, dtype=F64)
+        o, final = rt.fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state,
+                                                       output_final_state=output_final_state)
+        expected, expected_final = gated_delta_reference(q, k, v, g, beta, state)
+        assert torch.allclose(o, expected, atol=1e-12)
+        if output_final_state:
+            assert torch.allclose(final, expected_final, atol=1e-12)
+            state = final
+        else:
+            assert final is None
+            state = expected_final
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_an_lstm_decode_loop_on_its_hot_path_sees_its_parameters_change_in_place(batch_first, host):
+    torch.manual_seed(2)
+    theirs = torch.nn.LSTM(4, 5, num_layers=2, batch_first=batch_first, dtype=F64)
+    ours = rt.LSTM(4, 5, num_layers=2, batch_first=batch_first, dtype=F64)
+    ours.load_state_dict(theirs.state_dict())
+    hc_ours = hc_theirs = (r(2, 1, 5), r(2, 1, 5))
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:  # an optimizer-like step: every parameter changed in place (their versions advance)
+                for mine, torchs in zip(ours.parameters(), theirs.parameters()):
+                    delta = r(*mine.shape) * 0.1
+                    mine.add_(delta)
+                    torchs.add_(delta)
+            x = r(1, 1, 4)
+            y, hc_ours = ours(x, hc_ours)
+            expected, hc_theirs = theirs(x, hc_theirs)
+            assert torch.allclose(y, expected, atol=1e-12)
+            for mine, torchs in zip(hc_ours, hc_theirs):
+                assert torch.allclose(mine, torchs, atol=1e-12)
+
+
+def test_clear_cache_drops_the_hot_paths_and_calls_run_the_whole_way_again(host, monkeypatch):
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    state = r(1, 2, 4, 3)
+    rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    rt.clear_cache()
+    checks = []
+    check = state_update.check_selective_state_update
+    monkeypatch.setattr(state_update, "check_selective_state_update", lambda *a: checks.append(1) or check(*a))
+    expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
+    out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    assert checks == [1] and torch.allclose(out, expected, atol=1e-12)
