@@ -95,7 +95,8 @@ class _RlxRecurrent:
             finals = [f.squeeze(1) for f in finals]
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
 
-    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool) -> Callable[..., Any] | None:
+    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor],
+                  batched: bool) -> Callable[..., Any] | None:
         """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
         op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
         on the bound forward (``recurrent.hot_recurrent``); None for any other."""

@@ -35,7 +35,8 @@ def step_arguments(dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     A = (-r(2, dtype=dtype).abs() - 0.5)[:, None, None].expand(2, 4, 3)
     D, dt_bias = (r(2, dtype=dtype)[:, None].expand(2, 4) for _ in range(2))
     dt = r(1, 2, 1, dtype=dtype).expand(1, 2, 4)
-    return r(1, 2, 4, dtype=dtype), dt, A, r(1, 1, 3, dtype=dtype), r(1, 1, 3, dtype=dtype), D, r(1, 2, 4, dtype=dtype), dt_bias
+    x, B, C, z = (r(*shape, dtype=dtype) for shape in ((1, 2, 4), (1, 1, 3), (1, 1, 3), (1, 2, 4)))
+    return x, dt, A, B, C, D, z, dt_bias
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
