@@ -83,7 +83,8 @@ class _RlxRecurrent:
         return x, self._initial_states(x, hx, batched), seq_lens, batched
 
     def _results(self, input: Any, y: torch.Tensor, finals: list[torch.Tensor], batched: bool) -> tuple[Any, Any]:
-        """torch.nn's ``(output, h_n)`` (``(output, (h_n, c_n))``) from ``y [batch, seq, width]`` and the final states."""
+        """torch.nn's ``(output, h_n)`` (``(output, (h_n, c_n))``) from ``y [batch, seq, width]`` and the final
+        states."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         if isinstance(input, PackedSequence):
             output: Any = packed_like(y, input)
