@@ -10,10 +10,13 @@ from typing import Any
 import numpy as np
 
 from host_fallback.abi import BACKWARD, ELEM_SIZE, INT_FIELDS, SCAN_OPS, OPS as SPECS, regions
+from host_fallback.registry import import_all
 
 from ..graph.layout import ALIGN
 from ..schedule.model import ABI_V1, ABI_V2
-from .references import CASES  # importing the references imports every reference module, which declare the cases
+from .registry import CASES
+
+import_all(__package__, "reference")  # the reference modules declare their ops' cases (``registry.declare_cases``)
 
 #: Parameters of one small case per op, as its reference module declares it (``registry.declare_cases``); a
 #: backward op's is its forward's. The scan family's cases carry their own bodies (below).

@@ -173,7 +173,7 @@ declare_cases(
              "proj_size": {"proj_size": 3, "w_hr": True}, "w_hr": {"proj_size": 3, "w_hr": True}},
     refused=[({"seq_lens": [6, 2]}, "seq_lens", "past_seq")])
 declare_cases(
-    "gru", small=_recurrent("gru", 2, 5, 3, 4, 2, True, True),
+    "gru", small=_recurrent("gru", 2, 5, 3, 4, 2, True, True), refused=[({"seq_lens": [3, -1]}, "seq_lens", "negative")],
     thunks=[
         (_recurrent("gru", 2, 4, 3, 5, 2, True, True), {"rnn_kernel": "persistent"}, False),
         (_recurrent("gru", 1, 3, 2, 6, 1, False, False), {"rnn_kernel": "step"}, False),
@@ -188,8 +188,7 @@ declare_cases(
         (dict(_recurrent("gru", 2, 5, 3, 4, 1, True, True), seq_lens=[2, 5]), "x", 3, NAN),
     ],
     present={**_PRESENT, "activations": {"activations": [["leaky_relu", 0.01, 0.0], ["scaled_tanh", 1.5, 0.7]] * 2},
-             "linear_before_reset": {"linear_before_reset": False}},
-    refused=[({"seq_lens": [3, -1]}, "seq_lens", "negative")])
+             "linear_before_reset": {"linear_before_reset": False}})
 declare_cases(
     "rnn", small=_recurrent("rnn", 2, 5, 3, 4, 2, True, True),
     thunks=[
