@@ -22,6 +22,9 @@ STREAM = 0x5EED
 def _as_cuda(monkeypatch) -> list[CallPlan]:
     """Tensors taken for CUDA ones from now on; returns the plans ``on_stream`` was called on, in order."""
     calls: list[CallPlan] = []
+    # a CUDA tensor's call signature is never a CPU tensor's (bridge.call_key), so no hot path the CPU calls
+    # before kept may take the stand-ins' calls
+    rt.clear_cache()
     for module in (bridge, state_update):
         monkeypatch.setattr(module, "on_cuda", lambda t: isinstance(t, torch.Tensor))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(cuda_stream=STREAM))
