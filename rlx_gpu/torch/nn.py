@@ -51,9 +51,10 @@ class _RlxRecurrent:
         given = () if hx is None else tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
         if isinstance(input, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in given) and runs_directly(
                 input, *given, *module._flat_weights):
+            first = module._flat_weights[0]  # its dtype and device are what torch.nn checks the input against
             key = (type(module), module.mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
                    module.batch_first, module.bidirectional, module.proj_size, module.training, module.dropout,
-                   isinstance(hx, tuple), *call_key(input, *given), default_device())
+                   first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given), default_device())
             path = hot_path(key)
             if path is not None and path is not UNBUILT:
                 return path(module, input, hx)

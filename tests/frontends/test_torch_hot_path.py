@@ -153,3 +153,15 @@ def test_clear_cache_drops_the_hot_paths_and_calls_run_the_whole_way_again(host,
     expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
     out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
     assert checks == [1] and torch.allclose(out, expected, atol=1e-12)
+
+
+def test_a_module_converted_to_another_dtype_refuses_the_input_it_took_before(host):
+    torch.manual_seed(3)
+    ours = rt.LSTM(4, 5, batch_first=True)
+    x = torch.randn(1, 1, 4)
+    with torch.no_grad():
+        for _ in range(2):
+            ours(x)
+        ours.double()
+        with pytest.raises(ValueError, match=r"input dtype \(torch.float32\) does not match weight dtype"):
+            ours(x)
