@@ -218,14 +218,15 @@ def _step(route: _StepRoute, state: torch.Tensor, x: torch.Tensor, dt: torch.Ten
         rows = rows.long() if on_device else rows.astype(np.intp)
         current = pool[rows]
     xs = view(x) if heads_form else view(x)[:, None]
-    Bs, Cs = (view(M) if M.dim() == 3 else view(M)[:, None] for M in (B, C))
+    Bs = view(B) if B.dim() == 3 else view(B)[:, None]
+    Cs = view(C) if C.dim() == 3 else view(C)[:, None]
     fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
                           *(None if t is None else view(t) for t in (D, z, dt_bias)))
     stamps = {"a": stamp(A), "d": None if D is None else stamp(D),
               route.bias: None if dt_bias is None else stamp(dt_bias)}
     if route.bound is not None and not on_device and rows is None and route.in_place:  # the final state straight in
         y, _ = route.bound.arrays(fields, stamps, into=(None, fields["state"]))
-        return tensor(y, CPU).reshape(x.shape)
+        return tensor(y.reshape(x.shape), CPU)  # a new array's view: NumPy's reshape costs less than torch's
     specs = route.specs
     out = run_arrays(("forward", route.call), lambda: forward_graph(route.call, specs), specs,
                      {f: a for f, a in fields.items() if a is not None}, None if x.is_cpu else device_for(state, x),
