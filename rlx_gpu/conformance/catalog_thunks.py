@@ -83,6 +83,8 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
                             d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
     ("mamba2", dict(_mamba2(2, 1, 3, 4, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
                     d=True, z=True, dt_bias=True, dt_softplus=True), {}, False),
+    # the cpu target's selective_scan decode kernel without a carried state, an odd state_size, two groups
+    ("selective_scan", dict(_ssm(2, 1, 20, 5), groups=2, d=True, z=True), {}, False),
     ("gated_delta_net", _gdn(1, 70, 2, 16, True, True), {}, False),  # and gated_delta_net chunked, both gate kinds
     ("gated_delta_net", _gdn(2, 130, 1, 20, False, False), {}, False),  # three chunks; 20 is no multiple of a tile
     ("gated_delta_net", _gdn(1, 2, 1, 128, True, True), {}, False),
