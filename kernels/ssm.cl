@@ -109,6 +109,35 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
             SSTORE(st, n, h[n]);
 }
 
+/* Mamba-1, the one token of a row (a decode step) at the cpu target: the channel's state row updated where it
+ * lies in a loop over n (h = exp(delta*a)*h + delta*x*b, contiguous: vectorized along n), then y = sum_n c*h
+ * in a second loop with two partial sums (even and odd n). The fixed-width path below (straight-line code
+ * over the 16 values) was left scalar by PoCL 3.1 (LLVM 15): B1 D1536 N16 took 110 µs of kernel time there
+ * against 72 for this form (PoCL 3.0: 69 and 71; Intel's CPU runtime: 36 and 36). A kernel of its own for the
+ * step took 66 on PoCL 3.1: not worth a second copy of the kernel's signature. Several channels per item
+ * (their delta transforms and finishes vectorized across them) made PoCL 3.1 faster still (46) and Intel's
+ * runtime three times slower (119). */
+INLINE_FN void selective_scan_one_token(i64 at, i64 N, real bias, real dv, ssm_tensors io, GLOBAL const store_t* brow,
+                                        GLOBAL const store_t* crow, GLOBAL const param_t* a, GLOBAL state_t* st)
+{
+    const real xv = LOAD(io.x, at), d = ssm_delta(LOAD(io.delta, at), bias, (real)0, (real)0), dx = d * xv;
+    real h[STATE_MAX];
+    for (i64 n = 0; n < N; ++n) {
+        h[n] = rlx_exp(d * PLOAD(a, n)) * (SSM_CARRY ? SLOAD(st, n) : (real)0) + dx * LOAD(brow, n);
+        if (SSM_CARRY)
+            SSTORE(st, n, h[n]);
+    }
+    real y0 = (real)0, y1 = (real)0;
+    i64 n = 0;
+    for (; n + 2 <= N; n += 2) {
+        y0 += h[n] * LOAD(crow, n);
+        y1 += h[n + 1] * LOAD(crow, n + 1);
+    }
+    if (n < N)
+        y0 += h[n] * LOAD(crow, n);
+    STORE(io.dst, at, ssm_finish(y0 + y1, dv, xv, ssm_z(io.z, at)));
+}
+
 /* Mamba-1: per (channel ch, row r), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[g,n]*x; y = sum_n c[g,n]*h[n],
  * g = ch's group. */
 KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
@@ -126,6 +155,11 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + ch) * N;
     const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
+    if (t1 - t0 == 1) {
+        selective_scan_one_token(t0 * H + ch, N, bias, dv, io, io.bm + (t0 * G + grp) * N, io.cm + (t0 * G + grp) * N,
+                                 a, st);
+        return;
+    }
     if (N == SS_W) {
         selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st);
         return;
@@ -157,48 +191,6 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
             SSTORE(st, n, h[n]);
-}
-
-/* Mamba-1, one token per row (a decode step: seq 1, no cu_seqlens): per (channel ch, row r), the state row
- * updated in place in a loop over n (h = exp(delta*a)*h + delta*x*b, contiguous: vectorized along n), then
- * y = sum_n c*h in a second loop with two partial sums (even and odd n). selective_scan's fixed-width path
- * (straight-line code over the 16 values, taken one step at a time) was left scalar by PoCL 3.1 (LLVM 15):
- * B1 D1536 N16 took 110 µs there against 66 for this form; PoCL 3.0 runs both in ~35 µs. Holding several
- * channels per item (their delta transforms and finishes vectorized across them) made 3.1 faster still
- * (46 µs) and 3.0 three times slower (119). */
-KERNEL selective_scan_token(i64 R, i64 S, i64 H, i64 N, i64 G,
-                            GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
-                            GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
-                            GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
-{
-    const i64 ch = GID(0), r = GID(1);
-    if (ch >= H || r >= R)
-        return;
-    const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
-    const i64 at = r * H + ch, row = r * G + ch / (H / G); /* the row's one token is token r; b/c row of ch's group */
-    GLOBAL const param_t* a = AT(param_t, ab, ao) + ch * N;
-    GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + ch) * N;
-    GLOBAL const store_t* brow = io.bm + row * N;
-    GLOBAL const store_t* crow = io.cm + row * N;
-    const real xv = LOAD(io.x, at);
-    const real d = ssm_delta(LOAD(io.delta, at), ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), (real)0, (real)0);
-    const real dx = d * xv;
-    real h[STATE_MAX];
-    for (i64 n = 0; n < N; ++n) {
-        h[n] = rlx_exp(d * PLOAD(a, n)) * (SSM_CARRY ? SLOAD(st, n) : (real)0) + dx * LOAD(brow, n);
-        if (SSM_CARRY)
-            SSTORE(st, n, h[n]);
-    }
-    real y0 = (real)0, y1 = (real)0;
-    i64 n = 0;
-    for (; n + 2 <= N; n += 2) {
-        y0 += h[n] * LOAD(crow, n);
-        y1 += h[n + 1] * LOAD(crow, n + 1);
-    }
-    if (n < N)
-        y0 += h[n] * LOAD(crow, n);
-    STORE(io.dst, at, ssm_finish(y0 + y1, ssm_param(AT(param_t, skb, sko), ch, SSM_D), xv, ssm_z(io.z, at)));
 }
 
 /* Stores the outputs of an item's first `np` rows (y0 + y1, finished) at dst[at ..]; called with the

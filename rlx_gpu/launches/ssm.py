@@ -1,7 +1,6 @@
 """Launch geometry of selective_scan and mamba2 (ABI.md §4 and the version-2 fields of §8).
 
-cpu target: one work-item per state row (mamba2: per M2_PB rows) walks the sequence (a selective_scan decode
-step, seq 1, has a kernel of its own: selective_scan_token). gpu target: the
+cpu target: one work-item per state row (mamba2: per M2_PB rows) walks the sequence. gpu target: the
 state of one row spread across the lanes of a work-group (``state_lanes``, its size a compile-time
 variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on, the chunked forms.
 A row is a batch row or, with ``cu_seqlens``, one packed sequence. The version-2 fields a thunk uses
@@ -121,10 +120,9 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
         defines, glob, local = state_lanes(n, h, r, lim)
         return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
                                          defines=defines + fields),))
-    kernel = "selective_scan_token" if s == 1 and t["cu_seqlens"] is None else "selective_scan"  # a decode step
     local = (linear_local(h), 1)
-    return LaunchPlan((kernel_launch("ssm", kernel, dt, grid((h, r), local), local, args, target=lim.target,
-                                     defines=fields),))
+    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((h, r), local), local, args,
+                                     target=lim.target, defines=fields),))
 
 
 _M2_TENSORS = ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z", "state", "cu_seqlens", "state_slots")
