@@ -111,7 +111,7 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
 
 /* Mamba-1, the one token of a row (a decode step) at the cpu target: the channel's state row updated where it
  * lies in a loop over n (h = exp(delta*a)*h + delta*x*b, contiguous: vectorized along n), then y = sum_n c*h
- * in a second loop with two partial sums (even and odd n). The fixed-width path below (straight-line code
+ * in a second loop with two partial sums (even and odd n). selective_scan_w16 above (straight-line code
  * over the 16 values) was left scalar by PoCL 3.1 (LLVM 15): B1 D1536 N16 took 110 µs of kernel time there
  * against 72 for this form (PoCL 3.0: 69 and 71; Intel's CPU runtime: 36 and 36). A kernel of its own for the
  * step took 66 on PoCL 3.1: not worth a second copy of the kernel's signature. Several channels per item
