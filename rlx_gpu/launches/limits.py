@@ -32,6 +32,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GEMM_LX": 8, "GEMM_LY": 8,  # the gemm's work-group: items along (column runs, row blocks)
         "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
         "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
+        "SS_TC": 8,  # channels per work-item of a selective_scan decode step (seq 1)
         "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
         "GDN_DJ": 32,  # value columns per work-item of its decode step (gated_delta_net_step)
         # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count

@@ -1,6 +1,7 @@
 """Launch geometry of selective_scan and mamba2 (ABI.md §4 and the version-2 fields of §8).
 
-cpu target: one work-item per state row (mamba2: per M2_PB rows) walks the sequence. gpu target: the
+cpu target: one work-item per state row (mamba2: per M2_PB rows) walks the sequence; a selective_scan decode
+step (seq 1) gives each item SS_TC channels. gpu target: the
 state of one row spread across the lanes of a work-group (``state_lanes``, its size a compile-time
 variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on, the chunked forms.
 A row is a batch row or, with ``cu_seqlens``, one packed sequence. The version-2 fields a thunk uses
@@ -120,8 +121,9 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
         defines, glob, local = state_lanes(n, h, r, lim)
         return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
                                          defines=defines + fields),))
-    local = (linear_local(h), 1)
-    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((h, r), local), local, args,
+    items = -(-h // lim.tune("SS_TC")) if s == 1 and t["cu_seqlens"] is None else h  # decode: SS_TC channels each
+    local = (linear_local(items), 1)
+    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((items, r), local), local, args,
                                      target=lim.target, defines=fields),))
 
 

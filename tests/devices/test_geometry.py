@@ -128,3 +128,15 @@ def test_a_cpu_target_decode_step_of_gated_delta_net_is_one_launch_on_the_state(
     assert step.global_size == (4, 8, 8) and step.local_size == (4, 1, 1)
     two = {l.kernel for l in _plan("gated_delta_net", dict(params, seq=2), cpu).launches}
     assert "gated_delta_net_step" not in two
+
+
+def test_a_cpu_target_decode_step_of_selective_scan_gives_each_item_several_channels():
+    """seq 1 (a Mamba-1 selective_state_update): SS_TC = 8 channels per item (kernels/ssm.cl's decode branch);
+    two steps, or packed sequences, one channel per item."""
+    cpu = dataclasses.replace(GPU, target="cpu", max_grid=(2**63 - 1,) * 3)
+    params = dict(batch=3, seq=1, hidden=1536, state_size=16, carry_state=True, state=True)
+    (step,) = _plan("selective_scan", params, cpu).launches
+    assert step.kernel == "selective_scan" and step.global_size == (192, 3) and step.local_size == (64, 1)
+    (two,) = _plan("selective_scan", dict(params, seq=2), cpu).launches
+    (packed,) = _plan("selective_scan", dict(params, batch=1, seq=3, cu_seqlens=[0, 1, 2, 3]), cpu).launches
+    assert two.global_size == (1536, 3) and packed.global_size == (1536, 3)
