@@ -106,3 +106,46 @@ def test_update_refuses_a_pool_index_outside_the_pool_or_named_twice_naming_the_
     with pytest.raises(ValueError, match=r"conv_state_indices\[0\] and \[1\] both name state entry 1"):
         causal_conv1d_update(x, pool, weight, conv_state_indices=torch.tensor([1, 1], dtype=torch.int32))
     assert torch.equal(pool, before)  # nothing written
+
+
+@pytest.mark.parametrize("state_len,seqlen,dtype", [(3, 1, torch.float64), (4, 1, torch.float32), (5, 7, torch.float64),
+                                                    (4, 2, torch.bfloat16)])
+def test_update_is_one_op_on_the_whole_pool(state_len, seqlen, dtype):
+    """torch.ops.rlx_gpu.causal_conv1d_update alone (no torch op around it) takes the pool and the slots; entries
+    not named stay as they were, bit for bit, whatever the cache's dtype."""
+    width, dim = 4, 5
+    x, w, b, _ = _inputs(3, dim, seqlen, width, seed=seqlen)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    cache = torch.randn(6, dim, state_len, dtype=torch.float32)
+    slots = torch.tensor([4, 0, 2])
+    before = cache.clone()
+    with torch.profiler.profile() as prof:
+        out = causal_conv1d_update(x, cache, w, b, activation="silu", conv_state_indices=slots)
+    aten = {e.name for e in prof.events() if e.name.startswith("aten::")}
+    assert "aten::index" not in aten and "aten::index_put_" not in aten  # nothing gathered or scattered by torch
+    window = before[slots][..., -(width - 1):].to(dtype)
+    want, _ = reference(x.double(), w.double(), b.double(), window.double(), "silu")
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out.double(), want, **tol)
+    shifted = torch.cat([before[slots], x.to(cache.dtype)], dim=-1)[..., -state_len:]
+    torch.testing.assert_close(cache[slots], shifted, rtol=0, atol=0)
+    assert torch.equal(cache[[1, 3, 5]], before[[1, 3, 5]])
+
+
+def test_update_compiles_without_breaks_and_writes_the_cache():
+    x, w, b, _ = _inputs(2, 4, 1, 4, torch.float32)
+    cache = torch.randn(3, 4, 4)
+    want_cache = cache.clone()
+    want = causal_conv1d_update(x[..., 0], want_cache, w, b, "silu", conv_state_indices=torch.tensor([2, 0]))
+    compiled = torch.compile(lambda *a: causal_conv1d_update(*a, activation="silu",
+                                                             conv_state_indices=torch.tensor([2, 0])),
+                             fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x[..., 0], cache, w, b), want)
+    torch.testing.assert_close(cache, want_cache)
+
+
+def test_update_op_passes_opcheck():
+    """Schema (the cache written in place), fake implementation and AOT tracing of rlx_gpu::causal_conv1d_update."""
+    x, w, b, _ = _inputs(2, 4, 1, 4, torch.float32)
+    args = (torch.randn(3, 4, 4), x[..., 0], w, b, "silu", torch.tensor([2, 0], dtype=torch.int32))
+    torch.library.opcheck(torch.ops.rlx_gpu.causal_conv1d_update.default, args)
