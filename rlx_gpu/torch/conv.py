@@ -34,13 +34,18 @@ def _activation(name: str, activation: Any) -> str | None:
 
 
 def _packed(seq_idx: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    """``cu_seqlens`` (int32) of the ``batch * seqlen`` flattened tokens: a sequence starts at every row's start
-    and wherever ``seq_idx`` changes within a row."""
+    """``cu_seqlens`` (int32, ``batch * seqlen + 1`` entries) of the flattened tokens: a sequence starts at every
+    row's start and wherever ``seq_idx`` changes within a row; the starts in order, then empty sequences up to the
+    bound of one per token (ABI.md §8 allows them). Of static shape, so ``torch.compile(fullgraph=True)`` traces it:
+    each token's sequence number (a running count of starts) takes the smallest token index among its own."""
     idx = seq_idx.reshape(batch, seqlen)
-    starts = torch.ones_like(idx, dtype=torch.bool)
-    starts[:, 1:] = idx[:, 1:] != idx[:, :-1]
-    first = torch.nonzero(starts.reshape(-1)).reshape(-1)
-    return torch.cat([first, first.new_tensor([batch * seqlen])]).to(device=seq_idx.device, dtype=torch.int32)
+    starts = torch.ones_like(idx, dtype=torch.int32)
+    starts[:, 1:] = (idx[:, 1:] != idx[:, :-1]).to(torch.int32)
+    tokens = batch * seqlen
+    sequence = starts.reshape(-1).cumsum(0) - 1
+    positions = torch.arange(tokens, device=seq_idx.device)
+    cu = positions.new_full((tokens + 1,), tokens).scatter_reduce_(0, sequence, positions, "amin")
+    return cu.to(torch.int32)
 
 
 @FUNCTIONS.register("causal_conv1d")
@@ -60,8 +65,9 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     cu = None
     if seq_idx is not None:
         if initial_states is not None or return_final_states:
-            raise NotImplementedError(f"{name}: seq_idx with initial_states or return_final_states is not supported "
-                                      "(as in Dao-AILab causal-conv1d)")
+            raise NotImplementedError(f"{name}: seq_idx with initial_states or return_final_states is not supported: "
+                                      "Dao-AILab causal-conv1d refuses it too (a row of several sequences has no one "
+                                      "initial or final state); pass them without seq_idx, or the sequences as rows")
         cu = _packed(seq_idx, batch, seqlen)
         tokens = tokens.reshape(1, batch * seqlen, dim)
     state = None

@@ -149,3 +149,24 @@ def test_update_op_passes_opcheck():
     x, w, b, _ = _inputs(2, 4, 1, 4, torch.float32)
     args = (torch.randn(3, 4, 4), x[..., 0], w, b, "silu", torch.tensor([2, 0], dtype=torch.int32))
     torch.library.opcheck(torch.ops.rlx_gpu.causal_conv1d_update.default, args)
+
+
+def test_fn_seq_idx_compiles_without_breaks_and_refuses_states():
+    x, w, b, s = _inputs(2, 3, 8, 4, torch.float32)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 2, 2, 2]], dtype=torch.int32)
+    eager = causal_conv1d_fn(x, w, b, seq_idx=seq_idx, activation="silu")
+    compiled = torch.compile(lambda *a: causal_conv1d_fn(*a, activation="silu"), fullgraph=True, backend="eager")
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    out = compiled(*leaves, seq_idx)
+    torch.testing.assert_close(out, eager)
+    d_out = torch.randn_like(out)
+    (out * d_out).sum().backward()
+    ref = [t.double().requires_grad_() for t in (x, w, b)]
+    want = torch.cat([torch.cat([reference(ref[0][r:r + 1, :, cols], ref[1], ref[2], activation="silu")[0]
+                                 for cols in ((seq_idx[r] == k).nonzero().reshape(-1) for k in seq_idx[r].unique())],
+                                dim=-1) for r in range(2)])
+    torch.autograd.backward(want, d_out.double())
+    for got, expected in zip(leaves, ref):
+        torch.testing.assert_close(got.grad, expected.grad.float(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(NotImplementedError, match="seq_idx with initial_states .* refuses it too"):
+        causal_conv1d_fn(x, w, b, seq_idx=seq_idx, initial_states=s)
