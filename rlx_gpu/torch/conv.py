@@ -3,7 +3,8 @@
 ``causal_conv1d_fn`` (differentiable) and ``causal_conv1d_update`` (a decode step, in place on the cache, as
 the anchor's) take ``x`` as ``(batch, dim, seqlen)`` (any strides: a channel-last view too) and map it onto the
 op's token-major ``[B,S,D]`` (ABI.md §10) with a transpose, which ``torch.compile`` traces around the opaque
-op. ``seq_idx`` becomes the op's packed sequences (``cu_seqlens``) over the flattened batch. The decode step
+op. ``seq_idx`` becomes the op's packed sequences (``cu_seqlens``) over the flattened batch, by
+``rlx_gpu::packed_rows`` (so ``torch.compile(fullgraph=True)`` traces it: a size known when it runs). The decode step
 is its own op, ``torch.ops.rlx_gpu.causal_conv1d_update``, writing the cache in place: one ``causal_conv1d``
 call with a carried state on the whole pool (the cache's slot indices its ``state_slots``); a cache of any
 ``state_len >= width-1`` (Hugging Face keeps ``width`` columns, vLLM ``width-1``) feeds its last ``width-1``
@@ -16,11 +17,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arguments import check_state_batch_indices
+from .arguments import check_seq_idx, check_state_batch_indices
 from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
 from .fused import CALLS, FINAL_STATE, call_of, cast, forward_graph
 from .library import define, dense, direct
 from .registry import FUNCTIONS
+from .ssm import _PACKED_ROWS
 
 _CAUSAL_CONV1D = CALLS["causal_conv1d"]
 
@@ -33,21 +35,6 @@ def _activation(name: str, activation: Any) -> str | None:
     return None if activation is None else "silu"
 
 
-def _packed(seq_idx: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    """``cu_seqlens`` (int32, ``batch * seqlen + 1`` entries) of the flattened tokens: a sequence starts at every
-    row's start and wherever ``seq_idx`` changes within a row; the starts in order, then empty sequences up to the
-    bound of one per token (ABI.md §8 allows them). Of static shape, so ``torch.compile(fullgraph=True)`` traces it:
-    each token's sequence number (a running count of starts) takes the smallest token index among its own."""
-    idx = seq_idx.reshape(batch, seqlen)
-    starts = torch.ones_like(idx, dtype=torch.int32)
-    starts[:, 1:] = (idx[:, 1:] != idx[:, :-1]).to(torch.int32)
-    tokens = batch * seqlen
-    sequence = starts.reshape(-1).cumsum(0) - 1
-    positions = torch.arange(tokens, device=seq_idx.device)
-    cu = positions.new_full((tokens + 1,), tokens).scatter_reduce_(0, sequence, positions, "amin")
-    return cu.to(torch.int32)
-
-
 @FUNCTIONS.register("causal_conv1d")
 def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      seq_idx: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
@@ -57,28 +44,35 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ``initial_states (batch, dim, width-1)`` instead of zero padding when given; ``x (batch, dim, seqlen)``,
     ``weight (dim, width)`` with ``2 <= width <= 8``. Returns ``out (batch, dim, seqlen)``, and with
     ``return_final_states`` ``(out, final_states)``, the last ``width-1`` inputs of each row (written into
-    ``final_states_out`` when given). ``seq_idx (batch, seqlen)`` restarts the convolution wherever it changes."""
+    ``final_states_out`` when given). ``seq_idx (batch, seqlen)``, not decreasing along a row, restarts the
+    convolution wherever it changes: the rows' sequences are packed end to end (``rlx_gpu::packed_rows``, as
+    ``mamba_chunk_scan_combined`` does), a row's initial state feeding its first sequence and its final state
+    its last sequence's (Dao-AILab's refuses states with ``seq_idx``; mamba_ssm's scan takes them so)."""
     name = "causal_conv1d_fn"
     act = _activation(name, activation)
     batch, dim, seqlen = x.shape
     tokens = x.transpose(1, 2)
-    cu = None
-    if seq_idx is not None:
-        if initial_states is not None or return_final_states:
-            raise NotImplementedError(f"{name}: seq_idx with initial_states or return_final_states is not supported: "
-                                      "Dao-AILab causal-conv1d refuses it too (a row of several sequences has no one "
-                                      "initial or final state); pass them without seq_idx, or the sequences as rows")
-        cu = _packed(seq_idx, batch, seqlen)
-        tokens = tokens.reshape(1, batch * seqlen, dim)
+    cu = first = last = None
     state = None
     if initial_states is not None:
         state = cast(initial_states, x.dtype)
     elif return_final_states:
         state = x.new_zeros((batch, dim, weight.shape[1] - 1))
+    if seq_idx is not None:  # the rows' sequences packed end to end, a state entry each
+        if not torch.compiler.is_compiling():  # named after this function (traced, the indices are trusted)
+            check_seq_idx(name, seq_idx)
+        cu, first, last = _PACKED_ROWS(seq_idx)
+        tokens = tokens.reshape(1, batch * seqlen, dim)
+        if state is not None:
+            pool = x.new_zeros((cu.shape[0] - 1, dim, weight.shape[1] - 1))
+            state = pool.index_copy(0, first.to(x.device), state) if initial_states is not None else pool
+        cu = cu.to(x.device)
     y, final = _CAUSAL_CONV1D(tokens, cast(weight, x.dtype), cast(bias, x.dtype), state, cu, act)
     out = y.reshape(batch, seqlen, dim).transpose(1, 2)
     if not return_final_states:
         return out
+    if last is not None:
+        final = final.index_select(0, last.to(x.device))
     if final_states_out is not None:
         final_states_out.copy_(final)
         final = final_states_out
