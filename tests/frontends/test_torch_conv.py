@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+from rlx_gpu.runtime.registry import status  # noqa: E402
 from rlx_gpu.torch import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 
 
@@ -110,9 +111,13 @@ def test_update_refuses_a_pool_index_outside_the_pool_or_named_twice_naming_the_
 
 @pytest.mark.parametrize("state_len,seqlen,dtype", [(3, 1, torch.float64), (4, 1, torch.float32), (5, 7, torch.float64),
                                                     (4, 2, torch.bfloat16)])
-def test_update_is_one_op_on_the_whole_pool(state_len, seqlen, dtype):
+@pytest.mark.parametrize("device", ["host", "opencl"])
+def test_update_is_one_op_on_the_whole_pool(state_len, seqlen, dtype, device, monkeypatch):
     """torch.ops.rlx_gpu.causal_conv1d_update alone (no torch op around it) takes the pool and the slots; entries
-    not named stay as they were, bit for bit, whatever the cache's dtype."""
+    not named stay as they were, bit for bit, whatever the cache's dtype; on the host and on OpenCL."""
+    if device == "opencl" and not status("opencl").available:
+        pytest.fail(f"OpenCL is unavailable: {status('opencl').reason}")
+    monkeypatch.setenv("RLX_DEVICE", device)
     width, dim = 4, 5
     x, w, b, _ = _inputs(3, dim, seqlen, width, seed=seqlen)
     x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
