@@ -19,12 +19,13 @@ import torch
 
 from .arguments import check_seq_idx, check_state_batch_indices
 from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
-from .fused import CALLS, FINAL_STATE, call_of, cast, forward_graph
+from .fused import FINAL_STATE, FusedOp, call_of, cast, define_fused, forward_graph
 from .library import define, dense, direct
 from .registry import FUNCTIONS
 from .ssm import _PACKED_ROWS
 
-_CAUSAL_CONV1D = CALLS["causal_conv1d"]
+_CAUSAL_CONV1D = define_fused(FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"),
+                                      (("activation", "str?"),), "x"))
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 
