@@ -8,10 +8,11 @@ with a carried state the last ``width-1`` values of ``e`` go back to the row's p
 The arrays are in the compute type (ABI.md §1: 16-bit storage computes in f32; the caller converts); the
 pool ``state`` may be stored in any float type (``state_dtype``) and is updated in place. The work is
 ``width`` shifted multiply-adds over ``[tokens, channels]`` slabs of :func:`block_tokens` tokens (each slab a
-few hundred KiB, so the passes over it stay in cache), vectorised over channels; the threads
-(``threads.run_all``) take disjoint channel ranges, so every thread count gives the same bytes. A decode
-step (every row one token, carried state) is a handful of array operations over all rows at once.
-``conv_backward`` holds the gradients.
+few hundred KiB, so the passes over it stay in cache), vectorised over the full width of channels; the
+threads (``threads.run_all``) take disjoint runs of slabs (token ranges, each slab contiguous in memory), and
+every value is the same formula whichever thread computes it, so every thread count gives the same bytes. A
+decode step (every row one token, carried state) is a handful of array operations over all rows at once,
+the threads taking disjoint runs of rows. ``conv_backward`` holds the gradients.
 """
 from __future__ import annotations
 
@@ -117,14 +118,6 @@ def check(x: np.ndarray, weight: np.ndarray, activation: str, state: np.ndarray 
     if state is not None and state.shape[1:] != (x.shape[2], weight.shape[1] - 1):
         raise ValueError(f"causal_conv1d: state {state.shape}: expected [entries, {x.shape[2]}, "
                          f"{weight.shape[1] - 1}]")
-
-
-def over_channels(dim: int, work: int, workers: int | None, job: Callable[[slice], None]) -> None:
-    """``job(channels)`` over disjoint channel ranges, on ``workers`` threads (default: every core once the
-    work is large enough, ``threads.parts_for``)."""
-    parts = threads.parts_for("causal_conv1d", work, 1, dim, workers)
-    edges = [dim * i // parts for i in range(parts + 1)]
-    threads.run_all([lambda cs=slice(lo, hi): job(cs) for lo, hi in zip(edges, edges[1:])])
 
 
 def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, activation: str = "none",
