@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from .arguments import check_seq_idx, check_state_batch_indices
-from .bridge import DTYPES, device_for, host_array, on_cuda, rlx_dtype, run_arrays, stamp, tensor
-from .fused import FINAL_STATE, FusedOp, call_of, cast, define_fused, forward_graph
+from .bridge import (CPU, DTYPES, BoundCall, Spec, bound_call, default_device, device_for, host_array, on_cuda,
+                     plan_for, rlx_dtype, run_arrays, stamp, tensor)
+from .fused import FINAL_STATE, FusedCall, FusedOp, call_of, cast, define_fused, forward_graph
 from .library import define, dense, direct
 from .registry import FUNCTIONS
 from .ssm import _PACKED_ROWS
@@ -152,18 +153,31 @@ def _update(conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
              "state_slots": ((steps.shape[0],), "i32")}
     specs = {f: specs[f] for f in arrays}
     call = call_of("causal_conv1d", tuple(specs), activation=activation)
-    stamps = {f: s for f, s in (("weight", stamp(weight)), ("bias", None if bias is None else stamp(bias)))
-              if s is not None}
-    out = run_arrays(("forward", call), lambda: forward_graph(call, specs), specs, arrays,
-                     None if x.is_cpu else device_for(conv_state, x), stamps)
-    y, final = out["y"], out[FINAL_STATE]
-    if on_device:
-        window.copy_(final)
+    stamps = {"weight": stamp(weight), "bias": None if bias is None else stamp(bias)}
+    signature = ("causal_conv1d_update", call, default_device(), tuple(specs.values()))
+    bound = bound_call(signature, lambda: _bind(call, specs) if x.is_cpu and conv_state.is_cpu else None, x)
+    if bound is not None:  # the final pool straight from the arena into the cache's columns
+        y, _ = bound.arrays(arrays, stamps, into=(None, window))
+        y = tensor(y, CPU)
     else:
-        window[...] = final  # converted to the cache's dtype, rounding to nearest even
-        y = tensor(y, x.device)
+        out = run_arrays(("forward", call), lambda: forward_graph(call, specs), specs, arrays,
+                         None if x.is_cpu else device_for(conv_state, x),
+                         {f: v for f, v in stamps.items() if v is not None})
+        y, final = out["y"], out[FINAL_STATE]
+        if on_device:
+            window.copy_(final)
+        else:
+            window[...] = final  # converted to the cache's dtype, rounding to nearest even
+            y = tensor(y, x.device)
     y = y.transpose(1, 2)
     return y.reshape(x.shape) if x.dim() == 2 else y.contiguous()
+
+
+def _bind(call: FusedCall, specs: dict[str, Spec]) -> BoundCall:
+    """The decode step's call on host arrays, bound once per signature: its inputs by field, the weight and
+    bias given with their stamps, ``y`` and the final pool taken."""
+    plan = plan_for(("forward", call), lambda: forward_graph(call, specs), specs, None)
+    return BoundCall(plan, {f: f for f in specs}, [f for f in ("weight", "bias") if f in specs], ("y", FINAL_STATE))
 
 
 _UPDATE = define("causal_conv1d_update", "(Tensor(a!) conv_state, Tensor x, Tensor weight, Tensor? bias, "
