@@ -8,10 +8,11 @@ with a carried state the last ``width-1`` values of ``e`` go back to the row's p
 The arrays are in the compute type (ABI.md §1: 16-bit storage computes in f32; the caller converts); the
 pool ``state`` may be stored in any float type (``state_dtype``) and is updated in place. The work is
 ``width`` shifted multiply-adds over ``[tokens, channels]`` slabs of :func:`block_tokens` tokens (each slab a
-few hundred KiB, so the passes over it stay in cache), vectorised over channels; the threads
-(``threads.run_all``) take disjoint channel ranges, so every thread count gives the same bytes. A decode
-step (every row one token, carried state) is a handful of array operations over all rows at once.
-``conv_backward`` holds the gradients.
+few hundred KiB, so the passes over it stay in cache), vectorised over the full width of channels; the
+threads (``threads.run_all``) take disjoint runs of slabs (token ranges, each slab contiguous in memory), and
+every value is the same formula whichever thread computes it, so every thread count gives the same bytes. A
+decode step (every row one token, carried state) is a handful of array operations over all rows at once,
+the threads taking disjoint runs of rows. ``conv_backward`` holds the gradients.
 """
 from __future__ import annotations
 
@@ -119,14 +120,6 @@ def check(x: np.ndarray, weight: np.ndarray, activation: str, state: np.ndarray 
                          f"{weight.shape[1] - 1}]")
 
 
-def over_channels(dim: int, work: int, workers: int | None, job: Callable[[slice], None]) -> None:
-    """``job(channels)`` over disjoint channel ranges, on ``workers`` threads (default: every core once the
-    work is large enough, ``threads.parts_for``)."""
-    parts = threads.parts_for("causal_conv1d", work, 1, dim, workers)
-    edges = [dim * i // parts for i in range(parts + 1)]
-    threads.run_all([lambda cs=slice(lo, hi): job(cs) for lo, hi in zip(edges, edges[1:])])
-
-
 def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, activation: str = "none",
                   state: np.ndarray | None = None, cu_seqlens: np.ndarray | None = None,
                   state_slots: np.ndarray | None = None, *, out: np.ndarray | None = None,
@@ -147,30 +140,46 @@ def causal_conv1d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = N
     slots = None if state_slots is None else np.asarray(state_slots, np.intp)
     sequences = rows(x.shape[0], x.shape[1], cu_seqlens)
     if state is not None and sequences and all(hi - lo == 1 for _, _, lo, hi in sequences):
-        _decode(x, taps, bias, activation, state, sequences, slots, cu_seqlens is not None, out)
+        _decode(x, taps, bias, activation, state, sequences, slots, cu_seqlens is not None, out, workers)
         return out
-    tokens = block_tokens(x.shape[2], ct.itemsize)
-
-    def job(cs: slice) -> None:
-        scratch = np.empty((tokens, cs.stop - cs.start), ct)
-        for b, r, lo, hi in sequences:
-            if hi > lo:
-                _sequence(x[b, lo:hi, cs], out[b, lo:hi, cs], taps[:, cs], None if bias is None else bias[cs],
-                          activation, state, entry_of(r, slots), cs, tokens, scratch)
-
-    over_channels(x.shape[2], x.size * len(taps), workers, job)
+    _prefill(x, taps, bias, activation, state, sequences, slots, out, workers)
     return out
 
 
-def _sequence(xs, ys, taps, bias, activation, pool, entry, cs, tokens, scratch) -> None:
-    """One non-empty sequence's outputs ``ys`` over channels ``cs``, a slab at a time, and its final state."""
-    slabs = Slabs(xs, initial_window(pool, entry, cs, len(taps), xs.dtype))
-    for lo, n in iter_slabs(len(xs), tokens):
-        convolve(slabs.source(lo, n), taps, bias, ys[lo:lo + n], scratch)
-        if activation == "silu":
-            silu_(ys[lo:lo + n], scratch)
+def _prefill(x, taps, bias, activation, pool, sequences, slots, out, workers) -> None:
+    """Every sequence a slab of tokens at a time, full width: the threads take disjoint runs of slabs (token
+    ranges, contiguous in memory), and every output is the same formula whichever thread computes it. The
+    initial windows are read before any slab runs and the final states written after all have: a sequence's
+    first and last slabs may fall to different threads."""
+    dim, ct, back = x.shape[2], x.dtype, len(taps) - 1
+    tokens = block_tokens(dim, ct.itemsize)
+    zeros = np.zeros((back, dim), ct)
+    heads = [zeros if pool is None or hi == lo else initial_window(pool, entry_of(r, slots), slice(0, dim), back + 1, ct)
+             for _, r, lo, hi in sequences]
+    work = [(i, lo, n) for i, (_, _, first, end) in enumerate(sequences) for lo, n in iter_slabs(end - first, tokens)]
+
+    def job(part: list[tuple[int, int, int]]) -> None:
+        scratch = np.empty((tokens, dim), ct)
+        for i, lo, n in part:
+            b, _, first, end = sequences[i]
+            ys = out[b, first + lo:first + lo + n]
+            convolve(Slabs(x[b, first:end], heads[i]).source(lo, n), taps, bias, ys, scratch)
+            if activation == "silu":
+                silu_(ys, scratch)
+
+    over_slabs(work, x.size * len(taps), workers, job)
     if pool is not None:
-        store_final(pool, entry, cs, xs)
+        for (b, r, lo, hi) in sequences:
+            if hi > lo:
+                store_final(pool, entry_of(r, slots), slice(0, dim), x[b, lo:hi])
+
+
+def over_slabs(work: list[Any], size: int, workers: int | None, job: Callable[[list[Any]], None]) -> None:
+    """``job(run)`` over disjoint contiguous runs of the slabs ``work``, on ``workers`` threads (default: every
+    core once ``size`` multiply-adds are enough, ``threads.parts_for``)."""
+    parts = threads.parts_for("causal_conv1d", size, 1, max(1, len(work)), workers)
+    edges = [len(work) * i // parts for i in range(parts + 1)]
+    threads.run_all([lambda run=work[lo:hi]: job(run) for lo, hi in zip(edges, edges[1:])])
 
 
 def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None:
@@ -183,17 +192,35 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
     pool[entry, cs] = np.concatenate([kept, newest], axis=1)
 
 
-def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out) -> None:
-    """Every row one token with a carried state, all rows at once: the rows' windows and tokens side by side
-    in a channel-contiguous buffer ``e [rows, W, D]`` (the pool's ``[D, W-1]`` entries transposed once, at the
-    pool's precision or the compute type's, the wider), ``y = bias + sum_w taps[w] * e[:, w]`` in contiguous
-    passes (the prefill's order), then ``e[:, 1:]`` back to the entries, straight on the pool."""
-    width, count = len(taps), len(sequences)
-    entries = slice(0, count) if slots is None else slots[:count]
+#: The smallest decode step (rows x channels x width multiply-adds) split across cores: below it the pool's
+#: hand-over costs more than half the step (``benchmarks/causal_conv1d.py``: B16 D4096 W4 is 2^18).
+DECODE_SPLIT_WORK = 1 << 17
+
+
+def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, workers) -> None:
+    """Every row one token with a carried state, all rows at once: the threads take disjoint runs of rows (their
+    pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each ``_decode_rows``."""
+    count, work = len(sequences), len(sequences) * x.shape[2] * len(taps)
+    wanted = workers if workers is not None else threads.cores() if work >= DECODE_SPLIT_WORK else 1
+    parts = threads.parts_for("causal_conv1d", work, count, 1, wanted)
     tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
-    e = np.empty((count, width, x.shape[2]), np.result_type(x.dtype, pool.dtype))
+    edges = [count * i // parts for i in range(parts + 1)]
+    threads.run_all([lambda lo=lo, hi=hi: _decode_rows(x, taps, bias, activation, pool, slice(lo, hi), tokens,
+                                                      slots, varlen, out) for lo, hi in zip(edges, edges[1:])])
+
+
+def _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out) -> None:
+    """The decode step of the rows ``rows_``: their windows and tokens side by side in a channel-contiguous
+    buffer ``e [rows, W, D]`` (the pool's ``[D, W-1]`` entries transposed once, at the pool's precision or the
+    compute type's, the wider), ``y = bias + sum_w taps[w] * e[:, w]`` in contiguous passes (the prefill's
+    order), then ``e[:, 1:]`` back to the entries, straight on the pool (a column of the entries at a time: 3.5x
+    faster than one transposed assignment, whose inner loop numpy takes across the rows of ``e``)."""
+    width = len(taps)
+    entries = rows_ if slots is None else slots[rows_]
+    tokens = tokens[rows_]
+    e = np.empty((len(tokens), width, x.shape[2]), np.result_type(x.dtype, pool.dtype))
     e[:, :width - 1] = pool[entries].transpose(0, 2, 1)
-    e[:, width - 1] = x[0, tokens] if varlen else x[:, 0]
+    e[:, width - 1] = x[0, tokens] if varlen else x[rows_, 0]
     y = np.multiply(e[:, width - 1], taps[width - 1])
     term = np.empty_like(y)
     for w in range(width - 1):
@@ -205,8 +232,9 @@ def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out) -> N
     if varlen:
         out[0, tokens] = y
     else:
-        out[:, 0] = y
-    pool[entries] = e[:, 1:].transpose(0, 2, 1)
+        out[rows_, 0] = y
+    for k in range(width - 1):
+        pool[entries, :, k] = e[:, k + 1]
 
 
 def iter_slabs(length: int, tokens: int, reverse: bool = False) -> Iterator[tuple[int, int]]:

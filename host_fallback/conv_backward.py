@@ -6,11 +6,14 @@ With ``g[t] = d_dst[t] * act'(pre[t])`` (the pre-activation recomputed; silu's d
 e's last ``W-1`` values, adds ``d_state`` (its gradient) there. ``d_x`` is ``d_e`` past the first ``W-1``
 values, the initial state's gradient the first ``W-1`` (written over ``d_state`` in place).
 
-A sequence is walked a slab of tokens at a time (``conv.block_tokens``), last slab first: a slab's
+The work is the forward's full-width slabs of tokens (``conv.block_tokens``), sequence after sequence, in
+chunks of :data:`CHUNK_SLABS` consecutive slabs: a grid set by the shapes alone, whose chunks the threads take
+in disjoint runs. A chunk walks each of its sequences' pieces last slab first: a slab's
 ``d_x[t] = sum_k weight[W-1-k] g[t+k]`` needs ``g`` of the ``W-1`` tokens after it, which the slab walked
-before left in the same buffer. ``d_weight`` and ``d_bias`` sum per slab (over its tokens, in order), then
-slab by slab (last first) and sequence by sequence (in order): a fixed order, the same on every run and
-every thread count (the threads take disjoint channels).
+before left in the same buffer, or, past the piece, the chunk recomputes. ``d_weight`` and ``d_bias`` sum per
+slab (over its tokens, in order), slab by slab within a chunk (as it walks them) into the chunk's own partial,
+then chunk by chunk in order: a fixed order, the same bytes on every run and every thread count. The ends of
+the sequences (``d_state`` read before any chunk runs, added and written after all have) are the caller's.
 """
 from __future__ import annotations
 
@@ -20,8 +23,11 @@ from typing import Any, Mapping
 
 from .bound import Bound
 from .conv import (Slabs, block_tokens, check, convolve, entry_of, initial_window, iter_slabs, optional_inputs,
-                   over_channels, pool_of, rows)
+                   over_slabs, pool_of, rows)
 from .implementations import KERNELS
+
+#: Slabs per chunk: the unit a thread takes and a ``d_weight`` partial sums (8 slabs of a few hundred KiB).
+CHUNK_SLABS = 8
 
 
 def causal_conv1d_backward(x: np.ndarray, weight: np.ndarray, d_dst: np.ndarray, bias: np.ndarray | None = None,
@@ -39,34 +45,70 @@ def causal_conv1d_backward(x: np.ndarray, weight: np.ndarray, d_dst: np.ndarray,
     check(x, weight, activation, state)
     if (state is None) != (d_state is None):
         raise ValueError("causal_conv1d_backward: d_state comes with state (a carried state), and only then")
-    ct = x.dtype
+    ct, dim, back = x.dtype, x.shape[2], weight.shape[1] - 1
     taps = np.ascontiguousarray(weight.T, ct)  # [W, D]
     bias = None if bias is None else np.asarray(bias, ct)
     d_x = np.empty(x.shape, ct)
-    d_taps = np.zeros(taps.shape, ct)
-    d_bias = np.zeros(x.shape[2], ct)
     slots = None if state_slots is None else np.asarray(state_slots, np.intp)
-    tokens = block_tokens(x.shape[2], ct.itemsize)
+    tokens = block_tokens(dim, ct.itemsize)
+    sequences = rows(x.shape[0], x.shape[1], cu_seqlens)
+    zeros = np.zeros((back, dim), ct)
+    heads = [zeros if state is None or hi == lo else initial_window(state, entry_of(r, slots), slice(0, dim), back + 1,
+                                                                     ct) for _, r, lo, hi in sequences]
+    work = [(i, lo, n) for i, (_, _, first, end) in enumerate(sequences) for lo, n in iter_slabs(end - first, tokens)]
+    chunks = [work[c:c + CHUNK_SLABS] for c in range(0, len(work), CHUNK_SLABS)]
+    d_taps = np.zeros((len(chunks), *taps.shape), ct)
+    d_bias = np.zeros((len(chunks), dim), ct)
+    d_heads: dict[int, np.ndarray] = {}  # by sequence: the initial values' gradient from its tokens
 
-    def job(cs: slice) -> None:
-        walk = _Walk(taps[:, cs], None if bias is None else bias[cs], activation, tokens, cs.stop - cs.start, ct)
-        for b, r, lo, hi in rows(x.shape[0], x.shape[1], cu_seqlens):
-            if hi == lo:
-                continue  # an empty sequence: its final state is its initial one, d_state passes as it is
+    def job(run: list[int]) -> None:
+        walk = _Walk(taps, bias, activation, tokens, dim, ct)
+        for c in run:
+            for i, lo, hi in _pieces(chunks[c]):
+                b, _, first, end = sequences[i]
+                slabs = Slabs(x[b, first:end], heads[i])
+                head = walk.piece(slabs, d_dst[b, first:end], lo, hi, d_x[b, first:end], d_taps[c], d_bias[c])
+                if head is not None:
+                    d_heads[i] = head
+
+    over_slabs(list(range(len(chunks))), 2 * x.size * len(taps), workers, job)
+    for i, (b, r, lo, hi) in enumerate(sequences):
+        if d_state is not None and hi > lo:  # an empty sequence: its d_state passes as it is
             entry = entry_of(r, slots)
-            head = initial_window(state, entry, cs, len(taps), ct)
-            d_final = None if d_state is None else d_state[entry, cs].T.astype(ct)
-            d_head = walk.sequence(x[b, lo:hi, cs], d_dst[b, lo:hi, cs], head, d_final, d_x[b, lo:hi, cs],
-                                   d_taps[:, cs], d_bias[cs])
-            if d_state is not None:
-                d_state[entry, cs] = d_head.T
+            d_state[entry] = _ends(d_heads[i], hi - lo, d_state[entry].T.astype(ct), d_x[b, lo:hi]).T
+    for c in range(1, len(chunks)):  # chunk by chunk, in order
+        d_taps[0] += d_taps[c]
+        d_bias[0] += d_bias[c]
+    if not chunks:
+        return d_x, np.zeros(weight.shape, ct), None if bias is None else np.zeros(dim, ct)
+    return d_x, np.ascontiguousarray(d_taps[0].T), None if bias is None else d_bias[0].copy()
 
-    over_channels(x.shape[2], 2 * x.size * len(taps), workers, job)
-    return d_x, np.ascontiguousarray(d_taps.T), None if bias is None else d_bias
+
+def _pieces(chunk: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """A chunk's slabs ``(sequence, lo, n)`` as ``(sequence, lo, hi)``: the token range of each sequence in it."""
+    pieces: list[tuple[int, int, int]] = []
+    for i, lo, n in chunk:
+        if pieces and pieces[-1][0] == i:
+            pieces[-1] = (i, pieces[-1][1], lo + n)
+        else:
+            pieces.append((i, lo, lo + n))
+    return pieces
+
+
+def _ends(d_head: np.ndarray, length: int, d_final: np.ndarray, dxs: np.ndarray) -> np.ndarray:
+    """What a sequence's ends add: ``d_final`` to the last ``W-1`` extended positions (tokens, or the carried
+    values where the sequence is shorter), to ``dxs`` and to ``d_head`` (its initial values' gradient from its
+    tokens), which is returned."""
+    back = len(d_head)
+    shown = min(back, length)  # the final positions that are tokens
+    dxs[length - shown:] += d_final[back - shown:]
+    if length < back:
+        d_head[length:] += d_final[:back - length]
+    return d_head
 
 
 class _Walk:
-    """One thread's buffers and the slab walk over its channels of one sequence after another."""
+    """One thread's buffers and the slab walk over the pieces of sequences its chunks hold."""
 
     def __init__(self, taps: np.ndarray, bias: np.ndarray | None, activation: str, tokens: int, dim: int,
                  ct: np.dtype):
@@ -77,21 +119,25 @@ class _Walk:
         self.pre, self.term, self.sig = (np.empty((tokens, dim), ct) for _ in range(3))
         self.part = np.empty(dim, ct)
 
-    def sequence(self, xs, dys, head, d_final, dxs, d_taps, d_bias) -> np.ndarray:
-        """``dxs`` of one non-empty sequence; its terms of ``d_taps`` and ``d_bias`` added; its initial
-        state's gradient returned (``[W-1, channels]``)."""
-        back = len(self.taps) - 1
-        slabs = Slabs(xs, head)
+    def piece(self, slabs: Slabs, dys: np.ndarray, lo: int, hi: int, dxs: np.ndarray, d_taps: np.ndarray,
+              d_bias: np.ndarray) -> np.ndarray | None:
+        """``dxs[lo:hi]`` of a piece of one non-empty sequence (``slabs`` its extended inputs, ``dys`` and ``dxs``
+        the whole sequence's); its terms of ``d_taps`` and ``d_bias`` added; the gradient of the sequence's
+        initial values from its tokens returned where the piece starts it (else None)."""
+        back, length = len(self.taps) - 1, len(dys)
         grads = self.grads[0]
-        grads[:back] = 0  # no token after the last slab
-        for lo, n in iter_slabs(len(xs), self.tokens, reverse=True):
+        grads[:back] = 0  # no token after the sequence's last
+        after = min(back, length - hi)  # the tokens after the piece whose g its last slab needs: recomputed
+        if after:
+            self._gradient(slabs.source(hi, after), dys[hi:hi + after], grads[:after])
+        for off, n in iter_slabs(hi - lo, self.tokens, reverse=True):
             ahead, grads = grads, self.grads[1] if grads is self.grads[0] else self.grads[0]
             grads[n:n + back] = ahead[:back]
-            src = slabs.source(lo, n)
-            self._gradient(src, dys[lo:lo + n], grads[:n])
-            self._inputs_gradient(grads, dxs[lo:lo + n])
+            src = slabs.source(lo + off, n)
+            self._gradient(src, dys[lo + off:lo + off + n], grads[:n])
+            self._inputs_gradient(grads, dxs[lo + off:lo + off + n])
             self._parameters_gradient(src, grads[:n], d_taps, d_bias)
-        return self._ends(grads, len(xs), d_final, dxs)
+        return self._head(grads, length) if lo == 0 else None
 
     def _gradient(self, src, dy, out) -> None:
         """``out = dy * act'(pre)`` of a slab's tokens, the pre-activation recomputed from ``src``."""
@@ -127,20 +173,14 @@ class _Walk:
             d_taps[w] += np.einsum("td,td->d", g, src[w:w + n], out=self.part)
         d_bias += np.sum(g, axis=0, out=self.part)
 
-    def _ends(self, grads, length, d_final, dxs) -> np.ndarray:
-        """What the sequence's ends add: ``d_final`` to the last ``W-1`` extended positions (tokens, or the
-        carried values where the sequence is shorter), and the initial values' gradient
-        ``d_e[k] = sum_{w <= k} taps[w] g[k-w]`` from the first slab's g (``grads``), returned."""
+    def _head(self, grads: np.ndarray, length: int) -> np.ndarray:
+        """The initial values' gradient ``d_e[k] = sum_{w <= k} taps[w] g[k-w]`` from the first slab's g
+        (``grads``)."""
         back = len(self.taps) - 1
         d_head = np.zeros((back, grads.shape[1]), grads.dtype)
         for k in range(back):
             for w in range(max(0, k - length + 1), k + 1):  # the tokens k - w of the sequence
                 d_head[k] += self.taps[w] * grads[k - w]
-        if d_final is not None:
-            shown = min(back, length)  # the final positions that are tokens
-            dxs[length - shown:] += d_final[back - shown:]
-            if length < back:
-                d_head[length:] += d_final[:back - length]
         return d_head
 
 

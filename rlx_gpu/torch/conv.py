@@ -3,7 +3,10 @@
 ``causal_conv1d_fn`` (differentiable) and ``causal_conv1d_update`` (a decode step, in place on the cache, as
 the anchor's) take ``x`` as ``(batch, dim, seqlen)`` (any strides: a channel-last view too) and map it onto the
 op's token-major ``[B,S,D]`` (ABI.md §10) with a transpose, which ``torch.compile`` traces around the opaque
-op. ``seq_idx`` becomes the op's packed sequences (``cu_seqlens``) over the flattened batch; a cache of any
+op. ``seq_idx`` becomes the op's packed sequences (``cu_seqlens``) over the flattened batch, by
+``rlx_gpu::packed_rows`` (so ``torch.compile(fullgraph=True)`` traces it: a size known when it runs). The decode step
+is its own op, ``torch.ops.rlx_gpu.causal_conv1d_update``, writing the cache in place: one ``causal_conv1d``
+call with a carried state on the whole pool (the cache's slot indices its ``state_slots``); a cache of any
 ``state_len >= width-1`` (Hugging Face keeps ``width`` columns, vLLM ``width-1``) feeds its last ``width-1``
 columns to the convolution and shifts as a whole.
 """
@@ -11,11 +14,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
-from .arguments import check_state_batch_indices
-from .fused import FusedOp, cast, define_fused
+from .arguments import check_seq_idx, check_state_batch_indices
+from .bridge import (CPU, DTYPES, BoundCall, Spec, bound_call, default_device, device_for, host_array, on_cuda,
+                     plan_for, rlx_dtype, run_arrays, stamp, tensor)
+from .fused import FINAL_STATE, FusedCall, FusedOp, call_of, cast, define_fused, forward_graph
+from .library import define, dense, direct
 from .registry import FUNCTIONS
+from .ssm import _PACKED_ROWS
 
 _CAUSAL_CONV1D = define_fused(FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"),
                                       (("activation", "str?"),), "x"))
@@ -29,16 +37,6 @@ def _activation(name: str, activation: Any) -> str | None:
     return None if activation is None else "silu"
 
 
-def _packed(seq_idx: torch.Tensor, batch: int, seqlen: int) -> torch.Tensor:
-    """``cu_seqlens`` (int32) of the ``batch * seqlen`` flattened tokens: a sequence starts at every row's start
-    and wherever ``seq_idx`` changes within a row."""
-    idx = seq_idx.reshape(batch, seqlen)
-    starts = torch.ones_like(idx, dtype=torch.bool)
-    starts[:, 1:] = idx[:, 1:] != idx[:, :-1]
-    first = torch.nonzero(starts.reshape(-1)).reshape(-1)
-    return torch.cat([first, first.new_tensor([batch * seqlen])]).to(device=seq_idx.device, dtype=torch.int32)
-
-
 @FUNCTIONS.register("causal_conv1d")
 def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                      seq_idx: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
@@ -48,27 +46,35 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ``initial_states (batch, dim, width-1)`` instead of zero padding when given; ``x (batch, dim, seqlen)``,
     ``weight (dim, width)`` with ``2 <= width <= 8``. Returns ``out (batch, dim, seqlen)``, and with
     ``return_final_states`` ``(out, final_states)``, the last ``width-1`` inputs of each row (written into
-    ``final_states_out`` when given). ``seq_idx (batch, seqlen)`` restarts the convolution wherever it changes."""
+    ``final_states_out`` when given). ``seq_idx (batch, seqlen)``, not decreasing along a row, restarts the
+    convolution wherever it changes: the rows' sequences are packed end to end (``rlx_gpu::packed_rows``, as
+    ``mamba_chunk_scan_combined`` does), a row's initial state feeding its first sequence and its final state
+    its last sequence's (Dao-AILab's refuses states with ``seq_idx``; mamba_ssm's scan takes them so)."""
     name = "causal_conv1d_fn"
     act = _activation(name, activation)
     batch, dim, seqlen = x.shape
     tokens = x.transpose(1, 2)
-    cu = None
-    if seq_idx is not None:
-        if initial_states is not None or return_final_states:
-            raise NotImplementedError(f"{name}: seq_idx with initial_states or return_final_states is not supported "
-                                      "(as in Dao-AILab causal-conv1d)")
-        cu = _packed(seq_idx, batch, seqlen)
-        tokens = tokens.reshape(1, batch * seqlen, dim)
+    cu = first = last = None
     state = None
     if initial_states is not None:
         state = cast(initial_states, x.dtype)
     elif return_final_states:
         state = x.new_zeros((batch, dim, weight.shape[1] - 1))
+    if seq_idx is not None:  # the rows' sequences packed end to end, a state entry each
+        if not torch.compiler.is_compiling():  # named after this function (traced, the indices are trusted)
+            check_seq_idx(name, seq_idx)
+        cu, first, last = _PACKED_ROWS(seq_idx)
+        tokens = tokens.reshape(1, batch * seqlen, dim)
+        if state is not None:
+            pool = x.new_zeros((cu.shape[0] - 1, dim, weight.shape[1] - 1))
+            state = pool.index_copy(0, first.to(x.device), state) if initial_states is not None else pool
+        cu = cu.to(x.device)
     y, final = _CAUSAL_CONV1D(tokens, cast(weight, x.dtype), cast(bias, x.dtype), state, cu, act)
     out = y.reshape(batch, seqlen, dim).transpose(1, 2)
     if not return_final_states:
         return out
+    if last is not None:
+        final = final.index_select(0, last.to(x.device))
     if final_states_out is not None:
         final_states_out.copy_(final)
         final = final_states_out
@@ -83,23 +89,98 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     """A decode step on the cache: ``x (batch, dim)`` or ``(batch, dim, seqlen)``, ``conv_state (entries, dim,
     state_len)`` with ``state_len >= width-1``, updated in place (row ``b`` uses entry ``conv_state_indices[b]``,
     else ``b``): its last ``width-1`` columns precede ``x``, then the whole buffer shifts left by ``seqlen`` with
-    ``x`` appended. Returns ``out`` shaped like ``x``."""
+    ``x`` appended. Returns ``out`` shaped like ``x``. One op, ``torch.ops.rlx_gpu.causal_conv1d_update``, on the
+    whole cache: not differentiable, like the anchor's."""
     name = "causal_conv1d_update"
     if cache_seqlens is not None:
-        raise NotImplementedError(f"{name}: cache_seqlens (a ring-buffer cache) is not supported; rlx_gpu keeps the "
-                                  "shifted cache of ABI.md §10: pass cache_seqlens=None")
+        raise NotImplementedError(f"{name}: cache_seqlens (a ring-buffer cache) is not supported: rlx_gpu's op "
+                                  "(ABI.md §10) shifts the cache, its oldest column first, and reads no write "
+                                  "position; pass cache_seqlens=None with a shifted cache")
     act = _activation(name, activation)
-    steps = x.unsqueeze(-1) if x.dim() == 2 else x
     width, state_len = weight.shape[1], conv_state.shape[-1]
     if state_len < width - 1:
         raise ValueError(f"{name}: conv_state holds {state_len} columns; width {width} needs at least {width - 1}")
-    if conv_state_indices is not None and not torch.compiler.is_compiling():  # traced, the indices are trusted
-        check_state_batch_indices(name, conv_state_indices, conv_state.shape[0], "conv_state_indices", "conv_state")
-    rows = (torch.arange(x.shape[0], device=conv_state.device) if conv_state_indices is None
-            else conv_state_indices.to(device=conv_state.device, dtype=torch.long))
-    cache = conv_state[rows]
-    window = cast(cache[..., state_len - (width - 1):], x.dtype)
-    y, _ = _CAUSAL_CONV1D(steps.transpose(1, 2), cast(weight, x.dtype), cast(bias, x.dtype), window, None, act)
-    conv_state[rows] = torch.cat([cache, cast(steps, conv_state.dtype)], dim=-1)[..., -state_len:]
-    out = y.transpose(1, 2)
-    return out.squeeze(-1) if x.dim() == 2 else out
+    return _UPDATE_CALL(conv_state, x, weight, bias, act, conv_state_indices)
+
+
+def _carried_dtype(state: torch.Tensor, x: torch.Tensor) -> torch.dtype:
+    """The element type the op carries ``state`` in: its own where ABI.md §8's ``state_dtype`` allows it (x's,
+    f32 or f64, at least as wide as x's), else one both convert to exactly (x's, or f32 for 16-bit x), so the
+    entries the step does not touch come back unchanged."""
+    if state.dtype in (x.dtype, torch.float32, torch.float64) and state.dtype.itemsize >= x.dtype.itemsize:
+        return state.dtype
+    return x.dtype if x.dtype.itemsize >= 4 else torch.float32
+
+
+def _update(conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            activation: str | None, indices: torch.Tensor | None) -> torch.Tensor:
+    """``rlx_gpu::causal_conv1d_update``: one ``causal_conv1d`` call with a carried state on the whole pool
+    (``state_slots`` = the indices), its state the cache's last ``width-1`` columns (a view: nothing gathered,
+    the call's final pool written straight back into them).
+
+    A cache of ``state_len > width-1`` columns (Hugging Face keeps ``width``) shifts as a whole: its first
+    ``state_len - (width-1)`` columns take, before the call, the ``seqlen`` columns later (the oldest values of
+    the window, or ``x``'s first when ``seqlen`` passes the window), which the call does not touch; the
+    cheapest correct form (a wider state would move every column and multiply by zero weights, and 0 * inf
+    is NaN)."""
+    if indices is not None:
+        check_state_batch_indices("causal_conv1d_update", indices, conv_state.shape[0], "conv_state_indices",
+                                  "conv_state")
+    steps = x.unsqueeze(-1) if x.dim() == 2 else x
+    if steps.shape[0] == 0 or steps.shape[-1] == 0:
+        return dense(x.shape, x).zero_()
+    width, state_len, seqlen = weight.shape[1], conv_state.shape[-1], steps.shape[-1]
+    lead = state_len - (width - 1)
+    on_device = on_cuda(x)
+    view = torch.Tensor.detach if on_device else host_array  # CPU: NumPy views, no torch op on the cache
+    pool, xs = view(conv_state), view(steps)
+    if lead:
+        rows: Any = slice(None)
+        if indices is not None:
+            rows = indices.reshape(-1).long() if on_device else view(indices.reshape(-1)).astype(np.intp)
+        entering = xs[..., max(0, seqlen - state_len):max(0, seqlen + lead - state_len)]
+        entering = entering.to(pool.dtype) if on_device else entering.astype(pool.dtype)
+        join = torch.cat if on_device else np.concatenate
+        pool[rows, :, :lead] = join([pool[rows, :, seqlen:seqlen + lead], entering], -1)  # a copy, then the write
+    window = pool[..., lead:]
+    arrays = {"x": xs.transpose(1, 2) if on_device else xs.transpose(0, 2, 1), "weight": view(weight),
+              "bias": None if bias is None else view(bias), "state": window,
+              "state_slots": None if indices is None else view(indices.reshape(-1))}
+    arrays = {f: a for f, a in arrays.items() if a is not None}
+    act = rlx_dtype(x, "x")
+    specs = {"x": ((steps.shape[0], seqlen, steps.shape[1]), act), "weight": (tuple(weight.shape), act),
+             "bias": ((steps.shape[1],), act), "state": (tuple(window.shape), DTYPES[_carried_dtype(conv_state, x)]),
+             "state_slots": ((steps.shape[0],), "i32")}
+    specs = {f: specs[f] for f in arrays}
+    call = call_of("causal_conv1d", tuple(specs), activation=activation)
+    stamps = {"weight": stamp(weight), "bias": None if bias is None else stamp(bias)}
+    signature = ("causal_conv1d_update", call, default_device(), tuple(specs.values()))
+    bound = bound_call(signature, lambda: _bind(call, specs) if x.is_cpu and conv_state.is_cpu else None, x)
+    if bound is not None:  # the final pool straight from the arena into the cache's columns
+        y, _ = bound.arrays(arrays, stamps, into=(None, window))
+        y = tensor(y, CPU)
+    else:
+        out = run_arrays(("forward", call), lambda: forward_graph(call, specs), specs, arrays,
+                         None if x.is_cpu else device_for(conv_state, x),
+                         {f: v for f, v in stamps.items() if v is not None})
+        y, final = out["y"], out[FINAL_STATE]
+        if on_device:
+            window.copy_(final)
+        else:
+            window[...] = final  # converted to the cache's dtype, rounding to nearest even
+            y = tensor(y, x.device)
+    y = y.transpose(1, 2)
+    return y.reshape(x.shape) if x.dim() == 2 else y.contiguous()
+
+
+def _bind(call: FusedCall, specs: dict[str, Spec]) -> BoundCall:
+    """The decode step's call on host arrays, bound once per signature: its inputs by field, the weight and
+    bias given with their stamps, ``y`` and the final pool taken."""
+    plan = plan_for(("forward", call), lambda: forward_graph(call, specs), specs, None)
+    return BoundCall(plan, {f: f for f in specs}, [f for f in ("weight", "bias") if f in specs], ("y", FINAL_STATE))
+
+
+_UPDATE = define("causal_conv1d_update", "(Tensor(a!) conv_state, Tensor x, Tensor weight, Tensor? bias, "
+                 "str? activation, Tensor? conv_state_indices) -> Tensor", _update,
+                 lambda conv_state, x, *rest: dense(x.shape, x))
+_UPDATE_CALL = direct(_UPDATE)

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
+from rlx_gpu.runtime.registry import status  # noqa: E402
 from rlx_gpu.torch import causal_conv1d_fn, causal_conv1d_update  # noqa: E402
 
 
@@ -106,3 +107,92 @@ def test_update_refuses_a_pool_index_outside_the_pool_or_named_twice_naming_the_
     with pytest.raises(ValueError, match=r"conv_state_indices\[0\] and \[1\] both name state entry 1"):
         causal_conv1d_update(x, pool, weight, conv_state_indices=torch.tensor([1, 1], dtype=torch.int32))
     assert torch.equal(pool, before)  # nothing written
+
+
+@pytest.mark.parametrize("state_len,seqlen,dtype", [(3, 1, torch.float64), (4, 1, torch.float32), (5, 7, torch.float64),
+                                                    (4, 2, torch.bfloat16)])
+@pytest.mark.parametrize("device", ["host", "opencl"])
+def test_update_is_one_op_on_the_whole_pool(state_len, seqlen, dtype, device, monkeypatch):
+    """torch.ops.rlx_gpu.causal_conv1d_update alone (no torch op around it) takes the pool and the slots; entries
+    not named stay as they were, bit for bit, whatever the cache's dtype; on the host and on OpenCL."""
+    if device == "opencl" and not status("opencl").available:
+        pytest.fail(f"OpenCL is unavailable: {status('opencl').reason}")
+    monkeypatch.setenv("RLX_DEVICE", device)
+    width, dim = 4, 5
+    x, w, b, _ = _inputs(3, dim, seqlen, width, seed=seqlen)
+    x, w, b = x.to(dtype), w.to(dtype), b.to(dtype)
+    cache = torch.randn(6, dim, state_len, dtype=torch.float32, generator=torch.Generator().manual_seed(state_len))
+    slots = torch.tensor([4, 0, 2])
+    before = cache.clone()
+    with torch.profiler.profile() as prof:
+        out = causal_conv1d_update(x, cache, w, b, activation="silu", conv_state_indices=slots)
+    aten = {e.name for e in prof.events() if e.name.startswith("aten::")}
+    assert "aten::index" not in aten and "aten::index_put_" not in aten  # nothing gathered or scattered by torch
+    window = before[slots][..., -(width - 1):].to(dtype)
+    want, _ = reference(x.double(), w.double(), b.double(), window.double(), "silu")
+    tol = {torch.bfloat16: dict(rtol=2e-2, atol=2e-2), torch.float32: dict(rtol=1e-5, atol=1e-5)}.get(dtype, {})
+    torch.testing.assert_close(out.double(), want, **tol)
+    shifted = torch.cat([before[slots], x.to(cache.dtype)], dim=-1)[..., -state_len:]
+    torch.testing.assert_close(cache[slots], shifted, rtol=0, atol=0)
+    assert torch.equal(cache[[1, 3, 5]], before[[1, 3, 5]])
+
+
+def test_update_compiles_without_breaks_and_writes_the_cache():
+    x, w, b, _ = _inputs(2, 4, 1, 4, torch.float32)
+    cache = torch.randn(3, 4, 4)
+    want_cache = cache.clone()
+    want = causal_conv1d_update(x[..., 0], want_cache, w, b, "silu", conv_state_indices=torch.tensor([2, 0]))
+    compiled = torch.compile(lambda *a: causal_conv1d_update(*a, activation="silu",
+                                                             conv_state_indices=torch.tensor([2, 0])),
+                             fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(x[..., 0], cache, w, b), want)
+    torch.testing.assert_close(cache, want_cache)
+
+
+def test_update_op_passes_opcheck():
+    """Schema (the cache written in place), fake implementation and AOT tracing of rlx_gpu::causal_conv1d_update."""
+    x, w, b, _ = _inputs(2, 4, 1, 4, torch.float32)
+    args = (torch.randn(3, 4, 4), x[..., 0], w, b, "silu", torch.tensor([2, 0], dtype=torch.int32))
+    torch.library.opcheck(torch.ops.rlx_gpu.causal_conv1d_update.default, args)
+
+
+def _segments(row_idx):
+    """The column indices of each run of equal values of one row's seq_idx, in order."""
+    return [(row_idx == k).nonzero().reshape(-1) for k in row_idx.unique()]
+
+
+def test_fn_seq_idx_compiles_without_breaks_with_states_and_gradients():
+    """seq_idx with initial and final states (a row's initial state feeds its first sequence, its final state
+    is its last sequence's), under torch.compile(fullgraph=True): outputs, final states and every gradient
+    against the reference run sequence by sequence in float64."""
+    x, w, b, s = _inputs(2, 3, 8, 4, torch.float32)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 2, 2, 2]], dtype=torch.int32)
+    compiled = torch.compile(lambda *a: causal_conv1d_fn(*a[:3], seq_idx=a[3], initial_states=a[4],
+                                                         return_final_states=True, activation="silu"),
+                             fullgraph=True, backend="eager")
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, s)]
+    out, final = compiled(*leaves[:3], seq_idx, leaves[3])
+    ref = [t.double().requires_grad_() for t in (x, w, b, s)]
+    outs, finals = [], []
+    for r in range(2):
+        parts = []
+        for k, cols in enumerate(_segments(seq_idx[r])):
+            part, part_final = reference(ref[0][r:r + 1, :, cols], ref[1], ref[2],
+                                         ref[3][r:r + 1] if k == 0 else None, "silu")
+            parts.append(part)
+        outs.append(torch.cat(parts, dim=-1))
+        finals.append(part_final)
+    want, want_final = torch.cat(outs), torch.cat(finals)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final, want_final.float())
+    d_out, d_final = torch.randn_like(out), torch.randn_like(final)
+    ((out * d_out).sum() + (final * d_final).sum()).backward()
+    ((want * d_out.double()).sum() + (want_final * d_final.double()).sum()).backward()
+    for got, expected in zip(leaves, ref):
+        torch.testing.assert_close(got.grad, expected.grad.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_fn_refuses_a_decreasing_seq_idx_naming_itself():
+    x, w, _, _ = _inputs(1, 3, 4, 4)
+    with pytest.raises(NotImplementedError, match=r"causal_conv1d_fn: seq_idx falls from 1 to 0 at \[0, 2\]"):
+        causal_conv1d_fn(x, w, seq_idx=torch.tensor([[0, 1, 0, 0]], dtype=torch.int32))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback import conv
+from host_fallback import conv, conv_backward
 from host_fallback.conv_backward import causal_conv1d_backward
 from rlx_gpu.conformance import reference_conv as ref
 
@@ -277,3 +277,39 @@ def test_a_caller_hears_what_is_wrong(change, words):
     with pytest.raises(ValueError) as info:
         conv.causal_conv1d(call["x"], call["weight"], None, call["activation"], call["state"])
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_a_decode_step_split_across_threads_gives_the_same_bytes(varlen):
+    """The decode step's rows on one thread or two (their entries through slots): the same outputs and pool."""
+    rng = np.random.default_rng(11)
+    rows, dim, width = 5, 7, 4
+    x = rng.standard_normal((1, rows, dim) if varlen else (rows, 1, dim)).astype(np.float32)
+    weight, bias = rng.standard_normal((dim, width)).astype(np.float32), rng.standard_normal(dim).astype(np.float32)
+    pool = rng.standard_normal((8, dim, width - 1)).astype(np.float32)
+    slots, cu = np.array([6, 0, 3, 1, 7]), np.arange(rows + 1) if varlen else None
+    runs = []
+    for workers in (1, 2):
+        p = pool.copy()
+        runs.append((conv.causal_conv1d(x, weight, bias, "silu", p, cu, slots, workers=workers), p))
+    assert runs[0][0].tobytes() == runs[1][0].tobytes() and runs[0][1].tobytes() == runs[1][1].tobytes()
+    assert np.array_equal(runs[0][1][[2, 4, 5]], pool[[2, 4, 5]])  # entries no row names
+    rolled = pool[slots].copy()
+    rolled[..., :-1] = pool[slots][..., 1:]
+    rolled[..., -1] = (x[0] if varlen else x[:, 0])
+    assert np.array_equal(runs[0][1][slots], rolled)
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_the_backward_in_chunks_of_single_slabs_matches_the_reference(chunk, monkeypatch):
+    """A chunk boundary inside every sequence (chunks of one or two slabs of 16 tokens): the g after each piece
+    recomputed, the partials summed chunk by chunk; the same as the reference, and as bytes at 1 and 3 threads."""
+    monkeypatch.setattr(conv_backward, "CHUNK_SLABS", chunk)
+    args, grads = _case(4, varlen=True, carry=True, slots=True, bias=True)
+    got = [_host_backward(args, grads, "silu", workers=w) for w in (1, 3)]
+    expected = ref.causal_conv1d_backward(args["x"], args["weight"], grads["d_dst"], bias=args["bias"],
+                                          activation="silu", state=args["state"], d_state=grads["d_state"],
+                                          cu_seqlens=args["cu_seqlens"], state_slots=args["state_slots"])
+    for name in expected:
+        np.testing.assert_allclose(got[0][name], expected[name], rtol=1e-11, atol=1e-11, err_msg=name)
+        assert got[0][name].tobytes() == got[1][name].tobytes(), name
