@@ -32,6 +32,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GEMM_LX": 8, "GEMM_LY": 8,  # the gemm's work-group: items along (column runs, row blocks)
         "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
         "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
+        "M3_PB": 16,  # state rows (head_dim positions) per work-item of the mamba3 kernel
         "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
         "GDN_DJ": 32,  # value columns per work-item of its decode step (gated_delta_net_step)
         # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count
@@ -132,6 +133,8 @@ VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
     ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
     ("gdn", "cpu"): ((), GDN_V2),
+    # mamba3: the lanes kernel at every state size (its optional fields are runtime flags)
+    ("mamba3", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
     # rnn and its backward: one program per op (its gate count) at each target, and the representative
     # version-2 ones
     **{(family, target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
