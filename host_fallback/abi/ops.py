@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import backward, body, conv, gdn, rnn, scan, ssm
+from . import backward, body, conv, gdn, mamba3, rnn, scan, ssm
 from .model import OpDef, Region, Thunk
 
 _DEFINED = (rnn.LSTM, rnn.GRU, rnn.RNN, ssm.SELECTIVE_SCAN, ssm.MAMBA2, gdn.GATED_DELTA_NET,
             body.UNARY, body.BINARY, body.MATMUL, body.REDUCE_SUM, body.COPY, body.FILL, body.CAST,
-            scan.SCAN, scan.SCAN_BACKWARD, scan.SCAN_BACKWARD_XS, conv.CAUSAL_CONV1D)
+            scan.SCAN, scan.SCAN_BACKWARD, scan.SCAN_BACKWARD_XS, conv.CAUSAL_CONV1D, mamba3.MAMBA3)
 
 OPS: dict[str, OpDef] = {op.name: op for op in _DEFINED}
 OPS.update({b.name: b for b in (backward.backward_of(op) for op in _DEFINED if op.differentiable)})

@@ -23,6 +23,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "mamba2": dict(batch=2, seq=7, heads=2, head_dim=4, state_size=4),
     "gated_delta_net": dict(batch=2, seq=7, heads=2, state_size=8, gate_per_channel=False, carry_state=True),
     "causal_conv1d": dict(batch=2, seq=7, dim=6, width=4),
+    "mamba3": dict(batch=2, seq=7, heads=2, head_dim=3, state_size=6, num_angles=2),
     "unary": dict(n=37, fn="tanh"),
     "binary": dict(fn="add", shape=[3, 5], a_strides=[5, 1], b_strides=[0, 1]),
     "matmul": dict(batch=2, m=3, k=5, n=4, trans_a=False, trans_b=True, a_batch_stride=15, b_batch_stride=0),

@@ -94,6 +94,7 @@ OPTIONAL_DTYPES = ("f32", "bf16")
 
 
 _CARRIED = {"carry_state": True, "state": True}
+_CARRIED4 = {"carry_state": True, "angle_state": True, "state": True, "k_state": True, "v_state": True}  # mamba3's
 _SLOTS = {"state_slots": [2, 0], "num_slots": 3}
 _PACKED = {"batch": 1, "cu_seqlens": [0, 3, 3, 7], "num_seqs": 3}  # three sequences of the small cases' seq 7, one empty
 #: (op, field) -> the params that give the op's small case (``cases.SMALL``) the version-2 ``field``
@@ -128,6 +129,11 @@ PRESENT: dict[tuple[str, str], dict[str, Any]] = {
         "activation": {"activation": "silu"}, "carry_state": _CARRIED, "state": _CARRIED,
         "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
         "state_slots": {**_CARRIED, **_SLOTS}, "num_slots": {**_CARRIED, **_SLOTS}}.items()},
+    **{("mamba3", f): params for f, params in {
+        **dict.fromkeys(("carry_state", "angle_state", "state", "k_state", "v_state"), _CARRIED4),
+        "groups": {"groups": 1}, "dt_dtype": {"dt_dtype": "f32"}, "param_dtype": {"param_dtype": "f32"},
+        "state_dtype": {**_CARRIED4, "state_dtype": "f64"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
+        "state_slots": {**_CARRIED4, **_SLOTS}, "num_slots": {**_CARRIED4, **_SLOTS}}.items()},
 }
 
 

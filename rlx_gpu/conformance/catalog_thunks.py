@@ -32,6 +32,17 @@ def _conv(b: int, s: int, dim: int, width: int, carry_state: bool = True, **v2: 
     return dict(batch=b, seq=s, dim=dim, width=width, **carried, **v2)
 
 
+def _mamba3(b: int, s: int, heads: int, p: int, n: int, angles: int, carry_state: bool = False, **v2: Any) -> dict:
+    """A mamba3 case (ABI.md §11); ``carry_state`` places its four states (a backward op's case adds their
+    gradients with ``grads``)."""
+    carried = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True) if carry_state else {}
+    return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n, num_angles=angles, **carried, **v2)
+
+
+_M3_GRADS = dict(d_angle_state=True, d_state=True, d_k_state=True, d_v_state=True)
+_M3_EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
+
+
 def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
     return dict(batch=batch, m=m, k=k, n=n, trans_a=ta, trans_b=tb, a_batch_stride=sa, b_batch_stride=sb)
 
@@ -160,6 +171,21 @@ THUNKS: list[tuple[str, dict, dict, bool]] = [
                                      num_slots=5, bias=True, d_bias=True, activation="silu", d_state=True), {}, False),
     ("causal_conv1d_backward", _conv(2, 1, 4, 3, state_slots=[1, 0], num_slots=2, d_state=True), {}, False),
     ("causal_conv1d_backward", _conv(1, 300, 3, 6, activation="silu", d_state=True), {}, False),
+    # mamba3 (ABI.md §11): an odd num_angles = N/2; a single angle with q/k shared by two heads each; every field
+    # at once over packed sequences (one empty, one starting inside the second chunk of 64) through slots; a
+    # decode step into slots; three chunks (the last partial) carried; the backward likewise
+    ("mamba3", _mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    ("mamba3", _mamba3(2, 9, 4, 3, 8, 1, groups=2), {}, False),
+    ("mamba3", _mamba3(1, 150, 4, 3, 8, 2, True, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1],
+                       num_slots=5, **_M3_EVERY), {}, False),
+    ("mamba3", _mamba3(3, 1, 2, 4, 6, 3, True, state_slots=[2, 0, 4], num_slots=5, d=True, z=True), {}, False),
+    ("mamba3", _mamba3(2, 150, 2, 5, 10, 4, True, d=True), {}, False),
+    ("mamba3_backward", _mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    ("mamba3_backward", _mamba3(1, 40, 4, 3, 8, 2, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0],
+                                num_slots=3, **_M3_EVERY, **_M3_GRADS, d_q_bias=True, d_k_bias=True, d_d=True,
+                                d_z=True), {}, False),
+    ("mamba3_backward", _mamba3(2, 1, 2, 4, 6, 1, True, state_slots=[1, 0], num_slots=2, **_M3_GRADS), {}, False),
+    ("mamba3_backward", _mamba3(1, 150, 2, 4, 8, 4, True, **_M3_GRADS), {}, False),
 ]
 
 NAN, INF = float("nan"), float("inf")
@@ -170,6 +196,8 @@ CAUSAL: list[tuple[str, dict, str, int, float]] = [
     ("selective_scan", _ssm(2, 9, 3, 16), "x", 5, NAN),
     ("selective_scan", _ssm(2, 300, 3, 4), "x", 270, NAN),  # in the second chunk of 256 steps (gpu target)
     ("mamba2", _mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
+    ("mamba3", _mamba3(2, 9, 2, 3, 6, 2), "v", 5, NAN),
+    ("mamba3", _mamba3(1, 80, 2, 3, 6, 2, cu_seqlens=[0, 30, 68, 80]), "q", 40, NAN),  # reaches no other sequence
     ("mamba2", _mamba2(2, 80, 1, 2, 4), "x", 70, NAN),  # in the second chunk of 64 steps (gpu target)
     # version 2: the gate reaches only its own step; a packed sequence after a poisoned one starts clean, in
     # the chunk they share too (mamba2: 68 starts inside the second chunk of 64, selective_scan: 260 inside

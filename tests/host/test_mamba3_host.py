@@ -1,0 +1,80 @@
+"""mamba3 (ABI.md §11): the float64 reference (rlx_gpu.conformance.reference_mamba3) against its own finite
+differences and the equalities its definition implies (two calls chained through the state equal one call;
+packed sequences equal separate rows)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx_gpu.conformance import reference_mamba3 as ref
+from tests.support.mamba3_cases import INPUTS, OPTIONAL, STATES, draw, tokens
+
+
+def _loss_and_grads(args: dict, slots, seed: int = 1):
+    """A random linear loss of the outputs and final states, and the reference backward's gradients of it."""
+    rng = np.random.default_rng(seed)
+    y, pools = ref.mamba3(**args, state_slots=slots)
+    d_dst, d_states = rng.standard_normal(y.shape), [rng.standard_normal(p.shape) for p in pools]
+
+    def loss(a: dict) -> float:
+        y, pools = ref.mamba3(**a, state_slots=slots)
+        return float(np.sum(y * d_dst) + sum(np.sum(p * g) for p, g in zip(pools, d_states)))
+    grads = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states, state_slots=slots)
+    return loss, grads
+
+
+def test_the_reference_backward_is_the_gradient_of_the_reference_forward():
+    args = draw(2, 4, 4, 3, 6, 3, groups=2, entries=3)
+    slots = [2, 0]
+    loss, grads = _loss_and_grads(args, slots)
+    eps = 1e-6
+    tensors = [(f, args[f]) for f in INPUTS + OPTIONAL] + [(f, a) for f, a in zip(STATES, args["states"])]
+    for field, array in tensors:
+        numeric = np.zeros(array.shape)
+        for i in np.ndindex(array.shape):
+            kept = array[i]
+            array[i] = kept + eps
+            up = loss(args)
+            array[i] = kept - eps
+            numeric[i] = (up - loss(args)) / (2 * eps)
+            array[i] = kept
+        np.testing.assert_allclose(grads[f"d_{field}"], numeric, rtol=1e-6, atol=1e-6, err_msg=field)
+
+
+def _same_angles(a: np.ndarray, b: np.ndarray) -> None:
+    """Angle states agree modulo 2π (ABI.md §11)."""
+    np.testing.assert_allclose(np.cos(a), np.cos(b), atol=1e-12)
+    np.testing.assert_allclose(np.sin(a), np.sin(b), atol=1e-12)
+
+
+def test_two_calls_chained_through_the_state_equal_one_call():
+    args = draw(2, 9, 2, 3, 8, 2, entries=2)
+    y, pools = ref.mamba3(**args)
+    first, mid = ref.mamba3(**tokens(args, 0, 4))
+    second, end = ref.mamba3(**{**tokens(args, 4, 9), "states": mid})
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), y, rtol=1e-12, atol=1e-12)
+    _same_angles(end[0], pools[0])
+    for a, b in zip(end[1:], pools[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_packed_sequences_equal_separate_rows_and_an_empty_one_leaves_its_entry():
+    cu = [0, 3, 3, 8]
+    args = draw(1, 8, 2, 3, 6, 3, entries=4)
+    slots = [3, 1, 0]
+    y, pools = ref.mamba3(**args, cu_seqlens=cu, state_slots=slots)
+    for r, (lo, hi) in enumerate(zip(cu, cu[1:])):
+        alone = {**tokens(args, lo, hi), "states": [s[[slots[r]]] for s in args["states"]]}
+        want_y, want = ref.mamba3(**alone)
+        np.testing.assert_allclose(y[:, lo:hi], want_y, rtol=1e-12, atol=1e-12)
+        for a, b in zip(pools, want):
+            np.testing.assert_allclose(a[slots[r]], b[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(pools[1][2], args["states"][1][2])  # entry 2 is named by no row
+
+
+@pytest.mark.parametrize("angles", [1, 3])
+def test_the_angle_state_is_reduced_into_zero_to_two_pi(angles):
+    args = draw(1, 30, 2, 2, 6, angles, entries=1)
+    args["dt"] = args["dt"] + 3.0
+    _, pools = ref.mamba3(**args)
+    assert np.all((pools[0] >= 0) & (pools[0] <= 2 * np.pi))
