@@ -68,7 +68,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     if wider:
         return (f"mamba3's device kernels keep the state in the compute type of dtype={t['dtype']} ({compute}) and "
                 f"read the other fields in it or the dtype; {' and '.join(wider)} runs on the host")
-    if -(-t["head_dim"] // lim.tune("M3_PB")) > lim.max_work_group and lim.target == "cpu":
+    if lim.target == "cpu" and -(-t["head_dim"] // lim.tune("M3_PB")) > lim.max_work_group:
         return (f"mamba3 at the cpu target puts the {-(-t['head_dim'] // lim.tune('M3_PB'))} work-items of a head "
                 f"in one work-group; the device takes at most {lim.max_work_group}")
     return None

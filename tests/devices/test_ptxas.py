@@ -32,7 +32,7 @@ STATE_SPACE_REGISTERS = 128
 REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "mamba2_chunk_state", "mamba2_state_pass",
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
-    "gated_delta_net_chunk_out",
+    "gated_delta_net_chunk_out", "mamba3_lanes",
 )}
 #: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
 #: one kernel; f32/bf16 128-164 registers measured) and their reductions
@@ -183,8 +183,9 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
             assert got == params_of[launch.kernel], (
                 f"{op}: launch of {launch.kernel} passes {got}, the kernel takes {params_of[launch.kernel]}")
             checked.add(launch.kernel)
-    state_space = {"selective_scan", "mamba2", "gated_delta_net", "gated_delta_net_step", "gdn_qk_norm"} if lim.target == "cpu" else {
-        "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes", "gdn_qk_norm"}
+    state_space = {"selective_scan", "mamba2", "gated_delta_net", "gated_delta_net_step", "gdn_qk_norm", "mamba3"} if lim.target == "cpu" else {
+        "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes", "gdn_qk_norm",
+        "mamba3_lanes"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "mamba2_varlen_chunks",
