@@ -297,9 +297,9 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
                               anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
                               cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
-    if (row.first == row.end) /* the whole work-group's (row, head): its entries stay as they are */
-        return;
-    const int np = p0 >= P ? 0 : P - p0 < M3_PB ? (int)(P - p0) : M3_PB;
+    /* rows of this item; none for an empty sequence (the whole group's: its entries stay as they are), whose
+     * items still meet the barrier */
+    const int np = p0 >= P || row.first == row.end ? 0 : P - p0 < M3_PB ? (int)(P - p0) : M3_PB;
     const i64 head = row.entry * H + h;
     real s[STATE_MAX * M3_PB], vbar[M3_PB], theta[STATE_MAX / 2], kbar[STATE_MAX];
     if (np > 0) {
@@ -386,7 +386,7 @@ INLINE_FN void m3_lanes_block_barrier(m3_io io, m3_row row, i64 p, int nl, int f
             m3_store(io, at, row.h, ssm_row_sum(part, first), xv);
         vbar = xv;
     }
-    if (io.carry && live) {
+    if (io.carry && live && row.end > row.first) {
         PRAGMA_UNROLL
         for (int w = 0; w < SSM_W; ++w)
             if (w * SSM_L + nl < io.N)
@@ -414,8 +414,6 @@ KERNEL mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_b
                               anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
                               cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
-    if (row.first == row.end) /* the whole group's (row, head): its entries stay as they are */
-        return;
     const i64 head = row.entry * H + h;
     for (i64 i = lane; i < N / 2; i += lanes) { /* this lane's pairs: the initial angle and key */
         theta0[i] = carry && i < A ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
@@ -424,7 +422,7 @@ KERNEL mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_b
     }
     for (i64 p0 = 0; p0 < P; p0 += rows)
         m3_lanes_block_barrier(io, row, p0 + k, nl, first, lane, qr, kr, kbar0, theta, theta0, part);
-    if (!carry)
+    if (!carry || row.first == row.end) /* an empty sequence leaves its entries as they are */
         return;
     const int last = (int)((row.end - 1 - row.first) & 1);
     for (i64 i = lane; i < N / 2; i += lanes) { /* the lane's own pairs: no barrier needed */
