@@ -69,7 +69,21 @@ typedef struct {
     real c, s;
 } m3_turn;
 
-INLINE_FN real m3_wrap(real theta) { return theta - M3_TWO_PI * floor(theta / M3_TWO_PI); }
+/* floor(x). f32: in plain arithmetic below 2^23 (above it every f32 is an integer; NaN goes there too), where the
+ * library's is an opaque call on PoCL (as rlx_exp's floor is). */
+INLINE_FN real m3_floor(real x)
+{
+    if (sizeof(real) != 4)
+        return floor(x);
+    const float f = (float)x, t = (float)(int)(fabs(f) < 8388608.0f ? f : 0.0f);
+    return (real)(fabs(f) < 8388608.0f ? (t > f ? t - 1.0f : t) : f);
+}
+
+INLINE_FN real m3_wrap(real theta) { return theta - M3_TWO_PI * m3_floor(theta / M3_TWO_PI); }
+
+/* tanh(x) = 1 - 2/(1 + exp(2x)) through the fast exp (absolute error ~1e-7 in f32: the angle's step is absolute);
+ * +-1 where that exp clamps or overflows, NaN carried. */
+INLINE_FN real m3_tanh(real x) { return (real)1 - (real)2 / ((real)1 + rlx_exp((real)2 * x)); }
 
 /* cos and sin of theta in [0, 2pi] (or NaN, carried). f64 (any non-f32 compute type): the library's. f32: Cephes'
  * sinf/cosf in plain arithmetic (octant by floor, a three-part Cody-Waite reduction to [-pi/4, pi/4], degree-7 and
@@ -84,14 +98,14 @@ INLINE_FN m3_turn m3_sincos(real theta)
         return out;
     }
     const float x = (float)theta;
-    float j = floor(x * 1.27323954473516268615f); /* 4/pi */
-    j += j - 2.0f * floor(j * 0.5f);                /* odd octants round up: x = j*pi/4 + r */
+    float j = (float)m3_floor(x * 1.27323954473516268615f); /* 4/pi */
+    j += j - 2.0f * (float)m3_floor(j * 0.5f);                /* odd octants round up: x = j*pi/4 + r */
     const float r = ((x - j * 0.78515625f) - j * 2.4187564849853515625e-4f) - j * 3.77489497744594108e-8f;
     const float z = r * r;
     const float sr = r + r * z * ((-1.9515295891E-4f * z + 8.3321608736E-3f) * z - 1.6666654611E-1f);
     const float cr = 1.0f - 0.5f * z + z * z * ((2.443315711809948E-5f * z - 1.388731625493765E-3f) * z
                                                   + 4.166664568298827E-2f);
-    const float quadrant = j * 0.5f - 4.0f * floor(j * 0.125f); /* x = quadrant*pi/2 + r, quadrant 0..3 */
+    const float quadrant = j * 0.5f - 4.0f * (float)m3_floor(j * 0.125f); /* x = quadrant*pi/2 + r, quadrant 0..3 */
     out.s = (real)(quadrant == 0.0f ? sr : quadrant == 1.0f ? cr : quadrant == 2.0f ? -sr : -cr);
     out.c = (real)(quadrant == 0.0f ? cr : quadrant == 1.0f ? -sr : quadrant == 2.0f ? -cr : sr);
     return out;
@@ -166,11 +180,12 @@ INLINE_FN m3_coeffs m3_coeffs_at(m3_io io, i64 tok, i64 h)
 /* The angle i of head h after token tok (dt its step), reduced to [0, 2pi). */
 INLINE_FN real m3_advance(m3_io io, real theta, i64 tok, i64 h, i64 i, real dt)
 {
-    return m3_wrap(theta + M3_PI * tanh(load_any(io.angles, (tok * io.H + h) * io.A + i, io.dt_real)) * dt);
+    return m3_wrap(theta + M3_PI * m3_tanh(load_any(io.angles, (tok * io.H + h) * io.A + i, io.dt_real)) * dt);
 }
 
-/* Pair i (values 2i, 2i+1) of token tok's q and k of `row`, biased, and turned by theta when i < A. */
-INLINE_FN m3_pair m3_pair_at(m3_io io, m3_row row, i64 tok, i64 i, real theta)
+/* Pair i (values 2i, 2i+1) of token tok's q and k of `row`, biased, and turned by the angle whose cos and sin are
+ * `t` when i < A (a select: a pair past 2A keeps its values exactly, an Inf or NaN in one of them unspread). */
+INLINE_FN m3_pair m3_pair_at(m3_io io, m3_row row, i64 tok, i64 i, m3_turn t)
 {
     const i64 at = (tok * io.G + row.g) * io.N + 2 * i, bias_at = row.h * io.N + 2 * i;
     real q0 = LOAD(io.q, at), q1 = LOAD(io.q, at + 1), k0 = LOAD(io.k, at), k1 = LOAD(io.k, at + 1);
@@ -182,19 +197,12 @@ INLINE_FN m3_pair m3_pair_at(m3_io io, m3_row row, i64 tok, i64 i, real theta)
         k0 += load_any(io.k_bias, bias_at, io.param_real);
         k1 += load_any(io.k_bias, bias_at + 1, io.param_real);
     }
+    const int turned = i < io.A;
     m3_pair out;
-    if (i < io.A) {
-        const m3_turn t = m3_sincos(theta);
-        out.q0 = q0 * t.c - q1 * t.s;
-        out.q1 = q0 * t.s + q1 * t.c;
-        out.k0 = k0 * t.c - k1 * t.s;
-        out.k1 = k0 * t.s + k1 * t.c;
-    } else {
-        out.q0 = q0;
-        out.q1 = q1;
-        out.k0 = k0;
-        out.k1 = k1;
-    }
+    out.q0 = turned ? q0 * t.c - q1 * t.s : q0;
+    out.q1 = turned ? q0 * t.s + q1 * t.c : q1;
+    out.k0 = turned ? k0 * t.c - k1 * t.s : k0;
+    out.k1 = turned ? k0 * t.s + k1 * t.c : k1;
     return out;
 }
 
@@ -262,13 +270,24 @@ INLINE_FN void m3_rows_step(m3_io io, m3_row row, i64 tok, i64 p0, int np, m3_co
  * token's turned key, A and N values) carried in place. */
 INLINE_FN void m3_walk(m3_io io, m3_row row, i64 p0, int np, real* theta, real* kbar, real* s, real* vbar)
 {
-    real qr[STATE_MAX], kr[STATE_MAX];
+    real qr[STATE_MAX], kr[STATE_MAX], cs[STATE_MAX / 2], sn[STATE_MAX / 2];
+    for (i64 i = 0; i < io.N / 2; ++i) { /* past A: unturned (m3_pair_at selects the raw values there) */
+        cs[i] = (real)1;
+        sn[i] = (real)0;
+    }
     for (i64 tok = row.first; tok < row.end; ++tok) {
         const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+        for (i64 i = 0; i < io.A; ++i) { /* the angles first, in a loop of their own: it vectorizes */
+            theta[i] = m3_advance(io, theta[i], tok, row.h, i, cf.dt);
+            const m3_turn t = m3_sincos(theta[i]);
+            cs[i] = t.c;
+            sn[i] = t.s;
+        }
         for (i64 i = 0; i < io.N / 2; ++i) {
-            if (i < io.A)
-                theta[i] = m3_advance(io, theta[i], tok, row.h, i, cf.dt);
-            const m3_pair pr = m3_pair_at(io, row, tok, i, i < io.A ? theta[i] : (real)0);
+            m3_turn t;
+            t.c = cs[i];
+            t.s = sn[i];
+            const m3_pair pr = m3_pair_at(io, row, tok, i, t);
             qr[2 * i] = pr.q0;
             qr[2 * i + 1] = pr.q1;
             kr[2 * i] = pr.k0;
@@ -361,7 +380,7 @@ INLINE_FN void m3_lanes_block_barrier(m3_io io, m3_row row, i64 p, int nl, int f
         for (i64 i = lane; i < io.N / 2; i += lanes) {
             if (i < io.A)
                 theta[i] = m3_advance(io, theta[i], tok, row.h, i, cf.dt);
-            const m3_pair pr = m3_pair_at(io, row, tok, i, i < io.A ? theta[i] : (real)0);
+            const m3_pair pr = m3_pair_at(io, row, tok, i, m3_sincos(i < io.A ? theta[i] : (real)0));
             qr[2 * i] = pr.q0;
             qr[2 * i + 1] = pr.q1;
             kr[cur * SSM_N + 2 * i] = pr.k0;
