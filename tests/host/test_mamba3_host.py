@@ -132,3 +132,35 @@ def test_a_nan_in_a_chunk_reaches_only_its_token_and_after():
     args["k"][0, 70, 0, 1] = np.nan
     y, _ = _host(args, np.float64, path="chunked")
     assert np.isfinite(y[0, :70]).all() and np.isnan(y[0, 70:, 0]).all()
+
+
+# ---------------------------------------------------------------- the host backward against the reference's
+from host_fallback.mamba3_backward import mamba3_backward as host_backward  # noqa: E402
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_the_host_backward_is_the_reference_backward(varlen):
+    if varlen:
+        args, cu, slots = draw(1, 90, 4, 3, 8, 2, groups=2, entries=5, seed=8), [0, 20, 20, 70, 90], [3, 0, 4, 1]
+    else:
+        args, cu, slots = draw(2, 90, 4, 3, 8, 3, groups=2, entries=3, seed=9), None, [2, 0]
+    rng = np.random.default_rng(10)
+    d_dst, d_states = rng.standard_normal(args["v"].shape), [rng.standard_normal(s.shape) for s in args["states"]]
+    want = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states, cu_seqlens=cu, state_slots=slots)
+    pools = [s.copy() for s in d_states]
+    got = host_backward(**{k: v for k, v in args.items() if k != "states"}, d_dst=d_dst, states=args["states"],
+                        d_states=pools, cu_seqlens=cu, state_slots=slots, chunk=16)
+    got.update({f"d_{f}": pool for f, pool in zip(STATES, pools)})
+    assert set(got) == set(want)
+    for field, values in want.items():
+        np.testing.assert_allclose(got[field], values, rtol=1e-10, atol=1e-10, err_msg=field)
+    unnamed = 2 if varlen else 1  # the pool entry no row names keeps its bytes
+    np.testing.assert_array_equal(pools[1][unnamed], d_states[1][unnamed])
+
+
+def test_the_host_backward_gives_the_same_bytes_each_run():
+    args = draw(2, 70, 2, 3, 6, 2, seed=11)
+    d_dst = np.random.default_rng(12).standard_normal(args["v"].shape).astype(np.float32)
+    cast = {k: v.astype(np.float32) for k, v in args.items()}
+    first, again = host_backward(**cast, d_dst=d_dst), host_backward(**cast, d_dst=d_dst)
+    assert all(first[f].dtype == np.float32 and first[f].tobytes() == again[f].tobytes() for f in first)
