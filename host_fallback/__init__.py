@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 # the kernel modules register their kernels against their ops on import (``implementations``)
-from . import (body, conv, conv_backward, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan,  # noqa: F401
-               selective_scan_backward, ssm)
+from . import (body, conv, conv_backward, gdn, gdn_backward, mamba2_backward, mamba3, mamba3_backward, rnn,  # noqa: F401
+               rnn_backward, scan, selective_scan_backward, ssm)
 from .abi import Region, complete, regions, runtime_data
 from .arena import view
 from .implementations import KERNELS, PATHS, PREPARE, WORKING, Kernel

@@ -78,3 +78,89 @@ def test_the_angle_state_is_reduced_into_zero_to_two_pi(angles):
     args["dt"] = args["dt"] + 3.0
     _, pools = ref.mamba3(**args)
     assert np.all((pools[0] >= 0) & (pools[0] <= 2 * np.pi))
+
+
+# ---------------------------------------------------------------- the host kernel against the reference
+from host_fallback import mamba3 as host  # noqa: E402
+
+
+def _host(args: dict, dtype, **options):
+    """The host kernel on ``args`` cast to ``dtype`` (the states too), returning ``(y, pools)``."""
+    cast = {k: v.astype(dtype) for k, v in args.items() if k != "states"}
+    pools = None if "states" not in args else [s.astype(dtype) for s in args["states"]]
+    y = host.mamba3(**cast, states=pools, **options)
+    return y, pools
+
+
+@pytest.mark.parametrize("path", ["step", "chunked"])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_the_host_kernel_is_the_reference_on_both_paths(path, varlen):
+    if varlen:
+        args, cu, slots = draw(1, 150, 4, 3, 8, 2, groups=2, entries=5, seed=3), [0, 20, 20, 100, 150], [3, 0, 4, 1]
+    else:
+        args, cu, slots = draw(2, 150, 4, 3, 8, 3, groups=2, entries=3, seed=4), None, [2, 0]
+    want_y, want = ref.mamba3(**args, cu_seqlens=cu, state_slots=slots)
+    y, pools = _host(args, np.float64, cu_seqlens=cu, state_slots=slots, path=path, chunk=16)
+    np.testing.assert_allclose(y, want_y, rtol=1e-11, atol=1e-11)
+    _same_angles(pools[0], want[0])
+    for a, b in zip(pools[1:], want[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_f32_computes_close_to_the_reference_and_the_same_bytes_each_run():
+    args = draw(2, 130, 2, 4, 8, 4, entries=2, seed=5)
+    want_y, _ = ref.mamba3(**args)
+    first, _ = _host(args, np.float32)
+    again, _ = _host(args, np.float32)
+    assert first.dtype == np.float32 and first.tobytes() == again.tobytes()
+    assert np.sum((first - want_y) ** 2) / np.sum(want_y ** 2) < 1e-10
+
+
+def test_host_calls_chained_through_the_state_equal_one_call():
+    args = draw(2, 100, 2, 3, 6, 3, entries=2, seed=6)
+    y, pools = _host(args, np.float64)
+    first, mid = _host(tokens(args, 0, 37), np.float64)
+    second, end = _host({**tokens(args, 37, 100), "states": mid}, np.float64)
+    np.testing.assert_allclose(np.concatenate([first, second], axis=1), y, rtol=1e-11, atol=1e-11)
+    _same_angles(end[0], pools[0])
+    for a, b in zip(end[1:], pools[1:]):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-11)
+
+
+def test_a_nan_in_a_chunk_reaches_only_its_token_and_after():
+    args = draw(1, 128, 2, 3, 6, 2, seed=7)
+    args["k"][0, 70, 0, 1] = np.nan
+    y, _ = _host(args, np.float64, path="chunked")
+    assert np.isfinite(y[0, :70]).all() and np.isnan(y[0, 70:, 0]).all()
+
+
+# ---------------------------------------------------------------- the host backward against the reference's
+from host_fallback.mamba3_backward import mamba3_backward as host_backward  # noqa: E402
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_the_host_backward_is_the_reference_backward(varlen):
+    if varlen:
+        args, cu, slots = draw(1, 90, 4, 3, 8, 2, groups=2, entries=5, seed=8), [0, 20, 20, 70, 90], [3, 0, 4, 1]
+    else:
+        args, cu, slots = draw(2, 90, 4, 3, 8, 3, groups=2, entries=3, seed=9), None, [2, 0]
+    rng = np.random.default_rng(10)
+    d_dst, d_states = rng.standard_normal(args["v"].shape), [rng.standard_normal(s.shape) for s in args["states"]]
+    want = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states, cu_seqlens=cu, state_slots=slots)
+    pools = [s.copy() for s in d_states]
+    got = host_backward(**{k: v for k, v in args.items() if k != "states"}, d_dst=d_dst, states=args["states"],
+                        d_states=pools, cu_seqlens=cu, state_slots=slots, chunk=16)
+    got.update({f"d_{f}": pool for f, pool in zip(STATES, pools)})
+    assert set(got) == set(want)
+    for field, values in want.items():
+        np.testing.assert_allclose(got[field], values, rtol=1e-10, atol=1e-10, err_msg=field)
+    unnamed = 2 if varlen else 1  # the pool entry no row names keeps its bytes
+    np.testing.assert_array_equal(pools[1][unnamed], d_states[1][unnamed])
+
+
+def test_the_host_backward_gives_the_same_bytes_each_run():
+    args = draw(2, 70, 2, 3, 6, 2, seed=11)
+    d_dst = np.random.default_rng(12).standard_normal(args["v"].shape).astype(np.float32)
+    cast = {k: v.astype(np.float32) for k, v in args.items()}
+    first, again = host_backward(**cast, d_dst=d_dst), host_backward(**cast, d_dst=d_dst)
+    assert all(first[f].dtype == np.float32 and first[f].tobytes() == again[f].tobytes() for f in first)

@@ -1,0 +1,234 @@
+"""The host kernel of ``mamba3`` (ABI.md §11) on NumPy arrays: Mamba-3 SISO — the trapezoidal, rotary-state
+SSM — with §8's packed sequences, carried state and state slots.
+
+Per row (a batch row, or a packed sequence) the state ``(θ, S, k̄, v̄)`` walks the tokens. What does not
+depend on the state is computed for every token at once: ``λ = σ(trap)``, the step's weights, the running
+angle (a cumulative sum that starts from the carried θ, so it adds in the step recurrence's order), and the
+rotated, biased ``q̃``, ``k̃``. Two paths then run the recurrence, every row and head at once:
+
+- ``step`` (decode and short sequences): §11's steps 4-6 token by token;
+- ``chunked`` (prefill): the SSD-like form of §11's informative note over chunks of ``L`` tokens. Within a
+  chunk, with ``c`` the cumulative log-decay, ``y_j = e^{c_j}·S⁰q̃_j + Σ_{s<j} e^{c_j−c_s}(γ_s + β'_{s+1})
+  (q̃_j·k̃_s)v_s + γ_j(q̃_j·k̃_j)v_j``, where ``S⁰`` is the state entering the chunk plus the trapezoid's
+  boundary term ``β'_0·v̄⊗k̄`` (``β' = (1−λ)·dt``: the decay at the next token supplies its ``α``); the
+  state leaving it is the same sum at the chunk's last token. A chunk whose inputs hold a NaN or an Inf
+  runs the step form instead (the masked products of the chunk form would spread it to earlier tokens).
+
+Arrays are in the compute type (16-bit storage computes in f32, widened to the state's and inputs' wider
+types); the four state pools are f32 or f64 and updated in place. Every result is a fixed sequence of NumPy
+operations: the same bytes on every run. ``mamba3_backward`` holds the gradients.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .arena import COMPUTE
+from .bound import Bound
+from .chunked import pick_path
+from .implementations import KERNELS, PATHS
+
+#: The four carried states, in the anchor's order (angle, ssm, k, v).
+STATES = ("angle_state", "state", "k_state", "v_state")
+#: Tokens per chunk of the chunked form.
+CHUNK = 64
+#: Longest sequence that takes the step path.
+STEP_MAX = 8
+
+Thunk = Mapping[str, Any]
+
+
+def sigmoid(u: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-u))
+
+
+def rotate(x: np.ndarray, theta: np.ndarray, sign: int = 1) -> np.ndarray:
+    """§11 step 3's ``rot``: ``x [..., N]`` with each adjacent pair ``i < A`` turned by ``sign·theta [..., A]``."""
+    a = theta.shape[-1]
+    even, odd = x[..., 0:2 * a:2], x[..., 1:2 * a:2]
+    cos, sin = np.cos(theta), sign * np.sin(theta)
+    out = x.copy()
+    out[..., 0:2 * a:2] = even * cos - odd * sin
+    out[..., 1:2 * a:2] = even * sin + odd * cos
+    return out
+
+
+def wrap_angle(theta: np.ndarray) -> np.ndarray:
+    """§11's written angle: ``θ − 2π·floor(θ/2π)``."""
+    return theta - 2 * np.pi * np.floor(theta / (2 * np.pi))
+
+
+@dataclass
+class Tokens:
+    """Everything about a block of rows ``[R, T, ...]`` that does not depend on the state, in the compute type:
+    ``lam, alpha, beta, gamma, bprime [R,T,H]``, the angle after each token ``theta [R,T,H,A]``, the rotated,
+    biased ``q_rot, k_rot [R,T,H,N]``, and ``v [R,T,H,P]``."""
+
+    adt: np.ndarray
+    dt: np.ndarray
+    lam: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    gamma: np.ndarray
+    bprime: np.ndarray
+    theta: np.ndarray
+    q_rot: np.ndarray
+    k_rot: np.ndarray
+    v: np.ndarray
+
+
+def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, ct: np.dtype) -> Tokens:
+    """§11 steps 1-3 for every token of a block of rows; ``theta0 [R,H,A]``: the angle each row starts from."""
+    heads = v.shape[2]
+    group = np.arange(heads) // (heads // q.shape[2])
+    adt, dt, trap = (np.asarray(a, ct) for a in (adt, dt, trap))
+    lam = sigmoid(trap)
+    alpha = np.exp(adt)
+    bprime = (1 - lam) * dt
+    increments = np.pi * np.tanh(np.asarray(angles, ct)) * dt[..., None]
+    theta = np.cumsum(np.concatenate([np.asarray(theta0, ct)[:, None], increments], axis=1), axis=1)[:, 1:]
+    q_in = np.asarray(q, ct)[:, :, group]
+    k_in = np.asarray(k, ct)[:, :, group]
+    if q_bias is not None:
+        q_in = q_in + np.asarray(q_bias, ct)
+    if k_bias is not None:
+        k_in = k_in + np.asarray(k_bias, ct)
+    return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, rotate(q_in, theta),
+                  rotate(k_in, theta), np.asarray(v, ct))
+
+
+def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
+    """§11 steps 4-6 for tokens ``lo .. hi-1`` of every row: ``y [R,T,H,P]`` gets their outputs before ``d`` and
+    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place."""
+    big_s, k_bar, v_bar = state
+    for t in range(lo, hi):
+        a, b, g = (w[:, t, :, None, None] for w in (x.alpha, x.beta, x.gamma))
+        k_rot, v = x.k_rot[:, t], x.v[:, t]
+        big_s[...] = a * big_s + b * (v_bar[..., :, None] * k_bar[..., None, :]) + g * (v[..., :, None] * k_rot[..., None, :])
+        y[:, t] = np.matmul(big_s, x.q_rot[:, t, ..., None])[..., 0]
+        k_bar[...], v_bar[...] = k_rot, v
+
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    """``[R, L, H, ...] -> [R, H, L, ...]``, contiguous (the chunk's matrix products run per row and head)."""
+    return np.ascontiguousarray(np.swapaxes(a, 1, 2))
+
+
+def run_chunk(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
+    """``run_step``'s result for tokens ``lo .. hi-1`` by the chunk form (the module's docstring)."""
+    big_s, k_bar, v_bar = state
+    q, k, v = _swap(x.q_rot[:, lo:hi]), _swap(x.k_rot[:, lo:hi]), _swap(x.v[:, lo:hi])
+    gamma, bprime = _swap(x.gamma[:, lo:hi]), _swap(x.bprime[:, lo:hi])
+    c = np.cumsum(_swap(x.adt[:, lo:hi]), axis=-1)  # [R,H,L]
+    s0 = big_s + bprime[..., 0, None, None] * (v_bar[..., :, None] * k_bar[..., None, :])
+    weight = gamma.copy()  # token s's key carries γ_s + β'_{s+1} (the next token's boundary term)
+    weight[..., :-1] += bprime[..., 1:]
+    length = hi - lo
+    below = np.tril(np.ones((length, length), bool), -1)
+    diff = np.where(below, c[..., :, None] - c[..., None, :], -np.inf)
+    coef = np.exp(diff) * weight[..., None, :]
+    diagonal = np.arange(length)
+    coef[..., diagonal, diagonal] = gamma
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * coef
+    out = np.matmul(scores, v) + np.exp(c)[..., None] * np.matmul(q, np.swapaxes(s0, -1, -2))
+    y[:, lo:hi] = np.swapaxes(out, 1, 2)
+    tail = np.exp(c[..., -1:] - c) * weight
+    big_s[...] = np.exp(c[..., -1])[..., None, None] * s0 + np.matmul(np.swapaxes(v * tail[..., None], -1, -2), k)
+    k_bar[...], v_bar[...] = k[..., -1, :], v[..., -1, :]
+
+
+def _finite(x: Tokens, lo: int, hi: int) -> bool:
+    return all(np.isfinite(a[:, lo:hi]).all() for a in (x.adt, x.beta, x.gamma, x.q_rot, x.k_rot, x.v))
+
+
+def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.ndarray:
+    """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place."""
+    y = np.empty(x.v.shape, x.v.dtype)
+    seq = x.v.shape[1]
+    if path == "step":
+        run_step(x, 0, seq, state, y)
+        return y
+    for lo in range(0, seq, chunk):
+        hi = min(seq, lo + chunk)
+        (run_chunk if _finite(x, lo, hi) else run_step)(x, lo, hi, state, y)
+    return y
+
+
+def gate(y: np.ndarray, v: np.ndarray, d: np.ndarray | None, z: np.ndarray | None) -> np.ndarray:
+    """§11 step 5's skip and gate: ``y + d[h]·v``, then ``⊙ silu(z)``."""
+    if d is not None:
+        y = y + d[:, None] * v
+    if z is not None:
+        y = y * (z * sigmoid(z))
+    return y
+
+
+def row_blocks(batch: int, seq: int, cu_seqlens) -> list[tuple[Any, Any, Any]]:
+    """``(batch index, token index, state rows)`` of each block of rows run together: every batch row at once,
+    or with packed sequences every non-empty one alone, or all at once when they are equally long (decode)."""
+    if cu_seqlens is None:
+        return [(slice(None), slice(None), np.arange(batch))]
+    cu = np.asarray(cu_seqlens, np.intp)
+    lengths = np.diff(cu)
+    if len(lengths) and lengths.min() == lengths.max() > 0:
+        index = cu[:-1, None] + np.arange(lengths[0])
+        return [(0, index, np.arange(len(lengths)))]
+    return [(slice(0, 1), slice(lo, hi), np.array([r])) for r, (lo, hi) in enumerate(zip(cu, cu[1:])) if hi > lo]
+
+
+def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, z=None, states=None,
+           cu_seqlens=None, state_slots=None, path: str | None = None, chunk: int | None = None) -> np.ndarray:
+    """``y [B,S,H,P]`` of ABI.md §11 in the compute type of the inputs (and ``states``); ``states``: the four pools
+    ``[angle_state, state, k_state, v_state]`` (each ``[entries, ...]``, f32 or f64), row ``r`` reading and
+    writing entry ``state_slots[r]`` (else ``r``), updated in place; absent, every row starts from zeros."""
+    ct = np.result_type(q.dtype, adt.dtype, *(() if states is None else (s.dtype for s in states)))
+    batch, seq, heads, p = v.shape
+    name = pick_path("mamba3", path, seq if cu_seqlens is None else int(np.diff(cu_seqlens).max(initial=0)),
+                     STEP_MAX, "chunked")
+    y = np.zeros(v.shape, ct)
+    zeros = [np.zeros((heads, angles.shape[-1]), ct), np.zeros((heads, p, q.shape[-1]), ct),
+             np.zeros((heads, q.shape[-1]), ct), np.zeros((heads, p), ct)]
+    for b, t, rows in row_blocks(batch, seq, cu_seqlens):
+        entries = rows if state_slots is None else np.asarray(state_slots, np.intp)[rows]
+        start = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if states is None
+                 else [pool[entries].astype(ct) for pool in states])
+        x = tokens(*(a[b, t] for a in (q, k, v, adt, dt, trap, angles)),
+                   q_bias, k_bias, start[0], ct)
+        block = recurrence(x, start[1:], name, chunk or CHUNK)
+        zb = None if z is None else np.asarray(z[b, t], ct)
+        y[b, t] = gate(block, x.v, None if d is None else np.asarray(d, ct), zb)
+        if states is not None:
+            for pool, final in zip(states, [wrap_angle(x.theta[:, -1])] + start[1:]):
+                pool[entries] = final
+    return y
+
+
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None) -> str:
+    """Name the path ``mamba3`` runs ``thunk`` on: ``step`` or ``chunked L=64``."""
+    name = pick_path("mamba3", path, thunk["seq"], STEP_MAX, "chunked")
+    return name if name == "step" else f"{name} L={chunk or CHUNK}"
+
+
+def inputs(t: Thunk, bound: Bound) -> tuple[list[np.ndarray], dict[str, Any]]:
+    """A thunk's (completed) inputs as ``mamba3`` takes them: the seven tensors in their compute types, and the
+    optional ones; the state pools as the arena's own views (f32 and f64 compute as they are stored)."""
+    args = [bound.load(f) for f in ("q", "k", "v", "adt", "dt", "trap", "angles")]
+    options: dict[str, Any] = {f: bound.load(f) for f in ("q_bias", "k_bias", "d", "z") if t[f] is not None}
+    options.update({f: bound.view(f) for f in ("cu_seqlens", "state_slots") if t[f] is not None})
+    if t["carry_state"]:
+        options["states"] = [bound.view(f) for f in STATES]
+    return args, options
+
+
+def kernel(t: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None) -> None:
+    """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place."""
+    bound = Bound(t, arena)
+    args, options = inputs(t, bound)
+    bound.store("dst", mamba3(*args, **options, path=path, chunk=chunk))
+
+
+KERNELS.add("mamba3", kernel)
+PATHS.add("mamba3", path_for)

@@ -1,0 +1,177 @@
+"""The host kernel of ``mamba3_backward`` (ABI.md §9, §11): the gradients of every input of ``mamba3`` and, with a
+carried state, of the four initial states.
+
+The forward is recomputed: its state-free parts for every token at once (``mamba3.tokens``), then the state
+``S`` at every chunk start (the forward's own paths). The tokens are then walked last to first, a chunk at a
+time: the chunk's states are recomputed token by token from its start, and the reverse of §11's steps 4-6
+hands each token's output gradient to ``S``, ``q̃``, ``k̃``, ``v`` and the step's weights ``α, β, γ``, and the
+state's gradient back to the token before. What follows from those per-token gradients — steps 1-3: the
+rotations undone, the angle's gradient summed from the last token back (the reduction mod 2π has derivative
+1), the weights' gradients to ``adt, dt, trap`` — is then done for every token at once. Every row and head runs
+at once; the summation order is fixed, so every run gives the same bytes.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from .bound import Bound
+from .implementations import KERNELS
+from .mamba3 import CHUNK, STATES, Tokens, inputs, recurrence, row_blocks, rotate, sigmoid, tokens
+
+Thunk = Mapping[str, Any]
+#: The seven inputs every call has, and the optional ones, in field order.
+INPUTS = ("q", "k", "v", "adt", "dt", "trap", "angles")
+OPTIONAL = ("q_bias", "k_bias", "d", "z")
+
+
+def _part(x: Tokens, lo: int, hi: int) -> Tokens:
+    return Tokens(*(getattr(x, f)[:, lo:hi] for f in Tokens.__dataclass_fields__))
+
+
+def forward_again(x: Tokens, state: list[np.ndarray], chunk: int) -> tuple[list[list[np.ndarray]], np.ndarray]:
+    """``[S, k̄, v̄]`` entering each chunk of ``chunk`` tokens (copies), and the outputs before ``d`` and ``z``, by
+    the forward's chunked path from ``state`` (advanced in place)."""
+    starts, y, seq = [], np.empty(x.v.shape, x.v.dtype), x.v.shape[1]
+    for lo in range(0, seq, chunk):
+        starts.append([s.copy() for s in state])
+        y[:, lo:lo + chunk] = recurrence(_part(x, lo, lo + chunk), state, "chunked", chunk)
+    return starts, y
+
+
+class Reverse:
+    """The reverse walk over a block of rows: ``d_s, d_kbar, d_vbar`` the gradients of the state after the
+    token being undone; per-token gradients of ``q̃, k̃, v`` and of ``α, β, γ`` collected for every token."""
+
+    def __init__(self, x: Tokens, d_final: list[np.ndarray]):
+        self.x = x
+        self.d_s, self.d_kbar, self.d_vbar = (np.array(a, x.v.dtype) for a in d_final)
+        self.d_qrot, self.d_krot, self.d_v = (np.zeros_like(a) for a in (x.q_rot, x.k_rot, x.v))
+        self.d_alpha, self.d_beta, self.d_gamma = (np.zeros_like(x.alpha) for _ in range(3))
+
+    def chunk(self, lo: int, hi: int, start: list[np.ndarray], g: np.ndarray) -> None:
+        """Undo tokens ``hi-1 .. lo`` from the state ``start`` entering token ``lo``; ``g [R,T,H,P]`` the gradient
+        of the outputs before ``d`` and ``z``."""
+        x = self.x
+        big_s, k_bar, v_bar = (s.copy() for s in start)
+        history = [(big_s.copy(), k_bar.copy(), v_bar.copy())]
+        for t in range(lo, hi):  # the states S_{t-1}, k̄, v̄ before each token
+            a, b, c = (w[:, t, :, None, None] for w in (x.alpha, x.beta, x.gamma))
+            big_s = a * big_s + b * (v_bar[..., :, None] * k_bar[..., None, :]) + c * (x.v[:, t, ..., :, None]
+                                                                                   * x.k_rot[:, t, ..., None, :])
+            k_bar, v_bar = x.k_rot[:, t], x.v[:, t]
+            history.append((big_s, k_bar, v_bar))
+        for t in range(hi - 1, lo - 1, -1):
+            self._token(t, history[t - lo][0], history[t - lo + 1][0], history[t - lo][1], history[t - lo][2], g[:, t])
+
+    def _token(self, t: int, old_s, new_s, k_bar, v_bar, g) -> None:
+        """The reverse of steps 4-6 at token ``t`` (``old_s``/``new_s``: S before and after it)."""
+        x = self.x
+        v, k_rot = x.v[:, t], x.k_rot[:, t]
+        d_s = self.d_s + g[..., :, None] * x.q_rot[:, t, ..., None, :]  # y = S q̃
+        self.d_qrot[:, t] = np.matmul(g[..., None, :], new_s)[..., 0, :]
+        d_sv = np.matmul(d_s, k_rot[..., :, None])[..., 0]  # [R,H,P]: dS k̃
+        d_sk = np.matmul(v[..., None, :], d_s)[..., 0, :]  # [R,H,N]: vᵀ dS
+        gamma, beta = x.gamma[:, t, :, None], x.beta[:, t, :, None]
+        self.d_krot[:, t] = self.d_kbar + gamma * d_sk  # k̄ ← k̃, and S's γ·v⊗k̃
+        self.d_v[:, t] += self.d_vbar + gamma * d_sv
+        self.d_alpha[:, t] = np.einsum("rhpn,rhpn->rh", d_s, old_s)
+        d_skbar = np.matmul(d_s, k_bar[..., :, None])[..., 0]  # [R,H,P]: dS k̄
+        self.d_beta[:, t] = np.einsum("rhp,rhp->rh", v_bar, d_skbar)
+        self.d_gamma[:, t] = np.einsum("rhp,rhp->rh", v, d_sv)
+        self.d_vbar = beta * d_skbar
+        self.d_kbar = beta * np.matmul(v_bar[..., None, :], d_s)[..., 0, :]
+        self.d_s = x.alpha[:, t, :, None, None] * d_s
+
+
+def _angle_turns(rot: np.ndarray, d_rot: np.ndarray, a: int) -> np.ndarray:
+    """The gradient of the angles a rotation turned by, from the rotated vectors and their gradients."""
+    return rot[..., 0:2 * a:2] * d_rot[..., 1:2 * a:2] - rot[..., 1:2 * a:2] * d_rot[..., 0:2 * a:2]
+
+
+def _gate_back(x: Tokens, g: np.ndarray, pre: np.ndarray, d, z, out: dict, b, t) -> np.ndarray:
+    """The reverse of step 5's skip and gate: ``d_z``, ``d_d`` and ``d_v``'s skip part; returns the gradient of
+    ``S q̃`` (``pre``: the output before the gate)."""
+    if z is not None:
+        s = sigmoid(z)
+        out["d_z"][b, t] = g * pre * s * (1 + z * (1 - s))
+        g = g * (z * s)
+    if d is not None:
+        out["d_d"] += np.einsum("rthp,rthp->h", g, x.v)
+        out["d_v"][b, t] += g * d[:, None]
+    return g
+
+
+def _steps_back(x: Tokens, rev: Reverse, d_theta_final: np.ndarray, angles, groups: int, out: dict, b, t) -> np.ndarray:
+    """The reverse of steps 1-3 for every token of a block at once; returns the initial angle's gradient."""
+    a = x.theta.shape[-1]
+    local = _angle_turns(x.q_rot, rev.d_qrot, a) + _angle_turns(x.k_rot, rev.d_krot, a)
+    d_theta = np.flip(np.cumsum(np.flip(local, 1), axis=1), 1) + d_theta_final[:, None]
+    heads = x.v.shape[2]
+    for name, d_rot in (("q", rev.d_qrot), ("k", rev.d_krot)):
+        d_in = rotate(d_rot, x.theta, -1)
+        out[f"d_{name}"][b, t] = d_in.reshape(d_in.shape[:2] + (groups, heads // groups, -1)).sum(axis=3)
+        if f"d_{name}_bias" in out:
+            out[f"d_{name}_bias"] += d_in.sum(axis=(0, 1))
+    tanh = np.tanh(angles)
+    out["d_angles"][b, t] = d_theta * np.pi * (1 - tanh ** 2) * x.dt[..., None]
+    lam, alpha, dt = x.lam, x.alpha, x.dt
+    d_alpha = rev.d_alpha + rev.d_beta * (1 - lam) * dt
+    out["d_adt"][b, t] = d_alpha * alpha
+    out["d_dt"][b, t] = np.sum(d_theta * np.pi * tanh, axis=-1) + rev.d_beta * (1 - lam) * alpha + rev.d_gamma * lam
+    out["d_trap"][b, t] = (rev.d_gamma * dt - rev.d_beta * dt * alpha) * lam * (1 - lam)
+    out["d_v"][b, t] += rev.d_v
+    return d_theta[:, 0]
+
+
+def mamba3_backward(q, k, v, adt, dt, trap, angles, d_dst, *, q_bias=None, k_bias=None, d=None, z=None, states=None,
+                    d_states=None, cu_seqlens=None, state_slots=None, chunk: int | None = None) -> dict[str, np.ndarray]:
+    """The gradients ``d_q d_k d_v d_adt d_dt d_trap d_angles`` (and ``d_q_bias d_k_bias d_d d_z`` with their
+    inputs) in the compute type; with ``states`` (the four initial pools, read only), ``d_states`` (the four
+    pools of the final states' gradients) has each named entry replaced by its initial state's, in place."""
+    ct = np.result_type(q.dtype, adt.dtype, *(() if states is None else (s.dtype for s in states)))
+    batch, seq, heads, p = v.shape
+    n, a = q.shape[-1], angles.shape[-1]
+    given = dict(zip(OPTIONAL, (q_bias, k_bias, d, z)))
+    out = {f"d_{f}": np.zeros(arr.shape, ct) for f, arr in zip(INPUTS, (q, k, v, adt, dt, trap, angles))}
+    out.update({f"d_{f}": np.zeros(arr.shape, ct) for f, arr in given.items() if arr is not None})
+    d_param = None if d is None else np.asarray(d, ct)
+    zeros = [np.zeros(shape, ct) for shape in ((heads, a), (heads, p, n), (heads, n), (heads, p))]
+    for b, t, rows in row_blocks(batch, seq, cu_seqlens):
+        entries = rows if state_slots is None else np.asarray(state_slots, np.intp)[rows]
+        start = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if states is None
+                 else [pool[entries].astype(ct) for pool in states])
+        finals = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if d_states is None
+                  else [pool[entries].astype(ct) for pool in d_states])
+        x = tokens(*(arr[b, t] for arr in (q, k, v, adt, dt, trap, angles)), q_bias, k_bias, start[0], ct)
+        length = chunk or CHUNK
+        starts, pre = forward_again(x, [s.copy() for s in start[1:]], length)
+        if d_param is not None:
+            pre += d_param[:, None] * x.v
+        rev = Reverse(x, finals[1:])
+        zb = None if z is None else np.asarray(z[b, t], ct)
+        g = _gate_back(x, np.asarray(d_dst[b, t], ct), pre, d_param, zb, out, b, t)
+        for index in range(len(starts) - 1, -1, -1):
+            lo = index * length
+            rev.chunk(lo, min(lo + length, x.v.shape[1]), starts[index], g)
+        d_theta0 = _steps_back(x, rev, finals[0], np.asarray(angles[b, t], ct), q.shape[2], out, b, t)
+        if d_states is not None:
+            for pool, value in zip(d_states, (d_theta0, rev.d_s, rev.d_kbar, rev.d_vbar)):
+                pool[entries] = value
+    return out
+
+
+def kernel(t: Thunk, arena: np.ndarray, *, chunk: int | None = None) -> None:
+    """``mamba3_backward`` on a host arena: 16-bit storage computes in f32; the four state-gradient pools are
+    updated in place (they are f32 or f64, stored as they compute)."""
+    bound = Bound(t, arena)
+    args, options = inputs(t, bound)
+    if t["carry_state"]:
+        options["d_states"] = [bound.view(f"d_{f}") for f in STATES]
+    grads = mamba3_backward(*args, bound.load("d_dst"), **options, chunk=chunk)
+    for field, values in grads.items():
+        bound.store(field, values)
+
+
+KERNELS.add("mamba3_backward", kernel)
