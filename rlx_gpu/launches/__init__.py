@@ -16,9 +16,6 @@ from .registry import PLANNERS, DeviceOp, families
 
 import_all(__name__)  # each planner module registers its ops (``registry.register``) on import
 PLANNERS.exempt(SCAN_OPS, "the scan driver runs it on every device, each body thunk planned as its own op")
-# mamba3's device kernels come with launches/mamba3.py (issue 37); until they do, its thunks run on the host
-PLANNERS.exempt([op for op in ("mamba3", "mamba3_backward") if op not in PLANNERS],
-                "its OpenCL/CUDA kernels are not written yet: the host runs it (a fallback copy)")
 
 
 def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
