@@ -354,7 +354,8 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
  * Per token the lanes first turn q and k cooperatively into LOCAL memory (lane l owns pairs l, l + LSIZE, ...
  * and their angles, kept in LOCAL), a barrier, then each lane updates its state values and its partial sum of y,
  * a barrier, then the row's first lane sums and stores. kr is double-buffered by token parity: the other buffer
- * is the previous token's key (kbar; the initial one for the row's first token). */
+ * is the previous token's key (kbar; the initial one for the row's first token). Bounded to groups of at most SSM_WG
+ * lanes, 6 per SM: 73-80 registers on sm_90 without a spill (108-114 unbounded). */
 #define SSM_W (SSM_N / SSM_L)
 
 /* One block of rows walking every token of `row`, this lane's row p (every lane of the group calls it: it meets two
@@ -415,7 +416,7 @@ INLINE_FN void m3_lanes_block_barrier(m3_io io, m3_row row, i64 p, int nl, int f
     }
 }
 
-KERNEL mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d,
+KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d,
                     int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
                     GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
                     i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
