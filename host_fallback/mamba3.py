@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .arena import COMPUTE
+from . import jit
 from .bound import Bound
 from .chunked import pick_path
 from .implementations import KERNELS, PATHS
@@ -102,12 +102,28 @@ def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, c
 
 def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
     """§11 steps 4-6 for tokens ``lo .. hi-1`` of every row: ``y [R,T,H,P]`` gets their outputs before ``d`` and
-    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place."""
+    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place. Compiled
+    (``jit``: one pass over S a token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of
+    step 4 as one product of rank 2 (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
     big_s, k_bar, v_bar = state
+    compiled = jit.kernel("mamba3_state_step") if big_s.dtype == np.float32 and all(
+        s.flags.c_contiguous for s in state) else None
+    if compiled is not None:
+        out = np.empty(v_bar.shape, big_s.dtype)
+        for t in range(lo, hi):
+            token = (np.ascontiguousarray(a[:, t]) for a in (x.alpha, x.beta, x.gamma, x.v, x.k_rot, x.q_rot))
+            compiled(big_s, k_bar, v_bar, *token, out)
+            y[:, t] = out
+        return
+    values = np.empty(v_bar.shape + (2,), big_s.dtype)
+    keys = np.empty(k_bar.shape[:-1] + (2, k_bar.shape[-1]), big_s.dtype)
     for t in range(lo, hi):
-        a, b, g = (w[:, t, :, None, None] for w in (x.alpha, x.beta, x.gamma))
         k_rot, v = x.k_rot[:, t], x.v[:, t]
-        big_s[...] = a * big_s + b * (v_bar[..., :, None] * k_bar[..., None, :]) + g * (v[..., :, None] * k_rot[..., None, :])
+        np.multiply(x.beta[:, t, :, None], v_bar, out=values[..., 0])
+        np.multiply(x.gamma[:, t, :, None], v, out=values[..., 1])
+        keys[..., 0, :], keys[..., 1, :] = k_bar, k_rot
+        big_s *= x.alpha[:, t, :, None, None]
+        big_s += np.matmul(values, keys)
         y[:, t] = np.matmul(big_s, x.q_rot[:, t, ..., None])[..., 0]
         k_bar[...], v_bar[...] = k_rot, v
 
@@ -194,7 +210,7 @@ def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, 
     for b, t, rows in row_blocks(batch, seq, cu_seqlens):
         entries = rows if state_slots is None else np.asarray(state_slots, np.intp)[rows]
         start = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if states is None
-                 else [pool[entries].astype(ct) for pool in states])
+                 else [rows_of(pool, entries, ct) for pool in states])
         x = tokens(*(a[b, t] for a in (q, k, v, adt, dt, trap, angles)),
                    q_bias, k_bias, start[0], ct)
         block = recurrence(x, start[1:], name, chunk or CHUNK)
@@ -202,8 +218,17 @@ def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, 
         y[b, t] = gate(block, x.v, None if d is None else np.asarray(d, ct), zb)
         if states is not None:
             for pool, final in zip(states, [wrap_angle(x.theta[:, -1])] + start[1:]):
-                pool[entries] = final
+                if not np.may_share_memory(pool, final):
+                    pool[entries] = final
     return y
+
+
+def rows_of(pool: np.ndarray, entries: np.ndarray, ct: np.dtype) -> np.ndarray:
+    """The pool entries a block of rows starts from, to advance in place: a view of the pool where they are
+    consecutive and stored in the compute type, else a copy (written back by the caller)."""
+    if pool.dtype == ct and len(entries) and np.array_equal(entries, np.arange(entries[0], entries[0] + len(entries))):
+        return pool[entries[0]:entries[0] + len(entries)]
+    return pool[entries].astype(ct)
 
 
 def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None) -> str:
