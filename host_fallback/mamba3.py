@@ -11,8 +11,9 @@ rotated, biased ``q̃``, ``k̃``. Two paths then run the recurrence, every row a
   chunk, with ``c`` the cumulative log-decay, ``y_j = e^{c_j}·S⁰q̃_j + Σ_{s<j} e^{c_j−c_s}(γ_s + β'_{s+1})
   (q̃_j·k̃_s)v_s + γ_j(q̃_j·k̃_j)v_j``, where ``S⁰`` is the state entering the chunk plus the trapezoid's
   boundary term ``β'_0·v̄⊗k̄`` (``β' = (1−λ)·dt``: the decay at the next token supplies its ``α``); the
-  state leaving it is the same sum at the chunk's last token. A chunk whose inputs hold a NaN or an Inf
-  runs the step form instead (the masked products of the chunk form would spread it to earlier tokens).
+  state leaving it is the same sum at the chunk's last token. A chunk whose outputs or state come out not
+  all finite (a NaN or an Inf among its inputs, which the masked products would spread to earlier tokens)
+  runs again by the step form.
 
 Arrays are in the compute type (16-bit storage computes in f32, widened to the state's and inputs' wider
 types); the four state pools are f32 or f64 and updated in place. Every result is a fixed sequence of NumPy
@@ -45,15 +46,18 @@ def sigmoid(u: np.ndarray) -> np.ndarray:
         return 1 / (1 + np.exp(-u))
 
 
+def turn_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """``x [..., N]`` with each adjacent pair ``i < A`` turned by the angle of ``cos, sin [..., A]``, in place."""
+    a = cos.shape[-1]
+    even, odd = x[..., 0:2 * a:2].copy(), x[..., 1:2 * a:2]
+    x[..., 0:2 * a:2] = even * cos - odd * sin
+    x[..., 1:2 * a:2] = even * sin + odd * cos
+    return x
+
+
 def rotate(x: np.ndarray, theta: np.ndarray, sign: int = 1) -> np.ndarray:
     """§11 step 3's ``rot``: ``x [..., N]`` with each adjacent pair ``i < A`` turned by ``sign·theta [..., A]``."""
-    a = theta.shape[-1]
-    even, odd = x[..., 0:2 * a:2], x[..., 1:2 * a:2]
-    cos, sin = np.cos(theta), sign * np.sin(theta)
-    out = x.copy()
-    out[..., 0:2 * a:2] = even * cos - odd * sin
-    out[..., 1:2 * a:2] = even * sin + odd * cos
-    return out
+    return turn_(x.copy(), np.cos(theta), sign * np.sin(theta))
 
 
 def wrap_angle(theta: np.ndarray) -> np.ndarray:
@@ -82,22 +86,22 @@ class Tokens:
 
 def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, ct: np.dtype) -> Tokens:
     """§11 steps 1-3 for every token of a block of rows; ``theta0 [R,H,A]``: the angle each row starts from."""
-    heads = v.shape[2]
-    group = np.arange(heads) // (heads // q.shape[2])
+    heads, groups = v.shape[2], q.shape[2]
     adt, dt, trap = (np.asarray(a, ct) for a in (adt, dt, trap))
     lam = sigmoid(trap)
     alpha = np.exp(adt)
     bprime = (1 - lam) * dt
     increments = np.pi * np.tanh(np.asarray(angles, ct)) * dt[..., None]
     theta = np.cumsum(np.concatenate([np.asarray(theta0, ct)[:, None], increments], axis=1), axis=1)[:, 1:]
-    q_in = np.asarray(q, ct)[:, :, group]
-    k_in = np.asarray(k, ct)[:, :, group]
-    if q_bias is not None:
-        q_in = q_in + np.asarray(q_bias, ct)
-    if k_bias is not None:
-        k_in = k_in + np.asarray(k_bias, ct)
-    return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, rotate(q_in, theta),
-                  rotate(k_in, theta), np.asarray(v, ct))
+    cos, sin = np.cos(theta), np.sin(theta)
+    rotated = []
+    for x, bias in ((q, q_bias), (k, k_bias)):  # [R,T,G,1,N] broadcast over the G groups' heads: one new array
+        grouped = np.asarray(x, ct)[:, :, :, None]
+        shape = grouped.shape[:3] + (heads // groups, grouped.shape[-1])
+        biased = (grouped + np.asarray(bias, ct).reshape(shape[2:]) if bias is not None
+                  else np.broadcast_to(grouped, shape).copy())
+        rotated.append(turn_(biased.reshape(shape[:2] + (heads, shape[-1])), cos, sin))
+    return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, *rotated, np.asarray(v, ct))
 
 
 def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
@@ -156,12 +160,10 @@ def run_chunk(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarra
     k_bar[...], v_bar[...] = k[..., -1, :], v[..., -1, :]
 
 
-def _finite(x: Tokens, lo: int, hi: int) -> bool:
-    return all(np.isfinite(a[:, lo:hi]).all() for a in (x.adt, x.beta, x.gamma, x.q_rot, x.k_rot, x.v))
-
-
 def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.ndarray:
-    """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place."""
+    """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place.
+    A chunk whose chunk-form outputs or state are not all finite (a NaN or an Inf among its inputs, which the
+    masked products would spread to earlier tokens) is run again by the step form from the state before it."""
     y = np.empty(x.v.shape, x.v.dtype)
     seq = x.v.shape[1]
     if path == "step":
@@ -169,7 +171,12 @@ def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.
         return y
     for lo in range(0, seq, chunk):
         hi = min(seq, lo + chunk)
-        (run_chunk if _finite(x, lo, hi) else run_step)(x, lo, hi, state, y)
+        before = [s.copy() for s in state]
+        run_chunk(x, lo, hi, state, y)
+        if not (np.isfinite(np.sum(y[:, lo:hi])) and np.isfinite(np.sum(state[0]))):
+            for kept, s in zip(before, state):
+                s[...] = kept
+            run_step(x, lo, hi, state, y)
     return y
 
 
