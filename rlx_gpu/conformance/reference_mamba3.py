@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .reference_conv import sequences, sigmoid
-from .registry import Load, reference
+from .registry import PACKED, SLOTS, Load, declare_cases, reference
 
 #: The four carried states in the anchor's order (angle, ssm, k, v).
 STATES = ("angle_state", "state", "k_state", "v_state")
@@ -206,3 +206,41 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """``{field: float64}`` of every tensor a ``mamba3_backward`` thunk ``t`` (completed) writes."""
     extra = {"d_states": [load(f"d_{f}") for f in STATES]} if t["carry_state"] else {}
     return mamba3_backward(*_inputs(load), load("d_dst"), **_fields(t, load), **extra)
+
+
+def _mamba3(b: int, s: int, heads: int, p: int, n: int, angles: int, carry_state: bool = False, **v2: Any) -> dict:
+    """A mamba3 case; ``carry_state`` places its four states (a backward op's case adds their gradients)."""
+    return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n, num_angles=angles,
+                **(_CARRIED if carry_state else {}), **v2)
+
+
+_CARRIED = {"carry_state": True, **dict.fromkeys(STATES, True)}
+_GRADIENTS_OF_STATES = {f"d_{f}": True for f in STATES}
+_EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
+NAN = float("nan")
+
+# an odd num_angles = N/2; a single angle with q/k shared by two heads each; every field at once over packed
+# sequences (one empty, one starting inside the second chunk of 64) through slots; a decode step into slots;
+# three chunks (the last partial) carried; the backward likewise. A NaN reaches its own row from its step on and
+# no other packed sequence.
+declare_cases("mamba3", small=dict(batch=2, seq=7, heads=2, head_dim=3, state_size=6, num_angles=2), thunks=[
+    (_mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    (_mamba3(2, 9, 4, 3, 8, 1, groups=2), {}, False),
+    (_mamba3(1, 150, 4, 3, 8, 2, True, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1], num_slots=5,
+             **_EVERY), {}, False),
+    (_mamba3(3, 1, 2, 4, 6, 3, True, state_slots=[2, 0, 4], num_slots=5, d=True, z=True), {}, False),
+    (_mamba3(2, 150, 2, 5, 10, 4, True, d=True), {}, False),
+], causal=[
+    (_mamba3(2, 9, 2, 3, 6, 2), "v", 5, NAN),
+    (_mamba3(1, 80, 2, 3, 6, 2, cu_seqlens=[0, 30, 68, 80]), "q", 40, NAN),
+], present={
+    **dict.fromkeys(("carry_state",) + STATES, _CARRIED), "groups": {"groups": 1}, "dt_dtype": {"dt_dtype": "f32"},
+    "param_dtype": {"param_dtype": "f32"}, "state_dtype": {**_CARRIED, "state_dtype": "f64"}, "cu_seqlens": PACKED,
+    "num_seqs": PACKED, "state_slots": {**_CARRIED, **SLOTS}, "num_slots": {**_CARRIED, **SLOTS}})
+declare_cases("mamba3_backward", thunks=[
+    (_mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    (_mamba3(1, 40, 4, 3, 8, 2, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0], num_slots=3, **_EVERY,
+             **_GRADIENTS_OF_STATES, d_q_bias=True, d_k_bias=True, d_d=True, d_z=True), {}, False),
+    (_mamba3(2, 1, 2, 4, 6, 1, True, state_slots=[1, 0], num_slots=2, **_GRADIENTS_OF_STATES), {}, False),
+    (_mamba3(1, 150, 2, 4, 8, 4, True, **_GRADIENTS_OF_STATES), {}, False),
+])
