@@ -11,8 +11,9 @@ rotated, biased ``q̃``, ``k̃``. Two paths then run the recurrence, every row a
   chunk, with ``c`` the cumulative log-decay, ``y_j = e^{c_j}·S⁰q̃_j + Σ_{s<j} e^{c_j−c_s}(γ_s + β'_{s+1})
   (q̃_j·k̃_s)v_s + γ_j(q̃_j·k̃_j)v_j``, where ``S⁰`` is the state entering the chunk plus the trapezoid's
   boundary term ``β'_0·v̄⊗k̄`` (``β' = (1−λ)·dt``: the decay at the next token supplies its ``α``); the
-  state leaving it is the same sum at the chunk's last token. A chunk whose inputs hold a NaN or an Inf
-  runs the step form instead (the masked products of the chunk form would spread it to earlier tokens).
+  state leaving it is the same sum at the chunk's last token. A chunk whose outputs or state come out not
+  all finite (a NaN or an Inf among its inputs, which the masked products would spread to earlier tokens)
+  runs again by the step form.
 
 Arrays are in the compute type (16-bit storage computes in f32, widened to the state's and inputs' wider
 types); the four state pools are f32 or f64 and updated in place. Every result is a fixed sequence of NumPy
@@ -25,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .arena import COMPUTE
+from . import jit
 from .bound import Bound
 from .chunked import pick_path
 from .implementations import KERNELS, PATHS
@@ -45,15 +46,18 @@ def sigmoid(u: np.ndarray) -> np.ndarray:
         return 1 / (1 + np.exp(-u))
 
 
+def turn_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """``x [..., N]`` with each adjacent pair ``i < A`` turned by the angle of ``cos, sin [..., A]``, in place."""
+    a = cos.shape[-1]
+    even, odd = x[..., 0:2 * a:2].copy(), x[..., 1:2 * a:2]
+    x[..., 0:2 * a:2] = even * cos - odd * sin
+    x[..., 1:2 * a:2] = even * sin + odd * cos
+    return x
+
+
 def rotate(x: np.ndarray, theta: np.ndarray, sign: int = 1) -> np.ndarray:
     """§11 step 3's ``rot``: ``x [..., N]`` with each adjacent pair ``i < A`` turned by ``sign·theta [..., A]``."""
-    a = theta.shape[-1]
-    even, odd = x[..., 0:2 * a:2], x[..., 1:2 * a:2]
-    cos, sin = np.cos(theta), sign * np.sin(theta)
-    out = x.copy()
-    out[..., 0:2 * a:2] = even * cos - odd * sin
-    out[..., 1:2 * a:2] = even * sin + odd * cos
-    return out
+    return turn_(x.copy(), np.cos(theta), sign * np.sin(theta))
 
 
 def wrap_angle(theta: np.ndarray) -> np.ndarray:
@@ -82,32 +86,48 @@ class Tokens:
 
 def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, ct: np.dtype) -> Tokens:
     """§11 steps 1-3 for every token of a block of rows; ``theta0 [R,H,A]``: the angle each row starts from."""
-    heads = v.shape[2]
-    group = np.arange(heads) // (heads // q.shape[2])
+    heads, groups = v.shape[2], q.shape[2]
     adt, dt, trap = (np.asarray(a, ct) for a in (adt, dt, trap))
     lam = sigmoid(trap)
     alpha = np.exp(adt)
     bprime = (1 - lam) * dt
     increments = np.pi * np.tanh(np.asarray(angles, ct)) * dt[..., None]
     theta = np.cumsum(np.concatenate([np.asarray(theta0, ct)[:, None], increments], axis=1), axis=1)[:, 1:]
-    q_in = np.asarray(q, ct)[:, :, group]
-    k_in = np.asarray(k, ct)[:, :, group]
-    if q_bias is not None:
-        q_in = q_in + np.asarray(q_bias, ct)
-    if k_bias is not None:
-        k_in = k_in + np.asarray(k_bias, ct)
-    return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, rotate(q_in, theta),
-                  rotate(k_in, theta), np.asarray(v, ct))
+    cos, sin = np.cos(theta), np.sin(theta)
+    rotated = []
+    for x, bias in ((q, q_bias), (k, k_bias)):  # [R,T,G,1,N] broadcast over the G groups' heads: one new array
+        grouped = np.asarray(x, ct)[:, :, :, None]
+        shape = grouped.shape[:3] + (heads // groups, grouped.shape[-1])
+        biased = (grouped + np.asarray(bias, ct).reshape(shape[2:]) if bias is not None
+                  else np.broadcast_to(grouped, shape).copy())
+        rotated.append(turn_(biased.reshape(shape[:2] + (heads, shape[-1])), cos, sin))
+    return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, *rotated, np.asarray(v, ct))
 
 
 def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
     """§11 steps 4-6 for tokens ``lo .. hi-1`` of every row: ``y [R,T,H,P]`` gets their outputs before ``d`` and
-    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place."""
+    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place. Compiled
+    (``jit``: one pass over S a token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of
+    step 4 as one product of rank 2 (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
     big_s, k_bar, v_bar = state
+    compiled = jit.kernel("mamba3_state_step") if big_s.dtype == np.float32 and all(
+        s.flags.c_contiguous for s in state) else None
+    if compiled is not None:
+        out = np.empty(v_bar.shape, big_s.dtype)
+        for t in range(lo, hi):
+            token = (np.ascontiguousarray(a[:, t]) for a in (x.alpha, x.beta, x.gamma, x.v, x.k_rot, x.q_rot))
+            compiled(big_s, k_bar, v_bar, *token, out)
+            y[:, t] = out
+        return
+    values = np.empty(v_bar.shape + (2,), big_s.dtype)
+    keys = np.empty(k_bar.shape[:-1] + (2, k_bar.shape[-1]), big_s.dtype)
     for t in range(lo, hi):
-        a, b, g = (w[:, t, :, None, None] for w in (x.alpha, x.beta, x.gamma))
         k_rot, v = x.k_rot[:, t], x.v[:, t]
-        big_s[...] = a * big_s + b * (v_bar[..., :, None] * k_bar[..., None, :]) + g * (v[..., :, None] * k_rot[..., None, :])
+        np.multiply(x.beta[:, t, :, None], v_bar, out=values[..., 0])
+        np.multiply(x.gamma[:, t, :, None], v, out=values[..., 1])
+        keys[..., 0, :], keys[..., 1, :] = k_bar, k_rot
+        big_s *= x.alpha[:, t, :, None, None]
+        big_s += np.matmul(values, keys)
         y[:, t] = np.matmul(big_s, x.q_rot[:, t, ..., None])[..., 0]
         k_bar[...], v_bar[...] = k_rot, v
 
@@ -140,12 +160,10 @@ def run_chunk(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarra
     k_bar[...], v_bar[...] = k[..., -1, :], v[..., -1, :]
 
 
-def _finite(x: Tokens, lo: int, hi: int) -> bool:
-    return all(np.isfinite(a[:, lo:hi]).all() for a in (x.adt, x.beta, x.gamma, x.q_rot, x.k_rot, x.v))
-
-
 def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.ndarray:
-    """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place."""
+    """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place.
+    A chunk whose chunk-form outputs or state are not all finite (a NaN or an Inf among its inputs, which the
+    masked products would spread to earlier tokens) is run again by the step form from the state before it."""
     y = np.empty(x.v.shape, x.v.dtype)
     seq = x.v.shape[1]
     if path == "step":
@@ -153,7 +171,12 @@ def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.
         return y
     for lo in range(0, seq, chunk):
         hi = min(seq, lo + chunk)
-        (run_chunk if _finite(x, lo, hi) else run_step)(x, lo, hi, state, y)
+        before = [s.copy() for s in state]
+        run_chunk(x, lo, hi, state, y)
+        if not (np.isfinite(np.sum(y[:, lo:hi])) and np.isfinite(np.sum(state[0]))):
+            for kept, s in zip(before, state):
+                s[...] = kept
+            run_step(x, lo, hi, state, y)
     return y
 
 
@@ -194,7 +217,7 @@ def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, 
     for b, t, rows in row_blocks(batch, seq, cu_seqlens):
         entries = rows if state_slots is None else np.asarray(state_slots, np.intp)[rows]
         start = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if states is None
-                 else [pool[entries].astype(ct) for pool in states])
+                 else [rows_of(pool, entries, ct) for pool in states])
         x = tokens(*(a[b, t] for a in (q, k, v, adt, dt, trap, angles)),
                    q_bias, k_bias, start[0], ct)
         block = recurrence(x, start[1:], name, chunk or CHUNK)
@@ -202,8 +225,17 @@ def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, 
         y[b, t] = gate(block, x.v, None if d is None else np.asarray(d, ct), zb)
         if states is not None:
             for pool, final in zip(states, [wrap_angle(x.theta[:, -1])] + start[1:]):
-                pool[entries] = final
+                if not np.may_share_memory(pool, final):
+                    pool[entries] = final
     return y
+
+
+def rows_of(pool: np.ndarray, entries: np.ndarray, ct: np.dtype) -> np.ndarray:
+    """The pool entries a block of rows starts from, to advance in place: a view of the pool where they are
+    consecutive and stored in the compute type, else a copy (written back by the caller)."""
+    if pool.dtype == ct and len(entries) and np.array_equal(entries, np.arange(entries[0], entries[0] + len(entries))):
+        return pool[entries[0]:entries[0] + len(entries)]
+    return pool[entries].astype(ct)
 
 
 def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None) -> str:

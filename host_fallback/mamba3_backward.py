@@ -18,7 +18,8 @@ import numpy as np
 
 from .bound import Bound
 from .implementations import KERNELS
-from .mamba3 import CHUNK, STATES, Tokens, inputs, recurrence, row_blocks, rotate, sigmoid, tokens
+from . import jit
+from .mamba3 import CHUNK, STATES, Tokens, inputs, recurrence, rotate, row_blocks, run_step, sigmoid, tokens
 
 Thunk = Mapping[str, Any]
 #: The seven inputs every call has, and the optional ones, in field order.
@@ -49,21 +50,32 @@ class Reverse:
         self.d_s, self.d_kbar, self.d_vbar = (np.array(a, x.v.dtype) for a in d_final)
         self.d_qrot, self.d_krot, self.d_v = (np.zeros_like(a) for a in (x.q_rot, x.k_rot, x.v))
         self.d_alpha, self.d_beta, self.d_gamma = (np.zeros_like(x.alpha) for _ in range(3))
+        self.unused = np.empty(x.v.shape, x.v.dtype)  # the recomputed outputs, not read
+        self.compiled = jit.kernel("mamba3_state_step_back") if x.v.dtype == np.float32 else None
 
     def chunk(self, lo: int, hi: int, start: list[np.ndarray], g: np.ndarray) -> None:
         """Undo tokens ``hi-1 .. lo`` from the state ``start`` entering token ``lo``; ``g [R,T,H,P]`` the gradient
         of the outputs before ``d`` and ``z``."""
         x = self.x
-        big_s, k_bar, v_bar = (s.copy() for s in start)
-        history = [(big_s.copy(), k_bar.copy(), v_bar.copy())]
-        for t in range(lo, hi):  # the states S_{t-1}, k̄, v̄ before each token
-            a, b, c = (w[:, t, :, None, None] for w in (x.alpha, x.beta, x.gamma))
-            big_s = a * big_s + b * (v_bar[..., :, None] * k_bar[..., None, :]) + c * (x.v[:, t, ..., :, None]
-                                                                                   * x.k_rot[:, t, ..., None, :])
-            k_bar, v_bar = x.k_rot[:, t], x.v[:, t]
-            history.append((big_s, k_bar, v_bar))
+        state = [s.copy() for s in start]
+        history = [state[0].copy()]  # S before each token, then after the last
+        for t in range(lo, hi):
+            run_step(x, t, t + 1, state, self.unused)
+            history.append(state[0].copy())
         for t in range(hi - 1, lo - 1, -1):
-            self._token(t, history[t - lo][0], history[t - lo + 1][0], history[t - lo][1], history[t - lo][2], g[:, t])
+            k_bar, v_bar = (start[1], start[2]) if t == lo else (x.k_rot[:, t - 1], x.v[:, t - 1])
+            token = self._compiled if self.compiled is not None else self._token
+            token(t, history[t - lo], history[t - lo + 1], k_bar, v_bar, g[:, t])
+
+    def _compiled(self, t: int, old_s, new_s, k_bar, v_bar, g) -> None:
+        """``_token`` in one compiled pass (f32)."""
+        x = self.x
+        flat = [np.ascontiguousarray(a) for a in (x.q_rot[:, t], x.k_rot[:, t], k_bar, x.v[:, t], v_bar, g,
+                                                  x.alpha[:, t], x.beta[:, t], x.gamma[:, t])]
+        outs = [np.empty_like(a) for a in (flat[0], flat[0], flat[3], flat[6], flat[6], flat[6])]
+        self.compiled(self.d_s, old_s, new_s, *flat, self.d_kbar, self.d_vbar, *outs)
+        for target, value in zip((self.d_qrot, self.d_krot, self.d_v, self.d_alpha, self.d_beta, self.d_gamma), outs):
+            target[:, t] = value
 
     def _token(self, t: int, old_s, new_s, k_bar, v_bar, g) -> None:
         """The reverse of steps 4-6 at token ``t`` (``old_s``/``new_s``: S before and after it)."""
@@ -75,7 +87,7 @@ class Reverse:
         d_sk = np.matmul(v[..., None, :], d_s)[..., 0, :]  # [R,H,N]: vᵀ dS
         gamma, beta = x.gamma[:, t, :, None], x.beta[:, t, :, None]
         self.d_krot[:, t] = self.d_kbar + gamma * d_sk  # k̄ ← k̃, and S's γ·v⊗k̃
-        self.d_v[:, t] += self.d_vbar + gamma * d_sv
+        self.d_v[:, t] = self.d_vbar + gamma * d_sv
         self.d_alpha[:, t] = np.einsum("rhpn,rhpn->rh", d_s, old_s)
         d_skbar = np.matmul(d_s, k_bar[..., :, None])[..., 0]  # [R,H,P]: dS k̄
         self.d_beta[:, t] = np.einsum("rhp,rhp->rh", v_bar, d_skbar)

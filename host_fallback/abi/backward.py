@@ -95,4 +95,5 @@ def backward_of(forward: OpDef) -> OpDef:
     on_footprint = tuple(r for r in forward.rules if r.on_footprint)
     return OpDef(f"{forward.name}_backward", _fields(forward), _layout(forward), forward.dtypes, version=2,
                  rules=given + (_gradients_paired(forward),) + on_footprint, data_rules=forward.data_rules,
-                 states=tuple(gradient(s) for s in forward.states), forward=forward.name, sample=forward.sample)
+                 states=tuple(gradient(s) for s in forward.states), forward=forward.name, sample=forward.sample,
+                 place=(9, *forward.place))

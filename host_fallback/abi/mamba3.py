@@ -84,4 +84,4 @@ MAMBA3 = OpDef(
     + tuple(newer(f, "opt_offset", None) for f in STATES)
     + (newer("state_dtype", "dtype", state_dtype_default),) + STATE_FIELDS[1:],
     _layout, version=2, rules=(rule(_check), ALIASING), data_rules=DATA_RULES, states=STATES,
-    differentiable=True, sample=_sample)
+    differentiable=True, sample=_sample, place=(11, 1))

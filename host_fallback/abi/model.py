@@ -143,7 +143,8 @@ class OpDef:
     it first); ``rules`` run in order on every thunk; ``data_rules`` check its integer tensors before it
     runs (field -> rule); ``states`` are the tensors it carries from call to call (read, then written in
     place); ``differentiable`` ops get an ``OP_backward`` (ABI.md §9), made by ``abi.backward``;
-    ``forward`` names the op a backward op differentiates.
+    ``forward`` names the op a backward op differentiates. ``place`` is where ABI.md defines it: its section,
+    then its rank there (``(4, 3)``: §4's third op); ``ops`` orders every op by it, and messages cite the section.
     """
 
     name: str
@@ -157,6 +158,12 @@ class OpDef:
     differentiable: bool = False
     forward: str = ""
     sample: Sampler = as_drawn
+    place: tuple[int, ...] = ()
+
+    @property
+    def section(self) -> str:
+        """The section of ABI.md that defines it: ``§10``."""
+        return f"§{self.place[0]}"
 
     @cached_property
     def field_names(self) -> tuple[str, ...]:

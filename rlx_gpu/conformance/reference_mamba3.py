@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .registry import Load, reference
+from .reference_conv import sequences, sigmoid
+from .registry import PACKED, SLOTS, Load, declare_cases, reference
 
 #: The four carried states in the anchor's order (angle, ssm, k, v).
 STATES = ("angle_state", "state", "k_state", "v_state")
@@ -22,19 +23,6 @@ STATES = ("angle_state", "state", "k_state", "v_state")
 FIELDS = frozenset({"groups", "q_bias", "k_bias", "d", "z", "dt_dtype", "param_dtype", "carry_state", *STATES,
                     "state_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"})
 OPTIONAL = ("q_bias", "k_bias", "d", "z")
-
-
-def _sigmoid(u: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return 1.0 / (1.0 + np.exp(-u))
-
-
-def _sequences(batch: int, seq: int, cu_seqlens) -> list[tuple[int, int, range]]:
-    """``(batch row, state row, tokens)`` of every sequence: each batch row, or each packed sequence."""
-    if cu_seqlens is None:
-        return [(b, b, range(seq)) for b in range(batch)]
-    cu = [int(v) for v in cu_seqlens]
-    return [(0, r, range(cu[r], cu[r + 1])) for r in range(len(cu) - 1)]
 
 
 def rotate(x: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -75,7 +63,7 @@ class _Inputs:
 
 def _step(x: _Inputs, b: int, t: int, theta, big_s, k_bar, v_bar) -> dict[str, np.ndarray]:
     """§11's six steps at token ``t`` of batch row ``b``: the new state and every intermediate value."""
-    lam = _sigmoid(x.trap[b, t])
+    lam = sigmoid(x.trap[b, t])
     alpha = np.exp(x.adt[b, t])
     dt = x.dt[b, t]
     beta, gamma = (1 - lam) * dt * alpha, lam * dt
@@ -87,7 +75,7 @@ def _step(x: _Inputs, b: int, t: int, theta, big_s, k_bar, v_bar) -> dict[str, n
              + gamma[:, None, None] * v[:, :, None] * k_rot[:, None, :])
     y = np.einsum("hpn,hn->hp", new_s, q_rot)
     pre_gate = y if x.d is None else y + x.d[:, None] * v
-    out = pre_gate if x.z is None else pre_gate * x.z[b, t] * _sigmoid(x.z[b, t])
+    out = pre_gate if x.z is None else pre_gate * x.z[b, t] * sigmoid(x.z[b, t])
     return dict(lam=lam, alpha=alpha, beta=beta, gamma=gamma, theta=theta, q_rot=q_rot, k_rot=k_rot, old_s=big_s,
                 k_bar=k_bar, v_bar=v_bar, new_s=new_s, pre_gate=pre_gate, out=out)
 
@@ -103,7 +91,7 @@ def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, 
     x = _Inputs(q, k, v, adt, dt, trap, angles, q_bias, k_bias, d, z)
     pools = None if states is None else [np.array(s, np.float64) for s in states]
     y = np.zeros(x.v.shape)
-    for b, r, tokens in _sequences(x.q.shape[0], x.q.shape[1], cu_seqlens):
+    for b, r, tokens in sequences(x.q.shape[0], x.q.shape[1], cu_seqlens):
         entry = r if state_slots is None else int(state_slots[r])
         theta, big_s, k_bar, v_bar = _initial(pools, entry, x)
         for t in tokens:
@@ -123,7 +111,7 @@ def _step_back(x: _Inputs, b: int, t: int, st: dict, g: np.ndarray, grads: dict,
     d_theta, d_s, d_kbar, d_vbar = carried
     v, z = x.v[b, t], None if x.z is None else x.z[b, t]
     if z is not None:
-        sz = _sigmoid(z)
+        sz = sigmoid(z)
         grads["d_z"][b, t] = g * st["pre_gate"] * sz * (1 + z * (1 - sz))
         g = g * z * sz
     d_v = d_vbar.copy()  # step 6: v̄ ← v
@@ -169,7 +157,7 @@ def mamba3_backward(q, k, v, adt, dt, trap, angles, d_dst, *, q_bias=None, k_bia
     grads = {f"d_{f}": np.zeros(getattr(x, f).shape) for f in ("q", "k", "v", "adt", "dt", "trap", "angles")}
     grads.update(d_q_bias=np.zeros(x.q_bias.shape), d_k_bias=np.zeros(x.k_bias.shape), d_d=np.zeros(x.heads),
                  d_z=np.zeros(x.v.shape))
-    for b, r, tokens in _sequences(x.q.shape[0], x.q.shape[1], cu_seqlens):
+    for b, r, tokens in sequences(x.q.shape[0], x.q.shape[1], cu_seqlens):
         entry = r if state_slots is None else int(state_slots[r])
         state = _initial(pools, entry, x)
         steps = []
@@ -218,3 +206,41 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """``{field: float64}`` of every tensor a ``mamba3_backward`` thunk ``t`` (completed) writes."""
     extra = {"d_states": [load(f"d_{f}") for f in STATES]} if t["carry_state"] else {}
     return mamba3_backward(*_inputs(load), load("d_dst"), **_fields(t, load), **extra)
+
+
+def _mamba3(b: int, s: int, heads: int, p: int, n: int, angles: int, carry_state: bool = False, **v2: Any) -> dict:
+    """A mamba3 case; ``carry_state`` places its four states (a backward op's case adds their gradients)."""
+    return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n, num_angles=angles,
+                **(_CARRIED if carry_state else {}), **v2)
+
+
+_CARRIED = {"carry_state": True, **dict.fromkeys(STATES, True)}
+_GRADIENTS_OF_STATES = {f"d_{f}": True for f in STATES}
+_EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
+NAN = float("nan")
+
+# an odd num_angles = N/2; a single angle with q/k shared by two heads each; every field at once over packed
+# sequences (one empty, one starting inside the second chunk of 64) through slots; a decode step into slots;
+# three chunks (the last partial) carried; the backward likewise. A NaN reaches its own row from its step on and
+# no other packed sequence.
+declare_cases("mamba3", small=dict(batch=2, seq=7, heads=2, head_dim=3, state_size=6, num_angles=2), thunks=[
+    (_mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    (_mamba3(2, 9, 4, 3, 8, 1, groups=2), {}, False),
+    (_mamba3(1, 150, 4, 3, 8, 2, True, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1], num_slots=5,
+             **_EVERY), {}, False),
+    (_mamba3(3, 1, 2, 4, 6, 3, True, state_slots=[2, 0, 4], num_slots=5, d=True, z=True), {}, False),
+    (_mamba3(2, 150, 2, 5, 10, 4, True, d=True), {}, False),
+], causal=[
+    (_mamba3(2, 9, 2, 3, 6, 2), "v", 5, NAN),
+    (_mamba3(1, 80, 2, 3, 6, 2, cu_seqlens=[0, 30, 68, 80]), "q", 40, NAN),
+], present={
+    **dict.fromkeys(("carry_state",) + STATES, _CARRIED), "groups": {"groups": 1}, "dt_dtype": {"dt_dtype": "f32"},
+    "param_dtype": {"param_dtype": "f32"}, "state_dtype": {**_CARRIED, "state_dtype": "f64"}, "cu_seqlens": PACKED,
+    "num_seqs": PACKED, "state_slots": {**_CARRIED, **SLOTS}, "num_slots": {**_CARRIED, **SLOTS}})
+declare_cases("mamba3_backward", thunks=[
+    (_mamba3(2, 5, 2, 3, 6, 3), {}, False),
+    (_mamba3(1, 40, 4, 3, 8, 2, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0], num_slots=3, **_EVERY,
+             **_GRADIENTS_OF_STATES, d_q_bias=True, d_k_bias=True, d_d=True, d_z=True), {}, False),
+    (_mamba3(2, 1, 2, 4, 6, 1, True, state_slots=[1, 0], num_slots=2, **_GRADIENTS_OF_STATES), {}, False),
+    (_mamba3(1, 150, 2, 4, 8, 4, True, **_GRADIENTS_OF_STATES), {}, False),
+])

@@ -113,3 +113,16 @@ def test_a_call_on_no_tokens_returns_an_empty_output_and_the_states_as_given():
     assert out.shape == (2, 0, 4, 3)
     for got, exp in zip(finals, states):
         torch.testing.assert_close(got, exp)
+
+
+def test_the_custom_op_passes_opcheck_and_compiles_whole():
+    args, states = _inputs(B=1, S=6, G=1, H=2, P=3, N=4, A=2, dtype=torch.float32, seed=5)
+    q, k, v, adt, dt, trap, qb, kb, ang, d, z = args
+    fields = [q, k, v, adt.transpose(1, 2), dt.transpose(1, 2), trap.transpose(1, 2), ang, qb, kb, d, z, *states, None]
+    for t in fields[:-1]:
+        t.requires_grad_()
+    checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+    result = torch.library.opcheck(torch.ops.rlx_gpu.mamba3.default, tuple(fields), test_utils=checks)
+    assert set(result.values()) == {"SUCCESS"}, result
+    compiled = torch.compile(lambda *a: mamba3_siso_combined(*a), fullgraph=True)
+    torch.testing.assert_close(compiled(*args), mamba3_siso_combined(*args))

@@ -164,3 +164,20 @@ def test_the_host_backward_gives_the_same_bytes_each_run():
     cast = {k: v.astype(np.float32) for k, v in args.items()}
     first, again = host_backward(**cast, d_dst=d_dst), host_backward(**cast, d_dst=d_dst)
     assert all(first[f].dtype == np.float32 and first[f].tobytes() == again[f].tobytes() for f in first)
+
+
+@pytest.mark.parametrize("jit", ["1", "0"])
+def test_f32_backward_compiled_or_not_is_close_to_the_reference(jit, monkeypatch):
+    monkeypatch.setenv("RLX_HOST_JIT", jit)
+    args = draw(1, 40, 4, 8, 6, 2, groups=2, entries=2, seed=13)
+    rng = np.random.default_rng(14)
+    d_dst, d_states = rng.standard_normal(args["v"].shape), [rng.standard_normal(s.shape) for s in args["states"]]
+    want = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states)
+    low = {k: v.astype(np.float32) for k, v in args.items() if k != "states"}
+    pools = [s.astype(np.float32) for s in d_states]
+    got = host_backward(**low, d_dst=d_dst.astype(np.float32), states=[s.astype(np.float32) for s in args["states"]],
+                        d_states=pools)
+    got.update({f"d_{f}": pool for f, pool in zip(STATES, pools)})
+    for field, values in want.items():
+        assert got[field].dtype == np.float32
+        np.testing.assert_allclose(got[field], values, rtol=2e-4, atol=2e-4 * np.abs(values).max(), err_msg=field)
