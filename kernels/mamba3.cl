@@ -20,7 +20,7 @@
  *
  * cpu (PoCL): one work-item per M3_PB state rows of one (row, head), each turning q and k itself; the items of
  * a (row, head) share one work-group, whose barrier orders every item's read of the initial angle and key
- * before the first item writes the final ones. gpu: kernel mamba3_lanes, below. */
+ * before the first item writes the final ones. gpu: kernels mamba3_lanes and mamba3_lanes_final, below. */
 
 #define M3_PI ((real)3.14159265358979323846)
 #define M3_TWO_PI ((real)6.28318530717958647692)
@@ -347,15 +347,17 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
 #endif
 
 #if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
-/* gpu: one work-group per (row, head). A state row S[p, :] is spread over SSM_L lanes, SSM_W values each in
+/* gpu: `blocks` work-groups per (row, head). A state row S[p, :] is spread over SSM_L lanes, SSM_W values each in
  * registers (lane nl holds n = w*SSM_L + nl), and the group's LSIZE/SSM_L rows walk the sequence together; a
- * head of more rows walks it again for each block of rows (the angles and keys recomputed: cheap beside the
- * state), so one group alone reads and writes the head's angle and key entries and a decode step is one launch.
+ * group walks it again for each further block of rows it holds (the angles and keys recomputed: cheap beside the
+ * state). With blocks = 1 (decode, short sequences) one group alone reads and writes the head's angle and key
+ * entries, so a decode step is one launch; with blocks > 1 (prefill: more groups) every group only reads them
+ * and mamba3_lanes_final writes them after.
  * Per token the lanes first turn q and k cooperatively into LOCAL memory (lane l owns pairs l, l + LSIZE, ...
  * and their angles, kept in LOCAL), a barrier, then each lane updates its state values and its partial sum of y,
  * a barrier, then the row's first lane sums and stores. kr is double-buffered by token parity: the other buffer
  * is the previous token's key (kbar; the initial one for the row's first token). Bounded to groups of at most SSM_WG
- * lanes, 6 per SM: 73-80 registers on sm_90 without a spill (108-114 unbounded). */
+ * lanes, 6 per SM: 76-80 registers on sm_90 without a spill (108-114 unbounded). */
 #define SSM_W (SSM_N / SSM_L)
 
 /* One block of rows walking every token of `row`, this lane's row p (every lane of the group calls it: it meets two
@@ -416,8 +418,8 @@ INLINE_FN void m3_lanes_block_barrier(m3_io io, m3_row row, i64 p, int nl, int f
     }
 }
 
-KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d,
-                    int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, int has_q_bias,
+                    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
                     GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
                     i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
                     GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
@@ -428,7 +430,8 @@ KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A,
     LOCAL real qr[SSM_N], kr[2 * SSM_N], kbar0[SSM_N], theta[SSM_N / 2], theta0[SSM_N / 2], part[SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
     const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
-    const i64 lanes = LSIZE(0), rows = lanes / SSM_L, r = GROUP(0) / H, h = GROUP(0) - r * H;
+    const i64 lanes = LSIZE(0), rows = lanes / SSM_L, rh = GROUP(0) / blocks, block = GROUP(0) - rh * blocks;
+    const i64 r = rh / H, h = rh - r * H;
     const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
                               param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
                               anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
@@ -440,9 +443,10 @@ KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A,
         kbar0[2 * i] = carry ? io.k_state[head * N + 2 * i] : (real)0;
         kbar0[2 * i + 1] = carry ? io.k_state[head * N + 2 * i + 1] : (real)0;
     }
-    for (i64 p0 = 0; p0 < P; p0 += rows)
+    for (i64 p0 = block * rows; p0 < P; p0 += rows * blocks)
         m3_lanes_block_barrier(io, row, p0 + k, nl, first, lane, qr, kr, kbar0, theta, theta0, part);
-    if (!carry || row.first == row.end) /* an empty sequence leaves its entries as they are */
+    /* an empty sequence leaves its entries as they are; split heads leave theirs to mamba3_lanes_final */
+    if (!carry || row.first == row.end || blocks > 1)
         return;
     const int last = (int)((row.end - 1 - row.first) & 1);
     for (i64 i = lane; i < N / 2; i += lanes) { /* the lane's own pairs: no barrier needed */
@@ -451,5 +455,40 @@ KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A,
         io.k_state[head * N + 2 * i] = kr[last * SSM_N + 2 * i];
         io.k_state[head * N + 2 * i + 1] = kr[last * SSM_N + 2 * i + 1];
     }
+}
+
+/* After mamba3_lanes split a head's rows over `blocks` > 1 groups (prefill): the final angle and key of each
+ * (row, head), one work-item per pair i, its angle walked over the row's tokens as the groups walked it (the
+ * groups read the initial entries; only this later launch writes them). */
+KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, int has_q_bias,
+                          int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real,
+                          int param_real, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                          GLOBAL uchar* zb, i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto,
+                          GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+                          GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko,
+                          GLOBAL uchar* asb, i64 aso, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso,
+                          GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
+    if (rh >= R * H || !carry)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    if (row.first == row.end)
+        return;
+    const i64 head = row.entry * H + h;
+    real theta = (real)0;
+    if (i < A) {
+        theta = m3_wrap(io.angle_state[head * A + i]);
+        for (i64 tok = row.first; tok < row.end; ++tok)
+            theta = m3_advance(io, theta, tok, h, i, load_any(io.dt, tok * H + h, dt_real));
+        io.angle_state[head * A + i] = theta;
+    }
+    const m3_pair pr = m3_pair_at(io, row, row.end - 1, i, m3_sincos(theta));
+    io.k_state[head * N + 2 * i] = pr.k0;
+    io.k_state[head * N + 2 * i + 1] = pr.k1;
 }
 #endif

@@ -73,6 +73,9 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GDN_Q": 64, "GDN_LANES": 256, "GDN_NT": 16, "GDN_PJ": 4, "GDN_SPMAX": 16, "GDN_OT": 32,
         "GDN_MIN_SEQ": 64,
         "SSMB_BLOCKS": 64,
+        # mamba3: from M3_MIN_SEQ steps on, a head's state rows walk the sequence M3_SPLIT_ROWS to a group (a warp
+        # at state_size 64), so that a prefill of few (row, head) pairs exposes more groups
+        "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
     },
 }
 

@@ -1,10 +1,11 @@
 """Launch geometry of mamba3 (ABI.md §11), every target, kernels/mamba3.cl.
 
-One launch, the step recurrence over the tokens of each (row, head), a row being a batch row or one packed
-sequence: at the cpu target one work-item per M3_PB state rows, the items of a (row, head) in one work-group;
-at the gpu target one work-group per (row, head), each state row spread over ``SSM_L`` lanes (the state-size
-variant), its blocks of rows walking the sequence in turn. A decode step (seq 1, carried state, slots) is the
-same launch, straight on the pool. The optional fields are runtime flags of the one program per dtype (and
+The step recurrence over the tokens of each (row, head), a row being a batch row or one packed sequence: at
+the cpu target one launch, one work-item per M3_PB state rows, the items of a (row, head) in one work-group; at
+the gpu target each state row spread over ``SSM_L`` lanes (the state-size variant), one work-group per (row,
+head) walking the sequence once per block of its rows, or from M3_MIN_SEQ steps on one group per M3_SPLIT_ROWS rows (more
+groups for a prefill), the final angle and key then written by a second launch. A decode step (seq 1, carried
+state, slots) is one launch, straight on the pool. The optional fields are runtime flags of the one program per dtype (and
 state size). What runs on the host instead: state, parameters or the step inputs kept in f64 beside a thunk
 computing in f32, and mamba3_backward.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from host_fallback.abi import complete
 
 from .arguments import kernel_launch
-from .core import ARENA, LaunchPlan, Thunk, linear_local
+from .core import ARENA, LaunchPlan, Thunk, grid, linear_local
 from .limits import DeviceLimits, state_variant
 from .registry import PLANNERS, register
 
@@ -41,20 +42,36 @@ def _arguments(t: Thunk) -> dict[str, object]:
                 **{param: (ARENA, t.get(field) or 0) for field, param in _PARAMS.items()})
 
 
+def _lanes(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
+    """gpu: one group per (row, head), or from M3_MIN_SEQ steps on one per M3_SPLIT_ROWS of its state rows (a
+    prefill exposes more groups; with carry_state a second launch writes each head's final angle and key, which
+    the groups all read first)."""
+    defines = state_variant(t["state_size"])
+    lanes, p = dict(defines)["SSM_L"], t["head_dim"]
+    split = t["seq"] >= lim.tune("M3_MIN_SEQ") and p > lim.tune("M3_SPLIT_ROWS")
+    rows = lim.tune("M3_SPLIT_ROWS") if split else linear_local(p, max(1, min(lim.tune("SSM_WG"), lim.max_work_group)
+                                                                        // lanes))
+    blocks, heads, local = -(-p // rows) if split else 1, args["R"] * args["H"], lanes * rows
+    args = dict(args, blocks=blocks)
+    out = [kernel_launch("mamba3", "mamba3_lanes", t["dtype"], (heads * blocks * local,), (local,), args,
+                         target="gpu", defines=defines)]
+    if blocks > 1 and args["carry"]:
+        pairs = linear_local(t["state_size"] // 2)
+        out.append(kernel_launch("mamba3", "mamba3_lanes_final", t["dtype"],
+                                 grid((heads * t["state_size"] // 2,), (pairs,)), (pairs,), args, target="gpu",
+                                 defines=defines))
+    return LaunchPlan(tuple(out), notes=(f"{blocks} group(s) of {rows} state rows per head",))
+
+
 def _forward(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
-    args, dtype = _arguments(t), t["dtype"]
-    heads, rows = args["H"], args["R"]
+    args = _arguments(t)
     if lim.target == "gpu":
-        defines = state_variant(t["state_size"])
-        lanes = dict(defines)["SSM_L"]
-        local = lanes * linear_local(t["head_dim"], max(1, min(lim.tune("SSM_WG"), lim.max_work_group) // lanes))
-        return LaunchPlan((kernel_launch("mamba3", "mamba3_lanes", dtype, (rows * heads * local,), (local,), args,
-                                         target="gpu", defines=defines),))
+        return _lanes(t, lim, args)
     items = -(-t["head_dim"] // lim.tune("M3_PB"))
     local = linear_local(items, lim.max_work_group)  # every item of a (row, head) in one work-group
-    return LaunchPlan((kernel_launch("mamba3", "mamba3", dtype, (local, heads, rows), (local, 1, 1), args,
-                                     target=lim.target),))
+    return LaunchPlan((kernel_launch("mamba3", "mamba3", t["dtype"], (local, args["H"], args["R"]), (local, 1, 1),
+                                     args, target=lim.target),))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

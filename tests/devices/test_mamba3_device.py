@@ -37,6 +37,15 @@ SHAPES = {
     "f64-rows-17": ("f64", dict(batch=2, seq=12, heads=2, head_dim=17, state_size=12, num_angles=3, **CARRIED,
                                 q_bias=True, z=True)),
 }
+#: prefills (seq >= M3_MIN_SEQ): at the gpu target a head's blocks of rows in groups of their own, and with carried
+#: states a second launch for the final angle and key
+PREFILLS = {
+    "prefill-rows-40-every-field-varlen-slots": ("f32", dict(batch=1, seq=80, heads=2, head_dim=40, state_size=40,
+                                                             num_angles=9, cu_seqlens=[0, 30, 30, 80], num_seqs=3,
+                                                             state_slots=[1, 3, 0], num_slots=4, **CARRIED, **EVERY)),
+    "prefill-rows-24-bf16-no-carry": ("bf16", dict(batch=2, seq=70, heads=2, head_dim=24, state_size=64,
+                                                   num_angles=16, d=True)),
+}
 
 needs_opencl_cpu = pytest.mark.skipif(not OPENCL_CPU, reason=f"no OpenCL CPU device: {status('opencl').reason}")
 
@@ -65,6 +74,19 @@ def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
     assert cpu.local_size[0] > 1 and gpu.local_size[0] // dict(gpu.defines)["SSM_L"] < big["head_dim"]
 
 
+def test_a_prefill_splits_a_head_over_groups_at_the_gpu_target_and_writes_the_final_angle_and_key_after():
+    carried, free = (complete(runner.lay_out(Case("mamba3", dt, p)).thunk) for dt, p in PREFILLS.values())
+    main, final = launches.plan(carried, REFERENCE_GPU).launches
+    rows = main.local_size[0] // dict(main.defines)["SSM_L"]
+    assert (main.kernel, final.kernel) == ("mamba3_lanes", "mamba3_lanes_final")
+    assert main.groups[0] == carried["num_seqs"] * carried["heads"] * -(-carried["head_dim"] // rows) > 6
+    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU).launches] == ["mamba3_lanes"]
+    decode = complete(runner.lay_out(Case("mamba3", "f32", dict(PREFILLS["prefill-rows-40-every-field-varlen-slots"][1],
+                                                                seq=2, cu_seqlens=[0, 1, 1, 2]))).thunk)
+    (one,) = launches.plan(decode, REFERENCE_GPU).launches
+    assert one.groups[0] == decode["num_seqs"] * decode["heads"]
+
+
 def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
     params = dict(SHAPES["f64-rows-17"][1])
     for field in ("state_dtype", "dt_dtype", "param_dtype"):
@@ -73,9 +95,9 @@ def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
 
 
 @needs_opencl_cpu
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize("name", list(SHAPES) + list(PREFILLS))
 def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(session, host, name):
-    dtype, params = SHAPES[name]
+    dtype, params = {**SHAPES, **PREFILLS}[name]
     case = Case("mamba3", dtype, params, seed=7)
     outcome = runner.check(session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message
@@ -94,10 +116,11 @@ TOKEN_FIELDS = ("q", "k", "v", "adt", "dt", "trap", "angles", "z", "dst")
 
 @needs_opencl_cpu
 def test_two_calls_chained_through_the_states_equal_one_call(session):
-    """Tokens 0..8 then 9..19 of one batch row (the second call reading what the first wrote into the four states,
-    on the same arena) give the outputs and final states of one call over 0..19, to f32 rounding."""
-    seq, split = 20, 9
-    params = dict(batch=1, seq=seq, heads=2, head_dim=24, state_size=16, num_angles=5, **CARRIED, **EVERY)
+    """Tokens 0..69 then 70..149 of one batch row (the second call reading what the first wrote into the four
+    states, on the same arena; at the gpu target each a prefill split over groups) give the outputs and final
+    states of one call over 0..149, to f32 rounding."""
+    seq, split = 150, 70
+    params = dict(batch=1, seq=seq, heads=2, head_dim=40, state_size=64, num_angles=13, **CARRIED, **EVERY)
     laid = runner.lay_out(Case("mamba3", "f32", params, seed=3))
     whole = session.upload(laid.arena)
     session.launch(laid.thunk, whole)
