@@ -104,20 +104,25 @@ def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, c
     return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, *rotated, np.asarray(v, ct))
 
 
-def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
+def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray,
+             history: np.ndarray | None = None) -> None:
     """§11 steps 4-6 for tokens ``lo .. hi-1`` of every row: ``y [R,T,H,P]`` gets their outputs before ``d`` and
-    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place. Compiled
-    (``jit``: one pass over S a token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of
-    step 4 as one product of rank 2 (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
+    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place, and with
+    ``history`` (``[hi-lo, R,H,P,N]``) S after each token is kept there too. Compiled (``jit``: one pass over S a
+    token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of step 4 as one product of rank 2
+    (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
     big_s, k_bar, v_bar = state
     compiled = jit.kernel("mamba3_state_step") if big_s.dtype == np.float32 and all(
         s.flags.c_contiguous for s in state) else None
     if compiled is not None:
-        out = np.empty(v_bar.shape, big_s.dtype)
+        out, source = np.empty(v_bar.shape, big_s.dtype), big_s
         for t in range(lo, hi):
             token = (np.ascontiguousarray(a[:, t]) for a in (x.alpha, x.beta, x.gamma, x.v, x.k_rot, x.q_rot))
-            compiled(big_s, k_bar, v_bar, *token, out)
-            y[:, t] = out
+            target = big_s if history is None else history[t - lo]
+            compiled(source, target, k_bar, v_bar, *token, out)
+            y[:, t], source = out, target
+        if history is not None and hi > lo:
+            big_s[...] = source
         return
     values = np.empty(v_bar.shape + (2,), big_s.dtype)
     keys = np.empty(k_bar.shape[:-1] + (2, k_bar.shape[-1]), big_s.dtype)
@@ -130,6 +135,8 @@ def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray
         big_s += np.matmul(values, keys)
         y[:, t] = np.matmul(big_s, x.q_rot[:, t, ..., None])[..., 0]
         k_bar[...], v_bar[...] = k_rot, v
+        if history is not None:
+            history[t - lo] = big_s
 
 
 def _swap(a: np.ndarray) -> np.ndarray:
