@@ -18,12 +18,12 @@ __all__ = ["mamba3_state_step", "mamba3_state_step_back"]
 _REDUCING = _FLAGS | {"reassoc"}
 
 
-@numba.njit((_C4, _C3, _C3, _C2, _C2, _C2, _C3, _C3, _C3, _C3), fastmath=_FLAGS, nogil=True, error_model="numpy",
-            boundscheck=False, cache=True)
-def mamba3_state_step(big_s, k_bar, v_bar, alpha, beta, gamma, v, k_rot, q_rot, y):
-    """One token, float32, every array C-contiguous: ``S = α·S + β·v̄⊗k̄ + γ·v⊗k̃`` in place (``big_s [R,H,P,N]``), then
-    ``y = S·q̃`` (``y [R,H,P]``) and ``k̄, v̄ = k̃, v``; ``alpha, beta, gamma [R,H]``, ``v, v_bar [R,H,P]``, ``k_rot,
-    k_bar, q_rot [R,H,N]``."""
+@numba.njit((_C4, _C4, _C3, _C3, _C2, _C2, _C2, _C3, _C3, _C3, _C3), fastmath=_FLAGS, nogil=True,
+            error_model="numpy", boundscheck=False, cache=True)
+def mamba3_state_step(big_s, new_s, k_bar, v_bar, alpha, beta, gamma, v, k_rot, q_rot, y):
+    """One token, float32, every array C-contiguous: ``new_s = α·S + β·v̄⊗k̄ + γ·v⊗k̃`` (``big_s, new_s [R,H,P,N]``;
+    the same array to update in place), then ``y = new_s·q̃`` (``y [R,H,P]``) and ``k̄, v̄ = k̃, v`` in place;
+    ``alpha, beta, gamma [R,H]``, ``v, v_bar [R,H,P]``, ``k_rot, k_bar, q_rot [R,H,N]``."""
     rows, heads, p_size, n_size = big_s.shape
     for r in range(rows):
         for h in range(heads):
@@ -31,10 +31,10 @@ def mamba3_state_step(big_s, k_bar, v_bar, alpha, beta, gamma, v, k_rot, q_rot, 
             kb, kr, q = k_bar[r, h], k_rot[r, h], q_rot[r, h]
             for p in range(p_size):
                 bv, gv = b * v_bar[r, h, p], g * v[r, h, p]
-                row = big_s[r, h, p]
+                row, out = big_s[r, h, p], new_s[r, h, p]
                 for n in range(n_size):
-                    row[n] = a * row[n] + bv * kb[n] + gv * kr[n]
-                y[r, h, p] = _dot(row, q, n_size)
+                    out[n] = a * row[n] + bv * kb[n] + gv * kr[n]
+                y[r, h, p] = _dot(out, q, n_size)
             for n in range(n_size):
                 kb[n] = kr[n]
             for p in range(p_size):

@@ -7,13 +7,14 @@ angle (a cumulative sum that starts from the carried θ, so it adds in the step 
 rotated, biased ``q̃``, ``k̃``. Two paths then run the recurrence, every row and head at once:
 
 - ``step`` (decode and short sequences): §11's steps 4-6 token by token;
-- ``chunked`` (prefill): the SSD-like form of §11's informative note over chunks of ``L`` tokens. Within a
-  chunk, with ``c`` the cumulative log-decay, ``y_j = e^{c_j}·S⁰q̃_j + Σ_{s<j} e^{c_j−c_s}(γ_s + β'_{s+1})
-  (q̃_j·k̃_s)v_s + γ_j(q̃_j·k̃_j)v_j``, where ``S⁰`` is the state entering the chunk plus the trapezoid's
-  boundary term ``β'_0·v̄⊗k̄`` (``β' = (1−λ)·dt``: the decay at the next token supplies its ``α``); the
-  state leaving it is the same sum at the chunk's last token. A chunk whose outputs or state come out not
-  all finite (a NaN or an Inf among its inputs, which the masked products would spread to earlier tokens)
-  runs again by the step form.
+- ``chunked`` (prefill): §11's informative note — with ``c`` the cumulative log-decay, ``y_j = e^{c_j}·S⁰q̃_j +
+  Σ_{s<j} e^{c_j−c_s}(γ_s + β'_{s+1})(q̃_j·k̃_s)v_s + γ_j(q̃_j·k̃_j)v_j``, where ``S⁰`` is the state entering
+  the sequence plus the trapezoid's boundary term ``β'_0·v̄⊗k̄`` (``β' = (1−λ)·dt``: the decay at the next
+  token supplies its ``α``) — is mamba2's SSD with the inputs ``(γ_s + β'_{s+1})·v_s``, keys ``k̃``, queries
+  ``q̃`` and decays ``adt``, less ``β'_{t+1}·(q̃_t·k̃_t)·v_t`` on its diagonal: mamba2's chunked form
+  (``ssm_ssd.ssd_chunked``, chunks of ``L`` tokens) runs it. A block whose outputs or state come out not all
+  finite (a NaN or an Inf among its inputs, which the chunk sums would carry to earlier tokens) runs again by
+  the step form.
 
 Arrays are in the compute type (16-bit storage computes in f32, widened to the state's and inputs' wider
 types); the four state pools are f32 or f64 and updated in place. Every result is a fixed sequence of NumPy
@@ -28,8 +29,9 @@ import numpy as np
 
 from . import jit
 from .bound import Bound
-from .chunked import pick_path
+from .chunked import floor_log_decays, pick_path
 from .implementations import KERNELS, PATHS
+from .ssm_ssd import ssd_chunked
 
 #: The four carried states, in the anchor's order (angle, ssm, k, v).
 STATES = ("angle_state", "state", "k_state", "v_state")
@@ -104,20 +106,25 @@ def tokens(q, k, v, adt, dt, trap, angles, q_bias, k_bias, theta0: np.ndarray, c
     return Tokens(adt, dt, lam, alpha, bprime * alpha, lam * dt, bprime, theta, *rotated, np.asarray(v, ct))
 
 
-def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
+def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray,
+             history: np.ndarray | None = None) -> None:
     """§11 steps 4-6 for tokens ``lo .. hi-1`` of every row: ``y [R,T,H,P]`` gets their outputs before ``d`` and
-    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place. Compiled
-    (``jit``: one pass over S a token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of
-    step 4 as one product of rank 2 (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
+    ``z``; ``state = [S, k̄, v̄]`` (``[R,H,P,N]``, ``[R,H,N]``, ``[R,H,P]``) is advanced in place, and with
+    ``history`` (``[hi-lo, R,H,P,N]``) S after each token is kept there too. Compiled (``jit``: one pass over S a
+    token) for f32 where Numba is installed; else NumPy, the two rank-1 terms of step 4 as one product of rank 2
+    (``[β·v̄, γ·v] @ [k̄; k̃]``: one temporary the size of S)."""
     big_s, k_bar, v_bar = state
     compiled = jit.kernel("mamba3_state_step") if big_s.dtype == np.float32 and all(
         s.flags.c_contiguous for s in state) else None
     if compiled is not None:
-        out = np.empty(v_bar.shape, big_s.dtype)
+        out, source = np.empty(v_bar.shape, big_s.dtype), big_s
         for t in range(lo, hi):
             token = (np.ascontiguousarray(a[:, t]) for a in (x.alpha, x.beta, x.gamma, x.v, x.k_rot, x.q_rot))
-            compiled(big_s, k_bar, v_bar, *token, out)
-            y[:, t] = out
+            target = big_s if history is None else history[t - lo]
+            compiled(source, target, k_bar, v_bar, *token, out)
+            y[:, t], source = out, target
+        if history is not None and hi > lo:
+            big_s[...] = source
         return
     values = np.empty(v_bar.shape + (2,), big_s.dtype)
     keys = np.empty(k_bar.shape[:-1] + (2, k_bar.shape[-1]), big_s.dtype)
@@ -130,53 +137,41 @@ def run_step(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray
         big_s += np.matmul(values, keys)
         y[:, t] = np.matmul(big_s, x.q_rot[:, t, ..., None])[..., 0]
         k_bar[...], v_bar[...] = k_rot, v
+        if history is not None:
+            history[t - lo] = big_s
 
 
-def _swap(a: np.ndarray) -> np.ndarray:
-    """``[R, L, H, ...] -> [R, H, L, ...]``, contiguous (the chunk's matrix products run per row and head)."""
-    return np.ascontiguousarray(np.swapaxes(a, 1, 2))
-
-
-def run_chunk(x: Tokens, lo: int, hi: int, state: list[np.ndarray], y: np.ndarray) -> None:
-    """``run_step``'s result for tokens ``lo .. hi-1`` by the chunk form (the module's docstring)."""
+def run_chunks(x: Tokens, state: list[np.ndarray], chunk: int) -> np.ndarray:
+    """``run_step``'s result for every token of a block of rows (one sequence each) by the chunk form of the
+    module's docstring, run as mamba2's SSD form (``ssm_ssd.ssd_chunked``): decays ``adt``, token ``s``'s input
+    ``(γ_s + β'_{s+1})·v_s`` against key ``k̃_s``, read by ``q̃``, from the entering state plus the boundary
+    term ``β'_0·v̄⊗k̄``; the SSD's diagonal carries ``γ_t + β'_{t+1}`` where §11 has ``γ_t``, so
+    ``β'_{t+1}·(q̃_t·k̃_t)·v_t`` is taken off after. ``state`` is advanced in place."""
     big_s, k_bar, v_bar = state
-    q, k, v = _swap(x.q_rot[:, lo:hi]), _swap(x.k_rot[:, lo:hi]), _swap(x.v[:, lo:hi])
-    gamma, bprime = _swap(x.gamma[:, lo:hi]), _swap(x.bprime[:, lo:hi])
-    c = np.cumsum(_swap(x.adt[:, lo:hi]), axis=-1)  # [R,H,L]
-    s0 = big_s + bprime[..., 0, None, None] * (v_bar[..., :, None] * k_bar[..., None, :])
-    weight = gamma.copy()  # token s's key carries γ_s + β'_{s+1} (the next token's boundary term)
-    weight[..., :-1] += bprime[..., 1:]
-    length = hi - lo
-    below = np.tril(np.ones((length, length), bool), -1)
-    diff = np.where(below, c[..., :, None] - c[..., None, :], -np.inf)
-    coef = np.exp(diff) * weight[..., None, :]
-    diagonal = np.arange(length)
-    coef[..., diagonal, diagonal] = gamma
-    scores = np.matmul(q, np.swapaxes(k, -1, -2)) * coef
-    out = np.matmul(scores, v) + np.exp(c)[..., None] * np.matmul(q, np.swapaxes(s0, -1, -2))
-    y[:, lo:hi] = np.swapaxes(out, 1, 2)
-    tail = np.exp(c[..., -1:] - c) * weight
-    big_s[...] = np.exp(c[..., -1])[..., None, None] * s0 + np.matmul(np.swapaxes(v * tail[..., None], -1, -2), k)
-    k_bar[...], v_bar[...] = k[..., -1, :], v[..., -1, :]
+    big_s += x.bprime[:, 0, :, None, None] * (v_bar[..., :, None] * k_bar[..., None, :])
+    weight = x.gamma.copy()
+    weight[:, :-1] += x.bprime[:, 1:]
+    inputs = x.v * weight[..., None]
+    y = ssd_chunked(floor_log_decays(x.adt), inputs, x.k_rot, x.q_rot, big_s, None, chunk)
+    same = np.einsum("rthn,rthn->rth", x.q_rot[:, :-1], x.k_rot[:, :-1])
+    y[:, :-1] -= (x.bprime[:, 1:] * same)[..., None] * x.v[:, :-1]
+    k_bar[...], v_bar[...] = x.k_rot[:, -1], x.v[:, -1]
+    return y
 
 
 def recurrence(x: Tokens, state: list[np.ndarray], path: str, chunk: int) -> np.ndarray:
     """``y [R,T,H,P]`` (before ``d`` and ``z``) of a block of rows from ``state = [S, k̄, v̄]``, advanced in place.
-    A chunk whose chunk-form outputs or state are not all finite (a NaN or an Inf among its inputs, which the
-    masked products would spread to earlier tokens) is run again by the step form from the state before it."""
+    Where the chunk form's outputs or state are not all finite (a NaN or an Inf among the inputs, which its
+    sums would carry to tokens before it) the step form runs the block again from the state it started from."""
+    if path == "chunked":
+        start = [s.copy() for s in state]
+        y = run_chunks(x, state, chunk)
+        if np.isfinite(np.sum(y)) and np.isfinite(np.sum(state[0])):
+            return y
+        for kept, s in zip(start, state):
+            s[...] = kept
     y = np.empty(x.v.shape, x.v.dtype)
-    seq = x.v.shape[1]
-    if path == "step":
-        run_step(x, 0, seq, state, y)
-        return y
-    for lo in range(0, seq, chunk):
-        hi = min(seq, lo + chunk)
-        before = [s.copy() for s in state]
-        run_chunk(x, lo, hi, state, y)
-        if not (np.isfinite(np.sum(y[:, lo:hi])) and np.isfinite(np.sum(state[0]))):
-            for kept, s in zip(before, state):
-                s[...] = kept
-            run_step(x, lo, hi, state, y)
+    run_step(x, 0, x.v.shape[1], state, y)
     return y
 
 

@@ -58,10 +58,9 @@ class Reverse:
         of the outputs before ``d`` and ``z``."""
         x = self.x
         state = [s.copy() for s in start]
-        history = [state[0].copy()]  # S before each token, then after the last
-        for t in range(lo, hi):
-            run_step(x, t, t + 1, state, self.unused)
-            history.append(state[0].copy())
+        history = np.empty((hi - lo + 1,) + start[0].shape, start[0].dtype)  # S before each token, then after the last
+        history[0] = start[0]
+        run_step(x, lo, hi, state, self.unused, history[1:])
         for t in range(hi - 1, lo - 1, -1):
             k_bar, v_bar = (start[1], start[2]) if t == lo else (x.k_rot[:, t - 1], x.v[:, t - 1])
             token = self._compiled if self.compiled is not None else self._token
