@@ -266,37 +266,77 @@ INLINE_FN void m3_rows_step(m3_io io, m3_row row, i64 tok, i64 p0, int np, m3_co
     }
 }
 
+/* Token tok's turned q and k (qr, kr: N values) with the angles advanced by its step dt (theta: A values). The
+ * angles first, in a loop of their own: it vectorizes. */
+INLINE_FN void m3_turn_token(m3_io io, m3_row row, i64 tok, real dt, real* theta, real* qr, real* kr)
+{
+    real cs[STATE_MAX / 2], sn[STATE_MAX / 2];
+    for (i64 i = 0; i < io.A; ++i) {
+        theta[i] = m3_advance(io, theta[i], tok, row.h, i, dt);
+        const m3_turn t = m3_sincos(theta[i]);
+        cs[i] = t.c;
+        sn[i] = t.s;
+    }
+    for (i64 i = io.A; i < io.N / 2; ++i) { /* unturned (m3_pair_at selects the raw values there) */
+        cs[i] = (real)1;
+        sn[i] = (real)0;
+    }
+    for (i64 i = 0; i < io.N / 2; ++i) {
+        m3_turn t;
+        t.c = cs[i];
+        t.s = sn[i];
+        const m3_pair pr = m3_pair_at(io, row, tok, i, t);
+        qr[2 * i] = pr.q0;
+        qr[2 * i + 1] = pr.q1;
+        kr[2 * i] = pr.k0;
+        kr[2 * i + 1] = pr.k1;
+    }
+}
+
 /* Every token of `row` for the item's rows p0 .. p0+np-1 (np >= 1); theta and kbar (the angle and the previous
  * token's turned key, A and N values) carried in place. */
 INLINE_FN void m3_walk(m3_io io, m3_row row, i64 p0, int np, real* theta, real* kbar, real* s, real* vbar)
 {
-    real qr[STATE_MAX], kr[STATE_MAX], cs[STATE_MAX / 2], sn[STATE_MAX / 2];
-    for (i64 i = 0; i < io.N / 2; ++i) { /* past A: unturned (m3_pair_at selects the raw values there) */
-        cs[i] = (real)1;
-        sn[i] = (real)0;
-    }
+    real qr[STATE_MAX], kr[STATE_MAX];
     for (i64 tok = row.first; tok < row.end; ++tok) {
         const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
-        for (i64 i = 0; i < io.A; ++i) { /* the angles first, in a loop of their own: it vectorizes */
-            theta[i] = m3_advance(io, theta[i], tok, row.h, i, cf.dt);
-            const m3_turn t = m3_sincos(theta[i]);
-            cs[i] = t.c;
-            sn[i] = t.s;
-        }
-        for (i64 i = 0; i < io.N / 2; ++i) {
-            m3_turn t;
-            t.c = cs[i];
-            t.s = sn[i];
-            const m3_pair pr = m3_pair_at(io, row, tok, i, t);
-            qr[2 * i] = pr.q0;
-            qr[2 * i + 1] = pr.q1;
-            kr[2 * i] = pr.k0;
-            kr[2 * i + 1] = pr.k1;
-        }
+        m3_turn_token(io, row, tok, cf.dt, theta, qr, kr);
         m3_rows_step(io, row, tok, p0, np, cf, qr, kr, kbar, s, vbar);
         for (i64 n = 0; n < io.N; ++n)
             kbar[n] = kr[n];
     }
+}
+
+/* A row of one token (decode) for the item's rows: each state row updated where it lies in `state` (the item's
+ * own rows: read and written by it alone), y stored, v_state = v; theta and kbar as m3_walk leaves them. No
+ * private copy of the state: its transposed load and store cost more than the step itself. */
+INLINE_FN void m3_one_token(m3_io io, m3_row row, i64 p0, int np, real* theta, real* kbar)
+{
+    real qr[STATE_MAX], kr[STATE_MAX];
+    const i64 tok = row.first, at = (tok * io.H + row.h) * io.P + p0, base = (row.entry * io.H + row.h) * io.P + p0;
+    const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+    m3_turn_token(io, row, tok, cf.dt, theta, qr, kr);
+    for (int c = 0; c < np; ++c) {
+        GLOBAL real* st = io.state + (base + c) * io.N;
+        const real xv = LOAD(io.v, at + c), gv = cf.gamma * xv;
+        const real bv = cf.beta * (io.carry ? io.v_state[base + c] : (real)0);
+        real y0 = (real)0, y1 = (real)0;
+        for (i64 n = 0; n < io.N; n += 2) { /* N is even: two partial sums */
+            const real s0 = cf.alpha * (io.carry ? st[n] : (real)0) + bv * kbar[n] + gv * kr[n];
+            const real s1 = cf.alpha * (io.carry ? st[n + 1] : (real)0) + bv * kbar[n + 1] + gv * kr[n + 1];
+            y0 += s0 * qr[n];
+            y1 += s1 * qr[n + 1];
+            if (io.carry) {
+                st[n] = s0;
+                st[n + 1] = s1;
+            }
+        }
+        m3_store(io, at + c, row.h, y0 + y1, xv);
+        if (io.carry)
+            io.v_state[base + c] = xv;
+    }
+    for (i64 n = 0; n < io.N; ++n)
+        kbar[n] = kr[n];
 }
 
 /* dst of rows p0 = GID(0)*M3_PB .. +M3_PB of head GID(1) of row GID(2); with carry their final state, and
@@ -320,19 +360,24 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
      * items still meet the barrier */
     const int np = p0 >= P || row.first == row.end ? 0 : P - p0 < M3_PB ? (int)(P - p0) : M3_PB;
     const i64 head = row.entry * H + h;
+    const int one = row.end - row.first == 1; /* decode: the state rows updated where they lie */
     real s[STATE_MAX * M3_PB], vbar[M3_PB], theta[STATE_MAX / 2], kbar[STATE_MAX];
     if (np > 0) {
         for (i64 i = 0; i < A; ++i)
             theta[i] = carry ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
         for (i64 n = 0; n < N; ++n)
             kbar[n] = carry ? io.k_state[head * N + n] : (real)0;
-        m3_load_rows(io, row, p0, np, s, vbar);
-        m3_walk(io, row, p0, np, theta, kbar, s, vbar);
+        if (one) {
+            m3_one_token(io, row, p0, np, theta, kbar);
+        } else {
+            m3_load_rows(io, row, p0, np, s, vbar);
+            m3_walk(io, row, p0, np, theta, kbar, s, vbar);
+        }
     }
     BARRIER(); /* every item of the (row, head) has read the initial angle and key */
     if (!carry || np == 0)
         return;
-    for (int c = 0; c < np; ++c) {
+    for (int c = 0; c < np && !one; ++c) {
         for (i64 n = 0; n < N; ++n)
             io.state[(head * P + p0 + c) * N + n] = s[n * M3_PB + c];
         io.v_state[head * P + p0 + c] = vbar[c];
