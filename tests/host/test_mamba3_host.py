@@ -181,3 +181,19 @@ def test_f32_backward_compiled_or_not_is_close_to_the_reference(jit, monkeypatch
     for field, values in want.items():
         assert got[field].dtype == np.float32
         np.testing.assert_allclose(got[field], values, rtol=2e-4, atol=2e-4 * np.abs(values).max(), err_msg=field)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_the_threads_split_whole_groups_and_change_no_byte(groups):
+    args = draw(2, 130, 4, 3, 8, 2, groups=groups, entries=2, seed=15)
+    low = {k: (v.astype(np.float32) if k != "states" else [s.astype(np.float32) for s in v]) for k, v in args.items()}
+    one_pools, two_pools = [s.copy() for s in low["states"]], [s.copy() for s in low["states"]]
+    rest = {k: v for k, v in low.items() if k != "states"}
+    one = host.mamba3(**rest, states=one_pools, workers=1)
+    two = host.mamba3(**rest, states=two_pools, workers=2)
+    assert one.tobytes() == two.tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(one_pools, two_pools))
+    split = {1: [(slice(0, 2), slice(None)), (slice(2, 4), slice(None))],
+             2: [(slice(0, 2), slice(0, 1)), (slice(2, 4), slice(1, 2))],
+             4: [(slice(0, 2), slice(0, 2)), (slice(2, 4), slice(2, 4))]}[groups]
+    assert host.head_parts(4, groups, 2) == split
