@@ -1,14 +1,23 @@
 """The host kernel of ``mamba3_backward`` (ABI.md §9, §11): the gradients of every input of ``mamba3`` and, with a
 carried state, of the four initial states.
 
-The forward is recomputed: its state-free parts for every token at once (``mamba3.tokens``), then the state
-``S`` at every chunk start (the forward's own paths). The tokens are then walked last to first, a chunk at a
-time: the chunk's states are recomputed token by token from its start, and the reverse of §11's steps 4-6
-hands each token's output gradient to ``S``, ``q̃``, ``k̃``, ``v`` and the step's weights ``α, β, γ``, and the
-state's gradient back to the token before. What follows from those per-token gradients — steps 1-3: the
-rotations undone, the angle's gradient summed from the last token back (the reduction mod 2π has derivative
-1), the weights' gradients to ``adt, dt, trap`` — is then done for every token at once. Every row and head runs
-at once; the summation order is fixed, so every run gives the same bytes.
+The forward's state-free parts are recomputed for every token at once (``mamba3.tokens``). The recurrence is
+reversed by one of two walks, each giving the per-token gradients of ``q̃``, ``k̃``, ``v`` and of the weights
+``adt``, ``β' = (1−λ)·dt``, ``γ = λ·dt`` (``Gradients``):
+
+- a long block whose inputs are all finite reverses the forward's chunked path (``through_ssd``): mamba2's SSD
+  backward (``mamba2_backward.ssd_backward``) on the inputs ``(γ_s + β'_{s+1})·v_s``, keys ``k̃``, queries ``q̃``
+  and decays ``adt``, then the chain rule through those inputs, the trapezoid's boundary term and the
+  diagonal's correction;
+- a short block, or one holding a NaN or an Inf (whose gradients must land where the step recurrence puts
+  them), walks the tokens last to first a chunk at a time (``Reverse``): the chunk's states recomputed token
+  by token from the forward's chunk starts, the reverse of §11's steps 4-6 handing each token's output
+  gradient to ``S``, ``q̃``, ``k̃``, ``v`` and ``α, β, γ``, and the state's gradient back to the token before
+  (compiled for f32 where Numba is installed).
+
+Steps 1-3 are then reversed for every token at once: the rotations undone, the angle's gradient summed from the
+last token back (the reduction mod 2π has derivative 1), the weights' gradients to ``adt, dt, trap``. Every row
+and head runs at once; the summation order is fixed, so every run gives the same bytes.
 """
 from __future__ import annotations
 
