@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import jit
+from . import jit, threads
 from .bound import Bound
 from .chunked import floor_log_decays, pick_path
 from .implementations import KERNELS, PATHS
@@ -197,29 +197,52 @@ def row_blocks(batch: int, seq: int, cu_seqlens) -> list[tuple[Any, Any, Any]]:
     return [(slice(0, 1), slice(lo, hi), np.array([r])) for r, (lo, hi) in enumerate(zip(cu, cu[1:])) if hi > lo]
 
 
+def head_parts(heads: int, groups: int, parts: int) -> list[tuple[slice, slice]]:
+    """``(heads, q/k groups)`` of each of ``parts`` ranges of whole groups (of single heads where one group
+    serves them all), for the threads (``threads.run_all``)."""
+    units, width = (groups, heads // groups) if groups > 1 else (heads, 1)
+    edges = [units * i // parts for i in range(parts + 1)]
+    return [(slice(lo * width, hi * width), slice(lo, hi) if groups > 1 else slice(None))
+            for lo, hi in zip(edges, edges[1:]) if hi > lo]
+
+
 def mamba3(q, k, v, adt, dt, trap, angles, *, q_bias=None, k_bias=None, d=None, z=None, states=None,
-           cu_seqlens=None, state_slots=None, path: str | None = None, chunk: int | None = None) -> np.ndarray:
+           cu_seqlens=None, state_slots=None, path: str | None = None, chunk: int | None = None,
+           workers: int | None = None) -> np.ndarray:
     """``y [B,S,H,P]`` of ABI.md §11 in the compute type of the inputs (and ``states``); ``states``: the four pools
     ``[angle_state, state, k_state, v_state]`` (each ``[entries, ...]``, f32 or f64), row ``r`` reading and
-    writing entry ``state_slots[r]`` (else ``r``), updated in place; absent, every row starts from zeros."""
+    writing entry ``state_slots[r]`` (else ``r``), updated in place; absent, every row starts from zeros. The
+    chunked path splits the heads over ``workers`` threads (default: every core once the work is large)."""
     ct = np.result_type(q.dtype, adt.dtype, *(() if states is None else (s.dtype for s in states)))
     batch, seq, heads, p = v.shape
     name = pick_path("mamba3", path, seq if cu_seqlens is None else int(np.diff(cu_seqlens).max(initial=0)),
                      STEP_MAX, "chunked")
+    groups = q.shape[2]
+    units = groups if groups > 1 else heads
+    parts = threads.parts_for("mamba3", v.size * q.shape[-1] if name == "chunked" else 0, 1, units, workers)
     y = np.zeros(v.shape, ct)
     zeros = [np.zeros((heads, angles.shape[-1]), ct), np.zeros((heads, p, q.shape[-1]), ct),
              np.zeros((heads, q.shape[-1]), ct), np.zeros((heads, p), ct)]
+    optional = [None if a is None else np.asarray(a, ct) for a in (q_bias, k_bias, d)]
     for b, t, rows in row_blocks(batch, seq, cu_seqlens):
         entries = rows if state_slots is None else np.asarray(state_slots, np.intp)[rows]
         start = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if states is None
                  else [rows_of(pool, entries, ct) for pool in states])
-        x = tokens(*(a[b, t] for a in (q, k, v, adt, dt, trap, angles)),
-                   q_bias, k_bias, start[0], ct)
-        block = recurrence(x, start[1:], name, chunk or CHUNK)
-        zb = None if z is None else np.asarray(z[b, t], ct)
-        y[b, t] = gate(block, x.v, None if d is None else np.asarray(d, ct), zb)
+        angle = np.empty_like(start[0])
+
+        def job(hs: slice, gs: slice, b=b, t=t, start=start, angle=angle) -> None:
+            qk = [a[b, t][:, :, gs] for a in (q, k)]
+            per_head = [a[b, t][:, :, hs] for a in (v, adt, dt, trap, angles)]
+            qb, kb, dh = (None if a is None else a[hs] for a in optional)
+            x = tokens(*qk, *per_head, qb, kb, start[0][:, hs], ct)
+            block = recurrence(x, [s[:, hs] for s in start[1:]], name, chunk or CHUNK)
+            zb = None if z is None else np.asarray(z[b, t][:, :, hs], ct)
+            y[b, t, hs] = gate(block, x.v, dh, zb)
+            angle[:, hs] = wrap_angle(x.theta[:, -1])
+
+        threads.run_all([lambda hs=hs, gs=gs: job(hs, gs) for hs, gs in head_parts(heads, groups, parts)])
         if states is not None:
-            for pool, final in zip(states, [wrap_angle(x.theta[:, -1])] + start[1:]):
+            for pool, final in zip(states, [angle] + start[1:]):
                 if not np.may_share_memory(pool, final):
                     pool[entries] = final
     return y
@@ -233,10 +256,16 @@ def rows_of(pool: np.ndarray, entries: np.ndarray, ct: np.dtype) -> np.ndarray:
     return pool[entries].astype(ct)
 
 
-def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None) -> str:
-    """Name the path ``mamba3`` runs ``thunk`` on: ``step`` or ``chunked L=64``."""
+def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None, workers: int | None = None) -> str:
+    """Name the path ``mamba3`` runs ``thunk`` on: ``step``, ``chunked L=64``, with ``, N threads`` when split."""
     name = pick_path("mamba3", path, thunk["seq"], STEP_MAX, "chunked")
-    return name if name == "step" else f"{name} L={chunk or CHUNK}"
+    if name == "step":
+        return name
+    units = thunk.get("groups", thunk["heads"])
+    units = units if units > 1 else thunk["heads"]
+    work = thunk["batch"] * thunk["seq"] * thunk["heads"] * thunk["head_dim"] * thunk["state_size"]
+    parts = threads.parts_for("mamba3", work, 1, units, workers)
+    return f"{name} L={chunk or CHUNK}" + (f", {parts} threads" if parts > 1 else "")
 
 
 def inputs(t: Thunk, bound: Bound) -> tuple[list[np.ndarray], dict[str, Any]]:
@@ -250,11 +279,12 @@ def inputs(t: Thunk, bound: Bound) -> tuple[list[np.ndarray], dict[str, Any]]:
     return args, options
 
 
-def kernel(t: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None) -> None:
+def kernel(t: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+           workers: int | None = None) -> None:
     """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place."""
     bound = Bound(t, arena)
     args, options = inputs(t, bound)
-    bound.store("dst", mamba3(*args, **options, path=path, chunk=chunk))
+    bound.store("dst", mamba3(*args, **options, path=path, chunk=chunk, workers=workers))
 
 
 KERNELS.add("mamba3", kernel)

@@ -1,25 +1,38 @@
 """The host kernel of ``mamba3_backward`` (ABI.md §9, §11): the gradients of every input of ``mamba3`` and, with a
 carried state, of the four initial states.
 
-The forward is recomputed: its state-free parts for every token at once (``mamba3.tokens``), then the state
-``S`` at every chunk start (the forward's own paths). The tokens are then walked last to first, a chunk at a
-time: the chunk's states are recomputed token by token from its start, and the reverse of §11's steps 4-6
-hands each token's output gradient to ``S``, ``q̃``, ``k̃``, ``v`` and the step's weights ``α, β, γ``, and the
-state's gradient back to the token before. What follows from those per-token gradients — steps 1-3: the
-rotations undone, the angle's gradient summed from the last token back (the reduction mod 2π has derivative
-1), the weights' gradients to ``adt, dt, trap`` — is then done for every token at once. Every row and head runs
-at once; the summation order is fixed, so every run gives the same bytes.
+The forward's state-free parts are recomputed for every token at once (``mamba3.tokens``). The recurrence is
+reversed by one of two walks, each giving the per-token gradients of ``q̃``, ``k̃``, ``v`` and of the weights
+``adt``, ``β' = (1−λ)·dt``, ``γ = λ·dt`` (``Gradients``):
+
+- a long block whose inputs are all finite reverses the forward's chunked path (``through_ssd``): mamba2's SSD
+  backward (``mamba2_backward.ssd_backward``) on the inputs ``(γ_s + β'_{s+1})·v_s``, keys ``k̃``, queries ``q̃``
+  and decays ``adt``, then the chain rule through those inputs, the trapezoid's boundary term and the
+  diagonal's correction;
+- a short block, or one holding a NaN or an Inf (whose gradients must land where the step recurrence puts
+  them), walks the tokens last to first a chunk at a time (``Reverse``): the chunk's states recomputed token
+  by token from the forward's chunk starts, the reverse of §11's steps 4-6 handing each token's output
+  gradient to ``S``, ``q̃``, ``k̃``, ``v`` and ``α, β, γ``, and the state's gradient back to the token before
+  (compiled for f32 where Numba is installed).
+
+Steps 1-3 are then reversed for every token at once: the rotations undone, the angle's gradient summed from the
+last token back (the reduction mod 2π has derivative 1), the weights' gradients to ``adt, dt, trap``. Every row
+and head runs at once; the summation order is fixed, so every run gives the same bytes.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
-from .bound import Bound
-from .implementations import KERNELS
 from . import jit
-from .mamba3 import CHUNK, STATES, Tokens, inputs, recurrence, rotate, row_blocks, run_step, sigmoid, tokens
+from .bound import Bound
+from .chunked import floor_log_decays
+from .implementations import KERNELS
+from .mamba2_backward import ssd_backward
+from .mamba3 import (CHUNK, STATES, STEP_MAX, Tokens, inputs, recurrence, rotate, row_blocks, run_step, sigmoid,
+                     tokens)
+from .ssm import MAMBA2_STEP_MAX
 
 Thunk = Mapping[str, Any]
 #: The seven inputs every call has, and the optional ones, in field order.
@@ -101,39 +114,112 @@ def _angle_turns(rot: np.ndarray, d_rot: np.ndarray, a: int) -> np.ndarray:
     return rot[..., 0:2 * a:2] * d_rot[..., 1:2 * a:2] - rot[..., 1:2 * a:2] * d_rot[..., 0:2 * a:2]
 
 
-def _gate_back(x: Tokens, g: np.ndarray, pre: np.ndarray, d, z, out: dict, b, t) -> np.ndarray:
-    """The reverse of step 5's skip and gate: ``d_z``, ``d_d`` and ``d_v``'s skip part; returns the gradient of
-    ``S q̃`` (``pre``: the output before the gate)."""
-    if z is not None:
-        s = sigmoid(z)
-        out["d_z"][b, t] = g * pre * s * (1 + z * (1 - s))
-        g = g * (z * s)
-    if d is not None:
-        out["d_d"] += np.einsum("rthp,rthp->h", g, x.v)
-        out["d_v"][b, t] += g * d[:, None]
-    return g
+class Gradients(NamedTuple):
+    """A block's per-token gradients, from either walk: of ``q̃, k̃`` ``[R,T,H,N]``, of ``v`` (the recurrence's
+    part) ``[R,T,H,P]``, of ``adt``, ``β' = (1−λ)·dt`` and ``γ = λ·dt`` ``[R,T,H]``, and of the initial
+    ``[S, k̄, v̄]``."""
+
+    d_qrot: np.ndarray
+    d_krot: np.ndarray
+    d_v: np.ndarray
+    d_adt: np.ndarray
+    d_bprime: np.ndarray
+    d_gamma: np.ndarray
+    d_initial: list[np.ndarray]
 
 
-def _steps_back(x: Tokens, rev: Reverse, d_theta_final: np.ndarray, angles, groups: int, out: dict, b, t) -> np.ndarray:
+def from_steps(x: Tokens, rev: Reverse) -> Gradients:
+    """The step walk's gradients as ``Gradients``: ``β = β'·α`` and ``α = exp(adt)`` pass on ``β``'s."""
+    return Gradients(rev.d_qrot, rev.d_krot, rev.d_v, (rev.d_alpha + rev.d_beta * x.bprime) * x.alpha,
+                     rev.d_beta * x.alpha, rev.d_gamma, [rev.d_s, rev.d_kbar, rev.d_vbar])
+
+
+def _steps_back(x: Tokens, grads: Gradients, d_theta_final: np.ndarray, angles, groups: int, out: dict, b,
+                t) -> np.ndarray:
     """The reverse of steps 1-3 for every token of a block at once; returns the initial angle's gradient."""
     a = x.theta.shape[-1]
-    local = _angle_turns(x.q_rot, rev.d_qrot, a) + _angle_turns(x.k_rot, rev.d_krot, a)
+    local = _angle_turns(x.q_rot, grads.d_qrot, a) + _angle_turns(x.k_rot, grads.d_krot, a)
     d_theta = np.flip(np.cumsum(np.flip(local, 1), axis=1), 1) + d_theta_final[:, None]
     heads = x.v.shape[2]
-    for name, d_rot in (("q", rev.d_qrot), ("k", rev.d_krot)):
+    for name, d_rot in (("q", grads.d_qrot), ("k", grads.d_krot)):
         d_in = rotate(d_rot, x.theta, -1)
         out[f"d_{name}"][b, t] = d_in.reshape(d_in.shape[:2] + (groups, heads // groups, -1)).sum(axis=3)
         if f"d_{name}_bias" in out:
             out[f"d_{name}_bias"] += d_in.sum(axis=(0, 1))
     tanh = np.tanh(angles)
     out["d_angles"][b, t] = d_theta * np.pi * (1 - tanh ** 2) * x.dt[..., None]
-    lam, alpha, dt = x.lam, x.alpha, x.dt
-    d_alpha = rev.d_alpha + rev.d_beta * (1 - lam) * dt
-    out["d_adt"][b, t] = d_alpha * alpha
-    out["d_dt"][b, t] = np.sum(d_theta * np.pi * tanh, axis=-1) + rev.d_beta * (1 - lam) * alpha + rev.d_gamma * lam
-    out["d_trap"][b, t] = (rev.d_gamma * dt - rev.d_beta * dt * alpha) * lam * (1 - lam)
-    out["d_v"][b, t] += rev.d_v
+    lam, dt = x.lam, x.dt
+    out["d_adt"][b, t] = grads.d_adt
+    out["d_dt"][b, t] = np.sum(d_theta * np.pi * tanh, axis=-1) + grads.d_bprime * (1 - lam) + grads.d_gamma * lam
+    out["d_trap"][b, t] = (grads.d_gamma - grads.d_bprime) * dt * lam * (1 - lam)
+    out["d_v"][b, t] += grads.d_v
     return d_theta[:, 0]
+
+
+def through_ssd(x: Tokens, start: list[np.ndarray], finals: list[np.ndarray], g: np.ndarray,
+                length: int) -> tuple[np.ndarray, Gradients]:
+    """The reverse of the chunked path (``mamba3.run_chunks``: mamba2's SSD on inputs ``w·v``, keys ``k̃``, queries
+    ``q̃``, decays ``adt``, from ``S + β'_0·v̄⊗k̄``, less ``β'_{t+1}·(q̃_t·k̃_t)·v_t``) by mamba2's SSD backward
+    (``mamba2_backward.ssd_backward``), then the chain rule through those pieces for every token at once.
+    ``start``/``finals``: ``[S, k̄, v̄]`` and their final gradients; ``g``: the outputs' gradient before the gate.
+    Returns the outputs before ``d`` and the gate, and the gradients."""
+    big_s, k_bar, v_bar = start
+    first = x.bprime[:, 0, :, None]
+    entering = big_s + first[..., None] * (v_bar[..., :, None] * k_bar[..., None, :])
+    weight = x.gamma.copy()
+    weight[:, :-1] += x.bprime[:, 1:]
+    path = "step" if x.v.shape[1] <= MAMBA2_STEP_MAX else "chunked"
+    y, du, d_adt, db, dc, d_entering = ssd_backward(path, floor_log_decays(x.adt), x.v * weight[..., None], x.k_rot,
+                                                    x.q_rot, entering, g, finals[0], length, True)
+    after = np.zeros_like(x.gamma)  # β'_{t+1}: the diagonal's excess
+    after[:, :-1] = x.bprime[:, 1:]
+    same = np.einsum("rthn,rthn->rth", x.q_rot, x.k_rot)
+    y -= (after * same)[..., None] * x.v
+    g_v = np.einsum("rthp,rthp->rth", g, x.v)
+    d_v = weight[..., None] * du - (after * same)[..., None] * g
+    d_same = -after * g_v
+    d_qrot, d_krot = dc + d_same[..., None] * x.k_rot, db + d_same[..., None] * x.q_rot
+    d_weight = np.einsum("rthp,rthp->rth", du, x.v)
+    d_bprime = np.zeros_like(x.gamma)
+    d_bprime[:, 1:] = d_weight[:, :-1] - (same * g_v)[:, :-1]
+    d_bprime[:, 0] += np.einsum("rhp,rhpn,rhn->rh", v_bar, d_entering, k_bar)
+    d_vbar = first * np.einsum("rhpn,rhn->rhp", d_entering, k_bar)
+    d_kbar = first * np.einsum("rhpn,rhp->rhn", d_entering, v_bar)
+    d_krot[:, -1] += finals[1]
+    d_v[:, -1] += finals[2]
+    return y, Gradients(d_qrot, d_krot, d_v, d_adt, d_bprime, d_weight, [d_entering, d_kbar, d_vbar])
+
+
+def _finite(*arrays: np.ndarray) -> bool:
+    return all(np.isfinite(np.sum(a)) for a in arrays)
+
+
+def _block(x: Tokens, start: list[np.ndarray], finals: list[np.ndarray], d_out: np.ndarray, d, z, length: int,
+           out: dict, b, t) -> Gradients:
+    """A block's gradients: the skip and gate reversed (``d_z``, ``d_d``, ``d_v``'s skip part), then the
+    recurrence by the chunked path's reverse (``through_ssd``) where the block is long and finite, else by the
+    step walk (``Reverse``, chunk by chunk from the forward's chunk starts)."""
+    g = d_out
+    if z is not None:
+        sig = sigmoid(z)
+        g = d_out * (z * sig)
+    if d is not None:
+        out["d_d"] += np.einsum("rthp,rthp->h", g, x.v)
+        out["d_v"][b, t] += g * d[:, None]
+    if x.v.shape[1] > STEP_MAX and _finite(x.adt, x.dt, x.lam, x.q_rot, x.k_rot, x.v, g, *start[1:], *finals):
+        pre, grads = through_ssd(x, start[1:], finals[1:], g, length)
+    else:
+        starts, pre = forward_again(x, [s.copy() for s in start[1:]], length)
+        rev = Reverse(x, finals[1:])
+        for index in range(len(starts) - 1, -1, -1):
+            lo = index * length
+            rev.chunk(lo, min(lo + length, x.v.shape[1]), starts[index], g)
+        grads = from_steps(x, rev)
+    if z is not None:
+        if d is not None:
+            pre += d[:, None] * x.v
+        out["d_z"][b, t] = d_out * pre * sig * (1 + z * (1 - sig))
+    return grads
 
 
 def mamba3_backward(q, k, v, adt, dt, trap, angles, d_dst, *, q_bias=None, k_bias=None, d=None, z=None, states=None,
@@ -156,19 +242,11 @@ def mamba3_backward(q, k, v, adt, dt, trap, angles, d_dst, *, q_bias=None, k_bia
         finals = ([np.broadcast_to(z0, (len(rows),) + z0.shape).copy() for z0 in zeros] if d_states is None
                   else [pool[entries].astype(ct) for pool in d_states])
         x = tokens(*(arr[b, t] for arr in (q, k, v, adt, dt, trap, angles)), q_bias, k_bias, start[0], ct)
-        length = chunk or CHUNK
-        starts, pre = forward_again(x, [s.copy() for s in start[1:]], length)
-        if d_param is not None:
-            pre += d_param[:, None] * x.v
-        rev = Reverse(x, finals[1:])
         zb = None if z is None else np.asarray(z[b, t], ct)
-        g = _gate_back(x, np.asarray(d_dst[b, t], ct), pre, d_param, zb, out, b, t)
-        for index in range(len(starts) - 1, -1, -1):
-            lo = index * length
-            rev.chunk(lo, min(lo + length, x.v.shape[1]), starts[index], g)
-        d_theta0 = _steps_back(x, rev, finals[0], np.asarray(angles[b, t], ct), q.shape[2], out, b, t)
+        grads = _block(x, start, finals, np.asarray(d_dst[b, t], ct), d_param, zb, chunk or CHUNK, out, b, t)
+        d_theta0 = _steps_back(x, grads, finals[0], np.asarray(angles[b, t], ct), q.shape[2], out, b, t)
         if d_states is not None:
-            for pool, value in zip(d_states, (d_theta0, rev.d_s, rev.d_kbar, rev.d_vbar)):
+            for pool, value in zip(d_states, [d_theta0, *grads.d_initial]):
                 pool[entries] = value
     return out
 

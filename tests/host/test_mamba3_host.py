@@ -138,6 +138,19 @@ def test_a_nan_in_a_chunk_reaches_only_its_token_and_after():
 from host_fallback.mamba3_backward import mamba3_backward as host_backward  # noqa: E402
 
 
+def test_a_nan_sends_the_backward_down_the_step_walk_as_the_reference_does():
+    args = draw(1, 30, 2, 3, 6, 2, entries=1, seed=16)
+    args["trap"][0, 12, 1] = np.nan
+    rng = np.random.default_rng(17)
+    d_dst, d_states = rng.standard_normal(args["v"].shape), [rng.standard_normal(s.shape) for s in args["states"]]
+    want = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states)
+    got = host_backward(**{k: v for k, v in args.items() if k != "states"}, d_dst=d_dst, states=args["states"],
+                        d_states=[s.copy() for s in d_states])
+    for field in ("d_v", "d_q", "d_trap"):
+        np.testing.assert_array_equal(np.isnan(got[field]), np.isnan(want[field]), err_msg=field)
+    assert np.isfinite(got["d_v"][0, 13:]).all() and np.isnan(got["d_v"][0, :12]).any()
+
+
 @pytest.mark.parametrize("varlen", [False, True])
 def test_the_host_backward_is_the_reference_backward(varlen):
     if varlen:
@@ -167,9 +180,10 @@ def test_the_host_backward_gives_the_same_bytes_each_run():
 
 
 @pytest.mark.parametrize("jit", ["1", "0"])
-def test_f32_backward_compiled_or_not_is_close_to_the_reference(jit, monkeypatch):
+@pytest.mark.parametrize("seq", [7, 40])  # the step walk (short), the chunked path's reverse
+def test_f32_backward_compiled_or_not_is_close_to_the_reference(jit, seq, monkeypatch):
     monkeypatch.setenv("RLX_HOST_JIT", jit)
-    args = draw(1, 40, 4, 8, 6, 2, groups=2, entries=2, seed=13)
+    args = draw(1, seq, 4, 8, 6, 2, groups=2, entries=2, seed=13)
     rng = np.random.default_rng(14)
     d_dst, d_states = rng.standard_normal(args["v"].shape), [rng.standard_normal(s.shape) for s in args["states"]]
     want = ref.mamba3_backward(**args, d_dst=d_dst, d_states=d_states)
@@ -181,3 +195,19 @@ def test_f32_backward_compiled_or_not_is_close_to_the_reference(jit, monkeypatch
     for field, values in want.items():
         assert got[field].dtype == np.float32
         np.testing.assert_allclose(got[field], values, rtol=2e-4, atol=2e-4 * np.abs(values).max(), err_msg=field)
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_the_threads_split_whole_groups_and_change_no_byte(groups):
+    args = draw(2, 130, 4, 3, 8, 2, groups=groups, entries=2, seed=15)
+    low = {k: (v.astype(np.float32) if k != "states" else [s.astype(np.float32) for s in v]) for k, v in args.items()}
+    one_pools, two_pools = [s.copy() for s in low["states"]], [s.copy() for s in low["states"]]
+    rest = {k: v for k, v in low.items() if k != "states"}
+    one = host.mamba3(**rest, states=one_pools, workers=1)
+    two = host.mamba3(**rest, states=two_pools, workers=2)
+    assert one.tobytes() == two.tobytes()
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(one_pools, two_pools))
+    split = {1: [(slice(0, 2), slice(None)), (slice(2, 4), slice(None))],
+             2: [(slice(0, 2), slice(0, 1)), (slice(2, 4), slice(1, 2))],
+             4: [(slice(0, 2), slice(0, 2)), (slice(2, 4), slice(2, 4))]}[groups]
+    assert host.head_parts(4, groups, 2) == split
