@@ -75,10 +75,10 @@ def _kernels() -> dict[str, ModuleType] | None:
     """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``), or
     None without Numba (Python's import lock compiles each module once across threads)."""
     try:
-        from . import jit_lstm, jit_lstm_sequence, jit_ssm_steps
+        from . import jit_lstm, jit_lstm_sequence, jit_mamba3, jit_ssm_steps
     except ImportError:  # no Numba (or no llvmlite): the NumPy loops
         return None
-    return {name: module for module in (jit_lstm, jit_lstm_sequence, jit_ssm_steps) for name in module.__all__}
+    return {name: module for module in (jit_lstm, jit_lstm_sequence, jit_ssm_steps, jit_mamba3) for name in module.__all__}
 
 
 def kernel(name: str) -> Callable | None:
@@ -112,6 +112,9 @@ def kernel(name: str) -> Callable | None:
     ``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``: an f32 thunk's step path on its arena
     views, as ``compiled_step`` binds them (each kernel's docstring gives the shapes). Not checked: the
     caller passes a validated thunk's views.
+
+    ``mamba3_state_step``: one token of mamba3's steps 4-6 for every row and head, float32 (its docstring gives
+    the shapes; ``mamba3.run_step`` calls it).
     """
     if not enabled():
         return None

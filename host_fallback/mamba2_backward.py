@@ -181,7 +181,7 @@ def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.nda
     return out
 
 
-def _ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y):
+def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them."""
     if path == "step":
@@ -221,7 +221,7 @@ def _step_sizes(t: Thunk, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | Non
 
 
 def _packed(path: str | None, seqs: Sequences, length: int, need_y: bool, logd, u, b, c, s0, gy, ds):
-    """``_ssd_backward`` over packed sequences (batch 1, ``s0``/``ds`` one row per sequence): the non-empty
+    """``ssd_backward`` over packed sequences (batch 1, ``s0``/``ds`` one row per sequence): the non-empty
     sequences of equal chunk count run side by side as zero-padded batch rows (a padded step has no input
     and no decay, so it passes every state and gradient on unchanged). Same results; an empty sequence's
     initial-state gradient is its final state's."""
@@ -241,7 +241,7 @@ def _packed(path: str | None, seqs: Sequences, length: int, need_y: bool, logd, 
                 rows_of[k, : hi - lo] = v[0, lo:hi]
             return rows_of
 
-        y, *grads, init = _ssd_backward(_path(path, width), *(gather(v) for v in (logd, u, b, c)), s0[rows],
+        y, *grads, init = ssd_backward(_path(path, width), *(gather(v) for v in (logd, u, b, c)), s0[rows],
                                         gather(gy), ds[rows], length, need_y)
         for name, v in zip(("y", "du", "dlogd", "db", "dc"), (y, *grads)):
             if name in out:  # (the step path gives y either way)
@@ -294,7 +294,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
         if seqs is None:
-            y, du, dlogd, db, dc, ds0 = _ssd_backward(_path(path, seq), *args, length, need_y)
+            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
         d_dt = dlogd * a + np.sum(du * x, axis=-1)

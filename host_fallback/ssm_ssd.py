@@ -104,7 +104,16 @@ def _drop_pairs(length: int, count: int, inner: list[Piece]) -> np.ndarray:
 
 
 def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
-    """The chunked SSD form: ``_mamba2_step``'s arguments, ``state`` updated in place likewise.
+    """The chunked SSD form: ``_mamba2_step``'s arguments, ``state`` updated in place likewise (``ssd_chunked``
+    on mamba2's decays ``dt·a`` and inputs ``dt·x``)."""
+    xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
+    return ssd_chunked(floor_log_decays(dt * a), xdt, b, c, state, seqs, length)
+
+
+def ssd_chunked(logd, xdt, b, c, state, seqs, length):
+    """The chunked SSD form of ``s = exp(logd) s + xdt (x) b``, ``y = s c`` (``_ssd_steps``' recurrence; ``logd
+    [B, S, H]`` floored by ``chunked.floor_log_decays``, ``xdt [B, S, H, P]``, ``b, c [B, S, H, N]``, ``state
+    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``.
 
     With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
     start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
@@ -112,9 +121,7 @@ def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
     hands on only what its last sequence built. So every chunk stays one set of GEMMs; the sequences
     cost a few small products each (their starts, their final states)."""
     # the big intermediates live in reused scratch arrays (see chunked.scratch)
-    seq, p, n = x.shape[1], x.shape[-1], b.shape[-1]
-    logd = floor_log_decays(dt * a)
-    xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
+    seq, p, n = xdt.shape[1], xdt.shape[-1], b.shape[-1]
     xs = chunk_view(xdt, length)  # [C, B, H, L, P]: the input each step adds, dt*x
     steps = to_chunks(logd, length)  # [C, B, H, L]
     cum = np.cumsum(steps, axis=-1)  # log-decay from the chunk start (or the sequence's), inclusive
@@ -125,9 +132,9 @@ def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
         np.cumsum(steps[q.chunk, ..., q.lo :], axis=-1, out=cum[q.chunk, ..., q.lo :])
     split = sorted({q.chunk for q in inner})
     drop = _drop_pairs(length, count, inner)
-    scores = scratch("m2.scores", (*lead, length, length), x.dtype)
-    y = scratch("m2.y", (*lead, length, p), x.dtype)
-    local = scratch("m2.local", (*lead, n, p), x.dtype)
+    scores = scratch("m2.scores", (*lead, length, length), xdt.dtype)
+    y = scratch("m2.y", (*lead, length, p), xdt.dtype)
+    local = scratch("m2.local", (*lead, n, p), xdt.dtype)
     # a chunk factors where |cum - m| <= max|logd| (L/2 + 1) <= MAMBA2_SPREAD (NaN: it does not);
     # decided chunk by chunk, so one lane's values never change another lane's arithmetic. A chunk in
     # which a sequence restarts its sum is measured instead.
@@ -161,7 +168,7 @@ def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
         y[q.chunk, ..., q.lo : q.hi, :] += rows @ init[q.row]
         rows[...] = 0
     through = np.exp(cum[..., -1])[..., None, None]
-    starts = scratch("m2.starts", local.shape, x.dtype)  # the state entering each chunk, [N, P]
+    starts = scratch("m2.starts", local.shape, xdt.dtype)  # the state entering each chunk, [N, P]
     begins = {q.chunk: q.row for q in pieces if q.first and q.lo == 0}  # chunks a sequence starts at
     if seqs is None:
         starts[0] = init

@@ -26,6 +26,12 @@ def state_rows(t: Thunk) -> int:
 
 def state_regions(t: Thunk, shape: tuple[int, ...]) -> list[Region]:
     """The §8 runtime-data and carried-state regions of a completed thunk; ``shape``: one row of the state."""
+    return carried_regions(t, {"state": shape})
+
+
+def carried_regions(t: Thunk, shapes: dict[str, tuple[int, ...]]) -> list[Region]:
+    """The §8 runtime-data regions of a completed thunk, then (with ``carry_state``) one read-write region per
+    carried state field of ``shapes`` (field -> one row of it), all in ``state_dtype``."""
     out = []
     if t["cu_seqlens"] is not None:
         out.append(Region("cu_seqlens", t["cu_seqlens"], (t["num_seqs"] + 1,), "i32", "r"))
@@ -33,7 +39,8 @@ def state_regions(t: Thunk, shape: tuple[int, ...]) -> list[Region]:
         rows = t["num_seqs"] if t["cu_seqlens"] is not None else t["batch"]
         out.append(Region("state_slots", t["state_slots"], (rows,), "i32", "r"))
     if t["carry_state"]:
-        out.append(Region("state", t["state"], (state_rows(t),) + shape, t["state_dtype"], "rw"))
+        out += [Region(field, t[field], (state_rows(t),) + shape, t["state_dtype"], "rw")
+                for field, shape in shapes.items()]
     return out
 
 

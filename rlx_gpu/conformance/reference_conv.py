@@ -20,12 +20,12 @@ FIELDS = frozenset({"bias", "activation", "carry_state", "state", "state_dtype",
                     "state_slots", "num_slots"})
 
 
-def _sigmoid(u: np.ndarray) -> np.ndarray:
+def sigmoid(u: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return 1.0 / (1.0 + np.exp(-u))
 
 
-def _sequences(batch: int, seq: int, cu_seqlens) -> list[tuple[int, int, range]]:
+def sequences(batch: int, seq: int, cu_seqlens) -> list[tuple[int, int, range]]:
     """``(batch row, state row, tokens)`` of every sequence: each batch row, or each packed sequence."""
     if cu_seqlens is None:
         return [(b, b, range(seq)) for b in range(batch)]
@@ -47,7 +47,7 @@ def causal_conv1d(x, weight, *, bias=None, activation="none", state=None, cu_seq
     bias = np.zeros(dim) if bias is None else np.asarray(bias, np.float64)
     pool = None if state is None else np.array(state, np.float64)
     y = np.zeros(x.shape)
-    for b, r, tokens in _sequences(batch, seq, cu_seqlens):
+    for b, r, tokens in sequences(batch, seq, cu_seqlens):
         entry = r if state_slots is None else int(state_slots[r])
         initial = np.zeros((dim, width - 1)) if pool is None else pool[entry].copy()
         e = _extended(x[b], tokens, initial)
@@ -56,7 +56,7 @@ def causal_conv1d(x, weight, *, bias=None, activation="none", state=None, cu_seq
             for w in range(width):
                 total = total + weight[:, w] * e[k + w]
             with np.errstate(invalid="ignore"):
-                y[b, t] = total * _sigmoid(total) if activation == "silu" else total
+                y[b, t] = total * sigmoid(total) if activation == "silu" else total
         if pool is not None:
             pool[entry] = e[len(e) - (width - 1):].T
     return y if pool is None else (y, pool)
@@ -72,7 +72,7 @@ def causal_conv1d_backward(x, weight, d_dst, *, bias=None, activation="none", st
     bias_v = np.zeros(dim) if bias is None else np.asarray(bias, np.float64)
     d_pool = None if state is None else np.array(d_state, np.float64)
     d_x, d_weight, d_bias = np.zeros(x.shape), np.zeros(weight.shape), np.zeros(dim)
-    for b, r, tokens in _sequences(batch, seq, cu_seqlens):
+    for b, r, tokens in sequences(batch, seq, cu_seqlens):
         entry = r if state_slots is None else int(state_slots[r])
         initial = np.zeros((dim, width - 1)) if state is None else np.asarray(state, np.float64)[entry]
         e = _extended(x[b], tokens, initial)
@@ -83,7 +83,7 @@ def causal_conv1d_backward(x, weight, d_dst, *, bias=None, activation="none", st
             pre = bias_v + sum(weight[:, w] * e[k + w] for w in range(width))
             grad = d_dst[b, t]
             if activation == "silu":
-                s = _sigmoid(pre)
+                s = sigmoid(pre)
                 with np.errstate(invalid="ignore"):  # inf * 0: the formula's NaN
                     grad = grad * s * (1 + pre * (1 - s))
             d_bias += grad

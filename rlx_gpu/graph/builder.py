@@ -14,12 +14,12 @@ from .lowering import Executable, compile_graph
 from .nodes import BodyGraph, Node, Slot, Tensor
 from .registry import BUILDERS
 from .scans import ScanGrads, scan, scan_grad
-from .sequence_ops import SequenceOps
+from .mamba3_ops import Mamba3Ops
 
 __all__ = ["Graph", "GraphError", "Node", "Slot", "Tensor"]
 
 
-class Graph(BodyGraph, SequenceOps):
+class Graph(BodyGraph, Mamba3Ops):
     """A program under construction; ``compile()`` lays out its arena and returns an ``Executable``.
 
     ``dtype`` is the default element type of inputs, weights and constants.

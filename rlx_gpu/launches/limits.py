@@ -33,6 +33,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
         "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
         "SS_TC": 8,  # channels per work-item of a selective_scan decode step (seq 1)
+        "M3_PB": 16,  # state rows (head_dim positions) per work-item of the mamba3 kernel
         "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
         "GDN_DJ": 32,  # value columns per work-item of its decode step (gated_delta_net_step)
         # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count
@@ -73,6 +74,9 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GDN_Q": 64, "GDN_LANES": 256, "GDN_NT": 16, "GDN_PJ": 4, "GDN_SPMAX": 16, "GDN_OT": 32,
         "GDN_MIN_SEQ": 64,
         "SSMB_BLOCKS": 64,
+        # mamba3: from M3_MIN_SEQ steps on, a head's state rows walk the sequence M3_SPLIT_ROWS to a group (a warp
+        # at state_size 64), so that a prefill of few (row, head) pairs exposes more groups
+        "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
     },
 }
 
@@ -133,6 +137,8 @@ VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
     ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
     ("gdn", "cpu"): ((), GDN_V2),
+    # mamba3: the lanes kernel at every state size (its optional fields are runtime flags)
+    ("mamba3", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
     # rnn and its backward: one program per op (its gate count) at each target, and the representative
     # version-2 ones
     **{(family, target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)

@@ -151,7 +151,7 @@ def test_grad_certifies_only_the_backward_ops_and_says_so(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("certifies the backward ops only (--grad): lstm_backward, gru_backward, rnn_backward, "
                           "selective_scan_backward, mamba2_backward, gated_delta_net_backward, causal_conv1d_backward, "
-                          "scan_backward, scan_backward_xs")
+                          "mamba3_backward, scan_backward, scan_backward_xs")
     data = json.loads(out_json.read_text())
     ops = {r["op"] for r in data["results"]}
     assert data["scope"] == "backward ops" and data["passed"] is True

@@ -1,0 +1,539 @@
+/* mamba3 (ABI.md §11): Mamba-3 SISO, the trapezoidal, rotary-state SSM, as a step recurrence over the tokens of
+ * each (sequence, head), one text for every target.
+ *
+ * Per token t of a row (a batch row, or one cu_seqlens sequence) and head h, group g = h / (H/G), with the
+ * carried (theta, S, kbar, vbar): lambda = sigmoid(trap), alpha = exp(adt), beta = (1 - lambda)*dt*alpha,
+ * gamma = lambda*dt; theta[i] += pi*tanh(angles[i])*dt (i < A); qr, kr = q[g] + q_bias[h], k[g] + k_bias[h]
+ * with each adjacent pair i < A turned by theta[i]; S[p,n] = alpha*S[p,n] + beta*vbar[p]*kbar[n] +
+ * gamma*v[p]*kr[n]; y[p] = sum_n S[p,n]*qr[n] (+ d[h]*v[p], then * silu(z[p])); kbar = kr, vbar = v.
+ *
+ * The angle is kept reduced to [0, 2pi) after every step (only its cos and sin enter), so the f32 sine and
+ * cosine below need no long-argument reduction (CUDA's sinf would bring a stack frame for it), and the
+ * written angle is the reduced one, theta - 2pi*floor(theta/2pi) as §11 writes it.
+ *
+ * Runtime flags (uniform over a launch, the planner's: launches/mamba3.py): has_q_bias, has_k_bias, has_d,
+ * has_z, carry (the four state tensors present, read as each row's initial state and written with its final
+ * one), varlen (cu_seqlens), slotted (state_slots: row r uses entry slots[r] of all four), dt_real and
+ * param_real (adt dt trap angles / q_bias k_bias d stored in the compute type: f32 beside a 16-bit thunk;
+ * else in the thunk's dtype). The state tensors are always in the compute type (state_dtype f32, or f64 for
+ * an f64 thunk; a wider one runs on the host). An empty sequence leaves its entries as they are.
+ *
+ * cpu (PoCL): one work-item per M3_PB state rows of one (row, head), each turning q and k itself; the items of
+ * a (row, head) share one work-group, whose barrier orders every item's read of the initial angle and key
+ * before the first item writes the final ones. gpu: kernels mamba3_lanes and mamba3_lanes_final, below. */
+
+#define M3_PI ((real)3.14159265358979323846)
+#define M3_TWO_PI ((real)6.28318530717958647692)
+
+/* Every tensor of the op and its flags, as the kernels find them in their arguments. */
+typedef struct {
+    GLOBAL const store_t* q;
+    GLOBAL const store_t* k;
+    GLOBAL const store_t* v;
+    GLOBAL const store_t* z;
+    GLOBAL store_t* dst;
+    GLOBAL const uchar* adt;
+    GLOBAL const uchar* dt;
+    GLOBAL const uchar* trap;
+    GLOBAL const uchar* angles;
+    GLOBAL const uchar* q_bias;
+    GLOBAL const uchar* k_bias;
+    GLOBAL const uchar* d;
+    GLOBAL real* angle_state;
+    GLOBAL real* state;
+    GLOBAL real* k_state;
+    GLOBAL real* v_state;
+    GLOBAL const int* cu;
+    GLOBAL const int* slots;
+    i64 H, P, N, A, G;
+    int has_q_bias, has_k_bias, has_d, has_z, carry, dt_real, param_real;
+} m3_io;
+
+/* One row of one head: its tokens first .. end-1, its entry of the state tensors, its group of q and k. */
+typedef struct {
+    i64 first, end, entry, h, g;
+} m3_row;
+
+/* The coefficients of one token: alpha, beta, gamma, and its dt (the angle's step). */
+typedef struct {
+    real alpha, beta, gamma, dt;
+} m3_coeffs;
+
+/* One adjacent pair of the turned, biased q and k. */
+typedef struct {
+    real q0, q1, k0, k1;
+} m3_pair;
+
+/* cos and sin of one angle. */
+typedef struct {
+    real c, s;
+} m3_turn;
+
+/* floor(x). f32: in plain arithmetic below 2^23 (above it every f32 is an integer; NaN goes there too), where the
+ * library's is an opaque call on PoCL (as rlx_exp's floor is). */
+INLINE_FN real m3_floor(real x)
+{
+    if (sizeof(real) != 4)
+        return floor(x);
+    const float f = (float)x, t = (float)(int)(fabs(f) < 8388608.0f ? f : 0.0f);
+    return (real)(fabs(f) < 8388608.0f ? (t > f ? t - 1.0f : t) : f);
+}
+
+INLINE_FN real m3_wrap(real theta) { return theta - M3_TWO_PI * m3_floor(theta / M3_TWO_PI); }
+
+/* tanh(x) = 1 - 2/(1 + exp(2x)) through the fast exp (absolute error ~1e-7 in f32: the angle's step is absolute);
+ * +-1 where that exp clamps or overflows, NaN carried. */
+INLINE_FN real m3_tanh(real x) { return (real)1 - (real)2 / ((real)1 + rlx_exp((real)2 * x)); }
+
+/* cos and sin of theta in [0, 2pi] (or NaN, carried). f64 (any non-f32 compute type): the library's. f32: Cephes'
+ * sinf/cosf in plain arithmetic (octant by floor, a three-part Cody-Waite reduction to [-pi/4, pi/4], degree-7 and
+ * -8 polynomials; ~1 ulp): no stack on CUDA and inlined and vectorized on PoCL. The octant is a float, so a NaN
+ * stays in float arithmetic. */
+INLINE_FN m3_turn m3_sincos(real theta)
+{
+    m3_turn out;
+    if (sizeof(real) != 4) {
+        out.c = cos(theta);
+        out.s = sin(theta);
+        return out;
+    }
+    const float x = (float)theta;
+    float j = (float)m3_floor(x * 1.27323954473516268615f); /* 4/pi */
+    j += j - 2.0f * (float)m3_floor(j * 0.5f);                /* odd octants round up: x = j*pi/4 + r */
+    const float r = ((x - j * 0.78515625f) - j * 2.4187564849853515625e-4f) - j * 3.77489497744594108e-8f;
+    const float z = r * r;
+    const float sr = r + r * z * ((-1.9515295891E-4f * z + 8.3321608736E-3f) * z - 1.6666654611E-1f);
+    const float cr = 1.0f - 0.5f * z + z * z * ((2.443315711809948E-5f * z - 1.388731625493765E-3f) * z
+                                                  + 4.166664568298827E-2f);
+    const float quadrant = j * 0.5f - 4.0f * (float)m3_floor(j * 0.125f); /* x = quadrant*pi/2 + r, quadrant 0..3 */
+    out.s = (real)(quadrant == 0.0f ? sr : quadrant == 1.0f ? cr : quadrant == 2.0f ? -sr : -cr);
+    out.c = (real)(quadrant == 0.0f ? cr : quadrant == 1.0f ? -sr : quadrant == 2.0f ? -cr : sr);
+    return out;
+}
+
+INLINE_FN m3_io m3_io_of(i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d, int has_z,
+                         int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                         GLOBAL uchar* zb, i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto,
+                         GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+                         GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko,
+                         GLOBAL uchar* asb, i64 aso, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso,
+                         GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    m3_io io;
+    io.q = AT(store_t, qb, qo);
+    io.k = AT(store_t, kb, ko);
+    io.v = AT(store_t, vb, vo);
+    io.z = AT(store_t, zb, zo);
+    io.dst = AT(store_t, db, dof);
+    io.adt = AT(uchar, adtb, adto);
+    io.dt = AT(uchar, dtb, dto);
+    io.trap = AT(uchar, trb, tro);
+    io.angles = AT(uchar, anb, ano);
+    io.q_bias = AT(uchar, qbb, qbo);
+    io.k_bias = AT(uchar, kbb, kbo);
+    io.d = AT(uchar, skb, sko);
+    io.angle_state = AT(real, asb, aso);
+    io.state = AT(real, stb, sto);
+    io.k_state = AT(real, ksb, kso);
+    io.v_state = AT(real, vsb, vso);
+    io.cu = varlen ? AT(int, cub, cuo) : 0;
+    io.slots = slotted ? AT(int, slb, slo) : 0;
+    io.H = H;
+    io.P = P;
+    io.N = N;
+    io.A = A;
+    io.G = G;
+    io.has_q_bias = has_q_bias;
+    io.has_k_bias = has_k_bias;
+    io.has_d = has_d;
+    io.has_z = has_z;
+    io.carry = carry;
+    io.dt_real = dt_real;
+    io.param_real = param_real;
+    return io;
+}
+
+DEVICE_FN m3_row m3_row_of(m3_io io, i64 r, i64 h, i64 S)
+{
+    m3_row row;
+    row.first = io.cu ? (i64)io.cu[r] : r * S;
+    row.end = io.cu ? (i64)io.cu[r + 1] : row.first + S;
+    row.entry = io.slots ? (i64)io.slots[r] : r;
+    row.h = h;
+    row.g = h / (io.H / io.G);
+    return row;
+}
+
+INLINE_FN m3_coeffs m3_coeffs_at(m3_io io, i64 tok, i64 h)
+{
+    const i64 at = tok * io.H + h;
+    const real dt = load_any(io.dt, at, io.dt_real), lambda = (real)1 / ((real)1 + rlx_exp(-load_any(io.trap, at, io.dt_real)));
+    m3_coeffs out;
+    out.alpha = rlx_exp(load_any(io.adt, at, io.dt_real));
+    out.beta = ((real)1 - lambda) * dt * out.alpha;
+    out.gamma = lambda * dt;
+    out.dt = dt;
+    return out;
+}
+
+/* The angle i of head h after token tok (dt its step), reduced to [0, 2pi). */
+INLINE_FN real m3_advance(m3_io io, real theta, i64 tok, i64 h, i64 i, real dt)
+{
+    return m3_wrap(theta + M3_PI * m3_tanh(load_any(io.angles, (tok * io.H + h) * io.A + i, io.dt_real)) * dt);
+}
+
+/* Pair i (values 2i, 2i+1) of token tok's q and k of `row`, biased, and turned by the angle whose cos and sin are
+ * `t` when i < A (a select: a pair past 2A keeps its values exactly, an Inf or NaN in one of them unspread). */
+INLINE_FN m3_pair m3_pair_at(m3_io io, m3_row row, i64 tok, i64 i, m3_turn t)
+{
+    const i64 at = (tok * io.G + row.g) * io.N + 2 * i, bias_at = row.h * io.N + 2 * i;
+    real q0 = LOAD(io.q, at), q1 = LOAD(io.q, at + 1), k0 = LOAD(io.k, at), k1 = LOAD(io.k, at + 1);
+    if (io.has_q_bias) {
+        q0 += load_any(io.q_bias, bias_at, io.param_real);
+        q1 += load_any(io.q_bias, bias_at + 1, io.param_real);
+    }
+    if (io.has_k_bias) {
+        k0 += load_any(io.k_bias, bias_at, io.param_real);
+        k1 += load_any(io.k_bias, bias_at + 1, io.param_real);
+    }
+    const int turned = i < io.A;
+    m3_pair out;
+    out.q0 = turned ? q0 * t.c - q1 * t.s : q0;
+    out.q1 = turned ? q0 * t.s + q1 * t.c : q1;
+    out.k0 = turned ? k0 * t.c - k1 * t.s : k0;
+    out.k1 = turned ? k0 * t.s + k1 * t.c : k1;
+    return out;
+}
+
+/* y as §11 step 5 finishes it at element `at` of v, z and dst: plus d[h]*v, then times silu(z); stored. */
+INLINE_FN void m3_store(m3_io io, i64 at, i64 h, real y, real v)
+{
+    if (io.has_d)
+        y += load_any(io.d, h, io.param_real) * v;
+    if (io.has_z) {
+        const real z = LOAD(io.z, at);
+        y *= z / ((real)1 + rlx_exp(-z));
+    }
+    STORE(io.dst, at, y);
+}
+
+#ifdef RLX_TARGET_CPU
+/* The initial state of the item's rows p0 .. p0+np-1 (zero without carry): s[n*M3_PB + c] = S[p0+c, n], vbar. */
+INLINE_FN void m3_load_rows(m3_io io, m3_row row, i64 p0, int np, real* s, real* vbar)
+{
+    const i64 base = (row.entry * io.H + row.h) * io.P + p0;
+    for (i64 n = 0; n < io.N; ++n)
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3_PB; ++c)
+            s[n * M3_PB + c] = io.carry && c < np ? io.state[(base + c) * io.N + n] : (real)0;
+    PRAGMA_UNROLL
+    for (int c = 0; c < M3_PB; ++c)
+        vbar[c] = io.carry && c < np ? io.v_state[base + c] : (real)0;
+}
+
+/* One token of the item's rows: S updated in place, y stored, vbar = v (kr, qr: this token's turned k and q;
+ * kbar: the previous token's). */
+INLINE_FN void m3_rows_step(m3_io io, m3_row row, i64 tok, i64 p0, int np, m3_coeffs cf, const real* qr,
+                            const real* kr, const real* kbar, real* s, real* vbar)
+{
+    const i64 at = (tok * io.H + row.h) * io.P + p0;
+    real xv[M3_PB], bv[M3_PB], gv[M3_PB], y0[M3_PB], y1[M3_PB];
+    PRAGMA_UNROLL
+    for (int c = 0; c < M3_PB; ++c) {
+        xv[c] = c < np ? LOAD(io.v, at + c) : (real)0;
+        bv[c] = cf.beta * vbar[c];
+        gv[c] = cf.gamma * xv[c];
+        y0[c] = y1[c] = (real)0;
+    }
+    for (i64 n = 0; n < io.N; ++n) {
+        const real kb = kbar[n], kn = kr[n];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3_PB; ++c)
+            s[n * M3_PB + c] = cf.alpha * s[n * M3_PB + c] + bv[c] * kb + gv[c] * kn;
+    }
+    for (i64 n = 0; n < io.N; n += 2) { /* N is even: two partial sums, not one serial chain */
+        const real q0 = qr[n], q1 = qr[n + 1];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3_PB; ++c) {
+            y0[c] += s[n * M3_PB + c] * q0;
+            y1[c] += s[(n + 1) * M3_PB + c] * q1;
+        }
+    }
+    for (int c = 0; c < np; ++c) {
+        m3_store(io, at + c, row.h, y0[c] + y1[c], xv[c]);
+        vbar[c] = xv[c];
+    }
+}
+
+/* Token tok's turned q and k (qr, kr: N values) with the angles advanced by its step dt (theta: A values). The
+ * angles first, in a loop of their own: it vectorizes. */
+INLINE_FN void m3_turn_token(m3_io io, m3_row row, i64 tok, real dt, real* theta, real* qr, real* kr)
+{
+    real cs[STATE_MAX / 2], sn[STATE_MAX / 2];
+    for (i64 i = 0; i < io.A; ++i) {
+        theta[i] = m3_advance(io, theta[i], tok, row.h, i, dt);
+        const m3_turn t = m3_sincos(theta[i]);
+        cs[i] = t.c;
+        sn[i] = t.s;
+    }
+    for (i64 i = io.A; i < io.N / 2; ++i) { /* unturned (m3_pair_at selects the raw values there) */
+        cs[i] = (real)1;
+        sn[i] = (real)0;
+    }
+    for (i64 i = 0; i < io.N / 2; ++i) {
+        m3_turn t;
+        t.c = cs[i];
+        t.s = sn[i];
+        const m3_pair pr = m3_pair_at(io, row, tok, i, t);
+        qr[2 * i] = pr.q0;
+        qr[2 * i + 1] = pr.q1;
+        kr[2 * i] = pr.k0;
+        kr[2 * i + 1] = pr.k1;
+    }
+}
+
+/* Every token of `row` for the item's rows p0 .. p0+np-1 (np >= 1); theta and kbar (the angle and the previous
+ * token's turned key, A and N values) carried in place. */
+INLINE_FN void m3_walk(m3_io io, m3_row row, i64 p0, int np, real* theta, real* kbar, real* s, real* vbar)
+{
+    real qr[STATE_MAX], kr[STATE_MAX];
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+        m3_turn_token(io, row, tok, cf.dt, theta, qr, kr);
+        m3_rows_step(io, row, tok, p0, np, cf, qr, kr, kbar, s, vbar);
+        for (i64 n = 0; n < io.N; ++n)
+            kbar[n] = kr[n];
+    }
+}
+
+/* A row of one token (decode) for the item's rows: each state row updated where it lies in `state` (the item's
+ * own rows: read and written by it alone), y stored, v_state = v; theta and kbar as m3_walk leaves them. No
+ * private copy of the state: its transposed load and store cost more than the step itself. */
+INLINE_FN void m3_one_token(m3_io io, m3_row row, i64 p0, int np, real* theta, real* kbar)
+{
+    real qr[STATE_MAX], kr[STATE_MAX];
+    const i64 tok = row.first, at = (tok * io.H + row.h) * io.P + p0, base = (row.entry * io.H + row.h) * io.P + p0;
+    const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+    m3_turn_token(io, row, tok, cf.dt, theta, qr, kr);
+    for (int c = 0; c < np; ++c) {
+        GLOBAL real* st = io.state + (base + c) * io.N;
+        const real xv = LOAD(io.v, at + c), gv = cf.gamma * xv;
+        const real bv = cf.beta * (io.carry ? io.v_state[base + c] : (real)0);
+        real y0 = (real)0, y1 = (real)0;
+        for (i64 n = 0; n < io.N; n += 2) { /* N is even: two partial sums */
+            const real s0 = cf.alpha * (io.carry ? st[n] : (real)0) + bv * kbar[n] + gv * kr[n];
+            const real s1 = cf.alpha * (io.carry ? st[n + 1] : (real)0) + bv * kbar[n + 1] + gv * kr[n + 1];
+            y0 += s0 * qr[n];
+            y1 += s1 * qr[n + 1];
+            if (io.carry) {
+                st[n] = s0;
+                st[n + 1] = s1;
+            }
+        }
+        m3_store(io, at + c, row.h, y0 + y1, xv);
+        if (io.carry)
+            io.v_state[base + c] = xv;
+    }
+    for (i64 n = 0; n < io.N; ++n)
+        kbar[n] = kr[n];
+}
+
+/* dst of rows p0 = GID(0)*M3_PB .. +M3_PB of head GID(1) of row GID(2); with carry their final state, and
+ * (item 0) the final angle and key, after the work-group's barrier. */
+KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d,
+              int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+              GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+              GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+              GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+              GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+              GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    const i64 p0 = GID(0) * M3_PB, h = GID(1), r = GID(2);
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    /* rows of this item; none for an empty sequence (the whole group's: its entries stay as they are), whose
+     * items still meet the barrier */
+    const int np = p0 >= P || row.first == row.end ? 0 : P - p0 < M3_PB ? (int)(P - p0) : M3_PB;
+    const i64 head = row.entry * H + h;
+    const int one = row.end - row.first == 1; /* decode: the state rows updated where they lie */
+    real s[STATE_MAX * M3_PB], vbar[M3_PB], theta[STATE_MAX / 2], kbar[STATE_MAX];
+    if (np > 0) {
+        for (i64 i = 0; i < A; ++i)
+            theta[i] = carry ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
+        for (i64 n = 0; n < N; ++n)
+            kbar[n] = carry ? io.k_state[head * N + n] : (real)0;
+        if (one) {
+            m3_one_token(io, row, p0, np, theta, kbar);
+        } else {
+            m3_load_rows(io, row, p0, np, s, vbar);
+            m3_walk(io, row, p0, np, theta, kbar, s, vbar);
+        }
+    }
+    BARRIER(); /* every item of the (row, head) has read the initial angle and key */
+    if (!carry || np == 0)
+        return;
+    for (int c = 0; c < np && !one; ++c) {
+        for (i64 n = 0; n < N; ++n)
+            io.state[(head * P + p0 + c) * N + n] = s[n * M3_PB + c];
+        io.v_state[head * P + p0 + c] = vbar[c];
+    }
+    if (p0 == 0) {
+        for (i64 i = 0; i < A; ++i)
+            io.angle_state[head * A + i] = theta[i];
+        for (i64 n = 0; n < N; ++n)
+            io.k_state[head * N + n] = kbar[n];
+    }
+}
+#endif
+
+#if defined(RLX_TARGET_GPU) && defined(SSM_N) /* a gpu program variant: SSM_N, SSM_L from its launch */
+/* gpu: `blocks` work-groups per (row, head). A state row S[p, :] is spread over SSM_L lanes, SSM_W values each in
+ * registers (lane nl holds n = w*SSM_L + nl), and the group's LSIZE/SSM_L rows walk the sequence together; a
+ * group walks it again for each further block of rows it holds (the angles and keys recomputed: cheap beside the
+ * state). With blocks = 1 (decode, short sequences) one group alone reads and writes the head's angle and key
+ * entries, so a decode step is one launch; with blocks > 1 (prefill: more groups) every group only reads them
+ * and mamba3_lanes_final writes them after.
+ * Per token the lanes first turn q and k cooperatively into LOCAL memory (lane l owns pairs l, l + LSIZE, ...
+ * and their angles, kept in LOCAL), a barrier, then each lane updates its state values and its partial sum of y,
+ * a barrier, then the row's first lane sums and stores. kr is double-buffered by token parity: the other buffer
+ * is the previous token's key (kbar; the initial one for the row's first token). Bounded to groups of at most SSM_WG
+ * lanes, 6 per SM: 76-80 registers on sm_90 without a spill (108-114 unbounded). */
+#define SSM_W (SSM_N / SSM_L)
+
+/* One block of rows walking every token of `row`, this lane's row p (every lane of the group calls it: it meets two
+ * barriers per token): the rows' outputs, and with carry their final state. theta starts from theta0 (the lane's
+ * own pairs: no barrier needed) and ends as the final angle, kr's buffer of the last token as the final key. */
+INLINE_FN void m3_lanes_block_barrier(m3_io io, m3_row row, i64 p, int nl, int first, int lane, LOCAL_PTR real* qr,
+                                      LOCAL_PTR real* kr, LOCAL_PTR const real* kbar0, LOCAL_PTR real* theta,
+                                      LOCAL_PTR const real* theta0, LOCAL_PTR real* part)
+{
+    const i64 lanes = LSIZE(0), head = row.entry * io.H + row.h;
+    const int live = p < io.P;
+    GLOBAL real* st = io.state + (head * io.P + (live ? p : 0)) * io.N;
+    real s[SSM_W];
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        s[w] = io.carry && live && w * SSM_L + nl < io.N ? st[w * SSM_L + nl] : (real)0;
+    real vbar = io.carry && live ? io.v_state[head * io.P + p] : (real)0;
+    for (i64 i = lane; i < io.N / 2; i += lanes)
+        theta[i] = theta0[i];
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        const int cur = (int)((tok - row.first) & 1);
+        const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+        for (i64 i = lane; i < io.N / 2; i += lanes) {
+            if (i < io.A)
+                theta[i] = m3_advance(io, theta[i], tok, row.h, i, cf.dt);
+            const m3_pair pr = m3_pair_at(io, row, tok, i, m3_sincos(i < io.A ? theta[i] : (real)0));
+            qr[2 * i] = pr.q0;
+            qr[2 * i + 1] = pr.q1;
+            kr[cur * SSM_N + 2 * i] = pr.k0;
+            kr[cur * SSM_N + 2 * i + 1] = pr.k1;
+        }
+        BARRIER();
+        LOCAL_PTR const real* kbar = tok == row.first ? kbar0 : kr + (1 - cur) * SSM_N;
+        const i64 at = (tok * io.H + row.h) * io.P + p;
+        const real xv = live ? LOAD(io.v, at) : (real)0, bv = cf.beta * vbar, gv = cf.gamma * xv;
+        real y = (real)0;
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w) {
+            const int n = w * SSM_L + nl;
+            if (n < io.N) {
+                s[w] = cf.alpha * s[w] + bv * kbar[n] + gv * kr[cur * SSM_N + n];
+                y += s[w] * qr[n];
+            }
+        }
+        part[lane] = y;
+        BARRIER();
+        if (live && nl == 0)
+            m3_store(io, at, row.h, ssm_row_sum(part, first), xv);
+        vbar = xv;
+    }
+    if (io.carry && live && row.end > row.first) {
+        PRAGMA_UNROLL
+        for (int w = 0; w < SSM_W; ++w)
+            if (w * SSM_L + nl < io.N)
+                st[w * SSM_L + nl] = s[w];
+        if (nl == 0)
+            io.v_state[head * io.P + p] = vbar;
+    }
+}
+
+KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, int has_q_bias,
+                    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                    GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                    i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                    GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                    GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                    GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    LOCAL real qr[SSM_N], kr[2 * SSM_N], kbar0[SSM_N], theta[SSM_N / 2], theta0[SSM_N / 2], part[SSM_WG];
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
+    const i64 lanes = LSIZE(0), rows = lanes / SSM_L, rh = GROUP(0) / blocks, block = GROUP(0) - rh * blocks;
+    const i64 r = rh / H, h = rh - r * H;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    const i64 head = row.entry * H + h;
+    for (i64 i = lane; i < N / 2; i += lanes) { /* this lane's pairs: the initial angle and key */
+        theta0[i] = carry && i < A ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
+        kbar0[2 * i] = carry ? io.k_state[head * N + 2 * i] : (real)0;
+        kbar0[2 * i + 1] = carry ? io.k_state[head * N + 2 * i + 1] : (real)0;
+    }
+    for (i64 p0 = block * rows; p0 < P; p0 += rows * blocks)
+        m3_lanes_block_barrier(io, row, p0 + k, nl, first, lane, qr, kr, kbar0, theta, theta0, part);
+    /* an empty sequence leaves its entries as they are; split heads leave theirs to mamba3_lanes_final */
+    if (!carry || row.first == row.end || blocks > 1)
+        return;
+    const int last = (int)((row.end - 1 - row.first) & 1);
+    for (i64 i = lane; i < N / 2; i += lanes) { /* the lane's own pairs: no barrier needed */
+        if (i < A)
+            io.angle_state[head * A + i] = theta[i];
+        io.k_state[head * N + 2 * i] = kr[last * SSM_N + 2 * i];
+        io.k_state[head * N + 2 * i + 1] = kr[last * SSM_N + 2 * i + 1];
+    }
+}
+
+/* After mamba3_lanes split a head's rows over `blocks` > 1 groups (prefill): the final angle and key of each
+ * (row, head), one work-item per pair i, its angle walked over the row's tokens as the groups walked it (the
+ * groups read the initial entries; only this later launch writes them). */
+KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, int has_q_bias,
+                          int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real,
+                          int param_real, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                          GLOBAL uchar* zb, i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto,
+                          GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+                          GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko,
+                          GLOBAL uchar* asb, i64 aso, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso,
+                          GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+{
+    const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
+    if (rh >= R * H || !carry)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    if (row.first == row.end)
+        return;
+    const i64 head = row.entry * H + h;
+    real theta = (real)0;
+    if (i < A) {
+        theta = m3_wrap(io.angle_state[head * A + i]);
+        for (i64 tok = row.first; tok < row.end; ++tok)
+            theta = m3_advance(io, theta, tok, h, i, load_any(io.dt, tok * H + h, dt_real));
+        io.angle_state[head * A + i] = theta;
+    }
+    const m3_pair pr = m3_pair_at(io, row, row.end - 1, i, m3_sincos(theta));
+    io.k_state[head * N + 2 * i] = pr.k0;
+    io.k_state[head * N + 2 * i + 1] = pr.k1;
+}
+#endif

@@ -1,0 +1,138 @@
+"""mamba3 (ABI.md §11) on an OpenCL CPU implementation at both kernel targets: kernels/mamba3.cl.
+
+The catalog's cases are small (head_dim <= 5, state_size <= 10): one work-item, one block of rows. These shapes
+reach what they do not: several work-items of M3_PB rows sharing a head's angle and key (cpu), several blocks of
+rows walking the sequence in turn in one work-group and every state-size variant's lane count (gpu), with every
+field at once, against the float64 reference and the host; a decode step on a slot pool is one launch; the same
+thunk run twice gives the same bytes; two calls chained through the four states equal one call.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from host_fallback.abi import complete
+from rlx_gpu import launches
+from rlx_gpu.conformance import runner
+from rlx_gpu.conformance.catalog import Case
+from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.launches.limits import REFERENCE_GPU, TARGETS, DeviceLimits
+from rlx_gpu.runtime.config import default_config_path, load_config
+from rlx_gpu.runtime.registry import open_session, status
+
+OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
+CONFIG = load_config(default_config_path())
+CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
+EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
+
+#: name -> (dtype, params): more rows than one item / one block holds, odd num_angles, every field
+SHAPES = {
+    "rows-40-every-field-varlen-slots": ("f32", dict(batch=1, seq=23, heads=4, head_dim=40, state_size=40,
+                                                     num_angles=7, cu_seqlens=[0, 9, 9, 23], num_seqs=3,
+                                                     state_slots=[2, 0, 3], num_slots=4, **CARRIED, **EVERY)),
+    "state-256-bf16": ("bf16", dict(batch=2, seq=5, heads=2, head_dim=20, state_size=256, num_angles=128,
+                                    **CARRIED, d=True, z=True)),
+    "decode-slots-f16": ("f16", dict(batch=3, seq=1, heads=4, head_dim=64, state_size=32, num_angles=8,
+                                     state_slots=[4, 1, 2], num_slots=5, **CARRIED, **EVERY)),
+    "f64-rows-17": ("f64", dict(batch=2, seq=12, heads=2, head_dim=17, state_size=12, num_angles=3, **CARRIED,
+                                q_bias=True, z=True)),
+}
+#: prefills (seq >= M3_MIN_SEQ): at the gpu target a head's blocks of rows in groups of their own, and with carried
+#: states a second launch for the final angle and key
+PREFILLS = {
+    "prefill-rows-40-every-field-varlen-slots": ("f32", dict(batch=1, seq=80, heads=2, head_dim=40, state_size=40,
+                                                             num_angles=9, cu_seqlens=[0, 30, 30, 80], num_seqs=3,
+                                                             state_slots=[1, 3, 0], num_slots=4, **CARRIED, **EVERY)),
+    "prefill-rows-24-bf16-no-carry": ("bf16", dict(batch=2, seq=70, heads=2, head_dim=24, state_size=64,
+                                                   num_angles=16, d=True)),
+}
+
+needs_opencl_cpu = pytest.mark.skipif(not OPENCL_CPU, reason=f"no OpenCL CPU device: {status('opencl').reason}")
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def session(request):
+    return open_device(find(OPENCL_CPU[0]), request.param)
+
+
+@pytest.fixture(scope="module")
+def host():
+    return open_session(status("host").devices[0])
+
+
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
+def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
+    for dtype, params in SHAPES.values():
+        thunk = complete(runner.lay_out(Case("mamba3", dtype, params)).thunk)
+        assert launches.unsupported(thunk, lim) is None
+        (launch,) = launches.plan(thunk, lim).launches
+        if lim.target == "cpu":
+            assert launch.local_size[0] * lim.tune("M3_PB") >= params["head_dim"]
+    big = complete(runner.lay_out(Case("mamba3", "f32", SHAPES["rows-40-every-field-varlen-slots"][1])).thunk)
+    (cpu,) = launches.plan(big, DeviceLimits(1024, 1 << 20, True)).launches
+    (gpu,) = launches.plan(big, REFERENCE_GPU).launches
+    assert cpu.local_size[0] > 1 and gpu.local_size[0] // dict(gpu.defines)["SSM_L"] < big["head_dim"]
+
+
+def test_a_prefill_splits_a_head_over_groups_at_the_gpu_target_and_writes_the_final_angle_and_key_after():
+    carried, free = (complete(runner.lay_out(Case("mamba3", dt, p)).thunk) for dt, p in PREFILLS.values())
+    main, final = launches.plan(carried, REFERENCE_GPU).launches
+    rows = main.local_size[0] // dict(main.defines)["SSM_L"]
+    assert (main.kernel, final.kernel) == ("mamba3_lanes", "mamba3_lanes_final")
+    assert main.groups[0] == carried["num_seqs"] * carried["heads"] * -(-carried["head_dim"] // rows) > 6
+    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU).launches] == ["mamba3_lanes"]
+    decode = complete(runner.lay_out(Case("mamba3", "f32", dict(PREFILLS["prefill-rows-40-every-field-varlen-slots"][1],
+                                                                seq=2, cu_seqlens=[0, 1, 1, 2]))).thunk)
+    (one,) = launches.plan(decode, REFERENCE_GPU).launches
+    assert one.groups[0] == decode["num_seqs"] * decode["heads"]
+
+
+def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
+    params = dict(SHAPES["f64-rows-17"][1])
+    for field in ("state_dtype", "dt_dtype", "param_dtype"):
+        thunk = complete(runner.lay_out(Case("mamba3", "f32", dict(params, **{field: "f64"}))).thunk)
+        assert f"{field}=f64 runs on the host" in launches.unsupported(thunk, REFERENCE_GPU)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("name", list(SHAPES) + list(PREFILLS))
+def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(session, host, name):
+    dtype, params = {**SHAPES, **PREFILLS}[name]
+    case = Case("mamba3", dtype, params, seed=7)
+    outcome = runner.check(session, case, CONFIG, host)
+    assert outcome.status == "pass", outcome.message
+    laid = runner.lay_out(case)
+    runs = []
+    for _ in range(2):
+        arena = session.upload(laid.arena)
+        session.launch(laid.thunk, arena)
+        runs.append(session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+
+
+#: the token-major fields of mamba3, which a call over a later stretch of tokens reads further along
+TOKEN_FIELDS = ("q", "k", "v", "adt", "dt", "trap", "angles", "z", "dst")
+
+
+@needs_opencl_cpu
+def test_two_calls_chained_through_the_states_equal_one_call(session):
+    """Tokens 0..69 then 70..149 of one batch row (the second call reading what the first wrote into the four
+    states, on the same arena; at the gpu target each a prefill split over groups) give the outputs and final
+    states of one call over 0..149, to f32 rounding."""
+    seq, split = 150, 70
+    params = dict(batch=1, seq=seq, heads=2, head_dim=40, state_size=64, num_angles=13, **CARRIED, **EVERY)
+    laid = runner.lay_out(Case("mamba3", "f32", params, seed=3))
+    whole = session.upload(laid.arena)
+    session.launch(laid.thunk, whole)
+    want = session.read(whole, 0, laid.arena.size)
+    arena = session.upload(laid.arena)
+    per_token = {r.field: r.nbytes // seq for r in laid.regions if r.field in TOKEN_FIELDS}
+    for first, end in ((0, split), (split, seq)):
+        part = dict(laid.thunk, seq=end - first, **{f: laid.thunk[f] + first * n for f, n in per_token.items()})
+        session.launch(part, arena)
+    got = session.read(arena, 0, laid.arena.size)
+    for field in ("dst", "angle_state", "state", "k_state", "v_state"):
+        mine, ref = laid.view(got, field), laid.view(want, field)
+        if field == "angle_state":  # compared modulo 2pi
+            mine, ref = np.cos(mine), np.cos(ref)
+        np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-5, err_msg=field)
