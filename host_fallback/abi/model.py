@@ -143,7 +143,8 @@ class OpDef:
     it first); ``rules`` run in order on every thunk; ``data_rules`` check its integer tensors before it
     runs (field -> rule); ``states`` are the tensors it carries from call to call (read, then written in
     place); ``differentiable`` ops get an ``OP_backward`` (ABI.md §9), made by ``abi.backward``;
-    ``forward`` names the op a backward op differentiates.
+    ``forward`` names the op a backward op differentiates; ``reserve_size(fields)`` is the least
+    ``reserve_bytes`` of an op with a saved forward (ABI.md §9.1, ``abi.reserve``; ``None``: it has none).
     """
 
     name: str
@@ -157,6 +158,7 @@ class OpDef:
     differentiable: bool = False
     forward: str = ""
     sample: Sampler = as_drawn
+    reserve_size: Callable[[Thunk], int] | None = None
 
     @cached_property
     def field_names(self) -> tuple[str, ...]:
