@@ -343,16 +343,33 @@ class SequenceOps(RecurrentOps):
         raise GraphError(f"backward: {y!r} is no output of a {', '.join(FORWARD_OPS)} call of this graph; "
                          f"pass the tensor the call returned (its first value)")
 
-    def _saved_forward(self, node: Node) -> None:
-        """Give the forward ``node`` a reserve (ABI.md §9.1) if its op has one and it has none yet (a second
+    def saved_forward(self, y: Tensor, given: Tensor | None = None) -> Tensor | None:
+        """The saved forward (ABI.md §9.1's ``reserve``) of the lstm, gru or rnn call that returned ``y``: a buffer
+        of ``rlx_gpu.reserve_bytes`` bytes its forward thunk writes and its ``backward`` reads (made on the
+        first ask); ``None`` for an op without one. ``given``: a tensor holding the reserve a forward run
+        before wrote (a frontend kept it from its forward call): the backward reads it, and the forward
+        thunk, whose outputs nothing then needs, is pruned."""
+        node = self._forward_node(y)
+        if given is not None and OPS[node.op].reserve_size is None:
+            raise GraphError(f"{node.op}: it has no saved forward (reserve); the ops with one are lstm, gru and rnn")
+        if given is not None:
+            nbytes = OPS[node.op].reserve_size({"op": node.op, "dtype": node.dtype, **node.fields})
+            given = self._t(given, node.dtype)
+            self._expect(node.op, "reserve", given, (nbytes // ELEM_SIZE[node.dtype],), node.dtype)
+            node.fields.update(reserve=given, reserve_bytes=nbytes)
+        return self._saved_forward(node)
+
+    def _saved_forward(self, node: Node) -> Tensor | None:
+        """The reserve of the forward ``node``, given one first if its op has one and it has none yet (a second
         backward of the same call reads the same): a buffer of its dtype's elements it writes besides ``dst``."""
         size = OPS[node.op].reserve_size
         if size is None or isinstance(node.fields.get("reserve"), Tensor):
-            return
+            return node.fields.get("reserve")
         nbytes = size({"op": node.op, "dtype": node.dtype, **node.fields})
         reserve = self._new((nbytes // ELEM_SIZE[node.dtype],), node.dtype)
         node.fields.update(reserve=reserve, reserve_bytes=nbytes)
         node.writes = (*node.writes, reserve)
+        return reserve
 
     def _initial_state(self, node: Node, field: str) -> Tensor:
         """The tensor a call was given as state ``field``: the source of the copy its thunk updates."""
