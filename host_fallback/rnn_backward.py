@@ -244,14 +244,15 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
 
 def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
     """The forward kernel of a thunk with a reserve (``rnn.prepare`` hands it over): the recurrences of the
-    backward pass (NumPy's, whose kept arrays the reserve's layout is), then ``dst``, the final states and
-    the reserve stored."""
+    backward pass (whose kept arrays the reserve's layout is; a small lstm's whole-sequence kernel keeps
+    the ones its reverse reads), then ``dst``, the final states and the reserve stored."""
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
+    forwards = _compiled_lstm_forward if lstm_sequence.applies(t) else _FORWARD[t["op"]]
 
     def run(arena: np.ndarray) -> None:
         s = _setup(t, Bound(t, arena, by_field))
-        inputs, kept, outs, finals = _forward_pass(s, _FORWARD[t["op"]])
+        inputs, kept, outs, finals = _forward_pass(s, forwards)
         s.b.store("dst", np.concatenate(outs, axis=2).transpose(1, 0, 2))
         for f, value in finals.items():
             s.b.store(f, value)

@@ -5,7 +5,9 @@ The layout is the ABI's (``abi.rnn.reserve_slots``, docs/abi.md): per layer-dire
 ``rnn_backward_steps`` reads (the gates ``y``, the pre-activations ``u``, the state entering each step ...),
 then the layers' outputs (the next layer's input, for ``d_w_ih``), then the clip's masks. ``u`` is written
 only where the reverse pass reads it (``_Cell.keeps_pre_activations``: a clip or an activation other than
-sigmoid/tanh; else the gates were activated in place and ``u`` is ``y``), the masks only with a clip.
+sigmoid/tanh; else the gates were activated in place and ``u`` is ``y``), the masks only with a clip, an
+lstm's ``c_new`` only with peepholes or an ``h`` activation other than tanh (a small lstm's whole-sequence
+kernel, which takes neither, keeps none).
 """
 from __future__ import annotations
 
