@@ -124,6 +124,8 @@ PRESENT: dict[tuple[str, str], dict[str, Any]] = {
     ("lstm", "proj_size"): {"proj_size": 3, "w_hr": True},
     ("lstm", "w_hr"): {"proj_size": 3, "w_hr": True},
     ("gru", "linear_before_reset"): {"linear_before_reset": False},
+    **{(op, f): {"reserve": True, "reserve_bytes": SPECS[op].reserve_size({"op": op, "dtype": "f64", **SMALL[op]})}
+       for op in ("lstm", "gru", "rnn") for f in ("reserve", "reserve_bytes")},  # f64's: enough for every dtype
     **{("causal_conv1d", f): params for f, params in {
         "activation": {"activation": "silu"}, "carry_state": _CARRIED, "state": _CARRIED,
         "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,

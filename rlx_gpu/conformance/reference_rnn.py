@@ -12,7 +12,8 @@ import numpy as np
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 #: Activation slots per direction (lstm f g h, gru f g, rnn f).
 SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
-_EVERY_OP = ("seq_lens", "reverse", "clip", "activations")
+#: (``reserve``, ``reserve_bytes``: the saved forward changes no output a reference gives: implemented by all)
+_EVERY_OP = ("seq_lens", "reverse", "clip", "activations", "reserve", "reserve_bytes")
 #: op -> the version-2 fields (ABI.md §8) this reference implements: all of them.
 V2_FIELDS = {"lstm": frozenset(_EVERY_OP + ("peepholes", "input_forget", "proj_size", "w_hr")),
              "gru": frozenset(_EVERY_OP + ("linear_before_reset",)), "rnn": frozenset(_EVERY_OP)}
