@@ -144,9 +144,9 @@ def _setup(fwd: Mapping[str, Any], b: Bound) -> _Setup:
     return _Setup(fwd, b, _valid(fwd, b), cells, _spans(fwd, gates * fwd["hidden"], dirs), init)
 
 
-def _forward_pass(s: _Setup, forwards: Callable) -> tuple[list[Array], list[list[dict]], list[Array], dict]:
+def _forward_pass(s: _Setup, forwards: Callable, reserve=None) -> tuple[list[Array], list[list[dict]], list[Array], dict]:
     """The forward, bottom up: ``(every layer's input, what each layer-direction keeps, the top layer's
-    outputs by direction, the final states by field)``."""
+    outputs by direction, the final states by field)``; with a ``reserve`` (``rnn_reserve.slots``) kept in it."""
     fwd, b = s.fwd, s.b
     gates, dirs = recurrent_dims(fwd)
     S, B, H, width = fwd["seq"], fwd["batch"], fwd["hidden"], output_width(fwd)
@@ -161,16 +161,22 @@ def _forward_pass(s: _Setup, forwards: Callable) -> tuple[list[Array], list[list
         def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
             ld = layer * dirs + dr
             w = w_ih[lo:hi].reshape(gates * H, in_l)
-            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
+            into = reserve[0][ld] if reserve else None
+            if into is not None:
+                xp = into[rnn_reserve.projection_slot(fwd, s.cells[dr])]
+                np.matmul(inputs[-1].reshape(S * B, in_l), w.T, out=xp.reshape(S * B, gates * H))
+            else:
+                xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
             xp += b.load(s.biases[0], ld)
             h, c = s.start(s.init, ld, width)
-            outs[dr], (h, c), layer_kept[dr] = forwards(s.cells[dr], xp, s.weights(ld), h, c, s.valid, _walk(fwd, dr))
+            outs[dr], (h, c), layer_kept[dr] = forwards(s.cells[dr], xp, s.weights(ld), h, c, s.valid, _walk(fwd, dr),
+                                                        into)
             for f, value in zip(finals, (h, c)):
                 finals[f][ld] = value
 
         _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
         if layer + 1 < len(s.spans):  # the next layer's input
-            inputs.append(np.concatenate(outs, axis=2))
+            inputs.append(np.concatenate(outs, axis=2, out=reserve[1][layer] if reserve else None))
         kept.append(layer_kept)
     return inputs, kept, outs, finals
 
@@ -252,11 +258,12 @@ def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
 
     def run(arena: np.ndarray) -> None:
         s = _setup(t, Bound(t, arena, by_field))
-        inputs, kept, outs, finals = _forward_pass(s, forwards)
+        reserve = rnn_reserve.slots(t, arena)
+        inputs, kept, outs, finals = _forward_pass(s, forwards, reserve)
         s.b.store("dst", np.concatenate(outs, axis=2).transpose(1, 0, 2))
         for f, value in finals.items():
             s.b.store(f, value)
-        rnn_reserve.save(t, arena, s.cells, inputs, kept)
+        rnn_reserve.save(t, reserve, s.cells, inputs, kept)
     return run
 
 

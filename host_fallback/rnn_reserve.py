@@ -32,40 +32,57 @@ def _pre_activations_read(t: Mapping[str, Any], cell: _Cell) -> bool:
     return cell.keeps_pre_activations(min(ACTIVATION_SLOTS[t["op"]], 2))
 
 
-def save(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell], inputs: Sequence[Array],
-         kept: Sequence[Sequence[Mapping[str, Array]]]) -> None:
-    """Copy what each layer-direction ``kept`` (``rnn_backward_steps``' forward) and every layer's input
-    but the first (``inputs[1:]``, the outputs of the layers below the top) into the reserve."""
+def projection_slot(t: Mapping[str, Any], cell: _Cell) -> str:
+    """The slot a layer-direction's input projection is computed into: the forward's steps turn it into the
+    pre-activations ``u`` where those are kept, else into the gates ``y`` (activated in place)."""
+    return "u" if _pre_activations_read(t, cell) else "y"
+
+
+def slots(t: Mapping[str, Any], arena: np.ndarray) -> tuple[list[dict[str, Array]], list[Array]]:
+    """``(per layer-direction its arrays by name, every layer's output but the top one's)``: views of the
+    reserve of the completed forward thunk ``t``, the masks as booleans."""
     _, dirs = recurrent_dims(t)
     v = _views(t, arena)
+    per_ld: list[dict[str, Array]] = [{} for _ in range(t["num_layers"] * dirs)]
+    for (name, index), values in v.items():
+        if name != "out":
+            per_ld[index][name] = values.view(bool) if name == "mask" else values
+    return per_ld, [v["out", layer] for layer in range(t["num_layers"] - 1)]
+
+
+def save(t: Mapping[str, Any], reserve: tuple[list[dict[str, Array]], list[Array]], cells: Sequence[_Cell],
+         inputs: Sequence[Array], kept: Sequence[Sequence[Mapping[str, Array]]]) -> None:
+    """Copy what each layer-direction ``kept`` (``rnn_backward_steps``' forward) and every layer's input but
+    the first (``inputs[1:]``) into the ``reserve`` (``slots``), where the forward did not keep it there
+    already: what the backward reads."""
+    _, dirs = recurrent_dims(t)
+    per_ld, outs = reserve
     for layer, per_direction in enumerate(kept):
         for dr, keep in enumerate(per_direction):
-            ld = layer * dirs + dr
+            dest = per_ld[layer * dirs + dr]
             for name, values in keep.items():
-                if name == "mask":
-                    if values is not None:
-                        v["mask", ld][...] = values
-                elif name != "u" or _pre_activations_read(t, cells[dr]):
-                    v[name, ld][...] = values
-    for layer, values in enumerate(inputs[1:]):
-        v["out", layer][...] = values
+                read = name != "u" or _pre_activations_read(t, cells[dr])
+                if values is not None and read and values is not dest[name]:
+                    dest[name][...] = values
+    for values, dest in zip(inputs[1:], outs):
+        if values is not dest:
+            dest[...] = values
 
 
 def load(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell]) -> tuple[list[Array], list[list[dict]]]:
     """``(inputs above layer 0, kept)`` as ``save`` wrote them: views of the reserve, which the reverse pass
     only reads."""
     _, dirs = recurrent_dims(t)
-    v = _views(t, arena)
-    names = {name for name, _ in v if name not in ("out", "mask")}
+    per_ld, outs = slots(t, arena)
     kept = []
     for layer in range(t["num_layers"]):
         per_direction = []
         for dr in range(dirs):
-            ld = layer * dirs + dr
-            keep = {name: v[name, ld] for name in names}
+            keep = dict(per_ld[layer * dirs + dr])
             if not _pre_activations_read(t, cells[dr]):
                 keep["u"] = keep["y"]
-            keep["mask"] = v["mask", ld].view(bool) if cells[dr].clip else None
+            if not cells[dr].clip:
+                keep["mask"] = None
             per_direction.append(keep)
         kept.append(per_direction)
-    return [v["out", layer] for layer in range(t["num_layers"] - 1)], kept
+    return outs, kept
