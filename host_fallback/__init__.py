@@ -13,12 +13,14 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-# the kernel modules register their kernels against their ops on import (``implementations``)
-from . import (body, conv, conv_backward, gdn, gdn_backward, mamba2_backward, rnn, rnn_backward, scan,  # noqa: F401
-               selective_scan_backward, ssm)
 from .abi import Region, complete, regions, runtime_data
 from .arena import view
 from .implementations import KERNELS, PATHS, PREPARE, WORKING, Kernel
+from .registry import import_all
+
+# every module registers its kernels against their ops on import (``implementations``): importing them all
+# finds them. The ``jit_*`` modules compile Numba code when imported: ``jit`` loads them when a kernel first asks.
+import_all(__name__, skip="jit_")
 
 
 def _keywords(kernel: Kernel) -> frozenset[str]:

@@ -71,9 +71,9 @@ class Registry(Dict[str, T]):
         raise NotRegistered(f"no {self.kind} for op {op!r}{why}; registered: {', '.join(sorted(self)) or 'none'}")
 
 
-def import_all(package: str, prefix: str = "") -> None:
-    """Import every module of ``package`` whose name starts with ``prefix``: each registers its own
-    implementations on import, so adding one is adding its module, with no list to keep."""
+def import_all(package: str, prefix: str = "", skip: str | None = None) -> None:
+    """Import every module of ``package`` whose name starts with ``prefix`` (and not with ``skip``): each
+    registers its own implementations on import, so adding one is adding its module, with no list to keep."""
     for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
-        if module.name.startswith(prefix):
+        if module.name.startswith(prefix) and not (skip and module.name.startswith(skip)):
             importlib.import_module(f"{package}.{module.name}")

@@ -5,7 +5,7 @@ nothing of ``rlx_gpu``. ``OPS`` maps every op name to its ``OpDef`` (``model``):
 regions, rules, carried states, gradients, run-time data rules and conformance inputs. The ops are
 defined by family (``rnn``, ``ssm``, ``gdn``, ``body``, ``scan``: the stems of the host kernels,
 launch planners and kernel texts; ``backward`` generates
-ABI.md §9's) and gathered in ``ops``; ``aliasing``, ``state`` and ``int_tensors`` hold the rules
+ABI.md §9's), each module's ``OpDef`` found by ``ops``; ``aliasing``, ``state`` and ``int_tensors`` hold the rules
 several families share, ``runtime_data`` applies the integer tensors' rules. docs/design.md tells how
 to add an op.
 """

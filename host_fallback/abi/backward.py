@@ -98,4 +98,4 @@ def backward_of(forward: OpDef) -> OpDef:
     return OpDef(f"{forward.name}_backward", _fields(forward), _layout(forward), forward.dtypes, version=2,
                  rules=given + (_gradients_paired(forward),) + on_footprint, data_rules=forward.data_rules,
                  states=tuple(gradient(s) for s in forward.states), forward=forward.name, sample=forward.sample,
-                 reserve_size=forward.reserve_size)
+                 place=(9, *forward.place), reserve_size=forward.reserve_size)

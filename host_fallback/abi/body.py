@@ -83,16 +83,17 @@ def _sample_unary(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.nd
 
 
 UNARY = OpDef("unary", offsets("x", "dst") + (Field("n", "count"), Field("fn", "enum", UNARY_FNS)), _unary,
-              rules=(ALIASING,), sample=_sample_unary)
+              rules=(ALIASING,), sample=_sample_unary, place=(5, 1))
 BINARY = OpDef("binary", offsets("a", "b", "dst") + (Field("fn", "enum", BINARY_FNS), Field("shape", "shape"),
                                                      Field("a_strides", "strides"), Field("b_strides", "strides")),
-               _binary, rules=(rule(_check_binary), ALIASING))
+               _binary, rules=(rule(_check_binary), ALIASING), place=(5, 2))
 MATMUL = OpDef("matmul", offsets("a", "b", "dst") + (Field("batch", "count"),) + positive("m", "k", "n")
                + flags("trans_a", "trans_b") + (Field("a_batch_stride", "count"), Field("b_batch_stride", "count")),
-               _matmul, rules=(ALIASING,))
+               _matmul, rules=(ALIASING,), place=(5, 3))
 REDUCE_SUM = OpDef("reduce_sum", offsets("x", "dst") + positive("outer", "r", "inner"), _reduce_sum,
-                   rules=(ALIASING,))
-COPY = OpDef("copy", offsets("src", "dst") + (Field("nbytes", "count"),), _copy, rules=(rule(_check_copy), ALIASING))
-FILL = OpDef("fill", offsets("dst") + (Field("n", "count"), Field("value", "float")), _fill, rules=(ALIASING,))
+                   rules=(ALIASING,), place=(5, 4))
+COPY = OpDef("copy", offsets("src", "dst") + (Field("nbytes", "count"),), _copy, rules=(rule(_check_copy), ALIASING),
+             place=(5, 5))
+FILL = OpDef("fill", offsets("dst") + (Field("n", "count"), Field("value", "float")), _fill, rules=(ALIASING,), place=(5, 6))
 CAST = OpDef("cast", offsets("src", "dst") + (Field("n", "count"), Field("src_dtype", "dtype")), _cast,
-             rules=(ALIASING,))
+             rules=(ALIASING,), place=(5, 7))

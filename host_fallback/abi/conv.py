@@ -32,4 +32,4 @@ CAUSAL_CONV1D = OpDef(
     + (newer("bias", "opt_offset", None), newer("activation", "enum", "none", ACTIVATIONS),
        newer("carry_state", "bool", False), newer("state", "opt_offset", None)) + STATE_FIELDS,
     _layout, version=2, rules=(rule(_check), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True)
+    differentiable=True, place=(10, 1))

@@ -52,5 +52,5 @@ GATED_DELTA_NET = OpDef(
     + (newer("value_heads", "pos", same("heads")), newer("value_size", "pos", same("state_size")),
        newer("scale", "opt_float", None), newer("qk_l2norm", "bool", False)) + STATE_FIELDS,
     _layout, rules=(rule(_check), ALIASING), data_rules=DATA_RULES, states=("state",), differentiable=True,
-    sample=_sample)
+    sample=_sample, place=(4, 3))
 

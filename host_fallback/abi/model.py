@@ -143,8 +143,10 @@ class OpDef:
     it first); ``rules`` run in order on every thunk; ``data_rules`` check its integer tensors before it
     runs (field -> rule); ``states`` are the tensors it carries from call to call (read, then written in
     place); ``differentiable`` ops get an ``OP_backward`` (ABI.md §9), made by ``abi.backward``;
-    ``forward`` names the op a backward op differentiates; ``reserve_size(fields)`` is the least
-    ``reserve_bytes`` of an op with a saved forward (ABI.md §9.1, ``abi.reserve``; ``None``: it has none).
+    ``forward`` names the op a backward op differentiates. ``place`` is where ABI.md defines it: its section,
+    then its rank there (``(4, 3)``: §4's third op); ``ops`` orders every op by it, and messages cite the section.
+    ``reserve_size(fields)`` is the least ``reserve_bytes`` of an op with a saved forward (ABI.md §9.1,
+    ``abi.reserve``; ``None``: it has none).
     """
 
     name: str
@@ -158,7 +160,13 @@ class OpDef:
     differentiable: bool = False
     forward: str = ""
     sample: Sampler = as_drawn
+    place: tuple[int, ...] = ()
     reserve_size: Callable[[Thunk], int] | None = None
+
+    @property
+    def section(self) -> str:
+        """The section of ABI.md that defines it: ``§10``."""
+        return f"§{self.place[0]}"
 
     @cached_property
     def field_names(self) -> tuple[str, ...]:

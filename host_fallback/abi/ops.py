@@ -1,19 +1,34 @@
 """Every op of ABI.md, by name (``OPS``), and what the rest of the code asks of a thunk through it.
 
-The order of ``OPS`` is the ABI's: the forward ops of §3-§4, the body ops of §5, the scan family of
-§6, then the backward ops of §9 (generated from their forwards). A new op is one definition module
-beside this one and its line here.
+The ops are found, not listed: every ``OpDef`` at the top level of a module of this package is one. They
+are ordered by their place in ABI.md (``OpDef.place``): the forward ops of §3-§4, the body ops of §5, the
+scan family of §6, the ops of §10 on, then the backward ops of §9 (generated from their forwards, in
+their forwards' order). A new op is one definition module beside this one.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
-from . import backward, body, conv, gdn, rnn, scan, ssm
+from . import backward
 from .model import OpDef, Region, Thunk
 
-_DEFINED = (rnn.LSTM, rnn.GRU, rnn.RNN, ssm.SELECTIVE_SCAN, ssm.MAMBA2, gdn.GATED_DELTA_NET,
-            body.UNARY, body.BINARY, body.MATMUL, body.REDUCE_SUM, body.COPY, body.FILL, body.CAST,
-            scan.SCAN, scan.SCAN_BACKWARD, scan.SCAN_BACKWARD_XS, conv.CAUSAL_CONV1D)
+
+def _defined() -> tuple[OpDef, ...]:
+    """Every ``OpDef`` the package's modules define at their top level, in ABI.md's order."""
+    found: dict[str, OpDef] = {}
+    for module in pkgutil.iter_modules(importlib.import_module(__package__).__path__):
+        for value in vars(importlib.import_module(f"{__package__}.{module.name}")).values():
+            if isinstance(value, OpDef) and found.setdefault(value.name, value) is not value:
+                raise ValueError(f"op {value.name!r} is defined twice (module {module.name})")
+    for op in found.values():
+        if not op.place:
+            raise ValueError(f"op {op.name!r} has no place in ABI.md: give its OpDef place=(section, rank)")
+    return tuple(sorted(found.values(), key=lambda op: op.place))
+
+
+_DEFINED = _defined()
 
 OPS: dict[str, OpDef] = {op.name: op for op in _DEFINED}
 OPS.update({b.name: b for b in (backward.backward_of(op) for op in _DEFINED if op.differentiable)})

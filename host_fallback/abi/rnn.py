@@ -167,15 +167,16 @@ def _sample(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     return x * 0.5 if field.startswith("w_") else x  # weights of half the scale keep the gates off saturation
 
 
-def _op(op: str, biases: tuple[str, ...], check: Callable[[Thunk], None], *extra: Field) -> OpDef:
+def _op(op: str, rank: int, biases: tuple[str, ...], check: Callable[[Thunk], None], *extra: Field) -> OpDef:
+    """The recurrent op ``op``: ``rank`` is its place among §3's."""
     return OpDef(op, _fields(op, biases, *extra), _layout,
                  rules=(rule(check), reserve.rule(reserve_bytes), ALIASING, NAMED_COUNTS),
                  data_rules={"seq_lens": int_tensors.seq_lens}, states=RECURRENT_STATES[op], differentiable=True,
-                 sample=_sample, reserve_size=reserve_bytes)
+                 sample=_sample, place=(3, rank), reserve_size=reserve_bytes)
 
 
-LSTM = _op("lstm", ("bias",), check_lstm,
+LSTM = _op("lstm", 1, ("bias",), check_lstm,
            newer("peepholes", "opt_offset", None), newer("input_forget", "bool", False),
            newer("proj_size", "count", 0), newer("w_hr", "opt_offset", None))
-GRU = _op("gru", ("b_ih", "b_hh"), check_recurrent, newer("linear_before_reset", "bool", True))
-RNN = _op("rnn", ("bias",), check_recurrent, Field("relu", "bool"))
+GRU = _op("gru", 2, ("b_ih", "b_hh"), check_recurrent, newer("linear_before_reset", "bool", True))
+RNN = _op("rnn", 3, ("bias",), check_recurrent, Field("relu", "bool"))

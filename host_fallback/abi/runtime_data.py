@@ -11,14 +11,14 @@ from typing import Any, Callable, Collection, Mapping
 
 import numpy as np
 
+from . import ops  # a module, not its OPS: ``ops`` imports this package's modules (this one too) to find the ops
 from .int_tensors import INT_FIELDS
 from .model import DataError, Region
-from .ops import OPS
 
 
 def int_regions(thunk: Mapping[str, Any]) -> list[Region]:
     """The integer tensors ``thunk`` reads (none for a thunk without them)."""
-    op = OPS[thunk["op"]]
+    op = ops.OPS[thunk["op"]]
     if not op.data_rules:
         return []
     t = op.complete(thunk)
@@ -34,7 +34,7 @@ def check(thunk: Mapping[str, Any], read: Callable[[Region], np.ndarray],
     ``read(region)`` returns the region's values (any integer array of its shape); only the tensors
     named in ``fields`` are read (each rule concerns one tensor alone).
     """
-    op = OPS[thunk["op"]]
+    op = ops.OPS[thunk["op"]]
     t = op.complete(thunk)
     values = {r.field: np.asarray(read(r)).astype(np.int64).reshape(-1) for r in int_regions(t) if r.field in fields}
     for field, rule in op.data_rules.items():

@@ -174,11 +174,12 @@ SCAN = OpDef("scan", (
     Field("body", "schedule"), Field("body_input_off", "offset"), Field("body_output_off", "offset"),
     Field("outer_init_off", "offset"), Field("outer_final_off", "offset"), Field("length", "pos"),
     Field("carry_bytes", "pos"), Field("save_trajectory", "bool"), Field("xs_inputs", "xs"),
-    Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count")), _scan, rules=_RULES)
+    Field("bcast_inputs", "bcast"), Field("num_checkpoints", "count")), _scan, rules=_RULES, place=(6, 1))
 SCAN_BACKWARD = OpDef("scan_backward", _BACKWARD_FIELDS + (Field("outer_dinit_off", "offset"),), _scan_backward,
-                      rules=_RULES)
+                      rules=_RULES, place=(6, 2))
 SCAN_BACKWARD_XS = OpDef("scan_backward_xs", _BACKWARD_FIELDS + (
     Field("xs_idx", "count"), Field("body_dxs_out_off", "offset"), Field("outer_dxs_off", "offset"),
-    Field("per_step_bytes", "pos")), _scan_backward_xs, rules=_RULES)
+    Field("per_step_bytes", "pos")), _scan_backward_xs, rules=_RULES,
+                      place=(6, 3))
 #: The scan family: thunks holding nested schedules, run by a scan driver.
 SCAN_OPS = frozenset({SCAN.name, SCAN_BACKWARD.name, SCAN_BACKWARD_XS.name})

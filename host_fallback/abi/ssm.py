@@ -74,7 +74,7 @@ SELECTIVE_SCAN = OpDef(
     + (newer("groups", "pos", 1),) + _gate_fields("delta_bias", "delta_softplus") + _skip_fields()
     + CARRIED_FIELDS + STATE_FIELDS,
     _selective_scan, rules=(rule(_check_selective_scan), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("delta"))
+    differentiable=True, sample=_sampler("delta"), place=(4, 1))
 
 MAMBA2 = OpDef(
     "mamba2",
@@ -82,4 +82,4 @@ MAMBA2 = OpDef(
     + (newer("groups", "pos", same("heads")),) + _gate_fields("dt_bias", "dt_softplus")
     + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS,
     _mamba2, rules=(rule(_check_mamba2), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("dt"))
+    differentiable=True, sample=_sampler("dt"), place=(4, 2))

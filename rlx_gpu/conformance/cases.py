@@ -10,28 +10,18 @@ from typing import Any
 import numpy as np
 
 from host_fallback.abi import BACKWARD, ELEM_SIZE, INT_FIELDS, SCAN_OPS, OPS as SPECS, regions
+from host_fallback.registry import import_all
 
 from ..graph.layout import ALIGN
 from ..schedule.model import ABI_V1, ABI_V2
+from .registry import CASES
 
-#: Parameters of one small case per op (scan-family cases carry their own bodies, below).
-SMALL: dict[str, dict[str, Any]] = {
-    "lstm": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True),
-    "gru": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True),
-    "rnn": dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True, relu=False),
-    "selective_scan": dict(batch=2, seq=7, hidden=6, state_size=4),
-    "mamba2": dict(batch=2, seq=7, heads=2, head_dim=4, state_size=4),
-    "gated_delta_net": dict(batch=2, seq=7, heads=2, state_size=8, gate_per_channel=False, carry_state=True),
-    "causal_conv1d": dict(batch=2, seq=7, dim=6, width=4),
-    "unary": dict(n=37, fn="tanh"),
-    "binary": dict(fn="add", shape=[3, 5], a_strides=[5, 1], b_strides=[0, 1]),
-    "matmul": dict(batch=2, m=3, k=5, n=4, trans_a=False, trans_b=True, a_batch_stride=15, b_batch_stride=0),
-    "reduce_sum": dict(outer=3, r=4, inner=5),
-    "copy": dict(nbytes=64),
-    "fill": dict(n=17, value=1.5),
-    "cast": dict(n=17, src_dtype="f32"),
-}
-SMALL.update({backward: SMALL[forward] for backward, forward in BACKWARD.items()})  # a backward op: its forward's
+import_all(__package__, "reference")  # the reference modules declare their ops' cases (``registry.declare_cases``)
+
+#: Parameters of one small case per op, as its reference module declares it (``registry.declare_cases``); a
+#: backward op's is its forward's. The scan family's cases carry their own bodies (below).
+SMALL: dict[str, dict[str, Any]] = {op: dict(CASES[op].small) for op in SPECS if op in CASES and CASES[op].small}
+SMALL.update({backward: SMALL[forward] for backward, forward in BACKWARD.items()})
 
 
 def _body(dtype: str, carry_n: int) -> dict[str, Any]:

@@ -13,9 +13,8 @@ from typing import Any, Iterable, Mapping
 from host_fallback.abi import BACKWARD, DTYPES, OPTIONAL_INPUTS, SCAN_OPS, Field, OPS as SPECS, gradient, used
 
 from .cases import SMALL
-from .catalog_thunks import CAUSAL, THUNKS
 from .combined import combined
-from .references import BINARY, REFERENCES, UNARY, V2_FIELDS
+from .references import BINARY, CASES, REFERENCES, UNARY, V2_FIELDS
 
 
 @dataclass(frozen=True)
@@ -85,52 +84,30 @@ def _flags(params: Mapping[str, Any], options: Mapping[str, Any]) -> str:
     return ".".join(flags + [str(v) for v in options.values()])
 
 
-#: (op, params, run options, large) of the per-dtype thunk cases
+#: (op, params, run options, large) of the per-dtype thunk cases, as each op's reference module declares them
+THUNKS = [(op, *case) for op in SPECS if op in CASES for case in CASES[op].thunks]
+#: (op, params, field, step, value) of the causality cases: one NaN or Inf at ``step`` of batch row 0 must reach
+#: that row's outputs from that step on and nothing else (NaN and signed Inf positions compared with the float64
+#: reference and the host)
+CAUSAL = [(op, *case) for op in SPECS if op in CASES for case in CASES[op].causal]
+#: (op, params, field, label) of the run-time data cases: an integer tensor outside its rule (ABI.md §8)
+#: must be refused with a RunError naming the field, leaving the arena as it was.
+REFUSED = [(op, *case) for op in SPECS if op in CASES for case in CASES[op].refused]
+#: (op, save_trajectory, num_checkpoints) of the scan-family cases (length ``SCAN_LENGTH``, the ``carry + x`` body)
 SCANS = [("scan", True, 0), ("scan", False, 0), ("scan_backward", True, 2), ("scan_backward_xs", False, 3)]
 SCAN_LENGTH = 5
 NAN_INF_DTYPES = ("f32", "bf16")
 #: The dtypes of the cases ``optional_field_cases`` adds: a 32-bit and a 16-bit storage.
 OPTIONAL_DTYPES = ("f32", "bf16")
+CASES.exempt(SCAN_OPS, "the catalog makes the scan family's cases (SCANS) over cases.scan_case's body")
 
 
-_CARRIED = {"carry_state": True, "state": True}
-_SLOTS = {"state_slots": [2, 0], "num_slots": 3}
-_PACKED = {"batch": 1, "cu_seqlens": [0, 3, 3, 7], "num_seqs": 3}  # three sequences of the small cases' seq 7, one empty
 #: (op, field) -> the params that give the op's small case (``cases.SMALL``) the version-2 ``field``
 #: (ABI.md §8), with what the field needs beside it; a field not listed is a flag or a tensor: ``True``.
 #: The "present" case of state_dtype / param_dtype is f32, which means the default for an f32 thunk.
 PRESENT: dict[tuple[str, str], dict[str, Any]] = {
-    **{(op, f): dict(params) for op in ("selective_scan", "mamba2") for f, params in {
-        "carry_state": _CARRIED, "state": _CARRIED, "param_dtype": {"param_dtype": "f32"},
-        "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
-        "state_slots": {**_CARRIED, **_SLOTS}, "num_slots": {**_CARRIED, **_SLOTS}}.items()},
-    ("selective_scan", "groups"): {"groups": 2},
-    ("mamba2", "groups"): {"groups": 1},
-    ("mamba2", "dt_limit"): {"dt_limit": [0.05, 0.5]},
-    ("gated_delta_net", "value_heads"): {"value_heads": 4},
-    ("gated_delta_net", "value_size"): {"value_size": 6},
-    ("gated_delta_net", "scale"): {"scale": 0.5},
-    ("gated_delta_net", "state_dtype"): {"state_dtype": "f32"},
-    ("gated_delta_net", "cu_seqlens"): _PACKED,
-    ("gated_delta_net", "num_seqs"): _PACKED,
-    ("gated_delta_net", "state_slots"): _SLOTS,
-    ("gated_delta_net", "num_slots"): _SLOTS,
-    **{(op, f): params for op in ("lstm", "gru", "rnn") for f, params in {
-        "seq_lens": {"seq_lens": [5, 2]}, "reverse": {"reverse": True, "bidirectional": False},
-        "clip": {"clip": 0.5}}.items()},
-    ("lstm", "activations"): {"activations": [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0]] * 2},
-    ("gru", "activations"): {"activations": [["leaky_relu", 0.01, 0.0], ["scaled_tanh", 1.5, 0.7]] * 2},
-    ("rnn", "activations"): {"activations": [["softplus", 0.0, 0.0], ["thresholded_relu", 0.1, 0.0]]},
-    ("lstm", "proj_size"): {"proj_size": 3, "w_hr": True},
-    ("lstm", "w_hr"): {"proj_size": 3, "w_hr": True},
-    ("gru", "linear_before_reset"): {"linear_before_reset": False},
-    **{(op, f): {"reserve": True, "reserve_bytes": SPECS[op].reserve_size({"op": op, "dtype": "f64", **SMALL[op]})}
-       for op in ("lstm", "gru", "rnn") for f in ("reserve", "reserve_bytes")},  # f64's: enough for every dtype
-    **{("causal_conv1d", f): params for f, params in {
-        "activation": {"activation": "silu"}, "carry_state": _CARRIED, "state": _CARRIED,
-        "state_dtype": {**_CARRIED, "state_dtype": "f32"}, "cu_seqlens": _PACKED, "num_seqs": _PACKED,
-        "state_slots": {**_CARRIED, **_SLOTS}, "num_slots": {**_CARRIED, **_SLOTS}}.items()},
-}
+    (op, f): dict(params) for op in SPECS if op in CASES and op not in BACKWARD
+    for f, params in CASES[op].present.items()}
 
 
 def _with_gradients(forward: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -138,30 +115,16 @@ def _with_gradients(forward: str, params: dict[str, Any]) -> dict[str, Any]:
     return {**params, **{gradient(name): True for name in OPTIONAL_INPUTS[forward] if params.get(name)}}
 
 
-# a backward op's field is present as its forward's is; an optional input and its gradient come together
+# a backward op's field is present as its forward's is (unless it declares its own); an optional input and its
+# gradient come together
 for _backward_op, _forward_op in BACKWARD.items():
     PRESENT.update({(_backward_op, f): _with_gradients(_forward_op, p) for (op, f), p in list(PRESENT.items())
                     if op == _forward_op})
     for _name in OPTIONAL_INPUTS[_forward_op]:
         _given = _with_gradients(_forward_op, PRESENT.get((_forward_op, _name), {_name: True}))
         PRESENT[(_backward_op, _name)] = PRESENT[(_backward_op, gradient(_name))] = _given
-# gates that keep the update a convex blend (z in [0, 1]): leaky_relu driving r and z compounds over the steps
-# past what a 16-bit thunk's f32 holds, and the backward multiplies those values again
-PRESENT[("gru_backward", "activations")] = {"activations": [["hard_sigmoid", 0.2, 0.5], ["leaky_relu", 0.01, 0.0]] * 2}
-
-
-#: (op, params, field, label) of the run-time data cases: an integer tensor outside its rule (ABI.md §8)
-#: must be refused with a RunError naming the field, leaving the arena as it was.
-REFUSED: list[tuple[str, dict[str, Any], str, str]] = [
-    ("mamba2", {**_PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
-    ("selective_scan", {**_PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq"),
-    ("gated_delta_net", {**_PACKED, "cu_seqlens": [1, 3, 3, 7]}, "cu_seqlens", "first_not_0"),
-    ("gated_delta_net", {"state_slots": [1, 1], "num_slots": 3}, "state_slots", "used_twice"),
-    ("mamba2", {**_CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool"),
-    ("lstm", {"seq_lens": [6, 2]}, "seq_lens", "past_seq"),
-    ("gru", {"seq_lens": [3, -1]}, "seq_lens", "negative"),
-    ("rnn", {"seq_lens": [-5, 0]}, "seq_lens", "negative"),
-]
+    if _backward_op in CASES:
+        PRESENT.update({(_backward_op, f): dict(params) for f, params in CASES[_backward_op].present.items()})
 
 
 def present(op: str, field: Field) -> dict[str, Any]:

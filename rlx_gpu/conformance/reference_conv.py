@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .registry import Load, reference
+from .registry import CARRIED, PACKED, SLOTS, Load, declare_cases, reference
 
 #: The optional fields of §10 these references implement (all of them).
 FIELDS = frozenset({"bias", "activation", "carry_state", "state", "state_dtype", "cu_seqlens", "num_seqs",
@@ -124,3 +124,31 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     """``{field: float64}`` of every tensor a ``causal_conv1d_backward`` thunk ``t`` (completed) writes."""
     extra = {"d_state": load("d_state")} if t["carry_state"] else {}
     return causal_conv1d_backward(load("x"), load("weight"), load("d_dst"), **_fields(t, load), **extra)
+
+
+def _conv(b: int, s: int, dim: int, width: int, carry_state: bool = True, **v2: Any) -> dict:
+    """A causal_conv1d case, its state carried unless told (a backward op's case adds ``d_state``)."""
+    carried = dict(carry_state=True, state=True) if carry_state else {}
+    return dict(batch=b, seq=s, dim=dim, width=width, **carried, **v2)
+
+
+# widths 2..8 sampled; packed sequences with empty ones and ones shorter than width-1 through slots (the carried
+# values then stay in the window); a decode step into slots; two chunks of the cpu target's 256 tokens; the
+# backward likewise (d_weight summed over chunks, rows and sequences)
+declare_cases("causal_conv1d", small=dict(batch=2, seq=7, dim=6, width=4), thunks=[
+    (_conv(2, 5, 3, 2), {}, False),
+    (_conv(1, 12, 5, 3, cu_seqlens=[0, 1, 1, 9, 12], state_slots=[3, 0, 4, 1], num_slots=5, bias=True,
+           activation="silu"), {}, False),
+    (_conv(1, 10, 4, 8, cu_seqlens=[0, 2, 2, 10], state_slots=[1, 2, 0], num_slots=3), {}, False),
+    (_conv(3, 1, 6, 4, state_slots=[2, 0, 4], num_slots=5, bias=True), {}, False),
+    (_conv(2, 300, 3, 5, bias=True, activation="silu", carry_state=False), {}, False),
+], present={"activation": {"activation": "silu"}, "carry_state": CARRIED, "state": CARRIED,
+            "state_dtype": {**CARRIED, "state_dtype": "f32"}, "cu_seqlens": PACKED, "num_seqs": PACKED,
+            "state_slots": {**CARRIED, **SLOTS}, "num_slots": {**CARRIED, **SLOTS}})
+declare_cases("causal_conv1d_backward", thunks=[
+    (_conv(2, 9, 3, 7, bias=True, d_bias=True, carry_state=False), {}, False),
+    (_conv(1, 12, 5, 4, cu_seqlens=[0, 2, 2, 9, 12], state_slots=[3, 0, 4, 1], num_slots=5, bias=True, d_bias=True,
+           activation="silu", d_state=True), {}, False),
+    (_conv(2, 1, 4, 3, state_slots=[1, 0], num_slots=2, d_state=True), {}, False),
+    (_conv(1, 300, 3, 6, activation="silu", d_state=True), {}, False),
+])

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .registry import register
+from .reference_ssm import _gdn
+from .registry import declare_cases, register
 
 Load = Callable[[str], np.ndarray]
 
@@ -107,3 +108,16 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 
 
 register(V2_FIELDS.keys(), backward, V2_FIELDS)
+
+# both gate kinds on the host's step path (decode) and in one partial chunk, then three chunks of 32 (the last
+# partial) with grouped value heads, K != V and L2-norm, and a packed row through slots. Causality: in one short
+# chunk, and in the second of two chunks (both gate kinds).
+declare_cases("gated_delta_net_backward", thunks=[
+    (_gdn(2, 2, 2, 8, False, True), {}, False),
+    (_gdn(1, 1, 2, 5, True, False), {}, False),
+    (_gdn(2, 5, 2, 8, True, True), {}, False),
+    (_gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True), {}, False),
+    (_gdn(1, 40, 1, 8, False, True, cu_seqlens=[0, 15, 15, 40], state_slots=[1, 2, 0], num_slots=3, scale=0.4),
+     {}, False),
+], causal=[(_gdn(2, 9, 2, 8, False, True), "d_dst", 5, float("nan")),
+           (_gdn(2, 40, 1, 8, True, True, value_heads=2), "d_dst", 35, float("nan"))])

@@ -13,7 +13,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .registry import register
+from .reference_ssm import _mamba2
+from .registry import declare_cases, register
 
 Load = Callable[[str], np.ndarray]
 
@@ -118,3 +119,14 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 
 
 register(V2_FIELDS.keys(), backward, V2_FIELDS)
+
+# the host's step path (seq <= 10); then chunked (chunks of 64, the last partial) with every version-2 field at
+# once, packed sequences (one empty, one starting inside the second chunk) through slots. Causality: a NaN
+# gradient reaches only earlier steps, in the host's second chunk of 64 steps too.
+declare_cases("mamba2_backward", thunks=[
+    (_mamba2(2, 9, 2, 3, 8), {}, False),
+    (dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1],
+          num_slots=5, carry_state=True, state=True, d_state=True, dt_bias=True, d_dt_bias=True, dt_softplus=True,
+          dt_limit=[0.0, None], d=True, d_d=True, z=True, d_z=True), {}, False),
+    (_mamba2(2, 150, 2, 17, 20), {}, True),
+], causal=[(_mamba2(2, 9, 2, 3, 8), "d_dst", 5, float("nan")), (_mamba2(2, 80, 1, 2, 4), "d_dst", 70, float("nan"))])

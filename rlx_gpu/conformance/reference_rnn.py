@@ -1,13 +1,15 @@
 """Float64 reference for lstm, gru and rnn, written straight from ABI.md §3 and §8 (no host_fallback code).
 
 Deliberately plain: one batch row and one step at a time, gates in the ABI's order, every activation
-as §8 writes it, sigmoid as 1/(1+e^-z).
+as §8 writes it, sigmoid as 1/(1+e^-z). The ops' conformance shapes are declared at the end.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from .registry import declare_cases
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 #: Activation slots per direction (lstm f g h, gru f g, rnn f).
@@ -135,3 +137,70 @@ def reference(op: str, x: np.ndarray, w_ih: np.ndarray, w_hh: np.ndarray, biases
                 h_fin[ld, row], c_fin[ld, row] = h, c
         layer_in = out
     return layer_in, h_fin, (c_fin if op == "lstm" else None)
+
+
+def _recurrent(op: str, b: int, s: int, i: int, h: int, layers: int, bidir: bool, carry: bool, relu: bool = False) -> dict:
+    params = dict(batch=b, seq=s, input_size=i, hidden=h, num_layers=layers, bidirectional=bidir, carry=carry)
+    return dict(params, relu=relu) if op == "rnn" else params
+
+
+NAN, INF = float("nan"), float("inf")
+#: The params giving each op's small case a version-2 field they all have.
+#: A saved forward (ABI.md §9.1) of 32 KiB: more than any of the three needs at its small shape in any dtype
+#: (rlx_gpu.reserve_bytes: lstm's f64 16640 bytes); the footprint is what is given.
+_RESERVE = {"reserve": True, "reserve_bytes": 1 << 15}
+_PRESENT = {"seq_lens": {"seq_lens": [5, 2]}, "reverse": {"reverse": True, "bidirectional": False},
+            "clip": {"clip": 0.5}, "reserve": _RESERVE, "reserve_bytes": _RESERVE}
+# each op through both kernels (persistent: layers > 0 read their input from scratch); a decode step (seq 1,
+# state carried) as the kernel choice of each target makes it; version 2 (ABI.md §8): every field of the op at
+# once, seq 20 (past the host's decode path), a row that never runs and one that runs to the end; decode
+# (seq 1) with a row of length 0. Causality: an Inf at a step; with lengths, a NaN inside row 0's length
+# reaches its steps, one in its padding nothing.
+declare_cases(
+    "lstm", small=_recurrent("lstm", 2, 5, 3, 4, 2, True, True),
+    thunks=[
+        (_recurrent("lstm", 2, 5, 3, 4, 2, True, True), {"rnn_kernel": "persistent"}, False),
+        (_recurrent("lstm", 2, 5, 3, 4, 2, True, True), {"rnn_kernel": "step"}, False),
+        (_recurrent("lstm", 1, 1, 7, 20, 1, False, True), {}, False),
+        (dict(_recurrent("lstm", 3, 20, 3, 5, 2, True, True), seq_lens=[20, 0, 7], peepholes=True,
+              input_forget=True, clip=0.5, proj_size=3, w_hr=True,
+              activations=[["hard_sigmoid", 0.2, 0.5], ["tanh", 0.0, 0.0], ["softsign", 0.0, 0.0]] * 2), {}, False),
+        (dict(_recurrent("lstm", 2, 1, 7, 20, 1, False, True), seq_lens=[1, 0], clip=1.0), {}, False),
+        (_recurrent("lstm", 3, 16, 24, 40, 2, True, True), {"rnn_kernel": "persistent"}, True),
+    ],
+    causal=[
+        (_recurrent("lstm", 2, 5, 3, 4, 1, True, True), "x", 2, INF),
+        (dict(_recurrent("lstm", 2, 5, 3, 4, 1, True, True), seq_lens=[4, 5]), "x", 2, NAN),
+    ],
+    present={**_PRESENT,
+             "activations": {"activations": [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0]] * 2},
+             "proj_size": {"proj_size": 3, "w_hr": True}, "w_hr": {"proj_size": 3, "w_hr": True}},
+    refused=[({"seq_lens": [6, 2]}, "seq_lens", "past_seq")])
+declare_cases(
+    "gru", small=_recurrent("gru", 2, 5, 3, 4, 2, True, True), refused=[({"seq_lens": [3, -1]}, "seq_lens", "negative")],
+    thunks=[
+        (_recurrent("gru", 2, 4, 3, 5, 2, True, True), {"rnn_kernel": "persistent"}, False),
+        (_recurrent("gru", 1, 3, 2, 6, 1, False, False), {"rnn_kernel": "step"}, False),
+        (_recurrent("gru", 2, 1, 7, 20, 1, False, True), {}, False),
+        (dict(_recurrent("gru", 3, 20, 3, 5, 2, True, True), seq_lens=[3, 20, 0], linear_before_reset=False,
+              clip=0.5, activations=[["sigmoid", 0.0, 0.0], ["elu", 1.0, 0.0], ["hard_sigmoid", 0.2, 0.5],
+                                     ["tanh", 0.0, 0.0]]), {}, False),
+        (_recurrent("gru", 2, 12, 16, 33, 1, True, False), {"rnn_kernel": "step"}, True),
+    ],
+    causal=[
+        (_recurrent("gru", 2, 5, 3, 4, 1, True, False), "x", 2, -INF),
+        (dict(_recurrent("gru", 2, 5, 3, 4, 1, True, True), seq_lens=[2, 5]), "x", 3, NAN),
+    ],
+    present={**_PRESENT, "activations": {"activations": [["leaky_relu", 0.01, 0.0], ["scaled_tanh", 1.5, 0.7]] * 2},
+             "linear_before_reset": {"linear_before_reset": False}})
+declare_cases(
+    "rnn", small=_recurrent("rnn", 2, 5, 3, 4, 2, True, True),
+    thunks=[
+        (_recurrent("rnn", 2, 4, 3, 5, 1, True, True, relu=True), {"rnn_kernel": "persistent"}, False),
+        (_recurrent("rnn", 2, 4, 3, 5, 2, False, False), {"rnn_kernel": "step"}, False),
+        (dict(_recurrent("rnn", 2, 20, 3, 5, 2, False, True), reverse=True, seq_lens=[20, 4],
+              activations=[["scaled_tanh", 1.5, 0.7]]), {}, False),
+    ],
+    causal=[(_recurrent("rnn", 2, 5, 3, 4, 1, False, True, relu=True), "x", 2, INF)],
+    present={**_PRESENT, "activations": {"activations": [["softplus", 0.0, 0.0], ["thresholded_relu", 0.1, 0.0]]}},
+    refused=[({"seq_lens": [-5, 0]}, "seq_lens", "negative")])

@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .registry import register
+from .reference_rnn import _recurrent
+from .registry import declare_cases, register
 
 Load = Callable[[str], np.ndarray]
 Fn = Callable[[np.ndarray, float, float], np.ndarray]
@@ -301,3 +302,16 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 
 
 register(V2_FIELDS.keys(), backward, V2_FIELDS)
+
+# layers and directions, with and without the carried state's gradient; a NaN gradient at one step reaches only
+# that row's earlier steps' inputs (and every weight gradient, which sums over rows and steps)
+declare_cases("lstm_backward", thunks=[(_recurrent("lstm", 2, 4, 3, 5, 2, True, True), {}, False),
+                                       (_recurrent("lstm", 3, 16, 24, 40, 2, True, True), {}, True)],
+              causal=[(_recurrent("lstm", 2, 5, 3, 4, 1, False, True), "d_dst", 2, float("nan"))])
+# gates that keep the update a convex blend (z in [0, 1]): leaky_relu driving r and z compounds over the steps
+# past what a 16-bit thunk's f32 holds, and the backward multiplies those values again
+declare_cases("gru_backward", thunks=[(_recurrent("gru", 2, 4, 3, 5, 2, True, False), {}, False)],
+              causal=[(_recurrent("gru", 2, 5, 3, 4, 2, False, False), "d_dst", 2, float("nan"))],
+              present={"activations": {"activations": [["hard_sigmoid", 0.2, 0.5], ["leaky_relu", 0.01, 0.0]] * 2}})
+declare_cases("rnn_backward", thunks=[(_recurrent("rnn", 2, 4, 3, 5, 1, False, True, relu=True), {}, False)],
+              causal=[(_recurrent("rnn", 2, 5, 3, 4, 1, False, True), "d_dst", 2, float("nan"))])

@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .reference_ssm import _rows, softplus
-from .registry import register
+from .reference_ssm import _rows, _ssm, softplus
+from .registry import declare_cases, register
 
 Load = Callable[[str], np.ndarray]
 
@@ -97,3 +97,14 @@ def backward(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
 
 
 register(V2_FIELDS.keys(), backward, V2_FIELDS)
+
+# one host chunk (32 steps), then three (the last partial); every version-2 field at once over packed sequences
+# (one empty, two starting inside a chunk) through state slots. Causality: in the second host chunk of 32 steps.
+declare_cases("selective_scan_backward", thunks=[
+    (_ssm(2, 5, 5, 4), {}, False),
+    (_ssm(2, 70, 5, 3), {}, False),
+    (dict(_ssm(1, 70, 4, 3), groups=2, cu_seqlens=[0, 20, 20, 45, 70], state_slots=[3, 0, 4, 1], num_slots=5,
+          carry_state=True, state=True, d_state=True, delta_bias=True, d_delta_bias=True, delta_softplus=True, d=True,
+          d_d=True, z=True, d_z=True), {}, False),
+    (_ssm(2, 130, 8, 16), {}, True),
+], causal=[(_ssm(2, 40, 3, 4), "d_dst", 35, float("nan"))])

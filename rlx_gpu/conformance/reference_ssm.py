@@ -2,11 +2,15 @@
 
 Deliberately plain: one batch row and one head at a time, one step at a time, no chunking and no
 shared code with ``host_fallback``. Inputs are any float arrays (rounded storage values are
-passed as they are stored); results are float64.
+passed as they are stored); results are float64. The ops' conformance shapes are declared at the end.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from .registry import CARRIED, PACKED, SLOTS, declare_cases
 
 
 #: op -> the version-2 fields (ABI.md §8) these references implement (gated_delta_net's below).
@@ -200,3 +204,126 @@ def read(thunk, arena, field: str) -> np.ndarray:
 
     region = next(r for r in regions(thunk) if r.field == field)
     return view(arena, region.offset, region.dtype, region.shape).astype(np.float64)
+
+
+def _ssm(b: int, s: int, h: int, n: int) -> dict:
+    return dict(batch=b, seq=s, hidden=h, state_size=n)
+
+
+def _mamba2(b: int, s: int, heads: int, p: int, n: int) -> dict:
+    return dict(batch=b, seq=s, heads=heads, head_dim=p, state_size=n)
+
+
+def _gdn(b: int, s: int, heads: int, n: int, per_channel: bool, carry: bool, **v2: Any) -> dict:
+    """A gated_delta_net case; ``v2`` adds ABI.md §8 fields (``state=True`` is implied by ``carry``)."""
+    return dict(batch=b, seq=s, heads=heads, state_size=n, gate_per_channel=per_channel, carry_state=carry, **v2)
+
+
+NAN, INF = float("nan"), float("inf")
+#: The params giving selective_scan's and mamba2's small cases the version-2 fields they share.
+_PRESENT = {"carry_state": CARRIED, "state": CARRIED, "param_dtype": {"param_dtype": "f32"},
+            "state_dtype": {**CARRIED, "state_dtype": "f32"}, "cu_seqlens": PACKED, "num_seqs": PACKED,
+            "state_slots": {**CARRIED, **SLOTS}, "num_slots": {**CARRIED, **SLOTS}}
+# Thunk cases: state_size 16 (the fixed-width register path of ssm.cl) and the gpu target's state-size variants
+# 32..256 and decode (seq 1); seq >= 64 runs chunked on the gpu target (selective_scan: chunks of 256 steps, 300
+# takes two; mamba2: chunks of 64, 70 takes two, one partial); every version-2 field at once: packed sequences
+# (one empty, one starting inside the second chunk of either target) through state slots, grouped b/c, the
+# delta/dt knobs, d and z; a decode step of each through slots (rows 2 of a pool of 3) with d and z.
+# Causality: a NaN in the second chunk (gpu target); version 2: the gate reaches only its own step; a packed
+# sequence after a poisoned one starts clean, in the chunk they share too (mamba2: 68 starts inside the second
+# chunk of 64, selective_scan: 260 inside the second of 256); an Inf: every device keeps the ABI's operation
+# order on the step forms, so NaN and each signed Inf land alike (the gpu target's chunked forms may differ in
+# the class, see the ABI's non-finite rule).
+declare_cases(
+    "selective_scan", small=_ssm(2, 7, 6, 4),
+    thunks=[
+        (_ssm(2, 5, 5, 4), {}, False),
+        (_ssm(2, 9, 7, 16), {}, False),
+        (_ssm(1, 3, 3, 32), {}, False),
+        (_ssm(1, 2, 2, 200), {}, False),
+        (_ssm(2, 300, 5, 3), {}, False),
+        (dict(_ssm(1, 300, 4, 3), groups=2, cu_seqlens=[0, 40, 40, 270, 300], state_slots=[3, 0, 4, 1],
+              num_slots=5, carry_state=True, state=True, delta_bias=True, delta_softplus=True, d=True,
+              z=True), {}, False),
+        (dict(_ssm(2, 1, 5, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+              d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
+        (_ssm(2, 24, 16, 256), {}, True),
+    ],
+    causal=[
+        (_ssm(2, 9, 3, 16), "x", 5, NAN),
+        (_ssm(2, 300, 3, 4), "x", 270, NAN),
+        (dict(_ssm(2, 10, 3, 16), z=True, d=True), "z", 5, NAN),  # seq 10: an id of its own
+        (dict(_ssm(1, 300, 3, 4), cu_seqlens=[0, 100, 260, 300], carry_state=True, state=True), "x", 150, NAN),
+        (_ssm(2, 9, 3, 16), "x", 5, INF),
+        (_ssm(2, 300, 3, 4), "delta", 270, -INF),
+    ],
+    present={**_PRESENT, "groups": {"groups": 2}},
+    refused=[({**PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq")])
+declare_cases(
+    "mamba2", small=_mamba2(2, 7, 2, 4, 4),
+    thunks=[
+        (_mamba2(2, 4, 3, 4, 6), {}, False),
+        (_mamba2(1, 3, 2, 3, 64), {}, False),
+        (_mamba2(1, 70, 1, 3, 4), {}, False),
+        (dict(_mamba2(1, 150, 4, 3, 4), groups=2, cu_seqlens=[0, 20, 20, 100, 150], state_slots=[3, 0, 4, 1],
+              num_slots=5, carry_state=True, state=True, dt_bias=True, dt_softplus=True, dt_limit=[0.0, None],
+              d=True, z=True), {}, False),
+        (dict(_mamba2(2, 1, 3, 4, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
+              d=True, z=True, dt_bias=True, dt_softplus=True), {}, False),
+        (_mamba2(1, 20, 2, 16, 64), {}, True),
+        (_mamba2(2, 150, 2, 17, 20), {}, True),  # gpu target: three chunks, two tiles of 16 rows
+    ],
+    causal=[
+        (_mamba2(2, 9, 2, 3, 8), "x", 5, NAN),
+        (_mamba2(2, 80, 1, 2, 4), "x", 70, NAN),
+        (dict(_mamba2(2, 10, 2, 3, 8), z=True), "z", 5, -INF),
+        # (a NaN: past an Inf in dt the gpu target's chunked sums may give NaN where the step order gives ±Inf)
+        (dict(_mamba2(1, 80, 1, 2, 4), cu_seqlens=[0, 30, 68, 80], dt_bias=True, dt_softplus=True), "dt", 40,
+         NAN),
+        (_mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
+    ],
+    present={**_PRESENT, "groups": {"groups": 1}, "dt_limit": {"dt_limit": [0.05, 0.5]}},
+    refused=[({**PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
+             ({**CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool")])
+# Thunk cases: chunked (host L=32, gpu 64) with both gate kinds, three chunks (20 is no multiple of a tile),
+# the cpu target's decode step kernel (one work-item per 32 value columns, the last one partial); version 2:
+# grouped value heads with K != V, L2-norm and a scale over packed sequences whose starts fall inside chunks
+# (one empty), per-channel gates; then a decode step of three rows into slots. Causality: in the second chunk
+# of 64 steps (gpu target) one value column, every column from a key or a gate; an Inf; packed sequences: a
+# NaN in one sequence reaches no other (in the first, and mid-chunk in the last).
+declare_cases(
+    "gated_delta_net", small=_gdn(2, 7, 2, 8, False, True),
+    thunks=[
+        (_gdn(2, 4, 2, 8, False, True), {}, False),
+        (_gdn(1, 3, 2, 5, True, False), {}, False),
+        (_gdn(1, 70, 2, 16, True, True), {}, False),
+        (_gdn(2, 130, 1, 20, False, False), {}, False),
+        (_gdn(1, 2, 1, 128, True, True), {}, False),
+        (_gdn(3, 1, 2, 8, False, True), {}, False),
+        (_gdn(2, 1, 3, 40, True, True), {}, False),
+        (_gdn(1, 1, 2, 70, False, False), {}, False),
+        (_gdn(1, 70, 2, 16, True, True, value_heads=4, value_size=12, qk_l2norm=True, scale=0.3,
+              cu_seqlens=[0, 20, 20, 45, 70]), {}, False),
+        (_gdn(1, 9, 1, 8, False, False, value_heads=3, cu_seqlens=[0, 4, 9]), {}, False),
+        (_gdn(3, 1, 2, 8, False, True, value_heads=4, value_size=6, state_slots=[4, 0, 2], num_slots=5), {}, False),
+        (_gdn(1, 16, 2, 256, True, True), {}, True),
+        (_gdn(2, 24, 3, 64, False, False), {}, True),
+        (_gdn(1, 100, 1, 256, True, True), {}, True),  # gpu target: chunked, the largest state
+    ],
+    causal=[
+        (_gdn(2, 9, 2, 8, False, True), "v", 5, NAN),
+        (_gdn(2, 9, 2, 8, True, False), "v", 5, NAN),
+        (_gdn(2, 80, 2, 8, False, True), "v", 70, NAN),
+        (_gdn(2, 80, 1, 8, True, True), "k", 70, NAN),
+        (_gdn(1, 140, 2, 8, False, False), "g", 100, NAN),
+        (_gdn(2, 9, 2, 8, False, True), "v", 5, INF),
+        (_gdn(2, 9, 2, 8, True, False), "beta", 5, -INF),
+        (_gdn(2, 1, 3, 40, True, True), "k", 0, INF),  # the cpu target's decode step kernel
+        (_gdn(1, 80, 1, 8, False, True, value_heads=2, cu_seqlens=[0, 30, 30, 80]), "v", 5, NAN),
+        (_gdn(1, 80, 2, 8, True, True, value_heads=4, value_size=5, cu_seqlens=[0, 30, 30, 80]), "k", 70, NAN),
+    ],
+    present={"value_heads": {"value_heads": 4}, "value_size": {"value_size": 6}, "scale": {"scale": 0.5},
+             "state_dtype": {"state_dtype": "f32"}, "cu_seqlens": PACKED, "num_seqs": PACKED,
+             "state_slots": SLOTS, "num_slots": SLOTS},
+    refused=[({**PACKED, "cu_seqlens": [1, 3, 3, 7]}, "cu_seqlens", "first_not_0"),
+             ({"state_slots": [1, 1], "num_slots": 3}, "state_slots", "used_twice")])

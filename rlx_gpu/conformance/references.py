@@ -14,7 +14,7 @@ from host_fallback.registry import import_all
 
 from . import reference_rnn, reference_ssm
 from .reference_rnn import sigmoid
-from .registry import REFERENCES, V2_FIELDS, Load, reference
+from .registry import CASES, REFERENCES, V2_FIELDS, Load, declare_cases, reference
 
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp, "log": np.log, "tanh": np.tanh, "sigmoid": sigmoid, "relu": lambda x: np.maximum(x, 0),
@@ -116,8 +116,27 @@ def cast(t: Mapping[str, Any], load: Load) -> dict[str, np.ndarray]:
     return {"dst": load("src")}
 
 
+def _matmul(batch: int, m: int, k: int, n: int, ta: bool, tb: bool, sa: int, sb: int) -> dict:
+    return dict(batch=batch, m=m, k=k, n=n, trans_a=ta, trans_b=tb, a_batch_stride=sa, b_batch_stride=sb)
+
+
+# the body ops' shapes (every unary and binary function too; the catalog adds their NaN/Inf cases and the cast
+# matrix)
+declare_cases("unary", small=dict(n=37, fn="tanh"), thunks=[(dict(fn=fn, n=67), {}, False) for fn in UNARY])
+declare_cases("binary", small=dict(fn="add", shape=[3, 5], a_strides=[5, 1], b_strides=[0, 1]), thunks=[
+    (dict(fn="add", shape=[2, 3, 4], a_strides=[12, 4, 1], b_strides=[0, 1, 0]), {}, False),
+    *[(dict(fn=fn, shape=[3, 1, 5], a_strides=[5, 0, 1], b_strides=[0, 0, 1]), {}, False) for fn in BINARY]])
+declare_cases("matmul", small=_matmul(2, 3, 5, 4, False, True, 15, 0), thunks=[
+    (_matmul(2, 5, 7, 3, False, False, 35, 0), {}, False),
+    (_matmul(2, 17, 18, 19, True, True, 306, 342), {}, False),
+    (_matmul(3, 70, 65, 33, False, True, 70 * 65, 0), {}, True)])
+declare_cases("reduce_sum", small=dict(outer=3, r=4, inner=5), thunks=[(dict(outer=3, r=5, inner=7), {}, False)])
+declare_cases("copy", small=dict(nbytes=64), thunks=[(dict(nbytes=37), {}, False)])
+declare_cases("fill", small=dict(n=17, value=1.5), thunks=[(dict(n=9, value=1.5), {}, False)])
+declare_cases("cast", small=dict(n=17, src_dtype="f32"))
+
 import_all(__package__, "reference_")  # the other ops' references register themselves on import
 REFERENCES.exempt("copy", "it moves bytes, which the runner compares exactly")
 REFERENCES.exempt(SCAN_OPS, "the runner checks the scan family against scan_cell's float64 recurrence of its body")
 
-__all__ = ["REFERENCES", "V2_FIELDS", "UNARY", "BINARY", "Load"]
+__all__ = ["CASES", "REFERENCES", "V2_FIELDS", "UNARY", "BINARY", "Load"]

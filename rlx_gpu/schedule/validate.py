@@ -164,7 +164,7 @@ def _thunk_fields(here: Where, index: int, op: str, raw: Mapping, ctx: _Context)
     """The thunk checked field by field, then by its op's rules in their order (``OpDef.rules``)."""
     spec: OpDef = OPS[op]
     if ctx.abi == ABI_V1 and spec.version > 1:
-        raise here.fail("op", f"{op} is an op of rlx-thunks/2 (ABI.md §9); this schedule is labelled {ABI_V1!r}: "
+        raise here.fail("op", f"{op} is an op of rlx-thunks/2 (ABI.md {spec.section}); this schedule is labelled {ABI_V1!r}: "
                               "label it 'rlx-thunks/2' to use it")
     dtype = raw.get("dtype")
     if not isinstance(dtype, str) or dtype not in spec.dtypes:

@@ -14,10 +14,11 @@ from typing import Any
 import torch
 
 from .arguments import check_state_batch_indices
-from .fused import CALLS, cast
+from .fused import FusedOp, cast, define_fused
 from .registry import FUNCTIONS
 
-_CAUSAL_CONV1D = CALLS["causal_conv1d"]
+_CAUSAL_CONV1D = define_fused(FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"),
+                                      (("activation", "str?"),), "x"))
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 

@@ -1,6 +1,6 @@
-"""The state-space and linear-attention ops and the short convolution as torch custom ops:
-``torch.ops.rlx_gpu.selective_scan``, ``.mamba2``, ``.gated_delta_net`` and ``.causal_conv1d``, each with its
-``..._backward``.
+"""The fused ops (state-space, linear attention, the short convolution) as torch custom ops:
+``torch.ops.rlx_gpu.<op>`` with its ``<op>_backward``, each defined by its op's torch module beside the
+functions calling it (``define_fused(FusedOp(...))``).
 
 Each takes the tensors of its ABI op by field name (ABI.md §4, §8: the op's own layout, batch-major)
 and its static arguments, and returns ``(y, final_state)`` (a tensor of no elements as the final state
@@ -50,15 +50,10 @@ class FusedOp(NamedTuple):
         return self.tensors + self.optional
 
 
-OPS = {op.name: op for op in (
-    FusedOp("selective_scan", ("x", "delta", "a", "b", "c"), ("d", "z", "delta_bias", "state", "cu_seqlens"),
-            (("delta_softplus", "bool"),), "x"),
-    FusedOp("mamba2", ("x", "dt", "a", "b", "c"), ("d", "z", "dt_bias", "state", "cu_seqlens"),
-            (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"),
-    FusedOp("gated_delta_net", ("q", "k", "v", "g", "beta"), ("state", "cu_seqlens"),
-            (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v"),
-    FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"), (("activation", "str?"),), "x"),
-)}
+#: op -> its ``FusedOp``, as the torch module of each op declares it (``define_fused``).
+OPS: dict[str, FusedOp] = {}
+#: op -> what the anchors call: the op as ``library.direct`` makes it, its schema's arguments in order.
+CALLS: dict[str, Any] = {}
 
 
 class FusedCall(NamedTuple):
@@ -227,9 +222,14 @@ def _register(op: FusedOp) -> Any:
                   lambda *a: _forward_fake(op, *a), gradients, setup_context)
 
 
-CUSTOM_OPS = {name: _register(op) for name, op in OPS.items()}
-#: What the anchors call: each op as ``library.direct`` makes it, its schema's arguments in order.
-CALLS = {name: direct(op) for name, op in CUSTOM_OPS.items()}
+def define_fused(op: FusedOp) -> Any:
+    """Define ``torch.ops.rlx_gpu.<op>`` and its backward; the torch module of the op declares it so, beside
+    the functions calling it. Returns what those call (``CALLS[op.name]``)."""
+    if op.name in OPS:
+        raise ValueError(f"fused op {op.name!r} defined twice")
+    OPS[op.name] = op
+    CALLS[op.name] = direct(_register(op))
+    return CALLS[op.name]
 
 
 def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -17,11 +17,13 @@ import torch.nn.functional as F
 
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
-from .fused import CALLS, cast
+from .fused import FusedOp, cast, define_fused
 
 from .registry import FUNCTIONS
 
-_GATED_DELTA_NET = CALLS["gated_delta_net"]
+_GATED_DELTA_NET = define_fused(FusedOp(
+    "gated_delta_net", ("q", "k", "v", "g", "beta"), ("state", "cu_seqlens"),
+    (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v"))
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
 

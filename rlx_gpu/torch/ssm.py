@@ -15,9 +15,14 @@ import torch
 import torch.nn.functional as F
 
 from .arguments import check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn, check_seq_idx
-from .fused import cast, fused
+from .fused import FusedOp, cast, define_fused, fused
 from .library import define
 from .registry import FUNCTIONS
+
+define_fused(FusedOp("selective_scan", ("x", "delta", "a", "b", "c"), ("d", "z", "delta_bias", "state", "cu_seqlens"),
+                     (("delta_softplus", "bool"),), "x"))
+define_fused(FusedOp("mamba2", ("x", "dt", "a", "b", "c"), ("d", "z", "dt_bias", "state", "cu_seqlens"),
+                     (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"))
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined"]
 
