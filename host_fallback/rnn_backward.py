@@ -3,7 +3,9 @@
 A backward thunk recomputes its forward (ABI.md §3 and §8: every layer and direction, sequence
 lengths, reverse, clip, activations, both GRU forms, peepholes, coupled input-forget gates and
 projections), keeping what the reverse pass needs per step: the pre-activations, the gate values,
-the state entering each step and, for an lstm, the new cell. Then backpropagation through time,
+the state entering each step and, for an lstm, the new cell; with a saved forward (ABI.md §9.1's
+``reserve``, ``rnn_reserve``) it reads those instead, which the forward thunk kept there running the same
+recurrences (``forward_saving``: no forward GEMM left for the backward). Then backpropagation through time,
 top layer first, each direction walking its steps in the opposite order:
 
 - A step computes only what depends on the step before it: the gradients of the gate
@@ -144,7 +146,8 @@ def _setup(fwd: Mapping[str, Any], b: Bound) -> _Setup:
     return _Setup(fwd, b, _valid(fwd, b), cells, _spans(fwd, gates * fwd["hidden"], dirs), init)
 
 
-def _forward_pass(s: _Setup, forwards: Callable, reserve=None) -> tuple[list[Array], list[list[dict]], list[Array], dict]:
+def _forward_pass(s: _Setup, forwards: Callable, reserve: tuple[list[dict], list[Array]] | None = None
+                  ) -> tuple[list[Array], list[list[dict]], list[Array], dict]:
     """The forward, bottom up: ``(every layer's input, what each layer-direction keeps, the top layer's
     outputs by direction, the final states by field)``; with a ``reserve`` (``rnn_reserve.slots``) kept in it."""
     fwd, b = s.fwd, s.b

@@ -1,5 +1,5 @@
-"""The recurrent ops' saved forward on the host (ABI.md §9.1): a reserve as NumPy views, what a training
-forward copies into it and what the backward reads from it instead of running the forward again.
+"""The recurrent ops' saved forward on the host (ABI.md §9.1): a reserve as NumPy views, which a training
+forward keeps its per-step arrays in and the backward reads instead of running the forward again.
 
 The layout is the ABI's (``abi.rnn.reserve_slots``, docs/abi.md): per layer-direction what the reverse pass of
 ``rnn_backward_steps`` reads (the gates ``y``, the pre-activations ``u``, the state entering each step ...),
