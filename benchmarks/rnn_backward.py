@@ -1,18 +1,19 @@
-"""Host lstm / gru / rnn forward + backward (host_fallback) against torch autograd of nn.LSTM / GRU / RNN.
+"""Host lstm / gru / rnn forward + backward (host_fallback) against torch autograd of nn.LSTM / GRU / RNN,
+with the saved forward (ABI.md §9.1's reserve) and without (the backward recomputes the forward).
 
-    python benchmarks/rnn_backward.py [--ops lstm gru rnn] [--shape large|small] [--runs 3] [--torch-threads N]
+    python benchmarks/rnn_backward.py [--ops lstm gru rnn] [--shape large|small] [--runs 5] [--threads 1]
                                       [--cpu-time]
 
 ``--shape large`` (the default): batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional; ``small``:
 configs/examples/train_lstm_lm.py's char LSTM LM (batch 8, seq 24, input 16, hidden 32, 2 layers, one
 direction), where the whole-sequence kernels (host_fallback/lstm_sequence.py) run the lstm. f32, weights
-uniform in ±1/sqrt(hidden) as torch initialises them. Ours is the forward thunk then the
-backward thunk (which recomputes the forward inside); torch is one forward and ``backward()`` of the
-same loss ``Σ dst·d_dst``. Medians of ``--runs`` runs each, taking turns; the load average is printed
-beside the table, since neighbours on the machine slow both sides (torch's threads most of all).
-``--cpu-time`` times the CPU each side spends instead, both on one thread (``OPENBLAS_NUM_THREADS=1``
-set before NumPy loads, ``torch.set_num_threads(1)``): on a machine busy with other work that is
-the comparison that holds still.
+uniform in ±1/sqrt(hidden) as torch initialises them. Ours is the forward thunk then the backward thunk:
+``recompute`` the plain forward and a backward that runs the forward again inside, ``reserve`` a forward
+that writes the reserve and a backward that reads it; torch is one forward and ``backward()`` of the same
+loss ``Σ dst·d_dst``. Each run times the five calls in turn (arena copies outside the clock); the table
+holds medians of the times and of each run's own ratios (paired: a neighbour's load slows one run of
+every side). ``--threads`` sets both BLAS's (``OPENBLAS_NUM_THREADS``, set before NumPy loads) and torch's;
+``--cpu-time`` times CPU time instead of wall time. The load average is printed beside the table.
 """
 from __future__ import annotations
 
@@ -30,18 +31,23 @@ import host_fallback  # noqa: E402
 from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
+from rlx_gpu.schedule.reserve import reserve_bytes  # noqa: E402
 
 SHAPES = {"large": dict(batch=32, seq=128, input_size=256, hidden=256, num_layers=2, bidirectional=True, carry=False),
           "small": dict(batch=8, seq=24, input_size=16, hidden=32, num_layers=2, bidirectional=False, carry=False)}
 
 
-def _ours(op: str, shape: dict, rng: np.random.Generator):
-    """The backward thunk of ``op``, its forward, and an arena with every input set."""
-    thunk, nbytes = lay_out(f"{op}_backward", "f32", dict(shape, **({"relu": False} if op == "rnn" else {})))
+def _ours(op: str, shape: dict, rng: np.random.Generator, saved: bool):
+    """The backward thunk of ``op`` (with a reserve where ``saved``), its forward, and an arena with every
+    input set."""
+    params = dict(shape, **({"relu": False} if op == "rnn" else {}))
+    if saved:
+        params.update(reserve=True, reserve_bytes=reserve_bytes({"op": op, "dtype": "f32", **params}))
+    thunk, nbytes = lay_out(f"{op}_backward", "f32", params)
     arena = np.zeros(nbytes, np.uint8)
     bound = 1 / np.sqrt(shape["hidden"])
     for r in regions(thunk):
-        if r.reads:
+        if r.reads and r.field != "reserve":
             weight = r.field.startswith("w_") or r.field in ("bias", "b_ih", "b_hh")
             values = rng.uniform(-bound, bound, r.shape) if weight else rng.standard_normal(r.shape)
             view(arena, r.offset, r.dtype, r.shape)[...] = values
@@ -59,30 +65,52 @@ def _median(fn, runs: int, clock=time.perf_counter, calls: int = 1) -> float:
     return statistics.median(times)
 
 
+def _timed(fn, clock) -> float:
+    start = clock()
+    fn()
+    return clock() - start
+
+
+def _pair(op: str, shape: dict, rng: np.random.Generator, saved: bool):
+    """``(forward, backward)`` of ``op``: each takes an arena that ``fresh()`` (untimed) gives."""
+    thunk, forward, arena = _ours(op, shape, rng, saved)
+    run_forward, run_backward = host_fallback.bound_kernel(forward, {}), host_fallback.bound_kernel(thunk, {})
+    d_dst = next(r for r in regions(thunk) if r.field == "d_dst")
+    span = slice(d_dst.offset, d_dst.offset + d_dst.nbytes)  # the forward writes dst there: put d_dst back
+    work = arena.copy()
+
+    def fresh() -> np.ndarray:
+        work[...] = arena
+        return work
+
+    def backward(a: np.ndarray) -> None:
+        a[span] = arena[span]
+        run_backward(a)
+    return run_forward, backward, fresh
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", nargs="+", default=["lstm", "gru", "rnn"], choices=["lstm", "gru", "rnn"])
     parser.add_argument("--shape", choices=list(SHAPES), default="large")
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--torch-threads", type=int, default=None, help="default: torch's own choice")
-    parser.add_argument("--cpu-time", action="store_true", help="CPU time of each side on one thread")
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads")
+    parser.add_argument("--cpu-time", action="store_true", help="CPU time instead of wall time")
     args = parser.parse_args()
-    if args.cpu_time and os.environ.get("OPENBLAS_NUM_THREADS") != "1":  # BLAS reads it when it loads
-        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    if os.environ.get("OPENBLAS_NUM_THREADS") != str(args.threads):  # BLAS reads it when it loads
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
         os.execv(sys.executable, [sys.executable, *sys.argv])
     import torch
 
-    if args.torch_threads or args.cpu_time:
-        torch.set_num_threads(1 if args.cpu_time else args.torch_threads)
+    torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
     rng = np.random.default_rng(0)
-    print(f"load average {os.getloadavg()[0]:.1f}; torch threads {torch.get_num_threads()}")
-    print(f"{'op':<5} {'ours fwd':>9} {'ours bwd':>9} {'torch f+b':>10} {'ours f+b / torch':>17}")
+    print(f"load average {os.getloadavg()[0]:.1f}; threads {args.threads}; {args.shape}; medians of {args.runs}")
+    print(f"{'op':<5} {'recompute f+b':>13} {'reserve f+b':>12} {'torch f+b':>10} {'recompute/torch':>16} "
+          f"{'reserve/torch':>14} {'reserve/recompute':>18}")
     shape = SHAPES[args.shape]
-    calls = 1 if args.shape == "large" else 200  # a small thunk takes ~0.1 ms: a run times many
     dirs = 2 if shape["bidirectional"] else 1
     for op in args.ops:
-        thunk, forward, arena = _ours(op, shape, rng)
         module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}[op](
             shape["input_size"], shape["hidden"], num_layers=shape["num_layers"], bidirectional=shape["bidirectional"],
             batch_first=True)
@@ -92,14 +120,21 @@ def main() -> None:
         def torch_run() -> None:
             (module(x)[0] * d_dst).sum().backward()
 
-        # as a runtime runs them: each kernel bound once (its thunk-only setup done), then called per arena
-        run_forward, run_backward = host_fallback.bound_kernel(forward, {}), host_fallback.bound_kernel(thunk, {})
-        run_forward(arena.copy()), run_backward(arena.copy()), torch_run()  # compiled, warmed
-        ours_f = _median(lambda: run_forward(arena.copy()), args.runs, clock, calls)
-        ours_b = _median(lambda: run_backward(arena.copy()), args.runs, clock, calls)
-        theirs = _median(torch_run, args.runs, clock, calls)
-        print(f"{op:<5} {ours_f * 1e3:>7.3g}ms {ours_b * 1e3:>7.3g}ms {theirs * 1e3:>8.3g}ms "
-              f"{(ours_f + ours_b) / theirs:>17.2f}")
+        sides = {saved: _pair(op, shape, rng, saved) for saved in (False, True)}
+        rows = []
+        for run in range(args.runs + 1):  # the first run compiles and warms: not counted
+            times = {}
+            for saved, (forward, backward, fresh) in sides.items():
+                a = fresh()
+                times[saved] = _timed(lambda: forward(a), clock) + _timed(lambda: backward(a), clock)
+            times["torch"] = _timed(torch_run, clock)
+            if run:
+                rows.append(times)
+        med = {k: statistics.median(r[k] for r in rows) for k in (False, True, "torch")}
+        ratio = {name: statistics.median(r[a] / r[b] for r in rows)
+                 for name, a, b in (("rt", False, "torch"), ("st", True, "torch"), ("sr", True, False))}
+        print(f"{op:<5} {med[False] * 1e3:>11.4g}ms {med[True] * 1e3:>10.4g}ms {med['torch'] * 1e3:>8.4g}ms "
+              f"{ratio['rt']:>16.2f} {ratio['st']:>14.2f} {ratio['sr']:>18.2f}")
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 

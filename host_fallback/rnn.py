@@ -71,7 +71,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import lstm_sequence, threads
+from . import lstm_sequence, rnn_backward, threads
 from .abi import complete, regions
 from .bound import Bound
 from .implementations import KERNELS, PREPARE, WORKING
@@ -159,6 +159,9 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     if 0 in (t["batch"], t["seq"], t["hidden"]):
         return lambda arena, **_: None  # nothing to compute; a carried state is its own final state
     t = complete(t)  # a plain dict (read dozens of times a call: the fastest mapping) with every field
+    if t["reserve"] is not None:  # a training forward (ABI.md §9.1): the backward's recurrences, which keep
+        saving = rnn_backward.forward_saving(t)  # what the reserve holds
+        return lambda arena, **_: saving(arena)
     d = _dims(t)
     by_field = {r.field: r for r in regions(t)}
     B, S = d.batch, d.seq

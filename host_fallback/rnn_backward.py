@@ -3,7 +3,9 @@
 A backward thunk recomputes its forward (ABI.md §3 and §8: every layer and direction, sequence
 lengths, reverse, clip, activations, both GRU forms, peepholes, coupled input-forget gates and
 projections), keeping what the reverse pass needs per step: the pre-activations, the gate values,
-the state entering each step and, for an lstm, the new cell. Then backpropagation through time,
+the state entering each step and, for an lstm, the new cell; with a saved forward (ABI.md §9.1's
+``reserve``, ``rnn_reserve``) it reads those instead, which the forward thunk kept there running the same
+recurrences (``forward_saving``: no forward GEMM left for the backward). Then backpropagation through time,
 top layer first, each direction walking its steps in the opposite order:
 
 - A step computes only what depends on the step before it: the gradients of the gate
@@ -30,11 +32,12 @@ The parts: ``rnn_backward_cell`` (activations and their derivatives, a direction
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import lstm_sequence, threads
+from . import lstm_sequence, rnn_reserve, threads
 from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import ACTIVATION_SLOTS, layer_input_sizes, output_width, recurrent_dims
 from .arena import COMPUTE
@@ -102,6 +105,126 @@ def _walk(t: Mapping[str, Any], dr: int) -> range:
     return range(t["seq"] - 1, -1, -1) if backwards else range(t["seq"])
 
 
+@dataclass
+class _Setup:
+    """What the passes of one thunk share: the forward thunk ``fwd`` and its tensors (``b``, bound to the
+    thunk run: the backward thunk, or the forward one writing a reserve), sizes, cells and weight spans."""
+
+    fwd: Mapping[str, Any]
+    b: Bound
+    valid: Array | None
+    cells: list[_Cell]
+    spans: list[list[tuple[int, int, int]]]
+    init: dict[str, Array] | None  # the carried initial states (None: zero)
+
+    @property
+    def biases(self) -> tuple[str, ...]:
+        return ("bias",) if self.fwd["op"] != "gru" else ("b_ih", "b_hh")
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        return tuple(f for f in ("peepholes", "w_hr") if self.fwd.get(f) is not None)
+
+    def weights(self, ld: int) -> dict[str, Array]:
+        return _weights(self.b, self.fwd["op"], self.optional, ld)
+
+    def start(self, states: Mapping[str, Array] | None, ld: int, width: int) -> tuple[Array, Array | None]:
+        """Layer-direction ``ld``'s ``(h, c)`` from ``states`` (the initial ones, or the final ones' gradients;
+        None: zero; ``c`` only for an lstm)."""
+        fwd, dt = self.fwd, COMPUTE[self.fwd["dtype"]]
+        h = states["h0"][ld] if states else np.zeros((fwd["batch"], width), dt)
+        if fwd["op"] != "lstm":
+            return h, None
+        return h, states["c0"][ld] if states else np.zeros((fwd["batch"], fwd["hidden"]), dt)
+
+
+def _setup(fwd: Mapping[str, Any], b: Bound) -> _Setup:
+    gates, dirs = recurrent_dims(fwd)
+    states = ("h0", "c0") if fwd["op"] == "lstm" else ("h0",)
+    init = {f: b.load(f) for f in states} if fwd["carry"] else None
+    cells = [_cell(fwd, dr) for dr in range(dirs)]  # a direction's activations and flags, alike in every layer
+    return _Setup(fwd, b, _valid(fwd, b), cells, _spans(fwd, gates * fwd["hidden"], dirs), init)
+
+
+def _forward_pass(s: _Setup, forwards: Callable, reserve: tuple[list[dict], list[Array]] | None = None
+                  ) -> tuple[list[Array], list[list[dict]], list[Array], dict]:
+    """The forward, bottom up: ``(every layer's input, what each layer-direction keeps, the top layer's
+    outputs by direction, the final states by field)``; with a ``reserve`` (``rnn_reserve.slots``) kept in it."""
+    fwd, b = s.fwd, s.b
+    gates, dirs = recurrent_dims(fwd)
+    S, B, H, width = fwd["seq"], fwd["batch"], fwd["hidden"], output_width(fwd)
+    w_ih = b.load("w_ih")
+    x = np.ascontiguousarray(b.load("x").transpose(1, 0, 2))
+    inputs, kept = [x], []
+    finals = {f: np.empty_like(v) for f, v in s.init.items()} if s.init else {}
+    for layer, layer_spans in enumerate(s.spans):
+        outs: list[Array] = [None] * dirs
+        layer_kept: list[dict] = [None] * dirs
+
+        def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
+            ld = layer * dirs + dr
+            w = w_ih[lo:hi].reshape(gates * H, in_l)
+            into = reserve[0][ld] if reserve else None
+            if into is not None:
+                xp = into[rnn_reserve.projection_slot(fwd, s.cells[dr])]
+                np.matmul(inputs[-1].reshape(S * B, in_l), w.T, out=xp.reshape(S * B, gates * H))
+            else:
+                xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
+            xp += b.load(s.biases[0], ld)
+            h, c = s.start(s.init, ld, width)
+            outs[dr], (h, c), layer_kept[dr] = forwards(s.cells[dr], xp, s.weights(ld), h, c, s.valid, _walk(fwd, dr),
+                                                        into)
+            for f, value in zip(finals, (h, c)):
+                finals[f][ld] = value
+
+        _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
+        if layer + 1 < len(s.spans):  # the next layer's input
+            inputs.append(np.concatenate(outs, axis=2, out=reserve[1][layer] if reserve else None))
+        kept.append(layer_kept)
+    return inputs, kept, outs, finals
+
+
+def _reverse_pass(t: Mapping[str, Any], s: _Setup, inputs: list[Array], kept: list[list[dict]],
+                  reverses: Callable) -> None:
+    """The reverse, top down, storing every gradient: ``d_y`` is the gradient of a layer's output, then of
+    its input."""
+    fwd, b = s.fwd, s.b
+    gates, dirs = recurrent_dims(fwd)
+    S, B, H, width, dt = fwd["seq"], fwd["batch"], fwd["hidden"], output_width(fwd), COMPUTE[fwd["dtype"]]
+    w_ih = b.load("w_ih")
+    d_w_ih = np.zeros_like(w_ih)
+    grads = {f: np.zeros(b.regions[f].shape, dt) for f in ("w_hh", *s.biases, *s.optional)}
+    d_final = {f: b.load(f"d_{f}") for f in s.init} if s.init else None
+    d_init = {f: np.zeros_like(v) for f, v in s.init.items()} if s.init else {}
+    d_y = _where(s.valid, b.load("d_dst").transpose(1, 0, 2), 0)
+    for layer in reversed(range(len(s.spans))):
+        d_ins: list[Array] = [None] * dirs
+
+        def reverse(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
+            ld = layer * dirs + dr
+            dh, dc = s.start(d_final, ld, width)
+            d_pre, d_bias, d_w, (dh, dc) = reverses(s.cells[dr], kept[layer][dr], s.weights(ld),
+                                                    d_y[..., dr * width: (dr + 1) * width], dh, dc, s.valid,
+                                                    _walk(fwd, dr)[::-1])
+            d_w_ih[lo:hi] = _sum_outer(d_pre, inputs[layer]).reshape(-1)
+            d_ins[dr] = (d_pre.reshape(S * B, -1) @ w_ih[lo:hi].reshape(gates * H, in_l)).reshape(S, B, in_l)
+            for f, g in {**d_bias, **d_w}.items():
+                grads[f][ld] = g
+            for f, value in zip(d_init, (dh, dc)):
+                d_init[f][ld] = value
+
+        _each_direction([lambda dr=dr, span=span: reverse(dr, *span) for dr, span in enumerate(s.spans[layer])])
+        kept[layer] = []  # the layer's saved steps are no longer needed
+        d_in = d_ins[0]
+        if dirs == 2:
+            d_in += d_ins[1]  # in direction order: the same bytes every run
+        d_y = _where(s.valid, d_in, 0) if layer else d_in
+    b.store("d_x", d_y.transpose(1, 0, 2))
+    b.store("d_w_ih", d_w_ih)
+    for f, g in {**grads, **d_init}.items():
+        b.store(f"d_{f}", g)
+
+
 def prepare(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
     """The thunk-only setup once (``host_fallback.PREPARE``): the completed fields and the regions, which a
     small thunk's run would otherwise spend a tenth of its time on (lstm B=8 S=24 H=32, 2 layers)."""
@@ -116,84 +239,35 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 
 
 def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Region]) -> None:
+    """The forward again, or its reserve read (ABI.md §9.1), then the reverse pass."""
     fwd = forward_thunk(t)
-    op = fwd["op"]
-    gates, dirs = recurrent_dims(fwd)
-    b = Bound(t, arena, by_field)
-    S, B, H, width, dt = t["seq"], t["batch"], t["hidden"], output_width(fwd), COMPUTE[t["dtype"]]
-    valid = _valid(t, b)
-    biases = ("bias",) if op != "gru" else ("b_ih", "b_hh")
-    w_ih = b.load("w_ih")
-    d_w_ih = np.zeros_like(w_ih)
-    optional = tuple(f for f in ("peepholes", "w_hr") if t.get(f) is not None)
-    grads: dict[str, Array] = {f: np.zeros(b.regions[f].shape, dt) for f in ("w_hh", *biases, *optional)}
-    states = ("h0", "c0") if op == "lstm" else ("h0",)
-    if t["carry"]:
-        init = {f: b.load(f) for f in states}
-        d_final = {f: b.load(f"d_{f}") for f in states}
-        d_init = {f: np.zeros_like(init[f]) for f in states}
-    cells = [_cell(fwd, dr) for dr in range(dirs)]  # a direction's activations and flags, alike in every layer
+    s = _setup(fwd, Bound(t, arena, by_field))
     compiled = lstm_sequence.applies(fwd)
-    forwards = _compiled_lstm_forward if compiled else _FORWARD[op]
-    reverses = _compiled_lstm_reverse if compiled else _REVERSE[op]
-    spans = _spans(fwd, gates * H, dirs)
+    if t.get("reserve") is not None:
+        above, kept = rnn_reserve.load(fwd, arena, s.cells)
+        inputs = [np.ascontiguousarray(s.b.load("x").transpose(1, 0, 2)), *above]
+    else:
+        inputs, kept, _, _ = _forward_pass(s, _compiled_lstm_forward if compiled else _FORWARD[fwd["op"]])
+    _reverse_pass(t, s, inputs, kept, _compiled_lstm_reverse if compiled else _REVERSE[fwd["op"]])
 
-    # forward, bottom up: every layer's input and what each direction keeps
-    x = np.ascontiguousarray(b.load("x").transpose(1, 0, 2))
-    inputs, kept = [x], []
-    for layer, layer_spans in enumerate(spans):
-        outs: list[Array] = [None] * dirs
-        layer_kept: list[dict] = [None] * dirs
 
-        def forward(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
-            ld = layer * dirs + dr
-            w = w_ih[lo:hi].reshape(gates * H, in_l)
-            xp = (inputs[-1].reshape(S * B, in_l) @ w.T).reshape(S, B, gates * H)
-            xp += b.load(biases[0], ld)
-            h = init["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
-            c = (init["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            outs[dr], _, layer_kept[dr] = forwards(cells[dr], xp, _weights(b, op, optional, ld), h, c, valid,
-                                                   _walk(t, dr))
+def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
+    """The forward kernel of a thunk with a reserve (``rnn.prepare`` hands it over): the recurrences of the
+    backward pass (whose kept arrays the reserve's layout is; a small lstm's whole-sequence kernel keeps
+    the ones its reverse reads), then ``dst``, the final states and the reserve stored."""
+    t = complete(thunk)
+    by_field = {r.field: r for r in regions(t)}
+    forwards = _compiled_lstm_forward if lstm_sequence.applies(t) else _FORWARD[t["op"]]
 
-        _each_direction([lambda dr=dr, span=span: forward(dr, *span) for dr, span in enumerate(layer_spans)])
-        if layer + 1 < len(spans):  # the next layer's input (the top layer's output is dst: not needed here)
-            inputs.append(np.concatenate(outs, axis=2))
-        kept.append(layer_kept)
-
-    # reverse, top down: d_y is the gradient of the layer's output, then of its input
-    d_y = _where(valid, b.load("d_dst").transpose(1, 0, 2), 0)
-    for layer in reversed(range(len(spans))):
-        d_ins: list[Array] = [None] * dirs
-
-        def reverse(dr: int, lo: int, hi: int, in_l: int, layer: int = layer) -> None:
-            ld = layer * dirs + dr
-            dh = d_final["h0"][ld] if t["carry"] else np.zeros((B, width), dt)
-            dc = (d_final["c0"][ld] if t["carry"] else np.zeros((B, H), dt)) if op == "lstm" else None
-            d_pre, d_bias, d_w, (dh, dc) = reverses(cells[dr], kept[layer][dr], _weights(b, op, optional, ld),
-                                                    d_y[..., dr * width: (dr + 1) * width], dh, dc, valid,
-                                                    _walk(t, dr)[::-1])
-            d_w_ih[lo:hi] = _sum_outer(d_pre, inputs[layer]).reshape(-1)
-            d_ins[dr] = (d_pre.reshape(S * B, -1) @ w_ih[lo:hi].reshape(gates * H, in_l)).reshape(S, B, in_l)
-            for f, g in {**d_bias, **d_w}.items():
-                grads[f][ld] = g
-            if t["carry"]:
-                d_init["h0"][ld] = dh
-                if dc is not None:
-                    d_init["c0"][ld] = dc
-
-        _each_direction([lambda dr=dr, span=span: reverse(dr, *span) for dr, span in enumerate(spans[layer])])
-        kept[layer] = []  # the layer's saved steps are no longer needed
-        d_in = d_ins[0]
-        if dirs == 2:
-            d_in += d_ins[1]  # in direction order: the same bytes every run
-        d_y = _where(valid, d_in, 0) if layer else d_in
-    b.store("d_x", d_y.transpose(1, 0, 2))
-    b.store("d_w_ih", d_w_ih)
-    for f, g in grads.items():
-        b.store(f"d_{f}", g)
-    if t["carry"]:
-        for f in states:
-            b.store(f"d_{f}", d_init[f])
+    def run(arena: np.ndarray) -> None:
+        s = _setup(t, Bound(t, arena, by_field))
+        reserve = rnn_reserve.slots(t, arena)
+        inputs, kept, outs, finals = _forward_pass(s, forwards, reserve)
+        s.b.store("dst", np.concatenate(outs, axis=2).transpose(1, 0, 2))
+        for f, value in finals.items():
+            s.b.store(f, value)
+        rnn_reserve.save(t, reserve, s.cells, inputs, kept)
+    return run
 
 
 KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)

@@ -16,21 +16,33 @@ Array = np.ndarray
 # --- the recurrences: forward keeps what the reverse pass reads; reverse returns the per-step gradients
 # Arrays are time-major [seq, batch, features]; ``order`` is the direction's walk, ``valid[t]`` [batch, 1]
 # (``valid`` None: every step of every row); ``xp`` is the input projection plus bias, which a forward
-# may keep and overwrite.
+# may keep and overwrite. ``into`` (a saved forward's slots by name: ``rnn_reserve.slots``; None: none) holds
+# the arrays a forward keeps where it has them, so a forward writing a reserve copies nothing.
 
 
-def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order):
+def _array(into: Mapping[str, Array] | None, name: str, shape: tuple[int, ...], dtype, fill=None) -> Array:
+    """A kept array: ``into[name]`` where there is one (``fill`` written over it), else a new one."""
+    if into is not None and name in into:
+        out = into[name]
+        if fill is not None:
+            out[...] = fill
+        return out
+    return np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
+
+
+def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order,
+                  into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
     H = c.shape[1]
     peep, w_hr = w.get("peepholes"), w.get("w_hr")
-    keep = {k: np.empty((S, B, n), xp.dtype) for k, n in
+    keep = {k: _array(into, k, (S, B, n), xp.dtype) for k, n in
             (("h_prev", h.shape[1]), ("c_prev", H), ("c_new", H), ("hc", H), ("raw", H)) if k != "raw" or w_hr is not None}
     # the projection's buffer becomes the pre-activations' (each step adds W_hh·h to its row), and also the
     # gates' where those are activated in place (h's slot reads c', not the gates)
     keep["u"] = xp
-    keep["y"] = np.empty_like(xp) if cell.keeps_pre_activations(2) else xp
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
     step = np.empty((B, 4 * H), xp.dtype)
-    keep["mask"] = np.ones((S, B, 4 * H), bool) if cell.clip else None
+    keep["mask"] = _array(into, "mask", (S, B, 4 * H), bool, True) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
     # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
     direct = w_hr is None and valid is None
@@ -117,14 +129,15 @@ def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Arra
     return dz_all, {"bias": _sum(dz_all)}, grads, (dh, dc)
 
 
-def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
+def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
+                 into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
     H = h.shape[1]
     w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
-    keep = {k: np.zeros((S, B, H), xp.dtype) for k in ("h_prev", "hn")}
+    keep = {k: _array(into, k, (S, B, H), xp.dtype) for k in ("h_prev", "hn")}  # every step writes its row
     keep["u"] = xp  # each step adds the hidden side to its row of the projection (see _lstm_forward)
-    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(2) else xp
-    keep["mask"] = np.ones((S, B, 3 * H), bool) if cell.clip else None
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
+    keep["mask"] = _array(into, "mask", (S, B, 3 * H), bool, True) if cell.clip else None
     hidden = np.empty((B, 3 * H if lbr else 2 * H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
@@ -189,12 +202,13 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
     return d_in, {"b_ih": _sum(d_in), "b_hh": _sum(d_hid)}, {"w_hh": d_w_hh}, (dh, None)
 
 
-def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order):
+def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
+                 into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
     H = h.shape[1]
-    keep = {"h_prev": np.zeros((S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
-    keep["y"] = np.zeros_like(xp) if cell.keeps_pre_activations(1) else xp
-    keep["mask"] = np.ones((S, B, H), bool) if cell.clip else None
+    keep = {"h_prev": _array(into, "h_prev", (S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(1) else xp
+    keep["mask"] = _array(into, "mask", (S, B, H), bool, True) if cell.clip else None
     hidden = np.empty((B, H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
@@ -221,11 +235,11 @@ def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
 
 
 def _compiled_lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array,
-                           valid: Array | None, order: range):
+                           valid: Array | None, order: range, into: Mapping[str, Array] | None = None):
     """``_lstm_forward`` where ``lstm_sequence`` applies, in one Numba call; it keeps what
     ``_compiled_lstm_reverse`` reads."""
     S, B, _ = xp.shape
-    keep = {k: np.empty((S, B, c.shape[1]), xp.dtype) for k in ("h_prev", "c_prev", "hc")}
+    keep = {k: _array(into, k, (S, B, c.shape[1]), xp.dtype) for k in ("h_prev", "c_prev", "hc")}
     keep["y"] = xp  # the gates, activated in place
     out = np.empty_like(keep["hc"])
     h, c = h.copy(), c.copy()

@@ -10,10 +10,11 @@ from .runtime.executor import get_device
 from .runtime.registry import discover
 from .schedule.io import load_schedule, save_schedule
 from .schedule.model import Schedule, TensorView, Thunk
+from .schedule.reserve import reserve_bytes
 
 __version__ = "0.1.0"
 
 __all__ = ["load_schedule", "save_schedule", "get_device", "discover", "load_config", "Config", "Schedule",
            "Thunk", "TensorView", "CallPlan", "ScheduleError", "RunError", "KernelBuildError", "FallbackForbidden", "DeviceError",
            "RlxError", "GraphError", "ModelError", "ConfigError", "InputError", "Graph", "vjp", "build_model",
-           "list_models", "__version__"]
+           "list_models", "reserve_bytes", "__version__"]

@@ -12,6 +12,7 @@ from typing import Any
 
 from .int_tensors import INT_FIELDS
 from .model import Checked, Field, OpDef, Region, Rule, Thunk, fail
+from .reserve import RESERVE
 
 
 def gradient(name: str) -> str:
@@ -20,8 +21,9 @@ def gradient(name: str) -> str:
 
 
 def float_inputs(forward: OpDef) -> tuple[Field, ...]:
-    """The forward's floating-point tensor fields but ``dst``: the ones a backward op gives a gradient."""
-    return tuple(f for f in forward.fields if f.kind in ("offset", "opt_offset") and f.name != "dst"
+    """The forward's floating-point tensor fields but ``dst`` and the saved forward (``reserve``, read-only on
+    the backward): the ones a backward op gives a gradient."""
+    return tuple(f for f in forward.fields if f.kind in ("offset", "opt_offset") and f.name not in ("dst", RESERVE)
                  and f.name not in INT_FIELDS)
 
 
@@ -62,7 +64,7 @@ def _layout(forward: OpDef):
         out = [Region(r.field, r.offset, r.shape, r.dtype, "r") for r in regs if r.field != "dst"]
         out += [Region("d_dst", r.offset, r.shape, r.dtype, "r") for r in regs if r.field == "dst"]
         out += [Region(gradient(r.field), t[gradient(r.field)], r.shape, r.dtype, "rw" if r.writes else "w")
-                for r in regs if r.field != "dst" and r.dtype != "i32"]
+                for r in regs if r.field not in ("dst", RESERVE) and r.dtype != "i32"]
         return out
     return layout
 
@@ -96,4 +98,4 @@ def backward_of(forward: OpDef) -> OpDef:
     return OpDef(f"{forward.name}_backward", _fields(forward), _layout(forward), forward.dtypes, version=2,
                  rules=given + (_gradients_paired(forward),) + on_footprint, data_rules=forward.data_rules,
                  states=tuple(gradient(s) for s in forward.states), forward=forward.name, sample=forward.sample,
-                 place=(9, *forward.place))
+                 place=(9, *forward.place), reserve_size=forward.reserve_size)

@@ -145,6 +145,8 @@ class OpDef:
     place); ``differentiable`` ops get an ``OP_backward`` (ABI.md §9), made by ``abi.backward``;
     ``forward`` names the op a backward op differentiates. ``place`` is where ABI.md defines it: its section,
     then its rank there (``(4, 3)``: §4's third op); ``ops`` orders every op by it, and messages cite the section.
+    ``reserve_size(fields)`` is the least ``reserve_bytes`` of an op with a saved forward (ABI.md §9.1,
+    ``abi.reserve``; ``None``: it has none).
     """
 
     name: str
@@ -159,6 +161,7 @@ class OpDef:
     forward: str = ""
     sample: Sampler = as_drawn
     place: tuple[int, ...] = ()
+    reserve_size: Callable[[Thunk], int] | None = None
 
     @property
     def section(self) -> str:

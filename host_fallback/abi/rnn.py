@@ -6,7 +6,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import int_tensors
+from . import int_tensors, reserve
 from .aliasing import ALIASING
 from .model import (ELEM_SIZE, Checked, Field, OpDef, Region, Rule, Thunk, fail, flags, newer, offsets, positive,
                     rule)
@@ -71,7 +71,7 @@ def _layout(t: Thunk) -> list[Region]:
         out += [Region(f, t[f], (layers * dirs, b, h if f == "c0" else width), dt, "rw")
                 for f in RECURRENT_STATES[t["op"]]]
     out.append(Region("dst", t["dst"], (b, s, dirs * width), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _default_activations(*per_direction: str) -> Callable[[Thunk], tuple[tuple[str, float, float], ...]]:
@@ -89,7 +89,7 @@ def _fields(op: str, biases: tuple[str, ...], *extra: Field) -> tuple[Field, ...
             + tuple(f for f in extra if f.version == 1)
             + (newer("seq_lens", "opt_offset", None), newer("reverse", "bool", False), newer("clip", "float", 0.0),
                newer("activations", "activations", _ACTIVATION_DEFAULTS[op], tuple(ACTIVATIONS)))
-            + tuple(f for f in extra if f.version > 1))
+            + tuple(f for f in extra if f.version > 1) + reserve.FIELDS)
 
 
 _ACTIVATION_DEFAULTS = {"lstm": _default_activations("sigmoid", "tanh", "tanh"),
@@ -135,15 +135,44 @@ def _named_counts(c: Checked) -> None:
 NAMED_COUNTS = Rule(_named_counts, on_footprint=True)
 
 
+#: What a recurrent op's reserve holds per layer-direction (ABI.md §9.1, docs/abi.md): each ``[seq, batch, n]``
+#: with ``n`` in units of ``hidden`` (``"W"``: the output width, ``proj_size`` or ``hidden``).
+_SAVED_STEPS = {"lstm": (("y", 4), ("u", 4), ("h_prev", "W"), ("c_prev", 1), ("c_new", 1), ("hc", 1)),
+                "gru": (("y", 3), ("u", 3), ("h_prev", 1), ("hn", 1)),
+                "rnn": (("y", 1), ("u", 1), ("h_prev", 1))}
+
+
+def reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a recurrent thunk (the fields given suffice): per layer-direction ``ld`` the arrays of
+    ``_SAVED_STEPS`` (and ``raw`` ``[seq, batch, hidden]`` with ``proj_size``), then every layer's output but
+    the top one's (``out``, ``[seq, batch, dirs*width]``), all time-major in the compute type (f64 for f64,
+    else f32); then per ``ld`` the clip's mask ``[seq, batch, G*hidden]`` as bytes (1: the gradient passes)."""
+    gates, dirs = recurrent_dims(t)
+    s, b, h, layers = t["seq"], t["batch"], t["hidden"], t["num_layers"]
+    width, compute = output_width(t), "f64" if t["dtype"] == "f64" else "f32"
+    saved = _SAVED_STEPS[t["op"]] + ((("raw", 1),) if t.get("proj_size") else ())
+    arrays = [(name, ld, (s, b, width if n == "W" else n * h), compute)
+              for ld in range(layers * dirs) for name, n in saved]
+    arrays += [("out", layer, (s, b, dirs * width), compute) for layer in range(layers - 1)]
+    arrays += [("mask", ld, (s, b, gates * h), "u8") for ld in range(layers * dirs)]
+    return reserve.packed(arrays)
+
+
+def reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a recurrent thunk (ABI.md §9.1)."""
+    return reserve.size(reserve_slots(t))
+
+
 def _sample(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
     return x * 0.5 if field.startswith("w_") else x  # weights of half the scale keep the gates off saturation
 
 
 def _op(op: str, rank: int, biases: tuple[str, ...], check: Callable[[Thunk], None], *extra: Field) -> OpDef:
     """The recurrent op ``op``: ``rank`` is its place among §3's."""
-    return OpDef(op, _fields(op, biases, *extra), _layout, rules=(rule(check), ALIASING, NAMED_COUNTS),
+    return OpDef(op, _fields(op, biases, *extra), _layout,
+                 rules=(rule(check), reserve.rule(reserve_bytes), ALIASING, NAMED_COUNTS),
                  data_rules={"seq_lens": int_tensors.seq_lens}, states=RECURRENT_STATES[op], differentiable=True,
-                 sample=_sample, place=(3, rank))
+                 sample=_sample, place=(3, rank), reserve_size=reserve_bytes)
 
 
 LSTM = _op("lstm", 1, ("bias",), check_lstm,

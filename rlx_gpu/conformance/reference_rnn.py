@@ -14,7 +14,8 @@ from .registry import declare_cases
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}
 #: Activation slots per direction (lstm f g h, gru f g, rnn f).
 SLOTS = {"lstm": 3, "gru": 2, "rnn": 1}
-_EVERY_OP = ("seq_lens", "reverse", "clip", "activations")
+#: (``reserve``, ``reserve_bytes``: the saved forward changes no output a reference gives: implemented by all)
+_EVERY_OP = ("seq_lens", "reverse", "clip", "activations", "reserve", "reserve_bytes")
 #: op -> the version-2 fields (ABI.md §8) this reference implements: all of them.
 V2_FIELDS = {"lstm": frozenset(_EVERY_OP + ("peepholes", "input_forget", "proj_size", "w_hr")),
              "gru": frozenset(_EVERY_OP + ("linear_before_reset",)), "rnn": frozenset(_EVERY_OP)}
@@ -145,8 +146,11 @@ def _recurrent(op: str, b: int, s: int, i: int, h: int, layers: int, bidir: bool
 
 NAN, INF = float("nan"), float("inf")
 #: The params giving each op's small case a version-2 field they all have.
+#: A saved forward (ABI.md §9.1) of 32 KiB: more than any of the three needs at its small shape in any dtype
+#: (rlx_gpu.reserve_bytes: lstm's f64 16640 bytes); the footprint is what is given.
+_RESERVE = {"reserve": True, "reserve_bytes": 1 << 15}
 _PRESENT = {"seq_lens": {"seq_lens": [5, 2]}, "reverse": {"reverse": True, "bidirectional": False},
-            "clip": {"clip": 0.5}}
+            "clip": {"clip": 0.5}, "reserve": _RESERVE, "reserve_bytes": _RESERVE}
 # each op through both kernels (persistent: layers > 0 read their input from scratch); a decode step (seq 1,
 # state carried) as the kernel choice of each target makes it; version 2 (ABI.md §8): every field of the op at
 # once, seq 20 (past the host's decode path), a row that never runs and one that runs to the end; decode

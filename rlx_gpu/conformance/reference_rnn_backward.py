@@ -41,11 +41,13 @@ ACTIVATIONS: dict[str, tuple[Fn, Fn]] = {
 }
 
 #: The §8 fields of lstm/gru/rnn this reference implements (all of them), by backward op.
+#: A saved forward (``reserve``) changes no gradient: the reference recomputes its forward either way.
 V2_FIELDS: dict[str, frozenset[str]] = {
     "lstm_backward": frozenset({"seq_lens", "reverse", "clip", "activations", "peepholes", "input_forget",
-                                "proj_size", "w_hr", "d_peepholes", "d_w_hr"}),
-    "gru_backward": frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset"}),
-    "rnn_backward": frozenset({"seq_lens", "reverse", "clip", "activations"}),
+                                "proj_size", "w_hr", "d_peepholes", "d_w_hr", "reserve", "reserve_bytes"}),
+    "gru_backward": frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "reserve",
+                               "reserve_bytes"}),
+    "rnn_backward": frozenset({"seq_lens", "reverse", "clip", "activations", "reserve", "reserve_bytes"}),
 }
 
 

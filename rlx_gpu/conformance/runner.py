@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 import host_fallback
-from host_fallback.abi import OPS, SCAN_OPS, Region, complete, regions
+from host_fallback.abi import BACKWARD, OPS, SCAN_OPS, Region, complete, regions
 from host_fallback.arena import STORAGE
 
 from ..backends.base import Session
@@ -89,6 +89,8 @@ def lay_out(case: Case) -> Laid:
             _store(arena, r, r.dtype, np.asarray(ints[r.field]))
         elif r.reads and r.dtype != "u8":
             _store(arena, r, r.dtype, sample(case.op, case.params, r.field, r.shape, rng))
+    if case.op in BACKWARD and thunk.get("reserve") is not None:
+        _save_forward(thunk, arena)
     if case.poison:
         r = next(r for r in placed if r.field == case.poison)
         view = arena[r.offset: r.offset + r.nbytes].view(STORAGE[r.dtype])
@@ -109,6 +111,20 @@ def lay_out(case: Case) -> Laid:
         with np.errstate(all="ignore"):
             return REFERENCES[case.op](complete(thunk), load)
     return Laid(thunk, arena, placed, reference)
+
+
+def _save_forward(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
+    """Fill a backward thunk's reserve (ABI.md §9.1) as its forward on the host writes it: the forward runs on a
+    copy (it updates carried states in place) with its ``dst`` past the arena; the reserve comes back. A
+    device under test then reads a reserve the host wrote."""
+    forward = {k: v for k, v in thunk.items() if k in OPS[BACKWARD[thunk["op"]]].keys}
+    forward.update(op=BACKWARD[thunk["op"]], dst=-(-arena.size // 256) * 256)
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    longer[: arena.size] = arena
+    host_fallback.execute(forward, longer)
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    arena[start:end] = longer[start:end]
 
 
 def _lay_out_scan(case: Case, rng: np.random.Generator) -> Laid:

@@ -99,8 +99,8 @@ def _whole_buffers(node: Node) -> None:
 class _Reverse:
     """One derivation into graph ``g``: the forward values (``env``) and the cotangents (``cot``), by tensor."""
 
-    def __init__(self, g: BodyGraph, env: dict[Tensor, Tensor]):
-        self.g, self.env = g, env
+    def __init__(self, g: BodyGraph, env: dict[Tensor, Tensor], recompute: bool = False):
+        self.g, self.env, self.recompute = g, env, recompute  # recompute: no saved forward (Graph.backward)
         self.cot: dict[Tensor, Tensor] = {}
 
     @classmethod
@@ -187,7 +187,7 @@ class _Reverse:
         if dst not in self.cot and not d_state:
             return
         d_y = self.cot[dst] if dst in self.cot else self.g.fill(dst.shape, 0.0, dst.dtype)
-        grads = self.g.backward(dst, d_y, d_state or None)
+        grads = self.g.backward(dst, d_y, d_state or None, recompute=self.recompute)
         for field, d in grads.items():
             if field in states:
                 self.cot[f[field]] = d
@@ -285,7 +285,7 @@ def _cotangents(g: BodyGraph, outputs: list[Tensor], d_outputs: Any, single: boo
 
 
 def grad(g: BodyGraph, outputs: Tensor | Sequence[Tensor], wrt: Tensor | Sequence[Tensor],
-         d_outputs: Any = None) -> Tensor | tuple[Tensor, ...]:
+         d_outputs: Any = None, *, recompute: bool = False) -> Tensor | tuple[Tensor, ...]:
     """The gradients of ``Σ_i <outputs[i], d_outputs[i]>`` with respect to each of ``wrt``, emitted into ``g``.
 
     See ``Graph.grad``. ``g`` provides ``backward`` (a fused op's backward thunk) and ``scan_grad``.
@@ -300,7 +300,7 @@ def grad(g: BodyGraph, outputs: Tensor | Sequence[Tensor], wrt: Tensor | Sequenc
         if any(t.buf in reached for t in node.tensors()):
             path.append(node)
             reached.update(t.buf for t in node.writes)
-    rev = _Reverse(g, _Same())
+    rev = _Reverse(g, _Same(), recompute)
     for o, d in zip(outs, ds):
         rev.add(o, d)
     found: dict[Tensor, Tensor] = {}

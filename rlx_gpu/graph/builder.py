@@ -48,7 +48,7 @@ class Graph(BodyGraph, Mamba3Ops):
                          num_checkpoints=num_checkpoints, length=length)
 
     def grad(self, outputs: Tensor | Sequence[Tensor], wrt: Tensor | Sequence[Tensor],
-             d_outputs: Any = None) -> Tensor | tuple[Tensor, ...]:
+             d_outputs: Any = None, *, recompute: bool = False) -> Tensor | tuple[Tensor, ...]:
         """Reverse mode over this graph: the gradients of ``outputs`` with respect to ``wrt``, as new tensors.
 
         ``torch.autograd.grad(outputs, inputs, grad_outputs)`` (or ``jax.vjp``'s pullback) over the ops
@@ -65,6 +65,9 @@ class Graph(BodyGraph, Mamba3Ops):
         d_outputs : tensor, array or sequence of them, optional
             The cotangent of each output (``grad_outputs``), shaped like it; arrays become constants.
             Without it every output must have one element (a loss), whose cotangent is 1.
+        recompute : bool, optional
+            False (the default): an lstm, gru or rnn saves its forward for its backward (``backward``'s
+            reserve); True: their backward thunks recompute the forward (less memory, slower).
 
         Body ops differentiate by their rules (``autodiff``), each fused op (lstm, gru, rnn,
         selective_scan, mamba2, gated_delta_net) by one backward thunk of ABI.md §9 (``backward``;
@@ -72,7 +75,7 @@ class Graph(BodyGraph, Mamba3Ops):
         ``scan_grad`` (its forward's checkpoints reused). Mark the gradients with ``output`` to read
         them; what no output needs is pruned at ``compile()``.
         """
-        return grad(self, outputs, wrt, d_outputs)
+        return grad(self, outputs, wrt, d_outputs, recompute=recompute)
 
     def compile(self, device: str | None = None) -> Executable:
         """Lay out the arena, lower to a validated Schedule and bind it to ``device`` (see ``get_device``)."""

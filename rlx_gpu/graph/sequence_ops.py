@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from host_fallback.abi import BACKWARD, FORWARD_OPS, OPS, gradient
+from host_fallback.abi import BACKWARD, ELEM_SIZE, FORWARD_OPS, OPS, gradient
 
 from ..errors import GraphError
 from .nodes import Node, Tensor
@@ -274,7 +274,8 @@ class SequenceOps(RecurrentOps):
 
     # ----------------------------------------------------------------- gradients
     @BUILDERS.register(*BACKWARD)
-    def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None) -> dict[str, Tensor]:
+    def backward(self, y: Tensor, d_y: Any, d_state: dict[str, Any] | None = None, *,
+                 recompute: bool = False) -> dict[str, Tensor]:
         """Emit the ``OP_backward`` thunk (ABI.md §9) of the fused op that returned ``y``.
 
         ``y`` is the output (``dst``) of an ``lstm``, ``gru``, ``rnn``, ``selective_scan``, ``mamba2``
@@ -283,6 +284,11 @@ class SequenceOps(RecurrentOps):
         (``{"h0": ..., "c0": ...}`` for an lstm, ``{"h0": ...}`` for a gru or rnn, ``{"state": ...}``
         for the others); a state left out has gradient zero. It applies only to a call given initial
         states.
+
+        An lstm, gru or rnn call gets a saved forward (ABI.md §9.1's ``reserve``, ``rlx_gpu.reserve_bytes``
+        bytes): the forward thunk also writes what its backward reads instead of running the forward again
+        (cuDNN's reserve space; faster, and the arena holds it from the forward to the backward).
+        ``recompute=True`` gives none: the backward recomputes the forward, trading speed for memory.
 
         Returns
         -------
@@ -301,11 +307,13 @@ class SequenceOps(RecurrentOps):
         if set(given) - set(carried):
             have = f"its carried states are {', '.join(carried)}" if carried else "it was given no initial state"
             raise GraphError(f"{bop}: d_state names {', '.join(sorted(set(given) - set(carried)))}, but {have}")
+        if not recompute:
+            self._saved_forward(node)
         fields = {k: v for k, v in node.fields.items() if k != "dst"}
         fields["d_dst"] = d_y
         grads: dict[str, Tensor] = {}
         for name, v in node.fields.items():
-            if name == "dst" or not isinstance(v, Tensor) or v.dtype == "i32":
+            if name in ("dst", "reserve") or not isinstance(v, Tensor) or v.dtype == "i32":
                 continue
             if name in carried:
                 # the thunk holds the initial state (the tensor the call was given) and updates the
@@ -334,6 +342,34 @@ class SequenceOps(RecurrentOps):
                 return node
         raise GraphError(f"backward: {y!r} is no output of a {', '.join(FORWARD_OPS)} call of this graph; "
                          f"pass the tensor the call returned (its first value)")
+
+    def saved_forward(self, y: Tensor, given: Tensor | None = None) -> Tensor | None:
+        """The saved forward (ABI.md §9.1's ``reserve``) of the lstm, gru or rnn call that returned ``y``: a buffer
+        of ``rlx_gpu.reserve_bytes`` bytes its forward thunk writes and its ``backward`` reads (made on the
+        first ask); ``None`` for an op without one. ``given``: a tensor holding the reserve a forward run
+        before wrote (a frontend kept it from its forward call): the backward reads it, and the forward
+        thunk, whose outputs nothing then needs, is pruned."""
+        node = self._forward_node(y)
+        if given is not None and OPS[node.op].reserve_size is None:
+            raise GraphError(f"{node.op}: it has no saved forward (reserve); the ops with one are lstm, gru and rnn")
+        if given is not None:
+            nbytes = OPS[node.op].reserve_size({"op": node.op, "dtype": node.dtype, **node.fields})
+            given = self._t(given, node.dtype)
+            self._expect(node.op, "reserve", given, (nbytes // ELEM_SIZE[node.dtype],), node.dtype)
+            node.fields.update(reserve=given, reserve_bytes=nbytes)
+        return self._saved_forward(node)
+
+    def _saved_forward(self, node: Node) -> Tensor | None:
+        """The reserve of the forward ``node``, given one first if its op has one and it has none yet (a second
+        backward of the same call reads the same): a buffer of its dtype's elements it writes besides ``dst``."""
+        size = OPS[node.op].reserve_size
+        if size is None or isinstance(node.fields.get("reserve"), Tensor):
+            return node.fields.get("reserve")
+        nbytes = size({"op": node.op, "dtype": node.dtype, **node.fields})
+        reserve = self._new((nbytes // ELEM_SIZE[node.dtype],), node.dtype)
+        node.fields.update(reserve=reserve, reserve_bytes=nbytes)
+        node.writes = (*node.writes, reserve)
+        return reserve
 
     def _initial_state(self, node: Node, field: str) -> Tensor:
         """The tensor a call was given as state ``field``: the source of the copy its thunk updates."""

@@ -25,6 +25,8 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
     device_op = PLANNERS.get(op)
     if device_op is None:
         return f"no device kernel for op {op!r}"
+    if thunk.get("reserve") is not None and "reserve" not in device_op.v2_fields:  # ABI.md §9.1, issue 36
+        return f"no device kernel of {op} writes or reads a saved forward (reserve) yet; the host does"
     missing = [name for name in used(thunk) if name not in device_op.v2_fields]
     if missing:
         return f"no device kernel of {op} takes the version-2 field(s) {', '.join(missing)} yet"

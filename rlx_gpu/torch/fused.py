@@ -83,8 +83,8 @@ def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Te
     """Emit the backward thunk of the call that returned ``y`` and mark the gradients of the ``wanted``
     fields as outputs ``grad.FIELD`` (no input ``d_...`` takes such a name). The call's own outputs (its
     final states) are unmarked first, so its forward thunk is pruned: the backward thunk recomputes what
-    it needs of it."""
-    grads = graph.backward(y, d_y, d_state)
+    it needs of it, or reads the saved forward (reserve) the call's node was given (``Graph.saved_forward``)."""
+    grads = graph.backward(y, d_y, d_state, recompute=True)
     for name in [n for n in graph.outputs if n.startswith(f"{CALL}.")]:
         del graph.outputs[name]
     for field in wanted:

@@ -11,6 +11,11 @@ all layers, or, with dropout between layers in training mode, one op per layer w
 between them. Inputs and outputs follow torch: ``[seq, batch,
 features]`` or, with ``batch_first``, ``[batch, seq, features]``, unbatched ``[seq, features]``, and
 ``PackedSequence`` in and out (``h_n`` in the caller's batch order, sorted or not).
+
+In training mode a forward that autograd records saves what its backward reads (ABI.md §9.1's reserve,
+cuDNN's reserve space: every step's gates and cell values), so the backward does not run the forward again;
+the keyword ``recompute=True`` (or the attribute ``module.recompute``) trades that speed for memory: the
+backward recomputes the forward. In eval mode and under ``torch.no_grad()`` nothing is saved.
 """
 from __future__ import annotations
 
@@ -44,6 +49,10 @@ def packed_like(y: torch.Tensor, like: PackedSequence) -> PackedSequence:
 
 class _RlxRecurrent:
     """The ``forward`` of ``LSTM``, ``GRU`` and ``RNN``, for a subclass of torch.nn's module."""
+
+    def __init__(self, mode: str, *args: Any, recompute: bool = False, **kwargs: Any) -> None:
+        super().__init__(mode, *args, **kwargs)
+        self.recompute = recompute  # True: the backward recomputes the forward instead of reading its reserve
 
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
@@ -147,7 +156,8 @@ class _RlxRecurrent:
             rows = slice(layers.start * dirs, layers.stop * dirs)
             x, *ends = recurrent(self._recurrence(len(layers)), x,
                                  weights[layers.start * per_layer: layers.stop * per_layer],
-                                 {f: s[rows] for f, s in states.items()}, seq_lens)
+                                 {f: s[rows] for f, s in states.items()}, seq_lens,
+                                 recompute=self.recompute or not module.training)
             for out, end in zip(finals, ends):
                 out.append(end)
         return x, [torch.cat(f) if len(f) > 1 else f[0] for f in finals]

@@ -5,13 +5,18 @@ Each op takes torch.nn's own parameters, ``weights`` in the order of ``RNNBase._
 (per layer and direction ``w_ih, w_hh[, b_ih, b_hh][, w_hr]``), and packs them into ABI.md §3's
 weight streams itself, once per parameter version: the packing is kept while every parameter's
 storage and ``_version`` stay the same (an optimizer step bumps the versions), so a decode or
-training loop does not re-pack its weights per call. The backward thunk recomputes the forward from
-the inputs (the input, the weights, the initial states and the lengths), so autograd keeps nothing
-else between the two passes; its stream gradients are unpacked into one gradient per parameter.
+training loop does not re-pack its weights per call. A forward autograd records (``save_forward``)
+also returns its saved forward (ABI.md §9.1's reserve: the gates and cell values of every step, one
+float tensor of ``rlx_gpu.reserve_bytes`` bytes), which autograd keeps for the backward thunk to read
+instead of running the forward again; without it (``recompute``, or a forward autograd does not record)
+the backward thunk recomputes the forward from the inputs (the input, the weights, the initial states
+and the lengths), so autograd keeps nothing else between the two passes. Its stream gradients are
+unpacked into one gradient per parameter.
 """
 from __future__ import annotations
 
 import collections
+import functools
 import operator
 import threading
 import weakref
@@ -24,9 +29,13 @@ from host_fallback.abi import OPS
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import CPU, BoundCall, host_array, plan_for, run_graph, specs_of, stamp, tensor
+from ..runtime.config import load_config
+from ..runtime.registry import resolve
+from ..schedule.reserve import reserve_bytes
+from .bridge import (CPU, BoundCall, default_device, device_for, host_array, plan_for, run_graph, specs_of, stamp,
+                     tensor)
 from .fused import CALL, declare, output_gradients
-from .library import define, dense, direct, schema_args
+from .library import define, dense, direct, empty, schema_args
 
 #: How many packings of weights are kept (the least recently used one is dropped past it).
 PACKED_CACHE = 32
@@ -79,12 +88,14 @@ class Recurrence:
         return out[0]
 
 
-#: The statics of each op's schema, in order, with their types.
+#: The statics of each op's schema, in order, with their types; the last, ``save_forward``, asks the forward
+#: for its saved forward (the op's last output; empty without).
 STATICS = {"lstm": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("proj_size", "int"),
-                    ("has_biases", "bool")),
-           "gru": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("has_biases", "bool")),
+                    ("has_biases", "bool"), ("save_forward", "bool")),
+           "gru": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("has_biases", "bool"),
+                   ("save_forward", "bool")),
            "rnn": (("hidden_size", "int"), ("num_layers", "int"), ("bidirectional", "bool"), ("has_biases", "bool"),
-                   ("relu", "bool"))}
+                   ("relu", "bool"), ("save_forward", "bool"))}
 
 
 def _spec(op: str, statics: Sequence[Any]) -> Recurrence:
@@ -195,23 +206,55 @@ def _declared(inputs: Mapping[str, torch.Tensor]) -> tuple[Graph, dict[str, Tens
     return g, declare(g, specs)
 
 
-def _forward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Graph:
-    """The forward thunk: outputs ``y`` and the final states ``{CALL}.h_n`` (and ``{CALL}.c_n``)."""
+def _forward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor], save: bool) -> Graph:
+    """The forward thunk: outputs ``y``, the final states ``{CALL}.h_n`` (and ``{CALL}.c_n``) and, to ``save``,
+    the saved forward ``reserve``."""
     g, t = _declared(inputs)
-    g.output("y", spec.emit(g, t))
+    y = spec.emit(g, t)
+    g.output("y", y)
+    if save:
+        g.output("reserve", g.saved_forward(y))
     return g
 
 
 def _backward_graph(spec: Recurrence, inputs: Mapping[str, torch.Tensor]) -> Graph:
-    """The backward thunk: outputs ``grad.NAME`` for the input, every weight stream and the initial states."""
+    """The backward thunk: outputs ``grad.NAME`` for the input, every weight stream and the initial states; it
+    reads the input ``reserve`` where there is one."""
     g, t = _declared(inputs)
     y = spec.emit(g, t)
+    if "reserve" in t:
+        g.saved_forward(y, t["reserve"])
     output_gradients(g, y, t["d_y"], {s: t[f"d_{s}"] for s in spec.states}, ("x", *spec.streams, *spec.states))
     return g
 
 
 def _width(spec: Recurrence) -> int:
     return (2 if spec.bidirectional else 1) * (spec.proj_size or spec.hidden)
+
+
+@functools.lru_cache(maxsize=8)
+def _host_by_default(variables: tuple[Any, ...]) -> bool:
+    """Whether CPU tensors run on the host with the device variables at these values (``bridge.default_device``)."""
+    return resolve(None, load_config(None)).backend == "host"
+
+
+def _saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether a call saves its forward: autograd records it and it runs on the host, whose kernels write
+    and read a reserve (a device's do not yet: there the backward recomputes, on the device). A traced call
+    (``torch.compile``) saves none: the device a compiled graph runs on is not known while tracing."""
+    return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and torch._C._any_requires_grad(x, *tensors) and device_for(x) is None
+            and _host_by_default(default_device()))
+
+
+def _reserve_elements(spec: Recurrence, x: torch.Tensor) -> int:
+    """How many of ``x``'s elements hold the saved forward of the call (``rlx_gpu.reserve_bytes``)."""
+    b, s, i = x.shape
+    fields = dict(op=spec.op, dtype=_DTYPES[x.dtype], batch=b, seq=s, input_size=i, hidden=spec.hidden,
+                  num_layers=spec.num_layers, bidirectional=spec.bidirectional, proj_size=spec.proj_size)
+    return reserve_bytes(fields) // x.element_size()
+
+
+_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64"}
 
 
 def _split(op: str, args: Sequence[Any]) -> tuple[Recurrence, torch.Tensor, list[torch.Tensor], list[torch.Tensor],
@@ -224,12 +267,13 @@ def _split(op: str, args: Sequence[Any]) -> tuple[Recurrence, torch.Tensor, list
 
 def _forward(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
     spec, x, weights, states, seq_lens = _split(op, args)
+    save = bool(args[-1])
     if x.shape[:2].numel() == 0:  # batch 0 or no steps: torch.nn's empty output, the states unchanged
-        return (dense((*x.shape[:2], _width(spec)), x).zero_(), *(s.clone() for s in states))
+        return (dense((*x.shape[:2], _width(spec)), x).zero_(), *(s.clone() for s in states), empty(x))
     inputs, stamps = _inputs(spec, x, weights, states, seq_lens)
-    out = run_graph(("forward", spec), lambda: _forward_graph(spec, inputs), inputs, stamps=stamps)
+    out = run_graph(("forward", spec, save), lambda: _forward_graph(spec, inputs, save), inputs, stamps=stamps)
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
-    return (out["y"], *(out[finals[s]] for s in spec.states))
+    return (out["y"], *(out[finals[s]] for s in spec.states), out["reserve"] if save else empty(x))
 
 
 def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor],
@@ -244,7 +288,7 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     if not stamps:
         return None
     specs = specs_of(inputs)
-    plan = plan_for(("forward", spec), lambda: _forward_graph(spec, inputs), specs, None)
+    plan = plan_for(("forward", spec, False), lambda: _forward_graph(spec, inputs, False), specs, None)
     positions = {name: i for i, name in enumerate(inputs)}  # x, the streams, the states
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     bound = BoundCall(plan, positions, spec.streams, ("y", *(finals[s] for s in spec.states)))
@@ -268,26 +312,29 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
 
 def _forward_fake(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
     spec, x, _, states, _ = _split(op, args)
-    return (dense((*x.shape[:2], _width(spec)), x), *(dense(s.shape, s) for s in states))
+    saved = _reserve_elements(spec, x) if args[-1] and x.shape[:2].numel() else 0
+    return (dense((*x.shape[:2], _width(spec)), x), *(dense(s.shape, s) for s in states), dense((saved,), x))
 
 
 def _backward(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]:
-    spec = _spec(op, args[-len(STATICS[op]):])
-    d_finals, rest = args[:len(spec.states)], args[len(spec.states):]
+    count = len(OPS[op].states)
+    d_finals, reserve, rest = args[:count], args[count], args[count + 1:]
     spec, x, weights, states, seq_lens = _split(op, rest)
     if x.shape[:2].numel() == 0:
         return [torch.zeros_like(t) for t in (x, *weights)] + [d.clone() for d in d_finals]
     inputs, stamps = _inputs(spec, x, weights, states, seq_lens)
     inputs["d_y"] = d_y.to(x.dtype)
     inputs.update({f"d_{s}": d.to(x.dtype) for s, d in zip(spec.states, d_finals)})
-    out = run_graph(("backward", spec), lambda: _backward_graph(spec, inputs), inputs, stamps=stamps)
+    saved = reserve is not None and reserve.numel() > 0
+    if saved:
+        inputs["reserve"] = reserve
+    out = run_graph(("backward", spec, saved), lambda: _backward_graph(spec, inputs), inputs, stamps=stamps)
     grads = {name[len("grad."):]: t for name, t in out.items()}
     return [grads["x"], *_unpack(spec, weights, grads), *(grads[s] for s in spec.states)]
 
 
 def _backward_fake(op: str, d_y: torch.Tensor, *args: Any) -> list[torch.Tensor]:
-    spec = _spec(op, args[-len(STATICS[op]):])
-    _, x, weights, states, _ = _split(op, args[len(spec.states):])
+    _, x, weights, states, _ = _split(op, args[len(OPS[op].states) + 1:])
     return [dense(t.shape, t) for t in (x, *weights, *states)]
 
 
@@ -296,26 +343,27 @@ def _register(op: str) -> Any:
     states = OPS[op].states
     args = "Tensor x, Tensor[] weights, " + schema_args(states, ("seq_lens",), STATICS[op])
     d_finals = ", ".join(f"Tensor d_{s}" for s in states)
-    backward = define(f"{op}_backward", f"(Tensor d_y, {d_finals}, {args}) -> Tensor[]",
+    backward = define(f"{op}_backward", f"(Tensor d_y, {d_finals}, Tensor? reserve, {args}) -> Tensor[]",
                       lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
     count = len(states)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         x, weights = inputs[0], inputs[1]
         ctx.weights = len(weights)
-        ctx.save_for_backward(x, *weights, *inputs[2: 3 + count])
+        ctx.mark_non_differentiable(output[-1])
+        ctx.save_for_backward(x, *weights, *inputs[2: 3 + count], output[-1] if inputs[-1] else None)
         ctx.statics = inputs[3 + count:]
 
-    def gradients(ctx: Any, d_y: torch.Tensor, *d_finals: torch.Tensor | None) -> tuple[Any, ...]:
+    def gradients(ctx: Any, d_y: torch.Tensor, *d_outputs: torch.Tensor | None) -> tuple[Any, ...]:
         saved = ctx.saved_tensors
         x, weights = saved[0], list(saved[1: 1 + ctx.weights])
-        states, seq_lens = saved[1 + ctx.weights: 1 + ctx.weights + count], saved[-1]
-        d_finals = tuple(torch.zeros_like(s) if d is None else d for s, d in zip(states, d_finals))
-        grads = backward(d_y, *d_finals, x, weights, *states, seq_lens, *ctx.statics)
+        states, seq_lens, reserve = saved[1 + ctx.weights: 1 + ctx.weights + count], saved[-2], saved[-1]
+        d_finals = tuple(torch.zeros_like(s) if d is None else d for s, d in zip(states, d_outputs))
+        grads = backward(d_y, *d_finals, reserve, x, weights, *states, seq_lens, *ctx.statics)
         return (grads[0], list(grads[1: 1 + ctx.weights]), *grads[1 + ctx.weights:], None,
                 *(None for _ in ctx.statics))
 
-    outputs = ", ".join(["Tensor"] * (1 + count))
+    outputs = ", ".join(["Tensor"] * (2 + count))  # y, the final states, the saved forward
     return define(op, f"({args}) -> ({outputs})", lambda *a: _forward(op, *a), lambda *a: _forward_fake(op, *a),
                   gradients, setup_context)
 
@@ -325,7 +373,7 @@ _CALLS = {op: direct(custom) for op, custom in CUSTOM_OPS.items()}  # what the m
 
 
 def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Mapping[str, torch.Tensor],
-              seq_lens: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+              seq_lens: torch.Tensor | None = None, recompute: bool = False) -> tuple[torch.Tensor, ...]:
     """Run ``torch.ops.rlx_gpu.<spec.op>``, differentiably: ``(y, h_n)`` or, for an lstm, ``(y, h_n, c_n)``.
 
     Parameters
@@ -341,8 +389,13 @@ def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor]
     seq_lens : torch.Tensor, optional
         int32 ``[batch]``: row ``b`` runs its first ``seq_lens[b]`` steps (ABI.md §8), ``y`` is 0 past
         them and its final state is the one after its last step.
+    recompute : bool
+        False: a forward autograd records, on the host, saves what its backward reads (the reserve: faster,
+        and held until the backward); True: the backward runs the forward again (less memory).
     """
+    save = not recompute and _saves(x, [*weights, *states.values()])
     statics = {"hidden_size": spec.hidden, "num_layers": spec.num_layers, "bidirectional": spec.bidirectional,
-               "proj_size": spec.proj_size, "has_biases": spec.has_biases, "relu": spec.relu}
-    return _CALLS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,
-                               *(statics[name] for name, _ in STATICS[spec.op]))
+               "proj_size": spec.proj_size, "has_biases": spec.has_biases, "relu": spec.relu, "save_forward": save}
+    out = _CALLS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,
+                          *(statics[name] for name, _ in STATICS[spec.op]))
+    return out[:-1]  # the saved forward stays with autograd

@@ -30,7 +30,11 @@ def test_every_recurrent_backward_case_of_the_catalog_has_a_device_kernel(lim):
     backward = [c for c in catalog.cases() if BACKWARD.get(c.op) in RECURRENT and not c.refused]
     assert {c.op for c in backward} == {f"{op}_backward" for op in RECURRENT}
     for case in backward:
-        assert launches.unsupported(complete(runner.lay_out(case).thunk), lim) is None, case.id
+        why = launches.unsupported(complete(runner.lay_out(case).thunk), lim)
+        if "reserve" in case.params:  # the device kernels read no saved forward yet (issue 36): the host does
+            assert why is not None and "saved forward (reserve)" in why, case.id
+        else:
+            assert why is None, case.id
 
 
 def test_the_cases_build_the_representative_variants():
@@ -105,7 +109,8 @@ def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
     x, h0, dy, dh = g.input("x", (b, s, i)), g.input("h0", (4, b, h)), g.input("dy", (b, s, 2 * h)), g.input("dh", (4, b, h))
     w = {k: g.input(k, np.shape(v)) for k, v in weights.items()}
     y, _ = g.gru(x, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], hidden=h, num_layers=2, bidirectional=True, h0=h0)
-    for name, grad in g.backward(y, dy, {"h0": dh}).items():
+    # recompute: the device kernels write and read no reserve yet (a saved forward would run on the host)
+    for name, grad in g.backward(y, dy, {"h0": dh}, recompute=True).items():
         g.output(f"d_{name}", grad)
     exe = g.compile(OPENCL_CPU[0])
     assert {p.backend for p in exe.device.place(exe.schedule) if p.op == "gru_backward"} == {"opencl"}

@@ -70,8 +70,9 @@ def test_version_2_fields_match_central_finite_differences():
     """Every case of a field the reference implements, and a case for every such field."""
     for op, fields, extra in V2_RUN:
         _check_finite_differences(op, backward_params(op, **extra))
+    # the saved forward (reserve) changes no gradient: test_rnn_reserve checks it against the recomputed ones
     for op in ("lstm", "gru", "rnn"):
-        for field in V2_FIELDS.get(op, frozenset()) & set(OPS[op].defaults):
+        for field in V2_FIELDS.get(op, frozenset()) & set(OPS[op].defaults) - {"reserve", "reserve_bytes"}:
             assert any(op == o and field in fields for o, fields, _ in V2_RUN), f"no backward case of {op} {field}"
 
 

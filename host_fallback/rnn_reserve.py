@@ -1,0 +1,88 @@
+"""The recurrent ops' saved forward on the host (ABI.md §9.1): a reserve as NumPy views, which a training
+forward keeps its per-step arrays in and the backward reads instead of running the forward again.
+
+The layout is the ABI's (``abi.rnn.reserve_slots``, docs/abi.md): per layer-direction what the reverse pass of
+``rnn_backward_steps`` reads (the gates ``y``, the pre-activations ``u``, the state entering each step ...),
+then the layers' outputs (the next layer's input, for ``d_w_ih``), then the clip's masks. ``u`` is written
+only where the reverse pass reads it (``_Cell.keeps_pre_activations``: a clip or an activation other than
+sigmoid/tanh; else the gates were activated in place and ``u`` is ``y``), the masks only with a clip, an
+lstm's ``c_new`` only with peepholes or an ``h`` activation other than tanh (a small lstm's whole-sequence
+kernel, which takes neither, keeps none).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .abi.rnn import ACTIVATION_SLOTS, recurrent_dims, reserve_slots
+from .arena import view
+from .rnn_backward_cell import _Cell
+
+Array = np.ndarray
+
+
+def _views(t: Mapping[str, Any], arena: np.ndarray) -> dict[tuple[str, int], Array]:
+    """Every slot of the reserve of the completed forward thunk ``t``, by ``(name, index)``."""
+    base = t["reserve"]
+    return {(s.name, s.index): view(arena, base + s.offset, s.dtype, s.shape) for s in reserve_slots(t)}
+
+
+def _pre_activations_read(t: Mapping[str, Any], cell: _Cell) -> bool:
+    return cell.keeps_pre_activations(min(ACTIVATION_SLOTS[t["op"]], 2))
+
+
+def projection_slot(t: Mapping[str, Any], cell: _Cell) -> str:
+    """The slot a layer-direction's input projection is computed into: the forward's steps turn it into the
+    pre-activations ``u`` where those are kept, else into the gates ``y`` (activated in place)."""
+    return "u" if _pre_activations_read(t, cell) else "y"
+
+
+def slots(t: Mapping[str, Any], arena: np.ndarray) -> tuple[list[dict[str, Array]], list[Array]]:
+    """``(per layer-direction its arrays by name, every layer's output but the top one's)``: views of the
+    reserve of the completed forward thunk ``t``, the masks as booleans."""
+    _, dirs = recurrent_dims(t)
+    v = _views(t, arena)
+    per_ld: list[dict[str, Array]] = [{} for _ in range(t["num_layers"] * dirs)]
+    for (name, index), values in v.items():
+        if name != "out":
+            per_ld[index][name] = values.view(bool) if name == "mask" else values
+    return per_ld, [v["out", layer] for layer in range(t["num_layers"] - 1)]
+
+
+def save(t: Mapping[str, Any], reserve: tuple[list[dict[str, Array]], list[Array]], cells: Sequence[_Cell],
+         inputs: Sequence[Array], kept: Sequence[Sequence[Mapping[str, Array]]]) -> None:
+    """Copy what each layer-direction ``kept`` (``rnn_backward_steps``' forward) and every layer's input but
+    the first (``inputs[1:]``) into the ``reserve`` (``slots``), where the forward did not keep it there
+    already: what the backward reads."""
+    _, dirs = recurrent_dims(t)
+    per_ld, outs = reserve
+    for layer, per_direction in enumerate(kept):
+        for dr, keep in enumerate(per_direction):
+            dest = per_ld[layer * dirs + dr]
+            for name, values in keep.items():
+                read = name != "u" or _pre_activations_read(t, cells[dr])
+                if values is not None and read and values is not dest[name]:
+                    dest[name][...] = values
+    for values, dest in zip(inputs[1:], outs):
+        if values is not dest:
+            dest[...] = values
+
+
+def load(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell]) -> tuple[list[Array], list[list[dict]]]:
+    """``(inputs above layer 0, kept)`` as ``save`` wrote them: views of the reserve, which the reverse pass
+    only reads."""
+    _, dirs = recurrent_dims(t)
+    per_ld, outs = slots(t, arena)
+    kept = []
+    for layer in range(t["num_layers"]):
+        per_direction = []
+        for dr in range(dirs):
+            keep = dict(per_ld[layer * dirs + dr])
+            if not _pre_activations_read(t, cells[dr]):
+                keep["u"] = keep["y"]
+            if not cells[dr].clip:
+                keep["mask"] = None
+            per_direction.append(keep)
+        kept.append(per_direction)
+    return outs, kept

@@ -1,0 +1,67 @@
+"""``Graph.backward`` and ``Graph.grad`` save a recurrent call's forward for its backward (ABI.md §9.1's
+``reserve``) unless asked to recompute; both give torch autograd's gradients."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rlx_gpu
+from rlx_gpu.graph.builder import Graph
+from rlx_gpu.graph.lowering import lower
+from rlx_gpu.graph.torch_weights import pack_recurrent
+
+MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
+
+
+def _graph(op: str, recompute: bool, b: int = 2, s: int = 4, i: int = 3, h: int = 5):
+    torch.manual_seed(0)
+    module = MODULES[op](i, h, batch_first=True, num_layers=2, bidirectional=True).double()
+    weights = pack_recurrent(module)
+    g = Graph("f64")
+    x = g.input("x", (b, s, i))
+    w = {k: g.input(k, np.shape(v)) for k, v in weights.items()}
+    y = getattr(g, op)(x, *w.values(), hidden=h, num_layers=2, bidirectional=True)
+    loss = g.reduce_sum(g.binary("mul", y, g.input("dy", y.shape)), list(range(3)))
+    grads = g.grad(loss, [x, *w.values()], recompute=recompute)
+    for name, t in zip(["x", *w], grads):
+        g.output(f"d_{name}", t)
+    return g, module, weights
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_grad_saves_the_forward_by_default_and_recomputes_when_asked(op):
+    outs = {}
+    for recompute in (False, True):
+        g, module, weights = _graph(op, recompute)
+        schedule, _ = lower(g)
+        forwards = [t for t in schedule["thunks"] if t["op"] == op]
+        backward = next(t for t in schedule["thunks"] if t["op"] == f"{op}_backward")
+        if recompute:  # no output reads the forward: its thunk is pruned, the backward runs it again
+            assert not forwards and "reserve" not in backward
+        else:
+            (forward,) = forwards
+            need = rlx_gpu.reserve_bytes(forward)
+            assert forward["reserve"] == backward["reserve"] and forward["reserve_bytes"] == need
+        xt = torch.randn(2, 4, 3, dtype=torch.float64, requires_grad=True)
+        dyt = torch.randn(2, 4, 10, dtype=torch.float64)
+        outs[recompute] = g.compile("host").run(x=xt.detach().numpy(), dy=dyt.numpy(),
+                                                **{k: np.asarray(v) for k, v in weights.items()})
+    yt, _ = module(xt)
+    (yt * dyt).sum().backward()
+    np.testing.assert_allclose(outs[False]["d_x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12)
+    for name in outs[True]:
+        np.testing.assert_array_equal(outs[False][name], outs[True][name])
+
+
+def test_a_second_backward_of_one_call_reads_the_same_reserve():
+    g = Graph("f32")
+    x = g.input("x", (2, 3, 4))
+    w_ih, w_hh, bias = g.input("w_ih", (4 * 4,)), g.input("w_hh", (1, 4, 4)), g.input("bias", (1, 4))
+    y = g.rnn(x, w_ih, w_hh, bias, hidden=4)
+    first, second = g.backward(y, g.input("dy1", y.shape)), g.backward(y, g.input("dy2", y.shape))
+    for name, t in {**{f"a_{k}": v for k, v in first.items()}, **{f"b_{k}": v for k, v in second.items()}}.items():
+        g.output(name, t)
+    schedule, _ = lower(g)
+    reserves = {t["op"]: t["reserve"] for t in schedule["thunks"] if "reserve" in t}
+    assert len([t for t in schedule["thunks"] if t["op"] == "rnn"]) == 1 and set(reserves) == {"rnn", "rnn_backward"}

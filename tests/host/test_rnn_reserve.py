@@ -1,0 +1,94 @@
+"""The host's lstm/gru/rnn with a saved forward (ABI.md §9.1): a training forward writes the reserve, the
+backward reads it instead of running the forward again. Its gradients against the backward that recomputes
+(the same arithmetic on the NumPy path: equal; the compiled small lstm's forward differs in rounding), its
+outputs against the forward without a reserve, and the same bytes on every run."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+import rlx_gpu
+from host_fallback.abi import regions
+from support.gradient_check import read
+from support.rnn_backward_cases import backward_params, laid_backward
+
+_ACTIVATIONS = [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0],
+                ["sigmoid", 0.0, 0.0], ["scaled_tanh", 1.5, 0.7], ["tanh", 0.0, 0.0]]
+CASES = [
+    *[(op, {}) for op in ("lstm", "gru", "rnn")],
+    *[(op, dict(seq_lens=[5, 2, 0])) for op in ("lstm", "gru", "rnn")],
+    *[(op, dict(clip=0.5)) for op in ("lstm", "gru", "rnn")],
+    ("rnn", dict(reverse=True, bidirectional=False, seq_lens=[4, 1, 5], relu=True)),
+    ("gru", dict(linear_before_reset=False, clip=0.8, seq_lens=[3, 5, 1])),
+    ("lstm", dict(peepholes=True)), ("lstm", dict(proj_size=2, w_hr=True)), ("lstm", dict(input_forget=True)),
+    ("lstm", dict(activations=_ACTIVATIONS)), ("lstm", dict(num_layers=1, carry=False)),
+]
+IDS = [f"{op}-{'.'.join(k for k in e) or 'base'}" for op, e in CASES]
+
+
+def _without_reserve(thunk: dict) -> dict:
+    return {k: v for k, v in thunk.items() if k not in ("reserve", "reserve_bytes")}
+
+
+def _laid(op: str, dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
+    """A backward thunk with a reserve, its arena, and the forward thunk sharing its inputs and reserve, whose
+    ``dst`` lies past the backward's arena (the forward runs on a longer copy: it updates carried states)."""
+    params = backward_params(op, **extra)
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
+    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need})
+    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
+    forward.update(op=op, dst=-(-arena.size // 16) * 16)
+    return thunk, arena, forward
+
+
+def _run_forward(forward: dict, arena: np.ndarray) -> np.ndarray:
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    longer[:arena.size] = arena
+    host_fallback.execute(forward, longer)
+    return longer
+
+
+def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    out = arena.copy()
+    host_fallback.execute(thunk, out)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f32", "bf16"])
+@pytest.mark.parametrize("op,extra", CASES, ids=IDS)
+def test_gradients_read_from_the_reserve_match_the_recomputed_ones(op, extra, dtype):
+    thunk, arena, forward = _laid(op, dtype, extra)
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    saved = arena.copy()
+    saved[start:end] = _run_forward(forward, arena)[start:end]
+    got, expected = _gradients(thunk, saved), _gradients(_without_reserve(thunk), arena)
+    assert set(got) == set(expected)
+    compiled_lstm = dtype != "f64" and op == "lstm" and not extra.keys() - {"seq_lens", "num_layers", "carry"}
+    for name in expected:  # the NumPy path runs the same arithmetic either way
+        tol = 1e-5 * (np.abs(expected[name]).max() + 1e-30) if compiled_lstm else 0
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.parametrize("op,extra", CASES, ids=IDS)
+def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(op, extra):
+    _, arena, forward = _laid(op, "f64", extra)
+    with_reserve, without = _run_forward(forward, arena), _run_forward(_without_reserve(forward), arena)
+    for r in regions(_without_reserve(forward)):
+        if r.writes:
+            np.testing.assert_allclose(read(forward, with_reserve)[r.field], read(forward, without)[r.field],
+                                       rtol=1e-12, atol=1e-12, err_msg=r.field)
+
+
+@pytest.mark.parametrize("op,extra", [CASES[0], CASES[4], CASES[8], CASES[12]], ids=[IDS[0], IDS[4], IDS[8], IDS[12]])
+def test_the_reserve_and_the_gradients_are_the_same_bytes_on_every_run(op, extra):
+    thunk, arena, forward = _laid(op, "f32", extra)
+    first, second = _run_forward(forward, arena), _run_forward(forward, arena)
+    assert np.array_equal(first, second)
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    arena[start:end] = first[start:end]
+    runs = [arena.copy(), arena.copy()]
+    for run in runs:
+        host_fallback.execute(thunk, run)
+    assert np.array_equal(runs[0], runs[1])

@@ -1,0 +1,104 @@
+"""ABI.md §9.1's saved forward at the schedule border: ``reserve``/``reserve_bytes`` on the recurrent ops and
+their backward ops, the minimum (``rlx_gpu.reserve_bytes``, written here from docs/abi.md's layout), a
+short reserve refused naming it, the footprint of exactly ``reserve_bytes`` bytes, and the devices' refusal."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import rlx_gpu
+from host_fallback.abi import regions
+from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
+from rlx_gpu.launches import unsupported
+from rlx_gpu.launches.limits import REFERENCE_GPU
+
+OPS = ("lstm", "gru", "rnn", "lstm_backward", "gru_backward", "rnn_backward")
+
+
+def _expected(fields: dict) -> int:
+    """docs/abi.md's layout: per layer-direction and token the saved arrays in hidden units, the outputs of
+    the layers below the top, the clip's byte masks; the end rounded up to 16."""
+    op = fields["op"].removesuffix("_backward")
+    h, dirs, layers = fields["hidden"], 2 if fields["bidirectional"] else 1, fields["num_layers"]
+    width, es = fields.get("proj_size") or h, 8 if fields["dtype"] == "f64" else 4
+    # lstm: y, u (4 gates each), h_prev (width), c_prev, c_new, hc (and raw with a projection)
+    per_step = {"lstm": 8 * h + width + 3 * h + (h if fields.get("proj_size") else 0),
+                "gru": 3 * h + 3 * h + h + h, "rnn": h + h + h}[op]
+    gates = {"lstm": 4, "gru": 3, "rnn": 1}[op]
+    tokens = fields["batch"] * fields["seq"]
+    end = tokens * (layers * dirs * per_step + (layers - 1) * dirs * width) * es + tokens * layers * dirs * gates * h
+    return -(-end // 16) * 16
+
+
+def _schedule(op: str, dtype: str = "f32", **params) -> dict:
+    fields = {**SMALL[op], **params}
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **fields})
+    thunk, nbytes = lay_out(op, dtype, {"reserve": True, "reserve_bytes": need, **fields})
+    return schedule_of(thunk, nbytes)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype,extra", [("f32", {}), ("f64", {}), ("bf16", {"num_layers": 3}),
+                                         ("f32", {"bidirectional": False})])
+def test_the_minimum_follows_the_documented_layout(op, dtype, extra):
+    fields = {"op": op, "dtype": dtype, **SMALL[op], **extra}
+    assert rlx_gpu.reserve_bytes(fields) == _expected(fields)
+
+
+def test_the_minimum_of_a_projecting_lstm_counts_its_width_and_raw_outputs():
+    fields = {"op": "lstm", "dtype": "f32", **SMALL["lstm"], "hidden": 6, "proj_size": 3, "num_layers": 2}
+    assert rlx_gpu.reserve_bytes(fields) == _expected(fields)
+
+
+def test_the_minimum_reads_shapes_only_and_ops_without_a_reserve_are_named():
+    fields = {"op": "gru", "dtype": "f16", **SMALL["gru"]}
+    assert rlx_gpu.reserve_bytes(fields) == rlx_gpu.reserve_bytes({**fields, "clip": 3.0, "x": 1 << 20})
+    with pytest.raises(rlx_gpu.ScheduleError, match="op 'fill' has no saved forward.*lstm, gru, rnn"):
+        rlx_gpu.reserve_bytes({"op": "fill"})
+    with pytest.raises(rlx_gpu.ScheduleError, match="rnn needs field 'bidirectional'"):
+        rlx_gpu.reserve_bytes({"op": "rnn", "dtype": "f32", "batch": 2})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_a_short_reserve_is_refused_naming_the_minimum(op):
+    sched = _schedule(op)
+    thunk = sched["thunks"][0]
+    need = thunk["reserve_bytes"]
+    rlx_gpu.load_schedule(sched)
+    thunk["reserve_bytes"] = need - 1
+    with pytest.raises(rlx_gpu.ScheduleError, match=rf"thunk 0 \({op}\), field 'reserve_bytes': expected at least "
+                                                    rf"{need} bytes .*got {need - 1}"):
+        rlx_gpu.load_schedule(sched)
+
+
+@pytest.mark.parametrize("op", ("lstm", "rnn_backward"))
+def test_reserve_bytes_needs_a_reserve_and_the_offset_is_aligned(op):
+    sched = _schedule(op)
+    thunk = sched["thunks"][0]
+    thunk["reserve"] += 8
+    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve': offset {thunk['reserve']} is not a multiple of 16"):
+        rlx_gpu.load_schedule(sched)
+    del thunk["reserve"]
+    with pytest.raises(rlx_gpu.ScheduleError, match=re.escape("field 'reserve_bytes': given without reserve")):
+        rlx_gpu.load_schedule(sched)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_footprint_is_exactly_reserve_bytes_written_by_the_forward_read_by_the_backward(op):
+    sched = _schedule(op)
+    thunk = dict(sched["thunks"][0])
+    thunk["reserve_bytes"] += 48  # more than the minimum is allowed, and all of it is the footprint
+    (r,) = [r for r in regions(thunk) if r.field == "reserve"]
+    assert (r.offset, r.nbytes) == (thunk["reserve"], thunk["reserve_bytes"])
+    assert r.access == ("r" if op.endswith("_backward") else "w")
+    assert "d_reserve" not in {x.field for x in regions(thunk)}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_devices_refuse_a_reserve_until_their_kernels_write_and_read_one(op):
+    thunk = _schedule(op)["thunks"][0]
+    reason = unsupported(thunk, REFERENCE_GPU)
+    assert reason is not None and "reserve" in reason
+    plain = {k: v for k, v in thunk.items() if k not in ("reserve", "reserve_bytes")}
+    assert "reserve" not in (unsupported(plain, REFERENCE_GPU) or "")
