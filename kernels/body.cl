@@ -230,10 +230,10 @@ KERNEL gemm(GLOBAL uchar* ab, i64 ao, int a_real, i64 a_bs, i64 a_rs, i64 a_cs,
 }
 #endif
 
-/* dst[z][c][r] = src[z](r, c) in the compute type, src at element strides (batch, row, col): gives the
- * gemm a B operand whose columns are contiguous. Columns and batch items past the grid are strided
- * over (the gpu target caps grid y/z). */
-KERNEL transpose_real(GLOBAL uchar* sb, i64 so, i64 s_bs, i64 s_rs, i64 s_cs,
+/* dst[z][c][r] = src[z](r, c) in the compute type, src (arena storage, or compute-type scratch: s_real) at
+ * element strides (batch, row, col): gives the gemm a B operand whose columns are contiguous, or an A operand
+ * whose rows are. Columns and batch items past the grid are strided over (the gpu target caps grid y/z). */
+KERNEL transpose_real(GLOBAL uchar* sb, i64 so, int s_real, i64 s_bs, i64 s_rs, i64 s_cs,
                       GLOBAL uchar* db, i64 dof, i64 rows, i64 cols, i64 batch)
 {
     const i64 r = GID(0);
@@ -242,7 +242,7 @@ KERNEL transpose_real(GLOBAL uchar* sb, i64 so, i64 s_bs, i64 s_rs, i64 s_cs,
     GLOBAL const uchar* src = AT(uchar, sb, so);
     for (i64 z = GID(2); z < batch; z += GSIZE(2))
         for (i64 c = GID(1); c < cols; c += GSIZE(1))
-            AT(real, db, dof)[(z * cols + c) * rows + r] = LOAD(src, z * s_bs + r * s_rs + c * s_cs);
+            AT(real, db, dof)[(z * cols + c) * rows + r] = load_any(src, z * s_bs + r * s_rs + c * s_cs, s_real);
 }
 
 /* dst[o, i] = sum_r x[o, r, i]; outer rows past the grid are strided over (the gpu target caps grid y) */

@@ -3,7 +3,7 @@
  * RNN_LBR0) and cell functions (activations, clip, seq_lens, peepholes), so the forward it recomputes applies
  * the forward's own activations and clamps.
  *
- * Per layer, bottom up, the forward runs again one step per launch and keeps what the reverse pass reads (all
+ * Per layer, bottom up, the forward runs again a step at a time and keeps what the reverse pass reads (all
  * scratch in the compute type, row = b*S + tt as the forward's xw, every per-direction tensor [D][B*S][width]):
  * u (the gate pre-activations, written over the input projection xw they start from), hp (the h entering each
  * step, width K), lstm's cp / cn (the cell entering and leaving each step) and raw (o * h(c) before a
@@ -11,8 +11,11 @@
  * [B*S][D*K] (the input of the layer above). Then, top layer first, the reverse walk: a step computes the
  * gradients of the gate pre-activations, dz [B*S][D*G*H] (gru's hidden side apart: dzh), and from them the
  * gradient of the state entering the step (dh, dc per [D][B][width]); every weight, bias and input gradient is
- * then a sum over the whole sequence (body.cl's gemm, rnnb_colsum). Every sum runs in a fixed order on one
- * work-item: no atomics, the same bytes on every run. */
+ * then a sum over the whole sequence (body.cl's gemm, rnnb_colsum). Each step's recurrent product is body.cl's
+ * gemm too, over compact per-step operands [D][B][width] that the step kernels write beside the kept rows: the
+ * forward's h (hs) into the sums rec = h W_hh^T + b_hh [D][B][G*H] that the next step reads, the reverse's
+ * dzh (dzc) into dh = dzc W_hh. Every sum runs in a fixed order on one work-item: no atomics, the same bytes on
+ * every run. */
 
 /* The derivative of activation `code` at the (clipped) pre-activation v whose value is y (ABI.md §9: at a kink,
  * the branch the forward takes). */
@@ -76,32 +79,6 @@ INLINE_FN real rnnb_dot(GLOBAL const uchar* w, GLOBAL const real* v, i64 n)
     return s;
 }
 
-/* sum_q wT[q][col] * v[q] over a weight staged transposed in the compute type (rows of `cols`): consecutive
- * work-items (units) read consecutive reals. */
-INLINE_FN real rnnb_column_dot(GLOBAL const real* wT, i64 cols, i64 col, GLOBAL const real* v, i64 n)
-{
-    real s = (real)0;
-    for (i64 q = 0; q < n; ++q)
-        s += wT[q * cols + col] * v[q];
-    return s;
-}
-
-/* z[g] = sum_q wT[q][g*H + j] * v[q] for every gate g at once (rnnb_column_dot's sums, each in the same order):
- * one pass over v for the step's G sums of unit j. */
-INLINE_FN void rnnb_gate_sums(real* z, GLOBAL const real* wT, i64 H, i64 j, GLOBAL const real* v, i64 n)
-{
-    PRAGMA_UNROLL
-    for (int g = 0; g < RNN_GATES; ++g)
-        z[g] = (real)0;
-    for (i64 q = 0; q < n; ++q) {
-        const real vq = v[q];
-        GLOBAL const real* w = wT + q * RNN_GATES * H + j;
-        PRAGMA_UNROLL
-        for (int g = 0; g < RNN_GATES; ++g)
-            z[g] += w[g * H] * vq;
-    }
-}
-
 /* Row b's step t: its time tt (through *tt) and the row of its successor in the walk (-1 past the last). */
 INLINE_FN i64 rnnb_next_row(i64 b, i64 t, i64 len, int back, i64 S, i64* tt)
 {
@@ -124,36 +101,76 @@ KERNEL rnnb_zero(i64 n, GLOBAL uchar* zb, i64 zo)
         z[i] = (real)0;
 }
 
-/* The state entering each row's first step into hp (and cp): h0/c0 of the layer with carry, else zeros. */
+#ifdef RLX_TARGET_GPU
+/* gpu target (the cpu target runs body.cl's gemm): a step's recurrent product of every batch row,
+ * d[z][r][c] = bias[z][c] (has_bias) + sum_q a[z][r][q] b[z][q][c] for r < m, c < n, q < k: the forward's rec = h W_hh^T + b_hh (b: W_hh^T staged), the reverse's dh = dzc W_hh
+ * (b: W_hh in arena storage, b_real 0). Item (column c, block of RNN_RB rows, z): one pass over b's column,
+ * each weight serving the block's rows, consecutive items reading consecutive reals of b's rows; a and d
+ * compute-type scratch (rows of a_rs, d_rs; batches a_bs, b_bs, d_bs apart), bias arena storage. */
+KERNEL rnnb_step_product(i64 m, i64 n, i64 k, GLOBAL uchar* ab, i64 ao, i64 a_bs, i64 a_rs, GLOBAL uchar* bb, i64 bo,
+                         int b_real, i64 b_bs, i64 b_rs, GLOBAL uchar* cb, i64 co, int has_bias, i64 c_bs,
+                         GLOBAL uchar* db, i64 dbo, i64 d_bs, i64 d_rs)
+{
+    const i64 c = GID(0), r0 = GID(1) * RNN_RB, z = GID(2);
+    if (c >= n || r0 >= m)
+        return;
+    GLOBAL const real* a = AT(real, ab, ao) + z * a_bs + r0 * a_rs;
+    GLOBAL const uchar* b = AT(uchar, bb, bo);
+    GLOBAL real* d = AT(real, db, dbo) + z * d_bs + r0 * d_rs;
+    const real bias = has_bias ? LOAD(AT(uchar, cb, co), z * c_bs + c) : (real)0;
+    real acc[RNN_RB];
+    PRAGMA_UNROLL
+    for (int r = 0; r < RNN_RB; ++r)
+        acc[r] = bias;
+    for (i64 q = 0; q < k; ++q) {
+        const real w = load_any(b, z * b_bs + q * b_rs + c, b_real);
+        PRAGMA_UNROLL
+        for (int r = 0; r < RNN_RB; ++r)
+            if (r0 + r < m)
+                acc[r] += a[r * a_rs + q] * w;
+    }
+    PRAGMA_UNROLL
+    for (int r = 0; r < RNN_RB; ++r)
+        if (r0 + r < m)
+            d[r * d_rs + c] = acc[r];
+}
+#endif
+
+/* The state entering each row's first step into hp (and cp) and, for every row, h into the compact hs that the
+ * first step's recurrent gemm reads: h0/c0 of the layer with carry, else zeros. */
 KERNEL rnnb_forward_init(i64 B, i64 S, i64 H, i64 K, int carry, int reverse, GLOBAL uchar* h0b, i64 h0o,
                          GLOBAL uchar* c0b, i64 c0o, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo,
-                         GLOBAL uchar* lb, i64 lo)
+                         GLOBAL uchar* hsb, i64 hso, GLOBAL uchar* lb, i64 lo)
 {
     const i64 i = GID(0), dir = GID(2);
     GLOBAL const int* lens = AT(int, lb, lo);
     if (i >= (H > K ? H : K))
         return;
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
-        const i64 len = rnn_len(lens, b, S);
+        const i64 len = rnn_len(lens, b, S), at = dir * B + b;
+        const real h = carry && i < K ? LOAD(AT(uchar, h0b, h0o), at * K + i) : (real)0;
+        if (i < K)
+            AT(real, hsb, hso)[at * K + i] = h;
         if (len == 0)
             continue;
-        const i64 row = b * S + rnn_time(0, dir || reverse, len), at = dir * B + b;
+        const i64 row = b * S + rnn_time(0, dir || reverse, len);
         if (i < K)
-            AT(real, hpb, hpo)[(dir * B * S + row) * K + i] = carry ? LOAD(AT(uchar, h0b, h0o), at * K + i) : (real)0;
+            AT(real, hpb, hpo)[(dir * B * S + row) * K + i] = h;
         if (RNN_HAS_CELL && i < H)
             AT(real, cpb, cpo)[(dir * B * S + row) * H + i] = carry ? LOAD(AT(uchar, c0b, c0o), at * H + i) : (real)0;
     }
 }
 
 /* One forward step t of every row and both directions, item (unit j, row, direction), keeping what the reverse
- * pass reads: u over xw in place, cp / cn / raw (lstm), hn (gru), the new h into hp at the row's next step and
- * into the layer output o (has_out; rows of o_rs = D*K). With RNN_PROJ the new h is rnnb_forward_proj's; with RNN_LBR0 phase 0
- * makes r, z and r * h (hn), phase 1 n and h. wT is the layer's W_hh staged transposed, [D][K][G*H] in the
- * compute type (body.cl's transpose_real), b_hh the layer's (arena storage); the last
- * arguments are rnn_step's (seq_lens, the layer's peepholes, clip, alpha and beta per slot and direction). */
+ * pass reads: u over xw in place, cp / cn / raw (lstm), hn (gru), the new h into hp at the row's next step, into
+ * the compact hs [D][B][K] (the next step's gemm operand) and into the layer output o (has_out; rows of o_rs =
+ * D*K). The recurrent sums come from the step's gemm: rec [D][B][G*H] = h W_hh^T + b_hh. With RNN_PROJ the new h
+ * is rnnb_forward_proj's; with RNN_LBR0 phase 0 makes r, z and r * h (hn, and compact in rh [D][B][H], the
+ * operand of the gemm that sums n's block of rec), phase 1 n and h. The last arguments are rnn_step's (seq_lens,
+ * the layer's peepholes, clip, alpha and beta per slot and direction). */
 KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
-                         GLOBAL uchar* ub, i64 uo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
-                         GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
+                         GLOBAL uchar* ub, i64 uo, GLOBAL uchar* rcb, i64 rco, GLOBAL uchar* hsb, i64 hso,
+                         GLOBAL uchar* rhb, i64 rho, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
                          GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* rwb, i64 rwo, GLOBAL uchar* ob, i64 oo, int has_out, i64 o_rs,
                          GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
                          real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
@@ -163,8 +180,9 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
     if (j >= H)
         return;
     GLOBAL real* u_all = AT(real, ub, uo) + dir * N * GH;
-    GLOBAL const real* wt = AT(real, wtb, wto) + dir * K * GH;
-    GLOBAL const uchar* bhh = AT(uchar, bhb, bho + dir * GH * (i64)sizeof(store_t));
+    GLOBAL const real* rec_all = AT(real, rcb, rco) + dir * B * GH;
+    GLOBAL real* hs = AT(real, hsb, hso) + dir * B * K;
+    GLOBAL real* rh = AT(real, rhb, rho) + dir * B * H;
     GLOBAL real* hp = AT(real, hpb, hpo) + dir * N * K;
     GLOBAL real* cp = AT(real, cpb, cpo) + dir * N * H;
     GLOBAL real* cn = AT(real, cnb, cno) + dir * N * H;
@@ -182,16 +200,15 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         i64 tt;
         const i64 next = rnnb_next_row(b, t, len, back, S, &tt), row = b * S + tt;
         GLOBAL real* u = u_all + row * GH;
-        GLOBAL const real* h = hp + row * K;
+        GLOBAL const real* rec = rec_all + b * GH;
         real hv;
 #if RNN_GATES == 4
         real pp[3];
         rnn_peepholes(pp, peep, j, H);
         const real c = cp[row * H + j];
         real z[4];
-        rnnb_gate_sums(z, wt, H, j, h, K);
         for (int g = 0; g < 4; ++g)
-            z[g] += u[g * H + j];
+            z[g] = rec[g * H + j] + u[g * H + j];
 #if RNN_PEEP
         z[0] += pp[0] * c;
         z[1] += pp[2] * c;
@@ -220,26 +237,19 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         continue; /* rnnb_forward_proj makes h */
 #endif
 #elif RNN_GATES == 3
-        const real hj = h[j];
-        const real bn = has_bhh ? LOAD(bhh, 2 * H + j) : (real)0;
+        const real hj = hp[row * K + j];
 #if RNN_LBR0
         if (phase == 0) {
             real gr;
-            for (int g = 0; g < 2; ++g) {
-                u[g * H + j] += (has_bhh ? LOAD(bhh, g * H + j) : (real)0) + rnnb_column_dot(wt, GH, g * H + j, h, K);
-            }
+            for (int g = 0; g < 2; ++g)
+                u[g * H + j] += rec[g * H + j];
             rnnb_gate(0, u[j], &gr, &p);
-            hn[row * H + j] = gr * hj; /* W_hn's operand r * h: phase 1 needs every unit's */
+            hn[row * H + j] = rh[b * H + j] = gr * hj; /* W_hn's operand r * h: phase 1 needs every unit's */
             continue;
         }
-        u[2 * H + j] += bn + rnnb_column_dot(wt, GH, 2 * H + j, hn + row * H, H);
+        u[2 * H + j] += rec[2 * H + j];
 #else
-        real sums[3];
-        rnnb_gate_sums(sums, wt, H, j, h, K);
-        real zr = u[j], zz = u[H + j];
-        zr += (has_bhh ? LOAD(bhh, j) : (real)0) + sums[0];
-        zz += (has_bhh ? LOAD(bhh, H + j) : (real)0) + sums[1];
-        const real hq = bn + sums[2];
+        const real zr = u[j] + rec[j], zz = u[H + j] + rec[H + j], hq = rec[2 * H + j];
         real gr;
         rnnb_gate(0, zr, &gr, &p);
         hn[row * H + j] = hq;
@@ -252,11 +262,10 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
         rnnb_gate(1, u[2 * H + j], &gn, &p);
         hv = ((real)1 - gz) * gn + gz * hj;
 #else
-        real sum[1];
-        rnnb_gate_sums(sum, wt, H, j, h, K);
-        u[j] += sum[0];
+        u[j] += rec[j];
         rnnb_gate(0, u[j], &hv, &p);
 #endif
+        hs[b * K + j] = hv;
         if (next >= 0)
             hp[next * K + j] = hv;
         if (has_out)
@@ -265,11 +274,11 @@ KERNEL rnnb_forward_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int pha
 }
 
 #if RNN_PROJ
-/* lstm's projection of forward step t: h[p] = sum_j W_hr[p][j] raw[j], into hp at the row's next step and the
- * layer output o; item (p, row, direction), w_hr the layer's (arena storage, [D][P][H]). */
+/* lstm's projection of forward step t: h[p] = sum_j W_hr[p][j] raw[j], into hp at the row's next step, the
+ * compact hs and the layer output o; item (p, row, direction), w_hr the layer's (arena storage, [D][P][H]). */
 KERNEL rnnb_forward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL uchar* rwb, i64 rwo,
-                         GLOBAL uchar* wrb, i64 wro, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* ob, i64 oo, int has_out,
-                         i64 o_rs, GLOBAL uchar* lb, i64 lo)
+                         GLOBAL uchar* wrb, i64 wro, GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* hsb, i64 hso,
+                         GLOBAL uchar* ob, i64 oo, int has_out, i64 o_rs, GLOBAL uchar* lb, i64 lo)
 {
     const i64 q = GID(0), dir = GID(2), N = B * S;
     if (q >= P)
@@ -285,6 +294,7 @@ KERNEL rnnb_forward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL 
         i64 tt;
         const i64 next = rnnb_next_row(b, t, len, dir || reverse, S, &tt), row = b * S + tt;
         const real hv = rnnb_dot(wr, raw + row * H, H);
+        AT(real, hsb, hso)[(dir * B + b) * P + q] = hv;
         if (next >= 0)
             hp[next * P + q] = hv;
         if (has_out)
@@ -294,22 +304,27 @@ KERNEL rnnb_forward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL 
 #endif
 
 /* The reverse walk's state gradients of a layer, [D][B][width]: the final state's (d_h0, d_c0 of the layer, arena
- * storage) with carry, else zeros. */
-KERNEL rnnb_backward_init(i64 nh, i64 nc, int carry, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
-                          GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco)
+ * storage) with carry, else zeros; gru's direct part of dh (nd reals) zeros. */
+KERNEL rnnb_backward_init(i64 nh, i64 nc, i64 nd, int carry, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                          GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco, GLOBAL uchar* dsb, i64 dso)
 {
-    /* nc is 0 but for lstm */
+    /* nc is 0 but for lstm, nd but for gru */
     rnn_state_into(GID(0), carry, nh, nc, AT(uchar, h0b, h0o), AT(uchar, c0b, c0o), AT(real, dhb, dho),
                    AT(real, dcb, dco));
+    if (GID(0) < nd)
+        AT(real, dsb, dso)[GID(0)] = (real)0;
 }
 
-/* The initial state's gradients of a layer, after its reverse walk, into d_h0 / d_c0 in place. */
-KERNEL rnnb_backward_out(i64 nh, i64 nc, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco,
-                         GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o)
+/* The initial state's gradients of a layer, after its reverse walk, into d_h0 / d_c0 in place: dh (plus gru's
+ * direct part, nd reals), dc. A row that took no step (seq_lens 0) keeps its d_h0: the walk's last gemm wrote its
+ * dh from a dzc it never set. */
+KERNEL rnnb_backward_out(i64 nh, i64 nc, i64 nd, i64 B, i64 S, i64 K, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb,
+                         i64 dco, GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
+                         GLOBAL uchar* lb, i64 lo)
 {
     const i64 i = GID(0);
-    if (i < nh)
-        STORE(AT(uchar, h0b, h0o), i, AT(real, dhb, dho)[i]);
+    if (i < nh && rnn_len(AT(int, lb, lo), i / K % B, S) > 0)
+        STORE(AT(uchar, h0b, h0o), i, AT(real, dhb, dho)[i] + (i < nd ? AT(real, dsb, dso)[i] : (real)0));
     if (i < nc)
         STORE(AT(uchar, c0b, c0o), i, AT(real, dcb, dco)[i]);
 }
@@ -353,17 +368,20 @@ KERNEL rnnb_backward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL
 
 /* One reverse step of every row and both directions, item (unit j, row, direction): the walk's step t from its
  * end (the forward's step len-1-t). From the kept forward (u, hp, cp, cn, hn) and the gradient of the step's h
- * (dh_in; lstm with RNN_PROJ: draw, the gradient of o * h(c)), the gate pre-activations' gradients into dz (input
- * side) and dzh (gru's hidden side; rows of dz_rs = D*G*H, direction dir's block at dir*G*H), lstm's cell
- * gradient in dc (in place), and gru's direct part of the entering h's gradient (dh_in * z, and W_hn's through
- * r * h without linear_before_reset) in direct. RNN_LBR0 takes two phases: 0 every unit but r's gradient, 1
- * r's, from dq = W_hn^T dz_n. Arguments past dzh as rnnb_forward_step's. */
+ * (dh_in: the previous step's gemm dh, gru's direct part and dy; lstm with RNN_PROJ: draw, the gradient of
+ * o * h(c)), the gate pre-activations' gradients into dz (input side) and dzh (gru's hidden side; rows of dz_rs =
+ * D*G*H, direction dir's block at dir*G*H), the hidden side also compact into dzc [D][B][G*H] (the step's gemm
+ * operand: dh = dzc W_hh), lstm's cell gradient in dc (in place), and gru's direct part of the entering h's
+ * gradient (dh_in * z, and W_hn's through r * h without linear_before_reset) in direct. RNN_LBR0 takes two
+ * phases: 0 every unit but r's gradient, 1 r's, from dq = W_hn^T dz_n. Arguments past dzc as
+ * rnnb_forward_step's. */
 KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase, GLOBAL uchar* yb, i64 yo,
                           int dy_real, i64 dy_rs, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco,
                           GLOBAL uchar* drb, i64 dro, GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* ub, i64 uo,
                           GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
                           GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* whb, i64 who, GLOBAL uchar* dzb, i64 dzo,
-                          GLOBAL uchar* dhzb, i64 dhzo, i64 dz_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                          GLOBAL uchar* dhzb, i64 dhzo, i64 dz_rs, GLOBAL uchar* dzcb, i64 dzco, GLOBAL uchar* lb, i64 lo,
+                          GLOBAL uchar* pb, i64 po,
                           real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
                           real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
@@ -383,6 +401,7 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
     GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
     GLOBAL real* dz_all = AT(real, dzb, dzo) + dir * GH;
     GLOBAL real* dzh_all = AT(real, dhzb, dhzo) + dir * GH;
+    GLOBAL real* dzc_all = AT(real, dzcb, dzco) + dir * B * GH;
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
@@ -392,6 +411,7 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
         GLOBAL const real* u = u_all + row * GH;
         GLOBAL real* dz = dz_all + row * dz_rs;
         GLOBAL real* dzh = dzh_all + row * dz_rs;
+        GLOBAL real* dzc = dzc_all + b * GH;
 #if RNN_GATES == 4
         real pp[3];
         rnn_peepholes(pp, peep, j, H);
@@ -423,10 +443,10 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
 #if RNN_PEEP
         dc_prev += dzi * pp[0] + dzf * pp[2];
 #endif
-        dz[j] = dzi;
-        dz[H + j] = dzf;
-        dz[2 * H + j] = dzg;
-        dz[3 * H + j] = dzo;
+        dz[j] = dzc[j] = dzi;
+        dz[H + j] = dzc[H + j] = dzf;
+        dz[2 * H + j] = dzc[2 * H + j] = dzg;
+        dz[3 * H + j] = dzc[3 * H + j] = dzo;
         dc[b * H + j] = dc_prev;
 #elif RNN_GATES == 3
         real gr, gz, gn;
@@ -435,51 +455,28 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
             real dq = (real)0;
             for (i64 i = 0; i < H; ++i)
                 dq += dz[2 * H + i] * LOAD(whh, (2 * H + i) * K + j);
-            dz[j] = dzh[j] = dq * h_prev * sr;
+            dz[j] = dzh[j] = dzc[j] = dq * h_prev * sr;
             direct[b * H + j] += dq * gr;
             continue;
         }
-        const real dhj = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j);
+        const real dhj = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) + direct[b * H + j];
         const real sz = rnnb_gate(0, u[H + j], &gz, &p), sn = rnnb_gate(1, u[2 * H + j], &gn, &p);
         const real dpn = dhj * ((real)1 - gz) * sn;
-        dz[H + j] = dzh[H + j] = dhj * (h_prev - gn) * sz;
+        dz[H + j] = dzh[H + j] = dzc[H + j] = dhj * (h_prev - gn) * sz;
         dz[2 * H + j] = dpn;
         direct[b * H + j] = dhj * gz;
 #if RNN_LBR0
         dzh[2 * H + j] = dpn;
 #else
         const real hq = hn[row * H + j]; /* W_hn h + b_hn, which the reset scales */
-        dzh[2 * H + j] = dpn * gr;
-        dz[j] = dzh[j] = dpn * hq * sr;
+        dzh[2 * H + j] = dzc[2 * H + j] = dpn * gr;
+        dz[j] = dzh[j] = dzc[j] = dpn * hq * sr;
 #endif
 #else
         real y;
         const real s = rnnb_gate(0, u[j], &y, &p);
-        dz[j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) * s;
+        dz[j] = dzc[j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) * s;
 #endif
-    }
-}
-
-/* The gradient of the h entering reverse step t, item (q < K, row, direction): dh[q] = direct[q] (gru) +
- * sum_r dzh[r] W_hh[r][q] over the first `rows_hh` rows of the layer's W_hh (every gate; gru's r and z without
- * linear_before_reset, whose n block went through r * h). Rows that take no step keep theirs. */
-KERNEL rnnb_backward_dh(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, i64 rows_hh, GLOBAL uchar* dhzb, i64 dhzo,
-                        i64 dz_rs, GLOBAL uchar* whb, i64 who, GLOBAL uchar* dsb, i64 dso, int has_direct,
-                        GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* lb, i64 lo)
-{
-    const i64 q = GID(0), dir = GID(2), GH = RNN_GATES * H;
-    if (q >= K)
-        return;
-    GLOBAL const uchar* whh = AT(uchar, whb, who + dir * GH * K * (i64)sizeof(store_t));
-    for (i64 b = GID(1); b < B; b += GSIZE(1)) {
-        const i64 row = rnnb_reverse_row(AT(int, lb, lo), b, S, t, dir || reverse);
-        if (row < 0)
-            continue;
-        GLOBAL const real* dzh = AT(real, dhzb, dhzo) + row * dz_rs + dir * GH;
-        real s = has_direct ? AT(real, dsb, dso)[(dir * B + b) * K + q] : (real)0;
-        for (i64 r = 0; r < rows_hh; ++r)
-            s += dzh[r] * LOAD(whh, r * K + q);
-        AT(real, dhb, dho)[(dir * B + b) * K + q] = s;
     }
 }
 

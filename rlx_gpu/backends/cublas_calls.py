@@ -176,7 +176,7 @@ def _unstaged(b: RowMajor, stage: Launch | None, k: int, n: int) -> RowMajor | N
     if stage is None or stage.kernel != "transpose_real":
         return None
     s = _named(stage)
-    if s["db"] != (b.buf, b.offset) or (s["rows"], s["cols"]) != (n, k):
+    if s["s_real"] or s["db"] != (b.buf, b.offset) or (s["rows"], s["cols"]) != (n, k):
         return None
     if (b.batch_stride, b.row_stride, b.col_stride) != (n * k, n, 1):
         return None

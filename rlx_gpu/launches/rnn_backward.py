@@ -3,18 +3,20 @@
 A backward thunk runs in two walks, every launch built as its forward's program variant (``rnn.variant``):
 
 1. Forward, bottom up: per layer the input projection (W_ih staged transposed, one gemm over every timestep
-   of both directions, bias folded in) and W_hh staged transposed, then one launch per step (two for gru without
-   ``linear_before_reset``, and lstm's projection after each) that keeps, per step, the gate
+   of both directions, bias folded in) and W_hh staged transposed, then per step the recurrent product of every
+   row as one gemm (``h W_hh^T + b_hh``, over the compact h the previous step left) and a cell launch (two of
+   each for gru without ``linear_before_reset``, and lstm's projection after) that keeps, per step, the gate
    pre-activations, the state entering the step and what the gradients read besides (lstm's cells and
    ``o * h(c)``, gru's ``W_hn h + b_hn`` or ``r * h``), and the layer's output for the layer above.
 2. Reverse, top down: per layer, per step from the end, the pre-activations' gradients (``rnnb_backward_cell``)
-   and the gradient of the entering state (``rnnb_backward_dh``: one matrix-vector product by W_hh per row);
+   and the gradient of the entering state as one gemm of every row (``dzc W_hh``);
    then every other gradient as a sum over the whole sequence: ``d_w_ih``, the layer input's gradient (the
    layer below's output gradient, or ``d_x``), ``d_w_hh`` and ``d_w_hr`` as gemms with the ``batch*seq``
    rows as the reduction, the bias and peephole sums as ``rnnb_colsum``.
 
 Every reduction runs in a fixed order on one work-item (no atomics), so a thunk gives the same bytes on every
-run. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's forward stays
+run. The per-step gemms are body.cl's, at the target's shape (the cpu target's register blocks, the gpu target's
+LOCAL tiles): the recurrent products run at gemm speed instead of one matrix-vector product per row. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's forward stays
 until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 4) * hidden`` reals).
 """
 from __future__ import annotations
@@ -49,14 +51,14 @@ def _scratch(t: Thunk, rs: int) -> tuple[dict[str, int], int, int]:
     lstm, gru, proj = op == "lstm", op == "gru", op == "lstm" and t["proj_size"] > 0
     sizes: dict[str, int] = {f"u{l}": dirs * n * gh for l in range(layers)}
     sizes.update(wit=dirs * max(layer_input_sizes(t)) * gh, wht=dirs * k * gh, dh=dirs * b * k, dc=dirs * b * h if lstm else 0,
-                 draw=dirs * b * h if proj else 0, direct=dirs * b * h if gru else 0)
-    zeroed = len(sizes)
+                 draw=dirs * b * h if proj else 0, direct=dirs * b * h if gru else 0, rec=dirs * b * gh, hs=dirs * b * k)
+    zeroed = len(sizes)  # below: what seq_lens leaves unwritten (dzc, rh: the rows of no step, read by the gemms)
     for l in range(layers):
         sizes.update({f"hp{l}": dirs * n * k, f"cp{l}": dirs * n * h if lstm else 0,
                       f"cn{l}": dirs * n * h if lstm else 0, f"hn{l}": dirs * n * h if gru else 0,
                       f"raw{l}": dirs * n * h if proj else 0, f"o{l}": n * dirs * k if l < layers - 1 else 0})
-    sizes.update(dz=n * dirs * gh, dzh=n * dirs * gh if gru else 0, dhin=dirs * n * k if proj else 0,
-                 dy=n * dirs * k if layers > 1 else 0)
+    sizes.update(dz=n * dirs * gh, dzh=n * dirs * gh if gru else 0, dzht=n * dirs * gh if gru else 0, dhin=dirs * n * k if proj else 0,
+                 dy=n * dirs * k if layers > 1 else 0, dzc=dirs * b * gh, rh=dirs * b * h if gru else 0)
     offsets, total, zero_from = {}, 0, 0
     for index, (name, count) in enumerate(sizes.items()):
         if index == zeroed:
@@ -134,8 +136,8 @@ def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
 
 
 def _forward_layer(c: _Backward, l: int) -> None:
-    """Layer ``l``'s forward: its input projection, then a launch per step (and phase, and lstm's projection)
-    keeping what the reverse walk reads."""
+    """Layer ``l``'s forward: its input projection, then per step (and phase) the recurrent gemm and the cell
+    launch keeping what the reverse walk reads (and lstm's projection)."""
     t, lim, dt, gh, ld, in_l, k = c.t, c.lim, c.t["dtype"], c.gh, l * c.dirs, c.in_sizes[l], c.k
     launches = c.launches
     launches.append(transpose_real(lim, dt, gh, in_l, c.dirs, (*c.arena("w_ih", c.w_ih[l]), gh * in_l, in_l, 1),
@@ -146,22 +148,54 @@ def _forward_layer(c: _Backward, l: int) -> None:
     h0 = c.arena("h0", ld * c.b * k) if c.carry else _NONE
     c0 = c.arena("c0", ld * c.b * c.h) if c.carry and c.lstm else _NONE
     c.add("rnnb_forward_init", max(c.h, k), dict(B=c.b, S=c.s, H=c.h, K=k, carry=c.carry, reverse=c.fwd["reverse"],
-                                                 h0b=h0, c0b=c0, hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), lb=c.lens))
+                                                 h0b=h0, c0b=c0, hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"),
+                                                 hsb=c.scr("hs"), lb=c.lens))
     launches.append(transpose_real(lim, dt, gh, k, c.dirs, (ARENA, t["w_hh"] + c.es * ld * gh * k, gh * k, k, 1),
                                    (SCRATCH, c.sc["wht"])))  # W_hh^T: the step's units read runs of it
-    bhh = dict(bhb=c.arena("b_hh", ld * gh), has_bhh=True) if c.gru else dict(bhb=_NONE, has_bhh=False)
     out = dict(ob=c.scr(f"o{l}"), has_out=l < c.layers - 1, o_rs=c.dirs * k)
     kept = dict(hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), cnb=c.scr(f"cn{l}"), hnb=c.scr(f"hn{l}"),
                 rwb=c.scr(f"raw{l}"))
-    cell = c.ahead("rnnb_forward_step", dict(K=k, ub=c.scr(f"u{l}"), wtb=c.scr("wht"), **bhh, **kept, **out,
-                                             **cell_args(c.fwd, c.peep(l))))
+    cell = c.ahead("rnnb_forward_step", dict(K=k, ub=c.scr(f"u{l}"), rcb=c.scr("rec"), hsb=c.scr("hs"), rhb=c.scr("rh"),
+                                             **kept, **out, **cell_args(c.fwd, c.peep(l))))
     proj = c.ahead("rnnb_forward_proj", dict(P=k, rwb=c.scr(f"raw{l}"), wrb=c.arena("w_hr", ld * k * c.h),
-                                             hpb=c.scr(f"hp{l}"), **out, lb=c.lens)) if c.proj else None
+                                             hpb=c.scr(f"hp{l}"), hsb=c.scr("hs"), **out, lb=c.lens)) if c.proj else None
+    recurrent = _recurrent_gemms(c, l)
     for step in range(c.s):
         for phase in c.phases():
+            launches.append(recurrent[phase])
             c.add("rnnb_forward_step", c.h, dict(t=step, phase=phase), shared=cell)
         if proj is not None:
             c.add("rnnb_forward_proj", k, dict(t=step), shared=proj)
+
+
+def _step_product(c: _Backward, n: int, k: int, a: tuple[Buf, int, int, int], b: tuple[Buf, int, bool, int, int],
+                  d: tuple[Buf, int, int, int], bias: tuple[Buf, int, int] | None = None) -> Launch:
+    """A step's recurrent product of every batch row, ``d = a b (+ bias)``: ``n`` columns, ``k`` terms; a and d
+    ``(buffer, offset, batch, row)`` element strides, b ``(buffer, offset, is_scratch_real, batch, row)``, bias
+    ``(buffer, offset, batch)``. At the cpu target body.cl's gemm (its register blocks); at the gpu target
+    rnnb_step_product, whose items of a column and RNN_RB rows fill a device where the gemm's 128-square tiles
+    would leave three quarters of each idle at a batch of 32 (and on PoCL run 5x slower)."""
+    if c.lim.target == "cpu":
+        return gemm(c.lim, c.t["dtype"], c.b, n, k, c.dirs, (*a[:2], True, *a[2:], 1), (*b, 1), (*d[:2], True, *d[2:]),
+                    bias=bias)
+    rows = c.lim.tune("RNN_RB")
+    cbuf, coff, cbs = bias if bias is not None else (*_NONE, 0)
+    args = dict(m=c.b, n=n, k=k, ab=a[:2], a_bs=a[2], a_rs=a[3], bb=b[:2], b_real=b[2], b_bs=b[3], b_rs=b[4],
+                cb=(cbuf, coff), has_bias=bias is not None, c_bs=cbs, db=d[:2], d_bs=d[2], d_rs=d[3])
+    local = (linear_local(n, 64), 1, 1)
+    size = strided_grid((n, -(-c.b // rows), c.dirs), local, c.lim.max_grid)
+    return kernel_launch(FAMILY, "rnnb_step_product", c.t["dtype"], size, local, args, target=c.lim.target,
+                         defines=c.defines)
+
+
+def _recurrent_gemms(c: _Backward, l: int) -> list[Launch]:
+    """Per phase, the product of layer ``l``'s forward step: rec = v W_hh^T + b_hh of every row over the compact v
+    (h: hs; RNN_LBR0's phase 1, r * h: rh, into n's block). The same launch at every step."""
+    gh, h, k, rs, b, dirs = c.gh, c.h, c.k, c.rs, c.b, c.dirs
+    bias = (lambda col: (ARENA, c.t["b_hh"] + c.es * (l * dirs * gh + col), gh)) if c.gru else (lambda col: None)
+    blocks = [(0, 2 * h if c.lbr0 else gh, "hs", k)] + ([(2 * h, h, "rh", h)] if c.lbr0 else [])
+    return [_step_product(c, cols, width, (*c.scr(v), b * width, width), (*c.scr("wht", col * rs), True, k * gh, gh),
+                          (*c.scr("rec", col * rs), b * gh, gh), bias(col)) for col, cols, v, width in blocks]
 
 
 def _reverse_layer(c: _Backward, l: int) -> None:
@@ -174,60 +208,80 @@ def _reverse_layer(c: _Backward, l: int) -> None:
     states = dict(h0b=c.arena("d_h0", ld * b * k) if c.carry else _NONE,
                   c0b=c.arena("d_c0", ld * b * h) if c.carry and c.lstm else _NONE)
     grads = dict(dhb=c.scr("dh"), dcb=c.scr("dc"))
-    c.add("rnnb_backward_init", max(nh, nc), dict(nh=nh, nc=nc, carry=c.carry, **states, **grads), per_row=False)
+    nd = c.dirs * b * h if c.gru else 0
+    c.add("rnnb_backward_init", max(nh, nc), dict(nh=nh, nc=nc, nd=nd, carry=c.carry, **states, **grads,
+                                                  dsb=c.scr("direct")), per_row=False)
     whh = c.arena("w_hh", ld * gh * k)
     dzh = c.scr("dzh") if c.gru else c.scr("dz")
     kept = dict(ub=c.scr(f"u{l}"), hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), cnb=c.scr(f"cn{l}"), hnb=c.scr(f"hn{l}"))
     proj = c.ahead("rnnb_backward_proj", dict(P=k, **dy, dhb=c.scr("dh"), wrb=c.arena("w_hr", ld * k * h),
                                               dib=c.scr("dhin"), drb=c.scr("draw"), lb=c.lens)) if c.proj else None
     cell = c.ahead("rnnb_backward_cell", dict(K=k, **dy, **grads, drb=c.scr("draw"), dsb=c.scr("direct"), **kept,
-                                              whb=whh, dzb=c.scr("dz"), dhzb=dzh, dz_rs=c.dirs * gh,
+                                              whb=whh, dzb=c.scr("dz"), dhzb=dzh, dz_rs=c.dirs * gh, dzcb=c.scr("dzc"),
                                               **cell_args(c.fwd, c.peep(l))))
-    dh = c.ahead("rnnb_backward_dh", dict(K=k, rows_hh=2 * h if c.lbr0 else gh, dhzb=dzh, dz_rs=c.dirs * gh, whb=whh,
-                                          dsb=c.scr("direct"), has_direct=c.gru, dhb=c.scr("dh"), lb=c.lens))
+    dh = _step_product(c, k, 2 * h if c.lbr0 else gh, (*c.scr("dzc"), b * gh, gh), (*whh, False, gh * k, k),
+                       (*c.scr("dh"), b * k, k))  # dh = dzc W_hh, every row
     for step in range(c.s):
         if proj is not None:
             c.add("rnnb_backward_proj", max(h, k), dict(t=step), shared=proj)
         for phase in c.phases():
             c.add("rnnb_backward_cell", h, dict(t=step, phase=phase), shared=cell)
-        c.add("rnnb_backward_dh", k, dict(t=step), shared=dh)
+        c.launches.append(dh)
     if c.carry:
-        c.add("rnnb_backward_out", max(nh, nc), dict(nh=nh, nc=nc, **grads, **states), per_row=False)
+        c.add("rnnb_backward_out", max(nh, nc), dict(nh=nh, nc=nc, nd=nd, B=b, S=c.s, K=k, **grads, dsb=c.scr("direct"),
+                                                     **states, lb=c.lens), per_row=False)
 
 
 def _weight_gradients(c: _Backward, l: int) -> None:
-    """Layer ``l``'s d_w_ih, its input's gradient and d_w_hh: gemms over the batch*seq rows."""
+    """Layer ``l``'s d_w_ih, its input's gradient and d_w_hh: gemms over the batch*seq rows. The weights' take dz
+    (and gru's dzh) staged transposed, [D*G*H][B*S], so that each gemm row reads a contiguous run of the
+    reduction: read in place they stride over whole rows of dz per term (3-4x slower on PoCL). dz^T goes where
+    the layer's u was (the reverse walk, its last reader, is done)."""
     t, lim, dt, gh, ld, in_l, k, n = c.t, c.lim, c.t["dtype"], c.gh, l * c.dirs, c.in_sizes[l], c.k, c.n
     dz_rs, sc, es = c.dirs * gh, c.sc, c.es
     x = (*c.x_in[l], 0, in_l, 1)
-    c.launches.append(gemm(lim, dt, c.dirs * gh, in_l, n, 1, (SCRATCH, sc["dz"], True, 0, 1, dz_rs), x,
+    dz_t, dzh_t = sc[f"u{l}"], sc["dzht"] if c.gru else sc[f"u{l}"]
+    for src, dst in ((sc["dz"], dz_t),) + (((sc["dzh"], dzh_t),) if c.gru else ()):
+        c.launches.append(transpose_real(lim, dt, n, dz_rs, 1, (SCRATCH, src, 0, dz_rs, 1), (SCRATCH, dst), src_real=True))
+    c.launches.append(gemm(lim, dt, c.dirs * gh, in_l, n, 1, (SCRATCH, dz_t, True, 0, n, 1), x,
                            (ARENA, t["d_w_ih"] + es * c.w_ih[l], False, 0, in_l)))
     d_in = (ARENA, t["d_x"], False, 0, in_l) if l == 0 else (SCRATCH, sc["dy"], True, 0, in_l)
     c.launches.append(gemm(lim, dt, n, in_l, c.dirs * gh, 1, (SCRATCH, sc["dz"], True, 0, dz_rs, 1),
                            (ARENA, t["w_ih"] + es * c.w_ih[l], False, 0, in_l, 1), d_in))
     d_w_hh = t["d_w_hh"] + es * ld * gh * k
-    dzh = sc["dzh"] if c.gru else sc["dz"]
-    c.launches.append(gemm(lim, dt, 2 * c.h if c.lbr0 else gh, k, n, c.dirs, (SCRATCH, dzh, True, gh, 1, dz_rs),
+    c.launches.append(gemm(lim, dt, 2 * c.h if c.lbr0 else gh, k, n, c.dirs, (SCRATCH, dzh_t, True, gh * n, n, 1),
                            (SCRATCH, sc[f"hp{l}"], True, n * k, k, 1), (ARENA, d_w_hh, False, gh * k, k)))
     if c.lbr0:  # W_hn multiplies r * h
-        c.launches.append(gemm(lim, dt, c.h, c.h, n, c.dirs, (SCRATCH, sc["dzh"] + 2 * c.h * c.rs, True, gh, 1, dz_rs),
+        c.launches.append(gemm(lim, dt, c.h, c.h, n, c.dirs, (SCRATCH, dzh_t + 2 * c.h * n * c.rs, True, gh * n, n, 1),
                                (SCRATCH, sc[f"hn{l}"], True, n * c.h, c.h, 1),
                                (ARENA, d_w_hh + es * 2 * c.h * k, False, gh * k, k)))
 
 
 def _sums(c: _Backward, l: int) -> None:
-    """Layer ``l``'s bias gradients (and peepholes'): column sums over the batch*seq rows (rnnb_colsum)."""
-    ld, h, gh, n = l * c.dirs, c.h, c.gh, c.n
-    whole = dict(cols=c.dirs * gh, batch=1, a_bs=0, mb=_NONE, m_bs=0, m_rs=0, has_m=False, o_bs=0)  # dz's columns
-    sums = [dict(whole, ab=c.scr("dz"), ob=c.arena(f"d_{'b_ih' if c.gru else 'bias'}", ld * gh))]
+    """Layer ``l``'s bias gradients (and peepholes'): sums over the batch*seq rows (rnnb_colsum). A bias sums dz's
+    columns: at the gpu target an item per column, consecutive items reading consecutive reals; at the cpu target
+    an item per row of dz^T (_weight_gradients'), a contiguous run (over dz's rows of 8 KiB, 2x the time)."""
+    ld, h, gh, n, cols = l * c.dirs, c.h, c.gh, c.n, c.dirs * c.gh
+    plain = dict(mb=_NONE, m_bs=0, m_rs=0, has_m=False)
+    if c.lim.target == "gpu":
+        whole = dict(plain, cols=cols, batch=1, a_bs=0, a_rs=cols, o_bs=0)
+        src = {"b": c.scr("dz"), "h": c.scr("dzh")}
+    else:
+        whole = dict(plain, cols=1, batch=cols, a_bs=n, a_rs=1, o_bs=1)
+        src = {"b": c.scr(f"u{l}"), "h": c.scr("dzht")}  # dz^T, dzh^T
+    sums = [dict(whole, ab=src["b"], ob=c.arena(f"d_{'b_ih' if c.gru else 'bias'}", ld * gh))]
     if c.gru:
-        sums.append(dict(whole, ab=c.scr("dzh"), ob=c.arena("d_b_hh", ld * gh)))
+        sums.append(dict(whole, ab=src["h"], ob=c.arena("d_b_hh", ld * gh)))
     if c.peep(l) is not None:  # peepholes i, o, f: dz_i * c_prev, dz_o * c_new, dz_f * c_prev
         for slot, (gate, cell_state) in enumerate(((0, "cp"), (3, "cn"), (1, "cp"))):
-            sums.append(dict(cols=h, batch=c.dirs, ab=c.scr("dz", gate * h * c.rs), a_bs=gh, mb=c.scr(f"{cell_state}{l}"),
-                             m_bs=n * h, m_rs=h, has_m=True, ob=c.arena("d_peepholes", ld * 3 * h + slot * h), o_bs=3 * h))
+            sums.append(dict(cols=h, batch=c.dirs, ab=c.scr("dz", gate * h * c.rs), a_bs=gh, a_rs=cols,
+                             mb=c.scr(f"{cell_state}{l}"), m_bs=n * h, m_rs=h, has_m=True,
+                             ob=c.arena("d_peepholes", ld * 3 * h + slot * h), o_bs=3 * h))
     for args in sums:
-        c.add("rnnb_colsum", args["cols"], dict(args, rows=n, a_rs=c.dirs * gh), per_row=False)
+        local = (linear_local(args["cols"], 64), 1, 1)
+        size = strided_grid((args["cols"], 1, args["batch"]), local, c.lim.max_grid)
+        c.launches.append(kernel_launch(FAMILY, "rnnb_colsum", c.t["dtype"], size, local, dict(args, rows=n),
+                                        target=c.lim.target, defines=c.defines))
 
 
 def _projection_gradient(c: _Backward, l: int) -> None:
