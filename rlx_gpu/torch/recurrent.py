@@ -32,8 +32,7 @@ from ..graph.nodes import Tensor
 from ..runtime.config import load_config
 from ..runtime.registry import resolve
 from ..schedule.reserve import reserve_bytes
-from .bridge import (CPU, BoundCall, default_device, device_for, host_array, plan_for, run_graph, specs_of, stamp,
-                     tensor)
+from .bridge import CPU, BoundCall, default_device, device_for, host_array, plan_for, run_graph, specs_of, stamp, tensor
 from .fused import CALL, declare, output_gradients
 from .library import define, dense, direct, empty, schema_args
 
