@@ -27,10 +27,12 @@ from . import backend_module
 #: program per (dtype, source dtype)
 FAMILIES = families()
 #: family -> the kernel texts it shares with other families, put before its own (``kernels/<family>.cl``): the
-#: recurrent cell, which the forward runs and the backward differentiates; the state-space ops' fields
+#: recurrent cell, which the forward runs and the backward differentiates; the state-space ops' fields; mamba3's
+#: helpers
 SHARED_TEXTS: dict[str, tuple[str, ...]] = {
     **{family: ("ssm_fields.cl",) for family in ("ssm", "ssm_backward", "gdn_backward")},
     **{family: ("rnn_cell.cl",) for family in ("rnn", "rnn_backward")},
+    "mamba3_backward": ("mamba3.cl",),
 }
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).

@@ -7,7 +7,7 @@ head) walking the sequence once per block of its rows, or from M3_MIN_SEQ steps 
 groups for a prefill), the final angle and key then written by a second launch. A decode step (seq 1, carried
 state, slots) is one launch, straight on the pool. The optional fields are runtime flags of the one program per dtype (and
 state size). What runs on the host instead: state, parameters or the step inputs kept in f64 beside a thunk
-computing in f32, and mamba3_backward.
+computing in f32. mamba3_backward: launches/mamba3_backward.py.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from host_fallback.abi import complete
 from .arguments import kernel_launch
 from .core import ARENA, LaunchPlan, Thunk, grid, linear_local
 from .limits import DeviceLimits, state_variant
-from .registry import PLANNERS, register
+from .registry import register
 
 #: the version-2 fields of §11 (and §8's machinery) the kernels implement: all of the forward's
 V2_FIELDS = frozenset({"groups", "q_bias", "k_bias", "d", "z", "dt_dtype", "param_dtype", "carry_state",
@@ -31,7 +31,7 @@ _PARAMS = {"q": "qb", "k": "kb", "v": "vb", "z": "zb", "dst": "db", "adt": "adtb
 _COMPUTE = {"f32": "f32", "f16": "f32", "bf16": "f32", "f64": "f64"}
 
 
-def _arguments(t: Thunk) -> dict[str, object]:
+def arguments(t: Thunk) -> dict[str, object]:
     """Every kernel argument of ``t`` (completed): an absent tensor at offset 0 (its flag is off)."""
     varlen = t["cu_seqlens"] is not None
     return dict(R=t["num_seqs"] if varlen else t["batch"], S=t["seq"], H=t["heads"], P=t["head_dim"],
@@ -65,7 +65,7 @@ def _lanes(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
 
 def _forward(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
-    args = _arguments(t)
+    args = arguments(t)
     if lim.target == "gpu":
         return _lanes(t, lim, args)
     items = -(-t["head_dim"] // lim.tune("M3_PB"))
@@ -74,17 +74,25 @@ def _forward(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                                      args, target=lim.target),))
 
 
-def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
-    t = complete(t)
-    if t["state_size"] > lim.tune("STATE_MAX"):
-        return (f"mamba3 keeps a state row of state_size={t['state_size']} in private memory; the kernel holds at "
-                f"most {lim.tune('STATE_MAX')}")
+def wider_types(t: Thunk) -> str | None:
+    """Why ``t`` (completed; mamba3 or its backward) runs on the host for its element types, or ``None``."""
     compute = _COMPUTE[t["dtype"]]
     wider = [f"{f}={t[f]}" for f in ("dt_dtype", "param_dtype") if t[f] not in (t["dtype"], compute)]
     wider += [f"state_dtype={t['state_dtype']}"] if t["state_dtype"] != compute else []
     if wider:
         return (f"mamba3's device kernels keep the state in the compute type of dtype={t['dtype']} ({compute}) and "
                 f"read the other fields in it or the dtype; {' and '.join(wider)} runs on the host")
+    return None
+
+
+def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
+    t = complete(t)
+    if t["state_size"] > lim.tune("STATE_MAX"):
+        return (f"mamba3 keeps a state row of state_size={t['state_size']} in private memory; the kernel holds at "
+                f"most {lim.tune('STATE_MAX')}")
+    wider = wider_types(t)
+    if wider:
+        return wider
     if lim.target == "cpu" and -(-t["head_dim"] // lim.tune("M3_PB")) > lim.max_work_group:
         return (f"mamba3 at the cpu target puts the {-(-t['head_dim'] // lim.tune('M3_PB'))} work-items of a head "
                 f"in one work-group; the device takes at most {lim.max_work_group}")
@@ -92,4 +100,3 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
 
 
 register("mamba3", _forward, unsupported, v2_fields=V2_FIELDS, family="mamba3")
-PLANNERS.exempt("mamba3_backward", "no device kernel yet: the host runs mamba3's backward (float64-checked)")

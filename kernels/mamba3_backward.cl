@@ -1,0 +1,453 @@
+/* mamba3_backward (ABI.md §9, §11): the gradients of Mamba-3 SISO, one text for both targets. kernels/mamba3.cl
+ * (the forward's helpers: m3_io, m3_coeffs_at, m3_pair_at, m3_sincos, m3_tanh) precedes it.
+ *
+ * Five launches (launches/mamba3_backward.py), every sum in one fixed order, no atomics:
+ * 1. mamba3_backward_turn, an item per (row, head, pair i): the angle walked over the row's tokens as the forward
+ *    walks it; each token's turned, biased q and k (qr, kr [T][H][N]) and its angle (th [T][H][A]) into scratch.
+ * 2. mamba3_backward_walk, an item per (row, head, block of state rows p): each of its rows in turn is walked
+ *    forward from its initial state storing a checkpoint every SSMB_Q steps, then in reverse chunk by chunk (the
+ *    chunk's states recomputed into the item's workspace), §11's steps 4-6 undone per token: d_v and d_z stored;
+ *    the row's shares of the gradients of q~ and k~ (N each) and of alpha, beta, gamma added, row after row, to
+ *    the block's partials dqp, dkp [blocks][T][H][N], scp [blocks][T][H][3]; the initial state's gradients
+ *    (d_state, d_v_state) stored, the initial key's share into dk0 [R][blocks][H][N], d_d's into ddp [R][blocks][H].
+ * 3. mamba3_backward_tokens, an item per (token, head): the partials summed over the blocks; d_adt, d_trap stored,
+ *    dt's share from beta and gamma kept (ddt [T][H]); the rotation undone: the gradients of the biased q and k
+ *    written over qr, kr, each angle's own gradient over th.
+ * 4. mamba3_backward_angles, an item per (row, head): the angle's gradient summed from the last token back
+ *    (d_angles, dt's share from the angle, then d_dt stored), d_angle_state and d_k_state (the blocks' dk0 summed).
+ * 5. mamba3_backward_reduce: d_q, d_k over the heads of a group, d_q_bias, d_k_bias over the tokens, d_d over
+ *    rows and blocks.
+ * Scratch is in the compute type; each d_ output is rounded once, on store. */
+
+/* The gradient tensors (outputs, and with carry the four state gradients: read as the final state's, written with
+ * the initial state's). */
+typedef struct {
+    GLOBAL const store_t* go;
+    GLOBAL store_t* dq;
+    GLOBAL store_t* dk;
+    GLOBAL store_t* dv;
+    GLOBAL store_t* dz;
+    GLOBAL uchar* dadt;
+    GLOBAL uchar* ddt;
+    GLOBAL uchar* dtrap;
+    GLOBAL uchar* dangles;
+    GLOBAL real* dangle_state;
+    GLOBAL real* dstate;
+    GLOBAL real* dk_state;
+    GLOBAL real* dv_state;
+} m3b_grads;
+
+/* Where the scratch parts are: see the launches above. */
+typedef struct {
+    GLOBAL real* qr;
+    GLOBAL real* kr;
+    GLOBAL real* th;
+    GLOBAL real* ws;
+    GLOBAL real* dqp;
+    GLOBAL real* dkp;
+    GLOBAL real* scp;
+    GLOBAL real* dk0;
+    GLOBAL real* ddp;
+    GLOBAL real* ddt;
+} m3b_scratch;
+
+INLINE_FN m3b_scratch m3b_scratch_of(GLOBAL uchar* scb, i64 qro, i64 kro, i64 tho, i64 wso, i64 dqpo, i64 dkpo,
+                                     i64 scpo, i64 dk0o, i64 ddpo, i64 ddto)
+{
+    m3b_scratch sc;
+    sc.qr = AT(real, scb, qro);
+    sc.kr = AT(real, scb, kro);
+    sc.th = AT(real, scb, tho);
+    sc.ws = AT(real, scb, wso);
+    sc.dqp = AT(real, scb, dqpo);
+    sc.dkp = AT(real, scb, dkpo);
+    sc.scp = AT(real, scb, scpo);
+    sc.dk0 = AT(real, scb, dk0o);
+    sc.ddp = AT(real, scb, ddpo);
+    sc.ddt = AT(real, scb, ddto);
+    return sc;
+}
+
+INLINE_FN m3b_grads m3b_grads_of(GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko,
+                                 GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dadtb,
+                                 i64 dadto, GLOBAL uchar* ddtb, i64 ddto, GLOBAL uchar* dtrb, i64 dtro,
+                                 GLOBAL uchar* danb, i64 dano, GLOBAL uchar* dasb, i64 daso, GLOBAL uchar* dstb,
+                                 i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb, i64 dvso)
+{
+    m3b_grads gr;
+    gr.go = AT(store_t, gob, goo);
+    gr.dq = AT(store_t, dqb, dqo);
+    gr.dk = AT(store_t, dkb, dko);
+    gr.dv = AT(store_t, dvb, dvo);
+    gr.dz = AT(store_t, dzb, dzo);
+    gr.dadt = AT(uchar, dadtb, dadto);
+    gr.ddt = AT(uchar, ddtb, ddto);
+    gr.dtrap = AT(uchar, dtrb, dtro);
+    gr.dangles = AT(uchar, danb, dano);
+    gr.dangle_state = AT(real, dasb, daso);
+    gr.dstate = AT(real, dstb, dsto);
+    gr.dk_state = AT(real, dksb, dkso);
+    gr.dv_state = AT(real, dvsb, dvso);
+    return gr;
+}
+
+/* The forward's view of the arguments every kernel below takes (d_dst stands in for dst, which no kernel writes). */
+#define M3B_IO() m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, \
+                          param_real, qb, qo, kb, ko, vb, vo, zb, zo, gob, goo, adtb, adto, dtb, dto, trb, tro, anb, \
+                          ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo)
+#define M3B_SCRATCH() m3b_scratch_of(scb, qro, kro, tho, wso, dqpo, dkpo, scpo, dk0o, ddpo, ddto)
+
+/* The previous token's turned key as token tok of `row` reads it (k-bar): the row's initial key for its first token
+ * (none without carry: 0), else token tok-1's. */
+INLINE_FN GLOBAL const real* m3b_kbar(m3_io io, m3b_scratch sc, m3_row row, i64 tok)
+{
+    if (tok > row.first)
+        return sc.kr + ((tok - 1) * io.H + row.h) * io.N;
+    return io.carry ? io.k_state + (row.entry * io.H + row.h) * io.N : 0;
+}
+
+/* The previous token's value of state row p (v-bar) at token tok. */
+INLINE_FN real m3b_vbar(m3_io io, m3_row row, i64 tok, i64 p)
+{
+    if (tok > row.first)
+        return LOAD(io.v, ((tok - 1) * io.H + row.h) * io.P + p);
+    return io.carry ? io.v_state[(row.entry * io.H + row.h) * io.P + p] : (real)0;
+}
+
+/* State row p after token tok (out) from the one before it (in; out may be in): §11's step 4. */
+INLINE_FN void m3b_step(m3_io io, m3b_scratch sc, m3_row row, i64 tok, i64 p, GLOBAL const real* in, GLOBAL real* out)
+{
+    const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+    GLOBAL const real* kbar = m3b_kbar(io, sc, row, tok);
+    GLOBAL const real* kr = sc.kr + (tok * io.H + row.h) * io.N;
+    const real bv = cf.beta * m3b_vbar(io, row, tok, p), gv = cf.gamma * LOAD(io.v, (tok * io.H + row.h) * io.P + p);
+    for (i64 n = 0; n < io.N; ++n)
+        out[n] = cf.alpha * in[n] + (kbar ? bv * kbar[n] : (real)0) + gv * kr[n];
+}
+
+/* The gradient of y (before d and the gate) of state row p at token tok, whose state after it is s; d_z stored, and
+ * the skip's share of d_v in *dv_skip and of d_d added to *dd. */
+INLINE_FN real m3b_gy(m3_io io, m3b_grads gr, m3_row row, i64 tok, i64 p, GLOBAL const real* s, GLOBAL const real* qr,
+                      real* dv_skip, real* dd)
+{
+    const i64 at = (tok * io.H + row.h) * io.P + p;
+    const real xv = LOAD(io.v, at), dh = io.has_d ? load_any(io.d, row.h, io.param_real) : (real)0;
+    real gy = LOAD(gr.go, at);
+    if (io.has_z) { /* out = (y + d*v) * silu(z) */
+        real y = (real)0;
+        for (i64 n = 0; n < io.N; ++n)
+            y += s[n] * qr[n];
+        const real zv = LOAD(io.z, at), sz = (real)1 / ((real)1 + rlx_exp(-zv));
+        STORE(gr.dz, at, gy * (y + dh * xv) * sz * ((real)1 + zv * ((real)1 - sz)));
+        gy *= zv * sz;
+    }
+    *dv_skip = gy * dh;
+    *dd += gy * xv;
+    return gy;
+}
+
+/* The carried gradients of one state row in its reverse walk: of S (g, N values in the workspace), of v-bar (the
+ * previous token's value), and the key's share the next token's beta term hands back (dkb, N values). */
+typedef struct {
+    GLOBAL real* g;
+    GLOBAL real* dkb;
+    real dvb;
+} m3b_carried;
+
+/* Token tok of state row p undone (§11 steps 6, 5, 4 reversed): s and s_prev its states after and before it. The
+ * row's shares of the gradients of q~ and k~ (dq, dk: N values) and of alpha, beta, gamma (sp: 3) are added to the
+ * block's partials; d_v stored. */
+INLINE_FN void m3b_token_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 tok, i64 p, GLOBAL const real* s,
+                              GLOBAL const real* s_prev, GLOBAL real* dq, GLOBAL real* dk, GLOBAL real* sp,
+                              m3b_carried* c, real* dd)
+{
+    const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
+    GLOBAL const real* kbar = m3b_kbar(io, sc, row, tok);
+    GLOBAL const real* kr = sc.kr + (tok * io.H + row.h) * io.N;
+    GLOBAL const real* qr = sc.qr + (tok * io.H + row.h) * io.N;
+    const i64 at = (tok * io.H + row.h) * io.P + p;
+    const real xv = LOAD(io.v, at), vbar = m3b_vbar(io, row, tok, p), gv = cf.gamma * xv, bv = cf.beta * vbar;
+    real dv_skip;
+    const real gy = m3b_gy(io, gr, row, tok, p, s, qr, &dv_skip, dd);
+    real dsv = (real)0, dskbar = (real)0, dal = (real)0;
+    for (i64 n = 0; n < io.N; ++n) {
+        const real ds = c->g[n] + gy * qr[n], kb = kbar ? kbar[n] : (real)0;
+        dq[n] += gy * s[n];
+        dk[n] += gv * ds + c->dkb[n];
+        dsv += ds * kr[n];
+        dskbar += ds * kb;
+        dal += ds * s_prev[n];
+        c->dkb[n] = bv * ds;
+        c->g[n] = cf.alpha * ds;
+    }
+    STORE(gr.dv, at, dv_skip + c->dvb + cf.gamma * dsv);
+    sp[0] += dal;
+    sp[1] += vbar * dskbar;
+    sp[2] += xv * dsv;
+    c->dvb = cf.beta * dskbar;
+}
+
+/* One work-item's workspace (reals) for rows of up to S tokens: the checkpoints (the state entering each chunk of
+ * SSMB_Q tokens), the states after each token of one chunk, then the carried g and dkb. */
+INLINE_FN GLOBAL real* m3b_workspace(m3b_scratch sc, i64 item, i64 S, i64 N)
+{
+    return sc.ws + item * ((S + SSMB_Q - 1) / SSMB_Q + SSMB_Q + 2) * N;
+}
+
+/* State row p of `row` walked forward (checkpoints) then back; with carry its initial state's gradients stored
+ * (d_state, d_v_state) and the initial key's share added to dk0 (N values). */
+INLINE_FN void m3b_row_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 p, i64 S, i64 T, i64 blk,
+                            GLOBAL real* ws, GLOBAL real* dk0, real* dd)
+{
+    const i64 N = io.N, chunks = (row.end - row.first + SSMB_Q - 1) / SSMB_Q, head = row.entry * io.H + row.h;
+    GLOBAL real* ckpt = ws;
+    GLOBAL real* work = ckpt + ((S + SSMB_Q - 1) / SSMB_Q) * N;
+    m3b_carried c;
+    c.g = work + SSMB_Q * N;
+    c.dkb = c.g + N;
+    for (i64 n = 0; n < N; ++n)
+        c.g[n] = io.carry ? io.state[(head * io.P + p) * N + n] : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
+        for (i64 n = 0; n < N; ++n)
+            ckpt[k * N + n] = c.g[n];
+        for (i64 tok = c0; tok < c1; ++tok)
+            m3b_step(io, sc, row, tok, p, c.g, c.g);
+    }
+    for (i64 n = 0; n < N; ++n) {
+        c.g[n] = io.carry ? gr.dstate[(head * io.P + p) * N + n] : (real)0;
+        c.dkb[n] = (real)0;
+    }
+    c.dvb = io.carry ? gr.dv_state[head * io.P + p] : (real)0;
+    for (i64 k = chunks - 1; k >= 0; --k) {
+        const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
+        for (i64 tok = c0; tok < c1; ++tok)
+            m3b_step(io, sc, row, tok, p, tok == c0 ? ckpt + k * N : work + (tok - c0 - 1) * N, work + (tok - c0) * N);
+        for (i64 tok = c1 - 1; tok >= c0; --tok) {
+            const i64 e = (blk * T + tok) * io.H + row.h;
+            m3b_token_back(io, gr, sc, row, tok, p, work + (tok - c0) * N,
+                           tok == c0 ? ckpt + k * N : work + (tok - c0 - 1) * N, sc.dqp + e * N, sc.dkp + e * N,
+                           sc.scp + e * 3, &c, dd);
+        }
+    }
+    for (i64 n = 0; n < N; ++n)
+        dk0[n] += c.dkb[n];
+    if (!io.carry)
+        return;
+    for (i64 n = 0; n < N; ++n)
+        gr.dstate[(head * io.P + p) * N + n] = c.g[n];
+    gr.dv_state[head * io.P + p] = c.dvb;
+}
+
+/* Turned, biased q and k of every token (and each token's angles) of pair i of (row, head) GID(0) / (N/2). */
+KERNEL mamba3_backward_turn(i64 R, i64 S, i64 T, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, i64 per, int has_q_bias,
+    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+    GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+    GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+    GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo,
+    GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko,
+    GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* ddtb,
+    i64 ddto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* danb, i64 dano, GLOBAL uchar* dasb, i64 daso,
+    GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb, i64 dvso, GLOBAL uchar* scb,
+    i64 qro, i64 kro, i64 tho, i64 wso, i64 dqpo, i64 dkpo, i64 scpo, i64 dk0o, i64 ddpo, i64 ddto_s)
+{
+    const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
+    if (rh >= R * H)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, gob, goo, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3b_scratch sc = m3b_scratch_of(scb, qro, kro, tho, wso, dqpo, dkpo, scpo, dk0o, ddpo, ddto_s);
+    const m3_row row = m3_row_of(io, r, h, S);
+    real theta = carry && i < A ? m3_wrap(io.angle_state[(row.entry * H + h) * A + i]) : (real)0;
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        const i64 at = (tok * H + h) * N + 2 * i;
+        if (i < A) {
+            theta = m3_advance(io, theta, tok, h, i, load_any(io.dt, tok * H + h, dt_real));
+            sc.th[(tok * H + h) * A + i] = theta;
+        }
+        const m3_pair pr = m3_pair_at(io, row, tok, i, m3_sincos(i < A ? theta : (real)0));
+        sc.qr[at] = pr.q0;
+        sc.qr[at + 1] = pr.q1;
+        sc.kr[at] = pr.k0;
+        sc.kr[at + 1] = pr.k1;
+    }
+}
+
+/* The reverse walk of item GID(0) = (row, head, block of `per` state rows), block fastest: the block's partials
+ * zeroed for the row's tokens (block 0's key partial of the last token starting from d_k_state), its rows walked. */
+KERNEL mamba3_backward_walk(i64 R, i64 S, i64 T, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, i64 per, int has_q_bias,
+    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+    GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+    GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+    GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo,
+    GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko,
+    GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* ddtb,
+    i64 ddto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* danb, i64 dano, GLOBAL uchar* dasb, i64 daso,
+    GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb, i64 dvso, GLOBAL uchar* scb,
+    i64 qro, i64 kro, i64 tho, i64 wso, i64 dqpo, i64 dkpo, i64 scpo, i64 dk0o, i64 ddpo, i64 ddto_s)
+{
+    const i64 item = GID(0);
+    if (item >= R * H * blocks)
+        return;
+    const i64 r = item / (H * blocks), rest = item - r * H * blocks, h = rest / blocks, blk = rest - h * blocks;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, gob, goo, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3b_scratch sc = m3b_scratch_of(scb, qro, kro, tho, wso, dqpo, dkpo, scpo, dk0o, ddpo, ddto_s);
+    const m3b_grads gr = m3b_grads_of(gob, goo, dqb, dqo, dkb, dko, dvb, dvo, dzb, dzo, dadtb, dadto, ddtb, ddto,
+                                      dtrb, dtro, danb, dano, dasb, daso, dstb, dsto, dksb, dkso, dvsb, dvso);
+    const m3_row row = m3_row_of(io, r, h, S);
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        const i64 e = (blk * T + tok) * H + h;
+        const int last = blk == 0 && carry && tok == row.end - 1;
+        for (i64 n = 0; n < N; ++n) {
+            sc.dqp[e * N + n] = (real)0;
+            sc.dkp[e * N + n] = last ? gr.dk_state[(row.entry * H + h) * N + n] : (real)0;
+        }
+        sc.scp[e * 3] = sc.scp[e * 3 + 1] = sc.scp[e * 3 + 2] = (real)0;
+    }
+    GLOBAL real* dk0 = sc.dk0 + ((r * blocks + blk) * H + h) * N;
+    for (i64 n = 0; n < N; ++n)
+        dk0[n] = (real)0;
+    real dd = (real)0;
+    const i64 p0 = blk * per, p1 = p0 + per < P ? p0 + per : P;
+    for (i64 p = p0; p < p1 && row.end > row.first; ++p)
+        m3b_row_back(io, gr, sc, row, p, S, T, blk, m3b_workspace(sc, item, S, N), dk0, &dd);
+    sc.ddp[(r * blocks + blk) * H + h] = dd;
+}
+
+/* Token tok, head h (item GID(0) = tok*H + h): the blocks' partials summed; d_adt and d_trap stored, dt's share of
+ * beta and gamma kept; the turns undone, the biased q's and k's gradients written over qr and kr, each angle's own
+ * gradient over th. */
+KERNEL mamba3_backward_tokens(i64 R, i64 S, i64 T, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, i64 per, int has_q_bias,
+    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+    GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+    GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+    GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo,
+    GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko,
+    GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* ddtb,
+    i64 ddto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* danb, i64 dano, GLOBAL uchar* dasb, i64 daso,
+    GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb, i64 dvso, GLOBAL uchar* scb,
+    i64 qro, i64 kro, i64 tho, i64 wso, i64 dqpo, i64 dkpo, i64 scpo, i64 dk0o, i64 ddpo, i64 ddto_s)
+{
+    const i64 e = GID(0), tok = e / H, h = e - tok * H;
+    if (tok >= T)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, gob, goo, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3b_scratch sc = m3b_scratch_of(scb, qro, kro, tho, wso, dqpo, dkpo, scpo, dk0o, ddpo, ddto_s);
+    const m3b_grads gr = m3b_grads_of(gob, goo, dqb, dqo, dkb, dko, dvb, dvo, dzb, dzo, dadtb, dadto, ddtb, ddto,
+                                      dtrb, dtro, danb, dano, dasb, daso, dstb, dsto, dksb, dkso, dvsb, dvso);
+    real dal = (real)0, dbe = (real)0, dga = (real)0;
+    for (i64 b = 0; b < blocks; ++b) {
+        GLOBAL const real* sp = sc.scp + ((b * T + tok) * H + h) * 3;
+        dal += sp[0];
+        dbe += sp[1];
+        dga += sp[2];
+    }
+    const m3_coeffs cf = m3_coeffs_at(io, tok, h);
+    const real lambda = (real)1 / ((real)1 + rlx_exp(-load_any(io.trap, e, dt_real)));
+    const real dbp = dbe * cf.alpha; /* beta = beta' * alpha, beta' = (1 - lambda) * dt */
+    store_any(gr.dadt, e, dt_real, (dal + dbe * ((real)1 - lambda) * cf.dt) * cf.alpha);
+    store_any(gr.dtrap, e, dt_real, (dga - dbp) * cf.dt * lambda * ((real)1 - lambda));
+    sc.ddt[e] = dbp * ((real)1 - lambda) + dga * lambda;
+    for (i64 i = 0; i < N / 2; ++i) {
+        const i64 at = e * N + 2 * i;
+        real dq0 = (real)0, dq1 = (real)0, dk0 = (real)0, dk1 = (real)0;
+        for (i64 b = 0; b < blocks; ++b) {
+            const i64 pa = b * T * H * N + at;
+            dq0 += sc.dqp[pa];
+            dq1 += sc.dqp[pa + 1];
+            dk0 += sc.dkp[pa];
+            dk1 += sc.dkp[pa + 1];
+        }
+        if (i < A) {
+            const m3_turn t = m3_sincos(sc.th[e * A + i]);
+            sc.th[e * A + i] = sc.qr[at] * dq1 - sc.qr[at + 1] * dq0 + sc.kr[at] * dk1 - sc.kr[at + 1] * dk0;
+            const real q0 = t.c * dq0 + t.s * dq1, k0 = t.c * dk0 + t.s * dk1;
+            dq1 = t.c * dq1 - t.s * dq0;
+            dk1 = t.c * dk1 - t.s * dk0;
+            dq0 = q0;
+            dk0 = k0;
+        }
+        sc.qr[at] = dq0;
+        sc.qr[at + 1] = dq1;
+        sc.kr[at] = dk0;
+        sc.kr[at + 1] = dk1;
+    }
+}
+
+/* Row and head GID(0) = r*H + h: each angle's gradient summed from the last token back (d_angles, and dt's share,
+ * then d_dt stored); with carry d_angle_state and d_k_state (the blocks' shares summed). */
+KERNEL mamba3_backward_angles(i64 R, i64 S, i64 T, i64 H, i64 P, i64 N, i64 A, i64 G, i64 blocks, i64 per, int has_q_bias,
+    int has_k_bias, int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+    GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+    GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano,
+    GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo,
+    GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko,
+    GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* ddtb,
+    i64 ddto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* danb, i64 dano, GLOBAL uchar* dasb, i64 daso,
+    GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb, i64 dvso, GLOBAL uchar* scb,
+    i64 qro, i64 kro, i64 tho, i64 wso, i64 dqpo, i64 dkpo, i64 scpo, i64 dk0o, i64 ddpo, i64 ddto_s)
+{
+    const i64 rh = GID(0), r = rh / H, h = rh - r * H;
+    if (rh >= R * H)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, gob, goo, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3b_scratch sc = m3b_scratch_of(scb, qro, kro, tho, wso, dqpo, dkpo, scpo, dk0o, ddpo, ddto_s);
+    const m3b_grads gr = m3b_grads_of(gob, goo, dqb, dqo, dkb, dko, dvb, dvo, dzb, dzo, dadtb, dadto, ddtb, ddto,
+                                      dtrb, dtro, danb, dano, dasb, daso, dstb, dsto, dksb, dkso, dvsb, dvso);
+    const m3_row row = m3_row_of(io, r, h, S);
+    const i64 head = row.entry * H + h;
+    for (i64 i = 0; i < A; ++i) {
+        real dth = carry ? gr.dangle_state[head * A + i] : (real)0;
+        for (i64 tok = row.end - 1; tok >= row.first; --tok) {
+            const i64 e = tok * H + h;
+            dth += sc.th[e * A + i];
+            const real tn = m3_tanh(load_any(io.angles, e * A + i, dt_real)), dt = load_any(io.dt, e, dt_real);
+            store_any(gr.dangles, e * A + i, dt_real, dth * M3_PI * ((real)1 - tn * tn) * dt);
+            sc.ddt[e] += dth * M3_PI * tn;
+        }
+        if (carry && row.end > row.first)
+            gr.dangle_state[head * A + i] = dth;
+    }
+    for (i64 tok = row.first; tok < row.end; ++tok)
+        store_any(gr.ddt, tok * H + h, dt_real, sc.ddt[tok * H + h]);
+    if (!carry || row.end == row.first)
+        return;
+    for (i64 n = 0; n < N; ++n) {
+        real sum = (real)0;
+        for (i64 b = 0; b < blocks; ++b)
+            sum += sc.dk0[((r * blocks + b) * H + h) * N + n];
+        gr.dk_state[head * N + n] = sum;
+    }
+}
+
+/* out[i] = sum over k < K of part[o*outer + k*kstride + w], i = o*inner + w < M, in that order: d_q and d_k over the
+ * heads of a group, d_q_bias and d_k_bias over the tokens, d_d over rows and blocks. Stored in the compute type
+ * when is_real (a parameter in f32 beside a 16-bit thunk), else in the dtype. */
+KERNEL mamba3_backward_reduce(i64 M, i64 K, i64 inner, i64 outer, i64 kstride, int is_real, GLOBAL uchar* pb, i64 po,
+                              GLOBAL uchar* ob, i64 oo)
+{
+    const i64 i = GID(0);
+    if (i >= M)
+        return;
+    const i64 o = i / inner, w = i - o * inner;
+    GLOBAL const real* part = AT(real, pb, po) + o * outer + w;
+    real sum = (real)0;
+    for (i64 k = 0; k < K; ++k)
+        sum += part[k * kstride];
+    store_any(AT(uchar, ob, oo), i, is_real, sum);
+}
