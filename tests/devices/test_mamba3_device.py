@@ -4,7 +4,9 @@ The catalog's cases are small (head_dim <= 5, state_size <= 10): one work-item, 
 reach what they do not: several work-items of M3_PB rows sharing a head's angle and key (cpu), several blocks of
 rows walking the sequence in turn in one work-group and every state-size variant's lane count (gpu), with every
 field at once, against the float64 reference and the host; a decode step on a slot pool is one launch; the same
-thunk run twice gives the same bytes; two calls chained through the four states equal one call.
+thunk run twice gives the same bytes; two calls chained through the four states equal one call. mamba3_backward
+(kernels/mamba3_backward.cl): several blocks of state rows and chunks of checkpoints, every field, an empty packed
+sequence, against the float64 reference and the host backward, the same bytes twice.
 """
 from __future__ import annotations
 
@@ -136,3 +138,46 @@ def test_two_calls_chained_through_the_states_equal_one_call(session):
         if field == "angle_state":  # compared modulo 2pi
             mine, ref = np.cos(mine), np.cos(ref)
         np.testing.assert_allclose(mine, ref, rtol=1e-4, atol=1e-5, err_msg=field)
+
+
+#: the four state gradients, and every optional input's gradient, of a mamba3_backward case
+D_CARRIED = dict(CARRIED, d_angle_state=True, d_state=True, d_k_state=True, d_v_state=True)
+D_EVERY = dict(EVERY, d_q_bias=True, d_k_bias=True, d_d=True, d_z=True)
+#: name -> (dtype, params): more state rows than one block (blocks at both targets), more tokens than one chunk of
+#: checkpoints (SSMB_Q), an empty packed sequence between two, every field; then 16-bit storage with f32 fields
+BACKWARD = {
+    "backward-every-field-varlen-slots": ("f32", dict(batch=1, seq=41, heads=4, head_dim=9, state_size=12,
+                                                      num_angles=5, cu_seqlens=[0, 34, 34, 41], num_seqs=3,
+                                                      state_slots=[2, 0, 3], num_slots=4, **D_CARRIED, **D_EVERY)),
+    "backward-bf16-f32-fields": ("bf16", dict(batch=2, seq=6, heads=2, head_dim=6, state_size=16, num_angles=8,
+                                              dt_dtype="f32", param_dtype="f32", **D_CARRIED, d=True, d_d=True,
+                                              z=True, d_z=True, q_bias=True, d_q_bias=True)),
+}
+
+
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
+def test_the_backward_runs_on_the_device_in_blocks_of_rows_then_fixed_order_sums(lim):
+    thunk = complete(runner.lay_out(Case("mamba3_backward", *BACKWARD["backward-every-field-varlen-slots"])).thunk)
+    assert launches.unsupported(thunk, lim) is None
+    plan = launches.plan(thunk, lim)
+    kernels = [launch.kernel for launch in plan.launches]
+    assert kernels == ["mamba3_backward_turn", "mamba3_backward_walk", "mamba3_backward_tokens",
+                       "mamba3_backward_angles"] + ["mamba3_backward_reduce"] * 5  # d_q d_k d_q_bias d_k_bias d_d
+    assert "block(s)" in plan.notes[0] and not plan.notes[0].startswith("checkpoints every 32 steps, 1 block")
+    wide = complete(runner.lay_out(Case("mamba3_backward", "f32", dict(thunk, state_dtype="f64"))).thunk)
+    assert "state_dtype=f64 runs on the host" in launches.unsupported(wide, lim)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("name", list(BACKWARD))
+def test_the_backward_matches_the_reference_and_the_host_and_runs_the_same_bytes_twice(session, host, name):
+    case = Case("mamba3_backward", *BACKWARD[name], seed=5)
+    outcome = runner.check(session, case, CONFIG, host)
+    assert outcome.status == "pass", outcome.message
+    laid = runner.lay_out(case)
+    runs = []
+    for _ in range(2):
+        arena = session.upload(laid.arena)
+        session.launch(laid.thunk, arena)
+        runs.append(session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
