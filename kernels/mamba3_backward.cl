@@ -114,15 +114,29 @@ INLINE_FN real m3b_vbar(m3_io io, m3_row row, i64 tok, i64 p)
     return io.carry ? io.v_state[(row.entry * io.H + row.h) * io.P + p] : (real)0;
 }
 
-/* State row p after token tok (out) from the one before it (in; out may be in): §11's step 4. */
-INLINE_FN void m3b_step(m3_io io, m3b_scratch sc, m3_row row, i64 tok, i64 p, GLOBAL const real* in, GLOBAL real* out)
+/* The rows p .. p+np-1 (np <= M3B_PB) of a block walked together, so that each token's q~, k~ and k-bar are read
+ * once for them all and the block's partials updated once per token for them all. Their state vectors lie row
+ * after row, N apart, in the workspace; a row c >= np is all zeros throughout (its inputs read as 0). */
+
+/* The rows' states after token tok (out) from the ones before it (in; out may be in): §11's step 4. */
+INLINE_FN void m3b_step(m3_io io, m3b_scratch sc, m3_row row, i64 tok, i64 p, int np, GLOBAL const real* in,
+                        GLOBAL real* out)
 {
     const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
     GLOBAL const real* kbar = m3b_kbar(io, sc, row, tok);
     GLOBAL const real* kr = sc.kr + (tok * io.H + row.h) * io.N;
-    const real bv = cf.beta * m3b_vbar(io, row, tok, p), gv = cf.gamma * LOAD(io.v, (tok * io.H + row.h) * io.P + p);
-    for (i64 n = 0; n < io.N; ++n)
-        out[n] = cf.alpha * in[n] + (kbar ? bv * kbar[n] : (real)0) + gv * kr[n];
+    real bv[M3B_PB], gv[M3B_PB];
+    PRAGMA_UNROLL
+    for (int c = 0; c < M3B_PB; ++c) {
+        bv[c] = c < np && kbar ? cf.beta * m3b_vbar(io, row, tok, p + c) : (real)0;
+        gv[c] = c < np ? cf.gamma * LOAD(io.v, (tok * io.H + row.h) * io.P + p + c) : (real)0;
+    }
+    for (i64 n = 0; n < io.N; ++n) {
+        const real kb = kbar ? kbar[n] : (real)0, kn = kr[n];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3B_PB; ++c)
+            out[c * io.N + n] = c < np ? cf.alpha * in[c * io.N + n] + bv[c] * kb + gv[c] * kn : (real)0;
+    }
 }
 
 /* The gradient of y (before d and the gate) of state row p at token tok, whose state after it is s; d_z stored, and
@@ -146,97 +160,125 @@ INLINE_FN real m3b_gy(m3_io io, m3b_grads gr, m3_row row, i64 tok, i64 p, GLOBAL
     return gy;
 }
 
-/* The carried gradients of one state row in its reverse walk: of S (g, N values in the workspace), of v-bar (the
- * previous token's value), and the key's share the next token's beta term hands back (dkb, N values). */
+/* The carried gradients of the rows in their reverse walk: of S (g) and the key's share the next token's beta term
+ * hands back (dkb), M3B_PB x N values each in the workspace, and of v-bar, the previous token's value (dvb). */
 typedef struct {
     GLOBAL real* g;
     GLOBAL real* dkb;
-    real dvb;
+    real dvb[M3B_PB];
 } m3b_carried;
 
-/* Token tok of state row p undone (§11 steps 6, 5, 4 reversed): s and s_prev its states after and before it. The
- * row's shares of the gradients of q~ and k~ (dq, dk: N values) and of alpha, beta, gamma (sp: 3) are added to the
+/* Token tok of the rows undone (§11 steps 6, 5, 4 reversed): s and s_prev their states after and before it. The
+ * rows' shares of the gradients of q~ and k~ (dq, dk: N values) and of alpha, beta, gamma (sp: 3) are added to the
  * block's partials; d_v stored. */
-INLINE_FN void m3b_token_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 tok, i64 p, GLOBAL const real* s,
-                              GLOBAL const real* s_prev, GLOBAL real* dq, GLOBAL real* dk, GLOBAL real* sp,
-                              m3b_carried* c, real* dd)
+INLINE_FN void m3b_token_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 tok, i64 p, int np,
+                              GLOBAL const real* s, GLOBAL const real* s_prev, GLOBAL real* dq, GLOBAL real* dk,
+                              GLOBAL real* sp, m3b_carried* c, real* dd)
 {
+    const i64 N = io.N;
     const m3_coeffs cf = m3_coeffs_at(io, tok, row.h);
     GLOBAL const real* kbar = m3b_kbar(io, sc, row, tok);
-    GLOBAL const real* kr = sc.kr + (tok * io.H + row.h) * io.N;
-    GLOBAL const real* qr = sc.qr + (tok * io.H + row.h) * io.N;
-    const i64 at = (tok * io.H + row.h) * io.P + p;
-    const real xv = LOAD(io.v, at), vbar = m3b_vbar(io, row, tok, p), gv = cf.gamma * xv, bv = cf.beta * vbar;
-    real dv_skip;
-    const real gy = m3b_gy(io, gr, row, tok, p, s, qr, &dv_skip, dd);
-    real dsv = (real)0, dskbar = (real)0, dal = (real)0;
-    for (i64 n = 0; n < io.N; ++n) {
-        const real ds = c->g[n] + gy * qr[n], kb = kbar ? kbar[n] : (real)0;
-        dq[n] += gy * s[n];
-        dk[n] += gv * ds + c->dkb[n];
-        dsv += ds * kr[n];
-        dskbar += ds * kb;
-        dal += ds * s_prev[n];
-        c->dkb[n] = bv * ds;
-        c->g[n] = cf.alpha * ds;
-    }
-    STORE(gr.dv, at, dv_skip + c->dvb + cf.gamma * dsv);
-    sp[0] += dal;
-    sp[1] += vbar * dskbar;
-    sp[2] += xv * dsv;
-    c->dvb = cf.beta * dskbar;
-}
-
-/* One work-item's workspace (reals) for rows of up to S tokens: the checkpoints (the state entering each chunk of
- * SSMB_Q tokens), the states after each token of one chunk, then the carried g and dkb. */
-INLINE_FN GLOBAL real* m3b_workspace(m3b_scratch sc, i64 item, i64 S, i64 N)
-{
-    return sc.ws + item * ((S + SSMB_Q - 1) / SSMB_Q + SSMB_Q + 2) * N;
-}
-
-/* State row p of `row` walked forward (checkpoints) then back; with carry its initial state's gradients stored
- * (d_state, d_v_state) and the initial key's share added to dk0 (N values). */
-INLINE_FN void m3b_row_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 p, i64 S, i64 T, i64 blk,
-                            GLOBAL real* ws, GLOBAL real* dk0, real* dd)
-{
-    const i64 N = io.N, chunks = (row.end - row.first + SSMB_Q - 1) / SSMB_Q, head = row.entry * io.H + row.h;
-    GLOBAL real* ckpt = ws;
-    GLOBAL real* work = ckpt + ((S + SSMB_Q - 1) / SSMB_Q) * N;
-    m3b_carried c;
-    c.g = work + SSMB_Q * N;
-    c.dkb = c.g + N;
-    for (i64 n = 0; n < N; ++n)
-        c.g[n] = io.carry ? io.state[(head * io.P + p) * N + n] : (real)0;
-    for (i64 k = 0; k < chunks; ++k) {
-        const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
-        for (i64 n = 0; n < N; ++n)
-            ckpt[k * N + n] = c.g[n];
-        for (i64 tok = c0; tok < c1; ++tok)
-            m3b_step(io, sc, row, tok, p, c.g, c.g);
+    GLOBAL const real* kr = sc.kr + (tok * io.H + row.h) * N;
+    GLOBAL const real* qr = sc.qr + (tok * io.H + row.h) * N;
+    real xv[M3B_PB], vbar[M3B_PB], gy[M3B_PB], dv_skip[M3B_PB], dsv[M3B_PB], dsk[M3B_PB], dal[M3B_PB];
+    PRAGMA_UNROLL
+    for (int r = 0; r < M3B_PB; ++r) {
+        xv[r] = vbar[r] = gy[r] = dv_skip[r] = dsv[r] = dsk[r] = dal[r] = (real)0;
+        if (r < np) {
+            xv[r] = LOAD(io.v, (tok * io.H + row.h) * io.P + p + r);
+            vbar[r] = m3b_vbar(io, row, tok, p + r);
+            gy[r] = m3b_gy(io, gr, row, tok, p + r, s + r * N, qr, &dv_skip[r], dd);
+        }
     }
     for (i64 n = 0; n < N; ++n) {
-        c.g[n] = io.carry ? gr.dstate[(head * io.P + p) * N + n] : (real)0;
-        c.dkb[n] = (real)0;
+        const real kb = kbar ? kbar[n] : (real)0, kn = kr[n], qn = qr[n];
+        real dqn = (real)0, dkn = (real)0;
+        PRAGMA_UNROLL
+        for (int r = 0; r < M3B_PB; ++r) {
+            const int live = r < np; /* a row past np adds nothing, whatever Inf or NaN the others meet */
+            const real ds = live ? c->g[r * N + n] + gy[r] * qn : (real)0;
+            dqn += live ? gy[r] * s[r * N + n] : (real)0;
+            dkn += live ? cf.gamma * xv[r] * ds + c->dkb[r * N + n] : (real)0;
+            dsv[r] += ds * kn;
+            dsk[r] += ds * kb;
+            dal[r] += ds * s_prev[r * N + n];
+            c->dkb[r * N + n] = cf.beta * vbar[r] * ds;
+            c->g[r * N + n] = cf.alpha * ds;
+        }
+        dq[n] += dqn;
+        dk[n] += dkn;
     }
-    c.dvb = io.carry ? gr.dv_state[head * io.P + p] : (real)0;
+    PRAGMA_UNROLL
+    for (int r = 0; r < M3B_PB; ++r) {
+        if (r < np) {
+            STORE(gr.dv, (tok * io.H + row.h) * io.P + p + r, dv_skip[r] + c->dvb[r] + cf.gamma * dsv[r]);
+            sp[0] += dal[r];
+            sp[1] += vbar[r] * dsk[r];
+            sp[2] += xv[r] * dsv[r];
+            c->dvb[r] = cf.beta * dsk[r];
+        }
+    }
+}
+
+/* One work-item's workspace (reals) for rows of up to S tokens: the checkpoints (the rows' states entering each
+ * chunk of SSMB_Q tokens), the rows' states after each token of one chunk, then the carried g and dkb. */
+INLINE_FN GLOBAL real* m3b_workspace(m3b_scratch sc, i64 item, i64 S, i64 N)
+{
+    return sc.ws + item * ((S + SSMB_Q - 1) / SSMB_Q + SSMB_Q + 2) * M3B_PB * N;
+}
+
+/* State rows p .. p+np-1 of `row` walked forward (checkpoints) then back; with carry their initial states'
+ * gradients stored (d_state, d_v_state); the initial key's share added to dk0 (N values). */
+INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 p, int np, i64 S, i64 T,
+                             i64 blk, GLOBAL real* ws, GLOBAL real* dk0, real* dd)
+{
+    const i64 N = io.N, W = M3B_PB * N, chunks = (row.end - row.first + SSMB_Q - 1) / SSMB_Q;
+    const i64 at = ((row.entry * io.H + row.h) * io.P + p) * N, head = (row.entry * io.H + row.h) * io.P + p;
+    GLOBAL real* ckpt = ws;
+    GLOBAL real* work = ckpt + ((S + SSMB_Q - 1) / SSMB_Q) * W;
+    m3b_carried c;
+    c.g = work + SSMB_Q * W;
+    c.dkb = c.g + W;
+    for (i64 j = 0; j < W; ++j)
+        c.g[j] = io.carry && j < np * N ? io.state[at + j] : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
+        for (i64 j = 0; j < W; ++j)
+            ckpt[k * W + j] = c.g[j];
+        for (i64 tok = c0; tok < c1; ++tok)
+            m3b_step(io, sc, row, tok, p, np, c.g, c.g);
+    }
+    for (i64 j = 0; j < W; ++j) {
+        c.g[j] = io.carry && j < np * N ? gr.dstate[at + j] : (real)0;
+        c.dkb[j] = (real)0;
+    }
+    PRAGMA_UNROLL
+    for (int r = 0; r < M3B_PB; ++r)
+        c.dvb[r] = io.carry && r < np ? gr.dv_state[head + r] : (real)0;
     for (i64 k = chunks - 1; k >= 0; --k) {
         const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
         for (i64 tok = c0; tok < c1; ++tok)
-            m3b_step(io, sc, row, tok, p, tok == c0 ? ckpt + k * N : work + (tok - c0 - 1) * N, work + (tok - c0) * N);
+            m3b_step(io, sc, row, tok, p, np, tok == c0 ? ckpt + k * W : work + (tok - c0 - 1) * W,
+                     work + (tok - c0) * W);
         for (i64 tok = c1 - 1; tok >= c0; --tok) {
             const i64 e = (blk * T + tok) * io.H + row.h;
-            m3b_token_back(io, gr, sc, row, tok, p, work + (tok - c0) * N,
-                           tok == c0 ? ckpt + k * N : work + (tok - c0 - 1) * N, sc.dqp + e * N, sc.dkp + e * N,
+            m3b_token_back(io, gr, sc, row, tok, p, np, work + (tok - c0) * W,
+                           tok == c0 ? ckpt + k * W : work + (tok - c0 - 1) * W, sc.dqp + e * N, sc.dkp + e * N,
                            sc.scp + e * 3, &c, dd);
         }
     }
-    for (i64 n = 0; n < N; ++n)
-        dk0[n] += c.dkb[n];
+    for (i64 n = 0; n < N; ++n) {
+        real sum = dk0[n];
+        for (int r = 0; r < np; ++r)
+            sum += c.dkb[r * N + n];
+        dk0[n] = sum;
+    }
     if (!io.carry)
         return;
-    for (i64 n = 0; n < N; ++n)
-        gr.dstate[(head * io.P + p) * N + n] = c.g[n];
-    gr.dv_state[head * io.P + p] = c.dvb;
+    for (i64 j = 0; j < np * N; ++j)
+        gr.dstate[at + j] = c.g[j];
+    for (int r = 0; r < np; ++r)
+        gr.dv_state[head + r] = c.dvb[r];
 }
 
 /* Turned, biased q and k of every token (and each token's angles) of pair i of (row, head) GID(0) / (N/2). */
@@ -316,8 +358,9 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 T, i64 H, i64 P, i64 N, i64 A, i64
         dk0[n] = (real)0;
     real dd = (real)0;
     const i64 p0 = blk * per, p1 = p0 + per < P ? p0 + per : P;
-    for (i64 p = p0; p < p1 && row.end > row.first; ++p)
-        m3b_row_back(io, gr, sc, row, p, S, T, blk, m3b_workspace(sc, item, S, N), dk0, &dd);
+    for (i64 p = p0; p < p1 && row.end > row.first; p += M3B_PB)
+        m3b_rows_back(io, gr, sc, row, p, p1 - p < M3B_PB ? (int)(p1 - p) : M3B_PB, S, T, blk,
+                      m3b_workspace(sc, item, S, N), dk0, &dd);
     sc.ddp[(r * blocks + blk) * H + h] = dd;
 }
 

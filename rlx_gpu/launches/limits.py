@@ -43,6 +43,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
         "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
         "SSMB_BLOCKS": 4,  # state-space backward: blocks of a group's channels (heads) walked by separate items
+        "M3B_PB": 4,  # mamba3_backward: state rows of a block walked together (each token's q, k read once for them)
     },
     # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/devices/test_ptxas.py)
     "gpu": {
@@ -77,6 +78,7 @@ TUNING: dict[str, Mapping[str, int]] = {
         # mamba3: from M3_MIN_SEQ steps on, a head's state rows walk the sequence M3_SPLIT_ROWS to a group (a warp
         # at state_size 64), so that a prefill of few (row, head) pairs exposes more groups
         "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
+        "M3B_PB": 1,  # mamba3_backward: state rows walked together per work-item (more cost registers at sm_90)
     },
 }
 

@@ -56,7 +56,7 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     blocks = -(-p // per)  # none empty
     items = r * h * blocks
     at, total = _layout(dt, {"qr": tokens * h * n, "kr": tokens * h * n, "th": tokens * h * a,
-                             "ws": items * (-(-s // q) + q + 2) * n, "dqp": blocks * tokens * h * n,
+                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n, "dqp": blocks * tokens * h * n,
                              "dkp": blocks * tokens * h * n, "scp": blocks * tokens * h * 3,
                              "dk0": r * blocks * h * n, "ddp": r * blocks * h, "ddt": tokens * h})
     args.update(T=tokens, blocks=blocks, per=per, scb=(SCRATCH, at["qr"]), **{param: at[part] for part, param in _PARTS.items()},
