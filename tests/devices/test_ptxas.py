@@ -41,7 +41,7 @@ REGISTERS.update({**dict.fromkeys(("selective_scan_backward", "mamba2_backward",
                                   BACKWARD_WALK_REGISTERS),
                   **dict.fromkeys(("ssm_backward_reduce", "gdn_backward_qk"), STATE_SPACE_REGISTERS)})
 #: mamba3_backward's walk (kernels/mamba3_backward.cl: the forward's step and its reverse inlined, ~40 tensor
-#: pointers live; f32/f16/bf16 196-198 registers measured, no spill; bounding it to 168 or 128 spilled 200-960 B)
+#: pointers live; f32/f16/bf16 183-185 registers measured, no spill; bounding it to 168 or 128 spilled 200-960 B)
 #: and its per-token, per-head and reduce launches
 REGISTERS.update({"mamba3_backward_walk": 208, **dict.fromkeys(
     ("mamba3_backward_turn", "mamba3_backward_tokens", "mamba3_backward_angles", "mamba3_backward_reduce"),
