@@ -1,8 +1,9 @@
 """rlx_gpu.torch.Mamba3, mamba_ssm's Mamba-3 block (SISO): its state_dict names and shapes, the refusal of MIMO,
 the forward and its gradients against the block written here in plain torch (float64, ABI.md §11's step
 recurrence for the op), decode token by token against the prefill (outputs and the four final states), a
-prefill continued by decode steps through an inference cache, and 200 training steps of a toy task, on the
-host and on OpenCL (where the backward thunk falls back to the host)."""
+prefill continued by decode steps through an inference cache, packed sequences, a bf16 block, a whole-graph
+torch.compile, and 200 training steps of a toy task, on the host and on OpenCL (where the backward thunk
+falls back to the host)."""
 from __future__ import annotations
 
 import math
@@ -99,6 +100,7 @@ def test_parameters_carry_mamba_ssm_names_and_shapes(ngroups, rope_fraction, out
     assert m.dt_bias.dtype == m.B_bias.dtype == torch.float32 and torch.equal(m.C_bias, torch.ones(8, 1, 8))
     dt = F.softplus(m.dt_bias)
     assert bool(((dt >= 1e-4) & (dt <= 0.1 + 1e-6)).all())  # mamba_ssm's dt_min..dt_max initialisation
+    m.load_state_dict({k: torch.randn(shape) for k, shape in want.items()})  # strict: every key, no other
 
 
 def test_mimo_is_refused_with_the_reason():
@@ -160,6 +162,36 @@ def test_a_prefill_continued_by_decode_steps_through_inference_params(host):
     assert all(s.dtype == torch.float64 for s in params.key_value_memory_dict[5])
 
 
+def test_packed_sequences_equal_separate_calls_and_bf16_decode_equals_its_prefill(host):
+    m = _randomised(Mamba3(**SMALL, ngroups=2), seed=9)
+    u = torch.randn(1, 11, 8, generator=torch.Generator().manual_seed(10))
+    with torch.no_grad():
+        packed = m(u, cu_seqlens=torch.tensor([0, 4, 11], dtype=torch.int32))
+        torch.testing.assert_close(packed, torch.cat([m(u[:, :4]), m(u[:, 4:])], 1), rtol=1e-5, atol=1e-5)
+        low = Mamba3(**SMALL, dtype=torch.bfloat16)  # bf16 weights beside f32 dt_bias, biases, D and states
+        prefill = low(u.bfloat16())
+        cache = low.allocate_inference_cache(1, 11)
+        decoded = torch.stack([low.step(u[:, t].bfloat16(), *cache)[0] for t in range(11)], 1)
+    assert prefill.dtype == torch.bfloat16 and all(s.dtype == torch.float32 for s in cache)
+    torch.testing.assert_close(decoded.float(), prefill.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_block_compiles_whole_forward_and_backward(host):
+    m = _randomised(Mamba3(**SMALL), seed=11)
+    u = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(12))
+    torch._dynamo.reset()
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)  # a graph break raises
+    got = compiled(u)
+    got.square().sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    want = m(u)
+    want.square().sum().backward()
+    torch.testing.assert_close(got, want)
+    for a, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(a, p.grad)
+
+
 def test_two_hundred_training_steps_learn_a_delayed_copy(device):
     """Adam on ``y_t = u_{t-2}`` (a recall the block's state must carry): the loss falls well below its start.
     On OpenCL the forward runs on the device and only the backward thunk falls back to the host (no device
@@ -179,7 +211,7 @@ def test_two_hundred_training_steps_learn_a_delayed_copy(device):
             loss.backward()
             opt.step()
             losses.append(loss.item())
-    assert losses[-1] < 0.3 * losses[0], (losses[0], losses[-1])
+    assert losses[-1] < 0.2 * losses[0], (losses[0], losses[-1])
     fallbacks = [str(w.message) for w in caught if "fall back to the host" in str(w.message)]
     assert all("mamba3_backward" in f and "(mamba3 " not in f for f in fallbacks), fallbacks
     assert {e.device.spec.split(":")[0] for e in bridge._cache.values()} == {device}
