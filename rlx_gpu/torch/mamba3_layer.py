@@ -100,12 +100,13 @@ class Mamba3(nn.Module):
         heads, n = self.nheads, self.d_state
         width = 2 * self.d_inner + 2 * n * self.num_bc_heads + 3 * heads + self.num_rope_angles
         self.in_proj = nn.Linear(self.d_model, width, bias=False, **made)
-        dt = torch.exp(torch.rand(heads, device=device) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+        f32 = {"device": device, "dtype": torch.float32}  # dt_bias and the B/C biases stay f32 (mamba_ssm)
+        dt = torch.exp(torch.rand(heads, **f32) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
         dt = dt.clamp_min(dt_init_floor)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.dt_bias._no_weight_decay = True  # type: ignore[attr-defined]
-        self.B_bias = nn.Parameter(torch.ones(heads, 1, n, device=device))
-        self.C_bias = nn.Parameter(torch.ones(heads, 1, n, device=device))
+        self.B_bias = nn.Parameter(torch.ones(heads, 1, n, **f32))
+        self.C_bias = nn.Parameter(torch.ones(heads, 1, n, **f32))
         self.B_norm = RMSNormGated(n, eps=1e-5, **made)
         self.C_norm = RMSNormGated(n, eps=1e-5, **made)
         self.D = nn.Parameter(torch.ones(heads, device=device))
