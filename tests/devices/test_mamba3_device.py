@@ -62,6 +62,19 @@ def host():
     return open_session(status("host").devices[0])
 
 
+def _passes_and_runs_the_same_bytes_twice(session, host, case: Case, name: str) -> None:
+    """``case`` passes its conformance check (the float64 reference, the host) and two runs give the same bytes."""
+    outcome = runner.check(session, case, CONFIG, host)
+    assert outcome.status == "pass", outcome.message
+    laid = runner.lay_out(case)
+    runs = []
+    for _ in range(2):
+        arena = session.upload(laid.arena)
+        session.launch(laid.thunk, arena)
+        runs.append(session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+
+
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
 def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
     for dtype, params in SHAPES.values():
@@ -101,15 +114,7 @@ def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
 def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(session, host, name):
     dtype, params = {**SHAPES, **PREFILLS}[name]
     case = Case("mamba3", dtype, params, seed=7)
-    outcome = runner.check(session, case, CONFIG, host)
-    assert outcome.status == "pass", outcome.message
-    laid = runner.lay_out(case)
-    runs = []
-    for _ in range(2):
-        arena = session.upload(laid.arena)
-        session.launch(laid.thunk, arena)
-        runs.append(session.read(arena, 0, laid.arena.size))
-    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+    _passes_and_runs_the_same_bytes_twice(session, host, case, name)
 
 
 #: the token-major fields of mamba3, which a call over a later stretch of tokens reads further along
@@ -172,12 +177,4 @@ def test_the_backward_runs_on_the_device_in_blocks_of_rows_then_fixed_order_sums
 @pytest.mark.parametrize("name", list(BACKWARD))
 def test_the_backward_matches_the_reference_and_the_host_and_runs_the_same_bytes_twice(session, host, name):
     case = Case("mamba3_backward", *BACKWARD[name], seed=5)
-    outcome = runner.check(session, case, CONFIG, host)
-    assert outcome.status == "pass", outcome.message
-    laid = runner.lay_out(case)
-    runs = []
-    for _ in range(2):
-        arena = session.upload(laid.arena)
-        session.launch(laid.thunk, arena)
-        runs.append(session.read(arena, 0, laid.arena.size))
-    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+    _passes_and_runs_the_same_bytes_twice(session, host, case, name)
