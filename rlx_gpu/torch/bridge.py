@@ -236,7 +236,7 @@ class BoundCall:
             for i, target in zip(self.outputs, into):
                 placed[i] = target
             into = placed
-        return self._run([values[i] for i in self.order], None if stamps is None else self._stamps(stamps.__getitem__),
+        return self.run([values[i] for i in self.order], None if stamps is None else self._stamps(stamps.__getitem__),
                          into)
 
     def __call__(self, tensors: Sequence[torch.Tensor | Any]) -> list[torch.Tensor]:
@@ -244,8 +244,8 @@ class BoundCall:
         ``stamp``'s): the outputs taken, new CPU tensors in their storage dtype."""
         stamps = self._stamps(lambda at: stamp(tensors[at]))
         if self.plain:
-            return [torch.from_numpy(a) for a in self._run([tensors[i].numpy(force=True) for i in self.order], stamps)]
-        return [tensor(a, CPU) for a in self._run([host_array(tensors[i]) for i in self.order], stamps)]
+            return [torch.from_numpy(a) for a in self.run([tensors[i].numpy(force=True) for i in self.order], stamps)]
+        return [tensor(a, CPU) for a in self.run([host_array(tensors[i]) for i in self.order], stamps)]
 
     def _stamps(self, of: Callable[[int], Hashable | None]) -> list[Hashable | None] | None:
         """The stamps in the plan's order, ``of(position)`` for each stamped input (None without any)."""
@@ -256,8 +256,10 @@ class BoundCall:
             stamps[i] = of(at)
         return stamps
 
-    def _run(self, given: list[Any], stamps: list[Hashable | None] | None,
-             into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    def run(self, given: list[Any], stamps: list[Hashable | None] | None,
+            into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """The plan's call on ``given`` and ``stamps`` (None: none) in the order of its inputs and ``into`` in
+        the order of its outputs (``CallPlan.call``): the outputs taken, in the order taken."""
         out = self.plan.call(given, stamps, into)
         _last.plan = self.plan
         return [out[i] for i in self.outputs]
