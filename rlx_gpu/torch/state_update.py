@@ -105,11 +105,14 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
              dt_bias: torch.Tensor | None) -> torch.Tensor:
         pool, xs = state.numpy(force=True), x.numpy(force=True)  # views: the step writes through the state's
         Bs, Cs = B.numpy(force=True), C.numpy(force=True)
-        by_field = fields(broadcast, pool if heads_form else pool[:, None], xs if heads_form else xs[:, None],
-                          dt.numpy(force=True), A.numpy(force=True), Bs if b_grouped else Bs[:, None],
-                          Cs if c_grouped else Cs[:, None], None if D is None else D.numpy(force=True),
-                          None if z is None else z.numpy(force=True),
-                          None if dt_bias is None else dt_bias.numpy(force=True))
+        Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
+        Ds, zs, biases = (None if t is None else t.numpy(force=True) for t in (D, z, dt_bias))
+        if heads_form:
+            by_field = fields(broadcast, pool, xs, dt.numpy(force=True), A.numpy(force=True), Bs, Cs, Ds, zs, biases)
+        else:  # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
+            by_field = {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": A.numpy(force=True),
+                        "b": Bs[:, None], "c": Cs[:, None], "d": Ds, "delta_bias": biases,
+                        "z": None if zs is None else zs[:, None], "state": pool}
         params = (A, D, dt_bias)
         stamps = [None] * len(order)
         for i, p in stamped:
