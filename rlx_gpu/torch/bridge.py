@@ -40,6 +40,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _NUMPY = frozenset(d for d in DTYPES if d is not torch.bfloat16)  # the dtypes Tensor.numpy() views as they are
 CPU = torch.device("cpu")
+_TENSOR = torch.Tensor  # a global read, not a module attribute's, in call_key's loop over a call's arguments
 #: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
 #: reorders nothing).
 CACHE_SIZE = 256
@@ -292,7 +293,7 @@ def call_key(*args: Any) -> tuple:
     """A call's signature as a hot path is kept by: each tensor's type, shape, strides, dtype and whether it
     lies in CPU memory (nothing of its data or address; only CPU calls get a hot path, so the device
     beyond that tells nothing), any other argument (hashable) itself."""
-    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, torch.Tensor) else a
+    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, _TENSOR) else a
                   for a in args])
 
 
