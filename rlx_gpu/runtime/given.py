@@ -2,8 +2,9 @@
 on a schedule of one host thunk whose kernel takes arrays in place of its arena views:
 ``Device.execute_given``): no copy into the arena and out of it for the large ones.
 
-An input of at least ``GIVEN_BYTES`` given as a C-contiguous array of its storage dtype (and without a stamp:
-a parameter's arena copy is what its stamp vouches for) is handed to the kernel as it is. An output that
+An input of at least ``GIVEN_BYTES`` that shares no arena byte with another input, given as a C-contiguous
+array of its storage dtype (and without a stamp: a parameter's arena copy is what its stamp vouches for), is
+handed to the kernel as it is. An output that
 is an input's place updated in place (a carried state) comes back in the array the caller named for it
 (``into``) when that is the input's own array (an in-place update the caller asked for), else in a new
 array holding a copy of the input, which the kernel updates: one copy where the arena took two. Another
@@ -37,15 +38,21 @@ class Given(NamedTuple):
 
 def given_layout(schedule: Schedule, inputs: Sequence[str], outputs: Sequence[str]) -> Given:
     """Which inputs and outputs of ``schedule`` a call may hand to its kernel where the caller holds them."""
-    tensors = schedule.tensors
-    places = {(tensors[name].offset, tensors[name].nbytes): i for i, name in enumerate(inputs)}
+    views = [schedule.tensors[name] for name in inputs]
+
+    def apart(v: Any, but: int = -1) -> bool:  # sharing no byte with an input (but the one at ``but``)
+        return not any(i != but and v.offset < w.offset + w.nbytes and w.offset < v.offset + v.nbytes
+                       for i, w in enumerate(views))
+
+    places = {(v.offset, v.nbytes): i for i, v in enumerate(views)}
     handed = []
     for name in outputs:
-        v = tensors[name]
+        v = schedule.tensors[name]
         source = places.get((v.offset, v.nbytes))
-        handed.append(source if source is not None else -1 if v.nbytes >= GIVEN_BYTES else None)
-    return Given(tuple(tensors[name].nbytes >= GIVEN_BYTES for name in inputs), tuple(handed),
-                 tuple(tensors[name].offset for name in outputs))
+        handed.append(source if source is not None and apart(v, source) else
+                      -1 if source is None and v.nbytes >= GIVEN_BYTES and apart(v) else None)
+    return Given(tuple(v.nbytes >= GIVEN_BYTES and apart(v, i) for i, v in enumerate(views)), tuple(handed),
+                 tuple(schedule.tensors[name].offset for name in outputs))
 
 
 def handed_outputs(layout: Given, arena_views: Sequence[np.ndarray], given: dict[int, np.ndarray],
