@@ -106,7 +106,9 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
         pool, xs = state.numpy(force=True), x.numpy(force=True)  # views: the step writes through the state's
         Bs, Cs = B.numpy(force=True), C.numpy(force=True)
         Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
-        Ds, zs, biases = (None if t is None else t.numpy(force=True) for t in (D, z, dt_bias))
+        Ds = None if D is None else D.numpy(force=True)
+        zs = None if z is None else z.numpy(force=True)
+        biases = None if dt_bias is None else dt_bias.numpy(force=True)
         if heads_form:
             by_field = fields(broadcast, pool, xs, dt.numpy(force=True), A.numpy(force=True), Bs, Cs, Ds, zs, biases)
         else:  # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
