@@ -62,11 +62,9 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
         prepared, takes_given = prepare(fields), thunk["op"] in GIVEN
 
         def run_prepared(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
-            if given is not None and not takes_given:
-                return False
+            if given is not None:  # the compiled step alone runs on given arrays: no NumPy pass to quiet
+                return takes_given and prepared(arena, given=given, **keywords)
             with np.errstate(all="ignore"):  # NaN and inf are data: they propagate without a RuntimeWarning
-                if given is not None:
-                    return prepared(arena, given=given, **keywords)
                 prepared(arena, **keywords)
             return None
         return run_prepared
