@@ -137,3 +137,24 @@ def test_the_gated_delta_rules_final_state_is_new_and_its_initial_state_unchange
     copying(monkeypatch)
     for (o, final), (o_copied, final_copied) in zip(handed, loop()):
         assert torch.equal(o, o_copied) and torch.equal(final, final_copied)
+
+
+def test_two_states_taking_turns_on_one_signature_each_evolve_as_on_the_copying_path(host, monkeypatch):
+    torch.manual_seed(5)
+    steps = [mamba2_step() for _ in range(6)]
+    initial = [torch.randn(1, 4, 64, 64) * 0.1 for _ in range(2)]
+
+    def interleaved() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        states, outs = [s.clone() for s in initial], []
+        with torch.no_grad():
+            for i, step in enumerate(steps):  # two sequences, one plan: each call hands its own state over
+                outs += decode(states[i % 2], [step])
+        return states, outs
+
+    fresh()
+    states, outs = interleaved()
+    assert bridge._last.plan._given is not None
+    copying(monkeypatch)
+    states_copied, outs_copied = interleaved()
+    assert all(torch.equal(a, b) for a, b in zip(states + outs, states_copied + outs_copied))
+    assert not torch.equal(states[0], states[1])
