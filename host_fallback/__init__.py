@@ -15,7 +15,7 @@ import numpy as np
 
 from .abi import Region, complete, regions, runtime_data
 from .arena import view
-from .implementations import KERNELS, PATHS, PREPARE, WORKING, Kernel
+from .implementations import GIVEN, KERNELS, PATHS, PREPARE, WORKING, Kernel
 from .registry import import_all
 
 # every module registers its kernels against their ops on import (``implementations``): importing them all
@@ -51,23 +51,31 @@ def bound_kernel(thunk: Mapping[str, Any], options: Mapping[str, Any]) -> Callab
     once: call it with an arena, as often as needed. No bounds check: the thunk is trusted (validated).
 
     This is the one place a host thunk is dispatched to its kernel; the host backend and the scan
-    driver's body runs both come through it.
+    driver's body runs both come through it. ``kernel(arena, given)`` (``implementations.GIVEN``) runs it
+    on the given arrays in place of those arena views where it can and says whether it did (False:
+    nothing ran).
     """
     keywords = keywords_for(thunk["op"], options)
     fields = complete(thunk)  # a plain dict: a kernel reads its fields dozens of times a call (decode: ~20 µs)
     prepare = PREPARE.get(thunk["op"])
     if prepare is not None:
-        prepared = prepare(fields)
+        prepared, takes_given = prepare(fields), thunk["op"] in GIVEN
 
-        def run_prepared(arena: np.ndarray) -> None:
+        def run_prepared(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
+            if given is not None:  # the compiled step alone runs on given arrays: no NumPy pass to quiet
+                return takes_given and prepared(arena, given=given, **keywords)
             with np.errstate(all="ignore"):  # NaN and inf are data: they propagate without a RuntimeWarning
                 prepared(arena, **keywords)
+            return None
         return run_prepared
     kernel = KERNELS[thunk["op"]]
 
-    def run(arena: np.ndarray) -> None:
+    def run(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
+        if given is not None:
+            return False
         with np.errstate(all="ignore"):
             kernel(fields, arena, **keywords)
+        return None
     return run
 
 

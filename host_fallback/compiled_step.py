@@ -48,25 +48,61 @@ class CompiledStep:
         self.t, self.by_field, self.name, self.arguments = t, by_field, name, arguments
         self.kernel = jit.kernel(name)
         self.last: tuple[np.ndarray, tuple | None] | None = None
+        # the fields a call may give arrays for (``run``'s ``given``): (offset, nbytes, shape, writes, argument index)
+        self.slots: tuple[tuple[int, int, tuple[int, ...], bool, int], ...] = ()
 
     @classmethod
     def of(cls, t: Thunk, by_field: Mapping[str, Region], name: str, arguments: Arguments) -> "CompiledStep | None":
         """The thunk's compiled step, ``None`` where its dtypes or tensors' placement rule it out."""
         return cls(t, by_field, name, arguments) if _applies(by_field) else None
 
-    def run(self, arena: np.ndarray) -> bool:
+    def run(self, arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool:
+        """Run on ``arena``; with ``given`` (a field's arena offset -> an array to read or write in place of
+        its arena view), on those arrays where they fit (``substituted``), else nothing runs (False)."""
         kernel = self.kernel
         if kernel is None:
             return False
         last = self.last
         if last is None or last[0] is not arena:
-            args = self.arguments(Bound(self.t, arena, self.by_field))
+            bound = Bound(self.t, arena, self.by_field)
+            args = self.arguments(bound)
             usable = all(a.flags.aligned and a.flags.writeable for a in args if isinstance(a, np.ndarray))
             last = self.last = (arena, args if usable else None)
-        if last[1] is None:
+            self.slots = tuple((r.offset, r.nbytes, r.shape, r.writes, i) for f, r in self.by_field.items()
+                               if f in bound._views for i, a in enumerate(args) if a is bound._views[f])
+        args = last[1]
+        if args is None:
             return False
-        kernel(*last[1])
+        if given:
+            args = self.substituted(args, given)
+            if args is None:
+                return False
+        kernel(*args)
         return True
+
+    def substituted(self, args: tuple, given: Mapping[int, np.ndarray]) -> tuple | None:
+        """``args`` with each given field's array in place of its arena view: f32, C-contiguous, aligned,
+        writable, of the field's bytes, and none a field writes sharing memory with another given array
+        (ABI.md: no output overlaps an input); None where one is not."""
+        args, placed, written = list(args), [], []
+        for offset, nbytes, shape, writes, i in self.slots:
+            a = given.get(offset)
+            if a is None:
+                continue
+            flags = a.flags
+            if not (a.dtype == _F32 and a.nbytes == nbytes and flags.c_contiguous and flags.aligned
+                    and flags.writeable):
+                return None
+            args[i] = a if a.shape == shape else a.reshape(shape)
+            placed.append(a)
+            if writes:
+                written.append(a)
+        if len(placed) != len(given):  # an array for no field of this kernel's
+            return None
+        for w in written:
+            if any(a is not w and np.may_share_memory(w, a) for a in placed):
+                return None
+        return tuple(args)
 
 
 def view(bound: Bound, field: str, rank: int, present: bool) -> np.ndarray:

@@ -41,7 +41,7 @@ from .chunked import pick_path
 from .gdn_chunked import _chunked, packed
 from .gdn_grams import LEAF
 from .gdn_step import _step
-from .implementations import KERNELS, PATHS, PREPARE
+from .implementations import GIVEN, KERNELS, PATHS, PREPARE
 
 Thunk = Mapping[str, Any]
 
@@ -159,17 +159,16 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     """The thunk-only setup of ``gated_delta_net``, once (``host_fallback.PREPARE``): where its tensors
     lie, the work type and, for packed sequences, nothing that depends on their (runtime) lengths.
 
-    Returns ``run(arena, *, path, chunk, workers)``. Inputs are read where they lie when stored in the
-    work type (ABI.md lets no output overlap an input), a carried state updated in place when it can be
-    (``_States``) and a step-path output written straight into ``dst``, so a decode step adds no copy of
-    the state to the recurrence's own passes.
+    Returns ``run(arena, *, path, chunk, workers, given)`` (``given``: ``implementations.GIVEN``). Inputs are
+    read where they lie when stored in the work type (ABI.md lets no output overlap an input), a carried state
+    updated in place when it can be (``_States``) and a step-path output written straight into ``dst``, so a
+    decode step adds no copy of the state to the recurrence's own passes.
     """
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
     work = np.result_type(COMPUTE[t["dtype"]], COMPUTE[t["state_dtype"]])
     heads, group = t["heads"], t["value_heads"] // t["heads"]
     scale, normed, varlen = gdn_scale(t), t["qk_l2norm"], t["cu_seqlens"] is not None
-
     last: list[Bound] = []  # the views of the last arena: a decode runs on one arena call after call
     compiled = compiled_step.CompiledStep.of(t, by_field, "gated_delta_net_step", _arguments(t))
 
@@ -179,12 +178,13 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
         return last[0]
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
-            workers: int | None = None) -> None:
+            workers: int | None = None, given: Any = None) -> bool | None:
         name, length = _choose(t, path, chunk)
         # the step path runs on one thread unless workers are forced (``_parts``)
-        if (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
-                and compiled.run(arena)):
-            return
+        taken = (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
+                 and compiled.run(arena, given))
+        if taken or given is not None:  # arrays given in place of arena views: the compiled step only
+            return taken
         bound = bind(arena)
         cu = bound.view("cu_seqlens").astype(np.int64) if varlen else None
         rows = t["num_seqs"] if varlen else t["batch"]
@@ -250,4 +250,5 @@ def gated_delta_net(thunk: Thunk, arena: np.ndarray, *, path: str | None = None,
 
 KERNELS.add("gated_delta_net", gated_delta_net)
 PREPARE.add("gated_delta_net", prepare)
+GIVEN.add("gated_delta_net")
 PATHS.add("gated_delta_net", path_for)

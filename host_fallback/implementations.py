@@ -15,6 +15,10 @@ KERNELS: Registry[Kernel] = Registry("host kernel")
 #: op -> ``prepare(thunk)``, for the kernels that can do their thunk-only setup once: it returns
 #: ``run(arena, **options)`` (the kernel's options), equivalent to ``KERNELS[op](thunk, arena, **options)``
 PREPARE: Registry[Callable[[Mapping[str, Any]], Callable[..., None]]] = Registry("host kernel setup (prepare)")
+#: the ops whose prepared ``run`` also takes ``given`` (a field's arena offset -> an array to read or write in
+#: place of its arena view: a caller's memory, no copy through the arena) and then returns whether it ran
+#: on them (False: nothing ran, the caller copies through the arena)
+GIVEN: set[str] = set()
 #: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it
 WORKING: Registry[Callable[[Mapping[str, Any]], int]] = Registry("host working-memory bound")
 #: op -> ``path_for(thunk, **options)``: the algorithm the host runs a thunk with, for ops that choose one

@@ -26,7 +26,7 @@ from .abi import Region, complete, regions
 from .arena import COMPUTE
 from .bound import Bound
 from .chunked import pick_path, scratch
-from .implementations import KERNELS, PATHS, PREPARE
+from .implementations import GIVEN, KERNELS, PATHS, PREPARE
 from .sequences import Sequences, StatePool
 from .ssm_scan import _scan_blocked, _scan_step
 from .ssm_ssd import _mamba2_chunked, _mamba2_step
@@ -278,7 +278,8 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     """The thunk-only setup of ``selective_scan``/``mamba2``, once (``host_fallback.PREPARE``): the thunk
     completed and its regions laid out, which cost about as much as a decode step's arithmetic
     (B1 H1536 N16: ~60 of ~230 µs), and its compiled step bound (``compiled_step``), which runs the step
-    path on one thread where it applies. Returns ``run(arena, *, path, chunk, workers)``."""
+    path on one thread where it applies. Returns ``run(arena, *, path, chunk, workers, given)`` (``given``:
+    ``implementations.GIVEN``)."""
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
     body = _BODIES[t["op"]]
@@ -286,16 +287,19 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     compiled = compiled_step.CompiledStep.of(t, by_field, kernel, arguments(t))
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
-            workers: int | None = None) -> None:
+            workers: int | None = None, given: Any = None) -> bool | None:
         # the step path runs on one thread unless workers are forced (``_parts``)
-        if (compiled is not None and _choose(t, path, chunk)[0] == "step"
-                and (workers is None or _parts(t, "step", workers) == 1) and compiled.run(arena)):
-            return
+        taken = (compiled is not None and _choose(t, path, chunk)[0] == "step"
+                 and (workers is None or _parts(t, "step", workers) == 1) and compiled.run(arena, given))
+        if taken or given is not None:  # arrays given in place of arena views: the compiled step only
+            return taken
         body(t, arena, path, chunk, workers, by_field)
+        return None
     return run
 
 
 KERNELS.add("selective_scan", selective_scan)
 KERNELS.add("mamba2", mamba2)
 PREPARE.add(("selective_scan", "mamba2"), prepare)
+GIVEN.update(("selective_scan", "mamba2"))
 PATHS.add(("selective_scan", "mamba2"), path_for)

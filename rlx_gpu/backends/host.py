@@ -76,15 +76,18 @@ class HostSession:
     def runner(self, thunk: Mapping[str, Any], options: RunOptions,
                on_host: Mapping[int, Runner] = NONE_ON_HOST) -> Runner:
         """Call the host kernel with the options it takes (the thunk is validated: no bounds check per call);
-        ``on_host`` does not apply, everything runs here."""
+        ``on_host`` does not apply, everything runs here. ``run(arena, given)`` runs it on the given arrays in
+        place of those arena views (``host_fallback.bound_kernel``) where it can and says whether it did."""
         what = f"the scratch and body arenas of thunk {getattr(thunk, 'index', '?')} ({thunk['op']})"
         self.check_fits(host_fallback.working_bytes(thunk), f"thunk {getattr(thunk, 'index', '?')} ({thunk['op']})'s "
                                                             "working memory besides the arena (a lower bound)")
         with allocating(what, self.info.spec):  # the kernel's thunk-only setup may allocate
             kernel = host_fallback.bound_kernel(thunk, options.host_keywords)
 
-        def run(arena: np.ndarray) -> int:
+        def run(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> int | bool:
             try:
+                if given is not None:
+                    return bool(kernel(arena, given))
                 kernel(arena)
             except MemoryError as err:
                 raise allocation_failed(what, self.info.spec, err) from err

@@ -11,13 +11,14 @@ an input given with the stamp of its last write is not written again, so weights
 version, not once per call. An input some thunk writes (a carried state updated in place) or that
 shares bytes with another input is written on every call whatever its stamp.
 
-Where the arena is host memory (the host; an OpenCL CPU device's shared memory, ``Session.shared``)
-an input is one copy into its place in the arena and an output one copy out, after the launches
-before are waited for (on a device, one wait per call). On another device every copy is a command
-of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the plan and sent by one
-copy per cluster of neighbouring inputs (``Staging``), the outputs read by one copy per span of
-neighbours, and the integer tensors an early data check reads come from those host buffers, not from
-the device; ``last_report.copies`` counts the commands.
+Where the arena is host memory (the host; an OpenCL CPU device's shared memory, ``Session.shared``) an
+input is one copy into its place in the arena and an output one copy out, after the launches before are
+waited for (on a device, one wait per call); on the host, a one-thunk schedule's large tensors go to its
+kernel where the caller holds them, without a copy where it takes them (``given``). On another device
+every copy is a command of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the
+plan and sent by one copy per cluster of neighbouring inputs (``Staging``), the outputs read by one copy
+per span of neighbours, and the integer tensors an early data check reads come from those host buffers,
+not from the device; ``last_report.copies`` counts the commands.
 
 On CUDA, ``plan.on_stream(inputs, outputs, stream)`` runs a call whose tensors stay on the device,
 every copy and launch enqueued on the caller's stream (torch's current stream) and nothing waited
@@ -44,6 +45,7 @@ from ..schedule.model import Schedule, TensorView
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport
+from .given import Given, gathered, given_layout, handed_outputs
 from .staging import Staging
 
 _ABSENT = object()
@@ -94,6 +96,7 @@ class CallPlan:
         self._arena: Arena | None = None
         self._release: weakref.finalize | None = None
         self._staging: Staging | None = None  # None where the arena is host memory (written in place)
+        self._given: Given | None = None  # on the host, the tensors a call may hand its kernel as they lie
         self._host_outputs: tuple[np.ndarray, ...] = ()  # in place: each output's arena view, in order
         self._spans: tuple[tuple[int, int, tuple[tuple[str, TensorView], ...]], ...] = ()  # staged: the reads
         self._touched: Any = None  # in place on a device: what notes a write (kept scratch staged from it is stale)
@@ -143,7 +146,8 @@ class CallPlan:
             recorded, arena, staging, staged, touched = self._stamps, self._arena, self._staging, [], self._touched
             if touched is not None:  # in place on a device: the launches before are done with the arena's bytes
                 self._finish()
-            for slot, value, stamp in zip(slots, values, stamps or _NO_STAMPS):
+            layout, handed = self._given, {}  # handed: input index -> the caller's array the kernel reads
+            for i, (slot, value, stamp) in enumerate(zip(slots, values, stamps or _NO_STAMPS)):
                 if stamp is not None and slot.kept and recorded.get(slot.name, _ABSENT) == stamp:
                     continue
                 if type(value) is not np.ndarray:
@@ -154,6 +158,10 @@ class CallPlan:
                     raise InputError(f"input {slot.name!r} has shape {list(value.shape)}, expected {list(slot.shape)}")
                 if recorded:  # the stamp is dropped before the write and set after it: one that fails leaves none
                     recorded.pop(slot.name, None)
+                if layout is not None and stamp is None and layout.inputs[i] and value.dtype == slot.array.dtype \
+                        and value.flags.c_contiguous:
+                    handed[i] = value  # read where the caller holds it (``given``), if the kernel takes it
+                    continue
                 slot.array[...] = value  # converted to the storage dtype, rounding to nearest even
                 if staging is not None:
                     staged.append(slot)
@@ -161,6 +169,10 @@ class CallPlan:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
                     recorded[slot.name] = stamp
+            if handed:
+                out = self._call_given(handed, into)
+                if out is not None:
+                    return out
             try:
                 if staged:
                     staging.stage(arena, staged)
@@ -173,6 +185,22 @@ class CallPlan:
                 raise
             self.last_report = report
             return self._outputs(report, into)
+
+    def _call_given(self, handed: dict[int, np.ndarray], into: Sequence[np.ndarray | None] | None
+                    ) -> list[np.ndarray] | None:
+        """The run with the ``handed`` inputs (index -> array) read where the caller holds them and the
+        outputs ``given.handed_outputs`` names written in place of the arena; None where the kernel does not
+        take them (nothing ran: they are copied into the arena for the run as ever)."""
+        given = {self._slots[i].offset: value for i, value in handed.items()}
+        handed_out = handed_outputs(self._given, self._host_outputs, given, handed, into)
+        report = self.device.execute_given(self._bound, self._arena, given)
+        if report is None:  # not taken (no compiled kernel, another path, arrays it refuses): not offered again
+            self._given = None
+            for i, value in handed.items():
+                self._slots[i].array[...] = value
+            return None
+        self.last_report = report
+        return gathered(handed_out, self._host_outputs, into)
 
     def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
                   stamps: Mapping[str, Hashable] | None = None) -> RunReport:
@@ -340,6 +368,7 @@ class CallPlan:
         self._host_outputs = tuple(view(memory, v.offset, v.dtype, v.shape) for v in outputs) if session.shared else ()
         self._spans = () if session.shared else tuple((lo, nbytes, tuple((self.outputs[i], outputs[i]) for i in members))
                                                       for lo, nbytes, members in read_spans(outputs))
+        self._given = given_layout(schedule, self.inputs, self.outputs) if self._bound.given is not None else None
         self._slots = tuple(slots)
         return self._slots
 

@@ -6,7 +6,7 @@ import time
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 from host_fallback import scan
@@ -69,6 +69,8 @@ class BoundSchedule:
     needs_image: bool  # a top-level thunk falls back, so a device run keeps a host image of the arena
     early_checks: tuple[DataCheck, ...] = ()  # integer tensors checked before anything runs
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
+    # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
+    given: Callable[[Any, Any], bool] | None = None
 
 
 class Device:
@@ -144,8 +146,9 @@ class Device:
         needs_image = any(a.backend != device for a in assignments if not a.nested)
         checks = data_checks(schedule.thunks)
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
+        given = runner if self.on_host and len(steps) == 1 and steps[0][1] == device and not checks else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
-                             {step_of[id(c.thunk)]: c for c in checks if not c.early})
+                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given)
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -202,6 +205,21 @@ class Device:
             report = self._execute(bound, arena.handle, arena.image() if bound.needs_image else None, profile, checks)
         if not self.session.shared:
             report.copies = copies + checks * sum(len(c.regions) for c in bound.late_checks.values())
+        return report
+
+    def execute_given(self, bound: BoundSchedule, arena: Arena, given: Mapping[int, np.ndarray]) -> RunReport | None:
+        """Run ``bound`` (``bound.given``: one host thunk, no data check) on the resident host ``arena`` with
+        the arrays of ``given`` (a tensor's arena offset -> an array the kernel reads or writes in place of
+        its arena view: a caller's memory); the report, or None where the kernel does not take them (nothing
+        ran: the caller copies them in and calls ``execute``)."""
+        (thunk, backend, _), = bound.steps
+        started = time.perf_counter()
+        if not bound.given(arena.handle, given):
+            return None
+        seconds = time.perf_counter() - started
+        report = RunReport(self.spec, [ThunkRecord(thunk.index, thunk.op, thunk.dtype, backend, seconds, 0)], seconds)
+        self.thunks_run += 1
+        self.last_report = report
         return report
 
     def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool,

@@ -40,6 +40,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPES.items()}
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _NUMPY = frozenset(d for d in DTYPES if d is not torch.bfloat16)  # the dtypes Tensor.numpy() views as they are
 CPU = torch.device("cpu")
+_TENSOR = torch.Tensor  # a global read, not a module attribute's, in call_key's loop over a call's arguments
 #: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
 #: reorders nothing).
 CACHE_SIZE = 256
@@ -236,7 +237,7 @@ class BoundCall:
             for i, target in zip(self.outputs, into):
                 placed[i] = target
             into = placed
-        return self._run([values[i] for i in self.order], None if stamps is None else self._stamps(stamps.__getitem__),
+        return self.run([values[i] for i in self.order], None if stamps is None else self._stamps(stamps.__getitem__),
                          into)
 
     def __call__(self, tensors: Sequence[torch.Tensor | Any]) -> list[torch.Tensor]:
@@ -244,8 +245,8 @@ class BoundCall:
         ``stamp``'s): the outputs taken, new CPU tensors in their storage dtype."""
         stamps = self._stamps(lambda at: stamp(tensors[at]))
         if self.plain:
-            return [torch.from_numpy(a) for a in self._run([tensors[i].numpy(force=True) for i in self.order], stamps)]
-        return [tensor(a, CPU) for a in self._run([host_array(tensors[i]) for i in self.order], stamps)]
+            return [torch.from_numpy(a) for a in self.run([tensors[i].numpy(force=True) for i in self.order], stamps)]
+        return [tensor(a, CPU) for a in self.run([host_array(tensors[i]) for i in self.order], stamps)]
 
     def _stamps(self, of: Callable[[int], Hashable | None]) -> list[Hashable | None] | None:
         """The stamps in the plan's order, ``of(position)`` for each stamped input (None without any)."""
@@ -256,8 +257,10 @@ class BoundCall:
             stamps[i] = of(at)
         return stamps
 
-    def _run(self, given: list[Any], stamps: list[Hashable | None] | None,
-             into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+    def run(self, given: list[Any], stamps: list[Hashable | None] | None,
+            into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
+        """The plan's call on ``given`` and ``stamps`` (None: none) in the order of its inputs and ``into`` in
+        the order of its outputs (``CallPlan.call``): the outputs taken, in the order taken."""
         out = self.plan.call(given, stamps, into)
         _last.plan = self.plan
         return [out[i] for i in self.outputs]
@@ -290,7 +293,7 @@ def call_key(*args: Any) -> tuple:
     """A call's signature as a hot path is kept by: each tensor's type, shape, strides, dtype and whether it
     lies in CPU memory (nothing of its data or address; only CPU calls get a hot path, so the device
     beyond that tells nothing), any other argument (hashable) itself."""
-    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, torch.Tensor) else a
+    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, _TENSOR) else a
                   for a in args])
 
 

@@ -291,9 +291,8 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     positions = {name: i for i, name in enumerate(inputs)}  # x, the streams, the states
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     bound = BoundCall(plan, positions, spec.streams, ("y", *(finals[s] for s in spec.states)))
-    view = torch.Tensor.numpy if bound.plain else host_array
-    # the parameters of the latest call (weakly), their (version, address) marks and their packing: a decode
-    # loop gives the same parameters unchanged call after call, which these tell apart in a microsecond
+    view, wrap = (torch.Tensor.numpy, torch.from_numpy) if bound.plain else (host_array, lambda a: tensor(a, CPU))
+    # the latest call's parameters (weakly), (version, address) marks and packing: a decode loop's are unchanged
     latest: list[Any] = [(), None, None]
 
     def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -305,7 +304,8 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
             latest[:] = [tuple(map(weakref.ref, weights)), marks, packing] if kept else [(), None, None]
         streams, key = packing
         values = [view(x), *streams.values(), *map(view, states)]  # a stream is read only when its stamp changed
-        return [tensor(a, CPU) for a in bound.arrays(values, [None, *(key for _ in streams), *(None for _ in states)])]
+        stamps = [None, *(key for _ in streams), *(None for _ in states)]
+        return [wrap(a) for a in bound.run([values[i] for i in bound.order], [stamps[i] for i in bound.order])]
     return run
 
 

@@ -79,12 +79,51 @@ def _hot_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.T
     if route.bound is None or not route.in_place:
         return None
 
+    if not route.bound.plain:
+        def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                 C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+                 dt_bias: torch.Tensor | None) -> torch.Tensor:
+            y = _step(route, state, x, dt, A, B, C, D, z, dt_bias, None)
+            increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
+            return y
+        return step
+    return _plain_step(route, state.dim() == 4, B.dim() == 3, C.dim() == 3)
+
+
+def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped: bool) -> Callable[..., torch.Tensor]:
+    """``_step`` on a route whose tensors NumPy views as they are (no bf16): the same views, stamps and call,
+    the signature's cases decided once (its forms, which fields the plan takes in which order), so a step
+    makes only its tensors' views and the plan's call."""
+    bound = route.bound
+    order = bound.plan.inputs  # the op's fields the plan takes, in its order
+    stamped = [(i, ("a", "d", route.bias).index(f)) for i, f in enumerate(order) if f in ("a", "d", route.bias)]
+    state_at = bound.plan.outputs.index(FINAL_STATE)
+    fields, broadcast, count = route.fields, np.broadcast_to, len(bound.plan.outputs)
+
     def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
              dt_bias: torch.Tensor | None) -> torch.Tensor:
-        y = _step(route, state, x, dt, A, B, C, D, z, dt_bias, None)
+        pool, xs = state.numpy(force=True), x.numpy(force=True)  # views: the step writes through the state's
+        Bs, Cs = B.numpy(force=True), C.numpy(force=True)
+        Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
+        Ds = None if D is None else D.numpy(force=True)
+        zs = None if z is None else z.numpy(force=True)
+        biases = None if dt_bias is None else dt_bias.numpy(force=True)
+        if heads_form:
+            by_field = fields(broadcast, pool, xs, dt.numpy(force=True), A.numpy(force=True), Bs, Cs, Ds, zs, biases)
+        else:  # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
+            by_field = {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": A.numpy(force=True),
+                        "b": Bs[:, None], "c": Cs[:, None], "d": Ds, "delta_bias": biases,
+                        "z": None if zs is None else zs[:, None], "state": pool}
+        params = (A, D, dt_bias)
+        stamps = [None] * len(order)
+        for i, p in stamped:
+            stamps[i] = stamp(params[p])
+        into = [None] * count
+        into[state_at] = by_field["state"]  # the final state straight into the caller's
+        y = bound.run([by_field[f] for f in order], stamps, into)[0]
         increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
-        return y
+        return torch.from_numpy(y.reshape(x.shape))  # a new array's view: NumPy's reshape costs less than torch's
     return step
 
 
