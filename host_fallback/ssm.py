@@ -23,7 +23,8 @@ import numpy as np
 
 from . import compiled_step, threads
 from .abi import Region, complete, regions
-from .arena import COMPUTE
+from .abi.ssm import RESERVE_CHUNK, mamba2_reserve_slots
+from .arena import COMPUTE, view
 from .bound import Bound
 from .chunked import pick_path, scratch
 from .implementations import KERNELS, PATHS, PREPARE
@@ -217,10 +218,21 @@ def mamba2(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: i
     prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
+def reserve_views(t: Thunk, arena: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The saved forward of a completed mamba2 or mamba2_backward thunk as views by slot name (``states``,
+    ``y``: ``abi.ssm.mamba2_reserve_slots``), ``None`` without one."""
+    if t.get("reserve") is None:
+        return None
+    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in mamba2_reserve_slots(t)}
+
+
 def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None,
             by_field: Mapping[str, Region] | None) -> None:
     name, length = _choose(t, path, chunk)
     ctype, heads, groups = compute_type(t), t["heads"], t["groups"]
+    saved = reserve_views(t, arena)
+    if saved is not None and name == "chunked" and length != RESERVE_CHUNK:
+        raise ValueError(f"mamba2 writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, got chunk={length}")
     group_of = np.arange(heads) // (heads // groups)
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
@@ -233,7 +245,11 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
                 np.minimum(dt, high, out=dt)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
         b, c = (_read(bound, f, gs, ctype) for f in "bc")
-        y = _MAMBA2_PATHS[name](x, dt, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length)
+        keep = None if saved is None else saved["states"][bs, :, hs]
+        y = _MAMBA2_PATHS[name](x, dt, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length,
+                                keep)
+        if saved is not None:
+            np.copyto(saved["y"][bs, :, hs], y)
         _gate(y, x, None if t["d"] is None else _read(bound, "d", hs, ctype)[:, None],
               None if t["z"] is None else _read(bound, "z", rows, ctype))
         return y
@@ -283,7 +299,9 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     by_field = {r.field: r for r in regions(t)}
     body = _BODIES[t["op"]]
     kernel, arguments = _STEPS[t["op"]]
-    compiled = compiled_step.CompiledStep.of(t, by_field, kernel, arguments(t))
+    # a saved forward (reserve) is written by the NumPy paths only
+    compiled = None if t.get("reserve") is not None else compiled_step.CompiledStep.of(t, by_field, kernel,
+                                                                                       arguments(t))
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 
 from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, redo_nonfinite, scratch, swap, to_chunks,
                       to_chunks_t)
+from .abi.ssm import RESERVE_CHUNK
 from .sequences import Piece, step_spans
 
 #: Largest ``|cum - m|`` (log-decay from a chunk's midpoint) for which the SSD scores factor into
@@ -14,10 +15,11 @@ from .sequences import Piece, step_spans
 MAMBA2_SPREAD = 30.0
 
 
-def _ssd_steps(logd, xs, b, c, s, y):
+def _ssd_steps(logd, xs, b, c, s, y, keep=None):
     """The SSD recurrence from the state ``s [B, H, P, N]`` (updated in place): per step ``t`` (axis
     1 of ``logd [B, S, H]``, ``xs [B, S, H, P]`` = dt*x, ``b, c [B, S, H, N]``)
-    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``.
+    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``; with ``keep [B, C, H, P, N]`` (a saved forward's
+    states) the state after every ``RESERVE_CHUNK`` steps and after the last one.
 
     The outer product goes through one reused scratch array (a fresh state-sized one per step
     page-faults: decode B32 H24 P64 N128 spent half its time there), and a per-head decay scales each
@@ -33,17 +35,20 @@ def _ssd_steps(logd, xs, b, c, s, y):
             s *= decay[..., None, None]
         s += np.multiply(xs[:, t, ..., None], b[:, t, ..., None, :], out=outer)
         y[:, t] = (s @ c[:, t, ..., None])[..., 0]
+        if keep is not None and ((t + 1) % RESERVE_CHUNK == 0 or t + 1 == logd.shape[1]):
+            keep[:, t // RESERVE_CHUNK] = s
 
 
-def _mamba2_step(x, dt, a, b, c, state, seqs, length):
+def _mamba2_step(x, dt, a, b, c, state, seqs, length, keep=None):
     """The SSD recurrence step by step: ``x [B, S, H, P]``, ``dt [B, S, H]``, ``a [H]``, ``b, c [B, S, H,
-    N]``, ``state [R, H, P, N]`` (updated in place to the rows' final states); returns ``y``."""
+    N]``, ``state [R, H, P, N]`` (updated in place to the rows' final states); returns ``y``. ``keep``: the
+    states a saved forward keeps (``_ssd_steps``; not with packed sequences)."""
     y = np.empty_like(x)
     logd, xs = dt * a, dt[..., None] * x
     for row, lo, hi in step_spans(x.shape[1], seqs):
         s = state if row is None else state[row : row + 1].copy()
         span = slice(lo, hi)
-        _ssd_steps(logd[:, span], xs[:, span], b[:, span], c[:, span], s, y[:, span])
+        _ssd_steps(logd[:, span], xs[:, span], b[:, span], c[:, span], s, y[:, span], keep)
         if row is not None:
             state[row] = s[0]
     return y
@@ -103,17 +108,18 @@ def _drop_pairs(length: int, count: int, inner: list[Piece]) -> np.ndarray:
     return drop[:, None, None]
 
 
-def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
+def _mamba2_chunked(x, dt, a, b, c, state, seqs, length, keep=None):
     """The chunked SSD form: ``_mamba2_step``'s arguments, ``state`` updated in place likewise (``ssd_chunked``
     on mamba2's decays ``dt·a`` and inputs ``dt·x``)."""
     xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
-    return ssd_chunked(floor_log_decays(dt * a), xdt, b, c, state, seqs, length)
+    return ssd_chunked(floor_log_decays(dt * a), xdt, b, c, state, seqs, length, keep)
 
 
-def ssd_chunked(logd, xdt, b, c, state, seqs, length):
+def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
     """The chunked SSD form of ``s = exp(logd) s + xdt (x) b``, ``y = s c`` (``_ssd_steps``' recurrence; ``logd
     [B, S, H]`` floored by ``chunked.floor_log_decays``, ``xdt [B, S, H, P]``, ``b, c [B, S, H, N]``, ``state
-    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``.
+    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep [B, C, H, P, N]`` (no packed
+    sequences, ``length`` = ``RESERVE_CHUNK``): where to write the state leaving every chunk, a saved forward's.
 
     With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
     start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
@@ -183,12 +189,21 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length):
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
     if seqs is None:
         redo_nonfinite(y, starts, _ssd_steps_transposed, steps_of)
-        final = through[-1] * starts[-1] + local[-1]
-        _redo_nonfinite_state(final, starts[-1], [t[-1] for t in steps_of()])
-        np.copyto(state, swap(final))
+        _finals(state, starts, through[-1] * starts[-1] + local[-1], steps_of, keep)
     else:
         _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, steps_of())
     return from_chunks(y, seq)
+
+
+def _finals(state, starts, final, inputs, keep):
+    """The bulk ``final`` states (``[B, H, N, P]``, its non-finite lanes redone from ``starts[-1]``, the states
+    entering the last chunk) into ``state``; with ``keep [B, C, H, P, N]`` also the states leaving every chunk
+    (``starts [C, B, H, N, P]`` from the second on, then ``final``)."""
+    _redo_nonfinite_state(final, starts[-1], [t[-1] for t in inputs()])
+    np.copyto(state, swap(final))
+    if keep is not None:
+        np.copyto(keep[:, :-1], np.moveaxis(swap(starts[1:]), 0, 1))
+        np.copyto(keep[:, -1], swap(final))
 
 
 def _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, inputs):

@@ -5,8 +5,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import reserve
 from .aliasing import ALIASING
-from .model import Field, OpDef, Region, Thunk, newer, offsets, positive, rule, same
+from .model import Field, OpDef, Region, Thunk, fail, newer, offsets, positive, rule, same
 from .state import CARRIED_FIELDS, DATA_RULES, STATE_FIELDS, check_carried, divides, optional_regions, state_regions
 
 
@@ -38,7 +39,7 @@ def _mamba2(t: Thunk) -> list[Region]:
     out += optional_regions(t, ("dt_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h, p), dt)
     out += state_regions(t, (h, p, n))
     out.append(Region("dst", t["dst"], (b, s, h, p), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _check_selective_scan(t: Thunk) -> None:
@@ -49,6 +50,35 @@ def _check_selective_scan(t: Thunk) -> None:
 def _check_mamba2(t: Thunk) -> None:
     divides(t, "groups", "heads")
     check_carried(t)
+    if t.get(reserve.RESERVE) is not None and t.get("cu_seqlens") is not None:
+        raise fail(t, reserve.RESERVE, "a saved forward of packed sequences (cu_seqlens) is not supported yet; "
+                                       "leave reserve out (the backward recomputes the forward)")
+
+
+#: The chunk length of mamba2's saved forward (ABI.md §9.1, docs/abi.md): its states are those leaving each
+#: chunk of this many tokens, whatever chunk length a backend computes with.
+RESERVE_CHUNK = 64
+
+
+def reserve_type(t: Thunk) -> str:
+    """The element type of an SSM reserve: f64 where the thunk computes in f64 (its dtype, ``state_dtype`` or
+    ``param_dtype``), else f32."""
+    return "f64" if "f64" in (t["dtype"], t.get("state_dtype"), t.get("param_dtype")) else "f32"
+
+
+def mamba2_reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a mamba2 thunk (the fields given suffice): ``states [batch, C, heads, head_dim,
+    state_size]``, the state leaving each chunk of ``RESERVE_CHUNK`` tokens (``C = ceil(seq / 64)``; the last
+    is the final state), then ``y [batch, seq, heads, head_dim]``, the output before ``d`` and ``z``
+    (``Σ_n S[p,n]·c[n]``), both in ``reserve_type``."""
+    b, s, h, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
+    count, ct = -(-s // RESERVE_CHUNK), reserve_type(t)
+    return reserve.packed([("states", 0, (b, count, h, p, n), ct), ("y", 0, (b, s, h, p), ct)])
+
+
+def mamba2_reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a mamba2 thunk (ABI.md §9.1)."""
+    return reserve.size(mamba2_reserve_slots(t))
 
 
 def _sampler(step: str) -> Any:
@@ -80,6 +110,6 @@ MAMBA2 = OpDef(
     "mamba2",
     offsets("x", "dt", "a", "b", "c", "dst") + positive("batch", "seq", "heads", "head_dim", "state_size")
     + (newer("groups", "pos", same("heads")),) + _gate_fields("dt_bias", "dt_softplus")
-    + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS,
-    _mamba2, rules=(rule(_check_mamba2), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("dt"), place=(4, 2))
+    + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS + reserve.FIELDS,
+    _mamba2, rules=(rule(_check_mamba2), reserve.rule(mamba2_reserve_bytes), ALIASING), data_rules=DATA_RULES,
+    states=("state",), differentiable=True, sample=_sampler("dt"), place=(4, 2), reserve_size=mamba2_reserve_bytes)

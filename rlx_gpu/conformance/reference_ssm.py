@@ -18,7 +18,8 @@ V2_FIELDS = {
     "selective_scan": frozenset({"groups", "delta_bias", "delta_softplus", "d", "z", "carry_state", "state",
                                  "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
     "mamba2": frozenset({"groups", "dt_bias", "dt_softplus", "dt_limit", "d", "z", "carry_state", "state",
-                         "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
+                         "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots",
+                         "reserve", "reserve_bytes"}),  # a saved forward changes no output: implemented
 }
 
 
@@ -261,6 +262,9 @@ declare_cases(
     ],
     present={**_PRESENT, "groups": {"groups": 2}},
     refused=[({**PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq")])
+#: A saved forward (ABI.md §9.1) over three chunks of 64 (the backward reads it on its chunked path), 32 KiB:
+#: more than the small case needs at seq 150 in any dtype (rlx_gpu.reserve_bytes: f64's 20736 bytes).
+_M2_RESERVE = {"reserve": True, "reserve_bytes": 1 << 15, "seq": 150}
 declare_cases(
     "mamba2", small=_mamba2(2, 7, 2, 4, 4),
     thunks=[
@@ -284,7 +288,8 @@ declare_cases(
          NAN),
         (_mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
     ],
-    present={**_PRESENT, "groups": {"groups": 1}, "dt_limit": {"dt_limit": [0.05, 0.5]}},
+    present={**_PRESENT, "groups": {"groups": 1}, "dt_limit": {"dt_limit": [0.05, 0.5]},
+             "reserve": _M2_RESERVE, "reserve_bytes": _M2_RESERVE},
     refused=[({**PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
              ({**CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool")])
 # Thunk cases: chunked (host L=32, gpu 64) with both gate kinds, three chunks (20 is no multiple of a tile),
