@@ -65,3 +65,45 @@ def test_a_second_backward_of_one_call_reads_the_same_reserve():
     schedule, _ = lower(g)
     reserves = {t["op"]: t["reserve"] for t in schedule["thunks"] if "reserve" in t}
     assert len([t for t in schedule["thunks"] if t["op"] == "rnn"]) == 1 and set(reserves) == {"rnn", "rnn_backward"}
+
+
+def _mamba2_graph(recompute: bool, packed: bool = False):
+    """A mamba2 call (three chunks of 64, the last partial; D, z and a carried state) and its gradients."""
+    b, s, h, p, n = (1, 150, 2, 3, 4) if packed else (2, 150, 2, 3, 4)
+    g = Graph("f64")
+    x, z = g.input("x", (b, s, h, p)), g.input("z", (b, s, h, p))
+    dt, a, d = g.input("dt", (b, s, h)), g.input("a", (h,)), g.input("D", (h,))
+    bc = [g.input(k, (b, s, 1, n)) for k in "bc"]
+    rows = 2 if packed else b
+    state = g.input("state", (rows, h, p, n))
+    y = g.mamba2(x, dt, a, *bc, D=d, z=z, dt_softplus=True, initial_state=state,
+                 cu_seqlens=[0, 70, 150] if packed else None)
+    y = y[0] if isinstance(y, tuple) else y
+    loss = g.reduce_sum(g.binary("mul", y, g.input("dy", y.shape)), list(range(4)))
+    for name, t in zip(["x", "dt", "a", "b", "c"], g.grad(loss, [x, dt, a, *bc], recompute=recompute)):
+        g.output(f"d_{name}", t)
+    rng = np.random.default_rng(1)
+    values = {k: rng.standard_normal(shape) for k, shape in
+              (("x", (b, s, h, p)), ("z", (b, s, h, p)), ("dt", (b, s, h)), ("b", (b, s, 1, n)), ("c", (b, s, 1, n)),
+               ("state", (rows, h, p, n)), ("dy", (b, s, h, p)), ("D", (h,)))}
+    values["a"] = -np.abs(rng.standard_normal(h)) - 0.1
+    return g, values
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_grad_saves_a_mamba2_forward_unless_packed_or_asked_to_recompute(packed):
+    outs = {}
+    for recompute in (False, True):
+        g, values = _mamba2_graph(recompute, packed)
+        schedule, _ = lower(g)
+        backward = next(t for t in schedule["thunks"] if t["op"] == "mamba2_backward")
+        forwards = [t for t in schedule["thunks"] if t["op"] == "mamba2"]
+        if recompute or packed:
+            assert "reserve" not in backward and all("reserve" not in t for t in forwards)
+        else:
+            (forward,) = forwards
+            assert forward["reserve"] == backward["reserve"]
+            assert forward["reserve_bytes"] == rlx_gpu.reserve_bytes(forward)
+        outs[recompute] = g.compile("host").run(**values)
+    for name in outs[True]:
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-10, atol=1e-10, err_msg=name)
