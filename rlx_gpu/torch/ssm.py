@@ -14,15 +14,32 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..schedule.reserve import reserve_bytes
 from .arguments import check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn, check_seq_idx
+from .bridge import DTYPES
 from .fused import FusedOp, cast, define_fused, fused
 from .library import define
 from .registry import FUNCTIONS
 
 define_fused(FusedOp("selective_scan", ("x", "delta", "a", "b", "c"), ("d", "z", "delta_bias", "state", "cu_seqlens"),
                      (("delta_softplus", "bool"),), "x"))
+
+
+def _mamba2_reserve(given: dict[str, torch.Tensor]) -> int | None:
+    """The elements of ``x``'s type a mamba2 call's saved forward takes (``rlx_gpu.reserve_bytes``); ``None`` for
+    packed sequences, which have none yet."""
+    if "cu_seqlens" in given:
+        return None
+    x = given["x"]
+    fields = dict(op="mamba2", dtype=DTYPES[x.dtype], batch=x.shape[0], seq=x.shape[1], heads=x.shape[2],
+                  head_dim=x.shape[3], state_size=given["b"].shape[-1], param_dtype=DTYPES[given["a"].dtype])
+    if "state" in given:
+        fields["state_dtype"] = DTYPES[given["state"].dtype]
+    return reserve_bytes(fields) // x.element_size()
+
+
 define_fused(FusedOp("mamba2", ("x", "dt", "a", "b", "c"), ("d", "z", "dt_bias", "state", "cu_seqlens"),
-                     (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"))
+                     (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x", _mamba2_reserve))
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined"]
 
@@ -131,7 +148,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
                               seq_idx: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
                               dt_softplus: bool = False, dt_limit: Sequence[float] = (0.0, float("inf")),
                               return_final_states: bool = False, return_varlen_states: bool = False,
-                              state_dtype: torch.dtype | None = None) -> Any:
+                              state_dtype: torch.dtype | None = None, recompute: bool = False) -> Any:
     """Mamba-2's SSD, mamba_ssm's ``mamba_chunk_scan_combined``: per head ``S = exp(dt·A)·S + (dt·x)⊗B``,
     ``y = S·C``, ``out = (y + D·x)⊙silu(z)``, ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``.
 
@@ -158,6 +175,9 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return_final_states, return_varlen_states : bool
         Also return the state after each row's last step ``[B, H, P, N]``, and after each packed
         sequence ``[num_seqs, H, P, N]``, in ``state_dtype`` (default ``C``'s dtype).
+    recompute : bool
+        False: a forward autograd records on the host (without ``seq_idx``) saves what its backward reads
+        (ABI.md §9.1's reserve); True: the backward recomputes the forward (less memory, slower).
 
     Returns
     -------
@@ -171,7 +191,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int")
     batch, length, heads, head_dim = x.shape
     act, param, carried = x.dtype, _param_dtype(A, x), _state_dtype(x)
-    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": _dt_limit(name, dt_limit)}
+    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": _dt_limit(name, dt_limit), "recompute": recompute}
     # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
     per_channel_d = D is not None and D.dim() == 2
     inner_d, inner_z = (None, None) if per_channel_d else (D, z)
