@@ -111,8 +111,9 @@ def _entering(lb, lu, to_end, through, s0, work, states):
 
 def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results, but ``y``
-    (``None`` unless ``need_y``). ``saved``: a saved forward's ``(states, y)`` (``ssm.reserve_views``, chunks
-    of ``length``), read instead of computing the states entering each chunk and the outputs ``y``."""
+    (``None`` unless ``need_y``). ``saved``: a saved forward's ``(states, y, scores)`` (``ssm.reserve_views``,
+    chunks of ``length``), read instead of computing the states entering each chunk, the outputs ``y`` and the
+    decayed scores ``W``."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -128,6 +129,7 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     through = np.exp(cum[..., -1])[..., None, None]
     starts, s = _entering(lb, lu, to_end, through, s0, work, None if saved is None else saved[0])
     ys = None if saved is None else ch(saved[1])
+    saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
     leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
     end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
     for k in reversed(range(count)):
@@ -146,7 +148,7 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     for lo in range(0, count, slab):
         ks = slice(lo, min(count, lo + slab))
         kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
-        weights = _decayed(kc, kb, kcum, upper, work, "w")  # W
+        weights = _decayed(kc, kb, kcum, upper, work, "w") if saved is None else saved_w[ks]  # W
         d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
         grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
         # the state leaving the chunk's share of du, and the state entering it's share of dc
@@ -316,7 +318,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
         if seqs is None:
-            saved = None if views is None else (views["states"][bs, :, hs], views["y"][bs, :, hs])
+            saved = None if views is None else tuple(views[f][bs, :, hs] for f in ("states", "y", "scores"))
             y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)

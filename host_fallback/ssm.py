@@ -231,8 +231,10 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
     name, length = _choose(t, path, chunk)
     ctype, heads, groups = compute_type(t), t["heads"], t["groups"]
     saved = reserve_views(t, arena)
-    if saved is not None and name == "chunked" and length != RESERVE_CHUNK:
-        raise ValueError(f"mamba2 writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, got chunk={length}")
+    if saved is not None:  # a saved forward holds the chunked form's values, chunks of 64
+        if chunk not in (None, RESERVE_CHUNK):
+            raise ValueError(f"mamba2 writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, got chunk={chunk}")
+        name, length = "chunked", RESERVE_CHUNK
     group_of = np.arange(heads) // (heads // groups)
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
@@ -245,9 +247,9 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
                 np.minimum(dt, high, out=dt)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
         b, c = (_read(bound, f, gs, ctype) for f in "bc")
-        keep = None if saved is None else saved["states"][bs, :, hs]
+        keep = () if saved is None else ({f: saved[f][bs, :, hs] for f in ("states", "scores")},)  # (chunked)
         y = _MAMBA2_PATHS[name](x, dt, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length,
-                                keep)
+                                *keep)
         if saved is not None:
             np.copyto(saved["y"][bs, :, hs], y)
         _gate(y, x, None if t["d"] is None else _read(bound, "d", hs, ctype)[:, None],

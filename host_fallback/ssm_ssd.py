@@ -7,7 +7,6 @@ import numpy as np
 
 from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, redo_nonfinite, scratch, swap, to_chunks,
                       to_chunks_t)
-from .abi.ssm import RESERVE_CHUNK
 from .sequences import Piece, step_spans
 
 #: Largest ``|cum - m|`` (log-decay from a chunk's midpoint) for which the SSD scores factor into
@@ -15,11 +14,10 @@ from .sequences import Piece, step_spans
 MAMBA2_SPREAD = 30.0
 
 
-def _ssd_steps(logd, xs, b, c, s, y, keep=None):
+def _ssd_steps(logd, xs, b, c, s, y):
     """The SSD recurrence from the state ``s [B, H, P, N]`` (updated in place): per step ``t`` (axis
     1 of ``logd [B, S, H]``, ``xs [B, S, H, P]`` = dt*x, ``b, c [B, S, H, N]``)
-    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``; with ``keep [B, C, H, P, N]`` (a saved forward's
-    states) the state after every ``RESERVE_CHUNK`` steps and after the last one.
+    ``s = exp(logd) s + xs (x) b`` and ``y[:, t] = s c``.
 
     The outer product goes through one reused scratch array (a fresh state-sized one per step
     page-faults: decode B32 H24 P64 N128 spent half its time there), and a per-head decay scales each
@@ -35,20 +33,17 @@ def _ssd_steps(logd, xs, b, c, s, y, keep=None):
             s *= decay[..., None, None]
         s += np.multiply(xs[:, t, ..., None], b[:, t, ..., None, :], out=outer)
         y[:, t] = (s @ c[:, t, ..., None])[..., 0]
-        if keep is not None and ((t + 1) % RESERVE_CHUNK == 0 or t + 1 == logd.shape[1]):
-            keep[:, t // RESERVE_CHUNK] = s
 
 
-def _mamba2_step(x, dt, a, b, c, state, seqs, length, keep=None):
+def _mamba2_step(x, dt, a, b, c, state, seqs, length):
     """The SSD recurrence step by step: ``x [B, S, H, P]``, ``dt [B, S, H]``, ``a [H]``, ``b, c [B, S, H,
-    N]``, ``state [R, H, P, N]`` (updated in place to the rows' final states); returns ``y``. ``keep``: the
-    states a saved forward keeps (``_ssd_steps``; not with packed sequences)."""
+    N]``, ``state [R, H, P, N]`` (updated in place to the rows' final states); returns ``y``."""
     y = np.empty_like(x)
     logd, xs = dt * a, dt[..., None] * x
     for row, lo, hi in step_spans(x.shape[1], seqs):
         s = state if row is None else state[row : row + 1].copy()
         span = slice(lo, hi)
-        _ssd_steps(logd[:, span], xs[:, span], b[:, span], c[:, span], s, y[:, span], keep)
+        _ssd_steps(logd[:, span], xs[:, span], b[:, span], c[:, span], s, y[:, span])
         if row is not None:
             state[row] = s[0]
     return y
@@ -118,8 +113,9 @@ def _mamba2_chunked(x, dt, a, b, c, state, seqs, length, keep=None):
 def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
     """The chunked SSD form of ``s = exp(logd) s + xdt (x) b``, ``y = s c`` (``_ssd_steps``' recurrence; ``logd
     [B, S, H]`` floored by ``chunked.floor_log_decays``, ``xdt [B, S, H, P]``, ``b, c [B, S, H, N]``, ``state
-    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep [B, C, H, P, N]`` (no packed
-    sequences, ``length`` = ``RESERVE_CHUNK``): where to write the state leaving every chunk, a saved forward's.
+    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep`` (no packed sequences, ``length``
+    64): where a saved forward keeps ``states [B, C, H, P, N]``, those leaving every chunk, and ``scores [B, C,
+    H, L, L]``, each chunk's decayed scores ``(c b^T) * exp(cum_l - cum_s)`` (0 above the diagonal).
 
     With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
     start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
@@ -162,7 +158,7 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
             part = [np.empty_like(t[pick]) for t in (scores, y, local)]
             bt = np.ascontiguousarray(swap(cb[pick]))
             cs[pick] = _ssd_masked(xs[pick], cum[pick], cc[pick], bt, *part, None if not inner else drop[:, 0, 0][pick[0]])
-            y[pick], local[pick] = part[1], part[2]
+            scores[pick], y[pick], local[pick] = part
     init = swap(state)  # [R, H, N, P]: each row's starting state, in the layout of the chunk states
     last = {q.chunk: q for q in inner}  # the last sequence starting inside each chunk
     for k, q in last.items():  # such a chunk hands on only what that sequence built, from its start
@@ -185,6 +181,8 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
             np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
             starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
+    if keep is not None:  # (before the scores' array is reused)
+        np.copyto(keep["scores"], np.moveaxis(scores, 0, 1))
     y += np.matmul(cs, starts, out=scores if length == p else None)
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
     if seqs is None:
@@ -197,13 +195,13 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
 
 def _finals(state, starts, final, inputs, keep):
     """The bulk ``final`` states (``[B, H, N, P]``, its non-finite lanes redone from ``starts[-1]``, the states
-    entering the last chunk) into ``state``; with ``keep [B, C, H, P, N]`` also the states leaving every chunk
-    (``starts [C, B, H, N, P]`` from the second on, then ``final``)."""
+    entering the last chunk) into ``state``; with ``keep`` also the states leaving every chunk into its
+    ``states [B, C, H, P, N]`` (``starts [C, B, H, N, P]`` from the second on, then ``final``)."""
     _redo_nonfinite_state(final, starts[-1], [t[-1] for t in inputs()])
     np.copyto(state, swap(final))
     if keep is not None:
-        np.copyto(keep[:, :-1], np.moveaxis(swap(starts[1:]), 0, 1))
-        np.copyto(keep[:, -1], swap(final))
+        np.copyto(keep["states"][:, :-1], np.moveaxis(swap(starts[1:]), 0, 1))
+        np.copyto(keep["states"][:, -1], swap(final))
 
 
 def _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, inputs):

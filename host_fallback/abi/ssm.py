@@ -69,11 +69,14 @@ def reserve_type(t: Thunk) -> str:
 def mamba2_reserve_slots(t: Thunk) -> list[reserve.Slot]:
     """The reserve of a mamba2 thunk (the fields given suffice): ``states [batch, C, heads, head_dim,
     state_size]``, the state leaving each chunk of ``RESERVE_CHUNK`` tokens (``C = ceil(seq / 64)``; the last
-    is the final state), then ``y [batch, seq, heads, head_dim]``, the output before ``d`` and ``z``
-    (``Σ_n S[p,n]·c[n]``), both in ``reserve_type``."""
+    is the final state), ``y [batch, seq, heads, head_dim]``, the output before ``d`` and ``z``
+    (``Σ_n S[p,n]·c[n]``), then ``scores [batch, C, heads, 64, 64]``, each chunk's decayed scores
+    ``W[l, s] = (c_l · b_s) exp(cum_l - cum_s)`` (``cum``: the log-decay ``dt·a`` summed from the chunk's start
+    through the step; 0 for ``s > l`` and past ``seq``), all in ``reserve_type``."""
     b, s, h, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
-    count, ct = -(-s // RESERVE_CHUNK), reserve_type(t)
-    return reserve.packed([("states", 0, (b, count, h, p, n), ct), ("y", 0, (b, s, h, p), ct)])
+    count, ct, length = -(-s // RESERVE_CHUNK), reserve_type(t), RESERVE_CHUNK
+    return reserve.packed([("states", 0, (b, count, h, p, n), ct), ("y", 0, (b, s, h, p), ct),
+                           ("scores", 0, (b, count, h, length, length), ct)])
 
 
 def mamba2_reserve_bytes(t: Thunk) -> int:

@@ -262,9 +262,9 @@ declare_cases(
     ],
     present={**_PRESENT, "groups": {"groups": 2}},
     refused=[({**PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq")])
-#: A saved forward (ABI.md §9.1) over three chunks of 64 (the backward reads it on its chunked path), 32 KiB:
-#: more than the small case needs at seq 150 in any dtype (rlx_gpu.reserve_bytes: f64's 20736 bytes).
-_M2_RESERVE = {"reserve": True, "reserve_bytes": 1 << 15, "seq": 150}
+#: A saved forward (ABI.md §9.1) over three chunks of 64 (the backward reads it on its chunked path), 512 KiB:
+#: more than the small case needs at seq 150 in any dtype (rlx_gpu.reserve_bytes: f64's 413952 bytes).
+_M2_RESERVE = {"reserve": True, "reserve_bytes": 1 << 19, "seq": 150}
 declare_cases(
     "mamba2", small=_mamba2(2, 7, 2, 4, 4),
     thunks=[

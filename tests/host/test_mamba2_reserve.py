@@ -1,8 +1,8 @@
 """The host's mamba2 with a saved forward (ABI.md §9.1): a training forward writes the reserve (the states
-leaving every chunk of 64 tokens and the output before ``d`` and ``z``), the backward reads it instead of
+leaving every chunk of 64 tokens, the output before ``d`` and ``z``, each chunk's decayed scores), the backward reads it instead of
 recomputing them. Its gradients against the backward that recomputes (the same values by another GEMM order:
 equal within rounding), the forward's outputs unchanged by writing it, the reserve the same from the step and
-chunked forwards, the same bytes on every run, and packed sequences refused."""
+chunked forwards (the chunked form either way), the same bytes on every run, and packed sequences refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -93,11 +93,27 @@ def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(extra):
 
 
 @pytest.mark.parametrize("extra", [CASES[0][1], CASES[5][1]], ids=[IDS[0], IDS[5]])
-def test_the_step_and_chunked_forwards_save_the_same_states_and_outputs(extra):
+def test_a_forward_asked_for_the_step_path_writes_the_chunked_forms_reserve(extra):
     thunk, arena, forward = _laid("f64", extra)
     step, chunked = (reserve_views(thunk, _saved(thunk, arena, forward, path=p)) for p in ("step", "chunked"))
-    for name in ("states", "y"):
-        np.testing.assert_allclose(step[name], chunked[name], rtol=1e-10, atol=1e-12, err_msg=name)
+    for name in ("states", "y", "scores"):
+        np.testing.assert_array_equal(step[name], chunked[name], err_msg=name)
+
+
+def test_the_saved_scores_are_the_decayed_scores_of_each_chunk():
+    thunk, arena, forward = _laid("f64", dict(seq=100))
+    saved, values = reserve_views(thunk, _saved(thunk, arena, forward)), read(thunk, arena)
+    logd = values["dt"] * values["a"]
+    b, c = values["b"], values["c"]
+    for k, lo in enumerate(range(0, 100, 64)):
+        span = slice(lo, min(100, lo + 64))
+        cum = np.cumsum(logd[:, span], axis=1)  # [B, L, H]
+        want = np.einsum("blhn,bshn->bhls", c[:, span], b[:, span]) * np.exp(cum.transpose(0, 2, 1)[..., :, None]
+                                                                             - cum.transpose(0, 2, 1)[..., None, :])
+        want = np.tril(want)
+        got = saved["scores"][:, k]
+        np.testing.assert_allclose(got[..., : want.shape[-1], : want.shape[-1]], want, rtol=1e-10, atol=1e-12)
+        assert not got[..., want.shape[-1]:, :].any() and not got[..., want.shape[-1]:].any()
 
 
 def test_the_reserve_and_the_gradients_are_the_same_bytes_on_every_run():

@@ -51,10 +51,10 @@ def test_the_minimum_follows_the_documented_layout(op, dtype, extra):
 @pytest.mark.parametrize("dtype,extra,es", [("f32", {}, 4), ("bf16", {}, 4), ("f64", {}, 8),
                                             ("bf16", {"state_dtype": "f64"}, 8), ("f32", {"param_dtype": "f64"}, 8)])
 @pytest.mark.parametrize("seq", (1, 64, 65, 150))
-def test_the_minimum_of_mamba2_is_the_states_leaving_each_chunk_of_64_then_y(op, dtype, extra, es, seq):
+def test_the_minimum_of_mamba2_is_the_states_leaving_each_chunk_of_64_y_and_the_scores(op, dtype, extra, es, seq):
     b, h, p, n = 2, 3, 5, 7
     fields = {"op": op, "dtype": dtype, "batch": b, "seq": seq, "heads": h, "head_dim": p, "state_size": n, **extra}
-    end = (b * -(-seq // 64) * h * p * n + b * seq * h * p) * es
+    end = (b * -(-seq // 64) * h * p * n + b * seq * h * p + b * -(-seq // 64) * h * 64 * 64) * es
     assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
 
 
