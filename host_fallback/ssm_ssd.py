@@ -113,9 +113,8 @@ def _mamba2_chunked(x, dt, a, b, c, state, seqs, length, keep=None):
 def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
     """The chunked SSD form of ``s = exp(logd) s + xdt (x) b``, ``y = s c`` (``_ssd_steps``' recurrence; ``logd
     [B, S, H]`` floored by ``chunked.floor_log_decays``, ``xdt [B, S, H, P]``, ``b, c [B, S, H, N]``, ``state
-    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep`` (no packed sequences, ``length``
-    64): where a saved forward keeps ``states [B, C, H, P, N]``, those leaving every chunk, and ``scores [B, C,
-    H, L, L]``, each chunk's decayed scores ``(c b^T) * exp(cum_l - cum_s)`` (0 above the diagonal).
+    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep`` (no packed sequences, ``length`` 64):
+    a saved forward's ``states`` (leaving every chunk) and ``scores`` (``abi.ssm.mamba2_reserve_slots``).
 
     With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
     start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
