@@ -23,7 +23,7 @@ import numpy as np
 
 from . import compiled_step, threads
 from .abi import Region, complete, regions
-from .abi.ssm import RESERVE_CHUNK, mamba2_reserve_slots
+from .abi.ssm import RESERVE_CHUNK, RESERVE_SLOTS, SCAN_RESERVE_CHUNK
 from .arena import COMPUTE, view
 from .bound import Bound
 from .chunked import pick_path, scratch
@@ -191,6 +191,12 @@ def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | 
                     by_field: Mapping[str, Region] | None) -> None:
     name, length = _choose(t, path, chunk)
     ctype, grouped, n = compute_type(t), t["groups"] > 1, t["state_size"]
+    saved = reserve_views(t, arena)
+    if saved is not None:  # a saved forward holds the blocked form's states, blocks of 32
+        if chunk not in (None, SCAN_RESERVE_CHUNK):
+            raise ValueError(f"selective_scan writes a saved forward (reserve) with blocks of {SCAN_RESERVE_CHUNK}, "
+                             f"got chunk={chunk}")
+        name, length = "blocked", SCAN_RESERVE_CHUNK
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
         rows = (bs, slice(None), hs)
@@ -198,7 +204,9 @@ def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | 
         width = t["hidden"] // t["groups"]
         gs = (bs, slice(None), slice(hs.start // width, hs.stop // width)) if grouped else bs
         b, c = (_read(bound, f, gs, ctype).reshape(*x.shape[:2], -1, n) for f in "bc")
-        y = _SCAN_PATHS[name](x, delta, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length)
+        keep = () if saved is None else (saved["states"][bs, :, hs],)  # (blocked)
+        y = _SCAN_PATHS[name](x, delta, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length,
+                              *keep)
         _gate(y, x, None if t["d"] is None else _read(bound, "d", hs, ctype),
               None if t["z"] is None else _read(bound, "z", rows, ctype))
         return y
@@ -219,11 +227,12 @@ def mamba2(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: i
 
 
 def reserve_views(t: Thunk, arena: np.ndarray) -> dict[str, np.ndarray] | None:
-    """The saved forward of a completed mamba2 or mamba2_backward thunk as views by slot name (``states``,
-    ``y``: ``abi.ssm.mamba2_reserve_slots``), ``None`` without one."""
+    """The saved forward of a completed selective_scan or mamba2 thunk (or their backward's) as views by slot
+    name (``abi.ssm.RESERVE_SLOTS``), ``None`` without one."""
     if t.get("reserve") is None:
         return None
-    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in mamba2_reserve_slots(t)}
+    slots = RESERVE_SLOTS[t["op"].removesuffix("_backward")](t)
+    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in slots}
 
 
 def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None,

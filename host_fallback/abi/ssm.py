@@ -24,7 +24,7 @@ def _selective_scan(t: Thunk) -> list[Region]:
     out += optional_regions(t, ("delta_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h), dt)
     out += state_regions(t, (h, n))
     out.append(Region("dst", t["dst"], (b, s, h), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _mamba2(t: Thunk) -> list[Region]:
@@ -45,11 +45,16 @@ def _mamba2(t: Thunk) -> list[Region]:
 def _check_selective_scan(t: Thunk) -> None:
     divides(t, "groups", "hidden")
     check_carried(t)
+    _unpacked_reserve(t)
 
 
 def _check_mamba2(t: Thunk) -> None:
     divides(t, "groups", "heads")
     check_carried(t)
+    _unpacked_reserve(t)
+
+
+def _unpacked_reserve(t: Thunk) -> None:
     if t.get(reserve.RESERVE) is not None and t.get("cu_seqlens") is not None:
         raise fail(t, reserve.RESERVE, "a saved forward of packed sequences (cu_seqlens) is not supported yet; "
                                        "leave reserve out (the backward recomputes the forward)")
@@ -58,6 +63,10 @@ def _check_mamba2(t: Thunk) -> None:
 #: The chunk length of mamba2's saved forward (ABI.md §9.1, docs/abi.md): its states are those leaving each
 #: chunk of this many tokens, whatever chunk length a backend computes with.
 RESERVE_CHUNK = 64
+
+
+#: The chunk length of selective_scan's saved forward: the states leaving each chunk of this many tokens.
+SCAN_RESERVE_CHUNK = 32
 
 
 def reserve_type(t: Thunk) -> str:
@@ -84,6 +93,23 @@ def mamba2_reserve_bytes(t: Thunk) -> int:
     return reserve.size(mamba2_reserve_slots(t))
 
 
+def selective_scan_reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a selective_scan thunk (the fields given suffice): ``states [batch, C, hidden,
+    state_size]``, the state ``h`` leaving each chunk of ``SCAN_RESERVE_CHUNK`` tokens (``C = ceil(seq / 32)``;
+    the last is the final state), in ``reserve_type``."""
+    count = -(-t["seq"] // SCAN_RESERVE_CHUNK)
+    return reserve.packed([("states", 0, (t["batch"], count, t["hidden"], t["state_size"]), reserve_type(t))])
+
+
+def selective_scan_reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a selective_scan thunk (ABI.md §9.1)."""
+    return reserve.size(selective_scan_reserve_slots(t))
+
+
+#: op -> the slots of its saved forward (a backward op's are its forward's).
+RESERVE_SLOTS = {"selective_scan": selective_scan_reserve_slots, "mamba2": mamba2_reserve_slots}
+
+
 def _sampler(step: str) -> Any:
     """Conformance inputs: a positive step size (``delta`` / ``dt``) and a negative decay ``a``."""
     def sample(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
@@ -105,9 +131,10 @@ SELECTIVE_SCAN = OpDef(
     "selective_scan",
     offsets("x", "delta", "a", "b", "c", "dst") + positive("batch", "seq", "hidden", "state_size")
     + (newer("groups", "pos", 1),) + _gate_fields("delta_bias", "delta_softplus") + _skip_fields()
-    + CARRIED_FIELDS + STATE_FIELDS,
-    _selective_scan, rules=(rule(_check_selective_scan), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("delta"), place=(4, 1))
+    + CARRIED_FIELDS + STATE_FIELDS + reserve.FIELDS,
+    _selective_scan, rules=(rule(_check_selective_scan), reserve.rule(selective_scan_reserve_bytes), ALIASING),
+    data_rules=DATA_RULES, states=("state",), differentiable=True, sample=_sampler("delta"), place=(4, 1),
+    reserve_size=selective_scan_reserve_bytes)
 
 MAMBA2 = OpDef(
     "mamba2",

@@ -110,3 +110,34 @@ def test_mamba_chunk_scan_combined_under_no_grad_saves_nothing(mamba2_reserves, 
         mamba_chunk_scan_combined(x, torch.rand(1, 70, 2), -torch.rand(2), torch.randn(1, 70, 1, 4),
                                   torch.randn(1, 70, 1, 4), 64)
     assert mamba2_reserves == {"save": 0, "load": 0}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_selective_scan_fn_reads_the_saved_forward_unless_asked_to_recompute(recompute, monkeypatch):
+    import host_fallback.selective_scan_backward
+    from rlx_gpu.torch.ssm import selective_scan_fn
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    counts = {"load": 0}
+    real = host_fallback.selective_scan_backward.reserve_views
+
+    def spy(*args):
+        views = real(*args)
+        counts["load"] += views is not None
+        return views
+    monkeypatch.setattr(host_fallback.selective_scan_backward, "reserve_views", spy)
+    gen = torch.Generator().manual_seed(0)
+    b, d, n, s = 2, 6, 4, 100
+    u, z = (torch.randn(b, d, s, generator=gen, dtype=torch.float64) for _ in range(2))
+    delta = torch.rand(b, d, s, generator=gen, dtype=torch.float64) * 0.5
+    a = -torch.rand(d, n, generator=gen, dtype=torch.float64) - 0.1
+    bc = [torch.randn(b, n, s, generator=gen, dtype=torch.float64) for _ in range(2)]
+    grads = []
+    for mode in (recompute, True):
+        leaves = [t.clone().requires_grad_() for t in (u, delta, a, *bc, z)]
+        y, last = selective_scan_fn(*leaves[:5], z=leaves[5], delta_softplus=True, return_last_state=True,
+                                    recompute=mode)
+        ((y * y).sum() + (last * last).sum()).backward()
+        grads.append([t.grad for t in leaves])
+    assert counts == {"load": 0 if recompute else 1}
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)

@@ -14,7 +14,7 @@ from rlx_gpu.launches import unsupported
 from rlx_gpu.launches.limits import REFERENCE_GPU
 
 RNN_OPS = ("lstm", "gru", "rnn", "lstm_backward", "gru_backward", "rnn_backward")
-OPS = RNN_OPS + ("mamba2", "mamba2_backward")
+OPS = RNN_OPS + ("mamba2", "mamba2_backward", "selective_scan", "selective_scan_backward")
 
 
 def _expected(fields: dict) -> int:
@@ -58,6 +58,16 @@ def test_the_minimum_of_mamba2_is_the_states_leaving_each_chunk_of_64_y_and_the_
     assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
 
 
+@pytest.mark.parametrize("op", ("selective_scan", "selective_scan_backward"))
+@pytest.mark.parametrize("dtype,extra,es", [("f32", {}, 4), ("bf16", {}, 4), ("f64", {}, 8),
+                                            ("f16", {"param_dtype": "f64"}, 8)])
+@pytest.mark.parametrize("seq", (1, 32, 33, 100))
+def test_the_minimum_of_selective_scan_is_the_states_leaving_each_chunk_of_32(op, dtype, extra, es, seq):
+    fields = {"op": op, "dtype": dtype, "batch": 2, "seq": seq, "hidden": 6, "state_size": 5, **extra}
+    end = 2 * -(-seq // 32) * 6 * 5 * es
+    assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
+
+
 def test_the_minimum_of_a_projecting_lstm_counts_its_width_and_raw_outputs():
     fields = {"op": "lstm", "dtype": "f32", **SMALL["lstm"], "hidden": 6, "proj_size": 3, "num_layers": 2}
     assert rlx_gpu.reserve_bytes(fields) == _expected(fields)
@@ -66,7 +76,7 @@ def test_the_minimum_of_a_projecting_lstm_counts_its_width_and_raw_outputs():
 def test_the_minimum_reads_shapes_only_and_ops_without_a_reserve_are_named():
     fields = {"op": "gru", "dtype": "f16", **SMALL["gru"]}
     assert rlx_gpu.reserve_bytes(fields) == rlx_gpu.reserve_bytes({**fields, "clip": 3.0, "x": 1 << 20})
-    with pytest.raises(rlx_gpu.ScheduleError, match="op 'fill' has no saved forward.*lstm, gru, rnn, mamba2"):
+    with pytest.raises(rlx_gpu.ScheduleError, match="op 'fill' has no saved forward.*lstm, gru, rnn, selective_scan, mamba2"):
         rlx_gpu.reserve_bytes({"op": "fill"})
     with pytest.raises(rlx_gpu.ScheduleError, match="rnn needs field 'bidirectional'"):
         rlx_gpu.reserve_bytes({"op": "rnn", "dtype": "f32", "batch": 2})
