@@ -107,3 +107,26 @@ def test_grad_saves_a_mamba2_forward_unless_packed_or_asked_to_recompute(packed)
         outs[recompute] = g.compile("host").run(**values)
     for name in outs[True]:
         np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_grad_saves_a_selective_scan_forward_unless_asked_to_recompute():
+    b, s, h, n = 2, 100, 4, 3
+    rng = np.random.default_rng(2)
+    values = {k: rng.standard_normal(shape) for k, shape in (("x", (b, s, h)), ("delta", (b, s, h)), ("z", (b, s, h)),
+                                                             ("b", (b, s, n)), ("c", (b, s, n)), ("dy", (b, s, h)))}
+    values["a"] = -np.abs(rng.standard_normal((h, n))) - 0.1
+    outs = {}
+    for recompute in (False, True):
+        g = Graph("f64")
+        t = {k: g.input(k, np.shape(v)) for k, v in values.items()}
+        y = g.selective_scan(t["x"], t["delta"], t["a"], t["b"], t["c"], z=t["z"], delta_softplus=True)
+        loss = g.reduce_sum(g.binary("mul", y, t["dy"]), list(range(3)))
+        wrt = ["x", "delta", "a", "b", "c"]
+        for name, d in zip(wrt, g.grad(loss, [t[k] for k in wrt], recompute=recompute)):
+            g.output(f"d_{name}", d)
+        schedule, _ = lower(g)
+        backward = next(x for x in schedule["thunks"] if x["op"] == "selective_scan_backward")
+        assert ("reserve" in backward) != recompute
+        outs[recompute] = g.compile("host").run(**values)
+    for name in outs[True]:
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-11, atol=1e-12, err_msg=name)
