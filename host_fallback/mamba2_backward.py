@@ -28,6 +28,10 @@ redone on the step path, whose operation order is the recurrence's. Packed seque
 rows of their own, those of equal chunk count side by side (zero-padded: a padded step has no input
 and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk gives the same bytes on
 every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
+
+With a saved forward (ABI.md §9.1 ``reserve``, written by the forward: ``abi.ssm.mamba2_reserve_slots``) the
+chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (step 2's forward
+loop and three GEMMs per chunk); packed sequences have none.
 """
 from __future__ import annotations
 
@@ -37,11 +41,11 @@ import numpy as np
 
 from . import threads
 from .abi import complete
+from .abi.ssm import RESERVE_CHUNK
 from .bound import Bound
 from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
 from .implementations import KERNELS, PATHS
 from .sequences import Sequences, StatePool
-from .abi.ssm import RESERVE_CHUNK
 from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, reserve_views, softplus
 from .ssm_ssd import MAMBA2_SPREAD
 
@@ -205,7 +209,7 @@ def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.nda
 def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them. ``saved``: a saved
-    forward's ``(states, y)``, which the chunked path reads (the step path recomputes its few steps)."""
+    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps)."""
     if path == "step":
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
