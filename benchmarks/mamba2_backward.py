@@ -4,7 +4,9 @@ backward's peak extra memory against the forward's.
     [OPENBLAS_NUM_THREADS=1] python benchmarks/mamba2_backward.py [--runs 5] [--seq 1024] [--memory-seq 4096]
 
 Shape: ``benchmarks/ssm.py``'s mamba2 perf case (batch 2, heads 8, head_dim 64, state 64, f32). Ours is
-the forward thunk, then the backward thunk (which recomputes the forward it needs); torch is
+the forward thunk, then the backward thunk, two ways: recomputing what it needs of the forward, and with a
+saved forward (ABI.md §9.1 ``reserve``: the forward also writes the chunk states and ``y``, the backward reads
+them); the four host thunks are timed in alternation (``ssm.alternating_ms``: paired under the same load). Torch is
 ``benchmarks/ssm.py``'s ``torch_ssd`` (the four-term SSD form of mamba_ssm's ``ssd_minimal_discrete``)
 forward and ``backward()`` of the loss ``Σ dst·d_dst`` on CPU. Times are medians of ``--runs`` runs,
 one contender at a time (``ssm.medians_ms``); the load average is printed beside them, since the
@@ -29,16 +31,26 @@ from host_fallback.abi import forward_thunk  # noqa: E402
 from host_fallback.ssm import MAMBA2_CHUNK  # noqa: E402
 from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
 from backward_harness import peak_bytes, with_backward_arguments  # noqa: E402
-from ssm import cases, medians_ms, torch_ssd  # noqa: E402  (the perf shape and the torch twin)
+from ssm import alternating_ms, cases, medians_ms, torch_ssd  # noqa: E402  (the perf shape and the torch twin)
+import rlx_gpu  # noqa: E402
 
 
-def _problem(seq: int):
-    """``(params, tensors, backward thunk, its forward, arena)`` of the perf case at ``seq``."""
+def _problem(seq: int, reserve: bool = False):
+    """``(params, tensors, backward thunk, its forward, arena)`` of the perf case at ``seq``; with ``reserve``
+    the two share a saved forward, which the arena holds as the forward wrote it."""
     rng = np.random.default_rng(0)
     label, op, params, tensors, *_ = cases(seq, rng)[0]
     tensors["d_dst"] = rng.standard_normal(tensors["x"].shape)
+    if reserve:
+        need = rlx_gpu.reserve_bytes({"op": "mamba2", "dtype": "f32", **params})
+        params = {**params, "reserve": True, "reserve_bytes": need}
     thunk, arena = lay_out("mamba2_backward", "f32", params, tensors)
-    return params, tensors, thunk, forward_thunk(thunk), arena
+    forward = forward_thunk(thunk)
+    if reserve:  # the forward writes dst where the backward reads d_dst: only its reserve comes back
+        written, start = arena.copy(), thunk["reserve"]
+        host_fallback.execute(forward, written)
+        arena[start: start + thunk["reserve_bytes"]] = written[start: start + thunk["reserve_bytes"]]
+    return params, tensors, thunk, forward, arena
 
 
 def _peak_bytes(thunk: dict, arena: np.ndarray) -> int:
@@ -64,14 +76,23 @@ def main() -> None:
             leaf.grad = None
         (torch_ssd(*leaves.values()) * upstream).sum().backward()
 
-    fwd, bwd, ref = medians_ms([lambda: host_fallback.execute(forward, ours_fwd),
-                                lambda: host_fallback.execute(thunk, ours_bwd), torch_step], args.runs, 1)
+    _, _, saving, saving_fwd, saved = _problem(args.seq, reserve=True)
+    saving_out = saved.copy()
+    fwd, bwd, fwd_r, bwd_r = alternating_ms([lambda: host_fallback.execute(forward, ours_fwd),
+                                             lambda: host_fallback.execute(thunk, ours_bwd),
+                                             lambda: host_fallback.execute(saving_fwd, saving_out),
+                                             lambda: host_fallback.execute(saving, saved)], args.runs, 1)
+    (ref,) = medians_ms([torch_step], args.runs, 1)
     print(f"mamba2 B{params['batch']} S{args.seq} H{params['heads']} P{params['head_dim']} N{params['state_size']} f32,"
-          f" load average {os.getloadavg()[0]:.1f}, torch threads {torch.get_num_threads()}")
-    print(f"{'ours forward':>24} {fwd:9.1f} ms")
-    print(f"{'ours backward':>24} {bwd:9.1f} ms   {bwd / fwd:5.2f}x our forward")
-    print(f"{'ours forward+backward':>24} {fwd + bwd:9.1f} ms   {(fwd + bwd) / fwd:5.2f}x our forward")
-    print(f"{'torch autograd fwd+bwd':>24} {ref:9.1f} ms   ours / torch {(fwd + bwd) / ref:5.2f}")
+          f" load average {os.getloadavg()[0]:.1f}, torch threads {torch.get_num_threads()}, reserve "
+          f"{saving['reserve_bytes'] / (1 << 20):.1f} MiB")
+    print(f"{'ours forward':>34} {fwd:9.1f} ms")
+    for label, f, b in (("recompute", fwd, bwd), ("reserve", fwd_r, bwd_r)):
+        print(f"{'ours forward, ' + label:>34} {f:9.1f} ms   {f / fwd:5.2f}x our forward")
+        print(f"{'ours backward, ' + label:>34} {b:9.1f} ms   {b / fwd:5.2f}x our forward")
+        print(f"{'ours forward+backward, ' + label:>34} {f + b:9.1f} ms   {(f + b) / fwd:5.2f}x our forward, "
+              f"{(f + b) / ref:5.2f}x torch")
+    print(f"{'torch autograd fwd+bwd':>34} {ref:9.1f} ms")
 
     params, _, thunk, forward, arena = _problem(args.memory_seq)
     f_peak, b_peak = _peak_bytes(forward, arena), _peak_bytes(thunk, arena)

@@ -28,6 +28,10 @@ redone on the step path, whose operation order is the recurrence's. Packed seque
 rows of their own, those of equal chunk count side by side (zero-padded: a padded step has no input
 and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk gives the same bytes on
 every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
+
+With a saved forward (ABI.md §9.1 ``reserve``, written by the forward: ``abi.ssm.mamba2_reserve_slots``) the
+chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (step 2's forward
+loop and three GEMMs per chunk); packed sequences have none.
 """
 from __future__ import annotations
 
@@ -37,11 +41,12 @@ import numpy as np
 
 from . import threads
 from .abi import complete
+from .abi.ssm import RESERVE_CHUNK
 from .bound import Bound
 from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
 from .implementations import KERNELS, PATHS
 from .sequences import Sequences, StatePool
-from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, softplus
+from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, reserve_views, softplus
 from .ssm_ssd import MAMBA2_SPREAD
 
 Thunk = Mapping[str, Any]
@@ -91,9 +96,28 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
+def _entering(lb, lu, to_end, through, s0, work, states):
+    """``(the states entering each chunk [C, B, H, N, P], the final state [B, H, N, P])``, transposed (the
+    GEMMs' layout): from a saved forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given,
+    else built chunk by chunk from the initial state ``s0`` and what each chunk builds from zero."""
+    if states is not None:
+        leaving = np.moveaxis(states, 1, 0)
+        starts = np.empty((len(leaving), *s0.shape[:2], *s0.shape[:1:-1]), s0.dtype)
+        starts[0], starts[1:] = _swap(s0), _swap(leaving[:-1])
+        return starts, np.ascontiguousarray(_swap(leaving[-1]))
+    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
+    starts = _swap(scaled) @ lu
+    s = np.ascontiguousarray(_swap(s0))
+    for k in range(len(starts)):
+        s, starts[k] = through[k] * s + starts[k], s
+    return starts, s
+
+
+def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results, but ``y``
-    (``None`` unless ``need_y``)."""
+    (``None`` unless ``need_y``). ``saved``: a saved forward's ``(states, y, scores)`` (``ssm.reserve_views``,
+    chunks of ``length``), read instead of computing the states entering each chunk, the outputs ``y`` and the
+    decayed scores ``W``."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -103,15 +127,13 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
     cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
     to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
     work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
-    # 1. what each chunk builds from zero, and the gradient its outputs send to the state entering it
-    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
-    starts = _swap(scaled) @ lu  # [C, B, H, N, P], then (below) the states entering each chunk
-    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=scaled)) @ lg  # [C, B, H, N, P]
-    # 2. the states entering each chunk, and the gradients of the states leaving each
+    # 1. the gradient each chunk's outputs send to the state entering it; 2. the states entering each chunk
+    # (from what each builds from zero, or saved), and the gradients of the states leaving each
+    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=work("scaled", lc.shape))) @ lg
     through = np.exp(cum[..., -1])[..., None, None]
-    s = np.ascontiguousarray(_swap(s0))  # states are kept transposed, [N, P]: the GEMMs' layout
-    for k in range(count):
-        s, starts[k] = through[k] * s + starts[k], s
+    starts, s = _entering(lb, lu, to_end, through, s0, work, None if saved is None else saved[0])
+    ys = None if saved is None else ch(saved[1])
+    saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
     leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
     end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
     for k in reversed(range(count)):
@@ -119,7 +141,7 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
         d, leaving[k] = through[k] * d + leaving[k], d
     ds0 = np.ascontiguousarray(_swap(d))
     # 3. the intra-chunk gradients, a slab of chunks at a time
-    widths = (("y", p),) * need_y + (("du", p), ("db", n), ("dc", n))
+    widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     dlogd = np.empty((bsz, padded, heads), u.dtype)
     views = {name: chunk_view(v, length) for name, v in out.items()}
@@ -130,7 +152,7 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
     for lo in range(0, count, slab):
         ks = slice(lo, min(count, lo + slab))
         kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
-        weights = _decayed(kc, kb, kcum, upper, work, "w")  # W
+        weights = _decayed(kc, kb, kcum, upper, work, "w") if saved is None else saved_w[ks]  # W
         d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
         grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
         # the state leaving the chunk's share of du, and the state entering it's share of dc
@@ -147,13 +169,16 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y):
         # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
         # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
         # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
-        intra = np.matmul(weights, ku, out=work("intra", ku.shape))
-        d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
-        if need_y:
+        if ys is not None:  # gy_i . y_i from the saved y
+            d_cum = _dot(kg, ys[ks]) - _dot(ku, du)
+        else:
+            intra = np.matmul(weights, ku, out=work("intra", ku.shape))
+            d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
+        if need_y and ys is None:
             np.add(intra, np.multiply(kc, grow, out=work("grown", kc.shape)) @ starts[ks], out=views["y"][ks])
         d_cum[..., -1] += end_dot[ks]
         dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
-    y = out["y"][:, :seq] if need_y else None
+    y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
     return y, out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0
 
 
@@ -181,13 +206,14 @@ def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.nda
     return out
 
 
-def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y):
+def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
-    value is redone on the step path, so NaN and Inf land where the recurrence puts them."""
+    value is redone on the step path, so NaN and Inf land where the recurrence puts them. ``saved``: a saved
+    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps)."""
     if path == "step":
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
-        result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y)
+        result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved)
     bad = np.zeros(s0.shape[:2], bool)
     for r in result[1 - need_y: -1]:
         bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
@@ -270,6 +296,8 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
     bsz, seq, heads, p, n, groups = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["groups"]
     group_of = np.arange(heads) // (heads // groups)
     seqs = Sequences.of(t, bound)
+    # a saved forward (ABI.md §9.1) is read where its chunks are the backward's (packed sequences have none)
+    views = reserve_views(t, arena) if length == RESERVE_CHUNK and seqs is None else None
     pools = [StatePool(t, bound, ctype, (p, n), f) for f in ("state", "d_state")]
     read = lambda f, index: bound.view(f)[index].astype(ctype, copy=False)  # noqa: E731
     # per-(row, head) partial sums and, with groups, per-head gradients of b and c (summed over each group's
@@ -294,7 +322,8 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
         if seqs is None:
-            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y)
+            saved = None if views is None else tuple(views[f][bs, :, hs] for f in ("states", "y", "scores"))
+            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
         d_dt = dlogd * a + np.sum(du * x, axis=-1)

@@ -34,7 +34,8 @@ from .arena import STORAGE
 from .bound import Bound
 from .implementations import KERNELS
 from .sequences import Sequences, StatePool
-from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, softplus
+from .abi.ssm import SCAN_RESERVE_CHUNK
+from .ssm import SCAN_ELEMENT_WORK, SOFTPLUS_LINEAR, _read, compute_type, reserve_views, softplus
 
 #: Steps per chunk: the checkpoints cost ``S/L`` states and a chunk's working set about six ``[L]``
 #: states, so ``L`` near ``sqrt(S/6)`` keeps the memory least; 32 also keeps a chunk of the benchmark's
@@ -156,16 +157,18 @@ class _Thunk:
         target[...] = values.reshape(target.shape).astype(STORAGE[self.bound.regions[field].dtype], copy=False)
 
     # --- the two passes -------------------------------------------------------------------------------
-    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums) -> np.ndarray:
+    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
+                saved: np.ndarray | None = None) -> np.ndarray:
         """Every gradient of the rows ``rows`` over the tokens ``tokens`` (one recurrence each), from their
         starting states and their final states' gradients (``[R, H, N]``), the parameters' added to ``sums``;
-        returns the starting states' gradients."""
+        returns the starting states' gradients. ``saved``: a saved forward's states leaving each chunk
+        (``[R, C, H, N]``), read instead of the forward pass over the chunks."""
         spans = [slice(lo, min(tokens.stop, lo + self.chunk)) for lo in range(tokens.start, tokens.stop, self.chunk)]
         state = self._state_layout(entering)
         checkpoints = np.empty((len(spans), *state.shape), self.ctype)
         for k, span in enumerate(spans[:-1]):  # the last chunk's states are recomputed below anyway
             checkpoints[k] = state
-            state = self.load(rows, span).walk(checkpoints[k])
+            state = self._state_layout(saved[:, k]) if saved is not None else self.load(rows, span).walk(state)
         checkpoints[-1] = state
         grad = self._state_layout(d_final)
         for k in reversed(range(len(spans))):
@@ -262,10 +265,13 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     if seqs is None:
         d_initial = np.empty_like(d_final)
         blocks: dict[int, _Sums] = {}
+        # a saved forward (ABI.md §9.1) is read where its chunks are the backward's
+        views = reserve_views(t, arena) if run.chunk == SCAN_RESERVE_CHUNK else None
 
         def compute(bs: slice, _: slice) -> _Sums:
             part = run.sums()
-            d_initial[bs] = run.reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part)
+            d_initial[bs] = run.reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part,
+                                        None if views is None else views["states"][bs])
             return part
 
         def keep(bs: slice, _: slice, part: _Sums) -> None:

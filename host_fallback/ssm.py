@@ -23,7 +23,8 @@ import numpy as np
 
 from . import compiled_step, threads
 from .abi import Region, complete, regions
-from .arena import COMPUTE
+from .abi.ssm import RESERVE_CHUNK, RESERVE_SLOTS, SCAN_RESERVE_CHUNK
+from .arena import COMPUTE, view
 from .bound import Bound
 from .chunked import pick_path, scratch
 from .implementations import GIVEN, KERNELS, PATHS, PREPARE
@@ -190,6 +191,12 @@ def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | 
                     by_field: Mapping[str, Region] | None) -> None:
     name, length = _choose(t, path, chunk)
     ctype, grouped, n = compute_type(t), t["groups"] > 1, t["state_size"]
+    saved = reserve_views(t, arena)
+    if saved is not None:  # a saved forward holds the blocked form's states, blocks of 32
+        if chunk not in (None, SCAN_RESERVE_CHUNK):
+            raise ValueError(f"selective_scan writes a saved forward (reserve) with blocks of {SCAN_RESERVE_CHUNK}, "
+                             f"got chunk={chunk}")
+        name, length = "blocked", SCAN_RESERVE_CHUNK
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
         rows = (bs, slice(None), hs)
@@ -197,7 +204,9 @@ def _selective_scan(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | 
         width = t["hidden"] // t["groups"]
         gs = (bs, slice(None), slice(hs.start // width, hs.stop // width)) if grouped else bs
         b, c = (_read(bound, f, gs, ctype).reshape(*x.shape[:2], -1, n) for f in "bc")
-        y = _SCAN_PATHS[name](x, delta, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length)
+        keep = () if saved is None else (saved["states"][bs, :, hs],)  # (blocked)
+        y = _SCAN_PATHS[name](x, delta, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length,
+                              *keep)
         _gate(y, x, None if t["d"] is None else _read(bound, "d", hs, ctype),
               None if t["z"] is None else _read(bound, "z", rows, ctype))
         return y
@@ -217,10 +226,24 @@ def mamba2(thunk: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: i
     prepare(thunk)(arena, path=path, chunk=chunk, workers=workers)
 
 
+def reserve_views(t: Thunk, arena: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The saved forward of a completed selective_scan or mamba2 thunk (or their backward's) as views by slot
+    name (``abi.ssm.RESERVE_SLOTS``), ``None`` without one."""
+    if t.get("reserve") is None:
+        return None
+    slots = RESERVE_SLOTS[t["op"].removesuffix("_backward")](t)
+    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in slots}
+
+
 def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None,
             by_field: Mapping[str, Region] | None) -> None:
     name, length = _choose(t, path, chunk)
     ctype, heads, groups = compute_type(t), t["heads"], t["groups"]
+    saved = reserve_views(t, arena)
+    if saved is not None:  # a saved forward holds the chunked form's values, chunks of 64
+        if chunk not in (None, RESERVE_CHUNK):
+            raise ValueError(f"mamba2 writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, got chunk={chunk}")
+        name, length = "chunked", RESERVE_CHUNK
     group_of = np.arange(heads) // (heads // groups)
 
     def compute(bound: Bound, bs: slice, hs: slice, state: np.ndarray) -> np.ndarray:
@@ -233,7 +256,11 @@ def _mamba2(t: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, wo
                 np.minimum(dt, high, out=dt)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
         b, c = (_read(bound, f, gs, ctype) for f in "bc")
-        y = _MAMBA2_PATHS[name](x, dt, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length)
+        keep = () if saved is None else ({f: saved[f][bs, :, hs] for f in ("states", "scores")},)  # (chunked)
+        y = _MAMBA2_PATHS[name](x, dt, _read(bound, "a", hs, ctype), b, c, state, Sequences.of(t, bound), length,
+                                *keep)
+        if saved is not None:
+            np.copyto(saved["y"][bs, :, hs], y)
         _gate(y, x, None if t["d"] is None else _read(bound, "d", hs, ctype)[:, None],
               None if t["z"] is None else _read(bound, "z", rows, ctype))
         return y
@@ -284,7 +311,9 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     by_field = {r.field: r for r in regions(t)}
     body = _BODIES[t["op"]]
     kernel, arguments = _STEPS[t["op"]]
-    compiled = compiled_step.CompiledStep.of(t, by_field, kernel, arguments(t))
+    # a saved forward (reserve) is written by the NumPy paths only
+    compiled = None if t.get("reserve") is not None else compiled_step.CompiledStep.of(t, by_field, kernel,
+                                                                                       arguments(t))
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None, given: Any = None) -> bool | None:

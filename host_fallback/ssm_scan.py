@@ -39,13 +39,14 @@ def _scan_step(x, delta, a, b, c, state, seqs, block):
     return y
 
 
-def _scan_blocked(x, delta, a, b, c, state, seqs, block):
+def _scan_blocked(x, delta, a, b, c, state, seqs, block, keep=None):
     """``_scan_step`` with the decays and inputs of ``block`` steps formed in bulk, then a two-operation
     loop per step over every lane at once. Packed sequences are dealt into lanes run side by side
     (``Sequences.lanes``), each lane restarting at its sequences' starts, so a packed batch takes about
-    as many steps as a batch of equal rows of as many tokens (one long row would take them all)."""
+    as many steps as a batch of equal rows of as many tokens (one long row would take them all). ``keep [B, C,
+    H, N]`` (no packed sequences): where a saved forward keeps the state after each block."""
     if seqs is None:
-        return _scan_lanes(x, delta, a, b, c, state, block, {}, {})
+        return _scan_lanes(x, delta, a, b, c, state, block, {}, {}, keep)
     # lanes pay for their padding and copies only where a step's arrays are small enough for the per-step
     # overhead to matter (a thread's block of channels: 2x1024 tokens H256 N16, packed / equal batch, one
     # thread 1.01 without lanes and 1.16 with; two threads, 128 channels each, 1.31 and 1.07)
@@ -78,7 +79,7 @@ def _scan_blocked(x, delta, a, b, c, state, seqs, block):
     return out
 
 
-def _scan_lanes(x, delta, a, b, c, state, block, starts, ends):
+def _scan_lanes(x, delta, a, b, c, state, block, starts, ends, keep=None):
     """The blocked scan of ``_scan_blocked`` over lanes ``x [K, S, H]``. Without ``starts`` the lanes are
     the state rows (``state [K, H, N]`` in and out); else ``starts``/``ends`` map a step to the
     ``(lane, state row)`` pairs whose sequence starts (from that row's state) or ends (into it) there.
@@ -114,5 +115,7 @@ def _scan_lanes(x, delta, a, b, c, state, block, starts, ends):
                 for lane, row in ends[t0 + i]:
                     rows[row] = prev[lane]
         y[steps] = ct[steps] @ states
+        if keep is not None:
+            keep[:, t0 // block] = swap(prev).reshape(count, hidden, n)
     np.copyto(state, swap(rows if starts else prev).reshape(state.shape))
     return np.moveaxis(y.reshape(seq, count, hidden), 0, 1)

@@ -103,17 +103,18 @@ def _drop_pairs(length: int, count: int, inner: list[Piece]) -> np.ndarray:
     return drop[:, None, None]
 
 
-def _mamba2_chunked(x, dt, a, b, c, state, seqs, length):
+def _mamba2_chunked(x, dt, a, b, c, state, seqs, length, keep=None):
     """The chunked SSD form: ``_mamba2_step``'s arguments, ``state`` updated in place likewise (``ssd_chunked``
     on mamba2's decays ``dt·a`` and inputs ``dt·x``)."""
     xdt = np.multiply(x, dt[..., None], out=scratch("m2.xdt", x.shape, x.dtype))
-    return ssd_chunked(floor_log_decays(dt * a), xdt, b, c, state, seqs, length)
+    return ssd_chunked(floor_log_decays(dt * a), xdt, b, c, state, seqs, length, keep)
 
 
-def ssd_chunked(logd, xdt, b, c, state, seqs, length):
+def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
     """The chunked SSD form of ``s = exp(logd) s + xdt (x) b``, ``y = s c`` (``_ssd_steps``' recurrence; ``logd
     [B, S, H]`` floored by ``chunked.floor_log_decays``, ``xdt [B, S, H, P]``, ``b, c [B, S, H, N]``, ``state
-    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``.
+    [R, H, P, N]`` updated in place); returns ``y [B, S, H, P]``. ``keep`` (no packed sequences, ``length`` 64):
+    a saved forward's ``states`` (leaving every chunk) and ``scores`` (``abi.ssm.mamba2_reserve_slots``).
 
     With varlen (batch 1) a sequence may start inside a chunk: its log-decays are summed from its
     start (``cum`` restarts there), the scores between it and the earlier sequences are dropped, its
@@ -156,7 +157,7 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length):
             part = [np.empty_like(t[pick]) for t in (scores, y, local)]
             bt = np.ascontiguousarray(swap(cb[pick]))
             cs[pick] = _ssd_masked(xs[pick], cum[pick], cc[pick], bt, *part, None if not inner else drop[:, 0, 0][pick[0]])
-            y[pick], local[pick] = part[1], part[2]
+            scores[pick], y[pick], local[pick] = part
     init = swap(state)  # [R, H, N, P]: each row's starting state, in the layout of the chunk states
     last = {q.chunk: q for q in inner}  # the last sequence starting inside each chunk
     for k, q in last.items():  # such a chunk hands on only what that sequence built, from its start
@@ -179,16 +180,27 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length):
             np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
             starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
+    if keep is not None:  # (before the scores' array is reused)
+        np.copyto(keep["scores"], np.moveaxis(scores, 0, 1))
     y += np.matmul(cs, starts, out=scores if length == p else None)
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
     if seqs is None:
         redo_nonfinite(y, starts, _ssd_steps_transposed, steps_of)
-        final = through[-1] * starts[-1] + local[-1]
-        _redo_nonfinite_state(final, starts[-1], [t[-1] for t in steps_of()])
-        np.copyto(state, swap(final))
+        _finals(state, starts, through[-1] * starts[-1] + local[-1], steps_of, keep)
     else:
         _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, steps_of())
     return from_chunks(y, seq)
+
+
+def _finals(state, starts, final, inputs, keep):
+    """The bulk ``final`` states (``[B, H, N, P]``, its non-finite lanes redone from ``starts[-1]``, the states
+    entering the last chunk) into ``state``; with ``keep`` also the states leaving every chunk into its
+    ``states [B, C, H, P, N]`` (``starts [C, B, H, N, P]`` from the second on, then ``final``)."""
+    _redo_nonfinite_state(final, starts[-1], [t[-1] for t in inputs()])
+    np.copyto(state, swap(final))
+    if keep is not None:
+        np.copyto(keep["states"][:, :-1], np.moveaxis(swap(starts[1:]), 0, 1))
+        np.copyto(keep["states"][:, -1], swap(final))
 
 
 def _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, inputs):

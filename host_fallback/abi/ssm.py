@@ -5,8 +5,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import reserve
 from .aliasing import ALIASING
-from .model import Field, OpDef, Region, Thunk, newer, offsets, positive, rule, same
+from .model import Field, OpDef, Region, Thunk, fail, newer, offsets, positive, rule, same
 from .state import CARRIED_FIELDS, DATA_RULES, STATE_FIELDS, check_carried, divides, optional_regions, state_regions
 
 
@@ -23,7 +24,7 @@ def _selective_scan(t: Thunk) -> list[Region]:
     out += optional_regions(t, ("delta_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h), dt)
     out += state_regions(t, (h, n))
     out.append(Region("dst", t["dst"], (b, s, h), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _mamba2(t: Thunk) -> list[Region]:
@@ -38,17 +39,75 @@ def _mamba2(t: Thunk) -> list[Region]:
     out += optional_regions(t, ("dt_bias", "d"), (h,), pt) + optional_regions(t, ("z",), (b, s, h, p), dt)
     out += state_regions(t, (h, p, n))
     out.append(Region("dst", t["dst"], (b, s, h, p), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _check_selective_scan(t: Thunk) -> None:
     divides(t, "groups", "hidden")
     check_carried(t)
+    _unpacked_reserve(t)
 
 
 def _check_mamba2(t: Thunk) -> None:
     divides(t, "groups", "heads")
     check_carried(t)
+    _unpacked_reserve(t)
+
+
+def _unpacked_reserve(t: Thunk) -> None:
+    if t.get(reserve.RESERVE) is not None and t.get("cu_seqlens") is not None:
+        raise fail(t, reserve.RESERVE, "a saved forward of packed sequences (cu_seqlens) is not supported yet; "
+                                       "leave reserve out (the backward recomputes the forward)")
+
+
+#: The chunk length of mamba2's saved forward (ABI.md §9.1, docs/abi.md): its states are those leaving each
+#: chunk of this many tokens, whatever chunk length a backend computes with.
+RESERVE_CHUNK = 64
+
+
+#: The chunk length of selective_scan's saved forward: the states leaving each chunk of this many tokens.
+SCAN_RESERVE_CHUNK = 32
+
+
+def reserve_type(t: Thunk) -> str:
+    """The element type of an SSM reserve: f64 where the thunk computes in f64 (its dtype, ``state_dtype`` or
+    ``param_dtype``), else f32."""
+    return "f64" if "f64" in (t["dtype"], t.get("state_dtype"), t.get("param_dtype")) else "f32"
+
+
+def mamba2_reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a mamba2 thunk (the fields given suffice): ``states [batch, C, heads, head_dim,
+    state_size]``, the state leaving each chunk of ``RESERVE_CHUNK`` tokens (``C = ceil(seq / 64)``; the last
+    is the final state), ``y [batch, seq, heads, head_dim]``, the output before ``d`` and ``z``
+    (``Σ_n S[p,n]·c[n]``), then ``scores [batch, C, heads, 64, 64]``, each chunk's decayed scores
+    ``W[l, s] = (c_l · b_s) exp(cum_l - cum_s)`` (``cum``: the log-decay ``dt·a`` summed from the chunk's start
+    through the step; 0 for ``s > l`` and past ``seq``), all in ``reserve_type``."""
+    b, s, h, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
+    count, ct, length = -(-s // RESERVE_CHUNK), reserve_type(t), RESERVE_CHUNK
+    return reserve.packed([("states", 0, (b, count, h, p, n), ct), ("y", 0, (b, s, h, p), ct),
+                           ("scores", 0, (b, count, h, length, length), ct)])
+
+
+def mamba2_reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a mamba2 thunk (ABI.md §9.1)."""
+    return reserve.size(mamba2_reserve_slots(t))
+
+
+def selective_scan_reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a selective_scan thunk (the fields given suffice): ``states [batch, C, hidden,
+    state_size]``, the state ``h`` leaving each chunk of ``SCAN_RESERVE_CHUNK`` tokens (``C = ceil(seq / 32)``;
+    the last is the final state), in ``reserve_type``."""
+    count = -(-t["seq"] // SCAN_RESERVE_CHUNK)
+    return reserve.packed([("states", 0, (t["batch"], count, t["hidden"], t["state_size"]), reserve_type(t))])
+
+
+def selective_scan_reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a selective_scan thunk (ABI.md §9.1)."""
+    return reserve.size(selective_scan_reserve_slots(t))
+
+
+#: op -> the slots of its saved forward (a backward op's are its forward's).
+RESERVE_SLOTS = {"selective_scan": selective_scan_reserve_slots, "mamba2": mamba2_reserve_slots}
 
 
 def _sampler(step: str) -> Any:
@@ -72,14 +131,15 @@ SELECTIVE_SCAN = OpDef(
     "selective_scan",
     offsets("x", "delta", "a", "b", "c", "dst") + positive("batch", "seq", "hidden", "state_size")
     + (newer("groups", "pos", 1),) + _gate_fields("delta_bias", "delta_softplus") + _skip_fields()
-    + CARRIED_FIELDS + STATE_FIELDS,
-    _selective_scan, rules=(rule(_check_selective_scan), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("delta"), place=(4, 1))
+    + CARRIED_FIELDS + STATE_FIELDS + reserve.FIELDS,
+    _selective_scan, rules=(rule(_check_selective_scan), reserve.rule(selective_scan_reserve_bytes), ALIASING),
+    data_rules=DATA_RULES, states=("state",), differentiable=True, sample=_sampler("delta"), place=(4, 1),
+    reserve_size=selective_scan_reserve_bytes)
 
 MAMBA2 = OpDef(
     "mamba2",
     offsets("x", "dt", "a", "b", "c", "dst") + positive("batch", "seq", "heads", "head_dim", "state_size")
     + (newer("groups", "pos", same("heads")),) + _gate_fields("dt_bias", "dt_softplus")
-    + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS,
-    _mamba2, rules=(rule(_check_mamba2), ALIASING), data_rules=DATA_RULES, states=("state",),
-    differentiable=True, sample=_sampler("dt"), place=(4, 2))
+    + (newer("dt_limit", "limit", None),) + _skip_fields() + CARRIED_FIELDS + STATE_FIELDS + reserve.FIELDS,
+    _mamba2, rules=(rule(_check_mamba2), reserve.rule(mamba2_reserve_bytes), ALIASING), data_rules=DATA_RULES,
+    states=("state",), differentiable=True, sample=_sampler("dt"), place=(4, 2), reserve_size=mamba2_reserve_bytes)

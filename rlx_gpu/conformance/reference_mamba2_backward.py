@@ -22,8 +22,8 @@ Load = Callable[[str], np.ndarray]
 V2_FIELDS = {
     "mamba2_backward": frozenset({"groups", "dt_bias", "dt_softplus", "dt_limit", "d", "z", "carry_state", "state",
                                   "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots",
-                                  "d_dt_bias", "d_d", "d_z", "d_state"}),
-}
+                                  "d_dt_bias", "d_d", "d_z", "d_state", "reserve", "reserve_bytes"}),
+}  # (a saved forward, ``reserve``, changes no gradient: the reference recomputes its forward either way)
 
 
 def _sigmoid(u: np.ndarray) -> np.ndarray:

@@ -20,7 +20,8 @@ Load = Callable[[str], np.ndarray]
 V2_FIELDS: dict[str, frozenset[str]] = {
     "selective_scan_backward": frozenset({
         "groups", "delta_bias", "delta_softplus", "d", "z", "carry_state", "state", "state_dtype", "param_dtype",
-        "cu_seqlens", "num_seqs", "state_slots", "num_slots", "d_delta_bias", "d_d", "d_z", "d_state"}),
+        "cu_seqlens", "num_seqs", "state_slots", "num_slots", "d_delta_bias", "d_d", "d_z", "d_state",
+        "reserve", "reserve_bytes"}),  # (a saved forward changes no gradient: the reference recomputes)
 }
 
 

@@ -16,9 +16,11 @@ from .registry import CARRIED, PACKED, SLOTS, declare_cases
 #: op -> the version-2 fields (ABI.md §8) these references implement (gated_delta_net's below).
 V2_FIELDS = {
     "selective_scan": frozenset({"groups", "delta_bias", "delta_softplus", "d", "z", "carry_state", "state",
-                                 "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
+                                 "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots",
+                                 "reserve", "reserve_bytes"}),
     "mamba2": frozenset({"groups", "dt_bias", "dt_softplus", "dt_limit", "d", "z", "carry_state", "state",
-                         "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
+                         "state_dtype", "param_dtype", "cu_seqlens", "num_seqs", "state_slots", "num_slots",
+                         "reserve", "reserve_bytes"}),  # a saved forward changes no output: implemented
 }
 
 
@@ -235,6 +237,9 @@ _PRESENT = {"carry_state": CARRIED, "state": CARRIED, "param_dtype": {"param_dty
 # chunk of 64, selective_scan: 260 inside the second of 256); an Inf: every device keeps the ABI's operation
 # order on the step forms, so NaN and each signed Inf land alike (the gpu target's chunked forms may differ in
 # the class, see the ABI's non-finite rule).
+#: A saved forward (ABI.md §9.1) over four chunks of 32 (the backward reads it), 4 KiB: more than the small
+#: case needs at seq 100 in any dtype (rlx_gpu.reserve_bytes: f64's 1536 bytes).
+_SS_RESERVE = {"reserve": True, "reserve_bytes": 1 << 12, "seq": 100}
 declare_cases(
     "selective_scan", small=_ssm(2, 7, 6, 4),
     thunks=[
@@ -259,8 +264,11 @@ declare_cases(
         (_ssm(2, 9, 3, 16), "x", 5, INF),
         (_ssm(2, 300, 3, 4), "delta", 270, -INF),
     ],
-    present={**_PRESENT, "groups": {"groups": 2}},
+    present={**_PRESENT, "groups": {"groups": 2}, "reserve": _SS_RESERVE, "reserve_bytes": _SS_RESERVE},
     refused=[({**PACKED, "cu_seqlens": [0, 3, 3, 8]}, "cu_seqlens", "last_past_seq")])
+#: A saved forward (ABI.md §9.1) over three chunks of 64 (the backward reads it on its chunked path), 512 KiB:
+#: more than the small case needs at seq 150 in any dtype (rlx_gpu.reserve_bytes: f64's 413952 bytes).
+_M2_RESERVE = {"reserve": True, "reserve_bytes": 1 << 19, "seq": 150}
 declare_cases(
     "mamba2", small=_mamba2(2, 7, 2, 4, 4),
     thunks=[
@@ -284,7 +292,8 @@ declare_cases(
          NAN),
         (_mamba2(2, 9, 2, 3, 8), "x", 5, -INF),
     ],
-    present={**_PRESENT, "groups": {"groups": 1}, "dt_limit": {"dt_limit": [0.05, 0.5]}},
+    present={**_PRESENT, "groups": {"groups": 1}, "dt_limit": {"dt_limit": [0.05, 0.5]},
+             "reserve": _M2_RESERVE, "reserve_bytes": _M2_RESERVE},
     refused=[({**PACKED, "cu_seqlens": [0, 3, 2, 7]}, "cu_seqlens", "decreasing"),
              ({**CARRIED, "state_slots": [0, 3], "num_slots": 3}, "state_slots", "past_the_pool")])
 # Thunk cases: chunked (host L=32, gpu 64) with both gate kinds, three chunks (20 is no multiple of a tile),

@@ -66,8 +66,8 @@ class Graph(BodyGraph, Mamba3Ops):
             The cotangent of each output (``grad_outputs``), shaped like it; arrays become constants.
             Without it every output must have one element (a loss), whose cotangent is 1.
         recompute : bool, optional
-            False (the default): an lstm, gru or rnn saves its forward for its backward (``backward``'s
-            reserve); True: their backward thunks recompute the forward (less memory, slower).
+            False (the default): an lstm, gru, rnn or mamba2 (not packed) saves its forward for its backward
+            (``backward``'s reserve); True: their backward thunks recompute the forward (less memory, slower).
 
         Body ops differentiate by their rules (``autodiff``), each fused op (lstm, gru, rnn,
         selective_scan, mamba2, gated_delta_net) by one backward thunk of ABI.md §9 (``backward``;

@@ -285,7 +285,7 @@ class SequenceOps(RecurrentOps):
         for the others); a state left out has gradient zero. It applies only to a call given initial
         states.
 
-        An lstm, gru or rnn call gets a saved forward (ABI.md §9.1's ``reserve``, ``rlx_gpu.reserve_bytes``
+        An lstm, gru, rnn or mamba2 call (mamba2 without ``cu_seqlens``) gets a saved forward (ABI.md §9.1's ``reserve``, ``rlx_gpu.reserve_bytes``
         bytes): the forward thunk also writes what its backward reads instead of running the forward again
         (cuDNN's reserve space; faster, and the arena holds it from the forward to the backward).
         ``recompute=True`` gives none: the backward recomputes the forward, trading speed for memory.
@@ -344,14 +344,16 @@ class SequenceOps(RecurrentOps):
                          f"pass the tensor the call returned (its first value)")
 
     def saved_forward(self, y: Tensor, given: Tensor | None = None) -> Tensor | None:
-        """The saved forward (ABI.md §9.1's ``reserve``) of the lstm, gru or rnn call that returned ``y``: a buffer
+        """The saved forward (ABI.md §9.1's ``reserve``) of the lstm, gru, rnn or mamba2 call that returned ``y``: a buffer
         of ``rlx_gpu.reserve_bytes`` bytes its forward thunk writes and its ``backward`` reads (made on the
-        first ask); ``None`` for an op without one. ``given``: a tensor holding the reserve a forward run
+        first ask); ``None`` for an op without one (or a mamba2 call of packed sequences). ``given``: a tensor holding the reserve a forward run
         before wrote (a frontend kept it from its forward call): the backward reads it, and the forward
         thunk, whose outputs nothing then needs, is pruned."""
         node = self._forward_node(y)
-        if given is not None and OPS[node.op].reserve_size is None:
-            raise GraphError(f"{node.op}: it has no saved forward (reserve); the ops with one are lstm, gru and rnn")
+        if given is not None and not _has_reserve(node):
+            having = ", ".join(op for op in FORWARD_OPS if OPS[op].reserve_size is not None)
+            raise GraphError(f"{node.op}: this call has no saved forward (reserve); the ops with one are {having} "
+                             f"(mamba2 without cu_seqlens)")
         if given is not None:
             nbytes = OPS[node.op].reserve_size({"op": node.op, "dtype": node.dtype, **node.fields})
             given = self._t(given, node.dtype)
@@ -363,7 +365,7 @@ class SequenceOps(RecurrentOps):
         """The reserve of the forward ``node``, given one first if its op has one and it has none yet (a second
         backward of the same call reads the same): a buffer of its dtype's elements it writes besides ``dst``."""
         size = OPS[node.op].reserve_size
-        if size is None or isinstance(node.fields.get("reserve"), Tensor):
+        if not _has_reserve(node) or isinstance(node.fields.get("reserve"), Tensor):
             return node.fields.get("reserve")
         nbytes = size({"op": node.op, "dtype": node.dtype, **node.fields})
         reserve = self._new((nbytes // ELEM_SIZE[node.dtype],), node.dtype)
@@ -378,3 +380,9 @@ class SequenceOps(RecurrentOps):
             if other.op == "copy" and other.fields["dst"].buf == final.buf:
                 return other.fields["src"]
         raise GraphError(f"{node.op}_backward: the initial {field} of {node.fields['dst']!r} is not in this graph")
+
+
+def _has_reserve(node: Node) -> bool:
+    """Whether the forward ``node`` can save its forward (ABI.md §9.1): its op has a reserve, and it is no
+    mamba2 call of packed sequences (``cu_seqlens``), whose saved forward the ABI refuses for now."""
+    return OPS[node.op].reserve_size is not None and not isinstance(node.fields.get("cu_seqlens"), Tensor)

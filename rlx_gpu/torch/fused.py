@@ -13,14 +13,18 @@ the two. Both graphs are compiled once per signature (``bridge.run_graph``). The
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Hashable, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, NamedTuple, Sequence
 
 import torch
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from .bridge import BoundCall, Spec, bound_call, default_device, plan_for, run_arrays, run_graph, specs_of, stamp
+from ..runtime.config import load_config
+from ..runtime.registry import resolve
+from .bridge import (BoundCall, Spec, bound_call, default_device, device_for, plan_for, run_arrays, run_graph, specs_of,
+                     stamp)
 from .library import define, dense, direct, empty, schema_args
 
 #: The per-channel or per-head parameters of the ops (module parameters in a model): given to the call plan
@@ -37,13 +41,16 @@ FINAL_STATE = f"{CALL}.state"
 class FusedOp(NamedTuple):
     """One ABI op as a custom op: its required tensor fields (the graph method's positional arguments,
     in order), its optional ones, its statics with their schema types, and the field whose shape ``y``
-    takes (its dtype is the first field's)."""
+    takes (its dtype is the first field's). ``reserve``, for an op with a saved forward (ABI.md §9.1): the
+    elements of the first field's type it takes for the given tensors (by field; ``None``: none for them);
+    its forward takes a last ``bool save`` and returns the reserve third, its backward reads it."""
 
     name: str
     tensors: tuple[str, ...]
     optional: tuple[str, ...]
     statics: tuple[tuple[str, str], ...]
     y_like: str
+    reserve: Callable[[Mapping[str, torch.Tensor]], int | None] | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -91,10 +98,13 @@ def output_gradients(graph: Graph, y: Tensor, d_y: Tensor, d_state: dict[str, Te
         graph.output(f"grad.{field}", grads[field])
 
 
-def forward_graph(call: FusedCall, specs: Mapping[str, Spec]) -> Graph:
+def forward_graph(call: FusedCall, specs: Mapping[str, Spec], save: bool = False) -> Graph:
+    """The call's graph: outputs ``y``, its final state and, to ``save``, its saved forward ``reserve``."""
     graph = Graph()
     y, _ = call.emit(graph, declare(graph, specs))
     graph.output("y", y)
+    if save:
+        graph.output("reserve", graph.saved_forward(y))
     return graph
 
 
@@ -102,6 +112,8 @@ def _backward_graph(call: FusedCall, specs: Mapping[str, Spec], wanted: tuple[st
     graph = Graph()
     tensors = declare(graph, specs)
     y, final = call.emit(graph, {f: tensors[f] for f in call.fields})
+    if "reserve" in tensors:  # the saved forward the forward call returned: read, the forward thunk pruned
+        graph.saved_forward(y, tensors["reserve"])
     d_state = {"state": tensors["d_final_state"]} if final is not None else None
     output_gradients(graph, y, tensors["d_dst"], d_state, wanted)
     return graph
@@ -160,30 +172,38 @@ def bound_forward(name: str, args: Sequence[Any]) -> BoundCall | None:
     return bound_call(_signature(op, args), lambda: _bind(op, args), args[0])
 
 
-def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    bound = bound_forward(op.name, args)
+def _forward(op: FusedOp, *args: Any) -> tuple[torch.Tensor, ...]:
+    save = bool(op.reserve and args[-1])  # (an op with a saved forward takes ``save`` last)
+    bound = None if save else bound_forward(op.name, args)
     if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
         y, *final = bound(args)
-        return y, final[0] if final else empty(y)
+        return (y, final[0] if final else empty(y)) + ((empty(y),) if op.reserve else ())
     call, given = _call(op, args)
     state = given.get("state")
     if _no_work(op, given):
         y = dense(given[op.y_like].shape, given[op.tensors[0]]).zero_()
-        return y, empty(y) if state is None else state.clone()
+        return (y, empty(y) if state is None else state.clone()) + ((empty(y),) if op.reserve else ())
+    save = save and op.reserve(given) is not None
     stamps = {f: stamp(given[f]) for f in PARAMETERS if f in given}  # a parameter: copied in once per version
-    out = run_graph(("forward", call), lambda: forward_graph(call, specs_of(given)), given, stamps=stamps)
-    return out["y"], empty(out["y"]) if state is None else out[FINAL_STATE]
+    out = run_graph(("forward", call, save), lambda: forward_graph(call, specs_of(given), save), given, stamps=stamps)
+    result = (out["y"], empty(out["y"]) if state is None else out[FINAL_STATE])
+    return result + ((out["reserve"] if save else empty(out["y"]),) if op.reserve else ())
 
 
-def _forward_fake(op: FusedOp, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_fake(op: FusedOp, *args: Any) -> tuple[torch.Tensor, ...]:
     given = dict(zip(op.fields, args))
     first = given[op.tensors[0]]
     y = dense(given[op.y_like].shape, first)
     state = given["state"]
-    return y, empty(first) if state is None else dense(state.shape, state)
+    result = (y, empty(first) if state is None else dense(state.shape, state))
+    if not op.reserve:
+        return result
+    count = op.reserve({f: t for f, t in given.items() if t is not None}) if args[-1] else None
+    return result + ((empty(first) if not count else dense((count,), first)),)
 
 
 def _backward(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *args: Any) -> list[torch.Tensor]:
+    reserve, args = (args[0], args[1:]) if op.reserve else (None, args)
     call, given = _call(op, args[:-1])
     wanted = tuple(f for f, need in zip(op.fields, args[-1]) if need and f in given)
     if _no_work(op, given):
@@ -194,13 +214,17 @@ def _backward(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *arg
         inputs = {**given, "d_dst": d_y}
         if "state" in given:
             inputs["d_final_state"] = d_state
-        out = run_graph(("backward", call, wanted), lambda: _backward_graph(call, specs_of(inputs), wanted), inputs)
+        saved = reserve is not None and reserve.numel() > 0
+        if saved:
+            inputs["reserve"] = reserve
+        out = run_graph(("backward", call, wanted, saved), lambda: _backward_graph(call, specs_of(inputs), wanted),
+                        inputs)
         grads = {f: out[f"grad.{f}"] for f in wanted}
     return [grads[f] if f in grads else empty(d_y) for f in op.fields]
 
 
 def _backward_fake(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None, *args: Any) -> list[torch.Tensor]:
-    need = args[-1]
+    need, args = args[-1], args[1:] if op.reserve else args  # (the saved forward first, for an op with one)
     return [dense(t.shape, t) if t is not None and wanted else empty(d_y)
             for t, wanted in zip(args[:len(op.fields)], need)]
 
@@ -208,24 +232,27 @@ def _backward_fake(op: FusedOp, d_y: torch.Tensor, d_state: torch.Tensor | None,
 def _register(op: FusedOp) -> Any:
     """Define ``rlx_gpu::{op}_backward`` and ``rlx_gpu::{op}``, the second differentiable through the first."""
     args = schema_args(op.tensors, op.optional, op.statics)
-    backward = define(f"{op.name}_backward", f"(Tensor d_y, Tensor? d_state, {args}, bool[] wanted) -> Tensor[]",
+    reads = "Tensor? reserve, " if op.reserve else ""
+    backward = define(f"{op.name}_backward", f"(Tensor d_y, Tensor? d_state, {reads}{args}, bool[] wanted) -> Tensor[]",
                       lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
-    count, state = len(op.fields), op.fields.index("state")
+    count, state, kept = len(op.fields), op.fields.index("state"), len(op.statics)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.save_for_backward(*inputs[:count])
-        ctx.statics = inputs[count:]
+        # the saved forward (an empty tensor where none was saved) stays with autograd until the backward
+        ctx.save_for_backward(*inputs[:count], *output[2:])
+        ctx.statics, ctx.inputs = inputs[count: count + kept], len(inputs)
 
-    def gradients(ctx: Any, d_y: torch.Tensor, d_final: torch.Tensor | None) -> tuple[Any, ...]:
+    def gradients(ctx: Any, d_y: torch.Tensor, d_final: torch.Tensor | None, *_: Any) -> tuple[Any, ...]:
         saved = ctx.saved_tensors
         wanted = [bool(ctx.needs_input_grad[i]) for i in range(count)]
         d_state = None
         if saved[state] is not None:  # autograd leaves the gradient of an unused final state out
             d_state = d_final if d_final is not None else torch.zeros_like(saved[state])
-        grads = backward(d_y, d_state, *saved, *ctx.statics, wanted)
-        return (*(g if w else None for g, w in zip(grads, wanted)), *(None for _ in ctx.statics))
+        grads = backward(d_y, d_state, *saved[count:], *saved[:count], *ctx.statics, wanted)
+        return (*(g if w else None for g, w in zip(grads, wanted)), *(None for _ in range(ctx.inputs - count)))
 
-    return define(op.name, f"({args}) -> (Tensor, Tensor)", lambda *a: _forward(op, *a),
+    outputs = "(Tensor, Tensor, Tensor)" if op.reserve else "(Tensor, Tensor)"
+    return define(op.name, f"({args}{', bool save' if op.reserve else ''}) -> {outputs}", lambda *a: _forward(op, *a),
                   lambda *a: _forward_fake(op, *a), gradients, setup_context)
 
 
@@ -261,11 +288,32 @@ def _schema_args(op: str, tensors: Mapping[str, torch.Tensor | None], static: Ma
     return [tensors.get(f) for f in OPS[op].fields] + _schema_statics(op, static)
 
 
-def fused(op: str, tensors: dict[str, torch.Tensor | None], **static: Any) -> tuple[torch.Tensor, Any]:
+def fused(op: str, tensors: dict[str, torch.Tensor | None], recompute: bool = False,
+          **static: Any) -> tuple[torch.Tensor, Any]:
     """Run ``torch.ops.rlx_gpu.<op>`` on ``tensors`` (by field; absent or ``None`` ones left out) and the
-    statics; differentiable. Returns the call's output and its final state (``None`` without a ``state``)."""
-    y, final = CALLS[op](*_schema_args(op, tensors, static))
+    statics; differentiable. Returns the call's output and its final state (``None`` without a ``state``).
+    An op with a saved forward (``FusedOp.reserve``) saves it for its backward where ``saves`` says so,
+    unless ``recompute``."""
+    args = _schema_args(op, tensors, static)
+    if OPS[op].reserve:
+        given = [t for t in tensors.values() if t is not None]
+        args.append(not recompute and saves(given[0], given[1:]))
+    y, final, *_ = CALLS[op](*args)
     return y, final if tensors.get("state") is not None else None
+
+
+@functools.lru_cache(maxsize=8)
+def _host_by_default(variables: tuple[Any, ...]) -> bool:
+    """Whether CPU tensors run on the host with the device variables at these values (``bridge.default_device``)."""
+    return resolve(None, load_config(None)).backend == "host"
+
+
+def saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether a call saves its forward: autograd records it and it runs on the host, whose kernels write
+    and read a reserve (a device's do not yet: there the backward recomputes, on the device). A traced call
+    (``torch.compile``) saves none: the device a compiled graph runs on is not known while tracing."""
+    return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and torch._C._any_requires_grad(x, *tensors)
+            and device_for(x) is None and _host_by_default(default_device()))
 
 
 def call_of(op: str, fields: Sequence[str], **static: Any) -> FusedCall:

@@ -16,7 +16,6 @@ unpacked into one gradient per parameter.
 from __future__ import annotations
 
 import collections
-import functools
 import operator
 import threading
 import weakref
@@ -29,11 +28,9 @@ from host_fallback.abi import OPS
 
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
-from ..runtime.config import load_config
-from ..runtime.registry import resolve
 from ..schedule.reserve import reserve_bytes
-from .bridge import CPU, BoundCall, default_device, device_for, host_array, plan_for, run_graph, specs_of, stamp, tensor
-from .fused import CALL, declare, output_gradients
+from .bridge import CPU, BoundCall, host_array, plan_for, run_graph, specs_of, stamp, tensor
+from .fused import CALL, declare, output_gradients, saves
 from .library import define, dense, direct, empty, schema_args
 
 #: How many packings of weights are kept (the least recently used one is dropped past it).
@@ -231,20 +228,6 @@ def _width(spec: Recurrence) -> int:
     return (2 if spec.bidirectional else 1) * (spec.proj_size or spec.hidden)
 
 
-@functools.lru_cache(maxsize=8)
-def _host_by_default(variables: tuple[Any, ...]) -> bool:
-    """Whether CPU tensors run on the host with the device variables at these values (``bridge.default_device``)."""
-    return resolve(None, load_config(None)).backend == "host"
-
-
-def _saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether a call saves its forward: autograd records it and it runs on the host, whose kernels write
-    and read a reserve (a device's do not yet: there the backward recomputes, on the device). A traced call
-    (``torch.compile``) saves none: the device a compiled graph runs on is not known while tracing."""
-    return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and torch._C._any_requires_grad(x, *tensors) and device_for(x) is None
-            and _host_by_default(default_device()))
-
-
 def _reserve_elements(spec: Recurrence, x: torch.Tensor) -> int:
     """How many of ``x``'s elements hold the saved forward of the call (``rlx_gpu.reserve_bytes``)."""
     b, s, i = x.shape
@@ -392,7 +375,7 @@ def recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor]
         False: a forward autograd records, on the host, saves what its backward reads (the reserve: faster,
         and held until the backward); True: the backward runs the forward again (less memory).
     """
-    save = not recompute and _saves(x, [*weights, *states.values()])
+    save = not recompute and saves(x, [*weights, *states.values()])
     statics = {"hidden_size": spec.hidden, "num_layers": spec.num_layers, "bidirectional": spec.bidirectional,
                "proj_size": spec.proj_size, "has_biases": spec.has_biases, "relu": spec.relu, "save_forward": save}
     out = _CALLS[spec.op](x, list(weights), *(states[s] for s in spec.states), seq_lens,

@@ -14,15 +14,40 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from ..schedule.reserve import reserve_bytes
 from .arguments import check_cu_seqlens, check_mamba_chunk_scan_combined, check_selective_scan_fn, check_seq_idx
+from .bridge import DTYPES
 from .fused import FusedOp, cast, define_fused, fused
 from .library import define
 from .registry import FUNCTIONS
 
+
+
+def _reserve_of(op: str, shape: Any) -> Any:
+    """The ``FusedOp.reserve`` of ``op``: the elements of ``x``'s type a call's saved forward takes
+    (``rlx_gpu.reserve_bytes``; ``shape(given)``: its shape fields), ``None`` for packed sequences (none yet)."""
+    def elements(given: dict[str, torch.Tensor]) -> int | None:
+        if "cu_seqlens" in given:
+            return None
+        x = given["x"]
+        fields = dict(op=op, dtype=DTYPES[x.dtype], param_dtype=DTYPES[given["a"].dtype], **shape(given))
+        if "state" in given:
+            fields["state_dtype"] = DTYPES[given["state"].dtype]
+        return reserve_bytes(fields) // x.element_size()
+    return elements
+
+
 define_fused(FusedOp("selective_scan", ("x", "delta", "a", "b", "c"), ("d", "z", "delta_bias", "state", "cu_seqlens"),
-                     (("delta_softplus", "bool"),), "x"))
+                     (("delta_softplus", "bool"),), "x",
+                     _reserve_of("selective_scan", lambda g: dict(batch=g["x"].shape[0], seq=g["x"].shape[1],
+                                                                  hidden=g["x"].shape[2], state_size=g["a"].shape[-1]))))
+_mamba2_reserve = _reserve_of("mamba2", lambda g: dict(batch=g["x"].shape[0], seq=g["x"].shape[1],
+                                                       heads=g["x"].shape[2], head_dim=g["x"].shape[3],
+                                                       state_size=g["b"].shape[-1]))
+
+
 define_fused(FusedOp("mamba2", ("x", "dt", "a", "b", "c"), ("d", "z", "dt_bias", "state", "cu_seqlens"),
-                     (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x"))
+                     (("dt_softplus", "bool"), ("dt_limit", "float[]?")), "x", _mamba2_reserve))
 
 __all__ = ["selective_scan_fn", "mamba_chunk_scan_combined"]
 
@@ -53,7 +78,7 @@ def _channel_bc(name: str, arg: str, t: torch.Tensor, batch: int, length: int) -
 def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
                       D: torch.Tensor | None = None, z: torch.Tensor | None = None,
                       delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
-                      return_last_state: bool = False) -> Any:
+                      return_last_state: bool = False, recompute: bool = False) -> Any:
     """Mamba-1's selective scan, mamba_ssm's ``selective_scan_fn``: per channel ``h = exp(Δ·A)⊙h + Δ·B·u``,
     ``y = C·h``, ``out = (y + D·u)⊙silu(z)``, ``Δ = softplus(delta + delta_bias)``.
 
@@ -70,6 +95,9 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
         Apply softplus to the biased ``delta``.
     return_last_state : bool
         Also return the state after the last step, ``[B, D, N]`` (f32; f64 for f64 ``u``).
+    recompute : bool
+        False: a forward autograd records on the host saves what its backward reads (ABI.md §9.1's
+        reserve: the state every 32 steps); True: the backward recomputes the forward.
 
     Returns
     -------
@@ -88,7 +116,7 @@ def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: 
                "z": None if z is None else cast(z, act).transpose(1, 2)}
     if return_last_state:  # the op returns a final state only when it is given an initial one
         tensors["state"] = u.new_zeros((batch, *A.shape), dtype=_state_dtype(u))
-    y, last = fused("selective_scan", tensors, delta_softplus=bool(delta_softplus))
+    y, last = fused("selective_scan", tensors, recompute, delta_softplus=bool(delta_softplus))
     out = y.transpose(1, 2).contiguous()
     return (out, last) if return_last_state else out
 
@@ -131,7 +159,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
                               seq_idx: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
                               dt_softplus: bool = False, dt_limit: Sequence[float] = (0.0, float("inf")),
                               return_final_states: bool = False, return_varlen_states: bool = False,
-                              state_dtype: torch.dtype | None = None) -> Any:
+                              state_dtype: torch.dtype | None = None, recompute: bool = False) -> Any:
     """Mamba-2's SSD, mamba_ssm's ``mamba_chunk_scan_combined``: per head ``S = exp(dt·A)·S + (dt·x)⊗B``,
     ``y = S·C``, ``out = (y + D·x)⊙silu(z)``, ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``.
 
@@ -158,6 +186,9 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
     return_final_states, return_varlen_states : bool
         Also return the state after each row's last step ``[B, H, P, N]``, and after each packed
         sequence ``[num_seqs, H, P, N]``, in ``state_dtype`` (default ``C``'s dtype).
+    recompute : bool
+        False: a forward autograd records on the host (without ``seq_idx``) saves what its backward reads
+        (ABI.md §9.1's reserve); True: the backward recomputes the forward (less memory, slower).
 
     Returns
     -------
@@ -171,7 +202,7 @@ def mamba_chunk_scan_combined(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor
         raise ValueError(f"{name}: chunk_size={chunk_size!r} must be a positive int")
     batch, length, heads, head_dim = x.shape
     act, param, carried = x.dtype, _param_dtype(A, x), _state_dtype(x)
-    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": _dt_limit(name, dt_limit)}
+    statics = {"dt_softplus": bool(dt_softplus), "dt_limit": _dt_limit(name, dt_limit), "recompute": recompute}
     # D per (head, channel) is outside the op's [H]: it and the gate z are applied here, around the scan
     per_channel_d = D is not None and D.dim() == 2
     inner_d, inner_z = (None, None) if per_channel_d else (D, z)

@@ -54,3 +54,90 @@ def test_eval_mode_and_no_grad_save_nothing(reserves, monkeypatch):
     module.eval()
     module(x)[0].sum().backward()  # eval with autograd: the backward recomputes
     assert reserves == {"save": 0, "load": 0} and x.grad is not None
+
+
+@pytest.fixture
+def mamba2_reserves(monkeypatch):
+    """Counts of the mamba2 reserves the host's forward wrote (``save``) and its backward read (``load``)."""
+    import host_fallback.mamba2_backward
+    import host_fallback.ssm
+    counts = {"save": 0, "load": 0}
+    for name, module in (("save", host_fallback.ssm), ("load", host_fallback.mamba2_backward)):
+        real = module.reserve_views
+
+        def spy(*args, _real=real, _name=name):
+            views = _real(*args)
+            counts[_name] += views is not None
+            return views
+        monkeypatch.setattr(module, "reserve_views", spy)
+    return counts
+
+
+def _chunk_scan_grads(recompute: bool, seq_idx: bool = False) -> list[torch.Tensor]:
+    from rlx_gpu.torch.ssm import mamba_chunk_scan_combined
+    gen = torch.Generator().manual_seed(0)
+    b, s, h, p, n = 2, 150, 2, 3, 4
+    x, z = (torch.randn(b, s, h, p, generator=gen, dtype=torch.float64) for _ in range(2))
+    dt = torch.rand(b, s, h, generator=gen, dtype=torch.float64) * 0.5
+    a = -torch.rand(h, generator=gen, dtype=torch.float64) - 0.1
+    bc = [torch.randn(b, s, 1, n, generator=gen, dtype=torch.float64) for _ in range(2)]
+    d, init = torch.randn(h, generator=gen, dtype=torch.float64), torch.randn(b, h, p, n, generator=gen, dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (x, dt, a, *bc, d, z, init)]
+    index = (torch.arange(s) >= 70).to(torch.int32).expand(b, s).contiguous() if seq_idx else None
+    y, final = mamba_chunk_scan_combined(*leaves[:5], 64, D=d, z=z, initial_states=init, dt_softplus=True,
+                                         seq_idx=index, return_final_states=True, recompute=recompute)
+    ((y * y).sum() + (final * final).sum()).backward()
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("seq_idx", [False, True], ids=["batch", "seq_idx"])
+def test_mamba_chunk_scan_combined_reads_the_saved_forward_unless_asked_to_recompute(seq_idx, mamba2_reserves,
+                                                                                    monkeypatch):
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    saved = _chunk_scan_grads(False, seq_idx)
+    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
+    recomputed = _chunk_scan_grads(True, seq_idx)
+    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
+    for got, want in zip(saved, recomputed):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_mamba_chunk_scan_combined_under_no_grad_saves_nothing(mamba2_reserves, monkeypatch):
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    with torch.no_grad():
+        from rlx_gpu.torch.ssm import mamba_chunk_scan_combined
+        x = torch.randn(1, 70, 2, 3)
+        mamba_chunk_scan_combined(x, torch.rand(1, 70, 2), -torch.rand(2), torch.randn(1, 70, 1, 4),
+                                  torch.randn(1, 70, 1, 4), 64)
+    assert mamba2_reserves == {"save": 0, "load": 0}
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_selective_scan_fn_reads_the_saved_forward_unless_asked_to_recompute(recompute, monkeypatch):
+    import host_fallback.selective_scan_backward
+    from rlx_gpu.torch.ssm import selective_scan_fn
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    counts = {"load": 0}
+    real = host_fallback.selective_scan_backward.reserve_views
+
+    def spy(*args):
+        views = real(*args)
+        counts["load"] += views is not None
+        return views
+    monkeypatch.setattr(host_fallback.selective_scan_backward, "reserve_views", spy)
+    gen = torch.Generator().manual_seed(0)
+    b, d, n, s = 2, 6, 4, 100
+    u, z = (torch.randn(b, d, s, generator=gen, dtype=torch.float64) for _ in range(2))
+    delta = torch.rand(b, d, s, generator=gen, dtype=torch.float64) * 0.5
+    a = -torch.rand(d, n, generator=gen, dtype=torch.float64) - 0.1
+    bc = [torch.randn(b, n, s, generator=gen, dtype=torch.float64) for _ in range(2)]
+    grads = []
+    for mode in (recompute, True):
+        leaves = [t.clone().requires_grad_() for t in (u, delta, a, *bc, z)]
+        y, last = selective_scan_fn(*leaves[:5], z=leaves[5], delta_softplus=True, return_last_state=True,
+                                    recompute=mode)
+        ((y * y).sum() + (last * last).sum()).backward()
+        grads.append([t.grad for t in leaves])
+    assert counts == {"load": 0 if recompute else 1}
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)

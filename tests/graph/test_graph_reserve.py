@@ -65,3 +65,68 @@ def test_a_second_backward_of_one_call_reads_the_same_reserve():
     schedule, _ = lower(g)
     reserves = {t["op"]: t["reserve"] for t in schedule["thunks"] if "reserve" in t}
     assert len([t for t in schedule["thunks"] if t["op"] == "rnn"]) == 1 and set(reserves) == {"rnn", "rnn_backward"}
+
+
+def _mamba2_graph(recompute: bool, packed: bool = False):
+    """A mamba2 call (three chunks of 64, the last partial; D, z and a carried state) and its gradients."""
+    b, s, h, p, n = (1, 150, 2, 3, 4) if packed else (2, 150, 2, 3, 4)
+    g = Graph("f64")
+    x, z = g.input("x", (b, s, h, p)), g.input("z", (b, s, h, p))
+    dt, a, d = g.input("dt", (b, s, h)), g.input("a", (h,)), g.input("D", (h,))
+    bc = [g.input(k, (b, s, 1, n)) for k in "bc"]
+    rows = 2 if packed else b
+    state = g.input("state", (rows, h, p, n))
+    y = g.mamba2(x, dt, a, *bc, D=d, z=z, dt_softplus=True, initial_state=state,
+                 cu_seqlens=[0, 70, 150] if packed else None)
+    y = y[0] if isinstance(y, tuple) else y
+    loss = g.reduce_sum(g.binary("mul", y, g.input("dy", y.shape)), list(range(4)))
+    for name, t in zip(["x", "dt", "a", "b", "c"], g.grad(loss, [x, dt, a, *bc], recompute=recompute)):
+        g.output(f"d_{name}", t)
+    rng = np.random.default_rng(1)
+    values = {k: rng.standard_normal(shape) for k, shape in
+              (("x", (b, s, h, p)), ("z", (b, s, h, p)), ("dt", (b, s, h)), ("b", (b, s, 1, n)), ("c", (b, s, 1, n)),
+               ("state", (rows, h, p, n)), ("dy", (b, s, h, p)), ("D", (h,)))}
+    values["a"] = -np.abs(rng.standard_normal(h)) - 0.1
+    return g, values
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_grad_saves_a_mamba2_forward_unless_packed_or_asked_to_recompute(packed):
+    outs = {}
+    for recompute in (False, True):
+        g, values = _mamba2_graph(recompute, packed)
+        schedule, _ = lower(g)
+        backward = next(t for t in schedule["thunks"] if t["op"] == "mamba2_backward")
+        forwards = [t for t in schedule["thunks"] if t["op"] == "mamba2"]
+        if recompute or packed:
+            assert "reserve" not in backward and all("reserve" not in t for t in forwards)
+        else:
+            (forward,) = forwards
+            assert forward["reserve"] == backward["reserve"]
+            assert forward["reserve_bytes"] == rlx_gpu.reserve_bytes(forward)
+        outs[recompute] = g.compile("host").run(**values)
+    for name in outs[True]:
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def test_grad_saves_a_selective_scan_forward_unless_asked_to_recompute():
+    b, s, h, n = 2, 100, 4, 3
+    rng = np.random.default_rng(2)
+    values = {k: rng.standard_normal(shape) for k, shape in (("x", (b, s, h)), ("delta", (b, s, h)), ("z", (b, s, h)),
+                                                             ("b", (b, s, n)), ("c", (b, s, n)), ("dy", (b, s, h)))}
+    values["a"] = -np.abs(rng.standard_normal((h, n))) - 0.1
+    outs = {}
+    for recompute in (False, True):
+        g = Graph("f64")
+        t = {k: g.input(k, np.shape(v)) for k, v in values.items()}
+        y = g.selective_scan(t["x"], t["delta"], t["a"], t["b"], t["c"], z=t["z"], delta_softplus=True)
+        loss = g.reduce_sum(g.binary("mul", y, t["dy"]), list(range(3)))
+        wrt = ["x", "delta", "a", "b", "c"]
+        for name, d in zip(wrt, g.grad(loss, [t[k] for k in wrt], recompute=recompute)):
+            g.output(f"d_{name}", d)
+        schedule, _ = lower(g)
+        backward = next(x for x in schedule["thunks"] if x["op"] == "selective_scan_backward")
+        assert ("reserve" in backward) != recompute
+        outs[recompute] = g.compile("host").run(**values)
+    for name in outs[True]:
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-11, atol=1e-12, err_msg=name)

@@ -13,7 +13,8 @@ from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 from rlx_gpu.launches import unsupported
 from rlx_gpu.launches.limits import REFERENCE_GPU
 
-OPS = ("lstm", "gru", "rnn", "lstm_backward", "gru_backward", "rnn_backward")
+RNN_OPS = ("lstm", "gru", "rnn", "lstm_backward", "gru_backward", "rnn_backward")
+OPS = RNN_OPS + ("mamba2", "mamba2_backward", "selective_scan", "selective_scan_backward")
 
 
 def _expected(fields: dict) -> int:
@@ -38,12 +39,33 @@ def _schedule(op: str, dtype: str = "f32", **params) -> dict:
     return schedule_of(thunk, nbytes)
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", RNN_OPS)
 @pytest.mark.parametrize("dtype,extra", [("f32", {}), ("f64", {}), ("bf16", {"num_layers": 3}),
                                          ("f32", {"bidirectional": False})])
 def test_the_minimum_follows_the_documented_layout(op, dtype, extra):
     fields = {"op": op, "dtype": dtype, **SMALL[op], **extra}
     assert rlx_gpu.reserve_bytes(fields) == _expected(fields)
+
+
+@pytest.mark.parametrize("op", ("mamba2", "mamba2_backward"))
+@pytest.mark.parametrize("dtype,extra,es", [("f32", {}, 4), ("bf16", {}, 4), ("f64", {}, 8),
+                                            ("bf16", {"state_dtype": "f64"}, 8), ("f32", {"param_dtype": "f64"}, 8)])
+@pytest.mark.parametrize("seq", (1, 64, 65, 150))
+def test_the_minimum_of_mamba2_is_the_states_leaving_each_chunk_of_64_y_and_the_scores(op, dtype, extra, es, seq):
+    b, h, p, n = 2, 3, 5, 7
+    fields = {"op": op, "dtype": dtype, "batch": b, "seq": seq, "heads": h, "head_dim": p, "state_size": n, **extra}
+    end = (b * -(-seq // 64) * h * p * n + b * seq * h * p + b * -(-seq // 64) * h * 64 * 64) * es
+    assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
+
+
+@pytest.mark.parametrize("op", ("selective_scan", "selective_scan_backward"))
+@pytest.mark.parametrize("dtype,extra,es", [("f32", {}, 4), ("bf16", {}, 4), ("f64", {}, 8),
+                                            ("f16", {"param_dtype": "f64"}, 8)])
+@pytest.mark.parametrize("seq", (1, 32, 33, 100))
+def test_the_minimum_of_selective_scan_is_the_states_leaving_each_chunk_of_32(op, dtype, extra, es, seq):
+    fields = {"op": op, "dtype": dtype, "batch": 2, "seq": seq, "hidden": 6, "state_size": 5, **extra}
+    end = 2 * -(-seq // 32) * 6 * 5 * es
+    assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
 
 
 def test_the_minimum_of_a_projecting_lstm_counts_its_width_and_raw_outputs():
@@ -54,7 +76,7 @@ def test_the_minimum_of_a_projecting_lstm_counts_its_width_and_raw_outputs():
 def test_the_minimum_reads_shapes_only_and_ops_without_a_reserve_are_named():
     fields = {"op": "gru", "dtype": "f16", **SMALL["gru"]}
     assert rlx_gpu.reserve_bytes(fields) == rlx_gpu.reserve_bytes({**fields, "clip": 3.0, "x": 1 << 20})
-    with pytest.raises(rlx_gpu.ScheduleError, match="op 'fill' has no saved forward.*lstm, gru, rnn"):
+    with pytest.raises(rlx_gpu.ScheduleError, match="op 'fill' has no saved forward.*lstm, gru, rnn, selective_scan, mamba2"):
         rlx_gpu.reserve_bytes({"op": "fill"})
     with pytest.raises(rlx_gpu.ScheduleError, match="rnn needs field 'bidirectional'"):
         rlx_gpu.reserve_bytes({"op": "rnn", "dtype": "f32", "batch": 2})
