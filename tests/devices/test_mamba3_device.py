@@ -17,12 +17,10 @@ from host_fallback.abi import complete
 from rlx_gpu import launches
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
-from rlx_gpu.conformance.devices import find, open_device
-from rlx_gpu.launches.limits import REFERENCE_GPU, TARGETS, DeviceLimits
+from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
 from rlx_gpu.runtime.config import default_config_path, load_config
-from rlx_gpu.runtime.registry import open_session, status
+from support.opencl_cpu import needs_opencl_cpu
 
-OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
 CONFIG = load_config(default_config_path())
 CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
 EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
@@ -49,30 +47,17 @@ PREFILLS = {
                                                    num_angles=16, d=True)),
 }
 
-needs_opencl_cpu = pytest.mark.skipif(not OPENCL_CPU, reason=f"no OpenCL CPU device: {status('opencl').reason}")
-
-
-@pytest.fixture(scope="module", params=TARGETS)
-def session(request):
-    return open_device(find(OPENCL_CPU[0]), request.param)
-
-
-@pytest.fixture(scope="module")
-def host():
-    return open_session(status("host").devices[0])
-
-
-def _passes_and_runs_the_same_bytes_twice(session, host, case: Case, name: str) -> None:
+def _passes_and_runs_the_same_bytes_twice(cpu_session, host, case: Case, name: str) -> None:
     """``case`` passes its conformance check (the float64 reference, the host) and two runs give the same bytes."""
-    outcome = runner.check(session, case, CONFIG, host)
+    outcome = runner.check(cpu_session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message
     laid = runner.lay_out(case)
     runs = []
     for _ in range(2):
-        arena = session.upload(laid.arena)
-        session.launch(laid.thunk, arena)
-        runs.append(session.read(arena, 0, laid.arena.size))
-    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+        arena = cpu_session.upload(laid.arena)
+        cpu_session.launch(laid.thunk, arena)
+        runs.append(cpu_session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {cpu_session.limits.target} target: two runs differ"
 
 
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
@@ -111,10 +96,10 @@ def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
 
 @needs_opencl_cpu
 @pytest.mark.parametrize("name", list(SHAPES) + list(PREFILLS))
-def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(session, host, name):
+def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(cpu_session, host, name):
     dtype, params = {**SHAPES, **PREFILLS}[name]
     case = Case("mamba3", dtype, params, seed=7)
-    _passes_and_runs_the_same_bytes_twice(session, host, case, name)
+    _passes_and_runs_the_same_bytes_twice(cpu_session, host, case, name)
 
 
 #: the token-major fields of mamba3, which a call over a later stretch of tokens reads further along
@@ -122,22 +107,22 @@ TOKEN_FIELDS = ("q", "k", "v", "adt", "dt", "trap", "angles", "z", "dst")
 
 
 @needs_opencl_cpu
-def test_two_calls_chained_through_the_states_equal_one_call(session):
+def test_two_calls_chained_through_the_states_equal_one_call(cpu_session):
     """Tokens 0..69 then 70..149 of one batch row (the second call reading what the first wrote into the four
     states, on the same arena; at the gpu target each a prefill split over groups) give the outputs and final
     states of one call over 0..149, to f32 rounding."""
     seq, split = 150, 70
     params = dict(batch=1, seq=seq, heads=2, head_dim=40, state_size=64, num_angles=13, **CARRIED, **EVERY)
     laid = runner.lay_out(Case("mamba3", "f32", params, seed=3))
-    whole = session.upload(laid.arena)
-    session.launch(laid.thunk, whole)
-    want = session.read(whole, 0, laid.arena.size)
-    arena = session.upload(laid.arena)
+    whole = cpu_session.upload(laid.arena)
+    cpu_session.launch(laid.thunk, whole)
+    want = cpu_session.read(whole, 0, laid.arena.size)
+    arena = cpu_session.upload(laid.arena)
     per_token = {r.field: r.nbytes // seq for r in laid.regions if r.field in TOKEN_FIELDS}
     for first, end in ((0, split), (split, seq)):
         part = dict(laid.thunk, seq=end - first, **{f: laid.thunk[f] + first * n for f, n in per_token.items()})
-        session.launch(part, arena)
-    got = session.read(arena, 0, laid.arena.size)
+        cpu_session.launch(part, arena)
+    got = cpu_session.read(arena, 0, laid.arena.size)
     for field in ("dst", "angle_state", "state", "k_state", "v_state"):
         mine, ref = laid.view(got, field), laid.view(want, field)
         if field == "angle_state":  # compared modulo 2pi
@@ -175,6 +160,6 @@ def test_the_backward_runs_on_the_device_in_blocks_of_rows_then_fixed_order_sums
 
 @needs_opencl_cpu
 @pytest.mark.parametrize("name", list(BACKWARD))
-def test_the_backward_matches_the_reference_and_the_host_and_runs_the_same_bytes_twice(session, host, name):
+def test_the_backward_matches_the_reference_and_the_host_and_runs_the_same_bytes_twice(cpu_session, host, name):
     case = Case("mamba3_backward", *BACKWARD[name], seed=5)
-    _passes_and_runs_the_same_bytes_twice(session, host, case, name)
+    _passes_and_runs_the_same_bytes_twice(cpu_session, host, case, name)

@@ -14,14 +14,11 @@ from host_fallback.abi import BACKWARD, complete
 from rlx_gpu import launches
 from rlx_gpu.conformance import catalog, runner
 from rlx_gpu.conformance.catalog import Case
-from rlx_gpu.conformance.devices import find, open_device
-from rlx_gpu.launches.limits import REFERENCE_GPU, RNN_FIELD_VARIANTS, TARGETS, DeviceLimits
+from rlx_gpu.launches.limits import REFERENCE_GPU, RNN_FIELD_VARIANTS, DeviceLimits
 from rlx_gpu.runtime.config import default_config_path, load_config
-from rlx_gpu.runtime.registry import open_session, status
 from support.rnn_fields import BACKWARD_FIELDS, RECURRENT
+from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
 
-#: the first OpenCL CPU implementation that runs here (PoCL, or Intel's runtime where PoCL cannot build)
-OPENCL_CPU = [i.spec for i in status("opencl").devices if not i.details["simulator"]][:1]
 CONFIG = load_config(default_config_path())
 
 
@@ -46,48 +43,35 @@ def test_the_cases_build_the_representative_variants():
     assert built == set(RNN_FIELD_VARIANTS)
 
 
-needs_opencl_cpu = pytest.mark.skipif(not OPENCL_CPU, reason=f"no OpenCL CPU device: {status('opencl').reason}")
-
-
-@pytest.fixture(scope="module", params=TARGETS)
-def session(request):
-    return open_device(find(OPENCL_CPU[0]), request.param)
-
-
-@pytest.fixture(scope="module")
-def host():
-    return open_session(status("host").devices[0])
-
-
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", RECURRENT)
-def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes_twice(session, host, op):
+def test_every_field_at_once_matches_the_float64_reverse_and_runs_the_same_bytes_twice(cpu_session, host, op):
     name, params = BACKWARD_FIELDS[op]
     case = Case(name, "f32", params, seed=4)
-    outcome = runner.check(session, case, CONFIG, host)
+    outcome = runner.check(cpu_session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message
     laid = runner.lay_out(case)
     runs = []
     for _ in range(2):
-        arena = session.upload(laid.arena)
-        session.launch(laid.thunk, arena)
-        runs.append(session.read(arena, 0, laid.arena.size))
-    assert np.array_equal(runs[0], runs[1]), f"{name} at the {session.limits.target} target: two runs differ"
+        arena = cpu_session.upload(laid.arena)
+        cpu_session.launch(laid.thunk, arena)
+        runs.append(cpu_session.read(arena, 0, laid.arena.size))
+    assert np.array_equal(runs[0], runs[1]), f"{name} at the {cpu_session.limits.target} target: two runs differ"
     assert not np.array_equal(runs[0], laid.arena)
 
 
 @needs_opencl_cpu
-def test_a_nan_gradient_stays_causal_with_every_field(session, host):
+def test_a_nan_gradient_stays_causal_with_every_field(cpu_session, host):
     """A NaN in d_dst at step 2 of row 0 (bidirectional, lengths, projection): NaN exactly where the float64
     reverse has it, i.e. row 0's inputs and every weight gradient, and no other row's d_x or d_h0."""
     name, params = BACKWARD_FIELDS["lstm"]
     case = Case(name, "f32", params, poison="d_dst", poison_step=2, poison_value=float("nan"), seed=5)
-    outcome = runner.check(session, case, CONFIG, host)
+    outcome = runner.check(cpu_session, case, CONFIG, host)
     assert outcome.status == "pass", outcome.message
     laid = runner.lay_out(case)
-    arena = session.upload(laid.arena)
-    session.launch(laid.thunk, arena)
-    got = session.read(arena, 0, laid.arena.size)
+    arena = cpu_session.upload(laid.arena)
+    cpu_session.launch(laid.thunk, arena)
+    got = cpu_session.read(arena, 0, laid.arena.size)
     d_x = laid.view(got, "d_x").reshape(params["batch"], params["seq"], -1)
     assert np.isnan(d_x[0]).any() and np.isfinite(d_x[1:]).all()
 

@@ -13,7 +13,9 @@ import rlx_gpu
 from host_fallback.abi import regions
 from host_fallback.ssm import reserve_views
 from rlx_gpu.conformance.cases import lay_out, schedule_of
-from support.gradient_check import laid, read, with_gradients
+from support.gradient_check import read, with_gradients
+from support.saved_forward import (decaying_sampler, filled_reserve, gradients, laid_with_reserve, run_forward,
+                                   without_reserve)
 
 BASE = dict(batch=2, seq=150, heads=2, head_dim=3, state_size=4)  # three chunks, the last one partial
 CARRIED = dict(carry_state=True, state=True)
@@ -30,52 +32,18 @@ IDS = [label for label, _ in CASES]
 TOL = {"f64": 1e-11, "f32": 2e-5, "bf16": 2e-2}
 
 
-def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    values = rng.standard_normal(shape)
-    if field == "dt":
-        return np.abs(values) * 0.3 + 0.02
-    return -np.abs(values) - 0.1 if field == "a" else values
+_SAMPLE = decaying_sampler("dt")
 
 
 def _laid(dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
-    params = with_gradients("mamba2", {**BASE, **extra})
-    need = rlx_gpu.reserve_bytes({"op": "mamba2", "dtype": dtype, **params})
-    thunk, arena = laid("mamba2_backward", dtype, {**params, "reserve": True, "reserve_bytes": need}, _sample)
-    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
-    forward.update(op="mamba2", dst=-(-arena.size // 16) * 16)
-    return thunk, arena, forward
-
-
-def _run_forward(forward: dict, arena: np.ndarray, **options) -> np.ndarray:
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    host_fallback.execute(forward, longer, **options)
-    return longer
-
-
-def _without_reserve(thunk: dict) -> dict:
-    return {k: v for k, v in thunk.items() if k not in ("reserve", "reserve_bytes")}
-
-
-def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    out = arena.copy()
-    host_fallback.execute(thunk, out)
-    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _saved(thunk: dict, arena: np.ndarray, forward: dict, **options) -> np.ndarray:
-    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
-    saved = arena.copy()
-    saved[start:end] = _run_forward(forward, arena, **options)[start:end]
-    return saved
+    return laid_with_reserve("mamba2", dtype, {**BASE, **extra}, _SAMPLE)
 
 
 @pytest.mark.parametrize("dtype", ["f64", "f32", "bf16"])
 @pytest.mark.parametrize("extra", [e for _, e in CASES], ids=IDS)
 def test_gradients_read_from_the_reserve_match_the_recomputed_ones(extra, dtype):
     thunk, arena, forward = _laid(dtype, extra)
-    got, expected = _gradients(thunk, _saved(thunk, arena, forward)), _gradients(_without_reserve(thunk), arena)
+    got, expected = gradients(thunk, filled_reserve(thunk, arena, forward)), gradients(without_reserve(thunk), arena)
     assert set(got) == set(expected)
     for name in expected:
         scale = np.abs(expected[name]).max() + 1e-30
@@ -85,8 +53,8 @@ def test_gradients_read_from_the_reserve_match_the_recomputed_ones(extra, dtype)
 @pytest.mark.parametrize("extra", [e for _, e in CASES], ids=IDS)
 def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(extra):
     _, arena, forward = _laid("f64", extra)
-    with_reserve, without = _run_forward(forward, arena), _run_forward(_without_reserve(forward), arena)
-    for r in regions(_without_reserve(forward)):
+    with_reserve, without = run_forward(forward, arena), run_forward(without_reserve(forward), arena)
+    for r in regions(without_reserve(forward)):
         if r.writes:
             np.testing.assert_array_equal(read(forward, with_reserve)[r.field], read(forward, without)[r.field],
                                           err_msg=r.field)
@@ -95,14 +63,14 @@ def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(extra):
 @pytest.mark.parametrize("extra", [CASES[0][1], CASES[5][1]], ids=[IDS[0], IDS[5]])
 def test_a_forward_asked_for_the_step_path_writes_the_chunked_forms_reserve(extra):
     thunk, arena, forward = _laid("f64", extra)
-    step, chunked = (reserve_views(thunk, _saved(thunk, arena, forward, path=p)) for p in ("step", "chunked"))
+    step, chunked = (reserve_views(thunk, filled_reserve(thunk, arena, forward, path=p)) for p in ("step", "chunked"))
     for name in ("states", "y", "scores"):
         np.testing.assert_array_equal(step[name], chunked[name], err_msg=name)
 
 
 def test_the_saved_scores_are_the_decayed_scores_of_each_chunk():
     thunk, arena, forward = _laid("f64", dict(seq=100))
-    saved, values = reserve_views(thunk, _saved(thunk, arena, forward)), read(thunk, arena)
+    saved, values = reserve_views(thunk, filled_reserve(thunk, arena, forward)), read(thunk, arena)
     logd = values["dt"] * values["a"]
     b, c = values["b"], values["c"]
     for k, lo in enumerate(range(0, 100, 64)):
@@ -118,9 +86,9 @@ def test_the_saved_scores_are_the_decayed_scores_of_each_chunk():
 
 def test_the_reserve_and_the_gradients_are_the_same_bytes_on_every_run():
     thunk, arena, forward = _laid("f32", CASES[3][1])
-    first, second = _run_forward(forward, arena), _run_forward(forward, arena)
+    first, second = run_forward(forward, arena), run_forward(forward, arena)
     assert np.array_equal(first, second)
-    arena = _saved(thunk, arena, forward)
+    arena = filled_reserve(thunk, arena, forward)
     runs = [arena.copy(), arena.copy()]
     for run in runs:
         host_fallback.execute(thunk, run)
@@ -140,4 +108,4 @@ def test_a_saved_forward_of_packed_sequences_is_refused():
 def test_a_forward_with_a_reserve_refuses_another_chunk_length():
     _, arena, forward = _laid("f32", {})
     with pytest.raises(ValueError, match="chunks of 64, got chunk=32"):
-        _run_forward(forward, arena, chunk=32)
+        run_forward(forward, arena, chunk=32)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import host_fallback
 import rlx_gpu
 from host_fallback.abi import regions
 from host_fallback.ssm import reserve_views
 from rlx_gpu.conformance.cases import lay_out, schedule_of
-from support.gradient_check import laid, read, with_gradients
+from support.gradient_check import read, with_gradients
+from support.saved_forward import (decaying_sampler, filled_reserve, gradients, laid_with_reserve, run_forward,
+                                   without_reserve)
 
 BASE = dict(batch=2, seq=100, hidden=6, state_size=4)  # four chunks, the last one partial
 CASES = [
@@ -26,53 +27,19 @@ IDS = [label for label, _ in CASES]
 TOL = {"f64": 1e-12, "f32": 1e-5, "bf16": 1e-2}
 
 
-def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    values = rng.standard_normal(shape)
-    if field == "delta":
-        return np.abs(values) * 0.3 + 0.02
-    return -np.abs(values) - 0.1 if field == "a" else values
+_SAMPLE = decaying_sampler("delta")
 
 
 def _laid(dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
-    params = with_gradients("selective_scan", {**BASE, **extra})
-    need = rlx_gpu.reserve_bytes({"op": "selective_scan", "dtype": dtype, **params})
-    thunk, arena = laid("selective_scan_backward", dtype, {**params, "reserve": True, "reserve_bytes": need}, _sample)
-    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
-    forward.update(op="selective_scan", dst=-(-arena.size // 16) * 16)
-    return thunk, arena, forward
-
-
-def _run_forward(forward: dict, arena: np.ndarray, **options) -> np.ndarray:
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    host_fallback.execute(forward, longer, **options)
-    return longer
-
-
-def _without_reserve(thunk: dict) -> dict:
-    return {k: v for k, v in thunk.items() if k not in ("reserve", "reserve_bytes")}
-
-
-def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    out = arena.copy()
-    host_fallback.execute(thunk, out)
-    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _saved(thunk: dict, arena: np.ndarray, forward: dict, **options) -> np.ndarray:
-    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
-    saved = arena.copy()
-    saved[start:end] = _run_forward(forward, arena, **options)[start:end]
-    return saved
+    return laid_with_reserve("selective_scan", dtype, {**BASE, **extra}, _SAMPLE)
 
 
 @pytest.mark.parametrize("dtype", ["f64", "f32", "bf16"])
 @pytest.mark.parametrize("extra", [e for _, e in CASES], ids=IDS)
 def test_gradients_read_from_the_reserve_match_the_recomputed_ones(extra, dtype):
     thunk, arena, forward = _laid(dtype, extra)
-    saved = _saved(thunk, arena, forward)
-    got, expected = _gradients(thunk, saved), _gradients(_without_reserve(thunk), arena)
+    saved = filled_reserve(thunk, arena, forward)
+    got, expected = gradients(thunk, saved), gradients(without_reserve(thunk), arena)
     assert set(got) == set(expected)
     for name in expected:
         scale = np.abs(expected[name]).max() + 1e-30
@@ -80,14 +47,14 @@ def test_gradients_read_from_the_reserve_match_the_recomputed_ones(extra, dtype)
     if thunk["seq"] > 32:  # the reserve is read: others states give other gradients
         start = thunk["reserve"]
         saved[start: start + thunk["reserve_bytes"]] = 0
-        assert not np.array_equal(_gradients(thunk, saved)["d_c"], got["d_c"])
+        assert not np.array_equal(gradients(thunk, saved)["d_c"], got["d_c"])
 
 
 @pytest.mark.parametrize("extra", [e for _, e in CASES], ids=IDS)
 def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(extra):
     _, arena, forward = _laid("f64", extra)
-    with_reserve, without = _run_forward(forward, arena), _run_forward(_without_reserve(forward), arena)
-    for r in regions(_without_reserve(forward)):
+    with_reserve, without = run_forward(forward, arena), run_forward(without_reserve(forward), arena)
+    for r in regions(without_reserve(forward)):
         if r.writes:
             np.testing.assert_allclose(read(forward, with_reserve)[r.field], read(forward, without)[r.field],
                                        rtol=1e-13, atol=1e-13, err_msg=r.field)
@@ -95,7 +62,7 @@ def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(extra):
 
 def test_the_saved_states_are_the_recurrences_after_every_32_tokens():
     thunk, arena, forward = _laid("f64", CASES[2][1])
-    states = reserve_views(thunk, _saved(thunk, arena, forward, path="step"))["states"]
+    states = reserve_views(thunk, filled_reserve(thunk, arena, forward, path="step"))["states"]
     values = read(thunk, arena)
     delta, x, a = values["delta"], values["x"], values["a"]
     bsz, seq, hidden = x.shape
