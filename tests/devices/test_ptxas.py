@@ -40,8 +40,8 @@ BACKWARD_WALK_REGISTERS = 176
 REGISTERS.update({**dict.fromkeys(("selective_scan_backward", "mamba2_backward", "gated_delta_net_backward"),
                                   BACKWARD_WALK_REGISTERS),
                   **dict.fromkeys(("ssm_backward_reduce", "gdn_backward_qk"), STATE_SPACE_REGISTERS)})
-#: mamba3_backward's walk (kernels/mamba3_backward.cl: the forward's step and its reverse inlined, ~40 tensor
-#: pointers live; f32/f16/bf16 183-185 registers measured, no spill; bounding it to 168 or 128 spilled 200-960 B)
+#: mamba3_backward's walk (kernels/mamba3_backward.cl: the forward's step and its reverse inlined, its argument
+#: groups' pointers live; f32/f16/bf16 194-196 registers measured, no spill; bounding it to 168 or 128 spilled 200-960 B)
 #: and its per-token, per-head and reduce launches
 REGISTERS.update({"mamba3_backward_walk": 208, **dict.fromkeys(
     ("mamba3_backward_turn", "mamba3_backward_tokens", "mamba3_backward_angles", "mamba3_backward_reduce"),
