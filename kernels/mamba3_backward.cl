@@ -7,9 +7,10 @@
  * 2. mamba3_backward_walk, an item per (row, head, block of state rows p): each of its rows in turn is walked
  *    forward from its initial state storing a checkpoint every SSMB_Q steps, then in reverse chunk by chunk (the
  *    chunk's states recomputed into the item's workspace), §11's steps 4-6 undone per token: d_v and d_z stored;
- *    the row's shares of the gradients of q~ and k~ (N each) and of alpha, beta, gamma added, row after row, to
- *    the block's partials dqp, dkp [blocks][T][H][N], scp [blocks][T][H][3]; the initial state's gradients
- *    (d_state, d_v_state) stored, the initial key's share into dk0 [R][blocks][H][N], d_d's into ddp [R][blocks][H].
+ *    the row's shares of the gradients of q~ and k~ (N each) and of alpha, beta, gamma (3) added, row after row,
+ *    to the block's partials (part [blocks][T][H][3+2N], a run of m3b_part_size(N) per token); the initial
+ *    state's gradients (d_state, d_v_state) stored, the initial key's share into dk0 [R][blocks][H][N], d_d's into
+ *    ddp [R][blocks][H].
  * 3. mamba3_backward_tokens, an item per (token, head): the partials summed over the blocks; d_adt, d_trap stored,
  *    dt's share from beta and gamma kept (dts [T][H]); the rotation undone: the gradients of the biased q and k
  *    written over qr, kr, each angle's own gradient over th.
@@ -19,14 +20,11 @@
  *    rows and blocks.
  * Scratch is in the compute type; each d_ output is rounded once, on store. */
 
-/* The gradients the walk reads and writes: of the output (read), of v and z, and with carry of the initial S and
- * v-bar (read as the final state's, written with the initial state's). */
+/* The per-token gradients the walk reads and writes ([T][H][P], as v): of the output (read), of v and z. */
 typedef struct {
     GLOBAL const store_t* go;
     GLOBAL store_t* dv;
     GLOBAL store_t* dz;
-    GLOBAL real* dstate;
-    GLOBAL real* dv_state;
 } m3b_grads;
 
 /* The scratch parts the walk and the per-token launch share: the turned q and k (the walk reads them, the per-token
@@ -34,34 +32,31 @@ typedef struct {
 typedef struct {
     GLOBAL real* qr;
     GLOBAL real* kr;
-    GLOBAL real* dqp;
-    GLOBAL real* dkp;
-    GLOBAL real* scp;
+    GLOBAL real* part;
 } m3b_scratch;
 
-INLINE_FN m3b_grads m3b_grads_of(GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo,
-                                 GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dvsb, i64 dvso)
+INLINE_FN m3b_grads m3b_grads_of(GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dzb, i64 dzo)
 {
     m3b_grads gr;
     gr.go = AT(store_t, gob, goo);
     gr.dv = AT(store_t, dvb, dvo);
     gr.dz = AT(store_t, dzb, dzo);
-    gr.dstate = AT(real, dstb, dsto);
-    gr.dv_state = AT(real, dvsb, dvso);
     return gr;
 }
 
-INLINE_FN m3b_scratch m3b_scratch_of(GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb, i64 kro, GLOBAL uchar* dqpb,
-                                     i64 dqpo, GLOBAL uchar* dkpb, i64 dkpo, GLOBAL uchar* scpb, i64 scpo)
+INLINE_FN m3b_scratch m3b_scratch_of(GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb, i64 kro, GLOBAL uchar* partb,
+                                     i64 parto)
 {
     m3b_scratch sc;
     sc.qr = AT(real, qrb, qro);
     sc.kr = AT(real, krb, kro);
-    sc.dqp = AT(real, dqpb, dqpo);
-    sc.dkp = AT(real, dkpb, dkpo);
-    sc.scp = AT(real, scpb, scpo);
+    sc.part = AT(real, partb, parto);
     return sc;
 }
+
+/* A block's partials of one (token, head): the shares of the gradients of alpha, beta and gamma, then of q~ (N
+ * values) and of k~ (N). */
+INLINE_FN i64 m3b_part_size(i64 N) { return 2 * N + 3; }
 
 /* The previous token's turned key as token tok of `row` reads it (k-bar): the row's initial key for its first token
  * (none without carry: 0), else token tok-1's. */
@@ -193,10 +188,12 @@ INLINE_FN GLOBAL real* m3b_workspace(GLOBAL real* ws, i64 item, i64 S, i64 N)
     return ws + item * ((S + SSMB_Q - 1) / SSMB_Q + SSMB_Q + 2) * M3B_PB * N;
 }
 
-/* State rows p .. p+np-1 of `row` walked forward (checkpoints) then back; with carry their initial states'
- * gradients stored (d_state, d_v_state); the initial key's share added to dk0 (N values). */
-INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 p, int np, i64 S, i64 T,
-                             i64 blk, GLOBAL real* ws, GLOBAL real* dk0, real* dd)
+/* State rows p .. p+np-1 of `row` walked forward (checkpoints) then back, their shares added to the block's
+ * partials `part` ([T][H][m3b_part_size(N)]); with carry their initial states' gradients stored over the final
+ * ones' (dstate, dv_state: d_state, d_v_state); the initial key's share added to dk0 (N values). */
+INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row, i64 p, int np, i64 S,
+                             GLOBAL real* part, GLOBAL real* ws, GLOBAL real* dk0, GLOBAL real* dstate,
+                             GLOBAL real* dv_state, real* dd)
 {
     const i64 N = io.N, W = M3B_PB * N, chunks = (row.end - row.first + SSMB_Q - 1) / SSMB_Q;
     const i64 at = ((row.entry * io.H + row.h) * io.P + p) * N, head = (row.entry * io.H + row.h) * io.P + p;
@@ -215,22 +212,21 @@ INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row,
             m3b_step(io, sc, row, tok, p, np, c.g, c.g);
     }
     for (i64 j = 0; j < W; ++j) {
-        c.g[j] = io.carry && j < np * N ? gr.dstate[at + j] : (real)0;
+        c.g[j] = io.carry && j < np * N ? dstate[at + j] : (real)0;
         c.dkb[j] = (real)0;
     }
     PRAGMA_UNROLL
     for (int r = 0; r < M3B_PB; ++r)
-        c.dvb[r] = io.carry && r < np ? gr.dv_state[head + r] : (real)0;
+        c.dvb[r] = io.carry && r < np ? dv_state[head + r] : (real)0;
     for (i64 k = chunks - 1; k >= 0; --k) {
         const i64 c0 = row.first + k * SSMB_Q, c1 = c0 + SSMB_Q < row.end ? c0 + SSMB_Q : row.end;
         for (i64 tok = c0; tok < c1; ++tok)
             m3b_step(io, sc, row, tok, p, np, tok == c0 ? ckpt + k * W : work + (tok - c0 - 1) * W,
                      work + (tok - c0) * W);
         for (i64 tok = c1 - 1; tok >= c0; --tok) {
-            const i64 e = (blk * T + tok) * io.H + row.h;
+            GLOBAL real* pt = part + (tok * io.H + row.h) * m3b_part_size(N);
             m3b_token_back(io, gr, sc, row, tok, p, np, work + (tok - c0) * W,
-                           tok == c0 ? ckpt + k * W : work + (tok - c0 - 1) * W, sc.dqp + e * N, sc.dkp + e * N,
-                           sc.scp + e * 3, &c, dd);
+                           tok == c0 ? ckpt + k * W : work + (tok - c0 - 1) * W, pt + 3, pt + 3 + N, pt, &c, dd);
         }
     }
     for (i64 n = 0; n < N; ++n) {
@@ -242,9 +238,9 @@ INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row,
     if (!io.carry)
         return;
     for (i64 j = 0; j < np * N; ++j)
-        gr.dstate[at + j] = c.g[j];
+        dstate[at + j] = c.g[j];
     for (int r = 0; r < np; ++r)
-        gr.dv_state[head + r] = c.dvb[r];
+        dv_state[head + r] = c.dvb[r];
 }
 
 /* The kernels below take only the argument groups they read (the forward's m3_io_base first, then the m3_with_* of
@@ -292,9 +288,8 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int
     GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso, int varlen, GLOBAL uchar* cub, i64 cuo, int slotted,
     GLOBAL uchar* slb, i64 slo, i64 T, i64 blocks, i64 per, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo,
     GLOBAL uchar* dzb, i64 dzo, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* dvsb,
-    i64 dvso, GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb, i64 kro, GLOBAL uchar* dqpb, i64 dqpo, GLOBAL uchar* dkpb,
-    i64 dkpo, GLOBAL uchar* scpb, i64 scpo, GLOBAL uchar* wsb, i64 wso, GLOBAL uchar* dk0b, i64 dk0o,
-    GLOBAL uchar* ddpb, i64 ddpo)
+    i64 dvso, GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb, i64 kro, GLOBAL uchar* partb, i64 parto,
+    GLOBAL uchar* wsb, i64 wso, GLOBAL uchar* dk0b, i64 dk0o, GLOBAL uchar* ddpb, i64 ddpo)
 {
     const i64 item = GID(0);
     if (item >= R * H * blocks)
@@ -305,18 +300,18 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int
     io = m3_with_values(io, has_d, has_z, vb, vo, zb, zo, skb, sko);
     io = m3_with_state(io, stb, sto, ksb, kso, vsb, vso);
     io = m3_with_rows(io, varlen, cub, cuo, slotted, slb, slo);
-    const m3b_scratch sc = m3b_scratch_of(qrb, qro, krb, kro, dqpb, dqpo, dkpb, dkpo, scpb, scpo);
-    const m3b_grads gr = m3b_grads_of(gob, goo, dvb, dvo, dzb, dzo, dstb, dsto, dvsb, dvso);
+    const m3b_scratch sc = m3b_scratch_of(qrb, qro, krb, kro, partb, parto);
     GLOBAL const real* dk_state = AT(real, dksb, dkso);
+    GLOBAL real* part = sc.part + blk * T * H * m3b_part_size(N);
     const m3_row row = m3_row_of(io, r, h, S);
     for (i64 tok = row.first; tok < row.end; ++tok) {
-        const i64 e = (blk * T + tok) * H + h;
+        GLOBAL real* pt = part + (tok * H + h) * m3b_part_size(N);
         const int last = blk == 0 && carry && tok == row.end - 1;
+        pt[0] = pt[1] = pt[2] = (real)0;
         for (i64 n = 0; n < N; ++n) {
-            sc.dqp[e * N + n] = (real)0;
-            sc.dkp[e * N + n] = last ? dk_state[(row.entry * H + h) * N + n] : (real)0;
+            pt[3 + n] = (real)0;
+            pt[3 + N + n] = last ? dk_state[(row.entry * H + h) * N + n] : (real)0;
         }
-        sc.scp[e * 3] = sc.scp[e * 3 + 1] = sc.scp[e * 3 + 2] = (real)0;
     }
     GLOBAL real* dk0 = AT(real, dk0b, dk0o) + ((r * blocks + blk) * H + h) * N;
     for (i64 n = 0; n < N; ++n)
@@ -324,8 +319,9 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int
     real dd = (real)0;
     const i64 p0 = blk * per, p1 = p0 + per < P ? p0 + per : P;
     for (i64 p = p0; p < p1 && row.end > row.first; p += M3B_PB)
-        m3b_rows_back(io, gr, sc, row, p, p1 - p < M3B_PB ? (int)(p1 - p) : M3B_PB, S, T, blk,
-                      m3b_workspace(AT(real, wsb, wso), item, S, N), dk0, &dd);
+        m3b_rows_back(io, m3b_grads_of(gob, goo, dvb, dvo, dzb, dzo), sc, row, p,
+                      p1 - p < M3B_PB ? (int)(p1 - p) : M3B_PB, S, part, m3b_workspace(AT(real, wsb, wso), item, S, N),
+                      dk0, AT(real, dstb, dsto), AT(real, dvsb, dvso), &dd);
     AT(real, ddpb, ddpo)[(r * blocks + blk) * H + h] = dd;
 }
 
@@ -335,19 +331,19 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int
 KERNEL mamba3_backward_tokens(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carry, int dt_real, int param_real,
     GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* trb, i64 tro, i64 T, i64 blocks,
     GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb,
-    i64 kro, GLOBAL uchar* dqpb, i64 dqpo, GLOBAL uchar* dkpb, i64 dkpo, GLOBAL uchar* scpb, i64 scpo,
-    GLOBAL uchar* thb, i64 tho, GLOBAL uchar* dtsb, i64 dtso)
+    i64 kro, GLOBAL uchar* partb, i64 parto, GLOBAL uchar* thb, i64 tho, GLOBAL uchar* dtsb, i64 dtso)
 {
     const i64 e = GID(0), tok = e / H, h = e - tok * H;
     if (tok >= T)
         return;
     const m3_io io = m3_with_coeffs(m3_io_base(H, P, N, A, G, carry, dt_real, param_real, dtb, dto), adtb, adto,
                                     trb, tro);
-    const m3b_scratch sc = m3b_scratch_of(qrb, qro, krb, kro, dqpb, dqpo, dkpb, dkpo, scpb, scpo);
+    const m3b_scratch sc = m3b_scratch_of(qrb, qro, krb, kro, partb, parto);
     GLOBAL real* th = AT(real, thb, tho);
+    const i64 W = m3b_part_size(N);
     real dal = (real)0, dbe = (real)0, dga = (real)0;
     for (i64 b = 0; b < blocks; ++b) {
-        GLOBAL const real* sp = sc.scp + ((b * T + tok) * H + h) * 3;
+        GLOBAL const real* sp = sc.part + (b * T * H + e) * W;
         dal += sp[0];
         dbe += sp[1];
         dga += sp[2];
@@ -362,11 +358,11 @@ KERNEL mamba3_backward_tokens(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i
         const i64 at = e * N + 2 * i;
         real dq0 = (real)0, dq1 = (real)0, dk0 = (real)0, dk1 = (real)0;
         for (i64 b = 0; b < blocks; ++b) {
-            const i64 pa = b * T * H * N + at;
-            dq0 += sc.dqp[pa];
-            dq1 += sc.dqp[pa + 1];
-            dk0 += sc.dkp[pa];
-            dk1 += sc.dkp[pa + 1];
+            GLOBAL const real* pt = sc.part + (b * T * H + e) * W + 3 + 2 * i;
+            dq0 += pt[0];
+            dq1 += pt[1];
+            dk0 += pt[N];
+            dk1 += pt[N + 1];
         }
         if (i < A) {
             const m3_turn t = m3_sincos(th[e * A + i]);

@@ -36,10 +36,10 @@ _GROUPS = {"base": ("R", "S", "H", "P", "N", "A", "G", "carry", "dt_real", "para
 _KERNELS = {
     "mamba3_backward_turn": (("base", "qk", "rows"), ("anb", "asb", "qrb", "krb", "thb")),
     "mamba3_backward_walk": (("base", "coeffs", "values", "state", "rows"),
-                             ("T", "blocks", "per", "gob", "dvb", "dzb", "dstb", "dksb", "dvsb", "qrb", "krb", "dqpb",
-                              "dkpb", "scpb", "wsb", "dk0b", "ddpb")),
-    "mamba3_backward_tokens": (("base", "coeffs"), ("T", "blocks", "dadtb", "dtrb", "qrb", "krb", "dqpb", "dkpb", "scpb",
-                                                    "thb", "dtsb")),
+                             ("T", "blocks", "per", "gob", "dvb", "dzb", "dstb", "dksb", "dvsb", "qrb", "krb", "partb",
+                              "wsb", "dk0b", "ddpb")),
+    "mamba3_backward_tokens": (("base", "coeffs"), ("T", "blocks", "dadtb", "dtrb", "qrb", "krb", "partb", "thb",
+                                                    "dtsb")),
     "mamba3_backward_angles": (("base", "rows"), ("anb", "blocks", "ddtb", "danb", "dasb", "dksb", "thb", "dk0b",
                                                   "dtsb"))}
 #: the most reals the blocks' partials of the gradients of q~ and k~ take (each): blocks are fewer beyond it
@@ -67,9 +67,9 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     blocks = -(-p // per)  # none empty
     items = r * h * blocks
     at, total = _layout(dt, {"qr": tokens * h * n, "kr": tokens * h * n, "th": tokens * h * a,
-                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n, "dqp": blocks * tokens * h * n,
-                             "dkp": blocks * tokens * h * n, "scp": blocks * tokens * h * 3,
-                             "dk0": r * blocks * h * n, "ddp": r * blocks * h, "dts": tokens * h})
+                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n,
+                             "part": blocks * tokens * h * (2 * n + 3), "dk0": r * blocks * h * n, "ddp": r * blocks * h,
+                             "dts": tokens * h})
     args.update(T=tokens, blocks=blocks, per=per, **{f"{part}b": (SCRATCH, offset) for part, offset in at.items()},
                 **{param: (ARENA, t.get(field) or 0) for field, param in _GRADIENTS.items()})
 
