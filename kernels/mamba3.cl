@@ -111,6 +111,79 @@ INLINE_FN m3_turn m3_sincos(real theta)
     return out;
 }
 
+/* An m3_io is built by groups of the kernels' arguments, so that a kernel takes only the groups it reads
+ * (mamba3_backward's kernels: launches/mamba3_backward.py): m3_io_base, then the m3_with_* of each group; a tensor
+ * of no group given stays null, its flag off. */
+
+/* The sizes, the carry and element-type flags, and each token's step dt (every kernel reads it). */
+INLINE_FN m3_io m3_io_base(i64 H, i64 P, i64 N, i64 A, i64 G, int carry, int dt_real, int param_real,
+                           GLOBAL uchar* dtb, i64 dto)
+{
+    m3_io io = {0};
+    io.H = H;
+    io.P = P;
+    io.N = N;
+    io.A = A;
+    io.G = G;
+    io.carry = carry;
+    io.dt_real = dt_real;
+    io.param_real = param_real;
+    io.dt = AT(uchar, dtb, dto);
+    return io;
+}
+
+/* q and k, and their biases (has_q_bias, has_k_bias): what the turning of a pair reads beside the angle. */
+INLINE_FN m3_io m3_with_qk(m3_io io, int has_q_bias, int has_k_bias, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb,
+                           i64 ko, GLOBAL uchar* qbb, i64 qbo, GLOBAL uchar* kbb, i64 kbo)
+{
+    io.has_q_bias = has_q_bias;
+    io.has_k_bias = has_k_bias;
+    io.q = AT(store_t, qb, qo);
+    io.k = AT(store_t, kb, ko);
+    io.q_bias = AT(uchar, qbb, qbo);
+    io.k_bias = AT(uchar, kbb, kbo);
+    return io;
+}
+
+/* adt and trap, which with dt give a token's coefficients (m3_coeffs_at). */
+INLINE_FN m3_io m3_with_coeffs(m3_io io, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* trb, i64 tro)
+{
+    io.adt = AT(uchar, adtb, adto);
+    io.trap = AT(uchar, trb, tro);
+    return io;
+}
+
+/* v, and what finishes y: d (has_d) and the gate z (has_z). */
+INLINE_FN m3_io m3_with_values(m3_io io, int has_d, int has_z, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb, i64 zo,
+                               GLOBAL uchar* skb, i64 sko)
+{
+    io.has_d = has_d;
+    io.has_z = has_z;
+    io.v = AT(store_t, vb, vo);
+    io.z = AT(store_t, zb, zo);
+    io.d = AT(uchar, skb, sko);
+    return io;
+}
+
+/* The carried S, k-bar and v-bar (with carry). */
+INLINE_FN m3_io m3_with_state(m3_io io, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb,
+                              i64 vso)
+{
+    io.state = AT(real, stb, sto);
+    io.k_state = AT(real, ksb, kso);
+    io.v_state = AT(real, vsb, vso);
+    return io;
+}
+
+/* Where the rows are: cu_seqlens (varlen) and state_slots (slotted). */
+INLINE_FN m3_io m3_with_rows(m3_io io, int varlen, GLOBAL uchar* cub, i64 cuo, int slotted, GLOBAL uchar* slb, i64 slo)
+{
+    io.cu = varlen ? AT(int, cub, cuo) : 0;
+    io.slots = slotted ? AT(int, slb, slo) : 0;
+    return io;
+}
+
+/* Every group: the forward's arguments. */
 INLINE_FN m3_io m3_io_of(i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int has_k_bias, int has_d, int has_z,
                          int carry, int varlen, int slotted, int dt_real, int param_real,
                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -120,37 +193,15 @@ INLINE_FN m3_io m3_io_of(i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int 
                          GLOBAL uchar* asb, i64 aso, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso,
                          GLOBAL uchar* vsb, i64 vso, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
 {
-    m3_io io;
-    io.q = AT(store_t, qb, qo);
-    io.k = AT(store_t, kb, ko);
-    io.v = AT(store_t, vb, vo);
-    io.z = AT(store_t, zb, zo);
-    io.dst = AT(store_t, db, dof);
-    io.adt = AT(uchar, adtb, adto);
-    io.dt = AT(uchar, dtb, dto);
-    io.trap = AT(uchar, trb, tro);
+    m3_io io = m3_io_base(H, P, N, A, G, carry, dt_real, param_real, dtb, dto);
+    io = m3_with_qk(io, has_q_bias, has_k_bias, qb, qo, kb, ko, qbb, qbo, kbb, kbo);
+    io = m3_with_coeffs(io, adtb, adto, trb, tro);
+    io = m3_with_values(io, has_d, has_z, vb, vo, zb, zo, skb, sko);
+    io = m3_with_state(io, stb, sto, ksb, kso, vsb, vso);
+    io = m3_with_rows(io, varlen, cub, cuo, slotted, slb, slo);
     io.angles = AT(uchar, anb, ano);
-    io.q_bias = AT(uchar, qbb, qbo);
-    io.k_bias = AT(uchar, kbb, kbo);
-    io.d = AT(uchar, skb, sko);
     io.angle_state = AT(real, asb, aso);
-    io.state = AT(real, stb, sto);
-    io.k_state = AT(real, ksb, kso);
-    io.v_state = AT(real, vsb, vso);
-    io.cu = varlen ? AT(int, cub, cuo) : 0;
-    io.slots = slotted ? AT(int, slb, slo) : 0;
-    io.H = H;
-    io.P = P;
-    io.N = N;
-    io.A = A;
-    io.G = G;
-    io.has_q_bias = has_q_bias;
-    io.has_k_bias = has_k_bias;
-    io.has_d = has_d;
-    io.has_z = has_z;
-    io.carry = carry;
-    io.dt_real = dt_real;
-    io.param_real = param_real;
+    io.dst = AT(store_t, db, dof);
     return io;
 }
 

@@ -23,13 +23,25 @@ from .registry import register
 #: the forward's §8/§11 fields and the optional inputs' and states' gradients
 V2_FIELDS = FORWARD_FIELDS | {"d_q_bias", "d_k_bias", "d_d", "d_z", "d_angle_state", "d_state", "d_k_state",
                               "d_v_state"}
-#: gradient field -> the kernels' tensor parameter that takes it
-_GRADIENTS = {"d_dst": "gob", "d_q": "dqb", "d_k": "dkb", "d_v": "dvb", "d_z": "dzb", "d_adt": "dadtb", "d_dt": "ddtb",
-              "d_trap": "dtrb", "d_angles": "danb", "d_angle_state": "dasb", "d_state": "dstb", "d_k_state": "dksb",
-              "d_v_state": "dvsb"}
-#: scratch part -> the kernels' offset parameter of it (the first, qr, is the scratch buffer ``scb``'s offset)
-_PARTS = {"kr": "kro", "th": "tho", "ws": "wso", "dqp": "dqpo", "dkp": "dkpo", "scp": "scpo",
-          "dk0": "dk0o", "ddp": "ddpo", "ddt": "ddto_s"}
+#: gradient field -> the kernels' tensor parameter that takes it (d_q, d_k and the parameters' gradients: the sums)
+_GRADIENTS = {"d_dst": "gob", "d_v": "dvb", "d_z": "dzb", "d_adt": "dadtb", "d_dt": "ddtb", "d_trap": "dtrb",
+              "d_angles": "danb", "d_angle_state": "dasb", "d_state": "dstb", "d_k_state": "dksb", "d_v_state": "dvsb"}
+#: the forward's arguments in the groups its text builds them by (kernels/mamba3.cl: m3_io_base, then m3_with_*)
+_GROUPS = {"base": ("R", "S", "H", "P", "N", "A", "G", "carry", "dt_real", "param_real", "dtb"),
+           "qk": ("has_q_bias", "has_k_bias", "qb", "kb", "qbb", "kbb"), "coeffs": ("adtb", "trb"),
+           "values": ("has_d", "has_z", "vb", "zb", "skb"), "state": ("stb", "ksb", "vsb"),
+           "rows": ("varlen", "cub", "slotted", "slb")}
+#: each kernel's groups, then its own arguments: sizes, inputs outside the groups, gradients and scratch parts (a
+#: part's tensor parameter is its name and "b")
+_KERNELS = {
+    "mamba3_backward_turn": (("base", "qk", "rows"), ("anb", "asb", "qrb", "krb", "thb")),
+    "mamba3_backward_walk": (("base", "coeffs", "values", "state", "rows"),
+                             ("T", "blocks", "per", "gob", "dvb", "dzb", "dstb", "dksb", "dvsb", "qrb", "krb", "partb",
+                              "wsb", "dk0b", "ddpb")),
+    "mamba3_backward_tokens": (("base", "coeffs"), ("T", "blocks", "dadtb", "dtrb", "qrb", "krb", "partb", "thb",
+                                                    "dtsb")),
+    "mamba3_backward_angles": (("base", "rows"), ("anb", "blocks", "ddtb", "danb", "dasb", "dksb", "thb", "dk0b",
+                                                  "dtsb"))}
 #: the most reals the blocks' partials of the gradients of q~ and k~ take (each): blocks are fewer beyond it
 PARTIAL_REALS = 1 << 26
 
@@ -46,8 +58,7 @@ def _layout(dtype: str, parts: dict[str, int]) -> tuple[dict[str, int], int]:
 def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
     fwd = {**t, "op": forward_op(t["op"])}
-    args = arguments(fwd)
-    del args["db"]  # dst: no field of the backward
+    args = arguments(fwd)  # its dst (db): no field of the backward, no kernel's argument
     r, s, h, p, n, a, g, dt = args["R"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["num_angles"], \
         t["groups"], t["dtype"]
     tokens, q = t["batch"] * s, lim.tune("SSMB_Q")
@@ -56,15 +67,17 @@ def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     blocks = -(-p // per)  # none empty
     items = r * h * blocks
     at, total = _layout(dt, {"qr": tokens * h * n, "kr": tokens * h * n, "th": tokens * h * a,
-                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n, "dqp": blocks * tokens * h * n,
-                             "dkp": blocks * tokens * h * n, "scp": blocks * tokens * h * 3,
-                             "dk0": r * blocks * h * n, "ddp": r * blocks * h, "ddt": tokens * h})
-    args.update(T=tokens, blocks=blocks, per=per, scb=(SCRATCH, at["qr"]), **{param: at[part] for part, param in _PARTS.items()},
+                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n,
+                             "part": blocks * tokens * h * (2 * n + 3), "dk0": r * blocks * h * n, "ddp": r * blocks * h,
+                             "dts": tokens * h})
+    args.update(T=tokens, blocks=blocks, per=per, **{f"{part}b": (SCRATCH, offset) for part, offset in at.items()},
                 **{param: (ARENA, t.get(field) or 0) for field, param in _GRADIENTS.items()})
 
     def launch(kernel: str, extent: int) -> Launch:
-        local = (linear_local(extent),)
-        return kernel_launch("mamba3_backward", kernel, dt, grid((extent,), local), local, args, target=lim.target)
+        local, (groups, own) = (linear_local(extent),), _KERNELS[kernel]
+        names = [name for group in groups for name in _GROUPS[group]] + list(own)
+        return kernel_launch("mamba3_backward", kernel, dt, grid((extent,), local), local,
+                             {name: args[name] for name in names}, target=lim.target)
     out = [launch("mamba3_backward_turn", r * h * n // 2), launch("mamba3_backward_walk", items),
            launch("mamba3_backward_tokens", tokens * h), launch("mamba3_backward_angles", r * h)]
     hg, param_real = h // g, t["param_dtype"] != dt
