@@ -32,7 +32,8 @@ from ..graph.nodes import Tensor
 from ..runtime.config import load_config
 from ..runtime.registry import resolve
 from ..schedule.reserve import reserve_bytes
-from .bridge import CPU, BoundCall, default_device, device_for, host_array, plan_for, run_graph, specs_of, stamp, tensor
+from .bridge import (CPU, BoundCall, default_device, device_for, host_array, kept_per_signature, plan_for, run_graph,
+                     specs_of, stamp, tensor)
 from .fused import CALL, declare, output_gradients
 from .library import define, dense, direct, empty, schema_args
 
@@ -184,7 +185,7 @@ def _unpack(spec: Recurrence, weights: Sequence[torch.Tensor], grads: Mapping[st
 
 
 _packings = _Packings()
-forget_packings = _packings.clear
+forget_packings = kept_per_signature(_packings.clear)
 
 
 def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
@@ -235,6 +236,9 @@ def _width(spec: Recurrence) -> int:
 def _host_by_default(variables: tuple[Any, ...]) -> bool:
     """Whether CPU tensors run on the host with the device variables at these values (``bridge.default_device``)."""
     return resolve(None, load_config(None)).backend == "host"
+
+
+kept_per_signature(_host_by_default.cache_clear)  # the config's device may have changed since
 
 
 def _saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:

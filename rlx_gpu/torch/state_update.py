@@ -12,7 +12,7 @@ from torch.autograd.graph import increment_version
 
 from .arguments import check_selective_state_update, check_state_batch_indices
 from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, call_key, default_device, device_for, host_array, hot_path,
-                     keep_hot_path, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
+                     keep_hot_path, kept_per_signature, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
 from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
@@ -204,6 +204,7 @@ def _merges(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
 
 
 _step_routes: dict[Hashable, _StepRoute] = {}
+kept_per_signature(_step_routes.clear)  # a route holds its bound call's plan: ``clear_cache`` drops it
 #: How many signatures' routes are kept (all are dropped past it: a route is cheap to work out again).
 STEP_ROUTES = 256
 

@@ -7,6 +7,9 @@ tensor type, out-of-range indices).
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
-from rlx_gpu.torch import state_update
+from rlx_gpu.torch import bridge, state_update
 
 F64 = torch.float64
 
@@ -165,3 +168,23 @@ def test_a_module_converted_to_another_dtype_refuses_the_input_it_took_before(ho
         ours.double()
         with pytest.raises(ValueError, match=r"input dtype \(torch.float32\) does not match weight dtype"):
             ours(x)
+
+
+def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the_step_plans(host):
+    """A parameter written through ``.data`` (no new version: its stamp is unchanged) is seen after
+    ``clear_cache()``, which drops the step's route and bound plan too (its arena freed: no plan of the
+    call stays alive)."""
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    A = torch.nn.Parameter(A[:, :1, :1].clone()).expand(2, 4, 3)  # a Mamba-2 block's A: a parameter, broadcast
+    state = r(1, 2, 4, 3)
+    with torch.no_grad():
+        for _ in range(2):
+            rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        plan = weakref.ref(bridge._last.plan)
+        A._base.data.mul_(2.0)  # through .data: torch counts no new version
+        rt.clear_cache()
+        gc.collect()
+        assert plan() is None
+        expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
+        out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    assert torch.allclose(out, expected, atol=1e-12)
