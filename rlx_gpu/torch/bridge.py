@@ -73,7 +73,8 @@ def default_device() -> tuple[Any, ...]:
     """The values of the variables that choose the default device, read on every call (what a test or a
     process that changes ``RLX_DEVICE`` between calls relies on: the values are part of a signature, so
     each gets a schedule of its own)."""
-    return tuple(map(_ENVIRON.get, _device_variables()))
+    get = _ENVIRON.get
+    return tuple([get(name) for name in _device_variables()])
 
 
 def rlx_dtype(t: torch.Tensor, what: str = "tensor") -> str:

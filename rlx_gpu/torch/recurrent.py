@@ -296,21 +296,36 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     bound = BoundCall(plan, positions, spec.streams, ("y", *(finals[s] for s in spec.states)))
     view, wrap = (torch.Tensor.numpy, torch.from_numpy) if bound.plain else (host_array, lambda a: tensor(a, CPU))
-    # the latest call's parameters (weakly), (version, address) marks and packing: a decode loop's are unchanged
-    latest: list[Any] = [(), None, None]
+    # where x and each state go among the plan's inputs (``bound.order``: each one's position among ``inputs``)
+    x_at, state_ats = bound.order.index(0), [bound.order.index(positions[s]) for s in spec.states]
+    # the latest call's parameters (weakly), (version, address) marks, and the plan's inputs and stamps with its
+    # packing in place: a decode loop's are unchanged, so a step sets only x and the states
+    latest: list[Any] = [(), None, None, None]
 
     def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         marks = [(w._version, w.data_ptr()) for w in weights]
-        held, seen, packing = latest
+        held, seen, values, stamps = latest
         if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, (r() for r in held))):
-            packing = _packings.streams(spec, weights)
-            kept = packing[1] is not None  # parameters: a packing kept per version
-            latest[:] = [tuple(map(weakref.ref, weights)), marks, packing] if kept else [(), None, None]
-        streams, key = packing
-        values = [view(x), *streams.values(), *map(view, states)]  # a stream is read only when its stamp changed
-        stamps = [None, *(key for _ in streams), *(None for _ in states)]
-        return [wrap(a) for a in bound.run([values[i] for i in bound.order], [stamps[i] for i in bound.order])]
+            streams, key = _packings.streams(spec, weights)
+            values, stamps = _placed(bound, streams, key)
+            kept = key is not None  # parameters: a packing kept per version
+            latest[:] = [tuple(map(weakref.ref, weights)), marks, values, stamps] if kept else [(), None, None, None]
+        values = values.copy()  # a stream is read only when its stamp changed
+        values[x_at] = view(x)
+        for at, state in zip(state_ats, states):
+            values[at] = view(state)
+        return [wrap(a) for a in bound.run(values, stamps)]
     return run
+
+
+def _placed(bound: BoundCall, streams: Mapping[str, torch.Tensor], key: Hashable | None
+            ) -> tuple[list[Any], list[Hashable | None]]:
+    """The inputs and stamps of ``bound``'s plan (``hot_recurrent``'s: x, the streams, the states) in its order,
+    the weight ``streams`` in their places with the stamp ``key`` (None: none), x and the states left None."""
+    given = [None, *streams.values()]
+    values = [given[i] if i < len(given) else None for i in bound.order]
+    stamps = [key if 0 < i < len(given) else None for i in bound.order]
+    return values, stamps
 
 
 def _forward_fake(op: str, *args: Any) -> tuple[torch.Tensor, ...]:

@@ -145,6 +145,32 @@ def test_an_lstm_decode_loop_on_its_hot_path_sees_its_parameters_change_in_place
                 assert torch.allclose(mine, torchs, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["GRU", "RNN", "LSTM list hx", "LSTM unbatched"])
+def test_each_recurrent_modules_decode_form_on_its_hot_path_matches_torch_nn(kind, host):
+    """GRU and RNN (``hx`` one tensor), an LSTM given ``hx`` as a list, and an unbatched LSTM: each form of
+    ``hx`` and input the hot path takes, step after step, against torch.nn with the same parameters."""
+    torch.manual_seed(4)
+    name = kind.split()[0]
+    theirs = getattr(torch.nn, name)(4, 5, batch_first=True, dtype=F64)
+    ours = getattr(rt, name)(4, 5, batch_first=True, dtype=F64)
+    ours.load_state_dict(theirs.state_dict())
+    unbatched = kind.endswith("unbatched")
+    lead = () if unbatched else (1,)
+    h = r(1, *lead, 5)
+    hx_ours = hx_theirs = [h, r(1, *lead, 5)] if kind == "LSTM list hx" else (h, r(1, *lead, 5)) if name == "LSTM" else h
+    with torch.no_grad():
+        for _ in range(3):
+            x = r(*lead, 1, 4)
+            y, hx_ours = ours(x, hx_ours)
+            expected, hx_theirs = theirs(x, hx_theirs)
+            assert y.shape == expected.shape and torch.allclose(y, expected, atol=1e-12)
+            assert type(hx_ours) is type(hx_theirs)
+            for mine, torchs in zip(*((hx_ours, hx_theirs) if name == "LSTM" else ((hx_ours,), (hx_theirs,)))):
+                assert mine.shape == torchs.shape and torch.allclose(mine, torchs, atol=1e-12)
+            if kind == "LSTM list hx":
+                hx_ours, hx_theirs = list(hx_ours), list(hx_theirs)
+
+
 def test_clear_cache_drops_the_hot_paths_and_calls_run_the_whole_way_again(host, monkeypatch):
     x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
     state = r(1, 2, 4, 3)
