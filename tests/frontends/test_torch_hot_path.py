@@ -214,3 +214,33 @@ def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the
         expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
         out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
     assert torch.allclose(out, expected, atol=1e-12)
+
+
+def test_a_held_view_follows_the_tensors_memory_and_does_not_keep_it_alive():
+    view = bridge.HeldView()
+    t = torch.zeros(3, 4)
+    view(t)[1, 2] = 5.0
+    assert view(t) is view(t) and t[1, 2] == 5.0  # kept, and written through
+    t.set_(torch.zeros(3, 4))  # the same tensor, new memory
+    view(t)[0, 0] = 7.0
+    assert t[0, 0] == 7.0 and t[1, 2] == 0.0
+    other = torch.ones(3, 4)  # another tensor: its own view
+    assert view(other)[0, 0] == 1.0 and view(t)[0, 0] == 7.0
+    held = weakref.ref(t)
+    del t
+    gc.collect()
+    assert held() is None
+
+
+def test_a_state_given_new_memory_between_hot_steps_is_updated_where_it_lies_now(host):
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    state = r(1, 2, 4, 3)
+    expected_state = state.clone()
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:  # the same tensor object, its memory swapped (what a cache reallocation does)
+                fresh = state.clone()
+                state.set_(fresh)
+            expected = step_reference(expected_state, x, dt, A, B, C, D, z, dt_bias)
+            out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+            assert torch.allclose(out, expected, atol=1e-12) and torch.allclose(state, expected_state, atol=1e-12)
