@@ -25,6 +25,8 @@ from .options import RunOptions
 from .placement import Assignment, place
 from .registry import open_session, resolve, status
 
+_new_tuple = tuple.__new__  # a NamedTuple made without its Python ``__new__``: tuple.__new__(cls, values)
+
 #: One bound top-level thunk: runs on (device arena, host image) and returns the bytes it copied.
 BoundThunk = Callable[[Any, "np.ndarray | None"], int]
 
@@ -227,9 +229,11 @@ class Device:
         return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
 
     def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report``."""
-        report = RunReport(self.spec, [ThunkRecord(thunk.index, thunk.op, thunk.dtype, backend, seconds, copied)],
-                           seconds)
+        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
+        the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
+        swept the cache)."""
+        record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
+        report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
         self.last_report = report
         return report

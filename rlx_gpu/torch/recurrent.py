@@ -305,7 +305,7 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         marks = [(w._version, w.data_ptr()) for w in weights]
         held, seen, values, stamps = latest
-        if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, (r() for r in held))):
+        if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, map(_referent, held))):
             streams, key = _packings.streams(spec, weights)
             values, stamps = _placed(bound, streams, key)
             kept = key is not None  # parameters: a packing kept per version
@@ -316,6 +316,9 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
             values[at] = view(state)
         return [wrap(a) for a in bound.run(values, stamps)]
     return run
+
+
+_referent = weakref.ref.__call__  # a weak reference's object, mapped without a generator's frame
 
 
 def _placed(bound: BoundCall, streams: Mapping[str, torch.Tensor], key: Hashable | None
