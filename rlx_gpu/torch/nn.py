@@ -30,7 +30,8 @@ from host_fallback.abi import OPS as DEFINITIONS
 from .arguments import check_rnn_forward
 from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
 from .library import PLAIN, runs_directly
-from .recurrent import Recurrence, hot_recurrent, recurrent
+from .recurrent import Recurrence, recurrent
+from .recurrent_hot import hot_recurrent
 from .registry import FUNCTIONS
 
 #: ``map(isinstance, given, _TENSORS)``: each of ``given`` is a tensor, without a generator's frame (map stops at
@@ -114,7 +115,7 @@ class _RlxRecurrent:
                   hx_given: bool) -> Callable[..., Any] | None:
         """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
         op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
-        on the bound forward (``recurrent.hot_recurrent``); None for any other. ``hx_given``: the call gave ``hx``."""
+        on the bound forward (``recurrent_hot.hot_recurrent``); None for any other. ``hx_given``: the call gave ``hx``."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         weights = module._flat_weights
         if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):

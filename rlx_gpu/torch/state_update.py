@@ -11,9 +11,10 @@ import torch
 from torch.autograd.graph import increment_version
 
 from .arguments import check_selective_state_update, check_state_batch_indices
-from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, HeldView, call_key, default_device, device_for, host_array, hot_path,
+from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, call_key, default_device, device_for, host_array, hot_path,
                      keep_hot_path, kept_per_signature, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
+from .held_views import HeldView
 from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
 from .ssm import _param_dtype, _state_dtype

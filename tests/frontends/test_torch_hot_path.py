@@ -18,6 +18,7 @@ from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
 from rlx_gpu.torch import bridge, state_update
+from rlx_gpu.torch.held_views import HeldView
 
 F64 = torch.float64
 
@@ -217,7 +218,7 @@ def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the
 
 
 def test_a_held_view_follows_the_tensors_memory_and_does_not_keep_it_alive():
-    view = bridge.HeldView()
+    view = HeldView()
     t = torch.zeros(3, 4)
     view(t)[1, 2] = 5.0
     assert view(t) is view(t) and t[1, 2] == 5.0  # kept, and written through
