@@ -19,7 +19,6 @@ backward recomputes the forward. In eval mode and under ``torch.no_grad()`` noth
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any, Callable
 
 import torch
@@ -34,9 +33,6 @@ from .recurrent import Recurrence, recurrent
 from .recurrent_hot import hot_recurrent
 from .registry import FUNCTIONS
 
-#: ``map(isinstance, given, _TENSORS)``: each of ``given`` is a tensor, without a generator's frame (map stops at
-#: the end of ``given``; the endless ``repeat`` is shared by every call)
-_TENSORS = itertools.repeat(torch.Tensor)
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
 OPS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn", "RNN_RELU": "rnn"}
 
@@ -63,7 +59,7 @@ class _RlxRecurrent:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         key = None
         given = () if hx is None else tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
-        if isinstance(input, torch.Tensor) and all(map(isinstance, given, _TENSORS)) and runs_directly(
+        if isinstance(input, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in given) and runs_directly(
                 input, *given, *module._flat_weights):
             first = module._flat_weights[0]  # its dtype and device are what torch.nn checks the input against
             key = (type(module), module.mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
