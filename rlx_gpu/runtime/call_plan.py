@@ -41,7 +41,7 @@ from host_fallback.arena import view
 
 from ..errors import InputError, RlxError, RunError
 from ..schedule.io import load_schedule
-from ..schedule.model import Schedule, TensorView
+from ..schedule.model import TensorView
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
 from .executor import BoundSchedule, Device, RunReport

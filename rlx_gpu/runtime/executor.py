@@ -25,6 +25,8 @@ from .options import RunOptions
 from .placement import Assignment, place
 from .registry import open_session, resolve, status
 
+_new_tuple = tuple.__new__  # a NamedTuple made without its Python ``__new__``: tuple.__new__(cls, values)
+
 #: One bound top-level thunk: runs on (device arena, host image) and returns the bytes it copied.
 BoundThunk = Callable[[Any, "np.ndarray | None"], int]
 
@@ -190,6 +192,14 @@ class Device:
         runs no data check (a run being captured into a CUDA graph cannot read the device: the call
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
+        if bound.given is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
+            (thunk, backend, step), = bound.steps
+            started = time.perf_counter()
+            try:
+                copied = step(arena.handle, None)
+            except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
+                raise refused(thunk, err) from None
+            return self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -216,8 +226,14 @@ class Device:
         started = time.perf_counter()
         if not bound.given(arena.handle, given):
             return None
-        seconds = time.perf_counter() - started
-        report = RunReport(self.spec, [ThunkRecord(thunk.index, thunk.op, thunk.dtype, backend, seconds, 0)], seconds)
+        return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
+
+    def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
+        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
+        the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
+        swept the cache)."""
+        record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
+        report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
         self.last_report = report
         return report

@@ -11,7 +11,7 @@ tensors: CUDA device N) and are differentiable (``selective_state_update`` and `
 excepted, as in their anchors). ``LSTM``, ``GRU`` and ``RNN`` are torch.nn's modules (constructor, parameters and
 ``state_dict`` keys) running their layers as one fused op, differentiable through its backward op.
 """
-from . import bridge, recurrent
+from . import bridge
 from .conv import causal_conv1d_fn, causal_conv1d_update
 from .gdn import chunk_gated_delta_rule, chunk_kda, fused_recurrent_gated_delta_rule
 from .mamba3 import mamba3_siso_combined, mamba3_siso_step
@@ -23,10 +23,10 @@ from .state_update import selective_state_update
 
 
 def clear_cache() -> None:
-    """Drop every compiled signature (with its resident arena) and every packing of module weights; needed
-    only after changing parameters through ``.data``, which torch does not count as a new version."""
+    """Drop every compiled signature (with its resident arena), every step route and every packing of module
+    weights (``bridge.clear_cache``); needed only after changing parameters through ``.data``, which torch
+    does not count as a new version."""
     bridge.clear_cache()
-    recurrent.forget_packings()
 
 
 __all__ = ["clear_cache", "selective_scan_fn", "mamba_chunk_scan_combined", "selective_state_update", "chunk_gated_delta_rule",

@@ -50,6 +50,8 @@ _bound: dict[Hashable, "BoundCall | None"] = {}  # a call's signature -> its bou
 _hot: dict[Hashable, "Callable[..., Any] | None"] = {}  # a public call's signature -> its hot path (None: none)
 _cache_lock = threading.Lock()
 _last = threading.local()  # the CallPlan of this thread's latest call
+#: The clear functions of the per-signature caches kept beside the bridge's own (``kept_per_signature``).
+_other_caches: list[Callable[[], None]] = []
 
 
 @functools.cache
@@ -71,7 +73,8 @@ def default_device() -> tuple[Any, ...]:
     """The values of the variables that choose the default device, read on every call (what a test or a
     process that changes ``RLX_DEVICE`` between calls relies on: the values are part of a signature, so
     each gets a schedule of its own)."""
-    return tuple(map(_ENVIRON.get, _device_variables()))
+    get = _ENVIRON.get
+    return tuple([get(name) for name in _device_variables()])
 
 
 def rlx_dtype(t: torch.Tensor, what: str = "tensor") -> str:
@@ -350,12 +353,23 @@ def run_on_stream(plan: CallPlan, inputs: Mapping[str, torch.Tensor], stamps: Ma
     return outputs
 
 
+def kept_per_signature(clear: Callable[[], None]) -> Callable[[], None]:
+    """Register ``clear``, which empties a per-signature cache kept outside this module (a step's route with
+    its bound call, packed weights): ``clear_cache`` calls it. Returns ``clear``."""
+    _other_caches.append(clear)
+    return clear
+
+
 def clear_cache() -> None:
-    """Drop every compiled signature, bound call and hot path (their resident arenas are freed with them)."""
+    """Drop every compiled signature, bound call and hot path, and every cache registered with
+    ``kept_per_signature`` (their resident arenas are freed with them, this thread's latest plan too)."""
     with _cache_lock:
         _cache.clear()
         _bound.clear()
         _hot.clear()
+    for clear in _other_caches:
+        clear()
+    _last.plan = None
 
 
 def last_report() -> RunReport | None:

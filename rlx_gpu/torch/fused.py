@@ -23,8 +23,8 @@ from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from ..runtime.config import load_config
 from ..runtime.registry import resolve
-from .bridge import (BoundCall, Spec, bound_call, default_device, device_for, plan_for, run_arrays, run_graph, specs_of,
-                     stamp)
+from .bridge import (BoundCall, Spec, bound_call, default_device, device_for, kept_per_signature, plan_for, run_graph,
+                     specs_of, stamp)
 from .library import define, dense, direct, empty, schema_args
 
 #: The per-channel or per-head parameters of the ops (module parameters in a model): given to the call plan
@@ -306,6 +306,9 @@ def fused(op: str, tensors: dict[str, torch.Tensor | None], recompute: bool = Fa
 def _host_by_default(variables: tuple[Any, ...]) -> bool:
     """Whether CPU tensors run on the host with the device variables at these values (``bridge.default_device``)."""
     return resolve(None, load_config(None)).backend == "host"
+
+
+kept_per_signature(_host_by_default.cache_clear)  # the config's device may have changed since
 
 
 def saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:

@@ -21,7 +21,14 @@ _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 _RUNS: dict[Any, Callable[..., Any]] = {}  # op overload -> its implementation (what its device keys run)
 #: The tensor types a direct call takes: a subclass (a fake tensor, a functional tensor) goes to the dispatcher.
 PLAIN = (torch.Tensor, torch.nn.Parameter)
-_FUNCTORCH = torch._C.DispatchKey.FuncTorchDynamicLayerFrontMode
+# what ``untraced`` and ``runs_directly`` ask on every call, bound once: a decode step's module and attribute
+# lookups in torch's large namespaces miss the cache its kernel's weights have just swept (µs each)
+_is_compiling = torch.compiler.is_compiling
+_function_mode = torch._C._is_torch_function_mode_enabled
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_transforms = torch._C._are_functorch_transforms_active  # a vmap, grad ... layer: FuncTorchDynamicLayerFrontMode
+_grad_enabled = torch.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
 
 
 def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[..., Any],
@@ -148,15 +155,14 @@ def untraced() -> bool:
     """Whether a call now runs eagerly with nothing between its caller and the dispatcher's device kernel:
     not traced by Dynamo, no torch function or dispatch mode, no functorch transform (what ``direct`` and a
     hot path, ``bridge.hot_path``, require besides plain tensors of which autograd records nothing). Traced
-    code sees ``torch.compiler.is_compiling()`` first, so Dynamo never reads the rest."""
-    return not (torch.compiler.is_compiling() or torch._C._is_torch_function_mode_enabled()
-                or torch._C._len_torch_dispatch_stack() or torch._C._dispatch_tls_local_include_set().has(_FUNCTORCH))
+    code sees ``torch.compiler.is_compiling()`` (bound as ``_is_compiling``) first, so Dynamo never reads the rest."""
+    return not (_is_compiling() or _function_mode() or _dispatch_modes() or _transforms())
 
 
 def runs_directly(*args: Any) -> bool:
     """Whether a call on ``args`` may skip the dispatcher: ``untraced()``, and autograd records nothing of
     it (grad disabled, or no argument requires it; a list's tensors are looked into)."""
-    return untraced() and not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args))
+    return untraced() and not (_grad_enabled() and _any_requires_grad(*args))
 
 
 def empty(like: torch.Tensor) -> torch.Tensor:

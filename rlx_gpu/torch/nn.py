@@ -29,7 +29,8 @@ from host_fallback.abi import OPS as DEFINITIONS
 from .arguments import check_rnn_forward
 from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
 from .library import PLAIN, runs_directly
-from .recurrent import Recurrence, hot_recurrent, recurrent
+from .recurrent import Recurrence, recurrent
+from .recurrent_hot import hot_recurrent
 from .registry import FUNCTIONS
 
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
@@ -75,7 +76,7 @@ class _RlxRecurrent:
                                   input.batch_sizes if packed else None)
         y, finals = self._layers(x, states, seq_lens)
         if key is not None and path is UNBUILT:
-            keep_hot_path(key, lambda: self._hot_path(x, states, batched))
+            keep_hot_path(key, lambda: self._hot_path(x, states, batched, hx is not None))
         return self._results(input, y, finals, batched)
 
     def _arguments(self, input: Any, hx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any, bool]:
@@ -106,11 +107,11 @@ class _RlxRecurrent:
             finals = [f.squeeze(1) for f in finals]
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
 
-    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor],
-                  batched: bool) -> Callable[..., Any] | None:
+    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool,
+                  hx_given: bool) -> Callable[..., Any] | None:
         """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
         op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
-        on the bound forward (``recurrent.hot_recurrent``); None for any other."""
+        on the bound forward (``recurrent_hot.hot_recurrent``); None for any other. ``hx_given``: the call gave ``hx``."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         weights = module._flat_weights
         if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):
@@ -118,6 +119,14 @@ class _RlxRecurrent:
         run = hot_recurrent(self._recurrence(module.num_layers), x, weights, list(states.values()))
         if run is None:
             return None
+
+        if batched and module.batch_first and hx_given:  # a decode loop's form: the tensors are the op's
+            lstm = module.mode == "LSTM"
+
+            def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any]:
+                y, *finals = run(input, module._flat_weights, hx if lstm else (hx,))
+                return y, (tuple(finals) if lstm else finals[0])
+            return as_given
 
         def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any]:
             x, states, _, _ = module._arguments(input, hx)

@@ -16,11 +16,9 @@ unpacked into one gradient per parameter.
 from __future__ import annotations
 
 import collections
-import operator
 import threading
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 import torch
 
@@ -29,7 +27,7 @@ from host_fallback.abi import OPS
 from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from ..schedule.reserve import reserve_bytes
-from .bridge import CPU, BoundCall, host_array, plan_for, run_graph, specs_of, stamp, tensor
+from .bridge import kept_per_signature, run_graph, specs_of, stamp
 from .fused import CALL, declare, output_gradients, saves
 from .library import define, dense, direct, empty, schema_args
 
@@ -181,7 +179,7 @@ def _unpack(spec: Recurrence, weights: Sequence[torch.Tensor], grads: Mapping[st
 
 
 _packings = _Packings()
-forget_packings = _packings.clear
+forget_packings = kept_per_signature(_packings.clear)
 
 
 def _inputs(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor],
@@ -256,40 +254,6 @@ def _forward(op: str, *args: Any) -> tuple[torch.Tensor, ...]:
     out = run_graph(("forward", spec, save), lambda: _forward_graph(spec, inputs, save), inputs, stamps=stamps)
     finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
     return (out["y"], *(out[finals[s]] for s in spec.states), out["reserve"] if save else empty(x))
-
-
-def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor],
-                  states: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
-    """The forward of ``spec`` bound for the signature of a call on CPU tensors that just ran (a module's
-    hot path: ``nn``), ``run(x, weights, states) -> [y, *final states]``: its call plan bound once, the
-    weight streams taken from ``_Packings`` and copied in only when a parameter changed (their stamp);
-    None where the weights are no parameters (packed on every call) or there are no steps to run."""
-    if x.shape[:2].numel() == 0 or not x.is_cpu:
-        return None
-    inputs, stamps = _inputs(spec, x, weights, states, None)
-    if not stamps:
-        return None
-    specs = specs_of(inputs)
-    plan = plan_for(("forward", spec, False), lambda: _forward_graph(spec, inputs, False), specs, None)
-    positions = {name: i for i, name in enumerate(inputs)}  # x, the streams, the states
-    finals = {"h0": f"{CALL}.h_n", "c0": f"{CALL}.c_n"}
-    bound = BoundCall(plan, positions, spec.streams, ("y", *(finals[s] for s in spec.states)))
-    view, wrap = (torch.Tensor.numpy, torch.from_numpy) if bound.plain else (host_array, lambda a: tensor(a, CPU))
-    # the latest call's parameters (weakly), (version, address) marks and packing: a decode loop's are unchanged
-    latest: list[Any] = [(), None, None]
-
-    def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        marks = [(w._version, w.data_ptr()) for w in weights]
-        held, seen, packing = latest
-        if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, (r() for r in held))):
-            packing = _packings.streams(spec, weights)
-            kept = packing[1] is not None  # parameters: a packing kept per version
-            latest[:] = [tuple(map(weakref.ref, weights)), marks, packing] if kept else [(), None, None]
-        streams, key = packing
-        values = [view(x), *streams.values(), *map(view, states)]  # a stream is read only when its stamp changed
-        stamps = [None, *(key for _ in streams), *(None for _ in states)]
-        return [wrap(a) for a in bound.run([values[i] for i in bound.order], [stamps[i] for i in bound.order])]
-    return run
 
 
 def _forward_fake(op: str, *args: Any) -> tuple[torch.Tensor, ...]:

@@ -12,13 +12,16 @@ from torch.autograd.graph import increment_version
 
 from .arguments import check_selective_state_update, check_state_batch_indices
 from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, call_key, default_device, device_for, host_array, hot_path,
-                     keep_hot_path, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
+                     keep_hot_path, kept_per_signature, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
+from .held_views import HeldView
 from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
 from .ssm import _param_dtype, _state_dtype
 
 __all__ = ["selective_state_update"]
+
+_TENSOR = torch.Tensor
 
 
 def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
@@ -99,26 +102,30 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
     stamped = [(i, ("a", "d", route.bias).index(f)) for i, f in enumerate(order) if f in ("a", "d", route.bias)]
     state_at = bound.plan.outputs.index(FINAL_STATE)
     fields, broadcast, count = route.fields, np.broadcast_to, len(bound.plan.outputs)
+    # the tensors a decode passes again and again: the state and the parameters
+    pools, a_views, d_views, bias_views = HeldView(), HeldView(), HeldView(), HeldView()
 
     def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
              dt_bias: torch.Tensor | None) -> torch.Tensor:
-        pool, xs = state.numpy(force=True), x.numpy(force=True)  # views: the step writes through the state's
+        pool, xs = pools(state), x.numpy(force=True)  # views: the step writes through the state's
         Bs, Cs = B.numpy(force=True), C.numpy(force=True)
-        Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
-        Ds = None if D is None else D.numpy(force=True)
+        Ds = None if D is None else d_views(D)
         zs = None if z is None else z.numpy(force=True)
-        biases = None if dt_bias is None else dt_bias.numpy(force=True)
+        biases = None if dt_bias is None else bias_views(dt_bias)
         if heads_form:
-            by_field = fields(broadcast, pool, xs, dt.numpy(force=True), A.numpy(force=True), Bs, Cs, Ds, zs, biases)
+            Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
+            by_field = fields(broadcast, pool, xs, dt.numpy(force=True), a_views(A), Bs, Cs, Ds, zs, biases)
         else:  # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
-            by_field = {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": A.numpy(force=True),
-                        "b": Bs[:, None], "c": Cs[:, None], "d": Ds, "delta_bias": biases,
+            by_field = {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": a_views(A),
+                        "b": Bs[:, None] if b_grouped else Bs[:, None, None],
+                        "c": Cs[:, None] if c_grouped else Cs[:, None, None], "d": Ds, "delta_bias": biases,
                         "z": None if zs is None else zs[:, None], "state": pool}
         params = (A, D, dt_bias)
         stamps = [None] * len(order)
         for i, p in stamped:
-            stamps[i] = stamp(params[p])
+            t = params[p]  # a plain tensor that views no other has no stamp (``bridge.stamp``), asked without a call
+            stamps[i] = None if type(t) is _TENSOR and t._base is None else stamp(t)
         into = [None] * count
         into[state_at] = by_field["state"]  # the final state straight into the caller's
         y = bound.run([by_field[f] for f in order], stamps, into)[0]
@@ -204,6 +211,7 @@ def _merges(t: torch.Tensor, shape: tuple[int, ...]) -> bool:
 
 
 _step_routes: dict[Hashable, _StepRoute] = {}
+kept_per_signature(_step_routes.clear)  # a route holds its bound call's plan: ``clear_cache`` drops it
 #: How many signatures' routes are kept (all are dropped past it: a route is cheap to work out again).
 STEP_ROUTES = 256
 

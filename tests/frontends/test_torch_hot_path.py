@@ -7,6 +7,9 @@ tensor type, out-of-range indices).
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,7 +17,8 @@ import torch.nn.functional as F
 from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
-from rlx_gpu.torch import state_update
+from rlx_gpu.torch import bridge, state_update
+from rlx_gpu.torch.held_views import HeldView
 
 F64 = torch.float64
 
@@ -142,6 +146,32 @@ def test_an_lstm_decode_loop_on_its_hot_path_sees_its_parameters_change_in_place
                 assert torch.allclose(mine, torchs, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["GRU", "RNN", "LSTM list hx", "LSTM unbatched"])
+def test_each_recurrent_modules_decode_form_on_its_hot_path_matches_torch_nn(kind, host):
+    """GRU and RNN (``hx`` one tensor), an LSTM given ``hx`` as a list, and an unbatched LSTM: each form of
+    ``hx`` and input the hot path takes, step after step, against torch.nn with the same parameters."""
+    torch.manual_seed(4)
+    name = kind.split()[0]
+    theirs = getattr(torch.nn, name)(4, 5, batch_first=True, dtype=F64)
+    ours = getattr(rt, name)(4, 5, batch_first=True, dtype=F64)
+    ours.load_state_dict(theirs.state_dict())
+    unbatched = kind.endswith("unbatched")
+    lead = () if unbatched else (1,)
+    h = r(1, *lead, 5)
+    hx_ours = hx_theirs = [h, r(1, *lead, 5)] if kind == "LSTM list hx" else (h, r(1, *lead, 5)) if name == "LSTM" else h
+    with torch.no_grad():
+        for _ in range(3):
+            x = r(*lead, 1, 4)
+            y, hx_ours = ours(x, hx_ours)
+            expected, hx_theirs = theirs(x, hx_theirs)
+            assert y.shape == expected.shape and torch.allclose(y, expected, atol=1e-12)
+            assert type(hx_ours) is type(hx_theirs)
+            for mine, torchs in zip(*((hx_ours, hx_theirs) if name == "LSTM" else ((hx_ours,), (hx_theirs,)))):
+                assert mine.shape == torchs.shape and torch.allclose(mine, torchs, atol=1e-12)
+            if kind == "LSTM list hx":
+                hx_ours, hx_theirs = list(hx_ours), list(hx_theirs)
+
+
 def test_clear_cache_drops_the_hot_paths_and_calls_run_the_whole_way_again(host, monkeypatch):
     x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
     state = r(1, 2, 4, 3)
@@ -165,3 +195,53 @@ def test_a_module_converted_to_another_dtype_refuses_the_input_it_took_before(ho
         ours.double()
         with pytest.raises(ValueError, match=r"input dtype \(torch.float32\) does not match weight dtype"):
             ours(x)
+
+
+def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the_step_plans(host):
+    """A parameter written through ``.data`` (no new version: its stamp is unchanged) is seen after
+    ``clear_cache()``, which drops the step's route and bound plan too (its arena freed: no plan of the
+    call stays alive)."""
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    A = torch.nn.Parameter(A[:, :1, :1].clone()).expand(2, 4, 3)  # a Mamba-2 block's A: a parameter, broadcast
+    state = r(1, 2, 4, 3)
+    with torch.no_grad():
+        for _ in range(2):
+            rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        plan = weakref.ref(bridge._last.plan)
+        A._base.data.mul_(2.0)  # through .data: torch counts no new version
+        rt.clear_cache()
+        gc.collect()
+        assert plan() is None
+        expected = step_reference(state.clone(), x, dt, A, B, C, D, z, dt_bias)
+        out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    assert torch.allclose(out, expected, atol=1e-12)
+
+
+def test_a_held_view_follows_the_tensors_memory_and_does_not_keep_it_alive():
+    view = HeldView()
+    t = torch.zeros(3, 4)
+    view(t)[1, 2] = 5.0
+    assert view(t) is view(t) and t[1, 2] == 5.0  # kept, and written through
+    t.set_(torch.zeros(3, 4))  # the same tensor, new memory
+    view(t)[0, 0] = 7.0
+    assert t[0, 0] == 7.0 and t[1, 2] == 0.0
+    other = torch.ones(3, 4)  # another tensor: its own view
+    assert view(other)[0, 0] == 1.0 and view(t)[0, 0] == 7.0
+    held = weakref.ref(t)
+    del t
+    gc.collect()
+    assert held() is None
+
+
+def test_a_state_given_new_memory_between_hot_steps_is_updated_where_it_lies_now(host):
+    x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+    state = r(1, 2, 4, 3)
+    expected_state = state.clone()
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:  # the same tensor object, its memory swapped (what a cache reallocation does)
+                fresh = state.clone()
+                state.set_(fresh)
+            expected = step_reference(expected_state, x, dt, A, B, C, D, z, dt_bias)
+            out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+            assert torch.allclose(out, expected, atol=1e-12) and torch.allclose(state, expected_state, atol=1e-12)
