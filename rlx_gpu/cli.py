@@ -8,7 +8,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Sequence, TextIO
 
 import numpy as np
 

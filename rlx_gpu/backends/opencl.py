@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import shlex
 import warnings
 from typing import Any, Iterator, Sequence
 
