@@ -19,7 +19,7 @@ from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
 from rlx_gpu.runtime.config import default_config_path, load_config
-from support.opencl_cpu import needs_opencl_cpu
+from support.opencl_cpu import needs_opencl_cpu, passes_and_runs_the_same_bytes_twice
 
 CONFIG = load_config(default_config_path())
 CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
@@ -46,19 +46,6 @@ PREFILLS = {
     "prefill-rows-24-bf16-no-carry": ("bf16", dict(batch=2, seq=70, heads=2, head_dim=24, state_size=64,
                                                    num_angles=16, d=True)),
 }
-
-def _passes_and_runs_the_same_bytes_twice(cpu_session, host, case: Case, name: str) -> None:
-    """``case`` passes its conformance check (the float64 reference, the host) and two runs give the same bytes."""
-    outcome = runner.check(cpu_session, case, CONFIG, host)
-    assert outcome.status == "pass", outcome.message
-    laid = runner.lay_out(case)
-    runs = []
-    for _ in range(2):
-        arena = cpu_session.upload(laid.arena)
-        cpu_session.launch(laid.thunk, arena)
-        runs.append(cpu_session.read(arena, 0, laid.arena.size))
-    assert np.array_equal(runs[0], runs[1]), f"{name} at the {cpu_session.limits.target} target: two runs differ"
-
 
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, DeviceLimits(1024, 1 << 20, True)], ids=["gpu", "cpu"])
 def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
@@ -99,7 +86,7 @@ def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
 def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(cpu_session, host, name):
     dtype, params = {**SHAPES, **PREFILLS}[name]
     case = Case("mamba3", dtype, params, seed=7)
-    _passes_and_runs_the_same_bytes_twice(cpu_session, host, case, name)
+    passes_and_runs_the_same_bytes_twice(cpu_session, host, case)
 
 
 #: the token-major fields of mamba3, which a call over a later stretch of tokens reads further along
@@ -162,4 +149,4 @@ def test_the_backward_runs_on_the_device_in_blocks_of_rows_then_fixed_order_sums
 @pytest.mark.parametrize("name", list(BACKWARD))
 def test_the_backward_matches_the_reference_and_the_host_and_runs_the_same_bytes_twice(cpu_session, host, name):
     case = Case("mamba3_backward", *BACKWARD[name], seed=5)
-    _passes_and_runs_the_same_bytes_twice(cpu_session, host, case, name)
+    passes_and_runs_the_same_bytes_twice(cpu_session, host, case)

@@ -63,3 +63,14 @@ def filled_reserve(thunk: dict, arena: np.ndarray, forward: dict, **options) -> 
     return out
 
 
+def matches_recomputed(thunk: dict, arena: np.ndarray, forward: dict, tol: float) -> tuple[dict, np.ndarray]:
+    """Asserts that the gradients the backward ``thunk`` reads from the reserve ``forward`` wrote equal those it
+    recomputes without one, within ``tol`` of each gradient's largest magnitude; returns them and the arena
+    with the reserve filled."""
+    saved = filled_reserve(thunk, arena, forward)
+    got, expected = gradients(thunk, saved), gradients(without_reserve(thunk), arena)
+    assert set(got) == set(expected)
+    for name in expected:
+        scale = np.abs(expected[name]).max() + 1e-30
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=name)
+    return got, saved
