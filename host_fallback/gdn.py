@@ -34,8 +34,8 @@ import numpy as np
 
 from . import compiled_step, threads
 from .abi import complete, regions
-from .abi.gdn import gdn_scale
-from .arena import COMPUTE
+from .abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
+from .arena import COMPUTE, view
 from .bound import Bound
 from .chunked import pick_path
 from .gdn_chunked import _chunked, packed
@@ -76,6 +76,14 @@ def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None,
     name, length = _choose(thunk, path, chunk)
     parts = _parts(thunk, name, workers)
     return (name if name == "step" else f"{name} L={length}") + (f", {parts} threads" if parts > 1 else "")
+
+
+def reserve_views(t: Thunk, arena: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The saved forward of a completed gated_delta_net thunk (or its backward's) as views by slot name
+    (``abi.gdn.reserve_slots``), ``None`` without one."""
+    if t.get("reserve") is None:
+        return None
+    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in reserve_slots(t)}
 
 
 def _l2norm(x: np.ndarray) -> np.ndarray:
@@ -180,6 +188,12 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None, given: Any = None) -> bool | None:
         name, length = _choose(t, path, chunk)
+        saved = reserve_views(t, arena)
+        if saved is not None:  # a saved forward holds the chunked form's values, chunks of 32
+            if chunk not in (None, RESERVE_CHUNK):
+                raise ValueError(f"gated_delta_net writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, "
+                                 f"got chunk={chunk}")
+            name, length = "chunked", RESERVE_CHUNK
         # the step path runs on one thread unless workers are forced (``_parts``)
         taken = (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
                  and compiled.run(arena, given))
@@ -218,7 +232,8 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
             elif varlen:
                 _chunked(*inputs, states.rows[:, vs], out, scale, length, layout, t["carry_state"])
             else:
-                _chunked(*inputs, states.rows[bs, vs], out, scale, length)
+                keep = {} if saved is None else {"keep": {f: x[bs, :, vs] for f, x in saved.items()}}
+                _chunked(*inputs, states.rows[bs, vs], out, scale, length, **keep)
             return None if direct else out
 
         def store(bs: slice, hs: slice, out: np.ndarray | None) -> None:

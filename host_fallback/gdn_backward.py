@@ -41,11 +41,11 @@ import numpy as np
 
 from . import threads
 from .abi import complete
-from .abi.gdn import gdn_scale
+from .abi.gdn import RESERVE_CHUNK, gdn_scale
 from .arena import COMPUTE
 from .bound import Bound
 from .chunked import pick_path
-from .gdn import L2_EPS
+from .gdn import L2_EPS, reserve_views
 from .gdn_backward_chunked import _chunked
 from .gdn_backward_step import _step_path
 from .implementations import KERNELS
@@ -138,13 +138,16 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     grads = {f: bound.view(f"d_{f}") if direct else np.empty_like(inputs[f]) for f in ("q", "k", "v", "g", "beta")}
     d_init = np.empty(shape, work)
     seq = inputs["q"].shape[1]
+    # a saved forward (ABI.md §9.1) is read where its chunks are the backward's (packed sequences have none)
+    views = reserve_views(t, arena) if name == "chunked" and length == RESERVE_CHUNK and not varlen else None
 
     def compute(bs: slice, hs: slice) -> list[tuple[slice, slice, tuple[Array, ...]]]:
         done = []
         for sub_bs, sub_hs in _blocks(bs, hs, 1 if name == "step" else max(1, BLOCK_STEPS // seq)):
             vs = slice(sub_hs.start * group, sub_hs.stop * group)
             q, k, v, g, beta, d_out = (inputs[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in fields)
-            run = _step_path if name == "step" else lambda *args: _chunked(*args, length)
+            saved = None if views is None else {f: x[sub_bs, :, vs] for f, x in views.items()}
+            run = _step_path if name == "step" else lambda *args: _chunked(*args, length, saved)
             done.append((sub_bs, sub_hs, run(q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)))
         return done
 
