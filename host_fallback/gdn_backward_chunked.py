@@ -67,7 +67,7 @@ def _rowdot(x: Array, y: Array) -> Array:
 def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results). ``saved``: a
     saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of ``length``),
-    read instead of forming the decayed products, the inverses and the states entering each chunk."""
+    read instead of forming the decayed products, the inverses, the states entering each chunk and ``U``."""
     seq, heads, n = q.shape[1:]
     b, group, width = q.shape[0], v.shape[2] // heads, v.shape[3]
     per_channel = g.ndim == 4
@@ -84,13 +84,10 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
     inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
     inverse_t = np.ascontiguousarray(_swap(inverse))
-    t = inverse * bc[..., None, :]  # T = (I + A)^-1 beta
     gk = gamma * kc  # [..., L, K]
     gk_t = np.ascontiguousarray(_swap(gk))
     kd = kc * to_end  # KD, [..., L, K]
-    kd_t = np.ascontiguousarray(_swap(kd))
-
-    rest, u, starts = _forward(vc, gk, t, kd_t, through, _split(s0, group, 1), None if read is None else read["states"])
+    u, starts = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read)
 
     # the reverse over chunks: dU = scale M^T dO + KD dS_L, Y = (I + A)^-T dU, dV = beta Y and
     # dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV
@@ -102,16 +99,20 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     d_leave = carried
 
     # every other gradient, all chunks at once
-    dbeta = _rowdot(y, rest)
+    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept; Y S0^T (beta gamma) is minus
+    # the gradient of gamma K
+    s0t = _swap(starts)
+    dgk = np.matmul(y, s0t)
+    dbeta = _rowdot(y, vc)
+    dbeta -= _rowdot(dgk, gk)
+    dgk *= bc[..., None]
+    dgk *= gamma
     da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
     np.copyto(da, 0, where=_upper(length, 0))
     dbeta -= np.sum(da * kk, axis=-1)
     dkk = da
     dkk *= bc[..., None]
     dkk *= -1
-    s0t = _swap(starts)
-    dgk = np.matmul(dv, s0t)  # minus the gradient of gamma K
-    dgk *= gamma
     dqg = np.matmul(oc, s0t)  # of gamma Q, over scale
     dqg *= gamma
     dqg *= scale
@@ -138,23 +139,25 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
 
 
-def _forward(vc, gk, t, kd_t, through, s0, leaving):
-    """The forward again: ``(R, U, starts)``, ``R = V - (gamma K) S0``, ``U = T R`` and the state entering each
-    chunk. From a saved forward's states ``leaving`` each chunk (``[C, ...]``) all chunks at once, else one
-    chunk after another from ``s0``."""
-    rest, u = np.empty(vc.shape, vc.dtype), np.empty(vc.shape, vc.dtype)
+def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
+    """The forward again: ``(U, starts)``, ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``) and
+    the state entering each chunk, one chunk after another from ``s0``; or read from a saved forward (``saved``:
+    ``u`` and the states leaving each chunk, ``[C, ...]``)."""
     starts = np.empty((len(vc), *s0.shape), s0.dtype)
-    if leaving is not None:
-        starts[0], starts[1:] = s0, leaving[:-1]
-        np.subtract(vc, np.matmul(gk, starts), out=rest)
-        return rest, np.matmul(t, rest, out=u), starts
+    starts[0] = s0
+    if saved is not None:
+        starts[1:] = saved["states"][:-1]
+        return saved["u"], starts
+    t = inverse * bc[..., None, :]
+    kd_t = np.ascontiguousarray(_swap(kd))
+    u, rest = np.empty(vc.shape, vc.dtype), np.empty(vc.shape[1:], vc.dtype)
     state = s0
     for c in range(len(vc)):
         starts[c] = state
-        np.subtract(vc[c], np.matmul(gk[c], state), out=rest[c])
-        np.matmul(t[c], rest[c], out=u[c])
+        np.subtract(vc[c], np.matmul(gk[c], state), out=rest)
+        np.matmul(t[c], rest, out=u[c])
         state = starts[c] * through[c] + np.matmul(kd_t[c], u[c])
-    return rest, u, starts
+    return u, starts
 
 
 def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds):

@@ -99,7 +99,7 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     With ``layout`` (a ``Packed``) the batch is one packed row of sequences and ``s [R, HV, K, V]``
     holds each sequence's initial state (read only when ``carried``), replaced by its final state.
     ``keep`` (no ``layout``, ``length`` = ``abi.gdn.RESERVE_CHUNK``): a saved forward's views by slot name
-    (``states``, ``qk``, ``kk``, ``inverse``: ``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``), written here.
+    (``states``, ``qk``, ``kk``, ``inverse``, ``u``: ``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``), written here.
 
     Every GEMM operand used transposed (``K^T``, the decayed keys ``kd``) is laid out contiguous
     first: OpenBLAS runs small GEMMs with a transposed operand far slower.
@@ -144,9 +144,10 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     if layout is None:
         starts[0] = block
         _carry(u, w, kd, through, starts, block)
-        if keep:  # the states leaving each chunk: those entering the next ones, then the final one
+        if keep:  # the states leaving each chunk (those entering the next ones, then the final one) and u
             _save(keep, "states", starts[1:], slice(0, -1))
             _save(keep, "states", block, -1)
+            _save(keep, "u", u)
     else:
         first = layout.first()[:, None, None, None, :, None]  # [C, 1, 1, 1, L, 1]
         inits = _split(s, group, 1)[:, None] if carried else None  # [R, 1, H, G, K, V]

@@ -51,13 +51,18 @@ def reserve_slots(t: Thunk) -> list[reserve.Slot]:
     - ``qk [batch, C, value_heads, 32, 32]``: each chunk's decayed ``q_r · k_s`` for ``s <= r`` (0 above the
       diagonal; before ``scale``), ``kk`` the same of ``k_r · k_s`` for ``s < r`` (0 on and above it), the
       decay ``exp(cum_r - cum_s)`` per key channel inside the dot product where the gate is per channel;
-    - ``inverse [batch, C, value_heads, 32, 32]``: ``(I + diag(beta) kk)^-1``, unit lower triangular.
+    - ``inverse [batch, C, value_heads, 32, 32]``: ``(I + diag(beta) kk)^-1``, unit lower triangular;
+    - ``u [batch, C, value_heads, 32, value_size]``: what each token adds to the state, ``u = inverse diag(beta)
+      (v - (gamma k) S)``, ``S`` the state entering the chunk, ``gamma_r`` the decay from it through token ``r``
+      (0 past ``seq``).
     """
     b, count, hv = t["batch"], -(-t["seq"] // RESERVE_CHUNK), t.get("value_heads") or t["heads"]
     n, ct, square = t["state_size"], reserve.element_type(t), (RESERVE_CHUNK, RESERVE_CHUNK)
     lead = (b, count, hv)
-    return reserve.packed([("states", 0, (*lead, n, t.get("value_size") or n), ct), ("qk", 0, (*lead, *square), ct),
-                           ("kk", 0, (*lead, *square), ct), ("inverse", 0, (*lead, *square), ct)])
+    width = t.get("value_size") or n
+    return reserve.packed([("states", 0, (*lead, n, width), ct), ("qk", 0, (*lead, *square), ct),
+                           ("kk", 0, (*lead, *square), ct), ("inverse", 0, (*lead, *square), ct),
+                           ("u", 0, (*lead, RESERVE_CHUNK, width), ct)])
 
 
 def reserve_bytes(t: Thunk) -> int:

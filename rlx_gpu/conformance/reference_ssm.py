@@ -303,7 +303,7 @@ declare_cases(
 # of 64 steps (gpu target) one value column, every column from a key or a gate; an Inf; packed sequences: a
 # NaN in one sequence reaches no other (in the first, and mid-chunk in the last).
 #: A saved forward (ABI.md §9.1) over three chunks of 32 (the backward reads it), 512 KiB: more than the small
-#: case needs at seq 70 in any dtype (rlx_gpu.reserve_bytes: f64's 301056 bytes).
+#: case needs at seq 70 in any dtype (rlx_gpu.reserve_bytes: f64's 325632 bytes).
 _GDN_RESERVE = {"reserve": True, "reserve_bytes": 1 << 19, "seq": 70}
 declare_cases(
     "gated_delta_net", small=_gdn(2, 7, 2, 8, False, True),

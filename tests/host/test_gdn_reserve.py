@@ -1,6 +1,6 @@
 """The host's gated_delta_net with a saved forward (ABI.md §9.1): a training forward writes the reserve (the
-states leaving every chunk of 32 tokens, each chunk's decayed products q·k and k·k and the inverse of ``I +
-diag(beta) kk``), the backward reads it instead of recomputing them. Its gradients against the backward that
+states leaving every chunk of 32 tokens, each chunk's decayed products q·k and k·k, the inverse of ``I +
+diag(beta) kk`` and what each token adds to the state), the backward reads it instead of recomputing them. Its gradients against the backward that
 recomputes (the same values by another GEMM order: equal within rounding), the forward's outputs unchanged by
 writing it, the saved values against the recurrence and the definitions, the same bytes on every run, and
 packed sequences refused."""
@@ -76,12 +76,14 @@ def test_the_saved_values_are_the_recurrences_states_and_each_chunks_products(ex
     g = values["g"] if thunk["gate_per_channel"] else values["g"][..., None] * np.ones(k.shape)
     seq = q.shape[1]
     s = np.zeros(saved["states"].shape[:1] + saved["states"].shape[2:])  # [B, HV, K, V]
-    for t in range(seq):  # the recurrence of ABI.md §4
+    for t in range(seq):  # the recurrence of ABI.md §4: u is what the token adds to the (decayed) state
         s = np.exp(g[:, t])[..., None] * s
         u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhk,bhkv->bhv", k[:, t], s))
         s = s + k[:, t, ..., None] * u[..., None, :]
+        np.testing.assert_allclose(saved["u"][:, t // 32, :, t % 32], u, rtol=1e-10, atol=1e-12)
         if (t + 1) % 32 == 0 or t + 1 == seq:
             np.testing.assert_allclose(saved["states"][:, t // 32], s, rtol=1e-10, atol=1e-12)
+    assert not saved["u"][:, -1, :, seq % 32 or 32:].any()  # (tokens past seq)
     for c, lo in enumerate(range(0, seq, 32)):
         span = slice(lo, min(seq, lo + 32))
         cum = np.cumsum(g[:, span], axis=1)  # [B, L, HV, K]

@@ -74,11 +74,10 @@ def test_the_minimum_of_selective_scan_is_the_states_leaving_each_chunk_of_32(op
                                             ("f16", {"state_dtype": "f64"}, 8),
                                             ("f32", {"value_heads": 6, "value_size": 3}, 4)])
 @pytest.mark.parametrize("seq", (1, 32, 33, 100))
-def test_the_minimum_of_gated_delta_net_is_the_states_leaving_each_chunk_of_32_and_three_squares(op, dtype, extra,
-                                                                                                  es, seq):
+def test_the_minimum_of_gated_delta_net_is_per_chunk_of_32_a_state_three_squares_and_u(op, dtype, extra, es, seq):
     fields = {"op": op, "dtype": dtype, "batch": 2, "seq": seq, "heads": 3, "state_size": 5, **extra}
     hv, v = extra.get("value_heads", 3), extra.get("value_size", 5)
-    end = 2 * -(-seq // 32) * hv * (5 * v + 3 * 32 * 32) * es
+    end = 2 * -(-seq // 32) * hv * (5 * v + 3 * 32 * 32 + 32 * v) * es
     assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
 
 
