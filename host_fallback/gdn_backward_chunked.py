@@ -78,8 +78,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     gc, bc = (_split(to_chunks(x, length), group, 2) for x in (g, beta))  # [C, B, H, G, L(, K)]
     count = qc.shape[0]
     kt = np.ascontiguousarray(_swap(kc))  # [C, B, H, 1, K, L]
-    read = None if saved is None else {f: np.ascontiguousarray(np.moveaxis(_split(x, group, 2), 1, 0))
-                                        for f, x in saved.items()}  # [C, B, H, G, ...]
+    read = None if saved is None else _chunk_major(saved, group)
     products = None if read is None else (read["qk"], read["kk"])
     qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
     inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
@@ -137,6 +136,13 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     dq, dk = (from_chunks(x[:, :, :, 0] if group == 1 else x.sum(axis=3), seq) for x in (dq, dk))
     dv, dg, dbeta = (from_chunks(x.reshape(count, b, heads * group, *x.shape[4:]), seq) for x in (dv, dg, dbeta))
     return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
+
+
+def _chunk_major(saved, group):
+    """A saved forward's slots ``[B, C, HV, ...]`` chunk-major, ``[C, B, H, G, ...]``, contiguous copies but the
+    states (a view: ``_forward`` copies them once, into the states entering each chunk)."""
+    moved = {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
+    return {f: x if f == "states" else np.ascontiguousarray(x) for f, x in moved.items()}
 
 
 def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
