@@ -18,6 +18,10 @@ product across a boundary, a sequence that begins inside a chunk enters with its
 and each sequence's final state is formed at its last token. State slots gather the carried rows
 once before the thunk and scatter them once after it.
 
+A forward given a ``reserve`` (ABI.md §9.1, ``abi.gdn.reserve_slots``) runs the chunked path with chunks of
+32, whatever the sequence's length, and writes there what its backward reads: each chunk's decayed products,
+their inverse, ``u`` and the state leaving it.
+
 16-bit storage computes in f32 (the f16 path is what GPU runtimes without a native kernel fall
 back to); a state stored wider (``state_dtype``) is carried at its own precision, and the whole
 thunk computes at the wider of the two. ``state`` is read and the final state written back,
@@ -58,6 +62,25 @@ def _choose(thunk: Thunk, path: str | None, chunk: int | None) -> tuple[str, int
     if length < LEAF or length & (length - 1):
         raise ValueError(f"gated_delta_net: chunk length must be a power of two >= {LEAF}, got {length}")
     return pick_path("gated_delta_net", path, thunk["seq"], STEP_MAX, "chunked"), length
+
+
+def _choose_saving(t: Thunk, arena: np.ndarray, path: str | None,
+                   chunk: int | None) -> tuple[str, int, dict[str, np.ndarray] | None]:
+    """``_choose``'s path and chunk length, and the views of the saved forward the thunk writes (``None``: none);
+    one that does runs the chunked form with chunks of ``RESERVE_CHUNK``, whose values it holds."""
+    saved = reserve_views(t, arena)
+    if saved is None:
+        return (*_choose(t, path, chunk), None)
+    if chunk not in (None, RESERVE_CHUNK):
+        raise ValueError(f"gated_delta_net writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, "
+                         f"got chunk={chunk}")
+    return "chunked", RESERVE_CHUNK, saved
+
+
+def _kept(saved: dict[str, np.ndarray] | None, bs: slice, vs: slice) -> dict[str, Any]:
+    """``gdn_chunked._chunked``'s ``keep`` argument for rows ``bs`` and value heads ``vs``: the saved forward's
+    views there, none without one."""
+    return {} if saved is None else {"keep": {f: x[bs, :, vs] for f, x in saved.items()}}
 
 
 def _parts(thunk: Thunk, name: str, workers: int | None) -> int:
@@ -187,13 +210,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None, given: Any = None) -> bool | None:
-        name, length = _choose(t, path, chunk)
-        saved = reserve_views(t, arena)
-        if saved is not None:  # a saved forward holds the chunked form's values, chunks of 32
-            if chunk not in (None, RESERVE_CHUNK):
-                raise ValueError(f"gated_delta_net writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, "
-                                 f"got chunk={chunk}")
-            name, length = "chunked", RESERVE_CHUNK
+        name, length, saved = _choose_saving(t, arena, path, chunk)
         # the step path runs on one thread unless workers are forced (``_parts``)
         taken = (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
                  and compiled.run(arena, given))
@@ -232,8 +249,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
             elif varlen:
                 _chunked(*inputs, states.rows[:, vs], out, scale, length, layout, t["carry_state"])
             else:
-                keep = {} if saved is None else {"keep": {f: x[bs, :, vs] for f, x in saved.items()}}
-                _chunked(*inputs, states.rows[bs, vs], out, scale, length, **keep)
+                _chunked(*inputs, states.rows[bs, vs], out, scale, length, **_kept(saved, bs, vs))
             return None if direct else out
 
         def store(bs: slice, hs: slice, out: np.ndarray | None) -> None:

@@ -12,7 +12,9 @@ step ``r``, per head or per key channel):
 The forward is recomputed chunk-parallel (``gdn``'s decayed Gram products), and one sequential loop
 over chunks forms ``R = V - (gamma K) S0`` and ``U`` and keeps the state entering each chunk: the
 only per-chunk checkpoint, so the extra memory is ``O(S / L * state)`` (long sequences also run
-fewer lanes at a time, ``BLOCK_STEPS``). The reverse loop over chunks carries the state's gradient
+fewer lanes at a time, ``BLOCK_STEPS``). A saved forward (ABI.md §9.1's ``reserve``, chunks of 32:
+``abi.gdn.reserve_slots``) holds the Gram products, ``(I + A)^-1``, the states leaving each chunk and
+``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks). The reverse loop over chunks carries the state's gradient
 back: ``dU = scale M^T dO + KD dS_L``, ``Y = (I + A)^-T dU``, ``dV = beta Y`` and
 ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``; every other gradient is a handful
 of GEMMs over all chunks at once. Decayed products with per-channel gates factor through the
