@@ -71,6 +71,18 @@ def _count_reserves(monkeypatch, save, load) -> dict[str, int]:
     return counts
 
 
+def _check_saved_against_recomputed(gradients, counts: dict[str, int], saving: bool) -> None:
+    """``gradients(recompute)`` (a training call's, on the host) equal with ``recompute`` False and True within
+    rounding; the reserve written and read once (``counts``: ``_count_reserves``') where ``saving``, else never."""
+    once = {"save": 1, "load": 1} if saving else {"save": 0, "load": 0}
+    saved = gradients(False)
+    assert counts == once
+    recomputed = gradients(True)
+    assert counts == once
+    for got, want in zip(saved, recomputed):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
 @pytest.fixture
 def mamba2_reserves(monkeypatch):
     """Counts of the mamba2 reserves the host's forward wrote (``save``) and its backward read (``load``)."""
@@ -100,12 +112,8 @@ def _chunk_scan_grads(recompute: bool, seq_idx: bool = False) -> list[torch.Tens
 def test_mamba_chunk_scan_combined_reads_the_saved_forward_unless_asked_to_recompute(seq_idx, mamba2_reserves,
                                                                                     monkeypatch):
     monkeypatch.setenv("RLX_DEVICE", "host")
-    saved = _chunk_scan_grads(False, seq_idx)
-    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
-    recomputed = _chunk_scan_grads(True, seq_idx)
-    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
-    for got, want in zip(saved, recomputed):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    _check_saved_against_recomputed(lambda recompute: _chunk_scan_grads(recompute, seq_idx), mamba2_reserves,
+                                    not seq_idx)
 
 
 def test_mamba_chunk_scan_combined_under_no_grad_saves_nothing(mamba2_reserves, monkeypatch):
@@ -179,12 +187,8 @@ def _delta_rule_grads(function: str, recompute: bool, packed: bool = False) -> l
 def test_the_delta_rules_read_the_saved_forward_unless_packed_or_asked_to_recompute(function, packed, gdn_reserves,
                                                                                     monkeypatch):
     monkeypatch.setenv("RLX_DEVICE", "host")
-    saved = _delta_rule_grads(function, False, packed)
-    assert gdn_reserves == ({"save": 0, "load": 0} if packed else {"save": 1, "load": 1})
-    recomputed = _delta_rule_grads(function, True, packed)
-    assert gdn_reserves == ({"save": 0, "load": 0} if packed else {"save": 1, "load": 1})
-    for got, want in zip(saved, recomputed):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    _check_saved_against_recomputed(lambda recompute: _delta_rule_grads(function, recompute, packed), gdn_reserves,
+                                    not packed)
 
 
 def test_a_delta_rule_under_no_grad_saves_nothing(gdn_reserves, monkeypatch):
