@@ -27,6 +27,7 @@ CASES = [
     ("one_chunk", dict(seq=20, gate_per_channel=True)),
     ("groups.width.l2.scale", dict(value_heads=4, value_size=3, qk_l2norm=True, scale=0.7)),
     ("carry.slots", dict(carry_state=True, state_slots=[2, 0], num_slots=3, gate_per_channel=True)),
+    ("state_f64", dict(carry_state=True, state_dtype="f64")),  # an f64 reserve whatever the dtype
 ]
 IDS = [label for label, _ in CASES]
 #: Largest difference from the recomputing backward, relative to the gradient's largest magnitude.
