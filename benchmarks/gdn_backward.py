@@ -5,14 +5,14 @@
 Shapes of ``benchmarks/ssm.py`` (batch 2, seq 1024, H=8, K=V=64, f32, unit keys, beta in (0, 1), log-decays
 in (-0.5, 0)), per-head and per-channel gates. Ours is the forward thunk then the backward thunk, two ways:
 recomputing what it needs of the forward, and with a saved forward (ABI.md §9.1 ``reserve``: the forward also
-writes the chunk states, the decayed products and the inverses, the backward reads them); torch is one forward
-and ``backward()`` of the same loss
-``Σ dst·d_dst`` through a float32 torch rewrite of fla's ``naive_chunk_gated_delta_rule`` math (chunks
-of 64, the triangular solve by forward substitution row by row; per-channel gates with the decays of
-each key channel, as fla's KDA reference does). Rows: per way our forward and backward ms, their sum over our forward alone (target <= 2.5 with the reserve), over torch's forward+backward (target
-<= 0.5), the largest gradient difference relative to torch's largest (the forward without a reserve is
-our forward alone). Medians of ``--runs`` runs, the five
-contenders taking turns (paired under the same load).
+writes the chunk states, the decayed products, their inverses and u, the backward reads them); torch is one
+forward and ``backward()`` of the same loss ``Σ dst·d_dst`` through a float32 torch rewrite of fla's
+``naive_chunk_gated_delta_rule`` math (chunks of 64, the triangular solve by forward substitution row by row;
+per-channel gates with the decays of each key channel, as fla's KDA reference does). Rows: per way our forward
+and backward ms, their sum over our forward alone (the forward without a reserve; target <= 2.5 with the
+reserve), over the recomputing way's sum (the paired figure, steadiest under load), over torch's
+forward+backward (target <= 0.5), the largest gradient difference relative to torch's largest. Medians of
+``--runs`` runs, the five contenders taking turns (paired under the same load).
 
 The memory table runs at ``--memory-seq`` (target: the backward's peak extra memory <= 2x the
 forward's, both measured with tracemalloc, which sees every NumPy allocation), beside the forward's
@@ -146,11 +146,13 @@ def main() -> None:
     torch.set_num_threads(threads)
     print(f"host CPU, f32, batch {BATCH}, seq {args.seq}, H={HEADS} K=V={SIZE}; OpenBLAS and torch {threads} threads; "
           f"medians of {args.runs} runs; load average {os.getloadavg()[0]:.1f}")
-    head = f"{'gates, way':<22}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'torch ms':>10}{'ours/torch':>12}{'max rel diff':>14}"
+    head = (f"{'gates, way':<22}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'/recompute':>11}{'torch ms':>10}"
+            f"{'ours/torch':>12}{'max rel diff':>14}")
     print_head(head)
     for per_channel in (False, True):
         values = _inputs(args.seq, per_channel, np.random.default_rng(0))
-        steps = {way: _steps(*_ours(args.seq, per_channel, values, way == "reserve")) for way in ("recompute", "reserve")}
+        steps = {way: _steps(*_ours(args.seq, per_channel, values, way == "reserve"))
+                 for way in ("recompute", "reserve")}
         twin = _torch_run(values)
         f_ms, b_ms, fr_ms, br_ms, t_ms = alternating_ms([*steps["recompute"][:2], *steps["reserve"][:2], twin],
                                                         args.runs, 1)
@@ -158,8 +160,8 @@ def main() -> None:
         for way, (fw, bw) in (("recompute", (f_ms, b_ms)), ("reserve", (fr_ms, br_ms))):
             ours = steps[way][2]()
             diff = max(float(np.max(np.abs(ours[f] - x)) / np.max(np.abs(x))) for f, x in twin().items())
-            print(f"{gates + ', ' + way:<22}{fw:>9.1f}{bw:>9.1f}{(fw + bw) / f_ms:>9.2f}{t_ms:>10.1f}"
-                  f"{(fw + bw) / t_ms:>12.2f}{diff:>14.1e}")
+            print(f"{gates + ', ' + way:<22}{fw:>9.1f}{bw:>9.1f}{(fw + bw) / f_ms:>9.2f}"
+                  f"{(fw + bw) / (f_ms + b_ms):>11.2f}{t_ms:>10.1f}{(fw + bw) / t_ms:>12.2f}{diff:>14.1e}")
     print()
     seq = args.memory_seq
     states = BATCH * HEADS * SIZE * SIZE * 4 * -(-seq // gdn.CHUNK)
