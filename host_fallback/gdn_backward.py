@@ -14,10 +14,11 @@ over chunks forms ``R = V - (gamma K) S0`` and ``U`` and keeps the state enterin
 only per-chunk checkpoint, so the extra memory is ``O(S / L * state)`` (long sequences also run
 fewer lanes at a time, ``BLOCK_STEPS``). A saved forward (ABI.md §9.1's ``reserve``, chunks of 32:
 ``abi.gdn.reserve_slots``) holds the Gram products, ``(I + A)^-1``, the states leaving each chunk and
-``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks). The reverse loop over chunks carries the state's gradient
-back: ``dU = scale M^T dO + KD dS_L``, ``Y = (I + A)^-T dU``, ``dV = beta Y`` and
-``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``; every other gradient is a handful
-of GEMMs over all chunks at once. Decayed products with per-channel gates factor through the
+``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks).
+The reverse loop over chunks carries the state's gradient back: ``dU = scale M^T dO + KD dS_L``, ``Y =
+(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``;
+every other gradient is a handful of GEMMs over all chunks at once (``beta``'s through ``R`` as ``Y.V -
+(Y S0^T).(gamma K)``, so ``R`` is not kept). Decayed products with per-channel gates factor through the
 chunk's midpoint as ``gdn`` does (``CHANNEL_SPREAD``), and chunks whose decays spread further take
 an exact pairwise form. A log-decay's gradient is the reverse cumulative sum over the chunk of the
 cumulative log-decays' gradients, which are ``x * dx`` summed over the terms in which ``x`` carries

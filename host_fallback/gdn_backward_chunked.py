@@ -69,7 +69,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of ``length``),
     read instead of forming the decayed products, the inverses, the states entering each chunk and ``U``."""
     seq, heads, n = q.shape[1:]
-    b, group, width = q.shape[0], v.shape[2] // heads, v.shape[3]
+    b, group = q.shape[0], v.shape[2] // heads
     per_channel = g.ndim == 4
     low, high = float(g.min(initial=0.0)), float(g.max(initial=0.0))
     g = floor_log_decays(g, low)

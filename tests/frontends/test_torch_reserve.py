@@ -195,5 +195,6 @@ def test_a_delta_rule_under_no_grad_saves_nothing(gdn_reserves, monkeypatch):
     from rlx_gpu.torch.gdn import chunk_gated_delta_rule
     monkeypatch.setenv("RLX_DEVICE", "host")
     with torch.no_grad():
-        chunk_gated_delta_rule(*(torch.randn(1, 70, 2, 3) for _ in range(3)), -torch.rand(1, 70, 2), torch.rand(1, 70, 2))
+        chunk_gated_delta_rule(*(torch.randn(1, 70, 2, 3) for _ in range(3)), -torch.rand(1, 70, 2),
+                               torch.rand(1, 70, 2))
     assert gdn_reserves == {"save": 0, "load": 0}

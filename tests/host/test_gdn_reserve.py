@@ -1,9 +1,9 @@
 """The host's gated_delta_net with a saved forward (ABI.md §9.1): a training forward writes the reserve (the
 states leaving every chunk of 32 tokens, each chunk's decayed products q·k and k·k, the inverse of ``I +
-diag(beta) kk`` and what each token adds to the state), the backward reads it instead of recomputing them. Its gradients against the backward that
-recomputes (the same values by another GEMM order: equal within rounding), the forward's outputs unchanged by
-writing it, the saved values against the recurrence and the definitions, the same bytes on every run, and
-packed sequences refused."""
+diag(beta) kk`` and what each token adds to the state), the backward reads it instead of recomputing them.
+Its gradients against the backward that recomputes (the same values by another GEMM order: equal within
+rounding), the forward's outputs unchanged by writing it, the saved values against the recurrence and the
+definitions, the same bytes on every run, and packed sequences refused."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +19,8 @@ from support.gradient_check import read, with_gradients
 from support.saved_forward import filled_reserve, gradients, laid_with_reserve, run_forward, without_reserve
 
 OP = "gated_delta_net"
-BASE = dict(batch=2, seq=70, heads=2, state_size=4, gate_per_channel=False, carry_state=False)  # three chunks of 32, the last one partial
+#: three chunks of 32, the last one partial
+BASE = dict(batch=2, seq=70, heads=2, state_size=4, gate_per_channel=False, carry_state=False)
 CASES = [
     ("per_head", {}),
     ("per_channel", dict(gate_per_channel=True)),
@@ -114,7 +115,8 @@ def test_the_reserve_and_the_gradients_are_the_same_bytes_on_every_run():
 
 
 def test_a_saved_forward_of_packed_sequences_is_refused():
-    params = dict(batch=1, seq=20, heads=2, state_size=4, gate_per_channel=False, carry_state=False, cu_seqlens=[0, 7, 20], num_seqs=2)
+    params = dict(batch=1, seq=20, heads=2, state_size=4, gate_per_channel=False, carry_state=False,
+                  cu_seqlens=[0, 7, 20], num_seqs=2)
     need = rlx_gpu.reserve_bytes({"op": OP, "dtype": "f32", **params})
     for op in (OP, f"{OP}_backward"):
         thunk, nbytes = lay_out(op, "f32", {**with_gradients(OP, params), "reserve": True, "reserve_bytes": need})
