@@ -3,13 +3,16 @@
     [OPENBLAS_NUM_THREADS=N] python benchmarks/gdn_backward.py [--runs 3] [--seq 1024] [--memory-seq 4096]
 
 Shapes of ``benchmarks/ssm.py`` (batch 2, seq 1024, H=8, K=V=64, f32, unit keys, beta in (0, 1), log-decays
-in (-0.5, 0)), per-head and per-channel gates. Ours is the forward thunk then the backward thunk (which
-recomputes the forward inside); torch is one forward and ``backward()`` of the same loss
-``Σ dst·d_dst`` through a float32 torch rewrite of fla's ``naive_chunk_gated_delta_rule`` math (chunks
-of 64, the triangular solve by forward substitution row by row; per-channel gates with the decays of
-each key channel, as fla's KDA reference does). Columns: forward ms, backward ms, their sum over the
-forward (target <= 3), torch ms and ours over torch (target <= 0.5), the largest gradient difference
-relative to torch's largest. Medians of ``--runs`` runs, taking turns.
+in (-0.5, 0)), per-head and per-channel gates. Ours is the forward thunk then the backward thunk, two ways:
+recomputing what it needs of the forward, and with a saved forward (ABI.md §9.1 ``reserve``: the forward also
+writes the chunk states, the decayed products, their inverses and u, the backward reads them); torch is one
+forward and ``backward()`` of the same loss ``Σ dst·d_dst`` through a float32 torch rewrite of fla's
+``naive_chunk_gated_delta_rule`` math (chunks of 64, the triangular solve by forward substitution row by row;
+per-channel gates with the decays of each key channel, as fla's KDA reference does). Rows: per way our forward
+and backward ms, their sum over our forward alone (the forward without a reserve; target <= 2.5 with the
+reserve), over the recomputing way's sum (the paired figure, steadiest under load), over torch's
+forward+backward (target <= 0.5), the largest gradient difference relative to torch's largest. Medians of
+``--runs`` runs, the five contenders taking turns (paired under the same load).
 
 The memory table runs at ``--memory-seq`` (target: the backward's peak extra memory <= 2x the
 forward's, both measured with tracemalloc, which sees every NumPy allocation), beside the forward's
@@ -31,6 +34,7 @@ from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
 from rlx_gpu.units import human_bytes  # noqa: E402
+import rlx_gpu  # noqa: E402
 from backward_harness import peak_bytes, print_head, with_backward_arguments  # noqa: E402
 from ssm import alternating_ms  # noqa: E402  (benchmarks/ssm.py: medians of runs taking turns)
 
@@ -45,10 +49,14 @@ def _inputs(seq: int, per_channel: bool, rng: np.random.Generator) -> dict[str, 
             "g": rng.uniform(-0.5, 0, shape if per_channel else shape[:3]), "d_dst": rng.standard_normal(shape)}
 
 
-def _ours(seq: int, per_channel: bool, values: dict[str, np.ndarray]):
+def _ours(seq: int, per_channel: bool, values: dict[str, np.ndarray], reserve: bool = False):
     """``(forward thunk, backward thunk, arena)``: the forward writes its output where the backward reads ``d_dst``
-    from, so both run on one arena; ``d_dst`` is restored before every backward."""
+    from, so both run on one arena; ``d_dst`` is restored before every backward. With ``reserve`` the forward
+    writes a saved forward the backward reads."""
     params = dict(batch=BATCH, seq=seq, heads=HEADS, state_size=SIZE, gate_per_channel=per_channel, carry_state=False)
+    if reserve:
+        need = rlx_gpu.reserve_bytes({"op": "gated_delta_net", "dtype": "f32", **params})
+        params.update(reserve=True, reserve_bytes=need)
     thunk, nbytes = lay_out("gated_delta_net_backward", "f32", params)
     arena = np.zeros(nbytes, np.uint8)
     for r in regions(thunk):
@@ -111,6 +119,26 @@ def _torch_run(values: dict[str, np.ndarray]):
     return run
 
 
+def _steps(forward: dict, backward: dict, arena: np.ndarray):
+    """``(run the forward, run the backward, the gradients after one more forward and backward)`` on one copy of
+    ``arena`` (``_ours``)."""
+    d_dst = next(r for r in regions(backward) if r.field == "d_dst")
+    work = arena.copy()
+
+    def fwd() -> None:
+        host_fallback.execute(forward, work)
+
+    def bwd() -> None:
+        work[d_dst.offset: d_dst.offset + d_dst.nbytes] = arena[d_dst.offset: d_dst.offset + d_dst.nbytes]
+        host_fallback.execute(backward, work)
+
+    def gradients() -> dict[str, np.ndarray]:
+        fwd()
+        bwd()
+        return {r.field: view(work, r.offset, r.dtype, r.shape) for r in regions(backward) if r.field.startswith("d_")}
+    return fwd, bwd, gradients
+
+
 def main() -> None:
     args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=3).parse_args()
     import torch
@@ -118,29 +146,22 @@ def main() -> None:
     torch.set_num_threads(threads)
     print(f"host CPU, f32, batch {BATCH}, seq {args.seq}, H={HEADS} K=V={SIZE}; OpenBLAS and torch {threads} threads; "
           f"medians of {args.runs} runs; load average {os.getloadavg()[0]:.1f}")
-    head = (f"{'gates':<12}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'torch ms':>10}{'ours/torch':>12}"
-            f"{'max rel diff':>14}")
+    head = (f"{'gates, way':<22}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'/recompute':>11}{'torch ms':>10}"
+            f"{'ours/torch':>12}{'max rel diff':>14}")
     print_head(head)
     for per_channel in (False, True):
         values = _inputs(args.seq, per_channel, np.random.default_rng(0))
-        forward, backward, arena = _ours(args.seq, per_channel, values)
-        d_dst = next(r for r in regions(backward) if r.field == "d_dst")
-        work = arena.copy()
-
-        def fwd() -> None:
-            host_fallback.execute(forward, work)
-
-        def bwd() -> None:
-            work[d_dst.offset: d_dst.offset + d_dst.nbytes] = arena[d_dst.offset: d_dst.offset + d_dst.nbytes]
-            host_fallback.execute(backward, work)
-
+        steps = {way: _steps(*_ours(args.seq, per_channel, values, way == "reserve"))
+                 for way in ("recompute", "reserve")}
         twin = _torch_run(values)
-        f_ms, b_ms, t_ms = alternating_ms([fwd, bwd, twin], args.runs, 1)
-        bwd()
-        ours = {r.field: view(work, r.offset, r.dtype, r.shape) for r in regions(backward) if r.field.startswith("d_")}
-        diff = max(float(np.max(np.abs(ours[f] - x)) / np.max(np.abs(x))) for f, x in twin().items())
-        print(f"{'per-channel' if per_channel else 'per-head':<12}{f_ms:>9.1f}{b_ms:>9.1f}{(f_ms + b_ms) / f_ms:>9.2f}"
-              f"{t_ms:>10.1f}{(f_ms + b_ms) / t_ms:>12.2f}{diff:>14.1e}")
+        f_ms, b_ms, fr_ms, br_ms, t_ms = alternating_ms([*steps["recompute"][:2], *steps["reserve"][:2], twin],
+                                                        args.runs, 1)
+        gates = "per-channel" if per_channel else "per-head"
+        for way, (fw, bw) in (("recompute", (f_ms, b_ms)), ("reserve", (fr_ms, br_ms))):
+            ours = steps[way][2]()
+            diff = max(float(np.max(np.abs(ours[f] - x)) / np.max(np.abs(x))) for f, x in twin().items())
+            print(f"{gates + ', ' + way:<22}{fw:>9.1f}{bw:>9.1f}{(fw + bw) / f_ms:>9.2f}"
+                  f"{(fw + bw) / (f_ms + b_ms):>11.2f}{t_ms:>10.1f}{(fw + bw) / t_ms:>12.2f}{diff:>14.1e}")
     print()
     seq = args.memory_seq
     states = BATCH * HEADS * SIZE * SIZE * 4 * -(-seq // gdn.CHUNK)

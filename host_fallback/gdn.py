@@ -18,6 +18,10 @@ product across a boundary, a sequence that begins inside a chunk enters with its
 and each sequence's final state is formed at its last token. State slots gather the carried rows
 once before the thunk and scatter them once after it.
 
+A forward given a ``reserve`` (ABI.md §9.1, ``abi.gdn.reserve_slots``) runs the chunked path with chunks of
+32, whatever the sequence's length, and writes there what its backward reads: each chunk's decayed products,
+their inverse, ``u`` and the state leaving it.
+
 16-bit storage computes in f32 (the f16 path is what GPU runtimes without a native kernel fall
 back to); a state stored wider (``state_dtype``) is carried at its own precision, and the whole
 thunk computes at the wider of the two. ``state`` is read and the final state written back,
@@ -34,8 +38,8 @@ import numpy as np
 
 from . import compiled_step, threads
 from .abi import complete, regions
-from .abi.gdn import gdn_scale
-from .arena import COMPUTE
+from .abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
+from .arena import COMPUTE, view
 from .bound import Bound
 from .chunked import pick_path
 from .gdn_chunked import _chunked, packed
@@ -60,6 +64,25 @@ def _choose(thunk: Thunk, path: str | None, chunk: int | None) -> tuple[str, int
     return pick_path("gated_delta_net", path, thunk["seq"], STEP_MAX, "chunked"), length
 
 
+def _choose_saving(t: Thunk, arena: np.ndarray, path: str | None,
+                   chunk: int | None) -> tuple[str, int, dict[str, np.ndarray] | None]:
+    """``_choose``'s path and chunk length, and the views of the saved forward the thunk writes (``None``: none);
+    one that does runs the chunked form with chunks of ``RESERVE_CHUNK``, whose values it holds."""
+    saved = reserve_views(t, arena)
+    if saved is None:
+        return (*_choose(t, path, chunk), None)
+    if chunk not in (None, RESERVE_CHUNK):
+        raise ValueError(f"gated_delta_net writes a saved forward (reserve) with chunks of {RESERVE_CHUNK}, "
+                         f"got chunk={chunk}")
+    return "chunked", RESERVE_CHUNK, saved
+
+
+def _kept(saved: dict[str, np.ndarray] | None, bs: slice, vs: slice) -> dict[str, Any]:
+    """``gdn_chunked._chunked``'s ``keep`` argument for rows ``bs`` and value heads ``vs``: the saved forward's
+    views there, none without one."""
+    return {} if saved is None else {"keep": {f: x[bs, :, vs] for f, x in saved.items()}}
+
+
 def _parts(thunk: Thunk, name: str, workers: int | None) -> int:
     # the step path stays on one thread unless forced: its per-step arrays are too small to split
     # (B=2 S=1024 H=8 N=64: 73 ms on one thread, 105 ms on two)
@@ -76,6 +99,14 @@ def path_for(thunk: Thunk, *, path: str | None = None, chunk: int | None = None,
     name, length = _choose(thunk, path, chunk)
     parts = _parts(thunk, name, workers)
     return (name if name == "step" else f"{name} L={length}") + (f", {parts} threads" if parts > 1 else "")
+
+
+def reserve_views(t: Thunk, arena: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The saved forward of a completed gated_delta_net thunk (or its backward's) as views by slot name
+    (``abi.gdn.reserve_slots``), ``None`` without one."""
+    if t.get("reserve") is None:
+        return None
+    return {s.name: view(arena, t["reserve"] + s.offset, s.dtype, s.shape) for s in reserve_slots(t)}
 
 
 def _l2norm(x: np.ndarray) -> np.ndarray:
@@ -179,7 +210,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None, given: Any = None) -> bool | None:
-        name, length = _choose(t, path, chunk)
+        name, length, saved = _choose_saving(t, arena, path, chunk)
         # the step path runs on one thread unless workers are forced (``_parts``)
         taken = (compiled is not None and name == "step" and (workers is None or _parts(t, name, workers) == 1)
                  and compiled.run(arena, given))
@@ -218,7 +249,7 @@ def prepare(thunk: Thunk) -> Callable[..., None]:
             elif varlen:
                 _chunked(*inputs, states.rows[:, vs], out, scale, length, layout, t["carry_state"])
             else:
-                _chunked(*inputs, states.rows[bs, vs], out, scale, length)
+                _chunked(*inputs, states.rows[bs, vs], out, scale, length, **_kept(saved, bs, vs))
             return None if direct else out
 
         def store(bs: slice, hs: slice, out: np.ndarray | None) -> None:

@@ -12,10 +12,13 @@ step ``r``, per head or per key channel):
 The forward is recomputed chunk-parallel (``gdn``'s decayed Gram products), and one sequential loop
 over chunks forms ``R = V - (gamma K) S0`` and ``U`` and keeps the state entering each chunk: the
 only per-chunk checkpoint, so the extra memory is ``O(S / L * state)`` (long sequences also run
-fewer lanes at a time, ``BLOCK_STEPS``). The reverse loop over chunks carries the state's gradient
-back: ``dU = scale M^T dO + KD dS_L``, ``Y = (I + A)^-T dU``, ``dV = beta Y`` and
-``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``; every other gradient is a handful
-of GEMMs over all chunks at once. Decayed products with per-channel gates factor through the
+fewer lanes at a time, ``BLOCK_STEPS``). A saved forward (ABI.md §9.1's ``reserve``, chunks of 32:
+``abi.gdn.reserve_slots``) holds the Gram products, ``(I + A)^-1``, the states leaving each chunk and
+``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks).
+The reverse loop over chunks carries the state's gradient back: ``dU = scale M^T dO + KD dS_L``, ``Y =
+(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``;
+every other gradient is a handful of GEMMs over all chunks at once (``beta``'s through ``R`` as ``Y.V -
+(Y S0^T).(gamma K)``, so ``R`` is not kept). Decayed products with per-channel gates factor through the
 chunk's midpoint as ``gdn`` does (``CHANNEL_SPREAD``), and chunks whose decays spread further take
 an exact pairwise form. A log-decay's gradient is the reverse cumulative sum over the chunk of the
 cumulative log-decays' gradients, which are ``x * dx`` summed over the terms in which ``x`` carries
@@ -41,11 +44,11 @@ import numpy as np
 
 from . import threads
 from .abi import complete
-from .abi.gdn import gdn_scale
+from .abi.gdn import RESERVE_CHUNK, gdn_scale
 from .arena import COMPUTE
 from .bound import Bound
 from .chunked import pick_path
-from .gdn import L2_EPS
+from .gdn import L2_EPS, reserve_views
 from .gdn_backward_chunked import _chunked
 from .gdn_backward_step import _step_path
 from .implementations import KERNELS
@@ -138,13 +141,16 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     grads = {f: bound.view(f"d_{f}") if direct else np.empty_like(inputs[f]) for f in ("q", "k", "v", "g", "beta")}
     d_init = np.empty(shape, work)
     seq = inputs["q"].shape[1]
+    # a saved forward (ABI.md §9.1) is read where its chunks are the backward's (packed sequences have none)
+    views = reserve_views(t, arena) if name == "chunked" and length == RESERVE_CHUNK and not varlen else None
 
     def compute(bs: slice, hs: slice) -> list[tuple[slice, slice, tuple[Array, ...]]]:
         done = []
         for sub_bs, sub_hs in _blocks(bs, hs, 1 if name == "step" else max(1, BLOCK_STEPS // seq)):
             vs = slice(sub_hs.start * group, sub_hs.stop * group)
             q, k, v, g, beta, d_out = (inputs[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in fields)
-            run = _step_path if name == "step" else lambda *args: _chunked(*args, length)
+            saved = None if views is None else {f: x[sub_bs, :, vs] for f, x in views.items()}
+            run = _step_path if name == "step" else lambda *args: _chunked(*args, length, saved)
             done.append((sub_bs, sub_hs, run(q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)))
         return done
 

@@ -64,10 +64,12 @@ def _rowdot(x: Array, y: Array) -> Array:
     return np.einsum("...i,...i->...", x, y)
 
 
-def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
-    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results)."""
+def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
+    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results). ``saved``: a
+    saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of ``length``),
+    read instead of forming the decayed products, the inverses, the states entering each chunk and ``U``."""
     seq, heads, n = q.shape[1:]
-    b, group, width = q.shape[0], v.shape[2] // heads, v.shape[3]
+    b, group = q.shape[0], v.shape[2] // heads
     per_channel = g.ndim == 4
     low, high = float(g.min(initial=0.0)), float(g.max(initial=0.0))
     g = floor_log_decays(g, low)
@@ -76,24 +78,15 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     gc, bc = (_split(to_chunks(x, length), group, 2) for x in (g, beta))  # [C, B, H, G, L(, K)]
     count = qc.shape[0]
     kt = np.ascontiguousarray(_swap(kc))  # [C, B, H, 1, K, L]
-    qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high))
-    inverse = unit_lower_inverse(kk * bc[..., None])  # (I + A)^-1
+    read = None if saved is None else _chunk_major(saved, group)
+    products = None if read is None else (read["qk"], read["kk"])
+    qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
+    inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
     inverse_t = np.ascontiguousarray(_swap(inverse))
-    t = inverse * bc[..., None, :]  # T = (I + A)^-1 beta
     gk = gamma * kc  # [..., L, K]
     gk_t = np.ascontiguousarray(_swap(gk))
     kd = kc * to_end  # KD, [..., L, K]
-    kd_t = np.ascontiguousarray(_swap(kd))
-
-    # the forward again, keeping R = V - (gamma K) S0, U = T R and the state entering each chunk
-    rest, u = np.empty(vc.shape, q.dtype), np.empty(vc.shape, q.dtype)
-    starts = np.empty((count, b, heads, group, n, width), s0.dtype)
-    state = _split(s0, group, 1)
-    for c in range(count):
-        starts[c] = state
-        np.subtract(vc[c], np.matmul(gk[c], state), out=rest[c])
-        np.matmul(t[c], rest[c], out=u[c])
-        state = starts[c] * through[c] + np.matmul(kd_t[c], u[c])
+    u, starts = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read)
 
     # the reverse over chunks: dU = scale M^T dO + KD dS_L, Y = (I + A)^-T dU, dV = beta Y and
     # dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV
@@ -105,16 +98,20 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     d_leave = carried
 
     # every other gradient, all chunks at once
-    dbeta = _rowdot(y, rest)
+    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept; Y S0^T (beta gamma) is minus
+    # the gradient of gamma K
+    s0t = _swap(starts)
+    dgk = np.matmul(y, s0t)
+    dbeta = _rowdot(y, vc)
+    dbeta -= _rowdot(dgk, gk)
+    dgk *= bc[..., None]
+    dgk *= gamma
     da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
     np.copyto(da, 0, where=_upper(length, 0))
     dbeta -= np.sum(da * kk, axis=-1)
     dkk = da
     dkk *= bc[..., None]
     dkk *= -1
-    s0t = _swap(starts)
-    dgk = np.matmul(dv, s0t)  # minus the gradient of gamma K
-    dgk *= gamma
     dqg = np.matmul(oc, s0t)  # of gamma Q, over scale
     dqg *= gamma
     dqg *= scale
@@ -141,6 +138,34 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length):
     return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
 
 
+def _chunk_major(saved, group):
+    """A saved forward's slots ``[B, C, HV, ...]`` chunk-major, ``[C, B, H, G, ...]``, contiguous copies but the
+    states (a view: ``_forward`` copies them once, into the states entering each chunk)."""
+    moved = {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
+    return {f: x if f == "states" else np.ascontiguousarray(x) for f, x in moved.items()}
+
+
+def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
+    """The forward again: ``(U, starts)``, ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``) and
+    the state entering each chunk, one chunk after another from ``s0``; or read from a saved forward (``saved``:
+    ``u`` and the states leaving each chunk, ``[C, ...]``)."""
+    starts = np.empty((len(vc), *s0.shape), s0.dtype)
+    starts[0] = s0
+    if saved is not None:
+        starts[1:] = saved["states"][:-1]
+        return saved["u"], starts
+    t = inverse * bc[..., None, :]
+    kd_t = np.ascontiguousarray(_swap(kd))
+    u, rest = np.empty(vc.shape, vc.dtype), np.empty(vc.shape[1:], vc.dtype)
+    state = s0
+    for c in range(len(vc)):
+        starts[c] = state
+        np.subtract(vc[c], np.matmul(gk[c], state), out=rest)
+        np.matmul(t[c], rest, out=u[c])
+        state = starts[c] * through[c] + np.matmul(kd_t[c], u[c])
+    return u, starts
+
+
 def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``du += KD dS_L``,
     ``Y = (I + A)^-T dU``, ``dV = beta Y``, ``dS0 = gamma_L dS_L + carried - (gamma K)^T dV``; ``carried``
@@ -158,29 +183,32 @@ def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds):
     return y, dv, ds
 
 
-def _decays(qc, kc, kt, gc, per_channel, steepest):
+def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
     """The decays inside each chunk, from the (floored) log-decays ``gc``: ``(qk, kk, gamma, to_end, through,
     pairs)``, the decayed products ``Q K^T`` (``r <= s``) and ``K K^T`` (``r < s``), the decay from the chunk's
     start through each step (``gamma``) and from each step to its end (``to_end``), both ``[..., L, K or 1]``,
     the chunk's decay ``through`` (``[..., K or 1, 1]``) and what pairs a later step with an earlier one: a
     ``_Decayed`` (per-channel gates) or the ratios ``[..., L, L]`` (per head). ``steepest``: the largest
-    ``|g|``."""
+    ``|g|``; ``products``: the decayed products ``(qk, kk)`` a saved forward holds, used as they are."""
     length, n = kc.shape[-2:]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
             cum = np.cumsum(gc, axis=-2)  # [C, B, H, G, L, K]
             bounded = steepest * (length // 2 + 1) <= CHANNEL_SPREAD
             lead = cum.shape[:-2]
-            qk, kk = _channel_grams_fast(np.broadcast_to(qc, (*lead, length, n)), np.broadcast_to(kc, (*lead, length, n)),
-                                         kt, cum, np.ascontiguousarray(_swap(cum)), bounded)
-            qk, kk = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
+            if products is None:
+                qk, kk = _channel_grams_fast(np.broadcast_to(qc, (*lead, length, n)),
+                                             np.broadcast_to(kc, (*lead, length, n)), kt, cum,
+                                             np.ascontiguousarray(_swap(cum)), bounded)
+                products = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
             pairs = _Decayed(cum, bounded)
         else:
             cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
             pairs = decay_ratios(cum[..., 0])
-            qk = np.multiply(np.matmul(qc, kt), pairs)
-            kk = np.multiply(np.matmul(kc, kt), pairs)
-            np.copyto(kk, 0, where=_upper(length, 0))
+            if products is None:
+                products = np.multiply(np.matmul(qc, kt), pairs), np.multiply(np.matmul(kc, kt), pairs)
+                np.copyto(products[1], 0, where=_upper(length, 0))
+        qk, kk = products
         last = cum[..., -1:, :]
         gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
         through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay

@@ -93,11 +93,13 @@ def _segment_cumsum(g: np.ndarray, layout: Packed) -> np.ndarray:
     return np.ascontiguousarray(np.moveaxis(x, 1, 2)[:, None])
 
 
-def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True):
+def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True, keep=None):
     """The chunked WY form, into ``dst``; ``s`` is updated in place. Shapes as ``_step``.
 
     With ``layout`` (a ``Packed``) the batch is one packed row of sequences and ``s [R, HV, K, V]``
     holds each sequence's initial state (read only when ``carried``), replaced by its final state.
+    ``keep`` (no ``layout``, ``length`` = ``abi.gdn.RESERVE_CHUNK``): a saved forward's views by slot name
+    (``states``, ``qk``, ``kk``, ``inverse``, ``u``: ``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``), written here.
 
     Every GEMM operand used transposed (``K^T``, the decayed keys ``kd``) is laid out contiguous
     first: OpenBLAS runs small GEMMs with a transposed operand far slower.
@@ -117,10 +119,15 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True)
     low = float(g.min(initial=0.0))
     g_steps, g = g, floor_log_decays(g, low)
     qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried)
+    if keep:
+        _save(keep, "qk", qk)
+        _save(keep, "kk", kk)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0. The
     # diagonal scalings go on T's columns where they can ([L, L] against [L, K] for k and v)
     kk *= betac[..., None]
     t = unit_lower_inverse(kk)
+    if keep:
+        _save(keep, "inverse", t)
     t *= betac[..., None, :]
     u = np.matmul(t, vc, out=scratch("gdn.u", (*lead, length, width), q.dtype))
     if per_channel:
@@ -137,6 +144,10 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True)
     if layout is None:
         starts[0] = block
         _carry(u, w, kd, through, starts, block)
+        if keep:  # the states leaving each chunk (those entering the next ones, then the final one) and u
+            _save(keep, "states", starts[1:], slice(0, -1))
+            _save(keep, "states", block, -1)
+            _save(keep, "u", u)
     else:
         first = layout.first()[:, None, None, None, :, None]  # [C, 1, 1, 1, L, 1]
         inits = _split(s, group, 1)[:, None] if carried else None  # [R, 1, H, G, K, V]
@@ -157,6 +168,12 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True)
     np.copyto(dst, from_chunks(out.reshape(flat), seq))
     finals = _sequence_ends(kt, u, kept, starts, inits, layout, per_channel) if carried else {}
     _redo_sequences(q, k, v, g_steps, beta, s, dst, scale, layout, finals, carried)
+
+
+def _save(keep, name, x, chunks=slice(None)):
+    """``x [C, B, H, G, ...]`` (chunk-major, value heads as ``[heads, G]``) into chunks ``chunks`` of the saved
+    forward's slot ``name`` (``keep[name] [B, C, HV, ...]``)."""
+    np.copyto(np.moveaxis(_split(keep[name], x.shape[-3], 2), 1, 0)[chunks], x)
 
 
 def _decayed(qc, kc, kt, g, low, lead, layout, carried):

@@ -6,6 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import reserve
 from .aliasing import ALIASING
 from .model import OpDef, Region, Thunk, fail, flags, newer, offsets, positive, rule, same
 from .state import DATA_RULES, STATE_FIELDS, check_state, state_regions
@@ -25,13 +26,48 @@ def _layout(t: Thunk) -> list[Region]:
     out.append(Region("beta", t["beta"], (b, s, hv), dt, "r"))
     out += state_regions(t, (hv, k, v))
     out.append(Region("dst", t["dst"], (b, s, hv, v), dt, "w"))
-    return out
+    return out + reserve.region(t)
 
 
 def _check(t: Thunk) -> None:
     if "value_heads" in t and t["value_heads"] % t["heads"]:
         raise fail(t, "value_heads", f"{t['value_heads']} is no multiple of heads = {t['heads']}")
     check_state(t)
+    reserve.refuse_packed(t)
+
+
+#: The chunk length of gated_delta_net's saved forward (ABI.md §9.1, docs/abi.md): its states leave, and its
+#: products and inverses belong to, chunks of this many tokens, whatever chunk length a backend computes with.
+RESERVE_CHUNK = 32
+
+
+def reserve_slots(t: Thunk) -> list[reserve.Slot]:
+    """The reserve of a gated_delta_net thunk (the fields given suffice), chunks of ``RESERVE_CHUNK`` tokens
+    (``C = ceil(seq / 32)``, the last one padded with zero inputs), per value head ``j`` (key head ``j //
+    (value_heads / heads)``), all in ``reserve.element_type``:
+
+    - ``states [batch, C, value_heads, state_size, value_size]``: the state leaving each chunk (the last is
+      the final state);
+    - ``qk [batch, C, value_heads, 32, 32]``: each chunk's decayed ``q_r · k_s`` for ``s <= r`` (0 above the
+      diagonal; before ``scale``), ``kk`` the same of ``k_r · k_s`` for ``s < r`` (0 on and above it), the
+      decay ``exp(cum_r - cum_s)`` per key channel inside the dot product where the gate is per channel;
+    - ``inverse [batch, C, value_heads, 32, 32]``: ``(I + diag(beta) kk)^-1``, unit lower triangular;
+    - ``u [batch, C, value_heads, 32, value_size]``: what each token adds to the state, ``u = inverse diag(beta)
+      (v - (gamma k) S)``, ``S`` the state entering the chunk, ``gamma_r`` the decay from it through token ``r``
+      (0 past ``seq``).
+    """
+    b, count, hv = t["batch"], -(-t["seq"] // RESERVE_CHUNK), t.get("value_heads") or t["heads"]
+    n, ct, square = t["state_size"], reserve.element_type(t), (RESERVE_CHUNK, RESERVE_CHUNK)
+    lead = (b, count, hv)
+    width = t.get("value_size") or n
+    return reserve.packed([("states", 0, (*lead, n, width), ct), ("qk", 0, (*lead, *square), ct),
+                           ("kk", 0, (*lead, *square), ct), ("inverse", 0, (*lead, *square), ct),
+                           ("u", 0, (*lead, RESERVE_CHUNK, width), ct)])
+
+
+def reserve_bytes(t: Thunk) -> int:
+    """The least ``reserve_bytes`` of a gated_delta_net thunk (ABI.md §9.1)."""
+    return reserve.size(reserve_slots(t))
 
 
 def _sample(field: str, params: Mapping[str, Any], x: np.ndarray) -> np.ndarray:
@@ -50,7 +86,8 @@ GATED_DELTA_NET = OpDef(
     offsets("q", "k", "v", "g", "beta") + offsets("state", used_when="carry_state") + offsets("dst")
     + positive("batch", "seq", "heads", "state_size") + flags("gate_per_channel", "carry_state")
     + (newer("value_heads", "pos", same("heads")), newer("value_size", "pos", same("state_size")),
-       newer("scale", "opt_float", None), newer("qk_l2norm", "bool", False)) + STATE_FIELDS,
-    _layout, rules=(rule(_check), ALIASING), data_rules=DATA_RULES, states=("state",), differentiable=True,
-    sample=_sample, place=(4, 3))
+       newer("scale", "opt_float", None), newer("qk_l2norm", "bool", False)) + STATE_FIELDS
+    + reserve.FIELDS,
+    _layout, rules=(rule(_check), reserve.rule(reserve_bytes), ALIASING), data_rules=DATA_RULES, states=("state",),
+    differentiable=True, sample=_sample, place=(4, 3), reserve_size=reserve_bytes)
 

@@ -52,6 +52,19 @@ def size(slots: list[Slot]) -> int:
     return -(-end // ALIGN) * ALIGN
 
 
+def element_type(t: Thunk) -> str:
+    """The element type of a state-space op's reserve: f64 where the thunk computes in f64 (its dtype,
+    ``state_dtype`` or ``param_dtype``), else f32."""
+    return "f64" if "f64" in (t["dtype"], t.get("state_dtype"), t.get("param_dtype")) else "f32"
+
+
+def refuse_packed(t: Thunk) -> None:
+    """A state-space op's reserve refused for packed sequences (its chunks are a batch row's, not a sequence's)."""
+    if t.get(RESERVE) is not None and t.get("cu_seqlens") is not None:
+        raise fail(t, RESERVE, "a saved forward of packed sequences (cu_seqlens) is not supported yet; "
+                               "leave reserve out (the backward recomputes the forward)")
+
+
 def region(t: Thunk) -> list[Region]:
     """The reserve's region of a completed thunk (exactly ``reserve_bytes`` bytes, written), none without one."""
     if t.get(RESERVE) is None:

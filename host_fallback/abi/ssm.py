@@ -7,7 +7,7 @@ import numpy as np
 
 from . import reserve
 from .aliasing import ALIASING
-from .model import Field, OpDef, Region, Thunk, fail, newer, offsets, positive, rule, same
+from .model import Field, OpDef, Region, Thunk, newer, offsets, positive, rule, same
 from .state import CARRIED_FIELDS, DATA_RULES, STATE_FIELDS, check_carried, divides, optional_regions, state_regions
 
 
@@ -45,19 +45,13 @@ def _mamba2(t: Thunk) -> list[Region]:
 def _check_selective_scan(t: Thunk) -> None:
     divides(t, "groups", "hidden")
     check_carried(t)
-    _unpacked_reserve(t)
+    reserve.refuse_packed(t)
 
 
 def _check_mamba2(t: Thunk) -> None:
     divides(t, "groups", "heads")
     check_carried(t)
-    _unpacked_reserve(t)
-
-
-def _unpacked_reserve(t: Thunk) -> None:
-    if t.get(reserve.RESERVE) is not None and t.get("cu_seqlens") is not None:
-        raise fail(t, reserve.RESERVE, "a saved forward of packed sequences (cu_seqlens) is not supported yet; "
-                                       "leave reserve out (the backward recomputes the forward)")
+    reserve.refuse_packed(t)
 
 
 #: The chunk length of mamba2's saved forward (ABI.md §9.1, docs/abi.md): its states are those leaving each
@@ -69,21 +63,15 @@ RESERVE_CHUNK = 64
 SCAN_RESERVE_CHUNK = 32
 
 
-def reserve_type(t: Thunk) -> str:
-    """The element type of an SSM reserve: f64 where the thunk computes in f64 (its dtype, ``state_dtype`` or
-    ``param_dtype``), else f32."""
-    return "f64" if "f64" in (t["dtype"], t.get("state_dtype"), t.get("param_dtype")) else "f32"
-
-
 def mamba2_reserve_slots(t: Thunk) -> list[reserve.Slot]:
     """The reserve of a mamba2 thunk (the fields given suffice): ``states [batch, C, heads, head_dim,
     state_size]``, the state leaving each chunk of ``RESERVE_CHUNK`` tokens (``C = ceil(seq / 64)``; the last
     is the final state), ``y [batch, seq, heads, head_dim]``, the output before ``d`` and ``z``
     (``Σ_n S[p,n]·c[n]``), then ``scores [batch, C, heads, 64, 64]``, each chunk's decayed scores
     ``W[l, s] = (c_l · b_s) exp(cum_l - cum_s)`` (``cum``: the log-decay ``dt·a`` summed from the chunk's start
-    through the step; 0 for ``s > l`` and past ``seq``), all in ``reserve_type``."""
+    through the step; 0 for ``s > l`` and past ``seq``), all in ``reserve.element_type``."""
     b, s, h, p, n = t["batch"], t["seq"], t["heads"], t["head_dim"], t["state_size"]
-    count, ct, length = -(-s // RESERVE_CHUNK), reserve_type(t), RESERVE_CHUNK
+    count, ct, length = -(-s // RESERVE_CHUNK), reserve.element_type(t), RESERVE_CHUNK
     return reserve.packed([("states", 0, (b, count, h, p, n), ct), ("y", 0, (b, s, h, p), ct),
                            ("scores", 0, (b, count, h, length, length), ct)])
 
@@ -96,9 +84,9 @@ def mamba2_reserve_bytes(t: Thunk) -> int:
 def selective_scan_reserve_slots(t: Thunk) -> list[reserve.Slot]:
     """The reserve of a selective_scan thunk (the fields given suffice): ``states [batch, C, hidden,
     state_size]``, the state ``h`` leaving each chunk of ``SCAN_RESERVE_CHUNK`` tokens (``C = ceil(seq / 32)``;
-    the last is the final state), in ``reserve_type``."""
+    the last is the final state), in ``reserve.element_type``."""
     count = -(-t["seq"] // SCAN_RESERVE_CHUNK)
-    return reserve.packed([("states", 0, (t["batch"], count, t["hidden"], t["state_size"]), reserve_type(t))])
+    return reserve.packed([("states", 0, (t["batch"], count, t["hidden"], t["state_size"]), reserve.element_type(t))])
 
 
 def selective_scan_reserve_bytes(t: Thunk) -> int:

@@ -21,8 +21,9 @@ Load = Callable[[str], np.ndarray]
 #: The version-2 fields (ABI.md §8) of gated_delta_net_backward this reference implements (all of them).
 V2_FIELDS: dict[str, frozenset[str]] = {
     "gated_delta_net_backward": frozenset({"value_heads", "value_size", "scale", "qk_l2norm", "state_dtype",
-                                           "cu_seqlens", "num_seqs", "state_slots", "num_slots"}),
-}
+                                           "cu_seqlens", "num_seqs", "state_slots", "num_slots", "reserve",
+                                           "reserve_bytes"}),
+}  # (a saved forward, ``reserve``, changes no gradient: the reference recomputes its forward either way)
 
 #: The ``eps`` of ``qk_l2norm`` (ABI.md §8).
 EPS = 1e-6

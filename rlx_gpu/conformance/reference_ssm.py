@@ -123,7 +123,7 @@ def mamba2(x, dt, a, b, c, *, dt_bias=None, dt_softplus=False, dt_limit=None, d=
 
 #: The version-2 fields (ABI.md §8) of gated_delta_net that its reference below implements.
 GDN_V2_FIELDS = frozenset({"value_heads", "value_size", "scale", "qk_l2norm", "state_dtype", "cu_seqlens",
-                           "num_seqs", "state_slots", "num_slots"})
+                           "num_seqs", "state_slots", "num_slots", "reserve", "reserve_bytes"})
 V2_FIELDS["gated_delta_net"] = GDN_V2_FIELDS
 
 
@@ -302,6 +302,9 @@ declare_cases(
 # (one empty), per-channel gates; then a decode step of three rows into slots. Causality: in the second chunk
 # of 64 steps (gpu target) one value column, every column from a key or a gate; an Inf; packed sequences: a
 # NaN in one sequence reaches no other (in the first, and mid-chunk in the last).
+#: A saved forward (ABI.md §9.1) over three chunks of 32 (the backward reads it), 512 KiB: more than the small
+#: case needs at seq 70 in any dtype (rlx_gpu.reserve_bytes: f64's 325632 bytes).
+_GDN_RESERVE = {"reserve": True, "reserve_bytes": 1 << 19, "seq": 70}
 declare_cases(
     "gated_delta_net", small=_gdn(2, 7, 2, 8, False, True),
     thunks=[
@@ -335,6 +338,6 @@ declare_cases(
     ],
     present={"value_heads": {"value_heads": 4}, "value_size": {"value_size": 6}, "scale": {"scale": 0.5},
              "state_dtype": {"state_dtype": "f32"}, "cu_seqlens": PACKED, "num_seqs": PACKED,
-             "state_slots": SLOTS, "num_slots": SLOTS},
+             "state_slots": SLOTS, "num_slots": SLOTS, "reserve": _GDN_RESERVE, "reserve_bytes": _GDN_RESERVE},
     refused=[({**PACKED, "cu_seqlens": [1, 3, 3, 7]}, "cu_seqlens", "first_not_0"),
              ({"state_slots": [1, 1], "num_slots": 3}, "state_slots", "used_twice")])

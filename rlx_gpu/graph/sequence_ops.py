@@ -344,16 +344,16 @@ class SequenceOps(RecurrentOps):
                          f"pass the tensor the call returned (its first value)")
 
     def saved_forward(self, y: Tensor, given: Tensor | None = None) -> Tensor | None:
-        """The saved forward (ABI.md §9.1's ``reserve``) of the lstm, gru, rnn or mamba2 call that returned ``y``: a buffer
-        of ``rlx_gpu.reserve_bytes`` bytes its forward thunk writes and its ``backward`` reads (made on the
-        first ask); ``None`` for an op without one (or a mamba2 call of packed sequences). ``given``: a tensor holding the reserve a forward run
-        before wrote (a frontend kept it from its forward call): the backward reads it, and the forward
-        thunk, whose outputs nothing then needs, is pruned."""
+        """The saved forward (ABI.md §9.1's ``reserve``) of the recurrent or state-space call that returned ``y``:
+        a buffer of ``rlx_gpu.reserve_bytes`` bytes its forward thunk writes and its ``backward`` reads (made on
+        the first ask); ``None`` for an op without one (or a state-space call of packed sequences). ``given``: a
+        tensor holding the reserve a forward run before wrote (a frontend kept it from its forward call): the
+        backward reads it, and the forward thunk, whose outputs nothing then needs, is pruned."""
         node = self._forward_node(y)
         if given is not None and not _has_reserve(node):
             having = ", ".join(op for op in FORWARD_OPS if OPS[op].reserve_size is not None)
             raise GraphError(f"{node.op}: this call has no saved forward (reserve); the ops with one are {having} "
-                             f"(mamba2 without cu_seqlens)")
+                             f"(the state-space ops without cu_seqlens)")
         if given is not None:
             nbytes = OPS[node.op].reserve_size({"op": node.op, "dtype": node.dtype, **node.fields})
             given = self._t(given, node.dtype)
@@ -384,5 +384,5 @@ class SequenceOps(RecurrentOps):
 
 def _has_reserve(node: Node) -> bool:
     """Whether the forward ``node`` can save its forward (ABI.md §9.1): its op has a reserve, and it is no
-    mamba2 call of packed sequences (``cu_seqlens``), whose saved forward the ABI refuses for now."""
+    state-space call of packed sequences (``cu_seqlens``), whose saved forward the ABI refuses for now."""
     return OPS[node.op].reserve_size is not None and not isinstance(node.fields.get("cu_seqlens"), Tensor)

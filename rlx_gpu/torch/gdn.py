@@ -17,15 +17,31 @@ import torch.nn.functional as F
 
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
-from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
-from .fused import FusedOp, bound_forward, cast, define_fused
+from ..schedule.reserve import reserve_bytes
+from .bridge import DTYPES, UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .fused import FusedOp, bound_forward, cast, define_fused, saves
 from .library import PLAIN, runs_directly
 
 from .registry import FUNCTIONS
 
+
+
+def _reserve(given: dict[str, torch.Tensor]) -> int | None:
+    """The elements of ``q``'s type a call's saved forward takes (``rlx_gpu.reserve_bytes``), ``None`` for packed
+    sequences (none yet)."""
+    if "cu_seqlens" in given:
+        return None
+    q, v = given["q"], given["v"]
+    fields = dict(op="gated_delta_net", dtype=DTYPES[q.dtype], batch=q.shape[0], seq=q.shape[1], heads=q.shape[2],
+                  state_size=q.shape[3], value_heads=v.shape[2], value_size=v.shape[3])
+    if "state" in given:
+        fields["state_dtype"] = DTYPES[given["state"].dtype]
+    return reserve_bytes(fields) // q.element_size()
+
+
 _GATED_DELTA_NET = define_fused(FusedOp(
     "gated_delta_net", ("q", "k", "v", "g", "beta"), ("state", "cu_seqlens"),
-    (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v"))
+    (("gate_per_channel", "bool"), ("scale", "float?"), ("use_qk_l2norm", "bool")), "v", _reserve))
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_kda"]
 
@@ -50,10 +66,11 @@ def _beta(name: str, beta: torch.Tensor, sigmoid: bool, allow_neg_eigval: bool) 
 
 def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                 per_channel: bool, scale: float | None, initial_state: torch.Tensor | None, output_final_state: bool,
-                use_qk_l2norm_in_kernel: bool, state_v_first: bool,
-                cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                use_qk_l2norm_in_kernel: bool, state_v_first: bool, cu_seqlens: torch.Tensor | None,
+                recompute: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The shared body: the op's call on arguments ``arguments.check_*`` passed, fla's return value
-    ``(o, final_state or None)``."""
+    ``(o, final_state or None)``; the forward saved for the backward where ``fused.saves`` says so, unless
+    ``recompute``."""
     value_heads = v.shape[2]
     rows = q.shape[0]
     cu = None
@@ -71,9 +88,11 @@ def _delta_rule(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
             state = q.new_zeros((rows, value_heads, key_size, value_size), dtype=carried)
         else:
             state = cast(initial_state.transpose(-1, -2) if state_v_first else initial_state, carried)
-    # the op's schema: q, k, v, g, beta, state, cu_seqlens, gate_per_channel, scale, use_qk_l2norm
-    o, final = _GATED_DELTA_NET(q, cast(k, act), cast(v, act), cast(g, act), cast(beta, act), state, cu, per_channel,
-                                None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel))
+    tensors = (q, cast(k, act), cast(v, act), cast(g, act), cast(beta, act), state)
+    save = not recompute and saves(q, [t for t in tensors[1:] if t is not None])
+    # the op's schema: q, k, v, g, beta, state, cu_seqlens, gate_per_channel, scale, use_qk_l2norm, save
+    o, final, _ = _GATED_DELTA_NET(*tensors, cu, per_channel, None if scale is None else float(scale),
+                                   bool(use_qk_l2norm_in_kernel), save)
     if not output_final_state:
         return o, None
     return o, final.transpose(-1, -2) if state_v_first else final
@@ -92,7 +111,8 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                            state_v_first: bool = False, cu_seqlens: torch.Tensor | None = None,
                            cu_seqlens_cpu: torch.Tensor | None = None, chunk_indices: torch.Tensor | None = None,
-                           cp_context: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+                           cp_context: Any = None, recompute: bool = False,
+                           **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gated delta rule, fla's ``chunk_gated_delta_rule``: per value head ``S ← exp(g)·S``,
     ``S ← S + k⊗(beta·(v - Sᵀk))``, ``o = scale·Sᵀq``.
 
@@ -113,6 +133,10 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
         ``[N + 1]`` boundaries of ``N`` sequences packed along ``T`` (batch 1).
     use_qk_l2norm_in_kernel, use_beta_sigmoid_in_kernel, allow_neg_eigval : bool
         As fla: L2-normalise q and k; ``beta = sigmoid(beta)`` (``2·sigmoid`` with ``allow_neg_eigval``).
+    recompute : bool
+        False: a forward autograd records on the host saves what its backward reads (ABI.md §9.1's
+        reserve: per chunk of 32 tokens the state, the decayed products, their inverse and u; not for
+        packed sequences); True: the backward recomputes the forward (less memory, slower).
 
     Returns
     -------
@@ -134,7 +158,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     _refuse(name, **kwargs)
     beta = _beta(name, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return _delta_rule(name, q, k, v, g, beta, False, scale, initial_state, output_final_state,
-                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, recompute)
 
 
 @FUNCTIONS.register("gated_delta_net")
@@ -146,6 +170,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
                                      A_log: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
                                      use_beta_sigmoid_in_kernel: bool = False, allow_neg_eigval: bool = False,
                                      state_v_first: bool = False, cu_seqlens: torch.Tensor | None = None,
+                                     recompute: bool = False,
                                      **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The gated delta rule step by step, fla's ``fused_recurrent_gated_delta_rule`` (same result as
     ``chunk_gated_delta_rule``; the decode-time spelling).
@@ -153,20 +178,20 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     ``g [B, T, HV]`` (a decay per value head) and ``gk [B, T, HV, K]`` (per key channel) may be given
     alone or together (their sum is the log decay); neither: no decay. ``beta`` defaults to ones.
     ``gv`` (a decay per value channel) has no counterpart in the op. Otherwise as
-    ``chunk_gated_delta_rule``; with ``use_gate_in_kernel`` the raw ``g`` goes through
+    ``chunk_gated_delta_rule`` (``recompute`` too); with ``use_gate_in_kernel`` the raw ``g`` goes through
     ``-exp(A_log)·softplus(g + dt_bias)``.
     """
     key = None
     if not kwargs and runs_directly(q, k, v, g, gk, gv, beta, initial_state, A_log, dt_bias, cu_seqlens):
         key = call_key(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                       state_v_first, cu_seqlens, default_device())
+                       state_v_first, cu_seqlens, recompute, default_device())
         path = hot_path(key)
         if path is not None and path is not UNBUILT:
             return path(q, k, v, g, beta, initial_state)
     out = _fused_recurrent(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                            use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                           state_v_first, cu_seqlens, kwargs)
+                           state_v_first, cu_seqlens, recompute, kwargs)
     if key is not None and path is UNBUILT:
         plain = (gk is gv is cu_seqlens is None and g is not None and beta is not None and not use_gate_in_kernel
                  and not use_beta_sigmoid_in_kernel and not state_v_first)
@@ -188,7 +213,8 @@ def _hot_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
             type(t) in PLAIN for t in (q, k, v, g, beta, initial_state) if t is not None):
         return None
     bound = bound_forward("gated_delta_net", (q, k, v, g, beta, initial_state, None, False,
-                                              None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel)))
+                                              None if scale is None else float(scale), bool(use_qk_l2norm_in_kernel),
+                                              False))  # (save: the general path's key for a call saving nothing)
     if bound is None:
         return None
 
@@ -204,7 +230,7 @@ def _fused_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      initial_state: torch.Tensor | None, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
                      use_gate_in_kernel: bool, A_log: torch.Tensor | None, dt_bias: torch.Tensor | None,
                      use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool, state_v_first: bool,
-                     cu_seqlens: torch.Tensor | None,
+                     cu_seqlens: torch.Tensor | None, recompute: bool,
                      kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``fused_recurrent_gated_delta_rule`` the whole way: its checks, fla's options, the op."""
     check_fused_recurrent_gated_delta_rule(q, k, v, g, gk, beta, initial_state, state_v_first, cu_seqlens, A_log,
@@ -222,7 +248,7 @@ def _fused_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     else:
         gate, per_channel = (v.new_zeros(v.shape[:3]) if g is None else g), False
     return _delta_rule(name, q, k, v, gate, beta, per_channel, scale, initial_state, output_final_state,
-                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, recompute)
 
 
 @FUNCTIONS.register("gated_delta_net")
@@ -233,13 +259,16 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
               lower_bound: float | None = None, disable_recompute: bool = False,
               return_intermediate_states: bool = False, state_v_first: bool = False,
               cu_seqlens: torch.Tensor | None = None, cu_seqlens_cpu: torch.Tensor | None = None,
-              cp_context: Any = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+              cp_context: Any = None, recompute: bool = False,
+              **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Kimi Delta Attention, fla's ``chunk_kda``: the gated delta rule with a decay per key channel,
     ``S[i, :] ← exp(g[i])·S[i, :]``; ``g [B, T, HV, K]``, otherwise as ``chunk_gated_delta_rule``.
 
     With ``use_gate_in_kernel`` the raw ``g`` becomes ``-exp(A_log)·softplus(g + dt_bias)`` (``A_log
     [HV]``, ``dt_bias [HV·K]``, keywords as in fla). ``safe_gate``/``lower_bound`` and
-    ``return_intermediate_states`` (fla's kernel-specific modes) are refused.
+    ``return_intermediate_states`` (fla's kernel-specific modes) are refused. A forward autograd records saves
+    what its backward reads unless ``recompute`` (as ``chunk_gated_delta_rule``); fla's ``disable_recompute``,
+    which saves where fla would recompute, is accepted and changes nothing.
     """
     check_chunk_kda(q, k, v, g, beta, initial_state, state_v_first, cu_seqlens, kwargs.get("A_log"),
                     kwargs.get("dt_bias"))
@@ -257,4 +286,4 @@ def chunk_kda(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         g = _gdn_gate(g, A_log.reshape(heads, 1), None if dt_bias is None else dt_bias.reshape(heads, width))
     beta = _beta(name, beta, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     return _delta_rule(name, q, k, v, g, beta, True, scale, initial_state, output_final_state,
-                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens)
+                       use_qk_l2norm_in_kernel, state_v_first, cu_seqlens, recompute)

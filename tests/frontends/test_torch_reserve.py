@@ -56,13 +56,11 @@ def test_eval_mode_and_no_grad_save_nothing(reserves, monkeypatch):
     assert reserves == {"save": 0, "load": 0} and x.grad is not None
 
 
-@pytest.fixture
-def mamba2_reserves(monkeypatch):
-    """Counts of the mamba2 reserves the host's forward wrote (``save``) and its backward read (``load``)."""
-    import host_fallback.mamba2_backward
-    import host_fallback.ssm
+def _count_reserves(monkeypatch, save, load) -> dict[str, int]:
+    """Counts of the reserves the host's forward (module ``save``) wrote and its backward (``load``) read, by
+    spying on their ``reserve_views``."""
     counts = {"save": 0, "load": 0}
-    for name, module in (("save", host_fallback.ssm), ("load", host_fallback.mamba2_backward)):
+    for name, module in (("save", save), ("load", load)):
         real = module.reserve_views
 
         def spy(*args, _real=real, _name=name):
@@ -71,6 +69,26 @@ def mamba2_reserves(monkeypatch):
             return views
         monkeypatch.setattr(module, "reserve_views", spy)
     return counts
+
+
+def _check_saved_against_recomputed(gradients, counts: dict[str, int], saving: bool) -> None:
+    """``gradients(recompute)`` (a training call's, on the host) equal with ``recompute`` False and True within
+    rounding; the reserve written and read once (``counts``: ``_count_reserves``') where ``saving``, else never."""
+    once = {"save": 1, "load": 1} if saving else {"save": 0, "load": 0}
+    saved = gradients(False)
+    assert counts == once
+    recomputed = gradients(True)
+    assert counts == once
+    for got, want in zip(saved, recomputed):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.fixture
+def mamba2_reserves(monkeypatch):
+    """Counts of the mamba2 reserves the host's forward wrote (``save``) and its backward read (``load``)."""
+    import host_fallback.mamba2_backward
+    import host_fallback.ssm
+    return _count_reserves(monkeypatch, host_fallback.ssm, host_fallback.mamba2_backward)
 
 
 def _chunk_scan_grads(recompute: bool, seq_idx: bool = False) -> list[torch.Tensor]:
@@ -94,12 +112,8 @@ def _chunk_scan_grads(recompute: bool, seq_idx: bool = False) -> list[torch.Tens
 def test_mamba_chunk_scan_combined_reads_the_saved_forward_unless_asked_to_recompute(seq_idx, mamba2_reserves,
                                                                                     monkeypatch):
     monkeypatch.setenv("RLX_DEVICE", "host")
-    saved = _chunk_scan_grads(False, seq_idx)
-    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
-    recomputed = _chunk_scan_grads(True, seq_idx)
-    assert mamba2_reserves == ({"save": 0, "load": 0} if seq_idx else {"save": 1, "load": 1})
-    for got, want in zip(saved, recomputed):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    _check_saved_against_recomputed(lambda recompute: _chunk_scan_grads(recompute, seq_idx), mamba2_reserves,
+                                    not seq_idx)
 
 
 def test_mamba_chunk_scan_combined_under_no_grad_saves_nothing(mamba2_reserves, monkeypatch):
@@ -141,3 +155,46 @@ def test_selective_scan_fn_reads_the_saved_forward_unless_asked_to_recompute(rec
     assert counts == {"load": 0 if recompute else 1}
     for got, want in zip(*grads):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.fixture
+def gdn_reserves(monkeypatch):
+    """Counts of the gated_delta_net reserves the host's forward wrote (``save``) and its backward read (``load``)."""
+    import host_fallback.gdn
+    import host_fallback.gdn_backward
+    return _count_reserves(monkeypatch, host_fallback.gdn, host_fallback.gdn_backward)
+
+
+def _delta_rule_grads(function: str, recompute: bool, packed: bool = False) -> list[torch.Tensor]:
+    import rlx_gpu.torch.gdn as gdn
+    gen = torch.Generator().manual_seed(0)
+    b, s, h, hv, n = (1, 100, 2, 4, 3) if packed else (2, 70, 2, 4, 3)
+    q, k = (torch.randn(b, s, h, n, generator=gen, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(b, s, hv, n, generator=gen, dtype=torch.float64)
+    g = -torch.rand(b, s, hv, *((n,) if function == "chunk_kda" else ()), generator=gen, dtype=torch.float64) * 0.3
+    beta = torch.rand(b, s, hv, generator=gen, dtype=torch.float64)
+    init = torch.randn(2 if packed else b, hv, n, n, generator=gen, dtype=torch.float64)
+    leaves = [t.requires_grad_() for t in (q, k, v, g, beta, init)]
+    cu = torch.tensor([0, 40, 100]) if packed else None
+    o, final = getattr(gdn, function)(*leaves[:5], initial_state=init, output_final_state=True,
+                                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu, recompute=recompute)
+    ((o * o).sum() + (final * final).sum()).backward()
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("function,packed", [("chunk_gated_delta_rule", False), ("chunk_kda", False),
+                                             ("chunk_gated_delta_rule", True)])
+def test_the_delta_rules_read_the_saved_forward_unless_packed_or_asked_to_recompute(function, packed, gdn_reserves,
+                                                                                    monkeypatch):
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    _check_saved_against_recomputed(lambda recompute: _delta_rule_grads(function, recompute, packed), gdn_reserves,
+                                    not packed)
+
+
+def test_a_delta_rule_under_no_grad_saves_nothing(gdn_reserves, monkeypatch):
+    from rlx_gpu.torch.gdn import chunk_gated_delta_rule
+    monkeypatch.setenv("RLX_DEVICE", "host")
+    with torch.no_grad():
+        chunk_gated_delta_rule(*(torch.randn(1, 70, 2, 3) for _ in range(3)), -torch.rand(1, 70, 2),
+                               torch.rand(1, 70, 2))
+    assert gdn_reserves == {"save": 0, "load": 0}

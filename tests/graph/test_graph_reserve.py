@@ -130,3 +130,30 @@ def test_grad_saves_a_selective_scan_forward_unless_asked_to_recompute():
         outs[recompute] = g.compile("host").run(**values)
     for name in outs[True]:
         np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["rows", "packed"])
+def test_grad_saves_a_gated_delta_net_forward_unless_packed_or_asked_to_recompute(packed):
+    b, s, h, hv, n = (1, 100, 2, 4, 3) if packed else (2, 70, 2, 4, 3)
+    rng = np.random.default_rng(3)
+    values = {k: rng.standard_normal(shape) for k, shape in (("q", (b, s, h, n)), ("k", (b, s, h, n)),
+                                                             ("v", (b, s, hv, n)), ("dy", (b, s, hv, n)))}
+    values.update(g=-np.abs(rng.standard_normal((b, s, hv, n))) * 0.3, beta=rng.uniform(0, 1, (b, s, hv)),
+                  state=rng.standard_normal((2 if packed else b, hv, n, n)))
+    outs = {}
+    for recompute in (False, True):
+        g = Graph("f64")
+        t = {k: g.input(k, np.shape(v)) for k, v in values.items()}
+        y, _ = g.gated_delta_net(t["q"], t["k"], t["v"], t["g"], t["beta"], gate_per_channel=True,
+                                 initial_state=t["state"], use_qk_l2norm=True,
+                                 cu_seqlens=[0, 40, 100] if packed else None)
+        loss = g.reduce_sum(g.binary("mul", y, t["dy"]), list(range(4)))
+        wrt = ["q", "k", "v", "g", "beta", "state"]
+        for name, d in zip(wrt, g.grad(loss, [t[k] for k in wrt], recompute=recompute)):
+            g.output(f"d_{name}", d)
+        schedule, _ = lower(g)
+        backward = next(x for x in schedule["thunks"] if x["op"] == "gated_delta_net_backward")
+        assert ("reserve" in backward) == (not recompute and not packed)
+        outs[recompute] = g.compile("host").run(**values)
+    for name in outs[True]:
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-11, atol=1e-12, err_msg=name)

@@ -14,7 +14,8 @@ from rlx_gpu.launches import unsupported
 from rlx_gpu.launches.limits import REFERENCE_GPU
 
 RNN_OPS = ("lstm", "gru", "rnn", "lstm_backward", "gru_backward", "rnn_backward")
-OPS = RNN_OPS + ("mamba2", "mamba2_backward", "selective_scan", "selective_scan_backward")
+OPS = RNN_OPS + ("mamba2", "mamba2_backward", "selective_scan", "selective_scan_backward", "gated_delta_net",
+                 "gated_delta_net_backward")
 
 
 def _expected(fields: dict) -> int:
@@ -65,6 +66,18 @@ def test_the_minimum_of_mamba2_is_the_states_leaving_each_chunk_of_64_y_and_the_
 def test_the_minimum_of_selective_scan_is_the_states_leaving_each_chunk_of_32(op, dtype, extra, es, seq):
     fields = {"op": op, "dtype": dtype, "batch": 2, "seq": seq, "hidden": 6, "state_size": 5, **extra}
     end = 2 * -(-seq // 32) * 6 * 5 * es
+    assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
+
+
+@pytest.mark.parametrize("op", ("gated_delta_net", "gated_delta_net_backward"))
+@pytest.mark.parametrize("dtype,extra,es", [("f32", {}, 4), ("bf16", {}, 4), ("f64", {}, 8),
+                                            ("f16", {"state_dtype": "f64"}, 8),
+                                            ("f32", {"value_heads": 6, "value_size": 3}, 4)])
+@pytest.mark.parametrize("seq", (1, 32, 33, 100))
+def test_the_minimum_of_gated_delta_net_is_per_chunk_of_32_a_state_three_squares_and_u(op, dtype, extra, es, seq):
+    fields = {"op": op, "dtype": dtype, "batch": 2, "seq": seq, "heads": 3, "state_size": 5, **extra}
+    hv, v = extra.get("value_heads", 3), extra.get("value_size", 5)
+    end = 2 * -(-seq // 32) * hv * (5 * v + 3 * 32 * 32 + 32 * v) * es
     assert rlx_gpu.reserve_bytes(fields) == -(-end // 16) * 16
 
 
