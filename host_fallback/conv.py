@@ -11,8 +11,10 @@ pool ``state`` may be stored in any float type (``state_dtype``) and is updated 
 few hundred KiB, so the passes over it stay in cache), vectorised over the full width of channels; the
 threads (``threads.run_all``) take disjoint runs of slabs (token ranges, each slab contiguous in memory), and
 every value is the same formula whichever thread computes it, so every thread count gives the same bytes. A
-decode step (every row one token, carried state) is a handful of array operations over all rows at once,
-the threads taking disjoint runs of rows. ``conv_backward`` holds the gradients.
+decode step (every row one token, carried state) is one compiled call over a run of rows where Numba is
+installed (``jit``: one pass a row, the GIL released), else a handful of array operations over all rows at
+once; the threads take disjoint runs of rows, only for a step large enough to pay for their wake
+(``DECODE_SPLIT_WORK``). ``conv_backward`` holds the gradients.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from . import threads
+from . import jit, threads
 from .bound import Bound
 from .implementations import KERNELS
 
@@ -29,6 +31,9 @@ ACTIVATIONS = ("none", "silu")
 WIDTHS = range(2, 9)
 #: the bytes of one [tokens, channels] slab of the blocked passes (several live at once: within L2)
 SLAB_BYTES = 1 << 18
+
+#: the compiled decode step's bias where there is none
+NO_BIAS = np.empty(0, np.float32)
 
 Row = tuple[int, int, int, int]  # (batch row, state row, first token, one past the last)
 
@@ -192,21 +197,47 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
     pool[entry, cs] = np.concatenate([kept, newest], axis=1)
 
 
-#: The smallest decode step (rows x channels x width multiply-adds) split across cores: below it the pool's
-#: hand-over costs more than half the step (``benchmarks/causal_conv1d.py``: B16 D4096 W4 is 2^18).
-DECODE_SPLIT_WORK = 1 << 17
+#: The smallest decode step (rows x channels x width multiply-adds) split across cores, compiled or NumPy's:
+#: below it a thread's wake and hand-over cost more than half the step saves. On a 2-core Intel Xeon (AVX-512),
+#: a wake ~60 µs, two workers against one (``benchmarks/causal_conv1d.py``'s B16 D4096 W4 is 2^18): compiled,
+#: 1.3-1.8x slower up to 2^20 (one worker 90-400 µs); NumPy's, 1.2-1.6x at 2^18, 0.8-0.95x at 2^20.
+DECODE_SPLIT_WORK = 1 << 20
 
 
 def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, workers) -> None:
     """Every row one token with a carried state, all rows at once: the threads take disjoint runs of rows (their
-    pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each ``_decode_rows``."""
+    pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each in one compiled call
+    (``_compiled_decode``) where it applies, else ``_decode_rows``. ``workers`` caps the threads: a step smaller
+    than ``DECODE_SPLIT_WORK`` runs on one, whatever it allows."""
     count, work = len(sequences), len(sequences) * x.shape[2] * len(taps)
-    wanted = workers if workers is not None else threads.cores() if work >= DECODE_SPLIT_WORK else 1
-    parts = threads.parts_for("causal_conv1d", work, count, 1, wanted)
-    tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
+    step = _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out)
+    if step is None:
+        tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
+        step = lambda rows_: _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out)  # noqa: E731
+    big = work >= DECODE_SPLIT_WORK
+    parts = threads.parts_for("causal_conv1d", work, count, 1, workers if workers is not None else
+                              threads.cores() if big else 1)
+    parts = parts if big else 1
     edges = [count * i // parts for i in range(parts + 1)]
-    threads.run_all([lambda lo=lo, hi=hi: _decode_rows(x, taps, bias, activation, pool, slice(lo, hi), tokens,
-                                                      slots, varlen, out) for lo, hi in zip(edges, edges[1:])])
+    threads.run_all([lambda rows_=slice(lo, hi): step(rows_) for lo, hi in zip(edges, edges[1:])])
+
+
+def _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out) -> Callable[[slice], None] | None:
+    """The decode step of a run of rows as one GIL-free call of ``jit``'s ``causal_conv1d_decode`` (the window,
+    taps, bias, silu and pool shift in one pass a row), or ``None`` where it does not apply: no Numba (or
+    ``RLX_HOST_JIT=0``), anything but float32 (a pool in another type than the activations included), arrays
+    not C-contiguous, or the output or pool overlapping another array."""
+    kernel = jit.kernel("causal_conv1d_decode")
+    arrays = (x, taps, pool, out)
+    if (kernel is None or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays)
+            or any(np.may_share_memory(a, b) for a, b in ((out, x), (pool, x), (pool, out)))):
+        return None
+    batch_seq, dim = x.shape[0] * x.shape[1], x.shape[2]
+    positions = np.array([b * x.shape[1] + lo for b, _, lo, _ in sequences], np.intp)  # rows of x as [B*S, D]
+    entries = np.arange(len(sequences), dtype=np.intp) if slots is None else np.ascontiguousarray(slots)
+    bias = NO_BIAS if bias is None else np.ascontiguousarray(bias, np.float32)
+    flat_x, flat_out, silu = x.reshape(batch_seq, dim), out.reshape(batch_seq, dim), activation == "silu"
+    return lambda rows_: kernel(flat_x, positions, entries, taps, bias, silu, pool, flat_out, rows_.start, rows_.stop)
 
 
 def _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out) -> None:
