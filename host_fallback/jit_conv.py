@@ -34,10 +34,11 @@ def _convolve_row(xs, state, taps, bias, ys, back):
         ys[d] = total
 
 
-@numba.njit(types.void(_C1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False)
+@numba.njit(fastmath=_FLAGS, error_model="numpy", boundscheck=False)
 def _silu_row(values):
     """``values / (1 + exp(-values))`` in place (``conv.silu_``'s formula). A function of its own, so that its
-    fast-math flags (``exp``'s contractions) stay out of the convolution, whose sums round as NumPy's."""
+    fast-math flags (``exp``'s contractions) stay out of the convolution, whose sums round as NumPy's; compiled
+    with it (lazily: nothing to compile where its code comes from Numba's cache)."""
     for d in range(values.size):
         values[d] = _silu(values[d])
 
