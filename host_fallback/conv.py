@@ -197,10 +197,11 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
     pool[entry, cs] = np.concatenate([kept, newest], axis=1)
 
 
-#: The smallest decode step (rows x channels x width multiply-adds) split across cores, compiled or NumPy's:
-#: below it a thread's wake and hand-over cost more than half the step saves. On a 2-core Intel Xeon (AVX-512),
-#: a wake ~60 µs, two workers against one (``benchmarks/causal_conv1d.py``'s B16 D4096 W4 is 2^18): compiled,
-#: 1.3-1.8x slower up to 2^20 (one worker 90-400 µs); NumPy's, 1.2-1.6x at 2^18, 0.8-0.95x at 2^20.
+#: The smallest decode step (rows x channels x width multiply-adds) split across cores: below it a thread's wake
+#: (~60 µs on a 2-core Intel Xeon VM) costs more than half the step saves. There (``benchmarks/causal_conv1d.py``'s
+#: B16 D4096 W4 is 2^18): NumPy's step, its threads trading the GIL between ~20 array calls, is 1.2-1.6x slower
+#: on two than on one at 2^18 (~0.3 ms), 0.8-0.95x at 2^20; the compiled one (0.3 µs a thousand, no GIL) should
+#: gain from ~2^19, but under other jobs' load it was 1.0-1.7x slower on two up to 2^22.
 DECODE_SPLIT_WORK = 1 << 20
 
 
