@@ -13,7 +13,9 @@ Cases (f32, bias, silu):
   bias, the forward's graph kept), against the host backward (which recomputes the pre-activation);
 - decode steps B1 D2048 W4 and B16 D4096 W4: ``causal_conv1d_update_ref``'s step written here in torch ops
   (the state and the token concatenated, the state shifted in place, one depthwise convolution, silu) on a
-  ``(batch, dim, width-1)`` state, against the host's decode step straight on its ``[B, D, W-1]`` pool.
+  ``(batch, dim, width-1)`` state, against the host's decode step straight on its ``[B, D, W-1]`` pool (one
+  compiled call where Numba is installed; ``RLX_HOST_JIT=0`` times NumPy's step). The host's ``workers`` caps its
+  decode threads: a step below ``conv.DECODE_SPLIT_WORK`` runs on one.
 
 Before timing, each case checks that the sides agree (max |diff| of the outputs, the gradients, the state).
 Then the two sides take turns, a block of ``--warmup`` untimed and ``--runs`` timed calls each, over ``--rounds``
