@@ -216,9 +216,9 @@ def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, work
         tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
         step = lambda rows_: _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out)  # noqa: E731
     big = work >= DECODE_SPLIT_WORK
-    parts = threads.parts_for("causal_conv1d", work, count, 1, workers if workers is not None else
-                              threads.cores() if big else 1)
-    parts = parts if big else 1
+    allowed = threads.parts_for("causal_conv1d", work, count, 1,  # checks workers, whatever the size
+                                workers if workers is not None else threads.cores() if big else 1)
+    parts = allowed if big else 1
     edges = [count * i // parts for i in range(parts + 1)]
     threads.run_all([lambda rows_=slice(lo, hi): step(rows_) for lo, hi in zip(edges, edges[1:])])
 

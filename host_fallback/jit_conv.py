@@ -4,7 +4,7 @@ twenty array passes and releases the GIL between them. Imported only through ``j
 from __future__ import annotations
 
 import numba
-from numba import types
+from numba import literal_unroll, types
 
 from .jit_math import _FLAGS
 from .jit_ssm_steps import _silu
@@ -13,6 +13,8 @@ _C1, _C2, _C3 = (types.Array(types.float32, d, "C") for d in (1, 2, 3))
 _INDEX = types.Array(types.intp, 1, "C")
 
 __all__ = ["causal_conv1d_decode"]
+#: the pool's last axis, ``width - 1``, for ABI.md §10's widths 2..8
+_BACKS = (1, 2, 3, 4, 5, 6, 7)
 
 
 @numba.njit(inline="always")
@@ -50,27 +52,15 @@ def causal_conv1d_decode(x, tokens, entries, taps, bias, silu, pool, out, lo, hi
     token is ``x[tokens[r]]`` (``x, out [N, D]``), its output goes to ``out[tokens[r]]``, its window is pool entry
     ``entries[r]`` (``pool [E, D, W-1]``), shifted in place; ``taps [W, D]`` (the weight transposed), ``bias [D]``
     or empty, ``silu`` the activation. No product or sum is contracted or reassociated: without ``silu`` the
-    output has NumPy's bytes; silu's ``exp`` is ``jit_math``'s (within an ulp of NumPy's). ``out`` may be ``x``;
+    output has NumPy's bytes; silu's ``exp`` is ``jit_math``'s (silu within 4 ulp of NumPy's). ``out`` may be ``x``;
     no other overlap is allowed, and the caller checks the shapes and indices (none is checked here)."""
     back = pool.shape[2]
     if back < 1 or back > 7:
         raise ValueError("causal_conv1d_decode: the pool's last axis (width - 1) must be 1..7")
     for r in range(lo, hi):
         xs, state, ys = x[tokens[r]], pool[entries[r]], out[tokens[r]]
-        # one inlined copy per width (ABI.md §10's 2..8), each unrolled
-        if back == 1:
-            _convolve_row(xs, state, taps, bias, ys, 1)
-        elif back == 2:
-            _convolve_row(xs, state, taps, bias, ys, 2)
-        elif back == 3:
-            _convolve_row(xs, state, taps, bias, ys, 3)
-        elif back == 4:
-            _convolve_row(xs, state, taps, bias, ys, 4)
-        elif back == 5:
-            _convolve_row(xs, state, taps, bias, ys, 5)
-        elif back == 6:
-            _convolve_row(xs, state, taps, bias, ys, 6)
-        else:
-            _convolve_row(xs, state, taps, bias, ys, 7)
+        for each in literal_unroll(_BACKS):  # one inlined copy per width, ``each`` a constant in it
+            if back == each:
+                _convolve_row(xs, state, taps, bias, ys, each)
         if silu:
             _silu_row(ys)

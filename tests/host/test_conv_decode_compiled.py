@@ -121,6 +121,8 @@ def test_below_its_threshold_a_step_stays_on_one_thread(calls):
     assert ROWS * DIM * 4 < conv.DECODE_SPLIT_WORK
     _run(case, "silu", workers=2)
     assert calls == [(0, ROWS)]
+    with pytest.raises(ValueError, match="causal_conv1d: workers must be a positive int, got 0"):
+        _run(case, "silu", workers=0)  # still checked below the threshold
 
 
 def _f64_pool(case):
