@@ -226,17 +226,18 @@ def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, work
 def _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out) -> Callable[[slice], None] | None:
     """The decode step of a run of rows as one GIL-free call of ``jit``'s ``causal_conv1d_decode`` (the window,
     taps, bias, silu and pool shift in one pass a row), or ``None`` where it does not apply: no Numba (or
-    ``RLX_HOST_JIT=0``), anything but float32 (a pool in another type than the activations included), arrays
-    not C-contiguous, or the output or pool overlapping another array."""
+    ``RLX_HOST_JIT=0``), anything but float32 (a pool in another type than the activations included), a pool or
+    output that is not C-contiguous, aligned and writeable, or one overlapping another array. The inputs are
+    taken as they are where the kernel can (else a contiguous copy: a decode step's are small)."""
     kernel = jit.kernel("causal_conv1d_decode")
-    arrays = (x, taps, pool, out)
-    if (kernel is None or any(a.dtype != np.float32 or not a.flags.c_contiguous for a in arrays)
+    if (kernel is None or any(a.dtype != np.float32 for a in (x, pool, out))
+            or not all(a.flags.c_contiguous and a.flags.aligned and a.flags.writeable for a in (pool, out))
             or any(np.may_share_memory(a, b) for a, b in ((out, x), (pool, x), (pool, out)))):
         return None
     batch_seq, dim = x.shape[0] * x.shape[1], x.shape[2]
     positions = np.array([b * x.shape[1] + lo for b, _, lo, _ in sequences], np.intp)  # rows of x as [B*S, D]
-    entries = np.arange(len(sequences), dtype=np.intp) if slots is None else np.ascontiguousarray(slots)
-    bias = NO_BIAS if bias is None else np.ascontiguousarray(bias, np.float32)
+    entries = np.arange(len(sequences), dtype=np.intp) if slots is None else np.require(slots, np.intp, "CAW")
+    x, taps, bias = (NO_BIAS if a is None else np.require(a, np.float32, "CAW") for a in (x, taps, bias))
     flat_x, flat_out, silu = x.reshape(batch_seq, dim), out.reshape(batch_seq, dim), activation == "silu"
     return lambda rows_: kernel(flat_x, positions, entries, taps, bias, silu, pool, flat_out, rows_.start, rows_.stop)
 

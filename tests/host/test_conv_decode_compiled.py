@@ -134,19 +134,14 @@ def _f64_all(case):
         case[k] = case[k].astype(np.float64)
 
 
-def _strided_x(case):
-    case["x"] = np.repeat(case["x"], 2, axis=2)[..., ::2]
-
-
 def _no_numba(monkeypatch):
     monkeypatch.setattr(jit, "_kernels", lambda: None)  # as after a failed import
 
 
-@pytest.mark.parametrize("change", [_f64_pool, _f64_all, _strided_x, None],
-                         ids=["f64-pool", "f64", "strided-x", "no-numba"])
+@pytest.mark.parametrize("change", [_f64_pool, _f64_all, None], ids=["f64-pool", "f64", "no-numba"])
 def test_numpy_runs_where_the_compiled_step_does_not_apply(change, calls, monkeypatch):
-    """A pool in another float type (computed at the wider, as NumPy's step does), f64 activations, a strided
-    input, no Numba: NumPy's step, with the reference's values."""
+    """A pool in another float type (computed at the wider, as NumPy's step does), f64 activations, no Numba:
+    NumPy's step, with the reference's values."""
     case = _step(3, varlen=True, slots=True)
     if change is None:
         _no_numba(monkeypatch)
@@ -157,6 +152,25 @@ def test_numpy_runs_where_the_compiled_step_does_not_apply(change, calls, monkey
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(pool, final.astype(pool.dtype))
     assert calls == []
+
+
+def _read_only(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+def test_strided_and_read_only_inputs_are_taken(calls, monkeypatch):
+    """A strided token, read-only weight (Fortran-ordered: its transpose is the taps as they are), bias and slots:
+    the compiled step still (on copies where it must), NumPy's bytes."""
+    case = _step(4, varlen=False, slots=True, bias=True)
+    want = _run_numpy(case, "none", monkeypatch)
+    case["x"] = np.repeat(case["x"], 2, axis=2)[..., ::2]
+    case["weight"] = _read_only(np.asfortranarray(case["weight"]))
+    case["bias"], case["state_slots"] = _read_only(case["bias"]), _read_only(case["state_slots"])
+    got = _run(case, "none")
+    assert calls == [(0, ROWS)]
+    assert got[0].tobytes() == want[0].tobytes() and got[1].tobytes() == want[1].tobytes()
 
 
 def test_an_output_over_its_input_takes_numpys_step(calls):
