@@ -197,25 +197,25 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
     pool[entry, cs] = np.concatenate([kept, newest], axis=1)
 
 
-#: The smallest decode step (rows x channels x width multiply-adds) split across cores: below it a thread's wake
-#: (~60 µs on a 2-core Intel Xeon VM) costs more than half the step saves. There (``benchmarks/causal_conv1d.py``'s
-#: B16 D4096 W4 is 2^18): NumPy's step, its threads trading the GIL between ~20 array calls, is 1.2-1.6x slower
-#: on two than on one at 2^18 (~0.3 ms), 0.8-0.95x at 2^20; the compiled one (0.3 µs a thousand, no GIL) should
-#: gain from ~2^19, but under other jobs' load it was 1.0-1.7x slower on two up to 2^22.
-DECODE_SPLIT_WORK = 1 << 20
+#: The smallest decode step (rows x channels x width multiply-adds) split across cores, by path: below it a
+#: thread's wake (~85 µs on a 2-core Intel Xeon VM) costs more than half the step saves. Two workers against one
+#: there, W4 D4096 (``python benchmarks/causal_conv1d.py --split``; its decode case B16 is 2^18): compiled 2.0x at
+#: 2^18, 1.4x at 2^19, 1.07x at 2^20, 0.82x at 2^21; NumPy's (its threads trading the GIL between ~20 array calls)
+#: 1.4x at 2^18, 0.9x at 2^19, 0.65x at 2^20.
+DECODE_SPLIT_WORK = {"compiled": 1 << 21, "numpy": 1 << 19}
 
 
 def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, workers) -> None:
     """Every row one token with a carried state, all rows at once: the threads take disjoint runs of rows (their
     pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each in one compiled call
     (``_compiled_decode``) where it applies, else ``_decode_rows``. ``workers`` caps the threads: a step smaller
-    than ``DECODE_SPLIT_WORK`` runs on one, whatever it allows."""
+    than its path's ``DECODE_SPLIT_WORK`` runs on one, whatever it allows."""
     count, work = len(sequences), len(sequences) * x.shape[2] * len(taps)
     step = _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out)
+    big = work >= DECODE_SPLIT_WORK["numpy" if step is None else "compiled"]
     if step is None:
         tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
         step = lambda rows_: _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out)  # noqa: E731
-    big = work >= DECODE_SPLIT_WORK
     allowed = threads.parts_for("causal_conv1d", work, count, 1,  # checks workers, whatever the size
                                 workers if workers is not None else threads.cores() if big else 1)
     parts = allowed if big else 1

@@ -108,7 +108,7 @@ def test_nan_and_inf_land_where_numpy_puts_them(activation, calls, monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=["slots", "varlen", "varlen-slots"])
 def test_a_split_step_gives_one_workers_bytes(layout, calls, monkeypatch):
     """Forced past its threshold, the step's rows on two threads, a compiled call each: one worker's bytes."""
-    monkeypatch.setattr(conv, "DECODE_SPLIT_WORK", 0)
+    monkeypatch.setitem(conv.DECODE_SPLIT_WORK, "compiled", 0)
     case = _step(4, **layout)
     one, two = _run(case, "silu", workers=1), _run(case, "silu", workers=2)
     assert calls == [(0, ROWS), (0, 2), (2, ROWS)] or calls == [(0, ROWS), (2, ROWS), (0, 2)]
@@ -118,7 +118,7 @@ def test_a_split_step_gives_one_workers_bytes(layout, calls, monkeypatch):
 def test_below_its_threshold_a_step_stays_on_one_thread(calls):
     """``workers`` caps the threads: a step under ``DECODE_SPLIT_WORK`` takes one whatever it allows."""
     case = _step(4, varlen=False, slots=False)
-    assert ROWS * DIM * 4 < conv.DECODE_SPLIT_WORK
+    assert ROWS * DIM * 4 < min(conv.DECODE_SPLIT_WORK.values())
     _run(case, "silu", workers=2)
     assert calls == [(0, ROWS)]
     with pytest.raises(ValueError, match="causal_conv1d: workers must be a positive int, got 0"):

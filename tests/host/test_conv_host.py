@@ -285,7 +285,7 @@ def test_a_decode_step_split_across_threads_gives_the_same_bytes(varlen, compile
     """The decode step's rows on one thread or two (their entries through slots, the split forced past its
     threshold), compiled (where Numba is installed) or NumPy's: the same outputs and pool."""
     monkeypatch.setenv("RLX_HOST_JIT", compiled)
-    monkeypatch.setattr(conv, "DECODE_SPLIT_WORK", 0)
+    monkeypatch.setattr(conv, "DECODE_SPLIT_WORK", {"compiled": 0, "numpy": 0})
     rng = np.random.default_rng(11)
     rows, dim, width = 5, 7, 4
     x = rng.standard_normal((1, rows, dim) if varlen else (rows, 1, dim)).astype(np.float32)
