@@ -2,7 +2,7 @@
 the figures issue 35 sets targets for (forward and backward ≤ 1.0x torch's depthwise ``F.conv1d`` path at
 B4 S4096 D2048 W4 f32, the decode step ≤ 1.0x ``causal_conv1d_update_ref``).
 
-    python benchmarks/causal_conv1d.py [--threads 1,2] [--runs 3] [--rounds 3] [--warmup 1] [--quick]
+    python benchmarks/causal_conv1d.py [--threads 1,2] [--runs 3] [--rounds 3] [--warmup 1] [--quick] [--split]
 
 Cases (f32, bias, silu):
 
@@ -13,12 +13,15 @@ Cases (f32, bias, silu):
   bias, the forward's graph kept), against the host backward (which recomputes the pre-activation);
 - decode steps B1 D2048 W4 and B16 D4096 W4: ``causal_conv1d_update_ref``'s step written here in torch ops
   (the state and the token concatenated, the state shifted in place, one depthwise convolution, silu) on a
-  ``(batch, dim, width-1)`` state, against the host's decode step straight on its ``[B, D, W-1]`` pool.
+  ``(batch, dim, width-1)`` state, against the host's decode step straight on its ``[B, D, W-1]`` pool (one
+  compiled call where Numba is installed; ``RLX_HOST_JIT=0`` times NumPy's step). The host's ``workers`` caps its
+  decode threads: a step below ``conv.DECODE_SPLIT_WORK`` runs on one.
 
 Before timing, each case checks that the sides agree (max |diff| of the outputs, the gradients, the state).
 Then the two sides take turns, a block of ``--warmup`` untimed and ``--runs`` timed calls each, over ``--rounds``
 rounds; medians in ms (decode: µs), at each thread count (``torch.set_num_threads``; the host's ``workers``).
-A warning follows when other processes used the CPUs meanwhile. Needs torch and this repository.
+A warning follows when other processes used the CPUs meanwhile. ``--split`` times only the host's decode step on
+two workers against one (``split``). Needs torch and this repository.
 """
 from __future__ import annotations
 
@@ -152,6 +155,35 @@ def run(args: argparse.Namespace) -> list[str]:
     return lines
 
 
+def split(args: argparse.Namespace) -> list[str]:
+    """``--split``: the host's decode step (W4 D4096, silu) on two workers against one, forced past
+    ``conv.DECODE_SPLIT_WORK``, compiled and NumPy's (``RLX_HOST_JIT``) in turns: where its thresholds belong."""
+    batches = (1, 2) if args.quick else (16, 32, 64, 128, 256)
+    lines = [cpu_line(), f"{'decode step, two workers against one':<38} {'work':>5} {'path':>9} {'1 worker':>10} "
+             f"{'2 workers':>10}  2/1"]
+    thresholds, before = conv.DECODE_SPLIT_WORK, os.environ.get("RLX_HOST_JIT")
+    conv.DECODE_SPLIT_WORK = dict.fromkeys(thresholds, 0)
+    try:
+        for batch in batches:
+            dim = 32 if args.quick else 4096
+            x, weight, bias = (t.numpy() for t in _data(batch, 1, dim, 4, seed=2))
+            tokens, pool = np.ascontiguousarray(x.transpose(0, 2, 1)), np.zeros((batch, dim, 3), np.float32)
+            step = lambda workers: conv.causal_conv1d(tokens, weight, bias, "silu", pool, workers=workers)  # noqa: E731
+            for path, env in (("compiled", "1"), ("numpy", "0")):
+                use = lambda env=env: os.environ.__setitem__("RLX_HOST_JIT", env)  # noqa: E731
+                one, two = alternate_ms([lambda: step(1), lambda: step(2)], args.runs * max(1, 400 // batch),
+                                        args.warmup * 5, args.rounds, setups=[use, use])
+                lines.append(f"{f'B{batch} D{dim} W4':<38} 2^{np.log2(batch * dim * 4):<3.0f} {path:>9} "
+                             f"{one * 1e3:>8.1f}µs {two * 1e3:>8.1f}µs  {two / one:.2f}x")
+    finally:
+        conv.DECODE_SPLIT_WORK = thresholds
+        if before is None:
+            os.environ.pop("RLX_HOST_JIT")
+        else:
+            os.environ["RLX_HOST_JIT"] = before
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     parser.add_argument("--threads", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2])
@@ -159,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="tiny shapes: that the script runs, not figures")
+    parser.add_argument("--split", action="store_true", help="only the decode step on two workers against one")
     args = parser.parse_args(argv)
     start, t0 = cpu_ticks(), time.perf_counter()
-    for line in run(args):
+    for line in (split if args.split else run)(args):
         print(line)
     warn_if_shared(start, t0)
     return 0

@@ -11,8 +11,10 @@ pool ``state`` may be stored in any float type (``state_dtype``) and is updated 
 few hundred KiB, so the passes over it stay in cache), vectorised over the full width of channels; the
 threads (``threads.run_all``) take disjoint runs of slabs (token ranges, each slab contiguous in memory), and
 every value is the same formula whichever thread computes it, so every thread count gives the same bytes. A
-decode step (every row one token, carried state) is a handful of array operations over all rows at once,
-the threads taking disjoint runs of rows. ``conv_backward`` holds the gradients.
+decode step (every row one token, carried state) is one compiled call over a run of rows where Numba is
+installed (``jit``: one pass a row, the GIL released), else a handful of array operations over all rows at
+once; the threads take disjoint runs of rows, only for a step large enough to pay for their wake
+(``DECODE_SPLIT_WORK``). ``conv_backward`` holds the gradients.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from . import threads
+from . import jit, threads
 from .bound import Bound
 from .implementations import KERNELS
 
@@ -29,6 +31,9 @@ ACTIVATIONS = ("none", "silu")
 WIDTHS = range(2, 9)
 #: the bytes of one [tokens, channels] slab of the blocked passes (several live at once: within L2)
 SLAB_BYTES = 1 << 18
+
+#: the compiled decode step's bias where there is none
+NO_BIAS = np.empty(0, np.float32)
 
 Row = tuple[int, int, int, int]  # (batch row, state row, first token, one past the last)
 
@@ -192,21 +197,57 @@ def store_final(pool: np.ndarray, entry: int, cs: slice, xs: np.ndarray) -> None
     pool[entry, cs] = np.concatenate([kept, newest], axis=1)
 
 
-#: The smallest decode step (rows x channels x width multiply-adds) split across cores: below it the pool's
-#: hand-over costs more than half the step (``benchmarks/causal_conv1d.py``: B16 D4096 W4 is 2^18).
-DECODE_SPLIT_WORK = 1 << 17
+#: The smallest decode step (rows x channels x width multiply-adds) split across cores, by path: below it a
+#: thread's wake (~85 µs on a 2-core Intel Xeon VM) costs more than half the step saves. Two workers against one
+#: there, W4 D4096 (``python benchmarks/causal_conv1d.py --split``; its decode case B16 is 2^18): compiled 2.0x at
+#: 2^18, 1.4x at 2^19, 1.07x at 2^20, 0.82x at 2^21; NumPy's (its threads trading the GIL between ~20 array calls)
+#: 1.4x at 2^18, 0.9x at 2^19, 0.65x at 2^20.
+DECODE_SPLIT_WORK = {"compiled": 1 << 21, "numpy": 1 << 19}
 
 
 def _decode(x, taps, bias, activation, pool, sequences, slots, varlen, out, workers) -> None:
     """Every row one token with a carried state, all rows at once: the threads take disjoint runs of rows (their
-    pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each ``_decode_rows``."""
+    pool entries, tokens and outputs whole rows of ``D`` values apart: no line shared), each in one compiled call
+    (``_compiled_decode``) where it applies, else ``_decode_rows``. ``workers`` caps the threads: a step smaller
+    than its path's ``DECODE_SPLIT_WORK`` runs on one, whatever it allows."""
     count, work = len(sequences), len(sequences) * x.shape[2] * len(taps)
-    wanted = workers if workers is not None else threads.cores() if work >= DECODE_SPLIT_WORK else 1
-    parts = threads.parts_for("causal_conv1d", work, count, 1, wanted)
-    tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
+    step = _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out)
+    big = work >= DECODE_SPLIT_WORK["numpy" if step is None else "compiled"]
+    if step is None:
+        tokens = np.array([lo for _, _, lo, _ in sequences], np.intp)
+        step = lambda rows_: _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out)  # noqa: E731
+    allowed = threads.parts_for("causal_conv1d", work, count, 1,  # checks workers, whatever the size
+                                workers if workers is not None else threads.cores() if big else 1)
+    parts = allowed if big else 1
     edges = [count * i // parts for i in range(parts + 1)]
-    threads.run_all([lambda lo=lo, hi=hi: _decode_rows(x, taps, bias, activation, pool, slice(lo, hi), tokens,
-                                                      slots, varlen, out) for lo, hi in zip(edges, edges[1:])])
+    threads.run_all([lambda rows_=slice(lo, hi): step(rows_) for lo, hi in zip(edges, edges[1:])])
+
+
+def _compiled_decode(x, taps, bias, activation, pool, sequences, slots, out) -> Callable[[slice], None] | None:
+    """The decode step of a run of rows as one GIL-free call of ``jit``'s ``causal_conv1d_decode`` (the window,
+    taps, bias, silu and pool shift in one pass a row), or ``None`` where it does not apply: no Numba (or
+    ``RLX_HOST_JIT=0``), anything but float32 (a pool in another type than the activations included), a pool or
+    output that is not C-contiguous, aligned and writeable, or one overlapping another array. The inputs are
+    taken as they are where the kernel can (else a contiguous copy: a decode step's are small)."""
+    kernel = jit.kernel("causal_conv1d_decode")
+    if (kernel is None or any(a.dtype != np.float32 for a in (x, pool, out))
+            or not all(a.flags.c_contiguous and a.flags.aligned and a.flags.writeable for a in (pool, out))
+            or any(np.may_share_memory(a, b) for a, b in ((out, x), (pool, x), (pool, out)))):
+        return None
+    batch_seq, dim = x.shape[0] * x.shape[1], x.shape[2]
+    positions = np.array([b * x.shape[1] + lo for b, _, lo, _ in sequences], np.intp)  # rows of x as [B*S, D]
+    entries = np.arange(len(sequences), dtype=np.intp) if slots is None else _as_taken(slots, np.intp)
+    x, taps, bias = (NO_BIAS if a is None else _as_taken(a, np.float32) for a in (x, taps, bias))
+    flat_x, flat_out, silu = x.reshape(batch_seq, dim), out.reshape(batch_seq, dim), activation == "silu"
+    return lambda rows_: kernel(flat_x, positions, entries, taps, bias, silu, pool, flat_out, rows_.start, rows_.stop)
+
+
+def _as_taken(a: np.ndarray, dtype: type) -> np.ndarray:
+    """``a`` where a compiled kernel takes it as it is (``dtype``, C-contiguous, aligned, writeable), else a copy
+    that it takes (``np.require``'s check, at a sixth of its cost)."""
+    flags = a.flags
+    usable = a.dtype == dtype and flags.c_contiguous and flags.aligned and flags.writeable
+    return a if usable else np.array(a, dtype)
 
 
 def _decode_rows(x, taps, bias, activation, pool, rows_, tokens, slots, varlen, out) -> None:

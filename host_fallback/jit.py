@@ -5,6 +5,10 @@ The step paths of selective_scan, mamba2 and gated_delta_net, each one call a th
 ``compiled_step``), where NumPy's step makes a dozen array passes a token: a B1 decode thunk's own time on
 an AMD EPYC Zen 5 falls from 45-75 µs to 6-15 µs (``python benchmarks/decode.py --thunk``).
 
+And causal_conv1d's decode step (``causal_conv1d_decode``; where it applies: ``conv._compiled_decode``): a run
+of rows in one call that holds no GIL, one pass over each row's pool entry, where NumPy's step makes about
+twenty array passes, releasing and retaking the GIL between them (two threads then mostly wait on each other).
+
 And a whole lstm step (``lstm_step``), its two GEMMs ``W_hh·h + W_ih·x_t`` in register tiles
 over weights packed once per call (``lstm_panels``, ``lstm_panel_bias``), then the gates, the cell and
 ``o·tanh(c)`` in vectorized passes. NumPy runs a step as an OpenBLAS GEMM (which repacks ``W_hh`` on
@@ -72,13 +76,14 @@ def host_lanes() -> int:
 
 @cache
 def _kernels() -> dict[str, ModuleType] | None:
-    """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``), or
+    """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``, ...), or
     None without Numba (Python's import lock compiles each module once across threads)."""
     try:
-        from . import jit_lstm, jit_lstm_sequence, jit_mamba3, jit_ssm_steps
+        from . import jit_conv, jit_lstm, jit_lstm_sequence, jit_mamba3, jit_ssm_steps
     except ImportError:  # no Numba (or no llvmlite): the NumPy loops
         return None
-    return {name: module for module in (jit_lstm, jit_lstm_sequence, jit_ssm_steps, jit_mamba3) for name in module.__all__}
+    modules = (jit_lstm, jit_lstm_sequence, jit_ssm_steps, jit_mamba3, jit_conv)
+    return {name: module for module in modules for name in module.__all__}
 
 
 def kernel(name: str) -> Callable | None:
@@ -115,6 +120,9 @@ def kernel(name: str) -> Callable | None:
 
     ``mamba3_state_step``: one token of mamba3's steps 4-6 for every row and head, float32 (its docstring gives
     the shapes; ``mamba3.run_step`` calls it).
+
+    ``causal_conv1d_decode``: causal_conv1d's decode step for a run of rows, float32 (its docstring gives the
+    arguments; ``conv._compiled_decode`` binds them).
     """
     if not enabled():
         return None

@@ -280,8 +280,12 @@ def test_a_caller_hears_what_is_wrong(change, words):
 
 
 @pytest.mark.parametrize("varlen", [False, True])
-def test_a_decode_step_split_across_threads_gives_the_same_bytes(varlen):
-    """The decode step's rows on one thread or two (their entries through slots): the same outputs and pool."""
+@pytest.mark.parametrize("compiled", ["1", "0"], ids=["compiled-where-installed", "numpy"])
+def test_a_decode_step_split_across_threads_gives_the_same_bytes(varlen, compiled, monkeypatch):
+    """The decode step's rows on one thread or two (their entries through slots, the split forced past its
+    threshold), compiled (where Numba is installed) or NumPy's: the same outputs and pool."""
+    monkeypatch.setenv("RLX_HOST_JIT", compiled)
+    monkeypatch.setattr(conv, "DECODE_SPLIT_WORK", {"compiled": 0, "numpy": 0})
     rng = np.random.default_rng(11)
     rows, dim, width = 5, 7, 4
     x = rng.standard_normal((1, rows, dim) if varlen else (rows, 1, dim)).astype(np.float32)
