@@ -21,9 +21,6 @@ from .ssm import _param_dtype, _state_dtype
 
 __all__ = ["selective_state_update"]
 
-_TENSOR = torch.Tensor
-
-
 def _tied_along_dim(heads_form: bool, dt: torch.Tensor, A: torch.Tensor, *per_head: torch.Tensor | None) -> bool:
     """Whether dt, A (and D, dt bias) of a heads-form step are per-head values broadcast along ``dim`` by
     stride-0 views, as a Mamba-2 block passes them."""
@@ -124,8 +121,7 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
         params = (A, D, dt_bias)
         stamps = [None] * len(order)
         for i, p in stamped:
-            t = params[p]  # a plain tensor that views no other has no stamp (``bridge.stamp``), asked without a call
-            stamps[i] = None if type(t) is _TENSOR and t._base is None else stamp(t)
+            stamps[i] = stamp(params[p])
         into = [None] * count
         into[state_at] = by_field["state"]  # the final state straight into the caller's
         y = bound.run([by_field[f] for f in order], stamps, into)[0]
