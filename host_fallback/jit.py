@@ -37,8 +37,11 @@ kernels included); a later one loads them in about one.
 """
 from __future__ import annotations
 
+import importlib
 import os
+import pkgutil
 from functools import cache
+from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
@@ -76,13 +79,14 @@ def host_lanes() -> int:
 
 @cache
 def _kernels() -> dict[str, ModuleType] | None:
-    """Each compiled kernel's name -> its module (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``, ...), or
-    None without Numba (Python's import lock compiles each module once across threads)."""
+    """Each compiled kernel's name -> its module (every ``jit_*`` module of this package, each listing its kernels
+    in ``__all__``: adding one is adding its module), or None without Numba (Python's import lock compiles each
+    module once across threads)."""
     try:
-        from . import jit_conv, jit_lstm, jit_lstm_sequence, jit_mamba3, jit_ssm_steps
+        modules = [importlib.import_module(f"{__package__}.{info.name}")
+                   for info in pkgutil.iter_modules([str(Path(__file__).parent)]) if info.name.startswith("jit_")]
     except ImportError:  # no Numba (or no llvmlite): the NumPy loops
         return None
-    modules = (jit_lstm, jit_lstm_sequence, jit_ssm_steps, jit_mamba3, jit_conv)
     return {name: module for module in modules for name in module.__all__}
 
 
@@ -118,11 +122,8 @@ def kernel(name: str) -> Callable | None:
     views, as ``compiled_step`` binds them (each kernel's docstring gives the shapes). Not checked: the
     caller passes a validated thunk's views.
 
-    ``mamba3_state_step``: one token of mamba3's steps 4-6 for every row and head, float32 (its docstring gives
-    the shapes; ``mamba3.run_step`` calls it).
-
     ``causal_conv1d_decode``: causal_conv1d's decode step for a run of rows, float32 (its docstring gives the
-    arguments; ``conv._compiled_decode`` binds them).
+    arguments; ``conv._compiled_decode`` binds them). Any other kernel: its module's docstring.
     """
     if not enabled():
         return None

@@ -21,6 +21,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+__all__: list[str] = []  # primitives of the other kernels: ``jit.kernel`` hands out none of them
 _F32, _I32 = np.float32, np.int32
 _FLAGS = {"nsz", "contract"}
 _ROWS = types.Array(types.float32, 2, "C")

@@ -15,7 +15,7 @@ from pathlib import Path
 from host_fallback.abi import DTYPES
 from host_fallback.arena import COMPUTE, STORAGE
 
-from ..launches import families
+from ..launches import families, shared_texts
 from ..launches.activation_codes import activation_defines
 from ..launches.body import fn_defines
 from ..launches.core import Launch
@@ -26,14 +26,6 @@ from . import backend_module
 #: Every program family: the ones the registered planners launch (``launches.families``); ``cast`` builds one
 #: program per (dtype, source dtype)
 FAMILIES = families()
-#: family -> the kernel texts it shares with other families, put before its own (``kernels/<family>.cl``): the
-#: recurrent cell, which the forward runs and the backward differentiates; the state-space ops' fields; mamba3's
-#: helpers
-SHARED_TEXTS: dict[str, tuple[str, ...]] = {
-    **{family: ("ssm_fields.cl",) for family in ("ssm", "ssm_backward", "gdn_backward")},
-    **{family: ("rnn_cell.cl",) for family in ("rnn", "rnn_backward")},
-    "mamba3_backward": ("mamba3.cl",),
-}
 
 #: The C type holding each NumPy storage or compute type (16-bit floats are stored as their raw bits).
 _C_TYPE = {"float32": "float", "float64": "double", "float16": "ushort", "bfloat16": "ushort"}
@@ -113,14 +105,14 @@ def program(dialect: str, family: str, dtype: str, src_dtype: str | None = None,
         raise ValueError(f"unknown kernel family {family!r}; expected one of {FAMILIES}")
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; expected one of {TARGETS}")
-    kernels = data_dir("kernels")
+    kernels = data_dir("kernels")  # the family's text after those it shares with others (its planner names them)
     source = "".join(
         [
             f"/* rlx_gpu {family} kernels, dtype {dtype} */\n",
             defines(dtype, src_dtype, target, extra),
             _text(prelude_path(dialect)),
             _text(kernels / "common.cl"),
-            *(_text(kernels / name) for name in SHARED_TEXTS.get(family, ())),
+            *(_text(kernels / name) for name in shared_texts(family)),
             _text(kernels / f"{family}.cl"),
         ]
     )

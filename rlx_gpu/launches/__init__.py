@@ -12,7 +12,7 @@ from host_fallback.registry import import_all
 
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk
 from .limits import DeviceLimits
-from .registry import PLANNERS, DeviceOp, families
+from .registry import PLANNERS, DeviceOp, families, shared_texts
 
 import_all(__name__)  # each planner module registers its ops (``registry.register``) on import
 PLANNERS.exempt(SCAN_OPS, "the scan driver runs it on every device, each body thunk planned as its own op")
@@ -40,4 +40,4 @@ def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
 
 
 __all__ = ["ARENA", "SCRATCH", "Buf", "Launch", "LaunchPlan", "DeviceLimits", "DeviceOp", "plan", "unsupported",
-           "PLANNERS", "families"]
+           "PLANNERS", "families", "shared_texts"]

@@ -25,7 +25,9 @@ _SHARED = {
     "SSMB_Q": 32,  # steps between the checkpoints of the state-space backward kernels
 }
 
-TUNING: dict[str, Mapping[str, int]] = {
+#: Per target, every tuning constant: the shared ones below, then those a planner module adds for its own kernels
+#: (``add_tuning``).
+TUNING: dict[str, dict[str, int]] = {
     # shaped for AVX2 registers and L1 (PoCL)
     "cpu": {
         **_SHARED,
@@ -33,7 +35,6 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GEMM_RM": 6, "GEMM_CN": 16,  # each gemm item computes GEMM_RM rows x GEMM_CN consecutive columns
         "M2_PB": 16,  # state rows (head_dim positions) per work-item of the mamba2 kernel
         "SS_TC": 8,  # channels per work-item of a selective_scan decode step (seq 1)
-        "M3_PB": 16,  # state rows (head_dim positions) per work-item of the mamba3 kernel
         "GDN_CJ": 8,  # value columns per work-item of the gated_delta_net kernels
         "GDN_DJ": 32,  # value columns per work-item of its decode step (gated_delta_net_step)
         # the per-step recurrent kernel: batch rows and consecutive hidden units per item, by gate count
@@ -43,7 +44,6 @@ TUNING: dict[str, Mapping[str, int]] = {
         "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
         "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
         "SSMB_BLOCKS": 4,  # state-space backward: blocks of a group's channels (heads) walked by separate items
-        "M3B_PB": 4,  # mamba3_backward: state rows of a block walked together (each token's q, k read once for them)
     },
     # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/devices/test_ptxas.py)
     "gpu": {
@@ -75,10 +75,6 @@ TUNING: dict[str, Mapping[str, int]] = {
         "GDN_Q": 64, "GDN_LANES": 256, "GDN_NT": 16, "GDN_PJ": 4, "GDN_SPMAX": 16, "GDN_OT": 32,
         "GDN_MIN_SEQ": 64,
         "SSMB_BLOCKS": 64,
-        # mamba3: from M3_MIN_SEQ steps on, a head's state rows walk the sequence M3_SPLIT_ROWS to a group (a warp
-        # at state_size 64), so that a prefill of few (row, head) pairs exposes more groups
-        "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
-        "M3B_PB": 1,  # mamba3_backward: state rows walked together per work-item (more cost registers at sm_90)
     },
 }
 
@@ -132,20 +128,39 @@ RNN_FIELD_VARIANTS = (
 #: Per kernel family: the compile-time variants (extra ``#define`` sets) built ahead and checked (NVRTC's
 #: program list, the ptxas budgets) at a target, as ``((name, value), ...)`` tuples: every one a planner may
 #: request, but for the recurrent family, whose planner builds any combination of its fields on demand.
-#: Families not listed build one program per dtype.
+#: Families not listed (here or by their planner module's ``add_variants``) build one program per dtype.
 VARIANTS: dict[tuple[str, str], tuple[tuple[tuple[str, int], ...], ...]] = {
     # ssm and gdn: () builds the chunked forms (no state-size variant), the others the lanes kernels
     ("ssm", "gpu"): ((),) + tuple(state_variant(n) for n in SSM_VARIANTS),
     # gdn: each again with GDN_V2, the variant that honours ABI.md §8's varlen, slots, q/k norm, wide state
     ("gdn", "gpu"): tuple(base + v2 for v2 in ((), GDN_V2) for base in ((),) + tuple(state_variant(n) for n in SSM_VARIANTS)),
     ("gdn", "cpu"): ((), GDN_V2),
-    # mamba3: the lanes kernel at every state size (its optional fields are runtime flags)
-    ("mamba3", "gpu"): tuple(state_variant(n) for n in SSM_VARIANTS),
     # rnn and its backward: one program per op (its gate count) at each target, and the representative
     # version-2 ones
     **{(family, target): (tuple(gate_variant(g) for g in RNN_GATE_COUNTS) + (RNN_RELU_VARIANT,)
                           + RNN_FIELD_VARIANTS) for family in ("rnn", "rnn_backward") for target in TARGETS},
 }
+
+
+def add_tuning(owner: str, **per_target: Mapping[str, int]) -> None:
+    """Add the tuning constants of ``owner``'s kernels (a planner module, on import) for each target named; a
+    name another owner already took is an error (every program's ``#define`` block holds them all)."""
+    for target, constants in per_target.items():
+        if target not in TARGETS:
+            raise ValueError(f"{owner}: tuning for target {target!r}; the targets are {', '.join(TARGETS)}")
+        taken = sorted(set(constants) & set(TUNING[target]))
+        if taken:
+            raise ValueError(f"{owner}: tuning constant(s) {taken} of target {target!r} are taken already")
+        TUNING[target].update(constants)
+
+
+def add_variants(family: str, **per_target: tuple[tuple[tuple[str, int], ...], ...]) -> None:
+    """Declare the compile-time variants of ``family`` at each target named (what ``VARIANTS`` holds), from the
+    planner module of the family, on import."""
+    for target, defines in per_target.items():
+        if (family, target) in VARIANTS:
+            raise ValueError(f"the variants of kernel family {family!r} at target {target!r} are declared already")
+        VARIANTS[(family, target)] = tuple(defines)
 
 
 def variants(family: str, target: str) -> tuple[tuple[tuple[str, int], ...], ...]:

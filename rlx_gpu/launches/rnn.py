@@ -34,6 +34,8 @@ from .signatures import signature
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
 #: The version-2 fields (ABI.md §8) the recurrent kernels implement, at both targets.
+#: the recurrent cell's kernel text, which the forward runs and the backward differentiates
+CELL_TEXT = ("rnn_cell.cl",)
 V2_FIELDS = frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "peepholes",
                        "input_forget", "proj_size", "w_hr"})
 
@@ -342,7 +344,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register(("lstm", "gru", "rnn"), _plan, unsupported, v2_fields=V2_FIELDS, family="rnn")
+register(("lstm", "gru", "rnn"), _plan, unsupported, v2_fields=V2_FIELDS, family="rnn", shared_texts=CELL_TEXT)
 
 
 #: the recurrent kernel choices (the ``rnn_kernel`` run option): by shape, or one forced

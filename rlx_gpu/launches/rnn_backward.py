@@ -31,7 +31,7 @@ from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
 from .registry import register
-from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
+from .rnn import CELL_TEXT, GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
 from .signatures import signature
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
@@ -299,4 +299,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register(("lstm_backward", "gru_backward", "rnn_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family=FAMILY)
+register(("lstm_backward", "gru_backward", "rnn_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family=FAMILY,
+         shared_texts=CELL_TEXT)

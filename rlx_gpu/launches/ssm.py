@@ -23,6 +23,8 @@ from .registry import register
 Defines = tuple[tuple[str, int], ...]
 
 #: The version-2 fields (ABI.md §8) of both ops that the kernels below implement.
+#: the kernel text the state-space families share (their fields' loads), put before each one's own
+FIELDS_TEXT = ("ssm_fields.cl",)
 V2_FIELDS = frozenset({
     "groups", "d", "z", "carry_state", "state", "state_dtype", "param_dtype", "cu_seqlens", "num_seqs",
     "state_slots", "num_slots",
@@ -200,5 +202,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS, family="ssm")
-register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS, family="ssm")
+register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)
+register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)

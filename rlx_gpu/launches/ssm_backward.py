@@ -19,7 +19,7 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits
 from .registry import register
-from .ssm import TENSOR_PARAMS, dt_limits, field_defines, rows, tensors
+from .ssm import FIELDS_TEXT, TENSOR_PARAMS, dt_limits, field_defines, rows, tensors
 
 #: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
 #: optional inputs' gradients
@@ -143,5 +143,7 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
 
 
-register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward")
-register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward")
+register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward",
+         shared_texts=FIELDS_TEXT)
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
+         shared_texts=FIELDS_TEXT)
