@@ -588,3 +588,528 @@ KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 b
     io.k_state[head * N + 2 * i + 1] = pr.k1;
 }
 #endif
+
+#ifndef SSM_N /* every cpu program, and the gpu program without a state-size variant: the chunked prefill */
+/* The chunked prefill (§11's informative note), chunks of M3C_Q tokens of one row, four launches
+ * (launches/mamba3_chunked.py) over scratch in the compute type (m3c_scratch):
+ *   mamba3_chunk_turn   the angle walked over each row's tokens as the step kernels walk it, each token's turned,
+ *                       biased q~ and k~ into the chunk slots; with carry the final angle and key written (the
+ *                       initial key kept in scratch for the state pass first);
+ *   mamba3_chunk_state  each chunk's own final state from zero, sum_s exp(c[last] - c[s]) w[s] v[s] (x) k~[s], and
+ *                       its decay exp(c[last]), with c[t] = sum_{r<=t} adt[r] within the chunk and the trapezoid's
+ *                       weight w[s] = gamma[s] + beta'[s+1] (beta' = (1 - lambda)*dt of the row's next token, 0
+ *                       past its last): the beta term token s+1 adds, folded into token s's key;
+ *   mamba3_state_pass   per state element of a row, in chunk order: each chunk's own state replaced by the state
+ *                       entering it, from S0 = S_init + beta'[first]*vbar (x) kbar (zero without carry); with carry
+ *                       the final one written, exactly S after the last token (its beta' is 0);
+ *   mamba3_chunk_scan   y[t] = exp(c[t]) q~[t].S_in + sum_{s<t} exp(c[t] - c[s]) w[s] (q~[t].k~[s]) v[s]
+ *                       + gamma[t] (q~[t].k~[t]) v[t], then d and z; with carry the row's last chunk writes v_state.
+ * Chunks are laid per row (a batch row, or one cu_seqlens sequence, whose first token starts a chunk): a head has K
+ * chunk slots, row r's from m3c_row_slot(r), the last one partial; a slot no row uses has no steps and its
+ * work-group walks empty loops to every barrier. Sums over s <= t are loops bounded by t or selects, never products
+ * with a zero mask, so a NaN at token t reaches only tokens >= t: within its chunk through c and the bound, beyond
+ * it through the state. An empty sequence has no chunk, and its entries are left as they are.
+ * cpu: an item walks what PoCL vectorizes, inner loops over contiguous values (k~ and the states kept transposed
+ * in scratch for them); gpu: the products as work-group tiles in LOCAL memory. */
+
+/* One chunk slot: its row, first token, steps (0: a slot no row uses) and the end of its row. */
+typedef struct {
+    i64 row, first, steps, end;
+} m3c_chunk;
+
+/* The scratch of the chunked prefill: q~ [H][K][M3C_Q][N] and k~ (a [M3C_Q x N] block per (head, slot),
+ * m3c_key_at), each chunk's state (its own, then the one entering it; an [N x m3c_rows(P)] block per (head, slot),
+ * m3c_state_at) and decay [H][K], each row's initial key [R][H][N] (with carry). */
+typedef struct {
+    GLOBAL real* q;
+    GLOBAL real* k;
+    GLOBAL real* states;
+    GLOBAL real* decay;
+    GLOBAL real* kbar;
+} m3c_scratch;
+
+/* State rows P rounded up to whole tiles of M3C_PT: a cpu item's tile loads stay inside its (head, slot)'s block. */
+INLINE_FN i64 m3c_rows(i64 P) { return (P + M3C_PT - 1) / M3C_PT * M3C_PT; }
+
+/* k~ of step s, column n within its slot's block; the state element (p, n) within its slot's block. The cpu target
+ * keeps both transposed ([n][s], [n][p]: its items' inner loops run over s and p), the gpu target row-major
+ * (coalesced across lanes of adjacent n). */
+INLINE_FN i64 m3c_key_at(i64 s, i64 n, i64 N)
+{
+#ifdef RLX_TARGET_CPU
+    return n * M3C_Q + s;
+#else
+    return s * N + n;
+#endif
+}
+
+INLINE_FN i64 m3c_state_at(i64 p, i64 n, i64 P, i64 N)
+{
+#ifdef RLX_TARGET_CPU
+    return n * m3c_rows(P) + p;
+#else
+    return p * N + n;
+#endif
+}
+
+INLINE_FN m3c_scratch m3c_scratch_of(GLOBAL uchar* sb, i64 so, i64 H, i64 P, i64 N, i64 K)
+{
+    m3c_scratch out;
+    out.q = AT(real, sb, so);
+    out.k = out.q + H * K * M3C_Q * N;
+    out.states = out.k + H * K * M3C_Q * N;
+    out.decay = out.states + H * K * m3c_rows(P) * N;
+    out.kbar = out.decay + H * K;
+    return out;
+}
+
+/* The chunks of a row of `tokens` tokens. */
+INLINE_FN i64 m3c_chunks(i64 tokens) { return (tokens + M3C_Q - 1) / M3C_Q; }
+
+/* The first chunk slot of row r: r * chunks of S, or with cu_seqlens the chunks of the rows before it. */
+INLINE_FN i64 m3c_row_slot(m3_io io, i64 r, i64 S)
+{
+    if (!io.cu)
+        return r * m3c_chunks(S);
+    i64 k = 0;
+    for (i64 j = 0; j < r; ++j)
+        k += m3c_chunks((i64)io.cu[j + 1] - (i64)io.cu[j]);
+    return k;
+}
+
+/* Chunk slot k of a head (of R rows). */
+INLINE_FN m3c_chunk m3c_chunk_at(m3_io io, i64 k, i64 R, i64 S)
+{
+    m3c_chunk out;
+    out.row = out.first = out.steps = out.end = 0;
+    i64 at = 0, r = 0;
+    if (io.cu) {
+        for (; r < R && k >= at + m3c_chunks((i64)io.cu[r + 1] - (i64)io.cu[r]); ++r)
+            at += m3c_chunks((i64)io.cu[r + 1] - (i64)io.cu[r]);
+        if (r == R)
+            return out;
+        out.first = (i64)io.cu[r] + (k - at) * M3C_Q;
+        out.end = (i64)io.cu[r + 1];
+    } else {
+        r = k / m3c_chunks(S);
+        out.first = r * S + (k - r * m3c_chunks(S)) * M3C_Q;
+        out.end = (r + 1) * S;
+    }
+    out.row = r;
+    out.steps = out.end - out.first < M3C_Q ? out.end - out.first : M3C_Q;
+    return out;
+}
+
+/* beta' = (1 - lambda)*dt of token tok at head h: the trapezoid's share the token gives the previous one's value. */
+INLINE_FN real m3c_bprime(m3_io io, i64 tok, i64 h)
+{
+    const i64 at = tok * io.H + h;
+    const real lambda = (real)1 / ((real)1 + rlx_exp(-load_any(io.trap, at, io.dt_real)));
+    return ((real)1 - lambda) * load_any(io.dt, at, io.dt_real);
+}
+
+/* What the work-group of mamba3_chunk_state / mamba3_chunk_scan owns: chunk slot `slot` (head * K + chunk) and the
+ * rows p0 .. p0+M3C_PT-1 of P (np of them inside P). */
+typedef struct {
+    i64 slot, h, p0;
+    int np;
+    m3c_chunk chunk;
+} m3c_tile;
+
+INLINE_FN m3c_tile m3c_tile_of(m3_io io, i64 group, i64 R, i64 S, i64 K)
+{
+    const i64 ptiles = (io.P + M3C_PT - 1) / M3C_PT;
+    m3c_tile out;
+    out.slot = group / ptiles;
+    out.p0 = (group - out.slot * ptiles) * M3C_PT;
+    out.np = io.P - out.p0 < M3C_PT ? (int)(io.P - out.p0) : M3C_PT;
+    out.h = out.slot / K;
+    out.chunk = m3c_chunk_at(io, out.slot - out.h * K, R, S);
+    return out;
+}
+
+/* The tile's coefficients and values in LOCAL: gam[s] = gamma, wgt[s] = gamma + beta' of the row's next token (0
+ * past its end), cum[s] = the sum of adt up to s within the chunk (lane 0's serial sums); xs[s][p] = v[s][p0+p] (0
+ * past P). When `weighted`, wgt[s] is then times exp(cum[last] - cum[s]) and xs[s][p] times wgt[s] (the value's
+ * weight in the chunk's own final state).
+ * Every lane calls it: it meets three barriers, the last once every array is complete. */
+INLINE_FN void m3c_stage_barrier(m3_io io, m3c_tile tile, int lane, int weighted, LOCAL_PTR real* cum,
+                                 LOCAL_PTR real* wgt, LOCAL_PTR real* gam, LOCAL_PTR real* xs)
+{
+    const m3c_chunk ch = tile.chunk;
+    const int steps = (int)ch.steps;
+    for (int s = lane; s < steps; s += M3C_LANES) {
+        const i64 tok = ch.first + s;
+        gam[s] = m3_coeffs_at(io, tok, tile.h).gamma;
+        wgt[s] = gam[s] + (tok + 1 < ch.end ? m3c_bprime(io, tok + 1, tile.h) : (real)0);
+        cum[s] = load_any(io.adt, tok * io.H + tile.h, io.dt_real);
+    }
+    BARRIER();
+    if (lane == 0) {
+        real acc = (real)0;
+        for (int s = 0; s < steps; ++s) {
+            acc += cum[s];
+            cum[s] = acc;
+        }
+        for (int s = 0; s < steps && weighted; ++s)
+            wgt[s] *= rlx_exp(acc - cum[s]);
+    }
+    BARRIER();
+    for (int e = lane; e < steps * M3C_PT; e += M3C_LANES) {
+        const int s = e / M3C_PT, p = e - s * M3C_PT;
+        const real v = p < tile.np ? LOAD(io.v, ((ch.first + s) * io.H + tile.h) * io.P + tile.p0 + p) : (real)0;
+        xs[e] = weighted && p < tile.np ? wgt[s] * v : v;
+    }
+    BARRIER();
+}
+
+/* The row's last chunk (with carry): its last value is the row's final vbar, v_state's rows p0 .. p0+np-1. */
+INLINE_FN void m3c_store_vbar(m3_io io, m3c_tile tile, int lane, LOCAL_PTR const real* xs)
+{
+    const int steps = (int)tile.chunk.steps;
+    if (!io.carry || steps == 0 || tile.chunk.first + steps != tile.chunk.end)
+        return;
+    const i64 entry = io.slots ? (i64)io.slots[tile.chunk.row] : tile.chunk.row;
+    for (int p = lane; p < tile.np; p += M3C_LANES)
+        io.v_state[(entry * io.H + tile.h) * io.P + tile.p0 + p] = xs[(steps - 1) * M3C_PT + p];
+}
+
+#ifdef RLX_TARGET_CPU
+/* cpu: an item per (row, head) walks the row's tokens, each turned as the step kernel turns it (m3_turn_token: its
+ * angle loop vectorizes), q~ stored row-major, k~ transposed. */
+KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                         int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                         i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                         GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                         GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    const i64 rh = GID(0), r = rh / H, h = rh - r * H;
+    if (rh >= R * H)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    const i64 head = row.entry * H + h, k0 = h * K + m3c_row_slot(io, r, S);
+    real theta[STATE_MAX / 2], qr[STATE_MAX], kr[STATE_MAX];
+    for (i64 i = 0; i < A; ++i)
+        theta[i] = carry ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
+    for (i64 n = 0; n < N; ++n) {
+        kr[n] = (real)0;
+        if (carry)
+            sc.kbar[rh * N + n] = io.k_state[head * N + n];
+    }
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        const i64 j = tok - row.first, c = j / M3C_Q, s = j - c * M3C_Q;
+        m3_turn_token(io, row, tok, load_any(io.dt, tok * H + h, dt_real), theta, qr, kr);
+        GLOBAL real* qd = sc.q + ((k0 + c) * M3C_Q + s) * N;
+        GLOBAL real* kd = sc.k + (k0 + c) * M3C_Q * N;
+        for (i64 n = 0; n < N; ++n) {
+            qd[n] = qr[n];
+            kd[m3c_key_at(s, n, N)] = kr[n];
+        }
+    }
+    if (carry && row.end > row.first) {
+        for (i64 i = 0; i < A; ++i)
+            io.angle_state[head * A + i] = theta[i];
+        for (i64 n = 0; n < N; ++n)
+            io.k_state[head * N + n] = kr[n];
+    }
+}
+#else
+/* gpu: an item per (row, head, pair i) walks the row's tokens (the pair's angle alone: no barrier). */
+KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                         int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                         i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                         GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                         GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
+    if (rh >= R * H)
+        return;
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    /* token j of the row: step j of its chunks, N values apart (row-major blocks, one after another) */
+    const i64 head = row.entry * H + h, base = (h * K + m3c_row_slot(io, r, S)) * M3C_Q * N + 2 * i;
+    real theta = carry && i < A ? m3_wrap(io.angle_state[head * A + i]) : (real)0;
+    if (carry) {
+        sc.kbar[rh * N + 2 * i] = io.k_state[head * N + 2 * i];
+        sc.kbar[rh * N + 2 * i + 1] = io.k_state[head * N + 2 * i + 1];
+    }
+    m3_pair pr;
+    pr.q0 = pr.q1 = pr.k0 = pr.k1 = (real)0;
+    for (i64 tok = row.first; tok < row.end; ++tok) {
+        if (i < A)
+            theta = m3_advance(io, theta, tok, h, i, load_any(io.dt, tok * H + h, dt_real));
+        pr = m3_pair_at(io, row, tok, i, m3_sincos(i < A ? theta : (real)0));
+        const i64 at = base + (tok - row.first) * N;
+        sc.q[at] = pr.q0;
+        sc.q[at + 1] = pr.q1;
+        sc.k[at] = pr.k0;
+        sc.k[at + 1] = pr.k1;
+    }
+    if (carry && row.end > row.first) {
+        if (i < A)
+            io.angle_state[head * A + i] = theta;
+        io.k_state[head * N + 2 * i] = pr.k0;
+        io.k_state[head * N + 2 * i + 1] = pr.k1;
+    }
+}
+#endif
+
+/* A work-group per (head, slot, tile of rows); a lane per (state column n, block of M3C_PS rows; the cpu target's
+ * block is the tile), lanes adjacent in n. */
+KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                          int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                          i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                          GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                          GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                          GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                          GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xw[M3C_Q * M3C_PT];
+    const int lane = (int)LID(0);
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
+    const int steps = (int)tile.chunk.steps;
+    m3c_stage_barrier(io, tile, lane, 1, cum, wgt, gam, xw);
+    if (tile.p0 == 0 && lane == 0 && steps > 0)
+        sc.decay[tile.slot] = rlx_exp(cum[steps - 1]);
+    GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
+    GLOBAL real* own = sc.states + tile.slot * m3c_rows(P) * N;
+    for (i64 e = lane; e < (steps > 0 ? N * (M3C_PT / M3C_PS) : 0); e += M3C_LANES) {
+        const i64 pb = e / N, n = e - pb * N, pr = tile.p0 + pb * M3C_PS;
+        real acc[M3C_PS];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3C_PS; ++c)
+            acc[c] = (real)0;
+        for (int s = 0; s < steps; ++s) {
+            const real kv = ks[m3c_key_at(s, n, N)];
+            PRAGMA_UNROLL
+            for (int c = 0; c < M3C_PS; ++c)
+                acc[c] += xw[s * M3C_PT + pb * M3C_PS + c] * kv;
+        }
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3C_PS; ++c)
+            if (pr + c < P)
+                own[m3c_state_at(pr + c, n, P, N)] = acc[c];
+    }
+}
+
+/* A work-item per state column n and M3C_PP rows p .. p+M3C_PP-1 of one (row, head) (cpu: a tile, an inner loop that
+ * vectorizes; gpu: one element): walks the row's chunks in order, leaving in each chunk's slot the state entering it.
+ * The scratch's rows past P (m3c_rows) are walked too, unread by the outputs. */
+KERNEL mamba3_state_pass(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                         int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                         i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                         GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                         GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    const i64 blocks = (P + M3C_PP - 1) / M3C_PP, per = N * blocks, e = GID(0);
+    if (e >= R * H * per)
+        return;
+    /* adjacent items on adjacent elements of the scratch's layout (m3c_state_at): cpu n-major, gpu p-major */
+    const i64 rh = e / per, el = e - rh * per, r = rh / H, h = rh - r * H;
+#ifdef RLX_TARGET_CPU
+    const i64 n = el / blocks, p = (el - n * blocks) * M3C_PP;
+#else
+    const i64 pb = el / N, n = el - pb * N, p = pb * M3C_PP;
+#endif
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3_row row = m3_row_of(io, r, h, S);
+    if (row.first == row.end)
+        return;
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    const i64 k0 = h * K + m3c_row_slot(io, r, S), chunks = m3c_chunks(row.end - row.first), head = row.entry * H + h;
+    const i64 block = m3c_rows(P) * N;
+    GLOBAL real* st = sc.states + k0 * block;
+    real s[M3C_PP];
+    /* S0: the initial state with the first token's beta term on the carried value and key (zero without carry) */
+    const real bk = carry ? m3c_bprime(io, row.first, h) * sc.kbar[rh * N + n] : (real)0;
+    PRAGMA_UNROLL
+    for (int c = 0; c < M3C_PP; ++c)
+        s[c] = carry && p + c < P ? io.state[(head * P + p + c) * N + n] + io.v_state[head * P + p + c] * bk : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const real dk = sc.decay[k0 + k];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3C_PP; ++c) {
+            const i64 at = k * block + m3c_state_at(p + c, n, P, N);
+            const real own = st[at];
+            st[at] = s[c];
+            s[c] = dk * s[c] + own;
+        }
+    }
+    PRAGMA_UNROLL
+    for (int c = 0; c < M3C_PP; ++c)
+        if (carry && p + c < P)
+            io.state[(head * P + p + c) * N + n] = s[c];
+}
+
+#ifdef RLX_TARGET_CPU
+/* cpu: a work-group per (head, slot, tile of rows), an item per step t: its q~[t].k~[s] for every s and its q~[t].S_in
+ * for the tile's rows (inner loops over s and p, contiguous in the transposed k~ and states: they vectorize), then
+ * its outputs from the tile's values in LOCAL. Private arrays: each row of products is the item's alone. */
+KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                         int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                         i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                         GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                         GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT];
+    const int lane = (int)LID(0);
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
+    const i64 t0 = tile.chunk.first, h = tile.h, rows = m3c_rows(P);
+    m3c_stage_barrier(io, tile, lane, 0, cum, wgt, gam, xs);
+    GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;                    /* [n][s] */
+    GLOBAL const real* fs = sc.states + tile.slot * rows * N + tile.p0;      /* [n][p]: the state entering the chunk */
+    for (int t = lane; t < (int)tile.chunk.steps; t += M3C_LANES) {
+        GLOBAL const real* qs = sc.q + (tile.slot * M3C_Q + t) * N;
+        real g[M3C_Q], y[M3C_PT];
+        PRAGMA_UNROLL
+        for (int s = 0; s < M3C_Q; ++s)
+            g[s] = (real)0;
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3C_PT; ++c)
+            y[c] = (real)0;
+        for (i64 n = 0; n < N; ++n) {
+            const real qv = qs[n];
+            PRAGMA_UNROLL
+            for (int s = 0; s < M3C_Q; ++s)
+                g[s] += qv * ks[n * M3C_Q + s];
+            PRAGMA_UNROLL
+            for (int c = 0; c < M3C_PT; ++c)
+                y[c] += qv * fs[n * rows + c];
+        }
+        const real ct = cum[t], own = gam[t] * g[t];
+        PRAGMA_UNROLL
+        for (int c = 0; c < M3C_PT; ++c)
+            y[c] = rlx_exp(ct) * y[c] + own * xs[t * M3C_PT + c];
+        for (int s = 0; s < t; ++s) {
+            const real m = rlx_exp(ct - cum[s]) * wgt[s] * g[s];
+            PRAGMA_UNROLL
+            for (int c = 0; c < M3C_PT; ++c)
+                y[c] += m * xs[s * M3C_PT + c];
+        }
+        for (int c = 0; c < tile.np; ++c)
+            m3_store(io, ((t0 + t) * H + h) * P + tile.p0 + c, h, y[c], xs[t * M3C_PT + c]);
+    }
+    m3c_store_vbar(io, tile, lane, xs);
+}
+#else
+#define M3C_QP (M3C_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#define M3C_NTP (M3C_NT + 1)
+#define M3C_GS (M3C_Q * M3C_Q / M3C_LANES) /* entries of q~.k~^T per lane: row t = lane % M3C_Q, M3C_GS columns */
+#define M3C_TS (M3C_LANES / M3C_PT)        /* output steps apart for one lane: p = lane % M3C_PT, t = lane / M3C_PT + i*M3C_TS */
+#define M3C_YI (M3C_Q / M3C_TS)            /* outputs per lane */
+
+/* gpu: a work-group per (head, slot, tile of rows); q~.k~^T and q~.S_in accumulated over tiles of M3C_NT state
+ * columns staged in LOCAL (each lane M3C_GS entries of the first, M3C_YI of the second), the masked, weighted
+ * products into LOCAL, then each lane's outputs. */
+KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
+                         int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
+                         GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
+                         i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                         GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
+                         GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
+                         GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
+{
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], qt[M3C_Q * M3C_NTP], kt[M3C_Q * M3C_NTP],
+        ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
+    const int lane = (int)LID(0);
+    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
+                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
+                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
+                              cuo, slb, slo);
+    const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
+    const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, h = tile.h, p0 = tile.p0;
+    m3c_stage_barrier(io, tile, lane, 0, cum, wgt, gam, xs);
+    GLOBAL const real* qs = sc.q + tile.slot * M3C_Q * N;
+    GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
+    GLOBAL const real* fs = sc.states + tile.slot * m3c_rows(P) * N; /* the state entering this chunk */
+    /* this lane's q~.k~^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M3C_TS (remainders as
+     * x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
+    const int sh = lane / M3C_Q, tg = lane - sh * M3C_Q, s0 = sh * M3C_GS, ty = lane / M3C_PT, py = lane - ty * M3C_PT;
+    real g[M3C_GS], yi[M3C_YI];
+    PRAGMA_UNROLL
+    for (int j = 0; j < M3C_GS; ++j)
+        g[j] = (real)0;
+    PRAGMA_UNROLL
+    for (int i = 0; i < M3C_YI; ++i)
+        yi[i] = (real)0;
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3C_NT) {
+        BARRIER(); /* the previous tile's readers are done */
+        for (int e = lane; e < M3C_Q * M3C_NT; e += M3C_LANES) {
+            const int s = e / M3C_NT, nn = e - s * M3C_NT, in = s < steps && n0 + nn < N;
+            qt[s * M3C_NTP + nn] = in ? qs[s * N + n0 + nn] : (real)0;
+            kt[s * M3C_NTP + nn] = in ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0;
+        }
+        for (int e = lane; e < M3C_PT * M3C_NT; e += M3C_LANES) {
+            const int p = e / M3C_NT, nn = e - p * M3C_NT;
+            ft[p * M3C_NTP + nn] = p < tile.np && n0 + nn < N ? fs[m3c_state_at(p0 + p, n0 + nn, P, N)] : (real)0;
+        }
+        BARRIER();
+        for (int nn = 0; nn < M3C_NT; ++nn) { /* not unrolled: ptxas would hoist every tile load */
+            const real qv = qt[tg * M3C_NTP + nn], fv = ft[py * M3C_NTP + nn];
+            PRAGMA_UNROLL
+            for (int j = 0; j < M3C_GS; ++j)
+                g[j] += qv * kt[(s0 + j) * M3C_NTP + nn];
+            PRAGMA_UNROLL
+            for (int i = 0; i < M3C_YI; ++i)
+                yi[i] += qt[(ty + i * M3C_TS) * M3C_NTP + nn] * fv;
+        }
+    }
+    /* gm[t][s] = exp(c[t] - c[s]) w[s] (q~[t].k~[s]) for s < t, gamma[t] (q~[t].k~[t]) on the diagonal, for t < steps;
+     * the rest is never read */
+    PRAGMA_UNROLL
+    for (int j = 0; j < M3C_GS; ++j)
+        if (s0 + j <= tg && tg < steps)
+            gm[tg * M3C_QP + s0 + j] = (s0 + j < tg ? rlx_exp(cum[tg] - cum[s0 + j]) * wgt[s0 + j] : gam[tg]) * g[j];
+    BARRIER();
+    PRAGMA_UNROLL
+    for (int i = 0; i < M3C_YI; ++i) {
+        const int t = ty + i * M3C_TS;
+        if (t < steps && py < tile.np) {
+            real y = rlx_exp(cum[t]) * yi[i];
+            for (int s = 0; s <= t; ++s)
+                y += gm[t * M3C_QP + s] * xs[s * M3C_PT + py];
+            m3_store(io, ((t0 + t) * H + h) * P + p0 + py, h, y, xs[t * M3C_PT + py]);
+        }
+    }
+    m3c_store_vbar(io, tile, lane, xs);
+}
+#endif
+#endif

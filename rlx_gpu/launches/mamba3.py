@@ -1,6 +1,7 @@
 """Launch geometry of mamba3 (ABI.md §11), every target, kernels/mamba3.cl.
 
-The step recurrence over the tokens of each (row, head), a row being a batch row or one packed sequence: at
+From M3C_MIN_SEQ tokens on (or with ``ssm_kernel="chunked"``), the chunked prefill: launches/mamba3_chunked.py.
+Else the step recurrence over the tokens of each (row, head), a row being a batch row or one packed sequence: at
 the cpu target one launch, one work-item per M3_PB state rows, the items of a (row, head) in one work-group; at
 the gpu target each state row spread over ``SSM_L`` lanes (the state-size variant), one work-group per (row,
 head) walking the sequence once per block of its rows, or from M3_MIN_SEQ steps on one group per M3_SPLIT_ROWS rows (more
@@ -27,6 +28,7 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import SSM_VARIANTS, DeviceLimits, add_tuning, add_variants, state_variant
 from .registry import register
+from . import mamba3_chunked as chunked
 
 add_tuning(__name__, cpu={
     "M3_PB": 16,  # state rows (head_dim positions) per work-item of the mamba3 kernel
@@ -37,8 +39,9 @@ add_tuning(__name__, cpu={
     "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
     "M3B_PB": 1,  # mamba3_backward: state rows walked together per work-item (more cost registers at sm_90)
 })
-# the lanes kernel at every state size (its optional fields are runtime flags)
-add_variants("mamba3", gpu=tuple(state_variant(n) for n in SSM_VARIANTS))
+# () builds the chunked prefill (launches/mamba3_chunked.py), the others the lanes kernel at every state size (its
+# optional fields are runtime flags)
+add_variants("mamba3", gpu=((),) + tuple(state_variant(n) for n in SSM_VARIANTS))
 
 #: the version-2 fields of §11 (and §8's machinery) the kernels implement: all of the forward's
 V2_FIELDS = frozenset({"groups", "q_bias", "k_bias", "d", "z", "dt_dtype", "param_dtype", "carry_state",
@@ -85,9 +88,11 @@ def _lanes(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
     return LaunchPlan(tuple(out), notes=(f"{blocks} group(s) of {rows} state rows per head",))
 
 
-def _forward(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+def _forward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     args = arguments(t)
+    if chunked.takes_chunked_form(t, lim, ssm_kernel):
+        return chunked.plan(t, lim, args)
     if lim.target == "gpu":
         return _lanes(t, lim, args)
     items = -(-t["head_dim"] // lim.tune("M3_PB"))
