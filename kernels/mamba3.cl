@@ -1026,7 +1026,8 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     }
     m3c_store_vbar(io, tile, lane, xs);
 }
-#else
+#elif !defined(RLX_NEED_FP64) /* f64 keeps the step kernels on GPUs: these tiles would pass CUDA's 48 KiB of static
+                                * shared memory */
 #define M3C_QP (M3C_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
 #define M3C_NTP (M3C_NT + 1)
 #define M3C_GS (M3C_Q * M3C_Q / M3C_LANES) /* entries of q~.k~^T per lane: row t = lane % M3C_Q, M3C_GS columns */

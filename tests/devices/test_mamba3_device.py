@@ -62,12 +62,14 @@ def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
 
 
 def test_a_prefill_splits_a_head_over_groups_at_the_gpu_target_and_writes_the_final_angle_and_key_after():
+    """The step recurrence's prefill (forced: from M3C_MIN_SEQ tokens on the chunked form runs)."""
     carried, free = (complete(runner.lay_out(Case("mamba3", dt, p)).thunk) for dt, p in PREFILLS.values())
-    main, final = launches.plan(carried, REFERENCE_GPU).launches
+    main, final = launches.plan(carried, REFERENCE_GPU, ssm_kernel="lanes").launches
     rows = main.local_size[0] // dict(main.defines)["SSM_L"]
     assert (main.kernel, final.kernel) == ("mamba3_lanes", "mamba3_lanes_final")
     assert main.groups[0] == carried["num_seqs"] * carried["heads"] * -(-carried["head_dim"] // rows) > 6
-    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU).launches] == ["mamba3_lanes"]
+    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU, ssm_kernel="lanes").launches] == [
+        "mamba3_lanes"]
     decode = complete(runner.lay_out(Case("mamba3", "f32", dict(PREFILLS["prefill-rows-40-every-field-varlen-slots"][1],
                                                                 seq=2, cu_seqlens=[0, 1, 1, 2]))).thunk)
     (one,) = launches.plan(decode, REFERENCE_GPU).launches

@@ -32,7 +32,8 @@ STATE_SPACE_REGISTERS = 128
 REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "mamba2_chunk_state", "mamba2_state_pass",
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
-    "gated_delta_net_chunk_out", "mamba3_lanes", "mamba3_lanes_final",
+    "gated_delta_net_chunk_out", "mamba3_lanes", "mamba3_lanes_final", "mamba3_chunk_turn", "mamba3_chunk_state",
+    "mamba3_state_pass", "mamba3_chunk_scan",
 )}
 #: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
 #: one kernel; f32/bf16 128-164 registers measured) and their reductions
@@ -134,8 +135,10 @@ def _thunks():
     out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
-    out += [("mamba3", dict(cases.SMALL["mamba3"], seq=64, head_dim=40, state_size=64, carry_state=True, angle_state=True,
-                            state=True, k_state=True, v_state=True), {})]  # gpu: a head split over groups, the final launch
+    carried = dict(cases.SMALL["mamba3"], seq=64, head_dim=40, state_size=64, carry_state=True, angle_state=True,
+                   state=True, k_state=True, v_state=True)
+    out += [("mamba3", carried, {"ssm_kernel": "lanes"}),  # gpu: a head split over groups, the final launch
+            ("mamba3", carried, {})]  # the chunked prefill
     gdn_v2 = dict(cases.SMALL["gated_delta_net"], value_heads=4, value_size=6, scale=0.5, qk_l2norm=True, batch=1,
                   cu_seqlens=[0, 1, 1], state_slots=[1, 0], num_slots=2)  # the GDN_V2 flags (the state's type is one more int)
     out += [("gated_delta_net", dict(gdn_v2, seq=seq, cu_seqlens=[0, seq // 2, seq]), {}) for seq in (1, 7, 64)]
@@ -194,6 +197,8 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
     state_space = {"selective_scan", "mamba2", "gated_delta_net", "gated_delta_net_step", "gdn_qk_norm", "mamba3"} if lim.target == "cpu" else {
         "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "gated_delta_net_lanes", "gdn_qk_norm",
         "mamba3_lanes", "mamba3_lanes_final"}
+    if lim.target == "cpu" or dtype != "f64":  # mamba3's chunked prefill (f64 keeps the step kernels on GPUs)
+        state_space |= {"mamba3_chunk_turn", "mamba3_chunk_state", "mamba3_state_pass", "mamba3_chunk_scan"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "mamba2_varlen_chunks",
