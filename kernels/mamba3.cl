@@ -814,6 +814,11 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
             kd[m3c_key_at(s, n, N)] = kr[n];
         }
     }
+    /* the steps past the row's end in its last chunk: zero keys, which the scan's items multiply (and never use) */
+    const i64 len = row.end - row.first;
+    for (i64 j = len; j < m3c_chunks(len) * M3C_Q; ++j)
+        for (i64 n = 0; n < N; ++n)
+            sc.k[(k0 + j / M3C_Q) * M3C_Q * N + m3c_key_at(j - j / M3C_Q * M3C_Q, n, N)] = (real)0;
     if (carry && row.end > row.first) {
         for (i64 i = 0; i < A; ++i)
             io.angle_state[head * A + i] = theta[i];
@@ -907,8 +912,8 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
                 acc[c] += xw[s * M3C_PT + pb * M3C_PS + c] * kv;
         }
         PRAGMA_UNROLL
-        for (int c = 0; c < M3C_PS; ++c)
-            if (pr + c < P)
+        for (int c = 0; c < M3C_PS; ++c) /* the rows past P too (zero, or NaN from k~): the state pass walks them */
+            if (pr + c < m3c_rows(P))
                 own[m3c_state_at(pr + c, n, P, N)] = acc[c];
     }
 }

@@ -53,7 +53,9 @@ def plan(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
     tiles = heads * slots * -(-t["head_dim"] // lim.tune("M3C_PT"))
     turns = rows * heads * (pairs if lim.target == "gpu" else 1)  # gpu: an item per pair; cpu: all of a head's
     passes = rows * heads * t["state_size"] * -(-t["head_dim"] // lim.tune("M3C_PP"))
-    turn_local, pass_local = linear_local(turns), linear_local(passes, 256)
+    # cpu: small groups of independent items (a group runs on one core), gpu: up to 256 lanes
+    gpu = lim.target == "gpu"
+    turn_local, pass_local = linear_local(turns, 64 if gpu else 1), linear_local(passes, 256 if gpu else 16)
     shapes = {"mamba3_chunk_turn": (grid((turns,), (turn_local,)), (turn_local,)),
               "mamba3_chunk_state": ((tiles * lanes,), (lanes,)),
               "mamba3_state_pass": (grid((passes,), (pass_local,)), (pass_local,)),
