@@ -2,7 +2,7 @@
 for (prefill B2 S2048 H8 P64 N64 ≤ 1.0x a plain-torch chunked Mamba-3 forward; a decode step ≤ 1.0x the
 anchor's ``mamba3_siso_step_ref`` form in torch).
 
-    python benchmarks/mamba3.py [--threads 2] [--runs 3] [--rounds 3] [--warmup 1] [--quick]
+    python benchmarks/mamba3.py [--threads 2] [--runs 3] [--rounds 3] [--warmup 1] [--quick] [--device opencl:1:0]
 
 Cases (f32, q/k biases, D and Z, N/4 angles, one q/k group):
 
@@ -12,6 +12,10 @@ Cases (f32, q/k biases, D and Z, N/4 angles, one q/k group):
   and the host's step recurrence beside them (the reason the chunked form exists);
 - decode step B16 H8 P64 N64: §11's six steps for one token in torch ops on the four states (the
   ``mamba3_siso_step_ref`` form), against the host's step straight on its state pools.
+
+With ``--device SPEC`` (an OpenCL device, at its own kernel target; ``RLX_TARGET`` forces one), the prefill also
+times that device's chunked form (launches/mamba3_chunked.py) against its step recurrence (``ssm_kernel`` forced
+each way; the arena stays on the device, no transfers timed), in the same turns as the host's.
 
 Before timing, each case checks that the sides agree (max |diff| of the outputs). The sides take turns (a block
 of ``--warmup`` untimed and ``--runs`` timed calls each, over ``--rounds`` rounds); medians in ms. Needs torch.
@@ -38,6 +42,9 @@ import torch  # noqa: E402
 from rnn import alternate_ms, cpu_line, cpu_ticks, warn_if_shared  # noqa: E402
 
 from host_fallback import mamba3 as host  # noqa: E402
+from host_fallback.abi import regions  # noqa: E402
+from rlx_gpu.conformance import cases  # noqa: E402
+from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 
 TARGET = 1.0
 FIELDS = ("q", "k", "v", "adt", "dt", "trap", "angles", "q_bias", "k_bias", "d", "z")
@@ -122,6 +129,35 @@ def torch_step(t: dict[str, torch.Tensor], states: list[torch.Tensor]) -> torch.
     return y * t["z"] * t["z"].sigmoid()
 
 
+def device_prefill(spec: str, arrays: dict[str, np.ndarray]) -> tuple[str, dict[str, object], object]:
+    """On the device ``spec``: its description, form ("chunked", "step") -> a function that
+    runs the prefill of ``arrays`` once and waits, and one that reads its output back."""
+    b, s, h, p = arrays["v"].shape
+    fields = dict(batch=b, seq=s, heads=h, head_dim=p, state_size=arrays["q"].shape[-1],
+                  num_angles=arrays["angles"].shape[-1], groups=arrays["q"].shape[2],
+                  **dict.fromkeys(("q_bias", "k_bias", "d", "z"), True))
+    thunk, size = cases.lay_out("mamba3", "f32", fields)
+    arena = np.zeros(size, np.uint8)
+    for r in regions(thunk):
+        if r.field in arrays:
+            arena[r.offset: r.offset + r.nbytes] = arrays[r.field].astype(np.float32).reshape(-1).view(np.uint8)
+    info = find(spec)
+    session = open_device(info)
+    dev = session.upload(arena)
+    dst = next(r for r in regions(thunk) if r.field == "dst")
+
+    def form(kernel: str):  # ssm_kernel: "chunked", or "lanes" (the step recurrence)
+        def run():
+            session.launch(thunk, dev, ssm_kernel=kernel)
+            session.finish()
+        return run
+
+    def output() -> np.ndarray:
+        return session.read(dev, dst.offset, dst.nbytes).view(np.float32).reshape(dst.shape)
+    forms = {"chunked": form("chunked"), "step": form("lanes")}
+    return f"{info.name} ({spec}, {session.limits.target} target)", forms, output
+
+
 def _report(name: str, times: list[float], labels: list[str]) -> None:
     ratios = ", ".join(f"{lab} {ms:.2f} ms ({ms / times[0]:.2f}x)" for lab, ms in zip(labels, times))
     print(f"{name}: {ratios}")
@@ -134,6 +170,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="S512 prefill, fewer runs")
+    parser.add_argument("--device", help="also the prefill's chunked and step forms on this OpenCL device")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(cpu_line(), f"threads {args.threads}")
@@ -141,13 +178,20 @@ def main() -> None:
     seq = 512 if args.quick else 2048
     arrays = inputs(2, seq, 8, 64, 64)
     tensors = {f: torch.from_numpy(a) for f, a in arrays.items()}
+    sides = {"torch chunked": lambda: torch_chunked(tensors), "host chunked": lambda: host.mamba3(**arrays),
+             "host step": lambda: host.mamba3(**arrays, path="step")}
     with torch.no_grad():
         want = torch_chunked(tensors).numpy()
         got = host.mamba3(**arrays)
         print(f"prefill B2 S{seq} H8 P64 N64: max |host - torch| = {np.max(np.abs(got - want)):.2g}")
-        times = alternate_ms([lambda: torch_chunked(tensors), lambda: host.mamba3(**arrays),
-                              lambda: host.mamba3(**arrays, path="step")], args.runs, args.warmup, args.rounds)
-    _report(f"prefill B2 S{seq} H8 P64 N64", times, ["torch chunked", "host chunked", "host step"])
+        if args.device:
+            name, forms, output = device_prefill(args.device, arrays)
+            for kernel, run in forms.items():
+                run()
+                print(f"device {name} {kernel}: max |device - torch| = {np.max(np.abs(output() - want)):.2g}")
+            sides.update({"device chunked": forms["chunked"], "device step": forms["step"]})
+        times = alternate_ms(list(sides.values()), args.runs, args.warmup, args.rounds)
+    _report(f"prefill B2 S{seq} H8 P64 N64", times, list(sides))
     one = inputs(16, 1, 8, 64, 64, seed=1)
     rng = np.random.default_rng(2)
     pools = [rng.standard_normal(s).astype(np.float32) for s in ((16, 8, 16), (16, 8, 64, 64), (16, 8, 64), (16, 8, 64))]

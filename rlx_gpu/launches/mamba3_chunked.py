@@ -16,13 +16,16 @@ from .core import SCRATCH, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_
 from .limits import DeviceLimits, add_tuning
 from .ssm import chunk_slots, takes_chunked
 
+# M3C_MIN_SEQ: where the chunked form overtakes the step recurrence at B2 H8 P64 N64 f32 (paired medians on the
+# 2-core test machine, loaded): cpu target, PoCL 3.1 at 12-16 tokens (Intel's CPU runtime about 16); gpu target on
+# PoCL 40-48 (it ranks the forms' work and barrier counts, not a GPU's latency hiding; no GPU measured)
 add_tuning(__name__, cpu={
     # chunks of M3C_Q tokens, work-groups of M3C_LANES items, M3C_PT state rows per tile (M3C_PS per item of a chunk's
-    # own state), state columns staged M3C_NT at a time; the chunked form from M3C_MIN_SEQ tokens on
-    "M3C_Q": 32, "M3C_LANES": 32, "M3C_PT": 64, "M3C_PS": 64, "M3C_NT": 16, "M3C_MIN_SEQ": 64,
+    # own state; M3C_PT a multiple of M3C_PP), state columns staged M3C_NT at a time (gpu)
+    "M3C_Q": 32, "M3C_LANES": 32, "M3C_PT": 64, "M3C_PS": 64, "M3C_NT": 16, "M3C_MIN_SEQ": 16,
     "M3C_PP": 64,  # state rows per item of the inter-chunk pass (a tile: its inner loop vectorizes)
 }, gpu={
-    "M3C_Q": 64, "M3C_LANES": 256, "M3C_PT": 16, "M3C_PS": 4, "M3C_NT": 16, "M3C_MIN_SEQ": 64, "M3C_PP": 1,
+    "M3C_Q": 64, "M3C_LANES": 256, "M3C_PT": 16, "M3C_PS": 4, "M3C_NT": 16, "M3C_MIN_SEQ": 48, "M3C_PP": 1,
 })
 
 #: the chunked form's kernels, in launch order

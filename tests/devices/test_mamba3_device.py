@@ -24,6 +24,9 @@ from support.opencl_cpu import needs_opencl_cpu, passes_and_runs_the_same_bytes_
 CONFIG = load_config(default_config_path())
 CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
 EVERY = dict(groups=2, q_bias=True, k_bias=True, d=True, z=True)
+#: the step recurrence forced (a prefill from M3C_MIN_SEQ tokens on takes the chunked form otherwise:
+#: tests/devices/test_mamba3_chunked_device.py)
+STEP = {"ssm_kernel": "lanes"}
 
 #: name -> (dtype, params): more rows than one item / one block holds, odd num_angles, every field
 SHAPES = {
@@ -52,27 +55,26 @@ def test_every_shape_is_one_launch_and_reaches_past_one_item_or_block(lim):
     for dtype, params in SHAPES.values():
         thunk = complete(runner.lay_out(Case("mamba3", dtype, params)).thunk)
         assert launches.unsupported(thunk, lim) is None
-        (launch,) = launches.plan(thunk, lim).launches
+        (launch,) = launches.plan(thunk, lim, **STEP).launches
         if lim.target == "cpu":
             assert launch.local_size[0] * lim.tune("M3_PB") >= params["head_dim"]
     big = complete(runner.lay_out(Case("mamba3", "f32", SHAPES["rows-40-every-field-varlen-slots"][1])).thunk)
-    (cpu,) = launches.plan(big, DeviceLimits(1024, 1 << 20, True)).launches
-    (gpu,) = launches.plan(big, REFERENCE_GPU).launches
+    (cpu,) = launches.plan(big, DeviceLimits(1024, 1 << 20, True), **STEP).launches
+    (gpu,) = launches.plan(big, REFERENCE_GPU, **STEP).launches
     assert cpu.local_size[0] > 1 and gpu.local_size[0] // dict(gpu.defines)["SSM_L"] < big["head_dim"]
 
 
 def test_a_prefill_splits_a_head_over_groups_at_the_gpu_target_and_writes_the_final_angle_and_key_after():
     """The step recurrence's prefill (forced: from M3C_MIN_SEQ tokens on the chunked form runs)."""
     carried, free = (complete(runner.lay_out(Case("mamba3", dt, p)).thunk) for dt, p in PREFILLS.values())
-    main, final = launches.plan(carried, REFERENCE_GPU, ssm_kernel="lanes").launches
+    main, final = launches.plan(carried, REFERENCE_GPU, **STEP).launches
     rows = main.local_size[0] // dict(main.defines)["SSM_L"]
     assert (main.kernel, final.kernel) == ("mamba3_lanes", "mamba3_lanes_final")
     assert main.groups[0] == carried["num_seqs"] * carried["heads"] * -(-carried["head_dim"] // rows) > 6
-    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU, ssm_kernel="lanes").launches] == [
-        "mamba3_lanes"]
+    assert [launch.kernel for launch in launches.plan(free, REFERENCE_GPU, **STEP).launches] == ["mamba3_lanes"]
     decode = complete(runner.lay_out(Case("mamba3", "f32", dict(PREFILLS["prefill-rows-40-every-field-varlen-slots"][1],
                                                                 seq=2, cu_seqlens=[0, 1, 1, 2]))).thunk)
-    (one,) = launches.plan(decode, REFERENCE_GPU).launches
+    (one,) = launches.plan(decode, REFERENCE_GPU, **STEP).launches
     assert one.groups[0] == decode["num_seqs"] * decode["heads"]
 
 
@@ -87,7 +89,7 @@ def test_a_wider_state_or_step_input_runs_on_the_host_and_says_why():
 @pytest.mark.parametrize("name", list(SHAPES) + list(PREFILLS))
 def test_the_shape_matches_the_float64_reference_and_runs_the_same_bytes_twice(cpu_session, host, name):
     dtype, params = {**SHAPES, **PREFILLS}[name]
-    case = Case("mamba3", dtype, params, seed=7)
+    case = Case("mamba3", dtype, params, options=STEP, seed=7)
     passes_and_runs_the_same_bytes_twice(cpu_session, host, case)
 
 
@@ -104,13 +106,13 @@ def test_two_calls_chained_through_the_states_equal_one_call(cpu_session):
     params = dict(batch=1, seq=seq, heads=2, head_dim=40, state_size=64, num_angles=13, **CARRIED, **EVERY)
     laid = runner.lay_out(Case("mamba3", "f32", params, seed=3))
     whole = cpu_session.upload(laid.arena)
-    cpu_session.launch(laid.thunk, whole)
+    cpu_session.launch(laid.thunk, whole, **STEP)
     want = cpu_session.read(whole, 0, laid.arena.size)
     arena = cpu_session.upload(laid.arena)
     per_token = {r.field: r.nbytes // seq for r in laid.regions if r.field in TOKEN_FIELDS}
     for first, end in ((0, split), (split, seq)):
         part = dict(laid.thunk, seq=end - first, **{f: laid.thunk[f] + first * n for f, n in per_token.items()})
-        cpu_session.launch(part, arena)
+        cpu_session.launch(part, arena, **STEP)
     got = cpu_session.read(arena, 0, laid.arena.size)
     for field in ("dst", "angle_state", "state", "k_state", "v_state"):
         mine, ref = laid.view(got, field), laid.view(want, field)
