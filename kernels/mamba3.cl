@@ -112,7 +112,7 @@ INLINE_FN m3_turn m3_sincos(real theta)
 }
 
 /* An m3_io is built by groups of the kernels' arguments, so that a kernel takes only the groups it reads
- * (mamba3_backward's kernels: launches/mamba3_backward.py): m3_io_base, then the m3_with_* of each group; a tensor
+ * (mamba3_backward's kernels: launches/mamba3.py): m3_io_base, then the m3_with_* of each group; a tensor
  * of no group given stays null, its flag off. */
 
 /* The sizes, the carry and element-type flags, and each token's step dt (every kernel reads it). */
@@ -204,6 +204,12 @@ INLINE_FN m3_io m3_io_of(i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int 
     io.dst = AT(store_t, db, dof);
     return io;
 }
+
+/* m3_io_of of a forward kernel's parameters (every forward kernel names them alike). */
+#define M3_IO_OF_PARAMS()                                                                                   \
+    m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real, \
+             qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,  \
+             kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo)
 
 DEVICE_FN m3_row m3_row_of(m3_io io, i64 r, i64 h, i64 S)
 {
@@ -402,10 +408,7 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
               GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
 {
     const i64 p0 = GID(0) * M3_PB, h = GID(1), r = GID(2);
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     /* rows of this item; none for an empty sequence (the whole group's: its entries stay as they are), whose
      * items still meet the barrier */
@@ -528,10 +531,7 @@ KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A,
     const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
     const i64 lanes = LSIZE(0), rows = lanes / SSM_L, rh = GROUP(0) / blocks, block = GROUP(0) - rh * blocks;
     const i64 r = rh / H, h = rh - r * H;
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     const i64 head = row.entry * H + h;
     for (i64 i = lane; i < N / 2; i += lanes) { /* this lane's pairs: the initial angle and key */
@@ -568,10 +568,7 @@ KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 b
     const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
     if (rh >= R * H || !carry)
         return;
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     if (row.first == row.end)
         return;
@@ -789,10 +786,7 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const i64 rh = GID(0), r = rh / H, h = rh - r * H;
     if (rh >= R * H)
         return;
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const i64 head = row.entry * H + h, k0 = h * K + m3c_row_slot(io, r, S);
@@ -840,10 +834,7 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
     if (rh >= R * H)
         return;
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     /* token j of the row: step j of its chunks, N values apart (row-major blocks, one after another) */
@@ -878,8 +869,9 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
  * block is the tile), lanes adjacent in n. */
 KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
                           int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
-                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
-                          i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* dtb, i64 dto,
+                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
+                          GLOBAL uchar* zb, i64 zo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* adtb, i64 adto,
+                          GLOBAL uchar* dtb, i64 dto,
                           GLOBAL uchar* trb, i64 tro, GLOBAL uchar* anb, i64 ano, GLOBAL uchar* qbb, i64 qbo,
                           GLOBAL uchar* kbb, i64 kbo, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* asb, i64 aso,
                           GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
@@ -887,10 +879,7 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xw[M3C_Q * M3C_PT];
     const int lane = (int)LID(0);
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
@@ -940,10 +929,7 @@ KERNEL mamba3_state_pass(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 #else
     const i64 pb = el / N, n = el - pb * N, p = pb * M3C_PP;
 #endif
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3_row row = m3_row_of(io, r, h, S);
     if (row.first == row.end)
         return;
@@ -986,15 +972,14 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
                          GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
                          GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
 {
-    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT];
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], gl[M3C_Q * M3C_Q];
     const int lane = (int)LID(0);
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const i64 t0 = tile.chunk.first, h = tile.h, rows = m3c_rows(P);
+    /* the item's row of q~.k~^T goes through LOCAL (gl[t][s]): read at a step s known only at run time, a private
+     * array would leave registers for memory while it is summed */
     m3c_stage_barrier(io, tile, lane, 0, cum, wgt, gam, xs);
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;                    /* [n][s] */
     GLOBAL const real* fs = sc.states + tile.slot * rows * N + tile.p0;      /* [n][p]: the state entering the chunk */
@@ -1016,12 +1001,15 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
             for (int c = 0; c < M3C_PT; ++c)
                 y[c] += qv * fs[n * rows + c];
         }
-        const real ct = cum[t], own = gam[t] * g[t];
+        PRAGMA_UNROLL
+        for (int s = 0; s < M3C_Q; ++s)
+            gl[t * M3C_Q + s] = g[s];
+        const real ct = cum[t], et = rlx_exp(ct), own = gam[t] * gl[t * M3C_Q + t];
         PRAGMA_UNROLL
         for (int c = 0; c < M3C_PT; ++c)
-            y[c] = rlx_exp(ct) * y[c] + own * xs[t * M3C_PT + c];
+            y[c] = et * y[c] + own * xs[t * M3C_PT + c];
         for (int s = 0; s < t; ++s) {
-            const real m = rlx_exp(ct - cum[s]) * wgt[s] * g[s];
+            const real m = rlx_exp(ct - cum[s]) * wgt[s] * gl[t * M3C_Q + s];
             PRAGMA_UNROLL
             for (int c = 0; c < M3C_PT; ++c)
                 y[c] += m * xs[s * M3C_PT + c];
@@ -1036,7 +1024,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 #define M3C_QP (M3C_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
 #define M3C_NTP (M3C_NT + 1)
 #define M3C_GS (M3C_Q * M3C_Q / M3C_LANES) /* entries of q~.k~^T per lane: row t = lane % M3C_Q, M3C_GS columns */
-#define M3C_TS (M3C_LANES / M3C_PT)        /* output steps apart for one lane: p = lane % M3C_PT, t = lane / M3C_PT + i*M3C_TS */
+#define M3C_TS (M3C_LANES / M3C_PT)        /* a lane's outputs: p = lane % M3C_PT, t = lane / M3C_PT + i*M3C_TS */
 #define M3C_YI (M3C_Q / M3C_TS)            /* outputs per lane */
 
 /* gpu: a work-group per (head, slot, tile of rows); q~.k~^T and q~.S_in accumulated over tiles of M3C_NT state
@@ -1054,10 +1042,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], qt[M3C_Q * M3C_NTP], kt[M3C_Q * M3C_NTP],
         ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
     const int lane = (int)LID(0);
-    const m3_io io = m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real,
-                              param_real, qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro,
-                              anb, ano, qbb, qbo, kbb, kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub,
-                              cuo, slb, slo);
+    const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
