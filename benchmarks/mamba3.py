@@ -14,7 +14,7 @@ Cases (f32, q/k biases, D and Z, N/4 angles, one q/k group):
   ``mamba3_siso_step_ref`` form), against the host's step straight on its state pools.
 
 With ``--device SPEC`` (an OpenCL device, at its own kernel target; ``RLX_TARGET`` forces one), the prefill also
-times that device's chunked form (launches/mamba3_chunked.py) against its step recurrence (``ssm_kernel`` forced
+times that device's chunked form (launches/mamba3.py) against its step recurrence (``ssm_kernel`` forced
 each way; the arena stays on the device, no transfers timed), in the same turns as the host's.
 
 Before timing, each case checks that the sides agree (max |diff| of the outputs). The sides take turns (a block

@@ -588,7 +588,7 @@ KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 b
 
 #ifndef SSM_N /* every cpu program, and the gpu program without a state-size variant: the chunked prefill */
 /* The chunked prefill (§11's informative note), chunks of M3C_Q tokens of one row, four launches
- * (launches/mamba3_chunked.py) over scratch in the compute type (m3c_scratch):
+ * (launches/mamba3.py) over scratch in the compute type (m3c_scratch):
  *   mamba3_chunk_turn   the angle walked over each row's tokens as the step kernels walk it, each token's turned,
  *                       biased q~ and k~ into the chunk slots; with carry the final angle and key written (the
  *                       initial key kept in scratch for the state pass first);

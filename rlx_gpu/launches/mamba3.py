@@ -1,8 +1,14 @@
 """Launch geometry of mamba3 (ABI.md §11), every target, kernels/mamba3.cl.
 
-From M3C_MIN_SEQ tokens on (or with ``ssm_kernel="chunked"``), the chunked prefill: launches/mamba3_chunked.py.
-Else the step recurrence over the tokens of each (row, head), a row being a batch row or one packed sequence: at
-the cpu target one launch, one work-item per M3_PB state rows, the items of a (row, head) in one work-group; at
+From M3C_MIN_SEQ tokens on (or with ``ssm_kernel="chunked"``; f64 at the gpu target excepted, whose tiles would
+pass CUDA's 48 KiB of static shared memory), the chunked prefill of §11's informative note: four launches over
+scratch in the compute type, chunks of ``M3C_Q`` tokens, a row starting a chunk (``chunk_slots`` slots per head):
+each token's turned q and k (cpu: a work-item per (row, head); gpu: per (row, head, pair)), the angle walked as the
+step kernels walk it; each chunk's own state (a work-group per (head, chunk slot, ``M3C_PT`` state rows)); the
+inter-chunk pass (a work-item per state column and ``M3C_PP`` rows of a (row, head)); the chunk outputs, the
+intra-chunk products per token at the cpu target and in LOCAL tiles at the gpu target (groups as the second launch's).
+Else (decode, short sequences, ``ssm_kernel="lanes"``) the step recurrence over the tokens of each (row, head), a
+row being a batch row or one packed sequence: at the cpu target one launch, one work-item per M3_PB state rows, the items of a (row, head) in one work-group; at
 the gpu target each state row spread over ``SSM_L`` lanes (the state-size variant), one work-group per (row,
 head) walking the sequence once per block of its rows, or from M3_MIN_SEQ steps on one group per M3_SPLIT_ROWS rows (more
 groups for a prefill), the final angle and key then written by a second launch. A decode step (seq 1, carried
@@ -28,19 +34,26 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import SSM_VARIANTS, DeviceLimits, add_tuning, add_variants, state_variant
 from .registry import register
-from . import mamba3_chunked as chunked
+from .ssm import chunk_slots, takes_chunked
 
+# The chunked prefill: chunks of M3C_Q tokens, work-groups of M3C_LANES items, M3C_PT state rows per tile (M3C_PS per
+# item of a chunk's own state; M3C_PT a multiple of M3C_PP, the rows per item of the inter-chunk pass), state columns
+# staged M3C_NT at a time (gpu). M3C_MIN_SEQ: where it overtakes the step recurrence at B2 H8 P64 N64 f32 (paired
+# medians on the 2-core test machine, loaded): cpu target, PoCL 3.1 at 12-16 tokens (Intel's CPU runtime about 16);
+# gpu target on PoCL 40-48 (it ranks the forms' work and barrier counts, not a GPU's latency hiding; no GPU measured).
 add_tuning(__name__, cpu={
     "M3_PB": 16,  # state rows (head_dim positions) per work-item of the mamba3 kernel
     "M3B_PB": 4,  # mamba3_backward: state rows of a block walked together (each token's q, k read once for them)
+    "M3C_Q": 32, "M3C_LANES": 32, "M3C_PT": 64, "M3C_PS": 64, "M3C_NT": 16, "M3C_PP": 64, "M3C_MIN_SEQ": 16,
 }, gpu={
     # from M3_MIN_SEQ steps on, a head's state rows walk the sequence M3_SPLIT_ROWS to a group (a warp at
     # state_size 64), so that a prefill of few (row, head) pairs exposes more groups
     "M3_MIN_SEQ": 64, "M3_SPLIT_ROWS": 4,
     "M3B_PB": 1,  # mamba3_backward: state rows walked together per work-item (more cost registers at sm_90)
+    "M3C_Q": 64, "M3C_LANES": 256, "M3C_PT": 16, "M3C_PS": 4, "M3C_NT": 16, "M3C_PP": 1, "M3C_MIN_SEQ": 48,
 })
-# () builds the chunked prefill (launches/mamba3_chunked.py), the others the lanes kernel at every state size (its
-# optional fields are runtime flags)
+# () builds the chunked prefill, the others the lanes kernel at every state size (its optional fields are runtime
+# flags)
 add_variants("mamba3", gpu=((),) + tuple(state_variant(n) for n in SSM_VARIANTS))
 
 #: the version-2 fields of §11 (and §8's machinery) the kernels implement: all of the forward's
@@ -88,11 +101,37 @@ def _lanes(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
     return LaunchPlan(tuple(out), notes=(f"{blocks} group(s) of {rows} state rows per head",))
 
 
+#: the chunked prefill's kernels, in launch order
+CHUNKED_KERNELS = ("mamba3_chunk_turn", "mamba3_chunk_state", "mamba3_state_pass", "mamba3_chunk_scan")
+
+
+def _chunked(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
+    """The chunked prefill's launches; scratch (kernels/mamba3.cl's m3c_scratch): q~ and k~ per (head, slot, step),
+    a state (its rows rounded up to whole tiles) and a decay per (head, slot), each row's initial key."""
+    q, lanes, dt, h, n = lim.tune("M3C_Q"), lim.tune("M3C_LANES"), t["dtype"], t["heads"], t["state_size"]
+    slots, rows, gpu = chunk_slots(t, q), args["R"], lim.target == "gpu"
+    args = dict(args, K=slots, sb=(SCRATCH, 0))
+    tiles = h * slots * -(-t["head_dim"] // lim.tune("M3C_PT"))
+    turns = rows * h * (n // 2 if gpu else 1)  # gpu: an item per pair; cpu: all of a head's
+    passes = rows * h * n * -(-t["head_dim"] // lim.tune("M3C_PP"))
+    # cpu: small groups of independent items (a group runs on one core); gpu: up to 256 lanes
+    turn_local, pass_local = linear_local(turns, 64 if gpu else 1), linear_local(passes, 256 if gpu else 16)
+    shapes = {"mamba3_chunk_turn": (grid((turns,), (turn_local,)), (turn_local,)),
+              "mamba3_chunk_state": ((tiles * lanes,), (lanes,)),
+              "mamba3_state_pass": (grid((passes,), (pass_local,)), (pass_local,)),
+              "mamba3_chunk_scan": ((tiles * lanes,), (lanes,))}
+    reals = (2 * h * slots * q * n + h * slots * ceil_to(t["head_dim"], lim.tune("M3C_PT")) * n + h * slots
+             + rows * h * n)
+    return LaunchPlan(tuple(kernel_launch("mamba3", kernel, dt, *shapes[kernel], args, target=lim.target)
+                            for kernel in CHUNKED_KERNELS), reals * real_size(dt), (f"chunked Q={q}",))
+
+
 def _forward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     args = arguments(t)
-    if chunked.takes_chunked_form(t, lim, ssm_kernel):
-        return chunked.plan(t, lim, args)
+    # the chunked form by ``ssm_kernel`` ("auto": from M3C_MIN_SEQ tokens on), never for f64 at the gpu target
+    if takes_chunked(lim, t["seq"], "M3C_MIN_SEQ", ssm_kernel) and not (lim.target == "gpu" and t["dtype"] == "f64"):
+        return _chunked(t, lim, args)
     if lim.target == "gpu":
         return _lanes(t, lim, args)
     items = -(-t["head_dim"] // lim.tune("M3_PB"))

@@ -1,5 +1,5 @@
 """mamba3's chunked prefill (ABI.md §11's note on the chunked form; kernels/mamba3.cl ``mamba3_chunk_*`` and
-``mamba3_state_pass``, launches/mamba3_chunked.py) on the OpenCL CPU implementations at both kernel targets.
+``mamba3_state_pass``, launches/mamba3.py) on the OpenCL CPU implementations at both kernel targets.
 
 The plan takes it from M3C_MIN_SEQ tokens on (the step recurrence keeps decode and short sequences, and f64 at the
 gpu target); forced, it runs the shapes below against the float64 reference and the host, the same bytes twice:
@@ -19,7 +19,7 @@ from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
-from rlx_gpu.launches.mamba3_chunked import KERNELS
+from rlx_gpu.launches.mamba3 import CHUNKED_KERNELS as KERNELS
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.runtime.registry import status
 from support.opencl_cpu import needs_opencl_cpu, passes_and_runs_the_same_bytes_twice
