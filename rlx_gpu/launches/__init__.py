@@ -35,7 +35,8 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
 
 def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
     """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``; at the gpu
-    target ``ssm_kernel="auto"|"lanes"|"chunked"`` for selective_scan, mamba2 and gated_delta_net)."""
+    target ``ssm_kernel="auto"|"lanes"|"chunked"`` for selective_scan, mamba2 and gated_delta_net, at both
+    targets for mamba3)."""
     return PLANNERS[thunk["op"]].plan(thunk, limits, **options)
 
 
