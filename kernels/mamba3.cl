@@ -725,13 +725,21 @@ INLINE_FN m3c_tile m3c_tile_of(m3_io io, i64 group, i64 R, i64 S, i64 K)
     return out;
 }
 
+/* The decay from token s of a chunk to token t >= s, exp(sum of adt over (s, t]) from the chunk's sums (cum, rs:
+ * m3c_stage_barrier), or from the chunk's start to t (s = -1): exactly 0 past a reset in (s, t] (an adt of -inf,
+ * alpha = 0, after which the sums restart), where the difference of the sums would be NaN. */
+INLINE_FN real m3c_decay(LOCAL_PTR const real* cum, LOCAL_PTR const int* rs, int t, int s)
+{
+    return rs[t] > s ? (real)0 : rlx_exp(s < 0 ? cum[t] : cum[t] - cum[s]);
+}
+
 /* The tile's coefficients and values in LOCAL: gam[s] = gamma, wgt[s] = gamma + beta' of the row's next token (0
- * past its end), cum[s] = the sum of adt up to s within the chunk (lane 0's serial sums); xs[s][p] = v[s][p0+p] (0
- * past P). When `weighted`, wgt[s] is then times exp(cum[last] - cum[s]) and xs[s][p] times wgt[s] (the value's
- * weight in the chunk's own final state).
+ * past its end), cum[s] = the sum of adt up to s within the chunk and rs[s] the last reset up to s (lane 0's serial
+ * sums; m3c_decay); xs[s][p] = v[s][p0+p] (0 past P). When `weighted`, wgt[s] is then times the decay from s to the
+ * chunk's last token and xs[s][p] times wgt[s] (the value's weight in the chunk's own final state).
  * Every lane calls it: it meets three barriers, the last once every array is complete. */
 INLINE_FN void m3c_stage_barrier(m3_io io, m3c_tile tile, int lane, int weighted, LOCAL_PTR real* cum,
-                                 LOCAL_PTR real* wgt, LOCAL_PTR real* gam, LOCAL_PTR real* xs)
+                                 LOCAL_PTR int* rs, LOCAL_PTR real* wgt, LOCAL_PTR real* gam, LOCAL_PTR real* xs)
 {
     const m3c_chunk ch = tile.chunk;
     const int steps = (int)ch.steps;
@@ -744,12 +752,16 @@ INLINE_FN void m3c_stage_barrier(m3_io io, m3c_tile tile, int lane, int weighted
     BARRIER();
     if (lane == 0) {
         real acc = (real)0;
+        int reset = -1;
         for (int s = 0; s < steps; ++s) {
-            acc += cum[s];
+            const int forget = isinf(cum[s]) && cum[s] < (real)0; /* alpha = 0: the sums restart at s */
+            acc = forget ? (real)0 : acc + cum[s];
+            reset = forget ? s : reset;
             cum[s] = acc;
+            rs[s] = reset;
         }
         for (int s = 0; s < steps && weighted; ++s)
-            wgt[s] *= rlx_exp(acc - cum[s]);
+            wgt[s] *= m3c_decay(cum, rs, steps - 1, s);
     }
     BARRIER();
     for (int e = lane; e < steps * M3C_PT; e += M3C_LANES) {
@@ -878,14 +890,15 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
                           GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xw[M3C_Q * M3C_PT];
+    LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
     const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
-    m3c_stage_barrier(io, tile, lane, 1, cum, wgt, gam, xw);
+    m3c_stage_barrier(io, tile, lane, 1, cum, rs, wgt, gam, xw);
     if (tile.p0 == 0 && lane == 0 && steps > 0)
-        sc.decay[tile.slot] = rlx_exp(cum[steps - 1]);
+        sc.decay[tile.slot] = m3c_decay(cum, rs, steps - 1, -1);
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
     GLOBAL real* own = sc.states + tile.slot * m3c_rows(P) * N;
     for (i64 e = lane; e < (steps > 0 ? N * (M3C_PT / M3C_PS) : 0); e += M3C_LANES) {
@@ -973,6 +986,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
                          GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], gl[M3C_Q * M3C_Q];
+    LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
     const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
@@ -980,7 +994,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const i64 t0 = tile.chunk.first, h = tile.h, rows = m3c_rows(P);
     /* the item's row of q~.k~^T goes through LOCAL (gl[t][s]): read at a step s known only at run time, a private
      * array would leave registers for memory while it is summed */
-    m3c_stage_barrier(io, tile, lane, 0, cum, wgt, gam, xs);
+    m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;                    /* [n][s] */
     GLOBAL const real* fs = sc.states + tile.slot * rows * N + tile.p0;      /* [n][p]: the state entering the chunk */
     for (int t = lane; t < (int)tile.chunk.steps; t += M3C_LANES) {
@@ -1004,12 +1018,12 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
         PRAGMA_UNROLL
         for (int s = 0; s < M3C_Q; ++s)
             gl[t * M3C_Q + s] = g[s];
-        const real ct = cum[t], et = rlx_exp(ct), own = gam[t] * gl[t * M3C_Q + t];
+        const real et = m3c_decay(cum, rs, t, -1), own = gam[t] * gl[t * M3C_Q + t];
         PRAGMA_UNROLL
         for (int c = 0; c < M3C_PT; ++c)
             y[c] = et * y[c] + own * xs[t * M3C_PT + c];
         for (int s = 0; s < t; ++s) {
-            const real m = rlx_exp(ct - cum[s]) * wgt[s] * gl[t * M3C_Q + s];
+            const real m = m3c_decay(cum, rs, t, s) * wgt[s] * gl[t * M3C_Q + s];
             PRAGMA_UNROLL
             for (int c = 0; c < M3C_PT; ++c)
                 y[c] += m * xs[s * M3C_PT + c];
@@ -1041,13 +1055,14 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], qt[M3C_Q * M3C_NTP], kt[M3C_Q * M3C_NTP],
         ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
+    LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
     const m3_io io = M3_IO_OF_PARAMS();
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
     const i64 t0 = tile.chunk.first, h = tile.h, p0 = tile.p0;
-    m3c_stage_barrier(io, tile, lane, 0, cum, wgt, gam, xs);
+    m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
     GLOBAL const real* qs = sc.q + tile.slot * M3C_Q * N;
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
     GLOBAL const real* fs = sc.states + tile.slot * m3c_rows(P) * N; /* the state entering this chunk */
@@ -1088,13 +1103,13 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     PRAGMA_UNROLL
     for (int j = 0; j < M3C_GS; ++j)
         if (s0 + j <= tg && tg < steps)
-            gm[tg * M3C_QP + s0 + j] = (s0 + j < tg ? rlx_exp(cum[tg] - cum[s0 + j]) * wgt[s0 + j] : gam[tg]) * g[j];
+            gm[tg * M3C_QP + s0 + j] = (s0 + j < tg ? m3c_decay(cum, rs, tg, s0 + j) * wgt[s0 + j] : gam[tg]) * g[j];
     BARRIER();
     PRAGMA_UNROLL
     for (int i = 0; i < M3C_YI; ++i) {
         const int t = ty + i * M3C_TS;
         if (t < steps && py < tile.np) {
-            real y = rlx_exp(cum[t]) * yi[i];
+            real y = m3c_decay(cum, rs, t, -1) * yi[i];
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M3C_QP + s] * xs[s * M3C_PT + py];
             m3_store(io, ((t0 + t) * H + h) * P + p0 + py, h, y, xs[t * M3C_PT + py]);

@@ -6,7 +6,8 @@ gpu target); forced, it runs the shapes below against the float64 reference and 
 several chunks with a partial last one, packed sequences of 70, 0, 1 and 79 tokens through slots, state rows past
 one tile, every field, 16-bit storage with f32 step inputs and parameters, f64, state_size 256. Two chunked calls
 chained through the four states equal one call; the chunked and step forms agree; a NaN at one token reaches
-exactly the outputs the recurrence says, whichever input holds it, inside a chunk or on a chunk's first token.
+exactly the outputs the recurrence says, whichever input holds it, inside a chunk or on a chunk's first token, and
+an adt of -inf forgets the state as the recurrence's alpha = 0 does (where the chunk's sums would give NaN).
 """
 from __future__ import annotations
 
@@ -118,17 +119,20 @@ def test_the_chunked_and_step_forms_agree(cpu_session):
     _assert_same(laid, *forms, ("dst",) + STATE_FIELDS, 1e-4, 1e-5)
 
 
-#: (field, token): a NaN there, inside the second chunk of the first packed sequence at both targets (cpu chunks of
-#: 32, gpu of 64), or on a chunk's first token (its dt and trap enter the previous token's weight)
-POISONED = [("v", 75), ("adt", 80), ("dt", 64), ("trap", 96), ("q", 70), ("k", 100), ("angles", 66)]
+NAN, FORGET = float("nan"), -float("inf")
+#: (field, token, value): a NaN there, inside the second chunk of the first packed sequence at both targets (cpu
+#: chunks of 32, gpu of 64), or on a chunk's first token (its dt and trap enter the previous token's weight); an adt
+#: of -inf (alpha = 0: the state forgets everything before), inside a chunk or on its first token
+POISONED = [("v", 75, NAN), ("adt", 80, NAN), ("dt", 64, NAN), ("trap", 96, NAN), ("q", 70, NAN), ("k", 100, NAN),
+            ("angles", 66, NAN), ("adt", 40, FORGET), ("adt", 64, FORGET)]
 
 
 @needs_opencl_cpu
-@pytest.mark.parametrize("field,token", POISONED)
-def test_a_nan_reaches_exactly_the_outputs_the_recurrence_says(cpu_session, host, field, token):
+@pytest.mark.parametrize("field,token,value", POISONED)
+def test_a_nan_or_a_reset_reaches_exactly_the_outputs_the_recurrence_says(cpu_session, host, field, token, value):
     params = dict(batch=1, seq=150, heads=2, head_dim=5, state_size=8, num_angles=2, cu_seqlens=[0, 110, 150],
                   num_seqs=2, **CARRIED)
-    case = Case("mamba3", "f32", params, options=CHUNKED, poison=field, poison_step=token, seed=2)
+    case = Case("mamba3", "f32", params, options=CHUNKED, poison=field, poison_step=token, poison_value=value, seed=2)
     outcome = runner.check(cpu_session, case, load_config(default_config_path()), host)
     assert outcome.status == "pass", outcome.message
 
