@@ -1,20 +1,21 @@
 """Launch geometry of mamba3 (ABI.md §11), every target, kernels/mamba3.cl.
 
-From M3C_MIN_SEQ tokens on (or with ``ssm_kernel="chunked"``; f64 at the gpu target excepted, whose tiles would
-pass CUDA's 48 KiB of static shared memory), the chunked prefill of §11's informative note: four launches over
-scratch in the compute type, chunks of ``M3C_Q`` tokens, a row starting a chunk (``chunk_slots`` slots per head):
-each token's turned q and k (cpu: a work-item per (row, head); gpu: per (row, head, pair)), the angle walked as the
-step kernels walk it; each chunk's own state (a work-group per (head, chunk slot, ``M3C_PT`` state rows)); the
-inter-chunk pass (a work-item per state column and ``M3C_PP`` rows of a (row, head)); the chunk outputs, the
-intra-chunk products per token at the cpu target and in LOCAL tiles at the gpu target (groups as the second launch's).
+From M3C_MIN_SEQ tokens on (or with ``ssm_kernel="chunked"``), the chunked prefill of §11's informative note, where the
+device takes its work-groups and LOCAL tiles (f64 at the gpu target does not: they would pass CUDA's 48 KiB of static
+shared memory): four launches over scratch in the compute type, chunks of ``M3C_Q`` tokens, a row starting a chunk
+(``chunk_slots`` slots per head): each token's turned q and k (cpu: a work-item per (row, head); gpu: per (row,
+head, pair)), the angle walked as the step kernels walk it; each chunk's own state (a work-group per (head, chunk
+slot, ``M3C_PT`` state rows)); the inter-chunk pass (a work-item per state column and ``M3C_PP`` rows of a (row,
+head)); the chunk outputs, the intra-chunk products per token at the cpu target and in LOCAL tiles at the gpu target
+(groups as the second launch's).
 Else (decode, short sequences, ``ssm_kernel="lanes"``) the step recurrence over the tokens of each (row, head), a
-row being a batch row or one packed sequence: at the cpu target one launch, one work-item per M3_PB state rows, the items of a (row, head) in one work-group; at
-the gpu target each state row spread over ``SSM_L`` lanes (the state-size variant), one work-group per (row,
-head) walking the sequence once per block of its rows, or from M3_MIN_SEQ steps on one group per M3_SPLIT_ROWS rows (more
-groups for a prefill), the final angle and key then written by a second launch. A decode step (seq 1, carried
-state, slots) is one launch, straight on the pool. The optional fields are runtime flags of the one program per dtype (and
-state size). What runs on the host instead: state, parameters or the step inputs kept in f64 beside a thunk
-computing in f32.
+row being a batch row or one packed sequence: at the cpu target one launch, one work-item per M3_PB state rows, the
+items of a (row, head) in one work-group; at the gpu target each state row spread over ``SSM_L`` lanes (the
+state-size variant), one work-group per (row, head) walking the sequence once per block of its rows, or from
+M3_MIN_SEQ steps on one group per M3_SPLIT_ROWS rows (more groups for a prefill), the final angle and key then
+written by a second launch. A decode step (seq 1, carried state, slots) is one launch, straight on the pool. The
+optional fields are runtime flags of the one program per dtype (and state size). What runs on the host instead:
+state, parameters or the step inputs kept in f64 beside a thunk computing in f32.
 
 mamba3_backward (ABI.md §9), kernels/mamba3_backward.cl after kernels/mamba3.cl (whose helpers it shares): the step
 recurrence reversed, the same launches at both targets: the turned q and k of every token into scratch (a work-item
@@ -126,11 +127,21 @@ def _chunked(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan
                             for kernel in CHUNKED_KERNELS), reals * real_size(dt), (f"chunked Q={q}",))
 
 
+def _chunked_fits(t: Thunk, lim: DeviceLimits) -> bool:
+    """Whether the device takes the chunked form's work-groups of M3C_LANES items and its scan's LOCAL tiles
+    (kernels/mamba3.cl's mamba3_chunk_scan at the target; f64 at the gpu target would pass CUDA's 48 KiB)."""
+    q, pt, nt = lim.tune("M3C_Q"), lim.tune("M3C_PT"), lim.tune("M3C_NT")
+    tiles = q * q if lim.target == "cpu" else 2 * q * (nt + 1) + pt * (nt + 1) + q * (q + 1)
+    local = (3 * q + q * pt + tiles) * real_size(t["dtype"]) + 4 * q
+    return (lim.max_work_group >= lim.tune("M3C_LANES") and local <= lim.local_mem_bytes
+            and not (lim.target == "gpu" and t["dtype"] == "f64"))
+
+
 def _forward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     args = arguments(t)
-    # the chunked form by ``ssm_kernel`` ("auto": from M3C_MIN_SEQ tokens on), never for f64 at the gpu target
-    if takes_chunked(lim, t["seq"], "M3C_MIN_SEQ", ssm_kernel) and not (lim.target == "gpu" and t["dtype"] == "f64"):
+    # the chunked form by ``ssm_kernel`` ("auto": from M3C_MIN_SEQ tokens on) where the device takes it
+    if takes_chunked(lim, t["seq"], "M3C_MIN_SEQ", ssm_kernel) and _chunked_fits(t, lim):
         return _chunked(t, lim, args)
     if lim.target == "gpu":
         return _lanes(t, lim, args)

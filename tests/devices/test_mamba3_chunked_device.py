@@ -62,9 +62,13 @@ def test_the_plan_takes_the_chunked_form_from_m3c_min_seq_tokens_on(lim):
     long = _thunk("f32", dict(batch=2, seq=lim.tune("M3C_MIN_SEQ"), heads=2, head_dim=8, state_size=16, num_angles=4))
     short = dict(long, seq=lim.tune("M3C_MIN_SEQ") - 1)
     assert _kernels(long, lim) == list(KERNELS)
-    assert not set(_kernels(short, lim)) & set(KERNELS) and not set(_kernels(long, lim, ssm_kernel="lanes")) & set(KERNELS)
+    assert not set(_kernels(short, lim)) & set(KERNELS)
+    assert not set(_kernels(long, lim, ssm_kernel="lanes")) & set(KERNELS)
     plan = launches.plan(long, lim)
     assert plan.scratch_bytes >= 2 * 2 * 2 * lim.tune("M3C_Q") * 16 * 4  # q~ and k~ of 2 heads x 2 chunk slots
+    small = DeviceLimits(lim.tune("M3C_LANES") // 2, lim.local_mem_bytes, True, lim.target)  # groups too small
+    tight = DeviceLimits(lim.max_work_group, 4096, True, lim.target)  # LOCAL memory too small for the scan's tiles
+    assert all(not set(_kernels(long, device, **CHUNKED)) & set(KERNELS) for device in (small, tight))
 
 
 @needs_opencl_cpu
