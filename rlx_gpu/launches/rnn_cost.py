@@ -1,0 +1,105 @@
+"""The costs of the lstm / gru / rnn kernels and of the body kernels their plans launch (``launches/rnn.py``,
+``launches/body.py``; ``cost`` says how counted).
+
+The input projection is one gemm over every step; each step's h·W_hhᵀ over the batch rows is a product of
+tiles too (rnn_step: B x K times K x G·H, GEMM-shaped). The persistent kernel runs one batch row per
+work-group, a matrix-vector product each step: not GEMM-shaped. A cell's gate arithmetic (activations, c and
+h) is estimated at ``CELL_FLOPS`` per unit; beside the 2·K·G FLOPs of its row of the product it is small.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .core import Launch
+from .cost import Cost, declare, defined, group_count, real, stored, tuned
+
+#: estimated FLOPs of one cell update per hidden unit, by gate count: the activations (an exp, an add and a
+#: division each), the input and bias adds, c = f·c + i·g and h = o·tanh(c) (lstm), gru's interpolation
+CELL_FLOPS = {4: 28, 3: 22, 1: 6}
+
+
+def _size(launch: Launch, is_real: Any) -> int:
+    """Bytes of one value of an operand kept in compute-type scratch (``is_real``) or in the arena."""
+    return real(launch) if is_real else stored(launch)
+
+
+@declare("gemm")
+def gemm(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """D[z] = A[z]·B[z] (+ bias) for every batch item z; an operand with batch stride 0 is read once."""
+    m, n, k = args["m"], args["n"], args["k"]
+    if launch.target == "gpu":  # one work-group per GEMM_TILE square of one batch item, all along x
+        side = tuned(launch, "GEMM_TILE")
+        batch = group_count(launch) // (-(-n // side) * -(-m // side))
+    else:
+        batch = launch.global_size[2]
+    a_items, b_items = (batch if args[f"{x}_bs"] else 1 for x in "ab")
+    read = m * k * a_items * _size(launch, args["a_real"]) + k * n * b_items * _size(launch, args["b_real"])
+    bias = m * n * batch if args["has_bias"] else 0
+    return Cost(gemm=2 * m * n * k * batch, other=bias, read=read + (n * batch * stored(launch) if bias else 0),
+                written=m * n * batch * _size(launch, args["d_real"]))
+
+
+@declare("transpose_real")
+def transpose_real(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    values = args["rows"] * args["cols"] * args["batch"]
+    return Cost(read=values * _size(launch, args["s_real"]), written=values * real(launch))
+
+
+@declare("rnn_w_t")
+def weights_transposed(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """W (ng·H rows of K) of every direction staged transposed and padded (HP units per gate)."""
+    dirs = launch.global_size[2]
+    return Cost(read=dirs * args["ng"] * args["H"] * args["K"] * stored(launch),
+                written=dirs * args["ng"] * args["HP"] * args["K"] * real(launch))
+
+
+def _phases(launch: Launch) -> int:
+    """Launches per step: gru without linear_before_reset runs its step in two phases (RNN_LBR0)."""
+    return 2 if defined(launch, "RNN_LBR0") else 1
+
+
+@declare("rnn_step")
+def step(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """One step (one phase of it) of every (batch row, direction): h·W_hhᵀ, then the cells."""
+    b, h, k, gates, dirs = args["B"], args["H"], args["K"], defined(launch, "RNN_GATES"), launch.global_size[2]
+    share = _phases(launch)
+    rs = real(launch)
+    read = (dirs * k * gates * h + dirs * b * gates * h) * rs / share + dirs * b * (k + h) * rs
+    written = dirs * b * (k + h) * rs + b * dirs * k * _size(launch, args["o_real"])
+    return Cost(gemm=2 * b * dirs * gates * h * k / share, other=b * dirs * h * CELL_FLOPS[gates] / share,
+                read=read, written=written)
+
+
+@declare("rnn_persist")
+def persist(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """A layer's whole recurrence: per step and (batch row, direction) a matrix-vector product with W_hh (and
+    at the cpu target the input projection with W_ih, over I inputs), then the cells."""
+    b, s, h, gates, dirs = args["B"], args["S"], args["H"], defined(launch, "RNN_GATES"), launch.global_size[2]
+    k, inputs = args.get("K", h), args.get("I", 0)
+    rows = b * s * dirs
+    weights = dirs * gates * h * (k + inputs) * stored(launch)
+    xw = 0 if "I" in args else rows * gates * h * real(launch)
+    return Cost(other=rows * h * (2 * gates * (k + inputs) + CELL_FLOPS[gates]), read=weights + xw
+                + rows * inputs * stored(launch), written=rows * k * _size(launch, args["o_real"]))
+
+
+@declare("rnn_proj")
+def projection(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """lstm's projection of one step: (o·tanh(c))·W_hrᵀ for every (batch row, direction)."""
+    b, h, p, dirs = args["B"], args["H"], args["P"], launch.global_size[2]
+    rs = real(launch)
+    return Cost(gemm=2 * b * dirs * p * h, read=dirs * (h * p + b * h) * rs,
+                written=dirs * b * p * (rs + _size(launch, args["o_real"])))
+
+
+@declare("rnn_state_in", "rnn_state_out")
+def states(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """The initial states into scratch (zeros without carry), or the final ones back to the arena."""
+    values = args["nh"] + args["nc"]
+    return Cost(read=values * stored(launch) if args.get("carry", True) else 0, written=values * real(launch))
+
+
+@declare("rnn_pad", "rnn_order")
+def bookkeeping(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """seq_lens' bookkeeping: zeros past each row's length (at most every output), the rows in length order."""
+    return Cost(written=args["B"] * args["S"] * args.get("W", 0) * stored(launch) + args["B"] * 4)
