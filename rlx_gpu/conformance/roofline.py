@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from host_fallback.abi import BACKWARD
+
 from .. import launches
 from ..launches import Launch
 from ..launches.cost import Cost, launch_cost
@@ -33,14 +35,18 @@ MMA_UNITS = {1: "mma16", 2: "tf32"}
 #: the program families whose chunk GEMMs issue 38's tensor-core variants cover (``--as-if-mma``)
 MMA_FAMILIES = ("ssm", "gdn")
 
-#: the shapes: docs/kernels.md's GPU shapes (issue 12), and the one fla and FlashQLA publish for the
+#: the forward shapes: docs/kernels.md's GPU shapes (issue 12), and the one fla and FlashQLA publish for the
 #: gated_delta_net forward on an H200
-SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+FORWARD_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     **GPU_SHAPES,
     "gdn fla B1 S32768 H16 HV64 K128 V128": ("gated_delta_net", dict(
         batch=1, seq=32768, heads=16, value_heads=64, state_size=128, value_size=128, gate_per_channel=False,
         carry_state=False)),
 }
+#: every shape: the forward ones, then the backward op of each forward sequence (ABI.md §9) at its shape
+SHAPES = {**FORWARD_SHAPES, **{f"{name} backward": (f"{op}_backward", params)
+                               for name, (op, params) in FORWARD_SHAPES.items()
+                               if f"{op}_backward" in BACKWARD and params["seq"] > 1}}
 #: published H200 times (ms) of the anchors at a shape, bf16 (issue 38)
 ANCHORS = {"gdn fla B1 S32768 H16 HV64 K128 V128": (("fla chunk_gated_delta_rule", 3.33), ("FlashQLA", 1.52))}
 

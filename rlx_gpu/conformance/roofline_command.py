@@ -26,6 +26,8 @@ def _number(value: float) -> str:
     """Three significant digits, thousands grouped; 0 as a dash."""
     if not value:
         return "—"
+    if value < 0.001:
+        return "<0.001"
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 

@@ -103,3 +103,52 @@ def states(launch: Launch, args: Mapping[str, Any]) -> Cost:
 def bookkeeping(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """seq_lens' bookkeeping: zeros past each row's length (at most every output), the rows in length order."""
     return Cost(written=args["B"] * args["S"] * args.get("W", 0) * stored(launch) + args["B"] * 4)
+
+
+@declare("rnnb_step_product")
+def step_product(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """The backward's per-step product of every batch row and direction (gpu target): d = a·b (+ bias)."""
+    m, n, k, dirs = args["m"], args["n"], args["k"], launch.global_size[2]
+    rs = real(launch)
+    return Cost(gemm=2 * m * n * k * dirs, other=m * n * dirs if args["has_bias"] else 0,
+                read=dirs * (m * k * rs + k * n * _size(launch, args["b_real"])), written=dirs * m * n * rs)
+
+
+@declare("rnnb_forward_step", "rnnb_backward_cell")
+def backward_cells(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """The cells of one step (one phase) of every (batch row, direction): the forward's (keeping what the
+    gradients read), or their gradients (about twice a cell's arithmetic)."""
+    b, h, gates, dirs = args["B"], args["H"], defined(launch, "RNN_GATES"), launch.global_size[2]
+    share = _phases(launch) * (1 if launch.kernel == "rnnb_forward_step" else 0.5)
+    values = b * dirs * h * real(launch)
+    return Cost(other=b * dirs * h * CELL_FLOPS[gates] / share, read=values * (gates + 2) / _phases(launch),
+                written=values * (gates + 2) / _phases(launch))
+
+
+@declare("rnnb_forward_proj", "rnnb_backward_proj")
+def backward_projection(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """lstm's projection of one step, or its gradient (d of the projected h back through W_hr): B·dirs x H·P."""
+    b, h, p, dirs = args["B"], args["H"], args["P"], launch.global_size[2]
+    rs = real(launch)
+    return Cost(gemm=2 * b * dirs * p * h, read=dirs * (h * p * stored(launch) + b * (h + p) * rs),
+                written=dirs * b * (h + p) * rs)
+
+
+@declare("rnnb_colsum")
+def column_sums(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Sums over ``rows`` of ``cols`` columns of ``batch`` matrices (a bias, or a peephole's products)."""
+    values = args["rows"] * args["cols"] * args["batch"]
+    return Cost(other=values * (2 if args["has_m"] else 1), read=values * real(launch) * (2 if args["has_m"] else 1),
+                written=args["cols"] * args["batch"] * stored(launch))
+
+
+@declare("rnnb_zero", "rnnb_forward_init", "rnnb_backward_init", "rnnb_backward_out")
+def backward_bookkeeping(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Scratch zeroed, the initial states (and their gradients) in, the initial states' gradients out."""
+    if "n" in args:  # rnnb_zero
+        return Cost(written=args["n"] * real(launch))
+    if "nh" in args:  # the states' gradients in, or the initial states' out
+        values = args["nh"] + args["nc"] + args["nd"]
+    else:  # rnnb_forward_init: h0 and c0 of every (batch row, direction)
+        values = launch.global_size[2] * args["B"] * (args["K"] + args["H"])
+    return Cost(read=values * stored(launch), written=values * real(launch))

@@ -83,6 +83,37 @@ def test_the_mamba2_recurrence_counts_the_flops_of_a_counted_step_loop(lim, kern
     assert (cost.gemm, cost.other) == (0, flops)
 
 
+def _selective_scan_counted(x, delta, a, b, c) -> tuple[np.ndarray, int]:
+    """ABI.md §4's selective_scan step by step in scalars, one FLOP counted per multiply, add and exp."""
+    bsz, seq, hidden = x.shape
+    n = a.shape[1]
+    y, flops = np.zeros(x.shape), 0
+    for r in range(bsz):
+        for ch in range(hidden):
+            h = np.zeros(n)
+            for t in range(seq):
+                dx = delta[r, t, ch] * x[r, t, ch]
+                flops += 1
+                for j in range(n):
+                    h[j] = np.exp(delta[r, t, ch] * a[ch, j]) * h[j] + dx * b[r, t, 0, j]
+                    y[r, t, ch] += c[r, t, 0, j] * h[j]
+                    flops += 7
+    return y, flops
+
+
+@pytest.mark.parametrize("lim, kernel", [(CPU, "auto"), (REFERENCE_GPU, "lanes"), (REFERENCE_GPU, "chunked")])
+def test_selective_scan_counts_the_flops_of_a_counted_step_loop(lim, kernel):
+    rng = np.random.default_rng(3)
+    bsz, seq, hidden, n = 2, 6, 3, 4
+    x, b, c = rng.normal(size=(bsz, seq, hidden)), rng.normal(size=(bsz, seq, 1, n)), rng.normal(size=(bsz, seq, 1, n))
+    delta, a = rng.uniform(0.1, 1.0, (bsz, seq, hidden)), -rng.uniform(0.5, 2.0, (hidden, n))
+    y, flops = _selective_scan_counted(x, delta, a, b, c)
+    np.testing.assert_allclose(y, reference_ssm.selective_scan(x, delta, a, b, c), rtol=1e-12, atol=1e-12)
+    cost = _plan_cost("selective_scan", dict(batch=bsz, seq=seq, hidden=hidden, state_size=n, groups=1), lim,
+                      ssm_kernel=kernel)
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
 def _gdn_inputs(rng, bsz, seq, heads, value_heads, k, v, per_channel):
     q, kk = rng.normal(size=(bsz, seq, heads, k)) / 3, rng.normal(size=(bsz, seq, heads, k)) / 3
     g = rng.uniform(-0.5, 0.0, (bsz, seq, value_heads) + ((k,) if per_channel else ()))
@@ -171,6 +202,15 @@ def test_the_chunked_gated_delta_net_counts_the_gemm_flops_of_a_counted_wy_loop(
     params = dict(batch=bsz, seq=seq, heads=heads, value_heads=value_heads, state_size=kd, value_size=vd,
                   gate_per_channel=False, carry_state=False)
     assert _plan_cost("gated_delta_net", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_every_kernel_the_roofline_shapes_launch_declares_its_cost(dtype):
+    for shape in roofline.SHAPES:
+        row = roofline.op_row(shape, dtype)
+        assert not row.undeclared, f"{shape}: a kernel of {[p.name for p in row.parts]} declares no cost"
+        assert row.launches and row.read > 0 and row.written > 0, shape
+        assert all(p.read + p.written > 0 for p in row.parts), shape
 
 
 def _chunked_gdn_plan(dtype: str):
