@@ -53,20 +53,21 @@ def weights_transposed(launch: Launch, args: Mapping[str, Any]) -> Cost:
                 written=dirs * args["ng"] * args["HP"] * args["K"] * real(launch))
 
 
-def _phases(launch: Launch) -> int:
-    """Launches per step: gru without linear_before_reset runs its step in two phases (RNN_LBR0)."""
-    return 2 if defined(launch, "RNN_LBR0") else 1
+def _phase_gates(launch: Launch, phase: int) -> int:
+    """Gates a step's launch of ``phase`` sums (kernels/rnn_cell.cl's rnn_gate_count): with RNN_LBR0, r and z
+    in phase 0 and n in phase 1, else all of them."""
+    return (1 if phase else 2) if defined(launch, "RNN_LBR0") else defined(launch, "RNN_GATES")
 
 
 @declare("rnn_step")
 def step(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """One step (one phase of it) of every (batch row, direction): h·W_hhᵀ, then the cells."""
-    b, h, k, gates, dirs = args["B"], args["H"], args["K"], defined(launch, "RNN_GATES"), launch.global_size[2]
-    share = _phases(launch)
-    rs = real(launch)
-    read = (dirs * k * gates * h + dirs * b * gates * h) * rs / share + dirs * b * (k + h) * rs
+    """One step (one phase of it) of every (batch row, direction): h·W_hhᵀ over the phase's gates, then their
+    cells (the cell's arithmetic split among the phases by their gates)."""
+    b, h, k, dirs, rs = args["B"], args["H"], args["K"], launch.global_size[2], real(launch)
+    gates, every = _phase_gates(launch, args["phase"]), defined(launch, "RNN_GATES")
+    read = (dirs * k * gates * h + dirs * b * gates * h) * rs + dirs * b * (k + h) * rs
     written = dirs * b * (k + h) * rs + b * dirs * k * _size(launch, args["o_real"])
-    return Cost(gemm=2 * b * dirs * gates * h * k / share, other=b * dirs * h * CELL_FLOPS[gates] / share,
+    return Cost(gemm=2 * b * dirs * gates * h * k, other=b * dirs * h * CELL_FLOPS[every] * gates / every,
                 read=read, written=written)
 
 
@@ -119,10 +120,10 @@ def backward_cells(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """The cells of one step (one phase) of every (batch row, direction): the forward's (keeping what the
     gradients read), or their gradients (about twice a cell's arithmetic)."""
     b, h, gates, dirs = args["B"], args["H"], defined(launch, "RNN_GATES"), launch.global_size[2]
-    share = _phases(launch) * (1 if launch.kernel == "rnnb_forward_step" else 0.5)
-    values = b * dirs * h * real(launch)
-    return Cost(other=b * dirs * h * CELL_FLOPS[gates] / share, read=values * (gates + 2) / _phases(launch),
-                written=values * (gates + 2) / _phases(launch))
+    share = _phase_gates(launch, args["phase"]) / gates
+    times = 1 if launch.kernel == "rnnb_forward_step" else 2
+    values = b * dirs * h * real(launch) * (gates + 2) * share
+    return Cost(other=b * dirs * h * CELL_FLOPS[gates] * share * times, read=values, written=values)
 
 
 @declare("rnnb_forward_proj", "rnnb_backward_proj")

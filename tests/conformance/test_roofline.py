@@ -74,7 +74,8 @@ def _mamba2_counted(x, dt, a, b, c) -> tuple[np.ndarray, int]:
 def test_the_mamba2_recurrence_counts_the_flops_of_a_counted_step_loop(lim, kernel):
     rng = np.random.default_rng(0)
     bsz, seq, heads, p, n = 2, 5, 3, 4, 6
-    x, b, c = rng.normal(size=(bsz, seq, heads, p)), rng.normal(size=(bsz, seq, heads, n)), rng.normal(size=(bsz, seq, heads, n))
+    x = rng.normal(size=(bsz, seq, heads, p))
+    b, c = rng.normal(size=(bsz, seq, heads, n)), rng.normal(size=(bsz, seq, heads, n))
     dt, a = rng.uniform(0.1, 1.0, (bsz, seq, heads)), -rng.uniform(0.5, 2.0, heads)
     y, flops = _mamba2_counted(x, dt, a, b, c)
     np.testing.assert_allclose(y, reference_ssm.mamba2(x, dt, a, b, c), rtol=1e-12, atol=1e-12)
@@ -164,7 +165,8 @@ def test_the_gated_delta_net_recurrence_counts_the_flops_of_a_counted_step_loop(
 def _gdn_wy_counted(q, k, v, g, beta, chunk: int, count: Counter) -> np.ndarray:
     """The chunked WY form of gated_delta_net with per-head gates (docs/kernels.md, kernels/gdn.cl's gpu block):
     per chunk G = cumsum(g), the Gram products on the lower triangle, T = (I + M)^-1, W = T·(β exp(G) K),
-    U0 = T·(βV), U = U0 - W·S0, out = scale ((exp(G) Q)·S0 + (P∘D)·U), S = exp(G_last) S0 + (K exp(G_last - G))ᵀ·U.
+    U0 = T·(βV), U = U0 - W·S0, out = scale ((exp(G) Q)·S0 + (P∘D)·U),
+    S = exp(G_last) S0 + (K exp(G_last - G))ᵀ·U.
     Its matrix products counted in ``count`` (a triangular operand: only the entries it uses)."""
     bsz, seq, heads, kd = q.shape
     value_heads, vd = v.shape[2:]
@@ -182,7 +184,8 @@ def _gdn_wy_counted(q, k, v, g, beta, chunk: int, count: Counter) -> np.ndarray:
                 m = bc[:, None] * decay * gram * strict
                 tri = np.linalg.inv(np.eye(steps) + m)  # unit lower triangular: its diagonal stays implicit
                 off = tri - np.eye(steps)
-                w = bc[:, None] * np.exp(gc)[:, None] * kc + count.product(off, bc[:, None] * np.exp(gc)[:, None] * kc, strict)
+                bk = bc[:, None] * np.exp(gc)[:, None] * kc
+                w = bk + count.product(off, bk, strict)
                 u0 = bc[:, None] * vc + count.product(off, bc[:, None] * vc, strict)
                 u = u0 - count.product(w, s)
                 y = count.product(np.exp(gc)[:, None] * qc, s) + count.product(pq * decay, u, lower)
@@ -242,3 +245,16 @@ def test_the_table_rows_move_with_the_plan_and_the_floor_is_the_larger_bound():
     for launch in _chunked_gdn_plan("bf16").launches:  # f64 keeps FP64 FMA: no tensor-core variant
         wide = dataclasses.replace(launch, dtype="f64")
         assert roofline.as_if_mma(wide) is wide
+
+
+@pytest.mark.parametrize("op, gates", [("lstm", 4), ("gru", 3), ("rnn", 1)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_recurrent_ops_gemm_flops_are_their_gate_products(op, gates, bidirectional):
+    """ABI.md §3: per step, row and direction the gate pre-activations W_ih·x + W_hh·h, G·H rows of I + H
+    multiply-adds (gru without linear_before_reset sums r∘h for its third gate: the same count)."""
+    bsz, seq, inputs, hidden, dirs = 3, 5, 6, 8, 2 if bidirectional else 1
+    for fields in ({}, {"linear_before_reset": False} if op == "gru" else {}):
+        params = dict(batch=bsz, seq=seq, input_size=inputs, hidden=hidden, num_layers=1,
+                      bidirectional=bidirectional, carry=False, **fields)
+        cost = _plan_cost(op, params, REFERENCE_GPU, rnn_kernel="step")
+        assert cost.gemm == 2 * bsz * seq * dirs * gates * hidden * (inputs + hidden)
