@@ -3,8 +3,8 @@
 For a shape, the op's thunk is planned for the reference GPU (``limits.REFERENCE_GPU``, gpu target: the same
 launches a CUDA device would run) and each launch asked for its declared cost (``launches.cost``): FLOPs and
 bytes. The GEMM-shaped FLOPs of a launch built with the define ``RLX_MMA`` run on the tensor cores (1: f16/bf16
-inputs with f32 accumulation, 2: TF32 for an f32 thunk that asks for it), every other FLOP on the FP32 (f64:
-FP64) FMA units. A kernel's floor is the larger of its FLOPs at the peak of each unit it uses and its bytes at
+inputs with f32 accumulation, 2: TF32 for an f32 thunk that asks for it), as do a 16-bit gemm's, which the CUDA
+backend hands to cuBLAS; every other FLOP runs on the FP32 (f64: FP64) FMA units. A kernel's floor is the larger of its FLOPs at the peak of each unit it uses and its bytes at
 the memory bandwidth; the prediction takes the FLOPs at 50% of each unit's peak (the bytes still at the full
 bandwidth). Launch latency is not modelled (the launch counts are shown). Nothing here has run on a GPU:
 ``tools/gpu_check.py`` times the kernels against fla / mamba_ssm where one is available.
@@ -32,6 +32,11 @@ EFFICIENCY = 0.5
 UNIT_TITLES = {"fma": "FMA", "fp64": "FP64", "mma16": "MMA 16-bit", "tf32": "MMA TF32"}
 #: RLX_MMA's values (issue 38): the unit a launch's GEMM-shaped FLOPs run on
 MMA_UNITS = {1: "mma16", 2: "tf32"}
+#: the kernels the CUDA backend hands to cuBLAS (backends/cublas_calls.py) and the unit cuBLAS runs them on by
+#: dtype: 16-bit inputs on the tensor cores (f32 accumulation); f32 in FP32 (TF32 only with RLX_CUDA_TF32=1),
+#: f64 in FP64 (the FMA units of the model)
+CUBLAS_KERNELS = frozenset({"gemm"})
+CUBLAS_UNITS = {"f16": "mma16", "bf16": "mma16"}
 #: the program families whose chunk GEMMs issue 38's tensor-core variants cover (``--as-if-mma``)
 MMA_FAMILIES = ("ssm", "gdn")
 
@@ -52,9 +57,12 @@ ANCHORS = {"gdn fla B1 S32768 H16 HV64 K128 V128": (("fla chunk_gated_delta_rule
 
 
 def units(launch: Launch, cost: Cost) -> dict[str, float]:
-    """The launch's FLOPs by the unit that runs them."""
+    """The launch's FLOPs by the unit that runs them on CUDA."""
     plain = "fp64" if launch.dtype == "f64" else "fma"
-    mma = MMA_UNITS.get(dict(launch.defines).get("RLX_MMA", 0), plain)
+    if launch.kernel in CUBLAS_KERNELS:
+        mma = CUBLAS_UNITS.get(launch.dtype, plain)
+    else:
+        mma = MMA_UNITS.get(dict(launch.defines).get("RLX_MMA", 0), plain)
     out = {plain: cost.other}
     out[mma] = out.get(mma, 0.0) + cost.gemm
     return out

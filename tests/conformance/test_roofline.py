@@ -232,6 +232,17 @@ def test_rlx_mma_moves_a_launchs_gemm_flops_to_the_tensor_cores(mma, unit):
         assert roofline.units(marked, launch_cost(marked)) == {"fma": cost.other, unit: cost.gemm}
 
 
+@pytest.mark.parametrize("dtype, unit", [("bf16", "mma16"), ("f16", "mma16"), ("f32", "fma"), ("f64", "fp64")])
+def test_a_gemm_runs_where_cublas_runs_it(dtype, unit):
+    thunk, _ = lay_out("matmul", dtype, dict(batch=2, m=64, k=32, n=48, trans_a=False, trans_b=False,
+                                             a_batch_stride=64 * 32, b_batch_stride=32 * 48))
+    (launch,) = [x for x in launches.plan(thunk, REFERENCE_GPU).launches if x.kernel == "gemm"]
+    cost = launch_cost(launch)
+    assert cost.gemm == 2 * 2 * 64 * 32 * 48
+    counts = roofline.units(launch, cost)
+    assert cost.other == 0 and counts[unit] == cost.gemm and sum(counts.values()) == cost.gemm
+
+
 def test_the_table_rows_move_with_the_plan_and_the_floor_is_the_larger_bound():
     plain = roofline.plan_rows(_chunked_gdn_plan("bf16"))
     mma = roofline.plan_rows(_chunked_gdn_plan("bf16"), mma=True)
