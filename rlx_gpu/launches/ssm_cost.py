@@ -1,6 +1,7 @@
 """The costs of the selective_scan and mamba2 kernels (``launches/ssm.py`` plans them; ``cost`` says how counted).
 
-selective_scan's state is diagonal: nothing of it is a matrix product, at any target. mamba2's walk and lanes
+selective_scan's state is diagonal: nothing of it is a matrix product, at any target (its chunked form composes
+each lane's steps and reruns them: about twice the recurrence's FLOPs). mamba2's walk and lanes
 kernels are a recurrence too; its chunked form (SSD) is GEMM-shaped: per (head, chunk of M2_Q steps, M2_PT rows
 of P) the chunk's own state (Xwᵀ·B), then in the scan C·Bᵀ (the whole tile, recomputed by each group of
 M2_PT rows), C·S_inᵀ and the masked (C·Bᵀ ∘ decays)·X.
@@ -37,14 +38,32 @@ def carried_state(launch: Launch, rows: int, values: int) -> Cost:
     return Cost(read=nbytes, written=nbytes)
 
 
-@declare("selective_scan", "selective_scan_lanes", "selective_scan_chunked")
-def selective_scan(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (token, channel) and state entry: exp(Δ·a), h = decay·h + (Δ·x)·b, y += c·h."""
+def _selective_scan_bytes(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """x, delta (and z), b, c and a read once, y written once, the carried state."""
     t, h, n, g, es = tokens(launch, args), args["H"], args["N"], args["G"], stored(launch)
-    per_channel = 7 * n + 1 + delta_flops(launch) + finish_flops(launch)
     streams = 2 + defined(launch, "SSM_Z")  # x, delta (and z), one value per (token, channel)
     read = t * h * streams * es + 2 * t * g * n * es + h * n * es
-    return Cost(other=t * h * per_channel, read=read, written=t * h * es) + carried_state(launch, args["R"], h * n)
+    return Cost(read=read, written=t * h * es) + carried_state(launch, args["R"], h * n)
+
+
+@declare("selective_scan", "selective_scan_lanes")
+def selective_scan(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, channel) and state entry: exp(Δ·a), h = decay·h + (Δ·x)·b, y += c·h."""
+    per_channel = 7 * args["N"] + 1 + delta_flops(launch) + finish_flops(launch)
+    return Cost(other=tokens(launch, args) * args["H"] * per_channel) + _selective_scan_bytes(launch, args)
+
+
+@declare("selective_scan_chunked")
+def selective_scan_chunked(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, channel) and state entry: exp(Δ·a), Δ·x·b, the lane's composition (A, B), then its steps rerun
+    from the entering state with y += c·h (10 FLOPs); per chunk of SSC_SL·SSC_T steps, channel and entry, lane l
+    composes the (A, B) of the l lanes before it (SSC_SL·(SSC_SL-1) FLOPs in all)."""
+    lanes, steps = tuned(launch, "SSC_SL"), tuned(launch, "SSC_T")
+    n, h = args["N"], args["H"]
+    chunks = len(chunk_steps(args["S"], args["R"], lanes * steps, bool(defined(launch, "SSM_VARLEN"))))
+    per_channel = 10 * n + 1 + delta_flops(launch) + finish_flops(launch)
+    other = tokens(launch, args) * h * per_channel + chunks * h * n * lanes * (lanes - 1)
+    return Cost(other=other) + _selective_scan_bytes(launch, args)
 
 
 def _mamba2_inputs(launch: Launch, args: Mapping[str, Any]) -> float:
