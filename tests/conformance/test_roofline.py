@@ -165,6 +165,48 @@ def test_the_chunked_selective_scan_counts_the_flops_of_a_counted_chunk_loop():
     assert (cost.gemm, cost.other) == (0, flops)
 
 
+def _mamba2_ssd_counted(x, dt, a, b, c, chunk: int, rows: int, count: Counter) -> np.ndarray:
+    """Mamba-2 as SSD chunks (kernels/ssm.cl's gpu block): per head and chunk of ``chunk`` steps, per tile of ``rows``
+    rows of P (each tile computes what it needs itself, as each work-group does): the chunk's own state Xwᵀ·B,
+    then y = exp(L)·(C·S_inᵀ) + ((C·Bᵀ over the whole tile) ∘ decays, lower triangle)·X; the state carried from
+    chunk to chunk. Its matrix products counted in ``count``. Whole chunks only."""
+    bsz, seq, heads, p = x.shape
+    y = np.zeros(x.shape)
+    for r in range(bsz):
+        for h in range(heads):
+            s = np.zeros((p, b.shape[-1]))
+            for t0 in range(0, seq, chunk):
+                d, xs = dt[r, t0:t0 + chunk, h], x[r, t0:t0 + chunk, h]
+                bs, cs = b[r, t0:t0 + chunk, h], c[r, t0:t0 + chunk, h]
+                logs = np.cumsum(d * a[h])
+                lower = np.tril(np.ones((chunk, chunk)))
+                own = np.zeros_like(s)
+                for p0 in range(0, p, rows):
+                    tile = slice(p0, p0 + rows)
+                    weights = (np.exp(logs[-1] - logs) * d)[:, None] * xs[:, tile]
+                    own[tile] = count.product(weights.T, bs)
+                    gram = count.gram(cs, bs, np.ones((chunk, chunk)))
+                    masked = gram * np.exp(logs[:, None] - logs[None, :]) * d[None, :]
+                    y[r, t0:t0 + chunk, h, tile] = (np.exp(logs)[:, None] * count.product(cs, s[tile].T)
+                                                    + count.product(masked, xs[:, tile], lower))
+                s = np.exp(logs[-1]) * s + own
+    return y
+
+
+def test_the_chunked_mamba2_counts_the_gemm_flops_of_a_counted_ssd_loop():
+    rng = np.random.default_rng(5)
+    chunk, rows = REFERENCE_GPU.tune("M2_Q"), REFERENCE_GPU.tune("M2_PT")
+    bsz, seq, heads, p, n = 1, 2 * chunk, 2, 2 * rows, REFERENCE_GPU.tune("M2_NT")
+    x = rng.normal(size=(bsz, seq, heads, p))
+    b, c = rng.normal(size=(bsz, seq, heads, n)) / 3, rng.normal(size=(bsz, seq, heads, n)) / 3
+    dt, a = rng.uniform(0.01, 0.1, (bsz, seq, heads)), -rng.uniform(0.5, 2.0, heads)
+    count = Counter()
+    y = _mamba2_ssd_counted(x, dt, a, b, c, chunk, rows, count)
+    np.testing.assert_allclose(y, reference_ssm.mamba2(x, dt, a, b, c), rtol=1e-9, atol=1e-9)
+    params = dict(batch=bsz, seq=seq, heads=heads, head_dim=p, state_size=n)
+    assert _plan_cost("mamba2", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
 def _gdn_inputs(rng, bsz, seq, heads, value_heads, k, v, per_channel):
     q, kk = rng.normal(size=(bsz, seq, heads, k)) / 3, rng.normal(size=(bsz, seq, heads, k)) / 3
     g = rng.uniform(-0.5, 0.0, (bsz, seq, value_heads) + ((k,) if per_channel else ()))
