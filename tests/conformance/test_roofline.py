@@ -168,8 +168,8 @@ def test_the_chunked_selective_scan_counts_the_flops_of_a_counted_chunk_loop():
 def _mamba2_ssd_counted(x, dt, a, b, c, chunk: int, rows: int, count: Counter) -> np.ndarray:
     """Mamba-2 as SSD chunks (kernels/ssm.cl's gpu block): per head and chunk of ``chunk`` steps, per tile of ``rows``
     rows of P (each tile computes what it needs itself, as each work-group does): the chunk's own state Xwᵀ·B,
-    then y = exp(L)·(C·S_inᵀ) + ((C·Bᵀ over the whole tile) ∘ decays, lower triangle)·X; the state carried from
-    chunk to chunk. Its matrix products counted in ``count``. Whole chunks only."""
+    then y = exp(L)·(C·S_inᵀ) + ((C·Bᵀ over the whole tile) ∘ decays, lower triangle)·X; the state carried
+    from chunk to chunk. Its matrix products counted in ``count``. Whole chunks only."""
     bsz, seq, heads, p = x.shape
     y = np.zeros(x.shape)
     for r in range(bsz):
