@@ -7,7 +7,8 @@ inputs with f32 accumulation, 2: TF32 for an f32 thunk that asks for it), as do 
 backend hands to cuBLAS; every other FLOP runs on the FP32 (f64: FP64) FMA units. A kernel's floor is the larger
 of its FLOPs at the peak of each unit it uses and its bytes at the memory bandwidth; the prediction takes the
 FLOPs at 50% of each unit's peak (the bytes still at the full bandwidth). Launch latency is not modelled (the
-launch counts are shown). Nothing here has run on a GPU: ``tools/gpu_check.py`` times the kernels against fla / mamba_ssm where one is available.
+launch counts are shown). Nothing here has run on a GPU: ``tools/gpu_check.py`` times the kernels against fla /
+mamba_ssm where one is available.
 """
 from __future__ import annotations
 
