@@ -16,6 +16,7 @@ from host_fallback.abi import DTYPES, OPS, footprint
 
 from . import __version__
 from .conformance import command as conformance_command
+from .conformance import roofline_command
 from .conformance.cases import lay_out
 from .conformance.compare import nmse
 from .errors import InputError, RlxError
@@ -346,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the schedule file (.json; .yaml/.yml writes YAML)")
     imports.add_argument("--shape", action="append", type=_shape_option, metavar="NAME=D,D,...", help=SHAPE_HELP)
     conformance_command.add_parser(sub)
+    roofline_command.add_parser(sub)
     for command in sub.choices.values():  # --debug after the command too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser

@@ -1,0 +1,133 @@
+"""The costs of the gated_delta_net kernels (``launches/gdn.py`` plans them; ``cost`` says how counted).
+
+The walk, step and lanes kernels run the delta rule step by step: no matrix product. The chunked WY form is
+GEMM-shaped, per (value head, chunk of GDN_Q steps): in ``chunk_prep`` the Gram products K·Kᵀ and Q·Kᵀ (per-head
+gates; with per-channel gates the kernel weighs each key channel by its own decay inside the sum, which is
+not a product of tiles) and T·(βK), T·(βV) (the triangular solve for T itself runs row by row); in the
+state pass W·S0 and the state update (K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .core import Launch
+from .cost import Cost, chunk_steps, declare, group_count, real, stored, tuned
+
+
+def _tokens(args: Mapping[str, Any], steps: int) -> int:
+    """Tokens of ``steps`` steps of every row (the packed tokens themselves with varlen)."""
+    return steps if args["varlen"] else args["R"] * steps
+
+
+def _inputs(launch: Launch, args: Mapping[str, Any], tokens: int, *fields: str) -> float:
+    """Bytes of the thunk's token-major inputs ``fields`` over ``tokens`` tokens, each read once."""
+    h, hv, k, v = args["H"], args["HV"], args["K"], args["V"]
+    width = {"q": h * k, "k": h * k, "v": hv * v, "g": hv * (k if args["per_channel"] else 1), "beta": hv,
+             "dst": hv * v}
+    return tokens * sum(width[f] for f in fields) * stored(launch)
+
+
+def _state(launch: Launch, args: Mapping[str, Any]) -> float:
+    """Bytes of the carried states of every row, as the arena keeps them (the compute type with state_real)."""
+    size = real(launch) if args.get("state_real") else stored(launch)
+    return args["R"] * args["HV"] * args["K"] * args["V"] * size if args["carry"] else 0
+
+
+def step_flops(k: int, v: int, per_channel: bool, decays: bool = True) -> int:
+    """FLOPs of one step of one value head: S = decay·S, u = (v - k·S)·β, S += k⊗u, out = scale·(q·S); the
+    decay's exps (one, or one per key channel) unless another launch takes them."""
+    exps = (k if per_channel else 1) if decays else 0
+    return 7 * k * v + 3 * v + exps
+
+
+@declare("gated_delta_net", "gated_delta_net_lanes", "gated_delta_net_step")
+def recurrent(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """The step recurrence over the launch's tokens: a block of T steps (the walk), the whole sequence (lanes),
+    or one token per row (step). The walk with per-channel gates reads the decays gdn_decay wrote."""
+    steps = args.get("T", args.get("S", 1))
+    tokens = args["R"] if launch.kernel == "gated_delta_net_step" else _tokens(args, steps)
+    walk_decays = launch.kernel == "gated_delta_net" and args["per_channel"]
+    flops = tokens * args["HV"] * step_flops(args["K"], args["V"], args["per_channel"], not walk_decays)
+    read = _inputs(launch, args, tokens, "q", "k", "v", "beta", *(() if walk_decays else ("g",)))
+    if walk_decays:
+        read += tokens * args["HV"] * args["K"] * real(launch)
+    parked = real(launch) * args["R"] * args["HV"] * args["K"] * args["V"] if steps < args.get("S", steps) else 0
+    state = _state(launch, args) + parked
+    return Cost(other=flops, read=read + state, written=_inputs(launch, args, tokens, "dst") + state)
+
+
+@declare("gdn_decay")
+def decay(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """exp(g) of a block of T steps of every (batch row, value head, key channel)."""
+    count = args["B"] * args["T"] * args["W"]
+    return Cost(other=count, read=count * stored(launch), written=count * real(launch))
+
+
+@declare("gdn_qk_norm")
+def qk_norm(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """1/|q| and 1/|k| of every (token, key head): two sums of squares, two square roots and divisions."""
+    e, k = args["E"], args["K"]
+    return Cost(other=e * (4 * k + 4), read=2 * e * k * stored(launch), written=2 * e * real(launch))
+
+
+def _chunks(launch: Launch, args: Mapping[str, Any]) -> list[int]:
+    return chunk_steps(args["S"], args["R"], tuned(launch, "GDN_Q"), bool(args["varlen"]))
+
+
+def _triangle(chunks: list[int], strict: bool = False) -> int:
+    """Entries of the chunks' lower triangles, with the diagonal or (``strict``) without."""
+    return sum(s * (s - 1) // 2 if strict else s * (s + 1) // 2 for s in chunks)
+
+
+@declare("gated_delta_net_chunk_prep")
+def chunk_prep(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (value head, chunk): G, the Gram products over the GDN_Q x GDN_Q lower triangle (the tile's rows
+    past a partial chunk on zeros), P and M, T = (I + M)^-1 row by row, then W = T·(β exp(G) K), U0 = T·(βV)."""
+    hv, k, v, q, pc = args["HV"], args["K"], args["V"], tuned(launch, "GDN_Q"), bool(args["per_channel"])
+    chunks = _chunks(launch, args)
+    steps, gw = sum(chunks), k if pc else 1
+    gram = len(chunks) * 2 * 2 * k * (q * (q + 1) // 2)  # two products (K·Kᵀ, Q·Kᵀ) on the triangle
+    weigh = len(chunks) * 3 * k * (q * (q + 1) // 2) if pc else 0  # k_s·exp(G_t - G_s) per channel inside the sum
+    solve = sum(t * (t - 1) for s in chunks for t in range(1, s))
+    other = gw * steps + (3 if pc else 5) * _triangle(chunks) + solve + (3 + args["qk_norm"]) * steps * k + steps * v
+    wy = 2 * _triangle(chunks, strict=True) * (k + v)
+    gemm = hv * (wy + (0 if pc else gram))
+    other = hv * (other + weigh + (gram if pc else 0))
+    tokens = _tokens(args, args["S"])
+    written = hv * (steps * (gw + k + v) + _triangle(chunks)) * real(launch)
+    return Cost(gemm=gemm, other=other, read=_inputs(launch, args, tokens, "q", "k", "v", "g", "beta"),
+                written=written)
+
+
+@declare("gated_delta_net_state_pass")
+def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (row, value head, block of value columns), in chunk order: the state entering each chunk stored,
+    U = U0 - W·S0, S = exp(G_last)·S + (K∘exp(G_last - G))ᵀ·U; each lane of a column strip takes its key row's
+    decayed k itself (``blocks * strips`` times per chunk)."""
+    hv, k, v, pc = args["HV"], args["K"], args["V"], bool(args["per_channel"])
+    chunks = _chunks(launch, args)
+    steps = sum(chunks)
+    strips = min(tuned(launch, "GDN_LANES") // k, tuned(launch, "GDN_SPMAX"))
+    blocks = group_count(launch) // (args["R"] * hv)
+    gemm = hv * 4 * steps * k * v
+    other = hv * (len(chunks) * (k * v + k) + (4 + args["qk_norm"]) * steps * k * strips * blocks)
+    scratch = hv * steps * ((k if pc else 1) + k + v) * real(launch)
+    read = _inputs(launch, args, _tokens(args, args["S"]), "k") + scratch + _state(launch, args)
+    written = hv * (steps * v + len(chunks) * k * v) * real(launch) + _state(launch, args)
+    return Cost(gemm=gemm, other=other, read=read, written=written)
+
+
+@declare("gated_delta_net_chunk_out")
+def chunk_out(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (value head, chunk, tile of GDN_OT value columns): exp(G)·q staged, (exp(G)∘Q)·S0 over the whole tile,
+    P·U over the lower triangle, the scale."""
+    hv, k, v, q, ot = args["HV"], args["K"], args["V"], tuned(launch, "GDN_Q"), tuned(launch, "GDN_OT")
+    chunks = _chunks(launch, args)
+    steps, tiles = sum(chunks), -(-v // ot)
+    gemm = hv * (len(chunks) * 2 * q * k * tiles * ot + 2 * _triangle(chunks) * v)
+    other = hv * (tiles * (3 + args["qk_norm"]) * steps * k + steps * v)
+    scratch = hv * (steps * ((k if args["per_channel"] else 1) + v) + _triangle(chunks)
+                    + len(chunks) * k * v) * real(launch)
+    tokens = _tokens(args, args["S"])
+    return Cost(gemm=gemm, other=other, read=_inputs(launch, args, tokens, "q") + scratch,
+                written=_inputs(launch, args, tokens, "dst"))

@@ -1,0 +1,78 @@
+"""The costs of the selective_scan, mamba2 and gated_delta_net backward kernels (``launches/ssm_backward.py``
+plans them; ``cost`` says how counted).
+
+Each walk runs its state rows (gated_delta_net: state columns) step by step, nothing GEMM-shaped: a forward
+pass storing checkpoints, then per chunk of SSMB_Q steps the states recomputed and the reverse step. The
+FLOPs per (token, state row) are read off kernels/ssm_backward.cl's and kernels/gdn_backward.cl's loops; the
+workspace of checkpoints and recomputed states is a scratch region, counted once written and once read like
+every other.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .core import Launch
+from .cost import Cost, declare, defined, real, stored, tuned
+from .ssm_cost import delta_flops, finish_flops
+
+
+def _workspace(launch: Launch, args: Mapping[str, Any], items: int, width: int) -> float:
+    """Bytes of the items' workspaces: per item (ceil(S / SSMB_Q) + SSMB_Q + 1) states of ``width`` reals."""
+    q = tuned(launch, "SSMB_Q")
+    return items * (-(-args["S"] // q) + q + 1) * width * real(launch)
+
+
+@declare("selective_scan_backward", "mamba2_backward")
+def state_rows(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, state row of N entries): the step twice (checkpoint pass, recompute: 3 FLOPs an entry, with
+    selective_scan's exp(Δ·a_n) 2 more), y = c·h again (2N), the reverse step (15 an entry: d_c, d_b, the carried
+    gradient, d_Δ's and d_a's shares), and the token's delta, dx and finish; then the delta gradients."""
+    mamba2 = launch.kernel == "mamba2_backward"
+    t, n, g, es, rs = args["T"], args["N"], args["G"], stored(launch), real(launch)
+    width = args["HD"] if mamba2 else args["H"]  # heads or channels per token
+    rows = width * (args["P"] if mamba2 else 1)  # state rows per token
+    decay = 0 if mamba2 else 2  # exp(Δ·a_n) per entry (mamba2: one per token, in the 3 below)
+    step = (3 + decay) * n + 3 + delta_flops(launch)
+    reverse = 2 * n + (15 + decay) * n + 3 + delta_flops(launch) + 6 + finish_flops(launch)
+    per_row = 2 * step + reverse
+    per_token = rows * per_row + width * (delta_flops(launch) + 2)
+    x = t * rows * es  # x, d_dst, d_x (and z, d_z) per state row's channel
+    blocks = args["blocks"]
+    partials = (2 * blocks * t * g * n + t * width) * rs
+    read = x * (2 + 2 * defined(launch, "SSM_Z")) + 2 * t * g * n * es + t * width * es
+    written = x * (1 + defined(launch, "SSM_Z")) + t * width * es + partials
+    items = args["R"] * g * blocks
+    scratch = _workspace(launch, args, items, n)
+    return Cost(other=t * per_token, read=read + scratch, written=written + scratch)
+
+
+@declare("ssm_backward_reduce")
+def reduce(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """out[m] = the sum of K x J partials of each of M outputs."""
+    m, k, j = args["M"], args["K"], args["J"]
+    return Cost(other=m * k * j, read=m * k * j * real(launch), written=m * stored(launch))
+
+
+@declare("gated_delta_net_backward")
+def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, value head, state column of K): the step twice (checkpoint pass, recompute), the reverse step
+    (k·(e s0) again, d_q, d_u, d_k, the carried gradient, d_g: 23K + 8), the decays taken per use."""
+    t, h, hv, k, v = args["T"], args["H"], args["HV"], args["K"], args["V"]
+    per_channel = bool(defined(launch, "GDNB_GATE_K"))
+    twice = 2 * (6 * k + 2)  # the step of one column: k·(e s0), u, s2 = e s0 + k u
+    exps = 6 * k if per_channel else 4
+    other = t * hv * v * (twice + 23 * k + 8 + exps)
+    es, rs, blocks = stored(launch), real(launch), args["blocks"]
+    gk = k if per_channel else 1
+    read = t * (2 * h * k + 2 * hv * v + hv * (gk + 1)) * es  # q, k, v, d_dst, g, beta
+    written = t * hv * v * es + (2 * blocks * t * h * k + t * hv * (1 + gk)) * rs  # d_v, partials, sums
+    scratch = _workspace(launch, args, args["R"] * h * blocks, k)
+    return Cost(other=other, read=read + scratch, written=written + scratch)
+
+
+@declare("gdn_backward_qk")
+def gdn_qk(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """d_q and d_k of every (token, key head): the blocks' partials summed (and the norm's derivative)."""
+    e, k, blocks = args["E"], args["K"], args["blocks"]
+    return Cost(other=2 * e * k * (blocks + 4), read=2 * e * k * (blocks * real(launch) + stored(launch)),
+                written=2 * e * k * stored(launch))

@@ -1,0 +1,363 @@
+"""The roofline model's counts (``launches.cost``, ``conformance.roofline``) against counts taken independently.
+
+Each count here comes from a float64 loop written in this file from ABI.md §4 (the step recurrences) or from the
+chunked WY algorithm (gated_delta_net), which counts its own arithmetic as it runs: the loop's outputs must
+match ``conformance.reference_ssm`` (so the counted loop is the op), and its count the model's count of the
+launches the planner gives for the same thunk. And the unit rule: a launch built with ``RLX_MMA`` moves its
+GEMM-shaped FLOPs to the tensor cores, every other FLOP stays on the FMA units.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rlx_gpu import launches
+from rlx_gpu.conformance import reference_ssm, roofline
+from rlx_gpu.conformance.cases import lay_out
+from rlx_gpu.launches.cost import Cost, launch_cost
+from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
+
+CPU = DeviceLimits(1024, 1 << 20, True)
+
+
+def _plan_cost(op: str, params: dict, lim: DeviceLimits, **options) -> Cost:
+    thunk, _ = lay_out(op, "f32", params)
+    total = Cost()
+    for launch in launches.plan(thunk, lim, **options).launches:
+        cost = launch_cost(launch)
+        assert cost is not None, f"kernel {launch.kernel} declares no cost"
+        total += cost
+    return total
+
+
+class Counter:
+    """FLOPs of matrix products counted as a loop runs, 2 per multiply-add."""
+
+    def __init__(self) -> None:
+        self.gemm = 0
+
+    def product(self, a: np.ndarray, b: np.ndarray, used: np.ndarray | None = None) -> np.ndarray:
+        """a·b, counting the entries of a that ``used`` (0/1 over a) keeps, or all of them."""
+        self.gemm += 2 * int(a.size if used is None else used.sum()) * b.shape[1]
+        return (a if used is None else a * used) @ b
+
+    def gram(self, a: np.ndarray, b: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+        """The entries of a·bᵀ that ``wanted`` (0/1 over the result) keeps, counting only those."""
+        self.gemm += 2 * int(wanted.sum()) * a.shape[1]
+        return (a @ b.T) * wanted
+
+
+def _mamba2_counted(x, dt, a, b, c) -> tuple[np.ndarray, int]:
+    """ABI.md §4's mamba2 step by step in scalars, one FLOP counted per multiply, add and exp."""
+    bsz, seq, heads, p = x.shape
+    n = b.shape[-1]
+    y, flops = np.zeros(x.shape), 0
+    for r in range(bsz):
+        for h in range(heads):
+            s = np.zeros((p, n))
+            for t in range(seq):
+                decay = np.exp(dt[r, t, h] * a[h])
+                flops += 2
+                for i in range(p):
+                    dx = dt[r, t, h] * x[r, t, h, i]
+                    flops += 1
+                    for j in range(n):
+                        s[i, j] = decay * s[i, j] + dx * b[r, t, h, j]
+                        y[r, t, h, i] += s[i, j] * c[r, t, h, j]
+                        flops += 5
+    return y, flops
+
+
+@pytest.mark.parametrize("lim, kernel", [(CPU, "auto"), (REFERENCE_GPU, "lanes")])
+def test_the_mamba2_recurrence_counts_the_flops_of_a_counted_step_loop(lim, kernel):
+    rng = np.random.default_rng(0)
+    bsz, seq, heads, p, n = 2, 5, 3, 4, 6
+    x = rng.normal(size=(bsz, seq, heads, p))
+    b, c = rng.normal(size=(bsz, seq, heads, n)), rng.normal(size=(bsz, seq, heads, n))
+    dt, a = rng.uniform(0.1, 1.0, (bsz, seq, heads)), -rng.uniform(0.5, 2.0, heads)
+    y, flops = _mamba2_counted(x, dt, a, b, c)
+    np.testing.assert_allclose(y, reference_ssm.mamba2(x, dt, a, b, c), rtol=1e-12, atol=1e-12)
+    cost = _plan_cost("mamba2", dict(batch=bsz, seq=seq, heads=heads, head_dim=p, state_size=n), lim,
+                      ssm_kernel=kernel)
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
+def _selective_scan_counted(x, delta, a, b, c) -> tuple[np.ndarray, int]:
+    """ABI.md §4's selective_scan step by step in scalars, one FLOP counted per multiply, add and exp."""
+    bsz, seq, hidden = x.shape
+    n = a.shape[1]
+    y, flops = np.zeros(x.shape), 0
+    for r in range(bsz):
+        for ch in range(hidden):
+            h = np.zeros(n)
+            for t in range(seq):
+                dx = delta[r, t, ch] * x[r, t, ch]
+                flops += 1
+                for j in range(n):
+                    h[j] = np.exp(delta[r, t, ch] * a[ch, j]) * h[j] + dx * b[r, t, 0, j]
+                    y[r, t, ch] += c[r, t, 0, j] * h[j]
+                    flops += 7
+    return y, flops
+
+
+@pytest.mark.parametrize("lim, kernel", [(CPU, "auto"), (REFERENCE_GPU, "lanes")])
+def test_selective_scan_counts_the_flops_of_a_counted_step_loop(lim, kernel):
+    rng = np.random.default_rng(3)
+    bsz, seq, hidden, n = 2, 6, 3, 4
+    x, b, c = rng.normal(size=(bsz, seq, hidden)), rng.normal(size=(bsz, seq, 1, n)), rng.normal(size=(bsz, seq, 1, n))
+    delta, a = rng.uniform(0.1, 1.0, (bsz, seq, hidden)), -rng.uniform(0.5, 2.0, (hidden, n))
+    y, flops = _selective_scan_counted(x, delta, a, b, c)
+    np.testing.assert_allclose(y, reference_ssm.selective_scan(x, delta, a, b, c), rtol=1e-12, atol=1e-12)
+    cost = _plan_cost("selective_scan", dict(batch=bsz, seq=seq, hidden=hidden, state_size=n, groups=1), lim,
+                      ssm_kernel=kernel)
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
+def _selective_scan_chunks_counted(x, delta, a, b, c, lanes: int, per_lane: int) -> tuple[np.ndarray, int]:
+    """selective_scan as chunks of ``lanes * per_lane`` steps (kernels/ssm.cl's selective_scan_chunked): each lane
+    composes its steps into h_out = A h_in + B, forms its entering state from the chunk's by the earlier lanes'
+    (A, B), reruns its steps adding c·h; one FLOP counted per multiply, add and exp. Whole chunks only."""
+    bsz, seq, hidden = x.shape
+    n = a.shape[1]
+    y, flops = np.zeros(x.shape), 0
+    for r in range(bsz):
+        for ch in range(hidden):
+            dx = delta[r, :, ch] * x[r, :, ch]
+            flops += seq
+            for j in range(n):
+                h = 0.0
+                for c0 in range(0, seq, lanes * per_lane):
+                    parts = []
+                    for lane in range(lanes):
+                        steps = range(c0 + lane * per_lane, c0 + (lane + 1) * per_lane)
+                        decay = [np.exp(delta[r, t, ch] * a[ch, j]) for t in steps]
+                        inputs = [dx[t] * b[r, t, 0, j] for t in steps]
+                        big_a, big_b = 1.0, 0.0
+                        for da, db in zip(decay, inputs):
+                            big_a, big_b = big_a * da, da * big_b + db
+                        parts.append((big_a, big_b, steps, decay, inputs))
+                        flops += 6 * per_lane
+                    for lane, (_, _, steps, decay, inputs) in enumerate(parts):
+                        state = h
+                        for big_a, big_b, *_ in parts[:lane]:
+                            state = big_a * state + big_b
+                            flops += 2
+                        for t, da, db in zip(steps, decay, inputs):
+                            state = da * state + db
+                            y[r, t, ch] += c[r, t, 0, j] * state
+                            flops += 4
+                    h = state
+    return y, flops
+
+
+def test_the_chunked_selective_scan_counts_the_flops_of_a_counted_chunk_loop():
+    rng = np.random.default_rng(4)
+    lanes, per_lane = REFERENCE_GPU.tune("SSC_SL"), REFERENCE_GPU.tune("SSC_T")
+    bsz, seq, hidden, n = 1, 2 * lanes * per_lane, 2, 2
+    x, b, c = rng.normal(size=(bsz, seq, hidden)), rng.normal(size=(bsz, seq, 1, n)), rng.normal(size=(bsz, seq, 1, n))
+    delta, a = rng.uniform(0.01, 0.1, (bsz, seq, hidden)), -rng.uniform(0.5, 2.0, (hidden, n))
+    y, flops = _selective_scan_chunks_counted(x, delta, a, b, c, lanes, per_lane)
+    np.testing.assert_allclose(y, reference_ssm.selective_scan(x, delta, a, b, c), rtol=1e-9, atol=1e-9)
+    cost = _plan_cost("selective_scan", dict(batch=bsz, seq=seq, hidden=hidden, state_size=n, groups=1), REFERENCE_GPU,
+                      ssm_kernel="chunked")
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
+def _mamba2_ssd_counted(x, dt, a, b, c, chunk: int, rows: int, count: Counter) -> np.ndarray:
+    """Mamba-2 as SSD chunks (kernels/ssm.cl's gpu block): per head and chunk of ``chunk`` steps, per tile of ``rows``
+    rows of P (each tile computes what it needs itself, as each work-group does): the chunk's own state Xwᵀ·B,
+    then y = exp(L)·(C·S_inᵀ) + ((C·Bᵀ over the whole tile) ∘ decays, lower triangle)·X; the state carried
+    from chunk to chunk. Its matrix products counted in ``count``. Whole chunks only."""
+    bsz, seq, heads, p = x.shape
+    y = np.zeros(x.shape)
+    for r in range(bsz):
+        for h in range(heads):
+            s = np.zeros((p, b.shape[-1]))
+            for t0 in range(0, seq, chunk):
+                d, xs = dt[r, t0:t0 + chunk, h], x[r, t0:t0 + chunk, h]
+                bs, cs = b[r, t0:t0 + chunk, h], c[r, t0:t0 + chunk, h]
+                logs = np.cumsum(d * a[h])
+                lower = np.tril(np.ones((chunk, chunk)))
+                own = np.zeros_like(s)
+                for p0 in range(0, p, rows):
+                    tile = slice(p0, p0 + rows)
+                    weights = (np.exp(logs[-1] - logs) * d)[:, None] * xs[:, tile]
+                    own[tile] = count.product(weights.T, bs)
+                    gram = count.gram(cs, bs, np.ones((chunk, chunk)))
+                    masked = gram * np.exp(logs[:, None] - logs[None, :]) * d[None, :]
+                    y[r, t0:t0 + chunk, h, tile] = (np.exp(logs)[:, None] * count.product(cs, s[tile].T)
+                                                    + count.product(masked, xs[:, tile], lower))
+                s = np.exp(logs[-1]) * s + own
+    return y
+
+
+def test_the_chunked_mamba2_counts_the_gemm_flops_of_a_counted_ssd_loop():
+    rng = np.random.default_rng(5)
+    chunk, rows = REFERENCE_GPU.tune("M2_Q"), REFERENCE_GPU.tune("M2_PT")
+    bsz, seq, heads, p, n = 1, 2 * chunk, 2, 2 * rows, REFERENCE_GPU.tune("M2_NT")
+    x = rng.normal(size=(bsz, seq, heads, p))
+    b, c = rng.normal(size=(bsz, seq, heads, n)) / 3, rng.normal(size=(bsz, seq, heads, n)) / 3
+    dt, a = rng.uniform(0.01, 0.1, (bsz, seq, heads)), -rng.uniform(0.5, 2.0, heads)
+    count = Counter()
+    y = _mamba2_ssd_counted(x, dt, a, b, c, chunk, rows, count)
+    np.testing.assert_allclose(y, reference_ssm.mamba2(x, dt, a, b, c), rtol=1e-9, atol=1e-9)
+    params = dict(batch=bsz, seq=seq, heads=heads, head_dim=p, state_size=n)
+    assert _plan_cost("mamba2", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+def _gdn_inputs(rng, bsz, seq, heads, value_heads, k, v, per_channel):
+    q, kk = rng.normal(size=(bsz, seq, heads, k)) / 3, rng.normal(size=(bsz, seq, heads, k)) / 3
+    g = rng.uniform(-0.5, 0.0, (bsz, seq, value_heads) + ((k,) if per_channel else ()))
+    return q, kk, rng.normal(size=(bsz, seq, value_heads, v)), g, rng.uniform(0.2, 0.9, (bsz, seq, value_heads))
+
+
+def _gdn_steps_counted(q, k, v, g, beta) -> tuple[np.ndarray, int]:
+    """ABI.md §4's delta rule step by step in scalars, one FLOP counted per multiply, add and exp."""
+    bsz, seq, heads, kd = q.shape
+    value_heads, vd = v.shape[2:]
+    per_channel, scale = g.ndim == 4, 1 / np.sqrt(kd)
+    out, flops = np.zeros(v.shape), 0
+    for r in range(bsz):
+        for j in range(value_heads):
+            h, s = j // (value_heads // heads), np.zeros((kd, vd))
+            for t in range(seq):
+                decays = np.exp(g[r, t, j]) if per_channel else np.full(kd, np.exp(g[r, t, j]))
+                flops += kd if per_channel else 1
+                for col in range(vd):
+                    ks = 0.0
+                    for i in range(kd):
+                        s[i, col] *= decays[i]
+                        ks += k[r, t, h, i] * s[i, col]
+                    u = (v[r, t, j, col] - ks) * beta[r, t, j]
+                    y = 0.0
+                    for i in range(kd):
+                        s[i, col] += k[r, t, h, i] * u
+                        y += q[r, t, h, i] * s[i, col]
+                    out[r, t, j, col] = scale * y
+                    flops += 7 * kd + 3
+    return out, flops
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("lim, kernel", [(CPU, "auto"), (REFERENCE_GPU, "lanes")])
+def test_the_gated_delta_net_recurrence_counts_the_flops_of_a_counted_step_loop(lim, kernel, per_channel):
+    rng = np.random.default_rng(1)
+    shape = dict(bsz=2, seq=4, heads=1, value_heads=2, k=3, v=5)
+    q, k, v, g, beta = _gdn_inputs(rng, *shape.values(), per_channel)
+    out, flops = _gdn_steps_counted(q, k, v, g, beta)
+    np.testing.assert_allclose(out, reference_ssm.gated_delta_net(q, k, v, g, beta)[0], rtol=1e-12, atol=1e-12)
+    params = dict(batch=2, seq=4, heads=1, value_heads=2, state_size=3, value_size=5, gate_per_channel=per_channel,
+                  carry_state=False)
+    cost = _plan_cost("gated_delta_net", params, lim, ssm_kernel=kernel)
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
+def _gdn_wy_counted(q, k, v, g, beta, chunk: int, count: Counter) -> np.ndarray:
+    """The chunked WY form of gated_delta_net with per-head gates (docs/kernels.md, kernels/gdn.cl's gpu block):
+    per chunk G = cumsum(g), the Gram products on the lower triangle, T = (I + M)^-1, W = T·(β exp(G) K),
+    U0 = T·(βV), U = U0 - W·S0, out = scale ((exp(G) Q)·S0 + (P∘D)·U),
+    S = exp(G_last) S0 + (K exp(G_last - G))ᵀ·U.
+    Its matrix products counted in ``count`` (a triangular operand: only the entries it uses)."""
+    bsz, seq, heads, kd = q.shape
+    value_heads, vd = v.shape[2:]
+    out, scale = np.zeros(v.shape), 1 / np.sqrt(kd)
+    for r in range(bsz):
+        for j in range(value_heads):
+            h, s = j // (value_heads // heads), np.zeros((kd, vd))
+            for t0 in range(0, seq, chunk):
+                kc, qc, vc = k[r, t0:t0 + chunk, h], q[r, t0:t0 + chunk, h], v[r, t0:t0 + chunk, j]
+                gc, bc = np.cumsum(g[r, t0:t0 + chunk, j]), beta[r, t0:t0 + chunk, j]
+                steps = len(gc)
+                lower, strict = np.tril(np.ones((steps, steps))), np.tril(np.ones((steps, steps)), -1)
+                decay = np.exp(gc[:, None] - gc[None, :]) * lower
+                gram, pq = count.gram(kc, kc, lower), count.gram(qc, kc, lower)
+                m = bc[:, None] * decay * gram * strict
+                tri = np.linalg.inv(np.eye(steps) + m)  # unit lower triangular: its diagonal stays implicit
+                off = tri - np.eye(steps)
+                bk = bc[:, None] * np.exp(gc)[:, None] * kc
+                w = bk + count.product(off, bk, strict)
+                u0 = bc[:, None] * vc + count.product(off, bc[:, None] * vc, strict)
+                u = u0 - count.product(w, s)
+                y = count.product(np.exp(gc)[:, None] * qc, s) + count.product(pq * decay, u, lower)
+                out[r, t0:t0 + chunk, j] = scale * y
+                s = np.exp(gc[-1]) * s + count.product((kc * np.exp(gc[-1] - gc)[:, None]).T, u)
+    return out
+
+
+def test_the_chunked_gated_delta_net_counts_the_gemm_flops_of_a_counted_wy_loop():
+    rng = np.random.default_rng(2)
+    chunk = REFERENCE_GPU.tune("GDN_Q")
+    bsz, seq, heads, value_heads, kd, vd = 2, 2 * chunk, 1, 2, 16, 2 * REFERENCE_GPU.tune("GDN_OT")
+    q, k, v, g, beta = _gdn_inputs(rng, bsz, seq, heads, value_heads, kd, vd, False)
+    count = Counter()
+    out = _gdn_wy_counted(q, k, v, g, beta, chunk, count)
+    np.testing.assert_allclose(out, reference_ssm.gated_delta_net(q, k, v, g, beta)[0], rtol=1e-9, atol=1e-9)
+    params = dict(batch=bsz, seq=seq, heads=heads, value_heads=value_heads, state_size=kd, value_size=vd,
+                  gate_per_channel=False, carry_state=False)
+    assert _plan_cost("gated_delta_net", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+def test_every_kernel_the_roofline_shapes_launch_declares_its_cost(dtype):
+    for shape in roofline.SHAPES:
+        row = roofline.op_row(shape, dtype)
+        assert not row.undeclared, f"{shape}: a kernel of {[p.name for p in row.parts]} declares no cost"
+        assert row.launches and row.read > 0 and row.written > 0, shape
+        assert all(p.read + p.written > 0 for p in row.parts), shape
+
+
+def _chunked_gdn_plan(dtype: str):
+    thunk, _ = lay_out("gated_delta_net", dtype, dict(batch=1, seq=256, heads=2, state_size=32, value_size=32,
+                                                      gate_per_channel=False, carry_state=False))
+    return launches.plan(thunk, REFERENCE_GPU, ssm_kernel="chunked")
+
+
+@pytest.mark.parametrize("mma, unit", [(1, "mma16"), (2, "tf32")])
+def test_rlx_mma_moves_a_launchs_gemm_flops_to_the_tensor_cores(mma, unit):
+    for launch in _chunked_gdn_plan("bf16").launches:
+        cost = launch_cost(launch)
+        assert cost.gemm > 0, launch.kernel
+        assert roofline.units(launch, cost) == {"fma": cost.other + cost.gemm}
+        marked = dataclasses.replace(launch, defines=launch.defines + (("RLX_MMA", mma),))
+        assert roofline.units(marked, launch_cost(marked)) == {"fma": cost.other, unit: cost.gemm}
+
+
+@pytest.mark.parametrize("dtype, unit", [("bf16", "mma16"), ("f16", "mma16"), ("f32", "fma"), ("f64", "fp64")])
+def test_a_gemm_runs_where_cublas_runs_it(dtype, unit):
+    thunk, _ = lay_out("matmul", dtype, dict(batch=2, m=64, k=32, n=48, trans_a=False, trans_b=False,
+                                             a_batch_stride=64 * 32, b_batch_stride=32 * 48))
+    (launch,) = [x for x in launches.plan(thunk, REFERENCE_GPU).launches if x.kernel == "gemm"]
+    cost = launch_cost(launch)
+    assert cost.gemm == 2 * 2 * 64 * 32 * 48
+    counts = roofline.units(launch, cost)
+    assert cost.other == 0 and counts[unit] == cost.gemm and sum(counts.values()) == cost.gemm
+
+
+def test_the_table_rows_move_with_the_plan_and_the_floor_is_the_larger_bound():
+    plain = roofline.plan_rows(_chunked_gdn_plan("bf16"))
+    mma = roofline.plan_rows(_chunked_gdn_plan("bf16"), mma=True)
+    assert [r.name for r in plain] == [r.name for r in mma]
+    for before, after in zip(plain, mma):
+        assert after.flops["mma16"] > 0 and after.flops["fma"] < before.flops["fma"]
+        assert sum(after.flops.values()) == pytest.approx(sum(before.flops.values()))
+        assert after.read == before.read and after.written == before.written
+        assert before.floor_s() == max(before.compute_s(), before.memory_s())
+        assert before.predicted_s() == max(2 * before.compute_s(), before.memory_s())
+    for launch in _chunked_gdn_plan("bf16").launches:  # f64 keeps FP64 FMA: no tensor-core variant
+        wide = dataclasses.replace(launch, dtype="f64")
+        assert roofline.as_if_mma(wide) is wide
+
+
+@pytest.mark.parametrize("op, gates", [("lstm", 4), ("gru", 3), ("rnn", 1)])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_recurrent_ops_gemm_flops_are_their_gate_products(op, gates, bidirectional):
+    """ABI.md §3: per step, row and direction the gate pre-activations W_ih·x + W_hh·h, G·H rows of I + H
+    multiply-adds (gru without linear_before_reset sums r∘h for its third gate: the same count)."""
+    bsz, seq, inputs, hidden, dirs = 3, 5, 6, 8, 2 if bidirectional else 1
+    for fields in ({}, {"linear_before_reset": False} if op == "gru" else {}):
+        params = dict(batch=bsz, seq=seq, input_size=inputs, hidden=hidden, num_layers=1,
+                      bidirectional=bidirectional, carry=False, **fields)
+        cost = _plan_cost(op, params, REFERENCE_GPU, rnn_kernel="step")
+        assert cost.gemm == 2 * bsz * seq * dirs * gates * hidden * (inputs + hidden)
