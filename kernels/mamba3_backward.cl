@@ -1,7 +1,7 @@
 /* mamba3_backward (ABI.md §9, §11): the gradients of Mamba-3 SISO, one text for both targets. kernels/mamba3.cl
  * (the forward's helpers: m3_io, m3_coeffs_at, m3_pair_at, m3_sincos, m3_tanh) precedes it.
  *
- * Five launches (launches/mamba3_backward.py), every sum in one fixed order, no atomics:
+ * Five launches (launches/mamba3.py), every sum in one fixed order, no atomics:
  * 1. mamba3_backward_turn, an item per (row, head, pair i): the angle walked over the row's tokens as the forward
  *    walks it; each token's turned, biased q and k (qr, kr [T][H][N]) and its angle (th [T][H][A]) into scratch.
  * 2. mamba3_backward_walk, an item per (row, head, block of state rows p): each of its rows in turn is walked
@@ -244,7 +244,7 @@ INLINE_FN void m3b_rows_back(m3_io io, m3b_grads gr, m3b_scratch sc, m3_row row,
 }
 
 /* The kernels below take only the argument groups they read (the forward's m3_io_base first, then the m3_with_* of
- * kernels/mamba3.cl, in that order), then their own: launches/mamba3_backward.py names both. */
+ * kernels/mamba3.cl, in that order), then their own: launches/mamba3.py names both. */
 
 /* Turned, biased q and k of every token (and each token's angles) of pair i of (row, head) GID(0) / (N/2). */
 KERNEL mamba3_backward_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carry, int dt_real, int param_real,

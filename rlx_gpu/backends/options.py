@@ -33,8 +33,9 @@ class RunOptions:
     rnn_kernel : str
         Device recurrent kernel: ``auto`` (by shape), ``persistent`` or ``step``.
     ssm_kernel : str
-        Device state-space kernel at the gpu target (selective_scan, mamba2, gated_delta_net; mamba3 at
-        both targets): ``auto`` (by sequence length), ``lanes`` (the step recurrence) or ``chunked``.
+        Device state-space kernel, where an op has a chunked and a step form (its planner module in
+        ``launches`` says at which targets): ``auto`` (by sequence length), ``lanes`` (the step recurrence)
+        or ``chunked``.
     workers : int or None
         Host threads one thunk may split across (ssm, mamba2, gated_delta_net).
     host_path : str or None

@@ -34,9 +34,9 @@ def unsupported(thunk: Thunk, limits: DeviceLimits) -> str | None:
 
 
 def plan(thunk: Thunk, limits: DeviceLimits, **options: object) -> LaunchPlan:
-    """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``; at the gpu
-    target ``ssm_kernel="auto"|"lanes"|"chunked"`` for selective_scan, mamba2 and gated_delta_net, at both
-    targets for mamba3)."""
+    """The launches that run ``thunk`` (``options``: ``rnn_kernel="auto"|"persistent"|"step"``;
+    ``ssm_kernel="auto"|"lanes"|"chunked"`` for the ops with a chunked and a step form, at the targets their
+    planner modules name)."""
     return PLANNERS[thunk["op"]].plan(thunk, limits, **options)
 
 
