@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host_fallback.abi import ELEM_SIZE, complete, regions
-from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width
+from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width, reserve_slots
 
 from .activation_codes import ACTIVATION_CODES
 from .arguments import Partial, bind_some, kernel_launch
@@ -35,17 +35,19 @@ GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 
 #: The version-2 fields (ABI.md §8) the recurrent kernels implement, at both targets.
 V2_FIELDS = frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "peepholes",
-                       "input_forget", "proj_size", "w_hr"})
+                       "input_forget", "proj_size", "w_hr", "reserve", "reserve_bytes"})
 
 _SLOT_NAMES = "FGH"  # the activation slots f, g, h (RNN_ACT_<slot><dir>)
 _V1_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
 
 
-def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
+def variant(t: Thunk, reserve_flag: str = "RNN_SAVE") -> tuple[tuple[str, int], ...]:
     """The program variant of every recurrent launch of the completed thunk ``t``: ``RNN_GATES``, then only what
     differs from ABI.md §3 — each slot's activation code (``RNN_ACT_F0``.., direction 1's only where it differs
     from direction 0's) and a flag per optional field in use (kernels/rnn_cell.cl's RNN_LENS, RNN_CLIP, RNN_PEEP,
-    RNN_IFG, RNN_PROJ, RNN_LBR0). A version-1 thunk gets ``gate_variant`` (and rnn's relu as ``RNN_ACT_F0``)."""
+    RNN_IFG, RNN_PROJ, RNN_LBR0, and ``reserve_flag`` with a reserve: RNN_SAVE where the forward writes it,
+    RNN_SAVED where the backward reads it). A version-1 thunk gets ``gate_variant`` (and rnn's relu as
+    ``RNN_ACT_F0``)."""
     op, dirs = t["op"], 2 if t["bidirectional"] else 1
     slots = ACTIVATION_SLOTS[op]
     codes = [ACTIVATION_CODES[a[0]] for a in t["activations"]]
@@ -57,7 +59,8 @@ def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
             defines.append((f"RNN_ACT_{_SLOT_NAMES[k]}1", codes[slots + k]))
     flags = {"RNN_LENS": t["seq_lens"] is not None, "RNN_CLIP": t["clip"] > 0,
              "RNN_PEEP": op == "lstm" and t["peepholes"] is not None, "RNN_IFG": op == "lstm" and t["input_forget"],
-             "RNN_PROJ": op == "lstm" and t["proj_size"] > 0, "RNN_LBR0": op == "gru" and not t["linear_before_reset"]}
+             "RNN_PROJ": op == "lstm" and t["proj_size"] > 0, "RNN_LBR0": op == "gru" and not t["linear_before_reset"],
+             reserve_flag: t.get("reserve") is not None}
     return tuple(defines) + tuple((name, 1) for name, on in flags.items() if on)
 
 
@@ -74,6 +77,22 @@ def cell_args(t: Thunk, peep_off: int | None) -> dict[str, Any]:
         for slot, (_, alpha, beta) in zip(_SLOT_NAMES.lower(), mine):
             args[f"a_{slot}{d}"], args[f"b_{slot}{d}"] = alpha, beta
     return args
+
+
+def saved_forward(t: Thunk) -> dict[tuple[str, int], tuple[Buf, int]]:
+    """The arena places of the saved forward's arrays (ABI.md §9.1, ``reserve_slots``) by ``(name, index)``: a
+    layer-direction's block starts at its ``y``, its clip's mask at ``mask``, a layer's output at ``out``. Empty
+    without a reserve."""
+    if t.get("reserve") is None:
+        return {}
+    return {(s.name, s.index): (ARENA, t["reserve"] + s.offset) for s in reserve_slots(t)}
+
+
+def saved_args(saved: dict[tuple[str, int], tuple[Buf, int]], ld: int) -> dict[str, tuple[Buf, int]]:
+    """The step kernels' saved-forward arguments from layer-direction ``ld`` on (``sv``: its block, ``mk``: its
+    mask; unread without a reserve)."""
+    none = (ARENA, 0)
+    return {"svb": saved.get(("y", ld), none), "mkb": saved.get(("mask", ld), none)}
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
@@ -131,6 +150,7 @@ class _Layer:
     """One layer of a forward thunk as its kernels see it: arena offsets of its weights and states, its input
     (arena x, or the layer below's output in scratch) and output, and its staged weights in scratch."""
 
+    index: int
     in_size: int
     x: tuple[Buf, int]
     x_real: bool  # x is compute-type scratch
@@ -158,7 +178,7 @@ def _layers(t: Thunk, sc: dict[str, int]) -> list[_Layer]:
         in_l = t["input_size"] if l == 0 else dirs * k
         last, lstm = l == layers - 1, op == "lstm"
         out.append(_Layer(
-            in_size=in_l, x=(ARENA, t["x"]) if l == 0 else (SCRATCH, sc["lo"]), x_real=l > 0, w_ih=w_ih,
+            index=l, in_size=in_l, x=(ARENA, t["x"]) if l == 0 else (SCRATCH, sc["lo"]), x_real=l > 0, w_ih=w_ih,
             wit=sc["wit"] + l * sc["wit_layer"], bias=t["b_ih" if op == "gru" else "bias"] + es * l * dirs * gh,
             out=(ARENA, t["dst"]) if last else (SCRATCH, sc["lo"]), out_real=not last,
             w_hh=t["w_hh"] + es * l * dirs * gh * k,
@@ -187,6 +207,7 @@ class _Forward:
         self.defines = variant(t)  # every rnn launch of the thunk: the op's program
         self.dirs, self.k = 2 if t["bidirectional"] else 1, output_width(t)
         self.lens = (ARENA, t["seq_lens"] or 0)
+        self.saved = saved_forward(t)
         self.launches: list[Launch] = []
         self.staging: list[int] = []  # the weight-staging launches (LaunchPlan.staging)
 
@@ -209,6 +230,12 @@ class _Forward:
         """The two scratch buffers h ping-pongs between, step by step."""
         nh = self.dirs * self.t["batch"] * self.k
         return (SCRATCH, self.sc["h"]), (SCRATCH, self.sc["h"] + nh * real_size(self.t["dtype"]))
+
+    def reorder(self, width: int, to_time: bool, batch: int, src: tuple[tuple[Buf, int], int],
+                dst: tuple[tuple[Buf, int], int]) -> None:
+        """Rows of ``width`` reals between batch-major and time-major order (rnn_reorder), zeros past each row's
+        length, for ``batch`` blocks; ``src``, ``dst``: ``((buffer, offset), block stride in reals)``."""
+        add_reorder(self.launches, self.t, self.lim, self.defines, width, to_time, batch, src, dst)
 
     def output(self, layer: _Layer) -> dict[str, Any]:
         """The layer's output arguments: where, whether compute-type scratch, and its row stride."""
@@ -234,6 +261,8 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if _proj(t):  # W_hr^T [dirs][h][kp + wpad]
             f.stage(1, f.k, ceil_to(f.k, jb), h, (ARENA, layer.w_hr), layer.whr)
         (_persist if persistent else _steps)(f, layer)
+        if f.saved and layer.index < t["num_layers"] - 1:  # the layer's output, the next one's input, time-major
+            f.reorder(f.dirs * f.k, True, 1, (layer.out, 0), (f.saved["out", layer.index], 0))
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh", "w_hr"))
     kind = ("persistent, input projected in the recurrence" if f.fused else "persistent") if persistent else "per-step"
     return LaunchPlan(tuple(f.launches), f.scratch_bytes, (kind,), tuple(f.staging), weights)
@@ -263,7 +292,7 @@ def _persist(f: _Forward, layer: _Layer) -> None:
     size, local = _persist_geometry(f.lim, t["batch"], t["hidden"], f.dirs)
     args = dict(B=t["batch"], S=t["seq"], H=t["hidden"], carry=t["carry"], reverse=t["reverse"],
                 xwb=(SCRATCH, sc["xw"]), **layer.bhh, h0b=layer.h0, c0b=layer.c0, **f.output(layer),
-                **cell_args(t, layer.peep))
+                **saved_args(f.saved, layer.index * f.dirs), **cell_args(t, layer.peep))
     if f.fused:
         h = f.h_buffers()
         args.update(K=f.k, wtb=layer.wt, hb0=h[0], hb1=h[1], cb=(SCRATCH, sc["c"]), ab=(SCRATCH, sc["aux"]),
@@ -289,7 +318,7 @@ def _steps(f: _Forward, layer: _Layer) -> None:
     psize, ploc = _proj_geometry(lim, b, k, dirs)
     walk = dict(B=b, S=s, H=h, reverse=t["reverse"], **f.output(layer), rb_=order)
     each_step = f.ahead("rnn_step", dict(walk, K=k, xwb=(SCRATCH, sc["xw"]), wtb=layer.wt, **layer.bhh, cb=cs,
-                                         ab=aux, **cell_args(t, layer.peep)))
+                                         ab=aux, **saved_args(f.saved, layer.index * dirs), **cell_args(t, layer.peep)))
     proj = f.ahead("rnn_proj", dict(walk, P=k, mb=aux, wb=layer.whr, lb=f.lens)) if _proj(t) else None
     for step in range(s):
         hin, hout = hbuf[step % 2], hbuf[1 - step % 2]
@@ -330,6 +359,19 @@ def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> 
     units = -(-h // lim.tune(f"RNN_JB_G{gates}"))
     local = (linear_local(units), 1, 1)
     return grid((units, -(-b // lim.tune(f"RNN_RB_G{gates}")), dirs), local), local
+
+
+def add_reorder(launches: list[Launch], t: Thunk, lim: DeviceLimits, defines: tuple, width: int, to_time: bool,
+                batch: int, src: tuple[tuple[Buf, int], int], dst: tuple[tuple[Buf, int], int]) -> None:
+    """Append rnn_reorder (kernels/rnn.cl, the forward program ``defines``) of the completed thunk ``t`` (forward
+    or backward) to ``launches``: ``batch`` blocks of rows of ``width`` reals, batch-major to time-major
+    (``to_time``) or back; ``src``, ``dst``: ``((buffer, offset), block stride in reals)``."""
+    local = (linear_local(width, 64), 1, 1)
+    size = strided_grid((width, t["batch"], batch), local, lim.max_grid)
+    launches.append(kernel_launch("rnn", "rnn_reorder", t["dtype"], size, local,
+                                  dict(B=t["batch"], S=t["seq"], w=width, to_time=to_time, batch=batch, sb=src[0],
+                                       s_bs=src[1], db=dst[0], d_bs=dst[1], lb=(ARENA, t["seq_lens"] or 0)),
+                                  target=lim.target, defines=defines))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
