@@ -366,6 +366,29 @@ KERNEL rnn_order(i64 B, i64 S, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* ob, i64 o
         ord[cnt[lens[b]]++] = (int)b;
 }
 
+/* Zeros in a layer's saved forward (ABI.md §9.1; its first layer-direction block svb, mask mkb) at the steps past
+ * each row's length, which no step writes: the ABI leaves them undefined, and zeros keep a reader that sums over
+ * every step (the host's) from meeting stale NaNs there. Item (column, row, direction). */
+KERNEL rnn_saved_pad(i64 B, i64 S, i64 H, i64 K, GLOBAL uchar* svb, i64 svo, GLOBAL uchar* mkb, i64 mko, GLOBAL uchar* lb,
+                     i64 lo)
+{
+    const i64 c = GID(0), dir = GID(2), N = B * S, GH = RNN_GATES * H;
+    if (c >= GH)
+        return;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL real* sv = AT(real, svb, svo) + dir * rnn_saved_block(N, H, K);
+    GLOBAL uchar* mk = AT(uchar, mkb, mko) + dir * N * GH;
+    for (i64 b = GID(1); b < B; b += GSIZE(1))
+        for (i64 t = lens[b]; t < S; ++t) {
+            for (int a = RNN_SV_Y; rnn_saved_at(a, N, H, K) < rnn_saved_block(N, H, K); ++a) {
+                const i64 width = (rnn_saved_at(a + 1, N, H, K) - rnn_saved_at(a, N, H, K)) / N;
+                if (c < width)
+                    sv[rnn_saved_at(a, N, H, K) + (t * B + b) * width + c] = (real)0;
+            }
+            mk[(t * B + b) * GH + c] = 0;
+        }
+}
+
 /* Zeros of a layer's output (rows of W = o_rs) at the steps past each row's length. */
 KERNEL rnn_pad(i64 B, i64 S, i64 W, GLOBAL uchar* ob, i64 oo, int o_real, GLOBAL uchar* lb, i64 lo)
 {

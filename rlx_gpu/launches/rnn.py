@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from host_fallback.abi import ELEM_SIZE, complete, regions
-from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width, reserve_slots
+from host_fallback.abi.rnn import ACTIVATION_SLOTS, output_width
 
 from .activation_codes import ACTIVATION_CODES
 from .arguments import Partial, bind_some, kernel_launch
@@ -29,6 +29,7 @@ from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size, strided_grid
 from .limits import DeviceLimits, gate_variant
 from .registry import register
+from .rnn_reserve import add_reorder, saved_args, saved_forward
 from .signatures import signature
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
@@ -77,22 +78,6 @@ def cell_args(t: Thunk, peep_off: int | None) -> dict[str, Any]:
         for slot, (_, alpha, beta) in zip(_SLOT_NAMES.lower(), mine):
             args[f"a_{slot}{d}"], args[f"b_{slot}{d}"] = alpha, beta
     return args
-
-
-def saved_forward(t: Thunk) -> dict[tuple[str, int], tuple[Buf, int]]:
-    """The arena places of the saved forward's arrays (ABI.md §9.1, ``reserve_slots``) by ``(name, index)``: a
-    layer-direction's block starts at its ``y``, its clip's mask at ``mask``, a layer's output at ``out``. Empty
-    without a reserve."""
-    if t.get("reserve") is None:
-        return {}
-    return {(s.name, s.index): (ARENA, t["reserve"] + s.offset) for s in reserve_slots(t)}
-
-
-def saved_args(saved: dict[tuple[str, int], tuple[Buf, int]], ld: int) -> dict[str, tuple[Buf, int]]:
-    """The step kernels' saved-forward arguments from layer-direction ``ld`` on (``sv``: its block, ``mk``: its
-    mask; unread without a reserve)."""
-    none = (ARENA, 0)
-    return {"svb": saved.get(("y", ld), none), "mkb": saved.get(("mask", ld), none)}
 
 
 def persistent_fits(t: Thunk, lim: DeviceLimits) -> bool:
@@ -261,11 +246,25 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if _proj(t):  # W_hr^T [dirs][h][kp + wpad]
             f.stage(1, f.k, ceil_to(f.k, jb), h, (ARENA, layer.w_hr), layer.whr)
         (_persist if persistent else _steps)(f, layer)
-        if f.saved and layer.index < t["num_layers"] - 1:  # the layer's output, the next one's input, time-major
-            f.reorder(f.dirs * f.k, True, 1, (layer.out, 0), (f.saved["out", layer.index], 0))
+        if f.saved:
+            _saved_rest(f, layer)
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh", "w_hr"))
     kind = ("persistent, input projected in the recurrence" if f.fused else "persistent") if persistent else "per-step"
     return LaunchPlan(tuple(f.launches), f.scratch_bytes, (kind,), tuple(f.staging), weights)
+
+
+def _saved_rest(f: _Forward, layer: _Layer) -> None:
+    """What the step kernels leave of the layer's saved forward: zeros past each row's length (rnn_saved_pad), and
+    the layer's output (the next layer's input) time-major."""
+    t = f.t
+    if t["seq_lens"] is not None:
+        gh = GATES[t["op"]] * t["hidden"]
+        local = (linear_local(gh, 64), 1, 1)
+        f.add("rnn_saved_pad", strided_grid((gh, t["batch"], f.dirs), local, f.lim.max_grid), local,
+              dict(B=t["batch"], S=t["seq"], H=t["hidden"], K=f.k, lb=f.lens,
+                   **saved_args(f.saved, layer.index * f.dirs)))
+    if layer.index < t["num_layers"] - 1:
+        f.reorder(f.dirs * f.k, True, 1, (layer.out, 0), (f.saved["out", layer.index], 0))
 
 
 def _project(f: _Forward, layer: _Layer) -> None:
@@ -359,19 +358,6 @@ def _step_geometry(lim: DeviceLimits, gates: int, b: int, h: int, dirs: int) -> 
     units = -(-h // lim.tune(f"RNN_JB_G{gates}"))
     local = (linear_local(units), 1, 1)
     return grid((units, -(-b // lim.tune(f"RNN_RB_G{gates}")), dirs), local), local
-
-
-def add_reorder(launches: list[Launch], t: Thunk, lim: DeviceLimits, defines: tuple, width: int, to_time: bool,
-                batch: int, src: tuple[tuple[Buf, int], int], dst: tuple[tuple[Buf, int], int]) -> None:
-    """Append rnn_reorder (kernels/rnn.cl, the forward program ``defines``) of the completed thunk ``t`` (forward
-    or backward) to ``launches``: ``batch`` blocks of rows of ``width`` reals, batch-major to time-major
-    (``to_time``) or back; ``src``, ``dst``: ``((buffer, offset), block stride in reals)``."""
-    local = (linear_local(width, 64), 1, 1)
-    size = strided_grid((width, t["batch"], batch), local, lim.max_grid)
-    launches.append(kernel_launch("rnn", "rnn_reorder", t["dtype"], size, local,
-                                  dict(B=t["batch"], S=t["seq"], w=width, to_time=to_time, batch=batch, sb=src[0],
-                                       s_bs=src[1], db=dst[0], d_bs=dst[1], lb=(ARENA, t["seq_lens"] or 0)),
-                                  target=lim.target, defines=defines))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -31,7 +31,8 @@ from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, linear_local, real_size, strided_grid
 from .limits import DeviceLimits
 from .registry import register
-from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, add_reorder, cell_args, saved_args, saved_forward, variant
+from .rnn import GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
+from .rnn_reserve import add_reorder, saved_args, saved_forward
 from .signatures import signature
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
