@@ -8,8 +8,8 @@ Shapes: ``moderate`` is batch 8, seq 128, input = hidden = 128, one layer, one d
 training shape (batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional). f32. A run is the forward thunk
 then its backward thunk on one arena resident on the device, with a reserve (the forward writes it, the backward
 reads it) or without (the backward recomputes); the two alternate, so that each pair sees the same load, after one
-untimed run of each that builds the programs. Printed: the medians, the median of the per-pair ratios, and the
-load average before and after.
+untimed run of each that builds the programs; so do the forward thunks alone (writing the reserve or not).
+Printed: the medians, the median of the per-pair ratios, and the load average before and after.
 """
 from __future__ import annotations
 
@@ -59,6 +59,17 @@ def _time(session, thunks: list[dict], arena) -> float:
     return time.perf_counter() - start
 
 
+def _pairs(session, saved: list[dict], plain: list[dict], arena, runs: int) -> tuple[float, float, float]:
+    """Medians of ``runs`` alternating runs of the thunks ``saved`` and ``plain``, and of their per-pair ratio."""
+    pairs = []
+    for run in range(runs):
+        order = (saved, plain) if run % 2 == 0 else (plain, saved)
+        first, second = (_time(session, thunks, arena) for thunks in order)
+        pairs.append((first, second) if run % 2 == 0 else (second, first))
+    return (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs),
+            statistics.median(p[0] / p[1] for p in pairs))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="opencl:1:0")
@@ -69,7 +80,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}; {args.device}, {args.shape} {SHAPES[args.shape]}, f32, "
           f"medians of {args.runs} pairs")
-    print(f"{'target':<7} {'op':<5} {'reserve':>10} {'recompute':>10} {'ratio':>7}")
+    print(f"{'':<13} {'forward + backward':^30} {'forward alone':^30}")
+    print(f"{'target':<7} {'op':<5} " + " ".join([f"{'reserve':>10} {'recompute':>10} {'ratio':>7}"] * 2))
     for target in args.targets:
         session = open_device(find(args.device), target)
         for op in args.ops:
@@ -79,16 +91,12 @@ def main() -> None:
                 session.write(arena, 0, host_arena)
                 with np.errstate(all="ignore"):
                     _time(session, saved, arena), _time(session, plain, arena)  # build the programs
-                    pairs = []
-                    for run in range(args.runs):
-                        order = (saved, plain) if run % 2 == 0 else (plain, saved)
-                        first, second = (_time(session, thunks, arena) for thunks in order)
-                        pairs.append((first, second) if run % 2 == 0 else (second, first))
+                    both, forward = _pairs(session, saved, plain, arena, args.runs), \
+                        _pairs(session, saved[:1], plain[:1], arena, args.runs)
             finally:
                 session.free(arena)
-            with_reserve, recompute = (statistics.median(p[i] for p in pairs) for i in (0, 1))
-            ratio = statistics.median(p[0] / p[1] for p in pairs)
-            print(f"{target:<7} {op:<5} {with_reserve * 1e3:>8.1f}ms {recompute * 1e3:>8.1f}ms {ratio:>7.2f}", flush=True)
+            print(f"{target:<7} {op:<5} " + " ".join(f"{a * 1e3:>8.1f}ms {b * 1e3:>8.1f}ms {r:>7.2f}"
+                                                     for a, b, r in (both, forward)), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 

@@ -22,8 +22,8 @@ from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.registry import status
 from support.gradient_check import read
 from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
-from support.rnn_backward_cases import backward_params, laid_backward
-from support.saved_forward import without_reserve
+from support.rnn_backward_cases import backward_params, sample
+from support.saved_forward import laid_with_reserve, without_reserve
 
 CASES = [
     ("lstm", {}), ("gru", {}), ("rnn", {}),
@@ -42,14 +42,8 @@ OTHER_DEVICES = [spec for spec in ("opencl:3:0", "opencl:2:0") if spec in {i.spe
 
 
 def _laid(op: str, dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
-    """A backward thunk with a reserve of the minimum size, its arena, and the forward writing that reserve
-    (its ``dst`` past the backward's arena)."""
-    params = backward_params(op, **extra)
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
-    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need})
-    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
-    forward.update(op=op, dst=-(-arena.size // 16) * 16)
-    return thunk, arena, forward
+    """A backward thunk with a reserve of the minimum size, its arena, and the forward writing that reserve."""
+    return laid_with_reserve(op, dtype, backward_params(op, **extra), sample)
 
 
 def _run(session, thunk: dict, arena: np.ndarray, **options) -> np.ndarray:
@@ -212,3 +206,52 @@ def test_other_opencl_implementations(spec, target):
     for op, extra in (CASES[3], CASES[5]):
         _every_way_matches_recomputing(session, op, extra)
     _same_layout(session, "gru", dict(clip=0.5))
+
+
+#: run under Oclgrind: per target and op, a forward writing the reserve, then the backward reading it, every
+#: kernel the reserve adds among them (the zeros past the lengths, the reorders both ways, lstm's projection)
+_OCLGRIND_SCRIPT = """
+import numpy as np
+import rlx_gpu
+from host_fallback.abi import regions
+from rlx_gpu.conformance import runner
+from rlx_gpu.conformance.catalog import Case
+from rlx_gpu.conformance.devices import find, open_device
+for target in ("cpu", "gpu"):
+    session = open_device(find({spec!r}), target)
+    for op, params in {cases!r}:
+        need = rlx_gpu.reserve_bytes(dict(params, op=op, dtype="f32"))
+        laid = runner.lay_out(Case(op + "_backward", "f32", dict(params, reserve=True, reserve_bytes=need)))
+        forward = {{k: v for k, v in laid.thunk.items() if not k.startswith("d_")}}
+        forward.update(op=op, dst=-(-laid.arena.size // 256) * 256)
+        dst = next(r for r in regions(forward) if r.field == "dst")
+        arena = np.zeros(dst.offset + dst.nbytes, np.uint8)
+        arena[:laid.arena.size] = laid.arena
+        on_device = session.upload(arena)
+        session.launch(forward, on_device)
+        session.launch(laid.thunk, on_device)
+        session.finish()
+        print(target, op, "ran", flush=True)
+"""
+_OCLGRIND_CASES = [
+    ("lstm", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True,
+                  seq_lens=[3, 1], clip=0.5, peepholes=True, proj_size=2, w_hr=True)),
+    ("gru", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=1, bidirectional=False, carry=False,
+                 linear_before_reset=False, seq_lens=[2, 3])),
+]
+
+
+@pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
+def test_the_reserve_kernels_are_clean_under_oclgrind():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
+    spec = importlib.util.spec_from_file_location("oclgrind_check", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    script = _OCLGRIND_SCRIPT.format(spec="opencl:0:0", cases=_OCLGRIND_CASES)
+    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    assert code == 0, output[-3000:]
+    assert output.count(" ran") == 4 and not diagnostics, "\n".join(diagnostics[:40])
