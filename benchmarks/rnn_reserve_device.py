@@ -8,7 +8,8 @@ Shapes: ``moderate`` is batch 8, seq 128, input = hidden = 128, one layer, one d
 training shape (batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional). f32. A run is the forward thunk
 then its backward thunk on one arena resident on the device, with a reserve (the forward writes it, the backward
 reads it) or without (the backward recomputes); the two alternate, so that each pair sees the same load, after one
-untimed run of each that builds the programs; so do the forward thunks alone (writing the reserve or not).
+untimed run of each that builds the programs; so do the forward thunks alone (writing the reserve or not) and
+the backward thunks alone (reading it, or recomputing).
 Printed: the medians, the median of the per-pair ratios, and the load average before and after.
 """
 from __future__ import annotations
@@ -80,8 +81,8 @@ def main() -> None:
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}; {args.device}, {args.shape} {SHAPES[args.shape]}, f32, "
           f"medians of {args.runs} pairs")
-    print(f"{'':<13} {'forward + backward':^30} {'forward alone':^30}")
-    print(f"{'target':<7} {'op':<5} " + " ".join([f"{'reserve':>10} {'recompute':>10} {'ratio':>7}"] * 2))
+    print(f"{'':<13} " + " ".join(f"{part:^29}" for part in ("forward + backward", "forward", "backward")))
+    print(f"{'target':<7} {'op':<5} " + " ".join([f"{'reserve':>10} {'recompute':>10} {'ratio':>7}"] * 3))
     for target in args.targets:
         session = open_device(find(args.device), target)
         for op in args.ops:
@@ -91,12 +92,12 @@ def main() -> None:
                 session.write(arena, 0, host_arena)
                 with np.errstate(all="ignore"):
                     _time(session, saved, arena), _time(session, plain, arena)  # build the programs
-                    both, forward = _pairs(session, saved, plain, arena, args.runs), \
-                        _pairs(session, saved[:1], plain[:1], arena, args.runs)
+                    timed = [_pairs(session, saved[part], plain[part], arena, args.runs)
+                             for part in (slice(0, 2), slice(0, 1), slice(1, 2))]
             finally:
                 session.free(arena)
             print(f"{target:<7} {op:<5} " + " ".join(f"{a * 1e3:>8.1f}ms {b * 1e3:>8.1f}ms {r:>7.2f}"
-                                                     for a, b, r in (both, forward)), flush=True)
+                                                     for a, b, r in timed), flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 
