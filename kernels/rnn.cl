@@ -161,6 +161,10 @@ INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, 
     GLOBAL const real* xr = xw + (b * S + tt) * RNN_GATES * H + j0;
     GLOBAL real* cr = cst + b * H + j0;
     real hv[RNN_JB];
+#if RNN_SAVE /* the cells' records, a private array per field as hv: stores to sv in the cells' loop keep it scalar */
+    real ry[RNN_GATES][RNN_JB], ru[RNN_GATES][RNN_JB], rc[4][RNN_JB];
+    uchar rp[RNN_GATES][RNN_JB];
+#endif
     for (int u = 0; u < m; ++u) {
         real xz[RNN_GATES], hz[RNN_GATES], pp[3];
         PRAGMA_UNROLL
@@ -174,9 +178,34 @@ INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, 
         hv[u] = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j0 + u], &c, pp, p, phase, &rec);
         cr[u] = c;
 #if RNN_SAVE
-        rnn_save(sv, mk, &rec, phase, j0 + u < K ? hin[b * K + j0 + u] : (real)0, hv[u], b, tt, B, S, H, K, j0 + u);
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g) {
+            ry[g][u] = rec.y[g];
+            ru[g][u] = rec.u[g];
+            rp[g][u] = rec.pass[g];
+        }
+        rc[0][u] = rec.c_prev;
+        rc[1][u] = rec.c_new;
+        rc[2][u] = rec.hc;
+        rc[3][u] = rec.hn;
 #endif
     }
+#if RNN_SAVE
+    for (int u = 0; u < m; ++u) {
+        rnn_record rec;
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g) {
+            rec.y[g] = ry[g][u];
+            rec.u[g] = ru[g][u];
+            rec.pass[g] = rp[g][u];
+        }
+        rec.c_prev = rc[0][u];
+        rec.c_new = rc[1][u];
+        rec.hc = rc[2][u];
+        rec.hn = rc[3][u];
+        rnn_save(sv, mk, &rec, phase, j0 + u < K ? hin[b * K + j0 + u] : (real)0, hv[u], b, tt, B, S, H, K, j0 + u);
+    }
+#endif
     GLOBAL real* vr = rnn_to_aux(phase) ? aux + b * H + j0 : hout + b * K + j0;
     PRAGMA_UNROLL /* over RNN_JB, not m: a loop of a run-time count cannot unroll (clang warns) */
     for (int u = 0; u < RNN_JB; ++u)
