@@ -26,16 +26,22 @@ KERNEL rnn_w_t(int ng, i64 H, i64 HP, i64 K, GLOBAL uchar* wb, i64 wo, GLOBAL uc
 
 /* One unit's step (rnn_unit) for batch row b, unit j, from its gate pre-activations, and its stores: the cell
  * (or RNN_LBR0's z) at cst[b*H + j]; the value at aux[b*H + j], or at hout[b*K + j] and as the output element
- * (b*S + tt)*o_rs + o_col + j of out (o_real: out is scratch in the compute type, else arena storage). */
+ * (b*S + tt)*o_rs + o_col + j of out (o_real: out is scratch in the compute type, else arena storage); with
+ * RNN_SAVE the step's record into the direction's saved forward sv, mk (rnn_save; B rows). */
 INLINE_FN void rnn_unit_out(const real* xz, const real* hz, int phase, i64 b, i64 j, i64 tt, i64 S, i64 H, i64 K,
                             GLOBAL const uchar* peep, const rnn_params* p, GLOBAL const real* hin, GLOBAL real* hout,
-                            GLOBAL real* cst, GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs)
+                            GLOBAL real* cst, GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs,
+                            GLOBAL real* sv, GLOBAL uchar* mk, i64 B)
 {
     real pp[3];
     rnn_peepholes(pp, peep, j, H);
     real c = cst[b * H + j];
-    const real v = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j], &c, pp, p, phase);
+    rnn_record rec;
+    const real v = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j], &c, pp, p, phase, &rec);
     cst[b * H + j] = c;
+#if RNN_SAVE
+    rnn_save(sv, mk, &rec, phase, j < K ? hin[b * K + j] : (real)0, v, b, tt, B, S, H, K, j);
+#endif
     if (rnn_to_aux(phase)) {
         aux[b * H + j] = v;
         return;
@@ -149,12 +155,16 @@ INLINE_FN void rnn_rank1_sums(real* acc, int nr, int g0, int ng, int nj, i64 j0,
 INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, i64 tt, i64 S, i64 H, i64 K,
                        GLOBAL const real* xw, GLOBAL const uchar* peep, const rnn_params* p, GLOBAL const real* hin,
                        GLOBAL real* hout, GLOBAL real* cst, GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col,
-                       i64 o_rs)
+                       i64 o_rs, GLOBAL real* sv, GLOBAL uchar* mk, i64 B)
 {
     const int g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
     GLOBAL const real* xr = xw + (b * S + tt) * RNN_GATES * H + j0;
     GLOBAL real* cr = cst + b * H + j0;
     real hv[RNN_JB];
+#if RNN_SAVE /* the cells' records, a private array per field as hv: stores to sv in the cells' loop keep it scalar */
+    real ry[RNN_GATES][RNN_JB], ru[RNN_GATES][RNN_JB], rc[4][RNN_JB];
+    uchar rp[RNN_GATES][RNN_JB];
+#endif
     for (int u = 0; u < m; ++u) {
         real xz[RNN_GATES], hz[RNN_GATES], pp[3];
         PRAGMA_UNROLL
@@ -164,9 +174,38 @@ INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, 
         }
         rnn_peepholes(pp, peep, j0 + u, H);
         real c = cr[u];
-        hv[u] = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j0 + u], &c, pp, p, phase);
+        rnn_record rec;
+        hv[u] = rnn_unit(xz, hz, RNN_GATES == 4 ? (real)0 : hin[b * K + j0 + u], &c, pp, p, phase, &rec);
         cr[u] = c;
+#if RNN_SAVE
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g) {
+            ry[g][u] = rec.y[g];
+            ru[g][u] = rec.u[g];
+            rp[g][u] = rec.pass[g];
+        }
+        rc[0][u] = rec.c_prev;
+        rc[1][u] = rec.c_new;
+        rc[2][u] = rec.hc;
+        rc[3][u] = rec.hn;
+#endif
     }
+#if RNN_SAVE
+    for (int u = 0; u < m; ++u) {
+        rnn_record rec;
+        PRAGMA_UNROLL
+        for (int g = 0; g < RNN_GATES; ++g) {
+            rec.y[g] = ry[g][u];
+            rec.u[g] = ru[g][u];
+            rec.pass[g] = rp[g][u];
+        }
+        rec.c_prev = rc[0][u];
+        rec.c_new = rc[1][u];
+        rec.hc = rc[2][u];
+        rec.hn = rc[3][u];
+        rnn_save(sv, mk, &rec, phase, j0 + u < K ? hin[b * K + j0 + u] : (real)0, hv[u], b, tt, B, S, H, K, j0 + u);
+    }
+#endif
     GLOBAL real* vr = rnn_to_aux(phase) ? aux + b * H + j0 : hout + b * K + j0;
     PRAGMA_UNROLL /* over RNN_JB, not m: a loop of a run-time count cannot unroll (clang warns) */
     for (int u = 0; u < RNN_JB; ++u)
@@ -181,15 +220,17 @@ INLINE_FN void rnn_run(const real* acc, int r, int m, int phase, i64 b, i64 j0, 
 INLINE_FN void rnn_cells(const real* acc, const i64* rows, int n, int nj, i64 j0, i64 t, int back, int phase, i64 S,
                          i64 H, i64 K, GLOBAL const int* lens, GLOBAL const real* xw, GLOBAL const uchar* peep,
                          const rnn_params* p, GLOBAL const real* hin, GLOBAL real* hout, GLOBAL real* cst,
-                         GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs)
+                         GLOBAL real* aux, GLOBAL uchar* out, int o_real, i64 o_col, i64 o_rs, GLOBAL real* sv,
+                         GLOBAL uchar* mk, i64 B)
 {
     for (int r = 0; r < n; ++r) {
         const i64 b = rows[r], tt = rnn_time(t, back, rnn_len(lens, b, S));
         if (j0 + nj <= H)
-            rnn_run(acc, r, nj, phase, b, j0, tt, S, H, K, xw, peep, p, hin, hout, cst, aux, out, o_real, o_col, o_rs);
+            rnn_run(acc, r, nj, phase, b, j0, tt, S, H, K, xw, peep, p, hin, hout, cst, aux, out, o_real, o_col, o_rs,
+                    sv, mk, B);
         else
             rnn_run(acc, r, (int)(H - j0), phase, b, j0, tt, S, H, K, xw, peep, p, hin, hout, cst, aux, out, o_real,
-                    o_col, o_rs);
+                    o_col, o_rs, sv, mk, B);
     }
 }
 #endif
@@ -202,7 +243,8 @@ INLINE_FN void rnn_cells(const real* acc, const i64* rows, int n, int nj, i64 j0
 KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
                 GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* wtb, i64 wto, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                 GLOBAL uchar* hib, i64 hio, GLOBAL uchar* hob, i64 hoo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* ab, i64 ao,
-                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* rb_, i64 ro, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* rb_, i64 ro, GLOBAL uchar* svb, i64 svo,
+                GLOBAL uchar* mkb, i64 mko, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
                 real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
                 real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
@@ -227,6 +269,8 @@ KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
     GLOBAL const int* lens = AT(int, lb, lo);
     GLOBAL const int* ord = AT(int, rb_, ro);
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    GLOBAL real* sv = AT(real, svb, svo) + dir * rnn_saved_block(B * S, H, K);
+    GLOBAL uchar* mk = AT(uchar, mkb, mko) + dir * B * S * RNN_GATES * H;
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     const int back = dir || reverse, g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
     GLOBAL const real* v = rnn_sums_aux(phase) ? (GLOBAL const real*)aux : hin;  /* the summed vector, rows of K */
@@ -260,7 +304,7 @@ KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
             }
             rnn_input_gates(xz, xw, b * S + rnn_time(t, back, rnn_len(lens, b, S)), j, H);
             rnn_unit_out(xz, hz, phase, b, j, rnn_time(t, back, rnn_len(lens, b, S)), S, H, K, peep, &p, hin, hout,
-                         cst, aux, out, o_real, dir * K, o_rs);
+                         cst, aux, out, o_real, dir * K, o_rs, sv, mk, B);
         }
         BARRIER();  /* part is reused by the next row block */
     }
@@ -274,7 +318,7 @@ KERNEL rnn_step(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase,
     rnn_rank1_sums(acc, RNN_STEP_RB, g0, ng, RNN_STEP_JB, j0, H, HP, RNN_GATES * HP + RNN_WPAD, bhh, has_bhh, wt, K,
                    (GLOBAL const uchar*)v, rows, K, 0, 1);
     rnn_cells(acc, rows, n, RNN_STEP_JB, j0, t, back, phase, S, H, K, lens, xw, peep, &p, hin, hout, cst, aux, out,
-              o_real, dir * K, o_rs);
+              o_real, dir * K, o_rs, sv, mk, B);
 #endif
 }
 
@@ -351,6 +395,29 @@ KERNEL rnn_order(i64 B, i64 S, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* ob, i64 o
         ord[cnt[lens[b]]++] = (int)b;
 }
 
+/* Zeros in a layer's saved forward (ABI.md §9.1; its first layer-direction block svb, mask mkb) at the steps past
+ * each row's length, which no step writes: the ABI leaves them undefined, and zeros keep a reader that sums over
+ * every step (the host's) from meeting stale NaNs there. Item (column, row, direction). */
+KERNEL rnn_saved_pad(i64 B, i64 S, i64 H, i64 K, GLOBAL uchar* svb, i64 svo, GLOBAL uchar* mkb, i64 mko, GLOBAL uchar* lb,
+                     i64 lo)
+{
+    const i64 c = GID(0), dir = GID(2), N = B * S, GH = RNN_GATES * H;
+    if (c >= GH)
+        return;
+    GLOBAL const int* lens = AT(int, lb, lo);
+    GLOBAL real* sv = AT(real, svb, svo) + dir * rnn_saved_block(N, H, K);
+    GLOBAL uchar* mk = AT(uchar, mkb, mko) + dir * N * GH;
+    for (i64 b = GID(1); b < B; b += GSIZE(1))
+        for (i64 t = lens[b]; t < S; ++t) {
+            for (int a = RNN_SV_Y; rnn_saved_at(a, N, H, K) < rnn_saved_block(N, H, K); ++a) {
+                const i64 width = (rnn_saved_at(a + 1, N, H, K) - rnn_saved_at(a, N, H, K)) / N;
+                if (c < width)
+                    sv[rnn_saved_at(a, N, H, K) + (t * B + b) * width + c] = (real)0;
+            }
+            mk[(t * B + b) * GH + c] = 0;
+        }
+}
+
 /* Zeros of a layer's output (rows of W = o_rs) at the steps past each row's length. */
 KERNEL rnn_pad(i64 B, i64 S, i64 W, GLOBAL uchar* ob, i64 oo, int o_real, GLOBAL uchar* lb, i64 lo)
 {
@@ -386,6 +453,28 @@ KERNEL rnn_state_out(i64 nh, i64 nc, i64 B, i64 S, i64 K, GLOBAL uchar* hb0, i64
         STORE(AT(uchar, c0b, c0o), i, AT(real, cb, co)[i]);
 }
 
+/* Rows of w reals (compute type) from the batch-major order [B][S] to the time-major [S][B] (to_time), or back,
+ * for `batch` blocks s_bs and d_bs reals apart; zeros at the steps past a row's length (RNN_LENS): a layer's
+ * output into the saved forward (ABI.md §9.1), and the saved forward's arrays into the backward's batch-major
+ * operands (where the saved forward holds no defined value). Item (column, row, block). */
+KERNEL rnn_reorder(i64 B, i64 S, i64 w, int to_time, i64 batch, GLOBAL uchar* sb, i64 so, i64 s_bs, GLOBAL uchar* db,
+                   i64 dbo, i64 d_bs, GLOBAL uchar* lb, i64 lo)
+{
+    const i64 c = GID(0);
+    if (c >= w)
+        return;
+    GLOBAL const real* src = AT(real, sb, so);
+    GLOBAL real* dst = AT(real, db, dbo);
+    for (i64 z = GID(2); z < batch; z += GSIZE(2))
+        for (i64 b = GID(1); b < B; b += GSIZE(1)) {
+            const i64 len = rnn_len(AT(int, lb, lo), b, S);
+            for (i64 t = 0; t < S; ++t) {
+                const i64 bm = (b * S + t) * w + c, tm = (t * B + b) * w + c;
+                dst[z * d_bs + (to_time ? tm : bm)] = t < len ? src[z * s_bs + (to_time ? bm : tm)] : (real)0;
+            }
+        }
+}
+
 /* The whole sequence of one layer in one launch; state moves in from / out to h0, c0 when carrying. */
 #ifdef RLX_TARGET_GPU
 #if !RNN_PROJ && !RNN_LBR0 /* fields that need every unit of a step before the next phase: per step only */
@@ -394,7 +483,8 @@ KERNEL rnn_state_out(i64 nh, i64 nc, i64 B, i64 S, i64 K, GLOBAL uchar* hb0, i64
 KERNEL rnn_persist(i64 B, i64 S, i64 H, int carry, int reverse,
                    GLOBAL uchar* xwb, i64 xwo, GLOBAL uchar* whb, i64 who, GLOBAL uchar* bhb, i64 bho, int has_bhh,
                    GLOBAL uchar* h0b, i64 h0o, GLOBAL uchar* c0b, i64 c0o,
-                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* svb, i64 svo, GLOBAL uchar* mkb, i64 mko,
+                   GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
                 real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
                 real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
@@ -406,6 +496,8 @@ KERNEL rnn_persist(i64 B, i64 S, i64 H, int carry, int reverse,
     GLOBAL uchar* c0 = AT(uchar, c0b, c0o + (dir * B + b) * H * (i64)sizeof(store_t));
     GLOBAL uchar* out = AT(uchar, ob, oo);
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    GLOBAL real* sv = AT(real, svb, svo) + dir * rnn_saved_block(B * S, H, H);
+    GLOBAL uchar* mk = AT(uchar, mkb, mko) + dir * B * S * RNN_GATES * H;
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     const i64 steps = rnn_len(AT(int, lb, lo), b, S);
     LOCAL real hs[RNN_PERSIST_MAX];
@@ -426,7 +518,14 @@ KERNEL rnn_persist(i64 B, i64 S, i64 H, int carry, int reverse,
                 s += LOAD(wrow, q) * hs[q];
             hz[g] = s;
         }
-        h = rnn_unit(xz, hz, h, &c, pp, &p, 0);
+        rnn_record rec;
+#if RNN_SAVE
+        const real h_prev = h;
+#endif
+        h = rnn_unit(xz, hz, h, &c, pp, &p, 0, &rec);
+#if RNN_SAVE
+        rnn_save(sv, mk, &rec, 0, h_prev, h, b, tt, B, S, H, H, j);
+#endif
         BARRIER();
         hs[j] = h;
         store_any(out, (b * S + tt) * o_rs + dir * H + j, o_real, h);
@@ -456,7 +555,8 @@ KERNEL rnn_persist(i64 B, i64 S, i64 H, i64 K, int carry, int reverse,
                    GLOBAL uchar* hb0, i64 ho0, GLOBAL uchar* hb1, i64 ho1, GLOBAL uchar* cb, i64 co, GLOBAL uchar* ab, i64 ao,
                    i64 I, GLOBAL uchar* xb, i64 xo, int x_real, GLOBAL uchar* wib, i64 wio,
                    GLOBAL uchar* bib, i64 bio, GLOBAL uchar* wrb, i64 wro,
-                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
+                   GLOBAL uchar* ob, i64 oo, int o_real, i64 o_rs, GLOBAL uchar* svb, i64 svo, GLOBAL uchar* mkb, i64 mko,
+                   GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
                 real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
                 real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
@@ -477,6 +577,8 @@ KERNEL rnn_persist(i64 B, i64 S, i64 H, i64 K, int carry, int reverse,
     GLOBAL const uchar* bias = AT(uchar, bib, bio + dir * RNN_GATES * H * (i64)sizeof(store_t));
     GLOBAL const int* lens = AT(int, lb, lo);
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    GLOBAL real* sv = AT(real, svb, svo) + dir * rnn_saved_block(B * S, H, K);
+    GLOBAL uchar* mk = AT(uchar, mkb, mko) + dir * B * S * RNN_GATES * H;
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     const i64 steps = rnn_len(lens, b0, S);
     const int back = dir || reverse;
@@ -503,7 +605,7 @@ KERNEL rnn_persist(i64 B, i64 S, i64 H, i64 K, int carry, int reverse,
                 rnn_rank1_sums(acc, 1, g0, ng, RNN_JB, j0, H, HP, RNN_GATES * HP + RNN_WPAD, bhh, has_bhh, wt, K, v, rows,
                                K, 0, 1);
                 rnn_cells(acc, rows, 1, RNN_JB, j0, t, back, phase, S, H, K, lens, xw, peep, &p, hin, hout, cst, aux, out,
-                          o_real, dir * K, o_rs);
+                          o_real, dir * K, o_rs, sv, mk, B);
             }
         }
 #if RNN_PROJ

@@ -70,6 +70,41 @@ INLINE_FN real rnnb_gate(int slot, real u, real* y, const rnn_params* p)
     return pass * rnnb_slot_slope(RNN_ACT_G0, RNN_ACT_G1, 1, v, *y, p);
 }
 
+/* Gate g's value (*y) and the factor turning its gradient into its pre-activation's (slot `slot`), of the step
+ * whose kept row is u (the pre-activations the backward's forward kept: rnnb_gate) or, with RNN_SAVED, element
+ * e = at*G*H + g*H + j of the layer-direction's saved forward sv (N = S*B rows): its y, u and the clip's mask mk,
+ * u and the mask read only where the forward wrote them (RNN_KEEPS_U, RNN_CLIP; a slope of sigmoid or tanh reads
+ * only the value). */
+INLINE_FN real rnnb_kept_gate(int slot, int g, GLOBAL const real* u, GLOBAL const real* sv, GLOBAL const uchar* mk,
+                              i64 N, i64 H, i64 K, i64 at, i64 j, real* y, const rnn_params* p)
+{
+#if RNN_SAVED
+    const i64 e = at * RNN_GATES * H + g * H + j;
+    *y = sv[e];
+    const real v = RNN_KEEPS_U ? sv[rnn_saved_at(RNN_SV_U, N, H, K) + e] : (real)0;
+    real s = slot == 0 ? rnnb_slot_slope(RNN_ACT_F0, RNN_ACT_F1, 0, v, *y, p)
+                       : rnnb_slot_slope(RNN_ACT_G0, RNN_ACT_G1, 1, v, *y, p);
+#if RNN_CLIP
+    s = mk[e] ? s : (real)0;
+#endif
+    return s;
+#else
+    return rnnb_gate(slot, u[g * H + j], y, p);
+#endif
+}
+
+/* Element j of a kept per-step array of width `width`: row `row` of the backward's own (kept), or, with
+ * RNN_SAVED, array `a` (RNN_SV_*) of the saved forward sv at time-major row `at`. */
+INLINE_FN real rnnb_kept(GLOBAL const real* kept, i64 row, GLOBAL const real* sv, int a, i64 at, i64 N, i64 H, i64 K,
+                         i64 width, i64 j)
+{
+#if RNN_SAVED
+    return sv[rnn_saved_at(a, N, H, K) + at * width + j];
+#else
+    return kept[row * width + j];
+#endif
+}
+
 /* sum_q w[q] * v[q]: a row of a weight in arena storage against a vector in the compute type. */
 INLINE_FN real rnnb_dot(GLOBAL const uchar* w, GLOBAL const real* v, i64 n)
 {
@@ -373,15 +408,16 @@ KERNEL rnnb_backward_proj(i64 B, i64 S, i64 H, i64 P, i64 t, int reverse, GLOBAL
  * D*G*H, direction dir's block at dir*G*H), the hidden side also compact into dzc [D][B][G*H] (the step's gemm
  * operand: dh = dzc W_hh), lstm's cell gradient in dc (in place), and gru's direct part of the entering h's
  * gradient (dh_in * z, and W_hn's through r * h without linear_before_reset) in direct. RNN_LBR0 takes two
- * phases: 0 every unit but r's gradient, 1 r's, from dq = W_hn^T dz_n. Arguments past dzc as
- * rnnb_forward_step's. */
+ * phases: 0 every unit but r's gradient, 1 r's, from dq = W_hn^T dz_n. With RNN_SAVED the kept forward is the
+ * saved forward's (svb: the layer's first layer-direction block, mkb: its clip mask; kernels/rnn_cell.cl's
+ * layout) instead. Arguments past those as rnnb_forward_step's. */
 KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int phase, GLOBAL uchar* yb, i64 yo,
                           int dy_real, i64 dy_rs, GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco,
                           GLOBAL uchar* drb, i64 dro, GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* ub, i64 uo,
                           GLOBAL uchar* hpb, i64 hpo, GLOBAL uchar* cpb, i64 cpo, GLOBAL uchar* cnb, i64 cno,
                           GLOBAL uchar* hnb, i64 hno, GLOBAL uchar* whb, i64 who, GLOBAL uchar* dzb, i64 dzo,
-                          GLOBAL uchar* dhzb, i64 dhzo, i64 dz_rs, GLOBAL uchar* dzcb, i64 dzco, GLOBAL uchar* lb, i64 lo,
-                          GLOBAL uchar* pb, i64 po,
+                          GLOBAL uchar* dhzb, i64 dhzo, i64 dz_rs, GLOBAL uchar* dzcb, i64 dzco, GLOBAL uchar* svb, i64 svo,
+                          GLOBAL uchar* mkb, i64 mko, GLOBAL uchar* lb, i64 lo, GLOBAL uchar* pb, i64 po,
                           real clip, real a_f0, real b_f0, real a_g0, real b_g0, real a_h0, real b_h0,
                           real a_f1, real b_f1, real a_g1, real b_g1, real a_h1, real b_h1)
 {
@@ -403,11 +439,14 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
     GLOBAL real* dzh_all = AT(real, dhzb, dhzo) + dir * GH;
     GLOBAL real* dzc_all = AT(real, dzcb, dzco) + dir * B * GH;
     GLOBAL const uchar* peep = AT(uchar, pb, po + dir * 3 * H * (i64)sizeof(store_t));
+    GLOBAL const real* sv = AT(real, svb, svo) + dir * rnn_saved_block(N, H, K);
+    GLOBAL const uchar* mk = AT(uchar, mkb, mko) + dir * N * GH;
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     for (i64 b = GID(1); b < B; b += GSIZE(1)) {
         const i64 row = rnnb_reverse_row(AT(int, lb, lo), b, S, t, dir || reverse);
         if (row < 0)
             continue;
+        const i64 at = (row - b * S) * B + b; /* the saved forward's row: time-major */
         GLOBAL const real* u = u_all + row * GH;
         GLOBAL real* dz = dz_all + row * dz_rs;
         GLOBAL real* dzh = dzh_all + row * dz_rs;
@@ -417,14 +456,21 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
         rnn_peepholes(pp, peep, j, H);
         const real dhj = RNN_PROJ ? draw[b * H + j] : rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j);
         real gi, gf, gg, go;
-        const real si = rnnb_gate(0, u[j], &gi, &p);
+        const real si = rnnb_kept_gate(0, 0, u, sv, mk, N, H, K, at, j, &gi, &p);
 #if RNN_IFG
         gf = (real)1 - gi;
 #else
-        const real sf = rnnb_gate(0, u[H + j], &gf, &p);
+        const real sf = rnnb_kept_gate(0, 1, u, sv, mk, N, H, K, at, j, &gf, &p);
 #endif
-        const real sg = rnnb_gate(1, u[2 * H + j], &gg, &p), so = rnnb_gate(0, u[3 * H + j], &go, &p);
-        const real c_prev = cp[row * H + j], c_new = cn[row * H + j], hc = rnn_h(c_new, &p);
+        const real sg = rnnb_kept_gate(1, 2, u, sv, mk, N, H, K, at, j, &gg, &p);
+        const real so = rnnb_kept_gate(0, 3, u, sv, mk, N, H, K, at, j, &go, &p);
+        const real c_prev = rnnb_kept(cp, row, sv, RNN_SV_CP, at, N, H, K, H, j);
+#if RNN_SAVED && !RNN_KEEPS_CN
+        const real c_new = (real)0; /* not saved: h is tanh, whose slope reads only its value */
+#else
+        const real c_new = rnnb_kept(cn, row, sv, RNN_SV_CN, at, N, H, K, H, j);
+#endif
+        const real hc = RNN_SAVED ? rnnb_kept(cn, row, sv, RNN_SV_HC, at, N, H, K, H, j) : rnn_h(c_new, &p);
         const real dzo = dhj * hc * so;
         real dcn = dhj * go * rnnb_slot_slope(RNN_ACT_H0, RNN_ACT_H1, 2, c_new, hc, &p) + dc[b * H + j];
 #if RNN_PEEP
@@ -450,7 +496,8 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
         dc[b * H + j] = dc_prev;
 #elif RNN_GATES == 3
         real gr, gz, gn;
-        const real sr = rnnb_gate(0, u[j], &gr, &p), h_prev = hp[row * K + j];
+        const real sr = rnnb_kept_gate(0, 0, u, sv, mk, N, H, K, at, j, &gr, &p);
+        const real h_prev = rnnb_kept(hp, row, sv, RNN_SV_HP, at, N, H, K, K, j);
         if (RNN_LBR0 && phase == 1) { /* r's gradient through W_hn (r * h): dq = sum_i dz_n[i] W_hn[i][j] */
             real dq = (real)0;
             for (i64 i = 0; i < H; ++i)
@@ -460,7 +507,8 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
             continue;
         }
         const real dhj = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) + direct[b * H + j];
-        const real sz = rnnb_gate(0, u[H + j], &gz, &p), sn = rnnb_gate(1, u[2 * H + j], &gn, &p);
+        const real sz = rnnb_kept_gate(0, 1, u, sv, mk, N, H, K, at, j, &gz, &p);
+        const real sn = rnnb_kept_gate(1, 2, u, sv, mk, N, H, K, at, j, &gn, &p);
         const real dpn = dhj * ((real)1 - gz) * sn;
         dz[H + j] = dzh[H + j] = dzc[H + j] = dhj * (h_prev - gn) * sz;
         dz[2 * H + j] = dpn;
@@ -468,13 +516,13 @@ KERNEL rnnb_backward_cell(i64 B, i64 S, i64 H, i64 K, i64 t, int reverse, int ph
 #if RNN_LBR0
         dzh[2 * H + j] = dpn;
 #else
-        const real hq = hn[row * H + j]; /* W_hn h + b_hn, which the reset scales */
+        const real hq = rnnb_kept(hn, row, sv, RNN_SV_HN, at, N, H, K, H, j); /* W_hn h + b_hn, which the reset scales */
         dzh[2 * H + j] = dzc[2 * H + j] = dpn * gr;
         dz[j] = dzh[j] = dzc[j] = dpn * hq * sr;
 #endif
 #else
         real y;
-        const real s = rnnb_gate(0, u[j], &y, &p);
+        const real s = rnnb_kept_gate(0, 0, u, sv, mk, N, H, K, at, j, &y, &p);
         dz[j] = dzc[j] = rnnb_dh_in(dh, dy, dy_real, dy_rs, dir, B, b, row, K, j) * s;
 #endif
     }

@@ -30,6 +30,12 @@
 #ifndef RNN_LBR0
 #define RNN_LBR0 0 /* gru linear_before_reset false: n = g(W_in x + b_in + W_hn (r * h) + b_hn), two phases a step */
 #endif
+#ifndef RNN_SAVE
+#define RNN_SAVE 0 /* reserve, forward: the step kernels write the saved forward (ABI.md §9.1) */
+#endif
+#ifndef RNN_SAVED
+#define RNN_SAVED 0 /* reserve, backward: the reverse walk reads the saved forward instead of running the forward */
+#endif
 #if (RNN_PEEP || RNN_IFG || RNN_PROJ) && RNN_GATES != 4
 #error "RNN_PEEP, RNN_IFG and RNN_PROJ are lstm variants (RNN_GATES 4)"
 #endif
@@ -143,18 +149,38 @@ INLINE_FN real rnn_clip(real v, const rnn_params* p)
 #endif
 }
 
-/* gru's new h from the candidate's pre-activation zn and the update gate z. */
-INLINE_FN real rnn_gru_out(real zn, real z, real h, const rnn_params* p)
+/* What one unit's step leaves for the saved forward (RNN_SAVE, docs/abi.md 6a.1): each gate's value y, its
+ * pre-activation u after peepholes and clip, whether the clip passes its gradient; lstm's cell entering and
+ * leaving the step and h(c_new); gru's W_hn h + b_hn (with linear_before_reset). */
+typedef struct {
+    real y[RNN_GATES], u[RNN_GATES];
+    uchar pass[RNN_GATES];
+    real c_prev, c_new, hc, hn;
+} rnn_record;
+
+/* Gate g of activation slot `slot` (0 f, 1 g) from its pre-activation z: clipped, activated, and recorded. */
+INLINE_FN real rnn_gate(int slot, int g, real z, rnn_record* rec, const rnn_params* p)
 {
-    return ((real)1 - z) * rnn_g(rnn_clip(zn, p), p) + z * h;
+    const real v = rnn_clip(z, p), y = slot == 0 ? rnn_f(v, p) : rnn_g(v, p);
+#if RNN_SAVE
+    rec->u[g] = v;
+    rec->y[g] = y;
+    rec->pass[g] = z >= -p->clip && z <= p->clip; /* |z| <= clip, as the host's mask (NaN: 0) */
+#endif
+    return y;
 }
+
+/* gru's new h from the candidate n and the update gate z. */
+INLINE_FN real rnn_gru_out(real n, real z, real h) { return ((real)1 - z) * n + z * h; }
 
 /* One unit's step from its gate pre-activations in the op's gate order: xz = W_ih x + bias (input side),
  * hz = W_hh h (+ b_hh for gru; recurrent side), h the unit's previous output (gru), pp its peepholes
  * (i, o, f; RNN_PEEP). Returns what the step stores for the unit: its new h; lstm's o * h(c) before the
  * projection with RNN_PROJ; gru's r * h in phase 0 of RNN_LBR0. *c is read and updated: lstm's cell, or
- * RNN_LBR0's update gate z (phase 0 writes it, phase 1 reads it, where hz[2] = W_hn (r * h) + b_hn). */
-INLINE_FN real rnn_unit(const real* xz, const real* hz, real h, real* c, const real* pp, const rnn_params* p, int phase)
+ * RNN_LBR0's update gate z (phase 0 writes it, phase 1 reads it, where hz[2] = W_hn (r * h) + b_hn).
+ * With RNN_SAVE the step's record goes to *rec (the phase's gates, and what the op keeps besides). */
+INLINE_FN real rnn_unit(const real* xz, const real* hz, real h, real* c, const real* pp, const rnn_params* p, int phase,
+                        rnn_record* rec)
 {
 #if RNN_GATES == 4
     real zi = xz[0] + hz[0], zf = xz[1] + hz[1], zo = xz[3] + hz[3];
@@ -162,30 +188,46 @@ INLINE_FN real rnn_unit(const real* xz, const real* hz, real h, real* c, const r
     zi += pp[0] * *c;
     zf += pp[2] * *c;
 #endif
-    const real i = rnn_f(rnn_clip(zi, p), p);
+#if RNN_SAVE
+    rec->c_prev = *c;
+#endif
+    const real i = rnn_gate(0, 0, zi, rec, p);
 #if RNN_IFG
     const real f = (real)1 - i;
-#else
-    const real f = rnn_f(rnn_clip(zf, p), p);
+#if RNN_SAVE /* as the host keeps it: z_f unclipped (no gradient reads it), f = 1 - i, the mask passing */
+    rec->u[1] = zf;
+    rec->y[1] = f;
+    rec->pass[1] = 1;
 #endif
-    *c = f * *c + i * rnn_g(rnn_clip(xz[2] + hz[2], p), p);
+#else
+    const real f = rnn_gate(0, 1, zf, rec, p);
+#endif
+    *c = f * *c + i * rnn_gate(1, 2, xz[2] + hz[2], rec, p);
 #if RNN_PEEP
     zo += pp[1] * *c; /* the output gate sees the new cell */
 #endif
-    return rnn_f(rnn_clip(zo, p), p) * rnn_h(*c, p);
+    const real hc = rnn_h(*c, p);
+#if RNN_SAVE
+    rec->c_new = *c;
+    rec->hc = hc;
+#endif
+    return rnn_gate(0, 3, zo, rec, p) * hc;
 #elif RNN_GATES == 3
 #if RNN_LBR0
     if (phase == 0) {
-        *c = rnn_f(rnn_clip(xz[1] + hz[1], p), p);
-        return rnn_f(rnn_clip(xz[0] + hz[0], p), p) * h;
+        *c = rnn_gate(0, 1, xz[1] + hz[1], rec, p);
+        return rnn_gate(0, 0, xz[0] + hz[0], rec, p) * h;
     }
-    return rnn_gru_out(xz[2] + hz[2], *c, h, p);
+    return rnn_gru_out(rnn_gate(1, 2, xz[2] + hz[2], rec, p), *c, h);
 #else
-    const real r = rnn_f(rnn_clip(xz[0] + hz[0], p), p), z = rnn_f(rnn_clip(xz[1] + hz[1], p), p);
-    return rnn_gru_out(xz[2] + r * hz[2], z, h, p); /* the reset scales W_hn h + b_hn */
+    const real r = rnn_gate(0, 0, xz[0] + hz[0], rec, p), z = rnn_gate(0, 1, xz[1] + hz[1], rec, p);
+#if RNN_SAVE
+    rec->hn = hz[2];
+#endif
+    return rnn_gru_out(rnn_gate(1, 2, xz[2] + r * hz[2], rec, p), z, h); /* the reset scales W_hn h + b_hn */
 #endif
 #else
-    return rnn_f(rnn_clip(xz[0] + hz[0], p), p);
+    return rnn_gate(0, 0, xz[0] + hz[0], rec, p);
 #endif
 }
 
@@ -270,3 +312,71 @@ INLINE_FN void rnn_input_gates(real* xz, GLOBAL const real* xw, i64 row, i64 j, 
     for (int g = 0; g < RNN_GATES; ++g)
         xz[g] = xw[row * RNN_GATES * H + (i64)g * H + j];
 }
+
+/* The saved forward (ABI.md §9.1; the layout of docs/abi.md 6a.1, identical on every device): per layer-direction
+ * a block of time-major arrays [S][B][width] (row tt*B + b) in the compute type, one after another: the gates'
+ * values y and pre-activations u [G*H], the state entering the step h_prev [K], then lstm's c_prev, c_new, hc
+ * (and raw = o * h(c_new) with RNN_PROJ) [H], gru's hn [H]; and per layer-direction the clip's mask [S][B][G*H]
+ * (bytes). u is written only where the backward reads it (RNN_KEEPS_U: a clip, or a slot f or g activation
+ * whose slope does not follow from its value), lstm's c_new likewise (RNN_KEEPS_CN), the mask with RNN_CLIP. */
+#define RNN_SV_Y 0
+#define RNN_SV_U 1
+#define RNN_SV_HP 2
+#define RNN_SV_CP 3
+#define RNN_SV_HN 3 /* gru */
+#define RNN_SV_CN 4
+#define RNN_SV_HC 5
+#define RNN_SV_RAW 6
+#define RNN_SLOPE_FROM_VALUE(code) ((code) == RNN_ACT_SIGMOID || (code) == RNN_ACT_TANH)
+#define RNN_KEEPS_U (RNN_CLIP || !RNN_SLOPE_FROM_VALUE(RNN_ACT_F0) || !RNN_SLOPE_FROM_VALUE(RNN_ACT_F1) \
+                     || (RNN_GATES > 1 && (!RNN_SLOPE_FROM_VALUE(RNN_ACT_G0) || !RNN_SLOPE_FROM_VALUE(RNN_ACT_G1))))
+#define RNN_KEEPS_CN (RNN_PEEP || RNN_ACT_H0 != RNN_ACT_TANH || RNN_ACT_H1 != RNN_ACT_TANH)
+
+/* The first real of array `a` (RNN_SV_*) in a layer-direction's block, N = S*B. */
+INLINE_FN i64 rnn_saved_at(int a, i64 N, i64 H, i64 K)
+{
+    const i64 GH = RNN_GATES * H;
+    return N * (a <= RNN_SV_U ? a * GH : 2 * GH + (a > RNN_SV_HP ? K + (a - RNN_SV_CP) * H : 0));
+}
+
+/* The reals of a layer-direction's block. */
+INLINE_FN i64 rnn_saved_block(i64 N, i64 H, i64 K)
+{
+    return rnn_saved_at(RNN_GATES == 4 ? RNN_SV_RAW + RNN_PROJ : (RNN_GATES == 3 ? RNN_SV_HN + 1 : RNN_SV_CP), N, H, K);
+}
+
+#if RNN_SAVE
+/* Unit j's record of batch row b at time tt into its layer-direction's block sv and mask mk: the gates the phase
+ * makes, and in phase 0 the state entering the step (h_prev, units j < K) and what the op keeps besides; v is the
+ * step's value (lstm's o * h(c) with RNN_PROJ, gru's r * h in phase 0 of RNN_LBR0). */
+INLINE_FN void rnn_save(GLOBAL real* sv, GLOBAL uchar* mk, const rnn_record* rec, int phase, real h_prev, real v, i64 b,
+                        i64 tt, i64 B, i64 S, i64 H, i64 K, i64 j)
+{
+    const i64 N = B * S, at = tt * B + b, GH = RNN_GATES * H;
+    const int g0 = rnn_first_gate(phase), ng = rnn_gate_count(phase);
+    PRAGMA_UNROLL
+    for (int g = 0; g < RNN_GATES; ++g) {
+        if (g < g0 || g >= g0 + ng)
+            continue;
+        sv[at * GH + g * H + j] = rec->y[g];
+        if (RNN_KEEPS_U)
+            sv[rnn_saved_at(RNN_SV_U, N, H, K) + at * GH + g * H + j] = rec->u[g];
+        if (RNN_CLIP)
+            mk[at * GH + g * H + j] = rec->pass[g];
+    }
+    if (phase != 0)
+        return;
+    if (j < K)
+        sv[rnn_saved_at(RNN_SV_HP, N, H, K) + at * K + j] = h_prev;
+#if RNN_GATES == 4
+    sv[rnn_saved_at(RNN_SV_CP, N, H, K) + at * H + j] = rec->c_prev;
+    if (RNN_KEEPS_CN)
+        sv[rnn_saved_at(RNN_SV_CN, N, H, K) + at * H + j] = rec->c_new;
+    sv[rnn_saved_at(RNN_SV_HC, N, H, K) + at * H + j] = rec->hc;
+    if (RNN_PROJ)
+        sv[rnn_saved_at(RNN_SV_RAW, N, H, K) + at * H + j] = v;
+#elif RNN_GATES == 3
+    sv[rnn_saved_at(RNN_SV_HN, N, H, K) + at * H + j] = RNN_LBR0 ? v : rec->hn;
+#endif
+}
+#endif

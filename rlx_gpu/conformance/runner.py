@@ -16,6 +16,7 @@ import numpy as np
 
 import host_fallback
 from host_fallback.abi import BACKWARD, OPS, SCAN_OPS, Region, complete, regions
+from host_fallback.abi.reserve import RESERVE
 from host_fallback.arena import STORAGE
 
 from ..backends.base import Session
@@ -226,7 +227,8 @@ def check(session: Session, case: Case, config: Config, host: Session | None = N
                     raise Mismatch("vs host_fallback: the arenas differ after the copy")
                 host_err = 0.0
             else:
-                want = {r.field: laid.view(expected, r.field) for r in laid.regions if r.writes}
+                # a saved forward is opaque bytes, not values of the thunk's dtype (the tests compare its layout)
+                want = {r.field: laid.view(expected, r.field) for r in laid.regions if r.writes and r.field != RESERVE}
                 host_err, _ = _compare(laid, got, want, bound, "vs host_fallback")
     except Mismatch as failed:
         return Outcome(spec, case, "fail", str(failed), err, max_err, host_err)

@@ -29,6 +29,7 @@ from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size, strided_grid
 from .limits import DeviceLimits, gate_variant
 from .registry import register
+from .rnn_reserve import add_reorder, saved_args, saved_forward
 from .signatures import signature
 
 GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
@@ -37,17 +38,19 @@ GATES = {"lstm": 4, "gru": 3, "rnn": 1}  # op -> gate count (ABI.md §3's G)
 #: the recurrent cell's kernel text, which the forward runs and the backward differentiates
 CELL_TEXT = ("rnn_cell.cl",)
 V2_FIELDS = frozenset({"seq_lens", "reverse", "clip", "activations", "linear_before_reset", "peepholes",
-                       "input_forget", "proj_size", "w_hr"})
+                       "input_forget", "proj_size", "w_hr", "reserve", "reserve_bytes"})
 
 _SLOT_NAMES = "FGH"  # the activation slots f, g, h (RNN_ACT_<slot><dir>)
 _V1_ACTIVATIONS = {"lstm": ("sigmoid", "tanh", "tanh"), "gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
 
 
-def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
+def variant(t: Thunk, reserve_flag: str = "RNN_SAVE") -> tuple[tuple[str, int], ...]:
     """The program variant of every recurrent launch of the completed thunk ``t``: ``RNN_GATES``, then only what
     differs from ABI.md §3 — each slot's activation code (``RNN_ACT_F0``.., direction 1's only where it differs
     from direction 0's) and a flag per optional field in use (kernels/rnn_cell.cl's RNN_LENS, RNN_CLIP, RNN_PEEP,
-    RNN_IFG, RNN_PROJ, RNN_LBR0). A version-1 thunk gets ``gate_variant`` (and rnn's relu as ``RNN_ACT_F0``)."""
+    RNN_IFG, RNN_PROJ, RNN_LBR0, and ``reserve_flag`` with a reserve: RNN_SAVE where the forward writes it,
+    RNN_SAVED where the backward reads it). A version-1 thunk gets ``gate_variant`` (and rnn's relu as
+    ``RNN_ACT_F0``)."""
     op, dirs = t["op"], 2 if t["bidirectional"] else 1
     slots = ACTIVATION_SLOTS[op]
     codes = [ACTIVATION_CODES[a[0]] for a in t["activations"]]
@@ -59,7 +62,8 @@ def variant(t: Thunk) -> tuple[tuple[str, int], ...]:
             defines.append((f"RNN_ACT_{_SLOT_NAMES[k]}1", codes[slots + k]))
     flags = {"RNN_LENS": t["seq_lens"] is not None, "RNN_CLIP": t["clip"] > 0,
              "RNN_PEEP": op == "lstm" and t["peepholes"] is not None, "RNN_IFG": op == "lstm" and t["input_forget"],
-             "RNN_PROJ": op == "lstm" and t["proj_size"] > 0, "RNN_LBR0": op == "gru" and not t["linear_before_reset"]}
+             "RNN_PROJ": op == "lstm" and t["proj_size"] > 0, "RNN_LBR0": op == "gru" and not t["linear_before_reset"],
+             reserve_flag: t.get("reserve") is not None}
     return tuple(defines) + tuple((name, 1) for name, on in flags.items() if on)
 
 
@@ -133,6 +137,7 @@ class _Layer:
     """One layer of a forward thunk as its kernels see it: arena offsets of its weights and states, its input
     (arena x, or the layer below's output in scratch) and output, and its staged weights in scratch."""
 
+    index: int
     in_size: int
     x: tuple[Buf, int]
     x_real: bool  # x is compute-type scratch
@@ -160,7 +165,7 @@ def _layers(t: Thunk, sc: dict[str, int]) -> list[_Layer]:
         in_l = t["input_size"] if l == 0 else dirs * k
         last, lstm = l == layers - 1, op == "lstm"
         out.append(_Layer(
-            in_size=in_l, x=(ARENA, t["x"]) if l == 0 else (SCRATCH, sc["lo"]), x_real=l > 0, w_ih=w_ih,
+            index=l, in_size=in_l, x=(ARENA, t["x"]) if l == 0 else (SCRATCH, sc["lo"]), x_real=l > 0, w_ih=w_ih,
             wit=sc["wit"] + l * sc["wit_layer"], bias=t["b_ih" if op == "gru" else "bias"] + es * l * dirs * gh,
             out=(ARENA, t["dst"]) if last else (SCRATCH, sc["lo"]), out_real=not last,
             w_hh=t["w_hh"] + es * l * dirs * gh * k,
@@ -189,6 +194,7 @@ class _Forward:
         self.defines = variant(t)  # every rnn launch of the thunk: the op's program
         self.dirs, self.k = 2 if t["bidirectional"] else 1, output_width(t)
         self.lens = (ARENA, t["seq_lens"] or 0)
+        self.saved = saved_forward(t)
         self.launches: list[Launch] = []
         self.staging: list[int] = []  # the weight-staging launches (LaunchPlan.staging)
 
@@ -211,6 +217,12 @@ class _Forward:
         """The two scratch buffers h ping-pongs between, step by step."""
         nh = self.dirs * self.t["batch"] * self.k
         return (SCRATCH, self.sc["h"]), (SCRATCH, self.sc["h"] + nh * real_size(self.t["dtype"]))
+
+    def reorder(self, width: int, to_time: bool, batch: int, src: tuple[tuple[Buf, int], int],
+                dst: tuple[tuple[Buf, int], int]) -> None:
+        """Rows of ``width`` reals between batch-major and time-major order (rnn_reorder), zeros past each row's
+        length, for ``batch`` blocks; ``src``, ``dst``: ``((buffer, offset), block stride in reals)``."""
+        add_reorder(self.launches, self.t, self.lim, self.defines, width, to_time, batch, src, dst)
 
     def output(self, layer: _Layer) -> dict[str, Any]:
         """The layer's output arguments: where, whether compute-type scratch, and its row stride."""
@@ -236,9 +248,25 @@ def _plan(t: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) ->
         if _proj(t):  # W_hr^T [dirs][h][kp + wpad]
             f.stage(1, f.k, ceil_to(f.k, jb), h, (ARENA, layer.w_hr), layer.whr)
         (_persist if persistent else _steps)(f, layer)
+        if f.saved:
+            _saved_rest(f, layer)
     weights = tuple((r.offset, r.nbytes) for r in regions(t) if r.field in ("w_ih", "w_hh", "w_hr"))
     kind = ("persistent, input projected in the recurrence" if f.fused else "persistent") if persistent else "per-step"
     return LaunchPlan(tuple(f.launches), f.scratch_bytes, (kind,), tuple(f.staging), weights)
+
+
+def _saved_rest(f: _Forward, layer: _Layer) -> None:
+    """What the step kernels leave of the layer's saved forward: zeros past each row's length (rnn_saved_pad), and
+    the layer's output (the next layer's input) time-major."""
+    t = f.t
+    if t["seq_lens"] is not None:
+        gh = GATES[t["op"]] * t["hidden"]
+        local = (linear_local(gh, 64), 1, 1)
+        f.add("rnn_saved_pad", strided_grid((gh, t["batch"], f.dirs), local, f.lim.max_grid), local,
+              dict(B=t["batch"], S=t["seq"], H=t["hidden"], K=f.k, lb=f.lens,
+                   **saved_args(f.saved, layer.index * f.dirs)))
+    if layer.index < t["num_layers"] - 1:
+        f.reorder(f.dirs * f.k, True, 1, (layer.out, 0), (f.saved["out", layer.index], 0))
 
 
 def _project(f: _Forward, layer: _Layer) -> None:
@@ -265,7 +293,7 @@ def _persist(f: _Forward, layer: _Layer) -> None:
     size, local = _persist_geometry(f.lim, t["batch"], t["hidden"], f.dirs)
     args = dict(B=t["batch"], S=t["seq"], H=t["hidden"], carry=t["carry"], reverse=t["reverse"],
                 xwb=(SCRATCH, sc["xw"]), **layer.bhh, h0b=layer.h0, c0b=layer.c0, **f.output(layer),
-                **cell_args(t, layer.peep))
+                **saved_args(f.saved, layer.index * f.dirs), **cell_args(t, layer.peep))
     if f.fused:
         h = f.h_buffers()
         args.update(K=f.k, wtb=layer.wt, hb0=h[0], hb1=h[1], cb=(SCRATCH, sc["c"]), ab=(SCRATCH, sc["aux"]),
@@ -291,7 +319,7 @@ def _steps(f: _Forward, layer: _Layer) -> None:
     psize, ploc = _proj_geometry(lim, b, k, dirs)
     walk = dict(B=b, S=s, H=h, reverse=t["reverse"], **f.output(layer), rb_=order)
     each_step = f.ahead("rnn_step", dict(walk, K=k, xwb=(SCRATCH, sc["xw"]), wtb=layer.wt, **layer.bhh, cb=cs,
-                                         ab=aux, **cell_args(t, layer.peep)))
+                                         ab=aux, **saved_args(f.saved, layer.index * dirs), **cell_args(t, layer.peep)))
     proj = f.ahead("rnn_proj", dict(walk, P=k, mb=aux, wb=layer.whr, lb=f.lens)) if _proj(t) else None
     for step in range(s):
         hin, hout = hbuf[step % 2], hbuf[1 - step % 2]

@@ -32,6 +32,7 @@ from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, linea
 from .limits import DeviceLimits
 from .registry import register
 from .rnn import CELL_TEXT, GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
+from .rnn_reserve import add_reorder, saved_args, saved_forward
 from .signatures import signature
 
 #: The version-2 fields the backward kernels implement, at both targets: the forward's, and the gradients of
@@ -81,7 +82,8 @@ class _Backward:
         self.lstm, self.gru = op == "lstm", op == "gru"
         self.proj, self.lbr0 = self.lstm and fwd["proj_size"] > 0, self.gru and not fwd["linear_before_reset"]
         self.sc, self.zero_from, self.scratch_bytes = _scratch(fwd, self.rs)
-        self.defines = variant(fwd)
+        self.defines = variant(fwd, "RNN_SAVED")
+        self.saved = saved_forward(fwd)
         self.lens = (ARENA, t["seq_lens"] or 0)
         self.in_sizes = layer_input_sizes(fwd)
         # per layer: W_ih's elements before it, and its input (arena x, or the layer below's output in scratch)
@@ -124,15 +126,36 @@ def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     c = _Backward(complete(thunk), lim)
     if c.t["seq_lens"] is not None:
         c.add("rnnb_zero", 256, dict(n=(c.scratch_bytes - c.zero_from) // c.rs, zb=(SCRATCH, c.zero_from)), per_row=False)
-    for l in range(c.layers):  # forward, bottom up
-        _forward_layer(c, l)
+    for l in range(c.layers):  # forward, bottom up (with a saved forward: its operands of the sums, batch-major)
+        (_saved_operands if c.saved else _forward_layer)(c, l)
     for l in reversed(range(c.layers)):  # reverse, top down
         _reverse_layer(c, l)
         _weight_gradients(c, l)
         _sums(c, l)
         if c.proj:
             _projection_gradient(c, l)
-    return LaunchPlan(tuple(c.launches), c.scratch_bytes, ("per-step forward recompute, then per-step reverse",))
+    kind = "saved forward read" if c.saved else "per-step forward recompute"
+    return LaunchPlan(tuple(c.launches), c.scratch_bytes, (f"{kind}, then per-step reverse",))
+
+
+def _saved_operands(c: _Backward, l: int) -> None:
+    """Layer ``l``'s arrays of the saved forward that the sums over the sequence read (the reverse walk reads the
+    rest in place), from time-major into the backward's batch-major scratch, where the recomputing forward keeps
+    them: h_prev (d_w_hh), gru's r * h without linear_before_reset, lstm's raw (d_w_hr) and its cells (d_peepholes),
+    and the layer's output (the input of the layer above)."""
+    ld, n, h, k, fwd = l * c.dirs, c.n, c.h, c.k, c.fwd
+    block = (c.saved["y", 1][1] - c.saved["y", 0][1]) // c.rs if ("y", 1) in c.saved else 0  # ld to ld, reals
+    forward_program = variant(fwd)  # rnn_reorder is the forward program's: the one its saving forward built
+    arrays = [("h_prev", "hp", k)]
+    arrays += [("hn", "hn", h)] if c.lbr0 else []
+    arrays += [("raw", "raw", h)] if c.proj else []
+    arrays += [("c_prev", "cp", h), ("c_new", "cn", h)] if c.peep(l) is not None else []
+    for name, kept, width in arrays:
+        add_reorder(c.launches, fwd, c.lim, forward_program, width, False, c.dirs, (c.saved[name, ld], block),
+                    (c.scr(f"{kept}{l}"), n * width))
+    if l < c.layers - 1:
+        add_reorder(c.launches, fwd, c.lim, forward_program, c.dirs * k, False, 1, (c.saved["out", l], 0),
+                    (c.scr(f"o{l}"), 0))
 
 
 def _forward_layer(c: _Backward, l: int) -> None:
@@ -218,7 +241,7 @@ def _reverse_layer(c: _Backward, l: int) -> None:
                                               dib=c.scr("dhin"), drb=c.scr("draw"), lb=c.lens)) if c.proj else None
     cell = c.ahead("rnnb_backward_cell", dict(K=k, **dy, **grads, drb=c.scr("draw"), dsb=c.scr("direct"), **kept,
                                               whb=whh, dzb=c.scr("dz"), dhzb=dzh, dz_rs=c.dirs * gh, dzcb=c.scr("dzc"),
-                                              **cell_args(c.fwd, c.peep(l))))
+                                              **saved_args(c.saved, ld), **cell_args(c.fwd, c.peep(l))))
     dh = _step_product(c, k, 2 * h if c.lbr0 else gh, (*c.scr("dzc"), b * gh, gh), (*whh, False, gh * k, k),
                        (*c.scr("dh"), b * k, k))  # dh = dzc W_hh, every row
     for step in range(c.s):

@@ -168,7 +168,11 @@ def test_every_planners_launches_bind_to_their_kernel_signatures(target):
     carried = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
     split = runner.lay_out(Case("mamba3", "f32", dict(batch=1, seq=64, heads=2, head_dim=8, state_size=6,
                                                       num_angles=2, **carried))).thunk
-    for launch in launches.plan(split, lim, ssm_kernel="lanes").launches:
+    # a saved forward with lengths: its zeros past them (no catalog case has both)
+    saved = runner.lay_out(Case("lstm", "f32", dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=1,
+                                                    bidirectional=True, carry=False, seq_lens=[5, 2], reserve=True,
+                                                    reserve_bytes=1 << 15))).thunk
+    for launch in launches.plan(split, lim, ssm_kernel="lanes").launches + launches.plan(saved, lim).launches:
         _check_bound(launch)
         kernels.add((launch.family, launch.kernel))
     for dtype in ("f32", "f64"):  # the scan driver's own launches

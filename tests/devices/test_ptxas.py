@@ -17,6 +17,8 @@ pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is n
 
 import numpy as np  # noqa: E402
 
+import rlx_gpu  # noqa: E402
+
 from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import nvrtc, programs  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
@@ -85,7 +87,19 @@ def _ssm_version2_programs():
     return out
 
 
-@pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES) + _ssm_version2_programs())
+def _rnn_reserve_programs():
+    """The recurrent programs with a saved forward (ABI.md §9.1): the forward writing it (RNN_SAVE), the backward
+    reading it (RNN_SAVED), for each op and each representative version-2 variant, in f32 and bf16."""
+    out = []
+    for family, flag in (("rnn", "RNN_SAVE"), ("rnn_backward", "RNN_SAVED")):
+        for base in tuple(gate_variant(g) for g in (4, 3, 1)) + RNN_FIELD_VARIANTS:
+            for dtype in ("f32", "bf16"):
+                prog = programs.program("cuda", family, dtype, None, "gpu", base + ((flag, 1),))
+                out.append(pytest.param(prog, id=f"{family}-{dtype}-{flag}" + "".join(f"-{k}{v}" for k, v in base)))
+    return out
+
+
+@pytest.mark.parametrize("prog", _gpu_programs(BUDGET_DTYPES) + _ssm_version2_programs() + _rnn_reserve_programs())
 def test_gpu_program_meets_sm90_budgets(prog):
     usage = nvrtc.resource_usage(cuda_builds.build(prog).log)
     assert usage, f"no ptxas report for {prog.label}"
@@ -153,6 +167,13 @@ def _field_thunks():
         (op, params, {}) for op, params in RNN_BACKWARD_FIELDS.values()]
 
 
+def _reserve_thunks():
+    """``_field_thunks`` with a saved forward (ABI.md §9.1, f32): the forward's kernels writing it, the backward's
+    reading it, and the reorders between the two orders of rows."""
+    return [(op, dict(params, reserve=True, reserve_bytes=rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **params})),
+             options) for op, params, options in _field_thunks()]
+
+
 #: every version-2 field of the state-space ops at once (f32 thunks; at the gpu target seq 64 takes the
 #: chunked forms, the varlen table of mamba2's among them)
 _SSM_V2 = dict(carry_state=True, state=True, d=True, z=True, batch=1, state_slots=[1, 0],
@@ -183,7 +204,7 @@ def _kind(arg) -> tuple[str, int]:
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, CPU], ids=["gpu", "cpu"])
 def test_every_launch_matches_its_kernel_signature(lim, dtype):
     checked = set()
-    for op, params, options in _thunks() + (_field_thunks() + SSM_V2_THUNKS if dtype == "f32" else []):
+    for op, params, options in _thunks() + (_field_thunks() + _reserve_thunks() + SSM_V2_THUNKS if dtype == "f32" else []):
         thunk, _ = cases.lay_out(op, dtype, params)
         for launch in launches.plan(thunk, lim, **options).launches:
             prog = programs.program_for("cuda", launch, lim)

@@ -26,12 +26,9 @@ CONFIG = load_config(default_config_path())
 def test_every_recurrent_backward_case_of_the_catalog_has_a_device_kernel(lim):
     backward = [c for c in catalog.cases() if BACKWARD.get(c.op) in RECURRENT and not c.refused]
     assert {c.op for c in backward} == {f"{op}_backward" for op in RECURRENT}
+    assert any("reserve" in case.params for case in backward)  # the saved forward's cases (ABI.md §9.1) too
     for case in backward:
-        why = launches.unsupported(complete(runner.lay_out(case).thunk), lim)
-        if "reserve" in case.params:  # the device kernels read no saved forward yet (issue 36): the host does
-            assert why is not None and "saved forward (reserve)" in why, case.id
-        else:
-            assert why is None, case.id
+        assert launches.unsupported(complete(runner.lay_out(case).thunk), lim) is None, case.id
 
 
 def test_the_cases_build_the_representative_variants():
@@ -69,9 +66,11 @@ def test_a_nan_gradient_stays_causal_with_every_field(cpu_session, host):
 
 
 @needs_opencl_cpu
-def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
-    """Graph.backward's gru_backward thunk placed on an OpenCL CPU device (its own target), f32, against torch autograd of
-    nn.GRU in float64, with the final state's gradient."""
+@pytest.mark.parametrize("recompute", [False, True], ids=["reserve", "recompute"])
+def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd(recompute):
+    """Graph.backward's gru and gru_backward thunks placed on an OpenCL CPU device (its own target), with the saved
+    forward Graph.backward gives them by default or recomputing, f32, against torch autograd of nn.GRU in float64,
+    with the final state's gradient."""
     import torch
 
     from rlx_gpu.graph.builder import Graph
@@ -85,11 +84,13 @@ def test_graph_backward_of_a_gru_on_the_device_matches_torch_autograd():
     x, h0, dy, dh = g.input("x", (b, s, i)), g.input("h0", (4, b, h)), g.input("dy", (b, s, 2 * h)), g.input("dh", (4, b, h))
     w = {k: g.input(k, np.shape(v)) for k, v in weights.items()}
     y, _ = g.gru(x, w["w_ih"], w["w_hh"], w["b_ih"], w["b_hh"], hidden=h, num_layers=2, bidirectional=True, h0=h0)
-    # recompute: the device kernels write and read no reserve yet (a saved forward would run on the host)
-    for name, grad in g.backward(y, dy, {"h0": dh}, recompute=True).items():
+    for name, grad in g.backward(y, dy, {"h0": dh}, recompute=recompute).items():
         g.output(f"d_{name}", grad)
     exe = g.compile(OPENCL_CPU[0])
-    assert {p.backend for p in exe.device.place(exe.schedule) if p.op == "gru_backward"} == {"opencl"}
+    placed = [p for p in exe.device.place(exe.schedule) if p.op in ("gru", "gru_backward")]
+    assert len(placed) == 2 and {p.backend for p in placed} == {"opencl"}
+    recurrent = [t for t in exe.schedule.thunks if t["op"] in ("gru", "gru_backward")]
+    assert all((t.get("reserve") is not None) != recompute for t in recurrent)
 
     xt, h0t = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((b, s, i), (4, b, h)))
     yt, hn = gru(xt, h0t)

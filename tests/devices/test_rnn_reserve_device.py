@@ -1,0 +1,257 @@
+"""The recurrent ops' saved forward (ABI.md §9.1, docs/abi.md 6a.1) on OpenCL CPU implementations at both kernel
+targets: the forward's kernels (persistent and per-step) write the reserve in the host's layout, and the device
+backward reads it instead of running the forward again.
+
+The gradients from a reserve equal (within f32 rounding) those the host computes recomputing its forward, for a
+reserve written on the device and read by the host, written by the host and read on the device, and both on the
+device; the bytes the host writes in a reserve are the bytes the device writes there; reruns give the same bytes;
+a schedule with a reserve runs on the device, one with a short reserve is refused naming the minimum. PoCL's two devices and Intel's runtime each run it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+import rlx_gpu
+from host_fallback.abi import complete, regions
+from host_fallback.abi.rnn import reserve_slots
+from rlx_gpu import launches
+from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
+from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.runtime.registry import status
+from support.gradient_check import read
+from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
+from support.rnn_backward_cases import backward_params, sample
+from support.saved_forward import laid_with_reserve, without_reserve
+
+CASES = [
+    ("lstm", {}), ("gru", {}), ("rnn", {}),
+    ("lstm", dict(seq_lens=[5, 2, 0], peepholes=True, clip=0.5, proj_size=2, w_hr=True,
+                  activations=[["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0]] * 2)),
+    ("lstm", dict(input_forget=True, clip=0.7, num_layers=1)),
+    ("gru", dict(linear_before_reset=False, clip=0.8, seq_lens=[3, 5, 1])),
+    ("gru", dict(activations=[["leaky_relu", 0.1, 0.0], ["tanh", 0.0, 0.0], ["sigmoid", 0.0, 0.0],
+                              ["softplus", 0.0, 0.0]])),
+    ("rnn", dict(reverse=True, bidirectional=False, seq_lens=[4, 1, 5], relu=True)),
+]
+IDS = [f"{op}-{'.'.join(extra) or 'base'}" for op, extra in CASES]
+TOL = {"f64": 1e-11, "f32": 2e-5, "bf16": 2e-2}  # of each gradient's largest magnitude
+#: the other OpenCL CPU implementations: PoCL's second device and Intel's runtime
+OTHER_DEVICES = [spec for spec in ("opencl:3:0", "opencl:2:0") if spec in {i.spec for i in status("opencl").devices}]
+
+
+def _laid(op: str, dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
+    """A backward thunk with a reserve of the minimum size, its arena, and the forward writing that reserve."""
+    return laid_with_reserve(op, dtype, backward_params(op, **extra), sample)
+
+
+def _run(session, thunk: dict, arena: np.ndarray, **options) -> np.ndarray:
+    """``arena`` after ``thunk``: on the device ``session`` (which must have kernels for it), or on the host."""
+    if session is None:
+        out = arena.copy()
+        host_fallback.execute(thunk, out)
+        return out
+    assert launches.unsupported(complete(thunk), session.limits) is None
+    on_device = session.upload(arena)
+    session.launch(thunk, on_device, **options)
+    return session.read(on_device, 0, arena.size)
+
+
+def _forward(session, forward: dict, arena: np.ndarray, **options) -> np.ndarray:
+    """The arena, lengthened to hold ``forward``'s dst, after ``forward``."""
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    longer[:arena.size] = arena
+    return _run(session, forward, longer, **options)
+
+
+def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    return {f: v for f, v in read(thunk, arena).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _with_reserve(thunk: dict, arena: np.ndarray, written: np.ndarray) -> np.ndarray:
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    out = arena.copy()
+    out[start:end] = written[start:end]
+    return out
+
+
+def _assert_close(got: dict, expected: dict, tol: float, what: str) -> None:
+    assert set(got) == set(expected)
+    for name in expected:
+        scale = np.abs(expected[name]).max() + 1e-30
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=f"{what}: {name}")
+
+
+def _every_way_matches_recomputing(session, op: str, extra: dict, dtype: str = "f32", **options) -> None:
+    """The gradients read from a reserve the device wrote (backward on the host and on the device), and from one
+    the host wrote (backward on the device), against the host's backward recomputing its forward."""
+    thunk, arena, forward = _laid(op, dtype, extra)
+    expected = _gradients(thunk, _run(None, without_reserve(thunk), arena))
+    on_device, on_host = _forward(session, forward, arena, **options), _forward(None, forward, arena)
+    for what, written, reader in (("device -> host", on_device, None), ("host -> device", on_host, session),
+                                  ("device -> device", on_device, session)):
+        got = _gradients(thunk, _run(reader, thunk, _with_reserve(thunk, arena, written)))
+        _assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op,extra", CASES, ids=IDS)
+def test_gradients_from_a_reserve_match_recomputing_across_devices(cpu_session, op, extra):
+    _every_way_matches_recomputing(cpu_session, op, extra)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+@pytest.mark.parametrize("kernel", ["persistent", "step"])
+def test_both_forward_kernels_write_the_reserve(cpu_session, op, kernel):
+    _every_way_matches_recomputing(cpu_session, op, {}, rnn_kernel=kernel)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("dtype", ["f64", "bf16"])
+def test_the_reserve_of_f64_and_16_bit_thunks(cpu_session, dtype):
+    """f64 keeps an f64 reserve, a bf16 thunk an f32 one (the compute type)."""
+    _every_way_matches_recomputing(cpu_session, "lstm", dict(seq_lens=[5, 2, 0], clip=0.5), dtype)
+
+
+def _host_written(thunk: dict, arena: np.ndarray, forward: dict) -> np.ndarray:
+    """Which bytes of the reserve the host's forward writes: the same after a run over zeros and over 0xFF."""
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    runs = []
+    for fill in (0, 255):
+        prefilled = arena.copy()
+        prefilled[start:end] = fill
+        runs.append(_forward(None, forward, prefilled)[start:end])
+    return runs[0] == runs[1]
+
+
+def _read(t: dict, name: str) -> bool:
+    """Whether a reader may read array ``name`` of the completed forward ``t``'s reserve (docs/abi.md 6a.1): ``u``
+    with a clip or a slot f/g activation other than sigmoid and tanh, the masks with a clip, lstm's ``c_new`` with
+    peepholes or an h activation other than tanh; every other array always."""
+    slots = {"lstm": 3, "gru": 2, "rnn": 1}[t["op"]]
+    names = [a[0] for a in t["activations"]]
+    if name == "u":
+        return bool(t["clip"]) or any(n not in ("sigmoid", "tanh") for k, n in enumerate(names) if k % slots < 2)
+    if name == "mask":
+        return bool(t["clip"])
+    if name == "c_new":
+        return t["peepholes"] is not None or any(n != "tanh" for k, n in enumerate(names) if k % slots == 2)
+    return True
+
+
+def _same_layout(session, op: str, extra: dict, **options) -> None:
+    """Every value of the reserve a reader may read, the host's forward and the device's write as the same number
+    (within f32 rounding; the clip's masks exactly)."""
+    thunk, arena, forward = _laid(op, "f32", extra)
+    start = thunk["reserve"]
+    host, device = _forward(None, forward, arena)[start:], _forward(session, forward, arena, **options)[start:]
+    written = _host_written(thunk, arena, forward)
+    t = complete(forward)
+    for slot in reserve_slots(t):
+        lo, hi = slot.offset, slot.end
+        mask = written[lo:hi]
+        if not _read(t, slot.name):
+            continue
+        assert mask.any(), slot
+        if slot.dtype == "u8":
+            assert np.array_equal(device[lo:hi][mask], host[lo:hi][mask]), (slot.name, slot.index)
+            continue
+        mask = mask.reshape(-1, 4).all(axis=1)  # f32 values the host wrote whole
+        got, want = device[lo:hi].view(np.float32)[mask], host[lo:hi].view(np.float32)[mask]
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * (np.abs(want).max() + 1), err_msg=str(slot))
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op,extra", [c for c in CASES if "seq_lens" not in c[1]],
+                         ids=[i for c, i in zip(CASES, IDS) if "seq_lens" not in c[1]])
+def test_the_device_writes_the_host_layout(cpu_session, op, extra):
+    _same_layout(cpu_session, op, extra)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op", ["lstm", "gru"])
+def test_reruns_give_the_same_bytes(cpu_session, op):
+    thunk, arena, forward = _laid(op, "f32", dict(clip=0.5, seq_lens=[5, 2, 0]))
+    first, second = _forward(cpu_session, forward, arena), _forward(cpu_session, forward, arena)
+    assert np.array_equal(first, second)
+    saved = _with_reserve(thunk, arena, first)
+    assert np.array_equal(_run(cpu_session, thunk, saved), _run(cpu_session, thunk, saved))
+
+
+def _schedule(op: str, short: int = 0) -> dict:
+    """A schedule of ``op`` (the catalog's small shape) with a reserve ``short`` bytes below the minimum."""
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
+    thunk, nbytes = lay_out(op, "f32", {"reserve": True, "reserve_bytes": need - short, **SMALL[op]})
+    return schedule_of(thunk, nbytes)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op", ["lstm", "gru_backward"])
+def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op):
+    device = rlx_gpu.get_device(OPENCL_CPU[0])
+    assert {a.backend for a in device.place(_schedule(op))} == {"opencl"}
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
+    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve_bytes': expected at least {need} bytes"):
+        device.run(_schedule(op, short=16))
+
+
+@pytest.mark.skipif(not OTHER_DEVICES, reason="no second PoCL device nor Intel's OpenCL runtime")
+@pytest.mark.parametrize("spec", OTHER_DEVICES)
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_other_opencl_implementations(spec, target):
+    session = open_device(find(spec), target)
+    for op, extra in (CASES[3], CASES[5]):
+        _every_way_matches_recomputing(session, op, extra)
+    _same_layout(session, "gru", dict(clip=0.5))
+
+
+#: run under Oclgrind: per target and op, a forward writing the reserve, then the backward reading it, every
+#: kernel the reserve adds among them (the zeros past the lengths, the reorders both ways, lstm's projection)
+_OCLGRIND_SCRIPT = """
+import numpy as np
+import rlx_gpu
+from host_fallback.abi import regions
+from rlx_gpu.conformance import runner
+from rlx_gpu.conformance.catalog import Case
+from rlx_gpu.conformance.devices import find, open_device
+for target in ("cpu", "gpu"):
+    session = open_device(find({spec!r}), target)
+    for op, params in {cases!r}:
+        need = rlx_gpu.reserve_bytes(dict(params, op=op, dtype="f32"))
+        laid = runner.lay_out(Case(op + "_backward", "f32", dict(params, reserve=True, reserve_bytes=need)))
+        forward = {{k: v for k, v in laid.thunk.items() if not k.startswith("d_")}}
+        forward.update(op=op, dst=-(-laid.arena.size // 256) * 256)
+        dst = next(r for r in regions(forward) if r.field == "dst")
+        arena = np.zeros(dst.offset + dst.nbytes, np.uint8)
+        arena[:laid.arena.size] = laid.arena
+        on_device = session.upload(arena)
+        session.launch(forward, on_device)
+        session.launch(laid.thunk, on_device)
+        session.finish()
+        print(target, op, "ran", flush=True)
+"""
+_OCLGRIND_CASES = [
+    ("lstm", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True,
+                  seq_lens=[3, 1], clip=0.5, peepholes=True, proj_size=2, w_hr=True)),
+    ("gru", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=1, bidirectional=False, carry=False,
+                 linear_before_reset=False, seq_lens=[2, 3])),
+]
+
+
+@pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
+def test_the_reserve_kernels_are_clean_under_oclgrind():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
+    spec = importlib.util.spec_from_file_location("oclgrind_check", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    script = _OCLGRIND_SCRIPT.format(spec="opencl:0:0", cases=_OCLGRIND_CASES)
+    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    assert code == 0, output[-3000:]
+    assert output.count(" ran") == 4 and not diagnostics, "\n".join(diagnostics[:40])
