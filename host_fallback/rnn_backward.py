@@ -43,7 +43,7 @@ from . import lstm_sequence, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
 from .bound import Bound
 from .implementations import KERNELS, PREPARE
-from .rnn_backward_passes import chunk_steps, forward_pass, recomputed, reverse_pass, time_chunks
+from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
 
@@ -70,16 +70,16 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 
 
 def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Region]) -> None:
-    """The reserve read (ABI.md §9.1) as one chunk, or the forward again in checkpointed chunks; then the
-    reverse pass."""
+    """The reverse pass in chunks, each chunk's kept arrays read from the reserve (ABI.md §9.1), or its forward
+    run again from the checkpoints of a forward pass."""
     fwd = forward_thunk(t)
     s = setup(fwd, Bound(t, arena, by_field))
     forwards, reverses = _recurrences(fwd)
+    chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     if t.get("reserve") is not None:
         above, kept = rnn_reserve.load(fwd, arena, s.cells)
-        reverse_pass(s, [None, *above], [(0, fwd["seq"])], lambda d, k, x: kept[d.ld], reverses)
+        reverse_pass(s, [None, *above], chunks, read_from(kept, chunks), reverses)
         return
-    chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     passed = forward_pass(s, forwards, chunks)
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed), reverses)
 

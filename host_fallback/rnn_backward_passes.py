@@ -1,15 +1,16 @@
 """The two passes of a recurrent backward thunk (``rnn_backward``) over chunks of steps: the forward bottom up,
 then backpropagation through time top down.
 
-A layer-direction's steps are cut into chunks of consecutive steps (``time_chunks``), which each pass walks in
-the direction's order (the reverse pass in the opposite one). Without a saved forward (ABI.md §9.1's ``reserve``
-absent) the backward checkpoints: the forward pass keeps every layer's output but the top one's (the next
-layer's input) and the state entering each chunk, and drops a chunk's gates once the next chunk has run; the
-reverse pass runs each chunk's forward again from its state (``recomputed``; the last one walked is still
-kept), keeping that chunk's gates only, and backpropagates through it. So a layer-direction holds ``seq/K`` states and ``K`` steps of gates
-(``chunk_steps``: K about ``sqrt(seq)``) where it held every step's, beside what the forward holds too (a layer's
-input) and its gradient; the price is a second forward of every chunk. With a reserve the whole sequence is
-one chunk whose kept arrays the reserve holds; a forward writing a reserve runs that one chunk too.
+A layer-direction's steps are cut into chunks of about ``sqrt(seq)`` consecutive steps (``chunk_steps``,
+``time_chunks``), which each pass walks in the direction's order (the reverse pass in the opposite one), so a
+layer-direction holds a chunk's gates and their gradients at a time, beside what the forward holds too (a
+layer's input) and the input's gradient. Without a saved forward (ABI.md §9.1's ``reserve`` absent) the backward
+checkpoints: the forward pass keeps every layer's output but the top one's (the next layer's input) and the
+state entering each chunk, and drops a chunk's gates once the next chunk has run; the reverse pass runs each
+chunk's forward again from its state (``recomputed``; the last one walked is still kept) and backpropagates
+through it: ``seq/K`` states and ``K`` steps of gates where every step's were held, at the price of a second
+forward of every chunk. With a reserve the reverse pass reads each chunk's steps of it (``read_from``); a
+forward writing a reserve runs the whole sequence as one chunk.
 
 A gradient summed over the steps (``d_w_ih``, ``d_w_hh``, the biases, peepholes, ``w_hr``) adds the chunks'
 sums in the reverse walk's order, fixed per thunk: a thunk gives the same bytes on every run.
@@ -175,6 +176,14 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
         h, c = passed.entries[d.ld][k]
         return forwards(d.cell, d.projection(x), d.weights, h, c, _valid_in(s, t0, t1),
                         _walked(t1 - t0, d.backwards))[2]
+    return keep
+
+
+def read_from(kept: list[Mapping[str, Array | None]], chunks: list[tuple[int, int]]) -> KeepOf:
+    """``keep(d, k, x)``: chunk ``k``'s steps of what the whole sequence's forward ``kept`` (a reserve's views)."""
+    def keep(d: Direction, k: int, x: Array) -> Mapping[str, Any]:
+        t0, t1 = chunks[k]
+        return {name: None if values is None else values[t0:t1] for name, values in kept[d.ld].items()}
     return keep
 
 
