@@ -45,7 +45,7 @@ from .bound import Bound
 from .implementations import KERNELS, PREPARE
 from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
 from .rnn_backward_setup import setup
-from .rnn_backward_steps import _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
+from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
 
 
 def _recurrences(fwd: Mapping[str, Any]) -> tuple[Callable, Callable]:
@@ -78,10 +78,11 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
     chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     if t.get("reserve") is not None:
         above, kept = rnn_reserve.load(fwd, arena, s.cells)
-        reverse_pass(s, [None, *above], chunks, read_from(kept, chunks), reverses)
+        reverse_pass(s, [None, *above, None], chunks, read_from(kept, chunks), reverses)
         return
-    passed = forward_pass(s, forwards, chunks)
-    reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed), reverses)
+    at_once = None if forwards is _compiled_lstm_forward else _CHUNK.get(fwd["op"])
+    passed = forward_pass(s, forwards, chunks, top=at_once is not None)  # the top layer's output: its states
+    reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 
 
 def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
@@ -97,7 +98,7 @@ def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
         s = setup(t, Bound(t, arena, by_field))
         reserve = rnn_reserve.slots(t, arena)
         passed = forward_pass(s, forwards, [(0, t["seq"])], reserve, top=True)
-        s.b.store("dst", passed.top.transpose(1, 0, 2))
+        s.b.store("dst", passed.inputs[-1].transpose(1, 0, 2))
         for f, value in passed.finals.items():
             s.b.store(f, value)
         rnn_reserve.save(t, reserve, s.cells, passed.kept)

@@ -18,6 +18,7 @@ sums in the reverse walk's order, fixed per thunk: a thunk gives the same bytes 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
@@ -109,14 +110,14 @@ def _zero_invalid(valid: Array | None, a: Array) -> Array:
 
 @dataclass
 class Forward:
-    """What the forward pass leaves: each layer's input (None for layer 0: ``x`` is read from the arena), per
-    layer-direction the state ``(h, c)`` entering each chunk (by chunk) and what its last chunk kept, the top
-    layer's output (where asked for) and the final states by field."""
+    """What the forward pass leaves: each layer's input and then the top layer's output where asked for
+    (``inputs[l]``, time-major; None for layer 0, whose ``x`` is read from the arena, and for the top layer's
+    output else), per layer-direction the state ``(h, c)`` entering each chunk (by chunk) and what its last
+    chunk kept, and the final states by field."""
 
     inputs: list[Array | None]
     entries: list[list[tuple[Array, Array | None]]]
     kept: list[dict[str, Array]]
-    top: Array | None
     finals: dict[str, Array]
 
 
@@ -158,21 +159,45 @@ def forward_pass(s: Setup, forwards: Callable, chunks: list[tuple[int, int]],
 
         each_direction([partial(forward, dr) for dr in range(dirs)])
         inputs.append(out)
-    return Forward(inputs[:layers], entries, kept, inputs[layers], finals)
+    return Forward(inputs, entries, kept, finals)
 
 
 KeepOf = Callable[[Direction, int, Array], Mapping[str, Any]]
 
 
-def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], passed: Forward) -> KeepOf:
-    """``keep(d, k, x)``: what chunk ``k`` of layer-direction ``d`` keeps, its forward run again from the state
-    the forward pass ``passed`` saw entering it (``x``: the chunk's input); the chunk the forward pass ran last,
-    which the reverse pass takes first, as that pass kept it (the same arithmetic)."""
+def _entering(out: Array, valid: Array | None, h0: Array, t0: int, t1: int, backwards: bool) -> Array:
+    """``[t1-t0, batch, W]``: the state entering each step ``t0:t1`` of a direction whose outputs are ``out``
+    (``[seq, batch, W]``, 0 past a row's length): the output of the step before it in the walk where that step is
+    a valid one, else the initial state ``h0`` (a row's valid steps are a prefix, so this is its walk's first)."""
+    before = np.arange(t0, t1) + (1 if backwards else -1)
+    at = np.clip(before, 0, out.shape[0] - 1)
+    ok = ((before >= 0) & (before < out.shape[0]))[:, None, None]
+    if valid is not None:
+        ok = ok & valid[at]
+    entering = out[at]
+    np.copyto(entering, h0, where=~ok)
+    return entering
+
+
+def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], passed: Forward,
+               at_once: Callable | None = None) -> KeepOf:
+    """``keep(d, k, x)``: what chunk ``k`` of layer-direction ``d`` keeps (``x``: the chunk's input). The chunk the
+    forward pass ran last, which the reverse pass takes first, as that pass kept it; the others run again:
+    with ``at_once`` (``rnn_backward_steps._CHUNK``: gru, rnn) all their steps at once from every step's
+    entering state, which the layer's output (``passed.inputs``) gives, else step by step from the state the
+    forward pass saw entering the chunk."""
+    width, (_, dirs) = output_width(s.fwd), recurrent_dims(s.fwd)
+
     def keep(d: Direction, k: int, x: Array) -> Mapping[str, Any]:
         if k == _walked(len(chunks), d.backwards)[-1] and passed.kept[d.ld]:
             kept, passed.kept[d.ld] = passed.kept[d.ld], {}
             return kept
         t0, t1 = chunks[k]
+        if at_once is not None:
+            layer, dr = divmod(d.ld, dirs)
+            out = passed.inputs[layer + 1][..., dr * width: (dr + 1) * width]
+            h0 = s.start(s.init, d.ld, width)[0]
+            return at_once(d.cell, d.projection(x), d.weights, _entering(out, s.valid, h0, t0, t1, d.backwards))
         h, c = passed.entries[d.ld][k]
         return forwards(d.cell, d.projection(x), d.weights, h, c, _valid_in(s, t0, t1),
                         _walked(t1 - t0, d.backwards))[2]
@@ -196,13 +221,31 @@ def _add(sums: dict[str, Array], chunk: Mapping[str, Array]) -> None:
             sums[f] = g
 
 
+class _Sum:
+    """The gradient of a layer's input ``[seq, batch, in_l]``, which both directions add into a chunk at a time
+    (in whichever order their threads come: ``a + b`` rounds like ``b + a``, so the bytes are the same)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype, chunks: int):
+        self.total = np.empty(shape, dtype)
+        self._added = [False] * chunks
+        self._lock = threading.Lock()
+
+    def add(self, k: int, t0: int, t1: int, part: Array) -> None:
+        with self._lock:
+            if self._added[k]:
+                self.total[t0:t1] += part
+            else:
+                self.total[t0:t1] = part
+                self._added[k] = True
+
+
 def reverse_pass(s: Setup, inputs: list[Array | None], chunks: list[tuple[int, int]], keep_of: KeepOf,
                  reverses: Callable) -> None:
     """The reverse, top down, chunk by chunk from each direction's last step, storing every gradient:
-    ``keep_of`` gives what a chunk's forward kept. ``d_y`` is the gradient of a layer's output, then of its input
-    (the top layer's read from ``d_dst`` a chunk at a time)."""
+    ``inputs`` as ``Forward.inputs``, ``keep_of`` gives what a chunk's forward kept. ``d_y`` is the gradient of a
+    layer's output, then of its input (the top layer's read from ``d_dst`` a chunk at a time)."""
     fwd, b = s.fwd, s.b
-    gates, dirs = recurrent_dims(fwd)
+    _, dirs = recurrent_dims(fwd)
     S, B, width, dt = fwd["seq"], fwd["batch"], output_width(fwd), COMPUTE[fwd["dtype"]]
     w_ih = b.load("w_ih")
     d_w_ih = np.zeros_like(w_ih)
@@ -211,12 +254,11 @@ def reverse_pass(s: Setup, inputs: list[Array | None], chunks: list[tuple[int, i
     d_init = {f: np.zeros_like(v) for f, v in s.init.items()} if s.init else {}
     d_y = None
     for layer in reversed(range(len(s.spans))):
-        d_ins: list[Array] = [None] * dirs
+        d_in = _Sum((S, B, s.spans[layer][0][2]), dt, len(chunks))
 
-        def reverse(dr: int, layer: int = layer, d_y: Array | None = d_y) -> None:
+        def reverse(dr: int, layer: int = layer, d_y: Array | None = d_y, d_in: _Sum = d_in) -> None:
             d = _direction(s, w_ih, layer, dr)
             cols = slice(dr * width, (dr + 1) * width)
-            d_in = d_ins[dr] = np.empty((S, B, d.w.shape[1]), dt)
             dh, dc = s.start(d_final, d.ld, width)
             sums: dict[str, Array] = {}
             for k in _walked(len(chunks), not d.backwards):
@@ -227,7 +269,7 @@ def reverse_pass(s: Setup, inputs: list[Array | None], chunks: list[tuple[int, i
                 d_pre, d_bias, d_w, (dh, dc) = reverses(d.cell, keep_of(d, k, x), d.weights, dy, dh, dc, valid,
                                                         _walked(t1 - t0, not d.backwards))
                 _add(sums, {"w_ih": _sum_outer(d_pre, x), **d_bias, **d_w})
-                np.matmul(d_pre.reshape(-1, d_pre.shape[-1]), d.w, out=d_in[t0:t1].reshape(-1, d.w.shape[1]))
+                d_in.add(k, t0, t1, d_pre @ d.w)
             if sums:  # none without steps
                 d_w_ih[d.lo:d.hi] = sums.pop("w_ih").reshape(-1)
             for f, g in sums.items():
@@ -236,12 +278,8 @@ def reverse_pass(s: Setup, inputs: list[Array | None], chunks: list[tuple[int, i
                 d_init[f][d.ld] = value
 
         each_direction([partial(reverse, dr) for dr in range(dirs)])
-        inputs[layer] = None  # the layer's input is no longer needed (a reserve's view: nothing freed)
-        d_in = d_ins[0]
-        if dirs == 2:
-            d_in += d_ins[1]  # in direction order: the same bytes every run
-        d_ins = []
-        d_y = _zero_invalid(s.valid, d_in) if layer else d_in
+        inputs[layer + 1] = None  # the layer's output is no longer needed (a reserve's view: nothing freed)
+        d_y = _zero_invalid(s.valid, d_in.total) if layer else d_in.total
     b.store("d_x", d_y.transpose(1, 0, 2))
     b.store("d_w_ih", d_w_ih)
     for f, g in {**grads, **d_init}.items():

@@ -129,39 +129,66 @@ def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Arra
     return dz_all, {"bias": _sum(dz_all)}, grads, (dh, dc)
 
 
+def _gru_keep(cell: _Cell, xp: Array, h_shape: tuple[int, ...], into: Mapping[str, Array] | None) -> dict:
+    """The arrays a gru's steps keep (``h_shape``: the entering states'): the projection's buffer becomes the
+    pre-activations ``u`` (each step adds the hidden side to its row, see ``_lstm_forward``)."""
+    keep = {k: _array(into, k, h_shape, xp.dtype) for k in ("h_prev", "hn")}  # every step writes its row
+    keep["u"] = xp
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
+    keep["mask"] = _array(into, "mask", xp.shape, bool, True) if cell.clip else None
+    return keep
+
+
+def _gru_gates(cell: _Cell, u: Array, y: Array, m: Array | None, h: Array, hidden: Array, w: Mapping[str, Array]):
+    """The gates of a step, or of a chunk's steps at once (a leading step axis) given each one's entering state
+    ``h``, and the n block's hidden-side operand (returned): ``u`` holds the input projection and becomes the pre-activations,
+    ``y`` the gates; ``hidden`` is ``h·W_hh^T`` (its r, z rows only without ``linear_before_reset``)."""
+    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
+    H = h.shape[-1]
+    hidden += b_hh if lbr else b_hh[: 2 * H]
+    u[..., : 2 * H] += hidden[..., : 2 * H]
+    cell.gate_into(0, u[..., : 2 * H], y[..., : 2 * H], None if m is None else m[..., : 2 * H])
+    r = y[..., :H]
+    if lbr:
+        hn = hidden[..., 2 * H:]
+        u[..., 2 * H:] += r * hn
+    else:
+        hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
+        u[..., 2 * H:] += hn @ w_hh[2 * H:].T
+        u[..., 2 * H:] += b_hh[2 * H:]
+    cell.gate_into(1, u[..., 2 * H:], y[..., 2 * H:], None if m is None else m[..., 2 * H:])
+    return hn
+
+
 def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
                  into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
     H = h.shape[1]
-    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
-    keep = {k: _array(into, k, (S, B, H), xp.dtype) for k in ("h_prev", "hn")}  # every step writes its row
-    keep["u"] = xp  # each step adds the hidden side to its row of the projection (see _lstm_forward)
-    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
-    keep["mask"] = _array(into, "mask", (S, B, 3 * H), bool, True) if cell.clip else None
-    hidden = np.empty((B, 3 * H if lbr else 2 * H), xp.dtype)
+    keep = _gru_keep(cell, xp, (S, B, H), into)
+    w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * H]
+    hidden = np.empty((B, w_h.shape[0]), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        u, y, m = xp[t], keep["y"][t], keep["mask"][t] if cell.clip else None
-        np.matmul(h, (w_hh if lbr else w_hh[: 2 * H]).T, out=hidden)
-        hidden += b_hh if lbr else b_hh[: 2 * H]
-        u[:, : 2 * H] += hidden[:, : 2 * H]
-        cell.gate_into(0, u[:, : 2 * H], y[:, : 2 * H], None if m is None else m[:, : 2 * H])
-        r, z = y[:, :H], y[:, H: 2 * H]
-        if lbr:
-            hn = hidden[:, 2 * H:]
-            u[:, 2 * H:] += r * hn
-        else:
-            hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
-            u[:, 2 * H:] += hn @ w_hh[2 * H:].T
-            u[:, 2 * H:] += b_hh[2 * H:]
-        cell.gate_into(1, u[:, 2 * H:], y[:, 2 * H:], None if m is None else m[:, 2 * H:])
-        n = y[:, 2 * H:]
+        np.matmul(h, w_h.T, out=hidden)
+        y = keep["y"][t]
+        keep["hn"][t] = _gru_gates(cell, xp[t], y, keep["mask"][t] if cell.clip else None, h, hidden, w)
+        z, n = y[:, H: 2 * H], y[:, 2 * H:]
         h_new = (1 - z) * n + z * h
-        keep["h_prev"][t], keep["hn"][t] = h, hn
+        keep["h_prev"][t] = h
         v = None if valid is None else valid[t]
         h = _where(v, h_new, h)
         out[t] = _where(v, h_new, 0)
     return out, (h, None), keep
+
+
+def _gru_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array) -> dict:
+    """What ``_gru_forward`` keeps over a chunk whose every step's entering state ``h_prev [n, batch, H]`` is
+    known (the layer's output, one step over): its steps at once, no recurrence."""
+    keep = _gru_keep(cell, xp, h_prev.shape, None)
+    w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * h_prev.shape[-1]]
+    keep["h_prev"] = h_prev
+    keep["hn"] = _gru_gates(cell, xp, keep["y"], keep["mask"], h_prev, h_prev @ w_h.T, w)
+    return keep
 
 
 def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
@@ -202,13 +229,18 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
     return d_in, {"b_ih": _sum(d_in), "b_hh": _sum(d_hid)}, {"w_hh": d_w_hh}, (dh, None)
 
 
+def _rnn_keep(cell: _Cell, xp: Array, into: Mapping[str, Array] | None) -> dict:
+    """The arrays an rnn's steps keep: the projection's rows become the pre-activations (see ``_lstm_forward``)."""
+    keep = {"h_prev": _array(into, "h_prev", xp.shape, xp.dtype), "u": xp}
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(1) else xp
+    keep["mask"] = _array(into, "mask", xp.shape, bool, True) if cell.clip else None
+    return keep
+
+
 def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
                  into: Mapping[str, Array] | None = None):
-    S, B, _ = xp.shape
-    H = h.shape[1]
-    keep = {"h_prev": _array(into, "h_prev", (S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
-    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(1) else xp
-    keep["mask"] = _array(into, "mask", (S, B, H), bool, True) if cell.clip else None
+    S, B, H = xp.shape
+    keep = _rnn_keep(cell, xp, into)
     hidden = np.empty((B, H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
@@ -221,6 +253,14 @@ def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
         h = _where(v, y, h)
         out[t] = _where(v, y, 0)
     return out, (h, None), keep
+
+
+def _rnn_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array) -> dict:
+    """``_gru_chunk`` for an rnn."""
+    keep = _rnn_keep(cell, xp, {"h_prev": h_prev})
+    xp += h_prev @ w["w_hh"].T
+    cell.gate_into(0, xp, keep["y"], keep["mask"])
+    return keep
 
 
 def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
@@ -265,6 +305,9 @@ def _lengths(valid: Array | None) -> Array:
 
 
 _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward, "rnn": _rnn_forward}
+#: The ops whose gates follow from each step's entering state alone (no cell carried between steps): a chunk's
+#: steps at once, given that state.
+_CHUNK = {"gru": _gru_chunk, "rnn": _rnn_chunk}
 _REVERSE = {"lstm": _lstm_reverse, "gru": _gru_reverse, "rnn": _rnn_reverse}
 
 
