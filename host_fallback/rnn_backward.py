@@ -80,7 +80,8 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
         above, kept = rnn_reserve.load(fwd, arena, s.cells)
         reverse_pass(s, [None, *above, None], chunks, read_from(kept, chunks), reverses)
         return
-    at_once = None if forwards is _compiled_lstm_forward else _CHUNK.get(fwd["op"])
+    compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None
+    at_once = None if compiled or peepholes else _CHUNK[fwd["op"]]
     passed = forward_pass(s, forwards, chunks, top=at_once is not None)  # the top layer's output: its states
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 

@@ -30,7 +30,7 @@ from .abi.rnn import output_width, recurrent_dims
 from .arena import COMPUTE
 from .rnn_backward_cell import _Cell
 from .rnn_backward_setup import Setup, each_direction
-from .rnn_backward_steps import _sum_outer
+from .rnn_backward_steps import _sum_outer, _times
 
 Array = np.ndarray
 #: The fewest steps a chunk holds (unless the sequence is shorter): each chunk costs a few GEMM calls of
@@ -73,7 +73,7 @@ class Direction:
         """``x [n, batch, in_l]`` times ``w`` plus the bias: ``[n, batch, G*hidden]``, in ``into`` where given."""
         rows = x.shape[0] * x.shape[1]
         if into is None:
-            xp = (x.reshape(rows, -1) @ self.w.T).reshape(*x.shape[:2], -1)
+            xp = _times(x, self.w.T)
         else:
             xp = into
             np.matmul(x.reshape(rows, -1), self.w.T, out=xp.reshape(rows, -1))
@@ -182,10 +182,10 @@ def _entering(out: Array, valid: Array | None, h0: Array, t0: int, t1: int, back
 def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], passed: Forward,
                at_once: Callable | None = None) -> KeepOf:
     """``keep(d, k, x)``: what chunk ``k`` of layer-direction ``d`` keeps (``x``: the chunk's input). The chunk the
-    forward pass ran last, which the reverse pass takes first, as that pass kept it; the others run again:
-    with ``at_once`` (``rnn_backward_steps._CHUNK``: gru, rnn) all their steps at once from every step's
-    entering state, which the layer's output (``passed.inputs``) gives, else step by step from the state the
-    forward pass saw entering the chunk."""
+    forward pass ran last, which the reverse pass takes first, as that pass kept it; the others run again
+    from the state the forward pass saw entering the chunk: with ``at_once`` (``rnn_backward_steps._CHUNK``)
+    their gates all at once from every step's entering state, which the layer's output (``passed.inputs``)
+    gives, else step by step."""
     width, (_, dirs) = output_width(s.fwd), recurrent_dims(s.fwd)
 
     def keep(d: Direction, k: int, x: Array) -> Mapping[str, Any]:
@@ -193,14 +193,14 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
             kept, passed.kept[d.ld] = passed.kept[d.ld], {}
             return kept
         t0, t1 = chunks[k]
-        if at_once is not None:
-            layer, dr = divmod(d.ld, dirs)
-            out = passed.inputs[layer + 1][..., dr * width: (dr + 1) * width]
-            h0 = s.start(s.init, d.ld, width)[0]
-            return at_once(d.cell, d.projection(x), d.weights, _entering(out, s.valid, h0, t0, t1, d.backwards))
         h, c = passed.entries[d.ld][k]
-        return forwards(d.cell, d.projection(x), d.weights, h, c, _valid_in(s, t0, t1),
-                        _walked(t1 - t0, d.backwards))[2]
+        valid, order = _valid_in(s, t0, t1), _walked(t1 - t0, d.backwards)
+        if at_once is None:
+            return forwards(d.cell, d.projection(x), d.weights, h, c, valid, order)[2]
+        layer, dr = divmod(d.ld, dirs)
+        out = passed.inputs[layer + 1][..., dr * width: (dr + 1) * width]
+        h_prev = _entering(out, s.valid, s.start(s.init, d.ld, width)[0], t0, t1, d.backwards)
+        return at_once(d.cell, d.projection(x), d.weights, h_prev, c, valid, order)
     return keep
 
 
@@ -269,7 +269,7 @@ def reverse_pass(s: Setup, inputs: list[Array | None], chunks: list[tuple[int, i
                 d_pre, d_bias, d_w, (dh, dc) = reverses(d.cell, keep_of(d, k, x), d.weights, dy, dh, dc, valid,
                                                         _walked(t1 - t0, not d.backwards))
                 _add(sums, {"w_ih": _sum_outer(d_pre, x), **d_bias, **d_w})
-                d_in.add(k, t0, t1, d_pre @ d.w)
+                d_in.add(k, t0, t1, _times(d_pre, d.w))
             if sums:  # none without steps
                 d_w_ih[d.lo:d.hi] = sums.pop("w_ih").reshape(-1)
             for f, g in sums.items():
