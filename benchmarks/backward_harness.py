@@ -1,8 +1,11 @@
-"""What the host backward benchmarks (gdn_backward, mamba2_backward, selective_scan_backward) share: their
-command line, the peak memory one call allocates, and a table's column heads."""
+"""What the host backward benchmarks (gdn_backward, mamba2_backward, selective_scan_backward, rnn_backward,
+backward_memory) share: their command line, the BLAS's threads, the peak memory one call allocates, and a
+table's column heads."""
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tracemalloc
 
 
@@ -13,6 +16,14 @@ def with_backward_arguments(parser: argparse.ArgumentParser, runs: int) -> argpa
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--memory-seq", type=int, default=4096)
     return parser
+
+
+def blas_threads(threads: int) -> None:
+    """Run this script again with ``OPENBLAS_NUM_THREADS=threads`` unless it is set so already: the BLAS reads it
+    once, when NumPy loads."""
+    if os.environ.get("OPENBLAS_NUM_THREADS") != str(threads):
+        os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
+        os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def peak_bytes(fn) -> int:

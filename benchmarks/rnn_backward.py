@@ -26,8 +26,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_fallback  # noqa: E402
+from backward_harness import blas_threads  # noqa: E402
 from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
 from rlx_gpu.conformance.cases import lay_out  # noqa: E402
@@ -97,9 +99,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="BLAS and torch threads")
     parser.add_argument("--cpu-time", action="store_true", help="CPU time instead of wall time")
     args = parser.parse_args()
-    if os.environ.get("OPENBLAS_NUM_THREADS") != str(args.threads):  # BLAS reads it when it loads
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
-        os.execv(sys.executable, [sys.executable, *sys.argv])
+    blas_threads(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)

@@ -30,6 +30,22 @@ def _array(into: Mapping[str, Array] | None, name: str, shape: tuple[int, ...], 
     return np.empty(shape, dtype) if fill is None else np.full(shape, fill, dtype)
 
 
+def _lstm_leading_gates(cell: _Cell, u: Array, y: Array, m: Array | None) -> None:
+    """i, f (``1 - i`` with ``input_forget``) and g of a step's pre-activations ``u`` into ``y``, or of a chunk's
+    steps at once (a leading step axis); ``m`` the clip's mask."""
+    H, first = u.shape[-1] // 4, 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead
+    cell.gate_into(0, u[..., : first * H], y[..., : first * H], None if m is None else m[..., : first * H])
+    if cell.input_forget:
+        np.subtract(1, y[..., :H], out=y[..., H: 2 * H])
+    cell.gate_into(1, u[..., 2 * H: 3 * H], y[..., 2 * H: 3 * H], None if m is None else m[..., 2 * H: 3 * H])
+
+
+def _lstm_output_gate(cell: _Cell, u: Array, y: Array, m: Array | None) -> None:
+    """o, as ``_lstm_leading_gates`` (after the new cell's peephole, where there is one)."""
+    H = u.shape[-1] // 4
+    cell.gate_into(0, u[..., 3 * H:], y[..., 3 * H:], None if m is None else m[..., 3 * H:])
+
+
 def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Array, valid: Array | None, order,
                   into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
@@ -47,7 +63,6 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
     direct = w_hr is None and valid is None
     scratch = np.empty((B, H), xp.dtype) if w_hr is None and valid is not None else None
-    first = 1 if cell.input_forget else 2  # the gates of activation slot 0 that lead: i (and f)
     for t in order:
         keep["h_prev"][t], keep["c_prev"][t] = h, c
         u, y, c_new, hc = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t]
@@ -58,15 +73,11 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
             u[:, :H] += peep[:H] * c
             u[:, H: 2 * H] += peep[2 * H:] * c
         m = keep["mask"][t] if cell.clip else None
-        cell.gate_into(0, u[:, : first * H], y[:, : first * H], None if m is None else m[:, : first * H])
-        if cell.input_forget:
-            np.subtract(1, y[:, :H], out=y[:, H: 2 * H])
-        cell.gate_into(1, u[:, 2 * H: 3 * H], y[:, 2 * H: 3 * H], None if m is None else m[:, 2 * H: 3 * H])
-        np.multiply(y[:, H: 2 * H], c, out=c_new)
-        c_new += y[:, :H] * y[:, 2 * H: 3 * H]
+        _lstm_leading_gates(cell, u, y, m)
+        _lstm_cell(y, c, c_new)
         if peep is not None:
             u[:, 3 * H:] += peep[H: 2 * H] * c_new
-        cell.gate_into(0, u[:, 3 * H:], y[:, 3 * H:], None if m is None else m[:, 3 * H:])
+        _lstm_output_gate(cell, u, y, m)
         cell.acts[2].into(c_new, hc)
         np.multiply(y[:, 3 * H:], hc, out=raw)
         h_new = raw @ w_hr.T if w_hr is not None else raw
@@ -75,6 +86,35 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
         if not direct:
             out[t] = _where(v, h_new, 0)
     return out, (h, c), keep
+
+
+def _lstm_cell(y: Array, c: Array, c_new: Array) -> None:
+    """``c_new = f⊙c + i⊙g`` from a step's gates ``y``."""
+    H = c.shape[-1]
+    np.multiply(y[:, H: 2 * H], c, out=c_new)
+    c_new += y[:, :H] * y[:, 2 * H: 3 * H]
+
+
+def _lstm_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, c: Array, valid: Array | None,
+                order) -> dict:
+    """What ``_lstm_forward`` keeps over a chunk whose every step's entering state ``h_prev`` is known, without
+    peepholes (whose gates read the cell): the gates of its steps at once, then the cell step by step from its
+    entering value ``c`` (``order``: the walk), then ``h(c')`` at once."""
+    n, B, _ = xp.shape
+    keep = {k: np.empty((n, B, c.shape[-1]), xp.dtype) for k in ("c_prev", "c_new", "hc")}
+    keep.update(h_prev=h_prev, u=xp, y=np.empty_like(xp) if cell.keeps_pre_activations(2) else xp,
+                mask=np.ones(xp.shape, bool) if cell.clip else None)
+    xp += _times(h_prev, w["w_hh"].T)
+    _lstm_leading_gates(cell, xp, keep["y"], keep["mask"])
+    _lstm_output_gate(cell, xp, keep["y"], keep["mask"])
+    for t in order:
+        keep["c_prev"][t] = c
+        _lstm_cell(keep["y"][t], c, keep["c_new"][t])
+        c = _where(None if valid is None else valid[t], keep["c_new"][t], c)
+    cell.acts[2].into(keep["c_new"], keep["hc"])
+    if w.get("w_hr") is not None:
+        keep["raw"] = keep["y"][..., 3 * c.shape[-1]:] * keep["hc"]
+    return keep
 
 
 def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: Array, valid: Array | None,
@@ -129,39 +169,66 @@ def _lstm_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Arra
     return dz_all, {"bias": _sum(dz_all)}, grads, (dh, dc)
 
 
+def _gru_keep(cell: _Cell, xp: Array, h_shape: tuple[int, ...], into: Mapping[str, Array] | None) -> dict:
+    """The arrays a gru's steps keep (``h_shape``: the entering states'): the projection's buffer becomes the
+    pre-activations ``u`` (each step adds the hidden side to its row, see ``_lstm_forward``)."""
+    keep = {k: _array(into, k, h_shape, xp.dtype) for k in ("h_prev", "hn")}  # every step writes its row
+    keep["u"] = xp
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
+    keep["mask"] = _array(into, "mask", xp.shape, bool, True) if cell.clip else None
+    return keep
+
+
+def _gru_gates(cell: _Cell, u: Array, y: Array, m: Array | None, h: Array, hidden: Array, w: Mapping[str, Array]):
+    """The gates of a step, or of a chunk's steps at once (a leading step axis) given each one's entering state
+    ``h``, and the n block's hidden-side operand (returned): ``u`` holds the input projection and becomes the pre-activations,
+    ``y`` the gates; ``hidden`` is ``h·W_hh^T`` (its r, z rows only without ``linear_before_reset``)."""
+    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
+    H = h.shape[-1]
+    hidden += b_hh if lbr else b_hh[: 2 * H]
+    u[..., : 2 * H] += hidden[..., : 2 * H]
+    cell.gate_into(0, u[..., : 2 * H], y[..., : 2 * H], None if m is None else m[..., : 2 * H])
+    r = y[..., :H]
+    if lbr:
+        hn = hidden[..., 2 * H:]
+        u[..., 2 * H:] += r * hn
+    else:
+        hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
+        u[..., 2 * H:] += _times(hn, w_hh[2 * H:].T)
+        u[..., 2 * H:] += b_hh[2 * H:]
+    cell.gate_into(1, u[..., 2 * H:], y[..., 2 * H:], None if m is None else m[..., 2 * H:])
+    return hn
+
+
 def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
                  into: Mapping[str, Array] | None = None):
     S, B, _ = xp.shape
     H = h.shape[1]
-    w_hh, b_hh, lbr = w["w_hh"], w["b_hh"], cell.linear_before_reset
-    keep = {k: _array(into, k, (S, B, H), xp.dtype) for k in ("h_prev", "hn")}  # every step writes its row
-    keep["u"] = xp  # each step adds the hidden side to its row of the projection (see _lstm_forward)
-    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
-    keep["mask"] = _array(into, "mask", (S, B, 3 * H), bool, True) if cell.clip else None
-    hidden = np.empty((B, 3 * H if lbr else 2 * H), xp.dtype)
+    keep = _gru_keep(cell, xp, (S, B, H), into)
+    w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * H]
+    hidden = np.empty((B, w_h.shape[0]), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        u, y, m = xp[t], keep["y"][t], keep["mask"][t] if cell.clip else None
-        np.matmul(h, (w_hh if lbr else w_hh[: 2 * H]).T, out=hidden)
-        hidden += b_hh if lbr else b_hh[: 2 * H]
-        u[:, : 2 * H] += hidden[:, : 2 * H]
-        cell.gate_into(0, u[:, : 2 * H], y[:, : 2 * H], None if m is None else m[:, : 2 * H])
-        r, z = y[:, :H], y[:, H: 2 * H]
-        if lbr:
-            hn = hidden[:, 2 * H:]
-            u[:, 2 * H:] += r * hn
-        else:
-            hn = r * h  # the n block's hidden-side operand: W_hn·(r⊙h)
-            u[:, 2 * H:] += hn @ w_hh[2 * H:].T
-            u[:, 2 * H:] += b_hh[2 * H:]
-        cell.gate_into(1, u[:, 2 * H:], y[:, 2 * H:], None if m is None else m[:, 2 * H:])
-        n = y[:, 2 * H:]
+        np.matmul(h, w_h.T, out=hidden)
+        y = keep["y"][t]
+        keep["hn"][t] = _gru_gates(cell, xp[t], y, keep["mask"][t] if cell.clip else None, h, hidden, w)
+        z, n = y[:, H: 2 * H], y[:, 2 * H:]
         h_new = (1 - z) * n + z * h
-        keep["h_prev"][t], keep["hn"][t] = h, hn
+        keep["h_prev"][t] = h
         v = None if valid is None else valid[t]
         h = _where(v, h_new, h)
         out[t] = _where(v, h_new, 0)
     return out, (h, None), keep
+
+
+def _gru_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, *_) -> dict:
+    """What ``_gru_forward`` keeps over a chunk whose every step's entering state ``h_prev [n, batch, H]`` is
+    known (the layer's output, one step over): its steps at once, no recurrence."""
+    keep = _gru_keep(cell, xp, h_prev.shape, None)
+    w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * h_prev.shape[-1]]
+    keep["h_prev"] = h_prev
+    keep["hn"] = _gru_gates(cell, xp, keep["y"], keep["mask"], h_prev, _times(h_prev, w_h.T), w)
+    return keep
 
 
 def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
@@ -202,13 +269,18 @@ def _gru_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array
     return d_in, {"b_ih": _sum(d_in), "b_hh": _sum(d_hid)}, {"w_hh": d_w_hh}, (dh, None)
 
 
+def _rnn_keep(cell: _Cell, xp: Array, into: Mapping[str, Array] | None) -> dict:
+    """The arrays an rnn's steps keep: the projection's rows become the pre-activations (see ``_lstm_forward``)."""
+    keep = {"h_prev": _array(into, "h_prev", xp.shape, xp.dtype), "u": xp}
+    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(1) else xp
+    keep["mask"] = _array(into, "mask", xp.shape, bool, True) if cell.clip else None
+    return keep
+
+
 def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array, order,
                  into: Mapping[str, Array] | None = None):
-    S, B, _ = xp.shape
-    H = h.shape[1]
-    keep = {"h_prev": _array(into, "h_prev", (S, B, H), xp.dtype), "u": xp}  # the projection's rows (see _lstm_forward)
-    keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(1) else xp
-    keep["mask"] = _array(into, "mask", (S, B, H), bool, True) if cell.clip else None
+    S, B, H = xp.shape
+    keep = _rnn_keep(cell, xp, into)
     hidden = np.empty((B, H), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
@@ -221,6 +293,14 @@ def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
         h = _where(v, y, h)
         out[t] = _where(v, y, 0)
     return out, (h, None), keep
+
+
+def _rnn_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, *_) -> dict:
+    """``_gru_chunk`` for an rnn."""
+    keep = _rnn_keep(cell, xp, {"h_prev": h_prev})
+    xp += _times(h_prev, w["w_hh"].T)
+    cell.gate_into(0, xp, keep["y"], keep["mask"])
+    return keep
 
 
 def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
@@ -265,6 +345,10 @@ def _lengths(valid: Array | None) -> Array:
 
 
 _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward, "rnn": _rnn_forward}
+#: What a chunk's forward keeps, given every step's entering state ``h_prev`` (``(cell, xp, w, h_prev, c, valid,
+#: order)``, ``c`` the cell entering the chunk): the gates of every step at once (an lstm's with peepholes read the
+#: cell: not here), and no recurrence but an lstm's cell.
+_CHUNK = {"lstm": _lstm_chunk, "gru": _gru_chunk, "rnn": _rnn_chunk}
 _REVERSE = {"lstm": _lstm_reverse, "gru": _gru_reverse, "rnn": _rnn_reverse}
 
 
@@ -276,6 +360,12 @@ def _where(valid: Array | None, new: Array, old: Array | float) -> Array:
 def _sum(a: Array) -> Array:
     """Sum over the time and batch axes of ``[seq, batch, n]``."""
     return a.reshape(-1, a.shape[-1]).sum(axis=0)
+
+
+def _times(a: Array, m: Array) -> Array:
+    """``a [..., k]`` times ``m [k, n]`` as one GEMM over all of ``a``'s rows (NumPy's matmul would run one small
+    product per leading index)."""
+    return (a.reshape(-1, a.shape[-1]) @ m).reshape(*a.shape[:-1], m.shape[1])
 
 
 def _sum_outer(d: Array, operand: Array) -> Array:

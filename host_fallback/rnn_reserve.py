@@ -51,38 +51,31 @@ def slots(t: Mapping[str, Any], arena: np.ndarray) -> tuple[list[dict[str, Array
 
 
 def save(t: Mapping[str, Any], reserve: tuple[list[dict[str, Array]], list[Array]], cells: Sequence[_Cell],
-         inputs: Sequence[Array], kept: Sequence[Sequence[Mapping[str, Array]]]) -> None:
-    """Copy what each layer-direction ``kept`` (``rnn_backward_steps``' forward) and every layer's input but
-    the first (``inputs[1:]``) into the ``reserve`` (``slots``), where the forward did not keep it there
-    already: what the backward reads."""
+         kept: Sequence[Mapping[str, Array]]) -> None:
+    """Copy what each layer-direction ``kept`` (``rnn_backward_steps``' forward, by layer-direction) into the
+    ``reserve`` (``slots``) where the forward did not keep it there already: what the backward reads. (The
+    forward pass writes the layers' outputs there itself.)"""
     _, dirs = recurrent_dims(t)
-    per_ld, outs = reserve
-    for layer, per_direction in enumerate(kept):
-        for dr, keep in enumerate(per_direction):
-            dest = per_ld[layer * dirs + dr]
-            for name, values in keep.items():
-                read = name != "u" or _pre_activations_read(t, cells[dr])
-                if values is not None and read and values is not dest[name]:
-                    dest[name][...] = values
-    for values, dest in zip(inputs[1:], outs):
-        if values is not dest:
-            dest[...] = values
+    per_ld = reserve[0]
+    for ld, keep in enumerate(kept):
+        dest = per_ld[ld]
+        for name, values in keep.items():
+            read = name != "u" or _pre_activations_read(t, cells[ld % dirs])
+            if values is not None and read and values is not dest[name]:
+                dest[name][...] = values
 
 
-def load(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell]) -> tuple[list[Array], list[list[dict]]]:
-    """``(inputs above layer 0, kept)`` as ``save`` wrote them: views of the reserve, which the reverse pass
-    only reads."""
+def load(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell]) -> tuple[list[Array], list[dict]]:
+    """``(inputs above layer 0, kept by layer-direction)`` as ``save`` wrote them: views of the reserve, which the
+    reverse pass only reads."""
     _, dirs = recurrent_dims(t)
     per_ld, outs = slots(t, arena)
     kept = []
-    for layer in range(t["num_layers"]):
-        per_direction = []
-        for dr in range(dirs):
-            keep = dict(per_ld[layer * dirs + dr])
-            if not _pre_activations_read(t, cells[dr]):
-                keep["u"] = keep["y"]
-            if not cells[dr].clip:
-                keep["mask"] = None
-            per_direction.append(keep)
-        kept.append(per_direction)
+    for ld, saved in enumerate(per_ld):
+        keep = dict(saved)
+        if not _pre_activations_read(t, cells[ld % dirs]):
+            keep["u"] = keep["y"]
+        if not cells[ld % dirs].clip:
+            keep["mask"] = None
+        kept.append(keep)
     return outs, kept
