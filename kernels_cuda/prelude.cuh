@@ -42,3 +42,80 @@ typedef long long i64;
  * ex2.approx.ftz.f32 and flushes subnormal results to zero; exp2f without -ftz is the same instruction
  * without the flush. */
 #define HW_EXP_F32(x) exp2f((x) * 1.44269504088896341f)
+
+#ifdef RLX_MMA
+/* The tensor-core words of a launch's RLX_MMA variant (CUDA only; kernels_opencl/prelude.cl refuses it):
+ * RLX_MMA 1, 16-bit operands (the thunk's own f16 / bf16) with f32 accumulation; RLX_MMA 2, TF32 operands
+ * from f32 (only when asked for: RLX_CUDA_TF32=1). The kernel text deals in 16x16x16 tiles of mma_t in
+ * LOCAL memory (mma_tile); TF32's native k is 8, so a tile is two of its steps. */
+#include <cuda_bf16.h>
+#include <mma.h>
+#define RLX_MMA_CAT_(a, b) a##b
+#define RLX_MMA_CAT(a, b) RLX_MMA_CAT_(a, b)
+#define RLX_MMA_T_F16 __half
+#define RLX_MMA_T_BF16 __nv_bfloat16
+#define RLX_MMA_T_F32 float
+#define RLX_TO_MMA_F16(v) __float2half_rn(v)
+#define RLX_TO_MMA_BF16(v) __float2bfloat16_rn(v)
+#define RLX_TO_MMA_F32(v) (v)
+/* an operand element in LOCAL memory, and an f32 value rounded to it (TF32 rounds in mma_tile) */
+typedef RLX_MMA_CAT(RLX_MMA_T_, RLX_DT) mma_t;
+#define TO_MMA(v) RLX_MMA_CAT(RLX_TO_MMA_, RLX_DT)((float)(v))
+#if RLX_MMA == 2
+typedef nvcuda::wmma::precision::tf32 mma_in_t;
+#define MMA_K 8
+#else
+typedef mma_t mma_in_t;
+#define MMA_K 16
+#endif
+#define MMA_ROW nvcuda::wmma::row_major
+#define MMA_COL nvcuda::wmma::col_major
+/* a 16x16 f32 accumulator tile of one warp */
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, MMA_K, float> mma_acc;
+/* whether a layout tag is row-major (the tags are incomplete types: only a template can tell them apart) */
+template <typename L> struct mma_is_row;
+template <> struct mma_is_row<MMA_ROW> { static constexpr bool value = true; };
+template <> struct mma_is_row<MMA_COL> { static constexpr bool value = false; };
+
+template <typename Frag> DEVICE_FN void mma_round(Frag& f)
+{
+#if RLX_MMA == 2
+    for (int i = 0; i < f.num_elements; ++i)
+        f.x[i] = nvcuda::wmma::__float_to_tf32(f.x[i]);
+#endif
+}
+
+/* acc += A B over one 16x16x16 tile, warp-wide: A (16 x 16) at `a` with leading dimension `lda`, laid out
+ * as LA (MMA_ROW: a[i*lda + k]; MMA_COL: a[k*lda + i]), B (16 x 16) at `b` as LB (MMA_ROW: b[k*ldb + j];
+ * MMA_COL: b[j*ldb + k]). Leading dimensions are multiples of 8 elements, tiles 32-byte aligned. */
+template <typename LA, typename LB>
+DEVICE_FN void mma_tile(mma_acc& acc, const mma_t* a, unsigned lda, const mma_t* b, unsigned ldb)
+{
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, MMA_K, mma_in_t, LA> fa;
+    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, MMA_K, mma_in_t, LB> fb;
+    for (int k = 0; k < 16; k += MMA_K) {
+        /* the k-th slice: along A's rows and down B's columns */
+        nvcuda::wmma::load_matrix_sync(fa, a + (mma_is_row<LA>::value ? k : k * lda), lda);
+        nvcuda::wmma::load_matrix_sync(fb, b + (mma_is_row<LB>::value ? k * ldb : k), ldb);
+        mma_round(fa);
+        mma_round(fb);
+        nvcuda::wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+DEVICE_FN void mma_zero(mma_acc& acc) { nvcuda::wmma::fill_fragment(acc, 0.0f); }
+/* the accumulator to / from a row-major f32 tile in LOCAL memory (leading dimension a multiple of 4) */
+DEVICE_FN void mma_store(float* p, const mma_acc& acc, unsigned ld)
+{
+    nvcuda::wmma::store_matrix_sync(p, acc, ld, nvcuda::wmma::mem_row_major);
+}
+DEVICE_FN void mma_load(mma_acc& acc, const float* p, unsigned ld)
+{
+    nvcuda::wmma::load_matrix_sync(acc, p, ld, nvcuda::wmma::mem_row_major);
+}
+/* LOCAL memory holding MMA tiles (32-byte aligned, as wmma's loads and stores want), the warp of a lane,
+ * and an operand element back in f32 (exact) */
+#define MMA_LOCAL __shared__ __align__(32)
+#define MMA_WARP(lane) ((lane) >> 5)
+#define FROM_MMA(v) ((float)(v))
+#endif

@@ -33,3 +33,7 @@ typedef long i64;
 
 /* The hardware exp of the gpu target (the device's own precision; PoCL and Oclgrind give exp's). */
 #define HW_EXP_F32(x) exp(x)
+
+#ifdef RLX_MMA
+#error "RLX_MMA (tensor-core variants) is CUDA's alone: an OpenCL launch never asks for it"
+#endif
