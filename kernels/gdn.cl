@@ -434,7 +434,11 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
  * steps is bounded by t (no product with a zero mask), so a NaN at step t of a lane reaches only its
  * outputs from t on: in its chunk through G, P, T and U, beyond it through the state. */
 #define GDN_LOG_FLOOR (-104.2789f)
-#define GDN_QP (GDN_Q + 1)   /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#if defined(RLX_MMA) && RLX_MMA == 2
+#define GDN_QP GDN_Q /* TF32: chunk_prep's T is a tensor-core operand where it lies (rows 32-byte aligned) */
+#else
+#define GDN_QP (GDN_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#endif
 #define GDN_NTP (GDN_NT + 1)
 #define GDN_OTP (GDN_OT + 1)
 #define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
@@ -501,6 +505,54 @@ INLINE_FN gdn_chunk_slot gdn_chunk_slot_of(i64 bhc, i64 R, i64 S, i64 H, i64 HV,
     return out;
 }
 
+#ifdef RLX_MMA
+#if GDN_NT != 16 || GDN_Q % 16 != 0 || GDN_LANES / 32 < GDN_Q / 16
+#error "the MMA variant of gated_delta_net_chunk_prep tiles 16x16, GDN_NT = 16 columns at a time"
+#endif
+#if RLX_MMA == 1
+/* T's tiles below the diagonal (m, its strict lower triangle, f32) as 16-bit operands in tl, rows GDN_Q
+ * apart; zero past the chunk's steps. TF32 takes m where it lies (GDN_QP = GDN_Q). */
+INLINE_FN void gdn_stage_t(LOCAL_PTR mma_t* tl, LOCAL_PTR const real* m, int steps, int lane)
+{
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) {
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        if (s / 16 < t / 16)
+            tl[e] = TO_MMA(t < steps ? m[t * GDN_QP + s] : (real)0);
+    }
+}
+#endif
+
+/* out[t][i0+ii] = x[t] + sum_{s<t} T[t][s] x[s] for the GDN_NT columns staged in kt (f32) and xs (operands):
+ * each lane sums the diagonal tile's terms in f32, the warps w < GDN_Q/16 add T's tiles below the
+ * diagonal times xs on the tensor cores (steps 16w..), and the lanes store. */
+INLINE_FN void gdn_wu_tiles(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const mma_t* tl, LOCAL_PTR const real* m,
+                            LOCAL_PTR const real* kt, LOCAL_PTR const mma_t* xs, LOCAL_PTR float* yl, int steps, int lane)
+{
+    for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+        const int t = e / 16, ii = e - t * 16;
+        real x = kt[t * GDN_NTP + ii];
+        for (int s = t / 16 * 16; s < t; ++s)
+            x += m[t * GDN_QP + s] * kt[s * GDN_NTP + ii];
+        yl[e] = t < steps ? x : (real)0;
+    }
+    BARRIER();
+    const int w = MMA_WARP(lane);
+    if (w < GDN_Q / 16 && w * 16 < steps) {
+        mma_acc y;
+        mma_load(y, yl + w * 256, 16);
+        for (int sj = 0; sj < w; ++sj)
+            mma_tile<MMA_ROW, MMA_ROW>(y, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, xs + sj * 256, 16);
+        mma_store(yl + w * 256, y, 16);
+    }
+    BARRIER();
+    for (int e = lane; e < steps * 16; e += GDN_LANES) {
+        const int t = e / 16, ii = e - t * 16;
+        if (i0 + ii < width)
+            out[t * width + i0 + ii] = yl[e];
+    }
+}
+#endif
+
 KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                   int varlen, GLOBAL uchar* cb, i64 co,
                                   GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -508,8 +560,20 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
                                   GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo,
                                   GLOBAL uchar* ub, i64 uo)
 {
-    LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
+    LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], bs[GDN_Q];
     LOCAL real rqs[GDN_Q], rks[GDN_Q];
+#ifdef RLX_MMA
+    MMA_LOCAL real m[GDN_Q * GDN_QP];
+    MMA_LOCAL mma_t xs[GDN_Q * 16];
+    MMA_LOCAL float yl[GDN_Q * 16];
+#if RLX_MMA == 2
+    LOCAL_PTR const mma_t* const tl = m;
+#else
+    MMA_LOCAL mma_t tl[GDN_Q * GDN_Q];
+#endif
+#else
+    LOCAL real m[GDN_Q * GDN_QP];
+#endif
     /* a number past the last chunk of a varlen batch has no steps: the whole group walks empty loops to every
      * barrier (a work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashed on
      * it in mamba2_chunk_state) */
@@ -597,23 +661,32 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         BARRIER();
     }
     /* W = T beta exp(G) K (pass 0, K columns) and U0 = T beta V (pass 1, V columns), GDN_NT columns at a
-     * time through kt */
+     * time through kt (zero past the chunk's steps, which MMA tiles cover) */
+#if RLX_MMA == 1
+    gdn_stage_t(tl, m, steps, lane);
+#endif
     for (int pass = 0; pass < 2; ++pass) {
         const i64 width = steps == 0 ? 0 : pass ? V : K;
         for (i64 i0 = 0; i0 < width; i0 += GDN_NT) {
             BARRIER();
-            for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
+            for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
                 const int s = e / GDN_NT, ii = e - s * GDN_NT;
                 real x = (real)0;
-                if (i0 + ii < width) {
+                if (s < steps && i0 + ii < width) {
                     const i64 tok = t0 + s;
                     x = bs[s] * (pass ? LOAD(v, (tok * HV + vh) * V + i0 + ii)
                                       : LOAD(k, (tok * H + kh) * K + i0 + ii) * rks[s]
                                             * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
                 }
                 kt[s * GDN_NTP + ii] = x;
+#ifdef RLX_MMA
+                xs[e] = TO_MMA(x);
+#endif
             }
             BARRIER();
+#ifdef RLX_MMA
+            gdn_wu_tiles(pass ? um : wm, width, i0, tl, m, kt, xs, yl, steps, lane);
+#else
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
                 const int t = e / GDN_NT, ii = e - t * GDN_NT;
                 if (i0 + ii < width) {
@@ -623,6 +696,7 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
                     (pass ? um : wm)[t * width + i0 + ii] = x;
                 }
             }
+#endif
         }
     }
 }
@@ -714,13 +788,83 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         }
 }
 
+#ifdef RLX_MMA
+#if GDN_NT != 16 || GDN_Q % 16 != 0 || GDN_OT % 16 != 0 || GDN_LANES / 32 != (GDN_Q / 16) * (GDN_OT / 16)
+#error "the MMA variant of gated_delta_net_chunk_out tiles 16x16, one output tile per warp"
+#endif
+/* Where gated_delta_net_chunk_out's outputs go: step t's column jc (jc < cols) at at + t * stride + jc. */
+typedef struct {
+    GLOBAL store_t* dst;
+    i64 at, stride, cols;
+    real scale;
+} gdn_out_tile;
+
+/* out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]) over the tile's GDN_OT columns on the
+ * tensor cores (kernels_cuda/prelude.cuh): warp w owns the output tile (w / (GDN_OT/16), w % (GDN_OT/16));
+ * the q.S0 product runs over K in slices of 16 (qs: the chunk's scaled q rows, the group's staging of
+ * the portable path); P's tiles below the diagonal and U are operands, P's diagonal tiles stay f32 for a
+ * per-lane sum bounded by t, so that, as on the portable path, nothing at a step s > t (not even a NaN)
+ * reaches out[t]. P, U and the state round to the operand type (as fla rounds them to the input type). */
+INLINE_FN void gdn_out_product(gdn_out_tile out, GLOBAL const store_t* q, GLOBAL const real* nrm, int qk_norm,
+                               GLOBAL const real* gam, i64 gw, int per_channel, i64 t0, i64 H, i64 kh, i64 K,
+                               i64 V, GLOBAL const real* states, GLOBAL const real* pm, GLOBAL const real* um,
+                               int steps, int lane)
+{
+    MMA_LOCAL mma_t qs[GDN_Q * 16], hs[16 * GDN_OT], pl[GDN_Q * GDN_Q], ul[GDN_Q * GDN_OT];
+    MMA_LOCAL float pd[GDN_Q * 16], yl[GDN_Q * GDN_OT];
+    const int w = MMA_WARP(lane), ti = w / (GDN_OT / 16), tj = w - ti * (GDN_OT / 16);
+    mma_acc y;
+    mma_zero(y);
+    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
+        BARRIER(); /* the previous slice's readers are done */
+        for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+            const int t = e / 16, ii = e - t * 16;
+            const i64 i = i0 + ii, key = (t0 + t) * H + kh;
+            qs[e] = TO_MMA(t < steps && i < K ? LOAD(q, key * K + i) * (GDN_V2 && qk_norm ? nrm[2 * key] : (real)1)
+                                                    * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0);
+        }
+        for (int e = lane; e < 16 * GDN_OT; e += GDN_LANES) {
+            const int ii = e / GDN_OT, jc = e - ii * GDN_OT;
+            hs[e] = TO_MMA(i0 + ii < K && jc < out.cols ? states[(i0 + ii) * V + jc] : (real)0);
+        }
+        BARRIER();
+        mma_tile<MMA_ROW, MMA_ROW>(y, qs + ti * 16 * 16, 16, hs + tj * 16, GDN_OT);
+    }
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) { /* P: the tiles below the diagonal, the diagonal's */
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        const real v = s <= t && t < steps ? pm[e] : (real)0;
+        if (s / 16 == t / 16)
+            pd[t * 16 + s % 16] = v;
+        else if (s / 16 < t / 16)
+            pl[e] = TO_MMA(v);
+    }
+    for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
+        const int t = e / GDN_OT, jc = e - t * GDN_OT;
+        ul[e] = TO_MMA(t < steps && jc < out.cols ? um[t * V + jc] : (real)0);
+    }
+    BARRIER();
+    for (int sj = 0; sj < ti; ++sj)
+        mma_tile<MMA_ROW, MMA_ROW>(y, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
+    mma_store(yl + ti * 16 * GDN_OT + tj * 16, y, GDN_OT);
+    BARRIER();
+    for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
+        const int t = e / GDN_OT, jc = e - t * GDN_OT;
+        if (t < steps && jc < out.cols) {
+            real x = yl[e];
+            for (int s = t / 16 * 16; s <= t; ++s)
+                x += pd[t * 16 + s % 16] * FROM_MMA(ul[s * GDN_OT + jc]);
+            STORE(out.dst, out.at + t * out.stride + jc, out.scale * x);
+        }
+    }
+}
+#endif
+
 KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                  int varlen, GLOBAL uchar* cb, i64 co, real scale,
                                  GLOBAL uchar* qb, i64 qo, GLOBAL uchar* db, i64 dof, GLOBAL uchar* nb, i64 no,
                                  GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo,
                                  GLOBAL uchar* hb, i64 ho)
 {
-    LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
     const int lane = (int)LID(0);
     GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
@@ -736,6 +880,11 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
     GLOBAL const real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
     GLOBAL const real* states = AT(real, hb, ho) + bhc * K * V;
     GLOBAL const real* nrm = AT(real, nb, no);
+#ifdef RLX_MMA
+    const gdn_out_tile out = {dst, (t0 * HV + vh) * V + j0, HV * V, V - j0, scale};
+    gdn_out_product(out, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0, steps, lane);
+#else
+    LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */
     real y[GDN_OY];
     PRAGMA_UNROLL
@@ -785,5 +934,6 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
             STORE(dst, ((t0 + t) * HV + vh) * V + j0 + jj, scale * x);
         }
     }
+#endif
 }
 #endif

@@ -829,19 +829,37 @@ typedef struct {
     real dv;
 } m2_scan_out;
 
-/* C.B^T and C.S_in^T of one chunk on the tensor cores, over N in slices of 16: warp w accumulates the
- * C.B^T tiles (w/2, 2(w%2)) and (w/2, 2(w%2)+1) that lie on or below the diagonal, and for w < 4 the state
- * tile of steps 16w..16w+15; then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT]. c and b: the
- * chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state row. */
+#define M2_QT (M2_Q / 16)                    /* 16-step tiles of a chunk */
+#define M2_GT (M2_QT * (M2_QT + 1) / 2)      /* C.B^T tiles on and below the diagonal */
+#if (M2_LANES / 32) * 2 < M2_GT + M2_QT
+#error "mamba2_chunk_scan's MMA variant gives each warp at most two product tiles"
+#endif
+/* Product tile k of a chunk (of M2_GT + M2_QT): the C.B^T tiles (ti, sj) on and below the diagonal, row by
+ * row, then the state tiles C.S_in^T of steps 16ti.. (sj = -1). */
+INLINE_FN int m2_product_tile(int k, int* sj)
+{
+    int ti = 0;
+    while (k >= M2_GT ? 0 : (ti + 1) * (ti + 2) / 2 <= k)
+        ++ti;
+    *sj = k < M2_GT ? k - ti * (ti + 1) / 2 : -1;
+    return k < M2_GT ? ti : k - M2_GT;
+}
+
+/* C.B^T and C.S_in^T of one chunk on the tensor cores, over N in slices of 16: warp w accumulates product
+ * tiles w and w + warps (m2_product_tile), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
+ * c and b: the chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state
+ * row (of `rows`). */
 INLINE_FN void m2_scan_tiles(LOCAL_PTR float* gm, LOCAL_PTR float* ys, GLOBAL const real* states, i64 rows,
                              GLOBAL const store_t* c, GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
 {
     MMA_LOCAL mma_t cs[M2_Q * 16], bs[M2_Q * 16], ss[M2_PT * 16];
-    const int w = MMA_WARP(lane), ti = w / 2, sj = (w % 2) * 2;
-    mma_acc g0, g1, y;
-    mma_zero(g0);
-    mma_zero(g1);
-    mma_zero(y);
+    const int w = MMA_WARP(lane), k1 = w + M2_LANES / 32;
+    int s0, s1;
+    const int t0 = m2_product_tile(w, &s0), t1 = m2_product_tile(k1, &s1);
+    const int has0 = w < M2_GT + M2_QT, has1 = k1 < M2_GT + M2_QT;
+    mma_acc a0, a1;
+    mma_zero(a0);
+    mma_zero(a1);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < M2_Q * 16; e += M2_LANES) {
@@ -855,19 +873,15 @@ INLINE_FN void m2_scan_tiles(LOCAL_PTR float* gm, LOCAL_PTR float* ys, GLOBAL co
             ss[e] = TO_MMA(p < rows && n0 + nn < N ? states[p * N + n0 + nn] : (real)0);
         }
         BARRIER();
-        if (ti < M2_Q / 16 && sj <= ti)
-            mma_tile<MMA_ROW, MMA_COL>(g0, cs + ti * 256, 16, bs + sj * 256, 16);
-        if (ti < M2_Q / 16 && sj + 1 <= ti)
-            mma_tile<MMA_ROW, MMA_COL>(g1, cs + ti * 256, 16, bs + (sj + 1) * 256, 16);
-        if (w < M2_Q / 16)
-            mma_tile<MMA_ROW, MMA_COL>(y, cs + w * 256, 16, ss, 16);
+        if (has0)
+            mma_tile<MMA_ROW, MMA_COL>(a0, cs + t0 * 256, 16, s0 < 0 ? ss : bs + s0 * 256, 16);
+        if (has1)
+            mma_tile<MMA_ROW, MMA_COL>(a1, cs + t1 * 256, 16, s1 < 0 ? ss : bs + s1 * 256, 16);
     }
-    if (ti < M2_Q / 16 && sj <= ti)
-        mma_store(gm + ti * 16 * M2_Q + sj * 16, g0, M2_Q);
-    if (ti < M2_Q / 16 && sj + 1 <= ti)
-        mma_store(gm + ti * 16 * M2_Q + (sj + 1) * 16, g1, M2_Q);
-    if (w < M2_Q / 16)
-        mma_store(ys + w * 16 * M2_PT, y, M2_PT);
+    if (has0)
+        mma_store(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, a0, s0 < 0 ? M2_PT : M2_Q);
+    if (has1)
+        mma_store(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, a1, s1 < 0 ? M2_PT : M2_Q);
 }
 
 /* y[t][p] = exp(L[t]) C[t].S_in[p] + sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t].B[s]) x[s][p] on the tensor
