@@ -539,10 +539,10 @@ INLINE_FN void gdn_wu_tiles(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const
     const int w = MMA_WARP(lane);
     if (w < GDN_Q / 16 && w * 16 < steps) {
         mma_acc y;
-        mma_load(y, yl + w * 256, 16);
+        MMA_LOAD(y, yl + w * 256, 16);
         for (int sj = 0; sj < w; ++sj)
-            mma_tile<MMA_ROW, MMA_ROW>(y, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, xs + sj * 256, 16);
-        mma_store(yl + w * 256, y, 16);
+            MMA_TILE(y, ROW, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, ROW, xs + sj * 256, 16);
+        MMA_STORE(yl + w * 256, y, 16);
     }
     BARRIER();
     for (int e = lane; e < steps * 16; e += GDN_LANES) {
@@ -799,22 +799,39 @@ typedef struct {
     real scale;
 } gdn_out_tile;
 
+/* gated_delta_net_chunk_out's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them
+ * there): qs [GDN_Q][16] and hs [16][GDN_OT], slices of the scaled q and of S0; pl [GDN_Q][GDN_Q], P's
+ * operands below the diagonal; ul [GDN_Q][GDN_OT], U; pd [GDN_Q][16] f32, P's diagonal tiles; yl
+ * [GDN_Q][GDN_OT] f32, the output tile. */
+typedef struct {
+    LOCAL_PTR mma_t* qs;
+    LOCAL_PTR mma_t* hs;
+    LOCAL_PTR mma_t* pl;
+    LOCAL_PTR mma_t* ul;
+    LOCAL_PTR float* pd;
+    LOCAL_PTR float* yl;
+} gdn_out_local;
+
 /* out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]) over the tile's GDN_OT columns on the
  * tensor cores (kernels_cuda/prelude.cuh): warp w owns the output tile (w / (GDN_OT/16), w % (GDN_OT/16));
  * the q.S0 product runs over K in slices of 16 (qs: the chunk's scaled q rows, the group's staging of
  * the portable path); P's tiles below the diagonal and U are operands, P's diagonal tiles stay f32 for a
  * per-lane sum bounded by t, so that, as on the portable path, nothing at a step s > t (not even a NaN)
  * reaches out[t]. P, U and the state round to the operand type (as fla rounds them to the input type). */
-INLINE_FN void gdn_out_product(gdn_out_tile out, GLOBAL const store_t* q, GLOBAL const real* nrm, int qk_norm,
-                               GLOBAL const real* gam, i64 gw, int per_channel, i64 t0, i64 H, i64 kh, i64 K,
-                               i64 V, GLOBAL const real* states, GLOBAL const real* pm, GLOBAL const real* um,
+INLINE_FN void gdn_out_product(gdn_out_tile out, gdn_out_local at, GLOBAL const store_t* q, GLOBAL const real* nrm,
+                               int qk_norm, GLOBAL const real* gam, i64 gw, int per_channel, i64 t0, i64 H, i64 kh,
+                               i64 K, i64 V, GLOBAL const real* states, GLOBAL const real* pm, GLOBAL const real* um,
                                int steps, int lane)
 {
-    MMA_LOCAL mma_t qs[GDN_Q * 16], hs[16 * GDN_OT], pl[GDN_Q * GDN_Q], ul[GDN_Q * GDN_OT];
-    MMA_LOCAL float pd[GDN_Q * 16], yl[GDN_Q * GDN_OT];
+    LOCAL_PTR mma_t* const qs = at.qs;
+    LOCAL_PTR mma_t* const hs = at.hs;
+    LOCAL_PTR mma_t* const pl = at.pl;
+    LOCAL_PTR mma_t* const ul = at.ul;
+    LOCAL_PTR float* const pd = at.pd;
+    LOCAL_PTR float* const yl = at.yl;
     const int w = MMA_WARP(lane), ti = w / (GDN_OT / 16), tj = w - ti * (GDN_OT / 16);
     mma_acc y;
-    mma_zero(y);
+    MMA_ZERO(y);
     for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
@@ -828,7 +845,7 @@ INLINE_FN void gdn_out_product(gdn_out_tile out, GLOBAL const store_t* q, GLOBAL
             hs[e] = TO_MMA(i0 + ii < K && jc < out.cols ? states[(i0 + ii) * V + jc] : (real)0);
         }
         BARRIER();
-        mma_tile<MMA_ROW, MMA_ROW>(y, qs + ti * 16 * 16, 16, hs + tj * 16, GDN_OT);
+        MMA_TILE(y, ROW, qs + ti * 16 * 16, 16, ROW, hs + tj * 16, GDN_OT);
     }
     for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) { /* P: the tiles below the diagonal, the diagonal's */
         const int t = e / GDN_Q, s = e - t * GDN_Q;
@@ -844,8 +861,8 @@ INLINE_FN void gdn_out_product(gdn_out_tile out, GLOBAL const store_t* q, GLOBAL
     }
     BARRIER();
     for (int sj = 0; sj < ti; ++sj)
-        mma_tile<MMA_ROW, MMA_ROW>(y, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
-    mma_store(yl + ti * 16 * GDN_OT + tj * 16, y, GDN_OT);
+        MMA_TILE(y, ROW, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, ROW, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
+    MMA_STORE(yl + ti * 16 * GDN_OT + tj * 16, y, GDN_OT);
     BARRIER();
     for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
         const int t = e / GDN_OT, jc = e - t * GDN_OT;
@@ -881,8 +898,11 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
     GLOBAL const real* states = AT(real, hb, ho) + bhc * K * V;
     GLOBAL const real* nrm = AT(real, nb, no);
 #ifdef RLX_MMA
+    MMA_LOCAL mma_t qs[GDN_Q * 16], hs[16 * GDN_OT], pl[GDN_Q * GDN_Q], ul[GDN_Q * GDN_OT];
+    MMA_LOCAL float pd[GDN_Q * 16], yl[GDN_Q * GDN_OT];
+    const gdn_out_local at = {qs, hs, pl, ul, pd, yl};
     const gdn_out_tile out = {dst, (t0 * HV + vh) * V + j0, HV * V, V - j0, scale};
-    gdn_out_product(out, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0, steps, lane);
+    gdn_out_product(out, at, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0, steps, lane);
 #else
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */

@@ -704,12 +704,11 @@ typedef real m2_op_t;
 
 #ifdef RLX_MMA
 /* states[p0+p][n] = sum_s xw[s][p] b[s][n] for the chunk's steps: each warp one 16x16 tile of M2_NW
- * columns per pass, from b staged as [M2_Q][M2_NW] operands, through an f32 tile to the bounded store. */
-INLINE_FN void m2_state_product(GLOBAL real* states, LOCAL_PTR const m2_op_t* xw, GLOBAL const store_t* bm, i64 t0,
-                                int steps, i64 G, i64 grp, i64 N, i64 P, i64 p0, int lane)
+ * columns per pass, from b staged as [M2_Q][M2_NW] operands (bs), through an f32 tile (out) to the bounded
+ * store. */
+INLINE_FN void m2_state_mma(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCAL_PTR mma_t* bs, LOCAL_PTR float* out,
+                            GLOBAL const store_t* bm, i64 t0, int steps, i64 G, i64 grp, i64 N, i64 P, i64 p0, int lane)
 {
-    MMA_LOCAL mma_t bs[M2_Q * M2_NW];
-    MMA_LOCAL float out[M2_PT * M2_NW];
     const int w = MMA_WARP(lane);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M2_NW) {
         BARRIER(); /* the previous pass's readers are done */
@@ -719,10 +718,10 @@ INLINE_FN void m2_state_product(GLOBAL real* states, LOCAL_PTR const m2_op_t* xw
         }
         BARRIER();
         mma_acc acc;
-        mma_zero(acc);
+        MMA_ZERO(acc);
         for (int s0 = 0; s0 < steps; s0 += 16)
-            mma_tile<MMA_COL, MMA_ROW>(acc, xw + s0 * M2_PT, M2_PT, bs + s0 * M2_NW + w * 16, M2_NW);
-        mma_store(out + w * 16, acc, M2_NW);
+            MMA_TILE(acc, COL, xw + s0 * M2_PT, M2_PT, ROW, bs + s0 * M2_NW + w * 16, M2_NW);
+        MMA_STORE(out + w * 16, acc, M2_NW);
         BARRIER();
         for (int e = lane; e < M2_PT * M2_NW; e += M2_LANES) {
             const int p = e / M2_NW, nn = e - p * M2_NW;
@@ -785,7 +784,13 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     if (p0 == 0 && lane == 0 && steps > 0)
         AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t bs[M2_Q * M2_NW];
+    MMA_LOCAL float out[M2_PT * M2_NW];
+    m2_state_mma(states, xw, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
+#else
     m2_state_product(states, xw, bm, t0, steps, G, grp, N, P, p0, lane);
+#endif
 }
 
 /* One work-item per state element of one (row, head): walks the row's chunks in order, leaving in
@@ -845,21 +850,38 @@ INLINE_FN int m2_product_tile(int k, int* sj)
     return k < M2_GT ? ti : k - M2_GT;
 }
 
+/* mamba2_chunk_scan's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them there):
+ * gm [M2_Q][M2_Q] f32, C.B^T and then its diagonal tiles decayed; gmm the operands below the diagonal (TF32:
+ * gm itself); ys [M2_Q][M2_PT] f32, the output tile; cs, bs [M2_Q][16] and ss [M2_PT][16], the slices of c,
+ * b and the state. */
+typedef struct {
+    LOCAL_PTR float* gm;
+    LOCAL_PTR float* ys;
+    LOCAL_PTR mma_t* gmm;
+    LOCAL_PTR mma_t* cs;
+    LOCAL_PTR mma_t* bs;
+    LOCAL_PTR mma_t* ss;
+} m2_scan_local;
+
 /* C.B^T and C.S_in^T of one chunk on the tensor cores, over N in slices of 16: warp w accumulates product
  * tiles w and w + warps (m2_product_tile), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
  * c and b: the chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state
  * row (of `rows`). */
-INLINE_FN void m2_scan_tiles(LOCAL_PTR float* gm, LOCAL_PTR float* ys, GLOBAL const real* states, i64 rows,
-                             GLOBAL const store_t* c, GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
+INLINE_FN void m2_scan_tiles(m2_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
+                             GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
 {
-    MMA_LOCAL mma_t cs[M2_Q * 16], bs[M2_Q * 16], ss[M2_PT * 16];
+    LOCAL_PTR mma_t* const cs = at.cs;
+    LOCAL_PTR mma_t* const bs = at.bs;
+    LOCAL_PTR mma_t* const ss = at.ss;
+    LOCAL_PTR float* const gm = at.gm;
+    LOCAL_PTR float* const ys = at.ys;
     const int w = MMA_WARP(lane), k1 = w + M2_LANES / 32;
     int s0, s1;
     const int t0 = m2_product_tile(w, &s0), t1 = m2_product_tile(k1, &s1);
     const int has0 = w < M2_GT + M2_QT, has1 = k1 < M2_GT + M2_QT;
     mma_acc a0, a1;
-    mma_zero(a0);
-    mma_zero(a1);
+    MMA_ZERO(a0);
+    MMA_ZERO(a1);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < M2_Q * 16; e += M2_LANES) {
@@ -874,14 +896,14 @@ INLINE_FN void m2_scan_tiles(LOCAL_PTR float* gm, LOCAL_PTR float* ys, GLOBAL co
         }
         BARRIER();
         if (has0)
-            mma_tile<MMA_ROW, MMA_COL>(a0, cs + t0 * 256, 16, s0 < 0 ? ss : bs + s0 * 256, 16);
+            MMA_TILE(a0, ROW, cs + t0 * 256, 16, COL, s0 < 0 ? ss : bs + s0 * 256, 16);
         if (has1)
-            mma_tile<MMA_ROW, MMA_COL>(a1, cs + t1 * 256, 16, s1 < 0 ? ss : bs + s1 * 256, 16);
+            MMA_TILE(a1, ROW, cs + t1 * 256, 16, COL, s1 < 0 ? ss : bs + s1 * 256, 16);
     }
     if (has0)
-        mma_store(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, a0, s0 < 0 ? M2_PT : M2_Q);
+        MMA_STORE(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, a0, s0 < 0 ? M2_PT : M2_Q);
     if (has1)
-        mma_store(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, a1, s1 < 0 ? M2_PT : M2_Q);
+        MMA_STORE(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, a1, s1 < 0 ? M2_PT : M2_Q);
 }
 
 /* y[t][p] = exp(L[t]) C[t].S_in[p] + sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t].B[s]) x[s][p] on the tensor
@@ -890,17 +912,14 @@ INLINE_FN void m2_scan_tiles(LOCAL_PTR float* gm, LOCAL_PTR float* ys, GLOBAL co
  * tensor cores (warp w < M2_Q/16: steps 16w..), and each lane adds its diagonal terms, a sum bounded by t,
  * and stores. As on the portable path nothing at a step s > t reaches y[t], not even a NaN: such entries
  * are selected away, never multiplied by a zero mask. */
-INLINE_FN void m2_scan_product(m2_scan_out out, GLOBAL const real* states, GLOBAL const store_t* c,
+INLINE_FN void m2_scan_product(m2_scan_out out, m2_scan_local at, GLOBAL const real* states, GLOBAL const store_t* c,
                                GLOBAL const store_t* b, i64 stride, i64 N, int steps, LOCAL_PTR const real* dts,
-                               LOCAL_PTR const real* Ls, LOCAL_PTR const m2_op_t* xs, int lane)
+                               LOCAL_PTR const real* Ls, LOCAL_PTR const mma_t* xs, int lane)
 {
-    MMA_LOCAL float gm[M2_Q * M2_Q], ys[M2_Q * M2_PT];
-#if RLX_MMA == 2
-    mma_t* const gmm = gm; /* TF32 operands are f32 in LOCAL memory: the weights below the diagonal in place */
-#else
-    MMA_LOCAL mma_t gmm[M2_Q * M2_Q];
-#endif
-    m2_scan_tiles(gm, ys, states, out.rows, c, b, stride, N, steps, lane);
+    LOCAL_PTR float* const gm = at.gm;
+    LOCAL_PTR float* const ys = at.ys;
+    LOCAL_PTR mma_t* const gmm = at.gmm;
+    m2_scan_tiles(at, states, out.rows, c, b, stride, N, steps, lane);
     BARRIER();
     for (int e = lane; e < M2_Q * M2_Q; e += M2_LANES) {
         const int t = e / M2_Q, s = e - t * M2_Q;
@@ -918,10 +937,10 @@ INLINE_FN void m2_scan_product(m2_scan_out out, GLOBAL const real* states, GLOBA
     const int w = MMA_WARP(lane);
     if (w < M2_Q / 16) {
         mma_acc y;
-        mma_load(y, ys + w * 16 * M2_PT, M2_PT);
+        MMA_LOAD(y, ys + w * 16 * M2_PT, M2_PT);
         for (int sj = 0; sj < w; ++sj)
-            mma_tile<MMA_ROW, MMA_ROW>(y, gmm + w * 16 * M2_Q + sj * 16, M2_Q, xs + sj * 16 * M2_PT, M2_PT);
-        mma_store(ys + w * 16 * M2_PT, y, M2_PT);
+            MMA_TILE(y, ROW, gmm + w * 16 * M2_Q + sj * 16, M2_Q, ROW, xs + sj * 16 * M2_PT, M2_PT);
+        MMA_STORE(ys + w * 16 * M2_PT, y, M2_PT);
     }
     BARRIER();
     for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
@@ -964,9 +983,17 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         xs[e] = M2_OP(s < steps && p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0);
     }
 #ifdef RLX_MMA
+    MMA_LOCAL float gm[M2_Q * M2_Q], ys[M2_Q * M2_PT];
+    MMA_LOCAL mma_t cs[M2_Q * 16], bs[M2_Q * 16], ss[M2_PT * 16];
+#if RLX_MMA == 2
+    const m2_scan_local at = {gm, ys, gm, cs, bs, ss}; /* TF32 operands are f32: those below the diagonal in place */
+#else
+    MMA_LOCAL mma_t gmm[M2_Q * M2_Q];
+    const m2_scan_local at = {gm, ys, gmm, cs, bs, ss};
+#endif
     const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
-    m2_scan_product(out, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs, lane);
+    m2_scan_product(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs, lane);
 #else
     LOCAL real cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
     /* this lane's C.B^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M2_TS

@@ -46,8 +46,10 @@ typedef long long i64;
 #ifdef RLX_MMA
 /* The tensor-core words of a launch's RLX_MMA variant (CUDA only; kernels_opencl/prelude.cl refuses it):
  * RLX_MMA 1, 16-bit operands (the thunk's own f16 / bf16) with f32 accumulation; RLX_MMA 2, TF32 operands
- * from f32 (only when asked for: RLX_CUDA_TF32=1). The kernel text deals in 16x16x16 tiles of mma_t in
- * LOCAL memory (mma_tile); TF32's native k is 8, so a tile is two of its steps. */
+ * from f32 (only when asked for: RLX_CUDA_TF32=1). The kernel text deals in one warp's 16x16 f32
+ * accumulator tiles (mma_acc) and 16x16x16 products of mma_t operands in LOCAL memory (MMA_TILE); TF32's
+ * native k is 8, so a tile is two of its steps. Written as macros over plain C: the tests run the same
+ * text on an OpenCL CPU device with these words emulated (tests/support/mma_emulation.cl). */
 #include <cuda_bf16.h>
 #include <mma.h>
 #define RLX_MMA_CAT_(a, b) a##b
@@ -58,9 +60,10 @@ typedef long long i64;
 #define RLX_TO_MMA_F16(v) __float2half_rn(v)
 #define RLX_TO_MMA_BF16(v) __float2bfloat16_rn(v)
 #define RLX_TO_MMA_F32(v) (v)
-/* an operand element in LOCAL memory, and an f32 value rounded to it (TF32 rounds in mma_tile) */
+/* an operand element in LOCAL memory, an f32 value rounded to it (TF32 rounds in MMA_TILE), and back (exact) */
 typedef RLX_MMA_CAT(RLX_MMA_T_, RLX_DT) mma_t;
 #define TO_MMA(v) RLX_MMA_CAT(RLX_TO_MMA_, RLX_DT)((float)(v))
+#define FROM_MMA(v) ((float)(v))
 #if RLX_MMA == 2
 typedef nvcuda::wmma::precision::tf32 mma_in_t;
 #define MMA_K 8
@@ -103,19 +106,13 @@ DEVICE_FN void mma_tile(mma_acc& acc, const mma_t* a, unsigned lda, const mma_t*
     }
 }
 
-DEVICE_FN void mma_zero(mma_acc& acc) { nvcuda::wmma::fill_fragment(acc, 0.0f); }
-/* the accumulator to / from a row-major f32 tile in LOCAL memory (leading dimension a multiple of 4) */
-DEVICE_FN void mma_store(float* p, const mma_acc& acc, unsigned ld)
-{
-    nvcuda::wmma::store_matrix_sync(p, acc, ld, nvcuda::wmma::mem_row_major);
-}
-DEVICE_FN void mma_load(mma_acc& acc, const float* p, unsigned ld)
-{
-    nvcuda::wmma::load_matrix_sync(acc, p, ld, nvcuda::wmma::mem_row_major);
-}
-/* LOCAL memory holding MMA tiles (32-byte aligned, as wmma's loads and stores want), the warp of a lane,
- * and an operand element back in f32 (exact) */
+/* The words the kernel text uses (LA, LB: ROW or COL); the accumulator to / from a row-major f32 tile in
+ * LOCAL memory (leading dimension a multiple of 4) */
+#define MMA_TILE(acc, LA, a, lda, LB, b, ldb) mma_tile<MMA_##LA, MMA_##LB>(acc, a, lda, b, ldb)
+#define MMA_ZERO(acc) nvcuda::wmma::fill_fragment(acc, 0.0f)
+#define MMA_STORE(p, acc, ld) nvcuda::wmma::store_matrix_sync(p, acc, ld, nvcuda::wmma::mem_row_major)
+#define MMA_LOAD(acc, p, ld) nvcuda::wmma::load_matrix_sync(acc, p, ld, nvcuda::wmma::mem_row_major)
+/* LOCAL memory holding MMA tiles (32-byte aligned, as wmma's loads and stores want), and the warp of a lane */
 #define MMA_LOCAL __shared__ __align__(32)
 #define MMA_WARP(lane) ((lane) >> 5)
-#define FROM_MMA(v) ((float)(v))
 #endif

@@ -75,7 +75,7 @@ def test_no_variant_at_the_cpu_target_nor_before_sm80():
 def test_the_opencl_prelude_refuses_the_variant():
     """An OpenCL device's limits never allow it (mma 0), and were a launch to ask, the OpenCL text stops."""
     source = programs.program("opencl", "ssm", "bf16", None, "gpu", (("RLX_MMA", 1),)).source
-    assert re.search(r"#ifdef RLX_MMA\s+#error", source)
+    assert re.search(r"#if defined\(RLX_MMA\) && !defined\(RLX_MMA_EMULATED\)\s+#error", source)
     assert DeviceLimits(1024, 1 << 16, True, target="gpu").mma == MMA_NONE
 
 
