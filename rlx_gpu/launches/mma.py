@@ -16,6 +16,10 @@ MMA_NONE, MMA_16BIT, MMA_TF32 = 0, 1, 2
 #: the compute capability whose tensor cores take every operand type above (bf16 and TF32 arrived with sm_80)
 MMA_MIN_CAPABILITY = (8, 0)
 SIXTEEN_BIT = ("f16", "bf16")
+#: the program families whose chunked kernels have the variant, and the variant each dtype builds (NVRTC's
+#: program list; OpenCL builds none)
+MMA_FAMILIES = ("ssm", "gdn")
+MMA_OF_DTYPE = {"f16": MMA_16BIT, "bf16": MMA_16BIT, "f32": MMA_TF32}
 
 
 def device_mma(capability: tuple[int, int], tf32: bool) -> int:

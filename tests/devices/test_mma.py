@@ -23,14 +23,13 @@ from rlx_gpu import launches
 from rlx_gpu.backends import nvrtc, programs
 from rlx_gpu.conformance import cases
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
-from rlx_gpu.launches.mma import MMA_16BIT, MMA_NONE, MMA_TF32, device_mma, mma_defines
+from rlx_gpu.launches.mma import MMA_16BIT, MMA_NONE, MMA_OF_DTYPE, MMA_TF32, device_mma, mma_defines
 from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 
 #: the kernels whose chunk products take the tensor cores, per program family
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_chunk_out")}
-#: the variant per dtype: 16-bit inputs, or TF32 for f32
-VARIANT = {"f16": MMA_16BIT, "bf16": MMA_16BIT, "f32": MMA_TF32}
+VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
 #: the operand type the warp MMA operand loads name, per dtype
 OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}
 STATE_SPACE_REGISTERS = 128  # tests/devices/test_ptxas.py's budget of the state-space kernels
