@@ -525,8 +525,9 @@ INLINE_FN void gdn_stage_t(LOCAL_PTR mma_t* tl, LOCAL_PTR const real* m, int ste
 /* out[t][i0+ii] = x[t] + sum_{s<t} T[t][s] x[s] for the GDN_NT columns staged in kt (f32) and xs (operands):
  * each lane sums the diagonal tile's terms in f32, the warps w < GDN_Q/16 add T's tiles below the
  * diagonal times xs on the tensor cores (steps 16w..), and the lanes store. */
-INLINE_FN void gdn_wu_tiles(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const mma_t* tl, LOCAL_PTR const real* m,
-                            LOCAL_PTR const real* kt, LOCAL_PTR const mma_t* xs, LOCAL_PTR float* yl, int steps, int lane)
+INLINE_FN void gdn_wu_tiles_barrier(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const mma_t* tl,
+                                    LOCAL_PTR const real* m, LOCAL_PTR const real* kt, LOCAL_PTR const mma_t* xs,
+                                    LOCAL_PTR float* yl, int steps, int lane)
 {
     for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
         const int t = e / 16, ii = e - t * 16;
@@ -539,10 +540,10 @@ INLINE_FN void gdn_wu_tiles(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const
     const int w = MMA_WARP(lane);
     if (w < GDN_Q / 16 && w * 16 < steps) {
         mma_acc y;
-        MMA_LOAD(y, yl + w * 256, 16);
+        mma_load(&y, yl + w * 256, 16);
         for (int sj = 0; sj < w; ++sj)
-            MMA_TILE(y, ROW, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, ROW, xs + sj * 256, 16);
-        MMA_STORE(yl + w * 256, y, 16);
+            mma_tile(&y, MMA_ROW, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, MMA_ROW, xs + sj * 256, 16);
+        mma_store(yl + w * 256, &y, 16);
     }
     BARRIER();
     for (int e = lane; e < steps * 16; e += GDN_LANES) {
@@ -685,7 +686,7 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
             }
             BARRIER();
 #ifdef RLX_MMA
-            gdn_wu_tiles(pass ? um : wm, width, i0, tl, m, kt, xs, yl, steps, lane);
+            gdn_wu_tiles_barrier(pass ? um : wm, width, i0, tl, m, kt, xs, yl, steps, lane);
 #else
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
                 const int t = e / GDN_NT, ii = e - t * GDN_NT;
@@ -818,10 +819,10 @@ typedef struct {
  * the portable path); P's tiles below the diagonal and U are operands, P's diagonal tiles stay f32 for a
  * per-lane sum bounded by t, so that, as on the portable path, nothing at a step s > t (not even a NaN)
  * reaches out[t]. P, U and the state round to the operand type (as fla rounds them to the input type). */
-INLINE_FN void gdn_out_product(gdn_out_tile out, gdn_out_local at, GLOBAL const store_t* q, GLOBAL const real* nrm,
-                               int qk_norm, GLOBAL const real* gam, i64 gw, int per_channel, i64 t0, i64 H, i64 kh,
-                               i64 K, i64 V, GLOBAL const real* states, GLOBAL const real* pm, GLOBAL const real* um,
-                               int steps, int lane)
+INLINE_FN void gdn_out_product_barrier(gdn_out_tile out, gdn_out_local at, GLOBAL const store_t* q,
+                                       GLOBAL const real* nrm, int qk_norm, GLOBAL const real* gam, i64 gw,
+                                       int per_channel, i64 t0, i64 H, i64 kh, i64 K, i64 V, GLOBAL const real* states,
+                                       GLOBAL const real* pm, GLOBAL const real* um, int steps, int lane)
 {
     LOCAL_PTR mma_t* const qs = at.qs;
     LOCAL_PTR mma_t* const hs = at.hs;
@@ -831,7 +832,7 @@ INLINE_FN void gdn_out_product(gdn_out_tile out, gdn_out_local at, GLOBAL const 
     LOCAL_PTR float* const yl = at.yl;
     const int w = MMA_WARP(lane), ti = w / (GDN_OT / 16), tj = w - ti * (GDN_OT / 16);
     mma_acc y;
-    MMA_ZERO(y);
+    mma_zero(&y);
     for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
@@ -845,7 +846,7 @@ INLINE_FN void gdn_out_product(gdn_out_tile out, gdn_out_local at, GLOBAL const 
             hs[e] = TO_MMA(i0 + ii < K && jc < out.cols ? states[(i0 + ii) * V + jc] : (real)0);
         }
         BARRIER();
-        MMA_TILE(y, ROW, qs + ti * 16 * 16, 16, ROW, hs + tj * 16, GDN_OT);
+        mma_tile(&y, MMA_ROW, qs + ti * 16 * 16, 16, MMA_ROW, hs + tj * 16, GDN_OT);
     }
     for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) { /* P: the tiles below the diagonal, the diagonal's */
         const int t = e / GDN_Q, s = e - t * GDN_Q;
@@ -861,8 +862,8 @@ INLINE_FN void gdn_out_product(gdn_out_tile out, gdn_out_local at, GLOBAL const 
     }
     BARRIER();
     for (int sj = 0; sj < ti; ++sj)
-        MMA_TILE(y, ROW, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, ROW, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
-    MMA_STORE(yl + ti * 16 * GDN_OT + tj * 16, y, GDN_OT);
+        mma_tile(&y, MMA_ROW, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, MMA_ROW, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
+    mma_store(yl + ti * 16 * GDN_OT + tj * 16, &y, GDN_OT);
     BARRIER();
     for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
         const int t = e / GDN_OT, jc = e - t * GDN_OT;
@@ -902,7 +903,8 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
     MMA_LOCAL float pd[GDN_Q * 16], yl[GDN_Q * GDN_OT];
     const gdn_out_local at = {qs, hs, pl, ul, pd, yl};
     const gdn_out_tile out = {dst, (t0 * HV + vh) * V + j0, HV * V, V - j0, scale};
-    gdn_out_product(out, at, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0, steps, lane);
+    gdn_out_product_barrier(out, at, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0,
+                            steps, lane);
 #else
     LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */

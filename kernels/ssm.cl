@@ -706,8 +706,9 @@ typedef real m2_op_t;
 /* states[p0+p][n] = sum_s xw[s][p] b[s][n] for the chunk's steps: each warp one 16x16 tile of M2_NW
  * columns per pass, from b staged as [M2_Q][M2_NW] operands (bs), through an f32 tile (out) to the bounded
  * store. */
-INLINE_FN void m2_state_mma(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCAL_PTR mma_t* bs, LOCAL_PTR float* out,
-                            GLOBAL const store_t* bm, i64 t0, int steps, i64 G, i64 grp, i64 N, i64 P, i64 p0, int lane)
+INLINE_FN void m2_state_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCAL_PTR mma_t* bs,
+                                    LOCAL_PTR float* out, GLOBAL const store_t* bm, i64 t0, int steps, i64 G, i64 grp,
+                                    i64 N, i64 P, i64 p0, int lane)
 {
     const int w = MMA_WARP(lane);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M2_NW) {
@@ -718,10 +719,10 @@ INLINE_FN void m2_state_mma(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCA
         }
         BARRIER();
         mma_acc acc;
-        MMA_ZERO(acc);
+        mma_zero(&acc);
         for (int s0 = 0; s0 < steps; s0 += 16)
-            MMA_TILE(acc, COL, xw + s0 * M2_PT, M2_PT, ROW, bs + s0 * M2_NW + w * 16, M2_NW);
-        MMA_STORE(out + w * 16, acc, M2_NW);
+            mma_tile(&acc, MMA_COL, xw + s0 * M2_PT, M2_PT, MMA_ROW, bs + s0 * M2_NW + w * 16, M2_NW);
+        mma_store(out + w * 16, &acc, M2_NW);
         BARRIER();
         for (int e = lane; e < M2_PT * M2_NW; e += M2_LANES) {
             const int p = e / M2_NW, nn = e - p * M2_NW;
@@ -787,7 +788,7 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 #ifdef RLX_MMA
     MMA_LOCAL mma_t bs[M2_Q * M2_NW];
     MMA_LOCAL float out[M2_PT * M2_NW];
-    m2_state_mma(states, xw, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
+    m2_state_mma_barrier(states, xw, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
 #else
     m2_state_product(states, xw, bm, t0, steps, G, grp, N, P, p0, lane);
 #endif
@@ -867,8 +868,8 @@ typedef struct {
  * tiles w and w + warps (m2_product_tile), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
  * c and b: the chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state
  * row (of `rows`). */
-INLINE_FN void m2_scan_tiles(m2_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
-                             GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
+INLINE_FN void m2_scan_tiles_barrier(m2_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
+                                     GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
 {
     LOCAL_PTR mma_t* const cs = at.cs;
     LOCAL_PTR mma_t* const bs = at.bs;
@@ -880,8 +881,8 @@ INLINE_FN void m2_scan_tiles(m2_scan_local at, GLOBAL const real* states, i64 ro
     const int t0 = m2_product_tile(w, &s0), t1 = m2_product_tile(k1, &s1);
     const int has0 = w < M2_GT + M2_QT, has1 = k1 < M2_GT + M2_QT;
     mma_acc a0, a1;
-    MMA_ZERO(a0);
-    MMA_ZERO(a1);
+    mma_zero(&a0);
+    mma_zero(&a1);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < M2_Q * 16; e += M2_LANES) {
@@ -896,30 +897,31 @@ INLINE_FN void m2_scan_tiles(m2_scan_local at, GLOBAL const real* states, i64 ro
         }
         BARRIER();
         if (has0)
-            MMA_TILE(a0, ROW, cs + t0 * 256, 16, COL, s0 < 0 ? ss : bs + s0 * 256, 16);
+            mma_tile(&a0, MMA_ROW, cs + t0 * 256, 16, MMA_COL, s0 < 0 ? ss : bs + s0 * 256, 16);
         if (has1)
-            MMA_TILE(a1, ROW, cs + t1 * 256, 16, COL, s1 < 0 ? ss : bs + s1 * 256, 16);
+            mma_tile(&a1, MMA_ROW, cs + t1 * 256, 16, MMA_COL, s1 < 0 ? ss : bs + s1 * 256, 16);
     }
     if (has0)
-        MMA_STORE(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, a0, s0 < 0 ? M2_PT : M2_Q);
+        mma_store(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, &a0, s0 < 0 ? M2_PT : M2_Q);
     if (has1)
-        MMA_STORE(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, a1, s1 < 0 ? M2_PT : M2_Q);
+        mma_store(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, &a1, s1 < 0 ? M2_PT : M2_Q);
 }
 
 /* y[t][p] = exp(L[t]) C[t].S_in[p] + sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t].B[s]) x[s][p] on the tensor
- * cores (m2_scan_tiles), then: the decayed C.B^T entries below the diagonal tiles become operands (gmm),
+ * cores (m2_scan_tiles_barrier), then: the decayed C.B^T entries below the diagonal tiles become operands (gmm),
  * those of the diagonal tiles stay f32 in gm; the state part scaled by exp(L[t]) takes gmm times x on the
  * tensor cores (warp w < M2_Q/16: steps 16w..), and each lane adds its diagonal terms, a sum bounded by t,
  * and stores. As on the portable path nothing at a step s > t reaches y[t], not even a NaN: such entries
  * are selected away, never multiplied by a zero mask. */
-INLINE_FN void m2_scan_product(m2_scan_out out, m2_scan_local at, GLOBAL const real* states, GLOBAL const store_t* c,
-                               GLOBAL const store_t* b, i64 stride, i64 N, int steps, LOCAL_PTR const real* dts,
-                               LOCAL_PTR const real* Ls, LOCAL_PTR const mma_t* xs, int lane)
+INLINE_FN void m2_scan_product_barrier(m2_scan_out out, m2_scan_local at, GLOBAL const real* states,
+                                       GLOBAL const store_t* c, GLOBAL const store_t* b, i64 stride, i64 N, int steps,
+                                       LOCAL_PTR const real* dts, LOCAL_PTR const real* Ls, LOCAL_PTR const mma_t* xs,
+                                       int lane)
 {
     LOCAL_PTR float* const gm = at.gm;
     LOCAL_PTR float* const ys = at.ys;
     LOCAL_PTR mma_t* const gmm = at.gmm;
-    m2_scan_tiles(at, states, out.rows, c, b, stride, N, steps, lane);
+    m2_scan_tiles_barrier(at, states, out.rows, c, b, stride, N, steps, lane);
     BARRIER();
     for (int e = lane; e < M2_Q * M2_Q; e += M2_LANES) {
         const int t = e / M2_Q, s = e - t * M2_Q;
@@ -937,10 +939,10 @@ INLINE_FN void m2_scan_product(m2_scan_out out, m2_scan_local at, GLOBAL const r
     const int w = MMA_WARP(lane);
     if (w < M2_Q / 16) {
         mma_acc y;
-        MMA_LOAD(y, ys + w * 16 * M2_PT, M2_PT);
+        mma_load(&y, ys + w * 16 * M2_PT, M2_PT);
         for (int sj = 0; sj < w; ++sj)
-            MMA_TILE(y, ROW, gmm + w * 16 * M2_Q + sj * 16, M2_Q, ROW, xs + sj * 16 * M2_PT, M2_PT);
-        MMA_STORE(ys + w * 16 * M2_PT, y, M2_PT);
+            mma_tile(&y, MMA_ROW, gmm + w * 16 * M2_Q + sj * 16, M2_Q, MMA_ROW, xs + sj * 16 * M2_PT, M2_PT);
+        mma_store(ys + w * 16 * M2_PT, &y, M2_PT);
     }
     BARRIER();
     for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
@@ -993,7 +995,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 #endif
     const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
-    m2_scan_product(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs, lane);
+    m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
+                            lane);
 #else
     LOCAL real cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
     /* this lane's C.B^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M2_TS

@@ -47,21 +47,21 @@ typedef long long i64;
 /* The tensor-core words of a launch's RLX_MMA variant (CUDA only; kernels_opencl/prelude.cl refuses it):
  * RLX_MMA 1, 16-bit operands (the thunk's own f16 / bf16) with f32 accumulation; RLX_MMA 2, TF32 operands
  * from f32 (only when asked for: RLX_CUDA_TF32=1). The kernel text deals in one warp's 16x16 f32
- * accumulator tiles (mma_acc) and 16x16x16 products of mma_t operands in LOCAL memory (MMA_TILE); TF32's
- * native k is 8, so a tile is two of its steps. Written as macros over plain C: the tests run the same
+ * accumulator tiles (mma_acc) and 16x16x16 products of mma_t operands in LOCAL memory (mma_tile); TF32's
+ * native k is 8, so a tile is two of its steps. Plain C functions taking pointers: the tests run the same
  * text on an OpenCL CPU device with these words emulated (tests/support/mma_emulation.cl). */
 #include <cuda_bf16.h>
 #include <mma.h>
 #define RLX_MMA_CAT_(a, b) a##b
 #define RLX_MMA_CAT(a, b) RLX_MMA_CAT_(a, b)
-#define RLX_MMA_T_F16 __half
-#define RLX_MMA_T_BF16 __nv_bfloat16
-#define RLX_MMA_T_F32 float
+typedef __half rlx_mma_F16;
+typedef __nv_bfloat16 rlx_mma_BF16;
+typedef float rlx_mma_F32;
 #define RLX_TO_MMA_F16(v) __float2half_rn(v)
 #define RLX_TO_MMA_BF16(v) __float2bfloat16_rn(v)
 #define RLX_TO_MMA_F32(v) (v)
-/* an operand element in LOCAL memory, an f32 value rounded to it (TF32 rounds in MMA_TILE), and back (exact) */
-typedef RLX_MMA_CAT(RLX_MMA_T_, RLX_DT) mma_t;
+/* an operand element in LOCAL memory, an f32 value rounded to it (TF32 rounds in mma_tile), and back (exact) */
+typedef RLX_MMA_CAT(rlx_mma_, RLX_DT) mma_t;
 #define TO_MMA(v) RLX_MMA_CAT(RLX_TO_MMA_, RLX_DT)((float)(v))
 #define FROM_MMA(v) ((float)(v))
 #if RLX_MMA == 2
@@ -71,14 +71,13 @@ typedef nvcuda::wmma::precision::tf32 mma_in_t;
 typedef mma_t mma_in_t;
 #define MMA_K 16
 #endif
-#define MMA_ROW nvcuda::wmma::row_major
-#define MMA_COL nvcuda::wmma::col_major
+/* an operand's layout, as mma_tile takes it */
+#define MMA_ROW 1
+#define MMA_COL 0
+typedef nvcuda::wmma::row_major mma_row_major;
+typedef nvcuda::wmma::col_major mma_col_major;
 /* a 16x16 f32 accumulator tile of one warp */
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, MMA_K, float> mma_acc;
-/* whether a layout tag is row-major (the tags are incomplete types: only a template can tell them apart) */
-template <typename L> struct mma_is_row;
-template <> struct mma_is_row<MMA_ROW> { static constexpr bool value = true; };
-template <> struct mma_is_row<MMA_COL> { static constexpr bool value = false; };
 
 template <typename Frag> DEVICE_FN void mma_round(Frag& f)
 {
@@ -88,30 +87,47 @@ template <typename Frag> DEVICE_FN void mma_round(Frag& f)
 #endif
 }
 
-/* acc += A B over one 16x16x16 tile, warp-wide: A (16 x 16) at `a` with leading dimension `lda`, laid out
- * as LA (MMA_ROW: a[i*lda + k]; MMA_COL: a[k*lda + i]), B (16 x 16) at `b` as LB (MMA_ROW: b[k*ldb + j];
- * MMA_COL: b[j*ldb + k]). Leading dimensions are multiples of 8 elements, tiles 32-byte aligned. */
 template <typename LA, typename LB>
-DEVICE_FN void mma_tile(mma_acc& acc, const mma_t* a, unsigned lda, const mma_t* b, unsigned ldb)
+DEVICE_FN void mma_tile_as(mma_acc* acc, const mma_t* a, unsigned lda, const mma_t* b, unsigned ldb, int a_row, int b_row)
 {
     nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, MMA_K, mma_in_t, LA> fa;
     nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, MMA_K, mma_in_t, LB> fb;
-    for (int k = 0; k < 16; k += MMA_K) {
-        /* the k-th slice: along A's rows and down B's columns */
-        nvcuda::wmma::load_matrix_sync(fa, a + (mma_is_row<LA>::value ? k : k * lda), lda);
-        nvcuda::wmma::load_matrix_sync(fb, b + (mma_is_row<LB>::value ? k * ldb : k), ldb);
+    for (int k = 0; k < 16; k += MMA_K) { /* the k-th slice: along A's rows and down B's columns */
+        nvcuda::wmma::load_matrix_sync(fa, a + (a_row ? k : k * lda), lda);
+        nvcuda::wmma::load_matrix_sync(fb, b + (b_row ? k * ldb : k), ldb);
         mma_round(fa);
         mma_round(fb);
-        nvcuda::wmma::mma_sync(acc, fa, fb, acc);
+        nvcuda::wmma::mma_sync(*acc, fa, fb, *acc);
     }
 }
 
-/* The words the kernel text uses (LA, LB: ROW or COL); the accumulator to / from a row-major f32 tile in
- * LOCAL memory (leading dimension a multiple of 4) */
-#define MMA_TILE(acc, LA, a, lda, LB, b, ldb) mma_tile<MMA_##LA, MMA_##LB>(acc, a, lda, b, ldb)
-#define MMA_ZERO(acc) nvcuda::wmma::fill_fragment(acc, 0.0f)
-#define MMA_STORE(p, acc, ld) nvcuda::wmma::store_matrix_sync(p, acc, ld, nvcuda::wmma::mem_row_major)
-#define MMA_LOAD(acc, p, ld) nvcuda::wmma::load_matrix_sync(acc, p, ld, nvcuda::wmma::mem_row_major)
+/* *acc += A B over one 16x16x16 tile, warp-wide: A (16 x 16) at `a` with leading dimension `lda`, laid out
+ * as a_layout (MMA_ROW: a[i*lda + k]; MMA_COL: a[k*lda + i]), B (16 x 16) at `b` as b_layout (MMA_ROW:
+ * b[k*ldb + j]; MMA_COL: b[j*ldb + k]). The layouts are literals (the branches fold once inlined); leading
+ * dimensions are multiples of 8 elements, tiles 32-byte aligned. */
+DEVICE_FN void mma_tile(mma_acc* acc, int a_layout, const mma_t* a, unsigned lda, int b_layout, const mma_t* b,
+                        unsigned ldb)
+{
+    if (a_layout == MMA_ROW && b_layout == MMA_ROW)
+        mma_tile_as<mma_row_major, mma_row_major>(acc, a, lda, b, ldb, 1, 1);
+    else if (a_layout == MMA_ROW)
+        mma_tile_as<mma_row_major, mma_col_major>(acc, a, lda, b, ldb, 1, 0);
+    else if (b_layout == MMA_ROW)
+        mma_tile_as<mma_col_major, mma_row_major>(acc, a, lda, b, ldb, 0, 1);
+    else
+        mma_tile_as<mma_col_major, mma_col_major>(acc, a, lda, b, ldb, 0, 0);
+}
+
+DEVICE_FN void mma_zero(mma_acc* acc) { nvcuda::wmma::fill_fragment(*acc, 0.0f); }
+/* the accumulator to / from a row-major f32 tile in LOCAL memory (leading dimension a multiple of 4) */
+DEVICE_FN void mma_store(float* p, const mma_acc* acc, unsigned ld)
+{
+    nvcuda::wmma::store_matrix_sync(p, *acc, ld, nvcuda::wmma::mem_row_major);
+}
+DEVICE_FN void mma_load(mma_acc* acc, const float* p, unsigned ld)
+{
+    nvcuda::wmma::load_matrix_sync(*acc, p, ld, nvcuda::wmma::mem_row_major);
+}
 /* LOCAL memory holding MMA tiles (32-byte aligned, as wmma's loads and stores want), and the warp of a lane */
 #define MMA_LOCAL __shared__ __align__(32)
 #define MMA_WARP(lane) ((lane) >> 5)

@@ -10,8 +10,8 @@ typedef struct {
 } mma_acc;
 #define MMA_LOCAL LOCAL
 #define MMA_WARP(lane) ((lane) >> 5)
-#define MMA_IS_ROW_ROW 1
-#define MMA_IS_ROW_COL 0
+#define MMA_ROW 1
+#define MMA_COL 0
 #define RLX_EMU_CAT_(a, b) a##b
 #define RLX_EMU_CAT(a, b) RLX_EMU_CAT_(a, b)
 
@@ -45,42 +45,38 @@ DEVICE_FN float mma_operand(float v)
 #define TO_MMA(v) RLX_EMU_CAT(mma_round_, RLX_DT)((float)(v))
 #define FROM_MMA(v) ((float)(v))
 
-DEVICE_FN void mma_emu_zero(mma_acc* acc)
+DEVICE_FN void mma_zero(mma_acc* acc)
 {
     for (int j = 0; j < 8; ++j)
         acc->x[j] = 0.0f;
 }
 
-/* acc += A B over one 16x16x16 tile (row-major A: a[i*lda + k], else a[k*lda + i]; row-major B: b[k*ldb + j],
- * else b[j*ldb + k]): this lane's 8 elements */
-DEVICE_FN void mma_emu_tile(mma_acc* acc, int a_row, LOCAL_PTR const float* a, int lda, int b_row,
-                            LOCAL_PTR const float* b, int ldb)
+/* *acc += A B over one 16x16x16 tile (a_layout MMA_ROW: a[i*lda + k], else a[k*lda + i]; b_layout MMA_ROW:
+ * b[k*ldb + j], else b[j*ldb + k]): this lane's 8 elements */
+DEVICE_FN void mma_tile(mma_acc* acc, int a_layout, LOCAL_PTR const float* a, int lda, int b_layout,
+                        LOCAL_PTR const float* b, int ldb)
 {
     const int l = (int)(LID(0) & 31);
     for (int j = 0; j < 8; ++j) {
         const int e = l * 8 + j, i = e / 16, c = e % 16;
         float sum = acc->x[j];
         for (int k = 0; k < 16; ++k)
-            sum += mma_operand(a[a_row ? i * lda + k : k * lda + i]) * mma_operand(b[b_row ? k * ldb + c : c * ldb + k]);
+            sum += mma_operand(a[a_layout == MMA_ROW ? i * lda + k : k * lda + i])
+                   * mma_operand(b[b_layout == MMA_ROW ? k * ldb + c : c * ldb + k]);
         acc->x[j] = sum;
     }
 }
 
-DEVICE_FN void mma_emu_store(LOCAL_PTR float* p, const mma_acc* acc, int ld)
+DEVICE_FN void mma_store(LOCAL_PTR float* p, const mma_acc* acc, int ld)
 {
     const int l = (int)(LID(0) & 31);
     for (int j = 0; j < 8; ++j)
         p[(l * 8 + j) / 16 * ld + (l * 8 + j) % 16] = acc->x[j];
 }
 
-DEVICE_FN void mma_emu_load(mma_acc* acc, LOCAL_PTR const float* p, int ld)
+DEVICE_FN void mma_load(mma_acc* acc, LOCAL_PTR const float* p, int ld)
 {
     const int l = (int)(LID(0) & 31);
     for (int j = 0; j < 8; ++j)
         acc->x[j] = p[(l * 8 + j) / 16 * ld + (l * 8 + j) % 16];
 }
-
-#define MMA_TILE(acc, LA, a, lda, LB, b, ldb) mma_emu_tile(&(acc), MMA_IS_ROW_##LA, a, lda, MMA_IS_ROW_##LB, b, ldb)
-#define MMA_ZERO(acc) mma_emu_zero(&(acc))
-#define MMA_STORE(p, acc, ld) mma_emu_store(p, &(acc), ld)
-#define MMA_LOAD(acc, p, ld) mma_emu_load(&(acc), p, ld)
