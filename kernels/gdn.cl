@@ -702,23 +702,116 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     }
 }
 
+#ifdef RLX_MMA
+/* The MMA variant of the state pass: a work-group per (row, value head, 16 value columns) keeps the block's
+ * state, every key row, f32 in LOCAL memory, and per chunk takes U = U0 - W S0 (the warps w < GDN_Q/16, a
+ * 16-step tile each, over K in slices of 16) and the state update S = exp(G[last]) S + sum_t kd[t] (x) u[t]
+ * (a 16-row tile per warp, GDN_KDW rows of kd staged at a time) on the tensor cores; W, S0, kd and U round
+ * to the operand type (as fla's chunk kernels round them), the state accumulates in f32. */
+#define GDN_KDW (RLX_MMA == 2 ? 64 : 128) /* key rows of kd staged at a time (LOCAL: 16 KiB either way) */
+/* groups per SM the pass is bounded to: two (their LOCAL tiles allow no more), so 128 registers, which bf16's
+ * conversions would pass when left free */
+#define GDN_PASS_GROUPS 2
+#if GDN_Q % 16 != 0 || GDN_LANES / 32 < GDN_Q / 16 || GDN_KDW / 16 > GDN_LANES / 32
+#error "the MMA variant of gated_delta_net_state_pass: a 16-step tile per warp, a kd tile per warp"
+#endif
+/* One chunk's scratch as the MMA state pass reads it: the cumulative log-decays, W, and U0 (U once done)
+ * and the entering state from the block's first column. */
+typedef struct {
+    GLOBAL const real* gam;
+    GLOBAL const real* wm;
+    GLOBAL real* um;
+    GLOBAL real* states;
+} gdn_walk_chunk;
+
+/* U = U0 - W S0 for the block's columns (cols of them in range; rows V apart in scratch): in place in
+ * scratch, and as operands in ul (zero past the chunk's steps); kd holds W's slices on the way. */
+INLINE_FN void gdn_walk_u_barrier(gdn_walk_chunk at, LOCAL_PTR const mma_t* s16, LOCAL_PTR mma_t* kd,
+                                  LOCAL_PTR float* uf, LOCAL_PTR mma_t* ul, i64 K, i64 V, i64 cols, int steps,
+                                  int lane)
+{
+    const int w = MMA_WARP(lane);
+    mma_acc u;
+    mma_zero(&u);
+    for (i64 i0 = 0; i0 < K; i0 += 16) {
+        BARRIER(); /* s16 is written, or the previous slice's readers are done */
+        for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+            const int t = e / 16, ii = e - t * 16;
+            kd[e] = TO_MMA(t < steps && i0 + ii < K ? at.wm[t * K + i0 + ii] : (real)0);
+        }
+        BARRIER();
+        if (w < GDN_Q / 16)
+            mma_tile(&u, MMA_ROW, kd + w * 256, 16, MMA_ROW, s16 + i0 * 16, 16);
+    }
+    if (w < GDN_Q / 16)
+        mma_store(uf + w * 256, &u, 16);
+    BARRIER();
+    for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+        const int t = e / 16, jj = e - t * 16;
+        real x = (real)0;
+        if (t < steps && jj < cols) {
+            x = at.um[t * V + jj] - uf[e];
+            at.um[t * V + jj] = x;
+        }
+        ul[e] = TO_MMA(x);
+    }
+}
+
+/* S = exp(G[last]) S + sum_t kd[t] (x) u[t] with kd[t][i] = exp(G[last][i] - G[t][i]) k[t][i] (over |k| with
+ * norm), step t's key row at k + (key0 + t*H) * K: the lanes scale sf, then GDN_KDW key rows of kd at a time
+ * are staged and each warp adds its 16-row tile's sum over the steps to its accumulator, loaded from sf and
+ * stored back. The caller's next barrier orders sf for its readers. */
+INLINE_FN void gdn_walk_state_barrier(gdn_walk_chunk at, LOCAL_PTR float* sf, LOCAL_PTR mma_t* kd,
+                                      LOCAL_PTR const mma_t* ul, GLOBAL const store_t* k, GLOBAL const real* nrm,
+                                      int norm, i64 key0, i64 H, i64 gw, int per_channel, i64 K, int steps, int lane)
+{
+    const int w = MMA_WARP(lane);
+    GLOBAL const real* last = at.gam + (steps - 1) * gw;
+    for (i64 e = lane; e < K * 16; e += GDN_LANES) /* sf's last reader was W S0, before ul's barrier */
+        sf[e] *= rlx_exp(last[per_channel ? e / 16 : 0]);
+    for (i64 i0 = 0; i0 < K; i0 += GDN_KDW) {
+        BARRIER(); /* sf scaled and ul written, or the previous rows' readers are done */
+        for (int e = lane; e < GDN_Q * GDN_KDW; e += GDN_LANES) {
+            const int t = e / GDN_KDW, ii = e - t * GDN_KDW;
+            const i64 i = i0 + ii, key = key0 + t * H, g = per_channel ? i : 0;
+            kd[e] = TO_MMA(t < steps && i < K ? rlx_exp(last[g] - at.gam[t * gw + g]) * LOAD(k, key * K + i)
+                                                    * (norm ? nrm[2 * key + 1] : (real)1) : (real)0);
+        }
+        BARRIER();
+        if (w < GDN_KDW / 16 && i0 + w * 16 < K) {
+            mma_acc s;
+            mma_load(&s, sf + (i0 + w * 16) * 16, 16);
+            for (int s0 = 0; s0 < steps; s0 += 16)
+                mma_tile(&s, MMA_COL, kd + s0 * GDN_KDW + w * 16, GDN_KDW, MMA_ROW, ul + s0 * 16, 16);
+            mma_store(sf + (i0 + w * 16) * 16, &s, 16);
+        }
+    }
+}
+#endif
+
+#ifndef GDN_PASS_GROUPS
+#define GDN_PASS_GROUPS 1 /* the portable pass: bounded by its lanes alone */
+#endif
 /* Key rows of the state per work-group lane and value columns per work-group of the state pass:
  * GDN_LANES / K strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
 #define GDN_STRIPS(K) (GDN_LANES / (K) < GDN_SPMAX ? GDN_LANES / (K) : GDN_SPMAX)
 
-KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
-                                  int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real, int slotted,
-                                  GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo,
-                                  GLOBAL uchar* nb, i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo,
-                                  GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+KERNEL_BOUNDED(GDN_LANES, GDN_PASS_GROUPS) gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V,
+    i64 NC, int per_channel, int qk_norm, int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real,
+    int slotted, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb,
+    i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb,
+    i64 ho)
 {
+#ifdef RLX_MMA
+    const i64 rc = 16; /* the MMA variant's block: one tile of 16 columns, every key row */
+#else
     LOCAL real sl[GDN_LANES * GDN_PJ], ul[GDN_Q * GDN_PJ * GDN_SPMAX];
-    const int lane = (int)LID(0);
     const i64 strips = GDN_STRIPS(K), rc = strips * GDN_PJ;
+#endif
+    const int lane = (int)LID(0);
     const i64 blocks = (V + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
-    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H), jb = lane / K, i = lane - jb * K;
+    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H);
     const i64 gw = per_channel ? K : 1;
-    const int live = jb < strips; /* a lane past the last strip still meets every barrier */
     const int st_real = GDN_V2 && state_real;
     GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
     i64 slot0 = 0;
@@ -729,6 +822,47 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
     const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V;
     GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
+#ifdef RLX_MMA
+    MMA_LOCAL float sf[STATE_MAX * 16], uf[GDN_Q * 16];
+    MMA_LOCAL mma_t kd[GDN_Q * GDN_KDW];
+#if RLX_MMA == 2
+    LOCAL_PTR float* const s16 = sf; /* TF32 operands are f32: the state where it lies */
+    LOCAL_PTR float* const ul = uf;
+#else
+    MMA_LOCAL mma_t s16[STATE_MAX * 16], ul[GDN_Q * 16];
+#endif
+    const i64 k16 = (K + 15) / 16 * 16; /* key rows in whole tiles, those past K zero */
+    for (i64 e = lane; e < k16 * 16; e += GDN_LANES) {
+        const i64 i = e / 16, jj = e - i * 16;
+        sf[e] = carry && i < K && jc0 + jj < V ? load_any(st, i * V + jc0 + jj, st_real) : (real)0;
+    }
+    for (i64 c = 0; c < chunks; ++c) {
+        const i64 bhc = vh * NC + slot0 + c, t0 = first + c * GDN_Q;
+        const int steps = end - t0 < GDN_Q ? (int)(end - t0) : GDN_Q;
+        const gdn_walk_chunk at = {AT(real, gmb, gmo) + bhc * GDN_Q * gw, AT(real, wb, wo) + bhc * GDN_Q * K,
+                                   AT(real, ub, uo) + bhc * GDN_Q * V + jc0, AT(real, hb, ho) + bhc * K * V + jc0};
+        BARRIER(); /* the state is complete: carried in, or the previous chunk's */
+        for (i64 e = lane; e < k16 * 16; e += GDN_LANES) {
+            const i64 i = e / 16, jj = e - i * 16;
+            if (i < K && jc0 + jj < V)
+                at.states[i * V + jj] = sf[e]; /* the state entering chunk c, for chunk_out */
+#if RLX_MMA == 1
+            s16[e] = TO_MMA(sf[e]);
+#endif
+        }
+        gdn_walk_u_barrier(at, s16, kd, uf, ul, K, V, V - jc0, steps, lane);
+        gdn_walk_state_barrier(at, sf, kd, ul, k, nrm, GDN_V2 && qk_norm, t0 * H + kh, H, gw, per_channel, K, steps,
+                               lane);
+    }
+    BARRIER();
+    for (i64 e = lane; e < (carry && chunks > 0 ? K * 16 : 0); e += GDN_LANES) {
+        const i64 i = e / 16, jj = e - i * 16;
+        if (jc0 + jj < V)
+            store_any(st, i * V + jc0 + jj, st_real, sf[e]);
+    }
+#else
+    const i64 jb = lane / K, i = lane - jb * K;
+    const int live = jb < strips; /* a lane past the last strip still meets every barrier */
     real s[GDN_PJ];
     PRAGMA_UNROLL
     for (int cj = 0; cj < GDN_PJ; ++cj) {
@@ -787,6 +921,7 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
             if (j < V)
                 store_any(st, i * V + j, st_real, s[cj]);
         }
+#endif
 }
 
 #ifdef RLX_MMA

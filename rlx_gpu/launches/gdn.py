@@ -14,7 +14,7 @@ from host_fallback.abi.gdn import gdn_scale
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
-from .mma import mma_defines
+from .mma import MMA_TILE, mma_defines
 from .registry import register
 from .ssm import state_lanes, takes_chunked
 
@@ -201,7 +201,7 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
                              target="gpu", defines=(V2_VARIANT if sh.v2 else ()) + mma_defines(lim, dt))
 
     strips = min(lanes // k, lim.tune("GDN_SPMAX"))  # the kernel's GDN_STRIPS
-    blocks = -(-v // (strips * lim.tune("GDN_PJ")))
+    blocks = -(-v // (MMA_TILE if mma_defines(lim, dt) else strips * lim.tune("GDN_PJ")))  # columns per state group
     tiles = -(-v // lim.tune("GDN_OT"))
     prep = launch("gated_delta_net_chunk_prep", (slots * lanes,), _arena(t, "q", "k", "v", "g", "beta"),
                   "nrm", "gam", "p", "w", "u")

@@ -16,6 +16,8 @@ MMA_NONE, MMA_16BIT, MMA_TF32 = 0, 1, 2
 #: the compute capability whose tensor cores take every operand type above (bf16 and TF32 arrived with sm_80)
 MMA_MIN_CAPABILITY = (8, 0)
 SIXTEEN_BIT = ("f16", "bf16")
+#: the edge of an MMA tile: gated_delta_net_state_pass's variant gives a work-group one tile of value columns
+MMA_TILE = 16
 #: the program families whose chunked kernels have the variant, and the variant each dtype builds (NVRTC's
 #: program list; OpenCL builds none)
 MMA_FAMILIES = ("ssm", "gdn")

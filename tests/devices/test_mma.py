@@ -28,7 +28,7 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 
 #: the kernels whose chunk products take the tensor cores, per program family
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
-               "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_chunk_out")}
+               "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out")}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
 #: the operand type the warp MMA operand loads name, per dtype
 OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}

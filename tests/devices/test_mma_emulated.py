@@ -27,7 +27,8 @@ pytestmark = pytest.mark.skipif(not KERNEL_OPENCL, reason=f"no OpenCL device amo
 
 CONFIG = load_config(default_config_path())
 EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read_text()
-CHUNK_KERNELS = {"mamba2_chunk_state", "mamba2_chunk_scan", "gated_delta_net_chunk_prep", "gated_delta_net_chunk_out"}
+CHUNK_KERNELS = {"mamba2_chunk_state", "mamba2_chunk_scan", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
+                 "gated_delta_net_chunk_out"}
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
 
