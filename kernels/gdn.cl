@@ -434,8 +434,8 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
  * steps is bounded by t (no product with a zero mask), so a NaN at step t of a lane reaches only its
  * outputs from t on: in its chunk through G, P, T and U, beyond it through the state. */
 #define GDN_LOG_FLOOR (-104.2789f)
-#if defined(RLX_MMA) && RLX_MMA == 2
-#define GDN_QP GDN_Q /* TF32: chunk_prep's T is a tensor-core operand where it lies (rows 32-byte aligned) */
+#ifdef RLX_MMA
+#define GDN_QP GDN_Q /* chunk_prep's M and T take accumulator tiles (TF32: are operands) where they lie */
 #else
 #define GDN_QP (GDN_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
 #endif
@@ -554,6 +554,65 @@ INLINE_FN void gdn_wu_tiles_barrier(GLOBAL real* out, i64 width, i64 i0, LOCAL_P
 }
 #endif
 
+#ifdef RLX_MMA
+#define GDN_GT ((GDN_Q / 16) * (GDN_Q / 16 + 1) / 2) /* tiles on and below the diagonal of a chunk's Gram */
+#if (GDN_LANES / 32) * 2 < GDN_GT
+#error "the MMA Gram products of gated_delta_net_chunk_prep give each warp at most two tiles"
+#endif
+/* One gate per head: the Gram products on the tensor cores, k.k^T (pass 0, into m) and then q.k^T (pass 1,
+ * into pm), the tiles on and below the diagonal (warp w: tiles w and w + warps), over K in slices of 16 of
+ * the scaled rows (ks, qs: operands); then each entry s <= t < steps takes its decay d = exp(G[t] - G[s]):
+ * P = d p, and M = beta[t] d a below the diagonal. Entries above it hold what the tiles held; no reader
+ * looks there. Step t's key row at k + (key0 + t*H) * K (and q's). */
+INLINE_FN void gdn_gram_mma_barrier(LOCAL_PTR real* m, GLOBAL real* pm, LOCAL_PTR mma_t* ks, LOCAL_PTR mma_t* qs,
+                                    GLOBAL const store_t* q, GLOBAL const store_t* k, i64 key0, i64 H, i64 K,
+                                    LOCAL_PTR const real* rqs, LOCAL_PTR const real* rks, LOCAL_PTR const real* bs,
+                                    GLOBAL const real* gam, int steps, int lane)
+{
+    const int w = MMA_WARP(lane), k1 = w + GDN_LANES / 32, has0 = w < GDN_GT, has1 = k1 < GDN_GT;
+    int s0 = 0, s1 = 0;
+    const int t0 = has0 ? mma_lower_tile(w, &s0) : 0, t1 = has1 ? mma_lower_tile(k1, &s1) : 0;
+    for (int pass = 0; pass < 2; ++pass) {
+        mma_acc g0, g1;
+        mma_zero(&g0);
+        mma_zero(&g1);
+        for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
+            BARRIER(); /* the norms and beta are written (first slice), or the previous slice's readers are done */
+            for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+                const int t = e / 16, ii = e - t * 16;
+                const i64 at = (key0 + t * H) * K + i0 + ii;
+                const int in = t < steps && i0 + ii < K;
+                ks[e] = TO_MMA(in ? LOAD(k, at) * rks[t] : (real)0);
+                qs[e] = TO_MMA(in && pass ? LOAD(q, at) * rqs[t] : (real)0);
+            }
+            BARRIER();
+            if (has0)
+                mma_tile(&g0, MMA_ROW, (pass ? qs : ks) + t0 * 256, 16, MMA_COL, ks + s0 * 256, 16);
+            if (has1)
+                mma_tile(&g1, MMA_ROW, (pass ? qs : ks) + t1 * 256, 16, MMA_COL, ks + s1 * 256, 16);
+        }
+        if (has0 && pass)
+            mma_store_global(pm + t0 * 16 * GDN_Q + s0 * 16, &g0, GDN_Q);
+        if (has1 && pass)
+            mma_store_global(pm + t1 * 16 * GDN_Q + s1 * 16, &g1, GDN_Q);
+        if (has0 && !pass)
+            mma_store(m + t0 * 16 * GDN_QP + s0 * 16, &g0, GDN_QP);
+        if (has1 && !pass)
+            mma_store(m + t1 * 16 * GDN_QP + s1 * 16, &g1, GDN_QP);
+    }
+    BARRIER();
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) {
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        if (s <= t && t < steps) {
+            const real d = rlx_exp(gam[t] - gam[s]);
+            pm[e] = d * pm[e];
+            if (s < t)
+                m[t * GDN_QP + s] = bs[t] * d * m[t * GDN_QP + s];
+        }
+    }
+}
+#endif
+
 KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                   int varlen, GLOBAL uchar* cb, i64 co,
                                   GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -569,8 +628,10 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     MMA_LOCAL float yl[GDN_Q * 16];
 #if RLX_MMA == 2
     LOCAL_PTR const mma_t* const tl = m;
+    LOCAL_PTR mma_t* const gram_qs = yl; /* the Gram's q slices: yl is free until W and U0 (f32 operands) */
 #else
     MMA_LOCAL mma_t tl[GDN_Q * GDN_Q];
+    LOCAL_PTR mma_t* const gram_qs = tl; /* the Gram's q slices: tl is free until T's tiles are staged */
 #endif
 #else
     LOCAL real m[GDN_Q * GDN_QP];
@@ -607,45 +668,52 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         rqs[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh)] : (real)1;
         rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh) + 1] : (real)1;
     }
-    /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
-     * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
-    const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
-    real a[GDN_AS], p[GDN_AS];
-    PRAGMA_UNROLL
-    for (int j = 0; j < GDN_AS; ++j)
-        a[j] = p[j] = (real)0;
-    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
-        BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
-        for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
-            const int s = e / GDN_NT, ii = e - s * GDN_NT;
-            const int in = s < steps && i0 + ii < K;
-            const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
-            kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
-            qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
-            gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
+#ifdef RLX_MMA
+    if (!per_channel) /* one gate per head: the Gram products are GEMMs (per channel, D[t][s] varies with i) */
+        gdn_gram_mma_barrier(m, pm, xs, gram_qs, q, k, t0 * H + kh, H, K, rqs, rks, bs, gam, steps, lane);
+    else
+#endif
+    {
+        /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
+         * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
+        const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
+        real a[GDN_AS], p[GDN_AS];
+        PRAGMA_UNROLL
+        for (int j = 0; j < GDN_AS; ++j)
+            a[j] = p[j] = (real)0;
+        for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
+            BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
+            for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
+                const int s = e / GDN_NT, ii = e - s * GDN_NT;
+                const int in = s < steps && i0 + ii < K;
+                const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
+                kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
+                qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
+                gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
+            }
+            BARRIER();
+            for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
+                const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
+                PRAGMA_UNROLL
+                for (int j = 0; j < GDN_AS; ++j)
+                    if (s0 + j <= tg) {
+                        const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
+                                                    : kt[(s0 + j) * GDN_NTP + ii];
+                        a[j] += kv * ks;
+                        p[j] += qv * ks;
+                    }
+            }
         }
-        BARRIER();
-        for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
-            const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
-            PRAGMA_UNROLL
-            for (int j = 0; j < GDN_AS; ++j)
-                if (s0 + j <= tg) {
-                    const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
-                                                : kt[(s0 + j) * GDN_NTP + ii];
-                    a[j] += kv * ks;
-                    p[j] += qv * ks;
-                }
-        }
+        /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
+        PRAGMA_UNROLL
+        for (int j = 0; j < GDN_AS; ++j)
+            if (s0 + j <= tg && tg < steps) {
+                const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
+                pm[tg * GDN_Q + s0 + j] = d * p[j];
+                if (s0 + j < tg)
+                    m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
+            }
     }
-    /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
-    PRAGMA_UNROLL
-    for (int j = 0; j < GDN_AS; ++j)
-        if (s0 + j <= tg && tg < steps) {
-            const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
-            pm[tg * GDN_Q + s0 + j] = d * p[j];
-            if (s0 + j < tg)
-                m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
-        }
     BARRIER();
     /* T = (I + M)^-1 over M's strict lower triangle, row by row (row t needs rows < t):
      * T[t][l] = -(M[t][l] + sum_{l<s<t} M[t][s] T[s][l]); the unit diagonal stays implicit */

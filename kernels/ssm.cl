@@ -844,11 +844,8 @@ typedef struct {
  * row, then the state tiles C.S_in^T of steps 16ti.. (sj = -1). */
 INLINE_FN int m2_product_tile(int k, int* sj)
 {
-    int ti = 0;
-    while (k >= M2_GT ? 0 : (ti + 1) * (ti + 2) / 2 <= k)
-        ++ti;
-    *sj = k < M2_GT ? k - ti * (ti + 1) / 2 : -1;
-    return k < M2_GT ? ti : k - M2_GT;
+    *sj = -1;
+    return k < M2_GT ? mma_lower_tile(k, sj) : k - M2_GT;
 }
 
 /* mamba2_chunk_scan's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them there):

@@ -124,6 +124,8 @@ DEVICE_FN void mma_store(float* p, const mma_acc* acc, unsigned ld)
 {
     nvcuda::wmma::store_matrix_sync(p, *acc, ld, nvcuda::wmma::mem_row_major);
 }
+/* the same into GLOBAL memory (a CUDA pointer is generic; the emulation's OpenCL names the address space) */
+DEVICE_FN void mma_store_global(float* p, const mma_acc* acc, unsigned ld) { mma_store(p, acc, ld); }
 DEVICE_FN void mma_load(mma_acc* acc, const float* p, unsigned ld)
 {
     nvcuda::wmma::load_matrix_sync(*acc, p, ld, nvcuda::wmma::mem_row_major);

@@ -74,6 +74,13 @@ DEVICE_FN void mma_store(LOCAL_PTR float* p, const mma_acc* acc, int ld)
         p[(l * 8 + j) / 16 * ld + (l * 8 + j) % 16] = acc->x[j];
 }
 
+DEVICE_FN void mma_store_global(GLOBAL float* p, const mma_acc* acc, int ld)
+{
+    const int l = (int)(LID(0) & 31);
+    for (int j = 0; j < 8; ++j)
+        p[(l * 8 + j) / 16 * ld + (l * 8 + j) % 16] = acc->x[j];
+}
+
 DEVICE_FN void mma_load(mma_acc* acc, LOCAL_PTR const float* p, int ld)
 {
     const int l = (int)(LID(0) & 31);
