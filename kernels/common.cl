@@ -99,3 +99,16 @@ INLINE_FN real ssm_row_sum(LOCAL_PTR const real* part, int at)
     return y;
 }
 #endif
+
+#ifdef RLX_MMA /* a launch's tensor-core variant (CUDA; kernels_cuda/prelude.cuh) */
+/* The k-th 16x16 tile on or below the diagonal of a chunk's square product, row by row: its tile row, and
+ * through *sj its tile column (k < tiles * (tiles + 1) / 2 for `tiles` tiles a side). */
+INLINE_FN int mma_lower_tile(int k, int* sj)
+{
+    int ti = 0;
+    while ((ti + 1) * (ti + 2) / 2 <= k)
+        ++ti;
+    *sj = k - ti * (ti + 1) / 2;
+    return ti;
+}
+#endif

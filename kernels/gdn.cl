@@ -434,7 +434,11 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
  * steps is bounded by t (no product with a zero mask), so a NaN at step t of a lane reaches only its
  * outputs from t on: in its chunk through G, P, T and U, beyond it through the state. */
 #define GDN_LOG_FLOOR (-104.2789f)
-#define GDN_QP (GDN_Q + 1)   /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#ifdef RLX_MMA
+#define GDN_QP GDN_Q /* chunk_prep's M and T take accumulator tiles (TF32: are operands) where they lie */
+#else
+#define GDN_QP (GDN_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#endif
 #define GDN_NTP (GDN_NT + 1)
 #define GDN_OTP (GDN_OT + 1)
 #define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
@@ -501,6 +505,114 @@ INLINE_FN gdn_chunk_slot gdn_chunk_slot_of(i64 bhc, i64 R, i64 S, i64 H, i64 HV,
     return out;
 }
 
+#ifdef RLX_MMA
+#if GDN_NT != 16 || GDN_Q % 16 != 0 || GDN_LANES / 32 < GDN_Q / 16
+#error "the MMA variant of gated_delta_net_chunk_prep tiles 16x16, GDN_NT = 16 columns at a time"
+#endif
+#if RLX_MMA == 1
+/* T's tiles below the diagonal (m, its strict lower triangle, f32) as 16-bit operands in tl, rows GDN_Q
+ * apart; zero past the chunk's steps. TF32 takes m where it lies (GDN_QP = GDN_Q). */
+INLINE_FN void gdn_stage_t(LOCAL_PTR mma_t* tl, LOCAL_PTR const real* m, int steps, int lane)
+{
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) {
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        if (s / 16 < t / 16)
+            tl[e] = TO_MMA(t < steps ? m[t * GDN_QP + s] : (real)0);
+    }
+}
+#endif
+
+/* out[t][i0+ii] = x[t] + sum_{s<t} T[t][s] x[s] for the GDN_NT columns staged in kt (f32) and xs (operands):
+ * each lane sums the diagonal tile's terms in f32, the warps w < GDN_Q/16 add T's tiles below the
+ * diagonal times xs on the tensor cores (steps 16w..), and the lanes store. */
+INLINE_FN void gdn_wu_tiles_barrier(GLOBAL real* out, i64 width, i64 i0, LOCAL_PTR const mma_t* tl,
+                                    LOCAL_PTR const real* m, LOCAL_PTR const real* kt, LOCAL_PTR const mma_t* xs,
+                                    LOCAL_PTR float* yl, int steps, int lane)
+{
+    for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+        const int t = e / 16, ii = e - t * 16;
+        real x = kt[t * GDN_NTP + ii];
+        for (int s = t / 16 * 16; s < t; ++s)
+            x += m[t * GDN_QP + s] * kt[s * GDN_NTP + ii];
+        yl[e] = t < steps ? x : (real)0;
+    }
+    BARRIER();
+    const int w = MMA_WARP(lane);
+    if (w < GDN_Q / 16 && w * 16 < steps) {
+        mma_acc y;
+        mma_load(&y, yl + w * 256, 16);
+        for (int sj = 0; sj < w; ++sj)
+            mma_tile(&y, MMA_ROW, tl + w * 16 * GDN_Q + sj * 16, GDN_Q, MMA_ROW, xs + sj * 256, 16);
+        mma_store(yl + w * 256, &y, 16);
+    }
+    BARRIER();
+    for (int e = lane; e < steps * 16; e += GDN_LANES) {
+        const int t = e / 16, ii = e - t * 16;
+        if (i0 + ii < width)
+            out[t * width + i0 + ii] = yl[e];
+    }
+}
+#endif
+
+#ifdef RLX_MMA
+#define GDN_GT ((GDN_Q / 16) * (GDN_Q / 16 + 1) / 2) /* tiles on and below the diagonal of a chunk's Gram */
+#if (GDN_LANES / 32) * 2 < GDN_GT
+#error "the MMA Gram products of gated_delta_net_chunk_prep give each warp at most two tiles"
+#endif
+/* One gate per head: the Gram products on the tensor cores, k.k^T (pass 0, into m) and then q.k^T (pass 1,
+ * into pm), the tiles on and below the diagonal (warp w: tiles w and w + warps), over K in slices of 16 of
+ * the scaled rows (ks, qs: operands); then each entry s <= t < steps takes its decay d = exp(G[t] - G[s]):
+ * P = d p, and M = beta[t] d a below the diagonal. Entries above it hold what the tiles held; no reader
+ * looks there. Step t's key row at k + (key0 + t*H) * K (and q's). */
+INLINE_FN void gdn_gram_mma_barrier(LOCAL_PTR real* m, GLOBAL real* pm, LOCAL_PTR mma_t* ks, LOCAL_PTR mma_t* qs,
+                                    GLOBAL const store_t* q, GLOBAL const store_t* k, i64 key0, i64 H, i64 K,
+                                    LOCAL_PTR const real* rqs, LOCAL_PTR const real* rks, LOCAL_PTR const real* bs,
+                                    GLOBAL const real* gam, int steps, int lane)
+{
+    const int w = MMA_WARP(lane), k1 = w + GDN_LANES / 32, has0 = w < GDN_GT, has1 = k1 < GDN_GT;
+    int s0 = 0, s1 = 0;
+    const int t0 = has0 ? mma_lower_tile(w, &s0) : 0, t1 = has1 ? mma_lower_tile(k1, &s1) : 0;
+    for (int pass = 0; pass < 2; ++pass) {
+        mma_acc g0, g1;
+        mma_zero(&g0);
+        mma_zero(&g1);
+        for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
+            BARRIER(); /* the norms and beta are written (first slice), or the previous slice's readers are done */
+            for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+                const int t = e / 16, ii = e - t * 16;
+                const i64 at = (key0 + t * H) * K + i0 + ii;
+                const int in = t < steps && i0 + ii < K;
+                ks[e] = TO_MMA(in ? LOAD(k, at) * rks[t] : (real)0);
+                qs[e] = TO_MMA(in && pass ? LOAD(q, at) * rqs[t] : (real)0);
+            }
+            BARRIER();
+            if (has0)
+                mma_tile(&g0, MMA_ROW, (pass ? qs : ks) + t0 * 256, 16, MMA_COL, ks + s0 * 256, 16);
+            if (has1)
+                mma_tile(&g1, MMA_ROW, (pass ? qs : ks) + t1 * 256, 16, MMA_COL, ks + s1 * 256, 16);
+        }
+        if (has0 && pass)
+            mma_store_global(pm + t0 * 16 * GDN_Q + s0 * 16, &g0, GDN_Q);
+        if (has1 && pass)
+            mma_store_global(pm + t1 * 16 * GDN_Q + s1 * 16, &g1, GDN_Q);
+        if (has0 && !pass)
+            mma_store(m + t0 * 16 * GDN_QP + s0 * 16, &g0, GDN_QP);
+        if (has1 && !pass)
+            mma_store(m + t1 * 16 * GDN_QP + s1 * 16, &g1, GDN_QP);
+    }
+    BARRIER();
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) {
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        if (s <= t && t < steps) {
+            const real d = rlx_exp(gam[t] - gam[s]);
+            pm[e] = d * pm[e];
+            if (s < t)
+                m[t * GDN_QP + s] = bs[t] * d * m[t * GDN_QP + s];
+        }
+    }
+}
+#endif
+
 KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                   int varlen, GLOBAL uchar* cb, i64 co,
                                   GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -508,8 +620,22 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
                                   GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo,
                                   GLOBAL uchar* ub, i64 uo)
 {
-    LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], m[GDN_Q * GDN_QP], bs[GDN_Q];
+    LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], bs[GDN_Q];
     LOCAL real rqs[GDN_Q], rks[GDN_Q];
+#ifdef RLX_MMA
+    MMA_LOCAL real m[GDN_Q * GDN_QP];
+    MMA_LOCAL mma_t xs[GDN_Q * 16];
+    MMA_LOCAL float yl[GDN_Q * 16];
+#if RLX_MMA == 2
+    LOCAL_PTR const mma_t* const tl = m;
+    LOCAL_PTR mma_t* const gram_qs = yl; /* the Gram's q slices: yl is free until W and U0 (f32 operands) */
+#else
+    MMA_LOCAL mma_t tl[GDN_Q * GDN_Q];
+    LOCAL_PTR mma_t* const gram_qs = tl; /* the Gram's q slices: tl is free until T's tiles are staged */
+#endif
+#else
+    LOCAL real m[GDN_Q * GDN_QP];
+#endif
     /* a number past the last chunk of a varlen batch has no steps: the whole group walks empty loops to every
      * barrier (a work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashed on
      * it in mamba2_chunk_state) */
@@ -542,45 +668,52 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         rqs[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh)] : (real)1;
         rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh) + 1] : (real)1;
     }
-    /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
-     * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
-    const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
-    real a[GDN_AS], p[GDN_AS];
-    PRAGMA_UNROLL
-    for (int j = 0; j < GDN_AS; ++j)
-        a[j] = p[j] = (real)0;
-    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
-        BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
-        for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
-            const int s = e / GDN_NT, ii = e - s * GDN_NT;
-            const int in = s < steps && i0 + ii < K;
-            const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
-            kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
-            qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
-            gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
+#ifdef RLX_MMA
+    if (!per_channel) /* one gate per head: the Gram products are GEMMs (per channel, D[t][s] varies with i) */
+        gdn_gram_mma_barrier(m, pm, xs, gram_qs, q, k, t0 * H + kh, H, K, rqs, rks, bs, gam, steps, lane);
+    else
+#endif
+    {
+        /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
+         * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
+        const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = sh * GDN_AS;
+        real a[GDN_AS], p[GDN_AS];
+        PRAGMA_UNROLL
+        for (int j = 0; j < GDN_AS; ++j)
+            a[j] = p[j] = (real)0;
+        for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
+            BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
+            for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
+                const int s = e / GDN_NT, ii = e - s * GDN_NT;
+                const int in = s < steps && i0 + ii < K;
+                const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
+                kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
+                qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
+                gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
+            }
+            BARRIER();
+            for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
+                const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
+                PRAGMA_UNROLL
+                for (int j = 0; j < GDN_AS; ++j)
+                    if (s0 + j <= tg) {
+                        const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
+                                                    : kt[(s0 + j) * GDN_NTP + ii];
+                        a[j] += kv * ks;
+                        p[j] += qv * ks;
+                    }
+            }
         }
-        BARRIER();
-        for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
-            const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
-            PRAGMA_UNROLL
-            for (int j = 0; j < GDN_AS; ++j)
-                if (s0 + j <= tg) {
-                    const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
-                                                : kt[(s0 + j) * GDN_NTP + ii];
-                    a[j] += kv * ks;
-                    p[j] += qv * ks;
-                }
-        }
+        /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
+        PRAGMA_UNROLL
+        for (int j = 0; j < GDN_AS; ++j)
+            if (s0 + j <= tg && tg < steps) {
+                const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
+                pm[tg * GDN_Q + s0 + j] = d * p[j];
+                if (s0 + j < tg)
+                    m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
+            }
     }
-    /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
-    PRAGMA_UNROLL
-    for (int j = 0; j < GDN_AS; ++j)
-        if (s0 + j <= tg && tg < steps) {
-            const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
-            pm[tg * GDN_Q + s0 + j] = d * p[j];
-            if (s0 + j < tg)
-                m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
-        }
     BARRIER();
     /* T = (I + M)^-1 over M's strict lower triangle, row by row (row t needs rows < t):
      * T[t][l] = -(M[t][l] + sum_{l<s<t} M[t][s] T[s][l]); the unit diagonal stays implicit */
@@ -597,23 +730,32 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         BARRIER();
     }
     /* W = T beta exp(G) K (pass 0, K columns) and U0 = T beta V (pass 1, V columns), GDN_NT columns at a
-     * time through kt */
+     * time through kt (zero past the chunk's steps, which MMA tiles cover) */
+#if RLX_MMA == 1
+    gdn_stage_t(tl, m, steps, lane);
+#endif
     for (int pass = 0; pass < 2; ++pass) {
         const i64 width = steps == 0 ? 0 : pass ? V : K;
         for (i64 i0 = 0; i0 < width; i0 += GDN_NT) {
             BARRIER();
-            for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
+            for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
                 const int s = e / GDN_NT, ii = e - s * GDN_NT;
                 real x = (real)0;
-                if (i0 + ii < width) {
+                if (s < steps && i0 + ii < width) {
                     const i64 tok = t0 + s;
                     x = bs[s] * (pass ? LOAD(v, (tok * HV + vh) * V + i0 + ii)
                                       : LOAD(k, (tok * H + kh) * K + i0 + ii) * rks[s]
                                             * rlx_exp(gam[s * gw + (per_channel ? i0 + ii : 0)]));
                 }
                 kt[s * GDN_NTP + ii] = x;
+#ifdef RLX_MMA
+                xs[e] = TO_MMA(x);
+#endif
             }
             BARRIER();
+#ifdef RLX_MMA
+            gdn_wu_tiles_barrier(pass ? um : wm, width, i0, tl, m, kt, xs, yl, steps, lane);
+#else
             for (int e = lane; e < steps * GDN_NT; e += GDN_LANES) {
                 const int t = e / GDN_NT, ii = e - t * GDN_NT;
                 if (i0 + ii < width) {
@@ -623,27 +765,121 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
                     (pass ? um : wm)[t * width + i0 + ii] = x;
                 }
             }
+#endif
         }
     }
 }
 
+#ifdef RLX_MMA
+/* The MMA variant of the state pass: a work-group per (row, value head, 16 value columns) keeps the block's
+ * state, every key row, f32 in LOCAL memory, and per chunk takes U = U0 - W S0 (the warps w < GDN_Q/16, a
+ * 16-step tile each, over K in slices of 16) and the state update S = exp(G[last]) S + sum_t kd[t] (x) u[t]
+ * (a 16-row tile per warp, GDN_KDW rows of kd staged at a time) on the tensor cores; W, S0, kd and U round
+ * to the operand type (as fla's chunk kernels round them), the state accumulates in f32. */
+#define GDN_KDW (RLX_MMA == 2 ? 64 : 128) /* key rows of kd staged at a time (LOCAL: 16 KiB either way) */
+/* groups per SM the pass is bounded to: two (their LOCAL tiles allow no more), so 128 registers, which bf16's
+ * conversions would pass when left free */
+#define GDN_PASS_GROUPS 2
+#if GDN_Q % 16 != 0 || GDN_LANES / 32 < GDN_Q / 16 || GDN_KDW / 16 > GDN_LANES / 32
+#error "the MMA variant of gated_delta_net_state_pass: a 16-step tile per warp, a kd tile per warp"
+#endif
+/* One chunk's scratch as the MMA state pass reads it: the cumulative log-decays, W, and U0 (U once done)
+ * and the entering state from the block's first column. */
+typedef struct {
+    GLOBAL const real* gam;
+    GLOBAL const real* wm;
+    GLOBAL real* um;
+    GLOBAL real* states;
+} gdn_walk_chunk;
+
+/* U = U0 - W S0 for the block's columns (cols of them in range; rows V apart in scratch): in place in
+ * scratch, and as operands in ul (zero past the chunk's steps); kd holds W's slices on the way. */
+INLINE_FN void gdn_walk_u_barrier(gdn_walk_chunk at, LOCAL_PTR const mma_t* s16, LOCAL_PTR mma_t* kd,
+                                  LOCAL_PTR float* uf, LOCAL_PTR mma_t* ul, i64 K, i64 V, i64 cols, int steps,
+                                  int lane)
+{
+    const int w = MMA_WARP(lane);
+    mma_acc u;
+    mma_zero(&u);
+    for (i64 i0 = 0; i0 < K; i0 += 16) {
+        BARRIER(); /* s16 is written, or the previous slice's readers are done */
+        for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+            const int t = e / 16, ii = e - t * 16;
+            kd[e] = TO_MMA(t < steps && i0 + ii < K ? at.wm[t * K + i0 + ii] : (real)0);
+        }
+        BARRIER();
+        if (w < GDN_Q / 16)
+            mma_tile(&u, MMA_ROW, kd + w * 256, 16, MMA_ROW, s16 + i0 * 16, 16);
+    }
+    if (w < GDN_Q / 16)
+        mma_store(uf + w * 256, &u, 16);
+    BARRIER();
+    for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+        const int t = e / 16, jj = e - t * 16;
+        real x = (real)0;
+        if (t < steps && jj < cols) {
+            x = at.um[t * V + jj] - uf[e];
+            at.um[t * V + jj] = x;
+        }
+        ul[e] = TO_MMA(x);
+    }
+}
+
+/* S = exp(G[last]) S + sum_t kd[t] (x) u[t] with kd[t][i] = exp(G[last][i] - G[t][i]) k[t][i] (over |k| with
+ * norm), step t's key row at k + (key0 + t*H) * K: the lanes scale sf, then GDN_KDW key rows of kd at a time
+ * are staged and each warp adds its 16-row tile's sum over the steps to its accumulator, loaded from sf and
+ * stored back. The caller's next barrier orders sf for its readers. */
+INLINE_FN void gdn_walk_state_barrier(gdn_walk_chunk at, LOCAL_PTR float* sf, LOCAL_PTR mma_t* kd,
+                                      LOCAL_PTR const mma_t* ul, GLOBAL const store_t* k, GLOBAL const real* nrm,
+                                      int norm, i64 key0, i64 H, i64 gw, int per_channel, i64 K, int steps, int lane)
+{
+    const int w = MMA_WARP(lane);
+    GLOBAL const real* last = at.gam + (steps - 1) * gw;
+    for (i64 e = lane; e < K * 16; e += GDN_LANES) /* sf's last reader was W S0, before ul's barrier */
+        sf[e] *= rlx_exp(last[per_channel ? e / 16 : 0]);
+    for (i64 i0 = 0; i0 < K; i0 += GDN_KDW) {
+        BARRIER(); /* sf scaled and ul written, or the previous rows' readers are done */
+        for (int e = lane; e < GDN_Q * GDN_KDW; e += GDN_LANES) {
+            const int t = e / GDN_KDW, ii = e - t * GDN_KDW;
+            const i64 i = i0 + ii, key = key0 + t * H, g = per_channel ? i : 0;
+            kd[e] = TO_MMA(t < steps && i < K ? rlx_exp(last[g] - at.gam[t * gw + g]) * LOAD(k, key * K + i)
+                                                    * (norm ? nrm[2 * key + 1] : (real)1) : (real)0);
+        }
+        BARRIER();
+        if (w < GDN_KDW / 16 && i0 + w * 16 < K) {
+            mma_acc s;
+            mma_load(&s, sf + (i0 + w * 16) * 16, 16);
+            for (int s0 = 0; s0 < steps; s0 += 16)
+                mma_tile(&s, MMA_COL, kd + s0 * GDN_KDW + w * 16, GDN_KDW, MMA_ROW, ul + s0 * 16, 16);
+            mma_store(sf + (i0 + w * 16) * 16, &s, 16);
+        }
+    }
+}
+#endif
+
+#ifndef GDN_PASS_GROUPS
+#define GDN_PASS_GROUPS 1 /* the portable pass: bounded by its lanes alone */
+#endif
 /* Key rows of the state per work-group lane and value columns per work-group of the state pass:
  * GDN_LANES / K strips of GDN_PJ columns (at most GDN_SPMAX strips), one lane per (key row, strip). */
 #define GDN_STRIPS(K) (GDN_LANES / (K) < GDN_SPMAX ? GDN_LANES / (K) : GDN_SPMAX)
 
-KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
-                                  int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real, int slotted,
-                                  GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo,
-                                  GLOBAL uchar* nb, i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo,
-                                  GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb, i64 ho)
+KERNEL_BOUNDED(GDN_LANES, GDN_PASS_GROUPS) gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V,
+    i64 NC, int per_channel, int qk_norm, int varlen, GLOBAL uchar* cb, i64 co, int carry, int state_real,
+    int slotted, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb,
+    i64 no, GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo, GLOBAL uchar* hb,
+    i64 ho)
 {
+#ifdef RLX_MMA
+    const i64 rc = 16; /* the MMA variant's block: one tile of 16 columns, every key row */
+#else
     LOCAL real sl[GDN_LANES * GDN_PJ], ul[GDN_Q * GDN_PJ * GDN_SPMAX];
-    const int lane = (int)LID(0);
     const i64 strips = GDN_STRIPS(K), rc = strips * GDN_PJ;
+#endif
+    const int lane = (int)LID(0);
     const i64 blocks = (V + rc - 1) / rc, bh = GROUP(0) / blocks, jc0 = (GROUP(0) - bh * blocks) * rc;
-    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H), jb = lane / K, i = lane - jb * K;
+    const i64 r = bh / HV, vh = bh - r * HV, kh = vh / (HV / H);
     const i64 gw = per_channel ? K : 1;
-    const int live = jb < strips; /* a lane past the last strip still meets every barrier */
     const int st_real = GDN_V2 && state_real;
     GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
     i64 slot0 = 0;
@@ -654,6 +890,47 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
     GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
     const i64 entry = (gdn_state_row(r, slots) * HV + vh) * K * V;
     GLOBAL uchar* st = st_real ? (GLOBAL uchar*)(AT(real, sb, so) + entry) : (GLOBAL uchar*)(AT(store_t, sb, so) + entry);
+#ifdef RLX_MMA
+    MMA_LOCAL float sf[STATE_MAX * 16], uf[GDN_Q * 16];
+    MMA_LOCAL mma_t kd[GDN_Q * GDN_KDW];
+#if RLX_MMA == 2
+    LOCAL_PTR float* const s16 = sf; /* TF32 operands are f32: the state where it lies */
+    LOCAL_PTR float* const ul = uf;
+#else
+    MMA_LOCAL mma_t s16[STATE_MAX * 16], ul[GDN_Q * 16];
+#endif
+    const i64 k16 = (K + 15) / 16 * 16; /* key rows in whole tiles, those past K zero */
+    for (i64 e = lane; e < k16 * 16; e += GDN_LANES) {
+        const i64 i = e / 16, jj = e - i * 16;
+        sf[e] = carry && i < K && jc0 + jj < V ? load_any(st, i * V + jc0 + jj, st_real) : (real)0;
+    }
+    for (i64 c = 0; c < chunks; ++c) {
+        const i64 bhc = vh * NC + slot0 + c, t0 = first + c * GDN_Q;
+        const int steps = end - t0 < GDN_Q ? (int)(end - t0) : GDN_Q;
+        const gdn_walk_chunk at = {AT(real, gmb, gmo) + bhc * GDN_Q * gw, AT(real, wb, wo) + bhc * GDN_Q * K,
+                                   AT(real, ub, uo) + bhc * GDN_Q * V + jc0, AT(real, hb, ho) + bhc * K * V + jc0};
+        BARRIER(); /* the state is complete: carried in, or the previous chunk's */
+        for (i64 e = lane; e < k16 * 16; e += GDN_LANES) {
+            const i64 i = e / 16, jj = e - i * 16;
+            if (i < K && jc0 + jj < V)
+                at.states[i * V + jj] = sf[e]; /* the state entering chunk c, for chunk_out */
+#if RLX_MMA == 1
+            s16[e] = TO_MMA(sf[e]);
+#endif
+        }
+        gdn_walk_u_barrier(at, s16, kd, uf, ul, K, V, V - jc0, steps, lane);
+        gdn_walk_state_barrier(at, sf, kd, ul, k, nrm, GDN_V2 && qk_norm, t0 * H + kh, H, gw, per_channel, K, steps,
+                               lane);
+    }
+    BARRIER();
+    for (i64 e = lane; e < (carry && chunks > 0 ? K * 16 : 0); e += GDN_LANES) {
+        const i64 i = e / 16, jj = e - i * 16;
+        if (jc0 + jj < V)
+            store_any(st, i * V + jc0 + jj, st_real, sf[e]);
+    }
+#else
+    const i64 jb = lane / K, i = lane - jb * K;
+    const int live = jb < strips; /* a lane past the last strip still meets every barrier */
     real s[GDN_PJ];
     PRAGMA_UNROLL
     for (int cj = 0; cj < GDN_PJ; ++cj) {
@@ -712,7 +989,96 @@ KERNEL gated_delta_net_state_pass(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
             if (j < V)
                 store_any(st, i * V + j, st_real, s[cj]);
         }
+#endif
 }
+
+#ifdef RLX_MMA
+#if GDN_NT != 16 || GDN_Q % 16 != 0 || GDN_OT % 16 != 0 || GDN_LANES / 32 != (GDN_Q / 16) * (GDN_OT / 16)
+#error "the MMA variant of gated_delta_net_chunk_out tiles 16x16, one output tile per warp"
+#endif
+/* Where gated_delta_net_chunk_out's outputs go: step t's column jc (jc < cols) at at + t * stride + jc. */
+typedef struct {
+    GLOBAL store_t* dst;
+    i64 at, stride, cols;
+    real scale;
+} gdn_out_tile;
+
+/* gated_delta_net_chunk_out's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them
+ * there): qs [GDN_Q][16] and hs [16][GDN_OT], slices of the scaled q and of S0; pl [GDN_Q][GDN_Q], P's
+ * operands below the diagonal; ul [GDN_Q][GDN_OT], U; pd [GDN_Q][16] f32, P's diagonal tiles; yl
+ * [GDN_Q][GDN_OT] f32, the output tile. */
+typedef struct {
+    LOCAL_PTR mma_t* qs;
+    LOCAL_PTR mma_t* hs;
+    LOCAL_PTR mma_t* pl;
+    LOCAL_PTR mma_t* ul;
+    LOCAL_PTR float* pd;
+    LOCAL_PTR float* yl;
+} gdn_out_local;
+
+/* out[t] = scale ((exp(G[t]) q[t]) S0 + sum_{s<=t} P[t][s] u[s]) over the tile's GDN_OT columns on the
+ * tensor cores (kernels_cuda/prelude.cuh): warp w owns the output tile (w / (GDN_OT/16), w % (GDN_OT/16));
+ * the q.S0 product runs over K in slices of 16 (qs: the chunk's scaled q rows, the group's staging of
+ * the portable path); P's tiles below the diagonal and U are operands, P's diagonal tiles stay f32 for a
+ * per-lane sum bounded by t, so that, as on the portable path, nothing at a step s > t (not even a NaN)
+ * reaches out[t]. P, U and the state round to the operand type (as fla rounds them to the input type). */
+INLINE_FN void gdn_out_product_barrier(gdn_out_tile out, gdn_out_local at, GLOBAL const store_t* q,
+                                       GLOBAL const real* nrm, int qk_norm, GLOBAL const real* gam, i64 gw,
+                                       int per_channel, i64 t0, i64 H, i64 kh, i64 K, i64 V, GLOBAL const real* states,
+                                       GLOBAL const real* pm, GLOBAL const real* um, int steps, int lane)
+{
+    LOCAL_PTR mma_t* const qs = at.qs;
+    LOCAL_PTR mma_t* const hs = at.hs;
+    LOCAL_PTR mma_t* const pl = at.pl;
+    LOCAL_PTR mma_t* const ul = at.ul;
+    LOCAL_PTR float* const pd = at.pd;
+    LOCAL_PTR float* const yl = at.yl;
+    const int w = MMA_WARP(lane), ti = w / (GDN_OT / 16), tj = w - ti * (GDN_OT / 16);
+    mma_acc y;
+    mma_zero(&y);
+    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
+        BARRIER(); /* the previous slice's readers are done */
+        for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+            const int t = e / 16, ii = e - t * 16;
+            const i64 i = i0 + ii, key = (t0 + t) * H + kh;
+            qs[e] = TO_MMA(t < steps && i < K ? LOAD(q, key * K + i) * (GDN_V2 && qk_norm ? nrm[2 * key] : (real)1)
+                                                    * rlx_exp(gam[t * gw + (per_channel ? i : 0)]) : (real)0);
+        }
+        for (int e = lane; e < 16 * GDN_OT; e += GDN_LANES) {
+            const int ii = e / GDN_OT, jc = e - ii * GDN_OT;
+            hs[e] = TO_MMA(i0 + ii < K && jc < out.cols ? states[(i0 + ii) * V + jc] : (real)0);
+        }
+        BARRIER();
+        mma_tile(&y, MMA_ROW, qs + ti * 16 * 16, 16, MMA_ROW, hs + tj * 16, GDN_OT);
+    }
+    for (int e = lane; e < GDN_Q * GDN_Q; e += GDN_LANES) { /* P: the tiles below the diagonal, the diagonal's */
+        const int t = e / GDN_Q, s = e - t * GDN_Q;
+        const real v = s <= t && t < steps ? pm[e] : (real)0;
+        if (s / 16 == t / 16)
+            pd[t * 16 + s % 16] = v;
+        else if (s / 16 < t / 16)
+            pl[e] = TO_MMA(v);
+    }
+    for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
+        const int t = e / GDN_OT, jc = e - t * GDN_OT;
+        ul[e] = TO_MMA(t < steps && jc < out.cols ? um[t * V + jc] : (real)0);
+    }
+    BARRIER();
+    for (int sj = 0; sj < ti; ++sj)
+        mma_tile(&y, MMA_ROW, pl + ti * 16 * GDN_Q + sj * 16, GDN_Q, MMA_ROW, ul + sj * 16 * GDN_OT + tj * 16, GDN_OT);
+    mma_store(yl + ti * 16 * GDN_OT + tj * 16, &y, GDN_OT);
+    BARRIER();
+    for (int e = lane; e < GDN_Q * GDN_OT; e += GDN_LANES) {
+        const int t = e / GDN_OT, jc = e - t * GDN_OT;
+        if (t < steps && jc < out.cols) {
+            real x = yl[e];
+            for (int s = t / 16 * 16; s <= t; ++s)
+                x += pd[t * 16 + s % 16] * FROM_MMA(ul[s * GDN_OT + jc]);
+            STORE(out.dst, out.at + t * out.stride + jc, out.scale * x);
+        }
+    }
+}
+#endif
 
 KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
                                  int varlen, GLOBAL uchar* cb, i64 co, real scale,
@@ -720,7 +1086,6 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
                                  GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ub, i64 uo,
                                  GLOBAL uchar* hb, i64 ho)
 {
-    LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const i64 tiles = (V + GDN_OT - 1) / GDN_OT, j0 = (GROUP(0) - GROUP(0) / tiles * tiles) * GDN_OT;
     const int lane = (int)LID(0);
     GLOBAL const int* cu = GDN_V2 && varlen ? AT(int, cb, co) : 0;
@@ -736,6 +1101,15 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
     GLOBAL const real* um = AT(real, ub, uo) + bhc * GDN_Q * V;
     GLOBAL const real* states = AT(real, hb, ho) + bhc * K * V;
     GLOBAL const real* nrm = AT(real, nb, no);
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t qs[GDN_Q * 16], hs[16 * GDN_OT], pl[GDN_Q * GDN_Q], ul[GDN_Q * GDN_OT];
+    MMA_LOCAL float pd[GDN_Q * 16], yl[GDN_Q * GDN_OT];
+    const gdn_out_local at = {qs, hs, pl, ul, pd, yl};
+    const gdn_out_tile out = {dst, (t0 * HV + vh) * V + j0, HV * V, V - j0, scale};
+    gdn_out_product_barrier(out, at, q, nrm, qk_norm, gam, gw, per_channel, t0, H, kh, K, V, states + j0, pm, um + j0,
+                            steps, lane);
+#else
+    LOCAL real qt[GDN_Q * GDN_NTP], hl[GDN_NT * GDN_OTP], pl[GDN_Q * GDN_QP], ul[GDN_Q * GDN_OTP];
     const int ty = lane / GDN_OT, jj = lane - ty * GDN_OT; /* this lane: column j0+jj, steps ty + r*GDN_TS */
     real y[GDN_OY];
     PRAGMA_UNROLL
@@ -785,5 +1159,6 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
             STORE(dst, ((t0 + t) * HV + vh) * V + j0 + jj, scale * x);
         }
     }
+#endif
 }
 #endif

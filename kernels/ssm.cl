@@ -684,33 +684,58 @@ INLINE_FN void m2_stage_decay_barrier(LOCAL_PTR real* dts, LOCAL_PTR real* Ls, i
     BARRIER();
 }
 
-KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
-                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
-                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* cub, i64 cuo,
-                          GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to, real lo, real hi)
+/* The operands of the chunk products in LOCAL memory: the compute type on the portable path; with a
+ * launch's RLX_MMA (CUDA only) the tensor cores' operand type (kernels_cuda/prelude.cuh), rounded once as
+ * staged: a 16-bit thunk's x, b and c are exact there, the decay-weighted x, the chunk states and
+ * C.B^T's decayed entries round to it (as mamba_ssm's chunk kernels round them to the input type). */
+#ifdef RLX_MMA
+#if M2_PT != 16 || M2_NT != 16 || M2_Q % 16 != 0 || M2_LANES < 128
+#error "the MMA variant of mamba2's chunk products tiles 16x16: M2_PT = M2_NT = 16, M2_Q % 16 = 0, 4 warps at least"
+#endif
+typedef mma_t m2_op_t;
+#define M2_OP(v) TO_MMA(v)
+#define M2_LOCAL MMA_LOCAL
+#define M2_NW (M2_LANES / 32 * 16) /* state columns per pass of mamba2_chunk_state: 16 per warp */
+#else
+typedef real m2_op_t;
+#define M2_OP(v) (v)
+#define M2_LOCAL LOCAL
+#endif
+
+#ifdef RLX_MMA
+/* states[p0+p][n] = sum_s xw[s][p] b[s][n] for the chunk's steps: each warp one 16x16 tile of M2_NW
+ * columns per pass, from b staged as [M2_Q][M2_NW] operands (bs), through an f32 tile (out) to the bounded
+ * store. */
+INLINE_FN void m2_state_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCAL_PTR mma_t* bs,
+                                    LOCAL_PTR float* out, GLOBAL const store_t* bm, i64 t0, int steps, i64 G, i64 grp,
+                                    i64 N, i64 P, i64 p0, int lane)
 {
-    LOCAL real dts[M2_Q], Ls[M2_Q], xw[M2_Q * M2_PT];
-    const int lane = (int)LID(0);
-    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
-    /* a slot no sequence uses has no steps: the whole group walks empty loops to every barrier (a
-     * work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashes on it) */
-    const int steps = (int)tile.chunk.steps;
-    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
-    GLOBAL const store_t* x = AT(store_t, xb, xo);
-    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
-    GLOBAL const store_t* bm = AT(store_t, bb, bo);
-    GLOBAL real* states = AT(real, sb, so) + slot * P * N; /* this chunk's [P, N] */
-    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
-    m2_stage_decay_barrier(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
-    /* xw[s][p] = exp(L[last] - L[s]) dt[s] x[s][p]: the weight of step s in the chunk's final state */
-    for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
-        const int s = e / M2_PT, p = e - s * M2_PT;
-        xw[e] = p0 + p < P ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
-                           : (real)0;
+    const int w = MMA_WARP(lane);
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M2_NW) {
+        BARRIER(); /* the previous pass's readers are done */
+        for (int e = lane; e < M2_Q * M2_NW; e += M2_LANES) {
+            const int s = e / M2_NW, nn = e - s * M2_NW;
+            bs[e] = TO_MMA(s < steps && n0 + nn < N ? LOAD(bm, ((t0 + s) * G + grp) * N + n0 + nn) : (real)0);
+        }
+        BARRIER();
+        mma_acc acc;
+        mma_zero(&acc);
+        for (int s0 = 0; s0 < steps; s0 += 16)
+            mma_tile(&acc, MMA_COL, xw + s0 * M2_PT, M2_PT, MMA_ROW, bs + s0 * M2_NW + w * 16, M2_NW);
+        mma_store(out + w * 16, &acc, M2_NW);
+        BARRIER();
+        for (int e = lane; e < M2_PT * M2_NW; e += M2_LANES) {
+            const int p = e / M2_NW, nn = e - p * M2_NW;
+            if (p0 + p < P && n0 + nn < N)
+                states[(p0 + p) * N + n0 + nn] = out[e];
+        }
     }
-    if (p0 == 0 && lane == 0 && steps > 0)
-        AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
-    BARRIER();
+}
+#else
+/* states[p0+p][n] = sum_s xw[s][p] b[s][n] for the chunk's steps: one lane per state column n. */
+INLINE_FN void m2_state_product(GLOBAL real* states, LOCAL_PTR const m2_op_t* xw, GLOBAL const store_t* bm, i64 t0,
+                                int steps, i64 G, i64 grp, i64 N, i64 P, i64 p0, int lane)
+{
     for (i64 n = lane; n < (steps > 0 ? N : 0); n += M2_LANES) {
         real acc[M2_PT];
         PRAGMA_UNROLL
@@ -727,6 +752,46 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             if (p0 + p < P)
                 states[(p0 + p) * N + n] = acc[p];
     }
+}
+#endif
+
+KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
+                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* cub, i64 cuo,
+                          GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to, real lo, real hi)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q];
+    M2_LOCAL m2_op_t xw[M2_Q * M2_PT];
+    const int lane = (int)LID(0);
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
+    /* a slot no sequence uses has no steps: the whole group walks empty loops to every barrier (a
+     * work-item that returns before a barrier is undefined in OpenCL; Intel's CPU runtime crashes on it) */
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, slot = tile.slot, p0 = tile.p0, grp = hh / (HD / G);
+    GLOBAL const store_t* x = AT(store_t, xb, xo);
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* bm = AT(store_t, bb, bo);
+    GLOBAL real* states = AT(real, sb, so) + slot * P * N; /* this chunk's [P, N] */
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
+    /* xw[s][p] = exp(L[last] - L[s]) dt[s] x[s][p]: the weight of step s in the chunk's final state (zero
+     * past the chunk's steps, which the MMA tiles cover) */
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
+        const int s = e / M2_PT, p = e - s * M2_PT;
+        xw[e] = M2_OP(s < steps && p0 + p < P
+                          ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
+                          : (real)0);
+    }
+    if (p0 == 0 && lane == 0 && steps > 0)
+        AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
+    BARRIER();
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t bs[M2_Q * M2_NW];
+    MMA_LOCAL float out[M2_PT * M2_NW];
+    m2_state_mma_barrier(states, xw, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
+#else
+    m2_state_product(states, xw, bm, t0, steps, G, grp, N, P, p0, lane);
+#endif
 }
 
 /* One work-item per state element of one (row, head): walks the row's chunks in order, leaving in
@@ -760,13 +825,144 @@ KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
 #define M2_TS (M2_LANES / M2_PT)       /* output rows apart for one lane: p = lane % M2_PT, t = lane / M2_PT + i*M2_TS */
 #define M2_YI (M2_Q / M2_TS)           /* outputs per lane */
 
+#ifdef RLX_MMA
+/* Where mamba2_chunk_scan's outputs of one tile go: y of step t and row p (p < rows) at at + t * stride + p
+ * of dst (and of z), finished with D and z. */
+typedef struct {
+    GLOBAL store_t* dst;
+    GLOBAL const store_t* z;
+    i64 at, stride, rows;
+    real dv;
+} m2_scan_out;
+
+#define M2_QT (M2_Q / 16)                    /* 16-step tiles of a chunk */
+#define M2_GT (M2_QT * (M2_QT + 1) / 2)      /* C.B^T tiles on and below the diagonal */
+#if (M2_LANES / 32) * 2 < M2_GT + M2_QT
+#error "mamba2_chunk_scan's MMA variant gives each warp at most two product tiles"
+#endif
+/* Product tile k of a chunk (of M2_GT + M2_QT): the C.B^T tiles (ti, sj) on and below the diagonal, row by
+ * row, then the state tiles C.S_in^T of steps 16ti.. (sj = -1). */
+INLINE_FN int m2_product_tile(int k, int* sj)
+{
+    *sj = -1;
+    return k < M2_GT ? mma_lower_tile(k, sj) : k - M2_GT;
+}
+
+/* mamba2_chunk_scan's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them there):
+ * gm [M2_Q][M2_Q] f32, C.B^T and then its diagonal tiles decayed; gmm the operands below the diagonal (TF32:
+ * gm itself); ys [M2_Q][M2_PT] f32, the output tile; cs, bs [M2_Q][16] and ss [M2_PT][16], the slices of c,
+ * b and the state. */
+typedef struct {
+    LOCAL_PTR float* gm;
+    LOCAL_PTR float* ys;
+    LOCAL_PTR mma_t* gmm;
+    LOCAL_PTR mma_t* cs;
+    LOCAL_PTR mma_t* bs;
+    LOCAL_PTR mma_t* ss;
+} m2_scan_local;
+
+/* C.B^T and C.S_in^T of one chunk on the tensor cores, over N in slices of 16: warp w accumulates product
+ * tiles w and w + warps (m2_product_tile), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
+ * c and b: the chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state
+ * row (of `rows`). */
+INLINE_FN void m2_scan_tiles_barrier(m2_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
+                                     GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
+{
+    LOCAL_PTR mma_t* const cs = at.cs;
+    LOCAL_PTR mma_t* const bs = at.bs;
+    LOCAL_PTR mma_t* const ss = at.ss;
+    LOCAL_PTR float* const gm = at.gm;
+    LOCAL_PTR float* const ys = at.ys;
+    const int w = MMA_WARP(lane), k1 = w + M2_LANES / 32;
+    int s0, s1;
+    const int t0 = m2_product_tile(w, &s0), t1 = m2_product_tile(k1, &s1);
+    const int has0 = w < M2_GT + M2_QT, has1 = k1 < M2_GT + M2_QT;
+    mma_acc a0, a1;
+    mma_zero(&a0);
+    mma_zero(&a1);
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
+        BARRIER(); /* the previous slice's readers are done */
+        for (int e = lane; e < M2_Q * 16; e += M2_LANES) {
+            const int s = e / 16, nn = e - s * 16;
+            const int in = s < steps && n0 + nn < N;
+            cs[e] = TO_MMA(in ? LOAD(c, s * stride + n0 + nn) : (real)0);
+            bs[e] = TO_MMA(in ? LOAD(b, s * stride + n0 + nn) : (real)0);
+        }
+        for (int e = lane; e < M2_PT * 16; e += M2_LANES) {
+            const int p = e / 16, nn = e - p * 16;
+            ss[e] = TO_MMA(p < rows && n0 + nn < N ? states[p * N + n0 + nn] : (real)0);
+        }
+        BARRIER();
+        if (has0)
+            mma_tile(&a0, MMA_ROW, cs + t0 * 256, 16, MMA_COL, s0 < 0 ? ss : bs + s0 * 256, 16);
+        if (has1)
+            mma_tile(&a1, MMA_ROW, cs + t1 * 256, 16, MMA_COL, s1 < 0 ? ss : bs + s1 * 256, 16);
+    }
+    if (has0)
+        mma_store(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, &a0, s0 < 0 ? M2_PT : M2_Q);
+    if (has1)
+        mma_store(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, &a1, s1 < 0 ? M2_PT : M2_Q);
+}
+
+/* y[t][p] = exp(L[t]) C[t].S_in[p] + sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t].B[s]) x[s][p] on the tensor
+ * cores (m2_scan_tiles_barrier), then: the decayed C.B^T entries below the diagonal tiles become operands (gmm),
+ * those of the diagonal tiles stay f32 in gm; the state part scaled by exp(L[t]) takes gmm times x on the
+ * tensor cores (warp w < M2_Q/16: steps 16w..), and each lane adds its diagonal terms, a sum bounded by t,
+ * and stores. As on the portable path nothing at a step s > t reaches y[t], not even a NaN: such entries
+ * are selected away, never multiplied by a zero mask. */
+INLINE_FN void m2_scan_product_barrier(m2_scan_out out, m2_scan_local at, GLOBAL const real* states,
+                                       GLOBAL const store_t* c, GLOBAL const store_t* b, i64 stride, i64 N, int steps,
+                                       LOCAL_PTR const real* dts, LOCAL_PTR const real* Ls, LOCAL_PTR const mma_t* xs,
+                                       int lane)
+{
+    LOCAL_PTR float* const gm = at.gm;
+    LOCAL_PTR float* const ys = at.ys;
+    LOCAL_PTR mma_t* const gmm = at.gmm;
+    m2_scan_tiles_barrier(at, states, out.rows, c, b, stride, N, steps, lane);
+    BARRIER();
+    for (int e = lane; e < M2_Q * M2_Q; e += M2_LANES) {
+        const int t = e / M2_Q, s = e - t * M2_Q;
+        const real v = s <= t && t < steps ? rlx_exp(Ls[t] - Ls[s]) * dts[s] * gm[e] : (real)0;
+        if (s / 16 == t / 16)
+            gm[e] = v;
+        else if (s / 16 < t / 16)
+            gmm[e] = TO_MMA(v);
+    }
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
+        const int t = e / M2_PT;
+        ys[e] = t < steps ? rlx_exp(Ls[t]) * ys[e] : (real)0;
+    }
+    BARRIER();
+    const int w = MMA_WARP(lane);
+    if (w < M2_Q / 16) {
+        mma_acc y;
+        mma_load(&y, ys + w * 16 * M2_PT, M2_PT);
+        for (int sj = 0; sj < w; ++sj)
+            mma_tile(&y, MMA_ROW, gmm + w * 16 * M2_Q + sj * 16, M2_Q, MMA_ROW, xs + sj * 16 * M2_PT, M2_PT);
+        mma_store(ys + w * 16 * M2_PT, &y, M2_PT);
+    }
+    BARRIER();
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
+        const int t = e / M2_PT, p = e - t * M2_PT;
+        if (t < steps && p < out.rows) {
+            real y = ys[e];
+            for (int s = t / 16 * 16; s <= t; ++s)
+                y += gm[t * M2_Q + s] * FROM_MMA(xs[s * M2_PT + p]);
+            const i64 at = out.at + t * out.stride + p;
+            STORE(out.dst, at, ssm_finish(y, out.dv, FROM_MMA(xs[e]), ssm_z(out.z, at)));
+        }
+    }
+}
+#endif
+
 KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                          GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
                          GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi)
 {
-    LOCAL real dts[M2_Q], Ls[M2_Q], xs[M2_Q * M2_PT], cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
+    LOCAL real dts[M2_Q], Ls[M2_Q];
+    M2_LOCAL m2_op_t xs[M2_Q * M2_PT];
     const int lane = (int)LID(0);
     const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
     const int steps = (int)tile.chunk.steps; /* 0: a slot no sequence uses, walked empty as in mamba2_chunk_state */
@@ -781,10 +977,25 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
     m2_stage_decay_barrier(dts, Ls, lane, steps, dt, t0, HD, hh, a, bias, lo, hi);
-    for (int e = lane; e < steps * M2_PT; e += M2_LANES) {
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) { /* zero past the chunk's steps, which MMA tiles cover */
         const int s = e / M2_PT, p = e - s * M2_PT;
-        xs[e] = p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0;
+        xs[e] = M2_OP(s < steps && p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0);
     }
+#ifdef RLX_MMA
+    MMA_LOCAL float gm[M2_Q * M2_Q], ys[M2_Q * M2_PT];
+    MMA_LOCAL mma_t cs[M2_Q * 16], bs[M2_Q * 16], ss[M2_PT * 16];
+#if RLX_MMA == 2
+    const m2_scan_local at = {gm, ys, gm, cs, bs, ss}; /* TF32 operands are f32: those below the diagonal in place */
+#else
+    MMA_LOCAL mma_t gmm[M2_Q * M2_Q];
+    const m2_scan_local at = {gm, ys, gmm, cs, bs, ss};
+#endif
+    const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
+    const i64 rows_at = (t0 * G + grp) * N;
+    m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
+                            lane);
+#else
+    LOCAL real cs[M2_Q * M2_NTP], bs[M2_Q * M2_NTP], ss[M2_PT * M2_NTP], gm[M2_Q * M2_QP];
     /* this lane's C.B^T entries: row tg, columns s0..; its outputs: row p0+py, steps ty + i*M2_TS
      * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
     const int sh = lane / M2_Q, tg = lane - sh * M2_Q, s0 = sh * M2_GS, ty = lane / M2_PT, py = lane - ty * M2_PT;
@@ -836,6 +1047,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }
+#endif
 }
 #endif
 #endif

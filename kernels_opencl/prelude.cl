@@ -33,3 +33,9 @@ typedef long i64;
 
 /* The hardware exp of the gpu target (the device's own precision; PoCL and Oclgrind give exp's). */
 #define HW_EXP_F32(x) exp(x)
+
+/* RLX_MMA (the tensor-core variants) is CUDA's alone: an OpenCL launch never asks for it (the tests run its text
+ * with the tensor-core words emulated: RLX_MMA_EMULATED) */
+#if defined(RLX_MMA) && !defined(RLX_MMA_EMULATED)
+#error "RLX_MMA (tensor-core variants) is CUDA's alone: an OpenCL launch never asks for it"
+#endif

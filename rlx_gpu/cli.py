@@ -41,7 +41,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
             simulator = bool(info.details.get("simulator"))
             notes = "".join(f"  ({note})" for note, shown in (
                 ("no fp64", not info.fp64), ("a simulator", simulator),
-                ("a CPU device", info.cpu and info.backend != "host" and not simulator)) if shown)
+                ("a CPU device", info.cpu and info.backend != "host" and not simulator),
+                (f"matrix units: {', '.join(info.details.get('matrix_extensions', ()))}",
+                 bool(info.details.get("matrix_extensions")))) if shown)
             print(f"  {info.spec:<14} {info.name}{notes}{'  ← default' if info == default else ''}")
         for info in st.refused:
             print(f"  {info.spec:<14} {info.name}  (cannot run here: {info.details['unusable']})")

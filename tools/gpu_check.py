@@ -2,7 +2,7 @@
 
     python3 tools/gpu_check.py [--out DIR] [--skip-cuda] [--budget SECONDS]
 
-Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes, six files (the machine
+Writes, under ``--out`` (default ``$OUT``, else ``gpu_check_out``), as it goes, seven files (the machine
 that runs it returns at most eight): ``results.json`` (every row, the environment — interpreter,
 packages, ``nvidia-smi``, the CUDA devices or why there are none — and the JSON of `rlx-gpu conformance
 --device cuda`), ``log.txt`` (the progress, then the whole output of the conformance run and of
@@ -11,7 +11,9 @@ program built for the device's ``sm_XY``, named by its PTX ``.entry`` list, with
 shared bytes read back from the driver), ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings;
 event-timed medians at the GPU shapes against cuDNN and the torch chunked twins, and byte floors; a
 scan's time per step with CUDA graphs and without), ``backward.md`` (a training step, forward and §9 backward
-thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``) and ``summary.md`` (the final table,
+thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``), ``mma.md`` (the chunked mamba2 and
+gated_delta_net on the tensor cores, bf16 and TF32, against their FP32 FMA twin and mamba_ssm / fla in bf16,
+with the MMA outputs' agreement with the FMA ones: ``gpu_mma.py``) and ``summary.md`` (the final table,
 which also holds the capture section's rows: a decode step of each op family captured in a
 ``torch.cuda.CUDAGraph`` and replayed against eager calls, ``gpu_capture.py``). ``--budget``
 caps the whole check: every section, and every child process, gets only the time left. Exit status: 0
@@ -40,13 +42,14 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks"), str(RO
 
 import gpu_backward  # noqa: E402  (beside this script)
 import gpu_capture  # noqa: E402
+import gpu_mma  # noqa: E402
 from gpu_bench import benchmarks, cuda_session, events_ms, torch_ms  # noqa: E402
 
 PACKAGES = ("numpy", "ml_dtypes", "pyyaml", "cupy-cuda13x", "cupy-cuda12x", "torch", "cuda-bindings", "nvidia-cuda-nvrtc",
             "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cublas-cu12", "cuda-pathfinder")
 CONFORMANCE = [sys.executable, "-m", "rlx_gpu.cli", "conformance", "--device", "cuda"]  # the conformance suite on CUDA
 SANITIZED = ["--quick", "--dtypes", "f32"]  # the small f32 cases under compute-sanitizer
-FILES = ("results.json", "log.txt", "summary.md", "build.md", "bench.md", "backward.md")  # all it writes: at most 8 come back
+FILES = ("results.json", "log.txt", "summary.md", "build.md", "bench.md", "backward.md", "mma.md")  # all it writes: at most 8 come back
 MIN_CHILD = 30  # seconds: a child process given less than this is not started
 RESERVE = 15  # seconds kept back from every child for the sections' own bookkeeping
 
@@ -239,7 +242,8 @@ def ceilings(ck: Check, shared: dict) -> dict[str, float]:
 
 SECTIONS = (("env", environment, False), ("build", build, True), ("conformance", conformance, True),
             ("sanitizer", sanitizer, True), ("ceilings", ceilings, True), ("bench", benchmarks, True),
-            ("backward", gpu_backward.benchmarks, True), ("capture", gpu_capture.decode_steps, True))
+            ("backward", gpu_backward.benchmarks, True), ("capture", gpu_capture.decode_steps, True),
+            ("mma", gpu_mma.benchmarks, True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@ cached in memory and on disk with their PTX (:mod:`.cubin_cache`) and loaded fro
 Beyond the core: the gemms of a plan (``matmul`` thunks, the recurrent input projections) run as
 cuBLAS ``cublasGemmStridedBatchedEx`` calls through the C API on a handle bound once to the session's
 stream and workspace (:mod:`.cublas_lib`, :mod:`.cublas_calls`; 16-bit inputs accumulate and reduce in
-f32; TF32 only with ``RLX_CUDA_TF32=1``), and a bound plan of many launches (the recurrent per-step
+f32; TF32 only with ``RLX_CUDA_TF32=1``, which also gives the chunked kernels their TF32 variant:
+``launches.mma``), and a bound plan of many launches (the recurrent per-step
 loop) or a scan body's step is captured once as a CUDA graph and replayed (:mod:`.graph_cache`;
 ``RLX_CUDA_GRAPHS=0`` turns that off). Without CuPy, or with CuPy but no usable driver or device,
 ``probe`` raises ``BackendUnavailable`` with the reason and ``auto`` picks the next backend.
@@ -34,7 +35,7 @@ from . import cublas_lib
 from .base import BackendUnavailable, DeviceInfo
 from .core import BoundPlan, KernelSession, ScanMemory
 from .cublas_calls import GemmCall, lower
-from .cuda_primitives import GEMM, CudaPrimitives, import_cupy
+from .cuda_primitives import GEMM, CudaPrimitives, device_limits, import_cupy
 from .graph_cache import GraphKey
 
 NAME = "cuda"
@@ -89,6 +90,8 @@ class CudaSession(KernelSession):
     def __init__(self, prims: CudaPrimitives):
         super().__init__(prims)
         self.tf32 = os.environ.get(TF32_ENV) == "1"
+        if self.tf32:  # the chunked kernels' TF32 variant too (launches/mma.py)
+            self.limits = device_limits(prims.info, tf32=True)
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self._scratch_generation = 0
         self.capturing = False  # a scan body's step is being captured: what runs inside only records

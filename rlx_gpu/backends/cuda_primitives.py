@@ -11,6 +11,7 @@ import numpy as np
 from .. import launches
 from ..errors import DeviceError, KernelBuildError
 from ..launches import DeviceLimits, Launch
+from ..launches.mma import device_mma
 from ..units import human_bytes
 from . import cublas_lib, nvrtc
 from .base import BackendUnavailable, DeviceInfo
@@ -41,12 +42,20 @@ def import_cupy():
     return cupy
 
 
-def device_limits(info: DeviceInfo) -> DeviceLimits:
+def device_limits(info: DeviceInfo, tf32: bool = False) -> DeviceLimits:
     """Launch limits of a device: static shared memory stays within the per-block default (the kernels
-    declare it statically, so the opt-in maximum does not apply)."""
+    declare it statically, so the opt-in maximum does not apply); the tensor-core variants its compute
+    capability takes (TF32 only when ``tf32`` asks for it)."""
     d = info.details
     return DeviceLimits(d["max_block"], d["shared_per_block"], True, target=launches.limits.requested_target("gpu"),
-                        sub_group=d["warp"], compute_units=d["multiprocessors"], max_grid=d["max_grid"])
+                        sub_group=d["warp"], compute_units=d["multiprocessors"], max_grid=d["max_grid"],
+                        mma=device_mma(capability(info), tf32))
+
+
+def capability(info: DeviceInfo) -> tuple[int, int]:
+    """The device's compute capability, (major, minor)."""
+    major, minor = info.details["compute_capability"].split(".")
+    return int(major), int(minor)
 
 
 

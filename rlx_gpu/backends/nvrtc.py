@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import KernelBuildError
 from ..launches.limits import TARGETS
+from ..launches.mma import MMA_FAMILIES, MMA_OF_DTYPE
 from . import programs as kernel_programs
 from .cubin_cache import CubinCache, CudaBuild, nvrtc_version
 
@@ -72,8 +73,11 @@ class Usage:
 
 
 def programs(target: str = "cpu") -> list[kernel_programs.Program]:
-    """Every program the backends build at ``target``, in the CUDA dialect."""
-    return kernel_programs.every_program("cuda", target)
+    """Every program the backends build at ``target``, in the CUDA dialect; at the gpu target with the
+    tensor-core variants of the chunked families (``launches.mma``), which only CUDA builds."""
+    mma = [kernel_programs.program("cuda", family, dtype, None, target, (("RLX_MMA", variant),))
+           for family in MMA_FAMILIES for dtype, variant in MMA_OF_DTYPE.items()] if target == "gpu" else []
+    return kernel_programs.every_program("cuda", target) + mma
 
 
 def _check(result: tuple) -> tuple:

@@ -115,12 +115,25 @@ def probe() -> list[DeviceInfo]:
             if (failure := _compile_failure(cl, dev)) is not None:
                 details["unusable"] = failure
             fp64 = "cl_khr_fp64" in dev.extensions.split()
+            details["matrix_extensions"] = matrix_extensions(dev.extensions)
             infos.append(DeviceInfo(NAME, f"opencl:{pi}:{di}", f"{dev.name.strip()} ({platform.name})", fp64, details,
                                     cpu=not _accelerator(cl, dev)))
     if not infos:
         raise BackendUnavailable("OpenCL platforms exist but report no device")
     return sorted(infos, key=lambda info: (bool(info.details["simulator"]), info.cpu,
                                            bool(info.details["registered_by_rlx_gpu"])))
+
+
+#: OpenCL extensions that expose a device's matrix units to kernels (issue 38). Detected, never assumed, and
+#: listed by ``rlx-gpu devices``; no kernel uses them yet (no device this project runs on offers one), so
+#: their absence costs nothing: the portable kernels run everywhere.
+MATRIX_EXTENSIONS = ("cl_khr_cooperative_matrix", "cl_intel_subgroup_matrix_multiply_accumulate")
+
+
+def matrix_extensions(extensions: str) -> tuple[str, ...]:
+    """The matrix-unit extensions (``MATRIX_EXTENSIONS``) named in a device's extension string."""
+    named = set(extensions.split())
+    return tuple(e for e in MATRIX_EXTENSIONS if e in named)
 
 
 def _accelerator(cl: Any, device: Any) -> bool:

@@ -14,6 +14,7 @@ from host_fallback.abi.gdn import gdn_scale
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
+from .mma import MMA_TILE, mma_defines
 from .registry import register
 from .ssm import state_lanes, takes_chunked
 
@@ -183,7 +184,8 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     """Three launches over scratch holding, per (value head, chunk), the cumulative log-decays, the q.k
     products P, W, U (U0 until the state pass) and the state entering the chunk (f64 keeps the lanes
     kernel: its tiles would pass CUDA's 48 KiB of static shared memory). Each row has chunks of its own
-    (a varlen sequence starts a chunk), so their count is bounded by S / Q + rows with varlen."""
+    (a varlen sequence starts a chunk), so their count is bounded by S / Q + rows with varlen. On a device with
+    tensor cores the three take the MMA variant of the chunk products (``mma``: W, U0 and the outputs)."""
     s, hv, k, v, dt = sh.seq, sh.value_heads, sh.key_size, sh.value_size, t["dtype"]
     q, lanes = lim.tune("GDN_Q"), lim.tune("GDN_LANES")
     chunks = (s + sh.rows * (q - 1)) // q if sh.varlen else sh.batch * -(-s // q)
@@ -196,10 +198,10 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
 
     def launch(kernel: str, size: tuple, args: dict[str, object], *regions: str) -> Launch:
         return kernel_launch("gdn", kernel, dt, size, (lanes,), {**dims, **args, **_regions(at, *regions)},
-                             target="gpu", defines=V2_VARIANT if sh.v2 else ())
+                             target="gpu", defines=(V2_VARIANT if sh.v2 else ()) + mma_defines(lim, dt))
 
     strips = min(lanes // k, lim.tune("GDN_SPMAX"))  # the kernel's GDN_STRIPS
-    blocks = -(-v // (strips * lim.tune("GDN_PJ")))
+    blocks = -(-v // (MMA_TILE if mma_defines(lim, dt) else strips * lim.tune("GDN_PJ")))  # columns per state group
     tiles = -(-v // lim.tune("GDN_OT"))
     prep = launch("gated_delta_net_chunk_prep", (slots * lanes,), _arena(t, "q", "k", "v", "g", "beta"),
                   "nrm", "gam", "p", "w", "u")

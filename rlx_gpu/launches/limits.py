@@ -192,6 +192,7 @@ class DeviceLimits:
     sub_group: int = 1  # warp / wavefront / preferred work-group multiple
     compute_units: int = 1
     max_grid: tuple[int, int, int] = UNBOUNDED_GRID
+    mma: int = 0  # the tensor-core variants its chunk GEMMs may take (launches/mma.py): 0 none, 1 16-bit, 2 and TF32
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:

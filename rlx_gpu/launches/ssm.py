@@ -18,6 +18,7 @@ from host_fallback.abi import complete
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits, state_variant
+from .mma import mma_defines
 from .registry import register
 
 Defines = tuple[tuple[str, int], ...]
@@ -162,7 +163,8 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
     """Three launches over scratch holding one state per (head, chunk slot): each chunk's own state,
     the inter-chunk pass, the chunk outputs; with cu_seqlens a first launch lays the chunk slots out
     per sequence (f64 keeps the lanes kernel: its tiles would pass CUDA's 48 KiB of static shared
-    memory)."""
+    memory). On a device with tensor cores every launch takes the chunk GEMMs' MMA variant (``mma``):
+    one program holds them all."""
     r, s, heads, p, n, dt = rows(t), t["seq"], t["heads"], t["head_dim"], t["state_size"], t["dtype"]
     lanes, k = lim.tune("M2_LANES"), chunk_slots(t, lim.tune("M2_Q"))
     dec_at = ceil_to(heads * k * p * n * real_size(dt), 256)
@@ -174,7 +176,7 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
 
     def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str) -> Launch:
         return kernel_launch("ssm", kernel, dt, size, local, {**args, **{p: scratch[p] for p in parts}},
-                             target="gpu", defines=fields)
+                             target="gpu", defines=fields + mma_defines(lim, dt))
 
     cu = tensors(t, ("cu_seqlens",))
     state = launch("mamba2_chunk_state", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),

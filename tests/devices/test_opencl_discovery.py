@@ -43,3 +43,26 @@ def test_every_usable_opencl_device_builds_the_probe_kernel():
     for info in registry.status("opencl").devices:
         _, pi, di = info.spec.split(":")
         assert opencl._compile_failure(cl, cl.get_platforms()[int(pi)].get_devices()[int(di)]) is None
+
+
+def test_matrix_extensions_are_read_from_the_extension_string_and_listed(monkeypatch, capsys):
+    """Detected, never assumed: the extension string alone says so; ``rlx-gpu devices`` names them. No device
+    here offers one (PoCL, Intel's CPU runtime, Oclgrind), so a device's string is rewritten to name one."""
+    assert opencl.matrix_extensions("cl_khr_fp64 cl_khr_cooperative_matrix cl_khr_subgroups") == (
+        "cl_khr_cooperative_matrix",)
+    assert opencl.matrix_extensions("cl_intel_subgroup_matrix_multiply_accumulate_tf32") == ()  # names, not prefixes
+    assert all(info.details["matrix_extensions"] == opencl.matrix_extensions(
+        cl.get_platforms()[int(info.spec.split(":")[1])].get_devices()[int(info.spec.split(":")[2])].extensions)
+        for info in registry.status("opencl").devices)
+    from rlx_gpu.cli import main
+
+    extensions = cl.Device.extensions
+    monkeypatch.setattr(cl.Device, "extensions", property(
+        lambda dev: extensions.__get__(dev) + " cl_intel_subgroup_matrix_multiply_accumulate"))
+    registry.status.cache_clear()
+    try:
+        assert main(["devices"]) == 0
+        listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  opencl:")]
+        assert listed and all("(matrix units: cl_intel_subgroup_matrix_multiply_accumulate)" in line for line in listed)
+    finally:
+        registry.status.cache_clear()

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ml_dtypes
+import numpy as np
 import pytest
+
+from rlx_gpu.conformance import cases
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu_check.py"
@@ -34,7 +38,7 @@ def test_skipping_cuda_runs_the_environment_and_exits_zero(tmp_path):
     assert rc == 0
     assert FILES == {p.name for p in tmp_path.iterdir()}
     by_section = {r["section"]: r for r in rows if r["item"] == "all"}
-    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture"}
+    assert set(by_section) == {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture", "mma"}
     assert all(r["status"] == "skip" for r in by_section.values())
     env = json.loads((tmp_path / "results.json").read_text())["env"]
     assert "numpy" in env["packages"] and "python" in env
@@ -52,7 +56,7 @@ def test_without_cuda_every_cuda_section_fails_with_the_reason(tmp_path):
     rc, rows = _run(tmp_path)
     assert rc == 1
     failed = {r["section"] for r in rows if r["status"] == "fail"}
-    assert {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture"} <= failed
+    assert {"build", "conformance", "sanitizer", "ceilings", "bench", "backward", "capture", "mma"} <= failed
     reason = next(r["detail"] for r in rows if r["section"] == "build")
     assert "cuda backend is unavailable" in reason
     assert "[fail] build" in (tmp_path / "log.txt").read_text()
@@ -179,3 +183,56 @@ def test_the_capture_section_names_a_torch_without_cuda(tmp_path):
     ck = gpu_check.Check(tmp_path, False, 60.0)
     gpu_capture.decode_steps(ck, {})
     assert [(r.section, r.status) for r in ck.rows] == [("capture", "fail")] and "has no CUDA device" in ck.rows[0].detail
+
+
+def test_the_mma_section_plans_its_shapes_on_the_tensor_cores_and_draws_one_input_in_every_dtype():
+    """tools/gpu_mma.py without a GPU: each shape's chunk kernels take the variant each column names (FMA f32,
+    MMA bf16, TF32) on an sm_90 device's limits, and the dtypes it compares see the same inputs, rounded."""
+    import dataclasses
+
+    _script()
+    import gpu_bench
+    import gpu_mma
+
+    from rlx_gpu import launches
+    from rlx_gpu.launches.limits import REFERENCE_GPU
+
+    chunk = {"mamba2_chunk_scan", "gated_delta_net_chunk_out"}
+    for _, template in gpu_mma.shapes():
+        params = {k: v for k, v in template.items() if k != "op"}
+        for dtype, mma in gpu_mma.RUNS_OF:
+            thunk, _ = cases.lay_out(template["op"], dtype, params)
+            plan = launches.plan(thunk, dataclasses.replace(REFERENCE_GPU, mma=mma), ssm_kernel="chunked")
+            assert {dict(item.defines).get("RLX_MMA", 0) for item in plan.launches if item.kernel in chunk} == {mma}
+    small = dict(op="gated_delta_net", batch=1, seq=70, heads=2, value_heads=4, state_size=8, value_size=8,
+                 gate_per_channel=False, carry_state=False)
+    (t32, a32), (t16, a16) = (gpu_mma.lay_out(small, dt, 3) for dt in ("f32", "bf16"))
+    for field in ("q", "k", "v", "g", "beta"):
+        x32 = gpu_bench._fields(t32, a32)[field]
+        assert np.array_equal(x32.astype(ml_dtypes.bfloat16), gpu_bench._fields(t16, a16)[field]), field
+    assert (gpu_bench._fields(t32, a32)["g"] < 0).all()
+    assert np.allclose(np.linalg.norm(gpu_bench._fields(t32, a32)["k"], axis=-1), 1, atol=1e-6)
+
+
+def test_the_mma_section_runs_through_the_cupy_double(tmp_path, monkeypatch):
+    """Its runs, reads and table through the CuPy double, at small shapes (the double records kernels and
+    runs none, and has no timing events: the outputs agree trivially and each run counts 1 ms; the numbers
+    come from a GPU)."""
+    pytest.importorskip("cuda.bindings.nvrtc", reason="cuda-bindings with NVRTC is not installed")
+    from support.cupy_double import installed
+
+    gpu_check = _script()
+    import gpu_mma
+
+    small = [(label, dict(template, seq=70, **({"batch": 1, "heads": 2} if template["op"] == "mamba2" else
+                                               {"heads": 2, "value_heads": 4})))
+             for label, template in gpu_mma.shapes()]
+    monkeypatch.setattr(gpu_mma, "shapes", lambda: small)
+    monkeypatch.setattr(gpu_mma, "events_ms", lambda stream, fn, runs: (fn(), 1.0)[1])
+    monkeypatch.setenv("RLX_TARGET", "gpu")
+    with installed(monkeypatch) as machine:
+        ck = gpu_check.Check(tmp_path, False, 300.0)
+        gpu_mma.benchmarks(ck, {})
+    assert [(r.section, r.status) for r in ck.rows] == [("mma", "ok")] * len(small), ck.rows
+    assert len((tmp_path / "mma.md").read_text().splitlines()) == 2 + len(small)
+    assert {"mamba2_chunk_scan", "gated_delta_net_chunk_out"} <= {r.kernel for r in machine.launches}

@@ -1,0 +1,172 @@
+"""The tensor-core variants (``RLX_MMA``, issue 38) of the chunked mamba2 and gated_delta_net kernels.
+
+No GPU runs them here; what this machine can check: the planners give the define only on CUDA devices with
+tensor cores (16-bit thunks, and f32 with TF32 asked for), never at the cpu target nor on OpenCL, whose
+prelude refuses it; every variant builds with NVRTC for sm_80 and sm_90 within the sm_90 budgets (0 spill,
+0 stack, the state-space kernels' 128 registers); the chunk GEMM kernels' PTX holds the warp MMA
+instructions of the operand type (and the portable twin's none); and the CudaSession, driven through the
+CuPy contract double, plans and launches every chunked op x 16-bit dtype (and TF32) with them, each launch
+marshalled against the MMA program's own PTX.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+
+import pytest
+
+from host_fallback.abi import regions
+from support import cuda_builds
+
+from rlx_gpu import launches
+from rlx_gpu.backends import nvrtc, programs
+from rlx_gpu.conformance import cases
+from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
+from rlx_gpu.launches.mma import MMA_16BIT, MMA_NONE, MMA_OF_DTYPE, MMA_TF32, device_mma, mma_defines
+from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
+
+#: the kernels whose chunk products take the tensor cores, per program family
+MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
+               "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out")}
+VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
+#: the operand type the warp MMA operand loads name, per dtype
+OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}
+STATE_SPACE_REGISTERS = 128  # tests/devices/test_ptxas.py's budget of the state-space kernels
+ON_CUDA = dataclasses.replace(REFERENCE_GPU, mma=MMA_16BIT)
+ON_CUDA_TF32 = dataclasses.replace(REFERENCE_GPU, mma=MMA_TF32)
+CHUNKED = {"ssm_kernel": "chunked"}
+
+
+def _thunk(op: str, dtype: str, **extra) -> dict:
+    thunk, _ = cases.lay_out(op, dtype, dict(cases.SMALL[op], seq=64, **extra))
+    return thunk
+
+
+#: the chunked ops: mamba2, and gated_delta_net with per-head and per-channel gates
+OPS = (("mamba2", {}), ("gated_delta_net", {"gate_per_channel": False}),
+       ("gated_delta_net", {"gate_per_channel": True}))
+
+
+# ------------------------------------------------------------------------------------------ planning
+@pytest.mark.parametrize("op, extra", OPS, ids=["mamba2", "gdn-head", "gdn-channel"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, ON_CUDA, ON_CUDA_TF32], ids=["no-mma", "mma", "mma-tf32"])
+def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra, dtype, lim):
+    plan = launches.plan(_thunk(op, dtype, **extra), lim, **CHUNKED)
+    expected = VARIANT.get(dtype, MMA_NONE) if lim.mma >= VARIANT.get(dtype, MMA_TF32 + 1) else MMA_NONE
+    family = "ssm" if op == "mamba2" else "gdn"
+    chunk = [item for item in plan.launches if item.kernel in MMA_KERNELS[family]]
+    assert chunk or dtype == "f64"  # f64 keeps the lanes kernel
+    for item in chunk:
+        assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
+
+
+def test_no_variant_at_the_cpu_target_nor_before_sm80():
+    cpu = DeviceLimits(1024, 1 << 20, True, mma=MMA_TF32)
+    assert mma_defines(cpu, "bf16") == ()
+    for op, extra in OPS:
+        assert not any("RLX_MMA" in dict(item.defines) for item in launches.plan(_thunk(op, "bf16", **extra), cpu).launches)
+    assert device_mma((7, 5), tf32=True) == MMA_NONE
+    assert (device_mma((8, 0), tf32=False), device_mma((9, 0), tf32=True)) == (MMA_16BIT, MMA_TF32)
+
+
+def test_the_opencl_prelude_refuses_the_variant():
+    """An OpenCL device's limits never allow it (mma 0), and were a launch to ask, the OpenCL text stops."""
+    source = programs.program("opencl", "ssm", "bf16", None, "gpu", (("RLX_MMA", 1),)).source
+    assert re.search(r"#if defined\(RLX_MMA\) && !defined\(RLX_MMA_EMULATED\)\s+#error", source)
+    assert DeviceLimits(1024, 1 << 16, True, target="gpu").mma == MMA_NONE
+
+
+# ------------------------------------------------------------------------------------------ NVRTC builds
+needs_nvrtc = pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is None,
+                                 reason="cuda-bindings with NVRTC is not installed")
+
+#: every version-2 switch a chunked launch may add (kernels/ssm.cl's; gdn's one variant), per family and dtype
+_SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not name.endswith("_F32"))
+              for dt in VARIANT}
+FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),))}
+
+
+def _mma_programs():
+    out = []
+    for family in MMA_KERNELS:
+        for dtype, variant in VARIANT.items():
+            for fields in FIELD_VARIANTS[family](dtype):
+                prog = programs.program("cuda", family, dtype, None, "gpu", fields + (("RLX_MMA", variant),))
+                out.append(pytest.param(prog, id=f"{family}-{dtype}-RLX_MMA{variant}" + ("-every-field" if fields else "")))
+    return out
+
+
+def _bodies(ptx: str) -> dict[str, str]:
+    """Each kernel's PTX body, by name (the entries follow one another; helpers are inlined)."""
+    parts = re.split(r"\.entry (\w+)\(", ptx)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("prog", _mma_programs())
+def test_mma_variant_meets_sm90_budgets_and_runs_on_the_tensor_cores(prog):
+    built = cuda_builds.build(prog)
+    usage = nvrtc.resource_usage(built.log)
+    over = {k: u for k, u in usage.items()
+            if u.spill_stores or u.spill_loads or u.stack or u.registers > STATE_SPACE_REGISTERS}
+    assert usage and not over, f"{prog.label} over budget (0 spill, 0 stack, {STATE_SPACE_REGISTERS} registers): {over}"
+    bodies = _bodies(built.ptx)
+    for kernel in MMA_KERNELS[prog.family]:
+        assert "wmma.mma.sync.aligned" in bodies[kernel], f"{prog.label}: {kernel} has no wmma.mma"
+        loads = set(re.findall(r"wmma\.load\.[ab]\.sync\S*", bodies[kernel]))  # the operands' type ends the name
+        assert loads and all(m.endswith(OPERAND[prog.dtype]) for m in loads), (prog.label, kernel, loads)
+    assert nvrtc.flushing_instructions(built.ptx) == [], f"{prog.label} flushes f32 subnormals"
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("family", sorted(MMA_KERNELS))
+def test_the_portable_twin_has_no_mma(family):
+    """The check above can fail: the same program without RLX_MMA holds no MMA instruction."""
+    ptx = cuda_builds.build(programs.program("cuda", family, "bf16", None, "gpu")).ptx
+    assert "wmma" not in ptx and "mma.sync" not in ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("family", sorted(MMA_KERNELS))
+def test_mma_variant_builds_for_sm80(family):
+    for dtype, variant in VARIANT.items():
+        built = nvrtc.build(programs.program("cuda", family, dtype, None, "gpu", (("RLX_MMA", variant),)), "sm_80")
+        assert "wmma.mma.sync" in built.ptx and len(built.cubin) > 1000
+
+
+# ------------------------------------------------------------------------------------------ the CuPy double
+@needs_nvrtc
+@pytest.mark.parametrize("tf32", [False, True], ids=["16-bit", "tf32"])
+def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(monkeypatch, tf32):
+    from support.cupy_double import installed
+
+    from rlx_gpu.runtime import registry
+
+    if tf32:
+        monkeypatch.setenv("RLX_CUDA_TF32", "1")
+    monkeypatch.setenv("RLX_TARGET", "gpu")
+    dtypes = ("f32",) if tf32 else ("f16", "bf16")
+    with installed(monkeypatch) as machine:
+        st = registry.status("cuda")
+        assert st.available, st.reason
+        session = registry.open_session(st.devices[0])
+        assert session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
+        built = {}
+        build = session.prims.build_program
+        monkeypatch.setattr(session.prims, "build_program", lambda prog: built.setdefault(prog, build(prog)))
+        for op, extra in OPS:
+            for dtype in dtypes:
+                before = len(machine.launches)
+                thunk = _thunk(op, dtype, **extra)
+                arena = session.alloc(max(r.offset + r.nbytes for r in regions(thunk)) + 64)
+                session.launch(thunk, arena, **CHUNKED)
+                ran = {r.kernel for r in machine.launches[before:]}
+                family = "ssm" if op == "mamba2" else "gdn"
+                assert set(MMA_KERNELS[family]) <= ran, (op, dtype, ran)
+        variants = {(p.family, p.dtype) for p in built if dict(p.defines).get("RLX_MMA") == VARIANT[p.dtype]}
+        assert variants == {(family, dt) for family in MMA_KERNELS for dt in dtypes}, built
+        for prog in built:
+            if "RLX_MMA" in dict(prog.defines):
+                assert "wmma.mma.sync" in cuda_builds.build(prog).ptx

@@ -1,0 +1,137 @@
+"""The tensor-core section of tools/gpu_check.py (issue 38): the chunked mamba2 and gated_delta_net forwards
+with their MMA variants against the portable FP32 FMA path and the anchors, in ``mma.md``.
+
+Per shape, each event-timed through the CUDA session on a resident arena (``ssm_kernel="chunked"``): ours
+in f32 on FP32 FMA (the portable twin), in bf16 on the tensor cores (``RLX_MMA`` 1), and in f32 with TF32
+operands (``RLX_MMA`` 2, as ``RLX_CUDA_TF32=1`` gives it); the anchor in bf16 where its package is
+installed: mamba_ssm's ``mamba_chunk_scan_combined`` (chunk 64) and fla's ``chunk_gated_delta_rule``. The
+shapes are the ones the issue's anchors publish: mamba_ssm's B8 S4096 H32 P64 N128 and the fla / FlashQLA
+H200 one (one sequence of 32768 tokens, 16 q/k heads, 64 value heads, d = 128). Each MMA result is also
+compared with the FMA one (NMSE of the output over its power): a variant that computes something else
+fails the row, however fast it is. Speed is reported, not judged.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from gpu_bench import RUNS, _fields, cuda_session, events_ms, torch_ms
+
+#: (dtype, RLX_MMA variant the session allows) of each of our runs, by column
+RUNS_OF = (("f32", 0), ("bf16", 1), ("f32", 2))
+#: the largest NMSE of an MMA output against the FMA one: bf16 inputs alone cost ~(2^-8)^2/3 = 5e-6
+AGREEMENT = 1e-3
+
+
+def shapes() -> list[tuple[str, dict]]:
+    mamba2 = dict(op="mamba2", batch=8, seq=4096, heads=32, head_dim=64, state_size=128)
+    gdn = dict(op="gated_delta_net", batch=1, seq=32768, heads=16, value_heads=64, state_size=128, value_size=128,
+               carry_state=False)
+    return [("mamba2 B8 S4096 H32 P64 N128", mamba2),
+            ("gdn B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=False)),
+            ("gdn per-channel B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=True))]
+
+
+def lay_out(template: dict, dtype: str, seed: int) -> tuple[dict, np.ndarray]:
+    """The thunk of ``template`` in ``dtype`` and its arena, inputs drawn as benchmarks/backends.py draws them
+    (decays negative, dt positive; gdn's keys of unit norm, which keep the delta rule stable); one ``seed``
+    draws the same values in every dtype, each rounded to it."""
+    from host_fallback.abi import regions
+    from host_fallback.arena import STORAGE
+
+    from rlx_gpu.conformance import cases
+
+    params = {k: v for k, v in template.items() if k != "op"}
+    t, nbytes = cases.lay_out(template["op"], dtype, params)
+    arena, rng = np.zeros(nbytes, np.uint8), np.random.default_rng(seed)
+    for r in regions(t):
+        if not r.reads or r.dtype in ("u8", "i32"):
+            continue
+        vals = rng.standard_normal(r.shape, dtype=np.float32) * 0.3
+        if r.field == "dt":
+            vals = np.abs(vals)
+        if r.field in ("a", "g"):
+            vals = -np.abs(vals)
+        if r.field == "k":
+            vals = vals / np.linalg.norm(vals, axis=-1, keepdims=True)
+        arena[r.offset: r.offset + r.nbytes] = vals.astype(STORAGE[r.dtype]).reshape(-1).view(np.uint8)
+    return t, arena
+
+
+def _ours(session: Any, t: dict, host: np.ndarray, mma: int) -> tuple[float, np.ndarray]:
+    """(median ms, the output as f64) of ``t`` on a session allowed the ``mma`` variant."""
+    from rlx_gpu.runtime.options import RunOptions
+
+    base = session.limits
+    session.limits = dataclasses.replace(base, mma=mma)
+    arena = session.alloc(host.size)
+    try:
+        session.write(arena, 0, host)
+        run = session.runner(t, RunOptions(ssm_kernel="chunked"))
+        ms = events_ms(session.prims.stream, lambda: run(arena), RUNS)
+        return ms, _fields(t, session.read(arena, 0, host.size))["dst"].astype(np.float64)
+    finally:
+        session.limits = base
+        session.free(arena)
+
+
+def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], Any] | None]:
+    """(name, a no-argument bf16 call on CUDA) of the op's installed anchor, or ("", None) (per-channel gates:
+    fla's chunk_gated_delta_rule takes one gate per head)."""
+    import torch
+
+    if t.get("gate_per_channel"):
+        return "", None
+
+    def cuda(name: str) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(fields[name], np.float32)).cuda().to(torch.bfloat16)
+    try:
+        if t["op"] == "mamba2":
+            from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
+            x, dt, b, c = (cuda(f) for f in ("x", "dt", "b", "c"))
+            a = torch.from_numpy(np.asarray(fields["a"], np.float32)).cuda()
+            return "mamba_ssm mamba_chunk_scan_combined", lambda: mamba_chunk_scan_combined(x, dt, a, b, c, chunk_size=64)
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        q, k, v, g, beta = (cuda(f) for f in ("q", "k", "v", "g", "beta"))
+        return "fla chunk_gated_delta_rule", lambda: chunk_gated_delta_rule(q, k, v, g.float(), beta)
+    except ImportError:
+        return "", None
+
+
+def _nmse(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-300))
+
+
+def benchmarks(ck: Any, shared: dict) -> None:
+    session = cuda_session()
+    table = ["| shape | FMA f32 ms | MMA bf16 ms | MMA TF32 ms | anchor | anchor bf16 ms | bf16 / anchor | "
+             "NMSE bf16, TF32 vs FMA |", "|---|---|---|---|---|---|---|---|"]
+    for seed, (label, template) in enumerate(shapes()):
+        if ck.left() < 60:
+            ck.add("mma", label, "fail", "not run: time budget spent")
+            continue
+        times, outs = [], []
+        for dtype, mma in RUNS_OF:
+            t, host = lay_out(template, dtype, seed)
+            ms, out = _ours(session, t, host, mma)
+            times.append(ms)
+            outs.append(out)
+            if mma == 0:
+                fields = _fields(t, host)
+        name, anchor = _anchor(t, fields)
+        try:
+            theirs = torch_ms(anchor) if anchor else float("nan")
+        except Exception as err:  # an anchor that refuses the shape (e.g. value heads beyond q/k heads)
+            name, theirs = f"{name} ({type(err).__name__})", float("nan")
+        errs = [_nmse(out, outs[0]) for out in outs[1:]]
+        table.append(f"| {label} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | {name or '-'} | {theirs:.3f} | "
+                     f"{times[1] / theirs:.2f} | {errs[0]:.1e}, {errs[1]:.1e} |")
+        ck.write("mma.md", "\n".join(table) + "\n")
+        ck.add("mma", label, "ok" if max(errs) <= AGREEMENT else "fail",
+               f"FMA {times[0]:.3f} ms, MMA bf16 {times[1]:.3f} ms, TF32 {times[2]:.3f} ms, {name or 'no anchor'} "
+               f"{theirs:.3f} ms; NMSE vs FMA {errs[0]:.1e} / {errs[1]:.1e}")
+        del outs, fields
