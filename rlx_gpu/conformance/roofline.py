@@ -1,7 +1,8 @@
 """The roofline model: what each kernel of an op must take on an H200, on paper, from its launch plan.
 
 For a shape, the op's thunk is planned for the reference GPU (``limits.REFERENCE_GPU``, gpu target: the same
-launches a CUDA device would run) and each launch asked for its declared cost (``launches.cost``): FLOPs and
+launches a CUDA device would run), with the tensor-core variants an H200 takes (``launches.mma``: 16-bit by
+default, TF32 where asked for, none to see the portable FP32 FMA path) and each launch asked for its declared cost (``launches.cost``): FLOPs and
 bytes. The GEMM-shaped FLOPs of a launch built with the define ``RLX_MMA`` run on the tensor cores (1: f16/bf16
 inputs with f32 accumulation, 2: TF32 for an f32 thunk that asks for it), as do a 16-bit gemm's, which the CUDA
 backend hands to cuBLAS; every other FLOP runs on the FP32 (f64: FP64) FMA units. A kernel's floor is the larger
@@ -21,6 +22,7 @@ from .. import launches
 from ..launches import Launch
 from ..launches.cost import Cost, launch_cost
 from ..launches.limits import REFERENCE_GPU
+from ..launches.mma import MMA_16BIT
 from .cases import GPU_SHAPES, lay_out
 
 #: H200 SXM peaks (NVIDIA H200 Tensor Core GPU datasheet, 2024: FP32 67 TFLOPS, FP64 34, TF32 Tensor Core
@@ -38,9 +40,6 @@ MMA_UNITS = {1: "mma16", 2: "tf32"}
 #: f64 in FP64 (the FMA units of the model)
 CUBLAS_KERNELS = frozenset({"gemm"})
 CUBLAS_UNITS = {"f16": "mma16", "bf16": "mma16"}
-#: the program families whose chunk GEMMs issue 38's tensor-core variants cover (``--as-if-mma``)
-MMA_FAMILIES = ("ssm", "gdn")
-
 #: the forward shapes: docs/kernels.md's GPU shapes (issue 12), and the one fla and FlashQLA publish for the
 #: gated_delta_net forward on an H200
 FORWARD_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -67,17 +66,6 @@ def units(launch: Launch, cost: Cost) -> dict[str, float]:
     out = {plain: cost.other}
     out[mma] = out.get(mma, 0.0) + cost.gemm
     return out
-
-
-def as_if_mma(launch: Launch) -> Launch:
-    """``launch`` with the RLX_MMA define its tensor-core variant would carry (16-bit thunks: 1, f32: 2 as if TF32
-    were asked for, f64: none), for the chunk-GEMM launches of MMA_FAMILIES that have none yet."""
-    value = {"f16": 1, "bf16": 1, "f32": 2}.get(launch.dtype)
-    cost = launch_cost(launch)
-    if value is None or launch.family not in MMA_FAMILIES or cost is None or not cost.gemm \
-            or "RLX_MMA" in dict(launch.defines):
-        return launch
-    return replace(launch, defines=launch.defines + (("RLX_MMA", value),))
 
 
 @dataclass
@@ -126,21 +114,20 @@ class Row:
         return max(self.compute_s(EFFICIENCY), self.memory_s())
 
 
-def plan_rows(plan: launches.LaunchPlan, mma: bool = False) -> list[Row]:
+def plan_rows(plan: launches.LaunchPlan) -> list[Row]:
     """One row per kernel of ``plan`` (in launch order), its launches' costs summed."""
     rows: dict[str, Row] = {}
     for launch in plan.launches:
-        if mma:
-            launch = as_if_mma(launch)
         rows.setdefault(launch.kernel, Row(launch.kernel)).add(launch, launch_cost(launch))
     return list(rows.values())
 
 
-def op_row(shape: str, dtype: str, mma: bool = False) -> Row:
-    """The op of ``SHAPES[shape]`` at ``dtype`` planned for the reference GPU: its kernels' rows as parts."""
+def op_row(shape: str, dtype: str, tensor_cores: int = MMA_16BIT) -> Row:
+    """The op of ``SHAPES[shape]`` at ``dtype`` planned for the reference GPU taking the tensor-core variants
+    ``tensor_cores`` (``DeviceLimits.mma``): its kernels' rows as parts."""
     op, params = SHAPES[shape]
     thunk, _ = lay_out(op, dtype, params)
-    parts = plan_rows(launches.plan(thunk, REFERENCE_GPU), mma)
+    parts = plan_rows(launches.plan(thunk, replace(REFERENCE_GPU, mma=tensor_cores)))
     total = Row(f"{shape} {dtype}", sum(p.launches for p in parts), undeclared=any(p.undeclared for p in parts),
                 parts=parts)
     for part in parts:

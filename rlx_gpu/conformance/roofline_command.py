@@ -7,9 +7,11 @@ from typing import Sequence
 from host_fallback.abi import DTYPES
 
 from ..errors import InputError
+from ..launches.mma import MMA_16BIT, MMA_NONE, MMA_TF32
 from .roofline import ANCHORS, EFFICIENCY, H200_BANDWIDTH, SHAPES, UNIT_TITLES, Row, op_row
 
-
+#: ``--tensor-cores``: the ``DeviceLimits.mma`` each choice plans with
+TENSOR_CORES = {"16bit": MMA_16BIT, "tf32": MMA_TF32, "none": MMA_NONE}
 
 def shown_units(dtype: str) -> tuple[str, ...]:
     """The units a table at ``dtype`` has columns for: its FMA units (FP64 for f64), and the tensor cores'."""
@@ -40,12 +42,13 @@ def cells(row: Row, name: str, shown: Sequence[str], published: str = "") -> lis
             _number(row.memory_s() * 1e3), _number(row.floor_s() * 1e3), _number(row.predicted_s() * 1e3), published]
 
 
-def table(shapes: Sequence[str], dtype: str, mma: bool = False) -> str:
-    """The Markdown table: per shape its op's row (with the anchors' published times), then each kernel's."""
+def table(shapes: Sequence[str], dtype: str, tensor_cores: int = MMA_16BIT) -> str:
+    """The Markdown table: per shape its op's row (with the anchors' published times), then each kernel's, planned
+    for an H200 taking the tensor-core variants ``tensor_cores`` (``DeviceLimits.mma``)."""
     columns = header(dtype)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for shape in shapes:
-        total = op_row(shape, dtype, mma)
+        total = op_row(shape, dtype, tensor_cores)
         published = "; ".join(f"{name} {ms} ms" for name, ms in ANCHORS.get(shape, ()))
         for name, row, note in ((f"**{total.name}**", total, published),
                                 *((f"· {p.name}", p, "") for p in total.parts)):
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in args.shape or () if s not in SHAPES]
     if unknown:
         raise InputError(f"--shape {unknown[0]!r}: expected one of {', '.join(SHAPES)}")
-    print(table(args.shape or list(SHAPES), args.dtype, args.as_if_mma))
+    print(table(args.shape or list(SHAPES), args.dtype, TENSOR_CORES[args.tensor_cores]))
     return 0
 
 
@@ -73,7 +76,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the thunks' dtype (default bf16, the anchors')")
     parser.add_argument("--shape", action="append", metavar="NAME", help="one shape (repeatable; default all): "
                         + "; ".join(SHAPES))
-    parser.add_argument("--as-if-mma", action="store_true",
-                        help="give the chunk-GEMM launches of mamba2 and gated_delta_net the RLX_MMA define of "
-                        "their tensor-core variants (16-bit: 1, f32: 2, TF32) where the plan has none yet")
+    parser.add_argument("--tensor-cores", default="16bit", choices=list(TENSOR_CORES),
+                        help="the tensor-core variants the H200 takes: 16bit (the default, as the CUDA backend "
+                        "plans on sm_80 and later), tf32 (also f32 thunks, as with RLX_CUDA_TF32=1) or none (the "
+                        "portable FP32 FMA kernels)")
     parser.set_defaults(handler=run)

@@ -17,13 +17,13 @@ def test_roofline_prints_the_op_and_its_kernels_beside_the_anchors(capsys):
                        "| · gated_delta_net_chunk_out"]
 
 
-def test_as_if_mma_fills_the_tensor_core_column_of_the_chunk_kernels(capsys):
+def test_the_tensor_cores_fill_their_column_of_the_chunk_kernels_unless_none(capsys):
     def mma_column(*extra: str) -> list[str]:
         assert main(["roofline", "--shape", FLA, *extra]) == 0
         return [line.split(" | ")[3] for line in capsys.readouterr().out.splitlines() if line.startswith("| · ")]
 
-    assert mma_column() == ["—"] * 3
-    assert "—" not in mma_column("--as-if-mma")
+    assert "—" not in mma_column()
+    assert mma_column("--tensor-cores", "none") == ["—"] * 3
 
 
 def test_an_unknown_shape_is_one_line_naming_the_shapes(capsys):
