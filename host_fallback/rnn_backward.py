@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import lstm_sequence, rnn_reserve
+from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
 from .bound import Bound
 from .implementations import KERNELS, PREPARE
@@ -82,7 +82,11 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
         return
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None
     at_once = None if compiled or peepholes else _CHUNK[fwd["op"]]
-    passed = forward_pass(s, forwards, chunks, top=at_once is not None)  # the top layer's output: its states
+    top = at_once is not None  # the top layer's output: its states
+    if not compiled and rnn_backward_checkpoints.applies(fwd):  # the plain forward's faster loops
+        passed = rnn_backward_checkpoints.checkpoint_pass(s, chunks, top)
+    else:
+        passed = forward_pass(s, forwards, chunks, top=top)
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 
 

@@ -30,7 +30,7 @@ from .abi.rnn import output_width, recurrent_dims
 from .arena import COMPUTE
 from .rnn_backward_cell import _Cell
 from .rnn_backward_setup import Setup, each_direction
-from .rnn_backward_steps import _sum_outer, _times
+from .rnn_backward_steps import _FROM_OUTPUT, _sum_outer, _times
 
 Array = np.ndarray
 #: The fewest steps a chunk holds (unless the sequence is shorter): each chunk costs a few GEMM calls of
@@ -185,7 +185,7 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
     forward pass ran last, which the reverse pass takes first, as that pass kept it; the others run again
     from the state the forward pass saw entering the chunk: with ``at_once`` (``rnn_backward_steps._CHUNK``)
     their gates all at once from every step's entering state, which the layer's output (``passed.inputs``)
-    gives, else step by step."""
+    gives (an rnn's read off that output where it can be: ``_FROM_OUTPUT``), else step by step."""
     width, (_, dirs) = output_width(s.fwd), recurrent_dims(s.fwd)
 
     def keep(d: Direction, k: int, x: Array) -> Mapping[str, Any]:
@@ -200,6 +200,10 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
         layer, dr = divmod(d.ld, dirs)
         out = passed.inputs[layer + 1][..., dr * width: (dr + 1) * width]
         h_prev = _entering(out, s.valid, s.start(s.init, d.ld, width)[0], t0, t1, d.backwards)
+        read_off = _FROM_OUTPUT.get(s.fwd["op"])
+        kept = read_off(d.cell, h_prev, out[t0:t1]) if read_off else None
+        if kept is not None:
+            return kept
         return at_once(d.cell, d.projection(x), d.weights, h_prev, c, valid, order)
     return keep
 
