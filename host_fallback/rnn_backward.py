@@ -31,7 +31,8 @@ rounded on store. The order of every sum is fixed, so a thunk gives the same byt
 
 The parts: ``rnn_backward_cell`` (activations and their derivatives, a direction's flags),
 ``rnn_backward_steps`` (each op's recurrence, forward again and back through time), ``rnn_backward_setup``
-(what a thunk's passes share), ``rnn_backward_passes`` (the passes, in chunks); this module runs a thunk.
+(what a thunk's passes share), ``rnn_backward_passes`` (the passes, in chunks), ``rnn_backward_checkpoints`` (the
+checkpoint pass through the plain forward's loops, where every row runs every step); this module runs a thunk.
 """
 from __future__ import annotations
 

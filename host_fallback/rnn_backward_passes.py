@@ -5,7 +5,8 @@ A layer-direction's steps are cut into chunks of about ``sqrt(seq)`` consecutive
 ``time_chunks``), which each pass walks in the direction's order (the reverse pass in the opposite one), so a
 layer-direction holds a chunk's gates and their gradients at a time, beside what the forward holds too (a
 layer's input) and the input's gradient. Without a saved forward (ABI.md §9.1's ``reserve`` absent) the backward
-checkpoints: the forward pass keeps every layer's output but the top one's (the next layer's input) and the
+checkpoints (where every row runs every step, through the plain forward's loops: ``rnn_backward_checkpoints``,
+which keeps no chunk's gates): the forward pass keeps every layer's output but the top one's (the next layer's input) and the
 state entering each chunk, and drops a chunk's gates once the next chunk has run; the reverse pass runs each
 chunk's forward again from its state (``recomputed``; the last one walked is still kept) and backpropagates
 through it: ``seq/K`` states and ``K`` steps of gates where every step's were held, at the price of a second
