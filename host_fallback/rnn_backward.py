@@ -31,7 +31,8 @@ rounded on store. The order of every sum is fixed, so a thunk gives the same byt
 
 The parts: ``rnn_backward_cell`` (activations and their derivatives, a direction's flags),
 ``rnn_backward_steps`` (each op's recurrence, forward again and back through time), ``rnn_backward_setup``
-(what a thunk's passes share), ``rnn_backward_passes`` (the passes, in chunks); this module runs a thunk.
+(what a thunk's passes share), ``rnn_backward_passes`` (the passes, in chunks), ``rnn_backward_checkpoints`` (the
+checkpoint pass through the plain forward's loops, where every row runs every step); this module runs a thunk.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import lstm_sequence, rnn_reserve
+from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
 from .bound import Bound
 from .implementations import KERNELS, PREPARE
@@ -82,7 +83,11 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
         return
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None
     at_once = None if compiled or peepholes else _CHUNK[fwd["op"]]
-    passed = forward_pass(s, forwards, chunks, top=at_once is not None)  # the top layer's output: its states
+    top = at_once is not None  # the top layer's output: its states
+    if not compiled and rnn_backward_checkpoints.applies(fwd):  # the plain forward's faster loops
+        passed = rnn_backward_checkpoints.checkpoint_pass(s, chunks, top)
+    else:
+        passed = forward_pass(s, forwards, chunks, top=top)
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 
 

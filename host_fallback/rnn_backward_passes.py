@@ -5,7 +5,8 @@ A layer-direction's steps are cut into chunks of about ``sqrt(seq)`` consecutive
 ``time_chunks``), which each pass walks in the direction's order (the reverse pass in the opposite one), so a
 layer-direction holds a chunk's gates and their gradients at a time, beside what the forward holds too (a
 layer's input) and the input's gradient. Without a saved forward (ABI.md §9.1's ``reserve`` absent) the backward
-checkpoints: the forward pass keeps every layer's output but the top one's (the next layer's input) and the
+checkpoints (where every row runs every step, through the plain forward's loops: ``rnn_backward_checkpoints``,
+which keeps no chunk's gates): the forward pass keeps every layer's output but the top one's (the next layer's input) and the
 state entering each chunk, and drops a chunk's gates once the next chunk has run; the reverse pass runs each
 chunk's forward again from its state (``recomputed``; the last one walked is still kept) and backpropagates
 through it: ``seq/K`` states and ``K`` steps of gates where every step's were held, at the price of a second
@@ -30,7 +31,7 @@ from .abi.rnn import output_width, recurrent_dims
 from .arena import COMPUTE
 from .rnn_backward_cell import _Cell
 from .rnn_backward_setup import Setup, each_direction
-from .rnn_backward_steps import _sum_outer, _times
+from .rnn_backward_steps import _FROM_OUTPUT, _sum_outer, _times
 
 Array = np.ndarray
 #: The fewest steps a chunk holds (unless the sequence is shorter): each chunk costs a few GEMM calls of
@@ -185,7 +186,7 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
     forward pass ran last, which the reverse pass takes first, as that pass kept it; the others run again
     from the state the forward pass saw entering the chunk: with ``at_once`` (``rnn_backward_steps._CHUNK``)
     their gates all at once from every step's entering state, which the layer's output (``passed.inputs``)
-    gives, else step by step."""
+    gives (an rnn's read off that output where it can be: ``_FROM_OUTPUT``), else step by step."""
     width, (_, dirs) = output_width(s.fwd), recurrent_dims(s.fwd)
 
     def keep(d: Direction, k: int, x: Array) -> Mapping[str, Any]:
@@ -200,6 +201,10 @@ def recomputed(s: Setup, forwards: Callable, chunks: list[tuple[int, int]], pass
         layer, dr = divmod(d.ld, dirs)
         out = passed.inputs[layer + 1][..., dr * width: (dr + 1) * width]
         h_prev = _entering(out, s.valid, s.start(s.init, d.ld, width)[0], t0, t1, d.backwards)
+        read_off = _FROM_OUTPUT.get(s.fwd["op"])
+        kept = read_off(d.cell, h_prev, out[t0:t1]) if read_off else None
+        if kept is not None:
+            return kept
         return at_once(d.cell, d.projection(x), d.weights, h_prev, c, valid, order)
     return keep
 

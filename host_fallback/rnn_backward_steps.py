@@ -303,6 +303,15 @@ def _rnn_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, *_
     return keep
 
 
+def _rnn_from_output(cell: _Cell, h_prev: Array, out: Array) -> dict | None:
+    """What ``_rnn_forward`` keeps over a chunk, read off the layer's output ``out`` (its steps, the direction's
+    columns) where the reverse pass needs no pre-activation (``_Cell.keeps_pre_activations``): the output is the
+    gate's value (0 past a row's length, where the reverse pass takes no step), so no GEMM runs. None otherwise."""
+    if cell.keeps_pre_activations(1):
+        return None
+    return {"h_prev": h_prev, "u": out, "y": out, "mask": None}
+
+
 def _rnn_reverse(cell: _Cell, keep, w: Mapping[str, Array], dy: Array, dh: Array, dc: None, valid: Array, order):
     dz_all = np.zeros_like(keep["u"])
     for t in order:
@@ -349,6 +358,9 @@ _FORWARD = {"lstm": _lstm_forward, "gru": _gru_forward, "rnn": _rnn_forward}
 #: order)``, ``c`` the cell entering the chunk): the gates of every step at once (an lstm's with peepholes read the
 #: cell: not here), and no recurrence but an lstm's cell.
 _CHUNK = {"lstm": _lstm_chunk, "gru": _gru_chunk, "rnn": _rnn_chunk}
+#: What a chunk's forward keeps, read off the layer's output without a GEMM where it can be (``(cell, h_prev, out)``;
+#: None where it cannot).
+_FROM_OUTPUT = {"rnn": _rnn_from_output}
 _REVERSE = {"lstm": _lstm_reverse, "gru": _gru_reverse, "rnn": _rnn_reverse}
 
 

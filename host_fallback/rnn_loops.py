@@ -274,11 +274,22 @@ def _steps(source: Callable[[int], np.ndarray], out: Sequence[np.ndarray], pack:
         state[:, :prev_n] = prev
 
 
+def _watched(steps: Iterator[tuple], entering: Callable, c: np.ndarray | None, seq: int,
+             backwards: bool) -> Iterator[tuple]:
+    """``steps`` (every row running every step), calling ``entering(t, h, c)`` before step ``t`` runs: the state
+    entering it, feature-major (``c`` the lstm's cell, updated in place by the loops; else None)."""
+    for i, step in enumerate(steps):
+        entering(seq - 1 - i if backwards else i, step[1], c)
+        yield step
+
+
 def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarray, xs, ys, pack: _Packing,
-                     blas_cores: int):
+                     blas_cores: int, entering: Callable | None = None):
     """Run direction ``dr`` of ``layer``: ``w_ih`` its stored ``[G*H, in]`` block, ``xs`` the layer's input
     chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state.
-    ``blas_cores``: the threads each GEMM runs on (1 where the directions run in two threads)."""
+    ``blas_cores``: the threads each GEMM runs on (1 where the directions run in two threads). ``entering``
+    (a recompute backward's checkpoint pass, every row running every step: ``_watched``) sees the state entering
+    each step, and the final state is not stored."""
     ld, W = layer * d.dirs + dr, d.width
     cell, x_bias = _cell(t, b, d, ld, dr, w_ih.shape[1], blas_cores)
     scales = _scales(_specs(t, d, dr), d)
@@ -298,11 +309,15 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
     with np.errstate(over="ignore"):  # exp(-z) overflows to inf for z < -88 (f32): σ(z) is then 0
         if cell.compiled is None:
             steps = _steps(_projection(w_ih, x_bias, xs, pack, d), out, pack, backwards, h)
-            loop(cell, steps, make_spaces(cell, d, c))
         else:
             steps = _steps(xs.__getitem__, out, pack, backwards, h)  # the step reads x_t in place
+        if entering is not None:
+            steps = _watched(steps, entering, c, d.seq, backwards)
+        if cell.compiled is None:
+            loop(cell, steps, make_spaces(cell, d, c))
+        else:
             _lstm_compiled_loop(cell, w_ih, steps, d, x_bias.ravel(), c)
-    if carry:  # the final state, in place
+    if carry and entering is None:  # the final state, in place
         for field, final in (("h0", h), ("c0", c)):
             if final is not None:
                 if pack.order is None:

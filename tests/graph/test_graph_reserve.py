@@ -50,8 +50,8 @@ def test_grad_saves_the_forward_by_default_and_recomputes_when_asked(op):
     yt, _ = module(xt)
     (yt * dyt).sum().backward()
     np.testing.assert_allclose(outs[False]["d_x"], xt.grad.numpy(), rtol=1e-9, atol=1e-12)
-    for name in outs[True]:
-        np.testing.assert_array_equal(outs[False][name], outs[True][name])
+    for name in outs[True]:  # the recompute's checkpoint pass is the plain forward's loops: equal to rounding
+        np.testing.assert_allclose(outs[False][name], outs[True][name], rtol=1e-12, atol=1e-15)
 
 
 def test_a_second_backward_of_one_call_reads_the_same_reserve():

@@ -64,13 +64,22 @@ FIELDS = [("lstm", dict(peepholes=True, clip=0.8)), ("lstm", dict(proj_size=2, w
           ("rnn", dict(relu=True, bidirectional=False, num_layers=1))]
 
 
+@pytest.mark.parametrize("lens", [False, True], ids=["every-step", "lens"])
 @pytest.mark.parametrize("op,extra", FIELDS, ids=[f"{op}-{'.'.join(e)}" for op, e in FIELDS])
-def test_version_2_fields_across_chunks_match_the_float64_reference(op, extra):
-    lens = [2 * K + 3, K, 0, K + 2]
-    thunk, arena = laid_backward(op, "f64", backward_params(op, seq=2 * K + 3, batch=4, seq_lens=lens, **extra))
-    got, want = _gradients(thunk, arena), _reference(thunk, arena)
+def test_version_2_fields_across_chunks_match_the_float64_reference(op, extra, lens):
+    """With lengths the checkpoint pass runs the backward's own recurrences; without, the plain forward's loops
+    (rnn_backward_checkpoints), which must leave the inputs (the carried states among them) as they were."""
+    seq = 2 * K + 3
+    extra = dict(extra, seq_lens=[seq, K, 0, K + 2]) if lens else extra
+    thunk, arena = laid_backward(op, "f64", backward_params(op, seq=seq, batch=4, **extra))
+    inputs = {f: v.copy() for f, v in read(thunk, arena).items() if not f.startswith("d_") or f == "d_dst"}
+    out = arena.copy()
+    host_fallback.execute(thunk, out)
+    got, want = read(thunk, out), _reference(thunk, arena)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-11, err_msg=f"{op} {name}")
+    for name, value in inputs.items():  # read only: h0 and c0 keep the initial states
+        np.testing.assert_array_equal(got[name], value, err_msg=f"{op} {name}")
 
 
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
