@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlx_gpu import launches
-from rlx_gpu.conformance import reference_ssm, roofline
+from rlx_gpu.conformance import reference_mamba3, reference_ssm, roofline
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.launches.cost import Cost, launch_cost
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
@@ -297,6 +297,71 @@ def test_the_chunked_gated_delta_net_counts_the_gemm_flops_of_a_counted_wy_loop(
     params = dict(batch=bsz, seq=seq, heads=heads, value_heads=value_heads, state_size=kd, value_size=vd,
                   gate_per_channel=False, carry_state=False)
     assert _plan_cost("gated_delta_net", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+def _mamba3_turned(q, k, dt, angles) -> tuple[np.ndarray, np.ndarray]:
+    """ABI.md §11 steps 2-3 for one row and head (no biases): θ advanced by π·tanh(angles)·dt, the adjacent pairs
+    i < A of q and k turned by it."""
+    theta = np.cumsum(np.pi * np.tanh(angles) * dt[:, None], axis=0)
+    c, s, a = np.cos(theta), np.sin(theta), angles.shape[1]
+    out = []
+    for x in (q, k):
+        x = x.copy()
+        even, odd = x[:, 0:2 * a:2].copy(), x[:, 1:2 * a:2].copy()
+        x[:, 0:2 * a:2], x[:, 1:2 * a:2] = even * c - odd * s, even * s + odd * c
+        out.append(x)
+    return out[0], out[1]
+
+
+def _mamba3_chunks_counted(q, k, v, adt, dt, trap, angles, chunk: int, rows: int, count: Counter) -> np.ndarray:
+    """mamba3 as ABI.md §11's informative chunk form (kernels/mamba3.cl's gpu blocks), no carried state (S⁰ = 0):
+    per head and chunk of ``chunk`` steps, with c the chunk's running sum of adt, w_s = γ_s + β'_{s+1}; per tile of
+    ``rows`` rows of P (each tile computes what it needs itself, as each work-group does) the chunk's own state
+    (e^{c_last - c_s}·w_s·v_s)ᵀ·k̃, then y_t = e^{c_t}·S_in·q̃_t + Σ_{s<t} e^{c_t - c_s}·w_s·(q̃_t·k̃_s)·v_s
+    + γ_t·(q̃_t·k̃_t)·v_t with Q̃·K̃ᵀ over the whole tile; S_in carried from chunk to chunk. Its matrix products
+    counted in ``count``. Whole chunks only."""
+    bsz, seq, heads, p = v.shape
+    y = np.zeros(v.shape)
+    lam = 1 / (1 + np.exp(-trap))
+    gamma, bprime = lam * dt, (1 - lam) * dt
+    weight = gamma + np.concatenate([bprime[:, 1:], np.zeros((bsz, 1, heads))], axis=1)  # β' = 0 past the end
+    lower = np.tril(np.ones((chunk, chunk)))
+    for r in range(bsz):
+        for h in range(heads):
+            qr, kr = _mamba3_turned(q[r, :, h], k[r, :, h], dt[r, :, h], angles[r, :, h])
+            s = np.zeros((p, q.shape[-1]))
+            for t0 in range(0, seq, chunk):
+                span = slice(t0, t0 + chunk)
+                cum, w, vs = np.cumsum(adt[r, span, h]), weight[r, span, h], v[r, span, h]
+                qs, ks = qr[span], kr[span]
+                mask = np.exp(cum[:, None] - cum[None, :]) * w[None, :] * np.tril(np.ones((chunk, chunk)), -1)
+                mask += np.diag(gamma[r, span, h])
+                own = np.zeros_like(s)
+                for p0 in range(0, p, rows):
+                    tile = slice(p0, p0 + rows)
+                    own[tile] = count.product(((np.exp(cum[-1] - cum) * w)[:, None] * vs[:, tile]).T, ks)
+                    gram = count.gram(qs, ks, np.ones((chunk, chunk)))
+                    y[r, span, h, tile] = (np.exp(cum)[:, None] * count.product(qs, s[tile].T)
+                                           + count.product(gram * mask, vs[:, tile], lower))
+                s = np.exp(cum[-1]) * s + own
+    return y
+
+
+def test_the_chunked_mamba3_counts_the_gemm_flops_of_a_counted_chunk_loop():
+    rng = np.random.default_rng(6)
+    chunk, rows = REFERENCE_GPU.tune("M3C_Q"), REFERENCE_GPU.tune("M3C_PT")
+    bsz, seq, heads, p, n = 1, 2 * chunk, 2, 2 * rows, 2 * REFERENCE_GPU.tune("M3C_NT")
+    q, k = rng.normal(size=(bsz, seq, heads, n)) / 3, rng.normal(size=(bsz, seq, heads, n)) / 3
+    v, trap = rng.normal(size=(bsz, seq, heads, p)), rng.normal(size=(bsz, seq, heads))
+    adt, dt = -rng.uniform(0.01, 0.2, (bsz, seq, heads)), rng.uniform(0.01, 0.1, (bsz, seq, heads))
+    angles = rng.normal(size=(bsz, seq, heads, n // 4))
+    count = Counter()
+    y = _mamba3_chunks_counted(q, k, v, adt, dt, trap, angles, chunk, rows, count)
+    np.testing.assert_allclose(y, reference_mamba3.mamba3(q, k, v, adt, dt, trap, angles), rtol=1e-9, atol=1e-9)
+    params = dict(batch=bsz, seq=seq, heads=heads, head_dim=p, state_size=n, num_angles=n // 4)
+    plan = launches.plan(lay_out("mamba3", "f32", params)[0], REFERENCE_GPU, ssm_kernel="chunked")
+    assert [launch.kernel for launch in plan.launches] == list(launches.mamba3.CHUNKED_KERNELS)
+    assert _plan_cost("mamba3", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
