@@ -15,16 +15,16 @@ from .core import Launch
 from .cost import Cost, chunk_steps, declare, defined, real, stored, tuned
 
 #: FLOPs of σ (exp, add, division); of α = exp(adt), β = (1 - λ)·dt·α, γ = λ·dt with σ; of β' = (1 - λ)·dt with σ
-_SIGMOID = 3
-_COEFFS = _SIGMOID + 5
-_BPRIME = _SIGMOID + 2
+SIGMOID = 3
+COEFFS = SIGMOID + 5
+BPRIME = SIGMOID + 2
 #: FLOPs of one angle's advance: tanh (a multiply, exp, add, division, subtraction), θ + π·tanh·dt, the reduction
 #: θ - 2π·floor(θ/2π); of its cos and sin; of turning one pair of q and of k (4 multiplies, 2 adds each)
-_ADVANCE, _SINCOS, _TURN = 5 + 3 + 3, 2, 12
+ADVANCE, SINCOS, TURN = 5 + 3 + 3, 2, 12
 _SILU = 4
 
 
-def _tokens(args: Mapping[str, Any]) -> int:
+def tokens(args: Mapping[str, Any]) -> int:
     """Tokens of the thunk: R rows of S steps, or S packed tokens with varlen."""
     return args["S"] if args["varlen"] else args["R"] * args["S"]
 
@@ -32,7 +32,7 @@ def _tokens(args: Mapping[str, Any]) -> int:
 def turn_flops(args: Mapping[str, Any]) -> int:
     """FLOPs of one token's angles and turned, biased q and k at one head."""
     a = args["A"]
-    return a * (_ADVANCE + _SINCOS + _TURN) + args["N"] * (args["has_q_bias"] + args["has_k_bias"])
+    return a * (ADVANCE + SINCOS + TURN) + args["N"] * (args["has_q_bias"] + args["has_k_bias"])
 
 
 def finish_flops(args: Mapping[str, Any]) -> int:
@@ -43,7 +43,7 @@ def finish_flops(args: Mapping[str, Any]) -> int:
 def _inputs(launch: Launch, args: Mapping[str, Any], *fields: str) -> float:
     """Bytes of the thunk's token-major inputs ``fields`` (and the parameters they bring), each read once; adt, dt,
     trap and angles in the compute type where dt_real says so."""
-    t, h, n, p, es = _tokens(args), args["H"], args["N"], args["P"], stored(launch)
+    t, h, n, p, es = tokens(args), args["H"], args["N"], args["P"], stored(launch)
     coeff = real(launch) if args["dt_real"] else es
     width = {"qk": 2 * t * args["G"] * n * es + h * n * (args["has_q_bias"] + args["has_k_bias"]) * es,
              "v": t * h * p * es, "z": t * h * p * es * args["has_z"], "coeffs": 3 * t * h * coeff,
@@ -68,9 +68,9 @@ def _step_flops(args: Mapping[str, Any], coeffs: int, turns: int, rows: int, per
     """FLOPs of the step recurrence per (token, head): the coefficients ``coeffs`` times and q and k turned ``turns``
     times, then per state row of ``rows`` (zeros past P count) S = α·S + (β·v̄)·k̄ + (γ·v)·k̃ and y += S·q̃ per entry
     and ``per_row`` more (β·v̄, γ·v, joining partial sums), and the finish on the P rows."""
-    per_head = (coeffs * _COEFFS + turns * turn_flops(args) + rows * (7 * args["N"] + per_row)
+    per_head = (coeffs * COEFFS + turns * turn_flops(args) + rows * (7 * args["N"] + per_row)
                 + args["P"] * finish_flops(args))
-    return _tokens(args) * args["H"] * per_head
+    return tokens(args) * args["H"] * per_head
 
 
 @declare("mamba3")
@@ -98,7 +98,7 @@ def mamba3_lanes_final(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (row, head): each angle walked over the row's tokens, the last token's pairs turned; the final angle and
     key written."""
     a, rh = args["A"], args["R"] * args["H"]
-    other = _tokens(args) * args["H"] * a * _ADVANCE + rh * (a * (_SINCOS + _TURN)
+    other = tokens(args) * args["H"] * a * ADVANCE + rh * (a * (SINCOS + TURN)
                                                                + args["N"] * (args["has_q_bias"] + args["has_k_bias"]))
     last_qk = 2 * args["R"] * args["G"] * args["N"] * stored(launch)
     read = _inputs(launch, args, "angles") + last_qk + _carried(launch, args, "angle")
@@ -119,7 +119,7 @@ def _stage_flops(launch: Launch, args: Mapping[str, Any], weighted: bool) -> int
     weight γ + β' of the next token (none after a row's last), the running sum of adt; ``weighted``: each weight
     times its decay to the chunk's end and each value of P times its weight."""
     steps = sum(_chunks(launch, args))
-    per_tile = steps * (_COEFFS + _BPRIME + 2 + 3 * weighted) - args["R"] * _BPRIME
+    per_tile = steps * (COEFFS + BPRIME + 2 + 3 * weighted) - args["R"] * BPRIME
     return _tiles(launch, args) * per_tile + weighted * steps * args["P"]
 
 
@@ -127,11 +127,11 @@ def _stage_flops(launch: Launch, args: Mapping[str, Any], weighted: bool) -> int
 def chunk_turn(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (token, head): its angles advanced and its q and k turned into scratch (q̃, k̃); with carry the initial key
     kept in scratch, the final angle and key written."""
-    tokens, h, n = _tokens(args), args["H"], args["N"]
+    t, h, n = tokens(args), args["H"], args["N"]
     read = _inputs(launch, args, "qk", "angles") + _carried(launch, args, "angle", "k")
-    written = (2 * tokens * h * n * real(launch) + _carried(launch, args, "k")
-               + _carried(launch, args, "angle", "k"))
-    return Cost(other=tokens * h * turn_flops(args), read=read, written=written)
+    kept_key = _carried(launch, args, "k")  # the initial key's copy in scratch
+    written = 2 * t * h * n * real(launch) + kept_key + _carried(launch, args, "angle", "k")
+    return Cost(other=t * h * turn_flops(args), read=read, written=written)
 
 
 def _slot_states(launch: Launch, args: Mapping[str, Any]) -> float:
@@ -147,7 +147,7 @@ def chunk_state(launch: Launch, args: Mapping[str, Any]) -> Cost:
     rows = _tiles(launch, args) * tuned(launch, "M3C_PT")
     gemm = h * 2 * sum(chunks) * rows * n
     other = h * (_stage_flops(launch, args, True) + len(chunks))
-    read = _inputs(launch, args, "v", "coeffs") + _tokens(args) * h * n * real(launch)
+    read = _inputs(launch, args, "v", "coeffs") + tokens(args) * h * n * real(launch)
     return Cost(gemm=gemm, other=other, read=read,
                 written=_slot_states(launch, args) + h * args["K"] * real(launch))
 
@@ -160,7 +160,7 @@ def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
     blocks = -(-p // pp)
     other = h * len(_chunks(launch, args)) * 2 * n * blocks * pp
     if args["carry"]:
-        other += args["R"] * h * (n * blocks * (_BPRIME + 1) + 2 * p * n)
+        other += args["R"] * h * (n * blocks * (BPRIME + 1) + 2 * p * n)
     slots = _slot_states(launch, args)
     carried = _carried(launch, args, "state")
     read = slots + h * args["K"] * real(launch) + carried + _carried(launch, args, "v", "k")
@@ -198,7 +198,7 @@ def chunk_scan(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk, tile of rows): y = exp(c_t)·q̃_t·S_in + Σ_{s<t} exp(c_t - c_s)·w_s·(q̃_t·k̃_s)·v_s
     + γ_t·(q̃_t·k̃_t)·v_t, then d and z; with carry the row's last value written as v̄."""
     h = args["H"]
-    scratch = 2 * _tokens(args) * h * args["N"] * real(launch) + _slot_states(launch, args)
+    scratch = 2 * tokens(args) * h * args["N"] * real(launch) + _slot_states(launch, args)
     read = _inputs(launch, args, "v", "z", "coeffs", "d") + scratch
     return Cost(gemm=h * _scan_gemm(launch, args), other=h * _scan_other(launch, args), read=read,
                 written=_inputs(launch, args, "dst") + _carried(launch, args, "v"))
