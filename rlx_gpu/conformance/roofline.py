@@ -39,7 +39,7 @@ MMA_UNITS = {1: "mma16", 2: "tf32"}
 CUBLAS_KERNELS = frozenset({"gemm"})
 CUBLAS_UNITS = {"f16": "mma16", "bf16": "mma16"}
 #: the program families whose chunk GEMMs issue 38's tensor-core variants cover (``--as-if-mma``)
-MMA_FAMILIES = ("ssm", "gdn")
+MMA_FAMILIES = ("ssm", "gdn", "mamba3")
 
 #: the forward shapes: docs/kernels.md's GPU shapes (issue 12), mamba3 at mamba2's (mamba_ssm's B8 S4096 H32 P64
 #: N128; num_angles N/4, what the Mamba3 layer's rope_fraction 0.5 gives), and the one fla and FlashQLA publish

@@ -74,6 +74,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--shape", action="append", metavar="NAME", help="one shape (repeatable; default all): "
                         + "; ".join(SHAPES))
     parser.add_argument("--as-if-mma", action="store_true",
-                        help="give the chunk-GEMM launches of mamba2 and gated_delta_net the RLX_MMA define of "
+                        help="give the chunk-GEMM launches of mamba2, mamba3 and gated_delta_net the RLX_MMA define of "
                         "their tensor-core variants (16-bit: 1, f32: 2, TF32) where the plan has none yet")
     parser.set_defaults(handler=run)
