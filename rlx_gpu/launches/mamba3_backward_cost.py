@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .core import Launch
-from .cost import Cost, declare, real, stored, tuned
-from .mamba3_cost import COEFFS, SIGMOID, SINCOS, tokens, turn_flops
+from .cost import Cost, declare, real, stored, tokens, tuned
+from .mamba3_cost import COEFFS, SIGMOID, SINCOS, turn_flops
 
 #: FLOPs per (token, state row) of one forward step (β·v̄, γ·v) and per entry (S = α·S + (β·v̄)·k̄ + (γ·v)·k̃); of
 #: its reverse per entry (dS, the shares of q̃, k̃, α, β, γ, v, the carried dS and k̄'s share) and per row (d_v,

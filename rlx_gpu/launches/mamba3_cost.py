@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .core import Launch
-from .cost import Cost, chunk_steps, declare, defined, real, stored, tuned
+from .cost import Cost, chunk_steps, declare, defined, real, stored, tokens, tuned
 
 #: FLOPs of σ (exp, add, division); of α = exp(adt), β = (1 - λ)·dt·α, γ = λ·dt with σ; of β' = (1 - λ)·dt with σ
 SIGMOID = 3
@@ -23,10 +23,6 @@ BPRIME = SIGMOID + 2
 ADVANCE, SINCOS, TURN = 5 + 3 + 3, 2, 12
 _SILU = 4
 
-
-def tokens(args: Mapping[str, Any]) -> int:
-    """Tokens of the thunk: R rows of S steps, or S packed tokens with varlen."""
-    return args["S"] if args["varlen"] else args["R"] * args["S"]
 
 
 def turn_flops(args: Mapping[str, Any]) -> int:

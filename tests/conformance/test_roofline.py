@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from rlx_gpu import launches
-from rlx_gpu.conformance import reference_mamba3, reference_ssm, roofline
+from rlx_gpu.conformance import reference_conv, reference_mamba3, reference_ssm, roofline
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.launches.cost import Cost, launch_cost
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
@@ -362,6 +362,42 @@ def test_the_chunked_mamba3_counts_the_gemm_flops_of_a_counted_chunk_loop():
     plan = launches.plan(lay_out("mamba3", "f32", params)[0], REFERENCE_GPU, ssm_kernel="chunked")
     assert [launch.kernel for launch in plan.launches] == list(launches.mamba3.CHUNKED_KERNELS)
     assert _plan_cost("mamba3", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+def _conv_counted(x, weight, bias, silu: bool) -> tuple[np.ndarray, int]:
+    """ABI.md §10's causal_conv1d token by token in scalars (no carried state: zeros before the first token), one
+    FLOP counted per multiply, add, exp and division."""
+    bsz, seq, dim = x.shape
+    width = weight.shape[1]
+    y, flops = np.zeros(x.shape), 0
+    for r in range(bsz):
+        for t in range(seq):
+            for c in range(dim):
+                u = bias[c]
+                for w in range(width):
+                    tap = t - (width - 1) + w
+                    u += weight[c, w] * (x[r, tap, c] if tap >= 0 else 0.0)
+                    flops += 2
+                if silu:
+                    u = u / (1 + np.exp(-u))
+                    flops += 3
+                y[r, t, c] = u
+    return y, flops
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("lim", [CPU, REFERENCE_GPU])
+def test_causal_conv1d_counts_the_flops_of_a_counted_window_loop(lim, silu):
+    rng = np.random.default_rng(7)
+    bsz, seq, dim, width = 2, 40, 3, 4
+    x, weight, bias = rng.normal(size=(bsz, seq, dim)), rng.normal(size=(dim, width)), rng.normal(size=dim)
+    activation = "silu" if silu else "none"
+    y, flops = _conv_counted(x, weight, bias, silu)
+    np.testing.assert_allclose(y, reference_conv.causal_conv1d(x, weight, bias=bias, activation=activation),
+                               rtol=1e-12, atol=1e-12)
+    params = dict(batch=bsz, seq=seq, dim=dim, width=width, bias=True, activation=activation)
+    cost = _plan_cost("causal_conv1d", params, lim)
+    assert (cost.gemm, cost.other) == (0, flops)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
