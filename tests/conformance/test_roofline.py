@@ -313,6 +313,57 @@ def _mamba3_turned(q, k, dt, angles) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
+def _mamba3_steps_counted(q, k, v, adt, dt, trap, angles) -> tuple[np.ndarray, int]:
+    """ABI.md §11's six steps token by token in scalars (no biases, d, z or carried state), one FLOP counted per
+    multiply, add, exp, division, floor, sin and cos, as the step kernels compute them: tanh as 1 - 2/(1 + exp(2u)),
+    the angle reduced mod 2π after every step (only its cos and sin enter), y in two partial sums joined."""
+    bsz, seq, heads, p = v.shape
+    n, a = q.shape[-1], angles.shape[-1]
+    y, flops = np.zeros(v.shape), 0
+    for r in range(bsz):
+        for h in range(heads):
+            theta, s, k_bar, v_bar = np.zeros(a), np.zeros((p, n)), np.zeros(n), np.zeros(p)
+            for t in range(seq):
+                lam = 1 / (1 + np.exp(-trap[r, t, h]))
+                alpha = np.exp(adt[r, t, h])
+                beta, gamma = (1 - lam) * dt[r, t, h] * alpha, lam * dt[r, t, h]
+                flops += 3 + 1 + 3 + 1
+                qr, kr = q[r, t, h].copy(), k[r, t, h].copy()
+                for i in range(a):
+                    tanh = 1 - 2 / (1 + np.exp(2 * angles[r, t, h, i]))
+                    theta[i] += np.pi * tanh * dt[r, t, h]
+                    theta[i] -= 2 * np.pi * np.floor(theta[i] / (2 * np.pi))
+                    c, sn = np.cos(theta[i]), np.sin(theta[i])
+                    for x in (qr, kr):
+                        x[2 * i], x[2 * i + 1] = x[2 * i] * c - x[2 * i + 1] * sn, x[2 * i] * sn + x[2 * i + 1] * c
+                    flops += 5 + 3 + 3 + 2 + 12
+                for i in range(p):
+                    bv, gv, halves = beta * v_bar[i], gamma * v[r, t, h, i], [0.0, 0.0]
+                    flops += 2
+                    for j in range(n):
+                        s[i, j] = alpha * s[i, j] + bv * k_bar[j] + gv * kr[j]
+                        halves[j % 2] += s[i, j] * qr[j]
+                        flops += 7
+                    y[r, t, h, i] = halves[0] + halves[1]
+                    flops += 1
+                k_bar, v_bar = kr, v[r, t, h].copy()
+    return y, flops
+
+
+def test_the_mamba3_step_kernel_counts_the_flops_of_a_counted_step_loop():
+    rng = np.random.default_rng(8)
+    bsz, seq, heads, p, n, a = 2, 3, 2, CPU.tune("M3_PB"), 6, 2  # one work-item of M3_PB rows per head
+    q, k = rng.normal(size=(bsz, seq, heads, n)) / 3, rng.normal(size=(bsz, seq, heads, n)) / 3
+    v, trap, angles = rng.normal(size=(bsz, seq, heads, p)), rng.normal(size=(bsz, seq, heads)), \
+        rng.normal(size=(bsz, seq, heads, a))
+    adt, dt = -rng.uniform(0.01, 0.2, (bsz, seq, heads)), rng.uniform(0.01, 0.1, (bsz, seq, heads))
+    y, flops = _mamba3_steps_counted(q, k, v, adt, dt, trap, angles)
+    np.testing.assert_allclose(y, reference_mamba3.mamba3(q, k, v, adt, dt, trap, angles), rtol=1e-12, atol=1e-12)
+    params = dict(batch=bsz, seq=seq, heads=heads, head_dim=p, state_size=n, num_angles=a)
+    cost = _plan_cost("mamba3", params, CPU, ssm_kernel="lanes")
+    assert (cost.gemm, cost.other) == (0, flops)
+
+
 def _mamba3_chunks_counted(q, k, v, adt, dt, trap, angles, chunk: int, rows: int, count: Counter) -> np.ndarray:
     """mamba3 as ABI.md §11's informative chunk form (kernels/mamba3.cl's gpu blocks), no carried state (S⁰ = 0):
     per head and chunk of ``chunk`` steps, with c the chunk's running sum of adt, w_s = γ_s + β'_{s+1}; per tile of
