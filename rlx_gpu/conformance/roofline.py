@@ -40,10 +40,13 @@ MMA_UNITS = {1: "mma16", 2: "tf32"}
 #: f64 in FP64 (the FMA units of the model)
 CUBLAS_KERNELS = frozenset({"gemm"})
 CUBLAS_UNITS = {"f16": "mma16", "bf16": "mma16"}
-#: the forward shapes: docs/kernels.md's GPU shapes (issue 12), and the one fla and FlashQLA publish for the
-#: gated_delta_net forward on an H200
+#: the forward shapes: docs/kernels.md's GPU shapes (issue 12), mamba3 at mamba2's (mamba_ssm's B8 S4096 H32 P64
+#: N128; num_angles N/4, what the Mamba3 layer's rope_fraction 0.5 gives), and the one fla and FlashQLA publish
+#: for the gated_delta_net forward on an H200
 FORWARD_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     **GPU_SHAPES,
+    "mamba3 B8 S4096 H32 P64 N128 A32": ("mamba3", dict(batch=8, seq=4096, heads=32, head_dim=64, state_size=128,
+                                                        num_angles=32)),
     "gdn fla B1 S32768 H16 HV64 K128 V128": ("gated_delta_net", dict(
         batch=1, seq=32768, heads=16, value_heads=64, state_size=128, value_size=128, gate_per_channel=False,
         carry_state=False)),

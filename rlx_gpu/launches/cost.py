@@ -98,6 +98,11 @@ def group_count(launch: Launch) -> int:
     return count
 
 
+def tokens(args: Mapping[str, Any]) -> int:
+    """Tokens of a thunk whose planner passes R rows of S steps and a varlen flag (then S packed tokens)."""
+    return args["S"] if args["varlen"] else args["R"] * args["S"]
+
+
 def chunk_steps(seq: int, rows: int, q: int, varlen: bool) -> list[int]:
     """The step count of every chunk of ``q`` steps the chunked kernels lay out: each of ``rows`` rows of ``seq``
     steps has its own, the last one partial; with varlen (lengths unknown on paper) the ``seq`` packed tokens in
