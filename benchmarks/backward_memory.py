@@ -123,7 +123,7 @@ def measure(op: str, args: argparse.Namespace, rng: np.random.Generator) -> dict
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("``", ""))
     ops = [*RECURRENT, *STATE_SPACE]
     parser.add_argument("--ops", nargs="+", default=ops, choices=ops)
     parser.add_argument("--seq", type=int, default=4096)

@@ -205,12 +205,6 @@ INLINE_FN m3_io m3_io_of(i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, int 
     return io;
 }
 
-/* m3_io_of of a forward kernel's parameters (every forward kernel names them alike). */
-#define M3_IO_OF_PARAMS()                                                                                   \
-    m3_io_of(H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real, \
-             qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,  \
-             kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo)
-
 DEVICE_FN m3_row m3_row_of(m3_io io, i64 r, i64 h, i64 S)
 {
     m3_row row;
@@ -408,7 +402,10 @@ KERNEL mamba3(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int has_q_bias, i
               GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
 {
     const i64 p0 = GID(0) * M3_PB, h = GID(1), r = GID(2);
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     /* rows of this item; none for an empty sequence (the whole group's: its entries stay as they are), whose
      * items still meet the barrier */
@@ -531,7 +528,10 @@ KERNEL_BOUNDED(SSM_WG, 6) mamba3_lanes(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A,
     const int lane = (int)LID(0), k = lane / SSM_L, nl = lane - k * SSM_L, first = k * SSM_L;
     const i64 lanes = LSIZE(0), rows = lanes / SSM_L, rh = GROUP(0) / blocks, block = GROUP(0) - rh * blocks;
     const i64 r = rh / H, h = rh - r * H;
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     const i64 head = row.entry * H + h;
     for (i64 i = lane; i < N / 2; i += lanes) { /* this lane's pairs: the initial angle and key */
@@ -568,7 +568,10 @@ KERNEL mamba3_lanes_final(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 b
     const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
     if (rh >= R * H || !carry)
         return;
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     if (row.first == row.end)
         return;
@@ -798,7 +801,10 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const i64 rh = GID(0), r = rh / H, h = rh - r * H;
     if (rh >= R * H)
         return;
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const i64 head = row.entry * H + h, k0 = h * K + m3c_row_slot(io, r, S);
@@ -846,7 +852,10 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const i64 pairs = N / 2, rh = GID(0) / pairs, i = GID(0) - rh * pairs, r = rh / H, h = rh - r * H;
     if (rh >= R * H)
         return;
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     /* token j of the row: step j of its chunks, N values apart (row-major blocks, one after another) */
@@ -892,7 +901,10 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xw[M3C_Q * M3C_PT];
     LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
@@ -942,7 +954,10 @@ KERNEL mamba3_state_pass(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 #else
     const i64 pb = el / N, n = el - pb * N, p = pb * M3C_PP;
 #endif
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3_row row = m3_row_of(io, r, h, S);
     if (row.first == row.end)
         return;
@@ -988,7 +1003,10 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], gl[M3C_Q * M3C_Q];
     LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const i64 t0 = tile.chunk.first, h = tile.h, rows = m3c_rows(P);
@@ -1057,7 +1075,10 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
         ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
     LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
-    const m3_io io = M3_IO_OF_PARAMS();
+    const m3_io io = m3_io_of(
+        H, P, N, A, G, has_q_bias, has_k_bias, has_d, has_z, carry, varlen, slotted, dt_real, param_real,
+        qb, qo, kb, ko, vb, vo, zb, zo, db, dof, adtb, adto, dtb, dto, trb, tro, anb, ano, qbb, qbo, kbb,
+        kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     const int steps = (int)tile.chunk.steps;
