@@ -1,5 +1,5 @@
-"""The tensor-core variants' kernel text, run: every conformance case of the chunked mamba2 and gated_delta_net
-at 16-bit dtypes passes on an OpenCL CPU device with the variant planned (``RLX_MMA`` 1) and its tensor-core
+"""The tensor-core variants' kernel text, run: every conformance case of the chunked mamba2, gated_delta_net and
+mamba3 at 16-bit dtypes passes on an OpenCL CPU device with the variant planned (``RLX_MMA`` 1) and its tensor-core
 words emulated (tests/support/mma_emulation.cl: warp tiles, operands rounded to the 16-bit type, f32
 accumulation), against the float64 reference and host_fallback, the NaN/Inf cases among them. This checks
 what no NVRTC build can: the variants' tiling, staging, triangular masks and output stores compute the op.
@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(not KERNEL_OPENCL, reason=f"no OpenCL device amo
 CONFIG = load_config(default_config_path())
 EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read_text()
 CHUNK_KERNELS = {"mamba2_chunk_state", "mamba2_chunk_scan", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
-                 "gated_delta_net_chunk_out"}
+                 "gated_delta_net_chunk_out", "mamba3_chunk_state", "mamba3_chunk_scan"}
+CHUNKED_OPS = ("mamba2", "gated_delta_net", "mamba3")
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
 
@@ -47,9 +48,9 @@ def _emulated(original):
 
 
 def _chunked_cases(dtypes):
-    """The catalog's cases of mamba2 and gated_delta_net at ``dtypes`` (the gpu target chunks them where
-    ``ssm_kernel`` says so or the sequence is long enough)."""
-    return [c for c in catalog.cases() if c.op in ("mamba2", "gated_delta_net") and c.dtype in dtypes]
+    """The catalog's cases of the chunked ops at ``dtypes`` (the gpu target chunks them where ``ssm_kernel``
+    says so or the sequence is long enough)."""
+    return [c for c in catalog.cases() if c.op in CHUNKED_OPS and c.dtype in dtypes]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
     monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
     config = CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
-        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in ("mamba2", "gated_delta_net")}})
+        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
     ran, failed = set(), []
     for case in _chunked_cases(dtypes):
         thunk = runner.lay_out(case).thunk
@@ -82,5 +83,6 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert ran == {(op, dt, gates) for op, gates in (("mamba2", False), ("gated_delta_net", False),
-                                                     ("gated_delta_net", True)) for dt in dtypes}, ran
+                                                     ("gated_delta_net", True), ("mamba3", False))
+                   for dt in dtypes}, ran
     assert not failed, "\n".join(failed)
