@@ -908,19 +908,14 @@ INLINE_FN void m3c_state_mma_barrier(GLOBAL real* own, LOCAL_PTR const mma_t* xw
                                      LOCAL_PTR float* out, GLOBAL const real* ks, int steps, i64 p0, i64 P, i64 N,
                                      int lane)
 {
-    const int w = MMA_WARP(lane);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3C_NW) {
         BARRIER(); /* the previous pass's readers are done */
-        for (int e = lane; e < M3C_Q * M3C_NW; e += M3C_LANES) {
+        for (int e = lane; e < M3C_Q * M3C_NW; e += M3C_LANES) { /* kt[s][nn] = k~[s][n0+nn], zero past the steps */
             const int s = e / M3C_NW, nn = e - s * M3C_NW;
             kt[e] = TO_MMA(s < steps && n0 + nn < N ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0);
         }
         BARRIER();
-        mma_acc acc;
-        mma_zero(&acc);
-        for (int s0 = 0; s0 < steps; s0 += 16)
-            mma_tile(&acc, MMA_COL, xw + s0 * M3C_PT, M3C_PT, MMA_ROW, kt + s0 * M3C_NW + w * 16, M3C_NW);
-        mma_store(out + w * 16, &acc, M3C_NW);
+        mma_steps_tile(out, xw, kt, M3C_NW, steps, MMA_WARP(lane));
         BARRIER();
         for (int e = lane; e < M3C_PT * M3C_NW; e += M3C_LANES) {
             const int p = e / M3C_NW, nn = e - p * M3C_NW;
@@ -1109,19 +1104,6 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 #error "mamba3_chunk_scan's MMA variant gives each warp at most two product tiles"
 #endif
 
-/* mamba3_chunk_scan's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them there): gm
- * [M3C_Q][M3C_Q] f32, q~.k~^T and then its diagonal tiles weighted; gmm the operands below the diagonal (TF32: gm
- * itself); ys [M3C_Q][M3C_PT] f32, the output tile; qm, km [M3C_Q][16] and sm [M3C_PT][16], the slices of q~, k~
- * and the entering state. */
-typedef struct {
-    LOCAL_PTR float* gm;
-    LOCAL_PTR float* ys;
-    LOCAL_PTR mma_t* gmm;
-    LOCAL_PTR mma_t* qm;
-    LOCAL_PTR mma_t* km;
-    LOCAL_PTR mma_t* sm;
-} m3c_scan_local;
-
 /* The chunk's sums and weights in LOCAL (m3c_stage_barrier's cum, rs, wgt, gam). */
 typedef struct {
     LOCAL_PTR const real* cum;
@@ -1130,49 +1112,31 @@ typedef struct {
     LOCAL_PTR const real* gam;
 } m3c_decays;
 
-/* Product tile k of a chunk (of M3C_GT + M3C_QT): the q~.k~^T tiles (ti, sj) on and below the diagonal, row by row,
- * then the state tiles q~.S_in^T of steps 16ti.. (sj = -1). */
-INLINE_FN int m3c_product_tile(int k, int* sj)
-{
-    *sj = -1;
-    return k < M3C_GT ? mma_lower_tile(k, sj) : k - M3C_GT;
-}
-
-/* q~.k~^T and q~.S_in^T of the tile's chunk on the tensor cores, over N in slices of 16: warp w accumulates product
- * tiles w and w + warps (m3c_product_tile), then stores them, f32, in gm and ys. */
-INLINE_FN void m3c_scan_tiles_barrier(m3c_scan_local at, m3c_scratch sc, m3c_tile tile, i64 P, i64 N, int lane)
+/* q~.k~^T and q~.S_in^T of the tile's chunk on the tensor cores (the LOCAL tiles at: mma_scan_local, q~ and k~
+ * the rows and cols), over N in slices of 16: warp w accumulates product
+ * tiles w and w + warps (mma_scan_pair: q~.k~^T, then q~.S_in^T), then stores them, f32, in gm and ys. */
+INLINE_FN void m3c_scan_tiles_barrier(mma_scan_local at, m3c_scratch sc, m3c_tile tile, i64 P, i64 N, int lane)
 {
     GLOBAL const real* qs = sc.q + tile.slot * M3C_Q * N;
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
     GLOBAL const real* fs = sc.states + tile.slot * m3c_rows(P) * N; /* the state entering this chunk */
-    const int steps = (int)tile.chunk.steps, w = MMA_WARP(lane), k1 = w + M3C_LANES / 32;
-    int s0, s1;
-    const int t0 = m3c_product_tile(w, &s0), t1 = m3c_product_tile(k1, &s1);
-    const int has0 = w < M3C_GT + M3C_QT, has1 = k1 < M3C_GT + M3C_QT;
-    mma_acc a0, a1;
-    mma_zero(&a0);
-    mma_zero(&a1);
+    const int steps = (int)tile.chunk.steps;
+    mma_scan_pair pair = mma_scan_pair_of(MMA_WARP(lane), M3C_LANES / 32, M3C_GT, M3C_QT);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < M3C_Q * 16; e += M3C_LANES) {
             const int s = e / 16, nn = e - s * 16, in = s < steps && n0 + nn < N;
-            at.qm[e] = TO_MMA(in ? qs[s * N + n0 + nn] : (real)0);
-            at.km[e] = TO_MMA(in ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0);
+            at.rows[e] = TO_MMA(in ? qs[s * N + n0 + nn] : (real)0);
+            at.cols[e] = TO_MMA(in ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0);
         }
         for (int e = lane; e < M3C_PT * 16; e += M3C_LANES) {
             const int p = e / 16, nn = e - p * 16;
-            at.sm[e] = TO_MMA(p < tile.np && n0 + nn < N ? fs[m3c_state_at(tile.p0 + p, n0 + nn, P, N)] : (real)0);
+            at.st[e] = TO_MMA(p < tile.np && n0 + nn < N ? fs[m3c_state_at(tile.p0 + p, n0 + nn, P, N)] : (real)0);
         }
         BARRIER();
-        if (has0)
-            mma_tile(&a0, MMA_ROW, at.qm + t0 * 256, 16, MMA_COL, s0 < 0 ? at.sm : at.km + s0 * 256, 16);
-        if (has1)
-            mma_tile(&a1, MMA_ROW, at.qm + t1 * 256, 16, MMA_COL, s1 < 0 ? at.sm : at.km + s1 * 256, 16);
+        mma_scan_pair_add(&pair, at.rows, at.cols, at.st);
     }
-    if (has0)
-        mma_store(s0 < 0 ? at.ys + t0 * 16 * M3C_PT : at.gm + t0 * 16 * M3C_Q + s0 * 16, &a0, s0 < 0 ? M3C_PT : M3C_Q);
-    if (has1)
-        mma_store(s1 < 0 ? at.ys + t1 * 16 * M3C_PT : at.gm + t1 * 16 * M3C_Q + s1 * 16, &a1, s1 < 0 ? M3C_PT : M3C_Q);
+    mma_scan_pair_store(&pair, at.gm, M3C_Q, at.ys, M3C_PT);
 }
 
 /* y[t][p] = exp(c[t]) q~[t].S_in[p] + sum_{s<t} exp(c[t] - c[s]) w[s] (q~[t].k~[s]) v[s][p] + gamma[t] (q~[t].k~[t])
@@ -1181,7 +1145,7 @@ INLINE_FN void m3c_scan_tiles_barrier(m3c_scan_local at, m3c_scratch sc, m3c_til
  * exp(c[t]) takes gmm times v on the tensor cores (warp w < M3C_Q/16: steps 16w..), and each lane adds its
  * diagonal terms, a sum bounded by t, and stores. As on the portable path nothing at a step s > t reaches y[t],
  * not even a NaN: such entries are selected away, never multiplied by a zero mask. */
-INLINE_FN void m3c_scan_mma_barrier(m3_io io, m3c_tile tile, m3c_scratch sc, m3c_scan_local at, m3c_decays dc,
+INLINE_FN void m3c_scan_mma_barrier(m3_io io, m3c_tile tile, m3c_scratch sc, mma_scan_local at, m3c_decays dc,
                                     LOCAL_PTR const mma_t* xs, int lane)
 {
     const int steps = (int)tile.chunk.steps;
@@ -1246,14 +1210,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
 #ifdef RLX_MMA
-    MMA_LOCAL float gm[M3C_Q * M3C_Q], ys[M3C_Q * M3C_PT];
-    MMA_LOCAL mma_t qm[M3C_Q * 16], km[M3C_Q * 16], sm[M3C_PT * 16];
-#if RLX_MMA == 2
-    const m3c_scan_local at = {gm, ys, gm, qm, km, sm}; /* TF32 operands are f32: those below the diagonal in place */
-#else
-    MMA_LOCAL mma_t gmm[M3C_Q * M3C_Q];
-    const m3c_scan_local at = {gm, ys, gmm, qm, km, sm};
-#endif
+    MMA_SCAN_LOCAL(at, M3C_Q, M3C_PT);
     const m3c_decays dc = {cum, rs, wgt, gam};
     m3c_scan_mma_barrier(io, tile, sc, at, dc, xs, lane);
 #else
