@@ -111,4 +111,91 @@ INLINE_FN int mma_lower_tile(int k, int* sj)
     *sj = k - ti * (ti + 1) / 2;
     return ti;
 }
+
+/* Product tile k of a chunk scan's (of lower + 16-step tiles): the square product's tiles (ti, sj) on and below the
+ * diagonal (`lower` of them), row by row, then the state tiles of steps 16ti.. (sj = -1). */
+INLINE_FN int mma_product_tile(int k, int lower, int* sj)
+{
+    *sj = -1;
+    return k < lower ? mma_lower_tile(k, sj) : k - lower;
+}
+
+/* A chunk scan's LOCAL tiles of the MMA variant (mamba2_chunk_scan, mamba3_chunk_scan), for chunks of q steps and
+ * tiles of pt rows: gm [q][q] f32, the square product (C.B^T, q~.k~^T) and then its diagonal tiles weighted; gmm
+ * the operands below the diagonal (TF32: gm itself); ys [q][pt] f32, the output tile; rows, cols [q][16] and st
+ * [pt][16], a slice of 16 columns of the square product's two factors and of the entering state. */
+typedef struct {
+    LOCAL_PTR float* gm;
+    LOCAL_PTR float* ys;
+    LOCAL_PTR mma_t* gmm;
+    LOCAL_PTR mma_t* rows;
+    LOCAL_PTR mma_t* cols;
+    LOCAL_PTR mma_t* st;
+} mma_scan_local;
+
+/* Declares them at kernel scope (OpenCL wants LOCAL arrays there) and `name`, the mma_scan_local of them. */
+#if RLX_MMA == 2 /* TF32 operands are f32: those below the diagonal in place */
+#define MMA_SCAN_LOCAL(name, q, pt)                                                                              \
+    MMA_LOCAL float name##_gm[(q) * (q)], name##_ys[(q) * (pt)];                                                 \
+    MMA_LOCAL mma_t name##_rows[(q) * 16], name##_cols[(q) * 16], name##_st[(pt) * 16];                          \
+    const mma_scan_local name = {name##_gm, name##_ys, name##_gm, name##_rows, name##_cols, name##_st}
+#else
+#define MMA_SCAN_LOCAL(name, q, pt)                                                                              \
+    MMA_LOCAL float name##_gm[(q) * (q)], name##_ys[(q) * (pt)];                                                 \
+    MMA_LOCAL mma_t name##_gmm[(q) * (q)], name##_rows[(q) * 16], name##_cols[(q) * 16], name##_st[(pt) * 16];   \
+    const mma_scan_local name = {name##_gm, name##_ys, name##_gmm, name##_rows, name##_cols, name##_st}
+#endif
+
+/* A warp's two product tiles of a chunk scan (mamba2_chunk_scan's C.B^T and C.S_in^T, mamba3_chunk_scan's
+ * q~.k~^T and q~.S_in^T): tiles k = w and w + warps of mma_product_tile (`lower` square tiles, then `states`),
+ * each with its accumulator (zero at first), row tile t, column tile s (-1: a state tile) and whether it exists. */
+typedef struct {
+    mma_acc a0, a1;
+    int t0, s0, has0, t1, s1, has1;
+} mma_scan_pair;
+
+INLINE_FN mma_scan_pair mma_scan_pair_of(int w, int warps, int lower, int states)
+{
+    mma_scan_pair out;
+    mma_zero(&out.a0);
+    mma_zero(&out.a1);
+    out.t0 = mma_product_tile(w, lower, &out.s0);
+    out.t1 = mma_product_tile(w + warps, lower, &out.s1);
+    out.has0 = w < lower + states;
+    out.has1 = w + warps < lower + states;
+    return out;
+}
+
+/* One slice of 16 columns into the pair's accumulators: rows [steps][16] (a), the square product's columns
+ * [steps][16] (b), the state's [16][16] (st). */
+INLINE_FN void mma_scan_pair_add(mma_scan_pair* m, LOCAL_PTR const mma_t* a, LOCAL_PTR const mma_t* b,
+                                 LOCAL_PTR const mma_t* st)
+{
+    if (m->has0)
+        mma_tile(&m->a0, MMA_ROW, a + m->t0 * 256, 16, MMA_COL, m->s0 < 0 ? st : b + m->s0 * 256, 16);
+    if (m->has1)
+        mma_tile(&m->a1, MMA_ROW, a + m->t1 * 256, 16, MMA_COL, m->s1 < 0 ? st : b + m->s1 * 256, 16);
+}
+
+/* The pair's tiles stored, f32: the square product's in gm (rows q apart), the state's in ys (rows pt apart). */
+INLINE_FN void mma_scan_pair_store(const mma_scan_pair* m, LOCAL_PTR float* gm, int q, LOCAL_PTR float* ys, int pt)
+{
+    if (m->has0)
+        mma_store(m->s0 < 0 ? ys + m->t0 * 16 * pt : gm + m->t0 * 16 * q + m->s0 * 16, &m->a0, m->s0 < 0 ? pt : q);
+    if (m->has1)
+        mma_store(m->s1 < 0 ? ys + m->t1 * 16 * pt : gm + m->t1 * 16 * q + m->s1 * 16, &m->a1, m->s1 < 0 ? pt : q);
+}
+
+/* One warp's 16x16 f32 tile of A^T B over a chunk's `steps` (whole 16-step slices; the steps past `steps` zero in A
+ * or B): A [steps][16] (16 rows of the tile per step), B [steps][ldb] from column 16w; stored at out + 16w, rows
+ * ldb apart (the chunk's own state of mamba2_chunk_state and mamba3_chunk_state). */
+INLINE_FN void mma_steps_tile(LOCAL_PTR float* out, LOCAL_PTR const mma_t* a, LOCAL_PTR const mma_t* b, int ldb,
+                              int steps, int w)
+{
+    mma_acc acc;
+    mma_zero(&acc);
+    for (int s0 = 0; s0 < steps; s0 += 16)
+        mma_tile(&acc, MMA_COL, a + s0 * 16, 16, MMA_ROW, b + s0 * ldb + w * 16, ldb);
+    mma_store(out + w * 16, &acc, ldb);
+}
 #endif

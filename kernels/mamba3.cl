@@ -728,6 +728,26 @@ INLINE_FN m3c_tile m3c_tile_of(m3_io io, i64 group, i64 R, i64 S, i64 K)
     return out;
 }
 
+/* The values of a chunk in LOCAL memory (xs, xw), an operand of the chunk products: the compute type on the
+ * portable path; with a launch's RLX_MMA (CUDA only) the tensor cores' operand type (kernels_cuda/prelude.cuh),
+ * rounded once as staged: a 16-bit thunk's v is exact there, the weighted values of mamba3_chunk_state round to it
+ * (as do q~, k~, the entering state and the weighted, decayed q~.k~^T entries below the diagonal tiles: as
+ * mamba_ssm's and fla's chunk kernels round them to the input type). */
+#ifdef RLX_MMA
+#if M3C_PT != 16 || M3C_Q % 16 != 0 || M3C_LANES < 128
+#error "the MMA variant of mamba3's chunk products tiles 16x16: M3C_PT = 16, M3C_Q % 16 = 0, 4 warps at least"
+#endif
+typedef mma_t m3c_op_t;
+#define M3C_OP(v) TO_MMA(v)
+#define M3C_VAL(v) FROM_MMA(v)
+#define M3C_LOCAL MMA_LOCAL
+#else
+typedef real m3c_op_t;
+#define M3C_OP(v) (v)
+#define M3C_VAL(v) (v)
+#define M3C_LOCAL LOCAL
+#endif
+
 /* The decay from token s of a chunk to token t >= s, exp(sum of adt over (s, t]) from the chunk's sums (cum, rs:
  * m3c_stage_barrier), or from the chunk's start to t (s = -1): exactly 0 past a reset in (s, t] (an adt of -inf,
  * alpha = 0, after which the sums restart), where the difference of the sums would be NaN. */
@@ -738,11 +758,12 @@ INLINE_FN real m3c_decay(LOCAL_PTR const real* cum, LOCAL_PTR const int* rs, int
 
 /* The tile's coefficients and values in LOCAL: gam[s] = gamma, wgt[s] = gamma + beta' of the row's next token (0
  * past its end), cum[s] = the sum of adt up to s within the chunk and rs[s] the last reset up to s (lane 0's serial
- * sums; m3c_decay); xs[s][p] = v[s][p0+p] (0 past P). When `weighted`, wgt[s] is then times the decay from s to the
- * chunk's last token and xs[s][p] times wgt[s] (the value's weight in the chunk's own final state).
+ * sums; m3c_decay); xs[s][p] = v[s][p0+p] (0 past P and past the steps). When `weighted`, wgt[s] is then times
+ * the decay from s to the chunk's last token and xs[s][p] times wgt[s] (the value's weight in the chunk's own final
+ * state).
  * Every lane calls it: it meets three barriers, the last once every array is complete. */
 INLINE_FN void m3c_stage_barrier(m3_io io, m3c_tile tile, int lane, int weighted, LOCAL_PTR real* cum,
-                                 LOCAL_PTR int* rs, LOCAL_PTR real* wgt, LOCAL_PTR real* gam, LOCAL_PTR real* xs)
+                                 LOCAL_PTR int* rs, LOCAL_PTR real* wgt, LOCAL_PTR real* gam, LOCAL_PTR m3c_op_t* xs)
 {
     const m3c_chunk ch = tile.chunk;
     const int steps = (int)ch.steps;
@@ -767,23 +788,23 @@ INLINE_FN void m3c_stage_barrier(m3_io io, m3c_tile tile, int lane, int weighted
             wgt[s] *= m3c_decay(cum, rs, steps - 1, s);
     }
     BARRIER();
-    for (int e = lane; e < steps * M3C_PT; e += M3C_LANES) {
-        const int s = e / M3C_PT, p = e - s * M3C_PT;
-        const real v = p < tile.np ? LOAD(io.v, ((ch.first + s) * io.H + tile.h) * io.P + tile.p0 + p) : (real)0;
-        xs[e] = weighted && p < tile.np ? wgt[s] * v : v;
+    for (int e = lane; e < M3C_Q * M3C_PT; e += M3C_LANES) { /* zero past the chunk's steps, which MMA tiles cover */
+        const int s = e / M3C_PT, p = e - s * M3C_PT, in = s < steps && p < tile.np;
+        const real v = in ? LOAD(io.v, ((ch.first + s) * io.H + tile.h) * io.P + tile.p0 + p) : (real)0;
+        xs[e] = M3C_OP(weighted && in ? wgt[s] * v : v);
     }
     BARRIER();
 }
 
 /* The row's last chunk (with carry): its last value is the row's final vbar, v_state's rows p0 .. p0+np-1. */
-INLINE_FN void m3c_store_vbar(m3_io io, m3c_tile tile, int lane, LOCAL_PTR const real* xs)
+INLINE_FN void m3c_store_vbar(m3_io io, m3c_tile tile, int lane, LOCAL_PTR const m3c_op_t* xs)
 {
     const int steps = (int)tile.chunk.steps;
     if (!io.carry || steps == 0 || tile.chunk.first + steps != tile.chunk.end)
         return;
     const i64 entry = io.slots ? (i64)io.slots[tile.chunk.row] : tile.chunk.row;
     for (int p = lane; p < tile.np; p += M3C_LANES)
-        io.v_state[(entry * io.H + tile.h) * io.P + tile.p0 + p] = xs[(steps - 1) * M3C_PT + p];
+        io.v_state[(entry * io.H + tile.h) * io.P + tile.p0 + p] = M3C_VAL(xs[(steps - 1) * M3C_PT + p]);
 }
 
 #ifdef RLX_TARGET_CPU
@@ -886,8 +907,36 @@ KERNEL mamba3_chunk_turn(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 }
 #endif
 
+#ifdef RLX_MMA
+#define M3C_NW (M3C_LANES / 32 * 16) /* state columns per pass of mamba3_chunk_state's MMA variant: 16 per warp */
+
+/* own[p0+p][n] = sum_s xw[s][p] k~[s][n] over the chunk's steps (the tile's M3C_PT rows, those past P too: the
+ * state pass walks them): each warp one 16x16 tile of M3C_NW columns per pass, from k~ staged as [M3C_Q][M3C_NW]
+ * operands (kt), through an f32 tile (out) to the store. */
+INLINE_FN void m3c_state_mma_barrier(GLOBAL real* own, LOCAL_PTR const mma_t* xw, LOCAL_PTR mma_t* kt,
+                                     LOCAL_PTR float* out, GLOBAL const real* ks, int steps, i64 p0, i64 P, i64 N,
+                                     int lane)
+{
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3C_NW) {
+        BARRIER(); /* the previous pass's readers are done */
+        for (int e = lane; e < M3C_Q * M3C_NW; e += M3C_LANES) { /* kt[s][nn] = k~[s][n0+nn], zero past the steps */
+            const int s = e / M3C_NW, nn = e - s * M3C_NW;
+            kt[e] = TO_MMA(s < steps && n0 + nn < N ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0);
+        }
+        BARRIER();
+        mma_steps_tile(out, xw, kt, M3C_NW, steps, MMA_WARP(lane));
+        BARRIER();
+        for (int e = lane; e < M3C_PT * M3C_NW; e += M3C_LANES) {
+            const int p = e / M3C_NW, nn = e - p * M3C_NW;
+            if (n0 + nn < N)
+                own[m3c_state_at(p0 + p, n0 + nn, P, N)] = out[e];
+        }
+    }
+}
+#endif
+
 /* A work-group per (head, slot, tile of rows); a lane per (state column n, block of M3C_PS rows; the cpu target's
- * block is the tile), lanes adjacent in n. */
+ * block is the tile), lanes adjacent in n; with RLX_MMA, m3c_state_mma_barrier's warps. */
 KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
                           int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
                           GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
@@ -898,7 +947,8 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
                           GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
                           GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
 {
-    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xw[M3C_Q * M3C_PT];
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q];
+    M3C_LOCAL m3c_op_t xw[M3C_Q * M3C_PT];
     LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
     const m3_io io = m3_io_of(
@@ -913,6 +963,11 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
         sc.decay[tile.slot] = m3c_decay(cum, rs, steps - 1, -1);
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
     GLOBAL real* own = sc.states + tile.slot * m3c_rows(P) * N;
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t kt[M3C_Q * M3C_NW];
+    MMA_LOCAL float out[M3C_PT * M3C_NW];
+    m3c_state_mma_barrier(own, xw, kt, out, ks, steps, tile.p0, P, N, lane);
+#else
     for (i64 e = lane; e < (steps > 0 ? N * (M3C_PT / M3C_PS) : 0); e += M3C_LANES) {
         const i64 pb = e / N, n = e - pb * N, pr = tile.p0 + pb * M3C_PS;
         real acc[M3C_PS];
@@ -930,6 +985,7 @@ KERNEL mamba3_chunk_state(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K
             if (pr + c < m3c_rows(P))
                 own[m3c_state_at(pr + c, n, P, N)] = acc[c];
     }
+#endif
 }
 
 /* A work-item per state column n and M3C_PP rows p .. p+M3C_PP-1 of one (row, head) (cpu: a tile, an inner loop that
@@ -1059,9 +1115,101 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
 #define M3C_TS (M3C_LANES / M3C_PT)        /* a lane's outputs: p = lane % M3C_PT, t = lane / M3C_PT + i*M3C_TS */
 #define M3C_YI (M3C_Q / M3C_TS)            /* outputs per lane */
 
+#ifdef RLX_MMA
+#define M3C_QT (M3C_Q / 16)               /* 16-step tiles of a chunk */
+#define M3C_GT (M3C_QT * (M3C_QT + 1) / 2) /* q~.k~^T tiles on and below the diagonal */
+#if (M3C_LANES / 32) * 2 < M3C_GT + M3C_QT
+#error "mamba3_chunk_scan's MMA variant gives each warp at most two product tiles"
+#endif
+
+/* The chunk's sums and weights in LOCAL (m3c_stage_barrier's cum, rs, wgt, gam). */
+typedef struct {
+    LOCAL_PTR const real* cum;
+    LOCAL_PTR const int* rs;
+    LOCAL_PTR const real* wgt;
+    LOCAL_PTR const real* gam;
+} m3c_decays;
+
+/* q~.k~^T and q~.S_in^T of the tile's chunk on the tensor cores (the LOCAL tiles at: mma_scan_local, q~ and k~
+ * the rows and cols), over N in slices of 16: warp w accumulates product
+ * tiles w and w + warps (mma_scan_pair: q~.k~^T, then q~.S_in^T), then stores them, f32, in gm and ys. */
+INLINE_FN void m3c_scan_tiles_barrier(mma_scan_local at, m3c_scratch sc, m3c_tile tile, i64 P, i64 N, int lane)
+{
+    GLOBAL const real* qs = sc.q + tile.slot * M3C_Q * N;
+    GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
+    GLOBAL const real* fs = sc.states + tile.slot * m3c_rows(P) * N; /* the state entering this chunk */
+    const int steps = (int)tile.chunk.steps;
+    mma_scan_pair pair = mma_scan_pair_of(MMA_WARP(lane), M3C_LANES / 32, M3C_GT, M3C_QT);
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
+        BARRIER(); /* the previous slice's readers are done */
+        for (int e = lane; e < M3C_Q * 16; e += M3C_LANES) {
+            const int s = e / 16, nn = e - s * 16, in = s < steps && n0 + nn < N;
+            at.rows[e] = TO_MMA(in ? qs[s * N + n0 + nn] : (real)0);
+            at.cols[e] = TO_MMA(in ? ks[m3c_key_at(s, n0 + nn, N)] : (real)0);
+        }
+        for (int e = lane; e < M3C_PT * 16; e += M3C_LANES) {
+            const int p = e / 16, nn = e - p * 16;
+            at.st[e] = TO_MMA(p < tile.np && n0 + nn < N ? fs[m3c_state_at(tile.p0 + p, n0 + nn, P, N)] : (real)0);
+        }
+        BARRIER();
+        mma_scan_pair_add(&pair, at.rows, at.cols, at.st);
+    }
+    mma_scan_pair_store(&pair, at.gm, M3C_Q, at.ys, M3C_PT);
+}
+
+/* y[t][p] = exp(c[t]) q~[t].S_in[p] + sum_{s<t} exp(c[t] - c[s]) w[s] (q~[t].k~[s]) v[s][p] + gamma[t] (q~[t].k~[t])
+ * v[t][p] on the tensor cores (m3c_scan_tiles_barrier), then: the weighted, decayed q~.k~^T entries below the
+ * diagonal tiles become operands (gmm), those of the diagonal tiles stay f32 in gm; the state part scaled by
+ * exp(c[t]) takes gmm times v on the tensor cores (warp w < M3C_Q/16: steps 16w..), and each lane adds its
+ * diagonal terms, a sum bounded by t, and stores. As on the portable path nothing at a step s > t reaches y[t],
+ * not even a NaN: such entries are selected away, never multiplied by a zero mask. */
+INLINE_FN void m3c_scan_mma_barrier(m3_io io, m3c_tile tile, m3c_scratch sc, mma_scan_local at, m3c_decays dc,
+                                    LOCAL_PTR const mma_t* xs, int lane)
+{
+    const int steps = (int)tile.chunk.steps;
+    m3c_scan_tiles_barrier(at, sc, tile, io.P, io.N, lane);
+    BARRIER();
+    for (int e = lane; e < M3C_Q * M3C_Q; e += M3C_LANES) {
+        const int t = e / M3C_Q, s = e - t * M3C_Q;
+        if (s / 16 > t / 16)
+            continue; /* never computed, never read */
+        const real v = s <= t && t < steps
+                           ? (s < t ? m3c_decay(dc.cum, dc.rs, t, s) * dc.wgt[s] : dc.gam[t]) * at.gm[e]
+                           : (real)0;
+        if (s / 16 == t / 16)
+            at.gm[e] = v;
+        else
+            at.gmm[e] = TO_MMA(v);
+    }
+    for (int e = lane; e < M3C_Q * M3C_PT; e += M3C_LANES) {
+        const int t = e / M3C_PT;
+        at.ys[e] = t < steps ? m3c_decay(dc.cum, dc.rs, t, -1) * at.ys[e] : (real)0;
+    }
+    BARRIER();
+    const int w = MMA_WARP(lane);
+    if (w < M3C_Q / 16) {
+        mma_acc y;
+        mma_load(&y, at.ys + w * 16 * M3C_PT, M3C_PT);
+        for (int sj = 0; sj < w; ++sj)
+            mma_tile(&y, MMA_ROW, at.gmm + w * 16 * M3C_Q + sj * 16, M3C_Q, MMA_ROW, xs + sj * 16 * M3C_PT, M3C_PT);
+        mma_store(at.ys + w * 16 * M3C_PT, &y, M3C_PT);
+    }
+    BARRIER();
+    for (int e = lane; e < M3C_Q * M3C_PT; e += M3C_LANES) {
+        const int t = e / M3C_PT, p = e - t * M3C_PT;
+        if (t < steps && p < tile.np) {
+            real y = at.ys[e];
+            for (int s = t / 16 * 16; s <= t; ++s)
+                y += at.gm[t * M3C_Q + s] * FROM_MMA(xs[s * M3C_PT + p]);
+            m3_store(io, ((tile.chunk.first + t) * io.H + tile.h) * io.P + tile.p0 + p, tile.h, y, FROM_MMA(xs[e]));
+        }
+    }
+}
+#endif
+
 /* gpu: a work-group per (head, slot, tile of rows); q~.k~^T and q~.S_in accumulated over tiles of M3C_NT state
  * columns staged in LOCAL (each lane M3C_GS entries of the first, M3C_YI of the second), the masked, weighted
- * products into LOCAL, then each lane's outputs. */
+ * products into LOCAL, then each lane's outputs; with RLX_MMA on the tensor cores (m3c_scan_mma_barrier). */
 KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K, int has_q_bias, int has_k_bias,
                          int has_d, int has_z, int carry, int varlen, int slotted, int dt_real, int param_real,
                          GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* zb,
@@ -1071,8 +1219,8 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
                          GLOBAL uchar* stb, i64 sto, GLOBAL uchar* ksb, i64 kso, GLOBAL uchar* vsb, i64 vso,
                          GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* sb, i64 so)
 {
-    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], xs[M3C_Q * M3C_PT], qt[M3C_Q * M3C_NTP], kt[M3C_Q * M3C_NTP],
-        ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
+    LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q];
+    M3C_LOCAL m3c_op_t xs[M3C_Q * M3C_PT];
     LOCAL int rs[M3C_Q];
     const int lane = (int)LID(0);
     const m3_io io = m3_io_of(
@@ -1081,9 +1229,15 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
         kbo, skb, sko, asb, aso, stb, sto, ksb, kso, vsb, vso, cub, cuo, slb, slo);
     const m3c_scratch sc = m3c_scratch_of(sb, so, H, P, N, K);
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
+    m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
+#ifdef RLX_MMA
+    MMA_SCAN_LOCAL(at, M3C_Q, M3C_PT);
+    const m3c_decays dc = {cum, rs, wgt, gam};
+    m3c_scan_mma_barrier(io, tile, sc, at, dc, xs, lane);
+#else
+    LOCAL real qt[M3C_Q * M3C_NTP], kt[M3C_Q * M3C_NTP], ft[M3C_PT * M3C_NTP], gm[M3C_Q * M3C_QP];
     const int steps = (int)tile.chunk.steps;
     const i64 t0 = tile.chunk.first, h = tile.h, p0 = tile.p0;
-    m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
     GLOBAL const real* qs = sc.q + tile.slot * M3C_Q * N;
     GLOBAL const real* ks = sc.k + tile.slot * M3C_Q * N;
     GLOBAL const real* fs = sc.states + tile.slot * m3c_rows(P) * N; /* the state entering this chunk */
@@ -1136,6 +1290,7 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
             m3_store(io, ((t0 + t) * H + h) * P + p0 + py, h, y, xs[t * M3C_PT + py]);
         }
     }
+#endif
     m3c_store_vbar(io, tile, lane, xs);
 }
 #endif

@@ -718,11 +718,7 @@ INLINE_FN void m2_state_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* 
             bs[e] = TO_MMA(s < steps && n0 + nn < N ? LOAD(bm, ((t0 + s) * G + grp) * N + n0 + nn) : (real)0);
         }
         BARRIER();
-        mma_acc acc;
-        mma_zero(&acc);
-        for (int s0 = 0; s0 < steps; s0 += 16)
-            mma_tile(&acc, MMA_COL, xw + s0 * M2_PT, M2_PT, MMA_ROW, bs + s0 * M2_NW + w * 16, M2_NW);
-        mma_store(out + w * 16, &acc, M2_NW);
+        mma_steps_tile(out, xw, bs, M2_NW, steps, w);
         BARRIER();
         for (int e = lane; e < M2_PT * M2_NW; e += M2_LANES) {
             const int p = e / M2_NW, nn = e - p * M2_NW;
@@ -840,46 +836,21 @@ typedef struct {
 #if (M2_LANES / 32) * 2 < M2_GT + M2_QT
 #error "mamba2_chunk_scan's MMA variant gives each warp at most two product tiles"
 #endif
-/* Product tile k of a chunk (of M2_GT + M2_QT): the C.B^T tiles (ti, sj) on and below the diagonal, row by
- * row, then the state tiles C.S_in^T of steps 16ti.. (sj = -1). */
-INLINE_FN int m2_product_tile(int k, int* sj)
-{
-    *sj = -1;
-    return k < M2_GT ? mma_lower_tile(k, sj) : k - M2_GT;
-}
 
-/* mamba2_chunk_scan's LOCAL tiles of the MMA variant, declared in the kernel (OpenCL wants them there):
- * gm [M2_Q][M2_Q] f32, C.B^T and then its diagonal tiles decayed; gmm the operands below the diagonal (TF32:
- * gm itself); ys [M2_Q][M2_PT] f32, the output tile; cs, bs [M2_Q][16] and ss [M2_PT][16], the slices of c,
- * b and the state. */
-typedef struct {
-    LOCAL_PTR float* gm;
-    LOCAL_PTR float* ys;
-    LOCAL_PTR mma_t* gmm;
-    LOCAL_PTR mma_t* cs;
-    LOCAL_PTR mma_t* bs;
-    LOCAL_PTR mma_t* ss;
-} m2_scan_local;
-
-/* C.B^T and C.S_in^T of one chunk on the tensor cores, over N in slices of 16: warp w accumulates product
- * tiles w and w + warps (m2_product_tile), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
+/* C.B^T and C.S_in^T of one chunk on the tensor cores (the LOCAL tiles at: mma_scan_local, c and b the rows and
+ * cols), over N in slices of 16: warp w accumulates product tiles w and w + warps (mma_scan_pair: C.B^T, then
+ * C.S_in^T), then stores them, f32, in gm [M2_Q][M2_Q] and ys [M2_Q][M2_PT].
  * c and b: the chunk's first row of the group's c and b, rows `stride` apart; states: the tile's first state
  * row (of `rows`). */
-INLINE_FN void m2_scan_tiles_barrier(m2_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
+INLINE_FN void m2_scan_tiles_barrier(mma_scan_local at, GLOBAL const real* states, i64 rows, GLOBAL const store_t* c,
                                      GLOBAL const store_t* b, i64 stride, i64 N, int steps, int lane)
 {
-    LOCAL_PTR mma_t* const cs = at.cs;
-    LOCAL_PTR mma_t* const bs = at.bs;
-    LOCAL_PTR mma_t* const ss = at.ss;
+    LOCAL_PTR mma_t* const cs = at.rows;
+    LOCAL_PTR mma_t* const bs = at.cols;
+    LOCAL_PTR mma_t* const ss = at.st;
     LOCAL_PTR float* const gm = at.gm;
     LOCAL_PTR float* const ys = at.ys;
-    const int w = MMA_WARP(lane), k1 = w + M2_LANES / 32;
-    int s0, s1;
-    const int t0 = m2_product_tile(w, &s0), t1 = m2_product_tile(k1, &s1);
-    const int has0 = w < M2_GT + M2_QT, has1 = k1 < M2_GT + M2_QT;
-    mma_acc a0, a1;
-    mma_zero(&a0);
-    mma_zero(&a1);
+    mma_scan_pair pair = mma_scan_pair_of(MMA_WARP(lane), M2_LANES / 32, M2_GT, M2_QT);
     for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += 16) {
         BARRIER(); /* the previous slice's readers are done */
         for (int e = lane; e < M2_Q * 16; e += M2_LANES) {
@@ -893,15 +864,9 @@ INLINE_FN void m2_scan_tiles_barrier(m2_scan_local at, GLOBAL const real* states
             ss[e] = TO_MMA(p < rows && n0 + nn < N ? states[p * N + n0 + nn] : (real)0);
         }
         BARRIER();
-        if (has0)
-            mma_tile(&a0, MMA_ROW, cs + t0 * 256, 16, MMA_COL, s0 < 0 ? ss : bs + s0 * 256, 16);
-        if (has1)
-            mma_tile(&a1, MMA_ROW, cs + t1 * 256, 16, MMA_COL, s1 < 0 ? ss : bs + s1 * 256, 16);
+        mma_scan_pair_add(&pair, cs, bs, ss);
     }
-    if (has0)
-        mma_store(s0 < 0 ? ys + t0 * 16 * M2_PT : gm + t0 * 16 * M2_Q + s0 * 16, &a0, s0 < 0 ? M2_PT : M2_Q);
-    if (has1)
-        mma_store(s1 < 0 ? ys + t1 * 16 * M2_PT : gm + t1 * 16 * M2_Q + s1 * 16, &a1, s1 < 0 ? M2_PT : M2_Q);
+    mma_scan_pair_store(&pair, gm, M2_Q, ys, M2_PT);
 }
 
 /* y[t][p] = exp(L[t]) C[t].S_in[p] + sum_{s<=t} exp(L[t]-L[s]) dt[s] (C[t].B[s]) x[s][p] on the tensor
@@ -910,7 +875,7 @@ INLINE_FN void m2_scan_tiles_barrier(m2_scan_local at, GLOBAL const real* states
  * tensor cores (warp w < M2_Q/16: steps 16w..), and each lane adds its diagonal terms, a sum bounded by t,
  * and stores. As on the portable path nothing at a step s > t reaches y[t], not even a NaN: such entries
  * are selected away, never multiplied by a zero mask. */
-INLINE_FN void m2_scan_product_barrier(m2_scan_out out, m2_scan_local at, GLOBAL const real* states,
+INLINE_FN void m2_scan_product_barrier(m2_scan_out out, mma_scan_local at, GLOBAL const real* states,
                                        GLOBAL const store_t* c, GLOBAL const store_t* b, i64 stride, i64 N, int steps,
                                        LOCAL_PTR const real* dts, LOCAL_PTR const real* Ls, LOCAL_PTR const mma_t* xs,
                                        int lane)
@@ -982,14 +947,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         xs[e] = M2_OP(s < steps && p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0);
     }
 #ifdef RLX_MMA
-    MMA_LOCAL float gm[M2_Q * M2_Q], ys[M2_Q * M2_PT];
-    MMA_LOCAL mma_t cs[M2_Q * 16], bs[M2_Q * 16], ss[M2_PT * 16];
-#if RLX_MMA == 2
-    const m2_scan_local at = {gm, ys, gm, cs, bs, ss}; /* TF32 operands are f32: those below the diagonal in place */
-#else
-    MMA_LOCAL mma_t gmm[M2_Q * M2_Q];
-    const m2_scan_local at = {gm, ys, gmm, cs, bs, ss};
-#endif
+    MMA_SCAN_LOCAL(at, M2_Q, M2_PT);
     const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
     m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,

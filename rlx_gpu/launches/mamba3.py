@@ -34,6 +34,7 @@ from host_fallback.abi import complete, forward_op
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import SSM_VARIANTS, DeviceLimits, add_tuning, add_variants, state_variant
+from .mma import MMA_TF32, mma_defines
 from .registry import register
 from .ssm import chunk_slots, takes_chunked
 
@@ -108,7 +109,9 @@ CHUNKED_KERNELS = ("mamba3_chunk_turn", "mamba3_chunk_state", "mamba3_state_pass
 
 def _chunked(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan:
     """The chunked prefill's launches; scratch (kernels/mamba3.cl's m3c_scratch): q~ and k~ per (head, slot, step),
-    a state (its rows rounded up to whole tiles) and a decay per (head, slot), each row's initial key."""
+    a state (its rows rounded up to whole tiles) and a decay per (head, slot), each row's initial key. On a device
+    with tensor cores every launch takes the MMA variant of the chunk products (``mma``: the chunk's own state,
+    q~.k~^T, q~.S_in^T and the masked product with v), so that one program holds the plan's kernels."""
     q, lanes, dt, h, n = lim.tune("M3C_Q"), lim.tune("M3C_LANES"), t["dtype"], t["heads"], t["state_size"]
     slots, rows, gpu = chunk_slots(t, q), args["R"], lim.target == "gpu"
     args = dict(args, K=slots, sb=(SCRATCH, 0))
@@ -123,16 +126,30 @@ def _chunked(t: Thunk, lim: DeviceLimits, args: dict[str, object]) -> LaunchPlan
               "mamba3_chunk_scan": ((tiles * lanes,), (lanes,))}
     reals = (2 * h * slots * q * n + h * slots * ceil_to(t["head_dim"], lim.tune("M3C_PT")) * n + h * slots
              + rows * h * n)
-    return LaunchPlan(tuple(kernel_launch("mamba3", kernel, dt, *shapes[kernel], args, target=lim.target)
-                            for kernel in CHUNKED_KERNELS), reals * real_size(dt), (f"chunked Q={q}",))
+    return LaunchPlan(tuple(kernel_launch("mamba3", kernel, dt, *shapes[kernel], args, target=lim.target,
+                                          defines=mma_defines(lim, dt)) for kernel in CHUNKED_KERNELS),
+                      reals * real_size(dt), (f"chunked Q={q}",))
+
+
+def _mma_local(q: int, pt: int, lanes: int, variant: int) -> int:
+    """Bytes of LOCAL memory the larger of the MMA variant's chunk_state and chunk_scan takes (kernels/mamba3.cl:
+    operands of 2 bytes, or 4 with TF32, whose operands below the diagonal are the f32 tile itself)."""
+    op, columns = 4 if variant == MMA_TF32 else 2, lanes // 32 * 16
+    state = q * columns * op + pt * columns * 4
+    scan = q * q * 4 + q * pt * 4 + (0 if variant == MMA_TF32 else q * q * op) + (2 * q + pt) * 16 * op
+    return 3 * q * 4 + 4 * q + q * pt * op + max(state, scan)
 
 
 def _chunked_fits(t: Thunk, lim: DeviceLimits) -> bool:
-    """Whether the device takes the chunked form's work-groups of M3C_LANES items and its scan's LOCAL tiles
-    (kernels/mamba3.cl's mamba3_chunk_scan at the target; f64 at the gpu target would pass CUDA's 48 KiB)."""
+    """Whether the device takes the chunked form's work-groups of M3C_LANES items and its kernels' LOCAL tiles
+    (kernels/mamba3.cl's mamba3_chunk_scan at the target, or the larger MMA variant's; f64 at the gpu target would
+    pass CUDA's 48 KiB)."""
     q, pt, nt = lim.tune("M3C_Q"), lim.tune("M3C_PT"), lim.tune("M3C_NT")
     tiles = q * q if lim.target == "cpu" else 2 * q * (nt + 1) + pt * (nt + 1) + q * (q + 1)
     local = (3 * q + q * pt + tiles) * real_size(t["dtype"]) + 4 * q
+    mma = dict(mma_defines(lim, t["dtype"])).get("RLX_MMA")
+    if mma:
+        local = _mma_local(q, pt, lim.tune("M3C_LANES"), mma)
     return (lim.max_work_group >= lim.tune("M3C_LANES") and local <= lim.local_mem_bytes
             and not (lim.target == "gpu" and t["dtype"] == "f64"))
 

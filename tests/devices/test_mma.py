@@ -1,4 +1,4 @@
-"""The tensor-core variants (``RLX_MMA``, issue 38) of the chunked mamba2 and gated_delta_net kernels.
+"""The tensor-core variants (``RLX_MMA``, issue 38) of the chunked mamba2, gated_delta_net and mamba3 kernels.
 
 No GPU runs them here; what this machine can check: the planners give the define only on CUDA devices with
 tensor cores (16-bit thunks, and f32 with TF32 asked for), never at the cpu target nor on OpenCL, whose
@@ -28,7 +28,9 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 
 #: the kernels whose chunk products take the tensor cores, per program family
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
-               "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out")}
+               "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
+               "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan")}
+FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3"}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
 #: the operand type the warp MMA operand loads name, per dtype
 OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}
@@ -43,22 +45,21 @@ def _thunk(op: str, dtype: str, **extra) -> dict:
     return thunk
 
 
-#: the chunked ops: mamba2, and gated_delta_net with per-head and per-channel gates
+#: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3
 OPS = (("mamba2", {}), ("gated_delta_net", {"gate_per_channel": False}),
-       ("gated_delta_net", {"gate_per_channel": True}))
+       ("gated_delta_net", {"gate_per_channel": True}), ("mamba3", {}))
 
 
 # ------------------------------------------------------------------------------------------ planning
-@pytest.mark.parametrize("op, extra", OPS, ids=["mamba2", "gdn-head", "gdn-channel"])
+@pytest.mark.parametrize("op, extra", OPS, ids=["mamba2", "gdn-head", "gdn-channel", "mamba3"])
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, ON_CUDA, ON_CUDA_TF32], ids=["no-mma", "mma", "mma-tf32"])
 def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra, dtype, lim):
     plan = launches.plan(_thunk(op, dtype, **extra), lim, **CHUNKED)
     expected = VARIANT.get(dtype, MMA_NONE) if lim.mma >= VARIANT.get(dtype, MMA_TF32 + 1) else MMA_NONE
-    family = "ssm" if op == "mamba2" else "gdn"
-    chunk = [item for item in plan.launches if item.kernel in MMA_KERNELS[family]]
+    chunk = [item for item in plan.launches if item.kernel in MMA_KERNELS[FAMILY[op]]]
     assert chunk or dtype == "f64"  # f64 keeps the lanes kernel
-    for item in chunk:
+    for item in plan.launches if chunk else ():  # one program holds the plan's kernels: every launch carries it
         assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
 
 
@@ -85,7 +86,9 @@ needs_nvrtc = pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is No
 #: every version-2 switch a chunked launch may add (kernels/ssm.cl's; gdn's one variant), per family and dtype
 _SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not name.endswith("_F32"))
               for dt in VARIANT}
-FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),))}
+#: mamba3's version-2 fields are runtime flags of its one program
+FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),)),
+                  "mamba3": lambda dt: ((),)}
 
 
 def _mma_programs():
@@ -163,8 +166,7 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
                 arena = session.alloc(max(r.offset + r.nbytes for r in regions(thunk)) + 64)
                 session.launch(thunk, arena, **CHUNKED)
                 ran = {r.kernel for r in machine.launches[before:]}
-                family = "ssm" if op == "mamba2" else "gdn"
-                assert set(MMA_KERNELS[family]) <= ran, (op, dtype, ran)
+                assert set(MMA_KERNELS[FAMILY[op]]) <= ran, (op, dtype, ran)
         variants = {(p.family, p.dtype) for p in built if dict(p.defines).get("RLX_MMA") == VARIANT[p.dtype]}
         assert variants == {(family, dt) for family in MMA_KERNELS for dt in dtypes}, built
         for prog in built:

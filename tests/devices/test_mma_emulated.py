@@ -1,10 +1,12 @@
-"""The tensor-core variants' kernel text, run: every conformance case of the chunked mamba2 and gated_delta_net
-at 16-bit dtypes passes on an OpenCL CPU device with the variant planned (``RLX_MMA`` 1) and its tensor-core
+"""The tensor-core variants' kernel text, run: every conformance case of the chunked mamba2, gated_delta_net and
+mamba3 at 16-bit dtypes passes on an OpenCL CPU device with the variant planned (``RLX_MMA`` 1) and its tensor-core
 words emulated (tests/support/mma_emulation.cl: warp tiles, operands rounded to the 16-bit type, f32
 accumulation), against the float64 reference and host_fallback, the NaN/Inf cases among them. This checks
 what no NVRTC build can: the variants' tiling, staging, triangular masks and output stores compute the op.
 The same at f32 with TF32 operands (``RLX_MMA`` 2) against the bf16 bounds (TF32 keeps 10 mantissa bits
-to bf16's 7), which f32's own bounds are too tight for by design. No GPU is involved.
+to bf16's 7), which f32's own bounds are too tight for by design. And mamba3 at shapes the catalog leaves out
+(state rows and columns past one tile, every field through packed sequences and slots, a NaN or a reset inside a
+chunk). No GPU is involved.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ opencl = pytest.importorskip("rlx_gpu.backends.opencl")
 from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import programs  # noqa: E402
 from rlx_gpu.conformance import catalog, runner  # noqa: E402
+from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.launches.mma import MMA_16BIT, MMA_TF32  # noqa: E402
 from rlx_gpu.runtime.config import default_config_path, load_config  # noqa: E402
@@ -28,7 +31,8 @@ pytestmark = pytest.mark.skipif(not KERNEL_OPENCL, reason=f"no OpenCL device amo
 CONFIG = load_config(default_config_path())
 EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read_text()
 CHUNK_KERNELS = {"mamba2_chunk_state", "mamba2_chunk_scan", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
-                 "gated_delta_net_chunk_out"}
+                 "gated_delta_net_chunk_out", "mamba3_chunk_state", "mamba3_chunk_scan"}
+CHUNKED_OPS = ("mamba2", "gated_delta_net", "mamba3")
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
 
@@ -47,9 +51,9 @@ def _emulated(original):
 
 
 def _chunked_cases(dtypes):
-    """The catalog's cases of mamba2 and gated_delta_net at ``dtypes`` (the gpu target chunks them where
-    ``ssm_kernel`` says so or the sequence is long enough)."""
-    return [c for c in catalog.cases() if c.op in ("mamba2", "gated_delta_net") and c.dtype in dtypes]
+    """The catalog's cases of the chunked ops at ``dtypes`` (the gpu target chunks them where ``ssm_kernel``
+    says so or the sequence is long enough)."""
+    return [c for c in catalog.cases() if c.op in CHUNKED_OPS and c.dtype in dtypes]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +72,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
     monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
     config = CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
-        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in ("mamba2", "gated_delta_net")}})
+        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
     ran, failed = set(), []
     for case in _chunked_cases(dtypes):
         thunk = runner.lay_out(case).thunk
@@ -82,5 +86,39 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert ran == {(op, dt, gates) for op, gates in (("mamba2", False), ("gated_delta_net", False),
-                                                     ("gated_delta_net", True)) for dt in dtypes}, ran
+                                                     ("gated_delta_net", True), ("mamba3", False))
+                   for dt in dtypes}, ran
+    assert not failed, "\n".join(failed)
+
+
+CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True)
+VARLEN = dict(batch=1, seq=150, cu_seqlens=[0, 70, 70, 71, 150], num_seqs=4, state_slots=[2, 0, 4, 1], num_slots=5)
+#: mamba3 shapes the catalog's cases leave out, chunked at the gpu target (M3C_Q 64, M3C_PT 16; 128 state columns
+#: per pass of mamba3_chunk_state's variant): state rows past one tile, state columns past one 16-column slice and
+#: past one pass, every field with packed sequences (an empty one, a one-token one) through slots, and a NaN or a
+#: reset (adt of -inf) inside the second chunk of a packed sequence, where the diagonal tiles' select is what keeps
+#: it from the earlier tokens
+MAMBA3_CASES = [
+    Case("mamba3", "bf16", dict(batch=2, seq=100, heads=2, head_dim=70, state_size=40, num_angles=16, d=True, z=True),
+         options={"ssm_kernel": "chunked"}, seed=11),
+    Case("mamba3", "f16", dict(batch=1, seq=130, heads=1, head_dim=18, state_size=144, num_angles=20, **CARRIED),
+         options={"ssm_kernel": "chunked"}, seed=12),
+    Case("mamba3", "bf16", dict(heads=4, head_dim=20, state_size=16, num_angles=5, groups=2, q_bias=True, k_bias=True,
+                                d=True, z=True, **VARLEN, **CARRIED), options={"ssm_kernel": "chunked"}, seed=13),
+] + [Case("mamba3", dtype, dict(heads=2, head_dim=5, state_size=8, num_angles=2, **VARLEN, **CARRIED),
+          options={"ssm_kernel": "chunked"}, poison=field, poison_step=step, poison_value=value, seed=2)
+     for dtype, field, step, value in (("bf16", "k", 100, float("nan")), ("f16", "q", 68, float("nan")),
+                                       ("bf16", "adt", 90, -float("inf")))]
+
+
+def test_mamba3_shapes_past_one_tile_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host):
+    monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=MMA_16BIT))
+    monkeypatch.setattr(programs, "program", _emulated(programs.program))
+    failed = []
+    for case in MAMBA3_CASES:
+        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
+        assert {dict(item.defines).get("RLX_MMA") for item in plan.launches} == {MMA_16BIT}, case.id
+        outcome = runner.check(session, case, CONFIG, host)
+        if outcome.status != "pass":
+            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert not failed, "\n".join(failed)
