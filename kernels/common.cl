@@ -123,7 +123,8 @@ INLINE_FN int mma_product_tile(int k, int lower, int* sj)
 /* A chunk scan's LOCAL tiles of the MMA variant (mamba2_chunk_scan, mamba3_chunk_scan), for chunks of q steps and
  * tiles of pt rows: gm [q][q] f32, the square product (C.B^T, q~.k~^T) and then its diagonal tiles weighted; gmm
  * the operands below the diagonal (TF32: gm itself); ys [q][pt] f32, the output tile; rows, cols [q][16] and st
- * [pt][16], a slice of 16 columns of the square product's two factors and of the entering state. */
+ * [pt][16], a slice of 16 columns of the square product's two factors and of the entering state. A kernel
+ * declares the arrays itself (OpenCL wants LOCAL arrays at kernel scope) and puts them in one of these. */
 typedef struct {
     LOCAL_PTR float* gm;
     LOCAL_PTR float* ys;
@@ -132,19 +133,6 @@ typedef struct {
     LOCAL_PTR mma_t* cols;
     LOCAL_PTR mma_t* st;
 } mma_scan_local;
-
-/* Declares them at kernel scope (OpenCL wants LOCAL arrays there) and `name`, the mma_scan_local of them. */
-#if RLX_MMA == 2 /* TF32 operands are f32: those below the diagonal in place */
-#define MMA_SCAN_LOCAL(name, q, pt)                                                                              \
-    MMA_LOCAL float name##_gm[(q) * (q)], name##_ys[(q) * (pt)];                                                 \
-    MMA_LOCAL mma_t name##_rows[(q) * 16], name##_cols[(q) * 16], name##_st[(pt) * 16];                          \
-    const mma_scan_local name = {name##_gm, name##_ys, name##_gm, name##_rows, name##_cols, name##_st}
-#else
-#define MMA_SCAN_LOCAL(name, q, pt)                                                                              \
-    MMA_LOCAL float name##_gm[(q) * (q)], name##_ys[(q) * (pt)];                                                 \
-    MMA_LOCAL mma_t name##_gmm[(q) * (q)], name##_rows[(q) * 16], name##_cols[(q) * 16], name##_st[(pt) * 16];   \
-    const mma_scan_local name = {name##_gm, name##_ys, name##_gmm, name##_rows, name##_cols, name##_st}
-#endif
 
 /* A warp's two product tiles of a chunk scan (mamba2_chunk_scan's C.B^T and C.S_in^T, mamba3_chunk_scan's
  * q~.k~^T and q~.S_in^T): tiles k = w and w + warps of mma_product_tile (`lower` square tiles, then `states`),

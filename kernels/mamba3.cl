@@ -1231,7 +1231,14 @@ KERNEL mamba3_chunk_scan(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i64 K,
     const m3c_tile tile = m3c_tile_of(io, GROUP(0), R, S, K);
     m3c_stage_barrier(io, tile, lane, 0, cum, rs, wgt, gam, xs);
 #ifdef RLX_MMA
-    MMA_SCAN_LOCAL(at, M3C_Q, M3C_PT);
+    MMA_LOCAL float at_gm[M3C_Q * M3C_Q], at_ys[M3C_Q * M3C_PT];
+    MMA_LOCAL mma_t at_rows[M3C_Q * 16], at_cols[M3C_Q * 16], at_st[M3C_PT * 16];
+#if RLX_MMA == 2 /* TF32 operands are f32: those below the diagonal in place */
+    const mma_scan_local at = {at_gm, at_ys, at_gm, at_rows, at_cols, at_st};
+#else
+    MMA_LOCAL mma_t at_gmm[M3C_Q * M3C_Q];
+    const mma_scan_local at = {at_gm, at_ys, at_gmm, at_rows, at_cols, at_st};
+#endif
     const m3c_decays dc = {cum, rs, wgt, gam};
     m3c_scan_mma_barrier(io, tile, sc, at, dc, xs, lane);
 #else

@@ -947,7 +947,14 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         xs[e] = M2_OP(s < steps && p0 + p < P ? LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p) : (real)0);
     }
 #ifdef RLX_MMA
-    MMA_SCAN_LOCAL(at, M2_Q, M2_PT);
+    MMA_LOCAL float at_gm[M2_Q * M2_Q], at_ys[M2_Q * M2_PT];
+    MMA_LOCAL mma_t at_rows[M2_Q * 16], at_cols[M2_Q * 16], at_st[M2_PT * 16];
+#if RLX_MMA == 2 /* TF32 operands are f32: those below the diagonal in place */
+    const mma_scan_local at = {at_gm, at_ys, at_gm, at_rows, at_cols, at_st};
+#else
+    MMA_LOCAL mma_t at_gmm[M2_Q * M2_Q];
+    const mma_scan_local at = {at_gm, at_ys, at_gmm, at_rows, at_cols, at_st};
+#endif
     const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
     m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
