@@ -2,7 +2,7 @@
 bytes, launches, the H200 floor and the time at 50% of peak beside the anchors' published times. On paper: it
 reads the launch plans and each kernel's declared cost (``rlx_gpu/launches/*_cost.py``); no GPU is needed.
 
-    python tools/roofline.py [--dtype bf16] [--shape NAME ...] [--as-if-mma]
+    python tools/roofline.py [--dtype bf16] [--shape NAME ...] [--tensor-cores 16bit|tf32|none]
 """
 from __future__ import annotations
 

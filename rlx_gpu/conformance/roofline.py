@@ -22,7 +22,7 @@ from .. import launches
 from ..launches import Launch
 from ..launches.cost import Cost, launch_cost
 from ..launches.limits import REFERENCE_GPU
-from ..launches.mma import MMA_16BIT
+from ..launches.mma import MMA_16BIT, MMA_TF32
 from .cases import GPU_SHAPES, lay_out
 
 #: H200 SXM peaks (NVIDIA H200 Tensor Core GPU datasheet, 2024: FP32 67 TFLOPS, FP64 34, TF32 Tensor Core
@@ -34,7 +34,7 @@ H200_BANDWIDTH = 4.8e12
 EFFICIENCY = 0.5
 UNIT_TITLES = {"fma": "FMA", "fp64": "FP64", "mma16": "MMA 16-bit", "tf32": "MMA TF32"}
 #: RLX_MMA's values (issue 38): the unit a launch's GEMM-shaped FLOPs run on
-MMA_UNITS = {1: "mma16", 2: "tf32"}
+MMA_UNITS = {MMA_16BIT: "mma16", MMA_TF32: "tf32"}
 #: the kernels the CUDA backend hands to cuBLAS (backends/cublas_calls.py) and the unit cuBLAS runs them on by
 #: dtype: 16-bit inputs on the tensor cores (f32 accumulation); f32 in FP32 (TF32 only with RLX_CUDA_TF32=1),
 #: f64 in FP64 (the FMA units of the model)
