@@ -281,7 +281,14 @@ class KernelSession:
 
     def launch(self, thunk: Thunk, arena: DeviceArena, **options: Any) -> None:
         """Run one thunk on ``arena`` in place (``options``: those of ``RunOptions``); as ``host_fallback.execute``,
-        an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything runs."""
+        an integer tensor outside ABI.md §8's rules raises ``runtime_data.DataError`` before anything runs, and a
+        thunk this device's kernels do not take (which placement would have sent to the host) ``DeviceError``
+        naming the reason."""
+        reason = self.unsupported(thunk)
+        if reason is not None:
+            index = getattr(thunk, "index", None)
+            which = f"thunk {index} ({thunk['op']})" if index is not None else f"a {thunk['op']} thunk"
+            raise DeviceError(f"{which} cannot run on {self.info.spec}: {reason}")
         with self.lock:
             runtime_data.check(thunk, lambda r: self.read(arena, r.offset, r.nbytes).view("<i4"))
             self.runner(thunk, RunOptions.build(**options))(arena)
