@@ -436,7 +436,7 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
 #define GDN_LOG_FLOOR (-104.2789f)
 #ifdef RLX_MMA
 #define GDN_QP GDN_Q /* chunk_prep's M and T take accumulator tiles (TF32: are operands) where they lie */
-#define GDN_AS (16 * GDN_Q / GDN_LANES) /* f32 Gram entries per lane: row t = lane % GDN_Q, columns of its diagonal tile */
+#define GDN_AS (16 * GDN_Q / GDN_LANES) /* f32 Gram entries per lane: row t = lane % GDN_Q, in its diagonal tile */
 #else
 #define GDN_QP (GDN_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
 #define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
