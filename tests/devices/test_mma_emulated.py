@@ -56,6 +56,12 @@ def _emulated(original):
     return program
 
 
+def _config(bounds):
+    """The test configuration, its f32 bounds of the chunked ops those of dtype ``bounds`` (None: as they are)."""
+    return CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
+        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
+
+
 def _chunked_cases(dtypes):
     """The catalog's cases of the chunked ops at ``dtypes`` (the gpu target chunks them where ``ssm_kernel``
     says so or the sequence is long enough)."""
@@ -77,8 +83,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
     dtypes, bounds = VARIANTS[variant]
     monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
-    config = CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
-        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
+    config = _config(bounds)
     ran, failed = set(), []
     for case in _chunked_cases(dtypes):
         thunk = runner.lay_out(case).thunk
@@ -158,23 +163,27 @@ def _dst(session, case: Case) -> np.ndarray:
     return laid.view(device.run(schedule_of(dict(laid.thunk), laid.arena.size), laid.arena), "dst")
 
 
-def test_gdn_per_channel_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host):
-    """The variant's per-channel Gram (tiles below the diagonal from decay-split operands rounded to 16 bits) against
-    the float64 reference, and its output against the portable FMA kernels' within the dtype's bound."""
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_gdn_per_channel_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """The variant's per-channel Gram (tiles below the diagonal from decay-split operands rounded to the operand
+    type) against the float64 reference, and its output against the portable FMA kernels' within the bound; TF32
+    runs the cases in f32 against the bf16 bounds."""
+    dtypes, bounds = VARIANTS[variant]
+    config = _config(bounds)
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
     failed = []
-    for case in GDN_CASES:
+    for case in GDN_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0]) for c in GDN_CASES]:
         monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
         fma = _dst(session, case)
-        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=MMA_16BIT))
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
         plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
         assert {dict(item.defines).get("RLX_MMA") for item in plan.launches if item.kernel in CHUNK_KERNELS} \
-            == {MMA_16BIT}, case.id
-        outcome = runner.check(session, case, CONFIG, host)
+            == {variant}, case.id
+        outcome = runner.check(session, case, config, host)
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
         mma = _dst(session, case)
-        bound = CONFIG.tolerance(case.op, case.dtype)
+        bound = config.tolerance(case.op, case.dtype)
         if non_finite_mismatch(mma, fma) is not None or not nmse(mma, fma) <= bound:
             failed.append(f"{case.id}: vs the FMA kernels, NMSE {nmse(mma, fma):.3g} (bound {bound:.3g}), "
                           f"non-finite {non_finite_mismatch(mma, fma)}")
