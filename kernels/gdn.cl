@@ -436,12 +436,13 @@ KERNEL gated_delta_net_lanes(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, int carr
 #define GDN_LOG_FLOOR (-104.2789f)
 #ifdef RLX_MMA
 #define GDN_QP GDN_Q /* chunk_prep's M and T take accumulator tiles (TF32: are operands) where they lie */
+#define GDN_AS (16 * GDN_Q / GDN_LANES) /* f32 Gram entries per lane: row t = lane % GDN_Q, in its diagonal tile */
 #else
 #define GDN_QP (GDN_Q + 1) /* LOCAL row strides padded by one so that a column walk spreads over banks */
+#define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
 #endif
 #define GDN_NTP (GDN_NT + 1)
 #define GDN_OTP (GDN_OT + 1)
-#define GDN_AS (GDN_Q * GDN_Q / GDN_LANES) /* Gram entries per lane: row t = lane % GDN_Q, GDN_AS columns */
 #define GDN_TS (GDN_LANES / GDN_OT)        /* output rows apart for one lane of chunk_out */
 #define GDN_OY (GDN_Q / GDN_TS)            /* outputs per lane of chunk_out */
 
@@ -503,6 +504,60 @@ INLINE_FN gdn_chunk_slot gdn_chunk_slot_of(i64 bhc, i64 R, i64 S, i64 H, i64 HV,
     out.kh = out.vh / (HV / H);
     out.steps = gdn_chunk(bhc - out.vh * NC, R, S, cu, &out.t0);
     return out;
+}
+
+/* chunk_prep's Gram products in f32 (the portable path's every entry; the MMA variant's diagonal tiles with
+ * per-channel gates): key channels i0 .. i0+GDN_NT of the chunk's steps staged in LOCAL, rows GDN_NTP apart,
+ * k and q scaled by their norms, and with per-channel gates the cumulative log-decays G; zero past the steps
+ * and past K. Step s's key row at k + (key0 + s*H) * K (and q's). */
+INLINE_FN void gdn_stage_gram_slice(LOCAL_PTR real* kt, LOCAL_PTR real* qt, LOCAL_PTR real* gt, GLOBAL const store_t* q,
+                                    GLOBAL const store_t* k, GLOBAL const real* gam, i64 key0, i64 H, i64 K, i64 i0,
+                                    LOCAL_PTR const real* rqs, LOCAL_PTR const real* rks, int per_channel, int steps,
+                                    int lane)
+{
+    for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
+        const int s = e / GDN_NT, ii = e - s * GDN_NT;
+        const int in = s < steps && i0 + ii < K;
+        const i64 at = (key0 + s * H) * K + i0 + ii;
+        kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
+        qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
+        gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
+    }
+}
+
+/* Row tg's Gram entries at columns s0 .. s0+GDN_AS-1 (those s <= tg) over the staged channels: a[j] += k[tg] . D k[s],
+ * p[j] += q[tg] . D k[s], with D = exp(G[tg] - G[s]) per channel (per-channel gates; one gate per head: 1 here,
+ * its decay taken in gdn_gram_fma_store) */
+INLINE_FN void gdn_gram_fma_slice(real* a, real* p, LOCAL_PTR const real* kt, LOCAL_PTR const real* qt,
+                                  LOCAL_PTR const real* gt, int tg, int s0, int per_channel)
+{
+    for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
+        const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
+        PRAGMA_UNROLL
+        for (int j = 0; j < GDN_AS; ++j)
+            if (s0 + j <= tg) {
+                const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
+                                            : kt[(s0 + j) * GDN_NTP + ii];
+                a[j] += kv * ks;
+                p[j] += qv * ks;
+            }
+    }
+}
+
+/* Row tg's summed entries at s0.. (s <= tg < steps): P to scratch, M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for
+ * s < t into LOCAL; one gate per head takes its decay exp(G[t] - G[s]) here */
+INLINE_FN void gdn_gram_fma_store(GLOBAL real* pm, LOCAL_PTR real* m, const real* a, const real* p,
+                                  LOCAL_PTR const real* bs, GLOBAL const real* gam, int tg, int s0, int per_channel,
+                                  int steps)
+{
+    PRAGMA_UNROLL
+    for (int j = 0; j < GDN_AS; ++j)
+        if (s0 + j <= tg && tg < steps) {
+            const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
+            pm[tg * GDN_Q + s0 + j] = d * p[j];
+            if (s0 + j < tg)
+                m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
+        }
 }
 
 #ifdef RLX_MMA
@@ -611,14 +666,91 @@ INLINE_FN void gdn_gram_mma_barrier(LOCAL_PTR real* m, GLOBAL real* pm, LOCAL_PT
         }
     }
 }
+
+#define GDN_OFF ((GDN_Q / 16) * (GDN_Q / 16 - 1) / 2) /* tiles below the diagonal of a chunk's Gram */
+#if GDN_OFF > GDN_LANES / 32 || 2 * GDN_Q * 16 + GDN_OFF * 256 > GDN_Q * GDN_Q || GDN_LANES % GDN_Q != 0
+#error "the per-channel MMA Gram of gated_delta_net_chunk_prep: a tile below the diagonal per warp, its operands in Q*Q"
+#endif
+/* One slice's operands of the per-channel Gram tiles below the diagonal, from the f32 slice in kt, qt, gt: row t
+ * of ka (beta[t] k[t]) and qa (q[t]) weighed by exp(G[t] - G[m]), m the first step of t's 16-row block; in kb,
+ * per tile w = (ti, sj) below the diagonal, row s of k weighed by exp(G[16 ti] - G[s]). Rows past the steps, and
+ * the tiles whose row block starts past them, are zero (no difference with an unstaged G is taken). */
+INLINE_FN void gdn_gram_channel_operands(LOCAL_PTR mma_t* ka, LOCAL_PTR mma_t* qa, LOCAL_PTR mma_t* kb,
+                                         LOCAL_PTR const real* kt, LOCAL_PTR const real* qt, LOCAL_PTR const real* gt,
+                                         LOCAL_PTR const real* bs, int steps, int lane)
+{
+    for (int e = lane; e < GDN_Q * 16; e += GDN_LANES) {
+        const int t = e / 16, ii = e - t * 16, from = t / 16 * 16;
+        const real d = t < steps ? rlx_exp(gt[t * GDN_NTP + ii] - gt[from * GDN_NTP + ii]) : (real)0;
+        ka[e] = TO_MMA(t < steps ? bs[t] * kt[t * GDN_NTP + ii] * d : (real)0);
+        qa[e] = TO_MMA(qt[t * GDN_NTP + ii] * d);
+    }
+    for (int e = lane; e < GDN_OFF * 256; e += GDN_LANES) {
+        const int w = e / 256, r = (e - w * 256) / 16, ii = e - w * 256 - r * 16;
+        int sj = 0;
+        const int from = (mma_lower_tile(w, &sj) + 1) * 16, s = sj * 16 + r;
+        kb[e] = TO_MMA(from < steps ? kt[s * GDN_NTP + ii] * rlx_exp(gt[from * GDN_NTP + ii] - gt[s * GDN_NTP + ii])
+                                    : (real)0);
+    }
+}
+
+/* Per-channel gates: D[t][s] = diag_i exp(G[t][i] - G[s][i]) varies with the key channel, so the Gram products are
+ * tile products only once the decay is split. A tile below the diagonal (rows from step m = 16 ti, columns s < m)
+ * splits it at m: k[t] . D[t][s] k[s] = sum_i (k[t][i] exp(G[t][i] - G[m][i])) (k[s][i] exp(G[m][i] - G[s][i])),
+ * both exponents <= 0 where the log-decays are (G falls step by step), so neither weighed operand overflows. Per
+ * slice of 16 channels, staged in f32 (kt, qt, gt), warp w < GDN_OFF sums tile w of M (beta folded into its rows)
+ * and of P on the tensor cores from the operands in ops (ka, qa, kb: 2 Q x 16 + GDN_OFF tiles); the diagonal
+ * tiles stay f32 FMA over s <= t (GDN_AS columns of one row per lane), as the portable path sums them. Entries
+ * above the diagonal are not written. */
+INLINE_FN void gdn_gram_channel_mma_barrier(LOCAL_PTR real* m, GLOBAL real* pm, LOCAL_PTR mma_t* ops,
+                                            LOCAL_PTR real* kt, LOCAL_PTR real* qt, LOCAL_PTR real* gt,
+                                            GLOBAL const store_t* q, GLOBAL const store_t* k, GLOBAL const real* gam,
+                                            i64 key0, i64 H, i64 K, LOCAL_PTR const real* rqs,
+                                            LOCAL_PTR const real* rks, LOCAL_PTR const real* bs, int steps, int lane)
+{
+    LOCAL_PTR mma_t* const ka = ops;
+    LOCAL_PTR mma_t* const qa = ops + GDN_Q * 16;
+    LOCAL_PTR mma_t* const kb = ops + 2 * GDN_Q * 16;
+    const int w = MMA_WARP(lane), has = w < GDN_OFF;
+    int sj = 0;
+    const int ti = has ? mma_lower_tile(w, &sj) + 1 : 0;
+    const int sh = lane / GDN_Q, tg = lane - sh * GDN_Q, s0 = tg / 16 * 16 + sh * GDN_AS;
+    real a[GDN_AS], p[GDN_AS];
+    PRAGMA_UNROLL
+    for (int j = 0; j < GDN_AS; ++j)
+        a[j] = p[j] = (real)0;
+    mma_acc ma, mp;
+    mma_zero(&ma);
+    mma_zero(&mp);
+    for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += 16) {
+        BARRIER(); /* G, beta and the norms are written (first slice), or the previous slice's readers are done */
+        gdn_stage_gram_slice(kt, qt, gt, q, k, gam, key0, H, K, i0, rqs, rks, 1, steps, lane);
+        BARRIER();
+        gdn_gram_fma_slice(a, p, kt, qt, gt, tg, s0, 1);
+        gdn_gram_channel_operands(ka, qa, kb, kt, qt, gt, bs, steps, lane);
+        BARRIER();
+        if (has) {
+            mma_tile(&ma, MMA_ROW, ka + ti * 256, 16, MMA_COL, kb + w * 256, 16);
+            mma_tile(&mp, MMA_ROW, qa + ti * 256, 16, MMA_COL, kb + w * 256, 16);
+        }
+    }
+    BARRIER(); /* every tile is summed: ops may be m itself (TF32) */
+    if (has) {
+        mma_store(m + ti * 16 * GDN_QP + sj * 16, &ma, GDN_QP);
+        mma_store_global(pm + ti * 16 * GDN_Q + sj * 16, &mp, GDN_Q);
+    }
+    gdn_gram_fma_store(pm, m, a, p, bs, gam, tg, s0, 1, steps);
+}
 #endif
 
-KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC, int per_channel, int qk_norm,
-                                  int varlen, GLOBAL uchar* cb, i64 co,
-                                  GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
-                                  GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* nb, i64 no,
-                                  GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po, GLOBAL uchar* wb, i64 wo,
-                                  GLOBAL uchar* ub, i64 uo)
+/* bounded to two groups per SM (128 registers): the MMA variant's per-channel Gram would take a few more */
+KERNEL_BOUNDED(GDN_LANES, 2) gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NC,
+                                                        int per_channel, int qk_norm, int varlen, GLOBAL uchar* cb,
+                                                        i64 co, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko,
+                                                        GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
+                                                        GLOBAL uchar* beb, i64 beo, GLOBAL uchar* nb, i64 no,
+                                                        GLOBAL uchar* gmb, i64 gmo, GLOBAL uchar* pb, i64 po,
+                                                        GLOBAL uchar* wb, i64 wo, GLOBAL uchar* ub, i64 uo)
 {
     LOCAL real kt[GDN_Q * GDN_NTP], qt[GDN_Q * GDN_NTP], gt[GDN_Q * GDN_NTP], bs[GDN_Q];
     LOCAL real rqs[GDN_Q], rks[GDN_Q];
@@ -629,9 +761,11 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
 #if RLX_MMA == 2
     LOCAL_PTR const mma_t* const tl = m;
     LOCAL_PTR mma_t* const gram_qs = yl; /* the Gram's q slices: yl is free until W and U0 (f32 operands) */
+    LOCAL_PTR mma_t* const gram_ops = m; /* the per-channel Gram's operands: m is free until its tiles are stored */
 #else
     MMA_LOCAL mma_t tl[GDN_Q * GDN_Q];
     LOCAL_PTR mma_t* const gram_qs = tl; /* the Gram's q slices: tl is free until T's tiles are staged */
+    LOCAL_PTR mma_t* const gram_ops = tl; /* the per-channel Gram's operands, as gram_qs */
 #endif
 #else
     LOCAL real m[GDN_Q * GDN_QP];
@@ -669,10 +803,12 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
         rks[lane] = GDN_V2 && qk_norm ? nrm[2 * ((t0 + lane) * H + kh) + 1] : (real)1;
     }
 #ifdef RLX_MMA
-    if (!per_channel) /* one gate per head: the Gram products are GEMMs (per channel, D[t][s] varies with i) */
+    if (!per_channel) /* one gate per head: the Gram products are GEMMs, decayed after */
         gdn_gram_mma_barrier(m, pm, xs, gram_qs, q, k, t0 * H + kh, H, K, rqs, rks, bs, gam, steps, lane);
     else
-#endif
+        gdn_gram_channel_mma_barrier(m, pm, gram_ops, kt, qt, gt, q, k, gam, t0 * H + kh, H, K, rqs, rks, bs, steps,
+                                     lane);
+#else
     {
         /* this lane's Gram entries: row tg, columns s0 .. s0+GDN_AS of k.D.k (a) and q.D.k (p), s <= tg
          * (remainders as x - q*d: a div/rem pair becomes an LLVM `freeze`, which Oclgrind rejects) */
@@ -683,37 +819,13 @@ KERNEL gated_delta_net_chunk_prep(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64
             a[j] = p[j] = (real)0;
         for (i64 i0 = 0; i0 < (steps > 0 ? K : 0); i0 += GDN_NT) {
             BARRIER(); /* G, beta and the norms are written (first tile), or the previous tile's readers are done */
-            for (int e = lane; e < GDN_Q * GDN_NT; e += GDN_LANES) {
-                const int s = e / GDN_NT, ii = e - s * GDN_NT;
-                const int in = s < steps && i0 + ii < K;
-                const i64 at = ((t0 + s) * H + kh) * K + i0 + ii;
-                kt[s * GDN_NTP + ii] = in ? LOAD(k, at) * rks[s] : (real)0;
-                qt[s * GDN_NTP + ii] = in ? LOAD(q, at) * rqs[s] : (real)0;
-                gt[s * GDN_NTP + ii] = in && per_channel ? gam[s * K + i0 + ii] : (real)0;
-            }
+            gdn_stage_gram_slice(kt, qt, gt, q, k, gam, t0 * H + kh, H, K, i0, rqs, rks, per_channel, steps, lane);
             BARRIER();
-            for (int ii = 0; ii < GDN_NT; ++ii) { /* not unrolled: the tile loads would all be hoisted */
-                const real kv = kt[tg * GDN_NTP + ii], qv = qt[tg * GDN_NTP + ii], gv = gt[tg * GDN_NTP + ii];
-                PRAGMA_UNROLL
-                for (int j = 0; j < GDN_AS; ++j)
-                    if (s0 + j <= tg) {
-                        const real ks = per_channel ? kt[(s0 + j) * GDN_NTP + ii] * rlx_exp(gv - gt[(s0 + j) * GDN_NTP + ii])
-                                                    : kt[(s0 + j) * GDN_NTP + ii];
-                        a[j] += kv * ks;
-                        p[j] += qv * ks;
-                    }
-            }
+            gdn_gram_fma_slice(a, p, kt, qt, gt, tg, s0, per_channel);
         }
-        /* P to scratch; M[t][s] = beta[t] (k[t] . D[t][s] k[s]) for s < t into LOCAL */
-        PRAGMA_UNROLL
-        for (int j = 0; j < GDN_AS; ++j)
-            if (s0 + j <= tg && tg < steps) {
-                const real d = per_channel ? (real)1 : rlx_exp(gam[tg] - gam[s0 + j]);
-                pm[tg * GDN_Q + s0 + j] = d * p[j];
-                if (s0 + j < tg)
-                    m[tg * GDN_QP + s0 + j] = bs[tg] * d * a[j];
-            }
+        gdn_gram_fma_store(pm, m, a, p, bs, gam, tg, s0, per_channel, steps);
     }
+#endif
     BARRIER();
     /* T = (I + M)^-1 over M's strict lower triangle, row by row (row t needs rows < t):
      * T[t][l] = -(M[t][l] + sum_{l<s<t} M[t][s] T[s][l]); the unit diagonal stays implicit */

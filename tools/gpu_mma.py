@@ -1,12 +1,15 @@
-"""The tensor-core section of tools/gpu_check.py (issue 38): the chunked mamba2 and gated_delta_net forwards
-with their MMA variants against the portable FP32 FMA path and the anchors, in ``mma.md``.
+"""The tensor-core section of tools/gpu_check.py (issue 38): the chunked mamba2, gated_delta_net and mamba3
+forwards with their MMA variants against the portable FP32 FMA path and the anchors, in ``mma.md``.
 
 Per shape, each event-timed through the CUDA session on a resident arena (``ssm_kernel="chunked"``): ours
 in f32 on FP32 FMA (the portable twin), in bf16 on the tensor cores (``RLX_MMA`` 1), and in f32 with TF32
 operands (``RLX_MMA`` 2, as ``RLX_CUDA_TF32=1`` gives it); the anchor in bf16 where its package is
-installed: mamba_ssm's ``mamba_chunk_scan_combined`` (chunk 64) and fla's ``chunk_gated_delta_rule``. The
-shapes are the ones the issue's anchors publish: mamba_ssm's B8 S4096 H32 P64 N128 and the fla / FlashQLA
-H200 one (one sequence of 32768 tokens, 16 q/k heads, 64 value heads, d = 128). Each MMA result is also
+installed: mamba_ssm's ``mamba_chunk_scan_combined`` (chunk 64), fla's ``chunk_gated_delta_rule`` and
+mamba_ssm's Mamba-3 ``mamba3_siso_combined`` (chunk 64; where this mamba_ssm has none, the row has no anchor and
+ours are held to the FMA run alone). The shapes are the ones the issue's anchors publish: mamba_ssm's B8 S4096
+H32 P64 N128, mamba3 at that shape (num_angles N/4, what the Mamba3 layer's rope_fraction 0.5 gives; q/k biases,
+which the anchor takes always; dt, the decay and the angles in f32 as the anchor computes them) and the fla /
+FlashQLA H200 one (one sequence of 32768 tokens, 16 q/k heads, 64 value heads, d = 128). Each MMA result is also
 compared with the FMA one (NMSE of the output over its power): a variant that computes something else
 fails the row, however fast it is. Speed is reported, not judged.
 """
@@ -29,15 +32,18 @@ def shapes() -> list[tuple[str, dict]]:
     mamba2 = dict(op="mamba2", batch=8, seq=4096, heads=32, head_dim=64, state_size=128)
     gdn = dict(op="gated_delta_net", batch=1, seq=32768, heads=16, value_heads=64, state_size=128, value_size=128,
                carry_state=False)
+    mamba3 = dict(op="mamba3", batch=8, seq=4096, heads=32, head_dim=64, state_size=128, num_angles=32,
+                  q_bias=True, k_bias=True, dt_dtype="f32")
     return [("mamba2 B8 S4096 H32 P64 N128", mamba2),
             ("gdn B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=False)),
-            ("gdn per-channel B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=True))]
+            ("gdn per-channel B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=True)),
+            ("mamba3 B8 S4096 H32 P64 N128 A32", mamba3)]
 
 
 def lay_out(template: dict, dtype: str, seed: int) -> tuple[dict, np.ndarray]:
     """The thunk of ``template`` in ``dtype`` and its arena, inputs drawn as benchmarks/backends.py draws them
-    (decays negative, dt positive; gdn's keys of unit norm, which keep the delta rule stable); one ``seed``
-    draws the same values in every dtype, each rounded to it."""
+    (decays and log-decays negative, dt positive; gdn's keys of unit norm, which keep the delta rule stable);
+    one ``seed`` draws the same values in every dtype, each rounded to it."""
     from host_fallback.abi import regions
     from host_fallback.arena import STORAGE
 
@@ -52,7 +58,7 @@ def lay_out(template: dict, dtype: str, seed: int) -> tuple[dict, np.ndarray]:
         vals = rng.standard_normal(r.shape, dtype=np.float32) * 0.3
         if r.field == "dt":
             vals = np.abs(vals)
-        if r.field in ("a", "g"):
+        if r.field in ("a", "g", "adt"):
             vals = -np.abs(vals)
         if r.field == "k":
             vals = vals / np.linalg.norm(vals, axis=-1, keepdims=True)
@@ -77,17 +83,33 @@ def _ours(session: Any, t: dict, host: np.ndarray, mma: int) -> tuple[float, np.
         session.free(arena)
 
 
+def _mamba3_anchor(cuda: Callable[..., Any]) -> tuple[str, Callable[[], Any]]:
+    """mamba_ssm's Mamba-3 SISO forward on our mamba3 fields (``cuda(field, dtype)``: one on the GPU): q, k, v in
+    bf16; adt, dt and trap, [B,S,H] here, as its [B,H,S], in f32 with the angle rates and the biases. Raises
+    ImportError where this mamba_ssm has no Mamba-3."""
+    import torch
+    from mamba_ssm.ops.triton.mamba3.mamba3_siso_combined import mamba3_siso_combined
+
+    q, k, v = (cuda(f) for f in ("q", "k", "v"))
+    adt, dt, trap = (cuda(f, torch.float32).transpose(1, 2).contiguous() for f in ("adt", "dt", "trap"))
+    angles, q_bias, k_bias = (cuda(f, torch.float32) for f in ("angles", "q_bias", "k_bias"))
+    return "mamba_ssm mamba3_siso_combined", lambda: mamba3_siso_combined(q, k, v, adt, dt, trap, q_bias, k_bias,
+                                                                          angles, chunk_size=64)
+
+
 def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], Any] | None]:
     """(name, a no-argument bf16 call on CUDA) of the op's installed anchor, or ("", None) (per-channel gates:
-    fla's chunk_gated_delta_rule takes one gate per head)."""
+    fla's chunk_gated_delta_rule takes one gate per head; a mamba_ssm without Mamba-3, or none)."""
     import torch
 
     if t.get("gate_per_channel"):
         return "", None
 
-    def cuda(name: str) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(fields[name], np.float32)).cuda().to(torch.bfloat16)
+    def cuda(name: str, dtype: Any = torch.bfloat16) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(fields[name], np.float32)).cuda().to(dtype)
     try:
+        if t["op"] == "mamba3":
+            return _mamba3_anchor(cuda)
         if t["op"] == "mamba2":
             from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 

@@ -2,16 +2,18 @@
 
 The walk, step and lanes kernels run the delta rule step by step: no matrix product. The chunked WY form is
 GEMM-shaped, per (value head, chunk of GDN_Q steps): in ``chunk_prep`` the Gram products K·Kᵀ and Q·Kᵀ (per-head
-gates; with per-channel gates the kernel weighs each key channel by its own decay inside the sum, which is
-not a product of tiles) and T·(βK), T·(βV) (the triangular solve for T itself runs row by row); in the
-state pass W·S0 and the state update (K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U.
+gates; with per-channel gates the portable kernel weighs each key channel by its own decay inside the sum, which
+is not a product of tiles, where the MMA variant splits the decay so that the tiles below the diagonal are) and
+T·(βK), T·(βV) (the triangular solve for T itself runs row by row); in the state pass W·S0 and the state update
+(K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from .core import Launch
-from .cost import Cost, chunk_steps, declare, group_count, real, stored, tuned
+from .cost import Cost, chunk_steps, declare, defined, group_count, real, stored, tuned
+from .mma import MMA_TILE
 
 
 def _tokens(args: Mapping[str, Any], steps: int) -> int:
@@ -79,20 +81,43 @@ def _triangle(chunks: list[int], strict: bool = False) -> int:
     return sum(s * (s - 1) // 2 if strict else s * (s + 1) // 2 for s in chunks)
 
 
+def _diagonal(chunks: list[int]) -> int:
+    """Entries s <= t of the chunks' diagonal MMA tiles (the steps of each chunk only)."""
+    t = MMA_TILE
+    return sum(s // t * (t * (t + 1) // 2) + s % t * (s % t + 1) // 2 for s in chunks)
+
+
+def _gram(launch: Launch, chunks: list[int], k: int, pc: bool) -> tuple[int, int]:
+    """FLOPs of the Gram products K·Kᵀ and Q·Kᵀ over each chunk's GDN_Q x GDN_Q lower triangle (the rows past a
+    partial chunk on zeros) and of storing P and M (the chunk's steps), GEMM-shaped and other. One gate per head:
+    two products on the triangle, each entry decayed as stored. Per-channel gates, portable: every entry sums
+    k_s·exp(G_t - G_s) per channel. Per-channel gates, MMA variant: the tiles below the diagonal are tile products
+    of operands weighed per channel (the rows β k_t and q_t from their block's first step m: a difference, an exp
+    and three products; the tiles' k_s to m: three), the diagonal tiles sum as the portable path does."""
+    q, t = tuned(launch, "GDN_Q"), MMA_TILE
+    triangle = q * (q + 1) // 2
+    if not pc:
+        return len(chunks) * 2 * 2 * k * triangle, 5 * _triangle(chunks)
+    if defined(launch, "RLX_MMA") == 0:
+        return 0, len(chunks) * (2 * 2 + 3) * k * triangle + 3 * _triangle(chunks)
+    below = (q // t) * (q // t - 1) // 2 * t * t
+    weigh = (2 * 2 + 3) * (triangle - below) + 5 * q + 3 * below // t
+    return len(chunks) * 2 * 2 * k * below, len(chunks) * k * weigh + 3 * _diagonal(chunks)
+
+
 @declare("gated_delta_net_chunk_prep")
 def chunk_prep(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (value head, chunk): G, the Gram products over the GDN_Q x GDN_Q lower triangle (the tile's rows
-    past a partial chunk on zeros), P and M, T = (I + M)^-1 row by row, then W = T·(β exp(G) K), U0 = T·(βV)."""
-    hv, k, v, q, pc = args["HV"], args["K"], args["V"], tuned(launch, "GDN_Q"), bool(args["per_channel"])
+    """Per (value head, chunk): G, the Gram products (``_gram``), P and M, T = (I + M)^-1 row by row, then
+    W = T·(β exp(G) K), U0 = T·(βV)."""
+    hv, k, v, pc = args["HV"], args["K"], args["V"], bool(args["per_channel"])
     chunks = _chunks(launch, args)
     steps, gw = sum(chunks), k if pc else 1
-    gram = len(chunks) * 2 * 2 * k * (q * (q + 1) // 2)  # two products (K·Kᵀ, Q·Kᵀ) on the triangle
-    weigh = len(chunks) * 3 * k * (q * (q + 1) // 2) if pc else 0  # k_s·exp(G_t - G_s) per channel inside the sum
+    gram, gram_other = _gram(launch, chunks, k, pc)
     solve = sum(t * (t - 1) for s in chunks for t in range(1, s))
-    other = gw * steps + (3 if pc else 5) * _triangle(chunks) + solve + (3 + args["qk_norm"]) * steps * k + steps * v
+    other = gw * steps + gram_other + solve + (3 + args["qk_norm"]) * steps * k + steps * v
     wy = 2 * _triangle(chunks, strict=True) * (k + v)
-    gemm = hv * (wy + (0 if pc else gram))
-    other = hv * (other + weigh + (gram if pc else 0))
+    gemm = hv * (wy + gram)
+    other = hv * other
     tokens = _tokens(args, args["S"])
     written = hv * (steps * (gw + k + v) + _triangle(chunks)) * real(launch)
     return Cost(gemm=gemm, other=other, read=_inputs(launch, args, tokens, "q", "k", "v", "g", "beta"),

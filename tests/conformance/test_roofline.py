@@ -18,6 +18,7 @@ from rlx_gpu.conformance import reference_conv, reference_mamba3, reference_ssm,
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.launches.cost import Cost, launch_cost
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
+from rlx_gpu.launches.mma import MMA_TF32, MMA_TILE
 
 CPU = DeviceLimits(1024, 1 << 20, True)
 
@@ -297,6 +298,50 @@ def test_the_chunked_gated_delta_net_counts_the_gemm_flops_of_a_counted_wy_loop(
     params = dict(batch=bsz, seq=seq, heads=heads, value_heads=value_heads, state_size=kd, value_size=vd,
                   gate_per_channel=False, carry_state=False)
     assert _plan_cost("gated_delta_net", params, REFERENCE_GPU, ssm_kernel="chunked").gemm == count.gemm
+
+
+def _gdn_channel_gram_counted(rows, k, g, chunk: int, count: Counter) -> np.ndarray:
+    """rows·D·kᵀ of one chunk, s <= t, with per-channel decays D[t][s] = diag exp(G[t] - G[s]) (G = cumsum(g) per
+    key channel), as gated_delta_net_chunk_prep's MMA variant sums it: each tile below the diagonal a product of
+    operands weighed from its row block's first step m (rows[t] exp(G[t] - G[m]), k[s] exp(G[m] - G[s])),
+    counted; the diagonal tiles entry by entry (FMA, not counted). Past a partial chunk the tiles run on zeros."""
+    steps, kd = k.shape
+    rz, kz, gz = np.zeros((chunk, kd)), np.zeros((chunk, kd)), np.zeros((chunk, kd))
+    rz[:steps], kz[:steps], gz[:steps] = rows, k, np.cumsum(g, axis=0)
+    out = np.zeros((chunk, chunk))
+    for m in range(0, chunk, MMA_TILE):
+        block = slice(m, m + MMA_TILE)
+        out[block, :m] = count.gram(rz[block] * np.exp(gz[block] - gz[m]), kz[:m] * np.exp(gz[m] - gz[:m]),
+                                    np.ones((MMA_TILE, m)))
+        for t in range(m, m + MMA_TILE):
+            for s in range(m, t + 1):
+                out[t, s] = np.sum(rz[t] * kz[s] * np.exp(gz[t] - gz[s]))
+    return out[:steps, :steps]
+
+
+def test_the_mma_variant_counts_the_per_channel_gram_tiles_below_the_diagonal_as_gemm_flops():
+    """Per-channel gates: the variant's tile products are the Gram (against an einsum over the channels), and they
+    are what its plan counts as GEMM-shaped beyond the portable plan's W, U and output products."""
+    rng = np.random.default_rng(3)
+    chunk, value_heads, kd = REFERENCE_GPU.tune("GDN_Q"), 2, 20
+    seq = chunk + 20  # a full chunk and a partial one
+    q, k, _, g, _ = _gdn_inputs(rng, 1, seq, 1, 1, kd, 1, True)
+    count = Counter()
+    for _head in range(value_heads):
+        for t0 in range(0, seq, chunk):
+            at = slice(t0, t0 + chunk)
+            big_g = np.cumsum(g[0, at, 0], axis=0)
+            decay = np.exp(big_g[:, None, :] - big_g[None, :, :])
+            for rows in (k, q):  # K·Kᵀ and Q·Kᵀ
+                got = _gdn_channel_gram_counted(rows[0, at, 0], k[0, at, 0], g[0, at, 0], chunk, count)
+                want = np.einsum("ti,si,tsi->ts", rows[0, at, 0], k[0, at, 0], decay)
+                np.testing.assert_allclose(np.tril(got), np.tril(want), rtol=1e-12, atol=1e-12)
+    params = dict(batch=1, seq=seq, heads=1, value_heads=value_heads, state_size=kd, value_size=8,
+                  gate_per_channel=True, carry_state=False)
+    variant = _plan_cost("gated_delta_net", params, dataclasses.replace(REFERENCE_GPU, mma=MMA_TF32),
+                         ssm_kernel="chunked")
+    portable = _plan_cost("gated_delta_net", params, REFERENCE_GPU, ssm_kernel="chunked")
+    assert variant.gemm - portable.gemm == count.gemm > 0
 
 
 def _mamba3_turned(q, k, dt, angles) -> tuple[np.ndarray, np.ndarray]:

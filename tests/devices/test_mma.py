@@ -41,17 +41,23 @@ CHUNKED = {"ssm_kernel": "chunked"}
 
 
 def _thunk(op: str, dtype: str, **extra) -> dict:
-    thunk, _ = cases.lay_out(op, dtype, dict(cases.SMALL[op], seq=64, **extra))
+    thunk, _ = cases.lay_out(op, dtype, {**cases.SMALL[op], "seq": 64, **extra})
     return thunk
 
 
+#: gated_delta_net with per-channel gates past one tile each way: key channels over three 16-channel slices, full
+#: chunks and a partial one, grouped value heads (packed sequences and slots are run-time data the CuPy double's
+#: arena does not hold: tests/devices/test_mma_emulated.py runs them)
+GDN_CHANNEL_WIDE = dict(batch=2, seq=150, heads=2, state_size=40, gate_per_channel=True, carry_state=True,
+                        value_heads=4, value_size=20)
 #: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3
 OPS = (("mamba2", {}), ("gated_delta_net", {"gate_per_channel": False}),
-       ("gated_delta_net", {"gate_per_channel": True}), ("mamba3", {}))
+       ("gated_delta_net", {"gate_per_channel": True}), ("gated_delta_net", GDN_CHANNEL_WIDE), ("mamba3", {}))
+OP_IDS = ["mamba2", "gdn-head", "gdn-channel", "gdn-channel-wide", "mamba3"]
 
 
 # ------------------------------------------------------------------------------------------ planning
-@pytest.mark.parametrize("op, extra", OPS, ids=["mamba2", "gdn-head", "gdn-channel", "mamba3"])
+@pytest.mark.parametrize("op, extra", OPS, ids=OP_IDS)
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
 @pytest.mark.parametrize("lim", [REFERENCE_GPU, ON_CUDA, ON_CUDA_TF32], ids=["no-mma", "mma", "mma-tf32"])
 def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra, dtype, lim):

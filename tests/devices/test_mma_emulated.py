@@ -6,13 +6,15 @@ what no NVRTC build can: the variants' tiling, staging, triangular masks and out
 The same at f32 with TF32 operands (``RLX_MMA`` 2) against the bf16 bounds (TF32 keeps 10 mantissa bits
 to bf16's 7), which f32's own bounds are too tight for by design. And mamba3 at shapes the catalog leaves out
 (state rows and columns past one tile, every field through packed sequences and slots, a NaN or a reset inside a
-chunk). No GPU is involved.
+chunk); gated_delta_net with per-channel gates at such shapes too, each against the float64 reference and against
+the portable FMA kernels run on the same device. No GPU is involved.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 opencl = pytest.importorskip("rlx_gpu.backends.opencl")
@@ -20,9 +22,13 @@ from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.backends import programs  # noqa: E402
 from rlx_gpu.conformance import catalog, runner  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
+from rlx_gpu.conformance.cases import schedule_of  # noqa: E402
+from rlx_gpu.conformance.compare import nmse, non_finite_mismatch  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.launches.mma import MMA_16BIT, MMA_TF32  # noqa: E402
 from rlx_gpu.runtime.config import default_config_path, load_config  # noqa: E402
+from rlx_gpu.runtime.executor import Device  # noqa: E402
+from rlx_gpu.runtime.options import RunOptions  # noqa: E402
 from rlx_gpu.runtime.registry import open_session, status  # noqa: E402
 from support.conformance_devices import KERNEL_OPENCL, SPECS  # noqa: E402
 
@@ -50,6 +56,12 @@ def _emulated(original):
     return program
 
 
+def _config(bounds):
+    """The test configuration, its f32 bounds of the chunked ops those of dtype ``bounds`` (None: as they are)."""
+    return CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
+        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
+
+
 def _chunked_cases(dtypes):
     """The catalog's cases of the chunked ops at ``dtypes`` (the gpu target chunks them where ``ssm_kernel``
     says so or the sequence is long enough)."""
@@ -71,8 +83,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
     dtypes, bounds = VARIANTS[variant]
     monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
-    config = CONFIG if bounds is None else dataclasses.replace(CONFIG, tolerances={
-        **CONFIG.tolerances, **{op: {"f32": CONFIG.tolerance(op, bounds)} for op in CHUNKED_OPS}})
+    config = _config(bounds)
     ran, failed = set(), []
     for case in _chunked_cases(dtypes):
         thunk = runner.lay_out(case).thunk
@@ -121,4 +132,59 @@ def test_mamba3_shapes_past_one_tile_pass_with_the_tensor_core_words_emulated(mo
         outcome = runner.check(session, case, CONFIG, host)
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
+    assert not failed, "\n".join(failed)
+
+
+CHUNKED = {"ssm_kernel": "chunked"}
+#: gated_delta_net with per-channel gates, chunked at the gpu target (GDN_Q 64: four 16-step blocks a chunk, whose
+#: Gram tiles below the diagonal chunk_prep's variant takes as tile products of decay-weighed operands): key
+#: channels past two 16-channel slices and not a multiple of 16, a partial last chunk, packed sequences (an empty
+#: one, a one-token one) through slots with grouped value heads and q/k norms, and a NaN in k or g, or a reset
+#: (g of -inf), inside the second chunk, where only the diagonal tiles' f32 sums over s <= t keep it from the
+#: earlier tokens of its block
+GDN_CASES = [
+    Case("gated_delta_net", "bf16", dict(batch=2, seq=130, heads=2, state_size=40, gate_per_channel=True,
+                                         carry_state=True), options=CHUNKED, seed=21),
+    Case("gated_delta_net", "f16", dict(batch=1, seq=150, heads=2, state_size=24, gate_per_channel=True,
+                                        carry_state=True, value_heads=4, value_size=20, scale=0.3, qk_l2norm=True,
+                                        cu_seqlens=[0, 70, 70, 71, 150], state_slots=[2, 0, 4, 1], num_slots=5),
+         options=CHUNKED, seed=22),
+] + [Case("gated_delta_net", dtype, dict(batch=1, seq=140, heads=1, state_size=20, gate_per_channel=True,
+                                         carry_state=True), options=CHUNKED, poison=field, poison_step=step,
+          poison_value=value, seed=23)
+     for dtype, field, step, value in (("bf16", "k", 100, float("nan")), ("f16", "g", 90, float("nan")),
+                                       ("bf16", "g", 83, -float("inf")))]
+
+
+def _dst(session, case: Case) -> np.ndarray:
+    """``case``'s output run on ``session`` as planned for its limits, as float64."""
+    laid = runner.lay_out(case)
+    device = Device(session, CONFIG, RunOptions.build(CONFIG, **case.options))
+    return laid.view(device.run(schedule_of(dict(laid.thunk), laid.arena.size), laid.arena), "dst")
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_gdn_per_channel_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """The variant's per-channel Gram (tiles below the diagonal from decay-split operands rounded to the operand
+    type) against the float64 reference, and its output against the portable FMA kernels' within the bound; TF32
+    runs the cases in f32 against the bf16 bounds."""
+    dtypes, bounds = VARIANTS[variant]
+    config = _config(bounds)
+    monkeypatch.setattr(programs, "program", _emulated(programs.program))
+    failed = []
+    for case in GDN_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0]) for c in GDN_CASES]:
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
+        fma = _dst(session, case)
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
+        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
+        assert {dict(item.defines).get("RLX_MMA") for item in plan.launches if item.kernel in CHUNK_KERNELS} \
+            == {variant}, case.id
+        outcome = runner.check(session, case, config, host)
+        if outcome.status != "pass":
+            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
+        mma = _dst(session, case)
+        bound = config.tolerance(case.op, case.dtype)
+        if non_finite_mismatch(mma, fma) is not None or not nmse(mma, fma) <= bound:
+            failed.append(f"{case.id}: vs the FMA kernels, NMSE {nmse(mma, fma):.3g} (bound {bound:.3g}), "
+                          f"non-finite {non_finite_mismatch(mma, fma)}")
     assert not failed, "\n".join(failed)

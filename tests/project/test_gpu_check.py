@@ -197,7 +197,8 @@ def test_the_mma_section_plans_its_shapes_on_the_tensor_cores_and_draws_one_inpu
     from rlx_gpu import launches
     from rlx_gpu.launches.limits import REFERENCE_GPU
 
-    chunk = {"mamba2_chunk_scan", "gated_delta_net_chunk_out"}
+    chunk = {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan"}
+    assert {template["op"] for _, template in gpu_mma.shapes()} == {"mamba2", "gated_delta_net", "mamba3"}
     for _, template in gpu_mma.shapes():
         params = {k: v for k, v in template.items() if k != "op"}
         for dtype, mma in gpu_mma.RUNS_OF:
@@ -212,6 +213,12 @@ def test_the_mma_section_plans_its_shapes_on_the_tensor_cores_and_draws_one_inpu
         assert np.array_equal(x32.astype(ml_dtypes.bfloat16), gpu_bench._fields(t16, a16)[field]), field
     assert (gpu_bench._fields(t32, a32)["g"] < 0).all()
     assert np.allclose(np.linalg.norm(gpu_bench._fields(t32, a32)["k"], axis=-1), 1, atol=1e-6)
+    mamba3 = dict(next(t for _, t in gpu_mma.shapes() if t["op"] == "mamba3"), batch=1, seq=70, heads=2)
+    (m32, b32), (m16, b16) = (gpu_mma.lay_out(mamba3, dt, 4) for dt in ("f32", "bf16"))
+    f32, f16 = gpu_bench._fields(m32, b32), gpu_bench._fields(m16, b16)
+    assert all(np.array_equal(f32[f].astype(ml_dtypes.bfloat16), f16[f]) for f in ("q", "v", "q_bias"))
+    assert all(np.array_equal(f32[f], f16[f]) for f in ("adt", "dt", "angles"))  # f32 beside bf16
+    assert (f32["adt"] < 0).all() and (f32["dt"] > 0).all()
 
 
 def test_the_mma_section_runs_through_the_cupy_double(tmp_path, monkeypatch):
@@ -224,9 +231,9 @@ def test_the_mma_section_runs_through_the_cupy_double(tmp_path, monkeypatch):
     gpu_check = _script()
     import gpu_mma
 
-    small = [(label, dict(template, seq=70, **({"batch": 1, "heads": 2} if template["op"] == "mamba2" else
-                                               {"heads": 2, "value_heads": 4})))
-             for label, template in gpu_mma.shapes()]
+    fewer = {"mamba2": {"batch": 1, "heads": 2}, "gated_delta_net": {"heads": 2, "value_heads": 4},
+             "mamba3": {"batch": 1, "heads": 2, "head_dim": 16, "state_size": 32, "num_angles": 8}}
+    small = [(label, dict(template, seq=70, **fewer[template["op"]])) for label, template in gpu_mma.shapes()]
     monkeypatch.setattr(gpu_mma, "shapes", lambda: small)
     monkeypatch.setattr(gpu_mma, "events_ms", lambda stream, fn, runs: (fn(), 1.0)[1])
     monkeypatch.setenv("RLX_TARGET", "gpu")
@@ -235,4 +242,4 @@ def test_the_mma_section_runs_through_the_cupy_double(tmp_path, monkeypatch):
         gpu_mma.benchmarks(ck, {})
     assert [(r.section, r.status) for r in ck.rows] == [("mma", "ok")] * len(small), ck.rows
     assert len((tmp_path / "mma.md").read_text().splitlines()) == 2 + len(small)
-    assert {"mamba2_chunk_scan", "gated_delta_net_chunk_out"} <= {r.kernel for r in machine.launches}
+    assert {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan"} <= {r.kernel for r in machine.launches}
