@@ -1,0 +1,309 @@
+/* The chunked backward of mamba2 (ABI.md §9 over §4's mamba2 and its §8 fields) at the gpu target: the SSD
+ * form of the forward (kernels/ssm.cl's mamba2_chunk_*) in reverse, chunks of M2_Q steps, for batch rows
+ * (packed sequences keep kernels/ssm_backward.cl's step walk), whose ssm_backward_reduce sums the partials
+ * written here. kernels/ssm_fields.cl precedes this text.
+ *
+ * Per (row, head) the forward is S_t = exp(l_t) S_{t-1} + u_t (x) b_t, y_t = S_t c_t, with l = dt*a and
+ * u = dt*x, then out = (y + d*x) * silu(z); gy = d_dst * silu(z) is the gradient of y. In a chunk, with
+ * L_i = sum_{s<=i} l_s from its start, S_in the state entering it and D the gradient of the one leaving it:
+ *   A[i][j] = exp(L_i - L_j) (c_i . b_j),   B[i][j] = exp(L_i - L_j) (gy_i . u_j)   for j <= i, else 0,
+ *   du_j = sum_{i>=j} A[i][j] gy_i + exp(L_last - L_j) D b_j,
+ *   db_j = sum_{i>=j} B[i][j] c_i + exp(L_last - L_j) D^T u_j,
+ *   dc_i = sum_{j<=i} B[i][j] b_j + exp(L_i) S_in^T gy_i,
+ *   dL_i = gy_i . y_i - u_i . du_i (plus <D, S_leaving> at the chunk's last step), dl_j = sum_{i>=j} dL_i,
+ * and the gradient of the state entering chunk k is exp(L_last) D + sum_i exp(L_i) gy_i (x) c_i.
+ * Launches (launches/mamba2_backward.py): the forward's own mamba2_chunk_state (each chunk's state from zero
+ * and its decay), then
+ *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i;
+ *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
+ *                           the gradients of those leaving each (backward), d_state;
+ *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL) and every token's gradients.
+ * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
+ * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
+ * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
+#if defined(RLX_TARGET_GPU) && !defined(RLX_NEED_FP64) /* f64: the step walk (LOCAL scores past 48 KiB) */
+
+/* Chunk slot `slot` (head * K + chunk of the head's K): its head, row, chunk of the row, first token, steps. */
+typedef struct {
+    i64 slot, head, row, chunk, first;
+    int steps;
+} m2b_chunk;
+
+INLINE_FN m2b_chunk m2b_chunk_of(i64 slot, i64 K, i64 S)
+{
+    const i64 chunks = (S + M2_Q - 1) / M2_Q;
+    m2b_chunk out;
+    out.slot = slot;
+    out.head = slot / K;
+    const i64 k = slot - out.head * K;
+    out.row = k / chunks;
+    out.chunk = k - out.row * chunks;
+    out.first = out.row * S + out.chunk * M2_Q;
+    out.steps = (int)(S - out.chunk * M2_Q < M2_Q ? S - out.chunk * M2_Q : M2_Q);
+    return out;
+}
+
+/* The chunk's decays in LOCAL, lane i for step i: dts[i] (§8's dt), grow[i] = exp(L_i) and fade[i] =
+ * exp(L_last - L_i), Ls[i] = L_i (lane 0 sums in step order, as mamba2_chunk_state does). Every lane of the
+ * work-group calls it: it meets three barriers. */
+INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* dts, LOCAL_PTR real* Ls, LOCAL_PTR real* grow, LOCAL_PTR real* fade,
+                                  int lane, m2b_chunk ch, GLOBAL const store_t* dt, i64 HD, real a, real bias, real lo,
+                                  real hi)
+{
+    if (lane < ch.steps)
+        dts[lane] = ssm_delta(LOAD(dt, (ch.first + lane) * HD + ch.head), bias, lo, hi);
+    BARRIER();
+    if (lane == 0) {
+        real acc = (real)0;
+        for (int i = 0; i < ch.steps; ++i) {
+            acc += dts[i] * a;
+            Ls[i] = acc;
+        }
+    }
+    BARRIER();
+    if (lane < ch.steps) {
+        grow[lane] = rlx_exp(Ls[lane]);
+        fade[lane] = rlx_exp(Ls[ch.steps - 1] - Ls[lane]);
+    }
+    BARRIER();
+}
+
+/* One work-group (M2_Q lanes) per chunk slot: gy of the chunk's tokens ([T][HD][P] in scratch), then the
+ * chunk's share of the gradient of the state entering it, sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot). */
+KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
+                              GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* cb, i64 co,
+                              GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
+                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, real lo, real hi)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q];
+    const int lane = (int)LID(0);
+    const m2b_chunk ch = m2b_chunk_of(GROUP(0), K, S);
+    const i64 hh = ch.head, grp = hh / (HD / G);
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    m2b_decays_barrier(dts, Ls, grow, fade, lane, ch, AT(store_t, dtb, dto), HD, a, bias, lo, hi);
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    GLOBAL real* gy = AT(real, gyb, gyo) + (ch.first * HD + hh) * P; /* step i's at i * HD * P */
+    for (i64 e = lane; e < ch.steps * P; e += M2_Q) {
+        const i64 i = e / P, at = (ch.first + i) * HD * P + hh * P + e - i * P;
+        gy[i * HD * P + e - i * P] = SSM_Z ? LOAD(g, at) * ssm_silu(ssm_z(AT(store_t, zb, zo), at)) : LOAD(g, at);
+    }
+    BARRIER(); /* the group's gy written */
+    GLOBAL const store_t* c = AT(store_t, cb, co) + (ch.first * G + grp) * N; /* step i's at i * G * N */
+    GLOBAL real* own = AT(real, ddb, ddo) + ch.slot * P * N;
+    for (i64 e = lane; e < P * N; e += M2_Q) {
+        const i64 p = e / N, n = e - p * N;
+        real acc = (real)0;
+        for (int i = 0; i < ch.steps; ++i)
+            acc += grow[i] * gy[i * HD * P + p] * LOAD(c, i * G * N + n);
+        own[e] = acc;
+    }
+}
+
+/* One work-item per state element of one (row, head): in chunk order, each chunk's own state (from
+ * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb; then in
+ * reverse each chunk's own share (in ddb) becomes the gradient of the state leaving it, from d_state's entry
+ * (SSM_CARRY; else zero), which is rewritten as the initial state's gradient. */
+KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
+                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* dstb, i64 dsto,
+                            GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* ddb, i64 ddo,
+                            GLOBAL uchar* fb, i64 fo)
+{
+    const i64 e = GID(0), pn = P * N;
+    if (e >= R * HD * pn)
+        return;
+    const i64 rh = e / pn, el = e - rh * pn, r = rh / HD, hh = rh - r * HD;
+    const i64 chunks = (S + M2_Q - 1) / M2_Q, k0 = hh * K + r * chunks;
+    GLOBAL real* st = AT(real, sb, so) + k0 * pn + el;
+    GLOBAL real* dd = AT(real, ddb, ddo) + k0 * pn + el;
+    GLOBAL const real* dec = AT(real, eb, eo) + k0;
+    const i64 entry = (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    real s = SSM_CARRY ? SLOAD(AT(state_t, stb, sto), entry) : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const real own = st[k * pn];
+        st[k * pn] = s;
+        s = dec[k] * s + own;
+    }
+    AT(real, fb, fo)[rh * pn + el] = s;
+    real d = SSM_CARRY ? SLOAD(AT(state_t, dstb, dsto), entry) : (real)0;
+    for (i64 k = chunks - 1; k >= 0; --k) {
+        const real own = dd[k * pn];
+        dd[k * pn] = d;
+        d = dec[k] * d + own;
+    }
+    if (SSM_CARRY)
+        SSTORE(AT(state_t, dstb, dsto), entry, d);
+}
+
+/* Where one chunk's tensors are, each at its first step: x, gy, d_dst, z, d_x, d_z (a step's P values
+ * `xs` apart), b, c (`bs` apart), the states entering (sin) and leaving (send) and the leaving one's gradient
+ * (dout), each [P, N]. */
+typedef struct {
+    GLOBAL const store_t* x;
+    GLOBAL const real* gy;
+    GLOBAL const store_t* g;
+    GLOBAL const store_t* z;
+    GLOBAL store_t* dx;
+    GLOBAL store_t* dz;
+    GLOBAL const store_t* b;
+    GLOBAL const store_t* c;
+    GLOBAL const real* sin;
+    GLOBAL const real* send;
+    GLOBAL const real* dout;
+    i64 xs, bs, P, N;
+    real dv;
+} m2b_tensors;
+
+/* The scores of the chunk into LOCAL: am[i][j] = A[i][j], bm[i][j] = B[i][j] (zero for j > i and past the
+ * chunk's steps), M2_Q lanes over the entries. */
+INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* am, LOCAL_PTR real* bm, m2b_tensors at, int steps,
+                                  LOCAL_PTR const real* dts, LOCAL_PTR const real* Ls, int lane)
+{
+    for (int e = lane; e < M2_Q * M2_Q; e += M2_Q) {
+        const int i = e / M2_Q, j = e - i * M2_Q;
+        real cb = (real)0, gu = (real)0;
+        if (j <= i && i < steps) {
+            for (i64 n = 0; n < at.N; ++n)
+                cb += LOAD(at.c, i * at.bs + n) * LOAD(at.b, j * at.bs + n);
+            for (i64 p = 0; p < at.P; ++p)
+                gu += at.gy[i * at.xs + p] * LOAD(at.x, j * at.xs + p);
+            const real decay = rlx_exp(Ls[i] - Ls[j]);
+            cb *= decay;
+            gu *= decay * dts[j];
+        }
+        am[e] = cb;
+        bm[e] = gu;
+    }
+    BARRIER();
+}
+
+/* Step j's sums over its P values, which the chunk kernel finishes: dL (gy . y - u . du), du . x, gy . x. */
+typedef struct {
+    real dl, dux, gx;
+} m2b_sums;
+
+/* Step j's d_x and d_z, from du_j and y_j over the chunk's scores: its row j of the tile products. */
+INLINE_FN m2b_sums m2b_step_x(m2b_tensors at, int j, int steps, LOCAL_PTR const real* am, LOCAL_PTR const real* dts,
+                              LOCAL_PTR const real* grow, LOCAL_PTR const real* fade)
+{
+    m2b_sums out = {(real)0, (real)0, (real)0};
+    const real dtj = dts[j];
+    for (i64 p = 0; p < at.P; ++p) {
+        real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
+        for (int i = j; i < steps; ++i)
+            du += am[i * M2_Q + j] * at.gy[i * at.xs + p];
+        for (int i = 0; i <= j; ++i)
+            y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+        for (i64 n = 0; n < at.N; ++n) {
+            to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
+            from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
+        }
+        du += fade[j] * to_end;
+        y += grow[j] * from_start;
+        const i64 xi = j * at.xs + p;
+        const real xv = LOAD(at.x, xi), gy = at.gy[xi];
+        STORE(at.dx, xi, dtj * du + (SSM_D ? at.dv * gy : (real)0));
+        if (SSM_Z) { /* out = (y + d*x) * silu(z) */
+            const real zv = LOAD(at.z, xi), sz = sigmoid_r(zv), pre = SSM_D ? y + at.dv * xv : y;
+            STORE(at.dz, xi, LOAD(at.g, xi) * pre * sz * ((real)1 + zv * ((real)1 - sz)));
+        }
+        out.dl += gy * y - dtj * xv * du;
+        out.dux += du * xv;
+        out.gx += gy * xv;
+    }
+    return out;
+}
+
+/* Step j's d_b and d_c (this head's share, at db and dc) over the chunk's scores: its rows of the products
+ * B^T c, B b and of the states' products. */
+INLINE_FN void m2b_step_bc(m2b_tensors at, int j, int steps, LOCAL_PTR const real* bm, LOCAL_PTR const real* dts,
+                           LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, GLOBAL real* db, GLOBAL real* dc)
+{
+    for (i64 n = 0; n < at.N; ++n) {
+        real gb = (real)0, gc = (real)0, leaving = (real)0, entering = (real)0;
+        for (int i = j; i < steps; ++i)
+            gb += bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n);
+        for (int i = 0; i <= j; ++i)
+            gc += bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
+        for (i64 p = 0; p < at.P; ++p) {
+            leaving += LOAD(at.x, j * at.xs + p) * at.dout[p * at.N + n];
+            entering += at.gy[j * at.xs + p] * at.sin[p * at.N + n];
+        }
+        db[n] = gb + fade[j] * dts[j] * leaving;
+        dc[n] = gc + grow[j] * entering;
+    }
+}
+
+/* <D, S_leaving>: the leaving state's share of the chunk's last dL. */
+INLINE_FN real m2b_end_dot(m2b_tensors at)
+{
+    real sum = (real)0;
+    for (i64 e = 0; e < at.P * at.N; ++e)
+        sum += at.dout[e] * at.send[e];
+    return sum;
+}
+
+/* One work-group (M2_Q lanes, lane j for step j) per chunk slot: d_x, d_z, d_dt of the chunk's tokens; this
+ * head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over the group's heads by
+ * ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD], K: the chunk
+ * slots of a head). sb: the states entering each chunk; fb: each (row, head)'s final state; ddb: the
+ * gradients of the states leaving each chunk. */
+KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
+                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                             GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* biasb, i64 biaso,
+                             GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
+                             GLOBAL uchar* dxb, i64 dxo, GLOBAL uchar* ddtb, i64 ddto, GLOBAL uchar* dzb, i64 dzo,
+                             GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* fb, i64 fo,
+                             GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* pbcb, i64 pbo, i64 pco,
+                             GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, real lo, real hi)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], am[M2_Q * M2_Q], bm[M2_Q * M2_Q];
+    LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q];
+    const int lane = (int)LID(0);
+    const m2b_chunk ch = m2b_chunk_of(GROUP(0), K, S);
+    const i64 hh = ch.head, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    m2b_decays_barrier(dts, Ls, grow, fade, lane, ch, AT(store_t, dtb, dto), HD, a, bias, lo, hi);
+    const i64 xat = (ch.first * HD + hh) * P, bat = (ch.first * G + grp) * N;
+    const int last = ch.chunk == chunks - 1;
+    const m2b_tensors at = {AT(store_t, xb, xo) + xat, AT(real, gyb, gyo) + xat, AT(store_t, gb, go) + xat,
+                            AT(store_t, zb, zo) + xat, AT(store_t, dxb, dxo) + xat, AT(store_t, dzb, dzo) + xat,
+                            AT(store_t, bb, bo) + bat, AT(store_t, cb, co) + bat, AT(real, sb, so) + ch.slot * pn,
+                            last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (ch.slot + 1) * pn,
+                            AT(real, ddb, ddo) + ch.slot * pn, HD * P, G * N, P, N,
+                            ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
+    m2b_scores_barrier(am, bm, at, ch.steps, dts, Ls, lane);
+    const int j = lane;
+    if (j < ch.steps) {
+        const m2b_sums sums = m2b_step_x(at, j, ch.steps, am, dts, grow, fade);
+        const i64 part = (((hh - grp * hpg) * T + ch.first + j) * G + grp) * N;
+        m2b_step_bc(at, j, ch.steps, bm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
+        dls[j] = sums.dl + (j == ch.steps - 1 ? m2b_end_dot(at) : (real)0);
+        das[j] = sums.dux; /* until the step's dl is summed below */
+        dds[j] = sums.gx;
+    }
+    BARRIER();
+    if (j < ch.steps) {
+        real dl = (real)0; /* d of the step's log-decay: the dL of every step from it on */
+        for (int i = ch.steps - 1; i >= j; --i)
+            dl += dls[i];
+        const i64 di = (ch.first + j) * HD + hh;
+        const real grad = ssm_delta_grad(LOAD(AT(store_t, dtb, dto), di), dl * a + das[j], bias, lo, hi);
+        STORE(AT(store_t, ddtb, ddto), di, grad);
+        das[j] = dl * dts[j];
+        dbs[j] = grad;
+    }
+    BARRIER();
+    if (lane == 0) {
+        real sa = (real)0, sd = (real)0, sbias = (real)0;
+        for (int i = 0; i < ch.steps; ++i) {
+            sa += das[i];
+            sd += dds[i];
+            sbias += dbs[i];
+        }
+        const i64 pat = (ch.slot - hh * K) * HD + hh;
+        AT(real, psb, pao)[pat] = sa;
+        AT(real, psb, pdo)[pat] = sd;
+        AT(real, psb, pbiaso)[pat] = sbias;
+    }
+}
+#endif
