@@ -1,7 +1,7 @@
 /* The chunked backward of mamba2 (ABI.md §9 over §4's mamba2 and its §8 fields) at the gpu target: the SSD
  * form of the forward (kernels/ssm.cl's mamba2_chunk_*) in reverse, chunks of M2_Q steps, for batch rows
  * (packed sequences keep kernels/ssm_backward.cl's step walk), whose ssm_backward_reduce sums the partials
- * written here. kernels/ssm_fields.cl precedes this text.
+ * written here. kernels/ssm_fields.cl and kernels/ssm.cl (whose chunk helpers it calls) precede this text.
  *
  * Per (row, head) the forward is S_t = exp(l_t) S_{t-1} + u_t (x) b_t, y_t = S_t c_t, with l = dt*a and
  * u = dt*x, then out = (y + d*x) * silu(z); gy = d_dst * silu(z) is the gradient of y. In a chunk, with
@@ -14,7 +14,8 @@
  * and the gradient of the state entering chunk k is exp(L_last) D + sum_i exp(L_i) gy_i (x) c_i.
  * Launches (launches/mamba2_backward.py): the forward's own mamba2_chunk_state (each chunk's state from zero
  * and its decay), then
- *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i;
+ *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i (mamba2_chunk_state's
+ *                           product, its MMA variant with RLX_MMA);
  *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
  *                           the gradients of those leaving each (backward), d_state;
  *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL) and every token's gradients.
@@ -22,81 +23,61 @@
  * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
  * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
 #if defined(RLX_TARGET_GPU) && !defined(RLX_NEED_FP64) /* f64: the step walk (LOCAL scores past 48 KiB) */
+#if SSM_VARLEN
+#error "mamba2's chunked backward takes batch rows; packed sequences (cu_seqlens) take the step walk"
+#endif
 
-/* Chunk slot `slot` (head * K + chunk of the head's K): its head, row, chunk of the row, first token, steps. */
-typedef struct {
-    i64 slot, head, row, chunk, first;
-    int steps;
-} m2b_chunk;
-
-INLINE_FN m2b_chunk m2b_chunk_of(i64 slot, i64 K, i64 S)
+/* grow[i] = exp(L_i) and fade[i] = exp(L_last - L_i) for the chunk's steps, from m2_stage_decay_barrier's Ls, lane i
+ * for step i; every lane calls it (a barrier). */
+INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* grow, LOCAL_PTR real* fade, LOCAL_PTR const real* Ls, int lane,
+                                  int steps)
 {
-    const i64 chunks = (S + M2_Q - 1) / M2_Q;
-    m2b_chunk out;
-    out.slot = slot;
-    out.head = slot / K;
-    const i64 k = slot - out.head * K;
-    out.row = k / chunks;
-    out.chunk = k - out.row * chunks;
-    out.first = out.row * S + out.chunk * M2_Q;
-    out.steps = (int)(S - out.chunk * M2_Q < M2_Q ? S - out.chunk * M2_Q : M2_Q);
-    return out;
-}
-
-/* The chunk's decays in LOCAL, lane i for step i: dts[i] (§8's dt), grow[i] = exp(L_i) and fade[i] =
- * exp(L_last - L_i), Ls[i] = L_i (lane 0 sums in step order, as mamba2_chunk_state does). Every lane of the
- * work-group calls it: it meets three barriers. */
-INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* dts, LOCAL_PTR real* Ls, LOCAL_PTR real* grow, LOCAL_PTR real* fade,
-                                  int lane, m2b_chunk ch, GLOBAL const store_t* dt, i64 HD, real a, real bias, real lo,
-                                  real hi)
-{
-    if (lane < ch.steps)
-        dts[lane] = ssm_delta(LOAD(dt, (ch.first + lane) * HD + ch.head), bias, lo, hi);
-    BARRIER();
-    if (lane == 0) {
-        real acc = (real)0;
-        for (int i = 0; i < ch.steps; ++i) {
-            acc += dts[i] * a;
-            Ls[i] = acc;
-        }
-    }
-    BARRIER();
-    if (lane < ch.steps) {
+    if (lane < steps) {
         grow[lane] = rlx_exp(Ls[lane]);
-        fade[lane] = rlx_exp(Ls[ch.steps - 1] - Ls[lane]);
+        fade[lane] = rlx_exp(Ls[steps - 1] - Ls[lane]);
     }
     BARRIER();
 }
 
-/* One work-group (M2_Q lanes) per chunk slot: gy of the chunk's tokens ([T][HD][P] in scratch), then the
- * chunk's share of the gradient of the state entering it, sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot). */
+/* One work-group of M2_LANES lanes per (chunk slot, M2_PT rows of P), as mamba2_chunk_state's: gy of the chunk's
+ * tokens and rows ([T][HD][P] in scratch), and the chunk's share of the gradient of the state entering it,
+ * sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot), through mamba2_chunk_state's product (its MMA variant with
+ * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. */
 KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                               GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* cb, i64 co,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
                               GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, real lo, real hi)
 {
-    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q];
+    LOCAL real dts[M2_Q], Ls[M2_Q];
+    M2_LOCAL m2_op_t gw[M2_Q * M2_PT];
     const int lane = (int)LID(0);
-    const m2b_chunk ch = m2b_chunk_of(GROUP(0), K, S);
-    const i64 hh = ch.head, grp = hh / (HD / G);
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, 0, 0); /* batch rows: no chunk table */
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, p0 = tile.p0, grp = hh / (HD / G);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
-    m2b_decays_barrier(dts, Ls, grow, fade, lane, ch, AT(store_t, dtb, dto), HD, a, bias, lo, hi);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, AT(store_t, dtb, dto), t0, HD, hh, a, bias, lo, hi);
     GLOBAL const store_t* g = AT(store_t, gb, go);
-    GLOBAL real* gy = AT(real, gyb, gyo) + (ch.first * HD + hh) * P; /* step i's at i * HD * P */
-    for (i64 e = lane; e < ch.steps * P; e += M2_Q) {
-        const i64 i = e / P, at = (ch.first + i) * HD * P + hh * P + e - i * P;
-        gy[i * HD * P + e - i * P] = SSM_Z ? LOAD(g, at) * ssm_silu(ssm_z(AT(store_t, zb, zo), at)) : LOAD(g, at);
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) { /* zero past the chunk's steps, which MMA tiles cover */
+        const int s = e / M2_PT, p = e - s * M2_PT;
+        real w = (real)0;
+        if (s < steps && p0 + p < P) {
+            const i64 at = ((t0 + s) * HD + hh) * P + p0 + p;
+            const real gy = SSM_Z ? LOAD(g, at) * ssm_silu(LOAD(AT(store_t, zb, zo), at)) : LOAD(g, at);
+            AT(real, gyb, gyo)[at] = gy;
+            w = rlx_exp(Ls[s]) * gy;
+        }
+        gw[e] = M2_OP(w);
     }
-    BARRIER(); /* the group's gy written */
-    GLOBAL const store_t* c = AT(store_t, cb, co) + (ch.first * G + grp) * N; /* step i's at i * G * N */
-    GLOBAL real* own = AT(real, ddb, ddo) + ch.slot * P * N;
-    for (i64 e = lane; e < P * N; e += M2_Q) {
-        const i64 p = e / N, n = e - p * N;
-        real acc = (real)0;
-        for (int i = 0; i < ch.steps; ++i)
-            acc += grow[i] * gy[i * HD * P + p] * LOAD(c, i * G * N + n);
-        own[e] = acc;
-    }
+    BARRIER();
+    GLOBAL real* own = AT(real, ddb, ddo) + tile.slot * P * N;
+    GLOBAL const store_t* c = AT(store_t, cb, co);
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t cs[M2_Q * M2_NW];
+    MMA_LOCAL float out[M2_PT * M2_NW];
+    m2_state_mma_barrier(own, gw, cs, out, c, t0, steps, G, grp, N, P, p0, lane);
+#else
+    m2_state_product(own, gw, c, t0, steps, G, grp, N, P, p0, lane);
+#endif
 }
 
 /* One work-item per state element of one (row, head): in chunk order, each chunk's own state (from
@@ -189,10 +170,11 @@ INLINE_FN m2b_sums m2b_step_x(m2b_tensors at, int j, int steps, LOCAL_PTR const 
     const real dtj = dts[j];
     for (i64 p = 0; p < at.P; ++p) {
         real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
-        for (int i = j; i < steps; ++i)
-            du += am[i * M2_Q + j] * at.gy[i * at.xs + p];
-        for (int i = 0; i <= j; ++i)
-            y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+        for (int i = 0; i < steps; ++i) { /* every lane the same steps (selects, not bounds: they vectorize) */
+            const real later = am[i * M2_Q + j] * at.gy[i * at.xs + p], earlier = am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+            du += i >= j ? later : (real)0;
+            y += i <= j ? earlier : (real)0;
+        }
         for (i64 n = 0; n < at.N; ++n) {
             to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
             from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
@@ -220,10 +202,11 @@ INLINE_FN void m2b_step_bc(m2b_tensors at, int j, int steps, LOCAL_PTR const rea
 {
     for (i64 n = 0; n < at.N; ++n) {
         real gb = (real)0, gc = (real)0, leaving = (real)0, entering = (real)0;
-        for (int i = j; i < steps; ++i)
-            gb += bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n);
-        for (int i = 0; i <= j; ++i)
-            gc += bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
+        for (int i = 0; i < steps; ++i) {
+            const real later = bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n), earlier = bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
+            gb += i >= j ? later : (real)0;
+            gc += i <= j ? earlier : (real)0;
+        }
         for (i64 p = 0; p < at.P; ++p) {
             leaving += LOAD(at.x, j * at.xs + p) * at.dout[p * at.N + n];
             entering += at.gy[j * at.xs + p] * at.sin[p * at.N + n];
@@ -259,32 +242,33 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
     LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], am[M2_Q * M2_Q], bm[M2_Q * M2_Q];
     LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q];
     const int lane = (int)LID(0);
-    const m2b_chunk ch = m2b_chunk_of(GROUP(0), K, S);
-    const i64 hh = ch.head, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
+    const i64 slot = GROUP(0), hh = slot / K, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
+    const m2_chunk ch = m2_chunk_at(slot - hh * K, K, S, 0, 0); /* batch rows: no chunk table */
+    const int steps = (int)ch.steps, last = slot - hh * K - ch.row * chunks == chunks - 1;
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
-    m2b_decays_barrier(dts, Ls, grow, fade, lane, ch, AT(store_t, dtb, dto), HD, a, bias, lo, hi);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, AT(store_t, dtb, dto), ch.first, HD, hh, a, bias, lo, hi);
+    m2b_decays_barrier(grow, fade, Ls, lane, steps);
     const i64 xat = (ch.first * HD + hh) * P, bat = (ch.first * G + grp) * N;
-    const int last = ch.chunk == chunks - 1;
     const m2b_tensors at = {AT(store_t, xb, xo) + xat, AT(real, gyb, gyo) + xat, AT(store_t, gb, go) + xat,
                             AT(store_t, zb, zo) + xat, AT(store_t, dxb, dxo) + xat, AT(store_t, dzb, dzo) + xat,
-                            AT(store_t, bb, bo) + bat, AT(store_t, cb, co) + bat, AT(real, sb, so) + ch.slot * pn,
-                            last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (ch.slot + 1) * pn,
-                            AT(real, ddb, ddo) + ch.slot * pn, HD * P, G * N, P, N,
+                            AT(store_t, bb, bo) + bat, AT(store_t, cb, co) + bat, AT(real, sb, so) + slot * pn,
+                            last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (slot + 1) * pn,
+                            AT(real, ddb, ddo) + slot * pn, HD * P, G * N, P, N,
                             ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
-    m2b_scores_barrier(am, bm, at, ch.steps, dts, Ls, lane);
+    m2b_scores_barrier(am, bm, at, steps, dts, Ls, lane);
     const int j = lane;
-    if (j < ch.steps) {
-        const m2b_sums sums = m2b_step_x(at, j, ch.steps, am, dts, grow, fade);
+    if (j < steps) {
+        const m2b_sums sums = m2b_step_x(at, j, steps, am, dts, grow, fade);
         const i64 part = (((hh - grp * hpg) * T + ch.first + j) * G + grp) * N;
-        m2b_step_bc(at, j, ch.steps, bm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
-        dls[j] = sums.dl + (j == ch.steps - 1 ? m2b_end_dot(at) : (real)0);
+        m2b_step_bc(at, j, steps, bm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
+        dls[j] = sums.dl + (j == steps - 1 ? m2b_end_dot(at) : (real)0);
         das[j] = sums.dux; /* until the step's dl is summed below */
         dds[j] = sums.gx;
     }
     BARRIER();
-    if (j < ch.steps) {
+    if (j < steps) {
         real dl = (real)0; /* d of the step's log-decay: the dL of every step from it on */
-        for (int i = ch.steps - 1; i >= j; --i)
+        for (int i = steps - 1; i >= j; --i)
             dl += dls[i];
         const i64 di = (ch.first + j) * HD + hh;
         const real grad = ssm_delta_grad(LOAD(AT(store_t, dtb, dto), di), dl * a + das[j], bias, lo, hi);
@@ -295,12 +279,12 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
     BARRIER();
     if (lane == 0) {
         real sa = (real)0, sd = (real)0, sbias = (real)0;
-        for (int i = 0; i < ch.steps; ++i) {
+        for (int i = 0; i < steps; ++i) {
             sa += das[i];
             sd += dds[i];
             sbias += dbs[i];
         }
-        const i64 pat = (ch.slot - hh * K) * HD + hh;
+        const i64 pat = (slot - hh * K) * HD + hh;
         AT(real, psb, pao)[pat] = sa;
         AT(real, psb, pdo)[pat] = sd;
         AT(real, psb, pbiaso)[pat] = sbias;

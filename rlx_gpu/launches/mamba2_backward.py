@@ -15,10 +15,11 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, grid, linear_local
 from .limits import DeviceLimits
 from .mma import mma_defines
-from .ssm import chunk_slots, dt_limits, field_defines, takes_chunked, tensors
+from .ssm import FIELDS_TEXT, chunk_slots, dt_limits, field_defines, takes_chunked, tensors
 
-#: the program of these kernels (kernels/mamba2_backward.cl, after kernels/ssm_fields.cl)
-FAMILY = "mamba2_backward"
+#: the program of these kernels, and the texts before kernels/mamba2_backward.cl in it (the forward's, whose chunk
+#: helpers it calls)
+FAMILY, SHARED_TEXTS = "mamba2_backward", FIELDS_TEXT + ("ssm.cl",)
 
 #: field -> the chunked kernels' tensor parameter that takes it (kernels/mamba2_backward.cl)
 _TENSOR_PARAMS = {"x": "xb", "dt": "dtb", "a": "ab", "b": "bb", "c": "cb", "bias": "biasb", "d": "skb", "z": "zb",
@@ -60,15 +61,17 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
 
     def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str) -> Launch:
         return kernel_launch(FAMILY, kernel, dt, size, local, {**args, **{x: scratch[x] for x in parts}},
-                             target="gpu", defines=fields)
+                             target="gpu", defines=fields + mma_defines(lim, dt))
 
     lanes = lim.tune("M2_LANES")
-    own = kernel_launch("ssm", "mamba2_chunk_state", dt, (heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,),
+    tiles = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))  # (chunk slot, M2_PT rows of P)
+    # the forward's portable chunk_state (not its MMA variant: the states it builds feed the log-decay's gradient,
+    # sums of cancelling terms gy.y - u.du, whose d_a states rounded to 16 bits push past the conformance bounds)
+    own = kernel_launch("ssm", "mamba2_chunk_state", dt, *tiles,
                         dict(R=r, **mine, G=g, **arena("x", "dt", "a", "b", "bias"), cub=(ARENA, 0), **dt_limits(fwd),
-                             sb=scratch["sb"], eb=scratch["eb"], tb=(SCRATCH, 0)),
-                        target="gpu", defines=fields + mma_defines(lim, dt))
+                             sb=scratch["sb"], eb=scratch["eb"], tb=(SCRATCH, 0)), target="gpu", defines=fields)
     chunk_groups = ((heads * k * q,), (q,))
-    dstate = launch("mamba2_backward_dstate", *chunk_groups,
+    dstate = launch("mamba2_backward_dstate", *tiles,
                     dict(**mine, G=g, **arena("dt", "a", "c", "bias", "z", "d_dst"), **dt_limits(fwd)), "gyb", "ddb")
     elements = r * heads * p * n
     local = (linear_local(elements),)

@@ -149,6 +149,6 @@ register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS, fam
          shared_texts=FIELDS_TEXT)
 # (mamba2's step walk is in the ssm_backward program too; its chunked form's program is its own)
 register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS, family=mamba2_backward.FAMILY,
-         shared_texts=FIELDS_TEXT)
+         shared_texts=mamba2_backward.SHARED_TEXTS)
 register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
          shared_texts=FIELDS_TEXT)
