@@ -59,9 +59,11 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
     def arena(*names: str) -> dict[str, tuple]:
         return tensors(fwd, names, _TENSOR_PARAMS)
 
-    def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str) -> Launch:
+    def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str, mma: bool = False) -> Launch:
+        """A launch of this program; ``mma``: with the kernel's RLX_MMA variant where the device takes one
+        (mamba2_backward_dstate's; the pass and the chunk kernel have none, so they run in the portable program)."""
         return kernel_launch(FAMILY, kernel, dt, size, local, {**args, **{x: scratch[x] for x in parts}},
-                             target="gpu", defines=fields + mma_defines(lim, dt))
+                             target="gpu", defines=fields + (mma_defines(lim, dt) if mma else ()))
 
     lanes = lim.tune("M2_LANES")
     tiles = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))  # (chunk slot, M2_PT rows of P)
@@ -72,7 +74,8 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
                              sb=scratch["sb"], eb=scratch["eb"], tb=(SCRATCH, 0)), target="gpu", defines=fields)
     chunk_groups = ((heads * k * q,), (q,))
     dstate = launch("mamba2_backward_dstate", *tiles,
-                    dict(**mine, G=g, **arena("dt", "a", "c", "bias", "z", "d_dst"), **dt_limits(fwd)), "gyb", "ddb")
+                    dict(**mine, G=g, **arena("dt", "a", "c", "bias", "z", "d_dst"), **dt_limits(fwd)), "gyb", "ddb",
+                    mma=True)
     elements = r * heads * p * n
     local = (linear_local(elements),)
     state_pass = launch("mamba2_backward_pass", grid((elements,), local), local,

@@ -1,9 +1,10 @@
 """The costs of the chunked mamba2_backward kernels (``launches/mamba2_backward.py`` plans them; ``cost`` says how
 counted; the forward's ``mamba2_chunk_state`` it launches first is ``ssm_cost``'s).
 
-Per (head, chunk of s steps, tri = s(s+1)/2 pairs j <= i), read off kernels/mamba2_backward.cl's loops: the chunk's
-share of the entering state's gradient (exp(L)·Gyᵀ·C, P x N over s), the scores A = C·Bᵀ and B = Gy·Xᵀ on the lower
-triangle, then per step the rows of Aᵀ·Gy, A·(dt X), Bᵀ·C, B·B and the state products D·b, S_in·c, Dᵀ·x, S_inᵀ·gy.
+Per (head, chunk of s steps), read off kernels/mamba2_backward.cl's loops: the chunk's share of the entering state's
+gradient ((exp(L) Gy)ᵀ·C, P x N over s; its RLX_MMA variant runs it on the tensor cores), the scores A = C·Bᵀ and
+B = Gy·Xᵀ on the lower triangle (tri = s(s+1)/2 pairs), then per step the rows of Aᵀ·Gy, A·(dt X), Bᵀ·C, B·B (each
+a select over all s steps, counted on the triangle it keeps) and the state products D·b, S_in·c, Dᵀ·x, S_inᵀ·gy.
 Those are GEMM-shaped; the decays, the per-step sums and the §8 transforms are the rest.
 """
 from __future__ import annotations
@@ -33,15 +34,16 @@ def _decays(launch: Launch, steps: int) -> int:
 
 @declare("mamba2_backward_dstate")
 def dstate(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (head, chunk): gy = d_dst·silu(z) per (step, p), then sum_i exp(L_i)·gy_i (x) c_i over the chunk's steps
-    (the weight's multiply in the loop); writes gy and the chunk's [P, N]."""
+    """Per (head, chunk, tile of M2_PT rows of P), as mamba2_chunk_state: dt and its running sum, gy = d_dst·silu(z)
+    and its weight exp(L_i) per (step, p), then the chunk's [P, N] = (exp(L) Gy)ᵀ·C over its steps; writes gy and
+    the chunk's [P, N]."""
     hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
-    t = sum(_chunks(launch, args))
-    z = defined(launch, "SSM_Z")
-    other = hd * (_decays(launch, t) + t * p * (_SILU + 1) * z + t * p * n)
+    pt, t = tuned(launch, "M2_PT"), sum(_chunks(launch, args))
+    rows, z = -(-p // pt) * pt, defined(launch, "SSM_Z")
+    other = hd * (-(-p // pt) * t * (2 + delta_flops(launch)) + t * p * (2 + (_SILU + 1) * z))
     read = t * hd * (p * (1 + z) + 1) * es + t * args["G"] * n * es
     written = t * hd * p * rs + hd * args["K"] * p * n * rs
-    return Cost(gemm=hd * 2 * t * p * n, other=other, read=read, written=written)
+    return Cost(gemm=hd * 2 * t * rows * n, other=other, read=read, written=written)
 
 
 @declare("mamba2_backward_pass")

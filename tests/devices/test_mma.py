@@ -59,9 +59,10 @@ def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra
     expected = VARIANT.get(dtype, MMA_NONE) if lim.mma >= VARIANT.get(dtype, MMA_TF32 + 1) else MMA_NONE
     chunk = [item for item in plan.launches if item.kernel in MMA_KERNELS[FAMILY[op]]]
     assert chunk or dtype == "f64"  # f64 keeps the lanes kernel
-    for item in plan.launches if chunk else ():  # one program holds the plan's kernels: every launch of it carries it
-        if item.family == FAMILY[op]:  # (the backward's sums and own chunk states run in other programs, without it)
-            assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
+    # a forward's one program holds the plan's kernels: every launch carries it; the backward's, those with the variant
+    carriers = chunk if op.endswith("_backward") else plan.launches if chunk else ()
+    for item in carriers:
+        assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
 
 
 def test_no_variant_at_the_cpu_target_nor_before_sm80():
