@@ -134,25 +134,29 @@ typedef struct {
     real dv;
 } m2b_tensors;
 
-/* The scores of the chunk into LOCAL: am[i][j] = A[i][j], bm[i][j] = B[i][j] (zero for j > i and past the
- * chunk's steps), M2_Q lanes over the entries. */
-INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* am, LOCAL_PTR real* bm, m2b_tensors at, int steps,
-                                  LOCAL_PTR const real* dts, LOCAL_PTR const real* Ls, int lane)
+/* One of the chunk's scores into LOCAL, sm[i][j] (zero for j > i and past the chunk's steps), M2_Q lanes over the
+ * entries: with `grads` B[i][j] = exp(L_i - L_j) dt_j (gy_i . x_j) over P, else A[i][j] = exp(L_i - L_j) (c_i . b_j)
+ * over N. The two take turns in one array (a second one would pass OpenCL's 32 KiB of local memory): the first
+ * barrier waits for the readers of the previous one. */
+INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at, int steps, LOCAL_PTR const real* dts,
+                                  LOCAL_PTR const real* Ls, int lane)
 {
+    BARRIER();
     for (int e = lane; e < M2_Q * M2_Q; e += M2_Q) {
         const int i = e / M2_Q, j = e - i * M2_Q;
-        real cb = (real)0, gu = (real)0;
+        real v = (real)0;
         if (j <= i && i < steps) {
-            for (i64 n = 0; n < at.N; ++n)
-                cb += LOAD(at.c, i * at.bs + n) * LOAD(at.b, j * at.bs + n);
-            for (i64 p = 0; p < at.P; ++p)
-                gu += at.gy[i * at.xs + p] * LOAD(at.x, j * at.xs + p);
-            const real decay = rlx_exp(Ls[i] - Ls[j]);
-            cb *= decay;
-            gu *= decay * dts[j];
+            if (grads) {
+                for (i64 p = 0; p < at.P; ++p)
+                    v += at.gy[i * at.xs + p] * LOAD(at.x, j * at.xs + p);
+                v *= dts[j];
+            } else {
+                for (i64 n = 0; n < at.N; ++n)
+                    v += LOAD(at.c, i * at.bs + n) * LOAD(at.b, j * at.bs + n);
+            }
+            v *= rlx_exp(Ls[i] - Ls[j]);
         }
-        am[e] = cb;
-        bm[e] = gu;
+        sm[e] = v;
     }
     BARRIER();
 }
@@ -239,7 +243,7 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                              GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* pbcb, i64 pbo, i64 pco,
                              GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, real lo, real hi)
 {
-    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], am[M2_Q * M2_Q], bm[M2_Q * M2_Q];
+    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], sm[M2_Q * M2_Q];
     LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q];
     const int lane = (int)LID(0);
     const i64 slot = GROUP(0), hh = slot / K, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
@@ -255,12 +259,15 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                             last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (slot + 1) * pn,
                             AT(real, ddb, ddo) + slot * pn, HD * P, G * N, P, N,
                             ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
-    m2b_scores_barrier(am, bm, at, steps, dts, Ls, lane);
     const int j = lane;
+    m2b_sums sums = {(real)0, (real)0, (real)0};
+    m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
+    if (j < steps)
+        sums = m2b_step_x(at, j, steps, sm, dts, grow, fade);
+    m2b_scores_barrier(sm, 1, at, steps, dts, Ls, lane);
     if (j < steps) {
-        const m2b_sums sums = m2b_step_x(at, j, steps, am, dts, grow, fade);
         const i64 part = (((hh - grp * hpg) * T + ch.first + j) * G + grp) * N;
-        m2b_step_bc(at, j, steps, bm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
+        m2b_step_bc(at, j, steps, sm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
         dls[j] = sums.dl + (j == steps - 1 ? m2b_end_dot(at) : (real)0);
         das[j] = sums.dux; /* until the step's dl is summed below */
         dds[j] = sums.gx;
