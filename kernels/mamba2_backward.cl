@@ -18,7 +18,7 @@
  *                           product, its MMA variant with RLX_MMA);
  *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
  *                           the gradients of those leaving each (backward), d_state;
- *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL) and every token's gradients.
+ *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients.
  * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
  * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
  * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
@@ -161,78 +161,104 @@ INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at,
     BARRIER();
 }
 
-/* Step j's sums over its P values, which the chunk kernel finishes: dL (gy . y - u . du), du . x, gy . x. */
-typedef struct {
-    real dl, dux, gx;
-} m2b_sums;
+#define M2B_J 8 /* steps whose sums over p lane 0 .. 3*M2B_J-1 take together (LOCAL: 3 * M2B_J * M2_Q reals) */
 
-/* Step j's d_x and d_z, from du_j and y_j over the chunk's scores: its row j of the tile products. */
-INLINE_FN m2b_sums m2b_step_x(m2b_tensors at, int j, int steps, LOCAL_PTR const real* am, LOCAL_PTR const real* dts,
-                              LOCAL_PTR const real* grow, LOCAL_PTR const real* fade)
+/* The chunk's P side, M2_Q lanes over its rows (lane p, p + M2_Q, ...), step after step: for step j and row p
+ * du = sum_{i>=j} A[i][j] gy_i + exp(L_last - L_j) D b_j and y = sum_{i<=j} A[j][i] dt_i x_i + exp(L_j) S_in c_j
+ * (am: A), d_x and d_z; and each step's sums over p, dL = gy . y - u . du, du . x and gy . x, into dls, das, dds:
+ * each lane's share into red, summed in lane order, M2B_J steps at a time (two barriers). Every lane calls it. */
+INLINE_FN void m2b_rows_barrier(m2b_tensors at, int steps, LOCAL_PTR const real* am, LOCAL_PTR const real* dts,
+                                LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, LOCAL_PTR real* red,
+                                LOCAL_PTR real* dls, LOCAL_PTR real* das, LOCAL_PTR real* dds, int lane)
 {
-    m2b_sums out = {(real)0, (real)0, (real)0};
-    const real dtj = dts[j];
-    for (i64 p = 0; p < at.P; ++p) {
-        real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
-        for (int i = 0; i < steps; ++i) { /* every lane the same steps (selects, not bounds: they vectorize) */
-            const real later = am[i * M2_Q + j] * at.gy[i * at.xs + p], earlier = am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
-            du += i >= j ? later : (real)0;
-            y += i <= j ? earlier : (real)0;
+    for (int j0 = 0; j0 < steps; j0 += M2B_J) {
+        for (int jj = 0; jj < M2B_J; ++jj) {
+            const int j = j0 + jj;
+            real dl = (real)0, dux = (real)0, gx = (real)0;
+            for (i64 p = lane; p < (j < steps ? at.P : 0); p += M2_Q) {
+                real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
+                for (int i = j; i < steps; ++i)
+                    du += am[i * M2_Q + j] * at.gy[i * at.xs + p];
+                for (int i = 0; i <= j; ++i)
+                    y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+                for (i64 n = 0; n < at.N; ++n) {
+                    to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
+                    from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
+                }
+                du += fade[j] * to_end;
+                y += grow[j] * from_start;
+                const i64 xi = j * at.xs + p;
+                const real xv = LOAD(at.x, xi), gy = at.gy[xi];
+                STORE(at.dx, xi, dts[j] * du + (SSM_D ? at.dv * gy : (real)0));
+                if (SSM_Z) { /* out = (y + d*x) * silu(z) */
+                    const real zv = LOAD(at.z, xi), sz = sigmoid_r(zv), pre = SSM_D ? y + at.dv * xv : y;
+                    STORE(at.dz, xi, LOAD(at.g, xi) * pre * sz * ((real)1 + zv * ((real)1 - sz)));
+                }
+                dl += gy * y - dts[j] * xv * du;
+                dux += du * xv;
+                gx += gy * xv;
+            }
+            red[(jj * 3) * M2_Q + lane] = dl;
+            red[(jj * 3 + 1) * M2_Q + lane] = dux;
+            red[(jj * 3 + 2) * M2_Q + lane] = gx;
         }
-        for (i64 n = 0; n < at.N; ++n) {
-            to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
-            from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
+        BARRIER();
+        if (lane < 3 * M2B_J && j0 + lane / 3 < steps) {
+            real sum = (real)0;
+            for (int l = 0; l < M2_Q; ++l)
+                sum += red[lane * M2_Q + l];
+            const int j = j0 + lane / 3, k = lane - lane / 3 * 3;
+            LOCAL_PTR real* out = k == 0 ? dls : k == 1 ? das : dds;
+            out[j] = sum;
         }
-        du += fade[j] * to_end;
-        y += grow[j] * from_start;
-        const i64 xi = j * at.xs + p;
-        const real xv = LOAD(at.x, xi), gy = at.gy[xi];
-        STORE(at.dx, xi, dtj * du + (SSM_D ? at.dv * gy : (real)0));
-        if (SSM_Z) { /* out = (y + d*x) * silu(z) */
-            const real zv = LOAD(at.z, xi), sz = sigmoid_r(zv), pre = SSM_D ? y + at.dv * xv : y;
-            STORE(at.dz, xi, LOAD(at.g, xi) * pre * sz * ((real)1 + zv * ((real)1 - sz)));
-        }
-        out.dl += gy * y - dtj * xv * du;
-        out.dux += du * xv;
-        out.gx += gy * xv;
-    }
-    return out;
-}
-
-/* Step j's d_b and d_c (this head's share, at db and dc) over the chunk's scores: its rows of the products
- * B^T c, B b and of the states' products. */
-INLINE_FN void m2b_step_bc(m2b_tensors at, int j, int steps, LOCAL_PTR const real* bm, LOCAL_PTR const real* dts,
-                           LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, GLOBAL real* db, GLOBAL real* dc)
-{
-    for (i64 n = 0; n < at.N; ++n) {
-        real gb = (real)0, gc = (real)0, leaving = (real)0, entering = (real)0;
-        for (int i = 0; i < steps; ++i) {
-            const real later = bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n), earlier = bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
-            gb += i >= j ? later : (real)0;
-            gc += i <= j ? earlier : (real)0;
-        }
-        for (i64 p = 0; p < at.P; ++p) {
-            leaving += LOAD(at.x, j * at.xs + p) * at.dout[p * at.N + n];
-            entering += at.gy[j * at.xs + p] * at.sin[p * at.N + n];
-        }
-        db[n] = gb + fade[j] * dts[j] * leaving;
-        dc[n] = gc + grow[j] * entering;
+        BARRIER();
     }
 }
 
-/* <D, S_leaving>: the leaving state's share of the chunk's last dL. */
-INLINE_FN real m2b_end_dot(m2b_tensors at)
+/* The chunk's N side, M2_Q lanes over the state columns (lane n, n + M2_Q, ...): this head's d_b and d_c of every
+ * step at db and dc (a step's N values `stride` apart), from bm: B. */
+INLINE_FN void m2b_columns(m2b_tensors at, int steps, LOCAL_PTR const real* bm, LOCAL_PTR const real* dts,
+                           LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, GLOBAL real* db, GLOBAL real* dc,
+                           i64 stride, int lane)
+{
+    for (int j = 0; j < steps; ++j)
+        for (i64 n = lane; n < at.N; n += M2_Q) {
+            real gb = (real)0, gc = (real)0, leaving = (real)0, entering = (real)0;
+            for (int i = j; i < steps; ++i)
+                gb += bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n);
+            for (int i = 0; i <= j; ++i)
+                gc += bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
+            for (i64 p = 0; p < at.P; ++p) {
+                leaving += LOAD(at.x, j * at.xs + p) * at.dout[p * at.N + n];
+                entering += at.gy[j * at.xs + p] * at.sin[p * at.N + n];
+            }
+            db[j * stride + n] = gb + fade[j] * dts[j] * leaving;
+            dc[j * stride + n] = gc + grow[j] * entering;
+        }
+}
+
+/* dls[steps-1] += <D, S_leaving>, the leaving state's share of the chunk's last dL: the lanes' shares through red,
+ * summed in lane order (two barriers; every lane calls it). */
+INLINE_FN void m2b_end_dot_barrier(m2b_tensors at, int steps, LOCAL_PTR real* red, LOCAL_PTR real* dls, int lane)
 {
     real sum = (real)0;
-    for (i64 e = 0; e < at.P * at.N; ++e)
+    for (i64 e = lane; e < (steps > 0 ? at.P * at.N : 0); e += M2_Q)
         sum += at.dout[e] * at.send[e];
-    return sum;
+    red[lane] = sum;
+    BARRIER();
+    if (lane == 0 && steps > 0) {
+        real all = (real)0;
+        for (int l = 0; l < M2_Q; ++l)
+            all += red[l];
+        dls[steps - 1] += all;
+    }
+    BARRIER();
 }
 
-/* One work-group (M2_Q lanes, lane j for step j) per chunk slot: d_x, d_z, d_dt of the chunk's tokens; this
- * head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over the group's heads by
- * ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD], K: the chunk
- * slots of a head). sb: the states entering each chunk; fb: each (row, head)'s final state; ddb: the
+/* One work-group of M2_Q lanes per chunk slot (over the rows of P, over the state columns, then a lane per step):
+ * d_x, d_z, d_dt of the chunk's tokens; this head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over
+ * the group's heads by ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD],
+ * K: the chunk slots of a head). sb: the states entering each chunk; fb: each (row, head)'s final state; ddb: the
  * gradients of the states leaving each chunk. */
 KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                              GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
@@ -244,7 +270,7 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                              GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], sm[M2_Q * M2_Q];
-    LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q];
+    LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q], red[3 * M2B_J * M2_Q];
     const int lane = (int)LID(0);
     const i64 slot = GROUP(0), hh = slot / K, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
     const m2_chunk ch = m2_chunk_at(slot - hh * K, K, S, 0, 0); /* batch rows: no chunk table */
@@ -259,20 +285,13 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                             last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (slot + 1) * pn,
                             AT(real, ddb, ddo) + slot * pn, HD * P, G * N, P, N,
                             ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
-    const int j = lane;
-    m2b_sums sums = {(real)0, (real)0, (real)0};
     m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
-    if (j < steps)
-        sums = m2b_step_x(at, j, steps, sm, dts, grow, fade);
+    m2b_rows_barrier(at, steps, sm, dts, grow, fade, red, dls, das, dds, lane);
+    m2b_end_dot_barrier(at, steps, red, dls, lane);
     m2b_scores_barrier(sm, 1, at, steps, dts, Ls, lane);
-    if (j < steps) {
-        const i64 part = (((hh - grp * hpg) * T + ch.first + j) * G + grp) * N;
-        m2b_step_bc(at, j, steps, sm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part);
-        dls[j] = sums.dl + (j == steps - 1 ? m2b_end_dot(at) : (real)0);
-        das[j] = sums.dux; /* until the step's dl is summed below */
-        dds[j] = sums.gx;
-    }
-    BARRIER();
+    const i64 part = (((hh - grp * hpg) * T + ch.first) * G + grp) * N; /* step j's at j * G * N */
+    m2b_columns(at, steps, sm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part, G * N, lane);
+    const int j = lane;
     if (j < steps) {
         real dl = (real)0; /* d of the step's log-decay: the dL of every step from it on */
         for (int i = steps - 1; i >= j; --i)

@@ -3,9 +3,8 @@ counted; the forward's ``mamba2_chunk_state`` it launches first is ``ssm_cost``'
 
 Per (head, chunk of s steps), read off kernels/mamba2_backward.cl's loops: the chunk's share of the entering state's
 gradient ((exp(L) Gy)ᵀ·C, P x N over s; its RLX_MMA variant runs it on the tensor cores), the scores A = C·Bᵀ and
-B = Gy·Xᵀ on the lower triangle (tri = s(s+1)/2 pairs), then per step the rows of Aᵀ·Gy, A·(dt X), Bᵀ·C, B·B (each
-over all s steps, the other side of the diagonal selected away: s² pairs) and the state products D·b, S_in·c, Dᵀ·x,
-S_inᵀ·gy.
+B = Gy·Xᵀ on the lower triangle (tri = s(s+1)/2 pairs), then per step Aᵀ·Gy, A·(dt X) (per row of P), Bᵀ·C, B·B
+(per state column), each over the triangle, and the state products D·b, S_in·c, Dᵀ·x, S_inᵀ·gy.
 Those are GEMM-shaped; the decays, the per-step sums and the §8 transforms are the rest.
 """
 from __future__ import annotations
@@ -66,10 +65,9 @@ def chunk(launch: Launch, args: Mapping[str, Any]) -> Cost:
     <D, S_end>; the log-decay's reverse sums and d_dt; the chunk's sums of d_a, d_d, d_dt_bias."""
     hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
     chunks = _chunks(launch, args)
-    tri, square, t = sum(s * (s + 1) // 2 for s in chunks), sum(s * s for s in chunks), sum(chunks)
-    gemm = hd * (tri * (2 * n + 2 * p) + p * (4 * square + 4 * n * t) + n * (4 * square + 4 * p * t)
-                 + 2 * p * n * len(chunks))
-    other = hd * (_decays(launch, t) + 3 * tri + p * (square + t * (12 + finish_flops(launch))) + 5 * n * t + 2 * tri
+    tri, t = sum(s * (s + 1) // 2 for s in chunks), sum(chunks)
+    gemm = hd * (tri * (2 * n + 2 * p) + p * (4 * tri + 4 * n * t) + n * (4 * tri + 4 * p * t) + 2 * p * n * len(chunks))
+    other = hd * (_decays(launch, t) + 3 * tri + p * (tri + t * (12 + finish_flops(launch))) + 5 * n * t + 2 * tri
                   + t * (8 + delta_flops(launch)))
     z = defined(launch, "SSM_Z")
     states = (2 * hd * args["K"] + _rows(launch, args) * hd) * p * n * rs  # entering, the leaving ones' gradients, finals
