@@ -154,16 +154,7 @@ INLINE_FN real ssmb_delta_grads(i64 t0, i64 t1, i64 ds, i64 dof, real bias, real
     real sum = (real)0;
     for (i64 tok = t0; tok < t1; ++tok) {
         const i64 di = tok * ds + dof;
-        real v = LOAD(delta, di), grad = ddl[di];
-        if (SSM_BIAS)
-            v += bias;
-        if (SSM_SOFTPLUS) {
-            if (!(v > (real)20))
-                grad *= sigmoid_r(v);
-            v = ssm_softplus(v);
-        }
-        if (SSM_LIMIT && (v < lo || v > hi))
-            grad = (real)0;
+        const real grad = ssm_delta_grad(LOAD(delta, di), ddl[di], bias, lo, hi);
         STORE(ddelta, di, grad);
         sum += grad;
     }

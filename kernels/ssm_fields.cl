@@ -118,6 +118,21 @@ INLINE_FN real ssm_delta(real v, real bias, real lo, real hi)
     return v;
 }
 
+/* The gradient of a step's delta (mamba2: dt) as stored, from `grad`, the gradient of the transformed one
+ * (ssm_delta): back through the clamp (passing at its bounds), the softplus (the identity above 20) and the
+ * bias. */
+INLINE_FN real ssm_delta_grad(real v, real grad, real bias, real lo, real hi)
+{
+    if (SSM_BIAS)
+        v += bias;
+    if (SSM_SOFTPLUS) {
+        if (!(v > (real)20))
+            grad *= sigmoid_r(v);
+        v = ssm_softplus(v);
+    }
+    return SSM_LIMIT && (v < lo || v > hi) ? (real)0 : grad;
+}
+
 /* z[at], or 0 for a variant without z. */
 INLINE_FN real ssm_z(GLOBAL const store_t* z, i64 at)
 {

@@ -6,7 +6,8 @@ The anchor is the same step under torch autograd on the same GPU: cuDNN's RNN ba
 (``torch.nn.LSTM``/``GRU`` in training mode), and for the state-space ops mamba_ssm's
 ``selective_scan_fn`` / ``mamba_chunk_scan_combined`` and fla's ``chunk_gated_delta_rule`` where those
 packages are installed, else the torch chunked twins of ``benchmarks/ssm.py``; the table names which.
-Ratios are reported, not judged against a target.
+Ratios are reported, not judged against a target. mamba2's backward is also timed alone, chunked (what the gpu
+target runs) against the step walk (``ssm_kernel="lanes"``).
 """
 from __future__ import annotations
 
@@ -124,6 +125,12 @@ def benchmarks(ck: Any, shared: dict) -> None:
             run_f, run_b = session.runner(forward, RunOptions()), session.runner(backward, RunOptions())
             fwd = events_ms(stream, lambda: run_f(arenas[0]), RUNS)
             both = events_ms(stream, lambda: (run_f(arenas[0]), run_b(arenas[1])), RUNS)
+            if backward["op"] == "mamba2_backward":  # its chunked form against the step walk (a few runs: seconds)
+                run_w = session.runner(backward, RunOptions(ssm_kernel="lanes"))
+                chunked = events_ms(stream, lambda: run_b(arenas[1]), RUNS)
+                walk = events_ms(stream, lambda: run_w(arenas[1]), 2, 1)
+                ck.add("backward", f"{label} chunked backward", "ok",
+                       f"{chunked:.3f} ms, the step walk {walk:.3f} ms ({walk / chunked:.1f}x)")
         finally:
             for arena in arenas:
                 session.free(arena)

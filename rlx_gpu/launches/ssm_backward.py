@@ -14,7 +14,7 @@ from __future__ import annotations
 from host_fallback.abi import complete, forward_op
 from host_fallback.abi.gdn import gdn_scale
 
-from . import gdn, ssm
+from . import gdn, mamba2_backward, ssm
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits
@@ -50,9 +50,11 @@ def _blocks(width: int, lim: DeviceLimits) -> tuple[int, int]:
     return -(-width // per), per
 
 
-def _plan(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     op = forward_op(t["op"])
     fwd = {**complete(t), "op": op}  # the forward's view: its field names and variant switches
+    if op == "mamba2" and mamba2_backward.takes(fwd, lim, ssm_kernel):  # long rows at the gpu target: chunked
+        return mamba2_backward.plan(fwd, lim, _layout, _reduce)
     delta, width, width_param = _DELTA[op]
     r, g, n, dt, lanes = rows(fwd), fwd["groups"], fwd["state_size"], fwd["dtype"], fwd[width]
     tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
@@ -143,7 +145,10 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
 
 
-register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward",
+register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward",
          shared_texts=FIELDS_TEXT)
+# (mamba2's step walk is in the ssm_backward program too; its chunked form's program is its own)
+register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS, family=mamba2_backward.FAMILY,
+         shared_texts=mamba2_backward.SHARED_TEXTS)
 register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
          shared_texts=FIELDS_TEXT)

@@ -29,8 +29,8 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 #: the kernels whose chunk products take the tensor cores, per program family
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
-               "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan")}
-FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3"}
+               "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"), "mamba2_backward": ("mamba2_backward_dstate",)}
+FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3", "mamba2_backward": "mamba2_backward"}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
 #: the operand type the warp MMA operand loads name, per dtype
 OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}
@@ -50,10 +50,11 @@ def _thunk(op: str, dtype: str, **extra) -> dict:
 #: arena does not hold: tests/devices/test_mma_emulated.py runs them)
 GDN_CHANNEL_WIDE = dict(batch=2, seq=150, heads=2, state_size=40, gate_per_channel=True, carry_state=True,
                         value_heads=4, value_size=20)
-#: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3
+#: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3, mamba2's backward
 OPS = (("mamba2", {}), ("gated_delta_net", {"gate_per_channel": False}),
-       ("gated_delta_net", {"gate_per_channel": True}), ("gated_delta_net", GDN_CHANNEL_WIDE), ("mamba3", {}))
-OP_IDS = ["mamba2", "gdn-head", "gdn-channel", "gdn-channel-wide", "mamba3"]
+       ("gated_delta_net", {"gate_per_channel": True}), ("gated_delta_net", GDN_CHANNEL_WIDE), ("mamba3", {}),
+       ("mamba2_backward", {}))
+OP_IDS = ["mamba2", "gdn-head", "gdn-channel", "gdn-channel-wide", "mamba3", "mamba2-backward"]
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -65,7 +66,9 @@ def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra
     expected = VARIANT.get(dtype, MMA_NONE) if lim.mma >= VARIANT.get(dtype, MMA_TF32 + 1) else MMA_NONE
     chunk = [item for item in plan.launches if item.kernel in MMA_KERNELS[FAMILY[op]]]
     assert chunk or dtype == "f64"  # f64 keeps the lanes kernel
-    for item in plan.launches if chunk else ():  # one program holds the plan's kernels: every launch carries it
+    # a forward's one program holds the plan's kernels: every launch carries it; the backward's, those with the variant
+    carriers = chunk if op.endswith("_backward") else plan.launches if chunk else ()
+    for item in carriers:
         assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
 
 
@@ -94,7 +97,7 @@ _SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not
               for dt in VARIANT}
 #: mamba3's version-2 fields are runtime flags of its one program
 FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),)),
-                  "mamba3": lambda dt: ((),)}
+                  "mamba3": lambda dt: ((),), "mamba2_backward": lambda dt: ((), tuple(f for f in _SSM_EVERY[dt] if f[0] != "SSM_VARLEN"))}  # batch rows
 
 
 def _mma_programs():

@@ -36,9 +36,12 @@ pytestmark = pytest.mark.skipif(not KERNEL_OPENCL, reason=f"no OpenCL device amo
 
 CONFIG = load_config(default_config_path())
 EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read_text()
-CHUNK_KERNELS = {"mamba2_chunk_state", "mamba2_chunk_scan", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
-                 "gated_delta_net_chunk_out", "mamba3_chunk_state", "mamba3_chunk_scan"}
-CHUNKED_OPS = ("mamba2", "gated_delta_net", "mamba3")
+#: per op, the kernels that take the variant (mamba2's backward runs the forward's chunk states without it)
+CHUNK_KERNELS = {"mamba2": {"mamba2_chunk_state", "mamba2_chunk_scan"},
+                 "gated_delta_net": {"gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
+                                     "gated_delta_net_chunk_out"},
+                 "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"}}
+CHUNKED_OPS = tuple(CHUNK_KERNELS)
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
 
@@ -88,7 +91,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
     for case in _chunked_cases(dtypes):
         thunk = runner.lay_out(case).thunk
         plan = launches.plan(thunk, session.limits, **case.options) if session.unsupported(thunk) is None else None
-        chunked = [item for item in (plan.launches if plan else ()) if item.kernel in CHUNK_KERNELS]
+        chunked = [item for item in (plan.launches if plan else ()) if item.kernel in CHUNK_KERNELS[case.op]]
         if not chunked:
             continue
         assert all(dict(item.defines).get("RLX_MMA") == variant for item in chunked), case.id
@@ -97,7 +100,8 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert ran == {(op, dt, gates) for op, gates in (("mamba2", False), ("gated_delta_net", False),
-                                                     ("gated_delta_net", True), ("mamba3", False))
+                                                     ("gated_delta_net", True), ("mamba3", False),
+                                                     ("mamba2_backward", False))
                    for dt in dtypes}, ran
     assert not failed, "\n".join(failed)
 

@@ -35,7 +35,7 @@ REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "selective_scan_lanes", "selective_scan_chunked", "mamba2_lanes", "mamba2_chunk_state", "mamba2_state_pass",
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
     "gated_delta_net_chunk_out", "mamba3_lanes", "mamba3_lanes_final", "mamba3_chunk_turn", "mamba3_chunk_state",
-    "mamba3_state_pass", "mamba3_chunk_scan",
+    "mamba3_state_pass", "mamba3_chunk_scan", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
 )}
 #: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
 #: one kernel; f32/bf16 128-164 registers measured) and their reductions
@@ -81,7 +81,8 @@ def _ssm_version2_programs():
     gdn_every = {dt: (("GDNB_GATE_K", 1), ("GDNB_NORM", 1), ("SSM_CARRY", 1), ("SSM_VARLEN", 1), ("SSM_SLOTS", 1))
                  + ((("SSM_STATE_F32", 1),) if dt == "bf16" else ()) for dt in ("f32", "bf16")}
     for dtype in ("f32", "bf16"):  # the backward kernels have no state-size variant
-        for family, defines in (("ssm_backward", every[dtype]), ("gdn_backward", gdn_every[dtype])):
+        for family, defines in (("ssm_backward", every[dtype]), ("gdn_backward", gdn_every[dtype]),
+                                ("mamba2_backward", tuple(f for f in every[dtype] if f[0] != "SSM_VARLEN"))):
             prog = programs.program("cuda", family, dtype, None, "gpu", defines)
             out.append(pytest.param(prog, id=f"{family}-{dtype}-every-field"))
     return out
@@ -149,6 +150,8 @@ def _thunks():
     out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
+    out += [("mamba2_backward", dict(cases.SMALL["mamba2"], seq=64, groups=1, dt_bias=True, d_dt_bias=True, d=True,
+                                     d_d=True, z=True, d_z=True, carry_state=True, state=True, d_state=True), {})]
     carried = dict(cases.SMALL["mamba3"], seq=64, head_dim=40, state_size=64, carry_state=True, angle_state=True,
                    state=True, k_state=True, v_state=True)
     out += [("mamba3", carried, {"ssm_kernel": "lanes"}),  # gpu: a head split over groups, the final launch
@@ -222,7 +225,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
         state_space |= {"mamba3_chunk_turn", "mamba3_chunk_state", "mamba3_state_pass", "mamba3_chunk_scan"}
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
-                        "mamba2_varlen_chunks",
+                        "mamba2_varlen_chunks", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
     state_space |= {"selective_scan_backward", "mamba2_backward", "ssm_backward_reduce", "gated_delta_net_backward",
                     "gdn_backward_qk"}

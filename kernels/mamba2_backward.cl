@@ -1,0 +1,319 @@
+/* The chunked backward of mamba2 (ABI.md §9 over §4's mamba2 and its §8 fields) at the gpu target: the SSD
+ * form of the forward (kernels/ssm.cl's mamba2_chunk_*) in reverse, chunks of M2_Q steps, for batch rows
+ * (packed sequences keep kernels/ssm_backward.cl's step walk), whose ssm_backward_reduce sums the partials
+ * written here. kernels/ssm_fields.cl and kernels/ssm.cl (whose chunk helpers it calls) precede this text.
+ *
+ * Per (row, head) the forward is S_t = exp(l_t) S_{t-1} + u_t (x) b_t, y_t = S_t c_t, with l = dt*a and
+ * u = dt*x, then out = (y + d*x) * silu(z); gy = d_dst * silu(z) is the gradient of y. In a chunk, with
+ * L_i = sum_{s<=i} l_s from its start, S_in the state entering it and D the gradient of the one leaving it:
+ *   A[i][j] = exp(L_i - L_j) (c_i . b_j),   B[i][j] = exp(L_i - L_j) (gy_i . u_j)   for j <= i, else 0,
+ *   du_j = sum_{i>=j} A[i][j] gy_i + exp(L_last - L_j) D b_j,
+ *   db_j = sum_{i>=j} B[i][j] c_i + exp(L_last - L_j) D^T u_j,
+ *   dc_i = sum_{j<=i} B[i][j] b_j + exp(L_i) S_in^T gy_i,
+ *   dL_i = gy_i . y_i - u_i . du_i (plus <D, S_leaving> at the chunk's last step), dl_j = sum_{i>=j} dL_i,
+ * and the gradient of the state entering chunk k is exp(L_last) D + sum_i exp(L_i) gy_i (x) c_i.
+ * Launches (launches/mamba2_backward.py): the forward's own mamba2_chunk_state (each chunk's state from zero
+ * and its decay), then
+ *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i (mamba2_chunk_state's
+ *                           product, its MMA variant with RLX_MMA);
+ *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
+ *                           the gradients of those leaving each (backward), d_state;
+ *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients.
+ * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
+ * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
+ * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
+#if defined(RLX_TARGET_GPU) && !defined(RLX_NEED_FP64) /* f64: the step walk (LOCAL scores past 48 KiB) */
+#if SSM_VARLEN
+#error "mamba2's chunked backward takes batch rows; packed sequences (cu_seqlens) take the step walk"
+#endif
+
+/* grow[i] = exp(L_i) and fade[i] = exp(L_last - L_i) for the chunk's steps, from m2_stage_decay_barrier's Ls, lane i
+ * for step i; every lane calls it (a barrier). */
+INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* grow, LOCAL_PTR real* fade, LOCAL_PTR const real* Ls, int lane,
+                                  int steps)
+{
+    if (lane < steps) {
+        grow[lane] = rlx_exp(Ls[lane]);
+        fade[lane] = rlx_exp(Ls[steps - 1] - Ls[lane]);
+    }
+    BARRIER();
+}
+
+/* One work-group of M2_LANES lanes per (chunk slot, M2_PT rows of P), as mamba2_chunk_state's: gy of the chunk's
+ * tokens and rows ([T][HD][P] in scratch), and the chunk's share of the gradient of the state entering it,
+ * sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot), through mamba2_chunk_state's product (its MMA variant with
+ * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. */
+KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
+                              GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* cb, i64 co,
+                              GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
+                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, real lo, real hi)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q];
+    M2_LOCAL m2_op_t gw[M2_Q * M2_PT];
+    const int lane = (int)LID(0);
+    const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, 0, 0); /* batch rows: no chunk table */
+    const int steps = (int)tile.chunk.steps;
+    const i64 t0 = tile.chunk.first, hh = tile.head, p0 = tile.p0, grp = hh / (HD / G);
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, AT(store_t, dtb, dto), t0, HD, hh, a, bias, lo, hi);
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) { /* zero past the chunk's steps, which MMA tiles cover */
+        const int s = e / M2_PT, p = e - s * M2_PT;
+        real w = (real)0;
+        if (s < steps && p0 + p < P) {
+            const i64 at = ((t0 + s) * HD + hh) * P + p0 + p;
+            const real gy = SSM_Z ? LOAD(g, at) * ssm_silu(LOAD(AT(store_t, zb, zo), at)) : LOAD(g, at);
+            AT(real, gyb, gyo)[at] = gy;
+            w = rlx_exp(Ls[s]) * gy;
+        }
+        gw[e] = M2_OP(w);
+    }
+    BARRIER();
+    GLOBAL real* own = AT(real, ddb, ddo) + tile.slot * P * N;
+    GLOBAL const store_t* c = AT(store_t, cb, co);
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t cs[M2_Q * M2_NW];
+    MMA_LOCAL float out[M2_PT * M2_NW];
+    m2_state_mma_barrier(own, gw, cs, out, c, t0, steps, G, grp, N, P, p0, lane);
+#else
+    m2_state_product(own, gw, c, t0, steps, G, grp, N, P, p0, lane);
+#endif
+}
+
+/* One work-item per state element of one (row, head): in chunk order, each chunk's own state (from
+ * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb; then in
+ * reverse each chunk's own share (in ddb) becomes the gradient of the state leaving it, from d_state's entry
+ * (SSM_CARRY; else zero), which is rewritten as the initial state's gradient. */
+KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
+                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* dstb, i64 dsto,
+                            GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* ddb, i64 ddo,
+                            GLOBAL uchar* fb, i64 fo)
+{
+    const i64 e = GID(0), pn = P * N;
+    if (e >= R * HD * pn)
+        return;
+    const i64 rh = e / pn, el = e - rh * pn, r = rh / HD, hh = rh - r * HD;
+    const i64 chunks = (S + M2_Q - 1) / M2_Q, k0 = hh * K + r * chunks;
+    GLOBAL real* st = AT(real, sb, so) + k0 * pn + el;
+    GLOBAL real* dd = AT(real, ddb, ddo) + k0 * pn + el;
+    GLOBAL const real* dec = AT(real, eb, eo) + k0;
+    const i64 entry = (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    real s = SSM_CARRY ? SLOAD(AT(state_t, stb, sto), entry) : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const real own = st[k * pn];
+        st[k * pn] = s;
+        s = dec[k] * s + own;
+    }
+    AT(real, fb, fo)[rh * pn + el] = s;
+    real d = SSM_CARRY ? SLOAD(AT(state_t, dstb, dsto), entry) : (real)0;
+    for (i64 k = chunks - 1; k >= 0; --k) {
+        const real own = dd[k * pn];
+        dd[k * pn] = d;
+        d = dec[k] * d + own;
+    }
+    if (SSM_CARRY)
+        SSTORE(AT(state_t, dstb, dsto), entry, d);
+}
+
+/* Where one chunk's tensors are, each at its first step: x, gy, d_dst, z, d_x, d_z (a step's P values
+ * `xs` apart), b, c (`bs` apart), the states entering (sin) and leaving (send) and the leaving one's gradient
+ * (dout), each [P, N]. */
+typedef struct {
+    GLOBAL const store_t* x;
+    GLOBAL const real* gy;
+    GLOBAL const store_t* g;
+    GLOBAL const store_t* z;
+    GLOBAL store_t* dx;
+    GLOBAL store_t* dz;
+    GLOBAL const store_t* b;
+    GLOBAL const store_t* c;
+    GLOBAL const real* sin;
+    GLOBAL const real* send;
+    GLOBAL const real* dout;
+    i64 xs, bs, P, N;
+    real dv;
+} m2b_tensors;
+
+/* One of the chunk's scores into LOCAL, sm[i][j] (zero for j > i and past the chunk's steps), M2_Q lanes over the
+ * entries: with `grads` B[i][j] = exp(L_i - L_j) dt_j (gy_i . x_j) over P, else A[i][j] = exp(L_i - L_j) (c_i . b_j)
+ * over N. The two take turns in one array (a second one would pass OpenCL's 32 KiB of local memory): the first
+ * barrier waits for the readers of the previous one. */
+INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at, int steps, LOCAL_PTR const real* dts,
+                                  LOCAL_PTR const real* Ls, int lane)
+{
+    BARRIER();
+    for (int e = lane; e < M2_Q * M2_Q; e += M2_Q) {
+        const int i = e / M2_Q, j = e - i * M2_Q;
+        real v = (real)0;
+        if (j <= i && i < steps) {
+            if (grads) {
+                for (i64 p = 0; p < at.P; ++p)
+                    v += at.gy[i * at.xs + p] * LOAD(at.x, j * at.xs + p);
+                v *= dts[j];
+            } else {
+                for (i64 n = 0; n < at.N; ++n)
+                    v += LOAD(at.c, i * at.bs + n) * LOAD(at.b, j * at.bs + n);
+            }
+            v *= rlx_exp(Ls[i] - Ls[j]);
+        }
+        sm[e] = v;
+    }
+    BARRIER();
+}
+
+#define M2B_J 8 /* steps whose sums over p lane 0 .. 3*M2B_J-1 take together (LOCAL: 3 * M2B_J * M2_Q reals) */
+
+/* The chunk's P side, M2_Q lanes over its rows (lane p, p + M2_Q, ...), step after step: for step j and row p
+ * du = sum_{i>=j} A[i][j] gy_i + exp(L_last - L_j) D b_j and y = sum_{i<=j} A[j][i] dt_i x_i + exp(L_j) S_in c_j
+ * (am: A), d_x and d_z; and each step's sums over p, dL = gy . y - u . du, du . x and gy . x, into dls, das, dds:
+ * each lane's share into red, summed in lane order, M2B_J steps at a time (two barriers). Every lane calls it. */
+INLINE_FN void m2b_rows_barrier(m2b_tensors at, int steps, LOCAL_PTR const real* am, LOCAL_PTR const real* dts,
+                                LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, LOCAL_PTR real* red,
+                                LOCAL_PTR real* dls, LOCAL_PTR real* das, LOCAL_PTR real* dds, int lane)
+{
+    for (int j0 = 0; j0 < steps; j0 += M2B_J) {
+        for (int jj = 0; jj < M2B_J; ++jj) {
+            const int j = j0 + jj;
+            real dl = (real)0, dux = (real)0, gx = (real)0;
+            for (i64 p = lane; p < (j < steps ? at.P : 0); p += M2_Q) {
+                real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
+                for (int i = j; i < steps; ++i)
+                    du += am[i * M2_Q + j] * at.gy[i * at.xs + p];
+                for (int i = 0; i <= j; ++i)
+                    y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+                for (i64 n = 0; n < at.N; ++n) {
+                    to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
+                    from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
+                }
+                du += fade[j] * to_end;
+                y += grow[j] * from_start;
+                const i64 xi = j * at.xs + p;
+                const real xv = LOAD(at.x, xi), gy = at.gy[xi];
+                STORE(at.dx, xi, dts[j] * du + (SSM_D ? at.dv * gy : (real)0));
+                if (SSM_Z) { /* out = (y + d*x) * silu(z) */
+                    const real zv = LOAD(at.z, xi), sz = sigmoid_r(zv), pre = SSM_D ? y + at.dv * xv : y;
+                    STORE(at.dz, xi, LOAD(at.g, xi) * pre * sz * ((real)1 + zv * ((real)1 - sz)));
+                }
+                dl += gy * y - dts[j] * xv * du;
+                dux += du * xv;
+                gx += gy * xv;
+            }
+            red[(jj * 3) * M2_Q + lane] = dl;
+            red[(jj * 3 + 1) * M2_Q + lane] = dux;
+            red[(jj * 3 + 2) * M2_Q + lane] = gx;
+        }
+        BARRIER();
+        if (lane < 3 * M2B_J && j0 + lane / 3 < steps) {
+            real sum = (real)0;
+            for (int l = 0; l < M2_Q; ++l)
+                sum += red[lane * M2_Q + l];
+            const int j = j0 + lane / 3, k = lane - lane / 3 * 3;
+            LOCAL_PTR real* out = k == 0 ? dls : k == 1 ? das : dds;
+            out[j] = sum;
+        }
+        BARRIER();
+    }
+}
+
+/* The chunk's N side, M2_Q lanes over the state columns (lane n, n + M2_Q, ...): this head's d_b and d_c of every
+ * step at db and dc (a step's N values `stride` apart), from bm: B. */
+INLINE_FN void m2b_columns(m2b_tensors at, int steps, LOCAL_PTR const real* bm, LOCAL_PTR const real* dts,
+                           LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, GLOBAL real* db, GLOBAL real* dc,
+                           i64 stride, int lane)
+{
+    for (int j = 0; j < steps; ++j)
+        for (i64 n = lane; n < at.N; n += M2_Q) {
+            real gb = (real)0, gc = (real)0, leaving = (real)0, entering = (real)0;
+            for (int i = j; i < steps; ++i)
+                gb += bm[i * M2_Q + j] * LOAD(at.c, i * at.bs + n);
+            for (int i = 0; i <= j; ++i)
+                gc += bm[j * M2_Q + i] * LOAD(at.b, i * at.bs + n);
+            for (i64 p = 0; p < at.P; ++p) {
+                leaving += LOAD(at.x, j * at.xs + p) * at.dout[p * at.N + n];
+                entering += at.gy[j * at.xs + p] * at.sin[p * at.N + n];
+            }
+            db[j * stride + n] = gb + fade[j] * dts[j] * leaving;
+            dc[j * stride + n] = gc + grow[j] * entering;
+        }
+}
+
+/* dls[steps-1] += <D, S_leaving>, the leaving state's share of the chunk's last dL: the lanes' shares through red,
+ * summed in lane order (two barriers; every lane calls it). */
+INLINE_FN void m2b_end_dot_barrier(m2b_tensors at, int steps, LOCAL_PTR real* red, LOCAL_PTR real* dls, int lane)
+{
+    real sum = (real)0;
+    for (i64 e = lane; e < (steps > 0 ? at.P * at.N : 0); e += M2_Q)
+        sum += at.dout[e] * at.send[e];
+    red[lane] = sum;
+    BARRIER();
+    if (lane == 0 && steps > 0) {
+        real all = (real)0;
+        for (int l = 0; l < M2_Q; ++l)
+            all += red[l];
+        dls[steps - 1] += all;
+    }
+    BARRIER();
+}
+
+/* One work-group of M2_Q lanes per chunk slot (over the rows of P, over the state columns, then a lane per step):
+ * d_x, d_z, d_dt of the chunk's tokens; this head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over
+ * the group's heads by ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD],
+ * K: the chunk slots of a head). sb: the states entering each chunk; fb: each (row, head)'s final state; ddb: the
+ * gradients of the states leaving each chunk. */
+KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
+                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
+                             GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* biasb, i64 biaso,
+                             GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
+                             GLOBAL uchar* dxb, i64 dxo, GLOBAL uchar* ddtb, i64 ddto, GLOBAL uchar* dzb, i64 dzo,
+                             GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* fb, i64 fo,
+                             GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* pbcb, i64 pbo, i64 pco,
+                             GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, real lo, real hi)
+{
+    LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], sm[M2_Q * M2_Q];
+    LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q], red[3 * M2B_J * M2_Q];
+    const int lane = (int)LID(0);
+    const i64 slot = GROUP(0), hh = slot / K, hpg = HD / G, grp = hh / hpg, pn = P * N, chunks = (S + M2_Q - 1) / M2_Q;
+    const m2_chunk ch = m2_chunk_at(slot - hh * K, K, S, 0, 0); /* batch rows: no chunk table */
+    const int steps = (int)ch.steps, last = slot - hh * K - ch.row * chunks == chunks - 1;
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    m2_stage_decay_barrier(dts, Ls, lane, steps, AT(store_t, dtb, dto), ch.first, HD, hh, a, bias, lo, hi);
+    m2b_decays_barrier(grow, fade, Ls, lane, steps);
+    const i64 xat = (ch.first * HD + hh) * P, bat = (ch.first * G + grp) * N;
+    const m2b_tensors at = {AT(store_t, xb, xo) + xat, AT(real, gyb, gyo) + xat, AT(store_t, gb, go) + xat,
+                            AT(store_t, zb, zo) + xat, AT(store_t, dxb, dxo) + xat, AT(store_t, dzb, dzo) + xat,
+                            AT(store_t, bb, bo) + bat, AT(store_t, cb, co) + bat, AT(real, sb, so) + slot * pn,
+                            last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (slot + 1) * pn,
+                            AT(real, ddb, ddo) + slot * pn, HD * P, G * N, P, N,
+                            ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
+    m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
+    m2b_rows_barrier(at, steps, sm, dts, grow, fade, red, dls, das, dds, lane);
+    m2b_end_dot_barrier(at, steps, red, dls, lane);
+    m2b_scores_barrier(sm, 1, at, steps, dts, Ls, lane);
+    const i64 part = (((hh - grp * hpg) * T + ch.first) * G + grp) * N; /* step j's at j * G * N */
+    m2b_columns(at, steps, sm, dts, grow, fade, AT(real, pbcb, pbo) + part, AT(real, pbcb, pco) + part, G * N, lane);
+    const int j = lane;
+    if (j < steps) {
+        real dl = (real)0; /* d of the step's log-decay: the dL of every step from it on */
+        for (int i = steps - 1; i >= j; --i)
+            dl += dls[i];
+        const i64 di = (ch.first + j) * HD + hh;
+        const real grad = ssm_delta_grad(LOAD(AT(store_t, dtb, dto), di), dl * a + das[j], bias, lo, hi);
+        STORE(AT(store_t, ddtb, ddto), di, grad);
+        das[j] = dl * dts[j];
+        dbs[j] = grad;
+    }
+    BARRIER();
+    if (lane == 0) {
+        real sa = (real)0, sd = (real)0, sbias = (real)0;
+        for (int i = 0; i < steps; ++i) {
+            sa += das[i];
+            sd += dds[i];
+            sbias += dbs[i];
+        }
+        const i64 pat = (slot - hh * K) * HD + hh;
+        AT(real, psb, pao)[pat] = sa;
+        AT(real, psb, pdo)[pat] = sd;
+        AT(real, psb, pbiaso)[pat] = sbias;
+    }
+}
+#endif

@@ -1,0 +1,76 @@
+"""The costs of the chunked mamba2_backward kernels (``launches/mamba2_backward.py`` plans them; ``cost`` says how
+counted; the forward's ``mamba2_chunk_state`` it launches first is ``ssm_cost``'s).
+
+Per (head, chunk of s steps), read off kernels/mamba2_backward.cl's loops: the chunk's share of the entering state's
+gradient ((exp(L) Gy)ᵀ·C, P x N over s; its RLX_MMA variant runs it on the tensor cores), the scores A = C·Bᵀ and
+B = Gy·Xᵀ on the lower triangle (tri = s(s+1)/2 pairs), then per step Aᵀ·Gy, A·(dt X) (per row of P), Bᵀ·C, B·B
+(per state column), each over the triangle, and the state products D·b, S_in·c, Dᵀ·x, S_inᵀ·gy.
+Those are GEMM-shaped; the decays, the per-step sums and the §8 transforms are the rest.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from .core import Launch
+from .cost import Cost, chunk_steps, declare, defined, real, stored, tuned
+from .ssm_cost import carried_state, delta_flops, finish_flops
+
+_SILU = 4  # FLOPs of silu (exp, add, division, multiply)
+
+
+def _rows(launch: Launch, args: Mapping[str, Any]) -> int:
+    """Batch rows: the K chunk slots of a head over ceil(S / M2_Q) chunks a row."""
+    return args["K"] // -(-args["S"] // tuned(launch, "M2_Q"))
+
+
+def _chunks(launch: Launch, args: Mapping[str, Any]) -> list[int]:
+    return chunk_steps(args["S"], _rows(launch, args), tuned(launch, "M2_Q"), False)
+
+
+def _decays(launch: Launch, steps: int) -> int:
+    """dt, its running sum, exp(L) and exp(L_last - L) per step."""
+    return steps * (4 + delta_flops(launch))
+
+
+@declare("mamba2_backward_dstate")
+def dstate(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (head, chunk, tile of M2_PT rows of P), as mamba2_chunk_state: dt and its running sum, gy = d_dst·silu(z)
+    and its weight exp(L_i) per (step, p), then the chunk's [P, N] = (exp(L) Gy)ᵀ·C over its steps; writes gy and
+    the chunk's [P, N]."""
+    hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
+    pt, t = tuned(launch, "M2_PT"), sum(_chunks(launch, args))
+    rows, z = -(-p // pt) * pt, defined(launch, "SSM_Z")
+    other = hd * (-(-p // pt) * t * (2 + delta_flops(launch)) + t * p * (2 + (_SILU + 1) * z))
+    read = t * hd * (p * (1 + z) + 1) * es + t * args["G"] * n * es
+    written = t * hd * p * rs + hd * args["K"] * p * n * rs
+    return Cost(gemm=hd * 2 * t * rows * n, other=other, read=read, written=written)
+
+
+@declare("mamba2_backward_pass")
+def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per state entry and chunk: S = decay·S + own forward, D = decay·D + own backward; the states entering each
+    chunk, the leaving ones' gradients and the final states written; d_state read and rewritten with SSM_CARRY."""
+    hd, pn, rs = args["HD"], args["P"] * args["N"], real(launch)
+    chunks = len(_chunks(launch, args))
+    slots = hd * args["K"] * pn
+    rows = args["R"] * hd * pn
+    return Cost(other=4 * hd * chunks * pn, read=(2 * slots + hd * args["K"]) * rs,
+                written=(2 * slots + rows) * rs) + carried_state(launch, args["R"], 2 * hd * pn)
+
+
+@declare("mamba2_backward_chunk")
+def chunk(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (head, chunk): the scores on the lower triangle (C·Bᵀ over N, Gy·Xᵀ over P, decayed); per step and p
+    du (Aᵀ·Gy, D·b) and y (A·(dt X), S_in·c), d_x, d_z; per step and n d_b (Bᵀ·C, Dᵀ·x) and d_c (B·B, S_inᵀ·gy);
+    <D, S_end>; the log-decay's reverse sums and d_dt; the chunk's sums of d_a, d_d, d_dt_bias."""
+    hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
+    chunks = _chunks(launch, args)
+    tri, t = sum(s * (s + 1) // 2 for s in chunks), sum(chunks)
+    gemm = hd * (tri * (2 * n + 2 * p) + p * (4 * tri + 4 * n * t) + n * (4 * tri + 4 * p * t) + 2 * p * n * len(chunks))
+    other = hd * (_decays(launch, t) + 3 * tri + p * (tri + t * (12 + finish_flops(launch))) + 5 * n * t + 2 * tri
+                  + t * (8 + delta_flops(launch)))
+    z = defined(launch, "SSM_Z")
+    states = (2 * hd * args["K"] + _rows(launch, args) * hd) * p * n * rs  # entering, the leaving ones' gradients, finals
+    read = t * hd * (p * (2 + z) + 1) * es + 2 * t * args["G"] * n * es + t * hd * p * rs + states
+    written = t * hd * (p * (1 + z) + 1) * es + (2 * t * hd * n + 3 * args["K"] * hd) * rs
+    return Cost(gemm=gemm, other=other, read=read, written=written)

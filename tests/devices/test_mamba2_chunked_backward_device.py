@@ -1,0 +1,105 @@
+"""mamba2_backward's chunked form at the gpu target (kernels/mamba2_backward.cl, launches/mamba2_backward.py) on
+OpenCL.
+
+Each case runs a sequence of at least M2_MIN_SEQ steps (whole chunks of M2_Q and a partial one) at the gpu target
+on PoCL, where the plan takes the chunked launches, and its gradients are compared with the conformance catalog's
+float64 reference of ABI.md §9 (rlx_gpu/conformance/reference_mamba2_backward.py: a loop over steps, independent
+of the kernels) and with the step walk (kernels/ssm_backward.cl) on the same arena; every field the kernels take
+(groups, dt bias and its gradient, softplus, the clamp, d, z, a carried state into slots, f32 state and
+parameters beside bf16), every dtype they run (f32, f16, bf16); the same bytes on a second run; a NaN in d_dst
+reaching only the steps that depend on it; and one case on Intel's OpenCL CPU runtime, the second compiler.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rlx_gpu.backends.opencl")
+from rlx_gpu import launches  # noqa: E402
+from rlx_gpu.conformance import runner  # noqa: E402
+from rlx_gpu.conformance.catalog import Case  # noqa: E402
+from rlx_gpu.conformance.compare import nmse  # noqa: E402
+from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
+from rlx_gpu.runtime.config import load_config  # noqa: E402
+from support.conformance_devices import KERNEL_OPENCL, SPECS  # noqa: E402
+
+CHUNKED = {"mamba2_chunk_state", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk"}
+_CARRIED = dict(carry_state=True, state=True, d_state=True)
+_EVERY = dict(groups=2, dt_bias=True, d_dt_bias=True, dt_softplus=True, dt_limit=[0.05, 1.5], d=True, d_d=True, z=True,
+              d_z=True)
+CASES = [
+    # every field, two batch rows into slots (one pool entry no row names), two whole chunks and a partial one
+    Case("mamba2_backward", "f32", dict(batch=2, seq=130, heads=4, head_dim=5, state_size=6, state_slots=[2, 0],
+                                        num_slots=3, **_EVERY, **_CARRIED)),
+    # a 16-bit thunk with f32 state and parameters, an open clamp
+    Case("mamba2_backward", "bf16", dict(batch=1, seq=100, heads=2, head_dim=4, state_size=3, groups=1, dt_bias=True,
+                                         d_dt_bias=True, dt_softplus=True, dt_limit=[0.0, None], d=True, d_d=True,
+                                         z=True, d_z=True, state_dtype="f32", param_dtype="f32", **_CARRIED)),
+    # version 1 in f16: one whole chunk per row
+    Case("mamba2_backward", "f16", dict(batch=2, seq=64, heads=2, head_dim=3, state_size=4, groups=1)),
+]
+
+
+@pytest.fixture(scope="module")
+def session():
+    return open_device(find(KERNEL_OPENCL[0]), "gpu")
+
+
+def _run(session, laid, **options) -> np.ndarray:
+    arena = session.upload(laid.arena)
+    with np.errstate(all="ignore"):
+        session.launch(laid.thunk, arena, **options)
+    session.finish()
+    return session.read(arena, 0, laid.arena.size)
+
+
+def _gradients(laid, arena: np.ndarray) -> dict[str, np.ndarray]:
+    return {r.field: laid.view(arena, r.field) for r in laid.regions if r.field.startswith("d_") and r.field != "d_dst"}
+
+
+def _check(session, case: Case) -> None:
+    laid = runner.lay_out(case)
+    assert session.unsupported(laid.thunk) is None, session.unsupported(laid.thunk)
+    kernels = {launch.kernel for launch in launches.plan(laid.thunk, session.limits).launches}
+    assert CHUNKED <= kernels and "mamba2_backward" not in kernels, kernels
+    got = _run(session, laid)
+    walked = _gradients(laid, _run(session, laid, ssm_kernel="lanes"))
+    bound = load_config().tolerance(case.op, case.dtype)
+    want = laid.reference()
+    for field, value in _gradients(laid, got).items():
+        err = nmse(value, want[field].reshape(-1))
+        assert err < bound, f"{case.dtype} {field}: nmse {err:.3g} against the float64 reference (bound {bound:.3g})"
+        err = nmse(value, walked[field])
+        assert err < bound, f"{case.dtype} {field}: nmse {err:.3g} against the step walk (bound {bound:.3g})"
+    assert np.array_equal(_run(session, laid), got), "a second run gave other bytes"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.dtype)
+def test_gradients_match_the_float64_reference_and_the_step_walk(session, case):
+    _check(session, case)
+
+
+def test_a_nan_in_d_dst_reaches_only_the_steps_it_depends_on(session):
+    # the f32 case above poisoned at step 100 of row 0 (its programs)
+    case = Case("mamba2_backward", "f32", CASES[0].params, poison="d_dst", poison_step=100, poison_value=np.nan)
+    laid = runner.lay_out(case)
+    got = _run(session, laid)
+    dx, dz, d_b, d_c, d_dt = (laid.view(got, f).reshape(2, 130, -1) for f in ("d_x", "d_z", "d_b", "d_c", "d_dt"))
+    assert np.isnan(dx[0, :101]).any() and np.isfinite(dx[0, 101:]).all() and np.isfinite(dx[1]).all()
+    assert np.isnan(dz[0, 100, 0]) and np.isfinite(dz[0, 101:]).all() and np.isfinite(dz[1]).all()
+    assert np.isnan(d_b[0, :101]).any() and np.isfinite(d_b[0, 101:]).all() and np.isfinite(d_b[1]).all()
+    assert np.isfinite(d_c[0, 101:]).all() and np.isfinite(d_dt[0, 101:]).all() and np.isfinite(d_dt[1]).all()
+    state = laid.view(got, "d_state").reshape(3, -1)  # row 0's entry is slot 2, row 1's slot 0
+    assert np.isnan(state[2]).any() and np.isfinite(state[0]).all()
+
+
+_SECOND = [s for s in SPECS if s.startswith("opencl") and s not in KERNEL_OPENCL]
+
+
+@pytest.mark.skipif(not _SECOND, reason="no second OpenCL implementation among the test devices")
+def test_the_second_opencl_compiler_runs_it_too():
+    """One small f32 case with every field on the other OpenCL implementation (Intel's CPU runtime: seconds a
+    program build, so one program)."""
+    session = open_device(find(_SECOND[0]), "gpu")
+    _check(session, Case("mamba2_backward", "f32", dict(batch=1, seq=70, heads=2, head_dim=3, state_size=4,
+                                                        **_EVERY, **_CARRIED)))
