@@ -181,7 +181,7 @@ def test_gdn_per_channel_shapes_pass_with_the_tensor_core_words_emulated(monkeyp
         fma = _dst(session, case)
         monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
         plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
-        assert {dict(item.defines).get("RLX_MMA") for item in plan.launches if item.kernel in CHUNK_KERNELS} \
+        assert {dict(item.defines).get("RLX_MMA") for item in plan.launches if item.kernel in CHUNK_KERNELS[case.op]} \
             == {variant}, case.id
         outcome = runner.check(session, case, config, host)
         if outcome.status != "pass":
