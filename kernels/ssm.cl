@@ -32,11 +32,25 @@ INLINE_FN ssm_tensors ssm_tensors_of(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb
     return out;
 }
 
+/* mamba2's saved forward (docs/abi.md 6a.1) past its states [R][K][HD][P][N]: y [R*S][HD][P], the outputs before
+ * d and z; then the scores (mamba2_reserve_scores). */
+INLINE_FN GLOBAL real* mamba2_saved_y(GLOBAL uchar* rsb, i64 rso, i64 R, i64 S, i64 HD, i64 P, i64 N, i64 RQ)
+{
+    return AT(real, rsb, rso) + R * ((S + RQ - 1) / RQ) * HD * P * N;
+}
+
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
 #define SS_W 16 /* the state_size of selective_scan's fixed-width path */
 #define SS_TB 8 /* steps per block of that path */
+
+/* A private state row h[N] into chunk k's entry of a saved forward. */
+INLINE_FN void ssm_save_row(ssm_saved sv, i64 k, const real* h, i64 N)
+{
+    for (i64 n = 0; n < N; ++n)
+        sv.at[k * sv.stride + n] = h[n];
+}
 
 /* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or 1: called with either constant, so
  * that the guards fold away) for state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
@@ -88,9 +102,10 @@ INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 to
 
 /* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps and
  * the rest one step at a time: a block run with fewer steps still computed all SS_TB delta transforms and
- * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs). */
+ * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs).
+ * With SSM_RESERVE the walk goes chunk by chunk of the saved forward, storing the state leaving each. */
 INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
-                                  ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st)
+                                  ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st, ssm_saved sv)
 {
     real h[SS_W], av[SS_W];
     PRAGMA_UNROLL
@@ -98,11 +113,15 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
         h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;
         av[n] = PLOAD(a, n);
     }
-    i64 tok = t0;
-    for (; tok + SS_TB <= t1; tok += SS_TB)
-        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
-    for (; tok < t1; ++tok)
-        selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
+    for (i64 tok = t0; tok < t1;) {
+        const i64 end = SSM_RESERVE && tok + sv.every < t1 ? tok + sv.every : t1;
+        for (; tok + SS_TB <= end; tok += SS_TB)
+            selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
+        for (; tok < end; ++tok)
+            selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
+        if (SSM_RESERVE)
+            ssm_save_row(sv, (tok - 1 - t0) / sv.every, h, SS_W);
+    }
     if (SSM_CARRY)
         PRAGMA_UNROLL
         for (int n = 0; n < SS_W; ++n)
@@ -170,13 +189,15 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
                       GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                       GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                       GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                      GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                      GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                      GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 ch = GID(0), r = GID(1);
     if (ch >= H || r >= R)
         return;
     const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
-    if (SSM_VARLEN ? 0 : S == 1) { /* a decode step: launches/ssm.py gives each item SS_TC channels */
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, ch, N); /* read only with SSM_RESERVE */
+    if (SSM_VARLEN || SSM_RESERVE ? 0 : S == 1) { /* a decode step: launches/ssm.py gives each item SS_TC channels */
         selective_scan_token(ch, GSIZE(0), r, H, N, G, io, AT(param_t, ab, ao), AT(param_t, biasb, biaso),
                              AT(param_t, skb, sko), AT(state_t, stb, sto) + ssm_slot(r, AT(int, slb, slo)) * H * N);
         return;
@@ -187,7 +208,7 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
     if (N == SS_W) {
-        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st);
+        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st, sv);
         return;
     }
     real h[STATE_MAX], av[STATE_MAX];
@@ -213,6 +234,8 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
             y[0] += LOAD(crow, n) * h[n];
         const real sum = ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7]));
         STORE(io.dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(io.z, tok * H + ch)));
+        if (SSM_RESERVE && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_save_row(sv, (tok - t0) / RQ, h, N);
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
@@ -232,6 +255,14 @@ INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t*
     for (int c = 0; c < M2_PB; ++c)
         if (c < np)
             STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
+}
+
+/* An item's np state rows s[n * M2_PB + c] (mamba2's walk below) into chunk k's entries of a saved forward. */
+INLINE_FN void m2_save_rows(ssm_saved sv, i64 k, const real* s, int np, i64 N)
+{
+    for (int c = 0; c < np; ++c)
+        for (i64 n = 0; n < N; ++n)
+            sv.at[k * sv.stride + c * N + n] = s[n * M2_PB + c];
 }
 
 /* Mamba-2, the one token of a row (a decode step) at the cpu target: each of the item's np rows of the
@@ -274,12 +305,14 @@ INLINE_FN void mamba2_one_token(int np, i64 N, GLOBAL state_t* st, GLOBAL const 
  * sum with two independent partial sums per row (even and odd n), so the sum over n is not one
  * serial FMA chain. Fused into one pass, PoCL's vectorizer split and spilled the accumulators (f32
  * B=2 S=1024 H=8 P=64 N=64: 7.8 ms fused vs 4.3 ms in two passes; 16 rows per item vs 8: 4.3 vs 14;
- * four partial sums instead of two: 5.0). */
+ * four partial sums instead of two: 5.0). With SSM_RESERVE (no decode step then) the item also stores its
+ * rows' states leaving each chunk of RQ tokens and their outputs before d and z (mamba2_saved_y). */
 KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
+              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi,
+              GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 p0 = GID(0) * M2_PB, hh = GID(1), r = GID(2);
     if (p0 >= P || hh >= HD || r >= R)
@@ -291,7 +324,9 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
-    if (t1 - t0 == 1) {
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P + p0, N); /* read only with SSM_RESERVE */
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ);
+    if (!SSM_RESERVE && t1 - t0 == 1) {
         const i64 head = t0 * HD + hh;
         const real d = ssm_delta(LOAD(io.delta, head), bias, lo, hi);
         mamba2_one_token(np, N, st, io.x, io.bm + (t0 * G + grp) * N, io.cm + (t0 * G + grp) * N, io.z, io.dst,
@@ -336,6 +371,12 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
             for (int c = 0; c < M2_PB; ++c)
                 y0[c] += s[n * M2_PB + c] * c0;
         }
+        if (SSM_RESERVE) {
+            for (int c = 0; c < np; ++c)
+                ys[head * P + p0 + c] = y0[c] + y1[c];
+            if (ssm_saved_ends(sv, tok, t0, t1))
+                m2_save_rows(sv, (tok - t0) / RQ, s, np, N);
+        }
         if (np == M2_PB) /* a whole block of rows, unguarded: the finish vectorizes across them */
             m2_finish_rows(M2_PB, io.dst, io.z, head * P + p0, y0, y1, dv, xv);
         else
@@ -374,17 +415,29 @@ INLINE_FN void ssm_lanes_write_state(GLOBAL state_t* st, const real* h, int nl, 
             SSTORE(st, w * SSM_L + nl, h[w]);
 }
 
+/* A lane's values of a state row (n = w*SSM_L + nl) into chunk k's entry of a saved forward. */
+INLINE_FN void ssm_lanes_save(ssm_saved sv, i64 k, const real* h, int nl, i64 N)
+{
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        if (w * SSM_L + nl < N)
+            sv.at[k * sv.stride + w * SSM_L + nl] = h[w];
+}
+
 /* The end of step `step` of a row (every lane of the group calls it: it meets the step's barrier): this
  * lane's partial sum y into the step's buffer of `part`, then the lane that stores (`store`: the row's
- * first lane, when the row is live) finishes the output at `at` from the row's sum and stores it. */
-INLINE_FN void ssm_lanes_finish_barrier(LOCAL_PTR real* part, real y, i64 step, int lane, int first, int store,
+ * first lane, when the row is live) finishes the output at `at` from the row's sum and stores it. Returns
+ * that sum (0 to the other lanes). */
+INLINE_FN real ssm_lanes_finish_barrier(LOCAL_PTR real* part, real y, i64 step, int lane, int first, int store,
                                         ssm_tensors io, i64 at, real dv, real xv)
 {
     const int buf = (int)(step & 1) * SSM_WG;
     part[buf + lane] = y;
     BARRIER();
+    const real sum = store ? ssm_row_sum(part, buf + first) : (real)0;
     if (store)
-        STORE(io.dst, at, ssm_finish(ssm_row_sum(part, buf + first), dv, xv, ssm_z(io.z, at)));
+        STORE(io.dst, at, ssm_finish(sum, dv, xv, ssm_z(io.z, at)));
+    return sum;
 }
 
 /* Mamba-1, state rows = (row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[g,n]; y = sum_n c[g,n]*h[n]. */
@@ -392,7 +445,8 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                             GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                             GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                            GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
@@ -407,6 +461,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     const i64 grp = cl / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), cl, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), cl, SSM_D);
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, cl, N); /* read only with SSM_RESERVE */
     real h[SSM_W], av[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w) {
@@ -430,6 +485,8 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
             }
         }
         ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, tok * H + ch, dv, xv);
+        if (SSM_RESERVE && live && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_lanes_save(sv, (tok - t0) / RQ, h, nl, N);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, h, nl, N);
@@ -440,7 +497,8 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                     GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                     GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                     GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
+                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi,
+                    GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
@@ -454,6 +512,8 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P + (live ? p : 0), N); /* with SSM_RESERVE */
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ);
     real s[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w)
@@ -474,7 +534,12 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                 y += s[w] * LOAD(crow, n);
             }
         }
-        ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, head * P + p, dv, xv);
+        const real sum = ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, head * P + p, dv,
+                                                  xv);
+        if (SSM_RESERVE && live && nl == 0)
+            ys[head * P + p] = sum;
+        if (SSM_RESERVE && live && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_lanes_save(sv, (tok - t0) / RQ, s, nl, N);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, s, nl, N);
@@ -1015,4 +1080,41 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 #endif
 }
 #endif
+#endif
+
+#if SSM_RESERVE
+/* mamba2's saved scores (docs/abi.md 6a.1), a launch after the forward of the same program: item (l, head hh,
+ * row r * K + chunk k) writes row l of the chunk's W[l, s] = (c_l . b_s) exp(cum_l - cum_s) for s <= l, 0 for
+ * s > l and for a token l past the row's end; cum_t = sum of dt*a over the chunk's tokens 0 .. t, summed in
+ * token order (as the layout's definition: every device gives the host's cumulative sums). */
+KERNEL mamba2_reserve_scores(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 RQ,
+                             GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo,
+                             GLOBAL uchar* cb, i64 co, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* rsb, i64 rso,
+                             real lo, real hi)
+{
+    const i64 l = GID(0), hh = GID(1), rk = GID(2), K = (S + RQ - 1) / RQ;
+    if (l >= RQ || hh >= HD || rk >= R * K)
+        return;
+    const i64 r = rk / K, t0 = r * S + (rk - r * K) * RQ, grp = hh / (HD / G);
+    const i64 steps = r * S + S - t0 < RQ ? r * S + S - t0 : RQ; /* the chunk's tokens */
+    GLOBAL real* w = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ) + R * S * HD * P + ((rk * HD + hh) * RQ + l) * RQ;
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* crow = AT(store_t, cb, co) + ((t0 + l) * G + grp) * N;
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    const int live = l < steps;
+    real cum_l = (real)0, cum = (real)0;
+    for (i64 s = 0; live && s <= l; ++s)
+        cum_l += ssm_delta(LOAD(dt, (t0 + s) * HD + hh), bias, lo, hi) * a;
+    for (i64 s = 0; s < RQ; ++s) {
+        real v = (real)0;
+        if (live && s <= l) {
+            GLOBAL const store_t* brow = AT(store_t, bb, bo) + ((t0 + s) * G + grp) * N;
+            cum += ssm_delta(LOAD(dt, (t0 + s) * HD + hh), bias, lo, hi) * a;
+            for (i64 n = 0; n < N; ++n)
+                v += LOAD(crow, n) * LOAD(brow, n);
+            v *= exp(cum_l - cum);
+        }
+        w[s] = v;
+    }
+}
 #endif
