@@ -88,11 +88,15 @@ INLINE_FN void ssmb_checkpoints(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL con
         g[n] = SSM_CARRY ? SLOAD(h0, n) : (real)0;
     for (i64 k = 0; k < chunks; ++k) {
         const i64 c0 = t0 + k * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
-        GLOBAL const real* from = SSM_RESERVE && k > 0 && (c0 - t0) % sv.every == 0
-                                      ? sv.at + ((c0 - t0) / sv.every - 1) * sv.stride : g;
+        const i64 saved = (c0 - t0) / sv.every; /* remainders by multiplication, as ssmb_item_of's */
+        GLOBAL const real* from = SSM_RESERVE && k > 0 && saved * sv.every == c0 - t0 ? sv.at + (saved - 1) * sv.stride
+                                                                                      : g;
+        int walk = k + 1 < chunks; /* to the next checkpoint, unless the saved forward holds it */
+        if (SSM_RESERVE && (c1 - t0) / sv.every * sv.every == c1 - t0)
+            walk = 0;
         for (i64 n = 0; n < N; ++n)
             ckpt[k * N + n] = g[n] = from[n];
-        if (k + 1 < chunks && !(SSM_RESERVE && (c1 - t0) % sv.every == 0))
+        if (walk)
             for (i64 tok = c0; tok < c1; ++tok)
                 ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, g, g);
     }

@@ -185,8 +185,9 @@ INLINE_FN ssm_saved ssm_saved_of(GLOBAL uchar* rsb, i64 rso, i64 r, i64 S, i64 e
     return sv;
 }
 
-/* Whether token tok of a row of tokens [t0, t1) ends a chunk of the saved forward, and which. */
+/* Whether token tok of a row of tokens [t0, t1) ends a chunk of the saved forward (the remainder by a
+ * multiplication: a division and a remainder of the same operands become a `freeze`, which Oclgrind rejects). */
 INLINE_FN int ssm_saved_ends(ssm_saved sv, i64 tok, i64 t0, i64 t1)
 {
-    return tok + 1 == t1 || (tok + 1 - t0) % sv.every == 0;
+    return tok + 1 == t1 || (tok + 1 - t0) / sv.every * sv.every == tok + 1 - t0;
 }
