@@ -100,10 +100,19 @@ INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 to
             STORE(io.dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
 }
 
+/* The SS_W values h of selective_scan's fixed-width path into chunk k's entry of a saved forward, unrolled:
+ * indexed in a loop, h would live in memory through the walk (1.25x its time on PoCL). */
+INLINE_FN void selective_scan_save16(ssm_saved sv, i64 k, const real* h)
+{
+    PRAGMA_UNROLL
+    for (int n = 0; n < SS_W; ++n)
+        sv.at[k * sv.stride + n] = h[n];
+}
+
 /* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps and
  * the rest one step at a time: a block run with fewer steps still computed all SS_TB delta transforms and
  * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs).
- * With SSM_RESERVE the walk goes chunk by chunk of the saved forward, storing the state leaving each. */
+ * With SSM_RESERVE the state leaving each chunk of the saved forward is stored after the block ending it. */
 INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
                                   ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st, ssm_saved sv)
 {
@@ -113,15 +122,16 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
         h[n] = SSM_CARRY ? SLOAD(st, n) : (real)0;
         av[n] = PLOAD(a, n);
     }
-    for (i64 tok = t0; tok < t1;) {
-        const i64 end = SSM_RESERVE && tok + sv.every < t1 ? tok + sv.every : t1;
-        for (; tok + SS_TB <= end; tok += SS_TB)
-            selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
-        for (; tok < end; ++tok)
-            selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
-        if (SSM_RESERVE)
-            ssm_save_row(sv, (tok - 1 - t0) / sv.every, h, SS_W);
+    i64 tok = t0;
+    for (; tok + SS_TB <= t1; tok += SS_TB) {
+        selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
+        if (SSM_RESERVE && ssm_saved_ends(sv, tok + SS_TB - 1, t0, t1)) /* sv.every: a multiple of SS_TB */
+            selective_scan_save16(sv, (tok + SS_TB - 1 - t0) / sv.every, h);
     }
+    for (; tok < t1; ++tok)
+        selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
+    if (SSM_RESERVE && t1 > t0)
+        selective_scan_save16(sv, (t1 - 1 - t0) / sv.every, h);
     if (SSM_CARRY)
         PRAGMA_UNROLL
         for (int n = 0; n < SS_W; ++n)
@@ -1083,6 +1093,21 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 #endif
 
 #if SSM_RESERVE
+/* c . b over N values, in four partial sums (n mod 4): one serial chain of N adds made the scores below
+ * latency-bound (1.6x mamba2's forward on PoCL at P = N = 64). */
+INLINE_FN real mamba2_dot(GLOBAL const store_t* c, GLOBAL const store_t* b, i64 N)
+{
+    real part[4] = {(real)0, (real)0, (real)0, (real)0};
+    i64 n = 0;
+    for (; n + 4 <= N; n += 4)
+        PRAGMA_UNROLL
+        for (int k = 0; k < 4; ++k)
+            part[k] += LOAD(c, n + k) * LOAD(b, n + k);
+    for (; n < N; ++n)
+        part[0] += LOAD(c, n) * LOAD(b, n);
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 /* mamba2's saved scores (docs/abi.md 6a.1), a launch after the forward of the same program: item (l, head hh,
  * row r * K + chunk k) writes row l of the chunk's W[l, s] = (c_l . b_s) exp(cum_l - cum_s) for s <= l, 0 for
  * s > l and for a token l past the row's end; cum_t = sum of dt*a over the chunk's tokens 0 .. t, summed in
@@ -1110,9 +1135,7 @@ KERNEL mamba2_reserve_scores(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 RQ,
         if (live && s <= l) {
             GLOBAL const store_t* brow = AT(store_t, bb, bo) + ((t0 + s) * G + grp) * N;
             cum += ssm_delta(LOAD(dt, (t0 + s) * HD + hh), bias, lo, hi) * a;
-            for (i64 n = 0; n < N; ++n)
-                v += LOAD(crow, n) * LOAD(brow, n);
-            v *= exp(cum_l - cum);
+            v = rlx_exp(cum_l - cum) * mamba2_dot(crow, brow, N);
         }
         w[s] = v;
     }
