@@ -9,9 +9,9 @@
  * state row in reverse with the states recomputed from checkpoints: a forward pass stores the state
  * entering every chunk of SSMB_Q steps, then chunk by chunk from the last the chunk's states are
  * recomputed into a workspace and walked back; with SSM_RESERVE the forward pass takes the saved forward's
- * states (every RQ steps) where a chunk starts at one and steps only the chunks between. Memory per state row: (ceil(seq / SSMB_Q) + SSMB_Q + 1)
- * states, in the compute type, in the launch's scratch; nothing is held in private arrays, so the
- * program needs no stack at any state size.
+ * states (every RQ steps) where a chunk starts at one and steps only the chunks between. Memory per state row:
+ * (ceil(seq / SSMB_Q) + SSMB_Q + 1) states, in the compute type, in the launch's scratch; nothing is held in
+ * private arrays, so the program needs no stack at any state size.
  *
  * Work-items: one per (row, group, block of the group's channels / heads). An item walks its block's
  * state rows one after the other, so the gradients they share are sums taken in one fixed order by

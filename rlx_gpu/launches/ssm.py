@@ -171,8 +171,9 @@ def _mamba2_scores(t: Thunk, lim: DeviceLimits, defines: Defines) -> Launch:
     local = (linear_local(every), 1, 1)
     args = dict(R=t["batch"], S=t["seq"], HD=t["heads"], P=t["head_dim"], N=t["state_size"], G=t["groups"],
                 **tensors(t, ("dt", "a", "b", "c", "bias")), **saved(t), **dt_limits(t))
-    return kernel_launch("ssm", "mamba2_reserve_scores", t["dtype"], grid((every, t["heads"], t["batch"] * chunks), local),
-                         local, args, target=lim.target, defines=defines)
+    size = grid((every, t["heads"], t["batch"] * chunks), local)
+    return kernel_launch("ssm", "mamba2_reserve_scores", t["dtype"], size, local, args, target=lim.target,
+                         defines=defines)
 
 
 def chunk_slots(t: Thunk, q: int) -> int:

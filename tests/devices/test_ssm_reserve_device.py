@@ -10,19 +10,18 @@ reserve is refused naming the minimum; Intel's runtime and Oclgrind run a small 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-import host_fallback
-import rlx_gpu
-from host_fallback.abi import complete, regions
+from host_fallback.abi import complete
 from host_fallback.abi.ssm import RESERVE_SLOTS
-from rlx_gpu import launches
-from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.registry import status
-from support.gradient_check import read
-from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
+from support.device_reserve import (assert_close, gradients, reruns_give_the_same_bytes, run, run_forward,
+                                    runs_a_reserve_and_refuses_a_short_one, under_oclgrind, with_reserve)
+from support.opencl_cpu import needs_opencl_cpu
 from support.saved_forward import laid_case, without_reserve
 
 #: (op, a case of support.saved_forward.OPS): several chunks with the last partial, exact chunks, one partial
@@ -39,50 +38,12 @@ LAYOUT_TOL = {"f64": 1e-13, "f32": 1e-5, "bf16": 1e-5}
 INTEL = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
 
 
-def _run(session, thunk: dict, arena: np.ndarray) -> np.ndarray:
-    """``arena`` after ``thunk``: on the device ``session`` (which must have kernels for it), or on the host."""
-    if session is None:
-        out = arena.copy()
-        host_fallback.execute(thunk, out)
-        return out
-    assert launches.unsupported(complete(thunk), session.limits) is None
-    on_device = session.upload(arena)
-    session.launch(thunk, on_device)
-    return session.read(on_device, 0, arena.size)
-
-
-def _forward(session, forward: dict, arena: np.ndarray) -> np.ndarray:
-    """The arena, lengthened to hold ``forward``'s dst, after ``forward``."""
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    return _run(session, forward, longer)
-
-
-def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {f: v for f, v in read(thunk, arena).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _with_reserve(thunk: dict, arena: np.ndarray, written: np.ndarray) -> np.ndarray:
-    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
-    out = arena.copy()
-    out[start:end] = written[start:end]
-    return out
-
-
-def _assert_close(got: dict, expected: dict, tol: float, what: str) -> None:
-    assert set(got) == set(expected)
-    for name in expected:
-        scale = np.abs(expected[name]).max() + 1e-30
-        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=f"{what}: {name}")
-
-
 def _same_layout(thunk: dict, forward: dict, host: np.ndarray, device: np.ndarray, tol: float) -> None:
     """Every array of the reserve holds the same values in the host's and the device's forward."""
     start = thunk["reserve"]
     for slot in RESERVE_SLOTS[forward["op"]](complete(forward)):
         kind = {"f32": np.float32, "f64": np.float64}[slot.dtype]
-        want, got = (run[start + slot.offset:start + slot.end].view(kind) for run in (host, device))
+        want, got = (arena[start + slot.offset:start + slot.end].view(kind) for arena in (host, device))
         np.testing.assert_allclose(got, want, rtol=0, atol=tol * (np.abs(want).max() + 1e-30), err_msg=slot.name)
 
 
@@ -93,17 +54,17 @@ def _every_way_matches_recomputing(session, op: str, case: str | dict, dtype: st
     host's backward recomputing the forward (and the device's, with ``device_recomputes``: a program more to
     build, the plain backward's)."""
     thunk, arena, forward = laid_case(op, dtype, case)
-    expected = _gradients(thunk, _run(None, without_reserve(thunk), arena))
+    expected = gradients(thunk, run(None, without_reserve(thunk), arena))
     where = f"{op} {case} {dtype} at the {session.limits.target} target"
     if device_recomputes:
-        _assert_close(_gradients(thunk, _run(session, without_reserve(thunk), arena)), expected, TOL[dtype],
-                      f"{where}: the device recomputing")
-    on_device, on_host = _forward(session, forward, arena), _forward(None, forward, arena)
+        assert_close(gradients(thunk, run(session, without_reserve(thunk), arena)), expected, TOL[dtype],
+                     f"{where}: the device recomputing")
+    on_device, on_host = run_forward(session, forward, arena), run_forward(None, forward, arena)
     _same_layout(thunk, forward, on_host, on_device, LAYOUT_TOL[dtype])
     for what, written, reader in (("device -> host", on_device, None), ("host -> device", on_host, session),
                                   ("device -> device", on_device, session)):
-        got = _gradients(thunk, _run(reader, thunk, _with_reserve(thunk, arena, written)))
-        _assert_close(got, expected, TOL[dtype], f"{where}: {what}")
+        got = gradients(thunk, run(reader, thunk, with_reserve(thunk, arena, written)))
+        assert_close(got, expected, TOL[dtype], f"{where}: {what}")
 
 
 @needs_opencl_cpu
@@ -130,28 +91,13 @@ def test_a_decode_step_writes_its_final_state(cpu_session):
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", ["selective_scan", "mamba2"])
 def test_reruns_give_the_same_bytes(cpu_session, op):
-    thunk, arena, forward = laid_case(op, "f32", "groups.d.z")
-    first, second = _forward(cpu_session, forward, arena), _forward(cpu_session, forward, arena)
-    assert np.array_equal(first, second)
-    saved = _with_reserve(thunk, arena, first)
-    assert np.array_equal(_run(cpu_session, thunk, saved), _run(cpu_session, thunk, saved))
-
-
-def _schedule(op: str, short: int = 0) -> dict:
-    """A schedule of ``op`` (the catalog's small shape) with a reserve ``short`` bytes below the minimum."""
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    thunk, nbytes = lay_out(op, "f32", {"reserve": True, "reserve_bytes": need - short, **SMALL[op]})
-    return schedule_of(thunk, nbytes)
+    reruns_give_the_same_bytes(cpu_session, *laid_case(op, "f32", "groups.d.z"))
 
 
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", ["selective_scan", "mamba2_backward"])
 def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op):
-    device = rlx_gpu.get_device(OPENCL_CPU[0])
-    assert {a.backend for a in device.place(_schedule(op))} == {"opencl"}
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve_bytes': expected at least {need} bytes"):
-        device.run(_schedule(op, short=16))
+    runs_a_reserve_and_refuses_a_short_one(op)
 
 
 @pytest.mark.skipif(not INTEL, reason="no Intel OpenCL runtime")
@@ -189,15 +135,8 @@ _OCLGRIND_CASES = [("selective_scan", dict(batch=1, seq=34, hidden=2, delta_bias
 
 @pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
 def test_the_reserve_kernels_are_clean_under_oclgrind():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("oclgrind_check", root / "tools" / "oclgrind_check.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    script = _OCLGRIND_SCRIPT.format(tests=str(root / "tests"), spec="opencl:0:0", cases=_OCLGRIND_CASES)
-    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    tests = str(Path(__file__).resolve().parents[1])
+    code, diagnostics, output = under_oclgrind(_OCLGRIND_SCRIPT.format(tests=tests, spec="opencl:0:0",
+                                                                       cases=_OCLGRIND_CASES))
     assert code == 0, output[-3000:]
     assert output.count(" ran") == 4 and not diagnostics, "\n".join(diagnostics[:40])
