@@ -573,12 +573,15 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
  * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's.
  * A varlen row is one sequence, so a chunk never holds a sequence start: every sequence restarts at
  * its first chunk, whatever its length. Bounded to 4 groups per SM (128 registers): left free, ptxas
- * spends more on scheduling than the budget of tests/devices/test_ptxas.py. */
+ * spends more on scheduling than the budget of tests/devices/test_ptxas.py. With SSM_RESERVE a lane whose
+ * steps end a chunk of the saved forward (RQ, a multiple of SSC_T: launches/ssm.py) stores its final h of
+ * each n there. */
 KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                              GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real pa[SSC_CB * SSC_SL], pb[SSC_CB * SSC_SL], carry[SSC_CB * STATE_MAX];
     const int lane = (int)LID(0), sl = lane / SSC_CB, k = lane - sl * SSC_CB;
@@ -599,6 +602,9 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
     BARRIER();
     for (i64 c0 = first; c0 < end; c0 += SSC_SL * SSC_T) {
         const i64 t0 = c0 + sl * SSC_T; /* this lane's first token */
+        const i64 last = (t0 + SSC_T < end ? t0 + SSC_T : end) - 1; /* and its last */
+        const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, cl, N); /* with SSM_RESERVE */
+        const int saves = SSM_RESERVE && live && last >= t0 && ssm_saved_ends(sv, last, first, end);
         GLOBAL const store_t* brow = io.bm + (t0 * G + grp) * N; /* its first step's b and c rows */
         GLOBAL const store_t* crow = io.cm + (t0 * G + grp) * N;
         real dl[SSC_T], dx[SSC_T], y[SSC_T];
@@ -634,6 +640,8 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
                     y[i] += LOAD(crow, i * gn + n) * h;
                 }
             }
+            if (saves)
+                sv.at[(last - first) / RQ * sv.stride + n] = h;
             BARRIER();
             if (sl == SSC_SL - 1)
                 carry[k * STATE_MAX + n] = h;
@@ -669,7 +677,8 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
  * than seq / M2_Q; mamba2_varlen_chunks lays the slots out). Groups of M2_LANES lanes own (head,
  * chunk slot, M2_PT rows of P); the grid is 1-D. Sums over s <= t are loops bounded by t, never
  * products with a zero mask, so a NaN at step t reaches only steps >= t: within its chunk through L
- * and the s <= t bound, beyond it through the state. */
+ * and the s <= t bound, beyond it through the state. With SSM_RESERVE (chunks of M2_Q = the saved forward's
+ * 64) the state pass stores each state leaving a chunk and the scan each output before d and z. */
 
 /* One chunk slot: its row, first token and steps (0: a slot no sequence uses). */
 typedef struct {
@@ -869,7 +878,8 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
  * each chunk's slot the state entering it. */
 KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
                          GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
-                         GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to)
+                         GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to,
+                         GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 e = GID(0), pn = P * N;
     if (e >= R * HD * pn)
@@ -880,11 +890,14 @@ KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
     GLOBAL real* st = AT(real, sb, so) + hh * K * pn + el;
     GLOBAL const real* dec = AT(real, eb, eo) + hh * K;
     GLOBAL state_t* carried = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P, N); /* with SSM_RESERVE (RQ = M2_Q) */
     real s = SSM_CARRY ? SLOAD(carried, 0) : (real)0;
     for (i64 k = k0; k < k1; ++k) {
         const real own = st[k * pn];
         st[k * pn] = s;
         s = dec[k] * s + own;
+        if (SSM_RESERVE) /* the state leaving the row's chunk k - k0 */
+            sv.at[(k - k0) * sv.stride + el] = s;
     }
     if (SSM_CARRY)
         SSTORE(carried, 0, s);
@@ -902,6 +915,7 @@ KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
 typedef struct {
     GLOBAL store_t* dst;
     GLOBAL const store_t* z;
+    GLOBAL real* ys; /* with SSM_RESERVE: the saved forward's y, indexed as dst */
     i64 at, stride, rows;
     real dv;
 } m2_scan_out;
@@ -989,6 +1003,8 @@ INLINE_FN void m2_scan_product_barrier(m2_scan_out out, mma_scan_local at, GLOBA
             for (int s = t / 16 * 16; s <= t; ++s)
                 y += gm[t * M2_Q + s] * FROM_MMA(xs[s * M2_PT + p]);
             const i64 at = out.at + t * out.stride + p;
+            if (SSM_RESERVE)
+                out.ys[at] = y;
             STORE(out.dst, at, ssm_finish(y, out.dv, FROM_MMA(xs[e]), ssm_z(out.z, at)));
         }
     }
@@ -999,7 +1015,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                          GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi)
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi,
+                         GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q];
     M2_LOCAL m2_op_t xs[M2_Q * M2_PT];
@@ -1013,6 +1030,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL const store_t* cm = AT(store_t, cb, co);
     GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ); /* with SSM_RESERVE */
     GLOBAL const real* states = AT(real, sb, so) + slot * P * N; /* the state entering this chunk */
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
@@ -1030,7 +1048,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     MMA_LOCAL mma_t at_gmm[M2_Q * M2_Q];
     const mma_scan_local at = {at_gm, at_ys, at_gmm, at_rows, at_cols, at_st};
 #endif
-    const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
+    const m2_scan_out out = {dst, z, ys, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
     m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
                             lane);
@@ -1084,6 +1102,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
             const i64 at = ((t0 + t) * HD + hh) * P + p0 + py;
+            if (SSM_RESERVE)
+                ys[at] = y;
             STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }

@@ -128,11 +128,12 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
     args = dict(R=r, S=s, H=h, N=n, G=t["groups"], **tensors(t, _SS_TENSORS))
     fields, keep = field_defines(t), t["reserve"] is not None
     if lim.target == "gpu":
-        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel) and not keep:  # one group per (row, SSC_CB channels)
+        # one group per (row, SSC_CB channels); a reserve's chunks must end where a lane's steps do
+        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel) and not (keep and SCAN_RESERVE_CHUNK % lim.tune("SSC_T")):
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
             glob, local = (r * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
-            return LaunchPlan((kernel_launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu",
-                                             defines=fields),))
+            return LaunchPlan((kernel_launch("ssm", "selective_scan_chunked", dt, glob, local, {**args, **saved(t)},
+                                             target="gpu", defines=fields),))
         defines, glob, local = state_lanes(n, h, r, lim)
         return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, {**args, **saved(t)},
                                          target="gpu", defines=defines + fields),))
@@ -152,8 +153,14 @@ def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) 
     args = dict(R=r, S=s, HD=heads, P=p, N=n, G=t["groups"], **tensors(t, _M2_TENSORS), **dt_limits(t))
     fields, keep = field_defines(t), t["reserve"] is not None
     if lim.target == "gpu":
-        if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64" and not keep:
-            return _mamba2_chunked(t, lim, fields)
+        # a reserve's chunks must be the chunked form's
+        if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64" and not (
+                keep and lim.tune("M2_Q") != RESERVE_CHUNK):
+            chunked = _mamba2_chunked(t, lim, fields)
+            if not keep:
+                return chunked
+            return LaunchPlan(chunked.launches + (_mamba2_scores(t, lim, fields + mma_defines(lim, t["dtype"])),),
+                              chunked.scratch_bytes, chunked.notes)
         defines, glob, local = state_lanes(n, p, r * heads, lim)
         walk = kernel_launch("ssm", "mamba2_lanes", t["dtype"], glob, local, {**args, **saved(t)}, target="gpu",
                              defines=defines + fields)
@@ -208,8 +215,8 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
     state = launch("mamba2_chunk_state", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
                                                      **tensors(t, ("x", "dt", "a", "b", "bias"))), "sb", "eb", "tb")
     carry = launch("mamba2_state_pass", grid((r * heads * p * n,), (lanes,)), (lanes,),
-                   dict(**dims, **tensors(t, ("state", "state_slots"))), "sb", "eb", "tb")
-    scan = launch("mamba2_chunk_scan", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
+                   dict(**dims, **tensors(t, ("state", "state_slots")), **saved(t)), "sb", "eb", "tb")
+    scan = launch("mamba2_chunk_scan", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t), **saved(t),
                                                    **tensors(t, ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z"))),
                   "sb", "tb")
     launches = (state, carry, scan)

@@ -1,6 +1,6 @@
 """selective_scan's and mamba2's saved forward (ABI.md §9.1, docs/abi.md 6a.1) on OpenCL CPU implementations at both
-kernel targets: the forward's kernels (step and lanes forms) write the reserve in the host's layout (mamba2's scores
-by a launch of their own), and the device backward takes its checkpoints from the reserve's states.
+kernel targets: the forward's kernels (step, lanes and chunked forms) write the reserve in the host's layout (mamba2's
+scores by a launch of their own), and the device backward takes its checkpoints from the reserve's states.
 
 Per case: the values the device writes in every array of the reserve equal those the host writes (within f32
 rounding), and the gradients read from a reserve the device wrote (backward on the host and on the device) and from
@@ -25,8 +25,10 @@ from support.opencl_cpu import needs_opencl_cpu
 from support.saved_forward import laid_case, without_reserve
 
 #: (op, a case of support.saved_forward.OPS): several chunks with the last partial, exact chunks, one partial
-#: chunk, groups with d and z, the delta transform's fields, a carried state through slots
-CASES = [("selective_scan", "base"), ("selective_scan", "groups.d.z"), ("selective_scan", "knobs.carry.slots"),
+#: chunk, groups with d and z, the delta transform's fields, a carried state through slots. At the gpu target the
+#: sequences of 64 tokens and more take the chunked forms, the shorter the lanes kernels.
+CASES = [("selective_scan", "base"), ("selective_scan", "one_chunk"), ("selective_scan", "groups.d.z"),
+         ("selective_scan", "knobs.carry.slots"),
          ("mamba2", "base"), ("mamba2", "exact_chunks"), ("mamba2", "one_chunk"), ("mamba2", "groups.d.z"),
          ("mamba2", "dt_knobs"), ("mamba2", "carry.slots")]
 #: of each gradient's largest magnitude: a backward reading values another device wrote. mamba2's d_a and dt bias
