@@ -6,7 +6,9 @@ state of one row spread across the lanes of a work-group (``state_lanes``, its s
 variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on, the chunked forms.
 A row is a batch row or, with ``cu_seqlens``, one packed sequence. The version-2 fields a thunk uses
 select a compile-time variant of the kernels (``field_defines``); the kernels take every optional
-tensor as an argument, at offset 0 where the thunk has none (the variant never reads it).
+tensor as an argument, at offset 0 where the thunk has none (the variant never reads it). A saved forward
+(``reserve``, ABI.md §9.1) is the variant SSM_RESERVE: the kernels store its states (mamba2: and outputs) as they
+walk, and mamba2's scores take a launch of their own (``_mamba2_scores``); the decode forms give way to the walks.
 """
 from __future__ import annotations
 
