@@ -1,11 +1,14 @@
-"""lstm / gru / rnn forward + backward on an OpenCL device: the backward reading a saved forward (ABI.md §9.1)
-against the backward running the forward again, paired.
+"""lstm / gru / rnn, selective_scan and mamba2 forward + backward on an OpenCL device: the backward reading a saved
+forward (ABI.md §9.1) against the backward running the forward again, paired.
 
     python benchmarks/rnn_reserve_device.py [--device opencl:1:0] [--targets cpu gpu] [--ops lstm gru rnn]
                                             [--shape moderate] [--runs 7]
+    python benchmarks/rnn_reserve_device.py --ops selective_scan mamba2 [--targets cpu]
 
 Shapes: ``moderate`` is batch 8, seq 128, input = hidden = 128, one layer, one direction; ``target`` issue 36's
-training shape (batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional). f32. A run is the forward thunk
+training shape (batch 32, seq 128, input = hidden = 256, 2 layers, bidirectional). The state-space ops take their
+own shape whatever ``--shape`` says (``SSM_SHAPES``: benchmarks/ssm_device.py's: selective_scan B2 S1024 H256 N16,
+mamba2 B2 S1024 H8 P64 N64). f32. A run is the forward thunk
 then its backward thunk on one arena resident on the device, with a reserve (the forward writes it, the backward
 reads it) or without (the backward recomputes); the two alternate, so that each pair sees the same load, after one
 untimed run of each that builds the programs; so do the forward thunks alone (writing the reserve or not) and
@@ -25,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import rlx_gpu  # noqa: E402
+from host_fallback.abi import regions  # noqa: E402
 from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
@@ -34,6 +38,9 @@ SHAPES = {
     "moderate": dict(batch=8, seq=128, input_size=128, hidden=128, num_layers=1, bidirectional=False, carry=False),
     "target": dict(batch=32, seq=128, input_size=256, hidden=256, num_layers=2, bidirectional=True, carry=False),
 }
+SSM_SHAPES = {"selective_scan": dict(batch=2, seq=1024, hidden=256, state_size=16),
+              "mamba2": dict(batch=2, seq=1024, heads=8, head_dim=64, state_size=64)}
+OPS = ("lstm", "gru", "rnn", *SSM_SHAPES)
 
 
 def _thunks(op: str, params: dict) -> tuple[list[dict], list[dict], np.ndarray]:
@@ -45,8 +52,8 @@ def _thunks(op: str, params: dict) -> tuple[list[dict], list[dict], np.ndarray]:
     dst = -(-laid.arena.size // 256) * 256
     forward = {k: v for k, v in backward.items() if not k.startswith("d_")}
     forward.update(op=op, dst=dst)
-    out_bytes = params["batch"] * params["seq"] * (2 if params["bidirectional"] else 1) * params["hidden"] * 4
-    arena = np.zeros(dst + out_bytes, np.uint8)
+    out = next(r for r in regions(forward) if r.field == "dst")
+    arena = np.zeros(out.offset + out.nbytes, np.uint8)
     arena[:laid.arena.size] = laid.arena
     plain = [{k: v for k, v in t.items() if k not in ("reserve", "reserve_bytes")} for t in (forward, backward)]
     return [forward, backward], plain, arena
@@ -75,18 +82,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="opencl:1:0")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=list(TARGETS))
-    parser.add_argument("--ops", nargs="+", default=["lstm", "gru", "rnn"], choices=["lstm", "gru", "rnn"])
+    parser.add_argument("--ops", nargs="+", default=["lstm", "gru", "rnn"], choices=OPS)
     parser.add_argument("--shape", default="moderate", choices=list(SHAPES))
     parser.add_argument("--runs", type=int, default=7)
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f}; {args.device}, {args.shape} {SHAPES[args.shape]}, f32, "
           f"medians of {args.runs} pairs")
     print(f"{'':<13} " + " ".join(f"{part:^29}" for part in ("forward + backward", "forward", "backward")))
-    print(f"{'target':<7} {'op':<5} " + " ".join([f"{'reserve':>10} {'recompute':>10} {'ratio':>7}"] * 3))
+    print(f"{'target':<7} {'op':<5} " + " ".join([f"{'reserve':>10} {'recompute':>10} {'ratio':>7}"] * 3)
+          + "  backward/forward (reserve, recompute)")
     for target in args.targets:
         session = open_device(find(args.device), target)
         for op in args.ops:
-            saved, plain, host_arena = _thunks(op, dict(SHAPES[args.shape], **({"relu": False} if op == "rnn" else {})))
+            params = SSM_SHAPES.get(op) or dict(SHAPES[args.shape], **({"relu": False} if op == "rnn" else {}))
+            saved, plain, host_arena = _thunks(op, params)
             arena = session.alloc(host_arena.size, "a benchmark arena")
             try:
                 session.write(arena, 0, host_arena)
@@ -96,8 +105,10 @@ def main() -> None:
                              for part in (slice(0, 2), slice(0, 1), slice(1, 2))]
             finally:
                 session.free(arena)
+            (_, _, _), (fwd_saving, fwd, _), (bwd_reading, bwd, _) = timed
             print(f"{target:<7} {op:<5} " + " ".join(f"{a * 1e3:>8.1f}ms {b * 1e3:>8.1f}ms {r:>7.2f}"
-                                                     for a, b, r in timed), flush=True)
+                                                     for a, b, r in timed)
+                  + f"  {bwd_reading / fwd:.2f} {bwd / fwd:.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")
 
 

@@ -32,11 +32,25 @@ INLINE_FN ssm_tensors ssm_tensors_of(GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb
     return out;
 }
 
+/* mamba2's saved forward (docs/abi.md 6a.1) past its states [R][K][HD][P][N]: y [R*S][HD][P], the outputs before
+ * d and z; then the scores (mamba2_reserve_scores). */
+INLINE_FN GLOBAL real* mamba2_saved_y(GLOBAL uchar* rsb, i64 rso, i64 R, i64 S, i64 HD, i64 P, i64 N, i64 RQ)
+{
+    return AT(real, rsb, rso) + R * ((S + RQ - 1) / RQ) * HD * P * N;
+}
+
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 #define SSM_ACC 8 /* the stores below sum exactly these 8 partial sums */
 
 #define SS_W 16 /* the state_size of selective_scan's fixed-width path */
 #define SS_TB 8 /* steps per block of that path */
+
+/* A private state row h[N] into chunk k's entry of a saved forward. */
+INLINE_FN void ssm_save_row(ssm_saved sv, i64 k, const real* h, i64 N)
+{
+    for (i64 n = 0; n < N; ++n)
+        sv.at[k * sv.stride + n] = h[n];
+}
 
 /* Mamba-1, the steps of one channel from token tok0 on (SS_TB, or 1: called with either constant, so
  * that the guards fold away) for state_size SS_W: the state row lives in registers and each step is straight-line code over SS_W
@@ -86,11 +100,21 @@ INLINE_FN void selective_scan_block16(int steps, real* h, const real* av, i64 to
             STORE(io.dst, (tok0 + i) * H + ch, ssm_finish(y[i], dv, xv[i], zv[i]));
 }
 
+/* The SS_W values h of selective_scan's fixed-width path into chunk k's entry of a saved forward, unrolled:
+ * indexed in a loop, h would live in memory through the walk (1.25x its time on PoCL). */
+INLINE_FN void selective_scan_save16(ssm_saved sv, i64 k, const real* h)
+{
+    PRAGMA_UNROLL
+    for (int n = 0; n < SS_W; ++n)
+        sv.at[k * sv.stride + n] = h[n];
+}
+
 /* Mamba-1, the walk of one channel over tokens [t0, t1) for state_size SS_W, in blocks of SS_TB steps and
  * the rest one step at a time: a block run with fewer steps still computed all SS_TB delta transforms and
- * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs). */
+ * finishes, which made a decode step (one token) cost 2.2x its one-step form on PoCL (B1 D1536: 200 vs 93 µs).
+ * With SSM_RESERVE the state leaving each chunk of the saved forward is stored after the block ending it. */
 INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp, real bias, real dv,
-                                  ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st)
+                                  ssm_tensors io, GLOBAL const param_t* a, GLOBAL state_t* st, ssm_saved sv)
 {
     real h[SS_W], av[SS_W];
     PRAGMA_UNROLL
@@ -99,10 +123,15 @@ INLINE_FN void selective_scan_w16(i64 t0, i64 t1, i64 H, i64 G, i64 ch, i64 grp,
         av[n] = PLOAD(a, n);
     }
     i64 tok = t0;
-    for (; tok + SS_TB <= t1; tok += SS_TB)
+    for (; tok + SS_TB <= t1; tok += SS_TB) {
         selective_scan_block16(SS_TB, h, av, tok, H, G, ch, grp, bias, dv, io);
+        if (SSM_RESERVE && ssm_saved_ends(sv, tok + SS_TB - 1, t0, t1)) /* sv.every: a multiple of SS_TB */
+            selective_scan_save16(sv, (tok + SS_TB - 1 - t0) / sv.every, h);
+    }
     for (; tok < t1; ++tok)
         selective_scan_block16(1, h, av, tok, H, G, ch, grp, bias, dv, io);
+    if (SSM_RESERVE && t1 > t0)
+        selective_scan_save16(sv, (t1 - 1 - t0) / sv.every, h);
     if (SSM_CARRY)
         PRAGMA_UNROLL
         for (int n = 0; n < SS_W; ++n)
@@ -170,13 +199,15 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
                       GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                       GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                       GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                      GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                      GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                      GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 ch = GID(0), r = GID(1);
     if (ch >= H || r >= R)
         return;
     const ssm_tensors io = ssm_tensors_of(xb, xo, deb, deo, bb, bo, cb, co, zb, zo, db, dof);
-    if (SSM_VARLEN ? 0 : S == 1) { /* a decode step: launches/ssm.py gives each item SS_TC channels */
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, ch, N); /* read only with SSM_RESERVE */
+    if (SSM_VARLEN || SSM_RESERVE ? 0 : S == 1) { /* a decode step: launches/ssm.py gives each item SS_TC channels */
         selective_scan_token(ch, GSIZE(0), r, H, N, G, io, AT(param_t, ab, ao), AT(param_t, biasb, biaso),
                              AT(param_t, skb, sko), AT(state_t, stb, sto) + ssm_slot(r, AT(int, slb, slo)) * H * N);
         return;
@@ -187,7 +218,7 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
     const i64 grp = ch / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), ch, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), ch, SSM_D);
     if (N == SS_W) {
-        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st);
+        selective_scan_w16(t0, t1, H, G, ch, grp, bias, dv, io, a, st, sv);
         return;
     }
     real h[STATE_MAX], av[STATE_MAX];
@@ -213,6 +244,8 @@ KERNEL selective_scan(i64 R, i64 S, i64 H, i64 N, i64 G,
             y[0] += LOAD(crow, n) * h[n];
         const real sum = ((y[0] + y[1]) + (y[2] + y[3])) + ((y[4] + y[5]) + (y[6] + y[7]));
         STORE(io.dst, tok * H + ch, ssm_finish(sum, dv, xv, ssm_z(io.z, tok * H + ch)));
+        if (SSM_RESERVE && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_save_row(sv, (tok - t0) / RQ, h, N);
     }
     if (SSM_CARRY)
         for (i64 n = 0; n < N; ++n)
@@ -232,6 +265,14 @@ INLINE_FN void m2_finish_rows(int np, GLOBAL store_t* dst, GLOBAL const store_t*
     for (int c = 0; c < M2_PB; ++c)
         if (c < np)
             STORE(dst, at + c, ssm_finish(y0[c] + y1[c], dv, xv[c], zv[c]));
+}
+
+/* An item's np state rows s[n * M2_PB + c] (mamba2's walk below) into chunk k's entries of a saved forward. */
+INLINE_FN void m2_save_rows(ssm_saved sv, i64 k, const real* s, int np, i64 N)
+{
+    for (int c = 0; c < np; ++c)
+        for (i64 n = 0; n < N; ++n)
+            sv.at[k * sv.stride + c * N + n] = s[n * M2_PB + c];
 }
 
 /* Mamba-2, the one token of a row (a decode step) at the cpu target: each of the item's np rows of the
@@ -274,12 +315,14 @@ INLINE_FN void mamba2_one_token(int np, i64 N, GLOBAL state_t* st, GLOBAL const 
  * sum with two independent partial sums per row (even and odd n), so the sum over n is not one
  * serial FMA chain. Fused into one pass, PoCL's vectorizer split and spilled the accumulators (f32
  * B=2 S=1024 H=8 P=64 N=64: 7.8 ms fused vs 4.3 ms in two passes; 16 rows per item vs 8: 4.3 vs 14;
- * four partial sums instead of two: 5.0). */
+ * four partial sums instead of two: 5.0). With SSM_RESERVE (no decode step then) the item also stores its
+ * rows' states leaving each chunk of RQ tokens and their outputs before d and z (mamba2_saved_y). */
 KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
+              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi,
+              GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 p0 = GID(0) * M2_PB, hh = GID(1), r = GID(2);
     if (p0 >= P || hh >= HD || r >= R)
@@ -291,7 +334,9 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
-    if (t1 - t0 == 1) {
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P + p0, N); /* read only with SSM_RESERVE */
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ);
+    if (!SSM_RESERVE && t1 - t0 == 1) {
         const i64 head = t0 * HD + hh;
         const real d = ssm_delta(LOAD(io.delta, head), bias, lo, hi);
         mamba2_one_token(np, N, st, io.x, io.bm + (t0 * G + grp) * N, io.cm + (t0 * G + grp) * N, io.z, io.dst,
@@ -336,6 +381,12 @@ KERNEL mamba2(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
             for (int c = 0; c < M2_PB; ++c)
                 y0[c] += s[n * M2_PB + c] * c0;
         }
+        if (SSM_RESERVE) {
+            for (int c = 0; c < np; ++c)
+                ys[head * P + p0 + c] = y0[c] + y1[c];
+            if (ssm_saved_ends(sv, tok, t0, t1))
+                m2_save_rows(sv, (tok - t0) / RQ, s, np, N);
+        }
         if (np == M2_PB) /* a whole block of rows, unguarded: the finish vectorizes across them */
             m2_finish_rows(M2_PB, io.dst, io.z, head * P + p0, y0, y1, dv, xv);
         else
@@ -374,17 +425,29 @@ INLINE_FN void ssm_lanes_write_state(GLOBAL state_t* st, const real* h, int nl, 
             SSTORE(st, w * SSM_L + nl, h[w]);
 }
 
+/* A lane's values of a state row (n = w*SSM_L + nl) into chunk k's entry of a saved forward. */
+INLINE_FN void ssm_lanes_save(ssm_saved sv, i64 k, const real* h, int nl, i64 N)
+{
+    PRAGMA_UNROLL
+    for (int w = 0; w < SSM_W; ++w)
+        if (w * SSM_L + nl < N)
+            sv.at[k * sv.stride + w * SSM_L + nl] = h[w];
+}
+
 /* The end of step `step` of a row (every lane of the group calls it: it meets the step's barrier): this
  * lane's partial sum y into the step's buffer of `part`, then the lane that stores (`store`: the row's
- * first lane, when the row is live) finishes the output at `at` from the row's sum and stores it. */
-INLINE_FN void ssm_lanes_finish_barrier(LOCAL_PTR real* part, real y, i64 step, int lane, int first, int store,
+ * first lane, when the row is live) finishes the output at `at` from the row's sum and stores it. Returns
+ * that sum (0 to the other lanes). */
+INLINE_FN real ssm_lanes_finish_barrier(LOCAL_PTR real* part, real y, i64 step, int lane, int first, int store,
                                         ssm_tensors io, i64 at, real dv, real xv)
 {
     const int buf = (int)(step & 1) * SSM_WG;
     part[buf + lane] = y;
     BARRIER();
+    const real sum = store ? ssm_row_sum(part, buf + first) : (real)0;
     if (store)
-        STORE(io.dst, at, ssm_finish(ssm_row_sum(part, buf + first), dv, xv, ssm_z(io.z, at)));
+        STORE(io.dst, at, ssm_finish(sum, dv, xv, ssm_z(io.z, at)));
+    return sum;
 }
 
 /* Mamba-1, state rows = (row, channel): h[n] = exp(delta*a[ch,n])*h[n] + delta*x*b[g,n]; y = sum_n c[g,n]*h[n]. */
@@ -392,7 +455,8 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
                             GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                             GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                             GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                            GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
@@ -407,6 +471,7 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
     GLOBAL state_t* st = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * H + cl) * N;
     const i64 grp = cl / (H / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real bias = ssm_param(AT(param_t, biasb, biaso), cl, SSM_BIAS), dv = ssm_param(AT(param_t, skb, sko), cl, SSM_D);
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, cl, N); /* read only with SSM_RESERVE */
     real h[SSM_W], av[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w) {
@@ -430,6 +495,8 @@ KERNEL selective_scan_lanes(i64 R, i64 S, i64 H, i64 N, i64 G,
             }
         }
         ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, tok * H + ch, dv, xv);
+        if (SSM_RESERVE && live && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_lanes_save(sv, (tok - t0) / RQ, h, nl, N);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, h, nl, N);
@@ -440,7 +507,8 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                     GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                     GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                     GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo, real hi)
+                    GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, real lo,
+                    real hi, GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real part[2 * SSM_WG];
     /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
@@ -454,6 +522,8 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
     const i64 grp = hh / (HD / G), t0 = ssm_first(r, S, cu), t1 = ssm_end(r, S, cu);
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P + (live ? p : 0), N); /* with SSM_RESERVE */
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ);
     real s[SSM_W];
     PRAGMA_UNROLL
     for (int w = 0; w < SSM_W; ++w)
@@ -474,7 +544,12 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
                 y += s[w] * LOAD(crow, n);
             }
         }
-        ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, head * P + p, dv, xv);
+        const real sum = ssm_lanes_finish_barrier(part, y, tok - t0, lane, first, live && nl == 0, io, head * P + p, dv,
+                                                  xv);
+        if (SSM_RESERVE && live && nl == 0)
+            ys[head * P + p] = sum;
+        if (SSM_RESERVE && live && ssm_saved_ends(sv, tok, t0, t1))
+            ssm_lanes_save(sv, (tok - t0) / RQ, s, nl, N);
     }
     if (SSM_CARRY && live)
         ssm_lanes_write_state(st, s, nl, N);
@@ -498,12 +573,15 @@ KERNEL mamba2_lanes(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G,
  * that follows every read of it; (A, B) of n+1 only after the barrier that follows every read of n's.
  * A varlen row is one sequence, so a chunk never holds a sequence start: every sequence restarts at
  * its first chunk, whatever its length. Bounded to 4 groups per SM (128 registers): left free, ptxas
- * spends more on scheduling than the budget of tests/devices/test_ptxas.py. */
+ * spends more on scheduling than the budget of tests/devices/test_ptxas.py. With SSM_RESERVE a lane whose
+ * steps end a chunk of the saved forward (RQ, a multiple of SSC_T: launches/ssm.py) stores its final h of
+ * each n there. */
 KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i64 N, i64 G,
                               GLOBAL uchar* xb, i64 xo, GLOBAL uchar* deb, i64 deo, GLOBAL uchar* ab, i64 ao,
                               GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo)
+                              GLOBAL uchar* stb, i64 sto, GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo,
+                              GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real pa[SSC_CB * SSC_SL], pb[SSC_CB * SSC_SL], carry[SSC_CB * STATE_MAX];
     const int lane = (int)LID(0), sl = lane / SSC_CB, k = lane - sl * SSC_CB;
@@ -524,6 +602,9 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
     BARRIER();
     for (i64 c0 = first; c0 < end; c0 += SSC_SL * SSC_T) {
         const i64 t0 = c0 + sl * SSC_T; /* this lane's first token */
+        const i64 last = (t0 + SSC_T < end ? t0 + SSC_T : end) - 1; /* and its last */
+        const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, H, cl, N); /* with SSM_RESERVE */
+        const int saves = SSM_RESERVE && live && last >= t0 && ssm_saved_ends(sv, last, first, end);
         GLOBAL const store_t* brow = io.bm + (t0 * G + grp) * N; /* its first step's b and c rows */
         GLOBAL const store_t* crow = io.cm + (t0 * G + grp) * N;
         real dl[SSC_T], dx[SSC_T], y[SSC_T];
@@ -559,6 +640,8 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
                     y[i] += LOAD(crow, i * gn + n) * h;
                 }
             }
+            if (saves)
+                sv.at[(last - first) / RQ * sv.stride + n] = h;
             BARRIER();
             if (sl == SSC_SL - 1)
                 carry[k * STATE_MAX + n] = h;
@@ -594,7 +677,8 @@ KERNEL_BOUNDED(SSC_CB * SSC_SL, 4) selective_scan_chunked(i64 R, i64 S, i64 H, i
  * than seq / M2_Q; mamba2_varlen_chunks lays the slots out). Groups of M2_LANES lanes own (head,
  * chunk slot, M2_PT rows of P); the grid is 1-D. Sums over s <= t are loops bounded by t, never
  * products with a zero mask, so a NaN at step t reaches only steps >= t: within its chunk through L
- * and the s <= t bound, beyond it through the state. */
+ * and the s <= t bound, beyond it through the state. With SSM_RESERVE (chunks of M2_Q = the saved forward's
+ * 64) the state pass stores each state leaving a chunk and the scan each output before d and z. */
 
 /* One chunk slot: its row, first token and steps (0: a slot no sequence uses). */
 typedef struct {
@@ -794,7 +878,8 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
  * each chunk's slot the state entering it. */
 KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
                          GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
-                         GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to)
+                         GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* tb, i64 to,
+                         GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 e = GID(0), pn = P * N;
     if (e >= R * HD * pn)
@@ -805,11 +890,14 @@ KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
     GLOBAL real* st = AT(real, sb, so) + hh * K * pn + el;
     GLOBAL const real* dec = AT(real, eb, eo) + hh * K;
     GLOBAL state_t* carried = AT(state_t, stb, sto) + (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD * P, hh * P, N); /* with SSM_RESERVE (RQ = M2_Q) */
     real s = SSM_CARRY ? SLOAD(carried, 0) : (real)0;
     for (i64 k = k0; k < k1; ++k) {
         const real own = st[k * pn];
         st[k * pn] = s;
         s = dec[k] * s + own;
+        if (SSM_RESERVE) /* the state leaving the row's chunk k - k0 */
+            sv.at[(k - k0) * sv.stride + el] = s;
     }
     if (SSM_CARRY)
         SSTORE(carried, 0, s);
@@ -827,6 +915,7 @@ KERNEL mamba2_state_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
 typedef struct {
     GLOBAL store_t* dst;
     GLOBAL const store_t* z;
+    GLOBAL real* ys; /* with SSM_RESERVE: the saved forward's y, indexed as dst */
     i64 at, stride, rows;
     real dv;
 } m2_scan_out;
@@ -914,6 +1003,8 @@ INLINE_FN void m2_scan_product_barrier(m2_scan_out out, mma_scan_local at, GLOBA
             for (int s = t / 16 * 16; s <= t; ++s)
                 y += gm[t * M2_Q + s] * FROM_MMA(xs[s * M2_PT + p]);
             const i64 at = out.at + t * out.stride + p;
+            if (SSM_RESERVE)
+                out.ys[at] = y;
             STORE(out.dst, at, ssm_finish(y, out.dv, FROM_MMA(xs[e]), ssm_z(out.z, at)));
         }
     }
@@ -924,7 +1015,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                          GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                          GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* db, i64 dof,
                          GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* skb, i64 sko, GLOBAL uchar* zb, i64 zo,
-                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi)
+                         GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* tb, i64 to, real lo, real hi,
+                         GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q];
     M2_LOCAL m2_op_t xs[M2_Q * M2_PT];
@@ -938,6 +1030,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL const store_t* cm = AT(store_t, cb, co);
     GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
+    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ); /* with SSM_RESERVE */
     GLOBAL const real* states = AT(real, sb, so) + slot * P * N; /* the state entering this chunk */
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
@@ -955,7 +1048,7 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     MMA_LOCAL mma_t at_gmm[M2_Q * M2_Q];
     const mma_scan_local at = {at_gm, at_ys, at_gmm, at_rows, at_cols, at_st};
 #endif
-    const m2_scan_out out = {dst, z, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
+    const m2_scan_out out = {dst, z, ys, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
     m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
                             lane);
@@ -1009,10 +1102,62 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
             const i64 at = ((t0 + t) * HD + hh) * P + p0 + py;
+            if (SSM_RESERVE)
+                ys[at] = y;
             STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }
 #endif
 }
 #endif
+#endif
+
+#if SSM_RESERVE
+/* c . b over N values, in four partial sums (n mod 4): one serial chain of N adds made the scores below
+ * latency-bound (1.6x mamba2's forward on PoCL at P = N = 64). */
+INLINE_FN real mamba2_dot(GLOBAL const store_t* c, GLOBAL const store_t* b, i64 N)
+{
+    real part[4] = {(real)0, (real)0, (real)0, (real)0};
+    i64 n = 0;
+    for (; n + 4 <= N; n += 4)
+        PRAGMA_UNROLL
+        for (int k = 0; k < 4; ++k)
+            part[k] += LOAD(c, n + k) * LOAD(b, n + k);
+    for (; n < N; ++n)
+        part[0] += LOAD(c, n) * LOAD(b, n);
+    return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
+/* mamba2's saved scores (docs/abi.md 6a.1), a launch after the forward of the same program: item (l, head hh,
+ * row r * K + chunk k) writes row l of the chunk's W[l, s] = (c_l . b_s) exp(cum_l - cum_s) for s <= l, 0 for
+ * s > l and for a token l past the row's end; cum_t = sum of dt*a over the chunk's tokens 0 .. t, summed in
+ * token order (as the layout's definition: every device gives the host's cumulative sums). */
+KERNEL mamba2_reserve_scores(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 RQ,
+                             GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* bb, i64 bo,
+                             GLOBAL uchar* cb, i64 co, GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* rsb, i64 rso,
+                             real lo, real hi)
+{
+    const i64 l = GID(0), hh = GID(1), rk = GID(2), K = (S + RQ - 1) / RQ;
+    if (l >= RQ || hh >= HD || rk >= R * K)
+        return;
+    const i64 r = rk / K, t0 = r * S + (rk - r * K) * RQ, grp = hh / (HD / G);
+    const i64 steps = r * S + S - t0 < RQ ? r * S + S - t0 : RQ; /* the chunk's tokens */
+    GLOBAL real* w = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ) + R * S * HD * P + ((rk * HD + hh) * RQ + l) * RQ;
+    GLOBAL const store_t* dt = AT(store_t, dtb, dto);
+    GLOBAL const store_t* crow = AT(store_t, cb, co) + ((t0 + l) * G + grp) * N;
+    const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
+    const int live = l < steps;
+    real cum_l = (real)0, cum = (real)0;
+    for (i64 s = 0; live && s <= l; ++s)
+        cum_l += ssm_delta(LOAD(dt, (t0 + s) * HD + hh), bias, lo, hi) * a;
+    for (i64 s = 0; s < RQ; ++s) {
+        real v = (real)0;
+        if (live && s <= l) {
+            GLOBAL const store_t* brow = AT(store_t, bb, bo) + ((t0 + s) * G + grp) * N;
+            cum += ssm_delta(LOAD(dt, (t0 + s) * HD + hh), bias, lo, hi) * a;
+            v = rlx_exp(cum_l - cum) * mamba2_dot(crow, brow, N);
+        }
+        w[s] = v;
+    }
+}
 #endif

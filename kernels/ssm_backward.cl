@@ -8,9 +8,10 @@
  * (a[n] = a[head] for every n), where dl is the step's transformed delta (dt). The backward walks each
  * state row in reverse with the states recomputed from checkpoints: a forward pass stores the state
  * entering every chunk of SSMB_Q steps, then chunk by chunk from the last the chunk's states are
- * recomputed into a workspace and walked back. Memory per state row: (ceil(seq / SSMB_Q) + SSMB_Q + 1)
- * states, in the compute type, in the launch's scratch; nothing is held in private arrays, so the
- * program needs no stack at any state size.
+ * recomputed into a workspace and walked back; with SSM_RESERVE the forward pass takes the saved forward's
+ * states (every RQ steps) where a chunk starts at one and steps only the chunks between. Memory per state row:
+ * (ceil(seq / SSMB_Q) + SSMB_Q + 1) states, in the compute type, in the launch's scratch; nothing is held in
+ * private arrays, so the program needs no stack at any state size.
  *
  * Work-items: one per (row, group, block of the group's channels / heads). An item walks its block's
  * state rows one after the other, so the gradients they share are sums taken in one fixed order by
@@ -74,29 +75,50 @@ INLINE_FN void ssmb_step(ssmb_index ix, i64 tok, i64 N, GLOBAL const param_t* a,
         h_next[n] = ssmb_decay(dl, a, n, ix.an, shared) * h[n] + u * LOAD(brow, n);
 }
 
+/* The checkpoints of one state row over tokens [t0, t1): the state entering each chunk of SSMB_Q steps into
+ * ckpt, from the initial state (h0 with SSM_CARRY, else 0); `g` is the running state. With SSM_RESERVE a chunk
+ * starting where a chunk of the saved forward `sv` does takes the state saved there, and the steps of a chunk
+ * followed by such a one are not run (nor the last chunk's: no checkpoint follows it). */
+INLINE_FN void ssmb_checkpoints(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL const param_t* a, real bias, real lo,
+                                real hi, GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const store_t* bm,
+                                GLOBAL const state_t* h0, ssm_saved sv, GLOBAL real* ckpt, GLOBAL real* g)
+{
+    const i64 chunks = (t1 - t0 + SSMB_Q - 1) / SSMB_Q;
+    for (i64 n = 0; n < N; ++n)
+        g[n] = SSM_CARRY ? SLOAD(h0, n) : (real)0;
+    for (i64 k = 0; k < chunks; ++k) {
+        const i64 c0 = t0 + k * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
+        const i64 saved = (c0 - t0) / sv.every; /* remainders by multiplication, as ssmb_item_of's */
+        GLOBAL const real* from = SSM_RESERVE && k > 0 && saved * sv.every == c0 - t0 ? sv.at + (saved - 1) * sv.stride
+                                                                                      : g;
+        int walk = k + 1 < chunks; /* to the next checkpoint, unless the saved forward holds it */
+        if (SSM_RESERVE && (c1 - t0) / sv.every * sv.every == c1 - t0)
+            walk = 0;
+        for (i64 n = 0; n < N; ++n)
+            ckpt[k * N + n] = g[n] = from[n];
+        if (walk)
+            for (i64 tok = c0; tok < c1; ++tok)
+                ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, g, g);
+    }
+}
+
 /* The reverse walk of one state row over tokens [t0, t1): writes d_x and d_z of its tokens, adds its
  * share to the partials of d_b, d_c (db, dc), of the delta gradient (ddl, before the transform's own
  * derivative) and of d_a (da[n]); with SSM_CARRY reads the final state's gradient at dstate and writes
- * the initial state's there. Returns the row's share of d_d (sum of dy * x). */
+ * the initial state's there. Returns the row's share of d_d (sum of dy * x). `sv`: the row's saved states
+ * (with SSM_RESERVE). */
 INLINE_FN real ssmb_row(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL const param_t* a, real bias, real dv, real lo,
                         real hi, GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const store_t* bm,
                         GLOBAL const store_t* cm, GLOBAL const store_t* z, GLOBAL const store_t* gout,
                         GLOBAL store_t* dx, GLOBAL store_t* dz, GLOBAL const state_t* h0, GLOBAL state_t* dstate,
-                        ssmb_workspace ws, GLOBAL real* ddl, GLOBAL real* db, GLOBAL real* dc, GLOBAL real* da)
+                        ssm_saved sv, ssmb_workspace ws, GLOBAL real* ddl, GLOBAL real* db, GLOBAL real* dc,
+                        GLOBAL real* da)
 {
     const i64 chunks = (t1 - t0 + SSMB_Q - 1) / SSMB_Q;
     GLOBAL real* ckpt = ws.ckpt;
     GLOBAL real* work = ws.work;
     GLOBAL real* g = ws.g;
-    for (i64 n = 0; n < N; ++n)
-        g[n] = SSM_CARRY ? SLOAD(h0, n) : (real)0;
-    for (i64 k = 0; k < chunks; ++k) {
-        const i64 c0 = t0 + k * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
-        for (i64 n = 0; n < N; ++n)
-            ckpt[k * N + n] = g[n];
-        for (i64 tok = c0; tok < c1; ++tok)
-            ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, g, g);
-    }
+    ssmb_checkpoints(ix, t0, t1, N, a, bias, lo, hi, x, delta, bm, h0, sv, ckpt, g);
     for (i64 n = 0; n < N; ++n)
         g[n] = SSM_CARRY ? SLOAD(dstate, n) : (real)0;
     real dd = (real)0;
@@ -250,7 +272,7 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
                                GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gb, i64 go,
                                GLOBAL uchar* dxb, i64 dxo, GLOBAL uchar* ddeb, i64 ddeo, GLOBAL uchar* dzb, i64 dzo,
                                GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* scb, i64 wso, i64 ddlo, i64 dbo, i64 dco,
-                               i64 pao, i64 pdo, i64 pbo)
+                               i64 pao, i64 pdo, i64 pbo, GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 item = GID(0);
     if (item >= R * G * blocks)
@@ -265,7 +287,8 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
             ix, at.t0, at.t1, N, AT(param_t, ab, ao) + ln.c * N, ln.bias, ln.dv, (real)0, (real)0, AT(store_t, xb, xo),
             AT(store_t, deb, deo), AT(store_t, bb, bo), AT(store_t, cb, co), AT(store_t, zb, zo), AT(store_t, gb, go),
             AT(store_t, dxb, dxo), AT(store_t, dzb, dzo), AT(state_t, stb, sto) + (at.slot * H + ln.c) * N,
-            AT(state_t, dstb, dsto) + (at.slot * H + ln.c) * N, at.ws, at.ddl, at.db, at.dc, ln.da);
+            AT(state_t, dstb, dsto) + (at.slot * H + ln.c) * N, ssm_saved_of(rsb, rso, at.r, S, RQ, H, ln.c, N), at.ws,
+            at.ddl, at.db, at.dc, ln.da);
         AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, H, ln.c, ln.bias, (real)0, (real)0,
                                                        AT(store_t, deb, deo), at.ddl, AT(store_t, ddeb, ddeo));
     }
@@ -282,7 +305,7 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
                        GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gb, i64 go,
                        GLOBAL uchar* dxb, i64 dxo, GLOBAL uchar* ddtb, i64 ddto, GLOBAL uchar* dzb, i64 dzo,
                        GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* scb, i64 wso, i64 ddlo, i64 dbo, i64 dco,
-                       i64 pao, i64 pdo, i64 pbo, real lo, real hi)
+                       i64 pao, i64 pdo, i64 pbo, real lo, real hi, GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 item = GID(0);
     if (item >= R * G * blocks)
@@ -300,8 +323,9 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
             dd += ssmb_row(ix, at.t0, at.t1, N, AT(param_t, ab, ao) + ln.c, ln.bias, ln.dv, lo, hi, AT(store_t, xb, xo),
                            AT(store_t, dtb, dto), AT(store_t, bb, bo), AT(store_t, cb, co), AT(store_t, zb, zo),
                            AT(store_t, gb, go), AT(store_t, dxb, dxo), AT(store_t, dzb, dzo),
-                           AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry, at.ws, at.ddl, at.db,
-                           at.dc, ln.da);
+                           AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry,
+                           ssm_saved_of(rsb, rso, at.r, S, RQ, HD * P, ln.c * P + p, N), at.ws, at.ddl, at.db, at.dc,
+                           ln.da);
         }
         AT(real, scb, pdo)[ln.lane] = dd;
         AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, HD, ln.c, ln.bias, lo, hi, AT(store_t, dtb, dto),

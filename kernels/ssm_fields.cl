@@ -15,7 +15,9 @@
  *   SSM_CARRY     each row starts from its entry of `state` and its final state is written there
  *   SSM_VARLEN    rows are the sequences of cu_seqlens
  *   SSM_SLOTS     row r's entry of `state` is state_slots[r] (the pool is used in place)
- *   SSM_STATE_F32 / SSM_PARAM_F32  state / a, d, bias stored as f32 beside a 16-bit thunk. */
+ *   SSM_STATE_F32 / SSM_PARAM_F32  state / a, d, bias stored as f32 beside a 16-bit thunk
+ *   SSM_RESERVE   a saved forward (ABI.md §9.1, docs/abi.md 6a.1): the forward writes it, the backward
+ *                 reads its states as checkpoints (ssm_saved below). */
 #ifndef SSM_BIAS
 #define SSM_BIAS 0
 #endif
@@ -39,6 +41,9 @@
 #endif
 #ifndef SSM_SLOTS
 #define SSM_SLOTS 0
+#endif
+#ifndef SSM_RESERVE
+#define SSM_RESERVE 0
 #endif
 
 #ifdef SSM_PARAM_F32
@@ -174,3 +179,30 @@ INLINE_FN i64 ssm_slot(i64 r, GLOBAL const int* slots)
     return SSM_SLOTS ? (i64)slots[r] : r;
 }
 
+
+/* One state row's states in a saved forward (docs/abi.md 6a.1, in the compute type, which is the layout's
+ * element type on every device: f64 state or parameters beside a narrower thunk run on the host): the state
+ * leaving chunk k of `every` tokens of the row at at[k * stride + n]. Rows never are packed sequences (a
+ * reserve with cu_seqlens is refused), so row r's tokens are r*S .. r*S + S-1. */
+typedef struct {
+    GLOBAL real* at;
+    i64 stride, every;
+} ssm_saved;
+
+/* Row r's state row `entry` (its index among the state rows of one chunk: selective_scan's channel, mamba2's
+ * (head, p)) of `entries`, in the reserve at rsb + rso, for rows of S tokens. */
+INLINE_FN ssm_saved ssm_saved_of(GLOBAL uchar* rsb, i64 rso, i64 r, i64 S, i64 every, i64 entries, i64 entry, i64 N)
+{
+    ssm_saved sv;
+    sv.every = every;
+    sv.stride = entries * N;
+    sv.at = AT(real, rsb, rso) + (r * ((S + every - 1) / every) * entries + entry) * N;
+    return sv;
+}
+
+/* Whether token tok of a row of tokens [t0, t1) ends a chunk of the saved forward (the remainder by a
+ * multiplication: a division and a remainder of the same operands become a `freeze`, which Oclgrind rejects). */
+INLINE_FN int ssm_saved_ends(ssm_saved sv, i64 tok, i64 t0, i64 t1)
+{
+    return tok + 1 == t1 || (tok + 1 - t0) / sv.every * sv.every == tok + 1 - t0;
+}

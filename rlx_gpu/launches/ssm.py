@@ -6,7 +6,9 @@ state of one row spread across the lanes of a work-group (``state_lanes``, its s
 variant) for decode and short sequences; from SSC_MIN_SEQ / M2_MIN_SEQ steps on, the chunked forms.
 A row is a batch row or, with ``cu_seqlens``, one packed sequence. The version-2 fields a thunk uses
 select a compile-time variant of the kernels (``field_defines``); the kernels take every optional
-tensor as an argument, at offset 0 where the thunk has none (the variant never reads it).
+tensor as an argument, at offset 0 where the thunk has none (the variant never reads it). A saved forward
+(``reserve``, ABI.md §9.1) is the variant SSM_RESERVE: the kernels store its states (mamba2: and outputs) as they
+walk, and mamba2's scores take a launch of their own (``_mamba2_scores``); the decode forms give way to the walks.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import math
 from typing import Any
 
 from host_fallback.abi import complete
+from host_fallback.abi.ssm import RESERVE_CHUNK, SCAN_RESERVE_CHUNK
 
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
@@ -32,10 +35,14 @@ V2_FIELDS = frozenset({
     "delta_bias", "delta_softplus",  # selective_scan
     "dt_bias", "dt_softplus", "dt_limit",  # mamba2
 })
+#: the saved forward (ABI.md §9.1): selective_scan's and mamba2's kernels (forward and backward) take it
+RESERVE_FIELDS = frozenset({"reserve", "reserve_bytes"})
+#: per op, the chunk length of its saved forward's states (docs/abi.md 6a.1)
+RESERVE_EVERY = {"selective_scan": SCAN_RESERVE_CHUNK, "mamba2": RESERVE_CHUNK}
 
 #: kernels/ssm.cl's switches of the version-2 fields, in the order a launch's defines list them
 SWITCHES = ("SSM_BIAS", "SSM_SOFTPLUS", "SSM_LIMIT", "SSM_D", "SSM_Z", "SSM_CARRY", "SSM_VARLEN", "SSM_SLOTS",
-            "SSM_STATE_F32", "SSM_PARAM_F32")
+            "SSM_STATE_F32", "SSM_PARAM_F32", "SSM_RESERVE")
 #: per op, the names of its delta transform's fields: (bias, softplus)
 _DELTA = {"selective_scan": ("delta_bias", "delta_softplus"), "mamba2": ("dt_bias", "dt_softplus")}
 _SIXTEEN_BIT = ("f16", "bf16")
@@ -53,6 +60,7 @@ def field_defines(t: Thunk) -> Defines:
         # f32 state / parameters beside a 16-bit thunk (f32 is then the compute type itself)
         "SSM_STATE_F32": t["dtype"] in _SIXTEEN_BIT and t["state_dtype"] == "f32",
         "SSM_PARAM_F32": t["dtype"] in _SIXTEEN_BIT and t["param_dtype"] == "f32",
+        "SSM_RESERVE": t.get("reserve") is not None,
     }
     return tuple((name, 1) for name in SWITCHES if on[name])
 
@@ -76,6 +84,12 @@ def tensors(t: Thunk, fields: tuple[str, ...], params: dict[str, str] = TENSOR_P
         offset = t[_DELTA[t["op"]][0] if f == "bias" else f]
         out[params[f]] = (ARENA, 0 if offset is None else offset)
     return out
+
+
+def saved(t: Thunk) -> dict[str, Any]:
+    """The kernels' saved-forward arguments of ``t`` (completed, forward or backward): the reserve (offset 0
+    without one: the variant never reads it) and its chunk length ``RQ``."""
+    return {"rsb": (ARENA, t.get("reserve") or 0), "RQ": RESERVE_EVERY[t["op"].removesuffix("_backward")]}
 
 
 def dt_limits(t: Thunk) -> dict[str, float]:
@@ -114,19 +128,21 @@ def _selective_scan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: 
     t = complete(t)
     r, s, h, n, dt = rows(t), t["seq"], t["hidden"], t["state_size"], t["dtype"]
     args = dict(R=r, S=s, H=h, N=n, G=t["groups"], **tensors(t, _SS_TENSORS))
-    fields = field_defines(t)
+    fields, keep = field_defines(t), t["reserve"] is not None
     if lim.target == "gpu":
-        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel):  # one group per (row, SSC_CB channels)
+        # one group per (row, SSC_CB channels); a reserve's chunks must end where a lane's steps do
+        if takes_chunked(lim, s, "SSC_MIN_SEQ", ssm_kernel) and not (keep and SCAN_RESERVE_CHUNK % lim.tune("SSC_T")):
             lanes = lim.tune("SSC_CB") * lim.tune("SSC_SL")
             glob, local = (r * -(-h // lim.tune("SSC_CB")) * lanes,), (lanes,)
-            return LaunchPlan((kernel_launch("ssm", "selective_scan_chunked", dt, glob, local, args, target="gpu",
-                                             defines=fields),))
+            return LaunchPlan((kernel_launch("ssm", "selective_scan_chunked", dt, glob, local, {**args, **saved(t)},
+                                             target="gpu", defines=fields),))
         defines, glob, local = state_lanes(n, h, r, lim)
-        return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, args, target="gpu",
-                                         defines=defines + fields),))
-    items = -(-h // lim.tune("SS_TC")) if s == 1 and t["cu_seqlens"] is None else h  # decode: SS_TC channels each
+        return LaunchPlan((kernel_launch("ssm", "selective_scan_lanes", dt, glob, local, {**args, **saved(t)},
+                                         target="gpu", defines=defines + fields),))
+    decode = s == 1 and t["cu_seqlens"] is None and not keep
+    items = -(-h // lim.tune("SS_TC")) if decode else h  # decode: SS_TC channels each
     local = (linear_local(items), 1)
-    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((items, r), local), local, args,
+    return LaunchPlan((kernel_launch("ssm", "selective_scan", dt, grid((items, r), local), local, {**args, **saved(t)},
                                      target=lim.target, defines=fields),))
 
 
@@ -137,17 +153,36 @@ def _mamba2(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) 
     t = complete(t)
     r, s, heads, p, n = rows(t), t["seq"], t["heads"], t["head_dim"], t["state_size"]
     args = dict(R=r, S=s, HD=heads, P=p, N=n, G=t["groups"], **tensors(t, _M2_TENSORS), **dt_limits(t))
-    fields = field_defines(t)
+    fields, keep = field_defines(t), t["reserve"] is not None
     if lim.target == "gpu":
-        if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
-            return _mamba2_chunked(t, lim, fields)
+        # a reserve's chunks must be the chunked form's
+        if takes_chunked(lim, s, "M2_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64" and not (
+                keep and lim.tune("M2_Q") != RESERVE_CHUNK):
+            chunked = _mamba2_chunked(t, lim, fields)
+            if not keep:
+                return chunked
+            return LaunchPlan(chunked.launches + (_mamba2_scores(t, lim, fields + mma_defines(lim, t["dtype"])),),
+                              chunked.scratch_bytes, chunked.notes)
         defines, glob, local = state_lanes(n, p, r * heads, lim)
-        return LaunchPlan((kernel_launch("ssm", "mamba2_lanes", t["dtype"], glob, local, args, target="gpu",
-                                         defines=defines + fields),))
-    items = -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows
-    local = (linear_local(items), 1, 1)
-    return LaunchPlan((kernel_launch("ssm", "mamba2", t["dtype"], grid((items, heads, r), local), local, args,
-                                     target=lim.target, defines=fields),))
+        walk = kernel_launch("ssm", "mamba2_lanes", t["dtype"], glob, local, {**args, **saved(t)}, target="gpu",
+                             defines=defines + fields)
+    else:
+        defines, items = (), -(-p // lim.tune("M2_PB"))  # one work-item per M2_PB state rows
+        local = (linear_local(items), 1, 1)
+        walk = kernel_launch("ssm", "mamba2", t["dtype"], grid((items, heads, r), local), local, {**args, **saved(t)},
+                             target=lim.target, defines=fields)
+    return LaunchPlan((walk, _mamba2_scores(t, lim, defines + fields)) if keep else (walk,))
+
+
+def _mamba2_scores(t: Thunk, lim: DeviceLimits, defines: Defines) -> Launch:
+    """mamba2_reserve_scores: the saved forward's chunk scores (docs/abi.md 6a.1), in the forward's program."""
+    every, chunks = RESERVE_EVERY["mamba2"], -(-t["seq"] // RESERVE_EVERY["mamba2"])
+    local = (linear_local(every), 1, 1)
+    args = dict(R=t["batch"], S=t["seq"], HD=t["heads"], P=t["head_dim"], N=t["state_size"], G=t["groups"],
+                **tensors(t, ("dt", "a", "b", "c", "bias")), **saved(t), **dt_limits(t))
+    size = grid((every, t["heads"], t["batch"] * chunks), local)
+    return kernel_launch("ssm", "mamba2_reserve_scores", t["dtype"], size, local, args, target=lim.target,
+                         defines=defines)
 
 
 def chunk_slots(t: Thunk, q: int) -> int:
@@ -182,8 +217,8 @@ def _mamba2_chunked(t: Thunk, lim: DeviceLimits, fields: Defines) -> LaunchPlan:
     state = launch("mamba2_chunk_state", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
                                                      **tensors(t, ("x", "dt", "a", "b", "bias"))), "sb", "eb", "tb")
     carry = launch("mamba2_state_pass", grid((r * heads * p * n,), (lanes,)), (lanes,),
-                   dict(**dims, **tensors(t, ("state", "state_slots"))), "sb", "eb", "tb")
-    scan = launch("mamba2_chunk_scan", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t),
+                   dict(**dims, **tensors(t, ("state", "state_slots")), **saved(t)), "sb", "eb", "tb")
+    scan = launch("mamba2_chunk_scan", *tile, dict(**dims, G=t["groups"], **cu, **dt_limits(t), **saved(t),
                                                    **tensors(t, ("x", "dt", "a", "b", "c", "dst", "bias", "d", "z"))),
                   "sb", "tb")
     launches = (state, carry, scan)
@@ -204,5 +239,6 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)
-register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)
+register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm",
+         shared_texts=FIELDS_TEXT)
+register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)

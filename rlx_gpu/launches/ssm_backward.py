@@ -19,7 +19,7 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits
 from .registry import register
-from .ssm import FIELDS_TEXT, TENSOR_PARAMS, dt_limits, field_defines, rows, tensors
+from .ssm import FIELDS_TEXT, RESERVE_FIELDS, TENSOR_PARAMS, dt_limits, field_defines, rows, saved, tensors
 
 #: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
 #: optional inputs' gradients
@@ -66,7 +66,8 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     args = {"R": r, "S": fwd["seq"], "T": tokens, width_param: lanes, "N": n, "G": g, "blocks": blocks, "per": per,
             **tensors(fwd, ("x", delta, "a", "b", "c", "bias", "d", "z", "state", "cu_seqlens", "state_slots", "d_dst",
                             "d_x", f"d_{delta}", "d_z", "d_state"), _TENSOR_PARAMS),
-            "scb": (SCRATCH, at["workspaces"]), **{param: at[part] for part, param in _SCRATCH_OFFSETS.items()}}
+            "scb": (SCRATCH, at["workspaces"]), **{param: at[part] for part, param in _SCRATCH_OFFSETS.items()},
+            **saved(fwd)}
     if op == "mamba2":
         args.update(P=fwd["head_dim"], **dt_limits(fwd))
     fields = field_defines(fwd)
@@ -80,7 +81,8 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
             ("d_d", lanes, r, 1, "dd", True), (bias, lanes, r, 1, "dbias", True)]
     launches = [walk] + [_reduce(fwd[field], m, k, j, at[part], as_param, dt, lim, fields)
                          for field, m, k, j, part, as_param in sums if fwd.get(field) is not None]
-    return LaunchPlan(tuple(launches), total, (f"checkpoints every {q} steps, {blocks} blocks",))
+    walked = "the saved forward's states" if fwd.get("reserve") is not None else f"checkpoints every {q} steps"
+    return LaunchPlan(tuple(launches), total, (f"{walked}, {blocks} blocks",))
 
 
 def _reduce(out: int, m: int, k: int, j: int, part: int, as_param: bool, dt: str, lim: DeviceLimits,
@@ -145,10 +147,10 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return (gdn if op == "gated_delta_net" else ssm).unsupported({**complete(t), "op": op}, lim)
 
 
-register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward",
+register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm_backward",
          shared_texts=FIELDS_TEXT)
 # (mamba2's step walk is in the ssm_backward program too; its chunked form's program is its own)
-register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS, family=mamba2_backward.FAMILY,
-         shared_texts=mamba2_backward.SHARED_TEXTS)
+register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS,
+         family=mamba2_backward.FAMILY, shared_texts=mamba2_backward.SHARED_TEXTS)
 register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
          shared_texts=FIELDS_TEXT)

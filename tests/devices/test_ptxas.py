@@ -172,9 +172,12 @@ def _field_thunks():
 
 def _reserve_thunks():
     """``_field_thunks`` with a saved forward (ABI.md §9.1, f32): the forward's kernels writing it, the backward's
-    reading it, and the reorders between the two orders of rows."""
+    reading it, and the reorders between the two orders of rows; the state-space ops' (mamba2's scores launch
+    among them) at a decode step and over two of their chunks."""
+    state_space = [(op, dict(cases.SMALL[op], seq=seq), {}) for op in ("selective_scan", "mamba2", "selective_scan_backward",
+                                                                   "mamba2_backward") for seq in (1, 70)]
     return [(op, dict(params, reserve=True, reserve_bytes=rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **params})),
-             options) for op, params, options in _field_thunks()]
+             options) for op, params, options in _field_thunks() + state_space]
 
 
 #: every version-2 field of the state-space ops at once (f32 thunks; at the gpu target seq 64 takes the
@@ -228,7 +231,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
                         "mamba2_varlen_chunks", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
                         "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
     state_space |= {"selective_scan_backward", "mamba2_backward", "ssm_backward_reduce", "gated_delta_net_backward",
-                    "gdn_backward_qk"}
+                    "gdn_backward_qk"} | ({"mamba2_reserve_scores"} if dtype == "f32" else set())
     recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out", "rnnb_forward_init", "rnnb_forward_step",
                  "rnnb_backward_init", "rnnb_backward_out", "rnnb_backward_cell", "rnnb_colsum"}
     if dtype == "f32":
