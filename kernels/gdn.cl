@@ -1162,3 +1162,168 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
 #endif
 }
 #endif
+
+/* The saved forward (ABI.md §9.1, docs/abi.md 6a.1), every target: a forward given a reserve runs these three
+ * before its own launches (gdn_reserve_walk reads the initial state, which the forward replaces with
+ * carry_state). Chunks of GDN_RC tokens per batch row b (no packed sequences), the last one padded with
+ * tokens of zero inputs; per value head vh (key head vh / (HV / H)), q and k times their 1/|.| with qk_norm
+ * (nrm, from gdn_qk_norm); every array in the compute type `real` (the reserve's type C: a device's state is
+ * kept in the thunk's dtype or its compute type, so C is f64 exactly when real is), C-ordered:
+ *   states [B][NR][HV][K][V]   the state leaving each chunk, the last the final state;
+ *   qk, kk [B][NR][HV][32][32] the chunk's decayed products q_r . k_s (s <= r), k_r . k_s (s < r), before scale;
+ *   inverse [B][NR][HV][32][32] (I + diag(beta) kk)^-1, unit lower triangular;
+ *   u [B][NR][HV][32][V]       what each token adds to the state (0 past the sequence).
+ * NR = ceil(S / GDN_RC). The host writes the same numbers (host_fallback/gdn_chunked.py), by GEMMs. */
+#define GDN_RC 32
+
+/* Column j of the state of (batch row b, value head vh) walked token by token in place in the reserve: each
+ * chunk's column starts as a copy of the previous one's (the initial state, or zeros, for the first) and steps
+ * through the chunk's tokens, writing each token's u. One work-item per (b, vh, j), j fastest; no private
+ * array (the column lives in the reserve, in cache). */
+KERNEL gdn_reserve_walk(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int carry, int per_channel, int state_real,
+                        int slotted, int qk_norm, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko,
+                        GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo,
+                        GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no,
+                        GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo)
+{
+    const i64 item = GID(0);
+    if (item >= B * HV * V)
+        return;
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const i64 bh = item / V, j = item - bh * V, b = bh / HV, vh = bh - b * HV, kh = vh / (HV / H);
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC;
+    const gdn_tensors io = gdn_tensors_of(qb, qo, kb, ko, vb, vo, gb, go, beb, beo);
+    GLOBAL const real* nrm = AT(real, nb, no);
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const int st_real = GDN_V2 && state_real;
+    const i64 entry = (gdn_state_row(b, slots) * HV + vh) * K * V + j;
+    GLOBAL const uchar* st = st_real ? (GLOBAL const uchar*)(AT(real, sb, so) + entry)
+                                     : (GLOBAL const uchar*)(AT(store_t, sb, so) + entry);
+    for (i64 c = 0; c < chunks; ++c) {
+        GLOBAL real* s = AT(real, hb, ho) + ((b * chunks + c) * HV + vh) * K * V + j;
+        GLOBAL real* u = AT(real, ub, uo) + ((b * chunks + c) * HV + vh) * GDN_RC * V + j;
+        for (i64 i = 0; i < K; ++i)
+            s[i * V] = c ? s[i * V - HV * K * V] : carry ? load_any(st, i * V, st_real) : (real)0;
+        for (int r = 0; r < GDN_RC; ++r) {
+            const i64 t = c * GDN_RC + r, tok = b * S + t, head = tok * HV + vh, key = (tok * H + kh) * K;
+            if (t >= S) {
+                u[r * V] = (real)0;
+                continue;
+            }
+            const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
+            const real decay = per_channel ? (real)1 : exp(LOAD(io.g, head));
+            real a = (real)0;
+            for (i64 i = 0; i < K; ++i)
+                a += (per_channel ? exp(LOAD(io.g, head * K + i)) : decay) * s[i * V] * LOAD(io.k, key + i);
+            const real x = (LOAD(io.v, head * V + j) - rk * a) * LOAD(io.beta, head);
+            for (i64 i = 0; i < K; ++i)
+                s[i * V] = (per_channel ? exp(LOAD(io.g, head * K + i)) : decay) * s[i * V] + rk * LOAD(io.k, key + i) * x;
+            u[r * V] = x;
+        }
+    }
+}
+
+/* The log-decay of token t of row b, head vh (key channel i with per_channel) as the reserve's products take
+ * it: 0 past the sequence, and raised to the log of the compute type's smallest subnormal minus 1 (a -inf, a
+ * state reset, would meet another in a difference of cumulative sums: NaN; exp of either is 0). */
+INLINE_FN real gdn_reserve_log_decay(GLOBAL const store_t* gate, i64 b, i64 S, i64 t, i64 HV, i64 vh, i64 K, i64 i,
+                                     int per_channel)
+{
+    if (t >= S)
+        return (real)0;
+    const i64 head = (b * S + t) * HV + vh;
+    const real g = LOAD(gate, per_channel ? head * K + i : head), low = sizeof(real) == 4 ? (real)-104.2789 : (real)-745.1332;
+    return g < low ? low : g;
+}
+
+/* Row r of chunk c of (batch row b, value head vh): qk[r][s] = sum_i q_r[i] k_s[i] exp(cum_r[i] - cum_s[i])
+ * (s <= r) and kk[r][s] the same of k_r (s < r), zeros elsewhere and for tokens past the sequence. The
+ * decay from token s to r is the sum of the log-decays of tokens s+1 .. r, formed walking s down from r (per
+ * head one sum; per channel one per channel, the 32 products of the row kept in registers: s unrolled).
+ * One work-item per (b, c, vh, r), r fastest. */
+KERNEL gdn_reserve_grams(i64 B, i64 S, i64 H, i64 HV, i64 K, int per_channel, int qk_norm, GLOBAL uchar* qb, i64 qo,
+                         GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* nb, i64 no,
+                         GLOBAL uchar* pb, i64 po, GLOBAL uchar* mb, i64 mo)
+{
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0);
+    if (item >= B * chunks * HV * GDN_RC)
+        return;
+    const i64 slot = item / GDN_RC, r = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
+    const i64 b = bc / chunks, c = bc - b * chunks, kh = vh / (HV / H), t0 = c * GDN_RC, tr = b * S + t0 + r;
+    GLOBAL const store_t* q = AT(store_t, qb, qo);
+    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL const store_t* gate = AT(store_t, gb, go);
+    GLOBAL const real* nrm = AT(real, nb, no);
+    GLOBAL real* qk = AT(real, pb, po) + item * GDN_RC;
+    GLOBAL real* kk = AT(real, mb, mo) + item * GDN_RC;
+    real aq[GDN_RC], ak[GDN_RC];
+    PRAGMA_UNROLL
+    for (int s = 0; s < GDN_RC; ++s)
+        aq[s] = ak[s] = (real)0;
+    if (t0 + r < S) {
+        if (per_channel)
+            for (i64 i = 0; i < K; ++i) {
+                const real qi = LOAD(q, (tr * H + kh) * K + i), ki = LOAD(k, (tr * H + kh) * K + i);
+                real diff = (real)0;
+                PRAGMA_UNROLL
+                for (int s = GDN_RC - 1; s >= 0; --s)
+                    if (s <= r) {
+                        const real e = exp(diff), ks = LOAD(k, ((tr - r + s) * H + kh) * K + i) * e;
+                        aq[s] += qi * ks;
+                        ak[s] += ki * ks;
+                        diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, i, 1);
+                    }
+            }
+        else {
+            real diff = (real)0;
+            PRAGMA_UNROLL
+            for (int s = GDN_RC - 1; s >= 0; --s)
+                if (s <= r) {
+                    real dq = (real)0, dk = (real)0;
+                    for (i64 i = 0; i < K; ++i) {
+                        const real ks = LOAD(k, ((tr - r + s) * H + kh) * K + i);
+                        dq += LOAD(q, (tr * H + kh) * K + i) * ks;
+                        dk += LOAD(k, (tr * H + kh) * K + i) * ks;
+                    }
+                    const real e = exp(diff);
+                    aq[s] = dq * e;
+                    ak[s] = dk * e;
+                    diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
+                }
+        }
+    }
+    const real rq = GDN_V2 && qk_norm && t0 + r < S ? nrm[2 * (tr * H + kh)] : (real)1;
+    const real rk = GDN_V2 && qk_norm && t0 + r < S ? nrm[2 * (tr * H + kh) + 1] : (real)1;
+    PRAGMA_UNROLL
+    for (int s = 0; s < GDN_RC; ++s) {
+        const real rs = GDN_V2 && qk_norm && s <= r && t0 + r < S ? nrm[2 * ((tr - r + s) * H + kh) + 1] : (real)1;
+        qk[s] = s <= r ? aq[s] * rq * rs : (real)0;
+        kk[s] = s < r ? ak[s] * rk * rs : (real)0;
+    }
+}
+
+/* Column s of the unit lower triangular inverse T = (I + diag(beta) kk)^-1 of chunk c of (b, vh), by forward
+ * substitution down the column: T[r][s] = -beta_r sum_{s <= m < r} kk[r][m] T[m][s] for r > s (beta 0 past
+ * the sequence), the column read back from the reserve as it is written. One work-item per (b, c, vh, s). */
+KERNEL gdn_reserve_inverse(i64 B, i64 S, i64 HV, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* mb, i64 mo,
+                           GLOBAL uchar* tb, i64 to)
+{
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0);
+    if (item >= B * chunks * HV * GDN_RC)
+        return;
+    const i64 slot = item / GDN_RC, s = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
+    const i64 b = bc / chunks, t0 = (bc - b * chunks) * GDN_RC;
+    GLOBAL const real* kk = AT(real, mb, mo) + slot * GDN_RC * GDN_RC;
+    GLOBAL real* inv = AT(real, tb, to) + slot * GDN_RC * GDN_RC + s;
+    GLOBAL const store_t* beta = AT(store_t, beb, beo);
+    for (i64 r = 0; r < GDN_RC; ++r) {
+        real x = r == s ? (real)1 : (real)0;
+        if (r > s && t0 + r < S) {
+            real acc = (real)0;
+            for (i64 m = s; m < r; ++m)
+                acc += kk[r * GDN_RC + m] * inv[m * GDN_RC];
+            x = -LOAD(beta, (b * S + t0 + r) * HV + vh) * acc;
+        }
+        inv[r * GDN_RC] = x;
+    }
+}

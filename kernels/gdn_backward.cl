@@ -12,7 +12,9 @@
  * private arrays). Work-items: one per (row, key head, block of the key head's value heads); an item
  * walks its value heads' columns one after the other, so d_beta and d_g of a value head and the
  * item's partial of d_q and d_k (over its value heads and columns) are sums in one fixed order;
- * gdn_backward_qk sums the blocks' partials, in order, and takes the normalisation's derivative. */
+ * gdn_backward_qk sums the blocks' partials, in order, and takes the normalisation's derivative. With a
+ * saved forward (ABI.md §9.1, kernels/gdn.cl's gdn_reserve_walk: the states leaving every chunk of 32 steps,
+ * SSMB_Q's) the checkpoints are copied from it instead of walked. */
 
 #ifndef GDNB_GATE_K
 #define GDNB_GATE_K 0
@@ -89,8 +91,11 @@ INLINE_FN gdnb_token gdnb_token_at(gdnb_index ix, i64 tok, i64 j, i64 K, GLOBAL 
 /* The reverse walk of column j over tokens [t0, t1): writes d_v of the column, adds its share to the
  * partials of d_q and d_k (dq, dk: with respect to the normalised q, k) and to the sums of d_beta and
  * d_g (dbeta, dg: [T*HV] and [T*HV*gk]); with SSM_CARRY starts from h0 (the column's entry, stride V)
- * and reads and writes the state's gradient at dstate. */
-INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, real scale, GLOBAL const store_t* q,
+ * and reads and writes the state's gradient at dstate. `saved` (null: none) is the column's entry in the
+ * reserve's states of the first chunk (stride V, a chunk `cs` further on): the checkpoints of the chunks after
+ * the first. */
+INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, real scale, GLOBAL const real* saved,
+                           i64 cs, GLOBAL const store_t* q,
                            GLOBAL const store_t* k, GLOBAL const store_t* v, GLOBAL const store_t* g,
                            GLOBAL const store_t* beta, GLOBAL const store_t* gout, GLOBAL store_t* dv,
                            GLOBAL const state_t* h0, GLOBAL state_t* dstate, GLOBAL real* ckpt, GLOBAL real* work,
@@ -102,8 +107,8 @@ INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, r
     for (i64 c = 0; c < chunks; ++c) {
         const i64 c0 = t0 + c * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
         for (i64 i = 0; i < K; ++i)
-            ckpt[c * K + i] = gs[i];
-        for (i64 tok = c0; tok < c1; ++tok)
+            ckpt[c * K + i] = saved && c ? saved[(c - 1) * cs + i * V] : gs[i];
+        for (i64 tok = c0; tok < c1 && !saved; ++tok)
             gdnb_step(gdnb_token_at(ix, tok, j, K, q, k, v, g, beta), gs, gs, K);
     }
     for (i64 i = 0; i < K; ++i)
@@ -149,7 +154,8 @@ INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, r
 }
 
 /* item = (row r, key head kh, block blk of `per` of its value heads; HV/H of them): the column walks
- * of its value heads, then their d_beta and d_g. Scratch (reals, at the offsets given): the items'
+ * of its value heads, then their d_beta and d_g; with `saved` the reserve's states at rsb (batch rows: the
+ * reserve excludes packed sequences). Scratch (reals, at the offsets given): the items'
  * workspaces; the d_q and d_k partials [blocks][T][H][K]; the d_beta and d_g sums [T][HV] and
  * [T][HV][K or 1]. */
 KERNEL gated_delta_net_backward(i64 R, i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, i64 blocks, i64 per, real scale,
@@ -158,7 +164,7 @@ KERNEL gated_delta_net_backward(i64 R, i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V
                                 GLOBAL uchar* cub, i64 cuo, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo,
                                 GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dgb, i64 dgo, GLOBAL uchar* dbetab,
                                 i64 dbetao, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* scb, i64 wso, i64 dqo, i64 dko,
-                                i64 dbso, i64 dgso)
+                                i64 dbso, i64 dgso, int saved, GLOBAL uchar* rsb, i64 rso)
 {
     const i64 item = GID(0);
     if (item >= R * H * blocks)
@@ -190,7 +196,8 @@ KERNEL gated_delta_net_backward(i64 R, i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V
         }
         for (i64 j = 0; j < V; ++j) {
             const i64 entry = (slot * HV + hv) * K * V + j;
-            gdnb_column(ix, j, t0, t1, K, V, scale, AT(store_t, qb, qo), AT(store_t, kb, ko), AT(store_t, vb, vo),
+            GLOBAL const real* from = saved ? AT(real, rsb, rso) + (r * chunks * HV + hv) * K * V + j : 0;
+            gdnb_column(ix, j, t0, t1, K, V, scale, from, HV * K * V, AT(store_t, qb, qo), AT(store_t, kb, ko), AT(store_t, vb, vo),
                         AT(store_t, gb, go), AT(store_t, betab, betao), AT(store_t, gob, goo), AT(store_t, dvb, dvo),
                         AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry, ckpt, work, gs, dq, dk,
                         dbeta, dg);

@@ -3,13 +3,15 @@ columns, or for a decode step per GDN_DJ columns straight on the state; gpu targ
 indices spread across the lanes of a work-group (ssm.state_lanes) for decode and short sequences, from
 GDN_MIN_SEQ steps on the chunked WY form. Every target takes every field of §8: the ones that change
 what a kernel reads (varlen, state slots, q/k L2-norm, a state kept wider than the thunk) run in the
-program variant ``GDN_V2``, so the version-1 program keeps its plain loops."""
+program variant ``GDN_V2``, so the version-1 program keeps its plain loops. A forward given a saved forward
+(ABI.md §9.1's ``reserve``) runs three more kernels before its own launches, which stay as they are: the
+``gdn_reserve_*`` kernels fill the reserve in the host's layout (``abi.gdn.reserve_slots``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from host_fallback.abi import complete
-from host_fallback.abi.gdn import gdn_scale
+from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
@@ -24,6 +26,8 @@ GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may ho
 #: uses any other to the host)
 V2_FIELDS = frozenset({"value_heads", "value_size", "scale", "qk_l2norm", "state_dtype", "cu_seqlens", "num_seqs",
                        "state_slots", "num_slots"})
+#: the saved forward's fields (ABI.md §9.1), which gated_delta_net and its backward take beside V2_FIELDS
+RESERVE_FIELDS = frozenset({"reserve", "reserve_bytes"})
 
 #: a state element type the kernels keep: the thunk's own, or its compute type (f32 for f16 / bf16)
 _COMPUTE = {"f32": "f32", "f16": "f32", "bf16": "f32", "f64": "f64"}
@@ -123,6 +127,11 @@ def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, 
 
 def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     sh = shape(t)
+    plan = _plan_forward(t, sh, lim, ssm_kernel)
+    return plan if t.get("reserve") is None else _with_reserve(t, sh, lim, plan)
+
+
+def _plan_forward(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
     if lim.target == "gpu":
         if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
             return _plan_chunked(t, sh, lim)
@@ -213,6 +222,35 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
+def _with_reserve(t: Thunk, sh: Shape, lim: DeviceLimits, plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` after the launches that fill the saved forward: ``gdn_reserve_walk`` (the states leaving each
+    chunk and each token's u, from the initial state the forward may then replace), ``gdn_reserve_grams`` (the
+    decayed products) and ``gdn_reserve_inverse``; 1/|q|, 1/|k| of their own past the plan's scratch."""
+    at = {s.name: (ARENA, t["reserve"] + s.offset) for s in reserve_slots(complete(t))}
+    dt, b, hv = t["dtype"], sh.batch, sh.value_heads
+    nrm_at = ceil_to(plan.scratch_bytes, 256)
+    nrm = (SCRATCH, nrm_at) if sh.qk_norm else (ARENA, 0)
+    defines = V2_VARIANT if sh.v2 else ()
+
+    def launch(kernel: str, items: int, args: dict[str, object]) -> Launch:
+        local = (linear_local(items),)
+        return kernel_launch("gdn", kernel, dt, grid((items,), local), local, args, target=lim.target,
+                             defines=defines)
+    dims = dict(B=b, S=sh.seq, HV=hv)
+    rows = b * -(-sh.seq // RESERVE_CHUNK) * hv * RESERVE_CHUNK  # (row, chunk, value head, token of the chunk)
+    walk = launch("gdn_reserve_walk", b * hv * sh.value_size,
+                  dict(dims, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry, per_channel=sh.per_channel,
+                       state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm, hb=at["states"],
+                       ub=at["u"], **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots")))
+    grams = launch("gdn_reserve_grams", rows, dict(dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel,
+                                                  qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"], mb=at["kk"],
+                                                  **_arena(t, "q", "k", "g")))
+    inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
+    norms = _norms(t, sh, lim, nrm)
+    nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
+    return LaunchPlan(norms + (walk, grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
+
+
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     t, most = complete(t), lim.tune("STATE_MAX")
     for field in ("state_size", "value_size"):
@@ -225,4 +263,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS, family="gdn")
+register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="gdn")

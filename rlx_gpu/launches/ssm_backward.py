@@ -12,7 +12,7 @@ blocks. The version-2 fields are compile-time variants (for selective_scan and m
 from __future__ import annotations
 
 from host_fallback.abi import complete, forward_op
-from host_fallback.abi.gdn import gdn_scale
+from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
 from . import gdn, ssm
 from .arguments import kernel_launch
@@ -24,6 +24,8 @@ from .ssm import FIELDS_TEXT, TENSOR_PARAMS, dt_limits, field_defines, rows, ten
 #: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
 #: optional inputs' gradients
 V2_FIELDS = ssm.V2_FIELDS | gdn.V2_FIELDS | {"d_delta_bias", "d_dt_bias", "d_d", "d_z", "d_state"}
+#: gated_delta_net_backward's: V2_FIELDS and the saved forward it reads (ABI.md §9.1)
+GDN_V2_FIELDS = V2_FIELDS | gdn.RESERVE_FIELDS
 
 #: per op: (the delta field, the width of a token's delta: channels or heads, and its kernel parameter)
 _DELTA = {"selective_scan": ("delta", "hidden", "H"), "mamba2": ("dt", "heads", "HD")}
@@ -107,6 +109,15 @@ _GDN_TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab
                       "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
 
 
+def _gdn_saved(t: Thunk, q: int) -> dict[str, object]:
+    """The walk's saved-forward arguments: its checkpoints read from the reserve's states when it holds those of
+    chunks of ``q`` steps (``abi.gdn.RESERVE_CHUNK``), else walked (``saved`` 0)."""
+    if t.get("reserve") is None or q != RESERVE_CHUNK:
+        return dict(saved=False, rsb=(ARENA, 0))
+    states = next(s for s in reserve_slots(t) if s.name == "states")
+    return dict(saved=True, rsb=(ARENA, t["reserve"] + states.offset))
+
+
 def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
@@ -125,7 +136,7 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                      **tensors("q", "k", "v", "g", "beta", "state", "cu_seqlens", "state_slots", "d_dst", "d_v", "d_g",
                                "d_beta", "d_state"),
                      scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"],
-                     dbso=offsets["dbeta"], dgso=offsets["dg"])
+                     dbso=offsets["dbeta"], dgso=offsets["dg"], **_gdn_saved(t, q))
     local = (linear_local(items),)
     walk = kernel_launch("gdn_backward", "gated_delta_net_backward", dt, grid((items,), local), local, walk_args,
                          target=lim.target, defines=defines)
@@ -145,5 +156,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
 
 register(("selective_scan_backward", "mamba2_backward"), _plan, unsupported, v2_fields=V2_FIELDS, family="ssm_backward",
          shared_texts=FIELDS_TEXT)
-register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=GDN_V2_FIELDS, family="gdn_backward",
          shared_texts=FIELDS_TEXT)
