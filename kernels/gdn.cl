@@ -23,6 +23,9 @@
 #ifndef GDN_V2
 #define GDN_V2 0
 #endif
+#ifndef GDN_RESERVE
+#define GDN_RESERVE 0 /* the cpu walk's variant that also records the saved forward (gdn_reserve_record) */
+#endif
 
 /* The first token of row r and the one past its last (packed sequence r, or batch row r of S steps). */
 DEVICE_FN i64 gdn_row_start(i64 r, i64 S, GLOBAL const int* cu) { return GDN_V2 && cu ? (i64)cu[r] : r * S; }
@@ -73,6 +76,15 @@ KERNEL gdn_qk_norm(i64 E, i64 K, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64
     nrm[2 * e + 1] = (real)1 / sqrt(sk + (real)1e-6);
 }
 
+#define GDN_RC 32 /* the tokens of a chunk of the saved forward (its layout: the end of this file) */
+
+/* Where token t (of batch row b) of value head vh keeps its u in the saved forward: column 0 of its row. */
+INLINE_FN GLOBAL real* gdn_reserve_u(GLOBAL uchar* ub, i64 uo, i64 b, i64 S, i64 t, i64 HV, i64 vh, i64 V)
+{
+    const i64 chunk = t / GDN_RC, chunks = (S + GDN_RC - 1) / GDN_RC;
+    return AT(real, ub, uo) + (((b * chunks + chunk) * HV + vh) * GDN_RC + t - chunk * GDN_RC) * V;
+}
+
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 /* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = HV*K: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
@@ -81,6 +93,23 @@ KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, G
     if (e >= T * W || bt >= B)
         return;
     AT(real, eb, eo)[bt * T * W + e] = exp(LOAD(AT(store_t, gb, go), (bt * S + t0) * W + e));
+}
+
+/* After token t of batch row b: the walk's columns [j0, j0+nc) of the state s (s[i*GDN_CJ + c]) as the state
+ * leaving the chunk when t ends one (or the row), and, at the row's last token, zeros for u past it. */
+INLINE_FN void gdn_reserve_record(GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo, i64 b, i64 S, i64 t, i64 HV,
+                                  i64 vh, i64 K, i64 V, i64 j0, int nc, const real* s)
+{
+    if ((t + 1) % GDN_RC && t + 1 < S)
+        return;
+    const i64 chunk = t / GDN_RC, chunks = (S + GDN_RC - 1) / GDN_RC;
+    GLOBAL real* out = AT(real, hb, ho) + ((b * chunks + chunk) * HV + vh) * K * V + j0;
+    for (i64 i = 0; i < K; ++i)
+        for (int c = 0; c < nc; ++c)
+            out[i * V + c] = s[i * GDN_CJ + c];
+    for (i64 p = t + 1; p < chunks * GDN_RC && t + 1 == S; ++p)
+        for (int c = 0; c < nc; ++c)
+            gdn_reserve_u(ub, uo, b, S, p, HV, vh, V)[j0 + c] = (real)0;
 }
 
 /* The recurrence of columns [j0, j0+GDN_CJ) of one (value head vh, row r) over the steps of block
@@ -100,7 +129,8 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
                        GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                        GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
                        GLOBAL uchar* pb, i64 po, GLOBAL uchar* db, i64 dof, GLOBAL uchar* eb, i64 eo,
-                       GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no)
+                       GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no,
+                       GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo)
 {
     const i64 j0 = GID(0) * GDN_CJ, vh = GID(1), r = GID(2);
     if (j0 >= V || vh >= HV || r >= R)
@@ -177,7 +207,10 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
         const real bh = LOAD(io.beta, head), dk = decay * rk;
         PRAGMA_UNROLL
         for (int c = 0; c < GDN_CJ; ++c) { /* u as the update takes it: times 1/|k| */
-            u[c] = ((c < nc ? LOAD(io.v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh * rk;
+            u[c] = ((c < nc ? LOAD(io.v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh;
+            if (GDN_RESERVE && c < nc)
+                gdn_reserve_u(ub, uo, r, S, tok - first, HV, vh, V)[j0 + c] = u[c];
+            u[c] *= rk;
             a0[c] = a1[c] = (real)0;
         }
         for (i = 0; i + 2 <= K; i += 2) {
@@ -206,6 +239,8 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
         for (int c = 0; c < GDN_CJ; ++c)
             if (c < nc)
                 STORE(dst, vec + j0 + c, sq * (a0[c] + a1[c]));
+        if (GDN_RESERVE)
+            gdn_reserve_record(hb, ho, ub, uo, r, S, tok - first, HV, vh, K, V, j0, nc, s);
     }
     if (keep && nc == GDN_CJ && !out_real)
         for (i64 i = 0; i < K; ++i)
@@ -1174,7 +1209,6 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
  *   inverse [B][NR][HV][32][32] (I + diag(beta) kk)^-1, unit lower triangular;
  *   u [B][NR][HV][32][V]       what each token adds to the state (0 past the sequence).
  * NR = ceil(S / GDN_RC). The host writes the same numbers (host_fallback/gdn_chunked.py), by GEMMs. */
-#define GDN_RC 32
 
 /* Column j of the state of (batch row b, value head vh) walked token by token in place in the reserve: each
  * chunk's column starts as a copy of the previous one's (the initial state, or zeros, for the first) and steps

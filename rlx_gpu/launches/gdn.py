@@ -127,23 +127,26 @@ def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, 
 
 def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     sh = shape(t)
-    plan = _plan_forward(t, sh, lim, ssm_kernel)
-    return plan if t.get("reserve") is None else _with_reserve(t, sh, lim, plan)
-
-
-def _plan_forward(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
+    if t.get("reserve") is not None:
+        return _plan_saving(t, sh, lim, ssm_kernel)
     if lim.target == "gpu":
-        if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
-            return _plan_chunked(t, sh, lim)
-        return _plan_lanes(t, sh, lim)
+        return _plan_gpu(t, sh, lim, ssm_kernel)
     if sh.seq == 1:
         return _plan_step(t, sh, lim)
     return _plan_walk(t, sh, lim)
 
 
-def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
+def _plan_gpu(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
+    """The gpu target: the chunked form from GDN_MIN_SEQ steps (not at f64), else the lanes kernel."""
+    if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
+        return _plan_chunked(t, sh, lim)
+    return _plan_lanes(t, sh, lim)
+
+
+def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] | None = None) -> LaunchPlan:
     """One recurrent launch; with per-channel gates, per block of steps a parallel kernel first writes
-    exp(g) to scratch and the state waits there (per row, in the compute type) between blocks."""
+    exp(g) to scratch and the state waits there (per row, in the compute type) between blocks. ``saved``
+    (the reserve's states and u as arguments ``hb``, ``ub``): the walk records them too (``GDN_RESERVE``)."""
     b, s, hv, k, v, dt = sh.batch, sh.seq, sh.value_heads, sh.key_size, sh.value_size, t["dtype"]
     steps = max(1, min(s, GDN_DECAY_MAX // max(1, b * hv * k))) if sh.per_channel else max(1, s)
     blocks = max(1, -(-s // steps))
@@ -153,7 +156,7 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     items = -(-v // lim.tune("GDN_CJ"))
     local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * hv * k, 256), 1)
-    defines = V2_VARIANT if sh.v2 else ()
+    defines = (V2_VARIANT if sh.v2 else ()) + ((("GDN_RESERVE", 1),) if saved else ())
     launches = list(_norms(t, sh, lim, at["nrm"]))
     for block in range(blocks):
         t0 = block * steps
@@ -162,7 +165,8 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
             launches.append(kernel_launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
                                           dict(B=b, S=s, W=hv * k, t0=t0, T=tb, **_arena(t, "g"), eb=at["dec"]),
                                           target=lim.target))
-        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"))
+        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"),
+                    **(saved or dict(hb=(ARENA, 0), ub=(ARENA, 0))))
         launches.append(kernel_launch("gdn", "gated_delta_net", dt, grid((items, hv, sh.rows), local), local, args,
                                       target=lim.target, defines=defines))
     notes = (f"blocked T={steps}",) if sh.per_channel else ()
@@ -222,11 +226,16 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
-def _with_reserve(t: Thunk, sh: Shape, lim: DeviceLimits, plan: LaunchPlan) -> LaunchPlan:
-    """``plan`` after the launches that fill the saved forward: ``gdn_reserve_walk`` (the states leaving each
-    chunk and each token's u, from the initial state the forward may then replace), ``gdn_reserve_grams`` (the
-    decayed products) and ``gdn_reserve_inverse``; 1/|q|, 1/|k| of their own past the plan's scratch."""
+def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
+    """A forward writing the saved forward: the states leaving each chunk and each token's u recorded by the cpu
+    walk as it runs (a decode step too), at the gpu target walked before the forward by ``gdn_reserve_walk``
+    (the forward may replace the initial state); then ``gdn_reserve_grams`` (the decayed
+    products) and ``gdn_reserve_inverse``, with 1/|q|, 1/|k| of their own past the plan's scratch."""
     at = {s.name: (ARENA, t["reserve"] + s.offset) for s in reserve_slots(complete(t))}
+    if lim.target == "cpu":
+        plan = _plan_walk(t, sh, lim, dict(hb=at["states"], ub=at["u"]))
+    else:
+        plan = _plan_gpu(t, sh, lim, ssm_kernel)
     dt, b, hv = t["dtype"], sh.batch, sh.value_heads
     nrm_at = ceil_to(plan.scratch_bytes, 256)
     nrm = (SCRATCH, nrm_at) if sh.qk_norm else (ARENA, 0)
@@ -248,7 +257,8 @@ def _with_reserve(t: Thunk, sh: Shape, lim: DeviceLimits, plan: LaunchPlan) -> L
     inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
     norms = _norms(t, sh, lim, nrm)
     nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
-    return LaunchPlan(norms + (walk, grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
+    saving = (walk,) if lim.target == "gpu" else ()
+    return LaunchPlan(norms + saving + (grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -55,11 +55,12 @@ def reduce(launch: Launch, args: Mapping[str, Any]) -> Cost:
 
 @declare("gated_delta_net_backward")
 def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (token, value head, state column of K): the step twice (checkpoint pass, recompute), the reverse step
-    (k·(e s0) again, d_q, d_u, d_k, the carried gradient, d_g: 23K + 8), the decays taken per use."""
+    """Per (token, value head, state column of K): the step twice (checkpoint pass, recompute; once with the
+    checkpoints read from a saved forward), the reverse step (k·(e s0) again, d_q, d_u, d_k, the carried gradient,
+    d_g: 23K + 8), the decays taken per use."""
     t, h, hv, k, v = args["T"], args["H"], args["HV"], args["K"], args["V"]
     per_channel = bool(defined(launch, "GDNB_GATE_K"))
-    twice = 2 * (6 * k + 2)  # the step of one column: k·(e s0), u, s2 = e s0 + k u
+    twice = (1 if args["saved"] else 2) * (6 * k + 2)  # the step of one column: k·(e s0), u, s2 = e s0 + k u
     exps = 6 * k if per_channel else 4
     other = t * hv * v * (twice + 23 * k + 8 + exps)
     es, rs, blocks = stored(launch), real(launch), args["blocks"]
@@ -67,7 +68,8 @@ def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
     read = t * (2 * h * k + 2 * hv * v + hv * (gk + 1)) * es  # q, k, v, d_dst, g, beta
     written = t * hv * v * es + (2 * blocks * t * h * k + t * hv * (1 + gk)) * rs  # d_v, partials, sums
     scratch = _workspace(launch, args, args["R"] * h * blocks, k)
-    return Cost(other=other, read=read + scratch, written=written + scratch)
+    saved = -(-args["S"] // tuned(launch, "SSMB_Q")) * args["R"] * hv * k * v * rs if args["saved"] else 0
+    return Cost(other=other, read=read + scratch + saved, written=written + scratch)
 
 
 @declare("gdn_backward_qk")

@@ -1,0 +1,211 @@
+"""gated_delta_net's saved forward (ABI.md §9.1, docs/abi.md 6a.1) on OpenCL CPU implementations at both kernel
+targets: the device forward (the cpu target's walk, the gpu target's lanes and chunked forms) writes the reserve in
+the host's layout, and the device backward reads its states as checkpoints instead of walking the forward.
+
+The gradients from a reserve equal (within rounding) those the host computes recomputing its forward, for a reserve
+written on the device and read by the host, written by the host and read on the device, and both on the device;
+the values the device writes equal the host's; a zeroed reserve changes what the device backward gives (it reads
+it); reruns give the same bytes; a schedule with a reserve runs on the device, one with a short reserve is refused
+naming the minimum. PoCL's device and Intel's runtime run it; Oclgrind checks one case per target.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+import rlx_gpu
+from host_fallback.abi import complete, regions
+from host_fallback.abi.gdn import reserve_slots
+from rlx_gpu import launches
+from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
+from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.launches.cost import launch_cost
+from rlx_gpu.runtime.registry import status
+from support.gradient_check import read
+from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
+from support.saved_forward import laid_case, without_reserve
+
+OP = "gated_delta_net"
+#: over tests/support/saved_forward.py's base (B2, S70: three chunks of 32, the last partial; at the gpu target the
+#: chunked form): per-head and per-channel gates, grouped value heads with K != V and q/k L2-norm, a carried state
+#: in slots, whole chunks
+CASES = {"per_head": {}, "per_channel": dict(gate_per_channel=True),
+         "groups.width.l2.scale": dict(value_heads=4, value_size=3, qk_l2norm=True, scale=0.7),
+         "carry.slots.per_channel": dict(carry_state=True, state_slots=[2, 0], num_slots=3, gate_per_channel=True),
+         "exact_chunks": dict(seq=64)}
+TOL = {"f64": 1e-11, "f32": 2e-5, "bf16": 2e-2}  # of each gradient's largest magnitude
+#: the other OpenCL CPU implementation: Intel's runtime
+OTHER_DEVICES = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
+
+
+def _run(session, thunk: dict, arena: np.ndarray) -> np.ndarray:
+    """``arena`` after ``thunk``: on the device ``session`` (which must have kernels for it), or on the host."""
+    if session is None:
+        out = arena.copy()
+        host_fallback.execute(thunk, out)
+        return out
+    assert launches.unsupported(complete(thunk), session.limits) is None
+    on_device = session.upload(arena)
+    session.launch(thunk, on_device)
+    return session.read(on_device, 0, arena.size)
+
+
+def _forward(session, forward: dict, arena: np.ndarray) -> np.ndarray:
+    """The arena, lengthened to hold ``forward``'s dst, after ``forward``."""
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    longer[:arena.size] = arena
+    return _run(session, forward, longer)
+
+
+def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    return {f: v for f, v in read(thunk, arena).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _with_reserve(thunk: dict, arena: np.ndarray, written: np.ndarray) -> np.ndarray:
+    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
+    out = arena.copy()
+    out[start:end] = written[start:end]
+    return out
+
+
+def _assert_close(got: dict, expected: dict, tol: float, what: str) -> None:
+    assert set(got) == set(expected)
+    for name in expected:
+        scale = np.abs(expected[name]).max() + 1e-30
+        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=f"{what}: {name}")
+
+
+def _every_way_matches_recomputing(session, case: dict, dtype: str = "f32") -> None:
+    """The gradients read from a reserve the device wrote (backward on the host and on the device), and from one
+    the host wrote (backward on the device), against the host's backward recomputing its forward."""
+    thunk, arena, forward = laid_case(OP, dtype, case)
+    expected = _gradients(thunk, _run(None, without_reserve(thunk), arena))
+    on_device, on_host = _forward(session, forward, arena), _forward(None, forward, arena)
+    for what, written, reader in (("device -> host", on_device, None), ("host -> device", on_host, session),
+                                  ("device -> device", on_device, session)):
+        got = _gradients(thunk, _run(reader, thunk, _with_reserve(thunk, arena, written)))
+        _assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("case", list(CASES))
+def test_gradients_from_a_reserve_match_recomputing_across_devices(cpu_session, case):
+    _every_way_matches_recomputing(cpu_session, CASES[case])
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("dtype", ["f64", "bf16"])
+def test_the_reserve_of_f64_and_16_bit_thunks(cpu_session, dtype):
+    """f64 keeps an f64 reserve (the gpu target's lanes kernel), a bf16 thunk an f32 one (the compute type)."""
+    _every_way_matches_recomputing(cpu_session, dict(CASES["carry.slots.per_channel"], qk_l2norm=True), dtype)
+
+
+def _same_layout(session, case: dict) -> None:
+    """Every value of the reserve, the host's forward and the device's write as the same number (within f32
+    rounding), slot by slot; the bytes past the last slot are nobody's."""
+    thunk, arena, forward = laid_case(OP, "f32", case)
+    start = thunk["reserve"]
+    host, device = _forward(None, forward, arena)[start:], _forward(session, forward, arena)[start:]
+    for slot in reserve_slots(complete(forward)):
+        want, got = (x[slot.offset:slot.end].view(np.float32) for x in (host, device))
+        np.testing.assert_allclose(got, want, rtol=0, atol=4e-6 * (np.abs(want).max() + 1),
+                                   err_msg=f"{slot.name} at the {session.limits.target} target")
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("case", ["per_head", "groups.width.l2.scale", "carry.slots.per_channel"])
+def test_the_device_writes_the_host_layout(cpu_session, case):
+    _same_layout(cpu_session, CASES[case])
+
+
+@needs_opencl_cpu
+def test_the_device_backward_reads_the_reserve_and_reruns_give_the_same_bytes(cpu_session):
+    thunk, arena, forward = laid_case(OP, "f32", dict(CASES["carry.slots.per_channel"], qk_l2norm=True))
+    first, second = _forward(cpu_session, forward, arena), _forward(cpu_session, forward, arena)
+    assert np.array_equal(first, second)
+    saved = _with_reserve(thunk, arena, first)
+    gradients = _run(cpu_session, thunk, saved)
+    assert np.array_equal(gradients, _run(cpu_session, thunk, saved))
+    zeroed = _with_reserve(thunk, arena, np.zeros_like(first))
+    assert not np.allclose(_gradients(thunk, _run(cpu_session, thunk, zeroed))["d_q"],
+                           _gradients(thunk, gradients)["d_q"]), "the device backward ignored its reserve"
+
+
+def _schedule(op: str, short: int = 0) -> dict:
+    """A schedule of ``op`` (the catalog's small shape) with a reserve ``short`` bytes below the minimum."""
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
+    thunk, nbytes = lay_out(op, "f32", {"reserve": True, "reserve_bytes": need - short, **SMALL[op]})
+    return schedule_of(thunk, nbytes)
+
+
+@needs_opencl_cpu
+@pytest.mark.parametrize("op", [OP, f"{OP}_backward"])
+def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op):
+    device = rlx_gpu.get_device(OPENCL_CPU[0])
+    assert {a.backend for a in device.place(_schedule(op))} == {"opencl"}
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
+    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve_bytes': expected at least {need} bytes"):
+        device.run(_schedule(op, short=16))
+
+
+@needs_opencl_cpu
+def test_every_kernel_of_a_forward_writing_a_reserve_declares_its_cost(cpu_session):
+    for case in ("per_channel", "groups.width.l2.scale"):
+        _, _, forward = laid_case(OP, "f32", CASES[case])
+        plan = launches.plan(complete(forward), cpu_session.limits)
+        assert {launch.kernel for launch in plan.launches} >= {"gdn_reserve_grams", "gdn_reserve_inverse"}
+        assert all(launch_cost(launch) is not None for launch in plan.launches), case
+
+
+@pytest.mark.skipif(not OTHER_DEVICES, reason="no Intel OpenCL runtime")
+@pytest.mark.parametrize("spec", OTHER_DEVICES)
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_other_opencl_implementations(spec, target):
+    session = open_device(find(spec), target)
+    _every_way_matches_recomputing(session, dict(CASES["carry.slots.per_channel"], qk_l2norm=True))
+
+
+#: run under Oclgrind: per target, a forward writing the reserve, then the backward reading it
+_OCLGRIND_SCRIPT = """
+import numpy as np
+import rlx_gpu
+from host_fallback.abi import regions
+from rlx_gpu.conformance import runner
+from rlx_gpu.conformance.catalog import Case
+from rlx_gpu.conformance.devices import find, open_device
+params = {params!r}
+for target in ("cpu", "gpu"):
+    session = open_device(find({spec!r}), target)
+    need = rlx_gpu.reserve_bytes(dict(params, op="gated_delta_net", dtype="f32"))
+    laid = runner.lay_out(Case("gated_delta_net_backward", "f32", dict(params, reserve=True, reserve_bytes=need)))
+    forward = {{k: v for k, v in laid.thunk.items() if not k.startswith("d_")}}
+    forward.update(op="gated_delta_net", dst=-(-laid.arena.size // 256) * 256)
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    arena = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    arena[:laid.arena.size] = laid.arena
+    on_device = session.upload(arena)
+    session.launch(forward, on_device, ssm_kernel="chunked" if target == "gpu" else "auto")
+    session.launch(laid.thunk, on_device)
+    session.finish()
+    print(target, "ran", flush=True)
+"""
+_OCLGRIND_PARAMS = dict(batch=2, seq=40, heads=1, value_heads=2, state_size=4, value_size=3, gate_per_channel=True,
+                        qk_l2norm=True, carry_state=True, state=True, d_state=True)
+
+
+@pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
+def test_the_reserve_kernels_are_clean_under_oclgrind():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
+    spec = importlib.util.spec_from_file_location("oclgrind_check", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    script = _OCLGRIND_SCRIPT.format(spec="opencl:0:0", params=_OCLGRIND_PARAMS)
+    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    assert code == 0, output[-3000:]
+    assert output.count(" ran") == 2 and not diagnostics, "\n".join(diagnostics[:40])
