@@ -1273,7 +1273,7 @@ INLINE_FN real gdn_reserve_log_decay(GLOBAL const store_t* gate, i64 b, i64 S, i
 /* Row r of chunk c of (batch row b, value head vh): qk[r][s] = sum_i q_r[i] k_s[i] exp(cum_r[i] - cum_s[i])
  * (s <= r) and kk[r][s] the same of k_r (s < r), zeros elsewhere and for tokens past the sequence. The
  * decay from token s to r is the sum of the log-decays of tokens s+1 .. r, formed walking s down from r (per
- * head one sum; per channel one per channel, the 32 products of the row kept in registers: s unrolled).
+ * head one sum; per channel one per channel, the row's sums kept in the reserve itself: no private array).
  * One work-item per (b, c, vh, r), r fastest. */
 KERNEL gdn_reserve_grams(i64 B, i64 S, i64 H, i64 HV, i64 K, int per_channel, int qk_norm, GLOBAL uchar* qb, i64 qo,
                          GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* nb, i64 no,
@@ -1284,55 +1284,48 @@ KERNEL gdn_reserve_grams(i64 B, i64 S, i64 H, i64 HV, i64 K, int per_channel, in
         return;
     const i64 slot = item / GDN_RC, r = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
     const i64 b = bc / chunks, c = bc - b * chunks, kh = vh / (HV / H), t0 = c * GDN_RC, tr = b * S + t0 + r;
-    GLOBAL const store_t* q = AT(store_t, qb, qo);
-    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL const store_t* q = AT(store_t, qb, qo) + (tr * H + kh) * K;
+    GLOBAL const store_t* k = AT(store_t, kb, ko) + kh * K; /* token t's row at t * H * K */
     GLOBAL const store_t* gate = AT(store_t, gb, go);
     GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL real* qk = AT(real, pb, po) + item * GDN_RC;
     GLOBAL real* kk = AT(real, mb, mo) + item * GDN_RC;
-    real aq[GDN_RC], ak[GDN_RC];
-    PRAGMA_UNROLL
+    const int live = t0 + r < S;
     for (int s = 0; s < GDN_RC; ++s)
-        aq[s] = ak[s] = (real)0;
-    if (t0 + r < S) {
-        if (per_channel)
-            for (i64 i = 0; i < K; ++i) {
-                const real qi = LOAD(q, (tr * H + kh) * K + i), ki = LOAD(k, (tr * H + kh) * K + i);
-                real diff = (real)0;
-                PRAGMA_UNROLL
-                for (int s = GDN_RC - 1; s >= 0; --s)
-                    if (s <= r) {
-                        const real e = exp(diff), ks = LOAD(k, ((tr - r + s) * H + kh) * K + i) * e;
-                        aq[s] += qi * ks;
-                        ak[s] += ki * ks;
-                        diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, i, 1);
-                    }
-            }
-        else {
+        qk[s] = kk[s] = (real)0;
+    if (live && per_channel)
+        for (i64 i = 0; i < K; ++i) {
+            const real qi = LOAD(q, i), ki = LOAD(k, tr * H * K + i);
             real diff = (real)0;
-            PRAGMA_UNROLL
-            for (int s = GDN_RC - 1; s >= 0; --s)
-                if (s <= r) {
-                    real dq = (real)0, dk = (real)0;
-                    for (i64 i = 0; i < K; ++i) {
-                        const real ks = LOAD(k, ((tr - r + s) * H + kh) * K + i);
-                        dq += LOAD(q, (tr * H + kh) * K + i) * ks;
-                        dk += LOAD(k, (tr * H + kh) * K + i) * ks;
-                    }
-                    const real e = exp(diff);
-                    aq[s] = dq * e;
-                    ak[s] = dk * e;
-                    diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
-                }
+            for (i64 s = r; s >= 0; --s) {
+                const real ks = LOAD(k, (tr - r + s) * H * K + i) * exp(diff);
+                qk[s] += qi * ks;
+                kk[s] += s < r ? ki * ks : (real)0;
+                diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, i, 1);
+            }
+        }
+    else if (live) {
+        real diff = (real)0;
+        for (i64 s = r; s >= 0; --s) {
+            real dq = (real)0, dk = (real)0;
+            for (i64 i = 0; i < K; ++i) {
+                const real ks = LOAD(k, (tr - r + s) * H * K + i);
+                dq += LOAD(q, i) * ks;
+                dk += LOAD(k, tr * H * K + i) * ks;
+            }
+            const real e = exp(diff);
+            qk[s] = dq * e;
+            kk[s] = s < r ? dk * e : (real)0;
+            diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
         }
     }
-    const real rq = GDN_V2 && qk_norm && t0 + r < S ? nrm[2 * (tr * H + kh)] : (real)1;
-    const real rk = GDN_V2 && qk_norm && t0 + r < S ? nrm[2 * (tr * H + kh) + 1] : (real)1;
-    PRAGMA_UNROLL
-    for (int s = 0; s < GDN_RC; ++s) {
-        const real rs = GDN_V2 && qk_norm && s <= r && t0 + r < S ? nrm[2 * ((tr - r + s) * H + kh) + 1] : (real)1;
-        qk[s] = s <= r ? aq[s] * rq * rs : (real)0;
-        kk[s] = s < r ? ak[s] * rk * rs : (real)0;
+    if (!(GDN_V2 && qk_norm && live))
+        return;
+    const real rq = nrm[2 * (tr * H + kh)], rk = nrm[2 * (tr * H + kh) + 1];
+    for (i64 s = 0; s <= r; ++s) {
+        const real rs = nrm[2 * ((tr - r + s) * H + kh) + 1];
+        qk[s] *= rq * rs;
+        kk[s] *= rk * rs;
     }
 }
 

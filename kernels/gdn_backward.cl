@@ -91,11 +91,10 @@ INLINE_FN gdnb_token gdnb_token_at(gdnb_index ix, i64 tok, i64 j, i64 K, GLOBAL 
 /* The reverse walk of column j over tokens [t0, t1): writes d_v of the column, adds its share to the
  * partials of d_q and d_k (dq, dk: with respect to the normalised q, k) and to the sums of d_beta and
  * d_g (dbeta, dg: [T*HV] and [T*HV*gk]); with SSM_CARRY starts from h0 (the column's entry, stride V)
- * and reads and writes the state's gradient at dstate. `saved` (null: none) is the column's entry in the
- * reserve's states of the first chunk (stride V, a chunk `cs` further on): the checkpoints of the chunks after
- * the first. */
-INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, real scale, GLOBAL const real* saved,
-                           i64 cs, GLOBAL const store_t* q,
+ * and reads and writes the state's gradient at dstate. `filled`: ckpt holds the checkpoints of the chunks after
+ * the first already (copied from a saved forward), so the forward pass stores the first alone. */
+INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, real scale, int filled,
+                           GLOBAL const store_t* q,
                            GLOBAL const store_t* k, GLOBAL const store_t* v, GLOBAL const store_t* g,
                            GLOBAL const store_t* beta, GLOBAL const store_t* gout, GLOBAL store_t* dv,
                            GLOBAL const state_t* h0, GLOBAL state_t* dstate, GLOBAL real* ckpt, GLOBAL real* work,
@@ -106,9 +105,11 @@ INLINE_FN void gdnb_column(gdnb_index ix, i64 j, i64 t0, i64 t1, i64 K, i64 V, r
         gs[i] = SSM_CARRY ? SLOAD(h0, i * V) : (real)0;
     for (i64 c = 0; c < chunks; ++c) {
         const i64 c0 = t0 + c * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
+        if (filled && c)
+            break;
         for (i64 i = 0; i < K; ++i)
-            ckpt[c * K + i] = saved && c ? saved[(c - 1) * cs + i * V] : gs[i];
-        for (i64 tok = c0; tok < c1 && !saved; ++tok)
+            ckpt[c * K + i] = gs[i];
+        for (i64 tok = c0; tok < c1 && !filled; ++tok)
             gdnb_step(gdnb_token_at(ix, tok, j, K, q, k, v, g, beta), gs, gs, K);
     }
     for (i64 i = 0; i < K; ++i)
@@ -196,8 +197,11 @@ KERNEL gated_delta_net_backward(i64 R, i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V
         }
         for (i64 j = 0; j < V; ++j) {
             const i64 entry = (slot * HV + hv) * K * V + j;
-            GLOBAL const real* from = saved ? AT(real, rsb, rso) + (r * chunks * HV + hv) * K * V + j : 0;
-            gdnb_column(ix, j, t0, t1, K, V, scale, from, HV * K * V, AT(store_t, qb, qo), AT(store_t, kb, ko), AT(store_t, vb, vo),
+            if (saved) /* the reserve's state leaving chunk c - 1 of the row: chunk c's checkpoint */
+                for (i64 c = 1; c < chunks; ++c)
+                    for (i64 i = 0; i < K; ++i)
+                        ckpt[c * K + i] = AT(real, rsb, rso)[((r * chunks + c - 1) * HV + hv) * K * V + i * V + j];
+            gdnb_column(ix, j, t0, t1, K, V, scale, saved, AT(store_t, qb, qo), AT(store_t, kb, ko), AT(store_t, vb, vo),
                         AT(store_t, gb, go), AT(store_t, betab, betao), AT(store_t, gob, goo), AT(store_t, dvb, dvo),
                         AT(state_t, stb, sto) + entry, AT(state_t, dstb, dsto) + entry, ckpt, work, gs, dq, dk,
                         dbeta, dg);
