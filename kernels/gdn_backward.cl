@@ -242,3 +242,161 @@ KERNEL gdn_backward_qk(i64 E, i64 K, i64 blocks, GLOBAL uchar* qb, i64 qo, GLOBA
         }
     }
 }
+
+#ifdef RLX_TARGET_CPU
+/* The backward from a saved forward at the cpu target (kernels/gdn.cl's reserve layout, chunks of SSMB_Q = 32
+ * steps: the state leaving every chunk and each token's u), GDN_CJ state columns per work-item as the forward
+ * walk runs them: item = (batch row b, value head vh, block jb of GDN_CJ columns). Per chunk, the last first:
+ * its states rebuilt from the one entering it and u (s = d s + k u: no dot product) into the item's workspace
+ * (SSMB_Q + 1 states of K x GDN_CJ: the one entering the chunk, then the one after each step), then its steps
+ * reversed with the gradient state gs in private memory, as the forward keeps s, every sum over i running
+ * across the item's columns at once. Each item writes partials of its own: d_q, d_k [HV/H * NB][T][H][K]
+ * (with respect to the normalised q, k; gdn_backward_qk sums them), d_beta [NB][T][HV], d_g [NB][T][HV][K or 1]
+ * (gdn_backward_sums); d_v and, with SSM_CARRY, the initial state's gradient of its columns directly. */
+KERNEL gdn_backward_saved(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NB, real scale, GLOBAL uchar* qb, i64 qo,
+                          GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
+                          GLOBAL uchar* betab, i64 betao, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
+                          GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto,
+                          GLOBAL uchar* rsb, i64 rso, GLOBAL uchar* rub, i64 ruo, GLOBAL uchar* scb, i64 wso,
+                          i64 dqo, i64 dko, i64 dbso, i64 dgso)
+{
+    const i64 item = GID(0);
+    if (item >= B * HV * NB)
+        return;
+    const i64 bh = item / NB, jb = item - bh * NB, b = bh / HV, vh = bh - b * HV;
+    const i64 ratio = HV / H, kh = vh / ratio, j0 = jb * GDN_CJ, T = B * S, gk = GDNB_GATE_K ? K : 1;
+    const i64 chunks = (S + SSMB_Q - 1) / SSMB_Q, blk = (vh - kh * ratio) * NB + jb, width = K * GDN_CJ;
+    const int nc = V - j0 < GDN_CJ ? (int)(V - j0) : GDN_CJ;
+    GLOBAL const store_t* q = AT(store_t, qb, qo);
+    GLOBAL const store_t* k = AT(store_t, kb, ko);
+    GLOBAL const store_t* v = AT(store_t, vb, vo);
+    GLOBAL const store_t* g = AT(store_t, gb, go);
+    GLOBAL const store_t* beta = AT(store_t, betab, betao);
+    GLOBAL const store_t* gout = AT(store_t, gob, goo);
+    GLOBAL store_t* dv = AT(store_t, dvb, dvo);
+    const i64 entry = (ssm_slot(b, AT(int, slb, slo)) * HV + vh) * K * V + j0;
+    GLOBAL const state_t* h0 = AT(state_t, stb, sto) + entry;
+    GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + entry;
+    GLOBAL real* ws = AT(real, scb, wso) + item * (SSMB_Q + 1) * width;
+    GLOBAL real* dq = AT(real, scb, dqo) + blk * T * H * K;
+    GLOBAL real* dk = AT(real, scb, dko) + blk * T * H * K;
+    GLOBAL real* dbeta = AT(real, scb, dbso) + jb * T * HV;
+    GLOBAL real* dg = AT(real, scb, dgso) + jb * T * HV * gk;
+    real gs[STATE_MAX * GDN_CJ];
+    for (i64 i = 0; i < K; ++i)
+        PRAGMA_UNROLL
+        for (int c = 0; c < GDN_CJ; ++c)
+            gs[i * GDN_CJ + c] = SSM_CARRY && c < nc ? SLOAD(dstate, i * V + c) : (real)0;
+    for (i64 ch = chunks - 1; ch >= 0; --ch) {
+        const i64 n = S - ch * SSMB_Q < SSMB_Q ? S - ch * SSMB_Q : SSMB_Q, first = b * S + ch * SSMB_Q;
+        GLOBAL const real* entering = AT(real, rsb, rso) + ((b * chunks + ch - 1) * HV + vh) * K * V + j0;
+        for (i64 i = 0; i < K; ++i)
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                ws[i * GDN_CJ + c] = c >= nc ? (real)0 : ch ? entering[i * V + c]
+                                                   : SSM_CARRY ? SLOAD(h0, i * V + c) : (real)0;
+        for (i64 r = 0; r < n; ++r) {
+            const i64 tok = first + r, head = tok * HV + vh, key = (tok * H + kh) * K;
+            GLOBAL const real* u = AT(real, rub, ruo) + (((b * chunks + ch) * HV + vh) * SSMB_Q + r) * V + j0;
+            const real rk = gdnb_inv_norm(k + key, K), e = GDNB_GATE_K ? (real)1 : rlx_exp(LOAD(g, head));
+            GLOBAL const real* s0 = ws + r * width;
+            GLOBAL real* s2 = ws + (r + 1) * width;
+            real ur[GDN_CJ];
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c)
+                ur[c] = c < nc ? u[c] : (real)0;
+            for (i64 i = 0; i < K; ++i) {
+                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e, kn = LOAD(k, key + i) * rk;
+                real row[GDN_CJ]; /* loaded whole before any store: the rows may alias for the compiler */
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c)
+                    row[c] = s0[i * GDN_CJ + c];
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c)
+                    s2[i * GDN_CJ + c] = d * row[c] + kn * ur[c];
+            }
+        }
+        for (i64 r = n - 1; r >= 0; --r) {
+            const i64 tok = first + r, head = tok * HV + vh, key = (tok * H + kh) * K;
+            const real rq = gdnb_inv_norm(q + key, K), rk = gdnb_inv_norm(k + key, K), bt = LOAD(beta, head);
+            const real e = GDNB_GATE_K ? (real)1 : rlx_exp(LOAD(g, head));
+            GLOBAL const real* s0 = ws + r * width;
+            GLOBAL const real* s2 = s0 + width;
+            real gy[GDN_CJ], du[GDN_CJ], ks1[GDN_CJ], vc[GDN_CJ];
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c) {
+                gy[c] = c < nc ? LOAD(gout, head * V + j0 + c) * scale : (real)0;
+                vc[c] = c < nc ? LOAD(v, head * V + j0 + c) : (real)0;
+                du[c] = ks1[c] = (real)0;
+            }
+            for (i64 i = 0; i < K; ++i) { /* out = scale q.s2: gs += d_out q, d_q, then d_u = k.gs and k.s1 */
+                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e;
+                const real qn = LOAD(q, key + i) * rq, kn = LOAD(k, key + i) * rk;
+                real acc = (real)0, after[GDN_CJ], before[GDN_CJ];
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c) {
+                    after[c] = s2[i * GDN_CJ + c];
+                    before[c] = s0[i * GDN_CJ + c];
+                }
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c) {
+                    gs[i * GDN_CJ + c] += gy[c] * qn;
+                    acc += gy[c] * after[c];
+                    du[c] += kn * gs[i * GDN_CJ + c];
+                    ks1[c] += kn * d * before[c];
+                }
+                dq[(tok * H + kh) * K + i] = acc;
+            }
+            real bsum = (real)0;
+            PRAGMA_UNROLL
+            for (int c = 0; c < GDN_CJ; ++c) {
+                if (c < nc)
+                    STORE(dv, head * V + j0 + c, du[c] * bt);
+                bsum += du[c] * (vc[c] - ks1[c]);
+                vc[c] = (vc[c] - ks1[c]) * bt; /* u */
+                du[c] *= bt;
+            }
+            dbeta[head] = bsum;
+            real gsum = (real)0;
+            for (i64 i = 0; i < K; ++i) { /* s2 = s1 + k u, u = (v - k.s1) beta, s1 = d s0 */
+                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e, kn = LOAD(k, key + i) * rk;
+                real acc = (real)0, dgi = (real)0, before[GDN_CJ];
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c)
+                    before[c] = s0[i * GDN_CJ + c];
+                PRAGMA_UNROLL
+                for (int c = 0; c < GDN_CJ; ++c) {
+                    const real s1 = d * before[c], g1 = gs[i * GDN_CJ + c] - du[c] * kn;
+                    acc += gs[i * GDN_CJ + c] * vc[c] - du[c] * s1;
+                    dgi += g1 * s1;
+                    gs[i * GDN_CJ + c] = g1 * d;
+                }
+                dk[(tok * H + kh) * K + i] = acc;
+                if (GDNB_GATE_K)
+                    dg[head * K + i] = dgi;
+                else
+                    gsum += dgi;
+            }
+            if (!GDNB_GATE_K)
+                dg[head] = gsum;
+        }
+    }
+    if (SSM_CARRY)
+        for (i64 i = 0; i < K; ++i)
+            for (int c = 0; c < nc; ++c)
+                SSTORE(dstate, i * V + c, gs[i * GDN_CJ + c]);
+}
+
+/* out[m] = the sum of the NB partials part[nb][m] in order, for m < M (d_beta, d_g of gdn_backward_saved). */
+KERNEL gdn_backward_sums(i64 M, i64 NB, GLOBAL uchar* pb, i64 po, GLOBAL uchar* ob, i64 oo)
+{
+    const i64 m = GID(0);
+    if (m >= M)
+        return;
+    GLOBAL const real* part = AT(real, pb, po) + m;
+    real sum = (real)0;
+    for (i64 nb = 0; nb < NB; ++nb)
+        sum += part[nb * M];
+    STORE(AT(store_t, ob, oo), m, sum);
+}
+#endif

@@ -122,6 +122,8 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
     tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")
+    if lim.target == "cpu" and _gdn_saved(t, q)["saved"]:
+        return _plan_gdn_saved(t, lim)
     blocks, per = _blocks(hv // h, lim)
     items = r * h * blocks
     gk = k if t["gate_per_channel"] else 1
@@ -146,6 +148,39 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                        dict(E=e, K=k, blocks=blocks, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, offsets["dq"]),
                             dkso=offsets["dk"]), target=lim.target, defines=defines)
     return LaunchPlan((walk, qk), total, (f"checkpoints every {q} steps, {blocks} blocks",))
+
+
+def _plan_gdn_saved(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
+    """The cpu target with a saved forward: ``gdn_backward_saved`` over (row, value head, GDN_CJ state columns),
+    the chunks' states rebuilt from the reserve's, then the sums of its partials in order (``gdn_backward_qk``,
+    ``gdn_backward_sums``)."""
+    b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
+        t["dtype"]
+    tokens, q, cj = b * s, lim.tune("SSMB_Q"), lim.tune("GDN_CJ")
+    nb, gk = -(-v // cj), k if t["gate_per_channel"] else 1
+    items, blocks = b * hv * nb, hv // h * nb
+    offsets, total = _layout(dt, {"workspaces": items * (q + 1) * k * cj, "dq": blocks * tokens * h * k,
+                                  "dk": blocks * tokens * h * k, "dbeta": nb * tokens * hv,
+                                  "dg": nb * tokens * hv * gk})
+    slots = {slot.name: (ARENA, t["reserve"] + slot.offset) for slot in reserve_slots(t)}
+
+    def tensors(*names: str) -> dict[str, tuple]:
+        return {_GDN_TENSOR_PARAMS[f]: (ARENA, t.get(f) or 0) for f in names}  # state, d_state: with carry_state
+
+    def launch(kernel: str, count: int, args: dict[str, object], cap: int = 64) -> Launch:
+        local = (linear_local(count, cap),)
+        return kernel_launch("gdn_backward", kernel, dt, grid((count,), local), local, args, target=lim.target,
+                             defines=_gdn_defines(t))
+    walk = launch("gdn_backward_saved", items, dict(
+        B=b, S=s, H=h, HV=hv, K=k, V=v, NB=nb, scale=gdn_scale(t), rsb=slots["states"], rub=slots["u"],
+        **tensors("q", "k", "v", "g", "beta", "state", "state_slots", "d_dst", "d_v", "d_state"),
+        scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"], dbso=offsets["dbeta"],
+        dgso=offsets["dg"]), cap=8)  # small work-groups: PoCL keeps each item's private gs beside the others'
+    qk = launch("gdn_backward_qk", tokens * h, dict(E=tokens * h, K=k, blocks=blocks, **tensors("q", "k", "d_q", "d_k"),
+                                                   scb=(SCRATCH, offsets["dq"]), dkso=offsets["dk"]))
+    sums = [launch("gdn_backward_sums", m, dict(M=m, NB=nb, pb=(SCRATCH, offsets[part]), ob=(ARENA, t[field])))
+            for field, part, m in (("d_beta", "dbeta", tokens * hv), ("d_g", "dg", tokens * hv * gk))]
+    return LaunchPlan((walk, qk, *sums), total, (f"saved forward, {nb} column blocks",))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
