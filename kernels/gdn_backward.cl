@@ -243,18 +243,47 @@ KERNEL gdn_backward_qk(i64 E, i64 K, i64 blocks, GLOBAL uchar* qb, i64 qo, GLOBA
     }
 }
 
-#ifdef RLX_TARGET_CPU
+#ifdef RLX_TARGET_CPU /* the cpu target's backward from a saved forward, to the end of this file */
+/* The key channels gdn_backward_saved runs at once: its rows (K padded with zeros to KP, a multiple) are walked
+ * GDNB_W at a time, each sum over them kept as GDNB_W partial sums added in order at the end, so that the
+ * compiler vectorizes them without reordering a sum. */
+#define GDNB_W 8
+
+/* A step's normalised key row kn (k / |k| with GDNB_NORM) and decays dd (exp(g) per key channel, or the head's
+ * one), zeros from K to KP. */
+INLINE_FN void gdnb_token_rows(GLOBAL const store_t* k, GLOBAL const store_t* g, i64 head, i64 K, i64 KP, real* kn,
+                               real* dd)
+{
+    const real rk = gdnb_inv_norm(k, K), e = GDNB_GATE_K ? (real)1 : rlx_exp(LOAD(g, head));
+    for (i64 i = 0; i < KP; ++i) {
+        kn[i] = i < K ? LOAD(k, i) * rk : (real)0;
+        dd[i] = i >= K ? (real)0 : GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e;
+    }
+}
+
+/* The sum of the GDNB_W partial sums p, in order. */
+INLINE_FN real gdnb_total(const real* p)
+{
+    real out = (real)0;
+    PRAGMA_UNROLL
+    for (int l = 0; l < GDNB_W; ++l)
+        out += p[l];
+    return out;
+}
+
 /* The backward from a saved forward at the cpu target (kernels/gdn.cl's reserve layout, chunks of SSMB_Q = 32
- * steps: the state leaving every chunk and each token's u), GDN_CJ state columns per work-item as the forward
- * walk runs them: item = (batch row b, value head vh, block jb of GDN_CJ columns). Per chunk, the last first:
- * its states rebuilt from the one entering it and u (s = d s + k u: no dot product) into the item's workspace
- * (SSMB_Q + 1 states of K x GDN_CJ: the one entering the chunk, then the one after each step), then its steps
- * reversed with the gradient state gs in private memory, as the forward keeps s, every sum over i running
- * across the item's columns at once. Each item writes partials of its own: d_q, d_k [HV/H * NB][T][H][K]
- * (with respect to the normalised q, k; gdn_backward_qk sums them), d_beta [NB][T][HV], d_g [NB][T][HV][K or 1]
- * (gdn_backward_sums); d_v and, with SSM_CARRY, the initial state's gradient of its columns directly. */
-KERNEL gdn_backward_saved(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NB, real scale, GLOBAL uchar* qb, i64 qo,
-                          GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
+ * steps: the state leaving every chunk and each token's u), GDN_CJ state columns per work-item: item = (batch
+ * row b, value head vh, block jb of GDN_CJ columns). Per chunk, the last first: its states rebuilt from the one
+ * entering it and u (s = d s + k u: no dot product) into the item's workspace (SSMB_Q + 1 states, column-major:
+ * [GDN_CJ][KP], the one entering the chunk, then the one after each step), then its steps reversed with the
+ * gradient state gs ([GDN_CJ][KP]) in private memory. Column by column, every loop runs over the key channels
+ * (contiguous, GDNB_W at a time), so the sums over them (d_u, k.s1) are one per column and a step's d_q, d_k,
+ * d_g (sums over the columns) accumulate element-wise in private rows. Each item writes partials of its own:
+ * d_q, d_k [HV/H * NB][T][H][K] (with respect to the normalised q, k; gdn_backward_qk sums them), d_beta
+ * [NB][T][HV], d_g [NB][T][HV][K or 1] (gdn_backward_sums); d_v and, with SSM_CARRY, the initial state's
+ * gradient of its columns directly. */
+KERNEL gdn_backward_saved(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 KP, i64 V, i64 NB, real scale, GLOBAL uchar* qb,
+                          i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
                           GLOBAL uchar* betab, i64 betao, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
                           GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto,
                           GLOBAL uchar* rsb, i64 rso, GLOBAL uchar* rub, i64 ruo, GLOBAL uchar* scb, i64 wso,
@@ -264,127 +293,101 @@ KERNEL gdn_backward_saved(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 NB, rea
     if (item >= B * HV * NB)
         return;
     const i64 bh = item / NB, jb = item - bh * NB, b = bh / HV, vh = bh - b * HV;
-    const i64 ratio = HV / H, kh = vh / ratio, j0 = jb * GDN_CJ, T = B * S, gk = GDNB_GATE_K ? K : 1;
-    const i64 chunks = (S + SSMB_Q - 1) / SSMB_Q, blk = (vh - kh * ratio) * NB + jb, width = K * GDN_CJ;
-    const int nc = V - j0 < GDN_CJ ? (int)(V - j0) : GDN_CJ;
+    const i64 ratio = HV / H, kh = vh / ratio, j0 = jb * GDN_CJ, T = B * S;
+    const i64 chunks = (S + SSMB_Q - 1) / SSMB_Q, blk = (vh - kh * ratio) * NB + jb, width = KP * GDN_CJ;
+    const i64 nc = V - j0 < GDN_CJ ? V - j0 : GDN_CJ;
     GLOBAL const store_t* q = AT(store_t, qb, qo);
     GLOBAL const store_t* k = AT(store_t, kb, ko);
-    GLOBAL const store_t* v = AT(store_t, vb, vo);
     GLOBAL const store_t* g = AT(store_t, gb, go);
-    GLOBAL const store_t* beta = AT(store_t, betab, betao);
-    GLOBAL const store_t* gout = AT(store_t, gob, goo);
-    GLOBAL store_t* dv = AT(store_t, dvb, dvo);
     const i64 entry = (ssm_slot(b, AT(int, slb, slo)) * HV + vh) * K * V + j0;
     GLOBAL const state_t* h0 = AT(state_t, stb, sto) + entry;
     GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + entry;
     GLOBAL real* ws = AT(real, scb, wso) + item * (SSMB_Q + 1) * width;
-    GLOBAL real* dq = AT(real, scb, dqo) + blk * T * H * K;
-    GLOBAL real* dk = AT(real, scb, dko) + blk * T * H * K;
-    GLOBAL real* dbeta = AT(real, scb, dbso) + jb * T * HV;
-    GLOBAL real* dg = AT(real, scb, dgso) + jb * T * HV * gk;
-    real gs[STATE_MAX * GDN_CJ];
-    for (i64 i = 0; i < K; ++i)
-        PRAGMA_UNROLL
-        for (int c = 0; c < GDN_CJ; ++c)
-            gs[i * GDN_CJ + c] = SSM_CARRY && c < nc ? SLOAD(dstate, i * V + c) : (real)0;
+    real gs[GDN_CJ * STATE_MAX], qn[STATE_MAX], kn[STATE_MAX], dd[STATE_MAX], dq[STATE_MAX], dk[STATE_MAX],
+        dg[STATE_MAX];
+    for (i64 c = 0; c < nc; ++c)
+        for (i64 i = 0; i < KP; ++i)
+            gs[c * KP + i] = SSM_CARRY && i < K ? SLOAD(dstate, i * V + c) : (real)0;
     for (i64 ch = chunks - 1; ch >= 0; --ch) {
         const i64 n = S - ch * SSMB_Q < SSMB_Q ? S - ch * SSMB_Q : SSMB_Q, first = b * S + ch * SSMB_Q;
         GLOBAL const real* entering = AT(real, rsb, rso) + ((b * chunks + ch - 1) * HV + vh) * K * V + j0;
-        for (i64 i = 0; i < K; ++i)
-            PRAGMA_UNROLL
-            for (int c = 0; c < GDN_CJ; ++c)
-                ws[i * GDN_CJ + c] = c >= nc ? (real)0 : ch ? entering[i * V + c]
-                                                   : SSM_CARRY ? SLOAD(h0, i * V + c) : (real)0;
+        for (i64 c = 0; c < nc; ++c)
+            for (i64 i = 0; i < KP; ++i)
+                ws[c * KP + i] = i >= K ? (real)0 : ch ? entering[i * V + c] : SSM_CARRY ? SLOAD(h0, i * V + c) : (real)0;
         for (i64 r = 0; r < n; ++r) {
-            const i64 tok = first + r, head = tok * HV + vh, key = (tok * H + kh) * K;
+            const i64 tok = first + r;
             GLOBAL const real* u = AT(real, rub, ruo) + (((b * chunks + ch) * HV + vh) * SSMB_Q + r) * V + j0;
-            const real rk = gdnb_inv_norm(k + key, K), e = GDNB_GATE_K ? (real)1 : rlx_exp(LOAD(g, head));
-            GLOBAL const real* s0 = ws + r * width;
-            GLOBAL real* s2 = ws + (r + 1) * width;
-            real ur[GDN_CJ];
-            PRAGMA_UNROLL
-            for (int c = 0; c < GDN_CJ; ++c)
-                ur[c] = c < nc ? u[c] : (real)0;
-            for (i64 i = 0; i < K; ++i) {
-                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e, kn = LOAD(k, key + i) * rk;
-                real row[GDN_CJ]; /* loaded whole before any store: the rows may alias for the compiler */
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c)
-                    row[c] = s0[i * GDN_CJ + c];
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c)
-                    s2[i * GDN_CJ + c] = d * row[c] + kn * ur[c];
+            gdnb_token_rows(k + (tok * H + kh) * K, g, tok * HV + vh, K, KP, kn, dd);
+            for (i64 c = 0; c < nc; ++c) {
+                GLOBAL const real* s0 = ws + r * width + c * KP;
+                GLOBAL real* s2 = ws + (r + 1) * width + c * KP;
+                const real uc = u[c];
+                for (i64 i0 = 0; i0 < KP; i0 += GDNB_W)
+                    PRAGMA_UNROLL
+                    for (int l = 0; l < GDNB_W; ++l)
+                        s2[i0 + l] = dd[i0 + l] * s0[i0 + l] + kn[i0 + l] * uc;
             }
         }
         for (i64 r = n - 1; r >= 0; --r) {
-            const i64 tok = first + r, head = tok * HV + vh, key = (tok * H + kh) * K;
-            const real rq = gdnb_inv_norm(q + key, K), rk = gdnb_inv_norm(k + key, K), bt = LOAD(beta, head);
-            const real e = GDNB_GATE_K ? (real)1 : rlx_exp(LOAD(g, head));
-            GLOBAL const real* s0 = ws + r * width;
-            GLOBAL const real* s2 = s0 + width;
-            real gy[GDN_CJ], du[GDN_CJ], ks1[GDN_CJ], vc[GDN_CJ];
-            PRAGMA_UNROLL
-            for (int c = 0; c < GDN_CJ; ++c) {
-                gy[c] = c < nc ? LOAD(gout, head * V + j0 + c) * scale : (real)0;
-                vc[c] = c < nc ? LOAD(v, head * V + j0 + c) : (real)0;
-                du[c] = ks1[c] = (real)0;
-            }
-            for (i64 i = 0; i < K; ++i) { /* out = scale q.s2: gs += d_out q, d_q, then d_u = k.gs and k.s1 */
-                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e;
-                const real qn = LOAD(q, key + i) * rq, kn = LOAD(k, key + i) * rk;
-                real acc = (real)0, after[GDN_CJ], before[GDN_CJ];
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c) {
-                    after[c] = s2[i * GDN_CJ + c];
-                    before[c] = s0[i * GDN_CJ + c];
-                }
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c) {
-                    gs[i * GDN_CJ + c] += gy[c] * qn;
-                    acc += gy[c] * after[c];
-                    du[c] += kn * gs[i * GDN_CJ + c];
-                    ks1[c] += kn * d * before[c];
-                }
-                dq[(tok * H + kh) * K + i] = acc;
+            const i64 tok = first + r, head = tok * HV + vh;
+            const real bt = LOAD(AT(store_t, betab, betao), head), rq = gdnb_inv_norm(q + (tok * H + kh) * K, K);
+            gdnb_token_rows(k + (tok * H + kh) * K, g, head, K, KP, kn, dd);
+            for (i64 i = 0; i < KP; ++i) {
+                qn[i] = i < K ? LOAD(q, (tok * H + kh) * K + i) * rq : (real)0;
+                dq[i] = dk[i] = dg[i] = (real)0;
             }
             real bsum = (real)0;
-            PRAGMA_UNROLL
-            for (int c = 0; c < GDN_CJ; ++c) {
-                if (c < nc)
-                    STORE(dv, head * V + j0 + c, du[c] * bt);
-                bsum += du[c] * (vc[c] - ks1[c]);
-                vc[c] = (vc[c] - ks1[c]) * bt; /* u */
-                du[c] *= bt;
+            for (i64 c = 0; c < nc; ++c) {
+                GLOBAL const real* s0 = ws + r * width + c * KP;
+                GLOBAL const real* s2 = s0 + width;
+                real* gc = gs + c * KP;
+                const real gy = LOAD(AT(store_t, gob, goo), head * V + j0 + c) * scale;
+                const real vc = LOAD(AT(store_t, vb, vo), head * V + j0 + c);
+                real du[GDNB_W], ks1[GDNB_W];
+                PRAGMA_UNROLL
+                for (int l = 0; l < GDNB_W; ++l)
+                    du[l] = ks1[l] = (real)0;
+                for (i64 i0 = 0; i0 < KP; i0 += GDNB_W) /* out = scale q.s2: gs += d_out q, d_q; d_u = k.gs; k.s1 */
+                    PRAGMA_UNROLL
+                    for (int l = 0; l < GDNB_W; ++l) {
+                        const i64 i = i0 + l;
+                        const real x = gc[i] + gy * qn[i];
+                        gc[i] = x;
+                        dq[i] += gy * s2[i];
+                        du[l] += kn[i] * x;
+                        ks1[l] += kn[i] * dd[i] * s0[i];
+                    }
+                const real dut = gdnb_total(du), kst = gdnb_total(ks1);
+                STORE(AT(store_t, dvb, dvo), head * V + j0 + c, dut * bt);
+                bsum += dut * (vc - kst);
+                const real uc = (vc - kst) * bt, dub = dut * bt;
+                for (i64 i0 = 0; i0 < KP; i0 += GDNB_W) /* s2 = s1 + k u, u = (v - k.s1) beta, s1 = d s0 */
+                    PRAGMA_UNROLL
+                    for (int l = 0; l < GDNB_W; ++l) {
+                        const i64 i = i0 + l;
+                        const real s1 = dd[i] * s0[i], g1 = gc[i] - dub * kn[i];
+                        dk[i] += gc[i] * uc - dub * s1;
+                        dg[i] += g1 * s1;
+                        gc[i] = g1 * dd[i];
+                    }
             }
-            dbeta[head] = bsum;
+            AT(real, scb, dbso)[jb * T * HV + head] = bsum;
             real gsum = (real)0;
-            for (i64 i = 0; i < K; ++i) { /* s2 = s1 + k u, u = (v - k.s1) beta, s1 = d s0 */
-                const real d = GDNB_GATE_K ? rlx_exp(LOAD(g, head * K + i)) : e, kn = LOAD(k, key + i) * rk;
-                real acc = (real)0, dgi = (real)0, before[GDN_CJ];
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c)
-                    before[c] = s0[i * GDN_CJ + c];
-                PRAGMA_UNROLL
-                for (int c = 0; c < GDN_CJ; ++c) {
-                    const real s1 = d * before[c], g1 = gs[i * GDN_CJ + c] - du[c] * kn;
-                    acc += gs[i * GDN_CJ + c] * vc[c] - du[c] * s1;
-                    dgi += g1 * s1;
-                    gs[i * GDN_CJ + c] = g1 * d;
-                }
-                dk[(tok * H + kh) * K + i] = acc;
+            for (i64 i = 0; i < K; ++i) {
+                AT(real, scb, dqo)[(blk * T + tok) * H * K + kh * K + i] = dq[i];
+                AT(real, scb, dko)[(blk * T + tok) * H * K + kh * K + i] = dk[i];
                 if (GDNB_GATE_K)
-                    dg[head * K + i] = dgi;
-                else
-                    gsum += dgi;
+                    AT(real, scb, dgso)[(jb * T * HV + head) * K + i] = dg[i];
+                gsum += dg[i];
             }
             if (!GDNB_GATE_K)
-                dg[head] = gsum;
+                AT(real, scb, dgso)[jb * T * HV + head] = gsum;
         }
     }
     if (SSM_CARRY)
-        for (i64 i = 0; i < K; ++i)
-            for (int c = 0; c < nc; ++c)
-                SSTORE(dstate, i * V + c, gs[i * GDN_CJ + c]);
+        for (i64 c = 0; c < nc; ++c)
+            for (i64 i = 0; i < K; ++i)
+                SSTORE(dstate, i * V + c, gs[c * KP + i]);
 }
 
 /* out[m] = the sum of the NB partials part[nb][m] in order, for m < M (d_beta, d_g of gdn_backward_saved). */

@@ -150,6 +150,10 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     return LaunchPlan((walk, qk), total, (f"checkpoints every {q} steps, {blocks} blocks",))
 
 
+#: kernels/gdn_backward.cl's GDNB_W: gdn_backward_saved pads its key rows to a multiple of it
+GDNB_W = 8
+
+
 def _plan_gdn_saved(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
     """The cpu target with a saved forward: ``gdn_backward_saved`` over (row, value head, GDN_CJ state columns),
     the chunks' states rebuilt from the reserve's, then the sums of its partials in order (``gdn_backward_qk``,
@@ -157,9 +161,9 @@ def _plan_gdn_saved(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
     b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
         t["dtype"]
     tokens, q, cj = b * s, lim.tune("SSMB_Q"), lim.tune("GDN_CJ")
-    nb, gk = -(-v // cj), k if t["gate_per_channel"] else 1
+    nb, gk, kp = -(-v // cj), k if t["gate_per_channel"] else 1, -(-k // GDNB_W) * GDNB_W
     items, blocks = b * hv * nb, hv // h * nb
-    offsets, total = _layout(dt, {"workspaces": items * (q + 1) * k * cj, "dq": blocks * tokens * h * k,
+    offsets, total = _layout(dt, {"workspaces": items * (q + 1) * kp * cj, "dq": blocks * tokens * h * k,
                                   "dk": blocks * tokens * h * k, "dbeta": nb * tokens * hv,
                                   "dg": nb * tokens * hv * gk})
     slots = {slot.name: (ARENA, t["reserve"] + slot.offset) for slot in reserve_slots(t)}
@@ -172,7 +176,7 @@ def _plan_gdn_saved(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
         return kernel_launch("gdn_backward", kernel, dt, grid((count,), local), local, args, target=lim.target,
                              defines=_gdn_defines(t))
     walk = launch("gdn_backward_saved", items, dict(
-        B=b, S=s, H=h, HV=hv, K=k, V=v, NB=nb, scale=gdn_scale(t), rsb=slots["states"], rub=slots["u"],
+        B=b, S=s, H=h, HV=hv, K=k, KP=kp, V=v, NB=nb, scale=gdn_scale(t), rsb=slots["states"], rub=slots["u"],
         **tensors("q", "k", "v", "g", "beta", "state", "state_slots", "d_dst", "d_v", "d_state"),
         scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"], dbso=offsets["dbeta"],
         dgso=offsets["dg"]), cap=8)  # small work-groups: PoCL keeps each item's private gs beside the others'

@@ -72,6 +72,31 @@ def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
     return Cost(other=other, read=read + scratch + saved, written=written + scratch)
 
 
+@declare("gdn_backward_saved")
+def gdn_saved(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, value head, state column of KP): the state rebuilt from the reserve's u (d s + k u: 3), the
+    reverse step (gs, d_q, d_u, k·(d s0), d_k, d_g, the carried gradient: 17); per token and item the key rows
+    (normalised, decays taken per use); the workspace of the chunk's states written once and read twice."""
+    b, t, h, hv, kp, v = args["B"], args["B"] * args["S"], args["H"], args["HV"], args["KP"], args["V"]
+    k, nb, per_channel = args["K"], args["NB"], bool(defined(launch, "GDNB_GATE_K"))
+    es, rs = stored(launch), real(launch)
+    rows = 2 * (2 * kp + (4 if per_channel else 0) * kp) + 2 * k * defined(launch, "GDNB_NORM")
+    other = t * hv * (v * 20 * kp + nb * rows)
+    gk = k if per_channel else 1
+    read = t * hv * nb * (2 * h // hv * k + gk + 1) * es * 2 + t * hv * 2 * v * es  # q, k, g, beta per item; v, d_dst
+    saved = (t * hv * v + -(-args["S"] // tuned(launch, "SSMB_Q")) * b * hv * k * v) * rs  # u, states
+    workspace = t * hv * v * kp * rs
+    written = t * hv * v * es + (2 * nb * t * hv * k + nb * t * hv * (1 + gk)) * rs  # d_v, partials
+    return Cost(other=other, read=read + saved + 2 * workspace, written=written + workspace)
+
+
+@declare("gdn_backward_sums")
+def gdn_sums(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """out[m] = the sum of NB partials of each of M outputs."""
+    m, nb = args["M"], args["NB"]
+    return Cost(other=m * nb, read=m * nb * real(launch), written=m * stored(launch))
+
+
 @declare("gdn_backward_qk")
 def gdn_qk(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """d_q and d_k of every (token, key head): the blocks' partials summed (and the norm's derivative)."""

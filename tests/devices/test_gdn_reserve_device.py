@@ -30,10 +30,11 @@ from support.saved_forward import laid_case, without_reserve
 OP = "gated_delta_net"
 #: over tests/support/saved_forward.py's base (B2, S70: three chunks of 32, the last partial; at the gpu target the
 #: chunked form): per-head gates; grouped value heads with K != V, q/k L2-norm and whole chunks; per-channel gates
-#: and a carried state in slots
+#: and a carried state in slots; a decode step
 CASES = {"per_head": {},
          "groups.width.l2.scale.whole_chunks": dict(value_heads=4, value_size=3, qk_l2norm=True, scale=0.7, seq=64),
-         "carry.slots.per_channel": dict(carry_state=True, state_slots=[2, 0], num_slots=3, gate_per_channel=True)}
+         "carry.slots.per_channel": dict(carry_state=True, state_slots=[2, 0], num_slots=3, gate_per_channel=True),
+         "decode": dict(seq=1, carry_state=True)}
 TOL = {"f64": 1e-11, "f32": 2e-5, "bf16": 2e-2}  # of each gradient's largest magnitude
 #: the other OpenCL CPU implementation: Intel's runtime
 OTHER_DEVICES = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
@@ -146,12 +147,12 @@ def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op
 
 
 @needs_opencl_cpu
-def test_every_kernel_of_a_forward_writing_a_reserve_declares_its_cost(cpu_session):
+def test_every_kernel_of_a_forward_writing_a_reserve_and_its_backward_declares_its_cost(cpu_session):
     for case in ("carry.slots.per_channel", "groups.width.l2.scale.whole_chunks"):
-        _, _, forward = laid_case(OP, "f32", CASES[case])
-        plan = launches.plan(complete(forward), cpu_session.limits)
-        assert {launch.kernel for launch in plan.launches} >= {"gdn_reserve_grams", "gdn_reserve_inverse"}
-        assert all(launch_cost(launch) is not None for launch in plan.launches), case
+        backward, _, forward = laid_case(OP, "f32", CASES[case])
+        plans = [launches.plan(complete(t), cpu_session.limits) for t in (forward, backward)]
+        assert {launch.kernel for launch in plans[0].launches} >= {"gdn_reserve_grams", "gdn_reserve_inverse"}
+        assert all(launch_cost(launch) is not None for plan in plans for launch in plan.launches), case
 
 
 @pytest.mark.skipif(not OTHER_DEVICES, reason="no Intel OpenCL runtime")
