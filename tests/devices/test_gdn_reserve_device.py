@@ -14,16 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import host_fallback
-import rlx_gpu
-from host_fallback.abi import complete, regions
+from host_fallback.abi import complete
 from host_fallback.abi.gdn import reserve_slots
 from rlx_gpu import launches
-from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.launches.cost import launch_cost
 from rlx_gpu.runtime.registry import status
-from support.gradient_check import read
+from support.device_reserve import (assert_close, forward_on, gradients_of, run_on,
+                                    runs_a_reserve_and_refuses_a_short_one, under_oclgrind, with_reserve)
 from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
 from support.saved_forward import laid_case, without_reserve
 
@@ -38,44 +36,6 @@ CASES = {"per_head": {},
 TOL = {"f64": 1e-11, "f32": 2e-5, "bf16": 2e-2}  # of each gradient's largest magnitude
 #: the other OpenCL CPU implementation: Intel's runtime
 OTHER_DEVICES = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
-
-
-def _run(session, thunk: dict, arena: np.ndarray) -> np.ndarray:
-    """``arena`` after ``thunk``: on the device ``session`` (which must have kernels for it), or on the host."""
-    if session is None:
-        out = arena.copy()
-        host_fallback.execute(thunk, out)
-        return out
-    assert launches.unsupported(complete(thunk), session.limits) is None
-    on_device = session.upload(arena)
-    session.launch(thunk, on_device)
-    return session.read(on_device, 0, arena.size)
-
-
-def _forward(session, forward: dict, arena: np.ndarray) -> np.ndarray:
-    """The arena, lengthened to hold ``forward``'s dst, after ``forward``."""
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    return _run(session, forward, longer)
-
-
-def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {f: v for f, v in read(thunk, arena).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _with_reserve(thunk: dict, arena: np.ndarray, written: np.ndarray) -> np.ndarray:
-    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
-    out = arena.copy()
-    out[start:end] = written[start:end]
-    return out
-
-
-def _assert_close(got: dict, expected: dict, tol: float, what: str) -> None:
-    assert set(got) == set(expected)
-    for name in expected:
-        scale = np.abs(expected[name]).max() + 1e-30
-        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=f"{what}: {name}")
 
 
 def _same_layout(session, forward: dict, host: np.ndarray, device: np.ndarray) -> None:
@@ -93,14 +53,14 @@ def _every_way_matches_recomputing(session, case: dict, dtype: str = "f32") -> N
     the host wrote (backward on the device), against the host's backward recomputing its forward; at f32 the
     reserve's values against the host's."""
     thunk, arena, forward = laid_case(OP, dtype, case)
-    expected = _gradients(thunk, _run(None, without_reserve(thunk), arena))
-    on_device, on_host = _forward(session, forward, arena), _forward(None, forward, arena)
+    expected = gradients_of(thunk, run_on(None, without_reserve(thunk), arena))
+    on_device, on_host = forward_on(session, forward, arena), forward_on(None, forward, arena)
     if dtype == "f32":
         _same_layout(session, forward, on_host, on_device)
     for what, written, reader in (("device -> host", on_device, None), ("host -> device", on_host, session),
                                   ("device -> device", on_device, session)):
-        got = _gradients(thunk, _run(reader, thunk, _with_reserve(thunk, arena, written)))
-        _assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
+        got = gradients_of(thunk, run_on(reader, thunk, with_reserve(thunk, arena, written)))
+        assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
 
 
 @needs_opencl_cpu
@@ -119,31 +79,20 @@ def test_the_reserve_of_f64_and_16_bit_thunks(cpu_session, dtype):
 @needs_opencl_cpu
 def test_the_device_backward_reads_the_reserve_and_reruns_give_the_same_bytes(cpu_session):
     thunk, arena, forward = laid_case(OP, "f32", dict(CASES["carry.slots.per_channel"], qk_l2norm=True))
-    first, second = _forward(cpu_session, forward, arena), _forward(cpu_session, forward, arena)
+    first, second = forward_on(cpu_session, forward, arena), forward_on(cpu_session, forward, arena)
     assert np.array_equal(first, second)
-    saved = _with_reserve(thunk, arena, first)
-    gradients = _run(cpu_session, thunk, saved)
-    assert np.array_equal(gradients, _run(cpu_session, thunk, saved))
-    zeroed = _with_reserve(thunk, arena, np.zeros_like(first))
-    assert not np.allclose(_gradients(thunk, _run(cpu_session, thunk, zeroed))["d_q"],
-                           _gradients(thunk, gradients)["d_q"]), "the device backward ignored its reserve"
-
-
-def _schedule(op: str, short: int = 0) -> dict:
-    """A schedule of ``op`` (the catalog's small shape) with a reserve ``short`` bytes below the minimum."""
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    thunk, nbytes = lay_out(op, "f32", {"reserve": True, "reserve_bytes": need - short, **SMALL[op]})
-    return schedule_of(thunk, nbytes)
+    saved = with_reserve(thunk, arena, first)
+    gradients = run_on(cpu_session, thunk, saved)
+    assert np.array_equal(gradients, run_on(cpu_session, thunk, saved))
+    zeroed = with_reserve(thunk, arena, np.zeros_like(first))
+    assert not np.allclose(gradients_of(thunk, run_on(cpu_session, thunk, zeroed))["d_q"],
+                           gradients_of(thunk, gradients)["d_q"]), "the device backward ignored its reserve"
 
 
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", [OP, f"{OP}_backward"])
 def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op):
-    device = rlx_gpu.get_device(OPENCL_CPU[0])
-    assert {a.backend for a in device.place(_schedule(op))} == {"opencl"}
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve_bytes': expected at least {need} bytes"):
-        device.run(_schedule(op, short=16))
+    runs_a_reserve_and_refuses_a_short_one(OPENCL_CPU[0], op)
 
 
 @needs_opencl_cpu
@@ -165,7 +114,6 @@ def test_other_opencl_implementations(spec):
 #: run under Oclgrind: per target, a forward writing the reserve, then the backward reading it
 _OCLGRIND_SCRIPT = """
 import numpy as np
-import rlx_gpu
 from host_fallback.abi import regions
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
@@ -192,15 +140,6 @@ _OCLGRIND_PARAMS = dict(batch=2, seq=40, heads=1, value_heads=2, state_size=4, v
 
 @pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
 def test_the_reserve_kernels_are_clean_under_oclgrind():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
-    spec = importlib.util.spec_from_file_location("oclgrind_check", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    script = _OCLGRIND_SCRIPT.format(spec="opencl:0:0", params=_OCLGRIND_PARAMS)
-    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    code, diagnostics, output = under_oclgrind(_OCLGRIND_SCRIPT.format(spec="opencl:0:0", params=_OCLGRIND_PARAMS))
     assert code == 0, output[-3000:]
     assert output.count(" ran") == 2 and not diagnostics, "\n".join(diagnostics[:40])

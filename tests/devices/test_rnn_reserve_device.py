@@ -12,15 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import host_fallback
-import rlx_gpu
-from host_fallback.abi import complete, regions
+from host_fallback.abi import complete
 from host_fallback.abi.rnn import reserve_slots
-from rlx_gpu import launches
-from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.registry import status
-from support.gradient_check import read
+from support.device_reserve import (assert_close, forward_on, gradients_of, run_on,
+                                    runs_a_reserve_and_refuses_a_short_one, under_oclgrind, with_reserve)
 from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
 from support.rnn_backward_cases import backward_params, sample
 from support.saved_forward import laid_with_reserve, without_reserve
@@ -46,54 +43,16 @@ def _laid(op: str, dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
     return laid_with_reserve(op, dtype, backward_params(op, **extra), sample)
 
 
-def _run(session, thunk: dict, arena: np.ndarray, **options) -> np.ndarray:
-    """``arena`` after ``thunk``: on the device ``session`` (which must have kernels for it), or on the host."""
-    if session is None:
-        out = arena.copy()
-        host_fallback.execute(thunk, out)
-        return out
-    assert launches.unsupported(complete(thunk), session.limits) is None
-    on_device = session.upload(arena)
-    session.launch(thunk, on_device, **options)
-    return session.read(on_device, 0, arena.size)
-
-
-def _forward(session, forward: dict, arena: np.ndarray, **options) -> np.ndarray:
-    """The arena, lengthened to hold ``forward``'s dst, after ``forward``."""
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    return _run(session, forward, longer, **options)
-
-
-def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {f: v for f, v in read(thunk, arena).items() if f.startswith("d_") and f != "d_dst"}
-
-
-def _with_reserve(thunk: dict, arena: np.ndarray, written: np.ndarray) -> np.ndarray:
-    start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
-    out = arena.copy()
-    out[start:end] = written[start:end]
-    return out
-
-
-def _assert_close(got: dict, expected: dict, tol: float, what: str) -> None:
-    assert set(got) == set(expected)
-    for name in expected:
-        scale = np.abs(expected[name]).max() + 1e-30
-        np.testing.assert_allclose(got[name], expected[name], rtol=0, atol=tol * scale, err_msg=f"{what}: {name}")
-
-
 def _every_way_matches_recomputing(session, op: str, extra: dict, dtype: str = "f32", **options) -> None:
     """The gradients read from a reserve the device wrote (backward on the host and on the device), and from one
     the host wrote (backward on the device), against the host's backward recomputing its forward."""
     thunk, arena, forward = _laid(op, dtype, extra)
-    expected = _gradients(thunk, _run(None, without_reserve(thunk), arena))
-    on_device, on_host = _forward(session, forward, arena, **options), _forward(None, forward, arena)
+    expected = gradients_of(thunk, run_on(None, without_reserve(thunk), arena))
+    on_device, on_host = forward_on(session, forward, arena, **options), forward_on(None, forward, arena)
     for what, written, reader in (("device -> host", on_device, None), ("host -> device", on_host, session),
                                   ("device -> device", on_device, session)):
-        got = _gradients(thunk, _run(reader, thunk, _with_reserve(thunk, arena, written)))
-        _assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
+        got = gradients_of(thunk, run_on(reader, thunk, with_reserve(thunk, arena, written)))
+        assert_close(got, expected, TOL[dtype], f"{what} at the {session.limits.target} target")
 
 
 @needs_opencl_cpu
@@ -123,7 +82,7 @@ def _host_written(thunk: dict, arena: np.ndarray, forward: dict) -> np.ndarray:
     for fill in (0, 255):
         prefilled = arena.copy()
         prefilled[start:end] = fill
-        runs.append(_forward(None, forward, prefilled)[start:end])
+        runs.append(forward_on(None, forward, prefilled)[start:end])
     return runs[0] == runs[1]
 
 
@@ -147,7 +106,7 @@ def _same_layout(session, op: str, extra: dict, **options) -> None:
     (within f32 rounding; the clip's masks exactly)."""
     thunk, arena, forward = _laid(op, "f32", extra)
     start = thunk["reserve"]
-    host, device = _forward(None, forward, arena)[start:], _forward(session, forward, arena, **options)[start:]
+    host, device = forward_on(None, forward, arena)[start:], forward_on(session, forward, arena, **options)[start:]
     written = _host_written(thunk, arena, forward)
     t = complete(forward)
     for slot in reserve_slots(t):
@@ -175,27 +134,16 @@ def test_the_device_writes_the_host_layout(cpu_session, op, extra):
 @pytest.mark.parametrize("op", ["lstm", "gru"])
 def test_reruns_give_the_same_bytes(cpu_session, op):
     thunk, arena, forward = _laid(op, "f32", dict(clip=0.5, seq_lens=[5, 2, 0]))
-    first, second = _forward(cpu_session, forward, arena), _forward(cpu_session, forward, arena)
+    first, second = forward_on(cpu_session, forward, arena), forward_on(cpu_session, forward, arena)
     assert np.array_equal(first, second)
-    saved = _with_reserve(thunk, arena, first)
-    assert np.array_equal(_run(cpu_session, thunk, saved), _run(cpu_session, thunk, saved))
-
-
-def _schedule(op: str, short: int = 0) -> dict:
-    """A schedule of ``op`` (the catalog's small shape) with a reserve ``short`` bytes below the minimum."""
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    thunk, nbytes = lay_out(op, "f32", {"reserve": True, "reserve_bytes": need - short, **SMALL[op]})
-    return schedule_of(thunk, nbytes)
+    saved = with_reserve(thunk, arena, first)
+    assert np.array_equal(run_on(cpu_session, thunk, saved), run_on(cpu_session, thunk, saved))
 
 
 @needs_opencl_cpu
 @pytest.mark.parametrize("op", ["lstm", "gru_backward"])
 def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op):
-    device = rlx_gpu.get_device(OPENCL_CPU[0])
-    assert {a.backend for a in device.place(_schedule(op))} == {"opencl"}
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": "f32", **SMALL[op]})
-    with pytest.raises(rlx_gpu.ScheduleError, match=rf"field 'reserve_bytes': expected at least {need} bytes"):
-        device.run(_schedule(op, short=16))
+    runs_a_reserve_and_refuses_a_short_one(OPENCL_CPU[0], op)
 
 
 @pytest.mark.skipif(not OTHER_DEVICES, reason="no second PoCL device nor Intel's OpenCL runtime")
@@ -212,7 +160,6 @@ def test_other_opencl_implementations(spec, target):
 #: kernel the reserve adds among them (the zeros past the lengths, the reorders both ways, lstm's projection)
 _OCLGRIND_SCRIPT = """
 import numpy as np
-import rlx_gpu
 from host_fallback.abi import regions
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
@@ -243,15 +190,6 @@ _OCLGRIND_CASES = [
 
 @pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
 def test_the_reserve_kernels_are_clean_under_oclgrind():
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "tools" / "oclgrind_check.py"
-    spec = importlib.util.spec_from_file_location("oclgrind_check", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    script = _OCLGRIND_SCRIPT.format(spec="opencl:0:0", cases=_OCLGRIND_CASES)
-    code, diagnostics, output = tool.run_under_oclgrind([sys.executable, "-c", script], {})
+    code, diagnostics, output = under_oclgrind(_OCLGRIND_SCRIPT.format(spec="opencl:0:0", cases=_OCLGRIND_CASES))
     assert code == 0, output[-3000:]
     assert output.count(" ran") == 4 and not diagnostics, "\n".join(diagnostics[:40])
