@@ -7,7 +7,9 @@ and kernels/gdn_backward.cl: a work-item per (row, group or key head, block of i
 sum the partials the items wrote, in a fixed order: ``ssm_backward_reduce`` d_b and d_c over the
 blocks, d_a, d_d and the delta bias's gradient over the rows; ``gdn_backward_qk`` d_q and d_k over the
 blocks. The version-2 fields are compile-time variants (for selective_scan and mamba2 the forward's,
-``ssm.field_defines``).
+``ssm.field_defines``). gated_delta_net_backward given a saved forward (ABI.md §9.1) reads its states: at the
+cpu target ``gdn_backward_saved`` (GDN_CJ state columns per work-item, the chunks' steps rebuilt from the
+reserve), at the gpu target the walk above with its checkpoints copied from the reserve.
 """
 from __future__ import annotations
 
