@@ -114,6 +114,7 @@ def test_other_opencl_implementations(spec):
 #: run under Oclgrind: per target, a forward writing the reserve, then the backward reading it
 _OCLGRIND_SCRIPT = """
 import numpy as np
+import rlx_gpu
 from host_fallback.abi import regions
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case

@@ -160,6 +160,7 @@ def test_other_opencl_implementations(spec, target):
 #: kernel the reserve adds among them (the zeros past the lengths, the reorders both ways, lstm's projection)
 _OCLGRIND_SCRIPT = """
 import numpy as np
+import rlx_gpu
 from host_fallback.abi import regions
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
