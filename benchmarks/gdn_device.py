@@ -10,6 +10,10 @@ excluded:
   same step through state slots with q/k L2-norm (the GDN_V2 program variant);
 - a varlen batch of four sequences of mixed lengths (T tokens) against an equal-length batch of the
   same T tokens (the target: packed <= 1.1x).
+``--training`` prints the training rows instead (B2 S1024 H8 K=V=64, per-head gates): the forward, the
+forward writing a saved forward (ABI.md §9.1 ``reserve``), the backward recomputing its forward and the
+backward reading the reserve, taking turns, each over the plain forward (issue 36's target: the backward
+<= 4x its forward at the cpu target).
 ``--v1`` prints the version-1 rows alone (prefill and decode of benchmarks/backends.py, the decode
 steps above), so that two checkouts can be timed in alternating processes. ``--target gpu`` forces the
 gpu-target kernels (lanes and chunked forms) on PoCL.
@@ -21,7 +25,9 @@ import argparse
 import numpy as np
 
 from benchmarks.backends import median_time
-from host_fallback.abi import regions
+import host_fallback
+import rlx_gpu
+from host_fallback.abi import forward_thunk, regions
 from host_fallback.arena import STORAGE
 from rlx_gpu.conformance import cases
 from rlx_gpu.conformance.devices import find, open_device
@@ -54,9 +60,9 @@ def pairs() -> list[tuple[str, dict, dict]]:
     return out
 
 
-def lay_out(params: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
-    """A gated_delta_net thunk of ``params`` in an arena of random inputs (decays below 1) and its int tensors."""
-    thunk, nbytes = cases.lay_out("gated_delta_net", "f32", dict(params))
+def lay_out(params: dict, rng: np.random.Generator, op: str = "gated_delta_net") -> tuple[dict, np.ndarray]:
+    """An ``op`` thunk of ``params`` in an arena of random inputs (decays below 1) and its int tensors."""
+    thunk, nbytes = cases.lay_out(op, "f32", dict(params))
     ints = cases.int_values(dict(params))
     arena = np.zeros(nbytes, np.uint8)
     for r in regions(thunk):
@@ -71,9 +77,10 @@ def lay_out(params: dict, rng: np.random.Generator) -> tuple[dict, np.ndarray]:
     return thunk, arena
 
 
-def timer(session, params: dict, rng: np.random.Generator, repeat: int):
-    """A function giving the median time of ``repeat`` runs of ``params`` (planned once, warmed up)."""
-    thunk, arena = lay_out(params, rng)
+def timer(session, params: dict, rng: np.random.Generator, repeat: int, laid: tuple[dict, np.ndarray] | None = None):
+    """A function giving the median time of ``repeat`` runs of ``params`` (planned once, warmed up), or of the
+    thunk and arena ``laid``."""
+    thunk, arena = laid or lay_out(params, rng)
     dev = session.upload(arena)
     run = session.runner(thunk, _options())
 
@@ -83,6 +90,34 @@ def timer(session, params: dict, rng: np.random.Generator, repeat: int):
 
     once()
     return lambda: median_time(once, repeat)
+
+
+def training_rows(params: dict, rng: np.random.Generator) -> list[tuple[str, dict, np.ndarray]]:
+    """(label, thunk, arena): the forward, the forward writing a reserve, the backward without and with one, on
+    one arena (the backward's, its reserve of ``rlx_gpu.reserve_bytes`` and the forward's dst past it; the
+    backward reading the reserve the host's forward wrote there: random bytes would be subnormal floats, which
+    cost a CPU up to a hundred times a normal one)."""
+    need = rlx_gpu.reserve_bytes({"op": "gated_delta_net", "dtype": "f32", **params})
+    backward, arena = lay_out(dict(params, reserve=True, reserve_bytes=need), rng, "gated_delta_net_backward")
+    writing = dict(forward_thunk(backward), dst=-(-arena.size // 256) * 256)
+    dst = next(r for r in regions(writing) if r.field == "dst")
+    arena = np.concatenate([arena, np.zeros(dst.offset + dst.nbytes - arena.size, np.uint8)])
+    host_fallback.execute(writing, arena)
+    plain = {k: v for k, v in writing.items() if k not in ("reserve", "reserve_bytes")}
+    recompute = {k: v for k, v in backward.items() if k not in ("reserve", "reserve_bytes")}
+    return [("forward", plain, arena), ("forward writing a reserve", writing, arena),
+            ("backward recomputing", recompute, arena), ("backward reading the reserve", backward, arena)]
+
+
+def print_training(session, rng: np.random.Generator, repeat: int, rounds: int) -> None:
+    """The training rows, taking turns in every round; medians, each over the plain forward."""
+    rows = training_rows(dict(PREFILL, batch=2, seq=1024), rng)
+    times = [timer(session, {}, rng, repeat, (thunk, arena)) for _, thunk, arena in rows]
+    runs = [[time() for time in times] for _ in range(rounds)]
+    medians = [float(np.median([r[i] for r in runs])) for i in range(len(rows))]
+    print(f"{'training B2 S1024 H8 K=V=64':<34} {'ms':>9} {'/ forward':>10}")
+    for (label, _, _), ms in zip(rows, medians):
+        print(f"{label:<34} {ms * 1e3:>9.3f} {ms / medians[0]:>10.2f}")
 
 
 def _options():
@@ -99,11 +134,15 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--v1", action="store_true", help="the version-1 rows only")
     parser.add_argument("--only", default="", help="the rows whose label holds this text")
+    parser.add_argument("--training", action="store_true", help="the forward and backward, with and without reserve")
     args = parser.parse_args()
     session = open_device(find(args.device or "opencl"), args.target)
     rng = np.random.default_rng(0)
     print(f"device: {session.info.name} ({session.info.spec}); target {args.target}; f32; "
           f"median of {args.rounds} rounds of medians of {args.repeat}")
+    if args.training:
+        print_training(session, rng, args.repeat, args.rounds)
+        return
     if args.v1:
         print(f"{'version 1':<28} {'ms':>9}")
         for label, params in (row for row in v1_rows() if args.only in row[0]):

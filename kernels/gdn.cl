@@ -23,6 +23,9 @@
 #ifndef GDN_V2
 #define GDN_V2 0
 #endif
+#ifndef GDN_RESERVE
+#define GDN_RESERVE 0 /* the cpu walk's variant that also records the saved forward (gdn_reserve_record) */
+#endif
 
 /* The first token of row r and the one past its last (packed sequence r, or batch row r of S steps). */
 DEVICE_FN i64 gdn_row_start(i64 r, i64 S, GLOBAL const int* cu) { return GDN_V2 && cu ? (i64)cu[r] : r * S; }
@@ -73,6 +76,15 @@ KERNEL gdn_qk_norm(i64 E, i64 K, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64
     nrm[2 * e + 1] = (real)1 / sqrt(sk + (real)1e-6);
 }
 
+#define GDN_RC 32 /* the tokens of a chunk of the saved forward (its layout: the end of this file) */
+
+/* Where token t (of batch row b) of value head vh keeps its u in the saved forward: column 0 of its row. */
+INLINE_FN GLOBAL real* gdn_reserve_u(GLOBAL uchar* ub, i64 uo, i64 b, i64 S, i64 t, i64 HV, i64 vh, i64 V)
+{
+    const i64 chunk = t / GDN_RC, chunks = (S + GDN_RC - 1) / GDN_RC;
+    return AT(real, ub, uo) + (((b * chunks + chunk) * HV + vh) * GDN_RC + t - chunk * GDN_RC) * V;
+}
+
 #ifdef RLX_TARGET_CPU /* cpu target (PoCL): the kernels up to the gpu block below */
 /* dec[bt, e] = exp(g[bt, t0*W + e]) for e < T*W, W = HV*K: one work-item per element. */
 KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, GLOBAL uchar* eb, i64 eo)
@@ -81,6 +93,23 @@ KERNEL gdn_decay(i64 B, i64 S, i64 W, i64 t0, i64 T, GLOBAL uchar* gb, i64 go, G
     if (e >= T * W || bt >= B)
         return;
     AT(real, eb, eo)[bt * T * W + e] = exp(LOAD(AT(store_t, gb, go), (bt * S + t0) * W + e));
+}
+
+/* After token t of batch row b: the walk's columns [j0, j0+nc) of the state s (s[i*GDN_CJ + c]) as the state
+ * leaving the chunk when t ends one (or the row), and, at the row's last token, zeros for u past it. */
+INLINE_FN void gdn_reserve_record(GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo, i64 b, i64 S, i64 t, i64 HV,
+                                  i64 vh, i64 K, i64 V, i64 j0, int nc, const real* s)
+{
+    if ((t + 1) % GDN_RC && t + 1 < S)
+        return;
+    const i64 chunk = t / GDN_RC, chunks = (S + GDN_RC - 1) / GDN_RC;
+    GLOBAL real* out = AT(real, hb, ho) + ((b * chunks + chunk) * HV + vh) * K * V + j0;
+    for (i64 i = 0; i < K; ++i)
+        for (int c = 0; c < nc; ++c)
+            out[i * V + c] = s[i * GDN_CJ + c];
+    for (i64 p = t + 1; p < chunks * GDN_RC && t + 1 == S; ++p)
+        for (int c = 0; c < nc; ++c)
+            gdn_reserve_u(ub, uo, b, S, p, HV, vh, V)[j0 + c] = (real)0;
 }
 
 /* The recurrence of columns [j0, j0+GDN_CJ) of one (value head vh, row r) over the steps of block
@@ -100,7 +129,8 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
                        GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo,
                        GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* sb, i64 so,
                        GLOBAL uchar* pb, i64 po, GLOBAL uchar* db, i64 dof, GLOBAL uchar* eb, i64 eo,
-                       GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no)
+                       GLOBAL uchar* cb, i64 co, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no,
+                       GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo)
 {
     const i64 j0 = GID(0) * GDN_CJ, vh = GID(1), r = GID(2);
     if (j0 >= V || vh >= HV || r >= R)
@@ -177,7 +207,10 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
         const real bh = LOAD(io.beta, head), dk = decay * rk;
         PRAGMA_UNROLL
         for (int c = 0; c < GDN_CJ; ++c) { /* u as the update takes it: times 1/|k| */
-            u[c] = ((c < nc ? LOAD(io.v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh * rk;
+            u[c] = ((c < nc ? LOAD(io.v, vec + j0 + c) : (real)0) - dk * (a0[c] + a1[c])) * bh;
+            if (GDN_RESERVE && c < nc)
+                gdn_reserve_u(ub, uo, r, S, tok - first, HV, vh, V)[j0 + c] = u[c];
+            u[c] *= rk;
             a0[c] = a1[c] = (real)0;
         }
         for (i = 0; i + 2 <= K; i += 2) {
@@ -206,6 +239,8 @@ KERNEL gated_delta_net(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 t0, i64 T,
         for (int c = 0; c < GDN_CJ; ++c)
             if (c < nc)
                 STORE(dst, vec + j0 + c, sq * (a0[c] + a1[c]));
+        if (GDN_RESERVE)
+            gdn_reserve_record(hb, ho, ub, uo, r, S, tok - first, HV, vh, K, V, j0, nc, s);
     }
     if (keep && nc == GDN_CJ && !out_real)
         for (i64 i = 0; i < K; ++i)
@@ -1274,3 +1309,160 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
 #endif
 }
 #endif
+
+/* The saved forward (ABI.md §9.1, docs/abi.md 6a.1), every target: a forward given a reserve runs these three
+ * before its own launches (gdn_reserve_walk reads the initial state, which the forward replaces with
+ * carry_state). Chunks of GDN_RC tokens per batch row b (no packed sequences), the last one padded with
+ * tokens of zero inputs; per value head vh (key head vh / (HV / H)), q and k times their 1/|.| with qk_norm
+ * (nrm, from gdn_qk_norm); every array in the compute type `real` (the reserve's type C: a device's state is
+ * kept in the thunk's dtype or its compute type, so C is f64 exactly when real is), C-ordered:
+ *   states [B][NR][HV][K][V]   the state leaving each chunk, the last the final state;
+ *   qk, kk [B][NR][HV][32][32] the chunk's decayed products q_r . k_s (s <= r), k_r . k_s (s < r), before scale;
+ *   inverse [B][NR][HV][32][32] (I + diag(beta) kk)^-1, unit lower triangular;
+ *   u [B][NR][HV][32][V]       what each token adds to the state (0 past the sequence).
+ * NR = ceil(S / GDN_RC). The host writes the same numbers (host_fallback/gdn_chunked.py), by GEMMs. */
+
+/* Column j of the state of (batch row b, value head vh) walked token by token in place in the reserve: each
+ * chunk's column starts as a copy of the previous one's (the initial state, or zeros, for the first) and steps
+ * through the chunk's tokens, writing each token's u. One work-item per (b, vh, j), j fastest; no private
+ * array (the column lives in the reserve, in cache). */
+KERNEL gdn_reserve_walk(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int carry, int per_channel, int state_real,
+                        int slotted, int qk_norm, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko,
+                        GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go, GLOBAL uchar* beb, i64 beo,
+                        GLOBAL uchar* sb, i64 so, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* nb, i64 no,
+                        GLOBAL uchar* hb, i64 ho, GLOBAL uchar* ub, i64 uo)
+{
+    const i64 item = GID(0);
+    if (item >= B * HV * V)
+        return;
+    /* remainders as x - q*d, not %: LLVM turns a div/rem pair into a `freeze`, which Oclgrind rejects */
+    const i64 bh = item / V, j = item - bh * V, b = bh / HV, vh = bh - b * HV, kh = vh / (HV / H);
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC;
+    const gdn_tensors io = gdn_tensors_of(qb, qo, kb, ko, vb, vo, gb, go, beb, beo);
+    GLOBAL const real* nrm = AT(real, nb, no);
+    GLOBAL const int* slots = GDN_V2 && slotted ? AT(int, slb, slo) : 0;
+    const int st_real = GDN_V2 && state_real;
+    const i64 entry = (gdn_state_row(b, slots) * HV + vh) * K * V + j;
+    GLOBAL const uchar* st = st_real ? (GLOBAL const uchar*)(AT(real, sb, so) + entry)
+                                     : (GLOBAL const uchar*)(AT(store_t, sb, so) + entry);
+    for (i64 c = 0; c < chunks; ++c) {
+        GLOBAL real* s = AT(real, hb, ho) + ((b * chunks + c) * HV + vh) * K * V + j;
+        GLOBAL real* u = AT(real, ub, uo) + ((b * chunks + c) * HV + vh) * GDN_RC * V + j;
+        for (i64 i = 0; i < K; ++i)
+            s[i * V] = c ? s[i * V - HV * K * V] : carry ? load_any(st, i * V, st_real) : (real)0;
+        for (int r = 0; r < GDN_RC; ++r) {
+            const i64 t = c * GDN_RC + r, tok = b * S + t, head = tok * HV + vh, key = (tok * H + kh) * K;
+            if (t >= S) {
+                u[r * V] = (real)0;
+                continue;
+            }
+            const real rk = GDN_V2 && qk_norm ? nrm[2 * (tok * H + kh) + 1] : (real)1;
+            const real decay = per_channel ? (real)1 : exp(LOAD(io.g, head));
+            real a = (real)0;
+            for (i64 i = 0; i < K; ++i)
+                a += (per_channel ? exp(LOAD(io.g, head * K + i)) : decay) * s[i * V] * LOAD(io.k, key + i);
+            const real x = (LOAD(io.v, head * V + j) - rk * a) * LOAD(io.beta, head);
+            for (i64 i = 0; i < K; ++i)
+                s[i * V] = (per_channel ? exp(LOAD(io.g, head * K + i)) : decay) * s[i * V] + rk * LOAD(io.k, key + i) * x;
+            u[r * V] = x;
+        }
+    }
+}
+
+/* The log-decay of token t of row b, head vh (key channel i with per_channel) as the reserve's products take
+ * it: 0 past the sequence, and raised to the log of the compute type's smallest subnormal minus 1 (a -inf, a
+ * state reset, would meet another in a difference of cumulative sums: NaN; exp of either is 0). */
+INLINE_FN real gdn_reserve_log_decay(GLOBAL const store_t* gate, i64 b, i64 S, i64 t, i64 HV, i64 vh, i64 K, i64 i,
+                                     int per_channel)
+{
+    if (t >= S)
+        return (real)0;
+    const i64 head = (b * S + t) * HV + vh;
+    const real g = LOAD(gate, per_channel ? head * K + i : head), low = sizeof(real) == 4 ? (real)-104.2789 : (real)-745.1332;
+    return g < low ? low : g;
+}
+
+/* Row r of chunk c of (batch row b, value head vh): qk[r][s] = sum_i q_r[i] k_s[i] exp(cum_r[i] - cum_s[i])
+ * (s <= r) and kk[r][s] the same of k_r (s < r), zeros elsewhere and for tokens past the sequence. The
+ * decay from token s to r is the sum of the log-decays of tokens s+1 .. r, formed walking s down from r (per
+ * head one sum; per channel one per channel, the row's sums kept in the reserve itself: no private array).
+ * One work-item per (b, c, vh, r), r fastest. */
+KERNEL gdn_reserve_grams(i64 B, i64 S, i64 H, i64 HV, i64 K, int per_channel, int qk_norm, GLOBAL uchar* qb, i64 qo,
+                         GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* nb, i64 no,
+                         GLOBAL uchar* pb, i64 po, GLOBAL uchar* mb, i64 mo)
+{
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0);
+    if (item >= B * chunks * HV * GDN_RC)
+        return;
+    const i64 slot = item / GDN_RC, r = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
+    const i64 b = bc / chunks, c = bc - b * chunks, kh = vh / (HV / H), t0 = c * GDN_RC, tr = b * S + t0 + r;
+    GLOBAL const store_t* q = AT(store_t, qb, qo) + (tr * H + kh) * K;
+    GLOBAL const store_t* k = AT(store_t, kb, ko) + kh * K; /* token t's row at t * H * K */
+    GLOBAL const store_t* gate = AT(store_t, gb, go);
+    GLOBAL const real* nrm = AT(real, nb, no);
+    GLOBAL real* qk = AT(real, pb, po) + item * GDN_RC;
+    GLOBAL real* kk = AT(real, mb, mo) + item * GDN_RC;
+    const int live = t0 + r < S;
+    for (int s = 0; s < GDN_RC; ++s)
+        qk[s] = kk[s] = (real)0;
+    if (live && per_channel)
+        for (i64 i = 0; i < K; ++i) {
+            const real qi = LOAD(q, i), ki = LOAD(k, tr * H * K + i);
+            real diff = (real)0;
+            for (i64 s = r; s >= 0; --s) {
+                const real ks = LOAD(k, (tr - r + s) * H * K + i) * exp(diff);
+                qk[s] += qi * ks;
+                kk[s] += s < r ? ki * ks : (real)0;
+                diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, i, 1);
+            }
+        }
+    else if (live) {
+        real diff = (real)0;
+        for (i64 s = r; s >= 0; --s) {
+            real dq = (real)0, dk = (real)0;
+            for (i64 i = 0; i < K; ++i) {
+                const real ks = LOAD(k, (tr - r + s) * H * K + i);
+                dq += LOAD(q, i) * ks;
+                dk += LOAD(k, tr * H * K + i) * ks;
+            }
+            const real e = exp(diff);
+            qk[s] = dq * e;
+            kk[s] = s < r ? dk * e : (real)0;
+            diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
+        }
+    }
+    if (!(GDN_V2 && qk_norm && live))
+        return;
+    const real rq = nrm[2 * (tr * H + kh)], rk = nrm[2 * (tr * H + kh) + 1];
+    for (i64 s = 0; s <= r; ++s) {
+        const real rs = nrm[2 * ((tr - r + s) * H + kh) + 1];
+        qk[s] *= rq * rs;
+        kk[s] *= rk * rs;
+    }
+}
+
+/* Column s of the unit lower triangular inverse T = (I + diag(beta) kk)^-1 of chunk c of (b, vh), by forward
+ * substitution down the column: T[r][s] = -beta_r sum_{s <= m < r} kk[r][m] T[m][s] for r > s (beta 0 past
+ * the sequence), the column read back from the reserve as it is written. One work-item per (b, c, vh, s). */
+KERNEL gdn_reserve_inverse(i64 B, i64 S, i64 HV, GLOBAL uchar* beb, i64 beo, GLOBAL uchar* mb, i64 mo,
+                           GLOBAL uchar* tb, i64 to)
+{
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0);
+    if (item >= B * chunks * HV * GDN_RC)
+        return;
+    const i64 slot = item / GDN_RC, s = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
+    const i64 b = bc / chunks, t0 = (bc - b * chunks) * GDN_RC;
+    GLOBAL const real* kk = AT(real, mb, mo) + slot * GDN_RC * GDN_RC;
+    GLOBAL real* inv = AT(real, tb, to) + slot * GDN_RC * GDN_RC + s;
+    GLOBAL const store_t* beta = AT(store_t, beb, beo);
+    for (i64 r = 0; r < GDN_RC; ++r) {
+        real x = r == s ? (real)1 : (real)0;
+        if (r > s && t0 + r < S) {
+            real acc = (real)0;
+            for (i64 m = s; m < r; ++m)
+                acc += kk[r * GDN_RC + m] * inv[m * GDN_RC];
+            x = -LOAD(beta, (b * S + t0 + r) * HV + vh) * acc;
+        }
+        inv[r * GDN_RC] = x;
+    }
+}

@@ -3,13 +3,15 @@ columns, or for a decode step per GDN_DJ columns straight on the state; gpu targ
 indices spread across the lanes of a work-group (ssm.state_lanes) for decode and short sequences, from
 GDN_MIN_SEQ steps on the chunked WY form. Every target takes every field of §8: the ones that change
 what a kernel reads (varlen, state slots, q/k L2-norm, a state kept wider than the thunk) run in the
-program variant ``GDN_V2``, so the version-1 program keeps its plain loops."""
+program variant ``GDN_V2``, so the version-1 program keeps its plain loops. A forward given a saved forward
+(ABI.md §9.1's ``reserve``) runs three more kernels before its own launches, which stay as they are: the
+``gdn_reserve_*`` kernels fill the reserve in the host's layout (``abi.gdn.reserve_slots``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from host_fallback.abi import complete
-from host_fallback.abi.gdn import gdn_scale
+from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
@@ -24,6 +26,8 @@ GDN_DECAY_MAX = 1 << 24  # reals of per-channel decays one block of steps may ho
 #: uses any other to the host)
 V2_FIELDS = frozenset({"value_heads", "value_size", "scale", "qk_l2norm", "state_dtype", "cu_seqlens", "num_seqs",
                        "state_slots", "num_slots"})
+#: the saved forward's fields (ABI.md §9.1), which gated_delta_net and its backward take beside V2_FIELDS
+RESERVE_FIELDS = frozenset({"reserve", "reserve_bytes"})
 
 #: a state element type the kernels keep: the thunk's own, or its compute type (f32 for f16 / bf16)
 _COMPUTE = {"f32": "f32", "f16": "f32", "bf16": "f32", "f64": "f64"}
@@ -123,18 +127,26 @@ def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, 
 
 def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     sh = shape(t)
+    if t.get("reserve") is not None:
+        return _plan_saving(t, sh, lim, ssm_kernel)
     if lim.target == "gpu":
-        if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
-            return _plan_chunked(t, sh, lim)
-        return _plan_lanes(t, sh, lim)
+        return _plan_gpu(t, sh, lim, ssm_kernel)
     if sh.seq == 1:
         return _plan_step(t, sh, lim)
     return _plan_walk(t, sh, lim)
 
 
-def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
+def _plan_gpu(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
+    """The gpu target: the chunked form from GDN_MIN_SEQ steps (not at f64), else the lanes kernel."""
+    if takes_chunked(lim, sh.seq, "GDN_MIN_SEQ", ssm_kernel) and t["dtype"] != "f64":
+        return _plan_chunked(t, sh, lim)
+    return _plan_lanes(t, sh, lim)
+
+
+def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] | None = None) -> LaunchPlan:
     """One recurrent launch; with per-channel gates, per block of steps a parallel kernel first writes
-    exp(g) to scratch and the state waits there (per row, in the compute type) between blocks."""
+    exp(g) to scratch and the state waits there (per row, in the compute type) between blocks. ``saved``
+    (the reserve's states and u as arguments ``hb``, ``ub``): the walk records them too (``GDN_RESERVE``)."""
     b, s, hv, k, v, dt = sh.batch, sh.seq, sh.value_heads, sh.key_size, sh.value_size, t["dtype"]
     steps = max(1, min(s, GDN_DECAY_MAX // max(1, b * hv * k))) if sh.per_channel else max(1, s)
     blocks = max(1, -(-s // steps))
@@ -144,7 +156,7 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     items = -(-v // lim.tune("GDN_CJ"))
     local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * hv * k, 256), 1)
-    defines = V2_VARIANT if sh.v2 else ()
+    defines = (V2_VARIANT if sh.v2 else ()) + ((("GDN_RESERVE", 1),) if saved else ())
     launches = list(_norms(t, sh, lim, at["nrm"]))
     for block in range(blocks):
         t0 = block * steps
@@ -153,7 +165,8 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
             launches.append(kernel_launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
                                           dict(B=b, S=s, W=hv * k, t0=t0, T=tb, **_arena(t, "g"), eb=at["dec"]),
                                           target=lim.target))
-        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"))
+        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"),
+                    **(saved or dict(hb=(ARENA, 0), ub=(ARENA, 0))))
         launches.append(kernel_launch("gdn", "gated_delta_net", dt, grid((items, hv, sh.rows), local), local, args,
                                       target=lim.target, defines=defines))
     notes = (f"blocked T={steps}",) if sh.per_channel else ()
@@ -213,6 +226,41 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
+def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
+    """A forward writing the saved forward: the states leaving each chunk and each token's u recorded by the cpu
+    walk as it runs (a decode step too), at the gpu target walked before the forward by ``gdn_reserve_walk``
+    (the forward may replace the initial state); then ``gdn_reserve_grams`` (the decayed
+    products) and ``gdn_reserve_inverse``, with 1/|q|, 1/|k| of their own past the plan's scratch."""
+    at = {s.name: (ARENA, t["reserve"] + s.offset) for s in reserve_slots(complete(t))}
+    if lim.target == "cpu":
+        plan = _plan_walk(t, sh, lim, dict(hb=at["states"], ub=at["u"]))
+    else:
+        plan = _plan_gpu(t, sh, lim, ssm_kernel)
+    dt, b, hv = t["dtype"], sh.batch, sh.value_heads
+    nrm_at = ceil_to(plan.scratch_bytes, 256)
+    nrm = (SCRATCH, nrm_at) if sh.qk_norm else (ARENA, 0)
+    defines = V2_VARIANT if sh.v2 else ()
+
+    def launch(kernel: str, items: int, args: dict[str, object]) -> Launch:
+        local = (linear_local(items),)
+        return kernel_launch("gdn", kernel, dt, grid((items,), local), local, args, target=lim.target,
+                             defines=defines)
+    dims = dict(B=b, S=sh.seq, HV=hv)
+    rows = b * -(-sh.seq // RESERVE_CHUNK) * hv * RESERVE_CHUNK  # (row, chunk, value head, token of the chunk)
+    walk = launch("gdn_reserve_walk", b * hv * sh.value_size,
+                  dict(dims, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry, per_channel=sh.per_channel,
+                       state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm, hb=at["states"],
+                       ub=at["u"], **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots")))
+    grams = launch("gdn_reserve_grams", rows, dict(dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel,
+                                                  qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"], mb=at["kk"],
+                                                  **_arena(t, "q", "k", "g")))
+    inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
+    norms = _norms(t, sh, lim, nrm)
+    nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
+    saving = (walk,) if lim.target == "gpu" else ()
+    return LaunchPlan(norms + saving + (grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
+
+
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     t, most = complete(t), lim.tune("STATE_MAX")
     for field in ("state_size", "value_size"):
@@ -225,4 +273,4 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
     return None
 
 
-register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS, family="gdn")
+register("gated_delta_net", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="gdn")

@@ -5,11 +5,14 @@ GEMM-shaped, per (value head, chunk of GDN_Q steps): in ``chunk_prep`` the Gram 
 gates; with per-channel gates the portable kernel weighs each key channel by its own decay inside the sum, which
 is not a product of tiles, where the MMA variant splits the decay so that the tiles below the diagonal are) and
 T·(βK), T·(βV) (the triangular solve for T itself runs row by row); in the state pass W·S0 and the state update
-(K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U.
+(K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U. The saved forward's kernels (``gdn_reserve_*``) are step
+by step too: its decayed products a dot product per entry, its inverse by substitution.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
+
+from host_fallback.abi.gdn import RESERVE_CHUNK
 
 from .core import Launch
 from .cost import Cost, chunk_steps, declare, defined, group_count, real, stored, tuned
@@ -55,7 +58,47 @@ def recurrent(launch: Launch, args: Mapping[str, Any]) -> Cost:
         read += tokens * args["HV"] * args["K"] * real(launch)
     parked = real(launch) * args["R"] * args["HV"] * args["K"] * args["V"] if steps < args.get("S", steps) else 0
     state = _state(launch, args) + parked
-    return Cost(other=flops, read=read + state, written=_inputs(launch, args, tokens, "dst") + state)
+    recorded = _recorded(launch, args, tokens) if defined(launch, "GDN_RESERVE") else 0
+    return Cost(other=flops, read=read + state, written=_inputs(launch, args, tokens, "dst") + state + recorded)
+
+
+def _recorded(launch: Launch, args: Mapping[str, Any], tokens: int) -> float:
+    """Bytes of the saved forward's u and states that a walk over ``tokens`` tokens records (a state per chunk)."""
+    hv, k, v = args["HV"], args["K"], args["V"]
+    return hv * (tokens * v + -(-tokens // RESERVE_CHUNK) * k * v) * real(launch)
+
+
+@declare("gdn_reserve_walk")
+def reserve_walk(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """The step recurrence of every column, in place in the reserve's states (each chunk's column copied from the
+    one before, read and written twice a step from cache), recording u: the decay's exps taken per use."""
+    b, s, hv, k, v, pc = args["B"], args["S"], args["HV"], args["K"], args["V"], bool(args["per_channel"])
+    tokens = b * s
+    flops = tokens * hv * (v * (4 * k + 4 + (2 * k if pc else 1)))
+    read = _inputs(launch, {**args, "R": b, "varlen": 0}, tokens, "q", "k", "v", "g", "beta") + _state(
+        launch, {**args, "R": b})
+    return Cost(other=flops, read=read, written=_recorded(launch, args, tokens))
+
+
+@declare("gdn_reserve_grams")
+def reserve_grams(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (row, chunk, value head, token r): q_r·k_s and k_r·k_s for s <= r, K terms each (per channel each term
+    decayed by its own exp), 32 entries of each written."""
+    b, hv, k, pc = args["B"], args["HV"], args["K"], bool(args["per_channel"])
+    chunks = -(-args["S"] // RESERVE_CHUNK)
+    pairs = b * chunks * hv * RESERVE_CHUNK * (RESERVE_CHUNK + 1) // 2
+    flops = pairs * (4 * k + (4 * k if pc else 4))
+    read = pairs * k * stored(launch) * (3 if pc else 2)
+    return Cost(other=flops, read=read, written=2 * b * chunks * hv * RESERVE_CHUNK ** 2 * real(launch))
+
+
+@declare("gdn_reserve_inverse")
+def reserve_inverse(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (row, chunk, value head, column s): forward substitution down the column, sum_{s <= m < r} per row r."""
+    slots = args["B"] * -(-args["S"] // RESERVE_CHUNK) * args["HV"]
+    terms = slots * sum(r - s for s in range(RESERVE_CHUNK) for r in range(s, RESERVE_CHUNK))
+    return Cost(other=2 * terms + slots * RESERVE_CHUNK ** 2, read=2 * terms * real(launch),
+                written=slots * RESERVE_CHUNK ** 2 * real(launch))
 
 
 @declare("gdn_decay")

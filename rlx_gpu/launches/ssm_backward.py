@@ -7,12 +7,14 @@ and kernels/gdn_backward.cl: a work-item per (row, group or key head, block of i
 sum the partials the items wrote, in a fixed order: ``ssm_backward_reduce`` d_b and d_c over the
 blocks, d_a, d_d and the delta bias's gradient over the rows; ``gdn_backward_qk`` d_q and d_k over the
 blocks. The version-2 fields are compile-time variants (for selective_scan and mamba2 the forward's,
-``ssm.field_defines``).
+``ssm.field_defines``). gated_delta_net_backward given a saved forward (ABI.md §9.1) reads its states: at the
+cpu target ``gdn_backward_saved`` (GDN_CJ state columns per work-item, the chunks' steps rebuilt from the
+reserve), at the gpu target the walk above with its checkpoints copied from the reserve.
 """
 from __future__ import annotations
 
 from host_fallback.abi import complete, forward_op
-from host_fallback.abi.gdn import gdn_scale
+from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
 from . import gdn, mamba2_backward, ssm
 from .arguments import kernel_launch
@@ -24,6 +26,8 @@ from .ssm import FIELDS_TEXT, RESERVE_FIELDS, TENSOR_PARAMS, dt_limits, field_de
 #: the §8/§9 fields the backward kernels implement: their forwards' (each op has only its own), and the
 #: optional inputs' gradients
 V2_FIELDS = ssm.V2_FIELDS | gdn.V2_FIELDS | {"d_delta_bias", "d_dt_bias", "d_d", "d_z", "d_state"}
+#: gated_delta_net_backward's: V2_FIELDS and the saved forward it reads (ABI.md §9.1)
+GDN_V2_FIELDS = V2_FIELDS | gdn.RESERVE_FIELDS
 
 #: per op: (the delta field, the width of a token's delta: channels or heads, and its kernel parameter)
 _DELTA = {"selective_scan": ("delta", "hidden", "H"), "mamba2": ("dt", "heads", "HD")}
@@ -111,10 +115,21 @@ _GDN_TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab
                       "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
 
 
+def _gdn_saved(t: Thunk, q: int) -> dict[str, object]:
+    """The walk's saved-forward arguments: its checkpoints read from the reserve's states when it holds those of
+    chunks of ``q`` steps (``abi.gdn.RESERVE_CHUNK``), else walked (``saved`` 0)."""
+    if t.get("reserve") is None or q != RESERVE_CHUNK:
+        return dict(saved=False, rsb=(ARENA, 0))
+    states = next(s for s in reserve_slots(t) if s.name == "states")
+    return dict(saved=True, rsb=(ARENA, t["reserve"] + states.offset))
+
+
 def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
     t = complete(t)
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
     tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")
+    if lim.target == "cpu" and _gdn_saved(t, q)["saved"]:
+        return _plan_gdn_saved(t, lim)
     blocks, per = _blocks(hv // h, lim)
     items = r * h * blocks
     gk = k if t["gate_per_channel"] else 1
@@ -129,7 +144,7 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                      **tensors("q", "k", "v", "g", "beta", "state", "cu_seqlens", "state_slots", "d_dst", "d_v", "d_g",
                                "d_beta", "d_state"),
                      scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"],
-                     dbso=offsets["dbeta"], dgso=offsets["dg"])
+                     dbso=offsets["dbeta"], dgso=offsets["dg"], **_gdn_saved(t, q))
     local = (linear_local(items),)
     walk = kernel_launch("gdn_backward", "gated_delta_net_backward", dt, grid((items,), local), local, walk_args,
                          target=lim.target, defines=defines)
@@ -139,6 +154,43 @@ def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
                        dict(E=e, K=k, blocks=blocks, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, offsets["dq"]),
                             dkso=offsets["dk"]), target=lim.target, defines=defines)
     return LaunchPlan((walk, qk), total, (f"checkpoints every {q} steps, {blocks} blocks",))
+
+
+#: kernels/gdn_backward.cl's GDNB_W: gdn_backward_saved pads its key rows to a multiple of it
+GDNB_W = 8
+
+
+def _plan_gdn_saved(t: Thunk, lim: DeviceLimits) -> LaunchPlan:
+    """The cpu target with a saved forward: ``gdn_backward_saved`` over (row, value head, GDN_CJ state columns),
+    the chunks' states rebuilt from the reserve's, then the sums of its partials in order (``gdn_backward_qk``,
+    ``gdn_backward_sums``)."""
+    b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
+        t["dtype"]
+    tokens, q, cj = b * s, lim.tune("SSMB_Q"), lim.tune("GDN_CJ")
+    nb, gk, kp = -(-v // cj), k if t["gate_per_channel"] else 1, -(-k // GDNB_W) * GDNB_W
+    items, blocks = b * hv * nb, hv // h * nb
+    offsets, total = _layout(dt, {"workspaces": items * (q + 1) * kp * cj, "dq": blocks * tokens * h * k,
+                                  "dk": blocks * tokens * h * k, "dbeta": nb * tokens * hv,
+                                  "dg": nb * tokens * hv * gk})
+    slots = {slot.name: (ARENA, t["reserve"] + slot.offset) for slot in reserve_slots(t)}
+
+    def tensors(*names: str) -> dict[str, tuple]:
+        return {_GDN_TENSOR_PARAMS[f]: (ARENA, t.get(f) or 0) for f in names}  # state, d_state: with carry_state
+
+    def launch(kernel: str, count: int, args: dict[str, object], cap: int = 64) -> Launch:
+        local = (linear_local(count, cap),)
+        return kernel_launch("gdn_backward", kernel, dt, grid((count,), local), local, args, target=lim.target,
+                             defines=_gdn_defines(t))
+    walk = launch("gdn_backward_saved", items, dict(
+        B=b, S=s, H=h, HV=hv, K=k, KP=kp, V=v, NB=nb, scale=gdn_scale(t), rsb=slots["states"], rub=slots["u"],
+        **tensors("q", "k", "v", "g", "beta", "state", "state_slots", "d_dst", "d_v", "d_state"),
+        scb=(SCRATCH, offsets["workspaces"]), dqo=offsets["dq"], dko=offsets["dk"], dbso=offsets["dbeta"],
+        dgso=offsets["dg"]), cap=8)  # small work-groups: PoCL keeps each item's private gs beside the others'
+    qk = launch("gdn_backward_qk", tokens * h, dict(E=tokens * h, K=k, blocks=blocks, **tensors("q", "k", "d_q", "d_k"),
+                                                   scb=(SCRATCH, offsets["dq"]), dkso=offsets["dk"]))
+    sums = [launch("gdn_backward_sums", m, dict(M=m, NB=nb, pb=(SCRATCH, offsets[part]), ob=(ARENA, t[field])))
+            for field, part, m in (("d_beta", "dbeta", tokens * hv), ("d_g", "dg", tokens * hv * gk))]
+    return LaunchPlan((walk, qk, *sums), total, (f"saved forward, {nb} column blocks",))
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
@@ -152,5 +204,5 @@ register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS | RE
 # (mamba2's step walk is in the ssm_backward program too; its chunked form's program is its own)
 register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS,
          family=mamba2_backward.FAMILY, shared_texts=mamba2_backward.SHARED_TEXTS)
-register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=V2_FIELDS, family="gdn_backward",
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=GDN_V2_FIELDS, family="gdn_backward",
          shared_texts=FIELDS_TEXT)

@@ -55,11 +55,12 @@ def reduce(launch: Launch, args: Mapping[str, Any]) -> Cost:
 
 @declare("gated_delta_net_backward")
 def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (token, value head, state column of K): the step twice (checkpoint pass, recompute), the reverse step
-    (k·(e s0) again, d_q, d_u, d_k, the carried gradient, d_g: 23K + 8), the decays taken per use."""
+    """Per (token, value head, state column of K): the step twice (checkpoint pass, recompute; once with the
+    checkpoints read from a saved forward), the reverse step (k·(e s0) again, d_q, d_u, d_k, the carried gradient,
+    d_g: 23K + 8), the decays taken per use."""
     t, h, hv, k, v = args["T"], args["H"], args["HV"], args["K"], args["V"]
     per_channel = bool(defined(launch, "GDNB_GATE_K"))
-    twice = 2 * (6 * k + 2)  # the step of one column: k·(e s0), u, s2 = e s0 + k u
+    twice = (1 if args["saved"] else 2) * (6 * k + 2)  # the step of one column: k·(e s0), u, s2 = e s0 + k u
     exps = 6 * k if per_channel else 4
     other = t * hv * v * (twice + 23 * k + 8 + exps)
     es, rs, blocks = stored(launch), real(launch), args["blocks"]
@@ -67,7 +68,33 @@ def gdn_columns(launch: Launch, args: Mapping[str, Any]) -> Cost:
     read = t * (2 * h * k + 2 * hv * v + hv * (gk + 1)) * es  # q, k, v, d_dst, g, beta
     written = t * hv * v * es + (2 * blocks * t * h * k + t * hv * (1 + gk)) * rs  # d_v, partials, sums
     scratch = _workspace(launch, args, args["R"] * h * blocks, k)
-    return Cost(other=other, read=read + scratch, written=written + scratch)
+    saved = -(-args["S"] // tuned(launch, "SSMB_Q")) * args["R"] * hv * k * v * rs if args["saved"] else 0
+    return Cost(other=other, read=read + scratch + saved, written=written + scratch)
+
+
+@declare("gdn_backward_saved")
+def gdn_saved(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (token, value head, state column of KP): the state rebuilt from the reserve's u (d s + k u: 3), the
+    reverse step (gs, d_q, d_u, k·(d s0), d_k, d_g, the carried gradient: 17); per token and item the key rows
+    (normalised, decays taken per use); the workspace of the chunk's states written once and read twice."""
+    b, t, h, hv, kp, v = args["B"], args["B"] * args["S"], args["H"], args["HV"], args["KP"], args["V"]
+    k, nb, per_channel = args["K"], args["NB"], bool(defined(launch, "GDNB_GATE_K"))
+    es, rs = stored(launch), real(launch)
+    rows = 2 * (2 * kp + (4 if per_channel else 0) * kp) + 2 * k * defined(launch, "GDNB_NORM")
+    other = t * hv * (v * 20 * kp + nb * rows)
+    gk = k if per_channel else 1
+    read = t * hv * nb * (2 * h // hv * k + gk + 1) * es * 2 + t * hv * 2 * v * es  # q, k, g, beta per item; v, d_dst
+    saved = (t * hv * v + -(-args["S"] // tuned(launch, "SSMB_Q")) * b * hv * k * v) * rs  # u, states
+    workspace = t * hv * v * kp * rs
+    written = t * hv * v * es + (2 * nb * t * hv * k + nb * t * hv * (1 + gk)) * rs  # d_v, partials
+    return Cost(other=other, read=read + saved + 2 * workspace, written=written + workspace)
+
+
+@declare("gdn_backward_sums")
+def gdn_sums(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """out[m] = the sum of NB partials of each of M outputs."""
+    m, nb = args["M"], args["NB"]
+    return Cost(other=m * nb, read=m * nb * real(launch), written=m * stored(launch))
 
 
 @declare("gdn_backward_qk")
