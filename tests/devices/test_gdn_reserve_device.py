@@ -82,11 +82,11 @@ def test_the_device_backward_reads_the_reserve_and_reruns_give_the_same_bytes(cp
     first, second = run_forward(cpu_session, forward, arena), run_forward(cpu_session, forward, arena)
     assert np.array_equal(first, second)
     saved = with_reserve(thunk, arena, first)
-    gradients = run(cpu_session, thunk, saved)
-    assert np.array_equal(gradients, run(cpu_session, thunk, saved))
+    after = run(cpu_session, thunk, saved)
+    assert np.array_equal(after, run(cpu_session, thunk, saved))
     zeroed = with_reserve(thunk, arena, np.zeros_like(first))
     assert not np.allclose(gradients(thunk, run(cpu_session, thunk, zeroed))["d_q"],
-                           gradients(thunk, gradients)["d_q"]), "the device backward ignored its reserve"
+                           gradients(thunk, after)["d_q"]), "the device backward ignored its reserve"
 
 
 @needs_opencl_cpu

@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("rlx_gpu.backends.opencl")
 from host_fallback.abi import complete  # noqa: E402
 from host_fallback.arena import STORAGE  # noqa: E402
-from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.cases import schedule_of  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
