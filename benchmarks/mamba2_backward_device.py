@@ -23,7 +23,7 @@ SHAPE = dict(batch=2, seq=1024, heads=8, head_dim=64, state_size=64)
 
 
 def main() -> None:
-    parser = with_device_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser = with_device_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--seq", type=int, default=SHAPE["seq"])
     args = parser.parse_args()
     _, session = open_opencl(args.device)
