@@ -23,8 +23,8 @@ A backward thunk runs in two walks, every launch built as its forward's program 
 Every reduction runs in a fixed order on one work-item (no atomics), so a thunk gives the same bytes on every
 run. The forward's per-step products are body.cl's gemm at the cpu target (its register blocks) and
 rnnb_step_product at the gpu target: the recurrent products run at gemm speed instead of one matrix-vector
-product per row. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's forward stays
-until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 4) * hidden`` reals).
+product per row. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's
+forward stays until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 4) * hidden`` reals).
 """
 from __future__ import annotations
 
@@ -291,8 +291,8 @@ def _reverse_steps(c: _Backward, cell: dict[str, Any], proj: dict[str, Any], whh
     """The layer's reverse walk a step at a time: per step lstm's projection, the cells (per phase), and dh = dzc
     W_hh of every row."""
     k, h, b = c.k, c.h, c.b
-    projection = c.ahead("rnnb_backward_proj", dict(P=k, **{n: cell[n] for n in ("yb", "dy_real", "dy_rs", "dhb",
-                                                                                   "drb", "lb")}, **proj)) if c.proj else None
+    shared = {n: cell[n] for n in ("yb", "dy_real", "dy_rs", "dhb", "drb", "lb")}
+    projection = c.ahead("rnnb_backward_proj", dict(P=k, **shared, **proj)) if c.proj else None
     cells = c.ahead("rnnb_backward_cell", cell)
     dh = _step_product(c, k, 2 * h if c.lbr0 else c.gh, (*c.scr("dzc"), b * c.gh, c.gh), (*whh, False, c.gh * k, k),
                        (*c.scr("dh"), b * k, k))  # dh = dzc W_hh, every row

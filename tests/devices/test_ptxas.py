@@ -168,7 +168,8 @@ def _field_thunks():
     backward ops (at f32: their gpu programs are the budget test's, and f64's signatures differ only in the
     compute type's width)."""
     return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")] + [
-        (op, params, {"rnn_kernel": kernel}) for op, params in RNN_BACKWARD_FIELDS.values() for kernel in ("auto", "step")]
+        (op, params, {"rnn_kernel": kernel}) for op, params in RNN_BACKWARD_FIELDS.values()
+        for kernel in ("auto", "step")]
 
 
 def _reserve_thunks():
