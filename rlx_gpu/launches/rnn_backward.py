@@ -8,16 +8,23 @@ A backward thunk runs in two walks, every launch built as its forward's program 
    each for gru without ``linear_before_reset``, and lstm's projection after) that keeps, per step, the gate
    pre-activations, the state entering the step and what the gradients read besides (lstm's cells and
    ``o * h(c)``, gru's ``W_hn h + b_hn`` or ``r * h``), and the layer's output for the layer above.
-2. Reverse, top down: per layer, per step from the end, the pre-activations' gradients (``rnnb_backward_cell``)
-   and the gradient of the entering state as one gemm of every row (``dzc W_hh``);
+2. Reverse, top down: per layer the reverse walk from the end, as one launch (``rnnb_reverse_walk``) over every
+   step: a work-group per block of RNNB_ROWS batch rows and direction (rows share nothing within a step, so no
+   group waits for another) runs each step's lstm projection in reverse, pre-activations' gradients (per
+   phase: gru without ``linear_before_reset`` takes two) and the gradient of the entering state, dh = dzc W_hh
+   of its rows, each weight read once for the block (gpu target: dzc staged in LOCAL tiles; cpu target: one
+   item, register blocks). Every field and dtype takes the walk; ``rnn_kernel="step"`` (or a batch past the
+   grid) walks a launch per step instead: the cells (``rnnb_backward_cell``, the same cell function), then one
+   product of every row, ``dzc W_hh``;
    then every other gradient as a sum over the whole sequence: ``d_w_ih``, the layer input's gradient (the
    layer below's output gradient, or ``d_x``), ``d_w_hh`` and ``d_w_hr`` as gemms with the ``batch*seq``
    rows as the reduction, the bias and peephole sums as ``rnnb_colsum``.
 
 Every reduction runs in a fixed order on one work-item (no atomics), so a thunk gives the same bytes on every
-run. The per-step gemms are body.cl's, at the target's shape (the cpu target's register blocks, the gpu target's
-LOCAL tiles): the recurrent products run at gemm speed instead of one matrix-vector product per row. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's forward stays
-until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 4) * hidden`` reals).
+run. The forward's per-step products are body.cl's gemm at the cpu target (its register blocks) and
+rnnb_step_product at the gpu target: the recurrent products run at gemm speed instead of one matrix-vector
+product per row. Everything kept lives in scratch in the compute type (f32 for 16-bit thunks): every layer's
+forward stays until its reverse walk reads it (about ``layers * dirs * batch * seq * (gates + 4) * hidden`` reals).
 """
 from __future__ import annotations
 
@@ -29,7 +36,7 @@ from host_fallback.abi.rnn import layer_input_sizes, output_width
 from .arguments import Partial, bind_some, kernel_launch
 from .body import gemm, transpose_real
 from .core import ARENA, SCRATCH, Buf, Launch, LaunchPlan, Thunk, ceil_to, linear_local, real_size, strided_grid
-from .limits import DeviceLimits
+from .limits import DeviceLimits, add_tuning
 from .registry import register
 from .rnn import CELL_TEXT, GATES, V2_FIELDS as FORWARD_FIELDS, cell_args, variant
 from .rnn_reserve import add_reorder, saved_args, saved_forward
@@ -41,6 +48,17 @@ V2_FIELDS = FORWARD_FIELDS | {"d_peepholes", "d_w_hr", "d_h0", "d_c0"}
 
 FAMILY = "rnn_backward"
 _NONE = (ARENA, 0)  # a tensor argument a variant does not read
+
+add_tuning(
+    FAMILY,
+    # the persistent reverse walk (rnnb_reverse_walk): RNNB_ROWS batch rows per work-group, each weight read once
+    # for them (at B32 bidirectional 8 groups: both of PoCL's cores busy; measured on PoCL, B32 H256: 8 rows 1.4x
+    # faster than 4 at the gpu target, 16 no faster); gpu, RNNB_LANES items staging dzc RNNB_TQ terms at a time in
+    # LOCAL memory; cpu, one item whose sums are register blocks of RNNB_ROWS rows x RNNB_JB columns (8 AVX-512
+    # vectors in f32; 1.1-1.4x faster than 8 x 8 or 4 x 16)
+    gpu={"RNNB_ROWS": 8, "RNNB_LANES": 256, "RNNB_TQ": 256},
+    cpu={"RNNB_ROWS": 8, "RNNB_JB": 16},
+)
 
 
 def _scratch(t: Thunk, rs: int) -> tuple[dict[str, int], int, int]:
@@ -122,20 +140,29 @@ class _Backward:
         return range(2 if self.lbr0 else 1)
 
 
-def _plan(thunk: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+def walk_fits(t: Thunk, lim: DeviceLimits) -> bool:
+    """Whether the persistent reverse walk can run ``t``: its blocks of rows within the grid, its work-group
+    within the device's."""
+    blocks = -(-t["batch"] // lim.tune("RNNB_ROWS"))
+    return blocks <= lim.max_grid[1] and (lim.target == "cpu" or lim.tune("RNNB_LANES") <= lim.max_work_group)
+
+
+def _plan(thunk: Thunk, lim: DeviceLimits, rnn_kernel: str = "auto", **_: object) -> LaunchPlan:
     c = _Backward(complete(thunk), lim)
+    persistent = rnn_kernel != "step" and walk_fits(c.t, lim)
     if c.t["seq_lens"] is not None:
         c.add("rnnb_zero", 256, dict(n=(c.scratch_bytes - c.zero_from) // c.rs, zb=(SCRATCH, c.zero_from)), per_row=False)
     for l in range(c.layers):  # forward, bottom up (with a saved forward: its operands of the sums, batch-major)
         (_saved_operands if c.saved else _forward_layer)(c, l)
     for l in reversed(range(c.layers)):  # reverse, top down
-        _reverse_layer(c, l)
+        _reverse_layer(c, l, persistent)
         _weight_gradients(c, l)
         _sums(c, l)
         if c.proj:
             _projection_gradient(c, l)
     kind = "saved forward read" if c.saved else "per-step forward recompute"
-    return LaunchPlan(tuple(c.launches), c.scratch_bytes, (f"{kind}, then per-step reverse",))
+    reverse = "one persistent reverse launch per layer" if persistent else "per-step reverse"
+    return LaunchPlan(tuple(c.launches), c.scratch_bytes, (f"{kind}, then {reverse}",))
 
 
 def _saved_operands(c: _Backward, l: int) -> None:
@@ -221,9 +248,10 @@ def _recurrent_gemms(c: _Backward, l: int) -> list[Launch]:
                           (*c.scr("rec", col * rs), b * gh, gh), bias(col)) for col, cols, v, width in blocks]
 
 
-def _reverse_layer(c: _Backward, l: int) -> None:
-    """Layer ``l``'s reverse walk, a step at a time from the end: lstm's projection, the pre-activations'
-    gradients (per phase), the entering state's gradient; the states' gradients in and out around it."""
+def _reverse_layer(c: _Backward, l: int, persistent: bool) -> None:
+    """Layer ``l``'s reverse walk from the end: per step lstm's projection, the pre-activations' gradients (per
+    phase), the entering state's gradient (dh = dzc W_hh); as one persistent launch (rnnb_reverse_walk) or a
+    launch of each per step; the states' gradients in and out around it."""
     ld, k, h, b, gh = l * c.dirs, c.k, c.h, c.b, c.gh
     dy = (dict(yb=c.arena("d_dst"), dy_real=False) if l == c.layers - 1 else dict(yb=c.scr("dy"), dy_real=True))
     dy["dy_rs"] = c.dirs * k
@@ -235,24 +263,45 @@ def _reverse_layer(c: _Backward, l: int) -> None:
     c.add("rnnb_backward_init", max(nh, nc), dict(nh=nh, nc=nc, nd=nd, carry=c.carry, **states, **grads,
                                                   dsb=c.scr("direct")), per_row=False)
     whh = c.arena("w_hh", ld * gh * k)
-    dzh = c.scr("dzh") if c.gru else c.scr("dz")
     kept = dict(ub=c.scr(f"u{l}"), hpb=c.scr(f"hp{l}"), cpb=c.scr(f"cp{l}"), cnb=c.scr(f"cn{l}"), hnb=c.scr(f"hn{l}"))
-    proj = c.ahead("rnnb_backward_proj", dict(P=k, **dy, dhb=c.scr("dh"), wrb=c.arena("w_hr", ld * k * h),
-                                              dib=c.scr("dhin"), drb=c.scr("draw"), lb=c.lens)) if c.proj else None
-    cell = c.ahead("rnnb_backward_cell", dict(K=k, **dy, **grads, drb=c.scr("draw"), dsb=c.scr("direct"), **kept,
-                                              whb=whh, dzb=c.scr("dz"), dhzb=dzh, dz_rs=c.dirs * gh, dzcb=c.scr("dzc"),
-                                              **saved_args(c.saved, ld), **cell_args(c.fwd, c.peep(l))))
-    dh = _step_product(c, k, 2 * h if c.lbr0 else gh, (*c.scr("dzc"), b * gh, gh), (*whh, False, gh * k, k),
-                       (*c.scr("dh"), b * k, k))  # dh = dzc W_hh, every row
-    for step in range(c.s):
-        if proj is not None:
-            c.add("rnnb_backward_proj", max(h, k), dict(t=step), shared=proj)
-        for phase in c.phases():
-            c.add("rnnb_backward_cell", h, dict(t=step, phase=phase), shared=cell)
-        c.launches.append(dh)
+    cell = dict(K=k, **dy, **grads, drb=c.scr("draw"), dsb=c.scr("direct"), **kept, whb=whh, dzb=c.scr("dz"),
+                dhzb=c.scr("dzh") if c.gru else c.scr("dz"), dz_rs=c.dirs * gh, dzcb=c.scr("dzc"),
+                **saved_args(c.saved, ld), **cell_args(c.fwd, c.peep(l)))
+    proj = dict(wrb=c.arena("w_hr", ld * k * h), dib=c.scr("dhin")) if c.proj else dict(wrb=_NONE, dib=_NONE)
+    if persistent:
+        _reverse_walk(c, dict(cell, **proj))
+    else:
+        _reverse_steps(c, cell, proj, whh)
     if c.carry:
         c.add("rnnb_backward_out", max(nh, nc), dict(nh=nh, nc=nc, nd=nd, B=b, S=c.s, K=k, **grads, dsb=c.scr("direct"),
                                                      **states, lb=c.lens), per_row=False)
+
+
+def _reverse_walk(c: _Backward, args: dict[str, Any]) -> None:
+    """The layer's reverse walk as one launch: a work-group per block of RNNB_ROWS batch rows and direction (at
+    the gpu target RNNB_LANES items, at the cpu target one)."""
+    local = (c.lim.tune("RNNB_LANES") if c.lim.target == "gpu" else 1, 1, 1)
+    size = (local[0], -(-c.b // c.lim.tune("RNNB_ROWS")), c.dirs)
+    args = dict(args, B=c.b, S=c.s, H=c.h, reverse=c.fwd["reverse"])
+    c.launches.append(kernel_launch(FAMILY, "rnnb_reverse_walk", c.t["dtype"], size, local, args,
+                                    target=c.lim.target, defines=c.defines))
+
+
+def _reverse_steps(c: _Backward, cell: dict[str, Any], proj: dict[str, Any], whh: tuple[Buf, int]) -> None:
+    """The layer's reverse walk a step at a time: per step lstm's projection, the cells (per phase), and dh = dzc
+    W_hh of every row."""
+    k, h, b = c.k, c.h, c.b
+    shared = {n: cell[n] for n in ("yb", "dy_real", "dy_rs", "dhb", "drb", "lb")}
+    projection = c.ahead("rnnb_backward_proj", dict(P=k, **shared, **proj)) if c.proj else None
+    cells = c.ahead("rnnb_backward_cell", cell)
+    dh = _step_product(c, k, 2 * h if c.lbr0 else c.gh, (*c.scr("dzc"), b * c.gh, c.gh), (*whh, False, c.gh * k, k),
+                       (*c.scr("dh"), b * k, k))  # dh = dzc W_hh, every row
+    for step in range(c.s):
+        if projection is not None:
+            c.add("rnnb_backward_proj", max(h, k), dict(t=step), shared=projection)
+        for phase in c.phases():
+            c.add("rnnb_backward_cell", h, dict(t=step, phase=phase), shared=cells)
+        c.launches.append(dh)
 
 
 def _weight_gradients(c: _Backward, l: int) -> None:

@@ -126,6 +126,22 @@ def backward_cells(launch: Launch, args: Mapping[str, Any]) -> Cost:
     return Cost(other=b * dirs * h * CELL_FLOPS[gates] * share * times, read=values, written=values)
 
 
+@declare("rnnb_reverse_walk")
+def reverse_walk(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """A layer's whole reverse walk, every (batch row, direction) and step: the cells' gradients (lstm's projection
+    in reverse and gru's W_hn^T dz_n per unit besides), and dh = dzc·W_hh, GEMM-shaped (a work-group's rows share
+    each weight read). W_hh counted once per step and direction, as rnn_step's: the work-groups read it at the
+    same steps, through the cache."""
+    b, s, h, k, dirs = args["B"], args["S"], args["H"], args["K"], launch.global_size[2]
+    gates, lbr0, proj = defined(launch, "RNN_GATES"), defined(launch, "RNN_LBR0"), defined(launch, "RNN_PROJ")
+    terms, rows, rs = (2 if lbr0 else gates) * h, b * s * dirs, real(launch)
+    per_row = 2 * h * CELL_FLOPS[gates] + (2 * h * h if lbr0 else 0) + (2 * h * k if proj else 0)
+    weights = dirs * (s * terms * k + (h * h if lbr0 else h * k if proj else 0)) * stored(launch)
+    kept = rows * ((gates + 2) * h + k) * rs
+    return Cost(gemm=2 * rows * terms * k, other=rows * per_row, read=weights + kept,
+                written=rows * (gates * h * (2 if gates == 3 else 1) + (k if proj else 0)) * rs)
+
+
 @declare("rnnb_forward_proj", "rnnb_backward_proj")
 def backward_projection(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """lstm's projection of one step, or its gradient (d of the projected h back through W_hr): B·dirs x H·P."""

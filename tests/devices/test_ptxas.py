@@ -147,6 +147,7 @@ def _thunks():
         if op in launches.PLANNERS:
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
+    out += [("lstm_backward", None, {"rnn_kernel": "step"})]  # the per-step reverse walk (rnnb_backward_cell)
     out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
@@ -167,7 +168,8 @@ def _field_thunks():
     backward ops (at f32: their gpu programs are the budget test's, and f64's signatures differ only in the
     compute type's width)."""
     return [(op, params, {"rnn_kernel": kernel}) for op, params in RNN_FIELDS.items() for kernel in ("persistent", "step")] + [
-        (op, params, {}) for op, params in RNN_BACKWARD_FIELDS.values()]
+        (op, params, {"rnn_kernel": kernel}) for op, params in RNN_BACKWARD_FIELDS.values()
+        for kernel in ("auto", "step")]
 
 
 def _reserve_thunks():
@@ -233,7 +235,7 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
     state_space |= {"selective_scan_backward", "mamba2_backward", "ssm_backward_reduce", "gated_delta_net_backward",
                     "gdn_backward_qk"} | ({"mamba2_reserve_scores"} if dtype == "f32" else set())
     recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out", "rnnb_forward_init", "rnnb_forward_step",
-                 "rnnb_backward_init", "rnnb_backward_out", "rnnb_backward_cell", "rnnb_colsum"}
+                 "rnnb_backward_init", "rnnb_backward_out", "rnnb_backward_cell", "rnnb_reverse_walk", "rnnb_colsum"}
     if dtype == "f32":
         recurrent |= {"rnn_proj", "rnn_order", "rnn_pad", "rnnb_zero", "rnnb_forward_proj", "rnnb_backward_proj"}
     if lim.target == "gpu":  # the backward's per-step recurrent product (the cpu target's is the gemm)
