@@ -13,11 +13,13 @@
  *   dL_i = gy_i . y_i - u_i . du_i (plus <D, S_leaving> at the chunk's last step), dl_j = sum_{i>=j} dL_i,
  * and the gradient of the state entering chunk k is exp(L_last) D + sum_i exp(L_i) gy_i (x) c_i.
  * Launches (launches/mamba2_backward.py): the forward's own mamba2_chunk_state (each chunk's state from zero
- * and its decay), then
+ * and its decay; not with SSM_RESERVE), then
  *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i (mamba2_chunk_state's
- *                           product, its MMA variant with RLX_MMA);
- *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
- *                           the gradients of those leaving each (backward), d_state;
+ *                           product, its MMA variant with RLX_MMA); with SSM_RESERVE each chunk's decay too;
+ *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward; with
+ *                           SSM_RESERVE read from the saved forward, ABI.md §9.1, whose chunks are these: the
+ *                           plan defines it only when M2_Q is the reserve's chunk length) and the gradients of
+ *                           those leaving each (backward), d_state;
  *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients.
  * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
  * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
@@ -42,11 +44,13 @@ INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* grow, LOCAL_PTR real* fade, LO
 /* One work-group of M2_LANES lanes per (chunk slot, M2_PT rows of P), as mamba2_chunk_state's: gy of the chunk's
  * tokens and rows ([T][HD][P] in scratch), and the chunk's share of the gradient of the state entering it,
  * sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot), through mamba2_chunk_state's product (its MMA variant with
- * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. */
+ * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. With SSM_RESERVE (no mamba2_chunk_state launched)
+ * also the chunk's decay exp(L_last) into eb, as mamba2_chunk_state writes it. */
 KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                               GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* cb, i64 co,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
-                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, real lo, real hi)
+                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* eb, i64 eo,
+                              real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q];
     M2_LOCAL m2_op_t gw[M2_Q * M2_PT];
@@ -68,6 +72,8 @@ KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         }
         gw[e] = M2_OP(w);
     }
+    if (SSM_RESERVE && p0 == 0 && lane == 0 && steps > 0)
+        AT(real, eb, eo)[tile.slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
     GLOBAL real* own = AT(real, ddb, ddo) + tile.slot * P * N;
     GLOBAL const store_t* c = AT(store_t, cb, co);
@@ -81,13 +87,14 @@ KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 }
 
 /* One work-item per state element of one (row, head): in chunk order, each chunk's own state (from
- * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb; then in
+ * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb (with
+ * SSM_RESERVE the states leaving each chunk are the saved forward's, at rsb, chunks of RQ = M2_Q); then in
  * reverse each chunk's own share (in ddb) becomes the gradient of the state leaving it, from d_state's entry
  * (SSM_CARRY; else zero), which is rewritten as the initial state's gradient. */
 KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
                             GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* dstb, i64 dsto,
                             GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* ddb, i64 ddo,
-                            GLOBAL uchar* fb, i64 fo)
+                            GLOBAL uchar* fb, i64 fo, GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 e = GID(0), pn = P * N;
     if (e >= R * HD * pn)
@@ -98,11 +105,12 @@ KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
     GLOBAL real* dd = AT(real, ddb, ddo) + k0 * pn + el;
     GLOBAL const real* dec = AT(real, eb, eo) + k0;
     const i64 entry = (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD, hh, pn); /* read only with SSM_RESERVE */
     real s = SSM_CARRY ? SLOAD(AT(state_t, stb, sto), entry) : (real)0;
     for (i64 k = 0; k < chunks; ++k) {
-        const real own = st[k * pn];
+        const real leaving = SSM_RESERVE ? sv.at[k * sv.stride + el] : dec[k] * s + st[k * pn];
         st[k * pn] = s;
-        s = dec[k] * s + own;
+        s = leaving;
     }
     AT(real, fb, fo)[rh * pn + el] = s;
     real d = SSM_CARRY ? SLOAD(AT(state_t, dstb, dsto), entry) : (real)0;
