@@ -36,25 +36,26 @@ def _decays(launch: Launch, steps: int) -> int:
 def dstate(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk, tile of M2_PT rows of P), as mamba2_chunk_state: dt and its running sum, gy = d_dst·silu(z)
     and its weight exp(L_i) per (step, p), then the chunk's [P, N] = (exp(L) Gy)ᵀ·C over its steps; writes gy and
-    the chunk's [P, N]."""
+    the chunk's [P, N] (with SSM_RESERVE the chunk's decay too)."""
     hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
     pt, t = tuned(launch, "M2_PT"), sum(_chunks(launch, args))
     rows, z = -(-p // pt) * pt, defined(launch, "SSM_Z")
     other = hd * (-(-p // pt) * t * (2 + delta_flops(launch)) + t * p * (2 + (_SILU + 1) * z))
     read = t * hd * (p * (1 + z) + 1) * es + t * args["G"] * n * es
-    written = t * hd * p * rs + hd * args["K"] * p * n * rs
+    written = t * hd * p * rs + hd * args["K"] * (p * n + defined(launch, "SSM_RESERVE")) * rs
     return Cost(gemm=hd * 2 * t * rows * n, other=other, read=read, written=written)
 
 
 @declare("mamba2_backward_pass")
 def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per state entry and chunk: S = decay·S + own forward, D = decay·D + own backward; the states entering each
-    chunk, the leaving ones' gradients and the final states written; d_state read and rewritten with SSM_CARRY."""
+    """Per state entry and chunk: S = decay·S + own forward (with SSM_RESERVE the saved state read instead, as many
+    reads), D = decay·D + own backward; the states entering each chunk, the leaving ones' gradients and the final
+    states written; d_state read and rewritten with SSM_CARRY."""
     hd, pn, rs = args["HD"], args["P"] * args["N"], real(launch)
     chunks = len(_chunks(launch, args))
     slots = hd * args["K"] * pn
     rows = args["R"] * hd * pn
-    return Cost(other=4 * hd * chunks * pn, read=(2 * slots + hd * args["K"]) * rs,
+    return Cost(other=(4 - 2 * defined(launch, "SSM_RESERVE")) * hd * chunks * pn, read=(2 * slots + hd * args["K"]) * rs,
                 written=(2 * slots + rows) * rs) + carried_state(launch, args["R"], 2 * hd * pn)
 
 
