@@ -7,12 +7,15 @@ zero and its decay, in the forward's program), then ``mamba2_backward_dstate``, 
 reduce launches: the step walk's, over other partials, in the ssm_backward program). Given a saved forward
 (ABI.md §9.1: its states leave chunks of 64 tokens) and M2_Q equal to that chunk length, no mamba2_chunk_state
 runs: the pass takes the states entering each chunk from the reserve (variant SSM_RESERVE; the dstate launch writes
-the chunks' decays then); with another M2_Q the states are recomputed, the reserve unread. Packed sequences
-(cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op against this program (``FAMILY``).
+the chunks' decays then), and the chunk kernel its scores C.B^T and outputs y; with another M2_Q all is recomputed,
+the reserve unread. Packed sequences (cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op
+against this program (``FAMILY``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+from host_fallback.abi.ssm import mamba2_reserve_slots
 
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, grid, linear_local
@@ -42,6 +45,15 @@ def takes(fwd: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto") -> bool:
     walk, "chunked" forces this)."""
     return (lim.target == "gpu" and fwd["cu_seqlens"] is None and fwd["dtype"] != "f64"
             and takes_chunked(lim, fwd["seq"], "M2_MIN_SEQ", ssm_kernel))
+
+
+def _saved_outputs(fwd: Thunk, reads: bool) -> dict[str, Any]:
+    """mamba2_backward_chunk's saved-forward arguments: the reserve's y (``ryb``) and scores (``rwo``) when it
+    ``reads`` them, else offset 0 (never read)."""
+    if not reads:
+        return dict(ryb=(ARENA, 0), rwo=0)
+    at = {slot.name: fwd["reserve"] + slot.offset for slot in mamba2_reserve_slots(fwd)}
+    return dict(ryb=(ARENA, at["y"]), rwo=at["scores"])
 
 
 def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> LaunchPlan:
@@ -90,7 +102,7 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
                    dict(**mine, T=tokens, G=g, **arena("x", "dt", "a", "b", "c", "bias", "d", "z", "d_dst", "d_x",
                                                        "d_dt", "d_z"),
                         pbcb=(SCRATCH, at["db"]), pco=at["dc"], psb=(SCRATCH, at["da"]), pdo=at["dd"],
-                        pbiaso=at["dbias"], **dt_limits(fwd)), "gyb", "sb", "fb", "ddb")
+                        pbiaso=at["dbias"], **_saved_outputs(fwd, reads), **dt_limits(fwd)), "gyb", "sb", "fb", "ddb")
     sums = [("d_b", tokens * g * n, heads // g, "db", False), ("d_c", tokens * g * n, heads // g, "dc", False),
             ("d_a", heads, k, "da", True), ("d_d", heads, k, "dd", True), ("d_dt_bias", heads, k, "dbias", True)]
     reduces = [reduce(fwd[field], m, sets, 1, at[part], as_param, dt, lim, fields)
