@@ -10,7 +10,8 @@ parameters beside bf16), every dtype they run (f32, f16, bf16); the same bytes o
 reaching only the steps that depend on it; and one case on Intel's OpenCL CPU runtime, the second compiler.
 Given a saved forward (ABI.md §9.1) written by the host's forward or the device's, the plan runs no
 mamba2_chunk_state and the gradients equal the recomputing chunked backward's and the float64 reference's on the same
-values; a zeroed reserve changes them (it is read), and reruns give the same bytes.
+values; zeroing any of the reserve's arrays (states, y, scores) changes them (each is read), and reruns give the
+same bytes.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 pytest.importorskip("rlx_gpu.backends.opencl")
 from host_fallback.abi import complete, regions  # noqa: E402
+from host_fallback.abi.ssm import mamba2_reserve_slots  # noqa: E402
 from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
@@ -137,15 +139,17 @@ def test_a_saved_forward_replaces_the_recomputed_states(session):
     assert "mamba2_chunk_state" in recomputed and "mamba2_chunk_state" not in kernels, kernels
     assert CHUNKED - {"mamba2_chunk_state"} <= set(kernels) and len(kernels) == len(recomputed) - 1, kernels
     chunked, float64 = _flat(gradients(thunk, run(session, recomputing, arena))), _float64(thunk, arena)
-    for who, written in (("host", run_forward(None, forward, arena)), ("device", run_forward(session, forward, arena))):
-        got = _flat(gradients(thunk, run(session, thunk, with_reserve(thunk, arena, written))))
+    by_host = with_reserve(thunk, arena, run_forward(None, forward, arena))
+    for who, saved in (("host", by_host), ("device", with_reserve(thunk, arena, run_forward(session, forward, arena)))):
+        got = _flat(gradients(thunk, run(session, thunk, saved)))
         assert_close(got, chunked, _SAVED_TOL, f"a reserve the {who} wrote, against the recomputing chunked backward")
         assert_close(got, float64, _SAVED_TOL, f"a reserve the {who} wrote, against the float64 reference")
-    empty = arena.copy()
-    empty[thunk["reserve"]:thunk["reserve"] + thunk["reserve_bytes"]] = 0
-    zeroed = run(session, thunk, empty)
-    assert any(not np.allclose(value, chunked[field], rtol=0, atol=_SAVED_TOL * np.abs(chunked[field]).max())
-               for field, value in _flat(gradients(thunk, zeroed)).items()), "a zeroed reserve left the gradients as they were"
+    for slot in mamba2_reserve_slots(complete(thunk)):
+        emptied = by_host.copy()
+        emptied[thunk["reserve"] + slot.offset:thunk["reserve"] + slot.end] = 0
+        got = _flat(gradients(thunk, run(session, thunk, emptied)))
+        assert any(not np.allclose(value, chunked[field], rtol=0, atol=_SAVED_TOL * np.abs(chunked[field]).max())
+                   for field, value in got.items()), f"the reserve's {slot.name} zeroed left the gradients as they were"
     reruns_give_the_same_bytes(session, thunk, arena, forward)
 
 
