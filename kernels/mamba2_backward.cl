@@ -13,12 +13,15 @@
  *   dL_i = gy_i . y_i - u_i . du_i (plus <D, S_leaving> at the chunk's last step), dl_j = sum_{i>=j} dL_i,
  * and the gradient of the state entering chunk k is exp(L_last) D + sum_i exp(L_i) gy_i (x) c_i.
  * Launches (launches/mamba2_backward.py): the forward's own mamba2_chunk_state (each chunk's state from zero
- * and its decay), then
+ * and its decay; not with SSM_RESERVE), then
  *   mamba2_backward_dstate  gy into scratch, and each chunk's sum_i exp(L_i) gy_i (x) c_i (mamba2_chunk_state's
- *                           product, its MMA variant with RLX_MMA);
- *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward) and
- *                           the gradients of those leaving each (backward), d_state;
- *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients.
+ *                           product, its MMA variant with RLX_MMA); with SSM_RESERVE each chunk's decay too;
+ *   mamba2_backward_pass    per state element of a (row, head): the states entering each chunk (forward; with
+ *                           SSM_RESERVE read from the saved forward, ABI.md §9.1, whose chunks are these: the
+ *                           plan defines it only when M2_Q is the reserve's chunk length) and the gradients of
+ *                           those leaving each (backward), d_state;
+ *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients;
+ *                           with SSM_RESERVE A and y (the output before d and z) read from the saved forward.
  * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
  * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
  * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
@@ -42,11 +45,13 @@ INLINE_FN void m2b_decays_barrier(LOCAL_PTR real* grow, LOCAL_PTR real* fade, LO
 /* One work-group of M2_LANES lanes per (chunk slot, M2_PT rows of P), as mamba2_chunk_state's: gy of the chunk's
  * tokens and rows ([T][HD][P] in scratch), and the chunk's share of the gradient of the state entering it,
  * sum_i exp(L_i) gy_i (x) c_i ([P, N] per slot), through mamba2_chunk_state's product (its MMA variant with
- * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. */
+ * RLX_MMA) with exp(L_i) gy_i for the weighted x and c for b. With SSM_RESERVE (no mamba2_chunk_state launched)
+ * also the chunk's decay exp(L_last) into eb, as mamba2_chunk_state writes it. */
 KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
                               GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao, GLOBAL uchar* cb, i64 co,
                               GLOBAL uchar* biasb, i64 biaso, GLOBAL uchar* zb, i64 zo, GLOBAL uchar* gb, i64 go,
-                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, real lo, real hi)
+                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* eb, i64 eo,
+                              real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q];
     M2_LOCAL m2_op_t gw[M2_Q * M2_PT];
@@ -68,6 +73,8 @@ KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
         }
         gw[e] = M2_OP(w);
     }
+    if (SSM_RESERVE && p0 == 0 && lane == 0 && steps > 0)
+        AT(real, eb, eo)[tile.slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
     GLOBAL real* own = AT(real, ddb, ddo) + tile.slot * P * N;
     GLOBAL const store_t* c = AT(store_t, cb, co);
@@ -81,13 +88,14 @@ KERNEL mamba2_backward_dstate(i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 }
 
 /* One work-item per state element of one (row, head): in chunk order, each chunk's own state (from
- * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb; then in
+ * mamba2_chunk_state, in sb) becomes the state entering it, and the row's final state goes to fb (with
+ * SSM_RESERVE the states leaving each chunk are the saved forward's, at rsb, chunks of RQ = M2_Q); then in
  * reverse each chunk's own share (in ddb) becomes the gradient of the state leaving it, from d_state's entry
  * (SSM_CARRY; else zero), which is rewritten as the initial state's gradient. */
 KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
                             GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* dstb, i64 dsto,
                             GLOBAL uchar* sb, i64 so, GLOBAL uchar* eb, i64 eo, GLOBAL uchar* ddb, i64 ddo,
-                            GLOBAL uchar* fb, i64 fo)
+                            GLOBAL uchar* fb, i64 fo, GLOBAL uchar* rsb, i64 rso, i64 RQ)
 {
     const i64 e = GID(0), pn = P * N;
     if (e >= R * HD * pn)
@@ -98,11 +106,12 @@ KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
     GLOBAL real* dd = AT(real, ddb, ddo) + k0 * pn + el;
     GLOBAL const real* dec = AT(real, eb, eo) + k0;
     const i64 entry = (ssm_slot(r, AT(int, slb, slo)) * HD + hh) * pn + el;
+    const ssm_saved sv = ssm_saved_of(rsb, rso, r, S, RQ, HD, hh, pn); /* read only with SSM_RESERVE */
     real s = SSM_CARRY ? SLOAD(AT(state_t, stb, sto), entry) : (real)0;
     for (i64 k = 0; k < chunks; ++k) {
-        const real own = st[k * pn];
+        const real leaving = SSM_RESERVE ? sv.at[k * sv.stride + el] : dec[k] * s + st[k * pn];
         st[k * pn] = s;
-        s = dec[k] * s + own;
+        s = leaving;
     }
     AT(real, fb, fo)[rh * pn + el] = s;
     real d = SSM_CARRY ? SLOAD(AT(state_t, dstb, dsto), entry) : (real)0;
@@ -115,9 +124,9 @@ KERNEL mamba2_backward_pass(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 K,
         SSTORE(AT(state_t, dstb, dsto), entry, d);
 }
 
-/* Where one chunk's tensors are, each at its first step: x, gy, d_dst, z, d_x, d_z (a step's P values
- * `xs` apart), b, c (`bs` apart), the states entering (sin) and leaving (send) and the leaving one's gradient
- * (dout), each [P, N]. */
+/* Where one chunk's tensors are, each at its first step: x, gy, d_dst, z, d_x, d_z and the saved y (a step's P
+ * values `xs` apart), b, c (`bs` apart), the states entering (sin) and leaving (send) and the leaving one's gradient
+ * (dout), each [P, N], and the saved scores A (w, [M2_Q][M2_Q]); y and w are read only with SSM_RESERVE. */
 typedef struct {
     GLOBAL const store_t* x;
     GLOBAL const real* gy;
@@ -130,14 +139,16 @@ typedef struct {
     GLOBAL const real* sin;
     GLOBAL const real* send;
     GLOBAL const real* dout;
+    GLOBAL const real* y;
+    GLOBAL const real* w;
     i64 xs, bs, P, N;
     real dv;
 } m2b_tensors;
 
 /* One of the chunk's scores into LOCAL, sm[i][j] (zero for j > i and past the chunk's steps), M2_Q lanes over the
  * entries: with `grads` B[i][j] = exp(L_i - L_j) dt_j (gy_i . x_j) over P, else A[i][j] = exp(L_i - L_j) (c_i . b_j)
- * over N. The two take turns in one array (a second one would pass OpenCL's 32 KiB of local memory): the first
- * barrier waits for the readers of the previous one. */
+ * over N (with SSM_RESERVE the saved forward's). The two take turns in one array (a second one would pass OpenCL's
+ * 32 KiB of local memory): the first barrier waits for the readers of the previous one. */
 INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at, int steps, LOCAL_PTR const real* dts,
                                   LOCAL_PTR const real* Ls, int lane)
 {
@@ -145,7 +156,9 @@ INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at,
     for (int e = lane; e < M2_Q * M2_Q; e += M2_Q) {
         const int i = e / M2_Q, j = e - i * M2_Q;
         real v = (real)0;
-        if (j <= i && i < steps) {
+        if (j <= i && i < steps && SSM_RESERVE && !grads) {
+            v = at.w[e];
+        } else if (j <= i && i < steps) {
             if (grads) {
                 for (i64 p = 0; p < at.P; ++p)
                     v += at.gy[i * at.xs + p] * LOAD(at.x, j * at.xs + p);
@@ -165,8 +178,9 @@ INLINE_FN void m2b_scores_barrier(LOCAL_PTR real* sm, int grads, m2b_tensors at,
 
 /* The chunk's P side, M2_Q lanes over its rows (lane p, p + M2_Q, ...), step after step: for step j and row p
  * du = sum_{i>=j} A[i][j] gy_i + exp(L_last - L_j) D b_j and y = sum_{i<=j} A[j][i] dt_i x_i + exp(L_j) S_in c_j
- * (am: A), d_x and d_z; and each step's sums over p, dL = gy . y - u . du, du . x and gy . x, into dls, das, dds:
- * each lane's share into red, summed in lane order, M2B_J steps at a time (two barriers). Every lane calls it. */
+ * (am: A; with SSM_RESERVE the saved y), d_x and d_z; and each step's sums over p, dL = gy . y - u . du, du . x
+ * and gy . x, into dls, das, dds: each lane's share into red, summed in lane order, M2B_J steps at a time (two
+ * barriers). Every lane calls it. */
 INLINE_FN void m2b_rows_barrier(m2b_tensors at, int steps, LOCAL_PTR const real* am, LOCAL_PTR const real* dts,
                                 LOCAL_PTR const real* grow, LOCAL_PTR const real* fade, LOCAL_PTR real* red,
                                 LOCAL_PTR real* dls, LOCAL_PTR real* das, LOCAL_PTR real* dds, int lane)
@@ -179,14 +193,16 @@ INLINE_FN void m2b_rows_barrier(m2b_tensors at, int steps, LOCAL_PTR const real*
                 real du = (real)0, y = (real)0, to_end = (real)0, from_start = (real)0;
                 for (int i = j; i < steps; ++i)
                     du += am[i * M2_Q + j] * at.gy[i * at.xs + p];
-                for (int i = 0; i <= j; ++i)
-                    y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
+                if (!SSM_RESERVE)
+                    for (int i = 0; i <= j; ++i)
+                        y += am[j * M2_Q + i] * dts[i] * LOAD(at.x, i * at.xs + p);
                 for (i64 n = 0; n < at.N; ++n) {
                     to_end += at.dout[p * at.N + n] * LOAD(at.b, j * at.bs + n);
-                    from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
+                    if (!SSM_RESERVE)
+                        from_start += at.sin[p * at.N + n] * LOAD(at.c, j * at.bs + n);
                 }
                 du += fade[j] * to_end;
-                y += grow[j] * from_start;
+                y = SSM_RESERVE ? at.y[j * at.xs + p] : y + grow[j] * from_start;
                 const i64 xi = j * at.xs + p;
                 const real xv = LOAD(at.x, xi), gy = at.gy[xi];
                 STORE(at.dx, xi, dts[j] * du + (SSM_D ? at.dv * gy : (real)0));
@@ -259,7 +275,8 @@ INLINE_FN void m2b_end_dot_barrier(m2b_tensors at, int steps, LOCAL_PTR real* re
  * d_x, d_z, d_dt of the chunk's tokens; this head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over
  * the group's heads by ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD],
  * K: the chunk slots of a head). sb: the states entering each chunk; fb: each (row, head)'s final state; ddb: the
- * gradients of the states leaving each chunk. */
+ * gradients of the states leaving each chunk; with SSM_RESERVE ryb: the saved forward's y (at ryo) and scores (at
+ * rwo). */
 KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                              GLOBAL uchar* xb, i64 xo, GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* ab, i64 ao,
                              GLOBAL uchar* bb, i64 bo, GLOBAL uchar* cb, i64 co, GLOBAL uchar* biasb, i64 biaso,
@@ -267,7 +284,8 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                              GLOBAL uchar* dxb, i64 dxo, GLOBAL uchar* ddtb, i64 ddto, GLOBAL uchar* dzb, i64 dzo,
                              GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* sb, i64 so, GLOBAL uchar* fb, i64 fo,
                              GLOBAL uchar* ddb, i64 ddo, GLOBAL uchar* pbcb, i64 pbo, i64 pco,
-                             GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, real lo, real hi)
+                             GLOBAL uchar* psb, i64 pao, i64 pdo, i64 pbiaso, GLOBAL uchar* ryb, i64 ryo, i64 rwo,
+                             real lo, real hi)
 {
     LOCAL real dts[M2_Q], Ls[M2_Q], grow[M2_Q], fade[M2_Q], sm[M2_Q * M2_Q];
     LOCAL real dls[M2_Q], das[M2_Q], dds[M2_Q], dbs[M2_Q], red[3 * M2B_J * M2_Q];
@@ -283,7 +301,8 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
                             AT(store_t, zb, zo) + xat, AT(store_t, dxb, dxo) + xat, AT(store_t, dzb, dzo) + xat,
                             AT(store_t, bb, bo) + bat, AT(store_t, cb, co) + bat, AT(real, sb, so) + slot * pn,
                             last ? AT(real, fb, fo) + (ch.row * HD + hh) * pn : AT(real, sb, so) + (slot + 1) * pn,
-                            AT(real, ddb, ddo) + slot * pn, HD * P, G * N, P, N,
+                            AT(real, ddb, ddo) + slot * pn, AT(real, ryb, ryo) + xat,
+                            AT(real, ryb, rwo) + ((slot - hh * K) * HD + hh) * M2_Q * M2_Q, HD * P, G * N, P, N,
                             ssm_param(AT(param_t, skb, sko), hh, SSM_D)};
     m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
     m2b_rows_barrier(at, steps, sm, dts, grow, fade, red, dls, das, dds, lane);

@@ -4,18 +4,24 @@ From M2_MIN_SEQ steps on (as the forward's chunked form), for batch rows of a th
 runs in the forward's chunks of M2_Q steps: the forward's own ``mamba2_chunk_state`` (each chunk's state from
 zero and its decay, in the forward's program), then ``mamba2_backward_dstate``, ``mamba2_backward_pass`` and
 ``mamba2_backward_chunk``, whose partials ``ssm_backward_reduce`` sums (launches/ssm_backward.py gives the
-reduce launches: the step walk's, over other partials, in the ssm_backward program). Packed sequences
-(cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op against this program (``FAMILY``).
+reduce launches: the step walk's, over other partials, in the ssm_backward program). Given a saved forward
+(ABI.md §9.1: its states leave chunks of 64 tokens) and M2_Q equal to that chunk length, no mamba2_chunk_state
+runs: the pass takes the states entering each chunk from the reserve (variant SSM_RESERVE; the dstate launch writes
+the chunks' decays then), and the chunk kernel its scores C.B^T and outputs y; with another M2_Q all is recomputed,
+the reserve unread. Packed sequences (cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op
+against this program (``FAMILY``).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from host_fallback.abi.ssm import mamba2_reserve_slots
+
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, grid, linear_local
 from .limits import DeviceLimits
 from .mma import mma_defines
-from .ssm import FIELDS_TEXT, chunk_slots, dt_limits, field_defines, takes_chunked, tensors
+from .ssm import FIELDS_TEXT, chunk_slots, dt_limits, field_defines, saved, takes_chunked, tensors
 
 #: the program of these kernels, and the texts before kernels/mamba2_backward.cl in it (the forward's, whose chunk
 #: helpers it calls)
@@ -41,6 +47,15 @@ def takes(fwd: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto") -> bool:
             and takes_chunked(lim, fwd["seq"], "M2_MIN_SEQ", ssm_kernel))
 
 
+def _saved_outputs(fwd: Thunk, reads: bool) -> dict[str, Any]:
+    """mamba2_backward_chunk's saved-forward arguments: the reserve's y (``ryb``) and scores (``rwo``) when it
+    ``reads`` them, else offset 0 (never read)."""
+    if not reads:
+        return dict(ryb=(ARENA, 0), rwo=0)
+    at = {slot.name: fwd["reserve"] + slot.offset for slot in mamba2_reserve_slots(fwd)}
+    return dict(ryb=(ARENA, at["y"]), rwo=at["scores"])
+
+
 def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> LaunchPlan:
     """The chunked backward of ``fwd`` (the backward thunk completed, in the forward's view): scratch laid out by
     ``layout``, the partials summed by ``reduce``'s launches (the step walk's own)."""
@@ -51,7 +66,9 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
                              "finals": r * heads * p * n, "gy": tokens * heads * p,
                              "db": tokens * heads * n, "dc": tokens * heads * n,
                              "da": k * heads, "dd": k * heads, "dbias": k * heads})
-    fields = field_defines(fwd)
+    reserve = saved(fwd)
+    reads = fwd.get("reserve") is not None and reserve["RQ"] == q  # the saved states are this chunking's
+    fields = tuple(f for f in field_defines(fwd) if reads or f[0] != "SSM_RESERVE")
     mine = dict(S=s, HD=heads, P=p, N=n, K=k)
     scratch = {name: (SCRATCH, at[part]) for name, part in (("sb", "states"), ("eb", "decays"), ("ddb", "grads"),
                                                             ("fb", "finals"), ("gyb", "gy"))}
@@ -75,18 +92,21 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
     chunk_groups = ((heads * k * q,), (q,))
     dstate = launch("mamba2_backward_dstate", *tiles,
                     dict(**mine, G=g, **arena("dt", "a", "c", "bias", "z", "d_dst"), **dt_limits(fwd)), "gyb", "ddb",
-                    mma=True)
+                    "eb", mma=True)
     elements = r * heads * p * n
     local = (linear_local(elements),)
     state_pass = launch("mamba2_backward_pass", grid((elements,), local), local,
-                        dict(R=r, **mine, **arena("state", "state_slots", "d_state")), "sb", "eb", "ddb", "fb")
+                        dict(R=r, **mine, **arena("state", "state_slots", "d_state"), **reserve), "sb", "eb", "ddb",
+                        "fb")
     chunk = launch("mamba2_backward_chunk", *chunk_groups,
                    dict(**mine, T=tokens, G=g, **arena("x", "dt", "a", "b", "c", "bias", "d", "z", "d_dst", "d_x",
                                                        "d_dt", "d_z"),
                         pbcb=(SCRATCH, at["db"]), pco=at["dc"], psb=(SCRATCH, at["da"]), pdo=at["dd"],
-                        pbiaso=at["dbias"], **dt_limits(fwd)), "gyb", "sb", "fb", "ddb")
+                        pbiaso=at["dbias"], **_saved_outputs(fwd, reads), **dt_limits(fwd)), "gyb", "sb", "fb", "ddb")
     sums = [("d_b", tokens * g * n, heads // g, "db", False), ("d_c", tokens * g * n, heads // g, "dc", False),
             ("d_a", heads, k, "da", True), ("d_d", heads, k, "dd", True), ("d_dt_bias", heads, k, "dbias", True)]
     reduces = [reduce(fwd[field], m, sets, 1, at[part], as_param, dt, lim, fields)
                for field, m, sets, part, as_param in sums if fwd.get(field) is not None]
-    return LaunchPlan((own, dstate, state_pass, chunk, *reduces), total, (f"chunked Q={q}",))
+    first = () if reads else (own,)
+    return LaunchPlan((*first, dstate, state_pass, chunk, *reduces), total,
+                      (f"chunked Q={q}" + (", the saved forward's states" if reads else ""),))

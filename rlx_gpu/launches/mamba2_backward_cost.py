@@ -36,25 +36,26 @@ def _decays(launch: Launch, steps: int) -> int:
 def dstate(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk, tile of M2_PT rows of P), as mamba2_chunk_state: dt and its running sum, gy = d_dst·silu(z)
     and its weight exp(L_i) per (step, p), then the chunk's [P, N] = (exp(L) Gy)ᵀ·C over its steps; writes gy and
-    the chunk's [P, N]."""
+    the chunk's [P, N] (with SSM_RESERVE the chunk's decay too)."""
     hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
     pt, t = tuned(launch, "M2_PT"), sum(_chunks(launch, args))
     rows, z = -(-p // pt) * pt, defined(launch, "SSM_Z")
     other = hd * (-(-p // pt) * t * (2 + delta_flops(launch)) + t * p * (2 + (_SILU + 1) * z))
     read = t * hd * (p * (1 + z) + 1) * es + t * args["G"] * n * es
-    written = t * hd * p * rs + hd * args["K"] * p * n * rs
+    written = t * hd * p * rs + hd * args["K"] * (p * n + defined(launch, "SSM_RESERVE")) * rs
     return Cost(gemm=hd * 2 * t * rows * n, other=other, read=read, written=written)
 
 
 @declare("mamba2_backward_pass")
 def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per state entry and chunk: S = decay·S + own forward, D = decay·D + own backward; the states entering each
-    chunk, the leaving ones' gradients and the final states written; d_state read and rewritten with SSM_CARRY."""
+    """Per state entry and chunk: S = decay·S + own forward (with SSM_RESERVE the saved state read instead, as many
+    reads), D = decay·D + own backward; the states entering each chunk, the leaving ones' gradients and the final
+    states written; d_state read and rewritten with SSM_CARRY."""
     hd, pn, rs = args["HD"], args["P"] * args["N"], real(launch)
     chunks = len(_chunks(launch, args))
     slots = hd * args["K"] * pn
     rows = args["R"] * hd * pn
-    return Cost(other=4 * hd * chunks * pn, read=(2 * slots + hd * args["K"]) * rs,
+    return Cost(other=(4 - 2 * defined(launch, "SSM_RESERVE")) * hd * chunks * pn, read=(2 * slots + hd * args["K"]) * rs,
                 written=(2 * slots + rows) * rs) + carried_state(launch, args["R"], 2 * hd * pn)
 
 
@@ -62,15 +63,19 @@ def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
 def chunk(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk): the scores on the lower triangle (C·Bᵀ over N, Gy·Xᵀ over P, decayed); per step and p
     du (Aᵀ·Gy, D·b) and y (A·(dt X), S_in·c), d_x, d_z; per step and n d_b (Bᵀ·C, Dᵀ·x) and d_c (B·B, S_inᵀ·gy);
-    <D, S_end>; the log-decay's reverse sums and d_dt; the chunk's sums of d_a, d_d, d_dt_bias."""
+    <D, S_end>; the log-decay's reverse sums and d_dt; the chunk's sums of d_a, d_d, d_dt_bias. With SSM_RESERVE A
+    and y are the saved forward's: no C·Bᵀ, A·(dt X) or S_in·c, the saved scores and y read instead."""
     hd, p, n, es, rs = args["HD"], args["P"], args["N"], stored(launch), real(launch)
     chunks = _chunks(launch, args)
     tri, t = sum(s * (s + 1) // 2 for s in chunks), sum(chunks)
+    saved = defined(launch, "SSM_RESERVE")
     gemm = hd * (tri * (2 * n + 2 * p) + p * (4 * tri + 4 * n * t) + n * (4 * tri + 4 * p * t) + 2 * p * n * len(chunks))
+    gemm -= saved * hd * (tri * 2 * n + p * (2 * tri + 2 * n * t))
     other = hd * (_decays(launch, t) + 3 * tri + p * (tri + t * (12 + finish_flops(launch))) + 5 * n * t + 2 * tri
                   + t * (8 + delta_flops(launch)))
     z = defined(launch, "SSM_Z")
     states = (2 * hd * args["K"] + _rows(launch, args) * hd) * p * n * rs  # entering, the leaving ones' gradients, finals
     read = t * hd * (p * (2 + z) + 1) * es + 2 * t * args["G"] * n * es + t * hd * p * rs + states
+    read += saved * hd * (t * p + len(chunks) * tuned(launch, "M2_Q") ** 2) * rs
     written = t * hd * (p * (1 + z) + 1) * es + (2 * t * hd * n + 3 * args["K"] * hd) * rs
     return Cost(gemm=gemm, other=other, read=read, written=written)

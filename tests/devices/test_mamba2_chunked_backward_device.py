@@ -8,6 +8,10 @@ of the kernels) and with the step walk (kernels/ssm_backward.cl) on the same are
 (groups, dt bias and its gradient, softplus, the clamp, d, z, a carried state into slots, f32 state and
 parameters beside bf16), every dtype they run (f32, f16, bf16); the same bytes on a second run; a NaN in d_dst
 reaching only the steps that depend on it; and one case on Intel's OpenCL CPU runtime, the second compiler.
+Given a saved forward (ABI.md §9.1) written by the host's forward or the device's, the plan runs no
+mamba2_chunk_state and the gradients equal the recomputing chunked backward's and the float64 reference's on the same
+values; zeroing any of the reserve's arrays (states, y, scores) changes them (each is read), and reruns give the
+same bytes.
 """
 from __future__ import annotations
 
@@ -15,13 +19,19 @@ import numpy as np
 import pytest
 
 pytest.importorskip("rlx_gpu.backends.opencl")
+from host_fallback.abi import complete, regions  # noqa: E402
+from host_fallback.abi.ssm import mamba2_reserve_slots  # noqa: E402
 from rlx_gpu import launches  # noqa: E402
 from rlx_gpu.conformance import runner  # noqa: E402
 from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.compare import nmse  # noqa: E402
+from rlx_gpu.conformance.reference_mamba2_backward import backward as float64_backward  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from support.conformance_devices import KERNEL_OPENCL, SPECS  # noqa: E402
+from support.device_reserve import (assert_close, gradients, reruns_give_the_same_bytes, run,  # noqa: E402
+                                    run_forward, with_reserve)
+from support.saved_forward import laid_case, without_reserve  # noqa: E402
 
 CHUNKED = {"mamba2_chunk_state", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk"}
 _CARRIED = dict(carry_state=True, state=True, d_state=True)
@@ -91,6 +101,56 @@ def test_a_nan_in_d_dst_reaches_only_the_steps_it_depends_on(session):
     assert np.isfinite(d_c[0, 101:]).all() and np.isfinite(d_dt[0, 101:]).all() and np.isfinite(d_dt[1]).all()
     state = laid.view(got, "d_state").reshape(3, -1)  # row 0's entry is slot 2, row 1's slot 0
     assert np.isnan(state[2]).any() and np.isfinite(state[0]).all()
+
+
+#: support.saved_forward's mamba2 base (two rows of 150 steps: two whole chunks and a partial one) with every field
+#: that moves the states: groups, d, z, the dt transform, a carried state into slots
+_SAVED = dict(heads=4, groups=2, d=True, z=True, dt_bias=True, dt_softplus=True, carry_state=True, state=True,
+              state_slots=[2, 0], num_slots=3)
+#: of each gradient's largest magnitude (test_ssm_reserve_device's f32 bound: d_a and the dt bias's gradient sum
+#: every token's share with cancellation)
+_SAVED_TOL = 1e-4
+
+
+def _kernels(thunk: dict, session) -> list[str]:
+    return [launch.kernel for launch in launches.plan(thunk, session.limits).launches]
+
+
+def _flat(grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {field: np.asarray(value, np.float64).reshape(-1) for field, value in grads.items()}
+
+
+def _float64(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    """The float64 reference's gradients of the f32 ``thunk`` on the values in ``arena``."""
+    by_field = {r.field: r for r in regions(thunk)}
+
+    def load(field: str) -> np.ndarray:
+        r = by_field[field]
+        stored = np.int32 if r.dtype == "i32" else np.float32  # state_slots, or an f32 tensor
+        return arena[r.offset:r.offset + r.nbytes].view(stored).astype(np.float64).reshape(r.shape)
+    want = float64_backward(complete(thunk), load)
+    return _flat({field: want[field] for field in gradients(thunk, arena)})
+
+
+def test_a_saved_forward_replaces_the_recomputed_states(session):
+    thunk, arena, forward = laid_case("mamba2", "f32", _SAVED)
+    recomputing = without_reserve(thunk)
+    kernels, recomputed = _kernels(thunk, session), _kernels(recomputing, session)
+    assert "mamba2_chunk_state" in recomputed and "mamba2_chunk_state" not in kernels, kernels
+    assert CHUNKED - {"mamba2_chunk_state"} <= set(kernels) and len(kernels) == len(recomputed) - 1, kernels
+    chunked, float64 = _flat(gradients(thunk, run(session, recomputing, arena))), _float64(thunk, arena)
+    by_host = with_reserve(thunk, arena, run_forward(None, forward, arena))
+    for who, saved in (("host", by_host), ("device", with_reserve(thunk, arena, run_forward(session, forward, arena)))):
+        got = _flat(gradients(thunk, run(session, thunk, saved)))
+        assert_close(got, chunked, _SAVED_TOL, f"a reserve the {who} wrote, against the recomputing chunked backward")
+        assert_close(got, float64, _SAVED_TOL, f"a reserve the {who} wrote, against the float64 reference")
+    for slot in mamba2_reserve_slots(complete(thunk)):
+        emptied = by_host.copy()
+        emptied[thunk["reserve"] + slot.offset:thunk["reserve"] + slot.end] = 0
+        got = _flat(gradients(thunk, run(session, thunk, emptied)))
+        assert any(not np.allclose(value, chunked[field], rtol=0, atol=_SAVED_TOL * np.abs(chunked[field]).max())
+                   for field, value in got.items()), f"the reserve's {slot.name} zeroed left the gradients as they were"
+    reruns_give_the_same_bytes(session, thunk, arena, forward)
 
 
 _SECOND = [s for s in SPECS if s.startswith("opencl") and s not in KERNEL_OPENCL]
