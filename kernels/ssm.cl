@@ -1030,7 +1030,6 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL const store_t* cm = AT(store_t, cb, co);
     GLOBAL const store_t* z = AT(store_t, zb, zo);
     GLOBAL store_t* dst = AT(store_t, db, dof);
-    GLOBAL real* ys = mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ); /* with SSM_RESERVE */
     GLOBAL const real* states = AT(real, sb, so) + slot * P * N; /* the state entering this chunk */
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     const real dv = ssm_param(AT(param_t, skb, sko), hh, SSM_D);
@@ -1048,7 +1047,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
     MMA_LOCAL mma_t at_gmm[M2_Q * M2_Q];
     const mma_scan_local at = {at_gm, at_ys, at_gmm, at_rows, at_cols, at_st};
 #endif
-    const m2_scan_out out = {dst, z, ys, (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
+    const m2_scan_out out = {dst, z, mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ) /* with SSM_RESERVE */,
+                             (t0 * HD + hh) * P + p0, HD * P, P - p0, dv};
     const i64 rows_at = (t0 * G + grp) * N;
     m2_scan_product_barrier(out, at, states + p0 * N, cm + rows_at, bm + rows_at, G * N, N, steps, dts, Ls, xs,
                             lane);
@@ -1102,8 +1102,8 @@ KERNEL mamba2_chunk_scan(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
             for (int s = 0; s <= t; ++s)
                 y += gm[t * M2_QP + s] * xs[s * M2_PT + py];
             const i64 at = ((t0 + t) * HD + hh) * P + p0 + py;
-            if (SSM_RESERVE)
-                ys[at] = y;
+            if (SSM_RESERVE) /* the reserve's y, addressed here: a pointer held across the loops cost 16 registers */
+                mamba2_saved_y(rsb, rso, R, S, HD, P, N, RQ)[at] = y;
             STORE(dst, at, ssm_finish(y, dv, xs[t * M2_PT + py], ssm_z(z, at)));
         }
     }
