@@ -10,8 +10,10 @@
  * entering every chunk of SSMB_Q steps, then chunk by chunk from the last the chunk's states are
  * recomputed into a workspace and walked back; with SSM_RESERVE the forward pass takes the saved forward's
  * states (every RQ steps) where a chunk starts at one and steps only the chunks between. Memory per state row:
- * (ceil(seq / SSMB_Q) + SSMB_Q + 1) states, in the compute type, in the launch's scratch; nothing is held in
- * private arrays, so the program needs no stack at any state size.
+ * (ceil(seq / SSMB_Q) + SSMB_Q + 1) states, in the compute type, in the launch's scratch, and for selective_scan
+ * (a decay per state entry) at the cpu target the chunk's SSMB_Q decays exp(dl * a[n]) too, kept by the
+ * recomputation so that the reverse step takes no exp (SSMB_KEEP_DECAYS; the gpu target's exp is cheaper than the
+ * registers the kept decays take); nothing is held in private arrays, so the program needs no stack at any state size.
  *
  * Work-items: one per (row, group, block of the group's channels / heads). An item walks its block's
  * state rows one after the other, so the gradients they share are sums taken in one fixed order by
@@ -21,6 +23,12 @@
  * partial and summed by ssm_backward_reduce, in the order of the partials: the same bytes every run.
  * Scratch is in the compute type (f32 for 16-bit thunks); each d_ output is rounded once, on store. */
 
+#ifdef RLX_TARGET_CPU
+#define SSMB_KEEP_DECAYS 1
+#else
+#define SSMB_KEEP_DECAYS 0
+#endif
+
 #ifdef SSM_PARAM_F32
 #define PSTORE(p, i, v) RLX_ST_F32(p, i, v)
 #else
@@ -28,20 +36,23 @@
 #endif
 
 /* One work-item's workspace (reals) for rows of up to S tokens: the checkpoints (the state entering
- * each chunk), the states after each step of one chunk, the running state and then its gradient. */
+ * each chunk), the states after each step of one chunk, with `decays` the decays of those steps (else dec is
+ * 0), the running state and then its gradient. */
 typedef struct {
     GLOBAL real* ckpt;
     GLOBAL real* work;
+    GLOBAL real* dec;
     GLOBAL real* g;
 } ssmb_workspace;
 
-INLINE_FN ssmb_workspace ssmb_workspace_of(GLOBAL real* scratch, i64 item, i64 S, i64 N)
+INLINE_FN ssmb_workspace ssmb_workspace_of(GLOBAL real* scratch, i64 item, i64 S, i64 N, int decays)
 {
-    const i64 chunks = (S + SSMB_Q - 1) / SSMB_Q;
+    const i64 chunks = (S + SSMB_Q - 1) / SSMB_Q, steps = decays ? 2 * SSMB_Q : SSMB_Q;
     ssmb_workspace w;
-    w.ckpt = scratch + item * (chunks + SSMB_Q + 1) * N;
+    w.ckpt = scratch + item * (chunks + steps + 1) * N;
     w.work = w.ckpt + chunks * N;
-    w.g = w.work + SSMB_Q * N;
+    w.dec = decays ? w.work + SSMB_Q * N : 0;
+    w.g = w.work + steps * N;
     return w;
 }
 
@@ -63,16 +74,21 @@ INLINE_FN real ssmb_decay(real dl, GLOBAL const param_t* a, i64 n, i64 an, real 
     return an ? rlx_exp(dl * PLOAD(a, n)) : shared;
 }
 
-/* h_next[n] = exp(dl*a[n]) * h[n] + dl*x*b[n] for token tok (h_next may be h). */
+/* h_next[n] = exp(dl*a[n]) * h[n] + dl*x*b[n] for token tok (h_next may be h); the decays exp(dl*a[n]) into
+ * dec[n] unless dec is 0. */
 INLINE_FN void ssmb_step(ssmb_index ix, i64 tok, i64 N, GLOBAL const param_t* a, real bias, real lo, real hi,
                          GLOBAL const store_t* x, GLOBAL const store_t* delta, GLOBAL const store_t* bm,
-                         GLOBAL const real* h, GLOBAL real* h_next)
+                         GLOBAL const real* h, GLOBAL real* h_next, GLOBAL real* dec)
 {
     const real dl = ssmb_dl(delta, tok * ix.ds + ix.dof, bias, lo, hi), u = dl * LOAD(x, tok * ix.xs + ix.xo);
     GLOBAL const store_t* brow = bm + tok * ix.bs + ix.bo;
     const real shared = rlx_exp(dl * PLOAD(a, 0));
-    for (i64 n = 0; n < N; ++n)
-        h_next[n] = ssmb_decay(dl, a, n, ix.an, shared) * h[n] + u * LOAD(brow, n);
+    for (i64 n = 0; n < N; ++n) {
+        const real decay = ssmb_decay(dl, a, n, ix.an, shared);
+        if (dec)
+            dec[n] = decay;
+        h_next[n] = decay * h[n] + u * LOAD(brow, n);
+    }
 }
 
 /* The checkpoints of one state row over tokens [t0, t1): the state entering each chunk of SSMB_Q steps into
@@ -98,7 +114,7 @@ INLINE_FN void ssmb_checkpoints(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL con
             ckpt[k * N + n] = g[n] = from[n];
         if (walk)
             for (i64 tok = c0; tok < c1; ++tok)
-                ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, g, g);
+                ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, g, g, 0);
     }
 }
 
@@ -126,7 +142,7 @@ INLINE_FN real ssmb_row(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL const param
         const i64 c0 = t0 + k * SSMB_Q, c1 = c0 + SSMB_Q < t1 ? c0 + SSMB_Q : t1;
         for (i64 tok = c0; tok < c1; ++tok)
             ssmb_step(ix, tok, N, a, bias, lo, hi, x, delta, bm, tok == c0 ? ckpt + k * N : work + (tok - c0 - 1) * N,
-                      work + (tok - c0) * N);
+                      work + (tok - c0) * N, ws.dec ? ws.dec + (tok - c0) * N : 0);
         for (i64 tok = c1 - 1; tok >= c0; --tok) {
             GLOBAL const real* h = work + (tok - c0) * N;
             GLOBAL const real* hp = tok == c0 ? ckpt + k * N : h - N;
@@ -144,9 +160,11 @@ INLINE_FN real ssmb_row(ssmb_index ix, i64 t0, i64 t1, i64 N, GLOBAL const param
             real gx = SSM_D ? gy * dv : (real)0, gb = (real)0, gdl = (real)0;
             if (SSM_D)
                 dd += gy * xv;
-            const real shared = rlx_exp(dl * PLOAD(a, 0));
+            const real shared = rlx_exp(dl * PLOAD(a, 0)); /* mamba2's; selective_scan's may be in dec */
+            const i64 step = (tok - c0) * N;
             for (i64 n = 0; n < N; ++n) {
-                const real an = PLOAD(a, n * ix.an), decay = ssmb_decay(dl, a, n, ix.an, shared);
+                const real an = PLOAD(a, n * ix.an);
+                const real decay = ws.dec ? ws.dec[step + n] : ssmb_decay(dl, a, n, ix.an, shared);
                 const real bn = LOAD(bm + bi, n);
                 const real gn = g[n] + gy * LOAD(cm + bi, n), carried = gn * decay * hp[n];
                 dc[bi + n] += gy * h[n];
@@ -218,7 +236,7 @@ typedef struct {
  * `freeze` instruction in the compiler that Oclgrind's uninitialized-value checker cannot interpret. */
 INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 per, i64 G, i64 L, i64 N, i64 S, i64 T,
                                  GLOBAL const int* cu, GLOBAL const int* slots, GLOBAL uchar* scb, i64 wso, i64 ddlo,
-                                 i64 dbo, i64 dco)
+                                 i64 dbo, i64 dco, int decays)
 {
     ssmb_item at;
     at.r = item / (blocks * G);
@@ -231,7 +249,7 @@ INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 per, i64 G, i64 L, i6
     at.width = L / G;
     at.j0 = at.blk * per;
     at.j1 = at.j0 + per < at.width ? at.j0 + per : at.width;
-    at.ws = ssmb_workspace_of(AT(real, scb, wso), item, S, N);
+    at.ws = ssmb_workspace_of(AT(real, scb, wso), item, S, N, decays);
     at.ddl = AT(real, scb, ddlo);
     at.db = AT(real, scb, dbo) + at.blk * T * G * N;
     at.dc = AT(real, scb, dco) + at.blk * T * G * N;
@@ -278,7 +296,7 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
     if (item >= R * G * blocks)
         return;
     const ssmb_item at = ssmb_item_of(item, blocks, per, G, H, N, S, T, AT(int, cub, cuo), AT(int, slb, slo), scb, wso,
-                                      ddlo, dbo, dco);
+                                      ddlo, dbo, dco, SSMB_KEEP_DECAYS);
     for (i64 j = at.j0; j < at.j1; ++j) {
         const ssmb_lane ln = ssmb_lane_of(at, j, H, N, biasb, biaso, skb, sko, scb, pao);
         ssmb_index ix;
@@ -311,7 +329,7 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
     if (item >= R * G * blocks)
         return;
     const ssmb_item at = ssmb_item_of(item, blocks, per, G, HD, N, S, T, AT(int, cub, cuo), AT(int, slb, slo), scb, wso,
-                                      ddlo, dbo, dco);
+                                      ddlo, dbo, dco, 0);
     for (i64 j = at.j0; j < at.j1; ++j) {
         const ssmb_lane ln = ssmb_lane_of(at, j, HD, N, biasb, biaso, skb, sko, scb, pao);
         real dd = (real)0;
