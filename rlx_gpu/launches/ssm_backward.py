@@ -64,10 +64,13 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
     blocks, per = _blocks(lanes // g, lim)
     items = r * g * blocks
-    # at the cpu target selective_scan's workspaces keep a chunk's decays too (SSMB_KEEP_DECAYS)
+    # at the cpu target selective_scan's workspaces keep a chunk's decays too, mamba2's the checkpoints of a head's
+    # P state rows (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER)
     decays = op == "selective_scan" and lim.target == "cpu"
+    walked_together = fwd["head_dim"] if op == "mamba2" and lim.target == "cpu" else 1
     steps = 2 * q if decays else q
-    at, total = _layout(dt, {"workspaces": items * (-(-fwd["seq"] // q) + steps + 1) * n, "delta_sums": tokens * lanes,
+    workspace = items * (steps + walked_together * (-(-fwd["seq"] // q) + 1)) * n
+    at, total = _layout(dt, {"workspaces": workspace, "delta_sums": tokens * lanes,
                              "db": blocks * tokens * g * n, "dc": blocks * tokens * g * n, "da": r * lanes * n,
                              "dd": r * lanes, "dbias": r * lanes})
     args = {"R": r, "S": fwd["seq"], "T": tokens, width_param: lanes, "N": n, "G": g, "blocks": blocks, "per": per,

@@ -16,11 +16,12 @@ from .cost import Cost, declare, defined, real, stored, tuned
 from .ssm_cost import delta_flops, finish_flops
 
 
-def _workspace(launch: Launch, args: Mapping[str, Any], items: int, width: int, decays: bool = False) -> float:
-    """Bytes of the items' workspaces: per item (ceil(S / SSMB_Q) + SSMB_Q + 1) states of ``width`` reals, and with
-    ``decays`` SSMB_Q steps' decays more."""
+def _workspace(launch: Launch, args: Mapping[str, Any], items: int, width: int, decays: bool = False,
+               rows: int = 1) -> float:
+    """Bytes of the items' workspaces: per item SSMB_Q states of ``width`` reals (and with ``decays`` SSMB_Q steps'
+    decays), and per state row walked together (``rows``) ceil(S / SSMB_Q) + 1 states."""
     q = tuned(launch, "SSMB_Q")
-    return items * (-(-args["S"] // q) + (2 if decays else 1) * q + 1) * width * real(launch)
+    return items * ((2 if decays else 1) * q + rows * (-(-args["S"] // q) + 1)) * width * real(launch)
 
 
 @declare("selective_scan_backward", "mamba2_backward")
@@ -45,7 +46,7 @@ def state_rows(launch: Launch, args: Mapping[str, Any]) -> Cost:
     read = x * (2 + 2 * defined(launch, "SSM_Z")) + 2 * t * g * n * es + t * width * es
     written = x * (1 + defined(launch, "SSM_Z")) + t * width * es + partials
     items = args["R"] * g * blocks
-    scratch = _workspace(launch, args, items, n, decays=kept and not mamba2)
+    scratch = _workspace(launch, args, items, n, decays=kept and not mamba2, rows=args["P"] if mamba2 and kept else 1)
     return Cost(other=t * per_token, read=read + scratch, written=written + scratch)
 
 
