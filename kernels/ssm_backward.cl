@@ -12,8 +12,8 @@
  * states (every RQ steps) where a chunk starts at one and steps only the chunks between. Memory per state row:
  * (ceil(seq / SSMB_Q) + SSMB_Q + 1) states, in the compute type, in the launch's scratch; at the cpu target
  * selective_scan's workspace keeps the chunk's SSMB_Q decays exp(dl * a[n]) too, so that the reverse step takes
- * no exp, and mamba2's the checkpoints of a head's P rows, walked together (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER
- * below). Nothing is held in private arrays, so the program needs no stack at any state size.
+ * no exp, and the checkpoints of the state rows an item walks together chunk by chunk, a block's channels or a
+ * head's P rows (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER below). Nothing is held in private arrays, so the program needs no stack at any state size.
  *
  * Work-items: one per (row, group, block of the group's channels / heads). An item walks its block's
  * state rows one after the other, so the gradients they share are sums taken in one fixed order by
@@ -23,8 +23,9 @@
  * partial and summed by ssm_backward_reduce, in the order of the partials: the same bytes every run.
  * Scratch is in the compute type (f32 for 16-bit thunks); each d_ output is rounded once, on store. */
 
-/* At the cpu target (PoCL) selective_scan's recomputation keeps its decays, and mamba2's item walks a head's P
- * state rows together, chunk by chunk (the gpu target: exp is cheaper than the registers these take). */
+/* At the cpu target (PoCL) selective_scan's recomputation keeps its decays, and an item walks its state rows (a
+ * block's channels, a head's P rows) together, chunk by chunk, so that the chunk's b, c and d_b, d_c partials stay
+ * in cache (the gpu target: exp is cheaper than the registers these take). */
 #ifdef RLX_TARGET_CPU
 #define SSMB_KEEP_DECAYS 1
 #define SSMB_ROWS_TOGETHER 1
@@ -306,7 +307,7 @@ INLINE_FN ssmb_item ssmb_item_of(i64 item, i64 blocks, i64 per, i64 G, i64 L, i6
 }
 
 /* Channel (head) j of an item's group: its index c among the L, its per-row partials' index, its bias
- * and d, and its d_a partial (N reals, zeroed). */
+ * and d, and its d_a partial (N reals). */
 typedef struct {
     i64 c, lane;
     real bias, dv;
@@ -322,7 +323,6 @@ INLINE_FN ssmb_lane ssmb_lane_of(ssmb_item at, i64 j, i64 L, i64 N, GLOBAL uchar
     ln.bias = ssm_param(AT(param_t, biasb, biaso), ln.c, SSM_BIAS);
     ln.dv = ssm_param(AT(param_t, skb, sko), ln.c, SSM_D);
     ln.da = AT(real, scb, pao) + ln.lane * N;
-    ssmb_clear(ln.da, N);
     return ln;
 }
 
@@ -357,21 +357,41 @@ KERNEL selective_scan_backward(i64 R, i64 S, i64 T, i64 H, i64 N, i64 G, i64 blo
     if (item >= R * G * blocks)
         return;
     const ssmb_item at = ssmb_item_of(item, blocks, per, G, H, N, S, T, AT(int, cub, cuo), AT(int, slb, slo), scb, wso,
-                                      ddlo, dbo, dco, SSMB_KEEP_DECAYS, 1);
+                                      ddlo, dbo, dco, SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER ? per : 1);
+    GLOBAL real* pd = AT(real, scb, pdo);
     for (i64 j = at.j0; j < at.j1; ++j) {
         const ssmb_lane ln = ssmb_lane_of(at, j, H, N, biasb, biaso, skb, sko, scb, pao);
-        ssmb_index ix;
-        ix.xs = H; ix.xo = ln.c; ix.ds = H; ix.dof = ln.c; ix.bs = G * N; ix.bo = at.grp * N; ix.an = 1;
-        const ssmb_io io = ssmb_io_of(AT(param_t, ab, ao) + ln.c * N, ln, (real)0, (real)0, xb, xo, deb, deo, bb, bo,
-                                      cb, co, zb, zo, gb, go, dxb, dxo, dzb, dzo);
-        const i64 entry = (at.slot * H + ln.c) * N;
-        AT(real, scb, pdo)[ln.lane] = ssmb_row(ix, io, at.t0, at.t1, N, AT(state_t, stb, sto) + entry,
-                                               AT(state_t, dstb, dsto) + entry,
-                                               ssm_saved_of(rsb, rso, at.r, S, RQ, H, ln.c, N), at.ws, at.ddl, at.db,
-                                               at.dc, ln.da);
-        AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, H, ln.c, ln.bias, (real)0, (real)0,
-                                                       AT(store_t, deb, deo), at.ddl, AT(store_t, ddeb, ddeo));
+        ssmb_clear(ln.da, N);
+        pd[ln.lane] = (real)0;
     }
+    /* with SSMB_ROWS_TOGETHER the block's channels chunk by chunk (each chunk's in j order), else one by one */
+    const i64 chunks = (at.t1 - at.t0 + SSMB_Q - 1) / SSMB_Q, last = chunks > 0 ? chunks - 1 : 0; /* an empty row: 0 */
+    for (i64 k = SSMB_ROWS_TOGETHER ? last : 0; k >= 0; --k)
+        for (i64 j = at.j0; j < at.j1; ++j) {
+            const ssmb_lane ln = ssmb_lane_of(at, j, H, N, biasb, biaso, skb, sko, scb, pao);
+            ssmb_index ix;
+            ix.xs = H; ix.xo = ln.c; ix.ds = H; ix.dof = ln.c; ix.bs = G * N; ix.bo = at.grp * N; ix.an = 1;
+            const ssmb_io io = ssmb_io_of(AT(param_t, ab, ao) + ln.c * N, ln, (real)0, (real)0, xb, xo, deb, deo, bb,
+                                          bo, cb, co, zb, zo, gb, go, dxb, dxo, dzb, dzo);
+            const i64 entry = (at.slot * H + ln.c) * N;
+            GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + entry;
+            const ssmb_workspace ws = ssmb_workspace_row(at.ws, SSMB_ROWS_TOGETHER ? j - at.j0 : 0, S, N);
+            if (SSMB_ROWS_TOGETHER && k == last)
+                ssmb_row_start(ix, io, at.t0, at.t1, N, AT(state_t, stb, sto) + entry, dstate,
+                               ssm_saved_of(rsb, rso, at.r, S, RQ, H, ln.c, N), ws);
+            if (SSMB_ROWS_TOGETHER)
+                pd[ln.lane] = ssmb_chunk(ix, io, k, at.t0, at.t1, N, ws, at.ddl, at.db, at.dc, ln.da, pd[ln.lane]);
+            else
+                pd[ln.lane] = ssmb_row(ix, io, at.t0, at.t1, N, AT(state_t, stb, sto) + entry, dstate,
+                                       ssm_saved_of(rsb, rso, at.r, S, RQ, H, ln.c, N), ws, at.ddl, at.db, at.dc,
+                                       ln.da);
+            if (k > 0)
+                continue;
+            if (SSMB_ROWS_TOGETHER)
+                ssmb_row_end(N, dstate, ws);
+            AT(real, scb, pbo)[ln.lane] = ssmb_delta_grads(at.t0, at.t1, H, ln.c, ln.bias, (real)0, (real)0,
+                                                           AT(store_t, deb, deo), at.ddl, AT(store_t, ddeb, ddeo));
+        }
 }
 
 /* Mamba-2 backward: item = (row r, group grp, block blk of `per` heads of the group); a head's P state
@@ -396,6 +416,7 @@ KERNEL mamba2_backward(i64 R, i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 blo
                                       ddlo, dbo, dco, 0, SSMB_ROWS_TOGETHER ? P : 1);
     for (i64 j = at.j0; j < at.j1; ++j) {
         const ssmb_lane ln = ssmb_lane_of(at, j, HD, N, biasb, biaso, skb, sko, scb, pao);
+        ssmb_clear(ln.da, N);
         const ssmb_io io = ssmb_io_of(AT(param_t, ab, ao) + ln.c, ln, lo, hi, xb, xo, dtb, dto, bb, bo, cb, co, zb, zo,
                                       gb, go, dxb, dxo, dzb, dzo);
         ssmb_index ix;

@@ -64,10 +64,10 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
     blocks, per = _blocks(lanes // g, lim)
     items = r * g * blocks
-    # at the cpu target selective_scan's workspaces keep a chunk's decays too, mamba2's the checkpoints of a head's
-    # P state rows (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER)
+    # at the cpu target selective_scan's workspaces keep a chunk's decays too, and the checkpoints of the state rows
+    # walked together: a block's channels, a head's P rows (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER)
     decays = op == "selective_scan" and lim.target == "cpu"
-    walked_together = fwd["head_dim"] if op == "mamba2" and lim.target == "cpu" else 1
+    walked_together = (fwd["head_dim"] if op == "mamba2" else per) if lim.target == "cpu" else 1
     steps = 2 * q if decays else q
     workspace = items * (steps + walked_together * (-(-fwd["seq"] // q) + 1)) * n
     at, total = _layout(dt, {"workspaces": workspace, "delta_sums": tokens * lanes,

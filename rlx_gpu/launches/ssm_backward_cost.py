@@ -46,7 +46,7 @@ def state_rows(launch: Launch, args: Mapping[str, Any]) -> Cost:
     read = x * (2 + 2 * defined(launch, "SSM_Z")) + 2 * t * g * n * es + t * width * es
     written = x * (1 + defined(launch, "SSM_Z")) + t * width * es + partials
     items = args["R"] * g * blocks
-    scratch = _workspace(launch, args, items, n, decays=kept and not mamba2, rows=args["P"] if mamba2 and kept else 1)
+    scratch = _workspace(launch, args, items, n, decays=kept and not mamba2, rows=(args["P"] if mamba2 else args["per"]) if kept else 1)
     return Cost(other=t * per_token, read=read + scratch, written=written + scratch)
 
 
