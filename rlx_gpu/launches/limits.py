@@ -43,7 +43,7 @@ TUNING: dict[str, dict[str, int]] = {
         "RNN_WPAD": 16,  # reals between W_hh^T rows past G*HP, so that a 4 KiB row stride does not alias in L1
         "RNN_JB": 16,  # W_hh^T rows are padded to a multiple of this (a multiple of every RNN_JB_G*)
         "RNN_PERSIST_ROWS": 2,  # (batch row, direction) pairs up to which the persistent kernel wins (PoCL, 2 cores)
-        "SSMB_BLOCKS": 4,  # state-space backward: blocks of a group's channels (heads) walked by separate items
+        "SSMB_BLOCKS": 16,  # state-space backward: blocks of a group's channels (heads) walked by separate items
     },
     # shaped for warps, shared memory and many SMs (sm_90 budgets checked by tests/devices/test_ptxas.py)
     "gpu": {

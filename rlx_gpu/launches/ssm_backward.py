@@ -64,7 +64,13 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     tokens, q = fwd["batch"] * fwd["seq"], lim.tune("SSMB_Q")
     blocks, per = _blocks(lanes // g, lim)
     items = r * g * blocks
-    at, total = _layout(dt, {"workspaces": items * (-(-fwd["seq"] // q) + q + 1) * n, "delta_sums": tokens * lanes,
+    # at the cpu target selective_scan's workspaces keep a chunk's decays too, and the checkpoints of the state rows
+    # walked together: a block's channels, a head's P rows (SSMB_KEEP_DECAYS, SSMB_ROWS_TOGETHER)
+    decays = op == "selective_scan" and lim.target == "cpu"
+    walked_together = (fwd["head_dim"] if op == "mamba2" else per) if lim.target == "cpu" else 1
+    steps = 2 * q if decays else q
+    workspace = items * (steps + walked_together * (-(-fwd["seq"] // q) + 1)) * n
+    at, total = _layout(dt, {"workspaces": workspace, "delta_sums": tokens * lanes,
                              "db": blocks * tokens * g * n, "dc": blocks * tokens * g * n, "da": r * lanes * n,
                              "dd": r * lanes, "dbias": r * lanes})
     args = {"R": r, "S": fwd["seq"], "T": tokens, width_param: lanes, "N": n, "G": g, "blocks": blocks, "per": per,
@@ -75,7 +81,9 @@ def _plan(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) ->
     if op == "mamba2":
         args.update(P=fwd["head_dim"], **dt_limits(fwd))
     fields = field_defines(fwd)
-    local = (linear_local(items),)
+    # PoCL runs a work-group's items on one thread: at the cpu target each item is a group of its own, so that the
+    # items spread over the cores
+    local = (linear_local(items, 1 if lim.target == "cpu" else 64),)
     walk = kernel_launch("ssm_backward", f"{op}_backward", dt, grid((items,), local), local, args, target=lim.target,
                          defines=fields)
     bias = "d_delta_bias" if op == "selective_scan" else "d_dt_bias"

@@ -16,24 +16,28 @@ from .cost import Cost, declare, defined, real, stored, tuned
 from .ssm_cost import delta_flops, finish_flops
 
 
-def _workspace(launch: Launch, args: Mapping[str, Any], items: int, width: int) -> float:
-    """Bytes of the items' workspaces: per item (ceil(S / SSMB_Q) + SSMB_Q + 1) states of ``width`` reals."""
+def _workspace(launch: Launch, args: Mapping[str, Any], items: int, width: int, decays: bool = False,
+               rows: int = 1) -> float:
+    """Bytes of the items' workspaces: per item SSMB_Q states of ``width`` reals (and with ``decays`` SSMB_Q steps'
+    decays), and per state row walked together (``rows``) ceil(S / SSMB_Q) + 1 states."""
     q = tuned(launch, "SSMB_Q")
-    return items * (-(-args["S"] // q) + q + 1) * width * real(launch)
+    return items * ((2 if decays else 1) * q + rows * (-(-args["S"] // q) + 1)) * width * real(launch)
 
 
 @declare("selective_scan_backward", "mamba2_backward")
 def state_rows(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (token, state row of N entries): the step twice (checkpoint pass, recompute: 3 FLOPs an entry, with
     selective_scan's exp(Δ·a_n) 2 more), y = c·h again (2N), the reverse step (15 an entry: d_c, d_b, the carried
-    gradient, d_Δ's and d_a's shares), and the token's delta, dx and finish; then the delta gradients."""
+    gradient, d_Δ's and d_a's shares; selective_scan's decays at the gpu target 2 more, at the cpu target kept by
+    the recompute), and the token's delta, dx and finish; then the delta gradients."""
     mamba2 = launch.kernel == "mamba2_backward"
     t, n, g, es, rs = args["T"], args["N"], args["G"], stored(launch), real(launch)
     width = args["HD"] if mamba2 else args["H"]  # heads or channels per token
     rows = width * (args["P"] if mamba2 else 1)  # state rows per token
     decay = 0 if mamba2 else 2  # exp(Δ·a_n) per entry (mamba2: one per token, in the 3 below)
     step = (3 + decay) * n + 3 + delta_flops(launch)
-    reverse = 2 * n + (15 + decay) * n + 3 + delta_flops(launch) + 6 + finish_flops(launch)
+    kept = launch.target == "cpu"  # selective_scan's decays kept by the recompute (SSMB_KEEP_DECAYS)
+    reverse = 2 * n + (15 + (0 if kept else decay)) * n + 3 + delta_flops(launch) + 6 + finish_flops(launch)
     per_row = 2 * step + reverse
     per_token = rows * per_row + width * (delta_flops(launch) + 2)
     x = t * rows * es  # x, d_dst, d_x (and z, d_z) per state row's channel
@@ -42,7 +46,7 @@ def state_rows(launch: Launch, args: Mapping[str, Any]) -> Cost:
     read = x * (2 + 2 * defined(launch, "SSM_Z")) + 2 * t * g * n * es + t * width * es
     written = x * (1 + defined(launch, "SSM_Z")) + t * width * es + partials
     items = args["R"] * g * blocks
-    scratch = _workspace(launch, args, items, n)
+    scratch = _workspace(launch, args, items, n, decays=kept and not mamba2, rows=(args["P"] if mamba2 else args["per"]) if kept else 1)
     return Cost(other=t * per_token, read=read + scratch, written=written + scratch)
 
 
