@@ -628,7 +628,8 @@ INLINE_FN int rnnb_steps(const rnnb_walk* w, i64 b, i64 t)
 #ifdef RLX_TARGET_GPU
 /* gpu target: step t's projection (RNN_PROJ) and cells of the block's rows from r0, the items over the units
  * of each row, a barrier after each phase (RNN_LBR0's phase 1 reads every unit's dz_n). */
-INLINE_FN void rnnb_group_cells(const rnnb_walk* w, GLOBAL const uchar* wr, GLOBAL real* dhin, i64 r0, i64 t)
+INLINE_FN void rnnb_group_cells_barrier(const rnnb_walk* w, GLOBAL const uchar* wr, GLOBAL real* dhin, i64 r0,
+                                        i64 t)
 {
     const i64 lane = LID(0), B = w->B, H = w->H;
 #if RNN_PROJ
@@ -651,7 +652,7 @@ INLINE_FN void rnnb_group_cells(const rnnb_walk* w, GLOBAL const uchar* wr, GLOB
 
 /* gpu target: dh of the block's rows that take step t, an item a column k (consecutive items reading consecutive
  * reals of W_hh's rows) and the block's rows' sums, with dzc staged RNNB_TQ terms at a time in LOCAL memory. */
-INLINE_FN void rnnb_tiled_product(const rnnb_walk* w, LOCAL_PTR real* tile, i64 r0, i64 t, i64 nq)
+INLINE_FN void rnnb_tiled_product_barrier(const rnnb_walk* w, LOCAL_PTR real* tile, i64 r0, i64 t, i64 nq)
 {
     const i64 B = w->B, K = w->K, GH = RNN_GATES * w->H, lane = LID(0);
     for (i64 k0 = 0; k0 < K; k0 += RNNB_LANES) {
@@ -748,8 +749,8 @@ INLINE_FN void rnnb_block_product(const rnnb_walk* w, i64 r0, int nr, i64 t, i64
 
 #endif
 
-/* gpu target: RNNB_LANES items (rnnb_group_cells, rnnb_tiled_product); cpu target: one work-item (a work-group of
- * one) runs the block's rows, no barrier, the sums register-blocked (rnnb_item_cells, rnnb_block_product;
+/* gpu target: RNNB_LANES items (rnnb_group_cells_barrier, rnnb_tiled_product_barrier); cpu target: one work-item
+ * (a work-group of one) runs the block's rows, no barrier, the sums register-blocked (rnnb_item_cells, rnnb_block_product;
  * kernels/rnn.cl's persistent kernel measured a group of items with a barrier per step 1.3-2x slower). */
 KERNEL rnnb_reverse_walk(i64 B, i64 S, i64 H, i64 K, int reverse, GLOBAL uchar* yb, i64 yo, int dy_real, i64 dy_rs,
                          GLOBAL uchar* dhb, i64 dho, GLOBAL uchar* dcb, i64 dco, GLOBAL uchar* drb, i64 dro,
@@ -764,9 +765,8 @@ KERNEL rnnb_reverse_walk(i64 B, i64 S, i64 H, i64 K, int reverse, GLOBAL uchar* 
 #ifdef RLX_TARGET_GPU
     LOCAL real tile[RNNB_ROWS * RNNB_TQ];
 #endif
+    /* the grid holds ceil(B / RNNB_ROWS) groups of rows: every group has a row */
     const i64 r0 = GROUP(1) * RNNB_ROWS, dir = GROUP(2), nq = RNN_LBR0 ? 2 * H : RNN_GATES * H;
-    if (r0 >= B) /* the whole group */
-        return;
     const rnn_params p = rnn_params_of((int)dir, clip, a_f0, b_f0, a_g0, b_g0, a_h0, b_h0, a_f1, b_f1, a_g1, b_g1, a_h1, b_h1);
     const rnnb_walk w = rnnb_walk_of(B, S, H, K, dir, reverse, yb, yo, dy_real, dy_rs, dhb, dho, dcb, dco, drb, dro,
                                      dsb, dso, ub, uo, hpb, hpo, cpb, cpo, cnb, cno, hnb, hno, whb, who, dzb, dzo, dhzb,
@@ -775,8 +775,8 @@ KERNEL rnnb_reverse_walk(i64 B, i64 S, i64 H, i64 K, int reverse, GLOBAL uchar* 
     GLOBAL real* dhin = AT(real, dib, dio) + dir * B * S * K;
     for (i64 t = 0; t < S; ++t) {
 #ifdef RLX_TARGET_GPU
-        rnnb_group_cells(&w, wr, dhin, r0, t);
-        rnnb_tiled_product(&w, tile, r0, t, nq);
+        rnnb_group_cells_barrier(&w, wr, dhin, r0, t);
+        rnnb_tiled_product_barrier(&w, tile, r0, t, nq);
         BARRIER(); /* dh is the next step's */
 #else
         const int nr = B - r0 < RNNB_ROWS ? (int)(B - r0) : RNNB_ROWS;
