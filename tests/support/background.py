@@ -1,6 +1,7 @@
 """Long checks that run beside the rest of the suite, in processes of their own.
 
-Oclgrind's simulation of the representative kernel cases (one process per kernel target), NVRTC's
+Oclgrind's simulation of the representative kernel cases (one process per kernel target) and of the recurrent
+reserve's forward and backward (``reserve_oclgrind``), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
 kernel's text changed), each OpenCL implementation's build of every f32 program and the fuzz profile on
 each OpenCL implementation (a compiler or kernel that crashes takes only its own process) are
@@ -17,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from support import cuda_builds
+from support import cuda_builds, reserve_oclgrind
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import status
 
@@ -49,6 +50,8 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
     **{f"oclgrind-{target}": ("tests/devices/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
                               [sys.executable, str(ROOT / "tools" / "oclgrind_check.py"), "--targets", target])
        for target in OCLGRIND_TARGETS},
+    "oclgrind-rnn-reserve": ("tests/devices/test_rnn_reserve_device.py::test_the_reserve_kernels_are_clean_under_oclgrind",
+                             reserve_oclgrind.command("opencl:0:0")),
     "nvrtc": ("tests/devices/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
     **{f"fuzz-{spec}": (f"tests/schedule/test_fuzz.py::test_the_profile_on_opencl[{spec}]",
