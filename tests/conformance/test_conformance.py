@@ -21,7 +21,7 @@ from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import open_session, status
-from support.conformance_devices import SPECS, is_second
+from support.conformance_devices import SPECS, is_second, opened
 
 CONFIG = load_config(default_config_path())
 CASES = catalog.cases()
@@ -72,17 +72,11 @@ def _representative(spec: str, target: str) -> list:
 SECOND_CASES = [(d, c) for d in SECOND for c in _representative(*d)]
 
 
-@pytest.fixture(scope="module")
-def second_sessions():
-    return {}  # (spec, target) -> its session, opened by the first case that needs it
-
-
 @pytest.mark.parametrize("device, case", SECOND_CASES, ids=[f"{_device_id(d)}-{c.id}" for d, c in SECOND_CASES])
-def test_representative_case_on_a_second_implementation(device, case, host, second_sessions):
-    """The cheapest f32 quick case of every kernel variant, within the same bounds, on Intel's runtime."""
-    if device not in second_sessions:
-        second_sessions[device] = devices.open_device(devices.find(device[0]), device[1])
-    outcome = runner.check(second_sessions[device], case, CONFIG, host)
+def test_representative_case_on_a_second_implementation(device, case, host):
+    """The f32 quick cases that run every kernel of every family at each target, within the same bounds, on
+    Intel's runtime."""
+    outcome = runner.check(opened(*device), case, CONFIG, host)
     if outcome.status == "skip":
         assert "version-2 field" not in outcome.message, f"{device[0]} {case.id}: {outcome.message}"
         pytest.skip(outcome.message)
@@ -98,7 +92,7 @@ def test_the_second_implementation_s_cases_run_every_kernel_of_every_family_and_
 
     f32 = [c for c in catalog.cases(quick=True) if c.dtype == "f32"]
     for device in SECOND:
-        limits = devices.open_device(devices.find(device[0]), device[1]).limits
+        limits = opened(*device).limits
 
         def covered(cases):
             out = set()

@@ -20,9 +20,9 @@ from host_fallback.abi import complete, regions
 from host_fallback.abi.rnn import reserve_slots
 from rlx_gpu import launches
 from rlx_gpu.conformance.cases import SMALL, lay_out, schedule_of
-from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.registry import status
 from support import background
+from support.conformance_devices import opened
 from support.gradient_check import read
 from support.opencl_cpu import OPENCL_CPU, needs_opencl_cpu
 from support.rnn_backward_cases import backward_params, sample
@@ -205,7 +205,7 @@ def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op
 @pytest.mark.parametrize("spec", OTHER_DEVICES)
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_other_opencl_implementations(spec, target):
-    session = open_device(find(spec), target)
+    session = opened(spec, target)
     for op, extra in (CASES[3], CASES[5]):
         _every_way_matches_recomputing(session, op, extra)
     _same_layout(session, "gru", dict(clip=0.5))
