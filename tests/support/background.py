@@ -72,18 +72,15 @@ NICENESS = 10
 _running: dict[str, tuple[subprocess.Popen, IO[str], IO[str]]] = {}
 
 
-def _lower_priority() -> None:
-    os.nice(NICENESS)
-
-
 def start(selected: set[str]) -> None:
     """Start every check whose test is among the ``selected`` test ids, its output in temporary files (a pipe
     nobody reads until the test runs would stop a talkative check once full)."""
     for name, (test, argv) in CHECKS.items():
         if test in selected and name not in _running:
             out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True,
-                                    preexec_fn=_lower_priority if hasattr(os, "nice") else None)
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True)
+            if hasattr(os, "setpriority"):  # set from here (no preexec_fn in a threaded process), before it spawns
+                os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
             _running[name] = (proc, out, err)
 
 
