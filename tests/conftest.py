@@ -1,6 +1,6 @@
-"""Session hooks: the long checks of ``background`` start once the tests are collected, and the run ends
-with one JSON line per device and kernel target of the conformance cases it ran (CI's log shows what
-each OpenCL implementation passed at each target)."""
+"""Session hooks: the long checks of ``background`` start once the tests are collected (the tests that wait for
+them run last), and the run ends with one JSON line per device and kernel target of the conformance cases it ran
+(CI's log shows what each OpenCL implementation passed at each target)."""
 from __future__ import annotations
 
 import collections
@@ -12,6 +12,10 @@ from support import background
 _CONFORMANCE: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 _CONFORMANCE_TESTS = ("tests/conformance/test_conformance.py::test_case[",
                       "tests/conformance/test_conformance.py::test_representative_case_on_a_second_implementation[")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items[:] = background.waiting_last(items)
 
 
 def pytest_collection_finish(session):

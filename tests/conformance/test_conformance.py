@@ -21,7 +21,7 @@ from rlx_gpu.conformance.references import REFERENCES
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import open_session, status
-from support.conformance_devices import SPECS, is_second
+from support.conformance_devices import SPECS, is_second, opened
 
 CONFIG = load_config(default_config_path())
 CASES = catalog.cases()
@@ -60,32 +60,55 @@ def test_case(session, host, case):
 
 
 def _representative(spec: str, target: str) -> list:
-    from rlx_gpu.conformance.representative import plans, representative
+    from rlx_gpu.conformance.representative import fewest_builds
 
     f32 = [c for c in catalog.cases(quick=True) if c.dtype == "f32"]
-    # each kernel once: every compile-time variant of the f32 programs is built on this implementation by
+    # every kernel of every family once, each op on its families, for the fewest program builds: every
+    # compile-time variant of the f32 programs is built on this implementation by
     # tests/devices/test_opencl_builds.py, so the cases here check what runs, not every variant's compile
-    return [f32[i] for i in representative(plans(spec, target, f32, per_kernel=True), [c.dtype for c in f32], target)]
+    return [f32[i] for i in fewest_builds(spec, target, f32)]
 
 
 SECOND_CASES = [(d, c) for d in SECOND for c in _representative(*d)]
 
 
-@pytest.fixture(scope="module")
-def second_sessions():
-    return {}  # (spec, target) -> its session, opened by the first case that needs it
-
-
 @pytest.mark.parametrize("device, case", SECOND_CASES, ids=[f"{_device_id(d)}-{c.id}" for d, c in SECOND_CASES])
-def test_representative_case_on_a_second_implementation(device, case, host, second_sessions):
-    """The cheapest f32 quick case of every kernel variant, within the same bounds, on Intel's runtime."""
-    if device not in second_sessions:
-        second_sessions[device] = devices.open_device(devices.find(device[0]), device[1])
-    outcome = runner.check(second_sessions[device], case, CONFIG, host)
+def test_representative_case_on_a_second_implementation(device, case, host):
+    """The f32 quick cases that run every kernel of every family at each target, within the same bounds, on
+    Intel's runtime."""
+    outcome = runner.check(opened(*device), case, CONFIG, host)
     if outcome.status == "skip":
         assert "version-2 field" not in outcome.message, f"{device[0]} {case.id}: {outcome.message}"
         pytest.skip(outcome.message)
     assert outcome.status == "pass", f"{device[0]}@{device[1]} {case.id}: {outcome.message}"
+
+
+def test_the_second_implementation_s_cases_run_every_kernel_of_every_family_and_every_op_at_each_target():
+    """What the representative cases on Intel's runtime still cover, planned here from the cases themselves: every
+    kernel of every family, each op on each family it launches, every scan op, one combined-field case per op."""
+    from host_fallback.abi import SCAN_OPS
+    from rlx_gpu import launches
+    from rlx_gpu.runtime.options import RunOptions
+
+    f32 = [c for c in catalog.cases(quick=True) if c.dtype == "f32"]
+    for device in SECOND:
+        limits = opened(*device).limits
+
+        def covered(cases):
+            out = set()
+            for case in cases:
+                if case.op in SCAN_OPS or case.combined:
+                    out.add((case.op, "scan" if case.op in SCAN_OPS else "combined"))
+                elif case.op in launches.PLANNERS:
+                    plan = launches.plan(runner.lay_out(case).thunk, limits,
+                                         **RunOptions.build(**case.options).planner_keywords)
+                    out |= {k for i in plan.launches if not i.empty for k in ((i.family, i.kernel), (case.op, i.family))}
+            return out
+
+        chosen = [c for d, c in SECOND_CASES if d == device]
+        assert covered(chosen) == covered(f32), device
+        assert len({c.op for c in chosen if c.combined}) == len([c for c in chosen if c.combined]), device
+        assert len(chosen) < len(f32) / 4, f"{device}: {len(chosen)} of {len(f32)} cases"
 
 
 def test_every_op_and_dtype_has_cases():

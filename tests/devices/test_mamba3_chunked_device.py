@@ -18,11 +18,11 @@ from host_fallback.abi import complete
 from rlx_gpu import launches
 from rlx_gpu.conformance import runner
 from rlx_gpu.conformance.catalog import Case
-from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
 from rlx_gpu.launches.mamba3 import CHUNKED_KERNELS as KERNELS
 from rlx_gpu.runtime.config import default_config_path, load_config
 from rlx_gpu.runtime.registry import status
+from support.conformance_devices import opened
 from support.opencl_cpu import needs_opencl_cpu, passes_and_runs_the_same_bytes_twice
 
 CPU = DeviceLimits(1024, 1 << 20, True)
@@ -149,6 +149,6 @@ REAL_CPUS = [info.spec for info in status("opencl").devices if not info.details[
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 @pytest.mark.parametrize("spec", REAL_CPUS)
 def test_every_opencl_cpu_implementation_runs_the_every_field_case(host, spec, target):
-    session = open_device(find(spec), target)
+    session = opened(spec, target)
     dtype, params = SHAPES["every-field-varlen-empty-one-token-slots"]
     passes_and_runs_the_same_bytes_twice(session, host, Case("mamba3", dtype, params, options=CHUNKED, seed=13))

@@ -144,7 +144,7 @@ def test_the_portable_twin_has_no_mma(family):
 @pytest.mark.parametrize("family", sorted(MMA_KERNELS))
 def test_mma_variant_builds_for_sm80(family):
     for dtype, variant in VARIANT.items():
-        built = nvrtc.build(programs.program("cuda", family, dtype, None, "gpu", (("RLX_MMA", variant),)), "sm_80")
+        built = cuda_builds.build(programs.program("cuda", family, dtype, None, "gpu", (("RLX_MMA", variant),)), "sm_80")
         assert "wmma.mma.sync" in built.ptx and len(built.cubin) > 1000
 
 

@@ -48,10 +48,16 @@ def _counting(monkeypatch, prims) -> dict[str, int]:
     return counts
 
 
-@pytest.mark.parametrize("spec", CPU_DEVICES)
-def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec, monkeypatch):
+@pytest.fixture(scope="module", params=CPU_DEVICES)
+def spec_and_session(request):
+    """Each OpenCL CPU device and one session on it (its own context, so its programs are built once for the
+    module's tests: on Intel's runtime a build takes seconds)."""
+    return request.param, KernelSession(opencl.OpenCLPrimitives(find(request.param)))
+
+
+def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec_and_session, monkeypatch):
+    spec, shared = spec_and_session
     info = find(spec)
-    shared = KernelSession(opencl.OpenCLPrimitives(info))
     if not shared.shared:
         pytest.skip(f"{info.name} offers no fine-grained buffer SVM on host-unified memory")
     buffers = KernelSession(opencl.OpenCLPrimitives(info, shared=False))
@@ -90,11 +96,10 @@ def test_a_simulator_s_buffers_stay_its_own():
         assert not prims.shared and not opencl.shares_host_memory(prims.cl, prims.device)
 
 
-@pytest.mark.parametrize("spec", CPU_DEVICES)
-def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec, monkeypatch):
+def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec_and_session, monkeypatch):
     """pyopencl sets a kernel's arguments through ``Kernel._set_arg_multi``: once for the first call of a plan
     (and again where another arena's launch of the same kernel set others in between), not on every call."""
-    device = Device(KernelSession(opencl.OpenCLPrimitives(find(spec))), Config(fallback="forbid"))
+    device = Device(spec_and_session[1], Config(fallback="forbid"))
     sched = named("mamba2", "f32", **STEP)
     values = _inputs(sched, 0)
     cl = device.session.prims.cl

@@ -9,15 +9,18 @@ a schedule with a reserve runs on the device, one with a short reserve is refuse
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from host_fallback.abi import complete
 from host_fallback.abi.rnn import reserve_slots
-from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.registry import status
+from support import background
+from support.conformance_devices import opened
 from support.device_reserve import (assert_close, gradients, reruns_give_the_same_bytes, run, run_forward,
-                                    runs_a_reserve_and_refuses_a_short_one, under_oclgrind, with_reserve)
+                                    runs_a_reserve_and_refuses_a_short_one, with_reserve)
 from support.opencl_cpu import needs_opencl_cpu
 from support.rnn_backward_cases import backward_params, sample
 from support.saved_forward import laid_with_reserve, without_reserve
@@ -146,47 +149,17 @@ def test_the_device_runs_a_reserve_and_refuses_a_short_one_naming_the_minimum(op
 @pytest.mark.parametrize("spec", OTHER_DEVICES)
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
 def test_other_opencl_implementations(spec, target):
-    session = open_device(find(spec), target)
+    session = opened(spec, target)
     for op, extra in (CASES[3], CASES[5]):
         _every_way_matches_recomputing(session, op, extra)
     _same_layout(session, "gru", dict(clip=0.5))
 
 
-#: run under Oclgrind: per target and op, a forward writing the reserve, then the backward reading it, every
-#: kernel the reserve adds among them (the zeros past the lengths, the reorders both ways, lstm's projection)
-_OCLGRIND_SCRIPT = """
-import numpy as np
-import rlx_gpu
-from host_fallback.abi import regions
-from rlx_gpu.conformance import runner
-from rlx_gpu.conformance.catalog import Case
-from rlx_gpu.conformance.devices import find, open_device
-for target in ("cpu", "gpu"):
-    session = open_device(find({spec!r}), target)
-    for op, params in {cases!r}:
-        need = rlx_gpu.reserve_bytes(dict(params, op=op, dtype="f32"))
-        laid = runner.lay_out(Case(op + "_backward", "f32", dict(params, reserve=True, reserve_bytes=need)))
-        forward = {{k: v for k, v in laid.thunk.items() if not k.startswith("d_")}}
-        forward.update(op=op, dst=-(-laid.arena.size // 256) * 256)
-        dst = next(r for r in regions(forward) if r.field == "dst")
-        arena = np.zeros(dst.offset + dst.nbytes, np.uint8)
-        arena[:laid.arena.size] = laid.arena
-        on_device = session.upload(arena)
-        session.launch(forward, on_device)
-        session.launch(laid.thunk, on_device)
-        session.finish()
-        print(target, op, "ran", flush=True)
-"""
-_OCLGRIND_CASES = [
-    ("lstm", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True,
-                  seq_lens=[3, 1], clip=0.5, peepholes=True, proj_size=2, w_hr=True)),
-    ("gru", dict(batch=2, seq=3, input_size=3, hidden=4, num_layers=1, bidirectional=False, carry=False,
-                 linear_before_reset=False, seq_lens=[2, 3])),
-]
-
-
 @pytest.mark.skipif("opencl:0:0" not in {i.spec for i in status("opencl").devices}, reason="no Oclgrind platform")
 def test_the_reserve_kernels_are_clean_under_oclgrind():
-    code, diagnostics, output = under_oclgrind(_OCLGRIND_SCRIPT.format(spec="opencl:0:0", cases=_OCLGRIND_CASES))
-    assert code == 0, output[-3000:]
-    assert output.count(" ran") == 4 and not diagnostics, "\n".join(diagnostics[:40])
+    """support/reserve_oclgrind's forward and backward per target and op, run under Oclgrind beside the suite."""
+    done = background.result("oclgrind-rnn-reserve")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["code"] == 0, found["output"][-3000:]
+    assert found["output"].count(" ran") == 4 and not found["diagnostics"], "\n".join(found["diagnostics"][:40])

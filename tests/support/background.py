@@ -1,23 +1,26 @@
 """Long checks that run beside the rest of the suite, in processes of their own.
 
-Oclgrind's simulation of the representative kernel cases (one process per kernel target), NVRTC's
+Oclgrind's simulation of the representative kernel cases (one process per kernel target) and of the recurrent
+reserve's forward and backward (``reserve_oclgrind``), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
 kernel's text changed), each OpenCL implementation's build of every f32 program and the fuzz profile on
 each OpenCL implementation (a compiler or kernel that crashes takes only its own process) are
 single-threaded. Started as soon as the session has collected its tests
-(only the checks whose test was selected), they share both cores with the other tests, and the test
-that owns a check waits for its result. A check is the command a developer runs by hand
+(only the checks whose test was selected), at a lower priority, they take the core the tests leave; the tests
+that own a check run last and wait for its result. A check is the command a developer runs by hand
 (``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache,
 ``tools/fuzz.py --device D``).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import IO
 
-from support import cuda_builds
+from support import cuda_builds, reserve_oclgrind
 from rlx_gpu.launches.limits import TARGETS
 from rlx_gpu.runtime.registry import status
 
@@ -49,6 +52,8 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
     **{f"oclgrind-{target}": ("tests/devices/test_oclgrind.py::test_conformance_cases_are_clean_under_oclgrind",
                               [sys.executable, str(ROOT / "tools" / "oclgrind_check.py"), "--targets", target])
        for target in OCLGRIND_TARGETS},
+    "oclgrind-rnn-reserve": ("tests/devices/test_rnn_reserve_device.py::test_the_reserve_kernels_are_clean_under_oclgrind",
+                             reserve_oclgrind.command("opencl:0:0")),
     "nvrtc": ("tests/devices/test_nvrtc.py::test_every_program_compiles_for_every_arch",
               [sys.executable, "-c", NVRTC_SCRIPT]),
     **{f"fuzz-{spec}": (f"tests/schedule/test_fuzz.py::test_the_profile_on_opencl[{spec}]",
@@ -60,33 +65,57 @@ CHECKS: dict[str, tuple[str, list[str]]] = {
                                  OPENCL_BUILDS + [spec]) for spec in OPENCL_IMPLEMENTATIONS},
 }
 
-_running: dict[str, subprocess.Popen] = {}
+#: how much lower the checks run than the tests (``nice``): the tests keep a core of their own, the checks take the
+#: other and whatever the tests leave, and the tests that wait for them run last (``waiting_last``)
+NICENESS = 10
+
+_running: dict[str, tuple[subprocess.Popen, IO[str], IO[str]]] = {}
 
 
 def start(selected: set[str]) -> None:
-    """Start every check whose test is among the ``selected`` test ids."""
+    """Start every check whose test is among the ``selected`` test ids, its output in temporary files (a pipe
+    nobody reads until the test runs would stop a talkative check once full)."""
     for name, (test, argv) in CHECKS.items():
         if test in selected and name not in _running:
-            _running[name] = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True)
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=err, text=True)
+            if hasattr(os, "setpriority"):  # set from here (no preexec_fn in a threaded process), before it spawns
+                os.setpriority(os.PRIO_PROCESS, proc.pid, NICENESS)
+            _running[name] = (proc, out, err)
+
+
+def waiting_last(items: list) -> list:
+    """``items`` (pytest's) with the tests that wait for a check moved to the end, in their order: the checks then
+    have the whole run to finish beside the other tests."""
+    waiting = {test for test, _ in CHECKS.values()}
+    return [i for i in items if i.nodeid not in waiting] + [i for i in items if i.nodeid in waiting]
 
 
 def result(name: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     """The finished check ``name`` (started now, when the session did not start it)."""
     if name not in _running:
         start({CHECKS[name][0]})
-    proc = _running.pop(name)
+    proc, out, err = _running.pop(name)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, *map(_read_and_close, (out, err)))
+
+
+def _read_and_close(file: IO[str]) -> str:
+    file.seek(0)
+    text = file.read()
+    file.close()
+    return text
 
 
 def stop_all() -> None:
     """Kill the checks nobody waited for (their test was deselected or the session was interrupted)."""
-    for proc in _running.values():
+    for proc, out, err in _running.values():
         proc.kill()
-        proc.communicate()
+        proc.wait()
+        out.close()
+        err.close()
     _running.clear()

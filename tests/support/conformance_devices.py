@@ -4,6 +4,7 @@ implementation); and which of them
 run every case and which only the representative ones."""
 from __future__ import annotations
 
+import functools
 import os
 
 from rlx_gpu.conformance import devices
@@ -41,3 +42,11 @@ def is_second(spec: str) -> bool:
 #: in only where no other OpenCL device is tested.
 KERNEL_OPENCL = [s for s in SPECS if s.split(":")[0] == "opencl" and not is_second(s)] or \
     [s for s in SPECS if s.split(":")[0] == "opencl"][:1]
+
+
+@functools.lru_cache(maxsize=None)
+def opened(spec: str, target: str):
+    """The test process's one session on device ``spec`` at kernel ``target``: a session builds its programs in a
+    context of its own, so the test files that run on a runtime slow to build (Intel's, seconds a program) share
+    its builds. An absent device raises here."""
+    return devices.open_device(devices.find(spec), target)

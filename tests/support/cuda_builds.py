@@ -26,18 +26,18 @@ def directory() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def cache():
-    """The session's sm_90 :class:`~rlx_gpu.backends.cubin_cache.CubinCache` on :func:`directory`, with the
-    backend's options and compiler."""
+def cache(arch: str | None = None):
+    """The session's :class:`~rlx_gpu.backends.cubin_cache.CubinCache` for ``arch`` (default the backend's
+    sm_90) on :func:`directory`, with the backend's options and compiler."""
     from rlx_gpu.backends import nvrtc
     from rlx_gpu.backends.cubin_cache import CubinCache, nvrtc_version
 
-    return CubinCache(nvrtc.CUBIN_ARCH, nvrtc.OPTIONS, nvrtc.build, nvrtc_version(), directory())
+    return CubinCache(arch or nvrtc.CUBIN_ARCH, nvrtc.OPTIONS, nvrtc.build, nvrtc_version(), directory())
 
 
-def build(prog):
-    """The sm_90 build of ``prog`` (cubin, PTX, ptxas's ``-v`` report)."""
-    return cache().built(prog)
+def build(prog, arch: str | None = None):
+    """The build of ``prog`` for ``arch`` (default sm_90): cubin, PTX, ptxas's ``-v`` report."""
+    return cache(arch).built(prog)
 
 
 @functools.lru_cache(maxsize=None)
