@@ -1322,6 +1322,7 @@ KERNEL gated_delta_net_chunk_out(i64 R, i64 S, i64 H, i64 HV, i64 K, i64 V, i64 
  *   u [B][NR][HV][32][V]       what each token adds to the state (0 past the sequence).
  * NR = ceil(S / GDN_RC). The host writes the same numbers (host_fallback/gdn_chunked.py), by GEMMs. */
 
+#ifdef RLX_TARGET_GPU /* the cpu target's walk records the states and u itself (GDN_RESERVE) */
 /* Column j of the state of (batch row b, value head vh) walked token by token in place in the reserve: each
  * chunk's column starts as a copy of the previous one's (the initial state, or zeros, for the first) and steps
  * through the chunk's tokens, writing each token's u. One work-item per (b, vh, j), j fastest; no private
@@ -1368,6 +1369,7 @@ KERNEL gdn_reserve_walk(i64 B, i64 S, i64 H, i64 HV, i64 K, i64 V, int carry, in
         }
     }
 }
+#endif
 
 /* The log-decay of token t of row b, head vh (key channel i with per_channel) as the reserve's products take
  * it: 0 past the sequence, and raised to the log of the compute type's smallest subnormal minus 1 (a -inf, a

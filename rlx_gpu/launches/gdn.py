@@ -247,17 +247,17 @@ def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> Lau
                              defines=defines)
     dims = dict(B=b, S=sh.seq, HV=hv)
     rows = b * -(-sh.seq // RESERVE_CHUNK) * hv * RESERVE_CHUNK  # (row, chunk, value head, token of the chunk)
-    walk = launch("gdn_reserve_walk", b * hv * sh.value_size,
-                  dict(dims, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry, per_channel=sh.per_channel,
-                       state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm, hb=at["states"],
-                       ub=at["u"], **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots")))
     grams = launch("gdn_reserve_grams", rows, dict(dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel,
                                                   qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"], mb=at["kk"],
                                                   **_arena(t, "q", "k", "g")))
     inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
     norms = _norms(t, sh, lim, nrm)
     nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
-    saving = (walk,) if lim.target == "gpu" else ()
+    saving = () if lim.target == "cpu" else (launch(
+        "gdn_reserve_walk", b * hv * sh.value_size,
+        dict(dims, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry, per_channel=sh.per_channel,
+             state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm, hb=at["states"], ub=at["u"],
+             **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots"))),)
     return LaunchPlan(norms + saving + (grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
 
 

@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 
+import rlx_gpu
 from rlx_gpu import launches
 from rlx_gpu.backends.programs import FAMILIES
 from rlx_gpu.conformance import cases, catalog, runner
@@ -159,7 +160,8 @@ def test_every_planners_launches_bind_to_their_kernel_signatures(target):
         thunk = runner.lay_out(case).thunk
         if launches.unsupported(thunk, lim):
             continue
-        for options in ({}, {"rnn_kernel": "persistent", "ssm_kernel": "chunked"}, {"ssm_kernel": "lanes"}):
+        for options in ({}, {"rnn_kernel": "persistent", "ssm_kernel": "chunked"},
+                        {"rnn_kernel": "step", "ssm_kernel": "lanes"}):
             for launch in launches.plan(thunk, lim, **{**case.options, **options}).launches:
                 _check_bound(launch)
                 kernels.add((launch.family, launch.kernel))
@@ -172,7 +174,12 @@ def test_every_planners_launches_bind_to_their_kernel_signatures(target):
     saved = runner.lay_out(Case("lstm", "f32", dict(batch=2, seq=5, input_size=3, hidden=4, num_layers=1,
                                                     bidirectional=True, carry=False, seq_lens=[5, 2], reserve=True,
                                                     reserve_bytes=1 << 15))).thunk
-    for launch in launches.plan(split, lim, ssm_kernel="lanes").launches + launches.plan(saved, lim).launches:
+    # gated_delta_net's saved forward (every other catalog case is sampled: its reserve case may not be)
+    gdn = dict(cases.SMALL["gated_delta_net"], op="gated_delta_net", dtype="f32")
+    gdn_saved = runner.lay_out(Case("gated_delta_net", "f32", dict(cases.SMALL["gated_delta_net"], reserve=True,
+                                                                   reserve_bytes=rlx_gpu.reserve_bytes(gdn)))).thunk
+    for launch in (launches.plan(split, lim, ssm_kernel="lanes").launches + launches.plan(saved, lim).launches
+                   + launches.plan(gdn_saved, lim).launches):
         _check_bound(launch)
         kernels.add((launch.family, launch.kernel))
     for dtype in ("f32", "f64"):  # the scan driver's own launches
