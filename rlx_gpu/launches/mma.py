@@ -20,7 +20,7 @@ SIXTEEN_BIT = ("f16", "bf16")
 MMA_TILE = 16
 #: the program families whose chunked kernels have the variant, and the variant each dtype builds (NVRTC's
 #: program list; OpenCL builds none)
-MMA_FAMILIES = ("ssm", "gdn", "mamba3", "mamba2_backward")
+MMA_FAMILIES = ("ssm", "gdn", "mamba3", "mamba2_backward", "mamba3_backward")
 MMA_OF_DTYPE = {"f16": MMA_16BIT, "bf16": MMA_16BIT, "f32": MMA_TF32}
 
 
