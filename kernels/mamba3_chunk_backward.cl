@@ -44,6 +44,36 @@ INLINE_FN real m3cb_gy(m3_io io, GLOBAL const store_t* go, i64 at)
     return io.has_z ? g * zv * sigmoid_r(zv) : g;
 }
 
+#ifdef RLX_MMA
+#if RLX_MMA == 2 /* TF32 operands of 4 bytes: half the columns a pass (both products' tiles within 48 KiB) */
+#define M3CB_NW (M3C_NW / 2)
+#else
+#define M3CB_NW M3C_NW
+#endif
+/* m3cb_product on the tensor cores: warp w < M3CB_NW/16 one 16x16 tile of M3CB_NW columns per pass, m staged as
+ * [M3C_Q][M3CB_NW] operands (mt, zero past the steps), through an f32 tile (tile) to the store. */
+INLINE_FN void m3cb_product_mma_barrier(GLOBAL real* out, LOCAL_PTR const mma_t* x, LOCAL_PTR mma_t* mt,
+                                        LOCAL_PTR float* tile, GLOBAL const real* m, i64 stride, int steps, i64 p0,
+                                        int np, i64 N, int lane)
+{
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3CB_NW) {
+        BARRIER(); /* the previous pass's readers are done */
+        for (int e = lane; e < M3C_Q * M3CB_NW; e += M3C_LANES) {
+            const int s = e / M3CB_NW, nn = e - s * M3CB_NW;
+            mt[e] = TO_MMA(s < steps && n0 + nn < N ? m[s * stride + n0 + nn] : (real)0);
+        }
+        BARRIER();
+        if (MMA_WARP(lane) < M3CB_NW / 16) /* uniform over a warp */
+            mma_steps_tile(tile, x, mt, M3CB_NW, steps, MMA_WARP(lane));
+        BARRIER();
+        for (int e = lane; e < M3C_PT * M3CB_NW; e += M3C_LANES) {
+            const int p = e / M3CB_NW, nn = e - p * M3CB_NW;
+            if (p < np && n0 + nn < N)
+                out[(p0 + p) * N + n0 + nn] = tile[e];
+        }
+    }
+}
+#else
 /* out[p0+p][n] = sum_s x[s][p] m[s*stride + n] over the chunk's steps, rows p < np, a lane per (column, M3C_PS
  * rows); the portable twin of m3cb_product_mma_barrier. */
 INLINE_FN void m3cb_product(GLOBAL real* out, LOCAL_PTR const m3c_op_t* x, GLOBAL const real* m, i64 stride,
@@ -65,30 +95,6 @@ INLINE_FN void m3cb_product(GLOBAL real* out, LOCAL_PTR const m3c_op_t* x, GLOBA
         for (int c = 0; c < M3C_PS; ++c)
             if (pb * M3C_PS + c < np)
                 out[(p0 + pb * M3C_PS + c) * N + n] = acc[c];
-    }
-}
-
-#ifdef RLX_MMA
-/* m3cb_product on the tensor cores: each warp one 16x16 tile of M3C_NW columns per pass, m staged as [M3C_Q][M3C_NW]
- * operands (mt, zero past the steps), through an f32 tile (tile) to the store. */
-INLINE_FN void m3cb_product_mma_barrier(GLOBAL real* out, LOCAL_PTR const mma_t* x, LOCAL_PTR mma_t* mt,
-                                        LOCAL_PTR float* tile, GLOBAL const real* m, i64 stride, int steps, i64 p0,
-                                        int np, i64 N, int lane)
-{
-    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3C_NW) {
-        BARRIER(); /* the previous pass's readers are done */
-        for (int e = lane; e < M3C_Q * M3C_NW; e += M3C_LANES) {
-            const int s = e / M3C_NW, nn = e - s * M3C_NW;
-            mt[e] = TO_MMA(s < steps && n0 + nn < N ? m[s * stride + n0 + nn] : (real)0);
-        }
-        BARRIER();
-        mma_steps_tile(tile, x, mt, M3C_NW, steps, MMA_WARP(lane));
-        BARRIER();
-        for (int e = lane; e < M3C_PT * M3C_NW; e += M3C_LANES) {
-            const int p = e / M3C_NW, nn = e - p * M3C_NW;
-            if (p < np && n0 + nn < N)
-                out[(p0 + p) * N + n0 + nn] = tile[e];
-        }
     }
 }
 #endif
@@ -129,8 +135,8 @@ KERNEL mamba3_cb_states(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int car
     GLOBAL const real* ks = AT(real, krb, kro) + (first * H + h) * N;
     GLOBAL const real* qs = AT(real, qrb, qro) + (first * H + h) * N;
 #ifdef RLX_MMA
-    MMA_LOCAL mma_t mt[M3C_Q * M3C_NW];
-    MMA_LOCAL float out[M3C_PT * M3C_NW];
+    MMA_LOCAL mma_t mt[M3C_Q * M3CB_NW];
+    MMA_LOCAL float out[M3C_PT * M3CB_NW];
     m3cb_product_mma_barrier(own, xw, mt, out, ks, H * N, steps, tile.p0, tile.np, N, lane);
     m3cb_product_mma_barrier(down, gw, mt, out, qs, H * N, steps, tile.p0, tile.np, N, lane);
 #else

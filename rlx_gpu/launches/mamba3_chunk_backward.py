@@ -39,7 +39,7 @@ def _local_bytes(lim: DeviceLimits, dtype: str) -> int:
     q, pt, lanes = lim.tune("M3C_Q"), lim.tune("M3C_PT"), lim.tune("M3C_LANES")
     mma = dict(mma_defines(lim, dtype)).get("RLX_MMA")
     op = 4 if not mma or mma == MMA_TF32 else 2
-    columns = lanes // 32 * 16
+    columns = lanes // 32 * 16 // (2 if mma == MMA_TF32 else 1)  # M3CB_NW
     states = 3 * q * 4 + 4 * q + 2 * q * pt * op + ((q * columns * op + pt * columns * 4) if mma else 0)
     chunk = 6 * q * 4 + 4 * q + 2 * q * q * 4 + 4 * lanes * 4 + q * pt * op + (2 * q * 16 * op if mma else 0)
     return max(states, chunk)
