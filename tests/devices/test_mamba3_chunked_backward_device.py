@@ -23,7 +23,7 @@ from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.runtime.config import load_config  # noqa: E402
 from rlx_gpu.runtime.registry import status  # noqa: E402
 from support.conformance_devices import KERNEL_OPENCL, SPECS  # noqa: E402
-from support.device_reserve import under_oclgrind  # noqa: E402
+from support.device_reserve import gradients, run, under_oclgrind  # noqa: E402
 
 CHUNKED = {"mamba3_cb_states", "mamba3_cb_pass", "mamba3_cb_chunk"}
 _CARRIED = dict(carry_state=True, angle_state=True, state=True, k_state=True, v_state=True, d_angle_state=True,
@@ -47,36 +47,23 @@ def session():
     return open_device(find(KERNEL_OPENCL[0]), "gpu")
 
 
-def _run(session, laid, **options) -> np.ndarray:
-    arena = session.upload(laid.arena)
-    with np.errstate(all="ignore"):
-        session.launch(laid.thunk, arena, **options)
-    session.finish()
-    return session.read(arena, 0, laid.arena.size)
-
-
-def _gradients(laid, arena: np.ndarray) -> dict[str, np.ndarray]:
-    return {r.field: laid.view(arena, r.field) for r in laid.regions if r.field.startswith("d_") and r.field != "d_dst"}
-
-
 def _check(session, case: Case) -> None:
+    """``case`` planned chunked on ``session``: each gradient within the dtype's NMSE bound of the float64 reference
+    and of the step walk, the same bytes a second time."""
     laid = runner.lay_out(case)
-    assert session.unsupported(laid.thunk) is None, session.unsupported(laid.thunk)
     kernels = {launch.kernel for launch in launches.plan(laid.thunk, session.limits).launches}
     assert CHUNKED <= kernels and "mamba3_backward_walk" not in kernels, kernels
-    got = _run(session, laid)
-    walked = _gradients(laid, _run(session, laid, ssm_kernel="lanes"))
+    arena = run(session, laid.thunk, laid.arena)
+    got, want = gradients(laid.thunk, arena), laid.reference()
+    walked = gradients(laid.thunk, run(session, laid.thunk, laid.arena, ssm_kernel="lanes"))
+    assert set(got) == {f for f in case.params if f.startswith("d_")} | {
+        "d_q", "d_k", "d_v", "d_adt", "d_dt", "d_trap", "d_angles"}, sorted(got)
     bound = load_config().tolerance(case.op, case.dtype)
-    want = laid.reference()
-    gradients = _gradients(laid, got)
-    assert set(gradients) == {f for f in case.params if f.startswith("d_")} | {
-        "d_q", "d_k", "d_v", "d_adt", "d_dt", "d_trap", "d_angles"}, sorted(gradients)
-    for field, value in gradients.items():
-        err = nmse(value, want[field].reshape(-1))
-        assert err < bound, f"{case.dtype} {field}: nmse {err:.3g} against the float64 reference (bound {bound:.3g})"
-        err = nmse(value, walked[field])
-        assert err < bound, f"{case.dtype} {field}: nmse {err:.3g} against the step walk (bound {bound:.3g})"
-    assert np.array_equal(_run(session, laid), got), "a second run gave other bytes"
+    for field, value in got.items():
+        for name, other in (("the float64 reference", want[field]), ("the step walk", walked[field])):
+            err = nmse(np.reshape(value, -1), np.reshape(other, -1))
+            assert err < bound, f"{case.dtype} {field}: nmse {err:.3g} against {name} (bound {bound:.3g})"
+    assert np.array_equal(run(session, laid.thunk, laid.arena), arena), "a second run gave other bytes"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.dtype)
