@@ -19,8 +19,10 @@
  * Launches (launches/mamba3_chunk_backward.py), between mamba3_backward_turn and mamba3_backward_tokens:
  *   mamba3_cb_states  a work-group per (head, slot, M3C_PT state rows), as mamba3_chunk_state: gy into scratch, the
  *                     chunk's own state sum_s e[last][s] w[s] v[s] (x) k~[s] and its share of the entering gradient
- *                     sum_t exp(c[t]) gy[t] (x) q~[t], two products over the chunk (their RLX_MMA variant on the
- *                     tensor cores), and the chunk's decay exp(c[last]);
+ *                     sum_t exp(c[t]) gy[t] (x) q~[t], two products over the chunk in f32 on every path (no MMA
+ *                     variant: their operands rounded to 16 bits push the angles' gradient past the conformance
+ *                     bounds -- the score terms of d_angle_state cancel exactly, those of the states do not, and
+ *                     what is left is small beside the rounding), and the chunk's decay exp(c[last]);
  *   mamba3_cb_pass    an item per (row, head, state row p): in chunk order the state entering each chunk over its own
  *                     one, in reverse the gradient of the state leaving each over its share, each chunk's row p of
  *                     <D, S_leaving>; with carry d_state (D0), d_v_state (beta'[first] D0 kbar; its incoming value,
@@ -44,40 +46,11 @@ INLINE_FN real m3cb_gy(m3_io io, GLOBAL const store_t* go, i64 at)
     return io.has_z ? g * zv * sigmoid_r(zv) : g;
 }
 
-#ifdef RLX_MMA
-#if RLX_MMA == 2 /* TF32 operands of 4 bytes: half the columns a pass (both products' tiles within 48 KiB) */
-#define M3CB_NW (M3C_NW / 2)
-#else
-#define M3CB_NW M3C_NW
-#endif
-/* m3cb_product on the tensor cores: warp w < M3CB_NW/16 one 16x16 tile of M3CB_NW columns per pass, m staged as
- * [M3C_Q][M3CB_NW] operands (mt, zero past the steps), through an f32 tile (tile) to the store. */
-INLINE_FN void m3cb_product_mma_barrier(GLOBAL real* out, LOCAL_PTR const mma_t* x, LOCAL_PTR mma_t* mt,
-                                        LOCAL_PTR float* tile, GLOBAL const real* m, i64 stride, int steps, i64 p0,
-                                        int np, i64 N, int lane)
-{
-    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M3CB_NW) {
-        BARRIER(); /* the previous pass's readers are done */
-        for (int e = lane; e < M3C_Q * M3CB_NW; e += M3C_LANES) {
-            const int s = e / M3CB_NW, nn = e - s * M3CB_NW;
-            mt[e] = TO_MMA(s < steps && n0 + nn < N ? m[s * stride + n0 + nn] : (real)0);
-        }
-        BARRIER();
-        if (MMA_WARP(lane) < M3CB_NW / 16) /* uniform over a warp */
-            mma_steps_tile(tile, x, mt, M3CB_NW, steps, MMA_WARP(lane));
-        BARRIER();
-        for (int e = lane; e < M3C_PT * M3CB_NW; e += M3C_LANES) {
-            const int p = e / M3CB_NW, nn = e - p * M3CB_NW;
-            if (p < np && n0 + nn < N)
-                out[(p0 + p) * N + n0 + nn] = tile[e];
-        }
-    }
-}
-#else
+#ifndef RLX_MMA /* mamba3_cb_states: the portable program's only (the plan launches it without the MMA variant) */
 /* out[p0+p][n] = sum_s x[s][p] m[s*stride + n] over the chunk's steps, rows p < np, a lane per (column, M3C_PS
- * rows); the portable twin of m3cb_product_mma_barrier. */
-INLINE_FN void m3cb_product(GLOBAL real* out, LOCAL_PTR const m3c_op_t* x, GLOBAL const real* m, i64 stride,
-                            int steps, i64 p0, int np, i64 N, int lane)
+ * rows). */
+INLINE_FN void m3cb_product(GLOBAL real* out, LOCAL_PTR const real* x, GLOBAL const real* m, i64 stride, int steps,
+                            i64 p0, int np, i64 N, int lane)
 {
     for (i64 e = lane; e < (steps > 0 ? N * (M3C_PT / M3C_PS) : 0); e += M3C_LANES) {
         const i64 pb = e / N, n = e - pb * N;
@@ -97,7 +70,6 @@ INLINE_FN void m3cb_product(GLOBAL real* out, LOCAL_PTR const m3c_op_t* x, GLOBA
                 out[(p0 + pb * M3C_PS + c) * N + n] = acc[c];
     }
 }
-#endif
 
 /* A work-group per (head, slot, M3C_PT state rows), lanes as mamba3_chunk_state's: gy of the tile's rows into gys
  * ([T][H][P]); the chunk's own state into own and its share of the entering gradient into down ([H*K][P][N] each),
@@ -110,7 +82,7 @@ KERNEL mamba3_cb_states(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int car
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q];
     LOCAL int rs[M3C_Q];
-    M3C_LOCAL m3c_op_t xw[M3C_Q * M3C_PT], gw[M3C_Q * M3C_PT];
+    LOCAL real xw[M3C_Q * M3C_PT], gw[M3C_Q * M3C_PT];
     const int lane = (int)LID(0);
     m3_io io = m3_with_coeffs(m3_io_base(H, P, N, A, G, carry, dt_real, param_real, dtb, dto), adtb, adto, trb, tro);
     io = m3_with_values(io, has_d, has_z, vb, vo, zb, zo, skb, sko);
@@ -125,7 +97,7 @@ KERNEL mamba3_cb_states(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int car
         const real gy = in ? m3cb_gy(io, AT(store_t, gob, goo), at) : (real)0;
         if (in)
             gys[at] = gy;
-        gw[e] = M3C_OP(in ? m3c_decay(cum, rs, s, -1) * gy : (real)0);
+        gw[e] = in ? m3c_decay(cum, rs, s, -1) * gy : (real)0;
     }
     if (tile.p0 == 0 && lane == 0 && steps > 0)
         AT(real, decb, deco)[tile.slot] = m3c_decay(cum, rs, steps - 1, -1);
@@ -134,16 +106,10 @@ KERNEL mamba3_cb_states(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int car
     GLOBAL real* down = AT(real, downb, downo) + tile.slot * P * N;
     GLOBAL const real* ks = AT(real, krb, kro) + (first * H + h) * N;
     GLOBAL const real* qs = AT(real, qrb, qro) + (first * H + h) * N;
-#ifdef RLX_MMA
-    MMA_LOCAL mma_t mt[M3C_Q * M3CB_NW];
-    MMA_LOCAL float out[M3C_PT * M3CB_NW];
-    m3cb_product_mma_barrier(own, xw, mt, out, ks, H * N, steps, tile.p0, tile.np, N, lane);
-    m3cb_product_mma_barrier(down, gw, mt, out, qs, H * N, steps, tile.p0, tile.np, N, lane);
-#else
     m3cb_product(own, xw, ks, H * N, steps, tile.p0, tile.np, N, lane);
     m3cb_product(down, gw, qs, H * N, steps, tile.p0, tile.np, N, lane);
-#endif
 }
+#endif
 
 /* Item GID(0) = (row, head, state row p), p fastest: column by column, the row's chunks walked forward (each slot's
  * own state in own becomes the state entering it, from S0) then back (each slot's share in down becomes the
@@ -463,8 +429,8 @@ KERNEL mamba3_cb_chunk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carr
                              AT(real, downb, downo) + tile.slot * P * N, AT(real, partb, parto) + (ch.first * H + h) * W,
                              H * N, H * P, H * W, P, N, (int)ch.steps};
 #ifdef RLX_MMA
-    MMA_LOCAL mma_t rows[M3C_Q * 16], cols[M3C_Q * 16];
-    m3cb_scores_mma_barrier(c, l, rows, cols, lane);
+    MMA_LOCAL mma_t cols[M3C_Q * 16];
+    m3cb_scores_mma_barrier(c, l, xs, cols, lane); /* xs ([M3C_Q][16]: the stage's values, unread) holds the rows */
 #else
     m3cb_scores(c, l, lane);
 #endif

@@ -250,9 +250,8 @@ def _backward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object
                 **{f"{part}b": (SCRATCH, offset) for part, offset in at.items()},
                 **{param: (ARENA, t.get(field) or 0) for field, param in _GRADIENTS.items()})
     args.update(mamba3_chunk_backward.arguments(fwd, lim) if chunked else {})
-    variant = mamba3_chunk_backward.defines(fwd, lim) if chunked else ()
 
-    def launch(kernel: str, size: tuple, local: tuple, defines: tuple = variant) -> Launch:
+    def launch(kernel: str, size: tuple, local: tuple, defines: tuple = ()) -> Launch:
         groups, own_args = {**_KERNELS, **mamba3_chunk_backward.KERNELS}[kernel]
         names = [name for group in groups for name in _GROUPS[group]] + list(own_args)
         return kernel_launch("mamba3_backward", kernel, dt, size, local, {name: args[name] for name in names},
@@ -270,19 +269,19 @@ def _backward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object
             ("d_q_bias", h * n, tokens, h * n, 0, h * n, "qr", param_real),
             ("d_k_bias", h * n, tokens, h * n, 0, h * n, "kr", param_real),
             ("d_d", h, sets, h, 0, h, "ddp", param_real)]
-    out += [_reduce(t[field], m, k, inner, outer, kstride, at[part], is_real, dt, lim, variant)
+    out += [_reduce(t[field], m, k, inner, outer, kstride, at[part], is_real, dt, lim)
             for field, m, k, inner, outer, kstride, part, is_real in sums if t.get(field) is not None]
     note = f"chunked Q={lim.tune('M3C_Q')}" if chunked else f"checkpoints every {q} steps, {blocks} block(s) of {per} state rows"
     return LaunchPlan(tuple(out), total, (note,))
 
 
 def _reduce(out: int, m: int, k: int, inner: int, outer: int, kstride: int, part: int, is_real: bool, dt: str,
-            lim: DeviceLimits, defines: tuple = ()) -> Launch:
+            lim: DeviceLimits) -> Launch:
     """``mamba3_backward_reduce``: ``out`` (an arena offset) = the ``k`` partials of each of ``m`` values."""
     local = (linear_local(m),)
     return kernel_launch("mamba3_backward", "mamba3_backward_reduce", dt, grid((m,), local), local,
                          dict(M=m, K=k, inner=inner, outer=outer, kstride=kstride, is_real=is_real, pb=(SCRATCH, part),
-                              ob=(ARENA, out)), target=lim.target, defines=defines)
+                              ob=(ARENA, out)), target=lim.target)
 
 
 def unsupported_backward(t: Thunk, lim: DeviceLimits) -> str | None:

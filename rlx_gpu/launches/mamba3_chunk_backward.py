@@ -7,9 +7,10 @@ the forward's chunks of M3C_Q tokens: launches/mamba3.py's turn launch (q~, k~ a
 the entering state's gradient), ``mamba3_cb_pass`` (an item per (row, head, state row): the states entering each
 chunk and the gradients of those leaving it) and ``mamba3_cb_chunk`` (a work-group per (head, chunk slot): the
 scores q~.k~^T and gy.v^T, every token's gradients), whose partials launches/mamba3.py's per-token, angle and reduce
-launches finish as the step walk's (one block; the per-token launch ``direct``). On a device with tensor cores every
-launch of the plan takes the MMA variant (``RLX_MMA``: the two state products and the two scores), so that one
-program holds them all. Packed sequences and f64 keep the step walk.
+launches finish as the step walk's (one block; the per-token launch ``direct``). On a device with tensor cores
+``mamba3_cb_chunk`` takes the MMA variant (``RLX_MMA``: its two scores); the others run in the portable program (the
+state products stay f32: rounded to 16 bits they push the angles' gradient past the conformance bounds). Packed
+sequences and f64 keep the step walk.
 """
 from __future__ import annotations
 
@@ -34,14 +35,13 @@ LaunchOf = Callable[[str, tuple, tuple, tuple], Launch]
 
 
 def _local_bytes(lim: DeviceLimits, dtype: str) -> int:
-    """LOCAL memory the larger of mamba3_cb_states and mamba3_cb_chunk takes (kernels/mamba3_chunk_backward.cl), in
-    the portable text or its MMA variant (operands of 2 bytes, or 4 with TF32)."""
+    """LOCAL memory the larger of mamba3_cb_states and mamba3_cb_chunk takes (kernels/mamba3_chunk_backward.cl), the
+    second in the portable text or its MMA variant (operands of 2 bytes, or 4 with TF32)."""
     q, pt, lanes = lim.tune("M3C_Q"), lim.tune("M3C_PT"), lim.tune("M3C_LANES")
     mma = dict(mma_defines(lim, dtype)).get("RLX_MMA")
     op = 4 if not mma or mma == MMA_TF32 else 2
-    columns = lanes // 32 * 16 // (2 if mma == MMA_TF32 else 1)  # M3CB_NW
-    states = 3 * q * 4 + 4 * q + 2 * q * pt * op + ((q * columns * op + pt * columns * 4) if mma else 0)
-    chunk = 6 * q * 4 + 4 * q + 2 * q * q * 4 + 4 * lanes * 4 + q * pt * op + (2 * q * 16 * op if mma else 0)
+    states = 3 * q * 4 + 4 * q + 2 * q * pt * 4
+    chunk = 6 * q * 4 + 4 * q + 2 * q * q * 4 + 4 * lanes * 4 + q * pt * op + (q * 16 * op if mma else 0)
     return max(states, chunk)
 
 
@@ -68,11 +68,6 @@ def slots(fwd: Thunk, lim: DeviceLimits) -> int:
     return chunk_slots(fwd, lim.tune("M3C_Q"))
 
 
-def defines(fwd: Thunk, lim: DeviceLimits) -> tuple:
-    """The plan's program variant: the MMA one where the device takes it."""
-    return mma_defines(lim, fwd["dtype"])
-
-
 def launches(fwd: Thunk, lim: DeviceLimits, launch: LaunchOf) -> list[Launch]:
     """The three launches between the turn and the per-token launch, through ``launch``."""
     lanes, heads, p = lim.tune("M3C_LANES"), fwd["heads"], fwd["head_dim"]
@@ -80,10 +75,9 @@ def launches(fwd: Thunk, lim: DeviceLimits, launch: LaunchOf) -> list[Launch]:
     tiles = heads * k * -(-p // lim.tune("M3C_PT"))
     items = fwd["batch"] * heads * p
     local = min(items, 64)
-    var = defines(fwd, lim)
-    return [launch("mamba3_cb_states", (tiles * lanes,), (lanes,), var),
-            launch("mamba3_cb_pass", (-(-items // local) * local,), (local,), var),
-            launch("mamba3_cb_chunk", (heads * k * lanes,), (lanes,), var)]
+    return [launch("mamba3_cb_states", (tiles * lanes,), (lanes,), ()),
+            launch("mamba3_cb_pass", (-(-items // local) * local,), (local,), ()),
+            launch("mamba3_cb_chunk", (heads * k * lanes,), (lanes,), mma_defines(lim, fwd["dtype"]))]
 
 
 def arguments(fwd: Thunk, lim: DeviceLimits) -> dict[str, Any]:

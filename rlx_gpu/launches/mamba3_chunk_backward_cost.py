@@ -3,7 +3,7 @@ counted; the turn, per-token, angle and reduce launches around them are ``mamba3
 
 Per (head, chunk of s steps), read off kernels/mamba3_chunk_backward.cl's loops (batch rows only): in
 ``mamba3_cb_states`` two [P x N] products over the chunk, its own state (w·decay·V)ᵀ·K̃ and its share of the
-entering gradient (exp(c)·Gy)ᵀ·Q̃ (their RLX_MMA variant on the tensor cores); in ``mamba3_cb_chunk`` the scores
+entering gradient (exp(c)·Gy)ᵀ·Q̃ (FMA on every path); in ``mamba3_cb_chunk`` the scores
 Q̃·K̃ᵀ over N and Gy·Vᵀ over P on the lower triangle (tri = s(s+1)/2 pairs; their RLX_MMA variant on the tensor
 cores), then per step and state row dv (Aᵀ·Gy, D·k̃) and y (A·V, S_in·q̃), per step and column dq̃ (B·K̃, S_inᵀ·gy)
 and dk̃ (Bᵀ·Q̃, Dᵀ·v): GEMM-shaped too, but FMA loops over the LOCAL scores in both variants, so counted as

@@ -30,7 +30,7 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
                "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"), "mamba2_backward": ("mamba2_backward_dstate",),
-               "mamba3_backward": ("mamba3_cb_states", "mamba3_cb_chunk")}
+               "mamba3_backward": ("mamba3_cb_chunk",)}
 FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3", "mamba2_backward": "mamba2_backward",
           "mamba3_backward": "mamba3_backward"}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32

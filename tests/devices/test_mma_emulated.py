@@ -41,7 +41,7 @@ CHUNK_KERNELS = {"mamba2": {"mamba2_chunk_state", "mamba2_chunk_scan"},
                  "gated_delta_net": {"gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
                                      "gated_delta_net_chunk_out"},
                  "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"},
-                 "mamba3_backward": {"mamba3_cb_states", "mamba3_cb_chunk"}}
+                 "mamba3_backward": {"mamba3_cb_chunk"}}
 CHUNKED_OPS = tuple(CHUNK_KERNELS)
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
