@@ -25,7 +25,8 @@ its partials); a work-item per (token, head) summing the blocks' partials and un
 head) summing the angle's gradient from the last token back; then fixed-order sums (``mamba3_backward_reduce``) of
 d_q and d_k over a group's heads, of the biases' gradients over the tokens and of d_d over rows and blocks. Every
 sum has one order: the same bytes on every run, no atomics. What runs on the host instead: the forward's
-element-type limits (``wider_types``).
+element-type limits (``wider_types``). At the gpu target, long batch rows below f64 run chunked instead of the walk
+(``mamba3_chunk_backward``: three launches between the turn and the per-token launch, by the forward's rule).
 """
 from __future__ import annotations
 
