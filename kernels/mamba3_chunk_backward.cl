@@ -32,7 +32,9 @@
  *                     partials (one block, `direct`), d_d's share per slot; the row's first chunk with carry kbar's
  *                     share (for d_k_state) and beta'[first]'s.
  * Every sum is a loop in one fixed order (the same bytes every run); loops over s <= t or t >= s are bounded, never
- * masked by a zero. Scratch is in the compute type (f32 for 16-bit thunks); d_ outputs are rounded once, on store. */
+ * masked by a zero. One NaN spreads further than the walk's: d_adt is a sum of dc from the step on, and a NaN in v,
+ * k or adt at token t reaches dc from t on, so d_adt of the chunk's tokens before t too (the walk's stay finite:
+ * their terms cancel exactly, which NaN does not). Scratch is in the compute type (f32 for 16-bit thunks); d_ outputs are rounded once, on store. */
 #if defined(RLX_TARGET_GPU) && !defined(RLX_NEED_FP64) /* f64 and the cpu target: the step walk */
 #define M3CB_J (M3C_LANES / M3C_Q) /* lanes per step in mamba3_cb_chunk's per-token phases */
 #if M3C_LANES % M3C_Q != 0
