@@ -327,11 +327,12 @@ KERNEL mamba3_backward_walk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int
 
 /* Token tok, head h (item GID(0) = tok*H + h): the blocks' partials summed; d_adt and d_trap stored, dt's share of
  * beta and gamma kept (dts); the turns undone, the biased q's and k's gradients written over qr and kr, each
- * angle's own gradient over th. */
+ * angle's own gradient over th. `direct`: the partials' first three are d_adt, beta''s and gamma's gradients
+ * (kernels/mamba3_chunk_backward.cl's), not the shares of alpha, beta, gamma. */
 KERNEL mamba3_backward_tokens(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carry, int dt_real, int param_real,
     GLOBAL uchar* dtb, i64 dto, GLOBAL uchar* adtb, i64 adto, GLOBAL uchar* trb, i64 tro, i64 T, i64 blocks,
     GLOBAL uchar* dadtb, i64 dadto, GLOBAL uchar* dtrb, i64 dtro, GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb,
-    i64 kro, GLOBAL uchar* partb, i64 parto, GLOBAL uchar* thb, i64 tho, GLOBAL uchar* dtsb, i64 dtso)
+    i64 kro, GLOBAL uchar* partb, i64 parto, GLOBAL uchar* thb, i64 tho, GLOBAL uchar* dtsb, i64 dtso, int direct)
 {
     const i64 e = GID(0), tok = e / H, h = e - tok * H;
     if (tok >= T)
@@ -350,8 +351,8 @@ KERNEL mamba3_backward_tokens(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, i
     }
     const m3_coeffs cf = m3_coeffs_at(io, tok, h);
     const real lambda = (real)1 / ((real)1 + rlx_exp(-load_any(io.trap, e, dt_real)));
-    const real dbp = dbe * cf.alpha; /* beta = beta' * alpha, beta' = (1 - lambda) * dt */
-    store_any(AT(uchar, dadtb, dadto), e, dt_real, (dal + dbe * ((real)1 - lambda) * cf.dt) * cf.alpha);
+    const real dbp = direct ? dbe : dbe * cf.alpha; /* beta = beta' * alpha, beta' = (1 - lambda) * dt */
+    store_any(AT(uchar, dadtb, dadto), e, dt_real, direct ? dal : (dal + dbe * ((real)1 - lambda) * cf.dt) * cf.alpha);
     store_any(AT(uchar, dtrb, dtro), e, dt_real, (dga - dbp) * cf.dt * lambda * ((real)1 - lambda));
     AT(real, dtsb, dtso)[e] = dbp * ((real)1 - lambda) + dga * lambda;
     for (i64 i = 0; i < N / 2; ++i) {

@@ -25,7 +25,8 @@ its partials); a work-item per (token, head) summing the blocks' partials and un
 head) summing the angle's gradient from the last token back; then fixed-order sums (``mamba3_backward_reduce``) of
 d_q and d_k over a group's heads, of the biases' gradients over the tokens and of d_d over rows and blocks. Every
 sum has one order: the same bytes on every run, no atomics. What runs on the host instead: the forward's
-element-type limits (``wider_types``).
+element-type limits (``wider_types``). At the gpu target, long batch rows below f64 run chunked instead of the walk
+(``mamba3_chunk_backward``: three launches between the turn and the per-token launch, by the forward's rule).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from host_fallback.abi import complete, forward_op
 
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
+from . import mamba3_chunk_backward
 from .limits import SSM_VARIANTS, DeviceLimits, add_tuning, add_variants, state_variant
 from .mma import MMA_TF32, mma_defines
 from .registry import register
@@ -212,7 +214,7 @@ _KERNELS = {
                              ("T", "blocks", "per", "gob", "dvb", "dzb", "dstb", "dksb", "dvsb", "qrb", "krb", "partb",
                               "wsb", "dk0b", "ddpb")),
     "mamba3_backward_tokens": (("base", "coeffs"), ("T", "blocks", "dadtb", "dtrb", "qrb", "krb", "partb", "thb",
-                                                    "dtsb")),
+                                                    "dtsb", "direct")),
     "mamba3_backward_angles": (("base", "rows"), ("anb", "blocks", "ddtb", "danb", "dasb", "dksb", "thb", "dk0b",
                                                   "dtsb"))}
 #: the most reals the blocks' partials of the gradients of q~ and k~ take (each): blocks are fewer beyond it
@@ -228,39 +230,50 @@ def _layout(dtype: str, parts: dict[str, int]) -> tuple[dict[str, int], int]:
     return offsets, at
 
 
-def _backward(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+def _backward(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
     fwd = {**t, "op": forward_op(t["op"])}
     args = arguments(fwd)  # its dst (db): no field of the backward, no kernel's argument
     r, s, h, p, n, a, g, dt = args["R"], t["seq"], t["heads"], t["head_dim"], t["state_size"], t["num_angles"], \
         t["groups"], t["dtype"]
     tokens, q = t["batch"] * s, lim.tune("SSMB_Q")
-    blocks = max(1, min(p, lim.tune("SSMB_BLOCKS"), PARTIAL_REALS // (tokens * h * n)))
+    chunked = mamba3_chunk_backward.takes(fwd, lim, ssm_kernel)  # long batch rows at the gpu target
+    blocks = 1 if chunked else max(1, min(p, lim.tune("SSMB_BLOCKS"), PARTIAL_REALS // (tokens * h * n)))
     per = -(-p // blocks)
     blocks = -(-p // per)  # none empty
-    items = r * h * blocks
-    at, total = _layout(dt, {"qr": tokens * h * n, "kr": tokens * h * n, "th": tokens * h * a,
-                             "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n,
-                             "part": blocks * tokens * h * (2 * n + 3), "dk0": r * blocks * h * n, "ddp": r * blocks * h,
+    items, sets = r * h * blocks, mamba3_chunk_backward.slots(fwd, lim) if chunked else r * blocks
+    own = mamba3_chunk_backward.scratch(fwd, lim) if chunked else {
+        "ws": items * (-(-s // q) + q + 2) * lim.tune("M3B_PB") * n}
+    at, total = _layout(dt, {"qr": tokens * h * n, "kr": tokens * h * n, "th": tokens * h * a, **own,
+                             "part": blocks * tokens * h * (2 * n + 3), "dk0": r * blocks * h * n, "ddp": sets * h,
                              "dts": tokens * h})
-    args.update(T=tokens, blocks=blocks, per=per, **{f"{part}b": (SCRATCH, offset) for part, offset in at.items()},
+    args.update(T=tokens, blocks=blocks, per=per, W=2 * n + 3, direct=chunked,
+                **{f"{part}b": (SCRATCH, offset) for part, offset in at.items()},
                 **{param: (ARENA, t.get(field) or 0) for field, param in _GRADIENTS.items()})
+    args.update(mamba3_chunk_backward.arguments(fwd, lim) if chunked else {})
 
-    def launch(kernel: str, extent: int) -> Launch:
-        local, (groups, own) = (linear_local(extent),), _KERNELS[kernel]
-        names = [name for group in groups for name in _GROUPS[group]] + list(own)
-        return kernel_launch("mamba3_backward", kernel, dt, grid((extent,), local), local,
-                             {name: args[name] for name in names}, target=lim.target)
-    out = [launch("mamba3_backward_turn", r * h * n // 2), launch("mamba3_backward_walk", items),
-           launch("mamba3_backward_tokens", tokens * h), launch("mamba3_backward_angles", r * h)]
+    def launch(kernel: str, size: tuple, local: tuple, defines: tuple = ()) -> Launch:
+        groups, own_args = {**_KERNELS, **mamba3_chunk_backward.KERNELS}[kernel]
+        names = [name for group in groups for name in _GROUPS[group]] + list(own_args)
+        return kernel_launch("mamba3_backward", kernel, dt, size, local, {name: args[name] for name in names},
+                             target=lim.target, defines=defines)
+
+    def spread(kernel: str, extent: int) -> Launch:
+        local = (linear_local(extent),)
+        return launch(kernel, grid((extent,), local), local)
+    middle = (mamba3_chunk_backward.launches(fwd, lim, launch) if chunked
+              else [spread("mamba3_backward_walk", items)])
+    out = [spread("mamba3_backward_turn", r * h * n // 2), *middle, spread("mamba3_backward_tokens", tokens * h),
+           spread("mamba3_backward_angles", r * h)]
     hg, param_real = h // g, t["param_dtype"] != dt
     sums = [("d_q", tokens * g * n, hg, n, hg * n, n, "qr", False), ("d_k", tokens * g * n, hg, n, hg * n, n, "kr", False),
             ("d_q_bias", h * n, tokens, h * n, 0, h * n, "qr", param_real),
             ("d_k_bias", h * n, tokens, h * n, 0, h * n, "kr", param_real),
-            ("d_d", h, r * blocks, h, 0, h, "ddp", param_real)]
+            ("d_d", h, sets, h, 0, h, "ddp", param_real)]
     out += [_reduce(t[field], m, k, inner, outer, kstride, at[part], is_real, dt, lim)
             for field, m, k, inner, outer, kstride, part, is_real in sums if t.get(field) is not None]
-    return LaunchPlan(tuple(out), total, (f"checkpoints every {q} steps, {blocks} block(s) of {per} state rows",))
+    note = f"chunked Q={lim.tune('M3C_Q')}" if chunked else f"checkpoints every {q} steps, {blocks} block(s) of {per} state rows"
+    return LaunchPlan(tuple(out), total, (note,))
 
 
 def _reduce(out: int, m: int, k: int, inner: int, outer: int, kstride: int, part: int, is_real: bool, dt: str,
@@ -279,4 +292,4 @@ def unsupported_backward(t: Thunk, lim: DeviceLimits) -> str | None:
 
 register("mamba3", _forward, unsupported, v2_fields=V2_FIELDS, family="mamba3")
 register("mamba3_backward", _backward, unsupported_backward, v2_fields=BACKWARD_FIELDS, family="mamba3_backward",
-         shared_texts=("mamba3.cl",))
+         shared_texts=("mamba3.cl", "mamba3_chunk_backward.cl"))

@@ -36,7 +36,7 @@ def finish_flops(args: Mapping[str, Any]) -> int:
     return 2 * args["has_d"] + (_SILU + 1) * args["has_z"]
 
 
-def _inputs(launch: Launch, args: Mapping[str, Any], *fields: str) -> float:
+def inputs(launch: Launch, args: Mapping[str, Any], *fields: str) -> float:
     """Bytes of the thunk's token-major inputs ``fields`` (and the parameters they bring), each read once; adt, dt,
     trap and angles in the compute type where dt_real says so."""
     t, h, n, p, es = tokens(args), args["H"], args["N"], args["P"], stored(launch)
@@ -47,7 +47,7 @@ def _inputs(launch: Launch, args: Mapping[str, Any], *fields: str) -> float:
     return sum(width[f] for f in fields)
 
 
-def _carried(launch: Launch, args: Mapping[str, Any], *parts: str) -> float:
+def carried(launch: Launch, args: Mapping[str, Any], *parts: str) -> float:
     """Bytes of the carried state tensors ``parts`` of every row (the compute type), or 0 without carry."""
     per_row = {"angle": args["A"], "state": args["P"] * args["N"], "k": args["N"], "v": args["P"]}
     return args["R"] * args["H"] * sum(per_row[p] for p in parts) * real(launch) if args["carry"] else 0
@@ -55,9 +55,9 @@ def _carried(launch: Launch, args: Mapping[str, Any], *parts: str) -> float:
 
 def _step_bytes(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Every input read once, dst written, the four carried states read and written."""
-    state = _carried(launch, args, "angle", "state", "k", "v")
-    return Cost(read=_inputs(launch, args, "qk", "v", "z", "coeffs", "angles", "d") + state,
-                written=_inputs(launch, args, "dst") + state)
+    state = carried(launch, args, "angle", "state", "k", "v")
+    return Cost(read=inputs(launch, args, "qk", "v", "z", "coeffs", "angles", "d") + state,
+                written=inputs(launch, args, "dst") + state)
 
 
 def _step_flops(args: Mapping[str, Any], coeffs: int, turns: int, rows: int, per_row: int) -> int:
@@ -97,26 +97,26 @@ def mamba3_lanes_final(launch: Launch, args: Mapping[str, Any]) -> Cost:
     other = tokens(args) * args["H"] * a * ADVANCE + rh * (a * (SINCOS + TURN)
                                                                + args["N"] * (args["has_q_bias"] + args["has_k_bias"]))
     last_qk = 2 * args["R"] * args["G"] * args["N"] * stored(launch)
-    read = _inputs(launch, args, "angles") + last_qk + _carried(launch, args, "angle")
-    return Cost(other=other, read=read, written=_carried(launch, args, "angle", "k"))
+    read = inputs(launch, args, "angles") + last_qk + carried(launch, args, "angle")
+    return Cost(other=other, read=read, written=carried(launch, args, "angle", "k"))
 
 
-def _chunks(launch: Launch, args: Mapping[str, Any]) -> list[int]:
+def chunk_lengths(launch: Launch, args: Mapping[str, Any]) -> list[int]:
     return chunk_steps(args["S"], args["R"], tuned(launch, "M3C_Q"), bool(args["varlen"]))
 
 
-def _tiles(launch: Launch, args: Mapping[str, Any]) -> int:
+def row_tiles(launch: Launch, args: Mapping[str, Any]) -> int:
     """Tiles of M3C_PT state rows per (head, chunk): P rounded up (a tile's padding rows are zeros)."""
     return -(-args["P"] // tuned(launch, "M3C_PT"))
 
 
-def _stage_flops(launch: Launch, args: Mapping[str, Any], weighted: bool) -> int:
+def stage_flops(launch: Launch, args: Mapping[str, Any], weighted: bool) -> int:
     """Per head, what every tile stages (m3c_stage_barrier) over the chunks' steps: γ with its coefficients, the
     weight γ + β' of the next token (none after a row's last), the running sum of adt; ``weighted``: each weight
     times its decay to the chunk's end and each value of P times its weight."""
-    steps = sum(_chunks(launch, args))
+    steps = sum(chunk_lengths(launch, args))
     per_tile = steps * (COEFFS + BPRIME + 2 + 3 * weighted) - args["R"] * BPRIME
-    return _tiles(launch, args) * per_tile + weighted * steps * args["P"]
+    return row_tiles(launch, args) * per_tile + weighted * steps * args["P"]
 
 
 @declare("mamba3_chunk_turn")
@@ -124,26 +124,26 @@ def chunk_turn(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (token, head): its angles advanced and its q and k turned into scratch (q̃, k̃); with carry the initial key
     kept in scratch, the final angle and key written."""
     t, h, n = tokens(args), args["H"], args["N"]
-    read = _inputs(launch, args, "qk", "angles") + _carried(launch, args, "angle", "k")
-    kept_key = _carried(launch, args, "k")  # the initial key's copy in scratch
-    written = 2 * t * h * n * real(launch) + kept_key + _carried(launch, args, "angle", "k")
+    read = inputs(launch, args, "qk", "angles") + carried(launch, args, "angle", "k")
+    kept_key = carried(launch, args, "k")  # the initial key's copy in scratch
+    written = 2 * t * h * n * real(launch) + kept_key + carried(launch, args, "angle", "k")
     return Cost(other=t * h * turn_flops(args), read=read, written=written)
 
 
 def _slot_states(launch: Launch, args: Mapping[str, Any]) -> float:
     """Bytes of the chunk slots' states in scratch: M3C_PT-padded rows of N per (head, slot)."""
-    return args["H"] * args["K"] * _tiles(launch, args) * tuned(launch, "M3C_PT") * args["N"] * real(launch)
+    return args["H"] * args["K"] * row_tiles(launch, args) * tuned(launch, "M3C_PT") * args["N"] * real(launch)
 
 
 @declare("mamba3_chunk_state")
 def chunk_state(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk, tile of rows): the staged weights and values, the chunk's decay exp(c_last), and its own
     state from zero, (w·decay·V)ᵀ·K̃ over the tile's padded rows."""
-    h, n, chunks = args["H"], args["N"], _chunks(launch, args)
-    rows = _tiles(launch, args) * tuned(launch, "M3C_PT")
+    h, n, chunks = args["H"], args["N"], chunk_lengths(launch, args)
+    rows = row_tiles(launch, args) * tuned(launch, "M3C_PT")
     gemm = h * 2 * sum(chunks) * rows * n
-    other = h * (_stage_flops(launch, args, True) + len(chunks))
-    read = _inputs(launch, args, "v", "coeffs") + tokens(args) * h * n * real(launch)
+    other = h * (stage_flops(launch, args, True) + len(chunks))
+    read = inputs(launch, args, "v", "coeffs") + tokens(args) * h * n * real(launch)
     return Cost(gemm=gemm, other=other, read=read,
                 written=_slot_states(launch, args) + h * args["K"] * real(launch))
 
@@ -154,21 +154,21 @@ def state_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
     entering it; with carry S0 = S_init + β'·v̄⊗k̄ (β'·k̄ once per item) and the final state written."""
     h, n, p, pp = args["H"], args["N"], args["P"], tuned(launch, "M3C_PP")
     blocks = -(-p // pp)
-    other = h * len(_chunks(launch, args)) * 2 * n * blocks * pp
+    other = h * len(chunk_lengths(launch, args)) * 2 * n * blocks * pp
     if args["carry"]:
         other += args["R"] * h * (n * blocks * (BPRIME + 1) + 2 * p * n)
     slots = _slot_states(launch, args)
-    carried = _carried(launch, args, "state")
-    read = slots + h * args["K"] * real(launch) + carried + _carried(launch, args, "v", "k")
-    return Cost(other=other, read=read, written=slots + carried)
+    state = carried(launch, args, "state")
+    read = slots + h * args["K"] * real(launch) + state + carried(launch, args, "v", "k")
+    return Cost(other=other, read=read, written=slots + state)
 
 
 def _scan_gemm(launch: Launch, args: Mapping[str, Any]) -> int:
     """Per head, the scan's products: gpu Q̃·K̃ᵀ and Q̃·S_inᵀ over whole tiles (state columns in tiles of M3C_NT)
     and the masked product over the lower triangle with its diagonal; cpu each step's row of Q̃·K̃ᵀ and Q̃·S_inᵀ
     and the masked product strictly below the diagonal (the diagonal's term with the decayed S_in's)."""
-    q, pt, n, chunks, tiles = tuned(launch, "M3C_Q"), tuned(launch, "M3C_PT"), args["N"], _chunks(launch, args), \
-        _tiles(launch, args)
+    q, pt, n, chunks, tiles = tuned(launch, "M3C_Q"), tuned(launch, "M3C_PT"), args["N"], chunk_lengths(launch, args), \
+        row_tiles(launch, args)
     if launch.target == "cpu":
         strict = sum(s * (s - 1) // 2 for s in chunks)
         return tiles * (2 * sum(chunks) * (q + pt) * n + 2 * pt * strict)
@@ -182,11 +182,11 @@ def _scan_other(launch: Launch, args: Mapping[str, Any]) -> int:
     """Per head, the scan's other FLOPs: the stage, the mask exp(c_t - c_s)·w_s·(q̃_t·k̃_s) below the diagonal and
     γ_t·(q̃_t·k̃_t) on it, exp(c_t)·(q̃_t·S_in) (cpu: over the tile's padded rows, with the diagonal's term)
     and the finish."""
-    chunks, tiles, pt = _chunks(launch, args), _tiles(launch, args), tuned(launch, "M3C_PT")
+    chunks, tiles, pt = chunk_lengths(launch, args), row_tiles(launch, args), tuned(launch, "M3C_PT")
     steps, strict = sum(chunks), sum(s * (s - 1) // 2 for s in chunks)
     mask = tiles * (4 * strict + (2 if launch.target == "cpu" else 1) * steps)
     outputs = tiles * steps * 3 * pt if launch.target == "cpu" else steps * args["P"] * 2
-    return _stage_flops(launch, args, False) + mask + outputs + steps * args["P"] * finish_flops(args)
+    return stage_flops(launch, args, False) + mask + outputs + steps * args["P"] * finish_flops(args)
 
 
 @declare("mamba3_chunk_scan")
@@ -195,6 +195,6 @@ def chunk_scan(launch: Launch, args: Mapping[str, Any]) -> Cost:
     + γ_t·(q̃_t·k̃_t)·v_t, then d and z; with carry the row's last value written as v̄."""
     h = args["H"]
     scratch = 2 * tokens(args) * h * args["N"] * real(launch) + _slot_states(launch, args)
-    read = _inputs(launch, args, "v", "z", "coeffs", "d") + scratch
+    read = inputs(launch, args, "v", "z", "coeffs", "d") + scratch
     return Cost(gemm=h * _scan_gemm(launch, args), other=h * _scan_other(launch, args), read=read,
-                written=_inputs(launch, args, "dst") + _carried(launch, args, "v"))
+                written=inputs(launch, args, "dst") + carried(launch, args, "v"))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ..paths import data_dir
+from .registry import shared_texts
 
 
 class KernelTextError(ValueError):
@@ -66,8 +67,11 @@ class Signature:
 
 @lru_cache(maxsize=None)
 def signature(family: str, kernel: str, target: str) -> Signature:
-    """The parameters of ``kernel`` in ``kernels/<family>.cl`` at ``target``."""
+    """The parameters of ``kernel`` in ``kernels/<family>.cl`` at ``target``, or in one of the texts its program puts
+    before it (``shared_texts``: mamba3_backward's chunked kernels, kernels/mamba3_chunk_backward.cl)."""
     found = signatures(family, target)
+    for text in shared_texts(family) if kernel not in found else ():
+        found = {**parse((data_dir("kernels") / text).read_text(), f"kernels/{text}", family, target), **found}
     if kernel not in found:
         raise KernelArgumentError(f"kernels/{family}.cl declares no kernel {kernel!r} at the {target} target; "
                                   f"it declares {', '.join(sorted(found))}")

@@ -40,7 +40,8 @@ EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read
 CHUNK_KERNELS = {"mamba2": {"mamba2_chunk_state", "mamba2_chunk_scan"},
                  "gated_delta_net": {"gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
                                      "gated_delta_net_chunk_out"},
-                 "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"}}
+                 "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"},
+                 "mamba3_backward": {"mamba3_cb_chunk"}}
 CHUNKED_OPS = tuple(CHUNK_KERNELS)
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
@@ -101,7 +102,7 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert ran == {(op, dt, gates) for op, gates in (("mamba2", False), ("gated_delta_net", False),
                                                      ("gated_delta_net", True), ("mamba3", False),
-                                                     ("mamba2_backward", False))
+                                                     ("mamba2_backward", False), ("mamba3_backward", False))
                    for dt in dtypes}, ran
     assert not failed, "\n".join(failed)
 

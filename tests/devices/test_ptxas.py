@@ -36,6 +36,7 @@ REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
     "gated_delta_net_chunk_out", "mamba3_lanes", "mamba3_lanes_final", "mamba3_chunk_turn", "mamba3_chunk_state",
     "mamba3_state_pass", "mamba3_chunk_scan", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
+    "mamba3_cb_states", "mamba3_cb_pass", "mamba3_cb_chunk",
 )}
 #: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
 #: one kernel; f32/bf16 128-164 registers measured) and their reductions
@@ -156,7 +157,8 @@ def _thunks():
     carried = dict(cases.SMALL["mamba3"], seq=64, head_dim=40, state_size=64, carry_state=True, angle_state=True,
                    state=True, k_state=True, v_state=True)
     out += [("mamba3", carried, {"ssm_kernel": "lanes"}),  # gpu: a head split over groups, the final launch
-            ("mamba3", carried, {})]  # the chunked prefill
+            ("mamba3", carried, {}),  # the chunked prefill
+            ("mamba3_backward", dict(carried, d_angle_state=True, d_state=True, d_k_state=True, d_v_state=True), {})]
     gdn_v2 = dict(cases.SMALL["gated_delta_net"], value_heads=4, value_size=6, scale=0.5, qk_l2norm=True, batch=1,
                   cu_seqlens=[0, 1, 1], state_slots=[1, 0], num_slots=2)  # the GDN_V2 flags (the state's type is one more int)
     out += [("gated_delta_net", dict(gdn_v2, seq=seq, cu_seqlens=[0, seq // 2, seq]), {}) for seq in (1, 7, 64)]
@@ -231,7 +233,8 @@ def test_every_launch_matches_its_kernel_signature(lim, dtype):
     if lim.target == "gpu" and dtype != "f64":
         state_space |= {"mamba2_chunk_state", "mamba2_state_pass", "mamba2_chunk_scan", "gated_delta_net_chunk_prep",
                         "mamba2_varlen_chunks", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
-                        "gated_delta_net_state_pass", "gated_delta_net_chunk_out"}
+                        "gated_delta_net_state_pass", "gated_delta_net_chunk_out", "mamba3_cb_states",
+                        "mamba3_cb_pass", "mamba3_cb_chunk"}
     state_space |= {"selective_scan_backward", "mamba2_backward", "ssm_backward_reduce", "gated_delta_net_backward",
                     "gdn_backward_qk"} | ({"mamba2_reserve_scores"} if dtype == "f32" else set())
     recurrent = {"rnn_step", "rnn_persist", "rnn_state_in", "rnn_state_out", "rnnb_forward_init", "rnnb_forward_step",
