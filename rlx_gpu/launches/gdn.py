@@ -114,7 +114,7 @@ def _recurrent(t: Thunk, sh: Shape, nrm: tuple) -> dict[str, object]:
                 **_arena(t, "q", "k", "v", "g", "beta", "state", "dst", "cu_seqlens", "state_slots"))
 
 
-def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, ...]:
+def qk_norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, ...]:
     """With qk_l2norm: the launch that writes 1/|q| and 1/|k| of every (token, key head) to ``nrm``."""
     if not sh.qk_norm:
         return ()
@@ -157,7 +157,7 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] |
     local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * hv * k, 256), 1)
     defines = (V2_VARIANT if sh.v2 else ()) + ((("GDN_RESERVE", 1),) if saved else ())
-    launches = list(_norms(t, sh, lim, at["nrm"]))
+    launches = list(qk_norms(t, sh, lim, at["nrm"]))
     for block in range(blocks):
         t0 = block * steps
         tb = min(steps, s - t0)
@@ -180,7 +180,7 @@ def _plan_step(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     local = (linear_local(items), 1, 1)
     step = kernel_launch("gdn", "gated_delta_net_step", t["dtype"], grid((items, sh.value_heads, sh.rows), local),
                          local, _recurrent(t, sh, at["nrm"]), target=lim.target, defines=V2_VARIANT if sh.v2 else ())
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (step,), nbytes)
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (step,), nbytes)
 
 
 def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
@@ -190,7 +190,7 @@ def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     lanes = kernel_launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local,
                           dict(_recurrent(t, sh, at["nrm"]), S=sh.seq), target="gpu",
                           defines=defines + (V2_VARIANT if sh.v2 else ()))
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (lanes,), nbytes)
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (lanes,), nbytes)
 
 
 def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
@@ -223,7 +223,7 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
                              **_arena(t, "k", "state", "state_slots")), "nrm", "gam", "w", "u", "states")
     out = launch("gated_delta_net_chunk_out", (slots * tiles * lanes,), dict(scale=sh.scale, **_arena(t, "q", "dst")),
                  "nrm", "gam", "p", "u", "states")
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
 def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
@@ -251,7 +251,7 @@ def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> Lau
                                                   qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"], mb=at["kk"],
                                                   **_arena(t, "q", "k", "g")))
     inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
-    norms = _norms(t, sh, lim, nrm)
+    norms = qk_norms(t, sh, lim, nrm)
     nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
     saving = () if lim.target == "cpu" else (launch(
         "gdn_reserve_walk", b * hv * sh.value_size,

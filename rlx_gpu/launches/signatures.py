@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ..paths import data_dir
+from .registry import families, shared_texts
 
 
 class KernelTextError(ValueError):
@@ -76,9 +77,14 @@ def signature(family: str, kernel: str, target: str) -> Signature:
 
 @lru_cache(maxsize=None)
 def signatures(family: str, target: str) -> dict[str, Signature]:
-    """Every kernel ``kernels/<family>.cl`` declares at ``target``, by name (read once)."""
-    path = data_dir("kernels") / f"{family}.cl"
-    return parse(path.read_text(), f"kernels/{family}.cl", family, target)
+    """Every kernel ``kernels/<family>.cl`` declares at ``target``, and those of the texts it shares that are no
+    family's own (its planner's kernels in a file of their own, as kernels/gdn_chunk_backward.cl), by name (read
+    once)."""
+    owned = {f"{name}.cl" for name in families()}
+    found: dict[str, Signature] = {}
+    for name in (*(text for text in shared_texts(family) if text not in owned), f"{family}.cl"):
+        found.update(parse((data_dir("kernels") / name).read_text(), f"kernels/{name}", family, target))
+    return found
 
 
 _KERNEL = re.compile(r"KERNEL(?:_BOUNDED\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)")

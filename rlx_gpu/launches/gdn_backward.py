@@ -1,0 +1,77 @@
+"""Launch geometry of the chunked gated_delta_net_backward (ABI.md §9), every target: kernels/gdn_chunk_backward.cl.
+
+Given a saved forward (ABI.md §9.1: per chunk of 32 tokens the state leaving it, the decayed Gram products, the
+WY inverse and U) and per-head gates, the backward reads it in the reserve's chunks: ``gdn_chunk_back_pass`` (the
+reverse pass over the chunks, a work-item per state column: dU, Y = inverse^T dU, d_v and the state's gradient
+entering each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of
+q, k, beta and g through the chunk's products), and the step walk's ``gdn_backward_qk`` sums the value heads'
+d_q, d_k partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes
+1/|q|, 1/|k| first. Per-channel gates and a backward without a reserve keep the step walk
+(launches/ssm_backward.py), which hooks this plan in.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from host_fallback.abi import complete
+from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
+
+from . import gdn
+from .arguments import kernel_launch
+from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk
+from .limits import DeviceLimits
+
+#: the program of these kernels (kernels/gdn_chunk_backward.cl comes before kernels/gdn_backward.cl in it)
+FAMILY, TEXT = "gdn_backward", "gdn_chunk_backward.cl"
+
+#: field -> the kernels' tensor parameter that takes it (kernels/gdn_chunk_backward.cl, gdn_backward_qk's)
+_TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab", "state": "stb",
+                  "state_slots": "slb", "d_dst": "gob", "d_v": "dvb", "d_g": "dgb", "d_beta": "dbetab",
+                  "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
+#: reserve slot -> the kernels' parameter that reads it
+_RESERVE_PARAMS = {"states": "rsb", "qk": "rqb", "kk": "rkb", "inverse": "rib", "u": "rub"}
+
+#: launches/ssm_backward.py's scratch layout: (dtype, part -> reals) -> (part -> byte offset, bytes in all)
+Layout = Callable[[str, dict[str, int]], tuple[dict[str, int], int]]
+
+
+def takes(t: Thunk) -> bool:
+    """Whether gated_delta_net_backward of ``t`` (completed) runs chunked: a saved forward (which batch rows alone
+    have) and per-head gates."""
+    return t.get("reserve") is not None and not t["gate_per_channel"]
+
+
+def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, int], ...]) -> LaunchPlan:
+    """The chunked backward of ``t`` (completed): scratch laid out by ``layout``, every launch of the gdn_backward
+    program with the step walk's ``defines`` (its variant of the fields)."""
+    t = complete(t)
+    b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
+        t["dtype"]
+    tokens, chunks, ratio = b * s, -(-s // RESERVE_CHUNK), hv // h
+    at, total = layout(dt, {"nrm": 2 * tokens * h if t["qk_l2norm"] else 0, "ds": b * hv * (chunks + 1) * k * v,
+                            "y": b * chunks * hv * RESERVE_CHUNK * v, "dq": ratio * tokens * h * k,
+                            "dk": ratio * tokens * h * k})
+    nrm = (SCRATCH, at["nrm"]) if t["qk_l2norm"] else (ARENA, 0)
+    scratch = dict(nb=nrm, dsb=(SCRATCH, at["ds"]), yb=(SCRATCH, at["y"]))
+    reserve = {_RESERVE_PARAMS[slot.name]: (ARENA, t["reserve"] + slot.offset) for slot in reserve_slots(t)}
+    dims = dict(S=s, H=h, HV=hv, K=k, V=v, scale=gdn_scale(t))
+
+    def tensors(*names: str) -> dict[str, tuple]:
+        return {_TENSOR_PARAMS[f]: (ARENA, t.get(f) or 0) for f in names}  # state, d_state: with carry_state
+
+    def launch(kernel: str, groups: int, lanes: int, args: dict[str, object], *slots: str) -> Launch:
+        return kernel_launch(FAMILY, kernel, dt, (groups * lanes,), (lanes,),
+                             {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines)
+    reverse = launch("gdn_chunk_back_pass", b * hv, v,
+                     dict(dims, **tensors("q", "k", "g", "beta", "state_slots", "d_dst", "d_v", "d_state"), **scratch),
+                     "rqb", "rib")
+    grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
+                   dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "state", "state_slots", "d_dst", "d_g",
+                                                  "d_beta"),
+                        **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"])), "rsb", "rqb", "rkb", "rub")
+    e = tokens * h
+    qk = launch("gdn_backward_qk", -(-e // 64), 64,
+                dict(E=e, K=k, blocks=ratio, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, at["dq"]),
+                     dkso=at["dk"]))
+    norms = gdn.qk_norms(t, gdn.shape(t), lim, nrm)
+    return LaunchPlan((*norms, reverse, grads, qk), total, (f"chunked Q={RESERVE_CHUNK}, the saved forward's",))
