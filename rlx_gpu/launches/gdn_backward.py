@@ -49,10 +49,11 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
         t["dtype"]
     tokens, chunks, ratio = b * s, -(-s // RESERVE_CHUNK), hv // h
     at, total = layout(dt, {"nrm": 2 * tokens * h if t["qk_l2norm"] else 0, "ds": b * hv * (chunks + 1) * k * v,
+                            "s0": b * hv * k * v,
                             "y": b * chunks * hv * RESERVE_CHUNK * v, "dq": ratio * tokens * h * k,
                             "dk": ratio * tokens * h * k})
     nrm = (SCRATCH, at["nrm"]) if t["qk_l2norm"] else (ARENA, 0)
-    scratch = dict(nb=nrm, dsb=(SCRATCH, at["ds"]), yb=(SCRATCH, at["y"]))
+    scratch = dict(nb=nrm, dsb=(SCRATCH, at["ds"]), s0b=(SCRATCH, at["s0"]), yb=(SCRATCH, at["y"]))
     reserve = {_RESERVE_PARAMS[slot.name]: (ARENA, t["reserve"] + slot.offset) for slot in reserve_slots(t)}
     dims = dict(S=s, H=h, HV=hv, K=k, V=v, scale=gdn_scale(t))
 
@@ -62,12 +63,13 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     def launch(kernel: str, groups: int, lanes: int, args: dict[str, object], *slots: str) -> Launch:
         return kernel_launch(FAMILY, kernel, dt, (groups * lanes,), (lanes,),
                              {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines)
-    reverse = launch("gdn_chunk_back_pass", b * hv, v,
-                     dict(dims, **tensors("q", "k", "g", "beta", "state_slots", "d_dst", "d_v", "d_state"), **scratch),
-                     "rqb", "rib")
+    # the cpu target walks a block's columns in its inner loops (vectorized), the gpu target a column per lane
+    cj = v if lim.target == "cpu" else 1
+    reverse = launch("gdn_chunk_back_pass", b * hv, -(-v // cj),
+                     dict(dims, CJ=cj, **tensors("q", "k", "g", "beta", "state", "state_slots", "d_dst", "d_v",
+                                                 "d_state"), **scratch), "rqb", "rib")
     grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
-                   dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "state", "state_slots", "d_dst", "d_g",
-                                                  "d_beta"),
+                   dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "d_dst", "d_g", "d_beta"),
                         **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"])), "rsb", "rqb", "rkb", "rub")
     e = tokens * h
     qk = launch("gdn_backward_qk", -(-e // 64), 64,
