@@ -75,14 +75,18 @@ def signature(family: str, kernel: str, target: str) -> Signature:
     return found[kernel]
 
 
+def texts(family: str) -> tuple[str, ...]:
+    """The kernel texts whose kernels are ``family``'s: ``<family>.cl`` and those of the texts it shares that are no
+    family's own (its planner's kernels in a file of their own, as kernels/gdn_chunk_backward.cl)."""
+    owned = {f"{name}.cl" for name in families()}
+    return (*(text for text in shared_texts(family) if text not in owned), f"{family}.cl")
+
+
 @lru_cache(maxsize=None)
 def signatures(family: str, target: str) -> dict[str, Signature]:
-    """Every kernel ``kernels/<family>.cl`` declares at ``target``, and those of the texts it shares that are no
-    family's own (its planner's kernels in a file of their own, as kernels/gdn_chunk_backward.cl), by name (read
-    once)."""
-    owned = {f"{name}.cl" for name in families()}
+    """Every kernel the texts of ``family`` (``texts``) declare at ``target``, by name (read once)."""
     found: dict[str, Signature] = {}
-    for name in (*(text for text in shared_texts(family) if text not in owned), f"{family}.cl"):
+    for name in texts(family):
         found.update(parse((data_dir("kernels") / name).read_text(), f"kernels/{name}", family, target))
     return found
 
