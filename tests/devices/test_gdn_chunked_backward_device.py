@@ -1,10 +1,11 @@
 """gated_delta_net_backward's chunked form (kernels/gdn_chunk_backward.cl, launches/gdn_backward.py) on OpenCL, at
 both kernel targets.
 
-Given a saved forward (ABI.md §9.1) and per-head gates the plan runs the chunked launches, not the step walk. Each
-case writes the reserve with the device's own forward, runs the backward from it and compares every gradient field
-with the float64 reference of ABI.md §9 (rlx_gpu/conformance/reference_gdn_backward.py: a plain loop over steps,
-independent of the kernels) and with the step walk recomputing its forward (the same thunk without a reserve) on the
+With per-head gates the plan runs the chunked launches, not the step walk: from a saved forward (ABI.md §9.1), or
+without one recomputing it with the forward's kernels. Each case writes the reserve with the device's own forward,
+runs the backward from it and compares every gradient field with the float64 reference of ABI.md §9
+(rlx_gpu/conformance/reference_gdn_backward.py: a plain loop over steps, independent of the kernels), with the step
+walk (``ssm_kernel="lanes"``) and with the chunked backward recomputing (the same thunk without a reserve) on the
 same device; f32 at both targets with every field the chunked form takes (grouped value heads, K != V, K past the
 chunk's 32 tokens, q/k L2-norm, scale, a carried state into slots, a partial chunk), f16 and bf16 (an f32 state) at
 the gpu target; reruns give the same bytes; zeroing any of the reserve's arrays changes the gradients (each is read);
@@ -20,6 +21,8 @@ pytest.importorskip("rlx_gpu.backends.opencl")
 from host_fallback.abi import complete, regions  # noqa: E402
 from host_fallback.abi.gdn import reserve_slots  # noqa: E402
 from rlx_gpu import launches  # noqa: E402
+from rlx_gpu.conformance import runner  # noqa: E402
+from rlx_gpu.conformance.catalog import Case  # noqa: E402
 from rlx_gpu.conformance.compare import nmse  # noqa: E402
 from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 from rlx_gpu.conformance.reference_gdn_backward import backward as float64_backward  # noqa: E402
@@ -54,8 +57,8 @@ def _float64(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
     return {field: want[field] for field in gradients(thunk, arena)}
 
 
-def _kernels(thunk: dict, session) -> set[str]:
-    return {launch.kernel for launch in launches.plan(thunk, session.limits).launches}
+def _kernels(thunk: dict, session, **options) -> set[str]:
+    return {launch.kernel for launch in launches.plan(thunk, session.limits, **options).launches}
 
 
 def _check(session, dtype: str, case: dict, walk: bool = True) -> None:
@@ -68,7 +71,11 @@ def _check(session, dtype: str, case: dict, walk: bool = True) -> None:
     want, bound = _float64(thunk, arena), load_config().tolerance(f"{OP}_backward", dtype)
     expected = [("the float64 reference", want)]
     if walk:
-        expected.append(("the step walk", gradients(thunk, run(session, without_reserve(thunk), arena))))
+        recomputing = without_reserve(thunk)
+        assert CHUNKED <= _kernels(recomputing, session) and "gated_delta_net_backward" in _kernels(
+            recomputing, session, ssm_kernel="lanes")
+        expected += [("the step walk", gradients(thunk, run(session, recomputing, arena, ssm_kernel="lanes"))),
+                     ("recomputing its chunks", gradients(thunk, run(session, recomputing, arena)))]
     target = session.limits.target
     for field, value in got.items():
         for who, by_field in expected:
@@ -95,10 +102,14 @@ def test_each_array_of_the_reserve_is_read_and_reruns_give_the_same_bytes(sessio
     reruns_give_the_same_bytes(session, thunk, arena, forward)
 
 
-def test_per_channel_gates_keep_the_step_walk(sessions):
+def test_per_channel_gates_and_packed_sequences_keep_the_step_walk(sessions):
     thunk, _, _ = laid_case(OP, "f32", dict(gate_per_channel=True))
+    packed = runner.lay_out(Case(f"{OP}_backward", "f32", dict(batch=1, seq=20, heads=2, state_size=4,
+                                                              gate_per_channel=False, carry_state=False,
+                                                              cu_seqlens=[0, 7, 20], num_seqs=2))).thunk
     for session in sessions.values():
-        assert not CHUNKED - {"gdn_backward_qk"} & _kernels(thunk, session)
+        for walked in (thunk, without_reserve(thunk), packed):
+            assert not CHUNKED - {"gdn_backward_qk"} & _kernels(walked, session)
 
 
 _SECOND = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
@@ -111,18 +122,19 @@ def test_the_second_opencl_compiler_runs_it_too():
     _check(open_device(find(_SECOND[0]), "cpu"), "f32", dict(EVERY, state_size=6, seq=40, qk_l2norm=False), walk=False)
 
 
-#: run under Oclgrind: per target, the host's forward writes the reserve, the device's backward reads it
+#: run under Oclgrind: at the cpu target the backward recomputing its saved forward (the state copied, the walk
+#: recording it), at the gpu target reading the one the host's forward wrote
 _OCLGRIND_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from rlx_gpu.conformance.devices import find, open_device
 from support.device_reserve import run, run_forward, with_reserve
-from support.saved_forward import laid_case
+from support.saved_forward import laid_case, without_reserve
 thunk, arena, forward = laid_case("gated_delta_net", "f32", {params!r})
-saved = with_reserve(thunk, arena, run_forward(None, forward, arena))
-for target in ("cpu", "gpu"):
-    run(open_device(find({spec!r}), target), thunk, saved)
-    print(target, "ran", flush=True)
+run(open_device(find({spec!r}), "cpu"), without_reserve(thunk), arena)
+print("cpu ran", flush=True)
+run(open_device(find({spec!r}), "gpu"), thunk, with_reserve(thunk, arena, run_forward(None, forward, arena)))
+print("gpu ran", flush=True)
 """
 _OCLGRIND_PARAMS = dict(batch=1, seq=36, heads=1, value_heads=2, state_size=3, value_size=2, carry_state=True)
 
