@@ -55,8 +55,9 @@ INLINE_FN real gdnc_load(GLOBAL const store_t* x, gdnc_chunk ch, i64 r, i64 stri
     return r < ch.n ? LOAD(x, (ch.first + r) * stride + at) : (real)0;
 }
 
-/* sum_j a[j] b[j] over j < n, as GDNC_W partial sums (a in the thunk's type, b in the compute type). */
-INLINE_FN real gdnc_dot(GLOBAL const store_t* a, GLOBAL const real* b, i64 n)
+/* sum_j a[j] b[j] over j < n as GDNC_W partial sums, b in the compute type and a in the thunk's type (as) or the
+ * compute type (ar, where as is 0): the loop is unswitched on which. */
+INLINE_FN real gdnc_dot_any(GLOBAL const store_t* as, GLOBAL const real* ar, GLOBAL const real* b, i64 n)
 {
     real part[GDNC_W];
     PRAGMA_UNROLL
@@ -66,9 +67,9 @@ INLINE_FN real gdnc_dot(GLOBAL const store_t* a, GLOBAL const real* b, i64 n)
     for (; j + GDNC_W <= n; j += GDNC_W)
         PRAGMA_UNROLL
         for (int l = 0; l < GDNC_W; ++l)
-            part[l] += LOAD(a, j + l) * b[j + l];
+            part[l] += (as ? LOAD(as, j + l) : ar[j + l]) * b[j + l];
     for (; j < n; ++j)
-        part[0] += LOAD(a, j) * b[j];
+        part[0] += (as ? LOAD(as, j) : ar[j]) * b[j];
     real out = (real)0;
     PRAGMA_UNROLL
     for (int l = 0; l < GDNC_W; ++l)
@@ -76,25 +77,14 @@ INLINE_FN real gdnc_dot(GLOBAL const store_t* a, GLOBAL const real* b, i64 n)
     return out;
 }
 
-/* gdnc_dot of two compute-type rows. */
+INLINE_FN real gdnc_dot(GLOBAL const store_t* a, GLOBAL const real* b, i64 n)
+{
+    return gdnc_dot_any(a, 0, b, n);
+}
+
 INLINE_FN real gdnc_dot_real(GLOBAL const real* a, GLOBAL const real* b, i64 n)
 {
-    real part[GDNC_W];
-    PRAGMA_UNROLL
-    for (int l = 0; l < GDNC_W; ++l)
-        part[l] = (real)0;
-    i64 j = 0;
-    for (; j + GDNC_W <= n; j += GDNC_W)
-        PRAGMA_UNROLL
-        for (int l = 0; l < GDNC_W; ++l)
-            part[l] += a[j + l] * b[j + l];
-    for (; j < n; ++j)
-        part[0] += a[j] * b[j];
-    real out = (real)0;
-    PRAGMA_UNROLL
-    for (int l = 0; l < GDNC_W; ++l)
-        out += part[l];
-    return out;
+    return gdnc_dot_any(0, a, b, n);
 }
 
 /* A chunk's per-token scalars in LOCAL memory: the cumulative log-decay, beta and the factors 1/|q|, 1/|k|
