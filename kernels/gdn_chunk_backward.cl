@@ -29,6 +29,8 @@
 #endif
 #define GDNC_L 32 /* the saved forward's chunk (kernels/gdn.cl's GDN_RC, abi.gdn.RESERVE_CHUNK) */
 #define GDNC_LP (GDNC_L + 1) /* LOCAL rows padded by one, so that a column walk spreads over banks */
+/* the least log-decay of a step the kernels take: exp of it is 0 in f32 (smaller ones, -inf too, decay as much) */
+#define GDNC_LOG_FLOOR (-104.2789)
 #define GDNC_W 8 /* a sum over the columns is kept as GDNC_W partial sums added in order at the end: the compiler
                   * vectorizes it (the cpu target) without reordering it */
 
@@ -96,8 +98,10 @@ INLINE_FN void gdnc_rows_barrier(gdnc_chunk ch, i64 HV, i64 H, i64 vh, GLOBAL co
     BARRIER(); /* the previous chunk's rows are read no more */
     for (i64 r = lane; r < GDNC_L; r += lanes) {
         real sum = (real)0;
-        for (i64 t = 0; t <= r; ++t)
-            sum += gdnc_load(g, ch, t, HV, vh);
+        for (i64 t = 0; t <= r; ++t) { /* floored (a NaN kept): a decay of 0 leaves no -inf - -inf in a ratio */
+            const real gt = gdnc_load(g, ch, t, HV, vh);
+            sum += gt < (real)GDNC_LOG_FLOOR ? (real)GDNC_LOG_FLOOR : gt;
+        }
         cum[r] = sum;
         bet[r] = gdnc_load(beta, ch, r, HV, vh);
         const i64 e = (ch.first + r) * H + ch.kh;

@@ -9,8 +9,8 @@ walk (``ssm_kernel="lanes"``) and with the chunked backward recomputing (the sam
 same device; f32 at both targets with every field the chunked form takes (grouped value heads, K != V, K past the
 chunk's 32 tokens, q/k L2-norm, scale, a carried state into slots, a partial chunk), f16 and bf16 (an f32 state) at
 the gpu target; reruns give the same bytes; zeroing any of the reserve's arrays changes the gradients (each is read);
-per-channel gates keep the walk. One case on Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind
-at each target.
+a gate of -inf gives the walk's finite gradients; per-channel gates and packed sequences keep the walk. One case on
+Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind at each target.
 """
 from __future__ import annotations
 
@@ -100,6 +100,20 @@ def test_each_array_of_the_reserve_is_read_and_reruns_give_the_same_bytes(sessio
         changed = gradients(thunk, run(session, thunk, emptied))
         assert any(not np.allclose(changed[f], got[f], rtol=1e-4, atol=1e-6) for f in got), slot.name
     reruns_give_the_same_bytes(session, thunk, arena, forward)
+
+
+def test_a_gate_of_minus_infinity_gives_the_step_walks_finite_gradients(sessions):
+    """A decay of exactly 0 (g = -inf at step 5) inside a chunk: the chunk's log-decays are floored, so no ratio
+    of two infinite ones turns NaN."""
+    session = sessions["gpu"]
+    laid = runner.lay_out(Case(f"{OP}_backward", "f32", dict(batch=1, seq=40, heads=2, state_size=4,
+                                                            gate_per_channel=False, carry_state=False),
+                               poison="g", poison_step=5, poison_value=-np.inf))
+    chunked = gradients(laid.thunk, run(session, laid.thunk, laid.arena))
+    walked = gradients(laid.thunk, run(session, laid.thunk, laid.arena, ssm_kernel="lanes"))
+    for field, value in chunked.items():
+        assert np.isfinite(value).all() and np.isfinite(walked[field]).all(), field
+        np.testing.assert_allclose(value, walked[field], rtol=0, atol=1e-5 * np.abs(walked[field]).max(), err_msg=field)
 
 
 def test_per_channel_gates_and_packed_sequences_keep_the_step_walk(sessions):
