@@ -22,7 +22,8 @@
  *   dcum_(L-1) += sum_r k_r . dkd_r + D S0 . dS_L,  dg_r = sum_(t >= r) dcum_t.
  * q and k are the normalised ones (nrm from gdn_qk_norm with GDNB_NORM); dq and dk go out as partials per value
  * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
- * sequence in the last chunk are zero inputs (the reserve's padding). Host twin: host_fallback/gdn_backward_chunked.py. */
+ * sequence in the last chunk are zero inputs (the reserve's padding). Host twin:
+ * host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
@@ -164,7 +165,8 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
             at.out[i * V + j] = through * at.ds[i * V + j];
         for (i64 r = 0; r < n; ++r) {
             const real gam = rlx_exp(cum[r]);
-            const real a = gam * scale * nq[r] * LOAD(at.q, r * qs + i), b = gam * nk[r] * bet[r] * LOAD(at.k, r * qs + i);
+            const real a = gam * scale * nq[r] * LOAD(at.q, r * qs + i);
+            const real b = gam * nk[r] * bet[r] * LOAD(at.k, r * qs + i);
             for (i64 j = 0; j < w; ++j)
                 at.out[i * V + j] += a * LOAD(at.gout, r * os + j) - b * at.y[r * V + j];
         }

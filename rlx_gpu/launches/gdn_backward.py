@@ -3,13 +3,14 @@
 With per-head gates and batch rows, the backward runs in the chunks of a saved forward (ABI.md §9.1: per chunk of
 32 tokens the state leaving it, the decayed Gram products, the WY inverse and U): the reserve's, or without one the
 forward's kernels recompute it into scratch (launches/gdn.py's ``recompute_saved``: at the cpu target the walk
-recording it, at the gpu target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then ``gdn_chunk_back_pass`` (the
-reverse pass over the chunks, a work-item per state column: dU, Y = inverse^T dU, d_v and the state's gradient
-entering each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of
-q, k, beta and g through the chunk's products), and the step walk's ``gdn_backward_qk`` sums the value heads'
-d_q, d_k partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes
-1/|q|, 1/|k| first. Per-channel gates and packed sequences keep the step walk (launches/ssm_backward.py), which
-hooks this plan in.
+recording it, at the gpu target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then
+``gdn_chunk_back_pass`` (the reverse pass over the chunks, a work-item per block of state columns: the whole row
+of V at the cpu target, one column at the gpu target: dU, Y = inverse^T dU, d_v and the state's gradient entering
+each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta
+and g through the chunk's products), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q, d_k
+partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|,
+1/|k| first. Per-channel gates, packed sequences and ``ssm_kernel="lanes"`` keep the step walk
+(launches/ssm_backward.py), which hooks this plan in.
 """
 from __future__ import annotations
 
@@ -50,8 +51,10 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
         t["dtype"]
     tokens, chunks, ratio = b * s, -(-s // RESERVE_CHUNK), hv // h
-    reads = t.get("reserve") is not None  # else the saved forward recomputed into scratch, and at the cpu target
-    recorded = 0 if reads else -(-reserve_bytes(t) // real_size(dt))  # the forward's output beside it
+    # the reserve's saved forward, else one recomputed into scratch (at the cpu target beside the walk's output and
+    # the copy of the carried state it walks)
+    reads = t.get("reserve") is not None
+    recorded = 0 if reads else -(-reserve_bytes(t) // real_size(dt))
     at, total = layout(dt, {"nrm": 2 * tokens * h if t["qk_l2norm"] else 0, "ds": b * hv * (chunks + 1) * k * v,
                             "s0": b * hv * k * v, "saved": recorded,
                             "out": tokens * hv * v if recorded and lim.target == "cpu" else 0,
