@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from host_fallback.abi import BACKWARD
+from host_fallback.abi.gdn import reserve_bytes
 
 from .. import launches
 from ..launches import Launch
@@ -55,6 +56,11 @@ FORWARD_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 SHAPES = {**FORWARD_SHAPES, **{f"{name} backward": (f"{op}_backward", params)
                                for name, (op, params) in FORWARD_SHAPES.items()
                                if f"{op}_backward" in BACKWARD and params["seq"] > 1}}
+#: gated_delta_net's backward shapes again reading a saved forward (ABI.md §9.1; its chunked form), a reserve large
+#: enough for every dtype (an f64 one)
+SHAPES.update({f"{name} backward, reserve": (f"{op}_backward", dict(params, reserve=True, reserve_bytes=reserve_bytes(
+    dict(params, dtype="f64")))) for name, (op, params) in FORWARD_SHAPES.items()
+    if op == "gated_delta_net" and params["seq"] > 1})
 #: published H200 times (ms) of the anchors at a shape, bf16 (issue 38)
 ANCHORS = {"gdn fla B1 S32768 H16 HV64 K128 V128": (("fla chunk_gated_delta_rule", 3.33), ("FlashQLA", 1.52))}
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host_fallback.abi import complete
+from host_fallback.abi import complete, regions
 from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
 from .arguments import kernel_launch
+from .body import copy_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import GDN_V2 as V2_VARIANT, DeviceLimits
 from .mma import MMA_TILE, mma_defines
@@ -114,7 +115,7 @@ def _recurrent(t: Thunk, sh: Shape, nrm: tuple) -> dict[str, object]:
                 **_arena(t, "q", "k", "v", "g", "beta", "state", "dst", "cu_seqlens", "state_slots"))
 
 
-def _norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, ...]:
+def qk_norms(t: Thunk, sh: Shape, lim: DeviceLimits, nrm: tuple) -> tuple[Launch, ...]:
     """With qk_l2norm: the launch that writes 1/|q| and 1/|k| of every (token, key head) to ``nrm``."""
     if not sh.qk_norm:
         return ()
@@ -153,11 +154,8 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] |
     at, nbytes = _scratch({"park": sh.rows * hv * k * v if blocks > 1 else 0,
                            "dec": b * steps * hv * k if sh.per_channel else 0,
                            "nrm": 2 * b * s * sh.heads if sh.qk_norm else 0}, dt)
-    items = -(-v // lim.tune("GDN_CJ"))
-    local = (linear_local(items), 1, 1)
     dec_local = (linear_local(steps * hv * k, 256), 1)
-    defines = (V2_VARIANT if sh.v2 else ()) + ((("GDN_RESERVE", 1),) if saved else ())
-    launches = list(_norms(t, sh, lim, at["nrm"]))
+    launches = list(qk_norms(t, sh, lim, at["nrm"]))
     for block in range(blocks):
         t0 = block * steps
         tb = min(steps, s - t0)
@@ -165,12 +163,23 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] |
             launches.append(kernel_launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
                                           dict(B=b, S=s, W=hv * k, t0=t0, T=tb, **_arena(t, "g"), eb=at["dec"]),
                                           target=lim.target))
-        args = dict(_recurrent(t, sh, at["nrm"]), S=s, t0=t0, T=tb, **_regions(at, "park", "dec"),
-                    **(saved or dict(hb=(ARENA, 0), ub=(ARENA, 0))))
-        launches.append(kernel_launch("gdn", "gated_delta_net", dt, grid((items, hv, sh.rows), local), local, args,
-                                      target=lim.target, defines=defines))
+        launches.append(_walk_launch(t, sh, lim, dict(t0=t0, T=tb, **_regions(at, "park", "dec")), at["nrm"], saved))
     notes = (f"blocked T={steps}",) if sh.per_channel else ()
     return LaunchPlan(tuple(launches), nbytes, notes)
+
+
+def _walk_launch(t: Thunk, sh: Shape, lim: DeviceLimits, block: dict[str, object], nrm: tuple,
+                 saved: dict[str, tuple] | None, moved: dict[str, tuple] | None = None) -> Launch:
+    """One launch of the cpu walk: ``block`` its steps (t0, T) and scratch regions (park, dec), ``nrm`` where 1/|q|,
+    1/|k| are; ``saved`` (hb, ub) it records (GDN_RESERVE); ``moved``: its output (db) and state (sb) elsewhere
+    than the thunk's."""
+    items = -(-sh.value_size // lim.tune("GDN_CJ"))
+    local = (linear_local(items), 1, 1)
+    defines = (V2_VARIANT if sh.v2 else ()) + ((("GDN_RESERVE", 1),) if saved else ())
+    args = dict(_recurrent(t, sh, nrm), S=sh.seq, **block, **(saved or dict(hb=(ARENA, 0), ub=(ARENA, 0))))
+    args.update(moved or {})
+    return kernel_launch("gdn", "gated_delta_net", t["dtype"], grid((items, sh.value_heads, sh.rows), local), local,
+                         args, target=lim.target, defines=defines)
 
 
 def _plan_step(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
@@ -180,7 +189,7 @@ def _plan_step(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     local = (linear_local(items), 1, 1)
     step = kernel_launch("gdn", "gated_delta_net_step", t["dtype"], grid((items, sh.value_heads, sh.rows), local),
                          local, _recurrent(t, sh, at["nrm"]), target=lim.target, defines=V2_VARIANT if sh.v2 else ())
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (step,), nbytes)
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (step,), nbytes)
 
 
 def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
@@ -190,7 +199,7 @@ def _plan_lanes(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
     lanes = kernel_launch("gdn", "gated_delta_net_lanes", t["dtype"], glob, local,
                           dict(_recurrent(t, sh, at["nrm"]), S=sh.seq), target="gpu",
                           defines=defines + (V2_VARIANT if sh.v2 else ()))
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (lanes,), nbytes)
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (lanes,), nbytes)
 
 
 def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
@@ -223,7 +232,7 @@ def _plan_chunked(t: Thunk, sh: Shape, lim: DeviceLimits) -> LaunchPlan:
                              **_arena(t, "k", "state", "state_slots")), "nrm", "gam", "w", "u", "states")
     out = launch("gated_delta_net_chunk_out", (slots * tiles * lanes,), dict(scale=sh.scale, **_arena(t, "q", "dst")),
                  "nrm", "gam", "p", "u", "states")
-    return LaunchPlan(_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
+    return LaunchPlan(qk_norms(t, sh, lim, at["nrm"]) + (prep, carry_pass, out), nbytes, (f"chunked Q={q}",))
 
 
 def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> LaunchPlan:
@@ -236,29 +245,60 @@ def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> Lau
         plan = _plan_walk(t, sh, lim, dict(hb=at["states"], ub=at["u"]))
     else:
         plan = _plan_gpu(t, sh, lim, ssm_kernel)
-    dt, b, hv = t["dtype"], sh.batch, sh.value_heads
     nrm_at = ceil_to(plan.scratch_bytes, 256)
     nrm = (SCRATCH, nrm_at) if sh.qk_norm else (ARENA, 0)
-    defines = V2_VARIANT if sh.v2 else ()
+    nbytes = nrm_at + 2 * sh.batch * sh.seq * sh.heads * real_size(t["dtype"]) if sh.qk_norm else plan.scratch_bytes
+    saving = () if lim.target == "cpu" else (_reserve_walk(t, sh, lim, at, nrm),)
+    return LaunchPlan(qk_norms(t, sh, lim, nrm) + saving + _reserve_products(t, sh, lim, at, nrm) + plan.launches,
+                      nbytes, plan.notes + ("saved forward",))
 
-    def launch(kernel: str, items: int, args: dict[str, object]) -> Launch:
-        local = (linear_local(items),)
-        return kernel_launch("gdn", kernel, dt, grid((items,), local), local, args, target=lim.target,
-                             defines=defines)
-    dims = dict(B=b, S=sh.seq, HV=hv)
-    rows = b * -(-sh.seq // RESERVE_CHUNK) * hv * RESERVE_CHUNK  # (row, chunk, value head, token of the chunk)
-    grams = launch("gdn_reserve_grams", rows, dict(dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel,
-                                                  qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"], mb=at["kk"],
-                                                  **_arena(t, "q", "k", "g")))
-    inverse = launch("gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"], **_arena(t, "beta")))
-    norms = _norms(t, sh, lim, nrm)
-    nbytes = nrm_at + 2 * b * sh.seq * sh.heads * real_size(dt) if sh.qk_norm else plan.scratch_bytes
-    saving = () if lim.target == "cpu" else (launch(
-        "gdn_reserve_walk", b * hv * sh.value_size,
-        dict(dims, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry, per_channel=sh.per_channel,
-             state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm, hb=at["states"], ub=at["u"],
-             **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots"))),)
-    return LaunchPlan(norms + saving + (grams, inverse) + plan.launches, nbytes, plan.notes + ("saved forward",))
+
+def recompute_saved(t: Thunk, lim: DeviceLimits, at: dict[str, tuple], nrm: tuple, out: tuple,
+                    state: tuple) -> tuple[Launch, ...]:
+    """The launches that write the saved forward of ``t`` (per-head gates, batch rows) at ``at`` (slot name ->
+    argument) from 1/|q|, 1/|k| at ``nrm`` (written before, with qk_l2norm): at the cpu target the walk recording it
+    (its output at ``out``; with carry_state walking a copy of the state at ``state``, which it replaces), at the
+    gpu target ``gdn_reserve_walk``; then the decayed products and the inverses. A backward without a reserve
+    recomputes its forward so (launches/gdn_backward.py)."""
+    sh = shape(t)
+    if lim.target == "gpu":
+        return (_reserve_walk(t, sh, lim, at, nrm),) + _reserve_products(t, sh, lim, at, nrm)
+    copy = (copy_launch(lim, state_bytes(t), (ARENA, t["state"]), state, t["dtype"]),) if sh.carry else ()
+    walk = _walk_launch(t, sh, lim, dict(t0=0, T=sh.seq, pb=(ARENA, 0), eb=(ARENA, 0)), nrm,
+                        dict(hb=at["states"], ub=at["u"]), dict(db=out, sb=state))
+    return copy + (walk,) + _reserve_products(t, sh, lim, at, nrm)
+
+
+def state_bytes(t: Thunk) -> int:
+    """The bytes of the state tensor of ``t`` (with carry_state; else 0)."""
+    return next((r.nbytes for r in regions(t) if r.field == "state"), 0)
+
+
+def _saving_launch(t: Thunk, sh: Shape, lim: DeviceLimits, kernel: str, items: int, args: dict[str, object]) -> Launch:
+    """A launch of one of the ``gdn_reserve_*`` kernels over ``items`` work-items."""
+    local = (linear_local(items),)
+    return kernel_launch("gdn", kernel, t["dtype"], grid((items,), local), local, args, target=lim.target,
+                         defines=V2_VARIANT if sh.v2 else ())
+
+
+def _reserve_walk(t: Thunk, sh: Shape, lim: DeviceLimits, at: dict[str, tuple], nrm: tuple) -> Launch:
+    """``gdn_reserve_walk`` (the gpu target): the states leaving each chunk and each token's u into ``at``."""
+    return _saving_launch(t, sh, lim, "gdn_reserve_walk", sh.batch * sh.value_heads * sh.value_size, dict(
+        B=sh.batch, S=sh.seq, HV=sh.value_heads, H=sh.heads, K=sh.key_size, V=sh.value_size, carry=sh.carry,
+        per_channel=sh.per_channel, state_real=sh.state_real, slotted=sh.slotted, qk_norm=sh.qk_norm, nb=nrm,
+        hb=at["states"], ub=at["u"], **_arena(t, "q", "k", "v", "g", "beta", "state", "state_slots")))
+
+
+def _reserve_products(t: Thunk, sh: Shape, lim: DeviceLimits, at: dict[str, tuple], nrm: tuple) -> tuple[Launch, ...]:
+    """``gdn_reserve_grams`` (the decayed products qk, kk) and ``gdn_reserve_inverse`` into ``at``."""
+    dims = dict(B=sh.batch, S=sh.seq, HV=sh.value_heads)
+    rows = sh.batch * -(-sh.seq // RESERVE_CHUNK) * sh.value_heads * RESERVE_CHUNK  # (row, chunk, head, token)
+    grams = _saving_launch(t, sh, lim, "gdn_reserve_grams", rows, dict(
+        dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel, qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"],
+        mb=at["kk"], **_arena(t, "q", "k", "g")))
+    inverse = _saving_launch(t, sh, lim, "gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"],
+                                                                           **_arena(t, "beta")))
+    return grams, inverse
 
 
 def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from ..paths import data_dir
-from .registry import shared_texts
+from .registry import families, shared_texts
 
 
 class KernelTextError(ValueError):
@@ -67,22 +67,28 @@ class Signature:
 
 @lru_cache(maxsize=None)
 def signature(family: str, kernel: str, target: str) -> Signature:
-    """The parameters of ``kernel`` in ``kernels/<family>.cl`` at ``target``, or in one of the texts its program puts
-    before it (``shared_texts``: mamba3_backward's chunked kernels, kernels/mamba3_chunk_backward.cl)."""
+    """The parameters of ``kernel`` in the texts of ``family`` (``texts``) at ``target``."""
     found = signatures(family, target)
-    for text in shared_texts(family) if kernel not in found else ():
-        found = {**parse((data_dir("kernels") / text).read_text(), f"kernels/{text}", family, target), **found}
     if kernel not in found:
         raise KernelArgumentError(f"kernels/{family}.cl declares no kernel {kernel!r} at the {target} target; "
                                   f"it declares {', '.join(sorted(found))}")
     return found[kernel]
 
 
+def texts(family: str) -> tuple[str, ...]:
+    """The kernel texts whose kernels are ``family``'s: ``<family>.cl`` and those of the texts it shares that are no
+    family's own (its planner's kernels in a file of their own, as kernels/gdn_chunk_backward.cl)."""
+    owned = {f"{name}.cl" for name in families()}
+    return (*(text for text in shared_texts(family) if text not in owned), f"{family}.cl")
+
+
 @lru_cache(maxsize=None)
 def signatures(family: str, target: str) -> dict[str, Signature]:
-    """Every kernel ``kernels/<family>.cl`` declares at ``target``, by name (read once)."""
-    path = data_dir("kernels") / f"{family}.cl"
-    return parse(path.read_text(), f"kernels/{family}.cl", family, target)
+    """Every kernel the texts of ``family`` (``texts``) declare at ``target``, by name (read once)."""
+    found: dict[str, Signature] = {}
+    for name in texts(family):
+        found.update(parse((data_dir("kernels") / name).read_text(), f"kernels/{name}", family, target))
+    return found
 
 
 _KERNEL = re.compile(r"KERNEL(?:_BOUNDED\([^)]*\))?\s+(\w+)\s*\(([^)]*)\)")

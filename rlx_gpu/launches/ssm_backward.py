@@ -9,14 +9,15 @@ blocks, d_a, d_d and the delta bias's gradient over the rows; ``gdn_backward_qk`
 blocks. The version-2 fields are compile-time variants (for selective_scan and mamba2 the forward's,
 ``ssm.field_defines``). gated_delta_net_backward given a saved forward (ABI.md §9.1) reads its states: at the
 cpu target ``gdn_backward_saved`` (GDN_CJ state columns per work-item, the chunks' steps rebuilt from the
-reserve), at the gpu target the walk above with its checkpoints copied from the reserve.
+reserve), at the gpu target the walk above with its checkpoints copied from the reserve; with per-head gates,
+at either target, the chunked form of launches/gdn_backward.py instead.
 """
 from __future__ import annotations
 
 from host_fallback.abi import complete, forward_op
 from host_fallback.abi.gdn import RESERVE_CHUNK, gdn_scale, reserve_slots
 
-from . import gdn, mamba2_backward, ssm
+from . import gdn, gdn_backward, mamba2_backward, ssm
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, ceil_to, grid, linear_local, real_size
 from .limits import DeviceLimits
@@ -132,8 +133,10 @@ def _gdn_saved(t: Thunk, q: int) -> dict[str, object]:
     return dict(saved=True, rsb=(ARENA, t["reserve"] + states.offset))
 
 
-def _plan_gdn(t: Thunk, lim: DeviceLimits, **_: object) -> LaunchPlan:
+def _plan_gdn(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
+    if gdn_backward.takes(t, ssm_kernel):  # per-head gates: the chunked form
+        return gdn_backward.plan(t, lim, _layout, _gdn_defines(t))
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
     tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")
     if lim.target == "cpu" and _gdn_saved(t, q)["saved"]:
@@ -212,5 +215,5 @@ register("selective_scan_backward", _plan, unsupported, v2_fields=V2_FIELDS | RE
 # (mamba2's step walk is in the ssm_backward program too; its chunked form's program is its own)
 register("mamba2_backward", _plan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS,
          family=mamba2_backward.FAMILY, shared_texts=mamba2_backward.SHARED_TEXTS)
-register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=GDN_V2_FIELDS, family="gdn_backward",
-         shared_texts=FIELDS_TEXT)
+register("gated_delta_net_backward", _plan_gdn, unsupported, v2_fields=GDN_V2_FIELDS, family=gdn_backward.FAMILY,
+         shared_texts=FIELDS_TEXT + (gdn_backward.TEXT,))

@@ -21,7 +21,7 @@ from rlx_gpu.conformance.catalog import Case
 from rlx_gpu.launches import ARENA, SCRATCH, body
 from rlx_gpu.launches.limits import REFERENCE_GPU, TARGETS, DeviceLimits
 from rlx_gpu.launches.arguments import bind, bind_some, kernel_launch, named
-from rlx_gpu.launches.signatures import KernelArgumentError, KernelTextError, parse, signature, signatures
+from rlx_gpu.launches.signatures import KernelArgumentError, KernelTextError, parse, signature, signatures, texts
 from rlx_gpu.paths import data_dir
 
 LIMITS = {"cpu": DeviceLimits(1024, 1 << 20, True), "gpu": REFERENCE_GPU}
@@ -31,7 +31,7 @@ PERSISTENT_LSTM = cases.lay_out("lstm", "f32", {"batch": 1, "seq": 3, "input_siz
 
 
 def _kernel_names(family: str) -> set[str]:
-    text = (data_dir("kernels") / f"{family}.cl").read_text()
+    text = "".join((data_dir("kernels") / name).read_text() for name in texts(family))
     return set(re.findall(r"^KERNEL(?:_BOUNDED\([^)]*\))?\s+(\w+)\s*\(", text, re.M))
 
 
@@ -41,7 +41,7 @@ def test_every_kernel_text_is_read_at_the_targets_that_compile_it(family):
     assert set().union(*read.values()) == _kernel_names(family)
     for target, found in read.items():
         for sig in found.values():
-            assert sig.target == target and sig.where.startswith(f"kernels/{family}.cl:")
+            assert sig.target == target and sig.where.split(":")[0] in {f"kernels/{name}" for name in texts(family)}
             assert len({p.name for p in sig.params}) == len(sig.params), sig
 
 
@@ -178,8 +178,12 @@ def test_every_planners_launches_bind_to_their_kernel_signatures(target):
     gdn = dict(cases.SMALL["gated_delta_net"], op="gated_delta_net", dtype="f32")
     gdn_saved = runner.lay_out(Case("gated_delta_net", "f32", dict(cases.SMALL["gated_delta_net"], reserve=True,
                                                                    reserve_bytes=rlx_gpu.reserve_bytes(gdn)))).thunk
+    # and its backward with per-channel gates (gdn_backward_saved at the cpu target; per-head gates run chunked)
+    channel = dict(cases.SMALL["gated_delta_net"], gate_per_channel=True)
+    gdn_channel = runner.lay_out(Case("gated_delta_net_backward", "f32", dict(
+        channel, reserve=True, reserve_bytes=rlx_gpu.reserve_bytes(dict(gdn, **channel))))).thunk
     for launch in (launches.plan(split, lim, ssm_kernel="lanes").launches + launches.plan(saved, lim).launches
-                   + launches.plan(gdn_saved, lim).launches):
+                   + launches.plan(gdn_saved, lim).launches + launches.plan(gdn_channel, lim).launches):
         _check_bound(launch)
         kernels.add((launch.family, launch.kernel))
     for dtype in ("f32", "f64"):  # the scan driver's own launches

@@ -36,7 +36,7 @@ REGISTERS = {kernel: STATE_SPACE_REGISTERS for kernel in (
     "mamba2_chunk_scan", "gated_delta_net_lanes", "gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
     "gated_delta_net_chunk_out", "mamba3_lanes", "mamba3_lanes_final", "mamba3_chunk_turn", "mamba3_chunk_state",
     "mamba3_state_pass", "mamba3_chunk_scan", "mamba2_backward_dstate", "mamba2_backward_pass", "mamba2_backward_chunk",
-    "mamba3_cb_states", "mamba3_cb_pass", "mamba3_cb_chunk",
+    "mamba3_cb_states", "mamba3_cb_pass", "mamba3_cb_chunk", "gdn_chunk_back_pass", "gdn_chunk_back_grads",
 )}
 #: the state-space backward walks (kernels/ssm_backward.cl, gdn_backward.cl: a whole reverse walk inlined into
 #: one kernel; f32/bf16 128-164 registers measured) and their reductions

@@ -1,0 +1,343 @@
+/* The chunked (WY) backward of gated_delta_net with per-head gates, from a saved forward (ABI.md §9.1), one text
+ * for both targets; part of the gdn_backward program (before kernels/gdn_backward.cl, after kernels/ssm_fields.cl,
+ * whose state slots, carried state and f32 state beside a 16-bit thunk it shares; GDNB_NORM switches qk_l2norm on).
+ *
+ * Per chunk of L = 32 tokens of one (batch row, value head), with the reserve's S0 (the state entering it), U
+ * (what each token adds), qk, kk (the decayed Gram products, before scale) and inverse = (I + diag(beta) kk)^-1,
+ * gamma_r = exp(cum_r) (the decay from the chunk's start through token r), end_r = exp(cum_L - cum_r) and the
+ * chunk's decay D = exp(cum_L), the forward is
+ *   U = inverse diag(beta) (V - diag(gamma) K S0),  S_L = D S0 + (diag(end) K)^T U,
+ *   O = scale (diag(gamma) Q S0 + qk U),
+ * so its backward, given dO and dS_L (the gradient of the state leaving the chunk), is
+ *   dU = scale qk^T dO + diag(end) K dS_L,  Y = inverse^T dU,  dV = diag(beta) Y,
+ *   dS0 = D dS_L + scale (diag(gamma) Q)^T dO - (diag(gamma) K)^T dV,
+ * a reverse pass over the chunks, by blocks of state columns (gdn_chunk_back_pass); then, every chunk at once,
+ * the gradients of q, k, beta and g through the products (gdn_chunk_back_grads): with dA = Y U^T (strictly lower),
+ * dqk = scale dO U^T (lower), dkk = -diag(beta) dA, the decay ratios R[r][s] = exp(cum_r - cum_s) (s <= r),
+ *   dq = (dqk .* R) K + scale diag(gamma) dO S0^T,
+ *   dk = (dqk .* R)^T Q + (dkk .* R + (dkk .* R)^T) K + diag(end) U dS_L^T - diag(beta gamma) Y S0^T,
+ *   dbeta_r = Y_r . V_r - gamma_r k_r . (Y S0^T)_r - sum_s dA[r][s] kk[r][s],
+ * and the log-decays' through their cumulative sums: E = dqk .* qk + dkk .* kk,
+ *   dcum_r = sum_s E[r][s] - sum_s E[s][r] + q_r . dq~_r - k_r . (dk~_r + dkd_r) (dq~, dk~: the gate terms above),
+ *   dcum_(L-1) += sum_r k_r . dkd_r + D S0 . dS_L,  dg_r = sum_(t >= r) dcum_t.
+ * q and k are the normalised ones (nrm from gdn_qk_norm with GDNB_NORM); dq and dk go out as partials per value
+ * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
+ * sequence in the last chunk are zero inputs (the reserve's padding). Host twin:
+ * host_fallback/gdn_backward_chunked.py. */
+
+#ifndef GDNB_NORM
+#define GDNB_NORM 0
+#endif
+#define GDNC_L 32 /* the saved forward's chunk (kernels/gdn.cl's GDN_RC, abi.gdn.RESERVE_CHUNK) */
+#define GDNC_LP (GDNC_L + 1) /* LOCAL rows padded by one, so that a column walk spreads over banks */
+/* the least log-decay of a step the kernels take: exp of it is 0 in f32 (smaller ones, -inf too, decay as much) */
+#define GDNC_LOG_FLOOR (-104.2789)
+#define GDNC_W 8 /* a sum over the columns is kept as GDNC_W partial sums added in order at the end: the compiler
+                  * vectorizes it (the cpu target) without reordering it */
+
+/* One chunk of one (batch row b, value head vh) as both kernels find it: its first token (b*S + c*L), its tokens
+ * (n <= L), its index among the reserve's (b, chunk, value head) slots and the key head. */
+typedef struct {
+    i64 first, n, slot, kh;
+} gdnc_chunk;
+
+INLINE_FN gdnc_chunk gdnc_chunk_of(i64 b, i64 c, i64 vh, i64 S, i64 H, i64 HV)
+{
+    const i64 chunks = (S + GDNC_L - 1) / GDNC_L;
+    gdnc_chunk out;
+    out.first = b * S + c * GDNC_L;
+    out.n = S - c * GDNC_L < GDNC_L ? S - c * GDNC_L : GDNC_L;
+    out.slot = (b * chunks + c) * HV + vh;
+    out.kh = vh / (HV / H);
+    return out;
+}
+
+/* x[(first + r) * stride + at] for a token r of the chunk, 0 past it. */
+INLINE_FN real gdnc_load(GLOBAL const store_t* x, gdnc_chunk ch, i64 r, i64 stride, i64 at)
+{
+    return r < ch.n ? LOAD(x, (ch.first + r) * stride + at) : (real)0;
+}
+
+/* sum_j a[j] b[j] over j < n as GDNC_W partial sums, b in the compute type and a in the thunk's type (as) or the
+ * compute type (ar, where as is 0): the loop is unswitched on which. */
+INLINE_FN real gdnc_dot_any(GLOBAL const store_t* as, GLOBAL const real* ar, GLOBAL const real* b, i64 n)
+{
+    real part[GDNC_W];
+    PRAGMA_UNROLL
+    for (int l = 0; l < GDNC_W; ++l)
+        part[l] = (real)0;
+    i64 j = 0;
+    for (; j + GDNC_W <= n; j += GDNC_W)
+        PRAGMA_UNROLL
+        for (int l = 0; l < GDNC_W; ++l)
+            part[l] += (as ? LOAD(as, j + l) : ar[j + l]) * b[j + l];
+    for (; j < n; ++j)
+        part[0] += (as ? LOAD(as, j) : ar[j]) * b[j];
+    real out = (real)0;
+    PRAGMA_UNROLL
+    for (int l = 0; l < GDNC_W; ++l)
+        out += part[l];
+    return out;
+}
+
+INLINE_FN real gdnc_dot(GLOBAL const store_t* a, GLOBAL const real* b, i64 n)
+{
+    return gdnc_dot_any(a, 0, b, n);
+}
+
+INLINE_FN real gdnc_dot_real(GLOBAL const real* a, GLOBAL const real* b, i64 n)
+{
+    return gdnc_dot_any(0, a, b, n);
+}
+
+/* A chunk's per-token scalars in LOCAL memory: the cumulative log-decay, beta and the factors 1/|q|, 1/|k|
+ * (1 without GDNB_NORM), token r written by lane r % lanes; a barrier follows. */
+INLINE_FN void gdnc_rows_barrier(gdnc_chunk ch, i64 HV, i64 H, i64 vh, GLOBAL const store_t* g,
+                                 GLOBAL const store_t* beta, GLOBAL const real* nrm, LOCAL_PTR real* cum,
+                                 LOCAL_PTR real* bet, LOCAL_PTR real* nq, LOCAL_PTR real* nk, i64 lane, i64 lanes)
+{
+    BARRIER(); /* the previous chunk's rows are read no more */
+    for (i64 r = lane; r < GDNC_L; r += lanes) {
+        real sum = (real)0;
+        for (i64 t = 0; t <= r; ++t) { /* floored (a NaN kept): a decay of 0 leaves no -inf - -inf in a ratio */
+            const real gt = gdnc_load(g, ch, t, HV, vh);
+            sum += gt < (real)GDNC_LOG_FLOOR ? (real)GDNC_LOG_FLOOR : gt;
+        }
+        cum[r] = sum;
+        bet[r] = gdnc_load(beta, ch, r, HV, vh);
+        const i64 e = (ch.first + r) * H + ch.kh;
+        nq[r] = GDNB_NORM && r < ch.n ? nrm[2 * e] : (real)1;
+        nk[r] = GDNB_NORM && r < ch.n ? nrm[2 * e + 1] : (real)1;
+    }
+    BARRIER();
+}
+
+/* Where the reverse pass finds a chunk: q, k and d_out at its first token's rows (q, k [tokens][H][K] at the key
+ * head, d_out [tokens][HV][V] at the value head), d_v likewise, qk and the inverse ([L][L]), dS_L (ds, [K][V]),
+ * its rows of Y ([L][V]) and where dS0 goes (out, [K][V]); every row pointer at the item's first column. */
+typedef struct {
+    GLOBAL const store_t* q;
+    GLOBAL const store_t* k;
+    GLOBAL const store_t* gout;
+    GLOBAL store_t* dv;
+    GLOBAL const real* qk;
+    GLOBAL const real* inv;
+    GLOBAL const real* ds;
+    GLOBAL real* y;
+    GLOBAL real* out;
+} gdnc_pass_at;
+
+/* Columns [0, w) of one chunk in the reverse pass (row strides: H*K for q, k, HV*V for d_out, d_v, V for the
+ * rest); every inner loop runs over the columns. */
+INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64 K, i64 V, real scale,
+                               LOCAL_PTR const real* cum, LOCAL_PTR const real* bet, LOCAL_PTR const real* nq,
+                               LOCAL_PTR const real* nk)
+{
+    const i64 qs = H * K, os = HV * V;
+    const real last = cum[GDNC_L - 1];
+    for (i64 s = 0; s < GDNC_L; ++s) { /* dU = scale qk^T dO + diag(end) K dS_L */
+        for (i64 j = 0; j < w; ++j)
+            at.y[s * V + j] = (real)0;
+        for (i64 r = s; r < n; ++r) {
+            const real a = scale * at.qk[r * GDNC_L + s];
+            for (i64 j = 0; j < w; ++j)
+                at.y[s * V + j] += a * LOAD(at.gout, r * os + j);
+        }
+        const real f = rlx_exp(last - cum[s]) * nk[s];
+        for (i64 i = 0; i < K && s < n; ++i) {
+            const real a = f * LOAD(at.k, s * qs + i);
+            for (i64 j = 0; j < w; ++j)
+                at.y[s * V + j] += a * at.ds[i * V + j];
+        }
+    }
+    for (i64 s = 0; s < GDNC_L; ++s) { /* Y = inverse^T dU in place: Y_s reads dU_r for r >= s alone */
+        for (i64 r = s + 1; r < GDNC_L; ++r) {
+            const real a = at.inv[r * GDNC_L + s];
+            for (i64 j = 0; j < w; ++j)
+                at.y[s * V + j] += a * at.y[r * V + j];
+        }
+        for (i64 j = 0; j < w && s < n; ++j)
+            STORE(at.dv, s * os + j, bet[s] * at.y[s * V + j]);
+    }
+    const real through = rlx_exp(last);
+    for (i64 i = 0; i < K; ++i) { /* dS0 = D dS_L + sum_r gamma_r (scale q_r dO_r - k_r beta_r Y_r) */
+        for (i64 j = 0; j < w; ++j)
+            at.out[i * V + j] = through * at.ds[i * V + j];
+        for (i64 r = 0; r < n; ++r) {
+            const real gam = rlx_exp(cum[r]);
+            const real a = gam * scale * nq[r] * LOAD(at.q, r * qs + i);
+            const real b = gam * nk[r] * bet[r] * LOAD(at.k, r * qs + i);
+            for (i64 j = 0; j < w; ++j)
+                at.out[i * V + j] += a * LOAD(at.gout, r * os + j) - b * at.y[r * V + j];
+        }
+    }
+}
+
+/* The reverse pass: a work-group per (batch row b, value head vh), a work-item per block of CJ state columns
+ * (local size ceil(V / CJ)). Scratch: the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
+ * (the last one d_state's, with SSM_CARRY, or 0), slot 0 the initial state's (written to d_state with SSM_CARRY);
+ * the state entering the first chunk at s0b ([B][HV][K][V]: the initial state or 0, for gdn_chunk_back_grads); Y at
+ * yb, [B][C][HV][L][V] (the reserve's slot order); d_v written. */
+KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scale, GLOBAL uchar* qb, i64 qo,
+                           GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* betab, i64 betao,
+                           GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo,
+                           GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* nb, i64 no,
+                           GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rib, i64 rio, GLOBAL uchar* dsb, i64 dso,
+                           GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo)
+{
+    LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L];
+    const i64 bh = GROUP(0), lane = LID(0), b = bh / HV, vh = bh - b * HV, chunks = (S + GDNC_L - 1) / GDNC_L;
+    const i64 kv = K * V, j0 = lane * CJ, w = V - j0 < CJ ? V - j0 : CJ, entry = ssm_slot(b, AT(int, slb, slo));
+    GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + (entry * HV + vh) * kv + j0;
+    GLOBAL const state_t* h0 = AT(state_t, stb, sto) + (entry * HV + vh) * kv + j0;
+    GLOBAL real* dsl = AT(real, dsb, dso) + bh * (chunks + 1) * kv + j0;
+    GLOBAL real* s0 = AT(real, s0b, s0o) + bh * kv + j0;
+    for (i64 i = 0; i < K; ++i)
+        for (i64 j = 0; j < w; ++j) {
+            dsl[chunks * kv + i * V + j] = SSM_CARRY ? SLOAD(dstate, i * V + j) : (real)0;
+            s0[i * V + j] = SSM_CARRY ? SLOAD(h0, i * V + j) : (real)0;
+        }
+    for (i64 c = chunks - 1; c >= 0; --c) {
+        const gdnc_chunk ch = gdnc_chunk_of(b, c, vh, S, H, HV);
+        gdnc_rows_barrier(ch, HV, H, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, bet,
+                          nq, nk, lane, LSIZE(0));
+        gdnc_pass_at at;
+        at.q = AT(store_t, qb, qo) + ch.first * H * K + ch.kh * K;
+        at.k = AT(store_t, kb, ko) + ch.first * H * K + ch.kh * K;
+        at.gout = AT(store_t, gob, goo) + (ch.first * HV + vh) * V + j0;
+        at.dv = AT(store_t, dvb, dvo) + (ch.first * HV + vh) * V + j0;
+        at.qk = AT(real, rqb, rqo) + ch.slot * GDNC_L * GDNC_L;
+        at.inv = AT(real, rib, rio) + ch.slot * GDNC_L * GDNC_L;
+        at.ds = dsl + (c + 1) * kv;
+        at.y = AT(real, yb, yo) + ch.slot * GDNC_L * V + j0;
+        at.out = dsl + c * kv;
+        gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, bet, nq, nk);
+    }
+    if (SSM_CARRY)
+        for (i64 i = 0; i < K; ++i)
+            for (i64 j = 0; j < w; ++j)
+                SSTORE(dstate, i * V + j, dsl[i * V + j]);
+}
+
+/* Row r of the chunk's L x L gradient products (over the V columns): dqk = scale dO_r . U_s (s <= r) and
+ * dA = Y_r . U_s (s < r) into LOCAL pq = dqk .* R, pk = dkk .* R, e = dqk .* qk + dkk .* kk (0 elsewhere);
+ * returns Y_r . V_r - sum_s dA[r][s] kk[r][s], beta's gradient but for its gate term. gout, v: row r's (r < n). */
+INLINE_FN real gdnc_row_products(i64 r, i64 n, i64 V, real scale, GLOBAL const store_t* v, GLOBAL const store_t* gout,
+                                 GLOBAL const real* u, GLOBAL const real* y, GLOBAL const real* qk,
+                                 GLOBAL const real* kk, LOCAL_PTR const real* cum, LOCAL_PTR const real* bet,
+                                 LOCAL_PTR real* pq, LOCAL_PTR real* pk, LOCAL_PTR real* e)
+{
+    real dbeta = r < n ? gdnc_dot(v, y + r * V, V) : (real)0;
+    for (i64 s = 0; s < GDNC_L; ++s) {
+        const int lower = s <= r && r < n;
+        const real dqk = lower ? scale * gdnc_dot(gout, u + s * V, V) : (real)0;
+        const real da = lower && s < r ? gdnc_dot_real(y + r * V, u + s * V, V) : (real)0;
+        const real ratio = lower ? rlx_exp(cum[r] - cum[s]) : (real)0, dkk = -bet[r] * da;
+        dbeta -= da * kk[r * GDNC_L + s];
+        pq[r * GDNC_LP + s] = dqk * ratio;
+        pk[r * GDNC_LP + s] = dkk * ratio;
+        e[r * GDNC_LP + s] = dqk * qk[r * GDNC_L + s] + dkk * kk[r * GDNC_L + s];
+    }
+    return dbeta;
+}
+
+/* Where gdnc_row_grads reads a chunk: q and k at its first token's key-head row (stride H*K), d_out at row r's
+ * value-head row, the state entering it and dS_L ([K][V]), U and Y ([L][V]). */
+typedef struct {
+    GLOBAL const store_t* q;
+    GLOBAL const store_t* k;
+    GLOBAL const store_t* gout;
+    GLOBAL const real* s0;
+    GLOBAL const real* dsl;
+    GLOBAL const real* u;
+    GLOBAL const real* y;
+} gdnc_grad_inputs;
+
+/* Row r's (r < n) d_q, d_k partials (with respect to the normalised q, k) into dq, dk ([K]), after
+ * gdnc_row_products' barrier; returns the row's gradient of its cumulative log-decay but for the chunk's last-row
+ * terms, whose share of row r it adds to *tail, and subtracts the gate term of beta's gradient from *dbeta. */
+INLINE_FN real gdnc_row_grads(gdnc_grad_inputs in, i64 n, i64 r, i64 H, i64 K, i64 V, real scale, GLOBAL real* dq,
+                              GLOBAL real* dk, real* dbeta, real* tail, LOCAL_PTR const real* cum,
+                              LOCAL_PTR const real* bet, LOCAL_PTR const real* nq, LOCAL_PTR const real* nk,
+                              LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
+{
+    const real gam = rlx_exp(cum[r]), end = rlx_exp(cum[GDNC_L - 1] - cum[r]);
+    const i64 qs = H * K;
+    real dcum = (real)0;
+    for (i64 i = 0; i < K; ++i) { /* the state terms: Y S0^T, dO S0^T, U dS_L^T */
+        const real ys = gdnc_dot_real(in.y + r * V, in.s0 + i * V, V), os = gdnc_dot(in.gout, in.s0 + i * V, V);
+        const real dkd = end * gdnc_dot_real(in.u + r * V, in.dsl + i * V, V);
+        const real qn = LOAD(in.q, r * qs + i) * nq[r], kn = LOAD(in.k, r * qs + i) * nk[r];
+        const real dqg = scale * gam * os, dgk = bet[r] * gam * ys;
+        *dbeta -= gam * kn * ys;
+        dcum += qn * dqg - kn * (dgk + dkd);
+        *tail += kn * dkd;
+        dq[i] = dqg;
+        dk[i] = dkd - dgk;
+    }
+    for (i64 s = 0; s < n; ++s) { /* the products: dq += (dqk .* R) K, dk += (dqk .* R)^T Q + (dkk .* R + ...^T) K */
+        const real a = pq[r * GDNC_LP + s] * nk[s], b = pq[s * GDNC_LP + r] * nq[s];
+        const real c = (pk[r * GDNC_LP + s] + pk[s * GDNC_LP + r]) * nk[s];
+        for (i64 i = 0; i < K; ++i) {
+            const real ks = LOAD(in.k, s * qs + i);
+            dq[i] += a * ks;
+            dk[i] += b * LOAD(in.q, s * qs + i) + c * ks;
+        }
+    }
+    return dcum;
+}
+
+/* Every chunk's gradients of q, k, beta and g at once: a work-group per reserve slot (batch row, chunk, value head),
+ * a work-item per token r of the chunk (local size L). Reads the reserve (states, qk, kk, u at rsb, rqb, rkb, rub)
+ * and gdn_chunk_back_pass's scratch (dsb, s0b, yb); writes the d_q, d_k partials [HV/H][T][H][K] at dqb, dkb
+ * (scratch), d_beta and d_g. */
+KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scale, GLOBAL uchar* qb, i64 qo,
+                            GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
+                            GLOBAL uchar* betab, i64 betao, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dgb, i64 dgo,
+                            GLOBAL uchar* dbetab, i64 dbetao, GLOBAL uchar* nb, i64 no, GLOBAL uchar* rsb, i64 rso,
+                            GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rkb, i64 rko, GLOBAL uchar* rub, i64 ruo,
+                            GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo,
+                            GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko)
+{
+    LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L], dcs[GDNC_L], tails[GDNC_L];
+    LOCAL real pq[GDNC_L * GDNC_LP], pk[GDNC_L * GDNC_LP], e[GDNC_L * GDNC_LP];
+    const i64 slot = GROUP(0), r = LID(0), chunks = (S + GDNC_L - 1) / GDNC_L, kv = K * V;
+    const i64 bc = slot / HV, vh = slot - bc * HV, b = bc / chunks, c = bc - b * chunks;
+    const gdnc_chunk ch = gdnc_chunk_of(b, c, vh, S, H, HV);
+    const i64 tok = ch.first + r, row = r < ch.n ? tok : ch.first; /* a token past the chunk reads none */
+    gdnc_rows_barrier(ch, HV, H, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, bet, nq,
+                      nk, r, GDNC_L);
+    gdnc_grad_inputs in;
+    in.q = AT(store_t, qb, qo) + ch.first * H * K + ch.kh * K;
+    in.k = AT(store_t, kb, ko) + ch.first * H * K + ch.kh * K;
+    in.gout = AT(store_t, gob, goo) + (row * HV + vh) * V;
+    in.s0 = c ? AT(real, rsb, rso) + (slot - HV) * kv : AT(real, s0b, s0o) + (b * HV + vh) * kv;
+    in.dsl = AT(real, dsb, dso) + ((b * HV + vh) * (chunks + 1) + c + 1) * kv;
+    in.u = AT(real, rub, ruo) + slot * GDNC_L * V;
+    in.y = AT(real, yb, yo) + slot * GDNC_L * V;
+    real dbeta = gdnc_row_products(r, ch.n, V, scale, AT(store_t, vb, vo) + (row * HV + vh) * V, in.gout, in.u, in.y,
+                                   AT(real, rqb, rqo) + slot * GDNC_L * GDNC_L,
+                                   AT(real, rkb, rko) + slot * GDNC_L * GDNC_L, cum, bet, pq, pk, e);
+    BARRIER();
+    const i64 part = ((vh - ch.kh * (HV / H)) * T + row) * H * K + ch.kh * K;
+    real tail = (real)0, dcum = (real)0;
+    if (r < ch.n)
+        dcum = gdnc_row_grads(in, ch.n, r, H, K, V, scale, AT(real, dqb, dqo) + part, AT(real, dkb, dko) + part,
+                              &dbeta, &tail, cum, bet, nq, nk, pq, pk);
+    for (i64 i = r; i < K; i += GDNC_L) /* the entering state's share of the last row's term, D S0 . dS_L */
+        tail += rlx_exp(cum[GDNC_L - 1]) * gdnc_dot_real(in.s0 + i * V, in.dsl + i * V, V);
+    for (i64 s = 0; s < GDNC_L; ++s)
+        dcum += e[r * GDNC_LP + s] - e[s * GDNC_LP + r];
+    dcs[r] = dcum;
+    tails[r] = tail;
+    BARRIER();
+    real dg = (real)0; /* dg_r = sum_(t >= r) dcum_t, the last row's terms (every row's share) first */
+    for (i64 t = 0; t < GDNC_L; ++t)
+        dg += tails[t];
+    for (i64 t = GDNC_L - 1; t >= r; --t)
+        dg += dcs[t];
+    if (r < ch.n) {
+        STORE(AT(store_t, dgb, dgo), tok * HV + vh, dg);
+        STORE(AT(store_t, dbetab, dbetao), tok * HV + vh, dbeta);
+    }
+}

@@ -1,0 +1,63 @@
+"""The costs of the chunked gated_delta_net_backward kernels (``launches/gdn_backward.py`` plans them; ``cost`` says
+how counted; ``gdn_backward_qk`` after them is ``ssm_backward_cost``'s).
+
+Per chunk of L = 32 tokens of a (batch row, value head), read off kernels/gdn_chunk_backward.cl's loops, a partial
+chunk counted whole. The reverse pass, per state column: qkᵀ·dO on the lower triangle (tri = L(L+1)/2 pairs),
+K·dS_L (L x K), the triangular inverseᵀ·dU (L(L-1)/2 pairs) and the two products of dS0 ((γQ)ᵀ·dO, (γK)ᵀ·dV);
+the gradient products, per token of the chunk: dO·Uᵀ and Y·Uᵀ on the triangle, Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ (over
+V for each of K), the decayed pair products into d_q and d_k (three per key channel and token pair), and per chunk
+S0·dS_L. Those are GEMM-shaped; the decays, the rows' scalars and the log-decays' sums are the rest.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from host_fallback.abi.gdn import RESERVE_CHUNK
+
+from .core import Launch
+from .cost import Cost, declare, real, stored
+
+L = RESERVE_CHUNK
+_TRI, _STRICT = L * (L + 1) // 2, L * (L - 1) // 2
+
+
+def _slots(launch: Launch, args: Mapping[str, Any], per_group: int) -> tuple[int, int, int]:
+    """(batch rows, chunks per row, tokens) of a launch of ``per_group`` work-groups per (batch row, value head)
+    or per (batch row, chunk, value head)."""
+    chunks = -(-args["S"] // L)
+    groups = launch.global_size[0] // launch.local_size[0]
+    rows = groups // (args["HV"] * per_group)
+    return rows, chunks, rows * args["S"]
+
+
+@declare("gdn_chunk_back_pass")
+def reverse_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (batch row, value head, chunk, state column): dU = scale qkᵀ dO + diag(end) K dS_L, Y = inverseᵀ dU,
+    dV = beta Y, dS0 = D dS_L + (γQ)ᵀ dO scale - (γK)ᵀ dV; per chunk and work-item the rows' scalars (cumulative
+    log-decays: L(L+1)/2 adds, their exps). The states' gradients written once a chunk and read once."""
+    h, hv, k, v, es, rs = args["H"], args["HV"], args["K"], args["V"], stored(launch), real(launch)
+    b, chunks, t = _slots(launch, args, 1)
+    columns = b * hv * chunks * v
+    gemm = columns * (2 * _TRI + 2 * L * k + 2 * _STRICT + 4 * L * k)
+    lanes = launch.local_size[0]
+    other = columns * (3 * L + k) + b * hv * chunks * lanes * (_TRI + 4 * L)
+    read = t * hv * (2 * h // hv * k + v + 2) * es + b * chunks * hv * 2 * L * L * rs  # q, k, d_dst, g, beta; qk, inv
+    states = b * hv * (chunks + 1) * k * v * rs
+    written = t * hv * v * es + b * chunks * hv * L * v * rs + b * hv * k * v * rs  # d_v, Y, the first entering state
+    return Cost(gemm=gemm, other=other, read=read + states, written=written + states)
+
+
+@declare("gdn_chunk_back_grads")
+def chunk_grads(launch: Launch, args: Mapping[str, Any]) -> Cost:
+    """Per (batch row, chunk, value head): dO·Uᵀ, Y·Uᵀ and Y·V per token, Y·S0ᵀ, dO·S0ᵀ, U·dS_Lᵀ per (token, key
+    channel), the pair products into d_q, d_k per (token, token, key channel), S0·dS_L; the decay ratios, the rows'
+    scalars and the log-decays' sums of E; d_q, d_k partials, d_beta and d_g written."""
+    h, hv, k, v, es, rs = args["H"], args["HV"], args["K"], args["V"], stored(launch), real(launch)
+    b, chunks, t = _slots(launch, args, -(-args["S"] // L))
+    slots = b * chunks * hv
+    gemm = slots * (2 * v * (_TRI + _STRICT + L) + 6 * L * k * v + 6 * L * L * k + 2 * k * v)
+    other = slots * (L * (_TRI + 4 * L) + 8 * L * L + 10 * L * k)
+    read = t * hv * (2 * h // hv * k + 2 * v + 2) * es  # q, k, v, d_dst, g, beta
+    read += slots * (2 * k * v + 2 * L * L + 2 * L * v) * rs  # S0, dS_L, qk, kk, U, Y
+    written = 2 * t * hv * k * rs + 2 * t * hv * es
+    return Cost(gemm=gemm, other=other, read=read, written=written)
