@@ -45,8 +45,8 @@ import numpy as np
 
 from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
-from .bound import Bound
-from .implementations import KERNELS, PREPARE
+from .bound import Bound, given_views
+from .implementations import GIVEN, KERNELS, PREPARE
 from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
@@ -65,12 +65,32 @@ def _recurrences(fwd: Mapping[str, Any], whole_sequence: bool = False) -> tuple[
             _compiled_lstm_reverse if lstm_sequence.applies(fwd, backward=True) else _REVERSE[op])
 
 
-def prepare(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
-    """The thunk-only setup once (``host_fallback.PREPARE``): the completed fields and the regions, which a
-    small thunk's run would otherwise spend a tenth of its time on (lstm B=8 S=24 H=32, 2 layers)."""
+#: A prepared run: ``run(arena, given=None)``, with ``given`` (``implementations.GIVEN``: a field's arena offset
+#: -> the caller's array in place of its arena view) whether it ran on them (False: they do not fit, nothing ran).
+Run = Callable[..., "bool | None"]
+
+
+def _on_given(t: Mapping[str, Any], by_field: Mapping[str, Region], body: Callable[[Bound], None]) -> Run:
+    """``run(arena, given=None)``: ``body`` on the tensors of ``t`` bound to ``arena``, the ``given`` arrays in
+    place of their views (``bound.given_views``; the reserve among them is read or written where the caller
+    holds it)."""
+    def run(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
+        views = None if given is None else given_views(by_field, given)
+        if given is not None and views is None:
+            return False
+        body(Bound(t, arena, by_field, views))
+        return None if given is None else True
+    return run
+
+
+def prepare(thunk: Mapping[str, Any]) -> Run:
+    """The thunk-only setup once (``host_fallback.PREPARE``): the completed fields, the regions and the reserve's
+    layout, which a small thunk's run would otherwise spend a tenth of its time on (lstm B=8 S=24 H=32, 2
+    layers)."""
     t = complete(thunk)
-    by_field = {r.field: r for r in regions(t)}
-    return lambda arena: _backward(t, arena, by_field)
+    fwd = forward_thunk(t)
+    layout = rnn_reserve.layout(fwd) if t.get("reserve") is not None else None
+    return _on_given(t, {r.field: r for r in regions(t)}, lambda b: _backward(fwd, b, layout))
 
 
 def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
@@ -78,14 +98,14 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
     prepare(thunk)(arena)
 
 
-def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Region]) -> None:
-    """The reverse pass in chunks, each chunk's kept arrays read from the reserve (ABI.md §9.1), or its forward
-    run again from the checkpoints of a forward pass."""
-    fwd = forward_thunk(t)
-    s = setup(fwd, Bound(t, arena, by_field))
+def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
+    """The reverse pass of the backward thunk bound to ``b`` (``fwd``: its forward thunk): in chunks, each chunk's
+    kept arrays read from the reserve (ABI.md §9.1, laid out as ``layout``), or its forward run again from the
+    checkpoints of a forward pass."""
+    s = setup(fwd, b)
     forwards, reverses = _recurrences(fwd)
-    if t.get("reserve") is not None:  # one chunk: the GEMMs after the steps run over the whole sequence's rows
-        above, kept = rnn_reserve.load(fwd, arena, s.cells)
+    if layout is not None:  # one chunk: the GEMMs after the steps run over the whole sequence's rows
+        above, kept = rnn_reserve.load(fwd, b.view("reserve"), layout, s.cells)
         whole = [(0, fwd["seq"])]
         reverse_pass(s, [None, *above, None], whole, read_from(kept, whole), reverses)
         return
@@ -100,25 +120,26 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 
 
-def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
+def forward_saving(thunk: Mapping[str, Any]) -> Run:
     """The forward kernel of a thunk with a reserve (``rnn.prepare`` hands it over): the recurrences of the
     backward pass over the whole sequence as one chunk (whose kept arrays the reserve's layout is; a small
     lstm's whole-sequence kernel keeps the ones its reverse reads), then ``dst``, the final states and the
     reserve stored."""
     t = complete(thunk)
-    by_field = {r.field: r for r in regions(t)}
     forwards = _recurrences(t, whole_sequence=True)[0]
+    layout = rnn_reserve.layout(t)
 
-    def run(arena: np.ndarray) -> None:
-        s = setup(t, Bound(t, arena, by_field))
-        reserve = rnn_reserve.slots(t, arena)
+    def body(b: Bound) -> None:
+        s = setup(t, b)
+        reserve = rnn_reserve.slots(t, b.view("reserve"), layout)
         passed = forward_pass(s, forwards, [(0, t["seq"])], reserve, top=True)
         s.b.store("dst", passed.inputs[-1].transpose(1, 0, 2))
         for f, value in passed.finals.items():
             s.b.store(f, value)
         rnn_reserve.save(t, reserve, s.cells, passed.kept)
-    return run
+    return _on_given(t, {r.field: r for r in regions(t)}, body)
 
 
 KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)
 PREPARE.add(("lstm_backward", "gru_backward", "rnn_backward"), prepare)
+GIVEN.update(("lstm_backward", "gru_backward", "rnn_backward"))

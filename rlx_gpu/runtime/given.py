@@ -8,7 +8,8 @@ handed to the kernel as it is. An output that
 is an input's place updated in place (a carried state) comes back in the array the caller named for it
 (``into``) when that is the input's own array (an in-place update the caller asked for), else in a new
 array holding a copy of the input, which the kernel updates: one copy where the arena took two. Another
-output of at least ``GIVEN_BYTES`` is written by the kernel into a new array. The kernel checks what it is
+output of at least ``GIVEN_BYTES`` is written by the kernel into a new array, whether or not an input is
+handed over. The kernel checks what it is
 given (dtype, layout, no array it writes sharing memory with another) and refuses the lot where anything
 does not fit; the plan then copies those inputs in and runs as ever, so the results are the same bits
 either way.
@@ -34,6 +35,12 @@ class Given(NamedTuple):
     inputs: tuple[bool, ...]
     outputs: tuple[int | None, ...]
     offsets: tuple[int, ...]
+
+    @property
+    def new_outputs(self) -> bool:
+        """Whether a large output of its own is written into a new array (a call with no input handed over
+        still hands the kernel those: a training forward's saved forward)."""
+        return -1 in self.outputs
 
 
 def given_layout(schedule: Schedule, inputs: Sequence[str], outputs: Sequence[str]) -> Given:
