@@ -52,6 +52,17 @@ class Bound:
         self.regions = by_field if by_field is not None else {r.field: r for r in regions(thunk)}
         self._views: dict[str, np.ndarray] = dict(given) if given else {}
 
+    def every_view(self) -> "Bound":
+        """Itself with the view of every field made (a thunk run again on the same arena reuses them)."""
+        for field in self.regions:
+            self.view(field)
+        return self
+
+    def with_given(self, given: Mapping[str, np.ndarray]) -> "Bound":
+        """A ``Bound`` of the same arena with the arrays of ``given`` by field (``given_views``) in place of their
+        views, and this one's other views."""
+        return Bound({}, self.arena, self.regions, {**self._views, **given})
+
     def view(self, field: str) -> np.ndarray:
         """``field`` as a writable view of the arena (made once per field; callers never reshape it in place)."""
         made = self._views.get(field)

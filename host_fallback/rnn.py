@@ -74,7 +74,7 @@ import numpy as np
 from . import lstm_sequence, rnn_backward, threads
 from .abi import complete, regions
 from .bound import Bound
-from .implementations import GIVEN, KERNELS, PREPARE, WORKING
+from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE, WORKING
 from .rnn_loops import _layer_direction
 from .rnn_packing import _Dims, _dims, _full_packing, _Packing, _varlen_packing
 
@@ -227,4 +227,5 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool |
 KERNELS.add(("lstm", "gru", "rnn"), _run)
 PREPARE.add(("lstm", "gru", "rnn"), prepare)
 GIVEN.update(("lstm", "gru", "rnn"))
+GIVEN_OUTPUTS.update(("lstm", "gru", "rnn"))  # with a reserve: dst and the reserve written into the caller's arrays
 WORKING.add(("lstm", "gru", "rnn"), working_bytes)

@@ -46,7 +46,7 @@ import numpy as np
 from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
 from .bound import Bound, given_views
-from .implementations import GIVEN, KERNELS, PREPARE
+from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
 from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
@@ -74,11 +74,15 @@ def _on_given(t: Mapping[str, Any], by_field: Mapping[str, Region], body: Callab
     """``run(arena, given=None)``: ``body`` on the tensors of ``t`` bound to ``arena``, the ``given`` arrays in
     place of their views (``bound.given_views``; the reserve among them is read or written where the caller
     holds it)."""
+    last: list[Bound] = []  # the views of the last arena: a training loop runs on one arena call after call
+
     def run(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
         views = None if given is None else given_views(by_field, given)
         if given is not None and views is None:
             return False
-        body(Bound(t, arena, by_field, views))
+        if not last or last[0].arena is not arena:
+            last[:] = [Bound(t, arena, by_field).every_view()]
+        body(last[0] if views is None else last[0].with_given(views))
         return None if given is None else True
     return run
 
@@ -143,3 +147,4 @@ def forward_saving(thunk: Mapping[str, Any]) -> Run:
 KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)
 PREPARE.add(("lstm_backward", "gru_backward", "rnn_backward"), prepare)
 GIVEN.update(("lstm_backward", "gru_backward", "rnn_backward"))
+GIVEN_OUTPUTS.update(("lstm_backward", "gru_backward", "rnn_backward"))

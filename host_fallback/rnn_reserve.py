@@ -17,7 +17,7 @@ import numpy as np
 
 from .abi.reserve import Slot
 from .abi.rnn import ACTIVATION_SLOTS, recurrent_dims, reserve_slots
-from .arena import view
+from .arena import STORAGE
 from .rnn_backward_cell import _Cell
 
 Array = np.ndarray
@@ -32,7 +32,7 @@ def layout(t: Mapping[str, Any]) -> list[Slot]:
 def _views(reserve: Array, slots_of: Sequence[Slot]) -> dict[tuple[str, int], Array]:
     """Every slot of ``slots_of`` (``layout``) by ``(name, index)``: views of ``reserve``, the reserve's bytes
     (the arena's, or the caller's array: ``bound.given_views``)."""
-    return {(s.name, s.index): view(reserve, s.offset, s.dtype, s.shape) for s in slots_of}
+    return {(s.name, s.index): np.ndarray(s.shape, STORAGE[s.dtype], reserve, s.offset) for s in slots_of}
 
 
 def _pre_activations_read(t: Mapping[str, Any], cell: _Cell) -> bool:
