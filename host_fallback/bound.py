@@ -61,7 +61,7 @@ class Bound:
     def with_given(self, given: Mapping[str, np.ndarray]) -> "Bound":
         """A ``Bound`` of the same arena with the arrays of ``given`` by field (``given_views``) in place of their
         views, and this one's other views."""
-        return Bound({}, self.arena, self.regions, {**self._views, **given})
+        return Bound({}, self.arena, self.regions, {**self._views, **given})  # the regions known: no thunk read
 
     def view(self, field: str) -> np.ndarray:
         """``field`` as a writable view of the arena (made once per field; callers never reshape it in place)."""

@@ -82,8 +82,12 @@ def _on_given(t: Mapping[str, Any], by_field: Mapping[str, Region], body: Callab
             return False
         if not last or last[0].arena is not arena:
             last[:] = [Bound(t, arena, by_field).every_view()]
-        body(last[0] if views is None else last[0].with_given(views))
-        return None if given is None else True
+        if views is None:
+            body(last[0])
+            return None
+        with np.errstate(all="ignore"):  # NaN and inf are data (``bound_kernel`` quiets the arena's runs alone)
+            body(last[0].with_given(views))
+        return True
     return run
 
 

@@ -5,6 +5,8 @@ bits as the runs through the arena, whose own bytes of those fields are never to
 read of them would show in every gradient), and an array that does not fit refused before anything runs."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -82,3 +84,17 @@ def test_an_array_that_does_not_fit_is_refused_before_anything_runs():
                   {d_dst.offset + 4: np.zeros(d_dst.shape, np.float32)}):  # at no field's offset
         assert run(arena, given) is False
     assert np.array_equal(arena, before)
+
+
+def test_infinities_on_given_arrays_warn_nothing():
+    """NaN and inf are data on the caller's arrays as on the arena's: no NumPy warning reaches the caller."""
+    params = backward_params("gru", clip=0.5)
+    need = rlx_gpu.reserve_bytes({"op": "gru", "dtype": "f32", **params})
+    backward, arena = laid_backward("gru", "f32", {**params, "reserve": True, "reserve_bytes": need})
+    reserve, d_dst = _region(backward, "reserve"), _region(backward, "d_dst")
+    caller_d_dst = np.full(d_dst.shape, np.inf, np.float32)
+    caller_d_dst[..., ::2] = -np.inf  # inf - inf in the gradient sums: NaN
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert host_fallback.bound_kernel(backward, {})(arena, {reserve.offset: _given_array(reserve),
+                                                                d_dst.offset: caller_d_dst}) is True
