@@ -19,6 +19,10 @@ PREPARE: Registry[Callable[[Mapping[str, Any]], Callable[..., None]]] = Registry
 #: place of its arena view: a caller's memory, no copy through the arena) and then returns whether it ran
 #: on them (False: nothing ran, the caller copies through the arena)
 GIVEN: set[str] = set()
+#: the ops of ``GIVEN`` whose ``run`` takes a ``given`` of output arrays alone (a call that hands over no input:
+#: a training forward's saved forward written into the caller's array); the others are offered outputs only
+#: beside an input, since their run takes the arrays on one path and a refused offer costs its setup
+GIVEN_OUTPUTS: set[str] = set()
 #: op -> a lower bound of the bytes its kernel allocates besides the arena, for the ops whose setup grows with it
 WORKING: Registry[Callable[[Mapping[str, Any]], int]] = Registry("host working-memory bound")
 #: op -> ``path_for(thunk, **options)``: the algorithm the host runs a thunk with, for ops that choose one

@@ -24,6 +24,13 @@ from .arena import COMPUTE
 #: B8 H64 0.21, B32 H64 0.71, B8 H128 0.63, B16 H128 0.74, B64 H64 0.74. At B32 H256 (2 layers, bidirectional,
 #: S128) the two were within the machine's noise of each other (0.6-2x), so the bound stops short of it.
 MAX_STEP = 16 * 128 * 128
+#: The most ``batch * hidden**2`` that the kernels take in a backward thunk's recurrences (and a forward writing
+#: a reserve, which runs them), where NumPy's path is ~40 array passes a step around its two BLAS calls rather
+#: than the forward's compiled step: the bound is the weights' 1 MiB (H=256) in L2 at B=128. One thread, one
+#: layer-direction, the kernels' time over NumPy's, forward / reverse (a 2-core Zen 5 at load 6-7): B32 H256
+#: S128 0.46 / 0.68, B128 H256 0.80 / 0.91, B4 H1024 0.91 / 0.62, B32 H512 0.85 / 0.98; past it B64 H384
+#: 1.17 / 1.21, B64 H512 1.42 / 1.45, B32 H1024 1.61 / 1.40.
+MAX_BACKWARD_STEP = 128 * 256 * 256
 #: The widest ``hidden`` they take: a step's tiles take batch rows 8 (or 6) at a time, so a batch below that
 #: leaves rows idle, which past about this width costs more than NumPy's steps (B1 S16 H256, forward: 0.52 ms
 #: NumPy's loop, about 0.64 the kernel's tiles).
@@ -33,15 +40,17 @@ _NO_LENGTHS = np.empty(0, np.int64)
 _NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
 
 
-def applies(t: Mapping[str, Any]) -> bool:
-    """Whether the kernels run the completed forward thunk ``t`` (of an lstm_backward: its forward): the fields
-    they cover, a step within ``MAX_STEP`` and ``MAX_HIDDEN``, and Numba there (not ``RLX_HOST_JIT=0``; read on
-    every call)."""
+def applies(t: Mapping[str, Any], backward: bool = False) -> bool:
+    """Whether the kernels run the completed forward thunk ``t`` (``backward``: the recurrences of an
+    lstm_backward, or of a forward writing a reserve): the fields they cover, a step within ``MAX_STEP`` and
+    ``MAX_HIDDEN`` (``backward``: ``MAX_BACKWARD_STEP``), and Numba there (not ``RLX_HOST_JIT=0``; read on every
+    call)."""
+    step = t["batch"] * t["hidden"] ** 2
+    within = step <= MAX_BACKWARD_STEP if backward else step <= MAX_STEP and t["hidden"] <= MAX_HIDDEN
     return (t["op"] == "lstm" and COMPUTE[t["dtype"]] == np.float32 and not t["clip"]
             and not t.get("input_forget") and t.get("peepholes") is None and not t.get("proj_size")
             and all(spec[0] == _DEFAULT_ACTIVATIONS[k % 3] for k, spec in enumerate(t["activations"]))
-            and t["batch"] * t["hidden"] ** 2 <= MAX_STEP and t["hidden"] <= MAX_HIDDEN
-            and jit.kernel("lstm_sequence") is not None)
+            and within and jit.kernel("lstm_sequence") is not None)
 
 
 def lengths(seq_lens: np.ndarray | None) -> np.ndarray:

@@ -74,7 +74,7 @@ import numpy as np
 from . import lstm_sequence, rnn_backward, threads
 from .abi import complete, regions
 from .bound import Bound
-from .implementations import KERNELS, PREPARE, WORKING
+from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE, WORKING
 from .rnn_loops import _layer_direction
 from .rnn_packing import _Dims, _dims, _full_packing, _Packing, _varlen_packing
 
@@ -160,8 +160,8 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
         return lambda arena, **_: None  # nothing to compute; a carried state is its own final state
     t = complete(t)  # a plain dict (read dozens of times a call: the fastest mapping) with every field
     if t["reserve"] is not None:  # a training forward (ABI.md §9.1): the backward's recurrences, which keep
-        saving = rnn_backward.forward_saving(t)  # what the reserve holds
-        return lambda arena, **_: saving(arena)
+        saving = rnn_backward.forward_saving(t)  # what the reserve holds; the caller's arrays taken (GIVEN)
+        return lambda arena, given=None, **_: saving(arena, given)
     d = _dims(t)
     by_field = {r.field: r for r in regions(t)}
     B, S = d.batch, d.seq
@@ -176,7 +176,9 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
     sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S  # the whole-sequence kernel repays its copy of W_hh
 
-    def run(arena: np.ndarray, *, parallel_directions: bool | None = None) -> None:
+    def run(arena: np.ndarray, *, parallel_directions: bool | None = None, given: Any = None) -> bool | None:
+        if given is not None:  # only a forward writing a reserve runs on the caller's arrays (GIVEN)
+            return False
         if not last or last[0].arena is not arena:
             last[:] = [Bound(t, arena, by_field)]
         b = last[0]
@@ -224,4 +226,6 @@ def _run(t: Mapping[str, Any], arena: np.ndarray, *, parallel_directions: bool |
 
 KERNELS.add(("lstm", "gru", "rnn"), _run)
 PREPARE.add(("lstm", "gru", "rnn"), prepare)
+GIVEN.update(("lstm", "gru", "rnn"))
+GIVEN_OUTPUTS.update(("lstm", "gru", "rnn"))  # with a reserve: dst and the reserve written into the caller's arrays
 WORKING.add(("lstm", "gru", "rnn"), working_bytes)

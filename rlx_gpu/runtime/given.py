@@ -8,7 +8,9 @@ handed to the kernel as it is. An output that
 is an input's place updated in place (a carried state) comes back in the array the caller named for it
 (``into``) when that is the input's own array (an in-place update the caller asked for), else in a new
 array holding a copy of the input, which the kernel updates: one copy where the arena took two. Another
-output of at least ``GIVEN_BYTES`` is written by the kernel into a new array. The kernel checks what it is
+output of at least ``GIVEN_BYTES`` is written by the kernel into a new array (also where no input is handed
+over, for a kernel that takes output arrays alone: ``host_fallback.GIVEN_OUTPUTS``, a training forward's
+saved forward). The kernel checks what it is
 given (dtype, layout, no array it writes sharing memory with another) and refuses the lot where anything
 does not fit; the plan then copies those inputs in and runs as ever, so the results are the same bits
 either way.
@@ -18,6 +20,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
+
+from host_fallback.implementations import GIVEN_OUTPUTS
 
 from ..schedule.model import Schedule
 
@@ -34,6 +38,7 @@ class Given(NamedTuple):
     inputs: tuple[bool, ...]
     outputs: tuple[int | None, ...]
     offsets: tuple[int, ...]
+    new_outputs: bool  # a large output of its own that a call hands over even with no input handed over
 
 
 def given_layout(schedule: Schedule, inputs: Sequence[str], outputs: Sequence[str]) -> Given:
@@ -51,8 +56,9 @@ def given_layout(schedule: Schedule, inputs: Sequence[str], outputs: Sequence[st
         source = places.get((v.offset, v.nbytes))
         handed.append(source if source is not None and apart(v, source) else
                       -1 if source is None and v.nbytes >= GIVEN_BYTES and apart(v) else None)
+    alone = schedule.thunks[0].op in GIVEN_OUTPUTS  # the kernel takes output arrays alone (a saved forward's)
     return Given(tuple(v.nbytes >= GIVEN_BYTES and apart(v, i) for i, v in enumerate(views)), tuple(handed),
-                 tuple(schedule.tensors[name].offset for name in outputs))
+                 tuple(schedule.tensors[name].offset for name in outputs), alone and -1 in handed)
 
 
 def handed_outputs(layout: Given, arena_views: Sequence[np.ndarray], given: dict[int, np.ndarray],

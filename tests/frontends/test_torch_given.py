@@ -158,3 +158,24 @@ def test_two_states_taking_turns_on_one_signature_each_evolve_as_on_the_copying_
     states_copied, outs_copied = interleaved()
     assert all(torch.equal(a, b) for a, b in zip(states + outs, states_copied + outs_copied))
     assert not torch.equal(states[0], states[1])
+
+
+def test_an_lstm_training_step_hands_its_reserve_over_and_gives_the_copying_paths_gradients(host, monkeypatch):
+    """The forward writes its saved forward into the tensor autograd keeps, the backward reads it there: the
+    backward plan's arena never holds it (its bytes stay zero), and the gradients are the copying path's bits."""
+    torch.manual_seed(5)
+    model = rt.LSTM(16, 32, num_layers=2, batch_first=True)
+    x = torch.randn(8, 24, 16)
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(x)[0].square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    fresh()
+    handed = step()
+    reserve = next(s for s in bridge._last.plan._slots if s.name == "reserve")  # the backward's plan
+    assert bridge._last.plan._given is not None and not reserve.raw.any()
+    copying(monkeypatch)
+    assert all(torch.equal(a, b) for a, b in zip(handed, step()))
+    assert next(s for s in bridge._last.plan._slots if s.name == "reserve").raw.any()  # copied in, this time

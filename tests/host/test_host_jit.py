@@ -32,6 +32,7 @@ def _step_route(monkeypatch):
     """The lstms here run the per-step route: the whole-sequence kernels, which would take the small ones, are
     test_host_jit_lstm_sequence's."""
     monkeypatch.setattr(lstm_sequence, "MAX_STEP", -1)
+    monkeypatch.setattr(lstm_sequence, "MAX_BACKWARD_STEP", -1)
 
 
 @pytest.fixture

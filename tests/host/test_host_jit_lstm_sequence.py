@@ -136,6 +136,7 @@ def test_both_paths_match_torch_autograd(label, extra, width, calls, monkeypatch
 def test_numpy_s_path_runs_where_the_kernels_do_not_apply(label, extra, calls, monkeypatch):
     if label == "a step past the bound":
         monkeypatch.setattr(lstm_sequence, "MAX_STEP", 3 * 4 * 4 - 1)
+        monkeypatch.setattr(lstm_sequence, "MAX_BACKWARD_STEP", 3 * 4 * 4 - 1)
     thunk, arena = laid_backward("lstm", "f32", backward_params("lstm", **extra))
     host_fallback.execute(thunk, arena)
     forward = {k: v for k, v in extra.items() if k != "w_hr"}
