@@ -135,7 +135,7 @@ def _gdn_saved(t: Thunk, q: int) -> dict[str, object]:
 
 def _plan_gdn(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
-    if gdn_backward.takes(t, ssm_kernel):  # per-head gates: the chunked form
+    if gdn_backward.takes(t, ssm_kernel):  # batch rows: the chunked form
         return gdn_backward.plan(t, lim, _layout, _gdn_defines(t))
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
     tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")
