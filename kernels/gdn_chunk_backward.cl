@@ -118,6 +118,7 @@ INLINE_FN void gdnc_rows_barrier(gdnc_chunk ch, i64 HV, i64 H, i64 K, i64 vh, GL
 #if GDNB_GATE_K
     for (i64 i = lane; i < K; i += lanes) {
         real sum = (real)0;
+        PRAGMA_NO_UNROLL /* unrolled, the 16-bit loads of g took CUDA past its register budget */
         for (i64 t = 0; t < GDNC_L; ++t) {
             sum += gdnc_floor(gdnc_load(g, ch, t, HV * K, vh * K + i));
             ck[t * K + i] = sum;
