@@ -283,9 +283,11 @@ typedef struct {
 
 /* Per-channel gates, row r's pair products after gdnc_row_products' barrier: the decay ratio of tokens r and s
  * varies with the key channel (exp(cum_later - cum_earlier) at each), so it is taken inside the channel loop:
- * dq += (dqk .* R) K, dk += (dqk .* R)^T Q + (dkk .* R + (dkk .* R)^T) K; dc ([K], holding dgk + dkd) gains the
- * pair terms of the gradient of the cumulative log-decays, which it then holds:
- * dcum_r = q_r .* dq_r - k_r .* ((dqk .* R)^T Q + ((dkk .* R)^T - dkk .* R) K + dgk + dkd)_r. */
+ * dq += (dqk .* R) K, dk += (dqk .* R)^T Q + (dkk .* R + (dkk .* R)^T) K; dc ([K], holding dgk + dkd) becomes the
+ * gradient of the row's cumulative log-decays,
+ * dcum_r = q_r .* dq_r - k_r .* ((dqk .* R)^T Q + ((dkk .* R)^T - dkk .* R) K + dgk + dkd)_r,
+ * without the pair (r, r), whose terms cancel (q_r k_r dqk[r][r] - k_r q_r dqk[r][r]): added to dq, dk last, so
+ * that a row whose other terms are 0 has a gradient of exactly 0, as per head. */
 INLINE_FN void gdnc_row_pairs_channel(gdnc_grad_inputs in, i64 n, i64 r, i64 qs, i64 K, GLOBAL real* dq,
                                       GLOBAL real* dk, GLOBAL real* dc, LOCAL_PTR const real* nq,
                                       LOCAL_PTR const real* nk, LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
@@ -293,8 +295,8 @@ INLINE_FN void gdnc_row_pairs_channel(gdnc_grad_inputs in, i64 n, i64 r, i64 qs,
     for (i64 s = 0; s < n; ++s) {
         const real a = pq[r * GDNC_LP + s] * nk[s], b = pq[s * GDNC_LP + r] * nq[s];
         const real rows = pk[r * GDNC_LP + s] * nk[s], cols = pk[s * GDNC_LP + r] * nk[s];
-        const real sign = s <= r ? (real)1 : (real)-1; /* the ratio runs from the earlier token to the later */
-        for (i64 i = 0; i < K; ++i) {
+        const real sign = s < r ? (real)1 : (real)-1; /* the ratio runs from the earlier token to the later */
+        for (i64 i = 0; i < K && s != r; ++i) {
             const real ratio = rlx_exp(sign * (in.ck[r * K + i] - in.ck[s * K + i]));
             const real ks = LOAD(in.k, s * qs + i) * ratio, qv = LOAD(in.q, s * qs + i) * ratio;
             dq[i] += a * ks;
@@ -302,8 +304,13 @@ INLINE_FN void gdnc_row_pairs_channel(gdnc_grad_inputs in, i64 n, i64 r, i64 qs,
             dc[i] += b * qv + (cols - rows) * ks;
         }
     }
-    for (i64 i = 0; i < K; ++i)
-        dc[i] = LOAD(in.q, r * qs + i) * nq[r] * dq[i] - LOAD(in.k, r * qs + i) * nk[r] * dc[i];
+    const real a = pq[r * GDNC_LP + r] * nk[r], b = pq[r * GDNC_LP + r] * nq[r];
+    for (i64 i = 0; i < K; ++i) {
+        const real q = LOAD(in.q, r * qs + i), k = LOAD(in.k, r * qs + i);
+        dc[i] = q * nq[r] * dq[i] - k * nk[r] * dc[i];
+        dq[i] += a * k;
+        dk[i] += b * q;
+    }
 }
 
 /* Row r's (r < n) d_q, d_k partials (with respect to the normalised q, k) into dq, dk ([K]), after
