@@ -1,6 +1,7 @@
-/* The chunked (WY) backward of gated_delta_net with per-head gates, from a saved forward (ABI.md §9.1), one text
- * for both targets; part of the gdn_backward program (before kernels/gdn_backward.cl, after kernels/ssm_fields.cl,
- * whose state slots, carried state and f32 state beside a 16-bit thunk it shares; GDNB_NORM switches qk_l2norm on).
+/* The chunked (WY) backward of gated_delta_net, from a saved forward (ABI.md §9.1), one text for both targets; part
+ * of the gdn_backward program (before kernels/gdn_backward.cl, after kernels/ssm_fields.cl, whose state slots,
+ * carried state and f32 state beside a 16-bit thunk it shares; GDNB_NORM switches qk_l2norm on, GDNB_GATE_K
+ * per-channel gates).
  *
  * Per chunk of L = 32 tokens of one (batch row, value head), with the reserve's S0 (the state entering it), U
  * (what each token adds), qk, kk (the decayed Gram products, before scale) and inverse = (I + diag(beta) kk)^-1,
@@ -22,8 +23,10 @@
  *   dcum_(L-1) += sum_r k_r . dkd_r + D S0 . dS_L,  dg_r = sum_(t >= r) dcum_t.
  * q and k are the normalised ones (nrm from gdn_qk_norm with GDNB_NORM); dq and dk go out as partials per value
  * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
- * sequence in the last chunk are zero inputs (the reserve's padding). Host twin:
- * host_fallback/gdn_backward_chunked.py. */
+ * sequence in the last chunk are zero inputs (the reserve's padding). Per-channel gates (GDNB_GATE_K): every decay
+ * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
+ * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). Host
+ * twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
