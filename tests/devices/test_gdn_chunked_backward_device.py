@@ -11,7 +11,8 @@ chunk's 32 tokens, q/k L2-norm, scale, a carried state into slots, a partial chu
 the gpu target; reruns give the same bytes; zeroing any of the reserve's arrays changes the gradients (each is read);
 a gate of -inf gives the walk's finite gradients; per-channel gates (f32, both targets, every field above) run
 chunked too, d_g per key channel; packed sequences keep the walk. One case on
-Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind at each target.
+Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind at each target (per-channel gates at the gpu
+target).
 """
 from __future__ import annotations
 
@@ -139,7 +140,8 @@ def test_the_second_opencl_compiler_runs_it_too():
 
 
 #: run under Oclgrind: at the cpu target the backward recomputing its saved forward (the state copied, the walk
-#: recording it), at the gpu target reading the one the host's forward wrote
+#: recording it), at the gpu target, with per-channel gates (their decays shared by the lanes through scratch),
+#: reading the one the host's forward wrote
 _OCLGRIND_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -149,6 +151,7 @@ from support.saved_forward import laid_case, without_reserve
 thunk, arena, forward = laid_case("gated_delta_net", "f32", {params!r})
 run(open_device(find({spec!r}), "cpu"), without_reserve(thunk), arena)
 print("cpu ran", flush=True)
+thunk, arena, forward = laid_case("gated_delta_net", "f32", dict({params!r}, gate_per_channel=True))
 run(open_device(find({spec!r}), "gpu"), thunk, with_reserve(thunk, arena, run_forward(None, forward, arena)))
 print("gpu ran", flush=True)
 """
