@@ -13,7 +13,9 @@ excluded:
 ``--training`` prints the training rows instead (B2 S1024 H8 K=V=64, per-head gates): the forward, the
 forward writing a saved forward (ABI.md §9.1 ``reserve``), the backward recomputing its forward and the
 backward reading the reserve, taking turns, each over the plain forward (issue 36's target: the backward
-<= 4x its forward at the cpu target).
+<= 4x its forward at the cpu target); ``--per-channel`` the same with per-channel gates, and a last row: the
+backward reading the reserve by the step walk (``ssm_kernel="lanes"``, the path before the chunked form took
+per-channel gates), so that one run pairs before and after.
 ``--v1`` prints the version-1 rows alone (prefill and decode of benchmarks/backends.py, the decode
 steps above), so that two checkouts can be timed in alternating processes. ``--target gpu`` forces the
 gpu-target kernels (lanes and chunked forms) on PoCL.
@@ -77,12 +79,13 @@ def lay_out(params: dict, rng: np.random.Generator, op: str = "gated_delta_net")
     return thunk, arena
 
 
-def timer(session, params: dict, rng: np.random.Generator, repeat: int, laid: tuple[dict, np.ndarray] | None = None):
+def timer(session, params: dict, rng: np.random.Generator, repeat: int, laid: tuple[dict, np.ndarray] | None = None,
+          **options):
     """A function giving the median time of ``repeat`` runs of ``params`` (planned once, warmed up), or of the
-    thunk and arena ``laid``."""
+    thunk and arena ``laid``; ``options``: run options (``ssm_kernel``)."""
     thunk, arena = laid or lay_out(params, rng)
     dev = session.upload(arena)
-    run = session.runner(thunk, _options())
+    run = session.runner(thunk, _options(**options))
 
     def once():
         run(dev)
@@ -109,21 +112,27 @@ def training_rows(params: dict, rng: np.random.Generator) -> list[tuple[str, dic
             ("backward recomputing", recompute, arena), ("backward reading the reserve", backward, arena)]
 
 
-def print_training(session, rng: np.random.Generator, repeat: int, rounds: int) -> None:
-    """The training rows, taking turns in every round; medians, each over the plain forward."""
-    rows = training_rows(dict(PREFILL, batch=2, seq=1024), rng)
+def print_training(session, rng: np.random.Generator, repeat: int, rounds: int, per_channel: bool) -> None:
+    """The training rows (``per_channel`` gates: and the step walk's backward from the reserve), taking turns in
+    every round; medians, each over the plain forward."""
+    rows = training_rows(dict(PREFILL, batch=2, seq=1024, gate_per_channel=per_channel), rng)
     times = [timer(session, {}, rng, repeat, (thunk, arena)) for _, thunk, arena in rows]
+    labels = [label for label, _, _ in rows]
+    if per_channel:
+        times.append(timer(session, {}, rng, repeat, rows[-1][1:], ssm_kernel="lanes"))
+        labels.append("backward (reserve), the step walk")
     runs = [[time() for time in times] for _ in range(rounds)]
-    medians = [float(np.median([r[i] for r in runs])) for i in range(len(rows))]
-    print(f"{'training B2 S1024 H8 K=V=64':<34} {'ms':>9} {'/ forward':>10}")
-    for (label, _, _), ms in zip(rows, medians):
+    medians = [float(np.median([r[i] for r in runs])) for i in range(len(times))]
+    gates = "per-channel" if per_channel else "per-head"
+    print(f"{'training B2 S1024 H8 K=V=64 ' + gates:<34} {'ms':>9} {'/ forward':>10}")
+    for label, ms in zip(labels, medians):
         print(f"{label:<34} {ms * 1e3:>9.3f} {ms / medians[0]:>10.2f}")
 
 
-def _options():
+def _options(**options):
     from rlx_gpu.runtime.options import RunOptions
 
-    return RunOptions.build()
+    return RunOptions.build(**options)
 
 
 def main() -> None:
@@ -135,13 +144,14 @@ def main() -> None:
     parser.add_argument("--v1", action="store_true", help="the version-1 rows only")
     parser.add_argument("--only", default="", help="the rows whose label holds this text")
     parser.add_argument("--training", action="store_true", help="the forward and backward, with and without reserve")
+    parser.add_argument("--per-channel", action="store_true", help="--training with per-channel gates")
     args = parser.parse_args()
     session = open_device(find(args.device or "opencl"), args.target)
     rng = np.random.default_rng(0)
     print(f"device: {session.info.name} ({session.info.spec}); target {args.target}; f32; "
           f"median of {args.rounds} rounds of medians of {args.repeat}")
     if args.training:
-        print_training(session, rng, args.repeat, args.rounds)
+        print_training(session, rng, args.repeat, args.rounds, args.per_channel)
         return
     if args.v1:
         print(f"{'version 1':<28} {'ms':>9}")

@@ -6,6 +6,8 @@ typedef RLX_REAL real;
 
 /* Fully unroll the next loop (constant trip count): both OpenCL C and CUDA honour #pragma unroll. */
 #define PRAGMA_UNROLL _Pragma("unroll")
+/* Keep the next loop rolled (where a full unroll of a constant trip count costs registers, not time). */
+#define PRAGMA_NO_UNROLL _Pragma("unroll 1")
 /* A device function that must inline (so a caller's constant arguments fold and its unrolled copies
  * vectorize): PoCL's inliner leaves larger static inline functions out of line; CUDA's DEVICE_FN
  * already forces it, and both compilers take the GNU attribute. */

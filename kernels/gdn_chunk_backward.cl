@@ -1,6 +1,7 @@
-/* The chunked (WY) backward of gated_delta_net with per-head gates, from a saved forward (ABI.md §9.1), one text
- * for both targets; part of the gdn_backward program (before kernels/gdn_backward.cl, after kernels/ssm_fields.cl,
- * whose state slots, carried state and f32 state beside a 16-bit thunk it shares; GDNB_NORM switches qk_l2norm on).
+/* The chunked (WY) backward of gated_delta_net, from a saved forward (ABI.md §9.1), one text for both targets; part
+ * of the gdn_backward program (before kernels/gdn_backward.cl, after kernels/ssm_fields.cl, whose state slots,
+ * carried state and f32 state beside a 16-bit thunk it shares; GDNB_NORM switches qk_l2norm on, GDNB_GATE_K
+ * per-channel gates).
  *
  * Per chunk of L = 32 tokens of one (batch row, value head), with the reserve's S0 (the state entering it), U
  * (what each token adds), qk, kk (the decayed Gram products, before scale) and inverse = (I + diag(beta) kk)^-1,
@@ -22,11 +23,16 @@
  *   dcum_(L-1) += sum_r k_r . dkd_r + D S0 . dS_L,  dg_r = sum_(t >= r) dcum_t.
  * q and k are the normalised ones (nrm from gdn_qk_norm with GDNB_NORM); dq and dk go out as partials per value
  * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
- * sequence in the last chunk are zero inputs (the reserve's padding). Host twin:
- * host_fallback/gdn_backward_chunked.py. */
+ * sequence in the last chunk are zero inputs (the reserve's padding). Per-channel gates (GDNB_GATE_K): every decay
+ * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
+ * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). Host
+ * twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
+#endif
+#ifndef GDNB_GATE_K
+#define GDNB_GATE_K 0 /* per-channel gates: the cumulative log-decays per (token, key channel) in scratch */
 #endif
 #define GDNC_L 32 /* the saved forward's chunk (kernels/gdn.cl's GDN_RC, abi.gdn.RESERVE_CHUNK) */
 #define GDNC_LP (GDNC_L + 1) /* LOCAL rows padded by one, so that a column walk spreads over banks */
@@ -56,6 +62,13 @@ INLINE_FN gdnc_chunk gdnc_chunk_of(i64 b, i64 c, i64 vh, i64 S, i64 H, i64 HV)
 INLINE_FN real gdnc_load(GLOBAL const store_t* x, gdnc_chunk ch, i64 r, i64 stride, i64 at)
 {
     return r < ch.n ? LOAD(x, (ch.first + r) * stride + at) : (real)0;
+}
+
+/* The cumulative log-decay of token r of the chunk at key channel i: per head cum[r] (LOCAL, the same at every
+ * channel), per channel ck[r * K + i] (the chunk's [L][K] in scratch, gdnc_rows_barrier's). */
+INLINE_FN real gdnc_cum(LOCAL_PTR const real* cum, GLOBAL const real* ck, i64 K, i64 r, i64 i)
+{
+    return GDNB_GATE_K ? ck[r * K + i] : cum[r];
 }
 
 /* sum_j a[j] b[j] over j < n as GDNC_W partial sums, b in the compute type and a in the thunk's type (as) or the
@@ -90,19 +103,35 @@ INLINE_FN real gdnc_dot_real(GLOBAL const real* a, GLOBAL const real* b, i64 n)
     return gdnc_dot_any(0, a, b, n);
 }
 
-/* A chunk's per-token scalars in LOCAL memory: the cumulative log-decay, beta and the factors 1/|q|, 1/|k|
- * (1 without GDNB_NORM), token r written by lane r % lanes; a barrier follows. */
-INLINE_FN void gdnc_rows_barrier(gdnc_chunk ch, i64 HV, i64 H, i64 vh, GLOBAL const store_t* g,
+/* Floored (a NaN kept): a decay of 0 leaves no -inf - -inf in a ratio. */
+INLINE_FN real gdnc_floor(real g)
+{
+    return g < (real)GDNC_LOG_FLOOR ? (real)GDNC_LOG_FLOOR : g;
+}
+
+/* A chunk's per-token scalars in LOCAL memory: the cumulative log-decay (per channel: into ck, [L][K], a channel
+ * per lane in turn), beta and the factors 1/|q|, 1/|k| (1 without GDNB_NORM), token r written by lane r % lanes;
+ * a barrier follows. */
+INLINE_FN void gdnc_rows_barrier(gdnc_chunk ch, i64 HV, i64 H, i64 K, i64 vh, GLOBAL const store_t* g,
                                  GLOBAL const store_t* beta, GLOBAL const real* nrm, LOCAL_PTR real* cum,
-                                 LOCAL_PTR real* bet, LOCAL_PTR real* nq, LOCAL_PTR real* nk, i64 lane, i64 lanes)
+                                 GLOBAL real* ck, LOCAL_PTR real* bet, LOCAL_PTR real* nq, LOCAL_PTR real* nk,
+                                 i64 lane, i64 lanes)
 {
     BARRIER(); /* the previous chunk's rows are read no more */
+#if GDNB_GATE_K
+    for (i64 i = lane; i < K; i += lanes) {
+        real sum = (real)0;
+        PRAGMA_NO_UNROLL /* unrolled, the 16-bit loads of g took CUDA past its register budget */
+        for (i64 t = 0; t < GDNC_L; ++t) {
+            sum += gdnc_floor(gdnc_load(g, ch, t, HV * K, vh * K + i));
+            ck[t * K + i] = sum;
+        }
+    }
+#endif
     for (i64 r = lane; r < GDNC_L; r += lanes) {
         real sum = (real)0;
-        for (i64 t = 0; t <= r; ++t) { /* floored (a NaN kept): a decay of 0 leaves no -inf - -inf in a ratio */
-            const real gt = gdnc_load(g, ch, t, HV, vh);
-            sum += gt < (real)GDNC_LOG_FLOOR ? (real)GDNC_LOG_FLOOR : gt;
-        }
+        for (i64 t = 0; !GDNB_GATE_K && t <= r; ++t)
+            sum += gdnc_floor(gdnc_load(g, ch, t, HV, vh));
         cum[r] = sum;
         bet[r] = gdnc_load(beta, ch, r, HV, vh);
         const i64 e = (ch.first + r) * H + ch.kh;
@@ -130,11 +159,10 @@ typedef struct {
 /* Columns [0, w) of one chunk in the reverse pass (row strides: H*K for q, k, HV*V for d_out, d_v, V for the
  * rest); every inner loop runs over the columns. */
 INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64 K, i64 V, real scale,
-                               LOCAL_PTR const real* cum, LOCAL_PTR const real* bet, LOCAL_PTR const real* nq,
-                               LOCAL_PTR const real* nk)
+                               LOCAL_PTR const real* cum, GLOBAL const real* ck, LOCAL_PTR const real* bet,
+                               LOCAL_PTR const real* nq, LOCAL_PTR const real* nk)
 {
     const i64 qs = H * K, os = HV * V;
-    const real last = cum[GDNC_L - 1];
     for (i64 s = 0; s < GDNC_L; ++s) { /* dU = scale qk^T dO + diag(end) K dS_L */
         for (i64 j = 0; j < w; ++j)
             at.y[s * V + j] = (real)0;
@@ -143,8 +171,8 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * LOAD(at.gout, r * os + j);
         }
-        const real f = rlx_exp(last - cum[s]) * nk[s];
         for (i64 i = 0; i < K && s < n; ++i) {
+            const real f = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i) - gdnc_cum(cum, ck, K, s, i)) * nk[s];
             const real a = f * LOAD(at.k, s * qs + i);
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * at.ds[i * V + j];
@@ -159,12 +187,12 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
         for (i64 j = 0; j < w && s < n; ++j)
             STORE(at.dv, s * os + j, bet[s] * at.y[s * V + j]);
     }
-    const real through = rlx_exp(last);
     for (i64 i = 0; i < K; ++i) { /* dS0 = D dS_L + sum_r gamma_r (scale q_r dO_r - k_r beta_r Y_r) */
+        const real through = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i));
         for (i64 j = 0; j < w; ++j)
             at.out[i * V + j] = through * at.ds[i * V + j];
         for (i64 r = 0; r < n; ++r) {
-            const real gam = rlx_exp(cum[r]);
+            const real gam = rlx_exp(gdnc_cum(cum, ck, K, r, i));
             const real a = gam * scale * nq[r] * LOAD(at.q, r * qs + i);
             const real b = gam * nk[r] * bet[r] * LOAD(at.k, r * qs + i);
             for (i64 j = 0; j < w; ++j)
@@ -174,7 +202,7 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
 }
 
 /* The reverse pass: a work-group per (batch row b, value head vh), a work-item per block of CJ state columns
- * (local size ceil(V / CJ)). Scratch: the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
+ * (local size ceil(V / CJ)). Scratch: per-channel gates' cumulative log-decays at ckb ([B][C][HV][L][K]); the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
  * (the last one d_state's, with SSM_CARRY, or 0), slot 0 the initial state's (written to d_state with SSM_CARRY);
  * the state entering the first chunk at s0b ([B][HV][K][V]: the initial state or 0, for gdn_chunk_back_grads); Y at
  * yb, [B][C][HV][L][V] (the reserve's slot order); d_v written. */
@@ -183,7 +211,7 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
                            GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo,
                            GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* nb, i64 no,
                            GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rib, i64 rio, GLOBAL uchar* dsb, i64 dso,
-                           GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo)
+                           GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo, GLOBAL uchar* ckb, i64 cko)
 {
     LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L];
     const i64 bh = GROUP(0), lane = LID(0), b = bh / HV, vh = bh - b * HV, chunks = (S + GDNC_L - 1) / GDNC_L;
@@ -199,8 +227,9 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
         }
     for (i64 c = chunks - 1; c >= 0; --c) {
         const gdnc_chunk ch = gdnc_chunk_of(b, c, vh, S, H, HV);
-        gdnc_rows_barrier(ch, HV, H, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, bet,
-                          nq, nk, lane, LSIZE(0));
+        GLOBAL real* ck = AT(real, ckb, cko) + ch.slot * GDNC_L * K;
+        gdnc_rows_barrier(ch, HV, H, K, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, ck,
+                          bet, nq, nk, lane, LSIZE(0));
         gdnc_pass_at at;
         at.q = AT(store_t, qb, qo) + ch.first * H * K + ch.kh * K;
         at.k = AT(store_t, kb, ko) + ch.first * H * K + ch.kh * K;
@@ -211,7 +240,7 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
         at.ds = dsl + (c + 1) * kv;
         at.y = AT(real, yb, yo) + ch.slot * GDNC_L * V + j0;
         at.out = dsl + c * kv;
-        gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, bet, nq, nk);
+        gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, ck, bet, nq, nk);
     }
     if (SSM_CARRY)
         for (i64 i = 0; i < K; ++i)
@@ -220,7 +249,8 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
 }
 
 /* Row r of the chunk's L x L gradient products (over the V columns): dqk = scale dO_r . U_s (s <= r) and
- * dA = Y_r . U_s (s < r) into LOCAL pq = dqk .* R, pk = dkk .* R, e = dqk .* qk + dkk .* kk (0 elsewhere);
+ * dA = Y_r . U_s (s < r) into LOCAL pq = dqk .* R, pk = dkk .* R, e = dqk .* qk + dkk .* kk (0 elsewhere; per
+ * channel R is 1 here, gdnc_row_pairs_channel takes each channel's);
  * returns Y_r . V_r - sum_s dA[r][s] kk[r][s], beta's gradient but for its gate term. gout, v: row r's (r < n). */
 INLINE_FN real gdnc_row_products(i64 r, i64 n, i64 V, real scale, GLOBAL const store_t* v, GLOBAL const store_t* gout,
                                  GLOBAL const real* u, GLOBAL const real* y, GLOBAL const real* qk,
@@ -232,7 +262,7 @@ INLINE_FN real gdnc_row_products(i64 r, i64 n, i64 V, real scale, GLOBAL const s
         const int lower = s <= r && r < n;
         const real dqk = lower ? scale * gdnc_dot(gout, u + s * V, V) : (real)0;
         const real da = lower && s < r ? gdnc_dot_real(y + r * V, u + s * V, V) : (real)0;
-        const real ratio = lower ? rlx_exp(cum[r] - cum[s]) : (real)0, dkk = -bet[r] * da;
+        const real ratio = lower ? (GDNB_GATE_K ? (real)1 : rlx_exp(cum[r] - cum[s])) : (real)0, dkk = -bet[r] * da;
         dbeta -= da * kk[r * GDNC_L + s];
         pq[r * GDNC_LP + s] = dqk * ratio;
         pk[r * GDNC_LP + s] = dkk * ratio;
@@ -251,20 +281,55 @@ typedef struct {
     GLOBAL const real* dsl;
     GLOBAL const real* u;
     GLOBAL const real* y;
+    GLOBAL const real* ck; /* per-channel gates: the chunk's cumulative log-decays [L][K] */
 } gdnc_grad_inputs;
+
+/* Per-channel gates, row r's pair products after gdnc_row_products' barrier: the decay ratio of tokens r and s
+ * varies with the key channel (exp(cum_later - cum_earlier) at each), so it is taken inside the channel loop:
+ * dq += (dqk .* R) K, dk += (dqk .* R)^T Q + (dkk .* R + (dkk .* R)^T) K; dc ([K], holding dgk + dkd) becomes the
+ * gradient of the row's cumulative log-decays,
+ * dcum_r = q_r .* dq_r - k_r .* ((dqk .* R)^T Q + ((dkk .* R)^T - dkk .* R) K + dgk + dkd)_r,
+ * without the pair (r, r), whose terms cancel (q_r k_r dqk[r][r] - k_r q_r dqk[r][r]): added to dq, dk last, so
+ * that a row whose other terms are 0 has a gradient of exactly 0, as per head. */
+INLINE_FN void gdnc_row_pairs_channel(gdnc_grad_inputs in, i64 n, i64 r, i64 qs, i64 K, GLOBAL real* dq,
+                                      GLOBAL real* dk, GLOBAL real* dc, LOCAL_PTR const real* nq,
+                                      LOCAL_PTR const real* nk, LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
+{
+    for (i64 s = 0; s < n; ++s) {
+        const real a = pq[r * GDNC_LP + s] * nk[s], b = pq[s * GDNC_LP + r] * nq[s];
+        const real rows = pk[r * GDNC_LP + s] * nk[s], cols = pk[s * GDNC_LP + r] * nk[s];
+        const real sign = s < r ? (real)1 : (real)-1; /* the ratio runs from the earlier token to the later */
+        for (i64 i = 0; i < K && s != r; ++i) {
+            const real ratio = rlx_exp(sign * (in.ck[r * K + i] - in.ck[s * K + i]));
+            const real ks = LOAD(in.k, s * qs + i) * ratio, qv = LOAD(in.q, s * qs + i) * ratio;
+            dq[i] += a * ks;
+            dk[i] += b * qv + (rows + cols) * ks;
+            dc[i] += b * qv + (cols - rows) * ks;
+        }
+    }
+    const real a = pq[r * GDNC_LP + r] * nk[r], b = pq[r * GDNC_LP + r] * nq[r];
+    for (i64 i = 0; i < K; ++i) {
+        const real q = LOAD(in.q, r * qs + i), k = LOAD(in.k, r * qs + i);
+        dc[i] = q * nq[r] * dq[i] - k * nk[r] * dc[i];
+        dq[i] += a * k;
+        dk[i] += b * q;
+    }
+}
 
 /* Row r's (r < n) d_q, d_k partials (with respect to the normalised q, k) into dq, dk ([K]), after
  * gdnc_row_products' barrier; returns the row's gradient of its cumulative log-decay but for the chunk's last-row
- * terms, whose share of row r it adds to *tail, and subtracts the gate term of beta's gradient from *dbeta. */
+ * terms, whose share of row r it adds to *tail, and subtracts the gate term of beta's gradient from *dbeta. Per
+ * channel (GDNB_GATE_K) those gradients go per key channel to dc and tl ([K]) instead (0 returned). */
 INLINE_FN real gdnc_row_grads(gdnc_grad_inputs in, i64 n, i64 r, i64 H, i64 K, i64 V, real scale, GLOBAL real* dq,
-                              GLOBAL real* dk, real* dbeta, real* tail, LOCAL_PTR const real* cum,
-                              LOCAL_PTR const real* bet, LOCAL_PTR const real* nq, LOCAL_PTR const real* nk,
-                              LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
+                              GLOBAL real* dk, GLOBAL real* dc, GLOBAL real* tl, real* dbeta, real* tail,
+                              LOCAL_PTR const real* cum, LOCAL_PTR const real* bet, LOCAL_PTR const real* nq,
+                              LOCAL_PTR const real* nk, LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
 {
-    const real gam = rlx_exp(cum[r]), end = rlx_exp(cum[GDNC_L - 1] - cum[r]);
     const i64 qs = H * K;
     real dcum = (real)0;
     for (i64 i = 0; i < K; ++i) { /* the state terms: Y S0^T, dO S0^T, U dS_L^T */
+        const real at = gdnc_cum(cum, in.ck, K, r, i);
+        const real gam = rlx_exp(at), end = rlx_exp(gdnc_cum(cum, in.ck, K, GDNC_L - 1, i) - at);
         const real ys = gdnc_dot_real(in.y + r * V, in.s0 + i * V, V), os = gdnc_dot(in.gout, in.s0 + i * V, V);
         const real dkd = end * gdnc_dot_real(in.u + r * V, in.dsl + i * V, V);
         const real qn = LOAD(in.q, r * qs + i) * nq[r], kn = LOAD(in.k, r * qs + i) * nk[r];
@@ -274,7 +339,15 @@ INLINE_FN real gdnc_row_grads(gdnc_grad_inputs in, i64 n, i64 r, i64 H, i64 K, i
         *tail += kn * dkd;
         dq[i] = dqg;
         dk[i] = dkd - dgk;
+        if (GDNB_GATE_K) {
+            dc[i] = dgk + dkd;
+            tl[i] = kn * dkd;
+        }
     }
+#if GDNB_GATE_K
+    gdnc_row_pairs_channel(in, n, r, qs, K, dq, dk, dc, nq, nk, pq, pk);
+    return (real)0;
+#else
     for (i64 s = 0; s < n; ++s) { /* the products: dq += (dqk .* R) K, dk += (dqk .* R)^T Q + (dkk .* R + ...^T) K */
         const real a = pq[r * GDNC_LP + s] * nk[s], b = pq[s * GDNC_LP + r] * nq[s];
         const real c = (pk[r * GDNC_LP + s] + pk[s * GDNC_LP + r]) * nk[s];
@@ -285,19 +358,40 @@ INLINE_FN real gdnc_row_grads(gdnc_grad_inputs in, i64 n, i64 r, i64 H, i64 K, i
         }
     }
     return dcum;
+#endif
+}
+
+/* Per-channel gates, after a barrier: d_g of the chunk's tokens at the key channels i = lane, lane + L, ...: the
+ * reverse sums over the tokens of dc (gdnc_row_grads'), plus the last row's terms, every token's tl and the entering
+ * state's D S0 . dS_L. dg: the chunk's first token's row at its value head ([tokens][HV][K]). */
+INLINE_FN void gdnc_channel_dg(gdnc_grad_inputs in, i64 n, i64 lane, i64 HV, i64 K, i64 V, GLOBAL const real* dc,
+                               GLOBAL const real* tl, GLOBAL store_t* dg)
+{
+    for (i64 i = lane; i < K; i += GDNC_L) {
+        real tail = rlx_exp(in.ck[(GDNC_L - 1) * K + i]) * gdnc_dot_real(in.s0 + i * V, in.dsl + i * V, V);
+        for (i64 t = 0; t < n; ++t)
+            tail += tl[t * K + i];
+        real sum = (real)0;
+        for (i64 t = n - 1; t >= 0; --t) {
+            sum += dc[t * K + i];
+            STORE(dg, t * HV * K + i, sum + tail);
+        }
+    }
 }
 
 /* Every chunk's gradients of q, k, beta and g at once: a work-group per reserve slot (batch row, chunk, value head),
  * a work-item per token r of the chunk (local size L). Reads the reserve (states, qk, kk, u at rsb, rqb, rkb, rub)
  * and gdn_chunk_back_pass's scratch (dsb, s0b, yb); writes the d_q, d_k partials [HV/H][T][H][K] at dqb, dkb
- * (scratch), d_beta and d_g. */
+ * (scratch), d_beta and d_g; per-channel gates, the cumulative log-decays at ckb and their gradients' rows at dcb,
+ * tlb (scratch, [B][C][HV][L][K] each). */
 KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scale, GLOBAL uchar* qb, i64 qo,
                             GLOBAL uchar* kb, i64 ko, GLOBAL uchar* vb, i64 vo, GLOBAL uchar* gb, i64 go,
                             GLOBAL uchar* betab, i64 betao, GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dgb, i64 dgo,
                             GLOBAL uchar* dbetab, i64 dbetao, GLOBAL uchar* nb, i64 no, GLOBAL uchar* rsb, i64 rso,
                             GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rkb, i64 rko, GLOBAL uchar* rub, i64 ruo,
                             GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo,
-                            GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko)
+                            GLOBAL uchar* dqb, i64 dqo, GLOBAL uchar* dkb, i64 dko, GLOBAL uchar* ckb, i64 cko,
+                            GLOBAL uchar* dcb, i64 dco, GLOBAL uchar* tlb, i64 tlo)
 {
     LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L], dcs[GDNC_L], tails[GDNC_L];
     LOCAL real pq[GDNC_L * GDNC_LP], pk[GDNC_L * GDNC_LP], e[GDNC_L * GDNC_LP];
@@ -305,9 +399,11 @@ KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scal
     const i64 bc = slot / HV, vh = slot - bc * HV, b = bc / chunks, c = bc - b * chunks;
     const gdnc_chunk ch = gdnc_chunk_of(b, c, vh, S, H, HV);
     const i64 tok = ch.first + r, row = r < ch.n ? tok : ch.first; /* a token past the chunk reads none */
-    gdnc_rows_barrier(ch, HV, H, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, bet, nq,
-                      nk, r, GDNC_L);
+    GLOBAL real* ck = AT(real, ckb, cko) + slot * GDNC_L * K;
+    gdnc_rows_barrier(ch, HV, H, K, vh, AT(store_t, gb, go), AT(store_t, betab, betao), AT(real, nb, no), cum, ck, bet,
+                      nq, nk, r, GDNC_L);
     gdnc_grad_inputs in;
+    in.ck = ck;
     in.q = AT(store_t, qb, qo) + ch.first * H * K + ch.kh * K;
     in.k = AT(store_t, kb, ko) + ch.first * H * K + ch.kh * K;
     in.gout = AT(store_t, gob, goo) + (row * HV + vh) * V;
@@ -321,9 +417,17 @@ KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scal
     BARRIER();
     const i64 part = ((vh - ch.kh * (HV / H)) * T + row) * H * K + ch.kh * K;
     real tail = (real)0, dcum = (real)0;
+    GLOBAL real* dc = AT(real, dcb, dco) + slot * GDNC_L * K; /* per channel: [L][K] */
+    GLOBAL real* tl = AT(real, tlb, tlo) + slot * GDNC_L * K;
     if (r < ch.n)
         dcum = gdnc_row_grads(in, ch.n, r, H, K, V, scale, AT(real, dqb, dqo) + part, AT(real, dkb, dko) + part,
-                              &dbeta, &tail, cum, bet, nq, nk, pq, pk);
+                              dc + r * K, tl + r * K, &dbeta, &tail, cum, bet, nq, nk, pq, pk);
+#if GDNB_GATE_K
+    BARRIER();
+    gdnc_channel_dg(in, ch.n, r, HV, K, V, dc, tl, AT(store_t, dgb, dgo) + (ch.first * HV + vh) * K);
+    if (r < ch.n)
+        STORE(AT(store_t, dbetab, dbetao), tok * HV + vh, dbeta);
+#else
     for (i64 i = r; i < K; i += GDNC_L) /* the entering state's share of the last row's term, D S0 . dS_L */
         tail += rlx_exp(cum[GDNC_L - 1]) * gdnc_dot_real(in.s0 + i * V, in.dsl + i * V, V);
     for (i64 s = 0; s < GDNC_L; ++s)
@@ -340,4 +444,5 @@ KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scal
         STORE(AT(store_t, dgb, dgo), tok * HV + vh, dg);
         STORE(AT(store_t, dbetab, dbetao), tok * HV + vh, dbeta);
     }
+#endif
 }

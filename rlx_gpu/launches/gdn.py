@@ -154,18 +154,24 @@ def _plan_walk(t: Thunk, sh: Shape, lim: DeviceLimits, saved: dict[str, tuple] |
     at, nbytes = _scratch({"park": sh.rows * hv * k * v if blocks > 1 else 0,
                            "dec": b * steps * hv * k if sh.per_channel else 0,
                            "nrm": 2 * b * s * sh.heads if sh.qk_norm else 0}, dt)
-    dec_local = (linear_local(steps * hv * k, 256), 1)
     launches = list(qk_norms(t, sh, lim, at["nrm"]))
     for block in range(blocks):
         t0 = block * steps
         tb = min(steps, s - t0)
         if sh.per_channel:
-            launches.append(kernel_launch("gdn", "gdn_decay", dt, grid((tb * hv * k, b), dec_local), dec_local,
-                                          dict(B=b, S=s, W=hv * k, t0=t0, T=tb, **_arena(t, "g"), eb=at["dec"]),
-                                          target=lim.target))
+            launches.append(_decay_launch(t, sh, lim, t0, tb, steps, at["dec"]))
         launches.append(_walk_launch(t, sh, lim, dict(t0=t0, T=tb, **_regions(at, "park", "dec")), at["nrm"], saved))
     notes = (f"blocked T={steps}",) if sh.per_channel else ()
     return LaunchPlan(tuple(launches), nbytes, notes)
+
+
+def _decay_launch(t: Thunk, sh: Shape, lim: DeviceLimits, t0: int, tb: int, steps: int, dec: tuple) -> Launch:
+    """``gdn_decay``: exp(g) of the ``tb`` steps from ``t0`` (of blocks of ``steps``) into ``dec`` (per-channel
+    gates, the cpu walk's decays)."""
+    local = (linear_local(steps * sh.value_heads * sh.key_size, 256), 1)
+    return kernel_launch("gdn", "gdn_decay", t["dtype"], grid((tb * sh.value_heads * sh.key_size, sh.batch), local),
+                         local, dict(B=sh.batch, S=sh.seq, W=sh.value_heads * sh.key_size, t0=t0, T=tb,
+                                     **_arena(t, "g"), eb=dec), target=lim.target)
 
 
 def _walk_launch(t: Thunk, sh: Shape, lim: DeviceLimits, block: dict[str, object], nrm: tuple,
@@ -254,19 +260,27 @@ def _plan_saving(t: Thunk, sh: Shape, lim: DeviceLimits, ssm_kernel: str) -> Lau
 
 
 def recompute_saved(t: Thunk, lim: DeviceLimits, at: dict[str, tuple], nrm: tuple, out: tuple,
-                    state: tuple) -> tuple[Launch, ...]:
-    """The launches that write the saved forward of ``t`` (per-head gates, batch rows) at ``at`` (slot name ->
-    argument) from 1/|q|, 1/|k| at ``nrm`` (written before, with qk_l2norm): at the cpu target the walk recording it
-    (its output at ``out``; with carry_state walking a copy of the state at ``state``, which it replaces), at the
-    gpu target ``gdn_reserve_walk``; then the decayed products and the inverses. A backward without a reserve
-    recomputes its forward so (launches/gdn_backward.py)."""
+                    state: tuple, dec: tuple) -> tuple[Launch, ...]:
+    """The launches that write the saved forward of ``t`` (batch rows) at ``at`` (slot name -> argument) from
+    1/|q|, 1/|k| at ``nrm`` (written before, with qk_l2norm): at the cpu target the walk recording it (its output at
+    ``out``; with carry_state walking a copy of the state at ``state``, which it replaces; per-channel gates reading
+    the whole sequence's exp(g) at ``dec``, ``decay_reals``), at the gpu target ``gdn_reserve_walk``; then the
+    decayed products and the inverses. A backward without a reserve recomputes its forward so
+    (launches/gdn_backward.py)."""
     sh = shape(t)
     if lim.target == "gpu":
         return (_reserve_walk(t, sh, lim, at, nrm),) + _reserve_products(t, sh, lim, at, nrm)
     copy = (copy_launch(lim, state_bytes(t), (ARENA, t["state"]), state, t["dtype"]),) if sh.carry else ()
-    walk = _walk_launch(t, sh, lim, dict(t0=0, T=sh.seq, pb=(ARENA, 0), eb=(ARENA, 0)), nrm,
-                        dict(hb=at["states"], ub=at["u"]), dict(db=out, sb=state))
-    return copy + (walk,) + _reserve_products(t, sh, lim, at, nrm)
+    decay = (_decay_launch(t, sh, lim, 0, sh.seq, sh.seq, dec),) if sh.per_channel else ()
+    walk = _walk_launch(t, sh, lim, dict(t0=0, T=sh.seq, pb=(ARENA, 0), eb=dec if sh.per_channel else (ARENA, 0)),
+                        nrm, dict(hb=at["states"], ub=at["u"]), dict(db=out, sb=state))
+    return copy + decay + (walk,) + _reserve_products(t, sh, lim, at, nrm)
+
+
+def decay_reals(t: Thunk) -> int:
+    """The reals of ``recompute_saved``'s ``dec`` for ``t`` (completed) at the cpu target: exp(g) of every token
+    with per-channel gates, else none."""
+    return t["batch"] * t["seq"] * t["value_heads"] * t["state_size"] if t["gate_per_channel"] else 0
 
 
 def state_bytes(t: Thunk) -> int:

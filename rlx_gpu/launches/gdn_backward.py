@@ -1,6 +1,6 @@
 """Launch geometry of the chunked gated_delta_net_backward (ABI.md §9), every target: kernels/gdn_chunk_backward.cl.
 
-With per-head gates and batch rows, the backward runs in the chunks of a saved forward (ABI.md §9.1: per chunk of
+With batch rows, the backward runs in the chunks of a saved forward (ABI.md §9.1: per chunk of
 32 tokens the state leaving it, the decayed Gram products, the WY inverse and U): the reserve's, or without one the
 forward's kernels recompute it into scratch (launches/gdn.py's ``recompute_saved``: at the cpu target the walk
 recording it, at the gpu target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then
@@ -9,8 +9,9 @@ of V at the cpu target, one column at the gpu target: dU, Y = inverse^T dU, d_v 
 each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta
 and g through the chunk's products), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q, d_k
 partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|,
-1/|k| first. Per-channel gates, packed sequences and ``ssm_kernel="lanes"`` keep the step walk
-(launches/ssm_backward.py), which hooks this plan in.
+1/|k| first. Per-channel gates take the same kernels (GDNB_GATE_K): the decays per (token, key channel) in scratch,
+d_g per key channel. Packed sequences and ``ssm_kernel="lanes"`` keep the step walk (launches/ssm_backward.py),
+which hooks this plan in.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ Layout = Callable[[str, dict[str, int]], tuple[dict[str, int], int]]
 
 
 def takes(t: Thunk, ssm_kernel: str = "auto") -> bool:
-    """Whether gated_delta_net_backward of ``t`` (completed) runs chunked: batch rows and per-head gates, unless
-    ``ssm_kernel`` is "lanes" (the step walk)."""
-    return t["cu_seqlens"] is None and not t["gate_per_channel"] and ssm_kernel != "lanes"
+    """Whether gated_delta_net_backward of ``t`` (completed) runs chunked: batch rows, unless ``ssm_kernel`` is
+    "lanes" (the step walk)."""
+    return t["cu_seqlens"] is None and ssm_kernel != "lanes"
 
 
 def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, int], ...]) -> LaunchPlan:
@@ -51,6 +52,8 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     b, s, h, hv, k, v, dt = t["batch"], t["seq"], t["heads"], t["value_heads"], t["state_size"], t["value_size"], \
         t["dtype"]
     tokens, chunks, ratio = b * s, -(-s // RESERVE_CHUNK), hv // h
+    # per-channel gates: the cumulative log-decays and the rows of their gradients, per (slot, token, key channel)
+    channels = b * chunks * hv * RESERVE_CHUNK * k if t["gate_per_channel"] else 0
     # the reserve's saved forward, else one recomputed into scratch (at the cpu target beside the walk's output and
     # the copy of the carried state it walks)
     reads = t.get("reserve") is not None
@@ -59,14 +62,17 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
                             "s0": b * hv * k * v, "saved": recorded,
                             "out": tokens * hv * v if recorded and lim.target == "cpu" else 0,
                             "state": -(-gdn.state_bytes(t) // real_size(dt)) if recorded else 0,
+                            "dec": gdn.decay_reals(t) if recorded and lim.target == "cpu" else 0,
                             "y": b * chunks * hv * RESERVE_CHUNK * v, "dq": ratio * tokens * h * k,
-                            "dk": ratio * tokens * h * k})
+                            "dk": ratio * tokens * h * k, "ck": channels, "dc": channels, "tl": channels})
     nrm = (SCRATCH, at["nrm"]) if t["qk_l2norm"] else (ARENA, 0)
-    scratch = dict(nb=nrm, dsb=(SCRATCH, at["ds"]), s0b=(SCRATCH, at["s0"]), yb=(SCRATCH, at["y"]))
+    scratch = dict(nb=nrm, dsb=(SCRATCH, at["ds"]), s0b=(SCRATCH, at["s0"]), yb=(SCRATCH, at["y"]),
+                   ckb=(SCRATCH, at["ck"]))
     buffer, start = (ARENA, t["reserve"]) if reads else (SCRATCH, at["saved"])
     slots = {slot.name: (buffer, start + slot.offset) for slot in reserve_slots(t)}
     reserve = {_RESERVE_PARAMS[name]: place for name, place in slots.items()}
-    recompute = () if reads else gdn.recompute_saved(t, lim, slots, nrm, (SCRATCH, at["out"]), (SCRATCH, at["state"]))
+    recompute = () if reads else gdn.recompute_saved(t, lim, slots, nrm, (SCRATCH, at["out"]), (SCRATCH, at["state"]),
+                                                     (SCRATCH, at["dec"]))
     dims = dict(S=s, H=h, HV=hv, K=k, V=v, scale=gdn_scale(t))
 
     def tensors(*names: str) -> dict[str, tuple]:
@@ -82,7 +88,8 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
                                                  "d_state"), **scratch), "rqb", "rib")
     grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
                    dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "d_dst", "d_g", "d_beta"),
-                        **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"])), "rsb", "rqb", "rkb", "rub")
+                        **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"]), dcb=(SCRATCH, at["dc"]),
+                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub")
     e = tokens * h
     qk = launch("gdn_backward_qk", -(-e // 64), 64,
                 dict(E=e, K=k, blocks=ratio, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, at["dq"]),

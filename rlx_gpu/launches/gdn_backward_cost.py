@@ -6,7 +6,10 @@ chunk counted whole. The reverse pass, per state column: qkᵀ·dO on the lower 
 K·dS_L (L x K), the triangular inverseᵀ·dU (L(L-1)/2 pairs) and the two products of dS0 ((γQ)ᵀ·dO, (γK)ᵀ·dV);
 the gradient products, per token of the chunk: dO·Uᵀ and Y·Uᵀ on the triangle, Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ (over
 V for each of K), the decayed pair products into d_q and d_k (three per key channel and token pair), and per chunk
-S0·dS_L. Those are GEMM-shaped; the decays, the rows' scalars and the log-decays' sums are the rest.
+S0·dS_L. Those are GEMM-shaped; the decays, the rows' scalars and the log-decays' sums are the rest. Per-channel
+gates (GDNB_GATE_K): g read per key channel, the cumulative log-decays per (token, key channel) written to scratch
+and read back, a decay per (token, key channel) where per head one per token, a pair ratio per (token, token, key
+channel), and d_g's per-channel sums (through scratch) in place of the per-token ones.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any, Mapping
 from host_fallback.abi.gdn import RESERVE_CHUNK
 
 from .core import Launch
-from .cost import Cost, declare, real, stored
+from .cost import Cost, declare, defined, real, stored
 
 L = RESERVE_CHUNK
 _TRI, _STRICT = L * (L + 1) // 2, L * (L - 1) // 2
@@ -39,12 +42,15 @@ def reverse_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
     b, chunks, t = _slots(launch, args, 1)
     columns = b * hv * chunks * v
     gemm = columns * (2 * _TRI + 2 * L * k + 2 * _STRICT + 4 * L * k)
-    lanes = launch.local_size[0]
+    lanes, gk = launch.local_size[0], k if defined(launch, "GDNB_GATE_K") else 1
     other = columns * (3 * L + k) + b * hv * chunks * lanes * (_TRI + 4 * L)
-    read = t * hv * (2 * h // hv * k + v + 2) * es + b * chunks * hv * 2 * L * L * rs  # q, k, d_dst, g, beta; qk, inv
+    if gk > 1:  # a decay per (token, key channel) at every work-item, the channels' cumulative sums
+        other += b * hv * chunks * (lanes * 2 * L * k * 4 + L * k)
+    read = t * hv * (2 * h // hv * k + v + 1 + gk) * es + b * chunks * hv * 2 * L * L * rs  # q, k, d_dst, beta, g; ..
     states = b * hv * (chunks + 1) * k * v * rs
     written = t * hv * v * es + b * chunks * hv * L * v * rs + b * hv * k * v * rs  # d_v, Y, the first entering state
-    return Cost(gemm=gemm, other=other, read=read + states, written=written + states)
+    channels = b * chunks * hv * L * k * rs if gk > 1 else 0  # the cumulative log-decays through scratch
+    return Cost(gemm=gemm, other=other, read=read + states + lanes * channels, written=written + states + channels)
 
 
 @declare("gdn_chunk_back_grads")
@@ -54,10 +60,15 @@ def chunk_grads(launch: Launch, args: Mapping[str, Any]) -> Cost:
     scalars and the log-decays' sums of E; d_q, d_k partials, d_beta and d_g written."""
     h, hv, k, v, es, rs = args["H"], args["HV"], args["K"], args["V"], stored(launch), real(launch)
     b, chunks, t = _slots(launch, args, -(-args["S"] // L))
-    slots = b * chunks * hv
+    slots, gk = b * chunks * hv, k if defined(launch, "GDNB_GATE_K") else 1
     gemm = slots * (2 * v * (_TRI + _STRICT + L) + 6 * L * k * v + 6 * L * L * k + 2 * k * v)
     other = slots * (L * (_TRI + 4 * L) + 8 * L * L + 10 * L * k)
-    read = t * hv * (2 * h // hv * k + 2 * v + 2) * es  # q, k, v, d_dst, g, beta
+    if gk > 1:  # a pair ratio (an exp) and two more sums per (token, token, key channel); the channels' sums
+        other += slots * (L * L * k * 8 + 4 * L * k)
+    read = t * hv * (2 * h // hv * k + 2 * v + 1 + gk) * es  # q, k, v, d_dst, beta, g
     read += slots * (2 * k * v + 2 * L * L + 2 * L * v) * rs  # S0, dS_L, qk, kk, U, Y
-    written = 2 * t * hv * k * rs + 2 * t * hv * es
+    written = 2 * t * hv * k * rs + t * hv * (1 + gk) * es
+    if gk > 1:  # the cumulative log-decays and the rows of their gradients through scratch, read per row and channel
+        read += slots * (L * L * k + 4 * L * k) * rs
+        written += slots * 3 * L * k * rs
     return Cost(gemm=gemm, other=other, read=read, written=written)

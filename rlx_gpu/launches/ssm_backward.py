@@ -9,8 +9,8 @@ blocks, d_a, d_d and the delta bias's gradient over the rows; ``gdn_backward_qk`
 blocks. The version-2 fields are compile-time variants (for selective_scan and mamba2 the forward's,
 ``ssm.field_defines``). gated_delta_net_backward given a saved forward (ABI.md §9.1) reads its states: at the
 cpu target ``gdn_backward_saved`` (GDN_CJ state columns per work-item, the chunks' steps rebuilt from the
-reserve), at the gpu target the walk above with its checkpoints copied from the reserve; with per-head gates,
-at either target, the chunked form of launches/gdn_backward.py instead.
+reserve), at the gpu target the walk above with its checkpoints copied from the reserve; with batch rows (either
+gate), at either target, the chunked form of launches/gdn_backward.py instead (unless ``ssm_kernel="lanes"``).
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def _gdn_saved(t: Thunk, q: int) -> dict[str, object]:
 
 def _plan_gdn(t: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto", **_: object) -> LaunchPlan:
     t = complete(t)
-    if gdn_backward.takes(t, ssm_kernel):  # per-head gates: the chunked form
+    if gdn_backward.takes(t, ssm_kernel):  # batch rows: the chunked form
         return gdn_backward.plan(t, lim, _layout, _gdn_defines(t))
     r, h, hv, k, v, dt = rows(t), t["heads"], t["value_heads"], t["state_size"], t["value_size"], t["dtype"]
     tokens, q = t["batch"] * t["seq"], lim.tune("SSMB_Q")

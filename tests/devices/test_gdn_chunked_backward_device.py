@@ -1,7 +1,7 @@
 """gated_delta_net_backward's chunked form (kernels/gdn_chunk_backward.cl, launches/gdn_backward.py) on OpenCL, at
 both kernel targets.
 
-With per-head gates the plan runs the chunked launches, not the step walk: from a saved forward (ABI.md §9.1), or
+With batch rows the plan runs the chunked launches, not the step walk: from a saved forward (ABI.md §9.1), or
 without one recomputing it with the forward's kernels. Each case writes the reserve with the device's own forward,
 runs the backward from it and compares every gradient field with the float64 reference of ABI.md §9
 (rlx_gpu/conformance/reference_gdn_backward.py: a plain loop over steps, independent of the kernels), with the step
@@ -9,8 +9,10 @@ walk (``ssm_kernel="lanes"``) and with the chunked backward recomputing (the sam
 same device; f32 at both targets with every field the chunked form takes (grouped value heads, K != V, K past the
 chunk's 32 tokens, q/k L2-norm, scale, a carried state into slots, a partial chunk), f16 and bf16 (an f32 state) at
 the gpu target; reruns give the same bytes; zeroing any of the reserve's arrays changes the gradients (each is read);
-a gate of -inf gives the walk's finite gradients; per-channel gates and packed sequences keep the walk. One case on
-Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind at each target.
+a gate of -inf gives the walk's finite gradients; per-channel gates (f32, both targets, every field above) run
+chunked too, d_g per key channel; packed sequences keep the walk. One case on
+Intel's OpenCL CPU runtime (the second compiler), one under Oclgrind at each target (per-channel gates at the gpu
+target).
 """
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ CHUNKED = {"gdn_chunk_back_pass", "gdn_chunk_back_grads", "gdn_backward_qk"}
 #: K past a chunk's tokens and V apart from it, L2-norm, scale, a carried state into slots (one slot no row names)
 EVERY = dict(value_heads=4, state_size=37, value_size=5, qk_l2norm=True, scale=0.7, carry_state=True,
              state_slots=[2, 0], num_slots=3)
-CASES = [("cpu", "f32", EVERY), ("gpu", "f32", EVERY),
+#: per-channel gates (a log-decay per key channel, d_g per key channel) with the same fields
+CHANNELS = dict(EVERY, gate_per_channel=True)
+CASES = [("cpu", "f32", EVERY), ("gpu", "f32", EVERY), ("cpu", "f32", CHANNELS), ("gpu", "f32", CHANNELS),
          ("gpu", "bf16", dict(qk_l2norm=True, carry_state=True, state_dtype="f32")),
          ("gpu", "f16", dict(seq=64))]
 
@@ -84,7 +88,8 @@ def _check(session, dtype: str, case: dict, walk: bool = True) -> None:
             assert err < bound, f"{target} {dtype} {field}: nmse {err:.3g} against {who} (bound {bound:.3g})"
 
 
-@pytest.mark.parametrize("target, dtype, case", CASES, ids=[f"{t}-{d}" for t, d, _ in CASES])
+@pytest.mark.parametrize("target, dtype, case", CASES,
+                         ids=[f"{t}-{d}{'-channels' if c.get('gate_per_channel') else ''}" for t, d, c in CASES])
 def test_gradients_match_the_float64_reference_and_the_step_walk(sessions, target, dtype, case):
     _check(sessions[target], dtype, case)
 
@@ -116,14 +121,12 @@ def test_a_gate_of_minus_infinity_gives_the_step_walks_finite_gradients(sessions
         np.testing.assert_allclose(value, walked[field], rtol=0, atol=1e-5 * np.abs(walked[field]).max(), err_msg=field)
 
 
-def test_per_channel_gates_and_packed_sequences_keep_the_step_walk(sessions):
-    thunk, _, _ = laid_case(OP, "f32", dict(gate_per_channel=True))
+def test_packed_sequences_keep_the_step_walk(sessions):
     packed = runner.lay_out(Case(f"{OP}_backward", "f32", dict(batch=1, seq=20, heads=2, state_size=4,
                                                               gate_per_channel=False, carry_state=False,
                                                               cu_seqlens=[0, 7, 20], num_seqs=2))).thunk
     for session in sessions.values():
-        for walked in (thunk, without_reserve(thunk), packed):
-            assert not CHUNKED - {"gdn_backward_qk"} & _kernels(walked, session)
+        assert not CHUNKED - {"gdn_backward_qk"} & _kernels(packed, session)
 
 
 _SECOND = [spec for spec in ("opencl:2:0",) if spec in {i.spec for i in status("opencl").devices}]
@@ -137,7 +140,8 @@ def test_the_second_opencl_compiler_runs_it_too():
 
 
 #: run under Oclgrind: at the cpu target the backward recomputing its saved forward (the state copied, the walk
-#: recording it), at the gpu target reading the one the host's forward wrote
+#: recording it), at the gpu target, with per-channel gates (their decays shared by the lanes through scratch),
+#: reading the one the host's forward wrote
 _OCLGRIND_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
@@ -147,6 +151,7 @@ from support.saved_forward import laid_case, without_reserve
 thunk, arena, forward = laid_case("gated_delta_net", "f32", {params!r})
 run(open_device(find({spec!r}), "cpu"), without_reserve(thunk), arena)
 print("cpu ran", flush=True)
+thunk, arena, forward = laid_case("gated_delta_net", "f32", dict({params!r}, gate_per_channel=True))
 run(open_device(find({spec!r}), "gpu"), thunk, with_reserve(thunk, arena, run_forward(None, forward, arena)))
 print("gpu ran", flush=True)
 """

@@ -178,12 +178,14 @@ def test_every_planners_launches_bind_to_their_kernel_signatures(target):
     gdn = dict(cases.SMALL["gated_delta_net"], op="gated_delta_net", dtype="f32")
     gdn_saved = runner.lay_out(Case("gated_delta_net", "f32", dict(cases.SMALL["gated_delta_net"], reserve=True,
                                                                    reserve_bytes=rlx_gpu.reserve_bytes(gdn)))).thunk
-    # and its backward with per-channel gates (gdn_backward_saved at the cpu target; per-head gates run chunked)
+    # and its backward with per-channel gates: chunked, and by the step walk (ssm_kernel="lanes": at the cpu target
+    # gdn_backward_saved, which batch rows reach no more by default)
     channel = dict(cases.SMALL["gated_delta_net"], gate_per_channel=True)
     gdn_channel = runner.lay_out(Case("gated_delta_net_backward", "f32", dict(
         channel, reserve=True, reserve_bytes=rlx_gpu.reserve_bytes(dict(gdn, **channel))))).thunk
     for launch in (launches.plan(split, lim, ssm_kernel="lanes").launches + launches.plan(saved, lim).launches
-                   + launches.plan(gdn_saved, lim).launches + launches.plan(gdn_channel, lim).launches):
+                   + launches.plan(gdn_saved, lim).launches + launches.plan(gdn_channel, lim).launches
+                   + launches.plan(gdn_channel, lim, ssm_kernel="lanes").launches):
         _check_bound(launch)
         kernels.add((launch.family, launch.kernel))
     for dtype in ("f32", "f64"):  # the scan driver's own launches

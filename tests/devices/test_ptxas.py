@@ -149,7 +149,7 @@ def _thunks():
             out.append((op, None, {}))
     out += [("lstm", None, {"rnn_kernel": "persistent"}), ("gru", None, {"rnn_kernel": "step"})]
     out += [("lstm_backward", None, {"rnn_kernel": "step"})]  # the per-step reverse walk (rnnb_backward_cell)
-    out += [("gated_delta_net_backward", None, {"ssm_kernel": "lanes"})]  # the step walk (per-head gates run chunked)
+    out += [("gated_delta_net_backward", None, {"ssm_kernel": "lanes"})]  # the step walk (batch rows run chunked)
     out += [("rnn", dict(cases.SMALL["rnn"], reverse=True, bidirectional=False, relu=True), {})]
     out += [(op, dict(params, seq=min(params.get("seq", 1), 2)), {}) for op, params in cases.GPU_SHAPES.values()]
     out += [(op, dict(cases.SMALL[op], seq=64), {}) for op in ("selective_scan", "mamba2", "gated_delta_net")]  # gpu: the chunked forms
