@@ -4,7 +4,10 @@ them run last), and the run ends with one JSON line per device and kernel target
 from __future__ import annotations
 
 import collections
+import gc
 import json
+
+import pytest
 
 from support import background
 
@@ -12,6 +15,17 @@ from support import background
 _CONFORMANCE: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 _CONFORMANCE_TESTS = ("tests/conformance/test_conformance.py::test_case[",
                       "tests/conformance/test_conformance.py::test_representative_case_on_a_second_implementation[")
+
+
+@pytest.fixture
+def collect_only_new_objects():
+    """A ``gc.collect()`` in the test walks only the objects made since it began: the older ones (late in a run,
+    millions: torch's, every earlier test's, the built programs; a full collection of them took two to three
+    seconds) are frozen (``gc.freeze``), counted as live until the test ends. What a test checks is that the
+    objects it made and dropped are collected, and none of those is frozen."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .atomic_files import write_atomically
 from .programs import Program
 
 CACHE_ENV = "RLX_CACHE_DIR"
@@ -127,17 +127,9 @@ class CubinCache:
         if path is None:
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             # the cubin last: a reader finding it finds its PTX and report too
             for target, data in ((path.with_suffix(".ptx"), built.ptx.encode()),
                                  (path.with_suffix(".log"), built.log.encode()), (path, built.cubin)):
-                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=target.name, suffix=".tmp")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(data)
-                    os.replace(tmp, target)
-                except BaseException:
-                    os.unlink(tmp)
-                    raise
+                write_atomically(target, data)
         except OSError:
             pass  # a read-only or full cache costs a rebuild next time, never a failure now

@@ -26,6 +26,7 @@ from ..launches.limits import requested_target
 from ..units import human_bytes
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
+from .opencl_binaries import BinaryCache, cache_dir as binaries_dir
 from .opencl_icd import register, registered_platforms
 from .programs import Program
 
@@ -196,6 +197,9 @@ class OpenCLPrimitives:
         self._host: dict[int, np.ndarray] = {}  # id(SVM allocation) -> its bytes, as the host sees them
         self._unfinished: Any = None  # the event of the latest launch not waited for
         self._buffer_types = (cl.MemoryObjectHolder, cl.SVMPointer)
+        platform = self.device.platform
+        self.binaries = BinaryCache((platform.name, platform.version, self.device.name, self.device.version,
+                                     self.device.driver_version), BUILD_OPTIONS, binaries_dir())
 
     def allocate(self, nbytes: int) -> Any:
         with self._out_of_memory_as_memory_error():
@@ -257,7 +261,18 @@ class OpenCLPrimitives:
         # options, so every new virtual environment or checkout would miss that cache. The kernels
         # include nothing of pyopencl's; ``cl.Kernel`` takes the raw program as it is. ``_build`` rather than
         # ``build``: pyopencl warns of any non-empty log, and Intel's always holds progress lines and remarks;
-        # the diagnostics among them are warned of here, with the program they belong to.
+        # the diagnostics among them are warned of here, with the program they belong to (a binary from the
+        # disk cache, ``opencl_binaries``, with those of the build that made it).
+        built, log = self._from_binary(program) or self._from_source(program)
+        said = diagnostics(log)
+        if said:
+            warnings.warn(f"the {program.label} built on {self.info.name} with diagnostics "
+                          f"({reproduce_command(self.info.spec, program)}):\n" + "\n".join(said), KernelBuildWarning,
+                          stacklevel=2)
+        return built
+
+    def _from_source(self, program: Program) -> tuple[Any, str]:
+        """``program`` built from its text, and the build's log; the binary and log kept in the disk cache."""
         built = self.cl._cl._Program(self.context, program.source)
         try:
             built._build(options=" ".join(BUILD_OPTIONS).encode(), devices=[self.device])
@@ -265,12 +280,24 @@ class OpenCLPrimitives:
             raise KernelBuildError(f"building the {program.label} for {self.info.name} ({self.info.spec}) failed; "
                                    f"alone: {reproduce_command(self.info.spec, program)}",
                                    self._build_log(built, err), list(BUILD_OPTIONS), program.source) from err
-        said = diagnostics(self._build_log(built, None))
-        if said:
-            warnings.warn(f"the {program.label} built on {self.info.name} with diagnostics "
-                          f"({reproduce_command(self.info.spec, program)}):\n" + "\n".join(said), KernelBuildWarning,
-                          stacklevel=2)
-        return built
+        log = self._build_log(built, None)
+        self.binaries.write(program, built.get_info(self.cl.program_info.BINARIES)[0], log)
+        return built, log
+
+    def _from_binary(self, program: Program) -> tuple[Any, str] | None:
+        """``program`` built from the binary the disk cache keeps, and the log of the build that made it; ``None``
+        when the cache has none or the driver refuses it."""
+        kept = self.binaries.read(program)
+        if kept is None:
+            return None
+        binary, log = kept
+        try:
+            built = self.cl._cl._Program(self.context, [self.device], [binary])
+            built._build(options=" ".join(BUILD_OPTIONS).encode(), devices=[self.device])
+        except self.cl.Error:
+            return None
+        self.binaries.loaded += 1
+        return built, log
 
     def _build_log(self, built: Any, err: Exception | None) -> str:
         try:

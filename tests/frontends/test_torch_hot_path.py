@@ -197,6 +197,7 @@ def test_a_module_converted_to_another_dtype_refuses_the_input_it_took_before(ho
             ours(x)
 
 
+@pytest.mark.usefixtures("collect_only_new_objects")
 def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the_step_plans(host):
     """A parameter written through ``.data`` (no new version: its stamp is unchanged) is seen after
     ``clear_cache()``, which drops the step's route and bound plan too (its arena freed: no plan of the
@@ -217,6 +218,7 @@ def test_clear_cache_lets_a_parameter_changed_through_data_be_seen_and_frees_the
     assert torch.allclose(out, expected, atol=1e-12)
 
 
+@pytest.mark.usefixtures("collect_only_new_objects")
 def test_a_held_view_follows_the_tensors_memory_and_does_not_keep_it_alive():
     view = HeldView()
     t = torch.zeros(3, 4)

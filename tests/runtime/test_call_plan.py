@@ -205,6 +205,7 @@ def test_calls_from_many_threads_take_turns(make):
     assert failures == []
 
 
+@pytest.mark.usefixtures("collect_only_new_objects")
 def test_free_releases_the_arena_and_a_freed_plan_is_refused():
     device = Device(open_double(), Config(fallback="allow", overrides={"binary": "host"}))
     live = device.session.prims.live

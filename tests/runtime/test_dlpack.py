@@ -14,6 +14,8 @@ from rlx_gpu.errors import DLPackError
 from rlx_gpu.runtime.dlpack import (ArenaView, DeviceTensor, DLManagedTensor, DLManagedTensorVersioned,
                                     DLTensor, HostTensor, import_capsule, import_tensor)
 
+pytestmark = pytest.mark.usefixtures("collect_only_new_objects")  # its gc.collect() calls: tests/conftest.py
+
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "f64": torch.float64}
 NUMPY = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 

@@ -70,6 +70,7 @@ def test_a_host_view_is_live_and_shares_the_arena():
     assert arena.read("y")[0] == 7.0
 
 
+@pytest.mark.usefixtures("collect_only_new_objects")
 def test_a_host_view_outlives_the_freed_arena():
     device = rlx_gpu.get_device("host")
     sched = rlx_gpu.load_schedule(_scale_schedule("f32"))

@@ -35,6 +35,7 @@ import contextlib
 import ctypes
 import hashlib
 import itertools
+import os
 import sys
 import threading
 import types
@@ -60,9 +61,24 @@ H200 = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "totalGlobalMem": 150_00
 CUBLAS_OK, CUBLAS_INVALID_VALUE, CUBLAS_INTERNAL_ERROR, CUBLAS_NOT_SUPPORTED = 0, 7, 14, 15
 BLAS_TYPES = {0: np.dtype(np.float32), 1: np.dtype(np.float64), 2: np.dtype(np.float16), 14: np.dtype(ml_dtypes.bfloat16)}
 COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
-# the PTX beside each cubin of the session's cache, by the cubin's digest, and the cubin files already hashed
+# the PTX beside each cubin of the session's cache, by the cubin's digest, the cubin files already hashed, and the
+# size of every cubin file seen (the cache is kept across sessions: thousands of files, each asked its size once)
 _PTX_OF_CUBIN: dict[str, str] = {}
 _READ_CUBINS: set[Path] = set()
+_CUBIN_SIZES: dict[Path, dict[str, int]] = {}
+
+
+def _cubins_of_size(folder: Path, size: int, rescan: bool) -> list[Path]:
+    """The cubin files of ``size`` bytes in ``folder`` not hashed yet; the folder is listed on its first call and on a
+    ``rescan``, each new file asked its size once."""
+    sizes = _CUBIN_SIZES.get(folder)
+    if sizes is None or rescan:
+        sizes = _CUBIN_SIZES.setdefault(folder, {})
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name not in sizes and entry.name.endswith(".cubin"):
+                    sizes[entry.name] = entry.stat().st_size
+    return [path for path in sorted(folder / name for name, n in sizes.items() if n == size) if path not in _READ_CUBINS]
 
 
 class CUDARuntimeError(RuntimeError):
@@ -219,9 +235,12 @@ class Machine:
     def ptx_of(self, cubin: bytes) -> str:
         """The PTX NVRTC built with ``cubin``: the ``.ptx`` beside it in the backend's cubin cache."""
         digest = hashlib.sha256(cubin).hexdigest()
-        if digest not in _PTX_OF_CUBIN:  # the cache is kept across sessions: hash only files of the cubin's size
-            for path in sorted(self.cubin_dir.glob("*.cubin")) if self.cubin_dir else ():
-                if path not in _READ_CUBINS and path.stat().st_size == len(cubin):
+        if self.cubin_dir and self.cubin_dir.is_dir():
+            # the files listed before, then (a cubin built since) the folder listed again; only those of its size
+            for rescan in (False, True):
+                if digest in _PTX_OF_CUBIN:
+                    break
+                for path in _cubins_of_size(self.cubin_dir, len(cubin), rescan):
                     _READ_CUBINS.add(path)
                     _PTX_OF_CUBIN.setdefault(hashlib.sha256(path.read_bytes()).hexdigest(),
                                              path.with_suffix(".ptx").read_text())
