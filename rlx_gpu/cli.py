@@ -303,7 +303,7 @@ environment:
                  scan, tolerances)
   RLX_TARGET     cpu | gpu: force the kernel shapes (unset: the device type decides)
   RLX_CACHE_DIR  where the CUDA backend keeps its cubins (default ~/.cache/rlx_gpu/cubin)
-  RLX_OPENCL_CACHE_DIR  where the OpenCL backend keeps program binaries (default ~/.cache/rlx_gpu/opencl)
+  RLX_OPENCL_CACHE_DIR  where the OpenCL backend keeps program binaries (default ~/.cache/rlx_gpu/opencl; not PoCL's)
 """
 
 DEBUG_HELP = "show the traceback of an error (before or after the command)"

@@ -26,7 +26,7 @@ from ..launches.limits import requested_target
 from ..units import human_bytes
 from .base import BackendUnavailable, DeviceInfo
 from .core import KernelSession
-from .opencl_binaries import BinaryCache, cache_dir as binaries_dir
+from .opencl_binaries import BinaryCache, cache_dir as binaries_dir, keeps_own_builds
 from .opencl_icd import register, registered_platforms
 from .programs import Program
 
@@ -199,7 +199,8 @@ class OpenCLPrimitives:
         self._buffer_types = (cl.MemoryObjectHolder, cl.SVMPointer)
         platform = self.device.platform
         self.binaries = BinaryCache((platform.name, platform.version, self.device.name, self.device.version,
-                                     self.device.driver_version), BUILD_OPTIONS, binaries_dir())
+                                     self.device.driver_version), BUILD_OPTIONS,
+                                    None if keeps_own_builds(platform.name) else binaries_dir())
 
     def allocate(self, nbytes: int) -> Any:
         with self._out_of_memory_as_memory_error():
@@ -281,7 +282,8 @@ class OpenCLPrimitives:
                                    f"alone: {reproduce_command(self.info.spec, program)}",
                                    self._build_log(built, err), list(BUILD_OPTIONS), program.source) from err
         log = self._build_log(built, None)
-        self.binaries.write(program, built.get_info(self.cl.program_info.BINARIES)[0], log)
+        if self.binaries.directory is not None:  # asking for the binary may compile it (PoCL)
+            self.binaries.write(program, built.get_info(self.cl.program_info.BINARIES)[0], log)
         return built, log
 
     def _from_binary(self, program: Program) -> tuple[Any, str] | None:

@@ -1,5 +1,6 @@
 """The OpenCL backend's disk cache of program binaries (``backends.opencl_binaries``) on each OpenCL implementation
-here (PoCL, Intel's CPU runtime; Oclgrind's simulator is checked through the cache by every Oclgrind test).
+here that keeps no builds of its own (Intel's CPU runtime; Oclgrind's simulator is checked through the cache by
+every Oclgrind test); PoCL, which keeps its own, writes nothing to it.
 
 A program built in one context is loaded from disk in the next (a fresh process's first build) and its kernel runs;
 a changed source, option or device is built from source; a build with diagnostics warns of them again when loaded;
@@ -20,7 +21,10 @@ from rlx_gpu.backends.programs import Program  # noqa: E402
 from rlx_gpu.conformance.devices import find  # noqa: E402
 from rlx_gpu.errors import KernelBuildWarning  # noqa: E402
 
-IMPLEMENTATIONS = background.OPENCL_IMPLEMENTATIONS
+IMPLEMENTATIONS = [spec for spec in background.OPENCL_IMPLEMENTATIONS
+                   if not opencl_binaries.keeps_own_builds(find(spec).details["platform"])]
+POCL = [spec for spec in background.OPENCL_IMPLEMENTATIONS
+        if opencl_binaries.keeps_own_builds(find(spec).details["platform"])]
 #: a program each compiler builds in a fraction of a second: ``twice`` doubles ``src`` into ``dst``
 SOURCE = "__kernel void twice(__global const float *src, __global float *dst) {\n" \
          "    size_t i = get_global_id(0);\n    dst[i] = 2.0f * src[i];\n}\n"
@@ -55,7 +59,7 @@ def cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation but simulators")
+@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation without a build cache of its own")
 @pytest.mark.parametrize("spec", IMPLEMENTATIONS)
 def test_a_second_context_loads_the_binary_and_a_changed_source_builds(cache, spec):
     first = _primitives(spec)
@@ -70,7 +74,7 @@ def test_a_second_context_loads_the_binary_and_a_changed_source_builds(cache, sp
     assert second.binaries.loaded == 1 and len(list(cache.glob("*.clbin"))) == 2, "a changed source was loaded"
 
 
-@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation but simulators")
+@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation without a build cache of its own")
 @pytest.mark.parametrize("spec", IMPLEMENTATIONS)
 def test_a_loaded_binary_warns_of_its_build_s_diagnostics(cache, spec):
     said = []
@@ -83,16 +87,19 @@ def test_a_loaded_binary_warns_of_its_build_s_diagnostics(cache, spec):
     assert said[1] == said[0] and "constant operand" in said[0][0], said
 
 
-@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation but simulators")
+@pytest.mark.skipif(not IMPLEMENTATIONS, reason="no OpenCL implementation without a build cache of its own")
 def test_a_damaged_entry_is_built_again_and_replaced(cache):
     _primitives(IMPLEMENTATIONS[0]).build_program(_program(SOURCE))
     (entry,) = cache.glob("*.clbin")
-    good = entry.read_bytes()
     entry.write_bytes(b"not a binary")
     prims = _primitives(IMPLEMENTATIONS[0])
     np.testing.assert_array_equal(_twice(prims, prims.build_program(_program(SOURCE))),
                                   2 * np.arange(8, dtype=np.float32))
-    assert prims.binaries.loaded == 0 and entry.read_bytes() == good
+    assert prims.binaries.loaded == 0 and entry.read_bytes() != b"not a binary"
+    again = _primitives(IMPLEMENTATIONS[0])  # the replacement loads (Intel's builds differ byte for byte)
+    np.testing.assert_array_equal(_twice(again, again.build_program(_program(SOURCE))),
+                                  2 * np.arange(8, dtype=np.float32))
+    assert again.binaries.loaded == 1
 
 
 def test_the_key_holds_the_device_the_options_and_the_source(tmp_path):
@@ -103,3 +110,11 @@ def test_the_key_holds_the_device_the_options_and_the_source(tmp_path):
     assert len(paths) == 4 and all(p.parent == tmp_path for p in paths)
     assert base.path(_program(SOURCE)) == base.path(_program(SOURCE))
     assert opencl_binaries.BinaryCache(("PoCL",), (), None).path(_program(SOURCE)) is None
+
+
+@pytest.mark.parametrize("spec", POCL)
+def test_pocl_keeps_its_own_builds_and_nothing_here(cache, spec):
+    prims = _primitives(spec)
+    np.testing.assert_array_equal(_twice(prims, prims.build_program(_program(SOURCE))),
+                                  2 * np.arange(8, dtype=np.float32))
+    assert prims.binaries.directory is None and not list(cache.iterdir())
