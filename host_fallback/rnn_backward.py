@@ -45,6 +45,7 @@ import numpy as np
 
 from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
 from .abi import Region, complete, forward_thunk, regions
+from .abi.rnn import reserve_slots
 from .bound import Bound, given_views
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
 from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
@@ -97,7 +98,7 @@ def prepare(thunk: Mapping[str, Any]) -> Run:
     layers)."""
     t = complete(thunk)
     fwd = forward_thunk(t)
-    layout = rnn_reserve.layout(fwd) if t.get("reserve") is not None else None
+    layout = reserve_slots(fwd) if t.get("reserve") is not None else None
     return _on_given(t, {r.field: r for r in regions(t)}, lambda b: _backward(fwd, b, layout))
 
 
@@ -135,7 +136,7 @@ def forward_saving(thunk: Mapping[str, Any]) -> Run:
     reserve stored."""
     t = complete(thunk)
     forwards = _recurrences(t, whole_sequence=True)[0]
-    layout = rnn_reserve.layout(t)
+    layout = reserve_slots(t)
 
     def body(b: Bound) -> None:
         s = setup(t, b)

@@ -16,23 +16,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .abi.reserve import Slot
-from .abi.rnn import ACTIVATION_SLOTS, recurrent_dims, reserve_slots
-from .arena import STORAGE
+from .abi.rnn import ACTIVATION_SLOTS, recurrent_dims
+from .arena import view
 from .rnn_backward_cell import _Cell
 
 Array = np.ndarray
 
 
-def layout(t: Mapping[str, Any]) -> list[Slot]:
-    """The slots of the reserve of the completed forward thunk ``t`` (``abi.rnn.reserve_slots``), which a thunk
-    works out once (a small lstm's call would spend a tenth of its time on them)."""
-    return reserve_slots(t)
-
-
 def _views(reserve: Array, slots_of: Sequence[Slot]) -> dict[tuple[str, int], Array]:
-    """Every slot of ``slots_of`` (``layout``) by ``(name, index)``: views of ``reserve``, the reserve's bytes
-    (the arena's, or the caller's array: ``bound.given_views``)."""
-    return {(s.name, s.index): np.ndarray(s.shape, STORAGE[s.dtype], reserve, s.offset) for s in slots_of}
+    """Every slot of ``slots_of`` (``abi.rnn.reserve_slots``, worked out once a thunk) by ``(name, index)``: views
+    of ``reserve``, the reserve's bytes (the arena's, or the caller's array: ``bound.given_views``)."""
+    return {(s.name, s.index): view(reserve, s.offset, s.dtype, s.shape) for s in slots_of}
 
 
 def _pre_activations_read(t: Mapping[str, Any], cell: _Cell) -> bool:
@@ -48,7 +42,7 @@ def projection_slot(t: Mapping[str, Any], cell: _Cell) -> str:
 def slots(t: Mapping[str, Any], reserve: Array, slots_of: Sequence[Slot]
           ) -> tuple[list[dict[str, Array]], list[Array]]:
     """``(per layer-direction its arrays by name, every layer's output but the top one's)``: views of the
-    ``reserve`` (its bytes) of the completed forward thunk ``t`` laid out as ``slots_of`` (``layout``), the masks
+    ``reserve`` (its bytes) of the completed forward thunk ``t`` laid out as ``slots_of`` (``reserve_slots``), the masks
     as booleans."""
     _, dirs = recurrent_dims(t)
     v = _views(reserve, slots_of)
