@@ -184,10 +184,10 @@ def shares_host_memory(cl: Any, device: Any) -> bool:
 def polls_launches(cl: Any, device: Any) -> bool:
     """Whether a wait for a launch on ``device`` polls the launch's status, yielding the CPU between looks, for
     up to :data:`POLL_SECONDS` before it sleeps: on PoCL's threaded CPU driver (``pthread-``), whose worker
-    threads wake a waiter asleep in ``clWaitForEvents`` through the OS (about 30 µs a wait on a 2-core VM, a
-    fifth of a decode step; polling, its one-token steps took 0.6-0.8x their time). Not on Intel's CPU runtime,
-    whose own threads spin (a waiter polling beside them made its steps up to 4x slower on a loaded machine),
-    nor on PoCL's ``basic`` driver, which runs a launch in the thread that waits for it, nor on a GPU."""
+    threads wake a waiter asleep in ``clWaitForEvents`` through the OS (30 µs and more a wait on a 2-core VM;
+    polling, its one-token decode steps took 0.66-0.87x their time: docs/performance.md). Not on Intel's CPU
+    runtime, whose own threads spin (a waiter polling beside them made its steps up to 4.6x slower on a loaded
+    machine), nor on PoCL's ``basic`` driver, which runs a launch in the thread that waits for it, nor on a GPU."""
     return not _accelerator(cl, device) and device.platform.name == POCL and device.name.startswith(POCL_THREADED)
 
 
