@@ -35,10 +35,13 @@ def _inputs(sched, seed: int) -> dict[str, np.ndarray]:
 
 
 def _counting(monkeypatch, prims) -> dict[str, int]:
-    """Counts from now on of pyopencl's copy commands and kernel launches, and of the primitives' writes and
-    reads (on shared memory host copies into and out of a buffer)."""
-    counts = {"copy": 0, "launch": 0, "write": 0, "read": 0}
-    for owner, name, key in ((prims.cl, "enqueue_copy", "copy"), (prims.cl, "enqueue_nd_range_kernel", "launch"),
+    """Counts from now on of pyopencl's copy, map and fill commands, kernel launches, event waits and queue
+    finishes, and of the primitives' writes and reads (on shared memory host copies into and out of a buffer)."""
+    counts = {"copy": 0, "map": 0, "fill": 0, "launch": 0, "wait": 0, "finish": 0, "write": 0, "read": 0}
+    cl = prims.cl
+    for owner, name, key in ((cl, "enqueue_copy", "copy"), (cl, "enqueue_map_buffer", "map"),
+                             (cl, "enqueue_fill_buffer", "fill"), (cl, "enqueue_nd_range_kernel", "launch"),
+                             (cl.Event, "wait", "wait"), (cl.CommandQueue, "finish", "finish"),
                              (prims, "write", "write"), (prims, "read", "read")):
         real = getattr(owner, name)
 
@@ -78,8 +81,10 @@ def test_a_decode_step_on_a_cpu_device_is_its_launch_and_no_copy_command(spec_an
             counts = _counting(monkeypatch, shared.prims)
             got = in_place(values)
             monkeypatch.undo()
-            # the inputs written and the outputs read in place, in the arena: no copy through a staging buffer
-            assert counts == {"copy": 0, "launch": 1, "write": 0, "read": 0}
+            # the inputs written and the outputs read in place, in the arena: no copy through a staging buffer;
+            # one wait, for the launch's event (no clFinish)
+            assert counts == {"copy": 0, "map": 0, "fill": 0, "launch": 1, "wait": 1, "finish": 0, "write": 0,
+                              "read": 0}
             assert in_place.last_report.copies == 0
             for name in ("state", "dst"):
                 np.testing.assert_array_equal(got[name], want[name])
