@@ -43,7 +43,7 @@ SIMULATORS = ("Oclgrind",)
 #: ~30 µs wake of its worker threads, fit many times over; a longer launch costs a fraction of a core this long
 POLL_SECONDS = 200e-6
 #: PoCL's name, and its threaded CPU driver's device names (``pthread-<cpu>``; ``basic-<cpu>`` runs every command
-#: in the thread that waits for it)
+#: in the thread that enqueues it)
 POCL = "Portable Computing Language"
 POCL_THREADED = "pthread"
 #: fine-grained buffer SVM, aligned to a cache line pair as ``cl.Buffer`` storage is on the CPU runtimes
@@ -187,18 +187,22 @@ def polls_launches(cl: Any, device: Any) -> bool:
     threads wake a waiter asleep in ``clWaitForEvents`` through the OS (30 µs and more a wait on a 2-core VM;
     polling, its one-token decode steps took 0.66-0.87x their time: docs/performance.md). Not on Intel's CPU
     runtime, whose own threads spin (a waiter polling beside them made its steps up to 4.6x slower on a loaded
-    machine), nor on PoCL's ``basic`` driver, which runs a launch in the thread that waits for it, nor on a GPU."""
+    machine), nor on PoCL's ``basic`` driver, which runs a launch in the thread that enqueues it, nor on a GPU."""
     return not _accelerator(cl, device) and device.platform.name == POCL and device.name.startswith(POCL_THREADED)
+
+
+#: give the CPU to another ready thread (releasing the GIL meanwhile): sched_yield where the OS has it
+_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
 
 
 def settle(event: Any, status: Any, seconds: float = POLL_SECONDS) -> None:
     """Poll ``event`` (its ``status`` info: queued 3 ... complete 0, an error below 0) until its command has
     completed or failed, or ``seconds`` have passed, yielding the CPU between looks (a worker thread of the
     device's may be waiting for it); the caller then waits for it as ever, which raises a failure."""
-    clock, pause = time.perf_counter, getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+    clock = time.perf_counter
     deadline = clock() + seconds
     while event.get_info(status) > 0 and clock() < deadline:
-        pause()
+        _yield()
 
 
 class OpenCLPrimitives:

@@ -129,8 +129,8 @@ def test_the_launches_of_a_resident_arena_keep_their_arguments_set(spec_and_sess
 
 def test_a_wait_polls_the_launch_on_pocl_s_threaded_driver_alone():
     """Polling (``polls_launches``) is chosen by the device: PoCL's ``pthread-`` devices, not Intel's runtime (its
-    own threads spin), not Oclgrind, not a GPU, not PoCL's ``basic`` driver (it runs a launch in the waiting
-    thread)."""
+    own threads spin), not Oclgrind, not a GPU, not PoCL's ``basic`` driver (it runs a launch in the
+    thread that enqueues it)."""
     listed = status("opencl").devices
     for info in listed:
         prims = opencl.OpenCLPrimitives(info)
