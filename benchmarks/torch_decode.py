@@ -2,7 +2,7 @@
 language model's training step: the figures issue 33 sets targets for (host ≤ 1.0x torch, OpenCL ≤ 2.0x,
 bridge overhead ≤ 30 µs, training ≤ 1.5x), in one run.
 
-    python benchmarks/torch_decode.py [--devices host,opencl] [--opencl opencl:1:0] [--runs 200] [--rounds 7]
+    python benchmarks/torch_decode.py [--devices host,opencl] [--opencl opencl:1:0[,...]] [--runs 200] [--rounds 7]
                                       [--warmup 5] [--train-steps 20] [--train-runs 5] [--no-training]
                                       [--quick] [--markdown]
 
@@ -22,7 +22,8 @@ Each case first checks that rlx_gpu.torch and torch agree (``max |diff|`` of the
 the same 8 steps from the same state, on each device), then times the paths taking turns, a block of
 ``--warmup`` untimed and ``--runs`` timed steps each, over ``--rounds`` rounds: torch, rlx_gpu.torch on the
 host (``RLX_DEVICE=host``) and on the OpenCL device (``--opencl``; default: the registry's first usable
-OpenCL device that is not a simulator), switched by ``RLX_DEVICE`` between blocks (the bridge compiles
+OpenCL device that is not a simulator; several, comma-separated, each get columns of their own: e.g. PoCL's two
+drivers, ``POCL_DEVICES="pthread basic"``), switched by ``RLX_DEVICE`` between blocks (the bridge compiles
 per value). Medians in µs per step (wall time). The bridge overhead is the host call's time minus the
 time of the thunks it ran (``rlx_gpu.torch.bridge.last_report()``), per block. Then the training step of
 ``configs/examples/train_lstm_lm.py``'s LSTM model (2 layers, hidden 32; forward, backward, Adam) with
@@ -319,21 +320,28 @@ def decode_rows(args: argparse.Namespace, devices: list[tuple[str, str]]) -> lis
     return rows
 
 
-def table(rows: list[dict[str, Any]], markdown: bool) -> list[str]:
-    """The decode table, fixed-width or Markdown."""
+def table(rows: list[dict[str, Any]], markdown: bool, opencl: list[str]) -> list[str]:
+    """The decode table, fixed-width or Markdown; ``opencl``: the OpenCL devices' specs (a pair of columns each)."""
+    named = len(opencl) > 1  # several OpenCL devices: each column names its device
+    heads = [spec if named else "OpenCL" for spec in opencl] or ["OpenCL"]
     header = ["case", "torch µs", "host µs", f"host/torch (≤ {TARGETS['host']:.1f}x)",
-              f"overhead µs (≤ {TARGETS['overhead']:.0f})", "OpenCL µs",
-              f"OpenCL/torch (≤ {TARGETS['opencl']:.1f}x)", "max |diff| host / OpenCL"]
+              f"overhead µs (≤ {TARGETS['overhead']:.0f})"]
+    for head in heads:
+        header += [f"{head} µs", f"{head}/torch (≤ {TARGETS['opencl']:.1f}x)"]
+    header.append(f"max |diff| host / {' / '.join(heads)}")
     body = []
     for row in rows:
-        us = {label: row.get(label) for label in ("host", "opencl")}
+        us = {label: row.get(label) for label in ("host", *(opencl or [None]))}
         ratios = {label: None if t is None else t / row["torch"] for label, t in us.items()}
-        body.append([row["case"], f"{row['torch']:.1f}", "—" if us["host"] is None else f"{us['host']:.1f}",
-                     judged(ratios["host"], TARGETS["host"], "{:.2f}x"),
-                     judged(row.get("overhead"), TARGETS["overhead"], "{:.1f}"),
-                     "—" if us["opencl"] is None else f"{us['opencl']:.1f}",
-                     judged(ratios["opencl"], TARGETS["opencl"], "{:.2f}x"),
-                     " / ".join(f"{row['diff'][d]:.1e}" if d in row["diff"] else "—" for d in ("host", "opencl"))])
+        cells = [row["case"], f"{row['torch']:.1f}", "—" if us["host"] is None else f"{us['host']:.1f}",
+                 judged(ratios["host"], TARGETS["host"], "{:.2f}x"),
+                 judged(row.get("overhead"), TARGETS["overhead"], "{:.1f}")]
+        for label in opencl or [None]:
+            cells += ["—" if us[label] is None else f"{us[label]:.1f}",
+                      judged(ratios[label], TARGETS["opencl"], "{:.2f}x")]
+        cells.append(" / ".join(f"{row['diff'][d]:.1e}" if d in row["diff"] else "—"
+                                for d in ("host", *(opencl or [None]))))
+        body.append(cells)
     if markdown:  # a "|" inside a cell escaped
         header, *body = [[c.replace("|", r"\|") for c in cells] for cells in [header, *body]]
         return [f"| {' | '.join(cells)} |" for cells in [header, ["---"] * len(header), *body]]
@@ -356,8 +364,8 @@ def training_line(steps: int, runs: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", default="host,opencl", help="comma-separated: host, opencl")
-    parser.add_argument("--opencl", default=None, help="the OpenCL device spec (default: the first usable one "
-                                                       "that is not a simulator)")
+    parser.add_argument("--opencl", default=None, help="the OpenCL device spec, or several comma-separated (default: "
+                                                       "the first usable one that is not a simulator)")
     parser.add_argument("--runs", type=int, default=None, help="timed steps per block (default 200; --quick 20)")
     parser.add_argument("--rounds", type=int, default=None, help="blocks per path, taking turns (default 7; --quick 3)")
     parser.add_argument("--warmup", type=int, default=None,
@@ -380,30 +388,31 @@ def main() -> None:
 
     devices = [("host", "host")] if "host" in wanted else []
     names = [f"host = {status('host').devices[0].name}"] if devices else []
-    skipped = None
-    if "opencl" in wanted:
-        spec, name = opencl_device(args.opencl)
+    skipped = []
+    for want in (args.opencl or "").split(",") if "opencl" in wanted else ():
+        spec, name = opencl_device(want.strip() or None)
         if spec is None:
-            skipped = f"OpenCL skipped: {name}"
+            skipped.append(f"OpenCL skipped: {name}")
         else:
-            devices.append(("opencl", spec))
+            devices.append((spec, spec))  # an OpenCL device's label is its spec
             names.append(f"opencl = {spec} {name}")
     print(cpu_line())
     print(f"torch {torch.__version__}, torch.set_num_threads(1), OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=1; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"devices: {'; '.join(names) or 'none'}")
-    if skipped:
-        print(skipped)
+    for line in skipped:
+        print(line)
     print(f"decode, f32, batch 1, one token per call: median µs per step of {args.rounds} x {args.runs} steps "
           f"(after {args.warmup} warm-up), paths taking turns")
     start, t0 = cpu_ticks(), time.perf_counter()
     rows = decode_rows(args, devices)
-    for line in table(rows, args.markdown):
+    opencl = [label for label, _ in devices if label != "host"]
+    for line in table(rows, args.markdown, opencl):
         print(line)
-    for row in rows:
-        fell_back = row["ran_on"].get("opencl", set()) - {"opencl"}
+    for row, label in ((row, label) for row in rows for label in opencl):
+        fell_back = row["ran_on"].get(label, set()) - {"opencl"}
         if fell_back:
-            print(f"note: {row['case']} on OpenCL ran thunks on {', '.join(sorted(fell_back))} too")
+            print(f"note: {row['case']} on {label} ran thunks on {', '.join(sorted(fell_back))} too")
     if not args.no_training:
         print(training_line(args.train_steps, args.train_runs))
     warn_if_shared(start, t0)

@@ -9,12 +9,15 @@ virtual memory: PoCL, Intel's CPU runtime), every buffer is such an allocation (
 writes and reads it in place, so a write or a read is a host copy rather than a command (each command
 costs 15-60 µs on PoCL, most of a decode step), and launches are waited for only when the host next
 touches memory (fine-grained SVM is coherent at that wait, OpenCL 2.0 §3.3.6). Elsewhere buffers are
-``cl.Buffer`` objects moved by blocking copy commands.
+``cl.Buffer`` objects moved by blocking copy commands. On PoCL's threaded CPU driver a wait first polls the
+launch (:func:`polls_launches`): its worker threads would wake a sleeping waiter through the OS.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import time
 import warnings
 from typing import Any, Iterator, Sequence
 
@@ -36,6 +39,13 @@ PRELUDE = ("kernels_opencl", "prelude.cl")
 DEVICE_ENV = "PYOPENCL_CTX"
 BUILD_OPTIONS = ("-cl-std=CL1.2",)  # the text must stay within OpenCL C 1.2 (Oclgrind, older drivers)
 SIMULATORS = ("Oclgrind",)
+#: how long a wait polls a launch before it sleeps (:func:`polls_launches`): a one-token decode kernel, and PoCL's
+#: ~30 µs wake of its worker threads, fit many times over; a longer launch costs a fraction of a core this long
+POLL_SECONDS = 200e-6
+#: PoCL's name, and its threaded CPU driver's device names (``pthread-<cpu>``; ``basic-<cpu>`` runs every command
+#: in the thread that enqueues it)
+POCL = "Portable Computing Language"
+POCL_THREADED = "pthread"
 #: fine-grained buffer SVM, aligned to a cache line pair as ``cl.Buffer`` storage is on the CPU runtimes
 SVM_ALIGNMENT = 128
 #: what an implementation writes into every build log without saying anything of the source: Intel's progress
@@ -171,6 +181,30 @@ def shares_host_memory(cl: Any, device: Any) -> bool:
         return False
 
 
+def polls_launches(cl: Any, device: Any) -> bool:
+    """Whether a wait for a launch on ``device`` polls the launch's status, yielding the CPU between looks, for
+    up to :data:`POLL_SECONDS` before it sleeps: on PoCL's threaded CPU driver (``pthread-``), whose worker
+    threads wake a waiter asleep in ``clWaitForEvents`` through the OS (30 µs and more a wait on a 2-core VM;
+    polling, its one-token decode steps took 0.66-0.87x their time: docs/performance.md). Not on Intel's CPU
+    runtime, whose own threads spin (a waiter polling beside them made its steps up to 4.6x slower on a loaded
+    machine), nor on PoCL's ``basic`` driver, which runs a launch in the thread that enqueues it, nor on a GPU."""
+    return not _accelerator(cl, device) and device.platform.name == POCL and device.name.startswith(POCL_THREADED)
+
+
+#: give the CPU to another ready thread (releasing the GIL meanwhile): sched_yield where the OS has it
+_yield = getattr(os, "sched_yield", None) or (lambda: time.sleep(0))
+
+
+def settle(event: Any, status: Any, seconds: float = POLL_SECONDS) -> None:
+    """Poll ``event`` (its ``status`` info: queued 3 ... complete 0, an error below 0) until its command has
+    completed or failed, or ``seconds`` have passed, yielding the CPU between looks (a worker thread of the
+    device's may be waiting for it); the caller then waits for it as ever, which raises a failure."""
+    clock = time.perf_counter
+    deadline = clock() + seconds
+    while event.get_info(status) > 0 and clock() < deadline:
+        _yield()
+
+
 class OpenCLPrimitives:
     """One OpenCL device, context and in-order queue. ``shared`` (None: :func:`shares_host_memory`)
     makes every buffer fine-grained SVM that the host writes and reads in place."""
@@ -196,6 +230,8 @@ class OpenCLPrimitives:
         self.shared = shares_host_memory(cl, self.device) if shared is None else shared
         self._host: dict[int, np.ndarray] = {}  # id(SVM allocation) -> its bytes, as the host sees them
         self._unfinished: Any = None  # the event of the latest launch not waited for
+        self.polls = polls_launches(cl, self.device)
+        self._status = cl.event_info.COMMAND_EXECUTION_STATUS
         self._buffer_types = (cl.MemoryObjectHolder, cl.SVMPointer)
         platform = self.device.platform
         self.binaries = BinaryCache((platform.name, platform.version, self.device.name, self.device.version,
@@ -337,6 +373,8 @@ class OpenCLPrimitives:
         # shared: the queue holds launches only, so waiting for the latest (in order: all) is a finish, and is
         # cheaper than clFinish on PoCL (one wait per decode step); nothing to wait for when none is pending
         if self._unfinished is not None:
+            if self.polls:
+                settle(self._unfinished, self._status)
             self._unfinished.wait()
             self._unfinished = None
         if not self.shared:
