@@ -398,12 +398,19 @@ INLINE_FN void gdnc_channel_dg(gdnc_grad_inputs in, i64 n, i64 lane, i64 HV, i64
 #error "the MMA variant of gdn_chunk_back_grads tiles the chunk's 32 tokens as two 16-row tiles, its one warp's"
 #endif
 #define GDNC_PP 20 /* prod's rows: a multiple of 4 floats (the tiles' stores), not of 32 (fewer bank conflicts) */
+/* 16-bit operands: U dS_L^T takes split ones, x = hi + lo (hi = x rounded, lo = the rest rounded), as three products
+ * hi.hi + hi.lo + lo.hi: U and dS_L rounded once to 16 bits cost d_g (the log-decays' gradient, whose terms cancel)
+ * ~6x the FMA path's error and d_k ~2x (emulated on PoCL, K = V = 64, f16 NMSE 2.3e-7 against 5e-7, bf16 1.9e-5
+ * against 5e-5); split, both are the FMA path's. Y S0^T and dO S0^T rounded once cost nothing measurable. TF32
+ * keeps plain operands (d_g 5e-7 against bf16's bound 5e-5). */
+#define GDNC_SPLIT (RLX_MMA == 1)
 /* The state products on the tensor cores, by slices of 16 key channels i0..: Y S0^T, dO S0^T and U dS_L^T ([L][16]
  * each), one product at a time (two 16-row tiles, the group's one warp holding their two accumulators: more took
- * sm_90 past 128 registers), over the V columns in slices of 16 staged as operands (rows [L][16]: Y, dO or U; cols
- * [16][16]: S0 or dS_L; zero past the chunk's tokens, the channels and the columns); stored f32 in prod
- * ([3][L][GDNC_PP]); then each row r < n takes its state terms at the slice's channels in order (gdnc_state_term,
- * as the portable path). gout: d_out at the chunk's first token's row (stride HV*V). Every lane runs it (barriers). */
+ * sm_90 past 128 registers), over the V columns in slices of 16 staged as operands (rows [L][16]: Y, dO or U, then
+ * U's lo part; cols [16][16]: S0 or dS_L, then dS_L's lo part; zero past the chunk's tokens, the channels and the
+ * columns); stored f32 in prod ([3][L][GDNC_PP]); then each row r < n takes its state terms at the slice's channels
+ * in order (gdnc_state_term, as the portable path). gout: d_out at the chunk's first token's row (stride HV*V).
+ * Every lane runs it (barriers). */
 INLINE_FN void gdnc_state_terms_mma_barrier(gdnc_grad_inputs in, GLOBAL const store_t* gout, i64 n, i64 r, i64 H,
                                             i64 HV, i64 K, i64 V, real scale, GLOBAL real* dq, GLOBAL real* dk,
                                             GLOBAL real* dc, GLOBAL real* tl, real* dbeta, real* dcum, real* tail,
@@ -414,6 +421,7 @@ INLINE_FN void gdnc_state_terms_mma_barrier(gdnc_grad_inputs in, GLOBAL const st
     for (i64 i0 = 0; i0 < K; i0 += 16) {
         for (int p = 0; p < 3; ++p) {
             GLOBAL const real* right = p < 2 ? in.s0 : in.dsl;
+            const int split = GDNC_SPLIT && p == 2;
             mma_acc a0, a1;
             mma_zero(&a0);
             mma_zero(&a1);
@@ -426,15 +434,26 @@ INLINE_FN void gdnc_state_terms_mma_barrier(gdnc_grad_inputs in, GLOBAL const st
                     const real x = t >= n || j >= V ? (real)0 : p == 0 ? in.y[t * V + j]
                                                                 : p == 1 ? LOAD(gout, t * HV * V + j) : in.u[t * V + j];
                     rows[e] = TO_MMA(x);
+                    if (split)
+                        rows[GDNC_L * 16 + e] = TO_MMA(x - FROM_MMA(rows[e]));
                 }
                 PRAGMA_NO_UNROLL
                 for (int e = (int)r; e < 256; e += GDNC_L) {
                     const i64 i = i0 + e / 16, j = j0 + e % 16;
-                    cols[e] = TO_MMA(i < K && j < V ? right[i * V + j] : (real)0);
+                    const real x = i < K && j < V ? right[i * V + j] : (real)0;
+                    cols[e] = TO_MMA(x);
+                    if (split)
+                        cols[256 + e] = TO_MMA(x - FROM_MMA(cols[e]));
                 }
                 BARRIER();
                 mma_tile(&a0, MMA_ROW, rows, 16, MMA_COL, cols, 16);
                 mma_tile(&a1, MMA_ROW, rows + 256, 16, MMA_COL, cols, 16);
+                if (split) {
+                    mma_tile(&a0, MMA_ROW, rows, 16, MMA_COL, cols + 256, 16);
+                    mma_tile(&a1, MMA_ROW, rows + 256, 16, MMA_COL, cols + 256, 16);
+                    mma_tile(&a0, MMA_ROW, rows + GDNC_L * 16, 16, MMA_COL, cols, 16);
+                    mma_tile(&a1, MMA_ROW, rows + GDNC_L * 16 + 256, 16, MMA_COL, cols, 16);
+                }
             }
             mma_store(prod + p * GDNC_L * GDNC_PP, &a0, GDNC_PP);
             mma_store(prod + (p * GDNC_L + 16) * GDNC_PP, &a1, GDNC_PP);
@@ -489,8 +508,8 @@ KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scal
     GLOBAL real* dc = AT(real, dcb, dco) + slot * GDNC_L * K; /* per channel: [L][K] */
     GLOBAL real* tl = AT(real, tlb, tlo) + slot * GDNC_L * K;
 #ifdef RLX_MMA
-    MMA_LOCAL mma_t rows[GDNC_L * 16];
-    MMA_LOCAL mma_t cols[256];
+    MMA_LOCAL mma_t rows[(1 + GDNC_SPLIT) * GDNC_L * 16];
+    MMA_LOCAL mma_t cols[(1 + GDNC_SPLIT) * 256];
     MMA_LOCAL float prod[3 * GDNC_L * GDNC_PP];
     gdnc_state_terms_mma_barrier(in, AT(store_t, gob, goo) + (ch.first * HV + vh) * V, ch.n, r, H, HV, K, V, scale,
                                  AT(real, dqb, dqo) + part, AT(real, dkb, dko) + part, dc + r * K, tl + r * K, &dbeta,
