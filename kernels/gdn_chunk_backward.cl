@@ -25,8 +25,9 @@
  * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
  * sequence in the last chunk are zero inputs (the reserve's padding). Per-channel gates (GDNB_GATE_K): every decay
  * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
- * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). Host
- * twin: host_fallback/gdn_backward_chunked.py. */
+ * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). On
+ * CUDA with tensor cores gdn_chunk_back_grads' RLX_MMA variant takes its state products Y S0^T, dO S0^T and
+ * U dS_L^T there (gdnc_state_terms_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
