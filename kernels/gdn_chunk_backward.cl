@@ -25,8 +25,9 @@
  * head of a key head ([HV/H][T][H][K]) that gdn_backward_qk sums and takes through the norm. Tokens past the
  * sequence in the last chunk are zero inputs (the reserve's padding). Per-channel gates (GDNB_GATE_K): every decay
  * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
- * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). Host
- * twin: host_fallback/gdn_backward_chunked.py. */
+ * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). On
+ * CUDA with tensor cores gdn_chunk_back_grads' RLX_MMA variant takes its state products Y S0^T, dO S0^T and
+ * U dS_L^T there (gdnc_state_terms_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
@@ -316,34 +317,48 @@ INLINE_FN void gdnc_row_pairs_channel(gdnc_grad_inputs in, i64 n, i64 r, i64 qs,
     }
 }
 
+/* Row r's state terms at key channel i from its three state products, ys = Y_r . S0_i, os = dO_r . S0_i and
+ * ud = U_r . dS_L_i: d_q's and d_k's into dq[i], dk[i] (per channel dc[i], tl[i] too, gdnc_row_grads'), and their
+ * shares of beta's gradient (*dbeta), of the row's cumulative log-decay's (*dcum) and of the last row's (*tail). */
+INLINE_FN void gdnc_state_term(gdnc_grad_inputs in, i64 r, i64 i, i64 qs, i64 K, real scale, real ys, real os, real ud,
+                               GLOBAL real* dq, GLOBAL real* dk, GLOBAL real* dc, GLOBAL real* tl, real* dbeta,
+                               real* dcum, real* tail, LOCAL_PTR const real* cum, LOCAL_PTR const real* bet,
+                               LOCAL_PTR const real* nq, LOCAL_PTR const real* nk)
+{
+    const real at = gdnc_cum(cum, in.ck, K, r, i);
+    const real gam = rlx_exp(at), end = rlx_exp(gdnc_cum(cum, in.ck, K, GDNC_L - 1, i) - at);
+    const real dkd = end * ud;
+    const real qn = LOAD(in.q, r * qs + i) * nq[r], kn = LOAD(in.k, r * qs + i) * nk[r];
+    const real dqg = scale * gam * os, dgk = bet[r] * gam * ys;
+    *dbeta -= gam * kn * ys;
+    *dcum += qn * dqg - kn * (dgk + dkd);
+    *tail += kn * dkd;
+    dq[i] = dqg;
+    dk[i] = dkd - dgk;
+    if (GDNB_GATE_K) {
+        dc[i] = dgk + dkd;
+        tl[i] = kn * dkd;
+    }
+}
+
 /* Row r's (r < n) d_q, d_k partials (with respect to the normalised q, k) into dq, dk ([K]), after
  * gdnc_row_products' barrier; returns the row's gradient of its cumulative log-decay but for the chunk's last-row
  * terms, whose share of row r it adds to *tail, and subtracts the gate term of beta's gradient from *dbeta. Per
- * channel (GDNB_GATE_K) those gradients go per key channel to dc and tl ([K]) instead (0 returned). */
+ * channel (GDNB_GATE_K) those gradients go per key channel to dc and tl ([K]) instead (0 returned). The RLX_MMA
+ * variant has taken the state terms already (gdnc_state_terms_mma_barrier: dcum their share), the portable path
+ * takes them here, dcum 0. */
 INLINE_FN real gdnc_row_grads(gdnc_grad_inputs in, i64 n, i64 r, i64 H, i64 K, i64 V, real scale, GLOBAL real* dq,
-                              GLOBAL real* dk, GLOBAL real* dc, GLOBAL real* tl, real* dbeta, real* tail,
+                              GLOBAL real* dk, GLOBAL real* dc, GLOBAL real* tl, real* dbeta, real* tail, real dcum,
                               LOCAL_PTR const real* cum, LOCAL_PTR const real* bet, LOCAL_PTR const real* nq,
                               LOCAL_PTR const real* nk, LOCAL_PTR const real* pq, LOCAL_PTR const real* pk)
 {
     const i64 qs = H * K;
-    real dcum = (real)0;
-    for (i64 i = 0; i < K; ++i) { /* the state terms: Y S0^T, dO S0^T, U dS_L^T */
-        const real at = gdnc_cum(cum, in.ck, K, r, i);
-        const real gam = rlx_exp(at), end = rlx_exp(gdnc_cum(cum, in.ck, K, GDNC_L - 1, i) - at);
-        const real ys = gdnc_dot_real(in.y + r * V, in.s0 + i * V, V), os = gdnc_dot(in.gout, in.s0 + i * V, V);
-        const real dkd = end * gdnc_dot_real(in.u + r * V, in.dsl + i * V, V);
-        const real qn = LOAD(in.q, r * qs + i) * nq[r], kn = LOAD(in.k, r * qs + i) * nk[r];
-        const real dqg = scale * gam * os, dgk = bet[r] * gam * ys;
-        *dbeta -= gam * kn * ys;
-        dcum += qn * dqg - kn * (dgk + dkd);
-        *tail += kn * dkd;
-        dq[i] = dqg;
-        dk[i] = dkd - dgk;
-        if (GDNB_GATE_K) {
-            dc[i] = dgk + dkd;
-            tl[i] = kn * dkd;
-        }
-    }
+#ifndef RLX_MMA
+    for (i64 i = 0; i < K; ++i) /* the state terms: Y S0^T, dO S0^T, U dS_L^T */
+        gdnc_state_term(in, r, i, qs, K, scale, gdnc_dot_real(in.y + r * V, in.s0 + i * V, V),
+                        gdnc_dot(in.gout, in.s0 + i * V, V), gdnc_dot_real(in.u + r * V, in.dsl + i * V, V), dq, dk,
+                        dc, tl, dbeta, &dcum, tail, cum, bet, nq, nk);
+#endif
 #if GDNB_GATE_K
     gdnc_row_pairs_channel(in, n, r, qs, K, dq, dk, dc, nq, nk, pq, pk);
     return (real)0;
@@ -378,6 +393,80 @@ INLINE_FN void gdnc_channel_dg(gdnc_grad_inputs in, i64 n, i64 lane, i64 HV, i64
         }
     }
 }
+
+#ifdef RLX_MMA
+#if GDNC_L != 32
+#error "the MMA variant of gdn_chunk_back_grads tiles the chunk's 32 tokens as two 16-row tiles, its one warp's"
+#endif
+#define GDNC_PP 20 /* prod's rows: a multiple of 4 floats (the tiles' stores), not of 32 (fewer bank conflicts) */
+/* 16-bit operands: U dS_L^T takes split ones, x = hi + lo (hi = x rounded, lo = the rest rounded), as three products
+ * hi.hi + hi.lo + lo.hi: U and dS_L rounded once to 16 bits cost d_g (the log-decays' gradient, whose terms cancel)
+ * ~6x the FMA path's error and d_k ~2x (emulated on PoCL, K = V = 64, f16 NMSE 2.3e-7 against 5e-7, bf16 1.9e-5
+ * against 5e-5); split, both are the FMA path's. Y S0^T and dO S0^T rounded once cost nothing measurable. TF32
+ * keeps plain operands (d_g 5e-7 against bf16's bound 5e-5). */
+#define GDNC_SPLIT (RLX_MMA == 1)
+/* The state products on the tensor cores, by slices of 16 key channels i0..: Y S0^T, dO S0^T and U dS_L^T ([L][16]
+ * each), one product at a time (two 16-row tiles, the group's one warp holding their two accumulators: more took
+ * sm_90 past 128 registers), over the V columns in slices of 16 staged as operands (rows [L][16]: Y, dO or U, then
+ * U's lo part; cols [16][16]: S0 or dS_L, then dS_L's lo part; zero past the chunk's tokens, the channels and the
+ * columns); stored f32 in prod ([3][L][GDNC_PP]); then each row r < n takes its state terms at the slice's channels
+ * in order (gdnc_state_term, as the portable path). gout: d_out at the chunk's first token's row (stride HV*V).
+ * Every lane runs it (barriers). */
+INLINE_FN void gdnc_state_terms_mma_barrier(gdnc_grad_inputs in, GLOBAL const store_t* gout, i64 n, i64 r, i64 H,
+                                            i64 HV, i64 K, i64 V, real scale, GLOBAL real* dq, GLOBAL real* dk,
+                                            GLOBAL real* dc, GLOBAL real* tl, real* dbeta, real* dcum, real* tail,
+                                            LOCAL_PTR const real* cum, LOCAL_PTR const real* bet,
+                                            LOCAL_PTR const real* nq, LOCAL_PTR const real* nk, LOCAL_PTR mma_t* rows,
+                                            LOCAL_PTR mma_t* cols, LOCAL_PTR float* prod)
+{
+    for (i64 i0 = 0; i0 < K; i0 += 16) {
+        for (int p = 0; p < 3; ++p) {
+            GLOBAL const real* right = p < 2 ? in.s0 : in.dsl;
+            const int split = GDNC_SPLIT && p == 2;
+            mma_acc a0, a1;
+            mma_zero(&a0);
+            mma_zero(&a1);
+            for (i64 j0 = 0; j0 < V; j0 += 16) {
+                BARRIER(); /* the previous slice's operands are read no more */
+                PRAGMA_NO_UNROLL
+                for (int e = (int)r; e < GDNC_L * 16; e += GDNC_L) {
+                    const int t = e / 16;
+                    const i64 j = j0 + e % 16;
+                    const real x = t >= n || j >= V ? (real)0 : p == 0 ? in.y[t * V + j]
+                                                                : p == 1 ? LOAD(gout, t * HV * V + j) : in.u[t * V + j];
+                    rows[e] = TO_MMA(x);
+                    if (split)
+                        rows[GDNC_L * 16 + e] = TO_MMA(x - FROM_MMA(rows[e]));
+                }
+                PRAGMA_NO_UNROLL
+                for (int e = (int)r; e < 256; e += GDNC_L) {
+                    const i64 i = i0 + e / 16, j = j0 + e % 16;
+                    const real x = i < K && j < V ? right[i * V + j] : (real)0;
+                    cols[e] = TO_MMA(x);
+                    if (split)
+                        cols[256 + e] = TO_MMA(x - FROM_MMA(cols[e]));
+                }
+                BARRIER();
+                mma_tile(&a0, MMA_ROW, rows, 16, MMA_COL, cols, 16);
+                mma_tile(&a1, MMA_ROW, rows + 256, 16, MMA_COL, cols, 16);
+                if (split) {
+                    mma_tile(&a0, MMA_ROW, rows, 16, MMA_COL, cols + 256, 16);
+                    mma_tile(&a1, MMA_ROW, rows + 256, 16, MMA_COL, cols + 256, 16);
+                    mma_tile(&a0, MMA_ROW, rows + GDNC_L * 16, 16, MMA_COL, cols, 16);
+                    mma_tile(&a1, MMA_ROW, rows + GDNC_L * 16 + 256, 16, MMA_COL, cols, 16);
+                }
+            }
+            mma_store(prod + p * GDNC_L * GDNC_PP, &a0, GDNC_PP);
+            mma_store(prod + (p * GDNC_L + 16) * GDNC_PP, &a1, GDNC_PP);
+        }
+        BARRIER();
+        for (i64 ii = 0; r < n && ii < 16 && i0 + ii < K; ++ii)
+            gdnc_state_term(in, r, i0 + ii, H * K, K, scale, prod[r * GDNC_PP + ii],
+                            prod[(GDNC_L + r) * GDNC_PP + ii], prod[(2 * GDNC_L + r) * GDNC_PP + ii], dq, dk, dc, tl,
+                            dbeta, dcum, tail, cum, bet, nq, nk);
+    }
+}
+#endif
 
 /* Every chunk's gradients of q, k, beta and g at once: a work-group per reserve slot (batch row, chunk, value head),
  * a work-item per token r of the chunk (local size L). Reads the reserve (states, qk, kk, u at rsb, rqb, rkb, rub)
@@ -416,12 +505,20 @@ KERNEL gdn_chunk_back_grads(i64 S, i64 T, i64 H, i64 HV, i64 K, i64 V, real scal
                                    AT(real, rkb, rko) + slot * GDNC_L * GDNC_L, cum, bet, pq, pk, e);
     BARRIER();
     const i64 part = ((vh - ch.kh * (HV / H)) * T + row) * H * K + ch.kh * K;
-    real tail = (real)0, dcum = (real)0;
+    real tail = (real)0, dcum = (real)0, state = (real)0; /* state: the state terms' share of dcum (RLX_MMA) */
     GLOBAL real* dc = AT(real, dcb, dco) + slot * GDNC_L * K; /* per channel: [L][K] */
     GLOBAL real* tl = AT(real, tlb, tlo) + slot * GDNC_L * K;
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t rows[(1 + GDNC_SPLIT) * GDNC_L * 16];
+    MMA_LOCAL mma_t cols[(1 + GDNC_SPLIT) * 256];
+    MMA_LOCAL float prod[3 * GDNC_L * GDNC_PP];
+    gdnc_state_terms_mma_barrier(in, AT(store_t, gob, goo) + (ch.first * HV + vh) * V, ch.n, r, H, HV, K, V, scale,
+                                 AT(real, dqb, dqo) + part, AT(real, dkb, dko) + part, dc + r * K, tl + r * K, &dbeta,
+                                 &state, &tail, cum, bet, nq, nk, rows, cols, prod);
+#endif
     if (r < ch.n)
         dcum = gdnc_row_grads(in, ch.n, r, H, K, V, scale, AT(real, dqb, dqo) + part, AT(real, dkb, dko) + part,
-                              dc + r * K, tl + r * K, &dbeta, &tail, cum, bet, nq, nk, pq, pk);
+                              dc + r * K, tl + r * K, &dbeta, &tail, state, cum, bet, nq, nk, pq, pk);
 #if GDNB_GATE_K
     BARRIER();
     gdnc_channel_dg(in, ch.n, r, HV, K, V, dc, tl, AT(store_t, dgb, dgo) + (ch.first * HV + vh) * K);

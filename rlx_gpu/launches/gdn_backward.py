@@ -7,8 +7,9 @@ recording it, at the gpu target ``gdn_reserve_walk``; then ``gdn_reserve_grams``
 ``gdn_chunk_back_pass`` (the reverse pass over the chunks, a work-item per block of state columns: the whole row
 of V at the cpu target, one column at the gpu target: dU, Y = inverse^T dU, d_v and the state's gradient entering
 each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta
-and g through the chunk's products), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q, d_k
-partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|,
+and g through the chunk's products; on a device with tensor cores its RLX_MMA variant, ``launches.mma``, takes the
+state products Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ there), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q,
+d_k partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|,
 1/|k| first. Per-channel gates take the same kernels (GDNB_GATE_K): the decays per (token, key channel) in scratch,
 d_g per key channel. Packed sequences and ``ssm_kernel="lanes"`` keep the step walk (launches/ssm_backward.py),
 which hooks this plan in.
@@ -24,6 +25,7 @@ from . import gdn
 from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, real_size
 from .limits import DeviceLimits
+from .mma import mma_defines
 
 #: the program of these kernels (kernels/gdn_chunk_backward.cl comes before kernels/gdn_backward.cl in it)
 FAMILY, TEXT = "gdn_backward", "gdn_chunk_backward.cl"
@@ -78,9 +80,10 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     def tensors(*names: str) -> dict[str, tuple]:
         return {_TENSOR_PARAMS[f]: (ARENA, t.get(f) or 0) for f in names}  # state, d_state: with carry_state
 
-    def launch(kernel: str, groups: int, lanes: int, args: dict[str, object], *slots: str) -> Launch:
+    def launch(kernel: str, groups: int, lanes: int, args: dict[str, object], *slots: str,
+               mma: tuple[tuple[str, int], ...] = ()) -> Launch:
         return kernel_launch(FAMILY, kernel, dt, (groups * lanes,), (lanes,),
-                             {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines)
+                             {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines + mma)
     # the cpu target walks a block's columns in its inner loops (vectorized), the gpu target a column per lane
     cj = v if lim.target == "cpu" else 1
     reverse = launch("gdn_chunk_back_pass", b * hv, -(-v // cj),
@@ -89,7 +92,7 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
                    dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "d_dst", "d_g", "d_beta"),
                         **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"]), dcb=(SCRATCH, at["dc"]),
-                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub")
+                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub", mma=mma_defines(lim, dt))
     e = tokens * h
     qk = launch("gdn_backward_qk", -(-e // 64), 64,
                 dict(E=e, K=k, blocks=ratio, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, at["dq"]),

@@ -9,7 +9,9 @@ V for each of K), the decayed pair products into d_q and d_k (three per key chan
 S0·dS_L. Those are GEMM-shaped; the decays, the rows' scalars and the log-decays' sums are the rest. Per-channel
 gates (GDNB_GATE_K): g read per key channel, the cumulative log-decays per (token, key channel) written to scratch
 and read back, a decay per (token, key channel) where per head one per token, a pair ratio per (token, token, key
-channel), and d_g's per-channel sums (through scratch) in place of the per-token ones.
+channel), and d_g's per-channel sums (through scratch) in place of the per-token ones. The RLX_MMA variant of
+``gdn_chunk_back_grads`` runs Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ on the tensor cores (16-row tiles padded to 16 key channels
+and columns; at 16 bits U·dS_Lᵀ as three products of split operands): those alone are its GEMM FLOPs there.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from host_fallback.abi.gdn import RESERVE_CHUNK
 
 from .core import Launch
 from .cost import Cost, declare, defined, real, stored
+from .mma import MMA_16BIT, MMA_TILE
 
 L = RESERVE_CHUNK
 _TRI, _STRICT = L * (L + 1) // 2, L * (L - 1) // 2
@@ -57,12 +60,22 @@ def reverse_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
 def chunk_grads(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (batch row, chunk, value head): dO·Uᵀ, Y·Uᵀ and Y·V per token, Y·S0ᵀ, dO·S0ᵀ, U·dS_Lᵀ per (token, key
     channel), the pair products into d_q, d_k per (token, token, key channel), S0·dS_L; the decay ratios, the rows'
-    scalars and the log-decays' sums of E; d_q, d_k partials, d_beta and d_g written."""
+    scalars and the log-decays' sums of E; d_q, d_k partials, d_beta and d_g written. With RLX_MMA the state
+    products (U·dS_Lᵀ split in three at 16 bits) are the launch's GEMM FLOPs, the other products ``other``."""
     h, hv, k, v, es, rs = args["H"], args["HV"], args["K"], args["V"], stored(launch), real(launch)
     b, chunks, t = _slots(launch, args, -(-args["S"] // L))
     slots, gk = b * chunks * hv, k if defined(launch, "GDNB_GATE_K") else 1
-    gemm = slots * (2 * v * (_TRI + _STRICT + L) + 6 * L * k * v + 6 * L * L * k + 2 * k * v)
+    products = slots * (2 * v * (_TRI + _STRICT + L) + 6 * L * L * k + 2 * k * v)
     other = slots * (L * (_TRI + 4 * L) + 8 * L * L + 10 * L * k)
+    mma = defined(launch, "RLX_MMA")
+    # Y·S0ᵀ, dO·S0ᵀ, U·dS_Lᵀ: with 16-bit operands the third as three products of split ones (hi·hi + hi·lo + lo·hi,
+    # each lo the rest of a value of U or dS_L as staged: a subtraction per value, every 16 key channels)
+    split, kp, vp = mma == MMA_16BIT, -(-k // MMA_TILE) * MMA_TILE, -(-v // MMA_TILE) * MMA_TILE
+    state = slots * 2 * L * (kp * vp if mma else k * v) * (5 if split else 3)  # the MMA tiles padded to 16
+    if split:
+        other += slots * kp // MMA_TILE * (L + MMA_TILE) * vp
+    # the RLX_MMA variant runs the state products alone on the tensor cores: the other products stay FMA loops
+    gemm, other = (state, other + products) if mma else (state + products, other)
     if gk > 1:  # a pair ratio (an exp) and two more sums per (token, token, key channel); the channels' sums
         other += slots * (L * L * k * 8 + 4 * L * k)
     read = t * hv * (2 * h // hv * k + 2 * v + 1 + gk) * es  # q, k, v, d_dst, beta, g

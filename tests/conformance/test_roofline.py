@@ -13,12 +13,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from host_fallback.abi.gdn import RESERVE_CHUNK
 from rlx_gpu import launches
 from rlx_gpu.conformance import reference_conv, reference_mamba3, reference_ssm, roofline
 from rlx_gpu.conformance.cases import lay_out
 from rlx_gpu.launches.cost import Cost, launch_cost
 from rlx_gpu.launches.limits import REFERENCE_GPU, DeviceLimits
-from rlx_gpu.launches.mma import MMA_TF32, MMA_TILE
+from rlx_gpu.launches.mma import MMA_16BIT, MMA_TF32, MMA_TILE
 
 CPU = DeviceLimits(1024, 1 << 20, True)
 
@@ -519,6 +520,37 @@ def test_rlx_mma_moves_a_launchs_gemm_flops_to_the_tensor_cores(mma, unit):
         assert roofline.units(launch, cost) == {"fma": cost.other + cost.gemm}
         marked = dataclasses.replace(launch, defines=launch.defines + (("RLX_MMA", mma),))
         assert roofline.units(marked, launch_cost(marked)) == {"fma": cost.other, unit: cost.gemm}
+
+
+@pytest.mark.parametrize("dtype, mma, unit, split", [("bf16", MMA_16BIT, "mma16", True), ("f32", MMA_TF32, "tf32", False)])
+def test_the_gdn_backward_variant_counts_its_state_products_on_the_tensor_cores(dtype, mma, unit, split):
+    """gdn_chunk_back_grads' RLX_MMA variant: its tensor-core FLOPs are the state products Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ of
+    every (chunk, value head) slot, counted on matrices of their shapes (at 16 bits U·dS_Lᵀ three times: split
+    operands, hi·hi + hi·lo + lo·hi); the rest runs on FMA: the portable launch's FLOPs less the state products
+    once, plus the split's subtractions (a value of U and of dS_L each, staged per 16 key channels)."""
+    chunk, kd, vd, value_heads = RESERVE_CHUNK, 32, 16, 2
+    params = dict(batch=1, seq=chunk + 5, heads=1, value_heads=value_heads, state_size=kd, value_size=vd,
+                  gate_per_channel=False, carry_state=False)
+    rng, count, once, subtractions = np.random.default_rng(5), Counter(), Counter(), 0
+    for _slot in range(2 * value_heads):  # a full chunk and a partial one (counted whole) per value head
+        y, d_out, u = (rng.standard_normal((chunk, vd)) for _ in range(3))
+        s0, d_sl = rng.standard_normal((kd, vd)), rng.standard_normal((kd, vd))
+        for counter in (count, once):
+            for rows, state in ((y, s0), (d_out, s0), (u, d_sl)):
+                counter.product(rows, state.T)
+        for _part in range(2 if split else 0):
+            count.product(u, d_sl.T)
+        subtractions += (kd // MMA_TILE) * (chunk + MMA_TILE) * vd if split else 0
+    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
+
+    def grads(lim: DeviceLimits) -> tuple:
+        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == "gdn_chunk_back_grads"]
+        return launch, launch_cost(launch)
+    launch, cost = grads(dataclasses.replace(REFERENCE_GPU, mma=mma))
+    portable_launch, portable = grads(REFERENCE_GPU)
+    assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
+    assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
+    assert cost.other == portable.flops - once.gemm + subtractions
 
 
 @pytest.mark.parametrize("dtype, unit", [("bf16", "mma16"), ("f16", "mma16"), ("f32", "fma"), ("f64", "fp64")])

@@ -1,4 +1,5 @@
-"""The tensor-core variants (``RLX_MMA``, issue 38) of the chunked mamba2, gated_delta_net and mamba3 kernels.
+"""The tensor-core variants (``RLX_MMA``, issue 38) of the chunked mamba2, gated_delta_net and mamba3 kernels (and of
+their chunked backwards').
 
 No GPU runs them here; what this machine can check: the planners give the define only on CUDA devices with
 tensor cores (16-bit thunks, and f32 with TF32 asked for), never at the cpu target nor on OpenCL, whose
@@ -30,15 +31,16 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
                "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"), "mamba2_backward": ("mamba2_backward_dstate",),
-               "mamba3_backward": ("mamba3_cb_chunk",)}
+               "mamba3_backward": ("mamba3_cb_chunk",), "gdn_backward": ("gdn_chunk_back_grads",)}
 FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3", "mamba2_backward": "mamba2_backward",
-          "mamba3_backward": "mamba3_backward"}
+          "mamba3_backward": "mamba3_backward", "gated_delta_net_backward": "gdn_backward"}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
 #: the operand type the warp MMA operand loads name, per dtype
 OPERAND = {"f16": ".f16", "bf16": ".bf16", "f32": ".tf32"}
 STATE_SPACE_REGISTERS = 128  # tests/devices/test_ptxas.py's budget of the state-space kernels
-#: and its larger ones: mamba3_backward's step walk, in the program of the chunked backward's variant
-REGISTERS = {"mamba3_backward_walk": 208}
+#: and its larger ones: the backward step walks in the programs of the chunked backwards' variants (mamba3's,
+#: gated_delta_net's: tests/devices/test_ptxas.py's budgets)
+REGISTERS = {"mamba3_backward_walk": 208, "gated_delta_net_backward": 176}
 ON_CUDA = dataclasses.replace(REFERENCE_GPU, mma=MMA_16BIT)
 ON_CUDA_TF32 = dataclasses.replace(REFERENCE_GPU, mma=MMA_TF32)
 CHUNKED = {"ssm_kernel": "chunked"}
@@ -54,11 +56,14 @@ def _thunk(op: str, dtype: str, **extra) -> dict:
 #: arena does not hold: tests/devices/test_mma_emulated.py runs them)
 GDN_CHANNEL_WIDE = dict(batch=2, seq=150, heads=2, state_size=40, gate_per_channel=True, carry_state=True,
                         value_heads=4, value_size=20)
-#: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3, mamba2's and mamba3's backward
+#: the chunked ops: mamba2, gated_delta_net with per-head and per-channel gates, mamba3, mamba2's and mamba3's backward,
+#: gated_delta_net's with per-head and per-channel gates (its key channels and columns past one 16-wide slice)
 OPS = (("mamba2", {}), ("gated_delta_net", {"gate_per_channel": False}),
        ("gated_delta_net", {"gate_per_channel": True}), ("gated_delta_net", GDN_CHANNEL_WIDE), ("mamba3", {}),
-       ("mamba2_backward", {}), ("mamba3_backward", {}))
-OP_IDS = ["mamba2", "gdn-head", "gdn-channel", "gdn-channel-wide", "mamba3", "mamba2-backward", "mamba3-backward"]
+       ("mamba2_backward", {}), ("mamba3_backward", {}), ("gated_delta_net_backward", {"gate_per_channel": False}),
+       ("gated_delta_net_backward", GDN_CHANNEL_WIDE))
+OP_IDS = ["mamba2", "gdn-head", "gdn-channel", "gdn-channel-wide", "mamba3", "mamba2-backward", "mamba3-backward",
+          "gdn-backward-head", "gdn-backward-channel-wide"]
 
 
 # ------------------------------------------------------------------------------------------ planning
@@ -100,7 +105,10 @@ needs_nvrtc = pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is No
 _SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not name.endswith("_F32"))
               for dt in VARIANT}
 #: mamba3's version-2 fields are runtime flags of its one program
+#: gated_delta_net's backward: its every-field variant of batch rows (test_ptxas's)
+_GDNB_EVERY = (("GDNB_GATE_K", 1), ("GDNB_NORM", 1), ("SSM_CARRY", 1))
 FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),)),
+                  "gdn_backward": lambda dt: ((), _GDNB_EVERY + ((("SSM_STATE_F32", 1),) if dt != "f32" else ())),
                   "mamba3": lambda dt: ((),), "mamba3_backward": lambda dt: ((),), "mamba2_backward": lambda dt: ((), tuple(f for f in _SSM_EVERY[dt] if f[0] != "SSM_VARLEN"))}  # batch rows
 
 

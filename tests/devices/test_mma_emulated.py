@@ -41,7 +41,7 @@ CHUNK_KERNELS = {"mamba2": {"mamba2_chunk_state", "mamba2_chunk_scan"},
                  "gated_delta_net": {"gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
                                      "gated_delta_net_chunk_out"},
                  "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"},
-                 "mamba3_backward": {"mamba3_cb_chunk"}}
+                 "mamba3_backward": {"mamba3_cb_chunk"}, "gated_delta_net_backward": {"gdn_chunk_back_grads"}}
 CHUNKED_OPS = tuple(CHUNK_KERNELS)
 #: the variant and the dtypes it runs, and the dtype whose bounds they are held to
 VARIANTS = {MMA_16BIT: (("f16", "bf16"), None), MMA_TF32: (("f32",), "bf16")}
@@ -102,7 +102,9 @@ def test_chunked_cases_pass_with_the_tensor_core_words_emulated(monkeypatch, ses
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
     assert ran == {(op, dt, gates) for op, gates in (("mamba2", False), ("gated_delta_net", False),
                                                      ("gated_delta_net", True), ("mamba3", False),
-                                                     ("mamba2_backward", False), ("mamba3_backward", False))
+                                                     ("mamba2_backward", False), ("mamba3_backward", False),
+                                                     ("gated_delta_net_backward", False),
+                                                     ("gated_delta_net_backward", True))
                    for dt in dtypes}, ran
     assert not failed, "\n".join(failed)
 
@@ -192,4 +194,55 @@ def test_gdn_per_channel_shapes_pass_with_the_tensor_core_words_emulated(monkeyp
         if non_finite_mismatch(mma, fma) is not None or not nmse(mma, fma) <= bound:
             failed.append(f"{case.id}: vs the FMA kernels, NMSE {nmse(mma, fma):.3g} (bound {bound:.3g}), "
                           f"non-finite {non_finite_mismatch(mma, fma)}")
+    assert not failed, "\n".join(failed)
+
+
+#: gated_delta_net_backward, chunked at the gpu target, past one tile of gdn_chunk_back_grads' state products (16 key
+#: channels by 16 columns): K 40 and V 20 (partial slices), a partial last chunk, grouped value heads, q/k norms, a
+#: carried state, both gates; and K = V = 64 with a carried state, where U and dS_L rounded once to 16 bits cost d_g
+#: ~6x the FMA kernels' error (NMSE 2.3e-7 against 2.4e-8 at f16) and the split operands keep it theirs
+GDN_WIDE = dict(batch=1, seq=100, heads=2, value_heads=4, state_size=40, value_size=20, qk_l2norm=True, scale=0.3,
+                carry_state=True)
+GDN_SQUARE = dict(batch=1, seq=96, heads=1, value_heads=2, state_size=64, value_size=64, qk_l2norm=True,
+                  carry_state=True, gate_per_channel=False)
+GDN_BACKWARD_CASES = [Case("gated_delta_net_backward", dtype, dict(GDN_WIDE, gate_per_channel=gates), seed=31)
+                      for dtype, gates in (("bf16", False), ("f16", True))] + [
+    Case("gated_delta_net_backward", dtype, GDN_SQUARE, seed=32) for dtype in ("f16", "bf16")]
+
+
+def _gradients(session, case: Case) -> dict[str, np.ndarray]:
+    """``case``'s gradients run on ``session`` as planned for its limits, as float64, by field."""
+    laid = runner.lay_out(case)
+    device = Device(session, CONFIG, RunOptions.build(CONFIG, **case.options))
+    got = device.run(schedule_of(dict(laid.thunk), laid.arena.size), laid.arena)
+    return {r.field: laid.view(got, r.field) for r in laid.regions if r.writes and r.field.startswith("d_")}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_gdn_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """gdn_chunk_back_grads' variant (its state products on the tensor cores, U dS_L^T from split operands at 16 bits)
+    against the float64 reference, and every gradient against the portable FMA kernels' within a tenth of the bound
+    (TF32, whose operands are not split: within the bf16 bound)."""
+    dtypes, bounds = VARIANTS[variant]
+    config = _config(bounds)
+    monkeypatch.setattr(programs, "program", _emulated(programs.program))
+    failed = []
+    cases = GDN_BACKWARD_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0])
+                                                      for c in GDN_BACKWARD_CASES[:2]]
+    for case in cases:
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
+        fma = _gradients(session, case)
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
+        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
+        assert {dict(item.defines).get("RLX_MMA") for item in plan.launches if item.kernel == "gdn_chunk_back_grads"} \
+            == {variant}, case.id
+        outcome = runner.check(session, case, config, host)
+        if outcome.status != "pass":
+            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
+        mma = _gradients(session, case)
+        bound = config.tolerance(case.op, case.dtype) / (10 if bounds is None else 1)
+        for field, value in mma.items():
+            if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
+                failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
+                              f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
     assert not failed, "\n".join(failed)
