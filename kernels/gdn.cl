@@ -1384,62 +1384,113 @@ INLINE_FN real gdn_reserve_log_decay(GLOBAL const store_t* gate, i64 b, i64 S, i
     return g < low ? low : g;
 }
 
+#define GDN_RCN 16 /* key channels of the reserve's products staged at a time */
+#define GDN_RCNP (GDN_RCN + 1)
+#define GDN_RC_MID (GDN_RC / 2 - 1) /* the chunk's middle token, the per-channel decays' reference */
+#define GDN_RC_SPREAD 30 /* the largest |cum_t - cum_mid| a channel's products factor through (as the host) */
+
 /* Row r of chunk c of (batch row b, value head vh): qk[r][s] = sum_i q_r[i] k_s[i] exp(cum_r[i] - cum_s[i])
- * (s <= r) and kk[r][s] the same of k_r (s < r), zeros elsewhere and for tokens past the sequence. The
- * decay from token s to r is the sum of the log-decays of tokens s+1 .. r, formed walking s down from r (per
- * head one sum; per channel one per channel, the row's sums kept in the reserve itself: no private array).
- * One work-item per (b, c, vh, r), r fastest. */
+ * (s <= r) and kk[r][s] the same of k_r (s < r), zeros elsewhere and for tokens past the sequence; q and k times
+ * their 1/|.| with qk_norm. One work-group of GDN_RC work-items per (b, c, vh), r its local id; GDN_RCN key
+ * channels staged in LOCAL at a time, each row summing its entries over them into the reserve (in cache).
+ * Per-channel gates: the decay factors through the cumulative log-decay at the chunk's middle token m,
+ * exp(cum_r - cum_s) = exp(cum_r - cum_m) exp(cum_m - cum_s), so that each token weighs its q, k (a row) and k
+ * (a column) with one exp each and the products are one GEMM, as the host forms them (host_fallback/gdn_grams.py);
+ * a channel where some |cum_t - cum_m| of the chunk passes GDN_RC_SPREAD (a gate of -inf, strongly negative or
+ * positive ones, NaN), where a factor could overflow or lose the product to underflow, is summed pair by pair
+ * instead, its decay formed walking s down from r (the branch is uniform across the group). One gate per head:
+ * the GEMM of q, k unweighed, each entry decayed after. */
 KERNEL gdn_reserve_grams(i64 B, i64 S, i64 H, i64 HV, i64 K, int per_channel, int qk_norm, GLOBAL uchar* qb, i64 qo,
                          GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* nb, i64 no,
                          GLOBAL uchar* pb, i64 po, GLOBAL uchar* mb, i64 mo)
 {
-    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0);
-    if (item >= B * chunks * HV * GDN_RC)
-        return;
-    const i64 slot = item / GDN_RC, r = item - slot * GDN_RC, bc = slot / HV, vh = slot - bc * HV;
-    const i64 b = bc / chunks, c = bc - b * chunks, kh = vh / (HV / H), t0 = c * GDN_RC, tr = b * S + t0 + r;
+    /* per staged channel ii and token t: q and k (normed), k weighed as a column, the log-decay */
+    LOCAL real qs[GDN_RC * GDN_RCNP], ks[GDN_RC * GDN_RCNP], kc[GDN_RC * GDN_RCNP], ls[GDN_RC * GDN_RCNP];
+    LOCAL int fits[GDN_RC]; /* per token, a bit per staged channel: its |cum_t - cum_m| within GDN_RC_SPREAD */
+    const i64 chunks = (S + GDN_RC - 1) / GDN_RC, item = GID(0), slot = item / GDN_RC; /* whole groups */
+    const int r = (int)(item - slot * GDN_RC);
+    const i64 bc = slot / HV, vh = slot - bc * HV, b = bc / chunks, c = bc - b * chunks, kh = vh / (HV / H);
+    const i64 t0 = c * GDN_RC, tr = b * S + t0 + r;
+    const int live = t0 + r < S;
     GLOBAL const store_t* q = AT(store_t, qb, qo) + (tr * H + kh) * K;
-    GLOBAL const store_t* k = AT(store_t, kb, ko) + kh * K; /* token t's row at t * H * K */
+    GLOBAL const store_t* k = AT(store_t, kb, ko) + (tr * H + kh) * K;
     GLOBAL const store_t* gate = AT(store_t, gb, go);
     GLOBAL const real* nrm = AT(real, nb, no);
     GLOBAL real* qk = AT(real, pb, po) + item * GDN_RC;
     GLOBAL real* kk = AT(real, mb, mo) + item * GDN_RC;
-    const int live = t0 + r < S;
+    const real rq = GDN_V2 && qk_norm && live ? nrm[2 * (tr * H + kh)] : (real)1;
+    const real rk = GDN_V2 && qk_norm && live ? nrm[2 * (tr * H + kh) + 1] : (real)1;
     for (int s = 0; s < GDN_RC; ++s)
         qk[s] = kk[s] = (real)0;
-    if (live && per_channel)
-        for (i64 i = 0; i < K; ++i) {
-            const real qi = LOAD(q, i), ki = LOAD(k, tr * H * K + i);
-            real diff = (real)0;
-            for (i64 s = r; s >= 0; --s) {
-                const real ks = LOAD(k, (tr - r + s) * H * K + i) * exp(diff);
-                qk[s] += qi * ks;
-                kk[s] += s < r ? ki * ks : (real)0;
-                diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, i, 1);
-            }
+    for (i64 i0 = 0; i0 < K; i0 += GDN_RCN) {
+        BARRIER(); /* the previous slice's readers are done */
+        for (int ii = 0; ii < GDN_RCN; ++ii) {
+            const int in = live && i0 + ii < K;
+            qs[r * GDN_RCNP + ii] = in ? LOAD(q, i0 + ii) * rq : (real)0;
+            ks[r * GDN_RCNP + ii] = in ? LOAD(k, i0 + ii) * rk : (real)0;
+            ls[r * GDN_RCNP + ii] = per_channel && i0 + ii < K
+                                        ? gdn_reserve_log_decay(gate, b, S, t0 + r, HV, vh, K, i0 + ii, 1) : (real)0;
         }
-    else if (live) {
-        real diff = (real)0;
-        for (i64 s = r; s >= 0; --s) {
-            real dq = (real)0, dk = (real)0;
-            for (i64 i = 0; i < K; ++i) {
-                const real ks = LOAD(k, (tr - r + s) * H * K + i);
-                dq += LOAD(q, i) * ks;
-                dk += LOAD(k, tr * H * K + i) * ks;
-            }
-            const real e = exp(diff);
-            qk[s] = dq * e;
-            kk[s] = s < r ? dk * e : (real)0;
-            diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
+        BARRIER();
+        /* this token's weights: exp(cum_r - cum_m) of its row operands (private), exp(cum_m - cum_r) of its column */
+        real qa[GDN_RCN], ka[GDN_RCN];
+        int mask = 0;
+        PRAGMA_UNROLL
+        for (int ii = 0; ii < GDN_RCN; ++ii) {
+            real e = (real)0;
+            for (int u = r + 1; per_channel && u <= GDN_RC_MID; ++u)
+                e -= ls[u * GDN_RCNP + ii];
+            for (int u = GDN_RC_MID + 1; per_channel && u <= r; ++u)
+                e += ls[u * GDN_RCNP + ii];
+            const real w = per_channel ? exp(e) : (real)1;
+            qa[ii] = qs[r * GDN_RCNP + ii] * w;
+            ka[ii] = ks[r * GDN_RCNP + ii] * w;
+            kc[r * GDN_RCNP + ii] = ks[r * GDN_RCNP + ii] * (per_channel ? exp(-e) : (real)1);
+            mask |= (fabs(e) <= (real)GDN_RC_SPREAD) << ii; /* NaN: not */
         }
+        fits[r] = mask;
+        BARRIER();
+        int ok = (1 << GDN_RCN) - 1; /* the channels whose products are the GEMM's */
+        for (int t = 0; t < GDN_RC; ++t)
+            ok &= fits[t];
+        PRAGMA_UNROLL
+        for (int ii = 0; ii < GDN_RCN; ++ii)
+            if (!(ok >> ii & 1)) { /* neither its column (maybe infinite) nor its row enters the GEMM */
+                kc[r * GDN_RCNP + ii] = (real)0;
+                qa[ii] = ka[ii] = (real)0;
+            }
+        BARRIER();
+        for (int s = 0; live && s <= r; ++s) {
+            real xq = (real)0, xk = (real)0;
+            PRAGMA_UNROLL
+            for (int ii = 0; ii < GDN_RCN; ++ii) {
+                const real x = kc[s * GDN_RCNP + ii];
+                xq += qa[ii] * x;
+                xk += ka[ii] * x;
+            }
+            qk[s] += xq;
+            kk[s] += s < r ? xk : (real)0;
+        }
+        for (int ii = 0; live && ok != (1 << GDN_RCN) - 1 && ii < GDN_RCN; ++ii)
+            if (!(ok >> ii & 1)) {
+                const real qi = qs[r * GDN_RCNP + ii], ki = ks[r * GDN_RCNP + ii];
+                real diff = (real)0;
+                for (int s = r; s >= 0; --s) {
+                    const real x = ks[s * GDN_RCNP + ii] * exp(diff);
+                    qk[s] += qi * x;
+                    kk[s] += s < r ? ki * x : (real)0;
+                    diff += ls[s * GDN_RCNP + ii];
+                }
+            }
     }
-    if (!(GDN_V2 && qk_norm && live))
+    if (per_channel || !live)
         return;
-    const real rq = nrm[2 * (tr * H + kh)], rk = nrm[2 * (tr * H + kh) + 1];
-    for (i64 s = 0; s <= r; ++s) {
-        const real rs = nrm[2 * ((tr - r + s) * H + kh) + 1];
-        qk[s] *= rq * rs;
-        kk[s] *= rk * rs;
+    real diff = (real)0;
+    for (int s = r; s >= 0; --s) {
+        const real e = exp(diff);
+        qk[s] *= e;
+        kk[s] *= e;
+        diff += gdn_reserve_log_decay(gate, b, S, t0 + s, HV, vh, K, 0, 0);
     }
 }
 

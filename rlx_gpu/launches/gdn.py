@@ -288,9 +288,10 @@ def state_bytes(t: Thunk) -> int:
     return next((r.nbytes for r in regions(t) if r.field == "state"), 0)
 
 
-def _saving_launch(t: Thunk, sh: Shape, lim: DeviceLimits, kernel: str, items: int, args: dict[str, object]) -> Launch:
-    """A launch of one of the ``gdn_reserve_*`` kernels over ``items`` work-items."""
-    local = (linear_local(items),)
+def _saving_launch(t: Thunk, sh: Shape, lim: DeviceLimits, kernel: str, items: int, args: dict[str, object],
+                   local: tuple[int, ...] | None = None) -> Launch:
+    """A launch of one of the ``gdn_reserve_*`` kernels over ``items`` work-items (in groups of ``local``)."""
+    local = local or (linear_local(items),)
     return kernel_launch("gdn", kernel, t["dtype"], grid((items,), local), local, args, target=lim.target,
                          defines=V2_VARIANT if sh.v2 else ())
 
@@ -304,12 +305,13 @@ def _reserve_walk(t: Thunk, sh: Shape, lim: DeviceLimits, at: dict[str, tuple], 
 
 
 def _reserve_products(t: Thunk, sh: Shape, lim: DeviceLimits, at: dict[str, tuple], nrm: tuple) -> tuple[Launch, ...]:
-    """``gdn_reserve_grams`` (the decayed products qk, kk) and ``gdn_reserve_inverse`` into ``at``."""
+    """``gdn_reserve_grams`` (the decayed products qk, kk; a work-group per chunk) and ``gdn_reserve_inverse``
+    into ``at``."""
     dims = dict(B=sh.batch, S=sh.seq, HV=sh.value_heads)
     rows = sh.batch * -(-sh.seq // RESERVE_CHUNK) * sh.value_heads * RESERVE_CHUNK  # (row, chunk, head, token)
     grams = _saving_launch(t, sh, lim, "gdn_reserve_grams", rows, dict(
         dims, H=sh.heads, K=sh.key_size, per_channel=sh.per_channel, qk_norm=sh.qk_norm, nb=nrm, pb=at["qk"],
-        mb=at["kk"], **_arena(t, "q", "k", "g")))
+        mb=at["kk"], **_arena(t, "q", "k", "g")), local=(RESERVE_CHUNK,))
     inverse = _saving_launch(t, sh, lim, "gdn_reserve_inverse", rows, dict(dims, mb=at["kk"], tb=at["inverse"],
                                                                            **_arena(t, "beta")))
     return grams, inverse

@@ -5,8 +5,8 @@ GEMM-shaped, per (value head, chunk of GDN_Q steps): in ``chunk_prep`` the Gram 
 gates; with per-channel gates the portable kernel weighs each key channel by its own decay inside the sum, which
 is not a product of tiles, where the MMA variant splits the decay so that the tiles below the diagonal are) and
 T·(βK), T·(βV) (the triangular solve for T itself runs row by row); in the state pass W·S0 and the state update
-(K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U. The saved forward's kernels (``gdn_reserve_*``) are step
-by step too: its decayed products a dot product per entry, its inverse by substitution.
+(K∘decay)ᵀ·U; in ``chunk_out`` (exp(G)∘Q)·S0 and P·U. The saved forward's decayed products (``gdn_reserve_grams``)
+are GEMM-shaped too (per-channel decays split at the chunk's middle token); its walk and inverse step by step.
 """
 from __future__ import annotations
 
@@ -80,16 +80,24 @@ def reserve_walk(launch: Launch, args: Mapping[str, Any]) -> Cost:
     return Cost(other=flops, read=read, written=_recorded(launch, args, tokens))
 
 
+#: the log-decays gdn_reserve_grams sums per channel of a chunk: each token's from the middle token (its 15th)
+_RESERVE_REACH = sum(abs(t - (RESERVE_CHUNK // 2 - 1)) for t in range(RESERVE_CHUNK))
+
+
 @declare("gdn_reserve_grams")
 def reserve_grams(launch: Launch, args: Mapping[str, Any]) -> Cost:
-    """Per (row, chunk, value head, token r): q_r·k_s and k_r·k_s for s <= r, K terms each (per channel each term
-    decayed by its own exp), 32 entries of each written."""
+    """Per (row, chunk, value head): the chunk's q, k (and per-channel log-decays) read once; q_r·k_s and k_r·k_s
+    for s <= r, K terms each, GEMM-shaped (32 entries of each written). Per-channel gates: each (token, channel)
+    first weighs its row and column by its decay to the chunk's middle token (the log-decays summed from there:
+    256 adds per channel over the chunk; two exps, three products), the cost of channels that factor so (one
+    past ``GDN_RC_SPREAD`` is summed pair by pair, an exp per term); one gate per head: each entry decayed (an
+    exp, two products, the log-decays summed walking down the row)."""
     b, hv, k, pc = args["B"], args["HV"], args["K"], bool(args["per_channel"])
-    chunks = -(-args["S"] // RESERVE_CHUNK)
-    pairs = b * chunks * hv * RESERVE_CHUNK * (RESERVE_CHUNK + 1) // 2
-    flops = pairs * (4 * k + (4 * k if pc else 4))
-    read = pairs * k * stored(launch) * (3 if pc else 2)
-    return Cost(other=flops, read=read, written=2 * b * chunks * hv * RESERVE_CHUNK ** 2 * real(launch))
+    slots = b * -(-args["S"] // RESERVE_CHUNK) * hv
+    pairs = slots * RESERVE_CHUNK * (RESERVE_CHUNK + 1) // 2
+    weigh = slots * k * (_RESERVE_REACH + 5 * RESERVE_CHUNK) if pc else 4 * pairs
+    read = slots * RESERVE_CHUNK * (2 * k + (k if pc else 1)) * stored(launch)
+    return Cost(gemm=pairs * 4 * k, other=weigh, read=read, written=2 * slots * RESERVE_CHUNK ** 2 * real(launch))
 
 
 @declare("gdn_reserve_inverse")

@@ -14,14 +14,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from host_fallback.abi import complete
+from host_fallback.abi import complete, regions
 from host_fallback.abi.gdn import reserve_slots
 from rlx_gpu import launches
 from rlx_gpu.conformance.devices import find, open_device
+from rlx_gpu.conformance.reference_gdn_backward import backward as float64_backward
 from rlx_gpu.launches.cost import launch_cost
 from rlx_gpu.runtime.registry import status
 from support.device_reserve import (assert_close, gradients, run, run_forward, runs_a_reserve_and_refuses_a_short_one,
                                     under_oclgrind, with_reserve)
+from support.gradient_check import read
 from support.opencl_cpu import needs_opencl_cpu
 from support.saved_forward import laid_case, without_reserve
 
@@ -74,6 +76,43 @@ def test_gradients_from_a_reserve_match_recomputing_across_devices(cpu_session, 
 def test_the_reserve_of_f64_and_16_bit_thunks(cpu_session, dtype):
     """f64 keeps an f64 reserve (the gpu target's lanes kernel), a bf16 thunk an f32 one (the compute type)."""
     _every_way_matches_recomputing(cpu_session, dict(CASES["carry.slots.per_channel"], qk_l2norm=True), dtype)
+
+
+def _gates_past_the_split(thunk: dict, arena: np.ndarray) -> np.ndarray:
+    """``arena`` with per-channel log-decays that the reserve's products cannot all factor through a chunk's middle
+    token (kernels/gdn.cl gdn_reserve_grams): channel 1 strongly negative everywhere (-3 a step), channel 2 -inf
+    at tokens 5 and 40, channel 17 (the second slice of 16 channels) saturated once (-200 at token 33), channel 3
+    positive (+0.05); the others as drawn, so each slice has chunks that factor, chunks that do partly and
+    (channels 16..) chunks that do wholly."""
+    region = next(r for r in regions(thunk) if r.field == "g")
+    g = arena[region.offset:region.offset + region.nbytes].view(np.float32).reshape(region.shape).copy()
+    g[..., 1] = -3.0
+    g[:, [5, 40], :, 2] = -np.inf
+    g[:, 33, :, 17] = -200.0
+    g[..., 3] = 0.05
+    out = arena.copy()
+    out[region.offset:region.offset + region.nbytes] = g.reshape(-1).view(np.uint8)
+    return out
+
+
+@needs_opencl_cpu
+def test_the_reserve_of_gates_its_products_cannot_factor_matches_the_host(cpu_session):
+    """The decayed products where a channel's decay is split at the chunk's middle token and where it is summed
+    pair by pair, against the host's reserve; the gradients read from the device's reserve (device and host
+    backward) against the float64 reference and the host recomputing, all finite."""
+    thunk, arena, forward = laid_case(OP, "f32", dict(gate_per_channel=True, state_size=20, value_size=5,
+                                                      value_heads=4, qk_l2norm=True))
+    arena = _gates_past_the_split(thunk, arena)
+    on_device, on_host = run_forward(cpu_session, forward, arena), run_forward(None, forward, arena)
+    _same_layout(cpu_session, forward, on_host, on_device)
+    values, shapes = read(thunk, arena), {r.field: r.shape for r in regions(thunk)}
+    reference = float64_backward(complete(thunk), lambda field: values[field].reshape(shapes[field]))
+    expected = gradients(thunk, run(None, without_reserve(thunk), arena))
+    for reader in (None, cpu_session):
+        got = gradients(thunk, run(reader, thunk, with_reserve(thunk, arena, on_device)))
+        assert all(np.isfinite(x).all() for x in got.values())
+        assert_close(got, expected, TOL["f32"], f"{cpu_session.limits.target} reserve read on {reader or 'the host'}")
+        assert_close(got, {f: reference[f] for f in got}, TOL["f32"], "against the float64 reference")
 
 
 @needs_opencl_cpu
