@@ -169,22 +169,27 @@ class CallPlan:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
                     recorded[slot.name] = stamp
-            if handed or layout is not None and layout.new_outputs:
-                out = self._call_given(handed, into)
-                if out is not None:
-                    return out
-            try:
-                if staged:
-                    staging.stage(arena, staged)
-                report = self.device.execute(self._bound, arena, profile=self.profile,
-                                             held=None if staging is None else staging.held)
-            except RunError:  # refused by a data check after the inputs went in: the stamps hold
-                raise
-            except BaseException:  # the device may have missed a write: write every input again next call
-                recorded.clear()
-                raise
-            self.last_report = report
-            return self._outputs(report, into)
+            return self._run(handed, staged, into)
+
+    def _run(self, handed: dict[int, np.ndarray], staged: list[_Input], into: Sequence[np.ndarray | None] | None
+             ) -> list[np.ndarray]:
+        """The run once the inputs are in (``staged``: to send; ``handed``: for the kernel as they lie), under the lock."""
+        if handed or self._given is not None and self._given.new_outputs:
+            out = self._call_given(handed, into)
+            if out is not None:
+                return out
+        try:
+            if staged:
+                self._staging.stage(self._arena, staged)
+            report = self.device.execute(self._bound, self._arena, profile=self.profile,
+                                         held=None if self._staging is None else self._staging.held)
+        except RunError:  # refused by a data check after the inputs went in: the stamps hold
+            raise
+        except BaseException:  # the device may have missed a write: write every input again next call
+            self._stamps.clear()
+            raise
+        self.last_report = report
+        return self._outputs(report, into)
 
     def _call_given(self, handed: dict[int, np.ndarray], into: Sequence[np.ndarray | None] | None
                     ) -> list[np.ndarray] | None:

@@ -23,6 +23,7 @@ from .fused import FusedOp, bound_forward, cast, define_fused, saves
 from .library import PLAIN, runs_directly
 
 from .registry import FUNCTIONS
+from .written import bound_written
 
 
 
@@ -217,10 +218,13 @@ def _hot_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                                               False))  # (save: the general path's key for a call saving nothing)
     if bound is None:
         return None
+    tensors = (q, k, v, g, beta, initial_state)
+    written = bound_written(bound, tensors) if bound.plain else None
+    run = written if written is not None else bound
 
     def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                   initial_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        o, *final = bound((q, k, v, g, beta, initial_state))  # by the op's fields: q, k, v, g, beta, state
+        o, *final = run((q, k, v, g, beta, initial_state))  # by the op's fields: q, k, v, g, beta, state
         return o, final[0] if output_final_state else None
     return recurrent
 
