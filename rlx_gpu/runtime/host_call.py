@@ -127,6 +127,7 @@ class HostCall:
         them written back to their arrays (``CallPlan.call``'s way)."""
         for (i, _, _), array in zip(self.handed, arrays):
             self._slots[i].array[...] = array
-        into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(self._outputs))]
+        into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(self._outputs))
+                ] if self._in_place else None
         outputs = self.plan._run({}, [], into)
         return [outputs[j] for j in self._taken]

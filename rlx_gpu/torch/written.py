@@ -92,10 +92,12 @@ def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: 
         at, field = fields[name]
         if name in handed:  # the caller's tensor itself, which the kernel may read and update where it lies
             own = args[at].numpy(force=True)
-            if not (field.shape == own.shape and _address(field) == _address(own) and own.flags.c_contiguous and own.dtype == field.dtype
-                    and field.dtype == arena[name].dtype):
+            if not (field.shape == own.shape and _address(field) == _address(own) and own.flags.c_contiguous
+                    and own.dtype == field.dtype == arena[name].dtype):
                 return None
-            hand.append((i, at, HeldView()))
+            # a state the call updates in place comes back call after call: its view is kept; another (a state
+            # the kernel updates a copy of) is a new tensor each call, viewed afresh
+            hand.append((i, at, HeldView() if name in in_place.values() else _numpy))
             continue
         put = place_writer(arena[name], args[at], field, name in stamped)
         if put is None:
