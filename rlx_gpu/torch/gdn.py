@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
 from ..schedule.reserve import reserve_bytes
-from .bridge import DTYPES, UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .bridge import DTYPES, UNBUILT, call_key, hot_path, keep_hot_path
 from .fused import FusedOp, bound_forward, cast, define_fused, saves
 from .library import PLAIN, runs_directly
 
@@ -186,7 +186,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     if not kwargs and runs_directly(q, k, v, g, gk, gv, beta, initial_state, A_log, dt_bias, cu_seqlens):
         key = call_key(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                       state_v_first, cu_seqlens, recompute, default_device())
+                       state_v_first, cu_seqlens, recompute)
         path = hot_path(key)
         if path is not None and path is not UNBUILT:
             return path(q, k, v, g, beta, initial_state)

@@ -57,7 +57,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     """
     key = None
     if state_batch_indices is None and runs_directly(state, x, dt, A, B, C, D, z, dt_bias):
-        key = call_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, default_device())
+        key = call_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
         path = hot_path(key)
         if path is not None and path is not UNBUILT:
             return path(state, x, dt, A, B, C, D, z, dt_bias)
