@@ -7,8 +7,7 @@ worked out once for it. Each input is written by a writer of the caller's (``put
 torch view of its place in the arena, made once from ``places``), a parameter only when its stamp changed (the
 plan's own stamps, so both ways of calling agree); the inputs handed over go to the kernel as they lie, an
 output the kernel updates in place of one of them in that input's own memory. A decode step's call then makes
-no NumPy view of its tensors and runs none of ``call``'s per-input and per-output bookkeeping: one Python frame
-where ``call`` takes about twenty.
+no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output bookkeeping.
 """
 from __future__ import annotations
 

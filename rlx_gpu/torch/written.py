@@ -2,10 +2,11 @@
 
 A decode step's inputs are small: moving one costs less than the Python around it. ``BoundCall`` makes a NumPy
 view of each tensor, the view the plan takes (a reshape, a field picked out of a broadcast), and the plan checks
-and copies it; ``WrittenCall`` works all that out once per signature instead, as one torch view of the input's
-place in the arena per input (``place_writer``) and, per call, one ``copy_`` into it from the caller's tensor
-(through ``as_strided`` where the plan's field is not the tensor itself reshaped). The large inputs a kernel
-reads where they lie (a carried state) are handed over as NumPy views kept per tensor (``HeldView``).
+and copies it; ``written_call`` works all that out once per signature instead, as a writer per input
+(``place_writer``): per call, one ``copy_`` from the caller's tensor into a torch view of the input's place in
+the arena, or, for a field picked out of a broadcast (Mamba-2's per-head dt, A, D), one NumPy assignment of the
+picked elements. The large inputs a kernel reads where they lie (a carried state) are handed over as NumPy views
+(kept per tensor, ``HeldView``, for a state the call updates in place).
 """
 from __future__ import annotations
 
@@ -30,10 +31,8 @@ def place_writer(place: np.ndarray, t: torch.Tensor, field: np.ndarray, held: bo
     """How a call writes tensor ``t`` into ``place`` (an input's arena place) where ``field`` is the view of
     ``t``'s memory (``t.numpy()``'s, reshaped, or picked out of a broadcast) the plan would take: one ``copy_``
     into a torch view of ``place`` of ``t``'s shape when ``field`` is ``t`` reshaped, else one NumPy assignment
-    of ``t``'s view (kept per tensor where ``held``: a parameter) to a view of ``place`` of ``t``'s shape whose
-    strides send each element of ``t`` to its place (an axis ``t`` broadcasts by stride 0 has stride 0 there:
-    its values are one). None where ``field`` is no such view of ``t``'s memory or of another dtype than
-    ``place`` (whose conversion the plan does)."""
+    of the elements ``field`` picks from ``t``'s view (``_picked``; the view kept per tensor where ``held``: a
+    parameter). None where ``field`` is neither, or of another dtype than ``place`` (a conversion the plan does)."""
     own = t.numpy(force=True)
     if field.dtype != place.dtype or own.dtype != place.dtype or field.shape != place.shape or not field.size:
         return None
