@@ -6,25 +6,24 @@ once where each input and output lies and how it moves. Every call then copies t
 the bound steps (``Device.execute``: the checks, fallbacks and report of ``Device.run``) and copies the
 outputs out, into new arrays the caller owns, in their storage dtype.
 
-A stamp (any hashable: the torch side passes ``(data_ptr, tensor._version)``) marks an input's value:
-an input given with the stamp of its last write is not written again, so weights cross once per
-version, not once per call. An input some thunk writes (a carried state updated in place) or that
-shares bytes with another input is written on every call whatever its stamp.
+A stamp (any hashable: the torch side passes ``(data_ptr, tensor._version)``) marks an input's value: an input
+given with the stamp of its last write is not written again, so weights cross once per version, not once per
+call. An input some thunk writes (a carried state updated in place) or that shares bytes with another input is
+written on every call whatever its stamp.
 
-Where the arena is host memory (the host; an OpenCL CPU device's shared memory, ``Session.shared``) an
-input is one copy into its place in the arena and an output one copy out, after the launches before are
-waited for (on a device, one wait per call); on the host, a one-thunk schedule's large tensors go to its
-kernel where the caller holds them, without a copy where it takes them (``given``). On another device
-every copy is a command of its own (about 15 µs on PoCL): the inputs are staged in host buffers of the
-plan and sent by one copy per cluster of neighbouring inputs (``Staging``), the outputs read by one copy
-per span of neighbours, and the integer tensors an early data check reads come from those host buffers,
-not from the device; ``last_report.copies`` counts the commands.
+Where the arena is host memory (the host; an OpenCL CPU device's shared memory, ``Session.shared``) an input is
+one copy into its place in the arena and an output one copy out, after the launches before are waited for (on a
+device, one wait per call); on the host, a one-thunk schedule's large tensors go to its kernel where the caller
+holds them, without a copy where it takes them (``given``), and a caller may write the inputs itself
+(``host_call.HostCall``). On another device every copy is a command of its own (about 15 µs on PoCL): the inputs
+are staged in host buffers of the plan and sent by one copy per cluster of neighbouring inputs (``Staging``), the
+outputs read by one copy per span of neighbours, and the integer tensors an early data check reads come from
+those host buffers, not from the device; ``last_report.copies`` counts the commands.
 
-On CUDA, ``plan.on_stream(inputs, outputs, stream)`` runs a call whose tensors stay on the device,
-every copy and launch enqueued on the caller's stream (torch's current stream) and nothing waited
-for, so the caller may capture the call into a CUDA graph of its own: each input is one
-device-to-device copy into the resident arena, each output one out of it into memory the caller
-allocated. Its rules are on that method.
+On CUDA, ``plan.on_stream(inputs, outputs, stream)`` runs a call whose tensors stay on the device, every copy
+and launch enqueued on the caller's stream (torch's current stream) and nothing waited for, so the caller may
+capture the call into a CUDA graph of its own: each input is one device-to-device copy into the resident arena,
+each output one out of it into memory the caller allocated. Its rules are on that method.
 """
 from __future__ import annotations
 
@@ -116,14 +115,13 @@ class CallPlan:
 
     def __call__(self, inputs: Mapping[str, Any], stamps: Mapping[str, Hashable] | None = None
                  ) -> dict[str, np.ndarray]:
-        """Run once: ``inputs`` (name -> host array of any strides, or a DLPack producer in host memory)
-        are converted to their storage dtype (rounding to nearest even) and copied in; returns every
-        output by name, a new array in its storage dtype.
+        """Run once: ``inputs`` (name -> host array of any strides, or a DLPack producer in host memory) are
+        converted to their storage dtype (rounding to nearest even) and copied in; returns every output by
+        name, a new array in its storage dtype.
 
-        ``stamps`` (name -> hashable): an input whose stamp equals the one of its last write is not
-        written (and may be left out of ``inputs``); an input given without a stamp (or with None) is
-        written and its stamp forgotten. Every input must be given on the first call.
-        """
+        ``stamps`` (name -> hashable): an input whose stamp equals the one of its last write is not written
+        (and may be left out of ``inputs``); an input given without a stamp (or with None) is written and its
+        stamp forgotten. Every input must be given on the first call."""
         if not (self._names.issuperset(inputs) and (not stamps or self._names.issuperset(stamps))):
             raise self._unknown(inputs, stamps or {})
         values = [inputs.get(name, _ABSENT) for name in self.inputs]
@@ -132,11 +130,10 @@ class CallPlan:
 
     def call(self, values: Sequence[Any], stamps: Sequence[Hashable | None] | None = None,
              into: Sequence[np.ndarray | None] | None = None) -> list[np.ndarray]:
-        """``plan(inputs, stamps)`` with the inputs and their stamps (None: none) given in the order of
-        ``inputs``, and the outputs returned in the order of ``outputs``: what a caller that binds a
-        signature once calls (no name is looked up). ``into`` (in the order of ``outputs``; None: a new
-        array) names arrays of the outputs' shapes the outputs are written to (converted to their dtype)
-        and returned as."""
+        """``plan(inputs, stamps)`` with the inputs and their stamps (None: none) given in the order of ``inputs``,
+        and the outputs returned in the order of ``outputs``: what a caller that binds a signature once calls (no
+        name is looked up). ``into`` (in the order of ``outputs``; None: a new array) names arrays of the
+        outputs' shapes the outputs are written to (converted to their dtype) and returned as."""
         with self._lock:
             slots = self._slots if self._slots is not None else self._prepare()
             if len(values) != len(slots):
@@ -169,28 +166,32 @@ class CallPlan:
                     touched(arena.handle, slot.offset, slot.raw.size)
                 if stamp is not None:
                     recorded[slot.name] = stamp
-            if handed or layout is not None and layout.new_outputs:
-                out = self._call_given(handed, into)
-                if out is not None:
-                    return out
-            try:
-                if staged:
-                    staging.stage(arena, staged)
-                report = self.device.execute(self._bound, arena, profile=self.profile,
-                                             held=None if staging is None else staging.held)
-            except RunError:  # refused by a data check after the inputs went in: the stamps hold
-                raise
-            except BaseException:  # the device may have missed a write: write every input again next call
-                recorded.clear()
-                raise
-            self.last_report = report
-            return self._outputs(report, into)
+            return self._run(handed, staged, into)
+
+    def _run(self, handed: dict[int, np.ndarray], staged: list[_Input], into: Any) -> list[np.ndarray]:
+        """The run once the inputs are in (``staged``: to send; ``handed``: the kernel's as they lie), locked."""
+        if handed or self._given is not None and self._given.new_outputs:
+            out = self._call_given(handed, into)
+            if out is not None:
+                return out
+        try:
+            if staged:
+                self._staging.stage(self._arena, staged)
+            report = self.device.execute(self._bound, self._arena, profile=self.profile,
+                                         held=None if self._staging is None else self._staging.held)
+        except RunError:  # refused by a data check after the inputs went in: the stamps hold
+            raise
+        except BaseException:  # the device may have missed a write: write every input again next call
+            self._stamps.clear()
+            raise
+        self.last_report = report
+        return self._outputs(report, into)
 
     def _call_given(self, handed: dict[int, np.ndarray], into: Sequence[np.ndarray | None] | None
                     ) -> list[np.ndarray] | None:
-        """The run with the ``handed`` inputs (index -> array) read where the caller holds them and the
-        outputs ``given.handed_outputs`` names written in place of the arena; None where the kernel does not
-        take them (nothing ran: they are copied into the arena for the run as ever)."""
+        """The run with the ``handed`` inputs (index -> array) read where the caller holds them and the outputs
+        ``given.handed_outputs`` names written in place of the arena; None where the kernel does not take them
+        (nothing ran: they are copied into the arena for the run as ever)."""
         given = {self._slots[i].offset: value for i, value in handed.items()}
         handed_out = handed_outputs(self._given, self._host_outputs, given, handed, into)
         report = self.device.execute_given(self._bound, self._arena, given)
@@ -204,15 +205,14 @@ class CallPlan:
 
     def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
                   stamps: Mapping[str, Hashable] | None = None) -> RunReport:
-        """Run once on a CUDA plan with every tensor on the device and every copy and launch enqueued on
-        the caller's CUDA ``stream`` (a ``cudaStream_t`` as an int: torch's
-        ``torch.cuda.current_stream().cuda_stream``); returns the report.
+        """Run once on a CUDA plan, every tensor on the device and every copy and launch enqueued on the caller's
+        CUDA ``stream`` (a ``cudaStream_t`` as an int: ``torch.cuda.current_stream().cuda_stream``); the report.
 
-        ``inputs`` (name -> a DLPack producer in the plan device's memory, dense, in the input's storage
-        dtype) are copied device to device into the resident arena, ``outputs`` (every output by name,
-        likewise: memory the caller allocated, e.g. ``torch.empty`` on the device) filled device to
-        device from it. Nothing waits for the device and nothing crosses to the host, so the call may
-        be captured into the caller's CUDA graph, with these rules:
+        ``inputs`` (name -> a DLPack producer in the plan device's memory, dense, in the input's storage dtype)
+        are copied device to device into the resident arena, ``outputs`` (every output by name, likewise: memory
+        the caller allocated, e.g. ``torch.empty`` on the device) filled device to device from it. Nothing waits
+        for the device and nothing crosses to the host, so the call may be captured into the caller's CUDA
+        graph, with these rules:
 
         - the first call of a plan binds it (kernels built, arena and scratch allocated and uploaded):
           make it eagerly, as torch's own warm-up before a capture;

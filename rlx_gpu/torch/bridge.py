@@ -47,7 +47,6 @@ CACHE_SIZE = 256
 
 _cache: dict[Hashable, Executable] = {}  # in the order compiled
 _bound: dict[Hashable, "BoundCall | None"] = {}  # a call's signature -> its bound call (None: not bindable)
-_hot: dict[Hashable, "Callable[..., Any] | None"] = {}  # a public call's signature -> its hot path (None: none)
 _cache_lock = threading.Lock()
 _last = threading.local()  # the CallPlan of this thread's latest call
 #: The clear functions of the per-signature caches kept beside the bridge's own (``kept_per_signature``).
@@ -295,16 +294,25 @@ UNBUILT = object()
 def call_key(*args: Any) -> tuple:
     """A call's signature as a hot path is kept by: each tensor's type, shape, strides, dtype and whether it
     lies in CPU memory (nothing of its data or address; only CPU calls get a hot path, so the device
-    beyond that tells nothing), any other argument (hashable) itself."""
-    return tuple([(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, _TENSOR) else a
-                  for a in args])
+    beyond that tells nothing), any other argument (hashable) itself, then the values that choose the default
+    device (``default_device()``'s, read here)."""
+    get = _ENVIRON.get
+    return (*[(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, _TENSOR) else a for a in args],
+            *[get(name) for name in _device_variables()])
 
 
-def hot_path(key: Hashable) -> "Callable[..., Any] | None | object":
-    """The hot path kept for a call signature (``call_key``): a function doing all a call of that signature
-    needs, its static checks passed and its call plan bound, worked out by ``keep_hot_path`` after the
-    signature's first call ran the whole way; None for a signature that has none; ``UNBUILT`` before."""
-    return _hot.get(key, UNBUILT)
+class _HotPaths(dict):
+    """A call signature (``call_key``) -> its hot path: a function doing all a call of that signature needs, its
+    static checks passed and its call plan bound, worked out by ``keep_hot_path`` after the signature's first
+    call ran the whole way; None for a signature that has none; ``UNBUILT`` (read, not kept) before."""
+
+    def __missing__(self, key: Hashable) -> object:
+        return UNBUILT
+
+
+_hot = _HotPaths()
+#: ``hot_path(key)``: the hot path kept for a call signature (``_HotPaths``), read without a Python frame.
+hot_path = _hot.__getitem__
 
 
 def keep_hot_path(key: Hashable, build: Callable[[], "Callable[..., Any] | None"]) -> None:

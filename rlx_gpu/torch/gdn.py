@@ -18,11 +18,12 @@ import torch.nn.functional as F
 from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_seqlens,
                         check_fused_recurrent_gated_delta_rule)
 from ..schedule.reserve import reserve_bytes
-from .bridge import DTYPES, UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .bridge import DTYPES, UNBUILT, call_key, hot_path, keep_hot_path
 from .fused import FusedOp, bound_forward, cast, define_fused, saves
 from .library import PLAIN, runs_directly
 
 from .registry import FUNCTIONS
+from .written import bound_written
 
 
 
@@ -185,7 +186,7 @@ def fused_recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.
     if not kwargs and runs_directly(q, k, v, g, gk, gv, beta, initial_state, A_log, dt_bias, cu_seqlens):
         key = call_key(q, k, v, g, gk, gv, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                        use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                       state_v_first, cu_seqlens, recompute, default_device())
+                       state_v_first, cu_seqlens, recompute)
         path = hot_path(key)
         if path is not None and path is not UNBUILT:
             return path(q, k, v, g, beta, initial_state)
@@ -217,10 +218,13 @@ def _hot_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
                                               False))  # (save: the general path's key for a call saving nothing)
     if bound is None:
         return None
+    tensors = (q, k, v, g, beta, initial_state)
+    written = bound_written(bound, tensors) if bound.plain else None
+    run = written if written is not None else bound
 
     def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                   initial_state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        o, *final = bound((q, k, v, g, beta, initial_state))  # by the op's fields: q, k, v, g, beta, state
+        o, *final = run((q, k, v, g, beta, initial_state))  # by the op's fields: q, k, v, g, beta, state
         return o, final[0] if output_final_state else None
     return recurrent
 

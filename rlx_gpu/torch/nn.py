@@ -27,7 +27,7 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 from host_fallback.abi import OPS as DEFINITIONS
 
 from .arguments import check_rnn_forward
-from .bridge import UNBUILT, call_key, default_device, hot_path, keep_hot_path
+from .bridge import UNBUILT, call_key, hot_path, keep_hot_path
 from .library import PLAIN, runs_directly
 from .recurrent import Recurrence, recurrent
 from .recurrent_hot import hot_recurrent
@@ -64,7 +64,7 @@ class _RlxRecurrent:
             first = module._flat_weights[0]  # its dtype and device are what torch.nn checks the input against
             key = (type(module), module.mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
                    module.batch_first, module.bidirectional, module.proj_size, module.training, module.dropout,
-                   first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given), default_device())
+                   first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given))
             path = hot_path(key)
             if path is not None and path is not UNBUILT:
                 return path(module, input, hx)

@@ -9,9 +9,11 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import torch
 
-from .bridge import CPU, BoundCall, host_array, plan_for, specs_of, tensor
+from ..runtime.host_call import HostCall, places
+from .bridge import CPU, BoundCall, _last, host_array, plan_for, specs_of, tensor
 from .fused import CALL
 from .recurrent import Recurrence, _forward_graph, _inputs, _packings
+from .written import place_writer
 
 
 def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor],
@@ -35,22 +37,51 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     x_at, state_ats = bound.order.index(0), [bound.order.index(positions[s]) for s in spec.states]
     # the latest call's parameters (weakly), (version, address) marks, and the plan's inputs and stamps with its
     # packing in place: a decode loop's are unchanged, so a step sets only x and the states
-    latest: list[Any] = [(), None, None, None]
+    latest: list[Any] = [(), None, None, None, None]
+    host = _written(spec, plan, x, states, inputs, bound) if bound.plain else None
 
     def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         marks = [(w._version, w.data_ptr()) for w in weights]
-        held, seen, values, stamps = latest
+        held, seen, values, stamps, packed = latest
         if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, map(_referent, held))):
             streams, key = _packings.streams(spec, weights)
             values, stamps = _placed(bound, streams, key)
+            packed = (streams, key)
             kept = key is not None  # parameters: a packing kept per version
-            latest[:] = [tuple(map(weakref.ref, weights)), marks, values, stamps] if kept else [(), None, None, None]
+            latest[:] = [tuple(map(weakref.ref, weights)), marks, values, stamps, packed] if kept else [(), *[None] * 4]
+        if host is not None:  # written straight into the plan's arena
+            out = host((x, *states, packed))
+            _last.plan = plan
+            return [torch.from_numpy(a) for a in out]
         values = values.copy()  # a stream is read only when its stamp changed
         values[x_at] = view(x)
         for at, state in zip(state_ats, states):
             values[at] = view(state)
         return [wrap(a) for a in bound.run(values, stamps)]
     return run
+
+
+def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torch.Tensor],
+             inputs: Mapping[str, torch.Tensor], bound: BoundCall) -> HostCall | None:
+    """The ``HostCall`` of the hot path on the host (``written``): called on ``(x, *states, (streams, key))``,
+    x and the states written by one ``copy_`` each, the weight streams only when their key (``_Packings``)
+    changed; None on another device or where a tensor is no plain view (``place_writer``)."""
+    arena = places(plan)
+    if arena is None:
+        return None
+    writes = []
+    for at, (name, t) in enumerate((("x", x), *zip(spec.states, states))):
+        put = place_writer(arena[name], t, t.numpy(force=True), False)
+        if put is None:
+            return None
+        writes.append((at, put))
+    packed = 1 + len(spec.states)  # the position of (streams, key)
+
+    def stream(name: str) -> Callable[[Any], Any]:
+        target = torch.from_numpy(arena[name])
+        return lambda pair: target.copy_(pair[0][name])
+    stamped = [(name, packed, stream(name), operator.itemgetter(1)) for name in spec.streams if name in inputs]
+    return HostCall(plan, writes, stamped, (), {}, bound.outputs)
 
 
 _referent = weakref.ref.__call__  # a weak reference's object, mapped without a generator's frame

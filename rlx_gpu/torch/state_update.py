@@ -11,12 +11,13 @@ import torch
 from torch.autograd.graph import increment_version
 
 from .arguments import check_selective_state_update, check_state_batch_indices
-from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, call_key, default_device, device_for, host_array, hot_path,
+from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, _last, call_key, default_device, device_for, host_array, hot_path,
                      keep_hot_path, kept_per_signature, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
 from .held_views import HeldView
 from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
+from .written import written_call
 from .ssm import _param_dtype, _state_dtype
 
 __all__ = ["selective_state_update"]
@@ -56,7 +57,7 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     """
     key = None
     if state_batch_indices is None and runs_directly(state, x, dt, A, B, C, D, z, dt_bias):
-        key = call_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, default_device())
+        key = call_key(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
         path = hot_path(key)
         if path is not None and path is not UNBUILT:
             return path(state, x, dt, A, B, C, D, z, dt_bias)
@@ -87,13 +88,17 @@ def _hot_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.T
             increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
             return y
         return step
-    return _plain_step(route, state.dim() == 4, B.dim() == 3, C.dim() == 3)
+    return _plain_step(route, state.dim() == 4, B.dim() == 3, C.dim() == 3,
+                       (state, x, dt, A, B, C, D, z, dt_bias))
 
 
-def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped: bool) -> Callable[..., torch.Tensor]:
+def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped: bool,
+                tensors: tuple[Any, ...]) -> Callable[..., torch.Tensor]:
     """``_step`` on a route whose tensors NumPy views as they are (no bf16): the same views, stamps and call,
     the signature's cases decided once (its forms, which fields the plan takes in which order), so a step
-    makes only its tensors' views and the plan's call."""
+    makes only its tensors' views and the plan's call; on the host, its tensors written straight into the
+    plan's arena (``written``: no view a step) where each field is a view of its tensor (``tensors``: the
+    call's that just ran, ``(state, x, dt, A, B, C, D, z, dt_bias)``)."""
     bound = route.bound
     order = bound.plan.inputs  # the op's fields the plan takes, in its order
     stamped = [(i, ("a", "d", route.bias).index(f)) for i, f in enumerate(order) if f in ("a", "d", route.bias)]
@@ -102,22 +107,41 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
     # the tensors a decode passes again and again: the state and the parameters
     pools, a_views, d_views, bias_views = HeldView(), HeldView(), HeldView(), HeldView()
 
-    def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-             dt_bias: torch.Tensor | None) -> torch.Tensor:
-        pool, xs = pools(state), x.numpy(force=True)  # views: the step writes through the state's
+    def views(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+              C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+              dt_bias: torch.Tensor | None) -> dict[str, Any]:
+        """The op's fields by name: NumPy views of the tensors (the state's writes through to the caller's)."""
+        pool, xs = pools(state), x.numpy(force=True)
         Bs, Cs = B.numpy(force=True), C.numpy(force=True)
         Ds = None if D is None else d_views(D)
         zs = None if z is None else z.numpy(force=True)
         biases = None if dt_bias is None else bias_views(dt_bias)
         if heads_form:
             Bs, Cs = Bs if b_grouped else Bs[:, None], Cs if c_grouped else Cs[:, None]
-            by_field = fields(broadcast, pool, xs, dt.numpy(force=True), a_views(A), Bs, Cs, Ds, zs, biases)
-        else:  # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
-            by_field = {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": a_views(A),
-                        "b": Bs[:, None] if b_grouped else Bs[:, None, None],
-                        "c": Cs[:, None] if c_grouped else Cs[:, None, None], "d": Ds, "delta_bias": biases,
-                        "z": None if zs is None else zs[:, None], "state": pool}
+            return fields(broadcast, pool, xs, dt.numpy(force=True), a_views(A), Bs, Cs, Ds, zs, biases)
+        # Mamba-1's own form, one head: the op's fields are its tensors with a token axis (no reshape)
+        return {"x": xs[:, None], "delta": dt.numpy(force=True)[:, None], "a": a_views(A),
+                "b": Bs[:, None] if b_grouped else Bs[:, None, None],
+                "c": Cs[:, None] if c_grouped else Cs[:, None, None], "d": Ds, "delta_bias": biases,
+                "z": None if zs is None else zs[:, None], "state": pool}
+
+    plan = bound.plan
+    written = written_call(plan, {f: (_POSITIONS[f], a) for f, a in views(*tensors).items() if a is not None},
+                           tensors, ("a", "d", route.bias), ("state",), {FINAL_STATE: "state"}, ("y",))
+    if written is not None:
+        def step_written(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                         C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+                         dt_bias: torch.Tensor | None) -> torch.Tensor:
+            y, = written((state, x, dt, A, B, C, D, z, dt_bias))
+            _last.plan = plan
+            increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
+            return torch.from_numpy(y.reshape(x.shape))  # a new array's view: NumPy's reshape costs less than torch's
+        return step_written
+
+    def step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
+             dt_bias: torch.Tensor | None) -> torch.Tensor:
+        by_field = views(state, x, dt, A, B, C, D, z, dt_bias)
         params = (A, D, dt_bias)
         stamps = [None] * len(order)
         for i, p in stamped:
@@ -128,6 +152,11 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
         increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
         return torch.from_numpy(y.reshape(x.shape))  # a new array's view: NumPy's reshape costs less than torch's
     return step
+
+
+#: Each op field's tensor, by its position among ``selective_state_update``'s (state, x, dt, A, B, C, D, z, dt_bias).
+_POSITIONS = {"state": 0, "x": 1, "dt": 2, "delta": 2, "a": 3, "b": 4, "c": 5, "d": 6, "z": 7, "dt_bias": 8,
+              "delta_bias": 8}
 
 
 class _StepRoute(NamedTuple):

@@ -247,3 +247,49 @@ def test_a_state_given_new_memory_between_hot_steps_is_updated_where_it_lies_now
             expected = step_reference(expected_state, x, dt, A, B, C, D, z, dt_bias)
             out = rt.selective_state_update(state, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
             assert torch.allclose(out, expected, atol=1e-12) and torch.allclose(state, expected_state, atol=1e-12)
+
+
+def test_a_decode_loop_of_parameters_writes_them_again_only_when_they_change(host, monkeypatch):
+    """The hot path writes its tensors into the plan's arena itself (``written``, ``runtime.host_call``), a
+    parameter only when its stamp changed: a parameter changed in place between steps is seen, an unchanged
+    one is not written again, and the plan's own call path is not taken after the first call."""
+    from rlx_gpu.runtime.call_plan import CallPlan
+    torch.manual_seed(3)
+    A_log, D, dt_bias = (torch.nn.Parameter(r(2)) for _ in range(3))
+    ours = r(1, 2, 4, 3)
+    theirs = ours.clone()
+    calls = []
+    call = CallPlan.call
+    monkeypatch.setattr(CallPlan, "call", lambda self, *a, **k: calls.append(1) or call(self, *a, **k))
+    rt.clear_cache()  # the signature's first call runs the whole way here
+    with torch.no_grad():
+        A = (-A_log.exp())[:, None, None].expand(2, 4, 3)  # a new tensor (no parameter): written every step
+        for step in range(5):
+            if step == 3:
+                D.add_(0.5)  # in place: its version advances, so its stamp changes
+                dt_bias.mul_(-1.0)
+            x, dt, _, B, C, _, z, _ = step_arguments(F64)
+            Dh, bias = D[:, None].expand(2, 4), dt_bias[:, None].expand(2, 4)
+            out = rt.selective_state_update(ours, x, dt, A, B, C, D=Dh, z=z, dt_bias=bias, dt_softplus=True)
+            expected = step_reference(theirs, x, dt, A, B, C, Dh, z, bias)
+            assert torch.allclose(out, expected, atol=1e-12)
+            assert torch.allclose(ours, theirs, atol=1e-12)
+    assert len(calls) == 1  # the first call's; the others wrote the arena themselves
+
+
+def test_the_written_path_reads_a_strided_input_and_mamba_1s_form(host):
+    """Mamba-1's form (state [batch, dim, dstate]) with x and z strided views of a wider tensor: the hot path
+    writes each through a view of its own strides."""
+    torch.manual_seed(4)
+    dim, dstate = 6, 3
+    A, D, dt_bias = -r(dim, dstate).abs() - 0.5, r(dim), r(dim)
+    ours = r(1, dim, dstate)
+    theirs = ours.clone()
+    for _ in range(4):
+        xz, dt, B, C = r(1, 2 * dim), r(1, dim), r(1, dstate), r(1, dstate)
+        x, z = xz[:, :dim], xz[:, dim:]
+        out = rt.selective_state_update(ours, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        expected = step_reference(theirs[:, None], x[:, None], dt[:, None], A[None], B[:, None], C[:, None], D[None],
+                                  z[:, None], dt_bias[None])[:, 0]
+        assert torch.allclose(out, expected, atol=1e-12)
+        assert torch.allclose(ours, theirs, atol=1e-12)

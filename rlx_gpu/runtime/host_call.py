@@ -1,0 +1,132 @@
+"""A host call plan called by a caller that writes the inputs into the arena itself: a decode step's hot path.
+
+``CallPlan.call`` takes each input as an array, checks it and copies it into its place in the arena (or hands
+a large one to the kernel where it lies: ``given``), then works out where each output goes. A caller that has
+bound a signature once (the torch bridge's hot paths) knows all that already: ``HostCall`` is the plan's call
+worked out once for it. Each input is written by a writer of the caller's (``put(arg)``: a ``copy_`` into a
+torch view of its place in the arena, made once from ``places``), a parameter only when its stamp changed (the
+plan's own stamps, so both ways of calling agree); the inputs handed over go to the kernel as they lie, an
+output the kernel updates in place of one of them in that input's own memory. A decode step's call then makes
+no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output bookkeeping.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+from ..errors import RlxError
+from .call_plan import CallPlan
+
+_ABSENT = object()
+#: ``(position, put)``: the writer of an input from the call's argument at ``position``.
+Write = tuple[int, Callable[[Any], Any]]
+#: ``(name, position, put, stamp_of)``: a stamped input's writer and how to stamp its argument (None: no stamp).
+Stamped = tuple[str, int, Callable[[Any], Any], Callable[[Any], Hashable | None]]
+
+
+def places(plan: CallPlan) -> dict[str, np.ndarray] | None:
+    """Each input's place in the arena of ``plan`` (a plan on the host, called once already): what a caller's
+    writers write; None for a plan on another device or not called yet."""
+    if not plan.device.on_host or plan._slots is None:
+        return None
+    return {slot.name: slot.array for slot in plan._slots}
+
+
+class HostCall:
+    """``plan`` (on the host, called once already) called as ``host_call(args)``: each input written from
+    ``args`` by its writer (``writes``; ``stamped``: a parameter's, when its stamp changed), the ``handed`` inputs
+    (``(input index, position, view)``: ``view(arg)`` a C-contiguous array of the input's shape and storage
+    dtype) given to the kernel where they lie (copied in where the plan's ``given`` layout does not let the
+    kernel take them: too small); returns the outputs
+    ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed in
+    ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself."""
+
+    def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
+                 handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
+                 taken: Sequence[int]):
+        if places(plan) is None:
+            raise RlxError(f"HostCall binds a host plan called once already; this one is {plan!r}")
+        layout = plan._given
+        # the kernel reads the handed inputs where they lie where the plan's ``given`` layout lets it (each large
+        # enough), else they are copied in and the outputs updated in place of them copied back
+        self._hand = bool(handed) and layout is not None and all(layout.inputs[i] for i, _, _ in handed)
+        self.plan, self.writes, self.stamped, self.handed = plan, tuple(writes), tuple(stamped), tuple(handed)
+        self._slots = plan._slots
+        self._kept = {slot.name: slot.kept for slot in plan._slots}  # an unchanged stamp skips the write
+        names = {name for name, *_ in stamped}
+        self._unstamped = tuple(name for name in plan.inputs if name not in names)
+        self._offsets = tuple(plan._slots[i].offset for i, _, _ in handed)
+        # per output: ("in", k) the handed input k's own array, ("copy", k) a copy of it the kernel updates,
+        # ("new", None) a new array the kernel writes, ("arena", None) a copy of its arena view
+        by_input = {i: k for k, (i, _, _) in enumerate(handed)}
+        self._outputs = []
+        for j in range(len(plan.outputs)):
+            source = layout.outputs[j] if self._hand else None
+            if source is not None and source >= 0 and source in by_input:
+                kind = ("in", by_input[source]) if in_place.get(j) == by_input[source] else ("copy", by_input[source])
+            else:
+                kind = ("new", None) if source == -1 else ("arena", None)
+            self._outputs.append((kind, layout.offsets[j] if layout is not None else -1))
+        self._taken = tuple(taken)
+        self._in_place = dict(in_place)
+
+    def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
+        plan = self.plan
+        with plan._lock:
+            if plan._slots is not self._slots:
+                raise RlxError("this HostCall's plan was freed since; bind another")
+            recorded = plan._stamps
+            if recorded:  # a call of the plan (``CallPlan.call``) may have written these with stamps
+                for name in self._unstamped:
+                    recorded.pop(name, None)
+            try:
+                for at, put in self.writes:
+                    put(args[at])
+                for name, at, put, stamp_of in self.stamped:
+                    arg = args[at]
+                    stamp = stamp_of(arg)
+                    if stamp is None or not self._kept[name] or recorded.get(name, _ABSENT) != stamp:
+                        recorded.pop(name, None)  # set once written: a write that fails leaves none
+                        put(arg)
+                        if stamp is not None:
+                            recorded[name] = stamp
+            except BaseException:  # a place may be half written: every input is written again next call
+                recorded.clear()
+                raise
+            arrays = [view(args[at]) for _, at, view in self.handed]
+            if not self._hand or plan._given is None:  # small, or refused by the kernel once: copied in
+                return self._copied(arrays)
+            return self._given(arrays)
+
+    def _given(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The run on the handed ``arrays`` (``CallPlan._call_given``'s, its outputs worked out once)."""
+        plan = self.plan
+        given = dict(zip(self._offsets, arrays))
+        outputs = []
+        for (kind, k), offset in self._outputs:
+            if kind == "in":
+                outputs.append(arrays[k])
+            elif kind == "copy" or kind == "new":
+                array = arrays[k].copy() if kind == "copy" else np.empty_like(plan._host_outputs[len(outputs)])
+                given[offset] = array
+                outputs.append(array)
+            else:
+                outputs.append(None)
+        report = plan.device.execute_given(plan._bound, plan._arena, given)
+        if report is None:  # not taken (nothing ran): not offered again, the arrays copied in
+            plan._given = None
+            return self._copied(arrays)
+        plan.last_report = report
+        views = plan._host_outputs
+        return [outputs[j] if outputs[j] is not None else views[j].copy() for j in self._taken]
+
+    def _copied(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The run with the handed ``arrays`` copied into the arena, the outputs the kernel updates in place of
+        them written back to their arrays (``CallPlan.call``'s way)."""
+        for (i, _, _), array in zip(self.handed, arrays):
+            self._slots[i].array[...] = array
+        into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(self._outputs))
+                ] if self._in_place else None
+        outputs = self.plan._run({}, [], into)
+        return [outputs[j] for j in self._taken]
