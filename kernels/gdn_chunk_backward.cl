@@ -27,7 +27,8 @@
  * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
  * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). On
  * CUDA with tensor cores gdn_chunk_back_grads' RLX_MMA variant takes its state products Y S0^T, dO S0^T and
- * U dS_L^T there (gdnc_state_terms_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
+ * U dS_L^T there (gdnc_state_terms_mma_barrier), gdn_chunk_back_pass' variant dS0's two products
+ * (gdnc_pass_ds0_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
@@ -188,6 +189,7 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
         for (i64 j = 0; j < w && s < n; ++j)
             STORE(at.dv, s * os + j, bet[s] * at.y[s * V + j]);
     }
+#ifndef RLX_MMA
     for (i64 i = 0; i < K; ++i) { /* dS0 = D dS_L + sum_r gamma_r (scale q_r dO_r - k_r beta_r Y_r) */
         const real through = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i));
         for (i64 j = 0; j < w; ++j)
@@ -200,10 +202,89 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
                 at.out[i * V + j] += a * LOAD(at.gout, r * os + j) - b * at.y[r * V + j];
         }
     }
+#endif
 }
 
+#ifdef RLX_MMA
+#if GDNC_L != 32
+#error "the MMA variant of gdn_chunk_back_pass takes the chunk's 32 tokens as two 16-step slices of its products"
+#endif
+#define GDNC_PW 4 /* the pass's variant: at most 4 warps a work-group (launches/gdn_backward.py's lanes) */
+/* 16-bit operands split, x = hi + lo, as three products hi.hi + hi.lo + lo.hi: rounded once, they cost d_state (the
+ * first chunk's dS0) ~2x the FMA path's error against the float64 reference (emulated on PoCL, K = V = 64, S 96 and
+ * 256: bf16 NMSE 5.5e-6 against 2.8e-6, f16 9e-8 against 4.4e-8; the other gradients unchanged, no growth over 8
+ * chunks), NMSE vs the FMA path 7e-6 at bf16 (bound 5e-5); split, 1e-8. TF32 keeps plain operands. */
+#define GDNC_PSPLIT (RLX_MMA == 1)
+/* dS0 = D dS_L + A [dO; Y] on the tensor cores, A = [scale diag-gamma Q | -diag(gamma beta) K]^T ([K][2L]): by
+ * 16 x 16 tiles of (key channels, state columns), a tile per warp in turn, each warp staging its tile's operands
+ * (A's 16 rows [16][2L], then [dO; Y]'s 16 columns [2L][16], zero past the chunk's tokens, the channels and the
+ * columns) in its own share of a and bm, its product stored f32 in its share of prod ([16][16]) and added to
+ * D dS_L into out. Per-channel gates take the same code (gamma and D per key channel as staged). After the FMA
+ * part of the chunk has written Y (a barrier first); every lane runs it (barriers). at: the group's first column's
+ * pointers (lane 0's). */
+INLINE_FN void gdnc_pass_ds0_mma_barrier(gdnc_pass_at at, i64 n, i64 H, i64 HV, i64 K, i64 V, real scale,
+                                         LOCAL_PTR const real* cum, GLOBAL const real* ck, LOCAL_PTR const real* bet,
+                                         LOCAL_PTR const real* nq, LOCAL_PTR const real* nk, i64 lane, i64 lanes,
+                                         LOCAL_PTR mma_t* a, LOCAL_PTR mma_t* bm, LOCAL_PTR float* prod)
+{
+    const i64 qs = H * K, os = HV * V, warps = lanes / 32, kt = (K + 15) / 16, vt = (V + 15) / 16;
+    const i64 w = MMA_WARP(lane), l = lane - w * 32, part = 16 * 2 * GDNC_L; /* an operand's tile */
+    LOCAL_PTR mma_t* aw = a + w * (1 + GDNC_PSPLIT) * part;
+    LOCAL_PTR mma_t* bw = bm + w * (1 + GDNC_PSPLIT) * part;
+    LOCAL_PTR float* pw = prod + w * 256;
+    for (i64 t0 = 0; t0 < kt * vt; t0 += warps) {
+        const i64 t = t0 + w, i0 = t / vt * 16, j0 = (t - t / vt * vt) * 16;
+        const int has = t < kt * vt;
+        BARRIER(); /* Y written; the previous tiles' operands and products read no more */
+        PRAGMA_NO_UNROLL
+        for (int e = (int)l; has && e < 16 * 2 * GDNC_L; e += 32) {
+            const int ii = e / (2 * GDNC_L), rr = e - ii * 2 * GDNC_L, r = rr % GDNC_L;
+            const i64 i = i0 + ii;
+            real x = (real)0;
+            if (i < K && r < n) {
+                const real gam = rlx_exp(gdnc_cum(cum, ck, K, r, i));
+                x = rr < GDNC_L ? gam * scale * nq[r] * LOAD(at.q, r * qs + i)
+                                : -gam * nk[r] * bet[r] * LOAD(at.k, r * qs + i);
+            }
+            aw[e] = TO_MMA(x);
+            if (GDNC_PSPLIT)
+                aw[part + e] = TO_MMA(x - FROM_MMA(aw[e]));
+        }
+        PRAGMA_NO_UNROLL
+        for (int e = (int)l; has && e < 2 * GDNC_L * 16; e += 32) {
+            const int rr = e / 16, r = rr % GDNC_L;
+            const i64 j = j0 + e % 16;
+            const real x = j >= V || r >= n ? (real)0 : rr < GDNC_L ? LOAD(at.gout, r * os + j) : at.y[r * V + j];
+            bw[e] = TO_MMA(x);
+            if (GDNC_PSPLIT)
+                bw[part + e] = TO_MMA(x - FROM_MMA(bw[e]));
+        }
+        BARRIER();
+        if (has) {
+            mma_acc acc;
+            mma_zero(&acc);
+            for (int k0 = 0; k0 < 2 * GDNC_L; k0 += 16) {
+                mma_tile(&acc, MMA_ROW, aw + k0, 2 * GDNC_L, MMA_ROW, bw + k0 * 16, 16);
+                if (GDNC_PSPLIT) {
+                    mma_tile(&acc, MMA_ROW, aw + k0, 2 * GDNC_L, MMA_ROW, bw + part + k0 * 16, 16);
+                    mma_tile(&acc, MMA_ROW, aw + part + k0, 2 * GDNC_L, MMA_ROW, bw + k0 * 16, 16);
+                }
+            }
+            mma_store(pw, &acc, 16);
+        }
+        BARRIER();
+        for (int e = (int)l; has && e < 256; e += 32) {
+            const i64 i = i0 + e / 16, j = j0 + e % 16;
+            if (i < K && j < V)
+                at.out[i * V + j] = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i)) * at.ds[i * V + j] + pw[e];
+        }
+    }
+}
+#endif
+
 /* The reverse pass: a work-group per (batch row b, value head vh), a work-item per block of CJ state columns
- * (local size ceil(V / CJ)). Scratch: per-channel gates' cumulative log-decays at ckb ([B][C][HV][L][K]); the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
+ * (local size ceil(V / CJ); the RLX_MMA variant's whole warps, at most GDNC_PW, lanes past V idle in the FMA part,
+ * dS0 by tiles: gdnc_pass_ds0_mma_barrier). Scratch: per-channel gates' cumulative log-decays at ckb ([B][C][HV][L][K]); the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
  * (the last one d_state's, with SSM_CARRY, or 0), slot 0 the initial state's (written to d_state with SSM_CARRY);
  * the state entering the first chunk at s0b ([B][HV][K][V]: the initial state or 0, for gdn_chunk_back_grads); Y at
  * yb, [B][C][HV][L][V] (the reserve's slot order); d_v written. */
@@ -215,6 +296,11 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
                            GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo, GLOBAL uchar* ckb, i64 cko)
 {
     LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L];
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t pa[GDNC_PW * (1 + GDNC_PSPLIT) * 16 * 2 * GDNC_L];
+    MMA_LOCAL mma_t pb[GDNC_PW * (1 + GDNC_PSPLIT) * 2 * GDNC_L * 16];
+    MMA_LOCAL float pprod[GDNC_PW * 256];
+#endif
     const i64 bh = GROUP(0), lane = LID(0), b = bh / HV, vh = bh - b * HV, chunks = (S + GDNC_L - 1) / GDNC_L;
     const i64 kv = K * V, j0 = lane * CJ, w = V - j0 < CJ ? V - j0 : CJ, entry = ssm_slot(b, AT(int, slb, slo));
     GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + (entry * HV + vh) * kv + j0;
@@ -242,7 +328,19 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
         at.y = AT(real, yb, yo) + ch.slot * GDNC_L * V + j0;
         at.out = dsl + c * kv;
         gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, ck, bet, nq, nk);
+#ifdef RLX_MMA
+        gdnc_pass_at group = at; /* the group's first column's rows */
+        group.gout -= j0;
+        group.y -= j0;
+        group.ds -= j0;
+        group.out -= j0;
+        gdnc_pass_ds0_mma_barrier(group, ch.n, H, HV, K, V, scale, cum, ck, bet, nq, nk, lane, LSIZE(0), pa, pb,
+                                  pprod);
+#endif
     }
+#ifdef RLX_MMA
+    BARRIER(); /* the first chunk's dS0 came from the warps' tiles */
+#endif
     if (SSM_CARRY)
         for (i64 i = 0; i < K; ++i)
             for (i64 j = 0; j < w; ++j)

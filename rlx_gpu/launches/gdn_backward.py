@@ -34,6 +34,8 @@ FAMILY, TEXT = "gdn_backward", "gdn_chunk_backward.cl"
 _TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab", "state": "stb",
                   "state_slots": "slb", "d_dst": "gob", "d_v": "dvb", "d_g": "dgb", "d_beta": "dbetab",
                   "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
+#: the most warps of gdn_chunk_back_pass's RLX_MMA variant a work-group (kernels/gdn_chunk_backward.cl's GDNC_PW)
+PASS_WARPS = 4
 #: reserve slot -> the kernels' parameter that reads it
 _RESERVE_PARAMS = {"states": "rsb", "qk": "rqb", "kk": "rkb", "inverse": "rib", "u": "rub"}
 
@@ -86,13 +88,18 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
                              {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines + mma)
     # the cpu target walks a block's columns in its inner loops (vectorized), the gpu target a column per lane
     cj = v if lim.target == "cpu" else 1
-    reverse = launch("gdn_chunk_back_pass", b * hv, -(-v // cj),
+    mma = mma_defines(lim, dt)
+    lanes = -(-v // cj)
+    if mma:  # the pass's variant: whole warps, at most PASS_WARPS (its tiles of dS0 a warp's each in turn)
+        cj = -(-v // (32 * PASS_WARPS))
+        lanes = -(-v // cj // 32) * 32
+    reverse = launch("gdn_chunk_back_pass", b * hv, lanes,
                      dict(dims, CJ=cj, **tensors("q", "k", "g", "beta", "state", "state_slots", "d_dst", "d_v",
-                                                 "d_state"), **scratch), "rqb", "rib")
+                                                 "d_state"), **scratch), "rqb", "rib", mma=mma)
     grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
                    dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "d_dst", "d_g", "d_beta"),
                         **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"]), dcb=(SCRATCH, at["dc"]),
-                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub", mma=mma_defines(lim, dt))
+                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub", mma=mma)
     e = tokens * h
     qk = launch("gdn_backward_qk", -(-e // 64), 64,
                 dict(E=e, K=k, blocks=ratio, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, at["dq"]),
