@@ -5,8 +5,8 @@ leaving it, the decayed Gram products, the WY inverse and U): the reserve's, or 
 recompute it into scratch (launches/gdn.py's ``recompute_saved``: at the cpu target the walk recording it, at the gpu
 target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then ``gdn_chunk_back_pass`` (the
 reverse pass over the chunks, a work-item per block of state columns: the whole row of V at the cpu target, one column
-at the gpu target (up to 256 lanes; its RLX_MMA variant, at most 128 in whole warps, takes dU's and dS0's products on
-the tensor cores): dU, Y = inverse^T dU, d_v and the state's gradient entering each chunk), then
+at the gpu target (up to 256 lanes; its RLX_MMA variant, at most 128 in whole warps, takes dU's K·dS_L and dS0's
+products on the tensor cores): dU, Y = inverse^T dU, d_v and the state's gradient entering each chunk), then
 ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta and g through the
 chunk's products; on a device with tensor cores its RLX_MMA variant, ``launches.mma``, takes the state products Y·S0ᵀ,
 dO·S0ᵀ and U·dS_Lᵀ there), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q, d_k partials in order (and
@@ -91,7 +91,7 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
     mma = mma_defines(lim, dt)
     cj = v if lim.target == "cpu" else -(-v // (32 * PASS_WARPS if mma else PASS_LANES))
     lanes = -(-v // cj)
-    if mma:  # the pass's variant: whole warps (its tiles of dU and dS0 a warp's each in turn)
+    if mma:  # the pass's variant: whole warps (its tiles of K·dS_L and dS0 a warp's each in turn)
         lanes = -(-lanes // 32) * 32
     reverse = launch("gdn_chunk_back_pass", b * hv, lanes,
                      dict(dims, CJ=cj, **tensors("q", "k", "g", "beta", "state", "state_slots", "d_dst", "d_v",

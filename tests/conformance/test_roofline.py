@@ -593,22 +593,19 @@ def test_the_recurrent_ops_gemm_flops_are_their_gate_products(op, gates, bidirec
 
 @pytest.mark.parametrize("dtype, mma, unit, split", [("bf16", MMA_16BIT, "mma16", True), ("f32", MMA_TF32, "tf32", False)])
 def test_the_gdn_backward_pass_variant_counts_its_products_on_the_tensor_cores(dtype, mma, unit, split):
-    """gdn_chunk_back_pass' RLX_MMA variant: its tensor-core FLOPs are dU = [scale qkᵀ | diag(end) K]·[dO; dS_L] and
-    dS0's two products, [scale γQ | -γβK]ᵀ·[dO; Y], per chunk of every (batch row, value head), counted on matrices
-    of their shapes as tiled (16 x 16 outputs, sums in blocks of 2L; three times at 16 bits: split operands); the
-    rest runs on FMA: the portable launch's FLOPs less those products once (qkᵀ on its triangle), plus the split's
+    """gdn_chunk_back_pass' RLX_MMA variant: its tensor-core FLOPs are dU's diag(end) K·dS_L and dS0's two products,
+    [scale γQ | -γβK]ᵀ·[dO; Y], per chunk of every (batch row, value head), counted on matrices of their shapes as
+    tiled (16 x 16 outputs, sums in blocks of 2L; three times at 16 bits: split operands); the rest (qkᵀ·dO on the
+    triangle among it) runs on FMA: the portable launch's FLOPs less those products once, plus the split's
     subtractions (a value of each operand as staged, per tile and block)."""
     chunk, kd, vd, value_heads = RESERVE_CHUNK, 40, 20, 2
-    kp, vp, sums = -(-kd // MMA_TILE) * MMA_TILE, -(-vd // MMA_TILE) * MMA_TILE, 2 * 2 * chunk  # L + K in 2 blocks
+    kp, vp, sums = -(-kd // MMA_TILE) * MMA_TILE, -(-vd // MMA_TILE) * MMA_TILE, 2 * chunk  # K in one block
     params = dict(batch=1, seq=chunk + 5, heads=1, value_heads=value_heads, state_size=kd, value_size=vd,
                   gate_per_channel=False, carry_state=False)
     rng, count, once, subtractions = np.random.default_rng(6), Counter(), Counter(), 0
-    lower = np.tril(np.ones((chunk, chunk)))
     for _chunk in range(2 * value_heads):  # a full chunk and a partial one (counted whole) per value head
-        qk_t, k_end = rng.standard_normal((chunk, chunk)), rng.standard_normal((chunk, kd))
-        d_out, d_sl = rng.standard_normal((chunk, vd)), rng.standard_normal((kd, vd))
+        k_end, d_sl = rng.standard_normal((chunk, kd)), rng.standard_normal((kd, vd))
         a, rows = rng.standard_normal((kd, 2 * chunk)), rng.standard_normal((2 * chunk, vd))
-        once.product(qk_t, d_out, lower)
         once.product(k_end, d_sl)
         once.product(a, rows)
         for _part in range(3 if split else 1):
