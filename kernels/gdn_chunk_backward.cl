@@ -158,33 +158,32 @@ typedef struct {
     GLOBAL real* out;
 } gdnc_pass_at;
 
-#ifdef RLX_MMA
-#define GDNC_PMMA 1 /* gdn_chunk_back_pass' variant: diag(end) K dS_L and dS0 on the tensor cores */
-#else
-#define GDNC_PMMA 0
-#endif
-
 /* Columns [0, w) of one chunk in the reverse pass (row strides: H*K for q, k, HV*V for d_out, d_v, V for the
  * rest); every inner loop runs over the columns. The variant's dS0 follows (gdnc_pass_mma_barrier). */
 INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64 K, i64 V, real scale,
                                LOCAL_PTR const real* cum, GLOBAL const real* ck, LOCAL_PTR const real* bet,
                                LOCAL_PTR const real* nq, LOCAL_PTR const real* nk)
 {
-    const i64 qs = H * K, os = HV * V;
+    const i64 os = HV * V;
     for (i64 s = 0; s < GDNC_L; ++s) { /* dU = scale qk^T dO + diag(end) K dS_L (the variant has the second in y) */
-        for (i64 j = 0; j < w && !GDNC_PMMA; ++j)
+#ifndef RLX_MMA
+        const i64 qs = H * K;
+        for (i64 j = 0; j < w; ++j)
             at.y[s * V + j] = (real)0;
+#endif
         for (i64 r = s; r < n; ++r) {
             const real a = scale * at.qk[r * GDNC_L + s];
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * LOAD(at.gout, r * os + j);
         }
-        for (i64 i = 0; i < K && s < n && !GDNC_PMMA; ++i) {
+#ifndef RLX_MMA
+        for (i64 i = 0; i < K && s < n; ++i) {
             const real f = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i) - gdnc_cum(cum, ck, K, s, i)) * nk[s];
             const real a = f * LOAD(at.k, s * qs + i);
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * at.ds[i * V + j];
         }
+#endif
     }
     for (i64 s = 0; s < GDNC_L; ++s) { /* Y = inverse^T dU in place: Y_s reads dU_r for r >= s alone */
         for (i64 r = s + 1; r < GDNC_L; ++r) {
@@ -196,6 +195,7 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
             STORE(at.dv, s * os + j, bet[s] * at.y[s * V + j]);
     }
 #ifndef RLX_MMA
+    const i64 qs = H * K;
     for (i64 i = 0; i < K; ++i) { /* dS0 = D dS_L + sum_r gamma_r (scale q_r dO_r - k_r beta_r Y_r) */
         const real through = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i));
         for (i64 j = 0; j < w; ++j)
