@@ -27,7 +27,8 @@
  * above is per key channel (cum_r a row of K, gamma, end and D diagonals on the state's rows, R[r][s] a ratio per
  * channel inside the K-sums of dq, dk), and dcum_r, dg_r rows of K (gdnc_row_pairs_channel, gdnc_channel_dg). On
  * CUDA with tensor cores gdn_chunk_back_grads' RLX_MMA variant takes its state products Y S0^T, dO S0^T and
- * U dS_L^T there (gdnc_state_terms_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
+ * U dS_L^T there (gdnc_state_terms_mma_barrier), gdn_chunk_back_pass' variant dU's K dS_L and dS0
+ * (gdnc_pass_mma_barrier). Host twin: host_fallback/gdn_backward_chunked.py. */
 
 #ifndef GDNB_NORM
 #define GDNB_NORM 0
@@ -158,26 +159,31 @@ typedef struct {
 } gdnc_pass_at;
 
 /* Columns [0, w) of one chunk in the reverse pass (row strides: H*K for q, k, HV*V for d_out, d_v, V for the
- * rest); every inner loop runs over the columns. */
+ * rest); every inner loop runs over the columns. The variant's dS0 follows (gdnc_pass_mma_barrier). */
 INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64 K, i64 V, real scale,
                                LOCAL_PTR const real* cum, GLOBAL const real* ck, LOCAL_PTR const real* bet,
                                LOCAL_PTR const real* nq, LOCAL_PTR const real* nk)
 {
-    const i64 qs = H * K, os = HV * V;
-    for (i64 s = 0; s < GDNC_L; ++s) { /* dU = scale qk^T dO + diag(end) K dS_L */
+    const i64 os = HV * V;
+    for (i64 s = 0; s < GDNC_L; ++s) { /* dU = scale qk^T dO + diag(end) K dS_L (the variant has the second in y) */
+#ifndef RLX_MMA
+        const i64 qs = H * K;
         for (i64 j = 0; j < w; ++j)
             at.y[s * V + j] = (real)0;
+#endif
         for (i64 r = s; r < n; ++r) {
             const real a = scale * at.qk[r * GDNC_L + s];
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * LOAD(at.gout, r * os + j);
         }
+#ifndef RLX_MMA
         for (i64 i = 0; i < K && s < n; ++i) {
             const real f = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i) - gdnc_cum(cum, ck, K, s, i)) * nk[s];
             const real a = f * LOAD(at.k, s * qs + i);
             for (i64 j = 0; j < w; ++j)
                 at.y[s * V + j] += a * at.ds[i * V + j];
         }
+#endif
     }
     for (i64 s = 0; s < GDNC_L; ++s) { /* Y = inverse^T dU in place: Y_s reads dU_r for r >= s alone */
         for (i64 r = s + 1; r < GDNC_L; ++r) {
@@ -188,6 +194,8 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
         for (i64 j = 0; j < w && s < n; ++j)
             STORE(at.dv, s * os + j, bet[s] * at.y[s * V + j]);
     }
+#ifndef RLX_MMA
+    const i64 qs = H * K;
     for (i64 i = 0; i < K; ++i) { /* dS0 = D dS_L + sum_r gamma_r (scale q_r dO_r - k_r beta_r Y_r) */
         const real through = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, i));
         for (i64 j = 0; j < w; ++j)
@@ -200,21 +208,128 @@ INLINE_FN void gdnc_pass_chunk(gdnc_pass_at at, i64 n, i64 w, i64 H, i64 HV, i64
                 at.out[i * V + j] += a * LOAD(at.gout, r * os + j) - b * at.y[r * V + j];
         }
     }
+#endif
 }
 
+#ifdef RLX_MMA
+#if GDNC_L != 32
+#error "the MMA variant of gdn_chunk_back_pass takes the chunk's 32 tokens as two 16-step slices of its products"
+#endif
+#define GDNC_PW 4 /* the pass's variant: at most 4 warps a work-group (launches/gdn_backward.py's lanes) */
+/* 16-bit operands split, x = hi + lo, as three products hi.hi + hi.lo + lo.hi: rounded once, they cost d_state (the
+ * first chunk's dS0) and d_v (dU's, measured with qk^T dO in the tiles too) ~2x the FMA path's error against the
+ * float64 reference (emulated on PoCL, K = V = 64, S 96 and 256: bf16 d_state NMSE 5.6e-6 against 2.8e-6, d_v 4.7e-6
+ * against 2.9e-6, f16 9e-8 and 7e-8 against 4.2e-8 and 4.6e-8; no growth over 8 chunks), NMSE vs the FMA path 6-7e-6
+ * at bf16, past a tenth of the bound 5e-5; split, the FMA path's (vs it 1e-8). TF32 keeps plain operands. */
+#define GDNC_PSPLIT (RLX_MMA == 1)
+/* One of the pass's two products on the tensor cores, by 16 x 16 output tiles, a tile per warp in turn: ds0 0, dU's
+ * diag(end nk) K dS_L ([L][K] [K][V]) into y (its triangular scale qk^T dO stays FMA, gdnc_pass_chunk's: a masked
+ * entry of A times a NaN in dO would be NaN where the FMA path takes no such product); ds0 1, dS0 = D dS_L + [scale
+ * diag(gamma nq) Q | -diag(gamma nk beta) K]^T [dO; Y] ([K][2L] [2L][V]) into out. Each warp stages its tile's
+ * operands a block of 2L along the sum at a time (A's 16 rows [16][2L], then the right operand's 16 columns [2L][16],
+ * zero past the chunk's tokens, the channels and the columns; at 16 bits each then its lo part) in its own share of a
+ * and bm, accumulates, stores the product f32 in its share of prod ([16][16]) and writes it out. Per-channel gates
+ * take the same code (the decays per key channel as staged). Every lane runs it (barriers, the first before any
+ * staging: the operands' writers done). at: the group's first column's pointers (lane 0's). */
+INLINE_FN void gdnc_pass_mma_barrier(int ds0, gdnc_pass_at at, i64 n, i64 H, i64 HV, i64 K, i64 V, real scale,
+                                     LOCAL_PTR const real* cum, GLOBAL const real* ck, LOCAL_PTR const real* bet,
+                                     LOCAL_PTR const real* nq, LOCAL_PTR const real* nk, i64 lane, i64 lanes,
+                                     LOCAL_PTR mma_t* a, LOCAL_PTR mma_t* bm, LOCAL_PTR float* prod)
+{
+    const i64 qs = H * K, os = HV * V, warps = lanes / 32, vt = (V + 15) / 16;
+    const i64 mt = ds0 ? (K + 15) / 16 : GDNC_L / 16, sum = ds0 ? 2 * GDNC_L : K;
+    const i64 w = MMA_WARP(lane), l = lane - w * 32, part = 16 * 2 * GDNC_L; /* an operand's tile */
+    LOCAL_PTR mma_t* aw = a + w * (1 + GDNC_PSPLIT) * part;
+    LOCAL_PTR mma_t* bw = bm + w * (1 + GDNC_PSPLIT) * part;
+    LOCAL_PTR float* pw = prod + w * 256;
+    for (i64 t0 = 0; t0 < mt * vt; t0 += warps) {
+        const i64 t = t0 + w, m0 = t / vt * 16, j0 = (t - t / vt * vt) * 16;
+        const int has = t < mt * vt;
+        mma_acc acc;
+        mma_zero(&acc);
+        for (i64 q0 = 0; q0 < sum; q0 += 2 * GDNC_L) {
+            BARRIER(); /* the operands' writers done; the previous block's operands and products read no more */
+            PRAGMA_NO_UNROLL
+            for (int e = (int)l; has && e < part; e += 32) {
+                const int mm = e / (2 * GDNC_L);
+                const i64 m = m0 + mm, q = q0 + e - mm * 2 * GDNC_L, r = q % GDNC_L;
+                real x = (real)0;
+                if (ds0 && m < K && r < n) {
+                    const real gam = rlx_exp(gdnc_cum(cum, ck, K, r, m));
+                    x = q < GDNC_L ? gam * scale * nq[r] * LOAD(at.q, r * qs + m)
+                                   : -gam * nk[r] * bet[r] * LOAD(at.k, r * qs + m);
+                } else if (!ds0 && q < K && m < n) {
+                    const real f = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, q) - gdnc_cum(cum, ck, K, m, q));
+                    x = f * nk[m] * LOAD(at.k, m * qs + q);
+                }
+                aw[e] = TO_MMA(x);
+                if (GDNC_PSPLIT)
+                    aw[part + e] = TO_MMA(x - FROM_MMA(aw[e]));
+            }
+            PRAGMA_NO_UNROLL
+            for (int e = (int)l; has && e < part; e += 32) {
+                const i64 q = q0 + e / 16, r = q % GDNC_L, j = j0 + e % 16;
+                real x = (real)0;
+                if (j < V && ds0 && r < n)
+                    x = q < GDNC_L ? LOAD(at.gout, r * os + j) : at.y[r * V + j];
+                else if (j < V && !ds0 && q < K)
+                    x = at.ds[q * V + j];
+                bw[e] = TO_MMA(x);
+                if (GDNC_PSPLIT)
+                    bw[part + e] = TO_MMA(x - FROM_MMA(bw[e]));
+            }
+            BARRIER();
+            PRAGMA_NO_UNROLL /* unrolled, its operand fragments took sm_90 past 128 registers */
+            for (int k0 = 0; has && k0 < 2 * GDNC_L; k0 += 16) {
+                mma_tile(&acc, MMA_ROW, aw + k0, 2 * GDNC_L, MMA_ROW, bw + k0 * 16, 16);
+                if (GDNC_PSPLIT) {
+                    mma_tile(&acc, MMA_ROW, aw + k0, 2 * GDNC_L, MMA_ROW, bw + part + k0 * 16, 16);
+                    mma_tile(&acc, MMA_ROW, aw + part + k0, 2 * GDNC_L, MMA_ROW, bw + k0 * 16, 16);
+                }
+            }
+        }
+        if (has)
+            mma_store(pw, &acc, 16);
+        BARRIER();
+        PRAGMA_NO_UNROLL
+        for (int e = (int)l; has && e < 256; e += 32) {
+            const i64 m = m0 + e / 16, j = j0 + e % 16;
+            if (ds0 && m < K && j < V)
+                at.out[m * V + j] = rlx_exp(gdnc_cum(cum, ck, K, GDNC_L - 1, m)) * at.ds[m * V + j] + pw[e];
+            else if (!ds0 && j < V)
+                at.y[m * V + j] = pw[e];
+        }
+    }
+}
+#endif
+
 /* The reverse pass: a work-group per (batch row b, value head vh), a work-item per block of CJ state columns
- * (local size ceil(V / CJ)). Scratch: per-channel gates' cumulative log-decays at ckb ([B][C][HV][L][K]); the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
+ * (local size ceil(V / CJ); the RLX_MMA variant's whole warps, at most GDNC_PW, lanes past V idle in the FMA part,
+ * dU's K dS_L and dS0 by tiles: gdnc_pass_mma_barrier). Scratch: per-channel gates' cumulative log-decays at ckb ([B][C][HV][L][K]); the state gradients at dsb, [B][HV][C + 1][K][V]: slot c + 1 dS_L of chunk c
  * (the last one d_state's, with SSM_CARRY, or 0), slot 0 the initial state's (written to d_state with SSM_CARRY);
  * the state entering the first chunk at s0b ([B][HV][K][V]: the initial state or 0, for gdn_chunk_back_grads); Y at
  * yb, [B][C][HV][L][V] (the reserve's slot order); d_v written. */
-KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scale, GLOBAL uchar* qb, i64 qo,
-                           GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go, GLOBAL uchar* betab, i64 betao,
-                           GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo, GLOBAL uchar* gob, i64 goo,
-                           GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* nb, i64 no,
-                           GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rib, i64 rio, GLOBAL uchar* dsb, i64 dso,
-                           GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo, GLOBAL uchar* ckb, i64 cko)
+#ifdef RLX_MMA /* work-groups of at most GDNC_PW warps, 4 of them an SM: sm_90 holds the variant within 128 registers */
+#define GDNC_PASS_LANES (GDNC_PW * 32)
+#define GDNC_PASS_GROUPS 4
+#else /* at most 256 lanes (launches/gdn_backward.py's PASS_LANES), which bounds no register */
+#define GDNC_PASS_LANES 256
+#define GDNC_PASS_GROUPS 1
+#endif
+KERNEL_BOUNDED(GDNC_PASS_LANES, GDNC_PASS_GROUPS) gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ,
+                           real scale, GLOBAL uchar* qb, i64 qo, GLOBAL uchar* kb, i64 ko, GLOBAL uchar* gb, i64 go,
+                           GLOBAL uchar* betab, i64 betao, GLOBAL uchar* stb, i64 sto, GLOBAL uchar* slb, i64 slo,
+                           GLOBAL uchar* gob, i64 goo, GLOBAL uchar* dvb, i64 dvo, GLOBAL uchar* dstb, i64 dsto,
+                           GLOBAL uchar* nb, i64 no, GLOBAL uchar* rqb, i64 rqo, GLOBAL uchar* rib, i64 rio,
+                           GLOBAL uchar* dsb, i64 dso, GLOBAL uchar* s0b, i64 s0o, GLOBAL uchar* yb, i64 yo,
+                           GLOBAL uchar* ckb, i64 cko)
 {
     LOCAL real cum[GDNC_L], bet[GDNC_L], nq[GDNC_L], nk[GDNC_L];
+#ifdef RLX_MMA
+    MMA_LOCAL mma_t pa[GDNC_PW * (1 + GDNC_PSPLIT) * 16 * 2 * GDNC_L];
+    MMA_LOCAL mma_t pb[GDNC_PW * (1 + GDNC_PSPLIT) * 2 * GDNC_L * 16];
+    MMA_LOCAL float pprod[GDNC_PW * 256];
+#endif
     const i64 bh = GROUP(0), lane = LID(0), b = bh / HV, vh = bh - b * HV, chunks = (S + GDNC_L - 1) / GDNC_L;
     const i64 kv = K * V, j0 = lane * CJ, w = V - j0 < CJ ? V - j0 : CJ, entry = ssm_slot(b, AT(int, slb, slo));
     GLOBAL state_t* dstate = AT(state_t, dstb, dsto) + (entry * HV + vh) * kv + j0;
@@ -241,8 +356,28 @@ KERNEL gdn_chunk_back_pass(i64 S, i64 H, i64 HV, i64 K, i64 V, i64 CJ, real scal
         at.ds = dsl + (c + 1) * kv;
         at.y = AT(real, yb, yo) + ch.slot * GDNC_L * V + j0;
         at.out = dsl + c * kv;
+#ifdef RLX_MMA
+        gdnc_pass_at group = at; /* the group's first column's rows */
+        group.gout -= j0;
+        group.y -= j0;
+        group.ds -= j0;
+        group.out -= j0;
+        PRAGMA_NO_UNROLL /* one copy of the tiles' code: two took sm_90 past 128 registers */
+        for (int ds0 = 0; ds0 < 2; ++ds0) { /* dU's K dS_L into y, then (dU, Y from it) dS0 */
+            gdnc_pass_mma_barrier(ds0, group, ch.n, H, HV, K, V, scale, cum, ck, bet, nq, nk, lane, LSIZE(0), pa, pb,
+                                  pprod);
+            if (!ds0) {
+                BARRIER(); /* dU in y */
+                gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, ck, bet, nq, nk);
+            }
+        }
+#else
         gdnc_pass_chunk(at, ch.n, w, H, HV, K, V, scale, cum, ck, bet, nq, nk);
+#endif
     }
+#ifdef RLX_MMA
+    BARRIER(); /* the first chunk's dS0 came from the warps' tiles */
+#endif
     if (SSM_CARRY)
         for (i64 i = 0; i < K; ++i)
             for (i64 j = 0; j < w; ++j)

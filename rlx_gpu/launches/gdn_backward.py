@@ -1,18 +1,18 @@
 """Launch geometry of the chunked gated_delta_net_backward (ABI.md §9), every target: kernels/gdn_chunk_backward.cl.
 
-With batch rows, the backward runs in the chunks of a saved forward (ABI.md §9.1: per chunk of
-32 tokens the state leaving it, the decayed Gram products, the WY inverse and U): the reserve's, or without one the
-forward's kernels recompute it into scratch (launches/gdn.py's ``recompute_saved``: at the cpu target the walk
-recording it, at the gpu target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then
-``gdn_chunk_back_pass`` (the reverse pass over the chunks, a work-item per block of state columns: the whole row
-of V at the cpu target, one column at the gpu target: dU, Y = inverse^T dU, d_v and the state's gradient entering
-each chunk), then ``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta
-and g through the chunk's products; on a device with tensor cores its RLX_MMA variant, ``launches.mma``, takes the
-state products Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ there), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q,
-d_k partials in order (and takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|,
-1/|k| first. Per-channel gates take the same kernels (GDNB_GATE_K): the decays per (token, key channel) in scratch,
-d_g per key channel. Packed sequences and ``ssm_kernel="lanes"`` keep the step walk (launches/ssm_backward.py),
-which hooks this plan in.
+With batch rows, the backward runs in the chunks of a saved forward (ABI.md §9.1: per chunk of 32 tokens the state
+leaving it, the decayed Gram products, the WY inverse and U): the reserve's, or without one the forward's kernels
+recompute it into scratch (launches/gdn.py's ``recompute_saved``: at the cpu target the walk recording it, at the gpu
+target ``gdn_reserve_walk``; then ``gdn_reserve_grams``, ``gdn_reserve_inverse``). Then ``gdn_chunk_back_pass`` (the
+reverse pass over the chunks, a work-item per block of state columns: the whole row of V at the cpu target, one column
+at the gpu target (up to 256 lanes; its RLX_MMA variant, at most 128 in whole warps, takes dU's K·dS_L and dS0's
+products on the tensor cores): dU, Y = inverse^T dU, d_v and the state's gradient entering each chunk), then
+``gdn_chunk_back_grads`` (every chunk at once, a work-item per token: the gradients of q, k, beta and g through the
+chunk's products; on a device with tensor cores its RLX_MMA variant, ``launches.mma``, takes the state products Y·S0ᵀ,
+dO·S0ᵀ and U·dS_Lᵀ there), and the step walk's ``gdn_backward_qk`` sums the value heads' d_q, d_k partials in order (and
+takes qk_l2norm's derivative); with qk_l2norm the forward's ``gdn_qk_norm`` writes 1/|q|, 1/|k| first. Per-channel gates
+take the same kernels (GDNB_GATE_K): the decays per (token, key channel) in scratch, d_g per key channel. Packed
+sequences and ``ssm_kernel="lanes"`` keep the step walk (launches/ssm_backward.py), which hooks this plan in.
 """
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ FAMILY, TEXT = "gdn_backward", "gdn_chunk_backward.cl"
 _TENSOR_PARAMS = {"q": "qb", "k": "kb", "v": "vb", "g": "gb", "beta": "betab", "state": "stb",
                   "state_slots": "slb", "d_dst": "gob", "d_v": "dvb", "d_g": "dgb", "d_beta": "dbetab",
                   "d_state": "dstb", "d_q": "dqb", "d_k": "dkb"}
+#: the most lanes of gdn_chunk_back_pass at the gpu target, and warps of its RLX_MMA variant (a column a lane where
+#: V allows; kernels/gdn_chunk_backward.cl's GDNC_PASS_LANES, GDNC_PW)
+PASS_LANES, PASS_WARPS = 256, 4
 #: reserve slot -> the kernels' parameter that reads it
 _RESERVE_PARAMS = {"states": "rsb", "qk": "rqb", "kk": "rkb", "inverse": "rib", "u": "rub"}
 
@@ -85,14 +88,18 @@ def plan(t: Thunk, lim: DeviceLimits, layout: Layout, defines: tuple[tuple[str, 
         return kernel_launch(FAMILY, kernel, dt, (groups * lanes,), (lanes,),
                              {**args, **{p: reserve[p] for p in slots}}, target=lim.target, defines=defines + mma)
     # the cpu target walks a block's columns in its inner loops (vectorized), the gpu target a column per lane
-    cj = v if lim.target == "cpu" else 1
-    reverse = launch("gdn_chunk_back_pass", b * hv, -(-v // cj),
+    mma = mma_defines(lim, dt)
+    cj = v if lim.target == "cpu" else -(-v // (32 * PASS_WARPS if mma else PASS_LANES))
+    lanes = -(-v // cj)
+    if mma:  # the pass's variant: whole warps (its tiles of K·dS_L and dS0 a warp's each in turn)
+        lanes = -(-lanes // 32) * 32
+    reverse = launch("gdn_chunk_back_pass", b * hv, lanes,
                      dict(dims, CJ=cj, **tensors("q", "k", "g", "beta", "state", "state_slots", "d_dst", "d_v",
-                                                 "d_state"), **scratch), "rqb", "rib")
+                                                 "d_state"), **scratch), "rqb", "rib", mma=mma)
     grads = launch("gdn_chunk_back_grads", b * chunks * hv, RESERVE_CHUNK,
                    dict(dims, T=tokens, **tensors("q", "k", "v", "g", "beta", "d_dst", "d_g", "d_beta"),
                         **scratch, dqb=(SCRATCH, at["dq"]), dkb=(SCRATCH, at["dk"]), dcb=(SCRATCH, at["dc"]),
-                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub", mma=mma_defines(lim, dt))
+                        tlb=(SCRATCH, at["tl"])), "rsb", "rqb", "rkb", "rub", mma=mma)
     e = tokens * h
     qk = launch("gdn_backward_qk", -(-e // 64), 64,
                 dict(E=e, K=k, blocks=ratio, **tensors("q", "k", "d_q", "d_k"), scb=(SCRATCH, at["dq"]),

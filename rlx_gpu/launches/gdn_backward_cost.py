@@ -10,8 +10,10 @@ S0·dS_L. Those are GEMM-shaped; the decays, the rows' scalars and the log-decay
 gates (GDNB_GATE_K): g read per key channel, the cumulative log-decays per (token, key channel) written to scratch
 and read back, a decay per (token, key channel) where per head one per token, a pair ratio per (token, token, key
 channel), and d_g's per-channel sums (through scratch) in place of the per-token ones. The RLX_MMA variant of
-``gdn_chunk_back_grads`` runs Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ on the tensor cores (16-row tiles padded to 16 key channels
-and columns; at 16 bits U·dS_Lᵀ as three products of split operands): those alone are its GEMM FLOPs there.
+``gdn_chunk_back_pass`` runs dU's diag(end) K·dS_L and dS0's two products as one,
+[scale γQ | -γβK]ᵀ·[dO; Y] (16 x 16 output tiles, sums in blocks of 2L, split operands at 16 bits), on the tensor
+cores, that of ``gdn_chunk_back_grads`` Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ (16-row tiles padded to 16 key channels and
+columns; at 16 bits U·dS_Lᵀ as three products of split operands): those alone are their launches' GEMM FLOPs there.
 """
 from __future__ import annotations
 
@@ -40,13 +42,24 @@ def _slots(launch: Launch, args: Mapping[str, Any], per_group: int) -> tuple[int
 def reverse_pass(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (batch row, value head, chunk, state column): dU = scale qkᵀ dO + diag(end) K dS_L, Y = inverseᵀ dU,
     dV = beta Y, dS0 = D dS_L + (γQ)ᵀ dO scale - (γK)ᵀ dV; per chunk and work-item the rows' scalars (cumulative
-    log-decays: L(L+1)/2 adds, their exps). The states' gradients written once a chunk and read once."""
+    log-decays: L(L+1)/2 adds, their exps). The states' gradients written once a chunk and read once. With RLX_MMA
+    K·dS_L's and dS0's products are the launch's GEMM FLOPs (on tiles, split in three at 16 bits), the triangular
+    qkᵀ·dO and inverseᵀ·dU ``other``."""
     h, hv, k, v, es, rs = args["H"], args["HV"], args["K"], args["V"], stored(launch), real(launch)
     b, chunks, t = _slots(launch, args, 1)
-    columns = b * hv * chunks * v
+    columns, mma = b * hv * chunks * v, defined(launch, "RLX_MMA")
     gemm = columns * (2 * _TRI + 2 * L * k + 2 * _STRICT + 4 * L * k)
     lanes, gk = launch.local_size[0], k if defined(launch, "GDNB_GATE_K") else 1
     other = columns * (3 * L + k) + b * hv * chunks * lanes * (_TRI + 4 * L)
+    if mma:  # dU's diag(end) K·dS_L = [L][K] x [K][V] and dS0 = [K][2L] x [2L][V] on the tensor cores, by 16 x 16
+        # tiles summing over blocks of 2L (padded; three products at 16 bits: split operands, a subtraction per
+        # staged value of each); the triangular qkᵀ·dO and Y = inverseᵀ dU FMA loops
+        split, kp, vp = mma == MMA_16BIT, -(-k // MMA_TILE) * MMA_TILE, -(-v // MMA_TILE) * MMA_TILE
+        sums = -(-k // (2 * L)) * 2 * L  # K·dS_L's sum over the key channels, in blocks
+        other += columns * (2 * _TRI + 2 * _STRICT)
+        gemm = b * hv * chunks * 2 * (L * sums + kp * 2 * L) * vp * (3 if split else 1)
+        blocks = b * hv * chunks * (vp // MMA_TILE) * (L // MMA_TILE * sums // (2 * L) + kp // MMA_TILE)
+        other += blocks * 2 * MMA_TILE * 2 * L if split else 0
     if gk > 1:  # a decay per (token, key channel) at every work-item, the channels' cumulative sums
         other += b * hv * chunks * (lanes * 2 * L * k * 4 + L * k)
     read = t * hv * (2 * h // hv * k + v + 1 + gk) * es + b * chunks * hv * 2 * L * L * rs  # q, k, d_dst, beta, g; ..

@@ -589,3 +589,40 @@ def test_the_recurrent_ops_gemm_flops_are_their_gate_products(op, gates, bidirec
                       bidirectional=bidirectional, carry=False, **fields)
         cost = _plan_cost(op, params, REFERENCE_GPU, rnn_kernel="step")
         assert cost.gemm == 2 * bsz * seq * dirs * gates * hidden * (inputs + hidden)
+
+
+@pytest.mark.parametrize("dtype, mma, unit, split", [("bf16", MMA_16BIT, "mma16", True), ("f32", MMA_TF32, "tf32", False)])
+def test_the_gdn_backward_pass_variant_counts_its_products_on_the_tensor_cores(dtype, mma, unit, split):
+    """gdn_chunk_back_pass' RLX_MMA variant: its tensor-core FLOPs are dU's diag(end) K·dS_L and dS0's two products,
+    [scale γQ | -γβK]ᵀ·[dO; Y], per chunk of every (batch row, value head), counted on matrices of their shapes as
+    tiled (16 x 16 outputs, sums in blocks of 2L; three times at 16 bits: split operands); the rest (qkᵀ·dO on the
+    triangle among it) runs on FMA: the portable launch's FLOPs less those products once, plus the split's
+    subtractions (a value of each operand as staged, per tile and block)."""
+    chunk, kd, vd, value_heads = RESERVE_CHUNK, 40, 20, 2
+    kp, vp, sums = -(-kd // MMA_TILE) * MMA_TILE, -(-vd // MMA_TILE) * MMA_TILE, 2 * chunk  # K in one block
+    params = dict(batch=1, seq=chunk + 5, heads=1, value_heads=value_heads, state_size=kd, value_size=vd,
+                  gate_per_channel=False, carry_state=False)
+    rng, count, once, subtractions = np.random.default_rng(6), Counter(), Counter(), 0
+    for _chunk in range(2 * value_heads):  # a full chunk and a partial one (counted whole) per value head
+        k_end, d_sl = rng.standard_normal((chunk, kd)), rng.standard_normal((kd, vd))
+        a, rows = rng.standard_normal((kd, 2 * chunk)), rng.standard_normal((2 * chunk, vd))
+        once.product(k_end, d_sl)
+        once.product(a, rows)
+        for _part in range(3 if split else 1):
+            count.product(np.zeros((chunk, sums)), np.zeros((sums, vp)))
+            count.product(np.pad(a, ((0, kp - kd), (0, 0))), np.pad(rows, ((0, 0), (0, vp - vd))))
+        tiles = (vp // MMA_TILE) * (chunk // MMA_TILE * sums // (2 * chunk) + kp // MMA_TILE)
+        subtractions += tiles * 2 * MMA_TILE * 2 * chunk if split else 0
+    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
+
+    def reverse(lim: DeviceLimits) -> tuple:
+        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == "gdn_chunk_back_pass"]
+        return launch, launch_cost(launch)
+    launch, cost = reverse(dataclasses.replace(REFERENCE_GPU, mma=mma))
+    portable_launch, portable = reverse(REFERENCE_GPU)
+    assert launch.local_size == (32,) and portable_launch.local_size == (vd,)
+    assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
+    assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
+    # the FMA part's per-lane rows' scalars run on the variant's 32 lanes where the portable launch has V
+    lanes = 2 * value_heads * (chunk * (chunk + 1) // 2 + 4 * chunk) * (32 - vd)
+    assert cost.other == portable.flops - once.gemm + subtractions + lanes

@@ -31,7 +31,8 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
                "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"), "mamba2_backward": ("mamba2_backward_dstate",),
-               "mamba3_backward": ("mamba3_cb_chunk",), "gdn_backward": ("gdn_chunk_back_grads",)}
+               "mamba3_backward": ("mamba3_cb_chunk",),
+               "gdn_backward": ("gdn_chunk_back_pass", "gdn_chunk_back_grads")}
 FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3", "mamba2_backward": "mamba2_backward",
           "mamba3_backward": "mamba3_backward", "gated_delta_net_backward": "gdn_backward"}
 VARIANT = MMA_OF_DTYPE  # per dtype: 16-bit inputs, or TF32 for f32
