@@ -56,18 +56,6 @@ class HostCall:
         self._kept = {slot.name: slot.kept for slot in plan._slots}  # an unchanged stamp skips the write
         names = {name for name, *_ in stamped}
         self._unstamped = tuple(name for name in plan.inputs if name not in names)
-        self._offsets = tuple(plan._slots[i].offset for i, _, _ in handed)
-        # per output: ("in", k) the handed input k's own array, ("copy", k) a copy of it the kernel updates,
-        # ("new", None) a new array the kernel writes, ("arena", None) a copy of its arena view
-        by_input = {i: k for k, (i, _, _) in enumerate(handed)}
-        self._outputs = []
-        for j in range(len(plan.outputs)):
-            source = layout.outputs[j] if self._hand else None
-            if source is not None and source >= 0 and source in by_input:
-                kind = ("in", by_input[source]) if in_place.get(j) == by_input[source] else ("copy", by_input[source])
-            else:
-                kind = ("new", None) if source == -1 else ("arena", None)
-            self._outputs.append((kind, layout.offsets[j] if layout is not None else -1))
         self._taken = tuple(taken)
         self._in_place = dict(in_place)
 
@@ -95,38 +83,14 @@ class HostCall:
                 recorded.clear()
                 raise
             arrays = [view(args[at]) for _, at, view in self.handed]
-            if not self._hand or plan._given is None:  # small, or refused by the kernel once: copied in
-                return self._copied(arrays)
-            return self._given(arrays)
-
-    def _given(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The run on the handed ``arrays`` (``CallPlan._call_given``'s, its outputs worked out once)."""
-        plan = self.plan
-        given = dict(zip(self._offsets, arrays))
-        outputs = []
-        for (kind, k), offset in self._outputs:
-            if kind == "in":
-                outputs.append(arrays[k])
-            elif kind == "copy" or kind == "new":
-                array = arrays[k].copy() if kind == "copy" else np.empty_like(plan._host_outputs[len(outputs)])
-                given[offset] = array
-                outputs.append(array)
-            else:
-                outputs.append(None)
-        report = plan.device.execute_given(plan._bound, plan._arena, given)
-        if report is None:  # not taken (nothing ran): not offered again, the arrays copied in
-            plan._given = None
-            return self._copied(arrays)
-        plan.last_report = report
-        views = plan._host_outputs
-        return [outputs[j] if outputs[j] is not None else views[j].copy() for j in self._taken]
-
-    def _copied(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """The run with the handed ``arrays`` copied into the arena, the outputs the kernel updates in place of
-        them written back to their arrays (``CallPlan.call``'s way)."""
-        for (i, _, _), array in zip(self.handed, arrays):
-            self._slots[i].array[...] = array
-        into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(self._outputs))
-                ] if self._in_place else None
-        outputs = self.plan._run({}, [], into)
+            if self._hand and plan._given is not None:  # read where they lie, if the kernel takes them
+                handed = {i: array for (i, _, _), array in zip(self.handed, arrays)}
+            else:  # small, or refused by the kernel once: copied in
+                handed = {}
+                for (i, _, _), array in zip(self.handed, arrays):
+                    self._slots[i].array[...] = array
+            # an output the kernel updates in place of a handed input comes back in that input's own array
+            into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(plan.outputs))
+                    ] if self._in_place else None
+            outputs = plan._run(handed, [], into)
         return [outputs[j] for j in self._taken]
