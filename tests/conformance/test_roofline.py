@@ -522,6 +522,17 @@ def test_rlx_mma_moves_a_launchs_gemm_flops_to_the_tensor_cores(mma, unit):
         assert roofline.units(marked, launch_cost(marked)) == {"fma": cost.other, unit: cost.gemm}
 
 
+def _gdn_backward_kernel(kernel: str, dtype: str, params: dict, mma: int) -> tuple[tuple, tuple]:
+    """``(launch, cost)`` of ``kernel`` in gated_delta_net_backward's plan for ``params`` on an H200 with the
+    tensor-core variants ``mma``, then the same on one without (the portable launch)."""
+    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
+
+    def planned(lim: DeviceLimits) -> tuple:
+        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == kernel]
+        return launch, launch_cost(launch)
+    return planned(dataclasses.replace(REFERENCE_GPU, mma=mma)), planned(REFERENCE_GPU)
+
+
 @pytest.mark.parametrize("dtype, mma, unit, split", [("bf16", MMA_16BIT, "mma16", True), ("f32", MMA_TF32, "tf32", False)])
 def test_the_gdn_backward_variant_counts_its_state_products_on_the_tensor_cores(dtype, mma, unit, split):
     """gdn_chunk_back_grads' RLX_MMA variant: its tensor-core FLOPs are the state products Y·S0ᵀ, dO·S0ᵀ and U·dS_Lᵀ of
@@ -541,13 +552,7 @@ def test_the_gdn_backward_variant_counts_its_state_products_on_the_tensor_cores(
         for _part in range(2 if split else 0):
             count.product(u, d_sl.T)
         subtractions += (kd // MMA_TILE) * (chunk + MMA_TILE) * vd if split else 0
-    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
-
-    def grads(lim: DeviceLimits) -> tuple:
-        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == "gdn_chunk_back_grads"]
-        return launch, launch_cost(launch)
-    launch, cost = grads(dataclasses.replace(REFERENCE_GPU, mma=mma))
-    portable_launch, portable = grads(REFERENCE_GPU)
+    (launch, cost), (portable_launch, portable) = _gdn_backward_kernel("gdn_chunk_back_grads", dtype, params, mma)
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
     assert cost.other == portable.flops - once.gemm + subtractions
@@ -613,13 +618,7 @@ def test_the_gdn_backward_pass_variant_counts_its_products_on_the_tensor_cores(d
             count.product(np.pad(a, ((0, kp - kd), (0, 0))), np.pad(rows, ((0, 0), (0, vp - vd))))
         tiles = (vp // MMA_TILE) * (chunk // MMA_TILE * sums // (2 * chunk) + kp // MMA_TILE)
         subtractions += tiles * 2 * MMA_TILE * 2 * chunk if split else 0
-    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
-
-    def reverse(lim: DeviceLimits) -> tuple:
-        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == "gdn_chunk_back_pass"]
-        return launch, launch_cost(launch)
-    launch, cost = reverse(dataclasses.replace(REFERENCE_GPU, mma=mma))
-    portable_launch, portable = reverse(REFERENCE_GPU)
+    (launch, cost), (portable_launch, portable) = _gdn_backward_kernel("gdn_chunk_back_pass", dtype, params, mma)
     assert launch.local_size == (32,) and portable_launch.local_size == (vd,)
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
