@@ -293,3 +293,19 @@ def test_the_written_path_reads_a_strided_input_and_mamba_1s_form(host):
                                   z[:, None], dt_bias[None])[:, 0]
         assert torch.allclose(out, expected, atol=1e-12)
         assert torch.allclose(ours, theirs, atol=1e-12)
+
+
+def test_a_lazily_negated_input_of_the_hot_paths_signature_is_written_negated(host):
+    """A step's dense inputs are moved into the arena by their bytes; one whose negation is lazy (its neg bit,
+    which the signature does not tell) has the same bytes as its negation's opposite: it is written negated."""
+    torch.manual_seed(5)
+    ours = r(1, 2, 4, 3)
+    theirs = ours.clone()
+    for step in range(3):
+        x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+        given = torch._neg_view(-x) if step == 2 else x  # the values of x, its bytes those of -x
+        assert given.is_neg() == (step == 2) and given.is_contiguous()
+        out = rt.selective_state_update(ours, given, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        expected = step_reference(theirs, x, dt, A, B, C, D, z, dt_bias)
+        assert torch.allclose(out, expected, atol=1e-12)
+        assert torch.allclose(ours, theirs, atol=1e-12)
