@@ -96,23 +96,29 @@ def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: 
     """The ``HostCall`` of ``plan`` (called once already) for a signature whose call had the tensors ``args``:
     ``fields`` gives each plan input's tensor (its position among ``args``) and the view of it the plan takes;
     ``stamped`` the inputs given with their stamps (``bridge.stamp``), ``handed`` those the kernel reads where
-    they lie (the tensor itself, viewed as a kept NumPy array), ``in_place`` the outputs (by name) the kernel
-    writes in place of a handed input (by name), ``taken`` the outputs returned. None where the plan is no host
-    plan or a view is one this cannot write (``place_writer``) or hand over."""
+    they lie (the tensor itself, viewed as a kept NumPy array; another input is too where it is the tensor's
+    own memory and large enough for the plan's ``given`` layout: no copy of it a call, its stamp moot),
+    ``in_place`` the outputs (by name) the kernel writes in place of a handed input (by name), ``taken`` the
+    outputs returned. None where the plan is no host plan or a view is one this cannot write (``place_writer``)
+    or hand over."""
     arena = places(plan)
     if arena is None:
         return None
+    layout = plan._given
     writes, stamps, hand = [], [], []
     for i, name in enumerate(plan.inputs):
         at, field = fields[name]
-        if name in handed:  # the caller's tensor itself, which the kernel may read and update where it lies
-            own = args[at].numpy(force=True)
-            if not (field.shape == own.shape and _address(field) == _address(own) and own.flags.c_contiguous
-                    and own.dtype == field.dtype == arena[name].dtype):
-                return None
-            # a state the call updates in place comes back call after call: its view is kept; another (a state
-            # the kernel updates a copy of) is a new tensor each call, viewed afresh
-            hand.append((i, at, HeldView() if name in in_place.values() else _numpy))
+        own = args[at].numpy(force=True)
+        whole = (field.shape == own.shape and _address(field) == _address(own) and own.flags.c_contiguous
+                 and own.dtype == field.dtype == arena[name].dtype)
+        if name in handed and not whole:
+            return None
+        # the caller's tensor itself, which the kernel may read (and update) where it lies: one ``handed``, or
+        # another large enough for the plan's ``given`` layout (Mamba-1's A, as ``CallPlan.call`` hands it)
+        if name in handed or whole and layout is not None and layout.inputs[i]:
+            # a state the call updates in place, or a parameter, comes back call after call: its view is kept;
+            # another (a state the kernel updates a copy of) is a new tensor each call, viewed afresh
+            hand.append((i, at, HeldView() if name in in_place.values() or name in stamped else _numpy))
             continue
         put = place_writer(arena[name], args[at], field, name in stamped)
         if put is None:
