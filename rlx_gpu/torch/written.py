@@ -55,14 +55,16 @@ def _mover(place: np.ndarray, t: torch.Tensor) -> Put:
     """A writer of a tensor of ``t``'s signature (shape, strides, dtype: C-contiguous, as ``t``) into ``place``
     (C-contiguous, of its dtype and size): one ``memmove`` of its bytes from its address. A decode step's
     ``copy_`` runs torch's dispatcher and TensorIterator, whose code a kernel's sweep of the cache has evicted
-    (on an Intel Xeon after an LSTM step, 16 µs against 10 for the memmove). A tensor whose negation is lazy
-    (its neg bit: ``z.conj().imag``), which the signature does not tell, is copied by ``copy_``, which applies it."""
+    (on an Intel Xeon after an LSTM step, 16 µs against 10 for the memmove). What the signature does not tell
+    goes by ``copy_``, which knows it: a tensor whose negation is lazy (its neg bit: ``z.conj().imag``) or one
+    of no memory (a zero tensor, ``torch._efficientzerotensor``: address 0)."""
     target, nbytes, move = _address(place), place.nbytes, ctypes.memmove
     copy = torch.from_numpy(place).view(t.shape).copy_
     data, negated = torch.Tensor.data_ptr, torch.Tensor.is_neg
 
     def put(t: torch.Tensor) -> Any:
-        return copy(t) if negated(t) else move(target, data(t), nbytes)
+        address = data(t)
+        return move(target, address, nbytes) if address and not negated(t) else copy(t)
     return put
 
 

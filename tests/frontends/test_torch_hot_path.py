@@ -295,14 +295,18 @@ def test_the_written_path_reads_a_strided_input_and_mamba_1s_form(host):
         assert torch.allclose(ours, theirs, atol=1e-12)
 
 
-def test_a_lazily_negated_input_of_the_hot_paths_signature_is_written_negated(host):
+def test_a_lazily_negated_or_zero_input_of_the_hot_paths_signature_is_written_as_its_values(host):
     """A step's dense inputs are moved into the arena by their bytes; one whose negation is lazy (its neg bit,
-    which the signature does not tell) has the same bytes as its negation's opposite: it is written negated."""
+    which the signature does not tell) has the bytes of its values' opposite, and a zero tensor no bytes at
+    all: each is written as its values."""
     torch.manual_seed(5)
     ours = r(1, 2, 4, 3)
     theirs = ours.clone()
-    for step in range(3):
+    for step in range(4):
         x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+        if step == 3:
+            x = torch._efficientzerotensor(x.shape, dtype=F64)
+            assert x.stride() == (8, 4, 1) and x.data_ptr() == 0
         given = torch._neg_view(-x) if step == 2 else x  # the values of x, its bytes those of -x
         assert given.is_neg() == (step == 2) and given.is_contiguous()
         out = rt.selective_state_update(ours, given, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
