@@ -3,11 +3,12 @@
 ``CallPlan.call`` takes each input as an array, checks it and copies it into its place in the arena (or hands
 a large one to the kernel where it lies: ``given``), then works out where each output goes. A caller that has
 bound a signature once (the torch bridge's hot paths) knows all that already: ``HostCall`` is the plan's call
-worked out once for it. Each input is written by a writer of the caller's (``put(arg)``: a ``copy_`` into a
-torch view of its place in the arena, made once from ``places``), a parameter only when its stamp changed (the
-plan's own stamps, so both ways of calling agree); the inputs handed over go to the kernel as they lie, an
-output the kernel updates in place of one of them in that input's own memory. A decode step's call then makes
-no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output bookkeeping.
+worked out once for it. Each input is written by a writer of the caller's (``put(arg)``: for a dense tensor,
+a ``memmove`` of its bytes into its place in the arena, found once from ``places``), a parameter only when its
+stamp changed (the plan's own stamps, so both ways of calling agree); the inputs handed over go to the kernel
+as they lie, an output the kernel updates in place of one of them in that input's own memory. A decode step's
+call then makes no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output
+bookkeeping.
 """
 from __future__ import annotations
 

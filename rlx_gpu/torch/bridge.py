@@ -72,8 +72,7 @@ def default_device() -> tuple[Any, ...]:
     """The values of the variables that choose the default device, read on every call (what a test or a
     process that changes ``RLX_DEVICE`` between calls relies on: the values are part of a signature, so
     each gets a schedule of its own)."""
-    get = _ENVIRON.get
-    return tuple([get(name) for name in _device_variables()])
+    return tuple(map(_ENVIRON.get, _device_variables()))
 
 
 def rlx_dtype(t: torch.Tensor, what: str = "tensor") -> str:
@@ -296,9 +295,8 @@ def call_key(*args: Any) -> tuple:
     lies in CPU memory (nothing of its data or address; only CPU calls get a hot path, so the device
     beyond that tells nothing), any other argument (hashable) itself, then the values that choose the default
     device (``default_device()``'s, read here)."""
-    get = _ENVIRON.get
     return (*[(type(a), a.shape, a.stride(), a.dtype, a.is_cpu) if isinstance(a, _TENSOR) else a for a in args],
-            *[get(name) for name in _device_variables()])
+            *map(_ENVIRON.get, _device_variables()))  # map: no comprehension's frame
 
 
 class _HotPaths(dict):

@@ -64,7 +64,7 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
 def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torch.Tensor],
              inputs: Mapping[str, torch.Tensor], bound: BoundCall) -> HostCall | None:
     """The ``HostCall`` of the hot path on the host (``written``): called on ``(x, *states, (streams, key))``,
-    x and the states written by one ``copy_`` each, the weight streams only when their key (``_Packings``)
+    x and the states written by one ``memmove`` each, the weight streams only when their key (``_Packings``)
     changed; None on another device or where a tensor is no plain view (``place_writer``)."""
     arena = places(plan)
     if arena is None:

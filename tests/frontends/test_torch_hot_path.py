@@ -293,3 +293,46 @@ def test_the_written_path_reads_a_strided_input_and_mamba_1s_form(host):
                                   z[:, None], dt_bias[None])[:, 0]
         assert torch.allclose(out, expected, atol=1e-12)
         assert torch.allclose(ours, theirs, atol=1e-12)
+
+
+def test_a_lazily_negated_or_zero_input_of_the_hot_paths_signature_is_written_as_its_values(host):
+    """A step's dense inputs are moved into the arena by their bytes; one whose negation is lazy (its neg bit,
+    which the signature does not tell) has the bytes of its values' opposite, and a zero tensor no bytes at
+    all: each is written as its values."""
+    torch.manual_seed(5)
+    ours = r(1, 2, 4, 3)
+    theirs = ours.clone()
+    for step in range(4):
+        x, dt, A, B, C, D, z, dt_bias = step_arguments(F64)
+        if step == 3:
+            x = torch._efficientzerotensor(x.shape, dtype=F64)
+            assert x.stride() == (8, 4, 1) and x.data_ptr() == 0
+        given = torch._neg_view(-x) if step == 2 else x  # the values of x, its bytes those of -x
+        assert given.is_neg() == (step == 2) and given.is_contiguous()
+        out = rt.selective_state_update(ours, given, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        expected = step_reference(theirs, x, dt, A, B, C, D, z, dt_bias)
+        assert torch.allclose(out, expected, atol=1e-12)
+        assert torch.allclose(ours, theirs, atol=1e-12)
+
+
+def test_mamba_1s_large_a_is_read_where_it_lies_call_after_call(host):
+    """Mamba-1's form with an A of 16 KiB or more: the hot path hands it to the kernel as it lies (as the call
+    plan's own ``call`` does) rather than copying it into the arena, so even a parameter changed through
+    ``.data`` (which its version, the stamp of a copied parameter, does not see) is read as it is now."""
+    torch.manual_seed(6)
+    dim, dstate = 320, 16  # A: 20 KiB of float32
+    A = torch.nn.Parameter(-torch.rand(dim, dstate) - 0.5, requires_grad=False)
+    D, dt_bias = torch.randn(dim), torch.randn(dim)
+    ours = torch.randn(1, dim, dstate)
+    theirs = ours.to(F64)
+    for step in range(4):
+        if step == 2:
+            A.data.mul_(0.5)
+        x, dt, B, C, z = torch.randn(1, dim), torch.randn(1, dim), torch.randn(1, dstate), torch.randn(1, dstate), \
+            torch.randn(1, dim)
+        out = rt.selective_state_update(ours, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+        expected = step_reference(theirs[:, None], *(t.to(F64) for t in (x[:, None], dt[:, None], A[None], B[:, None],
+                                                                         C[:, None], D[None], z[:, None],
+                                                                         dt_bias[None])))[:, 0]
+        assert torch.allclose(out.to(F64), expected, atol=1e-4, rtol=1e-4)
+        assert torch.allclose(ours.to(F64), theirs, atol=1e-4, rtol=1e-4)
