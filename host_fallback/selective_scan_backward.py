@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import threads
+from . import compiled_step, jit, threads
 from .abi import complete
 from .arena import STORAGE
 from .bound import Bound
@@ -243,6 +243,63 @@ class _Thunk:
             self.bound.store("d_delta_bias", sums.bias)
 
 
+class _Compiled:
+    """The compiled reverse of a thunk (``jit``'s ``selective_scan_backward_run``): a sequence's every gradient in
+    one call over its arena views, where NumPy's ``_Thunk.reverse`` makes about forty array passes a chunk."""
+
+    def __init__(self, run: _Thunk, kernel: Any):
+        t, bound, self.run, self.kernel = run.t, run.bound, run, kernel
+        groups, n = t["groups"], t["state_size"]
+        present = lambda f: t[f] is not None  # noqa: E731
+        self.inputs = [bound.view(f) for f in ("x", "delta")] + [
+            bound.view(f).reshape(t["batch"], t["seq"], groups, n) for f in ("b", "c")] + [
+            bound.view("a")] + [compiled_step.view(bound, f, 1, present(f)) for f in ("delta_bias", "d")] + [
+            bound.view("z") if present("z") else compiled_step.NONE[2], bound.view("d_dst")]
+        self.outputs = [bound.view(f) for f in ("d_x", "d_delta")] + [
+            bound.view("d_z") if present("z") else compiled_step.NONE[2]] + [
+            bound.view(f).reshape(t["batch"], t["seq"], groups, n) for f in ("d_b", "d_c")]
+
+    @classmethod
+    def of(cls, run: _Thunk) -> "_Compiled | None":
+        """Where it applies: Numba there (not ``RLX_HOST_JIT=0``), every tensor stored in f32, no output overlapping
+        another tensor (``compiled_step.applies``), and arena views Numba takes (aligned, writable)."""
+        kernel = jit.kernel("selective_scan_backward_run")
+        if kernel is None or not compiled_step.applies(run.bound.regions):
+            return None
+        made = cls(run, kernel)
+        usable = all(v.flags.aligned and v.flags.writeable for v in made.inputs + made.outputs)
+        return made if usable else None
+
+    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
+                saved: np.ndarray | None = None) -> np.ndarray:
+        """``_Thunk.reverse``, one call a batch row."""
+        return np.stack([self._row(row, tokens, entering[k], d_final[k], sums, None if saved is None else saved[k])
+                         for k, row in enumerate(range(rows.start, rows.stop))])
+
+    def _row(self, row: int, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
+             saved: np.ndarray | None) -> np.ndarray:
+        """One batch row's tokens: its starting state and final state's gradient ``[H, N]``, ``saved`` its saved
+        states ``[C, H, N]``; returns the starting state's gradient."""
+        t = self.run.t
+        hidden, n = t["hidden"], t["state_size"]
+        d_a = np.zeros((hidden, n), np.float32)
+        d_d, d_bias = (np.zeros(hidden if t[f] is not None else 0, np.float32) for f in ("d", "delta_bias"))
+        d_state = np.array(d_final, np.float32)  # (updated in place to the starting state's gradient)
+        rows = lambda v: v[row, tokens] if v.ndim > 2 else v  # noqa: E731  (a sequence's [T, ...]; the rest whole)
+        x, delta, b, c, a, bias, d, z, dy = (rows(v) for v in self.inputs)
+        d_x, d_delta, d_z, d_b, d_c = (rows(v) for v in self.outputs)
+        self.kernel(x, delta, b, c, a, bias, d, z, dy, np.ascontiguousarray(entering, np.float32),
+                    compiled_step.NONE[3] if saved is None else saved, d_state, d_x, d_delta, d_z, d_b, d_c,
+                    d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]))
+        groups = self.run.groups
+        sums.a += np.swapaxes(d_a.reshape(groups, -1, n), -1, -2)
+        if sums.d is not None:
+            sums.d += d_d.reshape(groups, 1, -1)
+        if sums.bias is not None:
+            sums.bias += d_bias
+        return d_state
+
+
 def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chunk: int | None = None,
                             workers: int | None = None) -> None:
     """The gradients of a selective_scan (ABI.md §9): every ``d_`` output of the thunk from ``d_dst`` and,
@@ -255,6 +312,7 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     if chunk is not None and chunk < 1:
         raise ValueError(f"selective_scan_backward: chunk must be at least 1 step, got {chunk}")
     run = _Thunk(t, arena, chunk or CHUNK)
+    reverse = (_Compiled.of(run) or run).reverse
     shape = (t["state_size"],)
     states = StatePool(t, run.bound, run.ctype, shape)
     grads = StatePool(t, run.bound, run.ctype, shape, field="d_state")
@@ -270,8 +328,8 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
 
         def compute(bs: slice, _: slice) -> _Sums:
             part = run.sums()
-            d_initial[bs] = run.reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part,
-                                        None if views is None else views["states"][bs])
+            d_initial[bs] = reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part,
+                                    None if views is None else views["states"][bs])
             return part
 
         def keep(bs: slice, _: slice, part: _Sums) -> None:
@@ -286,7 +344,7 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
         d_initial = np.array(d_final)  # an empty sequence hands its final state's gradient straight back
         for row, lo, hi in seqs.runs():
             one = slice(row, row + 1)
-            d_initial[one] = run.reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one], sums)
+            d_initial[one] = reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one], sums)
     run.store(sums)
     grads.store(batch, channels, d_initial)
 
