@@ -155,15 +155,16 @@ def _chunk_steps(t0, span, x, delta, z, dy, delta_bias, softplus, steps, inputs,
 
 
 @numba.njit(types.void(_T2, _T2, _T3, _T3, _T2, _T1, _T1, _T2, _T2, _T2, _T3, _T2, _T2, _T2, _T2, _T3, _T3, _T2,
-                       _T1, _T1, types.intp, types.boolean), fastmath=_FLAGS, nogil=True, cache=True,
+                       _T1, _T1, types.intp, types.boolean, types.boolean), fastmath=_FLAGS, nogil=True, cache=True,
             error_model="numpy", boundscheck=False)
-def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, entering, saved, d_state, dx_out,
-                                ddelta_out, dz_out, db_out, dc_out, da, dd, dbias, chunk, softplus):
+def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, entering, keep, d_state, dx_out,
+                                ddelta_out, dz_out, db_out, dc_out, da, dd, dbias, chunk, softplus, saved):
     """The gradients of one sequence of ``selective_scan`` (ABI.md §9), float32, every array C-contiguous.
 
     In: ``x, delta, z, dy [T, H]`` (``dy`` the output's gradient), ``b, c [T, G, N]``, ``a [H, N]``, ``delta_bias, d
-    [H]``, ``entering [H, N]`` the state before the first token, ``saved [C, H, N]`` the state leaving each chunk of
-    ``chunk`` tokens (``C = ceil(T / chunk)``; empty: a forward pass forms them), ``d_state [H, N]`` the final
+    [H]``, ``entering [H, N]`` the state before the first token, ``keep [C, H, N]`` the state leaving each chunk of
+    ``chunk`` tokens (``C = ceil(T / chunk)``): read where ``saved`` (a saved forward's), else a forward pass
+    writes them there (the caller's array, so that its memory is the caller's to see), ``d_state [H, N]`` the final
     state's gradient, updated in place to the entering state's. Optional inputs (``delta_bias``, ``d``, ``z``) are
     empty where the thunk has none, and so is ``dz_out`` without ``z``. Out: ``dx_out, ddelta_out, dz_out [T,
     H]`` and ``db_out, dc_out [T, G, N]`` written; ``da [H, N]``, ``dd, dbias [H]`` added to (``dd``, ``dbias``
@@ -172,13 +173,14 @@ def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, enterin
     groups, n = b.shape[1], a.shape[1]
     width = hidden // groups
     count = (seq + chunk - 1) // chunk
-    keep = saved if saved.shape[0] > 0 else np.empty((count, hidden, n), _F32)
+    if keep.shape[0] != count:
+        raise ValueError("selective_scan_backward_run: keep holds one state a chunk")
     steps, inputs = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     slopes, grads = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     gates = np.empty((chunk if z.size > 0 else 0, hidden), _F32)
     hs, decays = np.empty((chunk + 1, n), _F32), np.empty((chunk, n), _F32)
     sums = np.zeros((hidden, 2), _F32)
-    if saved.shape[0] == 0:  # the forward pass: the state leaving each chunk
+    if not saved:  # the forward pass: the state leaving each chunk
         h = entering.copy()
         for k in range(count - 1):  # (the last chunk's states are recomputed in the reverse anyway)
             t0, span = k * chunk, min(chunk, seq - k * chunk)

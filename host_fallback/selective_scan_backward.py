@@ -288,9 +288,11 @@ class _Compiled:
         rows = lambda v: v[row, tokens] if v.ndim > 2 else v  # noqa: E731  (a sequence's [T, ...]; the rest whole)
         x, delta, b, c, a, bias, d, z, dy = (rows(v) for v in self.inputs)
         d_x, d_delta, d_z, d_b, d_c = (rows(v) for v in self.outputs)
-        self.kernel(x, delta, b, c, a, bias, d, z, dy, np.ascontiguousarray(entering, np.float32),
-                    compiled_step.NONE[3] if saved is None else saved, d_state, d_x, d_delta, d_z, d_b, d_c,
-                    d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]))
+        chunks = -(-(tokens.stop - tokens.start) // self.run.chunk)
+        keep = np.empty((chunks, hidden, n), np.float32) if saved is None else saved  # (the checkpoints' memory)
+        self.kernel(x, delta, b, c, a, bias, d, z, dy, np.ascontiguousarray(entering, np.float32), keep, d_state,
+                    d_x, d_delta, d_z, d_b, d_c, d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]),
+                    saved is not None)
         groups = self.run.groups
         sums.a += np.swapaxes(d_a.reshape(groups, -1, n), -1, -2)
         if sums.d is not None:
