@@ -3,12 +3,14 @@ call, where NumPy's chunked reverse makes about forty array passes a chunk over 
 (``selective_scan_backward``: where it applies and its arguments). Imported only through ``jit``.
 
 Per chunk of ``chunk`` tokens, the tokens' per-channel scalars first (the step ``delta`` after its bias and
-softplus, softplus' slope, ``delta x``, the gate's factors), in loops over the contiguous channels; then per
-channel, its states through the chunk recomputed from the state entering it (a saved forward's, ABI.md §9.1, or
-the checkpoint of a first forward pass) into a ``[chunk + 1, N]`` buffer, keeping each step's decay
-``exp(delta a)`` beside them, and the reverse of the chunk walked back from the state's gradient with every sum
-over the state in one loop over its ``N`` values. The sums over channels (``d_b``, ``d_c``) and over tokens
-(``d_a``, ``d_d``, ``d_delta_bias``) run in a fixed order: the same bytes on every run of one build.
+softplus, softplus' slope, ``delta x``, the gate's factors), in loops over the contiguous channels; then per block
+of ``BLOCK`` channels, their states through the chunk recomputed from the state entering it (a saved forward's,
+ABI.md §9.1, or the checkpoint of a first forward pass) into a ``[chunk + 1, N, BLOCK]`` buffer, keeping each
+step's decay ``exp(delta a)`` beside them, and the reverse of the chunk walked back from the state's gradient.
+Every loop runs along the block's channels, as NumPy's reverse lays its arrays out: a loop along one channel's
+``N = 16`` state values is too short for LLVM to vectorize once it must check the arrays for overlap (that form
+ran 2.2x slower). The sums over channels (``d_b``, ``d_c``) and over tokens (``d_a``, ``d_d``, ``d_delta_bias``)
+run in a fixed order: the same bytes on every run of one build.
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import numpy as np
 from numba import types
 
 from .jit_math import _F32, _FLAGS, _exp, _exp_subnormal, _softplus
-from .jit_ssm_steps import _dot
 
 __all__ = ["selective_scan_backward_run"]  # the kernels ``jit.kernel`` hands out
 #: Sums over the state reassociated, so that LLVM runs them in vector lanes (as ``jit_ssm_steps._dot``).
 _REDUCING = _FLAGS | {"reassoc"}
 #: ABI.md §8's softplus is the identity above this input (``ssm.SOFTPLUS_LINEAR``).
 _LINEAR = _F32(20.0)
+
+#: Channels the reverse takes at once: their states through a chunk, ``[33, N, BLOCK]`` f32 (270 KiB at N=16), and
+#: their decays stay in L2.
+BLOCK = 128
 
 _T1, _T2, _T3 = (types.Array(types.float32, d, "C") for d in (1, 2, 3))
 
@@ -46,70 +51,84 @@ def _advance(h, t0, span, n, width, a, b, steps, inputs):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _recompute(ch, grp, t0, span, n, x, c, b, a, d, dz, steps, inputs, gates, hs, decays, entering):
-    """Channel ``ch``'s (of group ``grp``) states through the chunk's ``span`` tokens from ``t0``, from ``entering``
-    into ``hs`` (``hs[i + 1]`` after token ``i``), their decays into ``decays``; with ``z`` (``gates`` has rows),
-    ``d_z`` of each token. (Not reassociated: ``_exp_subnormal``'s rounding trick needs its order.)"""
-    # the decays first, then the recurrence, each indexing its 2-d arrays in place: a row's view a token (as
-    # ``_reverse`` takes them) made this loop 2-4x slower
-    for i in range(span):
-        step = steps[i, ch]
-        for k in range(n):
-            decays[i, k] = _exp_subnormal(step * a[ch, k])
+def _block_states(t0, span, grp, c0, w, x, c, b, a_t, d, dz, steps, inputs, gates, hs, decays, start, y):
+    """The states of channels ``c0..c0+w-1`` (of group ``grp``) through the chunk's ``span`` tokens from ``t0``, from
+    ``start [H, N]`` (the state entering the chunk), into ``hs [chunk + 1, N, BLOCK]`` (``hs[i + 1]`` after token
+    ``i``), their decays into ``decays``; with ``z`` (``gates`` has rows), ``d_z`` of each token. Each loop runs
+    along the block's channels (``a_t``: ``a`` transposed, ``[N, H]``). (Not reassociated: ``_exp_subnormal``'s
+    rounding trick needs its order.)"""
+    n = hs.shape[1]
     for k in range(n):
-        hs[0, k] = entering[k]
-    gated = gates.shape[0] > 0
+        first = hs[0, k]
+        for j in range(w):
+            first[j] = start[c0 + j, k]
     for i in range(span):
-        t, dx = t0 + i, inputs[i, ch]
+        t = t0 + i
+        s, dx = steps[i, c0:c0 + w], inputs[i, c0:c0 + w]
         for k in range(n):
-            hs[i + 1, k] = decays[i, k] * hs[i, k] + dx * b[t, grp, k]
-        if gated:  # d_z = dy * y * gate * (1 + z (1 - gate)), y = c . h + d x (the output before z)
-            y = _dot(hs[i + 1], c[t, grp], n)
-            if d.size > 0:
-                y += x[t, ch] * d[ch]
-            dz[t, ch] = y * gates[i, ch]
+            av, dec, prev, h, bk = a_t[k, c0:c0 + w], decays[i, k], hs[i, k], hs[i + 1, k], b[t, grp, k]
+            for j in range(w):
+                dec[j] = _exp_subnormal(s[j] * av[j])
+            for j in range(w):
+                h[j] = dec[j] * prev[j] + dx[j] * bk
+        if gates.shape[0] > 0:  # d_z = dy * y * gate * (1 + z (1 - gate)), y = c . h + d x (the output before z)
+            y[:w] = 0
+            for k in range(n):
+                h, ck = hs[i + 1, k], c[t, grp, k]
+                for j in range(w):
+                    y[j] += h[j] * ck
+            for j in range(w):
+                ch = c0 + j
+                out = y[j] + x[t, ch] * d[ch] if d.size > 0 else y[j]
+                dz[t, ch] = out * gates[i, ch]
 
 
 @numba.njit(fastmath=_REDUCING, nogil=True, error_model="numpy", boundscheck=False)
-def _reverse(ch, grp, t0, span, n, x, c, b, a, d, dx_out, ddelta_out, db, dc, steps, inputs, slopes, grads, hs,
-             decays, g, da, sums):
-    """The reverse of channel ``ch`` (of group ``grp``) through the chunk's ``span`` tokens from ``t0``, over the
-    states and decays ``_recompute`` kept, back from ``g`` (the gradient of the state leaving the chunk, left as
-    the one entering it). ``sums``: the channel's ``d_d`` and ``d_delta_bias`` terms, added to; ``da``: its
-    ``d_a`` row, added to. Its sums over the state reassociated, so that LLVM runs them in vector lanes."""
-    av = a[ch]
-    skip = d[ch] if d.size > 0 else _F32(0.0)
-    acc_d, acc_bias = _F32(0.0), _F32(0.0)
+def _block_reverse(t0, span, grp, c0, w, x, c, b, a_t, d, dx_out, ddelta_out, db, dc, steps, inputs, slopes, grads,
+                   hs, decays, g_t, da_t, gb, pa, p, sums):
+    """The reverse of channels ``c0..c0+w-1`` (of group ``grp``) through the chunk's ``span`` tokens from ``t0``, over
+    the states and decays ``_block_states`` kept, back from ``g_t [N, H]`` (the gradient of the state leaving the
+    chunk, left as the one entering it); ``da_t [N, H]`` (``d_a`` transposed) and ``sums [H, 2]`` (each channel's
+    ``d_d`` and ``d_delta_bias`` terms) added to; ``gb``, ``pa``, ``p``: ``[BLOCK]`` scratch. Each loop runs along
+    the block's channels, a few arrays each (LLVM checks those for overlap before it vectorizes a loop), the
+    sums over channels (``d_b``, ``d_c``) reassociated."""
+    n = hs.shape[1]
     for i in range(span - 1, -1, -1):
         t = t0 + i
-        e, step, dx, xv = grads[i, ch], steps[i, ch], inputs[i, ch], x[t, ch]
-        bs, cs, dbs, dcs = b[t, grp], c[t, grp], db[t, grp], dc[t, grp]
-        prev, h, dec = hs[i], hs[i + 1], decays[i]
-        # in four loops over the state, each touching few arrays, so that LLVM vectorizes every one (one loop
-        # writing four arrays and reading six it leaves mostly scalar: too many pairs to check for overlap)
-        for k in range(n):  # g += c dy: the state's gradient after token i
-            g[k] += cs[k] * e
+        e, s, dx = grads[i, c0:c0 + w], steps[i, c0:c0 + w], inputs[i, c0:c0 + w]
+        gb[:w] = 0
+        pa[:w] = 0
         for k in range(n):
-            dcs[k] += h[k] * e
-        gb = _F32(0.0)
-        for k in range(n):
-            gk = g[k]
-            dbs[k] += gk * dx
-            gb += gk * bs[k]
-        pa = _F32(0.0)
-        for k in range(n):  # back through the decay; p is the gradient of (delta a)[k]
-            gk, dk = g[k], dec[k]
-            p = gk * dk * prev[k]
-            da[k] += p * step
-            pa += p * av[k]
-            g[k] = dk * gk
-        dx_out[t, ch] = step * gb + e * skip
-        grad_step = (pa + xv * gb) * slopes[i, ch]
-        ddelta_out[t, ch] = grad_step
-        acc_d += e * xv
-        acc_bias += grad_step
-    sums[0] += acc_d
-    sums[1] += acc_bias
+            g, dec, prev, h = g_t[k, c0:c0 + w], decays[i, k], hs[i, k], hs[i + 1, k]
+            ck, bk = c[t, grp, k], b[t, grp, k]
+            for j in range(w):  # g += c dy: the state's gradient after token i
+                g[j] += ck * e[j]
+            to_c, to_b = _F32(0.0), _F32(0.0)
+            for j in range(w):
+                to_c += h[j] * e[j]
+            for j in range(w):
+                to_b += g[j] * dx[j]
+            dc[t, grp, k] += to_c
+            db[t, grp, k] += to_b
+            for j in range(w):
+                gb[j] += g[j] * bk
+            for j in range(w):  # the gradient of (delta a)[k]
+                p[j] = g[j] * dec[j] * prev[j]
+            av, da = a_t[k, c0:c0 + w], da_t[k, c0:c0 + w]
+            for j in range(w):
+                pa[j] += p[j] * av[j]
+            for j in range(w):
+                da[j] += p[j] * s[j]
+            for j in range(w):  # back through the decay
+                g[j] *= dec[j]
+        for j in range(w):
+            ch = c0 + j
+            xv = x[t, ch]
+            dx_out[t, ch] = s[j] * gb[j] + e[j] * d[ch] if d.size > 0 else s[j] * gb[j]
+            grad_step = (pa[j] + xv * gb[j]) * slopes[i, ch]
+            ddelta_out[t, ch] = grad_step
+            sums[ch, 0] += e[j] * xv
+            sums[ch, 1] += grad_step
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
@@ -178,8 +197,6 @@ def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, enterin
     steps, inputs = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     slopes, grads = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     gates = np.empty((chunk if z.size > 0 else 0, hidden), _F32)
-    hs, decays = np.empty((chunk + 1, n), _F32), np.empty((chunk, n), _F32)
-    sums = np.zeros((hidden, 2), _F32)
     if not saved:  # the forward pass: the state leaving each chunk
         h = entering.copy()
         for k in range(count - 1):  # (the last chunk's states are recomputed in the reverse anyway)
@@ -190,23 +207,26 @@ def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, enterin
             else:
                 _advance(h, t0, span, n, width, a, b, steps, inputs)
             keep[k] = h
+    block = min(BLOCK, width)
+    hs, decays = np.empty((chunk + 1, n, block), _F32), np.empty((chunk, n, block), _F32)
+    gb, pa, p, y = np.empty(block, _F32), np.empty(block, _F32), np.empty(block, _F32), np.empty(block, _F32)
+    a_t, g_t, da_t = np.ascontiguousarray(a.T), np.ascontiguousarray(d_state.T), np.zeros((n, hidden), _F32)
+    sums = np.zeros((hidden, 2), _F32)
     for k in range(count - 1, -1, -1):
         t0, span = k * chunk, min(chunk, seq - k * chunk)
         _chunk_steps(t0, span, x, delta, z, dy, delta_bias, softplus, steps, inputs, slopes, grads, gates)
         db_out[t0:t0 + span] = 0
         dc_out[t0:t0 + span] = 0
-        for ch in range(hidden):
-            start, grp = entering[ch] if k == 0 else keep[k - 1, ch], ch // width
-            if n == 16:  # Mamba's d_state: a trip count LLVM knows, one 16-lane vector
-                _recompute(ch, grp, t0, span, 16, x, c, b, a, d, dz_out, steps, inputs, gates, hs, decays, start)
-            else:
-                _recompute(ch, grp, t0, span, n, x, c, b, a, d, dz_out, steps, inputs, gates, hs, decays, start)
-            if n == 16:  # (a constant LLVM propagates into the call it inlines: the reverse 3x faster)
-                _reverse(ch, grp, t0, span, 16, x, c, b, a, d, dx_out, ddelta_out, db_out, dc_out, steps, inputs,
-                         slopes, grads, hs, decays, d_state[ch], da[ch], sums[ch])
-            else:
-                _reverse(ch, grp, t0, span, n, x, c, b, a, d, dx_out, ddelta_out, db_out, dc_out, steps, inputs,
-                         slopes, grads, hs, decays, d_state[ch], da[ch], sums[ch])
+        start = entering if k == 0 else keep[k - 1]
+        for grp in range(groups):
+            for c0 in range(grp * width, (grp + 1) * width, block):
+                w = min(block, (grp + 1) * width - c0)
+                _block_states(t0, span, grp, c0, w, x, c, b, a_t, d, dz_out, steps, inputs, gates, hs, decays, start,
+                              y)
+                _block_reverse(t0, span, grp, c0, w, x, c, b, a_t, d, dx_out, ddelta_out, db_out, dc_out, steps,
+                               inputs, slopes, grads, hs, decays, g_t, da_t, gb, pa, p, sums)
+    d_state[:] = g_t.T
+    da += da_t.T
     for ch in range(dd.size):
         dd[ch] += sums[ch, 0]
     for ch in range(dbias.size):

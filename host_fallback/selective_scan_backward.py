@@ -20,6 +20,10 @@ chunk's gradients are rounded once on store. Long sequences split the batch rows
 (``threads.run_split``, as the forward does); the parameter gradients are summed chunk by chunk,
 sequence by sequence and block by block in a fixed order, so a thunk gives the same bytes on every
 run of one machine.
+
+Where Numba is there and every tensor is stored in f32, a batch row (a packed sequence) runs as one compiled
+call instead (``_Compiled``: ``jit_ssm_backward.selective_scan_backward_run``, the same two passes with the
+same chunks, its loops along blocks of channels); ``RLX_HOST_JIT=0`` keeps NumPy's.
 """
 from __future__ import annotations
 
