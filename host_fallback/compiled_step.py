@@ -29,11 +29,13 @@ NONE = {rank: np.empty((0,) * rank, _F32) for rank in (1, 2, 3, 4)}
 NO_INDEX = np.empty(0, np.int32)
 
 
-def applies(by_field: Mapping[str, Region]) -> bool:
-    """Every float tensor stored in f32 (a saved forward's bytes, ``u8``, aside: f32 where the rest are), and no
-    output range overlapping another tensor's (also ``selective_scan_backward``'s compiled reverse's rule)."""
-    if any(r.dtype not in ("f32", "i32", "u8") for r in by_field.values()):
-        return False
+def _applies(by_field: Mapping[str, Region]) -> bool:
+    """Every float tensor stored in f32, and no output range overlapping another tensor's."""
+    return all(r.dtype in ("f32", "i32") for r in by_field.values()) and apart(by_field)
+
+
+def apart(by_field: Mapping[str, Region]) -> bool:
+    """No output range overlapping another tensor's (also ``selective_scan_backward``'s compiled reverse's rule)."""
     outputs = [r for r in by_field.values() if r.writes]
     return not any(o is not r and o.nbytes and r.nbytes and o.offset < r.offset + r.nbytes
                    and r.offset < o.offset + o.nbytes for o in outputs for r in by_field.values())
@@ -55,7 +57,7 @@ class CompiledStep:
     @classmethod
     def of(cls, t: Thunk, by_field: Mapping[str, Region], name: str, arguments: Arguments) -> "CompiledStep | None":
         """The thunk's compiled step, ``None`` where its dtypes or tensors' placement rule it out."""
-        return cls(t, by_field, name, arguments) if applies(by_field) else None
+        return cls(t, by_field, name, arguments) if _applies(by_field) else None
 
     def run(self, arena: np.ndarray, given: Mapping[int, np.ndarray] | None = None) -> bool:
         """Run on ``arena``; with ``given`` (a field's arena offset -> an array to read or write in place of

@@ -21,8 +21,8 @@ chunk's gradients are rounded once on store. Long sequences split the batch rows
 sequence by sequence and block by block in a fixed order, so a thunk gives the same bytes on every
 run of one machine.
 
-Where Numba is there and every tensor is stored in f32, a batch row (a packed sequence) runs as one compiled
-call instead (``_Compiled``: ``jit_ssm_backward.selective_scan_backward_run``, the same two passes with the
+Where Numba is there and the thunk computes in f32 (f32, f16 or bf16 storage), a batch row (a packed sequence)
+runs as one compiled call instead (``_Compiled``: ``jit_ssm_backward.selective_scan_backward_run``, the same two passes with the
 same chunks, its loops along blocks of channels); ``RLX_HOST_JIT=0`` keeps NumPy's.
 """
 from __future__ import annotations
@@ -249,30 +249,45 @@ class _Thunk:
 
 class _Compiled:
     """The compiled reverse of a thunk (``jit``'s ``selective_scan_backward_run``): a sequence's every gradient in
-    one call over its arena views, where NumPy's ``_Thunk.reverse`` makes about forty array passes a chunk."""
+    one call, where NumPy's ``_Thunk.reverse`` makes about forty array passes a chunk. It reads and writes the
+    arena's views where a tensor is stored in f32, else f32 copies (16-bit storage: the outputs rounded once, on
+    store, as NumPy's path rounds them)."""
 
     def __init__(self, run: _Thunk, kernel: Any):
-        t, bound, self.run, self.kernel = run.t, run.bound, run, kernel
-        groups, n = t["groups"], t["state_size"]
-        present = lambda f: t[f] is not None  # noqa: E731
-        self.inputs = [bound.view(f) for f in ("x", "delta")] + [
-            bound.view(f).reshape(t["batch"], t["seq"], groups, n) for f in ("b", "c")] + [
-            bound.view("a")] + [compiled_step.view(bound, f, 1, present(f)) for f in ("delta_bias", "d")] + [
-            bound.view("z") if present("z") else compiled_step.NONE[2], bound.view("d_dst")]
-        self.outputs = [bound.view(f) for f in ("d_x", "d_delta")] + [
-            bound.view("d_z") if present("z") else compiled_step.NONE[2]] + [
-            bound.view(f).reshape(t["batch"], t["seq"], groups, n) for f in ("d_b", "d_c")]
+        self.run, self.kernel, t = run, kernel, run.t
+        self.shape = {f: (t["groups"], t["state_size"]) for f in ("b", "c", "d_b", "d_c")}  # [T, G, N]
+        self.params = [None if t[f] is None else self._get(f, slice(None)) for f in ("a", "delta_bias", "d")]
 
     @classmethod
     def of(cls, run: _Thunk) -> "_Compiled | None":
-        """Where it applies: Numba there (not ``RLX_HOST_JIT=0``), every tensor stored in f32, no output overlapping
-        another tensor (``compiled_step.applies``), and arena views Numba takes (aligned, writable)."""
+        """Where it applies: Numba there (not ``RLX_HOST_JIT=0``), a thunk computing in f32 (f32, f16 or bf16
+        storage), no output overlapping another tensor (``compiled_step.apart``), and f32 arena views Numba takes
+        (aligned, writable)."""
         kernel = jit.kernel("selective_scan_backward_run")
-        if kernel is None or not compiled_step.applies(run.bound.regions):
+        bound = run.bound
+        if kernel is None or run.ctype != np.float32 or not compiled_step.apart(bound.regions):
             return None
-        made = cls(run, kernel)
-        usable = all(v.flags.aligned and v.flags.writeable for v in made.inputs + made.outputs)
-        return made if usable else None
+        usable = all(bound.view(r.field).flags.aligned and bound.view(r.field).flags.writeable
+                     for r in bound.regions.values() if r.dtype == "f32")
+        return cls(run, kernel) if usable else None
+
+    def _get(self, field: str, index: Any) -> np.ndarray:
+        """``field[index]`` in f32, C-contiguous: the arena's view where it is stored so, else a copy."""
+        v = _read(self.run.bound, field, index, np.float32)
+        v = np.ascontiguousarray(v)
+        return v.reshape(v.shape[0], *self.shape[field]) if field in self.shape else v
+
+    def _out(self, field: str, index: Any) -> np.ndarray:
+        """Where the kernel writes ``field[index]``: the arena's view where it is stored in f32, else an f32 array
+        (``_put`` rounds it in)."""
+        target = self.run.bound.view(field)[index]
+        out = target if target.dtype == np.float32 else np.empty(target.shape, np.float32)
+        return out.reshape(out.shape[0], *self.shape[field]) if field in self.shape else out
+
+    def _put(self, field: str, index: Any, values: np.ndarray) -> None:
+        target = self.run.bound.view(field)[index]
+        if not np.shares_memory(target, values):
+            target[...] = values.reshape(target.shape).astype(target.dtype)
 
     def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
                 saved: np.ndarray | None = None) -> np.ndarray:
@@ -284,19 +299,23 @@ class _Compiled:
              saved: np.ndarray | None) -> np.ndarray:
         """One batch row's tokens: its starting state and final state's gradient ``[H, N]``, ``saved`` its saved
         states ``[C, H, N]``; returns the starting state's gradient."""
-        t = self.run.t
-        hidden, n = t["hidden"], t["state_size"]
+        t, at = self.run.t, (row, tokens)
+        hidden, n, gated = t["hidden"], t["state_size"], t["z"] is not None
         d_a = np.zeros((hidden, n), np.float32)
         d_d, d_bias = (np.zeros(hidden if t[f] is not None else 0, np.float32) for f in ("d", "delta_bias"))
         d_state = np.array(d_final, np.float32)  # (updated in place to the starting state's gradient)
-        rows = lambda v: v[row, tokens] if v.ndim > 2 else v  # noqa: E731  (a sequence's [T, ...]; the rest whole)
-        x, delta, b, c, a, bias, d, z, dy = (rows(v) for v in self.inputs)
-        d_x, d_delta, d_z, d_b, d_c = (rows(v) for v in self.outputs)
+        a, bias, d = (compiled_step.NONE[1] if v is None else v for v in self.params)
+        x, delta, b, c, dy = (self._get(f, at) for f in ("x", "delta", "b", "c", "d_dst"))
+        z = self._get("z", at) if gated else compiled_step.NONE[2]
+        fields = ("d_x", "d_delta", "d_z", "d_b", "d_c") if gated else ("d_x", "d_delta", "d_b", "d_c")
+        outs = {f: self._out(f, at) for f in fields}
         chunks = -(-(tokens.stop - tokens.start) // self.run.chunk)
         keep = np.empty((chunks, hidden, n), np.float32) if saved is None else saved  # (the checkpoints' memory)
         self.kernel(x, delta, b, c, a, bias, d, z, dy, np.ascontiguousarray(entering, np.float32), keep, d_state,
-                    d_x, d_delta, d_z, d_b, d_c, d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]),
-                    saved is not None)
+                    outs["d_x"], outs["d_delta"], outs.get("d_z", compiled_step.NONE[2]), outs["d_b"], outs["d_c"],
+                    d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]), saved is not None)
+        for f, values in outs.items():
+            self._put(f, at, values)
         groups = self.run.groups
         sums.a += np.swapaxes(d_a.reshape(groups, -1, n), -1, -2)
         if sums.d is not None:
