@@ -39,18 +39,6 @@ def _sigmoid(u):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _advance(h, t0, span, n, width, a, b, steps, inputs):
-    """Every channel's state ``h [H, N]`` through the chunk's ``span`` tokens from ``t0`` (``steps``, ``inputs``:
-    ``_chunk_steps``'), ``h = exp(step a) h + (step x) b``."""
-    for ch in range(h.shape[0]):
-        grp = ch // width
-        for i in range(span):
-            step, dx = steps[i, ch], inputs[i, ch]
-            for k in range(n):
-                h[ch, k] = _exp_subnormal(step * a[ch, k]) * h[ch, k] + dx * b[t0 + i, grp, k]
-
-
-@numba.njit(fastmath=_FLAGS, inline="always")
 def _block_states(t0, span, grp, c0, w, x, c, b, a_t, d, dz, steps, inputs, gates, hs, decays, start, y):
     """The states of channels ``c0..c0+w-1`` (of group ``grp``) through the chunk's ``span`` tokens from ``t0``, from
     ``start [H, N]`` (the state entering the chunk), into ``hs [chunk + 1, N, BLOCK]`` (``hs[i + 1]`` after token
@@ -197,20 +185,24 @@ def selective_scan_backward_run(x, delta, b, c, a, delta_bias, d, z, dy, enterin
     steps, inputs = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     slopes, grads = np.empty((chunk, hidden), _F32), np.empty((chunk, hidden), _F32)
     gates = np.empty((chunk if z.size > 0 else 0, hidden), _F32)
-    if not saved:  # the forward pass: the state leaving each chunk
-        h = entering.copy()
-        for k in range(count - 1):  # (the last chunk's states are recomputed in the reverse anyway)
-            t0, span = k * chunk, min(chunk, seq - k * chunk)
-            _chunk_steps(t0, span, x, delta, z, dy, delta_bias, softplus, steps, inputs, slopes, grads, gates)
-            if n == 16:  # Mamba's d_state: a trip count LLVM knows, one 16-lane vector
-                _advance(h, t0, span, 16, width, a, b, steps, inputs)
-            else:
-                _advance(h, t0, span, n, width, a, b, steps, inputs)
-            keep[k] = h
     block = min(BLOCK, width)
     hs, decays = np.empty((chunk + 1, n, block), _F32), np.empty((chunk, n, block), _F32)
     gb, pa, p, y = np.empty(block, _F32), np.empty(block, _F32), np.empty(block, _F32), np.empty(block, _F32)
     a_t, g_t, da_t = np.ascontiguousarray(a.T), np.ascontiguousarray(d_state.T), np.zeros((n, hidden), _F32)
+    if not saved:  # the forward pass: the state leaving each chunk (the last's is recomputed in the reverse anyway)
+        ungated = gates[:0]
+        for k in range(count - 1):
+            t0, span = k * chunk, min(chunk, seq - k * chunk)
+            _chunk_steps(t0, span, x, delta, z, dy, delta_bias, softplus, steps, inputs, slopes, grads, gates)
+            start = entering if k == 0 else keep[k - 1]
+            for grp in range(groups):
+                for c0 in range(grp * width, (grp + 1) * width, block):
+                    w = min(block, (grp + 1) * width - c0)
+                    _block_states(t0, span, grp, c0, w, x, c, b, a_t, d, dz_out, steps, inputs, ungated, hs, decays,
+                                  start, y)
+                    for j in range(w):
+                        for m in range(n):
+                            keep[k, c0 + j, m] = hs[span, m, j]
     sums = np.zeros((hidden, 2), _F32)
     for k in range(count - 1, -1, -1):
         t0, span = k * chunk, min(chunk, seq - k * chunk)
