@@ -31,8 +31,11 @@ NO_INDEX = np.empty(0, np.int32)
 
 def _applies(by_field: Mapping[str, Region]) -> bool:
     """Every float tensor stored in f32, and no output range overlapping another tensor's."""
-    if any(r.dtype not in ("f32", "i32") for r in by_field.values()):
-        return False
+    return all(r.dtype in ("f32", "i32") for r in by_field.values()) and apart(by_field)
+
+
+def apart(by_field: Mapping[str, Region]) -> bool:
+    """No output range overlapping another tensor's (also ``selective_scan_backward``'s compiled reverse's rule)."""
     outputs = [r for r in by_field.values() if r.writes]
     return not any(o is not r and o.nbytes and r.nbytes and o.offset < r.offset + r.nbytes
                    and r.offset < o.offset + o.nbytes for o in outputs for r in by_field.values())

@@ -20,6 +20,10 @@ chunk's gradients are rounded once on store. Long sequences split the batch rows
 (``threads.run_split``, as the forward does); the parameter gradients are summed chunk by chunk,
 sequence by sequence and block by block in a fixed order, so a thunk gives the same bytes on every
 run of one machine.
+
+Where Numba is there and the thunk computes in f32 (f32, f16 or bf16 storage), a batch row (a packed sequence)
+runs as one compiled call instead (``_Compiled``: ``jit_ssm_backward.selective_scan_backward_run``, the same two passes with the
+same chunks, its loops along blocks of channels); ``RLX_HOST_JIT=0`` keeps NumPy's.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import threads
+from . import compiled_step, jit, threads
 from .abi import complete
 from .arena import STORAGE
 from .bound import Bound
@@ -243,6 +247,84 @@ class _Thunk:
             self.bound.store("d_delta_bias", sums.bias)
 
 
+class _Compiled:
+    """The compiled reverse of a thunk (``jit``'s ``selective_scan_backward_run``): a sequence's every gradient in
+    one call, where NumPy's ``_Thunk.reverse`` makes about forty array passes a chunk. It reads and writes the
+    arena's views where a tensor is stored in f32, else f32 copies (16-bit storage: the outputs rounded once, on
+    store, as NumPy's path rounds them)."""
+
+    def __init__(self, run: _Thunk, kernel: Any):
+        self.run, self.kernel, t = run, kernel, run.t
+        self.shape = {f: (t["groups"], t["state_size"]) for f in ("b", "c", "d_b", "d_c")}  # [T, G, N]
+        self.params = [None if t[f] is None else self._get(f, slice(None)) for f in ("a", "delta_bias", "d")]
+
+    @classmethod
+    def of(cls, run: _Thunk) -> "_Compiled | None":
+        """Where it applies: Numba there (not ``RLX_HOST_JIT=0``), a thunk computing in f32 (f32, f16 or bf16
+        storage), no output overlapping another tensor (``compiled_step.apart``), and f32 arena views Numba takes
+        (aligned, writable)."""
+        kernel = jit.kernel("selective_scan_backward_run")
+        bound = run.bound
+        if kernel is None or run.ctype != np.float32 or not compiled_step.apart(bound.regions):
+            return None
+        usable = all(bound.view(r.field).flags.aligned and bound.view(r.field).flags.writeable
+                     for r in bound.regions.values() if r.dtype == "f32")
+        return cls(run, kernel) if usable else None
+
+    def _get(self, field: str, index: Any) -> np.ndarray:
+        """``field[index]`` in f32, C-contiguous: the arena's view where it is stored so, else a copy."""
+        v = _read(self.run.bound, field, index, np.float32)
+        v = np.ascontiguousarray(v)
+        return v.reshape(v.shape[0], *self.shape[field]) if field in self.shape else v
+
+    def _out(self, field: str, index: Any) -> np.ndarray:
+        """Where the kernel writes ``field[index]``: the arena's view where it is stored in f32, else an f32 array
+        (``_put`` rounds it in)."""
+        target = self.run.bound.view(field)[index]
+        out = target if target.dtype == np.float32 else np.empty(target.shape, np.float32)
+        return out.reshape(out.shape[0], *self.shape[field]) if field in self.shape else out
+
+    def _put(self, field: str, index: Any, values: np.ndarray) -> None:
+        target = self.run.bound.view(field)[index]
+        if not np.shares_memory(target, values):
+            target[...] = values.reshape(target.shape).astype(target.dtype)
+
+    def reverse(self, rows: slice, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
+                saved: np.ndarray | None = None) -> np.ndarray:
+        """``_Thunk.reverse``, one call a batch row."""
+        return np.stack([self._row(row, tokens, entering[k], d_final[k], sums, None if saved is None else saved[k])
+                         for k, row in enumerate(range(rows.start, rows.stop))])
+
+    def _row(self, row: int, tokens: slice, entering: np.ndarray, d_final: np.ndarray, sums: _Sums,
+             saved: np.ndarray | None) -> np.ndarray:
+        """One batch row's tokens: its starting state and final state's gradient ``[H, N]``, ``saved`` its saved
+        states ``[C, H, N]``; returns the starting state's gradient."""
+        t, at = self.run.t, (row, tokens)
+        hidden, n, gated = t["hidden"], t["state_size"], t["z"] is not None
+        d_a = np.zeros((hidden, n), np.float32)
+        d_d, d_bias = (np.zeros(hidden if t[f] is not None else 0, np.float32) for f in ("d", "delta_bias"))
+        d_state = np.array(d_final, np.float32)  # (updated in place to the starting state's gradient)
+        a, bias, d = (compiled_step.NONE[1] if v is None else v for v in self.params)
+        x, delta, b, c, dy = (self._get(f, at) for f in ("x", "delta", "b", "c", "d_dst"))
+        z = self._get("z", at) if gated else compiled_step.NONE[2]
+        fields = ("d_x", "d_delta", "d_z", "d_b", "d_c") if gated else ("d_x", "d_delta", "d_b", "d_c")
+        outs = {f: self._out(f, at) for f in fields}
+        chunks = -(-(tokens.stop - tokens.start) // self.run.chunk)
+        keep = np.empty((chunks, hidden, n), np.float32) if saved is None else saved  # (the checkpoints' memory)
+        self.kernel(x, delta, b, c, a, bias, d, z, dy, np.ascontiguousarray(entering, np.float32), keep, d_state,
+                    outs["d_x"], outs["d_delta"], outs.get("d_z", compiled_step.NONE[2]), outs["d_b"], outs["d_c"],
+                    d_a, d_d, d_bias, self.run.chunk, bool(t["delta_softplus"]), saved is not None)
+        for f, values in outs.items():
+            self._put(f, at, values)
+        groups = self.run.groups
+        sums.a += np.swapaxes(d_a.reshape(groups, -1, n), -1, -2)
+        if sums.d is not None:
+            sums.d += d_d.reshape(groups, 1, -1)
+        if sums.bias is not None:
+            sums.bias += d_bias
+        return d_state
+
+
 def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chunk: int | None = None,
                             workers: int | None = None) -> None:
     """The gradients of a selective_scan (ABI.md §9): every ``d_`` output of the thunk from ``d_dst`` and,
@@ -255,6 +337,7 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
     if chunk is not None and chunk < 1:
         raise ValueError(f"selective_scan_backward: chunk must be at least 1 step, got {chunk}")
     run = _Thunk(t, arena, chunk or CHUNK)
+    reverse = (_Compiled.of(run) or run).reverse
     shape = (t["state_size"],)
     states = StatePool(t, run.bound, run.ctype, shape)
     grads = StatePool(t, run.bound, run.ctype, shape, field="d_state")
@@ -270,8 +353,8 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
 
         def compute(bs: slice, _: slice) -> _Sums:
             part = run.sums()
-            d_initial[bs] = run.reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part,
-                                        None if views is None else views["states"][bs])
+            d_initial[bs] = reverse(bs, slice(0, t["seq"]), entering[bs], d_final[bs], part,
+                                    None if views is None else views["states"][bs])
             return part
 
         def keep(bs: slice, _: slice, part: _Sums) -> None:
@@ -286,7 +369,7 @@ def selective_scan_backward(thunk: Mapping[str, Any], arena: np.ndarray, *, chun
         d_initial = np.array(d_final)  # an empty sequence hands its final state's gradient straight back
         for row, lo, hi in seqs.runs():
             one = slice(row, row + 1)
-            d_initial[one] = run.reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one], sums)
+            d_initial[one] = reverse(slice(0, 1), slice(lo, hi), entering[one], d_final[one], sums)
     run.store(sums)
     grads.store(batch, channels, d_initial)
 

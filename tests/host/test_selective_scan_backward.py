@@ -1,6 +1,6 @@
 """host_fallback selective_scan_backward (ABI.md §9) against float64 central finite differences of the
 conformance reference's forward, and against torch autograd of mamba_ssm's ``selective_scan_ref`` math
-rewritten here in float64 torch (channel-major, as mamba_ssm lays it out).
+rewritten in float64 torch (``support.selective_scan_torch``).
 
 Every ``d_`` output is checked, the initial state's gradient included, along a random direction per
 input (one directional derivative covers every element of it). The shapes are tiny and the chunk short
@@ -14,7 +14,8 @@ import torch
 
 import host_fallback
 from support.gradient_check import check_finite_differences, copy_inputs, laid, read, with_gradients
-from host_fallback.abi import OPS, OPTIONAL_INPUTS, forward_thunk, gradient, regions
+from support.selective_scan_torch import selective_scan_ref, torch_grads
+from host_fallback.abi import OPS, OPTIONAL_INPUTS, gradient, regions
 from host_fallback.arena import view
 from rlx_gpu.conformance.references import V2_FIELDS
 
@@ -96,53 +97,6 @@ def test_a_softplus_above_20_passes_the_gradient_unchanged():
 
 
 # --- torch autograd of mamba_ssm's reference math ------------------------------------------------------
-def _selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False, initial=None):
-    """mamba_ssm's ``selective_scan_ref`` math in torch: ``u, delta, z [batch, dim, L]``, ``A [dim, N]``,
-    ``B, C [batch, N, L]`` or ``[batch, groups, N, L]``; plus an initial state ``[batch, dim, N]``.
-    Returns ``(out, last_state)``."""
-    if delta_bias is not None:
-        delta = delta + delta_bias[..., None]
-    if delta_softplus:
-        delta = torch.nn.functional.softplus(delta)
-    batch, dim, length = u.shape
-    if B.dim() == 4:  # one group's B and C serve dim / groups consecutive channels
-        B, C = (m.repeat_interleave(dim // m.shape[1], dim=1) for m in (B, C))
-    else:
-        B, C = B[:, None], C[:, None]
-    decay = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
-    inputs = torch.einsum("bdl,bdnl,bdl->bdln", delta, B.expand(batch, dim, -1, -1), u)
-    state = torch.zeros(batch, dim, A.shape[1], dtype=u.dtype) if initial is None else initial
-    ys = []
-    for i in range(length):
-        state = decay[:, :, i] * state + inputs[:, :, i]
-        ys.append(torch.einsum("bdn,bdn->bd", state, C.expand(batch, dim, -1, -1)[..., i]))
-    out = torch.stack(ys, dim=2)
-    if D is not None:
-        out = out + u * D[:, None]
-    if z is not None:
-        out = out * torch.nn.functional.silu(z)
-    return out, state
-
-
-def _torch_grads(thunk: dict, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """``gradient_check.loss`` through ``_selective_scan_ref`` in float64, and the gradient of every input."""
-    t = forward_thunk(thunk)
-    leaves = {f: torch.tensor(values[f], requires_grad=True) for f in values if not f.startswith("d_")}
-    channel_major = lambda v: v.transpose(1, 2)  # noqa: E731  [B, S, H] -> [B, H, S]
-    bc = lambda v: v.reshape(*v.shape[:2], t["groups"], -1).permute(0, 2, 3, 1) if t["groups"] > 1 \
-        else v.transpose(1, 2)  # noqa: E731  [B, S, (G,) N] -> [B, (G,) N, S]
-    get = lambda f: leaves.get(f) if t[f] is not None else None  # noqa: E731
-    out, last = _selective_scan_ref(
-        channel_major(leaves["x"]), channel_major(leaves["delta"]), leaves["a"], bc(leaves["b"]), bc(leaves["c"]),
-        D=get("d"), z=None if t["z"] is None else channel_major(leaves["z"]), delta_bias=get("delta_bias"),
-        delta_softplus=t["delta_softplus"], initial=leaves["state"] if t["carry_state"] else None)
-    loss = (channel_major(out) * torch.tensor(values["d_dst"])).sum()
-    if t["carry_state"]:
-        loss = loss + (last * torch.tensor(values["d_state"])).sum()
-    loss.backward()
-    return {gradient(f): leaf.grad.numpy() for f, leaf in leaves.items()}
-
-
 TORCH = [{}, dict(groups=2, d=True, z=True, delta_bias=True, delta_softplus=True), dict(CARRIED, z=True)]
 
 
@@ -150,7 +104,7 @@ TORCH = [{}, dict(groups=2, d=True, z=True, delta_bias=True, delta_softplus=True
 def test_every_gradient_matches_torch_autograd_of_mamba_ssm_reference(extra):
     thunk, arena = _laid("f64", _params(**extra, seq=40), seed=3)
     grads = _backward(thunk, arena, chunk=None)  # the default chunk: 40 steps take two
-    want = _torch_grads(thunk, read(thunk, arena))
+    want = torch_grads(thunk, read(thunk, arena))
     assert set(want) == set(grads)
     for name, value in want.items():
         np.testing.assert_allclose(grads[name], value, rtol=1e-10, atol=1e-12, err_msg=name)
@@ -247,7 +201,7 @@ def test_a_graph_differentiates_its_selective_scan_on_the_host_as_torch_autograd
 
     leaves = {f: torch.tensor(v, requires_grad=True) for f, v in values.items() if f not in ("dy", "dstate")}
     channel_major = lambda v: v.transpose(1, 2)  # noqa: E731
-    out, last = _selective_scan_ref(channel_major(leaves["x"]), channel_major(leaves["delta"]), leaves["a"],
+    out, last = selective_scan_ref(channel_major(leaves["x"]), channel_major(leaves["delta"]), leaves["a"],
                                     leaves["b"].permute(0, 2, 3, 1), leaves["c"].permute(0, 2, 3, 1), D=leaves["d"],
                                     z=channel_major(leaves["z"]), delta_bias=leaves["delta_bias"], delta_softplus=True,
                                     initial=leaves["state"])
