@@ -328,12 +328,12 @@ typedef struct {
 } m2b_state_at;
 /* The chunk's four state products on the tensor cores, each into its place: D.b (ends) and S_in.c (starts; not with
  * SSM_RESERVE, whose y is saved) per step and row of P ([steps][N] x [N][P]), x.D and gy.S_in per step and state
- * column into d_b's and d_c's partials at db and dc (a step's `stride` apart; [steps][P] x [P][N]), which m2b_columns
+ * column into d_b's and d_c's partials at db and dc (a step's `bs` apart; [steps][P] x [P][N]), which m2b_columns
  * completes. By 32 steps r0.. and slices of 16 output columns: warp w accumulates the 16-step row tile w over the sum
- * in slices of 16 staged as operands (rows [32][16], then gy's lo part; cols [16 of the sum][16], then the lo part;
- * zero past the chunk's steps, the sum and the columns; one accumulator a warp: two took TF32 past 128 registers),
- * stores it f32 in prod ([32][16]), whose entries within the steps and the columns go out. Every lane calls it
- * (barriers, the first before any staging). */
+ * in slices of 16 staged as operands (rows [32][16], then their lo part where split: gy's, at TF32 every one's;
+ * cols [16 of the sum][16], then their lo part; zero past the chunk's steps, the sum and the columns; one
+ * accumulator a warp: two took TF32 past 128 registers), stores it f32 in prod ([32][16]), whose entries within the
+ * steps and the columns go out. Every lane calls it (barriers, the first before any staging). */
 INLINE_FN void m2b_state_products_mma_barrier(m2b_state_at at, int steps, LOCAL_PTR mma_t* rows,
                                               LOCAL_PTR mma_t* cols, LOCAL_PTR float* prod, int lane)
 {
