@@ -23,7 +23,8 @@
  *   mamba2_backward_chunk   per chunk the scores A, B (M2_Q x M2_Q, LOCAL, in turn) and every token's gradients;
  *                           with SSM_RESERVE A and y (the output before d and z) read from the saved forward; its
  *                           RLX_MMA variant takes the state products D b, S_in c, x D and gy S_in on the tensor
- *                           cores first (m2b_state_products_mma_barrier), into scratch where the FMA loops read them.
+ *                           cores first (m2b_state_products_mma_barrier), into scratch where the FMA loops read them,
+ *                           and the scores C.B^T (m2b_scores_mma_barrier).
  * Each product above is a loop of multiply-adds over a tile's inner dimension, summed in one fixed order (the
  * same bytes every run); loops over i <= j or i >= j are bounded, never masked by a zero, so a NaN reaches only
  * the gradients that depend on it. Scratch is in the compute type (f32 for 16-bit thunks). */
@@ -290,8 +291,8 @@ INLINE_FN void m2b_end_dot_barrier(m2b_tensors at, int steps, LOCAL_PTR real* re
 }
 
 #ifdef RLX_MMA
-#if M2_Q % 32 != 0
-#error "the MMA variant of mamba2_backward_chunk gives each of its M2_Q / 32 warps 16-step row tiles"
+#if M2_Q != 64
+#error "the MMA variant of mamba2_backward_chunk tiles with its two warps: a 16-step row tile of 32 steps each"
 #endif
 /* Split operands, v = hi + lo (hi = v rounded to the operand type, lo = the rest, rounded as it enters the product),
  * the products hi.hi + hi.lo + lo.hi: rounded once, the states D and S_in cost the log-decay's gradient (dL = gy.y -
@@ -392,6 +393,65 @@ INLINE_FN void m2b_state_products_mma_barrier(m2b_state_at at, int steps, LOCAL_
 }
 #endif
 
+#ifdef RLX_MMA
+/* The scores A[i][j] = exp(L_i - L_j) (c_i . b_j) into sm on the tensor cores, as m2b_scores_barrier leaves them: the
+ * 16 x 16 tiles (ti, tj) on and below the diagonal within the chunk's steps (mma_lower_tile's order), one a warp at a
+ * time, each over N in slices of 16 staged per warp (its tile's 16 rows of c in rows, of b in cols; a 16-bit thunk's
+ * own, exact; at TF32 each then its lo part, the products hi.hi + lo.hi + hi.lo), stored f32 in the warp's prod
+ * tile, then written to sm decayed for j <= i < steps, zero elsewhere (an entry above the diagonal is dropped, never
+ * multiplied: a NaN there reaches nothing). B = gy . x stays m2b_scores_barrier's: on the tensor cores too, it took
+ * sm_90 past 128 registers. Every lane calls it (barriers). */
+INLINE_FN void m2b_scores_mma_barrier(LOCAL_PTR real* sm, m2b_tensors at, int steps, LOCAL_PTR const real* Ls,
+                                      LOCAL_PTR mma_t* rows, LOCAL_PTR mma_t* cols, LOCAL_PTR float* prod, int lane)
+{
+    const int w = MMA_WARP(lane), l = lane - w * 32, tiles = M2_Q / 16 * (M2_Q / 16 + 1) / 2;
+    LOCAL_PTR mma_t* a = rows + w * 256; /* the warp's [16][16] of c, its lo part 512 on (rows, cols: [2][2][256]) */
+    LOCAL_PTR mma_t* b = cols + w * 256;
+    BARRIER(); /* the previous scores' readers are done */
+    for (int e = lane; e < M2_Q * M2_Q; e += M2_Q) /* the tiles above the diagonal */
+        if ((e % M2_Q) / 16 > e / M2_Q / 16)
+            sm[e] = (real)0;
+    PRAGMA_NO_UNROLL
+    for (int t0 = 0; t0 < tiles; t0 += 2) {
+        int tj = 0;
+        const int t = t0 + w, ti = t < tiles ? mma_lower_tile(t, &tj) : 0, has = t < tiles && ti * 16 < steps;
+        mma_acc acc;
+        mma_zero(&acc);
+        PRAGMA_NO_UNROLL
+        for (i64 k0 = 0; k0 < at.N; k0 += 16) {
+            BARRIER(); /* the previous slice's operands are read no more */
+            PRAGMA_NO_UNROLL
+            for (int e = l; has && e < 256; e += 32) {
+                const int r = e / 16, i = ti * 16 + r, j = tj * 16 + r;
+                const i64 k = k0 + e % 16;
+                const real va = k < at.N && i < steps ? LOAD(at.c, i * at.bs + k) : (real)0;
+                const real vb = k < at.N && j < steps ? LOAD(at.b, j * at.bs + k) : (real)0;
+                const float ha = M2B_HI(va), hb = M2B_HI(vb);
+                a[e] = TO_MMA(ha);
+                b[e] = TO_MMA(hb);
+                if (RLX_MMA == 2) {
+                    a[512 + e] = TO_MMA(va - ha);
+                    b[512 + e] = TO_MMA(vb - hb);
+                }
+            }
+            BARRIER();
+            PRAGMA_NO_UNROLL /* hi.hi, then at TF32 lo.hi and hi.lo */
+            for (int h = 0; has && h < (RLX_MMA == 2 ? 3 : 1); ++h)
+                mma_tile(&acc, MMA_ROW, a + (h == 1 ? 512 : 0), 16, MMA_COL, b + (h == 2 ? 512 : 0), 16);
+        }
+        if (has)
+            mma_store(prod + w * 256, &acc, 16);
+        BARRIER();
+        PRAGMA_NO_UNROLL
+        for (int e = l; t < tiles && e < 256; e += 32) {
+            const int i = ti * 16 + e / 16, j = tj * 16 + e % 16;
+            sm[i * M2_Q + j] = j <= i && i < steps ? prod[w * 256 + e] * rlx_exp(Ls[i] - Ls[j]) : (real)0;
+        }
+    }
+    BARRIER();
+}
+#endif
+
 /* One work-group of M2_Q lanes per chunk slot (over the rows of P, over the state columns, then a lane per step):
  * d_x, d_z, d_dt of the chunk's tokens; this head's share of d_b and d_c ([HD/G][T][G][N] in scratch, summed over
  * the group's heads by ssm_backward_reduce); the chunk's partials of d_a, d_d and the dt bias's gradient ([K][HD],
@@ -420,8 +480,8 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
     GLOBAL real* dc = AT(real, pbcb, pco) + part;
 #ifdef RLX_MMA /* the state products first, their pointers alone (the others' live past them took sm_90 past 128
                 * registers) */
-    MMA_LOCAL mma_t rows[2 * 32 * 16];
-    MMA_LOCAL mma_t cols[2 * 256];
+    MMA_LOCAL mma_t rows[2 * 32 * 16]; /* the state products' [32][16] and lo part; the scores' two warps' tiles */
+    MMA_LOCAL mma_t cols[2 * 32 * 16]; /* the state products' [16][16] and lo part; the scores' two warps' tiles */
     MMA_LOCAL float prod[32 * 16];
     const m2b_state_at mine = {AT(store_t, xb, xo) + xat, AT(real, gyb, gyo) + xat, AT(store_t, bb, bo) + bat,
                                AT(store_t, cb, co) + bat, AT(real, sb, so) + slot * pn, AT(real, ddb, ddo) + slot * pn,
@@ -438,7 +498,14 @@ KERNEL mamba2_backward_chunk(i64 S, i64 T, i64 HD, i64 P, i64 N, i64 G, i64 K,
     const real a = PLOAD(AT(param_t, ab, ao), hh), bias = ssm_param(AT(param_t, biasb, biaso), hh, SSM_BIAS);
     m2_stage_decay_barrier(dts, Ls, lane, steps, AT(store_t, dtb, dto), ch.first, HD, hh, a, bias, lo, hi);
     m2b_decays_barrier(grow, fade, Ls, lane, steps);
+#ifdef RLX_MMA
+    if (SSM_RESERVE)
+        m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
+    else
+        m2b_scores_mma_barrier(sm, at, steps, Ls, rows, cols, prod, lane);
+#else
     m2b_scores_barrier(sm, 0, at, steps, dts, Ls, lane);
+#endif
     m2b_rows_barrier(at, steps, sm, dts, grow, fade, red, dls, das, dds, lane);
     m2b_end_dot_barrier(at, steps, red, dls, lane);
     m2b_scores_barrier(sm, 1, at, steps, dts, Ls, lane);

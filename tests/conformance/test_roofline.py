@@ -633,8 +633,10 @@ def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tens
     """mamba2_backward_chunk's RLX_MMA variant: its tensor-core FLOPs are the state products D·b, S_in·c (not from a
     saved forward), x·D and gy·S_in of every (head, chunk), counted tile by tile as run (passes of 32 steps, 16
     output columns, sums in slices of 16; hi·hi and hi·lo, and lo·hi where the rows are split too: gy, and every
-    operand at TF32); the rest runs on FMA: the portable launch's FLOPs less those products once (at their own
-    shapes), plus the split's subtractions (a value of each split operand as staged)."""
+    operand at TF32), and (not from a saved forward) the scores C·Bᵀ, their 16 x 16 tiles on and below the
+    diagonal (three products at TF32); the rest runs on FMA: the portable launch's FLOPs less those products once
+    (at their own shapes, C·Bᵀ on its lower triangle), plus the split's subtractions (a value of each split operand
+    as staged)."""
     heads, p, n, chunk = 2, 20, 40, 64
     params = dict(batch=1, seq=chunk + 5, heads=heads, head_dim=p, state_size=n, **(
         dict(reserve=True, reserve_bytes=1 << 20) if reserve else {}))
@@ -655,6 +657,14 @@ def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tens
                             for _part in range(3 if split_rows else 2):
                                 count.product(np.zeros((32, tile)), np.zeros((tile, tile)))
                             subtractions += tile * tile + (32 * tile if split_rows else 0)
+            if not reserve:  # C·Bᵀ: its tiles on and below the diagonal, over N by slices of 16 (TF32: split)
+                once.gram(c, b, np.tril(np.ones((steps, steps))))
+                row_tiles = -(-steps // tile)
+                for _tile in range(row_tiles * (row_tiles + 1) // 2):
+                    for _k0 in range(0, n, tile):
+                        for _part in range(3 if dtype == "f32" else 1):
+                            count.product(np.zeros((tile, tile)), np.zeros((tile, tile)))
+                        subtractions += 2 * tile * tile if dtype == "f32" else 0
     thunk, _ = lay_out("mamba2_backward", dtype, params)
 
     def planned(lim: DeviceLimits) -> tuple:

@@ -255,22 +255,25 @@ def test_gdn_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatc
 
 
 #: mamba2_backward, chunked at the gpu target (M2_Q 64), past one tile of mamba2_backward_chunk's state products (32
-#: steps by 16 columns, sums in slices of 16): P 20 and N 40 (partial slices), a full chunk and a partial one, every
-#: field with a carried state; and from a saved forward (SSM_RESERVE: no S_in·c). Rounded once to 16 bits (or TF32)
-#: the states in D·b and S_in·c cost d_a and d_dt_bias past the bounds (f16 d_a NMSE 1.1e-6 against 5e-7); split,
-#: the FMA kernels' error
+#: steps by 16 columns, sums in slices of 16) and scores C·Bᵀ (16 x 16 tiles on and below the diagonal): P 20 and N 40
+#: (partial slices), a full chunk and a partial one, every field with a carried state; from a saved forward
+#: (SSM_RESERVE: no S_in·c, the saved scores); a NaN in c inside the second chunk, whose diagonal tile's entries
+#: above the diagonal are dropped. Rounded once to 16 bits (or TF32) the states in D·b and S_in·c cost d_a and
+#: d_dt_bias past the bounds (f16 d_a NMSE 1.1e-6 against 5e-7); split, the FMA kernels' error
 M2B_WIDE = dict(batch=1, seq=100, heads=2, head_dim=20, state_size=40, carry_state=True, state=True, d_state=True,
                 dt_bias=True, d_dt_bias=True, dt_softplus=True, d=True, d_d=True, z=True, d_z=True)
 M2B_CASES = [Case("mamba2_backward", dtype, M2B_WIDE, seed=41) for dtype in ("f16", "bf16")] + [
     Case("mamba2_backward", "bf16", dict(batch=2, seq=100, heads=2, head_dim=20, state_size=40, reserve=True,
-                                         reserve_bytes=1 << 19), seed=42)]
+                                         reserve_bytes=1 << 19), seed=42)] + [
+    Case("mamba2_backward", "bf16", dict(batch=1, seq=100, heads=2, head_dim=20, state_size=40), poison="c",
+         poison_step=90, poison_value=float("nan"), seed=43)]
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
 def test_mamba2_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
     """mamba2_backward_chunk's variant (its state products D·b, S_in·c, x·D, gy·S_in on the tensor cores from split
-    operands) against the float64 reference, and every gradient against the portable FMA kernels' within the bound
-    (TF32: the bf16 bound)."""
+    operands, and the scores C·Bᵀ) against the float64 reference, and every gradient against the portable FMA
+    kernels' within the bound, their non-finite positions the same (TF32: the bf16 bound)."""
     dtypes, bounds = VARIANTS[variant]
     config = _config(bounds)
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
