@@ -9,7 +9,8 @@ reduce launches: the step walk's, over other partials, in the ssm_backward progr
 runs: the pass takes the states entering each chunk from the reserve (variant SSM_RESERVE; the dstate launch writes
 the chunks' decays then), and the chunk kernel its scores C.B^T and outputs y; with another M2_Q all is recomputed,
 the reserve unread. Packed sequences (cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op
-against this program (``FAMILY``).
+against this program (``FAMILY``). Where the device takes a tensor-core variant (``launches.mma``), dstate's and the
+chunk kernel's run (the chunk kernel's state products through scratch: ``ends``, ``starts``).
 """
 from __future__ import annotations
 
@@ -62,12 +63,15 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
     r, s, heads, p, n, g, dt = fwd["batch"], fwd["seq"], fwd["heads"], fwd["head_dim"], fwd["state_size"], \
         fwd["groups"], fwd["dtype"]
     q, k, tokens = lim.tune("M2_Q"), chunk_slots(fwd, lim.tune("M2_Q")), fwd["batch"] * fwd["seq"]
+    reserve = saved(fwd)
+    reads = fwd.get("reserve") is not None and reserve["RQ"] == q  # the saved states are this chunking's
+    variant = mma_defines(lim, dt)
+    # the chunk kernel's RLX_MMA variant: its state products D·b and (not from a reserve) S_in·c per (token, row)
+    products = {"ends": tokens * heads * p, **({} if reads else {"starts": tokens * heads * p})} if variant else {}
     at, total = layout(dt, {"states": heads * k * p * n, "decays": heads * k, "grads": heads * k * p * n,
                              "finals": r * heads * p * n, "gy": tokens * heads * p,
                              "db": tokens * heads * n, "dc": tokens * heads * n,
-                             "da": k * heads, "dd": k * heads, "dbias": k * heads})
-    reserve = saved(fwd)
-    reads = fwd.get("reserve") is not None and reserve["RQ"] == q  # the saved states are this chunking's
+                             "da": k * heads, "dd": k * heads, "dbias": k * heads, **products})
     fields = tuple(f for f in field_defines(fwd) if reads or f[0] != "SSM_RESERVE")
     mine = dict(S=s, HD=heads, P=p, N=n, K=k)
     scratch = {name: (SCRATCH, at[part]) for name, part in (("sb", "states"), ("eb", "decays"), ("ddb", "grads"),
@@ -78,9 +82,10 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
 
     def launch(kernel: str, size: tuple, local: tuple, args: dict[str, Any], *parts: str, mma: bool = False) -> Launch:
         """A launch of this program; ``mma``: with the kernel's RLX_MMA variant where the device takes one
-        (mamba2_backward_dstate's; the pass and the chunk kernel have none, so they run in the portable program)."""
+        (mamba2_backward_dstate's and mamba2_backward_chunk's; the pass has none, so it runs in the portable
+        program)."""
         return kernel_launch(FAMILY, kernel, dt, size, local, {**args, **{x: scratch[x] for x in parts}},
-                             target="gpu", defines=fields + (mma_defines(lim, dt) if mma else ()))
+                             target="gpu", defines=fields + (variant if mma else ()))
 
     lanes = lim.tune("M2_LANES")
     tiles = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))  # (chunk slot, M2_PT rows of P)
@@ -102,7 +107,9 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
                    dict(**mine, T=tokens, G=g, **arena("x", "dt", "a", "b", "c", "bias", "d", "z", "d_dst", "d_x",
                                                        "d_dt", "d_z"),
                         pbcb=(SCRATCH, at["db"]), pco=at["dc"], psb=(SCRATCH, at["da"]), pdo=at["dd"],
-                        pbiaso=at["dbias"], **_saved_outputs(fwd, reads), **dt_limits(fwd)), "gyb", "sb", "fb", "ddb")
+                        pbiaso=at["dbias"], **_saved_outputs(fwd, reads), mpb=(SCRATCH, at.get("ends", 0)),
+                        mso=at.get("starts", 0), **dt_limits(fwd)),
+                   "gyb", "sb", "fb", "ddb", mma=True)
     sums = [("d_b", tokens * g * n, heads // g, "db", False), ("d_c", tokens * g * n, heads // g, "dc", False),
             ("d_a", heads, k, "da", True), ("d_d", heads, k, "dd", True), ("d_dt_bias", heads, k, "dbias", True)]
     reduces = [reduce(fwd[field], m, sets, 1, at[part], as_param, dt, lim, fields)

@@ -625,3 +625,55 @@ def test_the_gdn_backward_pass_variant_counts_its_products_on_the_tensor_cores(d
     # the FMA part's per-lane rows' scalars run on the variant's 32 lanes where the portable launch has V
     lanes = 2 * value_heads * (chunk * (chunk + 1) // 2 + 4 * chunk) * (32 - vd)
     assert cost.other == portable.flops - once.gemm + subtractions + lanes
+
+
+@pytest.mark.parametrize("dtype, mma, unit", [("bf16", MMA_16BIT, "mma16"), ("f32", MMA_TF32, "tf32")])
+@pytest.mark.parametrize("reserve", [False, True], ids=["recomputed", "saved"])
+def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tensor_cores(dtype, mma, unit, reserve):
+    """mamba2_backward_chunk's RLX_MMA variant: its tensor-core FLOPs are the state products D·b, S_in·c (not from a
+    saved forward), x·D and gy·S_in of every (head, chunk), counted tile by tile as run (passes of 32 steps, 16
+    output columns, sums in slices of 16; hi·hi and hi·lo, and lo·hi where the rows are split too: gy, and every
+    operand at TF32), and (not from a saved forward) the scores C·Bᵀ, their 16 x 16 tiles on and below the
+    diagonal (three products at TF32); the rest runs on FMA: the portable launch's FLOPs less those products once
+    (at their own shapes, C·Bᵀ on its lower triangle), plus the split's subtractions (a value of each split operand
+    as staged)."""
+    heads, p, n, chunk = 2, 20, 40, 64
+    params = dict(batch=1, seq=chunk + 5, heads=heads, head_dim=p, state_size=n, **(
+        dict(reserve=True, reserve_bytes=1 << 20) if reserve else {}))
+    tile, count, once, subtractions = MMA_TILE, Counter(), Counter(), 0
+    rng = np.random.default_rng(7)
+    for _head in range(heads):
+        for steps in (chunk, 5):
+            d, s_in = rng.standard_normal((p, n)), rng.standard_normal((p, n))
+            x, gy, b, c = (rng.standard_normal((steps, w)) for w in (p, p, n, n))
+            products = [(b, d.T, dtype == "f32"), (x, d, dtype == "f32"), (gy, s_in, True)]
+            if not reserve:
+                products.insert(1, (c, s_in.T, dtype == "f32"))
+            for rows, right, split_rows in products:
+                once.product(rows, right)
+                for _pass in range(-(-steps // 32)):
+                    for _c0 in range(0, right.shape[1], tile):
+                        for _k0 in range(0, right.shape[0], tile):
+                            for _part in range(3 if split_rows else 2):
+                                count.product(np.zeros((32, tile)), np.zeros((tile, tile)))
+                            subtractions += tile * tile + (32 * tile if split_rows else 0)
+            if not reserve:  # C·Bᵀ: its tiles on and below the diagonal, over N by slices of 16 (TF32: split)
+                once.gram(c, b, np.tril(np.ones((steps, steps))))
+                row_tiles = -(-steps // tile)
+                for _tile in range(row_tiles * (row_tiles + 1) // 2):
+                    for _k0 in range(0, n, tile):
+                        for _part in range(3 if dtype == "f32" else 1):
+                            count.product(np.zeros((tile, tile)), np.zeros((tile, tile)))
+                        subtractions += 2 * tile * tile if dtype == "f32" else 0
+    thunk, _ = lay_out("mamba2_backward", dtype, params)
+
+    def planned(lim: DeviceLimits) -> tuple:
+        (launch,) = [x for x in launches.plan(thunk, lim, ssm_kernel="chunked").launches
+                     if x.kernel == "mamba2_backward_chunk"]
+        return launch, launch_cost(launch)
+    launch, cost = planned(dataclasses.replace(REFERENCE_GPU, mma=mma))
+    portable_launch, portable = planned(REFERENCE_GPU)
+    assert dict(launch.defines).get("SSM_RESERVE", 0) == reserve
+    assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
+    assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
+    assert cost.other == portable.flops - once.gemm + subtractions

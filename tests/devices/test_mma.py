@@ -30,7 +30,8 @@ from rlx_gpu.launches.ssm import SWITCHES as SSM_SWITCHES
 #: the kernels whose chunk products take the tensor cores, per program family
 MMA_KERNELS = {"ssm": ("mamba2_chunk_state", "mamba2_chunk_scan"),
                "gdn": ("gated_delta_net_chunk_prep", "gated_delta_net_state_pass", "gated_delta_net_chunk_out"),
-               "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"), "mamba2_backward": ("mamba2_backward_dstate",),
+               "mamba3": ("mamba3_chunk_state", "mamba3_chunk_scan"),
+               "mamba2_backward": ("mamba2_backward_dstate", "mamba2_backward_chunk"),
                "mamba3_backward": ("mamba3_cb_chunk",),
                "gdn_backward": ("gdn_chunk_back_pass", "gdn_chunk_back_grads")}
 FAMILY = {"mamba2": "ssm", "gated_delta_net": "gdn", "mamba3": "mamba3", "mamba2_backward": "mamba2_backward",

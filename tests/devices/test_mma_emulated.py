@@ -40,7 +40,8 @@ EMULATION = (Path(__file__).parent.parent / "support" / "mma_emulation.cl").read
 CHUNK_KERNELS = {"mamba2": {"mamba2_chunk_state", "mamba2_chunk_scan"},
                  "gated_delta_net": {"gated_delta_net_chunk_prep", "gated_delta_net_state_pass",
                                      "gated_delta_net_chunk_out"},
-                 "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"}, "mamba2_backward": {"mamba2_backward_dstate"},
+                 "mamba3": {"mamba3_chunk_state", "mamba3_chunk_scan"},
+                 "mamba2_backward": {"mamba2_backward_dstate", "mamba2_backward_chunk"},
                  "mamba3_backward": {"mamba3_cb_chunk"},
                  "gated_delta_net_backward": {"gdn_chunk_back_pass", "gdn_chunk_back_grads"}}
 CHUNKED_OPS = tuple(CHUNK_KERNELS)
@@ -246,6 +247,50 @@ def test_gdn_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatc
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
         mma = _gradients(session, case)
         bound = config.tolerance(case.op, case.dtype) / (10 if bounds is None else 1)
+        for field, value in mma.items():
+            if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
+                failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
+                              f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
+    assert not failed, "\n".join(failed)
+
+
+#: mamba2_backward, chunked at the gpu target (M2_Q 64), past one tile of mamba2_backward_chunk's state products (32
+#: steps by 16 columns, sums in slices of 16) and scores C·Bᵀ (16 x 16 tiles on and below the diagonal): P 20 and N 40
+#: (partial slices), a full chunk and a partial one, every field with a carried state; from a saved forward
+#: (SSM_RESERVE: no S_in·c, the saved scores); a NaN in c inside the second chunk, whose diagonal tile's entries
+#: above the diagonal are dropped. Rounded once to 16 bits (or TF32) the states in D·b and S_in·c cost d_a and
+#: d_dt_bias past the bounds (f16 d_a NMSE 1.1e-6 against 5e-7); split, the FMA kernels' error
+M2B_WIDE = dict(batch=1, seq=100, heads=2, head_dim=20, state_size=40, carry_state=True, state=True, d_state=True,
+                dt_bias=True, d_dt_bias=True, dt_softplus=True, d=True, d_d=True, z=True, d_z=True)
+M2B_CASES = [Case("mamba2_backward", dtype, M2B_WIDE, seed=41) for dtype in ("f16", "bf16")] + [
+    Case("mamba2_backward", "bf16", dict(batch=2, seq=100, heads=2, head_dim=20, state_size=40, reserve=True,
+                                         reserve_bytes=1 << 19), seed=42)] + [
+    Case("mamba2_backward", "bf16", dict(batch=1, seq=100, heads=2, head_dim=20, state_size=40), poison="c",
+         poison_step=90, poison_value=float("nan"), seed=43)]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_mamba2_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """mamba2_backward_chunk's variant (its state products D·b, S_in·c, x·D, gy·S_in on the tensor cores from split
+    operands, and the scores C·Bᵀ) against the float64 reference, and every gradient against the portable FMA
+    kernels' within the bound, their non-finite positions the same (TF32: the bf16 bound)."""
+    dtypes, bounds = VARIANTS[variant]
+    config = _config(bounds)
+    monkeypatch.setattr(programs, "program", _emulated(programs.program))
+    failed = []
+    cases = M2B_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0]) for c in M2B_CASES[1:]]
+    for case in cases:
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
+        fma = _gradients(session, case)
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
+        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
+        assert [dict(item.defines).get("RLX_MMA") for item in plan.launches
+                if item.kernel in CHUNK_KERNELS[case.op]] == [variant, variant], case.id
+        outcome = runner.check(session, case, config, host)
+        if outcome.status != "pass":
+            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
+        mma = _gradients(session, case)
+        bound = config.tolerance(case.op, case.dtype)
         for field, value in mma.items():
             if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
                 failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
