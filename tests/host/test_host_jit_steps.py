@@ -204,7 +204,7 @@ def test_without_numba_the_numpy_step_runs(op, monkeypatch, calls):
 def test_a_prepared_step_binds_each_arena_it_is_given(op, calls):
     """``PREPARE[op]`` on arena A, B, then A again with new inputs written in place: each run against the
     float64 reference of what that arena held, each through the compiled step."""
-    thunks, arenas, wants = [], [], []
+    thunks, arenas = [], []
     for seed in (1, 2, 3):
         rng = np.random.default_rng(seed)
         if op == "gated_delta_net":
