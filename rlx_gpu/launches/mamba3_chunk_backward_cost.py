@@ -77,19 +77,19 @@ def cb_chunk(launch: Launch, args: Mapping[str, Any]) -> Cost:
                                                       + args["carry"] * args["R"] * h * n) * rs
     mma = defined(launch, "RLX_MMA")
     if mma:  # the state products on the tensor cores, their FMA loops gone; results through scratch and the partials
-        tensor, split = _state_products_mma(mma, h, p, n, len(chunks))
+        tensor, split = _state_products_mma(mma, tuned(launch, "M3C_Q"), h, p, n, len(chunks))
         gemm, other = gemm + tensor, other - h * 8 * n * p * t + split
         through = h * t * 2 * (p + n) * rs  # D·k̃, S_in·q̃ per (step, row); S_inᵀ·gy, Dᵀ·v per (step, column)
         read, written = read + through, written + through
     return Cost(gemm=gemm, other=other, read=read, written=written)
 
 
-def _state_products_mma(mma: int, h: int, p: int, n: int, chunks: int) -> tuple[int, int]:
+def _state_products_mma(mma: int, q: int, h: int, p: int, n: int, chunks: int) -> tuple[int, int]:
     """(tensor-core FLOPs, the split's subtractions) of mamba3_cb_chunk's RLX_MMA state products: per (head, chunk)
-    one pass of its 64 steps (M3C_Q) per 32 output columns, the sum in slices of 16: D·k̃ and S_in·q̃ ([Q] x [N] x
+    one pass of its q steps (M3C_Q, 64: four 16-step tiles) per 32 output columns, the sum in slices of 16: D·k̃ and S_in·q̃ ([Q] x [N] x
     [P]), S_inᵀ·gy and Dᵀ·v ([Q] x [P] x [N]); each hi·hi + hi·lo, and lo·hi where the row operand is split too (q̃,
     k̃, gy; v at TF32 only: a 16-bit thunk's own v is exact); a subtraction per staged value of a split operand."""
-    tile, q = MMA_TILE, 64
+    tile = MMA_TILE
     p16, n16 = -(-p // tile) * tile, -(-n // tile) * tile
     p32, n32 = -(-p // (2 * tile)) * 2 * tile, -(-n // (2 * tile)) * 2 * tile
     split_v = mma == MMA_TF32
