@@ -27,7 +27,8 @@
  *                     one, in reverse the gradient of the state leaving each over its share, each chunk's row p of
  *                     <D, S_leaving>; with carry d_state (D0), d_v_state (beta'[first] D0 kbar; its incoming value,
  *                     the last value's gradient, kept in scratch);
- *   mamba3_cb_chunk   a work-group per (head, slot): A and B in LOCAL (their RLX_MMA variant on the tensor cores),
+ *   mamba3_cb_chunk   a work-group per (head, slot): A and B in LOCAL (their RLX_MMA variant on the tensor cores,
+ *                     and first the state products D k~, S_in q~, S_in^T gy, D^T v there, from split operands),
  *                     then d_v, d_z, and the shares of q~, k~, d_adt, beta', gamma into the per-token launch's
  *                     partials (one block, `direct`), d_d's share per slot; the row's first chunk with carry kbar's
  *                     share (for d_k_state) and beta'[first]'s.
@@ -186,6 +187,9 @@ typedef struct {
     GLOBAL real* part;
     i64 HN, HP, TW, P, N;
     int steps;
+#ifdef RLX_MMA
+    GLOBAL real* pr; /* the state products D k~ and S_in q~ of each step and row ([T][H][2P], 2HP apart) */
+#endif
 } m3cb_chunk_at;
 
 /* The chunk's coefficients in LOCAL (m3c_stage_barrier's cum, rs, wgt, gam) and the products in LOCAL: A and B
@@ -249,6 +253,105 @@ INLINE_FN void m3cb_scores_mma_barrier(m3cb_chunk_at c, m3cb_local l, LOCAL_PTR 
 }
 #endif
 
+#ifdef RLX_MMA
+/* Split operands, x = hi + lo (hi = x rounded to the operand type, lo = the rest, rounded as it enters the product),
+ * the products hi.hi + hi.lo + lo.hi, f32 accumulation: rounded once, q~, k~, gy and the states D, S_in move the
+ * angles' gradient (the score terms of d_angle_state cancel exactly, those of the states do not; emulated on PoCL,
+ * B1 S150 H2 P40 N24 with every field: d_angle_state NMSE against the FMA kernels f16 3.6e-8, bf16 1.1e-5 -- a fifth
+ * of its bound --, TF32 2.0e-7); split, 1.5e-12, 1.3e-11, 2.1e-12. A 16-bit thunk's own v is exact (lo = 0: no
+ * lo.hi product); at TF32 every operand is split, its hi rounded as the tensor cores round (m3cb_tf32). */
+#if M3C_Q != 64 || M3C_LANES != 256
+#error "mamba3_cb_chunk's MMA state products tile [64 steps][32 columns] with 8 warps: M3C_Q = 64, M3C_LANES = 256"
+#endif
+#if RLX_MMA == 2
+/* v rounded to TF32 as cvt.rna.tf32.f32 rounds it (10 mantissa bits, to nearest, ties away from zero; NaN kept), as
+ * kernels/mamba2_backward.cl's m2b_tf32 (a program of its own) */
+INLINE_FN float m3cb_tf32(float v)
+{
+    return v != v ? v : BITS_TO_F32((F32_TO_BITS(v) + 0x1000u) & 0xFFFFE000u);
+}
+#define M3CB_HI(v) m3cb_tf32(v)
+#else
+#define M3CB_HI(v) FROM_MMA(TO_MMA(v))
+#endif
+
+/* The k-th state product's row operand at (step s, sum index i < its width), s < steps: k~, q~ (over N), gy, v (over
+ * P). */
+INLINE_FN real m3cb_product_row(m3cb_chunk_at c, int k, int s, i64 i)
+{
+    return k == 0 ? c.ks[s * c.HN + i] : k == 1 ? c.qs[s * c.HN + i] : k == 2 ? c.gy[s * c.HP + i]
+                                                                             : LOAD(c.v, s * c.HP + i);
+}
+
+/* The chunk's four state products on the tensor cores, each into its place: D k~ and S_in q~ per step and row of P
+ * ([steps][N] x [N][P]) into pr, S_in^T gy and D^T v per step and state column ([steps][P] x [P][N]) into the
+ * partials' q~ and k~ entries, which m3cb_columns completes. By slices of 32 output columns: warp w accumulates the
+ * 16 x 16 tile (w % 4, w / 4) of [M3C_Q steps][32] over the sum in slices of 16 staged as operands (rows [M3C_Q][16]
+ * hi, then its lo part in the same place where split; cols [16][32] hi, then lo 512 on; zero past the chunk's
+ * steps, the sum and the columns), stores it f32 in prod ([M3C_Q][M3C_Q], rows M3C_Q apart: the scores' am, unused
+ * yet), whose entries within the steps and the columns go out. Every lane calls it (barriers, the first before any
+ * staging, the last after every read of prod). */
+INLINE_FN void m3cb_state_products_mma_barrier(m3cb_chunk_at c, LOCAL_PTR float* prod, LOCAL_PTR mma_t* rows,
+                                               LOCAL_PTR mma_t* cols, int lane)
+{
+    const int w = MMA_WARP(lane), ti = w % 4, tj = w / 4;
+    PRAGMA_NO_UNROLL
+    for (int k = 0; k < 4; ++k) {
+        const int pside = k < 2, lo_rows = RLX_MMA == 2 || k != 3; /* P columns (pr) or N (the partials) */
+        const i64 width = pside ? c.P : c.N, sum = pside ? c.N : c.P;
+        GLOBAL const real* st = k == 0 || k == 3 ? c.dout : c.sin; /* [P][N] */
+        for (i64 c0 = 0; c0 < (c.steps > 0 ? width : 0); c0 += 32) {
+            mma_acc acc;
+            mma_zero(&acc);
+            for (i64 k0 = 0; k0 < sum; k0 += 16) {
+                PRAGMA_NO_UNROLL /* hi, then its lo part where split */
+                for (int part = 0; part < (lo_rows ? 2 : 1); ++part) {
+                    BARRIER(); /* the previous operands and products are read no more */
+                    PRAGMA_NO_UNROLL
+                    for (int e = lane; e < M3C_Q * 16; e += M3C_LANES) {
+                        const int s = e / 16;
+                        const i64 i = k0 + e % 16;
+                        const real v = s < c.steps && i < sum ? m3cb_product_row(c, k, s, i) : (real)0;
+                        const float hi = M3CB_HI(v);
+                        rows[e] = TO_MMA(part ? v - hi : hi);
+                    }
+                    PRAGMA_NO_UNROLL
+                    for (int e = lane; e < (part ? 0 : 512); e += M3C_LANES) {
+                        const int kk = e / 32, j = e - kk * 32; /* a step of the sum, an output column */
+                        const i64 i = k0 + kk, col = c0 + j;
+                        const real v = i < sum && col < width ? (pside ? st[col * c.N + i] : st[i * c.N + col])
+                                                              : (real)0;
+                        const float hi = M3CB_HI(v);
+                        cols[e] = TO_MMA(hi);
+                        cols[512 + e] = TO_MMA(v - hi);
+                    }
+                    BARRIER();
+                    PRAGMA_NO_UNROLL /* hi.hi and hi.lo, then lo.hi */
+                    for (int h = 0; h < (part ? 1 : 2); ++h)
+                        mma_tile(&acc, MMA_ROW, rows + ti * 256, 16, MMA_ROW, cols + (h ? 512 : 0) + tj * 16, 32);
+                }
+            }
+            BARRIER(); /* the previous slice's prod is read no more */
+            mma_store(prod + ti * 16 * M3C_Q + tj * 16, &acc, M3C_Q);
+            BARRIER();
+            PRAGMA_NO_UNROLL
+            for (int e = lane; e < M3C_Q * 32; e += M3C_LANES) {
+                const int s = e / 32, j = e - s * 32;
+                const i64 col = c0 + j;
+                if (s < c.steps && col < width) {
+                    const real x = prod[s * M3C_Q + j];
+                    if (pside)
+                        c.pr[s * 2 * c.HP + k * c.P + col] = x;
+                    else
+                        c.part[s * c.TW + 3 + (k - 2) * c.N + col] = x;
+                }
+            }
+        }
+    }
+    BARRIER();
+}
+#endif
+
 /* The scores turned into what the phases read, in three passes (a barrier after each): am decayed (A); then per
  * step s dws[s] = sum_{t>s} A[t][s] B[t][s] and dgd[s] = A[s][s] B[s][s]; then am = om A and bm = om e B. */
 INLINE_FN void m3cb_weigh_barrier(m3cb_chunk_at c, m3cb_local l, LOCAL_PTR real* dws, LOCAL_PTR real* dgd, int lane)
@@ -293,10 +396,15 @@ INLINE_FN void m3cb_rows(m3_io io, m3cb_chunk_at c, m3cb_local l, GLOBAL const r
             dv += l.am[t * M3C_Q + i] * c.gy[t * c.HP + p];
         for (int s = 0; s <= i; ++s)
             y += l.am[i * M3C_Q + s] * LOAD(c.v, s * c.HP + p);
+#ifdef RLX_MMA /* the tensor cores' (m3cb_state_products_mma_barrier) */
+        dk = c.pr[i * 2 * c.HP + p];
+        sq = c.pr[i * 2 * c.HP + c.P + p];
+#else
         for (i64 n = 0; n < c.N; ++n) {
             dk += c.dout[p * c.N + n] * c.ks[i * c.HN + n];
             sq += c.sin[p * c.N + n] * c.qs[i * c.HN + n];
         }
+#endif
         dv += fade * dk;
         y += grow * sq;
         const i64 at = i * c.HP + p;
@@ -329,10 +437,15 @@ INLINE_FN void m3cb_columns(m3_io io, m3cb_chunk_at c, m3cb_local l, GLOBAL cons
             dq += l.bm[i * M3C_Q + s] * c.ks[s * c.HN + n];
         for (int t = i; t < c.steps; ++t)
             dk += l.bm[t * M3C_Q + i] * c.qs[t * c.HN + n];
+#ifdef RLX_MMA /* the tensor cores' (m3cb_state_products_mma_barrier), where they go */
+        sg = c.part[i * c.TW + 3 + n];
+        dv = c.part[i * c.TW + 3 + c.N + n];
+#else
         for (i64 p = 0; p < c.P; ++p) {
             sg += c.sin[p * c.N + n] * c.gy[i * c.HP + p];
             dv += c.dout[p * c.N + n] * LOAD(c.v, i * c.HP + p);
         }
+#endif
         GLOBAL real* pt = c.part + i * c.TW;
         pt[3 + n] = dq + grow * sg;
         pt[3 + c.N + n] = dk + fade * dv + (last && io.carry ? dks[n] : (real)0);
@@ -407,7 +520,7 @@ KERNEL mamba3_cb_chunk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carr
     i64 dzo, GLOBAL uchar* dstb, i64 dsto, GLOBAL uchar* dksb, i64 dkso, GLOBAL uchar* qrb, i64 qro, GLOBAL uchar* krb,
     i64 kro, GLOBAL uchar* gyb, i64 gyo, GLOBAL uchar* ownb, i64 owno, GLOBAL uchar* downb, i64 downo,
     GLOBAL uchar* endsb, i64 endso, GLOBAL uchar* dvinb, i64 dvino, GLOBAL uchar* partb, i64 parto,
-    GLOBAL uchar* dk0b, i64 dk0o, GLOBAL uchar* ddpb, i64 ddpo)
+    GLOBAL uchar* dk0b, i64 dk0o, GLOBAL uchar* ddpb, i64 ddpo, GLOBAL uchar* prb, i64 pro)
 {
     LOCAL real cum[M3C_Q], wgt[M3C_Q], gam[M3C_Q], dws[M3C_Q], dgd[M3C_Q], dcs[M3C_Q];
     M3C_LOCAL real am[M3C_Q * M3C_Q], bm[M3C_Q * M3C_Q];
@@ -429,9 +542,14 @@ KERNEL mamba3_cb_chunk(i64 R, i64 S, i64 H, i64 P, i64 N, i64 A, i64 G, int carr
                              AT(store_t, dvb, dvo) + (ch.first * H + h) * P, AT(store_t, dzb, dzo) + (ch.first * H + h) * P,
                              AT(store_t, gob, goo) + (ch.first * H + h) * P, AT(real, ownb, owno) + tile.slot * P * N,
                              AT(real, downb, downo) + tile.slot * P * N, AT(real, partb, parto) + (ch.first * H + h) * W,
-                             H * N, H * P, H * W, P, N, (int)ch.steps};
+                             H * N, H * P, H * W, P, N, (int)ch.steps
+#ifdef RLX_MMA
+                             , AT(real, prb, pro) + (ch.first * H + h) * 2 * P
+#endif
+                            };
 #ifdef RLX_MMA
     MMA_LOCAL mma_t cols[M3C_Q * 16];
+    m3cb_state_products_mma_barrier(c, am, xs, cols, lane); /* xs, cols: the operands; am: the products */
     m3cb_scores_mma_barrier(c, l, xs, cols, lane); /* xs ([M3C_Q][16]: the stage's values, unread) holds the rows */
 #else
     m3cb_scores(c, l, lane);

@@ -8,15 +8,16 @@ the entering state's gradient), ``mamba3_cb_pass`` (an item per (row, head, stat
 chunk and the gradients of those leaving it) and ``mamba3_cb_chunk`` (a work-group per (head, chunk slot): the
 scores q~.k~^T and gy.v^T, every token's gradients), whose partials launches/mamba3.py's per-token, angle and reduce
 launches finish as the step walk's (one block; the per-token launch ``direct``). On a device with tensor cores
-``mamba3_cb_chunk`` takes the MMA variant (``RLX_MMA``: its two scores); the others run in the portable program (the
-state products stay f32: rounded to 16 bits they push the angles' gradient past the conformance bounds). Packed
-sequences and f64 keep the step walk.
+``mamba3_cb_chunk`` takes the MMA variant (``RLX_MMA``: its two scores, and its four state products from split
+operands, x = hi + lo: rounded once to 16 bits they push the angles' gradient past the conformance bounds; D·k̃ and
+S_in·q̃ per (token, row) through scratch, ``pr``); the others run in the portable program (mamba3_cb_states' products
+stay f32). Packed sequences and f64 keep the step walk.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from .core import Launch, Thunk
+from .core import SCRATCH, Launch, Thunk
 from .limits import DeviceLimits
 from .mma import MMA_TF32, mma_defines
 from .ssm import chunk_slots, takes_chunked
@@ -28,7 +29,7 @@ KERNELS = {
                        ("K", "dstb", "dvsb", "ownb", "downb", "decb", "endsb", "dvinb")),
     "mamba3_cb_chunk": (("base", "coeffs", "values", "state", "rows"),
                         ("K", "W", "gob", "dvb", "dzb", "dstb", "dksb", "qrb", "krb", "gyb", "ownb", "downb", "endsb",
-                         "dvinb", "partb", "dk0b", "ddpb")),
+                         "dvinb", "partb", "dk0b", "ddpb", "prb")),
 }
 #: launches/mamba3.py's launch of a kernel of the mamba3_backward program: (kernel, global size, local size, defines)
 LaunchOf = Callable[[str, tuple, tuple, tuple], Launch]
@@ -57,10 +58,12 @@ def takes(fwd: Thunk, lim: DeviceLimits, ssm_kernel: str = "auto") -> bool:
 def scratch(fwd: Thunk, lim: DeviceLimits) -> dict[str, int]:
     """The chunked form's scratch parts (reals of the compute type) beside the step walk's common ones: gy per token,
     each chunk slot's own state (then the entering one), its share of the entering gradient (then the leaving one's
-    gradient), decay and rows of <D, S_leaving>, each row's incoming d_v_state."""
+    gradient), decay and rows of <D, S_leaving>, each row's incoming d_v_state; with the MMA variant of
+    mamba3_cb_chunk its state products D·k̃ and S_in·q̃ per (token, row)."""
     h, p, n, k = fwd["heads"], fwd["head_dim"], fwd["state_size"], chunk_slots(fwd, lim.tune("M3C_Q"))
+    products = {"pr": fwd["batch"] * fwd["seq"] * h * 2 * p} if mma_defines(lim, fwd["dtype"]) else {}
     return {"gy": fwd["batch"] * fwd["seq"] * h * p, "own": h * k * p * n, "down": h * k * p * n, "dec": h * k,
-            "ends": h * k * p, "dvin": fwd["batch"] * h * p}
+            "ends": h * k * p, "dvin": fwd["batch"] * h * p, **products}
 
 
 def slots(fwd: Thunk, lim: DeviceLimits) -> int:
@@ -81,5 +84,6 @@ def launches(fwd: Thunk, lim: DeviceLimits, launch: LaunchOf) -> list[Launch]:
 
 
 def arguments(fwd: Thunk, lim: DeviceLimits) -> dict[str, Any]:
-    """The chunked kernels' own size argument (launches/mamba3.py gives the partials' W)."""
-    return dict(K=slots(fwd, lim))
+    """The chunked kernels' own size argument (launches/mamba3.py gives the partials' W and the scratch parts); the
+    portable program's ``prb``, unread, where no ``pr`` part is laid out."""
+    return dict(K=slots(fwd, lim), **({} if mma_defines(lim, fwd["dtype"]) else {"prb": (SCRATCH, 0)}))

@@ -6,15 +6,18 @@ Per (head, chunk of s steps), read off kernels/mamba3_chunk_backward.cl's loops 
 entering gradient (exp(c)·Gy)ᵀ·Q̃ (FMA on every path); in ``mamba3_cb_chunk`` the scores
 Q̃·K̃ᵀ over N and Gy·Vᵀ over P on the lower triangle (tri = s(s+1)/2 pairs; their RLX_MMA variant on the tensor
 cores), then per step and state row dv (Aᵀ·Gy, D·k̃) and y (A·V, S_in·q̃), per step and column dq̃ (B·K̃, S_inᵀ·gy)
-and dk̃ (Bᵀ·Q̃, Dᵀ·v): GEMM-shaped too, but FMA loops over the LOCAL scores in both variants, so counted as
-``other`` here (what a tensor-core path for them would still win). The pass is a recurrence over chunks.
+and dk̃ (Bᵀ·Q̃, Dᵀ·v): GEMM-shaped too; the four state products D·k̃, S_in·q̃, S_inᵀ·gy and Dᵀ·v run on the tensor
+cores in the RLX_MMA variant (``_state_products_mma``: tiles, split operands, their results through scratch), the
+products with the LOCAL scores are FMA loops in both variants, so counted as ``other`` here (what a tensor-core
+path for them would still win). The pass is a recurrence over chunks.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from .core import Launch
-from .cost import Cost, declare, real, stored, tuned
+from .cost import Cost, declare, defined, real, stored, tuned
+from .mma import MMA_TF32, MMA_TILE
 from .mamba3_cost import BPRIME, SIGMOID, carried, chunk_lengths, finish_flops, inputs, stage_flops
 
 _SILU = SIGMOID + 1
@@ -72,4 +75,25 @@ def cb_chunk(launch: Launch, args: Mapping[str, Any]) -> Cost:
                 args["R"] * h * (p + n) * rs))
     written = t * h * p * (1 + args["has_z"]) * es + (t * h * args["W"] + args["K"] * h
                                                       + args["carry"] * args["R"] * h * n) * rs
+    mma = defined(launch, "RLX_MMA")
+    if mma:  # the state products on the tensor cores, their FMA loops gone; results through scratch and the partials
+        tensor, split = _state_products_mma(mma, tuned(launch, "M3C_Q"), h, p, n, len(chunks))
+        gemm, other = gemm + tensor, other - h * 8 * n * p * t + split
+        through = h * t * 2 * (p + n) * rs  # D·k̃, S_in·q̃ per (step, row); S_inᵀ·gy, Dᵀ·v per (step, column)
+        read, written = read + through, written + through
     return Cost(gemm=gemm, other=other, read=read, written=written)
+
+
+def _state_products_mma(mma: int, q: int, h: int, p: int, n: int, chunks: int) -> tuple[int, int]:
+    """(tensor-core FLOPs, the split's subtractions) of mamba3_cb_chunk's RLX_MMA state products: per (head, chunk)
+    one pass of its q steps (M3C_Q, 64: four 16-step tiles) per 32 output columns, the sum in slices of 16: D·k̃ and S_in·q̃ ([Q] x [N] x
+    [P]), S_inᵀ·gy and Dᵀ·v ([Q] x [P] x [N]); each hi·hi + hi·lo, and lo·hi where the row operand is split too (q̃,
+    k̃, gy; v at TF32 only: a 16-bit thunk's own v is exact); a subtraction per staged value of a split operand."""
+    tile = MMA_TILE
+    p16, n16 = -(-p // tile) * tile, -(-n // tile) * tile
+    p32, n32 = -(-p // (2 * tile)) * 2 * tile, -(-n // (2 * tile)) * 2 * tile
+    split_v = mma == MMA_TF32
+    tensor = h * chunks * 2 * q * (p32 * n16 * 2 * 3 + n32 * p16 * (3 + 2 + split_v))
+    slices = h * chunks * (2 * (p32 // 32) * (n16 // tile) + 2 * (n32 // 32) * (p16 // tile))  # (product, pass, slice)
+    lo_slices = h * chunks * (2 * (p32 // 32) * (n16 // tile) + (1 + split_v) * (n32 // 32) * (p16 // tile))
+    return tensor, slices * tile * 2 * tile + lo_slices * q * tile

@@ -677,3 +677,43 @@ def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tens
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
     assert cost.other == portable.flops - once.gemm + subtractions
+
+
+@pytest.mark.parametrize("dtype, mma, unit", [("bf16", MMA_16BIT, "mma16"), ("f32", MMA_TF32, "tf32")])
+def test_the_mamba3_backward_chunk_variant_counts_its_state_products_on_the_tensor_cores(dtype, mma, unit):
+    """mamba3_cb_chunk's RLX_MMA variant: its tensor-core FLOPs are the scores q̃·k̃ᵀ and gy·vᵀ on the lower triangle
+    (as the portable launch counts them) and the state products D·k̃, S_in·q̃, S_inᵀ·gy and Dᵀ·v of every (head,
+    chunk), counted tile by tile as run (a pass of the chunk's 64 steps per 32 output columns, sums in slices of 16;
+    hi·hi and hi·lo, and lo·hi where the rows are split too: q̃, k̃, gy, and v at TF32); the rest runs on FMA: the
+    portable launch's FMA FLOPs less those products once (at their own shapes), plus the split's subtractions (a
+    value of each split operand as staged)."""
+    heads, p, n, chunk = 2, 40, 24, 64
+    params = dict(batch=1, seq=chunk + 5, heads=heads, head_dim=p, state_size=n, num_angles=2)
+    tile, count, once, scores, subtractions = MMA_TILE, Counter(), Counter(), Counter(), 0
+    rng = np.random.default_rng(8)
+    for _head in range(heads):
+        for steps in (chunk, 5):
+            d, s_in = rng.standard_normal((p, n)), rng.standard_normal((p, n))
+            q, k, gy, v = (rng.standard_normal((steps, w)) for w in (n, n, p, p))
+            scores.gram(q, k, np.tril(np.ones((steps, steps))))
+            scores.gram(gy, v, np.tril(np.ones((steps, steps))))
+            for rows, right, split_rows in ((k, d.T, True), (q, s_in.T, True), (gy, s_in, True),
+                                            (v, d, dtype == "f32")):
+                once.product(rows, right)
+                for _c0 in range(0, right.shape[1], 2 * tile):
+                    for _k0 in range(0, right.shape[0], tile):
+                        for _part in range(3 if split_rows else 2):
+                            count.product(np.zeros((chunk, tile)), np.zeros((tile, 2 * tile)))
+                        subtractions += tile * 2 * tile + (chunk * tile if split_rows else 0)
+    thunk, _ = lay_out("mamba3_backward", dtype, params)
+
+    def planned(lim: DeviceLimits) -> tuple:
+        (launch,) = [x for x in launches.plan(thunk, lim, ssm_kernel="chunked").launches
+                     if x.kernel == "mamba3_cb_chunk"]
+        return launch, launch_cost(launch)
+    launch, cost = planned(dataclasses.replace(REFERENCE_GPU, mma=mma))
+    portable_launch, portable = planned(REFERENCE_GPU)
+    assert roofline.units(launch, cost) == {"fma": cost.other, unit: scores.gemm + count.gemm}
+    assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
+    assert portable.gemm == scores.gemm
+    assert cost.other == portable.flops - scores.gemm - once.gemm + subtractions

@@ -296,3 +296,44 @@ def test_mamba2_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeyp
                 failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
                               f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
     assert not failed, "\n".join(failed)
+
+
+#: mamba3_backward, chunked at the gpu target (M3C_Q 64), past one tile of mamba3_cb_chunk's state products (64 steps
+#: by 32 output columns, sums in slices of 16): P 40 and N 24 (partial slices and passes), full chunks and a partial
+#: one, every carried field and gradient, d and z. Rounded once to the operand type, q~, k~, gy and the states in
+#: those products move d_angle_state (whose score terms cancel exactly, the states' not) far from the FMA kernels'
+#: (NMSE against them f16 3.6e-8, bf16 1.1e-5, TF32 2.0e-7: past a thousandth of the bound); split, 1.5e-12,
+#: 1.3e-11, 2.1e-12
+M3B_WIDE = dict(batch=1, seq=150, heads=2, head_dim=40, state_size=24, num_angles=4, d=True, z=True, d_d=True,
+                d_z=True, **CARRIED, d_angle_state=True, d_state=True, d_k_state=True, d_v_state=True)
+M3B_CASES = [Case("mamba3_backward", dtype, M3B_WIDE, options=CHUNKED, seed=51) for dtype in ("f16", "bf16")]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_mamba3_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """mamba3_cb_chunk's variant (its state products D·k̃, S_in·q̃, S_inᵀ·gy, Dᵀ·v on the tensor cores from split
+    operands, and the scores) against the float64 reference, and every gradient against the portable FMA kernels'
+    within the bound, their non-finite positions the same, d_angle_state within a thousandth of it (TF32: the
+    bf16 case in f32 against the bf16 bound)."""
+    dtypes, bounds = VARIANTS[variant]
+    config = _config(bounds)
+    monkeypatch.setattr(programs, "program", _emulated(programs.program))
+    failed = []
+    cases = M3B_CASES if bounds is None else [dataclasses.replace(M3B_CASES[1], dtype=dtypes[0])]
+    for case in cases:
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
+        fma = _gradients(session, case)
+        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
+        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
+        assert [dict(item.defines).get("RLX_MMA") for item in plan.launches
+                if item.kernel in CHUNK_KERNELS[case.op]] == [variant], case.id
+        outcome = runner.check(session, case, config, host)
+        if outcome.status != "pass":
+            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
+        mma = _gradients(session, case)
+        for field, value in mma.items():
+            bound = config.tolerance(case.op, case.dtype) / (1000 if field == "d_angle_state" else 1)
+            if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
+                failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
+                              f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
+    assert not failed, "\n".join(failed)
