@@ -300,17 +300,7 @@ INLINE_FN void m2b_end_dot_barrier(m2b_tensors at, int steps, LOCAL_PTR real* re
  * (emulated on PoCL, B1 S100 H2 P20 N40 with every field: f16 d_a NMSE 1.1e-6 against the bound 5e-7, bf16 d_dt_bias
  * 7.3e-5 against 5e-5, TF32 d_a 1.3e-4 against bf16's 5e-5); split, the FMA path's error. A 16-bit thunk's own x, b
  * and c are exact (lo = 0: no lo.hi product); f32's are not at TF32, whose hi rounds as the tensor cores round
- * (m2b_tf32). */
-#if RLX_MMA == 2
-/* v rounded to TF32 as cvt.rna.tf32.f32 rounds it (10 mantissa bits, to nearest, ties away from zero; NaN kept) */
-INLINE_FN float m2b_tf32(float v)
-{
-    return v != v ? v : BITS_TO_F32((F32_TO_BITS(v) + 0x1000u) & 0xFFFFE000u);
-}
-#define M2B_HI(v) m2b_tf32(v)
-#else
-#define M2B_HI(v) FROM_MMA(TO_MMA(v))
-#endif
+ * (mma_hi, kernels/mma_split.cl). */
 /* The state products' operands (m2b_tensors' x, gy, b, c, the state entering, the leaving one's gradient, with their
  * strides) and outputs: D.b and S_in.c per (step, row) at ends and starts (`xs` apart), x.D and gy.S_in per (step,
  * state column) at db and dc (`bs` apart: d_b's and d_c's partials, each step's G * N apart as b's). */
@@ -360,7 +350,7 @@ INLINE_FN void m2b_state_products_mma_barrier(m2b_state_at at, int steps, LOCAL_
                         if (s < steps && i < sum)
                             v = k == 0 ? LOAD(at.b, s * at.bs + i) : k == 1 ? LOAD(at.c, s * at.bs + i)
                                        : k == 2 ? LOAD(at.x, s * at.xs + i) : at.gy[s * at.xs + i];
-                        const float hi = M2B_HI(v);
+                        const float hi = mma_hi(v);
                         rows[e] = TO_MMA(hi);
                         if (lo_rows)
                             rows[32 * 16 + e] = TO_MMA(v - hi);
@@ -370,7 +360,7 @@ INLINE_FN void m2b_state_products_mma_barrier(m2b_state_at at, int steps, LOCAL_
                         const int j = e / 16, kk = e - j * 16; /* an output column, a step of the sum */
                         const i64 i = k0 + kk, c = c0 + j;
                         const real v = i < sum && c < width ? (pside ? st[c * at.N + i] : st[i * at.N + c]) : (real)0;
-                        const float hi = M2B_HI(v);
+                        const float hi = mma_hi(v);
                         cols[kk * 16 + j] = TO_MMA(hi);
                         cols[256 + kk * 16 + j] = TO_MMA(v - hi);
                     }
@@ -426,7 +416,7 @@ INLINE_FN void m2b_scores_mma_barrier(LOCAL_PTR real* sm, m2b_tensors at, int st
                 const i64 k = k0 + e % 16;
                 const real va = k < at.N && i < steps ? LOAD(at.c, i * at.bs + k) : (real)0;
                 const real vb = k < at.N && j < steps ? LOAD(at.b, j * at.bs + k) : (real)0;
-                const float ha = M2B_HI(va), hb = M2B_HI(vb);
+                const float ha = mma_hi(va), hb = mma_hi(vb);
                 a[e] = TO_MMA(ha);
                 b[e] = TO_MMA(hb);
                 if (RLX_MMA == 2) {

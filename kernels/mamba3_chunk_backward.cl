@@ -259,20 +259,10 @@ INLINE_FN void m3cb_scores_mma_barrier(m3cb_chunk_at c, m3cb_local l, LOCAL_PTR 
  * angles' gradient (the score terms of d_angle_state cancel exactly, those of the states do not; emulated on PoCL,
  * B1 S150 H2 P40 N24 with every field: d_angle_state NMSE against the FMA kernels f16 3.6e-8, bf16 1.1e-5 -- a fifth
  * of its bound --, TF32 2.0e-7); split, 1.5e-12, 1.3e-11, 2.1e-12. A 16-bit thunk's own v is exact (lo = 0: no
- * lo.hi product); at TF32 every operand is split, its hi rounded as the tensor cores round (m3cb_tf32). */
+ * lo.hi product); at TF32 every operand is split, its hi rounded as the tensor cores round (mma_hi,
+ * kernels/mma_split.cl). */
 #if M3C_Q != 64 || M3C_LANES != 256
 #error "mamba3_cb_chunk's MMA state products tile [64 steps][32 columns] with 8 warps: M3C_Q = 64, M3C_LANES = 256"
-#endif
-#if RLX_MMA == 2
-/* v rounded to TF32 as cvt.rna.tf32.f32 rounds it (10 mantissa bits, to nearest, ties away from zero; NaN kept), as
- * kernels/mamba2_backward.cl's m2b_tf32 (a program of its own) */
-INLINE_FN float m3cb_tf32(float v)
-{
-    return v != v ? v : BITS_TO_F32((F32_TO_BITS(v) + 0x1000u) & 0xFFFFE000u);
-}
-#define M3CB_HI(v) m3cb_tf32(v)
-#else
-#define M3CB_HI(v) FROM_MMA(TO_MMA(v))
 #endif
 
 /* The k-th state product's row operand at (step s, sum index i < its width), s < steps: k~, q~ (over N), gy, v (over
@@ -312,7 +302,7 @@ INLINE_FN void m3cb_state_products_mma_barrier(m3cb_chunk_at c, LOCAL_PTR float*
                         const int s = e / 16;
                         const i64 i = k0 + e % 16;
                         const real v = s < c.steps && i < sum ? m3cb_product_row(c, k, s, i) : (real)0;
-                        const float hi = M3CB_HI(v);
+                        const float hi = mma_hi(v);
                         rows[e] = TO_MMA(part ? v - hi : hi);
                     }
                     PRAGMA_NO_UNROLL
@@ -321,7 +311,7 @@ INLINE_FN void m3cb_state_products_mma_barrier(m3cb_chunk_at c, LOCAL_PTR float*
                         const i64 i = k0 + kk, col = c0 + j;
                         const real v = i < sum && col < width ? (pside ? st[col * c.N + i] : st[i * c.N + col])
                                                               : (real)0;
-                        const float hi = M3CB_HI(v);
+                        const float hi = mma_hi(v);
                         cols[e] = TO_MMA(hi);
                         cols[512 + e] = TO_MMA(v - hi);
                     }

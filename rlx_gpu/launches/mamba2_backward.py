@@ -25,8 +25,8 @@ from .mma import mma_defines
 from .ssm import FIELDS_TEXT, chunk_slots, dt_limits, field_defines, saved, takes_chunked, tensors
 
 #: the program of these kernels, and the texts before kernels/mamba2_backward.cl in it (the forward's, whose chunk
-#: helpers it calls)
-FAMILY, SHARED_TEXTS = "mamba2_backward", FIELDS_TEXT + ("ssm.cl",)
+#: helpers it calls; the split tensor-core operands of its RLX_MMA variant)
+FAMILY, SHARED_TEXTS = "mamba2_backward", FIELDS_TEXT + ("ssm.cl", "mma_split.cl")
 
 #: field -> the chunked kernels' tensor parameter that takes it (kernels/mamba2_backward.cl)
 _TENSOR_PARAMS = {"x": "xb", "dt": "dtb", "a": "ab", "b": "bb", "c": "cb", "bias": "biasb", "d": "skb", "z": "zb",

@@ -292,4 +292,4 @@ def unsupported_backward(t: Thunk, lim: DeviceLimits) -> str | None:
 
 register("mamba3", _forward, unsupported, v2_fields=V2_FIELDS, family="mamba3")
 register("mamba3_backward", _backward, unsupported_backward, v2_fields=BACKWARD_FIELDS, family="mamba3_backward",
-         shared_texts=("mamba3.cl", "mamba3_chunk_backward.cl"))
+         shared_texts=("mamba3.cl", "mma_split.cl", "mamba3_chunk_backward.cl"))
