@@ -88,9 +88,9 @@ def whole_suite(config) -> bool:
     """Whether pytest runs the whole suite as the README's command does: its test paths, no test named, no
     ``-k``/``-m``/``--lf``/``--deselect``, not only collecting. Then the checks start before the collection
     (``start_all``), which takes a core for 15 to 25 seconds while the other has nothing to do."""
-    from _pytest.config import Config
+    import pytest
 
-    return (config.args_source != Config.ArgsSource.ARGS and not config.option.keyword
+    return (config.args_source != pytest.Config.ArgsSource.ARGS and not config.option.keyword
             and not config.option.markexpr and not config.getoption("lf", False)
             and not config.getoption("deselect", None) and not config.option.collectonly)
 
