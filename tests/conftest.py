@@ -1,6 +1,7 @@
-"""Session hooks: the long checks of ``background`` start once the tests are collected (the tests that wait for
-them run last), and the run ends with one JSON line per device and kernel target of the conformance cases it ran
-(CI's log shows what each OpenCL implementation passed at each target)."""
+"""Session hooks: the long checks of ``background`` start once the tests are collected, or before the collection
+when the whole suite runs (the tests that wait for them run last), and the run ends with one JSON line per device
+and kernel target of the conformance cases it ran (CI's log shows what each OpenCL implementation passed at each
+target)."""
 from __future__ import annotations
 
 import collections
@@ -28,12 +29,19 @@ def collect_only_new_objects():
     gc.unfreeze()
 
 
+def pytest_sessionstart(session):
+    if background.whole_suite(session.config):
+        background.start_all()
+
+
 def pytest_collection_modifyitems(session, config, items):
     items[:] = background.waiting_last(items)
 
 
 def pytest_collection_finish(session):
-    background.start({item.nodeid for item in session.items})
+    selected = {item.nodeid for item in session.items}
+    background.only(selected)
+    background.start(selected)
 
 
 def pytest_runtest_logreport(report):

@@ -5,7 +5,8 @@ kernel targets, on the Oclgrind device with API checks, data-race and uninitiali
 and fails when the Oclgrind log has any line or any Oclgrind line reaches stderr.
 
 By default it runs a representative set: per kernel target, the cheapest quick case (fewest work-items)
-for every (op, kernel, compile-time variant) the quick cases launch, in one process per target; where
+for every (op, kernel, compile-time variant) the quick cases launch, less any whose every variant the others
+chosen launch too (``rlx_gpu.conformance.representative``), in one process per target; where
 cases cost the same, the 16-bit storage types come first at one target and f32 at the other
 (``PREFERRED``), so both element sizes of every kernel are checked. ``--full`` runs every quick case instead, one process per target and
 dtype: the check for a change to the kernel text. ``--ops``/``--dtypes``/``--targets`` narrow either set.
@@ -70,7 +71,7 @@ def run_under_oclgrind(argv: list[str], extra_env: dict[str, str]) -> tuple[int,
 
 
 CASES = """
-import json, sys
+import json, sys, time
 from rlx_gpu.conformance import catalog, runner
 from rlx_gpu.conformance.devices import find, open_device
 from rlx_gpu.runtime.config import load_config
@@ -80,8 +81,10 @@ session = open_device(find({spec!r}), {target!r})
 config, host = load_config(), open_session(status("host").devices[0])
 failed = 0
 for index in json.loads(sys.argv[1]):
+    start = time.process_time()
     outcome = runner.check(session, quick[index], config, host)
-    print(outcome.status, quick[index].id, outcome.message, flush=True)
+    seconds = time.process_time() - start
+    print(outcome.status, quick[index].id, outcome.message, f"({{seconds:.1f}} s of CPU)", flush=True)
     failed += outcome.status == "fail"
 sys.exit(failed > 0)
 """
@@ -102,6 +105,7 @@ def check_cases(spec: str, target: str, indices: list[int], planned: dict[int, t
     order = sorted(indices, key=lambda i: -planned[i][2])
     code, diagnostics, output = _run_cases(spec, target, order)
     print(f"{label}: {len(order)} case(s), exit {code}")
+    print("\n".join(line for line in output.splitlines() if line.startswith(("pass ", "fail ", "skip "))))
     if code:
         print(output[-3000:])
     if not diagnostics:

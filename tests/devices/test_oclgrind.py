@@ -4,6 +4,7 @@ must log nothing, and a deliberately broken kernel must be caught (so a clean lo
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,10 @@ def test_conformance_cases_are_clean_under_oclgrind():
         done = background.result(f"oclgrind-{target}")  # started with the session, beside the other tests
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         assert f"{target} target, representative cases" in done.stdout and "Oclgrind: no diagnostics" in done.stdout
+        # every case ran, and passed
+        count = re.search(r"representative cases of \d+: (\d+) case\(s\)", done.stdout)
+        ran = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("pass ")]
+        assert count and len(ran) == len(set(ran)) == int(count.group(1)), done.stdout[-4000:]
 
 
 def test_an_off_by_one_write_is_caught():
@@ -52,5 +57,7 @@ def test_the_representative_cases_launch_every_kernel_variant_the_quick_cases_la
         chosen = representative(planned, [c.dtype for c in quick], target)
         every = set().union(*(kernels for kernels, _, _ in planned))
         assert set().union(*(planned[i][0] for i in chosen)) == every
+        for i in chosen:  # none is there for variants the others launch too
+            assert planned[i][0] - set().union(*(planned[j][0] for j in chosen if j != i)), (target, quick[i].id)
         assert {quick[i].op for i in chosen} == {c.op for c in quick if c.op in PLANNERS or c.op in SCAN_OPS}
         assert len(chosen) < len(quick) / 4, f"{target}: {len(chosen)} of {len(quick)} cases"

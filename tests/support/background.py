@@ -5,9 +5,9 @@ reserve's forward and backward (``reserve_oclgrind``), NVRTC's
 build of every program (through the session's cubin cache, ``cuda_builds``: minutes only where a
 kernel's text changed), each OpenCL implementation's build of every f32 program and the fuzz profile on
 each OpenCL implementation (a compiler or kernel that crashes takes only its own process) are
-single-threaded. Started as soon as the session has collected its tests
-(only the checks whose test was selected), at a lower priority, they take the core the tests leave; the tests
-that own a check run last and wait for its result. A check is the command a developer runs by hand
+single-threaded. Started as soon as the session has collected its tests (only the checks whose test was selected;
+for the whole suite before the collection, ``whole_suite``), at a lower priority, they take the core the tests
+leave; the tests that own a check run last and wait for its result. A check is the command a developer runs by hand
 (``tools/oclgrind_check.py --targets T``, ``python -m rlx_gpu.backends.nvrtc``, here with the cache,
 ``tools/fuzz.py --device D``).
 """
@@ -84,6 +84,28 @@ def start(selected: set[str]) -> None:
             _running[name] = (proc, out, err)
 
 
+def whole_suite(config) -> bool:
+    """Whether pytest runs the whole suite as the README's command does: its test paths, no test named, no
+    ``-k``/``-m``/``--lf``/``--deselect``, not only collecting. Then the checks start before the collection
+    (``start_all``), which takes a core for 15 to 25 seconds while the other has nothing to do."""
+    import pytest
+
+    return (config.args_source != pytest.Config.ArgsSource.ARGS and not config.option.keyword
+            and not config.option.markexpr and not config.getoption("lf", False)
+            and not config.getoption("deselect", None) and not config.option.collectonly)
+
+
+def start_all() -> None:
+    """Start every check (``only`` then stops those whose test the collection left out)."""
+    start({test for test, _ in CHECKS.values()})
+
+
+def only(selected: set[str]) -> None:
+    """Stop the running checks whose test is not among the ``selected`` test ids."""
+    for name in [name for name in _running if CHECKS[name][0] not in selected]:
+        _stop(*_running.pop(name))
+
+
 def waiting_last(items: list) -> list:
     """``items`` (pytest's) with the tests that wait for a check moved to the end, in their order: the checks then
     have the whole run to finish beside the other tests."""
@@ -113,9 +135,13 @@ def _read_and_close(file: IO[str]) -> str:
 
 def stop_all() -> None:
     """Kill the checks nobody waited for (their test was deselected or the session was interrupted)."""
-    for proc, out, err in _running.values():
-        proc.kill()
-        proc.wait()
-        out.close()
-        err.close()
+    for running in _running.values():
+        _stop(*running)
     _running.clear()
+
+
+def _stop(proc: subprocess.Popen, out: IO[str], err: IO[str]) -> None:
+    proc.kill()
+    proc.wait()
+    out.close()
+    err.close()
