@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import jit
 from .chunked import chunk_view, decay_ratios, floor_log_decays, from_chunks, to_chunks, unit_lower_inverse
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
 
 Array = np.ndarray
+#: The float types the compiled kernels (``jit_gdn_backward``) are built for.
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class _Decayed:
@@ -124,12 +127,10 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     # last one also through the decayed entering state, gamma_L S0
     entering = np.einsum("...kv,...kv->...k", starts, d_leave) * through[..., 0]  # [..., K]
     if per_channel:
-        dq, dk, dcum = _channel_gradients(pairs, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
-        axis = -2
+        dq, dk, dg = _channel_gradients(pairs, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
     else:
         dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering)
-        axis = -1
-    dg = np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
+        dg = _from_end(dcum, -1)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
@@ -193,7 +194,7 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
     length, n = kc.shape[-2:]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
-            cum = np.cumsum(gc, axis=-2)  # [C, B, H, G, L, K]
+            cum = _cumsum(gc)  # [C, B, H, G, L, K]
             bounded = steepest * (length // 2 + 1) <= CHANNEL_SPREAD
             lead = cum.shape[:-2]
             if products is None:
@@ -215,10 +216,31 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
     return qk, kk, gamma, to_end, through, pairs
 
 
+def _cumsum(gc: Array) -> Array:
+    """The cumulative per-channel log-decays inside each chunk, ``gc [..., L, K]`` summed along ``L``: in one
+    compiled pass where ``jit``'s ``gdn_chunk_cumsum`` applies (f32 or f64), else NumPy's strided ``cumsum``."""
+    kernel = jit.kernel("gdn_chunk_cumsum")
+    if kernel is None or gc.dtype not in _FLOATS:
+        return np.cumsum(gc, axis=-2)
+    cum = np.empty(gc.shape, gc.dtype)
+    kernel(np.ascontiguousarray(gc).reshape(-1, *gc.shape[-2:]), cum.reshape(-1, *gc.shape[-2:]))
+    return cum
+
+
+def _from_end(dcum: Array, axis: int) -> Array:
+    """The log-decays' gradient from the cumulative ones': ``dcum`` summed from each chunk's end along ``axis``."""
+    return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
+
+
 def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
-    """Per-channel gates: ``(dq, dk, dcum)`` from the gradients of the products ``dqk``, ``dkk``, of ``gamma Q``
-    (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``); ``dcum [..., L, K]`` is the
-    cumulative log-decays' gradient."""
+    """Per-channel gates: ``(dq, dk, dg)`` from the gradients of the products ``dqk``, ``dkk``, of ``gamma Q``
+    (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``); ``dg [..., L, K]`` is the log-decays'
+    gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s ``gdn_channel_gradients``) where it
+    applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's decays within ``CHANNEL_SPREAD`` of
+    its midpoint (``decayed`` factored throughout)."""
+    kernel = jit.kernel("gdn_channel_gradients")
+    if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
+        return _compiled_gradients(kernel, decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
     rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
     rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
     dq = dqg + rows_q
@@ -234,7 +256,20 @@ def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
     cols_q *= kc
     dcum -= cols_q
     dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
-    return dq, dk, dcum
+    return dq, dk, _from_end(dcum, -2)
+
+
+def _compiled_gradients(kernel, decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
+    """``_channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
+    members; ``qc``, ``kc`` one a key head)."""
+    shape, dtype = dqg.shape, dqg.dtype
+    length, n = shape[-2:]
+    flat = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
+            for x in (qc, kc, decayed.up, decayed.down, dqk, dkk, dqg, dgk, dkd)]
+    outs = [np.empty(shape, dtype) for _ in range(3)]
+    kernel(*flat, np.ascontiguousarray(entering, dtype).reshape(-1, n), *(x.reshape(-1, length, n) for x in outs),
+           np.empty((3, length, n), dtype), np.empty((2, n), dtype), shape[-3])
+    return tuple(outs)
 
 
 def _head_gradients(ratios, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering):

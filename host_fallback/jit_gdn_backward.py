@@ -1,0 +1,102 @@
+"""The compiled per-channel gradients of ``gated_delta_net``'s chunked backward (``gdn_channel_gradients``; where it
+applies and its arguments: ``gdn_backward_chunked._channel_gradients``), and the cumulative log-decays inside each
+chunk (``gdn_chunk_cumsum``). Imported only through ``jit``.
+
+NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
+and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
+axis. Here one lane (chunk, batch row, key head, group member) is one pass: the decayed operands, the triangular
+products (only ``s <= r``: half a square's multiply-adds), the gradients and the sums from the chunk's end, each loop
+running along the ``K`` contiguous key channels (LLVM vectorizes them). Every sum runs in a fixed order (over steps,
+never across channels): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign
+of zero: NaN and inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's
+path); only products NumPy multiplies by a zero of the triangle's other side are skipped.
+"""
+from __future__ import annotations
+
+import numba
+from numba import types
+
+from .jit_math import _FLAGS
+
+__all__ = ["gdn_channel_gradients", "gdn_chunk_cumsum"]  # the kernels ``jit.kernel`` hands out
+
+
+def _signatures(arity: dict[str, int], ints: int = 0) -> list:
+    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``ints``
+    int64 arguments."""
+    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([types.int64] * ints))
+            for f in (types.float32, types.float64)]
+
+
+_CUMSUM = dict(g=3, cum=3)
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
+                  work=3, sums=2)
+
+
+@numba.njit(_signatures(_CUMSUM), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_chunk_cumsum(g, cum):
+    """``cum [N, L, K]``: the cumulative sums of ``g [N, L, K]`` along each lane's ``L`` steps (from its first)."""
+    lanes, length, n = g.shape
+    for j in range(lanes):
+        gj, cj = g[j], cum[j]
+        cj[0] = gj[0]
+        for t in range(1, length):
+            prev, row, out = cj[t - 1], gj[t], cj[t]
+            for i in range(n):
+                out[i] = prev[i] + row[i]
+
+
+@numba.njit(_signatures(_GRADIENTS, ints=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_channel_gradients(q, k, up, down, dqk, dkk, dqg, dgk, dkd, entering, dq, dk, dg, work, sums, group):
+    """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``): with ``up = exp(cum - m)``,
+    ``down = exp(m - cum)`` ``[N, L, K]`` (``m`` the chunk's midpoint's cumulative log-decay),
+    ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk [N, L, L]``, lower triangular,
+    ``dkk``'s diagonal 0) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes
+    ``dq = dqg + rows_q``, ``dk = rows_k + cols + dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the
+    chunk's end of ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd +
+    entering`` (``entering [N, K]``). Scratch: ``work [3, L, K]``, ``sums [2, K]``."""
+    lanes, length, n = dq.shape
+    kd, qu, ku = work[0], work[1], work[2]
+    acc, tail = sums[0], sums[1]
+    for j in range(lanes):
+        qj, kj, uj, wj, pq, pk = q[j // group], k[j // group], up[j], down[j], dqk[j], dkk[j]
+        dqj, dkj, dgj = dq[j], dk[j], dg[j]
+        tail[:] = entering[j]
+        for t in range(length):
+            kt, qt, ut, wt, dt = kj[t], qj[t], uj[t], wj[t], dkd[j, t]
+            for i in range(n):
+                kd[t, i] = kt[i] * wt[i]
+                qu[t, i] = qt[i] * ut[i]
+                ku[t, i] = kt[i] * ut[i]
+                tail[i] += kt[i] * dt[i]
+        # rows: dq = dqg + up (dqk (k down)); rows_k = up (dkk (k down)) kept in dk until the columns' pass
+        for r in range(length):
+            acc[:] = 0
+            dkj[r] = 0
+            low = dkj[r]
+            for s in range(r + 1):
+                a, b, x = pq[r, s], pk[r, s], kd[s]
+                for i in range(n):
+                    acc[i] += a * x[i]
+                    low[i] += b * x[i]
+            ur, out_q, given = uj[r], dqj[r], dqg[j, r]
+            for i in range(n):
+                out_q[i] = given[i] + ur[i] * acc[i]
+                low[i] *= ur[i]
+        # columns, from the chunk's end: dk, and dg as the sums of dcum from there (tail starts as the last step's
+        # extra term)
+        for s in range(length - 1, -1, -1):
+            acc[:] = 0
+            for r in range(s, length):
+                a, b, x, y = pq[r, s], pk[r, s], qu[r], ku[r]
+                for i in range(n):
+                    acc[i] += a * x[i] + b * y[i]
+            ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dqj[s], dkj[s], dgj[s]
+            ds, gs = dkd[j, s], dgk[j, s]
+            for i in range(n):
+                cols, rows = ws[i] * acc[i], out_k[i]
+                out_k[i] = rows + cols + ds[i] - gs[i]
+                tail[i] += qs[i] * out_q[i] - ks[i] * (cols + gs[i] + ds[i] - rows)
+                out_g[i] = tail[i]
