@@ -25,12 +25,15 @@ class _Decayed:
     ``exp(CHANNEL_SPREAD)`` where ``bounded``); chunks whose spread is wider are formed pair by pair.
     """
 
-    def __init__(self, cum: Array, bounded: bool):
+    def __init__(self, cum: Array, bounded: bool, factors: tuple[Array, Array] | None = None):
+        """``factors``: ``(up, down)``, ``exp(cum - m)`` and ``exp(m - cum)``, where the caller has them."""
         self.cum = cum
         length = cum.shape[-2]
         mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
-        with np.errstate(over="ignore", under="ignore"):
-            self.up, self.down = np.exp(cum - mid), np.exp(mid - cum)
+        if factors is None:
+            with np.errstate(over="ignore", under="ignore"):
+                factors = np.exp(cum - mid), np.exp(mid - cum)
+        self.up, self.down = factors
         self.unsafe = None
         if not bounded:
             spread = np.max(np.abs(cum - mid), axis=(-2, -1))
@@ -194,7 +197,8 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
     length, n = kc.shape[-2:]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
-            cum = _cumsum(gc)  # [C, B, H, G, L, K]
+            compiled = _compiled_decays(gc)
+            cum = np.cumsum(gc, axis=-2) if compiled is None else compiled[0]  # [C, B, H, G, L, K]
             bounded = steepest * (length // 2 + 1) <= CHANNEL_SPREAD
             lead = cum.shape[:-2]
             if products is None:
@@ -202,29 +206,37 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
                                              np.broadcast_to(kc, (*lead, length, n)), kt, cum,
                                              np.ascontiguousarray(_swap(cum)), bounded)
                 products = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
-            pairs = _Decayed(cum, bounded)
+            pairs = _Decayed(cum, bounded, None if compiled is None else compiled[1:3])
         else:
+            compiled = None
             cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
             pairs = decay_ratios(cum[..., 0])
             if products is None:
                 products = np.multiply(np.matmul(qc, kt), pairs), np.multiply(np.matmul(kc, kt), pairs)
                 np.copyto(products[1], 0, where=_upper(length, 0))
         qk, kk = products
-        last = cum[..., -1:, :]
-        gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
-        through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay
+        if compiled is None:
+            last = cum[..., -1:, :]
+            gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
+            through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay
+        else:
+            gamma, to_end, through = compiled[3:]
     return qk, kk, gamma, to_end, through, pairs
 
 
-def _cumsum(gc: Array) -> Array:
-    """The cumulative per-channel log-decays inside each chunk, ``gc [..., L, K]`` summed along ``L``: in one
-    compiled pass where ``jit``'s ``gdn_chunk_cumsum`` applies (f32 or f64), else NumPy's strided ``cumsum``."""
-    kernel = jit.kernel("gdn_chunk_cumsum")
+def _compiled_decays(gc: Array) -> tuple[Array, ...] | None:
+    """Per-channel gates: ``(cum, up, down, gamma, to_end, through)`` of ``gc [..., L, K]`` in one compiled pass
+    (``jit``'s ``gdn_channel_decays``; ``through [..., K, 1]``), or None where it does not apply (no Numba,
+    ``RLX_HOST_JIT=0``, neither f32 nor f64): ``_decays`` then forms them with NumPy."""
+    kernel = jit.kernel("gdn_channel_decays")
     if kernel is None or gc.dtype not in _FLOATS:
-        return np.cumsum(gc, axis=-2)
-    cum = np.empty(gc.shape, gc.dtype)
-    kernel(np.ascontiguousarray(gc).reshape(-1, *gc.shape[-2:]), cum.reshape(-1, *gc.shape[-2:]))
-    return cum
+        return None
+    lanes = gc.shape[-2:]
+    outs = [np.empty(gc.shape, gc.dtype) for _ in range(5)]
+    through = np.empty((*gc.shape[:-2], lanes[1], 1), gc.dtype)
+    kernel(np.ascontiguousarray(gc).reshape(-1, *lanes), *(x.reshape(-1, *lanes) for x in outs),
+           through.reshape(-1, lanes[1]))
+    return (*outs, through)
 
 
 def _from_end(dcum: Array, axis: int) -> Array:

@@ -1,6 +1,6 @@
 """The compiled per-channel gradients of ``gated_delta_net``'s chunked backward (``gdn_channel_gradients``; where it
 applies and its arguments: ``gdn_backward_chunked._channel_gradients``), and the cumulative log-decays inside each
-chunk (``gdn_chunk_cumsum``). Imported only through ``jit``.
+chunk with their exponentials (``gdn_channel_decays``). Imported only through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
@@ -13,12 +13,15 @@ path); only products NumPy multiplies by a zero of the triangle's other side are
 """
 from __future__ import annotations
 
+import math
+
 import numba
 from numba import types
+from numba.extending import overload
 
-from .jit_math import _FLAGS
+from .jit_math import _FLAGS, _exp_subnormal
 
-__all__ = ["gdn_channel_gradients", "gdn_chunk_cumsum"]  # the kernels ``jit.kernel`` hands out
+__all__ = ["gdn_channel_decays", "gdn_channel_gradients"]  # the kernels ``jit.kernel`` hands out
 
 
 def _signatures(arity: dict[str, int], ints: int = 0) -> list:
@@ -28,16 +31,31 @@ def _signatures(arity: dict[str, int], ints: int = 0) -> list:
             for f in (types.float32, types.float64)]
 
 
-_CUMSUM = dict(g=3, cum=3)
+_DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
 _GRADIENTS = dict(q=3, k=3, up=3, down=3, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
                   work=3, sums=2)
 
 
-@numba.njit(_signatures(_CUMSUM), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
-            cache=True)
-def gdn_chunk_cumsum(g, cum):
-    """``cum [N, L, K]``: the cumulative sums of ``g [N, L, K]`` along each lane's ``L`` steps (from its first)."""
+def _exp_of(x):
+    """``e^x`` in ``x``'s float type: ``jit_math._exp_subnormal`` (vectorized, NumPy's subnormals) for float32,
+    libm's for float64."""
+
+
+@overload(_exp_of, inline="always")
+def _exp_of_type(x):
+    if x == types.float32:
+        return lambda x: _exp_subnormal(x)
+    return lambda x: math.exp(x)
+
+
+@numba.njit(_signatures(_DECAYS), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
+    """Per lane of ``g [N, L, K]`` (a chunk's floored log-decays): ``cum`` their cumulative sums along the ``L``
+    steps, ``up = exp(cum - m)`` and ``down = exp(m - cum)`` (``m`` the cumulative log-decay of step ``(L - 1) // 2``,
+    ``_Decayed``'s midpoint), ``gamma = exp(cum)``, ``to_end = exp(last - cum)`` (``[N, L, K]``) and ``through =
+    exp(last) [N, K]`` (``last``: the chunk's last step's)."""
     lanes, length, n = g.shape
+    middle = (length - 1) // 2
     for j in range(lanes):
         gj, cj = g[j], cum[j]
         cj[0] = gj[0]
@@ -45,6 +63,17 @@ def gdn_chunk_cumsum(g, cum):
             prev, row, out = cj[t - 1], gj[t], cj[t]
             for i in range(n):
                 out[i] = prev[i] + row[i]
+        mid, last = cj[middle], cj[length - 1]
+        for t in range(length):
+            c, u, w, e, f = cj[t], up[j, t], down[j, t], gamma[j, t], to_end[j, t]
+            for i in range(n):
+                u[i] = _exp_of(c[i] - mid[i])
+                w[i] = _exp_of(mid[i] - c[i])
+                e[i] = _exp_of(c[i])
+                f[i] = _exp_of(last[i] - c[i])
+        out = through[j]
+        for i in range(n):
+            out[i] = _exp_of(last[i])
 
 
 @numba.njit(_signatures(_GRADIENTS, ints=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,

@@ -1,5 +1,5 @@
 """host_fallback's compiled per-channel gradients of gated_delta_net's chunked backward
-(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_chunk_cumsum``, bound by ``gdn_backward_chunked``) beside their
+(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``, bound by ``gdn_backward_chunked``) beside their
 NumPy twin (``RLX_HOST_JIT=0``).
 
 Both paths against the conformance reference's float64 backward (itself checked against finite differences and torch
@@ -51,7 +51,7 @@ def _both(monkeypatch, thunk: dict, arena: np.ndarray, **options) -> tuple[dict,
         kernel = getattr(jit_gdn_backward, name)
         monkeypatch.setattr(jit_gdn_backward, name, lambda *a, _k=kernel, _n=name: (calls.append(_n), _k(*a))[1])
     compiled = _grads(thunk, arena, **options)
-    assert set(calls) == set(jit_gdn_backward.__all__)
+    assert set(calls) == set(jit_gdn_backward.__all__), calls
     monkeypatch.setenv(jit.ENV, "0")
     numpy_path = _grads(thunk, arena, **options)
     monkeypatch.delenv(jit.ENV)
