@@ -5,7 +5,7 @@ NumPy twin (``RLX_HOST_JIT=0``).
 Both paths against the conformance reference's float64 backward (itself checked against finite differences and torch
 autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that end inside the
 sequence, packed sequences through state slots with grouped value heads, a saved forward (ABI.md §9.1); a NaN gate
-left to the same lanes on both paths (redone step by step); the same bytes on every run.
+or output gradient left to the same lanes on both paths (redone step by step); the same bytes on every run.
 """
 from __future__ import annotations
 
@@ -96,15 +96,16 @@ def test_a_saved_forward_read_by_both_paths(monkeypatch):
         np.testing.assert_allclose(compiled[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
 
 
-def test_a_nan_gate_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch):
-    """A NaN log-decay makes its lane's chunked gradients non-finite on either path, which redoes it step by step:
-    the same NaN everywhere, the same values elsewhere."""
-    thunk, arena = _laid(dict(BASE, seq=48), "f64")
-    g = next(r for r in regions(thunk) if r.field == "g")
-    view(arena, g.offset, "f64", g.shape)[0, 20, 1, 3] = np.nan  # batch row 0, step 20, head 1, key channel 3
+@pytest.mark.parametrize("field,dtype,tol", [("g", "f64", 1e-12), ("d_dst", "f32", 1e-4)])
+def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol):
+    """A NaN log-decay (or output gradient) makes its lane's chunked gradients non-finite on either path, which
+    redoes it step by step: the same NaN everywhere, the same values elsewhere."""
+    thunk, arena = _laid(dict(BASE, seq=48), dtype)
+    r = next(r for r in regions(thunk) if r.field == field)
+    view(arena, r.offset, dtype, r.shape)[0, 20, 1, 3] = np.nan  # batch row 0, step 20, head 1, channel 3
     with np.errstate(invalid="ignore"):
         compiled, numpy_path = _both(monkeypatch, thunk, arena, path="chunked", chunk=16)
-    assert np.isnan(compiled["d_g"]).any() and not np.isnan(compiled["d_g"][1]).any()
+    assert np.isnan(compiled["d_g"][0, :21, 1]).any() and not np.isnan(compiled["d_g"][1]).any()
     for name, value in numpy_path.items():
         np.testing.assert_array_equal(np.isnan(compiled[name]), np.isnan(value), err_msg=name)
-        np.testing.assert_allclose(compiled[name], value, rtol=1e-12, atol=1e-14, err_msg=name)
+        np.testing.assert_allclose(compiled[name], value, rtol=tol, atol=tol / 10, err_msg=name)
