@@ -110,29 +110,20 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     dgk = np.matmul(y, s0t)
     dbeta = _rowdot(y, vc)
     dbeta -= _rowdot(dgk, gk)
-    dgk *= bc[..., None]
-    dgk *= gamma
     da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
     np.copyto(da, 0, where=_upper(length, 0))
     dbeta -= np.sum(da * kk, axis=-1)
-    dkk = da
-    dkk *= bc[..., None]
-    dkk *= -1
-    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale
-    dqg *= gamma
-    dqg *= scale
-    dqk = np.matmul(oc, _swap(u))
-    dqk *= scale
-    np.copyto(dqk, 0, where=_upper(length, 1))
-    dkd = np.matmul(u, _swap(d_leave))  # of KD
-    dkd *= to_end
+    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale and gamma
+    dqk = np.matmul(oc, _swap(u))  # over scale
+    dkd = np.matmul(u, _swap(d_leave))  # of KD, over to_end
     # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
     # last one also through the decayed entering state, gamma_L S0
     entering = np.einsum("...kv,...kv->...k", starts, d_leave) * through[..., 0]  # [..., K]
+    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
     if per_channel:
-        dq, dk, dg = _channel_gradients(pairs, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
+        dq, dk, dg = _channel_gradients(pairs, qc, kc, dqk, *raw, entering)
     else:
-        dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering)
+        dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, *_scaled(dqk, *raw), entering)
         dg = _from_end(dcum, -1)
 
     grads = [dq, dk, dv, dg, dbeta]
@@ -244,15 +235,33 @@ def _from_end(dcum: Array, axis: int) -> Array:
     return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
 
 
-def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
-    """Per-channel gates: ``(dq, dk, dg)`` from the gradients of the products ``dqk``, ``dkk``, of ``gamma Q``
-    (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``); ``dg [..., L, K]`` is the log-decays'
-    gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s ``gdn_channel_gradients``) where it
-    applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's decays within ``CHANNEL_SPREAD`` of
-    its midpoint (``decayed`` factored throughout)."""
+def _scaled(dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale):
+    """The GEMMs' products ``O U^T``, ``Y U^T`` (``da``, strictly lower), ``O S0^T``, ``Y S0^T`` and ``U dS_L^T``
+    scaled in place into the gradients of the decayed products ``dqk`` (``scale``, lower triangular) and ``dkk``
+    (``-beta``), of ``gamma Q`` (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``)."""
+    dqk *= scale
+    np.copyto(dqk, 0, where=_upper(dqk.shape[-1], 1))
+    dkk = da
+    dkk *= bc[..., None]
+    dkk *= -1
+    dqg *= gamma
+    dqg *= scale
+    dgk *= bc[..., None]
+    dgk *= gamma
+    dkd *= to_end
+    return dqk, dkk, dqg, dgk, dkd
+
+
+def _channel_gradients(decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
+    """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``_scaled`` takes (overwritten); ``dg [..., L,
+    K]`` is the log-decays' gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
+    ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
+    decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
     kernel = jit.kernel("gdn_channel_gradients")
+    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
     if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
-        return _compiled_gradients(kernel, decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
+        return _compiled_gradients(kernel, decayed, qc, kc, dqk, *raw, entering)
+    dqk, dkk, dqg, dgk, dkd = _scaled(dqk, *raw)
     rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
     rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
     dq = dqg + rows_q
@@ -271,16 +280,19 @@ def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
     return dq, dk, _from_end(dcum, -2)
 
 
-def _compiled_gradients(kernel, decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
+def _compiled_gradients(kernel, decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
     """``_channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
-    members; ``qc``, ``kc`` one a key head)."""
+    members; ``qc``, ``kc`` one a key head), which scales ``dqg``, ``dgk`` and ``dkd`` in place (the GEMMs' own
+    arrays, read by nothing after)."""
     shape, dtype = dqg.shape, dqg.dtype
     length, n = shape[-2:]
     flat = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
-            for x in (qc, kc, decayed.up, decayed.down, dqk, dkk, dqg, dgk, dkd)]
+            for x in (qc, kc, decayed.up, decayed.down, gamma, to_end)]
     outs = [np.empty(shape, dtype) for _ in range(3)]
-    kernel(*flat, np.ascontiguousarray(entering, dtype).reshape(-1, n), *(x.reshape(-1, length, n) for x in outs),
-           np.empty((3, length, n), dtype), np.empty((2, n), dtype), shape[-3])
+    kernel(*flat, np.ascontiguousarray(bc, dtype).reshape(-1, length),
+           *(np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:]) for x in (dqk, da, dqg, dgk, dkd)),
+           np.ascontiguousarray(entering, dtype).reshape(-1, n), *(x.reshape(-1, length, n) for x in outs),
+           np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
     return tuple(outs)
 
 

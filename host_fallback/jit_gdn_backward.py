@@ -24,15 +24,16 @@ from .jit_math import _FLAGS, _exp_subnormal
 __all__ = ["gdn_channel_decays", "gdn_channel_gradients"]  # the kernels ``jit.kernel`` hands out
 
 
-def _signatures(arity: dict[str, int], ints: int = 0) -> list:
-    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``ints``
-    int64 arguments."""
-    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([types.int64] * ints))
+def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
+    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``scalars``
+    numbers of that type and an int64 (none with ``scalars`` 0)."""
+    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([f] * scalars),
+                       *([types.int64] if scalars else []))
             for f in (types.float32, types.float64)]
 
 
 _DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
-_GRADIENTS = dict(q=3, k=3, up=3, down=3, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
                   work=3, sums=2)
 
 
@@ -41,7 +42,7 @@ def _exp_of(x):
     libm's for float64."""
 
 
-@overload(_exp_of, inline="always")
+@overload(_exp_of)
 def _exp_of_type(x):
     if x == types.float32:
         return lambda x: _exp_subnormal(x)
@@ -76,37 +77,45 @@ def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
             out[i] = _exp_of(last[i])
 
 
-@numba.njit(_signatures(_GRADIENTS, ints=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
-            cache=True)
-def gdn_channel_gradients(q, k, up, down, dqk, dkk, dqg, dgk, dkd, entering, dq, dk, dg, work, sums, group):
-    """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``): with ``up = exp(cum - m)``,
-    ``down = exp(m - cum)`` ``[N, L, K]`` (``m`` the chunk's midpoint's cumulative log-decay),
-    ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk [N, L, L]``, lower triangular,
-    ``dkk``'s diagonal 0) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes
-    ``dq = dqg + rows_q``, ``dk = rows_k + cols + dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the
-    chunk's end of ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd +
-    entering`` (``entering [N, K]``). Scratch: ``work [3, L, K]``, ``sums [2, K]``."""
+@numba.njit(_signatures(_GRADIENTS, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy",
+            boundscheck=False, cache=True)
+def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dgk, dkd, entering, dq, dk, dg, work,
+                          sums, scale, group):
+    """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
+    ``_chunked`` forms them by GEMMs, ``dqk`` (``O U^T``, lower triangular) and ``dkk`` (``Y U^T``, strictly lower)
+    ``[N, L, L]``, ``dqg`` (``O S0^T``), ``dgk`` (``Y S0^T``) and ``dkd`` (``U dS_L^T``) ``[N, L, K]``: scales them in
+    place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``, ``scale``; ``dqk`` and ``dkk``
+    on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the chunk's midpoint's cumulative
+    log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk``) and ``cols[s] = down_s
+    sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg + rows_q``, ``dk = rows_k + cols +
+    dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of ``dcum = q dq - k (cols + dgk +
+    dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``). Scratch:
+    ``work [3, L, K]``, ``sums [2, K]``."""
     lanes, length, n = dq.shape
     kd, qu, ku = work[0], work[1], work[2]
     acc, tail = sums[0], sums[1]
     for j in range(lanes):
-        qj, kj, uj, wj, pq, pk = q[j // group], k[j // group], up[j], down[j], dqk[j], dkk[j]
+        qj, kj, uj, wj, pq, pk, bj = q[j // group], k[j // group], up[j], down[j], dqk[j], dkk[j], beta[j]
         dqj, dkj, dgj = dq[j], dk[j], dg[j]
         tail[:] = entering[j]
         for t in range(length):
-            kt, qt, ut, wt, dt = kj[t], qj[t], uj[t], wj[t], dkd[j, t]
+            kt, qt, ut, wt, et, ft = kj[t], qj[t], uj[t], wj[t], gamma[j, t], to_end[j, t]
+            dt, gt, ht, bt = dkd[j, t], dgk[j, t], dqg[j, t], bj[t]
             for i in range(n):
                 kd[t, i] = kt[i] * wt[i]
                 qu[t, i] = qt[i] * ut[i]
                 ku[t, i] = kt[i] * ut[i]
+                dt[i] *= ft[i]
+                gt[i] = gt[i] * bt * et[i]
+                ht[i] = ht[i] * et[i] * scale
                 tail[i] += kt[i] * dt[i]
         # rows: dq = dqg + up (dqk (k down)); rows_k = up (dkk (k down)) kept in dk until the columns' pass
         for r in range(length):
             acc[:] = 0
             dkj[r] = 0
-            low = dkj[r]
+            low, br = dkj[r], -bj[r]
             for s in range(r + 1):
-                a, b, x = pq[r, s], pk[r, s], kd[s]
+                a, b, x = pq[r, s] * scale, pk[r, s] * br, kd[s]
                 for i in range(n):
                     acc[i] += a * x[i]
                     low[i] += b * x[i]
@@ -119,7 +128,7 @@ def gdn_channel_gradients(q, k, up, down, dqk, dkk, dqg, dgk, dkd, entering, dq,
         for s in range(length - 1, -1, -1):
             acc[:] = 0
             for r in range(s, length):
-                a, b, x, y = pq[r, s], pk[r, s], qu[r], ku[r]
+                a, b, x, y = pq[r, s] * scale, pk[r, s] * -bj[r], qu[r], ku[r]
                 for i in range(n):
                     acc[i] += a * x[i] + b * y[i]
             ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dqj[s], dkj[s], dgj[s]
