@@ -282,18 +282,18 @@ def _channel_gradients(decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, b
 
 def _compiled_gradients(kernel, decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
     """``_channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
-    members; ``qc``, ``kc`` one a key head), which scales ``dqg``, ``dgk`` and ``dkd`` in place (the GEMMs' own
-    arrays, read by nothing after)."""
+    members; ``qc``, ``kc`` one a key head). ``dq`` and ``dg`` are written over ``dqg`` and ``dkd`` (the GEMMs' own
+    arrays, read by nothing after; the kernel reads each step of them before writing it): two arrays fewer to
+    allocate and fault in."""
     shape, dtype = dqg.shape, dqg.dtype
     length, n = shape[-2:]
-    flat = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
-            for x in (qc, kc, decayed.up, decayed.down, gamma, to_end)]
-    outs = [np.empty(shape, dtype) for _ in range(3)]
-    kernel(*flat, np.ascontiguousarray(bc, dtype).reshape(-1, length),
-           *(np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:]) for x in (dqk, da, dqg, dgk, dkd)),
-           np.ascontiguousarray(entering, dtype).reshape(-1, n), *(x.reshape(-1, length, n) for x in outs),
+    lanes = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
+             for x in (qc, kc, decayed.up, decayed.down, gamma, to_end, dqk, da, dqg, dgk, dkd)]
+    dk = np.empty(shape, dtype)
+    kernel(*lanes[:6], np.ascontiguousarray(bc, dtype).reshape(-1, length), *lanes[6:],
+           np.ascontiguousarray(entering, dtype).reshape(-1, n), lanes[8], dk.reshape(-1, length, n), lanes[10],
            np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
-    return tuple(outs)
+    return lanes[8].reshape(shape), dk, lanes[10].reshape(shape)
 
 
 def _head_gradients(ratios, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering):

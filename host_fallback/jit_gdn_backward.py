@@ -4,7 +4,8 @@ chunk with their exponentials (``gdn_channel_decays``). Imported only through ``
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
-axis. Here one lane (chunk, batch row, key head, group member) is one pass: the decayed operands, the triangular
+axis. Here one lane (chunk, batch row, key head, group member) is one pass: the GEMMs' products scaled into the
+gradients they stand for (NumPy's ``_scaled``, nine passes there), the decayed operands, the triangular
 products (only ``s <= r``: half a square's multiply-adds), the gradients and the sums from the chunk's end, each loop
 running along the ``K`` contiguous key channels (LLVM vectorizes them). Every sum runs in a fixed order (over steps,
 never across channels): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign
@@ -89,8 +90,9 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dg
     log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk``) and ``cols[s] = down_s
     sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg + rows_q``, ``dk = rows_k + cols +
     dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of ``dcum = q dq - k (cols + dgk +
-    dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``). Scratch:
-    ``work [3, L, K]``, ``sums [2, K]``."""
+    dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``). ``dq`` may be
+    ``dqg`` and ``dg`` ``dkd`` (each step of them read before it is written). Scratch: ``work [3, L, K]``,
+    ``sums [2, K]``."""
     lanes, length, n = dq.shape
     kd, qu, ku = work[0], work[1], work[2]
     acc, tail = sums[0], sums[1]
