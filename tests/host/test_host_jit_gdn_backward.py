@@ -46,6 +46,7 @@ def _grads(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
 
 def _both(monkeypatch, thunk: dict, arena: np.ndarray, **options) -> tuple[dict, dict]:
     """The gradients by the compiled kernels (each asserted called) and by NumPy's path."""
+    monkeypatch.delenv(jit.ENV, raising=False)
     calls = []
     for name in jit_gdn_backward.__all__:
         kernel = getattr(jit_gdn_backward, name)
