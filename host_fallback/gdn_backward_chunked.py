@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import jit
 from .chunked import chunk_view, decay_ratios, floor_log_decays, from_chunks, to_chunks, unit_lower_inverse
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
 
 Array = np.ndarray
+#: The float types the compiled kernels (``jit_gdn_backward``) are built for.
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 class _Decayed:
@@ -22,12 +25,15 @@ class _Decayed:
     ``exp(CHANNEL_SPREAD)`` where ``bounded``); chunks whose spread is wider are formed pair by pair.
     """
 
-    def __init__(self, cum: Array, bounded: bool):
+    def __init__(self, cum: Array, bounded: bool, factors: tuple[Array, Array] | None = None):
+        """``factors``: ``(up, down)``, ``exp(cum - m)`` and ``exp(m - cum)``, where the caller has them."""
         self.cum = cum
         length = cum.shape[-2]
         mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
-        with np.errstate(over="ignore", under="ignore"):
-            self.up, self.down = np.exp(cum - mid), np.exp(mid - cum)
+        if factors is None:
+            with np.errstate(over="ignore", under="ignore"):
+                factors = np.exp(cum - mid), np.exp(mid - cum)
+        self.up, self.down = factors
         self.unsafe = None
         if not bounded:
             spread = np.max(np.abs(cum - mid), axis=(-2, -1))
@@ -104,32 +110,21 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     dgk = np.matmul(y, s0t)
     dbeta = _rowdot(y, vc)
     dbeta -= _rowdot(dgk, gk)
-    dgk *= bc[..., None]
-    dgk *= gamma
     da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
     np.copyto(da, 0, where=_upper(length, 0))
     dbeta -= np.sum(da * kk, axis=-1)
-    dkk = da
-    dkk *= bc[..., None]
-    dkk *= -1
-    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale
-    dqg *= gamma
-    dqg *= scale
-    dqk = np.matmul(oc, _swap(u))
-    dqk *= scale
-    np.copyto(dqk, 0, where=_upper(length, 1))
-    dkd = np.matmul(u, _swap(d_leave))  # of KD
-    dkd *= to_end
+    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale and gamma
+    dqk = np.matmul(oc, _swap(u))  # over scale
+    dkd = np.matmul(u, _swap(d_leave))  # of KD, over to_end
     # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
     # last one also through the decayed entering state, gamma_L S0
     entering = np.einsum("...kv,...kv->...k", starts, d_leave) * through[..., 0]  # [..., K]
+    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
     if per_channel:
-        dq, dk, dcum = _channel_gradients(pairs, qc, kc, dqk, dkk, dqg, dgk, dkd, entering)
-        axis = -2
+        dq, dk, dg = _channel_gradients(pairs, qc, kc, dqk, *raw, entering)
     else:
-        dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering)
-        axis = -1
-    dg = np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
+        dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, *_scaled(dqk, *raw), entering)
+        dg = _from_end(dcum, -1)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
@@ -193,7 +188,8 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
     length, n = kc.shape[-2:]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
-            cum = np.cumsum(gc, axis=-2)  # [C, B, H, G, L, K]
+            compiled = _compiled_decays(gc)
+            cum = np.cumsum(gc, axis=-2) if compiled is None else compiled[0]  # [C, B, H, G, L, K]
             bounded = steepest * (length // 2 + 1) <= CHANNEL_SPREAD
             lead = cum.shape[:-2]
             if products is None:
@@ -201,24 +197,71 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
                                              np.broadcast_to(kc, (*lead, length, n)), kt, cum,
                                              np.ascontiguousarray(_swap(cum)), bounded)
                 products = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
-            pairs = _Decayed(cum, bounded)
+            pairs = _Decayed(cum, bounded, None if compiled is None else compiled[1:3])
         else:
+            compiled = None
             cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
             pairs = decay_ratios(cum[..., 0])
             if products is None:
                 products = np.multiply(np.matmul(qc, kt), pairs), np.multiply(np.matmul(kc, kt), pairs)
                 np.copyto(products[1], 0, where=_upper(length, 0))
         qk, kk = products
-        last = cum[..., -1:, :]
-        gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
-        through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay
+        if compiled is None:
+            last = cum[..., -1:, :]
+            gamma, to_end = np.exp(cum), np.exp(last - cum)  # [..., L, K or 1]
+            through = np.exp(last[..., 0, :])[..., None]  # [..., K or 1, 1]: the chunk's decay
+        else:
+            gamma, to_end, through = compiled[3:]
     return qk, kk, gamma, to_end, through, pairs
 
 
-def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
-    """Per-channel gates: ``(dq, dk, dcum)`` from the gradients of the products ``dqk``, ``dkk``, of ``gamma Q``
-    (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``); ``dcum [..., L, K]`` is the
-    cumulative log-decays' gradient."""
+def _compiled_decays(gc: Array) -> tuple[Array, ...] | None:
+    """Per-channel gates: ``(cum, up, down, gamma, to_end, through)`` of ``gc [..., L, K]`` in one compiled pass
+    (``jit``'s ``gdn_channel_decays``; ``through [..., K, 1]``), or None where it does not apply (no Numba,
+    ``RLX_HOST_JIT=0``, neither f32 nor f64): ``_decays`` then forms them with NumPy."""
+    kernel = jit.kernel("gdn_channel_decays")
+    if kernel is None or gc.dtype not in _FLOATS:
+        return None
+    lanes = gc.shape[-2:]
+    outs = [np.empty(gc.shape, gc.dtype) for _ in range(5)]
+    through = np.empty((*gc.shape[:-2], lanes[1], 1), gc.dtype)
+    kernel(np.ascontiguousarray(gc).reshape(-1, *lanes), *(x.reshape(-1, *lanes) for x in outs),
+           through.reshape(-1, lanes[1]))
+    return (*outs, through)
+
+
+def _from_end(dcum: Array, axis: int) -> Array:
+    """The log-decays' gradient from the cumulative ones': ``dcum`` summed from each chunk's end along ``axis``."""
+    return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
+
+
+def _scaled(dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale):
+    """The GEMMs' products ``O U^T``, ``Y U^T`` (``da``, strictly lower), ``O S0^T``, ``Y S0^T`` and ``U dS_L^T``
+    scaled in place into the gradients of the decayed products ``dqk`` (``scale``, lower triangular) and ``dkk``
+    (``-beta``), of ``gamma Q`` (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``)."""
+    dqk *= scale
+    np.copyto(dqk, 0, where=_upper(dqk.shape[-1], 1))
+    dkk = da
+    dkk *= bc[..., None]
+    dkk *= -1
+    dqg *= gamma
+    dqg *= scale
+    dgk *= bc[..., None]
+    dgk *= gamma
+    dkd *= to_end
+    return dqk, dkk, dqg, dgk, dkd
+
+
+def _channel_gradients(decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
+    """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``_scaled`` takes (overwritten); ``dg [..., L,
+    K]`` is the log-decays' gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
+    ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
+    decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
+    kernel = jit.kernel("gdn_channel_gradients")
+    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
+    if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
+        return _compiled_gradients(kernel, decayed, qc, kc, dqk, *raw, entering)
+    dqk, dkk, dqg, dgk, dkd = _scaled(dqk, *raw)
     rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
     rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
     dq = dqg + rows_q
@@ -234,7 +277,23 @@ def _channel_gradients(decayed, qc, kc, dqk, dkk, dqg, dgk, dkd, entering):
     cols_q *= kc
     dcum -= cols_q
     dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
-    return dq, dk, dcum
+    return dq, dk, _from_end(dcum, -2)
+
+
+def _compiled_gradients(kernel, decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
+    """``_channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
+    members; ``qc``, ``kc`` one a key head). ``dq`` and ``dg`` are written over ``dqg`` and ``dkd`` (the GEMMs' own
+    arrays, read by nothing after; the kernel reads each step of them before writing it): two arrays fewer to
+    allocate and fault in."""
+    shape, dtype = dqg.shape, dqg.dtype
+    length, n = shape[-2:]
+    lanes = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
+             for x in (qc, kc, decayed.up, decayed.down, gamma, to_end, dqk, da, dqg, dgk, dkd)]
+    dk = np.empty(shape, dtype)
+    kernel(*lanes[:6], np.ascontiguousarray(bc, dtype).reshape(-1, length), *lanes[6:],
+           np.ascontiguousarray(entering, dtype).reshape(-1, n), lanes[8], dk.reshape(-1, length, n), lanes[10],
+           np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
+    return lanes[8].reshape(shape), dk, lanes[10].reshape(shape)
 
 
 def _head_gradients(ratios, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering):

@@ -1,0 +1,142 @@
+"""The compiled per-channel gradients of ``gated_delta_net``'s chunked backward (``gdn_channel_gradients``; where it
+applies and its arguments: ``gdn_backward_chunked._channel_gradients``), and the cumulative log-decays inside each
+chunk with their exponentials (``gdn_channel_decays``). Imported only through ``jit``.
+
+NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
+and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
+axis. Here one lane (chunk, batch row, key head, group member) is one pass: the GEMMs' products scaled into the
+gradients they stand for (NumPy's ``_scaled``, nine passes there), the decayed operands, the triangular
+products (only ``s <= r``: half a square's multiply-adds), the gradients and the sums from the chunk's end, each loop
+running along the ``K`` contiguous key channels (LLVM vectorizes them). Every sum runs in a fixed order (over steps,
+never across channels): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign
+of zero: NaN and inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's
+path); only products NumPy multiplies by a zero of the triangle's other side are skipped.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+from numba import types
+from numba.extending import overload
+
+from .jit_math import _FLAGS, _exp_subnormal
+
+__all__ = ["gdn_channel_decays", "gdn_channel_gradients"]  # the kernels ``jit.kernel`` hands out
+
+
+def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
+    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``scalars``
+    numbers of that type and an int64 (none with ``scalars`` 0)."""
+    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([f] * scalars),
+                       *([types.int64] if scalars else []))
+            for f in (types.float32, types.float64)]
+
+
+_DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
+                  work=3, sums=2)
+
+
+def _exp_of(x):
+    """``e^x`` in ``x``'s float type: ``jit_math._exp_subnormal`` (vectorized, NumPy's subnormals) for float32,
+    libm's for float64."""
+
+
+@overload(_exp_of)
+def _exp_of_type(x):
+    if x == types.float32:
+        return lambda x: _exp_subnormal(x)
+    return lambda x: math.exp(x)
+
+
+@numba.njit(_signatures(_DECAYS), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
+    """Per lane of ``g [N, L, K]`` (a chunk's floored log-decays): ``cum`` their cumulative sums along the ``L``
+    steps, ``up = exp(cum - m)`` and ``down = exp(m - cum)`` (``m`` the cumulative log-decay of step ``(L - 1) // 2``,
+    ``_Decayed``'s midpoint), ``gamma = exp(cum)``, ``to_end = exp(last - cum)`` (``[N, L, K]``) and ``through =
+    exp(last) [N, K]`` (``last``: the chunk's last step's)."""
+    lanes, length, n = g.shape
+    middle = (length - 1) // 2
+    for j in range(lanes):
+        gj, cj = g[j], cum[j]
+        cj[0] = gj[0]
+        for t in range(1, length):
+            prev, row, out = cj[t - 1], gj[t], cj[t]
+            for i in range(n):
+                out[i] = prev[i] + row[i]
+        mid, last = cj[middle], cj[length - 1]
+        for t in range(length):
+            c, u, w, e, f = cj[t], up[j, t], down[j, t], gamma[j, t], to_end[j, t]
+            for i in range(n):
+                u[i] = _exp_of(c[i] - mid[i])
+                w[i] = _exp_of(mid[i] - c[i])
+                e[i] = _exp_of(c[i])
+                f[i] = _exp_of(last[i] - c[i])
+        out = through[j]
+        for i in range(n):
+            out[i] = _exp_of(last[i])
+
+
+@numba.njit(_signatures(_GRADIENTS, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy",
+            boundscheck=False, cache=True)
+def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dgk, dkd, entering, dq, dk, dg, work,
+                          sums, scale, group):
+    """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
+    ``_chunked`` forms them by GEMMs, ``dqk`` (``O U^T``, lower triangular) and ``dkk`` (``Y U^T``, strictly lower)
+    ``[N, L, L]``, ``dqg`` (``O S0^T``), ``dgk`` (``Y S0^T``) and ``dkd`` (``U dS_L^T``) ``[N, L, K]``: scales them in
+    place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``, ``scale``; ``dqk`` and ``dkk``
+    on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the chunk's midpoint's cumulative
+    log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk``) and ``cols[s] = down_s
+    sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg + rows_q``, ``dk = rows_k + cols +
+    dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of ``dcum = q dq - k (cols + dgk +
+    dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``). ``dq`` may be
+    ``dqg`` and ``dg`` ``dkd`` (each step of them read before it is written). Scratch: ``work [3, L, K]``,
+    ``sums [2, K]``."""
+    lanes, length, n = dq.shape
+    kd, qu, ku = work[0], work[1], work[2]
+    acc, tail = sums[0], sums[1]
+    for j in range(lanes):
+        qj, kj, uj, wj, pq, pk, bj = q[j // group], k[j // group], up[j], down[j], dqk[j], dkk[j], beta[j]
+        dqj, dkj, dgj = dq[j], dk[j], dg[j]
+        tail[:] = entering[j]
+        for t in range(length):
+            kt, qt, ut, wt, et, ft = kj[t], qj[t], uj[t], wj[t], gamma[j, t], to_end[j, t]
+            dt, gt, ht, bt = dkd[j, t], dgk[j, t], dqg[j, t], bj[t]
+            for i in range(n):
+                kd[t, i] = kt[i] * wt[i]
+                qu[t, i] = qt[i] * ut[i]
+                ku[t, i] = kt[i] * ut[i]
+                dt[i] *= ft[i]
+                gt[i] = gt[i] * bt * et[i]
+                ht[i] = ht[i] * et[i] * scale
+                tail[i] += kt[i] * dt[i]
+        # rows: dq = dqg + up (dqk (k down)); rows_k = up (dkk (k down)) kept in dk until the columns' pass
+        for r in range(length):
+            acc[:] = 0
+            dkj[r] = 0
+            low, br = dkj[r], -bj[r]
+            for s in range(r + 1):
+                a, b, x = pq[r, s] * scale, pk[r, s] * br, kd[s]
+                for i in range(n):
+                    acc[i] += a * x[i]
+                    low[i] += b * x[i]
+            ur, out_q, given = uj[r], dqj[r], dqg[j, r]
+            for i in range(n):
+                out_q[i] = given[i] + ur[i] * acc[i]
+                low[i] *= ur[i]
+        # columns, from the chunk's end: dk, and dg as the sums of dcum from there (tail starts as the last step's
+        # extra term)
+        for s in range(length - 1, -1, -1):
+            acc[:] = 0
+            for r in range(s, length):
+                a, b, x, y = pq[r, s] * scale, pk[r, s] * -bj[r], qu[r], ku[r]
+                for i in range(n):
+                    acc[i] += a * x[i] + b * y[i]
+            ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dqj[s], dkj[s], dgj[s]
+            ds, gs = dkd[j, s], dgk[j, s]
+            for i in range(n):
+                cols, rows = ws[i] * acc[i], out_k[i]
+                out_k[i] = rows + cols + ds[i] - gs[i]
+                tail[i] += qs[i] * out_q[i] - ks[i] * (cols + gs[i] + ds[i] - rows)
+                out_g[i] = tail[i]

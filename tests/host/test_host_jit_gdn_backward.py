@@ -1,0 +1,112 @@
+"""host_fallback's compiled per-channel gradients of gated_delta_net's chunked backward
+(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``, bound by ``gdn_backward_chunked``) beside their
+NumPy twin (``RLX_HOST_JIT=0``).
+
+Both paths against the conformance reference's float64 backward (itself checked against finite differences and torch
+autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that end inside the
+sequence, packed sequences through state slots with grouped value heads, a saved forward (ABI.md §9.1); a NaN gate
+or output gradient left to the same lanes on both paths (redone step by step); the same bytes on every run.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import host_fallback
+from host_fallback.abi import complete, regions
+from host_fallback.arena import view
+from rlx_gpu.conformance.references import REFERENCES
+from rlx_gpu.conformance.runner import sample
+from support.gradient_check import copy_inputs, laid, read
+from support.saved_forward import filled_reserve, laid_case
+
+numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
+from host_fallback import jit, jit_gdn_backward  # noqa: E402  (needs Numba)
+
+OP = "gated_delta_net_backward"
+BASE = dict(batch=2, seq=45, heads=2, state_size=8, gate_per_channel=True, carry_state=True)
+#: (label, params): seq 45 ends a chunk of 16 inside the sequence; the second packs sequences (one empty, one starting
+#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale
+CASES = [("partial-chunk", BASE),
+         ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True, scale=0.7,
+                                cu_seqlens=[0, 2, 2, 23, 40], state_slots=[3, 0, 4, 1], num_slots=5))]
+#: NMSE of each f32 gradient against float64's (test_gdn_backward's bound for f32)
+NMSE = 1e-10
+
+
+def _laid(params: dict, dtype: str) -> tuple[dict, np.ndarray]:
+    return laid(OP, dtype, params, lambda field, shape, rng: sample(OP, params, field, shape, rng))
+
+
+def _grads(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
+    out = arena.copy()
+    host_fallback.execute(thunk, out, **options)
+    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+
+
+def _both(monkeypatch, thunk: dict, arena: np.ndarray, **options) -> tuple[dict, dict]:
+    """The gradients by the compiled kernels (each asserted called) and by NumPy's path."""
+    monkeypatch.delenv(jit.ENV, raising=False)
+    calls = []
+    for name in jit_gdn_backward.__all__:
+        kernel = getattr(jit_gdn_backward, name)
+        monkeypatch.setattr(jit_gdn_backward, name, lambda *a, _k=kernel, _n=name: (calls.append(_n), _k(*a))[1])
+    compiled = _grads(thunk, arena, **options)
+    assert set(calls) == set(jit_gdn_backward.__all__), calls
+    monkeypatch.setenv(jit.ENV, "0")
+    numpy_path = _grads(thunk, arena, **options)
+    monkeypatch.delenv(jit.ENV)
+    return compiled, numpy_path
+
+
+def _reference(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
+    values = read(thunk, arena)
+    return REFERENCES[OP](complete(thunk), lambda f: values[f])
+
+
+@pytest.mark.parametrize("label,params", CASES, ids=[c[0] for c in CASES])
+def test_f64_both_paths_match_the_reference(monkeypatch, label, params):
+    thunk, arena = _laid(params, "f64")
+    want = _reference(thunk, arena)
+    for got in _both(monkeypatch, thunk, arena, path="chunked", chunk=16):
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-11, err_msg=f"{label} {name}")
+
+
+@pytest.mark.parametrize("label,params", CASES, ids=[c[0] for c in CASES])
+def test_f32_both_paths_match_float64_and_rerun_to_the_same_bytes(monkeypatch, label, params):
+    thunk, arena = _laid(params, "f32")
+    wide, wide_arena = _laid(params, "f64")
+    copy_inputs(thunk, arena, wide, wide_arena)  # the f64 reference gets the values the f32 thunk stores
+    want = _reference(wide, wide_arena)
+    for got in _both(monkeypatch, thunk, arena, path="chunked", chunk=16):
+        for name, value in want.items():
+            err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+            assert err <= NMSE, (label, name, err)
+    first, second = arena.copy(), arena.copy()
+    host_fallback.execute(thunk, first, path="chunked", chunk=16)
+    host_fallback.execute(thunk, second, path="chunked", chunk=16)
+    assert np.array_equal(first, second)
+
+
+def test_a_saved_forward_read_by_both_paths(monkeypatch):
+    thunk, arena, forward = laid_case("gated_delta_net", "f32", "per_channel")
+    arena = filled_reserve(thunk, arena, forward)
+    compiled, numpy_path = _both(monkeypatch, thunk, arena)
+    for name, value in numpy_path.items():
+        np.testing.assert_allclose(compiled[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("field,dtype,tol", [("g", "f64", 1e-12), ("d_dst", "f32", 1e-4)])
+def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol):
+    """A NaN log-decay (or output gradient) makes its lane's chunked gradients non-finite on either path, which
+    redoes it step by step: the same NaN everywhere, the same values elsewhere."""
+    thunk, arena = _laid(dict(BASE, seq=48), dtype)
+    r = next(r for r in regions(thunk) if r.field == field)
+    view(arena, r.offset, dtype, r.shape)[0, 20, 1, 3] = np.nan  # batch row 0, step 20, head 1, channel 3
+    with np.errstate(invalid="ignore"):
+        compiled, numpy_path = _both(monkeypatch, thunk, arena, path="chunked", chunk=16)
+    assert np.isnan(compiled["d_g"][0, :21, 1]).any() and not np.isnan(compiled["d_g"][1]).any()
+    for name, value in numpy_path.items():
+        np.testing.assert_array_equal(np.isnan(compiled[name]), np.isnan(value), err_msg=name)
+        np.testing.assert_allclose(compiled[name], value, rtol=tol, atol=tol / 10, err_msg=name)
