@@ -224,33 +224,42 @@ def _gradients(session, case: Case) -> dict[str, np.ndarray]:
     return {r.field: laid.view(got, r.field) for r in laid.regions if r.writes and r.field.startswith("d_")}
 
 
-@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
-def test_gdn_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
-    """gdn_chunk_back_grads' variant (its state products on the tensor cores, U dS_L^T from split operands at 16 bits)
-    and gdn_chunk_back_pass' (dS0's products, split operands at 16 bits) against the float64 reference, and every gradient against the portable FMA kernels' within a tenth of the bound
-    (TF32, whose operands are not split: within the bf16 bound)."""
-    dtypes, bounds = VARIANTS[variant]
+def _failures_against_reference_and_fma(monkeypatch, session, host, variant, cases, bounds, launched, divisor):
+    """For each backward case: the variant planned for its ``launched`` chunk kernels, the case against the float64
+    reference, and every gradient against the portable FMA kernels' within the bound divided by
+    ``divisor(field)``, their non-finite positions the same. The failures, each a line."""
     config = _config(bounds)
     monkeypatch.setattr(programs, "program", _emulated(programs.program))
     failed = []
-    cases = GDN_BACKWARD_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0])
-                                                      for c in GDN_BACKWARD_CASES[:2]]
     for case in cases:
         monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
         fma = _gradients(session, case)
         monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
         plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
         assert [dict(item.defines).get("RLX_MMA") for item in plan.launches
-                if item.kernel in CHUNK_KERNELS[case.op]] == [variant, variant], case.id
+                if item.kernel in CHUNK_KERNELS[case.op]] == [variant] * launched, case.id
         outcome = runner.check(session, case, config, host)
         if outcome.status != "pass":
             failed.append(f"{case.id}: {outcome.status} {outcome.message}")
-        mma = _gradients(session, case)
-        bound = config.tolerance(case.op, case.dtype) / (10 if bounds is None else 1)
-        for field, value in mma.items():
+        for field, value in _gradients(session, case).items():
+            bound = config.tolerance(case.op, case.dtype) / divisor(field)
             if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
                 failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
                               f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
+    return failed
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS), ids=["16-bit", "tf32"])
+def test_gdn_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeypatch, session, host, variant):
+    """gdn_chunk_back_grads' variant (its state products on the tensor cores, U dS_L^T from split operands at 16 bits)
+    and gdn_chunk_back_pass' (dS0's products, split operands at 16 bits) against the float64 reference, and every
+    gradient against the portable FMA kernels' within a tenth of the bound (TF32, whose operands are not split:
+    within the bf16 bound)."""
+    dtypes, bounds = VARIANTS[variant]
+    cases = GDN_BACKWARD_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0])
+                                                      for c in GDN_BACKWARD_CASES[:2]]
+    failed = _failures_against_reference_and_fma(monkeypatch, session, host, variant, cases, bounds, 2,
+                                                 lambda field: 10 if bounds is None else 1)
     assert not failed, "\n".join(failed)
 
 
@@ -275,26 +284,8 @@ def test_mamba2_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeyp
     operands, and the scores C·Bᵀ) against the float64 reference, and every gradient against the portable FMA
     kernels' within the bound, their non-finite positions the same (TF32: the bf16 bound)."""
     dtypes, bounds = VARIANTS[variant]
-    config = _config(bounds)
-    monkeypatch.setattr(programs, "program", _emulated(programs.program))
-    failed = []
     cases = M2B_CASES if bounds is None else [dataclasses.replace(c, dtype=dtypes[0]) for c in M2B_CASES[1:]]
-    for case in cases:
-        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
-        fma = _gradients(session, case)
-        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
-        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
-        assert [dict(item.defines).get("RLX_MMA") for item in plan.launches
-                if item.kernel in CHUNK_KERNELS[case.op]] == [variant, variant], case.id
-        outcome = runner.check(session, case, config, host)
-        if outcome.status != "pass":
-            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
-        mma = _gradients(session, case)
-        bound = config.tolerance(case.op, case.dtype)
-        for field, value in mma.items():
-            if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
-                failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
-                              f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
+    failed = _failures_against_reference_and_fma(monkeypatch, session, host, variant, cases, bounds, 2, lambda field: 1)
     assert not failed, "\n".join(failed)
 
 
@@ -316,24 +307,7 @@ def test_mamba3_backward_shapes_pass_with_the_tensor_core_words_emulated(monkeyp
     within the bound, their non-finite positions the same, d_angle_state within a thousandth of it (TF32: the
     bf16 case in f32 against the bf16 bound)."""
     dtypes, bounds = VARIANTS[variant]
-    config = _config(bounds)
-    monkeypatch.setattr(programs, "program", _emulated(programs.program))
-    failed = []
     cases = M3B_CASES if bounds is None else [dataclasses.replace(M3B_CASES[1], dtype=dtypes[0])]
-    for case in cases:
-        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=0))
-        fma = _gradients(session, case)
-        monkeypatch.setattr(session, "limits", dataclasses.replace(session.limits, mma=variant))
-        plan = launches.plan(runner.lay_out(case).thunk, session.limits, **case.options)
-        assert [dict(item.defines).get("RLX_MMA") for item in plan.launches
-                if item.kernel in CHUNK_KERNELS[case.op]] == [variant], case.id
-        outcome = runner.check(session, case, config, host)
-        if outcome.status != "pass":
-            failed.append(f"{case.id}: {outcome.status} {outcome.message}")
-        mma = _gradients(session, case)
-        for field, value in mma.items():
-            bound = config.tolerance(case.op, case.dtype) / (1000 if field == "d_angle_state" else 1)
-            if non_finite_mismatch(value, fma[field]) is not None or not nmse(value, fma[field]) <= bound:
-                failed.append(f"{case.id} {field}: vs the FMA kernels, NMSE {nmse(value, fma[field]):.3g} (bound "
-                              f"{bound:.3g}), non-finite {non_finite_mismatch(value, fma[field])}")
+    failed = _failures_against_reference_and_fma(monkeypatch, session, host, variant, cases, bounds, 1,
+                                                 lambda field: 1000 if field == "d_angle_state" else 1)
     assert not failed, "\n".join(failed)
