@@ -522,13 +522,13 @@ def test_rlx_mma_moves_a_launchs_gemm_flops_to_the_tensor_cores(mma, unit):
         assert roofline.units(marked, launch_cost(marked)) == {"fma": cost.other, unit: cost.gemm}
 
 
-def _gdn_backward_kernel(kernel: str, dtype: str, params: dict, mma: int) -> tuple[tuple, tuple]:
-    """``(launch, cost)`` of ``kernel`` in gated_delta_net_backward's plan for ``params`` on an H200 with the
-    tensor-core variants ``mma``, then the same on one without (the portable launch)."""
-    thunk, _ = lay_out("gated_delta_net_backward", dtype, params)
+def _variant_and_portable(op: str, kernel: str, dtype: str, params: dict, mma: int, **options) -> tuple[tuple, tuple]:
+    """``(launch, cost)`` of ``kernel`` in ``op``'s plan for ``params`` (and the planner's ``options``) on an H200
+    with the tensor-core variants ``mma``, then the same on one without (the portable launch)."""
+    thunk, _ = lay_out(op, dtype, params)
 
     def planned(lim: DeviceLimits) -> tuple:
-        (launch,) = [x for x in launches.plan(thunk, lim).launches if x.kernel == kernel]
+        (launch,) = [x for x in launches.plan(thunk, lim, **options).launches if x.kernel == kernel]
         return launch, launch_cost(launch)
     return planned(dataclasses.replace(REFERENCE_GPU, mma=mma)), planned(REFERENCE_GPU)
 
@@ -552,7 +552,8 @@ def test_the_gdn_backward_variant_counts_its_state_products_on_the_tensor_cores(
         for _part in range(2 if split else 0):
             count.product(u, d_sl.T)
         subtractions += (kd // MMA_TILE) * (chunk + MMA_TILE) * vd if split else 0
-    (launch, cost), (portable_launch, portable) = _gdn_backward_kernel("gdn_chunk_back_grads", dtype, params, mma)
+    (launch, cost), (portable_launch, portable) = _variant_and_portable(
+        "gated_delta_net_backward", "gdn_chunk_back_grads", dtype, params, mma)
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
     assert cost.other == portable.flops - once.gemm + subtractions
@@ -618,7 +619,8 @@ def test_the_gdn_backward_pass_variant_counts_its_products_on_the_tensor_cores(d
             count.product(np.pad(a, ((0, kp - kd), (0, 0))), np.pad(rows, ((0, 0), (0, vp - vd))))
         tiles = (vp // MMA_TILE) * (chunk // MMA_TILE * sums // (2 * chunk) + kp // MMA_TILE)
         subtractions += tiles * 2 * MMA_TILE * 2 * chunk if split else 0
-    (launch, cost), (portable_launch, portable) = _gdn_backward_kernel("gdn_chunk_back_pass", dtype, params, mma)
+    (launch, cost), (portable_launch, portable) = _variant_and_portable(
+        "gated_delta_net_backward", "gdn_chunk_back_pass", dtype, params, mma)
     assert launch.local_size == (32,) and portable_launch.local_size == (vd,)
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
@@ -665,14 +667,8 @@ def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tens
                         for _part in range(3 if dtype == "f32" else 1):
                             count.product(np.zeros((tile, tile)), np.zeros((tile, tile)))
                         subtractions += 2 * tile * tile if dtype == "f32" else 0
-    thunk, _ = lay_out("mamba2_backward", dtype, params)
-
-    def planned(lim: DeviceLimits) -> tuple:
-        (launch,) = [x for x in launches.plan(thunk, lim, ssm_kernel="chunked").launches
-                     if x.kernel == "mamba2_backward_chunk"]
-        return launch, launch_cost(launch)
-    launch, cost = planned(dataclasses.replace(REFERENCE_GPU, mma=mma))
-    portable_launch, portable = planned(REFERENCE_GPU)
+    (launch, cost), (portable_launch, portable) = _variant_and_portable(
+        "mamba2_backward", "mamba2_backward_chunk", dtype, params, mma, ssm_kernel="chunked")
     assert dict(launch.defines).get("SSM_RESERVE", 0) == reserve
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
@@ -705,14 +701,8 @@ def test_the_mamba3_backward_chunk_variant_counts_its_state_products_on_the_tens
                         for _part in range(3 if split_rows else 2):
                             count.product(np.zeros((chunk, tile)), np.zeros((tile, 2 * tile)))
                         subtractions += tile * 2 * tile + (chunk * tile if split_rows else 0)
-    thunk, _ = lay_out("mamba3_backward", dtype, params)
-
-    def planned(lim: DeviceLimits) -> tuple:
-        (launch,) = [x for x in launches.plan(thunk, lim, ssm_kernel="chunked").launches
-                     if x.kernel == "mamba3_cb_chunk"]
-        return launch, launch_cost(launch)
-    launch, cost = planned(dataclasses.replace(REFERENCE_GPU, mma=mma))
-    portable_launch, portable = planned(REFERENCE_GPU)
+    (launch, cost), (portable_launch, portable) = _variant_and_portable(
+        "mamba3_backward", "mamba3_cb_chunk", dtype, params, mma, ssm_kernel="chunked")
     assert roofline.units(launch, cost) == {"fma": cost.other, unit: scores.gemm + count.gemm}
     assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
     assert portable.gemm == scores.gemm
