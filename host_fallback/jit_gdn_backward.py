@@ -34,8 +34,8 @@ def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
 
 
 _DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
-_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2, dq=3, dk=3, dg=3,
-                  work=3, sums=2)
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2,
+                  dq=3, dk=3, dg=3, work=3, sums=2)
 
 
 def _exp_of(x):

@@ -18,13 +18,11 @@ import numba
 import numpy as np
 from numba import types
 
-from .jit_math import _F32, _FLAGS, _exp, _exp_subnormal, _softplus
+from .jit_math import _F32, _FLAGS, _SOFTPLUS_LINEAR, _exp, _exp_subnormal, _softplus
 
 __all__ = ["selective_scan_backward_run"]  # the kernels ``jit.kernel`` hands out
 #: Sums over the state reassociated, so that LLVM runs them in vector lanes (as ``jit_ssm_steps._dot``).
 _REDUCING = _FLAGS | {"reassoc"}
-#: ABI.md §8's softplus is the identity above this input (``ssm.SOFTPLUS_LINEAR``).
-_LINEAR = _F32(20.0)
 
 #: Channels the reverse takes at once: their states through a chunk, ``[33, N, BLOCK]`` f32 (270 KiB at N=16), and
 #: their decays stay in L2.
@@ -142,7 +140,7 @@ def _chunk_steps(t0, span, x, delta, z, dy, delta_bias, softplus, steps, inputs,
         if softplus:
             for ch in range(u.size):
                 v = u[ch]
-                slope[ch] = _F32(1.0) if v > _LINEAR else _sigmoid(v)
+                slope[ch] = _F32(1.0) if v > _SOFTPLUS_LINEAR else _sigmoid(v)
             for ch in range(u.size):
                 u[ch] = _softplus(u[ch])
         else:
