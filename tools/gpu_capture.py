@@ -11,13 +11,13 @@ a few ulps of the step's own rounding) and timed against them: µs per replay an
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 STEPS = 20  # decode steps compared and timed, replayed and eager
 TOLERANCE = 1e-4  # f32: a replay runs the eager call's kernels on the same data, so they agree to rounding
 
 
-def _mamba2_step(torch, device) -> tuple[Callable[[], "torch.Tensor"], list]:
+def _mamba2_step(torch, device) -> tuple[Callable[[], Any], list]:
     """mamba_ssm's Mamba-2 decode step (B1 H8 P64 N64): dt, A, D and dt_bias tied along P."""
     from rlx_gpu.torch import selective_state_update
 

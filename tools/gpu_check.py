@@ -11,9 +11,9 @@ program built for the device's ``sm_XY``, named by its PTX ``.entry`` list, with
 shared bytes read back from the driver), ``bench.md`` (copy bandwidth and bf16 GEMM rate as ceilings;
 event-timed medians at the GPU shapes against cuDNN and the torch chunked twins, and byte floors; a
 scan's time per step with CUDA graphs and without), ``backward.md`` (a training step, forward and §9 backward
-thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``), ``mma.md`` (the chunked mamba2 and
-gated_delta_net on the tensor cores, bf16 and TF32, against their FP32 FMA twin and mamba_ssm / fla in bf16,
-with the MMA outputs' agreement with the FMA ones: ``gpu_mma.py``) and ``summary.md`` (the final table,
+thunk, against cuDNN's and the anchors' backward: ``gpu_backward.py``), ``mma.md`` (the chunked mamba2,
+gated_delta_net and mamba3 and their backwards on the tensor cores, bf16 and TF32, against their FP32 FMA twin
+and mamba_ssm / fla in bf16, with the MMA outputs' agreement with the FMA ones: ``gpu_mma.py``) and ``summary.md`` (the final table,
 which also holds the capture section's rows: a decode step of each op family captured in a
 ``torch.cuda.CUDAGraph`` and replayed against eager calls, ``gpu_capture.py``). ``--budget``
 caps the whole check: every section, and every child process, gets only the time left. Exit status: 0

@@ -1,5 +1,5 @@
 """The tensor-core section of tools/gpu_check.py (issue 38): the chunked mamba2, gated_delta_net and mamba3
-forwards with their MMA variants against the portable FP32 FMA path and the anchors, in ``mma.md``.
+forwards and backwards with their MMA variants against the portable FP32 FMA path and the anchors, in ``mma.md``.
 
 Per shape, each event-timed through the CUDA session on a resident arena (``ssm_kernel="chunked"``): ours
 in f32 on FP32 FMA (the portable twin), in bf16 on the tensor cores (``RLX_MMA`` 1), and in f32 with TF32
@@ -10,8 +10,13 @@ ours are held to the FMA run alone). The shapes are the ones the issue's anchors
 H32 P64 N128, mamba3 at that shape (num_angles N/4, what the Mamba3 layer's rope_fraction 0.5 gives; q/k biases,
 which the anchor takes always; dt, the decay and the angles in f32 as the anchor computes them) and the fla /
 FlashQLA H200 one (one sequence of 32768 tokens, 16 q/k heads, 64 value heads, d = 128). Each MMA result is also
-compared with the FMA one (NMSE of the output over its power): a variant that computes something else
-fails the row, however fast it is. Speed is reported, not judged.
+compared with the FMA one (NMSE of each output over its power, the worst named): a variant that computes something
+else fails the row, however fast it is. Speed is reported, not judged.
+
+Each shape's backward op (ABI.md §9) is timed the same way, alone: ours recomputes what it needs of the forward
+(no reserve), on the FMA path and with the backward variants (mamba2_backward_dstate / _chunk, gdn_chunk_back_grads
+/ _pass, mamba3_cb_chunk); the anchor's backward is its autograd backward alone, the gradient of its output our
+``d_dst`` in bf16, through the graph its forward kept (which saved what it needed: the two are not the same work).
 """
 from __future__ import annotations
 
@@ -26,6 +31,10 @@ from gpu_bench import RUNS, _fields, cuda_session, events_ms, torch_ms
 RUNS_OF = (("f32", 0), ("bf16", 1), ("f32", 2))
 #: the largest NMSE of an MMA output against the FMA one: bf16 inputs alone cost ~(2^-8)^2/3 = 5e-6
 AGREEMENT = 1e-3
+#: and of a backward's gradient: a tile computing something else costs NMSE of order 1, while the gradients summed
+#: over a whole sequence with cancelling terms (d_a, d_g, d_adt) move further with bf16 inputs than any output
+#: (no small shape measures by how much: this bound separates the two and the table shows the worst field)
+BACKWARD_AGREEMENT = 1e-2
 
 
 def shapes() -> list[tuple[str, dict]]:
@@ -38,6 +47,11 @@ def shapes() -> list[tuple[str, dict]]:
             ("gdn B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=False)),
             ("gdn per-channel B1 S32768 H16 HV64 d128", dict(gdn, gate_per_channel=True)),
             ("mamba3 B8 S4096 H32 P64 N128 A32", mamba3)]
+
+
+def backward_shapes() -> list[tuple[str, dict]]:
+    """Each forward shape's backward op, at the same shape."""
+    return [(f"{label} backward", dict(template, op=f"{template['op']}_backward")) for label, template in shapes()]
 
 
 def lay_out(template: dict, dtype: str, seed: int) -> tuple[dict, np.ndarray]:
@@ -66,8 +80,11 @@ def lay_out(template: dict, dtype: str, seed: int) -> tuple[dict, np.ndarray]:
     return t, arena
 
 
-def _ours(session: Any, t: dict, host: np.ndarray, mma: int) -> tuple[float, np.ndarray]:
-    """(median ms, the output as f64) of ``t`` on a session allowed the ``mma`` variant."""
+def _ours(session: Any, t: dict, host: np.ndarray, mma: int) -> tuple[float, dict[str, np.ndarray]]:
+    """(median ms, each field ``t`` writes as f32: the output, or a backward's gradients) of ``t`` on a session
+    allowed the ``mma`` variant."""
+    from host_fallback.abi import regions
+
     from rlx_gpu.runtime.options import RunOptions
 
     base = session.limits
@@ -77,7 +94,8 @@ def _ours(session: Any, t: dict, host: np.ndarray, mma: int) -> tuple[float, np.
         session.write(arena, 0, host)
         run = session.runner(t, RunOptions(ssm_kernel="chunked"))
         ms = events_ms(session.prims.stream, lambda: run(arena), RUNS)
-        return ms, _fields(t, session.read(arena, 0, host.size))["dst"].astype(np.float64)
+        got = _fields(t, session.read(arena, 0, host.size))
+        return ms, {r.field: got[r.field].astype(np.float32) for r in regions(t) if r.writes}
     finally:
         session.limits = base
         session.free(arena)
@@ -97,24 +115,26 @@ def _mamba3_anchor(cuda: Callable[..., Any]) -> tuple[str, Callable[[], Any]]:
                                                                           angles, chunk_size=64)
 
 
-def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], Any] | None]:
-    """(name, a no-argument bf16 call on CUDA) of the op's installed anchor, or ("", None) (per-channel gates:
-    fla's chunk_gated_delta_rule takes one gate per head; a mamba_ssm without Mamba-3, or none)."""
+def _anchor(t: dict, fields: dict[str, np.ndarray], grad: bool = False) -> tuple[str, Callable[[], Any] | None]:
+    """(name, a no-argument bf16 call of its forward on CUDA, its inputs leaves that take gradients where ``grad``
+    says so) of the installed anchor of ``t``'s op (of a backward op: its forward's), or ("", None) (per-channel
+    gates: fla's chunk_gated_delta_rule takes one gate per head; a mamba_ssm without Mamba-3, or none)."""
     import torch
 
     if t.get("gate_per_channel"):
         return "", None
+    op = t["op"].removesuffix("_backward")
 
     def cuda(name: str, dtype: Any = torch.bfloat16) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(fields[name], np.float32)).cuda().to(dtype)
+        return torch.from_numpy(np.ascontiguousarray(fields[name], np.float32)).cuda().to(dtype).requires_grad_(grad)
     try:
-        if t["op"] == "mamba3":
+        if op == "mamba3":
             return _mamba3_anchor(cuda)
-        if t["op"] == "mamba2":
+        if op == "mamba2":
             from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
             x, dt, b, c = (cuda(f) for f in ("x", "dt", "b", "c"))
-            a = torch.from_numpy(np.asarray(fields["a"], np.float32)).cuda()
+            a = cuda("a", torch.float32)
             return "mamba_ssm mamba_chunk_scan_combined", lambda: mamba_chunk_scan_combined(x, dt, a, b, c, chunk_size=64)
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
@@ -124,36 +144,65 @@ def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], A
         return "", None
 
 
+def _anchor_ms(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, float]:
+    """(name, median ms in bf16, NaN where none ran) of the anchor of ``t``'s op: its forward, or for a backward op
+    its backward alone, the gradient of its output ``fields["d_dst"]``, through the graph its forward kept."""
+    backward = t["op"].endswith("_backward")
+    name, forward = _anchor(t, fields, grad=backward)
+    if forward is None:
+        return name, float("nan")
+    try:
+        if not backward:
+            return name, torch_ms(forward)
+        import torch
+
+        out = forward()
+        out = out[0] if isinstance(out, tuple) else out  # fla's (o, final state)
+        gy = torch.from_numpy(np.ascontiguousarray(fields["d_dst"], np.float32)).cuda().to(out.dtype)
+        gy = gy.reshape(out.shape)
+        return name, torch_ms(lambda: out.backward(gy, retain_graph=True))
+    except Exception as err:  # an anchor that refuses the shape (e.g. value heads beyond q/k heads)
+        return f"{name} ({type(err).__name__})", float("nan")
+
+
 def _nmse(got: np.ndarray, want: np.ndarray) -> float:
-    return float(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-300))
+    """The NMSE of ``got`` against ``want`` (over its power); infinite where it is not a number (a NaN or an Inf in
+    either: the inputs are drawn to give none)."""
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    err = float(np.mean((got - want) ** 2) / max(np.mean(want ** 2), 1e-300))
+    return err if np.isfinite(err) else float("inf")
+
+
+def worst(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> tuple[float, str]:
+    """(the largest NMSE of a field of ``got`` against ``want``'s, that field)."""
+    return max((_nmse(got[field], want[field]), field) for field in want)
 
 
 def benchmarks(ck: Any, shared: dict) -> None:
     session = cuda_session()
     table = ["| shape | FMA f32 ms | MMA bf16 ms | MMA TF32 ms | anchor | anchor bf16 ms | bf16 / anchor | "
-             "NMSE bf16, TF32 vs FMA |", "|---|---|---|---|---|---|---|---|"]
-    for seed, (label, template) in enumerate(shapes()):
+             "NMSE bf16, TF32 vs FMA (worst field) |", "|---|---|---|---|---|---|---|---|"]
+    for seed, (label, template) in enumerate(shapes() + backward_shapes()):
         if ck.left() < 60:
             ck.add("mma", label, "fail", "not run: time budget spent")
             continue
-        times, outs = [], []
+        times, errs = [], []
+        laid = {dtype: lay_out(template, dtype, seed) for dtype in dict(RUNS_OF)}  # FMA and TF32 share the f32 one
         for dtype, mma in RUNS_OF:
-            t, host = lay_out(template, dtype, seed)
+            t, host = laid[dtype]
             ms, out = _ours(session, t, host, mma)
             times.append(ms)
-            outs.append(out)
             if mma == 0:
-                fields = _fields(t, host)
-        name, anchor = _anchor(t, fields)
-        try:
-            theirs = torch_ms(anchor) if anchor else float("nan")
-        except Exception as err:  # an anchor that refuses the shape (e.g. value heads beyond q/k heads)
-            name, theirs = f"{name} ({type(err).__name__})", float("nan")
-        errs = [_nmse(out, outs[0]) for out in outs[1:]]
+                fields, fma = _fields(t, host), out
+            else:
+                errs.append(worst(out, fma))
+        name, theirs = _anchor_ms(t, fields)
+        bound = BACKWARD_AGREEMENT if t["op"].endswith("_backward") else AGREEMENT
+        nmse = ", ".join(f"{err:.1e} ({field})" for err, field in errs)
         table.append(f"| {label} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | {name or '-'} | {theirs:.3f} | "
-                     f"{times[1] / theirs:.2f} | {errs[0]:.1e}, {errs[1]:.1e} |")
+                     f"{times[1] / theirs:.2f} | {nmse} |")
         ck.write("mma.md", "\n".join(table) + "\n")
-        ck.add("mma", label, "ok" if max(errs) <= AGREEMENT else "fail",
+        ck.add("mma", label, "ok" if max(err for err, _ in errs) <= bound else "fail",
                f"FMA {times[0]:.3f} ms, MMA bf16 {times[1]:.3f} ms, TF32 {times[2]:.3f} ms, {name or 'no anchor'} "
-               f"{theirs:.3f} ms; NMSE vs FMA {errs[0]:.1e} / {errs[1]:.1e}")
-        del outs, fields
+               f"{theirs:.3f} ms; NMSE vs FMA {nmse} (bound {bound:g})")
+        del fma, out, fields, host, laid

@@ -30,3 +30,23 @@ def test_an_unknown_shape_is_one_line_naming_the_shapes(capsys):
     assert main(["roofline", "--shape", "gdn B9"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--shape 'gdn B9'" in err and FLA in err
+
+
+def test_the_tables_in_docs_kernels_are_what_their_commands_print_now(capsys):
+    """docs/kernels.md's roofline tables, each after the command that made it: the plans or a kernel's declared
+    cost changed without the table (rerun the command and paste its output)."""
+    import shlex
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text().splitlines()
+    commands = [n for n, line in enumerate(lines[:-2])
+                if line.startswith("`python tools/roofline.py") and lines[n + 2].startswith("| op / kernel |")]
+    assert len(commands) >= 2
+    for n in commands:
+        table = []
+        for line in lines[n + 2:]:
+            if not line.startswith("|"):
+                break
+            table.append(line)
+        assert main(["roofline", *shlex.split(lines[n].split("`")[1])[2:]]) == 0
+        assert capsys.readouterr().out.splitlines() == table, lines[n]

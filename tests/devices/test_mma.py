@@ -172,6 +172,8 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
 
     if tf32:
         monkeypatch.setenv("RLX_CUDA_TF32", "1")
+    else:  # TF32 is off unless asked for, as torch's allow_tf32
+        monkeypatch.delenv("RLX_CUDA_TF32", raising=False)
     monkeypatch.setenv("RLX_TARGET", "gpu")
     dtypes = ("f32",) if tf32 else ("f16", "bf16")
     with installed(monkeypatch) as machine:
@@ -179,6 +181,10 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
         assert st.available, st.reason
         session = registry.open_session(st.devices[0])
         assert session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
+        f32 = {dict(item.defines).get("RLX_MMA", MMA_NONE) for op, extra in OPS
+               for item in launches.plan(_thunk(op, "f32", **extra), session.limits, **CHUNKED).launches
+               if item.kernel in MMA_KERNELS[FAMILY[op]]}
+        assert f32 == {MMA_TF32 if tf32 else MMA_NONE}  # an f32 thunk keeps FP32 FMA unless TF32 is asked for
         built = {}
         build = session.prims.build_program
         monkeypatch.setattr(session.prims, "build_program", lambda prog: built.setdefault(prog, build(prog)))

@@ -66,3 +66,29 @@ def test_matrix_extensions_are_read_from_the_extension_string_and_listed(monkeyp
         assert listed and all("(matrix units: cl_intel_subgroup_matrix_multiply_accumulate)" in line for line in listed)
     finally:
         registry.status.cache_clear()
+
+
+def test_a_matrix_extension_changes_nothing_a_launch_carries(monkeypatch):
+    """Detected, never used: a device naming both matrix extensions gets the limits it gets without them (no
+    tensor-core variant: mma 0), so its gpu target's chunked plans are the portable ones and their absence costs
+    nothing."""
+    from rlx_gpu import launches
+    from rlx_gpu.conformance import cases
+
+    monkeypatch.setenv("RLX_TARGET", "gpu")
+    info = registry.status("opencl").devices[0]
+    _, pi, di = info.spec.split(":")
+    device = cl.get_platforms()[int(pi)].get_devices()[int(di)]
+    plain = opencl.device_limits(cl, device, info.fp64)
+    extensions = cl.Device.extensions
+    monkeypatch.setattr(cl.Device, "extensions", property(
+        lambda dev: extensions.__get__(dev) + " " + " ".join(opencl.MATRIX_EXTENSIONS)))
+    assert opencl.matrix_extensions(device.extensions) == opencl.MATRIX_EXTENSIONS
+    offered = opencl.device_limits(cl, device, info.fp64)
+    assert offered == plain and offered.mma == 0
+    for op, chunk in (("mamba2", "mamba2_chunk_scan"), ("gated_delta_net", "gated_delta_net_chunk_out"),
+                      ("mamba3_backward", "mamba3_cb_chunk")):
+        thunk, _ = cases.lay_out(op, "bf16", dict(cases.SMALL[op], seq=64))
+        plan = launches.plan(thunk, offered, ssm_kernel="chunked")
+        assert chunk in {i.kernel for i in plan.launches}
+        assert not any("RLX_MMA" in dict(i.defines) for i in plan.launches)

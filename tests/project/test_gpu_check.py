@@ -197,9 +197,12 @@ def test_the_mma_section_plans_its_shapes_on_the_tensor_cores_and_draws_one_inpu
     from rlx_gpu import launches
     from rlx_gpu.launches.limits import REFERENCE_GPU
 
-    chunk = {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan"}
+    chunk = {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan", "mamba2_backward_chunk",
+             "gdn_chunk_back_grads", "gdn_chunk_back_pass", "mamba3_cb_chunk"}
     assert {template["op"] for _, template in gpu_mma.shapes()} == {"mamba2", "gated_delta_net", "mamba3"}
-    for _, template in gpu_mma.shapes():
+    assert [(label, template["op"]) for label, template in gpu_mma.backward_shapes()] == [
+        (f"{label} backward", f"{template['op']}_backward") for label, template in gpu_mma.shapes()]
+    for _, template in gpu_mma.shapes() + gpu_mma.backward_shapes():
         params = {k: v for k, v in template.items() if k != "op"}
         for dtype, mma in gpu_mma.RUNS_OF:
             thunk, _ = cases.lay_out(template["op"], dtype, params)
@@ -240,6 +243,41 @@ def test_the_mma_section_runs_through_the_cupy_double(tmp_path, monkeypatch):
     with installed(monkeypatch) as machine:
         ck = gpu_check.Check(tmp_path, False, 300.0)
         gpu_mma.benchmarks(ck, {})
-    assert [(r.section, r.status) for r in ck.rows] == [("mma", "ok")] * len(small), ck.rows
-    assert len((tmp_path / "mma.md").read_text().splitlines()) == 2 + len(small)
-    assert {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan"} <= {r.kernel for r in machine.launches}
+    assert [(r.section, r.status) for r in ck.rows] == [("mma", "ok")] * 2 * len(small), ck.rows
+    assert len((tmp_path / "mma.md").read_text().splitlines()) == 2 + 2 * len(small)
+    assert {"mamba2_chunk_scan", "gated_delta_net_chunk_out", "mamba3_chunk_scan", "mamba2_backward_chunk",
+            "gdn_chunk_back_grads", "gdn_chunk_back_pass", "mamba3_cb_chunk"} <= {r.kernel for r in machine.launches}
+    assert "(d_" in ck.rows[-1].detail  # a backward row names its worst gradient
+
+
+def test_the_mma_section_names_the_worst_field_and_fails_a_non_finite_one():
+    _script()
+    import gpu_mma
+
+    want = {"d_x": np.ones(8, np.float32), "d_a": np.full(2, 4.0, np.float32)}
+    near = {"d_x": want["d_x"] * (1 + 1e-3), "d_a": want["d_a"] * (1 + 1e-2)}
+    err, field = gpu_mma.worst(near, want)
+    assert field == "d_a" and err == pytest.approx(1e-4, rel=1e-3)
+    assert gpu_mma.worst(dict(near, d_x=np.where(np.arange(8) == 3, np.nan, 1).astype(np.float32)), want) == (
+        float("inf"), "d_x")
+
+
+def test_the_mma_section_times_an_anchors_backward_alone_with_our_output_gradient(monkeypatch):
+    """The backward rows' anchor: its forward once, then the backward alone through the kept graph, each call
+    taking our ``d_dst`` as its output's gradient (a CPU stand-in for the CUDA anchor)."""
+    torch = pytest.importorskip("torch")
+    _script()
+    import gpu_mma
+
+    x = torch.arange(6, dtype=torch.float32).reshape(2, 3).requires_grad_()
+    calls = []
+    monkeypatch.setattr(gpu_mma, "_anchor", lambda t, fields, grad: calls.append(grad) or ("anchor", lambda: (x * x, None)))
+    monkeypatch.setattr(gpu_mma, "torch_ms", lambda fn: [fn() for _ in range(3)] and 1.5)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self: self)
+    d_dst = np.linspace(-1, 1, 6, dtype=np.float32)
+    assert gpu_mma._anchor_ms({"op": "mamba2_backward"}, {"d_dst": d_dst}) == ("anchor", 1.5)
+    assert calls == [True]
+    assert torch.allclose(x.grad, 3 * 2 * x.detach() * torch.from_numpy(d_dst).reshape(2, 3))
+    monkeypatch.setattr(gpu_mma, "_anchor", lambda t, fields, grad: ("anchor", lambda: 1 / 0))
+    name, ms = gpu_mma._anchor_ms({"op": "mamba2_backward"}, {"d_dst": d_dst})
+    assert name == "anchor (ZeroDivisionError)" and ms != ms
