@@ -1,11 +1,9 @@
 """The command line as a newcomer meets it: one error style, every target everywhere, quiet pipes, help."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,7 +12,6 @@ import host_fallback
 import rlx_gpu
 from host_fallback.bound import Bound
 from rlx_gpu.cli import main
-from rlx_gpu.conformance.cases import lay_out, schedule_of
 from rlx_gpu.runtime.registry import status
 from support.cli_errors import one_line_error
 

@@ -8,7 +8,6 @@ barrier its work-group must reach."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
