@@ -163,6 +163,49 @@ def test_mma_variant_builds_for_sm80(family):
 
 
 # ------------------------------------------------------------------------------------------ the CuPy double
+def _f32_variants(limits: DeviceLimits) -> set[int]:
+    """The ``RLX_MMA`` values the chunk GEMM kernels of every chunked op's f32 plan take at ``limits``."""
+    return {dict(item.defines).get("RLX_MMA", MMA_NONE) for op, extra in OPS
+            for item in launches.plan(_thunk(op, "f32", **extra), limits, **CHUNKED).launches
+            if item.kernel in MMA_KERNELS[FAMILY[op]]}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("configured, env, tf32", [(False, None, False), (True, None, True), (True, "0", False),
+                                                   (False, "1", True)])
+def test_the_config_asks_for_tf32_and_the_environment_overrides_it(monkeypatch, tmp_path, configured, env, tf32):
+    """``cuda.tf32`` in the config gives the session TF32 (the chunk kernels' variant 2 on an f32 thunk, cuBLAS's
+    TF32 compute); ``RLX_CUDA_TF32``, where set, wins over it either way."""
+    from support.cupy_double import installed
+
+    from rlx_gpu.runtime.executor import get_device
+
+    config = tmp_path / "rlx.yaml"
+    config.write_text(f"cuda:\n  tf32: {str(configured).lower()}\n")
+    if env is None:
+        monkeypatch.delenv("RLX_CUDA_TF32", raising=False)
+    else:
+        monkeypatch.setenv("RLX_CUDA_TF32", env)
+    monkeypatch.setenv("RLX_TARGET", "gpu")
+    with installed(monkeypatch):
+        session = get_device("cuda:0", str(config)).session
+        assert session.tf32 is tf32 and session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
+        assert _f32_variants(session.limits) == {MMA_TF32 if tf32 else MMA_NONE}
+
+
+@needs_nvrtc
+def test_a_tf32_variable_other_than_0_or_1_is_refused(monkeypatch):
+    from support.cupy_double import installed
+
+    from rlx_gpu.errors import DeviceError
+    from rlx_gpu.runtime import registry
+
+    monkeypatch.setenv("RLX_CUDA_TF32", "yes")
+    with installed(monkeypatch):
+        with pytest.raises(DeviceError, match=r"RLX_CUDA_TF32='yes': expected 1 \(TF32 on\) or 0"):
+            registry.open_session(registry.status("cuda").devices[0])
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("tf32", [False, True], ids=["16-bit", "tf32"])
 def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(monkeypatch, tf32):
@@ -181,10 +224,8 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
         assert st.available, st.reason
         session = registry.open_session(st.devices[0])
         assert session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
-        f32 = {dict(item.defines).get("RLX_MMA", MMA_NONE) for op, extra in OPS
-               for item in launches.plan(_thunk(op, "f32", **extra), session.limits, **CHUNKED).launches
-               if item.kernel in MMA_KERNELS[FAMILY[op]]}
-        assert f32 == {MMA_TF32 if tf32 else MMA_NONE}  # an f32 thunk keeps FP32 FMA unless TF32 is asked for
+        # an f32 thunk keeps FP32 FMA unless TF32 is asked for
+        assert _f32_variants(session.limits) == {MMA_TF32 if tf32 else MMA_NONE}
         built = {}
         build = session.prims.build_program
         monkeypatch.setattr(session.prims, "build_program", lambda prog: built.setdefault(prog, build(prog)))
