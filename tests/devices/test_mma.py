@@ -83,6 +83,20 @@ def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra
         assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, ON_CUDA, ON_CUDA_TF32], ids=["no-mma", "mma", "mma-tf32"])
+def test_mamba2s_backward_recomputes_its_chunk_states_from_split_operands(dtype, lim):
+    """Its mamba2_chunk_state launch takes the variant with M2_SPLIT_STATES (rounded once, the states move d_a past
+    the bounds: tests/devices/test_mma_emulated.py); the forward's never splits."""
+    expected = VARIANT[dtype] if lim.mma >= VARIANT[dtype] else MMA_NONE
+    (state,) = [item for item in launches.plan(_thunk("mamba2_backward", dtype), lim, **CHUNKED).launches
+                if item.kernel == "mamba2_chunk_state"]
+    assert dict(state.defines).get("RLX_MMA", MMA_NONE) == expected
+    assert dict(state.defines).get("M2_SPLIT_STATES", 0) == (expected != MMA_NONE)
+    forward = launches.plan(_thunk("mamba2", dtype), lim, **CHUNKED).launches
+    assert forward and not any("M2_SPLIT_STATES" in dict(item.defines) for item in forward)
+
+
 def test_no_variant_at_the_cpu_target_nor_before_sm80():
     cpu = DeviceLimits(1024, 1 << 20, True, mma=MMA_TF32)
     assert mma_defines(cpu, "bf16") == ()
@@ -106,12 +120,17 @@ needs_nvrtc = pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is No
 #: every version-2 switch a chunked launch may add (kernels/ssm.cl's; gdn's one variant), per family and dtype
 _SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not name.endswith("_F32"))
               for dt in VARIANT}
+#: and of batch rows (mamba2's backward)
+_SSM_ROWS = {dt: tuple(f for f in every if f[0] != "SSM_VARLEN") for dt, every in _SSM_EVERY.items()}
+#: mamba2_chunk_state from split operands, as mamba2's backward launches it (with its fields)
+_SPLIT = (("M2_SPLIT_STATES", 1),)
 #: mamba3's version-2 fields are runtime flags of its one program
 #: gated_delta_net's backward: its every-field variant of batch rows (test_ptxas's)
 _GDNB_EVERY = (("GDNB_GATE_K", 1), ("GDNB_NORM", 1), ("SSM_CARRY", 1))
-FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),)),
+FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt], _SPLIT, _SSM_ROWS[dt] + _SPLIT),
+                  "gdn": lambda dt: ((), (("GDN_V2", 1),)),
                   "gdn_backward": lambda dt: ((), _GDNB_EVERY + ((("SSM_STATE_F32", 1),) if dt != "f32" else ())),
-                  "mamba3": lambda dt: ((),), "mamba3_backward": lambda dt: ((),), "mamba2_backward": lambda dt: ((), tuple(f for f in _SSM_EVERY[dt] if f[0] != "SSM_VARLEN"))}  # batch rows
+                  "mamba3": lambda dt: ((),), "mamba3_backward": lambda dt: ((),), "mamba2_backward": lambda dt: ((), _SSM_ROWS[dt])}
 
 
 def _mma_programs():
@@ -120,7 +139,9 @@ def _mma_programs():
         for dtype, variant in VARIANT.items():
             for fields in FIELD_VARIANTS[family](dtype):
                 prog = programs.program("cuda", family, dtype, None, "gpu", fields + (("RLX_MMA", variant),))
-                out.append(pytest.param(prog, id=f"{family}-{dtype}-RLX_MMA{variant}" + ("-every-field" if fields else "")))
+                named = ("-every-field" if set(fields) - set(_SPLIT) else "") + \
+                    ("-split-states" if _SPLIT[0] in fields else "")
+                out.append(pytest.param(prog, id=f"{family}-{dtype}-RLX_MMA{variant}{named}"))
     return out
 
 
@@ -238,6 +259,8 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
                 ran = {r.kernel for r in machine.launches[before:]}
                 assert set(MMA_KERNELS[FAMILY[op]]) <= ran, (op, dtype, ran)
         variants = {(p.family, p.dtype) for p in built if dict(p.defines).get("RLX_MMA") == VARIANT[p.dtype]}
+        # mamba2's backward recomputes its chunk states in the ssm program's split variant
+        assert {p.dtype for p in built if p.family == "ssm" and "M2_SPLIT_STATES" in dict(p.defines)} == set(dtypes)
         assert variants == {(family, dt) for family in MMA_KERNELS for dt in dtypes}, built
         for prog in built:
             if "RLX_MMA" in dict(prog.defines):
