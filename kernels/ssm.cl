@@ -815,8 +815,8 @@ INLINE_FN void m2_state_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* 
     }
 }
 #if M2_SPLIT_STATES
-/* The same product from split operands, as mamba2's backward recomputes the chunk states (M2_SPLIT_STATES: its
- * program, where kernels/mma_split.cl's mma_hi comes first): xw = hi + lo (xw, xl), at TF32 b = hi + lo too, the
+/* The same product from split operands, as mamba2's backward recomputes the chunk states (M2_SPLIT_STATES, its
+ * launch's define; mma_hi: kernels/mma_split.cl, before this text): xw = hi + lo (xw, xl), at TF32 b = hi + lo too, the
  * products hi.hi + lo.hi (+ hi.lo at TF32; a 16-bit thunk's own b is exact) with f32 accumulation. Rounded once,
  * the states move the log-decay's gradient (sums of cancelling terms gy.y - u.du) past the conformance bounds.
  * b staged 16 steps at a time ([16][M2_NW] operands in bs, at TF32 its lo part after): the chunk's whole b and its
