@@ -772,6 +772,9 @@ INLINE_FN void m2_stage_decay_barrier(LOCAL_PTR real* dts, LOCAL_PTR real* Ls, i
  * launch's RLX_MMA (CUDA only) the tensor cores' operand type (kernels_cuda/prelude.cuh), rounded once as
  * staged: a 16-bit thunk's x, b and c are exact there, the decay-weighted x, the chunk states and
  * C.B^T's decayed entries round to it (as mamba_ssm's chunk kernels round them to the input type). */
+#ifndef M2_SPLIT_STATES
+#define M2_SPLIT_STATES 0 /* 1, with RLX_MMA: mamba2_chunk_state's product from split operands (mamba2's backward) */
+#endif
 #ifdef RLX_MMA
 #if M2_PT != 16 || M2_NT != 16 || M2_Q % 16 != 0 || M2_LANES < 128
 #error "the MMA variant of mamba2's chunk products tiles 16x16: M2_PT = M2_NT = 16, M2_Q % 16 = 0, 4 warps at least"
@@ -811,6 +814,50 @@ INLINE_FN void m2_state_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* 
         }
     }
 }
+#if M2_SPLIT_STATES
+/* The same product from split operands, as mamba2's backward recomputes the chunk states (M2_SPLIT_STATES, its
+ * launch's define; mma_hi: kernels/mma_split.cl, before this text): xw = hi + lo (xw, xl), at TF32 b = hi + lo too, the
+ * products hi.hi + lo.hi (+ hi.lo at TF32; a 16-bit thunk's own b is exact) with f32 accumulation. Rounded once,
+ * the states move the log-decay's gradient (sums of cancelling terms gy.y - u.du) past the conformance bounds.
+ * b staged 16 steps at a time ([16][M2_NW] operands in bs, at TF32 its lo part after): the chunk's whole b and its
+ * lo part would pass CUDA's 48 KiB at TF32. */
+INLINE_FN void m2_state_split_mma_barrier(GLOBAL real* states, LOCAL_PTR const mma_t* xw, LOCAL_PTR const mma_t* xl,
+                                          LOCAL_PTR mma_t* bs, LOCAL_PTR float* out, GLOBAL const store_t* bm, i64 t0,
+                                          int steps, i64 G, i64 grp, i64 N, i64 P, i64 p0, int lane)
+{
+    const int w = MMA_WARP(lane);
+    for (i64 n0 = 0; n0 < (steps > 0 ? N : 0); n0 += M2_NW) {
+        mma_acc acc;
+        mma_zero(&acc);
+        for (int s0 = 0; s0 < steps; s0 += 16) {
+            BARRIER(); /* the previous slice's operands and the previous pass's out are read no more */
+            for (int e = lane; e < 16 * M2_NW; e += M2_LANES) {
+                const int s = s0 + e / M2_NW, nn = e - e / M2_NW * M2_NW;
+                const real v = s < steps && n0 + nn < N ? LOAD(bm, ((t0 + s) * G + grp) * N + n0 + nn) : (real)0;
+#if RLX_MMA == 2
+                const float hi = mma_hi(v);
+                bs[e] = TO_MMA(hi);
+                bs[16 * M2_NW + e] = TO_MMA(v - hi);
+#else
+                bs[e] = TO_MMA(v);
+#endif
+            }
+            BARRIER();
+            PRAGMA_NO_UNROLL
+            for (int h = 0; h < (RLX_MMA == 2 ? 3 : 2); ++h)
+                mma_tile(&acc, MMA_COL, (h == 1 ? xl : xw) + s0 * 16, 16, MMA_ROW,
+                         bs + (h == 2 ? 16 * M2_NW : 0) + w * 16, M2_NW);
+        }
+        mma_store(out + w * 16, &acc, M2_NW);
+        BARRIER();
+        for (int e = lane; e < M2_PT * M2_NW; e += M2_LANES) {
+            const int p = e / M2_NW, nn = e - p * M2_NW;
+            if (p0 + p < P && n0 + nn < N)
+                states[(p0 + p) * N + n0 + nn] = out[e];
+        }
+    }
+}
+#endif
 #else
 /* states[p0+p][n] = sum_s xw[s][p] b[s][n] for the chunk's steps: one lane per state column n. */
 INLINE_FN void m2_state_product(GLOBAL real* states, LOCAL_PTR const m2_op_t* xw, GLOBAL const store_t* bm, i64 t0,
@@ -842,6 +889,9 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
 {
     LOCAL real dts[M2_Q], Ls[M2_Q];
     M2_LOCAL m2_op_t xw[M2_Q * M2_PT];
+#if defined(RLX_MMA) && M2_SPLIT_STATES
+    MMA_LOCAL mma_t xl[M2_Q * M2_PT]; /* xw's lo part */
+#endif
     const int lane = (int)LID(0);
     const m2_tile tile = m2_tile_of(GROUP(0), P, K, S, AT(int, cub, cuo), AT(int, tb, to));
     /* a slot no sequence uses has no steps: the whole group walks empty loops to every barrier (a
@@ -858,17 +908,29 @@ KERNEL mamba2_chunk_state(i64 R, i64 S, i64 HD, i64 P, i64 N, i64 G, i64 K,
      * past the chunk's steps, which the MMA tiles cover) */
     for (int e = lane; e < M2_Q * M2_PT; e += M2_LANES) {
         const int s = e / M2_PT, p = e - s * M2_PT;
-        xw[e] = M2_OP(s < steps && p0 + p < P
-                          ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
-                          : (real)0);
+        const real v = s < steps && p0 + p < P
+                           ? rlx_exp(Ls[steps - 1] - Ls[s]) * dts[s] * LOAD(x, ((t0 + s) * HD + hh) * P + p0 + p)
+                           : (real)0;
+#if defined(RLX_MMA) && M2_SPLIT_STATES
+        const float hi = mma_hi(v);
+        xw[e] = TO_MMA(hi);
+        xl[e] = TO_MMA(v - hi);
+#else
+        xw[e] = M2_OP(v);
+#endif
     }
     if (p0 == 0 && lane == 0 && steps > 0)
         AT(real, eb, eo)[slot] = rlx_exp(Ls[steps - 1]);
     BARRIER();
 #ifdef RLX_MMA
-    MMA_LOCAL mma_t bs[M2_Q * M2_NW];
     MMA_LOCAL float out[M2_PT * M2_NW];
+#if M2_SPLIT_STATES
+    MMA_LOCAL mma_t bs[(RLX_MMA == 2 ? 2 : 1) * 16 * M2_NW]; /* a 16-step slice of b, at TF32 its lo part after */
+    m2_state_split_mma_barrier(states, xw, xl, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
+#else
+    MMA_LOCAL mma_t bs[M2_Q * M2_NW];
     m2_state_mma_barrier(states, xw, bs, out, bm, t0, steps, G, grp, N, P, p0, lane);
+#endif
 #else
     m2_state_product(states, xw, bm, t0, steps, G, grp, N, P, p0, lane);
 #endif

@@ -9,7 +9,7 @@ CUDA backend only resolves buffers to pointers, and a test can execute the call'
 NumPy buffers.
 
 Precision: 16-bit inputs accumulate in f32 (compute type ``32F``); f32 uses ``32F`` (no TF32) unless
-the caller passes ``tf32=True`` (the backend's documented ``RLX_CUDA_TF32=1`` option); f64 uses ``64F``.
+the caller passes ``tf32=True`` (the config's ``cuda.tf32`` or ``RLX_CUDA_TF32=1``); f64 uses ``64F``.
 """
 from __future__ import annotations
 

@@ -14,8 +14,8 @@ cached in memory and on disk with their PTX (:mod:`.cubin_cache`) and loaded fro
 Beyond the core: the gemms of a plan (``matmul`` thunks, the recurrent input projections) run as
 cuBLAS ``cublasGemmStridedBatchedEx`` calls through the C API on a handle bound once to the session's
 stream and workspace (:mod:`.cublas_lib`, :mod:`.cublas_calls`; 16-bit inputs accumulate and reduce in
-f32; TF32 only with ``RLX_CUDA_TF32=1``, which also gives the chunked kernels their TF32 variant:
-``launches.mma``), and a bound plan of many launches (the recurrent per-step
+f32; TF32 only where asked for, which also gives the chunked kernels their TF32 variant: ``launches.mma``;
+:func:`tf32_asked`), and a bound plan of many launches (the recurrent per-step
 loop) or a scan body's step is captured once as a CUDA graph and replayed (:mod:`.graph_cache`;
 ``RLX_CUDA_GRAPHS=0`` turns that off). Without CuPy, or with CuPy but no usable driver or device,
 ``probe`` raises ``BackendUnavailable`` with the reason and ``auto`` picks the next backend.
@@ -42,7 +42,7 @@ NAME = "cuda"
 SPEC_INDICES = ("n",)
 PRELUDE = ("kernels_cuda", "prelude.cuh")
 DEVICE_ENV = None
-TF32_ENV = "RLX_CUDA_TF32"  # "1": f32 gemms may round their inputs to TF32 (off by default)
+TF32_ENV = "RLX_CUDA_TF32"  # "1" / "0": f32 gemms may / may not round their inputs to TF32, over the config
 GRAPHS_ENV = "RLX_CUDA_GRAPHS"  # "0": never capture CUDA graphs
 
 
@@ -76,8 +76,21 @@ def device_info(index: int, props: Mapping[str, Any]) -> DeviceInfo:
     return DeviceInfo(NAME, f"cuda:{index}", f"{name} (sm_{props['major']}{props['minor']})", True, details)
 
 
-def open(info: DeviceInfo) -> "CudaSession":  # noqa: A001 - the backend surface names it open
-    return CudaSession(CudaPrimitives(info, cublas_lib.Cublas(cublas_lib.load_library())))
+def open(info: DeviceInfo, tf32: bool = False) -> "CudaSession":  # noqa: A001 - the backend surface names it open
+    """A session on ``info``; ``tf32``: the config's ``cuda.tf32`` (:func:`tf32_asked`)."""
+    return CudaSession(CudaPrimitives(info, cublas_lib.Cublas(cublas_lib.load_library())), tf32_asked(tf32))
+
+
+def tf32_asked(configured: bool) -> bool:
+    """Whether f32 gemms and chunk products may round their operands to TF32: ``RLX_CUDA_TF32`` where set (``1``
+    on, ``0`` off), else ``configured`` (the config's ``cuda.tf32``, off by default, as torch's ``allow_tf32``)."""
+    value = os.environ.get(TF32_ENV, "").strip()
+    if not value:
+        return configured
+    if value not in ("0", "1"):
+        raise DeviceError(f"{TF32_ENV}={value!r}: expected 1 (TF32 on) or 0 (off); unset, the config's cuda.tf32 "
+                          f"decides")
+    return value == "1"
 
 
 class CudaSession(KernelSession):
@@ -87,9 +100,9 @@ class CudaSession(KernelSession):
 
     prims: CudaPrimitives
 
-    def __init__(self, prims: CudaPrimitives):
+    def __init__(self, prims: CudaPrimitives, tf32: bool = False):
         super().__init__(prims)
-        self.tf32 = os.environ.get(TF32_ENV) == "1"
+        self.tf32 = tf32
         if self.tf32:  # the chunked kernels' TF32 variant too (launches/mma.py)
             self.limits = device_limits(prims.info, tf32=True)
         self.use_graphs = os.environ.get(GRAPHS_ENV, "1") != "0"

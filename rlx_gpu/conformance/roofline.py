@@ -37,8 +37,8 @@ UNIT_TITLES = {"fma": "FMA", "fp64": "FP64", "mma16": "MMA 16-bit", "tf32": "MMA
 #: RLX_MMA's values (issue 38): the unit a launch's GEMM-shaped FLOPs run on
 MMA_UNITS = {MMA_16BIT: "mma16", MMA_TF32: "tf32"}
 #: the kernels the CUDA backend hands to cuBLAS (backends/cublas_calls.py) and the unit cuBLAS runs them on by
-#: dtype: 16-bit inputs on the tensor cores (f32 accumulation); f32 in FP32 (TF32 only with RLX_CUDA_TF32=1),
-#: f64 in FP64 (the FMA units of the model)
+#: dtype: 16-bit inputs on the tensor cores (f32 accumulation); f32 in FP32 (TF32 only with cuda.tf32 or
+#: RLX_CUDA_TF32=1), f64 in FP64 (the FMA units of the model)
 CUBLAS_KERNELS = frozenset({"gemm"})
 CUBLAS_UNITS = {"f16": "mma16", "bf16": "mma16"}
 #: the forward shapes: docs/kernels.md's GPU shapes (issue 12), mamba3 at mamba2's (mamba_ssm's B8 S4096 H32 P64

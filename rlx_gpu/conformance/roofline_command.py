@@ -78,6 +78,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         + "; ".join(SHAPES))
     parser.add_argument("--tensor-cores", default="16bit", choices=list(TENSOR_CORES),
                         help="the tensor-core variants the H200 takes: 16bit (the default, as the CUDA backend "
-                        "plans on sm_80 and later), tf32 (also f32 thunks, as with RLX_CUDA_TF32=1) or none (the "
-                        "portable FP32 FMA kernels)")
+                        "plans on sm_80 and later), tf32 (also f32 thunks, as with cuda.tf32 or RLX_CUDA_TF32=1) or "
+                        "none (the portable FP32 FMA kernels)")
     parser.set_defaults(handler=run)

@@ -10,7 +10,8 @@ runs: the pass takes the states entering each chunk from the reserve (variant SS
 the chunks' decays then), and the chunk kernel its scores C.B^T and outputs y; with another M2_Q all is recomputed,
 the reserve unread. Packed sequences (cu_seqlens) keep the step walk. launches/ssm_backward.py registers the op
 against this program (``FAMILY``). Where the device takes a tensor-core variant (``launches.mma``), dstate's and the
-chunk kernel's run (the chunk kernel's state products through scratch: ``ends``, ``starts``).
+chunk kernel's run (the chunk kernel's state products through scratch: ``ends``, ``starts``), and the forward's
+mamba2_chunk_state's from split operands (``SPLIT_STATES``).
 """
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ from .arguments import kernel_launch
 from .core import ARENA, SCRATCH, Launch, LaunchPlan, Thunk, grid, linear_local
 from .limits import DeviceLimits
 from .mma import mma_defines
-from .ssm import FIELDS_TEXT, chunk_slots, dt_limits, field_defines, saved, takes_chunked, tensors
+from .ssm import TEXTS, chunk_slots, dt_limits, field_defines, saved, takes_chunked, tensors
 
 #: the program of these kernels, and the texts before kernels/mamba2_backward.cl in it (the forward's, whose chunk
-#: helpers it calls; the split tensor-core operands of its RLX_MMA variant)
-FAMILY, SHARED_TEXTS = "mamba2_backward", FIELDS_TEXT + ("ssm.cl", "mma_split.cl")
+#: helpers it calls, the split tensor-core operands of its RLX_MMA variant among them)
+FAMILY, SHARED_TEXTS = "mamba2_backward", TEXTS + ("ssm.cl",)
+
+#: the define of mamba2_chunk_state's variant from split operands, as this backward recomputes the chunk states
+SPLIT_STATES = (("M2_SPLIT_STATES", 1),)
 
 #: field -> the chunked kernels' tensor parameter that takes it (kernels/mamba2_backward.cl)
 _TENSOR_PARAMS = {"x": "xb", "dt": "dtb", "a": "ab", "b": "bb", "c": "cb", "bias": "biasb", "d": "skb", "z": "zb",
@@ -89,11 +93,13 @@ def plan(fwd: Thunk, lim: DeviceLimits, layout: Layout, reduce: Reduce) -> Launc
 
     lanes = lim.tune("M2_LANES")
     tiles = ((heads * k * -(-p // lim.tune("M2_PT")) * lanes,), (lanes,))  # (chunk slot, M2_PT rows of P)
-    # the forward's portable chunk_state (not its MMA variant: the states it builds feed the log-decay's gradient,
-    # sums of cancelling terms gy.y - u.du, whose d_a states rounded to 16 bits push past the conformance bounds)
+    # the forward's chunk_state, its MMA variant from split operands (M2_SPLIT_STATES): the states it builds feed the
+    # log-decay's gradient, sums of cancelling terms gy.y - u.du, which states rounded once to 16 bits push past the
+    # conformance bounds
     own = kernel_launch("ssm", "mamba2_chunk_state", dt, *tiles,
                         dict(R=r, **mine, G=g, **arena("x", "dt", "a", "b", "bias"), cub=(ARENA, 0), **dt_limits(fwd),
-                             sb=scratch["sb"], eb=scratch["eb"], tb=(SCRATCH, 0)), target="gpu", defines=fields)
+                             sb=scratch["sb"], eb=scratch["eb"], tb=(SCRATCH, 0)), target="gpu",
+                        defines=fields + (variant + SPLIT_STATES if variant else ()))
     chunk_groups = ((heads * k * q,), (q,))
     dstate = launch("mamba2_backward_dstate", *tiles,
                     dict(**mine, G=g, **arena("dt", "a", "c", "bias", "z", "d_dst"), **dt_limits(fwd)), "gyb", "ddb",

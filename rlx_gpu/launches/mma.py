@@ -4,10 +4,10 @@ The chunk GEMMs of mamba2 (and its chunked backward's state products), gated_del
 intra-chunk product with x, the state products; mamba3's chunked backward's scores; gated_delta_net's chunked
 backward's state products Y.S0^T, dO.S0^T, U.dS_L^T) have a CUDA-only fast path beside their portable FP32 FMA
 text (DESIGN.md principle 1), chosen at compile time: ``RLX_MMA`` 1 takes 16-bit inputs (a f16 / bf16 thunk's own
-type) with f32 accumulation, 2 rounds an f32 thunk's operands to TF32, only where asked for (the CUDA backend's
-``RLX_CUDA_TF32=1``, which also lets cuBLAS's f32 gemms use TF32; off by default, as torch's ``allow_tf32``). A
-device says which it may take in ``DeviceLimits.mma``: the CUDA backend sets it from the compute capability, OpenCL
-never (0), so an OpenCL launch never carries the define and its prelude refuses one.
+type) with f32 accumulation, 2 rounds an f32 thunk's operands to TF32, only where asked for (the config's
+``cuda.tf32`` or ``RLX_CUDA_TF32=1``, which also let cuBLAS's f32 gemms use TF32; off by default, as torch's
+``allow_tf32``). A device says which it may take in ``DeviceLimits.mma``: the CUDA backend sets it from the
+compute capability, OpenCL never (0), so an OpenCL launch never carries the define and its prelude refuses one.
 """
 from __future__ import annotations
 

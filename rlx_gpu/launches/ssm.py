@@ -29,6 +29,9 @@ Defines = tuple[tuple[str, int], ...]
 #: The version-2 fields (ABI.md §8) of both ops that the kernels below implement.
 #: the kernel text the state-space families share (their fields' loads), put before each one's own
 FIELDS_TEXT = ("ssm_fields.cl",)
+#: the ssm program's texts before kernels/ssm.cl: the fields, and the split tensor-core operands (mma_hi) of
+#: mamba2_chunk_state's variant as mamba2's backward launches it (M2_SPLIT_STATES: launches/mamba2_backward.py)
+TEXTS = FIELDS_TEXT + ("mma_split.cl",)
 V2_FIELDS = frozenset({
     "groups", "d", "z", "carry_state", "state", "state_dtype", "param_dtype", "cu_seqlens", "num_seqs",
     "state_slots", "num_slots",
@@ -240,5 +243,5 @@ def unsupported(t: Thunk, lim: DeviceLimits) -> str | None:
 
 
 register("selective_scan", _selective_scan, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm",
-         shared_texts=FIELDS_TEXT)
-register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm", shared_texts=FIELDS_TEXT)
+         shared_texts=TEXTS)
+register("mamba2", _mamba2, unsupported, v2_fields=V2_FIELDS | RESERVE_FIELDS, family="ssm", shared_texts=TEXTS)

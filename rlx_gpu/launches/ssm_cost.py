@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from .core import Launch
 from .cost import Cost, chunk_steps, declare, defined, real, stored, tuned
+from .mma import MMA_TF32
 
 _SOFTPLUS, _SILU = 3, 4  # FLOPs of softplus (exp, add, log) and of silu (exp, add, division, multiply)
 
@@ -94,11 +95,16 @@ def _p_rows(launch: Launch, args: Mapping[str, Any]) -> int:
 @declare("mamba2_chunk_state")
 def mamba2_chunk_state(launch: Launch, args: Mapping[str, Any]) -> Cost:
     """Per (head, chunk, tile of P): dt and its running sum, the weights exp(L_last - L_s)·dt_s·x_s, and the
-    chunk's own state Xwᵀ·B; writes every slot's state [P, N] and decay."""
+    chunk's own state Xwᵀ·B; writes every slot's state [P, N] and decay. With RLX_MMA and M2_SPLIT_STATES (as
+    mamba2's backward launches it) Xwᵀ·B from split operands: hi·hi + lo·hi, and hi·lo at TF32, where b splits too
+    (a 16-bit thunk's own b is exact); a subtraction per staged value of a split operand."""
     hd, n, rows, tiles = args["HD"], args["N"], _p_rows(launch, args), -(-args["P"] // tuned(launch, "M2_PT"))
     steps = sum(_chunks(launch, args))
-    gemm = hd * 2 * steps * rows * n
+    mma, split = defined(launch, "RLX_MMA"), defined(launch, "M2_SPLIT_STATES")
+    tf32 = int(bool(split) and mma == MMA_TF32)
+    gemm = hd * 2 * steps * rows * n * (1 + split + tf32)
     other = hd * (tiles * steps * (2 + delta_flops(launch)) + 4 * steps * rows)
+    other += split * hd * (steps * rows + tf32 * tiles * steps * n)
     slots = args["HD"] * args["K"]
     t, es = tokens(launch, args), stored(launch)
     read = t * hd * (args["P"] + 1) * es + t * args["G"] * n * es

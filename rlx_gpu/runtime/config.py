@@ -1,4 +1,5 @@
-"""The YAML configuration: device choice, backend priority, fallback policy, overrides, tolerances."""
+"""The YAML configuration: device choice, backend priority, fallback policy, overrides, the CUDA backend's
+TF32 switch, tolerances."""
 from __future__ import annotations
 
 import difflib
@@ -17,7 +18,7 @@ from ..paths import data_dir
 from ..schedule.yaml_reader import yaml_message
 
 POLICIES = ("allow", "warn", "forbid")
-KEYS = ("device", "priority", "fallback", "overrides", "scan", "tolerances")
+KEYS = ("device", "priority", "fallback", "overrides", "scan", "cuda", "tolerances")
 TOLERANCE_KEYS = ("thunk", "schedule", *OPS)
 
 
@@ -30,6 +31,7 @@ class Config:
     fallback: str = "warn"
     overrides: Mapping[str, str] = field(default_factory=dict)
     recompute: str = "segment"
+    tf32: bool = False  # cuda.tf32: f32 gemms and chunk products may round operands to TF32 (registry.open_session)
     tolerances: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     source: str = "<defaults>"
 
@@ -123,6 +125,13 @@ def _overrides(path: Path, value: Any) -> dict[str, str]:
     return out
 
 
+def _flag(path: Path, key: str, value: Any) -> bool:
+    """``value`` when it is a YAML boolean (true or false); else a ``ConfigError`` naming the file and the key."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"config {path}: {key}: expected true or false, got {type(value).__name__} {value!r}")
+
+
 def _tolerances(path: Path, given: Any) -> dict[str, dict[str, float]]:
     """The bundled table of ``configs/default.yaml`` with the entries of ``path`` on top."""
     base = {} if path == default_config_path() else load_config(default_config_path()).tolerances
@@ -179,6 +188,9 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
     scan = _mapping(path, "scan", data.get("scan"))
     for key in scan:
         _one_of(path, "scan", key, ("recompute",), "a scan option")
+    cuda = _mapping(path, "cuda", data.get("cuda"))
+    for key in cuda:
+        _one_of(path, "cuda", key, ("tf32",), "a cuda option")
     return Config(
         device=_device(path, data.get("device", Config.device)),
         priority=_priority(path, data.get("priority", list(Config.priority))),
@@ -186,6 +198,7 @@ def load_config(path: str | os.PathLike | None = None) -> Config:
         overrides=_overrides(path, data.get("overrides")),
         recompute=_one_of(path, "scan.recompute", scan.get("recompute", Config.recompute), RECOMPUTE,
                           "a recompute strategy"),
+        tf32=_flag(path, "cuda.tf32", cuda.get("tf32", Config.tf32)),
         tolerances=_tolerances(path, data.get("tolerances")),
         source=str(path),
     )

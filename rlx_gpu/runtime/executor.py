@@ -283,7 +283,8 @@ def get_device(spec: str | None = None, config: Config | str | None = None, **op
     """Open a device by spec (``None``: ``RLX_DEVICE``, then the config's ``device``).
 
     ``options`` are run options (:class:`~rlx_gpu.runtime.options.RunOptions`: ``recompute``,
-    ``rnn_kernel``, ``workers`` ...); an unknown one is an error naming the known ones.
+    ``rnn_kernel``, ``workers`` ...); an unknown one is an error naming the known ones. On a CUDA device the
+    config's ``cuda.tf32`` picks the session (``registry.open_session``; ``RLX_CUDA_TF32``, where set, wins).
     """
     cfg = config if isinstance(config, Config) else load_config(config)
-    return Device(open_session(resolve(spec, cfg)), cfg, RunOptions.build(cfg, **options))
+    return Device(open_session(resolve(spec, cfg), cfg.tf32), cfg, RunOptions.build(cfg, **options))

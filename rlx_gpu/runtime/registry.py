@@ -155,7 +155,15 @@ def _passed_over(cpus: list[DeviceInfo]) -> str:
             f"to use it: --device {name} or RLX_DEVICE={name}")
 
 
+def open_session(info: DeviceInfo, tf32: bool = False) -> Session:
+    """The session of ``info``: one per device per process, so compiled kernels are reused across runs, and a
+    second on a CUDA device for ``tf32`` (the config's ``cuda.tf32``: f32 gemms and chunk products may round
+    their operands to TF32; other backends have no such setting and ignore it)."""
+    return sessions(info, bool(tf32) and info.backend == "cuda")
+
+
 @lru_cache(maxsize=None)
-def open_session(info: DeviceInfo) -> Session:
-    """One session per device per process, so compiled kernels are reused across runs."""
-    return backend_module(info.backend).open(info)
+def sessions(info: DeviceInfo, tf32: bool) -> Session:
+    """The cache behind :func:`open_session`, keyed by the device and its one setting (``cache_clear`` empties it)."""
+    module = backend_module(info.backend)
+    return module.open(info, tf32=True) if tf32 else module.open(info)

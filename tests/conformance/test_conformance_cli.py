@@ -13,7 +13,7 @@ import pytest
 from rlx_gpu.backends import programs
 from rlx_gpu.cli import main
 from rlx_gpu.conformance import catalog
-from rlx_gpu.runtime.registry import open_session, status
+from rlx_gpu.runtime.registry import sessions, status
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_opencl = pytest.mark.skipif(not status("opencl").available, reason="no OpenCL platform (pip install .[opencl])")
@@ -91,12 +91,12 @@ def test_a_wrong_kernel_fails_the_run(monkeypatch, capsys):
     def off_by_a_little(path):  # exp one part in a thousand too large, in memory only
         return text(path).replace(good, "case RLX_UNARY_EXP: return exp(x) * (real)1.001;")
     monkeypatch.setattr(programs, "_text", off_by_a_little)
-    open_session.cache_clear()  # a fresh session, which has not seen the good kernel
+    sessions.cache_clear()  # a fresh session, which has not seen the good kernel
     programs.program.cache_clear()  # and program text read again
     try:
         assert main(["conformance", "--device", "opencl", "--ops", "unary", "--dtypes", "f32", "--quick"]) == 1
     finally:
-        open_session.cache_clear()  # and none that keeps the wrong one
+        sessions.cache_clear()  # and none that keeps the wrong one
         programs.program.cache_clear()
     out = capsys.readouterr().out
     assert "FAIL" in out and "unary-exp" in out and "vs float64 reference: NMSE of dst" in out

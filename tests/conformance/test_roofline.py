@@ -676,6 +676,34 @@ def test_the_mamba2_backward_chunk_variant_counts_its_state_products_on_the_tens
 
 
 @pytest.mark.parametrize("dtype, mma, unit", [("bf16", MMA_16BIT, "mma16"), ("f32", MMA_TF32, "tf32")])
+def test_the_recomputed_chunk_states_of_mamba2s_backward_count_their_split_products_on_the_tensor_cores(dtype, mma,
+                                                                                                        unit):
+    """mamba2_chunk_state as mamba2's backward launches it (M2_SPLIT_STATES): its tensor-core FLOPs are Xwᵀ·B of every
+    (head, chunk, 16 rows of P), tile by tile as run (16-step slices, 16 columns a warp), from split operands: hi·b and
+    lo·b, and hi·b_lo at TF32; the rest runs on FMA: the portable launch's FLOPs less the product once, plus the
+    split's subtractions (each xw value, and at TF32 each staged b value per tile of P)."""
+    heads, p, n, chunk = 2, 32, 128, 64
+    params = dict(batch=1, seq=2 * chunk, heads=heads, head_dim=p, state_size=n)
+    tile, count, once, subtractions = MMA_TILE, Counter(), Counter(), 0
+    for _head in range(heads):
+        for _chunk in range(2):
+            for _p_tile in range(p // tile):
+                once.product(np.zeros((tile, chunk)), np.zeros((chunk, n)))
+                subtractions += chunk * tile
+                for _slice in range(chunk // tile):
+                    subtractions += tile * n if dtype == "f32" else 0
+                    for _column in range(n // tile):
+                        for _part in range(3 if dtype == "f32" else 2):
+                            count.product(np.zeros((tile, tile)), np.zeros((tile, tile)))
+    (launch, cost), (portable_launch, portable) = _variant_and_portable(
+        "mamba2_backward", "mamba2_chunk_state", dtype, params, mma, ssm_kernel="chunked")
+    assert dict(launch.defines).get("M2_SPLIT_STATES") == 1
+    assert roofline.units(launch, cost) == {"fma": cost.other, unit: count.gemm}
+    assert roofline.units(portable_launch, portable) == {"fma": portable.flops}
+    assert cost.other == portable.flops - once.gemm + subtractions
+
+
+@pytest.mark.parametrize("dtype, mma, unit", [("bf16", MMA_16BIT, "mma16"), ("f32", MMA_TF32, "tf32")])
 def test_the_mamba3_backward_chunk_variant_counts_its_state_products_on_the_tensor_cores(dtype, mma, unit):
     """mamba3_cb_chunk's RLX_MMA variant: its tensor-core FLOPs are the scores q̃·k̃ᵀ and gy·vᵀ on the lower triangle
     (as the portable launch counts them) and the state products D·k̃, S_in·q̃, S_inᵀ·gy and Dᵀ·v of every (head,

@@ -83,6 +83,20 @@ def test_chunked_launches_carry_the_variant_the_device_and_dtype_allow(op, extra
         assert dict(item.defines).get("RLX_MMA", MMA_NONE) == expected, (item.kernel, dtype, lim.mma, item.defines)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("lim", [REFERENCE_GPU, ON_CUDA, ON_CUDA_TF32], ids=["no-mma", "mma", "mma-tf32"])
+def test_mamba2s_backward_recomputes_its_chunk_states_from_split_operands(dtype, lim):
+    """Its mamba2_chunk_state launch takes the variant with M2_SPLIT_STATES (rounded once, the states move d_a past
+    the bounds: tests/devices/test_mma_emulated.py); the forward's never splits."""
+    expected = VARIANT[dtype] if lim.mma >= VARIANT[dtype] else MMA_NONE
+    (state,) = [item for item in launches.plan(_thunk("mamba2_backward", dtype), lim, **CHUNKED).launches
+                if item.kernel == "mamba2_chunk_state"]
+    assert dict(state.defines).get("RLX_MMA", MMA_NONE) == expected
+    assert dict(state.defines).get("M2_SPLIT_STATES", 0) == (expected != MMA_NONE)
+    forward = launches.plan(_thunk("mamba2", dtype), lim, **CHUNKED).launches
+    assert forward and not any("M2_SPLIT_STATES" in dict(item.defines) for item in forward)
+
+
 def test_no_variant_at_the_cpu_target_nor_before_sm80():
     cpu = DeviceLimits(1024, 1 << 20, True, mma=MMA_TF32)
     assert mma_defines(cpu, "bf16") == ()
@@ -106,12 +120,17 @@ needs_nvrtc = pytest.mark.skipif(importlib.util.find_spec("cuda.bindings") is No
 #: every version-2 switch a chunked launch may add (kernels/ssm.cl's; gdn's one variant), per family and dtype
 _SSM_EVERY = {dt: tuple((name, 1) for name in SSM_SWITCHES if dt != "f32" or not name.endswith("_F32"))
               for dt in VARIANT}
+#: and of batch rows (mamba2's backward)
+_SSM_ROWS = {dt: tuple(f for f in every if f[0] != "SSM_VARLEN") for dt, every in _SSM_EVERY.items()}
+#: mamba2_chunk_state from split operands, as mamba2's backward launches it (with its fields)
+_SPLIT = (("M2_SPLIT_STATES", 1),)
 #: mamba3's version-2 fields are runtime flags of its one program
 #: gated_delta_net's backward: its every-field variant of batch rows (test_ptxas's)
 _GDNB_EVERY = (("GDNB_GATE_K", 1), ("GDNB_NORM", 1), ("SSM_CARRY", 1))
-FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt]), "gdn": lambda dt: ((), (("GDN_V2", 1),)),
+FIELD_VARIANTS = {"ssm": lambda dt: ((), _SSM_EVERY[dt], _SPLIT, _SSM_ROWS[dt] + _SPLIT),
+                  "gdn": lambda dt: ((), (("GDN_V2", 1),)),
                   "gdn_backward": lambda dt: ((), _GDNB_EVERY + ((("SSM_STATE_F32", 1),) if dt != "f32" else ())),
-                  "mamba3": lambda dt: ((),), "mamba3_backward": lambda dt: ((),), "mamba2_backward": lambda dt: ((), tuple(f for f in _SSM_EVERY[dt] if f[0] != "SSM_VARLEN"))}  # batch rows
+                  "mamba3": lambda dt: ((),), "mamba3_backward": lambda dt: ((),), "mamba2_backward": lambda dt: ((), _SSM_ROWS[dt])}
 
 
 def _mma_programs():
@@ -120,7 +139,9 @@ def _mma_programs():
         for dtype, variant in VARIANT.items():
             for fields in FIELD_VARIANTS[family](dtype):
                 prog = programs.program("cuda", family, dtype, None, "gpu", fields + (("RLX_MMA", variant),))
-                out.append(pytest.param(prog, id=f"{family}-{dtype}-RLX_MMA{variant}" + ("-every-field" if fields else "")))
+                named = ("-every-field" if set(fields) - set(_SPLIT) else "") + \
+                    ("-split-states" if _SPLIT[0] in fields else "")
+                out.append(pytest.param(prog, id=f"{family}-{dtype}-RLX_MMA{variant}{named}"))
     return out
 
 
@@ -163,6 +184,49 @@ def test_mma_variant_builds_for_sm80(family):
 
 
 # ------------------------------------------------------------------------------------------ the CuPy double
+def _f32_variants(limits: DeviceLimits) -> set[int]:
+    """The ``RLX_MMA`` values the chunk GEMM kernels of every chunked op's f32 plan take at ``limits``."""
+    return {dict(item.defines).get("RLX_MMA", MMA_NONE) for op, extra in OPS
+            for item in launches.plan(_thunk(op, "f32", **extra), limits, **CHUNKED).launches
+            if item.kernel in MMA_KERNELS[FAMILY[op]]}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("configured, env, tf32", [(False, None, False), (True, None, True), (True, "0", False),
+                                                   (False, "1", True)])
+def test_the_config_asks_for_tf32_and_the_environment_overrides_it(monkeypatch, tmp_path, configured, env, tf32):
+    """``cuda.tf32`` in the config gives the session TF32 (the chunk kernels' variant 2 on an f32 thunk, cuBLAS's
+    TF32 compute); ``RLX_CUDA_TF32``, where set, wins over it either way."""
+    from support.cupy_double import installed
+
+    from rlx_gpu.runtime.executor import get_device
+
+    config = tmp_path / "rlx.yaml"
+    config.write_text(f"cuda:\n  tf32: {str(configured).lower()}\n")
+    if env is None:
+        monkeypatch.delenv("RLX_CUDA_TF32", raising=False)
+    else:
+        monkeypatch.setenv("RLX_CUDA_TF32", env)
+    monkeypatch.setenv("RLX_TARGET", "gpu")
+    with installed(monkeypatch):
+        session = get_device("cuda:0", str(config)).session
+        assert session.tf32 is tf32 and session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
+        assert _f32_variants(session.limits) == {MMA_TF32 if tf32 else MMA_NONE}
+
+
+@needs_nvrtc
+def test_a_tf32_variable_other_than_0_or_1_is_refused(monkeypatch):
+    from support.cupy_double import installed
+
+    from rlx_gpu.errors import DeviceError
+    from rlx_gpu.runtime import registry
+
+    monkeypatch.setenv("RLX_CUDA_TF32", "yes")
+    with installed(monkeypatch):
+        with pytest.raises(DeviceError, match=r"RLX_CUDA_TF32='yes': expected 1 \(TF32 on\) or 0"):
+            registry.open_session(registry.status("cuda").devices[0])
+
+
 @needs_nvrtc
 @pytest.mark.parametrize("tf32", [False, True], ids=["16-bit", "tf32"])
 def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(monkeypatch, tf32):
@@ -181,10 +245,8 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
         assert st.available, st.reason
         session = registry.open_session(st.devices[0])
         assert session.limits.mma == (MMA_TF32 if tf32 else MMA_16BIT)
-        f32 = {dict(item.defines).get("RLX_MMA", MMA_NONE) for op, extra in OPS
-               for item in launches.plan(_thunk(op, "f32", **extra), session.limits, **CHUNKED).launches
-               if item.kernel in MMA_KERNELS[FAMILY[op]]}
-        assert f32 == {MMA_TF32 if tf32 else MMA_NONE}  # an f32 thunk keeps FP32 FMA unless TF32 is asked for
+        # an f32 thunk keeps FP32 FMA unless TF32 is asked for
+        assert _f32_variants(session.limits) == {MMA_TF32 if tf32 else MMA_NONE}
         built = {}
         build = session.prims.build_program
         monkeypatch.setattr(session.prims, "build_program", lambda prog: built.setdefault(prog, build(prog)))
@@ -197,6 +259,8 @@ def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(m
                 ran = {r.kernel for r in machine.launches[before:]}
                 assert set(MMA_KERNELS[FAMILY[op]]) <= ran, (op, dtype, ran)
         variants = {(p.family, p.dtype) for p in built if dict(p.defines).get("RLX_MMA") == VARIANT[p.dtype]}
+        # mamba2's backward recomputes its chunk states in the ssm program's split variant
+        assert {p.dtype for p in built if p.family == "ssm" and "M2_SPLIT_STATES" in dict(p.defines)} == set(dtypes)
         assert variants == {(family, dt) for family in MMA_KERNELS for dt in dtypes}, built
         for prog in built:
             if "RLX_MMA" in dict(prog.defines):

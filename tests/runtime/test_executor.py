@@ -132,6 +132,21 @@ def test_device_specs_and_environment(monkeypatch, tmp_path):
     assert loaded.fallback == "forbid" and loaded.override_for("lstm", "f16") == "host"
 
 
+def test_the_cuda_tf32_key_is_a_boolean_off_by_default(tmp_path):
+    assert load_config().tf32 is False  # as torch's allow_tf32: f32 keeps FP32 FMA unless asked
+    config = tmp_path / "c.yaml"
+    config.write_text("cuda:\n  tf32: true\n")
+    assert load_config(config).tf32 is True
+    config.write_text("cuda:\n  tf32: '1'\n")
+    with pytest.raises(rlx_gpu.ConfigError, match=r"cuda\.tf32: expected true or false, got str '1'"):
+        load_config(config)
+    config.write_text("cuda:\n  allow_tf32: true\n")
+    with pytest.raises(rlx_gpu.ConfigError, match=r"cuda: 'allow_tf32' is not a cuda option.*expected one of tf32"):
+        load_config(config)
+    # the host has no TF32: the setting opens the same session there
+    assert rlx_gpu.get_device("host", Config(tf32=True)).session is rlx_gpu.get_device("host").session
+
+
 def test_auto_picks_the_first_available_backend_in_priority_order():
     cfg = Config(priority=("cuda", "host", "opencl"))
     assert resolve("auto", cfg).backend == "host"

@@ -685,7 +685,7 @@ def installed(monkeypatch: Any, devices: int = 1, memory_bytes: int = 1 << 34):
     monkeypatch.setattr(cublas_lib, "load_library", lambda: cublas_library(machine))
     monkeypatch.setenv("RLX_CACHE_DIR", str(directory))
     monkeypatch.setattr(core, "_PROGRAMS", {})  # modules loaded on another machine are not this one's
-    caches = (registry.status, registry.backend_module, registry.open_session)
+    caches = (registry.status, registry.backend_module, registry.sessions)
     for cache in caches:
         cache.cache_clear()
     try:
