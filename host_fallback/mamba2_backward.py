@@ -96,18 +96,18 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def _entering(lb, lu, to_end, through, s0, work, states):
-    """``(the states entering each chunk [C, B, H, N, P], the final state [B, H, N, P])``, transposed (the
-    GEMMs' layout): from a saved forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given,
-    else built chunk by chunk from the initial state ``s0`` and what each chunk builds from zero."""
+def _entering(lu, lb, to_end, through, s0, work, states):
+    """``(the states entering each chunk [C, B, H, P, N], the final state [B, H, P, N])``: from a saved
+    forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given, else built chunk by chunk from
+    the initial state ``s0`` and what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
     if states is not None:
         leaving = np.moveaxis(states, 1, 0)
-        starts = np.empty((len(leaving), *s0.shape[:2], *s0.shape[:1:-1]), s0.dtype)
-        starts[0], starts[1:] = _swap(s0), _swap(leaving[:-1])
-        return starts, np.ascontiguousarray(_swap(leaving[-1]))
-    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
-    starts = _swap(scaled) @ lu
-    s = np.ascontiguousarray(_swap(s0))
+        starts = np.empty((len(leaving), *s0.shape), s0.dtype)
+        starts[0], starts[1:] = s0, leaving[:-1]
+        return starts, leaving[-1]
+    scaled = np.multiply(lu, to_end[..., None], out=work("scaled", lu.shape))
+    starts = _swap(scaled) @ lb
+    s = s0
     for k in range(len(starts)):
         s, starts[k] = through[k] * s + starts[k], s
     return starts, s
@@ -127,19 +127,24 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
     to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
     work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
-    # 1. the gradient each chunk's outputs send to the state entering it; 2. the states entering each chunk
-    # (from what each builds from zero, or saved), and the gradients of the states leaving each
-    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=work("scaled", lc.shape))) @ lg
+    # 1. the gradient each chunk's outputs send to the state entering it, Σ_i (exp(cum_i) gy_i) (x) c_i (the
+    # grown gy also gives the entering state's share of dc); 2. the states entering each chunk (from what each
+    # builds from zero, or saved), and the gradients of the states leaving each
     through = np.exp(cum[..., -1])[..., None, None]
-    starts, s = _entering(lb, lu, to_end, through, s0, work, None if saved is None else saved[0])
+    starts, s = _entering(lu, lb, to_end, through, s0, work, None if saved is None else saved[0])
+    grown = np.multiply(lg, np.exp(cum)[..., None], out=work("scaled", lg.shape))  # (_entering is done with it)
+    leaving = _swap(grown) @ lc  # [C, B, H, P, N]; then leaving[k]: d loss / d (state after chunk k)
     ys = None if saved is None else ch(saved[1])
     saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
-    leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
-    end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
+    d = ds
     for k in reversed(range(count)):
-        end_dot[k] = np.sum(d * (starts[k + 1] if k + 1 < count else s), axis=(-2, -1))
         d, leaving[k] = through[k] * d + leaving[k], d
-    ds0 = np.ascontiguousarray(_swap(d))
+    ds0 = d
+    leaving_t = np.ascontiguousarray(_swap(leaving))  # [C, B, H, N, P]: each GEMM then takes both operands as laid
+    # <gradient, state> at each chunk's end
+    flat = lambda v: v.reshape(*v.shape[:-2], p * n)  # noqa: E731
+    end_dot = np.empty((count, bsz, heads), u.dtype)
+    end_dot[:-1], end_dot[-1] = _dot(flat(leaving[:-1]), flat(starts[1:])), _dot(flat(leaving[-1]), flat(s))
     # 3. the intra-chunk gradients, a slab of chunks at a time
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
@@ -154,16 +159,15 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
         kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
         weights = _decayed(kc, kb, kcum, upper, work, "w") if saved is None else saved_w[ks]  # W
         d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
-        grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
-        # the state leaving the chunk's share of du, and the state entering it's share of dc
-        to_state = np.matmul(kb, leaving[ks], out=work("to_state", ku.shape))
+        decay_to_end = to_end[ks][..., None]
+        # the state leaving the chunk's share of du and db, the state entering it's share of dc
+        to_state = np.matmul(kb, leaving_t[ks], out=work("to_state", ku.shape))
         to_state *= decay_to_end
-        entering = np.matmul(kg, _swap(starts[ks]), out=work("entering", kb.shape))
-        entering *= grow
+        entering = np.matmul(grown[ks], starts[ks], out=work("entering", kb.shape))
         du = np.matmul(_swap(weights), kg, out=views["du"][ks])
         du += to_state
         np.add(np.matmul(d_scores, kb, out=views["dc"][ks]), entering, out=views["dc"][ks])
-        leaving_b = np.matmul(ku, _swap(leaving[ks]), out=work("leaving_b", kb.shape))
+        leaving_b = np.matmul(ku, leaving[ks], out=work("leaving_b", kb.shape))
         leaving_b *= decay_to_end
         np.add(np.matmul(_swap(d_scores), kc, out=views["db"][ks]), leaving_b, out=views["db"][ks])
         # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
@@ -175,7 +179,9 @@ def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
             intra = np.matmul(weights, ku, out=work("intra", ku.shape))
             d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
         if need_y and ys is None:
-            np.add(intra, np.multiply(kc, grow, out=work("grown", kc.shape)) @ starts[ks], out=views["y"][ks])
+            grow = np.exp(kcum)[..., None]
+            np.add(intra, np.multiply(kc, grow, out=work("c_grown", kc.shape)) @ _swap(starts[ks]),
+                   out=views["y"][ks])
         d_cum[..., -1] += end_dot[ks]
         dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
     y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
@@ -195,9 +201,9 @@ def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.nda
     length = cum.shape[-1]
     mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
     spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # (the right operand written transposed: a GEMM as laid)
         lhs = np.multiply(left, np.exp(cum - mid)[..., None], out=work(f"{key}.lhs", left.shape))
-        rhs = np.multiply(right, np.exp(mid - cum)[..., None], out=work(f"{key}.rhs", right.shape))
+        rhs = np.multiply(right, np.exp(mid - cum)[..., None], out=_swap(work(f"{key}.rhs", _swap(right).shape)))
         out = np.matmul(lhs, _swap(rhs), out=work(key, (*cum.shape, length)))
     if not spread.all():
         pick = np.nonzero(~spread)
@@ -214,6 +220,8 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
         result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved)
+    if all(np.isfinite(np.sum(r)) for r in result[1 - need_y:]):  # (a sum holding a NaN or Inf is not finite)
+        return result
     bad = np.zeros(s0.shape[:2], bool)
     for r in result[1 - need_y: -1]:
         bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
@@ -326,7 +334,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
             y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
-        d_dt = dlogd * a + np.sum(du * x, axis=-1)
+        d_dt = dlogd * a + _dot(du, x)
         if slope is not None:
             d_dt *= slope
         out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
