@@ -1,0 +1,110 @@
+"""The compiled end of each slab of ``mamba2_backward``'s chunked path (``mamba2_backward_gradients``; where it
+applies and its arguments: ``mamba2_backward._chunked``). Imported only through ``jit``.
+
+The GEMMs stay NumPy's (OpenBLAS, near the core's peak at these 64-wide squares); what follows them there is
+about ten array passes a slab: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to the
+chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i``, the reversed cumulative
+sum of the log-decay's gradient, and a pass over every output for non-finite values. Here one lane (chunk, batch
+row, head) is one pass from the chunk's last step to its first, each step's loops along the contiguous ``P`` or
+``N`` values (LLVM vectorizes them), writing the gradients in the ``[B, S, H, ...]`` layout the op returns, and
+a value per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the
+log-decay's sum through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own). Sums run in a fixed order:
+the same bytes on every run of one build.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+
+from .jit_math import _F32, _FLAGS, _exp_subnormal
+from .jit_ssm_steps import _dot
+
+__all__ = ["mamba2_backward_gradients", "mamba2_backward_operands"]  # the kernels ``jit.kernel`` hands out
+
+_T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
+
+
+@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T5, _T5, _T5, _T4, _T4, _T3, _T4, _T4, _T4, _T4,
+                       _T3, _T2),
+            fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def mamba2_backward_gradients(first, seq, du_raw, to_state, dc_raw, entering, db_raw, leaving_b, to_end, dot_y,
+                              end_dot, u, du, dc, db, dlogd, nonfinite):
+    """The gradients of a slab of chunks ``first, first + 1, ...`` (``[K, B, H, L, ...]`` its products, one chunk
+    ``K`` to an index), float32, C-contiguous:
+
+    ``du_raw = W^T gy``, ``to_state = b dS^T`` ``[K, B, H, L, P]``; ``dc_raw = (gy u^T * M) b``, ``entering =
+    (exp(cum) gy) S_0``, ``db_raw = (gy u^T * M)^T c``, ``leaving_b = u dS`` ``[K, B, H, L, N]`` (``S_0`` the state
+    entering the chunk, ``dS`` the gradient of the one leaving it); ``to_end [C, B, H, L]`` each step's decay to
+    its chunk's end and ``end_dot [C, B, H]`` ``<dS, S_end>``, for every chunk; ``dot_y [K, B, H, L]`` the log-decay
+    gradient's terms before ``- u_i . du_i``; ``u [B, seq, H, P]``. Writes ``du = du_raw + to_end * to_state``,
+    ``dc = dc_raw + entering``, ``db = db_raw + to_end * leaving_b`` into ``[B, S', H, ...]`` (``S'`` the padded
+    length) and ``dlogd [B, S', H]``, the sum from the chunk's end of ``dot_y - u . du`` (``end_dot`` at its last
+    step; padded steps, ``t >= seq``, have no ``u``); adds to ``nonfinite [B, H]`` a value that is finite exactly
+    when the lane's values are (steps before ``seq``)."""
+    chunks, bsz, heads, length, p = du_raw.shape
+    n = dc_raw.shape[4]
+    zeros = np.zeros(max(p, n), np.float32)
+    for kk in range(chunks):
+        k = first + kk
+        for b in range(bsz):
+            for h in range(heads):
+                acc = end_dot[k, b, h]
+                flag = _F32(0.0)
+                for i in range(length - 1, -1, -1):
+                    t = k * length + i
+                    e = to_end[k, b, h, i]
+                    got, raw, share = du[b, t, h], du_raw[kk, b, h, i], to_state[kk, b, h, i]
+                    for j in range(p):
+                        got[j] = raw[j] + e * share[j]
+                    got_c, raw_c, share_c = dc[b, t, h], dc_raw[kk, b, h, i], entering[kk, b, h, i]
+                    for j in range(n):
+                        got_c[j] = raw_c[j] + share_c[j]
+                    got_b, raw_b, share_b = db[b, t, h], db_raw[kk, b, h, i], leaving_b[kk, b, h, i]
+                    for j in range(n):
+                        got_b[j] = raw_b[j] + e * share_b[j]
+                    d_cum = dot_y[kk, b, h, i]
+                    if t < seq:
+                        d_cum -= _dot(u[b, t, h], got, p)
+                        flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
+                    acc += d_cum
+                    dlogd[b, t, h] = acc
+                nonfinite[b, h] += flag + (acc - acc)  # acc: every d_cum summed, so every du too
+
+
+@numba.njit(types.void(types.int64, types.int64, _T4, _T4, _T4, _T5, _T5, _T3, types.float32),
+            fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def mamba2_backward_operands(first, seq, left, right, cum, lhs, rhs_t, fits, spread):
+    """The operands of a slab's decayed products ``(left right^T) * M`` (``mamba2_backward_chunked._decayed``),
+    float32, C-contiguous, for the chunks ``first, first + 1, ...`` of ``lhs [K, B, H, L, X]``: ``lhs = left
+    exp(cum - m)`` and ``rhs_t [K, B, H, X, L]``, ``right exp(m - cum)`` transposed, from ``left, right [B, seq, H,
+    X]`` (0 at padded steps, ``t >= seq``) and ``cum [C, B, H, L]`` (``m``: the cumulative log-decay of step ``(L -
+    1) // 2``); ``fits [K, B, H]`` 1 where every ``|cum - m|`` is at most ``spread``, else 0 (NaN included)."""
+    chunks, bsz, heads, length, x = lhs.shape
+    middle = (length - 1) // 2
+    up, down = np.empty(length, np.float32), np.empty(length, np.float32)
+    for kk in range(chunks):
+        k = first + kk
+        for b in range(bsz):
+            for h in range(heads):
+                lane, m = cum[k, b, h], cum[k, b, h, middle]
+                within = True
+                for i in range(length):
+                    gap = lane[i] - m
+                    up[i], down[i] = _exp_subnormal(gap), _exp_subnormal(-gap)
+                    within = within and abs(gap) <= spread
+                fits[kk, b, h] = 1.0 if within else 0.0
+                turned = rhs_t[kk, b, h]
+                for i in range(length):
+                    t = k * length + i
+                    row = lhs[kk, b, h, i]
+                    if t < seq:
+                        src, e, other, f = left[b, t, h], up[i], right[b, t, h], down[i]
+                        for j in range(x):
+                            row[j] = src[j] * e
+                        for j in range(x):
+                            turned[j, i] = other[j] * f
+                    else:
+                        for j in range(x):
+                            row[j] = 0.0
+                            turned[j, i] = 0.0
