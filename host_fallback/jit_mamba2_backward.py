@@ -1,15 +1,24 @@
-"""The compiled end of each slab of ``mamba2_backward``'s chunked path (``mamba2_backward_gradients``; where it
-applies and its arguments: ``mamba2_backward._chunked``). Imported only through ``jit``.
+"""The compiled passes of ``mamba2_backward``'s chunked path (where they apply and their arguments:
+``mamba2_backward_chunked``, which runs them where Numba is there and the thunk computes in f32). Imported only
+through ``jit``.
 
-The GEMMs stay NumPy's (OpenBLAS, near the core's peak at these 64-wide squares); what follows them there is
-about ten array passes a slab: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to the
-chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i``, the reversed cumulative
-sum of the log-decay's gradient, and a pass over every output for non-finite values. Here one lane (chunk, batch
-row, head) is one pass from the chunk's last step to its first, each step's loops along the contiguous ``P`` or
-``N`` values (LLVM vectorizes them), writing the gradients in the ``[B, S, H, ...]`` layout the op returns, and
-a value per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the
-log-decay's sum through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own). Sums run in a fixed order:
-the same bytes on every run of one build.
+The GEMMs stay NumPy's (OpenBLAS, near the core's peak at these 64-wide squares); the passes between them are
+compiled, where NumPy made an array pass for each step of each, its inner loops 64 values long:
+
+- ``mamba2_backward_operands``: a slab's decayed products' operands, ``gy exp(cum - m)`` and ``u exp(m - cum)``
+  (written transposed, so that the GEMM takes both as laid), with the check of each chunk's spread;
+- ``mamba2_backward_state_gradients``: the loop back over the chunks that makes the gradients of the states leaving
+  each, in both layouts, and ``<dS, S>`` at each chunk's end;
+- ``mamba2_backward_gradients``: what follows each slab's GEMMs, one lane (chunk, batch row, head) in one pass from
+  the chunk's last step to its first: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to
+  the chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i`` and the sum from
+  the chunk's end of the log-decay's gradient, written in the ``[B, S, H, ...]`` layout the op returns, and a value
+  per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
+  through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
+
+Loops run along the contiguous ``P`` or ``N`` values (LLVM vectorizes them); the dots' sums are reassociated
+(``jit_ssm_steps._dot``), every other sum runs in a fixed order: the same bytes on every run of one build. No
+fast-math flag but FMA contraction and the sign of zero: NaN and inf propagate as NumPy's.
 """
 from __future__ import annotations
 
@@ -20,7 +29,8 @@ from numba import types
 from .jit_math import _F32, _FLAGS, _exp_subnormal
 from .jit_ssm_steps import _dot
 
-__all__ = ["mamba2_backward_gradients", "mamba2_backward_operands"]  # the kernels ``jit.kernel`` hands out
+#: the kernels ``jit.kernel`` hands out
+__all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_state_gradients"]
 
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
@@ -108,3 +118,32 @@ def mamba2_backward_operands(first, seq, left, right, cum, lhs, rhs_t, fits, spr
                         for j in range(x):
                             row[j] = 0.0
                             turned[j, i] = 0.0
+
+
+@numba.njit(types.void(_T3, _T5, _T5, _T5, _T4, _T4, _T3),
+            fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def mamba2_backward_state_gradients(through, leaving, leaving_t, starts, final, d, end_dot):
+    """The gradients of the states leaving each chunk, float32, C-contiguous: ``leaving [C, B, H, P, N]`` holds what
+    each chunk's outputs send to the state entering it and is overwritten by the gradient of the state leaving it,
+    ``leaving_t [C, B, H, N, P]`` the same transposed; ``d [B, H, P, N]``, the final state's gradient, ends as the
+    initial state's (each chunk's ``d = through d + sent``, ``through [C, B, H]`` its decay); ``end_dot [C, B, H]``
+    gets ``<d, S>`` at each chunk's end (``S``: ``starts [C, B, H, P, N]``'s next chunk's, ``final [B, H, P, N]``
+    after the last)."""
+    count, bsz, heads, p, n = leaving.shape
+    for b in range(bsz):
+        for h in range(heads):
+            grad = d[b, h]
+            for k in range(count - 1, -1, -1):
+                state = starts[k + 1, b, h] if k + 1 < count else final[b, h]
+                sent, turned, decay = leaving[k, b, h], leaving_t[k, b, h], through[k, b, h]
+                total = _F32(0.0)
+                for i in range(p):
+                    row, out = grad[i], sent[i]
+                    total += _dot(row, state[i], n)
+                    for j in range(n):
+                        turned[j, i] = row[j]
+                    for j in range(n):
+                        kept = out[j]
+                        out[j] = row[j]
+                        row[j] = decay * row[j] + kept
+                end_dot[k, b, h] = total

@@ -18,8 +18,8 @@ and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk giv
 every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
 
 With a saved forward (ABI.md §9.1 ``reserve``, written by the forward: ``abi.ssm.mamba2_reserve_slots``)
-the chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (a forward loop over the chunks
-and three GEMMs per chunk); packed sequences have none.
+the chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (a forward loop
+over the chunks and three GEMMs per chunk); packed sequences have none.
 """
 from __future__ import annotations
 

@@ -70,18 +70,31 @@ class _Chunks:
         # the grown gy gives the gradient each chunk's outputs send to the state entering it, and that state's
         # share of dc ("scaled": _entering is done with it)
         self.grown = np.multiply(self.gy, np.exp(cum)[..., None], out=self.work("scaled", self.gy.shape))
-        leaving = self.leaving = swap(self.grown) @ self.c  # then leaving[k]: d loss / d (state after chunk k)
+        self.leaving = swap(self.grown) @ self.c  # then leaving[k]: d loss / d (state after chunk k)
+        self._state_gradients(ds, through, compiled)
+        self.ys = None if saved is None else ch(saved[1])
+        self.saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
+
+    def _state_gradients(self, ds, through, compiled: bool) -> None:
+        """``leaving`` made the gradients of the states leaving each chunk (from the final state's, ``ds``), with
+        ``leaving_t`` (``[N, P]``, so that each GEMM takes both operands as laid), ``end_dot`` and ``ds0``:
+        compiled in one pass (``mamba2_backward_state_gradients``) where the thunk's other passes are."""
+        leaving = self.leaving
+        self.end_dot = np.empty(leaving.shape[:3], leaving.dtype)
+        if compiled:
+            self.leaving_t, self.ds0 = np.empty_like(swap(leaving), order="C"), np.array(ds, order="C")
+            jit.kernel("mamba2_backward_state_gradients")(np.ascontiguousarray(through[..., 0, 0]), leaving,
+                                                          self.leaving_t, self.starts,
+                                                          np.ascontiguousarray(self.final), self.ds0, self.end_dot)
+            return
         d = ds
         for k in reversed(range(len(leaving))):
             d, leaving[k] = through[k] * d + leaving[k], d
         self.ds0 = d
-        self.leaving_t = np.ascontiguousarray(swap(leaving))  # each GEMM then takes both operands as laid
+        self.leaving_t = np.ascontiguousarray(swap(leaving))
         flat = lambda v: v.reshape(*v.shape[:-2], v.shape[-2] * v.shape[-1])  # noqa: E731
-        self.end_dot = np.empty(leaving.shape[:3], u.dtype)
         self.end_dot[:-1] = dot_last(flat(leaving[:-1]), flat(self.starts[1:]))
         self.end_dot[-1] = dot_last(flat(leaving[-1]), flat(self.final))
-        self.ys = None if saved is None else ch(saved[1])
-        self.saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
 
 
 def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):

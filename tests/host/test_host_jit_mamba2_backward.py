@@ -23,7 +23,7 @@ numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not instal
 from host_fallback import jit_mamba2_backward  # noqa: E402  (needs Numba)
 
 OP = "mamba2"
-KERNELS = ("mamba2_backward_gradients", "mamba2_backward_operands")
+KERNELS = ("mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_state_gradients")
 #: NMSE of each f32 gradient against float64's (test_mamba2_backward's bound for f32), and of 16-bit storage
 NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
 CARRIED = dict(carry_state=True, state=True)
