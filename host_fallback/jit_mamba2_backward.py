@@ -35,25 +35,24 @@ __all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_back
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
 
-@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T5, _T5, _T5, _T4, _T4, _T3, _T4, _T4, _T4, _T4,
-                       _T3, _T2),
+@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, _T3, _T4, _T4, _T4, _T4, _T3, _T2),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_gradients(first, seq, du_raw, to_state, dc_raw, entering, db_raw, leaving_b, to_end, dot_y,
-                              end_dot, u, du, dc, db, dlogd, nonfinite):
+def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, dot_y, end_dot, u, du, dc, db,
+                              dlogd, nonfinite):
     """The gradients of a slab of chunks ``first, first + 1, ...`` (``[K, B, H, L, ...]`` its products, one chunk
     ``K`` to an index), float32, C-contiguous:
 
-    ``du_raw = W^T gy``, ``to_state = b dS^T`` ``[K, B, H, L, P]``; ``dc_raw = (gy u^T * M) b``, ``entering =
-    (exp(cum) gy) S_0``, ``db_raw = (gy u^T * M)^T c``, ``leaving_b = u dS`` ``[K, B, H, L, N]`` (``S_0`` the state
-    entering the chunk, ``dS`` the gradient of the one leaving it); ``to_end [C, B, H, L]`` each step's decay to
-    its chunk's end and ``end_dot [C, B, H]`` ``<dS, S_end>``, for every chunk; ``dot_y [K, B, H, L]`` the log-decay
-    gradient's terms before ``- u_i . du_i``; ``u [B, seq, H, P]``. Writes ``du = du_raw + to_end * to_state``,
-    ``dc = dc_raw + entering``, ``db = db_raw + to_end * leaving_b`` into ``[B, S', H, ...]`` (``S'`` the padded
-    length) and ``dlogd [B, S', H]``, the sum from the chunk's end of ``dot_y - u . du`` (``end_dot`` at its last
-    step; padded steps, ``t >= seq``, have no ``u``); adds to ``nonfinite [B, H]`` a value that is finite exactly
-    when the lane's values are (steps before ``seq``)."""
-    chunks, bsz, heads, length, p = du_raw.shape
-    n = dc_raw.shape[4]
+    ``du, dc, db`` (``[B, S', H, ...]``, ``S'`` the padded length) hold ``W^T gy``, ``(gy u^T * M) b`` and ``(gy u^T
+    * M)^T c`` at the slab's steps, and get the states' shares added in place: ``du += to_end * to_state`` (``b
+    dS^T``, ``[K, B, H, L, P]``), ``dc += entering`` (``(exp(cum) gy) S_0``), ``db += to_end * leaving_b`` (``u dS``,
+    ``[K, B, H, L, N]``), ``S_0`` the state entering the chunk and ``dS`` the gradient of the one leaving it;
+    ``to_end [C, B, H, L]`` is each step's decay to its chunk's end and ``end_dot [C, B, H]`` ``<dS, S_end>``, for
+    every chunk; ``dot_y [K, B, H, L]`` the log-decay gradient's terms before ``- u_i . du_i``, ``u [B, seq, H, P]``.
+    Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``dot_y - u . du`` (``end_dot`` at its last step;
+    padded steps, ``t >= seq``, have no ``u``), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
+    the lane's values are (steps before ``seq``)."""
+    chunks, bsz, heads, length, p = to_state.shape
+    n = entering.shape[4]
     zeros = np.zeros(max(p, n), np.float32)
     for kk in range(chunks):
         k = first + kk
@@ -64,15 +63,15 @@ def mamba2_backward_gradients(first, seq, du_raw, to_state, dc_raw, entering, db
                 for i in range(length - 1, -1, -1):
                     t = k * length + i
                     e = to_end[k, b, h, i]
-                    got, raw, share = du[b, t, h], du_raw[kk, b, h, i], to_state[kk, b, h, i]
+                    got, share = du[b, t, h], to_state[kk, b, h, i]
                     for j in range(p):
-                        got[j] = raw[j] + e * share[j]
-                    got_c, raw_c, share_c = dc[b, t, h], dc_raw[kk, b, h, i], entering[kk, b, h, i]
+                        got[j] += e * share[j]
+                    got_c, share_c = dc[b, t, h], entering[kk, b, h, i]
                     for j in range(n):
-                        got_c[j] = raw_c[j] + share_c[j]
-                    got_b, raw_b, share_b = db[b, t, h], db_raw[kk, b, h, i], leaving_b[kk, b, h, i]
+                        got_c[j] += share_c[j]
+                    got_b, share_b = db[b, t, h], leaving_b[kk, b, h, i]
                     for j in range(n):
-                        got_b[j] = raw_b[j] + e * share_b[j]
+                        got_b[j] += e * share_b[j]
                     d_cum = dot_y[kk, b, h, i]
                     if t < seq:
                         d_cum -= _dot(u[b, t, h], got, p)

@@ -129,12 +129,21 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
             nonfinite)
 
 
-def _products(at: _Chunks, ks: slice, upper: np.ndarray):
-    """``(W, gy u^T * M, the entering state's share of dc)`` of the slab ``ks``."""
+def _products(at: _Chunks, ks: slice, out: dict, upper: np.ndarray, length: int):
+    """The GEMMs of the slab ``ks``: ``W^T gy``, ``(gy u^T * M) b`` and ``(gy u^T * M)^T c`` into ``out``'s ``du``,
+    ``dc`` and ``db``, and ``(W, the entering state's share of dc (exp(cum) gy) S_0, the leaving state's shares of du
+    and db before their decay to the chunk's end, b dS^T and u dS)``."""
+    views = {name: chunk_view(out[name], length)[ks] for name in ("du", "dc", "db")}
+    kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
     weights = _decayed(at, ks, "c", "b", upper, "w") if at.saved_w is None else at.saved_w[ks]
     d_scores = _decayed(at, ks, "gy", "u", upper, "dw")
-    entering = np.matmul(at.grown[ks], at.starts[ks], out=at.work("entering", at.b[ks].shape))
-    return weights, d_scores, entering
+    np.matmul(swap(weights), kg, out=views["du"])
+    np.matmul(d_scores, kb, out=views["dc"])
+    np.matmul(swap(d_scores), kc, out=views["db"])
+    entering = np.matmul(at.grown[ks], at.starts[ks], out=at.work("entering", kb.shape))
+    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
+    leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
+    return weights, entering, to_state, leaving_b
 
 
 def _intra(at: _Chunks, ks: slice, out: dict, need_y: bool, weights, entering, length: int) -> np.ndarray:
@@ -154,39 +163,25 @@ def _intra(at: _Chunks, ks: slice, out: dict, need_y: bool, weights, entering, l
 
 def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int) -> None:
     """Step 3 over the chunks ``ks``, into ``out``'s arrays, in NumPy."""
-    views = {name: chunk_view(v, length) for name, v in out.items()}
-    kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
-    weights, d_scores, entering = _products(at, ks, upper)
+    weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
+    views = {name: chunk_view(v, length)[ks] for name, v in out.items()}
     decay_to_end = at.to_end[ks][..., None]
-    # the state leaving the chunk's share of du and db, the state entering it's share of dc
-    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
-    to_state *= decay_to_end
-    du = np.matmul(swap(weights), kg, out=views["du"][ks])
-    du += to_state
-    np.add(np.matmul(d_scores, kb, out=views["dc"][ks]), entering, out=views["dc"][ks])
-    leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
-    leaving_b *= decay_to_end
-    np.add(np.matmul(swap(d_scores), kc, out=views["db"][ks]), leaving_b, out=views["db"][ks])
+    views["du"] += np.multiply(to_state, decay_to_end, out=to_state)
+    views["dc"] += entering
+    views["db"] += np.multiply(leaving_b, decay_to_end, out=leaving_b)
     # d cum_i, plus <d S_end, S_end> at the chunk's end, summed from the chunk's end
-    d_cum = _intra(at, ks, out, need_y, weights, entering, length) - dot_last(ku, du)
+    d_cum = _intra(at, ks, out, need_y, weights, entering, length) - dot_last(at.u[ks], views["du"])
     d_cum[..., -1] += at.end_dot[ks]
-    views["dlogd"][ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
+    views["dlogd"][...] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
 
 
 def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
                    nonfinite) -> None:
-    """``_slab``'s GEMMs into temporaries, then the rest in one compiled pass (``mamba2_backward_gradients``)."""
-    kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
-    weights, d_scores, entering = _products(at, ks, upper)
-    work = at.work
-    to_state = np.matmul(kb, at.leaving_t[ks], out=work("to_state", ku.shape))
-    du = np.matmul(swap(weights), kg, out=work("du", ku.shape))
-    dc = np.matmul(d_scores, kb, out=work("dc", kb.shape))
-    leaving_b = np.matmul(ku, at.leaving[ks], out=work("leaving_b", kb.shape))
-    db = np.matmul(swap(d_scores), kc, out=work("db", kb.shape))
+    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``)."""
+    weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
     dot_y = np.ascontiguousarray(_intra(at, ks, out, need_y, weights, entering, length))
-    kernel(ks.start, at.seq, du, to_state, dc, entering, db, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"],
-           out["du"], out["dc"], out["db"], out["dlogd"], nonfinite)
+    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"], out["du"],
+           out["dc"], out["db"], out["dlogd"], nonfinite)
 
 
 def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
