@@ -14,9 +14,10 @@ chunk kernels in NumPy, with ``cum`` the log-decay summed from each chunk's star
 
 States and their gradients keep the forward's ``[P, N]`` layout, and each GEMM's operands are laid as OpenBLAS takes
 them fastest (the transposed ones written so once). With a saved forward (ABI.md §9.1) step 2's forward loop and
-three GEMMs per chunk are read instead. Where Numba is there and the thunk computes in f32, what follows each
-slab's GEMMs (the shares added, the dots, the reverse sums and the check for non-finite values, about ten array
-passes) is one compiled pass (``jit_mamba2_backward``); ``RLX_HOST_JIT=0`` keeps NumPy's.
+three GEMMs per chunk are read instead. Where Numba is there and the thunk computes in f32, the passes between the
+GEMMs are compiled (``jit_mamba2_backward``: the decayed products' operands, the loop back over the chunks, and what
+follows each slab's GEMMs: the shares added, the dots, the reverse sums and the check for non-finite values, about
+ten array passes in NumPy); ``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
 """
 from __future__ import annotations
 
