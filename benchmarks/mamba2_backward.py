@@ -8,7 +8,9 @@ the forward thunk, then the backward thunk, two ways: recomputing what it needs 
 saved forward (ABI.md §9.1 ``reserve``: the forward also writes the chunk states and ``y``, the backward reads
 them); the four host thunks are timed in alternation (``ssm.alternating_ms``: paired under the same load). Torch is
 ``benchmarks/ssm.py``'s ``torch_ssd`` (the four-term SSD form of mamba_ssm's ``ssd_minimal_discrete``)
-forward and ``backward()`` of the loss ``Σ dst·d_dst`` on CPU. Times are medians of ``--runs`` runs,
+forward and ``backward()`` of the loss ``Σ dst·d_dst`` on CPU, on as many threads as ours (``threads.cores()``:
+the OpenBLAS threads, at most the cores; torch's default is every core, whose threads on a loaded machine wait for
+cores and slow it several times over, which made this ratio 0.04-0.09x before). Times are medians of ``--runs`` runs,
 one contender at a time (``ssm.medians_ms``); the load average is printed beside them, since the
 neighbours on a shared machine slow every column. Memory: the ``tracemalloc`` peak of one run of each
 thunk at ``--memory-seq`` (the arena itself allocated before; the scratch pool emptied first, so the
@@ -26,7 +28,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 import host_fallback  # noqa: E402
-from host_fallback import chunked  # noqa: E402
+from host_fallback import chunked, threads  # noqa: E402
 from host_fallback.abi import forward_thunk  # noqa: E402
 from host_fallback.ssm import MAMBA2_CHUNK  # noqa: E402
 from rlx_gpu.conformance.reference_ssm import lay_out  # noqa: E402
@@ -65,6 +67,7 @@ def main() -> None:
     args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=5).parse_args()
     import torch
 
+    torch.set_num_threads(threads.cores())
     params, tensors, thunk, forward, arena = _problem(args.seq)
     ours_fwd, ours_bwd = arena.copy(), arena.copy()  # the forward writes dst where the backward reads d_dst
     leaves = {f: torch.tensor(np.asarray(tensors[f], np.float32), requires_grad=True)

@@ -86,4 +86,4 @@ class Bound:
         """Write ``values`` to ``field`` (or to the block ``index`` selects), rounded to nearest even
         into its storage type."""
         target = self.view(field)[index]
-        target[...] = np.asarray(values).reshape(target.shape).astype(STORAGE[self.regions[field].dtype])
+        target[...] = np.asarray(values).reshape(target.shape).astype(STORAGE[self.regions[field].dtype], copy=False)

@@ -6,21 +6,9 @@ Per (row, head) the forward is ``S_t = exp(l_t) S_{t-1} + u_t (x) b_t``, ``y_t =
 initial state, from which the chain rule gives every ``d_`` output (``dt``'s through the bias, softplus
 and clamp; ``a``, ``d``, ``dt_bias`` summed over rows and steps).
 
-The chunked path (mamba_ssm's chunk kernels, in NumPy) works on chunks of ``length`` steps, with
-``cum`` the log-decay summed from the chunk start, ``M_ij = exp(cum_i - cum_j)`` (``i >= j``) and the
-decayed scores ``W = (c b^T) * M``:
-
-1. per chunk, by GEMMs over every chunk at once: the state it builds from zero (``local``) and the
-   gradient its outputs send to the state entering it (``Σ_i exp(cum_i) c_i (x) gy_i``);
-2. two short loops over the chunks: the states entering each chunk, forward from the initial state,
-   and the gradients of the states leaving each, backward from ``d_state``;
-3. per slab of chunks, by GEMMs (``W`` and ``gy u^T * M`` factored through the chunk's midpoint, as
-   the forward's scores are): ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b +
-   exp(cum) gy S_0``, ``db = (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's
-   gradient as the reverse cumulative sum of ``d cum_i = gy_i . y_i - u_i . du_i`` (plus the leaving
-   state's term at a chunk's end); ``y`` whole only where ``z``'s gradient needs it.
-
-So the extra memory is two states per chunk (entering, and the gradient leaving) plus one slab's
+The chunked path (``mamba2_backward_chunked``: mamba_ssm's chunk kernels, its GEMMs in NumPy, the rest compiled
+where Numba is there and the thunk computes in f32) works on chunks of ``length`` steps: its extra memory is
+two states per chunk (entering, and the gradient leaving) plus one slab's
 temporaries. Short sequences take the step path: the reverse recurrence, its states recomputed
 chunk by chunk from checkpoints saved by a first forward walk. The bulk GEMMs are not causal for a
 NaN or Inf (``0 * inf``), so every (row, head) lane whose bulk results hold a non-finite value is
@@ -29,9 +17,9 @@ rows of their own, those of equal chunk count side by side (zero-padded: a padde
 and no decay). Every sum runs in a fixed order over fixed blocks, so a thunk gives the same bytes on
 every run; 16-bit storage computes in f32 (``ssm.compute_type``), rounding only the stored outputs.
 
-With a saved forward (ABI.md §9.1 ``reserve``, written by the forward: ``abi.ssm.mamba2_reserve_slots``) the
-chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (step 2's forward
-loop and three GEMMs per chunk); packed sequences have none.
+With a saved forward (ABI.md §9.1 ``reserve``, written by the forward: ``abi.ssm.mamba2_reserve_slots``)
+the chunked path reads the states leaving each chunk, ``y`` and ``W`` instead of computing them (a forward loop
+over the chunks and three GEMMs per chunk); packed sequences have none.
 """
 from __future__ import annotations
 
@@ -43,21 +31,15 @@ from . import threads
 from .abi import complete
 from .abi.ssm import RESERVE_CHUNK
 from .bound import Bound
-from .chunked import chunk_view, decay_ratios, floor_log_decays, pick_path, scratch
+from .chunked import floor_log_decays, pick_path
 from .implementations import KERNELS, PATHS
+from .mamba2_backward_chunked import chunked_backward, dot_last
 from .sequences import Sequences, StatePool
 from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, reserve_views, softplus
-from .ssm_ssd import MAMBA2_SPREAD
 
 Thunk = Mapping[str, Any]
 
-#: Bytes of the per-slab temporaries of the chunked path (a few ``[L, L]`` and ``[L, N]`` arrays per chunk
-#: and lane): slabs of chunks keep the backward's memory near the forward's at long sequences.
-SLAB_BYTES = 16 << 20
 
-
-def _swap(x: np.ndarray) -> np.ndarray:
-    return np.swapaxes(x, -1, -2)
 
 
 def _steps(logd, u, b, c, s0, gy, ds, length):
@@ -96,116 +78,6 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def _entering(lb, lu, to_end, through, s0, work, states):
-    """``(the states entering each chunk [C, B, H, N, P], the final state [B, H, N, P])``, transposed (the
-    GEMMs' layout): from a saved forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given,
-    else built chunk by chunk from the initial state ``s0`` and what each chunk builds from zero."""
-    if states is not None:
-        leaving = np.moveaxis(states, 1, 0)
-        starts = np.empty((len(leaving), *s0.shape[:2], *s0.shape[:1:-1]), s0.dtype)
-        starts[0], starts[1:] = _swap(s0), _swap(leaving[:-1])
-        return starts, np.ascontiguousarray(_swap(leaving[-1]))
-    scaled = np.multiply(lb, to_end[..., None], out=work("scaled", lb.shape))
-    starts = _swap(scaled) @ lu
-    s = np.ascontiguousarray(_swap(s0))
-    for k in range(len(starts)):
-        s, starts[k] = through[k] * s + starts[k], s
-    return starts, s
-
-
-def _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
-    """``_steps`` in the chunked SSD form (the module's docstring); same arguments and results, but ``y``
-    (``None`` unless ``need_y``). ``saved``: a saved forward's ``(states, y, scores)`` (``ssm.reserve_views``,
-    chunks of ``length``), read instead of computing the states entering each chunk, the outputs ``y`` and the
-    decayed scores ``W``."""
-    bsz, seq, heads, p = u.shape
-    n = b.shape[-1]
-    padded = -(-seq // length) * length
-    count = padded // length
-    ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
-    lu, lb, lc, lg = ch(u), ch(b), ch(c), ch(gy)
-    cum = np.cumsum(ch(logd), axis=-1)  # [C, B, H, L]
-    to_end = np.exp(cum[..., -1:] - cum)  # the decay from each step to its chunk's end
-    work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
-    # 1. the gradient each chunk's outputs send to the state entering it; 2. the states entering each chunk
-    # (from what each builds from zero, or saved), and the gradients of the states leaving each
-    from_outputs = _swap(np.multiply(lc, np.exp(cum)[..., None], out=work("scaled", lc.shape))) @ lg
-    through = np.exp(cum[..., -1])[..., None, None]
-    starts, s = _entering(lb, lu, to_end, through, s0, work, None if saved is None else saved[0])
-    ys = None if saved is None else ch(saved[1])
-    saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
-    leaving, d = from_outputs, np.ascontiguousarray(_swap(ds))  # leaving[k]: d loss / d (state after chunk k)
-    end_dot = np.empty((count, bsz, heads), u.dtype)  # <gradient, state> at each chunk's end
-    for k in reversed(range(count)):
-        end_dot[k] = np.sum(d * (starts[k + 1] if k + 1 < count else s), axis=(-2, -1))
-        d, leaving[k] = through[k] * d + leaving[k], d
-    ds0 = np.ascontiguousarray(_swap(d))
-    # 3. the intra-chunk gradients, a slab of chunks at a time
-    widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
-    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
-    dlogd = np.empty((bsz, padded, heads), u.dtype)
-    views = {name: chunk_view(v, length) for name, v in out.items()}
-    dl = chunk_view(dlogd, length)
-    per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
-    slab = max(1, SLAB_BYTES // max(per_chunk, 1))
-    upper = np.triu(np.ones((length, length), bool), 1)
-    for lo in range(0, count, slab):
-        ks = slice(lo, min(count, lo + slab))
-        kcum, kb, kc, ku, kg = cum[ks], lb[ks], lc[ks], lu[ks], lg[ks]
-        weights = _decayed(kc, kb, kcum, upper, work, "w") if saved is None else saved_w[ks]  # W
-        d_scores = _decayed(kg, ku, kcum, upper, work, "dw")  # gy u^T * M
-        grow, decay_to_end = np.exp(kcum)[..., None], to_end[ks][..., None]
-        # the state leaving the chunk's share of du, and the state entering it's share of dc
-        to_state = np.matmul(kb, leaving[ks], out=work("to_state", ku.shape))
-        to_state *= decay_to_end
-        entering = np.matmul(kg, _swap(starts[ks]), out=work("entering", kb.shape))
-        entering *= grow
-        du = np.matmul(_swap(weights), kg, out=views["du"][ks])
-        du += to_state
-        np.add(np.matmul(d_scores, kb, out=views["dc"][ks]), entering, out=views["dc"][ks])
-        leaving_b = np.matmul(ku, _swap(leaving[ks]), out=work("leaving_b", kb.shape))
-        leaving_b *= decay_to_end
-        np.add(np.matmul(_swap(d_scores), kc, out=views["db"][ks]), leaving_b, out=views["db"][ks])
-        # d cum_i: row i of gy u^T * W less its column i, the entering state's share gy_i . (S_0 c_i exp(cum_i))
-        # = c_i . entering_i, the leaving state's u_i . to_state_i; so gy_i . y_i - u_i . du_i in all, plus
-        # <d S_end, S_end> at the chunk's end. y itself only where z's gradient needs it
-        if ys is not None:  # gy_i . y_i from the saved y
-            d_cum = _dot(kg, ys[ks]) - _dot(ku, du)
-        else:
-            intra = np.matmul(weights, ku, out=work("intra", ku.shape))
-            d_cum = _dot(kg, intra) + _dot(kc, entering) - _dot(ku, du)
-        if need_y and ys is None:
-            np.add(intra, np.multiply(kc, grow, out=work("grown", kc.shape)) @ starts[ks], out=views["y"][ks])
-        d_cum[..., -1] += end_dot[ks]
-        dl[ks] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
-    y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
-    return y, out["du"][:, :seq], dlogd[:, :seq], out["db"][:, :seq], out["dc"][:, :seq], ds0
-
-
-def _dot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``Σ a*b`` over the last axis, without the product's temporary."""
-    return np.einsum("...i,...i->...", a, b)
-
-
-def _decayed(left: np.ndarray, right: np.ndarray, cum: np.ndarray, upper: np.ndarray, work, key: str) -> np.ndarray:
-    """``(left right^T) * M`` for every chunk (``[..., L, L]``, zero above the diagonal): factored through
-    the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m - cum)`` where every
-    ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed on its own (``decay_ratios``) elsewhere.
-    The result and its operands live in ``work(name, shape)`` arrays (kept by the caller for one slab)."""
-    length = cum.shape[-1]
-    mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
-    spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
-    with np.errstate(over="ignore", invalid="ignore"):
-        lhs = np.multiply(left, np.exp(cum - mid)[..., None], out=work(f"{key}.lhs", left.shape))
-        rhs = np.multiply(right, np.exp(mid - cum)[..., None], out=work(f"{key}.rhs", right.shape))
-        out = np.matmul(lhs, _swap(rhs), out=work(key, (*cum.shape, length)))
-    if not spread.all():
-        pick = np.nonzero(~spread)
-        out[pick] = (left[pick] @ _swap(right[pick])) * decay_ratios(cum[pick])
-    np.copyto(out, 0, where=upper)
-    return out
-
-
 def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them. ``saved``: a saved
@@ -213,9 +85,12 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
     if path == "step":
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
-        result = _chunked(logd, u, b, c, s0, gy, ds, length, need_y, saved)
-    bad = np.zeros(s0.shape[:2], bool)
-    for r in result[1 - need_y: -1]:
+        *result, nonfinite = chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved)
+    checked = result[1 - need_y:] if nonfinite is None else [nonfinite, result[-1]] + result[:need_y]
+    if all(np.isfinite(np.sum(r)) for r in checked):  # (a sum holding a NaN or Inf is not finite)
+        return tuple(result)
+    bad = np.zeros(s0.shape[:2], bool) if nonfinite is None else ~np.isfinite(nonfinite)
+    for r in result[1 - need_y: -1] if nonfinite is None else result[:need_y]:
         bad |= ~np.isfinite(r.reshape(*r.shape[:3], -1)).all(axis=(1, 3))
     bad |= ~np.isfinite(result[-1]).all(axis=(-2, -1))
     if bad.any():
@@ -227,7 +102,7 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
         for r, again in zip(result[1 - need_y: -1], redo[1 - need_y: -1]):
             r[rows, :, heads] = again[:, :, 0]
         result[-1][rows, heads] = redo[-1][:, 0]
-    return result
+    return tuple(result)
 
 
 def _step_sizes(t: Thunk, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -326,7 +201,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
             y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
-        d_dt = dlogd * a + np.sum(du * x, axis=-1)
+        d_dt = dlogd * a + dot_last(du, x)
         if slope is not None:
             d_dt *= slope
         out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),

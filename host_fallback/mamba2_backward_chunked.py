@@ -1,0 +1,218 @@
+"""The chunked path of ``mamba2_backward`` (``chunked_backward``; ``mamba2_backward`` says the form): mamba_ssm's
+chunk kernels in NumPy, with ``cum`` the log-decay summed from each chunk's start, ``M_ij = exp(cum_i - cum_j)``
+(``i >= j``) and the decayed scores ``W = (c b^T) * M``:
+
+1. per chunk, by GEMMs over every chunk at once: the state it builds from zero and the gradient its outputs send
+   to the state entering it (``Σ_i exp(cum_i) gy_i (x) c_i``);
+2. two short loops over the chunks: the states entering each chunk, forward from the initial state, and the
+   gradients of the states leaving each, backward from ``d_state``;
+3. per slab of chunks, by GEMMs (``W`` and ``gy u^T * M`` factored through the chunk's midpoint, as the forward's
+   scores are): ``du = W^T gy + decay-to-end * b dS_end``, ``dc = (gy u^T * M) b + exp(cum) gy S_0``, ``db =
+   (gy u^T * M)^T c + decay-to-end * u dS_end``, and the log-decay's gradient as the reverse cumulative sum of
+   ``d cum_i = gy_i . y_i - u_i . du_i`` (plus the leaving state's term at a chunk's end); ``y`` whole only where
+   ``z``'s gradient needs it.
+
+States and their gradients keep the forward's ``[P, N]`` layout, and each GEMM's operands are laid as OpenBLAS takes
+them fastest (the transposed ones written so once). With a saved forward (ABI.md §9.1) step 2's forward loop and
+three GEMMs per chunk are read instead. Where Numba is there and the thunk computes in f32, the passes between the
+GEMMs are compiled (``jit_mamba2_backward``: the decayed products' operands, the loop back over the chunks, and what
+follows each slab's GEMMs: the shares added, the dots, the reverse sums and the check for non-finite values, about
+ten array passes in NumPy); ``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import jit
+from .chunked import chunk_view, decay_ratios, scratch, swap
+from .ssm_ssd import MAMBA2_SPREAD
+
+#: Bytes of the per-slab temporaries of the chunked path (a few ``[L, L]`` and ``[L, N]`` arrays per chunk
+#: and lane): slabs of chunks keep the backward's memory near the forward's at long sequences.
+SLAB_BYTES = 16 << 20
+
+
+def _entering(lu, lb, to_end, through, s0, work, states):
+    """``(the states entering each chunk [C, B, H, P, N], the final state [B, H, P, N])``: from a saved
+    forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given, else built chunk by chunk from
+    the initial state ``s0`` and what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
+    if states is not None:
+        leaving = np.moveaxis(states, 1, 0)
+        starts = np.empty((len(leaving), *s0.shape), s0.dtype)
+        starts[0], starts[1:] = s0, leaving[:-1]
+        return starts, leaving[-1]
+    scaled = np.multiply(lu, to_end[..., None], out=work("scaled", lu.shape))
+    starts = swap(scaled) @ lb
+    s = s0
+    for k in range(len(starts)):
+        s, starts[k] = through[k] * s + starts[k], s
+    return starts, s
+
+
+class _Chunks:
+    """Steps 1 and 2 of a call (the module's docstring), what each slab of step 3 reads: the inputs as
+    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the states entering each chunk
+    (``starts``, and ``final``), the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t``
+    ``[N, P]``), ``end_dot`` (``<dS, S>`` at each chunk's end) and a saved forward's ``y`` and ``W``."""
+
+    def __init__(self, logd, u, b, c, s0, gy, ds, length, saved, compiled: bool):
+        ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
+        self.u, self.b, self.c, self.gy = ch(u), ch(b), ch(c), ch(gy)
+        # the compiled passes read the inputs as laid, [B, S, H, ...]
+        self.laid = {"u": u, "b": b, "c": c, "gy": gy} if compiled else None
+        self.operands = jit.kernel("mamba2_backward_operands") if compiled else None
+        self.seq = u.shape[1]
+        self.work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
+        cum = self.cum = np.ascontiguousarray(np.cumsum(ch(logd), axis=-1))  # [C, B, H, L]
+        self.to_end = np.ascontiguousarray(np.exp(cum[..., -1:] - cum))  # the decay from each step to its chunk's end
+        through = np.exp(cum[..., -1])[..., None, None]
+        self.starts, self.final = _entering(self.u, self.b, self.to_end, through, s0, self.work,
+                                            None if saved is None else saved[0])
+        # the grown gy gives the gradient each chunk's outputs send to the state entering it, and that state's
+        # share of dc ("scaled": _entering is done with it)
+        self.grown = np.multiply(self.gy, np.exp(cum)[..., None], out=self.work("scaled", self.gy.shape))
+        self.leaving = swap(self.grown) @ self.c  # then leaving[k]: d loss / d (state after chunk k)
+        self._state_gradients(ds, through, compiled)
+        self.ys = None if saved is None else ch(saved[1])
+        self.saved_w = None if saved is None else np.moveaxis(saved[2], 1, 0)
+
+    def _state_gradients(self, ds, through, compiled: bool) -> None:
+        """``leaving`` made the gradients of the states leaving each chunk (from the final state's, ``ds``), with
+        ``leaving_t`` (``[N, P]``, so that each GEMM takes both operands as laid), ``end_dot`` and ``ds0``:
+        compiled in one pass (``mamba2_backward_state_gradients``) where the thunk's other passes are."""
+        leaving = self.leaving
+        self.end_dot = np.empty(leaving.shape[:3], leaving.dtype)
+        if compiled:
+            self.leaving_t, self.ds0 = np.empty_like(swap(leaving), order="C"), np.array(ds, order="C")
+            jit.kernel("mamba2_backward_state_gradients")(np.ascontiguousarray(through[..., 0, 0]), leaving,
+                                                          self.leaving_t, self.starts,
+                                                          np.ascontiguousarray(self.final), self.ds0, self.end_dot)
+            return
+        d = ds
+        for k in reversed(range(len(leaving))):
+            d, leaving[k] = through[k] * d + leaving[k], d
+        self.ds0 = d
+        self.leaving_t = np.ascontiguousarray(swap(leaving))
+        flat = lambda v: v.reshape(*v.shape[:-2], v.shape[-2] * v.shape[-1])  # noqa: E731
+        self.end_dot[:-1] = dot_last(flat(leaving[:-1]), flat(self.starts[1:]))
+        self.end_dot[-1] = dot_last(flat(leaving[-1]), flat(self.final))
+
+
+def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
+    """``mamba2_backward._steps`` in the chunked SSD form (the module's docstring): ``(y, du, dlogd, db, dc, ds0,
+    nonfinite)``, ``y`` ``None`` unless ``need_y``, and ``nonfinite [B, H]`` where the compiled pass ran (else
+    ``None``): finite exactly where the lane's ``du, dlogd, db, dc`` are. ``saved``: a saved forward's ``(states,
+    y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
+    chunk, the outputs ``y`` and the decayed scores ``W``."""
+    bsz, seq, heads, p = u.shape
+    n = b.shape[-1]
+    padded = -(-seq // length) * length
+    count = padded // length
+    kernel = jit.kernel("mamba2_backward_gradients") if u.dtype == np.float32 else None
+    if kernel is not None:
+        u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
+    at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
+    widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
+    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
+    out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
+    nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
+    per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
+    slab = max(1, SLAB_BYTES // max(per_chunk, 1))
+    upper = np.triu(np.ones((length, length), bool), 1)
+    for lo in range(0, count, slab):
+        ks = slice(lo, min(count, lo + slab))
+        if kernel is None:
+            _slab(at, ks, out, need_y, upper, length)
+        else:
+            _slab_compiled(at, ks, out, need_y, upper, length, kernel, nonfinite)
+    y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
+    return (y, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq], out["dc"][:, :seq], at.ds0,
+            nonfinite)
+
+
+def _products(at: _Chunks, ks: slice, out: dict, upper: np.ndarray, length: int):
+    """The GEMMs of the slab ``ks``: ``W^T gy``, ``(gy u^T * M) b`` and ``(gy u^T * M)^T c`` into ``out``'s ``du``,
+    ``dc`` and ``db``, and ``(W, the entering state's share of dc (exp(cum) gy) S_0, the leaving state's shares of du
+    and db before their decay to the chunk's end, b dS^T and u dS)``."""
+    views = {name: chunk_view(out[name], length)[ks] for name in ("du", "dc", "db")}
+    kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
+    weights = _decayed(at, ks, "c", "b", upper, "w") if at.saved_w is None else at.saved_w[ks]
+    d_scores = _decayed(at, ks, "gy", "u", upper, "dw")
+    np.matmul(swap(weights), kg, out=views["du"])
+    np.matmul(d_scores, kb, out=views["dc"])
+    np.matmul(swap(d_scores), kc, out=views["db"])
+    entering = np.matmul(at.grown[ks], at.starts[ks], out=at.work("entering", kb.shape))
+    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
+    leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
+    return weights, entering, to_state, leaving_b
+
+
+def _intra(at: _Chunks, ks: slice, out: dict, need_y: bool, weights, entering, length: int) -> np.ndarray:
+    """The terms of the slab's ``d cum_i`` before ``- u_i . du_i`` (row i of ``gy u^T * W`` less its column i, the
+    entering state's share ``gy_i . (S_0 c_i exp(cum_i)) = c_i . entering_i``: so ``gy_i . y_i``), from the saved
+    ``y`` or the recomputed one, which goes to ``out["y"]`` where ``z``'s gradient needs it."""
+    kg = at.gy[ks]
+    if at.ys is not None:
+        return dot_last(kg, at.ys[ks])
+    intra = np.matmul(weights, at.u[ks], out=at.work("intra", at.u[ks].shape))
+    if need_y:
+        grow = np.exp(at.cum[ks])[..., None]
+        np.add(intra, np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)) @ swap(at.starts[ks]),
+               out=chunk_view(out["y"], length)[ks])
+    return dot_last(kg, intra) + dot_last(at.c[ks], entering)
+
+
+def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int) -> None:
+    """Step 3 over the chunks ``ks``, into ``out``'s arrays, in NumPy."""
+    weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
+    views = {name: chunk_view(v, length)[ks] for name, v in out.items()}
+    decay_to_end = at.to_end[ks][..., None]
+    views["du"] += np.multiply(to_state, decay_to_end, out=to_state)
+    views["dc"] += entering
+    views["db"] += np.multiply(leaving_b, decay_to_end, out=leaving_b)
+    # d cum_i, plus <d S_end, S_end> at the chunk's end, summed from the chunk's end
+    d_cum = _intra(at, ks, out, need_y, weights, entering, length) - dot_last(at.u[ks], views["du"])
+    d_cum[..., -1] += at.end_dot[ks]
+    views["dlogd"][...] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
+
+
+def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
+                   nonfinite) -> None:
+    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``)."""
+    weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
+    dot_y = np.ascontiguousarray(_intra(at, ks, out, need_y, weights, entering, length))
+    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"], out["du"],
+           out["dc"], out["db"], out["dlogd"], nonfinite)
+
+
+def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``Σ a*b`` over the last axis, without the product's temporary."""
+    return np.einsum("...i,...i->...", a, b)
+
+
+def _decayed(at: _Chunks, ks: slice, left: str, right: str, upper: np.ndarray, key: str) -> np.ndarray:
+    """``(left right^T) * M`` for the chunks ``ks`` (``[..., L, L]``, zero above the diagonal) of two of ``at``'s
+    inputs: factored through the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m -
+    cum)`` (the right operand written transposed, so the GEMM takes both as laid; compiled with the thunk's other
+    passes: ``mamba2_backward_operands``) where every ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed
+    on its own (``decay_ratios``) elsewhere. The result and its operands live in ``at.work`` arrays (kept for one
+    slab)."""
+    cum, lv, rv = at.cum[ks], getattr(at, left)[ks], getattr(at, right)[ks]
+    length = cum.shape[-1]
+    lhs, rhs_t = at.work(f"{key}.lhs", lv.shape), at.work(f"{key}.rhs", swap(rv).shape)
+    if at.operands is None:
+        mid = cum[..., (length - 1) // 2 : (length + 1) // 2]
+        spread = np.abs(cum - mid).max(axis=-1, initial=0.0) <= MAMBA2_SPREAD  # NaN: not factored
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.multiply(lv, np.exp(cum - mid)[..., None], out=lhs)
+            np.multiply(rv, np.exp(mid - cum)[..., None], out=swap(rhs_t))
+    else:
+        fits = at.work(f"{key}.fits", cum.shape[:-1])
+        at.operands(ks.start, at.seq, at.laid[left], at.laid[right], at.cum, lhs, rhs_t, fits, MAMBA2_SPREAD)
+        spread = fits > 0
+    out = np.matmul(lhs, rhs_t, out=at.work(key, (*cum.shape, length)))
+    if not spread.all():
+        pick = np.nonzero(~spread)
+        out[pick] = (lv[pick] @ swap(rv[pick])) * decay_ratios(cum[pick])
+    np.copyto(out, 0, where=upper)
+    return out
