@@ -123,7 +123,10 @@ def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
     at_once = None if compiled or peepholes else _CHUNK[fwd["op"]]
     top = at_once is not None  # the top layer's output: its states
     if not compiled and rnn_backward_checkpoints.applies(fwd):  # the plain forward's faster loops
-        passed = rnn_backward_checkpoints.checkpoint_pass(s, chunks, top)
+        # each walk's last chunk kept as the reserve's forward keeps it (an rnn's chunk is read off its output
+        # or one GEMM: its steps' NumPy recurrence would cost more than that saves)
+        keeping = None if fwd["op"] == "rnn" else _recurrences(fwd, whole_sequence=True)[0]
+        passed = rnn_backward_checkpoints.checkpoint_pass(s, chunks, top, keeping)
     else:
         passed = forward_pass(s, forwards, chunks, top=top)
     reverse_pass(s, passed.inputs, chunks, recomputed(s, forwards, chunks, passed, at_once), reverses)
