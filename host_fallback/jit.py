@@ -36,6 +36,8 @@ And gated_delta_net's chunked backward with per-channel gates (``gdn_channel_dec
 where they apply: ``gdn_backward_chunked``): each chunk's cumulative log-decays with their exponentials in one pass,
 and the decayed triangular products with the query, key and log-decay gradients in another, where NumPy makes about
 twenty-five passes and four square GEMMs a chunk.
+And the gates of a recurrent backward's rebuilt chunk (``lstm_chunk_gates``, ``gru_chunk_gates``; where they apply:
+``rnn_backward_gates``): one pass a row after the chunk's GEMM, where NumPy makes a dozen.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when their module is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):

@@ -33,7 +33,8 @@ plain forward's bound: at B=32 S=128 I=H=256, 2 layers, bidirectional, one threa
 rounded on store. The order of every sum is fixed, so a thunk gives the same bytes on every run.
 
 The parts: ``rnn_backward_cell`` (activations and their derivatives, a direction's flags),
-``rnn_backward_steps`` (each op's recurrence, forward again and back through time), ``rnn_backward_setup``
+``rnn_backward_steps`` (each op's recurrence, forward again and back through time; a rebuilt chunk's gates
+compiled where ``rnn_backward_gates`` applies), ``rnn_backward_setup``
 (what a thunk's passes share), ``rnn_backward_passes`` (the passes, in chunks), ``rnn_backward_checkpoints`` (the
 checkpoint pass through the plain forward's loops, where every row runs every step); this module runs a thunk.
 """
