@@ -125,9 +125,9 @@ def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
     top = at_once is not None  # the top layer's output: its states
     if not compiled and rnn_backward_checkpoints.applies(fwd):  # the plain forward's faster loops
         # a gru's last chunk of each walk kept as the reserve's forward keeps it: B32 S128 I=H=256, 2 layers,
-        # bidirectional, its recompute 3% faster (CPU time, medians of 15). Not an lstm's: the compiled
-        # whole-sequence steps take about 1.5x the loops' compiled step there, which ate the rebuild saved
-        # (the same time); nor an rnn's, read off its output (or one GEMM), which costs less than its steps.
+        # bidirectional, its recompute 3% faster (CPU time, medians of 15). Not an lstm's: there the compiled
+        # whole-sequence steps take about 1.5x the loops' compiled step, as much as the rebuild they save (no
+        # change measured); nor an rnn's, read off its output (or one GEMM), which costs less than its steps.
         keeping = _recurrences(fwd, whole_sequence=True)[0] if fwd["op"] == "gru" else None
         passed = rnn_backward_checkpoints.checkpoint_pass(s, chunks, top, keeping)
     else:

@@ -9,8 +9,8 @@ neither ``dst`` nor the final states. The loops keep no gates, so the reverse pa
 given a ``keeping`` recurrence (``rnn_backward_steps``' forward), each layer-direction's walk stops before its
 last chunk, which that recurrence runs keeping what the reverse pass reads, and which the reverse pass then
 takes first as it is: one chunk a layer-direction not run twice (B32 S128: an eighth of the chunks; where
-``rnn_backward`` hands one over says where that pays). Every row runs every step (no ``seq_lens``: ``applies``), so a step's
-index is its place in the walk.
+``rnn_backward`` hands one over says where that pays). Every row runs every step (no ``seq_lens``:
+``applies``), so a step's index is its place in the walk.
 """
 from __future__ import annotations
 
