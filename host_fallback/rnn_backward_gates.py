@@ -28,8 +28,8 @@ def lstm(cell: _Cell, u: Array, c: Array, lens: Array, backwards: bool) -> dict[
     cell from ``c`` (entering the chunk; not written) in the walk's order (``backwards``: from the last step),
     ``lens`` each row's valid steps in the chunk (``lstm_sequence.lengths``): ``{"c_prev", "c_new", "hc"}``; None
     where the kernel does not apply."""
-    gates = jit.kernel("lstm_chunk_gates")
-    if gates is None or not _applies("lstm", cell, u):
+    gates = jit.kernel("lstm_chunk_gates") if _applies("lstm", cell, u) else None
+    if gates is None:
         return None
     kept = {k: np.empty((*u.shape[:2], c.shape[-1]), np.float32) for k in ("c_prev", "c_new", "hc")}
     gates(u, np.array(c, np.float32), lens, backwards, kept["c_prev"], kept["c_new"], kept["hc"])
@@ -40,8 +40,8 @@ def gru(cell: _Cell, u: Array, hidden: Array, b_hh: Array) -> bool:
     """A gru chunk's gates into ``u`` (``[steps, batch, 3H]``, the input projection plus ``b_ih``) from ``hidden``
     (``h·W_hh^T`` of every step's entering state), whose n block becomes ``W_hn·h + b_hn``: whether the kernel
     applied (else nothing is written)."""
-    gates = jit.kernel("gru_chunk_gates")
-    if gates is None or not _applies("gru", cell, u):
+    gates = jit.kernel("gru_chunk_gates") if _applies("gru", cell, u) else None
+    if gates is None:
         return False
     gates(u, hidden, np.ascontiguousarray(b_hh, np.float32))
     return True
