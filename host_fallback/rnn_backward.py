@@ -49,7 +49,8 @@ from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import reserve_slots
 from .bound import Bound, given_views
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
-from .rnn_backward_passes import chunk_steps, forward_pass, read_from, recomputed, reverse_pass, time_chunks
+from .rnn_backward_passes import (chunk_steps, forward_pass, read_from, recomputed, reserve_chunk_steps,
+                                  reverse_pass, time_chunks)
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
 
@@ -114,10 +115,10 @@ def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
     checkpoints of a forward pass."""
     s = setup(fwd, b)
     forwards, reverses = _recurrences(fwd)
-    if layout is not None:  # one chunk: the GEMMs after the steps run over the whole sequence's rows
+    if layout is not None:  # chunks of many rows, for the GEMMs after the steps (the whole sequence at B32 S128)
         above, kept = rnn_reserve.load(fwd, b.view("reserve"), layout, s.cells)
-        whole = [(0, fwd["seq"])]
-        reverse_pass(s, [None, *above, None], whole, read_from(kept, whole), reverses)
+        long = time_chunks(fwd["seq"], reserve_chunk_steps(fwd["seq"], fwd["batch"]))
+        reverse_pass(s, [None, *above, None], long, read_from(kept, long), reverses)
         return
     chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None

@@ -45,6 +45,18 @@ def chunk_steps(seq: int) -> int:
     return max(MIN_CHUNK_STEPS, math.isqrt(max(seq, 1) - 1) + 1)
 
 
+#: The fewest rows (steps x batch) of a chunk read from a reserve, which the GEMMs after the steps run over: the
+#: whole sequence at B32 S128 I=H=256, as one chunk; a longer sequence takes several, so that the reverse pass
+#: holds a chunk's gradients rather than the sequence's (gru B4 S4096 I=H=128, 2 layers, bidirectional: 2.03x
+#: the forward's peak as one chunk).
+RESERVE_CHUNK_ROWS = 4096
+
+
+def reserve_chunk_steps(seq: int, batch: int) -> int:
+    """The steps of a chunk read from a reserve: ``RESERVE_CHUNK_ROWS`` rows, at least ``chunk_steps``."""
+    return max(chunk_steps(seq), -(-RESERVE_CHUNK_ROWS // max(batch, 1)))
+
+
 def time_chunks(seq: int, steps: int) -> list[tuple[int, int]]:
     """``(t0, t1)`` of each chunk of ``steps`` steps in time order, the last one holding what is left."""
     return [(t0, min(t0 + steps, seq)) for t0 in range(0, seq, steps)]
