@@ -5,9 +5,10 @@
                                          [--threads 1]
 
 Per op, one backward thunk without a reserve and one with, on the same input values. Memory: each thunk runs
-once through ``host_fallback.execute`` on a copy of an arena allocated beforehand; ``tracemalloc`` (which
-NumPy reports its buffers to) measures the peak of what it allocates beyond that arena (the reserve is in the
-arena: not counted), the host's scratch pool emptied first. The forward's peak is its working state (the
+through ``host_fallback.execute`` on a copy of an arena allocated beforehand, once untraced (a process's first
+compiled kernel loads them all), then once more while ``tracemalloc`` (which NumPy reports its buffers to)
+measures the peak of what it allocates beyond that arena (the reserve is in the arena: not counted), the
+host's scratch pool emptied first. The forward's peak is its working state (the
 layers' outputs of the recurrences, the chunk states of the state-space ops): the target is a backward
 within 2x of it, with or without a reserve. Time: each run times the plain forward then the backward that
 recomputes, and the forward writing the reserve then the backward reading it (arena copies outside the
@@ -88,7 +89,11 @@ class Side:
         self.run_backward = host_fallback.bound_kernel(self.thunk, {})
 
     def peak(self, thunk: dict) -> int:
-        """The peak extra bytes of one run of ``thunk`` (this side's forward or backward) on a fresh copy."""
+        """The peak extra bytes of one run of ``thunk`` (this side's forward or backward) on a fresh copy, after
+        one run not traced: a process's first call of a compiled kernel imports and loads them all (Numba's
+        own allocations, about 33 MiB: not the op's)."""
+        self.work[...] = self.arena
+        host_fallback.execute(thunk, self.work)
         self.work[...] = self.arena
         chunked._POOL.__dict__.pop("arrays", None)  # the scratch pool's arrays count where a run makes them
         return peak_bytes(lambda: host_fallback.execute(thunk, self.work))

@@ -39,6 +39,8 @@ twenty-five passes and four square GEMMs a chunk.
 And mamba2's chunked backward (``mamba2_backward_operands``, ``mamba2_backward_state_gradients``,
 ``mamba2_backward_gradients``; where they apply: ``mamba2_backward_chunked``): the passes between its GEMMs, which stay
 OpenBLAS's, one compiled pass each where NumPy makes several.
+And the gates of a recurrent backward's rebuilt chunk (``lstm_chunk_gates``, ``gru_chunk_gates``; where they apply:
+``rnn_backward_gates``): one pass a row after the chunk's GEMM, where NumPy makes a dozen.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one
 signature each, eagerly when their module is first imported (under Python's import lock: once, whatever
 the threads), and cached on disk by Numba (``__pycache__`` beside it, else Numba's user cache or ``NUMBA_CACHE_DIR``):

@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import lstm_sequence
+from . import lstm_sequence, rnn_backward_gates
 from .rnn_backward_cell import _Cell
 
 Array = np.ndarray
@@ -99,19 +99,23 @@ def _lstm_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, c
                 order) -> dict:
     """What ``_lstm_forward`` keeps over a chunk whose every step's entering state ``h_prev`` is known, without
     peepholes (whose gates read the cell): the gates of its steps at once, then the cell step by step from its
-    entering value ``c`` (``order``: the walk), then ``h(c')`` at once."""
-    n, B, _ = xp.shape
-    keep = {k: np.empty((n, B, c.shape[-1]), xp.dtype) for k in ("c_prev", "c_new", "hc")}
-    keep.update(h_prev=h_prev, u=xp, y=np.empty_like(xp) if cell.keeps_pre_activations(2) else xp,
-                mask=np.ones(xp.shape, bool) if cell.clip else None)
+    entering value ``c`` (``order``: the walk), then ``h(c')`` at once; in one compiled pass where
+    ``rnn_backward_gates`` applies."""
     xp += _times(h_prev, w["w_hh"].T)
-    _lstm_leading_gates(cell, xp, keep["y"], keep["mask"])
-    _lstm_output_gate(cell, xp, keep["y"], keep["mask"])
-    for t in order:
-        keep["c_prev"][t] = c
-        _lstm_cell(keep["y"][t], c, keep["c_new"][t])
-        c = _where(None if valid is None else valid[t], keep["c_new"][t], c)
-    cell.acts[2].into(keep["c_new"], keep["hc"])
+    keep = rnn_backward_gates.lstm(cell, xp, c, _lengths(valid), order.step < 0)
+    if keep is not None:
+        keep.update(h_prev=h_prev, u=xp, y=xp, mask=None)
+    else:
+        keep = {k: np.empty((*xp.shape[:2], c.shape[-1]), xp.dtype) for k in ("c_prev", "c_new", "hc")}
+        keep.update(h_prev=h_prev, u=xp, y=np.empty_like(xp) if cell.keeps_pre_activations(2) else xp,
+                    mask=np.ones(xp.shape, bool) if cell.clip else None)
+        _lstm_leading_gates(cell, xp, keep["y"], keep["mask"])
+        _lstm_output_gate(cell, xp, keep["y"], keep["mask"])
+        for t in order:
+            keep["c_prev"][t] = c
+            _lstm_cell(keep["y"][t], c, keep["c_new"][t])
+            c = _where(None if valid is None else valid[t], keep["c_new"][t], c)
+        cell.acts[2].into(keep["c_new"], keep["hc"])
     if w.get("w_hr") is not None:
         keep["raw"] = keep["y"][..., 3 * c.shape[-1]:] * keep["hc"]
     return keep
@@ -227,7 +231,11 @@ def _gru_chunk(cell: _Cell, xp: Array, w: Mapping[str, Array], h_prev: Array, *_
     keep = _gru_keep(cell, xp, h_prev.shape, None)
     w_h = w["w_hh"] if cell.linear_before_reset else w["w_hh"][: 2 * h_prev.shape[-1]]
     keep["h_prev"] = h_prev
-    keep["hn"] = _gru_gates(cell, xp, keep["y"], keep["mask"], h_prev, _times(h_prev, w_h.T), w)
+    hidden = _times(h_prev, w_h.T)
+    if rnn_backward_gates.gru(cell, xp, hidden, w["b_hh"]):  # one compiled pass
+        keep["hn"] = hidden[..., 2 * h_prev.shape[-1]:]
+    else:
+        keep["hn"] = _gru_gates(cell, xp, keep["y"], keep["mask"], h_prev, hidden, w)
     return keep
 
 

@@ -277,9 +277,11 @@ def _steps(source: Callable[[int], np.ndarray], out: Sequence[np.ndarray], pack:
 def _watched(steps: Iterator[tuple], entering: Callable, c: np.ndarray | None, seq: int,
              backwards: bool) -> Iterator[tuple]:
     """``steps`` (every row running every step), calling ``entering(t, h, c)`` before step ``t`` runs: the state
-    entering it, feature-major (``c`` the lstm's cell, updated in place by the loops; else None)."""
+    entering it, feature-major (``c`` the lstm's cell, updated in place by the loops; else None). Where it
+    returns True the walk stops there: that step and the ones after it do not run."""
     for i, step in enumerate(steps):
-        entering(seq - 1 - i if backwards else i, step[1], c)
+        if entering(seq - 1 - i if backwards else i, step[1], c):
+            return
         yield step
 
 
@@ -289,7 +291,7 @@ def _layer_direction(t, b: Bound, d: _Dims, layer: int, dr: int, w_ih: np.ndarra
     chunks ``[in, columns]``; write this direction's rows of the output chunks ``ys`` and its final state.
     ``blas_cores``: the threads each GEMM runs on (1 where the directions run in two threads). ``entering``
     (a recompute backward's checkpoint pass, every row running every step: ``_watched``) sees the state entering
-    each step, and the final state is not stored."""
+    each step and may stop the walk, and the final state is not stored."""
     ld, W = layer * d.dirs + dr, d.width
     cell, x_bias = _cell(t, b, d, ld, dr, w_ih.shape[1], blas_cores)
     scales = _scales(_specs(t, d, dr), d)

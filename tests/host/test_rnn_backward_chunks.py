@@ -13,8 +13,9 @@ import pytest
 
 import host_fallback
 import rlx_gpu
+from host_fallback import rnn_backward_passes
 from host_fallback.abi import complete, forward_thunk, regions
-from host_fallback.rnn_backward_passes import MIN_CHUNK_STEPS, chunk_steps, time_chunks
+from host_fallback.rnn_backward_passes import MIN_CHUNK_STEPS, chunk_steps, reserve_chunk_steps, time_chunks
 from rlx_gpu.conformance.references import REFERENCES
 from support.gradient_check import read
 from support.rnn_backward_cases import backward_params, laid_backward
@@ -82,10 +83,16 @@ def test_version_2_fields_across_chunks_match_the_float64_reference(op, extra, l
         np.testing.assert_array_equal(got[name], value, err_msg=f"{op} {name}")
 
 
+@pytest.mark.parametrize("reserve_chunks", [1, 3], ids=["reserve-whole", "reserve-in-3-chunks"])
 @pytest.mark.parametrize("dtype", ["f64", "f32"])
 @pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
-def test_the_chunked_gradients_match_the_ones_read_from_a_reserve(op, dtype):
+def test_the_chunked_gradients_match_the_ones_read_from_a_reserve(op, dtype, reserve_chunks, monkeypatch):
+    """The reserve is read a chunk of at least ``RESERVE_CHUNK_ROWS`` rows at a time: here the whole sequence, or
+    chunks of K steps (a long sequence's several)."""
+    if reserve_chunks > 1:
+        monkeypatch.setattr(rnn_backward_passes, "RESERVE_CHUNK_ROWS", 4 * K)
     params = backward_params(op, seq=2 * K + 5, batch=4, seq_lens=[2 * K + 5, K, 1, 2 * K])
+    assert len(time_chunks(params["seq"], reserve_chunk_steps(params["seq"], 4))) == reserve_chunks
     need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
     saved, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need})
     forward = dict(forward_thunk(saved), dst=-(-arena.size // 16) * 16)
