@@ -197,10 +197,10 @@ INLINE_FN real selective_scan_token_w16(real d, real xv, GLOBAL const param_t* a
  * neighbouring channels (vectorized across items: Intel's CPU runtime) while the delta transforms before the
  * rows and the finishes after them are loops across the item's channels, which PoCL's loop vectorizer takes
  * whole (8 lanes, strided loads). Those two loops read a channel past H as channel H - 1 (no select of a
- * guard in them, which kept them scalar) and only the stores are guarded. A row's group needs no division
- * with one group (two 64-bit divisions a channel were a tenth of the step). B1 D1536 N16 at PoCL 3.1's cpu
- * target, one work-group, µs of kernel time: 37-38 against 46-48 for the rows as a loop over N and the
- * channel loops unrolled (one channel per item, N unrolled: 95). */
+ * guard in them, which kept them scalar) and only the stores are guarded. With one group a row's b and c
+ * take no 64-bit division per channel. B1 D1536 N16 at PoCL 3.1's cpu target, one work-group, µs of kernel
+ * time: 37-38 against 46-48 for the rows as a loop over N and the channel loops unrolled (one channel per
+ * item, N unrolled: 95). */
 INLINE_FN void selective_scan_token(i64 i, i64 stride, i64 r, i64 H, i64 N, i64 G, ssm_tensors io,
                                     GLOBAL const param_t* a, GLOBAL const param_t* bias, GLOBAL const param_t* skip,
                                     GLOBAL state_t* st)
