@@ -162,35 +162,69 @@ INLINE_FN real selective_scan_token_row(i64 N, real d, real xv, GLOBAL const par
     return y0 + y1;
 }
 
+/* Mamba-1, one channel's state row in a decode step for state_size SS_W: the loop over n < SS_W/2 takes n and
+ * n + SS_W/2 together and is left to the compiler's loop vectorizer, which runs its SS_W/2 iterations as one
+ * (two vectors of 8, the exps inlined); unrolled by hand the same text went to the SLP vectorizer, which split
+ * it into scalar and vector pieces with a shuffle between each (PoCL 3.1: 2.5x the time). c is loaded before
+ * the state is stored (a store between the loads kept the stores scalar: b, c and the state may alias), and y
+ * sums its SS_W/2 pairs by a tree; returns y. */
+INLINE_FN real selective_scan_token_w16(real d, real xv, GLOBAL const param_t* a, GLOBAL state_t* st,
+                                        GLOBAL const store_t* brow, GLOBAL const store_t* crow)
+{
+    const real dx = d * xv;
+    real y[SS_W / 2];
+    for (int n = 0; n < SS_W / 2; ++n) {
+        const int m = n + SS_W / 2;
+        const real c0 = LOAD(crow, n), c1 = LOAD(crow, m);
+        const real h0 = rlx_exp(d * PLOAD(a, n)) * (SSM_CARRY ? SLOAD(st, n) : (real)0) + dx * LOAD(brow, n);
+        const real h1 = rlx_exp(d * PLOAD(a, m)) * (SSM_CARRY ? SLOAD(st, m) : (real)0) + dx * LOAD(brow, m);
+        if (SSM_CARRY) {
+            SSTORE(st, n, h0);
+            SSTORE(st, m, h1);
+        }
+        y[n] = h0 * c0 + h1 * c1;
+    }
+    PRAGMA_UNROLL
+    for (int w = SS_W / 4; w > 0; w /= 2)
+        PRAGMA_UNROLL
+        for (int n = 0; n < w; ++n)
+            y[n] += y[n + w];
+    return y[0];
+}
+
 /* Mamba-1, a decode step (seq 1, no cu_seqlens: row r's one token is token r) at the cpu target: the item
- * holds the SS_TC channels i, i + stride, ... (stride: the items of a row), so that the delta transforms
- * before the rows and the finishes after them are straight-line code across its channels (vectorized
- * there), while neighbouring items read neighbouring channels (vectorized across items). B1 D1536 N16, µs of
- * kernel time, against selective_scan_w16 (straight-line code over the 16 values, taken one step at a time):
- * PoCL 3.1 (LLVM 15) 50 vs 60-72, PoCL 3.0 53 vs 70-74, Intel's CPU runtime 26-32 vs 22-34. One channel per
- * item in this form: PoCL 3.1 66-72; SS_TC adjacent channels per item: PoCL 3.1 46, Intel's runtime 119. */
+ * holds the SS_TC channels i, i + stride, ... (stride: the items of a row), so that neighbouring items read
+ * neighbouring channels (vectorized across items: Intel's CPU runtime) while the delta transforms before the
+ * rows and the finishes after them are loops across the item's channels, which PoCL's loop vectorizer takes
+ * whole (8 lanes, strided loads). Those two loops read a channel past H as channel H - 1 (no select of a
+ * guard in them, which kept them scalar) and only the stores are guarded. With one group a row's b and c
+ * take no 64-bit division per channel. B1 D1536 N16 at PoCL 3.1's cpu target, one work-group, µs of kernel
+ * time: 37-38 against 46-48 for the rows as a loop over N and the channel loops unrolled (one channel per
+ * item, N unrolled: 95). */
 INLINE_FN void selective_scan_token(i64 i, i64 stride, i64 r, i64 H, i64 N, i64 G, ssm_tensors io,
                                     GLOBAL const param_t* a, GLOBAL const param_t* bias, GLOBAL const param_t* skip,
                                     GLOBAL state_t* st)
 {
-    real xv[SS_TC], dl[SS_TC], y[SS_TC], zv[SS_TC];
-    PRAGMA_UNROLL
+    real xv[SS_TC], dl[SS_TC], y[SS_TC], out[SS_TC];
+    const i64 per = H / G;
     for (int c = 0; c < SS_TC; ++c) {
-        const i64 ch = i + c * stride;
-        xv[c] = ch < H ? LOAD(io.x, r * H + ch) : (real)0;
-        dl[c] = ch < H ? ssm_delta(LOAD(io.delta, r * H + ch), ssm_param(bias, ch, SSM_BIAS), (real)0, (real)0) : (real)0;
+        const i64 ch = i + c * stride < H ? i + c * stride : H - 1;
+        xv[c] = LOAD(io.x, r * H + ch);
+        dl[c] = ssm_delta(LOAD(io.delta, r * H + ch), ssm_param(bias, ch, SSM_BIAS), (real)0, (real)0);
+        y[c] = (real)0;
     }
     for (int c = 0; c < SS_TC && i + c * stride < H; ++c) {
-        const i64 ch = i + c * stride, row = r * G + ch / (H / G);
-        y[c] = selective_scan_token_row(N, dl[c], xv[c], a + ch * N, st + ch * N, io.bm + row * N, io.cm + row * N);
+        const i64 ch = i + c * stride, row = r * G + (G == 1 ? 0 : ch / per);
+        y[c] = N == SS_W ? selective_scan_token_w16(dl[c], xv[c], a + ch * N, st + ch * N, io.bm + row * N, io.cm + row * N)
+                         : selective_scan_token_row(N, dl[c], xv[c], a + ch * N, st + ch * N, io.bm + row * N,
+                                                    io.cm + row * N);
     }
-    PRAGMA_UNROLL
-    for (int c = 0; c < SS_TC; ++c)
-        zv[c] = i + c * stride < H ? ssm_z(io.z, r * H + i + c * stride) : (real)0;
-    PRAGMA_UNROLL
-    for (int c = 0; c < SS_TC; ++c)
-        if (i + c * stride < H)
-            STORE(io.dst, r * H + i + c * stride, ssm_finish(y[c], ssm_param(skip, i + c * stride, SSM_D), xv[c], zv[c]));
+    for (int c = 0; c < SS_TC; ++c) {
+        const i64 ch = i + c * stride < H ? i + c * stride : H - 1;
+        out[c] = ssm_finish(y[c], ssm_param(skip, ch, SSM_D), xv[c], ssm_z(io.z, r * H + ch));
+    }
+    for (int c = 0; c < SS_TC && i + c * stride < H; ++c)
+        STORE(io.dst, r * H + i + c * stride, out[c]);
 }
 
 /* Mamba-1: per (channel ch, row r), h[n] = exp(delta*a[ch,n])*h[n] + delta*b[g,n]*x; y = sum_n c[g,n]*h[n],

@@ -231,7 +231,8 @@ _PRESENT = {"carry_state": CARRIED, "state": CARRIED, "param_dtype": {"param_dty
 # takes two; mamba2: chunks of 64, 70 takes two, one partial); every version-2 field at once: packed sequences
 # (one empty, one starting inside the second chunk of either target) through state slots, grouped b/c, the
 # delta/dt knobs, d and z; a decode step of each through slots (rows 2 of a pool of 3) with d and z; the cpu
-# target's selective_scan decode kernel without a carried state, at an odd state_size, with two groups.
+# target's selective_scan decode kernel without a carried state, with two groups, at an odd state_size and at 16
+# (its vectorized row).
 # Causality: a NaN in the second chunk (gpu target); version 2: the gate reaches only its own step; a packed
 # sequence after a poisoned one starts clean, in the chunk they share too (mamba2: 68 starts inside the second
 # chunk of 64, selective_scan: 260 inside the second of 256); an Inf: every device keeps the ABI's operation
@@ -254,6 +255,7 @@ declare_cases(
         (dict(_ssm(2, 1, 5, 16), state_slots=[2, 0], num_slots=3, carry_state=True, state=True,
               d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
         (dict(_ssm(2, 1, 20, 5), groups=2, d=True, z=True), {}, False),
+        (dict(_ssm(2, 1, 20, 16), groups=2, delta_softplus=True, z=True), {}, False),
         (_ssm(2, 24, 16, 256), {}, True),
     ],
     causal=[

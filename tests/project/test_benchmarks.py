@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,3 +30,20 @@ def test_the_torch_decode_benchmark_prints_every_case_agreeing_with_torch_and_th
     training = next(line for line in lines if line.startswith("character LSTM language model"))
     ratio = r"torch\.nn\.LSTM [\d.]+ ms, rlx_gpu\.torch\.LSTM [\d.]+ ms: [\d.]+x [✓✗] \(target ≤ 1\.5x\)$"
     assert re.search(ratio, training), training
+
+
+def test_the_opencl_decode_events_benchmark_splits_each_step_into_its_launch_s_parts():
+    from rlx_gpu.runtime.registry import status
+
+    cpu = [d for d in status("opencl").devices if not d.details.get("simulator")]
+    if not cpu:
+        pytest.skip("no OpenCL device but a simulator: the script times a real one")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "opencl_decode_events.py"), "--quick", "--steps",
+                           "3", "--warmup", "1", "--opencl", cpu[0].spec], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "| case | before | enqueue | queued→start | kernel | end→seen | after | step | torch |" in lines
+    for case in ("selective_state_update Mamba-2", "selective_state_update Mamba-1", "fused_recurrent_gated_delta_rule"):
+        row = next(line for line in lines if line.startswith(f"| {case}"))
+        values = [float(v) for v in row.strip("| ").split(" | ")[1:]]
+        assert len(values) == 8 and values[3] > 0 and values[6] > 0 and values[7] > 0, row  # kernel, step, torch
