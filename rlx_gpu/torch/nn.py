@@ -203,7 +203,7 @@ class _RlxRecurrent:
         """``y`` and the final states of every layer: one thunk for them all, or with dropout between layers
         in training mode one per layer."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
-        weights = [getattr(module, name) for name in module._flat_weights_names]
+        weights = module._flat_weights  # what torch.nn's forward reads too: the parameters by name, kept up to date
         split = self._split()
         groups = [range(l, l + 1) for l in range(module.num_layers)] if split else [range(module.num_layers)]
         dirs = 2 if module.bidirectional else 1
@@ -215,7 +215,7 @@ class _RlxRecurrent:
             rows = slice(layers.start * dirs, layers.stop * dirs)
             x, *ends = recurrent(self._recurrence(len(layers)), x,
                                  weights[layers.start * per_layer: layers.stop * per_layer],
-                                 {f: s[rows] for f, s in states.items()}, seq_lens,
+                                 {f: s[rows] for f, s in states.items()} if split else states, seq_lens,
                                  recompute=self.recompute or not module.training)
             for out, end in zip(finals, ends):
                 out.append(end)
