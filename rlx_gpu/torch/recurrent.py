@@ -306,12 +306,17 @@ def _register(op: str) -> Any:
         ctx.mark_non_differentiable(output[-1])
         ctx.save_for_backward(x, *weights, *inputs[2: 3 + count], output[-1] if inputs[-1] else None)
         ctx.statics = inputs[3 + count:]
+        # an output of no gradient (the saved forward, a final state the loss does not read) comes to ``gradients``
+        # as None, not as zeros autograd made (the saved forward's: a training step's tens of µs)
+        ctx.set_materialize_grads(False)
 
     def gradients(ctx: Any, d_y: torch.Tensor, *d_outputs: torch.Tensor | None) -> tuple[Any, ...]:
         saved = ctx.saved_tensors
         x, weights = saved[0], list(saved[1: 1 + ctx.weights])
         states, seq_lens, reserve = saved[1 + ctx.weights: 1 + ctx.weights + count], saved[-2], saved[-1]
         d_finals = tuple(torch.zeros_like(s) if d is None else d for s, d in zip(states, d_outputs))
+        if d_y is None:  # only the final states have gradients
+            d_y = dense((*x.shape[:2], _width(_spec(op, ctx.statics))), x).zero_()
         grads = backward(d_y, *d_finals, reserve, x, weights, *states, seq_lens, *ctx.statics)
         return (grads[0], list(grads[1: 1 + ctx.weights]), *grads[1 + ctx.weights:], None,
                 *(None for _ in ctx.statics))
