@@ -128,3 +128,20 @@ def test_gradients_of_an_eager_call_that_autograd_records_match_torch_nn(batch_f
             t.grad = None
     for expected, got in zip(*grads):
         assert torch.allclose(got, expected, atol=1e-10)
+
+
+def test_a_module_with_a_latest_path_compiles_fullgraph_and_exports_to_its_eager_outputs(host):
+    """Dynamo traces nn.Module's call of a module whose latest path is set (``torch.compiler.is_compiling()``
+    first: nothing of the path is read), with the op in the graph."""
+    theirs, ours = pair(5)
+    with torch.no_grad():
+        hc_theirs, hc_ours = steps(theirs, ours, 2)
+        assert ours._rlx_latest is not None
+        x = torch.randn(1, 1, 4, dtype=F64)
+        compiled = torch.compile(lambda x, hc: ours(x, hc), fullgraph=True, backend="eager")
+        for got, expected in zip(compiled(x, hc_ours), ours(x, hc_ours)):
+            torch.testing.assert_close(got, expected)
+        exported = torch.export.export(ours, (x, hc_ours))
+        assert any(n.op == "call_function" and str(n.target).startswith("rlx_gpu.") for n in exported.graph.nodes)
+        y, _ = exported.module()(x, hc_ours)
+        torch.testing.assert_close(y, theirs(x, hc_theirs)[0])
