@@ -92,7 +92,7 @@ class _RlxRecurrent:
         nn.Module's two frames (a decode step's 5 µs after its kernel swept the cache)."""
         if not _is_compiling():  # Dynamo traces nn.Module's call, reading nothing below
             latest = self._rlx_latest
-            if latest is not None and not kwargs and len(args) <= 2 and not (
+            if latest is not None and not kwargs and 0 < len(args) <= 2 and not (
                     self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
                     or _global_forward_hooks or _global_forward_pre_hooks or _global_backward_hooks
                     or _global_backward_pre_hooks or _jit_tracing()):
@@ -115,7 +115,7 @@ class _RlxRecurrent:
             if path is not None and path is not UNBUILT:
                 out = path(module, input, hx)
                 if out is not None:  # None: a parameter's dtype or device changed (``hot_recurrent``)
-                    self.__dict__["_rlx_latest"] = latest_path(path, input, given, hx)
+                    self.__dict__["_rlx_latest"] = path  # the module's next call goes to it straight
                     _holding.add(self)
                     return out
         check_rnn_forward(module, input, hx)
@@ -126,7 +126,7 @@ class _RlxRecurrent:
                                   input.batch_sizes if packed else None)
         y, finals = self._layers(x, states, seq_lens)
         if key is not None and path is UNBUILT:
-            keep_hot_path(key, lambda: self._hot_path(x, states, batched, hx is not None))
+            keep_hot_path(key, lambda: self._hot_path(x, states, batched, input, given, hx))
         return self._results(input, y, finals, batched)
 
     def _arguments(self, input: Any, hx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any, bool]:
@@ -157,11 +157,13 @@ class _RlxRecurrent:
             finals = [f.squeeze(1) for f in finals]
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
 
-    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool,
-                  hx_given: bool) -> Callable[..., Any] | None:
-        """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
-        op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
-        on the bound forward (``recurrent_hot.hot_recurrent``); None for any other. ``hx_given``: the call gave ``hx``."""
+    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool, input: torch.Tensor,
+                  given: tuple[torch.Tensor, ...], hx: Any) -> Callable[..., Any] | None:
+        """The hot path (``bridge.hot_path``) of a signature whose call (``input``, the states ``given`` as ``hx``)
+        just passed its checks: all layers as one op on CPU tensors of torch's own types (not a packed input; not
+        dropout between layers in training) on the bound forward (``recurrent_hot.hot_recurrent``), behind the
+        check of that signature a module's latest path needs (``recurrent_hot.latest_path``); None for any
+        other."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         weights = module._flat_weights
         if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):
@@ -170,19 +172,19 @@ class _RlxRecurrent:
         if run is None:
             return None
 
-        if batched and module.batch_first and hx_given:  # a decode loop's form: the tensors are the op's
+        if batched and module.batch_first and hx is not None:  # a decode loop's form: the tensors are the op's
             lstm = module.mode == "LSTM"
 
             def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
                 out = run(input, module._flat_weights, hx if lstm else (hx,))
                 return None if out is None else (out[0], (out[1], out[2]) if lstm else out[1])
-            return as_given
+            return latest_path(as_given, input, given, hx)
 
         def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
             x, states, _, _ = module._arguments(input, hx)
             out = run(x, module._flat_weights, states.values())
             return None if out is None else module._results(input, out[0], out[1:], batched)
-        return forward
+        return latest_path(forward, input, given, hx)
 
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:
         """``{"h0": ..}`` (and ``"c0"`` for an LSTM), ``[layers*dirs, batch, width]``: zeros without ``hx``."""

@@ -70,13 +70,14 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
 
 def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any
                 ) -> Callable[..., Any]:
-    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, kept for the call signature of ``input``
-    and the states ``given`` as ``hx``) behind a check that a call has that signature, done without building
-    and hashing its key (``bridge.call_key``: a decode step's 10 µs): ``latest(module, input, hx)`` is the
-    path's result, or None where the call is another signature or one autograd records (the whole way then).
-    What the check leaves out the module looks after: any attribute set on it drops its latest path, and the
-    path itself checks the parameters (their dtype, device and versions). The caller checks that Dynamo does not
-    trace the call (``torch.compiler.is_compiling()``) and that no hook of nn.Module's is to run."""
+    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature of ``input`` and
+    the states ``given`` as ``hx``) behind a check that a call has that signature, done without building and
+    hashing its key (``bridge.call_key``: a decode step's 10 µs), what the module keeps as its latest path:
+    ``latest(module, input, hx)`` is the path's result, or None where the call is another signature or one
+    autograd records (the whole way then). What the check leaves out the module looks after: any attribute set
+    on it drops its latest path, and the path itself checks the parameters (their dtype, device and versions).
+    The caller checks that Dynamo does not trace the call (``torch.compiler.is_compiling()``) and that no hook
+    of nn.Module's is to run."""
     form = type(hx)
     expected = tuple((type(t), t.shape, t.stride(), t.dtype) for t in (input, *given))
     count = len(given)
