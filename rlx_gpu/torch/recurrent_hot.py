@@ -10,7 +10,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import torch
 
 from ..runtime.host_call import HostCall, places
-from .bridge import CPU, BoundCall, _last, default_device, host_array, plan_for, specs_of, tensor
+from .bridge import CPU, _ENVIRON, BoundCall, _device_variables, _last, host_array, plan_for, specs_of, tensor
 from .fused import CALL
 from .library import _any_requires_grad, _dispatch_modes, _function_mode, _grad_enabled, _transforms
 from .recurrent import Recurrence, _forward_graph, _inputs, _packings
@@ -59,7 +59,7 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
         if host is not None:  # written straight into the plan's arena
             out = host((x, *states, packed))
             _last.plan = plan
-            return [torch.from_numpy(a) for a in out]
+            return list(map(torch.from_numpy, out))
         values = values.copy()  # a stream is read only when its stamp changed
         values[x_at] = view(x)
         for at, state in zip(state_ats, states):
@@ -81,7 +81,9 @@ def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[t
     form = type(hx)
     expected = tuple((type(t), t.shape, t.stride(), t.dtype) for t in (input, *given))
     count = len(given)
-    device = default_device()
+    # the default device's variables (``bridge.default_device``), read here without its frame
+    variables, environ = _device_variables(), _ENVIRON.get
+    device = tuple(map(environ, variables))
 
     def latest(module: Any, input: Any, hx: Any = None) -> Any:
         if type(hx) is not form or _function_mode() or _dispatch_modes() or _transforms():
@@ -94,7 +96,7 @@ def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[t
                     or not t.is_cpu:
                 return None
         if _grad_enabled() and _any_requires_grad(input, *given, *module._flat_weights) \
-                or default_device() != device:
+                or tuple(map(environ, variables)) != device:
             return None
         return path(module, input, hx)
     return latest
