@@ -115,8 +115,9 @@ class _RlxRecurrent:
             if path is not None and path is not UNBUILT:
                 out = path(module, input, hx)
                 if out is not None:  # None: a parameter's dtype or device changed (``hot_recurrent``)
-                    self.__dict__["_rlx_latest"] = path  # the module's next call goes to it straight
-                    _holding.add(self)
+                    if module._compiled_call_impl is None:  # not after module.compile(): its call is compiled
+                        self.__dict__["_rlx_latest"] = path  # the module's next call goes to it straight
+                        _holding.add(self)
                     return out
         check_rnn_forward(module, input, hx)
         packed = isinstance(input, PackedSequence)
