@@ -41,6 +41,7 @@ BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _NUMPY = frozenset(d for d in DTYPES if d is not torch.bfloat16)  # the dtypes Tensor.numpy() views as they are
 CPU = torch.device("cpu")
 _TENSOR = torch.Tensor  # a global read, not a module attribute's, in call_key's loop over a call's arguments
+_PARAMETER = torch.nn.Parameter
 #: How many compiled signatures are kept (the oldest compiled is dropped past it: a lookup on the hot path
 #: reorders nothing).
 CACHE_SIZE = 256
@@ -167,8 +168,10 @@ class _Stamps:
 
     def __call__(self, t: torch.Tensor) -> Hashable | None:
         owner = t._base if t._base is not None else t
-        # a plain tensor first: Parameter's isinstance is a Python metaclass check (a microsecond a call)
-        if type(owner) is torch.Tensor or not isinstance(owner, torch.nn.Parameter):
+        # a Parameter itself, then a plain tensor, first: Parameter's isinstance is a Python metaclass check (a
+        # microsecond a call: a training step stamps every parameter twice)
+        kind = type(owner)
+        if kind is not _PARAMETER and (kind is torch.Tensor or not isinstance(owner, torch.nn.Parameter)):
             return None
         key = id(owner)
         entry = self._serials.get(key)

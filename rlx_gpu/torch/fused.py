@@ -23,7 +23,7 @@ from ..graph.builder import Graph
 from ..graph.nodes import Tensor
 from ..runtime.config import load_config
 from ..runtime.registry import resolve
-from .bridge import (BoundCall, Spec, bound_call, default_device, device_for, kept_per_signature, plan_for, run_graph,
+from .bridge import (BoundCall, Spec, bound_call, default_device, kept_per_signature, plan_for, run_graph,
                      specs_of, stamp)
 from .library import define, dense, direct, empty, schema_args
 
@@ -316,7 +316,7 @@ def saves(x: torch.Tensor, tensors: Sequence[torch.Tensor]) -> bool:
     and read a reserve (a device's do not yet: there the backward recomputes, on the device). A traced call
     (``torch.compile``) saves none: the device a compiled graph runs on is not known while tracing."""
     return (not torch.compiler.is_compiling() and torch.is_grad_enabled() and torch._C._any_requires_grad(x, *tensors)
-            and device_for(x) is None and _host_by_default(default_device()))
+            and x.is_cpu and _host_by_default(default_device()))
 
 
 def call_of(op: str, fields: Sequence[str], **static: Any) -> FusedCall:

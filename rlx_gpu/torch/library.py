@@ -19,6 +19,7 @@ NAMESPACE = "rlx_gpu"
 
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
 _RUNS: dict[Any, Callable[..., Any]] = {}  # op overload -> its implementation (what its device keys run)
+_AUTOGRAD: dict[Any, Callable[..., Any]] = {}  # a differentiable op overload -> its Autograd kernel
 #: The tensor types a direct call takes: a subclass (a fake tensor, a functional tensor) goes to the dispatcher.
 PLAIN = (torch.Tensor, torch.nn.Parameter)
 # what ``untraced`` and ``runs_directly`` ask on every call, bound once: a decode step's module and attribute
@@ -62,7 +63,8 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
     torch.library.register_fake(qualified, fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
     if backward is not None:
-        _LIBRARY.impl(name, _autograd_kernel(op, run, backward, setup_context), "Autograd", with_keyset=True)
+        _AUTOGRAD[op] = _autograd_kernel(op, run, backward, setup_context)
+        _LIBRARY.impl(name, _AUTOGRAD[op], "Autograd", with_keyset=True)
     return op
 
 
@@ -78,9 +80,10 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     backward calls ``backward`` with ``ctx.needs_input_grad`` per schema argument), without its
     general-purpose wrapping (a pytree over every argument, twice, for the ``Tensor[]`` of the recurrent
     ops' weights: about 90 µs of a training step's 2 ms). ``backward`` returns one gradient per schema
-    argument, a list for a ``Tensor[]``. A call autograd has nothing to record for whose next dispatch
-    key is the device's own calls ``run`` (the op's implementation) straight away, rather than through a
-    second pass of the dispatcher (a decode step's few microseconds)."""
+    argument, a list for a ``Tensor[]``. Where the next dispatch key is the device's own, the op's
+    implementation ``run`` is called straight away rather than through a second pass of the dispatcher (a
+    decode step's few microseconds), also inside the ``autograd.Function``; ``direct`` calls the kernel
+    itself with the keyset None (an eager call on plain tensors: the device's kernel next)."""
     lists = frozenset(i for i, arg in enumerate(op._schema.arguments) if str(arg.type) == "List[Tensor]")
     below = torch._C._after_autograd_keyset
 
@@ -96,8 +99,12 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
         @staticmethod
         def forward(ctx: Any, keyset: Any, sizes: tuple[int, ...], *flat: Any) -> Any:
             args = nested(flat, sizes)
-            with torch._C._AutoDispatchBelowAutograd():
-                out = op.redispatch(keyset & below, *args)
+            rest = None if keyset is None else keyset & below
+            if rest is None or rest.highestPriorityTypeId() in _DEVICE_KEYS:  # nothing between autograd and it
+                out = run(*args)
+            else:
+                with torch._C._AutoDispatchBelowAutograd():
+                    out = op.redispatch(rest, *args)
             setup_context(ctx, tuple(args), out)
             ctx.sizes = sizes
             return out
@@ -137,16 +144,20 @@ def direct(op: Any) -> Callable[..., Any]:
     dispatcher would do nothing but reach it, else ``op``. That is an eager call (not traced by Dynamo,
     no torch function or dispatch mode, no functorch transform) on plain tensors of which autograd
     records nothing (grad disabled, or none requires it): the dispatcher's two passes and the Python
-    kernel's frames cost a decode step about as much as its kernel (on an Intel Xeon, 20 of ~75 µs)."""
-    run = _RUNS[op]
+    kernel's frames cost a decode step about as much as its kernel (on an Intel Xeon, 20 of ~75 µs). Such a
+    call of which autograd records something goes to the op's Autograd kernel itself (``_autograd_kernel``)
+    rather than through the dispatcher's pass to it (a training step's forward, about 20 µs)."""
+    run, recorded = _RUNS[op], _AUTOGRAD.get(op)
 
     def call(*args: Any) -> Any:
-        if not runs_directly(*args):
+        if not untraced():
             return op(*args)
         for a in args:
             if isinstance(a, torch.Tensor) and type(a) not in PLAIN or type(a) is list and not all(
                     type(t) in PLAIN for t in a):
                 return op(*args)
+        if _grad_enabled() and _any_requires_grad(*args):
+            return op(*args) if recorded is None else recorded(None, *args)
         return run(*args)
     return call
 

@@ -19,22 +19,39 @@ backward recomputes the forward. In eval mode and under ``torch.no_grad()`` noth
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
+from torch.nn.modules.module import (_global_backward_hooks, _global_backward_pre_hooks, _global_forward_hooks,
+                                     _global_forward_pre_hooks)
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from host_fallback.abi import OPS as DEFINITIONS
 
 from .arguments import check_rnn_forward
-from .bridge import UNBUILT, call_key, hot_path, keep_hot_path
+from .bridge import UNBUILT, call_key, hot_path, keep_hot_path, kept_per_signature
 from .library import PLAIN, runs_directly
 from .recurrent import Recurrence, recurrent
-from .recurrent_hot import hot_recurrent
+from .recurrent_hot import hot_recurrent, latest_path
 from .registry import FUNCTIONS
 
+#: Dynamo answers True while it traces: traced code never reads a hot path.
+_is_compiling = torch.compiler.is_compiling
+_jit_tracing = torch._C._get_tracing_state
+_MODULE_CALL = torch.nn.Module.__call__
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
 OPS = {"LSTM": "lstm", "GRU": "gru", "RNN_TANH": "rnn", "RNN_RELU": "rnn"}
+_holding: weakref.WeakSet = weakref.WeakSet()  # the modules holding a latest path (``_RlxRecurrent._rlx_latest``)
+
+
+@kept_per_signature
+def _forget_latest_paths() -> None:
+    """Drop every module's latest path with the bridge's caches (``rlx_gpu.torch.clear_cache()``): its plan is
+    freed, and its next call runs the whole way (a parameter written through ``.data`` is seen)."""
+    for module in list(_holding):
+        module.__dict__["_rlx_latest"] = None
+    _holding.clear()
 
 
 def packed_like(y: torch.Tensor, like: PackedSequence) -> PackedSequence:
@@ -51,9 +68,38 @@ def packed_like(y: torch.Tensor, like: PackedSequence) -> PackedSequence:
 class _RlxRecurrent:
     """The ``forward`` of ``LSTM``, ``GRU`` and ``RNN``, for a subclass of torch.nn's module."""
 
+    #: The hot path of the module's latest call signature behind a check of that signature (``latest_path``):
+    #: None before one and after any attribute of the module is set (``__setattr__``).
+    _rlx_latest: Callable[..., Any] | None = None
+
     def __init__(self, mode: str, *args: Any, recompute: bool = False, **kwargs: Any) -> None:
         super().__init__(mode, *args, **kwargs)
         self.recompute = recompute  # True: the backward recomputes the forward instead of reading its reserve
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        # any attribute (training, dropout, a parameter, _flat_weights after .to()) may change a call's path
+        self.__dict__["_rlx_latest"] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_rlx_latest", None)  # a bound plan: not pickled, not deep-copied
+        return state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``torch.nn.Module.__call__``, which calls ``forward``, but for a call of the latest signature with a hot
+        path, no hook on the module or any module and no tracing: the hot path itself (``latest_path``), without
+        nn.Module's two frames (a decode step's 5 µs after its kernel swept the cache)."""
+        if not _is_compiling():  # Dynamo traces nn.Module's call, reading nothing below
+            latest = self._rlx_latest
+            if latest is not None and not kwargs and 0 < len(args) <= 2 and not (
+                    self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
+                    or _global_forward_hooks or _global_forward_pre_hooks or _global_backward_hooks
+                    or _global_backward_pre_hooks or _jit_tracing()):
+                out = latest(self, *args)
+                if out is not None:
+                    return out
+        return _MODULE_CALL(self, *args, **kwargs)
 
     def forward(self, input: Any, hx: Any = None) -> tuple[Any, Any]:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
@@ -67,7 +113,12 @@ class _RlxRecurrent:
                    first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given))
             path = hot_path(key)
             if path is not None and path is not UNBUILT:
-                return path(module, input, hx)
+                out = path(module, input, hx)
+                if out is not None:  # None: a parameter's dtype or device changed (``hot_recurrent``)
+                    if module._compiled_call_impl is None:  # not after module.compile(): its call is compiled
+                        self.__dict__["_rlx_latest"] = path  # the module's next call goes to it straight
+                        _holding.add(self)
+                    return out
         check_rnn_forward(module, input, hx)
         packed = isinstance(input, PackedSequence)
         x, states, seq_lens, batched = self._arguments(input, hx)
@@ -76,7 +127,7 @@ class _RlxRecurrent:
                                   input.batch_sizes if packed else None)
         y, finals = self._layers(x, states, seq_lens)
         if key is not None and path is UNBUILT:
-            keep_hot_path(key, lambda: self._hot_path(x, states, batched, hx is not None))
+            keep_hot_path(key, lambda: self._hot_path(x, states, batched, input, given, hx))
         return self._results(input, y, finals, batched)
 
     def _arguments(self, input: Any, hx: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any, bool]:
@@ -107,11 +158,13 @@ class _RlxRecurrent:
             finals = [f.squeeze(1) for f in finals]
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
 
-    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool,
-                  hx_given: bool) -> Callable[..., Any] | None:
-        """The hot path (``bridge.hot_path``) of a signature whose call just passed its checks: all layers as one
-        op on CPU tensors of torch's own types (not a packed input; not dropout between layers in training)
-        on the bound forward (``recurrent_hot.hot_recurrent``); None for any other. ``hx_given``: the call gave ``hx``."""
+    def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool, input: torch.Tensor,
+                  given: tuple[torch.Tensor, ...], hx: Any) -> Callable[..., Any] | None:
+        """The hot path (``bridge.hot_path``) of a signature whose call (``input``, the states ``given`` as ``hx``)
+        just passed its checks: all layers as one op on CPU tensors of torch's own types (not a packed input; not
+        dropout between layers in training) on the bound forward (``recurrent_hot.hot_recurrent``), behind the
+        check of that signature a module's latest path needs (``recurrent_hot.latest_path``); None for any
+        other."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         weights = module._flat_weights
         if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):
@@ -120,19 +173,19 @@ class _RlxRecurrent:
         if run is None:
             return None
 
-        if batched and module.batch_first and hx_given:  # a decode loop's form: the tensors are the op's
+        if batched and module.batch_first and hx is not None:  # a decode loop's form: the tensors are the op's
             lstm = module.mode == "LSTM"
 
-            def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any]:
-                y, *finals = run(input, module._flat_weights, hx if lstm else (hx,))
-                return y, (tuple(finals) if lstm else finals[0])
-            return as_given
+            def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
+                out = run(input, module._flat_weights, hx if lstm else (hx,))
+                return None if out is None else (out[0], (out[1], out[2]) if lstm else out[1])
+            return latest_path(as_given, input, given, hx)
 
-        def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any]:
+        def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
             x, states, _, _ = module._arguments(input, hx)
-            y, *finals = run(x, module._flat_weights, states.values())
-            return module._results(input, y, finals, batched)
-        return forward
+            out = run(x, module._flat_weights, states.values())
+            return None if out is None else module._results(input, out[0], out[1:], batched)
+        return latest_path(forward, input, given, hx)
 
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:
         """``{"h0": ..}`` (and ``"c0"`` for an LSTM), ``[layers*dirs, batch, width]``: zeros without ``hx``."""
@@ -153,7 +206,7 @@ class _RlxRecurrent:
         """``y`` and the final states of every layer: one thunk for them all, or with dropout between layers
         in training mode one per layer."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
-        weights = [getattr(module, name) for name in module._flat_weights_names]
+        weights = module._flat_weights  # what torch.nn's forward reads too: the parameters by name, kept up to date
         split = self._split()
         groups = [range(l, l + 1) for l in range(module.num_layers)] if split else [range(module.num_layers)]
         dirs = 2 if module.bidirectional else 1
@@ -165,7 +218,7 @@ class _RlxRecurrent:
             rows = slice(layers.start * dirs, layers.stop * dirs)
             x, *ends = recurrent(self._recurrence(len(layers)), x,
                                  weights[layers.start * per_layer: layers.stop * per_layer],
-                                 {f: s[rows] for f, s in states.items()}, seq_lens,
+                                 {f: s[rows] for f, s in states.items()} if split else states, seq_lens,
                                  recompute=self.recompute or not module.training)
             for out, end in zip(finals, ends):
                 out.append(end)

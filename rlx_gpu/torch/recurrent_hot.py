@@ -10,8 +10,9 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import torch
 
 from ..runtime.host_call import HostCall, places
-from .bridge import CPU, BoundCall, _last, host_array, plan_for, specs_of, tensor
+from .bridge import CPU, _ENVIRON, BoundCall, _device_variables, _last, host_array, plan_for, specs_of, tensor
 from .fused import CALL
+from .library import _any_requires_grad, _dispatch_modes, _function_mode, _grad_enabled, _transforms
 from .recurrent import Recurrence, _forward_graph, _inputs, _packings
 from .written import place_writer
 
@@ -20,8 +21,10 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
                   states: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
     """The forward of ``spec`` bound for the signature of a call on CPU tensors that just ran (a module's
     hot path: ``nn``), ``run(x, weights, states) -> [y, *final states]``: its call plan bound once, the
-    weight streams taken from ``_Packings`` and copied in only when a parameter changed (their stamp);
-    None where the weights are no parameters (packed on every call) or there are no steps to run."""
+    weight streams taken from ``_Packings`` and copied in only when a parameter changed (their stamp); a run
+    answers None where a parameter has another dtype or device than the signature's (its ``.data`` swapped: the
+    call goes the whole way). None where the weights are no parameters (packed on every call) or there are no
+    steps to run."""
     if x.shape[:2].numel() == 0 or not x.is_cpu:
         return None
     inputs, stamps = _inputs(spec, x, weights, states, None)
@@ -35,15 +38,19 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     view, wrap = (torch.Tensor.numpy, torch.from_numpy) if bound.plain else (host_array, lambda a: tensor(a, CPU))
     # where x and each state go among the plan's inputs (``bound.order``: each one's position among ``inputs``)
     x_at, state_ats = bound.order.index(0), [bound.order.index(positions[s]) for s in spec.states]
-    # the latest call's parameters (weakly), (version, address) marks, and the plan's inputs and stamps with its
-    # packing in place: a decode loop's are unchanged, so a step sets only x and the states
+    # the latest call's parameters (weakly), their marks (``_version``, ``_address``), and the plan's inputs and
+    # stamps with its packing in place: a decode loop's are unchanged, so a step sets only x and the states
     latest: list[Any] = [(), None, None, None, None]
     host = _written(spec, plan, x, states, inputs, bound) if bound.plain else None
+    kind = (weights[0].dtype, weights[0].device)
 
-    def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        marks = [(w._version, w.data_ptr()) for w in weights]
+    def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]
+            ) -> list[torch.Tensor] | None:
+        marks = (*map(_version, weights), *map(_address, weights))
         held, seen, values, stamps, packed = latest
-        if marks != seen or len(held) != len(weights) or not all(map(operator.is_, weights, map(_referent, held))):
+        if marks != seen or not all(map(operator.is_, weights, map(_referent, held))):
+            if not all(w.dtype is kind[0] and w.device == kind[1] for w in weights):
+                return None  # a parameter's .data swapped for another dtype's or device's: the whole way
             streams, key = _packings.streams(spec, weights)
             values, stamps = _placed(bound, streams, key)
             packed = (streams, key)
@@ -52,13 +59,47 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
         if host is not None:  # written straight into the plan's arena
             out = host((x, *states, packed))
             _last.plan = plan
-            return [torch.from_numpy(a) for a in out]
+            return list(map(torch.from_numpy, out))
         values = values.copy()  # a stream is read only when its stamp changed
         values[x_at] = view(x)
         for at, state in zip(state_ats, states):
             values[at] = view(state)
         return [wrap(a) for a in bound.run(values, stamps)]
     return run
+
+
+def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any
+                ) -> Callable[..., Any]:
+    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature of ``input`` and
+    the states ``given`` as ``hx``) behind a check that a call has that signature, done without building and
+    hashing its key (``bridge.call_key``: a decode step's 10 µs), what the module keeps as its latest path:
+    ``latest(module, input, hx)`` is the path's result, or None where the call is another signature or one
+    autograd records (the whole way then). What the check leaves out the module looks after: any attribute set
+    on it drops its latest path, and the path itself checks the parameters (their dtype, device and versions).
+    The caller checks that Dynamo does not trace the call (``torch.compiler.is_compiling()``) and that no hook
+    of nn.Module's is to run."""
+    form = type(hx)
+    expected = tuple((type(t), t.shape, t.stride(), t.dtype) for t in (input, *given))
+    count = len(given)
+    # the default device's variables (``bridge.default_device``), read here without its frame
+    variables, environ = _device_variables(), _ENVIRON.get
+    device = tuple(map(environ, variables))
+
+    def latest(module: Any, input: Any, hx: Any = None) -> Any:
+        if type(hx) is not form or _function_mode() or _dispatch_modes() or _transforms():
+            return None
+        given = () if hx is None else hx if form is tuple else tuple(hx) if form is list else (hx,)
+        if len(given) != count:
+            return None
+        for t, (kind, shape, stride, dtype) in zip((input, *given), expected):
+            if type(t) is not kind or t.dtype is not dtype or t.shape != shape or t.stride() != stride \
+                    or not t.is_cpu:
+                return None
+        if _grad_enabled() and _any_requires_grad(input, *given, *module._flat_weights) \
+                or tuple(map(environ, variables)) != device:
+            return None
+        return path(module, input, hx)
+    return latest
 
 
 def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torch.Tensor],
@@ -85,6 +126,10 @@ def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torc
 
 
 _referent = weakref.ref.__call__  # a weak reference's object, mapped without a generator's frame
+# a parameter's marks: its version (an in-place torch operation, an optimizer step) and its address (``.data``
+# swapped), read without a comprehension's frame
+_version = operator.attrgetter("_version")
+_address = torch.Tensor.data_ptr
 
 
 def _placed(bound: BoundCall, streams: Mapping[str, torch.Tensor], key: Hashable | None
