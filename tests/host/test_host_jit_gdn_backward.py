@@ -1,8 +1,8 @@
-"""host_fallback's compiled per-channel gradients of gated_delta_net's chunked backward
-(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``, bound by ``gdn_backward_chunked``) beside their
-NumPy twin (``RLX_HOST_JIT=0``).
+"""host_fallback's compiled gradients of gated_delta_net's chunked backward, per key channel
+(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``) and per head (``gdn_head_gradients``), bound by
+``gdn_backward_grads`` and ``gdn_backward_chunked``, beside their NumPy twin (``RLX_HOST_JIT=0``).
 
-Both paths against the conformance reference's float64 backward (itself checked against finite differences and torch
+Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite differences and torch
 autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that end inside the
 sequence, packed sequences through state slots with grouped value heads, a saved forward (ABI.md §9.1); a NaN gate
 or output gradient left to the same lanes on both paths (redone step by step); the same bytes on every run.
@@ -26,10 +26,16 @@ from host_fallback import jit, jit_gdn_backward  # noqa: E402  (needs Numba)
 OP = "gated_delta_net_backward"
 BASE = dict(batch=2, seq=45, heads=2, state_size=8, gate_per_channel=True, carry_state=True)
 #: (label, params): seq 45 ends a chunk of 16 inside the sequence; the second packs sequences (one empty, one starting
-#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale
-CASES = [("partial-chunk", BASE),
-         ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True, scale=0.7,
-                                cu_seqlens=[0, 2, 2, 23, 40], state_slots=[3, 0, 4, 1], num_slots=5))]
+#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale; each per key channel
+#: and per head
+CASES = [(f"{label}-{gates}", dict(params, gate_per_channel=gates == "channel"))
+         for label, params in (("partial-chunk", BASE),
+                               ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True,
+                                                      scale=0.7, cu_seqlens=[0, 2, 2, 23, 40], state_slots=[3, 0, 4, 1],
+                                                      num_slots=5)))
+         for gates in ("channel", "head")]
+#: The kernels each gate kind calls.
+KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients"}, False: {"gdn_head_gradients"}}
 #: NMSE of each f32 gradient against float64's (test_gdn_backward's bound for f32)
 NMSE = 1e-10
 
@@ -52,7 +58,7 @@ def _both(monkeypatch, thunk: dict, arena: np.ndarray, **options) -> tuple[dict,
         kernel = getattr(jit_gdn_backward, name)
         monkeypatch.setattr(jit_gdn_backward, name, lambda *a, _k=kernel, _n=name: (calls.append(_n), _k(*a))[1])
     compiled = _grads(thunk, arena, **options)
-    assert set(calls) == set(jit_gdn_backward.__all__), calls
+    assert set(calls) == KERNELS[complete(thunk)["gate_per_channel"]], calls
     monkeypatch.setenv(jit.ENV, "0")
     numpy_path = _grads(thunk, arena, **options)
     monkeypatch.delenv(jit.ENV)
