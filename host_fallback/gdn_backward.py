@@ -150,14 +150,18 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
             vs = slice(sub_hs.start * group, sub_hs.stop * group)
             q, k, v, g, beta, d_out = (inputs[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in fields)
             saved = None if views is None else {f: x[sub_bs, :, vs] for f, x in views.items()}
-            run = _step_path if name == "step" else lambda *args: _chunked(*args, length, saved)
-            done.append((sub_bs, sub_hs, run(q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)))
+            args = (q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)
+            if name == "step":
+                done.append((sub_bs, sub_hs, _step_path(*args)))
+            else:  # the chunked path writes the gradients where they go (no output overlaps an input)
+                out = [grads[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in ("q", "k", "v", "g", "beta")]
+                done.append((sub_bs, sub_hs, (_chunked(*args, length, out, saved),)))
         return done
 
     def store(bs: slice, hs: slice, done: list[tuple[slice, slice, tuple[Array, ...]]]) -> None:
         for sub_bs, sub_hs, result in done:
             vs = slice(sub_hs.start * group, sub_hs.stop * group)
-            for f, x in zip(("q", "k", "v", "g", "beta"), result):
+            for f, x in zip(("q", "k", "v", "g", "beta"), result[:-1]):
                 grads[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] = x
             d_init[sub_bs, vs] = result[-1]
 

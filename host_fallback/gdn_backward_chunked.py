@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .chunked import (chunk_view, decay_ratios, floor_log_decays, from_chunks, scratch, to_chunks,
-                      unit_lower_inverse)
+from .chunked import chunk_view, decay_ratios, floor_log_decays, scratch, to_chunks, unit_lower_inverse
 from .gdn_backward_grads import _FLOATS, _Decayed, _rowdot, blocks, channel_gradients, head_gradients
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
@@ -15,10 +14,12 @@ from .gdn_step import _split, _swap
 Array = np.ndarray
 
 
-def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
-    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results). ``saved``: a
-    saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of ``length``),
-    read instead of forming the decayed products, the inverses, the states entering each chunk and ``U``."""
+def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
+    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout): the gradients of ``q, k, v, g,
+    beta`` written into ``out`` (five arrays of their layout, views of the caller's), the initial state's returned.
+    ``saved``: a saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of
+    ``length``), read instead of forming the decayed products, the inverses, the states entering each chunk and
+    ``U``."""
     seq, heads, n = q.shape[1:]
     b, group = q.shape[0], v.shape[2] // heads
     per_channel = g.ndim == 4
@@ -68,7 +69,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
     dbeta -= _rowdot(dgk, gk)
     np.copyto(da, 0, where=_upper(length, 0))
     dbeta -= np.sum(da * kk, axis=-1)
-    dkd = np.matmul(u, leave_t)  # of KD, over to_end
+    dkd = np.matmul(u, leave_t, out=_temp("dkd", gk.shape, gk.dtype))  # of KD, over to_end
     # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
     # last one also through the decayed entering state, gamma_L S0
     entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
@@ -80,9 +81,22 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
-    dq, dk = (from_chunks(x[:, :, :, 0] if group == 1 else x.sum(axis=3), seq) for x in (dq, dk))
-    dv, dg, dbeta = (from_chunks(x.reshape(count, b, heads * group, *x.shape[4:]), seq) for x in (dv, dg, dbeta))
-    return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
+    for f, (x, dest) in enumerate(zip(grads, out)):  # dq and dk per value head: summed over each key head's group
+        _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
+    return ds.reshape(s0.shape)
+
+
+def _unchunk(y: Array, dest: Array) -> None:
+    """``y [C, B, H, L, ...]`` (``to_chunks``' layout) written into the first ``S`` steps of ``dest [B, S, H, ...]``
+    where they lie: no array of ``dest``'s layout in between."""
+    count, b, heads, length = y.shape[:4]
+    seq = dest.shape[1]
+    whole = seq // length
+    if whole:  # splitting the steps' axis in two is a view
+        np.copyto(np.moveaxis(dest[:, :whole * length].reshape(b, whole, length, heads, *dest.shape[3:]), (1, 2), (0, 3)),
+                  y[:whole])
+    if whole < count:
+        np.copyto(np.moveaxis(dest[:, whole * length:], 1, 2), y[whole, :, :, :seq - whole * length])
 
 
 def _temp(name: str, shape: tuple[int, ...], dtype) -> Array:
@@ -129,7 +143,7 @@ def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds, y, leave_t):
     ``Y = (I + A)^-T dU`` (into ``y``), ``dV = beta Y``, ``dS0 = gamma_L dS_L + carried - (gamma K)^T dV``
     (``carried``: ``scale (gamma Q)^T dO``); each chunk's ``dS_L`` goes transposed into ``leave_t``. Returns ``(dv,
     ds0)``."""
-    dv = np.empty_like(du)
+    dv = _temp("dv", du.shape, du.dtype)
     for c in range(du.shape[0] - 1, -1, -1):
         du[c] += np.matmul(kd[c], ds)
         np.matmul(inverse_t[c], du[c], out=y[c])
@@ -198,9 +212,10 @@ def _redo_nonfinite(grads, ds0, chunks, starts, dsf, scale) -> None:
     """Redo with ``_step``, chunk by chunk from the checkpoints ``starts``, every lane (batch row, key
     head, group member) whose chunked gradients hold a NaN or Inf; writes into ``grads`` and ``ds0``."""
     lead = ds0.shape[:3]
-    bad = ~np.isfinite(ds0).all(axis=(-2, -1))
+    # a lane's sum is non-finite where any of its terms is (or, rarely, where it overflows: a lane redone needlessly)
+    bad = ~np.isfinite(ds0.sum(axis=(-2, -1)))
     for x in grads:
-        bad |= ~np.isfinite(x).reshape(x.shape[0], *lead, -1).all(axis=(0, -1))
+        bad |= ~np.isfinite(x.reshape(x.shape[0], *lead, -1).sum(axis=(0, -1)))
     if not bad.any():
         return
     pick = np.nonzero(bad)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
+from .chunked import scratch
 from .gdn_grams import CHANNEL_SPREAD, _upper
 from .gdn_step import _swap
 
@@ -137,6 +138,11 @@ def _lanes(x: Array, dtype) -> Array:
     return np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
 
 
+def _out(name: str, shape: tuple[int, ...], dtype) -> Array:
+    """A compiled kernel's output array: ``chunked.scratch``'s, for ``_chunked`` copies the gradients out of it."""
+    return scratch(f"gdnb.{name}", shape, dtype)
+
+
 def _compiled_channel(kernel, decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
     """``channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
     members; ``qc``, ``kc`` one a key head). ``dg`` is written over ``dkd`` (the GEMM's own array, read by nothing
@@ -144,7 +150,7 @@ def _compiled_channel(kernel, decayed, qc, kc, prods, dkd, gamma, to_end, bc, sc
     shape, dtype = dkd.shape, dkd.dtype
     length, n = shape[-2:]
     lanes = [_lanes(x, dtype) for x in (qc, kc, decayed.up, decayed.down, gamma, to_end)]
-    dq, dk, dg = np.empty(shape, dtype), np.empty(shape, dtype), _lanes(dkd, dtype)
+    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _lanes(dkd, dtype)
     kernel(*lanes, np.ascontiguousarray(bc, dtype).reshape(-1, length), _lanes(prods, dtype), dg,
            np.ascontiguousarray(entering, dtype).reshape(-1, n), dq.reshape(-1, length, n), dk.reshape(-1, length, n),
            dg, np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
@@ -179,7 +185,7 @@ def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc
     shape, dtype = dkd.shape, dkd.dtype
     length, n = shape[-2:]
     steps = [np.ascontiguousarray(x, dtype).reshape(-1, length) for x in (gamma, to_end, bc)]
-    dq, dk, dg = np.empty(shape, dtype), np.empty(shape, dtype), np.empty(shape[:-1], dtype)
+    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _out("dg", shape[:-1], dtype)
     kernel(_lanes(qc, dtype), _lanes(kc, dtype), *steps, *(_lanes(x, dtype) for x in (ratios, qk, kk, prods, dkd)),
            np.ascontiguousarray(entering.sum(axis=-1), dtype).reshape(-1), dq.reshape(-1, length, n),
            dk.reshape(-1, length, n), dg.reshape(-1, length), dtype.type(scale), shape[-3])
