@@ -6,7 +6,7 @@ import numpy as np
 
 from . import jit
 from .chunked import chunk_view, decay_ratios, floor_log_decays, scratch, to_chunks, unit_lower_inverse
-from .gdn_backward_grads import _FLOATS, _Decayed, _rowdot, blocks, channel_gradients, head_gradients
+from .gdn_backward_grads import _FLOATS, _Decayed, _rowdot, channel_gradients, dbeta_terms, head_gradients
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
@@ -62,22 +62,19 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
-    _, _, dgk, da = blocks(prods, length)
-    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept; Y S0^T (beta gamma) is minus
-    # the gradient of gamma K; Y U^T minus that of A, strictly lower
-    dbeta = _rowdot(y, vc)
-    dbeta -= _rowdot(dgk, gk)
-    np.copyto(da, 0, where=_upper(length, 0))
-    dbeta -= np.sum(da * kk, axis=-1)
     dkd = np.matmul(u, leave_t, out=_temp("dkd", gk.shape, gk.dtype))  # of KD, over to_end
-    # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
-    # last one also through the decayed entering state, gamma_L S0
-    entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
-    raw = (prods, dkd, gamma, to_end, bc, scale, entering)
+    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
+    # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
+    dbeta = _rowdot(y, vc)
+    raw = (prods, dkd, gamma, to_end, bc, scale)
     if per_channel:
-        dq, dk, dg = channel_gradients(pairs, qc, kc, *raw)
+        dbeta_terms(prods, gk, kk, dbeta)
+        # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
+        # last one also through the decayed entering state, gamma_L S0
+        entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
+        dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
     else:
-        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw)
+        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, gk, dbeta)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)

@@ -157,13 +157,27 @@ def _compiled_channel(kernel, decayed, qc, kc, prods, dkd, gamma, to_end, bc, sc
     return dq, dk, dg.reshape(shape)
 
 
-def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, entering):
+def dbeta_terms(prods, gk, kk, dbeta):
+    """Takes from ``dbeta`` (which holds ``Y.V``) beta's gradient through ``gamma K`` and ``A``: ``dgk.(gamma K)`` and
+    ``sum_s da kk`` (``blocks``' ``dgk`` and ``da``, unscaled; ``da`` zeroed on and above its diagonal here)."""
+    _, _, dgk, da = blocks(prods, kk.shape[-1])
+    dbeta -= _rowdot(dgk, gk)
+    np.copyto(da, 0, where=_upper(da.shape[-1], 0))
+    dbeta -= np.sum(da * kk, axis=-1)
+
+
+def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, gk, dbeta):
     """Per-head gates: ``channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``; ``dg [...,
-    L]``. One compiled pass (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``,
-    f32 or f64)."""
+    L]``; and ``dbeta_terms`` (``dbeta`` in place). The entering state's term of the last step's ``dcum`` is ``through``
+    times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
+    (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64)."""
     kernel = jit.kernel("gdn_head_gradients")
     if kernel is not None and qc.dtype in _FLOATS:
-        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, entering)
+        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t,
+                              through, dbeta)
+    dbeta_terms(prods, gk, kk, dbeta)
+    n = kc.shape[-1]
+    entering = np.einsum("...vk,...vk->...", starts_t[..., :n], leave_t) * through[..., 0, 0]
     dqk, dkk, dqg, dgk, dkd = _scaled(prods, dkd, gamma, to_end, bc, scale)
     p_q, p_k = dqk * ratios, dkk * ratios
     dq = np.matmul(p_q, kc)
@@ -176,17 +190,19 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
     dcum = e.sum(axis=-1) - e.sum(axis=-2)
     dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
-    dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering.sum(axis=-1)
+    dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering
     return dq, dk, _from_end(dcum, -1)
 
 
-def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, entering):
+def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through,
+                   dbeta):
     """``head_gradients`` by ``kernel`` over lanes (``_compiled_channel``'s): ``gamma``, ``to_end`` ``[..., L, 1]``."""
     shape, dtype = dkd.shape, dkd.dtype
     length, n = shape[-2:]
     steps = [np.ascontiguousarray(x, dtype).reshape(-1, length) for x in (gamma, to_end, bc)]
     dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _out("dg", shape[:-1], dtype)
     kernel(_lanes(qc, dtype), _lanes(kc, dtype), *steps, *(_lanes(x, dtype) for x in (ratios, qk, kk, prods, dkd)),
-           np.ascontiguousarray(entering.sum(axis=-1), dtype).reshape(-1), dq.reshape(-1, length, n),
-           dk.reshape(-1, length, n), dg.reshape(-1, length), dtype.type(scale), shape[-3])
+           _lanes(starts_t, dtype), _lanes(leave_t, dtype), np.ascontiguousarray(through, dtype).reshape(-1),
+           dq.reshape(-1, length, n), dk.reshape(-1, length, n), dg.reshape(-1, length), dbeta.reshape(-1, length),
+           dtype.type(scale), shape[-3])
     return dq, dk, dg

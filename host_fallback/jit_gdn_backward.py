@@ -143,8 +143,8 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, en
                 out_g[i] = tail[i]
 
 
-_HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, entering=1, dq=3, dk=3,
-             dg=2)
+_HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, starts_t=3, leave_t=3,
+             through=1, dq=3, dk=3, dg=2, dbeta=2)
 #: Partial sums a dot product over the key channels keeps (one vector of float32 on AVX-512): a fixed order,
 #: which LLVM vectorizes without reassociating anything.
 _PARTS = 16
@@ -161,13 +161,23 @@ def _accumulate(out, a0, a1, a2, a3, x0, x1, x2, x3):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
+def _total(parts):
+    """The sum of ``parts`` (``_PARTS`` partial sums), in their order."""
+    total = parts[0]
+    for slot in range(1, _PARTS):
+        total += parts[slot]
+    return total
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
 def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
     """``_scaled``'s three per-step scalings of channel ``i`` (``dqg`` by ``gamma scale``, ``dgk`` by ``beta gamma``,
-    ``dkd`` by ``to_end``, in place), their part of the step's ``q.dqg - k.(dgk + dkd)`` into ``sums[0, slot]`` and
-    of ``k.dkd`` into ``sums[1, slot]``."""
+    ``dkd`` by ``to_end``, in place), their part of the step's ``q.dqg - k.(dgk + dkd)`` into ``sums[0, slot]``, of
+    ``k.dkd`` into ``sums[1, slot]`` and of ``k.dgk`` (unscaled) into ``sums[2, slot]``."""
     h = ht[i] * et * scale
     w = gt[i] * bt * et
     d = dt[i] * ft
+    sums[2, slot] += gt[i] * kt[i]
     ht[i], gt[i], dt[i] = h, w, d
     sums[0, slot] += qt[i] * h - kt[i] * (w + d)
     sums[1, slot] += kt[i] * d
@@ -175,43 +185,51 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
 
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, entering, dq, dk, dg, scale, group):
+def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, starts_t, leave_t, through, dq, dk, dg,
+                       dbeta, scale, group):
     """Per-head gates: ``gdn_channel_gradients``'s for lanes of one decay a step (``gamma``, ``to_end``, ``beta``
     ``[N, L]``): the products' gradients scaled as ``_scaled`` does (``products`` and ``dkd`` as there, in place),
     ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg + P_q
     k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of ``dcum``:
     ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over each column,
-    plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd + entering`` (``entering [N]``). The triangles
-    only (``s <= r``); each dot product over the channels in ``_PARTS`` partial sums."""
+    plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's term, ``through
+    [N]`` times ``S0 . dS_L`` (``starts_t [N, V, >= K]`` and ``leave_t [N, V, K]``, both transposed). Takes from
+    ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
+    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums."""
     lanes, length, n = dq.shape
-    sums = np.empty((2, _PARTS), dq.dtype)
+    sums = np.empty((3, _PARTS), dq.dtype)
     pm = np.zeros((2, length, length), dq.dtype)  # P_q, P_k of a lane
     whole = n - n % _PARTS
     for j in range(lanes):
         qj, kj, pj, dkdj, rj, qkj, kkj = q[j // group], k[j // group], products[j], dkd[j], ratios[j], qk[j], kk[j]
         dqj, dkj, dgj, bj = dq[j], dk[j], dg[j], beta[j]
-        sums[1, :] = 0
+        sums[:] = 0
+        for v in range(leave_t.shape[1]):  # S0 . dS_L
+            a, b = starts_t[j, v], leave_t[j, v]
+            for start in range(0, whole, _PARTS):
+                for slot in range(_PARTS):
+                    sums[0, slot] += a[start + slot] * b[start + slot]
+            for i in range(whole, n):
+                sums[0, i - whole] += a[i] * b[i]
+        entering = _total(sums[0]) * through[j]
         for t in range(length):  # the scalings and the channels' part of dcum
             sums[0, :] = 0
+            sums[2, :] = 0
             et, ft, bt, qt, kt, ht, gt, dt = gamma[j, t], to_end[j, t], bj[t], qj[t], kj[t], pj[t], pj[length + t], dkdj[t]
             for start in range(0, whole, _PARTS):
                 for slot in range(_PARTS):
                     _scale_channel(start + slot, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
             for i in range(whole, n):
                 _scale_channel(i, i - whole, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
-            total = sums[0, 0]
-            for slot in range(1, _PARTS):
-                total += sums[0, slot]
-            dgj[t] = total
-        total = entering[j]
-        for slot in range(_PARTS):
-            total += sums[1, slot]
-        dgj[length - 1] += total
+            dgj[t] = _total(sums[0])
+            dbeta[j, t] -= et * _total(sums[2])
+        dgj[length - 1] += _total(sums[1]) + entering
         # P_q and P_k (their upper triangles stay 0), and the products' part of dcum: + at the row, - at the column
         for r in range(length):
             row_q, row_k, rr, br = pj[r], pj[length + r], rj[r], -bj[r]
             for s in range(r):
                 dqk, dkk = row_q[n + s] * scale, row_k[n + s] * br
+                dbeta[j, r] -= row_k[n + s] * kkj[r, s]  # dkk kk, unscaled
                 e = dqk * qkj[r, s] + dkk * kkj[r, s]
                 dgj[r] += e
                 dgj[s] -= e
