@@ -154,10 +154,24 @@ _BLOCK = 4
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _accumulate(out, a0, a1, a2, a3, x0, x1, x2, x3):
-    """``out += a0 x0 + a1 x1 + a2 x2 + a3 x3`` along the channels."""
+def _rows(out_a, out_b, a, b, s, x):
+    """``out_a += sum_t a[t] x[t]`` and ``out_b += sum_t b[t] x[t]`` along the channels, ``t`` the ``_BLOCK`` steps
+    from ``s``."""
+    a0, a1, a2, a3, b0, b1, b2, b3 = a[s], a[s + 1], a[s + 2], a[s + 3], b[s], b[s + 1], b[s + 2], b[s + 3]
+    x0, x1, x2, x3 = x[s], x[s + 1], x[s + 2], x[s + 3]
+    for i in range(out_a.shape[0]):
+        out_a[i] += a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]
+        out_b[i] += b0 * x0[i] + b1 * x1[i] + b2 * x2[i] + b3 * x3[i]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _columns(out, a, b, col, r, x, y):
+    """``out += sum_t a[t, col] x[t] + b[t, col] y[t]`` along the channels, ``t`` the ``_BLOCK`` steps from ``r``."""
+    a0, a1, a2, a3 = a[r, col], a[r + 1, col], a[r + 2, col], a[r + 3, col]
+    b0, b1, b2, b3 = b[r, col], b[r + 1, col], b[r + 2, col], b[r + 3, col]
+    x0, x1, x2, x3, y0, y1, y2, y3 = x[r], x[r + 1], x[r + 2], x[r + 3], y[r], y[r + 1], y[r + 2], y[r + 3]
     for i in range(out.shape[0]):
-        out[i] += a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]
+        out[i] += (a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]) + (b0 * y0[i] + b1 * y1[i] + b2 * y2[i] + b3 * y3[i])
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
@@ -237,20 +251,16 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
             pm[0, r, r] = row_q[n + r] * scale * rr[r]
         # rows: dq = dqg + P_q k, dk = P_k k; columns: dk += P_q^T q + P_k^T k + dkd - dgk; _BLOCK steps at a time
         for r in range(length):
-            out_q, out_k, pq, pk = dqj[r], dkj[r], pm[0, r], pm[1, r]
-            out_q[:] = 0
-            out_k[:] = 0
+            out_q, out_k, given = dqj[r], dkj[r], pj[r]
+            for i in range(n):
+                out_q[i] = given[i]
+                out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
-                _accumulate(out_q, pq[s], pq[s + 1], pq[s + 2], pq[s + 3], kj[s], kj[s + 1], kj[s + 2], kj[s + 3])
-                _accumulate(out_k, pk[s], pk[s + 1], pk[s + 2], pk[s + 3], kj[s], kj[s + 1], kj[s + 2], kj[s + 3])
-            out_q += pj[r, :n]
+                _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
         for s in range(length):
             out_k = dkj[s]
             for r in range(s - s % _BLOCK, length, _BLOCK):
-                _accumulate(out_k, pm[0, r, s], pm[0, r + 1, s], pm[0, r + 2, s], pm[0, r + 3, s], qj[r], qj[r + 1],
-                            qj[r + 2], qj[r + 3])
-                _accumulate(out_k, pm[1, r, s], pm[1, r + 1, s], pm[1, r + 2, s], pm[1, r + 3, s], kj[r], kj[r + 1],
-                            kj[r + 2], kj[r + 3])
+                _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
             for i in range(n):
                 out_k[i] += dt[i] - gt[i]
