@@ -34,10 +34,8 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     products = None if read is None else (read["qk"], read["kk"])
     qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
     inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
-    inverse_t = _copy("inverse_t", _swap(inverse))
     lanes = vc.shape[:-2]  # [C, B, H, G]
     gk = np.multiply(gamma, kc, out=_temp("gk", (*lanes, length, n), kc.dtype))  # [..., L, K]
-    gk_t = _copy("gk_t", _swap(gk))
     kd = np.multiply(kc, to_end, out=_temp("kd", gk.shape, kc.dtype))  # KD, [..., L, K]
     # [O; Y] by [S0^T | U^T] (``gdn_backward_grads``): the states entering the chunks and U are written transposed
     # into the GEMM's right operand, Y by the reverse into its left one's lower half
@@ -49,16 +47,20 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     su[..., n:] = _swap(u)
     starts = _swap(su[..., :n])  # [C, ..., K, V]
 
-    # the reverse over chunks: dU = scale M^T dO + KD dS_L, Y = (I + A)^-T dU, dV = beta Y and
-    # dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV
+    # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
+    # (gamma Q)^T dO - (beta gamma K)^T Y; what does not depend on dS_L is formed for every chunk at once first
     du = np.matmul(_swap(qk), oc, out=_temp("du", (*lanes, length, width), vc.dtype))
     du *= scale
+    y = oy[..., length:, :]
+    np.matmul(_swap(inverse), du, out=y)
+    w = np.matmul(_swap(inverse), kd, out=_temp("w", gk.shape, kd.dtype))  # (I + A)^-T KD
+    bgk_t = np.multiply(_swap(gk), bc[..., None, :], out=_temp("bgk_t", (*lanes, n, length), gk.dtype))
     gq = np.multiply(gamma, qc, out=_temp("gq", gk.shape, qc.dtype))
     carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
     carried *= scale
-    y = oy[..., length:, :]
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)  # each chunk's dS_L, transposed: [C, ..., V, K]
-    dv, ds = _reverse(du, kd, inverse_t, bc, through, carried, gk_t, _split(dsf, group, 1).copy(), y, leave_t)
+    ds = _reverse(w, bgk_t, through, carried, _split(dsf, group, 1), y, leave_t)
+    dv = np.multiply(y, bc[..., None], out=_temp("dv", y.shape, y.dtype))
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
@@ -135,22 +137,20 @@ def _forward(vc, gk, inverse, bc, kd, through, s0, saved, starts_t):
     return u
 
 
-def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds, y, leave_t):
-    """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``du += KD dS_L``,
-    ``Y = (I + A)^-T dU`` (into ``y``), ``dV = beta Y``, ``dS0 = gamma_L dS_L + carried - (gamma K)^T dV``
-    (``carried``: ``scale (gamma Q)^T dO``); each chunk's ``dS_L`` goes transposed into ``leave_t``. Returns ``(dv,
-    ds0)``."""
-    dv = _temp("dv", du.shape, du.dtype)
-    for c in range(du.shape[0] - 1, -1, -1):
-        du[c] += np.matmul(kd[c], ds)
-        np.matmul(inverse_t[c], du[c], out=y[c])
-        np.multiply(y[c], bc[c][..., None], out=dv[c])
-        nxt = ds * through[c]
-        nxt += carried[c]
-        nxt -= np.matmul(gk_t[c], dv[c])
+def _reverse(w, bgk_t, through, carried, ds, y, leave_t):
+    """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
+    A)^-T KD``; ``y`` holds the rest of ``Y``), ``dS0 = gamma_L dS_L + carried - (beta gamma K)^T Y`` (``bgk_t``;
+    ``carried``: ``scale (gamma Q)^T dO``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` goes transposed
+    into ``leave_t``. Returns the first chunk's ``dS0`` (a fresh array)."""
+    product = np.empty(carried.shape[1:], carried.dtype)
+    for c in range(len(carried) - 1, -1, -1):
+        y[c] += np.matmul(w[c], ds)
         leave_t[c] = _swap(ds)
-        ds = nxt
-    return dv, ds
+        np.matmul(bgk_t[c], y[c], out=product)
+        carried[c] -= product
+        carried[c] += ds * through[c]
+        ds = carried[c]
+    return ds.copy()
 
 
 def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
