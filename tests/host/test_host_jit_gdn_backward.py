@@ -2,10 +2,11 @@
 (``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``) and per head (``gdn_head_gradients``), bound by
 ``gdn_backward_grads`` and ``gdn_backward_chunked``, beside their NumPy twin (``RLX_HOST_JIT=0``).
 
-Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite differences and torch
-autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that end inside the
-sequence, packed sequences through state slots with grouped value heads, a saved forward (ABI.md §9.1); a NaN gate
-or output gradient left to the same lanes on both paths (redone step by step); the same bytes on every run.
+Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite
+differences and torch autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that
+end inside the sequence, packed sequences through state slots with grouped value heads and K != V, a saved forward
+(ABI.md §9.1); a NaN gate or output gradient left to the same lanes on both paths (redone step by step); the same
+bytes on every run.
 """
 from __future__ import annotations
 
@@ -95,21 +96,29 @@ def test_f32_both_paths_match_float64_and_rerun_to_the_same_bytes(monkeypatch, l
     assert np.array_equal(first, second)
 
 
-def test_a_saved_forward_read_by_both_paths(monkeypatch):
-    thunk, arena, forward = laid_case("gated_delta_net", "f32", "per_channel")
+@pytest.mark.parametrize("case", ["per_head", "per_channel"])
+def test_a_saved_forward_read_by_both_paths(monkeypatch, case):
+    """A saved forward (chunks of 32, the last one partial) read by either path gives float64's gradients."""
+    thunk, arena, forward = laid_case("gated_delta_net", "f32", case)
     arena = filled_reserve(thunk, arena, forward)
+    want = _reference(thunk, arena)
     compiled, numpy_path = _both(monkeypatch, thunk, arena)
+    for got in (compiled, numpy_path):
+        for name, value in want.items():
+            err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+            assert err <= NMSE, (case, name, err)
     for name, value in numpy_path.items():
         np.testing.assert_allclose(compiled[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["channel", "head"])
 @pytest.mark.parametrize("field,dtype,tol", [("g", "f64", 1e-12), ("d_dst", "f32", 1e-4)])
-def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol):
+def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol, per_channel):
     """A NaN log-decay (or output gradient) makes its lane's chunked gradients non-finite on either path, which
     redoes it step by step: the same NaN everywhere, the same values elsewhere."""
-    thunk, arena = _laid(dict(BASE, seq=48), dtype)
+    thunk, arena = _laid(dict(BASE, seq=48, gate_per_channel=per_channel), dtype)
     r = next(r for r in regions(thunk) if r.field == field)
-    view(arena, r.offset, dtype, r.shape)[0, 20, 1, 3] = np.nan  # batch row 0, step 20, head 1, channel 3
+    view(arena, r.offset, dtype, r.shape)[(0, 20, 1, 3)[:len(r.shape)]] = np.nan  # row 0, step 20, head 1(, channel 3)
     with np.errstate(invalid="ignore"):
         compiled, numpy_path = _both(monkeypatch, thunk, arena, path="chunked", chunk=16)
     assert np.isnan(compiled["d_g"][0, :21, 1]).any() and not np.isnan(compiled["d_g"][1]).any()
