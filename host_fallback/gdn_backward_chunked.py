@@ -92,8 +92,8 @@ def _unchunk(y: Array, dest: Array) -> None:
     seq = dest.shape[1]
     whole = seq // length
     if whole:  # splitting the steps' axis in two is a view
-        np.copyto(np.moveaxis(dest[:, :whole * length].reshape(b, whole, length, heads, *dest.shape[3:]), (1, 2), (0, 3)),
-                  y[:whole])
+        split = dest[:, :whole * length].reshape(b, whole, length, heads, *dest.shape[3:])
+        np.copyto(np.moveaxis(split, (1, 2), (0, 3)), y[:whole])
     if whole < count:
         np.copyto(np.moveaxis(dest[:, whole * length:], 1, 2), y[whole, :, :, :seq - whole * length])
 

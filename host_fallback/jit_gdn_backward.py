@@ -1,16 +1,18 @@
-"""The compiled per-channel gradients of ``gated_delta_net``'s chunked backward (``gdn_channel_gradients``; where it
-applies and its arguments: ``gdn_backward_chunked._channel_gradients``), and the cumulative log-decays inside each
-chunk with their exponentials (``gdn_channel_decays``). Imported only through ``jit``.
+"""The compiled gradients of ``gated_delta_net``'s chunked backward from its GEMMs' products, per key channel
+(``gdn_channel_gradients``) and per head (``gdn_head_gradients``; where they apply and their arguments:
+``gdn_backward_grads``), and the cumulative log-decays inside each chunk with their exponentials
+(``gdn_channel_decays``). Imported only through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
-axis. Here one lane (chunk, batch row, key head, group member) is one pass: the GEMMs' products scaled into the
-gradients they stand for (NumPy's ``_scaled``, nine passes there), the decayed operands, the triangular
-products (only ``s <= r``: half a square's multiply-adds), the gradients and the sums from the chunk's end, each loop
-running along the ``K`` contiguous key channels (LLVM vectorizes them). Every sum runs in a fixed order (over steps,
-never across channels): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign
-of zero: NaN and inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's
-path); only products NumPy multiplies by a zero of the triangle's other side are skipped.
+axis (per head: three square GEMMs and about twenty passes). Here one lane (chunk, batch row, key head, group member)
+is one pass: the GEMMs' products scaled into the gradients they stand for (NumPy's ``_scaled``, nine passes there),
+the decayed operands, the triangular products (only ``s <= r``: half a square's multiply-adds), the gradients and the
+sums from the chunk's end, each loop running along the ``K`` contiguous key channels (LLVM vectorizes them). Every
+sum runs in a fixed order (over steps; a dot product over the channels in ``_PARTS`` partial sums, added in their
+order): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign of zero: NaN and
+inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's path); only products
+NumPy multiplies by a zero of the triangle's other side are skipped.
 """
 from __future__ import annotations
 
@@ -84,9 +86,9 @@ def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
 def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, entering, dq, dk, dg, work, sums, scale,
                           group):
     """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
-    ``_chunked`` forms them by GEMMs, ``products [N, 2L, K + L]`` (``gdn_backward_grads``: ``dqg = O S0^T`` and ``dgk = Y S0^T``
-    ``[L, K]``, ``dqk = O U^T`` lower triangular and ``dkk = Y U^T`` strictly lower ``[L, L]``) and ``dkd = U dS_L^T
-    [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
+    ``_chunked`` forms them by GEMMs, ``products [N, 2L, K + L]`` (``gdn_backward_grads``: ``dqg = O S0^T`` and ``dgk =
+    Y S0^T`` ``[L, K]``, ``dqk = O U^T`` lower triangular and ``dkk = Y U^T`` strictly lower ``[L, L]``) and ``dkd = U
+    dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
     ``scale``; ``dqk`` and ``dkk`` on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the
     chunk's midpoint's cumulative log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``,
     ``dkk``) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg +
@@ -171,7 +173,8 @@ def _columns(out, a, b, col, r, x, y):
     b0, b1, b2, b3 = b[r, col], b[r + 1, col], b[r + 2, col], b[r + 3, col]
     x0, x1, x2, x3, y0, y1, y2, y3 = x[r], x[r + 1], x[r + 2], x[r + 3], y[r], y[r + 1], y[r + 2], y[r + 3]
     for i in range(out.shape[0]):
-        out[i] += (a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]) + (b0 * y0[i] + b1 * y1[i] + b2 * y2[i] + b3 * y3[i])
+        out[i] += ((a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i])
+                   + (b0 * y0[i] + b1 * y1[i] + b2 * y2[i] + b3 * y3[i]))
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
@@ -203,9 +206,10 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                        dbeta, scale, group):
     """Per-head gates: ``gdn_channel_gradients``'s for lanes of one decay a step (``gamma``, ``to_end``, ``beta``
     ``[N, L]``): the products' gradients scaled as ``_scaled`` does (``products`` and ``dkd`` as there, in place),
-    ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg + P_q
-    k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of ``dcum``:
-    ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over each column,
+    ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg +
+    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of
+    ``dcum``: ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over
+    each column,
     plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's term, ``through
     [N]`` times ``S0 . dS_L`` (``starts_t [N, V, >= K]`` and ``leave_t [N, V, K]``, both transposed). Takes from
     ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
@@ -229,7 +233,8 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
         for t in range(length):  # the scalings and the channels' part of dcum
             sums[0, :] = 0
             sums[2, :] = 0
-            et, ft, bt, qt, kt, ht, gt, dt = gamma[j, t], to_end[j, t], bj[t], qj[t], kj[t], pj[t], pj[length + t], dkdj[t]
+            et, ft, bt, qt, kt = gamma[j, t], to_end[j, t], bj[t], qj[t], kj[t]
+            ht, gt, dt = pj[t], pj[length + t], dkdj[t]
             for start in range(0, whole, _PARTS):
                 for slot in range(_PARTS):
                     _scale_channel(start + slot, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)

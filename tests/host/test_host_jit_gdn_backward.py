@@ -31,9 +31,9 @@ BASE = dict(batch=2, seq=45, heads=2, state_size=8, gate_per_channel=True, carry
 #: and per head
 CASES = [(f"{label}-{gates}", dict(params, gate_per_channel=gates == "channel"))
          for label, params in (("partial-chunk", BASE),
-                               ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True,
-                                                      scale=0.7, cu_seqlens=[0, 2, 2, 23, 40], state_slots=[3, 0, 4, 1],
-                                                      num_slots=5)))
+                               ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3,
+                                                      qk_l2norm=True, scale=0.7, cu_seqlens=[0, 2, 2, 23, 40],
+                                                      state_slots=[3, 0, 4, 1], num_slots=5)))
          for gates in ("channel", "head")]
 #: The kernels each gate kind calls.
 KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients"}, False: {"gdn_head_gradients"}}
