@@ -58,8 +58,12 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     gq = np.multiply(gamma, qc, out=_temp("gq", gk.shape, qc.dtype))
     carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
     carried *= scale
-    leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)  # each chunk's dS_L, transposed: [C, ..., V, K]
-    ds = _reverse(w, bgk_t, through, carried, _split(dsf, group, 1), y, leave_t)
+    final = _split(dsf, group, 1)
+    ds = _reverse(w, bgk_t, through, carried, final, y)
+    # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
+    leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
+    leave_t[:-1] = _swap(carried[1:])
+    leave_t[-1] = _swap(final)
     dv = np.multiply(y, bc[..., None], out=_temp("dv", y.shape, y.dtype))
 
     # every other gradient, all chunks at once
@@ -137,18 +141,17 @@ def _forward(vc, gk, inverse, bc, kd, through, s0, saved, starts_t):
     return u
 
 
-def _reverse(w, bgk_t, through, carried, ds, y, leave_t):
+def _reverse(w, bgk_t, through, carried, ds, y):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
     A)^-T KD``; ``y`` holds the rest of ``Y``), ``dS0 = gamma_L dS_L + carried - (beta gamma K)^T Y`` (``bgk_t``;
-    ``carried``: ``scale (gamma Q)^T dO``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` goes transposed
-    into ``leave_t``. Returns the first chunk's ``dS0`` (a fresh array)."""
-    product = np.empty(carried.shape[1:], carried.dtype)
+    ``carried``: ``scale (gamma Q)^T dO``, overwritten by each chunk's ``dS0``). Returns the first chunk's ``dS0`` (a
+    fresh array)."""
+    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(y.shape[1:], y.dtype)
     for c in range(len(carried) - 1, -1, -1):
-        y[c] += np.matmul(w[c], ds)
-        leave_t[c] = _swap(ds)
+        y[c] += np.matmul(w[c], ds, out=rest)
         np.matmul(bgk_t[c], y[c], out=product)
         carried[c] -= product
-        carried[c] += ds * through[c]
+        carried[c] += np.multiply(ds, through[c], out=product)
         ds = carried[c]
     return ds.copy()
 
