@@ -55,9 +55,8 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     np.matmul(_swap(inverse), du, out=y)
     w = np.matmul(_swap(inverse), kd, out=_temp("w", gk.shape, kd.dtype))  # (I + A)^-T KD
     bgk_t = np.multiply(_swap(gk), bc[..., None, :], out=_temp("bgk_t", (*lanes, n, length), gk.dtype))
-    gq = np.multiply(gamma, qc, out=_temp("gq", gk.shape, qc.dtype))
+    gq = np.multiply(gamma * scale, qc, out=_temp("gq", gk.shape, qc.dtype))  # scale gamma Q
     carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
-    carried *= scale
     final = _split(dsf, group, 1)
     ds = _reverse(w, bgk_t, through, carried, final, y)
     # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
