@@ -35,8 +35,11 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
     inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
     lanes = vc.shape[:-2]  # [C, B, H, G]
-    gk = np.multiply(gamma, kc, out=_temp("gk", (*lanes, length, n), kc.dtype))  # [..., L, K]
-    kd = np.multiply(kc, to_end, out=_temp("kd", gk.shape, kc.dtype))  # KD, [..., L, K]
+    shape = (*lanes, length, n)
+    # gamma K, [..., L, K]: for the recomputed forward and per-channel gates' beta gradient (per head the compiled
+    # pass and the reverse scale K by the step's one decay themselves)
+    gk = np.multiply(gamma, kc, out=_temp("gk", shape, kc.dtype)) if read is None or per_channel else None
+    kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype))  # KD, [..., L, K]
     # [O; Y] by [S0^T | U^T] (``gdn_backward_grads``): the states entering the chunks and U are written transposed
     # into the GEMM's right operand, Y by the reverse into its left one's lower half
     width = vc.shape[-1]
@@ -53,9 +56,11 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     du *= scale
     y = oy[..., length:, :]
     np.matmul(_swap(inverse), du, out=y)
-    w = np.matmul(_swap(inverse), kd, out=_temp("w", gk.shape, kd.dtype))  # (I + A)^-T KD
-    bgk_t = np.multiply(_swap(gk), bc[..., None, :], out=_temp("bgk_t", (*lanes, n, length), gk.dtype))
-    gq = np.multiply(gamma * scale, qc, out=_temp("gq", gk.shape, qc.dtype))  # scale gamma Q
+    w = np.matmul(_swap(inverse), kd, out=_temp("w", shape, kd.dtype))  # (I + A)^-T KD
+    steps = bc[..., None] if gk is not None else gamma * bc[..., None]  # what K or gamma K takes for beta gamma K
+    bgk_t = np.multiply(_swap(kc if gk is None else gk), _swap(steps), out=_temp("bgk_t", shape[:-2] + (n, length),
+                                                                                   kc.dtype))
+    gq = np.multiply(gamma * scale, qc, out=_temp("gq", shape, qc.dtype))  # scale gamma Q
     carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
     final = _split(dsf, group, 1)
     ds = _reverse(w, bgk_t, through, carried, final, y)
@@ -67,7 +72,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
-    dkd = np.matmul(u, leave_t, out=_temp("dkd", gk.shape, gk.dtype))  # of KD, over to_end
+    dkd = np.matmul(u, leave_t, out=_temp("dkd", shape, kd.dtype))  # of KD, over to_end
     # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
     # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
     dbeta = _rowdot(y, vc)
@@ -79,7 +84,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
         entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
         dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
     else:
-        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, gk, dbeta)
+        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)

@@ -166,7 +166,7 @@ def dbeta_terms(prods, gk, kk, dbeta):
     dbeta -= np.sum(da * kk, axis=-1)
 
 
-def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, gk, dbeta):
+def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, dbeta):
     """Per-head gates: ``channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``; ``dg [...,
     L]``; and ``dbeta_terms`` (``dbeta`` in place). The entering state's term of the last step's ``dcum`` is ``through``
     times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
@@ -175,7 +175,7 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     if kernel is not None and qc.dtype in _FLOATS:
         return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t,
                               through, dbeta)
-    dbeta_terms(prods, gk, kk, dbeta)
+    dbeta_terms(prods, gamma * kc, kk, dbeta)
     n = kc.shape[-1]
     entering = np.einsum("...vk,...vk->...", starts_t[..., :n], leave_t) * through[..., 0, 0]
     dqk, dkk, dqg, dgk, dkd = _scaled(prods, dkd, gamma, to_end, bc, scale)
