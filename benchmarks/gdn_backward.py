@@ -1,6 +1,6 @@
 """Host gated_delta_net forward + backward (host_fallback) against torch autograd of fla's chunked reference.
 
-    [OPENBLAS_NUM_THREADS=N] python benchmarks/gdn_backward.py [--runs 3] [--seq 1024] [--memory-seq 4096]
+    [OPENBLAS_NUM_THREADS=N] python benchmarks/gdn_backward.py [--runs 3] [--seq 1024] [--memory-seq 4096] [--cpu-time]
 
 Shapes of ``benchmarks/ssm.py`` (batch 2, seq 1024, H=8, K=V=64, f32, unit keys, beta in (0, 1), log-decays
 in (-0.5, 0)), per-head and per-channel gates. Ours is the forward thunk then the backward thunk, two ways:
@@ -12,7 +12,8 @@ per-channel gates with the decays of each key channel, as fla's KDA reference do
 and backward ms, their sum over our forward alone (the forward without a reserve; target <= 2.5 with the
 reserve), over the recomputing way's sum (the paired figure, steadiest under load), over torch's
 forward+backward (target <= 0.5), the largest gradient difference relative to torch's largest. Medians of
-``--runs`` runs, the five contenders taking turns (paired under the same load).
+``--runs`` runs, the five contenders taking turns (paired under the same load); ``--cpu-time`` times the process's
+CPU time instead of wall time (a loaded machine's waits for a core left out; with N threads, all of theirs).
 
 The memory table runs at ``--memory-seq`` (target: the backward's peak extra memory <= 2x the
 forward's, both measured with tracemalloc, which sees every NumPy allocation), beside the forward's
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -140,12 +142,16 @@ def _steps(forward: dict, backward: dict, arena: np.ndarray):
 
 
 def main() -> None:
-    args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=3).parse_args()
+    parser = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=3)
+    parser.add_argument("--cpu-time", action="store_true", help="the process's CPU time instead of wall time")
+    args = parser.parse_args()
     import torch
     threads = int(os.environ.get("OPENBLAS_NUM_THREADS", os.cpu_count() or 1))
     torch.set_num_threads(threads)
     print(f"host CPU, f32, batch {BATCH}, seq {args.seq}, H={HEADS} K=V={SIZE}; OpenBLAS and torch {threads} threads; "
-          f"medians of {args.runs} runs; load average {os.getloadavg()[0]:.1f}")
+          f"medians of {args.runs} runs ({'CPU' if args.cpu_time else 'wall'} time); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    clock = time.process_time if args.cpu_time else time.perf_counter
     head = (f"{'gates, way':<22}{'fwd ms':>9}{'bwd ms':>9}{'(f+b)/f':>9}{'/recompute':>11}{'torch ms':>10}"
             f"{'ours/torch':>12}{'max rel diff':>14}")
     print_head(head)
@@ -155,7 +161,7 @@ def main() -> None:
                  for way in ("recompute", "reserve")}
         twin = _torch_run(values)
         f_ms, b_ms, fr_ms, br_ms, t_ms = alternating_ms([*steps["recompute"][:2], *steps["reserve"][:2], twin],
-                                                        args.runs, 1)
+                                                        args.runs, 1, clock)
         gates = "per-channel" if per_channel else "per-head"
         for way, (fw, bw) in (("recompute", (f_ms, b_ms)), ("reserve", (fr_ms, br_ms))):
             ours = steps[way][2]()

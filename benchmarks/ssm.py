@@ -53,18 +53,18 @@ def medians_ms(fns, runs: int, warmup: int) -> list[float]:
     return medians
 
 
-def alternating_ms(fns, runs: int, warmup: int) -> list[float]:
-    """Median wall time of each of ``fns`` over ``runs`` rounds that call each once in turn (host kernels
-    only: on a shared machine, contenders timed in turn see the same load)."""
+def alternating_ms(fns, runs: int, warmup: int, clock=time.perf_counter) -> list[float]:
+    """Median wall time (or ``clock``'s) of each of ``fns`` over ``runs`` rounds that call each once in turn (host
+    kernels only: on a shared machine, contenders timed in turn see the same load)."""
     for fn in fns:
         for _ in range(warmup):
             fn()
     spent: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
         for fn, times in zip(fns, spent):
-            start = time.perf_counter()
+            start = clock()
             fn()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
     return [statistics.median(times) * 1e3 for times in spent]
 
 

@@ -16,9 +16,11 @@ fewer lanes at a time, ``BLOCK_STEPS``). A saved forward (ABI.md §9.1's ``reser
 ``abi.gdn.reserve_slots``) holds the Gram products, ``(I + A)^-1``, the states leaving each chunk and
 ``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks).
 The reverse loop over chunks carries the state's gradient back: ``dU = scale M^T dO + KD dS_L``, ``Y =
-(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV``;
-every other gradient is a handful of GEMMs over all chunks at once (``beta``'s through ``R`` as ``Y.V -
-(Y S0^T).(gamma K)``, so ``R`` is not kept). Decayed products with per-channel gates factor through the
+(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV`` (the
+terms without ``dS_L`` formed for every chunk before the loop); every other gradient is a handful of GEMMs
+over all chunks at once (``beta``'s through ``R`` as ``Y.V - (Y S0^T).(gamma K)``, so ``R`` is not kept; the
+four products of ``[dO; Y]`` with ``S0`` and ``U`` one GEMM, ``gdn_backward_grads``), the gradients written
+where the caller's lie. Decayed products with per-channel gates factor through the
 chunk's midpoint as ``gdn`` does (``CHANNEL_SPREAD``), and chunks whose decays spread further take
 an exact pairwise form. A log-decay's gradient is the reverse cumulative sum over the chunk of the
 cumulative log-decays' gradients, which are ``x * dx`` summed over the terms in which ``x`` carries
@@ -33,8 +35,9 @@ zero-padded batch rows (a padded step leaves the state and its gradient unchange
 gather the rows once and scatter the initial state's gradient once. 16-bit storage computes in f32,
 a wider ``state_dtype`` widens the whole thunk; every sum has a fixed order.
 
-The parts: ``gdn_backward_step`` (the step path), ``gdn_backward_chunked`` (the chunked path); this module
-chooses a path and runs a thunk.
+The parts: ``gdn_backward_step`` (the step path), ``gdn_backward_chunked`` (the chunked path),
+``gdn_backward_grads`` (its gradients from the GEMMs' products, NumPy's or ``jit_gdn_backward``'s compiled passes);
+this module chooses a path and runs a thunk.
 """
 from __future__ import annotations
 
@@ -135,8 +138,7 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     else:
         s0, dsf = np.zeros(shape, work), np.zeros(shape, work)
     name, length = _choose(t, inputs["q"].shape[1], path, chunk)
-    # the gradients go straight into the arena where nothing is left to do to them (ABI.md: no output
-    # overlaps an input)
+    # the gradients go straight into the arena where nothing is left to do to them (ABI.md: no output overlaps an input)
     direct = not varlen and bound.view("d_q").dtype == work
     grads = {f: bound.view(f"d_{f}") if direct else np.empty_like(inputs[f]) for f in ("q", "k", "v", "g", "beta")}
     d_init = np.empty(shape, work)
@@ -144,22 +146,21 @@ def gated_delta_net_backward(thunk: Thunk, arena: np.ndarray, *, path: str | Non
     # a saved forward (ABI.md §9.1) is read where its chunks are the backward's (packed sequences have none)
     views = reserve_views(t, arena) if name == "chunked" and length == RESERVE_CHUNK and not varlen else None
 
-    def compute(bs: slice, hs: slice) -> list[tuple[slice, slice, tuple[Array, ...]]]:
+    def compute(bs: slice, hs: slice) -> list[tuple[slice, slice, Array]]:
         done = []
         for sub_bs, sub_hs in _blocks(bs, hs, 1 if name == "step" else max(1, BLOCK_STEPS // seq)):
             vs = slice(sub_hs.start * group, sub_hs.stop * group)
             q, k, v, g, beta, d_out = (inputs[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in fields)
             saved = None if views is None else {f: x[sub_bs, :, vs] for f, x in views.items()}
-            run = _step_path if name == "step" else lambda *args: _chunked(*args, length, saved)
-            done.append((sub_bs, sub_hs, run(q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)))
+            args = (q, k, v, g, beta, s0[sub_bs, vs], dsf[sub_bs, vs], d_out, scale)
+            # the gradients written where they go at once (no output overlaps an input); the initial state's kept
+            out = [grads[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] for f in ("q", "k", "v", "g", "beta")]
+            done.append((sub_bs, vs, _step_path(*args, out) if name == "step" else _chunked(*args, length, out, saved)))
         return done
 
-    def store(bs: slice, hs: slice, done: list[tuple[slice, slice, tuple[Array, ...]]]) -> None:
-        for sub_bs, sub_hs, result in done:
-            vs = slice(sub_hs.start * group, sub_hs.stop * group)
-            for f, x in zip(("q", "k", "v", "g", "beta"), result):
-                grads[f][sub_bs, :, sub_hs if f in ("q", "k") else vs] = x
-            d_init[sub_bs, vs] = result[-1]
+    def store(bs: slice, hs: slice, done: list[tuple[slice, slice, Array]]) -> None:
+        for sub_bs, vs, ds0 in done:
+            d_init[sub_bs, vs] = ds0
 
     lanes_work = rows * seq * hv * n * width
     threads.run_split(compute, store, rows, heads,

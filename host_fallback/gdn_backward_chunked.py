@@ -5,177 +5,159 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .chunked import chunk_view, decay_ratios, floor_log_decays, from_chunks, to_chunks, unit_lower_inverse
+from .chunked import chunk_view, decay_ratios, floor_log_decays, scratch, to_chunks, unit_lower_inverse
+from .gdn_backward_grads import _FLOATS, _Decayed, _rowdot, channel_gradients, dbeta_terms, head_gradients
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
 
 Array = np.ndarray
-#: The float types the compiled kernels (``jit_gdn_backward``) are built for.
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-class _Decayed:
-    """Products that pair a later step ``r`` with an earlier step ``s`` of a chunk through the per-key-channel
-    decay ``exp(cum_r - cum_s)`` (``cum [..., L, K]``), for ``P [..., L, L]`` lower triangular:
-    ``later(P, x)[r] = sum_s P[r, s] x_s exp(cum_r - cum_s)`` and
-    ``earlier(P, y)[s] = sum_r P[r, s] y_r exp(cum_r - cum_s)``.
-
-    Each ratio factors through the chunk's midpoint ``m`` (``exp(cum_r - m) exp(m - cum_s)``, both within
-    ``exp(CHANNEL_SPREAD)`` where ``bounded``); chunks whose spread is wider are formed pair by pair.
-    """
-
-    def __init__(self, cum: Array, bounded: bool, factors: tuple[Array, Array] | None = None):
-        """``factors``: ``(up, down)``, ``exp(cum - m)`` and ``exp(m - cum)``, where the caller has them."""
-        self.cum = cum
-        length = cum.shape[-2]
-        mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
-        if factors is None:
-            with np.errstate(over="ignore", under="ignore"):
-                factors = np.exp(cum - mid), np.exp(mid - cum)
-        self.up, self.down = factors
-        self.unsafe = None
-        if not bounded:
-            spread = np.max(np.abs(cum - mid), axis=(-2, -1))
-            self.unsafe = np.nonzero((spread > CHANNEL_SPREAD).reshape(-1))[0]
-
-    def later(self, p: Array, x: Array) -> Array:
-        out = self.up * np.matmul(p, x * self.down)
-        return self._exact(out, p, x, "rs,rsi,si->ri")
-
-    def earlier(self, p: Array, y: Array) -> Array:
-        out = self.down * np.matmul(_swap(p), y * self.up)
-        return self._exact(out, p, y, "rs,rsi,ri->si")
-
-    def _exact(self, out: Array, p: Array, x: Array, spec: str) -> Array:
-        """``out`` with its unsafe chunks formed from every ratio ``exp(cum_r - cum_s)``, ``r >= s``."""
-        if self.unsafe is None or not len(self.unsafe):
-            return out
-        length, n = self.cum.shape[-2:]
-        lead = out.shape[:-2]
-        pick = self.unsafe
-        cum = self.cum.reshape(-1, length, n)[pick]
-        diff = cum[:, :, None, :] - cum[:, None, :, :]  # [.., r, s, i]
-        diff[:, ~np.tril(np.ones((length, length), bool))] = -np.inf
-        ratios = np.exp(diff)
-        flat = out.reshape(-1, length, n)
-        ps = np.broadcast_to(p, (*lead, length, length)).reshape(-1, length, length)[pick]
-        xs = np.broadcast_to(x, (*lead, length, n)).reshape(-1, length, n)[pick]
-        flat[pick] = np.einsum("n" + spec.replace(",", ",n").replace("->", "->n"), ps, ratios, xs)
-        return flat.reshape(out.shape)
-
-
-def _rowdot(x: Array, y: Array) -> Array:
-    """``sum_i x[..., i] y[..., i]``."""
-    return np.einsum("...i,...i->...", x, y)
-
-
-def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, saved=None):
-    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout and results). ``saved``: a
-    saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of ``length``),
-    read instead of forming the decayed products, the inverses, the states entering each chunk and ``U``."""
+def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
+    """The chunked backward over ``[B, S, H, ...]`` arrays (``_step_path``'s layout): the gradients of ``q, k, v, g,
+    beta`` written into ``out`` (five arrays of their layout, views of the caller's), the initial state's returned.
+    ``saved``: a saved forward's views by slot name (``abi.gdn.reserve_slots``, ``[B, C, HV, ...]``, chunks of
+    ``length``), read instead of forming the decayed products, the inverses, the states entering each chunk and
+    ``U``."""
     seq, heads, n = q.shape[1:]
     b, group = q.shape[0], v.shape[2] // heads
     per_channel = g.ndim == 4
     low, high = float(g.min(initial=0.0)), float(g.max(initial=0.0))
     g = floor_log_decays(g, low)
-    qc, kc = (to_chunks(x, length)[:, :, :, None] for x in (q, k))  # [C, B, H, 1, L, K]
+    qc, kc = (to_chunks(x, length, f"gdnb.{f}")[:, :, :, None] for f, x in (("q", q), ("k", k)))  # [C, B, H, 1, L, K]
     vc, oc = (_split(chunk_view(x, length), group, 2) for x in (v, d_out))  # [C, B, H, G, L, V]
     gc, bc = (_split(to_chunks(x, length), group, 2) for x in (g, beta))  # [C, B, H, G, L(, K)]
     count = qc.shape[0]
-    kt = np.ascontiguousarray(_swap(kc))  # [C, B, H, 1, K, L]
     read = None if saved is None else _chunk_major(saved, group)
+    kt = None if read is not None else _copy("kt", _swap(kc))  # [C, B, H, 1, K, L], for the decayed products
     products = None if read is None else (read["qk"], read["kk"])
     qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
     inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
-    inverse_t = np.ascontiguousarray(_swap(inverse))
-    gk = gamma * kc  # [..., L, K]
-    gk_t = np.ascontiguousarray(_swap(gk))
-    kd = kc * to_end  # KD, [..., L, K]
-    u, starts = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read)
+    lanes = vc.shape[:-2]  # [C, B, H, G]
+    shape = (*lanes, length, n)
+    # gamma K, [..., L, K]: for the recomputed forward and per-channel gates' beta gradient (per head the compiled
+    # pass and the reverse scale K by the step's one decay themselves)
+    gk = np.multiply(gamma, kc, out=_temp("gk", shape, kc.dtype)) if read is None or per_channel else None
+    kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype))  # KD, [..., L, K]
+    # [O; Y] by [S0^T | U^T] (``gdn_backward_grads``): the states entering the chunks and U are written transposed
+    # into the GEMM's right operand, Y by the reverse into its left one's lower half
+    width = vc.shape[-1]
+    oy = _temp("oy", (*lanes, 2 * length, width), vc.dtype)
+    oy[..., :length, :] = oc
+    su = _temp("su", (*lanes, width, n + length), vc.dtype)
+    u = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read, su[..., :n])
+    su[..., n:] = _swap(u)
+    starts = _swap(su[..., :n])  # [C, ..., K, V]
 
-    # the reverse over chunks: dU = scale M^T dO + KD dS_L, Y = (I + A)^-T dU, dV = beta Y and
-    # dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV
-    du = np.matmul(_swap(qk), oc)
+    # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
+    # (gamma Q)^T dO - (beta gamma K)^T Y; what does not depend on dS_L is formed for every chunk at once first
+    du = np.matmul(_swap(qk), oc, out=_temp("du", (*lanes, length, width), vc.dtype))
     du *= scale
-    carried = np.matmul(_swap(gamma * qc), oc)  # [C, ..., K, V]; then each chunk's dS_L in its place
-    carried *= scale
-    y, dv, ds = _reverse(du, kd, inverse_t, bc, through, carried, gk_t, _split(dsf, group, 1).copy())
-    d_leave = carried
+    y = oy[..., length:, :]
+    np.matmul(_swap(inverse), du, out=y)
+    w = np.matmul(_swap(inverse), kd, out=_temp("w", shape, kd.dtype))  # (I + A)^-T KD
+    steps = bc[..., None] if gk is not None else gamma * bc[..., None]  # what K or gamma K takes for beta gamma K
+    bgk_t = np.multiply(_swap(kc if gk is None else gk), _swap(steps), out=_temp("bgk_t", shape[:-2] + (n, length),
+                                                                                   kc.dtype))
+    gq = np.multiply(gamma * scale, qc, out=_temp("gq", shape, qc.dtype))  # scale gamma Q
+    carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
+    final = _split(dsf, group, 1)
+    ds = _reverse(w, bgk_t, through, carried, final, y)
+    # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
+    leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
+    leave_t[:-1] = _swap(carried[1:])
+    leave_t[-1] = _swap(final)
+    dv = np.multiply(y, bc[..., None], out=_temp("dv", y.shape, y.dtype))
 
     # every other gradient, all chunks at once
-    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept; Y S0^T (beta gamma) is minus
-    # the gradient of gamma K
-    s0t = _swap(starts)
-    dgk = np.matmul(y, s0t)
+    prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
+    dkd = np.matmul(u, leave_t, out=_temp("dkd", shape, kd.dtype))  # of KD, over to_end
+    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
+    # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
     dbeta = _rowdot(y, vc)
-    dbeta -= _rowdot(dgk, gk)
-    da = np.matmul(y, _swap(u))  # minus the gradient of A, strictly lower
-    np.copyto(da, 0, where=_upper(length, 0))
-    dbeta -= np.sum(da * kk, axis=-1)
-    dqg = np.matmul(oc, s0t)  # of gamma Q, over scale and gamma
-    dqk = np.matmul(oc, _swap(u))  # over scale
-    dkd = np.matmul(u, _swap(d_leave))  # of KD, over to_end
-    # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
-    # last one also through the decayed entering state, gamma_L S0
-    entering = np.einsum("...kv,...kv->...k", starts, d_leave) * through[..., 0]  # [..., K]
-    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
+    raw = (prods, dkd, gamma, to_end, bc, scale)
     if per_channel:
-        dq, dk, dg = _channel_gradients(pairs, qc, kc, dqk, *raw, entering)
+        dbeta_terms(prods, gk, kk, dbeta)
+        # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
+        # last one also through the decayed entering state, gamma_L S0
+        entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
+        dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
     else:
-        dq, dk, dcum = _head_gradients(pairs, qc, kc, qk, kk, *_scaled(dqk, *raw), entering)
-        dg = _from_end(dcum, -1)
+        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta)
 
     grads = [dq, dk, dv, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
-    dq, dk = (from_chunks(x[:, :, :, 0] if group == 1 else x.sum(axis=3), seq) for x in (dq, dk))
-    dv, dg, dbeta = (from_chunks(x.reshape(count, b, heads * group, *x.shape[4:]), seq) for x in (dv, dg, dbeta))
-    return dq, dk, dv, dg, dbeta, ds.reshape(s0.shape)
+    for f, (x, dest) in enumerate(zip(grads, out)):  # dq and dk per value head: summed over each key head's group
+        _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
+    return ds.reshape(s0.shape)
+
+
+def _unchunk(y: Array, dest: Array) -> None:
+    """``y [C, B, H, L, ...]`` (``to_chunks``' layout) written into the first ``S`` steps of ``dest [B, S, H, ...]``
+    where they lie: no array of ``dest``'s layout in between."""
+    count, b, heads, length = y.shape[:4]
+    seq = dest.shape[1]
+    whole = seq // length
+    if whole:  # splitting the steps' axis in two is a view
+        split = dest[:, :whole * length].reshape(b, whole, length, heads, *dest.shape[3:])
+        np.copyto(np.moveaxis(split, (1, 2), (0, 3)), y[:whole])
+    if whole < count:
+        np.copyto(np.moveaxis(dest[:, whole * length:], 1, 2), y[whole, :, :, :seq - whole * length])
+
+
+def _temp(name: str, shape: tuple[int, ...], dtype) -> Array:
+    """The ``chunked.scratch`` array ``name``: an intermediate of ``_chunked`` (never one it returns), kept between
+    calls so that its pages are not faulted in again on every call."""
+    return scratch(f"gdnb.{name}", shape, dtype)
+
+
+def _copy(name: str, x: Array) -> Array:
+    """A contiguous copy of ``x`` in the scratch array ``name``."""
+    out = _temp(name, x.shape, x.dtype)
+    np.copyto(out, x)
+    return out
 
 
 def _chunk_major(saved, group):
-    """A saved forward's slots ``[B, C, HV, ...]`` chunk-major, ``[C, B, H, G, ...]``, contiguous copies but the
-    states (a view: ``_forward`` copies them once, into the states entering each chunk)."""
-    moved = {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
-    return {f: x if f == "states" else np.ascontiguousarray(x) for f, x in moved.items()}
+    """A saved forward's slots ``[B, C, HV, ...]`` chunk-major, ``[C, B, H, G, ...]``: views, each matrix contiguous
+    (a GEMM's operand as it lies; what wants another layout copies once)."""
+    return {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
 
 
-def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
-    """The forward again: ``(U, starts)``, ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``) and
-    the state entering each chunk, one chunk after another from ``s0``; or read from a saved forward (``saved``:
-    ``u`` and the states leaving each chunk, ``[C, ...]``)."""
-    starts = np.empty((len(vc), *s0.shape), s0.dtype)
-    starts[0] = s0
+def _forward(vc, gk, inverse, bc, kd, through, s0, saved, starts_t):
+    """The forward again: ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``), returned, and the state
+    entering each chunk, written transposed into ``starts_t [C, ..., V, K]``, one chunk after another from ``s0``; or
+    read from a saved forward (``saved``: ``u`` and the states leaving each chunk, ``[C, ...]``)."""
+    starts_t[0] = _swap(s0)
     if saved is not None:
-        starts[1:] = saved["states"][:-1]
-        return saved["u"], starts
+        starts_t[1:] = _swap(saved["states"][:-1])
+        return saved["u"]
     t = inverse * bc[..., None, :]
     kd_t = np.ascontiguousarray(_swap(kd))
     u, rest = np.empty(vc.shape, vc.dtype), np.empty(vc.shape[1:], vc.dtype)
     state = s0
     for c in range(len(vc)):
-        starts[c] = state
+        starts_t[c] = _swap(state)
         np.subtract(vc[c], np.matmul(gk[c], state), out=rest)
         np.matmul(t[c], rest, out=u[c])
-        state = starts[c] * through[c] + np.matmul(kd_t[c], u[c])
-    return u, starts
+        state = state * through[c] + np.matmul(kd_t[c], u[c])
+    return u
 
 
-def _reverse(du, kd, inverse_t, bc, through, carried, gk_t, ds):
-    """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``du += KD dS_L``,
-    ``Y = (I + A)^-T dU``, ``dV = beta Y``, ``dS0 = gamma_L dS_L + carried - (gamma K)^T dV``; ``carried``
-    (``scale (gamma Q)^T dO``) becomes each chunk's ``dS_L``. Returns ``(y, dv, ds0)``."""
-    y, dv = np.empty_like(du), np.empty_like(du)
-    for c in range(du.shape[0] - 1, -1, -1):
-        du[c] += np.matmul(kd[c], ds)
-        np.matmul(inverse_t[c], du[c], out=y[c])
-        np.multiply(y[c], bc[c][..., None], out=dv[c])
-        nxt = ds * through[c]
-        nxt += carried[c]
-        nxt -= np.matmul(gk_t[c], dv[c])
-        carried[c] = ds
-        ds = nxt
-    return y, dv, ds
+def _reverse(w, bgk_t, through, carried, ds, y):
+    """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
+    A)^-T KD``; ``y`` holds the rest of ``Y``), ``dS0 = gamma_L dS_L + carried - (beta gamma K)^T Y`` (``bgk_t``;
+    ``carried``: ``scale (gamma Q)^T dO``, overwritten by each chunk's ``dS0``). Returns the first chunk's ``dS0`` (a
+    fresh array)."""
+    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(y.shape[1:], y.dtype)
+    for c in range(len(carried) - 1, -1, -1):
+        y[c] += np.matmul(w[c], ds, out=rest)
+        np.matmul(bgk_t[c], y[c], out=product)
+        carried[c] -= product
+        carried[c] += np.multiply(ds, through[c], out=product)
+        ds = carried[c]
+    return ds.copy()
 
 
 def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
@@ -230,97 +212,14 @@ def _compiled_decays(gc: Array) -> tuple[Array, ...] | None:
     return (*outs, through)
 
 
-def _from_end(dcum: Array, axis: int) -> Array:
-    """The log-decays' gradient from the cumulative ones': ``dcum`` summed from each chunk's end along ``axis``."""
-    return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
-
-
-def _scaled(dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale):
-    """The GEMMs' products ``O U^T``, ``Y U^T`` (``da``, strictly lower), ``O S0^T``, ``Y S0^T`` and ``U dS_L^T``
-    scaled in place into the gradients of the decayed products ``dqk`` (``scale``, lower triangular) and ``dkk``
-    (``-beta``), of ``gamma Q`` (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``)."""
-    dqk *= scale
-    np.copyto(dqk, 0, where=_upper(dqk.shape[-1], 1))
-    dkk = da
-    dkk *= bc[..., None]
-    dkk *= -1
-    dqg *= gamma
-    dqg *= scale
-    dgk *= bc[..., None]
-    dgk *= gamma
-    dkd *= to_end
-    return dqk, dkk, dqg, dgk, dkd
-
-
-def _channel_gradients(decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
-    """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``_scaled`` takes (overwritten); ``dg [..., L,
-    K]`` is the log-decays' gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
-    ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
-    decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
-    kernel = jit.kernel("gdn_channel_gradients")
-    raw = (da, dqg, dgk, dkd, gamma, to_end, bc, scale)
-    if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
-        return _compiled_gradients(kernel, decayed, qc, kc, dqk, *raw, entering)
-    dqk, dkk, dqg, dgk, dkd = _scaled(dqk, *raw)
-    rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
-    rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
-    dq = dqg + rows_q
-    dk = rows_k + cols_q
-    dk += cols_k
-    dk += dkd
-    dk -= dgk
-    dcum = qc * dq
-    cols_q += cols_k
-    cols_q += dgk
-    cols_q += dkd
-    cols_q -= rows_k
-    cols_q *= kc
-    dcum -= cols_q
-    dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
-    return dq, dk, _from_end(dcum, -2)
-
-
-def _compiled_gradients(kernel, decayed, qc, kc, dqk, da, dqg, dgk, dkd, gamma, to_end, bc, scale, entering):
-    """``_channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
-    members; ``qc``, ``kc`` one a key head). ``dq`` and ``dg`` are written over ``dqg`` and ``dkd`` (the GEMMs' own
-    arrays, read by nothing after; the kernel reads each step of them before writing it): two arrays fewer to
-    allocate and fault in."""
-    shape, dtype = dqg.shape, dqg.dtype
-    length, n = shape[-2:]
-    lanes = [np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
-             for x in (qc, kc, decayed.up, decayed.down, gamma, to_end, dqk, da, dqg, dgk, dkd)]
-    dk = np.empty(shape, dtype)
-    kernel(*lanes[:6], np.ascontiguousarray(bc, dtype).reshape(-1, length), *lanes[6:],
-           np.ascontiguousarray(entering, dtype).reshape(-1, n), lanes[8], dk.reshape(-1, length, n), lanes[10],
-           np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
-    return lanes[8].reshape(shape), dk, lanes[10].reshape(shape)
-
-
-def _head_gradients(ratios, qc, kc, qk, kk, dqk, dkk, dqg, dgk, dkd, entering):
-    """Per-head gates: ``_channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``;
-    ``dcum [..., L]``."""
-    p_q, p_k = dqk * ratios, dkk * ratios
-    dq = np.matmul(p_q, kc)
-    dq += dqg
-    dk = np.matmul(_swap(p_q), qc)
-    dk += np.matmul(p_k + _swap(p_k), kc)
-    dk += dkd
-    dk -= dgk
-    e = dqk * qk
-    e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
-    dcum = e.sum(axis=-1) - e.sum(axis=-2)
-    dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
-    dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering.sum(axis=-1)
-    return dq, dk, dcum
-
-
 def _redo_nonfinite(grads, ds0, chunks, starts, dsf, scale) -> None:
     """Redo with ``_step``, chunk by chunk from the checkpoints ``starts``, every lane (batch row, key
     head, group member) whose chunked gradients hold a NaN or Inf; writes into ``grads`` and ``ds0``."""
     lead = ds0.shape[:3]
-    bad = ~np.isfinite(ds0).all(axis=(-2, -1))
+    # a lane's sum is non-finite where any of its terms is (or, rarely, where it overflows: a lane redone needlessly)
+    bad = ~np.isfinite(ds0.sum(axis=(-2, -1)))
     for x in grads:
-        bad |= ~np.isfinite(x).reshape(x.shape[0], *lead, -1).all(axis=(0, -1))
+        bad |= ~np.isfinite(x.reshape(x.shape[0], *lead, -1).sum(axis=(0, -1)))
     if not bad.any():
         return
     pick = np.nonzero(bad)

@@ -67,11 +67,13 @@ def _unlanes(x: Array, batch: int, group: int) -> Array:
     return x.reshape(*x.shape[:2], -1, group, *x.shape[3:]).sum(axis=3) if group else x
 
 
-def _step_path(q, k, v, g, beta, s0, ds, d_out, scale):
-    """``_step`` over every lane of ``[B, S, H, ...]`` arrays; returns their gradients in the same layout."""
+def _step_path(q, k, v, g, beta, s0, ds, d_out, scale, out):
+    """``_step`` over every lane of ``[B, S, H, ...]`` arrays: their gradients written into ``out`` (five arrays of
+    the same layout), the initial state's returned."""
     b, group = q.shape[0], v.shape[2] // q.shape[2]
     lanes = [_lanes(x, group) for x in (q, k)] + [_lanes(x, 0) for x in (v, g, beta)]
     flat = (-1, *s0.shape[2:])
     *grads, ds0 = _step(*lanes, s0.reshape(flat), ds.reshape(flat), _lanes(d_out, 0), scale)
-    out = [_unlanes(x, b, group) for x in grads[:2]] + [_unlanes(x, b, 0) for x in grads[2:]]
-    return (*out, ds0.reshape(s0.shape))
+    for f, (x, dest) in enumerate(zip(grads, out)):
+        dest[...] = _unlanes(x, b, group if f < 2 else 0)
+    return ds0.reshape(s0.shape)

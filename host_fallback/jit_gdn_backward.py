@@ -1,28 +1,31 @@
-"""The compiled per-channel gradients of ``gated_delta_net``'s chunked backward (``gdn_channel_gradients``; where it
-applies and its arguments: ``gdn_backward_chunked._channel_gradients``), and the cumulative log-decays inside each
-chunk with their exponentials (``gdn_channel_decays``). Imported only through ``jit``.
+"""The compiled gradients of ``gated_delta_net``'s chunked backward from its GEMMs' products, per key channel
+(``gdn_channel_gradients``) and per head (``gdn_head_gradients``; where they apply and their arguments:
+``gdn_backward_grads``), and the cumulative log-decays inside each chunk with their exponentials
+(``gdn_channel_decays``). Imported only through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
-axis. Here one lane (chunk, batch row, key head, group member) is one pass: the GEMMs' products scaled into the
-gradients they stand for (NumPy's ``_scaled``, nine passes there), the decayed operands, the triangular
-products (only ``s <= r``: half a square's multiply-adds), the gradients and the sums from the chunk's end, each loop
-running along the ``K`` contiguous key channels (LLVM vectorizes them). Every sum runs in a fixed order (over steps,
-never across channels): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign
-of zero: NaN and inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's
-path); only products NumPy multiplies by a zero of the triangle's other side are skipped.
+axis (per head: three square GEMMs and about twenty passes). Here one lane (chunk, batch row, key head, group member)
+is one pass: the GEMMs' products scaled into the gradients they stand for (NumPy's ``_scaled``, nine passes there),
+the decayed operands, the triangular products (only ``s <= r``: half a square's multiply-adds), the gradients and the
+sums from the chunk's end, each loop running along the ``K`` contiguous key channels (LLVM vectorizes them). Every
+sum runs in a fixed order (over steps; a dot product over the channels in ``_PARTS`` partial sums, added in their
+order): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign of zero: NaN and
+inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's path); only products
+NumPy multiplies by a zero of the triangle's other side are skipped.
 """
 from __future__ import annotations
 
 import math
 
 import numba
+import numpy as np
 from numba import types
 from numba.extending import overload
 
 from .jit_math import _FLAGS, _exp_subnormal
 
-__all__ = ["gdn_channel_decays", "gdn_channel_gradients"]  # the kernels ``jit.kernel`` hands out
+__all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients"]  # the kernels ``jit.kernel`` hands out
 
 
 def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
@@ -34,8 +37,8 @@ def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
 
 
 _DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
-_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, dqk=3, dkk=3, dqg=3, dgk=3, dkd=3, entering=2,
-                  dq=3, dk=3, dg=3, work=3, sums=2)
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, products=3, dkd=3, entering=2, dq=3, dk=3,
+                  dg=3, work=3, sums=2)
 
 
 def _exp_of(x):
@@ -80,29 +83,29 @@ def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
 
 @numba.njit(_signatures(_GRADIENTS, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy",
             boundscheck=False, cache=True)
-def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dgk, dkd, entering, dq, dk, dg, work,
-                          sums, scale, group):
+def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, entering, dq, dk, dg, work, sums, scale,
+                          group):
     """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
-    ``_chunked`` forms them by GEMMs, ``dqk`` (``O U^T``, lower triangular) and ``dkk`` (``Y U^T``, strictly lower)
-    ``[N, L, L]``, ``dqg`` (``O S0^T``), ``dgk`` (``Y S0^T``) and ``dkd`` (``U dS_L^T``) ``[N, L, K]``: scales them in
-    place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``, ``scale``; ``dqk`` and ``dkk``
-    on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the chunk's midpoint's cumulative
-    log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk``) and ``cols[s] = down_s
-    sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg + rows_q``, ``dk = rows_k + cols +
-    dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of ``dcum = q dq - k (cols + dgk +
-    dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``). ``dq`` may be
-    ``dqg`` and ``dg`` ``dkd`` (each step of them read before it is written). Scratch: ``work [3, L, K]``,
-    ``sums [2, K]``."""
+    ``_chunked`` forms them by GEMMs, ``products [N, 2L, K + L]`` (``gdn_backward_grads``: ``dqg = O S0^T`` and ``dgk =
+    Y S0^T`` ``[L, K]``, ``dqk = O U^T`` lower triangular and ``dkk = Y U^T`` strictly lower ``[L, L]``) and ``dkd = U
+    dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
+    ``scale``; ``dqk`` and ``dkk`` on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the
+    chunk's midpoint's cumulative log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``,
+    ``dkk``) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg +
+    rows_q``, ``dk = rows_k + cols + dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of
+    ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering``
+    (``entering [N, K]``). ``dg`` may be ``dkd`` (each step of it read before it is written). Scratch: ``work [3, L,
+    K]``, ``sums [2, K]``."""
     lanes, length, n = dq.shape
     kd, qu, ku = work[0], work[1], work[2]
     acc, tail = sums[0], sums[1]
     for j in range(lanes):
-        qj, kj, uj, wj, pq, pk, bj = q[j // group], k[j // group], up[j], down[j], dqk[j], dkk[j], beta[j]
+        qj, kj, uj, wj, pj, bj = q[j // group], k[j // group], up[j], down[j], products[j], beta[j]
         dqj, dkj, dgj = dq[j], dk[j], dg[j]
         tail[:] = entering[j]
         for t in range(length):
             kt, qt, ut, wt, et, ft = kj[t], qj[t], uj[t], wj[t], gamma[j, t], to_end[j, t]
-            dt, gt, ht, bt = dkd[j, t], dgk[j, t], dqg[j, t], bj[t]
+            dt, gt, ht, bt = dkd[j, t], pj[length + t], pj[t], bj[t]
             for i in range(n):
                 kd[t, i] = kt[i] * wt[i]
                 qu[t, i] = qt[i] * ut[i]
@@ -117,11 +120,11 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dg
             dkj[r] = 0
             low, br = dkj[r], -bj[r]
             for s in range(r + 1):
-                a, b, x = pq[r, s] * scale, pk[r, s] * br, kd[s]
+                a, b, x = pj[r, n + s] * scale, pj[length + r, n + s] * br, kd[s]
                 for i in range(n):
                     acc[i] += a * x[i]
                     low[i] += b * x[i]
-            ur, out_q, given = uj[r], dqj[r], dqg[j, r]
+            ur, out_q, given = uj[r], dqj[r], pj[r]
             for i in range(n):
                 out_q[i] = given[i] + ur[i] * acc[i]
                 low[i] *= ur[i]
@@ -130,13 +133,141 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, dqk, dkk, dqg, dg
         for s in range(length - 1, -1, -1):
             acc[:] = 0
             for r in range(s, length):
-                a, b, x, y = pq[r, s] * scale, pk[r, s] * -bj[r], qu[r], ku[r]
+                a, b, x, y = pj[r, n + s] * scale, pj[length + r, n + s] * -bj[r], qu[r], ku[r]
                 for i in range(n):
                     acc[i] += a * x[i] + b * y[i]
             ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dqj[s], dkj[s], dgj[s]
-            ds, gs = dkd[j, s], dgk[j, s]
+            ds, gs = dkd[j, s], pj[length + s]
             for i in range(n):
                 cols, rows = ws[i] * acc[i], out_k[i]
                 out_k[i] = rows + cols + ds[i] - gs[i]
                 tail[i] += qs[i] * out_q[i] - ks[i] * (cols + gs[i] + ds[i] - rows)
                 out_g[i] = tail[i]
+
+
+_HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, starts_t=3, leave_t=3,
+             through=1, dq=3, dk=3, dg=2, dbeta=2)
+#: Partial sums a dot product over the key channels keeps (one vector of float32 on AVX-512): a fixed order,
+#: which LLVM vectorizes without reassociating anything.
+_PARTS = 16
+#: Steps a row of ``gdn_head_gradients``' triangular products takes at once (chunks are a multiple of it): one pass
+#: over the output row for four input rows.
+_BLOCK = 4
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _rows(out_a, out_b, a, b, s, x):
+    """``out_a += sum_t a[t] x[t]`` and ``out_b += sum_t b[t] x[t]`` along the channels, ``t`` the ``_BLOCK`` steps
+    from ``s``."""
+    a0, a1, a2, a3, b0, b1, b2, b3 = a[s], a[s + 1], a[s + 2], a[s + 3], b[s], b[s + 1], b[s + 2], b[s + 3]
+    x0, x1, x2, x3 = x[s], x[s + 1], x[s + 2], x[s + 3]
+    for i in range(out_a.shape[0]):
+        out_a[i] += a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i]
+        out_b[i] += b0 * x0[i] + b1 * x1[i] + b2 * x2[i] + b3 * x3[i]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _columns(out, a, b, col, r, x, y):
+    """``out += sum_t a[t, col] x[t] + b[t, col] y[t]`` along the channels, ``t`` the ``_BLOCK`` steps from ``r``."""
+    a0, a1, a2, a3 = a[r, col], a[r + 1, col], a[r + 2, col], a[r + 3, col]
+    b0, b1, b2, b3 = b[r, col], b[r + 1, col], b[r + 2, col], b[r + 3, col]
+    x0, x1, x2, x3, y0, y1, y2, y3 = x[r], x[r + 1], x[r + 2], x[r + 3], y[r], y[r + 1], y[r + 2], y[r + 3]
+    for i in range(out.shape[0]):
+        out[i] += ((a0 * x0[i] + a1 * x1[i] + a2 * x2[i] + a3 * x3[i])
+                   + (b0 * y0[i] + b1 * y1[i] + b2 * y2[i] + b3 * y3[i]))
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _total(parts):
+    """The sum of ``parts`` (``_PARTS`` partial sums), in their order."""
+    total = parts[0]
+    for slot in range(1, _PARTS):
+        total += parts[slot]
+    return total
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
+    """``_scaled``'s three per-step scalings of channel ``i`` (``dqg`` by ``gamma scale``, ``dgk`` by ``beta gamma``,
+    ``dkd`` by ``to_end``, in place), their part of the step's ``q.dqg - k.(dgk + dkd)`` into ``sums[0, slot]``, of
+    ``k.dkd`` into ``sums[1, slot]`` and of ``k.dgk`` (unscaled) into ``sums[2, slot]``."""
+    h = ht[i] * et * scale
+    w = gt[i] * bt * et
+    d = dt[i] * ft
+    sums[2, slot] += gt[i] * kt[i]
+    ht[i], gt[i], dt[i] = h, w, d
+    sums[0, slot] += qt[i] * h - kt[i] * (w + d)
+    sums[1, slot] += kt[i] * d
+
+
+@numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, starts_t, leave_t, through, dq, dk, dg,
+                       dbeta, scale, group):
+    """Per-head gates: ``gdn_channel_gradients``'s for lanes of one decay a step (``gamma``, ``to_end``, ``beta``
+    ``[N, L]``): the products' gradients scaled as ``_scaled`` does (``products`` and ``dkd`` as there, in place),
+    ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg +
+    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of
+    ``dcum``: ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over
+    each column,
+    plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's term, ``through
+    [N]`` times ``S0 . dS_L`` (``starts_t [N, V, >= K]`` and ``leave_t [N, V, K]``, both transposed). Takes from
+    ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
+    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums."""
+    lanes, length, n = dq.shape
+    sums = np.empty((3, _PARTS), dq.dtype)
+    pm = np.zeros((2, length, length), dq.dtype)  # P_q, P_k of a lane
+    whole = n - n % _PARTS
+    for j in range(lanes):
+        qj, kj, pj, dkdj, rj, qkj, kkj = q[j // group], k[j // group], products[j], dkd[j], ratios[j], qk[j], kk[j]
+        dqj, dkj, dgj, bj = dq[j], dk[j], dg[j], beta[j]
+        sums[:] = 0
+        for v in range(leave_t.shape[1]):  # S0 . dS_L
+            a, b = starts_t[j, v], leave_t[j, v]
+            for start in range(0, whole, _PARTS):
+                for slot in range(_PARTS):
+                    sums[0, slot] += a[start + slot] * b[start + slot]
+            for i in range(whole, n):
+                sums[0, i - whole] += a[i] * b[i]
+        entering = _total(sums[0]) * through[j]
+        for t in range(length):  # the scalings and the channels' part of dcum
+            sums[0, :] = 0
+            sums[2, :] = 0
+            et, ft, bt, qt, kt = gamma[j, t], to_end[j, t], bj[t], qj[t], kj[t]
+            ht, gt, dt = pj[t], pj[length + t], dkdj[t]
+            for start in range(0, whole, _PARTS):
+                for slot in range(_PARTS):
+                    _scale_channel(start + slot, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
+            for i in range(whole, n):
+                _scale_channel(i, i - whole, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
+            dgj[t] = _total(sums[0])
+            dbeta[j, t] -= et * _total(sums[2])
+        dgj[length - 1] += _total(sums[1]) + entering
+        # P_q and P_k (their upper triangles stay 0), and the products' part of dcum: + at the row, - at the column
+        for r in range(length):
+            row_q, row_k, rr, br = pj[r], pj[length + r], rj[r], -bj[r]
+            for s in range(r):
+                dqk, dkk = row_q[n + s] * scale, row_k[n + s] * br
+                dbeta[j, r] -= row_k[n + s] * kkj[r, s]  # dkk kk, unscaled
+                e = dqk * qkj[r, s] + dkk * kkj[r, s]
+                dgj[r] += e
+                dgj[s] -= e
+                pm[0, r, s], pm[1, r, s] = dqk * rr[s], dkk * rr[s]
+            pm[0, r, r] = row_q[n + r] * scale * rr[r]
+        # rows: dq = dqg + P_q k, dk = P_k k; columns: dk += P_q^T q + P_k^T k + dkd - dgk; _BLOCK steps at a time
+        for r in range(length):
+            out_q, out_k, given = dqj[r], dkj[r], pj[r]
+            for i in range(n):
+                out_q[i] = given[i]
+                out_k[i] = 0
+            for s in range(0, r + 1, _BLOCK):
+                _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
+        for s in range(length):
+            out_k = dkj[s]
+            for r in range(s - s % _BLOCK, length, _BLOCK):
+                _columns(out_k, pm[0], pm[1], s, r, qj, kj)
+            dt, gt = dkdj[s], pj[length + s]
+            for i in range(n):
+                out_k[i] += dt[i] - gt[i]
+        for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
+            dgj[t] += dgj[t + 1]

@@ -1,11 +1,12 @@
-"""host_fallback's compiled per-channel gradients of gated_delta_net's chunked backward
-(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``, bound by ``gdn_backward_chunked``) beside their
-NumPy twin (``RLX_HOST_JIT=0``).
+"""host_fallback's compiled gradients of gated_delta_net's chunked backward, per key channel
+(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``) and per head (``gdn_head_gradients``), bound by
+``gdn_backward_grads`` and ``gdn_backward_chunked``, beside their NumPy twin (``RLX_HOST_JIT=0``).
 
-Both paths against the conformance reference's float64 backward (itself checked against finite differences and torch
-autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that end inside the
-sequence, packed sequences through state slots with grouped value heads, a saved forward (ABI.md §9.1); a NaN gate
-or output gradient left to the same lanes on both paths (redone step by step); the same bytes on every run.
+Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite
+differences and torch autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that
+end inside the sequence, packed sequences through state slots with grouped value heads and K != V, a saved forward
+(ABI.md §9.1); a NaN gate or output gradient left to the same lanes on both paths (redone step by step); the same
+bytes on every run.
 """
 from __future__ import annotations
 
@@ -26,10 +27,16 @@ from host_fallback import jit, jit_gdn_backward  # noqa: E402  (needs Numba)
 OP = "gated_delta_net_backward"
 BASE = dict(batch=2, seq=45, heads=2, state_size=8, gate_per_channel=True, carry_state=True)
 #: (label, params): seq 45 ends a chunk of 16 inside the sequence; the second packs sequences (one empty, one starting
-#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale
-CASES = [("partial-chunk", BASE),
-         ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3, qk_l2norm=True, scale=0.7,
-                                cu_seqlens=[0, 2, 2, 23, 40], state_slots=[3, 0, 4, 1], num_slots=5))]
+#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale; each per key channel
+#: and per head
+CASES = [(f"{label}-{gates}", dict(params, gate_per_channel=gates == "channel"))
+         for label, params in (("partial-chunk", BASE),
+                               ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3,
+                                                      qk_l2norm=True, scale=0.7, cu_seqlens=[0, 2, 2, 23, 40],
+                                                      state_slots=[3, 0, 4, 1], num_slots=5)))
+         for gates in ("channel", "head")]
+#: The kernels each gate kind calls.
+KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients"}, False: {"gdn_head_gradients"}}
 #: NMSE of each f32 gradient against float64's (test_gdn_backward's bound for f32)
 NMSE = 1e-10
 
@@ -52,7 +59,7 @@ def _both(monkeypatch, thunk: dict, arena: np.ndarray, **options) -> tuple[dict,
         kernel = getattr(jit_gdn_backward, name)
         monkeypatch.setattr(jit_gdn_backward, name, lambda *a, _k=kernel, _n=name: (calls.append(_n), _k(*a))[1])
     compiled = _grads(thunk, arena, **options)
-    assert set(calls) == set(jit_gdn_backward.__all__), calls
+    assert set(calls) == KERNELS[complete(thunk)["gate_per_channel"]], calls
     monkeypatch.setenv(jit.ENV, "0")
     numpy_path = _grads(thunk, arena, **options)
     monkeypatch.delenv(jit.ENV)
@@ -89,21 +96,29 @@ def test_f32_both_paths_match_float64_and_rerun_to_the_same_bytes(monkeypatch, l
     assert np.array_equal(first, second)
 
 
-def test_a_saved_forward_read_by_both_paths(monkeypatch):
-    thunk, arena, forward = laid_case("gated_delta_net", "f32", "per_channel")
+@pytest.mark.parametrize("case", ["per_head", "per_channel"])
+def test_a_saved_forward_read_by_both_paths(monkeypatch, case):
+    """A saved forward (chunks of 32, the last one partial) read by either path gives float64's gradients."""
+    thunk, arena, forward = laid_case("gated_delta_net", "f32", case)
     arena = filled_reserve(thunk, arena, forward)
+    want = _reference(thunk, arena)
     compiled, numpy_path = _both(monkeypatch, thunk, arena)
+    for got in (compiled, numpy_path):
+        for name, value in want.items():
+            err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
+            assert err <= NMSE, (case, name, err)
     for name, value in numpy_path.items():
         np.testing.assert_allclose(compiled[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("per_channel", [True, False], ids=["channel", "head"])
 @pytest.mark.parametrize("field,dtype,tol", [("g", "f64", 1e-12), ("d_dst", "f32", 1e-4)])
-def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol):
+def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field, dtype, tol, per_channel):
     """A NaN log-decay (or output gradient) makes its lane's chunked gradients non-finite on either path, which
     redoes it step by step: the same NaN everywhere, the same values elsewhere."""
-    thunk, arena = _laid(dict(BASE, seq=48), dtype)
+    thunk, arena = _laid(dict(BASE, seq=48, gate_per_channel=per_channel), dtype)
     r = next(r for r in regions(thunk) if r.field == field)
-    view(arena, r.offset, dtype, r.shape)[0, 20, 1, 3] = np.nan  # batch row 0, step 20, head 1, channel 3
+    view(arena, r.offset, dtype, r.shape)[(0, 20, 1, 3)[:len(r.shape)]] = np.nan  # row 0, step 20, head 1(, channel 3)
     with np.errstate(invalid="ignore"):
         compiled, numpy_path = _both(monkeypatch, thunk, arena, path="chunked", chunk=16)
     assert np.isnan(compiled["d_g"][0, :21, 1]).any() and not np.isnan(compiled["d_g"][1]).any()

@@ -1,0 +1,208 @@
+"""The query, key and log-decay gradients of ``gated_delta_net_backward``'s chunked path (``gdn_backward``'s docstring
+gives the formulas) from its GEMMs' products, by NumPy or by ``jit_gdn_backward``'s compiled kernels (where Numba is
+there, ``RLX_HOST_JIT`` is not ``0`` and the type is f32 or f64).
+
+The products come as one array per lane, ``[O; Y] [S0^T | U^T]`` (``[..., 2L, K + L]``: the output gradient over the
+chunk, then ``Y``, by the state entering it and ``U``, both transposed): one GEMM with contiguous operands where
+four, each with a transposed operand, ran at half OpenBLAS's speed. ``blocks`` gives them: ``dqg = O S0^T``,
+``dqk = O U^T`` (lower triangular), ``dgk = Y S0^T``, ``da = Y U^T`` (strictly lower: minus the gradient of ``A``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import jit
+from .chunked import scratch
+from .gdn_grams import CHANNEL_SPREAD, _upper
+from .gdn_step import _swap
+
+Array = np.ndarray
+#: The float types the compiled kernels (``jit_gdn_backward``) are built for.
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def blocks(prods: Array, length: int) -> tuple[Array, Array, Array, Array]:
+    """The four blocks of ``prods [..., 2L, K + L]`` as views: ``(dqg, dqk, dgk, da)``."""
+    n = prods.shape[-1] - length
+    top, bottom = prods[..., :length, :], prods[..., length:, :]
+    return top[..., :n], top[..., n:], bottom[..., :n], bottom[..., n:]
+
+
+class _Decayed:
+    """Products that pair a later step ``r`` with an earlier step ``s`` of a chunk through the per-key-channel
+    decay ``exp(cum_r - cum_s)`` (``cum [..., L, K]``), for ``P [..., L, L]`` lower triangular:
+    ``later(P, x)[r] = sum_s P[r, s] x_s exp(cum_r - cum_s)`` and
+    ``earlier(P, y)[s] = sum_r P[r, s] y_r exp(cum_r - cum_s)``.
+
+    Each ratio factors through the chunk's midpoint ``m`` (``exp(cum_r - m) exp(m - cum_s)``, both within
+    ``exp(CHANNEL_SPREAD)`` where ``bounded``); chunks whose spread is wider are formed pair by pair.
+    """
+
+    def __init__(self, cum: Array, bounded: bool, factors: tuple[Array, Array] | None = None):
+        """``factors``: ``(up, down)``, ``exp(cum - m)`` and ``exp(m - cum)``, where the caller has them."""
+        self.cum = cum
+        length = cum.shape[-2]
+        mid = cum[..., (length - 1) // 2: (length + 1) // 2, :]
+        if factors is None:
+            with np.errstate(over="ignore", under="ignore"):
+                factors = np.exp(cum - mid), np.exp(mid - cum)
+        self.up, self.down = factors
+        self.unsafe = None
+        if not bounded:
+            spread = np.max(np.abs(cum - mid), axis=(-2, -1))
+            self.unsafe = np.nonzero((spread > CHANNEL_SPREAD).reshape(-1))[0]
+
+    def later(self, p: Array, x: Array) -> Array:
+        out = self.up * np.matmul(p, x * self.down)
+        return self._exact(out, p, x, "rs,rsi,si->ri")
+
+    def earlier(self, p: Array, y: Array) -> Array:
+        out = self.down * np.matmul(_swap(p), y * self.up)
+        return self._exact(out, p, y, "rs,rsi,ri->si")
+
+    def _exact(self, out: Array, p: Array, x: Array, spec: str) -> Array:
+        """``out`` with its unsafe chunks formed from every ratio ``exp(cum_r - cum_s)``, ``r >= s``."""
+        if self.unsafe is None or not len(self.unsafe):
+            return out
+        length, n = self.cum.shape[-2:]
+        lead = out.shape[:-2]
+        pick = self.unsafe
+        cum = self.cum.reshape(-1, length, n)[pick]
+        diff = cum[:, :, None, :] - cum[:, None, :, :]  # [.., r, s, i]
+        diff[:, ~np.tril(np.ones((length, length), bool))] = -np.inf
+        ratios = np.exp(diff)
+        flat = out.reshape(-1, length, n)
+        ps = np.broadcast_to(p, (*lead, length, length)).reshape(-1, length, length)[pick]
+        xs = np.broadcast_to(x, (*lead, length, n)).reshape(-1, length, n)[pick]
+        flat[pick] = np.einsum("n" + spec.replace(",", ",n").replace("->", "->n"), ps, ratios, xs)
+        return flat.reshape(out.shape)
+
+
+def _rowdot(x: Array, y: Array) -> Array:
+    """``sum_i x[..., i] y[..., i]``."""
+    return np.einsum("...i,...i->...", x, y)
+
+
+def _from_end(dcum: Array, axis: int) -> Array:
+    """The log-decays' gradient from the cumulative ones': ``dcum`` summed from each chunk's end along ``axis``."""
+    return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
+
+
+def _scaled(prods, dkd, gamma, to_end, bc, scale):
+    """The GEMMs' products (``products``' blocks of ``prods``, and ``dkd = U dS_L^T``) scaled in place into the
+    gradients of the decayed products ``dqk`` (``scale``, lower triangular) and ``dkk`` (``-beta``), of ``gamma Q``
+    (``dqg``), minus that of ``gamma K`` (``dgk``) and of ``KD`` (``dkd``): ``(dqk, dkk, dqg, dgk, dkd)``."""
+    dqg, dqk, dgk, dkk = blocks(prods, dkd.shape[-2])
+    dqk *= scale
+    np.copyto(dqk, 0, where=_upper(dqk.shape[-1], 1))
+    dkk *= bc[..., None]
+    dkk *= -1
+    dqg *= gamma
+    dqg *= scale
+    dgk *= bc[..., None]
+    dgk *= gamma
+    dkd *= to_end
+    return dqk, dkk, dqg, dgk, dkd
+
+
+def channel_gradients(decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
+    """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``prods`` and ``dkd`` (overwritten); ``dg [..., L,
+    K]`` is the log-decays' gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
+    ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
+    decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
+    kernel = jit.kernel("gdn_channel_gradients")
+    raw = (prods, dkd, gamma, to_end, bc, scale)
+    if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
+        return _compiled_channel(kernel, decayed, qc, kc, *raw, entering)
+    dqk, dkk, dqg, dgk, dkd = _scaled(*raw)
+    rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
+    rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
+    dq = dqg + rows_q
+    dk = rows_k + cols_q
+    dk += cols_k
+    dk += dkd
+    dk -= dgk
+    dcum = qc * dq
+    cols_q += cols_k
+    cols_q += dgk
+    cols_q += dkd
+    cols_q -= rows_k
+    cols_q *= kc
+    dcum -= cols_q
+    dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
+    return dq, dk, _from_end(dcum, -2)
+
+
+def _lanes(x: Array, dtype) -> Array:
+    """``x [..., A, B]`` as contiguous lanes ``[N, A, B]`` of ``dtype`` (a copy only where it is not already)."""
+    return np.ascontiguousarray(x, dtype).reshape(-1, *x.shape[-2:])
+
+
+def _out(name: str, shape: tuple[int, ...], dtype) -> Array:
+    """A compiled kernel's output array: ``chunked.scratch``'s, for ``_chunked`` copies the gradients out of it."""
+    return scratch(f"gdnb.{name}", shape, dtype)
+
+
+def _compiled_channel(kernel, decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
+    """``channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
+    members; ``qc``, ``kc`` one a key head). ``dg`` is written over ``dkd`` (the GEMM's own array, read by nothing
+    after; the kernel reads each step of it before writing it)."""
+    shape, dtype = dkd.shape, dkd.dtype
+    length, n = shape[-2:]
+    lanes = [_lanes(x, dtype) for x in (qc, kc, decayed.up, decayed.down, gamma, to_end)]
+    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _lanes(dkd, dtype)
+    kernel(*lanes, np.ascontiguousarray(bc, dtype).reshape(-1, length), _lanes(prods, dtype), dg,
+           np.ascontiguousarray(entering, dtype).reshape(-1, n), dq.reshape(-1, length, n), dk.reshape(-1, length, n),
+           dg, np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
+    return dq, dk, dg.reshape(shape)
+
+
+def dbeta_terms(prods, gk, kk, dbeta):
+    """Takes from ``dbeta`` (which holds ``Y.V``) beta's gradient through ``gamma K`` and ``A``: ``dgk.(gamma K)`` and
+    ``sum_s da kk`` (``blocks``' ``dgk`` and ``da``, unscaled; ``da`` zeroed on and above its diagonal here)."""
+    _, _, dgk, da = blocks(prods, kk.shape[-1])
+    dbeta -= _rowdot(dgk, gk)
+    np.copyto(da, 0, where=_upper(da.shape[-1], 0))
+    dbeta -= np.sum(da * kk, axis=-1)
+
+
+def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, dbeta):
+    """Per-head gates: ``channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``; ``dg [...,
+    L]``; and ``dbeta_terms`` (``dbeta`` in place). The entering state's term of the last step's ``dcum`` is ``through``
+    times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
+    (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64)."""
+    kernel = jit.kernel("gdn_head_gradients")
+    if kernel is not None and qc.dtype in _FLOATS:
+        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t,
+                              through, dbeta)
+    dbeta_terms(prods, gamma * kc, kk, dbeta)
+    n = kc.shape[-1]
+    entering = np.einsum("...vk,...vk->...", starts_t[..., :n], leave_t) * through[..., 0, 0]
+    dqk, dkk, dqg, dgk, dkd = _scaled(prods, dkd, gamma, to_end, bc, scale)
+    p_q, p_k = dqk * ratios, dkk * ratios
+    dq = np.matmul(p_q, kc)
+    dq += dqg
+    dk = np.matmul(_swap(p_q), qc)
+    dk += np.matmul(p_k + _swap(p_k), kc)
+    dk += dkd
+    dk -= dgk
+    e = dqk * qk
+    e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
+    dcum = e.sum(axis=-1) - e.sum(axis=-2)
+    dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
+    dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering
+    return dq, dk, _from_end(dcum, -1)
+
+
+def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through,
+                   dbeta):
+    """``head_gradients`` by ``kernel`` over lanes (``_compiled_channel``'s): ``gamma``, ``to_end`` ``[..., L, 1]``."""
+    shape, dtype = dkd.shape, dkd.dtype
+    length, n = shape[-2:]
+    steps = [np.ascontiguousarray(x, dtype).reshape(-1, length) for x in (gamma, to_end, bc)]
+    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _out("dg", shape[:-1], dtype)
+    kernel(_lanes(qc, dtype), _lanes(kc, dtype), *steps, *(_lanes(x, dtype) for x in (ratios, qk, kk, prods, dkd)),
+           _lanes(starts_t, dtype), _lanes(leave_t, dtype), np.ascontiguousarray(through, dtype).reshape(-1),
+           dq.reshape(-1, length, n), dk.reshape(-1, length, n), dg.reshape(-1, length), dbeta.reshape(-1, length),
+           dtype.type(scale), shape[-3])
+    return dq, dk, dg
