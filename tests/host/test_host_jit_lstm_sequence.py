@@ -15,6 +15,7 @@ import pytest
 import host_fallback
 from support.gradient_check import read
 from host_fallback import jit, lstm_sequence
+from support.host_jit import count_calls
 from support.rnn_backward_cases import backward_params, laid_backward, torch_gradients
 from support.rnn_host import build, check
 
@@ -28,15 +29,7 @@ KERNELS = ("lstm_sequence", "lstm_sequence_backward")
 @pytest.fixture
 def calls(monkeypatch):
     """Counts each whole-sequence kernel's calls (they still run)."""
-    counted = dict.fromkeys(KERNELS, 0)
-    for name in KERNELS:
-        real = getattr(jit_lstm_sequence, name)
-
-        def spy(*args, name=name, real=real):
-            counted[name] += 1
-            real(*args)
-        monkeypatch.setattr(jit_lstm_sequence, name, spy)
-    return counted
+    return count_calls(monkeypatch, jit_lstm_sequence, KERNELS)
 
 
 # batch 9: two panels of rows at either width (8 or 6 a panel), the last part-filled; hidden 20: 4H = 80

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback import jit
 from host_fallback.abi import complete
 from rlx_gpu.conformance.reference_mamba2_backward import backward as float64_backward
 from support.gradient_check import laid, read, with_gradients
+from support.host_jit import compiled, count_calls, gradients  # noqa: F401  (compiled: a fixture)
 from support.saved_forward import filled_reserve, laid_with_reserve
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -51,29 +51,7 @@ def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
 @pytest.fixture
 def calls(monkeypatch):
     """Counts each compiled pass's calls (they still run)."""
-    counted = dict.fromkeys(KERNELS, 0)
-    for name in KERNELS:
-        real = getattr(jit_mamba2_backward, name)
-
-        def spy(*args, name=name, real=real):
-            counted[name] += 1
-            real(*args)
-        monkeypatch.setattr(jit_mamba2_backward, name, spy)
-    return counted
-
-
-@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
-def compiled(request, monkeypatch):
-    """Each path: the compiled passes, and NumPy's (``RLX_HOST_JIT=0``)."""
-    if not request.param:
-        monkeypatch.setenv(jit.ENV, "0")
-    return request.param
-
-
-def _gradients(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
-    out = arena.copy()
-    host_fallback.execute(thunk, out, **options)
-    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
+    return count_calls(monkeypatch, jit_mamba2_backward, KERNELS)
 
 
 def _reference(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -96,13 +74,13 @@ def _ran(calls: dict, compiled: bool) -> None:
 @pytest.mark.parametrize("label,params,chunk", CASES, ids=[label for label, _, _ in CASES])
 def test_both_paths_match_the_float64_reference(label, params, chunk, compiled, calls):
     thunk, arena = laid(f"{OP}_backward", "f32", with_gradients(OP, params), _sample, seed=len(label))
-    _close(_gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), NMSE["f32"])
+    _close(gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), NMSE["f32"])
     _ran(calls, compiled)
 
 
 def test_both_paths_of_packed_sequences_match_the_float64_reference(compiled, calls):
     thunk, arena = laid(f"{OP}_backward", "f32", with_gradients(OP, PACKED), _sample)
-    _close(_gradients(thunk, arena, path="chunked", chunk=8), _reference(thunk, arena), NMSE["f32"])
+    _close(gradients(thunk, arena, path="chunked", chunk=8), _reference(thunk, arena), NMSE["f32"])
     _ran(calls, compiled)
 
 
@@ -111,7 +89,7 @@ def test_16_bit_storage_computes_in_f32_on_both_paths(dtype, compiled, calls):
     """Inputs widened to f32, every output rounded once into its storage."""
     label, params, chunk = CASES[-1]
     thunk, arena = laid(f"{OP}_backward", dtype, with_gradients(OP, params), _sample)
-    _close(_gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), NMSE[dtype])
+    _close(gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), NMSE[dtype])
     _ran(calls, compiled)
 
 
@@ -121,12 +99,12 @@ def test_a_saved_forward_is_read_on_both_paths(compiled, calls):
     params = dict(CARRIED, batch=2, seq=150, heads=2, head_dim=3, state_size=4, d=True, z=True, dt_bias=True)
     thunk, arena, forward = laid_with_reserve(OP, "f32", params, _sample)
     saved = filled_reserve(thunk, arena, forward)
-    got = _gradients(thunk, saved)
+    got = gradients(thunk, saved)
     _close(got, _reference(thunk, arena), NMSE["f32"])
     _ran(calls, compiled)
     start = thunk["reserve"]
     saved[start: start + thunk["reserve_bytes"]] = 0
-    assert not np.array_equal(_gradients(thunk, saved)["d_c"], got["d_c"])
+    assert not np.array_equal(gradients(thunk, saved)["d_c"], got["d_c"])
 
 
 def test_a_nan_lands_where_the_step_recurrence_puts_it_on_both_paths(compiled, calls):
@@ -136,8 +114,8 @@ def test_a_nan_lands_where_the_step_recurrence_puts_it_on_both_paths(compiled, c
     thunk, arena = laid(f"{OP}_backward", "f32", with_gradients(OP, params), _sample)
     x = next(r for r in host_fallback.abi.regions(thunk) if r.field == "x")
     host_fallback.arena.view(arena, x.offset, "f32", x.shape)[1, 20, 0, 2] = np.nan
-    got = _gradients(thunk, arena, path="chunked", chunk=8)
-    want = _gradients(thunk, arena, path="step", chunk=8)
+    got = gradients(thunk, arena, path="chunked", chunk=8)
+    want = gradients(thunk, arena, path="step", chunk=8)
     for name, value in got.items():
         np.testing.assert_array_equal(np.isnan(value), np.isnan(want[name]), err_msg=name)
     # the states from step 20 on are NaN, so c's gradient there (the state's gradients, and x's, are not)
@@ -161,5 +139,5 @@ def test_the_compiled_passes_give_the_same_bytes_on_every_run_and_split(calls):
 def test_numpy_s_path_runs_where_the_passes_do_not_apply(calls):
     label, params, chunk = CASES[0]
     thunk, arena = laid(f"{OP}_backward", "f64", with_gradients(OP, params), _sample)
-    _close(_gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), 1e-20)
+    _close(gradients(thunk, arena, path="chunked", chunk=chunk), _reference(thunk, arena), 1e-20)
     _ran(calls, False)

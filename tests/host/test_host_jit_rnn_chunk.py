@@ -15,6 +15,7 @@ from host_fallback.abi import complete
 from host_fallback.rnn_backward_passes import MIN_CHUNK_STEPS
 from rlx_gpu.conformance.references import REFERENCES
 from support.gradient_check import laid, read
+from support.host_jit import count_calls
 from support.rnn_backward_cases import backward_params
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -32,15 +33,7 @@ NMSE = 1e-9
 @pytest.fixture
 def calls(monkeypatch):
     """Counts each kernel's calls (they still run)."""
-    counted = dict.fromkeys(KERNELS, 0)
-    for name in KERNELS:
-        real = getattr(jit_rnn_chunk, name)
-
-        def spy(*args, name=name, real=real):
-            counted[name] += 1
-            real(*args)
-        monkeypatch.setattr(jit_rnn_chunk, name, spy)
-    return counted
+    return count_calls(monkeypatch, jit_rnn_chunk, KERNELS)
 
 
 def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

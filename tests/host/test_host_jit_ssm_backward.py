@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback import jit
 from support.gradient_check import copy_inputs, laid, read, with_gradients
+from support.host_jit import compiled, gradients  # noqa: F401  (compiled: a fixture)
 from support.saved_forward import filled_reserve, laid_with_reserve
 from support.selective_scan_torch import torch_grads
 
@@ -65,20 +65,6 @@ def calls(monkeypatch):
     return counted
 
 
-@pytest.fixture(params=[True, False], ids=["numba", "numpy"])
-def compiled(request, monkeypatch):
-    """Each path: the compiled reverse, and NumPy's (``RLX_HOST_JIT=0``)."""
-    if not request.param:
-        monkeypatch.setenv(jit.ENV, "0")
-    return request.param
-
-
-def _gradients(thunk: dict, arena: np.ndarray, **options) -> dict[str, np.ndarray]:
-    out = arena.copy()
-    host_fallback.execute(thunk, out, **options)
-    return {f: v for f, v in read(thunk, out).items() if f.startswith("d_") and f != "d_dst"}
-
-
 def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], nmse: float = NMSE) -> None:
     assert set(got) == set(want)
     for name, value in want.items():
@@ -89,7 +75,7 @@ def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], nmse: float 
 @pytest.mark.parametrize("label,params", CASES, ids=[label for label, _ in CASES])
 def test_both_paths_match_torch_autograd(label, params, compiled, calls):
     thunk, arena = laid(f"{OP}_backward", "f32", with_gradients(OP, params), _sample, seed=len(label))
-    _close(_gradients(thunk, arena), torch_grads(thunk, read(thunk, arena)))
+    _close(gradients(thunk, arena), torch_grads(thunk, read(thunk, arena)))
     assert calls[0] == (params["batch"] if compiled else 0)  # one call a batch row
 
 
@@ -101,7 +87,7 @@ def test_16_bit_storage_computes_in_f32_on_both_paths(dtype, extra, compiled, ca
     float64 gradients on the stored values."""
     params = {**CASES[-1][1], **extra}
     thunk, arena = laid(f"{OP}_backward", dtype, with_gradients(OP, params), _sample)
-    _close(_gradients(thunk, arena), torch_grads(thunk, read(thunk, arena)), NMSE_16[dtype])
+    _close(gradients(thunk, arena), torch_grads(thunk, read(thunk, arena)), NMSE_16[dtype])
     assert calls[0] == (params["batch"] if compiled else 0)
 
 
@@ -109,7 +95,7 @@ def test_both_paths_of_packed_sequences_match_the_float64_backward(compiled, cal
     thunk, arena = laid(f"{OP}_backward", "f32", with_gradients(OP, PACKED), _sample)
     wide, wide_arena = laid(f"{OP}_backward", "f64", with_gradients(OP, PACKED), _sample)
     copy_inputs(thunk, arena, wide, wide_arena)  # the f64 thunk gets the values the f32 one stores
-    _close(_gradients(thunk, arena), _gradients(wide, wide_arena))
+    _close(gradients(thunk, arena), gradients(wide, wide_arena))
     assert calls[0] == (2 if compiled else 0)  # one call a non-empty sequence
 
 
@@ -122,12 +108,12 @@ def test_a_saved_forward_read_in_place_of_the_forward_pass(chunk, compiled, call
     thunk, arena, forward = laid_with_reserve(OP, "f32", params, _sample)
     saved = filled_reserve(thunk, arena, forward)
     options = {} if chunk is None else {"chunk": chunk}
-    got = _gradients(thunk, saved, **options)
+    got = gradients(thunk, saved, **options)
     values = {f: v for f, v in read(thunk, arena).items() if f != "reserve"}
     _close(got, torch_grads(thunk, values))
     start = thunk["reserve"]
     saved[start: start + thunk["reserve_bytes"]] = 0
-    changed = not np.array_equal(_gradients(thunk, saved, **options)["d_c"], got["d_c"])  # (d_x reads no state)
+    changed = not np.array_equal(gradients(thunk, saved, **options)["d_c"], got["d_c"])  # (d_x reads no state)
     assert changed == (chunk is None)
     assert calls[0] == (2 * 2 if compiled else 0)
 
@@ -141,7 +127,7 @@ def test_the_compiled_reverse_gives_the_same_bytes_on_every_run_and_split(calls)
         host_fallback.execute(thunk, out, workers=2)
     assert np.array_equal(*split)
     assert calls[0] == 2 * 3
-    one, got = _gradients(thunk, arena, workers=1), read(thunk, split[0])  # (d_state is overwritten: read, not rerun)
+    one, got = gradients(thunk, arena, workers=1), read(thunk, split[0])  # (d_state is overwritten: read, not rerun)
     for name, value in one.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
@@ -150,5 +136,5 @@ def test_the_compiled_reverse_gives_the_same_bytes_on_every_run_and_split(calls)
 def test_numpy_s_path_runs_where_the_kernel_does_not_apply(dtype, extra, calls):
     params = dict(CARRIED, batch=2, seq=40, hidden=4, state_size=3, **extra)
     thunk, arena = laid(f"{OP}_backward", dtype, with_gradients(OP, params), _sample)
-    _gradients(thunk, arena)
+    gradients(thunk, arena)
     assert calls[0] == 0
