@@ -37,6 +37,17 @@ def swap(x: np.ndarray) -> np.ndarray:
     return np.swapaxes(x, -1, -2)
 
 
+def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``Σ a*b`` over the last axis, without the product's temporary."""
+    return np.einsum("...i,...i->...", a, b)
+
+
+def sum_from_end(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` summed from the end of ``axis`` (a reverse cumulative sum: a log-decay's gradient from the cumulative
+    log-decays')."""
+    return np.flip(np.cumsum(np.flip(x, axis), axis), axis)
+
+
 def scratch(key: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     """An uninitialized array kept for reuse under ``key`` (per thread, least recently used
     evicted past ``SCRATCH_BYTES``; a fresh one if it alone is larger). The caller must not return

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .chunked import chunk_view, decay_ratios, floor_log_decays, scratch, to_chunks, unit_lower_inverse
-from .gdn_backward_grads import _FLOATS, _Decayed, _rowdot, channel_gradients, dbeta_terms, head_gradients
+from .chunked import (chunk_view, decay_ratios, dot_last, floor_log_decays, scratch, to_chunks,
+                      unit_lower_inverse)
+from .gdn_backward_grads import _FLOATS, _Decayed, channel_gradients, dbeta_terms, head_gradients
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
@@ -75,7 +76,7 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     dkd = np.matmul(u, leave_t, out=_temp("dkd", shape, kd.dtype))  # of KD, over to_end
     # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
     # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
-    dbeta = _rowdot(y, vc)
+    dbeta = dot_last(y, vc)
     raw = (prods, dkd, gamma, to_end, bc, scale)
     if per_channel:
         dbeta_terms(prods, gk, kk, dbeta)

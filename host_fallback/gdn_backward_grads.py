@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .chunked import scratch
+from .chunked import dot_last, scratch, sum_from_end
 from .gdn_grams import CHANNEL_SPREAD, _upper
 from .gdn_step import _swap
 
@@ -78,16 +78,6 @@ class _Decayed:
         return flat.reshape(out.shape)
 
 
-def _rowdot(x: Array, y: Array) -> Array:
-    """``sum_i x[..., i] y[..., i]``."""
-    return np.einsum("...i,...i->...", x, y)
-
-
-def _from_end(dcum: Array, axis: int) -> Array:
-    """The log-decays' gradient from the cumulative ones': ``dcum`` summed from each chunk's end along ``axis``."""
-    return np.flip(np.cumsum(np.flip(dcum, axis), axis), axis)
-
-
 def _scaled(prods, dkd, gamma, to_end, bc, scale):
     """The GEMMs' products (``products``' blocks of ``prods``, and ``dkd = U dS_L^T``) scaled in place into the
     gradients of the decayed products ``dqk`` (``scale``, lower triangular) and ``dkk`` (``-beta``), of ``gamma Q``
@@ -107,7 +97,7 @@ def _scaled(prods, dkd, gamma, to_end, bc, scale):
 
 def channel_gradients(decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
     """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``prods`` and ``dkd`` (overwritten); ``dg [..., L,
-    K]`` is the log-decays' gradient, ``_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
+    K]`` is the log-decays' gradient, ``sum_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
     ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
     decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
     kernel = jit.kernel("gdn_channel_gradients")
@@ -130,7 +120,7 @@ def channel_gradients(decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, ent
     cols_q *= kc
     dcum -= cols_q
     dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
-    return dq, dk, _from_end(dcum, -2)
+    return dq, dk, sum_from_end(dcum, -2)
 
 
 def _lanes(x: Array, dtype) -> Array:
@@ -161,7 +151,7 @@ def dbeta_terms(prods, gk, kk, dbeta):
     """Takes from ``dbeta`` (which holds ``Y.V``) beta's gradient through ``gamma K`` and ``A``: ``dgk.(gamma K)`` and
     ``sum_s da kk`` (``blocks``' ``dgk`` and ``da``, unscaled; ``da`` zeroed on and above its diagonal here)."""
     _, _, dgk, da = blocks(prods, kk.shape[-1])
-    dbeta -= _rowdot(dgk, gk)
+    dbeta -= dot_last(dgk, gk)
     np.copyto(da, 0, where=_upper(da.shape[-1], 0))
     dbeta -= np.sum(da * kk, axis=-1)
 
@@ -189,9 +179,9 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     e = dqk * qk
     e += dkk * kk  # products of a later row r and an earlier column s: + at r, - at s
     dcum = e.sum(axis=-1) - e.sum(axis=-2)
-    dcum += _rowdot(qc, dqg) - _rowdot(kc, dgk + dkd)
-    dcum[..., -1] += _rowdot(kc, dkd).sum(axis=-1) + entering
-    return dq, dk, _from_end(dcum, -1)
+    dcum += dot_last(qc, dqg) - dot_last(kc, dgk + dkd)
+    dcum[..., -1] += dot_last(kc, dkd).sum(axis=-1) + entering
+    return dq, dk, sum_from_end(dcum, -1)
 
 
 def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through,

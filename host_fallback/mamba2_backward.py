@@ -31,9 +31,9 @@ from . import threads
 from .abi import complete
 from .abi.ssm import RESERVE_CHUNK
 from .bound import Bound
-from .chunked import floor_log_decays, pick_path
+from .chunked import dot_last, floor_log_decays, pick_path
 from .implementations import KERNELS, PATHS
-from .mamba2_backward_chunked import chunked_backward, dot_last
+from .mamba2_backward_chunked import chunked_backward
 from .sequences import Sequences, StatePool
 from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, reserve_views, softplus
 

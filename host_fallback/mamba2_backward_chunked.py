@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .chunked import chunk_view, decay_ratios, scratch, swap
+from .chunked import chunk_view, decay_ratios, dot_last, scratch, sum_from_end, swap
 from .ssm_ssd import MAMBA2_SPREAD
 
 #: Bytes of the per-slab temporaries of the chunked path (a few ``[L, L]`` and ``[L, N]`` arrays per chunk
@@ -173,7 +173,7 @@ def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, le
     # d cum_i, plus <d S_end, S_end> at the chunk's end, summed from the chunk's end
     d_cum = _intra(at, ks, out, need_y, weights, entering, length) - dot_last(at.u[ks], views["du"])
     d_cum[..., -1] += at.end_dot[ks]
-    views["dlogd"][...] = np.cumsum(d_cum[..., ::-1], axis=-1)[..., ::-1]
+    views["dlogd"][...] = sum_from_end(d_cum, -1)
 
 
 def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
@@ -183,11 +183,6 @@ def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.nd
     dot_y = np.ascontiguousarray(_intra(at, ks, out, need_y, weights, entering, length))
     kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"], out["du"],
            out["dc"], out["db"], out["dlogd"], nonfinite)
-
-
-def dot_last(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``Σ a*b`` over the last axis, without the product's temporary."""
-    return np.einsum("...i,...i->...", a, b)
 
 
 def _decayed(at: _Chunks, ks: slice, left: str, right: str, upper: np.ndarray, key: str) -> np.ndarray:

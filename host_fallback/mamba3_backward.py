@@ -27,7 +27,7 @@ import numpy as np
 
 from . import jit
 from .bound import Bound
-from .chunked import floor_log_decays
+from .chunked import floor_log_decays, sum_from_end
 from .implementations import KERNELS
 from .mamba2_backward import ssd_backward
 from .mamba3 import (CHUNK, STATES, STEP_MAX, Tokens, inputs, recurrence, rotate, row_blocks, run_step, sigmoid,
@@ -139,7 +139,7 @@ def _steps_back(x: Tokens, grads: Gradients, d_theta_final: np.ndarray, angles, 
     """The reverse of steps 1-3 for every token of a block at once; returns the initial angle's gradient."""
     a = x.theta.shape[-1]
     local = _angle_turns(x.q_rot, grads.d_qrot, a) + _angle_turns(x.k_rot, grads.d_krot, a)
-    d_theta = np.flip(np.cumsum(np.flip(local, 1), axis=1), 1) + d_theta_final[:, None]
+    d_theta = sum_from_end(local, 1) + d_theta_final[:, None]
     heads = x.v.shape[2]
     for name, d_rot in (("q", grads.d_qrot), ("k", grads.d_krot)):
         d_in = rotate(d_rot, x.theta, -1)
