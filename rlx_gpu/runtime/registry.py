@@ -158,8 +158,11 @@ def _passed_over(cpus: list[DeviceInfo]) -> str:
 def open_session(info: DeviceInfo, tf32: bool = False) -> Session:
     """The session of ``info``: one per device per process, so compiled kernels are reused across runs, and a
     second on a CUDA device for ``tf32`` (the config's ``cuda.tf32``: f32 gemms and chunk products may round
-    their operands to TF32; other backends have no such setting and ignore it)."""
-    return sessions(info, bool(tf32) and info.backend == "cuda")
+    their operands to TF32; other backends have no such setting and ignore it). The cache is keyed by the setting
+    in force, ``RLX_CUDA_TF32`` over the config's (``cuda.tf32_asked``), so a session never answers for the other."""
+    if info.backend != "cuda":
+        return sessions(info, False)
+    return sessions(info, backend_module("cuda").tf32_asked(bool(tf32)))
 
 
 @lru_cache(maxsize=None)

@@ -228,6 +228,21 @@ def test_a_tf32_variable_other_than_0_or_1_is_refused(monkeypatch):
 
 
 @needs_nvrtc
+def test_a_session_opened_under_the_variable_is_not_handed_out_once_it_is_unset(monkeypatch):
+    from support.cupy_double import installed
+
+    from rlx_gpu.runtime import registry
+
+    with installed(monkeypatch):
+        device = registry.status("cuda").devices[0]
+        monkeypatch.setenv("RLX_CUDA_TF32", "1")
+        assert registry.open_session(device).tf32  # the config says off: the variable wins
+        monkeypatch.delenv("RLX_CUDA_TF32")
+        assert not registry.open_session(device).tf32  # the config's setting again, not the cached TF32 session
+        assert registry.open_session(device, True).tf32
+
+
+@needs_nvrtc
 @pytest.mark.parametrize("tf32", [False, True], ids=["16-bit", "tf32"])
 def test_the_cuda_session_launches_every_chunked_op_and_dtype_with_the_variant(monkeypatch, tf32):
     from support.cupy_double import installed
