@@ -12,7 +12,7 @@ compiled, where NumPy made an array pass for each step of each, its inner loops 
 - ``mamba2_backward_gradients``: what follows each slab's GEMMs, one lane (chunk, batch row, head) in one pass from
   the chunk's last step to its first: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to
   the chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i`` and the sum from
-  the chunk's end of the log-decay's gradient, written in the ``[B, S, H, ...]`` layout the op returns, and a value
+  the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout the op returns, and a value
   per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
   through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
 
@@ -35,10 +35,11 @@ __all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_back
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
 
-@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, _T3, _T4, _T4, _T4, _T4, _T3, _T2),
+@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, types.int64, _T4, _T4, types.boolean,
+                       _T3, _T4, _T4, _T4, _T4, _T3, _T2),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, dot_y, end_dot, u, du, dc, db,
-                              dlogd, nonfinite):
+def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, ys, y_first, gy, c, entered,
+                              end_dot, u, du, dc, db, dlogd, nonfinite):
     """The gradients of a slab of chunks ``first, first + 1, ...`` (``[K, B, H, L, ...]`` its products, one chunk
     ``K`` to an index), float32, C-contiguous:
 
@@ -47,9 +48,11 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
     dS^T``, ``[K, B, H, L, P]``), ``dc += entering`` (``(exp(cum) gy) S_0``), ``db += to_end * leaving_b`` (``u dS``,
     ``[K, B, H, L, N]``), ``S_0`` the state entering the chunk and ``dS`` the gradient of the one leaving it;
     ``to_end [C, B, H, L]`` is each step's decay to its chunk's end and ``end_dot [C, B, H]`` ``<dS, S_end>``, for
-    every chunk; ``dot_y [K, B, H, L]`` the log-decay gradient's terms before ``- u_i . du_i``, ``u [B, seq, H, P]``.
-    Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``dot_y - u . du`` (``end_dot`` at its last step;
-    padded steps, ``t >= seq``, have no ``u``), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
+    every chunk. The log-decay gradient's terms before ``- u_i . du_i`` are ``gy_i . y_i``: ``ys [B, S'', H, P]``
+    holds ``y`` from step ``y_first`` on (a saved forward's), or with ``entered`` the intra-chunk part ``W u`` of it,
+    the entering state's share then ``c_i . entering_i``; ``gy, u [B, seq, H, P]`` and ``c [B, seq, H, N]``.
+    Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``gy . y - u . du`` (``end_dot`` at its last step;
+    padded steps, ``t >= seq``, have no inputs), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
     the lane's values are (steps before ``seq``)."""
     chunks, bsz, heads, length, p = to_state.shape
     n = entering.shape[4]
@@ -72,8 +75,11 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
                     got_b, share_b = db[b, t, h], leaving_b[kk, b, h, i]
                     for j in range(n):
                         got_b[j] += e * share_b[j]
-                    d_cum = dot_y[kk, b, h, i]
+                    d_cum = _F32(0.0)
                     if t < seq:
+                        d_cum = _dot(gy[b, t, h], ys[b, t - y_first, h], p)
+                        if entered:
+                            d_cum += _dot(c[b, t, h], share_c, n)
                         d_cum -= _dot(u[b, t, h], got, p)
                         flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
                     acc += d_cum

@@ -78,14 +78,15 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
+def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them. ``saved``: a saved
-    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps)."""
+    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps).
+    ``into``: arrays for ``db`` and ``dc`` the chunked path may write into (``chunked_backward``)."""
     if path == "step":
         return _steps(logd, u, b, c, s0, gy, ds, length)
     with np.errstate(all="ignore"):
-        *result, nonfinite = chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved)
+        *result, nonfinite = chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved, into)
     checked = result[1 - need_y:] if nonfinite is None else [nonfinite, result[-1]] + result[:need_y]
     if all(np.isfinite(np.sum(r)) for r in checked):  # (a sum holding a NaN or Inf is not finite)
         return tuple(result)
@@ -178,6 +179,12 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
     # per-(row, head) partial sums and, with groups, per-head gradients of b and c (summed over each group's
     # heads at the end), each block writing its own part: the sums run in one order however the blocks are cut
     per_head = {f: np.empty((bsz, seq, heads, n), ctype) for f in ("b", "c") if groups < heads}
+
+    def in_place(f: str, rows: tuple) -> np.ndarray | None:
+        """The arena's ``d_f`` block at ``rows`` where the pass can write it itself (stored as computed, C-contiguous,
+        no group's heads to sum; ABI.md: no write range overlaps a read range), else ``None``."""
+        v = None if f in per_head else bound.in_place(f"d_{f}", rows)
+        return v if v is not None and v.flags.c_contiguous else None
     partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
     d_initial: list[tuple[slice, slice, np.ndarray]] = []
 
@@ -196,16 +203,22 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
+        # d_x, d_b and d_c go straight to the arena where they can (in_place): no copy of each in store
+        into = {f: v for f in ("x", "b", "c") if (v := in_place(f, rows)) is not None}
         if seqs is None:
             saved = None if views is None else tuple(views[f][bs, :, hs] for f in ("states", "y", "scores"))
-            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
+            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved,
+                                                     {"d" + f: into[f] for f in "bc" if f in into})
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
+        for f, got in (("b", db), ("c", dc)):
+            if f in into and not np.may_share_memory(got, into[f]):  # (the path wrote its own array)
+                np.copyto(into[f], got)
         d_dt = dlogd * a + dot_last(du, x)
         if slope is not None:
             d_dt *= slope
-        out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
-               "dt_bias": np.sum(d_dt, axis=1), "state": ds0}
+        out = {"x": np.multiply(du, dt[..., None], out=into.get("x")), "dt": d_dt, "b": db, "c": dc,
+               "a": np.sum(dlogd * dt, axis=1), "dt_bias": np.sum(d_dt, axis=1), "state": ds0, "in_place": into}
         if t["d"] is not None:
             skip = read("d", hs)[:, None]
             out["x"] += skip * gy
@@ -220,7 +233,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         for f in ("x", "dt", "b", "c", "z"):
             if f in per_head:
                 per_head[f][bs, :, hs] = out[f]
-            elif f in out:
+            elif f in out and f not in out["in_place"]:
                 bound.store(f"d_{f}", out[f], (bs, slice(None), hs))
         for f in ("a", "dt_bias", "d"):
             if f in out:

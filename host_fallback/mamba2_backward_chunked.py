@@ -65,6 +65,8 @@ class _Chunks:
         self.u, self.b, self.c, self.gy = ch(u), ch(b), ch(c), ch(gy)
         # the compiled passes read the inputs as laid, [B, S, H, ...]
         self.laid = {"u": u, "b": b, "c": c, "gy": gy} if compiled else None
+        if compiled and saved is not None:
+            self.laid["y"] = np.ascontiguousarray(saved[1])
         self.operands = jit.kernel("mamba2_backward_operands") if compiled else None
         self.seq = u.shape[1]
         self.work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
@@ -103,12 +105,13 @@ class _Chunks:
         self.end_dot[-1] = dot_last(flat(leaving[-1]), flat(self.final))
 
 
-def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
+def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None):
     """``mamba2_backward._steps`` in the chunked SSD form (the module's docstring): ``(y, du, dlogd, db, dc, ds0,
     nonfinite)``, ``y`` ``None`` unless ``need_y``, and ``nonfinite [B, H]`` where the compiled pass ran (else
     ``None``): finite exactly where the lane's ``du, dlogd, db, dc`` are. ``saved``: a saved forward's ``(states,
     y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
-    chunk, the outputs ``y`` and the decayed scores ``W``."""
+    chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
+    (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are)."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -118,7 +121,8 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
         u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
     at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
-    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
+    given = {} if into is None or padded != seq else into
+    out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
     per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
@@ -161,10 +165,17 @@ def _intra(at: _Chunks, ks: slice, out: dict, need_y: bool, weights, entering, l
         return dot_last(kg, at.ys[ks])
     intra = _lower_times(weights, at.u[ks], at.work("intra", at.u[ks].shape))
     if need_y:
-        grow = np.exp(at.cum[ks])[..., None]
-        np.add(intra, np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)) @ swap(at.starts[ks]),
-               out=chunk_view(out["y"], length)[ks])
+        np.copyto(chunk_view(out["y"], length)[ks], intra)
+        _add_entering_share(at, ks, out, length)
     return dot_last(kg, intra) + dot_last(at.c[ks], entering)
+
+
+def _add_entering_share(at: _Chunks, ks: slice, out: dict, length: int) -> None:
+    """``out["y"]``'s steps of the chunks ``ks`` (their intra-chunk part) get the entering state's share,
+    ``(c exp(cum)) S_0^T``."""
+    grow = np.exp(at.cum[ks])[..., None]
+    y = chunk_view(out["y"], length)[ks]
+    y += np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)) @ swap(at.starts[ks])
 
 
 def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int) -> None:
@@ -183,11 +194,22 @@ def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, le
 
 def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
                    nonfinite) -> None:
-    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``)."""
+    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``, which forms the ``gy .
+    y`` dots too: from the saved ``y``, else from ``W u``, laid ``[B, S, H, P]``, and ``c . entering``)."""
     weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
-    dot_y = np.ascontiguousarray(_intra(at, ks, out, need_y, weights, entering, length))
-    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"], out["du"],
-           out["dc"], out["db"], out["dlogd"], nonfinite)
+    if at.ys is not None:
+        ys, y_first = at.laid["y"], 0
+    elif need_y:  # W u into y's steps (the entering state's share added after the pass)
+        ys, y_first = out["y"], 0
+        _lower_times(weights, at.u[ks], chunk_view(ys, length)[ks])
+    else:  # into an array of the slab's steps
+        bsz, _, heads, p = at.laid["u"].shape
+        ys, y_first = at.work("intra", (bsz, (ks.stop - ks.start) * length, heads, p)), ks.start * length
+        _lower_times(weights, at.u[ks], chunk_view(ys, length))
+    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, ys, y_first, at.laid["gy"], at.laid["c"],
+           at.ys is None, at.end_dot, at.laid["u"], out["du"], out["dc"], out["db"], out["dlogd"], nonfinite)
+    if need_y and at.ys is None:
+        _add_entering_share(at, ks, out, length)
 
 
 def _blocks(length: int):
