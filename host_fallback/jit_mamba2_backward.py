@@ -125,21 +125,20 @@ def mamba2_backward_operands(first, seq, left, right, cum, lhs, rhs_t, fits, spr
                             turned[j, i] = 0.0
 
 
-@numba.njit(types.void(_T3, _T5, _T5, _T5, _T4, _T4, _T3),
+@numba.njit(types.void(_T3, _T5, _T5, _T5, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_state_gradients(through, leaving, leaving_t, starts, final, d, end_dot):
+def mamba2_backward_state_gradients(through, leaving, leaving_t, ends, d, end_dot):
     """The gradients of the states leaving each chunk, float32, C-contiguous: ``leaving [C, B, H, P, N]`` holds what
     each chunk's outputs send to the state entering it and is overwritten by the gradient of the state leaving it,
     ``leaving_t [C, B, H, N, P]`` the same transposed; ``d [B, H, P, N]``, the final state's gradient, ends as the
     initial state's (each chunk's ``d = through d + sent``, ``through [C, B, H]`` its decay); ``end_dot [C, B, H]``
-    gets ``<d, S>`` at each chunk's end (``S``: ``starts [C, B, H, P, N]``'s next chunk's, ``final [B, H, P, N]``
-    after the last)."""
+    gets ``<d, S>`` at each chunk's end (``S``: the state leaving it, ``ends [B, C, H, P, N]``)."""
     count, bsz, heads, p, n = leaving.shape
     for b in range(bsz):
         for h in range(heads):
             grad = d[b, h]
             for k in range(count - 1, -1, -1):
-                state = starts[k + 1, b, h] if k + 1 < count else final[b, h]
+                state = ends[b, k, h]
                 sent, turned, decay = leaving[k, b, h], leaving_t[k, b, h], through[k, b, h]
                 total = _F32(0.0)
                 for i in range(p):

@@ -37,27 +37,25 @@ SLAB_BYTES = 16 << 20
 CAUSAL_BLOCK = 16
 
 
-def _entering(lu, lb, to_end, through, s0, work, states):
-    """``(the states entering each chunk [C, B, H, P, N], the final state [B, H, P, N])``: from a saved
-    forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given, else built chunk by chunk from
-    the initial state ``s0`` and what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
+def _leaving_states(lu, lb, to_end, through, s0, work, states):
+    """The states leaving each chunk, ``[B, C, H, P, N]`` (a saved forward's layout): a saved forward's ``states``
+    where given (copied only where not C-contiguous), else built chunk by chunk from the initial state ``s0`` and
+    what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
     if states is not None:
-        leaving = np.moveaxis(states, 1, 0)
-        starts = np.empty((len(leaving), *s0.shape), s0.dtype)
-        starts[0], starts[1:] = s0, leaving[:-1]
-        return starts, leaving[-1]
+        return np.ascontiguousarray(states)
     scaled = np.multiply(lu, to_end[..., None], out=work("scaled", lu.shape))
-    starts = swap(scaled) @ lb
+    built = np.matmul(swap(scaled), lb, out=work("built", (*lu.shape[:3], lu.shape[-1], lb.shape[-1])))
+    ends = np.empty((s0.shape[0], len(built), *s0.shape[1:]), s0.dtype)
     s = s0
-    for k in range(len(starts)):
-        s, starts[k] = through[k] * s + starts[k], s
-    return starts, s
+    for k in range(len(built)):
+        s = ends[:, k] = through[k] * s + built[k]
+    return ends
 
 
 class _Chunks:
     """Steps 1 and 2 of a call (the module's docstring), what each slab of step 3 reads: the inputs as
-    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the states entering each chunk
-    (``starts``, and ``final``), the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t``
+    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the initial state ``s0`` and the states
+    leaving each chunk (``ends`` ``[B, C, H, P, N]``: the one entering chunk ``k > 0`` is ``ends[:, k - 1]``), the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t``
     ``[N, P]``), ``end_dot`` (``<dS, S>`` at each chunk's end) and a saved forward's ``y`` and ``W``."""
 
     def __init__(self, logd, u, b, c, s0, gy, ds, length, saved, compiled: bool):
@@ -73,10 +71,11 @@ class _Chunks:
         cum = self.cum = np.ascontiguousarray(np.cumsum(ch(logd), axis=-1))  # [C, B, H, L]
         self.to_end = np.ascontiguousarray(np.exp(cum[..., -1:] - cum))  # the decay from each step to its chunk's end
         through = np.exp(cum[..., -1])[..., None, None]
-        self.starts, self.final = _entering(self.u, self.b, self.to_end, through, s0, self.work,
-                                            None if saved is None else saved[0])
+        self.s0 = s0
+        self.ends = _leaving_states(self.u, self.b, self.to_end, through, s0, self.work,
+                                    None if saved is None else saved[0])
         # the grown gy gives the gradient each chunk's outputs send to the state entering it, and that state's
-        # share of dc ("scaled": _entering is done with it)
+        # share of dc ("scaled": _leaving_states is done with it)
         self.grown = np.multiply(self.gy, np.exp(cum)[..., None], out=self.work("scaled", self.gy.shape))
         self.leaving = swap(self.grown) @ self.c  # then leaving[k]: d loss / d (state after chunk k)
         self._state_gradients(ds, through, compiled)
@@ -92,8 +91,7 @@ class _Chunks:
         if compiled:
             self.leaving_t, self.ds0 = np.empty_like(swap(leaving), order="C"), np.array(ds, order="C")
             jit.kernel("mamba2_backward_state_gradients")(np.ascontiguousarray(through[..., 0, 0]), leaving,
-                                                          self.leaving_t, self.starts,
-                                                          np.ascontiguousarray(self.final), self.ds0, self.end_dot)
+                                                          self.leaving_t, self.ends, self.ds0, self.end_dot)
             return
         d = ds
         for k in reversed(range(len(leaving))):
@@ -101,8 +99,19 @@ class _Chunks:
         self.ds0 = d
         self.leaving_t = np.ascontiguousarray(swap(leaving))
         flat = lambda v: v.reshape(*v.shape[:-2], v.shape[-2] * v.shape[-1])  # noqa: E731
-        self.end_dot[:-1] = dot_last(flat(leaving[:-1]), flat(self.starts[1:]))
-        self.end_dot[-1] = dot_last(flat(leaving[-1]), flat(self.final))
+        self.end_dot[...] = dot_last(flat(leaving), flat(np.moveaxis(self.ends, 1, 0)))
+
+    def times_entering(self, ks: slice, left: np.ndarray, out: np.ndarray, transposed: bool = False) -> np.ndarray:
+        """``out = left @ S`` (``S^T`` where ``transposed``) for the state ``S`` entering each chunk of ``ks``
+        (``left``, ``out`` ``[K, B, H, ...]``): the initial state for the first chunk, then those leaving the one
+        before."""
+        turn = swap if transposed else lambda v: v  # noqa: E731
+        first = int(ks.start == 0)
+        if first:
+            np.matmul(left[0], turn(self.s0), out=out[0])
+        np.matmul(left[first:], turn(np.moveaxis(self.ends[:, ks.start + first - 1: ks.stop - 1], 1, 0)),
+                  out=out[first:])
+        return out
 
 
 def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None):
@@ -150,7 +159,7 @@ def _products(at: _Chunks, ks: slice, out: dict, upper: np.ndarray, length: int)
     _upper_times(swap(weights), kg, views["du"])
     _lower_times(d_scores, kb, views["dc"])
     _upper_times(swap(d_scores), kc, views["db"])
-    entering = np.matmul(at.grown[ks], at.starts[ks], out=at.work("entering", kb.shape))
+    entering = at.times_entering(ks, at.grown[ks], at.work("entering", kb.shape))
     to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
     leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
     return weights, entering, to_state, leaving_b
@@ -175,7 +184,8 @@ def _add_entering_share(at: _Chunks, ks: slice, out: dict, length: int) -> None:
     ``(c exp(cum)) S_0^T``."""
     grow = np.exp(at.cum[ks])[..., None]
     y = chunk_view(out["y"], length)[ks]
-    y += np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)) @ swap(at.starts[ks])
+    y += at.times_entering(ks, np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)),
+                           at.work("y_entering", y.shape), transposed=True)
 
 
 def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int) -> None:
