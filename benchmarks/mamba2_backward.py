@@ -1,7 +1,8 @@
 """Host mamba2 forward + backward (host_fallback) against torch autograd of the SSD chunked form, and the
 backward's peak extra memory against the forward's.
 
-    [OPENBLAS_NUM_THREADS=1] python benchmarks/mamba2_backward.py [--runs 5] [--seq 1024] [--memory-seq 4096] [--cpu-time]
+    [OPENBLAS_NUM_THREADS=1] python benchmarks/mamba2_backward.py [--runs 5] [--seq 1024] [--memory-seq 4096]
+                                                                  [--cpu-time]
 
 Shape: ``benchmarks/ssm.py``'s mamba2 perf case (batch 2, heads 8, head_dim 64, state 64, f32). Ours is
 the forward thunk, then the backward thunk, two ways: recomputing what it needs of the forward, and with a
@@ -90,7 +91,7 @@ def main() -> None:
                                              lambda: host_fallback.execute(thunk, ours_bwd),
                                              lambda: host_fallback.execute(saving_fwd, saving_out),
                                              lambda: host_fallback.execute(saving, saved)], args.runs, 1, clock)
-    (ref,) = alternating_ms([torch_step], args.runs, 1, clock) if args.cpu_time else medians_ms([torch_step], args.runs, 1)
+    (ref,) = medians_ms([torch_step], args.runs, 1, clock)
     print(f"mamba2 B{params['batch']} S{args.seq} H{params['heads']} P{params['head_dim']} N{params['state_size']} f32,"
           f" {'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f}, torch threads "
           f"{torch.get_num_threads()}, reserve "

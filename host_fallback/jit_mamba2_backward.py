@@ -12,8 +12,8 @@ compiled, where NumPy made an array pass for each step of each, its inner loops 
 - ``mamba2_backward_gradients``: what follows each slab's GEMMs, one lane (chunk, batch row, head) in one pass from
   the chunk's last step to its first: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to
   the chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i`` and the sum from
-  the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout the op returns, and a value
-  per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
+  the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout
+  the op returns, and a value per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
   through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
 
 Loops run along the contiguous ``P`` or ``N`` values (LLVM vectorizes them); the dots' sums are reassociated

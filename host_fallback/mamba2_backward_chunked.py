@@ -13,11 +13,13 @@ chunk kernels in NumPy, with ``cum`` the log-decay summed from each chunk's star
    ``z``'s gradient needs it.
 
 States and their gradients keep the forward's ``[P, N]`` layout, and each GEMM's operands are laid as OpenBLAS takes
-them fastest (the transposed ones written so once). With a saved forward (ABI.md §9.1) step 2's forward loop and
-three GEMMs per chunk are read instead. Where Numba is there and the thunk computes in f32, the passes between the
-GEMMs are compiled (``jit_mamba2_backward``: the decayed products' operands, the loop back over the chunks, and what
-follows each slab's GEMMs: the shares added, the dots, the reverse sums and the check for non-finite values, about
-ten array passes in NumPy); ``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
+them fastest (the transposed ones written so once); the causal products (``W``, ``gy u^T * M`` and those by them)
+run by blocks of ``CAUSAL_BLOCK`` rows that read only up to or from their diagonal block. With a saved forward
+(ABI.md §9.1) step 2's forward loop and three GEMMs per chunk are read instead, the states where they lie. Where
+Numba is there and the thunk computes in f32, the passes between the GEMMs are compiled (``jit_mamba2_backward``:
+the decayed products' operands, the loop back over the chunks, and what follows each slab's GEMMs: the shares added,
+the dots (``gy . y`` too), the reverse sums and the check for non-finite values, about ten array passes in NumPy);
+``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
 """
 from __future__ import annotations
 
@@ -54,9 +56,10 @@ def _leaving_states(lu, lb, to_end, through, s0, work, states):
 
 class _Chunks:
     """Steps 1 and 2 of a call (the module's docstring), what each slab of step 3 reads: the inputs as
-    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the initial state ``s0`` and the states
-    leaving each chunk (``ends`` ``[B, C, H, P, N]``: the one entering chunk ``k > 0`` is ``ends[:, k - 1]``), the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t``
-    ``[N, P]``), ``end_dot`` (``<dS, S>`` at each chunk's end) and a saved forward's ``y`` and ``W``."""
+    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the initial state ``s0`` and the
+    states leaving each chunk (``ends`` ``[B, C, H, P, N]``: the one entering chunk ``k > 0`` is ``ends[:, k - 1]``),
+    the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t`` ``[N, P]``), ``end_dot`` (``<dS, S>`` at
+    each chunk's end) and a saved forward's ``y`` and ``W``."""
 
     def __init__(self, logd, u, b, c, s0, gy, ds, length, saved, compiled: bool):
         ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
