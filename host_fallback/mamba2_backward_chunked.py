@@ -159,12 +159,13 @@ def _products(at: _Chunks, ks: slice, out: dict, upper: np.ndarray, length: int)
     kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
     weights = _decayed(at, ks, "c", "b", upper, "w") if at.saved_w is None else at.saved_w[ks]
     d_scores = _decayed(at, ks, "gy", "u", upper, "dw")
+    # in an order that reads each input again soon after its last read (u, gy, b, then c): cached still
+    leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
     _upper_times(swap(weights), kg, views["du"])
     _lower_times(d_scores, kb, views["dc"])
+    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
     _upper_times(swap(d_scores), kc, views["db"])
     entering = at.times_entering(ks, at.grown[ks], at.work("entering", kb.shape))
-    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
-    leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
     return weights, entering, to_state, leaving_b
 
 
