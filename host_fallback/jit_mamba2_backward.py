@@ -13,7 +13,8 @@ compiled, where NumPy made an array pass for each step of each, its inner loops 
   the chunk's last step to its first: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to
   the chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i`` and the sum from
   the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout
-  the op returns, and a value per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
+  the op returns (with mamba2's chain rule through ``u = dt x``: ``du dt`` and ``du . x``), and a value per lane that
+  is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
   through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
 
 Loops run along the contiguous ``P`` or ``N`` values (LLVM vectorizes them); the dots' sums are reassociated
@@ -36,10 +37,10 @@ _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3,
 
 
 @numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, types.int64, _T4, _T4, types.boolean,
-                       _T3, _T4, _T4, _T4, _T4, _T3, _T2),
+                       _T3, _T4, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
 def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, ys, y_first, gy, c, entered,
-                              end_dot, u, du, dc, db, dlogd, nonfinite):
+                              end_dot, u, du, dc, db, dlogd, nonfinite, chain, x, dt, dx, xdu):
     """The gradients of a slab of chunks ``first, first + 1, ...`` (``[K, B, H, L, ...]`` its products, one chunk
     ``K`` to an index), float32, C-contiguous:
 
@@ -53,7 +54,8 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
     the entering state's share then ``c_i . entering_i``; ``gy, u [B, seq, H, P]`` and ``c [B, seq, H, N]``.
     Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``gy . y - u . du`` (``end_dot`` at its last step;
     padded steps, ``t >= seq``, have no inputs), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
-    the lane's values are (steps before ``seq``)."""
+    the lane's values are (steps before ``seq``). With ``chain`` (mamba2's ``u = dt x``: ``x [B, seq, H, P]``, ``dt
+    [B, seq, H]``) also the chain rule's ``dx = du dt`` and ``xdu = du . x`` (``[B, seq, H, ...]``) at those steps."""
     chunks, bsz, heads, length, p = to_state.shape
     n = entering.shape[4]
     zeros = np.zeros(max(p, n), np.float32)
@@ -81,6 +83,11 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
                         if entered:
                             d_cum += _dot(c[b, t, h], share_c, n)
                         d_cum -= _dot(u[b, t, h], got, p)
+                        if chain:
+                            step, out_x = dt[b, t, h], dx[b, t, h]
+                            for j in range(p):
+                                out_x[j] = got[j] * step
+                            xdu[b, t, h] = _dot(x[b, t, h], got, p)
                         flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
                     acc += d_cum
                     dlogd[b, t, h] = acc

@@ -38,6 +38,10 @@ SLAB_BYTES = 16 << 20
 #: triangular operand (at 4 blocks of 16, 5/8 of the full product's multiply-adds).
 CAUSAL_BLOCK = 16
 
+#: ``mamba2_backward_gradients``' chain rule arrays where there is none to apply
+_NO_CHAIN = (np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32),
+             np.zeros((1, 1, 1), np.float32))
+
 
 def _leaving_states(lu, lb, to_end, through, s0, work, states):
     """The states leaving each chunk, ``[B, C, H, P, N]`` (a saved forward's layout): a saved forward's ``states``
@@ -117,13 +121,14 @@ class _Chunks:
         return out
 
 
-def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None):
+def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None, chain=None):
     """``mamba2_backward._steps`` in the chunked SSD form (the module's docstring): ``(y, du, dlogd, db, dc, ds0,
     nonfinite)``, ``y`` ``None`` unless ``need_y``, and ``nonfinite [B, H]`` where the compiled pass ran (else
     ``None``): finite exactly where the lane's ``du, dlogd, db, dc`` are. ``saved``: a saved forward's ``(states,
     y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
     chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
-    (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are)."""
+    (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are).
+    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -132,6 +137,9 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     if kernel is not None:
         u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
     at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
+    if kernel is not None:  # the chain rule's arrays, or stand-ins
+        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain
+        links = (chain is not None, np.ascontiguousarray(x), np.ascontiguousarray(dt), dx, xdu)
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     given = {} if into is None or padded != seq else into
     out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
@@ -145,7 +153,7 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
         if kernel is None:
             _slab(at, ks, out, need_y, upper, length)
         else:
-            _slab_compiled(at, ks, out, need_y, upper, length, kernel, nonfinite)
+            _slab_compiled(at, ks, out, need_y, upper, length, kernel, nonfinite, links)
     y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
     return (y, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq], out["dc"][:, :seq], at.ds0,
             nonfinite)
@@ -207,7 +215,7 @@ def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, le
 
 
 def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
-                   nonfinite) -> None:
+                   nonfinite, links) -> None:
     """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``, which forms the ``gy .
     y`` dots too: from the saved ``y``, else from ``W u``, laid ``[B, S, H, P]``, and ``c . entering``)."""
     weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
@@ -221,7 +229,7 @@ def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.nd
         ys, y_first = at.work("intra", (bsz, (ks.stop - ks.start) * length, heads, p)), ks.start * length
         _lower_times(weights, at.u[ks], chunk_view(ys, length))
     kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, ys, y_first, at.laid["gy"], at.laid["c"],
-           at.ys is None, at.end_dot, at.laid["u"], out["du"], out["dc"], out["db"], out["dlogd"], nonfinite)
+           at.ys is None, at.end_dot, at.laid["u"], out["du"], out["dc"], out["db"], out["dlogd"], nonfinite, *links)
     if need_y and at.ys is None:
         _add_entering_share(at, ks, out, length)
 
