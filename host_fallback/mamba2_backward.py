@@ -186,6 +186,13 @@ def _silu_slopes(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return z * sig, sig * (1 + z * (1 - sig))
 
 
+def _in_place(bound: Bound, f: str, rows: tuple, per_head: dict) -> np.ndarray | None:
+    """The arena's ``d_f`` block at ``rows`` where the pass can write it itself (stored as computed, C-contiguous,
+    no group's heads to sum in ``per_head``; ABI.md: no write range overlaps a read range), else ``None``."""
+    v = None if f in per_head else bound.in_place(f"d_{f}", rows)
+    return v if v is not None and v.flags.c_contiguous else None
+
+
 def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None) -> None:
     t = complete(thunk)
     length = chunk or MAMBA2_CHUNK
@@ -201,12 +208,6 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
     # per-(row, head) partial sums and, with groups, per-head gradients of b and c (summed over each group's
     # heads at the end), each block writing its own part: the sums run in one order however the blocks are cut
     per_head = {f: np.empty((bsz, seq, heads, n), ctype) for f in ("b", "c") if groups < heads}
-
-    def in_place(f: str, rows: tuple) -> np.ndarray | None:
-        """The arena's ``d_f`` block at ``rows`` where the pass can write it itself (stored as computed, C-contiguous,
-        no group's heads to sum; ABI.md: no write range overlaps a read range), else ``None``."""
-        v = None if f in per_head else bound.in_place(f"d_{f}", rows)
-        return v if v is not None and v.flags.c_contiguous else None
     partial = {f: np.zeros((bsz, heads), ctype) for f in ("a", "d", "dt_bias")}
     d_initial: list[tuple[slice, slice, np.ndarray]] = []
 
@@ -216,18 +217,13 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         raw = read("dt", rows) if t["dt_bias"] is None else read("dt", rows) + read("dt_bias", hs)
         dt, slope = _step_sizes(t, raw)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
-        if t["z"] is not None:
-            z = read("z", rows)
-            silu, silu_slope = _silu_slopes(z)
-            gy = g * silu  # the gradient of y + d*x
-        else:
-            gy = g
+        silu, silu_slope = (None, None) if t["z"] is None else _silu_slopes(read("z", rows))
+        gy = g if silu is None else g * silu  # the gradient of y + d*x
         args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
-        # d_x, d_b and d_c go straight to the arena where they can (in_place): no copy of each in store; the chain
-        # rule through u = dt x (d_x = du dt and du . x for d_dt) comes with du, from the compiled pass where it runs
-        into = {f: v for f in ("x", "b", "c") if (v := in_place(f, rows)) is not None}
+        # d_x, d_b, d_c straight to the arena where they can be (no copy each in store); the chain rule through u = dt x
+        into = {f: v for f in ("x", "b", "c") if (v := _in_place(bound, f, rows, per_head)) is not None}
         chain = (x, dt, into["x"] if "x" in into else np.empty(x.shape, ctype), np.empty(dt.shape, ctype))
         if seqs is None:
             saved = None if views is None else tuple(views[f][bs, :, hs] for f in ("states", "y", "scores"))
