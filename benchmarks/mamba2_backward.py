@@ -2,6 +2,7 @@
 backward's peak extra memory against the forward's.
 
     [OPENBLAS_NUM_THREADS=1] python benchmarks/mamba2_backward.py [--runs 5] [--seq 1024] [--memory-seq 4096]
+                                                                  [--cpu-time]
 
 Shape: ``benchmarks/ssm.py``'s mamba2 perf case (batch 2, heads 8, head_dim 64, state 64, f32). Ours is
 the forward thunk, then the backward thunk, two ways: recomputing what it needs of the forward, and with a
@@ -11,7 +12,8 @@ them); the four host thunks are timed in alternation (``ssm.alternating_ms``: pa
 forward and ``backward()`` of the loss ``Σ dst·d_dst`` on CPU, on as many threads as ours (``threads.cores()``:
 the OpenBLAS threads, at most the cores; torch's default is every core, whose threads on a loaded machine wait for
 cores and slow it several times over, which made this ratio 0.04-0.09x before). Times are medians of ``--runs`` runs,
-one contender at a time (``ssm.medians_ms``); the load average is printed beside them, since the
+one contender at a time (``ssm.medians_ms``); ``--cpu-time`` times the process's CPU time instead of wall time
+(the waits for a core of a loaded machine left out); the load average is printed beside them, since the
 neighbours on a shared machine slow every column. Memory: the ``tracemalloc`` peak of one run of each
 thunk at ``--memory-seq`` (the arena itself allocated before; the scratch pool emptied first, so the
 forward's reused arrays count), beside the bytes of the states a chunked pass keeps (one per chunk).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -64,7 +67,10 @@ def _peak_bytes(thunk: dict, arena: np.ndarray) -> int:
 
 
 def main() -> None:
-    args = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=5).parse_args()
+    parser = with_backward_arguments(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]), runs=5)
+    parser.add_argument("--cpu-time", action="store_true", help="the process's CPU time instead of wall time")
+    args = parser.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     import torch
 
     torch.set_num_threads(threads.cores())
@@ -84,10 +90,11 @@ def main() -> None:
     fwd, bwd, fwd_r, bwd_r = alternating_ms([lambda: host_fallback.execute(forward, ours_fwd),
                                              lambda: host_fallback.execute(thunk, ours_bwd),
                                              lambda: host_fallback.execute(saving_fwd, saving_out),
-                                             lambda: host_fallback.execute(saving, saved)], args.runs, 1)
-    (ref,) = medians_ms([torch_step], args.runs, 1)
+                                             lambda: host_fallback.execute(saving, saved)], args.runs, 1, clock)
+    (ref,) = medians_ms([torch_step], args.runs, 1, clock)
     print(f"mamba2 B{params['batch']} S{args.seq} H{params['heads']} P{params['head_dim']} N{params['state_size']} f32,"
-          f" load average {os.getloadavg()[0]:.1f}, torch threads {torch.get_num_threads()}, reserve "
+          f" {'CPU' if args.cpu_time else 'wall'} time, load average {os.getloadavg()[0]:.1f}, torch threads "
+          f"{torch.get_num_threads()}, reserve "
           f"{saving['reserve_bytes'] / (1 << 20):.1f} MiB")
     print(f"{'ours forward':>34} {fwd:9.1f} ms")
     for label, f, b in (("recompute", fwd, bwd), ("reserve", fwd_r, bwd_r)):

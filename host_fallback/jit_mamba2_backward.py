@@ -12,8 +12,9 @@ compiled, where NumPy made an array pass for each step of each, its inner loops 
 - ``mamba2_backward_gradients``: what follows each slab's GEMMs, one lane (chunk, batch row, head) in one pass from
   the chunk's last step to its first: the leaving state's shares of ``du`` and ``db`` scaled by each step's decay to
   the chunk's end and added, the entering state's share of ``dc`` added, the dots ``u_i . du_i`` and the sum from
-  the chunk's end of the log-decay's gradient, written in the ``[B, S, H, ...]`` layout the op returns, and a value
-  per lane that is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
+  the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout
+  the op returns (with mamba2's chain rule through ``u = dt x``: ``du dt`` and ``du . x``), and a value per lane that
+  is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
   through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
 
 Loops run along the contiguous ``P`` or ``N`` values (LLVM vectorizes them); the dots' sums are reassociated
@@ -35,10 +36,11 @@ __all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_back
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
 
-@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, _T3, _T4, _T4, _T4, _T4, _T3, _T2),
+@numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, types.int64, _T4, _T4, types.boolean,
+                       _T3, _T4, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, dot_y, end_dot, u, du, dc, db,
-                              dlogd, nonfinite):
+def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end, ys, y_first, gy, c, entered,
+                              end_dot, u, du, dc, db, dlogd, nonfinite, chain, x, dt, dx, xdu):
     """The gradients of a slab of chunks ``first, first + 1, ...`` (``[K, B, H, L, ...]`` its products, one chunk
     ``K`` to an index), float32, C-contiguous:
 
@@ -47,10 +49,13 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
     dS^T``, ``[K, B, H, L, P]``), ``dc += entering`` (``(exp(cum) gy) S_0``), ``db += to_end * leaving_b`` (``u dS``,
     ``[K, B, H, L, N]``), ``S_0`` the state entering the chunk and ``dS`` the gradient of the one leaving it;
     ``to_end [C, B, H, L]`` is each step's decay to its chunk's end and ``end_dot [C, B, H]`` ``<dS, S_end>``, for
-    every chunk; ``dot_y [K, B, H, L]`` the log-decay gradient's terms before ``- u_i . du_i``, ``u [B, seq, H, P]``.
-    Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``dot_y - u . du`` (``end_dot`` at its last step;
-    padded steps, ``t >= seq``, have no ``u``), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
-    the lane's values are (steps before ``seq``)."""
+    every chunk. The log-decay gradient's terms before ``- u_i . du_i`` are ``gy_i . y_i``: ``ys [B, S'', H, P]``
+    holds ``y`` from step ``y_first`` on (a saved forward's), or with ``entered`` the intra-chunk part ``W u`` of it,
+    the entering state's share then ``c_i . entering_i``; ``gy, u [B, seq, H, P]`` and ``c [B, seq, H, N]``.
+    Writes ``dlogd [B, S', H]``, the sum from the chunk's end of ``gy . y - u . du`` (``end_dot`` at its last step;
+    padded steps, ``t >= seq``, have no inputs), and adds to ``nonfinite [B, H]`` a value that is finite exactly when
+    the lane's values are (steps before ``seq``). With ``chain`` (mamba2's ``u = dt x``: ``x [B, seq, H, P]``, ``dt
+    [B, seq, H]``) also the chain rule's ``dx = du dt`` and ``xdu = du . x`` (``[B, seq, H, ...]``) at those steps."""
     chunks, bsz, heads, length, p = to_state.shape
     n = entering.shape[4]
     zeros = np.zeros(max(p, n), np.float32)
@@ -72,9 +77,17 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
                     got_b, share_b = db[b, t, h], leaving_b[kk, b, h, i]
                     for j in range(n):
                         got_b[j] += e * share_b[j]
-                    d_cum = dot_y[kk, b, h, i]
+                    d_cum = _F32(0.0)
                     if t < seq:
+                        d_cum = _dot(gy[b, t, h], ys[b, t - y_first, h], p)
+                        if entered:
+                            d_cum += _dot(c[b, t, h], share_c, n)
                         d_cum -= _dot(u[b, t, h], got, p)
+                        if chain:
+                            step, out_x = dt[b, t, h], dx[b, t, h]
+                            for j in range(p):
+                                out_x[j] = got[j] * step
+                            xdu[b, t, h] = _dot(x[b, t, h], got, p)
                         flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
                     acc += d_cum
                     dlogd[b, t, h] = acc
@@ -119,21 +132,20 @@ def mamba2_backward_operands(first, seq, left, right, cum, lhs, rhs_t, fits, spr
                             turned[j, i] = 0.0
 
 
-@numba.njit(types.void(_T3, _T5, _T5, _T5, _T4, _T4, _T3),
+@numba.njit(types.void(_T3, _T5, _T5, _T5, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_state_gradients(through, leaving, leaving_t, starts, final, d, end_dot):
+def mamba2_backward_state_gradients(through, leaving, leaving_t, ends, d, end_dot):
     """The gradients of the states leaving each chunk, float32, C-contiguous: ``leaving [C, B, H, P, N]`` holds what
     each chunk's outputs send to the state entering it and is overwritten by the gradient of the state leaving it,
     ``leaving_t [C, B, H, N, P]`` the same transposed; ``d [B, H, P, N]``, the final state's gradient, ends as the
     initial state's (each chunk's ``d = through d + sent``, ``through [C, B, H]`` its decay); ``end_dot [C, B, H]``
-    gets ``<d, S>`` at each chunk's end (``S``: ``starts [C, B, H, P, N]``'s next chunk's, ``final [B, H, P, N]``
-    after the last)."""
+    gets ``<d, S>`` at each chunk's end (``S``: the state leaving it, ``ends [B, C, H, P, N]``)."""
     count, bsz, heads, p, n = leaving.shape
     for b in range(bsz):
         for h in range(heads):
             grad = d[b, h]
             for k in range(count - 1, -1, -1):
-                state = starts[k + 1, b, h] if k + 1 < count else final[b, h]
+                state = ends[b, k, h]
                 sent, turned, decay = leaving[k, b, h], leaving_t[k, b, h], through[k, b, h]
                 total = _F32(0.0)
                 for i in range(p):

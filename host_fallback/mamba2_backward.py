@@ -78,14 +78,35 @@ def _steps(logd, u, b, c, s0, gy, ds, length):
     return y, du, dlogd, db, dc, ds
 
 
-def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
+def _chain_rule(chain, du, lanes=None) -> None:
+    """``chain``'s ``dx = du dt`` and ``xdu = du . x`` (``chain``: ``(x, dt, dx, xdu)``, ``[B, S, H, ...]``), at
+    the lanes ``(rows, heads)`` only where given."""
+    x, dt, dx, xdu = chain
+    if lanes is None:
+        np.multiply(du, dt[..., None], out=dx)
+        xdu[...] = dot_last(du, x)
+    else:
+        rows, heads = lanes
+        dx[rows, :, heads] = du[rows, :, heads] * dt[rows, :, heads][..., None]
+        xdu[rows, :, heads] = dot_last(du[rows, :, heads], x[rows, :, heads])
+
+
+def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None, chain=None):
     """``_steps``' results by ``path``; on the chunked path every (row, head) lane holding a non-finite
     value is redone on the step path, so NaN and Inf land where the recurrence puts them. ``saved``: a saved
-    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps)."""
+    forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps).
+    ``into``: arrays for ``db`` and ``dc`` the chunked path may write into (``chunked_backward``). ``chain``: where
+    ``u = dt x``, ``(x, dt, dx, xdu)``, the last two filled with ``du dt`` and ``du . x`` (by the compiled pass
+    where it ran)."""
     if path == "step":
-        return _steps(logd, u, b, c, s0, gy, ds, length)
+        result = _steps(logd, u, b, c, s0, gy, ds, length)
+        if chain is not None:
+            _chain_rule(chain, result[1])
+        return result
     with np.errstate(all="ignore"):
-        *result, nonfinite = chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved)
+        *result, nonfinite = chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved, into, chain)
+    if chain is not None and nonfinite is None:  # (NumPy's path)
+        _chain_rule(chain, result[1])
     checked = result[1 - need_y:] if nonfinite is None else [nonfinite, result[-1]] + result[:need_y]
     if all(np.isfinite(np.sum(r)) for r in checked):  # (a sum holding a NaN or Inf is not finite)
         return tuple(result)
@@ -102,6 +123,8 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
         for r, again in zip(result[1 - need_y: -1], redo[1 - need_y: -1]):
             r[rows, :, heads] = again[:, :, 0]
         result[-1][rows, heads] = redo[-1][:, 0]
+        if chain is not None:
+            _chain_rule(chain, result[1], (rows, heads))
     return tuple(result)
 
 
@@ -163,6 +186,13 @@ def _silu_slopes(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return z * sig, sig * (1 + z * (1 - sig))
 
 
+def _in_place(bound: Bound, f: str, rows: tuple, per_head: dict) -> np.ndarray | None:
+    """The arena's ``d_f`` block at ``rows`` where the pass can write it itself (stored as computed, C-contiguous,
+    no group's heads to sum in ``per_head``; ABI.md: no write range overlaps a read range), else ``None``."""
+    v = None if f in per_head else bound.in_place(f"d_{f}", rows)
+    return v if v is not None and v.flags.c_contiguous else None
+
+
 def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, workers: int | None) -> None:
     t = complete(thunk)
     length = chunk or MAMBA2_CHUNK
@@ -187,25 +217,29 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         raw = read("dt", rows) if t["dt_bias"] is None else read("dt", rows) + read("dt_bias", hs)
         dt, slope = _step_sizes(t, raw)
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
-        if t["z"] is not None:
-            z = read("z", rows)
-            silu, silu_slope = _silu_slopes(z)
-            gy = g * silu  # the gradient of y + d*x
-        else:
-            gy = g
+        silu, silu_slope = (None, None) if t["z"] is None else _silu_slopes(read("z", rows))
+        gy = g if silu is None else g * silu  # the gradient of y + d*x
         args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
+        # d_x, d_b, d_c straight to the arena where they can be (no copy each in store); the chain rule through u = dt x
+        into = {f: v for f in ("x", "b", "c") if (v := _in_place(bound, f, rows, per_head)) is not None}
+        chain = (x, dt, into["x"] if "x" in into else np.empty(x.shape, ctype), np.empty(dt.shape, ctype))
         if seqs is None:
             saved = None if views is None else tuple(views[f][bs, :, hs] for f in ("states", "y", "scores"))
-            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved)
+            y, du, dlogd, db, dc, ds0 = ssd_backward(_path(path, seq), *args, length, need_y, saved,
+                                                     {"d" + f: into[f] for f in "bc" if f in into}, chain)
         else:
             y, du, dlogd, db, dc, ds0 = _packed(path, seqs, length, need_y, *args)
-        d_dt = dlogd * a + dot_last(du, x)
+            _chain_rule(chain, du)
+        for f, got in (("b", db), ("c", dc)):
+            if f in into and not np.may_share_memory(got, into[f]):  # (the path wrote its own array)
+                np.copyto(into[f], got)
+        d_dt = dlogd * a + chain[3]
         if slope is not None:
             d_dt *= slope
-        out = {"x": du * dt[..., None], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
-               "dt_bias": np.sum(d_dt, axis=1), "state": ds0}
+        out = {"x": chain[2], "dt": d_dt, "b": db, "c": dc, "a": np.sum(dlogd * dt, axis=1),
+               "dt_bias": np.sum(d_dt, axis=1), "state": ds0, "in_place": into}
         if t["d"] is not None:
             skip = read("d", hs)[:, None]
             out["x"] += skip * gy
@@ -220,7 +254,7 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         for f in ("x", "dt", "b", "c", "z"):
             if f in per_head:
                 per_head[f][bs, :, hs] = out[f]
-            elif f in out:
+            elif f in out and f not in out["in_place"]:
                 bound.store(f"d_{f}", out[f], (bs, slice(None), hs))
         for f in ("a", "dt_bias", "d"):
             if f in out:

@@ -13,11 +13,13 @@ chunk kernels in NumPy, with ``cum`` the log-decay summed from each chunk's star
    ``z``'s gradient needs it.
 
 States and their gradients keep the forward's ``[P, N]`` layout, and each GEMM's operands are laid as OpenBLAS takes
-them fastest (the transposed ones written so once). With a saved forward (ABI.md §9.1) step 2's forward loop and
-three GEMMs per chunk are read instead. Where Numba is there and the thunk computes in f32, the passes between the
-GEMMs are compiled (``jit_mamba2_backward``: the decayed products' operands, the loop back over the chunks, and what
-follows each slab's GEMMs: the shares added, the dots, the reverse sums and the check for non-finite values, about
-ten array passes in NumPy); ``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
+them fastest (the transposed ones written so once); the causal products (``W``, ``gy u^T * M`` and those by them)
+run by blocks of ``CAUSAL_BLOCK`` rows that read only up to or from their diagonal block. With a saved forward
+(ABI.md §9.1) step 2's forward loop and three GEMMs per chunk are read instead, the states where they lie. Where
+Numba is there and the thunk computes in f32, the passes between the GEMMs are compiled (``jit_mamba2_backward``:
+the decayed products' operands, the loop back over the chunks, and what follows each slab's GEMMs: the shares added,
+the dots (``gy . y`` too), the reverse sums and the check for non-finite values, about ten array passes in NumPy);
+``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
 """
 from __future__ import annotations
 
@@ -31,45 +33,56 @@ from .ssm_ssd import MAMBA2_SPREAD
 #: and lane): slabs of chunks keep the backward's memory near the forward's at long sequences.
 SLAB_BYTES = 16 << 20
 
+#: Rows of the blocks a causal product is cut into (``_lower_times``, ``_upper_times``, ``_decayed``): each block
+#: of rows reads only the columns up to (or from) its diagonal block, so the GEMMs skip most of the zeros of a
+#: triangular operand (at 4 blocks of 16, 5/8 of the full product's multiply-adds).
+CAUSAL_BLOCK = 16
 
-def _entering(lu, lb, to_end, through, s0, work, states):
-    """``(the states entering each chunk [C, B, H, P, N], the final state [B, H, P, N])``: from a saved
-    forward's ``states [B, C, H, P, N]`` (those leaving each chunk) where given, else built chunk by chunk from
-    the initial state ``s0`` and what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
+#: ``mamba2_backward_gradients``' chain rule arrays where there is none to apply
+_NO_CHAIN = (np.zeros((1, 1, 1, 1), np.float32), np.zeros((1, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32),
+             np.zeros((1, 1, 1), np.float32))
+
+
+def _leaving_states(lu, lb, to_end, through, s0, work, states):
+    """The states leaving each chunk, ``[B, C, H, P, N]`` (a saved forward's layout): a saved forward's ``states``
+    where given (copied only where not C-contiguous), else built chunk by chunk from the initial state ``s0`` and
+    what each chunk builds from zero (``Σ_j decay-to-end_j u_j (x) b_j``)."""
     if states is not None:
-        leaving = np.moveaxis(states, 1, 0)
-        starts = np.empty((len(leaving), *s0.shape), s0.dtype)
-        starts[0], starts[1:] = s0, leaving[:-1]
-        return starts, leaving[-1]
+        return np.ascontiguousarray(states)
     scaled = np.multiply(lu, to_end[..., None], out=work("scaled", lu.shape))
-    starts = swap(scaled) @ lb
+    built = np.matmul(swap(scaled), lb, out=work("built", (*lu.shape[:3], lu.shape[-1], lb.shape[-1])))
+    ends = np.empty((s0.shape[0], len(built), *s0.shape[1:]), s0.dtype)
     s = s0
-    for k in range(len(starts)):
-        s, starts[k] = through[k] * s + starts[k], s
-    return starts, s
+    for k in range(len(built)):
+        s = ends[:, k] = through[k] * s + built[k]
+    return ends
 
 
 class _Chunks:
     """Steps 1 and 2 of a call (the module's docstring), what each slab of step 3 reads: the inputs as
-    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the states entering each chunk
-    (``starts``, and ``final``), the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t``
-    ``[N, P]``), ``end_dot`` (``<dS, S>`` at each chunk's end) and a saved forward's ``y`` and ``W``."""
+    ``[C, B, H, L, ...]`` chunks, ``cum``, ``to_end``, ``grown = exp(cum) gy``, the initial state ``s0`` and the
+    states leaving each chunk (``ends`` ``[B, C, H, P, N]``: the one entering chunk ``k > 0`` is ``ends[:, k - 1]``),
+    the gradients of those leaving it (``leaving`` ``[P, N]``, ``leaving_t`` ``[N, P]``), ``end_dot`` (``<dS, S>`` at
+    each chunk's end) and a saved forward's ``y`` and ``W``."""
 
     def __init__(self, logd, u, b, c, s0, gy, ds, length, saved, compiled: bool):
         ch = lambda v: chunk_view(v, length)  # noqa: E731  [C, B, H, L, ...]
         self.u, self.b, self.c, self.gy = ch(u), ch(b), ch(c), ch(gy)
         # the compiled passes read the inputs as laid, [B, S, H, ...]
         self.laid = {"u": u, "b": b, "c": c, "gy": gy} if compiled else None
+        if compiled and saved is not None:
+            self.laid["y"] = np.ascontiguousarray(saved[1])
         self.operands = jit.kernel("mamba2_backward_operands") if compiled else None
         self.seq = u.shape[1]
         self.work = lambda key, shape: scratch(f"m2b.{key}", shape, u.dtype)  # noqa: E731  (temporaries, reused)
         cum = self.cum = np.ascontiguousarray(np.cumsum(ch(logd), axis=-1))  # [C, B, H, L]
         self.to_end = np.ascontiguousarray(np.exp(cum[..., -1:] - cum))  # the decay from each step to its chunk's end
         through = np.exp(cum[..., -1])[..., None, None]
-        self.starts, self.final = _entering(self.u, self.b, self.to_end, through, s0, self.work,
-                                            None if saved is None else saved[0])
+        self.s0 = s0
+        self.ends = _leaving_states(self.u, self.b, self.to_end, through, s0, self.work,
+                                    None if saved is None else saved[0])
         # the grown gy gives the gradient each chunk's outputs send to the state entering it, and that state's
-        # share of dc ("scaled": _entering is done with it)
+        # share of dc ("scaled": _leaving_states is done with it)
         self.grown = np.multiply(self.gy, np.exp(cum)[..., None], out=self.work("scaled", self.gy.shape))
         self.leaving = swap(self.grown) @ self.c  # then leaving[k]: d loss / d (state after chunk k)
         self._state_gradients(ds, through, compiled)
@@ -85,8 +98,7 @@ class _Chunks:
         if compiled:
             self.leaving_t, self.ds0 = np.empty_like(swap(leaving), order="C"), np.array(ds, order="C")
             jit.kernel("mamba2_backward_state_gradients")(np.ascontiguousarray(through[..., 0, 0]), leaving,
-                                                          self.leaving_t, self.starts,
-                                                          np.ascontiguousarray(self.final), self.ds0, self.end_dot)
+                                                          self.leaving_t, self.ends, self.ds0, self.end_dot)
             return
         d = ds
         for k in reversed(range(len(leaving))):
@@ -94,16 +106,29 @@ class _Chunks:
         self.ds0 = d
         self.leaving_t = np.ascontiguousarray(swap(leaving))
         flat = lambda v: v.reshape(*v.shape[:-2], v.shape[-2] * v.shape[-1])  # noqa: E731
-        self.end_dot[:-1] = dot_last(flat(leaving[:-1]), flat(self.starts[1:]))
-        self.end_dot[-1] = dot_last(flat(leaving[-1]), flat(self.final))
+        self.end_dot[...] = dot_last(flat(leaving), flat(np.moveaxis(self.ends, 1, 0)))
+
+    def times_entering(self, ks: slice, left: np.ndarray, out: np.ndarray, transposed: bool = False) -> np.ndarray:
+        """``out = left @ S`` (``S^T`` where ``transposed``) for the state ``S`` entering each chunk of ``ks``
+        (``left``, ``out`` ``[K, B, H, ...]``): the initial state for the first chunk, then those leaving the one
+        before."""
+        turn = swap if transposed else lambda v: v  # noqa: E731
+        first = int(ks.start == 0)
+        if first:
+            np.matmul(left[0], turn(self.s0), out=out[0])
+        np.matmul(left[first:], turn(np.moveaxis(self.ends[:, ks.start + first - 1: ks.stop - 1], 1, 0)),
+                  out=out[first:])
+        return out
 
 
-def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
+def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None, chain=None):
     """``mamba2_backward._steps`` in the chunked SSD form (the module's docstring): ``(y, du, dlogd, db, dc, ds0,
     nonfinite)``, ``y`` ``None`` unless ``need_y``, and ``nonfinite [B, H]`` where the compiled pass ran (else
     ``None``): finite exactly where the lane's ``du, dlogd, db, dc`` are. ``saved``: a saved forward's ``(states,
     y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
-    chunk, the outputs ``y`` and the decayed scores ``W``."""
+    chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
+    (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are).
+    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -112,8 +137,12 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
     if kernel is not None:
         u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
     at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
+    if kernel is not None:  # the chain rule's arrays, or stand-ins
+        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain
+        links = (chain is not None, np.ascontiguousarray(x), np.ascontiguousarray(dt), dx, xdu)
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
-    out = {name: np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
+    given = {} if into is None or padded != seq else into
+    out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
     per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
@@ -124,7 +153,7 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None):
         if kernel is None:
             _slab(at, ks, out, need_y, upper, length)
         else:
-            _slab_compiled(at, ks, out, need_y, upper, length, kernel, nonfinite)
+            _slab_compiled(at, ks, out, need_y, upper, length, kernel, nonfinite, links)
     y = None if not need_y else out["y"][:, :seq] if saved is None else saved[1].copy()
     return (y, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq], out["dc"][:, :seq], at.ds0,
             nonfinite)
@@ -138,12 +167,13 @@ def _products(at: _Chunks, ks: slice, out: dict, upper: np.ndarray, length: int)
     kb, kc, ku, kg = at.b[ks], at.c[ks], at.u[ks], at.gy[ks]
     weights = _decayed(at, ks, "c", "b", upper, "w") if at.saved_w is None else at.saved_w[ks]
     d_scores = _decayed(at, ks, "gy", "u", upper, "dw")
-    np.matmul(swap(weights), kg, out=views["du"])
-    np.matmul(d_scores, kb, out=views["dc"])
-    np.matmul(swap(d_scores), kc, out=views["db"])
-    entering = np.matmul(at.grown[ks], at.starts[ks], out=at.work("entering", kb.shape))
-    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
+    # in an order that reads each input again soon after its last read (u, gy, b, then c): cached still
     leaving_b = np.matmul(ku, at.leaving[ks], out=at.work("leaving_b", kb.shape))
+    _upper_times(swap(weights), kg, views["du"])
+    _lower_times(d_scores, kb, views["dc"])
+    to_state = np.matmul(kb, at.leaving_t[ks], out=at.work("to_state", ku.shape))
+    _upper_times(swap(d_scores), kc, views["db"])
+    entering = at.times_entering(ks, at.grown[ks], at.work("entering", kb.shape))
     return weights, entering, to_state, leaving_b
 
 
@@ -154,12 +184,20 @@ def _intra(at: _Chunks, ks: slice, out: dict, need_y: bool, weights, entering, l
     kg = at.gy[ks]
     if at.ys is not None:
         return dot_last(kg, at.ys[ks])
-    intra = np.matmul(weights, at.u[ks], out=at.work("intra", at.u[ks].shape))
+    intra = _lower_times(weights, at.u[ks], at.work("intra", at.u[ks].shape))
     if need_y:
-        grow = np.exp(at.cum[ks])[..., None]
-        np.add(intra, np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)) @ swap(at.starts[ks]),
-               out=chunk_view(out["y"], length)[ks])
+        np.copyto(chunk_view(out["y"], length)[ks], intra)
+        _add_entering_share(at, ks, out, length)
     return dot_last(kg, intra) + dot_last(at.c[ks], entering)
+
+
+def _add_entering_share(at: _Chunks, ks: slice, out: dict, length: int) -> None:
+    """``out["y"]``'s steps of the chunks ``ks`` (their intra-chunk part) get the entering state's share,
+    ``(c exp(cum)) S_0^T``."""
+    grow = np.exp(at.cum[ks])[..., None]
+    y = chunk_view(out["y"], length)[ks]
+    y += at.times_entering(ks, np.multiply(at.c[ks], grow, out=at.work("c_grown", at.c[ks].shape)),
+                           at.work("y_entering", y.shape), transposed=True)
 
 
 def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int) -> None:
@@ -177,16 +215,47 @@ def _slab(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, le
 
 
 def _slab_compiled(at: _Chunks, ks: slice, out: dict, need_y: bool, upper: np.ndarray, length: int, kernel,
-                   nonfinite) -> None:
-    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``)."""
+                   nonfinite, links) -> None:
+    """``_slab``'s GEMMs, then the rest in one compiled pass (``mamba2_backward_gradients``, which forms the ``gy .
+    y`` dots too: from the saved ``y``, else from ``W u``, laid ``[B, S, H, P]``, and ``c . entering``)."""
     weights, entering, to_state, leaving_b = _products(at, ks, out, upper, length)
-    dot_y = np.ascontiguousarray(_intra(at, ks, out, need_y, weights, entering, length))
-    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, dot_y, at.end_dot, at.laid["u"], out["du"],
-           out["dc"], out["db"], out["dlogd"], nonfinite)
+    if at.ys is not None:
+        ys, y_first = at.laid["y"], 0
+    elif need_y:  # W u into y's steps (the entering state's share added after the pass)
+        ys, y_first = out["y"], 0
+        _lower_times(weights, at.u[ks], chunk_view(ys, length)[ks])
+    else:  # into an array of the slab's steps
+        bsz, _, heads, p = at.laid["u"].shape
+        ys, y_first = at.work("intra", (bsz, (ks.stop - ks.start) * length, heads, p)), ks.start * length
+        _lower_times(weights, at.u[ks], chunk_view(ys, length))
+    kernel(ks.start, at.seq, to_state, entering, leaving_b, at.to_end, ys, y_first, at.laid["gy"], at.laid["c"],
+           at.ys is None, at.end_dot, at.laid["u"], out["du"], out["dc"], out["db"], out["dlogd"], nonfinite, *links)
+    if need_y and at.ys is None:
+        _add_entering_share(at, ks, out, length)
+
+
+def _blocks(length: int):
+    """The ``(lo, hi)`` rows of each ``CAUSAL_BLOCK`` of a chunk of ``length`` steps."""
+    return [(lo, min(length, lo + CAUSAL_BLOCK)) for lo in range(0, length, CAUSAL_BLOCK)]
+
+
+def _lower_times(lower: np.ndarray, right: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = lower @ right`` for ``lower [..., L, L]`` zero above its diagonal (its upper entries not read)."""
+    for lo, hi in _blocks(lower.shape[-1]):
+        np.matmul(lower[..., lo:hi, :hi], right[..., :hi, :], out=out[..., lo:hi, :])
+    return out
+
+
+def _upper_times(upper: np.ndarray, right: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = upper @ right`` for ``upper [..., L, L]`` zero below its diagonal (its lower entries not read)."""
+    for lo, hi in _blocks(upper.shape[-1]):
+        np.matmul(upper[..., lo:hi, lo:], right[..., lo:, :], out=out[..., lo:hi, :])
+    return out
 
 
 def _decayed(at: _Chunks, ks: slice, left: str, right: str, upper: np.ndarray, key: str) -> np.ndarray:
-    """``(left right^T) * M`` for the chunks ``ks`` (``[..., L, L]``, zero above the diagonal) of two of ``at``'s
+    """``(left right^T) * M`` for the chunks ``ks`` (``[..., L, L]``, zero above the diagonal where read: the blocks
+    above the diagonal's ``CAUSAL_BLOCK``-square blocks are neither computed nor read) of two of ``at``'s
     inputs: factored through the chunk's midpoint ``m`` as one GEMM of ``left exp(cum - m)`` by ``right exp(m -
     cum)`` (the right operand written transposed, so the GEMM takes both as laid; compiled with the thunk's other
     passes: ``mamba2_backward_operands``) where every ``|cum - m|`` is at most ``MAMBA2_SPREAD``, each ratio formed
@@ -205,9 +274,11 @@ def _decayed(at: _Chunks, ks: slice, left: str, right: str, upper: np.ndarray, k
         fits = at.work(f"{key}.fits", cum.shape[:-1])
         at.operands(ks.start, at.seq, at.laid[left], at.laid[right], at.cum, lhs, rhs_t, fits, MAMBA2_SPREAD)
         spread = fits > 0
-    out = np.matmul(lhs, rhs_t, out=at.work(key, (*cum.shape, length)))
+    out = at.work(key, (*cum.shape, length))
+    for lo, hi in _blocks(length):
+        np.matmul(lhs[..., lo:hi, :], rhs_t[..., :hi], out=out[..., lo:hi, :hi])
+        np.copyto(out[..., lo:hi, lo:hi], 0, where=upper[lo:hi, lo:hi])
     if not spread.all():
         pick = np.nonzero(~spread)
         out[pick] = (lv[pick] @ swap(rv[pick])) * decay_ratios(cum[pick])
-    np.copyto(out, 0, where=upper)
     return out

@@ -133,7 +133,9 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
         np.cumsum(steps[q.chunk, ..., q.lo :], axis=-1, out=cum[q.chunk, ..., q.lo :])
     split = sorted({q.chunk for q in inner})
     drop = _drop_pairs(length, count, inner)
-    scores = scratch("m2.scores", (*lead, length, length), xdt.dtype)
+    # a saved forward's scores are computed where they are kept (ABI.md §9.1's [B, C, H, L, L])
+    scores = scratch("m2.scores", (*lead, length, length), xdt.dtype) if keep is None else \
+        np.moveaxis(keep["scores"], 1, 0)
     y = scratch("m2.y", (*lead, length, p), xdt.dtype)
     local = scratch("m2.local", (*lead, n, p), xdt.dtype)
     # a chunk factors where |cum - m| <= max|logd| (L/2 + 1) <= MAMBA2_SPREAD (NaN: it does not);
@@ -180,9 +182,7 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
             np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
             starts[k + 1] += local[k]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
-    if keep is not None:  # (before the scores' array is reused)
-        np.copyto(keep["scores"], np.moveaxis(scores, 0, 1))
-    y += np.matmul(cs, starts, out=scores if length == p else None)
+    y += np.matmul(cs, starts, out=scores if length == p and keep is None else scratch("m2.read", y.shape, y.dtype))
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
     if seqs is None:
         redo_nonfinite(y, starts, _ssd_steps_transposed, steps_of)
