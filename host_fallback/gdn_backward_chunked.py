@@ -2,6 +2,8 @@
 docstring gives its formulas), lanes whose gradients come out non-finite redone by the step path."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import jit
@@ -63,7 +65,8 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     final = _split(dsf, group, 1)
     # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
-    dv, sums = _temp("dv", y.shape, y.dtype), _temp("sums", (2, *lanes), y.dtype)
+    # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk
+    dv, sums = _targets("dv", out[2], lanes, length, False), _temp("sums", (2, *lanes), y.dtype)
     ds, sums = _reverse(w, gb[..., length:, :], through, carried, final, oy, leave_t, bc, dv, su, sums)
 
     # every other gradient, all chunks at once
@@ -81,15 +84,45 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
         dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
         unchecked = [dq, dk, dg, dbeta]
     else:
-        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta, sums)
+        places = [_targets(f, x, lanes, length, True) for f, x in (("dq", out[0]), ("dk", out[1]))]
+        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta, sums, places)
         unchecked = [] if sums is not None else [dq, dk, dg, dbeta]
-
-    grads = [dq, dk, dv, dg, dbeta]
+    # the gradients the compiled passes wrote where they go
+    placed = [sums is not None and not per_channel and places[f].direct for f in (0, 1)] + [dv.direct, False, False]
+    grads = [dq, dk, dv.chunks, dg, dbeta]
     _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale,
                     None if sums is None else sums[0], unchecked if sums is not None else grads)
     for f, (x, dest) in enumerate(zip(grads, out)):  # dq and dk per value head: summed over each key head's group
-        _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
+        if not placed[f]:
+            _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
     return ds.reshape(s0.shape)
+
+
+class _Target(NamedTuple):
+    """Where a compiled pass writes one gradient (``_targets``): step ``t`` of lane ``j`` into row ``rows[j, t]`` of
+    ``flat [R, X]``; ``chunks [C, B, H, G, L, X]`` the same memory chunk-major (``_unchunk``'s layout; NumPy's passes
+    and ``_redo_nonfinite`` write there); ``direct``: whether that memory is the caller's."""
+    rows: Array
+    flat: Array
+    chunks: Array
+    direct: bool
+
+
+def _targets(name: str, dest: Array, lanes: tuple[int, ...], length: int, per_key: bool) -> _Target:
+    """The ``_Target`` of the gradient ``dest [B, S, heads, X]`` (``out``'s, a view of the caller's) for ``lanes [C, B,
+    H, G]`` of ``length`` steps: ``dest`` itself where it lies contiguous and its steps fill whole chunks (and, for a
+    gradient per key head, ``per_key``, without grouped value heads: those sum over the group after), else the scratch
+    array ``name``."""
+    count, b, heads, group = lanes
+    width, seq = dest.shape[-1], dest.shape[1]
+    if dest.flags.c_contiguous and seq == count * length and not (per_key and group > 1):
+        c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
+        rows = (row * seq + c * length + t) * dest.shape[2] + h * group + g
+        return _Target(rows.astype(np.int64).reshape(-1, length), dest.reshape(-1, width),
+                       _split(chunk_view(dest, length), group, 2), True)
+    chunks = _temp(name, (*lanes, length, width), dest.dtype)
+    return _Target(np.arange(chunks.size // width, dtype=np.int64).reshape(-1, length), chunks.reshape(-1, width),
+                   chunks, False)
 
 
 def _unchunk(y: Array, dest: Array) -> None:
@@ -150,25 +183,25 @@ def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums)
     K)^T W dS_L`` (``nbgk = -beta gamma K``; ``carried``: ``scale (gamma Q)^T dO`` less ``(beta gamma K)^T`` times the
     rest of ``Y``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` transposed into ``leave_t``, and ``dv =
     beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass (``jit``'s ``gdn_reverse_state``) where
-    it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64), which also fills ``sums [2, C, ...]``: each lane's sum
-    of ``dv`` and ``S0 . dS_L`` (``S0`` transposed in ``starts_t [C, ..., V, >= K]``). Returns the first chunk's ``dS0``
-    (a fresh array) and ``sums`` (None where NumPy ran)."""
-    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.shape[1:], dv.dtype)
+    it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64; ``dv``: a ``_Target``), which also fills ``sums [2, C,
+    ...]``: each lane's sum of ``dv`` and ``S0 . dS_L`` (``S0`` transposed in ``starts_t [C, ..., V, >= K]``). Returns
+    the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
+    length = oy.shape[-2] // 2
+    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
     leave_t[-1] = _swap(ds)
     kernel = jit.kernel("gdn_reverse_state") if carried.dtype in _FLOATS else None
     n, width = carried.shape[-2:]
-    length = dv.shape[-2]
     if kernel is not None:
         decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
         flat, none = (-1, n, width), np.empty((0, width, n), carried.dtype)
-        ds = np.ascontiguousarray(ds)
+        ds, per = np.ascontiguousarray(ds), dv.rows.shape[0] // len(carried)  # lanes a chunk
     for c in range(len(carried) - 1, -1, -1):
         np.matmul(w[c], ds, out=rest)
         np.matmul(_swap(nbgk[c]), rest, out=product)
         if kernel is not None:
             kernel(carried[c].reshape(flat), product.reshape(flat), ds.reshape(flat), decays[c].reshape(-1, n),
                    leave_t[c - 1].reshape(-1, width, n) if c else none, oy[c].reshape(-1, 2 * length, width),
-                   rest.reshape(-1, length, width), bc[c].reshape(-1, length), dv[c].reshape(-1, length, width),
+                   rest.reshape(-1, length, width), bc[c].reshape(-1, length), dv.flat, dv.rows[c * per:(c + 1) * per],
                    starts_t[c].reshape(-1, *starts_t.shape[-2:]), leave_t[c].reshape(-1, width, n), sums[0, c].reshape(-1),
                    sums[1, c].reshape(-1))
         else:
@@ -179,7 +212,7 @@ def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums)
                 leave_t[c - 1] = _swap(carried[c])
         ds = carried[c]
     if kernel is None:
-        np.multiply(oy[..., length:, :], bc[..., None], out=dv)
+        np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)
     return ds.copy(), None if kernel is None else sums
 
 

@@ -29,11 +29,13 @@ __all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", 
            "gdn_reverse_state"]  # the kernels ``jit.kernel`` hands out
 
 
-def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
-    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``scalars``
-    numbers of that type and an int64 (none with ``scalars`` 0)."""
-    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([f] * scalars),
-                       *([types.int64] if scalars else []))
+def _signatures(arity: dict[str, int | str], scalars: int = 0) -> list:
+    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions (of that type; a
+    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of that type and an int64 (none with
+    ``scalars`` 0)."""
+    def array(f, d):
+        return types.Array(types.int64, int(d[-1]), "C") if isinstance(d, str) else types.Array(f, d, "C")
+    return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars), *([types.int64] if scalars else []))
             for f in (types.float32, types.float64)]
 
 
@@ -147,7 +149,7 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, en
 
 
 _HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, entering=1, through=1,
-             dq=3, dk=3, dg=2, dbeta=2, check=1)
+             dq=2, dk=2, rows="rows2", dg=2, dbeta=2, check=1)
 #: Partial sums a dot product over the key channels keeps (one vector of float32 on AVX-512): a fixed order,
 #: which LLVM vectorizes without reassociating anything.
 _PARTS = 16
@@ -203,15 +205,15 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _lane_sum(dq, dk, dg, dbeta, parts):
-    """The sum of a lane's ``dq, dk [L, K]``, ``dg, dbeta [L]``: each channel's in ``parts`` (``_PARTS`` of them, sums
-    along the steps), then theirs."""
+def _lane_sum(dq, dk, at, dg, dbeta, parts):
+    """The sum of a lane's ``dq, dk`` (rows ``at [L]`` of ``[R, K]``), ``dg, dbeta [L]``: each channel's in ``parts``
+    (``_PARTS`` of them, sums along the steps), then theirs."""
     parts[:] = 0
     total = parts[0]  # a zero of the type
     whole = dq.shape[1] - dq.shape[1] % _PARTS
-    for t in range(dq.shape[0]):
+    for t in range(dg.shape[0]):
         total += dg[t] + dbeta[t]
-        a, b = dq[t], dk[t]
+        a, b = dq[at[t]], dk[at[t]]
         for start in range(0, whole, _PARTS):
             for slot in range(_PARTS):
                 parts[slot] += a[start + slot] + b[start + slot]
@@ -221,12 +223,13 @@ def _lane_sum(dq, dk, dg, dbeta, parts):
 
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, entering, through, dq, dk, dg, dbeta,
-                       check, scale, group):
+def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, entering, through, dq, dk, rows, dg,
+                       dbeta, check, scale, group):
     """Per-head gates: ``gdn_channel_gradients``'s for lanes of one decay a step (``gamma``, ``to_end``, ``beta``
     ``[N, L]``): the products' gradients scaled as ``_scaled`` does (``products`` and ``dkd`` as there, in place),
     ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg +
-    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of
+    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` (step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dq,
+    dk [R, K]``: a scratch array's or the caller's layout) and ``dg [N, L]``, the sums from the chunk's end of
     ``dcum``: ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over
     each column, plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's
     term, ``through [N]`` times ``entering [N]`` (``S0 . dS_L``, ``gdn_reverse_state``'s). Takes from
@@ -234,13 +237,13 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
     only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums. Adds
     to ``check [N]`` the sum of every gradient the lane wrote (non-finite where one of them is: ``_redo_nonfinite``'s
     test)."""
-    lanes, length, n = dq.shape
+    (lanes, length), n = dg.shape, dq.shape[1]
     sums = np.empty((3, _PARTS), dq.dtype)
     pm = np.zeros((2, length, length), dq.dtype)  # P_q, P_k of a lane
     whole = n - n % _PARTS
     for j in range(lanes):
         qj, kj, pj, dkdj, rj, qkj, kkj = q[j // group], k[j // group], products[j], dkd[j], ratios[j], qk[j], kk[j]
-        dqj, dkj, dgj, bj = dq[j], dk[j], dg[j], beta[j]
+        at, dgj, bj = rows[j], dg[j], beta[j]
         sums[:] = 0
         for t in range(length):  # the scalings and the channels' part of dcum
             sums[0, :] = 0
@@ -268,14 +271,14 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
             pm[0, r, r] = row_q[n + r] * scale * rr[r]
         # rows: dq = dqg + P_q k, dk = P_k k; columns: dk += P_q^T q + P_k^T k + dkd - dgk; _BLOCK steps at a time
         for r in range(length):
-            out_q, out_k, given = dqj[r], dkj[r], pj[r]
+            out_q, out_k, given = dq[at[r]], dk[at[r]], pj[r]
             for i in range(n):
                 out_q[i] = given[i]
                 out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
                 _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
         for s in range(length):
-            out_k = dkj[s]
+            out_k = dk[at[s]]
             for r in range(s - s % _BLOCK, length, _BLOCK):
                 _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
@@ -283,7 +286,7 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 out_k[i] += dt[i] - gt[i]
         for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
             dgj[t] += dgj[t + 1]
-        check[j] += _lane_sum(dqj, dkj, dgj, dbeta[j], sums[0])
+        check[j] += _lane_sum(dq, dk, at, dgj, dbeta[j], sums[0])
 
 
 
@@ -296,14 +299,16 @@ def _sum(x):
     return total
 
 
-_REVERSE = dict(carried=3, product=3, ds=3, through=2, leave_t=3, oy=3, rest=3, beta=2, dv=3, starts_t=3,
-                ds_t=3, check=1, dots=1)
+_REVERSE = dict(carried=3, product=3, ds=3, through=2, leave_t=3, oy=3, rest=3, beta=2, dv=2, rows="rows2",
+                starts_t=3, ds_t=3, check=1, dots=1)
 
 
 @numba.njit(_signatures(_REVERSE), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def gdn_reverse_state(carried, product, ds, through, leave_t, oy, rest, beta, dv, starts_t, ds_t, check, dots):
+def gdn_reverse_state(carried, product, ds, through, leave_t, oy, rest, beta, dv, rows, starts_t, ds_t, check,
+                      dots):
     """One chunk of the reverse over chunks, per lane of ``N``: ``Y += rest`` (``W dS_L``; ``Y`` the lower half of ``oy
-    [N, 2L, V]``), ``dv = beta Y [N, L, V]`` (``beta [N, L]``); ``carried [N, K, V]`` (``scale (gamma Q)^T dO`` less
+    [N, 2L, V]``), ``dv = beta Y`` (``beta [N, L]``; step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dv [R,
+    V]``); ``carried [N, K, V]`` (``scale (gamma Q)^T dO`` less
     ``(beta gamma K)^T`` times the rest of ``Y``) becomes the chunk's ``dS0 = carried + product + through ds``
     (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk, ``through [N, K]`` its
     decay per key channel: per head, one value repeated), written transposed into ``leave_t [N, V, K]`` too (the
@@ -312,13 +317,13 @@ def gdn_reverse_state(carried, product, ds, through, leave_t, oy, rest, beta, dv
     transposed: ``starts_t [N, V, >= K]``, ``ds_t [N, V, K]``). One pass where NumPy makes five and a transposing
     copy."""
     lanes, n, width = carried.shape
-    length = dv.shape[1]
+    length = rest.shape[1]
     transposed = leave_t.shape[0] > 0
     parts = np.empty(max(width, n), dv.dtype)
     for j in range(lanes):
         parts[:] = 0
         for t in range(length):
-            yt, rt, out, b = oy[j, length + t], rest[j, t], dv[j, t], beta[j, t]
+            yt, rt, out, b = oy[j, length + t], rest[j, t], dv[rows[j, t]], beta[j, t]
             for v in range(width):
                 yt[v] += rt[v]
                 out[v] = yt[v] * b
