@@ -190,27 +190,29 @@ def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums)
     product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
     leave_t[-1] = _swap(ds)
     kernel = jit.kernel("gdn_reverse_state") if carried.dtype in _FLOATS else None
-    n, width = carried.shape[-2:]
-    if kernel is not None:
+    count, (n, width) = len(carried), carried.shape[-2:]
+    if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
+        per = carried[0].size // (n * width)  # lanes a chunk
         decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
-        flat, none = (-1, n, width), np.empty((0, width, n), carried.dtype)
-        ds, per = np.ascontiguousarray(ds), dv.rows.shape[0] // len(carried)  # lanes a chunk
-    for c in range(len(carried) - 1, -1, -1):
-        np.matmul(w[c], ds, out=rest)
-        np.matmul(_swap(nbgk[c]), rest, out=product)
+        args = (carried.reshape(count, per, n, width), product.reshape(per, n, width),
+                np.ascontiguousarray(ds).reshape(per, n, width), decays.reshape(count, per, n),
+                leave_t.reshape(count, per, width, n), oy.reshape(count, per, 2 * length, width),
+                rest.reshape(per, length, width), np.ascontiguousarray(bc).reshape(count, per, length), dv.flat,
+                dv.rows, starts_t.reshape(count, per, width, -1), sums[0].reshape(count, per),
+                sums[1].reshape(count, per))
+    ws, nbgk_t, states = list(w), list(_swap(nbgk)), list(carried)  # each chunk's views, formed at once
+    for c in range(count - 1, -1, -1):
+        np.matmul(ws[c], ds, out=rest)
+        np.matmul(nbgk_t[c], rest, out=product)
         if kernel is not None:
-            kernel(carried[c].reshape(flat), product.reshape(flat), ds.reshape(flat), decays[c].reshape(-1, n),
-                   leave_t[c - 1].reshape(-1, width, n) if c else none, oy[c].reshape(-1, 2 * length, width),
-                   rest.reshape(-1, length, width), bc[c].reshape(-1, length), dv.flat, dv.rows[c * per:(c + 1) * per],
-                   starts_t[c].reshape(-1, *starts_t.shape[-2:]), leave_t[c].reshape(-1, width, n), sums[0, c].reshape(-1),
-                   sums[1, c].reshape(-1))
+            kernel(*args, c)
         else:
             oy[c, ..., length:, :] += rest
             carried[c] += product
             carried[c] += np.multiply(ds, through[c], out=product)
             if c:
                 leave_t[c - 1] = _swap(carried[c])
-        ds = carried[c]
+        ds = states[c]
     if kernel is None:
         np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)
     return ds.copy(), None if kernel is None else sums

@@ -29,13 +29,14 @@ __all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", 
            "gdn_reverse_state"]  # the kernels ``jit.kernel`` hands out
 
 
-def _signatures(arity: dict[str, int | str], scalars: int = 0) -> list:
+def _signatures(arity: dict[str, int | str], scalars: int = 0, index: bool = False) -> list:
     """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions (of that type; a
     string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of that type and an int64 (none with
-    ``scalars`` 0)."""
+    ``scalars`` 0; one alone with ``index``)."""
     def array(f, d):
         return types.Array(types.int64, int(d[-1]), "C") if isinstance(d, str) else types.Array(f, d, "C")
-    return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars), *([types.int64] if scalars else []))
+    return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars),
+                       *([types.int64] if scalars or index else []))
             for f in (types.float32, types.float64)]
 
 
@@ -299,50 +300,51 @@ def _sum(x):
     return total
 
 
-_REVERSE = dict(carried=3, product=3, ds=3, through=2, leave_t=3, oy=3, rest=3, beta=2, dv=2, rows="rows2",
-                starts_t=3, ds_t=3, check=1, dots=1)
+_REVERSE = dict(carried=4, product=3, final=3, through=3, leave_t=4, oy=4, rest=3, beta=3, dv=2, rows="rows2",
+                starts_t=4, check=2, dots=2)
 
 
-@numba.njit(_signatures(_REVERSE), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def gdn_reverse_state(carried, product, ds, through, leave_t, oy, rest, beta, dv, rows, starts_t, ds_t, check,
-                      dots):
-    """One chunk of the reverse over chunks, per lane of ``N``: ``Y += rest`` (``W dS_L``; ``Y`` the lower half of ``oy
-    [N, 2L, V]``), ``dv = beta Y`` (``beta [N, L]``; step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dv [R,
-    V]``); ``carried [N, K, V]`` (``scale (gamma Q)^T dO`` less
+@numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, starts_t, check, dots, c):
+    """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane: ``Y +=
+    rest`` (``W dS_L``; ``Y`` the lower half of ``oy [C, N, 2L, V]``), ``dv = beta Y`` (``beta [C, N, L]``; step ``t`` of
+    lane ``j`` into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``scale (gamma Q)^T dO`` less
     ``(beta gamma K)^T`` times the rest of ``Y``) becomes the chunk's ``dS0 = carried + product + through ds``
-    (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk, ``through [N, K]`` its
-    decay per key channel: per head, one value repeated), written transposed into ``leave_t [N, V, K]`` too (the
-    previous chunk's ``dS_L^T``; empty for the first chunk, which has none); ``check [N]`` the sum of ``dv`` (for
-    ``_redo_nonfinite``) and ``dots [N]`` ``S0 . dS_L`` (``S0`` the state entering the chunk and ``ds``, both
-    transposed: ``starts_t [N, V, >= K]``, ``ds_t [N, V, K]``). One pass where NumPy makes five and a transposing
-    copy."""
-    lanes, n, width = carried.shape
+    (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk: the next chunk's
+    ``dS0``, ``final`` for the last; ``through [C, N, K]`` the chunk's decay per key channel, per head one value
+    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``; the last chunk's
+    is there already); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . dS_L``
+    (``S0`` the state entering the chunk and ``ds``, both transposed: ``starts_t [C, N, V, >= K]``, ``leave_t``). One
+    pass where NumPy makes five and a transposing copy."""
+    count, lanes, n, width = carried.shape
     length = rest.shape[1]
-    transposed = leave_t.shape[0] > 0
+    ds = final if c == count - 1 else carried[c + 1]
     parts = np.empty(max(width, n), dv.dtype)
     for j in range(lanes):
         parts[:] = 0
+        at = rows[c * lanes + j]
         for t in range(length):
-            yt, rt, out, b = oy[j, length + t], rest[j, t], dv[rows[j, t]], beta[j, t]
+            yt, rt, out, b = oy[c, j, length + t], rest[j, t], dv[at[t]], beta[c, j, t]
             for v in range(width):
                 yt[v] += rt[v]
                 out[v] = yt[v] * b
                 parts[v] += out[v]
-        check[j] = _sum(parts)
+        check[c, j] = _sum(parts)
         state = parts[:n]
         state[:] = 0
         for v in range(width):
-            a, b = starts_t[j, v], ds_t[j, v]
+            a, b = starts_t[c, j, v], leave_t[c, j, v]
             for i in range(n):
                 state[i] += a[i] * b[i]
-        dots[j] = _sum(state)
-        cj, pj, dj, fj = carried[j], product[j], ds[j], through[j]
+        dots[c, j] = _sum(state)
+        cj, pj, dj, fj = carried[c, j], product[j], ds[j], through[c, j]
         for i in range(n):
             row, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
             for v in range(width):
                 row[v] = (row[v] + prow[v]) + drow[v] * f
-            if transposed:
-                out = leave_t[j]
+            if c:
+                out = leave_t[c - 1, j]
                 for v in range(width):
                     out[v, i] = row[v]
 
