@@ -1,7 +1,9 @@
 """The compiled gradients of ``gated_delta_net``'s chunked backward from its GEMMs' products, per key channel
 (``gdn_channel_gradients``) and per head (``gdn_head_gradients``; where they apply and their arguments:
-``gdn_backward_grads``), and the cumulative log-decays inside each chunk with their exponentials
-(``gdn_channel_decays``). Imported only through ``jit``.
+``gdn_backward_grads``), the cumulative log-decays inside each chunk with their exponentials (``gdn_channel_decays``;
+per head with the operands of the GEMMs before the reverse, ``gdn_head_operands``), and what a chunk of the reverse
+over chunks does between its two GEMMs (``gdn_reverse_state``; both bound by ``gdn_backward_chunked``). Imported only
+through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
