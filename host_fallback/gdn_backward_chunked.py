@@ -2,6 +2,8 @@
 docstring gives its formulas), lanes whose gradients come out non-finite redone by the step path."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from . import jit
@@ -33,19 +35,21 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     read = None if saved is None else _chunk_major(saved, group)
     kt = None if read is not None else _copy("kt", _swap(kc))  # [C, B, H, 1, K, L], for the decayed products
     products = None if read is None else (read["qk"], read["kk"])
-    qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products)
-    inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
-    lanes = vc.shape[:-2]  # [C, B, H, G]
+    lanes = (*gc.shape[:4],)  # [C, B, H, G]
     shape = (*lanes, length, n)
+    compiled = None if per_channel else _head_operands(qc, kc, gc, bc, shape)
+    qk, kk, gamma, to_end, through, pairs = _decays(qc, kc, kt, gc, per_channel, max(-low, high), products,
+                                                    None if compiled is None else compiled[:4])
+    inverse = unit_lower_inverse(kk * bc[..., None]) if read is None else read["inverse"]  # (I + A)^-1
     # gamma K, [..., L, K]: for the recomputed forward and per-channel gates' beta gradient (per head the compiled
     # pass and the reverse scale K by the step's one decay themselves)
     gk = np.multiply(gamma, kc, out=_temp("gk", shape, kc.dtype)) if read is None or per_channel else None
-    kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype))  # KD, [..., L, K]
-    # [O; Y] by [S0^T | U^T] (``gdn_backward_grads``): the states entering the chunks and U are written transposed
-    # into the GEMM's right operand, Y by the reverse into its left one's lower half
+    kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype)) if compiled is None else compiled[4]  # KD
+    # [scale dO; Y] by [S0^T | U^T] (``gdn_backward_grads``, whose scale is then 1): the states entering the chunks and
+    # U are written transposed into the GEMM's right operand, Y by the reverse into its left one's lower half
     width = vc.shape[-1]
     oy = _temp("oy", (*lanes, 2 * length, width), vc.dtype)
-    oy[..., :length, :] = oc
+    np.multiply(oc, scale, out=oy[..., :length, :])
     su = _temp("su", (*lanes, width, n + length), vc.dtype)
     u = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read, su[..., :n])
     su[..., n:] = _swap(u)
@@ -53,23 +57,17 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
 
     # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
     # (gamma Q)^T dO - (beta gamma K)^T Y; what does not depend on dS_L is formed for every chunk at once first
-    du = np.matmul(_swap(qk), oc, out=_temp("du", (*lanes, length, width), vc.dtype))
-    du *= scale
     y = oy[..., length:, :]
-    np.matmul(_swap(inverse), du, out=y)
+    np.matmul(_swap(inverse), np.matmul(_swap(qk), oy[..., :length, :], out=_temp("du", y.shape, y.dtype)), out=y)
     w = np.matmul(_swap(inverse), kd, out=_temp("w", shape, kd.dtype))  # (I + A)^-T KD
-    steps = bc[..., None] if gk is not None else gamma * bc[..., None]  # what K or gamma K takes for beta gamma K
-    bgk_t = np.multiply(_swap(kc if gk is None else gk), _swap(steps), out=_temp("bgk_t", shape[:-2] + (n, length),
-                                                                                   kc.dtype))
-    gq = np.multiply(gamma * scale, qc, out=_temp("gq", shape, qc.dtype))  # scale gamma Q
-    carried = np.matmul(_swap(gq), oc, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
+    gb = _gamma_operands(qc, kc, gk, gamma, bc, shape) if compiled is None else compiled[5]
+    carried = np.matmul(_swap(gb), oy, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
     final = _split(dsf, group, 1)
-    ds = _reverse(w, bgk_t, through, carried, final, y)
     # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
-    leave_t[:-1] = _swap(carried[1:])
-    leave_t[-1] = _swap(final)
-    dv = np.multiply(y, bc[..., None], out=_temp("dv", y.shape, y.dtype))
+    # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk
+    dv, sums = _targets("dv", out[2], lanes, length, False), _temp("sums", (2, *lanes), y.dtype)
+    ds, sums = _reverse(w, gb[..., length:, :], through, carried, final, oy, leave_t, bc, dv, su, sums)
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
@@ -77,21 +75,54 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
     # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
     dbeta = dot_last(y, vc)
-    raw = (prods, dkd, gamma, to_end, bc, scale)
+    raw = (prods, dkd, gamma, to_end, bc, 1.0)
     if per_channel:
         dbeta_terms(prods, gk, kk, dbeta)
         # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
         # last one also through the decayed entering state, gamma_L S0
         entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
         dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
+        unchecked = [dq, dk, dg, dbeta]
     else:
-        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta)
-
-    grads = [dq, dk, dv, dg, dbeta]
-    _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale)
+        places = [_targets(f, x, lanes, length, True) for f, x in (("dq", out[0]), ("dk", out[1]))]
+        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta, sums, places)
+        unchecked = [] if sums is not None else [dq, dk, dg, dbeta]
+    # the gradients the compiled passes wrote where they go
+    placed = [sums is not None and not per_channel and places[f].direct for f in (0, 1)] + [dv.direct, False, False]
+    grads = [dq, dk, dv.chunks, dg, dbeta]
+    _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale,
+                    None if sums is None else sums[0], unchecked if sums is not None else grads)
     for f, (x, dest) in enumerate(zip(grads, out)):  # dq and dk per value head: summed over each key head's group
-        _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
+        if not placed[f]:
+            _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
     return ds.reshape(s0.shape)
+
+
+class _Target(NamedTuple):
+    """Where a compiled pass writes one gradient (``_targets``): step ``t`` of lane ``j`` into row ``rows[j, t]`` of
+    ``flat [R, X]``; ``chunks [C, B, H, G, L, X]`` the same memory chunk-major (``_unchunk``'s layout; NumPy's passes
+    and ``_redo_nonfinite`` write there); ``direct``: whether that memory is the caller's."""
+    rows: Array
+    flat: Array
+    chunks: Array
+    direct: bool
+
+
+def _targets(name: str, dest: Array, lanes: tuple[int, ...], length: int, per_key: bool) -> _Target:
+    """The ``_Target`` of the gradient ``dest [B, S, heads, X]`` (``out``'s, a view of the caller's) for ``lanes [C, B,
+    H, G]`` of ``length`` steps: ``dest`` itself where it lies contiguous and its steps fill whole chunks (and, for a
+    gradient per key head, ``per_key``, without grouped value heads: those sum over the group after), else the scratch
+    array ``name``."""
+    count, b, heads, group = lanes
+    width, seq = dest.shape[-1], dest.shape[1]
+    if dest.flags.c_contiguous and seq == count * length and not (per_key and group > 1):
+        c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
+        rows = (row * seq + c * length + t) * dest.shape[2] + h * group + g
+        return _Target(rows.astype(np.int64).reshape(-1, length), dest.reshape(-1, width),
+                       _split(chunk_view(dest, length), group, 2), True)
+    chunks = _temp(name, (*lanes, length, width), dest.dtype)
+    return _Target(np.arange(chunks.size // width, dtype=np.int64).reshape(-1, length), chunks.reshape(-1, width),
+                   chunks, False)
 
 
 def _unchunk(y: Array, dest: Array) -> None:
@@ -146,28 +177,85 @@ def _forward(vc, gk, inverse, bc, kd, through, s0, saved, starts_t):
     return u
 
 
-def _reverse(w, bgk_t, through, carried, ds, y):
+def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
-    A)^-T KD``; ``y`` holds the rest of ``Y``), ``dS0 = gamma_L dS_L + carried - (beta gamma K)^T Y`` (``bgk_t``;
-    ``carried``: ``scale (gamma Q)^T dO``, overwritten by each chunk's ``dS0``). Returns the first chunk's ``dS0`` (a
-    fresh array)."""
-    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(y.shape[1:], y.dtype)
-    for c in range(len(carried) - 1, -1, -1):
-        y[c] += np.matmul(w[c], ds, out=rest)
-        np.matmul(bgk_t[c], y[c], out=product)
-        carried[c] -= product
-        carried[c] += np.multiply(ds, through[c], out=product)
-        ds = carried[c]
-    return ds.copy()
+    A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), ``dS0 = gamma_L dS_L + carried - (beta gamma
+    K)^T W dS_L`` (``nbgk = -beta gamma K``; ``carried``: ``scale (gamma Q)^T dO`` less ``(beta gamma K)^T`` times the
+    rest of ``Y``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` transposed into ``leave_t``, and ``dv =
+    beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass (``jit``'s ``gdn_reverse_state``) where
+    it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64; ``dv``: a ``_Target``), which also fills ``sums [2, C,
+    ...]``: each lane's sum of ``dv`` and ``S0 . dS_L`` (``S0`` transposed in ``starts_t [C, ..., V, >= K]``). Returns
+    the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
+    length = oy.shape[-2] // 2
+    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
+    leave_t[-1] = _swap(ds)
+    kernel = jit.kernel("gdn_reverse_state") if carried.dtype in _FLOATS else None
+    count, (n, width) = len(carried), carried.shape[-2:]
+    if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
+        per = carried[0].size // (n * width)  # lanes a chunk
+        decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
+        args = (carried.reshape(count, per, n, width), product.reshape(per, n, width),
+                np.ascontiguousarray(ds).reshape(per, n, width), decays.reshape(count, per, n),
+                leave_t.reshape(count, per, width, n), oy.reshape(count, per, 2 * length, width),
+                rest.reshape(per, length, width), np.ascontiguousarray(bc).reshape(count, per, length), dv.flat,
+                dv.rows, starts_t.reshape(count, per, width, -1), sums[0].reshape(count, per),
+                sums[1].reshape(count, per))
+    ws, nbgk_t, states = list(w), list(_swap(nbgk)), list(carried)  # each chunk's views, formed at once
+    for c in range(count - 1, -1, -1):
+        np.matmul(ws[c], ds, out=rest)
+        np.matmul(nbgk_t[c], rest, out=product)
+        if kernel is not None:
+            kernel(*args, c)
+        else:
+            oy[c, ..., length:, :] += rest
+            carried[c] += product
+            carried[c] += np.multiply(ds, through[c], out=product)
+            if c:
+                leave_t[c - 1] = _swap(carried[c])
+        ds = states[c]
+    if kernel is None:
+        np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)
+    return ds.copy(), None if kernel is None else sums
 
 
-def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
+def _gamma_operands(qc, kc, gk, gamma, bc, shape):
+    """``[gamma Q; -beta gamma K] [..., 2L, K]`` (``shape [..., L, K]``; ``gk``: ``gamma K`` where the caller has it)
+    by NumPy: ``_head_operands``' ``gb``."""
+    length = shape[-2]
+    gb = _temp("gb", (*shape[:-2], 2 * length, shape[-1]), qc.dtype)
+    np.multiply(gamma, qc, out=gb[..., :length, :])
+    steps = -bc[..., None] if gk is not None else gamma * -bc[..., None]  # what K or gamma K takes
+    np.multiply(kc if gk is None else gk, steps, out=gb[..., length:, :])
+    return gb
+
+
+def _head_operands(qc, kc, gc, bc, shape):
+    """Per-head gates: ``(ratios, gamma, to_end, through, kd, gb)`` in one compiled pass (``jit``'s
+    ``gdn_head_operands``: ``_decays``' decays in its shapes, ``KD`` ``shape [..., L, K]`` and ``_gamma_operands``'
+    ``gb``), or None where it does not apply (no Numba, ``RLX_HOST_JIT=0``, neither f32 nor f64)."""
+    kernel = jit.kernel("gdn_head_operands")
+    dtype = qc.dtype
+    if kernel is None or dtype not in _FLOATS:
+        return None
+    lanes, (length, n) = shape[:-2], shape[-2:]
+    ratios = _temp("ratios", (*lanes, length, length), dtype)
+    gamma, to_end = (np.empty((*lanes, length, 1), dtype) for _ in range(2))
+    through = np.empty((*lanes, 1, 1), dtype)
+    kd, gb = _temp("kd", shape, dtype), _temp("gb", (*lanes, 2 * length, n), dtype)
+    kernel(qc.reshape(-1, length, n), kc.reshape(-1, length, n), np.ascontiguousarray(gc).reshape(-1, length),
+           np.ascontiguousarray(bc).reshape(-1, length), ratios.reshape(-1, length, length), gamma.reshape(-1, length),
+           to_end.reshape(-1, length), through.reshape(-1), kd.reshape(-1, length, n), gb.reshape(-1, 2 * length, n))
+    return ratios, gamma, to_end, through, kd, gb
+
+
+def _decays(qc, kc, kt, gc, per_channel, steepest, products=None, head=None):
     """The decays inside each chunk, from the (floored) log-decays ``gc``: ``(qk, kk, gamma, to_end, through,
     pairs)``, the decayed products ``Q K^T`` (``r <= s``) and ``K K^T`` (``r < s``), the decay from the chunk's
     start through each step (``gamma``) and from each step to its end (``to_end``), both ``[..., L, K or 1]``,
     the chunk's decay ``through`` (``[..., K or 1, 1]``) and what pairs a later step with an earlier one: a
     ``_Decayed`` (per-channel gates) or the ratios ``[..., L, L]`` (per head). ``steepest``: the largest
-    ``|g|``; ``products``: the decayed products ``(qk, kk)`` a saved forward holds, used as they are."""
+    ``|g|``; ``products``: the decayed products ``(qk, kk)`` a saved forward holds, used as they are; ``head``: per
+    head, ``(ratios, gamma, to_end, through)`` where ``_head_operands`` formed them."""
     length, n = kc.shape[-2:]
     with np.errstate(over="ignore", invalid="ignore"):
         if per_channel:
@@ -182,9 +270,9 @@ def _decays(qc, kc, kt, gc, per_channel, steepest, products=None):
                 products = qk.copy(), kk.copy()  # scratch arrays of gdn's: kept here past other calls
             pairs = _Decayed(cum, bounded, None if compiled is None else compiled[1:3])
         else:
-            compiled = None
-            cum = np.cumsum(gc, axis=-1)[..., None]  # [C, B, H, G, L, 1]
-            pairs = decay_ratios(cum[..., 0])
+            compiled = None if head is None else (None, None, None, *head[1:])
+            cum = np.cumsum(gc, axis=-1)[..., None] if head is None else None  # [C, B, H, G, L, 1]
+            pairs = decay_ratios(cum[..., 0]) if head is None else head[0]
             if products is None:
                 products = np.multiply(np.matmul(qc, kt), pairs), np.multiply(np.matmul(kc, kt), pairs)
                 np.copyto(products[1], 0, where=_upper(length, 0))
@@ -213,13 +301,17 @@ def _compiled_decays(gc: Array) -> tuple[Array, ...] | None:
     return (*outs, through)
 
 
-def _redo_nonfinite(grads, ds0, chunks, starts, dsf, scale) -> None:
+def _redo_nonfinite(grads, ds0, chunks, starts, dsf, scale, check, unchecked) -> None:
     """Redo with ``_step``, chunk by chunk from the checkpoints ``starts``, every lane (batch row, key
-    head, group member) whose chunked gradients hold a NaN or Inf; writes into ``grads`` and ``ds0``."""
+    head, group member) whose chunked gradients hold a NaN or Inf; writes into ``grads`` and ``ds0``. ``check [C,
+    ...]``: each chunk's sum of some of its gradients, where the compiled passes formed them (else None); the others,
+    ``unchecked``, are summed here."""
     lead = ds0.shape[:3]
     # a lane's sum is non-finite where any of its terms is (or, rarely, where it overflows: a lane redone needlessly)
     bad = ~np.isfinite(ds0.sum(axis=(-2, -1)))
-    for x in grads:
+    if check is not None:
+        bad |= ~np.isfinite(check.sum(axis=0))
+    for x in unchecked:
         bad |= ~np.isfinite(x.reshape(x.shape[0], *lead, -1).sum(axis=(0, -1)))
     if not bad.any():
         return

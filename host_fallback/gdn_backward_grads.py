@@ -156,15 +156,19 @@ def dbeta_terms(prods, gk, kk, dbeta):
     dbeta -= np.sum(da * kk, axis=-1)
 
 
-def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, dbeta):
+def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, dbeta,
+                   sums, places):
     """Per-head gates: ``channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``; ``dg [...,
     L]``; and ``dbeta_terms`` (``dbeta`` in place). The entering state's term of the last step's ``dcum`` is ``through``
     times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
-    (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64)."""
+    (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64, and ``sums``
+    given: ``gdn_reverse_state``'s ``[2, ...]``, each lane's sum of its gradients so far, to which the others' are
+    added, for ``_redo_nonfinite``, and ``S0 . dS_L``; ``dq`` and ``dk`` then go where ``places``, two of
+    ``gdn_backward_chunked``'s targets, say, and come back as their ``chunks``)."""
     kernel = jit.kernel("gdn_head_gradients")
-    if kernel is not None and qc.dtype in _FLOATS:
-        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t,
-                              through, dbeta)
+    if kernel is not None and qc.dtype in _FLOATS and sums is not None:
+        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta, sums,
+                              places)
     dbeta_terms(prods, gamma * kc, kk, dbeta)
     n = kc.shape[-1]
     entering = np.einsum("...vk,...vk->...", starts_t[..., :n], leave_t) * through[..., 0, 0]
@@ -184,15 +188,14 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     return dq, dk, sum_from_end(dcum, -1)
 
 
-def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through,
-                   dbeta):
+def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta, sums, places):
     """``head_gradients`` by ``kernel`` over lanes (``_compiled_channel``'s): ``gamma``, ``to_end`` ``[..., L, 1]``."""
     shape, dtype = dkd.shape, dkd.dtype
-    length, n = shape[-2:]
+    length = shape[-2]
     steps = [np.ascontiguousarray(x, dtype).reshape(-1, length) for x in (gamma, to_end, bc)]
-    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _out("dg", shape[:-1], dtype)
+    dg = _out("dg", shape[:-1], dtype)
+    (rows, dq, _, _), (_, dk, _, _) = places
     kernel(_lanes(qc, dtype), _lanes(kc, dtype), *steps, *(_lanes(x, dtype) for x in (ratios, qk, kk, prods, dkd)),
-           _lanes(starts_t, dtype), _lanes(leave_t, dtype), np.ascontiguousarray(through, dtype).reshape(-1),
-           dq.reshape(-1, length, n), dk.reshape(-1, length, n), dg.reshape(-1, length), dbeta.reshape(-1, length),
-           dtype.type(scale), shape[-3])
-    return dq, dk, dg
+           sums[1].reshape(-1), np.ascontiguousarray(through, dtype).reshape(-1), dq, dk, rows, dg.reshape(-1, length),
+           dbeta.reshape(-1, length), sums[0].reshape(-1), dtype.type(scale), shape[-3])
+    return places[0].chunks, places[1].chunks, dg

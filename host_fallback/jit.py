@@ -32,11 +32,12 @@ time went between the steps (B=8 S=24 H=32, 2 layers, one thread: the backward t
 And selective_scan's backward (``selective_scan_backward_run``; where it applies: ``selective_scan_backward``):
 one batch row's every gradient in one call, a chunk's states recomputed from the saved (or checkpointed) state
 with their decays kept, then its reverse, in vector loops along blocks of channels.
-And gated_delta_net's chunked backward (``gdn_channel_decays``, ``gdn_channel_gradients``, ``gdn_head_gradients``;
-where they apply: ``gdn_backward_chunked``, ``gdn_backward_grads``): with per-channel gates each chunk's cumulative
-log-decays with their exponentials in one pass; with either gate kind the decayed triangular products with the query,
-key and log-decay gradients in one pass over the GEMMs' products, where NumPy makes twenty to twenty-five passes and
-three or four square GEMMs a chunk.
+And gated_delta_net's chunked backward (``gdn_channel_decays``, ``gdn_channel_gradients``, ``gdn_head_operands``,
+``gdn_head_gradients``, ``gdn_reverse_state``; where they apply: ``gdn_backward_chunked``, ``gdn_backward_grads``):
+each chunk's cumulative log-decays with their exponentials in one pass (per head with the GEMMs' operands); with
+either gate kind the decayed triangular products with the query, key and log-decay gradients in one pass over the
+GEMMs' products, where NumPy makes twenty to twenty-five passes and three or four square GEMMs a chunk, and each
+chunk of the reverse over chunks one pass between its two GEMMs.
 And mamba2's chunked backward (``mamba2_backward_operands``, ``mamba2_backward_state_gradients``,
 ``mamba2_backward_gradients``; where they apply: ``mamba2_backward_chunked``): the passes between its GEMMs, which stay
 OpenBLAS's, one compiled pass each where NumPy makes several.

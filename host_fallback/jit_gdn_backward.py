@@ -1,7 +1,9 @@
 """The compiled gradients of ``gated_delta_net``'s chunked backward from its GEMMs' products, per key channel
 (``gdn_channel_gradients``) and per head (``gdn_head_gradients``; where they apply and their arguments:
-``gdn_backward_grads``), and the cumulative log-decays inside each chunk with their exponentials
-(``gdn_channel_decays``). Imported only through ``jit``.
+``gdn_backward_grads``), the cumulative log-decays inside each chunk with their exponentials (``gdn_channel_decays``;
+per head with the operands of the GEMMs before the reverse, ``gdn_head_operands``), and what a chunk of the reverse
+over chunks does between its two GEMMs (``gdn_reverse_state``; both bound by ``gdn_backward_chunked``). Imported only
+through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
 and another pass), then about fifteen passes of the channel gradients and a flipped cumulative sum along a strided
@@ -25,14 +27,18 @@ from numba.extending import overload
 
 from .jit_math import _FLAGS, _exp_subnormal
 
-__all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients"]  # the kernels ``jit.kernel`` hands out
+__all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", "gdn_head_operands",
+           "gdn_reverse_state"]  # the kernels ``jit.kernel`` hands out
 
 
-def _signatures(arity: dict[str, int], scalars: int = 0) -> list:
-    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions, then ``scalars``
-    numbers of that type and an int64 (none with ``scalars`` 0)."""
-    return [types.void(*(types.Array(f, d, "C") for d in arity.values()), *([f] * scalars),
-                       *([types.int64] if scalars else []))
+def _signatures(arity: dict[str, int | str], scalars: int = 0, index: bool = False) -> list:
+    """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions (of that type; a
+    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of that type and an int64 (none with
+    ``scalars`` 0; one alone with ``index``)."""
+    def array(f, d):
+        return types.Array(types.int64, int(d[-1]), "C") if isinstance(d, str) else types.Array(f, d, "C")
+    return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars),
+                       *([types.int64] if scalars or index else []))
             for f in (types.float32, types.float64)]
 
 
@@ -145,8 +151,8 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, en
                 out_g[i] = tail[i]
 
 
-_HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, starts_t=3, leave_t=3,
-             through=1, dq=3, dk=3, dg=2, dbeta=2)
+_HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, entering=1, through=1,
+             dq=2, dk=2, rows="rows2", dg=2, dbeta=2, check=1)
 #: Partial sums a dot product over the key channels keeps (one vector of float32 on AVX-512): a fixed order,
 #: which LLVM vectorizes without reassociating anything.
 _PARTS = 16
@@ -200,36 +206,48 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
     sums[1, slot] += kt[i] * d
 
 
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _lane_sum(dq, dk, at, dg, dbeta, parts):
+    """The sum of a lane's ``dq, dk`` (rows ``at [L]`` of ``[R, K]``), ``dg, dbeta [L]``: each channel's in ``parts``
+    (``_PARTS`` of them, sums along the steps), then theirs."""
+    parts[:] = 0
+    total = parts[0]  # a zero of the type
+    whole = dq.shape[1] - dq.shape[1] % _PARTS
+    for t in range(dg.shape[0]):
+        total += dg[t] + dbeta[t]
+        a, b = dq[at[t]], dk[at[t]]
+        for start in range(0, whole, _PARTS):
+            for slot in range(_PARTS):
+                parts[slot] += a[start + slot] + b[start + slot]
+        for i in range(whole, dq.shape[1]):
+            parts[i - whole] += a[i] + b[i]
+    return total + _total(parts)
+
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, starts_t, leave_t, through, dq, dk, dg,
-                       dbeta, scale, group):
+def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, entering, through, dq, dk, rows, dg,
+                       dbeta, check, scale, group):
     """Per-head gates: ``gdn_channel_gradients``'s for lanes of one decay a step (``gamma``, ``to_end``, ``beta``
     ``[N, L]``): the products' gradients scaled as ``_scaled`` does (``products`` and ``dkd`` as there, in place),
     ``P_q = dqk ratios``, ``P_k = dkk ratios`` (``ratios [N, L, L]`` the decays ``exp(cum_r - cum_s)``), ``dq = dqg +
-    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` and ``dg [N, L]``, the sums from the chunk's end of
+    P_q k``, ``dk = P_q^T q + (P_k + P_k^T) k + dkd - dgk`` (step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dq,
+    dk [R, K]``: a scratch array's or the caller's layout) and ``dg [N, L]``, the sums from the chunk's end of
     ``dcum``: ``e = dqk qk + dkk kk`` (``qk``, ``kk [N, L, L]`` the decayed products) summed over each row minus over
-    each column,
-    plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's term, ``through
-    [N]`` times ``S0 . dS_L`` (``starts_t [N, V, >= K]`` and ``leave_t [N, V, K]``, both transposed). Takes from
+    each column, plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's
+    term, ``through [N]`` times ``entering [N]`` (``S0 . dS_L``, ``gdn_reverse_state``'s). Takes from
     ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
-    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums."""
-    lanes, length, n = dq.shape
+    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums. Adds
+    to ``check [N]`` the sum of every gradient the lane wrote (non-finite where one of them is: ``_redo_nonfinite``'s
+    test)."""
+    (lanes, length), n = dg.shape, dq.shape[1]
     sums = np.empty((3, _PARTS), dq.dtype)
     pm = np.zeros((2, length, length), dq.dtype)  # P_q, P_k of a lane
     whole = n - n % _PARTS
     for j in range(lanes):
         qj, kj, pj, dkdj, rj, qkj, kkj = q[j // group], k[j // group], products[j], dkd[j], ratios[j], qk[j], kk[j]
-        dqj, dkj, dgj, bj = dq[j], dk[j], dg[j], beta[j]
+        at, dgj, bj = rows[j], dg[j], beta[j]
         sums[:] = 0
-        for v in range(leave_t.shape[1]):  # S0 . dS_L
-            a, b = starts_t[j, v], leave_t[j, v]
-            for start in range(0, whole, _PARTS):
-                for slot in range(_PARTS):
-                    sums[0, slot] += a[start + slot] * b[start + slot]
-            for i in range(whole, n):
-                sums[0, i - whole] += a[i] * b[i]
-        entering = _total(sums[0]) * through[j]
         for t in range(length):  # the scalings and the channels' part of dcum
             sums[0, :] = 0
             sums[2, :] = 0
@@ -242,7 +260,7 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 _scale_channel(i, i - whole, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
             dgj[t] = _total(sums[0])
             dbeta[j, t] -= et * _total(sums[2])
-        dgj[length - 1] += _total(sums[1]) + entering
+        dgj[length - 1] += _total(sums[1]) + entering[j] * through[j]
         # P_q and P_k (their upper triangles stay 0), and the products' part of dcum: + at the row, - at the column
         for r in range(length):
             row_q, row_k, rr, br = pj[r], pj[length + r], rj[r], -bj[r]
@@ -256,14 +274,14 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
             pm[0, r, r] = row_q[n + r] * scale * rr[r]
         # rows: dq = dqg + P_q k, dk = P_k k; columns: dk += P_q^T q + P_k^T k + dkd - dgk; _BLOCK steps at a time
         for r in range(length):
-            out_q, out_k, given = dqj[r], dkj[r], pj[r]
+            out_q, out_k, given = dq[at[r]], dk[at[r]], pj[r]
             for i in range(n):
                 out_q[i] = given[i]
                 out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
                 _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
         for s in range(length):
-            out_k = dkj[s]
+            out_k = dk[at[s]]
             for r in range(s - s % _BLOCK, length, _BLOCK):
                 _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
@@ -271,3 +289,101 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 out_k[i] += dt[i] - gt[i]
         for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
             dgj[t] += dgj[t + 1]
+        check[j] += _lane_sum(dq, dk, at, dgj, dbeta[j], sums[0])
+
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _sum(x):
+    """The sum of ``x``, in its order."""
+    total = x[0]
+    for i in range(1, x.shape[0]):
+        total += x[i]
+    return total
+
+
+_REVERSE = dict(carried=4, product=3, final=3, through=3, leave_t=4, oy=4, rest=3, beta=3, dv=2, rows="rows2",
+                starts_t=4, check=2, dots=2)
+
+
+@numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, starts_t, check, dots, c):
+    """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane: ``Y +=
+    rest`` (``W dS_L``; ``Y`` the lower half of ``oy [C, N, 2L, V]``), ``dv = beta Y`` (``beta [C, N, L]``; step ``t`` of
+    lane ``j`` into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``scale (gamma Q)^T dO`` less
+    ``(beta gamma K)^T`` times the rest of ``Y``) becomes the chunk's ``dS0 = carried + product + through ds``
+    (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk: the next chunk's
+    ``dS0``, ``final`` for the last; ``through [C, N, K]`` the chunk's decay per key channel, per head one value
+    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``; the last chunk's
+    is there already); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . dS_L``
+    (``S0`` the state entering the chunk and ``ds``, both transposed: ``starts_t [C, N, V, >= K]``, ``leave_t``). One
+    pass where NumPy makes five and a transposing copy."""
+    count, lanes, n, width = carried.shape
+    length = rest.shape[1]
+    ds = final if c == count - 1 else carried[c + 1]
+    parts = np.empty(max(width, n), dv.dtype)
+    for j in range(lanes):
+        parts[:] = 0
+        at = rows[c * lanes + j]
+        for t in range(length):
+            yt, rt, out, b = oy[c, j, length + t], rest[j, t], dv[at[t]], beta[c, j, t]
+            for v in range(width):
+                yt[v] += rt[v]
+                out[v] = yt[v] * b
+                parts[v] += out[v]
+        check[c, j] = _sum(parts)
+        state = parts[:n]
+        state[:] = 0
+        for v in range(width):
+            a, b = starts_t[c, j, v], leave_t[c, j, v]
+            for i in range(n):
+                state[i] += a[i] * b[i]
+        dots[c, j] = _sum(state)
+        cj, pj, dj, fj = carried[c, j], product[j], ds[j], through[c, j]
+        for i in range(n):
+            row, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
+            for v in range(width):
+                row[v] = (row[v] + prow[v]) + drow[v] * f
+            if c:
+                out = leave_t[c - 1, j]
+                for v in range(width):
+                    out[v, i] = row[v]
+
+
+_OPERANDS = dict(q=3, k=3, g=2, beta=2, ratios=3, gamma=2, to_end=2, through=1, kd=3, gb=3)
+
+
+@numba.njit(_signatures(_OPERANDS), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
+            cache=True)
+def gdn_head_operands(q, k, g, beta, ratios, gamma, to_end, through, kd, gb):
+    """Per-head gates, per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``, ``group = N /
+    len(q)``) from the chunk's (floored) log-decays ``g [N, L]`` and ``beta [N, L]``: the cumulative log-decays ``cum``
+    (summed step after step), ``ratios [N, L, L]`` (``exp(cum_r - cum_s)`` for ``s <= r``, else 0), ``gamma =
+    exp(cum)``, ``to_end = exp(last - cum)`` ``[N, L]``, ``through = exp(last) [N]`` (``last`` the chunk's last
+    step's), and the operands ``kd = k to_end [N, L, K]`` and ``gb = [q gamma; -k beta gamma] [N, 2L, K]``: one pass
+    where NumPy makes a dozen."""
+    lanes, length = g.shape
+    n, group = q.shape[2], g.shape[0] // q.shape[0]
+    cum = np.empty(length, g.dtype)
+    for j in range(lanes):
+        gj, bj, qj, kj, rj = g[j], beta[j], q[j // group], k[j // group], ratios[j]
+        cum[0] = gj[0]
+        for t in range(1, length):
+            cum[t] = cum[t - 1] + gj[t]
+        last = cum[length - 1]
+        through[j] = _exp_of(last)
+        for r in range(length):
+            row, here = rj[r], cum[r]
+            for s in range(r + 1):
+                row[s] = _exp_of(here - cum[s])
+            for s in range(r + 1, length):
+                row[s] = 0
+            e, f = _exp_of(here), _exp_of(last - here)
+            gamma[j, r], to_end[j, r] = e, f
+            b = -(e * bj[r])
+            qt, kt, x, y, z = qj[r], kj[r], kd[j, r], gb[j, r], gb[j, length + r]
+            for i in range(n):
+                x[i] = kt[i] * f
+                y[i] = qt[i] * e
+                z[i] = kt[i] * b

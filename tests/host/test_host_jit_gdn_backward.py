@@ -1,6 +1,7 @@
-"""host_fallback's compiled gradients of gated_delta_net's chunked backward, per key channel
-(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``) and per head (``gdn_head_gradients``), bound by
-``gdn_backward_grads`` and ``gdn_backward_chunked``, beside their NumPy twin (``RLX_HOST_JIT=0``).
+"""host_fallback's compiled passes of gated_delta_net's chunked backward, per key channel
+(``jit_gdn_backward.gdn_channel_gradients`` and ``gdn_channel_decays``), per head (``gdn_head_operands`` and
+``gdn_head_gradients``) and either (``gdn_reverse_state``), bound by ``gdn_backward_grads`` and
+``gdn_backward_chunked``, beside their NumPy twin (``RLX_HOST_JIT=0``).
 
 Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite
 differences and torch autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that
@@ -36,7 +37,8 @@ CASES = [(f"{label}-{gates}", dict(params, gate_per_channel=gates == "channel"))
                                                       state_slots=[3, 0, 4, 1], num_slots=5)))
          for gates in ("channel", "head")]
 #: The kernels each gate kind calls.
-KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients"}, False: {"gdn_head_gradients"}}
+KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients", "gdn_reverse_state"},
+           False: {"gdn_head_operands", "gdn_head_gradients", "gdn_reverse_state"}}
 #: NMSE of each f32 gradient against float64's (test_gdn_backward's bound for f32)
 NMSE = 1e-10
 
