@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
+from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve, rnn_sequence
 from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import reserve_slots
 from .bound import Bound, given_views
@@ -63,6 +63,8 @@ def _recurrences(fwd: Mapping[str, Any], whole_sequence: bool = False) -> tuple[
     ``rnn_backward_checkpoints``, and its chunks' gates at once, ``_CHUNK``). The compiled reverse reads what
     either forward keeps."""
     op = fwd["op"]
+    if rnn_sequence.applies(fwd):  # a gru's or rnn's: its forward over the whole sequence alone
+        return rnn_sequence.FORWARD[op] if whole_sequence else _FORWARD[op], rnn_sequence.REVERSE[op]
     compiled_forward = lstm_sequence.applies(fwd, backward=whole_sequence)
     return (_compiled_lstm_forward if compiled_forward else _FORWARD[op],
             _compiled_lstm_reverse if lstm_sequence.applies(fwd, backward=True) else _REVERSE[op])
