@@ -168,6 +168,7 @@ def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz,
     w = _blocks(w_hh, 2 * lanes)
     panels = np.empty(((batch + rows - 1) // rows, four, rows), _F32)
     sums = np.empty((panels.shape[0] * rows, cols), _F32)
+    dhin = np.empty(hidden, _F32)  # a row's dh + dy
     for step in range(seq):
         t = _walked(step, seq, not backwards)  # the forward's walk, from its end
         for b in range(batch):
@@ -177,15 +178,22 @@ def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz,
                     zb[j] = 0
                 continue
             yb, hcb, cpb, dyb, dhb, dcb = y[t, b], hc[t, b], c_prev[t, b], dy[t, b], dh[b], dc[b]
+            i, f, g, o = yb[:hidden], yb[hidden: 2 * hidden], yb[2 * hidden: 3 * hidden], yb[3 * hidden: four]
+            zi, zf, zg, zo = zb[:hidden], zb[hidden: 2 * hidden], zb[2 * hidden: 3 * hidden], zb[3 * hidden: four]
+            for k in range(hidden):  # loops of a few arrays each, as the forward's
+                dhin[k] = dhb[k] + dyb[k]
             for k in range(hidden):
-                dhk = dhb[k] + dyb[k]
-                i, f, g, o, tc = yb[k], yb[hidden + k], yb[2 * hidden + k], yb[3 * hidden + k], hcb[k]
-                zb[3 * hidden + k] = dhk * tc * (o * (_F32(1.0) - o))
-                dcn = dhk * o * (_F32(1.0) - tc * tc) + dcb[k]
-                zb[k] = dcn * g * (i * (_F32(1.0) - i))
-                zb[hidden + k] = dcn * cpb[k] * (f * (_F32(1.0) - f))
-                zb[2 * hidden + k] = dcn * i * (_F32(1.0) - g * g)
-                dcb[k] = dcn * f
+                zo[k] = dhin[k] * hcb[k] * (o[k] * (_F32(1.0) - o[k]))
+            for k in range(hidden):  # the new cell's gradient
+                dcb[k] = dhin[k] * o[k] * (_F32(1.0) - hcb[k] * hcb[k]) + dcb[k]
+            for k in range(hidden):
+                zi[k] = dcb[k] * g[k] * (i[k] * (_F32(1.0) - i[k]))
+            for k in range(hidden):
+                zf[k] = dcb[k] * cpb[k] * (f[k] * (_F32(1.0) - f[k]))
+            for k in range(hidden):
+                zg[k] = dcb[k] * i[k] * (_F32(1.0) - g[k] * g[k])
+            for k in range(hidden):
+                dcb[k] *= f[k]
         sums[:] = 0
         _batch_times(lanes, dz[t], batch, panels, w, sums)  # dh = dz · W_hh
         for b in range(batch):
