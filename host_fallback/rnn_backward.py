@@ -5,7 +5,9 @@ lengths, reverse, clip, activations, both GRU forms, peepholes, coupled input-fo
 projections), keeping what the reverse pass needs per step: the pre-activations, the gate values,
 the state entering each step and, for an lstm, the new cell. Without a saved forward it does so in
 checkpointed chunks of steps (``rnn_backward_passes``), so it holds a few chunks' worth of them at a time
-(at S=4096 its peak extra memory is within 2x the forward's); with a saved forward (ABI.md §9.1's
+(at S=4096 its peak extra memory is within 2x the forward's), or where the thunk has as few rows (steps x batch)
+as a reserve's chunk (``kept_whole``) by running the forward that writes a reserve into arrays of its own (a
+reserve's memory), which spares it the checkpoint pass and the chunks' rebuilt gates; with a saved forward (ABI.md §9.1's
 ``reserve``, ``rnn_reserve``) it reads them instead, which the forward thunk kept there running the same
 recurrences (``forward_saving``: no forward GEMM left for the backward). Then backpropagation through time,
 top layer first, each direction walking its steps in the opposite order:
@@ -49,7 +51,7 @@ from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import reserve_slots
 from .bound import Bound, given_views
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
-from .rnn_backward_passes import (chunk_steps, forward_pass, read_from, recomputed, reserve_chunk_steps,
+from .rnn_backward_passes import (chunk_steps, forward_pass, kept_whole, read_from, recomputed, reserve_chunk_steps,
                                   reverse_pass, time_chunks)
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
@@ -114,13 +116,20 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
     """The reverse pass of the backward thunk bound to ``b`` (``fwd``: its forward thunk): in chunks, each chunk's
     kept arrays read from the reserve (ABI.md §9.1, laid out as ``layout``), or its forward run again from the
-    checkpoints of a forward pass."""
+    checkpoints of a forward pass; or over the whole sequence at once, after the forward that writes a reserve
+    (``kept_whole``: B32 S128 I=H=256, 2 layers, bidirectional, one thread, the lstm's recompute fwd+bwd went from
+    1.61x the reserve's to TODO)."""
     s = setup(fwd, b)
     forwards, reverses = _recurrences(fwd)
     if layout is not None:  # chunks of many rows, for the GEMMs after the steps (the whole sequence at B32 S128)
         above, kept = rnn_reserve.load(fwd, b.view("reserve"), layout, s.cells)
         long = time_chunks(fwd["seq"], reserve_chunk_steps(fwd["seq"], fwd["batch"]))
         reverse_pass(s, [None, *above, None], long, read_from(kept, long), reverses)
+        return
+    if kept_whole(fwd["seq"], fwd["batch"]):
+        whole = [(0, fwd["seq"])]
+        passed = forward_pass(s, _recurrences(fwd, whole_sequence=True)[0], whole)
+        reverse_pass(s, passed.inputs, whole, recomputed(s, forwards, whole, passed), reverses)
         return
     chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None
