@@ -27,17 +27,17 @@ def _running(lens, t, b):
     return lens.size == 0 or t < lens[b]
 
 
-@numba.njit(types.void(_SEQ, _ROWS, _VECTOR, _ROWS, _LENS, types.boolean, _SEQ, _SEQ, _SEQ, types.intp),
-            fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", boundscheck=False)
-def gru_sequence(u, w_hh, b_hh, h, lens, backwards, out, h_prev, hn, lanes):
-    """Every step of one gru layer-direction (``linear_before_reset``), keeping what its backward reads
-    (``jit.kernel`` says what each argument is)."""
+@numba.njit(types.void(_SEQ, _ROWS, _VECTOR, _ROWS, _LENS, types.boolean, _SEQ, types.boolean, _SEQ, _SEQ,
+                       types.intp), fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", boundscheck=False)
+def gru_sequence(u, w_hh, b_hh, h, lens, backwards, out, keep, h_prev, hn, lanes):
+    """Every step of one gru layer-direction (``linear_before_reset``), keeping what its backward reads where
+    ``keep`` (``jit.kernel`` says what each argument is)."""
     seq, batch, three = u.shape
     hidden = three // 3
     if (three != 3 * hidden or w_hh.shape[0] != three or w_hh.shape[1] != hidden or b_hh.shape[0] != three
             or h.shape[0] != batch or h.shape[1] != hidden or (lens.size != 0 and lens.size != batch)
-            or out.shape[0] != seq or out.shape[1] != batch or out.shape[2] != hidden or h_prev.shape != out.shape
-            or hn.shape != out.shape):
+            or out.shape[0] != seq or out.shape[1] != batch or out.shape[2] != hidden
+            or (keep and (h_prev.shape != out.shape or hn.shape != out.shape))):
         raise ValueError("gru_sequence: the arrays' shapes do not fit together")
     rows, width = _tile_rows(lanes), 2 * lanes
     w_t = _blocks(w_hh.T, width)  # W_hh^T
@@ -53,8 +53,9 @@ def gru_sequence(u, w_hh, b_hh, h, lens, backwards, out, h_prev, hn, lanes):
         for b in range(batch):
             ub, gb, hb, ob = u[t, b], g[b], h[b], out[t, b]
             r, z, n, hn_b = ub[:hidden], ub[hidden: 2 * hidden], ub[2 * hidden:], gb[2 * hidden: three]
-            h_prev[t, b] = hb
-            hn[t, b] = hn_b
+            if keep:
+                h_prev[t, b] = hb
+                hn[t, b] = hn_b
             # loops of one or two arrays and one activation each, which LLVM vectorizes (one loop over the three
             # blocks ran scalar: 72 µs a step of B32 H256, 12 so)
             for k in range(2 * hidden):
@@ -119,14 +120,14 @@ def gru_sequence_backward(y, h_prev, hn, w_hh, dy, dh, lens, backwards, d_in, d_
                     dhb[k] = sb[k]
 
 
-@numba.njit(types.void(_SEQ, _ROWS, _ROWS, _LENS, types.boolean, _SEQ, _SEQ, types.intp),
+@numba.njit(types.void(_SEQ, _ROWS, _ROWS, _LENS, types.boolean, _SEQ, types.boolean, _SEQ, types.intp),
             fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", boundscheck=False)
-def rnn_sequence(u, w_hh, h, lens, backwards, out, h_prev, lanes):
-    """Every step of one tanh rnn layer-direction, keeping what its backward reads (``jit.kernel`` says what each
-    argument is)."""
+def rnn_sequence(u, w_hh, h, lens, backwards, out, keep, h_prev, lanes):
+    """Every step of one tanh rnn layer-direction, keeping what its backward reads where ``keep`` (``jit.kernel``
+    says what each argument is)."""
     seq, batch, hidden = u.shape
     if (w_hh.shape[0] != hidden or w_hh.shape[1] != hidden or h.shape[0] != batch or h.shape[1] != hidden
-            or (lens.size != 0 and lens.size != batch) or out.shape != u.shape or h_prev.shape != u.shape):
+            or (lens.size != 0 and lens.size != batch) or out.shape != u.shape or (keep and h_prev.shape != u.shape)):
         raise ValueError("rnn_sequence: the arrays' shapes do not fit together")
     rows, width = _tile_rows(lanes), 2 * lanes
     w_t = _blocks(w_hh.T, width)  # W_hh^T
@@ -140,10 +141,11 @@ def rnn_sequence(u, w_hh, h, lens, backwards, out, h_prev, lanes):
                 gb[k] = ub[k]
         _batch_times(lanes, h, batch, panels, w_t, g)  # g = W_ih·x + b + W_hh·h
         for b in range(batch):
-            ub, gb, hb, ob, hpb = u[t, b], g[b], h[b], out[t, b], h_prev[t, b]
+            ub, gb, hb, ob = u[t, b], g[b], h[b], out[t, b]
+            if keep:
+                h_prev[t, b] = hb
             for k in range(hidden):
-                y = _tanh(gb[k])
-                ub[k], hpb[k] = y, hb[k]
+                ub[k] = _tanh(gb[k])
             if _running(lens, t, b):
                 for k in range(hidden):
                     hb[k] = ub[k]

@@ -23,6 +23,7 @@ from .rnn_backward_steps import _array, _lengths, _sum, _sum_outer
 
 Array = np.ndarray
 _DEFAULT = {"gru": ("sigmoid", "tanh"), "rnn": ("tanh",)}
+_NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
 
 
 def applies(t: Mapping[str, Any]) -> bool:
@@ -43,6 +44,19 @@ def _f32(a: Array) -> Array:
     return np.ascontiguousarray(a, np.float32)
 
 
+def forward(op: str, u: Array, w_hh: Array, b_hh: Array | None, h: Array, lens: Array, backwards: bool,
+            out: Array) -> None:
+    """Every step of one layer-direction of a plain forward (``rnn``), keeping nothing: ``u [S, B, G*H]`` (float32,
+    C-contiguous) the input projection plus the input-side bias (overwritten), ``w_hh`` and a gru's ``b_hh``, the
+    state ``h [B, H]`` (updated to the final one), ``lens`` as ``lstm_sequence.lengths`` gives them, ``backwards``:
+    from the last step, ``out [S, B, H]`` (0 past a row's length)."""
+    if op == "gru":
+        jit.kernel("gru_sequence")(u, _f32(w_hh), _f32(b_hh), h, lens, backwards, out, False, _NOTHING_KEPT,
+                                   _NOTHING_KEPT, jit.lanes())
+    else:
+        jit.kernel("rnn_sequence")(u, _f32(w_hh), h, lens, backwards, out, False, _NOTHING_KEPT, jit.lanes())
+
+
 def gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: None, valid: Array | None, order: range,
                 into: Mapping[str, Array] | None = None):
     """``rnn_backward_steps._gru_forward`` in one call: ``xp`` becomes the gates."""
@@ -51,7 +65,7 @@ def gru_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Non
     keep.update(u=xp, y=xp, mask=None)
     out, h = np.empty_like(keep["hn"]), h.copy()
     jit.kernel("gru_sequence")(xp, _f32(w["w_hh"]), _f32(w["b_hh"]), h, _lengths(valid), order.step < 0, out,
-                               keep["h_prev"], keep["hn"], jit.lanes())
+                               True, keep["h_prev"], keep["hn"], jit.lanes())
     return out, (h, None), keep
 
 
@@ -71,7 +85,7 @@ def rnn_forward(cell: _Cell, xp: Array, w: Mapping[str, Array], h: Array, c: Non
     """``rnn_backward_steps._rnn_forward`` in one call: ``xp`` becomes the gate."""
     keep = {"h_prev": _array(into, "h_prev", xp.shape, xp.dtype), "u": xp, "y": xp, "mask": None}
     out, h = np.empty_like(xp), h.copy()
-    jit.kernel("rnn_sequence")(xp, _f32(w["w_hh"]), h, _lengths(valid), order.step < 0, out, keep["h_prev"],
+    jit.kernel("rnn_sequence")(xp, _f32(w["w_hh"]), h, _lengths(valid), order.step < 0, out, True, keep["h_prev"],
                                jit.lanes())
     return out, (h, None), keep
 

@@ -1,21 +1,23 @@
 """host_fallback's whole-sequence gru and rnn kernels (``gru_sequence``, ``gru_sequence_backward``, ``rnn_sequence``,
 ``rnn_sequence_backward``; where they apply: the ``rnn_sequence`` module): every gradient of an f32 gru_backward and
 rnn_backward thunk, reading a reserve and recomputing, against the float64 conformance reference (written from
-ABI.md, no host code) on the values the thunk stores, at either tile width and on NumPy's path (``RLX_HOST_JIT=0``);
-a reserve written on either path read on the other; the kernels run exactly where they apply, once per
-layer-direction; and they refuse shapes that do not fit."""
+ABI.md, no host code) on the values the thunk stores, and the plain forward thunk's outputs against the float64
+recurrences (test_rnn_host's ``check``), at either tile width and on NumPy's path (``RLX_HOST_JIT=0``); a reserve
+written on either path read on the other; the kernels run exactly where they apply, once per layer-direction; and
+they refuse shapes that do not fit."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback import jit, lstm_sequence
+from host_fallback import jit, lstm_sequence, rnn
 from host_fallback.abi import complete
 from rlx_gpu.conformance.references import REFERENCES
 from support.gradient_check import read
 from support.host_jit import count_calls
 from support.rnn_backward_cases import backward_params, laid_with_reserve, run_forward
+from support.rnn_host import check
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_lstm, jit_rnn_sequence  # noqa: E402  (needs Numba)
@@ -98,6 +100,31 @@ def test_both_paths_match_the_float64_reference_with_a_reserve_and_without(op, l
     assert recomputed[f"{op}_sequence_backward"] == runs
 
 
+FORWARD = dict(batch=9, seq=7, input_size=5, hidden=20, num_layers=2, bidirectional=True, carry=True)
+FORWARD_CASES = [(op, label, dtype, extra) for op in ("gru", "rnn") for label, dtype, extra in [
+    ("two-layers-bidirectional-carry", "f32", {}),
+    ("seq_lens-with-a-zero", "f32", dict(seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
+    ("reverse-no-carry", "f32", dict(bidirectional=False, carry=False, reverse=True)),
+    ("bf16", "bf16", {}),
+]]
+
+
+@pytest.mark.parametrize("width", [*LANES, None], ids=[*(f"numba-{n}-lanes" for n in LANES), "numpy"])
+@pytest.mark.parametrize("op,label,dtype,extra", FORWARD_CASES, ids=[f"{c[0]}-{c[1]}" for c in FORWARD_CASES])
+def test_the_forward_thunk_matches_the_reference(op, label, dtype, extra, width, calls, monkeypatch):
+    _on(monkeypatch, width)
+    shape = {**FORWARD, **extra}
+    check(op, dtype, **shape)
+    layer_directions = shape["num_layers"] * (2 if shape["bidirectional"] else 1)
+    assert calls == {k: layer_directions if width and k == f"{op}_sequence" else 0 for k in KERNELS}
+
+
+def test_a_batch_below_the_kernels_minimum_takes_numpy_s_loop(calls):
+    batch = rnn._SEQUENCE_MIN_BATCH - 1
+    check("gru", "f32", **{**FORWARD, "batch": batch, "seq_lens": [7, 0, 3, 5, 1, 7, 2, 6][:batch]})
+    assert calls == dict.fromkeys(KERNELS, 0)
+
+
 @pytest.mark.parametrize("op", ["gru", "rnn"])
 def test_a_reserve_written_on_either_path_is_read_on_the_other(op, monkeypatch):
     thunk, arena, forward, want = _laid(op, dict(seq_lens=[5, 2, 0]))
@@ -135,9 +162,9 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
     out = np.full((S, B, H), 7, f32)
     with pytest.raises(ValueError, match="gru_sequence: the arrays' shapes do not fit together"):
         jit_rnn_sequence.gru_sequence(seq(S, B, 3 * H), seq(3 * H, H + 1), seq(3 * H), seq(B, H), lens, False, out,
-                                      kept, kept, 16)
+                                      True, kept, kept, 16)
     with pytest.raises(ValueError, match="rnn_sequence: the arrays' shapes do not fit together"):
-        jit_rnn_sequence.rnn_sequence(seq(S, B, H), seq(H, H), seq(B + 1, H), lens, False, out, kept, 16)
+        jit_rnn_sequence.rnn_sequence(seq(S, B, H), seq(H, H), seq(B + 1, H), lens, False, out, True, kept, 16)
     assert np.all(out == 7)
     grads = np.full((S, B, 3 * H), 7, f32)
     with pytest.raises(ValueError, match="gru_sequence_backward: the arrays' shapes do not fit together"):
