@@ -120,25 +120,29 @@ def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray], dr:
         flat[pack.index[chunk.first: chunk.first + chunk.columns], rows] = y[rows].T
 
 
-def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers) -> None:
+def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool) -> None:
     """Every layer-direction of an lstm that ``lstm_sequence`` covers, or of a gru or rnn that ``rnn_sequence``
     covers, as one compiled call, batch-major and time-major (``[S, B, features]``): its input projection plus
-    bias one GEMM, then the kernel's steps."""
+    bias one GEMM, then the kernel's steps. A layer's directions run in two threads where ``parallel``, else one
+    after the other; either way each on a one-thread BLAS (a second BLAS thread would spin beside the kernel: a
+    gru's CPU time at B32 S128 H256 was 1.6x its one-thread figure)."""
     S, B, H, op = d.seq, d.batch, d.hidden, t["op"]
     lens = lstm_sequence.lengths(b.view("seq_lens") if t.get("seq_lens") is not None else None)
     x = b.load("x").transpose(1, 0, 2)
     w_ih = b.load("w_ih")
-    out = np.empty((S, B, H), np.float32)
     states = ("h0", "c0") if op == "lstm" else ("h0",)
     for layer, in_l, spans in layers:
         y = np.empty((S, B, d.dirs * H), np.float32)
         rows = np.ascontiguousarray(x).reshape(S * B, in_l)
-        for dr, (lo, hi) in enumerate(spans):
+
+        def direction(dr: int, layer: int = layer, in_l: int = in_l, spans=spans, y: np.ndarray = y,
+                      rows: np.ndarray = rows) -> None:
+            lo, hi = spans[dr]
             ld = layer * d.dirs + dr
             u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
             u += b.load("b_ih" if op == "gru" else "bias", ld)
             h, *c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in states)
-            backwards = dr == 1 or bool(t.get("reverse"))
+            backwards, out = dr == 1 or bool(t.get("reverse")), np.empty((S, B, H), np.float32)
             if op == "lstm":
                 lstm_sequence.forward(u, b.load("w_hh", ld), h, c[0], lens, backwards, out)
             else:
@@ -148,6 +152,13 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers) -> None:
             if t["carry"]:  # the final state, in place
                 for f, final in zip(states, (h, *c)):
                     b.store(f, final, ld)
+        jobs = [partial(direction, dr) for dr in range(d.dirs)]
+        if parallel:
+            threads.run_all(jobs)
+        else:
+            with threads.single_threaded_blas():
+                for job in jobs:
+                    job()
         x = y
     b.store("dst", x.transpose(1, 0, 2))
 
@@ -201,7 +212,7 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
         b = last[0]
         # not with parallel_directions=True, which asks for the directions in two threads
         if sequences and not parallel_directions and (lstm_sequence.applies(t) or compiled_steps):
-            _sequences(t, d, b, layers)
+            _sequences(t, d, b, layers, d.dirs == 2 and wide and threads.cores() == 2)
             return
         pack = full or _varlen_packing(b.view("seq_lens").astype(np.int64), S)
         if pack.order is None:  # layer 0's input, time-major: chunk k is rows first..first+columns, transposed

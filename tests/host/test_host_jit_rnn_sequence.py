@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import host_fallback
-from host_fallback import jit, lstm_sequence, rnn
+from host_fallback import jit, lstm_sequence, rnn, threads
 from host_fallback.abi import complete
 from rlx_gpu.conformance.references import REFERENCES
 from support.gradient_check import read
@@ -117,6 +117,18 @@ def test_the_forward_thunk_matches_the_reference(op, label, dtype, extra, width,
     check(op, dtype, **shape)
     layer_directions = shape["num_layers"] * (2 if shape["bidirectional"] else 1)
     assert calls == {k: layer_directions if width and k == f"{op}_sequence" else 0 for k in KERNELS}
+
+
+@pytest.mark.parametrize("op", ["gru", "rnn"])
+def test_the_forward_s_directions_in_two_threads_match_the_reference(op, calls, monkeypatch):
+    """Where a step is wide enough and there are two cores, a layer's directions run at once."""
+    monkeypatch.setattr(rnn, "_PARALLEL_STEP_FLOPS", 0)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    layers: list[int] = []
+    run_all = threads.run_all
+    monkeypatch.setattr(threads, "run_all", lambda jobs: layers.append(len(jobs)) or run_all(jobs))
+    check(op, "f32", **{**FORWARD, "seq_lens": [7, 0, 3, 7, 1, 6, 2, 7, 5]})
+    assert layers == [2, 2] and calls[f"{op}_sequence"] == 4
 
 
 def test_a_batch_below_the_kernels_minimum_takes_numpy_s_loop(calls):
