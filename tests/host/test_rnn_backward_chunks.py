@@ -164,3 +164,13 @@ def test_within_kept_whole_rows_every_step_is_kept_and_nothing_is_checkpointed(o
         for name, value in want.items():
             np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-11, err_msg=f"{op} {name} {rows}")
         assert bool(seen) == checkpoints, rows
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_kept_whole_the_backward_gives_the_same_bytes_on_every_run(op, monkeypatch):
+    monkeypatch.setattr(rnn_backward_passes, "KEPT_WHOLE_ROWS", 4096)
+    thunk, arena = laid_backward(op, "f32", backward_params(op, seq=2 * K + 5, batch=4, seq_lens=[9, 2 * K + 5, 0, K]))
+    runs = [arena.copy(), arena.copy()]
+    for run in runs:
+        host_fallback.execute(thunk, run)
+    assert np.array_equal(runs[0], runs[1])
