@@ -122,6 +122,7 @@ def test_the_forward_thunk_matches_the_reference(op, label, dtype, extra, width,
 @pytest.mark.parametrize("op", ["gru", "rnn"])
 def test_the_forward_s_directions_in_two_threads_match_the_reference(op, calls, monkeypatch):
     """Where a step is wide enough and there are two cores, a layer's directions run at once."""
+    _on(monkeypatch, LANES[-1])
     monkeypatch.setattr(rnn, "_PARALLEL_STEP_FLOPS", 0)
     monkeypatch.setattr(threads, "cores", lambda: 2)
     layers: list[int] = []
