@@ -7,7 +7,7 @@ import numba
 import numpy as np
 from numba import types
 
-from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x1, _tile_8x2, _tile_16x1, _tile_16x2
+from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
 from .jit_math import _F32, _FLAGS, _ROWS, _exp
 
 
@@ -37,31 +37,30 @@ def _padded(n, lanes):
 
 
 @numba.njit(inline="always")
-def _panel_times(lanes, zeros, panel, src, ld, depth, cols, out, ldo):
-    """``out[rows, :cols] += panelᵀ · src[depth, :cols]`` (addresses; ``cols`` a multiple of ``lanes``, the
-    panel ``[depth, rows]`` contiguous, ``rows`` = ``PANEL_ROWS[lanes]``; ``zeros`` a readable address the
-    tiles load and ignore)."""
-    wide = cols - cols % (2 * lanes)
-    if lanes == 16:
-        for j in range(0, wide, 32):
-            _tile_16x2(0, zeros, panel, src + j * 4, ld, depth, out + j * 4, ldo)
-        if cols > wide:
-            _tile_16x1(0, zeros, panel, src + wide * 4, ld, depth, out + wide * 4, ldo)
-    else:
-        for j in range(0, wide, 16):
-            _tile_8x2(0, zeros, panel, src + j * 4, ld, depth, out + j * 4, ldo)
-        if cols > wide:
-            _tile_8x1(0, zeros, panel, src + wide * 4, ld, depth, out + wide * 4, ldo)
+def _blocks(src, width):
+    """``src [depth, cols]`` (any strides) as ``[ceil(cols/width), depth, width]`` blocks of adjacent columns,
+    zero-padded: what a tile reads over its whole depth, contiguous (``src``'s own rows, 1-4 KiB apart, map a
+    tile's ``depth`` loads to a few of L1's sets, which then miss: B32 H256, the step's W_hh·h 122 -> 83 µs)."""
+    depth, cols = src.shape
+    blocks = np.zeros(((cols + width - 1) // width, depth, width), _F32)
+    for j0 in range(0, cols, 16):  # in 16 x 16 squares: whichever way src runs, a row at a time would touch a
+        for k0 in range(0, depth, 16):  # page a value
+            for j in range(j0, min(j0 + 16, cols)):
+                block, lane = blocks[j // width], j % width
+                for k in range(k0, min(k0 + 16, depth)):
+                    block[k, lane] = src[k, j]
+    return blocks
 
 
 @numba.njit(inline="always")
-def _batch_times(lanes, rows_of, n, panels, weights, sums):
-    """``sums[:n] += rows_of[:n] · weights`` for ``rows_of [n, depth]`` (any row stride), ``weights [depth,
-    cols]`` zero-padded to whole vectors and ``sums [>= n, cols]``: ``rows_of`` transposed into ``panels``
-    (``[>= ceil(n/rows), depth, rows]``, rows past ``n`` zero), then each panel's tiles."""
-    rows, depth, cols = panels.shape[2], weights.shape[0], weights.shape[1]
-    zeros = panels.ctypes.data  # any readable address: the tiles start from what sums holds
-    for p in range((n + rows - 1) // rows):
+def _batch_times(lanes, rows_of, n, panels, blocks, sums):
+    """``sums[:n] += rows_of[:n] · W`` for ``rows_of [n, depth]`` (any row stride) and ``W [depth, cols]`` as
+    ``_blocks`` of ``2*lanes`` columns, ``sums [>= n, >= blocks*2*lanes]``: ``rows_of`` transposed into ``panels``
+    (``[>= ceil(n/rows), depth, rows]``, rows past ``n`` zero), then a block's tiles over every panel, while the
+    block is in cache."""
+    rows, depth, width = panels.shape[2], blocks.shape[1], blocks.shape[2]
+    filled = (n + rows - 1) // rows
+    for p in range(filled):
         panel = panels[p]
         for r in range(rows):
             b = p * rows + r
@@ -72,8 +71,16 @@ def _batch_times(lanes, rows_of, n, panels, weights, sums):
             else:
                 for k in range(depth):
                     panel[k, r] = 0
-        _panel_times(lanes, zeros, panel.ctypes.data, weights.ctypes.data, cols, depth, cols,
-                     sums.ctypes.data + p * rows * sums.shape[1] * 4, sums.shape[1])
+    zeros = panels.ctypes.data  # any readable address: the tiles start from what sums holds
+    ldo = sums.shape[1]
+    for j in range(blocks.shape[0]):
+        block = blocks[j].ctypes.data
+        for p in range(filled):
+            out = sums.ctypes.data + (p * rows * ldo + j * width) * 4
+            if lanes == 16:
+                _tile_16x2(0, zeros, panels[p].ctypes.data, block, width, depth, out, ldo)
+            else:
+                _tile_8x2(0, zeros, panels[p].ctypes.data, block, width, depth, out, ldo)
 
 
 @numba.njit(inline="always")
@@ -100,13 +107,8 @@ def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc,
         raise ValueError("lstm_sequence: the arrays' shapes do not fit together")
     if keep and (h_prev.shape != out.shape or c_prev.shape != out.shape or hc.shape != out.shape):
         raise ValueError("lstm_sequence: the kept arrays' shapes are not out's")
-    rows, cols = _tile_rows(lanes), _padded(four, lanes)
-    w_t = np.zeros((hidden, cols), _F32)  # W_hh^T, its rows padded to whole vectors
-    for j0 in range(0, four, 16):  # in 16 x 16 blocks: a column of w_t at a time would touch a page a value
-        for k0 in range(0, hidden, 16):
-            for j in range(j0, min(j0 + 16, four)):
-                for k in range(k0, min(k0 + 16, hidden)):
-                    w_t[k, j] = w_hh[j, k]
+    rows, cols = _tile_rows(lanes), _padded(four, 2 * lanes)
+    w_t = _blocks(w_hh.T, 2 * lanes)  # W_hh^T
     panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
     g = np.zeros((panels.shape[0] * rows, cols), _F32)
     tcs = np.empty(hidden, _F32)  # a row's tanh(c)
@@ -162,13 +164,11 @@ def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz,
             or dh.shape[0] != batch or dh.shape[1] != hidden or dc.shape[0] != batch or dc.shape[1] != hidden
             or (lens.size != 0 and lens.size != batch) or dz.shape != y.shape):
         raise ValueError("lstm_sequence_backward: the arrays' shapes do not fit together")
-    rows, cols = _tile_rows(lanes), _padded(hidden, lanes)
-    w = np.zeros((four, cols), _F32)  # W_hh, its rows padded to whole vectors
-    for j in range(four):
-        for k in range(hidden):
-            w[j, k] = w_hh[j, k]
+    rows, cols = _tile_rows(lanes), _padded(hidden, 2 * lanes)
+    w = _blocks(w_hh, 2 * lanes)
     panels = np.empty(((batch + rows - 1) // rows, four, rows), _F32)
     sums = np.empty((panels.shape[0] * rows, cols), _F32)
+    dhin = np.empty(hidden, _F32)  # a row's dh + dy
     for step in range(seq):
         t = _walked(step, seq, not backwards)  # the forward's walk, from its end
         for b in range(batch):
@@ -178,15 +178,22 @@ def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz,
                     zb[j] = 0
                 continue
             yb, hcb, cpb, dyb, dhb, dcb = y[t, b], hc[t, b], c_prev[t, b], dy[t, b], dh[b], dc[b]
+            i, f, g, o = yb[:hidden], yb[hidden: 2 * hidden], yb[2 * hidden: 3 * hidden], yb[3 * hidden: four]
+            zi, zf, zg, zo = zb[:hidden], zb[hidden: 2 * hidden], zb[2 * hidden: 3 * hidden], zb[3 * hidden: four]
+            for k in range(hidden):  # loops of a few arrays each, as the forward's
+                dhin[k] = dhb[k] + dyb[k]
             for k in range(hidden):
-                dhk = dhb[k] + dyb[k]
-                i, f, g, o, tc = yb[k], yb[hidden + k], yb[2 * hidden + k], yb[3 * hidden + k], hcb[k]
-                zb[3 * hidden + k] = dhk * tc * (o * (_F32(1.0) - o))
-                dcn = dhk * o * (_F32(1.0) - tc * tc) + dcb[k]
-                zb[k] = dcn * g * (i * (_F32(1.0) - i))
-                zb[hidden + k] = dcn * cpb[k] * (f * (_F32(1.0) - f))
-                zb[2 * hidden + k] = dcn * i * (_F32(1.0) - g * g)
-                dcb[k] = dcn * f
+                zo[k] = dhin[k] * hcb[k] * (o[k] * (_F32(1.0) - o[k]))
+            for k in range(hidden):  # the new cell's gradient
+                dcb[k] = dhin[k] * o[k] * (_F32(1.0) - hcb[k] * hcb[k]) + dcb[k]
+            for k in range(hidden):
+                zi[k] = dcb[k] * g[k] * (i[k] * (_F32(1.0) - i[k]))
+            for k in range(hidden):
+                zf[k] = dcb[k] * cpb[k] * (f[k] * (_F32(1.0) - f[k]))
+            for k in range(hidden):
+                zg[k] = dcb[k] * i[k] * (_F32(1.0) - g[k] * g[k])
+            for k in range(hidden):
+                dcb[k] *= f[k]
         sums[:] = 0
         _batch_times(lanes, dz[t], batch, panels, w, sums)  # dh = dz · W_hh
         for b in range(batch):

@@ -42,9 +42,12 @@ alternative and beside torch):
   The NumPy loop is the same recurrence and stays the path everywhere else, and with ``RLX_HOST_JIT=0``.
 - A small lstm that the whole-sequence kernels cover (``lstm_sequence``: those gates, no clip, peepholes,
   projection or coupled gates, ``batch·hidden²`` and ``hidden`` within its bounds) runs each layer-direction as
-  one compiled call instead, batch-major (``_lstm_sequences``), where a call a step and the Python around it
+  one compiled call instead, batch-major (``_sequences``), where a call a step and the Python around it
   were most of the time (B=8 S=24 H=32, 2 layers: 0.29 ms to 0.12); a decode call, whose few steps do not
-  repay the kernel's copy of ``W_hh`` (``_SEQUENCE_UNITS_PER_STEP``), keeps the routes below.
+  repay the kernel's copy of ``W_hh`` (``_SEQUENCE_UNITS_PER_STEP``), keeps the routes below. So does a gru
+  (``linear_before_reset``) or rnn that ``rnn_sequence`` covers, of at least ``_SEQUENCE_MIN_BATCH`` rows, where
+  NumPy's loop below makes 10-20 array passes a step around its GEMM (gru B32 S128 I=H=256, 2 layers,
+  bidirectional, one thread: 146 ms to 116).
 - Activations are NumPy functions chosen once per layer-direction (``activations.activation``), each writing
   ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
   (peepholes, clip), never per element.
@@ -71,7 +74,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import lstm_sequence, rnn_backward, threads
+from . import lstm_sequence, rnn_backward, rnn_sequence, threads
 from .abi import complete, regions
 from .bound import Bound
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE, WORKING
@@ -87,6 +90,12 @@ _PARALLEL_STEP_FLOPS = 2_000_000
 #: per-step route / the kernel: S1 B1 H32 37 / 22, S1 B8 H64 50 / 40, S1 B1 H128 45 / 86, S2 B1 H128 66 / 101,
 #: S2 B1 H64 52 / 39, S4 B1 H128 95-117 / 110-131, S4 B2 H128 143 / 119, S8 B1 H128 189 / 135.
 _SEQUENCE_UNITS_PER_STEP = 32
+#: The fewest rows a gru or rnn runs through the whole-sequence kernels (``rnn_sequence``): a tile takes 8 (or 6)
+#: rows at a time, so a smaller batch leaves rows idle. 2 layers, bidirectional, one thread, an Intel Xeon (AVX-512),
+#: ms a call, NumPy's loop / the kernels: gru B32 S128 H256 146 / 116, B8 S64 H128 7.8 / 4.2, B4 S64 H128 5.4 / 2.8,
+#: B2 S32 H256 5.1 / 5.0, B1 S16 H256 2.1 / 3.3; rnn B32 S128 H256 48 / 41, B4 S64 H128 2.0 / 1.0, B1 S16 H256
+#: 0.64 / 1.07.
+_SEQUENCE_MIN_BATCH = 4
 
 
 def _zero_padding(b: Bound, pack: _Packing) -> None:
@@ -111,27 +120,45 @@ def _store_dst(b: Bound, d: _Dims, pack: _Packing, ys: Sequence[np.ndarray], dr:
         flat[pack.index[chunk.first: chunk.first + chunk.columns], rows] = y[rows].T
 
 
-def _lstm_sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers) -> None:
-    """Every layer-direction of an lstm that ``lstm_sequence`` covers as one compiled call, batch-major and
-    time-major (``[S, B, features]``): its input projection plus bias one GEMM, then the kernel's steps."""
-    S, B, H = d.seq, d.batch, d.hidden
+def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool) -> None:
+    """Every layer-direction of an lstm that ``lstm_sequence`` covers, or of a gru or rnn that ``rnn_sequence``
+    covers, as one compiled call, batch-major and time-major (``[S, B, features]``): its input projection plus
+    bias one GEMM, then the kernel's steps. A layer's directions run in two threads where ``parallel``, else one
+    after the other; either way each on a one-thread BLAS (a second BLAS thread would spin beside the kernel: a
+    gru's CPU time at B32 S128 H256 was 1.6x its one-thread figure)."""
+    S, B, H, op = d.seq, d.batch, d.hidden, t["op"]
     lens = lstm_sequence.lengths(b.view("seq_lens") if t.get("seq_lens") is not None else None)
     x = b.load("x").transpose(1, 0, 2)
     w_ih = b.load("w_ih")
-    out = np.empty((S, B, H), np.float32)
+    states = ("h0", "c0") if op == "lstm" else ("h0",)
     for layer, in_l, spans in layers:
         y = np.empty((S, B, d.dirs * H), np.float32)
         rows = np.ascontiguousarray(x).reshape(S * B, in_l)
-        for dr, (lo, hi) in enumerate(spans):
+
+        def direction(dr: int, layer: int = layer, in_l: int = in_l, spans=spans, y: np.ndarray = y,
+                      rows: np.ndarray = rows) -> None:
+            lo, hi = spans[dr]
             ld = layer * d.dirs + dr
-            u = (rows @ w_ih[lo:hi].reshape(4 * H, in_l).T).reshape(S, B, 4 * H)
-            u += b.load("bias", ld)
-            h, c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in ("h0", "c0"))
-            lstm_sequence.forward(u, b.load("w_hh", ld), h, c, lens, dr == 1 or bool(t.get("reverse")), out)
+            u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
+            u += b.load("b_ih" if op == "gru" else "bias", ld)
+            h, *c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in states)
+            backwards, out = dr == 1 or bool(t.get("reverse")), np.empty((S, B, H), np.float32)
+            if op == "lstm":
+                lstm_sequence.forward(u, b.load("w_hh", ld), h, c[0], lens, backwards, out)
+            else:
+                rnn_sequence.forward(op, u, b.load("w_hh", ld), b.load("b_hh", ld) if op == "gru" else None, h, lens,
+                                     backwards, out)
             y[..., dr * H: (dr + 1) * H] = out
             if t["carry"]:  # the final state, in place
-                b.store("h0", h, ld)
-                b.store("c0", c, ld)
+                for f, final in zip(states, (h, *c)):
+                    b.store(f, final, ld)
+        jobs = [partial(direction, dr) for dr in range(d.dirs)]
+        if parallel:
+            threads.run_all(jobs)
+        else:
+            with threads.single_threaded_blas():
+                for job in jobs:
+                    job()
         x = y
     b.store("dst", x.transpose(1, 0, 2))
 
@@ -175,6 +202,7 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     full = _full_packing(B, S) if t.get("seq_lens") is None else None
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
     sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S  # the whole-sequence kernel repays its copy of W_hh
+    compiled_steps = B >= _SEQUENCE_MIN_BATCH and rnn_sequence.applies(t)  # a gru's or rnn's (``rnn_sequence``)
 
     def run(arena: np.ndarray, *, parallel_directions: bool | None = None, given: Any = None) -> bool | None:
         if given is not None:  # only a forward writing a reserve runs on the caller's arrays (GIVEN)
@@ -183,8 +211,8 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
             last[:] = [Bound(t, arena, by_field)]
         b = last[0]
         # not with parallel_directions=True, which asks for the directions in two threads
-        if sequences and not parallel_directions and lstm_sequence.applies(t):
-            _lstm_sequences(t, d, b, layers)
+        if sequences and not parallel_directions and (lstm_sequence.applies(t) or compiled_steps):
+            _sequences(t, d, b, layers, d.dirs == 2 and wide and threads.cores() == 2)
             return
         pack = full or _varlen_packing(b.view("seq_lens").astype(np.int64), S)
         if pack.order is None:  # layer 0's input, time-major: chunk k is rows first..first+columns, transposed

@@ -5,7 +5,9 @@ lengths, reverse, clip, activations, both GRU forms, peepholes, coupled input-fo
 projections), keeping what the reverse pass needs per step: the pre-activations, the gate values,
 the state entering each step and, for an lstm, the new cell. Without a saved forward it does so in
 checkpointed chunks of steps (``rnn_backward_passes``), so it holds a few chunks' worth of them at a time
-(at S=4096 its peak extra memory is within 2x the forward's); with a saved forward (ABI.md §9.1's
+(at S=4096 its peak extra memory is within 2x the forward's), or where the thunk has as few rows (steps x batch)
+as a reserve's chunk (``kept_whole``) by running the forward that writes a reserve into arrays of its own (a
+reserve's memory), which spares it the checkpoint pass and the chunks' rebuilt gates; with a saved forward (ABI.md §9.1's
 ``reserve``, ``rnn_reserve``) it reads them instead, which the forward thunk kept there running the same
 recurrences (``forward_saving``: no forward GEMM left for the backward). Then backpropagation through time,
 top layer first, each direction walking its steps in the opposite order:
@@ -28,6 +30,8 @@ were the time (B=8 S=24 H=32, 2 layers: the thunk 2.5 ms to 0.4). Up to ``lstm_s
 the reverse takes them, and so does a forward writing a reserve (one call over the whole sequence), past the
 plain forward's bound: at B=32 S=128 I=H=256, 2 layers, bidirectional, one thread, the reserve's forward
 + backward went from 1.28x torch autograd to 0.96-1.01x (the steps' forward 2.2x faster, the reverse 1.5x).
+A gru (``linear_before_reset``) or rnn (tanh) that ``rnn_sequence`` covers does the same through its own kernels
+(its reserve's forward + backward from 1.02-1.05x torch's to 0.76-0.79x for the gru, 0.91-0.93x for the rnn).
 
 16-bit storage computes in f32 (every gradient sum included), f64 in f64; only the outputs are
 rounded on store. The order of every sum is fixed, so a thunk gives the same bytes on every run.
@@ -44,12 +48,12 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve
+from . import lstm_sequence, rnn_backward_checkpoints, rnn_reserve, rnn_sequence
 from .abi import Region, complete, forward_thunk, regions
 from .abi.rnn import reserve_slots
 from .bound import Bound, given_views
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE
-from .rnn_backward_passes import (chunk_steps, forward_pass, read_from, recomputed, reserve_chunk_steps,
+from .rnn_backward_passes import (chunk_steps, forward_pass, kept_whole, read_from, recomputed, reserve_chunk_steps,
                                   reverse_pass, time_chunks)
 from .rnn_backward_setup import setup
 from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forward, _compiled_lstm_reverse
@@ -57,12 +61,15 @@ from .rnn_backward_steps import _CHUNK, _FORWARD, _REVERSE, _compiled_lstm_forwa
 
 def _recurrences(fwd: Mapping[str, Any], whole_sequence: bool = False) -> tuple[Callable, Callable]:
     """The forward and reverse recurrences of a layer-direction of the forward thunk ``fwd``: the op's NumPy
-    steps, or the compiled lstm's where ``lstm_sequence`` applies: its reverse, and its forward where that runs
+    steps, or a gru's or rnn's compiled ones where ``rnn_sequence`` applies (its forward only over the whole
+    sequence), or the compiled lstm's where ``lstm_sequence`` applies: its reverse, and its forward where that runs
     ``whole_sequence`` (a forward writing a reserve) within the backward's bound, or else within the plain
     forward's (a recompute runs the forward in chunks, or through the plain forward's loops:
     ``rnn_backward_checkpoints``, and its chunks' gates at once, ``_CHUNK``). The compiled reverse reads what
     either forward keeps."""
     op = fwd["op"]
+    if rnn_sequence.applies(fwd):  # a gru's or rnn's: its forward over the whole sequence alone
+        return rnn_sequence.FORWARD[op] if whole_sequence else _FORWARD[op], rnn_sequence.REVERSE[op]
     compiled_forward = lstm_sequence.applies(fwd, backward=whole_sequence)
     return (_compiled_lstm_forward if compiled_forward else _FORWARD[op],
             _compiled_lstm_reverse if lstm_sequence.applies(fwd, backward=True) else _REVERSE[op])
@@ -112,13 +119,21 @@ def _run(thunk: Mapping[str, Any], arena: np.ndarray) -> None:
 def _backward(fwd: Mapping[str, Any], b: Bound, layout: list | None) -> None:
     """The reverse pass of the backward thunk bound to ``b`` (``fwd``: its forward thunk): in chunks, each chunk's
     kept arrays read from the reserve (ABI.md §9.1, laid out as ``layout``), or its forward run again from the
-    checkpoints of a forward pass."""
+    checkpoints of a forward pass; or over the whole sequence at once, after the forward that writes a reserve
+    (``kept_whole``: at B32 S128 I=H=256, 2 layers, bidirectional, one thread, CPU time at load 2-3, the recompute's
+    fwd+bwd went from 1.61x the reserve's to 1.33x for the lstm, 1.79x to 1.42x for the gru, 1.48x to 1.40x for the
+    rnn)."""
     s = setup(fwd, b)
     forwards, reverses = _recurrences(fwd)
     if layout is not None:  # chunks of many rows, for the GEMMs after the steps (the whole sequence at B32 S128)
         above, kept = rnn_reserve.load(fwd, b.view("reserve"), layout, s.cells)
         long = time_chunks(fwd["seq"], reserve_chunk_steps(fwd["seq"], fwd["batch"]))
         reverse_pass(s, [None, *above, None], long, read_from(kept, long), reverses)
+        return
+    if kept_whole(fwd["seq"], fwd["batch"]):
+        whole = [(0, fwd["seq"])]
+        passed = forward_pass(s, _recurrences(fwd, whole_sequence=True)[0], whole)
+        reverse_pass(s, passed.inputs, whole, recomputed(s, forwards, whole, passed), reverses)
         return
     chunks = time_chunks(fwd["seq"], chunk_steps(fwd["seq"]))
     compiled, peepholes = forwards is _compiled_lstm_forward, fwd.get("peepholes") is not None

@@ -57,6 +57,18 @@ def reserve_chunk_steps(seq: int, batch: int) -> int:
     return max(chunk_steps(seq), -(-RESERVE_CHUNK_ROWS // max(batch, 1)))
 
 
+#: The most rows (steps x batch) whose every step a backward without a reserve keeps at once, running the forward
+#: that writes a reserve into arrays of its own rather than checkpointing: a reserve's worth of memory, as many rows
+#: as a reserve's chunk (the whole sequence at B32 S128 I=H=256, 2 layers, bidirectional: the backward's own
+#: forward and no rebuilt chunk, no checkpoint pass).
+KEPT_WHOLE_ROWS = RESERVE_CHUNK_ROWS
+
+
+def kept_whole(seq: int, batch: int) -> bool:
+    """Whether a backward without a reserve keeps every step of a ``seq`` x ``batch`` thunk (``KEPT_WHOLE_ROWS``)."""
+    return seq * batch <= KEPT_WHOLE_ROWS
+
+
 def time_chunks(seq: int, steps: int) -> list[tuple[int, int]]:
     """``(t0, t1)`` of each chunk of ``steps`` steps in time order, the last one holding what is left."""
     return [(t0, min(t0 + steps, seq)) for t0 in range(0, seq, steps)]

@@ -1,5 +1,6 @@
 """The host's recurrent backward without a saved forward, checkpointed in chunks of steps
-(host_fallback/rnn_backward_passes.py): its gradients against the float64 conformance reference (written from
+(host_fallback/rnn_backward_passes.py; every thunk here past ``KEPT_WHOLE_ROWS``, which keeps a short one's every
+step instead: the last tests): its gradients against the float64 conformance reference (written from
 ABI.md, no host code) across chunk boundaries (a sequence shorter than a chunk, one chunk exactly, a last chunk
 of one step or a few, lengths ending on either side of a boundary, both directions, two layers), against the
 backward reading a reserve (the whole sequence as one chunk), the same bytes on every run, and the memory it
@@ -13,7 +14,7 @@ import pytest
 
 import host_fallback
 import rlx_gpu
-from host_fallback import rnn_backward_passes
+from host_fallback import rnn_backward_checkpoints, rnn_backward_passes
 from host_fallback.abi import complete, forward_thunk, regions
 from host_fallback.rnn_backward_passes import MIN_CHUNK_STEPS, chunk_steps, reserve_chunk_steps, time_chunks
 from rlx_gpu.conformance.references import REFERENCES
@@ -21,6 +22,12 @@ from support.gradient_check import read
 from support.rnn_backward_cases import backward_params, laid_backward
 
 K = MIN_CHUNK_STEPS  # the chunk of every sequence below (up to K*K steps)
+
+
+@pytest.fixture(autouse=True)
+def checkpointed(monkeypatch):
+    """Every thunk checkpoints (none within ``KEPT_WHOLE_ROWS``) but where a test sets it again."""
+    monkeypatch.setattr(rnn_backward_passes, "KEPT_WHOLE_ROWS", 0)
 
 
 def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -138,3 +145,32 @@ def test_the_backward_holds_within_twice_the_forward_s_memory_at_a_long_sequence
     params = backward_params(op, seq=768, batch=8, input_size=32, hidden=32, carry=False, clip=1.0)
     thunk, arena = laid_backward(op, "f32", params)
     assert _peak(thunk, arena) <= 2 * _peak(forward_thunk(thunk), arena)
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_within_kept_whole_rows_every_step_is_kept_and_nothing_is_checkpointed(op, monkeypatch):
+    """Up to ``KEPT_WHOLE_ROWS`` rows the forward that writes a reserve runs into the backward's own arrays (no
+    checkpoint pass); one row more, the checkpoint pass runs."""
+    seen: list[int] = []
+    checkpoint_pass = rnn_backward_checkpoints.checkpoint_pass
+    monkeypatch.setattr(rnn_backward_checkpoints, "checkpoint_pass", lambda *a, **k: seen.append(1) or
+                        checkpoint_pass(*a, **k))
+    seq, batch = 2 * K + 3, 4
+    thunk, arena = laid_backward(op, "f64", backward_params(op, seq=seq, batch=batch), seed=5)
+    for rows, checkpoints in ((seq * batch, False), (seq * batch - 1, True)):
+        monkeypatch.setattr(rnn_backward_passes, "KEPT_WHOLE_ROWS", rows)
+        seen.clear()
+        got, want = _gradients(thunk, arena), _reference(thunk, arena)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-11, err_msg=f"{op} {name} {rows}")
+        assert bool(seen) == checkpoints, rows
+
+
+@pytest.mark.parametrize("op", ["lstm", "gru", "rnn"])
+def test_kept_whole_the_backward_gives_the_same_bytes_on_every_run(op, monkeypatch):
+    monkeypatch.setattr(rnn_backward_passes, "KEPT_WHOLE_ROWS", 4096)
+    thunk, arena = laid_backward(op, "f32", backward_params(op, seq=2 * K + 5, batch=4, seq_lens=[9, 2 * K + 5, 0, K]))
+    runs = [arena.copy(), arena.copy()]
+    for run in runs:
+        host_fallback.execute(thunk, run)
+    assert np.array_equal(runs[0], runs[1])

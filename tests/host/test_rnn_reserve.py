@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 import host_fallback
-import rlx_gpu
 from host_fallback.abi import regions
 from support.gradient_check import read
-from support.rnn_backward_cases import backward_params, laid_backward
+from support.rnn_backward_cases import backward_params, laid_with_reserve, run_forward
 
 _ACTIVATIONS = [["hard_sigmoid", 0.2, 0.5], ["elu", 1.0, 0.0], ["softsign", 0.0, 0.0],
                 ["sigmoid", 0.0, 0.0], ["scaled_tanh", 1.5, 0.7], ["tanh", 0.0, 0.0]]
@@ -32,22 +31,7 @@ def _without_reserve(thunk: dict) -> dict:
 
 
 def _laid(op: str, dtype: str, extra: dict) -> tuple[dict, np.ndarray, dict]:
-    """A backward thunk with a reserve, its arena, and the forward thunk sharing its inputs and reserve, whose
-    ``dst`` lies past the backward's arena (the forward runs on a longer copy: it updates carried states)."""
-    params = backward_params(op, **extra)
-    need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
-    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need})
-    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
-    forward.update(op=op, dst=-(-arena.size // 16) * 16)
-    return thunk, arena, forward
-
-
-def _run_forward(forward: dict, arena: np.ndarray) -> np.ndarray:
-    dst = next(r for r in regions(forward) if r.field == "dst")
-    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
-    longer[:arena.size] = arena
-    host_fallback.execute(forward, longer)
-    return longer
+    return laid_with_reserve(op, dtype, backward_params(op, **extra))
 
 
 def _gradients(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -62,7 +46,7 @@ def test_gradients_read_from_the_reserve_match_the_recomputed_ones(op, extra, dt
     thunk, arena, forward = _laid(op, dtype, extra)
     start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
     saved = arena.copy()
-    saved[start:end] = _run_forward(forward, arena)[start:end]
+    saved[start:end] = run_forward(forward, arena)[start:end]
     got, expected = _gradients(thunk, saved), _gradients(_without_reserve(thunk), arena)
     assert set(got) == set(expected)
     for name in expected:  # the same recurrences but for the checkpoint pass's rounding: a few units of the last place
@@ -73,7 +57,7 @@ def test_gradients_read_from_the_reserve_match_the_recomputed_ones(op, extra, dt
 @pytest.mark.parametrize("op,extra", CASES, ids=IDS)
 def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(op, extra):
     _, arena, forward = _laid(op, "f64", extra)
-    with_reserve, without = _run_forward(forward, arena), _run_forward(_without_reserve(forward), arena)
+    with_reserve, without = run_forward(forward, arena), run_forward(_without_reserve(forward), arena)
     for r in regions(_without_reserve(forward)):
         if r.writes:
             np.testing.assert_allclose(read(forward, with_reserve)[r.field], read(forward, without)[r.field],
@@ -83,7 +67,7 @@ def test_the_forward_writing_a_reserve_gives_the_outputs_of_one_without(op, extr
 @pytest.mark.parametrize("op,extra", [CASES[0], CASES[4], CASES[8], CASES[12]], ids=[IDS[0], IDS[4], IDS[8], IDS[12]])
 def test_the_reserve_and_the_gradients_are_the_same_bytes_on_every_run(op, extra):
     thunk, arena, forward = _laid(op, "f32", extra)
-    first, second = _run_forward(forward, arena), _run_forward(forward, arena)
+    first, second = run_forward(forward, arena), run_forward(forward, arena)
     assert np.array_equal(first, second)
     start, end = thunk["reserve"], thunk["reserve"] + thunk["reserve_bytes"]
     arena[start:end] = first[start:end]

@@ -1,11 +1,14 @@
-"""Recurrent backward thunks with random inputs, and torch autograd's gradients of the same loss: the
-references of the host's recurrent backward tests (test_rnn_backward, test_host_jit_lstm_sequence)."""
+"""Recurrent backward thunks with random inputs (with a reserve, and the forward thunk that writes it), and torch
+autograd's gradients of the same loss: the references of the host's recurrent backward tests (test_rnn_backward,
+test_rnn_reserve, test_host_jit_lstm_sequence, test_host_jit_rnn_sequence)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from host_fallback.abi import complete, forward_thunk, gradient
+import host_fallback
+import rlx_gpu
+from host_fallback.abi import complete, forward_thunk, gradient, regions
 from support.gradient_check import laid, with_gradients
 
 BASE = dict(batch=3, seq=5, input_size=3, hidden=4, num_layers=2, bidirectional=True, carry=True)
@@ -24,6 +27,26 @@ def sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
 def laid_backward(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
     """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
     return laid(f"{op}_backward", dtype, params, sample, seed)
+
+
+def laid_with_reserve(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray, dict]:
+    """A backward thunk of ``op`` with a reserve (``params`` as ``backward_params`` gives them), its arena, and the
+    forward thunk sharing its inputs and reserve, whose ``dst`` lies past the backward's arena (``run_forward``)."""
+    need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
+    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need}, seed)
+    forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
+    forward.update(op=op, dst=-(-arena.size // 16) * 16)
+    return thunk, arena, forward
+
+
+def run_forward(forward: dict, arena: np.ndarray) -> np.ndarray:
+    """A longer copy of ``arena`` that the forward thunk of ``laid_with_reserve`` ran on (it updates carried
+    states in place)."""
+    dst = next(r for r in regions(forward) if r.field == "dst")
+    longer = np.zeros(dst.offset + dst.nbytes, np.uint8)
+    longer[:arena.size] = arena
+    host_fallback.execute(forward, longer)
+    return longer
 
 
 MODULES = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU, "rnn": torch.nn.RNN}
