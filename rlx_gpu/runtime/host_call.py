@@ -55,10 +55,15 @@ class HostCall:
         self.plan, self.writes, self.stamped, self.handed = plan, tuple(writes), tuple(stamped), tuple(handed)
         self._slots = plan._slots
         self._kept = {slot.name: slot.kept for slot in plan._slots}  # an unchanged stamp skips the write
-        names = {name for name, *_ in stamped}
+        names = frozenset(name for name, *_ in stamped)
         self._unstamped = tuple(name for name in plan.inputs if name not in names)
+        self._stamped_only = names.issuperset  # whether the plan's recorded stamps are of stamped inputs alone
         self._taken = tuple(taken)
         self._in_place = dict(in_place)
+        # every input written and no output handed over (a decode step's): the one host thunk run straight
+        # (``Device.execute``, not ``CallPlan._run``'s frame), each output taken copied from its arena view
+        self._alone = not handed and not (layout is not None and layout.new_outputs)
+        self._views = tuple(plan._host_outputs[j] for j in self._taken)
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
         plan = self.plan
@@ -66,7 +71,7 @@ class HostCall:
             if plan._slots is not self._slots:
                 raise RlxError("this HostCall's plan was freed since; bind another")
             recorded = plan._stamps
-            if recorded:  # a call of the plan (``CallPlan.call``) may have written these with stamps
+            if not self._stamped_only(recorded):  # a call of the plan (``CallPlan.call``) wrote these with stamps
                 for name in self._unstamped:
                     recorded.pop(name, None)
             try:
@@ -75,15 +80,21 @@ class HostCall:
                 for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
-                    if stamp is None or not self._kept[name] or recorded.get(name, _ABSENT) != stamp:
+                    prior = recorded.get(name, _ABSENT)
+                    if prior is stamp:  # the stamp this call wrote or found equal before: nothing to compare
+                        continue
+                    if stamp is None or not self._kept[name] or prior != stamp:
                         recorded.pop(name, None)  # set once written: a write that fails leaves none
                         put(arg)
-                        if stamp is not None:
-                            recorded[name] = stamp
+                    if stamp is not None:  # kept as given: the caller's next call gives the same object
+                        recorded[name] = stamp
             except BaseException:  # a place may be half written: every input is written again next call
                 recorded.clear()
                 raise
-            if not self.handed:  # every input written (a decode step's small ones): the run alone
+            if self._alone:  # every input written (a decode step's small ones): the run alone
+                plan._execute()
+                return [view.copy() for view in self._views]
+            if not self.handed:
                 outputs = plan._run({}, [], None)
                 return [outputs[j] for j in self._taken]
             arrays = [view(args[at]) for _, at, view in self.handed]

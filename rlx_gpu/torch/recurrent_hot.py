@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -17,14 +17,25 @@ from .recurrent import Recurrence, _forward_graph, _inputs, _packings
 from .written import place_writer
 
 
+class HotRecurrent(NamedTuple):
+    """A signature's forward bound once (``hot_recurrent``). ``run(x, weights, states) -> [y, *final states]`` takes
+    any call of the signature (None: a parameter's dtype or device changed); on the host, ``host`` is the
+    ``HostCall`` writing ``(x, *states, packing)`` into the plan's arena and ``packing(weights)`` the weight
+    streams with their key (``_Packings``; None as ``run``'s), what a module's decode step calls itself
+    (``latest_path``); ``host`` is None on another device or where a tensor is no plain view."""
+
+    run: Callable[..., list[torch.Tensor] | None]
+    host: HostCall | None
+    packing: Callable[[Sequence[torch.Tensor]], tuple[Mapping[str, torch.Tensor], Hashable | None] | None]
+
+
 def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Tensor],
-                  states: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
+                  states: Sequence[torch.Tensor]) -> HotRecurrent | None:
     """The forward of ``spec`` bound for the signature of a call on CPU tensors that just ran (a module's
-    hot path: ``nn``), ``run(x, weights, states) -> [y, *final states]``: its call plan bound once, the
-    weight streams taken from ``_Packings`` and copied in only when a parameter changed (their stamp); a run
-    answers None where a parameter has another dtype or device than the signature's (its ``.data`` swapped: the
-    call goes the whole way). None where the weights are no parameters (packed on every call) or there are no
-    steps to run."""
+    hot path: ``nn``): its call plan bound once, the weight streams taken from ``_Packings`` and copied in only
+    when a parameter changed (their stamp); a run answers None where a parameter has another dtype or device
+    than the signature's (its ``.data`` swapped: the call goes the whole way). None where the weights are no
+    parameters (packed on every call) or there are no steps to run."""
     if x.shape[:2].numel() == 0 or not x.is_cpu:
         return None
     inputs, stamps = _inputs(spec, x, weights, states, None)
@@ -44,17 +55,21 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     host = _written(spec, plan, x, states, inputs, bound) if bound.plain else None
     kind = (weights[0].dtype, weights[0].device)
 
+    def packing(weights: Sequence[torch.Tensor]) -> tuple[Mapping[str, torch.Tensor], Hashable | None] | None:
+        if not all(w.dtype is kind[0] and w.device == kind[1] for w in weights):
+            return None  # a parameter's .data swapped for another dtype's or device's: the whole way
+        return _packings.streams(spec, weights)
+
     def run(x: torch.Tensor, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor]
             ) -> list[torch.Tensor] | None:
         marks = (*map(_version, weights), *map(_address, weights))
         held, seen, values, stamps, packed = latest
         if marks != seen or not all(map(operator.is_, weights, map(_referent, held))):
-            if not all(w.dtype is kind[0] and w.device == kind[1] for w in weights):
-                return None  # a parameter's .data swapped for another dtype's or device's: the whole way
-            streams, key = _packings.streams(spec, weights)
-            values, stamps = _placed(bound, streams, key)
-            packed = (streams, key)
-            kept = key is not None  # parameters: a packing kept per version
+            packed = packing(weights)
+            if packed is None:
+                return None
+            values, stamps = _placed(bound, *packed)
+            kept = packed[1] is not None  # parameters: a packing kept per version
             latest[:] = [tuple(map(weakref.ref, weights)), marks, values, stamps, packed] if kept else [(), *[None] * 4]
         if host is not None:  # written straight into the plan's arena
             out = host((x, *states, packed))
@@ -65,40 +80,96 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
         for at, state in zip(state_ats, states):
             values[at] = view(state)
         return [wrap(a) for a in bound.run(values, stamps)]
-    return run
+    return HotRecurrent(run, host, packing)
 
 
-def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any
+class Signature(NamedTuple):
+    """A call's signature as a module's latest path checks it (``signature``): the type of ``hx``, the types of the
+    input and the states, the layout ``_layout`` reads of them, and the values of the default device's variables
+    (``bridge.default_device``)."""
+
+    form: type
+    types: tuple[type, ...]
+    layout: tuple
+    device: tuple
+
+
+#: what ``_layout`` reads of each tensor besides its strides, by one C call
+_meta = operator.attrgetter("dtype", "shape", "is_cpu")
+_stride = torch.Tensor.stride
+
+
+def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
+    """The dtype, shape and CPU-ness, then the strides, of ``tensors`` as one tuple (``latest_path`` builds it
+    inline, as here, without this frame)."""
+    return (*map(_meta, tensors), *map(_stride, tensors))
+
+
+def signature(input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any) -> Signature:
+    """The ``Signature`` of a call of ``input`` and the states ``given`` as ``hx``."""
+    tensors = (input, *given)
+    return Signature(type(hx), tuple(map(type, tensors)), _layout(tensors),
+                     tuple(map(_ENVIRON.get, _device_variables())))
+
+
+class ModulePath(NamedTuple):
+    """What a recurrent module keeps per call signature (``bridge.keep_hot_path``): ``call(module, input, hx)``, the
+    hot path behind the check of the signature (``latest_path``), and ``own(module)``: the latest path the module
+    keeps (``nn._RlxRecurrent._rlx_latest``), ``call`` itself or, on the host, a decode step of its own."""
+
+    call: Callable[..., Any]
+    own: Callable[[Any], Callable[..., Any]]
+
+
+def latest_path(path: Callable[..., Any], called: Signature, decode: tuple[HotRecurrent, Any, bool] | None = None
                 ) -> Callable[..., Any]:
-    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature of ``input`` and
-    the states ``given`` as ``hx``) behind a check that a call has that signature, done without building and
-    hashing its key (``bridge.call_key``: a decode step's 10 µs), what the module keeps as its latest path:
-    ``latest(module, input, hx)`` is the path's result, or None where the call is another signature or one
-    autograd records (the whole way then). What the check leaves out the module looks after: any attribute set
-    on it drops its latest path, and the path itself checks the parameters (their dtype, device and versions).
-    The caller checks that Dynamo does not trace the call (``torch.compiler.is_compiling()``) and that no hook
-    of nn.Module's is to run."""
-    form = type(hx)
-    expected = tuple((type(t), t.shape, t.stride(), t.dtype) for t in (input, *given))
-    count = len(given)
-    # the default device's variables (``bridge.default_device``), read here without its frame
+    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature ``called``) behind a
+    check that a call has that signature, done without building and hashing its key (``bridge.call_key``: a
+    decode step's 10 µs), what the module keeps as its latest path: ``latest(module, input, hx)`` is the path's
+    result, or None where the call is another signature or one autograd records (the whole way then). What the
+    check leaves out the module looks after: any attribute set on it drops its latest path, and the path itself
+    checks the parameters (their dtype, device and versions). The caller checks that Dynamo does not trace the
+    call (``torch.compiler.is_compiling()``) and that no hook of nn.Module's is to run.
+
+    ``decode`` (a ``HotRecurrent`` on the host, the module, whether it is an LSTM) makes the latest path a decode
+    step of that module's own, ``path`` not called: in this one frame after the check the parameters' marks
+    (``_version``, ``_address``) are checked against those of the module's latest packing (the module's list of
+    them, ``_flat_weights``, the same list), the ``HostCall`` writes x and the states into the plan's arena and
+    runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)`` (each
+    frame and call less after a kernel that swept the cache is a µs)."""
+    form, types, layout, device = called
     variables, environ = _device_variables(), _ENVIRON.get
-    device = tuple(map(environ, variables))
+    as_tuple = form is tuple or form is list
+    hot, own, lstm = decode if decode is not None else (None, None, False)
+    host, packing = (hot.host, hot.packing) if hot is not None else (None, None)
+    plan = host.plan if host is not None else None
+    latest_packing: list[Any] = [(None, None)]  # the marks of the module's parameters at its latest packing, and it
+    wrap = torch.from_numpy
 
     def latest(module: Any, input: Any, hx: Any = None) -> Any:
         if type(hx) is not form or _function_mode() or _dispatch_modes() or _transforms():
             return None
-        given = () if hx is None else hx if form is tuple else tuple(hx) if form is list else (hx,)
-        if len(given) != count:
+        states = () if hx is None else tuple(hx) if as_tuple else (hx,)
+        tensors = (input, *states)
+        if tuple(map(type, tensors)) != types or (*map(_meta, tensors), *map(_stride, tensors)) != layout:  # _layout
             return None
-        for t, (kind, shape, stride, dtype) in zip((input, *given), expected):
-            if type(t) is not kind or t.dtype is not dtype or t.shape != shape or t.stride() != stride \
-                    or not t.is_cpu:
+        weights = module._flat_weights
+        if _grad_enabled() and _any_requires_grad(*tensors, *weights) or tuple(map(environ, variables)) != device:
+            return None
+        if host is None:
+            return path(module, input, hx)
+        marks = (*map(_version, weights), *map(_address, weights))
+        seen, packed = latest_packing[0]
+        if marks != seen or weights is not own:
+            packed = packing(weights) if weights is own else None
+            if packed is None:
                 return None
-        if _grad_enabled() and _any_requires_grad(input, *given, *module._flat_weights) \
-                or tuple(map(environ, variables)) != device:
-            return None
-        return path(module, input, hx)
+            latest_packing[0] = (marks if packed[1] is not None else None, packed)  # no key: packed every call
+        out = host((*tensors, packed))
+        _last.plan = plan
+        if lstm:
+            return wrap(out[0]), (wrap(out[1]), wrap(out[2]))
+        return wrap(out[0]), wrap(out[1])
     return latest
 
 
