@@ -33,7 +33,7 @@ from .arguments import check_rnn_forward
 from .bridge import UNBUILT, call_key, hot_path, keep_hot_path, kept_per_signature
 from .library import PLAIN, runs_directly
 from .recurrent import Recurrence, recurrent
-from .recurrent_hot import ModulePath, hot_recurrent, latest_path, signature
+from .recurrent_hot import ModulePath, decode_path, hot_recurrent, latest_path, signature
 from .registry import FUNCTIONS
 
 #: Dynamo answers True while it traces: traced code never reads a hot path.
@@ -172,7 +172,7 @@ class _RlxRecurrent:
         hot = hot_recurrent(self._recurrence(module.num_layers), x, weights, list(states.values()))
         if hot is None:
             return None
-        run, called = hot.run, signature(input, given, hx)
+        run = hot.run
 
         if batched and module.batch_first and hx is not None:  # a decode loop's form: the tensors are the op's
             lstm = module.mode == "LSTM"
@@ -180,16 +180,17 @@ class _RlxRecurrent:
             def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
                 out = run(input, module._flat_weights, hx if lstm else (hx,))
                 return None if out is None else (out[0], (out[1], out[2]) if lstm else out[1])
-            path = latest_path(as_given, called)
+            path = latest_path(as_given, input, given, hx)
             if hot.host is None:
                 return ModulePath(path, lambda module: path)
-            return ModulePath(path, lambda module: latest_path(as_given, called, (hot, module._flat_weights, lstm)))
+            called = signature(input, given, hx)
+            return ModulePath(path, lambda module: decode_path(hot, module, called, lstm))
 
         def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
             x, states, _, _ = module._arguments(input, hx)
             out = run(x, module._flat_weights, states.values())
             return None if out is None else module._results(input, out[0], out[1:], batched)
-        path = latest_path(forward, called)
+        path = latest_path(forward, input, given, hx)
         return ModulePath(path, lambda module: path)
 
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:

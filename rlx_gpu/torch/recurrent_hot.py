@@ -83,10 +83,44 @@ def hot_recurrent(spec: Recurrence, x: torch.Tensor, weights: Sequence[torch.Ten
     return HotRecurrent(run, host, packing)
 
 
+def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any
+                ) -> Callable[..., Any]:
+    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature of ``input`` and
+    the states ``given`` as ``hx``) behind a check that a call has that signature, done without building and
+    hashing its key (``bridge.call_key``: a decode step's 10 µs), what the module keeps as its latest path:
+    ``latest(module, input, hx)`` is the path's result, or None where the call is another signature or one
+    autograd records (the whole way then). What the check leaves out the module looks after: any attribute set
+    on it drops its latest path, and the path itself checks the parameters (their dtype, device and versions).
+    The caller checks that Dynamo does not trace the call (``torch.compiler.is_compiling()``) and that no hook
+    of nn.Module's is to run."""
+    form = type(hx)
+    expected = tuple((type(t), t.shape, t.stride(), t.dtype) for t in (input, *given))
+    count = len(given)
+    # the default device's variables (``bridge.default_device``), read here without its frame
+    variables, environ = _device_variables(), _ENVIRON.get
+    device = tuple(map(environ, variables))
+
+    def latest(module: Any, input: Any, hx: Any = None) -> Any:
+        if type(hx) is not form or _function_mode() or _dispatch_modes() or _transforms():
+            return None
+        given = () if hx is None else hx if form is tuple else tuple(hx) if form is list else (hx,)
+        if len(given) != count:
+            return None
+        for t, (kind, shape, stride, dtype) in zip((input, *given), expected):
+            if type(t) is not kind or t.dtype is not dtype or t.shape != shape or t.stride() != stride \
+                    or not t.is_cpu:
+                return None
+        if _grad_enabled() and _any_requires_grad(input, *given, *module._flat_weights) \
+                or tuple(map(environ, variables)) != device:
+            return None
+        return path(module, input, hx)
+    return latest
+
+
 class Signature(NamedTuple):
-    """A call's signature as a module's latest path checks it (``signature``): the type of ``hx``, the types of the
-    input and the states, the layout ``_layout`` reads of them, and the values of the default device's variables
-    (``bridge.default_device``)."""
+    """A decode call's signature as ``decode_path`` checks it (``signature``): the type of ``hx``, the types of the
+    input and the states, each one's dtype, shape, strides and CPU-ness in a row, and the values of the default
+    device's variables (``bridge.default_device``)."""
 
     form: type
     types: tuple[type, ...]
@@ -94,70 +128,61 @@ class Signature(NamedTuple):
     device: tuple
 
 
-#: what ``_layout`` reads of each tensor besides its strides, by one C call
-_meta = operator.attrgetter("dtype", "shape", "is_cpu")
-_stride = torch.Tensor.stride
-
-
-def _layout(tensors: Sequence[torch.Tensor]) -> tuple:
-    """The dtype, shape and CPU-ness, then the strides, of ``tensors`` as one tuple (``latest_path`` builds it
-    inline, as here, without this frame)."""
-    return (*map(_meta, tensors), *map(_stride, tensors))
-
-
 def signature(input: torch.Tensor, given: Sequence[torch.Tensor], hx: Any) -> Signature:
     """The ``Signature`` of a call of ``input`` and the states ``given`` as ``hx``."""
     tensors = (input, *given)
-    return Signature(type(hx), tuple(map(type, tensors)), _layout(tensors),
-                     tuple(map(_ENVIRON.get, _device_variables())))
+    return Signature(type(hx), tuple(map(type, tensors)), tuple(v for t in tensors for v in (
+        t.dtype, t.shape, t.stride(), t.is_cpu)), tuple(map(_ENVIRON.get, _device_variables())))
 
 
 class ModulePath(NamedTuple):
     """What a recurrent module keeps per call signature (``bridge.keep_hot_path``): ``call(module, input, hx)``, the
     hot path behind the check of the signature (``latest_path``), and ``own(module)``: the latest path the module
-    keeps (``nn._RlxRecurrent._rlx_latest``), ``call`` itself or, on the host, a decode step of its own."""
+    keeps (``nn._RlxRecurrent._rlx_latest``), ``call`` itself or, on the host, a decode step of its own
+    (``decode_path``)."""
 
     call: Callable[..., Any]
     own: Callable[[Any], Callable[..., Any]]
 
 
-def latest_path(path: Callable[..., Any], called: Signature, decode: tuple[HotRecurrent, Any, bool] | None = None
-                ) -> Callable[..., Any]:
-    """A module's hot path ``path`` (``nn``: ``path(module, input, hx)``, for the call signature ``called``) behind a
-    check that a call has that signature, done without building and hashing its key (``bridge.call_key``: a
-    decode step's 10 µs), what the module keeps as its latest path: ``latest(module, input, hx)`` is the path's
-    result, or None where the call is another signature or one autograd records (the whole way then). What the
-    check leaves out the module looks after: any attribute set on it drops its latest path, and the path itself
-    checks the parameters (their dtype, device and versions). The caller checks that Dynamo does not trace the
-    call (``torch.compiler.is_compiling()``) and that no hook of nn.Module's is to run.
-
-    ``decode`` (a ``HotRecurrent`` on the host, the module, whether it is an LSTM) makes the latest path a decode
-    step of that module's own, ``path`` not called: in this one frame after the check the parameters' marks
-    (``_version``, ``_address``) are checked against those of the module's latest packing (the module's list of
-    them, ``_flat_weights``, the same list), the ``HostCall`` writes x and the states into the plan's arena and
-    runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)`` (each
-    frame and call less after a kernel that swept the cache is a µs)."""
+def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -> Callable[..., Any]:
+    """``module``'s own latest path for a decode loop's call on the host (``nn``: batch first, ``hx`` given,
+    ``hot.host`` set): ``latest(module, input, hx)`` as ``latest_path``'s, in one frame. The check of the signature
+    ``called`` is ``latest_path``'s unrolled for the input and the states (an LSTM's h and c, a GRU's or an RNN's
+    h) and compared as one tuple; then the parameters' marks (``_version``, ``_address``) are compared with those
+    of the module's latest packing (its ``_flat_weights`` the list it had when the path was made: setting a
+    parameter on the module drops the path), the ``HostCall`` writes x and the states into the plan's arena and
+    runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)``. After
+    a kernel that swept the cache each frame and call less is a µs."""
     form, types, layout, device = called
+    own = module._flat_weights
+    host, packing = hot.host, hot.packing
+    plan = host.plan
     variables, environ = _device_variables(), _ENVIRON.get
-    as_tuple = form is tuple or form is list
-    hot, own, lstm = decode if decode is not None else (None, None, False)
-    host, packing = (hot.host, hot.packing) if hot is not None else (None, None)
-    plan = host.plan if host is not None else None
-    latest_packing: list[Any] = [(None, None)]  # the marks of the module's parameters at its latest packing, and it
     wrap = torch.from_numpy
+    latest_packing: list[Any] = [(None, None)]  # the parameters' marks at the module's latest packing, and it
+    x_type, h_type, c_type = types if lstm else (*types, None)
 
     def latest(module: Any, input: Any, hx: Any = None) -> Any:
         if type(hx) is not form or _function_mode() or _dispatch_modes() or _transforms():
             return None
-        states = () if hx is None else tuple(hx) if as_tuple else (hx,)
-        tensors = (input, *states)
-        if tuple(map(type, tensors)) != types or (*map(_meta, tensors), *map(_stride, tensors)) != layout:  # _layout
-            return None
+        if lstm:
+            if len(hx) != 2:
+                return None
+            h, c = hx
+            if type(input) is not x_type or type(h) is not h_type or type(c) is not c_type or (
+                    input.dtype, input.shape, input.stride(), input.is_cpu, h.dtype, h.shape, h.stride(), h.is_cpu,
+                    c.dtype, c.shape, c.stride(), c.is_cpu) != layout:
+                return None
+            tensors = (input, h, c)
+        else:
+            if type(input) is not x_type or (input.dtype, input.shape, input.stride(), input.is_cpu, hx.dtype,
+                                             hx.shape, hx.stride(), hx.is_cpu) != layout:
+                return None
+            tensors = (input, hx)
         weights = module._flat_weights
         if _grad_enabled() and _any_requires_grad(*tensors, *weights) or tuple(map(environ, variables)) != device:
             return None
-        if host is None:
-            return path(module, input, hx)
         marks = (*map(_version, weights), *map(_address, weights))
         seen, packed = latest_packing[0]
         if marks != seen or weights is not own:
