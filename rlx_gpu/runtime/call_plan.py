@@ -174,11 +174,6 @@ class CallPlan:
             out = self._call_given(handed, into)
             if out is not None:
                 return out
-        return self._outputs(self._execute(staged), into)
-
-    def _execute(self, staged: Sequence[_Input] = ()) -> RunReport:
-        """The bound steps run on the arena once the inputs are in (``staged``: to send), locked; the report, kept
-        as ``last_report``. What ``_run`` and a caller writing the inputs itself (``host_call.HostCall``) run."""
         try:
             if staged:
                 self._staging.stage(self._arena, staged)
@@ -190,7 +185,7 @@ class CallPlan:
             self._stamps.clear()
             raise
         self.last_report = report
-        return report
+        return self._outputs(report, into)
 
     def _call_given(self, handed: dict[int, np.ndarray], into: Sequence[np.ndarray | None] | None
                     ) -> list[np.ndarray] | None:

@@ -73,6 +73,8 @@ class BoundSchedule:
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
     # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
+    # the same schedule's run on an arena's handle, ``alone(handle) -> report`` (``Device._alone``)
+    alone: Callable[[Any], RunReport] | None = None
 
 
 class Device:
@@ -150,7 +152,23 @@ class Device:
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
         given = runner if self.on_host and len(steps) == 1 and steps[0][1] == device and not checks else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
-                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given)
+                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
+                             None if given is None else self._alone(*steps[0]))
+
+    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], RunReport]:
+        """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
+        handle, bound once: ``alone(handle) -> report``, nothing to send, lock, check or wait for (``execute``'s
+        first case; a caller writing the arena itself, ``host_call.HostCall``, calls it straight)."""
+        clock, record = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend)
+
+        def alone(handle: Any) -> RunReport:
+            started = clock()
+            try:
+                copied = step(handle, None)
+            except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
+                raise refused(thunk, err) from None
+            return self._one_thunk(record, clock() - started, copied)
+        return alone
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -192,14 +210,8 @@ class Device:
         runs no data check (a run being captured into a CUDA graph cannot read the device: the call
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
-        if bound.given is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
-            (thunk, backend, step), = bound.steps
-            started = time.perf_counter()
-            try:
-                copied = step(arena.handle, None)
-            except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
-                raise refused(thunk, err) from None
-            return self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
+        if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
+            return bound.alone(arena.handle)
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -226,13 +238,13 @@ class Device:
         started = time.perf_counter()
         if not bound.given(arena.handle, given):
             return None
-        return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
+        return self._one_thunk((thunk.index, thunk.op, thunk.dtype, backend), time.perf_counter() - started, 0)
 
-    def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
-        the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
-        swept the cache)."""
-        record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
+    def _one_thunk(self, record: tuple[int, str, str, str], seconds: float, copied: int) -> RunReport:
+        """The report of a run of one host thunk (``record``: its index, op, dtype and backend) that took
+        ``seconds``, kept as ``last_report`` (a decode step's: the record made by ``tuple.__new__``, the spec read
+        straight, two Python frames less after a kernel that swept the cache)."""
+        record = _new_tuple(ThunkRecord, (*record, seconds, copied))
         report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
         self.last_report = report

@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
-from ..errors import RlxError
+from ..errors import RlxError, RunError
 from .call_plan import CallPlan
 
 _ABSENT = object()
@@ -60,9 +60,11 @@ class HostCall:
         self._stamped_only = names.issuperset  # whether the plan's recorded stamps are of stamped inputs alone
         self._taken = tuple(taken)
         self._in_place = dict(in_place)
-        # every input written and no output handed over (a decode step's): the one host thunk run straight
-        # (``Device.execute``, not ``CallPlan._run``'s frame), each output taken copied from its arena view
-        self._alone = not handed and not (layout is not None and layout.new_outputs)
+        # every input written and no output handed over, a plan of one host thunk (a decode step's): that thunk run
+        # straight (``BoundSchedule.alone``, not ``CallPlan._run``'s frames), each output taken copied from its view
+        written = not handed and not (layout is not None and layout.new_outputs)
+        self._alone = plan._bound.alone if written else None
+        self._handle = plan._arena.handle
         self._views = tuple(plan._host_outputs[j] for j in self._taken)
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -88,11 +90,14 @@ class HostCall:
                         put(arg)
                     if stamp is not None:  # kept as given: the caller's next call gives the same object
                         recorded[name] = stamp
+                report = None if self._alone is None else self._alone(self._handle)
+            except RunError:  # refused by a data check after the inputs went in: the stamps hold (``CallPlan._run``)
+                raise
             except BaseException:  # a place may be half written: every input is written again next call
                 recorded.clear()
                 raise
-            if self._alone:  # every input written (a decode step's small ones): the run alone
-                plan._execute()
+            if report is not None:  # every input written (a decode step's small ones): the run alone
+                plan.last_report = report
                 return [view.copy() for view in self._views]
             if not self.handed:
                 outputs = plan._run({}, [], None)
