@@ -43,7 +43,7 @@ from ..schedule.io import load_schedule
 from ..schedule.model import TensorView
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
-from .executor import BoundSchedule, Device, RunReport
+from .executor import BoundSchedule, Device, LastReport, RunReport
 from .given import Given, gathered, given_layout, handed_outputs
 from .staging import Staging
 
@@ -76,9 +76,10 @@ class CallPlan:
     (a ``runtime.executor.Device``), on a resident arena of its own.
 
     ``inputs`` and ``outputs`` name the schedule's tensors. ``profile`` waits for each thunk so its
-    record in ``last_report`` holds its own time. Calls of one plan take turns (a lock); ``free()``,
-    leaving a ``with`` block or garbage collection releases the arena.
-    """
+    record in ``last_report`` (None before a call) holds its own time. Calls of one plan take turns (a lock);
+    ``free()``, leaving a ``with`` block or garbage collection releases the arena."""
+
+    last_report = LastReport()
 
     def __init__(self, schedule: Any, device: Device, *, profile: bool = False):
         self.schedule = load_schedule(schedule)
@@ -86,7 +87,6 @@ class CallPlan:
         self.profile = profile
         self.inputs: tuple[str, ...] = tuple(self.schedule.inputs)
         self.outputs: tuple[str, ...] = tuple(self.schedule.outputs)
-        self.last_report: RunReport | None = None
         self._lock = threading.Lock()
         self._slots: tuple[_Input, ...] | None = None
         self._names = frozenset(self.inputs)

@@ -60,6 +60,29 @@ class RunReport:
         return sum(r.copied_bytes for r in self.records)
 
 
+#: Where a ``LastReport`` attribute keeps its value in its object's ``__dict__``.
+LAST_REPORT = "_last_report"
+
+
+class LastReport:
+    """A ``last_report`` attribute (a ``Device``'s, a ``CallPlan``'s): None or a ``RunReport``, as set, or a run
+    of one host thunk kept as ``(device spec, record, seconds)`` in the object's ``__dict__`` under ``LAST_REPORT``
+    (``Device._alone``), made into its ``RunReport`` when first read: a decode step's run makes no report object
+    nobody reads (its class's initialiser, after a kernel that swept the cache, is a µs)."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        report = obj.__dict__.get(LAST_REPORT)
+        if type(report) is tuple:
+            spec, record, seconds = report
+            report = obj.__dict__[LAST_REPORT] = RunReport(spec, [record], seconds)
+        return report
+
+    def __set__(self, obj: Any, report: RunReport | None) -> None:
+        obj.__dict__[LAST_REPORT] = report
+
+
 @dataclass(frozen=True)
 class BoundSchedule:
     """A schedule bound to one device, the per-schedule work a run repeats nothing of: placement,
@@ -73,8 +96,8 @@ class BoundSchedule:
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
     # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
-    # the same schedule's run on an arena's handle, ``alone(handle) -> report`` (``Device._alone``)
-    alone: Callable[[Any], RunReport] | None = None
+    # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
+    alone: Callable[[Any], tuple[str, ThunkRecord, float]] | None = None
 
 
 class Device:
@@ -84,6 +107,8 @@ class Device:
     for a whole run and every resident-arena operation); the host runs them at once.
     """
 
+    last_report = LastReport()
+
     def __init__(self, session: Session, config: Config, options: RunOptions | None = None):
         self.session = session
         self.config = config
@@ -91,7 +116,6 @@ class Device:
         self.on_host = session.info.backend == "host"
         self.host = session if self.on_host else open_session(status("host").devices[0])
         self.thunks_run = 0  # top-level thunks this Device has run, on any backend, for tests and reports
-        self.last_report: RunReport | None = None
         # id(schedule) -> (a weak reference to it, its BoundSchedule); Schedules are unhashable Mappings
         self._bound: dict[int, tuple[weakref.ref, BoundSchedule]] = {}
 
@@ -155,19 +179,24 @@ class Device:
                              {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
                              None if given is None else self._alone(*steps[0]))
 
-    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], RunReport]:
+    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, ThunkRecord, float]]:
         """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
-        handle, bound once: ``alone(handle) -> report``, nothing to send, lock, check or wait for (``execute``'s
-        first case; a caller writing the arena itself, ``host_call.HostCall``, calls it straight)."""
-        clock, record = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend)
+        handle, bound once: nothing to send, lock, check or wait for (``execute``'s first case; a caller writing the
+        arena itself, ``host_call.HostCall``, calls it straight). ``alone(handle)`` returns the run's report as
+        ``LastReport`` keeps one unmade, kept as this Device's ``last_report``."""
+        clock, static, spec = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend), self.session.info.spec
+        kept = self.__dict__
 
-        def alone(handle: Any) -> RunReport:
+        def alone(handle: Any) -> tuple[str, ThunkRecord, float]:
             started = clock()
             try:
                 copied = step(handle, None)
             except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
                 raise refused(thunk, err) from None
-            return self._one_thunk(record, clock() - started, copied)
+            seconds = clock() - started
+            self.thunks_run += 1
+            report = kept[LAST_REPORT] = (spec, _new_tuple(ThunkRecord, (*static, seconds, copied)), seconds)
+            return report
         return alone
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
@@ -211,7 +240,8 @@ class Device:
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
         if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
-            return bound.alone(arena.handle)
+            bound.alone(arena.handle)
+            return self.last_report
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -238,13 +268,12 @@ class Device:
         started = time.perf_counter()
         if not bound.given(arena.handle, given):
             return None
-        return self._one_thunk((thunk.index, thunk.op, thunk.dtype, backend), time.perf_counter() - started, 0)
+        return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
 
-    def _one_thunk(self, record: tuple[int, str, str, str], seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk (``record``: its index, op, dtype and backend) that took
-        ``seconds``, kept as ``last_report`` (a decode step's: the record made by ``tuple.__new__``, the spec read
-        straight, two Python frames less after a kernel that swept the cache)."""
-        record = _new_tuple(ThunkRecord, (*record, seconds, copied))
+    def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
+        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (the record made by
+        ``tuple.__new__``, the spec read straight)."""
+        record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
         report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
         self.last_report = report

@@ -12,14 +12,18 @@ bookkeeping.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
 from ..errors import RlxError, RunError
 from .call_plan import CallPlan
+from .executor import LAST_REPORT
 
 _ABSENT = object()
+_move = ctypes.memmove
+_copy = np.ndarray.copy  # mapped without a comprehension's frame
 #: ``(position, put)``: the writer of an input from the call's argument at ``position``.
 Write = tuple[int, Callable[[Any], Any]]
 #: ``(name, position, put, stamp_of)``: a stamped input's writer and how to stamp its argument (None: no stamp).
@@ -41,11 +45,15 @@ class HostCall:
     dtype) given to the kernel where they lie (copied in where the plan's ``given`` layout does not let the
     kernel take them: too small); returns the outputs
     ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed in
-    ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself."""
+    ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself.
+
+    ``moved`` names the inputs ``writes`` writes, in order, where a caller may give them by address instead:
+    ``host_call(args, addresses)`` moves each one's bytes from its address by one ``memmove``, its writer not
+    called (a caller that knows each is dense, of its place's dtype and size: a decode step's checked tensors)."""
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
-                 taken: Sequence[int]):
+                 taken: Sequence[int], moved: Sequence[str] = ()):
         if places(plan) is None:
             raise RlxError(f"HostCall binds a host plan called once already; this one is {plan!r}")
         layout = plan._given
@@ -66,8 +74,11 @@ class HostCall:
         self._alone = plan._bound.alone if written else None
         self._handle = plan._arena.handle
         self._views = tuple(plan._host_outputs[j] for j in self._taken)
+        arena = places(plan)
+        self.moved = tuple(moved)
+        self._moves = tuple((arena[name].ctypes.data, arena[name].nbytes) for name in moved)
 
-    def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
+    def __call__(self, args: Sequence[Any], addresses: Sequence[int] | None = None) -> list[np.ndarray]:
         plan = self.plan
         with plan._lock:
             if plan._slots is not self._slots:
@@ -77,8 +88,12 @@ class HostCall:
                 for name in self._unstamped:
                     recorded.pop(name, None)
             try:
-                for at, put in self.writes:
-                    put(args[at])
+                if addresses is None:
+                    for at, put in self.writes:
+                        put(args[at])
+                else:  # the bytes of each of ``moved`` where the caller holds them
+                    for (target, nbytes), address in zip(self._moves, addresses):
+                        _move(target, address, nbytes)
                 for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
@@ -97,8 +112,8 @@ class HostCall:
                 recorded.clear()
                 raise
             if report is not None:  # every input written (a decode step's small ones): the run alone
-                plan.last_report = report
-                return [view.copy() for view in self._views]
+                plan.__dict__[LAST_REPORT] = report  # made into a RunReport where read (``LastReport``)
+                return list(map(_copy, self._views))
             if not self.handed:
                 outputs = plan._run({}, [], None)
                 return [outputs[j] for j in self._taken]

@@ -157,9 +157,9 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
     form, types, layout, device = called
     own = module._flat_weights
     host, packing = hot.host, hot.packing
-    plan = host.plan
+    plan, moved = host.plan, bool(host.moved)
     variables, environ = _device_variables(), _ENVIRON.get
-    wrap = torch.from_numpy
+    wrap, data = torch.from_numpy, torch.Tensor.data_ptr
     latest_packing: list[Any] = [(None, None)]  # the parameters' marks at the module's latest packing, and it
     x_type, h_type, c_type = types if lstm else (*types, None)
 
@@ -172,14 +172,17 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
             h, c = hx
             if type(input) is not x_type or type(h) is not h_type or type(c) is not c_type or (
                     input.dtype, input.shape, input.stride(), input.is_cpu, h.dtype, h.shape, h.stride(), h.is_cpu,
-                    c.dtype, c.shape, c.stride(), c.is_cpu) != layout:
+                    c.dtype, c.shape, c.stride(), c.is_cpu) != layout or input.is_neg() or h.is_neg() or c.is_neg():
                 return None
-            tensors = (input, h, c)
+            tensors, addresses = (input, h, c), (data(input), data(h), data(c))
         else:
             if type(input) is not x_type or (input.dtype, input.shape, input.stride(), input.is_cpu, hx.dtype,
-                                             hx.shape, hx.stride(), hx.is_cpu) != layout:
+                                             hx.shape, hx.stride(), hx.is_cpu) != layout or input.is_neg() \
+                    or hx.is_neg():
                 return None
-            tensors = (input, hx)
+            tensors, addresses = (input, hx), (data(input), data(hx))
+        if 0 in addresses:  # a tensor of no memory (``torch._efficientzerotensor``): the whole way, as a lazy negation
+            return None
         weights = module._flat_weights
         if _grad_enabled() and _any_requires_grad(*tensors, *weights) or tuple(map(environ, variables)) != device:
             return None
@@ -190,7 +193,7 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
             if packed is None:
                 return None
             latest_packing[0] = (marks if packed[1] is not None else None, packed)  # no key: packed every call
-        out = host((*tensors, packed))
+        out = host((*tensors, packed), addresses if moved else None)
         _last.plan = plan
         if lstm:
             return wrap(out[0]), (wrap(out[1]), wrap(out[2]))
@@ -201,8 +204,9 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
 def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torch.Tensor],
              inputs: Mapping[str, torch.Tensor], bound: BoundCall) -> HostCall | None:
     """The ``HostCall`` of the hot path on the host (``written``): called on ``(x, *states, (streams, key))``,
-    x and the states written by one ``memmove`` each, the weight streams only when their key (``_Packings``)
-    changed; None on another device or where a tensor is no plain view (``place_writer``)."""
+    x and the states written by one ``memmove`` each (given by their addresses where every one is dense: its
+    ``moved``), the weight streams only when their key (``_Packings``) changed; None on another device or where a
+    tensor is no plain view (``place_writer``)."""
     arena = places(plan)
     if arena is None:
         return None
@@ -218,7 +222,8 @@ def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torc
         target = torch.from_numpy(arena[name])
         return lambda pair: target.copy_(pair[0][name])
     stamped = [(name, packed, stream(name), operator.itemgetter(1)) for name in spec.streams if name in inputs]
-    return HostCall(plan, writes, stamped, (), {}, bound.outputs)
+    dense = all(t.numpy(force=True).flags.c_contiguous for t in (x, *states))  # each one's bytes its place's
+    return HostCall(plan, writes, stamped, (), {}, bound.outputs, ("x", *spec.states) if dense else ())
 
 
 _referent = weakref.ref.__call__  # a weak reference's object, mapped without a generator's frame
