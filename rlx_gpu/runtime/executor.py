@@ -66,17 +66,17 @@ LAST_REPORT = "_last_report"
 
 class LastReport:
     """A ``last_report`` attribute (a ``Device``'s, a ``CallPlan``'s): None or a ``RunReport``, as set, or a run
-    of one host thunk kept as ``(device spec, record, seconds)`` in the object's ``__dict__`` under ``LAST_REPORT``
-    (``Device._alone``), made into its ``RunReport`` when first read: a decode step's run makes no report object
-    nobody reads (its class's initialiser, after a kernel that swept the cache, is a µs)."""
+    of one host thunk kept as ``(device spec, (index, op, dtype, backend), seconds, copied bytes)`` in the object's
+    ``__dict__`` under ``LAST_REPORT`` (``Device._alone``), made into its ``RunReport`` when first read: a decode
+    step's run makes no report object nobody reads (each, after a kernel that swept the cache, is a µs)."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
         report = obj.__dict__.get(LAST_REPORT)
         if type(report) is tuple:
-            spec, record, seconds = report
-            report = obj.__dict__[LAST_REPORT] = RunReport(spec, [record], seconds)
+            spec, thunk, seconds, copied = report
+            report = obj.__dict__[LAST_REPORT] = RunReport(spec, [ThunkRecord(*thunk, seconds, copied)], seconds)
         return report
 
     def __set__(self, obj: Any, report: RunReport | None) -> None:
@@ -97,7 +97,7 @@ class BoundSchedule:
     # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
     # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
-    alone: Callable[[Any], tuple[str, ThunkRecord, float]] | None = None
+    alone: Callable[[Any], tuple[str, tuple, float, int]] | None = None
 
 
 class Device:
@@ -179,7 +179,7 @@ class Device:
                              {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
                              None if given is None else self._alone(*steps[0]))
 
-    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, ThunkRecord, float]]:
+    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, tuple, float, int]]:
         """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
         handle, bound once: nothing to send, lock, check or wait for (``execute``'s first case; a caller writing the
         arena itself, ``host_call.HostCall``, calls it straight). ``alone(handle)`` returns the run's report as
@@ -187,15 +187,14 @@ class Device:
         clock, static, spec = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend), self.session.info.spec
         kept = self.__dict__
 
-        def alone(handle: Any) -> tuple[str, ThunkRecord, float]:
+        def alone(handle: Any) -> tuple[str, tuple, float, int]:
             started = clock()
             try:
                 copied = step(handle, None)
             except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
                 raise refused(thunk, err) from None
-            seconds = clock() - started
             self.thunks_run += 1
-            report = kept[LAST_REPORT] = (spec, _new_tuple(ThunkRecord, (*static, seconds, copied)), seconds)
+            report = kept[LAST_REPORT] = (spec, static, clock() - started, copied)
             return report
         return alone
 

@@ -51,6 +51,10 @@ class HostCall:
     ``host_call(args, addresses)`` moves each one's bytes from its address by one ``memmove``, its writer not
     called (a caller that knows each is dense, of its place's dtype and size: a decode step's checked tensors)."""
 
+    __slots__ = ("plan", "writes", "stamped", "handed", "moved", "_hand", "_slots", "_kept", "_unstamped",
+                 "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_moves", "_lock", "_recorded",
+                 "_kept_by_plan")  # read as slots, not from an instance dictionary: a decode step reads a dozen
+
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
                  taken: Sequence[int], moved: Sequence[str] = ()):
@@ -77,13 +81,15 @@ class HostCall:
         arena = places(plan)
         self.moved = tuple(moved)
         self._moves = tuple((arena[name].ctypes.data, arena[name].nbytes) for name in moved)
+        # the plan's lock, its recorded stamps and its attributes (its ``last_report``): each the plan's own for life
+        self._lock, self._recorded, self._kept_by_plan = plan._lock, plan._stamps, plan.__dict__
 
     def __call__(self, args: Sequence[Any], addresses: Sequence[int] | None = None) -> list[np.ndarray]:
         plan = self.plan
-        with plan._lock:
+        with self._lock:
             if plan._slots is not self._slots:
                 raise RlxError("this HostCall's plan was freed since; bind another")
-            recorded = plan._stamps
+            recorded = self._recorded
             if not self._stamped_only(recorded):  # a call of the plan (``CallPlan.call``) wrote these with stamps
                 for name in self._unstamped:
                     recorded.pop(name, None)
@@ -112,7 +118,7 @@ class HostCall:
                 recorded.clear()
                 raise
             if report is not None:  # every input written (a decode step's small ones): the run alone
-                plan.__dict__[LAST_REPORT] = report  # made into a RunReport where read (``LastReport``)
+                self._kept_by_plan[LAST_REPORT] = report  # made into a RunReport where read (``LastReport``)
                 return list(map(_copy, self._views))
             if not self.handed:
                 outputs = plan._run({}, [], None)
