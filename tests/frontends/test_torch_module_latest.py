@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
+import threading
 
 import pytest
 import torch
@@ -145,3 +147,53 @@ def test_a_module_with_a_latest_path_compiles_fullgraph_and_exports_to_its_eager
         assert any(n.op == "call_function" and str(n.target).startswith("rlx_gpu.") for n in exported.graph.nodes)
         y, _ = exported.module()(x, hc_ours)
         torch.testing.assert_close(y, theirs(x, hc_theirs)[0])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_modules_of_one_signature_decoding_from_four_threads_match_torch_nn(kind, host):
+    """Two modules of one signature share its call plan (its arena holds one module's weight streams at a time);
+    four threads each decode with one of them, their steps interleaved: each step's output is torch.nn's, each
+    module's latest path its own."""
+    mods = []
+    for seed in (6, 7):
+        torch.manual_seed(seed)
+        theirs = getattr(torch.nn, kind)(4, 5, batch_first=True, dtype=F64)
+        ours = getattr(rt, kind)(4, 5, batch_first=True, dtype=F64)
+        ours.load_state_dict(theirs.state_dict())
+        mods.append((theirs, ours))
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(1, 1, 4, generator=g, dtype=F64) for _ in range(30)]
+    first = (torch.zeros(1, 1, 5, dtype=F64),) * (2 if kind == "LSTM" else 1)
+    first = first if kind == "LSTM" else first[0]
+    wanted = []
+    with torch.no_grad():
+        for theirs, _ in mods:
+            hx, ys = first, []
+            for x in xs:
+                y, hx = theirs(x, hx)
+                ys.append(y)
+            wanted.append(ys)
+    got: dict[int, list] = {}
+
+    def decode(k: int) -> None:
+        ours, hx, ys = mods[k % 2][1], first, []
+        with torch.no_grad():
+            for x in xs:
+                y, hx = ours(x, hx)
+                ys.append(y)
+        got[k] = ys
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads switched every few bytecodes: their steps interleave
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert all(m[1]._rlx_latest is not None for m in mods) and mods[0][1]._rlx_latest is not mods[1][1]._rlx_latest
+    for k in range(4):
+        for mine, torchs in zip(got[k], wanted[k % 2]):
+            assert torch.allclose(mine, torchs, atol=1e-12)
