@@ -60,27 +60,28 @@ class RunReport:
         return sum(r.copied_bytes for r in self.records)
 
 
-#: Where a ``LastReport`` attribute keeps its value in its object's ``__dict__``.
-LAST_REPORT = "_last_report"
+#: Where a ``Device`` or a ``CallPlan`` keeps a run of one host thunk whose report is not made yet (``LastReport``).
+PENDING_REPORT = "_pending_report"
 
 
 class LastReport:
-    """A ``last_report`` attribute (a ``Device``'s, a ``CallPlan``'s): None or a ``RunReport``, as set, or a run
-    of one host thunk kept as ``(device spec, (index, op, dtype, backend), seconds, copied bytes)`` in the object's
-    ``__dict__`` under ``LAST_REPORT`` (``Device._alone``), made into its ``RunReport`` when first read: a decode
-    step's run makes no report object nobody reads (each, after a kernel that swept the cache, is a µs)."""
+    """The ``last_report`` of a ``Device`` or a ``CallPlan`` where no report is set (``obj.last_report = report``
+    sets one as any attribute, in the object's ``__dict__``, read without this): the report of a run of one host
+    thunk kept unmade, made into its ``RunReport`` when first read, else None. A run keeps its report unmade in
+    two steps: the report set popped from the object's ``__dict__`` and ``(device spec, (index, op, dtype,
+    backend), seconds, copied bytes)`` kept there as ``PENDING_REPORT`` (``Device._alone``, ``HostCall``). A decode
+    step's run makes no report object nobody reads: each, after a kernel that swept the cache, is a µs."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        report = obj.__dict__.get(LAST_REPORT)
-        if type(report) is tuple:
-            spec, thunk, seconds, copied = report
-            report = obj.__dict__[LAST_REPORT] = RunReport(spec, [ThunkRecord(*thunk, seconds, copied)], seconds)
+        kept = obj.__dict__
+        pending = kept.get(PENDING_REPORT)
+        if pending is None:
+            return None
+        spec, thunk, seconds, copied = pending
+        report = kept["last_report"] = RunReport(spec, [ThunkRecord(*thunk, seconds, copied)], seconds)
         return report
-
-    def __set__(self, obj: Any, report: RunReport | None) -> None:
-        obj.__dict__[LAST_REPORT] = report
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,9 @@ class Device:
             except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
                 raise refused(thunk, err) from None
             self.thunks_run += 1
-            report = kept[LAST_REPORT] = (spec, static, clock() - started, copied)
+            report = (spec, static, clock() - started, copied)
+            kept.pop("last_report", None)  # kept unmade (``LastReport``)
+            kept[PENDING_REPORT] = report
             return report
         return alone
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import RlxError, RunError
 from .call_plan import CallPlan
-from .executor import LAST_REPORT
+from .executor import PENDING_REPORT
 
 _ABSENT = object()
 _move = ctypes.memmove
@@ -118,7 +118,9 @@ class HostCall:
                 recorded.clear()
                 raise
             if report is not None:  # every input written (a decode step's small ones): the run alone
-                self._kept_by_plan[LAST_REPORT] = report  # made into a RunReport where read (``LastReport``)
+                kept = self._kept_by_plan  # the report kept unmade (``executor.LastReport``)
+                kept.pop("last_report", None)
+                kept[PENDING_REPORT] = report
                 return list(map(_copy, self._views))
             if not self.handed:
                 outputs = plan._run({}, [], None)

@@ -18,6 +18,8 @@ import torch
 from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
+from rlx_gpu.runtime.executor import RunReport
+from rlx_gpu.torch import bridge
 
 F64 = torch.float64
 
@@ -197,3 +199,19 @@ def test_modules_of_one_signature_decoding_from_four_threads_match_torch_nn(kind
     for k in range(4):
         for mine, torchs in zip(got[k], wanted[k % 2]):
             assert torch.allclose(mine, torchs, atol=1e-12)
+
+
+def test_a_decode_steps_report_is_made_when_read_and_names_its_one_thunk(host):
+    """The latest path's run keeps its report unmade (``executor.LastReport``): read, it is the plan's and the
+    device's ``RunReport`` of the step's one host thunk, the same object read after read."""
+    theirs, ours = pair(9)
+    with torch.no_grad():
+        steps(theirs, ours, 3)
+        plan = bridge._last.plan
+        before = plan.device.thunks_run
+        steps(theirs, ours, 1)
+    report = bridge.last_report()
+    assert isinstance(report, RunReport) and report is bridge.last_report() is plan.last_report
+    (record,) = report.records
+    assert record.backend == "host" and record.op == "lstm" and 0 < record.seconds == report.seconds
+    assert plan.device.last_report.records == [record] and plan.device.thunks_run == before + 1
