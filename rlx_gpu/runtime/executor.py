@@ -80,7 +80,7 @@ class LastReport:
         if pending is None:
             return None
         spec, thunk, seconds, copied = pending
-        report = kept["last_report"] = RunReport(spec, [ThunkRecord(*thunk, seconds, copied)], seconds)
+        report = kept["last_report"] = RunReport(spec, [_new_tuple(ThunkRecord, (*thunk, seconds, copied))], seconds)
         return report
 
 
@@ -242,8 +242,9 @@ class Device:
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
         if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
-            bound.alone(arena.handle)
-            return self.last_report
+            spec, static, seconds, copied = bound.alone(arena.handle)
+            report = self.last_report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
+            return report
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:

@@ -90,7 +90,7 @@ class HostCall:
             if plan._slots is not self._slots:
                 raise RlxError("this HostCall's plan was freed since; bind another")
             recorded = self._recorded
-            if not self._stamped_only(recorded):  # a call of the plan (``CallPlan.call``) wrote these with stamps
+            if recorded and not self._stamped_only(recorded):  # a call of the plan (``CallPlan.call``) wrote these
                 for name in self._unstamped:
                     recorded.pop(name, None)
             try:
@@ -103,14 +103,17 @@ class HostCall:
                 for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
+                    if stamp is None or not self._kept[name]:
+                        recorded.pop(name, None)
+                        put(arg)
+                        continue
                     prior = recorded.get(name, _ABSENT)
                     if prior is stamp:  # the stamp this call wrote or found equal before: nothing to compare
                         continue
-                    if stamp is None or not self._kept[name] or prior != stamp:
+                    if prior != stamp:
                         recorded.pop(name, None)  # set once written: a write that fails leaves none
                         put(arg)
-                    if stamp is not None:  # kept as given: the caller's next call gives the same object
-                        recorded[name] = stamp
+                    recorded[name] = stamp  # kept as given: a caller giving the same object next compares nothing
                 report = None if self._alone is None else self._alone(self._handle)
             except RunError:  # refused by a data check after the inputs went in: the stamps hold (``CallPlan._run``)
                 raise
