@@ -8,7 +8,9 @@ a ``memmove`` of its bytes into its place in the arena, found once from ``places
 stamp changed (the plan's own stamps, so both ways of calling agree); the inputs handed over go to the kernel
 as they lie, an output the kernel updates in place of one of them in that input's own memory. A decode step's
 call then makes no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output
-bookkeeping.
+bookkeeping. A caller that knows its inputs dense may give them by address (``moved``: one ``memmove`` each, no
+writer's frame), and a plan of one host thunk with every input written runs that thunk straight
+(``BoundSchedule.alone``), its report kept unmade until read (``executor.LastReport``).
 """
 from __future__ import annotations
 

@@ -88,8 +88,9 @@ class _RlxRecurrent:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``torch.nn.Module.__call__``, which calls ``forward``, but for a call of the latest signature with a hot
-        path, no hook on the module or any module and no tracing: the hot path itself (``latest_path``), without
-        nn.Module's two frames (a decode step's 5 µs after its kernel swept the cache)."""
+        path, no hook on the module or any module and no tracing: the hot path itself (``latest_path``; on the host a
+        decode step of the module's own, ``decode_path``), without nn.Module's two frames (a decode step's 5 µs after
+        its kernel swept the cache)."""
         if not _is_compiling():  # Dynamo traces nn.Module's call, reading nothing below
             latest = self._rlx_latest
             if latest is not None and not kwargs and 0 < len(args) <= 2 and not (

@@ -1,6 +1,8 @@
 """A recurrent module's decode hot path (``nn``): the forward op of one call signature on CPU tensors, its call
 plan bound once, the weight streams copied in only when a parameter changed, a step setting only x and the
-states among the plan's inputs."""
+states among the plan's inputs. On the host a module's decode loop (batch first, ``hx`` given) runs a step of its
+own (``decode_path``): the signature check, the parameters' marks, the plan's call and the output tensors in one
+frame, as few calls as it can (after the kernel's weight stream swept the cache each is a µs)."""
 from __future__ import annotations
 
 import operator
@@ -152,8 +154,11 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
     h) and compared as one tuple; then the parameters' marks (``_version``, ``_address``) are compared with those
     of the module's latest packing (its ``_flat_weights`` the list it had when the path was made: setting a
     parameter on the module drops the path), the ``HostCall`` writes x and the states into the plan's arena and
-    runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)``. After
-    a kernel that swept the cache each frame and call less is a µs."""
+    runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)``. Where the
+    ``HostCall`` takes them by address (``moved``: each dense, its signature's) x and the states are moved from
+    their tensors' addresses; a lazily negated tensor or one of no memory (``torch._efficientzerotensor``, address
+    0) goes the whole way, which writes its values. After a kernel that swept the cache each frame and call less
+    is a µs."""
     form, types, layout, device = called
     own = module._flat_weights
     host, packing = hot.host, hot.packing
