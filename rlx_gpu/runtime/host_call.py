@@ -54,8 +54,8 @@ class HostCall:
     called (a caller that knows each is dense, of its place's dtype and size: a decode step's checked tensors)."""
 
     __slots__ = ("plan", "writes", "stamped", "handed", "moved", "_hand", "_slots", "_kept", "_unstamped",
-                 "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_moves", "_lock", "_recorded",
-                 "_kept_by_plan")  # read as slots, not from an instance dictionary: a decode step reads a dozen
+                 "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_targets", "_sizes", "_shared",
+                 "_lock", "_recorded", "_kept_by_plan")  # read as slots, not from an instance dictionary: a decode step reads a dozen
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
@@ -82,7 +82,13 @@ class HostCall:
         self._views = tuple(plan._host_outputs[j] for j in self._taken)
         arena = places(plan)
         self.moved = tuple(moved)
-        self._moves = tuple((arena[name].ctypes.data, arena[name].nbytes) for name in moved)
+        self._targets = tuple(arena[name].ctypes.data for name in moved)
+        self._sizes = tuple(arena[name].nbytes for name in moved)
+        # the stamped inputs' one argument and stamp function where they share them and each is kept (a recurrent hot
+        # path's weight streams, stamped by their packing's key): a call whose stamp each has recorded writes none
+        common = {(at, stamp_of) for _, at, _, stamp_of in stamped}
+        shared = len(common) == 1 and all(self._kept[name] for name, *_ in stamped)
+        self._shared = (*common.pop(), tuple(name for name, *_ in stamped)) if shared else None
         # the plan's lock, its recorded stamps and its attributes (its ``last_report``): each the plan's own for life
         self._lock, self._recorded, self._kept_by_plan = plan._lock, plan._stamps, plan.__dict__
 
@@ -100,9 +106,18 @@ class HostCall:
                     for at, put in self.writes:
                         put(args[at])
                 else:  # the bytes of each of ``moved`` where the caller holds them
-                    for (target, nbytes), address in zip(self._moves, addresses):
+                    for target, address, nbytes in zip(self._targets, addresses, self._sizes):
                         _move(target, address, nbytes)
-                for name, at, put, stamp_of in self.stamped:
+                stamped, shared = self.stamped, self._shared
+                if shared is not None:
+                    at, stamp_of, names = shared
+                    stamp = stamp_of(args[at])
+                    for name in names:
+                        if recorded.get(name) is not stamp:
+                            break
+                    else:  # each recorded as this call's: nothing to write or compare
+                        stamped = ()
+                for name, at, put, stamp_of in stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
                     if stamp is None or not self._kept[name]:

@@ -226,7 +226,8 @@ def _written(spec: Recurrence, plan: Any, x: torch.Tensor, states: Sequence[torc
     def stream(name: str) -> Callable[[Any], Any]:
         target = torch.from_numpy(arena[name])
         return lambda pair: target.copy_(pair[0][name])
-    stamped = [(name, packed, stream(name), operator.itemgetter(1)) for name in spec.streams if name in inputs]
+    key = operator.itemgetter(1)  # one for all: their stamps are shared (``HostCall``)
+    stamped = [(name, packed, stream(name), key) for name in spec.streams if name in inputs]
     dense = all(t.numpy(force=True).flags.c_contiguous for t in (x, *states))  # each one's bytes its place's
     return HostCall(plan, writes, stamped, (), {}, bound.outputs, ("x", *spec.states) if dense else ())
 
