@@ -60,28 +60,25 @@ class RunReport:
         return sum(r.copied_bytes for r in self.records)
 
 
-#: Where a ``Device`` or a ``CallPlan`` keeps a run of one host thunk whose report is not made yet (``LastReport``).
-PENDING_REPORT = "_pending_report"
-
-
 class LastReport:
-    """The ``last_report`` of a ``Device`` or a ``CallPlan`` where no report is set (``obj.last_report = report``
-    sets one as any attribute, in the object's ``__dict__``, read without this): the report of a run of one host
-    thunk kept unmade, made into its ``RunReport`` when first read, else None. A run keeps its report unmade in
-    two steps: the report set popped from the object's ``__dict__`` and ``(device spec, (index, op, dtype,
-    backend), seconds, copied bytes)`` kept there as ``PENDING_REPORT`` (``Device._alone``, ``HostCall``). A decode
-    step's run makes no report object nobody reads: each, after a kernel that swept the cache, is a µs."""
+    """The ``last_report`` of a ``Device`` or a ``CallPlan``, kept in its plain attribute ``_report``: None, a
+    ``RunReport``, or a run of one host thunk kept unmade as ``(device spec, (index, op, dtype, backend), seconds,
+    copied bytes)`` (``Device._alone``, ``HostCall``), made into its ``RunReport`` when first read. A decode step's
+    run makes no report object nobody reads (after a kernel that swept the cache each is a µs); the runs set
+    ``_report`` themselves, a plain attribute's store (no frame, and the object's attributes stay where Python reads
+    them fastest)."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
-        kept = obj.__dict__
-        pending = kept.get(PENDING_REPORT)
-        if pending is None:
-            return None
-        spec, thunk, seconds, copied = pending
-        report = kept["last_report"] = RunReport(spec, [_new_tuple(ThunkRecord, (*thunk, seconds, copied))], seconds)
+        report = obj._report
+        if type(report) is tuple:
+            spec, thunk, seconds, copied = report
+            report = obj._report = RunReport(spec, [_new_tuple(ThunkRecord, (*thunk, seconds, copied))], seconds)
         return report
+
+    def __set__(self, obj: Any, report: RunReport | None) -> None:
+        obj._report = report
 
 
 @dataclass(frozen=True)
@@ -117,6 +114,7 @@ class Device:
         self.on_host = session.info.backend == "host"
         self.host = session if self.on_host else open_session(status("host").devices[0])
         self.thunks_run = 0  # top-level thunks this Device has run, on any backend, for tests and reports
+        self._report: RunReport | tuple | None = None  # ``last_report`` (``LastReport``)
         # id(schedule) -> (a weak reference to it, its BoundSchedule); Schedules are unhashable Mappings
         self._bound: dict[int, tuple[weakref.ref, BoundSchedule]] = {}
 
@@ -186,7 +184,6 @@ class Device:
         arena itself, ``host_call.HostCall``, calls it straight). ``alone(handle)`` returns the run's report as
         ``LastReport`` keeps one unmade, kept as this Device's ``last_report``."""
         clock, static, spec = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend), self.session.info.spec
-        kept = self.__dict__
 
         def alone(handle: Any) -> tuple[str, tuple, float, int]:
             started = clock()
@@ -195,9 +192,7 @@ class Device:
             except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
                 raise refused(thunk, err) from None
             self.thunks_run += 1
-            report = (spec, static, clock() - started, copied)
-            kept.pop("last_report", None)  # kept unmade (``LastReport``)
-            kept[PENDING_REPORT] = report
+            report = self._report = (spec, static, clock() - started, copied)  # kept unmade (``LastReport``)
             return report
         return alone
 
@@ -243,7 +238,7 @@ class Device:
         """
         if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
             spec, static, seconds, copied = bound.alone(arena.handle)
-            report = self.last_report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
+            report = self._report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
             return report
         with self.session.lock:
             copies = arena.flush()
@@ -279,7 +274,7 @@ class Device:
         record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
         report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
-        self.last_report = report
+        self._report = report  # ``last_report``
         return report
 
     def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool,
@@ -300,7 +295,7 @@ class Device:
                                               time.perf_counter() - t0, copied))
         self.thunks_run += len(bound.steps)
         report.seconds = time.perf_counter() - started
-        self.last_report = report
+        self._report = report  # ``last_report``
         return report
 
     def _check_data(self, checks: tuple[DataCheck, ...], dev_arena: Any) -> None:

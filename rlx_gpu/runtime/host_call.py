@@ -21,7 +21,6 @@ import numpy as np
 
 from ..errors import RlxError, RunError
 from .call_plan import CallPlan
-from .executor import PENDING_REPORT
 
 _ABSENT = object()
 _move = ctypes.memmove
@@ -55,7 +54,7 @@ class HostCall:
 
     __slots__ = ("plan", "writes", "stamped", "handed", "moved", "_hand", "_slots", "_kept", "_unstamped",
                  "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_targets", "_sizes", "_shared",
-                 "_lock", "_recorded", "_kept_by_plan")  # read as slots, not from an instance dictionary: a decode step reads a dozen
+                 "_lock", "_recorded")  # read as slots, not from an instance dictionary: a decode step reads a dozen
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
@@ -89,8 +88,8 @@ class HostCall:
         common = {(at, stamp_of) for _, at, _, stamp_of in stamped}
         shared = len(common) == 1 and all(self._kept[name] for name, *_ in stamped)
         self._shared = (*common.pop(), tuple(name for name, *_ in stamped)) if shared else None
-        # the plan's lock, its recorded stamps and its attributes (its ``last_report``): each the plan's own for life
-        self._lock, self._recorded, self._kept_by_plan = plan._lock, plan._stamps, plan.__dict__
+        # the plan's lock and its recorded stamps: each the plan's own for life
+        self._lock, self._recorded = plan._lock, plan._stamps
 
     def __call__(self, args: Sequence[Any], addresses: Sequence[int] | None = None) -> list[np.ndarray]:
         plan = self.plan
@@ -138,9 +137,7 @@ class HostCall:
                 recorded.clear()
                 raise
             if report is not None:  # every input written (a decode step's small ones): the run alone
-                kept = self._kept_by_plan  # the report kept unmade (``executor.LastReport``)
-                kept.pop("last_report", None)
-                kept[PENDING_REPORT] = report
+                plan._report = report  # kept unmade (``executor.LastReport``)
                 return list(map(_copy, self._views))
             if not self.handed:
                 outputs = plan._run({}, [], None)
