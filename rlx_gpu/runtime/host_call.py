@@ -111,11 +111,12 @@ class HostCall:
                 if shared is not None:
                     at, stamp_of, names = shared
                     stamp = stamp_of(args[at])
-                    for name in names:
-                        if recorded.get(name) is not stamp:
-                            break
-                    else:  # each recorded as this call's: nothing to write or compare
-                        stamped = ()
+                    if stamp is not None:  # (None: written on every call)
+                        for name in names:
+                            if recorded.get(name, _ABSENT) is not stamp:
+                                break
+                        else:  # each recorded as this call's: nothing to write or compare
+                            stamped = ()
                 for name, at, put, stamp_of in stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)

@@ -215,3 +215,17 @@ def test_a_decode_steps_report_is_made_when_read_and_names_its_one_thunk(host):
     (record,) = report.records
     assert record.backend == "host" and record.op == "lstm" and 0 < record.seconds == report.seconds
     assert plan.device.last_report.records == [record] and plan.device.thunks_run == before + 1
+
+
+
+def test_plain_tensors_set_for_parameters_after_decode_steps_are_the_steps_weights(host):
+    """A parameter deleted and set again as a plain tensor (no stamp: its packing is made and written on every call)
+    after decode steps of the module's own parameters: the steps read it, not the streams the plan holds."""
+    theirs, ours = pair(10)
+    with torch.no_grad():
+        hc_theirs, hc_ours = steps(theirs, ours, 3)
+        for module in (theirs, ours):
+            plain = module.weight_hh_l0.detach() * 0.5
+            del module.weight_hh_l0
+            module.weight_hh_l0 = plain
+        steps(theirs, ours, 3, hc_ours)
