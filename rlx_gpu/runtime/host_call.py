@@ -53,8 +53,8 @@ class HostCall:
     called (a caller that knows each is dense, of its place's dtype and size: a decode step's checked tensors)."""
 
     __slots__ = ("plan", "writes", "stamped", "handed", "moved", "_hand", "_slots", "_kept", "_unstamped",
-                 "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_targets", "_sizes", "_shared",
-                 "_lock", "_recorded")  # read as slots, not from an instance dictionary: a decode step reads a dozen
+                 "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_targets", "_sizes", "_lock",
+                 "_recorded", "moving")  # read as slots, not from an instance dictionary: a decode step reads a dozen
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
@@ -83,13 +83,50 @@ class HostCall:
         self.moved = tuple(moved)
         self._targets = tuple(arena[name].ctypes.data for name in moved)
         self._sizes = tuple(arena[name].nbytes for name in moved)
-        # the stamped inputs' one argument and stamp function where they share them and each is kept (a recurrent hot
-        # path's weight streams, stamped by their packing's key): a call whose stamp each has recorded writes none
-        common = {(at, stamp_of) for _, at, _, stamp_of in stamped}
-        shared = len(common) == 1 and all(self._kept[name] for name, *_ in stamped)
-        self._shared = (*common.pop(), tuple(name for name, *_ in stamped)) if shared else None
         # the plan's lock and its recorded stamps: each the plan's own for life
         self._lock, self._recorded = plan._lock, plan._stamps
+        self.moving = self._moving()
+
+    def _moving(self) -> Callable[[Any, Sequence[int]], tuple[np.ndarray, ...] | None] | None:
+        """The fast case of ``host_call(args, addresses)`` bound as one closure (``moving``), for a call of a plan of
+        one host thunk whose written inputs all come by address (``moved``) and whose stamped inputs are kept and
+        share one argument and stamp function (a recurrent decode step: x and the states by address, the weight
+        streams stamped by their packing's key): ``moving(arg, addresses)`` (``arg`` that shared argument) moves the
+        inputs in, runs the thunk and returns the outputs taken, or returns None, doing nothing, where the stamp is
+        None or the plan records another stamp than it, or one of another input (then ``host_call`` writes what is
+        due). Each attribute read and loop of the general call after a kernel that swept the cache is a µs. None
+        for another call."""
+        common = {(at, stamp_of) for _, at, _, stamp_of in self.stamped}
+        if not self.moved or self._alone is None or len(common) != 1 or not all(self._kept[n] for n, *_ in self.stamped):
+            return None
+        (_, stamp_of), = common
+        plan, lock, slots, recorded, alone, handle = self.plan, self._lock, self._slots, self._recorded, self._alone, \
+            self._handle
+        names, moves, views = tuple(name for name, *_ in self.stamped), tuple(zip(self._targets, self._sizes)), self._views
+        count = len(names)
+
+        def moving(arg: Any, addresses: Sequence[int]) -> tuple[np.ndarray, ...] | None:
+            stamp = stamp_of(arg)
+            with lock:
+                if plan._slots is not slots:
+                    raise RlxError("this HostCall's plan was freed since; bind another")
+                if stamp is None or len(recorded) != count:
+                    return None
+                for name in names:
+                    if recorded.get(name, _ABSENT) is not stamp:
+                        return None
+                try:
+                    for (target, nbytes), address in zip(moves, addresses):
+                        _move(target, address, nbytes)
+                    report = alone(handle)
+                except RunError:  # as the call's: the stamps hold
+                    raise
+                except BaseException:
+                    recorded.clear()
+                    raise
+                plan._report = report  # kept unmade (``executor.LastReport``)
+                return tuple(map(_copy, views))
+        return moving
 
     def __call__(self, args: Sequence[Any], addresses: Sequence[int] | None = None) -> list[np.ndarray]:
         plan = self.plan
@@ -107,17 +144,7 @@ class HostCall:
                 else:  # the bytes of each of ``moved`` where the caller holds them
                     for target, address, nbytes in zip(self._targets, addresses, self._sizes):
                         _move(target, address, nbytes)
-                stamped, shared = self.stamped, self._shared
-                if shared is not None:
-                    at, stamp_of, names = shared
-                    stamp = stamp_of(args[at])
-                    if stamp is not None:  # (None: written on every call)
-                        for name in names:
-                            if recorded.get(name, _ABSENT) is not stamp:
-                                break
-                        else:  # each recorded as this call's: nothing to write or compare
-                            stamped = ()
-                for name, at, put, stamp_of in stamped:
+                for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
                     if stamp is None or not self._kept[name]:

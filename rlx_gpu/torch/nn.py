@@ -36,8 +36,10 @@ from .recurrent import Recurrence, recurrent
 from .recurrent_hot import ModulePath, decode_path, hot_recurrent, latest_path, signature
 from .registry import FUNCTIONS
 
-#: Dynamo answers True while it traces: traced code never reads a hot path.
-_is_compiling = torch.compiler.is_compiling
+#: Dynamo answers True while it traces: traced code never reads a hot path. (``is_compiling``'s other True, a
+#: non-strict ``torch.export`` running the module on fake tensors under its modes, is refused by the latest path's
+#: own check; this one is one frame where ``is_compiling`` is two.)
+_is_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
 _MODULE_CALL = torch.nn.Module.__call__
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.

@@ -162,7 +162,7 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
     form, types, layout, device = called
     own = module._flat_weights
     host, packing = hot.host, hot.packing
-    plan, moved = host.plan, bool(host.moved)
+    plan, moved, moving = host.plan, bool(host.moved), host.moving  # ``moving``: the HostCall's fast case
     variables, environ = _device_variables(), _ENVIRON.get
     wrap, data = torch.from_numpy, torch.Tensor.data_ptr
     latest_packing: list[Any] = [(None, None)]  # the parameters' marks at the module's latest packing, and it
@@ -198,7 +198,9 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
             if packed is None:
                 return None
             latest_packing[0] = (marks if packed[1] is not None else None, packed)  # no key: packed every call
-        out = host((*tensors, packed), addresses if moved else None)
+        out = None if moving is None else moving(packed, addresses)
+        if out is None:
+            out = host((*tensors, packed), addresses if moved else None)
         _last.plan = plan
         if lstm:
             return wrap(out[0]), (wrap(out[1]), wrap(out[2]))
