@@ -10,7 +10,8 @@ as they lie, an output the kernel updates in place of one of them in that input'
 call then makes no NumPy view of its small tensors and runs none of ``call``'s per-input and per-output
 bookkeeping. A caller that knows its inputs dense may give them by address (``moved``: one ``memmove`` each, no
 writer's frame), and a plan of one host thunk with every input written runs that thunk straight
-(``BoundSchedule.alone``), its report kept unmade until read (``executor.LastReport``).
+(``BoundSchedule.alone``), its report kept unmade until read (``executor.LastReport``); a decode step whose weight
+streams are unchanged takes ``moving``, that call bound as one closure.
 """
 from __future__ import annotations
 
