@@ -156,9 +156,9 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
     parameter on the module drops the path), the ``HostCall`` writes x and the states into the plan's arena and
     runs it, and the outputs come back in torch.nn's form, ``(output, (h_n, c_n))`` or ``(output, h_n)``. Where the
     ``HostCall`` takes them by address (``moved``: each dense, its signature's) x and the states are moved from
-    their tensors' addresses, by its call bound as one closure where no stamp is due (``HostCall.moving``); a lazily negated tensor or one of no memory (``torch._efficientzerotensor``, address
-    0) goes the whole way, which writes its values. After a kernel that swept the cache each frame and call less
-    is a µs."""
+    their tensors' addresses, by its call bound as one closure where no stamp is due (``HostCall.moving``); a
+    lazily negated tensor or one of no memory (``torch._efficientzerotensor``, address 0) goes the whole way,
+    which writes its values. After a kernel that swept the cache each frame and call less is a µs."""
     form, types, layout, device = called
     own = module._flat_weights
     host, packing = hot.host, hot.packing
