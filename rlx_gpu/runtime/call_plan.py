@@ -43,7 +43,7 @@ from ..schedule.io import load_schedule
 from ..schedule.model import TensorView
 from .arena import Arena, host_array, read_spans, span_view
 from .dlpack import DeviceTensor, import_tensor
-from .executor import BoundSchedule, Device, RunReport
+from .executor import BoundSchedule, Device, LastReport, RunReport
 from .given import Given, gathered, given_layout, handed_outputs
 from .staging import Staging
 
@@ -76,9 +76,9 @@ class CallPlan:
     (a ``runtime.executor.Device``), on a resident arena of its own.
 
     ``inputs`` and ``outputs`` name the schedule's tensors. ``profile`` waits for each thunk so its
-    record in ``last_report`` holds its own time. Calls of one plan take turns (a lock); ``free()``,
-    leaving a ``with`` block or garbage collection releases the arena.
-    """
+    record in ``last_report`` (None before a call) holds its own time. Calls of one plan take turns (a lock);
+    ``free()``, leaving a ``with`` block or garbage collection releases the arena."""
+    last_report = LastReport()  # kept in ``_report``
 
     def __init__(self, schedule: Any, device: Device, *, profile: bool = False):
         self.schedule = load_schedule(schedule)
@@ -86,7 +86,7 @@ class CallPlan:
         self.profile = profile
         self.inputs: tuple[str, ...] = tuple(self.schedule.inputs)
         self.outputs: tuple[str, ...] = tuple(self.schedule.outputs)
-        self.last_report: RunReport | None = None
+        self._report: RunReport | tuple | None = None  # ``last_report`` (``LastReport``)
         self._lock = threading.Lock()
         self._slots: tuple[_Input, ...] | None = None
         self._names = frozenset(self.inputs)
@@ -184,7 +184,7 @@ class CallPlan:
         except BaseException:  # the device may have missed a write: write every input again next call
             self._stamps.clear()
             raise
-        self.last_report = report
+        self._report = report  # ``last_report``
         return self._outputs(report, into)
 
     def _call_given(self, handed: dict[int, np.ndarray], into: Sequence[np.ndarray | None] | None
@@ -200,7 +200,7 @@ class CallPlan:
             for i, value in handed.items():
                 self._slots[i].array[...] = value
             return None
-        self.last_report = report
+        self._report = report  # ``last_report``
         return gathered(handed_out, self._host_outputs, into)
 
     def on_stream(self, inputs: Mapping[str, Any], outputs: Mapping[str, Any], stream: int,
@@ -268,7 +268,7 @@ class CallPlan:
                     session.export_device(handle, offset, tensor)
             report.copies += moved + len(targets)
             self._stream_ready = True
-            self.last_report = report
+            self._report = report  # ``last_report``
             return report
 
     def _switch_path(self, on_stream: bool) -> None:

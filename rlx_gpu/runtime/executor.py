@@ -60,6 +60,27 @@ class RunReport:
         return sum(r.copied_bytes for r in self.records)
 
 
+class LastReport:
+    """The ``last_report`` of a ``Device`` or a ``CallPlan``, kept in its plain attribute ``_report``: None, a
+    ``RunReport``, or a run of one host thunk kept unmade as ``(device spec, (index, op, dtype, backend), seconds,
+    copied bytes)`` (``Device._alone``, ``HostCall``), made into its ``RunReport`` when first read. A decode step's
+    run makes no report object nobody reads (after a kernel that swept the cache each is a µs); the runs set
+    ``_report`` themselves, a plain attribute's store (no frame, and the object's attributes stay where Python reads
+    them fastest)."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        report = obj._report
+        if type(report) is tuple:
+            spec, thunk, seconds, copied = report
+            report = obj._report = RunReport(spec, [_new_tuple(ThunkRecord, (*thunk, seconds, copied))], seconds)
+        return report
+
+    def __set__(self, obj: Any, report: RunReport | None) -> None:
+        obj._report = report
+
+
 @dataclass(frozen=True)
 class BoundSchedule:
     """A schedule bound to one device, the per-schedule work a run repeats nothing of: placement,
@@ -73,6 +94,8 @@ class BoundSchedule:
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
     # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
+    # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
+    alone: Callable[[Any], tuple[str, tuple, float, int]] | None = None
 
 
 class Device:
@@ -82,6 +105,8 @@ class Device:
     for a whole run and every resident-arena operation); the host runs them at once.
     """
 
+    last_report = LastReport()
+
     def __init__(self, session: Session, config: Config, options: RunOptions | None = None):
         self.session = session
         self.config = config
@@ -89,7 +114,7 @@ class Device:
         self.on_host = session.info.backend == "host"
         self.host = session if self.on_host else open_session(status("host").devices[0])
         self.thunks_run = 0  # top-level thunks this Device has run, on any backend, for tests and reports
-        self.last_report: RunReport | None = None
+        self._report: RunReport | tuple | None = None  # ``last_report`` (``LastReport``)
         # id(schedule) -> (a weak reference to it, its BoundSchedule); Schedules are unhashable Mappings
         self._bound: dict[int, tuple[weakref.ref, BoundSchedule]] = {}
 
@@ -150,7 +175,26 @@ class Device:
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
         given = runner if self.on_host and len(steps) == 1 and steps[0][1] == device and not checks else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
-                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given)
+                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
+                             None if given is None else self._alone(*steps[0]))
+
+    def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, tuple, float, int]]:
+        """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
+        handle, bound once: nothing to send, lock, check or wait for (``execute``'s first case; a caller writing the
+        arena itself, ``host_call.HostCall``, calls it straight). ``alone(handle)`` returns the run's report as
+        ``LastReport`` keeps one unmade, kept as this Device's ``last_report``."""
+        clock, static, spec = time.perf_counter, (thunk.index, thunk.op, thunk.dtype, backend), self.session.info.spec
+
+        def alone(handle: Any) -> tuple[str, tuple, float, int]:
+            started = clock()
+            try:
+                copied = step(handle, None)
+            except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
+                raise refused(thunk, err) from None
+            self.thunks_run += 1
+            report = self._report = (spec, static, clock() - started, copied)  # kept unmade (``LastReport``)
+            return report
+        return alone
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -192,14 +236,10 @@ class Device:
         runs no data check (a run being captured into a CUDA graph cannot read the device: the call
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
-        if bound.given is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
-            (thunk, backend, step), = bound.steps
-            started = time.perf_counter()
-            try:
-                copied = step(arena.handle, None)
-            except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
-                raise refused(thunk, err) from None
-            return self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
+        if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
+            spec, static, seconds, copied = bound.alone(arena.handle)
+            report = self._report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
+            return report
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -229,13 +269,12 @@ class Device:
         return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
 
     def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
-        the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
-        swept the cache)."""
+        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (the record made by
+        ``tuple.__new__``, the spec read straight)."""
         record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
         report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1
-        self.last_report = report
+        self._report = report  # ``last_report``
         return report
 
     def _execute(self, bound: BoundSchedule, dev_arena: Any, image: np.ndarray | None, profile: bool,
@@ -256,7 +295,7 @@ class Device:
                                               time.perf_counter() - t0, copied))
         self.thunks_run += len(bound.steps)
         report.seconds = time.perf_counter() - started
-        self.last_report = report
+        self._report = report  # ``last_report``
         return report
 
     def _check_data(self, checks: tuple[DataCheck, ...], dev_arena: Any) -> None:

@@ -33,11 +33,13 @@ from .arguments import check_rnn_forward
 from .bridge import UNBUILT, call_key, hot_path, keep_hot_path, kept_per_signature
 from .library import PLAIN, runs_directly
 from .recurrent import Recurrence, recurrent
-from .recurrent_hot import hot_recurrent, latest_path
+from .recurrent_hot import ModulePath, decode_path, hot_recurrent, latest_path, signature
 from .registry import FUNCTIONS
 
-#: Dynamo answers True while it traces: traced code never reads a hot path.
-_is_compiling = torch.compiler.is_compiling
+#: Dynamo answers True while it traces: traced code never reads a hot path. (``is_compiling``'s other True, a
+#: non-strict ``torch.export`` running the module on fake tensors under its modes, is refused by the latest path's
+#: own check; this one is one frame where ``is_compiling`` is two.)
+_is_compiling = torch.compiler.is_dynamo_compiling
 _jit_tracing = torch._C._get_tracing_state
 _MODULE_CALL = torch.nn.Module.__call__
 #: torch.nn's ``RNNBase.mode`` -> the ABI op that runs it.
@@ -88,8 +90,9 @@ class _RlxRecurrent:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``torch.nn.Module.__call__``, which calls ``forward``, but for a call of the latest signature with a hot
-        path, no hook on the module or any module and no tracing: the hot path itself (``latest_path``), without
-        nn.Module's two frames (a decode step's 5 µs after its kernel swept the cache)."""
+        path, no hook on the module or any module and no tracing: the hot path itself (``latest_path``; on the host a
+        decode step of the module's own, ``decode_path``), without nn.Module's two frames (a decode step's 5 µs after
+        its kernel swept the cache)."""
         if not _is_compiling():  # Dynamo traces nn.Module's call, reading nothing below
             latest = self._rlx_latest
             if latest is not None and not kwargs and 0 < len(args) <= 2 and not (
@@ -113,10 +116,10 @@ class _RlxRecurrent:
                    first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given))
             path = hot_path(key)
             if path is not None and path is not UNBUILT:
-                out = path(module, input, hx)
+                out = path.call(module, input, hx)
                 if out is not None:  # None: a parameter's dtype or device changed (``hot_recurrent``)
                     if module._compiled_call_impl is None:  # not after module.compile(): its call is compiled
-                        self.__dict__["_rlx_latest"] = path  # the module's next call goes to it straight
+                        self.__dict__["_rlx_latest"] = path.own(self)  # the module's next call goes to it straight
                         _holding.add(self)
                     return out
         check_rnn_forward(module, input, hx)
@@ -159,19 +162,20 @@ class _RlxRecurrent:
         return output, (tuple(finals) if module.mode == "LSTM" else finals[0])
 
     def _hot_path(self, x: torch.Tensor, states: dict[str, torch.Tensor], batched: bool, input: torch.Tensor,
-                  given: tuple[torch.Tensor, ...], hx: Any) -> Callable[..., Any] | None:
+                  given: tuple[torch.Tensor, ...], hx: Any) -> ModulePath | None:
         """The hot path (``bridge.hot_path``) of a signature whose call (``input``, the states ``given`` as ``hx``)
         just passed its checks: all layers as one op on CPU tensors of torch's own types (not a packed input; not
         dropout between layers in training) on the bound forward (``recurrent_hot.hot_recurrent``), behind the
-        check of that signature a module's latest path needs (``recurrent_hot.latest_path``); None for any
-        other."""
+        check of that signature a module's latest path needs (``recurrent_hot.latest_path``; a decode loop's
+        form on the host, each module's decode step of its own); None for any other."""
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         weights = module._flat_weights
         if self._split() or not all(type(t) in PLAIN for t in (x, *states.values(), *weights)):
             return None
-        run = hot_recurrent(self._recurrence(module.num_layers), x, weights, list(states.values()))
-        if run is None:
+        hot = hot_recurrent(self._recurrence(module.num_layers), x, weights, list(states.values()))
+        if hot is None:
             return None
+        run = hot.run
 
         if batched and module.batch_first and hx is not None:  # a decode loop's form: the tensors are the op's
             lstm = module.mode == "LSTM"
@@ -179,13 +183,18 @@ class _RlxRecurrent:
             def as_given(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
                 out = run(input, module._flat_weights, hx if lstm else (hx,))
                 return None if out is None else (out[0], (out[1], out[2]) if lstm else out[1])
-            return latest_path(as_given, input, given, hx)
+            path = latest_path(as_given, input, given, hx)
+            if hot.host is None:
+                return ModulePath(path, lambda module: path)
+            called = signature(input, given, hx)
+            return ModulePath(path, lambda module: decode_path(hot, module, called, lstm))
 
         def forward(module: Any, input: torch.Tensor, hx: Any) -> tuple[Any, Any] | None:
             x, states, _, _ = module._arguments(input, hx)
             out = run(x, module._flat_weights, states.values())
             return None if out is None else module._results(input, out[0], out[1:], batched)
-        return latest_path(forward, input, given, hx)
+        path = latest_path(forward, input, given, hx)
+        return ModulePath(path, lambda module: path)
 
     def _initial_states(self, x: torch.Tensor, hx: Any, batched: bool) -> dict[str, torch.Tensor]:
         """``{"h0": ..}`` (and ``"c0"`` for an LSTM), ``[layers*dirs, batch, width]``: zeros without ``hx``."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
+import threading
 
 import pytest
 import torch
@@ -16,6 +18,8 @@ import torch
 from support.torch_devices import host  # noqa: F401  (fixture)
 
 import rlx_gpu.torch as rt
+from rlx_gpu.runtime.executor import RunReport
+from rlx_gpu.torch import bridge
 
 F64 = torch.float64
 
@@ -145,3 +149,83 @@ def test_a_module_with_a_latest_path_compiles_fullgraph_and_exports_to_its_eager
         assert any(n.op == "call_function" and str(n.target).startswith("rlx_gpu.") for n in exported.graph.nodes)
         y, _ = exported.module()(x, hc_ours)
         torch.testing.assert_close(y, theirs(x, hc_theirs)[0])
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_modules_of_one_signature_decoding_from_four_threads_match_torch_nn(kind, host):
+    """Two modules of one signature share its call plan (its arena holds one module's weight streams at a time);
+    four threads each decode with one of them, their steps interleaved: each step's output is torch.nn's, each
+    module's latest path its own."""
+    mods = []
+    for seed in (6, 7):
+        torch.manual_seed(seed)
+        theirs = getattr(torch.nn, kind)(4, 5, batch_first=True, dtype=F64)
+        ours = getattr(rt, kind)(4, 5, batch_first=True, dtype=F64)
+        ours.load_state_dict(theirs.state_dict())
+        mods.append((theirs, ours))
+    g = torch.Generator().manual_seed(8)
+    xs = [torch.randn(1, 1, 4, generator=g, dtype=F64) for _ in range(30)]
+    first = (torch.zeros(1, 1, 5, dtype=F64),) * (2 if kind == "LSTM" else 1)
+    first = first if kind == "LSTM" else first[0]
+    wanted = []
+    with torch.no_grad():
+        for theirs, _ in mods:
+            hx, ys = first, []
+            for x in xs:
+                y, hx = theirs(x, hx)
+                ys.append(y)
+            wanted.append(ys)
+    got: dict[int, list] = {}
+
+    def decode(k: int) -> None:
+        ours, hx, ys = mods[k % 2][1], first, []
+        with torch.no_grad():
+            for x in xs:
+                y, hx = ours(x, hx)
+                ys.append(y)
+        got[k] = ys
+
+    threads = [threading.Thread(target=decode, args=(k,)) for k in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads switched every few bytecodes: their steps interleave
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert all(m[1]._rlx_latest is not None for m in mods) and mods[0][1]._rlx_latest is not mods[1][1]._rlx_latest
+    for k in range(4):
+        for mine, torchs in zip(got[k], wanted[k % 2]):
+            assert torch.allclose(mine, torchs, atol=1e-12)
+
+
+def test_a_decode_steps_report_is_made_when_read_and_names_its_one_thunk(host):
+    """The latest path's run keeps its report unmade (``executor.LastReport``): read, it is the plan's and the
+    device's ``RunReport`` of the step's one host thunk, the same object read after read."""
+    theirs, ours = pair(9)
+    with torch.no_grad():
+        steps(theirs, ours, 3)
+        plan = bridge._last.plan
+        before = plan.device.thunks_run
+        steps(theirs, ours, 1)
+    report = bridge.last_report()
+    assert isinstance(report, RunReport) and report is bridge.last_report() is plan.last_report
+    (record,) = report.records
+    assert record.backend == "host" and record.op == "lstm" and 0 < record.seconds == report.seconds
+    assert plan.device.last_report.records == [record] and plan.device.thunks_run == before + 1
+
+
+
+def test_plain_tensors_set_for_parameters_after_decode_steps_are_the_steps_weights(host):
+    """A parameter deleted and set again as a plain tensor (no stamp: its packing is made and written on every call)
+    after decode steps of the module's own parameters: the steps read it, not the streams the plan holds."""
+    theirs, ours = pair(10)
+    with torch.no_grad():
+        hc_theirs, hc_ours = steps(theirs, ours, 3)
+        for module in (theirs, ours):
+            plain = module.weight_hh_l0.detach() * 0.5
+            del module.weight_hh_l0
+            module.weight_hh_l0 = plain
+        steps(theirs, ours, 3, hc_ours)
