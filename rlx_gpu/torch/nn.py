@@ -33,7 +33,7 @@ from .arguments import check_rnn_forward
 from .bridge import UNBUILT, call_key, hot_path, keep_hot_path, kept_per_signature
 from .library import PLAIN, runs_directly
 from .recurrent import Recurrence, recurrent
-from .recurrent_hot import ModulePath, decode_path, hot_recurrent, latest_path, signature
+from .recurrent_hot import ModulePath, current_weights, decode_path, hot_recurrent, latest_path, signature
 from .registry import FUNCTIONS
 
 #: Dynamo answers True while it traces: traced code never reads a hot path. (``is_compiling``'s other True, a
@@ -108,9 +108,10 @@ class _RlxRecurrent:
         module: torch.nn.RNNBase = self  # type: ignore[assignment]
         key = None
         given = () if hx is None else tuple(hx) if isinstance(hx, (tuple, list)) else (hx,)
+        weights = current_weights(module)
         if isinstance(input, torch.Tensor) and all(isinstance(t, torch.Tensor) for t in given) and runs_directly(
-                input, *given, *module._flat_weights):
-            first = module._flat_weights[0]  # its dtype and device are what torch.nn checks the input against
+                input, *given, *weights):
+            first = weights[0]  # its dtype and device are what torch.nn checks the input against
             key = (type(module), module.mode, module.input_size, module.hidden_size, module.num_layers, module.bias,
                    module.batch_first, module.bidirectional, module.proj_size, module.training, module.dropout,
                    first.dtype, first.is_cpu, isinstance(hx, tuple), *call_key(input, *given))

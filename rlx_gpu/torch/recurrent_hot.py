@@ -112,11 +112,24 @@ def latest_path(path: Callable[..., Any], input: torch.Tensor, given: Sequence[t
             if type(t) is not kind or t.dtype is not dtype or t.shape != shape or t.stride() != stride \
                     or not t.is_cpu:
                 return None
-        if _grad_enabled() and _any_requires_grad(input, *given, *module._flat_weights) \
+        if _grad_enabled() and _any_requires_grad(input, *given, *current_weights(module)) \
                 or tuple(map(environ, variables)) != device:
             return None
         return path(module, input, hx)
     return latest
+
+
+def current_weights(module: Any) -> list[torch.Tensor]:
+    """``module``'s parameters as torch.nn's forward reads them (``RNNBase._update_flat_weights``): its
+    ``_flat_weights``, made again where a parameter was put into ``_parameters`` without ``__setattr__``
+    (``torch.func.functional_call``, ``torch.nn.utils.stateless``) or is computed (``parametrize``). Each is
+    compared by identity with ``_parameters``' entry of its name in one pass (torch's own check reads each name
+    through ``nn.Module.__getattr__``); only a difference runs torch's."""
+    weights = module._flat_weights
+    if not all(map(operator.is_, weights, map(module._parameters.get, module._flat_weights_names))):
+        module._update_flat_weights()
+        weights = module._flat_weights
+    return weights
 
 
 class Signature(NamedTuple):
@@ -188,7 +201,7 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
             tensors, addresses = (input, hx), (data(input), data(hx))
         if 0 in addresses:  # a tensor of no memory (``torch._efficientzerotensor``): the whole way, as a lazy negation
             return None
-        weights = module._flat_weights
+        weights = current_weights(module)
         if _grad_enabled() and _any_requires_grad(*tensors, *weights) or tuple(map(environ, variables)) != device:
             return None
         marks = (*map(_version, weights), *map(_address, weights))

@@ -229,3 +229,30 @@ def test_plain_tensors_set_for_parameters_after_decode_steps_are_the_steps_weigh
             del module.weight_hh_l0
             module.weight_hh_l0 = plain
         steps(theirs, ours, 3, hc_ours)
+
+
+@pytest.mark.parametrize("form", ["decode", "sequence"])
+def test_functional_call_runs_the_parameters_it_is_given_and_leaves_the_modules_own(form, host):
+    """``torch.func.functional_call`` puts its parameters into ``_parameters`` without ``__setattr__``: the calls
+    inside it (after the module's own calls made a latest path, and with grad) run those, as torch.nn.LSTM's do,
+    and the module's own calls after it run its own again."""
+    theirs, ours = pair(11)
+    hc = (torch.randn(1, 1, 5, dtype=F64), torch.randn(1, 1, 5, dtype=F64))
+    x = torch.randn(1, 1, 4, dtype=F64) if form == "decode" else torch.randn(3, 6, 4, dtype=F64)
+    args = (x, hc) if form == "decode" else (x,)
+    with torch.no_grad():
+        steps(theirs, ours, 3, hc)
+        assert ours._rlx_latest is not None or form == "sequence"
+        given = {name: p * 1.5 for name, p in theirs.named_parameters()}
+        inside = [torch.func.functional_call(m, given, args)[0] for m in (theirs, ours)]
+        assert torch.allclose(inside[1], inside[0], atol=1e-12)
+        assert not torch.allclose(inside[1], ours(*args)[0], atol=1e-6)  # the given parameters made a difference
+        steps(theirs, ours, 2, hc)
+    grads = []
+    for module in (theirs, ours):
+        leaves = {name: p.detach().clone().requires_grad_() for name, p in given.items()}
+        torch.func.functional_call(module, leaves, args)[0].square().sum().backward()
+        grads.append([leaves[name].grad for name in sorted(leaves)])
+        assert all(p.grad is None for p in module.parameters())
+    for mine, torchs in zip(grads[1], grads[0]):
+        assert torch.allclose(mine, torchs, atol=1e-10)
