@@ -73,6 +73,7 @@ class BoundSchedule:
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
     # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
+    lone: bool = False  # one thunk, on the device, no data check: a run is its launches (a decode step's)
 
 
 class Device:
@@ -148,9 +149,10 @@ class Device:
         needs_image = any(a.backend != device for a in assignments if not a.nested)
         checks = data_checks(schedule.thunks)
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
-        given = runner if self.on_host and len(steps) == 1 and steps[0][1] == device and not checks else None
+        lone = len(steps) == 1 and steps[0][1] == device and not checks
+        given = runner if self.on_host and lone else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
-                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given)
+                             {step_of[id(c.thunk)]: c for c in checks if not c.early}, given, lone)
 
     def run(self, schedule: Any, arena: np.ndarray | Arena | None = None, *, profile: bool = False) -> Any:
         """Run ``schedule``.
@@ -200,6 +202,19 @@ class Device:
             except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
                 raise refused(thunk, err) from None
             return self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
+        if bound.lone and not profile:  # one launch to enqueue: the report of ``_one_thunk``, no loop's bookkeeping
+            (thunk, backend, step), = bound.steps
+            started = time.perf_counter()
+            with self.session.lock:
+                copies = arena.flush()
+                try:
+                    copied = step(arena.handle, None)
+                except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
+                    raise refused(thunk, err) from None
+            report = self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
+            if not self.session.shared:
+                report.copies = copies
+            return report
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -229,7 +244,7 @@ class Device:
         return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
 
     def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
+        """The report of a run of one thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
         the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
         swept the cache)."""
         record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))

@@ -1,4 +1,5 @@
-"""A hot path's call with its tensors written straight into the host call plan's arena (``runtime.host_call``).
+"""A hot path's call with its tensors written straight into the arena of a call plan on host memory (the host's,
+or an OpenCL CPU device's shared memory: ``runtime.host_call``).
 
 A decode step's inputs are small: moving one costs less than the Python around it. ``BoundCall`` makes a NumPy
 view of each tensor, the view the plan takes (a reshape, a field picked out of a broadcast), and the plan checks
@@ -6,7 +7,9 @@ and copies it; ``written_call`` works all that out once per signature instead, a
 (``place_writer``): per call, one ``memmove`` of the caller's tensor's bytes into the input's place in the
 arena, or, for a field picked out of a broadcast (Mamba-2's per-head dt, A, D), one NumPy assignment of the
 picked elements. The large inputs a kernel reads where they lie (a carried state) are handed over as NumPy views
-(kept per tensor, ``HeldView``, for a state the call updates in place).
+(kept per tensor, ``HeldView``, for a state the call updates in place); on a device they are copied in and out
+(the kernel reads the arena only), which still skips ``CallPlan.call``'s views and checks (on PoCL, 5-10 µs of a
+Mamba-1 decode step's Python: docs/performance.md).
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import torch
 
 from ..runtime.host_call import HostCall, places
 from .bridge import BoundCall, _last, stamp
-from .held_views import HeldView
+from .held_views import HeldState, HeldView
 
 #: A writer: ``put(t)`` writes the caller's tensor ``t`` (of the bound signature) into an input's place.
 Put = Callable[[torch.Tensor], Any]
@@ -94,20 +97,24 @@ def _addresses(a: np.ndarray) -> np.ndarray:
 
 def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: Sequence[torch.Tensor],
                  stamped: Collection[str], handed: Collection[str], in_place: Mapping[str, str],
-                 taken: Sequence[str]) -> HostCall | None:
+                 taken: Sequence[str], carried: Mapping[str, tuple[Callable[[Any], Any], int | None]] | None = None,
+                 wrap: Callable[[np.ndarray], Any] | None = None) -> HostCall | None:
     """The ``HostCall`` of ``plan`` (called once already) for a signature whose call had the tensors ``args``:
     ``fields`` gives each plan input's tensor (its position among ``args``) and the view of it the plan takes;
     ``stamped`` the inputs given with their stamps (``bridge.stamp``), ``handed`` those the kernel reads where
     they lie (the tensor itself, viewed as a kept NumPy array; another input is too where it is the tensor's
     own memory and large enough for the plan's ``given`` layout: no copy of it a call, its stamp moot),
     ``in_place`` the outputs (by name) the kernel writes in place of a handed input (by name), ``taken`` the
-    outputs returned. None where the plan is no host plan or a view is one this cannot write (``place_writer``)
-    or hand over."""
-    arena = places(plan)
+    outputs returned (each passed through ``wrap`` where given). On a device of shared memory, ``carried`` names
+    the carried states (input -> ``(mark, output)``, ``host_call.Carried``): one the arena holds still is not
+    written again. None where the plan is no plan on host memory or a view is one this cannot write
+    (``place_writer``) or hand over."""
+    arena = places(plan, shared=True)
     if arena is None:
         return None
     layout = plan._given
-    writes, stamps, hand = [], [], []
+    keep = (carried or {}) if plan._touched is not None else {}  # on the host the kernel updates the caller's state
+    writes, stamps, hand, carry = [], [], [], []
     for i, name in enumerate(plan.inputs):
         at, field = fields[name]
         own = args[at].numpy(force=True)
@@ -121,36 +128,48 @@ def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: 
             # a state the call updates in place, or a parameter, comes back call after call: its view is kept;
             # another (a state the kernel updates a copy of) is a new tensor each call, viewed afresh
             hand.append((i, at, HeldView() if name in in_place.values() or name in stamped else _numpy))
+            if name in keep:
+                carry.append((name, at, None, *keep[name]))
             continue
         put = place_writer(arena[name], args[at], field, name in stamped)
         if put is None:
             return None
         if name in stamped:
             stamps.append((name, at, put, stamp))
+        elif name in keep:
+            carry.append((name, at, put, *keep[name]))
         else:
             writes.append((at, put))
     order = [plan.inputs[i] for i, _, _ in hand]
     return HostCall(plan, writes, stamps, hand, {plan.outputs.index(o): order.index(i) for o, i in in_place.items()},
-                    [plan.outputs.index(o) for o in taken])
+                    [plan.outputs.index(o) for o in taken], carry, wrap)
 
 
-def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
+def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor], carries: Mapping[str, str] | None = None
+                  ) -> Callable[..., list[torch.Tensor]] | None:
     """``bound`` (a ``BoundCall``, called once) as a ``HostCall`` on the tensors it takes as they are
     (``tensors``: the call's that just ran): ``run(tensors) -> outputs``, new CPU tensors; the large inputs the
-    kernel may read where they lie handed over. None where ``written_call`` gives none."""
+    kernel may read where they lie handed over. ``carries`` (output -> input): the outputs the kernel writes in the
+    place of an input, a state carried from call to call (``written_call``'s ``carried``: the output returned
+    passed back as that input is not written again). None where ``written_call`` gives none."""
+    carries = carries or {}
     plan = bound.plan
-    layout, arena = plan._given, places(plan)
+    layout, arena = plan._given, places(plan, shared=True)
     if arena is None:
         return None
     fields = {name: (at, tensors[at].numpy(force=True)) for name, at in zip(plan.inputs, bound.order)}
     handed = [name for i, name in enumerate(plan.inputs) if layout is not None and layout.inputs[i]]
     stamped = [plan.inputs[i] for i, _ in bound.stamped]
-    host = written_call(plan, fields, tensors, stamped, handed, {}, [plan.outputs[j] for j in bound.outputs])
+    outputs = [plan.outputs[j] for j in bound.outputs]
+    # a state carried in place (an input the kernel updates into an output taken): the returned output holds it
+    carried = {name: (HeldState.of, outputs.index(out)) for out, name in carries.items() if name in plan.inputs
+               and out in outputs}
+    host = written_call(plan, fields, tensors, stamped, handed, {}, outputs, carried, torch.from_numpy)
     if host is None:
         return None
 
     def run(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         out = host(tensors)
         _last.plan = plan
-        return [torch.from_numpy(a) for a in out]
+        return out
     return run
