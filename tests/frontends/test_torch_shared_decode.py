@@ -18,18 +18,24 @@ from rlx_gpu.torch import bridge
 F64 = torch.float64
 
 
-@pytest.fixture
-def shared(monkeypatch):
-    """RLX_DEVICE: the first OpenCL CPU device of shared memory (a missing one fails, never skips)."""
-    if status("opencl").available:
-        for info in status("opencl").devices:
-            if info.cpu and not info.details.get("simulator") and "unusable" not in info.details:
-                monkeypatch.setenv("RLX_DEVICE", info.spec)
-                rt.clear_cache()
-                yield info.spec
-                rt.clear_cache()
-                return
-    pytest.fail("no OpenCL CPU device to run on")
+def _cpu_devices() -> list[str]:
+    """The first OpenCL CPU device of each platform (PoCL, Intel's CPU runtime), simulators left out."""
+    found: dict[str, str] = {}
+    for info in status("opencl").devices if status("opencl").available else ():
+        if info.cpu and not info.details.get("simulator") and "unusable" not in info.details:
+            found.setdefault(str(info.details.get("platform")), info.spec)
+    return list(found.values()) or ["none"]
+
+
+@pytest.fixture(params=_cpu_devices())
+def shared(request, monkeypatch):
+    """RLX_DEVICE: an OpenCL CPU device of shared memory (none fails, never skips)."""
+    if request.param == "none":
+        pytest.fail("no OpenCL CPU device to run on")
+    monkeypatch.setenv("RLX_DEVICE", request.param)
+    rt.clear_cache()
+    yield request.param
+    rt.clear_cache()
 
 
 def r(*shape: int) -> torch.Tensor:
