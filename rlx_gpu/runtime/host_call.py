@@ -27,13 +27,6 @@ _ABSENT = object()
 Write = tuple[int, Callable[[Any], Any]]
 #: ``(name, position, put, stamp_of)``: a stamped input's writer and how to stamp its argument (None: no stamp).
 Stamped = tuple[str, int, Callable[[Any], Any], Callable[[Any], Hashable | None]]
-#: ``(name, position, put, mark, output)``: a carried state on a device of shared memory, an input the kernel
-#: updates in its arena place, written from the argument at ``position`` by ``put`` (None: one of the ``handed``)
-#: unless that place still holds it. After each call ``mark(holder)`` marks what holds the place's new value: the
-#: argument itself (``output`` None: the kernel's output is written back into it), else the taken output of that
-#: index; the mark (None: no mark) is a predicate, ``mark(holder)(arg)`` true while ``arg`` holds that value still.
-Carried = tuple[str, int, Callable[[Any], Any] | None, Callable[[Any], Callable[[Any], bool] | None], int | None]
-_HELD = object()  # the first item of a carried input's entry among the plan's stamps: ``(_HELD, mark)``
 
 
 def places(plan: CallPlan, shared: bool = False) -> dict[str, np.ndarray] | None:
@@ -47,8 +40,8 @@ def places(plan: CallPlan, shared: bool = False) -> dict[str, np.ndarray] | None
 
 
 class HostCall:
-    """``plan`` (on host memory, called once already: ``places(plan, shared=True)``) called as ``host_call(args)``: each input written from
-    ``args`` by its writer (``writes``; ``stamped``: a parameter's, when its stamp changed), the ``handed`` inputs
+    """``plan`` (on host memory, called once already: ``places(plan, shared=True)``) called as
+    ``host_call(args)``: each input written from ``args`` by its writer (``writes``; ``stamped``: a parameter's, when its stamp changed), the ``handed`` inputs
     (``(input index, position, view)``: ``view(arg)`` a C-contiguous array of the input's shape and storage
     dtype) given to the kernel where they lie (copied in where the plan's ``given`` layout does not let the
     kernel take them: too small); returns the outputs
@@ -57,7 +50,7 @@ class HostCall:
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
-                 taken: Sequence[int], carried: Sequence[Carried] = (), wrap: Callable[[np.ndarray], Any] | None = None):
+                 taken: Sequence[int]):
         if places(plan, shared=True) is None:
             raise RlxError(f"HostCall binds a plan whose arena is host memory (the host's, or a device's shared "
                            f"memory), called once already; this one is {plan!r}")
@@ -76,10 +69,6 @@ class HostCall:
         # arena keeps scratch staged from its bytes
         self._device = plan._touched is not None
         self._ranges = {slot.name: (slot.offset, slot.raw.size) for slot in plan._slots}
-        if carried and not self._device:
-            raise RlxError(f"HostCall carries a state in the arena of a device of shared memory; this plan is {plan!r}")
-        self.carried, self._wrap = tuple(carried), wrap
-        self._handed_names = tuple(plan.inputs[i] for i, _, _ in handed)
 
     def __call__(self, args: Sequence[Any]) -> list[np.ndarray]:
         plan = self.plan
@@ -88,18 +77,13 @@ class HostCall:
                 raise RlxError("this HostCall's plan was freed since; bind another")
             if self._device:  # the launches before are done with the arena's bytes (one wait, as ``CallPlan.call``)
                 plan._finish()
-            recorded, written, held = plan._stamps, None, ()
-            if recorded:
-                if self.carried:  # a carried state the arena holds still is not written
-                    held = tuple(name for name, at, *_ in self.carried if _holds(recorded.get(name), args[at]))
-                for name in self._unstamped:  # a call of the plan (``CallPlan.call``) may have written these with stamps
+            recorded, written = plan._stamps, None
+            if recorded:  # a call of the plan (``CallPlan.call``) may have written these with stamps
+                for name in self._unstamped:
                     recorded.pop(name, None)
             try:
                 for at, put in self.writes:
                     put(args[at])
-                for name, at, put, *_ in self.carried:
-                    if put is not None and name not in held:
-                        put(args[at])
                 for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)
@@ -114,33 +98,19 @@ class HostCall:
                 raise
             if self._device and plan._arena.handle.kept:  # kept scratch staged from what changed is stale
                 for name in (*self._unstamped, *(written or ())):
-                    if name not in held:
-                        plan._touched(plan._arena.handle, *self._ranges[name])
+                    plan._touched(plan._arena.handle, *self._ranges[name])
             if not self.handed:  # every input written (a decode step's small ones): the run alone
                 outputs = plan._run({}, [], None)
-            else:
-                arrays = [view(args[at]) for _, at, view in self.handed]
-                if self._hand and plan._given is not None:  # read where they lie, if the kernel takes them
-                    handed = {i: array for (i, _, _), array in zip(self.handed, arrays)}
-                else:  # small, or refused by the kernel once: copied in (a carried state the arena holds: not)
-                    handed = {}
-                    for (i, _, _), name, array in zip(self.handed, self._handed_names, arrays):
-                        if name not in held:
-                            self._slots[i].array[...] = array
-                # an output the kernel updates in place of a handed input comes back in that input's own array
-                into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(plan.outputs))
-                        ] if self._in_place else None
-                outputs = plan._run(handed, [], into)
-            taken = [outputs[j] for j in self._taken]
-            if self._wrap is not None:
-                taken = [self._wrap(a) for a in taken]
-            for name, at, _, mark, output in self.carried:  # what holds each carried state's place now
-                holds = mark(args[at] if output is None else taken[output])
-                if holds is not None:
-                    recorded[name] = (_HELD, holds)
-        return taken
-
-
-def _holds(entry: Any, arg: Any) -> bool:
-    """Whether a carried input's entry among a plan's stamps says that ``arg`` holds what its arena place holds."""
-    return type(entry) is tuple and entry[0] is _HELD and entry[1](arg)
+                return [outputs[j] for j in self._taken]
+            arrays = [view(args[at]) for _, at, view in self.handed]
+            if self._hand and plan._given is not None:  # read where they lie, if the kernel takes them
+                handed = {i: array for (i, _, _), array in zip(self.handed, arrays)}
+            else:  # small, refused by the kernel once, or on a device (no ``given``): copied in
+                handed = {}
+                for (i, _, _), array in zip(self.handed, arrays):
+                    self._slots[i].array[...] = array
+            # an output the kernel updates in place of a handed input comes back in that input's own array
+            into = [arrays[self._in_place[j]] if j in self._in_place else None for j in range(len(plan.outputs))
+                    ] if self._in_place else None
+            outputs = plan._run(handed, [], into)
+        return [outputs[j] for j in self._taken]

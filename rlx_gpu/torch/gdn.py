@@ -19,7 +19,7 @@ from .arguments import (check_chunk_gated_delta_rule, check_chunk_kda, check_cu_
                         check_fused_recurrent_gated_delta_rule)
 from ..schedule.reserve import reserve_bytes
 from .bridge import DTYPES, UNBUILT, call_key, hot_path, keep_hot_path
-from .fused import FINAL_STATE, FusedOp, bound_forward, cast, define_fused, saves
+from .fused import FusedOp, bound_forward, cast, define_fused, saves
 from .library import PLAIN, runs_directly
 
 from .registry import FUNCTIONS
@@ -219,7 +219,7 @@ def _hot_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.T
     if bound is None:
         return None
     tensors = (q, k, v, g, beta, initial_state)
-    written = bound_written(bound, tensors, {FINAL_STATE: "state"}) if bound.plain else None
+    written = bound_written(bound, tensors) if bound.plain else None
     run = written if written is not None else bound
 
     def recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,

@@ -44,25 +44,3 @@ class HeldView:
             return array
         self._entry = (weakref.ref(t), address, np.asarray(_Memory(array.__array_interface__)))
         return array
-
-
-class HeldState:
-    """The mark of a carried state a call left in its plan's arena (``runtime.host_call``'s ``carried``): the
-    tensor ``t`` that holds the same values now (the caller's state written back, or the final state returned).
-    ``mark(s)`` is true while ``s`` is that same tensor, at the same address and ``_version``: no torch operation
-    has written it since, so the next call need not write it into the arena again. A write torch's version counter
-    does not see (through ``.data`` or NumPy) is not seen here either, as for a parameter's stamp
-    (``bridge.stamp``): ``rlx_gpu.torch.clear_cache()`` after one. An inference tensor keeps no version: no mark
-    (``HeldState.of``: None), so it is written on every call."""
-
-    __slots__ = ("_ref", "_version", "_address")
-
-    def __init__(self, t: torch.Tensor):
-        self._ref, self._version, self._address = weakref.ref(t), t._version, t.data_ptr()
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> "HeldState | None":
-        return None if t.is_inference() else cls(t)
-
-    def __call__(self, s: torch.Tensor) -> bool:
-        return self._ref() is s and s._version == self._version and s.data_ptr() == self._address

@@ -14,7 +14,7 @@ from .arguments import check_selective_state_update, check_state_batch_indices
 from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, _last, call_key, default_device, device_for, host_array, hot_path,
                      keep_hot_path, kept_per_signature, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, call_of, forward_graph
-from .held_views import HeldState, HeldView
+from .held_views import HeldView
 from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
 from .written import written_call
@@ -127,18 +127,14 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
 
     plan = bound.plan
     written = written_call(plan, {f: (_POSITIONS[f], a) for f, a in views(*tensors).items() if a is not None},
-                           tensors, ("a", "d", route.bias), ("state",), {FINAL_STATE: "state"}, ("y",),
-                           {"state": (_advanced, None)})
+                           tensors, ("a", "d", route.bias), ("state",), {FINAL_STATE: "state"}, ("y",))
     if written is not None:
-        advances = not written.carried  # else the carried state's mark advances its version (``_advanced``)
-
         def step_written(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                          C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
                          dt_bias: torch.Tensor | None) -> torch.Tensor:
             y, = written((state, x, dt, A, B, C, D, z, dt_bias))
             _last.plan = plan
-            if advances:
-                increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
+            increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
             return torch.from_numpy(y.reshape(x.shape))  # a new array's view: NumPy's reshape costs less than torch's
         return step_written
 
@@ -156,14 +152,6 @@ def _plain_step(route: _StepRoute, heads_form: bool, b_grouped: bool, c_grouped:
         increment_version(state)  # as the op's schema (``Tensor(a!) state``) has the dispatcher do
         return torch.from_numpy(y.reshape(x.shape))  # a new array's view: NumPy's reshape costs less than torch's
     return step
-
-
-def _advanced(state: torch.Tensor) -> HeldState | None:
-    """The mark of the caller's state a step on a device of shared memory wrote its final state back into
-    (``written_call``'s ``carried``): its version advanced first, as the op's schema (``Tensor(a!) state``) has
-    the dispatcher do, so the mark holds while nothing writes the state before the next step."""
-    increment_version(state)
-    return HeldState.of(state)
 
 
 #: Each op field's tensor, by its position among ``selective_state_update``'s (state, x, dt, A, B, C, D, z, dt_bias).

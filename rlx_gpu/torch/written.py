@@ -21,7 +21,7 @@ import torch
 
 from ..runtime.host_call import HostCall, places
 from .bridge import BoundCall, _last, stamp
-from .held_views import HeldState, HeldView
+from .held_views import HeldView
 
 #: A writer: ``put(t)`` writes the caller's tensor ``t`` (of the bound signature) into an input's place.
 Put = Callable[[torch.Tensor], Any]
@@ -97,24 +97,20 @@ def _addresses(a: np.ndarray) -> np.ndarray:
 
 def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: Sequence[torch.Tensor],
                  stamped: Collection[str], handed: Collection[str], in_place: Mapping[str, str],
-                 taken: Sequence[str], carried: Mapping[str, tuple[Callable[[Any], Any], int | None]] | None = None,
-                 wrap: Callable[[np.ndarray], Any] | None = None) -> HostCall | None:
+                 taken: Sequence[str]) -> HostCall | None:
     """The ``HostCall`` of ``plan`` (called once already) for a signature whose call had the tensors ``args``:
     ``fields`` gives each plan input's tensor (its position among ``args``) and the view of it the plan takes;
     ``stamped`` the inputs given with their stamps (``bridge.stamp``), ``handed`` those the kernel reads where
     they lie (the tensor itself, viewed as a kept NumPy array; another input is too where it is the tensor's
     own memory and large enough for the plan's ``given`` layout: no copy of it a call, its stamp moot),
     ``in_place`` the outputs (by name) the kernel writes in place of a handed input (by name), ``taken`` the
-    outputs returned (each passed through ``wrap`` where given). On a device of shared memory, ``carried`` names
-    the carried states (input -> ``(mark, output)``, ``host_call.Carried``): one the arena holds still is not
-    written again. None where the plan is no plan on host memory or a view is one this cannot write
-    (``place_writer``) or hand over."""
+    outputs returned. None where the plan is no plan on host memory (``places``) or a view is one this cannot
+    write (``place_writer``) or hand over."""
     arena = places(plan, shared=True)
     if arena is None:
         return None
     layout = plan._given
-    keep = (carried or {}) if plan._touched is not None else {}  # on the host the kernel updates the caller's state
-    writes, stamps, hand, carry = [], [], [], []
+    writes, stamps, hand = [], [], []
     for i, name in enumerate(plan.inputs):
         at, field = fields[name]
         own = args[at].numpy(force=True)
@@ -128,31 +124,23 @@ def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: 
             # a state the call updates in place, or a parameter, comes back call after call: its view is kept;
             # another (a state the kernel updates a copy of) is a new tensor each call, viewed afresh
             hand.append((i, at, HeldView() if name in in_place.values() or name in stamped else _numpy))
-            if name in keep:
-                carry.append((name, at, None, *keep[name]))
             continue
         put = place_writer(arena[name], args[at], field, name in stamped)
         if put is None:
             return None
         if name in stamped:
             stamps.append((name, at, put, stamp))
-        elif name in keep:
-            carry.append((name, at, put, *keep[name]))
         else:
             writes.append((at, put))
     order = [plan.inputs[i] for i, _, _ in hand]
     return HostCall(plan, writes, stamps, hand, {plan.outputs.index(o): order.index(i) for o, i in in_place.items()},
-                    [plan.outputs.index(o) for o in taken], carry, wrap)
+                    [plan.outputs.index(o) for o in taken])
 
 
-def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor], carries: Mapping[str, str] | None = None
-                  ) -> Callable[..., list[torch.Tensor]] | None:
+def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor]) -> Callable[..., list[torch.Tensor]] | None:
     """``bound`` (a ``BoundCall``, called once) as a ``HostCall`` on the tensors it takes as they are
     (``tensors``: the call's that just ran): ``run(tensors) -> outputs``, new CPU tensors; the large inputs the
-    kernel may read where they lie handed over. ``carries`` (output -> input): the outputs the kernel writes in the
-    place of an input, a state carried from call to call (``written_call``'s ``carried``: the output returned
-    passed back as that input is not written again). None where ``written_call`` gives none."""
-    carries = carries or {}
+    kernel may read where they lie handed over. None where ``written_call`` gives none."""
     plan = bound.plan
     layout, arena = plan._given, places(plan, shared=True)
     if arena is None:
@@ -160,16 +148,12 @@ def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor], carries: Ma
     fields = {name: (at, tensors[at].numpy(force=True)) for name, at in zip(plan.inputs, bound.order)}
     handed = [name for i, name in enumerate(plan.inputs) if layout is not None and layout.inputs[i]]
     stamped = [plan.inputs[i] for i, _ in bound.stamped]
-    outputs = [plan.outputs[j] for j in bound.outputs]
-    # a state carried in place (an input the kernel updates into an output taken): the returned output holds it
-    carried = {name: (HeldState.of, outputs.index(out)) for out, name in carries.items() if name in plan.inputs
-               and out in outputs}
-    host = written_call(plan, fields, tensors, stamped, handed, {}, outputs, carried, torch.from_numpy)
+    host = written_call(plan, fields, tensors, stamped, handed, {}, [plan.outputs[j] for j in bound.outputs])
     if host is None:
         return None
 
     def run(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         out = host(tensors)
         _last.plan = plan
-        return out
+        return [torch.from_numpy(a) for a in out]
     return run

@@ -1,9 +1,8 @@
 """Decode steps of rlx_gpu.torch on an OpenCL CPU device whose arena is host memory (``Session.shared``: PoCL,
 Intel's CPU runtime): the hot path writes its tensors into the arena itself (``written``, ``runtime.host_call``)
-and the state it carries stays there from step to step while the caller passes back the tensor that holds it,
-unchanged (``HeldState``). Each step must still be the op's own: against float64 references written from
-mamba_ssm's and fla's formulas, the caller's state written back every step, and a state the caller changed
-between steps, or another state tensor, read as it is now."""
+and copies the carried state in and out. Each step must still be the op's own: against float64 references
+written from mamba_ssm's and fla's formulas, the caller's state written back every step, and a state the caller
+changed between steps, or another state tensor, read as it is now."""
 from __future__ import annotations
 
 import pytest
@@ -87,9 +86,8 @@ def run_mamba(state: torch.Tensor, theirs: torch.Tensor, step, heads: int) -> No
 @pytest.mark.parametrize("heads, dim, dstate", [(2, 4, 3), (0, 6, 4)], ids=["mamba2", "mamba1"])
 def test_a_decode_loop_on_a_device_of_shared_memory_is_the_ops_step_with_the_state_changed_between(
         heads, dim, dstate, shared, monkeypatch):
-    """Steps on the hot path (the plan's own call only on the first): the state the previous step wrote back
-    stays in the arena, yet a state changed in place by the caller between steps, or swapped for another
-    tensor (two sequences taking turns), is read as it is now."""
+    """Steps on the hot path (the plan's own call only on the first): a state changed in place by the caller
+    between steps, or swapped for another tensor (two sequences taking turns), is read as it is now."""
     torch.manual_seed(heads)
     calls = []
     call = CallPlan.call
@@ -114,8 +112,8 @@ def test_a_decode_loop_on_a_device_of_shared_memory_is_the_ops_step_with_the_sta
 
 
 def test_an_inference_tensors_state_is_written_on_every_step(shared):
-    """A state made under ``torch.inference_mode`` keeps no version, so no step can tell it unchanged: each is
-    written, and a change between steps is read."""
+    """A state made under ``torch.inference_mode`` (no version counter to advance): each step reads it as it is
+    and writes it back."""
     step = mamba_step(2, 4, 3)
     with torch.inference_mode():
         ours = r(1, 2, 4, 3)
@@ -140,8 +138,8 @@ def gated_delta_reference(q, k, v, g, beta, state):
 
 
 def test_fused_recurrent_gated_delta_rules_final_state_passed_back_is_the_next_steps_initial_state(shared):
-    """The final state returned and passed back as the next initial state stays in the arena; one changed in
-    place before it is passed back, a new initial state, or the state of an earlier step is read as it is."""
+    """The final state returned and passed back as the next initial state, one changed in place before it is
+    passed back, a new initial state, or the state of an earlier step: each is read as it is."""
     torch.manual_seed(7)
     state = r(1, 2, 4, 4) * 0.1
     theirs = state.to(F64)

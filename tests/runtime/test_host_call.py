@@ -80,16 +80,6 @@ def _shared_device():
     pytest.fail("no OpenCL CPU device of shared memory (PoCL or Intel's CPU runtime) to run on")
 
 
-def _scale_in_place() -> rlx_gpu.Schedule:
-    """``x = x * w`` over N f32 values: the output ``y`` lies where ``x`` does (a state the kernel updates)."""
-    return rlx_gpu.load_schedule({
-        "abi": "rlx-thunks/1", "arena_bytes": 512, "inputs": ["x", "w"], "outputs": ["y"], "init": [],
-        "tensors": {name: {"offset": offset, "dtype": "f32", "shape": [N]} for name, offset in
-                    {"x": 0, "w": 64, "y": 0}.items()},
-        "thunks": [{"op": "binary", "dtype": "f32", "fn": "mul", "shape": [N], "a_strides": [1], "b_strides": [1],
-                    "a": 0, "b": 64, "dst": 0}]})
-
-
 def test_a_host_call_on_a_device_of_shared_memory_waits_writes_and_notes_what_it_wrote():
     """On an OpenCL CPU device whose arena is host memory the caller's writers write the arena in place (after the
     launches before are done), and a write marks kept scratch staged from those bytes stale; an unchanged stamp
@@ -114,35 +104,3 @@ def test_a_host_call_on_a_device_of_shared_memory_waits_writes_and_notes_what_it
             assert log == ["x", "w", "x", "x"] and not reads_x.fresh and reads_w.fresh
         finally:
             kept.clear()
-
-
-def test_a_carried_state_the_arena_holds_still_is_not_written_again():
-    """A carried input (``x``, which the kernel updates in its place) is written only when its mark does not hold
-    for the argument: the same argument after a call is not written, another one (or one the mark no longer
-    holds for) is; and a plan's own call in between forgets the mark."""
-    w = np.full(N, 2, np.float32)
-    with CallPlan(_scale_in_place(), _shared_device()) as plan:
-        plan({"x": np.ones(N, np.float32), "w": w})
-        arena, log, changed = places(plan, shared=True), [], set()
-
-        def mark(holder):  # holds while the holder is the same object, unchanged since
-            return lambda arg: arg is holder and id(arg) not in changed
-        call = HostCall(plan, [(1, _writer(arena["w"], log, "w"))], [], (), {}, [0],
-                        [("x", 0, _writer(arena["x"], log, "x", lambda arg: arg[0]), mark, None)])
-        state = [np.ones(N, np.float32)]
-        for step in range(3):
-            state[0] = call((state, w))[0]  # the arena holds what it returned: not written the next time
-        np.testing.assert_array_equal(state[0], np.full(N, 8, np.float32))
-        assert log == ["w", "x", "w", "w"]
-        changed.add(id(state))  # the caller changed its state: the mark no longer holds
-        state[0] = np.full(N, 3, np.float32)
-        np.testing.assert_array_equal(call((state, w))[0], np.full(N, 6, np.float32))
-        other = [np.full(N, 5, np.float32)]
-        np.testing.assert_array_equal(call((other, w))[0], np.full(N, 10, np.float32))
-        plan({"x": np.zeros(N, np.float32), "w": w})  # the plan's own call writes the place: the mark is gone
-        np.testing.assert_array_equal(call((other, w))[0], np.full(N, 10, np.float32))
-        assert log == ["w", "x", "w", "w", "w", "x", "w", "x", "w", "x"]
-    with CallPlan(_scale_in_place(), rlx_gpu.get_device("host")) as plan:
-        plan({"x": np.ones(N, np.float32), "w": w})
-        with pytest.raises(RlxError, match="carries a state in the arena of a device of shared memory"):
-            HostCall(plan, [], [], (), {}, [0], [("x", 0, None, mark, None)])
