@@ -41,12 +41,12 @@ def places(plan: CallPlan, shared: bool = False) -> dict[str, np.ndarray] | None
 
 class HostCall:
     """``plan`` (on host memory, called once already: ``places(plan, shared=True)``) called as
-    ``host_call(args)``: each input written from ``args`` by its writer (``writes``; ``stamped``: a parameter's, when its stamp changed), the ``handed`` inputs
-    (``(input index, position, view)``: ``view(arg)`` a C-contiguous array of the input's shape and storage
-    dtype) given to the kernel where they lie (copied in where the plan's ``given`` layout does not let the
-    kernel take them: too small); returns the outputs
-    ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed in
-    ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself."""
+    ``host_call(args)``: each input written from ``args`` by its writer (``writes``; ``stamped``: a parameter's,
+    when its stamp changed), the ``handed`` inputs (``(input index, position, view)``: ``view(arg)`` a
+    C-contiguous array of the input's shape and storage dtype) given to the kernel where they lie (copied in
+    where the plan's ``given`` layout does not let the kernel take them: too small, or on a device); returns the
+    outputs ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed
+    in ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself."""
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],

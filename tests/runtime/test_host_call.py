@@ -90,8 +90,9 @@ def test_a_host_call_on_a_device_of_shared_memory_waits_writes_and_notes_what_it
         plan({"x": x, "w": w})
         arena, log = places(plan, shared=True), []
         assert places(plan) is None  # without ``shared``: the host's plans only
-        call = HostCall(plan, [(0, _writer(arena["x"], log, "x"))],
-                        [("w", 1, _writer(arena["w"], log, "w", lambda pair: pair[0]), lambda pair: pair[1])], (), {}, [0])
+        w_writer = _writer(arena["w"], log, "w", lambda pair: pair[0])
+        call = HostCall(plan, [(0, _writer(arena["x"], log, "x"))], [("w", 1, w_writer, lambda pair: pair[1])], (),
+                        {}, [0])
         y, = call((x, (w, "v1")))  # the plan's own call gave w no stamp: written
         np.testing.assert_array_equal(y, 2 * x)
         kept = plan._arena.handle.kept
