@@ -96,6 +96,7 @@ class BoundSchedule:
     given: Callable[[Any, Any], bool] | None = None
     # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
     alone: Callable[[Any], tuple[str, tuple, float, int]] | None = None
+    lone: bool = False  # one thunk, on the device, no data check: a run is its launches (a decode step's)
 
 
 class Device:
@@ -173,10 +174,11 @@ class Device:
         needs_image = any(a.backend != device for a in assignments if not a.nested)
         checks = data_checks(schedule.thunks)
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
-        given = runner if self.on_host and len(steps) == 1 and steps[0][1] == device and not checks else None
+        lone = len(steps) == 1 and steps[0][1] == device and not checks
+        given = runner if self.on_host and lone else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
                              {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
-                             None if given is None else self._alone(*steps[0]))
+                             None if given is None else self._alone(*steps[0]), lone)
 
     def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, tuple, float, int]]:
         """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
@@ -240,6 +242,19 @@ class Device:
             spec, static, seconds, copied = bound.alone(arena.handle)
             report = self._report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
             return report
+        if bound.lone and not profile:  # one launch to enqueue: the report of ``_one_thunk``, no loop's bookkeeping
+            (thunk, backend, step), = bound.steps
+            started = time.perf_counter()
+            with self.session.lock:
+                copies = arena.flush()
+                try:
+                    copied = step(arena.handle, None)
+                except runtime_data.DataError as err:  # as ``_execute``: a scan driver refused a body thunk's data
+                    raise refused(thunk, err) from None
+            report = self._one_thunk(thunk, backend, time.perf_counter() - started, copied)
+            if not self.session.shared:
+                report.copies = copies
+            return report
         with self.session.lock:
             copies = arena.flush()
             if checks and bound.early_checks:
@@ -269,8 +284,9 @@ class Device:
         return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)
 
     def _one_thunk(self, thunk: Any, backend: str, seconds: float, copied: int) -> RunReport:
-        """The report of a run of one host thunk that took ``seconds``, kept as ``last_report`` (the record made by
-        ``tuple.__new__``, the spec read straight)."""
+        """The report of a run of one thunk that took ``seconds``, kept as ``last_report`` (a decode step's:
+        the record made by ``tuple.__new__``, the spec read straight, two Python frames less after a kernel that
+        swept the cache)."""
         record = _new_tuple(ThunkRecord, (thunk.index, thunk.op, thunk.dtype, backend, seconds, copied))
         report = RunReport(self.session.info.spec, [record], seconds)
         self.thunks_run += 1

@@ -1,4 +1,5 @@
-"""A host call plan called by a caller that writes the inputs into the arena itself: a decode step's hot path.
+"""A call plan on host memory called by a caller that writes the inputs into the arena itself: a decode step's hot
+path, on the host or on a device whose arena is host memory (an OpenCL CPU device's shared memory).
 
 ``CallPlan.call`` takes each input as an array, checks it and copies it into its place in the arena (or hands
 a large one to the kernel where it lies: ``given``), then works out where each output goes. A caller that has
@@ -11,7 +12,9 @@ call then makes no NumPy view of its small tensors and runs none of ``call``'s p
 bookkeeping. A caller that knows its inputs dense may give them by address (``moved``: one ``memmove`` each, no
 writer's frame), and a plan of one host thunk with every input written runs that thunk straight
 (``BoundSchedule.alone``), its report kept unmade until read (``executor.LastReport``); a decode step whose weight
-streams are unchanged takes ``moving``, that call bound as one closure.
+streams are unchanged takes ``moving``, that call bound as one closure. On a device the writes wait for the
+launches before, as ``call``'s do, and the kernel reads nothing where the caller holds it (``given`` is the
+host's): a handed input is copied in, an output updated in place of it copied back.
 """
 from __future__ import annotations
 
@@ -32,22 +35,24 @@ Write = tuple[int, Callable[[Any], Any]]
 Stamped = tuple[str, int, Callable[[Any], Any], Callable[[Any], Hashable | None]]
 
 
-def places(plan: CallPlan) -> dict[str, np.ndarray] | None:
+def places(plan: CallPlan, shared: bool = False) -> dict[str, np.ndarray] | None:
     """Each input's place in the arena of ``plan`` (a plan on the host, called once already): what a caller's
-    writers write; None for a plan on another device or not called yet."""
-    if not plan.device.on_host or plan._slots is None:
+    writers write; with ``shared``, also a plan on a device whose arena is host memory (an OpenCL CPU device's
+    shared memory, ``Session.shared``: ``HostCall`` waits for its launches before a write). None for a plan on
+    another device or not called yet."""
+    if plan._slots is None or not (plan.device.on_host or shared and plan._touched is not None):
         return None
     return {slot.name: slot.array for slot in plan._slots}
 
 
 class HostCall:
-    """``plan`` (on the host, called once already) called as ``host_call(args)``: each input written from
-    ``args`` by its writer (``writes``; ``stamped``: a parameter's, when its stamp changed), the ``handed`` inputs
-    (``(input index, position, view)``: ``view(arg)`` a C-contiguous array of the input's shape and storage
-    dtype) given to the kernel where they lie (copied in where the plan's ``given`` layout does not let the
-    kernel take them: too small); returns the outputs
-    ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed in
-    ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself.
+    """``plan`` (on host memory, called once already: ``places(plan, shared=True)``) called as
+    ``host_call(args)``: each input written from ``args`` by its writer (``writes``; ``stamped``: a parameter's,
+    when its stamp changed), the ``handed`` inputs (``(input index, position, view)``: ``view(arg)`` a
+    C-contiguous array of the input's shape and storage dtype) given to the kernel where they lie (copied in
+    where the plan's ``given`` layout does not let the kernel take them: too small, or on a device); returns the
+    outputs ``taken`` (indices), each a new array, or, for one the kernel updates in place of a handed input listed
+    in ``in_place`` (output index -> the index of that input among ``handed``), that input's array itself.
 
     ``moved`` names the inputs ``writes`` writes, in order, where a caller may give them by address instead:
     ``host_call(args, addresses)`` moves each one's bytes from its address by one ``memmove``, its writer not
@@ -55,13 +60,15 @@ class HostCall:
 
     __slots__ = ("plan", "writes", "stamped", "handed", "moved", "_hand", "_slots", "_kept", "_unstamped",
                  "_stamped_only", "_taken", "_in_place", "_alone", "_handle", "_views", "_targets", "_sizes", "_lock",
-                 "_recorded", "moving")  # read as slots, not from an instance dictionary: a decode step reads a dozen
+                 "_recorded", "moving", "_device", "_ranges")  # read as slots, not from an instance dictionary: a decode step reads a dozen
 
     def __init__(self, plan: CallPlan, writes: Sequence[Write], stamped: Sequence[Stamped],
                  handed: Sequence[tuple[int, int, Callable[[Any], np.ndarray]]], in_place: dict[int, int],
                  taken: Sequence[int], moved: Sequence[str] = ()):
-        if places(plan) is None:
-            raise RlxError(f"HostCall binds a host plan called once already; this one is {plan!r}")
+        arena = places(plan, shared=True)
+        if arena is None:
+            raise RlxError(f"HostCall binds a plan whose arena is host memory (the host's, or a device's shared "
+                           f"memory), called once already; this one is {plan!r}")
         layout = plan._given
         # the kernel reads the handed inputs where they lie where the plan's ``given`` layout lets it (each large
         # enough), else they are copied in and the outputs updated in place of them copied back
@@ -79,14 +86,17 @@ class HostCall:
         written = not handed and not (layout is not None and layout.new_outputs)
         self._alone = plan._bound.alone if written else None
         self._handle = plan._arena.handle
-        self._views = tuple(plan._host_outputs[j] for j in self._taken)
-        arena = places(plan)
+        self._views = tuple(plan._host_outputs[j] for j in self._taken) if self._alone is not None else ()
         self.moved = tuple(moved)
         self._targets = tuple(arena[name].ctypes.data for name in moved)
         self._sizes = tuple(arena[name].nbytes for name in moved)
         # the plan's lock and its recorded stamps: each the plan's own for life
         self._lock, self._recorded = plan._lock, plan._stamps
         self.moving = self._moving()
+        # on a device of shared memory: where each input lies, noted as written (``CallPlan._touched``) while the
+        # arena keeps scratch staged from its bytes
+        self._device = plan._touched is not None
+        self._ranges = {slot.name: (slot.offset, slot.raw.size) for slot in plan._slots}
 
     def _moving(self) -> Callable[[Any, Sequence[int]], tuple[np.ndarray, ...] | None] | None:
         """The fast case of ``host_call(args, addresses)`` bound as one closure (``moving``), for a call of a plan of
@@ -134,7 +144,9 @@ class HostCall:
         with self._lock:
             if plan._slots is not self._slots:
                 raise RlxError("this HostCall's plan was freed since; bind another")
-            recorded = self._recorded
+            if self._device:  # the launches before are done with the arena's bytes (one wait, as ``CallPlan.call``)
+                plan._finish()
+            recorded, written = self._recorded, ()
             if recorded and not self._stamped_only(recorded):  # a call of the plan (``CallPlan.call``) wrote these
                 for name in self._unstamped:
                     recorded.pop(name, None)
@@ -151,6 +163,7 @@ class HostCall:
                     if stamp is None or not self._kept[name]:
                         recorded.pop(name, None)
                         put(arg)
+                        written += (name,)
                         continue
                     prior = recorded.get(name, _ABSENT)
                     if prior is stamp:  # the stamp this call wrote or found equal before: nothing to compare
@@ -158,6 +171,7 @@ class HostCall:
                     if prior != stamp:
                         recorded.pop(name, None)  # set once written: a write that fails leaves none
                         put(arg)
+                        written += (name,)
                     recorded[name] = stamp  # kept as given: a caller giving the same object next compares nothing
                 report = None if self._alone is None else self._alone(self._handle)
             except RunError:  # refused by a data check after the inputs went in: the stamps hold (``CallPlan._run``)
@@ -165,6 +179,9 @@ class HostCall:
             except BaseException:  # a place may be half written: every input is written again next call
                 recorded.clear()
                 raise
+            if self._device and plan._arena.handle.kept:  # kept scratch staged from what changed is stale
+                for name in (*self._unstamped, *written):
+                    plan._touched(plan._arena.handle, *self._ranges[name])
             if report is not None:  # every input written (a decode step's small ones): the run alone
                 plan._report = report  # kept unmade (``executor.LastReport``)
                 return list(map(_copy, self._views))
@@ -174,7 +191,7 @@ class HostCall:
             arrays = [view(args[at]) for _, at, view in self.handed]
             if self._hand and plan._given is not None:  # read where they lie, if the kernel takes them
                 handed = {i: array for (i, _, _), array in zip(self.handed, arrays)}
-            else:  # small, or refused by the kernel once: copied in
+            else:  # small, refused by the kernel once, or on a device (no ``given``): copied in
                 handed = {}
                 for (i, _, _), array in zip(self.handed, arrays):
                     self._slots[i].array[...] = array

@@ -1,4 +1,5 @@
-"""A hot path's call with its tensors written straight into the host call plan's arena (``runtime.host_call``).
+"""A hot path's call with its tensors written straight into the arena of a call plan on host memory (the host's,
+or an OpenCL CPU device's shared memory: ``runtime.host_call``).
 
 A decode step's inputs are small: moving one costs less than the Python around it. ``BoundCall`` makes a NumPy
 view of each tensor, the view the plan takes (a reshape, a field picked out of a broadcast), and the plan checks
@@ -6,7 +7,9 @@ and copies it; ``written_call`` works all that out once per signature instead, a
 (``place_writer``): per call, one ``memmove`` of the caller's tensor's bytes into the input's place in the
 arena, or, for a field picked out of a broadcast (Mamba-2's per-head dt, A, D), one NumPy assignment of the
 picked elements. The large inputs a kernel reads where they lie (a carried state) are handed over as NumPy views
-(kept per tensor, ``HeldView``, for a state the call updates in place).
+(kept per tensor, ``HeldView``, for a state the call updates in place); on a device they are copied in and out
+(the kernel reads the arena only), which still skips ``CallPlan.call``'s views and checks (on PoCL, 5-10 µs of a
+Mamba-1 decode step's Python: docs/performance.md).
 """
 from __future__ import annotations
 
@@ -101,9 +104,9 @@ def written_call(plan: Any, fields: Mapping[str, tuple[int, np.ndarray]], args: 
     they lie (the tensor itself, viewed as a kept NumPy array; another input is too where it is the tensor's
     own memory and large enough for the plan's ``given`` layout: no copy of it a call, its stamp moot),
     ``in_place`` the outputs (by name) the kernel writes in place of a handed input (by name), ``taken`` the
-    outputs returned. None where the plan is no host plan or a view is one this cannot write (``place_writer``)
-    or hand over."""
-    arena = places(plan)
+    outputs returned. None where the plan is no plan on host memory (``places``) or a view is one this cannot
+    write (``place_writer``) or hand over."""
+    arena = places(plan, shared=True)
     if arena is None:
         return None
     layout = plan._given
@@ -139,7 +142,7 @@ def bound_written(bound: BoundCall, tensors: Sequence[torch.Tensor]) -> Callable
     (``tensors``: the call's that just ran): ``run(tensors) -> outputs``, new CPU tensors; the large inputs the
     kernel may read where they lie handed over. None where ``written_call`` gives none."""
     plan = bound.plan
-    layout, arena = plan._given, places(plan)
+    layout, arena = plan._given, places(plan, shared=True)
     if arena is None:
         return None
     fields = {name: (at, tensors[at].numpy(force=True)) for name, at in zip(plan.inputs, bound.order)}

@@ -63,7 +63,45 @@ def test_a_host_call_writes_through_the_callers_writers_and_keeps_the_plans_stam
 def test_a_host_call_is_a_host_plans():
     x = np.ones(N, np.float32)
     with CallPlan(_scale(), rlx_gpu.get_device("host")) as plan:
-        with pytest.raises(RlxError, match="HostCall binds a host plan called once already"):
+        with pytest.raises(RlxError, match="HostCall binds a plan whose arena is host memory"):
             HostCall(plan, [], [], (), {}, [0])
         plan({"x": x, "w": x})
         HostCall(plan, [], [], (), {}, [0])
+
+
+def _shared_device():
+    """An OpenCL CPU device whose arena is host memory (``Session.shared``: PoCL, Intel's CPU runtime)."""
+    from rlx_gpu.runtime.registry import status
+    for info in status("opencl").devices if status("opencl").available else ():
+        if info.cpu and not info.details.get("simulator") and "unusable" not in info.details:
+            device = rlx_gpu.get_device(info.spec)
+            if device.session.shared:
+                return device
+    pytest.fail("no OpenCL CPU device of shared memory (PoCL or Intel's CPU runtime) to run on")
+
+
+def test_a_host_call_on_a_device_of_shared_memory_waits_writes_and_notes_what_it_wrote():
+    """On an OpenCL CPU device whose arena is host memory the caller's writers write the arena in place (after the
+    launches before are done), and a write marks kept scratch staged from those bytes stale; an unchanged stamp
+    writes nothing and marks nothing."""
+    from rlx_gpu.backends.core import KeptScratch
+    x, w = np.arange(N, dtype=np.float32), np.full(N, 2, np.float32)
+    with CallPlan(_scale(), _shared_device()) as plan:
+        plan({"x": x, "w": w})
+        arena, log = places(plan, shared=True), []
+        assert places(plan) is None  # without ``shared``: the host's plans only
+        w_writer = _writer(arena["w"], log, "w", lambda pair: pair[0])
+        call = HostCall(plan, [(0, _writer(arena["x"], log, "x"))], [("w", 1, w_writer, lambda pair: pair[1])], (),
+                        {}, [0])
+        y, = call((x, (w, "v1")))  # the plan's own call gave w no stamp: written
+        np.testing.assert_array_equal(y, 2 * x)
+        kept = plan._arena.handle.kept
+        reads_x, reads_w = KeptScratch(None, ((0, 64),), True), KeptScratch(None, ((64, 64),), True)
+        kept.update({"x": reads_x, "w": reads_w})
+        try:
+            for step in range(1, 3):
+                y, = call((x + step, (w, "v1")))
+                np.testing.assert_array_equal(y, 2 * (x + step))
+            assert log == ["x", "w", "x", "x"] and not reads_x.fresh and reads_w.fresh
+        finally:
+            kept.clear()
