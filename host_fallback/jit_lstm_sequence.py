@@ -90,6 +90,17 @@ def _tile_rows(lanes):
     return _PANEL_16 if lanes == 16 else _PANEL_8
 
 
+@numba.njit(inline="always")
+def _product_scratch(src, batch, lanes):
+    """What ``_batch_times`` works in for the product of ``batch`` rows of depth ``src.shape[0]`` with ``src``
+    (``[depth, width]``: W_hh^T forward, W_hh back): ``src`` in blocks of a tile's columns (``_blocks``), the
+    panels of a tile's rows the batch is packed into, and the sums, a row per panel row and ``width`` padded to
+    a tile's columns (zeros: a padded column is computed, never read)."""
+    rows, tile = _tile_rows(lanes), 2 * lanes
+    panels = np.empty(((batch + rows - 1) // rows, src.shape[0], rows), _F32)
+    return _blocks(src, tile), panels, np.zeros((panels.shape[0] * rows, _padded(src.shape[1], tile)), _F32)
+
+
 _SEQ = types.Array(types.float32, 3, "C")
 _LENS = types.Array(types.int64, 1, "C")
 
@@ -107,10 +118,8 @@ def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc,
         raise ValueError("lstm_sequence: the arrays' shapes do not fit together")
     if keep and (h_prev.shape != out.shape or c_prev.shape != out.shape or hc.shape != out.shape):
         raise ValueError("lstm_sequence: the kept arrays' shapes are not out's")
-    rows, cols = _tile_rows(lanes), _padded(four, 2 * lanes)
-    w_t = _blocks(w_hh.T, 2 * lanes)  # W_hh^T
-    panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
-    g = np.zeros((panels.shape[0] * rows, cols), _F32)
+    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
+    cols = g.shape[1]
     tcs = np.empty(hidden, _F32)  # a row's tanh(c)
     # each gate column's activation as scale / (1 + exp(slope z)) - shift: σ for i f o, tanh for g (three loops
     # over the gates' blocks, of H columns each, ran scalar: about 7x slower at H=32)
@@ -164,10 +173,7 @@ def lstm_sequence_backward(y, hc, c_prev, w_hh, dy, dh, dc, lens, backwards, dz,
             or dh.shape[0] != batch or dh.shape[1] != hidden or dc.shape[0] != batch or dc.shape[1] != hidden
             or (lens.size != 0 and lens.size != batch) or dz.shape != y.shape):
         raise ValueError("lstm_sequence_backward: the arrays' shapes do not fit together")
-    rows, cols = _tile_rows(lanes), _padded(hidden, 2 * lanes)
-    w = _blocks(w_hh, 2 * lanes)
-    panels = np.empty(((batch + rows - 1) // rows, four, rows), _F32)
-    sums = np.empty((panels.shape[0] * rows, cols), _F32)
+    w, panels, sums = _product_scratch(w_hh, batch, lanes)
     dhin = np.empty(hidden, _F32)  # a row's dh + dy
     for step in range(seq):
         t = _walked(step, seq, not backwards)  # the forward's walk, from its end

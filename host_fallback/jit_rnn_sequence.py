@@ -10,10 +10,9 @@ loop over a row's units, where NumPy's steps make 15-25 array passes and a BLAS 
 from __future__ import annotations
 
 import numba
-import numpy as np
 from numba import types
 
-from .jit_lstm_sequence import _batch_times, _blocks, _padded, _tile_rows, _walked
+from .jit_lstm_sequence import _batch_times, _product_scratch, _walked
 from .jit_math import _F32, _FLAGS, _ROWS
 from .jit_rnn_chunk import _sigmoid, _tanh
 
@@ -39,10 +38,7 @@ def gru_sequence(u, w_hh, b_hh, h, lens, backwards, out, keep, h_prev, hn, lanes
             or out.shape[0] != seq or out.shape[1] != batch or out.shape[2] != hidden
             or (keep and (h_prev.shape != out.shape or hn.shape != out.shape))):
         raise ValueError("gru_sequence: the arrays' shapes do not fit together")
-    rows, width = _tile_rows(lanes), 2 * lanes
-    w_t = _blocks(w_hh.T, width)  # W_hh^T
-    panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
-    g = np.zeros((panels.shape[0] * rows, _padded(three, width)), _F32)
+    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
     for step in range(seq):
         t = _walked(step, seq, backwards)
         for b in range(batch):
@@ -83,10 +79,7 @@ def gru_sequence_backward(y, h_prev, hn, w_hh, dy, dh, lens, backwards, d_in, d_
             or w_hh.shape[1] != hidden or dh.shape[0] != batch or dh.shape[1] != hidden
             or (lens.size != 0 and lens.size != batch) or d_in.shape != y.shape or d_hid.shape != y.shape):
         raise ValueError("gru_sequence_backward: the arrays' shapes do not fit together")
-    rows, width = _tile_rows(lanes), 2 * lanes
-    w = _blocks(w_hh, width)
-    panels = np.empty(((batch + rows - 1) // rows, three, rows), _F32)
-    sums = np.zeros((panels.shape[0] * rows, _padded(hidden, width)), _F32)
+    w, panels, sums = _product_scratch(w_hh, batch, lanes)
     for step in range(seq):
         t = _walked(step, seq, not backwards)  # the forward's walk, from its end
         for b in range(batch):
@@ -129,10 +122,7 @@ def rnn_sequence(u, w_hh, h, lens, backwards, out, keep, h_prev, lanes):
     if (w_hh.shape[0] != hidden or w_hh.shape[1] != hidden or h.shape[0] != batch or h.shape[1] != hidden
             or (lens.size != 0 and lens.size != batch) or out.shape != u.shape or (keep and h_prev.shape != u.shape)):
         raise ValueError("rnn_sequence: the arrays' shapes do not fit together")
-    rows, width = _tile_rows(lanes), 2 * lanes
-    w_t = _blocks(w_hh.T, width)  # W_hh^T
-    panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
-    g = np.zeros((panels.shape[0] * rows, _padded(hidden, width)), _F32)
+    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
     for step in range(seq):
         t = _walked(step, seq, backwards)
         for b in range(batch):
@@ -163,10 +153,7 @@ def rnn_sequence_backward(y, w_hh, dy, dh, lens, backwards, dz, lanes):
     if (w_hh.shape[0] != hidden or w_hh.shape[1] != hidden or dy.shape != y.shape or dh.shape[0] != batch
             or dh.shape[1] != hidden or (lens.size != 0 and lens.size != batch) or dz.shape != y.shape):
         raise ValueError("rnn_sequence_backward: the arrays' shapes do not fit together")
-    rows, width = _tile_rows(lanes), 2 * lanes
-    w = _blocks(w_hh, width)
-    panels = np.empty(((batch + rows - 1) // rows, hidden, rows), _F32)
-    sums = np.empty((panels.shape[0] * rows, _padded(hidden, width)), _F32)
+    w, panels, sums = _product_scratch(w_hh, batch, lanes)
     for step in range(seq):
         t = _walked(step, seq, not backwards)  # the forward's walk, from its end
         for b in range(batch):
