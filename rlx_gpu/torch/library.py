@@ -86,15 +86,12 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     decode step's few microseconds), also inside the ``autograd.Function``; ``direct`` calls the kernel
     itself with the keyset None (an eager call on plain tensors: the device's kernel next).
 
-    Under torch.func's grad transforms (``grad``, ``vjp``, ``jacrev``) the kernel runs on their wrapped
-    tensors, as a C++ op's Autograd kernel does: the Function is applied there as a single-level one, its
-    forward redispatches below autograd (the transform unwraps and calls the op one level down) and its
-    ``backward`` runs on the wrapped gradients. ``Function.apply`` would hand it to torch's
-    ``custom_function_call`` instead, which cannot be dispatched from inside an Autograd kernel; so the
-    kernel applies it through ``_FunctionBase.apply`` itself, which also skips, eagerly, ``Function.apply``'s
-    binding of the arguments to the forward's signature (``inspect.signature``, µs a call). The
-    ``setup_context`` form (a forward without ``ctx``) is the one torch requires of a Function under
-    functorch. ``vmap`` has no batching rule here (see docs/torch.md)."""
+    Under torch.func's ``grad`` or ``vjp`` the kernel runs on the transform's wrapped tensors, as a C++ op's
+    Autograd kernel does: the Function (in the ``setup_context`` form functorch requires) is applied there
+    as a single-level one, its forward redispatches below autograd (the transform unwraps, calls the op a
+    level down) and its ``backward`` gets the wrapped gradients. ``Function.apply`` would hand it to
+    ``custom_function_call``, which is not dispatched from inside an Autograd kernel: the kernel calls
+    ``_FunctionBase.apply``, eagerly too (without ``Function.apply``'s ``inspect.signature`` binding)."""
     lists = frozenset(i for i, arg in enumerate(op._schema.arguments) if str(arg.type) == "List[Tensor]")
     below = torch._C._after_autograd_keyset
 
