@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._functorch.utils import enable_single_level_autograd_function, unwrap_dead_wrappers
 from torch.autograd.graph import increment_version
 
 #: The namespace of every op: ``torch.ops.rlx_gpu.<name>``.
@@ -83,7 +84,14 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     argument, a list for a ``Tensor[]``. Where the next dispatch key is the device's own, the op's
     implementation ``run`` is called straight away rather than through a second pass of the dispatcher (a
     decode step's few microseconds), also inside the ``autograd.Function``; ``direct`` calls the kernel
-    itself with the keyset None (an eager call on plain tensors: the device's kernel next)."""
+    itself with the keyset None (an eager call on plain tensors: the device's kernel next).
+
+    Under torch.func's ``grad`` or ``vjp`` the kernel runs on the transform's wrapped tensors, as a C++ op's
+    Autograd kernel does: the Function (in the ``setup_context`` form functorch requires) is applied there
+    as a single-level one, its forward redispatches below autograd (the transform unwraps, calls the op a
+    level down) and its ``backward`` gets the wrapped gradients. ``Function.apply`` would hand it to
+    ``custom_function_call``, which is not dispatched from inside an Autograd kernel: the kernel calls
+    ``_FunctionBase.apply``, eagerly too (without ``Function.apply``'s ``inspect.signature`` binding)."""
     lists = frozenset(i for i, arg in enumerate(op._schema.arguments) if str(arg.type) == "List[Tensor]")
     below = torch._C._after_autograd_keyset
 
@@ -97,17 +105,19 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
 
     class Function(torch.autograd.Function):
         @staticmethod
-        def forward(ctx: Any, keyset: Any, sizes: tuple[int, ...], *flat: Any) -> Any:
+        def forward(keyset: Any, sizes: tuple[int, ...], *flat: Any) -> Any:
             args = nested(flat, sizes)
             rest = None if keyset is None else keyset & below
             if rest is None or rest.highestPriorityTypeId() in _DEVICE_KEYS:  # nothing between autograd and it
-                out = run(*args)
-            else:
-                with torch._C._AutoDispatchBelowAutograd():
-                    out = op.redispatch(rest, *args)
-            setup_context(ctx, tuple(args), out)
+                return run(*args)
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(rest, *args)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            sizes = inputs[1]
+            setup_context(ctx, tuple(nested(inputs[2:], sizes)), output)
             ctx.sizes = sizes
-            return out
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
@@ -126,11 +136,16 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
                     flat.append(g)
             return tuple(flat)
 
+    apply = super(torch.autograd.Function, Function).apply  # torch's C++ apply: what Function.apply ends in
+
     def kernel(keyset: Any, *args: Any) -> Any:
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             sizes = tuple(len(a) if i in lists else -1 for i, a in enumerate(args))
             flat = [t for i, a in enumerate(args) for t in (a if i in lists else (a,))]
-            return Function.apply(keyset, sizes, *flat)
+            if _transforms():
+                with enable_single_level_autograd_function():
+                    return apply(keyset, sizes, *flat)
+            return apply(keyset, sizes, *unwrap_dead_wrappers(flat))
         rest = keyset & below
         if rest.highestPriorityTypeId() in _DEVICE_KEYS:
             return run(*args)
