@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._functorch.utils import enable_single_level_autograd_function, unwrap_dead_wrappers
+from torch.autograd import forward_ad as _forward_ad
 from torch.autograd.graph import increment_version
 
 #: The namespace of every op: ``torch.ops.rlx_gpu.<name>``.
@@ -28,7 +29,27 @@ PLAIN = (torch.Tensor, torch.nn.Parameter)
 _is_compiling = torch.compiler.is_compiling
 _function_mode = torch._C._is_torch_function_mode_enabled
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_transforms = torch._C._are_functorch_transforms_active  # a vmap, grad ... layer: FuncTorchDynamicLayerFrontMode
+_functorch = torch._C._are_functorch_transforms_active  # a vmap, grad ... layer: FuncTorchDynamicLayerFrontMode
+
+
+def _transforms() -> bool:
+    """Whether a functorch transform is active (vmap, grad, jvp ...) or a level of forward-mode AD is open
+    (``torch.autograd.forward_ad.dual_level``, which torch.func.jvp opens too): then a call goes through the
+    dispatcher, whose Autograd kernel refuses a tangent (``_refuse_tangents``)."""
+    return _functorch() or _forward_ad._current_level >= 0
+
+
+def _refuse_tangents(op: Any, args: Sequence[Any]) -> None:
+    """Raise where an argument of ``op`` carries a forward-mode tangent: no op here has a forward derivative,
+    and without this check its outputs would carry none, a zero directional derivative given silently."""
+    for i, arg in enumerate(args):
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
+                name = op._schema.arguments[i].name
+                raise NotImplementedError(
+                    f"{op._schema.name}: forward-mode AD is not supported (argument '{name}' carries a tangent: "
+                    f"torch.func.jvp / jacfwd / torch.autograd.forward_ad); the op has no forward derivative. "
+                    f"Use reverse mode: torch.func.grad or vjp, or torch.autograd")
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 
@@ -139,6 +160,8 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     apply = super(torch.autograd.Function, Function).apply  # torch's C++ apply: what Function.apply ends in
 
     def kernel(keyset: Any, *args: Any) -> Any:
+        if _forward_ad._current_level >= 0:
+            _refuse_tangents(op, args)
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
             sizes = tuple(len(a) if i in lists else -1 for i, a in enumerate(args))
             flat = [t for i, a in enumerate(args) for t in (a if i in lists else (a,))]

@@ -122,3 +122,28 @@ def test_vmap_loops_over_an_op_or_refuses_it(host):
     gru = rt.GRU(3, 5, batch_first=True).double()
     with pytest.raises(RuntimeError, match="Batching rule not implemented for rlx_gpu::gru"):
         torch.func.vmap(gru)(randn(2, 1, 4, 3, seed=2))
+
+
+def test_forward_mode_ad_is_refused_naming_the_op_and_argument_not_answered_with_a_zero_tangent(host):
+    """No op has a forward derivative: ``torch.func.jvp`` and a tangent under ``forward_ad.dual_level`` raise
+    (through a module's latest path and a function's direct route alike) instead of a zero tangent; a call of
+    no tangent inside a dual level still runs."""
+    import torch.autograd.forward_ad as fwAD
+
+    lstm = rt.LSTM(3, 5, batch_first=True).double()
+    x, hc = randn(1, 1, 3, seed=0), (randn(1, 1, 5, seed=1), randn(1, 1, 5, seed=2))
+    with torch.no_grad():
+        for _ in range(3):  # the module's latest path made
+            lstm(x, hc)
+    with pytest.raises(NotImplementedError, match=r"rlx_gpu::lstm: forward-mode AD .*argument 'x'"):
+        torch.func.jvp(lambda t: lstm(t, hc)[0], (x,), (torch.ones_like(x),))
+    u, delta = randn(1, 4, 6, seed=3), randn(1, 4, 6, seed=4).abs()
+    A, B, C = -randn(4, 3, seed=5).abs(), randn(1, 3, 6, seed=6), randn(1, 3, 6, seed=7)
+    with fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match="rlx_gpu::selective_scan: forward-mode AD"):
+            rt.selective_scan_fn(u, fwAD.make_dual(delta, torch.ones_like(delta)), A, B, C)
+        with pytest.raises(NotImplementedError, match="rlx_gpu::lstm: forward-mode AD"):
+            lstm(fwAD.make_dual(x, torch.ones_like(x)), hc)
+        torch.testing.assert_close(rt.selective_scan_fn(u, delta, A, B, C),
+                                   rt.selective_scan_fn(u, delta, A, B, C), rtol=0, atol=0)
+        assert lstm(x, hc)[0].shape == (1, 1, 5)
