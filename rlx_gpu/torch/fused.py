@@ -234,7 +234,7 @@ def _register(op: FusedOp) -> Any:
     args = schema_args(op.tensors, op.optional, op.statics)
     reads = "Tensor? reserve, " if op.reserve else ""
     backward = define(f"{op.name}_backward", f"(Tensor d_y, Tensor? d_state, {reads}{args}, bool[] wanted) -> Tensor[]",
-                      lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a))
+                      lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a), once_differentiable=True)
     count, state, kept = len(op.fields), op.fields.index("state"), len(op.statics)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -55,11 +55,13 @@ _any_requires_grad = torch._C._any_requires_grad
 
 
 def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[..., Any],
-           backward: Callable[..., Any] | None = None, setup_context: Callable[..., Any] | None = None) -> Any:
+           backward: Callable[..., Any] | None = None, setup_context: Callable[..., Any] | None = None,
+           once_differentiable: bool = False) -> Any:
     """Register ``rlx_gpu::name`` with ``schema`` (the part after the name: ``"(Tensor x, ...) -> Tensor"``),
     ``impl`` for every device, ``fake`` for tracing and, for a differentiable op, its autograd formula
     (``backward`` and ``setup_context``, as ``torch.library.register_autograd`` takes them); returns the op
-    overload.
+    overload. ``once_differentiable``: the op is another's backward, of no derivative of its own
+    (``_once_differentiable_kernel``).
 
     The op is declared with ``torch.library.Library`` rather than ``torch.library.custom_op``: the
     same registrations, without the Python wrappers ``custom_op`` and ``register_autograd`` add around
@@ -87,6 +89,8 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
     if backward is not None:
         _AUTOGRAD[op] = _autograd_kernel(op, run, backward, setup_context)
         _LIBRARY.impl(name, _AUTOGRAD[op], "Autograd", with_keyset=True)
+    elif once_differentiable:
+        _LIBRARY.impl(name, _once_differentiable_kernel(op, run), "Autograd", with_keyset=True)
     return op
 
 
@@ -174,6 +178,37 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
             return run(*args)
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(rest, *args)
+    return kernel
+
+
+def _once_differentiable_kernel(op: Any, run: Callable[..., Any]) -> Callable[..., Any]:
+    """The Autograd kernel of a backward op: it runs the op below autograd and, where autograd would record the
+    call (a backward with ``create_graph=True``, ``torch.func.grad`` of a gradient), passes its outputs through a
+    node that raises when differentiated, as torch's ``once_differentiable`` does: the gradients themselves stay
+    usable, a second derivative is refused (torch's fallback for an op of no Autograd kernel warned and gave
+    zeros)."""
+    below = torch._C._after_autograd_keyset
+    message = (f"{op._schema.name} has no derivative: a second derivative through rlx_gpu's ops (a gradient "
+               f"differentiated again: create_graph=True, torch.func.grad of grad, hessian) is not supported").encode()
+
+    def kernel(keyset: Any, *args: Any) -> Any:
+        rest = keyset & below
+        if rest.highestPriorityTypeId() in _DEVICE_KEYS:
+            out = run(*args)
+        else:
+            with torch._C._AutoDispatchBelowAutograd():
+                out = op.redispatch(rest, *args)
+        if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+            return out
+        # the node's edges lead to the arguments autograd follows, so a derivative of an output reaching them
+        # passes through it (and raises); its outputs share the outputs' memory
+        at = [i for i, t in enumerate(out) if t is not None and t.is_floating_point()]
+        needed = [t for arg in args for t in (arg if isinstance(arg, (list, tuple)) else (arg,))
+                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        marked = torch._C._functions.DelayedError(message, len(at) + len(needed))(*(out[i] for i in at), *needed)
+        for i, t in zip(at, marked):
+            out[i] = t
+        return out
     return kernel
 
 

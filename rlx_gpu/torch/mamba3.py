@@ -105,7 +105,7 @@ def _register() -> Any:
     args = schema_args(TENSORS, OPTIONAL, ())
     backward = define("mamba3_backward", f"(Tensor d_y, Tensor?[] d_states, {args}, bool[] wanted) -> Tensor[]",
                       lambda d_y, d_states, *a: _backward(d_y, d_states, *a),
-                      lambda d_y, d_states, *a: _backward_fake(d_y, d_states, *a))
+                      lambda d_y, d_states, *a: _backward_fake(d_y, d_states, *a), once_differentiable=True)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*inputs)

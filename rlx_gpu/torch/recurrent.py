@@ -297,7 +297,8 @@ def _register(op: str) -> Any:
     args = "Tensor x, Tensor[] weights, " + schema_args(states, ("seq_lens",), STATICS[op])
     d_finals = ", ".join(f"Tensor d_{s}" for s in states)
     backward = direct(define(f"{op}_backward", f"(Tensor d_y, {d_finals}, Tensor? reserve, {args}) -> Tensor[]",
-                             lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a)))
+                             lambda *a: _backward(op, *a), lambda *a: _backward_fake(op, *a),
+                             once_differentiable=True))
     count = len(states)
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -147,3 +147,24 @@ def test_forward_mode_ad_is_refused_naming_the_op_and_argument_not_answered_with
         torch.testing.assert_close(rt.selective_scan_fn(u, delta, A, B, C),
                                    rt.selective_scan_fn(u, delta, A, B, C), rtol=0, atol=0)
         assert lstm(x, hc)[0].shape == (1, 1, 5)
+
+
+def test_a_second_derivative_is_refused_and_the_first_kept(host):
+    """The backward ops have no derivative: a gradient made with ``create_graph=True`` is the plain gradient, and
+    differentiating it again (autograd, nested ``torch.func.grad``) raises naming the backward op, where torch's
+    fallback warned and gave zeros."""
+    u, delta = randn(1, 4, 6, seed=0).requires_grad_(), randn(1, 4, 6, seed=1).abs()
+    A, B, C = -randn(4, 3, seed=2).abs(), randn(1, 3, 6, seed=3), randn(1, 3, 6, seed=4)
+    y = rt.selective_scan_fn(u, delta, A, B, C, delta_softplus=True)
+    g, = torch.autograd.grad(y.square().sum(), u, create_graph=True)
+    torch.testing.assert_close(g.detach(), torch.autograd.grad(y.square().sum(), u, retain_graph=True)[0],
+                               rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="rlx_gpu::selective_scan_backward has no derivative"):
+        torch.autograd.grad(g.sum(), u, allow_unused=True)
+    lstm, x = rt.LSTM(3, 4, batch_first=True).double(), randn(2, 5, 3, seed=5).requires_grad_()
+    g, = torch.autograd.grad(lstm(x)[0].sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="rlx_gpu::lstm_backward has no derivative"):
+        g.sum().backward()
+    with pytest.raises(RuntimeError, match="rlx_gpu::selective_scan_backward has no derivative"):
+        torch.func.grad(lambda t: torch.func.grad(
+            lambda s: rt.selective_scan_fn(s, delta, A, B, C).square().sum())(t).sum())(u.detach())
