@@ -188,10 +188,11 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
     return full
 
 
-def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None],
+def redo_nonfinite(out: np.ndarray, starts: np.ndarray | Callable[[], np.ndarray], step: Callable[..., None],
                    inputs: Callable[[], list[np.ndarray]]) -> None:
     """Rerun with ``step`` each chunk of a lane whose output ``out [C, B, H, L, P]`` holds a
-    non-finite value, from the state ``starts [C, B, H, ...]`` entering it, into ``out``.
+    non-finite value, from the state ``starts [C, B, H, ...]`` entering it (or a callable giving
+    them, called only when a chunk is redone), into ``out``.
 
     ``inputs()`` gives the per-step inputs as ``[C, B, H, L, ...]`` chunks (called only when a
     chunk is redone); ``step(*inputs, state, result)`` gets those of ``K`` chunks as ``K`` batch
@@ -208,7 +209,7 @@ def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None
     if not bad.any():
         return
     pick = np.nonzero(bad)
-    entering = starts[pick]
+    entering = (starts() if callable(starts) else starts)[pick]
     usable = np.isfinite(entering).reshape(len(entering), -1).any(-1)
     pick, entering = tuple(i[usable] for i in pick), entering[usable]
     if not len(entering):

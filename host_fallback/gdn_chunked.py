@@ -129,7 +129,8 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     if keep:
         _save(keep, "inverse", t)
     t *= betac[..., None, :]
-    u = np.matmul(t, vc, out=scratch("gdn.u", (*lead, length, width), q.dtype))
+    saved = {f: _slot(keep, f, group) for f in ("states", "u")} if keep else None  # written in place
+    u = np.matmul(t, vc, out=saved["u"] if saved else scratch("gdn.u", (*lead, length, width), q.dtype))
     if per_channel:
         w = np.matmul(t, np.multiply(gamma, kc, out=scratch("gdn.gk", (*lead, length, n), q.dtype)),
                       out=scratch("gdn.w", (*lead, length, n), q.dtype))
@@ -139,25 +140,28 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     qg = np.multiply(qc, gamma, out=scratch("gdn.q", (*lead, length, n), q.dtype))
     qg *= scale
     out = scratch("gdn.out", (*lead, length, width), q.dtype)
-    block = _split(s, group, 1) if layout is None else None  # [B, H, G, K, V]
-    starts = scratch("gdn.starts", (count, b, heads, group, n, width), s.dtype)  # the state entering each chunk
+    flat = (count, b, heads * group, length, width)
     if layout is None:
-        starts[0] = block
-        _carry(u, w, kd, through, starts, block)
-        if keep:  # the states leaving each chunk (those entering the next ones, then the final one) and u
-            _save(keep, "states", starts[1:], slice(0, -1))
-            _save(keep, "states", block, -1)
-            _save(keep, "u", u)
+        block = _split(s, group, 1)  # [B, H, G, K, V]
+        first = scratch("gdn.first", block.shape, s.dtype)  # the state entering the first chunk
+        np.copyto(first, block)
+        # the state leaving each chunk: written where the saved forward keeps it, if there is one
+        leaving = saved["states"] if saved else scratch("gdn.states", (count, *block.shape), s.dtype)
+        _carry(u, w, kd, through, first, leaving)
+        np.copyto(block, leaving[-1])
+        np.matmul(qg[:1], first[None], out=out[:1])
+        np.matmul(qg[1:], leaving[:-1], out=out[1:])
     else:
+        starts = scratch("gdn.starts", (count, b, heads, group, n, width), s.dtype)  # the state entering each chunk
         first = layout.first()[:, None, None, None, :, None]  # [C, 1, 1, 1, L, 1]
         inits = _split(s, group, 1)[:, None] if carried else None  # [R, 1, H, G, K, V]
         _carry_packed(u, w, kd, through, starts, inits, layout, first)
-    np.matmul(qg * first if layout is not None else qg, starts, out=out)
+        np.matmul(qg * first, starts, out=out)
     qk *= scale
     out += np.matmul(qk, u, out=scratch("gdn.qku", out.shape, q.dtype))
-    flat = (count, b, heads * group, length, width)
     if layout is None:
-        redo_nonfinite(out.reshape(flat), starts.reshape(count, b, heads * group, n, width),
+        redo_nonfinite(out.reshape(flat), lambda: np.concatenate((first[None], leaving[:-1])).reshape(
+                           count, b, heads * group, n, width),
                        lambda *args: _step(*args, scale),
                        lambda: [np.repeat(qf, group, 2), np.repeat(kf, group, 2), chunk_view(v, length),
                                 chunk_view(g, length), to_chunks(beta, length)])
@@ -170,10 +174,15 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     _redo_sequences(q, k, v, g_steps, beta, s, dst, scale, layout, finals, carried)
 
 
-def _save(keep, name, x, chunks=slice(None)):
-    """``x [C, B, H, G, ...]`` (chunk-major, value heads as ``[heads, G]``) into chunks ``chunks`` of the saved
-    forward's slot ``name`` (``keep[name] [B, C, HV, ...]``)."""
-    np.copyto(np.moveaxis(_split(keep[name], x.shape[-3], 2), 1, 0)[chunks], x)
+def _slot(keep, name, group):
+    """The saved forward's slot ``name`` (``keep[name] [B, C, HV, ...]``) chunk-major, value heads as ``[heads,
+    group]``: ``[C, B, H, G, ...]``, a view (each matrix contiguous, a GEMM's operand or output as it lies)."""
+    return np.moveaxis(_split(keep[name], group, 2), 1, 0)
+
+
+def _save(keep, name, x):
+    """``x [C, B, H, G, ...]`` (chunk-major, value heads as ``[heads, G]``) into the saved forward's slot ``name``."""
+    np.copyto(_slot(keep, name, x.shape[-3]), x)
 
 
 def _decayed(qc, kc, kt, g, low, lead, layout, carried):
@@ -231,17 +240,17 @@ def _decayed(qc, kc, kt, g, low, lead, layout, carried):
     return qk, kk, gamma, through, kd, kept
 
 
-def _carry(u, w, kd, through, starts, block):
-    """The loop over chunks of one batch of lanes: ``u`` gets each chunk's entering state, and
-    ``starts[c]`` holds that state; the state after the last chunk goes to ``block``."""
-    count = u.shape[0]
-    step, read = np.empty_like(block), np.empty_like(u[0])
-    for c in range(count):
-        u[c] -= np.matmul(w[c], starts[c], out=read)
-        nxt = starts[c + 1] if c + 1 < count else block
+def _carry(u, w, kd, through, first, leaving):
+    """The loop over chunks of one batch of lanes from the state ``first`` entering the first one: ``u`` gets each
+    chunk's entering state, and ``leaving[c]`` the state leaving chunk ``c`` (the one entering the next)."""
+    step, read = np.empty_like(first), np.empty_like(u[0])
+    enter = first
+    for c in range(len(u)):
+        u[c] -= np.matmul(w[c], enter, out=read)
         # the chunk's total decay: per head, or per key row of S
-        np.multiply(starts[c], through[c][..., None], out=nxt)
-        nxt += np.matmul(kd[c], u[c], out=step)
+        np.multiply(enter, through[c][..., None], out=leaving[c])
+        leaving[c] += np.matmul(kd[c], u[c], out=step)
+        enter = leaving[c]
 
 
 def _carry_packed(u, w, kd, through, starts, inits, layout, first):
