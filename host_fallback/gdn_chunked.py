@@ -118,18 +118,18 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     np.copyto(kt, _swap(kc))
     low = float(g.min(initial=0.0))
     g_steps, g = g, floor_log_decays(g, low)
-    qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried)
-    if keep:
-        _save(keep, "qk", qk)
-        _save(keep, "kk", kk)
+    saved = {f: _slot(keep, f, group) for f in keep} if keep else None  # [C, B, H, G, ...] views
+    qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried,
+                                                None if saved is None else (saved["qk"], saved["kk"]))
+    if keep and per_channel:  # (per head, _decayed wrote them there)
+        np.copyto(saved["qk"], qk)
+        np.copyto(saved["kk"], kk)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0. The
     # diagonal scalings go on T's columns where they can ([L, L] against [L, K] for k and v)
-    kk *= betac[..., None]
-    t = unit_lower_inverse(kk)
+    t = unit_lower_inverse(np.multiply(kk, betac[..., None], out=scratch("gdn.a", kk.shape, kk.dtype) if keep else kk))
     if keep:
-        _save(keep, "inverse", t)
+        np.copyto(saved["inverse"], t)
     t *= betac[..., None, :]
-    saved = {f: _slot(keep, f, group) for f in ("states", "u")} if keep else None  # written in place
     u = np.matmul(t, vc, out=saved["u"] if saved else scratch("gdn.u", (*lead, length, width), q.dtype))
     if per_channel:
         w = np.matmul(t, np.multiply(gamma, kc, out=scratch("gdn.gk", (*lead, length, n), q.dtype)),
@@ -138,7 +138,6 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
         t *= _swap(gamma)
         w = np.matmul(t, kc, out=scratch("gdn.w", (*lead, length, n), q.dtype))
     qg = np.multiply(qc, gamma, out=scratch("gdn.q", (*lead, length, n), q.dtype))
-    qg *= scale
     out = scratch("gdn.out", (*lead, length, width), q.dtype)
     flat = (count, b, heads * group, length, width)
     if layout is None:
@@ -157,8 +156,10 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
         inits = _split(s, group, 1)[:, None] if carried else None  # [R, 1, H, G, K, V]
         _carry_packed(u, w, kd, through, starts, inits, layout, first)
         np.matmul(qg * first, starts, out=out)
-    qk *= scale
     out += np.matmul(qk, u, out=scratch("gdn.qku", out.shape, q.dtype))
+    for i, c, lo, hi in layout.entries() if layout is not None and carried else ():  # a state entering mid-chunk
+        out[c, ..., lo:hi, :] += qg[c, ..., lo:hi, :] @ inits[i, 0]
+    out *= scale  # both products taken before scale: the saved forward keeps qk unscaled
     if layout is None:
         redo_nonfinite(out.reshape(flat), lambda: np.concatenate((first[None], leaving[:-1])).reshape(
                            count, b, heads * group, n, width),
@@ -167,8 +168,6 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
                                 chunk_view(g, length), to_chunks(beta, length)])
         np.copyto(dst, from_chunks(out.reshape(flat), seq))
         return
-    for i, c, lo, hi in layout.entries() if carried else ():  # a sequence's own state enters mid-chunk
-        out[c, ..., lo:hi, :] += qg[c, ..., lo:hi, :] @ inits[i, 0]
     np.copyto(dst, from_chunks(out.reshape(flat), seq))
     finals = _sequence_ends(kt, u, kept, starts, inits, layout, per_channel) if carried else {}
     _redo_sequences(q, k, v, g_steps, beta, s, dst, scale, layout, finals, carried)
@@ -180,18 +179,13 @@ def _slot(keep, name, group):
     return np.moveaxis(_split(keep[name], group, 2), 1, 0)
 
 
-def _save(keep, name, x):
-    """``x [C, B, H, G, ...]`` (chunk-major, value heads as ``[heads, G]``) into the saved forward's slot ``name``."""
-    np.copyto(_slot(keep, name, x.shape[-3]), x)
-
-
-def _decayed(qc, kc, kt, g, low, lead, layout, carried):
+def _decayed(qc, kc, kt, g, low, lead, layout, carried, products=None):
     """The decays inside each chunk: ``(qk, kk, gamma, through, kd, kept)``, the decayed products ``q·k``
     (``r <= s``) and ``k·k`` (``r < s``, zero across a sequence boundary), ``gamma`` the decay from the chunk's
     start to each row, ``through`` the chunk's whole decay, ``kd`` the keys decayed to the chunk's end
     (``[..., K, L]``, zero past the sequence a chunk ends with) and ``kept`` the cumulative log-decays the
     sequence ends need (packed and ``carried`` only, else None). ``g`` is floored (``floor_log_decays``),
-    ``low`` its minimum before."""
+    ``low`` its minimum before; ``products``: per head, the arrays ``(qk, kk)`` are written into (else scratch ones)."""
     length, n = kc.shape[-2:]
     per_channel, kept = g.ndim == 4, None
     if layout is not None:
@@ -228,8 +222,9 @@ def _decayed(qc, kc, kt, g, low, lead, layout, carried):
             if layout is not None:
                 np.copyto(ratios, 0, where=cross)
                 kept = cum
-            qk = np.multiply(np.matmul(qc, kt), ratios, out=scratch("gdn.qk", ratios.shape, qc.dtype))
-            kk = np.multiply(np.matmul(kc, kt), ratios, out=ratios)
+            qk = np.multiply(np.matmul(qc, kt), ratios,
+                             out=scratch("gdn.qk", ratios.shape, qc.dtype) if products is None else products[0])
+            kk = np.multiply(np.matmul(kc, kt), ratios, out=ratios if products is None else products[1])
             np.copyto(kk, 0, where=_upper(length, 0))
             last_cum = cum[..., -1:]
             gamma, through = np.exp(cum)[..., None], np.exp(last_cum)  # [..., L, 1], [..., 1]
