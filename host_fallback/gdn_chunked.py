@@ -126,10 +126,13 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
         np.copyto(saved["kk"], kk)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0. The
     # diagonal scalings go on T's columns where they can ([L, L] against [L, K] for k and v)
-    t = unit_lower_inverse(np.multiply(kk, betac[..., None], out=scratch("gdn.a", kk.shape, kk.dtype) if keep else kk))
-    if keep:
-        np.copyto(saved["inverse"], t)
-    t *= betac[..., None, :]
+    a = np.multiply(kk, betac[..., None], out=scratch("gdn.a", kk.shape, kk.dtype) if keep else kk)
+    if keep:  # the inverse where the saved forward keeps it, T beside it
+        t = np.multiply(unit_lower_inverse(a, saved["inverse"]), betac[..., None, :],
+                        out=scratch("gdn.t", a.shape, a.dtype))
+    else:
+        t = unit_lower_inverse(a)
+        t *= betac[..., None, :]
     u = np.matmul(t, vc, out=saved["u"] if saved else scratch("gdn.u", (*lead, length, width), q.dtype))
     if per_channel:
         w = np.matmul(t, np.multiply(gamma, kc, out=scratch("gdn.gk", (*lead, length, n), q.dtype)),
