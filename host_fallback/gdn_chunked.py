@@ -121,9 +121,8 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     saved = {f: _slot(keep, f, group) for f in keep} if keep else None  # [C, B, H, G, ...] views
     qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried,
                                                 None if saved is None else (saved["qk"], saved["kk"]))
-    if keep and per_channel:  # (per head, _decayed wrote them there)
-        np.copyto(saved["qk"], qk)
-        np.copyto(saved["kk"], kk)
+    for name, x in (("qk", qk), ("kk", kk)) if keep and per_channel else ():  # (per head _decayed wrote them there)
+        np.copyto(saved[name], x)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0. The
     # diagonal scalings go on T's columns where they can ([L, L] against [L, K] for k and v)
     a = np.multiply(kk, betac[..., None], out=scratch("gdn.a", kk.shape, kk.dtype) if keep else kk)
