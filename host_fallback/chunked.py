@@ -155,8 +155,9 @@ def decay_ratios(cum: np.ndarray) -> np.ndarray:
     return np.exp(diff, out=diff)
 
 
-def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
-    """``(I + a)^-1`` for a strictly lower triangular ``a [..., L, L]``.
+def unit_lower_inverse(a: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``(I + a)^-1`` for a strictly lower triangular ``a [..., L, L]``, into ``out`` where given (an array of
+    ``a``'s shape, which may be a strided view) or a new array.
 
     Each ``INVERSE_BLOCK``-row diagonal block is inverted by row substitution, vectorized over
     every leading index and block; the blocks below the diagonal then follow block row by block
@@ -177,9 +178,11 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
         # row i of (I + D)^-1 is e_i minus D[i, :i] times the rows above it
         inv[..., i : i + 1, :i] = -(diag[..., i : i + 1, :i] @ inv[..., :i, :i])
         inv[..., i, i] = 1
-    if count == 1:
+    if count == 1 and out is None:
         return inv[..., 0, :, :]
-    full = np.zeros_like(a)
+    full = np.zeros_like(a) if out is None else out
+    if out is not None:
+        full[...] = 0
     for blk in range(count):
         rows = slice(blk * block, (blk + 1) * block)
         full[..., rows, rows] = inv[..., blk, :, :]
@@ -188,10 +191,11 @@ def unit_lower_inverse(a: np.ndarray) -> np.ndarray:
     return full
 
 
-def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None],
+def redo_nonfinite(out: np.ndarray, starts: np.ndarray | Callable[[], np.ndarray], step: Callable[..., None],
                    inputs: Callable[[], list[np.ndarray]]) -> None:
     """Rerun with ``step`` each chunk of a lane whose output ``out [C, B, H, L, P]`` holds a
-    non-finite value, from the state ``starts [C, B, H, ...]`` entering it, into ``out``.
+    non-finite value, from the state ``starts [C, B, H, ...]`` entering it (or a callable giving
+    them, called only when a chunk is redone), into ``out``.
 
     ``inputs()`` gives the per-step inputs as ``[C, B, H, L, ...]`` chunks (called only when a
     chunk is redone); ``step(*inputs, state, result)`` gets those of ``K`` chunks as ``K`` batch
@@ -208,7 +212,7 @@ def redo_nonfinite(out: np.ndarray, starts: np.ndarray, step: Callable[..., None
     if not bad.any():
         return
     pick = np.nonzero(bad)
-    entering = starts[pick]
+    entering = (starts() if callable(starts) else starts)[pick]
     usable = np.isfinite(entering).reshape(len(entering), -1).any(-1)
     pick, entering = tuple(i[usable] for i in pick), entering[usable]
     if not len(entering):

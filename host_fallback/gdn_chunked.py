@@ -118,18 +118,21 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
     np.copyto(kt, _swap(kc))
     low = float(g.min(initial=0.0))
     g_steps, g = g, floor_log_decays(g, low)
-    qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried)
-    if keep:
-        _save(keep, "qk", qk)
-        _save(keep, "kk", kk)
+    saved = {f: _slot(keep, f, group) for f in keep} if keep else None  # [C, B, H, G, ...] views
+    qk, kk, gamma, through, kd, kept = _decayed(qc, kc, kt, g, low, lead, layout, carried,
+                                                None if saved is None else (saved["qk"], saved["kk"]))
+    for name, x in (("qk", qk), ("kk", kk)) if keep and per_channel else ():  # (per head _decayed wrote them there)
+        np.copyto(saved[name], x)
     # (I + A) u = beta v - beta gamma k S0 with A = beta kk: u = T beta v - (T beta gamma k) S0. The
     # diagonal scalings go on T's columns where they can ([L, L] against [L, K] for k and v)
-    kk *= betac[..., None]
-    t = unit_lower_inverse(kk)
-    if keep:
-        _save(keep, "inverse", t)
-    t *= betac[..., None, :]
-    u = np.matmul(t, vc, out=scratch("gdn.u", (*lead, length, width), q.dtype))
+    a = np.multiply(kk, betac[..., None], out=scratch("gdn.a", kk.shape, kk.dtype) if keep else kk)
+    if keep:  # the inverse where the saved forward keeps it, T beside it
+        t = np.multiply(unit_lower_inverse(a, saved["inverse"]), betac[..., None, :],
+                        out=scratch("gdn.t", a.shape, a.dtype))
+    else:
+        t = unit_lower_inverse(a)
+        t *= betac[..., None, :]
+    u = np.matmul(t, vc, out=saved["u"] if saved else scratch("gdn.u", (*lead, length, width), q.dtype))
     if per_channel:
         w = np.matmul(t, np.multiply(gamma, kc, out=scratch("gdn.gk", (*lead, length, n), q.dtype)),
                       out=scratch("gdn.w", (*lead, length, n), q.dtype))
@@ -137,52 +140,54 @@ def _chunked(q, k, v, g, beta, s, dst, scale, length, layout=None, carried=True,
         t *= _swap(gamma)
         w = np.matmul(t, kc, out=scratch("gdn.w", (*lead, length, n), q.dtype))
     qg = np.multiply(qc, gamma, out=scratch("gdn.q", (*lead, length, n), q.dtype))
-    qg *= scale
     out = scratch("gdn.out", (*lead, length, width), q.dtype)
-    block = _split(s, group, 1) if layout is None else None  # [B, H, G, K, V]
-    starts = scratch("gdn.starts", (count, b, heads, group, n, width), s.dtype)  # the state entering each chunk
+    flat = (count, b, heads * group, length, width)
     if layout is None:
-        starts[0] = block
-        _carry(u, w, kd, through, starts, block)
-        if keep:  # the states leaving each chunk (those entering the next ones, then the final one) and u
-            _save(keep, "states", starts[1:], slice(0, -1))
-            _save(keep, "states", block, -1)
-            _save(keep, "u", u)
+        block = _split(s, group, 1)  # [B, H, G, K, V]
+        first = scratch("gdn.first", block.shape, s.dtype)  # the state entering the first chunk
+        np.copyto(first, block)
+        # the state leaving each chunk: written where the saved forward keeps it, if there is one
+        leaving = saved["states"] if saved else scratch("gdn.states", (count, *block.shape), s.dtype)
+        _carry(u, w, kd, through, first, leaving)
+        np.copyto(block, leaving[-1])
+        np.matmul(qg[:1], first[None], out=out[:1])
+        np.matmul(qg[1:], leaving[:-1], out=out[1:])
     else:
+        starts = scratch("gdn.starts", (count, b, heads, group, n, width), s.dtype)  # the state entering each chunk
         first = layout.first()[:, None, None, None, :, None]  # [C, 1, 1, 1, L, 1]
         inits = _split(s, group, 1)[:, None] if carried else None  # [R, 1, H, G, K, V]
         _carry_packed(u, w, kd, through, starts, inits, layout, first)
-    np.matmul(qg * first if layout is not None else qg, starts, out=out)
-    qk *= scale
+        np.matmul(qg * first, starts, out=out)
     out += np.matmul(qk, u, out=scratch("gdn.qku", out.shape, q.dtype))
-    flat = (count, b, heads * group, length, width)
+    for i, c, lo, hi in layout.entries() if layout is not None and carried else ():  # a state entering mid-chunk
+        out[c, ..., lo:hi, :] += qg[c, ..., lo:hi, :] @ inits[i, 0]
+    out *= scale  # both products taken before scale: the saved forward keeps qk unscaled
     if layout is None:
-        redo_nonfinite(out.reshape(flat), starts.reshape(count, b, heads * group, n, width),
+        redo_nonfinite(out.reshape(flat), lambda: np.concatenate((first[None], leaving[:-1])).reshape(
+                           count, b, heads * group, n, width),
                        lambda *args: _step(*args, scale),
                        lambda: [np.repeat(qf, group, 2), np.repeat(kf, group, 2), chunk_view(v, length),
                                 chunk_view(g, length), to_chunks(beta, length)])
         np.copyto(dst, from_chunks(out.reshape(flat), seq))
         return
-    for i, c, lo, hi in layout.entries() if carried else ():  # a sequence's own state enters mid-chunk
-        out[c, ..., lo:hi, :] += qg[c, ..., lo:hi, :] @ inits[i, 0]
     np.copyto(dst, from_chunks(out.reshape(flat), seq))
     finals = _sequence_ends(kt, u, kept, starts, inits, layout, per_channel) if carried else {}
     _redo_sequences(q, k, v, g_steps, beta, s, dst, scale, layout, finals, carried)
 
 
-def _save(keep, name, x, chunks=slice(None)):
-    """``x [C, B, H, G, ...]`` (chunk-major, value heads as ``[heads, G]``) into chunks ``chunks`` of the saved
-    forward's slot ``name`` (``keep[name] [B, C, HV, ...]``)."""
-    np.copyto(np.moveaxis(_split(keep[name], x.shape[-3], 2), 1, 0)[chunks], x)
+def _slot(keep, name, group):
+    """The saved forward's slot ``name`` (``keep[name] [B, C, HV, ...]``) chunk-major, value heads as ``[heads,
+    group]``: ``[C, B, H, G, ...]``, a view (each matrix contiguous, a GEMM's operand or output as it lies)."""
+    return np.moveaxis(_split(keep[name], group, 2), 1, 0)
 
 
-def _decayed(qc, kc, kt, g, low, lead, layout, carried):
+def _decayed(qc, kc, kt, g, low, lead, layout, carried, products=None):
     """The decays inside each chunk: ``(qk, kk, gamma, through, kd, kept)``, the decayed products ``q·k``
     (``r <= s``) and ``k·k`` (``r < s``, zero across a sequence boundary), ``gamma`` the decay from the chunk's
     start to each row, ``through`` the chunk's whole decay, ``kd`` the keys decayed to the chunk's end
     (``[..., K, L]``, zero past the sequence a chunk ends with) and ``kept`` the cumulative log-decays the
     sequence ends need (packed and ``carried`` only, else None). ``g`` is floored (``floor_log_decays``),
-    ``low`` its minimum before."""
+    ``low`` its minimum before; ``products``: per head, the arrays ``(qk, kk)`` are written into (else scratch ones)."""
     length, n = kc.shape[-2:]
     per_channel, kept = g.ndim == 4, None
     if layout is not None:
@@ -219,8 +224,9 @@ def _decayed(qc, kc, kt, g, low, lead, layout, carried):
             if layout is not None:
                 np.copyto(ratios, 0, where=cross)
                 kept = cum
-            qk = np.multiply(np.matmul(qc, kt), ratios, out=scratch("gdn.qk", ratios.shape, qc.dtype))
-            kk = np.multiply(np.matmul(kc, kt), ratios, out=ratios)
+            qk = np.multiply(np.matmul(qc, kt), ratios,
+                             out=scratch("gdn.qk", ratios.shape, qc.dtype) if products is None else products[0])
+            kk = np.multiply(np.matmul(kc, kt), ratios, out=ratios if products is None else products[1])
             np.copyto(kk, 0, where=_upper(length, 0))
             last_cum = cum[..., -1:]
             gamma, through = np.exp(cum)[..., None], np.exp(last_cum)  # [..., L, 1], [..., 1]
@@ -231,17 +237,17 @@ def _decayed(qc, kc, kt, g, low, lead, layout, carried):
     return qk, kk, gamma, through, kd, kept
 
 
-def _carry(u, w, kd, through, starts, block):
-    """The loop over chunks of one batch of lanes: ``u`` gets each chunk's entering state, and
-    ``starts[c]`` holds that state; the state after the last chunk goes to ``block``."""
-    count = u.shape[0]
-    step, read = np.empty_like(block), np.empty_like(u[0])
-    for c in range(count):
-        u[c] -= np.matmul(w[c], starts[c], out=read)
-        nxt = starts[c + 1] if c + 1 < count else block
+def _carry(u, w, kd, through, first, leaving):
+    """The loop over chunks of one batch of lanes from the state ``first`` entering the first one: ``u`` gets each
+    chunk's entering state, and ``leaving[c]`` the state leaving chunk ``c`` (the one entering the next)."""
+    step, read = np.empty_like(first), np.empty_like(u[0])
+    enter = first
+    for c in range(len(u)):
+        u[c] -= np.matmul(w[c], enter, out=read)
         # the chunk's total decay: per head, or per key row of S
-        np.multiply(starts[c], through[c][..., None], out=nxt)
-        nxt += np.matmul(kd[c], u[c], out=step)
+        np.multiply(enter, through[c][..., None], out=leaving[c])
+        leaving[c] += np.matmul(kd[c], u[c], out=step)
+        enter = leaving[c]
 
 
 def _carry_packed(u, w, kd, through, starts, inits, layout, first):
