@@ -96,7 +96,8 @@ class BoundSchedule:
     given: Callable[[Any, Any], bool] | None = None
     # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
     alone: Callable[[Any], tuple[str, tuple, float, int]] | None = None
-    lone: bool = False  # one thunk, on the device, no data check: a run is its launches (a decode step's)
+    # one thunk, on the device (or the host), no data check: a run is that thunk's launches (a decode step's)
+    single_thunk: bool = False
 
 
 class Device:
@@ -174,11 +175,11 @@ class Device:
         needs_image = any(a.backend != device for a in assignments if not a.nested)
         checks = data_checks(schedule.thunks)
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
-        lone = len(steps) == 1 and steps[0][1] == device and not checks
-        given = runner if self.on_host and lone else None
+        single_thunk = len(steps) == 1 and steps[0][1] == device and not checks
+        given = runner if self.on_host and single_thunk else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
                              {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
-                             None if given is None else self._alone(*steps[0]), lone)
+                             None if given is None else self._alone(*steps[0]), single_thunk)
 
     def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, tuple, float, int]]:
         """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
@@ -242,7 +243,7 @@ class Device:
             spec, static, seconds, copied = bound.alone(arena.handle)
             report = self._report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
             return report
-        if bound.lone and not profile:  # one launch to enqueue: the report of ``_one_thunk``, no loop's bookkeeping
+        if bound.single_thunk and not profile:  # one thunk to enqueue: ``_one_thunk``'s report, no loop's bookkeeping
             (thunk, backend, step), = bound.steps
             started = time.perf_counter()
             with self.session.lock:
