@@ -124,6 +124,7 @@ def test_vmap_loops_over_an_op_or_refuses_it(host):
         torch.func.vmap(gru)(randn(2, 1, 4, 3, seed=2))
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # torch.func.jvp's own
 def test_forward_mode_ad_is_refused_naming_the_op_and_argument_not_answered_with_a_zero_tangent(host):
     """No op has a forward derivative: ``torch.func.jvp`` and a tangent under ``forward_ad.dual_level`` raise
     (through a module's latest path and a function's direct route alike) instead of a zero tangent; a call of

@@ -134,6 +134,9 @@ def test_gradients_of_an_eager_call_that_autograd_records_match_torch_nn(batch_f
         assert torch.allclose(got, expected, atol=1e-10)
 
 
+# export puts its own parameters in _parameters; the forward makes _flat_weights of them, as torch.nn.LSTM's does
+# (torch warns of the attribute for both)
+@pytest.mark.filterwarnings("ignore:The tensor attributes self._flat_weights:UserWarning")
 def test_a_module_with_a_latest_path_compiles_fullgraph_and_exports_to_its_eager_outputs(host):
     """Dynamo traces nn.Module's call of a module whose latest path is set (``torch.compiler.is_compiling()``
     first: nothing of the path is read), with the op in the graph."""
