@@ -240,9 +240,8 @@ class Device:
         plan's stream path says what that means). Returns the report, also kept as ``last_report``.
         """
         if bound.alone is not None:  # one host thunk, no data check: nothing to send, lock, check or wait for
-            spec, static, seconds, copied = bound.alone(arena.handle)
-            report = self._report = RunReport(spec, [_new_tuple(ThunkRecord, (*static, seconds, copied))], seconds)
-            return report
+            bound.alone(arena.handle)
+            return self.last_report  # made from the values ``alone`` kept
         if bound.single_thunk and not profile:  # one thunk to enqueue: ``_one_thunk``'s report, no loop's bookkeeping
             (thunk, backend, step), = bound.steps
             started = time.perf_counter()

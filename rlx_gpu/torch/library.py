@@ -42,14 +42,12 @@ def _transforms() -> bool:
 def _refuse_tangents(op: Any, args: Sequence[Any]) -> None:
     """Raise where an argument of ``op`` carries a forward-mode tangent: no op here has a forward derivative,
     and without this check its outputs would carry none, a zero directional derivative given silently."""
-    for i, arg in enumerate(args):
-        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
-            if isinstance(t, torch.Tensor) and _forward_ad.unpack_dual(t).tangent is not None:
-                name = op._schema.arguments[i].name
-                raise NotImplementedError(
-                    f"{op._schema.name}: forward-mode AD is not supported (argument '{name}' carries a tangent: "
-                    f"torch.func.jvp / jacfwd / torch.autograd.forward_ad); the op has no forward derivative. "
-                    f"Use reverse mode: torch.func.grad or vjp, or torch.autograd")
+    for i, t in _tensors(args):
+        if _forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(
+                f"{op._schema.name}: forward-mode AD is not supported (argument '{op._schema.arguments[i].name}' "
+                f"carries a tangent: torch.func.jvp / jacfwd / torch.autograd.forward_ad); the op has no forward "
+                f"derivative. Use reverse mode: torch.func.grad or vjp, or torch.autograd")
 _grad_enabled = torch.is_grad_enabled
 _any_requires_grad = torch._C._any_requires_grad
 
@@ -97,6 +95,26 @@ def define(name: str, schema: str, impl: Callable[..., Any], fake: Callable[...,
 #: The dispatch keys below Autograd that are a device's own kernel: nothing (a fake tensor, a dispatch mode,
 #: functionalization) stands between Autograd and ``impl`` when the next key is one of these.
 _DEVICE_KEYS = frozenset({torch._C.DispatchKey.CPU, torch._C.DispatchKey.CUDA})
+_BELOW_AUTOGRAD = torch._C._after_autograd_keyset
+
+
+def _below_autograd(op: Any, run: Callable[..., Any], keyset: Any, args: Sequence[Any]) -> Any:
+    """``op`` on ``args`` past its Autograd kernel: its implementation ``run`` straight where the next dispatch key
+    is the device's own (or ``keyset`` is None: ``direct``'s eager call), else redispatched to what stands between
+    (a fake tensor, a dispatch mode, functionalization, a functorch transform's lower level)."""
+    rest = None if keyset is None else keyset & _BELOW_AUTOGRAD
+    if rest is None or rest.highestPriorityTypeId() in _DEVICE_KEYS:
+        return run(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op.redispatch(rest, *args)
+
+
+def _tensors(args: Sequence[Any]) -> Any:
+    """The tensors among ``args``, a ``Tensor[]``'s elements too, each with its argument's index."""
+    for i, arg in enumerate(args):
+        for t in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(t, torch.Tensor):
+                yield i, t
 
 
 def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., Any],
@@ -118,8 +136,6 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     ``custom_function_call``, which is not dispatched from inside an Autograd kernel: the kernel calls
     ``_FunctionBase.apply``, eagerly too (without ``Function.apply``'s ``inspect.signature`` binding)."""
     lists = frozenset(i for i, arg in enumerate(op._schema.arguments) if str(arg.type) == "List[Tensor]")
-    below = torch._C._after_autograd_keyset
-
     def nested(flat: Sequence[Any], sizes: Sequence[int]) -> list[Any]:
         """The schema's arguments from the flat ones: ``sizes[i]`` elements for a list, -1 for a value."""
         out, at = [], 0
@@ -131,12 +147,7 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
     class Function(torch.autograd.Function):
         @staticmethod
         def forward(keyset: Any, sizes: tuple[int, ...], *flat: Any) -> Any:
-            args = nested(flat, sizes)
-            rest = None if keyset is None else keyset & below
-            if rest is None or rest.highestPriorityTypeId() in _DEVICE_KEYS:  # nothing between autograd and it
-                return run(*args)
-            with torch._C._AutoDispatchBelowAutograd():
-                return op.redispatch(rest, *args)
+            return _below_autograd(op, run, keyset, nested(flat, sizes))
 
         @staticmethod
         def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -173,11 +184,7 @@ def _autograd_kernel(op: Any, run: Callable[..., Any], backward: Callable[..., A
                 with enable_single_level_autograd_function():
                     return apply(keyset, sizes, *flat)
             return apply(keyset, sizes, *unwrap_dead_wrappers(flat))
-        rest = keyset & below
-        if rest.highestPriorityTypeId() in _DEVICE_KEYS:
-            return run(*args)
-        with torch._C._AutoDispatchBelowAutograd():
-            return op.redispatch(rest, *args)
+        return _below_autograd(op, run, keyset, args)
     return kernel
 
 
@@ -187,24 +194,17 @@ def _once_differentiable_kernel(op: Any, run: Callable[..., Any]) -> Callable[..
     node that raises when differentiated, as torch's ``once_differentiable`` does: the gradients themselves stay
     usable, a second derivative is refused (torch's fallback for an op of no Autograd kernel warned and gave
     zeros)."""
-    below = torch._C._after_autograd_keyset
     message = (f"{op._schema.name} has no derivative: a second derivative through rlx_gpu's ops (a gradient "
                f"differentiated again: create_graph=True, torch.func.grad of grad, hessian) is not supported").encode()
 
     def kernel(keyset: Any, *args: Any) -> Any:
-        rest = keyset & below
-        if rest.highestPriorityTypeId() in _DEVICE_KEYS:
-            out = run(*args)
-        else:
-            with torch._C._AutoDispatchBelowAutograd():
-                out = op.redispatch(rest, *args)
+        out = _below_autograd(op, run, keyset, args)
         if not (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
             return out
         # the node's edges lead to the arguments autograd follows, so a derivative of an output reaching them
         # passes through it (and raises); its outputs share the outputs' memory
         at = [i for i, t in enumerate(out) if t is not None and t.is_floating_point()]
-        needed = [t for arg in args for t in (arg if isinstance(arg, (list, tuple)) else (arg,))
-                  if isinstance(t, torch.Tensor) and t.requires_grad]
+        needed = [t for _, t in _tensors(args) if t.requires_grad]
         marked = torch._C._functions.DelayedError(message, len(at) + len(needed))(*(out[i] for i in at), *needed)
         for i, t in zip(at, marked):
             out[i] = t
