@@ -27,7 +27,11 @@ from ..errors import RlxError, RunError
 from .call_plan import CallPlan
 
 _ABSENT = object()
-_move = ctypes.memmove
+#: ``move(target, source, nbytes)``: C's memmove called holding the GIL. ``ctypes.memmove`` releases and takes back
+#: the GIL around each call, which after a kernel that swept the cache costs more than moving a decode step's few
+#: hundred bytes; the same function through ``PYFUNCTYPE`` keeps it (nothing else can run during a copy this short).
+move = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)
 _copy = np.ndarray.copy  # mapped without a comprehension's frame
 #: ``(position, put)``: the writer of an input from the call's argument at ``position``.
 Write = tuple[int, Callable[[Any], Any]]
@@ -128,7 +132,7 @@ class HostCall:
                         return None
                 try:
                     for (target, nbytes), address in zip(moves, addresses):
-                        _move(target, address, nbytes)
+                        move(target, address, nbytes)
                     report = alone(handle)
                 except RunError:  # as the call's: the stamps hold
                     raise
@@ -156,7 +160,7 @@ class HostCall:
                         put(args[at])
                 else:  # the bytes of each of ``moved`` where the caller holds them
                     for target, address, nbytes in zip(self._targets, addresses, self._sizes):
-                        _move(target, address, nbytes)
+                        move(target, address, nbytes)
                 for name, at, put, stamp_of in self.stamped:
                     arg = args[at]
                     stamp = stamp_of(arg)

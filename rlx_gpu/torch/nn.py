@@ -99,7 +99,7 @@ class _RlxRecurrent:
                     self._forward_hooks or self._forward_pre_hooks or self._backward_hooks or self._backward_pre_hooks
                     or _global_forward_hooks or _global_forward_pre_hooks or _global_backward_hooks
                     or _global_backward_pre_hooks or _jit_tracing()):
-                out = latest(self, *args)
+                out = latest(self, args[0], args[1]) if len(args) == 2 else latest(self, args[0])  # no *args' tuple
                 if out is not None:
                     return out
         return _MODULE_CALL(self, *args, **kwargs)

@@ -173,7 +173,10 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
     lazily negated tensor or one of no memory (``torch._efficientzerotensor``, address 0) goes the whole way,
     which writes its values. After a kernel that swept the cache each frame and call less is a µs."""
     form, types, layout, device = called
-    own = module._flat_weights
+    # the module's parameters as its forward reads them (``current_weights``), checked inline: its ``_flat_weights``
+    # the list it had when the path was made (setting an attribute drops the path), each still ``_parameters``' entry
+    # of its name (not put there without ``__setattr__``: ``torch.func.functional_call``)
+    own, names, parameter = module._flat_weights, module._flat_weights_names, module._parameters.get
     host, packing = hot.host, hot.packing
     plan, moved, moving = host.plan, bool(host.moved), host.moving  # ``moving``: the HostCall's fast case
     variables, environ = _device_variables(), _ENVIRON.get
@@ -201,13 +204,14 @@ def decode_path(hot: HotRecurrent, module: Any, called: Signature, lstm: bool) -
             tensors, addresses = (input, hx), (data(input), data(hx))
         if 0 in addresses:  # a tensor of no memory (``torch._efficientzerotensor``): the whole way, as a lazy negation
             return None
-        weights = current_weights(module)
-        if _grad_enabled() and _any_requires_grad(*tensors, *weights) or tuple(map(environ, variables)) != device:
+        if module._flat_weights is not own or not all(map(operator.is_, own, map(parameter, names))):
+            return None  # the whole way, which makes the list again
+        if _grad_enabled() and _any_requires_grad(*tensors, *own) or tuple(map(environ, variables)) != device:
             return None
-        marks = (*map(_version, weights), *map(_address, weights))
+        marks = (*map(_version, own), *map(_address, own))
         seen, packed = latest_packing[0]
-        if marks != seen or weights is not own:
-            packed = packing(weights) if weights is own else None
+        if marks != seen:
+            packed = packing(own)
             if packed is None:
                 return None
             latest_packing[0] = (marks if packed[1] is not None else None, packed)  # no key: packed every call

@@ -13,13 +13,12 @@ Mamba-1 decode step's Python: docs/performance.md).
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from ..runtime.host_call import HostCall, places
+from ..runtime.host_call import HostCall, move, places
 from .bridge import BoundCall, _last, stamp
 from .held_views import HeldView
 
@@ -61,7 +60,7 @@ def _mover(place: np.ndarray, t: torch.Tensor) -> Put:
     (on an Intel Xeon after an LSTM step, 16 µs against 10 for the memmove). What the signature does not tell
     goes by ``copy_``, which knows it: a tensor whose negation is lazy (its neg bit: ``z.conj().imag``) or one
     of no memory (a zero tensor, ``torch._efficientzerotensor``: address 0)."""
-    target, nbytes, move = _address(place), place.nbytes, ctypes.memmove
+    target, nbytes = _address(place), place.nbytes
     copy = torch.from_numpy(place).view(t.shape).copy_
     data, negated = torch.Tensor.data_ptr, torch.Tensor.is_neg
 
