@@ -47,6 +47,20 @@ def _anchor_fields(op: str) -> tuple[str, ...]:
     return TORCH[op][1]
 
 
+def saved_reserve_bytes(output: Any) -> int | None:
+    """The bytes of the reserve space cuDNN's RNN forward handed its backward, found among what autograd saved for
+    ``output`` (a training ``torch.nn.LSTM``/``GRU`` output on CUDA: ``_cudnn_rnn``'s fourth result, kept by its
+    backward node as ``_saved_result3``, the node at most a few views below ``output``); None where no node saved
+    one (the CPU's RNN, whose oneDNN node saves a workspace of its own; another release's names). cuDNN publishes no formula for its size: this is its figure."""
+    node, hops = output.grad_fn, 0
+    while node is not None and hops < 4:
+        reserve = getattr(node, "_saved_result3", None) if node.name().startswith("CudnnRnn") else None
+        if reserve is not None and hasattr(reserve, "element_size"):
+            return int(reserve.numel()) * int(reserve.element_size())
+        node, hops = (node.next_functions[0][0] if node.next_functions else None), hops + 1
+    return None
+
+
 def _anchor(t: dict, fields: dict[str, np.ndarray]) -> tuple[str, Callable[[], Any]]:
     """(name, a no-argument callable running the anchor's forward and backward on CUDA)."""
     import torch
@@ -97,6 +111,23 @@ def _installed_anchor(op: str) -> tuple[str, Callable[..., Any]] | None:
     return None
 
 
+def reserve_line(forward: dict, fields: dict[str, np.ndarray]) -> str:
+    """Bytes per token of our reserve for the recurrent ``forward`` (``rlx_gpu.reserve_bytes``) and of cuDNN's
+    for the same layer in torch's training forward on the GPU."""
+    import torch
+
+    import rlx_gpu
+
+    tokens = forward["batch"] * forward["seq"]
+    ours = rlx_gpu.reserve_bytes(forward) / tokens
+    net = (torch.nn.LSTM if forward["op"] == "lstm" else torch.nn.GRU)(
+        forward["input_size"], forward["hidden"], batch_first=True).cuda()
+    x = torch.from_numpy(np.ascontiguousarray(fields["x"])).cuda().requires_grad_()
+    theirs = saved_reserve_bytes(net(x)[0])
+    told = "cuDNN saved none that torch names" if theirs is None else f"cuDNN {theirs / tokens:.0f} B/token"
+    return f"ours {ours:.0f} B/token (f32, H={forward['hidden']}), {told}"
+
+
 def benchmarks(ck: Any, shared: dict) -> None:
     import cupy as cp
     from backends import lay_out
@@ -136,6 +167,8 @@ def benchmarks(ck: Any, shared: dict) -> None:
                 session.free(arena)
         name, anchor = _anchor(forward, fields)
         theirs = torch_ms(anchor)
+        if forward["op"] in ("lstm", "gru"):  # the saved forward's size per token beside cuDNN's (issue 36)
+            ck.add("backward", f"{label} reserve", "ok", reserve_line(forward, fields))
         table.append(f"| {label} | {fwd:.3f} | {both:.3f} | {name} | {theirs:.3f} | {both / theirs:.2f} |")
         ck.write("backward.md", "\n".join(table) + "\n")
         ck.add("backward", label, "ok", f"ours fwd+bwd {both:.3f} ms, {name} {theirs:.3f} ms ({both / theirs:.2f}x)")

@@ -106,6 +106,34 @@ def test_the_backward_shapes_are_valid_schedules_with_every_gradient():
         assert written == {f"d_{name}" for name in inputs}, label
 
 
+def test_the_backward_section_reads_cudnns_reserve_where_autograd_saved_one():
+    """cuDNN's reserve size is read off the backward node torch's CUDA RNN leaves (``_saved_result3``), a few views
+    below the output; the CPU's RNN saves none (None, not a guess), and our side of the line is defined for the
+    section's recurrent shapes."""
+    sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "benchmarks")]
+    import gpu_backward
+    import torch
+
+    import rlx_gpu
+
+    class Node:
+        def __init__(self, below=None, reserve=None, name="AsStridedBackward0"):
+            self.next_functions = ((below, 0),) if below is not None else ()
+            self.name = lambda: name
+            if reserve is not None:
+                self._saved_result3 = reserve
+
+    class Output:
+        grad_fn = Node(Node(Node(reserve=torch.empty(3, 5, dtype=torch.float16), name="CudnnRnnBackward0")))
+
+    assert gpu_backward.saved_reserve_bytes(Output()) == 30
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)  # oneDNN's node on the CPU saves a workspace: not cuDNN's
+    assert gpu_backward.saved_reserve_bytes(lstm(torch.randn(2, 3, 4))[0]) is None
+    for label, template in gpu_backward.shapes():
+        if template["op"] in ("lstm", "gru"):
+            assert rlx_gpu.reserve_bytes(template) >= template["batch"] * template["seq"] * template["hidden"], label
+
+
 def _script():
     sys.path[:0] = [str(ROOT / "tools")]
     import gpu_check
