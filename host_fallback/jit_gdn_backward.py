@@ -345,10 +345,12 @@ def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta,
             row, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
             for v in range(width):
                 row[v] = (row[v] + prow[v]) + drow[v] * f
-            if c:
-                out = leave_t[c - 1, j]
-                for v in range(width):
-                    out[v, i] = row[v]
+        if c:  # transposed once the lane's rows are done (in L1): each row of it written whole, not by columns
+            out = leave_t[c - 1, j]
+            for v in range(width):
+                row = out[v]
+                for i in range(n):
+                    row[i] = cj[i, v]
 
 
 _OPERANDS = dict(q=3, k=3, g=2, beta=2, ratios=3, gamma=2, to_end=2, through=1, kd=3, gb=3)
