@@ -232,7 +232,8 @@ _PRESENT = {"carry_state": CARRIED, "state": CARRIED, "param_dtype": {"param_dty
 # (one empty, one starting inside the second chunk of either target) through state slots, grouped b/c, the
 # delta/dt knobs, d and z; a decode step of each through slots (rows 2 of a pool of 3) with d and z; the cpu
 # target's selective_scan decode kernel without a carried state, with two groups, at an odd state_size and at 16
-# (its vectorized row).
+# (its vectorized row), and with a carried state at both, hidden not a multiple of its SS_TC = 8 channels an item
+# (whole items and a last one partial).
 # Causality: a NaN in the second chunk (gpu target); version 2: the gate reaches only its own step; a packed
 # sequence after a poisoned one starts clean, in the chunk they share too (mamba2: 68 starts inside the second
 # chunk of 64, selective_scan: 260 inside the second of 256); an Inf: every device keeps the ABI's operation
@@ -256,6 +257,8 @@ declare_cases(
               d=True, z=True, delta_bias=True, delta_softplus=True), {}, False),
         (dict(_ssm(2, 1, 20, 5), groups=2, d=True, z=True), {}, False),
         (dict(_ssm(2, 1, 20, 16), groups=2, delta_softplus=True, z=True), {}, False),
+        (dict(_ssm(2, 1, 21, 16), carry_state=True, state=True, d=True, z=True, delta_bias=True), {}, False),
+        (dict(_ssm(1, 1, 13, 5), carry_state=True, state=True), {}, False),
         (_ssm(2, 24, 16, 256), {}, True),
     ],
     causal=[
