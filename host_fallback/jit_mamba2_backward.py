@@ -27,11 +27,13 @@ import numba
 import numpy as np
 from numba import types
 
+from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
 from .jit_math import _F32, _FLAGS, _exp_subnormal
 from .jit_ssm_steps import _dot
 
 #: the kernels ``jit.kernel`` hands out
-__all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_state_gradients"]
+__all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_saved",
+           "mamba2_backward_state_gradients"]
 
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
@@ -158,3 +160,204 @@ def mamba2_backward_state_gradients(through, leaving, leaving_t, ends, d, end_do
                         out[j] = row[j]
                         row[j] = decay * row[j] + kept
                 end_dot[k, b, h] = total
+
+
+# --- a chunk with a saved forward, in one pass: its GEMMs in jit_lstm's register tiles ---------------------------
+_A5 = types.Array(types.float32, 5, "A")
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _times(lanes, first, panel, src, ld, k, out, ldo, lo, hi, zeros):
+    """``out[rows, lo:hi] (+)= panelᵀ · src[k, lo:hi]`` (addresses; ``rows`` a tile's, ``PANEL_ROWS[lanes]``) in
+    tiles of ``2 * lanes`` columns (``lo``, ``hi`` multiples of it): from 0 where ``first``, else adding to ``out``."""
+    for j in range(lo, hi, 2 * lanes):
+        if lanes == 16:
+            _tile_16x2(first, zeros, panel, src + j * 4, ld, k, out + j * 4, ldo)
+        else:
+            _tile_8x2(first, zeros, panel, src + j * 4, ld, k, out + j * 4, ldo)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
+    """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, 0 for the rest of ``into``'s
+    columns; ``scaled[:, i] = into[:, i] * scale[i]`` where ``scale`` is given (not empty)."""
+    width = into.shape[1]
+    whole = steps // 4 * 4
+    for i in range(0, whole, 4):  # four rows at a time: a vector of four stored per column
+        r0, r1, r2, r3 = laid[bb, t + i, h], laid[bb, t + i + 1, h], laid[bb, t + i + 2, h], laid[bb, t + i + 3, h]
+        for j in range(count):
+            line = into[j]
+            line[i], line[i + 1], line[i + 2], line[i + 3] = r0[j], r1[j], r2[j], r3[j]
+    for i in range(whole, steps):
+        row = laid[bb, t + i, h]
+        for j in range(count):
+            into[j, i] = row[j]
+    for j in range(count):
+        line = into[j]
+        for i in range(steps, width):
+            line[i] = 0.0
+        if len(scale):
+            out = scaled[j]
+            for i in range(width):
+                out[i] = line[i] * scale[i]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _pack(source, lo, hi, block, rows, factor, panel, at):
+    """``panel[at + j - lo, r] = source[j, block * rows + r] * factor[block * rows + r]`` for ``lo <= j < hi``: rows
+    ``lo..hi`` of ``source``, a tile's columns, scaled by ``factor`` (``source`` as wide as the padded chunk)."""
+    i0 = block * rows
+    for j in range(lo, hi):
+        line, out = source[j], panel[at + j - lo]
+        for r in range(rows):
+            out[r] = line[i0 + r] * factor[i0 + r]
+
+
+@numba.njit(types.void(types.int64, types.int64, types.float32, _T4, _T4, _T4, _T4, _T4, _T4, _T4, _A5, _T4, _T5,
+                       _T5, _T3, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
+            fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scores, s0, ends, leaving, end_dot, du,
+                          dc, db, dlogd, nonfinite, chain, x, dt, dx, xdu):
+    """Every chunk's gradients with a saved forward (``ys [B, seq, H, P]``, ``scores [B, C, H, L, L]`` zero above
+    their diagonals, ``ends [B, C, H, P, N]``), float32, C-contiguous but ``scores``: ``mamba2_backward_gradients``'
+    results (same arguments; ``leaving [C, B, H, P, N]`` the gradients of the states leaving each chunk, ``s0 [B, H,
+    P, N]`` the initial state), one lane (batch row, head, chunk) at a time: ``gy``, ``u``, ``b`` transposed and
+    ``gy``, ``b``, ``c`` copied into blocks zero past ``seq`` and out to whole tiles; ``dW = (gy u^T) * M`` and its
+    transpose by GEMMs of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
+    where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
+    gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
+    or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
+    chain rule and the check for non-finite values."""
+    count, bsz, heads, length = cum.shape
+    p, n = u.shape[3], b.shape[3]
+    rows = _PANEL_16 if lanes == 16 else _PANEL_8
+    wide = 2 * lanes
+    blocks = -(-length // rows)
+    lw = -(-max(blocks * rows, length) // wide) * wide  # the padded chunk: whole blocks of rows, whole tiles
+    pw, nw = -(-p // wide) * wide, -(-n // wide) * wide
+    gy_t, u_t, b_t = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32), np.zeros((n, lw), np.float32)
+    gy_up, u_down = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32)  # decayed from the midpoint
+    grid, grid_t = np.zeros((lw, lw), np.float32), np.zeros((lw, lw), np.float32)  # dW, dW^T
+    gy_l, b_l, c_l = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
+    ds_t, ds, s_in = np.zeros((n, pw), np.float32), np.zeros((p, nw), np.float32), np.zeros((p, nw), np.float32)
+    pan_g, pan_d = np.zeros((blocks, p, rows), np.float32), np.zeros((blocks, p, rows), np.float32)
+    pan_u = np.zeros((blocks, length + n, rows), np.float32)
+    pan_c, pan_b = np.zeros((blocks, length + p, rows), np.float32), np.zeros((blocks, length + p, rows), np.float32)
+    o_u, o_c, o_b = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
+    zeros = np.zeros(max(rows, pw, nw), np.float32)
+    up, down, grow, te = np.zeros(lw, np.float32), np.zeros(lw, np.float32), np.zeros(lw, np.float32), \
+        np.zeros(lw, np.float32)
+    ones = np.ones(lw, np.float32)
+    middle, z_at = (length - 1) // 2, zeros.ctypes.data
+    for bb in range(bsz):
+        for h in range(heads):
+            for k in range(count):
+                lane, m = cum[k, bb, h], cum[k, bb, h, middle]
+                within = True
+                for i in range(length):
+                    within = within and abs(lane[i] - m) <= spread
+                steps = min(length, seq - k * length)
+                for i in range(length):
+                    gap = lane[i] - m
+                    live = i < steps
+                    up[i] = (_exp_subnormal(gap) if within else _F32(1.0)) if live else _F32(0.0)
+                    down[i] = (_exp_subnormal(-gap) if within else _F32(1.0)) if live else _F32(0.0)
+                    grow[i] = _exp_subnormal(lane[i]) if live else _F32(0.0)
+                    te[i] = to_end[k, bb, h, i] if live else _F32(0.0)
+                t0 = k * length
+                _turn(gy, bb, h, t0, steps, gy_t, up, gy_up, p)
+                _turn(u, bb, h, t0, steps, u_t, down, u_down, p)
+                _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n)
+                for i in range(length):
+                    g_out, b_out, c_out = gy_l[i], b_l[i], c_l[i]
+                    if i < steps:
+                        g_in, b_in, c_in = gy[bb, t0 + i, h], b[bb, t0 + i, h], c[bb, t0 + i, h]
+                        for j in range(p):
+                            g_out[j] = g_in[j]
+                        for j in range(n):
+                            b_out[j] = b_in[j]
+                        for j in range(n):
+                            c_out[j] = c_in[j]
+                    else:
+                        g_out[:] = 0.0
+                        b_out[:] = 0.0
+                        c_out[:] = 0.0
+                sent, entering = leaving[k, bb, h], s0[bb, h] if k == 0 else ends[bb, k - 1, h]
+                for i in range(p):
+                    for j in range(n):
+                        ds_t[j, i] = sent[i, j]
+                    ds[i, :n] = sent[i]
+                    s_in[i, :n] = entering[i]
+                for block in range(blocks):  # dW's rows to the diagonal, dW^T's from it
+                    i0 = block * rows
+                    _pack(gy_up, 0, p, block, rows, ones, pan_g[block], 0)
+                    _pack(u_down, 0, p, block, rows, ones, pan_d[block], 0)
+                    _times(lanes, 1, pan_g[block].ctypes.data, u_down.ctypes.data, lw, p, grid[i0].ctypes.data, lw,
+                           0, -(-(i0 + rows) // wide) * wide, z_at)
+                    _times(lanes, 1, pan_d[block].ctypes.data, gy_up.ctypes.data, lw, p, grid_t[i0].ctypes.data,
+                           lw, i0 // wide * wide, lw, z_at)
+                weights = scores[bb, k, h]
+                for block in range(blocks):  # the operands packed for the tiles
+                    i0 = block * rows
+                    for j in range(i0, length):  # W^T's and dW^T's upper parts
+                        w_row, g_row, out_u, out_b = weights[j], grid[j], pan_u[block, j], pan_b[block, j]
+                        if i0 + rows <= length:
+                            for r in range(rows):
+                                out_u[r] = w_row[i0 + r] if j >= i0 + r else _F32(0.0)
+                                out_b[r] = g_row[i0 + r] if j >= i0 + r else _F32(0.0)
+                        else:
+                            for r in range(rows):
+                                keep = i0 + r < length and j >= i0 + r
+                                out_u[r] = w_row[min(i0 + r, length - 1)] if keep else _F32(0.0)
+                                out_b[r] = g_row[i0 + r] if keep else _F32(0.0)
+                    for j in range(min(i0 + rows, length)):  # dW's lower part
+                        g_row, out_c = grid_t[j], pan_c[block, j]
+                        for r in range(rows):
+                            out_c[r] = g_row[i0 + r] if j <= i0 + r else _F32(0.0)
+                    if not within:  # each entry decayed on its own
+                        for j in range(i0, length):
+                            for r in range(min(rows, length - i0)):
+                                pan_b[block, j, r] *= _exp_subnormal(lane[j] - lane[i0 + r])
+                        for j in range(min(i0 + rows, length)):
+                            for r in range(min(rows, length - i0)):
+                                pan_c[block, j, r] *= _exp_subnormal(lane[i0 + r] - lane[j])
+                    _pack(b_t, 0, n, block, rows, te, pan_u[block], length)
+                    _pack(gy_t, 0, p, block, rows, grow, pan_c[block], length)
+                    _pack(u_t, 0, p, block, rows, te, pan_b[block], length)
+                for block in range(blocks):
+                    i0 = block * rows
+                    hi = min(i0 + rows, length)
+                    at_u, at_c, at_b = o_u[i0].ctypes.data, o_c[i0].ctypes.data, o_b[i0].ctypes.data
+                    _times(lanes, 1, pan_u[block, i0].ctypes.data, gy_l[i0].ctypes.data, pw, length - i0, at_u, pw,
+                           0, pw, z_at)
+                    _times(lanes, 0, pan_u[block, length].ctypes.data, ds_t.ctypes.data, pw, n, at_u, pw, 0, pw,
+                           z_at)
+                    _times(lanes, 1, pan_c[block].ctypes.data, b_l.ctypes.data, nw, hi, at_c, nw, 0, nw, z_at)
+                    _times(lanes, 0, pan_c[block, length].ctypes.data, s_in.ctypes.data, nw, p, at_c, nw, 0, nw,
+                           z_at)
+                    _times(lanes, 1, pan_b[block, i0].ctypes.data, c_l[i0].ctypes.data, nw, length - i0, at_b, nw,
+                           0, nw, z_at)
+                    _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nw, p, at_b, nw, 0, nw, z_at)
+                acc, flag = end_dot[k, bb, h], _F32(0.0)
+                for i in range(length - 1, -1, -1):
+                    t = t0 + i
+                    got, got_c, got_b = o_u[i], o_c[i], o_b[i]
+                    out_u, out_c, out_b = du[bb, t, h], dc[bb, t, h], db[bb, t, h]
+                    for j in range(p):
+                        out_u[j] = got[j]
+                    for j in range(n):
+                        out_c[j] = got_c[j]
+                    for j in range(n):
+                        out_b[j] = got_b[j]
+                    d_cum = _F32(0.0)
+                    if i < steps:
+                        d_cum = _dot(gy_l[i], ys[bb, t, h], p) - _dot(u[bb, t, h], got, p)
+                        if chain:
+                            step, out_x = dt[bb, t, h], dx[bb, t, h]
+                            for j in range(p):
+                                out_x[j] = got[j] * step
+                            xdu[bb, t, h] = _dot(x[bb, t, h], got, p)
+                        flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
+                    acc += d_cum
+                    dlogd[bb, t, h] = acc
+                nonfinite[bb, h] += flag + (acc - acc)

@@ -145,6 +145,13 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
+    if kernel is not None and saved is not None:  # every chunk in one compiled pass, its GEMMs too
+        jit.kernel("mamba2_backward_saved")(jit.lanes(), seq, MAMBA2_SPREAD, at.cum, at.to_end, u, b, c, gy,
+                                            at.laid["y"], saved[2], np.ascontiguousarray(s0), at.ends,
+                                            at.leaving, at.end_dot, out["du"], out["dc"], out["db"], out["dlogd"],
+                                            nonfinite, *links)
+        return (saved[1].copy() if need_y else None, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq],
+                out["dc"][:, :seq], at.ds0, nonfinite)
     per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
     slab = max(1, SLAB_BYTES // max(per_chunk, 1))
     upper = np.triu(np.ones((length, length), bool), 1)
