@@ -227,7 +227,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
     where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
     gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
     or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
-    chain rule and the check for non-finite values."""
+    chain rule and the check for non-finite values. With ``chain``, ``du`` is not written (``dx`` and ``xdu`` are)."""
     count, bsz, heads, length = cum.shape
     p, n = u.shape[3], b.shape[3]
     rows = _PANEL_16 if lanes == 16 else _PANEL_8
@@ -343,8 +343,9 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                     t = t0 + i
                     got, got_c, got_b = o_u[i], o_c[i], o_b[i]
                     out_u, out_c, out_b = du[bb, t, h], dc[bb, t, h], db[bb, t, h]
-                    for j in range(p):
-                        out_u[j] = got[j]
+                    if not chain:  # (with it, dx and xdu carry du)
+                        for j in range(p):
+                            out_u[j] = got[j]
                     for j in range(n):
                         out_c[j] = got_c[j]
                     for j in range(n):

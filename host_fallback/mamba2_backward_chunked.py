@@ -128,7 +128,8 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
     chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
     (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are).
-    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs."""
+    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs (which
+    with a saved forward then leaves ``du`` unwritten: the step path redoes a lane that is not finite)."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
