@@ -222,8 +222,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
     their diagonals, ``ends [B, C, H, P, N]``), float32, C-contiguous but ``scores``: ``mamba2_backward_gradients``'
     results (same arguments; ``leaving [C, B, H, P, N]`` the gradients of the states leaving each chunk, ``s0 [B, H,
     P, N]`` the initial state), one lane (batch row, head, chunk) at a time: ``gy``, ``u``, ``b`` transposed and
-    ``gy``, ``b``, ``c`` copied into blocks zero past ``seq`` and out to whole tiles; ``dW = (gy u^T) * M`` and its
-    transpose by GEMMs of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
+    ``gy``, ``b``, ``c`` copied into blocks zero past ``seq`` and out to whole tiles; ``dW = (gy u^T) * M`` by a GEMM
+    of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
     where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
     gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
     or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
@@ -237,10 +237,10 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
     pw, nw = -(-p // wide) * wide, -(-n // wide) * wide
     gy_t, u_t, b_t = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32), np.zeros((n, lw), np.float32)
     gy_up, u_down = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32)  # decayed from the midpoint
-    grid, grid_t = np.zeros((lw, lw), np.float32), np.zeros((lw, lw), np.float32)  # dW, dW^T
+    grid = np.zeros((lw, lw), np.float32)  # dW
     gy_l, b_l, c_l = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
     ds_t, ds, s_in = np.zeros((n, pw), np.float32), np.zeros((p, nw), np.float32), np.zeros((p, nw), np.float32)
-    pan_g, pan_d = np.zeros((blocks, p, rows), np.float32), np.zeros((blocks, p, rows), np.float32)
+    pan_g = np.zeros((blocks, p, rows), np.float32)
     pan_u = np.zeros((blocks, length + n, rows), np.float32)
     pan_c, pan_b = np.zeros((blocks, length + p, rows), np.float32), np.zeros((blocks, length + p, rows), np.float32)
     o_u, o_c, o_b = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
@@ -288,14 +288,11 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                         ds_t[j, i] = sent[i, j]
                     ds[i, :n] = sent[i]
                     s_in[i, :n] = entering[i]
-                for block in range(blocks):  # dW's rows to the diagonal, dW^T's from it
+                for block in range(blocks):  # dW's rows to the diagonal
                     i0 = block * rows
                     _pack(gy_up, 0, p, block, rows, ones, pan_g[block], 0)
-                    _pack(u_down, 0, p, block, rows, ones, pan_d[block], 0)
                     _times(lanes, 1, pan_g[block].ctypes.data, u_down.ctypes.data, lw, p, grid[i0].ctypes.data, lw,
                            0, -(-(i0 + rows) // wide) * wide, z_at)
-                    _times(lanes, 1, pan_d[block].ctypes.data, gy_up.ctypes.data, lw, p, grid_t[i0].ctypes.data,
-                           lw, i0 // wide * wide, lw, z_at)
                 weights = scores[bb, k, h]
                 for block in range(blocks):  # the operands packed for the tiles
                     i0 = block * rows
@@ -310,10 +307,10 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                                 keep = i0 + r < length and j >= i0 + r
                                 out_u[r] = w_row[min(i0 + r, length - 1)] if keep else _F32(0.0)
                                 out_b[r] = g_row[i0 + r] if keep else _F32(0.0)
-                    for j in range(min(i0 + rows, length)):  # dW's lower part
-                        g_row, out_c = grid_t[j], pan_c[block, j]
-                        for r in range(rows):
-                            out_c[r] = g_row[i0 + r] if j <= i0 + r else _F32(0.0)
+                    for r in range(rows):  # dW's lower part (0 past the diagonal)
+                        g_row, out_c = grid[i0 + r], pan_c[block]
+                        for j in range(min(i0 + rows, length)):
+                            out_c[j, r] = g_row[j] if j <= i0 + r else _F32(0.0)
                     if not within:  # each entry decayed on its own
                         for j in range(i0, length):
                             for r in range(min(rows, length - i0)):
