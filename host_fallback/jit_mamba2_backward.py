@@ -2,8 +2,8 @@
 ``mamba2_backward_chunked``, which runs them where Numba is there and the thunk computes in f32). Imported only
 through ``jit``.
 
-The GEMMs stay NumPy's (OpenBLAS, near the core's peak at these 64-wide squares); the passes between them are
-compiled, where NumPy made an array pass for each step of each, its inner loops 64 values long:
+Without a saved forward the GEMMs stay NumPy's (OpenBLAS, near the core's peak at these 64-wide squares); the passes
+between them are compiled, where NumPy made an array pass for each step of each, its inner loops 64 values long:
 
 - ``mamba2_backward_operands``: a slab's decayed products' operands, ``gy exp(cum - m)`` and ``u exp(m - cum)``
   (written transposed, so that the GEMM takes both as laid), with the check of each chunk's spread;
@@ -15,7 +15,13 @@ compiled, where NumPy made an array pass for each step of each, its inner loops 
   the chunk's end of the log-decay's gradient (its ``gy . y`` terms too), written in the ``[B, S, H, ...]`` layout
   the op returns (with mamba2's chain rule through ``u = dt x``: ``du dt`` and ``du . x``), and a value per lane that
   is finite exactly when the lane's gradients are (a non-finite ``du_i`` reaches the log-decay's sum
-  through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab.
+  through ``u_i . du_i``; ``dc`` and ``db`` are checked on their own), where NumPy made about ten passes a slab;
+- ``mamba2_backward_saved``: with a saved forward, all of step 3 for every chunk, one lane (row, head, chunk) at a
+  time: its inputs copied and transposed into blocks that stay in L1 (the laid rows lie ``H * P`` values apart),
+  the GEMMs in ``jit_lstm``'s register tiles over operands packed for them (the decays, the causal masks and the
+  states' shares folded into the packing: three GEMMs, ``[W^T | to_end b]``, ``[dW | exp(cum) gy]``, ``[dW^T |
+  to_end u]``, besides ``dW``'s own), then ``mamba2_backward_gradients``' tail. At B2 S1024 H8 P64 N64, one
+  thread: the GEMMs about 40% of the pass, the transposes and packing 40%, writing the results the rest.
 
 Loops run along the contiguous ``P`` or ``N`` values (LLVM vectorizes them); the dots' sums are reassociated
 (``jit_ssm_steps._dot``), every other sum runs in a fixed order: the same bytes on every run of one build. No
