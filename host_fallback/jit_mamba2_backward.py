@@ -219,15 +219,17 @@ def _pack(source, lo, hi, block, rows, factor, panel, at):
             out[r] = line[i0 + r] * factor[i0 + r]
 
 
-@numba.njit(types.void(types.int64, types.int64, types.float32, _T4, _T4, _T4, _T4, _T4, _T4, _T4, _A5, _T4, _T5,
-                       _T5, _T3, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
+@numba.njit(types.void(types.int64, types.int64, types.float32, _T4, _T4, _T3, _T4, _T4, _T4, _T4, _T4, _A5, _T4,
+                       _T5, _T4, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
-def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scores, s0, ends, leaving, end_dot, du,
+def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy, ys, scores, s0, ends, d_state, du,
                           dc, db, dlogd, nonfinite, chain, x, dt, dx, xdu):
     """Every chunk's gradients with a saved forward (``ys [B, seq, H, P]``, ``scores [B, C, H, L, L]`` zero above
     their diagonals, ``ends [B, C, H, P, N]``), float32, C-contiguous but ``scores``: ``mamba2_backward_gradients``'
-    results (same arguments; ``leaving [C, B, H, P, N]`` the gradients of the states leaving each chunk, ``s0 [B, H,
-    P, N]`` the initial state), one lane (batch row, head, chunk) at a time: ``gy``, ``u``, ``b`` transposed and
+    results (same arguments; ``s0 [B, H, P, N]`` the initial state, ``through [C, B, H]`` each chunk's decay), one lane
+    (batch row, head, chunk) at a time, the chunks from the last: the gradient ``dS`` of the state leaving the chunk
+    (``d_state [B, H, P, N]``, the final state's, ends as the initial state's: ``dS = through dS + (exp(cum) gy)^T
+    c`` a chunk, that product in the tiles too), ``<dS, S_end>``; ``gy``, ``u``, ``b`` transposed and
     ``gy``, ``b``, ``c`` copied into blocks zero past ``seq`` and out to whole tiles; ``dW = (gy u^T) * M`` by a GEMM
     of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
     where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
@@ -241,10 +243,14 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
     blocks = -(-length // rows)
     lw = -(-max(blocks * rows, length) // wide) * wide  # the padded chunk: whole blocks of rows, whole tiles
     pw, nw = -(-p // wide) * wide, -(-n // wide) * wide
+    pblocks = -(-p // rows)
+    pg = max(pw, pblocks * rows)
+    pan_s, sent = np.zeros((pblocks, length, rows), np.float32), np.zeros((pblocks * rows, nw), np.float32)
+    d_now = np.zeros((p, n), np.float32)
     gy_t, u_t, b_t = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32), np.zeros((n, lw), np.float32)
     gy_up, u_down = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32)  # decayed from the midpoint
     grid = np.zeros((lw, lw), np.float32)  # dW
-    gy_l, b_l, c_l = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
+    gy_l, b_l, c_l = np.zeros((lw, pg), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
     ds_t, ds, s_in = np.zeros((n, pw), np.float32), np.zeros((p, nw), np.float32), np.zeros((p, nw), np.float32)
     pan_g = np.zeros((blocks, p, rows), np.float32)
     pan_u = np.zeros((blocks, length + n, rows), np.float32)
@@ -257,7 +263,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
     middle, z_at = (length - 1) // 2, zeros.ctypes.data
     for bb in range(bsz):
         for h in range(heads):
-            for k in range(count):
+            d_now[:, :] = d_state[bb, h]
+            for k in range(count - 1, -1, -1):
                 lane, m = cum[k, bb, h], cum[k, bb, h, middle]
                 within = True
                 for i in range(length):
@@ -288,12 +295,26 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                         g_out[:] = 0.0
                         b_out[:] = 0.0
                         c_out[:] = 0.0
-                sent, entering = leaving[k, bb, h], s0[bb, h] if k == 0 else ends[bb, k - 1, h]
+                entering, leaving = s0[bb, h] if k == 0 else ends[bb, k - 1, h], ends[bb, k, h]
+                at_end = _F32(0.0)
                 for i in range(p):
                     for j in range(n):
-                        ds_t[j, i] = sent[i, j]
-                    ds[i, :n] = sent[i]
+                        ds_t[j, i] = d_now[i, j]
+                    ds[i, :n] = d_now[i]
                     s_in[i, :n] = entering[i]
+                    at_end += _dot(d_now[i], leaving[i], n)
+                for block in range(pblocks):  # what the chunk's outputs send to the state entering it
+                    for i in range(length):
+                        line, out, scale = gy_l[i], pan_s[block, i], grow[i]
+                        for r in range(rows):
+                            out[r] = line[block * rows + r] * scale
+                    _times(lanes, 1, pan_s[block].ctypes.data, c_l.ctypes.data, nw, length,
+                           sent[block * rows].ctypes.data, nw, 0, nw, z_at)
+                decay = through[k, bb, h]
+                for i in range(p):
+                    row, more = d_now[i], sent[i]
+                    for j in range(n):
+                        row[j] = decay * row[j] + more[j]
                 for block in range(blocks):  # dW's rows to the diagonal
                     i0 = block * rows
                     _pack(gy_up, 0, p, block, rows, ones, pan_g[block], 0)
@@ -331,7 +352,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                     i0 = block * rows
                     hi = min(i0 + rows, length)
                     at_u, at_c, at_b = o_u[i0].ctypes.data, o_c[i0].ctypes.data, o_b[i0].ctypes.data
-                    _times(lanes, 1, pan_u[block, i0].ctypes.data, gy_l[i0].ctypes.data, pw, length - i0, at_u, pw,
+                    _times(lanes, 1, pan_u[block, i0].ctypes.data, gy_l[i0].ctypes.data, pg, length - i0, at_u, pw,
                            0, pw, z_at)
                     _times(lanes, 0, pan_u[block, length].ctypes.data, ds_t.ctypes.data, pw, n, at_u, pw, 0, pw,
                            z_at)
@@ -341,7 +362,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                     _times(lanes, 1, pan_b[block, i0].ctypes.data, c_l[i0].ctypes.data, nw, length - i0, at_b, nw,
                            0, nw, z_at)
                     _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nw, p, at_b, nw, 0, nw, z_at)
-                acc, flag = end_dot[k, bb, h], _F32(0.0)
+                acc, flag = at_end, _F32(0.0)
                 for i in range(length - 1, -1, -1):
                     t = t0 + i
                     got, got_c, got_b = o_u[i], o_c[i], o_b[i]
@@ -365,3 +386,4 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, u, b, c, gy, ys, scor
                     acc += d_cum
                     dlogd[bb, t, h] = acc
                 nonfinite[bb, h] += flag + (acc - acc)
+            d_state[bb, h] = d_now

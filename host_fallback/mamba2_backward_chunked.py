@@ -138,22 +138,23 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     kernel = jit.kernel("mamba2_backward_gradients") if u.dtype == np.float32 else None
     if kernel is not None:
         u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
-    at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
-    if kernel is not None:  # the chain rule's arrays, or stand-ins
-        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain
+        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain  # the chain rule's arrays, or stand-ins
         links = (chain is not None, np.ascontiguousarray(x), np.ascontiguousarray(dt), dx, xdu)
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     given = {} if into is None or padded != seq else into
     out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
-    if kernel is not None and saved is not None:  # every chunk in one compiled pass, its GEMMs too
-        jit.kernel("mamba2_backward_saved")(jit.lanes(), seq, MAMBA2_SPREAD, at.cum, at.to_end, u, b, c, gy,
-                                            at.laid["y"], saved[2], np.ascontiguousarray(s0), at.ends,
-                                            at.leaving, at.end_dot, out["du"], out["dc"], out["db"], out["dlogd"],
-                                            nonfinite, *links)
+    if kernel is not None and saved is not None:  # every chunk in one compiled pass, the state gradients too
+        cum = np.ascontiguousarray(np.cumsum(chunk_view(logd, length), axis=-1))  # [C, B, H, L]
+        d_state = np.array(ds, u.dtype, order="C")
+        jit.kernel("mamba2_backward_saved")(jit.lanes(), seq, MAMBA2_SPREAD, cum, np.exp(cum[..., -1:] - cum),
+                                            np.exp(cum[..., -1]), u, b, c, gy, np.ascontiguousarray(saved[1]),
+                                            saved[2], np.ascontiguousarray(s0), np.ascontiguousarray(saved[0]),
+                                            d_state, out["du"], out["dc"], out["db"], out["dlogd"], nonfinite, *links)
         return (saved[1].copy() if need_y else None, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq],
-                out["dc"][:, :seq], at.ds0, nonfinite)
+                out["dc"][:, :seq], d_state, nonfinite)
+    at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
     per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
     slab = max(1, SLAB_BYTES // max(per_chunk, 1))
     upper = np.triu(np.ones((length, length), bool), 1)
