@@ -248,7 +248,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
     pan_s, sent = np.zeros((pblocks, length, rows), np.float32), np.zeros((pblocks * rows, nw), np.float32)
     d_now = np.zeros((p, n), np.float32)
     gy_t, u_t, b_t = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32), np.zeros((n, lw), np.float32)
-    gy_up, u_down = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32)  # decayed from the midpoint
+    u_down = np.zeros((p, lw), np.float32)  # decayed from the midpoint
     grid = np.zeros((lw, lw), np.float32)  # dW
     gy_l, b_l, c_l = np.zeros((lw, pg), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
     ds_t, ds, s_in = np.zeros((n, pw), np.float32), np.zeros((p, nw), np.float32), np.zeros((p, nw), np.float32)
@@ -259,7 +259,6 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
     zeros = np.zeros(max(rows, pw, nw), np.float32)
     up, down, grow, te = np.zeros(lw, np.float32), np.zeros(lw, np.float32), np.zeros(lw, np.float32), \
         np.zeros(lw, np.float32)
-    ones = np.ones(lw, np.float32)
     middle, z_at = (length - 1) // 2, zeros.ctypes.data
     for bb in range(bsz):
         for h in range(heads):
@@ -278,7 +277,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                     grow[i] = _exp_subnormal(lane[i]) if live else _F32(0.0)
                     te[i] = to_end[k, bb, h, i] if live else _F32(0.0)
                 t0 = k * length
-                _turn(gy, bb, h, t0, steps, gy_t, up, gy_up, p)
+                _turn(gy, bb, h, t0, steps, gy_t, up[:0], gy_t, p)
                 _turn(u, bb, h, t0, steps, u_t, down, u_down, p)
                 _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n)
                 for i in range(length):
@@ -317,7 +316,7 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                         row[j] = decay * row[j] + more[j]
                 for block in range(blocks):  # dW's rows to the diagonal
                     i0 = block * rows
-                    _pack(gy_up, 0, p, block, rows, ones, pan_g[block], 0)
+                    _pack(gy_t, 0, p, block, rows, up, pan_g[block], 0)
                     _times(lanes, 1, pan_g[block].ctypes.data, u_down.ctypes.data, lw, p, grid[i0].ctypes.data, lw,
                            0, -(-(i0 + rows) // wide) * wide, z_at)
                 weights = scores[bb, k, h]
