@@ -188,12 +188,14 @@ def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
     """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, 0 for the rest of ``into``'s
     columns; ``scaled[:, i] = into[:, i] * scale[i]`` where ``scale`` is given (not empty)."""
     width = into.shape[1]
-    whole = steps // 4 * 4
-    for i in range(0, whole, 4):  # four rows at a time: a vector of four stored per column
+    whole = steps // 8 * 8
+    for i in range(0, whole, 8):  # eight rows at a time: a vector of eight stored per column
         r0, r1, r2, r3 = laid[bb, t + i, h], laid[bb, t + i + 1, h], laid[bb, t + i + 2, h], laid[bb, t + i + 3, h]
+        r4, r5, r6, r7 = laid[bb, t + i + 4, h], laid[bb, t + i + 5, h], laid[bb, t + i + 6, h], laid[bb, t + i + 7, h]
         for j in range(count):
             line = into[j]
             line[i], line[i + 1], line[i + 2], line[i + 3] = r0[j], r1[j], r2[j], r3[j]
+            line[i + 4], line[i + 5], line[i + 6], line[i + 7] = r4[j], r5[j], r6[j], r7[j]
     for i in range(whole, steps):
         row = laid[bb, t + i, h]
         for j in range(count):
