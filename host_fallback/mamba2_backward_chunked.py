@@ -19,7 +19,8 @@ run by blocks of ``CAUSAL_BLOCK`` rows that read only up to or from their diagon
 Numba is there and the thunk computes in f32, the passes between the GEMMs are compiled (``jit_mamba2_backward``:
 the decayed products' operands, the loop back over the chunks, and what follows each slab's GEMMs: the shares added,
 the dots (``gy . y`` too), the reverse sums and the check for non-finite values, about ten array passes in NumPy);
-``RLX_HOST_JIT=0`` keeps NumPy's. Both paths share every GEMM.
+with a saved forward step 3 is one compiled pass over every chunk, its GEMMs too (``mamba2_backward_saved``, in
+``jit_lstm``'s register tiles). ``RLX_HOST_JIT=0`` keeps NumPy's; without a saved forward both paths share every GEMM.
 """
 from __future__ import annotations
 
@@ -128,7 +129,8 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     y, scores)`` (``ssm.reserve_views``, chunks of ``length``), read instead of computing the states entering each
     chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
     (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are).
-    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs."""
+    ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs (which
+    with a saved forward then leaves ``du`` unwritten: the step path redoes a lane that is not finite)."""
     bsz, seq, heads, p = u.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
@@ -136,15 +138,23 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     kernel = jit.kernel("mamba2_backward_gradients") if u.dtype == np.float32 else None
     if kernel is not None:
         u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
-    at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
-    if kernel is not None:  # the chain rule's arrays, or stand-ins
-        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain
+        x, dt, dx, xdu = _NO_CHAIN if chain is None else chain  # the chain rule's arrays, or stand-ins
         links = (chain is not None, np.ascontiguousarray(x), np.ascontiguousarray(dt), dx, xdu)
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     given = {} if into is None or padded != seq else into
     out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
+    if kernel is not None and saved is not None:  # every chunk in one compiled pass, the state gradients too
+        cum = np.ascontiguousarray(np.cumsum(chunk_view(logd, length), axis=-1))  # [C, B, H, L]
+        d_state = np.array(ds, u.dtype, order="C")
+        jit.kernel("mamba2_backward_saved")(jit.lanes(), seq, MAMBA2_SPREAD, cum, np.exp(cum[..., -1:] - cum),
+                                            np.exp(cum[..., -1]), u, b, c, gy, np.ascontiguousarray(saved[1]),
+                                            saved[2], np.ascontiguousarray(s0), np.ascontiguousarray(saved[0]),
+                                            d_state, out["du"], out["dc"], out["db"], out["dlogd"], nonfinite, *links)
+        return (saved[1].copy() if need_y else None, out["du"][:, :seq], out["dlogd"][:, :seq], out["db"][:, :seq],
+                out["dc"][:, :seq], d_state, nonfinite)
+    at = _Chunks(logd, u, b, c, s0, gy, ds, length, saved, kernel is not None)
     per_chunk = bsz * heads * (3 * length * length + 8 * length * (n + p)) * u.itemsize
     slab = max(1, SLAB_BYTES // max(per_chunk, 1))
     upper = np.triu(np.ones((length, length), bool), 1)

@@ -20,10 +20,12 @@ from support.host_jit import compiled, count_calls, gradients  # noqa: F401  (co
 from support.saved_forward import filled_reserve, laid_with_reserve
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
-from host_fallback import jit_mamba2_backward  # noqa: E402  (needs Numba)
+from host_fallback import jit, jit_mamba2_backward  # noqa: E402  (needs Numba)
 
 OP = "mamba2"
 KERNELS = ("mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_state_gradients")
+#: the pass with a saved forward: every chunk in one, its GEMMs in jit_lstm's register tiles
+SAVED_KERNEL = "mamba2_backward_saved"
 #: NMSE of each f32 gradient against float64's (test_mamba2_backward's bound for f32), and of 16-bit storage
 NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
 CARRIED = dict(carry_state=True, state=True)
@@ -51,7 +53,7 @@ def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
 @pytest.fixture
 def calls(monkeypatch):
     """Counts each compiled pass's calls (they still run)."""
-    return count_calls(monkeypatch, jit_mamba2_backward, KERNELS)
+    return count_calls(monkeypatch, jit_mamba2_backward, KERNELS + (SAVED_KERNEL,))
 
 
 def _reference(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:
@@ -67,8 +69,10 @@ def _close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], nmse: float)
         assert err <= nmse, (name, err)
 
 
-def _ran(calls: dict, compiled: bool) -> None:
-    assert all(calls[name] > 0 for name in KERNELS) == compiled and any(calls.values()) == compiled, calls
+def _ran(calls: dict, compiled: bool, kernels: tuple[str, ...] = KERNELS) -> None:
+    """Each of ``kernels`` ran where ``compiled``, and no other compiled pass; none ran on NumPy's path."""
+    ran = {name for name, count in calls.items() if count}
+    assert ran == (set(kernels) if compiled else set()), calls
 
 
 @pytest.mark.parametrize("label,params,chunk", CASES, ids=[label for label, _, _ in CASES])
@@ -93,15 +97,24 @@ def test_16_bit_storage_computes_in_f32_on_both_paths(dtype, compiled, calls):
     _ran(calls, compiled)
 
 
-def test_a_saved_forward_is_read_on_both_paths(compiled, calls):
+#: (head_dim, state_size) of the saved-forward cases: 32 wide is whole tiles at either width (16 or 32
+#: columns), 3 and 4 are not; the chunk of 64 is whole blocks of rows with 16 lanes (8 rows), not with 8 (6 rows)
+SAVED_DIMS = [(3, 4), (32, 32)]
+
+
+@pytest.mark.parametrize("width", ["8", "16"])
+@pytest.mark.parametrize("dims", SAVED_DIMS, ids=[f"P{p}N{n}" for p, n in SAVED_DIMS])
+def test_a_saved_forward_is_read_on_both_paths(dims, width, compiled, calls, monkeypatch):
     """Chunks of 64 (ABI.md §9.1's), the last partial: the saved states, y and scores replace the recomputed ones
-    (other values in the reserve give other gradients)."""
-    params = dict(CARRIED, batch=2, seq=150, heads=2, head_dim=3, state_size=4, d=True, z=True, dt_bias=True)
+    (other values in the reserve give other gradients); the compiled pass in tiles of either width."""
+    monkeypatch.setenv(jit.WIDTH_ENV, width)
+    params = dict(CARRIED, batch=2, seq=150, heads=2, head_dim=dims[0], state_size=dims[1], d=True, z=True,
+                  dt_bias=True)
     thunk, arena, forward = laid_with_reserve(OP, "f32", params, _sample)
     saved = filled_reserve(thunk, arena, forward)
     got = gradients(thunk, saved)
     _close(got, _reference(thunk, arena), NMSE["f32"])
-    _ran(calls, compiled)
+    _ran(calls, compiled, (SAVED_KERNEL,))
     start = thunk["reserve"]
     saved[start: start + thunk["reserve_bytes"]] = 0
     assert not np.array_equal(gradients(thunk, saved)["d_c"], got["d_c"])
