@@ -2,6 +2,7 @@
 docstring gives its formulas), lanes whose gradients come out non-finite redone by the step path."""
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -116,13 +117,22 @@ def _targets(name: str, dest: Array, lanes: tuple[int, ...], length: int, per_ke
     count, b, heads, group = lanes
     width, seq = dest.shape[-1], dest.shape[1]
     if dest.flags.c_contiguous and seq == count * length and not (per_key and group > 1):
-        c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
-        rows = (row * seq + c * length + t) * dest.shape[2] + h * group + g
-        return _Target(rows.astype(np.int64).reshape(-1, length), dest.reshape(-1, width),
+        return _Target(_row_map(*lanes, length, True), dest.reshape(-1, width),
                        _split(chunk_view(dest, length), group, 2), True)
     chunks = _temp(name, (*lanes, length, width), dest.dtype)
-    return _Target(np.arange(chunks.size // width, dtype=np.int64).reshape(-1, length), chunks.reshape(-1, width),
-                   chunks, False)
+    return _Target(_row_map(*lanes, length, False), chunks.reshape(-1, width), chunks, False)
+
+
+@functools.lru_cache(maxsize=32)
+def _row_map(count: int, b: int, heads: int, group: int, length: int, direct: bool) -> Array:
+    """``_Target.rows`` for lanes ``[C, B, H, G]`` of ``length`` steps (``[C B H G, L]``, int64): with ``direct``, the
+    rows of the caller's ``[B, S, H G, X]`` (``S = C L``), else those of a chunk-major scratch array. Kept per shape
+    (it costs as much as a pass over a gradient to form; the compiled passes only read it)."""
+    if not direct:
+        return np.arange(count * b * heads * group * length, dtype=np.int64).reshape(-1, length)
+    c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
+    rows = (row * (count * length) + c * length + t) * (heads * group) + h * group + g
+    return rows.astype(np.int64).reshape(-1, length)
 
 
 def _unchunk(y: Array, dest: Array) -> None:

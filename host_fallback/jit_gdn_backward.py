@@ -208,21 +208,13 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _lane_sum(dq, dk, at, dg, dbeta, parts):
-    """The sum of a lane's ``dq, dk`` (rows ``at [L]`` of ``[R, K]``), ``dg, dbeta [L]``: each channel's in ``parts``
-    (``_PARTS`` of them, sums along the steps), then theirs."""
-    parts[:] = 0
-    total = parts[0]  # a zero of the type
-    whole = dq.shape[1] - dq.shape[1] % _PARTS
-    for t in range(dg.shape[0]):
-        total += dg[t] + dbeta[t]
-        a, b = dq[at[t]], dk[at[t]]
-        for start in range(0, whole, _PARTS):
-            for slot in range(_PARTS):
-                parts[slot] += a[start + slot] + b[start + slot]
-        for i in range(whole, dq.shape[1]):
-            parts[i - whole] += a[i] + b[i]
-    return total + _total(parts)
+def _finish_column(i, slot, out_q, out_k, dt, gt, parts):
+    """Channel ``i`` of a step's ``dk``: ``+= dkd - dgk``; then that step's ``dq + dk`` there into ``parts[slot]``
+    (the lane's sum for ``check``, in the column pass: no pass of its own)."""
+    x = out_k[i] + (dt[i] - gt[i])
+    out_k[i] = x
+    parts[slot] += out_q[i] + x
+
 
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
@@ -280,16 +272,23 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
                 _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
+        parts = sums[0]  # each channel's sum of dq + dk along the steps, for check
+        parts[:] = 0
         for s in range(length):
-            out_k = dk[at[s]]
+            out_q, out_k = dq[at[s]], dk[at[s]]
             for r in range(s - s % _BLOCK, length, _BLOCK):
                 _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
-            for i in range(n):
-                out_k[i] += dt[i] - gt[i]
+            for start in range(0, whole, _PARTS):
+                for slot in range(_PARTS):
+                    _finish_column(start + slot, slot, out_q, out_k, dt, gt, parts)
+            for i in range(whole, n):
+                _finish_column(i, i - whole, out_q, out_k, dt, gt, parts)
+        total = dgj[length - 1] + dbeta[j, length - 1]
         for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
             dgj[t] += dgj[t + 1]
-        check[j] += _lane_sum(dq, dk, at, dgj, dbeta[j], sums[0])
+            total += dgj[t] + dbeta[j, t]
+        check[j] += total + _total(parts)
 
 
 
