@@ -47,18 +47,13 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     gk = np.multiply(gamma, kc, out=_temp("gk", shape, kc.dtype)) if read is None or per_channel else None
     kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype)) if compiled is None else compiled[4]  # KD
     # [scale dO; Y] by [S0^T | U^T] (``gdn_backward_grads``, whose scale is then 1): the states entering the chunks and
-    # U are written transposed into the GEMM's right operand (by the compiled reverse where it runs), Y by the reverse
-    # into its left one's lower half
+    # U are written transposed into the right operand (``_right_operand``), Y by the reverse into the left's lower half
     width = vc.shape[-1]
     oy = _temp("oy", (*lanes, 2 * length, width), vc.dtype)
     np.multiply(oc, scale, out=oy[..., :length, :])
     su = _temp("su", (*lanes, width, n + length), vc.dtype)
     u, leaving = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read)
-    compiled_reverse = jit.kernel("gdn_reverse_state") if vc.dtype in _FLOATS else None
-    if compiled_reverse is None:
-        su[0, ..., :n] = _swap(_split(s0, group, 1))
-        su[1:, ..., :n] = _swap(leaving[:-1])
-        su[..., n:] = _swap(u)
+    compiled_reverse = _right_operand(su, _split(s0, group, 1), leaving, u)
     starts = _swap(su[..., :n])  # [C, ..., K, V]
 
     # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
@@ -193,6 +188,19 @@ def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
     return u, leaving
 
 
+def _right_operand(su: Array, s0: Array, leaving: Array, u: Array):
+    """``jit``'s ``gdn_reverse_state`` where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64), which then
+    writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, itself; else None, ``su`` written here (the states entering the
+    chunks: ``s0``, then the ``leaving`` ones but the last)."""
+    kernel = jit.kernel("gdn_reverse_state") if su.dtype in _FLOATS else None
+    if kernel is None:
+        n = s0.shape[-2]
+        su[0, ..., :n] = _swap(s0)
+        su[1:, ..., :n] = _swap(leaving[:-1])
+        su[..., n:] = _swap(u)
+    return kernel
+
+
 def _reverse(kernel, w, nbgk, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
     A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), ``dS0 = gamma_L dS_L + carried - (beta gamma
@@ -200,8 +208,9 @@ def _reverse(kernel, w, nbgk, through, carried, ds, oy, leave_t, bc, dv, su, sou
     rest of ``Y``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` transposed into ``leave_t``, and ``dv =
     beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass, ``kernel`` (``jit``'s
     ``gdn_reverse_state``, or None where it does not apply: no Numba, ``RLX_HOST_JIT=0``, neither f32 nor f64; ``dv``: a
-    ``_Target``), which also writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV, K,
-    V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C, ...]``: each lane's sum of ``dv`` and ``S0 . dS_L``.
+    ``_Target``), which also writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV,
+    K, V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C, ...]``: each lane's sum of ``dv`` and ``S0 .
+    dS_L``.
     Returns the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
     length = oy.shape[-2] // 2
     product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
@@ -215,7 +224,8 @@ def _reverse(kernel, w, nbgk, through, carried, ds, oy, leave_t, bc, dv, su, sou
                 np.ascontiguousarray(ds).reshape(per, n, width), decays.reshape(count, per, n),
                 leave_t.reshape(count, per, width, n), oy.reshape(count, per, 2 * length, width),
                 rest.reshape(per, length, width), np.ascontiguousarray(bc).reshape(count, per, length), dv.flat,
-                dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1), su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per))
+                dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1),
+                su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per))
     ws, nbgk_t, states = list(w), list(_swap(nbgk)), list(carried)  # each chunk's views, formed at once
     for c in range(count - 1, -1, -1):
         np.matmul(ws[c], ds, out=rest)

@@ -206,7 +206,6 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
     sums[1, slot] += kt[i] * d
 
 
-
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _finish_column(i, slot, out_q, out_k, dt, gt, parts):
     """Channel ``i`` of a step's ``dk``: ``+= dkd - dgk``; then that step's ``dq + dk`` there into ``parts[slot]``
@@ -291,7 +290,6 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
         check[j] += total + _total(parts)
 
 
-
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _sum(x):
     """The sum of ``x``, in its order."""
@@ -307,8 +305,8 @@ _REVERSE = dict(carried=4, product=3, final=3, through=3, leave_t=4, oy=4, rest=
 
 @numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, first, first_at, leaving,
-                      leaving_at, u, u_at, su, check, dots, c):
+def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, first, first_at,
+                      leaving, leaving_at, u, u_at, su, check, dots, c):
     """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane: ``Y +=
     rest`` (``W dS_L``; ``Y`` the lower half of ``oy [C, N, 2L, V]``), ``dv = beta Y`` (``beta [C, N, L]``; step ``t`` of
     lane ``j`` into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``scale (gamma Q)^T dO`` less
