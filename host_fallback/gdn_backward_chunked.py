@@ -2,6 +2,7 @@
 docstring gives its formulas), lanes whose gradients come out non-finite redone by the step path."""
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -46,13 +47,13 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     gk = np.multiply(gamma, kc, out=_temp("gk", shape, kc.dtype)) if read is None or per_channel else None
     kd = np.multiply(kc, to_end, out=_temp("kd", shape, kc.dtype)) if compiled is None else compiled[4]  # KD
     # [scale dO; Y] by [S0^T | U^T] (``gdn_backward_grads``, whose scale is then 1): the states entering the chunks and
-    # U are written transposed into the GEMM's right operand, Y by the reverse into its left one's lower half
+    # U are written transposed into the right operand (``_right_operand``), Y by the reverse into the left's lower half
     width = vc.shape[-1]
     oy = _temp("oy", (*lanes, 2 * length, width), vc.dtype)
     np.multiply(oc, scale, out=oy[..., :length, :])
     su = _temp("su", (*lanes, width, n + length), vc.dtype)
-    u = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read, su[..., :n])
-    su[..., n:] = _swap(u)
+    u, leaving = _forward(vc, gk, inverse, bc, kd, through, _split(s0, group, 1), read)
+    compiled_reverse = _right_operand(su, _split(s0, group, 1), leaving, u)
     starts = _swap(su[..., :n])  # [C, ..., K, V]
 
     # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
@@ -67,7 +68,8 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
     # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk
     dv, sums = _targets("dv", out[2], lanes, length, False), _temp("sums", (2, *lanes), y.dtype)
-    ds, sums = _reverse(w, gb[..., length:, :], through, carried, final, oy, leave_t, bc, dv, su, sums)
+    ds, sums = _reverse(compiled_reverse, w, gb[..., length:, :], through, carried, final, oy, leave_t, bc, dv, su,
+                        (s0, leaving, u), sums)
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
@@ -116,13 +118,22 @@ def _targets(name: str, dest: Array, lanes: tuple[int, ...], length: int, per_ke
     count, b, heads, group = lanes
     width, seq = dest.shape[-1], dest.shape[1]
     if dest.flags.c_contiguous and seq == count * length and not (per_key and group > 1):
-        c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
-        rows = (row * seq + c * length + t) * dest.shape[2] + h * group + g
-        return _Target(rows.astype(np.int64).reshape(-1, length), dest.reshape(-1, width),
+        return _Target(_row_map(*lanes, length, True), dest.reshape(-1, width),
                        _split(chunk_view(dest, length), group, 2), True)
     chunks = _temp(name, (*lanes, length, width), dest.dtype)
-    return _Target(np.arange(chunks.size // width, dtype=np.int64).reshape(-1, length), chunks.reshape(-1, width),
-                   chunks, False)
+    return _Target(_row_map(*lanes, length, False), chunks.reshape(-1, width), chunks, False)
+
+
+@functools.lru_cache(maxsize=32)
+def _row_map(count: int, b: int, heads: int, group: int, length: int, direct: bool) -> Array:
+    """``_Target.rows`` for lanes ``[C, B, H, G]`` of ``length`` steps (``[C B H G, L]``, int64): with ``direct``, the
+    rows of the caller's ``[B, S, H G, X]`` (``S = C L``), else those of a chunk-major scratch array. Kept per shape
+    (it costs as much as a pass over a gradient to form; the compiled passes only read it)."""
+    if not direct:
+        return np.arange(count * b * heads * group * length, dtype=np.int64).reshape(-1, length)
+    c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
+    rows = (row * (count * length) + c * length + t) * (heads * group) + h * group + g
+    return rows.astype(np.int64).reshape(-1, length)
 
 
 def _unchunk(y: Array, dest: Array) -> None:
@@ -157,49 +168,64 @@ def _chunk_major(saved, group):
     return {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
 
 
-def _forward(vc, gk, inverse, bc, kd, through, s0, saved, starts_t):
-    """The forward again: ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``), returned, and the state
-    entering each chunk, written transposed into ``starts_t [C, ..., V, K]``, one chunk after another from ``s0``; or
-    read from a saved forward (``saved``: ``u`` and the states leaving each chunk, ``[C, ...]``)."""
-    starts_t[0] = _swap(s0)
+def _forward(vc, gk, inverse, bc, kd, through, s0, saved):
+    """The forward again: ``(U, leaving)``, ``U = T R`` (``T = (I + A)^-1 beta``, ``R = V - (gamma K) S0``) and the
+    state leaving each chunk ``[C, ..., K, V]``, one chunk after another from ``s0``; or a saved forward's (``saved``:
+    ``u`` and ``states``, ``[C, ...]``), as they are."""
     if saved is not None:
-        starts_t[1:] = _swap(saved["states"][:-1])
-        return saved["u"]
+        return saved["u"], saved["states"]
     t = inverse * bc[..., None, :]
     kd_t = np.ascontiguousarray(_swap(kd))
     u, rest = np.empty(vc.shape, vc.dtype), np.empty(vc.shape[1:], vc.dtype)
+    leaving = _temp("leaving", (len(vc), *s0.shape), vc.dtype)
     state = s0
     for c in range(len(vc)):
-        starts_t[c] = _swap(state)
         np.subtract(vc[c], np.matmul(gk[c], state), out=rest)
         np.matmul(t[c], rest, out=u[c])
-        state = state * through[c] + np.matmul(kd_t[c], u[c])
-    return u
+        np.matmul(kd_t[c], u[c], out=leaving[c])
+        leaving[c] += state * through[c]
+        state = leaving[c]
+    return u, leaving
 
 
-def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums):
+def _right_operand(su: Array, s0: Array, leaving: Array, u: Array):
+    """``jit``'s ``gdn_reverse_state`` where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64), which then
+    writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, itself; else None, ``su`` written here (the states entering the
+    chunks: ``s0``, then the ``leaving`` ones but the last)."""
+    kernel = jit.kernel("gdn_reverse_state") if su.dtype in _FLOATS else None
+    if kernel is None:
+        n = s0.shape[-2]
+        su[0, ..., :n] = _swap(s0)
+        su[1:, ..., :n] = _swap(leaving[:-1])
+        su[..., n:] = _swap(u)
+    return kernel
+
+
+def _reverse(kernel, w, nbgk, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
     A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), ``dS0 = gamma_L dS_L + carried - (beta gamma
     K)^T W dS_L`` (``nbgk = -beta gamma K``; ``carried``: ``scale (gamma Q)^T dO`` less ``(beta gamma K)^T`` times the
     rest of ``Y``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` transposed into ``leave_t``, and ``dv =
-    beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass (``jit``'s ``gdn_reverse_state``) where
-    it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64; ``dv``: a ``_Target``), which also fills ``sums [2, C,
-    ...]``: each lane's sum of ``dv`` and ``S0 . dS_L`` (``S0`` transposed in ``starts_t [C, ..., V, >= K]``). Returns
-    the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
+    beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass, ``kernel`` (``jit``'s
+    ``gdn_reverse_state``, or None where it does not apply: no Numba, ``RLX_HOST_JIT=0``, neither f32 nor f64; ``dv``: a
+    ``_Target``), which also writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV,
+    K, V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C, ...]``: each lane's sum of ``dv`` and ``S0 .
+    dS_L``.
+    Returns the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
     length = oy.shape[-2] // 2
     product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
     leave_t[-1] = _swap(ds)
-    kernel = jit.kernel("gdn_reverse_state") if carried.dtype in _FLOATS else None
     count, (n, width) = len(carried), carried.shape[-2:]
     if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
         per = carried[0].size // (n * width)  # lanes a chunk
+        first, (leaving, leaving_at), (u, u_at) = (_matrices(x) for x in sources)
         decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
         args = (carried.reshape(count, per, n, width), product.reshape(per, n, width),
                 np.ascontiguousarray(ds).reshape(per, n, width), decays.reshape(count, per, n),
                 leave_t.reshape(count, per, width, n), oy.reshape(count, per, 2 * length, width),
                 rest.reshape(per, length, width), np.ascontiguousarray(bc).reshape(count, per, length), dv.flat,
-                dv.rows, starts_t.reshape(count, per, width, -1), sums[0].reshape(count, per),
-                sums[1].reshape(count, per))
+                dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1),
+                su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per))
     ws, nbgk_t, states = list(w), list(_swap(nbgk)), list(carried)  # each chunk's views, formed at once
     for c in range(count - 1, -1, -1):
         np.matmul(ws[c], ds, out=rest)
@@ -216,6 +242,26 @@ def _reverse(w, nbgk, through, carried, ds, oy, leave_t, bc, dv, starts_t, sums)
     if kernel is None:
         np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)
     return ds.copy(), None if kernel is None else sums
+
+
+def _matrices(x: Array) -> tuple[Array, Array]:
+    """``x [..., X, Y]`` as ``(stack, at)``: ``stack [M, X, Y]`` C-contiguous over ``x``'s memory (a copy only where
+    ``x``'s matrices are not each contiguous and apart by whole matrices) and ``at``, int64, flat: the matrix of
+    ``stack`` each of ``x``'s is, in ``x``'s order. Lets a compiled pass read a strided view (a saved forward's slots
+    for some heads, chunk-major) matrix by matrix without a copy."""
+    lead, (rows, cols) = x.shape[:-2], x.shape[-2:]
+    if x.size == 0:
+        return np.zeros((1, rows, cols), x.dtype), np.zeros(int(np.prod(lead)), np.int64)
+    size, item = rows * cols * x.itemsize, x.itemsize
+    if (x.strides[-1] != item or x.strides[-2] != cols * item or any(st < 0 or st % size for st in x.strides[:-2])
+            or not x.flags.writeable):
+        x = np.ascontiguousarray(x)
+    steps = [st // size for st in x.strides[:-2]]
+    at = np.zeros(lead, np.int64)
+    for axis, (extent, step) in enumerate(zip(lead, steps)):
+        at += (np.arange(extent, dtype=np.int64) * step).reshape([-1 if a == axis else 1 for a in range(len(lead))])
+    stack = np.lib.stride_tricks.as_strided(x, (int(at.max(initial=0)) + 1, rows, cols), (size, cols * item, item))
+    return stack, at.reshape(-1)
 
 
 def _gamma_operands(qc, kc, gk, gamma, bc, shape):

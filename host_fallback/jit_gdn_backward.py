@@ -33,8 +33,8 @@ __all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", 
 
 def _signatures(arity: dict[str, int | str], scalars: int = 0, index: bool = False) -> list:
     """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions (of that type; a
-    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of that type and an int64 (none with
-    ``scalars`` 0; one alone with ``index``)."""
+    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of
+    that type and an int64 (none with ``scalars`` 0; one alone with ``index``)."""
     def array(f, d):
         return types.Array(types.int64, int(d[-1]), "C") if isinstance(d, str) else types.Array(f, d, "C")
     return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars),
@@ -206,23 +206,14 @@ def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
     sums[1, slot] += kt[i] * d
 
 
-
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _lane_sum(dq, dk, at, dg, dbeta, parts):
-    """The sum of a lane's ``dq, dk`` (rows ``at [L]`` of ``[R, K]``), ``dg, dbeta [L]``: each channel's in ``parts``
-    (``_PARTS`` of them, sums along the steps), then theirs."""
-    parts[:] = 0
-    total = parts[0]  # a zero of the type
-    whole = dq.shape[1] - dq.shape[1] % _PARTS
-    for t in range(dg.shape[0]):
-        total += dg[t] + dbeta[t]
-        a, b = dq[at[t]], dk[at[t]]
-        for start in range(0, whole, _PARTS):
-            for slot in range(_PARTS):
-                parts[slot] += a[start + slot] + b[start + slot]
-        for i in range(whole, dq.shape[1]):
-            parts[i - whole] += a[i] + b[i]
-    return total + _total(parts)
+def _finish_column(i, slot, out_q, out_k, dt, gt, parts):
+    """Channel ``i`` of a step's ``dk``: ``+= dkd - dgk``; then that step's ``dq + dk`` there into ``parts[slot]``
+    (the lane's sum for ``check``, in the column pass: no pass of its own)."""
+    x = out_k[i] + (dt[i] - gt[i])
+    out_k[i] = x
+    parts[slot] += out_q[i] + x
+
 
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
@@ -280,17 +271,23 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
                 _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
+        parts = sums[0]  # each channel's sum of dq + dk along the steps, for check
+        parts[:] = 0
         for s in range(length):
-            out_k = dk[at[s]]
+            out_q, out_k = dq[at[s]], dk[at[s]]
             for r in range(s - s % _BLOCK, length, _BLOCK):
                 _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
-            for i in range(n):
-                out_k[i] += dt[i] - gt[i]
+            for start in range(0, whole, _PARTS):
+                for slot in range(_PARTS):
+                    _finish_column(start + slot, slot, out_q, out_k, dt, gt, parts)
+            for i in range(whole, n):
+                _finish_column(i, i - whole, out_q, out_k, dt, gt, parts)
+        total = dgj[length - 1] + dbeta[j, length - 1]
         for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
             dgj[t] += dgj[t + 1]
-        check[j] += _lane_sum(dq, dk, at, dgj, dbeta[j], sums[0])
-
+            total += dgj[t] + dbeta[j, t]
+        check[j] += total + _total(parts)
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
@@ -303,22 +300,25 @@ def _sum(x):
 
 
 _REVERSE = dict(carried=4, product=3, final=3, through=3, leave_t=4, oy=4, rest=3, beta=3, dv=2, rows="rows2",
-                starts_t=4, check=2, dots=2)
+                first=3, first_at="rows1", leaving=3, leaving_at="rows2", u=3, u_at="rows2", su=4, check=2, dots=2)
 
 
 @numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, starts_t, check, dots, c):
+def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, first, first_at,
+                      leaving, leaving_at, u, u_at, su, check, dots, c):
     """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane: ``Y +=
     rest`` (``W dS_L``; ``Y`` the lower half of ``oy [C, N, 2L, V]``), ``dv = beta Y`` (``beta [C, N, L]``; step ``t`` of
     lane ``j`` into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``scale (gamma Q)^T dO`` less
     ``(beta gamma K)^T`` times the rest of ``Y``) becomes the chunk's ``dS0 = carried + product + through ds``
     (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk: the next chunk's
     ``dS0``, ``final`` for the last; ``through [C, N, K]`` the chunk's decay per key channel, per head one value
-    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``; the last chunk's
-    is there already); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . dS_L``
-    (``S0`` the state entering the chunk and ``ds``, both transposed: ``starts_t [C, N, V, >= K]``, ``leave_t``). One
-    pass where NumPy makes five and a transposing copy."""
+    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``, row by row from
+    the rows just written; the last chunk's is there already); ``su [C, N, V, K + L]`` the GEMM operand ``[S0^T |
+    U^T]`` (``S0`` the state entering the chunk: matrix ``first_at[j]`` of ``first [M, K, V]`` for the first chunk,
+    else the previous chunk's, ``leaving_at[c - 1, j]`` of ``leaving``; ``U`` matrix ``u_at[c, j]`` of ``u [M, L,
+    V]``); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . ds``. One pass where
+    NumPy makes five and three transposing copies."""
     count, lanes, n, width = carried.shape
     length = rest.shape[1]
     ds = final if c == count - 1 else carried[c + 1]
@@ -333,24 +333,32 @@ def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta,
                 out[v] = yt[v] * b
                 parts[v] += out[v]
         check[c, j] = _sum(parts)
-        state = parts[:n]
+        start = first[first_at[j]] if c == 0 else leaving[leaving_at[c - 1, j]]
+        uj, sj, dj = u[u_at[c, j]], su[c, j], ds[j]
+        state = parts[:width]
         state[:] = 0
-        for v in range(width):
-            a, b = starts_t[c, j, v], leave_t[c, j, v]
-            for i in range(n):
-                state[i] += a[i] * b[i]
+        for i in range(n):  # S0 . ds
+            a, d = start[i], dj[i]
+            for v in range(width):
+                state[v] += a[v] * d[v]
         dots[c, j] = _sum(state)
-        cj, pj, dj, fj = carried[c, j], product[j], ds[j], through[c, j]
+        for v in range(width):  # [S0^T | U^T], row by row
+            line = sj[v]
+            for i in range(n):
+                line[i] = start[i, v]
+            for t in range(length):
+                line[n + t] = uj[t, v]
+        cj, pj, fj = carried[c, j], product[j], through[c, j]
         for i in range(n):
-            row, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
+            row_i, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
             for v in range(width):
-                row[v] = (row[v] + prow[v]) + drow[v] * f
-        if c:  # transposed once the lane's rows are done (in L1): each row of it written whole, not by columns
-            out = leave_t[c - 1, j]
+                row_i[v] = (row_i[v] + prow[v]) + drow[v] * f
+        if c:
+            out_t = leave_t[c - 1, j]
             for v in range(width):
-                row = out[v]
+                line = out_t[v]
                 for i in range(n):
-                    row[i] = cj[i, v]
+                    line[i] = cj[i, v]
 
 
 _OPERANDS = dict(q=3, k=3, g=2, beta=2, ratios=3, gamma=2, to_end=2, through=1, kd=3, gb=3)

@@ -98,13 +98,16 @@ def test_f32_both_paths_match_float64_and_rerun_to_the_same_bytes(monkeypatch, l
     assert np.array_equal(first, second)
 
 
-@pytest.mark.parametrize("case", ["per_head", "per_channel"])
-def test_a_saved_forward_read_by_both_paths(monkeypatch, case):
-    """A saved forward (chunks of 32, the last one partial) read by either path gives float64's gradients."""
+@pytest.mark.parametrize("case,workers", [("per_head", None), ("per_channel", None),
+                                          (dict(batch=1, heads=4, value_heads=8), 2)],
+                         ids=["per_head", "per_channel", "two-threads-over-heads"])
+def test_a_saved_forward_read_by_both_paths(monkeypatch, case, workers):
+    """A saved forward (chunks of 32, the last one partial) read by either path gives float64's gradients; with two
+    threads splitting the heads, each reads its heads' slots where they lie (strided views of the reserve)."""
     thunk, arena, forward = laid_case("gated_delta_net", "f32", case)
     arena = filled_reserve(thunk, arena, forward)
     want = _reference(thunk, arena)
-    compiled, numpy_path = _both(monkeypatch, thunk, arena)
+    compiled, numpy_path = _both(monkeypatch, thunk, arena, **({} if workers is None else {"workers": workers}))
     for got in (compiled, numpy_path):
         for name, value in want.items():
             err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
