@@ -1,5 +1,6 @@
 """host_fallback's compiled passes of mamba2's chunked backward (``jit_mamba2_backward``: the decayed products'
-operands and what follows each slab's GEMMs, bound by ``mamba2_backward_chunked``) beside NumPy's (``RLX_HOST_JIT=0``).
+operands and what follows each slab's GEMMs; ``jit_mamba2_saved``: every chunk with a saved forward; bound by
+``mamba2_backward_chunked``) beside NumPy's (``RLX_HOST_JIT=0``).
 
 Both paths of an f32 thunk against the float64 conformance reference (``reference_mamba2_backward``, one step at a
 time from ABI.md's formulas) on the values the thunk stores: every version-2 field, chunks that end inside the
@@ -8,6 +9,8 @@ sequence, packed sequences through state slots, a saved forward (ABI.md §9.1) r
 or two; NumPy's path where the passes do not apply (a thunk computing in f64).
 """
 from __future__ import annotations
+
+from collections import ChainMap
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ from support.host_jit import compiled, count_calls, gradients  # noqa: F401  (co
 from support.saved_forward import filled_reserve, laid_with_reserve
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
-from host_fallback import jit, jit_mamba2_backward  # noqa: E402  (needs Numba)
+from host_fallback import jit, jit_mamba2_backward, jit_mamba2_saved  # noqa: E402  (needs Numba)
 
 OP = "mamba2"
 KERNELS = ("mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_backward_state_gradients")
@@ -53,7 +56,8 @@ def _sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.
 @pytest.fixture
 def calls(monkeypatch):
     """Counts each compiled pass's calls (they still run)."""
-    return count_calls(monkeypatch, jit_mamba2_backward, KERNELS + (SAVED_KERNEL,))
+    return ChainMap(count_calls(monkeypatch, jit_mamba2_backward, KERNELS),
+                    count_calls(monkeypatch, jit_mamba2_saved, (SAVED_KERNEL,)))  # both kept current
 
 
 def _reference(thunk: dict, arena: np.ndarray) -> dict[str, np.ndarray]:

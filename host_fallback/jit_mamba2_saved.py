@@ -1,0 +1,299 @@
+"""The compiled pass of ``mamba2_backward``'s chunked path with a saved forward (ABI.md §9.1; where it applies and its
+arguments: ``mamba2_backward_chunked``, which runs it where Numba is there and the thunk computes in f32). Imported
+only through ``jit``.
+
+``mamba2_backward_saved``: all of step 3 for every chunk, one lane (row, head, chunk) at a time, from the last chunk:
+its inputs copied and transposed into blocks that stay in L1 (the laid rows lie ``H * P`` values apart), the GEMMs in
+``jit_lstm``'s register tiles over operands packed for them (the decays, the causal masks and the states' shares
+folded into the packing: three GEMMs, ``[W^T | to_end b]``, ``[dW | exp(cum) gy]``, ``[dW^T | to_end u]``, besides
+``dW``'s own), then ``jit_mamba2_backward.mamba2_backward_gradients``' tail. At B2 S1024 H8 P64 N64, one thread: the
+GEMMs about 40% of the pass, the transposes and packing 40%, writing the results the rest. Its steps are the inline
+functions below, in the order the pass calls them.
+
+Sums run in a fixed order but the dots' (``jit_ssm_steps._dot``): the same bytes on every run of one build. No
+fast-math flag but FMA contraction and the sign of zero: NaN and inf propagate as NumPy's.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+
+from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
+from .jit_math import _F32, _FLAGS, _exp_subnormal
+from .jit_ssm_steps import _dot
+
+#: the kernels ``jit.kernel`` hands out
+__all__ = ["mamba2_backward_saved"]
+
+_T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (2, 3, 4, 5))
+_A5 = types.Array(types.float32, 5, "A")
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _times(lanes, first, panel, src, ld, k, out, ldo, lo, hi, zeros):
+    """``out[rows, lo:hi] (+)= panelᵀ · src[k, lo:hi]`` (addresses; ``rows`` a tile's, ``PANEL_ROWS[lanes]``) in
+    tiles of ``2 * lanes`` columns (``lo``, ``hi`` multiples of it): from 0 where ``first``, else adding to ``out``."""
+    for j in range(lo, hi, 2 * lanes):
+        if lanes == 16:
+            _tile_16x2(first, zeros, panel, src + j * 4, ld, k, out + j * 4, ldo)
+        else:
+            _tile_8x2(first, zeros, panel, src + j * 4, ld, k, out + j * 4, ldo)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
+    """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, 0 for the rest of ``into``'s
+    columns; ``scaled[:, i] = into[:, i] * scale[i]`` where ``scale`` is given (not empty)."""
+    width = into.shape[1]
+    whole = steps // 8 * 8
+    for i in range(0, whole, 8):  # eight rows at a time: a vector of eight stored per column
+        r0, r1, r2, r3 = laid[bb, t + i, h], laid[bb, t + i + 1, h], laid[bb, t + i + 2, h], laid[bb, t + i + 3, h]
+        r4, r5, r6, r7 = laid[bb, t + i + 4, h], laid[bb, t + i + 5, h], laid[bb, t + i + 6, h], laid[bb, t + i + 7, h]
+        for j in range(count):
+            line = into[j]
+            line[i], line[i + 1], line[i + 2], line[i + 3] = r0[j], r1[j], r2[j], r3[j]
+            line[i + 4], line[i + 5], line[i + 6], line[i + 7] = r4[j], r5[j], r6[j], r7[j]
+    for i in range(whole, steps):
+        row = laid[bb, t + i, h]
+        for j in range(count):
+            into[j, i] = row[j]
+    for j in range(count):
+        line = into[j]
+        for i in range(steps, width):
+            line[i] = 0.0
+        if len(scale):
+            out = scaled[j]
+            for i in range(width):
+                out[i] = line[i] * scale[i]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _pack(source, lo, hi, block, rows, factor, panel, at):
+    """``panel[at + j - lo, r] = source[j, block * rows + r] * factor[block * rows + r]`` for ``lo <= j < hi``: rows
+    ``lo..hi`` of ``source``, a tile's columns, scaled by ``factor`` (``source`` as wide as the padded chunk)."""
+    i0 = block * rows
+    for j in range(lo, hi):
+        line, out = source[j], panel[at + j - lo]
+        for r in range(rows):
+            out[r] = line[i0 + r] * factor[i0 + r]
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _lane_decays(lane, m, spread, to_end, steps, up, down, grow, te):
+    """A lane's decays: ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the chunk's midpoint's; both 1 where some
+    ``|cum - m|`` exceeds ``spread``: the entries are then decayed on their own), ``grow = exp(cum)`` and ``te`` the
+    decay to the chunk's end, each 0 from ``steps`` on; returns whether every ``|cum - m|`` is within ``spread``."""
+    length = lane.shape[0]
+    within = True
+    for i in range(length):
+        within = within and abs(lane[i] - m) <= spread
+    for i in range(length):
+        gap = lane[i] - m
+        live = i < steps
+        up[i] = (_exp_subnormal(gap) if within else _F32(1.0)) if live else _F32(0.0)
+        down[i] = (_exp_subnormal(-gap) if within else _F32(1.0)) if live else _F32(0.0)
+        grow[i] = _exp_subnormal(lane[i]) if live else _F32(0.0)
+        te[i] = to_end[i] if live else _F32(0.0)
+    return within
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _rows_of(laid, bb, h, t0, steps, out, width):
+    """``out[i, :width] = laid[bb, t0 + i, h]`` for the chunk's rows ``i < steps``, rows past them 0 (the columns past
+    ``width`` stay the zeros they were made with)."""
+    for i in range(out.shape[0]):  # the padded chunk's rows
+        line = out[i]
+        if i < steps:
+            row = laid[bb, t0 + i, h]
+            for j in range(width):
+                line[j] = row[j]
+        else:
+            line[:] = 0.0
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in, gy_l, grow, c_l, pan_s, sent, z_at):
+    """The state terms of a chunk: ``ds`` and ``ds_t`` (``dS`` and ``dS^T``, ``d_now`` the gradient of the state
+    leaving the chunk) and ``s_in`` (the state entering it) laid for the tiles; ``d_now`` becomes the gradient of the
+    entering state, ``decay dS + (exp(cum) gy)^T c`` (that product in the tiles, through ``pan_s`` into ``sent``);
+    returns ``<dS, S_end>``."""
+    p, n = d_now.shape
+    length, nw = pan_s.shape[1], sent.shape[1]
+    at_end = _F32(0.0)
+    for i in range(p):
+        for j in range(n):
+            ds_t[j, i] = d_now[i, j]
+        ds[i, :n] = d_now[i]
+        s_in[i, :n] = entering[i]
+        at_end += _dot(d_now[i], leaving[i], n)
+    for block in range(pan_s.shape[0]):  # what the chunk's outputs send to the state entering it
+        for i in range(length):
+            line, out, scale = gy_l[i], pan_s[block, i], grow[i]
+            for r in range(rows):
+                out[r] = line[block * rows + r] * scale
+        _times(lanes, 1, pan_s[block].ctypes.data, c_l.ctypes.data, nw, length, sent[block * rows].ctypes.data, nw, 0,
+               nw, z_at)
+    for i in range(p):
+        row, more = d_now[i], sent[i]
+        for j in range(n):
+            row[j] = decay * row[j] + more[j]
+    return at_end
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _operands(rows, weights, grid, within, lane, b_t, gy_t, u_t, te, grow, pan_u, pan_b, pan_c):
+    """The left operands of a chunk's three GEMMs packed for the tiles, block of rows by block: ``[W^T | to_end b]``
+    (``pan_u``), ``[dW | exp(cum) gy]`` (``pan_c``) and ``[dW^T | to_end u]`` (``pan_b``), each block reading only its
+    causal part (``weights`` the saved scores, ``grid`` dW; ``lane`` the cumulative log-decays, by which each entry
+    is decayed on its own where not ``within``)."""
+    length = lane.shape[0]
+    n, p = b_t.shape[0], gy_t.shape[0]
+    for block in range(pan_u.shape[0]):
+        i0 = block * rows
+        for j in range(i0, length):  # W^T's and dW^T's upper parts
+            w_row, g_row, out_u, out_b = weights[j], grid[j], pan_u[block, j], pan_b[block, j]
+            if i0 + rows <= length:
+                for r in range(rows):
+                    out_u[r] = w_row[i0 + r] if j >= i0 + r else _F32(0.0)
+                    out_b[r] = g_row[i0 + r] if j >= i0 + r else _F32(0.0)
+            else:
+                for r in range(rows):
+                    keep = i0 + r < length and j >= i0 + r
+                    out_u[r] = w_row[min(i0 + r, length - 1)] if keep else _F32(0.0)
+                    out_b[r] = g_row[i0 + r] if keep else _F32(0.0)
+        for r in range(rows):  # dW's lower part (0 past the diagonal)
+            g_row, out_c = grid[i0 + r], pan_c[block]
+            for j in range(min(i0 + rows, length)):
+                out_c[j, r] = g_row[j] if j <= i0 + r else _F32(0.0)
+        if not within:  # each entry decayed on its own
+            for j in range(i0, length):
+                for r in range(min(rows, length - i0)):
+                    pan_b[block, j, r] *= _exp_subnormal(lane[j] - lane[i0 + r])
+            for j in range(min(i0 + rows, length)):
+                for r in range(min(rows, length - i0)):
+                    pan_c[block, j, r] *= _exp_subnormal(lane[i0 + r] - lane[j])
+        _pack(b_t, 0, n, block, rows, te, pan_u[block], length)
+        _pack(gy_t, 0, p, block, rows, grow, pan_c[block], length)
+        _pack(u_t, 0, p, block, rows, te, pan_b[block], length)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, o_c, o_b, z_at):
+    """A chunk's ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum) gy] [b; S_0]`` and ``db = [dW^T | to_end
+    u] [c; dS]`` into ``o_u``, ``o_c``, ``o_b``, block of rows by block, each over its causal rows only."""
+    length = pan_u.shape[1] - ds_t.shape[0]
+    n, p = ds_t.shape[0], s_in.shape[0]
+    pw, nw, pg = o_u.shape[1], o_c.shape[1], gy_l.shape[1]
+    for block in range(pan_u.shape[0]):
+        i0 = block * rows
+        hi = min(i0 + rows, length)
+        at_u, at_c, at_b = o_u[i0].ctypes.data, o_c[i0].ctypes.data, o_b[i0].ctypes.data
+        _times(lanes, 1, pan_u[block, i0].ctypes.data, gy_l[i0].ctypes.data, pg, length - i0, at_u, pw, 0, pw, z_at)
+        _times(lanes, 0, pan_u[block, length].ctypes.data, ds_t.ctypes.data, pw, n, at_u, pw, 0, pw, z_at)
+        _times(lanes, 1, pan_c[block].ctypes.data, b_l.ctypes.data, nw, hi, at_c, nw, 0, nw, z_at)
+        _times(lanes, 0, pan_c[block, length].ctypes.data, s_in.ctypes.data, nw, p, at_c, nw, 0, nw, z_at)
+        _times(lanes, 1, pan_b[block, i0].ctypes.data, c_l[i0].ctypes.data, nw, length - i0, at_b, nw, 0, nw, z_at)
+        _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nw, p, at_b, nw, 0, nw, z_at)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc, db, dlogd, chain, x, dt, dx,
+                xdu, zeros):
+    """A chunk's ``du`` (or, with ``chain``, ``dx`` and ``xdu``), ``dc`` and ``db`` written to its ``length`` steps (the
+    arrays are padded as long), and the log-decay's gradient summed from the chunk's end (``at_end`` the state term of
+    its last step); returns 0, or NaN where a gradient of the lane is not finite."""
+    p, n = u.shape[3], dc.shape[3]
+    acc, flag = at_end, _F32(0.0)
+    for i in range(length - 1, -1, -1):
+        t = t0 + i
+        got, got_c, got_b = o_u[i], o_c[i], o_b[i]
+        out_u, out_c, out_b = du[bb, t, h], dc[bb, t, h], db[bb, t, h]
+        if not chain:  # (with it, dx and xdu carry du)
+            for j in range(p):
+                out_u[j] = got[j]
+        for j in range(n):
+            out_c[j] = got_c[j]
+        for j in range(n):
+            out_b[j] = got_b[j]
+        d_cum = _F32(0.0)
+        if i < steps:
+            d_cum = _dot(gy_l[i], ys[bb, t, h], p) - _dot(u[bb, t, h], got, p)
+            if chain:
+                step, out_x = dt[bb, t, h], dx[bb, t, h]
+                for j in range(p):
+                    out_x[j] = got[j] * step
+                xdu[bb, t, h] = _dot(x[bb, t, h], got, p)
+            flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
+        acc += d_cum
+        dlogd[bb, t, h] = acc
+    return flag + (acc - acc)
+
+
+@numba.njit(types.void(types.int64, types.int64, types.float32, _T4, _T4, _T3, _T4, _T4, _T4, _T4, _T4, _A5, _T4,
+                       _T5, _T4, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
+            fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
+def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy, ys, scores, s0, ends, d_state, du,
+                          dc, db, dlogd, nonfinite, chain, x, dt, dx, xdu):
+    """Every chunk's gradients with a saved forward (``ys [B, seq, H, P]``, ``scores [B, C, H, L, L]`` zero above
+    their diagonals, ``ends [B, C, H, P, N]``), float32, C-contiguous but ``scores``: ``mamba2_backward_gradients``'
+    results (same arguments; ``s0 [B, H, P, N]`` the initial state, ``through [C, B, H]`` each chunk's decay), one lane
+    (batch row, head, chunk) at a time, the chunks from the last: the gradient ``dS`` of the state leaving the chunk
+    (``d_state [B, H, P, N]``, the final state's, ends as the initial state's: ``dS = through dS + (exp(cum) gy)^T
+    c`` a chunk, that product in the tiles too), ``<dS, S_end>``; ``gy``, ``u``, ``b`` transposed and
+    ``gy``, ``b``, ``c`` copied into blocks zero past ``seq`` and out to whole tiles; ``dW = (gy u^T) * M`` by a GEMM
+    of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
+    where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
+    gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
+    or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
+    chain rule and the check for non-finite values. With ``chain``, ``du`` is not written (``dx`` and ``xdu`` are)."""
+    count, bsz, heads, length = cum.shape
+    p, n = u.shape[3], b.shape[3]
+    rows = _PANEL_16 if lanes == 16 else _PANEL_8
+    wide = 2 * lanes
+    blocks = -(-length // rows)
+    lw = -(-max(blocks * rows, length) // wide) * wide  # the padded chunk: whole blocks of rows, whole tiles
+    pw, nw = -(-p // wide) * wide, -(-n // wide) * wide
+    pblocks = -(-p // rows)
+    pg = max(pw, pblocks * rows)
+    pan_s, sent = np.zeros((pblocks, length, rows), np.float32), np.zeros((pblocks * rows, nw), np.float32)
+    d_now = np.zeros((p, n), np.float32)
+    gy_t, u_t, b_t = np.zeros((p, lw), np.float32), np.zeros((p, lw), np.float32), np.zeros((n, lw), np.float32)
+    u_down = np.zeros((p, lw), np.float32)  # decayed from the midpoint
+    grid = np.zeros((lw, lw), np.float32)  # dW
+    gy_l, b_l, c_l = np.zeros((lw, pg), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
+    ds_t, ds, s_in = np.zeros((n, pw), np.float32), np.zeros((p, nw), np.float32), np.zeros((p, nw), np.float32)
+    pan_g = np.zeros((blocks, p, rows), np.float32)
+    pan_u = np.zeros((blocks, length + n, rows), np.float32)
+    pan_c, pan_b = np.zeros((blocks, length + p, rows), np.float32), np.zeros((blocks, length + p, rows), np.float32)
+    o_u, o_c, o_b = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
+    zeros = np.zeros(max(rows, pw, nw), np.float32)
+    up, down, grow, te = np.zeros(lw, np.float32), np.zeros(lw, np.float32), np.zeros(lw, np.float32), \
+        np.zeros(lw, np.float32)
+    middle, z_at = (length - 1) // 2, zeros.ctypes.data
+    for bb in range(bsz):
+        for h in range(heads):
+            d_now[:, :] = d_state[bb, h]
+            for k in range(count - 1, -1, -1):
+                lane, t0 = cum[k, bb, h], k * length
+                steps = min(length, seq - t0)
+                within = _lane_decays(lane, lane[middle], spread, to_end[k, bb, h], steps, up, down, grow, te)
+                _turn(gy, bb, h, t0, steps, gy_t, up[:0], gy_t, p)
+                _turn(u, bb, h, t0, steps, u_t, down, u_down, p)
+                _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n)
+                _rows_of(gy, bb, h, t0, steps, gy_l, p)
+                _rows_of(b, bb, h, t0, steps, b_l, n)
+                _rows_of(c, bb, h, t0, steps, c_l, n)
+                entering, leaving = s0[bb, h] if k == 0 else ends[bb, k - 1, h], ends[bb, k, h]
+                at_end = _state_gradient(lanes, rows, through[k, bb, h], d_now, entering, leaving, ds_t, ds, s_in,
+                                         gy_l, grow, c_l, pan_s, sent, z_at)
+                for block in range(blocks):  # dW's rows to the diagonal
+                    i0 = block * rows
+                    _pack(gy_t, 0, p, block, rows, up, pan_g[block], 0)
+                    _times(lanes, 1, pan_g[block].ctypes.data, u_down.ctypes.data, lw, p, grid[i0].ctypes.data, lw,
+                           0, -(-(i0 + rows) // wide) * wide, z_at)
+                _operands(rows, scores[bb, k, h], grid, within, lane, b_t, gy_t, u_t, te, grow, pan_u, pan_b, pan_c)
+                _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, o_c, o_b, z_at)
+                nonfinite[bb, h] += _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc,
+                                                db, dlogd, chain, x, dt, dx, xdu, zeros)
+            d_state[bb, h] = d_now
