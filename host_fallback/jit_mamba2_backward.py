@@ -37,6 +37,20 @@ __all__ = ["mamba2_backward_gradients", "mamba2_backward_operands", "mamba2_back
 _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4, 5))
 
 
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _chained(du, step, x, dx, p):
+    """mamba2's chain rule through ``u = dt x`` at one step: ``dx = du dt`` written, ``du . x`` (dt's share) returned."""
+    for j in range(p):
+        dx[j] = du[j] * step
+    return _dot(x, du, p)
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _unfinite(dc, db, zeros, n):
+    """0, or NaN where ``dc`` or ``db`` (a step's) holds an inf or a NaN."""
+    return _dot(dc, zeros, n) + _dot(db, zeros, n)
+
+
 @numba.njit(types.void(types.int64, types.int64, _T5, _T5, _T5, _T4, _T4, types.int64, _T4, _T4, types.boolean,
                        _T3, _T4, _T4, _T4, _T4, _T3, _T2, types.boolean, _T4, _T3, _T4, _T3),
             fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False, cache=True)
@@ -85,11 +99,8 @@ def mamba2_backward_gradients(first, seq, to_state, entering, leaving_b, to_end,
                             d_cum += _dot(c[b, t, h], share_c, n)
                         d_cum -= _dot(u[b, t, h], got, p)
                         if chain:
-                            step, out_x = dt[b, t, h], dx[b, t, h]
-                            for j in range(p):
-                                out_x[j] = got[j] * step
-                            xdu[b, t, h] = _dot(x[b, t, h], got, p)
-                        flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
+                            xdu[b, t, h] = _chained(got, dt[b, t, h], x[b, t, h], dx[b, t, h], p)
+                        flag += _unfinite(got_c, got_b, zeros, n)
                     acc += d_cum
                     dlogd[b, t, h] = acc
                 nonfinite[b, h] += flag + (acc - acc)  # acc: every d_cum summed, so every du too

@@ -20,6 +20,7 @@ import numpy as np
 from numba import types
 
 from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
+from .jit_mamba2_backward import _chained, _unfinite
 from .jit_math import _F32, _FLAGS, _exp_subnormal
 from .jit_ssm_steps import _dot
 
@@ -220,11 +221,8 @@ def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du
         if i < steps:
             d_cum = _dot(gy_l[i], ys[bb, t, h], p) - _dot(u[bb, t, h], got, p)
             if chain:
-                step, out_x = dt[bb, t, h], dx[bb, t, h]
-                for j in range(p):
-                    out_x[j] = got[j] * step
-                xdu[bb, t, h] = _dot(x[bb, t, h], got, p)
-            flag += _dot(got_c, zeros, n) + _dot(got_b, zeros, n)  # 0, or NaN for an inf or NaN
+                xdu[bb, t, h] = _chained(got, dt[bb, t, h], x[bb, t, h], dx[bb, t, h], p)
+            flag += _unfinite(got_c, got_b, zeros, n)
         acc += d_cum
         dlogd[bb, t, h] = acc
     return flag + (acc - acc)
