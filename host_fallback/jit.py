@@ -42,8 +42,9 @@ chunk of the reverse over chunks one pass between its two GEMMs.
 And mamba2's chunked backward (``mamba2_backward_operands``, ``mamba2_backward_state_gradients``,
 ``mamba2_backward_gradients``; where they apply: ``mamba2_backward_chunked``): the passes between its GEMMs, which stay
 OpenBLAS's, one compiled pass each where NumPy makes several; with a saved forward every chunk in one pass
-(``mamba2_backward_saved``, module ``jit_mamba2_saved``), its GEMMs in the lstm step's register tiles (imported from ``jit_lstm``, not copied)
-over operands packed per (row, head, chunk), where NumPy's slabs make five GEMMs and about ten array passes a chunk.
+(``mamba2_backward_saved``, module ``jit_mamba2_saved``), its GEMMs in the lstm step's register tiles (imported from
+``jit_lstm``, not copied) over operands packed per (row, head, chunk), where NumPy's slabs make five GEMMs and about
+ten array passes a chunk.
 NumPy's slabs stay the twin without Numba (the tests run both against the float64 reference).
 And the gates of a recurrent backward's rebuilt chunk (``lstm_chunk_gates``, ``gru_chunk_gates``; where they apply:
 ``rnn_backward_gates``): one pass a row after the chunk's GEMM, where NumPy makes a dozen.

@@ -33,8 +33,8 @@ __all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", 
 
 def _signatures(arity: dict[str, int | str], scalars: int = 0, index: bool = False) -> list:
     """One signature per float type (f32, f64) for C-contiguous arrays of the given dimensions (of that type; a
-    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of
-    that type and an int64 (none with ``scalars`` 0; one alone with ``index``)."""
+    string such as ``"rows2"``: int64, 2-D), then ``scalars`` numbers of that type and an int64 (none with
+    ``scalars`` 0; one alone with ``index``)."""
     def array(f, d):
         return types.Array(types.int64, int(d[-1]), "C") if isinstance(d, str) else types.Array(f, d, "C")
     return [types.void(*(array(f, d) for d in arity.values()), *([f] * scalars),

@@ -39,7 +39,8 @@ _T1, _T2, _T3, _T4, _T5 = (types.Array(types.float32, d, "C") for d in (1, 2, 3,
 
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _chained(du, step, x, dx, p):
-    """mamba2's chain rule through ``u = dt x`` at one step: ``dx = du dt`` written, ``du . x`` (dt's share) returned."""
+    """mamba2's chain rule through ``u = dt x`` at one step: ``dx = du dt`` written, ``du . x`` (dt's share)
+    returned."""
     for j in range(p):
         dx[j] = du[j] * step
     return _dot(x, du, p)

@@ -100,10 +100,10 @@ def _lane_decays(lane, m, spread, to_end, steps, up, down, grow, te):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _rows_of(laid, bb, h, t0, steps, out, width):
-    """``out[i, :width] = laid[bb, t0 + i, h]`` for the chunk's rows ``i < steps``, rows past them 0 (the columns past
-    ``width`` stay the zeros they were made with)."""
-    for i in range(out.shape[0]):  # the padded chunk's rows
+def _rows_of(laid, bb, h, t0, steps, length, out, width):
+    """``out[i, :width] = laid[bb, t0 + i, h]`` for the chunk's rows ``i < steps``, its rows past them to ``length`` 0
+    (the padding past ``length`` rows and ``width`` columns stays the zeros it was made with)."""
+    for i in range(length):
         line = out[i]
         if i < steps:
             row = laid[bb, t0 + i, h]
@@ -279,9 +279,9 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                 _turn(gy, bb, h, t0, steps, gy_t, up[:0], gy_t, p)
                 _turn(u, bb, h, t0, steps, u_t, down, u_down, p)
                 _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n)
-                _rows_of(gy, bb, h, t0, steps, gy_l, p)
-                _rows_of(b, bb, h, t0, steps, b_l, n)
-                _rows_of(c, bb, h, t0, steps, c_l, n)
+                _rows_of(gy, bb, h, t0, steps, length, gy_l, p)
+                _rows_of(b, bb, h, t0, steps, length, b_l, n)
+                _rows_of(c, bb, h, t0, steps, length, c_l, n)
                 entering, leaving = s0[bb, h] if k == 0 else ends[bb, k - 1, h], ends[bb, k, h]
                 at_end = _state_gradient(lanes, rows, through[k, bb, h], d_now, entering, leaving, ds_t, ds, s_in,
                                          gy_l, grow, c_l, pan_s, sent, z_at)

@@ -20,7 +20,8 @@ Numba is there and the thunk computes in f32, the passes between the GEMMs are c
 the decayed products' operands, the loop back over the chunks, and what follows each slab's GEMMs: the shares added,
 the dots (``gy . y`` too), the reverse sums and the check for non-finite values, about ten array passes in NumPy);
 with a saved forward step 3 is one compiled pass over every chunk, its GEMMs too (``jit_mamba2_saved``'s
-``mamba2_backward_saved``, in ``jit_lstm``'s register tiles). ``RLX_HOST_JIT=0`` keeps NumPy's; without a saved forward both paths share every GEMM.
+``mamba2_backward_saved``, in ``jit_lstm``'s register tiles). ``RLX_HOST_JIT=0`` keeps NumPy's; without a saved
+forward both paths share every GEMM.
 """
 from __future__ import annotations
 
