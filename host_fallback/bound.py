@@ -75,6 +75,12 @@ class Bound:
         """``field`` (or the block ``index`` selects from it) in a fresh array of its compute type."""
         return self.view(field)[index].astype(COMPUTE[self.regions[field].dtype])
 
+    def read(self, field: str, index: Any = ...) -> np.ndarray:
+        """``field`` (or the block ``index`` selects) in its compute type for a kernel that only reads it: the
+        arena's own view where its storage type is its compute type (f32, f64; a decode step's weights, not
+        copied each call), else a fresh array (``load``)."""
+        return self.view(field)[index].astype(COMPUTE[self.regions[field].dtype], copy=False)
+
     def in_place(self, field: str, index: Any = ...) -> np.ndarray | None:
         """``field`` (or the block ``index`` selects) as a writable view of the arena when its storage
         type is its compute type (f32, f64), for a tensor a kernel reads and then updates in place

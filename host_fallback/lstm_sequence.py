@@ -35,6 +35,11 @@ MAX_BACKWARD_STEP = 128 * 256 * 256
 #: leaves rows idle, which past about this width costs more than NumPy's steps (B1 S16 H256, forward: 0.52 ms
 #: NumPy's loop, about 0.64 the kernel's tiles).
 MAX_HIDDEN = 128
+#: The widest ``hidden`` they take at a batch of one row, whose forward reads ``W_hh`` where it lies (dot products,
+#: no copy: ``copies_w_hh``) on one core. One torch thread, the wall time of ``rlx_gpu.torch.LSTM``'s call, NumPy's
+#: step route / the kernel (a 2-core Xeon, AVX-512): S1 H64 65 / 44 µs, S1 H128 71 / 48, S1 H256 157 / 122, S16
+#: H256 586 / 575; past it NumPy's GEMVs on two threads win (S1 H512 290 / 426, S4 H512 634 / 1261).
+MAX_ROW_HIDDEN = 256
 _DEFAULT_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
 _NO_LENGTHS = np.empty(0, np.int64)
 _NOTHING_KEPT = np.empty((0, 0, 0), np.float32)
@@ -46,11 +51,21 @@ def applies(t: Mapping[str, Any], backward: bool = False) -> bool:
     ``MAX_HIDDEN`` (``backward``: ``MAX_BACKWARD_STEP``), and Numba there (not ``RLX_HOST_JIT=0``; read on every
     call)."""
     step = t["batch"] * t["hidden"] ** 2
-    within = step <= MAX_BACKWARD_STEP if backward else step <= MAX_STEP and t["hidden"] <= MAX_HIDDEN
+    if backward:
+        within = step <= MAX_BACKWARD_STEP
+    else:
+        within = t["hidden"] <= (MAX_HIDDEN if copies_w_hh(t["batch"]) else MAX_ROW_HIDDEN) and step <= MAX_STEP
     return (t["op"] == "lstm" and COMPUTE[t["dtype"]] == np.float32 and not t["clip"]
             and not t.get("input_forget") and t.get("peepholes") is None and not t.get("proj_size")
             and all(spec[0] == _DEFAULT_ACTIVATIONS[k % 3] for k, spec in enumerate(t["activations"]))
             and within and jit.kernel("lstm_sequence") is not None)
+
+
+def copies_w_hh(batch: int) -> bool:
+    """Whether the forward kernel copies ``W_hh^T`` into its tiles' blocks at each call, a cost a call's steps
+    must repay (``rnn._SEQUENCE_UNITS_PER_STEP``): at every batch but one row, whose products are dot products of
+    ``W_hh``'s rows where they lie."""
+    return batch != 1
 
 
 def lengths(seq_lens: np.ndarray | None) -> np.ndarray:

@@ -43,8 +43,9 @@ alternative and beside torch):
 - A small lstm that the whole-sequence kernels cover (``lstm_sequence``: those gates, no clip, peepholes,
   projection or coupled gates, ``batch·hidden²`` and ``hidden`` within its bounds) runs each layer-direction as
   one compiled call instead, batch-major (``_sequences``), where a call a step and the Python around it
-  were most of the time (B=8 S=24 H=32, 2 layers: 0.29 ms to 0.12); a decode call, whose few steps do not
-  repay the kernel's copy of ``W_hh`` (``_SEQUENCE_UNITS_PER_STEP``), keeps the routes below. So does a gru
+  were most of the time (B=8 S=24 H=32, 2 layers: 0.29 ms to 0.12); a decode call of several rows, whose few
+  steps do not repay the kernel's copy of ``W_hh`` (``_SEQUENCE_UNITS_PER_STEP``), keeps the routes below, while
+  one of a single row, which copies none, takes the kernel up to ``lstm_sequence.MAX_ROW_HIDDEN``. So does a gru
   (``linear_before_reset``) or rnn that ``rnn_sequence`` covers, of at least ``_SEQUENCE_MIN_BATCH`` rows, where
   NumPy's loop below makes 10-20 array passes a step around its GEMM (gru B32 S128 I=H=256, 2 layers,
   bidirectional, one thread: 146 ms to 116).
@@ -85,7 +86,8 @@ from .rnn_packing import _Dims, _dims, _full_packing, _Packing, _varlen_packing
 #: the GIL (lstm B=32 H=64, 1 MFLOP: 14.4 ms in two threads vs 11.7 in one; B=64 H=64, 2 MFLOP:
 #: 18 vs 21; rnn B=16 H=256, 2 MFLOP: 13 vs 18).
 _PARALLEL_STEP_FLOPS = 2_000_000
-#: The whole-sequence lstm kernel (``lstm_sequence``) copies W_hh once a call (4H² values), which a short call's
+#: The whole-sequence lstm kernel (``lstm_sequence``) copies W_hh once a call (4H² values; at a batch of more than one
+#: row: ``lstm_sequence.copies_w_hh``), which a short call's
 #: steps repay only where H is at most this many units a step of the call. One thread, a Zen 5, µs a call, the
 #: per-step route / the kernel: S1 B1 H32 37 / 22, S1 B8 H64 50 / 40, S1 B1 H128 45 / 86, S2 B1 H128 66 / 101,
 #: S2 B1 H64 52 / 39, S4 B1 H128 95-117 / 110-131, S4 B2 H128 143 / 119, S8 B1 H128 189 / 135.
@@ -128,8 +130,8 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
     gru's CPU time at B32 S128 H256 was 1.6x its one-thread figure)."""
     S, B, H, op = d.seq, d.batch, d.hidden, t["op"]
     lens = lstm_sequence.lengths(b.view("seq_lens") if t.get("seq_lens") is not None else None)
-    x = b.load("x").transpose(1, 0, 2)
-    w_ih = b.load("w_ih")
+    x = b.read("x").transpose(1, 0, 2)
+    w_ih = b.read("w_ih")
     states = ("h0", "c0") if op == "lstm" else ("h0",)
     for layer, in_l, spans in layers:
         y = np.empty((S, B, d.dirs * H), np.float32)
@@ -140,13 +142,13 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
             lo, hi = spans[dr]
             ld = layer * d.dirs + dr
             u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
-            u += b.load("b_ih" if op == "gru" else "bias", ld)
+            u += b.read("b_ih" if op == "gru" else "bias", ld)
             h, *c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in states)
             backwards, out = dr == 1 or bool(t.get("reverse")), np.empty((S, B, H), np.float32)
             if op == "lstm":
-                lstm_sequence.forward(u, b.load("w_hh", ld), h, c[0], lens, backwards, out)
+                lstm_sequence.forward(u, b.read("w_hh", ld), h, c[0], lens, backwards, out)
             else:
-                rnn_sequence.forward(op, u, b.load("w_hh", ld), b.load("b_hh", ld) if op == "gru" else None, h, lens,
+                rnn_sequence.forward(op, u, b.read("w_hh", ld), b.read("b_hh", ld) if op == "gru" else None, h, lens,
                                      backwards, out)
             y[..., dr * H: (dr + 1) * H] = out
             if t["carry"]:  # the final state, in place
@@ -201,7 +203,8 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     wide = 2 * d.gates * d.hidden * d.width * d.batch >= _PARALLEL_STEP_FLOPS
     full = _full_packing(B, S) if t.get("seq_lens") is None else None
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
-    sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S  # the whole-sequence kernel repays its copy of W_hh
+    # the whole-sequence kernel repays its copy of W_hh, or (an lstm of one row) copies none
+    sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S or d.op == "lstm" and not lstm_sequence.copies_w_hh(B)
     compiled_steps = B >= _SEQUENCE_MIN_BATCH and rnn_sequence.applies(t)  # a gru's or rnn's (``rnn_sequence``)
 
     def run(arena: np.ndarray, *, parallel_directions: bool | None = None, given: Any = None) -> bool | None:

@@ -42,6 +42,7 @@ CASES = [
     ("one-layer-no-carry", dict(num_layers=1, bidirectional=False, carry=False)),
     ("two-panels", dict(TWO_PANELS, seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
     ("two-panels-bidirectional-no-carry", dict(TWO_PANELS, carry=False)),
+    ("one-row", dict(batch=1, seq_lens=[4])),  # the forward's dot products of W_hh's rows (no tiles)
 ]
 #: NMSE of an f32 gradient against float64's: f32 throughout, the sums in another order than torch's.
 NMSE = 1e-10
@@ -157,6 +158,9 @@ FORWARD_CASES = [
     ("reverse-no-carry", "f32", dict(bidirectional=False, carry=False, reverse=True)),
     ("f16", "f16", dict(seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
     ("bf16", "bf16", {}),
+    # one row: W_hh·h as dot products of its rows, 20 deep (a whole 16 lanes and 4 one by one), and 37
+    ("one-row", "f32", dict(batch=1)),
+    ("one-row-37-units", "f32", dict(batch=1, hidden=37, bidirectional=False)),
 ]
 
 
@@ -202,9 +206,16 @@ def test_the_kernels_refuse_shapes_that_do_not_fit_before_writing():
                                                  seq(S, B, H), seq(B, H), seq(B, H), lens, False, dz, 4)
 
 
-@pytest.mark.parametrize("seq,runs", [(1, False), (2, True)], ids=["one-step", "two-steps"])
-def test_a_short_forward_call_takes_the_kernel_where_its_steps_repay_the_copy_of_w_hh(seq, runs, calls):
+@pytest.mark.parametrize("seq,batch,runs", [(1, 9, False), (2, 9, True), (1, 1, True)],
+                         ids=["one-step", "two-steps", "one-step-of-one-row"])
+def test_a_short_forward_call_takes_the_kernel_where_its_steps_repay_the_copy_of_w_hh(seq, batch, runs, calls):
     """40 units: one step a call keeps the step route (decode), two take the kernel
-    (``rnn._SEQUENCE_UNITS_PER_STEP``)."""
-    check("lstm", "f32", **{**FORWARD, "hidden": 40, "seq": seq, "bidirectional": False})
+    (``rnn._SEQUENCE_UNITS_PER_STEP``); a batch of one row copies nothing of W_hh and takes it at one step."""
+    check("lstm", "f32", **{**FORWARD, "hidden": 40, "seq": seq, "batch": batch, "bidirectional": False})
     assert calls["lstm_sequence"] == (2 if runs else 0)
+
+
+def test_one_row_wider_than_the_bound_keeps_numpy_s_step_route(calls, monkeypatch):
+    monkeypatch.setattr(lstm_sequence, "MAX_ROW_HIDDEN", 39)
+    check("lstm", "f32", **{**FORWARD, "hidden": 40, "seq": 1, "batch": 1, "bidirectional": False})
+    assert calls["lstm_sequence"] == 0
