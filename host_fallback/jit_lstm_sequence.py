@@ -20,11 +20,11 @@ from .jit_math import _F32, _FLAGS, _ROWS, _exp
 # group of batch rows (h transposed: each of its values broadcast) and the source ``W_hh^T``'s rows, whose
 # vectors run along the gates, so that a batch of 8 fills a 16-lane tile's 8 rows. (Plain Numba loops over
 # the same sums, re-reading the gates from memory for each of h's values, ran at a seventh of the speed.)
-# A batch of one row (a decode) would fill one row of a panel and pay for the copy of ``W_hh^T`` at every call:
-# its forward takes ``W_hh·h`` as dot products of W_hh's rows where they lie instead, four rows a pass with
-# their sums in vector registers (``_dots``; 16 lanes: one AVX-512 vector, two of AVX2's). B1 S1 H256 (a 2-core
-# Xeon, AVX-512): the kernel 17 µs, NumPy's GEMV of the same 1 MiB 14. ``lens [B]`` are the rows' valid steps
-# (empty: all): a row past its length takes no step (state unchanged, output 0, no gradient).
+# A forward of one row (a decode) takes ``W_hh·h`` as dot products of W_hh's rows where they lie instead
+# (``_w_hh_times``; the gru's and rnn's kernels too), four rows a pass with their sums in vector registers
+# (``_dots``; 16 lanes: one AVX-512 vector, two of AVX2's). B1 S1 H256 (a 2-core Xeon, AVX-512): the lstm kernel
+# 17 µs, NumPy's GEMV of the same 1 MiB 14. ``lens [B]`` are the rows' valid steps (empty: all): a row past its
+# length takes no step (state unchanged, output 0, no gradient).
 
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _tanh(x):
@@ -135,27 +135,58 @@ def _dots(lanes: int, rows: int):
 
 #: Rows of ``W_hh`` a pass of ``_row_dots`` takes, and the lanes of each one's partial sums.
 _DOT_ROWS, _DOT_LANES = 4, 16
-_dots_4x16 = _dots(_DOT_LANES, _DOT_ROWS)
+_dots_4x16, _dots_1x16 = _dots(_DOT_LANES, _DOT_ROWS), _dots(_DOT_LANES, 1)
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _row_dots(rows_of, n, w, sums, lanes):
-    """``sums[b, :] += W · rows_of[b]`` for ``b < n``, ``W [4H, depth]`` as stored (C-contiguous): ``_DOT_ROWS``
-    of its rows a pass over a row of ``rows_of``, summed in vector registers (``_dots``) into ``lanes``
-    (``[_DOT_ROWS, _DOT_LANES]``), then across them (the depth past a whole number of lanes, one by one)."""
-    four, depth = w.shape
-    whole = depth - depth % _DOT_LANES
-    for b in range(n):
-        src, out = rows_of[b], sums[b]
-        for r in range(0, four, _DOT_ROWS):
-            _dots_4x16(w[r].ctypes.data, depth, src.ctypes.data, whole // _DOT_LANES, lanes.ctypes.data)
-            for q in range(_DOT_ROWS):
-                row, total = w[r + q], _F32(0.0)
-                for j in range(_DOT_LANES):
-                    total += lanes[q, j]
-                for k in range(whole, depth):
-                    total += row[k] * src[k]
-                out[r + q] += total
+def _dot_total(lanes, q, row, src, whole):
+    """Row ``q``'s dot product from its partial sums ``lanes[q]`` (``_dots``) and the depth past ``whole``."""
+    total = _F32(0.0)
+    for j in range(_DOT_LANES):
+        total += lanes[q, j]
+    for k in range(whole, row.size):
+        total += row[k] * src[k]
+    return total
+
+
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _row_dots(src, w, out, lanes):
+    """``out += W · src`` for ``W [rows, depth]`` as stored (C-contiguous): ``_DOT_ROWS`` of its rows a pass over
+    ``src``, then one at a time, summed in vector registers (``_dots``) into ``lanes`` (``[_DOT_ROWS,
+    _DOT_LANES]``), then across them (the depth past a whole number of lanes, one by one)."""
+    rows, depth = w.shape
+    whole, grouped = depth - depth % _DOT_LANES, rows - rows % _DOT_ROWS
+    for r in range(0, grouped, _DOT_ROWS):
+        _dots_4x16(w[r].ctypes.data, depth, src.ctypes.data, whole // _DOT_LANES, lanes.ctypes.data)
+        for q in range(_DOT_ROWS):
+            out[r + q] += _dot_total(lanes, q, w[r + q], src, whole)
+    for r in range(grouped, rows):
+        _dots_1x16(w[r].ctypes.data, depth, src.ctypes.data, whole // _DOT_LANES, lanes.ctypes.data)
+        out[r] += _dot_total(lanes, 0, w[r], src, whole)
+
+
+@numba.njit(inline="always")
+def _forward_scratch(w_hh, batch, lanes):
+    """What a forward kernel's ``W_hh·h`` works in (``_w_hh_times``): at a batch of one row the sums ``[1, rows]``
+    and ``_row_dots``' lanes, nothing of ``W_hh`` copied; else ``_product_scratch`` of ``W_hh^T`` (its blocks, the
+    panels and the sums, their columns padded to a tile's)."""
+    if batch == 1:
+        nothing = np.empty((0, 0, 0), _F32)
+        return nothing, nothing, np.zeros((1, w_hh.shape[0]), _F32), np.empty((_DOT_ROWS, _DOT_LANES), _F32)
+    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)
+    return w_t, panels, g, np.empty((0, 0), _F32)
+
+
+@numba.njit(inline="always")
+def _w_hh_times(lanes, h, batch, w_hh, scratch):
+    """``g[:batch] += h[:batch] · W_hh^T`` in ``scratch = (w_t, panels, g, dot_lanes)`` (``_forward_scratch``): a
+    batch of one row (a decode) would fill one of a panel's rows and pay for the copy of ``W_hh^T`` every call, so
+    it takes dot products of ``W_hh``'s rows where they lie (``_row_dots``); more take the tiles (``_batch_times``)."""
+    w_t, panels, g, dot_lanes = scratch
+    if batch == 1:
+        _row_dots(h[0], w_hh, g[0], dot_lanes)
+    else:
+        _batch_times(lanes, h, batch, panels, w_t, g)
 
 
 @numba.njit(inline="always")
@@ -193,13 +224,8 @@ def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc,
         raise ValueError("lstm_sequence: the arrays' shapes do not fit together")
     if keep and (h_prev.shape != out.shape or c_prev.shape != out.shape or hc.shape != out.shape):
         raise ValueError("lstm_sequence: the kept arrays' shapes are not out's")
-    dots = batch == 1  # one row would fill one of a panel's rows: dot products of W_hh's rows where they lie instead
-    if dots:  # no blocks, no panels: a decode step copies nothing of the weights
-        w_t, panels, g = np.empty((0, 0, 0), _F32), np.empty((0, 0, 0), _F32), np.zeros((batch, four), _F32)
-        lanes_of = np.empty((_DOT_ROWS, _DOT_LANES), _F32)
-    else:
-        w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
-        lanes_of = np.empty((0, 0), _F32)
+    scratch = _forward_scratch(w_hh, batch, lanes)
+    g = scratch[2]
     cols = g.shape[1]
     tcs = np.empty(hidden, _F32)  # a row's tanh(c)
     # each gate column's activation as scale / (1 + exp(slope z)) - shift: σ for i f o, tanh for g (three loops
@@ -213,10 +239,7 @@ def lstm_sequence(u, w_hh, h, c, lens, backwards, out, keep, h_prev, c_prev, hc,
             gb, ub = g[b], u[t, b]
             for j in range(four):
                 gb[j] = ub[j]
-        if dots:
-            _row_dots(h, batch, w_hh, g, lanes_of)
-        else:
-            _batch_times(lanes, h, batch, panels, w_t, g)
+        _w_hh_times(lanes, h, batch, w_hh, scratch)
         for b in range(batch):
             gb, hb, cb, ob = g[b], h[b], c[b], out[t, b]
             for j in range(cols):  # σ(z) or tanh(z) = 2σ(2z) - 1 by the column's gate: one loop LLVM vectorizes

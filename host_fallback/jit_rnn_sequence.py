@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba
 from numba import types
 
-from .jit_lstm_sequence import _batch_times, _product_scratch, _walked
+from .jit_lstm_sequence import _batch_times, _forward_scratch, _product_scratch, _w_hh_times, _walked
 from .jit_math import _F32, _FLAGS, _ROWS
 from .jit_rnn_chunk import _sigmoid, _tanh
 
@@ -38,14 +38,15 @@ def gru_sequence(u, w_hh, b_hh, h, lens, backwards, out, keep, h_prev, hn, lanes
             or out.shape[0] != seq or out.shape[1] != batch or out.shape[2] != hidden
             or (keep and (h_prev.shape != out.shape or hn.shape != out.shape))):
         raise ValueError("gru_sequence: the arrays' shapes do not fit together")
-    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
+    scratch = _forward_scratch(w_hh, batch, lanes)
+    g = scratch[2]
     for step in range(seq):
         t = _walked(step, seq, backwards)
         for b in range(batch):
             gb = g[b]
             for j in range(three):
                 gb[j] = b_hh[j]
-        _batch_times(lanes, h, batch, panels, w_t, g)  # g = W_hh·h + b_hh
+        _w_hh_times(lanes, h, batch, w_hh, scratch)  # g = W_hh·h + b_hh
         for b in range(batch):
             ub, gb, hb, ob = u[t, b], g[b], h[b], out[t, b]
             r, z, n, hn_b = ub[:hidden], ub[hidden: 2 * hidden], ub[2 * hidden:], gb[2 * hidden: three]
@@ -122,14 +123,15 @@ def rnn_sequence(u, w_hh, h, lens, backwards, out, keep, h_prev, lanes):
     if (w_hh.shape[0] != hidden or w_hh.shape[1] != hidden or h.shape[0] != batch or h.shape[1] != hidden
             or (lens.size != 0 and lens.size != batch) or out.shape != u.shape or (keep and h_prev.shape != u.shape)):
         raise ValueError("rnn_sequence: the arrays' shapes do not fit together")
-    w_t, panels, g = _product_scratch(w_hh.T, batch, lanes)  # W_hh^T
+    scratch = _forward_scratch(w_hh, batch, lanes)
+    g = scratch[2]
     for step in range(seq):
         t = _walked(step, seq, backwards)
         for b in range(batch):
             gb, ub = g[b], u[t, b]
             for k in range(hidden):
                 gb[k] = ub[k]
-        _batch_times(lanes, h, batch, panels, w_t, g)  # g = W_ih·x + b + W_hh·h
+        _w_hh_times(lanes, h, batch, w_hh, scratch)  # g = W_ih·x + b + W_hh·h
         for b in range(batch):
             ub, gb, hb, ob = u[t, b], g[b], h[b], out[t, b]
             if keep:

@@ -36,9 +36,11 @@ MAX_BACKWARD_STEP = 128 * 256 * 256
 #: NumPy's loop, about 0.64 the kernel's tiles).
 MAX_HIDDEN = 128
 #: The widest ``hidden`` they take at a batch of one row, whose forward reads ``W_hh`` where it lies (dot products,
-#: no copy: ``copies_w_hh``) on one core. One torch thread, the wall time of ``rlx_gpu.torch.LSTM``'s call, NumPy's
-#: step route / the kernel (a 2-core Xeon, AVX-512): S1 H64 65 / 44 µs, S1 H128 71 / 48, S1 H256 157 / 122, S16
-#: H256 586 / 575; past it NumPy's GEMVs on two threads win (S1 H512 290 / 426, S4 H512 634 / 1261).
+#: no copy: ``copies_w_hh``) on one core; ``rnn`` holds a gru's and an rnn's kernels (``rnn_sequence``) to it too.
+#: One torch thread, the wall time of ``rlx_gpu.torch``'s module call, NumPy's step route / the kernel (a 2-core
+#: Xeon, AVX-512), µs: lstm S1 H64 65 / 44, H128 71 / 48, H256 157 / 122, S16 H256 586 / 575; gru S1 H64 64 / 41,
+#: H256 116 / 85; rnn S1 H64 49 / 37, H256 60 / 45. Past it NumPy's GEMVs on two threads win (lstm S1 H512
+#: 290 / 426, gru 232 / 350; rnn H1024 270 / 422).
 MAX_ROW_HIDDEN = 256
 _DEFAULT_ACTIVATIONS = ("sigmoid", "tanh", "tanh")
 _NO_LENGTHS = np.empty(0, np.int64)

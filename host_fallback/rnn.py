@@ -46,9 +46,9 @@ alternative and beside torch):
   were most of the time (B=8 S=24 H=32, 2 layers: 0.29 ms to 0.12); a decode call of several rows, whose few
   steps do not repay the kernel's copy of ``W_hh`` (``_SEQUENCE_UNITS_PER_STEP``), keeps the routes below, while
   one of a single row, which copies none, takes the kernel up to ``lstm_sequence.MAX_ROW_HIDDEN``. So does a gru
-  (``linear_before_reset``) or rnn that ``rnn_sequence`` covers, of at least ``_SEQUENCE_MIN_BATCH`` rows, where
-  NumPy's loop below makes 10-20 array passes a step around its GEMM (gru B32 S128 I=H=256, 2 layers,
-  bidirectional, one thread: 146 ms to 116).
+  (``linear_before_reset``) or rnn that ``rnn_sequence`` covers, of at least ``_SEQUENCE_MIN_BATCH`` rows (or one
+  row within the same bound), where NumPy's loop below makes 10-20 array passes a step around its GEMM (gru B32
+  S128 I=H=256, 2 layers, bidirectional, one thread: 146 ms to 116).
 - Activations are NumPy functions chosen once per layer-direction (``activations.activation``), each writing
   ``out = act(x)`` over whole gate blocks; the loops branch per step on the fields a thunk uses
   (peepholes, clip), never per element.
@@ -203,9 +203,11 @@ def prepare(t: Mapping[str, Any]) -> Callable[..., None]:
     wide = 2 * d.gates * d.hidden * d.width * d.batch >= _PARALLEL_STEP_FLOPS
     full = _full_packing(B, S) if t.get("seq_lens") is None else None
     last: list[Bound] = []  # the last arena's views, reused while runs come on the same arena
-    # the whole-sequence kernel repays its copy of W_hh, or (an lstm of one row) copies none
-    sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S or d.op == "lstm" and not lstm_sequence.copies_w_hh(B)
-    compiled_steps = B >= _SEQUENCE_MIN_BATCH and rnn_sequence.applies(t)  # a gru's or rnn's (``rnn_sequence``)
+    # the whole-sequence kernel repays its copy of W_hh, or (one row) copies none
+    sequences = d.hidden <= _SEQUENCE_UNITS_PER_STEP * S or not lstm_sequence.copies_w_hh(B)
+    # a gru's or rnn's (``rnn_sequence``): rows enough for the tiles, or one row within the bound of one's
+    compiled_steps = (B >= _SEQUENCE_MIN_BATCH or not lstm_sequence.copies_w_hh(B)
+                      and d.hidden <= lstm_sequence.MAX_ROW_HIDDEN) and rnn_sequence.applies(t)
 
     def run(arena: np.ndarray, *, parallel_directions: bool | None = None, given: Any = None) -> bool | None:
         if given is not None:  # only a forward writing a reserve runs on the caller's arrays (GIVEN)

@@ -32,6 +32,7 @@ CASES = [(op, label, extra) for op in ("gru", "rnn") for label, extra in [
     ("seq_lens-with-a-zero", dict(seq_lens=[5, 2, 0])),
     ("reverse-no-carry", dict(reverse=True, bidirectional=False, carry=False, seq_lens=[4, 1, 5])),
     ("two-panels", dict(TWO_PANELS, seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
+    ("one-row", dict(batch=1, seq_lens=[4])),  # the forward's dot products of W_hh's rows (no tiles)
 ]]
 #: NMSE of an f32 gradient against float64's.
 NMSE = 1e-10
@@ -106,6 +107,10 @@ FORWARD_CASES = [(op, label, dtype, extra) for op in ("gru", "rnn") for label, d
     ("seq_lens-with-a-zero", "f32", dict(seq_lens=[7, 0, 3, 7, 1, 6, 2, 7, 5])),
     ("reverse-no-carry", "f32", dict(bidirectional=False, carry=False, reverse=True)),
     ("bf16", "bf16", {}),
+    # one row: W_hh·h as dot products of its rows, four at a time and (23 units: a gru's 69 rows, an rnn's 23)
+    # the rest one by one, 16 deep and (23) 7 more one by one
+    ("one-row", "f32", dict(batch=1)),
+    ("one-row-23-units", "f32", dict(batch=1, hidden=23, bidirectional=False)),
 ]]
 
 
@@ -136,6 +141,17 @@ def test_a_batch_below_the_kernels_minimum_takes_numpy_s_loop(calls):
     batch = rnn._SEQUENCE_MIN_BATCH - 1
     check("gru", "f32", **{**FORWARD, "batch": batch, "seq_lens": [7, 0, 3, 5, 1, 7, 2, 6][:batch]})
     assert calls == dict.fromkeys(KERNELS, 0)
+
+
+@pytest.mark.parametrize("op", ["gru", "rnn"])
+def test_one_row_takes_the_kernel_at_one_step_up_to_its_bound(op, calls, monkeypatch):
+    """A decode step of one row copies nothing of W_hh: the kernel at 40 units, NumPy's loop past the bound."""
+    shape = {**FORWARD, "hidden": 40, "seq": 1, "batch": 1, "bidirectional": False}
+    check(op, "f32", **shape)
+    assert calls[f"{op}_sequence"] == 2
+    monkeypatch.setattr(lstm_sequence, "MAX_ROW_HIDDEN", 39)
+    check(op, "f32", **shape)
+    assert calls[f"{op}_sequence"] == 2
 
 
 @pytest.mark.parametrize("op", ["gru", "rnn"])
