@@ -57,27 +57,31 @@ kernels included); a later one loads them in about one.
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 from functools import cache
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+from . import environ
+
 #: The environment variable that turns the compiled kernels off (``0``, ``off``, ``false`` or ``no``).
 ENV = "RLX_HOST_JIT"
 #: The environment variable that forces the tiles' vector width, in float32 lanes: ``8`` or ``16``.
 WIDTH_ENV = "RLX_HOST_JIT_WIDTH"
 
+_switch, _width = environ.reader(ENV), environ.reader(WIDTH_ENV)
+
+
 def enabled() -> bool:
     """Whether ``RLX_HOST_JIT`` allows the compiled kernels (read on every call)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return (_switch() or "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def lanes() -> int:
     """The float32 lanes of the compiled lstm step's vectors: ``RLX_HOST_JIT_WIDTH`` where set (read on every
     call), else the CPU's (``host_lanes``)."""
-    forced = os.environ.get(WIDTH_ENV, "").strip()
+    forced = (_width() or "").strip()
     if not forced:
         return host_lanes()
     if forced not in ("8", "16"):
