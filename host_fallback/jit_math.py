@@ -1,5 +1,5 @@
 """The float32 primitives the Numba kernels share (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``;
-imported only through ``jit``, where Numba is installed): bit casts, a memcpy, ``exp`` and ``log``.
+imported only through ``jit``, where Numba is installed): bit casts, a memcpy, a prefetch, ``exp`` and ``log``.
 
 ``exp`` is written out so that LLVM vectorizes the loops it sits in (a call to libm's ``expf`` would keep
 them scalar, four times slower than NumPy's ``exp``): Cody-Waite reduction by ln 2, a degree-6 polynomial,
@@ -55,6 +55,19 @@ def _copy(typingctx, dst, src, count):
         return context.get_dummy_value()
     return types.void(types.intp, types.intp, types.intp), codegen
 
+
+
+@intrinsic
+def _prefetch(typingctx, address):
+    """Prefetch the cache line at ``address`` into L2 (``llvm.prefetch``: a read, locality 2; x86's prefetcht1),
+    for a pass to read it some microseconds later (a prefetch does not fault, whatever the address)."""
+    def codegen(context, builder, signature, args):
+        i32, ptr = ir.IntType(32), ir.IntType(8).as_pointer()
+        fetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, i32, i32, i32]),
+                                               "llvm.prefetch.p0")
+        builder.call(fetch, [builder.inttoptr(args[0], ptr), *(ir.Constant(i32, v) for v in (0, 2, 1))])
+        return context.get_dummy_value()
+    return types.void(types.intp), codegen
 
 #: 1.5 * 2**23: adding it rounds a float32 of magnitude below 2**22 to an integer, which its low bits then hold.
 _ROUNDER = _F32(12582912.0)

@@ -181,6 +181,8 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
         if k + 1 < count and k + 1 not in begins:
             np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
             starts[k + 1] += local[k]
+            if keep is not None:  # the state leaving chunk k, transposed while in cache (_finals writes the last)
+                np.copyto(keep["states"][:, k], swap(starts[k + 1]))
     # state-to-output: the state entering the chunk, decayed to each step and read by c
     y += np.matmul(cs, starts, out=scores if length == p and keep is None else scratch("m2.read", y.shape, y.dtype))
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
@@ -194,12 +196,11 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
 
 def _finals(state, starts, final, inputs, keep):
     """The bulk ``final`` states (``[B, H, N, P]``, its non-finite lanes redone from ``starts[-1]``, the states
-    entering the last chunk) into ``state``; with ``keep`` also the states leaving every chunk into its
-    ``states [B, C, H, P, N]`` (``starts [C, B, H, N, P]`` from the second on, then ``final``)."""
+    entering the last chunk) into ``state``; with ``keep`` also into the last of its ``states [B, C, H, P, N]``
+    (``ssd_chunked``'s loop over the chunks writes the others)."""
     _redo_nonfinite_state(final, starts[-1], [t[-1] for t in inputs()])
     np.copyto(state, swap(final))
     if keep is not None:
-        np.copyto(keep["states"][:, :-1], np.moveaxis(swap(starts[1:]), 0, 1))
         np.copyto(keep["states"][:, -1], swap(final))
 
 
