@@ -16,8 +16,9 @@ fewer lanes at a time, ``BLOCK_STEPS``). A saved forward (ABI.md §9.1's ``reser
 ``abi.gdn.reserve_slots``) holds the Gram products, ``(I + A)^-1``, the states leaving each chunk and
 ``U``: the backward reads them instead (no Gram GEMM, no triangular inverse, no loop over the chunks).
 The reverse loop over chunks carries the state's gradient back: ``dU = scale M^T dO + KD dS_L``, ``Y =
-(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV`` (the
-terms without ``dS_L`` formed for every chunk before the loop); every other gradient is a handful of GEMMs
+(I + A)^-T dU``, ``dV = beta Y`` and ``dS0 = gamma_L dS_L + scale (gamma Q)^T dO - (gamma K)^T dV`` (``Y``'s terms
+without ``dS_L`` formed for every chunk before the loop; in it, ``dS0``'s products one GEMM by ``[scale dO; Y]``
+once ``Y`` is whole: no product of ``dS_L``'s term of ``Y`` apart); every other gradient is a handful of GEMMs
 over all chunks at once (``beta``'s through ``R`` as ``Y.V - (Y S0^T).(gamma K)``, so ``R`` is not kept; the
 four products of ``[dO; Y]`` with ``S0`` and ``U`` one GEMM, ``gdn_backward_grads``), the gradients written
 where the caller's lie. Decayed products with per-channel gates factor through the

@@ -62,14 +62,14 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     np.matmul(_swap(inverse), np.matmul(_swap(qk), oy[..., :length, :], out=_temp("du", y.shape, y.dtype)), out=y)
     w = np.matmul(_swap(inverse), kd, out=_temp("w", shape, kd.dtype))  # (I + A)^-T KD
     gb = _gamma_operands(qc, kc, gk, gamma, bc, shape) if compiled is None else compiled[5]
-    carried = np.matmul(_swap(gb), oy, out=_temp("carried", (*lanes, n, width), vc.dtype))  # [C, ..., K, V]
+    carried = _temp("carried", (*lanes, n, width), vc.dtype)  # [C, ..., K, V]: each chunk's dS0, by the reverse
     final = _split(dsf, group, 1)
     # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
     # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk
     dv, sums = _targets("dv", out[2], lanes, length, False), _temp("sums", (2, *lanes), y.dtype)
-    ds, sums = _reverse(compiled_reverse, w, gb[..., length:, :], through, carried, final, oy, leave_t, bc, dv, su,
-                        (s0, leaving, u), sums)
+    ds, sums = _reverse(compiled_reverse, w, gb, through, carried, final, oy, leave_t, bc, dv, su, (s0, leaving, u),
+                        sums)
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
@@ -201,43 +201,39 @@ def _right_operand(su: Array, s0: Array, leaving: Array, u: Array):
     return kernel
 
 
-def _reverse(kernel, w, nbgk, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums):
+def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
-    A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), ``dS0 = gamma_L dS_L + carried - (beta gamma
-    K)^T W dS_L`` (``nbgk = -beta gamma K``; ``carried``: ``scale (gamma Q)^T dO`` less ``(beta gamma K)^T`` times the
-    rest of ``Y``, overwritten by each chunk's ``dS0``); each chunk's ``dS_L`` transposed into ``leave_t``, and ``dv =
-    beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is one compiled pass, ``kernel`` (``jit``'s
-    ``gdn_reverse_state``, or None where it does not apply: no Numba, ``RLX_HOST_JIT=0``, neither f32 nor f64; ``dv``: a
-    ``_Target``), which also writes ``su [C, ..., V, K + L]``, ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV,
-    K, V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C, ...]``: each lane's sum of ``dv`` and ``S0 .
-    dS_L``.
+    A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), then ``dS0 = gamma_L dS_L + gb^T [scale dO;
+    Y]`` (``gb = [gamma Q; -beta gamma K]``: one GEMM for both terms, ``Y`` whole) into ``carried [C, ..., K, V]``; each
+    chunk's ``dS_L`` transposed into ``leave_t``, and ``dv = beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is
+    one compiled pass, ``kernel`` (``jit``'s ``gdn_reverse_state``, or None where it does not apply: no Numba,
+    ``RLX_HOST_JIT=0``, neither f32 nor f64; ``dv``: a ``_Target``), which also writes ``su [C, ..., V, K + L]``,
+    ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV, K, V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C,
+    ...]``: each lane's sum of ``dv`` and ``S0 . dS_L``.
     Returns the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
     length = oy.shape[-2] // 2
-    product, rest = np.empty(carried.shape[1:], carried.dtype), np.empty(dv.chunks.shape[1:], carried.dtype)
+    rest = np.empty(dv.chunks.shape[1:], carried.dtype)
     leave_t[-1] = _swap(ds)
     count, (n, width) = len(carried), carried.shape[-2:]
     if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
         per = carried[0].size // (n * width)  # lanes a chunk
         first, (leaving, leaving_at), (u, u_at) = (_matrices(x) for x in sources)
         decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
-        args = (carried.reshape(count, per, n, width), product.reshape(per, n, width),
-                np.ascontiguousarray(ds).reshape(per, n, width), decays.reshape(count, per, n),
-                leave_t.reshape(count, per, width, n), oy.reshape(count, per, 2 * length, width),
-                rest.reshape(per, length, width), np.ascontiguousarray(bc).reshape(count, per, length), dv.flat,
-                dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1),
+        args = (carried.reshape(count, per, n, width), np.ascontiguousarray(ds).reshape(per, n, width),
+                decays.reshape(count, per, n), leave_t.reshape(count, per, width, n),
+                oy.reshape(count, per, 2 * length, width), np.ascontiguousarray(bc).reshape(count, per, length),
+                dv.flat, dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1),
                 su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per))
-    ws, nbgk_t, states = list(w), list(_swap(nbgk)), list(carried)  # each chunk's views, formed at once
+    ws, gb_t, ys, states = list(w), list(_swap(gb)), list(oy[..., length:, :]), list(carried)  # each chunk's views
     for c in range(count - 1, -1, -1):
-        np.matmul(ws[c], ds, out=rest)
-        np.matmul(nbgk_t[c], rest, out=product)
+        ys[c] += np.matmul(ws[c], ds, out=rest)
+        np.matmul(gb_t[c], oy[c], out=states[c])
         if kernel is not None:
             kernel(*args, c)
         else:
-            oy[c, ..., length:, :] += rest
-            carried[c] += product
-            carried[c] += np.multiply(ds, through[c], out=product)
+            states[c] += ds * through[c]
             if c:
-                leave_t[c - 1] = _swap(carried[c])
+                leave_t[c - 1] = _swap(states[c])
         ds = states[c]
     if kernel is None:
         np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)

@@ -38,7 +38,7 @@ And gated_delta_net's chunked backward (``gdn_channel_decays``, ``gdn_channel_gr
 each chunk's cumulative log-decays with their exponentials in one pass (per head with the GEMMs' operands); with
 either gate kind the decayed triangular products with the query, key and log-decay gradients in one pass over the
 GEMMs' products, where NumPy makes twenty to twenty-five passes and three or four square GEMMs a chunk, and each
-chunk of the reverse over chunks one pass between its two GEMMs.
+chunk of the reverse over chunks one pass after its two GEMMs.
 And mamba2's chunked backward (``mamba2_backward_operands``, ``mamba2_backward_state_gradients``,
 ``mamba2_backward_gradients``; where they apply: ``mamba2_backward_chunked``): the passes between its GEMMs, which stay
 OpenBLAS's, one compiled pass each where NumPy makes several; with a saved forward every chunk in one pass

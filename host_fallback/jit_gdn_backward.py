@@ -2,7 +2,7 @@
 (``gdn_channel_gradients``) and per head (``gdn_head_gradients``; where they apply and their arguments:
 ``gdn_backward_grads``), the cumulative log-decays inside each chunk with their exponentials (``gdn_channel_decays``;
 per head with the operands of the GEMMs before the reverse, ``gdn_head_operands``), and what a chunk of the reverse
-over chunks does between its two GEMMs (``gdn_reverse_state``; both bound by ``gdn_backward_chunked``). Imported only
+over chunks does after its two GEMMs (``gdn_reverse_state``; both bound by ``gdn_backward_chunked``). Imported only
 through ``jit``.
 
 NumPy forms the four decayed products of ``_Decayed`` (each an elementwise pass, a batched GEMM over the full square
@@ -299,37 +299,35 @@ def _sum(x):
     return total
 
 
-_REVERSE = dict(carried=4, product=3, final=3, through=3, leave_t=4, oy=4, rest=3, beta=3, dv=2, rows="rows2",
-                first=3, first_at="rows1", leaving=3, leaving_at="rows2", u=3, u_at="rows2", su=4, check=2, dots=2)
+_REVERSE = dict(carried=4, final=3, through=3, leave_t=4, oy=4, beta=3, dv=2, rows="rows2", first=3,
+                first_at="rows1", leaving=3, leaving_at="rows2", u=3, u_at="rows2", su=4, check=2, dots=2)
 
 
 @numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
-def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta, dv, rows, first, first_at,
-                      leaving, leaving_at, u, u_at, su, check, dots, c):
-    """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane: ``Y +=
-    rest`` (``W dS_L``; ``Y`` the lower half of ``oy [C, N, 2L, V]``), ``dv = beta Y`` (``beta [C, N, L]``; step ``t`` of
-    lane ``j`` into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``scale (gamma Q)^T dO`` less
-    ``(beta gamma K)^T`` times the rest of ``Y``) becomes the chunk's ``dS0 = carried + product + through ds``
-    (``product = -(beta gamma K)^T W dS_L``, ``ds`` the gradient of the state leaving the chunk: the next chunk's
+def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, first, first_at, leaving, leaving_at, u,
+                      u_at, su, check, dots, c):
+    """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane, after its
+    GEMMs: ``dv = beta Y`` (``Y`` the lower half of ``oy [C, N, 2L, V]``, ``beta [C, N, L]``; step ``t`` of lane ``j``
+    into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``gb^T [scale dO; Y]``) becomes the
+    chunk's ``dS0 = carried + through ds`` (``ds`` the gradient of the state leaving the chunk: the next chunk's
     ``dS0``, ``final`` for the last; ``through [C, N, K]`` the chunk's decay per key channel, per head one value
     repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``, row by row from
     the rows just written; the last chunk's is there already); ``su [C, N, V, K + L]`` the GEMM operand ``[S0^T |
     U^T]`` (``S0`` the state entering the chunk: matrix ``first_at[j]`` of ``first [M, K, V]`` for the first chunk,
     else the previous chunk's, ``leaving_at[c - 1, j]`` of ``leaving``; ``U`` matrix ``u_at[c, j]`` of ``u [M, L,
     V]``); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . ds``. One pass where
-    NumPy makes five and three transposing copies."""
+    NumPy makes three and three transposing copies."""
     count, lanes, n, width = carried.shape
-    length = rest.shape[1]
+    length = beta.shape[2]
     ds = final if c == count - 1 else carried[c + 1]
     parts = np.empty(max(width, n), dv.dtype)
     for j in range(lanes):
         parts[:] = 0
         at = rows[c * lanes + j]
         for t in range(length):
-            yt, rt, out, b = oy[c, j, length + t], rest[j, t], dv[at[t]], beta[c, j, t]
+            yt, out, b = oy[c, j, length + t], dv[at[t]], beta[c, j, t]
             for v in range(width):
-                yt[v] += rt[v]
                 out[v] = yt[v] * b
                 parts[v] += out[v]
         check[c, j] = _sum(parts)
@@ -348,11 +346,11 @@ def gdn_reverse_state(carried, product, final, through, leave_t, oy, rest, beta,
                 line[i] = start[i, v]
             for t in range(length):
                 line[n + t] = uj[t, v]
-        cj, pj, fj = carried[c, j], product[j], through[c, j]
+        cj, fj = carried[c, j], through[c, j]
         for i in range(n):
-            row_i, prow, drow, f = cj[i], pj[i], dj[i], fj[i]
+            row_i, drow, f = cj[i], dj[i], fj[i]
             for v in range(width):
-                row_i[v] = (row_i[v] + prow[v]) + drow[v] * f
+                row_i[v] += drow[v] * f
         if c:
             out_t = leave_t[c - 1, j]
             for v in range(width):
