@@ -127,14 +127,16 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
     covers, as one compiled call, batch-major and time-major (``[S, B, features]``): its input projection plus
     bias one GEMM, then the kernel's steps. A layer's directions run in two threads where ``parallel``, else one
     after the other; either way each on a one-thread BLAS (a second BLAS thread would spin beside the kernel: a
-    gru's CPU time at B32 S128 H256 was 1.6x its one-thread figure)."""
+    gru's CPU time at B32 S128 H256 was 1.6x its one-thread figure). Stored in f32, the carried states are
+    updated where they lie and a batch of one row's top layer is written into dst itself (``_output``), one
+    direction's kernel writing its layer's output: a decode step copies none of them."""
     S, B, H, op = d.seq, d.batch, d.hidden, t["op"]
     lens = lstm_sequence.lengths(b.view("seq_lens") if t.get("seq_lens") is not None else None)
     x = b.read("x").transpose(1, 0, 2)
     w_ih = b.read("w_ih")
     states = ("h0", "c0") if op == "lstm" else ("h0",)
     for layer, in_l, spans in layers:
-        y = np.empty((S, B, d.dirs * H), np.float32)
+        y, in_dst = _output(d, b, layer == len(layers) - 1)
         rows = np.ascontiguousarray(x).reshape(S * B, in_l)
 
         def direction(dr: int, layer: int = layer, in_l: int = in_l, spans=spans, y: np.ndarray = y,
@@ -143,17 +145,21 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
             ld = layer * d.dirs + dr
             u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
             u += b.read("b_ih" if op == "gru" else "bias", ld)
-            h, *c = (b.load(f, ld) if t["carry"] else np.zeros((B, H), np.float32) for f in states)
-            backwards, out = dr == 1 or bool(t.get("reverse")), np.empty((S, B, H), np.float32)
+            held = [b.in_place(f, ld) if t["carry"] else None for f in states]  # the kernel updates them there
+            h, *c = (np.zeros((B, H), np.float32) if not t["carry"] else s if s is not None else b.load(f, ld)
+                     for f, s in zip(states, held))
+            backwards, out = dr == 1 or bool(t.get("reverse")), y if d.dirs == 1 else np.empty((S, B, H), np.float32)
             if op == "lstm":
                 lstm_sequence.forward(u, b.read("w_hh", ld), h, c[0], lens, backwards, out)
             else:
                 rnn_sequence.forward(op, u, b.read("w_hh", ld), b.read("b_hh", ld) if op == "gru" else None, h, lens,
                                      backwards, out)
-            y[..., dr * H: (dr + 1) * H] = out
+            if d.dirs > 1:
+                y[..., dr * H: (dr + 1) * H] = out
             if t["carry"]:  # the final state, in place
-                for f, final in zip(states, (h, *c)):
-                    b.store(f, final, ld)
+                for f, final, s in zip(states, (h, *c), held):
+                    if s is None:
+                        b.store(f, final, ld)
         jobs = [partial(direction, dr) for dr in range(d.dirs)]
         if parallel:
             threads.run_all(jobs)
@@ -162,7 +168,17 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
                 for job in jobs:
                     job()
         x = y
-    b.store("dst", x.transpose(1, 0, 2))
+    if not in_dst:
+        b.store("dst", x.transpose(1, 0, 2))
+
+
+def _output(d: _Dims, b: Bound, top: bool) -> tuple[np.ndarray, bool]:
+    """A layer's output ``y [S, B, dirs*H]`` for ``_sequences``, and whether it is dst's own memory: the ``top``
+    layer's of a batch of one row stored in f32, where dst ``[B, S, dirs*H]`` read time-major is contiguous."""
+    dst = b.in_place("dst") if top and d.batch == 1 else None
+    if dst is None:
+        return np.empty((d.seq, d.batch, d.dirs * d.hidden), np.float32), False
+    return dst.transpose(1, 0, 2), True
 
 
 def working_bytes(t: Mapping[str, Any]) -> int:

@@ -161,6 +161,9 @@ FORWARD_CASES = [
     # one row: W_hh·h as dot products of its rows, 20 deep (a whole 16 lanes and 4 one by one), and 37
     ("one-row", "f32", dict(batch=1)),
     ("one-row-37-units", "f32", dict(batch=1, hidden=37, bidirectional=False)),
+    # f32 storage: the states updated where they lie and the top layer written into dst; f16: copied in and out
+    ("one-row-one-direction", "f32", dict(batch=1, bidirectional=False)),
+    ("one-row-f16", "f16", dict(batch=1, bidirectional=False)),
 ]
 
 
