@@ -21,7 +21,7 @@ from numba import types
 
 from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
 from .jit_mamba2_backward import _chained, _unfinite
-from .jit_math import _F32, _FLAGS, _exp_subnormal, _prefetch
+from .jit_math import _F32, _FLAGS, _exp_subnormal, _prefetch, _transpose8
 from .jit_ssm_steps import _dot
 
 #: the kernels ``jit.kernel`` hands out
@@ -46,15 +46,15 @@ def _times(lanes, first, panel, src, ld, k, out, ldo, lo, hi, zeros):
 def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
     """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, 0 for the rest of ``into``'s
     columns; ``scaled[:, i] = into[:, i] * scale[i]`` where ``scale`` is given (not empty)."""
-    width = into.shape[1]
-    whole = steps // 8 * 8
-    for i in range(0, whole, 8):  # eight rows at a time: a vector of eight stored per column
-        r0, r1, r2, r3 = laid[bb, t + i, h], laid[bb, t + i + 1, h], laid[bb, t + i + 2, h], laid[bb, t + i + 3, h]
-        r4, r5, r6, r7 = laid[bb, t + i + 4, h], laid[bb, t + i + 5, h], laid[bb, t + i + 6, h], laid[bb, t + i + 7, h]
-        for j in range(count):
-            line = into[j]
-            line[i], line[i + 1], line[i + 2], line[i + 3] = r0[j], r1[j], r2[j], r3[j]
-            line[i + 4], line[i + 5], line[i + 6], line[i + 7] = r4[j], r5[j], r6[j], r7[j]
+    width, ld = into.shape[1], laid.strides[1] // 4
+    whole, across = steps // 8 * 8, count // 8 * 8
+    for i in range(0, whole, 8):  # eight rows at a time: 8 x 8 blocks in vector shuffles, then the odd columns
+        at = laid[bb, t + i, h].ctypes.data
+        for j in range(0, across, 8):
+            _transpose8(at + 4 * j, ld, into.ctypes.data + 4 * (j * width + i), width)
+        for j in range(across, count):
+            for r in range(8):
+                into[j, i + r] = laid[bb, t + i + r, h, j]
     for i in range(whole, steps):
         row = laid[bb, t + i, h]
         for j in range(count):
@@ -163,9 +163,8 @@ def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in
     p, n = d_now.shape
     length, nw = pan_s.shape[1], sent.shape[1]
     at_end = _F32(0.0)
+    _turn(d_now.reshape((1, p, 1, n)), 0, 0, 0, p, ds_t, grow[:0], ds_t, n)  # dS^T
     for i in range(p):
-        for j in range(n):
-            ds_t[j, i] = d_now[i, j]
         ds[i, :n] = d_now[i]
         s_in[i, :n] = entering[i]
         at_end += _dot(d_now[i], leaving[i], n)

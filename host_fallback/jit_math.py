@@ -1,5 +1,6 @@
 """The float32 primitives the Numba kernels share (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``;
-imported only through ``jit``, where Numba is installed): bit casts, a memcpy, a prefetch, ``exp`` and ``log``.
+imported only through ``jit``, where Numba is installed): bit casts, a memcpy, a prefetch, an 8 x 8 transpose,
+``exp`` and ``log``.
 
 ``exp`` is written out so that LLVM vectorizes the loops it sits in (a call to libm's ``expf`` would keep
 them scalar, four times slower than NumPy's ``exp``): Cody-Waite reduction by ln 2, a degree-6 polynomial,
@@ -68,6 +69,38 @@ def _prefetch(typingctx, address):
         builder.call(fetch, [builder.inttoptr(args[0], ptr), *(ir.Constant(i32, v) for v in (0, 2, 1))])
         return context.get_dummy_value()
     return types.void(types.intp), codegen
+
+
+@intrinsic
+def _transpose8(typingctx, src, lds, dst, ldd):
+    """``dst[c, r] = src[r, c]`` for an 8 x 8 block of float32 (addresses, and row strides in elements): eight
+    vector loads, three rounds of eight shuffles, eight vector stores (where a scalar loop moves one value at a
+    time)."""
+    def codegen(context, builder, signature, args):
+        vector, f32p = ir.VectorType(ir.FloatType(), 8), ir.FloatType().as_pointer()
+        src, lds, dst, ldd = args
+        src, dst = builder.inttoptr(src, f32p), builder.inttoptr(dst, f32p)
+
+        def at(base, stride, k):
+            return builder.bitcast(builder.gep(base, [builder.mul(stride, ir.Constant(stride.type, k))]),
+                                   vector.as_pointer())
+
+        def mix(a, b, mask):
+            return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(ir.IntType(32), 8), mask))
+
+        rows = [builder.load(at(src, lds, r), align=4) for r in range(8)]
+        # rows 2k and 2k + 1 interleaved: columns (0, 1, 4, 5), then (2, 3, 6, 7), two values each
+        low, high = [0, 8, 1, 9, 4, 12, 5, 13], [2, 10, 3, 11, 6, 14, 7, 15]
+        pairs = [mix(rows[r], rows[r + 1], m) for r in range(0, 8, 2) for m in (low, high)]
+        # four rows (0-3, then 4-7) of columns (0, 4), (1, 5), (2, 6), (3, 7)
+        low, high = [0, 1, 8, 9, 4, 5, 12, 13], [2, 3, 10, 11, 6, 7, 14, 15]
+        quads = [mix(pairs[q + k], pairs[q + k + 2], m) for q in (0, 4) for k in (0, 1) for m in (low, high)]
+        low, high = [0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15]
+        for c in range(4):  # each column whole: its rows 0-3 from quads[c], 4-7 from quads[c + 4]
+            builder.store(mix(quads[c], quads[c + 4], low), at(dst, ldd, c), align=4)
+            builder.store(mix(quads[c], quads[c + 4], high), at(dst, ldd, c + 4), align=4)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.intp, types.intp), codegen
 
 #: 1.5 * 2**23: adding it rounds a float32 of magnitude below 2**22 to an integer, which its low bits then hold.
 _ROUNDER = _F32(12582912.0)

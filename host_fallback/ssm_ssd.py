@@ -171,18 +171,8 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
         y[q.chunk, ..., q.lo : q.hi, :] += rows @ init[q.row]
         rows[...] = 0
     through = np.exp(cum[..., -1])[..., None, None]
-    starts = scratch("m2.starts", local.shape, xdt.dtype)  # the state entering each chunk, [N, P]
-    begins = {q.chunk: q.row for q in pieces if q.first and q.lo == 0}  # chunks a sequence starts at
-    if seqs is None:
-        starts[0] = init
-    for k in range(count):
-        if k in begins:
-            starts[k] = init[begins[k]]
-        if k + 1 < count and k + 1 not in begins:
-            np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
-            starts[k + 1] += local[k]
-            if keep is not None:  # the state leaving chunk k, transposed while in cache (_finals writes the last)
-                np.copyto(keep["states"][:, k], swap(starts[k + 1]))
+    kept = None if keep is None else keep["states"]
+    starts = _chunk_starts(init, local, through, seqs is not None, pieces, last, kept)  # [C, B, H, N, P]
     # state-to-output: the state entering the chunk, decayed to each step and read by c
     y += np.matmul(cs, starts, out=scores if length == p and keep is None else scratch("m2.read", y.shape, y.dtype))
     steps_of = lambda: [steps, xs, cb, cc]  # noqa: E731  (the per-step inputs as chunks, for the redos)
@@ -192,6 +182,28 @@ def ssd_chunked(logd, xdt, b, c, state, seqs, length, keep=None):
     else:
         _varlen_finals(state, pieces, cum, starts, cb, xs, init, y, steps_of())
     return from_chunks(y, seq)
+
+
+def _chunk_starts(init, local, through, packed, pieces, last, kept):
+    """The state entering each chunk (``[C, B, H, N, P]``, a scratch array): ``init [R, H, N, P]``'s row where a
+    sequence of ``pieces`` starts (the first chunk's unless ``packed``), else the one before's decayed by ``through``
+    plus what it built, ``local`` (from the start of its ``last`` sequence where one starts inside it). ``kept``:
+    a saved forward's ``states [B, C, H, P, N]``, into which the states leaving all chunks but the last are written
+    as they are made, transposed while in cache (``_finals`` writes the last)."""
+    count = len(local)
+    starts = scratch("m2.starts", local.shape, local.dtype)
+    begins = {q.chunk: q.row for q in pieces if q.first and q.lo == 0}  # chunks a sequence starts at
+    if not packed:
+        starts[0] = init
+    for k in range(count):
+        if k in begins:
+            starts[k] = init[begins[k]]
+        if k + 1 < count and k + 1 not in begins:
+            np.multiply(through[k], starts[k] if k not in last else init[last[k].row], out=starts[k + 1])
+            starts[k + 1] += local[k]
+            if kept is not None:
+                np.copyto(kept[:, k], swap(starts[k + 1]))
+    return starts
 
 
 def _finals(state, starts, final, inputs, keep):
