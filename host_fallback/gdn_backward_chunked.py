@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import jit
-from .chunked import (chunk_view, decay_ratios, dot_last, floor_log_decays, scratch, to_chunks,
+from .chunked import (chunk_major, chunk_view, decay_ratios, dot_last, floor_log_decays, scratch, to_chunks,
                       unit_lower_inverse)
 from .gdn_backward_grads import _FLOATS, _Decayed, channel_gradients, dbeta_terms, head_gradients
 from .gdn_backward_step import _step
@@ -144,7 +144,7 @@ def _unchunk(y: Array, dest: Array) -> None:
     whole = seq // length
     if whole:  # splitting the steps' axis in two is a view
         split = dest[:, :whole * length].reshape(b, whole, length, heads, *dest.shape[3:])
-        np.copyto(np.moveaxis(split, (1, 2), (0, 3)), y[:whole])
+        np.copyto(chunk_major(split), y[:whole])
     if whole < count:
         np.copyto(np.moveaxis(dest[:, whole * length:], 1, 2), y[whole, :, :, :seq - whole * length])
 
@@ -165,7 +165,7 @@ def _copy(name: str, x: Array) -> Array:
 def _chunk_major(saved, group):
     """A saved forward's slots ``[B, C, HV, ...]`` chunk-major, ``[C, B, H, G, ...]``: views, each matrix contiguous
     (a GEMM's operand as it lies; what wants another layout copies once)."""
-    return {f: np.moveaxis(_split(x, group, 2), 1, 0) for f, x in saved.items()}
+    return {f: _split(x, group, 2).swapaxes(0, 1) for f, x in saved.items()}
 
 
 def _forward(vc, gk, inverse, bc, kd, through, s0, saved):

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import host_fallback
+from host_fallback import gdn_backward
 from host_fallback.abi import complete, regions
 from host_fallback.arena import view
 from rlx_gpu.conformance.references import REFERENCES
@@ -114,6 +115,21 @@ def test_a_saved_forward_read_by_both_paths(monkeypatch, case, workers):
             assert err <= NMSE, (case, name, err)
     for name, value in numpy_path.items():
         np.testing.assert_allclose(compiled[name], value, rtol=2e-4, atol=2e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["per_channel", "carry.slots", "state_f64"])
+def test_a_saved_forward_read_a_chunk_at_a_time_gives_the_whole_sequences_gradients(monkeypatch, case):
+    """The chunked path over a saved forward in segments of one chunk (``gdn_backward.SEGMENT_CHUNKS``; three chunks,
+    the last partial), each entering with the state the saved forward kept and leaving with the gradient of the one
+    after it, gives the gradients of one pass over the whole sequence, on both paths."""
+    thunk, arena, forward = laid_case("gated_delta_net", "f32", case)
+    arena = filled_reserve(thunk, arena, forward)
+    whole = _both(monkeypatch, thunk, arena)
+    monkeypatch.setattr(gdn_backward, "SEGMENT_CHUNKS", 1)
+    for got, want in zip(_both(monkeypatch, thunk, arena), whole):
+        assert set(got) == set(want)
+        for name, value in want.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6 * np.abs(value).max(), err_msg=name)
 
 
 @pytest.mark.parametrize("per_channel", [True, False], ids=["channel", "head"])
