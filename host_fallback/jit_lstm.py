@@ -52,6 +52,37 @@ K_BLOCK = 128
 _F32_IR, _I64_IR = ir.FloatType(), ir.IntType(64)
 
 
+def _counted_loop(builder, name: str, count, initial: list):
+    """A loop in LLVM IR over ``k = 0 .. count-1`` (none where ``count <= 0``) carrying ``initial`` (values) in phis:
+    returns ``(k, carried, close)``; the caller emits the body from ``carried`` and calls ``close(values)`` with
+    the next iteration's, which ends the loop and returns the carried values after it (``initial`` where it ran
+    none), the builder placed after the loop."""
+    const = lambda v: ir.Constant(_I64_IR, v)  # noqa: E731
+    entry = builder.block
+    loop, done = builder.append_basic_block(f"{name}.k"), builder.append_basic_block(f"{name}.done")
+    builder.cbranch(builder.icmp_signed(">", count, const(0)), loop, done)
+    builder.position_at_end(loop)
+    k = builder.phi(_I64_IR)
+    k.add_incoming(const(0), entry)
+    carried = [builder.phi(value.type) for value in initial]
+    for phi, value in zip(carried, initial):
+        phi.add_incoming(value, entry)
+
+    def close(values: list) -> list:
+        body, next_k = builder.block, builder.add(k, const(1))
+        k.add_incoming(next_k, body)
+        for phi, value in zip(carried, values):
+            phi.add_incoming(value, body)
+        builder.cbranch(builder.icmp_signed("<", next_k, count), loop, done)
+        builder.position_at_end(done)
+        final = [builder.phi(value.type) for value in initial]  # a block's phis come first
+        for phi, first, last in zip(final, initial, values):
+            phi.add_incoming(first, entry)
+            phi.add_incoming(last, body)
+        return final
+    return k, carried, close
+
+
 def _tile(lanes: int, vectors: int, rows: int):
     """An intrinsic ``tile(first, bias, panel, src, ld, k, out, ldo)`` (addresses, and strides in
     elements): ``out[rows, lanes*vectors] (+)= panelᵀ · src[k, lanes*vectors]`` for a panel ``[k, rows]`` of
@@ -80,39 +111,20 @@ def _tile(lanes: int, vectors: int, rows: int):
             start = [[builder.select(from_bias, broadcast(at(bias, const(r))),
                                      builder.load(as_vector(at(out_rows[r], const(lanes * v))), align=4))
                       for v in range(vectors)] for r in range(rows)]
-            entry = builder.block
-            loop, done = builder.append_basic_block("tile.k"), builder.append_basic_block("tile.done")
-            builder.cbranch(builder.icmp_signed(">", k_count, const(0)), loop, done)
-            builder.position_at_end(loop)
-            k = builder.phi(_I64_IR)
-            k.add_incoming(const(0), entry)
-            acc = [[builder.phi(vector) for _ in row] for row in start]
-            for row, values in zip(acc, start):
-                for phi, value in zip(row, values):
-                    phi.add_incoming(value, entry)
+            k, flat, close = _counted_loop(builder, "tile", k_count, [value for row in start for value in row])
+            acc = [flat[r * vectors: (r + 1) * vectors] for r in range(rows)]
             src_row = at(src, builder.mul(k, ld))
             sv = [builder.load(as_vector(at(src_row, const(lanes * v))), align=4) for v in range(vectors)]
             w_k = at(panel, builder.mul(k, const(rows)))
             summed = []
             for r in range(rows):  # row r's weight at k, broadcast, times each vector of src's row k
                 w = broadcast(at(w_k, const(r)))
-                summed.append([builder.fadd(builder.fmul(w, s, flags=("contract",)), a, flags=("contract",))
-                               for s, a in zip(sv, acc[r])])
-            next_k = builder.add(k, const(1))
-            k.add_incoming(next_k, loop)
-            for row, new in zip(acc, summed):
-                for phi, value in zip(row, new):
-                    phi.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", next_k, k_count), loop, done)
-            builder.position_at_end(done)
-            final = [[builder.phi(vector) for _ in row] for row in start]  # a block's phis come first
-            for r, row in enumerate(final):
-                for v, value in enumerate(row):
-                    value.add_incoming(start[r][v], entry)
-                    value.add_incoming(summed[r][v], loop)
-            for r, row in enumerate(final):
-                for v, value in enumerate(row):
-                    builder.store(value, as_vector(at(out_rows[r], const(lanes * v))), align=4)
+                summed += [builder.fadd(builder.fmul(w, s, flags=("contract",)), a, flags=("contract",))
+                           for s, a in zip(sv, acc[r])]
+            final = close(summed)
+            for r in range(rows):
+                for v in range(vectors):
+                    builder.store(final[r * vectors + v], as_vector(at(out_rows[r], const(lanes * v))), align=4)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 8), codegen
     return tile

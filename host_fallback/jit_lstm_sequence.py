@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .jit_lstm import _F32_IR, _I64_IR, _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
+from .jit_lstm import _F32_IR, _I64_IR, _PANEL_8, _PANEL_16, _counted_loop, _tile_8x2, _tile_16x2
 from .jit_math import _F32, _FLAGS, _ROWS, _exp
 
 
@@ -103,29 +103,12 @@ def _dots(lanes: int, rows: int):
             load = lambda ptr: builder.load(builder.bitcast(ptr, vector.as_pointer()), align=4)  # noqa: E731
             rows_at = [builder.gep(w, [builder.mul(const(r), ld)]) for r in range(rows)]
             zero = ir.Constant(vector, [0.0] * lanes)
-            entry = builder.block
-            loop, done = builder.append_basic_block("dots.k"), builder.append_basic_block("dots.done")
-            builder.cbranch(builder.icmp_signed(">", steps, const(0)), loop, done)
-            builder.position_at_end(loop)
-            k = builder.phi(_I64_IR)
-            k.add_incoming(const(0), entry)
-            acc = [builder.phi(vector) for _ in range(rows)]
-            for a in acc:
-                a.add_incoming(zero, entry)
+            k, acc, close = _counted_loop(builder, "dots", steps, [zero] * rows)
             at = builder.mul(k, const(lanes))
             s = load(builder.gep(src, [at]))
-            summed = [builder.fadd(builder.fmul(load(builder.gep(row, [at])), s, flags=("contract",)), a,
-                                   flags=("contract",)) for row, a in zip(rows_at, acc)]
-            next_k = builder.add(k, const(1))
-            k.add_incoming(next_k, loop)
-            for a, value in zip(acc, summed):
-                a.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", next_k, steps), loop, done)
-            builder.position_at_end(done)
-            final = [builder.phi(vector) for _ in range(rows)]  # a block's phis come first
+            final = close([builder.fadd(builder.fmul(load(builder.gep(row, [at])), s, flags=("contract",)), a,
+                                        flags=("contract",)) for row, a in zip(rows_at, acc)])
             for r, value in enumerate(final):
-                value.add_incoming(zero, entry)
-                value.add_incoming(summed[r], loop)
                 builder.store(value, builder.bitcast(builder.gep(out, [const(r * lanes)]), vector.as_pointer()),
                               align=4)
             return context.get_dummy_value()
