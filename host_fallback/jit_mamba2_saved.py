@@ -20,7 +20,7 @@ import numpy as np
 from numba import types
 
 from .jit_lstm import _PANEL_8, _PANEL_16, _tile_8x2, _tile_16x2
-from .jit_mamba2_backward import _chained, _unfinite
+from .jit_mamba2_backward import _chained
 from .jit_math import _F32, _FLAGS, _exp_subnormal, _prefetch, _transpose8
 from .jit_ssm_steps import _dot
 
@@ -43,9 +43,10 @@ def _times(lanes, first, panel, src, ld, k, out, ldo, lo, hi, zeros):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
-    """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, 0 for the rest of ``into``'s
-    columns; ``scaled[:, i] = into[:, i] * scale[i]`` where ``scale`` is given (not empty)."""
+def _turn(laid, bb, h, t, steps, into, scale, scaled, count, times):
+    """``into[:, i] = laid[bb, t + i, h]`` (a lane's rows transposed) for ``i < steps``, times ``times[i]`` where
+    ``times`` is given (not empty), 0 for the rest of ``into``'s columns; ``scaled[:, i] = into[:, i] * scale[i]``
+    where ``scale`` is given."""
     width, ld = into.shape[1], laid.strides[1] // 4
     whole, across = steps // 8 * 8, count // 8 * 8
     for i in range(0, whole, 8):  # eight rows at a time: 8 x 8 blocks in vector shuffles, then the odd columns
@@ -61,6 +62,9 @@ def _turn(laid, bb, h, t, steps, into, scale, scaled, count):
             into[j, i] = row[j]
     for j in range(count):
         line = into[j]
+        if len(times):
+            for i in range(steps):
+                line[i] *= times[i]
         for i in range(steps, width):
             line[i] = 0.0
         if len(scale):
@@ -91,10 +95,10 @@ def _fetch_rows(laid, bb, t0, steps, h):
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _fetch_next(bb, h, k, count, length, seq, laid, weights, dlogd, chain, x, dt, dx, xdu, du):
+def _fetch_next(bb, h, k, count, length, seq, laid, weights, dlogd, chain, dt, dx, xdu, du):
     """Prefetches what the lane after ``(bb, h, k)`` reads and writes of the laid arrays (``laid``, ``[B, S, H, ...]``:
-    ``gy``, ``u``, ``b``, ``c``, ``y``, ``dc``, ``db``; ``dlogd``, and ``x``, ``dt``, ``dx``, ``xdu`` with ``chain``,
-    else ``du``) and its ``weights`` (``[B, C, H, L, L]``), to come in while this lane computes: a lane's rows lie
+    ``gy``, ``u`` (``x`` with ``chain``), ``b``, ``c``, ``y``, ``dc``, ``db``; ``dlogd``, and ``dt``, ``dx``, ``xdu``
+    with ``chain``, else ``du``) and its ``weights`` (``[B, C, H, L, L]``), to come in while this lane computes: a lane's rows lie
     ``H`` rows apart, which the hardware's prefetchers do not follow (B2 S1024 H8 P64 N64, one thread: the pass
     4-10% faster)."""
     if k == 0:  # the next head's (or batch row's) last chunk
@@ -108,8 +112,7 @@ def _fetch_next(bb, h, k, count, length, seq, laid, weights, dlogd, chain, x, dt
         _fetch_rows(arr, bb, t0, steps, h)
     _fetch_rows(dlogd, bb, t0, steps, h)
     if chain:
-        for arr in (x, dx):
-            _fetch_rows(arr, bb, t0, steps, h)
+        _fetch_rows(dx, bb, t0, steps, h)
         for arr in (dt, xdu):
             _fetch_rows(arr, bb, t0, steps, h)
     else:
@@ -163,7 +166,7 @@ def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in
     p, n = d_now.shape
     length, nw = pan_s.shape[1], sent.shape[1]
     at_end = _F32(0.0)
-    _turn(d_now.reshape((1, p, 1, n)), 0, 0, 0, p, ds_t, grow[:0], ds_t, n)  # dS^T
+    _turn(d_now.reshape((1, p, 1, n)), 0, 0, 0, p, ds_t, grow[:0], ds_t, n, grow[:0])  # dS^T
     for i in range(p):
         ds[i, :n] = d_now[i]
         s_in[i, :n] = entering[i]
@@ -238,14 +241,27 @@ def _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l,
         _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nw, p, at_b, nw, 0, nw, z_at)
 
 
+@numba.njit(fastmath={"reassoc", "nsz", "contract"}, nogil=True, error_model="numpy", boundscheck=False)
+def _unfinite(o_c, o_b, steps, n):
+    """0, or NaN where ``o_c[:steps, :n]`` or ``o_b[:steps, :n]`` holds an inf or a NaN: one call a lane, its sums
+    reassociated (only here) so that LLVM runs them in vector lanes (where a dot a step cost about 1 ms of the pass's
+    18 at B2 S1024 H8 P64 N64)."""
+    total = _F32(0.0)
+    for i in range(steps):
+        row_c, row_b = o_c[i], o_b[i]
+        for j in range(n):
+            total += row_c[j] * _F32(0.0) + row_b[j] * _F32(0.0)
+    return total
+
+
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc, db, dlogd, chain, x, dt, dx,
-                xdu, zeros):
+                xdu):
     """A chunk's ``du`` (or, with ``chain``, ``dx`` and ``xdu``), ``dc`` and ``db`` written to its ``length`` steps (the
     arrays are padded as long), and the log-decay's gradient summed from the chunk's end (``at_end`` the state term of
     its last step); returns 0, or NaN where a gradient of the lane is not finite."""
     p, n = u.shape[3], dc.shape[3]
-    acc, flag = at_end, _F32(0.0)
+    acc, flag = at_end, _unfinite(o_c, o_b, steps, n)
     for i in range(length - 1, -1, -1):
         t = t0 + i
         got, got_c, got_b = o_u[i], o_c[i], o_b[i]
@@ -259,10 +275,11 @@ def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du
             out_b[j] = got_b[j]
         d_cum = _F32(0.0)
         if i < steps:
-            d_cum = _dot(gy_l[i], ys[bb, t, h], p) - _dot(u[bb, t, h], got, p)
-            if chain:
-                xdu[bb, t, h] = _chained(got, dt[bb, t, h], x[bb, t, h], dx[bb, t, h], p)
-            flag += _unfinite(got_c, got_b, zeros, n)
+            if chain:  # u . du = dt (x . du)
+                share = xdu[bb, t, h] = _chained(got, dt[bb, t, h], x[bb, t, h], dx[bb, t, h], p)
+                d_cum = _dot(gy_l[i], ys[bb, t, h], p) - dt[bb, t, h] * share
+            else:
+                d_cum = _dot(gy_l[i], ys[bb, t, h], p) - _dot(u[bb, t, h], got, p)
         acc += d_cum
         dlogd[bb, t, h] = acc
     return flag + (acc - acc)
@@ -284,7 +301,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
     where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
     gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
     or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
-    chain rule and the check for non-finite values. With ``chain``, ``du`` is not written (``dx`` and ``xdu`` are)."""
+    chain rule and the check for non-finite values. With ``chain``, ``u`` is not read (``u = dt x``
+    is formed lane by lane from ``x`` and ``dt``, as NumPy rounds it) and ``du`` not written (``dx`` and ``xdu`` are)."""
     count, bsz, heads, length = cum.shape
     p, n = u.shape[3], b.shape[3]
     rows = _PANEL_16 if lanes == 16 else _PANEL_8
@@ -306,8 +324,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
     pan_c, pan_b = np.zeros((blocks, length + p, rows), np.float32), np.zeros((blocks, length + p, rows), np.float32)
     o_u, o_c, o_b = np.zeros((lw, pw), np.float32), np.zeros((lw, nw), np.float32), np.zeros((lw, nw), np.float32)
     zeros = np.zeros(max(rows, pw, nw), np.float32)
-    up, down, grow, te = np.zeros(lw, np.float32), np.zeros(lw, np.float32), np.zeros(lw, np.float32), \
-        np.zeros(lw, np.float32)
+    up, down, grow, te, step = np.zeros(lw, np.float32), np.zeros(lw, np.float32), np.zeros(lw, np.float32), \
+        np.zeros(lw, np.float32), np.zeros(lw, np.float32)
     middle, z_at = (length - 1) // 2, zeros.ctypes.data
     for bb in range(bsz):
         for h in range(heads):
@@ -315,12 +333,15 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
             for k in range(count - 1, -1, -1):
                 lane, t0 = cum[k, bb, h], k * length
                 steps = min(length, seq - t0)
-                _fetch_next(bb, h, k, count, length, seq, (gy, u, b, c, ys, dc, db), scores, dlogd, chain, x, dt, dx,
-                            xdu, du)
+                _fetch_next(bb, h, k, count, length, seq, (gy, x if chain else u, b, c, ys, dc, db), scores, dlogd,
+                            chain, dt, dx, xdu, du)
                 within = _lane_decays(lane, lane[middle], spread, to_end[k, bb, h], steps, up, down, grow, te)
-                _turn(gy, bb, h, t0, steps, gy_t, up[:0], gy_t, p)
-                _turn(u, bb, h, t0, steps, u_t, down, u_down, p)
-                _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n)
+                _turn(gy, bb, h, t0, steps, gy_t, up[:0], gy_t, p, up[:0])
+                if chain:  # u = dt x, formed here
+                    for i in range(steps):
+                        step[i] = dt[bb, t0 + i, h]
+                _turn(x if chain else u, bb, h, t0, steps, u_t, down, u_down, p, step[:steps] if chain else step[:0])
+                _turn(b, bb, h, t0, steps, b_t, up[:0], b_t, n, up[:0])
                 _rows_of(gy, bb, h, t0, steps, length, gy_l, p)
                 _rows_of(b, bb, h, t0, steps, length, b_l, n)
                 _rows_of(c, bb, h, t0, steps, length, c_l, n)
@@ -335,5 +356,5 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                 _operands(rows, scores[bb, k, h], grid, within, lane, b_t, gy_t, u_t, te, grow, pan_u, pan_b, pan_c)
                 _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, o_c, o_b, z_at)
                 nonfinite[bb, h] += _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc,
-                                                db, dlogd, chain, x, dt, dx, xdu, zeros)
+                                                db, dlogd, chain, x, dt, dx, xdu)
             d_state[bb, h] = d_now

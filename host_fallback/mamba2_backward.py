@@ -33,7 +33,7 @@ from .abi.ssm import RESERVE_CHUNK
 from .bound import Bound
 from .chunked import dot_last, floor_log_decays, pick_path
 from .implementations import KERNELS, PATHS
-from .mamba2_backward_chunked import chunked_backward
+from .mamba2_backward_chunked import chunked_backward, times_dt
 from .sequences import Sequences, StatePool
 from .ssm import MAMBA2_CHUNK, MAMBA2_STEP_MAX, SOFTPLUS_LINEAR, compute_type, reserve_views, softplus
 
@@ -97,9 +97,9 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
     forward's ``(states, y, scores)``, which the chunked path reads (the step path recomputes its few steps).
     ``into``: arrays for ``db`` and ``dc`` the chunked path may write into (``chunked_backward``). ``chain``: where
     ``u = dt x``, ``(x, dt, dx, xdu)``, the last two filled with ``du dt`` and ``du . x`` (by the compiled pass
-    where it ran)."""
+    where it ran); with it ``u`` may be ``None`` (``chunked_backward``: formed where read)."""
     if path == "step":
-        result = _steps(logd, u, b, c, s0, gy, ds, length)
+        result = _steps(logd, times_dt(u, chain), b, c, s0, gy, ds, length)
         if chain is not None:
             _chain_rule(chain, result[1])
         return result
@@ -116,6 +116,7 @@ def ssd_backward(path: str, logd, u, b, c, s0, gy, ds, length, need_y, saved=Non
     bad |= ~np.isfinite(result[-1]).all(axis=(-2, -1))
     if bad.any():
         rows, heads = np.nonzero(bad)
+        u = times_dt(u, chain)
         lane = lambda v: v[rows, :, heads][:, :, None]  # noqa: E731  [K, S, 1, ...]: K lanes as batch rows
         with np.errstate(all="ignore"):
             redo = _steps(lane(logd), lane(u), lane(b), lane(c), s0[rows, heads][:, None], lane(gy),
@@ -219,7 +220,9 @@ def _run(thunk: Thunk, arena: np.ndarray, path: str | None, chunk: int | None, w
         gs = rows if groups == heads else (bs, slice(None), group_of[hs])
         silu, silu_slope = (None, None) if t["z"] is None else _silu_slopes(read("z", rows))
         gy = g if silu is None else g * silu  # the gradient of y + d*x
-        args = (floor_log_decays(dt * a), dt[..., None] * x, read("b", gs), read("c", gs),
+        # u = dt x: formed where a path reads it, from the chain rule's x and dt (packed sequences: here)
+        u = None if seqs is None else dt[..., None] * x
+        args = (floor_log_decays(dt * a), u, read("b", gs), read("c", gs),
                 pools[0].initial(bs, hs), gy, pools[1].initial(bs, hs))
         need_y = t["z"] is not None
         # d_x, d_b, d_c straight to the arena where they can be (no copy each in store); the chain rule through u = dt x

@@ -123,6 +123,11 @@ class _Chunks:
         return out
 
 
+def times_dt(u, chain):
+    """``u``, or where it is ``None`` ``dt x`` from ``chain``'s ``(x, dt, ...)``."""
+    return u if u is not None else np.multiply(chain[0], chain[1][..., None])
+
+
 def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into=None, chain=None):
     """``mamba2_backward._steps`` in the chunked SSD form (the module's docstring): ``(y, du, dlogd, db, dc, ds0,
     nonfinite)``, ``y`` ``None`` unless ``need_y``, and ``nonfinite [B, H]`` where the compiled pass ran (else
@@ -131,22 +136,25 @@ def chunked_backward(logd, u, b, c, s0, gy, ds, length, need_y, saved=None, into
     chunk, the outputs ``y`` and the decayed scores ``W``. ``into``: C-contiguous ``[B, S, H, N]`` arrays by name
     (``"db"``, ``"dc"``) to write those results into where ``length`` divides ``S`` (then returned as they are).
     ``chain``: ``(x, dt, dx, xdu)`` of ``mamba2_backward.ssd_backward``, filled where the compiled pass runs (which
-    with a saved forward then leaves ``du`` unwritten: the step path redoes a lane that is not finite)."""
-    bsz, seq, heads, p = u.shape
+    with a saved forward then leaves ``du`` unwritten: the step path redoes a lane that is not finite); with it ``u``
+    may be ``None``: ``dt x``, formed where read (by that compiled pass lane by lane, else by ``times_dt``)."""
+    bsz, seq, heads, p = gy.shape
     n = b.shape[-1]
     padded = -(-seq // length) * length
     count = padded // length
-    kernel = jit.kernel("mamba2_backward_gradients") if u.dtype == np.float32 else None
+    kernel = jit.kernel("mamba2_backward_gradients") if gy.dtype == np.float32 else None
+    whole = kernel is not None and saved is not None  # every chunk in one compiled pass, which forms u itself
+    u = u if whole and chain is not None else times_dt(u, chain)
     if kernel is not None:
-        u, b, c, gy = (np.ascontiguousarray(v) for v in (u, b, c, gy))
         x, dt, dx, xdu = _NO_CHAIN if chain is None else chain  # the chain rule's arrays, or stand-ins
         links = (chain is not None, np.ascontiguousarray(x), np.ascontiguousarray(dt), dx, xdu)
+        u, b, c, gy = (np.ascontiguousarray(v) for v in (links[1] if u is None else u, b, c, gy))
     widths = (("y", p),) * (need_y and saved is None) + (("du", p), ("db", n), ("dc", n))
     given = {} if into is None or padded != seq else into
     out = {name: given[name] if name in given else np.empty((bsz, padded, heads, w), u.dtype) for name, w in widths}
     out["dlogd"] = np.empty((bsz, padded, heads), u.dtype)
     nonfinite = None if kernel is None else np.zeros((bsz, heads), u.dtype)
-    if kernel is not None and saved is not None:  # every chunk in one compiled pass, the state gradients too
+    if whole:  # the state gradients too
         cum = np.ascontiguousarray(np.cumsum(chunk_view(logd, length), axis=-1))  # [C, B, H, L]
         d_state = np.array(ds, u.dtype, order="C")
         jit.kernel("mamba2_backward_saved")(jit.lanes(), seq, MAMBA2_SPREAD, cum, np.exp(cum[..., -1:] - cum),
