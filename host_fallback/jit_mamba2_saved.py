@@ -7,8 +7,10 @@ its inputs copied and transposed into blocks that stay in L1 (the laid rows lie 
 ``jit_lstm``'s register tiles over operands packed for them (the decays, the causal masks and the states' shares
 folded into the packing: three GEMMs, ``[W^T | to_end b]``, ``[dW | exp(cum) gy]``, ``[dW^T | to_end u]``, besides
 ``dW``'s own), then ``jit_mamba2_backward.mamba2_backward_gradients``' tail; meanwhile the next lane's rows are
-prefetched. At B2 S1024 H8 P64 N64, one thread: the GEMMs about 40% of the pass, the transposes and packing 40%,
-writing the results the rest. Its steps are the inline functions below, in the order the pass calls them.
+prefetched. At B2 S1024 H8 P64 N64, one thread (about 18 ms; parts switched off in a copy of the pass): the three
+product GEMMs 6.7 ms (~94 GFLOP/s), packing the operands 3.4 (the causal masks 0.8), the states' gradient 3.2,
+writing the lane 1.9, dW's GEMM 1.0, the transposes 0.75, the decays 0.6. Its steps are the inline functions below,
+in the order the pass calls them.
 
 Sums run in a fixed order but the dots' (``jit_ssm_steps._dot``): the same bytes on every run of one build. No
 fast-math flag but FMA contraction and the sign of zero: NaN and inf propagate as NumPy's.
