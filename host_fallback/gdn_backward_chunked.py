@@ -218,7 +218,8 @@ def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sourc
     if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
         per = carried[0].size // (n * width)  # lanes a chunk
         first, (leaving, leaving_at), (u, u_at) = (_matrices(x) for x in sources)
-        decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
+        decays = np.empty(carried.shape[:-1], through.dtype)  # [C, ..., K]
+        np.copyto(decays, through[..., 0])
         args = (carried.reshape(count, per, n, width), np.ascontiguousarray(ds).reshape(per, n, width),
                 decays.reshape(count, per, n), leave_t.reshape(count, per, width, n),
                 oy.reshape(count, per, 2 * length, width), np.ascontiguousarray(bc).reshape(count, per, length),
