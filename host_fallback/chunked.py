@@ -53,10 +53,9 @@ def scratch(key: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     evicted past ``SCRATCH_BYTES``; a fresh one if it alone is larger). The caller must not return
     it or hold it past a call."""
     pool = _POOL.__dict__.setdefault("arrays", {})
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
     arr = pool.pop(key, None)
-    if arr is None or arr.shape != shape or arr.dtype != dtype:
+    if arr is None or arr.shape != shape or arr.dtype != dtype:  # a tuple ``shape`` matches a kept array's only
+        dtype, shape = np.dtype(dtype), tuple(shape)
         nbytes = int(np.prod(shape)) * dtype.itemsize
         if nbytes > SCRATCH_BYTES:
             return np.empty(shape, dtype)

@@ -218,7 +218,8 @@ def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sourc
     if kernel is not None:  # every argument laid [C, lanes, ...] once: the kernel takes chunk c's
         per = carried[0].size // (n * width)  # lanes a chunk
         first, (leaving, leaving_at), (u, u_at) = (_matrices(x) for x in sources)
-        decays = np.array(np.broadcast_to(through[..., 0], carried.shape[:-1]))  # [C, ..., K], writable (Numba)
+        decays = np.empty(carried.shape[:-1], through.dtype)  # [C, ..., K]
+        np.copyto(decays, through[..., 0])
         args = (carried.reshape(count, per, n, width), np.ascontiguousarray(ds).reshape(per, n, width),
                 decays.reshape(count, per, n), leave_t.reshape(count, per, width, n),
                 oy.reshape(count, per, 2 * length, width), np.ascontiguousarray(bc).reshape(count, per, length),
@@ -252,12 +253,18 @@ def _matrices(x: Array) -> tuple[Array, Array]:
     if (x.strides[-1] != item or x.strides[-2] != cols * item or any(st < 0 or st % size for st in x.strides[:-2])
             or not x.flags.writeable):
         x = np.ascontiguousarray(x)
-    steps = [st // size for st in x.strides[:-2]]
+    at, extent = _stack_at(lead, tuple(st // size for st in x.strides[:-2]))
+    return np.lib.stride_tricks.as_strided(x, (extent, rows, cols), (size, cols * item, item)), at
+
+
+@functools.lru_cache(maxsize=64)
+def _stack_at(lead: tuple[int, ...], steps: tuple[int, ...]) -> tuple[Array, int]:
+    """``_matrices``' ``at`` for matrices ``lead`` apart by ``steps`` matrices per axis, and the stack's extent (its
+    largest entry plus one). Kept per shape and strides (the compiled pass only reads it)."""
     at = np.zeros(lead, np.int64)
     for axis, (extent, step) in enumerate(zip(lead, steps)):
         at += (np.arange(extent, dtype=np.int64) * step).reshape([-1 if a == axis else 1 for a in range(len(lead))])
-    stack = np.lib.stride_tricks.as_strided(x, (int(at.max(initial=0)) + 1, rows, cols), (size, cols * item, item))
-    return stack, at.reshape(-1)
+    return at.reshape(-1), int(at.max(initial=0)) + 1
 
 
 def _gamma_operands(qc, kc, gk, gamma, bc, shape):
