@@ -162,7 +162,7 @@ def _rows_of(laid, bb, h, t0, steps, length, out, width):
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in, gy_l, grow, c_l, pan_s, sent, z_at):
     """The state terms of a chunk: ``ds`` and ``ds_t`` (``dS`` and ``dS^T``, ``d_now`` the gradient of the state
-    leaving the chunk) and ``s_in`` (the state entering it) laid for the tiles; ``d_now`` becomes the gradient of the
+    leaving the chunk) and ``s_in`` (the state entering it, where not ``entering`` itself) laid for the tiles; ``d_now`` becomes the gradient of the
     entering state, ``decay dS + (exp(cum) gy)^T c`` (that product in the tiles, through ``pan_s`` into ``sent``);
     returns ``<dS, S_end>``."""
     p, n = d_now.shape
@@ -171,7 +171,8 @@ def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in
     _turn(d_now.reshape((1, p, 1, n)), 0, 0, 0, p, ds_t, grow[:0], ds_t, n, grow[:0])  # dS^T
     for i in range(p):
         ds[i, :n] = d_now[i]
-        s_in[i, :n] = entering[i]
+        if s_in.shape[1] != n:
+            s_in[i, :n] = entering[i]
         at_end += _dot(d_now[i], leaving[i], n)
     for block in range(pan_s.shape[0]):  # what the chunk's outputs send to the state entering it
         for i in range(length):
@@ -368,8 +369,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                 direct = steps == length and blocks * rows == length and nw == n  # the tiles write dc, db in place
                 at_c, at_b, ld = (dc[bb, t0, h].ctypes.data, db[bb, t0, h].ctypes.data, dc.strides[1] // 4) if direct \
                     else (o_c.ctypes.data, o_b.ctypes.data, nw)
-                _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, at_c, at_b, ld,
-                               nw, z_at)
+                _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, entering if nw == n else s_in, c_l,
+                               ds, o_u, at_c, at_b, ld, nw, z_at)
                 nonfinite[bb, h] += _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, direct, gy_l, ys, u,
                                                 du, dc, db, dlogd, chain, x, dt, dx, xdu)
             d_state[bb, h] = d_now
