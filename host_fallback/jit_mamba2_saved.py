@@ -162,7 +162,7 @@ def _rows_of(laid, bb, h, t0, steps, length, out, width):
 @numba.njit(fastmath=_FLAGS, inline="always")
 def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in, gy_l, grow, c_l, pan_s, sent, z_at):
     """The state terms of a chunk: ``ds`` and ``ds_t`` (``dS`` and ``dS^T``, ``d_now`` the gradient of the state
-    leaving the chunk) and ``s_in`` (the state entering it) laid for the tiles; ``d_now`` becomes the gradient of the
+    leaving the chunk) and ``s_in`` (the state entering it, where not ``entering`` itself) laid for the tiles; ``d_now`` becomes the gradient of the
     entering state, ``decay dS + (exp(cum) gy)^T c`` (that product in the tiles, through ``pan_s`` into ``sent``);
     returns ``<dS, S_end>``."""
     p, n = d_now.shape
@@ -171,7 +171,8 @@ def _state_gradient(lanes, rows, decay, d_now, entering, leaving, ds_t, ds, s_in
     _turn(d_now.reshape((1, p, 1, n)), 0, 0, 0, p, ds_t, grow[:0], ds_t, n, grow[:0])  # dS^T
     for i in range(p):
         ds[i, :n] = d_now[i]
-        s_in[i, :n] = entering[i]
+        if s_in.shape[1] != n:
+            s_in[i, :n] = entering[i]
         at_end += _dot(d_now[i], leaving[i], n)
     for block in range(pan_s.shape[0]):  # what the chunk's outputs send to the state entering it
         for i in range(length):
@@ -225,45 +226,52 @@ def _operands(rows, weights, grid, within, lane, b_t, gy_t, u_t, te, grow, pan_u
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, o_c, o_b, z_at):
+def _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, at_c, at_b, ld, nw, z_at):
     """A chunk's ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum) gy] [b; S_0]`` and ``db = [dW^T | to_end
-    u] [c; dS]`` into ``o_u``, ``o_c``, ``o_b``, block of rows by block, each over its causal rows only."""
+    u] [c; dS]`` into ``o_u`` and at the addresses ``at_c``, ``at_b`` (rows ``ld`` apart, ``nw`` wide), block of
+    rows by block, each over its causal rows only."""
     length = pan_u.shape[1] - ds_t.shape[0]
     n, p = ds_t.shape[0], s_in.shape[0]
-    pw, nw, pg = o_u.shape[1], o_c.shape[1], gy_l.shape[1]
+    pw, pg, nl = o_u.shape[1], gy_l.shape[1], b_l.shape[1]
     for block in range(pan_u.shape[0]):
         i0 = block * rows
         hi = min(i0 + rows, length)
-        at_u, at_c, at_b = o_u[i0].ctypes.data, o_c[i0].ctypes.data, o_b[i0].ctypes.data
+        at_u, to_c, to_b = o_u[i0].ctypes.data, at_c + 4 * i0 * ld, at_b + 4 * i0 * ld
         _times(lanes, 1, pan_u[block, i0].ctypes.data, gy_l[i0].ctypes.data, pg, length - i0, at_u, pw, 0, pw, z_at)
         _times(lanes, 0, pan_u[block, length].ctypes.data, ds_t.ctypes.data, pw, n, at_u, pw, 0, pw, z_at)
-        _times(lanes, 1, pan_c[block].ctypes.data, b_l.ctypes.data, nw, hi, at_c, nw, 0, nw, z_at)
-        _times(lanes, 0, pan_c[block, length].ctypes.data, s_in.ctypes.data, nw, p, at_c, nw, 0, nw, z_at)
-        _times(lanes, 1, pan_b[block, i0].ctypes.data, c_l[i0].ctypes.data, nw, length - i0, at_b, nw, 0, nw, z_at)
-        _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nw, p, at_b, nw, 0, nw, z_at)
+        _times(lanes, 1, pan_c[block].ctypes.data, b_l.ctypes.data, nl, hi, to_c, ld, 0, nw, z_at)
+        _times(lanes, 0, pan_c[block, length].ctypes.data, s_in.ctypes.data, nl, p, to_c, ld, 0, nw, z_at)
+        _times(lanes, 1, pan_b[block, i0].ctypes.data, c_l[i0].ctypes.data, nl, length - i0, to_b, ld, 0, nw, z_at)
+        _times(lanes, 0, pan_b[block, length].ctypes.data, ds.ctypes.data, nl, p, to_b, ld, 0, nw, z_at)
 
 
 @numba.njit(fastmath={"reassoc", "nsz", "contract"}, nogil=True, error_model="numpy", boundscheck=False)
-def _unfinite(o_c, o_b, steps, n):
-    """0, or NaN where ``o_c[:steps, :n]`` or ``o_b[:steps, :n]`` holds an inf or a NaN: one call a lane, its sums
+def _unfinite(o_c, o_b, bb, t0, h, steps, n):
+    """0, or NaN where ``o_c[bb, t0 : t0 + steps, h, :n]`` or ``o_b``'s holds an inf or a NaN: one call a lane, its sums
     reassociated (only here) so that LLVM runs them in vector lanes (where a dot a step cost about 1 ms of the pass's
     18 at B2 S1024 H8 P64 N64)."""
     total = _F32(0.0)
     for i in range(steps):
-        row_c, row_b = o_c[i], o_b[i]
+        row_c, row_b = o_c[bb, t0 + i, h], o_b[bb, t0 + i, h]
         for j in range(n):
             total += row_c[j] * _F32(0.0) + row_b[j] * _F32(0.0)
     return total
 
 
 @numba.njit(fastmath=_FLAGS, inline="always")
-def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc, db, dlogd, chain, x, dt, dx,
-                xdu):
-    """A chunk's ``du`` (or, with ``chain``, ``dx`` and ``xdu``), ``dc`` and ``db`` written to its ``length`` steps (the
-    arrays are padded as long), and the log-decay's gradient summed from the chunk's end (``at_end`` the state term of
-    its last step); returns 0, or NaN where a gradient of the lane is not finite."""
+def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, direct, gy_l, ys, u, du, dc, db, dlogd, chain, x,
+                dt, dx, xdu):
+    """A chunk's ``du`` (or, with ``chain``, ``dx`` and ``xdu``), ``dc`` and ``db`` (unless ``direct``: the tiles wrote
+    them) written to its ``length`` steps (the arrays are padded as long), and the log-decay's gradient summed from the
+    chunk's end (``at_end`` the state term of its last step); returns 0, or NaN where a gradient of the lane is not
+    finite."""
     p, n = u.shape[3], dc.shape[3]
-    acc, flag = at_end, _unfinite(o_c, o_b, steps, n)
+    acc = at_end
+    if direct:
+        flag = _unfinite(dc, db, bb, t0, h, steps, n)
+    else:
+        flag = _unfinite(o_c.reshape((1, o_c.shape[0], 1, o_c.shape[1])), o_b.reshape((1, o_b.shape[0], 1,
+                         o_b.shape[1])), 0, 0, 0, steps, n)
     for i in range(length - 1, -1, -1):
         t = t0 + i
         got, got_c, got_b = o_u[i], o_c[i], o_b[i]
@@ -271,10 +279,11 @@ def _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du
         if not chain:  # (with it, dx and xdu carry du)
             for j in range(p):
                 out_u[j] = got[j]
-        for j in range(n):
-            out_c[j] = got_c[j]
-        for j in range(n):
-            out_b[j] = got_b[j]
+        if not direct:
+            for j in range(n):
+                out_c[j] = got_c[j]
+            for j in range(n):
+                out_b[j] = got_b[j]
         d_cum = _F32(0.0)
         if i < steps:
             if chain:  # u . du = dt (x . du)
@@ -302,7 +311,8 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
     of ``gy exp(cum - m)`` by ``u exp(m - cum)`` (unscaled, each entry then decayed on its own,
     where some ``|cum - m|`` exceeds ``spread``); then ``du = [W^T | to_end b] [gy; dS^T]``, ``dc = [dW | exp(cum)
     gy] [b; S_0]`` and ``db = [dW^T | to_end u] [c; dS]`` as GEMMs over operands packed for the tiles (``lanes`` 8
-    or 16: ``jit.lanes()``), each block of rows reading only its causal part; then the log-decay's reverse sum, the
+    or 16: ``jit.lanes()``), each block of rows reading only its causal part (a whole chunk's ``dc`` and ``db`` written
+    where they lie); then the log-decay's reverse sum, the
     chain rule and the check for non-finite values. With ``chain``, ``u`` is not read (``u = dt x``
     is formed lane by lane from ``x`` and ``dt``, as NumPy rounds it) and ``du`` not written (``dx`` and ``xdu`` are)."""
     count, bsz, heads, length = cum.shape
@@ -356,7 +366,11 @@ def mamba2_backward_saved(lanes, seq, spread, cum, to_end, through, u, b, c, gy,
                     _times(lanes, 1, pan_g[block].ctypes.data, u_down.ctypes.data, lw, p, grid[i0].ctypes.data, lw,
                            0, -(-(i0 + rows) // wide) * wide, z_at)
                 _operands(rows, scores[bb, k, h], grid, within, lane, b_t, gy_t, u_t, te, grow, pan_u, pan_b, pan_c)
-                _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, s_in, c_l, ds, o_u, o_c, o_b, z_at)
-                nonfinite[bb, h] += _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, gy_l, ys, u, du, dc,
-                                                db, dlogd, chain, x, dt, dx, xdu)
+                direct = steps == length and blocks * rows == length and nw == n  # the tiles write dc, db in place
+                at_c, at_b, ld = (dc[bb, t0, h].ctypes.data, db[bb, t0, h].ctypes.data, dc.strides[1] // 4) if direct \
+                    else (o_c.ctypes.data, o_b.ctypes.data, nw)
+                _lane_products(lanes, rows, pan_u, pan_c, pan_b, gy_l, ds_t, b_l, entering if nw == n else s_in, c_l,
+                               ds, o_u, at_c, at_b, ld, nw, z_at)
+                nonfinite[bb, h] += _write_lane(bb, h, t0, length, steps, at_end, o_u, o_c, o_b, direct, gy_l, ys, u,
+                                                du, dc, db, dlogd, chain, x, dt, dx, xdu)
             d_state[bb, h] = d_now
