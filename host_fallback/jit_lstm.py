@@ -52,24 +52,28 @@ K_BLOCK = 128
 _F32_IR, _I64_IR = ir.FloatType(), ir.IntType(64)
 
 
+def _i64(value: int) -> ir.Constant:
+    """``value`` as an LLVM IR int64 constant (an index or a count)."""
+    return ir.Constant(_I64_IR, value)
+
+
 def _counted_loop(builder, name: str, count, initial: list):
     """A loop in LLVM IR over ``k = 0 .. count-1`` (none where ``count <= 0``) carrying ``initial`` (values) in phis:
     returns ``(k, carried, close)``; the caller emits the body from ``carried`` and calls ``close(values)`` with
     the next iteration's, which ends the loop and returns the carried values after it (``initial`` where it ran
     none), the builder placed after the loop."""
-    const = lambda v: ir.Constant(_I64_IR, v)  # noqa: E731
     entry = builder.block
     loop, done = builder.append_basic_block(f"{name}.k"), builder.append_basic_block(f"{name}.done")
-    builder.cbranch(builder.icmp_signed(">", count, const(0)), loop, done)
+    builder.cbranch(builder.icmp_signed(">", count, _i64(0)), loop, done)
     builder.position_at_end(loop)
     k = builder.phi(_I64_IR)
-    k.add_incoming(const(0), entry)
+    k.add_incoming(_i64(0), entry)
     carried = [builder.phi(value.type) for value in initial]
     for phi, value in zip(carried, initial):
         phi.add_incoming(value, entry)
 
     def close(values: list) -> list:
-        body, next_k = builder.block, builder.add(k, const(1))
+        body, next_k = builder.block, builder.add(k, _i64(1))
         k.add_incoming(next_k, body)
         for phi, value in zip(carried, values):
             phi.add_incoming(value, body)
@@ -91,7 +95,6 @@ def _tile(lanes: int, vectors: int, rows: int):
     are contracted to FMA where the CPU has it."""
     vector = ir.VectorType(_F32_IR, lanes)
     broadcast_lanes = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-    const = lambda v: ir.Constant(_I64_IR, v)  # noqa: E731
 
     @intrinsic
     def tile(typingctx, first, bias, panel, src, ld, k_count, out, ldo):
@@ -106,25 +109,25 @@ def _tile(lanes: int, vectors: int, rows: int):
                                                ir.Constant(ir.IntType(32), 0))
                 return builder.shuffle_vector(value, ir.Constant(vector, ir.Undefined), broadcast_lanes)
 
-            out_rows = [at(out, builder.mul(const(r), ldo)) for r in range(rows)]
-            from_bias = builder.icmp_signed("!=", first, const(0))
-            start = [[builder.select(from_bias, broadcast(at(bias, const(r))),
-                                     builder.load(as_vector(at(out_rows[r], const(lanes * v))), align=4))
+            out_rows = [at(out, builder.mul(_i64(r), ldo)) for r in range(rows)]
+            from_bias = builder.icmp_signed("!=", first, _i64(0))
+            start = [[builder.select(from_bias, broadcast(at(bias, _i64(r))),
+                                     builder.load(as_vector(at(out_rows[r], _i64(lanes * v))), align=4))
                       for v in range(vectors)] for r in range(rows)]
             k, flat, close = _counted_loop(builder, "tile", k_count, [value for row in start for value in row])
             acc = [flat[r * vectors: (r + 1) * vectors] for r in range(rows)]
             src_row = at(src, builder.mul(k, ld))
-            sv = [builder.load(as_vector(at(src_row, const(lanes * v))), align=4) for v in range(vectors)]
-            w_k = at(panel, builder.mul(k, const(rows)))
+            sv = [builder.load(as_vector(at(src_row, _i64(lanes * v))), align=4) for v in range(vectors)]
+            w_k = at(panel, builder.mul(k, _i64(rows)))
             summed = []
             for r in range(rows):  # row r's weight at k, broadcast, times each vector of src's row k
-                w = broadcast(at(w_k, const(r)))
+                w = broadcast(at(w_k, _i64(r)))
                 summed += [builder.fadd(builder.fmul(w, s, flags=("contract",)), a, flags=("contract",))
                            for s, a in zip(sv, acc[r])]
             final = close(summed)
             for r in range(rows):
                 for v in range(vectors):
-                    builder.store(final[r * vectors + v], as_vector(at(out_rows[r], const(lanes * v))), align=4)
+                    builder.store(final[r * vectors + v], as_vector(at(out_rows[r], _i64(lanes * v))), align=4)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 8), codegen
     return tile

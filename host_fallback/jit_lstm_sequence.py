@@ -9,7 +9,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .jit_lstm import _F32_IR, _I64_IR, _PANEL_8, _PANEL_16, _counted_loop, _tile_8x2, _tile_16x2
+from .jit_lstm import _F32_IR, _PANEL_8, _PANEL_16, _counted_loop, _i64, _tile_8x2, _tile_16x2
 from .jit_math import _F32, _FLAGS, _ROWS, _exp
 
 
@@ -93,7 +93,6 @@ def _dots(lanes: int, rows: int):
     lane by lane, of ``w[r*ld + k] * src[k]`` over ``k < steps*lanes`` for each of ``rows`` rows, in vector
     registers across the loop (the lanes' total is the row's dot product)."""
     vector = ir.VectorType(_F32_IR, lanes)
-    const = lambda v: ir.Constant(_I64_IR, v)  # noqa: E731
 
     @intrinsic
     def dots(typingctx, w, ld, src, steps, out):
@@ -101,15 +100,15 @@ def _dots(lanes: int, rows: int):
             w, ld, src, steps, out = args
             w, src, out = (builder.inttoptr(a, _F32_IR.as_pointer()) for a in (w, src, out))
             load = lambda ptr: builder.load(builder.bitcast(ptr, vector.as_pointer()), align=4)  # noqa: E731
-            rows_at = [builder.gep(w, [builder.mul(const(r), ld)]) for r in range(rows)]
+            rows_at = [builder.gep(w, [builder.mul(_i64(r), ld)]) for r in range(rows)]
             zero = ir.Constant(vector, [0.0] * lanes)
             k, acc, close = _counted_loop(builder, "dots", steps, [zero] * rows)
-            at = builder.mul(k, const(lanes))
+            at = builder.mul(k, _i64(lanes))
             s = load(builder.gep(src, [at]))
             final = close([builder.fadd(builder.fmul(load(builder.gep(row, [at])), s, flags=("contract",)), a,
                                         flags=("contract",)) for row, a in zip(rows_at, acc)])
             for r, value in enumerate(final):
-                builder.store(value, builder.bitcast(builder.gep(out, [const(r * lanes)]), vector.as_pointer()),
+                builder.store(value, builder.bitcast(builder.gep(out, [_i64(r * lanes)]), vector.as_pointer()),
                               align=4)
             return context.get_dummy_value()
         return types.void(*[types.intp] * 5), codegen

@@ -57,7 +57,6 @@ def _copy(typingctx, dst, src, count):
     return types.void(types.intp, types.intp, types.intp), codegen
 
 
-
 @intrinsic
 def _prefetch(typingctx, address):
     """Prefetch the cache line at ``address`` into L2 (``llvm.prefetch``: a read, locality 2; x86's prefetcht1),
@@ -101,6 +100,7 @@ def _transpose8(typingctx, src, lds, dst, ldd):
             builder.store(mix(quads[c], quads[c + 4], high), at(dst, ldd, c + 4), align=4)
         return context.get_dummy_value()
     return types.void(types.intp, types.intp, types.intp, types.intp), codegen
+
 
 #: 1.5 * 2**23: adding it rounds a float32 of magnitude below 2**22 to an integer, which its low bits then hold.
 _ROUNDER = _F32(12582912.0)

@@ -145,9 +145,8 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
             ld = layer * d.dirs + dr
             u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
             u += b.read("b_ih" if op == "gru" else "bias", ld)
-            held = [b.in_place(f, ld) if t["carry"] else None for f in states]  # the kernel updates them there
-            h, *c = (np.zeros((B, H), np.float32) if not t["carry"] else s if s is not None else b.load(f, ld)
-                     for f, s in zip(states, held))
+            carried = [_state(b, f, ld, t["carry"], (B, H)) for f in states]  # (array, whether it is the arena's)
+            h, *c = (state for state, _ in carried)
             backwards, out = dr == 1 or bool(t.get("reverse")), y if d.dirs == 1 else np.empty((S, B, H), np.float32)
             if op == "lstm":
                 lstm_sequence.forward(u, b.read("w_hh", ld), h, c[0], lens, backwards, out)
@@ -157,8 +156,8 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
             if d.dirs > 1:
                 y[..., dr * H: (dr + 1) * H] = out
             if t["carry"]:  # the final state, in place
-                for f, final, s in zip(states, (h, *c), held):
-                    if s is None:
+                for f, (final, in_arena) in zip(states, carried):
+                    if not in_arena:
                         b.store(f, final, ld)
         jobs = [partial(direction, dr) for dr in range(d.dirs)]
         if parallel:
@@ -170,6 +169,16 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
         x = y
     if not in_dst:
         b.store("dst", x.transpose(1, 0, 2))
+
+
+def _state(b: Bound, field: str, ld: int, carry: bool, shape: tuple[int, int]) -> tuple[np.ndarray, bool]:
+    """Layer-direction ``ld``'s entering state ``field`` as a kernel updating it in place takes it, and whether
+    that is the arena's own memory (stored in f32: nothing to store back): zeros without ``carry``, else its
+    arena view or, in 16-bit storage, a copy in f32."""
+    if not carry:
+        return np.zeros(shape, np.float32), False
+    held = b.in_place(field, ld)
+    return (held, True) if held is not None else (b.load(field, ld), False)
 
 
 def _output(d: _Dims, b: Bound, top: bool) -> tuple[np.ndarray, bool]:
