@@ -162,6 +162,10 @@ def test_every_gradient_matches_torch_autograd(label, extra, form):
 #: NMSE of each gradient of a 16-bit / f32 thunk against the f64 backward on the same stored values: the
 #: outputs are rounded once (bf16 2^-8, f16 2^-11 relative) and everything before that is f32.
 NMSE = {"f32": 1e-10, "f16": 1e-6, "bf16": 1e-4}
+#: The per-head gradients, each a sum over every token, channel and state whose terms cancel to a value far below
+#: them: at f32 the BLAS kernels' rounding moves them past NMSE's bound (d_a 2.3e-10 with OpenBLAS's Haswell
+#: kernels on a Zen 5, 1.7e-11 with its SkylakeX ones; the other gradients ~1e-13 with either).
+PER_HEAD, PER_HEAD_NMSE = ("d_a", "d_d", "d_dt_bias"), {"f32": 1e-9}
 WIDE = dict(seq=150, heads=4, groups=2, head_dim=8, state_size=8, **CARRIED, **KNOBS)
 
 
@@ -182,7 +186,7 @@ def test_each_dtype_accumulates_in_f32_and_gives_the_same_bytes_twice(dtype):
     want, got = _backward(wide, wide_arena), read(thunk, runs[0])
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
-        assert err <= NMSE[dtype], (name, err)
+        assert err <= (PER_HEAD_NMSE.get(dtype, NMSE[dtype]) if name in PER_HEAD else NMSE[dtype]), (name, err)
 
 
 def test_a_state_kept_wider_than_the_thunk_carries_its_gradient_at_its_own_precision():
