@@ -29,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import host_fallback  # noqa: E402
+from host_fallback import gemm  # noqa: E402
 from backward_harness import blas_threads  # noqa: E402
 from host_fallback.abi import forward_thunk, regions  # noqa: E402
 from host_fallback.arena import view  # noqa: E402
@@ -105,7 +106,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.cpu_time else time.perf_counter
     rng = np.random.default_rng(0)
-    print(f"load average {os.getloadavg()[0]:.1f}; threads {args.threads}; {args.shape}; medians of {args.runs}")
+    products = "compiled tiles" if gemm.compiled() else "NumPy's BLAS"
+    print(f"load average {os.getloadavg()[0]:.1f}; threads {args.threads}; {args.shape}; medians of {args.runs}; "
+          f"large products: {products} (OpenBLAS core {gemm.blas_core()}; {gemm.ENV} to force)")
     print(f"{'op':<5} {'recompute f+b':>13} {'reserve f+b':>12} {'torch f+b':>10} {'recompute/torch':>16} "
           f"{'reserve/torch':>14} {'reserve/recompute':>18}")
     shape = SHAPES[args.shape]

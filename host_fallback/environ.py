@@ -1,8 +1,8 @@
 """Environment variables read on every call at a dictionary lookup's cost: the host kernels' switches
-(``RLX_HOST_JIT``, ``RLX_HOST_JIT_WIDTH``: ``jit``) and the variables that choose the torch bridge's default
-device are read at each call, so that a process changing them between calls is obeyed, and a decode step reads
-them several times. ``os.environ.get`` encodes the name in Python frames and, for an unset one, raises and catches a
-KeyError: 0.6 µs a read, 2 after a kernel swept the cache; its own dictionary answers in 0.03."""
+(``RLX_HOST_JIT``, ``RLX_HOST_JIT_WIDTH``: ``jit``; ``RLX_HOST_GEMM``: ``gemm``) and the variables that choose the
+torch bridge's default device are read at each call, so that a process changing them between calls is obeyed, and a
+decode step reads them several times. ``os.environ.get`` encodes the name in Python frames and, for an unset one,
+raises and catches a KeyError: 0.6 µs a read, 2 after a kernel swept the cache; its own dictionary answers in 0.03."""
 from __future__ import annotations
 
 import os

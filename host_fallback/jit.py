@@ -46,6 +46,8 @@ OpenBLAS's, one compiled pass each where NumPy makes several; with a saved forwa
 ``jit_lstm``, not copied) over operands packed per (row, head, chunk), where NumPy's slabs make five GEMMs and about
 ten array passes a chunk.
 NumPy's slabs stay the twin without Numba (the tests run both against the float64 reference).
+And a float32 GEMM in the lstm step's tiles, blocked for the caches (``gemm``; where it runs: the ``gemm``
+module), for a recurrent layer's large products where NumPy's OpenBLAS runs narrower vectors than the CPU's.
 And the gates of a recurrent backward's rebuilt chunk (``lstm_chunk_gates``, ``gru_chunk_gates``; where they apply:
 ``rnn_backward_gates``): one pass a row after the chunk's GEMM, where NumPy makes a dozen.
 ``RLX_HOST_JIT=0`` keeps the NumPy loops where Numba is installed. The kernels are compiled for one

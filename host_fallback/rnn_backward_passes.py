@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import rnn_reserve
+from . import gemm, rnn_reserve
 from .abi.rnn import output_width, recurrent_dims
 from .arena import COMPUTE
 from .rnn_backward_cell import _Cell
@@ -101,7 +101,7 @@ class Direction:
             xp = _times(x, self.w.T)
         else:
             xp = into
-            np.matmul(x.reshape(rows, -1), self.w.T, out=xp.reshape(rows, -1))
+            gemm.times(x.reshape(rows, -1), self.w.T, out=xp.reshape(rows, -1))
         xp += self.bias
         return xp
 

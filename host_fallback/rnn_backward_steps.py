@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from . import lstm_sequence, rnn_backward_gates
+from . import gemm, lstm_sequence, rnn_backward_gates
 from .rnn_backward_cell import _Cell
 
 Array = np.ndarray
@@ -384,8 +384,8 @@ def _sum(a: Array) -> Array:
 
 def _times(a: Array, m: Array) -> Array:
     """``a [..., k]`` times ``m [k, n]`` as one GEMM over all of ``a``'s rows (NumPy's matmul would run one small
-    product per leading index)."""
-    return (a.reshape(-1, a.shape[-1]) @ m).reshape(*a.shape[:-1], m.shape[1])
+    product per leading index; ``gemm`` says whose)."""
+    return gemm.times(a.reshape(-1, a.shape[-1]), m).reshape(*a.shape[:-1], m.shape[1])
 
 
 def _transposed(w: Array) -> Array:
@@ -396,4 +396,4 @@ def _transposed(w: Array) -> Array:
 
 def _sum_outer(d: Array, operand: Array) -> Array:
     """``Σ_{t,b} d[t,b] ⊗ operand[t,b]``: one GEMM over the ``seq*batch`` rows."""
-    return d.reshape(-1, d.shape[-1]).T @ operand.reshape(-1, operand.shape[-1])
+    return gemm.times(d.reshape(-1, d.shape[-1]).T, operand.reshape(-1, operand.shape[-1]))

@@ -24,16 +24,18 @@ def sample(field: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.n
     return rng.standard_normal(shape) * (0.5 if field.startswith("w_") else 1.0)
 
 
-def laid_backward(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
-    """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random."""
-    return laid(f"{op}_backward", dtype, params, sample, seed)
+def laid_backward(op: str, dtype: str, params: dict, seed: int = 0, sampler=sample) -> tuple[dict, np.ndarray]:
+    """A backward thunk of ``op`` and its arena with every input (forward inputs, d_dst, d_h0 ...) random
+    (``sampler(field, shape, rng)``'s values)."""
+    return laid(f"{op}_backward", dtype, params, sampler, seed)
 
 
-def laid_with_reserve(op: str, dtype: str, params: dict, seed: int = 0) -> tuple[dict, np.ndarray, dict]:
+def laid_with_reserve(op: str, dtype: str, params: dict, seed: int = 0, sampler=sample
+                      ) -> tuple[dict, np.ndarray, dict]:
     """A backward thunk of ``op`` with a reserve (``params`` as ``backward_params`` gives them), its arena, and the
     forward thunk sharing its inputs and reserve, whose ``dst`` lies past the backward's arena (``run_forward``)."""
     need = rlx_gpu.reserve_bytes({"op": op, "dtype": dtype, **params})
-    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need}, seed)
+    thunk, arena = laid_backward(op, dtype, {**params, "reserve": True, "reserve_bytes": need}, seed, sampler)
     forward = {k: v for k, v in thunk.items() if not k.startswith("d_")}
     forward.update(op=op, dst=-(-arena.size // 16) * 16)
     return thunk, arena, forward
