@@ -75,7 +75,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import lstm_sequence, rnn_backward, rnn_sequence, threads
+from . import gemm, lstm_sequence, rnn_backward, rnn_sequence, threads
 from .abi import complete, regions
 from .bound import Bound
 from .implementations import GIVEN, GIVEN_OUTPUTS, KERNELS, PREPARE, WORKING
@@ -143,7 +143,7 @@ def _sequences(t: Mapping[str, Any], d: _Dims, b: Bound, layers, parallel: bool)
                       rows: np.ndarray = rows) -> None:
             lo, hi = spans[dr]
             ld = layer * d.dirs + dr
-            u = (rows @ w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
+            u = gemm.times(rows, w_ih[lo:hi].reshape(d.gates * H, in_l).T).reshape(S, B, d.gates * H)
             u += b.read("b_ih" if op == "gru" else "bias", ld)
             carried = [_state(b, f, ld, t["carry"], (B, H)) for f in states]  # (array, whether it is the arena's)
             h, *c = (state for state, _ in carried)

@@ -14,6 +14,7 @@ from rlx_gpu.conformance.references import REFERENCES
 from support.host_jit import count_calls, gradients
 from support.gradient_check import read
 from support.rnn_backward_cases import backward_params, laid_with_reserve, run_forward
+from support.rnn_host import check
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
 from host_fallback import jit_gemm, jit_lstm  # noqa: E402  (needs Numba)
@@ -164,4 +165,13 @@ def test_a_recurrent_backward_on_either_path_matches_the_float64_reference(op, e
     for name, value in want.items():
         err = np.mean((got[name] - value) ** 2) / max(np.mean(value ** 2), 1e-30)
         assert err <= 1e-10, (name, err)
+    assert (calls["gemm"] > 0) is (path == "compiled")
+
+
+@pytest.mark.parametrize("path", ["compiled", "blas"])
+@pytest.mark.parametrize("op", ["gru", "rnn"])
+def test_a_plain_recurrent_forward_on_either_path_matches_the_float64_recurrences(op, path, monkeypatch, calls):
+    """The whole-sequence kernels' input projection (B8 S16 I=H=96: above the tiles' minimum)."""
+    monkeypatch.setenv(gemm.ENV, path)
+    check(op, "f32", batch=8, seq=16, input_size=96, hidden=96, num_layers=2, bidirectional=True, carry=True)
     assert (calls["gemm"] > 0) is (path == "compiled")
