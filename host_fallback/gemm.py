@@ -8,8 +8,9 @@ a CPU its build does not know) a product runs at half the core's FMA width: one 
 [512, 1024]``, a 2-core Zen 5: OpenBLAS's Haswell kernels 127 GFLOP/s, its SkylakeX ones 241, the tiles 220-240
 (``[1024, 4096] x [4096, 512]``, a weight gradient: 129 / 218). So the tiles take the products where the CPU has
 AVX-512 (``jit.lanes() == 16``) and OpenBLAS says (``openblas_get_corename``) it runs a core without it; NumPy's
-BLAS everywhere else, for float64, and for products too small to repay packing. ``RLX_HOST_GEMM=compiled`` or
-``blas`` forces either (read on every call); the tests run both against float64 products.
+BLAS everywhere else, for float64, and for products too small (or of too few rows) to repay packing.
+``RLX_HOST_GEMM=compiled`` or ``blas`` forces either (read on every call); the tests run both against float64
+products.
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ ENV = "RLX_HOST_GEMM"
 AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 #: The fewest multiply-adds a product takes the tiles for: below it packing and the call cost more than they save.
 MIN_MULTIPLY_ADDS = 1 << 20
+#: The fewest rows of the left operand: the right one is packed whole, a cost the rows' products must repay (one
+#: thread on the Zen 5, ``[m, 256] x [256, 1024]ᵀ``, µs, tiles / OpenBLAS's Haswell kernels: m=4 116 / 46, 16 134 / 97,
+#: 32 167 / 161, 48 202 / 222, 64 238 / 292, 128 383 / 554).
+MIN_ROWS = 48
 
 _forced = environ.reader(ENV)
 
@@ -69,7 +74,7 @@ def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nda
     """``a [m, k] · b [k, n]`` (any strides), into ``out`` (C-contiguous columns) where given."""
     m, k = a.shape
     n = b.shape[1]
-    if (a.dtype != np.float32 or b.dtype != np.float32 or m * k * n < MIN_MULTIPLY_ADDS
+    if (a.dtype != np.float32 or b.dtype != np.float32 or m < MIN_ROWS or m * k * n < MIN_MULTIPLY_ADDS
             or (out is not None and (out.dtype != np.float32 or (n > 1 and out.strides[1] != 4)))
             or not compiled()):
         return np.matmul(a, b, out=out)

@@ -109,6 +109,8 @@ def test_times_keeps_numpy_s_for_float64_small_products_and_an_out_it_cannot_wri
     assert np.array_equal(gemm.times(a.astype(np.float64), b), a.astype(np.float64) @ b)
     small = a[:8], b[:, :16]
     assert np.array_equal(gemm.times(*small), small[0] @ small[1])
+    few_rows = np.ones((gemm.MIN_ROWS - 1, 4096), np.float32), b[:1].repeat(4096, 0)  # 12M multiply-adds, 47 rows
+    assert np.array_equal(gemm.times(*few_rows), few_rows[0] @ few_rows[1])
     apart = np.empty((160, 64), np.float32).T
     gemm.times(a, b, out=apart)
     np.testing.assert_allclose(apart, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
