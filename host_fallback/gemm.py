@@ -53,7 +53,8 @@ def blas_core() -> str | None:
             ask = getattr(lib, symbol, None)
             if ask is not None:
                 ask.restype = ctypes.c_char_p
-                return ask().decode(errors="replace").strip().lower()
+                name = ask()
+                return name.decode(errors="replace").strip().lower() if name else None
     return None
 
 
