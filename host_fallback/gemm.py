@@ -31,9 +31,9 @@ AVX512_CORES = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
 #: The fewest multiply-adds a product takes the tiles for: below it packing and the call cost more than they save.
 MIN_MULTIPLY_ADDS = 1 << 20
 #: The fewest rows of the left operand: the right one is packed whole, a cost the rows' products must repay (one
-#: thread on the Zen 5, ``[m, 256] x [256, 1024]ᵀ``, µs, tiles / OpenBLAS's Haswell kernels: m=4 116 / 46, 16 134 / 97,
-#: 32 167 / 161, 48 202 / 222, 64 238 / 292, 128 383 / 554).
-MIN_ROWS = 48
+#: thread on the Zen 5, µs, tiles / OpenBLAS's Haswell kernels: ``[m, 256] x [256, 1024]ᵀ`` m=4 46 / 48, 16 60 / 99,
+#: 32 97 / 172; ``[m, 1024] x [1024, 256]`` m=16 102 / 91, 32 138 / 164, 64 216 / 299).
+MIN_ROWS = 32
 
 _forced = environ.reader(ENV)
 
@@ -81,5 +81,5 @@ def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nda
         return np.matmul(a, b, out=out)
     if out is None:
         out = np.empty((m, n), np.float32)
-    jit.kernel("gemm")(a, b, out, False, jit.lanes())
+    jit.kernel("gemm")(a, b, out, jit.lanes())
     return out
