@@ -72,11 +72,13 @@ def compiled() -> bool:
 
 
 def times(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``a [m, k] · b [k, n]`` (any strides), into ``out`` (C-contiguous columns) where given."""
+    """``a [m, k] · b [k, n]`` (any strides), into ``out`` where given (NumPy's, where its columns are apart or
+    its memory may be an operand's: the tiles read the operands while they write)."""
     m, k = a.shape
     n = b.shape[1]
     if (a.dtype != np.float32 or b.dtype != np.float32 or m < MIN_ROWS or m * k * n < MIN_MULTIPLY_ADDS
-            or (out is not None and (out.dtype != np.float32 or (n > 1 and out.strides[1] != 4)))
+            or (out is not None and (out.dtype != np.float32 or (n > 1 and out.strides[1] != 4)
+                                     or np.may_share_memory(out, a) or np.may_share_memory(out, b)))
             or not compiled()):
         return np.matmul(a, b, out=out)
     if out is None:

@@ -112,7 +112,8 @@ def test_times_takes_the_path_the_switch_names(monkeypatch, calls):
         gemm.compiled()
 
 
-def test_times_keeps_numpy_s_for_float64_small_products_and_an_out_it_cannot_write(monkeypatch, calls):
+def test_times_keeps_numpy_s_for_float64_small_products_and_an_out_it_cannot_write_or_that_is_an_operand(
+        monkeypatch, calls):
     monkeypatch.setenv(gemm.ENV, "compiled")
     rng = np.random.default_rng(3)
     a, b = _big(rng)
@@ -124,6 +125,11 @@ def test_times_keeps_numpy_s_for_float64_small_products_and_an_out_it_cannot_wri
     apart = np.empty((160, 64), np.float32).T
     gemm.times(a, b, out=apart)
     np.testing.assert_allclose(apart, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-4)
+    assert calls["gemm"] == 0
+    square = np.random.default_rng(4).standard_normal((512, 512)).astype(np.float32)  # out is the left operand
+    want = square.astype(np.float64) @ square
+    gemm.times(square, square.copy(), out=square)
+    np.testing.assert_allclose(square, want, rtol=1e-4, atol=1e-3)
     assert calls["gemm"] == 0
     monkeypatch.setenv(jit.ENV, "0")  # no compiled kernels at all: the switch cannot force one
     assert not gemm.compiled() and np.array_equal(gemm.times(a, b), a @ b) and calls["gemm"] == 0
