@@ -10,7 +10,7 @@ import numpy as np
 from . import jit
 from .chunked import (chunk_major, chunk_view, decay_ratios, dot_last, floor_log_decays, scratch, to_chunks,
                       unit_lower_inverse)
-from .gdn_backward_grads import _FLOATS, _Decayed, channel_gradients, dbeta_terms, head_gradients
+from .gdn_backward_grads import _FLOATS, _Decayed, channel_gradients, head_gradients
 from .gdn_backward_step import _step
 from .gdn_grams import CHANNEL_SPREAD, _channel_grams_fast, _upper
 from .gdn_step import _split, _swap
@@ -66,34 +66,34 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
     final = _split(dsf, group, 1)
     # each chunk's dS_L (the next one's dS0, the final state's gradient for the last), transposed: [C, ..., V, K]
     leave_t = _temp("leave_t", (*lanes, width, n), vc.dtype)
-    # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk
-    dv, sums = _targets("dv", out[2], lanes, length, False), _temp("sums", (2, *lanes), y.dtype)
+    # dv straight into the caller's array where it can (``_targets``), as the compiled passes write dq and dk; V read
+    # where it lies alike (``_targets``' layout, a chunk-major copy where the caller's is not it)
+    dv, values = _targets("dv", out[2], lanes, length, False), _read_from("v", v, vc, lanes, length)
+    sums = _temp("check", lanes, y.dtype), _temp("dots", lanes, y.dtype)
+    # beta's gradient through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus
+    # the gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower): Y.V by the reverse
+    dbeta = _temp("dbeta", (*lanes, length), y.dtype)
     ds, sums = _reverse(compiled_reverse, w, gb, through, carried, final, oy, leave_t, bc, dv, su, (s0, leaving, u),
-                        sums)
+                        sums, values, dbeta)
 
     # every other gradient, all chunks at once
     prods = np.matmul(oy, su, out=_temp("prods", (*lanes, 2 * length, n + length), vc.dtype))
     dkd = np.matmul(u, leave_t, out=_temp("dkd", shape, kd.dtype))  # of KD, over to_end
-    # beta's through R = V - (gamma K) S0 as Y.V - (Y S0^T).(gamma K), no R kept (Y S0^T (beta gamma) is minus the
-    # gradient of gamma K), and through A (Y U^T is minus its gradient, strictly lower)
-    dbeta = dot_last(y, vc)
     raw = (prods, dkd, gamma, to_end, bc, 1.0)
+    # dq and dk (and per key channel dg) where the compiled passes write them: the caller's arrays where they can
+    places = [_targets(f, x, lanes, length, True) for f, x in (("dq", out[0]), ("dk", out[1]))]
     if per_channel:
-        dbeta_terms(prods, gk, kk, dbeta)
-        # the cumulative log-decays: + x dx where x carries exp(cum_r), - where it carries exp(-cum_s); the chunk's
-        # last one also through the decayed entering state, gamma_L S0
-        entering = np.einsum("...vk,...vk->...k", su[..., :n], leave_t) * through[..., 0]  # [..., K]
-        dq, dk, dg = channel_gradients(pairs, qc, kc, *raw, entering)
-        unchecked = [dq, dk, dg, dbeta]
-    else:
-        places = [_targets(f, x, lanes, length, True) for f, x in (("dq", out[0]), ("dk", out[1]))]
-        dq, dk, dg = head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta, sums, places)
-        unchecked = [] if sums is not None else [dq, dk, dg, dbeta]
-    # the gradients the compiled passes wrote where they go
-    placed = [sums is not None and not per_channel and places[f].direct for f in (0, 1)] + [dv.direct, False, False]
+        places.append(_targets("dg_channels", out[3], lanes, length, False))
+    dq, dk, dg, compiled_grads = (
+        channel_gradients(pairs, qc, kc, kk, *raw, su, leave_t, through, gk, dbeta, sums, places) if per_channel
+        else head_gradients(pairs, qc, kc, qk, kk, *raw, su, leave_t, through, dbeta, sums, places))
+    # the compiled passes add their gradients' sums to the reverse's (``sums[0]``, dv's); NumPy's are summed there
     grads = [dq, dk, dv.chunks, dg, dbeta]
-    _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, _split(dsf, group, 1), scale,
-                    None if sums is None else sums[0], unchecked if sums is not None else grads)
+    unchecked = grads if sums is None else [] if compiled_grads else [dq, dk, dg, dbeta]
+    _redo_nonfinite(grads, ds, (qc, kc, vc, gc, bc, oc), starts, final, scale, None if sums is None else sums[0],
+                    unchecked)
+    placed = [compiled_grads and places[0].direct, compiled_grads and places[1].direct, dv.direct,
+              compiled_grads and per_channel and places[2].direct, False]
     for f, (x, dest) in enumerate(zip(grads, out)):  # dq and dk per value head: summed over each key head's group
         if not placed[f]:
             _unchunk(x.sum(axis=3) if f < 2 and group > 1 else x.reshape(count, b, -1, *x.shape[4:]), dest)
@@ -134,6 +134,15 @@ def _row_map(count: int, b: int, heads: int, group: int, length: int, direct: bo
     c, row, h, g, t = np.ogrid[:count, :b, :heads, :group, :length]
     rows = (row * (count * length) + c * length + t) * (heads * group) + h * group + g
     return rows.astype(np.int64).reshape(-1, length)
+
+
+def _read_from(name: str, x: Array, chunks: Array, lanes: tuple[int, ...], length: int) -> _Target:
+    """``x [B, S, heads, X]`` (``chunks``: the same chunk-major) as a compiled pass reads it, ``_targets``' way:
+    ``x`` itself where it lies so, else a copy of ``chunks`` in the scratch array ``name``."""
+    where = _targets(name, x, lanes, length, False)
+    if not where.direct:
+        np.copyto(where.chunks, chunks)
+    return where
 
 
 def _unchunk(y: Array, dest: Array) -> None:
@@ -201,15 +210,16 @@ def _right_operand(su: Array, s0: Array, leaving: Array, u: Array):
     return kernel
 
 
-def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums):
+def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sources, sums, values, dbeta):
     """The loop over chunks from the last, ``ds`` the gradient of the state leaving it: ``Y += W dS_L`` (``W = (I +
     A)^-T KD``; ``Y`` the lower half of ``oy``, which holds the rest of it), then ``dS0 = gamma_L dS_L + gb^T [scale dO;
     Y]`` (``gb = [gamma Q; -beta gamma K]``: one GEMM for both terms, ``Y`` whole) into ``carried [C, ..., K, V]``; each
     chunk's ``dS_L`` transposed into ``leave_t``, and ``dv = beta Y``. The GEMMs are OpenBLAS's; the rest of a chunk is
     one compiled pass, ``kernel`` (``jit``'s ``gdn_reverse_state``, or None where it does not apply: no Numba,
     ``RLX_HOST_JIT=0``, neither f32 nor f64; ``dv``: a ``_Target``), which also writes ``su [C, ..., V, K + L]``,
-    ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV, K, V], leaving, u)`` (``_forward``'s), and fills ``sums [2, C,
-    ...]``: each lane's sum of ``dv`` and ``S0 . dS_L``.
+    ``[S0^T | U^T]``, from ``sources``: ``(s0 [B, HV, K, V], leaving, u)`` (``_forward``'s), fills ``sums``: each
+    lane's sum of ``dv`` and ``S0 . dS_L`` (``[C, ...]`` each), and ``dbeta [C, ..., L]``: ``Y.V`` (``values``: V,
+    a ``_Target``).
     Returns the first chunk's ``dS0`` (a fresh array) and ``sums`` (None where NumPy ran)."""
     length = oy.shape[-2] // 2
     rest = np.empty(dv.chunks.shape[1:], carried.dtype)
@@ -224,7 +234,8 @@ def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sourc
                 decays.reshape(count, per, n), leave_t.reshape(count, per, width, n),
                 oy.reshape(count, per, 2 * length, width), np.ascontiguousarray(bc).reshape(count, per, length),
                 dv.flat, dv.rows, *first, leaving, leaving_at.reshape(count, -1), u, u_at.reshape(count, -1),
-                su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per))
+                su.reshape(count, per, width, -1), sums[0].reshape(count, per), sums[1].reshape(count, per),
+                values.flat, values.rows, dbeta.reshape(count, per, length))
     ws, gb_t, ys, states = list(w), list(_swap(gb)), list(oy[..., length:, :]), list(carried)  # each chunk's views
     for c in range(count - 1, -1, -1):
         ys[c] += np.matmul(ws[c], ds, out=rest)
@@ -238,6 +249,7 @@ def _reverse(kernel, w, gb, through, carried, ds, oy, leave_t, bc, dv, su, sourc
         ds = states[c]
     if kernel is None:
         np.multiply(oy[..., length:, :], bc[..., None], out=dv.chunks)
+        dbeta[...] = dot_last(oy[..., length:, :], values.chunks)
     return ds.copy(), None if kernel is None else sums
 
 

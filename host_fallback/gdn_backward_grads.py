@@ -95,15 +95,23 @@ def _scaled(prods, dkd, gamma, to_end, bc, scale):
     return dqk, dkk, dqg, dgk, dkd
 
 
-def channel_gradients(decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
-    """Per-channel gates: ``(dq, dk, dg)`` from the GEMMs' products ``prods`` and ``dkd`` (overwritten); ``dg [..., L,
-    K]`` is the log-decays' gradient, ``sum_from_end`` of the cumulative ones'. One compiled pass (``jit``'s
-    ``gdn_channel_gradients``) where it applies: Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, and every chunk's
-    decays within ``CHANNEL_SPREAD`` of its midpoint (``decayed`` factored throughout)."""
+def channel_gradients(decayed, qc, kc, kk, prods, dkd, gamma, to_end, bc, scale, starts_t, leave_t, through, gk, dbeta,
+                      sums, places):
+    """Per-channel gates: ``(dq, dk, dg, compiled)`` from the GEMMs' products ``prods`` and ``dkd`` (overwritten); ``dg
+    [..., L, K]`` is the log-decays' gradient, ``sum_from_end`` of the cumulative ones', whose last step also takes the
+    decayed entering state's term, ``through [..., K, 1]`` times ``S0 . dS_L`` per key channel (``starts_t [..., V, >=
+    K]``, ``leave_t [..., V, K]``, both transposed); and ``dbeta_terms`` (``dbeta`` in place; ``gk = gamma K``, ``kk``
+    the decayed ``K K^T``). One compiled pass (``jit``'s ``gdn_channel_gradients``, ``compiled`` True) where it applies:
+    Numba there (not ``RLX_HOST_JIT=0``), f32 or f64, every chunk's decays within ``CHANNEL_SPREAD`` of its midpoint
+    (``decayed`` factored throughout), and ``sums`` given (``head_gradients``' ``sums``); ``dq``, ``dk`` and ``dg`` then
+    go where ``places``, three of ``gdn_backward_chunked``'s targets, say, and come back as their ``chunks``."""
     kernel = jit.kernel("gdn_channel_gradients")
     raw = (prods, dkd, gamma, to_end, bc, scale)
-    if kernel is not None and qc.dtype in _FLOATS and (decayed.unsafe is None or not len(decayed.unsafe)):
-        return _compiled_channel(kernel, decayed, qc, kc, *raw, entering)
+    entering = np.einsum("...vk,...vk->...k", starts_t[..., :kc.shape[-1]], leave_t) * through[..., 0]  # [..., K]
+    if (kernel is not None and qc.dtype in _FLOATS and sums is not None
+            and (decayed.unsafe is None or not len(decayed.unsafe))):
+        return (*_compiled_channel(kernel, decayed, qc, kc, kk, *raw, entering, dbeta, sums, places), True)
+    dbeta_terms(prods, gk, kk, dbeta)
     dqk, dkk, dqg, dgk, dkd = _scaled(*raw)
     rows_q, cols_q = decayed.later(dqk, kc), decayed.earlier(dqk, qc)
     rows_k, cols_k = decayed.later(dkk, kc), decayed.earlier(dkk, kc)
@@ -120,7 +128,7 @@ def channel_gradients(decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, ent
     cols_q *= kc
     dcum -= cols_q
     dcum[..., -1, :] += np.sum(kc * dkd, axis=-2) + entering
-    return dq, dk, sum_from_end(dcum, -2)
+    return dq, dk, sum_from_end(dcum, -2), False
 
 
 def _lanes(x: Array, dtype) -> Array:
@@ -133,18 +141,18 @@ def _out(name: str, shape: tuple[int, ...], dtype) -> Array:
     return scratch(f"gdnb.{name}", shape, dtype)
 
 
-def _compiled_channel(kernel, decayed, qc, kc, prods, dkd, gamma, to_end, bc, scale, entering):
+def _compiled_channel(kernel, decayed, qc, kc, kk, prods, dkd, gamma, to_end, bc, scale, entering, dbeta, sums, places):
     """``channel_gradients`` by ``kernel`` over lanes ``[N, L, K]`` (``N`` chunks x batch rows x key heads x group
-    members; ``qc``, ``kc`` one a key head). ``dg`` is written over ``dkd`` (the GEMM's own array, read by nothing
-    after; the kernel reads each step of it before writing it)."""
+    members; ``qc``, ``kc`` one a key head)."""
     shape, dtype = dkd.shape, dkd.dtype
     length, n = shape[-2:]
     lanes = [_lanes(x, dtype) for x in (qc, kc, decayed.up, decayed.down, gamma, to_end)]
-    dq, dk, dg = _out("dq", shape, dtype), _out("dk", shape, dtype), _lanes(dkd, dtype)
-    kernel(*lanes, np.ascontiguousarray(bc, dtype).reshape(-1, length), _lanes(prods, dtype), dg,
-           np.ascontiguousarray(entering, dtype).reshape(-1, n), dq.reshape(-1, length, n), dk.reshape(-1, length, n),
-           dg, np.empty((3, length, n), dtype), np.empty((2, n), dtype), dtype.type(scale), shape[-3])
-    return dq, dk, dg.reshape(shape)
+    (rows, dq, _, _), (_, dk, _, _), (dg_rows, dg, _, _) = places
+    kernel(*lanes, np.ascontiguousarray(bc, dtype).reshape(-1, length), _lanes(prods, dtype), _lanes(dkd, dtype),
+           _lanes(kk, dtype), np.ascontiguousarray(entering, dtype).reshape(-1, n), dq, dk, rows, dg, dg_rows,
+           dbeta.reshape(-1, length), sums[0].reshape(-1), np.empty((3, length, n), dtype), np.empty((4, n), dtype),
+           dtype.type(scale), shape[-3])
+    return places[0].chunks, places[1].chunks, places[2].chunks
 
 
 def dbeta_terms(prods, gk, kk, dbeta):
@@ -161,14 +169,14 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     """Per-head gates: ``channel_gradients``'s, through the decay ``ratios`` of the products ``qk``, ``kk``; ``dg [...,
     L]``; and ``dbeta_terms`` (``dbeta`` in place). The entering state's term of the last step's ``dcum`` is ``through``
     times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
-    (``jit``'s ``gdn_head_gradients``) where it applies (Numba there, not ``RLX_HOST_JIT=0``, f32 or f64, and ``sums``
-    given: ``gdn_reverse_state``'s ``[2, ...]``, each lane's sum of its gradients so far, to which the others' are
-    added, for ``_redo_nonfinite``, and ``S0 . dS_L``; ``dq`` and ``dk`` then go where ``places``, two of
-    ``gdn_backward_chunked``'s targets, say, and come back as their ``chunks``)."""
+    (``jit``'s ``gdn_head_gradients``; ``compiled``, the fourth of what it returns, True) where it applies (Numba there,
+    not ``RLX_HOST_JIT=0``, f32 or f64, and ``sums`` given: ``gdn_reverse_state``'s ``(check [...], dots [...])``,
+    each lane's sum of its gradients so far, to which the others' are added, for ``_redo_nonfinite``, and ``S0 . dS_L``; ``dq`` and ``dk`` then go where ``places``, two of ``gdn_backward_chunked``'s targets, say, and
+    come back as their ``chunks``)."""
     kernel = jit.kernel("gdn_head_gradients")
     if kernel is not None and qc.dtype in _FLOATS and sums is not None:
-        return _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta, sums,
-                              places)
+        return (*_compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta,
+                                sums, places), True)
     dbeta_terms(prods, gamma * kc, kk, dbeta)
     n = kc.shape[-1]
     entering = np.einsum("...vk,...vk->...", starts_t[..., :n], leave_t) * through[..., 0, 0]
@@ -185,7 +193,7 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     dcum = e.sum(axis=-1) - e.sum(axis=-2)
     dcum += dot_last(qc, dqg) - dot_last(kc, dgk + dkd)
     dcum[..., -1] += dot_last(kc, dkd).sum(axis=-1) + entering
-    return dq, dk, sum_from_end(dcum, -1)
+    return dq, dk, sum_from_end(dcum, -1), False
 
 
 def _compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta, sums, places):

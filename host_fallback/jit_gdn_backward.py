@@ -11,10 +11,10 @@ axis (per head: three square GEMMs and about twenty passes). Here one lane (chun
 is one pass: the GEMMs' products scaled into the gradients they stand for (NumPy's ``_scaled``, nine passes there),
 the decayed operands, the triangular products (only ``s <= r``: half a square's multiply-adds), the gradients and the
 sums from the chunk's end, each loop running along the ``K`` contiguous key channels (LLVM vectorizes them). Every
-sum runs in a fixed order (over steps; a dot product over the channels in ``_PARTS`` partial sums, added in their
-order): the same bytes on every run of one build. No fast-math flag but FMA contraction and the sign of zero: NaN and
-inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on NumPy's path); only products
-NumPy multiplies by a zero of the triangle's other side are skipped.
+sum runs in a fixed order (over steps; a dot product over the channels as its products' halves added down to 16
+partial sums, ``_folded``): the same bytes on every run of one build. No fast-math flag but FMA contraction and the
+sign of zero: NaN and inf propagate as NumPy's (a lane left non-finite is redone by ``_redo_nonfinite``, as on
+NumPy's path); only products NumPy multiplies by a zero of the triangle's other side are skipped.
 """
 from __future__ import annotations
 
@@ -42,9 +42,26 @@ def _signatures(arity: dict[str, int | str], scalars: int = 0, index: bool = Fal
             for f in (types.float32, types.float64)]
 
 
+@numba.njit(fastmath=_FLAGS, inline="always")
+def _folded(x):
+    """The sum of ``x`` in a fixed order (``x`` overwritten): its halves added until 16 partial sums are left (one
+    vector of float32 on AVX-512: each halving a vectorized pass, no reassociation asked of LLVM), then those in
+    their order."""
+    m = x.shape[0]
+    while m > 16:
+        half = (m + 1) // 2
+        for i in range(m - half):
+            x[i] += x[i + half]
+        m = half
+    total = x[0]
+    for i in range(1, m):
+        total += x[i]
+    return total
+
+
 _DECAYS = dict(g=3, cum=3, up=3, down=3, gamma=3, to_end=3, through=2)
-_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, products=3, dkd=3, entering=2, dq=3, dk=3,
-                  dg=3, work=3, sums=2)
+_GRADIENTS = dict(q=3, k=3, up=3, down=3, gamma=3, to_end=3, beta=2, products=3, dkd=3, kk=3, entering=2,
+                  dq=2, dk=2, rows="rows2", dg=2, dg_rows="rows2", dbeta=2, check=1, work=3, sums=2)
 
 
 def _exp_of(x):
@@ -89,25 +106,28 @@ def gdn_channel_decays(g, cum, up, down, gamma, to_end, through):
 
 @numba.njit(_signatures(_GRADIENTS, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy",
             boundscheck=False, cache=True)
-def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, entering, dq, dk, dg, work, sums, scale,
-                          group):
+def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, kk, entering, dq, dk, rows, dg, dg_rows,
+                          dbeta, check, work, sums, scale, group):
     """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
     ``_chunked`` forms them by GEMMs, ``products [N, 2L, K + L]`` (``gdn_backward_grads``: ``dqg = O S0^T`` and ``dgk =
-    Y S0^T`` ``[L, K]``, ``dqk = O U^T`` lower triangular and ``dkk = Y U^T`` strictly lower ``[L, L]``) and ``dkd = U
-    dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
+    Y S0^T`` ``[L, K]``, ``dqk = O U^T`` and ``dkk = Y U^T`` ``[L, L]``, of which only the lower triangle is read, and
+    of ``dkk`` only below the diagonal) and ``dkd = U dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
     ``scale``; ``dqk`` and ``dkk`` on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the
     chunk's midpoint's cumulative log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``,
     ``dkk``) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg +
-    rows_q``, ``dk = rows_k + cols + dkd - dgk`` and ``dg``, the log-decays' gradient: the sums from the chunk's end of
-    ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd + entering``
-    (``entering [N, K]``). ``dg`` may be ``dkd`` (each step of it read before it is written). Scratch: ``work [3, L,
-    K]``, ``sums [2, K]``."""
-    lanes, length, n = dq.shape
+    rows_q``, ``dk = rows_k + cols + dkd - dgk`` (step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dq, dk [R,
+    K]``) and ``dg`` (into row ``dg_rows[j, t]`` of ``dg [R, K]``), the log-decays' gradient: the sums from the
+    chunk's end of ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd +
+    entering`` (``entering [N, K]``: the decayed entering state's term). Takes from ``dbeta [N, L]`` (which holds ``Y.V``) ``dgk.(gamma k)`` and ``sum_s dkk[r,
+    s] kk[r, s]`` (unscaled; ``kk [N, L, L]`` the decayed ``K K^T``), as ``gdn_head_gradients`` does, and adds to
+    ``check [N]`` the sum of every gradient the lane wrote. Scratch: ``work [3, L, K]``, ``sums [4, K]``."""
+    lanes, length = dbeta.shape
+    n = dq.shape[1]
     kd, qu, ku = work[0], work[1], work[2]
-    acc, tail = sums[0], sums[1]
+    acc, tail, unscaled, parts = sums[0], sums[1], sums[2], sums[3]
     for j in range(lanes):
         qj, kj, uj, wj, pj, bj = q[j // group], k[j // group], up[j], down[j], products[j], beta[j]
-        dqj, dkj, dgj = dq[j], dk[j], dg[j]
+        at, g_at, kkj = rows[j], dg_rows[j], kk[j]
         tail[:] = entering[j]
         for t in range(length):
             kt, qt, ut, wt, et, ft = kj[t], qj[t], uj[t], wj[t], gamma[j, t], to_end[j, t]
@@ -117,45 +137,56 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, en
                 qu[t, i] = qt[i] * ut[i]
                 ku[t, i] = kt[i] * ut[i]
                 dt[i] *= ft[i]
+                unscaled[i] = gt[i] * et[i] * kt[i]
                 gt[i] = gt[i] * bt * et[i]
                 ht[i] = ht[i] * et[i] * scale
                 tail[i] += kt[i] * dt[i]
+            dbeta[j, t] -= _folded(unscaled)
         # rows: dq = dqg + up (dqk (k down)); rows_k = up (dkk (k down)) kept in dk until the columns' pass
         for r in range(length):
             acc[:] = 0
-            dkj[r] = 0
-            low, br = dkj[r], -bj[r]
-            for s in range(r + 1):
+            low, br = dk[at[r]], -bj[r]
+            low[:] = 0
+            for s in range(r):  # dkk strictly lower: the diagonal's product is dqk's alone
                 a, b, x = pj[r, n + s] * scale, pj[length + r, n + s] * br, kd[s]
                 for i in range(n):
                     acc[i] += a * x[i]
                     low[i] += b * x[i]
-            ur, out_q, given = uj[r], dqj[r], pj[r]
+                dbeta[j, r] -= pj[length + r, n + s] * kkj[r, s]  # dkk kk, unscaled
+            a, x = pj[r, n + r] * scale, kd[r]
+            for i in range(n):
+                acc[i] += a * x[i]
+            ur, out_q, given = uj[r], dq[at[r]], pj[r]
             for i in range(n):
                 out_q[i] = given[i] + ur[i] * acc[i]
                 low[i] *= ur[i]
         # columns, from the chunk's end: dk, and dg as the sums of dcum from there (tail starts as the last step's
-        # extra term)
+        # extra term); each channel's sum of the lane's dq + dk + dg into parts, for check
+        parts[:] = 0
         for s in range(length - 1, -1, -1):
-            acc[:] = 0
-            for r in range(s, length):
+            a, x = pj[s, n + s] * scale, qu[s]
+            for i in range(n):
+                acc[i] = a * x[i]
+            for r in range(s + 1, length):
                 a, b, x, y = pj[r, n + s] * scale, pj[length + r, n + s] * -bj[r], qu[r], ku[r]
                 for i in range(n):
                     acc[i] += a * x[i] + b * y[i]
-            ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dqj[s], dkj[s], dgj[s]
+            ws, qs, ks, out_q, out_k, out_g = wj[s], qj[s], kj[s], dq[at[s]], dk[at[s]], dg[g_at[s]]
             ds, gs = dkd[j, s], pj[length + s]
             for i in range(n):
-                cols, rows = ws[i] * acc[i], out_k[i]
-                out_k[i] = rows + cols + ds[i] - gs[i]
-                tail[i] += qs[i] * out_q[i] - ks[i] * (cols + gs[i] + ds[i] - rows)
+                cols, rows_k = ws[i] * acc[i], out_k[i]
+                out_k[i] = rows_k + cols + ds[i] - gs[i]
+                tail[i] += qs[i] * out_q[i] - ks[i] * (cols + gs[i] + ds[i] - rows_k)
                 out_g[i] = tail[i]
+                parts[i] += out_q[i] + out_k[i] + out_g[i]
+        total = dbeta[j, 0]
+        for t in range(1, length):
+            total += dbeta[j, t]
+        check[j] += total + _folded(parts)
 
 
 _HEAD = dict(q=3, k=3, gamma=2, to_end=2, beta=2, ratios=3, qk=3, kk=3, products=3, dkd=3, entering=1, through=1,
              dq=2, dk=2, rows="rows2", dg=2, dbeta=2, check=1)
-#: Partial sums a dot product over the key channels keeps (one vector of float32 on AVX-512): a fixed order,
-#: which LLVM vectorizes without reassociating anything.
-_PARTS = 16
 #: Steps a row of ``gdn_head_gradients``' triangular products takes at once (chunks are a multiple of it): one pass
 #: over the output row for four input rows.
 _BLOCK = 4
@@ -183,38 +214,6 @@ def _columns(out, a, b, col, r, x, y):
                    + (b0 * y0[i] + b1 * y1[i] + b2 * y2[i] + b3 * y3[i]))
 
 
-@numba.njit(fastmath=_FLAGS, inline="always")
-def _total(parts):
-    """The sum of ``parts`` (``_PARTS`` partial sums), in their order."""
-    total = parts[0]
-    for slot in range(1, _PARTS):
-        total += parts[slot]
-    return total
-
-
-@numba.njit(fastmath=_FLAGS, inline="always")
-def _scale_channel(i, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums):
-    """``_scaled``'s three per-step scalings of channel ``i`` (``dqg`` by ``gamma scale``, ``dgk`` by ``beta gamma``,
-    ``dkd`` by ``to_end``, in place), their part of the step's ``q.dqg - k.(dgk + dkd)`` into ``sums[0, slot]``, of
-    ``k.dkd`` into ``sums[1, slot]`` and of ``k.dgk`` (unscaled) into ``sums[2, slot]``."""
-    h = ht[i] * et * scale
-    w = gt[i] * bt * et
-    d = dt[i] * ft
-    sums[2, slot] += gt[i] * kt[i]
-    ht[i], gt[i], dt[i] = h, w, d
-    sums[0, slot] += qt[i] * h - kt[i] * (w + d)
-    sums[1, slot] += kt[i] * d
-
-
-@numba.njit(fastmath=_FLAGS, inline="always")
-def _finish_column(i, slot, out_q, out_k, dt, gt, parts):
-    """Channel ``i`` of a step's ``dk``: ``+= dkd - dgk``; then that step's ``dq + dk`` there into ``parts[slot]``
-    (the lane's sum for ``check``, in the column pass: no pass of its own)."""
-    x = out_k[i] + (dt[i] - gt[i])
-    out_k[i] = x
-    parts[slot] += out_q[i] + x
-
-
 @numba.njit(_signatures(_HEAD, scalars=1), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
 def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd, entering, through, dq, dk, rows, dg,
@@ -228,30 +227,31 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
     each column, plus ``q.dqg - k.(dgk + dkd)``, the last step also ``sum_s k.dkd`` and the decayed entering state's
     term, ``through [N]`` times ``entering [N]`` (``S0 . dS_L``, ``gdn_reverse_state``'s). Takes from
     ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
-    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels in ``_PARTS`` partial sums. Adds
+    only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels as a vector of products, summed
+    by ``_folded``. Adds
     to ``check [N]`` the sum of every gradient the lane wrote (non-finite where one of them is: ``_redo_nonfinite``'s
     test)."""
     (lanes, length), n = dg.shape, dq.shape[1]
-    sums = np.empty((3, _PARTS), dq.dtype)
+    # a step's terms of q.dqg - k.(dgk + dkd) and of k.dgk, a lane's of k.dkd, each channel's sum of dq + dk
+    terms = np.empty((4, n), dq.dtype)
+    step, unscaled, through_dkd, parts = terms[0], terms[1], terms[2], terms[3]
     pm = np.zeros((2, length, length), dq.dtype)  # P_q, P_k of a lane
-    whole = n - n % _PARTS
     for j in range(lanes):
         qj, kj, pj, dkdj, rj, qkj, kkj = q[j // group], k[j // group], products[j], dkd[j], ratios[j], qk[j], kk[j]
         at, dgj, bj = rows[j], dg[j], beta[j]
-        sums[:] = 0
-        for t in range(length):  # the scalings and the channels' part of dcum
-            sums[0, :] = 0
-            sums[2, :] = 0
+        through_dkd[:] = 0
+        for t in range(length):  # the scalings (``_scaled``'s, in place) and the channels' part of dcum
             et, ft, bt, qt, kt = gamma[j, t], to_end[j, t], bj[t], qj[t], kj[t]
             ht, gt, dt = pj[t], pj[length + t], dkdj[t]
-            for start in range(0, whole, _PARTS):
-                for slot in range(_PARTS):
-                    _scale_channel(start + slot, slot, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
-            for i in range(whole, n):
-                _scale_channel(i, i - whole, et, ft, bt, scale, qt, kt, ht, gt, dt, sums)
-            dgj[t] = _total(sums[0])
-            dbeta[j, t] -= et * _total(sums[2])
-        dgj[length - 1] += _total(sums[1]) + entering[j] * through[j]
+            for i in range(n):
+                h, w, d = ht[i] * et * scale, gt[i] * bt * et, dt[i] * ft
+                unscaled[i] = gt[i] * kt[i]
+                step[i] = qt[i] * h - kt[i] * (w + d)
+                through_dkd[i] += kt[i] * d
+                ht[i], gt[i], dt[i] = h, w, d
+            dgj[t] = _folded(step)
+            dbeta[j, t] -= et * _folded(unscaled)
+        dgj[length - 1] += _folded(through_dkd) + entering[j] * through[j]
         # P_q and P_k (their upper triangles stay 0), and the products' part of dcum: + at the row, - at the column
         for r in range(length):
             row_q, row_k, rr, br = pj[r], pj[length + r], rj[r], -bj[r]
@@ -271,42 +271,32 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
                 out_k[i] = 0
             for s in range(0, r + 1, _BLOCK):
                 _rows(out_q, out_k, pm[0, r], pm[1, r], s, kj)
-        parts = sums[0]  # each channel's sum of dq + dk along the steps, for check
         parts[:] = 0
         for s in range(length):
             out_q, out_k = dq[at[s]], dk[at[s]]
             for r in range(s - s % _BLOCK, length, _BLOCK):
                 _columns(out_k, pm[0], pm[1], s, r, qj, kj)
             dt, gt = dkdj[s], pj[length + s]
-            for start in range(0, whole, _PARTS):
-                for slot in range(_PARTS):
-                    _finish_column(start + slot, slot, out_q, out_k, dt, gt, parts)
-            for i in range(whole, n):
-                _finish_column(i, i - whole, out_q, out_k, dt, gt, parts)
+            for i in range(n):  # dk += dkd - dgk; the step's dq + dk into each channel's sum, for check
+                x = out_k[i] + (dt[i] - gt[i])
+                out_k[i] = x
+                parts[i] += out_q[i] + x
         total = dgj[length - 1] + dbeta[j, length - 1]
         for t in range(length - 2, -1, -1):  # the log-decays' gradient: dcum summed from the chunk's end
             dgj[t] += dgj[t + 1]
             total += dgj[t] + dbeta[j, t]
-        check[j] += total + _total(parts)
-
-
-@numba.njit(fastmath=_FLAGS, inline="always")
-def _sum(x):
-    """The sum of ``x``, in its order."""
-    total = x[0]
-    for i in range(1, x.shape[0]):
-        total += x[i]
-    return total
+        check[j] += total + _folded(parts)
 
 
 _REVERSE = dict(carried=4, final=3, through=3, leave_t=4, oy=4, beta=3, dv=2, rows="rows2", first=3,
-                first_at="rows1", leaving=3, leaving_at="rows2", u=3, u_at="rows2", su=4, check=2, dots=2)
+                first_at="rows1", leaving=3, leaving_at="rows2", u=3, u_at="rows2", su=4, check=2, dots=2, values=2,
+                value_rows="rows2", dbeta=3)
 
 
 @numba.njit(_signatures(_REVERSE, index=True), fastmath=_FLAGS, nogil=True, error_model="numpy", boundscheck=False,
             cache=True)
 def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, first, first_at, leaving, leaving_at, u,
-                      u_at, su, check, dots, c):
+                      u_at, su, check, dots, values, value_rows, dbeta, c):
     """Chunk ``c`` of the reverse over chunks (arrays ``[C, N, ...]``: every chunk's ``N`` lanes), per lane, after its
     GEMMs: ``dv = beta Y`` (``Y`` the lower half of ``oy [C, N, 2L, V]``, ``beta [C, N, L]``; step ``t`` of lane ``j``
     into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``gb^T [scale dO; Y]``) becomes the
@@ -316,21 +306,25 @@ def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, firs
     the rows just written; the last chunk's is there already); ``su [C, N, V, K + L]`` the GEMM operand ``[S0^T |
     U^T]`` (``S0`` the state entering the chunk: matrix ``first_at[j]`` of ``first [M, K, V]`` for the first chunk,
     else the previous chunk's, ``leaving_at[c - 1, j]`` of ``leaving``; ``U`` matrix ``u_at[c, j]`` of ``u [M, L,
-    V]``); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``) and ``dots [C, N]`` ``S0 . ds``. One pass where
-    NumPy makes three and three transposing copies."""
+    V]``); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``), ``dots [C, N]`` ``S0 . ds`` and ``dbeta [C, N,
+    L]`` ``Y.V`` (V's step ``t`` of lane ``j``: row ``value_rows[c N + j, t]`` of ``values [R, V]``). One pass where
+    NumPy makes four and three transposing copies."""
     count, lanes, n, width = carried.shape
     length = beta.shape[2]
     ds = final if c == count - 1 else carried[c + 1]
     parts = np.empty(max(width, n), dv.dtype)
+    products = np.empty(width, dv.dtype)
     for j in range(lanes):
         parts[:] = 0
-        at = rows[c * lanes + j]
+        at, value_at = rows[c * lanes + j], value_rows[c * lanes + j]
         for t in range(length):
-            yt, out, b = oy[c, j, length + t], dv[at[t]], beta[c, j, t]
+            yt, out, b, vt = oy[c, j, length + t], dv[at[t]], beta[c, j, t], values[value_at[t]]
             for v in range(width):
                 out[v] = yt[v] * b
                 parts[v] += out[v]
-        check[c, j] = _sum(parts)
+                products[v] = yt[v] * vt[v]
+            dbeta[c, j, t] = _folded(products)
+        check[c, j] = _folded(parts)
         start = first[first_at[j]] if c == 0 else leaving[leaving_at[c - 1, j]]
         uj, sj, dj = u[u_at[c, j]], su[c, j], ds[j]
         state = parts[:width]
@@ -339,7 +333,7 @@ def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, firs
             a, d = start[i], dj[i]
             for v in range(width):
                 state[v] += a[v] * d[v]
-        dots[c, j] = _sum(state)
+        dots[c, j] = _folded(state)
         for v in range(width):  # [S0^T | U^T], row by row
             line = sj[v]
             for i in range(n):

@@ -6,8 +6,8 @@
 Both paths, either gate kind, against the conformance reference's float64 backward (itself checked against finite
 differences and torch autograd by test_gdn_backward) on the values the thunk stores: f64 and f32 thunks, chunks that
 end inside the sequence, packed sequences through state slots with grouped value heads and K != V, a saved forward
-(ABI.md §9.1); a NaN gate or output gradient left to the same lanes on both paths (redone step by step); the same
-bytes on every run.
+(ABI.md §9.1), 37 key channels; a NaN gate or output gradient left to the same lanes on both paths (redone step by
+step), each gradient pass's check sums seeing a NaN in its lane; the same bytes on every run.
 """
 from __future__ import annotations
 
@@ -29,13 +29,15 @@ from host_fallback import jit, jit_gdn_backward  # noqa: E402  (needs Numba)
 OP = "gated_delta_net_backward"
 BASE = dict(batch=2, seq=45, heads=2, state_size=8, gate_per_channel=True, carry_state=True)
 #: (label, params): seq 45 ends a chunk of 16 inside the sequence; the second packs sequences (one empty, one starting
-#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale; each per key channel
-#: and per head
+#: inside a chunk) through state slots, two value heads a key head, K != V, L2-norm and a scale; the third has 37 key
+#: channels (odd, past 16: the kernels' sums over the channels fold 37 -> 19 -> 10 partial sums); each per key
+#: channel and per head
 CASES = [(f"{label}-{gates}", dict(params, gate_per_channel=gates == "channel"))
          for label, params in (("partial-chunk", BASE),
                                ("packed-groups", dict(BASE, batch=1, seq=40, value_heads=4, value_size=3,
                                                       qk_l2norm=True, scale=0.7, cu_seqlens=[0, 2, 2, 23, 40],
-                                                      state_slots=[3, 0, 4, 1], num_slots=5)))
+                                                      state_slots=[3, 0, 4, 1], num_slots=5)),
+                               ("wide-keys", dict(BASE, batch=1, seq=40, state_size=37, value_size=20)))
          for gates in ("channel", "head")]
 #: The kernels each gate kind calls.
 KERNELS = {True: {"gdn_channel_decays", "gdn_channel_gradients", "gdn_reverse_state"},
@@ -146,3 +148,31 @@ def test_a_nan_leaves_the_same_lanes_non_finite_on_both_paths(monkeypatch, field
     for name, value in numpy_path.items():
         np.testing.assert_array_equal(np.isnan(compiled[name]), np.isnan(value), err_msg=name)
         np.testing.assert_allclose(compiled[name], value, rtol=tol, atol=tol / 10, err_msg=name)
+
+
+@pytest.mark.parametrize("kernel,arity", [("gdn_channel_gradients", jit_gdn_backward._GRADIENTS),
+                                          ("gdn_head_gradients", jit_gdn_backward._HEAD)], ids=["channel", "head"])
+def test_a_gradient_pass_sums_every_gradient_it_writes_into_its_lanes_check(monkeypatch, kernel, arity):
+    """The compiled gradient passes add each lane's gradients to ``check`` (what ``_redo_nonfinite`` reads to find
+    the lanes to redo): a NaN in one lane's ``O S0^T`` (the top-left block of its products, which only ``dq`` and
+    ``dg`` take) leaves that lane's check NaN and every other lane's as it was."""
+    calls = []
+    original = getattr(jit_gdn_backward, kernel)
+    monkeypatch.setattr(jit_gdn_backward, kernel, lambda *a: (calls.append([np.copy(x) for x in a]), original(*a))[1])
+    thunk, arena = _laid(dict(BASE, gate_per_channel=kernel == "gdn_channel_gradients"), "f32")
+    _grads(thunk, arena, path="chunked", chunk=16)
+    at = list(arity).index
+
+    def check_after(args: list) -> np.ndarray:
+        args = [np.copy(x) for x in args]
+        scalars = [x[()] for x in args[len(arity):]]  # scale and group, as the pass takes them
+        with np.errstate(invalid="ignore"):
+            original(*args[:len(arity)], *scalars)
+        return args[at("check")]
+
+    clean = check_after(calls[0])
+    poisoned = [np.copy(x) for x in calls[0]]
+    poisoned[at("products")][1, 2, 0] = np.nan  # lane 1, step 2, key channel 0
+    checked = check_after(poisoned)
+    assert np.isfinite(clean).all() and np.isnan(checked[1])
+    np.testing.assert_array_equal(np.delete(checked, 1), np.delete(clean, 1))
