@@ -58,8 +58,8 @@ def _chunked(q, k, v, g, beta, s0, dsf, d_out, scale, length, out, saved=None):
 
     # the reverse over chunks: Y = (I + A)^-T (scale M^T dO + KD dS_L), dV = beta Y and dS0 = gamma_L dS_L + scale
     # (gamma Q)^T dO - (beta gamma K)^T Y; what does not depend on dS_L is formed for every chunk at once first
-    y = oy[..., length:, :]
-    np.matmul(_swap(inverse), np.matmul(_swap(qk), oy[..., :length, :], out=_temp("du", y.shape, y.dtype)), out=y)
+    y = oy[..., length:, :]  # (I + A)^-T M^T dO as (M (I + A)^-1)^T dO: an L x L product first
+    np.matmul(_swap(np.matmul(qk, inverse, out=_temp("mt", inverse.shape, y.dtype))), oy[..., :length, :], out=y)
     w = np.matmul(_swap(inverse), kd, out=_temp("w", shape, kd.dtype))  # (I + A)^-T KD
     gb = _gamma_operands(qc, kc, gk, gamma, bc, shape) if compiled is None else compiled[5]
     carried = _temp("carried", (*lanes, n, width), vc.dtype)  # [C, ..., K, V]: each chunk's dS0, by the reverse

@@ -171,8 +171,9 @@ def head_gradients(ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale,
     times ``S0 . dS_L`` (``starts_t [..., V, >= K]``, ``leave_t [..., V, K]``, both transposed). One compiled pass
     (``jit``'s ``gdn_head_gradients``; ``compiled``, the fourth of what it returns, True) where it applies (Numba there,
     not ``RLX_HOST_JIT=0``, f32 or f64, and ``sums`` given: ``gdn_reverse_state``'s ``(check [...], dots [...])``,
-    each lane's sum of its gradients so far, to which the others' are added, for ``_redo_nonfinite``, and ``S0 . dS_L``; ``dq`` and ``dk`` then go where ``places``, two of ``gdn_backward_chunked``'s targets, say, and
-    come back as their ``chunks``)."""
+    each lane's sum of its gradients so far, to which the others' are added, for ``_redo_nonfinite``, and ``S0 .
+    dS_L``; ``dq`` and ``dk`` then go where ``places``, two of ``gdn_backward_chunked``'s targets, say, and come back
+    as their ``chunks``)."""
     kernel = jit.kernel("gdn_head_gradients")
     if kernel is not None and qc.dtype in _FLOATS and sums is not None:
         return (*_compiled_head(kernel, ratios, qc, kc, qk, kk, prods, dkd, gamma, to_end, bc, scale, through, dbeta,

@@ -111,16 +111,17 @@ def gdn_channel_gradients(q, k, up, down, gamma, to_end, beta, products, dkd, kk
     """Per lane ``j`` of ``N`` (key lane ``j // group`` of ``q, k [N / group, L, K]``), from the products' gradients as
     ``_chunked`` forms them by GEMMs, ``products [N, 2L, K + L]`` (``gdn_backward_grads``: ``dqg = O S0^T`` and ``dgk =
     Y S0^T`` ``[L, K]``, ``dqk = O U^T`` and ``dkk = Y U^T`` ``[L, L]``, of which only the lower triangle is read, and
-    of ``dkk`` only below the diagonal) and ``dkd = U dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``,
-    ``scale``; ``dqk`` and ``dkk`` on the fly); then with ``up = exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the
-    chunk's midpoint's cumulative log-decay), ``rows_x[r] = up_r sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``,
-    ``dkk``) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg +
-    rows_q``, ``dk = rows_k + cols + dkd - dgk`` (step ``t`` of lane ``j`` into row ``rows[j, t]`` of ``dq, dk [R,
-    K]``) and ``dg`` (into row ``dg_rows[j, t]`` of ``dg [R, K]``), the log-decays' gradient: the sums from the
-    chunk's end of ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose last step also takes ``sum_s k dkd +
-    entering`` (``entering [N, K]``: the decayed entering state's term). Takes from ``dbeta [N, L]`` (which holds ``Y.V``) ``dgk.(gamma k)`` and ``sum_s dkk[r,
-    s] kk[r, s]`` (unscaled; ``kk [N, L, L]`` the decayed ``K K^T``), as ``gdn_head_gradients`` does, and adds to
-    ``check [N]`` the sum of every gradient the lane wrote. Scratch: ``work [3, L, K]``, ``sums [4, K]``."""
+    of ``dkk`` only below the diagonal) and ``dkd = U dS_L^T [N, L, K]``: scales them in place as ``_scaled`` does
+    (``gamma``, ``to_end`` ``[N, L, K]``, ``beta [N, L]``, ``scale``; ``dqk`` and ``dkk`` on the fly); then with ``up =
+    exp(cum - m)``, ``down = exp(m - cum)`` (``m`` the chunk's midpoint's cumulative log-decay), ``rows_x[r] = up_r
+    sum_{s <= r} P[r, s] (k down)_s`` (``P``: ``dqk``, ``dkk``) and ``cols[s] = down_s sum_{r >= s} (dqk[r, s] (q
+    up)_r + dkk[r, s] (k up)_r)``, writes ``dq = dqg + rows_q``, ``dk = rows_k + cols + dkd - dgk`` (step ``t`` of
+    lane ``j`` into row ``rows[j, t]`` of ``dq, dk [R, K]``) and ``dg`` (into row ``dg_rows[j, t]`` of ``dg [R, K]``),
+    the log-decays' gradient: the sums from the chunk's end of ``dcum = q dq - k (cols + dgk + dkd - rows_k)``, whose
+    last step also takes ``sum_s k dkd + entering`` (``entering [N, K]``: the decayed entering state's term). Takes
+    from ``dbeta [N, L]`` (which holds ``Y.V``) ``dgk.(gamma k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled; ``kk [N,
+    L, L]`` the decayed ``K K^T``), as ``gdn_head_gradients`` does, and adds to ``check [N]`` the sum of every gradient
+    the lane wrote. Scratch: ``work [3, L, K]``, ``sums [4, K]``."""
     lanes, length = dbeta.shape
     n = dq.shape[1]
     kd, qu, ku = work[0], work[1], work[2]
