@@ -25,7 +25,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .jit_math import _FLAGS, _exp_subnormal
+from .jit_math import _FLAGS, _exp_subnormal, _transposed
 
 __all__ = ["gdn_channel_decays", "gdn_channel_gradients", "gdn_head_gradients", "gdn_head_operands",
            "gdn_reverse_state"]  # the kernels ``jit.kernel`` hands out
@@ -303,13 +303,13 @@ def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, firs
     into row ``rows[c N + j, t]`` of ``dv [R, V]``); ``carried [C, N, K, V]`` (``gb^T [scale dO; Y]``) becomes the
     chunk's ``dS0 = carried + through ds`` (``ds`` the gradient of the state leaving the chunk: the next chunk's
     ``dS0``, ``final`` for the last; ``through [C, N, K]`` the chunk's decay per key channel, per head one value
-    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``, row by row from
-    the rows just written; the last chunk's is there already); ``su [C, N, V, K + L]`` the GEMM operand ``[S0^T |
+    repeated), written transposed into ``leave_t [C, N, V, K]`` too (the previous chunk's ``dS_L^T``, from the rows just
+    written; the last chunk's is there already); ``su [C, N, V, K + L]`` the GEMM operand ``[S0^T |
     U^T]`` (``S0`` the state entering the chunk: matrix ``first_at[j]`` of ``first [M, K, V]`` for the first chunk,
     else the previous chunk's, ``leaving_at[c - 1, j]`` of ``leaving``; ``U`` matrix ``u_at[c, j]`` of ``u [M, L,
     V]``); ``check [C, N]`` the sum of ``dv`` (for ``_redo_nonfinite``), ``dots [C, N]`` ``S0 . ds`` and ``dbeta [C, N,
     L]`` ``Y.V`` (V's step ``t`` of lane ``j``: row ``value_rows[c N + j, t]`` of ``values [R, V]``). One pass where
-    NumPy makes four and three transposing copies."""
+    NumPy makes four and three transposing copies (float32's in 8 x 8 vector transposes, ``jit_math._transposed``)."""
     count, lanes, n, width = carried.shape
     length = beta.shape[2]
     ds = final if c == count - 1 else carried[c + 1]
@@ -335,23 +335,15 @@ def gdn_reverse_state(carried, final, through, leave_t, oy, beta, dv, rows, firs
             for v in range(width):
                 state[v] += a[v] * d[v]
         dots[c, j] = _folded(state)
-        for v in range(width):  # [S0^T | U^T], row by row
-            line = sj[v]
-            for i in range(n):
-                line[i] = start[i, v]
-            for t in range(length):
-                line[n + t] = uj[t, v]
+        _transposed(sj, 0, start)  # [S0^T | U^T]
+        _transposed(sj, n, uj)
         cj, fj = carried[c, j], through[c, j]
         for i in range(n):
             row_i, drow, f = cj[i], dj[i], fj[i]
             for v in range(width):
                 row_i[v] += drow[v] * f
         if c:
-            out_t = leave_t[c - 1, j]
-            for v in range(width):
-                line = out_t[v]
-                for i in range(n):
-                    line[i] = cj[i, v]
+            _transposed(leave_t[c - 1, j], 0, cj)
 
 
 _OPERANDS = dict(q=3, k=3, g=2, beta=2, ratios=3, gamma=2, to_end=2, through=1, kd=3, gb=3)

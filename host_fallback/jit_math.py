@@ -1,6 +1,6 @@
 """The float32 primitives the Numba kernels share (``jit_lstm``, ``jit_lstm_sequence``, ``jit_ssm_steps``;
-imported only through ``jit``, where Numba is installed): bit casts, a memcpy, a prefetch, an 8 x 8 transpose,
-``exp`` and ``log``.
+imported only through ``jit``, where Numba is installed): bit casts, a memcpy, a prefetch, an 8 x 8 transpose (and
+a whole matrix's, ``_transposed``, any float type), ``exp`` and ``log``.
 
 ``exp`` is written out so that LLVM vectorizes the loops it sits in (a call to libm's ``expf`` would keep
 them scalar, four times slower than NumPy's ``exp``): Cody-Waite reduction by ln 2, a degree-6 polynomial,
@@ -20,7 +20,7 @@ import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 __all__: list[str] = []  # primitives of the other kernels: ``jit.kernel`` hands out none of them
 _F32, _I32 = np.float32, np.int32
@@ -100,6 +100,37 @@ def _transpose8(typingctx, src, lds, dst, ldd):
             builder.store(mix(quads[c], quads[c + 4], high), at(dst, ldd, c + 4), align=4)
         return context.get_dummy_value()
     return types.void(types.intp, types.intp, types.intp, types.intp), codegen
+
+
+def _transposed(dst, col, src):
+    """``dst[v, col + i] = src[i, v]`` for every element of ``src`` (2-D arrays, rows contiguous): float32 in
+    ``_transpose8``'s 8 x 8 blocks (the edges one value at a time), any other type one value at a time."""
+
+
+@overload(_transposed)
+def _transposed_typed(dst, col, src):
+    if dst.dtype != types.float32 or src.dtype != types.float32:
+        return _transposed_values
+
+    def blocks(dst, col, src):
+        rows, cols = src.shape
+        whole_rows, whole_cols = rows - rows % 8, cols - cols % 8
+        lds, ldd = src.strides[0] // 4, dst.strides[0] // 4
+        for i in range(0, whole_rows, 8):
+            for v in range(0, whole_cols, 8):
+                _transpose8(src.ctypes.data + 4 * (i * lds + v), lds, dst.ctypes.data + 4 * (v * ldd + col + i), ldd)
+        for i in range(rows):
+            for v in range(whole_cols if i < whole_rows else 0, cols):
+                dst[v, col + i] = src[i, v]
+    return blocks
+
+
+def _transposed_values(dst, col, src):
+    """``_transposed`` one value at a time."""
+    for v in range(src.shape[1]):
+        line = dst[v]
+        for i in range(src.shape[0]):
+            line[col + i] = src[i, v]
 
 
 #: 1.5 * 2**23: adding it rounds a float32 of magnitude below 2**22 to an integer, which its low bits then hold.
