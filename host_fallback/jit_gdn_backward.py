@@ -229,9 +229,8 @@ def gdn_head_gradients(q, k, gamma, to_end, beta, ratios, qk, kk, products, dkd,
     term, ``through [N]`` times ``entering [N]`` (``S0 . dS_L``, ``gdn_reverse_state``'s). Takes from
     ``dbeta [N, L]`` (which holds ``Y.V``) ``gamma (dgk.k)`` and ``sum_s dkk[r, s] kk[r, s]`` (unscaled). The triangles
     only (``s <= r``, in blocks of ``_BLOCK``); each dot product over the channels as a vector of products, summed
-    by ``_folded``. Adds
-    to ``check [N]`` the sum of every gradient the lane wrote (non-finite where one of them is: ``_redo_nonfinite``'s
-    test)."""
+    by ``_folded``. Adds to ``check [N]`` the sum of every gradient the lane wrote (non-finite where one of them is:
+    ``_redo_nonfinite``'s test)."""
     (lanes, length), n = dg.shape, dq.shape[1]
     # a step's terms of q.dqg - k.(dgk + dkd) and of k.dgk, a lane's of k.dkd, each channel's sum of dq + dk
     terms = np.empty((4, n), dq.dtype)

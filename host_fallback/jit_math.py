@@ -103,13 +103,13 @@ def _transpose8(typingctx, src, lds, dst, ldd):
 
 
 def _transposed(dst, col, src):
-    """``dst[v, col + i] = src[i, v]`` for every element of ``src`` (2-D arrays, rows contiguous): float32 in
-    ``_transpose8``'s 8 x 8 blocks (the edges one value at a time), any other type one value at a time."""
+    """``dst[v, col + i] = src[i, v]`` for every element of ``src`` (2-D arrays): ``_transpose8``'s 8 x 8 blocks
+    (the edges one value at a time) where both are float32 and C-contiguous by type, else one value at a time."""
 
 
 @overload(_transposed)
 def _transposed_typed(dst, col, src):
-    if dst.dtype != types.float32 or src.dtype != types.float32:
+    if not all(x.dtype == types.float32 and x.layout == "C" for x in (dst, src)):
         return _transposed_values
 
     def blocks(dst, col, src):

@@ -1,6 +1,6 @@
 """host_fallback.jit: the lstm step compiled by Numba (the ``jit`` extra, which the ``test`` extra installs).
 
-Its exp against float64's; the step kernel alone against a float64 formula of its contract over every
+Its exp against float64's, its whole-matrix transpose against NumPy's; the step kernel alone against a float64 formula of its contract over every
 way it splits columns and units, and its refusals; its use exactly where it applies; the compiled and
 the NumPy step each against the float64 reference (rlx_gpu/conformance/reference_rnn.py, through
 test_rnn_host's ``check``) over the fields it handles, their non-finite classes against each other, and
@@ -62,6 +62,29 @@ def lanes(request, monkeypatch):
 def _exp_over(x, out):  # the kernels' exp in a loop, as they run it (vectorized)
     for k in range(x.size):
         out[k] = jit_math._exp(x[k])
+
+
+@numba.njit
+def _transposed_at(dst, col, src):  # the kernels' whole-matrix transpose, as they call it
+    jit_math._transposed(dst, col, src)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows,cols", [(8, 8), (37, 20), (3, 5), (64, 16)])
+def test_a_matrix_transposed_into_a_column_offset_leaves_the_rest(dtype, rows, cols):
+    """``jit_math._transposed``: ``dst[v, col + i] = src[i, v]``, 8 x 8 vector blocks and their edges (float32,
+    C-contiguous) or a value at a time (float64; a strided view), nothing outside written; NaN and inf moved as
+    they are."""
+    rng = np.random.default_rng(rows * cols)
+    src = rng.standard_normal((rows, cols)).astype(dtype)
+    src[0, -1], src[-1, 0] = np.nan, -np.inf
+    for source in (src, np.repeat(src, 2, axis=1)[:, ::2]):  # C-contiguous, then the same values strided
+        dst = np.full((cols + 1, rows + 7), 9, dtype)
+        _transposed_at(dst, 3, source)
+        np.testing.assert_array_equal(dst[:cols, 3:3 + rows], src.T)
+        outside = np.ones(dst.shape, bool)
+        outside[:cols, 3:3 + rows] = False
+        assert (dst[outside] == 9).all()
 
 
 def test_exp_is_within_an_ulp_and_keeps_nan_and_inf():
