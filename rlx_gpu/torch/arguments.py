@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .argument_rules import (FLOATS, Form, Sizes, dtypes, indices, is_tensor, once_per_signature, parameter_dtypes,
-                             same_device, spelled)
+                             real, same_device, spelled)
 
 
 @once_per_signature
@@ -191,6 +191,135 @@ def check_chunk_kda(q: Any, k: Any, v: Any, g: Any, beta: Any, initial_state: An
     fused in the kernel ``A_log (HV,)`` and ``dt_bias (HV·K,)``."""
     _check_delta_rule("chunk_kda", q, k, v, {"g": (g, ("B", "T", "HV", "K"))}, beta, initial_state, state_v_first,
                       cu_seqlens, {"A_log": (A_log, ("HV",)), "dt_bias": (dt_bias, ("HV·K",))})
+
+
+#: The narrowest and widest causal_conv1d filters (ABI.md §10).
+CONV_WIDTHS = (2, 8)
+
+
+def _conv_width(sizes: Sizes, weight: torch.Tensor) -> None:
+    """``weight (dim, width)``'s width is one the op takes; fixes ``width - 1``, the carried columns."""
+    width, (narrowest, widest) = sizes.size("width"), CONV_WIDTHS
+    if not narrowest <= width <= widest:  # comparisons, which trace on symbolic sizes
+        raise ValueError(f"{sizes.fn}: weight has shape {list(weight.shape)}: width={width}; rlx_gpu's "
+                         f"causal_conv1d takes {narrowest} <= width <= {widest} (ABI.md §10)")
+    sizes.fix("width - 1", width - 1, lambda: f"width={width} from weight {list(weight.shape)}")
+
+
+def _floats(fn: str, anchor: str, tensors: dict[str, Any], index_tensors: dict[str, Any]) -> None:
+    """Each of ``tensors`` real and floating (their dtypes may differ: the call casts them to the anchor's), all
+    of them and the ``index_tensors`` on the anchor's device."""
+    for arg, t in tensors.items():
+        if t is not None:
+            real(fn, arg, t)
+    same_device(fn, anchor, {**tensors, **index_tensors})
+
+
+@once_per_signature
+def check_causal_conv1d_fn(x: Any, weight: Any, bias: Any = None, seq_idx: Any = None, initial_states: Any = None,
+                           final_states_out: Any = None) -> None:
+    """causal-conv1d's layout: ``x (batch, dim, seqlen)``, ``weight (dim, width)`` with a width the op takes,
+    ``bias (dim,)``, ``seq_idx (batch, seqlen)`` integers, ``initial_states`` and ``final_states_out (batch,
+    dim, width - 1)``; any floating dtypes (weight, bias and states are cast to x's)."""
+    fn = "causal_conv1d_fn"
+    sizes = Sizes(fn)
+    sizes.take("x", x, ("batch", "dim", "seqlen"))
+    sizes.take("weight", weight, ("dim", "width"))
+    _conv_width(sizes, weight)
+    sizes.maybe("bias", bias, ("dim",))
+    if indices(fn, "seq_idx", seq_idx, "sequence indices"):
+        sizes.take("seq_idx", seq_idx, ("batch", "seqlen"))
+    sizes.maybe("initial_states", initial_states, ("batch", "dim", "width - 1"))
+    sizes.maybe("final_states_out", final_states_out, ("batch", "dim", "width - 1"))
+    _floats(fn, "x", {"x": x, "weight": weight, "bias": bias, "initial_states": initial_states,
+                      "final_states_out": final_states_out}, {"seq_idx": seq_idx})
+
+
+@once_per_signature
+def check_causal_conv1d_update(x: Any, conv_state: Any, weight: Any, bias: Any = None,
+                               conv_state_indices: Any = None) -> None:
+    """causal-conv1d's layout: ``x (batch, dim)`` or ``(batch, dim, seqlen)``, ``conv_state (batch, dim,
+    state_len)`` (its first size the pool's with ``conv_state_indices (batch,)`` integers) holding at least
+    ``width - 1`` columns, ``weight (dim, width)``, ``bias (dim,)``; any floating dtypes."""
+    fn = "causal_conv1d_update"
+    sizes = Sizes(fn)
+    sizes.take("x", x, ("batch", "dim"), ("batch", "dim", "seqlen"))
+    pool = "pool" if conv_state_indices is not None else "batch"
+    sizes.take("conv_state", conv_state, (pool, "dim", "state_len"))
+    sizes.take("weight", weight, ("dim", "width"))
+    _conv_width(sizes, weight)
+    if sizes.size("state_len") < sizes.size("width - 1"):
+        raise ValueError(f"{fn}: conv_state has shape {list(conv_state.shape)}: {sizes.size('state_len')} columns; "
+                         f"width {sizes.size('width')} (weight {list(weight.shape)}) needs at least "
+                         f"{sizes.size('width - 1')}")
+    sizes.maybe("bias", bias, ("dim",))
+    if indices(fn, "conv_state_indices", conv_state_indices, "state pool entries"):
+        sizes.take("conv_state_indices", conv_state_indices, ("batch",))
+    _floats(fn, "x", {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias},
+            {"conv_state_indices": conv_state_indices})
+
+
+#: mamba_ssm's Mamba-3 SISO layout (``mamba3_siso_combined``'s; its step's without ``seqlen``), argument by argument.
+MAMBA3_FORMS: dict[str, Form] = {
+    "Q": ("batch", "seqlen", "nheads_qk", "headdim_qk"), "K": ("batch", "seqlen", "nheads_qk", "headdim_qk"),
+    "V": ("batch", "seqlen", "nheads", "headdim_v"), "ADT": ("batch", "nheads", "seqlen"),
+    "DT": ("batch", "nheads", "seqlen"), "Trap": ("batch", "nheads", "seqlen"), "Q_bias": ("nheads", "headdim_qk"),
+    "K_bias": ("nheads", "headdim_qk"), "Angles": ("batch", "seqlen", "nheads", "headdim_angles"), "D": ("nheads",),
+    "Z": ("batch", "seqlen", "nheads", "headdim_v")}
+#: ``Input_States``' four, in the anchor's order.
+MAMBA3_STATES: tuple[tuple[str, Form], ...] = (
+    ("angle", ("R", "nheads", "headdim_angles")), ("ssm", ("R", "nheads", "headdim_v", "headdim_qk")),
+    ("k", ("R", "nheads", "headdim_qk")), ("v", ("R", "nheads", "headdim_v")))
+
+
+@once_per_signature
+def check_mamba3_siso_combined(Q: Any, K: Any, V: Any, ADT: Any, DT: Any, Trap: Any, Q_bias: Any, K_bias: Any,
+                               Angles: Any, D: Any = None, Z: Any = None, Input_States: Any = None,
+                               cu_seqlens: Any = None) -> None:
+    """``_check_mamba3`` over sequences."""
+    tensors = dict(zip(MAMBA3_FORMS, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z)))
+    _check_mamba3("mamba3_siso_combined", False, tensors, Input_States, cu_seqlens)
+
+
+@once_per_signature
+def check_mamba3_siso_step(Q: Any, K: Any, V: Any, ADT: Any, DT: Any, Trap: Any, Q_bias: Any, K_bias: Any,
+                           Angles: Any, D: Any = None, Z: Any = None, Input_States: Any = None) -> None:
+    """``_check_mamba3`` of one token."""
+    tensors = dict(zip(MAMBA3_FORMS, (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z)))
+    _check_mamba3("mamba3_siso_step", True, tensors, Input_States, None)
+
+
+def _check_mamba3(fn: str, step: bool, tensors: dict[str, Any], states: Any, cu_seqlens: Any) -> None:
+    """``MAMBA3_FORMS`` (``step``: without ``seqlen``) for ``tensors`` by the anchor's names, ``Input_States``
+    (``states``: four tensors, R = batch or the sequences of ``cu_seqlens (num_sequences + 1,)``, integers with
+    batch 1), ``headdim_qk`` even with ``1 <= headdim_angles <= headdim_qk / 2`` (ABI.md §11); real floating
+    dtypes (the call casts K, V, Z to Q's), one device."""
+    sizes = Sizes(fn)
+    for arg, form in MAMBA3_FORMS.items():
+        form = tuple(n for n in form if not (step and n == "seqlen"))
+        (sizes.take if arg in ("Q", "K", "V", "ADT", "DT", "Trap", "Angles") else sizes.maybe)(arg, tensors[arg], form)
+        if arg == "V":
+            sizes.divides("nheads_qk", "nheads", "Q", "head h reads group h // (nheads / nheads_qk)")
+    n, angles = sizes.size("headdim_qk"), sizes.size("headdim_angles")
+    if n % 2 or not 1 <= angles <= n // 2:
+        raise ValueError(f"{fn}: Angles has headdim_angles={angles} (Angles {list(tensors['Angles'].shape)}) beside "
+                         f"headdim_qk={n} (from {sizes.source('headdim_qk')}); rotary pairs need an even headdim_qk "
+                         f"and 1 <= headdim_angles <= headdim_qk / 2")
+    if indices(fn, "cu_seqlens", cu_seqlens, "sequence boundaries"):
+        sizes.take("cu_seqlens", cu_seqlens, ("num_sequences + 1",))
+        if sizes.size("batch") != 1:
+            raise ValueError(f"{fn}: the batch size must be 1 rather than {sizes.size('batch')} with cu_seqlens "
+                             f"(Q {list(tensors['Q'].shape)}); flatten variable-length inputs first")
+        sizes.fix("R", cu_seqlens.shape[0] - 1, lambda: f"cu_seqlens {list(cu_seqlens.shape)}: one per sequence")
+    else:
+        sizes.fix("R", sizes.size("batch"), lambda: f"Q {list(tensors['Q'].shape)}: one per row")
+    given = dict(tensors)
+    if states is not None and len(states) != len(MAMBA3_STATES):
+        raise ValueError(f"{fn}: Input_States holds {len(states)} tensors; expected the 4-tuple (angle, ssm, k, v)")
+    for i, (what, form) in enumerate(MAMBA3_STATES if states is not None else ()):
+        given[f"Input_States[{i}]"] = states[i]
+        sizes.take(f"Input_States[{i}] ({what})", states[i], form)
+    _floats(fn, "Q", given, {"cu_seqlens": cu_seqlens})
 
 
 def check_rnn_forward(module: torch.nn.RNNBase, input: Any, hx: Any) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .arguments import check_seq_idx, check_state_batch_indices
+from .arguments import check_causal_conv1d_fn, check_causal_conv1d_update, check_seq_idx, check_state_batch_indices
 from .bridge import (CPU, DTYPES, BoundCall, Spec, bound_call, default_device, device_for, host_array, on_cuda,
                      plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, FusedOp, call_of, cast, define_fused, forward_graph
@@ -51,6 +51,7 @@ def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     ``mamba_chunk_scan_combined`` does), a row's initial state feeding its first sequence and its final state
     its last sequence's (Dao-AILab's refuses states with ``seq_idx``; mamba_ssm's scan takes them so)."""
     name = "causal_conv1d_fn"
+    check_causal_conv1d_fn(x, weight, bias, seq_idx, initial_states, final_states_out)
     act = _activation(name, activation)
     batch, dim, seqlen = x.shape
     tokens = x.transpose(1, 2)
@@ -96,10 +97,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
         raise NotImplementedError(f"{name}: cache_seqlens (a ring-buffer cache) is not supported: rlx_gpu's op "
                                   "(ABI.md §10) shifts the cache, its oldest column first, and reads no write "
                                   "position; pass cache_seqlens=None with a shifted cache")
+    check_causal_conv1d_update(x, conv_state, weight, bias, conv_state_indices)
     act = _activation(name, activation)
-    width, state_len = weight.shape[1], conv_state.shape[-1]
-    if state_len < width - 1:
-        raise ValueError(f"{name}: conv_state holds {state_len} columns; width {width} needs at least {width - 1}")
     return _UPDATE_CALL(conv_state, x, weight, bias, act, conv_state_indices)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from ..graph.builder import Graph
+from .arguments import check_mamba3_siso_combined, check_mamba3_siso_step
 from .bridge import run_graph, specs_of
 from .fused import CALL, cast, declare, output_gradients
 from .library import define, dense, direct, empty, schema_args
@@ -151,9 +152,7 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     nheads, headdim_v)`` with ``R`` the batch or the sequences of ``cu_seqlens`` (int32, batch 1). Returns ``out``,
     or with ``return_final_states`` ``(out, angle, ssm, k, v)``, the final states (zero-started when no
     ``Input_States``)."""
-    if Input_States is not None and len(Input_States) != 4:
-        raise ValueError(f"mamba3_siso_combined: Input_States holds {len(Input_States)} tensors; expected the "
-                         "4-tuple (angle, ssm, k, v)")
+    check_mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, cu_seqlens)
     step_dtype, param_dtype, state_dtype = _element_types(Q, ADT, Q_bias if Q_bias is not None else D, Input_States)
     step = [cast(t.transpose(1, 2), step_dtype) for t in (ADT, DT, Trap)]
     params = [cast(t, param_dtype) for t in (Q_bias, K_bias, D)]
@@ -180,6 +179,7 @@ def mamba3_siso_step(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: tor
     Trap (batch, nheads)``, ``Angles (batch, nheads, headdim_angles)``, ``Input_States = (angle, ssm, k, v)`` (as
     ``mamba3_siso_combined``'s, R = batch). Returns ``(out (batch, nheads, headdim_v), [angle, ssm, k, v])``: the
     states after the step, as new tensors."""
+    check_mamba3_siso_step(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States)
     tokens = [None if t is None else t.unsqueeze(1) for t in (Q, K, V, Angles, Z)]
     q, k, v, angles, z = tokens
     step = [t.unsqueeze(2) for t in (ADT, DT, Trap)]

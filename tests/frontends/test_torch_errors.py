@@ -70,6 +70,28 @@ def packed_gdn_args() -> dict[str, Any]:
     return {**args, "initial_state": r(3, 4, 3, 2), "cu_seqlens": torch.tensor([0, 2, 2, 5])}
 
 
+def conv_args() -> dict[str, Any]:
+    """causal_conv1d_fn: batch 2, dim 4, seqlen 6, width 3, from initial states, returning the final ones."""
+    return {"x": r(2, 4, 6), "weight": r(4, 3), "bias": r(4), "initial_states": r(2, 4, 2), "return_final_states": True}
+
+
+def conv_update_args() -> dict[str, Any]:
+    """causal_conv1d_update into entries 3 and 1 of a pool of 5: batch 2, dim 4, width 3, state_len 3."""
+    return {"x": r(2, 4), "conv_state": r(5, 4, 3), "weight": r(4, 3), "bias": r(4),
+            "conv_state_indices": torch.tensor([3, 1], dtype=torch.int32)}
+
+
+def mamba3_args(step: bool = False) -> dict[str, Any]:
+    """mamba3_siso_combined (``step``: mamba3_siso_step, no seqlen): batch 2, seqlen 5, nheads_qk 2,
+    headdim_qk 4, nheads 4, headdim_v 3, headdim_angles 2, from initial states."""
+    t = () if step else (5,)
+    args = {"Q": r(2, *t, 2, 4), "K": r(2, *t, 2, 4), "V": r(2, *t, 4, 3), "ADT": -r(2, 4, *t).abs(),
+            "DT": r(2, 4, *t).abs(), "Trap": r(2, 4, *t), "Q_bias": r(4, 4), "K_bias": r(4, 4),
+            "Angles": r(2, *t, 4, 2), "D": r(4), "Z": r(2, *t, 4, 3),
+            "Input_States": [r(2, 4, 2), r(2, 4, 3, 4), r(2, 4, 4), r(2, 4, 3)]}
+    return args if step else {**args, "return_final_states": True}
+
+
 def in_bf16(args: dict[str, Any], *activations: str) -> dict[str, Any]:
     """``args`` with the ``activations`` in bf16 and the rest as they were (f32 parameters, gates and states:
     what mamba_ssm's and fla's models pass)."""
@@ -90,6 +112,12 @@ GOOD: dict[str, tuple[Callable, Callable[[], dict[str, Any]]]] = {
     "ssd_bf16": (rt.mamba_chunk_scan_combined, lambda: in_bf16(ssd_args(), "x", "dt", "B", "C", "z", "D", "dt_bias")),
     "step_bf16": (rt.selective_state_update, lambda: in_bf16(step_args(), "x", "dt", "B", "C", "z", "D", "dt_bias")),
     "gdn_bf16": (rt.chunk_gated_delta_rule, lambda: in_bf16(gdn_args(), "q", "k", "v", "beta")),
+    "conv": (rt.causal_conv1d_fn, conv_args),
+    "conv_update": (rt.causal_conv1d_update, conv_update_args),
+    "mamba3": (rt.mamba3_siso_combined, mamba3_args),
+    "mamba3_step": (rt.mamba3_siso_step, lambda: mamba3_args(step=True)),
+    "conv_bf16": (rt.causal_conv1d_fn, lambda: in_bf16(conv_args(), "x")),
+    "mamba3_bf16": (rt.mamba3_siso_combined, lambda: in_bf16(mamba3_args(), "Q", "K", "V", "Z")),
 }
 
 #: (good call, change to its arguments, exception, message regex): each message names the argument and the
@@ -237,6 +265,71 @@ TABLE = [
     ("kda", lambda a: {**a, "use_gate_in_kernel": True, "A_log": r(4), "dt_bias": r(8)}, ValueError,
      r"^chunk_kda: dt_bias has shape \[8\]; expected \(HV·K,\) = \[12\] \(HV·K=12 from HV=4 from v \[2, 5, 4, 2\] "
      r"times K=3 from q \[2, 5, 2, 3\]\)$"),
+    # causal-conv1d: x (batch, dim, seqlen), weight (dim, width)
+    ("conv", lambda a: {**a, "x": a["x"][0]}, ValueError,
+     r"^causal_conv1d_fn: x has shape \[4, 6\] \(2 dimensions\); expected \(batch, dim, seqlen\)$"),
+    ("conv", lambda a: {**a, "weight": r(5, 3)}, ValueError,
+     r"^causal_conv1d_fn: weight has shape \[5, 3\]; expected \(dim, width\) = \[4, width\] \(dim=4 from x \[2, 4, 6\]\)$"),
+    ("conv", lambda a: {**a, "weight": r(4, 9), "initial_states": None}, ValueError,
+     r"^causal_conv1d_fn: weight has shape \[4, 9\]: width=9; rlx_gpu's causal_conv1d takes 2 <= width <= 8"),
+    ("conv", lambda a: {**a, "initial_states": r(2, 4, 3)}, ValueError,
+     r"^causal_conv1d_fn: initial_states has shape \[2, 4, 3\]; expected \(batch, dim, width - 1\) = \[2, 4, 2\] "
+     r"\(width - 1=2 from width=3 from weight \[4, 3\]\)$"),
+    ("conv", lambda a: {**a, "final_states_out": r(1, 4, 2)}, ValueError,
+     r"^causal_conv1d_fn: final_states_out has shape \[1, 4, 2\]; expected \(batch, dim, width - 1\) = \[2, 4, 2\] "
+     r"\(batch=2 from x \[2, 4, 6\]\)$"),
+    ("conv", lambda a: {**a, "seq_idx": torch.zeros(2, 5, dtype=torch.int32)}, ValueError,
+     r"^causal_conv1d_fn: seq_idx has shape \[2, 5\]; expected \(batch, seqlen\) = \[2, 6\]"),
+    ("conv", lambda a: {**a, "seq_idx": torch.zeros(2, 6)}, TypeError,
+     r"^causal_conv1d_fn: seq_idx is torch.float32; expected an integer tensor"),
+    ("conv", lambda a: {**a, "seq_idx": torch.tensor([[0, 0, 1, 0, 0, 0]] * 2)}, NotImplementedError,
+     r"^causal_conv1d_fn: seq_idx falls from 1 to 0 at \[0, 3\]"),
+    ("conv", lambda a: {**a, "x": a["x"].long()}, TypeError, r"^causal_conv1d_fn: x is torch.int64; expected a floating"),
+    ("conv", lambda a: {**a, "weight": a["weight"].to(torch.complex64)}, NotImplementedError,
+     r"^causal_conv1d_fn: weight is complex \(torch.complex64\)"),
+    ("conv", lambda a: {**a, "bias": a["bias"].to("meta")}, ValueError,
+     r"^causal_conv1d_fn: bias lies on meta, x on cpu; the tensors of one call lie on one device"),
+    ("conv_update", lambda a: {**a, "conv_state": r(5, 4, 1)}, ValueError,
+     r"^causal_conv1d_update: conv_state has shape \[5, 4, 1\]: 1 columns; width 3 \(weight \[4, 3\]\) needs at "
+     r"least 2$"),
+    ("conv_update", lambda a: {**a, "conv_state": r(5, 3, 3)}, ValueError,
+     r"^causal_conv1d_update: conv_state has shape \[5, 3, 3\]; expected \(pool, dim, state_len\) = "
+     r"\[pool, 4, state_len\] \(dim=4 from x \[2, 4\]\)$"),
+    ("conv_update", lambda a: {**a, "conv_state_indices": None}, ValueError,
+     r"^causal_conv1d_update: conv_state has shape \[5, 4, 3\]; expected \(batch, dim, state_len\) = "
+     r"\[2, 4, state_len\] \(batch=2 from x \[2, 4\]\)$"),
+    ("conv_update", lambda a: {**a, "x": r(2, 4, 1, 1)}, ValueError,
+     r"^causal_conv1d_update: x has shape \[2, 4, 1, 1\] \(4 dimensions\); expected \(batch, dim\) or "
+     r"\(batch, dim, seqlen\)$"),
+    ("conv_update", lambda a: {**a, "conv_state_indices": torch.tensor([3, 1, 0])}, ValueError,
+     r"^causal_conv1d_update: conv_state_indices has shape \[3\]; expected \(batch,\) = \[2\]"),
+    ("conv_update", lambda a: {**a, "conv_state_indices": torch.tensor([3.0, 1.0])}, TypeError,
+     r"^causal_conv1d_update: conv_state_indices is torch.float32; expected an integer tensor"),
+    ("conv_update", lambda a: {**a, "conv_state_indices": torch.tensor([3, 5])}, IndexError,
+     r"^causal_conv1d_update: conv_state_indices\[1\] = 5 is outside the state pool of 5 entries"),
+    # mamba_ssm's Mamba-3 SISO: Q, K (batch, seqlen, nheads_qk, headdim_qk), ADT, DT, Trap (batch, nheads, seqlen)
+    ("mamba3", lambda a: {**a, "ADT": a["ADT"].transpose(1, 2)}, ValueError,
+     r"^mamba3_siso_combined: ADT has shape \[2, 5, 4\]; expected \(batch, nheads, seqlen\) = \[2, 4, 5\] "
+     r"\(nheads=4 from V \[2, 5, 4, 3\], seqlen=5 from Q \[2, 5, 2, 4\]\)$"),
+    ("mamba3", lambda a: {**a, "V": r(2, 5, 3, 3), "Z": None}, ValueError,
+     r"^mamba3_siso_combined: Q has nheads_qk=2, which does not divide nheads=3 \(from V \[2, 5, 3, 3\]\)"),
+    ("mamba3", lambda a: {**a, "Angles": r(2, 5, 4, 3)}, ValueError,
+     r"^mamba3_siso_combined: Angles has headdim_angles=3 \(Angles \[2, 5, 4, 3\]\) beside headdim_qk=4 \(from "
+     r"Q \[2, 5, 2, 4\]\); rotary pairs need an even headdim_qk and 1 <= headdim_angles <= headdim_qk / 2$"),
+    ("mamba3", lambda a: {**a, "Input_States": a["Input_States"][:3]}, ValueError,
+     r"^mamba3_siso_combined: Input_States holds 3 tensors; expected the 4-tuple \(angle, ssm, k, v\)$"),
+    ("mamba3", lambda a: {**a, "Input_States": [a["Input_States"][0], r(2, 4, 4, 3), *a["Input_States"][2:]]},
+     ValueError, r"^mamba3_siso_combined: Input_States\[1\] \(ssm\) has shape \[2, 4, 4, 3\]; expected "
+                 r"\(R, nheads, headdim_v, headdim_qk\) = \[2, 4, 3, 4\]"),
+    ("mamba3", lambda a: {**a, "cu_seqlens": torch.tensor([0, 2, 5])}, ValueError,
+     r"^mamba3_siso_combined: the batch size must be 1 rather than 2 with cu_seqlens"),
+    ("mamba3", lambda a: {**a, "Q": a["Q"].long()}, TypeError,
+     r"^mamba3_siso_combined: Q is torch.int64; expected a floating"),
+    ("mamba3_step", lambda a: {**a, "Q": a["Q"][:, None]}, ValueError,
+     r"^mamba3_siso_step: Q has shape \[2, 1, 2, 4\] \(4 dimensions\); expected \(batch, nheads_qk, headdim_qk\)$"),
+    ("mamba3_step", lambda a: {**a, "DT": r(2, 3)}, ValueError,
+     r"^mamba3_siso_step: DT has shape \[2, 3\]; expected \(batch, nheads\) = \[2, 4\] "
+     r"\(nheads=4 from V \[2, 4, 3\]\)$"),
 ]
 
 
@@ -257,11 +350,18 @@ def test_a_bad_call_raises_before_anything_runs_naming_the_argument_and_its_layo
         assert torch.equal(bad[k], v), k
 
 
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors a call returned: one, or those of a tuple or list (nested once: mamba3_siso_step's states)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for item in out if item is not None for t in _tensors(item)]
+
+
 @pytest.mark.parametrize("good", GOOD)
 def test_the_good_calls_run(good, host):
     fn, args = GOOD[good]
-    out = fn(**args())
-    assert all(torch.isfinite(t).all() for t in (out if isinstance(out, tuple) else (out,)) if t is not None)
+    outs = _tensors(fn(**args()))
+    assert outs and all(torch.isfinite(t).all() for t in outs)
 
 
 #: (check, its arguments from a good call's): the checks the lead calls inside the custom ops.
@@ -276,6 +376,11 @@ CHECKS = {
     "packed_gdn": (arguments.check_chunk_gated_delta_rule, lambda a: a),
     "recurrent": (arguments.check_fused_recurrent_gated_delta_rule, lambda a: a),
     "kda": (arguments.check_chunk_kda, lambda a: a),
+    "conv": (arguments.check_causal_conv1d_fn, lambda a: {k: v for k, v in a.items() if k != "return_final_states"}),
+    "conv_update": (arguments.check_causal_conv1d_update, lambda a: a),
+    "mamba3": (arguments.check_mamba3_siso_combined,
+               lambda a: {k: v for k, v in a.items() if k != "return_final_states"}),
+    "mamba3_step": (arguments.check_mamba3_siso_step, lambda a: a),
 }
 
 
@@ -293,8 +398,12 @@ def test_the_shape_and_dtype_checks_read_no_data_they_run_on_fake_tensors(good, 
     check, picked = CHECKS[good]
     given = picked(change(GOOD[good][1]()))
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
-                for k, v in given.items()}
+        def faked(v: Any) -> Any:
+            if isinstance(v, list):
+                return [faked(t) for t in v]
+            return mode.from_tensor(v) if isinstance(v, torch.Tensor) and v.device.type == "cpu" else v
+
+        fake = {k: faked(v) for k, v in given.items()}
         with pytest.raises(error, match=message):
             check(**{k: v for k, v in fake.items() if k != "use_gate_in_kernel"})
 
@@ -356,7 +465,7 @@ EXTREMES = [1e30, float("inf"), -float("inf"), float("nan")]
 
 
 @pytest.mark.parametrize("value", EXTREMES)
-@pytest.mark.parametrize("good", ["scan", "ssd", "step", "mamba1_step", "gdn", "recurrent", "kda"])
+@pytest.mark.parametrize("good", ["scan", "ssd", "step", "mamba1_step", "gdn", "recurrent", "kda", "conv", "mamba3"])
 def test_no_numpy_warning_reaches_the_caller_on_saturated_or_non_finite_inputs(good, value, host):
     fn, args = GOOD[good]
     given = args()
@@ -372,7 +481,7 @@ def test_no_numpy_warning_reaches_the_caller_on_saturated_or_non_finite_inputs(g
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = fn(**{**given, **leaves})
-        outs = [t for t in (out if isinstance(out, tuple) else (out,)) if t is not None]
+        outs = _tensors(out)
         if good not in ("step", "mamba1_step"):
             sum(t.sum() for t in outs).backward()
 
