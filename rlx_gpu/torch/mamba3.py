@@ -153,6 +153,15 @@ def mamba3_siso_combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT:
     or with ``return_final_states`` ``(out, angle, ssm, k, v)``, the final states (zero-started when no
     ``Input_States``)."""
     check_mamba3_siso_combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, cu_seqlens)
+    return _combined(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States, return_final_states,
+                     cu_seqlens)
+
+
+def _combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor, DT: torch.Tensor,
+              Trap: torch.Tensor, Q_bias: torch.Tensor | None, K_bias: torch.Tensor | None, Angles: torch.Tensor,
+              D: torch.Tensor | None, Z: torch.Tensor | None, Input_States: Sequence[torch.Tensor] | None,
+              return_final_states: bool, cu_seqlens: torch.Tensor | None) -> Any:
+    """``mamba3_siso_combined`` on checked arguments (its step's too, checked in its own layout)."""
     step_dtype, param_dtype, state_dtype = _element_types(Q, ADT, Q_bias if Q_bias is not None else D, Input_States)
     step = [cast(t.transpose(1, 2), step_dtype) for t in (ADT, DT, Trap)]
     params = [cast(t, param_dtype) for t in (Q_bias, K_bias, D)]
@@ -183,6 +192,5 @@ def mamba3_siso_step(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: tor
     tokens = [None if t is None else t.unsqueeze(1) for t in (Q, K, V, Angles, Z)]
     q, k, v, angles, z = tokens
     step = [t.unsqueeze(2) for t in (ADT, DT, Trap)]
-    out, *finals = mamba3_siso_combined(q, k, v, *step, Q_bias, K_bias, angles, D, z, Input_States,
-                                        return_final_states=True)
+    out, *finals = _combined(q, k, v, *step, Q_bias, K_bias, angles, D, z, Input_States, True, None)
     return out.squeeze(1), list(finals)
