@@ -26,8 +26,9 @@ times the op's thunk alone on the host, ``host_fallback.bound_kernel(thunk, {})`
 a decode step's kernel costs beneath any runtime or bridge), with the compiled step (``jit``, Numba) and
 with NumPy's (``RLX_HOST_JIT=0``), in turns, on one thread (NumPy's BLAS too), medians of single calls in
 µs: ``THUNK_SHAPES``, the shapes and fields of Mamba-2 (H=8 P=64 N=64, one group, d, z, dt_bias,
-softplus), Mamba (H=1536 N=16, d, z, delta_bias, softplus) and Gated DeltaNet (H=8 K=V=64, with and
-without q/k L2-norm) decoding with a carried state, f32. Needs numpy, ml_dtypes, numba and this
+softplus), Mamba (H=1536 N=16, d, z, delta_bias, softplus), Gated DeltaNet (H=8 K=V=64, with and
+without q/k L2-norm) and Mamba-3 (H=8 P=64 N=64, 16 angles, one q/k group, biases, d, z) decoding with a
+carried state, f32. Needs numpy, ml_dtypes, numba and this
 repository (no torch).
 """
 from __future__ import annotations
@@ -204,7 +205,13 @@ THUNK_SHAPES = {
     "gdn H=8 K=V=64": ("gated_delta_net", dict(heads=8, state_size=64, gate_per_channel=False)),
     "gdn H=8 K=V=64 +qk_l2norm": ("gated_delta_net", dict(heads=8, state_size=64, gate_per_channel=False,
                                                             qk_l2norm=True)),
+    "mamba3 H=8 P=64 N=64 A=16 G=1 +biases,d,z": (
+        "mamba3", dict(heads=8, head_dim=64, state_size=64, num_angles=16, groups=1, q_bias=True, k_bias=True,
+                       d=True, z=True, angle_state=True, k_state=True, v_state=True)),
 }
+#: Inputs a thunk step's op reads in another range than the others' (mamba3's dt is the step itself, after the
+#: softplus the others apply inside; its adt the log-decay).
+OP_RANGES = {"mamba3": {"dt": (0.01, 0.2), "adt": (-0.5, 0.0)}}
 
 
 def thunk_step(op: str, batch: int, p: dict[str, Any],
@@ -222,6 +229,9 @@ def thunk_step(op: str, batch: int, p: dict[str, Any],
                   "beta": lambda: rng.uniform(0.0, 1.0, shape),
                   "k": lambda: rng.standard_normal(shape) / np.sqrt(shape[-1]),
                   "state": lambda: rng.standard_normal(shape) * 0.1}.get(r.field, lambda: rng.standard_normal(shape))
+        if r.field in OP_RANGES.get(op, {}):
+            low, high = OP_RANGES[op][r.field]
+            values = lambda: rng.uniform(low, high, shape)  # noqa: E731
         if r.field != "dst":
             view(arena, r.offset, r.dtype, shape)[...] = values()
     run = host_fallback.bound_kernel(thunk, {})

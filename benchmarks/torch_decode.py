@@ -16,7 +16,10 @@ from a pool of 8 so that no call sees the tensors of the call before):
 - ``fused_recurrent_gated_delta_rule`` T=1 B1 H8 K=V=64, initial state in and final state out (q and k
   L2-normalised), against fla's naive recurrent step in torch ops;
 - ``rlx_gpu.torch.LSTM(256, 256, batch_first=True)``, one step with (h, c) carried, against
-  ``torch.nn.LSTM`` with the same state_dict.
+  ``torch.nn.LSTM`` with the same state_dict;
+- ``mamba3_siso_step`` B1 H8 P64 N64 with 16 angles, one q/k group, biases, D and Z, its four states carried,
+  against §11's step in torch ops (``benchmarks/mamba3.py``'s ``torch_step``, the anchor's
+  ``mamba3_siso_step_ref`` form).
 
 Each case first checks that rlx_gpu.torch and torch agree (``max |diff|`` of the output and the state after
 the same 8 steps from the same state, on each device), then times the paths taking turns, a block of
@@ -56,6 +59,7 @@ import torch.nn.functional as F  # noqa: E402
 
 # benchmarks/rnn.py: the CPU header and the load check; benchmarks/torch_training.py: the training step
 from rnn import cpu_line, cpu_ticks, warn_if_shared  # noqa: E402
+from mamba3 import torch_step  # noqa: E402  (benchmarks/mamba3.py: §11's step in torch ops)
 from torch_training import example, step_times  # noqa: E402
 
 import rlx_gpu.torch as rlx  # noqa: E402
@@ -198,11 +202,41 @@ def lstm_case(name: str, size: int) -> Case:
     return Case(name, make)
 
 
+def mamba3_case(name: str, heads: int, p: int, n: int) -> Case:
+    """``mamba3_siso_step`` at batch 1 (one q/k group, ``n // 4`` angles, biases, D, Z), its four states carried,
+    against §11's step in torch ops (``benchmarks/mamba3.py``'s ``torch_step``, the states updated in place)."""
+    g = torch.Generator().manual_seed(3)
+    params = dict(q_bias=_normal(g, heads, n), k_bias=_normal(g, heads, n), d=_normal(g, heads))
+    steps = [dict(q=_normal(g, 1, 1, n), k=_normal(g, 1, 1, n), v=_normal(g, 1, heads, p),
+                  adt=-torch.rand(1, heads, generator=g) * 0.1, dt=torch.rand(1, heads, generator=g) * 0.1,
+                  trap=_normal(g, 1, heads), angles=_normal(g, 1, heads, n // 4), z=_normal(g, 1, heads, p), **params)
+             for _ in range(POOL)]
+    initial = [_normal(g, 1, heads, n // 4), _normal(g, 1, heads, p, n) * 0.1, _normal(g, 1, heads, n),
+               _normal(g, 1, heads, p)]
+
+    def make(rlx_side: bool) -> Stepper:
+        states = [[t.clone() for t in initial]]
+        if rlx_side:
+            def step(i: int) -> torch.Tensor:
+                s = steps[i % POOL]
+                out, states[0] = rlx.mamba3_siso_step(s["q"], s["k"], s["v"], s["adt"], s["dt"], s["trap"],
+                                                      s["q_bias"], s["k_bias"], s["angles"], s["d"], s["z"],
+                                                      Input_States=states[0])
+                return out
+        else:
+            def step(i: int) -> torch.Tensor:
+                return torch_step(steps[i % POOL], states[0])
+        return Stepper(step, lambda: states[0][1])
+
+    return Case(name, make)
+
+
 def cases() -> list[Case]:
     return [state_update_case("selective_state_update Mamba-2 B1 H8 P64 N64", 8, 64, 64),
             state_update_case("selective_state_update Mamba-1 B1 D1536 N16", None, 1536, 16),
             gdn_case("fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64", 8, 64),
-            lstm_case("rlx_gpu.torch.LSTM one step B1 I=H=256", 256)]
+            lstm_case("rlx_gpu.torch.LSTM one step B1 I=H=256", 256),
+            mamba3_case("mamba3_siso_step B1 H8 P64 N64 A16", 8, 64, 64)]
 
 
 @contextlib.contextmanager

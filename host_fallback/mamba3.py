@@ -23,14 +23,15 @@ operations: the same bytes on every run. ``mamba3_backward`` holds the gradients
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from . import jit, threads
+from . import compiled_step, jit, threads
+from .abi import Region, complete, regions
 from .bound import Bound
 from .chunked import floor_log_decays, pick_path
-from .implementations import KERNELS, PATHS
+from .implementations import GIVEN, KERNELS, PATHS, PREPARE
 from .ssm_ssd import ssd_chunked
 
 #: The four carried states, in the anchor's order (angle, ssm, k, v).
@@ -280,12 +281,48 @@ def inputs(t: Thunk, bound: Bound) -> tuple[list[np.ndarray], dict[str, Any]]:
 
 
 def kernel(t: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
-           workers: int | None = None) -> None:
-    """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place."""
-    bound = Bound(t, arena)
+           workers: int | None = None, by_field: Mapping[str, Region] | None = None) -> None:
+    """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place
+    (``by_field``: the thunk's regions, where the caller laid them out)."""
+    bound = Bound(t, arena, by_field)
     args, options = inputs(t, bound)
     bound.store("dst", mamba3(*args, **options, path=path, chunk=chunk, workers=workers))
 
 
+def _step_arguments(t: Thunk) -> compiled_step.Arguments:
+    """``jit_mamba3.mamba3_step``'s arguments from a thunk's arena views."""
+    present = {f: t[f] is not None for f in ("q_bias", "k_bias", "d", "z")}
+
+    def arguments(bound: Bound) -> tuple:
+        return (*(bound.view(f) for f in ("q", "k", "v", "adt", "dt", "trap", "angles")),
+                *(compiled_step.view(bound, f, rank, present[f]) for f, rank in (("q_bias", 2), ("k_bias", 2),
+                                                                                 ("d", 1), ("z", 4))),
+                *(compiled_step.view(bound, f, rank, t["carry_state"]) for f, rank in zip(STATES, (3, 4, 3, 3))),
+                *compiled_step.rows(t, bound), t["cu_seqlens"] is not None, bound.view("dst"))
+    return arguments
+
+
+def prepare(thunk: Thunk) -> Callable[..., bool | None]:
+    """The thunk-only setup of ``mamba3``, once (``host_fallback.PREPARE``): the thunk completed and its regions
+    laid out, and its compiled step bound (``compiled_step``: ``jit_mamba3.mamba3_step``), which runs the step path
+    where it applies (every tensor f32; the step path runs on one thread). Returns ``run(arena, *, path, chunk,
+    workers, given)`` (``given``: ``implementations.GIVEN``)."""
+    t = complete(thunk)
+    by_field = {r.field: r for r in regions(t)}
+    compiled = compiled_step.CompiledStep.of(t, by_field, "mamba3_step", _step_arguments(t))
+
+    def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
+            workers: int | None = None, given: Any = None) -> bool | None:
+        taken = (compiled is not None and pick_path("mamba3", path, t["seq"], STEP_MAX, "chunked") == "step"
+                 and compiled.run(arena, given))
+        if taken or given is not None:  # arrays given in place of arena views: the compiled step only
+            return taken
+        kernel(t, arena, path=path, chunk=chunk, workers=workers, by_field=by_field)
+        return None
+    return run
+
+
 KERNELS.add("mamba3", kernel)
+PREPARE.add("mamba3", prepare)
+GIVEN.add("mamba3")
 PATHS.add("mamba3", path_for)

@@ -20,7 +20,7 @@ import torch
 
 from ..graph.builder import Graph
 from .arguments import check_mamba3_siso_combined, check_mamba3_siso_step
-from .bridge import run_graph, specs_of
+from .bridge import BoundCall, bound_call, default_device, plan_for, run_graph, specs_of
 from .fused import CALL, cast, declare, output_gradients
 from .library import define, dense, direct, empty, schema_args
 from .registry import FUNCTIONS
@@ -69,9 +69,26 @@ def _forward(*args: Any) -> tuple[torch.Tensor, ...]:
     if given["v"].shape[:2].numel() == 0:  # no tokens: an empty output, the states as they were
         y = dense(given["v"].shape, given["q"]).zero_()
         return (y, *(given[f].clone() if carried else empty(y) for f in STATES))
+    signature = ("mamba3", default_device(), *[None if a is None else (a.shape, a.dtype, a.device) for a in args])
+    bound = bound_call(signature, lambda: _bind(given), given["q"])
+    if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
+        y, *finals = bound(args)
+        return (y, *(finals if carried else [empty(y)] * len(STATES)))
     fields = tuple(given)
     out = run_graph(("mamba3", fields), lambda: _forward_graph(fields, specs_of(given)), given)
     return (out["y"], *(out[f"{CALL}.{f}"] if carried else empty(out["y"]) for f in STATES))
+
+
+def _bind(given: dict[str, torch.Tensor]) -> BoundCall | None:
+    """The bound forward call of a signature of CPU tensors (None for any other: ``run_graph`` runs it); the
+    biases and ``d`` given with their stamps (a module's parameters: copied in once per version)."""
+    if not all(t.is_cpu for t in given.values()):
+        return None
+    fields, specs = tuple(given), specs_of(given)
+    plan = plan_for(("mamba3", fields), lambda: _forward_graph(fields, specs), specs, None)
+    outputs = ("y", *(f"{CALL}.{f}" for f in STATES)) if "state" in given else ("y",)
+    return BoundCall(plan, {f: FIELDS.index(f) for f in fields}, [f for f in ("q_bias", "k_bias", "d") if f in given],
+                     outputs)
 
 
 def _forward_fake(*args: Any) -> tuple[torch.Tensor, ...]:
