@@ -14,16 +14,18 @@ kernels and changes nothing here.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from ..graph.builder import Graph
 from .arguments import check_mamba3_siso_combined, check_mamba3_siso_step
-from .bridge import BoundCall, bound_call, default_device, plan_for, run_graph, specs_of
+from .bridge import (UNBUILT, BoundCall, _last, bound_call, call_key, default_device, hot_path, keep_hot_path,
+                     plan_for, run_graph, specs_of)
 from .fused import CALL, cast, declare, output_gradients
-from .library import define, dense, direct, empty, schema_args
+from .library import PLAIN, define, dense, direct, empty, runs_directly, schema_args
 from .registry import FUNCTIONS
+from .written import written_call
 
 #: The op's tensor fields: required, then optional (the four carried states among them, in the anchor's order).
 TENSORS = ("q", "k", "v", "adt", "dt", "trap", "angles")
@@ -205,9 +207,59 @@ def mamba3_siso_step(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: tor
     Trap (batch, nheads)``, ``Angles (batch, nheads, headdim_angles)``, ``Input_States = (angle, ssm, k, v)`` (as
     ``mamba3_siso_combined``'s, R = batch). Returns ``(out (batch, nheads, headdim_v), [angle, ssm, k, v])``: the
     states after the step, as new tensors."""
+    given = (Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, *(Input_States or ()))
+    key = None
+    if Input_States is not None and len(Input_States) == len(STATES) and runs_directly(*given):
+        key = call_key(*given)
+        path = hot_path(key)
+        if path is not None and path is not UNBUILT:
+            return path(given)
     check_mamba3_siso_step(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States)
-    tokens = [None if t is None else t.unsqueeze(1) for t in (Q, K, V, Angles, Z)]
-    q, k, v, angles, z = tokens
-    step = [t.unsqueeze(2) for t in (ADT, DT, Trap)]
-    out, *finals = _combined(q, k, v, *step, Q_bias, K_bias, angles, D, z, Input_States, True, None)
+    out, *finals = _combined(*_step_views(given[:11]), Input_States, True, None)
+    if key is not None and path is UNBUILT:
+        keep_hot_path(key, lambda: _hot_step(given))
     return out.squeeze(1), list(finals)
+
+
+def _step_views(tensors: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """A decode step's ``(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z)`` as ``mamba3_siso_combined``
+    takes them: the tokens with their seqlen axis, ``ADT, DT, Trap`` as ``(batch, nheads, 1)``."""
+    q, k, v, adt, dt, trap, q_bias, k_bias, angles, d, z = tensors
+    return [*(t.unsqueeze(1) for t in (q, k, v)), *(t.unsqueeze(2) for t in (adt, dt, trap)), q_bias, k_bias,
+            angles.unsqueeze(1), d, None if z is None else z.unsqueeze(1)]
+
+
+def _hot_step(given: tuple[torch.Tensor | None, ...]) -> Callable[..., tuple[torch.Tensor, list[torch.Tensor]]] | None:
+    """The hot path (``bridge.hot_path``) of a ``mamba3_siso_step`` signature whose call just ran the whole way
+    (``given``: its tensors, the four states last): the op's bound call with each tensor written straight into
+    its arena place (``written``), where every field the op takes is a view of the caller's tensor (no cast:
+    f32 throughout, or the op's element types already); None for any other."""
+    if not all(type(t) in PLAIN for t in given if t is not None):
+        return None
+    views, states = _step_views(given[:11]), given[11:]
+    step_dtype, param_dtype, state_dtype = _element_types(views[0], views[3], views[6] if views[6] is not None
+                                                          else views[9], states)
+    op_args = (views[0], *(cast(t, views[0].dtype) for t in views[1:3]), *(t.transpose(1, 2) for t in views[3:6]),
+               cast(views[8], step_dtype), *(cast(t, param_dtype) for t in (views[6], views[7], views[9])),
+               cast(views[10], views[0].dtype), *(cast(t, state_dtype) for t in states), None)
+    signature = ("mamba3", default_device(), *[None if a is None else (a.shape, a.dtype, a.device) for a in op_args])
+    bound = bound_call(signature, lambda: None, views[0])
+    if bound is None or not bound.plain:
+        return None
+    # each plan input's tensor among ``given`` and the view of it the plan takes
+    at = {"q": 0, "k": 1, "v": 2, "adt": 3, "dt": 4, "trap": 5, "q_bias": 6, "k_bias": 7, "angles": 8, "d": 9,
+          "z": 10, **{f: 11 + i for i, f in enumerate(STATES)}}
+    # (a field the call casts is a new tensor's view, which ``written_call`` refuses: no hot path then)
+    fields = {f: (at[f], op_args[FIELDS.index(f)].numpy(force=True)) for f in bound.plan.inputs}
+    plan = bound.plan
+    written = written_call(plan, fields, given, ("q_bias", "k_bias", "d"), (), {},
+                           ("y", *(f"{CALL}.{f}" for f in STATES)))
+    if written is None:
+        return None
+    shape = given[2].shape
+
+    def step(given: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        y, *finals = written(given)
+        _last.plan = plan
+        return torch.from_numpy(y.reshape(shape)), [torch.from_numpy(f) for f in finals]
+    return step

@@ -126,3 +126,48 @@ def test_the_custom_op_passes_opcheck_and_compiles_whole():
     assert set(result.values()) == {"SUCCESS"}, result
     compiled = torch.compile(lambda *a: mamba3_siso_combined(*a), fullgraph=True)
     torch.testing.assert_close(compiled(*args), mamba3_siso_combined(*args))
+
+
+def _step_of(args, t):
+    """Token ``t`` of a combined call's arguments in the step's layout."""
+    q, k, v, adt, dt, trap, qb, kb, ang, d, z = args
+    return q[:, t], k[:, t], v[:, t], adt[..., t], dt[..., t], trap[..., t], qb, kb, ang[:, t], d, z[:, t]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_decode_loop_on_the_hot_path_matches_the_reference_and_sees_its_parameters_change(dtype, monkeypatch):
+    """After a signature's first step ran the whole way (its checks once), later steps take its hot path
+    (``bridge.hot_path``: each tensor written straight into the bound call's arena): the same outputs and states
+    as §11's recurrence, the states given left as they were, a bias changed in place by an optimizer seen, and a
+    step of another signature or a bad one checked in the caller's terms."""
+    from rlx_gpu.torch import mamba3 as frontend
+    checks = []
+    check = frontend.check_mamba3_siso_step
+    monkeypatch.setattr(frontend, "check_mamba3_siso_step", lambda *a: checks.append(1) or check(*a))
+    args, states = _inputs(B=2, S=5, G=1, H=4, P=3, N=8, A=2, dtype=dtype, seed=6)
+    q_bias = torch.nn.Parameter(args[6].clone())
+    args[6] = q_bias
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=2e-5, atol=2e-5)
+    with torch.no_grad():
+        for t in range(5):
+            if t == 3:
+                q_bias.add_(0.5)  # an optimizer's step: a new version, written again
+            given = [s.clone() for s in states]
+            kept = [s.clone() for s in given]
+            out, states = mamba3_siso_step(*_step_of(args, t), Input_States=given)
+            want, want_states = reference(*(a[:, t:t + 1] if a.dim() == 4 else a[..., t:t + 1] if a.dim() == 3 else a
+                                            for a in args), [s.to(torch.float64) for s in given])
+            torch.testing.assert_close(out.double(), want[:, 0].double(), **tolerance)
+            for got, exp in zip(states[1:], want_states[1:]):
+                torch.testing.assert_close(got.double(), exp.double(), **tolerance)
+            torch.testing.assert_close(torch.cos(states[0]).double(), torch.cos(want_states[0]).double(), **tolerance)
+            for before, after in zip(kept, given):
+                assert torch.equal(before, after)
+        assert len(checks) == 1  # the first step's; the others ran the hot path
+        wider, wider_states = _inputs(B=3, S=1, G=1, H=4, P=3, N=8, A=2, dtype=dtype, seed=7)
+        mamba3_siso_step(*_step_of(wider, 0), Input_States=wider_states)
+        assert len(checks) == 2
+        bad = list(_step_of(args, 0))
+        bad[9] = bad[9][:3]
+        with pytest.raises(ValueError, match=r"^mamba3_siso_step: D has shape \[3\]; expected \(nheads,\) = \[4\]"):
+            mamba3_siso_step(*bad, Input_States=states)
