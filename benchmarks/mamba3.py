@@ -11,7 +11,9 @@ Cases (f32, q/k biases, D and Z, N/4 angles, one q/k group):
   trapezoid's scale folded into the keys, the state carried between chunks), against the host's chunked path,
   and the host's step recurrence beside them (the reason the chunked form exists);
 - decode step B16 H8 P64 N64: §11's six steps for one token in torch ops on the four states (the
-  ``mamba3_siso_step_ref`` form), against the host's step straight on its state pools.
+  ``mamba3_siso_step_ref`` form), against the host's step straight on its state pools (``host_fallback.mamba3``'s
+  array function: NumPy's step path) and against the thunk a runtime runs (``host_fallback.bound_kernel`` on its
+  arena: the compiled whole step where Numba is installed).
 
 With ``--device SPEC`` (an OpenCL device, at its own kernel target; ``RLX_TARGET`` forces one), the prefill also
 times that device's chunked form (launches/mamba3.py) against its step recurrence (``ssm_kernel`` forced
@@ -41,6 +43,7 @@ import torch  # noqa: E402
 # benchmarks/rnn.py: the CPU header, the load check and the turn-taking timer
 from rnn import alternate_ms, cpu_line, cpu_ticks, warn_if_shared  # noqa: E402
 
+import host_fallback  # noqa: E402
 from host_fallback import mamba3 as host  # noqa: E402
 from host_fallback.abi import regions  # noqa: E402
 from rlx_gpu.conformance import cases  # noqa: E402
@@ -48,6 +51,7 @@ from rlx_gpu.conformance.devices import find, open_device  # noqa: E402
 
 TARGET = 1.0
 FIELDS = ("q", "k", "v", "adt", "dt", "trap", "angles", "q_bias", "k_bias", "d", "z")
+STATES = ("angle_state", "state", "k_state", "v_state")
 
 
 def inputs(b: int, s: int, h: int, p: int, n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -129,18 +133,29 @@ def torch_step(t: dict[str, torch.Tensor], states: list[torch.Tensor]) -> torch.
     return y * t["z"] * t["z"].sigmoid()
 
 
-def device_prefill(spec: str, arrays: dict[str, np.ndarray]) -> tuple[str, dict[str, object], object]:
-    """On the device ``spec``: its description, form ("chunked", "step") -> a function that
-    runs the prefill of ``arrays`` once and waits, and one that reads its output back."""
+def laid_out(arrays: dict[str, np.ndarray], pools: list[np.ndarray] | None = None) -> tuple[dict, np.ndarray]:
+    """A f32 mamba3 thunk of ``arrays`` (every optional field) and its arena holding them; with ``pools``, the four
+    carried states (``carry_state``) too."""
     b, s, h, p = arrays["v"].shape
     fields = dict(batch=b, seq=s, heads=h, head_dim=p, state_size=arrays["q"].shape[-1],
                   num_angles=arrays["angles"].shape[-1], groups=arrays["q"].shape[2],
                   **dict.fromkeys(("q_bias", "k_bias", "d", "z"), True))
+    values = dict(arrays)
+    if pools is not None:
+        fields.update(carry_state=True, **dict.fromkeys(STATES, True))
+        values.update(zip(STATES, pools))
     thunk, size = cases.lay_out("mamba3", "f32", fields)
     arena = np.zeros(size, np.uint8)
     for r in regions(thunk):
-        if r.field in arrays:
-            arena[r.offset: r.offset + r.nbytes] = arrays[r.field].astype(np.float32).reshape(-1).view(np.uint8)
+        if r.field in values:
+            arena[r.offset: r.offset + r.nbytes] = values[r.field].astype(np.float32).reshape(-1).view(np.uint8)
+    return thunk, arena
+
+
+def device_prefill(spec: str, arrays: dict[str, np.ndarray]) -> tuple[str, dict[str, object], object]:
+    """On the device ``spec``: its description, form ("chunked", "step") -> a function that
+    runs the prefill of ``arrays`` once and waits, and one that reads its output back."""
+    thunk, arena = laid_out(arrays)
     info = find(spec)
     session = open_device(info)
     dev = session.upload(arena)
@@ -202,9 +217,15 @@ def main() -> None:
         want = torch_step(step_inputs, [s.clone() for s in torch_states]).numpy()
         got = host.mamba3(**one, states=[p.copy() for p in pools])[:, 0]
         print(f"decode B16 H8 P64 N64: max |host - torch| = {np.max(np.abs(got - want)):.2g}")
-        times = alternate_ms([lambda: torch_step(step_inputs, torch_states), lambda: host.mamba3(**one, states=pools)],
-                             args.runs * 10, args.warmup, args.rounds)
-    _report("decode B16 H8 P64 N64", times, ["torch step", "host step"])
+        thunk, arena = laid_out(one, pools)
+        step_thunk = host_fallback.bound_kernel(thunk, {})
+        step_thunk(arena)
+        dst = next(r for r in regions(thunk) if r.field == "dst")
+        got = arena[dst.offset: dst.offset + dst.nbytes].view(np.float32).reshape(dst.shape)[:, 0]
+        print(f"decode B16 H8 P64 N64: max |host thunk - torch| = {np.max(np.abs(got - want)):.2g}")
+        times = alternate_ms([lambda: torch_step(step_inputs, torch_states), lambda: host.mamba3(**one, states=pools),
+                              lambda: step_thunk(arena)], args.runs * 10, args.warmup, args.rounds)
+    _report("decode B16 H8 P64 N64", times, ["torch step", "host step", "host thunk"])
     warn_if_shared(start, t0)
 
 

@@ -1,5 +1,5 @@
-"""The compiled step paths of ``selective_scan``, ``mamba2`` and ``gated_delta_net`` (``jit``): where they
-apply, and their kernel's arguments bound from an arena.
+"""The compiled step paths of ``selective_scan``, ``mamba2``, ``gated_delta_net`` and ``mamba3`` (``jit``): where
+they apply, and their kernel's arguments bound from an arena.
 
 A compiled step runs a thunk's whole step path in one Numba call (``jit_ssm_steps``: every row, channel or
 head and token, the version-2 fields, the carried state updated where it lies), where NumPy's step path

@@ -1,9 +1,10 @@
 """Host kernels compiled by Numba (the ``jit`` extra), used where it is installed.
 
-The step paths of selective_scan, mamba2 and gated_delta_net, each one call a thunk
-(``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``; where they apply and their arguments:
-``compiled_step``), where NumPy's step makes a dozen array passes a token: a B1 decode thunk's own time on
-an AMD EPYC Zen 5 falls from 45-75 µs to 6-15 µs (``python benchmarks/decode.py --thunk``).
+The step paths of selective_scan, mamba2, gated_delta_net and mamba3, each one call a thunk
+(``selective_scan_step``, ``mamba2_step``, ``gated_delta_net_step``, ``mamba3_step``; where they apply and their
+arguments: ``compiled_step``), where NumPy's step makes a dozen array passes a token (mamba3's some forty): a B1
+decode thunk's own time on an AMD EPYC Zen 5 falls from 45-75 µs to 6-15 µs (mamba3's from 103 to 10: ``python
+benchmarks/decode.py --thunk``).
 
 And causal_conv1d's decode step (``causal_conv1d_decode``; where it applies: ``conv._compiled_decode``): a run
 of rows in one call that holds no GIL, one pass over each row's pool entry, where NumPy's step makes about
