@@ -281,9 +281,14 @@ def inputs(t: Thunk, bound: Bound) -> tuple[list[np.ndarray], dict[str, Any]]:
 
 
 def kernel(t: Thunk, arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
-           workers: int | None = None, by_field: Mapping[str, Region] | None = None) -> None:
-    """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place
-    (``by_field``: the thunk's regions, where the caller laid them out)."""
+           workers: int | None = None) -> None:
+    """``mamba3`` on a host arena: 16-bit storage computes in f32, the state pools are updated in place."""
+    _arrays(t, arena, None, path, chunk, workers)
+
+
+def _arrays(t: Thunk, arena: np.ndarray, by_field: Mapping[str, Region] | None, path: str | None,
+            chunk: int | None, workers: int | None) -> None:
+    """``kernel`` on the thunk's regions ``by_field`` where the caller laid them out (None: laid out here)."""
     bound = Bound(t, arena, by_field)
     args, options = inputs(t, bound)
     bound.store("dst", mamba3(*args, **options, path=path, chunk=chunk, workers=workers))
@@ -310,14 +315,17 @@ def prepare(thunk: Thunk) -> Callable[..., bool | None]:
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
     compiled = compiled_step.CompiledStep.of(t, by_field, "mamba3_step", _step_arguments(t))
+    units = t["groups"] if t["groups"] > 1 else t["heads"]  # as ``mamba3`` splits its heads
 
     def run(arena: np.ndarray, *, path: str | None = None, chunk: int | None = None,
             workers: int | None = None, given: Any = None) -> bool | None:
+        # the step path runs on one thread unless workers are forced (which ``parts_for`` checks)
         taken = (compiled is not None and pick_path("mamba3", path, t["seq"], STEP_MAX, "chunked") == "step"
+                 and (workers is None or threads.parts_for("mamba3", 0, 1, units, workers) == 1)
                  and compiled.run(arena, given))
         if taken or given is not None:  # arrays given in place of arena views: the compiled step only
             return taken
-        kernel(t, arena, path=path, chunk=chunk, workers=workers, by_field=by_field)
+        _arrays(t, arena, by_field, path, chunk, workers)
         return None
     return run
 

@@ -140,6 +140,7 @@ def test_nan_and_inf_land_where_numpy_puts_them(field, value, monkeypatch, calls
     ("f64 storage", {"dtype": "f64"}, {}),
     ("the chunked path", {}, {"path": "chunked"}),
     ("past the step path's length", {"seq_override": 9}, {}),
+    ("two workers forced", {}, {"workers": 2}),
 ])
 def test_numpy_runs_where_the_compiled_step_does_not_apply(label, fields, options, calls):
     seq = fields.pop("seq_override", 2)
@@ -161,3 +162,11 @@ def test_a_prepared_step_binds_each_arena_it_is_given(calls):
         run(arena)
         _check(thunk, arena, *want)
     assert calls[0] == 3
+
+
+def test_a_bad_worker_count_is_refused_before_anything_runs(calls):
+    thunk, arena, *_ = _case(1)
+    before = arena.copy()
+    with pytest.raises(ValueError, match=r"^mamba3: workers must be a positive int, got 0$"):
+        host_fallback.bound_kernel(thunk, {"workers": 0})(arena)
+    assert np.array_equal(arena, before) and calls[0] == 0
