@@ -22,9 +22,10 @@ from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
-from . import jit, threads
+from . import compiled_step, jit, threads
+from .abi import Region, complete, regions
 from .bound import Bound
-from .implementations import KERNELS
+from .implementations import KERNELS, PREPARE
 
 ACTIVATIONS = ("none", "silu")
 #: the widths ABI.md §10 allows
@@ -301,7 +302,13 @@ def optional_inputs(t: Mapping[str, Any], bound: Bound) -> dict[str, Any]:
 
 def kernel(t: Mapping[str, Any], arena: np.ndarray, *, workers: int | None = None) -> None:
     """``causal_conv1d`` on a host arena: 16-bit storage computes in f32, the pool is updated in place."""
-    bound = Bound(t, arena)
+    _arrays(t, arena, None, workers)
+
+
+def _arrays(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Region] | None,
+            workers: int | None) -> None:
+    """``kernel`` on the thunk's regions ``by_field`` where the caller laid them out (None: laid out here)."""
+    bound = Bound(t, arena, by_field)
     pool, copied = pool_of(bound, "state") if t["carry_state"] else (None, False)
     out = bound.in_place("dst")
     y = causal_conv1d(bound.load("x"), bound.load("weight"), state=pool, out=out, workers=workers,
@@ -312,4 +319,41 @@ def kernel(t: Mapping[str, Any], arena: np.ndarray, *, workers: int | None = Non
         bound.store("state", pool)
 
 
+def prepare(thunk: Mapping[str, Any]) -> Callable[..., None]:
+    """The thunk-only setup of ``causal_conv1d``, once (``host_fallback.PREPARE``): the thunk completed and its
+    regions laid out, and, for a decode step (every batch row one token, a carried state, every tensor f32, no
+    output overlapping another tensor, too small a step to split), ``jit``'s ``causal_conv1d_decode`` bound to
+    each arena's views once: a call then transposes the weight and makes one compiled call, where ``kernel``
+    lays out the regions, loads each input and picks its path again (B1 D1536 W4: about 30 µs of Python)."""
+    t = complete(thunk)
+    by_field = {r.field: r for r in regions(t)}
+    step = jit.kernel("causal_conv1d_decode")
+    batch, dim, width = t["batch"], t["dim"], t["width"]
+    decode = (step is not None and t["carry_state"] and t["seq"] == 1 and t["cu_seqlens"] is None
+              and all(r.dtype in ("f32", "i32") for r in by_field.values()) and compiled_step.apart(by_field)
+              and batch * dim * width < DECODE_SPLIT_WORK["compiled"])
+    positions = np.arange(batch, dtype=np.intp)  # row b's token is row b of x as [B, D]
+    last: list[Any] = []  # (arena, its views): a decode runs on one arena call after call
+
+    def run(arena: np.ndarray, *, workers: int | None = None) -> None:
+        if decode:
+            threads.parts_for("causal_conv1d", 0, batch, 1, workers)  # checks workers, as ``_decode`` does
+            if not last or last[0] is not arena:
+                bound = Bound(t, arena, by_field)
+                views = [bound.view(f) for f in ("x", "weight", "state", "dst")]
+                bias = bound.view("bias") if t["bias"] is not None else NO_BIAS
+                slots = bound.view("state_slots") if t["state_slots"] is not None else None
+                usable = all(a.flags.aligned and a.flags.writeable for a in (*views, bias))  # as Numba takes them
+                last[:] = [arena, (*views, bias, slots) if usable else None]
+            if last[1] is not None:
+                x, weight, pool, out, bias, slots = last[1]
+                entries = positions if slots is None else slots.astype(np.intp)
+                step(x.reshape(batch, dim), positions, entries, np.ascontiguousarray(weight.T), bias,
+                     t["activation"] == "silu", pool, out.reshape(batch, dim), 0, batch)
+                return
+        _arrays(t, arena, by_field, workers)
+    return run
+
+
 KERNELS.add("causal_conv1d", kernel)
+PREPARE.add("causal_conv1d", prepare)
