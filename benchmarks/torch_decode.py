@@ -19,7 +19,9 @@ from a pool of 8 so that no call sees the tensors of the call before):
   ``torch.nn.LSTM`` with the same state_dict;
 - ``mamba3_siso_step`` B1 H8 P64 N64 with 16 angles, one q/k group, biases, D and Z, its four states carried,
   against §11's step in torch ops (``benchmarks/mamba3.py``'s ``torch_step``, the anchor's
-  ``mamba3_siso_step_ref`` form).
+  ``mamba3_siso_step_ref`` form);
+- ``causal_conv1d_update`` B1 D1536 W4 (silu, bias, a cache of 3 columns shifted in place, Mamba's), against
+  Dao-AILab's ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``).
 
 Each case first checks that rlx_gpu.torch and torch agree (``max |diff|`` of the output and the state after
 the same 8 steps from the same state, on each device), then times the paths taking turns, a block of
@@ -59,6 +61,7 @@ import torch.nn.functional as F  # noqa: E402
 
 # benchmarks/rnn.py: the CPU header and the load check; benchmarks/torch_training.py: the training step
 from rnn import cpu_line, cpu_ticks, warn_if_shared  # noqa: E402
+from causal_conv1d import update_ref  # noqa: E402  (benchmarks/causal_conv1d.py: Dao-AILab's reference step)
 from mamba3 import torch_step  # noqa: E402  (benchmarks/mamba3.py: §11's step in torch ops)
 from torch_training import example, step_times  # noqa: E402
 
@@ -231,12 +234,34 @@ def mamba3_case(name: str, heads: int, p: int, n: int) -> Case:
     return Case(name, make)
 
 
+def conv_case(name: str, dim: int, width: int) -> Case:
+    """``causal_conv1d_update`` at batch 1 (silu, bias, a cache of ``width-1`` columns shifted in place) against
+    Dao-AILab's ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``)."""
+    g = torch.Generator().manual_seed(4)
+    weight, bias = torch.randn(dim, width, generator=g) * 0.5, _normal(g, dim)
+    steps = [_normal(g, 1, dim) for _ in range(POOL)]
+    initial = _normal(g, 1, dim, width - 1)
+
+    def make(rlx_side: bool) -> Stepper:
+        cache = initial.clone()
+        if rlx_side:
+            def step(i: int) -> torch.Tensor:
+                return rlx.causal_conv1d_update(steps[i % POOL], cache, weight, bias, activation="silu")
+        else:
+            def step(i: int) -> torch.Tensor:
+                return update_ref(steps[i % POOL], cache, weight, bias)
+        return Stepper(step, lambda: cache)
+
+    return Case(name, make)
+
+
 def cases() -> list[Case]:
     return [state_update_case("selective_state_update Mamba-2 B1 H8 P64 N64", 8, 64, 64),
             state_update_case("selective_state_update Mamba-1 B1 D1536 N16", None, 1536, 16),
             gdn_case("fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64", 8, 64),
             lstm_case("rlx_gpu.torch.LSTM one step B1 I=H=256", 256),
-            mamba3_case("mamba3_siso_step B1 H8 P64 N64 A16", 8, 64, 64)]
+            mamba3_case("mamba3_siso_step B1 H8 P64 N64 A16", 8, 64, 64),
+            conv_case("causal_conv1d_update B1 D1536 W4", 1536, 4)]
 
 
 @contextlib.contextmanager

@@ -12,17 +12,19 @@ columns to the convolution and shifts as a whole.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from .arguments import check_causal_conv1d_fn, check_causal_conv1d_update, check_seq_idx, check_state_batch_indices
-from .bridge import (CPU, DTYPES, BoundCall, Spec, bound_call, default_device, device_for, host_array, on_cuda,
-                     plan_for, rlx_dtype, run_arrays, stamp, tensor)
+from .bridge import (CPU, DTYPES, UNBUILT, BoundCall, Spec, _last, bound_call, call_key, default_device, device_for,
+                     host_array, hot_path, keep_hot_path, on_cuda, plan_for, rlx_dtype, run_arrays, stamp, tensor)
 from .fused import FINAL_STATE, FusedCall, FusedOp, call_of, cast, define_fused, forward_graph
-from .library import define, dense, direct
+from .library import PLAIN, define, dense, direct, runs_directly
 from .registry import FUNCTIONS
+from .written import written_call
 from .ssm import _PACKED_ROWS
 
 _CAUSAL_CONV1D = define_fused(FusedOp("causal_conv1d", ("x", "weight"), ("bias", "state", "cu_seqlens"),
@@ -93,13 +95,57 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     ``x`` appended. Returns ``out`` shaped like ``x``. One op, ``torch.ops.rlx_gpu.causal_conv1d_update``, on the
     whole cache: not differentiable, like the anchor's."""
     name = "causal_conv1d_update"
+    key = None
+    if cache_seqlens is None and conv_state_indices is None and runs_directly(x, conv_state, weight, bias):
+        key = call_key(x, conv_state, weight, bias, activation)
+        path = hot_path(key)
+        if path is not None and path is not UNBUILT:
+            return path(x, conv_state, weight, bias)
     if cache_seqlens is not None:
         raise NotImplementedError(f"{name}: cache_seqlens (a ring-buffer cache) is not supported: rlx_gpu's op "
                                   "(ABI.md §10) shifts the cache, its oldest column first, and reads no write "
                                   "position; pass cache_seqlens=None with a shifted cache")
     check_causal_conv1d_update(x, conv_state, weight, bias, conv_state_indices)
     act = _activation(name, activation)
-    return _UPDATE_CALL(conv_state, x, weight, bias, act, conv_state_indices)
+    out = _UPDATE_CALL(conv_state, x, weight, bias, act, conv_state_indices)
+    if key is not None and path is UNBUILT:
+        keep_hot_path(key, lambda: _hot_update(x, conv_state, weight, bias, act))
+    return out
+
+
+def _hot_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                activation: str | None) -> Callable[..., torch.Tensor] | None:
+    """The hot path (``bridge.hot_path``) of a ``causal_conv1d_update`` signature whose call just ran the whole way:
+    the op's bound call with ``x`` written straight into its arena, the weight and bias by their stamps, and the
+    cache handed to the kernel, updated where it lies (``written``), for one token a row (``x (batch, dim)``), a
+    cache of ``width-1`` columns (vLLM's: the op's state is the cache itself) and tensors of one float type the
+    op stores (no cast); None for any other (Hugging Face's cache of ``width`` columns shifts a column first)."""
+    tensors = (x, conv_state, weight, bias)
+    if (x.dim() != 2 or x.shape[0] == 0 or conv_state.shape[-1] != weight.shape[1] - 1
+            or not all(type(t) in PLAIN and t.dtype == x.dtype for t in tensors if t is not None)):
+        return None
+    specs = {"x": ((x.shape[0], 1, x.shape[1]), rlx_dtype(x, "x")), "weight": (tuple(weight.shape), rlx_dtype(x, "x")),
+             "bias": ((x.shape[1],), rlx_dtype(x, "x")), "state": (tuple(conv_state.shape), DTYPES[x.dtype])}
+    specs = {f: spec for f, spec in specs.items() if f != "bias" or bias is not None}
+    call = call_of("causal_conv1d", tuple(specs), activation=activation)
+    bound = bound_call(("causal_conv1d_update", call, default_device(), tuple(specs.values())), lambda: None, x)
+    if bound is None or not bound.plain:
+        return None
+    views = {"x": (0, x.numpy(force=True)[:, None]), "state": (1, conv_state.numpy(force=True)),
+             "weight": (2, weight.numpy(force=True)), "bias": (3, None if bias is None else bias.numpy(force=True))}
+    plan = bound.plan
+    written = written_call(plan, {f: views[f] for f in plan.inputs}, tensors, ("weight", "bias"), ("state",),
+                           {FINAL_STATE: "state"}, ("y",))
+    if written is None:
+        return None
+
+    def update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+               ) -> torch.Tensor:
+        y, = written((x, conv_state, weight, bias))
+        _last.plan = plan
+        increment_version(conv_state)  # as the op's schema (``Tensor(a!) conv_state``) has the dispatcher do
+        return torch.from_numpy(y.reshape(x.shape))
+    return update
 
 
 def _carried_dtype(state: torch.Tensor, x: torch.Tensor) -> torch.dtype:

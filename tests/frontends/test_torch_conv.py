@@ -196,3 +196,36 @@ def test_fn_refuses_a_decreasing_seq_idx_naming_itself():
     x, w, _, _ = _inputs(1, 3, 4, 4)
     with pytest.raises(NotImplementedError, match=r"causal_conv1d_fn: seq_idx falls from 1 to 0 at \[0, 2\]"):
         causal_conv1d_fn(x, w, seq_idx=torch.tensor([[0, 1, 0, 0]], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("state_len", [3, 4])
+def test_a_decode_loop_on_the_hot_path_shifts_the_cache_and_sees_the_weight_change(dtype, state_len, monkeypatch):
+    """After a signature's first step ran the whole way (its checks once), later steps of a cache of width-1
+    columns take its hot path (``bridge.hot_path``: x written straight into the arena, the cache updated where it
+    lies): each step the reference's output and shifted cache, the cache's version advanced, a weight changed in
+    place by an optimizer seen. A cache of width columns (Hugging Face's) keeps the whole way, with the same
+    results; a step of a bad signature is checked in the caller's terms."""
+    from rlx_gpu.torch import conv
+    checks = []
+    check = conv.check_causal_conv1d_update
+    monkeypatch.setattr(conv, "check_causal_conv1d_update", lambda *a: checks.append(1) or check(*a))
+    width, dim = 4, 6
+    _, w, b, _ = _inputs(2, dim, 1, width, dtype=dtype, seed=state_len)
+    weight = torch.nn.Parameter(w)
+    cache = torch.randn(2, dim, state_len, dtype=dtype)
+    tolerance = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        for step in range(4):
+            if step == 2:
+                weight.mul_(0.5)  # an optimizer's step: a new version, written again
+            x = torch.randn(2, dim, dtype=dtype)
+            before, version = cache.clone(), cache._version
+            out = causal_conv1d_update(x, cache, weight, b, activation="silu")
+            want, _ = reference(x.unsqueeze(-1), weight, b, before[..., -(width - 1):], "silu")
+            torch.testing.assert_close(out, want.squeeze(-1), **tolerance)
+            torch.testing.assert_close(cache, torch.cat([before, x.unsqueeze(-1)], dim=-1)[..., 1:], **tolerance)
+            assert cache._version > version
+    assert len(checks) == (1 if state_len == width - 1 else 4)
+    with pytest.raises(ValueError, match=r"^causal_conv1d_update: conv_state has shape \[2, 5, "):
+        causal_conv1d_update(torch.randn(2, dim, dtype=dtype), cache[:, :5], weight, b, activation="silu")
