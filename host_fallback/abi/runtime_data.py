@@ -34,11 +34,22 @@ def check(thunk: Mapping[str, Any], read: Callable[[Region], np.ndarray],
     ``read(region)`` returns the region's values (any integer array of its shape); only the tensors
     named in ``fields`` are read (each rule concerns one tensor alone).
     """
+    checker(thunk, fields)(read)
+
+
+def checker(thunk: Mapping[str, Any], fields: Collection[str] = INT_FIELDS
+            ) -> Callable[[Callable[[Region], np.ndarray]], None]:
+    """``check`` of ``thunk`` worked out once (the thunk completed, its integer regions laid out, each one's rule
+    found): ``run(read)`` reads and checks the values, for a runtime that checks the same thunk call after call."""
     op = ops.OPS[thunk["op"]]
     t = op.complete(thunk)
-    values = {r.field: np.asarray(read(r)).astype(np.int64).reshape(-1) for r in int_regions(t) if r.field in fields}
-    for field, rule in op.data_rules.items():
-        if field in values:
-            rule(values[field], t)
+    by_field = {r.field: r for r in int_regions(t) if r.field in fields}
+    checked = [(by_field[f], rule) for f, rule in op.data_rules.items() if f in by_field]
 
-__all__ = ["DataError", "check", "int_regions"]
+    def run(read: Callable[[Region], np.ndarray]) -> None:
+        for region, rule in checked:
+            rule(np.asarray(read(region)).astype(np.int64).reshape(-1), t)
+    return run
+
+
+__all__ = ["DataError", "check", "checker", "int_regions"]

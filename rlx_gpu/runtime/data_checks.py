@@ -31,10 +31,11 @@ class DataCheck:
     thunk: Thunk
     regions: tuple[Region, ...]
     early: bool
+    check: Callable[[Reader], None]  # ``runtime_data.checker``'s, worked out once for the thunk
 
     def run(self, read: Reader) -> None:
         try:
-            runtime_data.check(self.thunk, read)
+            self.check(read)
         except runtime_data.DataError as err:
             raise refused(self.thunk, err) from None
 
@@ -56,7 +57,7 @@ def data_checks(thunks: Sequence[Thunk]) -> tuple[DataCheck, ...]:
         if ints:
             early = not any(w.offset < r.offset + r.nbytes and r.offset < w.offset + w.nbytes
                             for r in ints for w in written)
-            checks.append(DataCheck(thunk, tuple(ints), early))
+            checks.append(DataCheck(thunk, tuple(ints), early, runtime_data.checker(thunk)))
         written += footprint(thunk)[1]
     return tuple(checks)
 

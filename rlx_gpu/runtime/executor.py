@@ -92,7 +92,8 @@ class BoundSchedule:
     needs_image: bool  # a top-level thunk falls back, so a device run keeps a host image of the arena
     early_checks: tuple[DataCheck, ...] = ()  # integer tensors checked before anything runs
     late_checks: dict[int, DataCheck] = field(default_factory=dict)  # step index -> check just before it
-    # one host thunk, no data check: its runner, which takes arrays in place of arena views (``execute_given``)
+    # one host thunk (its data checks, if any, early): its runner, which takes arrays in place of arena views
+    # (``execute_given``)
     given: Callable[[Any, Any], bool] | None = None
     # the same schedule's run on an arena's handle, ``alone(handle)`` (``Device._alone``)
     alone: Callable[[Any], tuple[str, tuple, float, int]] | None = None
@@ -175,11 +176,13 @@ class Device:
         needs_image = any(a.backend != device for a in assignments if not a.nested)
         checks = data_checks(schedule.thunks)
         step_of = {id(thunk): i for i, (thunk, _, _) in enumerate(steps)}
-        single_thunk = len(steps) == 1 and steps[0][1] == device and not checks
-        given = runner if self.on_host and single_thunk else None
+        one_thunk = len(steps) == 1 and steps[0][1] == device
+        single_thunk = one_thunk and not checks
+        # its integer tensors (state slots, packed sequences) checked before it runs, as ``execute_given`` does
+        given = runner if self.on_host and one_thunk and all(c.early for c in checks) else None
         return BoundSchedule(assignments, tuple(steps), warning, needs_image, tuple(c for c in checks if c.early),
                              {step_of[id(c.thunk)]: c for c in checks if not c.early}, given,
-                             None if given is None else self._alone(*steps[0]), single_thunk)
+                             self._alone(*steps[0]) if self.on_host and single_thunk else None, single_thunk)
 
     def _alone(self, thunk: Any, backend: str, step: BoundThunk) -> Callable[[Any], tuple[str, tuple, float, int]]:
         """The run of a schedule of one host thunk and no data check (``BoundSchedule.given``) on a resident arena's
@@ -273,12 +276,19 @@ class Device:
         return report
 
     def execute_given(self, bound: BoundSchedule, arena: Arena, given: Mapping[int, np.ndarray]) -> RunReport | None:
-        """Run ``bound`` (``bound.given``: one host thunk, no data check) on the resident host ``arena`` with
-        the arrays of ``given`` (a tensor's arena offset -> an array the kernel reads or writes in place of
-        its arena view: a caller's memory); the report, or None where the kernel does not take them (nothing
+        """Run ``bound`` (``bound.given``: one host thunk) on the resident host ``arena`` with the arrays of
+        ``given`` (a tensor's arena offset -> an array the kernel reads or writes in place of its arena view: a
+        caller's memory), its integer tensors checked first (read where they lie: a given array or the arena;
+        a ``RunError`` before anything runs); the report, or None where the kernel does not take them (nothing
         ran: the caller copies them in and calls ``execute``)."""
         (thunk, backend, _), = bound.steps
         started = time.perf_counter()
+        if bound.early_checks:
+            def read(offset: int, nbytes: int) -> np.ndarray:
+                return given[offset] if offset in given else self.session.read(arena.handle, offset, nbytes)
+            reader = int32_reader(read)
+            for check in bound.early_checks:
+                check.run(reader)
         if not bound.given(arena.handle, given):
             return None
         return self._one_thunk(thunk, backend, time.perf_counter() - started, 0)

@@ -175,10 +175,13 @@ class _StepRoute(NamedTuple):
 
 def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                 D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
-                dt_softplus: bool) -> _StepRoute:
-    """The route of one signature (shapes, strides, dtypes, devices and the default device)."""
+                dt_softplus: bool, pooled: bool) -> _StepRoute:
+    """The route of one signature (shapes, strides, dtypes, devices and the default device); ``pooled``: the
+    op's state is the whole pool, row ``r`` reading and writing entry ``state_slots[r]`` (ABI.md §8), where the
+    state rows are those of ``x``'s batch otherwise."""
     heads_form = state.dim() == 4
     batch = x.shape[0]
+    entries = state.shape[0] if pooled else batch
     heads, dim = (x.shape[1], x.shape[2]) if heads_form else (1, x.shape[1])
     channels, dstate, groups = heads * dim, state.shape[-1], B.shape[1] if B.dim() == 3 else 1
     act, param = rlx_dtype(x), DTYPES[_param_dtype(A, x)]
@@ -189,7 +192,7 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
         op, bias, statics = "mamba2", "dt_bias", {"dt_softplus": dt_softplus}
         shapes = {"x": (batch, 1, heads, dim), "dt": (batch, 1, heads), "a": (heads,), "b": (batch, 1, groups, dstate),
                   "c": (batch, 1, groups, dstate), "d": (heads,), "dt_bias": (heads,), "z": (batch, 1, heads, dim),
-                  "state": (batch, heads, dim, dstate)}
+                  "state": (entries, heads, dim, dstate)}
 
         def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
             return {"x": xs[:, None], "dt": dts[:, None, :, 0], "a": As[:, 0, 0], "b": Bs[:, None], "c": Cs[:, None],
@@ -199,7 +202,7 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
         op, bias, statics = "selective_scan", "delta_bias", {"delta_softplus": dt_softplus}
         shapes = {"x": (batch, 1, channels), "delta": (batch, 1, channels), "a": (channels, dstate),
                   "b": (batch, 1, groups, dstate), "c": (batch, 1, groups, dstate), "d": (channels,),
-                  "delta_bias": (channels,), "z": (batch, 1, channels), "state": (batch, channels, dstate)}
+                  "delta_bias": (channels,), "z": (batch, 1, channels), "state": (entries, channels, dstate)}
 
         def fields(broadcast, rows, xs, dts, As, Bs, Cs, Ds, zs, biases):
             def spread(t, shape):  # one head (Mamba-1's own form): the parameters are per channel already
@@ -212,9 +215,12 @@ def _step_route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch
                     "a": spread(As, (heads, dim, dstate)).reshape(channels, dstate),
                     "b": Bs[:, None], "c": Cs[:, None], "d": per_channel(Ds), "delta_bias": per_channel(biases),
                     "z": None if zs is None else zs.reshape(batch, 1, channels),
-                    "state": rows.reshape(batch, channels, dstate)}
+                    "state": rows.reshape(entries, channels, dstate)}
     given[bias] = dt_bias is not None
-    dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else act for f in shapes}
+    if pooled:
+        shapes["state_slots"] = (batch,)
+    dtypes = {f: param if f in ("a", "d", bias) else carried if f == "state" else "i32" if f == "state_slots" else act
+              for f in shapes}
     specs = {f: (shape, dtypes[f]) for f, shape in shapes.items() if given.get(f, True)}
     call = call_of(op, tuple(specs), **statics)
     bound = None
@@ -256,21 +262,24 @@ def _state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: tor
     """
     if x.shape[0] == 0:
         return dense(x.shape, x).zero_()
-    return _step(_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus), state, x, dt, A, B, C, D, z, dt_bias,
-                 state_batch_indices)
+    pooled = state_batch_indices is not None and not on_cuda(x)  # (CUDA: the rows gathered by torch ops)
+    return _step(_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus, pooled), state, x, dt, A, B, C, D, z,
+                 dt_bias, state_batch_indices)
 
 
 def _route(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
            D: torch.Tensor | None, z: torch.Tensor | None, dt_bias: torch.Tensor | None,
-           dt_softplus: bool) -> _StepRoute:
+           dt_softplus: bool, pooled: bool = False) -> _StepRoute:
     """The route of the call's signature, worked out on its first call."""
-    signature = (dt_softplus, default_device(), *[None if t is None else (t.shape, t.stride(), t.dtype, t.device)
-                                                  for t in (state, x, dt, A, B, D, z, dt_bias)])
+    signature = (dt_softplus, pooled, default_device(), *[None if t is None else (t.shape, t.stride(), t.dtype,
+                                                                                  t.device)
+                                                          for t in (state, x, dt, A, B, D, z, dt_bias)])
     route = _step_routes.get(signature)
     if route is None:
         if len(_step_routes) >= STEP_ROUTES:
             _step_routes.clear()
-        route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus))
+        route = _step_routes.setdefault(signature, _step_route(state, x, dt, A, B, D, z, dt_bias, dt_softplus,
+                                                               pooled))
     return route
 
 
@@ -282,18 +291,24 @@ def _step(route: _StepRoute, state: torch.Tensor, x: torch.Tensor, dt: torch.Ten
     view, broadcast = (torch.Tensor.detach, torch.broadcast_to) if on_device else (host_array, np.broadcast_to)
     heads_form = state.dim() == 4
     pool = view(state) if heads_form else view(state)[:, None]  # views: the step writes through them
+    slots = None
     if state_batch_indices is None:
         rows, current = None, pool
     else:
         check_state_batch_indices("selective_state_update", state_batch_indices, state.shape[0])
         rows = view(state_batch_indices).reshape(-1)
-        rows = rows.long() if on_device else rows.astype(np.intp)
-        current = pool[rows]
+        if "state_slots" in route.specs:  # the op reads and writes the named entries of the whole pool itself
+            rows, current, slots = None, pool, rows.astype(np.int32, copy=False)
+        else:
+            rows = rows.long() if on_device else rows.astype(np.intp)
+            current = pool[rows]
     xs = view(x) if heads_form else view(x)[:, None]
     Bs = view(B) if B.dim() == 3 else view(B)[:, None]
     Cs = view(C) if C.dim() == 3 else view(C)[:, None]
     fields = route.fields(broadcast, current, xs, view(dt), view(A), Bs, Cs,
                           *(None if t is None else view(t) for t in (D, z, dt_bias)))
+    if slots is not None:
+        fields["state_slots"] = slots
     stamps = {"a": stamp(A), "d": None if D is None else stamp(D),
               route.bias: None if dt_bias is None else stamp(dt_bias)}
     if route.bound is not None and not on_device and rows is None and route.in_place:  # the final state straight in

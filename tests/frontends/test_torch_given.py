@@ -179,3 +179,61 @@ def test_an_lstm_training_step_hands_its_reserve_over_and_gives_the_copying_path
     copying(monkeypatch)
     assert all(torch.equal(a, b) for a, b in zip(handed, step()))
     assert next(s for s in bridge._last.plan._slots if s.name == "reserve").raw.any()  # copied in, this time
+
+
+@pytest.mark.parametrize("make, shape", [(mamba2_step, (6, 4, 64, 64)), (mamba1_step, (6, 1024, 16))])
+def test_a_pooled_state_update_hands_the_whole_pool_over_and_touches_only_the_named_entries(make, shape, host,
+                                                                                          monkeypatch):
+    """With ``state_batch_indices`` (a serving engine's pool of states) the op reads and writes the named entries
+    of the whole pool itself (``state_slots``, its integer tensor checked before the kernel runs): the caller's
+    pool handed over, no entry gathered or scattered, the copying path's bits, the other entries untouched."""
+    torch.manual_seed(2)
+    rows = torch.tensor([4, 1], dtype=torch.int32)
+
+    def pooled(pool: torch.Tensor, steps: list[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+        return [rt.selective_state_update(pool, torch.cat([s["x"]] * 2), torch.cat([s["dt"]] * 2), s["A"],
+                                          torch.cat([s["B"]] * 2), torch.cat([s["C"]] * 2), D=s["D"],
+                                          z=torch.cat([s["z"]] * 2), dt_bias=s["dt_bias"], dt_softplus=True,
+                                          state_batch_indices=rows) for s in steps]
+
+    steps, initial = [make() for _ in range(3)], torch.randn(*shape) * 0.1
+    fresh()
+    with torch.no_grad():
+        pool = initial.clone()
+        outs = pooled(pool, steps)
+        assert bridge._last.plan._given is not None and "state_slots" in bridge._last.plan.inputs
+        copying(monkeypatch)
+        pool_copied = initial.clone()
+        outs_copied = pooled(pool_copied, steps)
+    assert torch.equal(pool, pool_copied)
+    assert all(torch.equal(a, b) for a, b in zip(outs, outs_copied))
+    others = [e for e in range(shape[0]) if e not in rows.tolist()]
+    assert torch.equal(pool[others], initial[others]) and not torch.equal(pool[rows.long()], initial[rows.long()])
+
+
+def test_a_plan_handed_a_pool_still_checks_its_slots_before_the_kernel_runs(host):
+    """The given path runs a one-thunk schedule's early data checks itself: a slot outside the pool is refused
+    naming the thunk and field, the caller's pool (handed over) and the arena untouched."""
+    import numpy as np
+    import rlx_gpu
+
+    g = rlx_gpu.Graph(dtype="f32")
+    x, dt, b, c = g.input("x", (2, 1, 4, 64)), g.input("dt", (2, 1, 4)), g.input("b", (2, 1, 1, 64)), \
+        g.input("c", (2, 1, 1, 64))
+    a, pool, slots = g.input("a", (4,)), g.input("pool", (6, 4, 64, 64)), g.input("slots", (2,), "i32")
+    y, _ = g.mamba2(x, dt, a, b, c, initial_state=pool, state_slots=slots)  # the final pool: an output of its own
+    g.output("y", y)
+    exe = g.compile("host")
+    rng = np.random.default_rng(0)
+    values = {"x": rng.standard_normal((2, 1, 4, 64), np.float32), "dt": rng.random((2, 1, 4), np.float32),
+              "a": -rng.random(4, dtype=np.float32), "b": rng.standard_normal((2, 1, 1, 64), np.float32),
+              "c": rng.standard_normal((2, 1, 1, 64), np.float32),
+              "pool": rng.standard_normal((6, 4, 64, 64), np.float32)}
+    plan = exe.plan
+    order = list(plan.inputs)
+    good = plan.call([{**values, "slots": np.array([4, 1], np.int32)}[n] for n in order])
+    assert plan._given is not None and good[plan.outputs.index("y")].shape == (2, 1, 4, 64)
+    kept = values["pool"].copy()
+    with pytest.raises(rlx_gpu.RlxError, match=r"field 'state_slots'\[1\] = 6"):
+        plan.call([{**values, "slots": np.array([4, 6], np.int32)}[n] for n in order])
+    assert np.array_equal(values["pool"], kept)
