@@ -25,7 +25,7 @@ import numpy as np
 from . import compiled_step, jit, threads
 from .abi import Region, complete, regions
 from .bound import Bound
-from .implementations import KERNELS, PREPARE
+from .implementations import GIVEN, KERNELS, PREPARE
 
 ACTIVATIONS = ("none", "silu")
 #: the widths ABI.md §10 allows
@@ -319,12 +319,13 @@ def _arrays(t: Mapping[str, Any], arena: np.ndarray, by_field: Mapping[str, Regi
         bound.store("state", pool)
 
 
-def prepare(thunk: Mapping[str, Any]) -> Callable[..., None]:
+def prepare(thunk: Mapping[str, Any]) -> Callable[..., bool | None]:
     """The thunk-only setup of ``causal_conv1d``, once (``host_fallback.PREPARE``): the thunk completed and its
     regions laid out, and, for a decode step (every batch row one token, a carried state, every tensor f32, no
     output overlapping another tensor, too small a step to split), ``jit``'s ``causal_conv1d_decode`` bound to
     each arena's views once: a call then transposes the weight and makes one compiled call, where ``kernel``
-    lays out the regions, loads each input and picks its path again (B1 D1536 W4: about 30 µs of Python)."""
+    lays out the regions, loads each input and picks its path again (B1 D1536 W4: about 30 µs of Python).
+    Returns ``run(arena, *, workers, given)`` (``given``: ``implementations.GIVEN``; the decode step only)."""
     t = complete(thunk)
     by_field = {r.field: r for r in regions(t)}
     step = jit.kernel("causal_conv1d_decode")
@@ -335,25 +336,56 @@ def prepare(thunk: Mapping[str, Any]) -> Callable[..., None]:
     positions = np.arange(batch, dtype=np.intp)  # row b's token is row b of x as [B, D]
     last: list[Any] = []  # (arena, its views): a decode runs on one arena call after call
 
-    def run(arena: np.ndarray, *, workers: int | None = None) -> None:
+    def views_of(arena: np.ndarray) -> dict[str, np.ndarray] | None:
+        if not last or last[0] is not arena:
+            bound = Bound(t, arena, by_field)
+            views = {f: bound.view(f) for f in ("x", "weight", "state", "dst", "bias", "state_slots")
+                     if t.get(f) is not None or f in ("x", "weight", "state", "dst")}
+            usable = all(a.flags.aligned and a.flags.writeable for a in views.values())  # as Numba takes them
+            last[:] = [arena, views if usable else None]
+        return last[1]
+
+    def run(arena: np.ndarray, *, workers: int | None = None, given: Any = None) -> bool | None:
+        views = None
         if decode:
             threads.parts_for("causal_conv1d", 0, batch, 1, workers)  # checks workers, as ``_decode`` does
-            if not last or last[0] is not arena:
-                bound = Bound(t, arena, by_field)
-                views = [bound.view(f) for f in ("x", "weight", "state", "dst")]
-                bias = bound.view("bias") if t["bias"] is not None else NO_BIAS
-                slots = bound.view("state_slots") if t["state_slots"] is not None else None
-                usable = all(a.flags.aligned and a.flags.writeable for a in (*views, bias))  # as Numba takes them
-                last[:] = [arena, (*views, bias, slots) if usable else None]
-            if last[1] is not None:
-                x, weight, pool, out, bias, slots = last[1]
-                entries = positions if slots is None else slots.astype(np.intp)
-                step(x.reshape(batch, dim), positions, entries, np.ascontiguousarray(weight.T), bias,
-                     t["activation"] == "silu", pool, out.reshape(batch, dim), 0, batch)
-                return
+            views = views_of(arena)
+            if views is not None and given:
+                views = _given_views(views, by_field, given)
+        if views is not None:
+            slots = views.get("state_slots")
+            step(views["x"].reshape(batch, dim), positions, positions if slots is None else slots.astype(np.intp),
+                 np.ascontiguousarray(views["weight"].T), views.get("bias", NO_BIAS), t["activation"] == "silu",
+                 views["state"], views["dst"].reshape(batch, dim), 0, batch)
+            return None if given is None else True
+        if given is not None:  # arrays given in place of arena views: the decode step only
+            return False
         _arrays(t, arena, by_field, workers)
+        return None
     return run
+
+
+def _given_views(views: dict[str, np.ndarray], by_field: Mapping[str, Region],
+                 given: Mapping[int, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """``views`` with each array of ``given`` (a field's arena offset -> an array) in place of its field's view:
+    f32, C-contiguous, aligned, writeable, of the field's bytes, and none the step writes (the pool, ``dst``)
+    sharing memory with another; None where one is not (the caller copies them through the arena)."""
+    fields = {by_field[f].offset: f for f in views}
+    out, placed = dict(views), []
+    for offset, a in given.items():
+        field = fields.get(offset)
+        flags = a.flags
+        if field is None or not (a.dtype == np.float32 and a.nbytes == by_field[field].nbytes and flags.c_contiguous
+                                 and flags.aligned and flags.writeable):
+            return None
+        out[field] = a.reshape(by_field[field].shape)
+        placed.append((field, a))
+    for field, a in placed:
+        if field in ("state", "dst") and any(b is not a and np.may_share_memory(a, b) for _, b in placed):
+            return None
+    return out
 
 
 KERNELS.add("causal_conv1d", kernel)
 PREPARE.add("causal_conv1d", prepare)
+GIVEN.add("causal_conv1d")

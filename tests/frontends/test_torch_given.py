@@ -237,3 +237,28 @@ def test_a_plan_handed_a_pool_still_checks_its_slots_before_the_kernel_runs(host
     with pytest.raises(rlx_gpu.RlxError, match=r"field 'state_slots'\[1\] = 6"):
         plan.call([{**values, "slots": np.array([4, 6], np.int32)}[n] for n in order])
     assert np.array_equal(values["pool"], kept)
+
+
+def test_a_pooled_conv_update_hands_the_pool_over_and_touches_only_the_named_entries(host, monkeypatch):
+    """``causal_conv1d_update`` with ``conv_state_indices`` on a pool (a serving engine's): the prepared decode
+    step reads and writes the named entries of the caller's pool where it lies, the copying path's bits."""
+    torch.manual_seed(3)
+    rows = torch.tensor([5, 0, 2], dtype=torch.int32)
+    weight, bias, initial = torch.randn(1536, 4), torch.randn(1536), torch.randn(8, 1536, 3)
+    tokens = [torch.randn(3, 1536) for _ in range(3)]
+
+    def decode_pool(pool: torch.Tensor) -> list[torch.Tensor]:
+        return [rt.causal_conv1d_update(x, pool, weight, bias, "silu", conv_state_indices=rows) for x in tokens]
+
+    fresh()
+    with torch.no_grad():
+        pool = initial.clone()
+        outs = decode_pool(pool)
+        assert bridge._last.plan._given is not None and "state_slots" in bridge._last.plan.inputs
+        copying(monkeypatch)
+        pool_copied = initial.clone()
+        outs_copied = decode_pool(pool_copied)
+    assert torch.equal(pool, pool_copied)
+    assert all(torch.equal(a, b) for a, b in zip(outs, outs_copied))
+    others = [e for e in range(8) if e not in rows.tolist()]
+    assert torch.equal(pool[others], initial[others])

@@ -92,3 +92,22 @@ def test_a_bad_worker_count_is_refused_before_anything_runs(whole):
     with pytest.raises(ValueError, match=r"^causal_conv1d: workers must be a positive int, got 0$"):
         host_fallback.bound_kernel(thunk, {"workers": 0})(arena)
     assert np.array_equal(arena, before)
+
+
+def test_arrays_given_in_place_of_the_views_run_where_they_fit_and_nothing_runs_where_they_do_not(whole):
+    """``run(arena, given=...)`` (``implementations.GIVEN``): the caller's pool and output taken where they lie
+    (the reference's results in them, the arena's pool untouched); an array of another size refused (False),
+    nothing written anywhere."""
+    thunk, arena, y, pool = _case(4, slots=True)
+    regions = {r.field: r for r in host_fallback.abi.regions(thunk)}
+    mine = read(thunk, arena, "state").astype(np.float32)
+    out = np.zeros(regions["dst"].shape, np.float32)
+    run = host_fallback.PREPARE["causal_conv1d"](thunk)
+    before = arena.copy()
+    assert run(arena, given={regions["state"].offset: mine, regions["dst"].offset: out}) is True
+    np.testing.assert_allclose(out, y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mine, pool, rtol=1e-6, atol=1e-6)
+    assert arena.tobytes() == before.tobytes()
+    short = np.zeros(3, np.float32)
+    assert run(arena, given={regions["state"].offset: short}) is False
+    assert arena.tobytes() == before.tobytes() and not whole
