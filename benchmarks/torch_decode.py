@@ -21,7 +21,10 @@ from a pool of 8 so that no call sees the tensors of the call before):
   against §11's step in torch ops (``benchmarks/mamba3.py``'s ``torch_step``, the anchor's
   ``mamba3_siso_step_ref`` form);
 - ``causal_conv1d_update`` B1 D1536 W4 (silu, bias, a cache of 3 columns shifted in place, Mamba's), against
-  Dao-AILab's ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``).
+  Dao-AILab's ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``);
+- the Mamba-2 state update and the convolution at B4 on pools of 16 (``state_batch_indices``,
+  ``conv_state_indices``: a serving engine's), the references stepping the rows they gather and scattering them
+  back.
 
 Each case first checks that rlx_gpu.torch and torch agree (``max |diff|`` of the output and the state after
 the same 8 steps from the same state, on each device), then times the paths taking turns, a block of
@@ -115,9 +118,12 @@ def state_update_ref(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: 
     return out.squeeze(1) if mamba1 else out
 
 
-def state_update_case(name: str, heads: int | None, dim: int, dstate: int) -> Case:
-    """``selective_state_update`` at batch 1: Mamba-2's form (``heads`` given; dt, A, D, dt_bias per head
-    broadcast along ``dim`` by stride-0 views, one group) or Mamba-1's (``heads`` None)."""
+def state_update_case(name: str, heads: int | None, dim: int, dstate: int, batch: int = 1,
+                      pool: int | None = None) -> Case:
+    """``selective_state_update``: Mamba-2's form (``heads`` given; dt, A, D, dt_bias per head broadcast along
+    ``dim`` by stride-0 views, one group) or Mamba-1's (``heads`` None); with ``pool``, ``batch`` rows updating
+    entries of a pool of that many states (``state_batch_indices``, a serving engine's), the reference stepping
+    the rows it gathers and scattering them back."""
     g = torch.Generator().manual_seed(0)
     lead = (heads,) if heads else ()
     if heads:
@@ -128,10 +134,11 @@ def state_update_case(name: str, heads: int | None, dim: int, dstate: int) -> Ca
     bc = (1, 1, dstate) if heads else (1, dstate)
     steps = []
     for _ in range(POOL):
-        dt = _normal(g, 1, heads, 1).expand(1, heads, dim) if heads else _normal(g, 1, dim)
-        steps.append(dict(x=_normal(g, 1, *lead, dim), dt=dt, B=_normal(g, *bc), C=_normal(g, *bc),
-                          z=_normal(g, 1, *lead, dim)))
-    initial = _normal(g, 1, *lead, dim, dstate) * 0.1
+        dt = _normal(g, batch, heads, 1).expand(batch, heads, dim) if heads else _normal(g, batch, dim)
+        steps.append(dict(x=_normal(g, batch, *lead, dim), dt=dt, B=_normal(g, batch, *bc[1:]),
+                          C=_normal(g, batch, *bc[1:]), z=_normal(g, batch, *lead, dim)))
+    initial = _normal(g, pool or batch, *lead, dim, dstate) * 0.1
+    rows = None if pool is None else torch.randperm(pool, generator=g)[:batch].to(torch.int32)
 
     def make(rlx_side: bool) -> Stepper:
         state = initial.clone()
@@ -139,10 +146,16 @@ def state_update_case(name: str, heads: int | None, dim: int, dstate: int) -> Ca
             def step(i: int) -> torch.Tensor:
                 s = steps[i % POOL]
                 return rlx.selective_state_update(state, s["x"], s["dt"], A, s["B"], s["C"], D=D, z=s["z"],
-                                                  dt_bias=dt_bias, dt_softplus=True)
-        else:
+                                                  dt_bias=dt_bias, dt_softplus=True, state_batch_indices=rows)
+        elif rows is None:
             def step(i: int) -> torch.Tensor:
                 return state_update_ref(state, A=A, D=D, dt_bias=dt_bias, **steps[i % POOL])
+        else:
+            def step(i: int) -> torch.Tensor:
+                taken = state[rows.long()]
+                out = state_update_ref(taken, A=A, D=D, dt_bias=dt_bias, **steps[i % POOL])
+                state[rows.long()] = taken
+                return out
         return Stepper(step, lambda: state)
 
     return Case(name, make)
@@ -234,22 +247,31 @@ def mamba3_case(name: str, heads: int, p: int, n: int) -> Case:
     return Case(name, make)
 
 
-def conv_case(name: str, dim: int, width: int) -> Case:
-    """``causal_conv1d_update`` at batch 1 (silu, bias, a cache of ``width-1`` columns shifted in place) against
-    Dao-AILab's ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``)."""
+def conv_case(name: str, dim: int, width: int, batch: int = 1, pool: int | None = None) -> Case:
+    """``causal_conv1d_update`` (silu, bias, a cache of ``width-1`` columns shifted in place; with ``pool``,
+    ``batch`` rows updating entries of a pool of caches, ``conv_state_indices``) against Dao-AILab's
+    ``causal_conv1d_update_ref`` (``benchmarks/causal_conv1d.py``'s ``update_ref``, on the rows it gathers)."""
     g = torch.Generator().manual_seed(4)
     weight, bias = torch.randn(dim, width, generator=g) * 0.5, _normal(g, dim)
-    steps = [_normal(g, 1, dim) for _ in range(POOL)]
-    initial = _normal(g, 1, dim, width - 1)
+    steps = [_normal(g, batch, dim) for _ in range(POOL)]
+    initial = _normal(g, pool or batch, dim, width - 1)
+    rows = None if pool is None else torch.randperm(pool, generator=g)[:batch].to(torch.int32)
 
     def make(rlx_side: bool) -> Stepper:
         cache = initial.clone()
         if rlx_side:
             def step(i: int) -> torch.Tensor:
-                return rlx.causal_conv1d_update(steps[i % POOL], cache, weight, bias, activation="silu")
-        else:
+                return rlx.causal_conv1d_update(steps[i % POOL], cache, weight, bias, activation="silu",
+                                                conv_state_indices=rows)
+        elif rows is None:
             def step(i: int) -> torch.Tensor:
                 return update_ref(steps[i % POOL], cache, weight, bias)
+        else:
+            def step(i: int) -> torch.Tensor:
+                taken = cache[rows.long()]
+                out = update_ref(steps[i % POOL], taken, weight, bias)
+                cache[rows.long()] = taken
+                return out
         return Stepper(step, lambda: cache)
 
     return Case(name, make)
@@ -261,7 +283,9 @@ def cases() -> list[Case]:
             gdn_case("fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64", 8, 64),
             lstm_case("rlx_gpu.torch.LSTM one step B1 I=H=256", 256),
             mamba3_case("mamba3_siso_step B1 H8 P64 N64 A16", 8, 64, 64),
-            conv_case("causal_conv1d_update B1 D1536 W4", 1536, 4)]
+            conv_case("causal_conv1d_update B1 D1536 W4", 1536, 4),
+            state_update_case("selective_state_update Mamba-2 B4 of a pool of 16", 8, 64, 64, batch=4, pool=16),
+            conv_case("causal_conv1d_update B4 D1536 W4 of a pool of 16", 1536, 4, batch=4, pool=16)]
 
 
 @contextlib.contextmanager
