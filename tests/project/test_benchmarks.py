@@ -22,7 +22,8 @@ def test_the_torch_decode_benchmark_prints_every_case_agreeing_with_torch_and_th
     assert all(f in header for f in ("host/torch (≤ 1.0x)", "overhead µs (≤ 30)", "OpenCL/torch (≤ 2.0x)"))
     cases = ("selective_state_update Mamba-2 B1 H8 P64 N64", "selective_state_update Mamba-1 B1 D1536 N16",
              "fused_recurrent_gated_delta_rule T1 B1 H8 K=V=64", "rlx_gpu.torch.LSTM one step B1 I=H=256",
-             "mamba3_siso_step B1 H8 P64 N64 A16", "causal_conv1d_update B1 D1536 W4")
+             "mamba3_siso_step B1 H8 P64 N64 A16", "causal_conv1d_update B1 D1536 W4",
+             "selective_state_update Mamba-2 B4 of a pool of 16", "causal_conv1d_update B4 D1536 W4 of a pool of 16")
     for case in cases:
         row = next(line for line in lines if line.startswith(case))
         host_diff, opencl_diff = row.split()[-3::2]  # "max |diff| host / OpenCL"
