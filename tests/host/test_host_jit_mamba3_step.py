@@ -15,6 +15,7 @@ import host_fallback
 from host_fallback import jit
 from rlx_gpu.conformance import reference_mamba3 as ref
 from rlx_gpu.conformance.reference_ssm import lay_out, read
+from support.host_jit import compiled, count_calls  # noqa: F401  (compiled: a fixture)
 from tests.support.mamba3_cases import OPTIONAL, STATES, draw
 
 numba = pytest.importorskip("numba", reason="the jit extra (Numba) is not installed")
@@ -27,20 +28,7 @@ TOL = 5e-5
 @pytest.fixture
 def calls(monkeypatch):
     """Counts the compiled step's calls (it still runs)."""
-    counted = [0]
-
-    def spy(*args, real=jit_mamba3.mamba3_step):
-        counted[0] += 1
-        real(*args)
-    monkeypatch.setattr(jit_mamba3, "mamba3_step", spy)
-    return counted
-
-
-@pytest.fixture(params=[True, False], ids=["numba-step", "numpy-step"])
-def compiled(request, monkeypatch):
-    if not request.param:
-        monkeypatch.setenv(jit.ENV, "0")
-    return request.param
+    return count_calls(monkeypatch, jit_mamba3, ["mamba3_step"])
 
 
 def _case(seq: int, *, groups: int = 2, optional=OPTIONAL, carry: bool = True, slots=None, cu=None, seed: int = 0,
@@ -102,7 +90,7 @@ def test_the_step_matches_the_reference(case, seq, compiled, calls):
     thunk, arena, *want = _case(seq if "cu" not in fields else fields["cu"][-1], **fields)
     host_fallback.bound_kernel(thunk, {})(arena)
     _check(thunk, arena, *want)
-    assert calls[0] == (1 if compiled else 0)
+    assert calls["mamba3_step"] == (1 if compiled else 0)
 
 
 def test_an_empty_sequence_leaves_its_entry_untouched(calls):
@@ -114,7 +102,7 @@ def test_an_empty_sequence_leaves_its_entry_untouched(calls):
     before = arena.copy()
     host_fallback.bound_kernel(thunk, {})(arena)
     assert view[0].tobytes() == host_fallback.arena.view(before, pool.offset, pool.dtype, pool.shape)[0].tobytes()
-    assert calls[0] == 1
+    assert calls["mamba3_step"] == 1
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -133,7 +121,7 @@ def test_nan_and_inf_land_where_numpy_puts_them(field, value, monkeypatch, calls
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f)
         np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f)
         np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f)
-    assert calls[0] == 1
+    assert calls["mamba3_step"] == 1
 
 
 @pytest.mark.parametrize("label,fields,options", [
@@ -147,7 +135,7 @@ def test_numpy_runs_where_the_compiled_step_does_not_apply(label, fields, option
     thunk, arena, *want = _case(seq, **fields)
     host_fallback.bound_kernel(thunk, options)(arena)
     _check(thunk, arena, *want)
-    assert calls[0] == 0
+    assert calls["mamba3_step"] == 0
 
 
 def test_a_prepared_step_binds_each_arena_it_is_given(calls):
@@ -156,12 +144,12 @@ def test_a_prepared_step_binds_each_arena_it_is_given(calls):
     cases = [_case(1, slots=[1, 0], seed=seed) for seed in (1, 2, 3)]
     run = host_fallback.PREPARE["mamba3"](cases[0][0])
     for thunk, arena, *want in (cases[0], cases[1], cases[0]):
-        if arena is cases[0][1] and calls[0]:
+        if arena is cases[0][1] and calls["mamba3_step"]:
             arena[:] = cases[2][1]  # the same array object, new contents
             want = cases[2][2:]
         run(arena)
         _check(thunk, arena, *want)
-    assert calls[0] == 3
+    assert calls["mamba3_step"] == 3
 
 
 def test_a_bad_worker_count_is_refused_before_anything_runs(calls):
@@ -169,4 +157,4 @@ def test_a_bad_worker_count_is_refused_before_anything_runs(calls):
     before = arena.copy()
     with pytest.raises(ValueError, match=r"^mamba3: workers must be a positive int, got 0$"):
         host_fallback.bound_kernel(thunk, {"workers": 0})(arena)
-    assert np.array_equal(arena, before) and calls[0] == 0
+    assert np.array_equal(arena, before) and calls["mamba3_step"] == 0
