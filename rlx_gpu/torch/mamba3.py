@@ -75,7 +75,7 @@ def _forward(*args: Any) -> tuple[torch.Tensor, ...]:
     bound = bound_call(signature, lambda: _bind(given), given["q"])
     if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
         y, *finals = bound(args)
-        return (y, *(finals if carried else [empty(y)] * len(STATES)))
+        return (y, *(finals if carried else [empty(y) for _ in STATES]))  # distinct: returns may not alias
     fields = tuple(given)
     out = run_graph(("mamba3", fields), lambda: _forward_graph(fields, specs_of(given)), given)
     return (out["y"], *(out[f"{CALL}.{f}"] if carried else empty(out["y"]) for f in STATES))

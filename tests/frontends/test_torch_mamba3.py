@@ -171,3 +171,15 @@ def test_a_decode_loop_on_the_hot_path_matches_the_reference_and_sees_its_parame
         bad[9] = bad[9][:3]
         with pytest.raises(ValueError, match=r"^mamba3_siso_step: D has shape \[3\]; expected \(nheads,\) = \[4\]"):
             mamba3_siso_step(*bad, Input_States=states)
+
+
+def test_a_call_without_states_returns_tensors_that_alias_nothing():
+    """The op's five returns are distinct tensors (torch.library: no return may alias an input or another
+    return), on the bound call's path too."""
+    args, _ = _inputs(B=1, S=3, G=1, H=2, P=3, N=4, A=2, dtype=torch.float32, seed=8)
+    q, k, v, adt, dt, trap, qb, kb, ang, d, z = args
+    fields = [q, k, v, adt.transpose(1, 2), dt.transpose(1, 2), trap.transpose(1, 2), ang, qb, kb, d, z, *[None] * 4,
+              None]
+    for _ in range(2):  # the second call on the signature's bound call
+        out = torch.ops.rlx_gpu.mamba3(*fields)
+        assert len({id(t) for t in out}) == len(out)
