@@ -84,28 +84,39 @@ class CompiledStep:
         return True
 
     def substituted(self, args: tuple, given: Mapping[int, np.ndarray]) -> tuple | None:
-        """``args`` with each given field's array in place of its arena view: f32, C-contiguous, aligned,
-        writable, of the field's bytes, and none a field writes sharing memory with another given array
-        (ABI.md: no output overlaps an input); None where one is not."""
-        args, placed, written = list(args), [], []
-        for offset, nbytes, shape, writes, i in self.slots:
-            a = given.get(offset)
-            if a is None:
-                continue
-            flags = a.flags
-            if not (a.dtype == _F32 and a.nbytes == nbytes and flags.c_contiguous and flags.aligned
-                    and flags.writeable):
-                return None
-            args[i] = a if a.shape == shape else a.reshape(shape)
-            placed.append(a)
-            if writes:
-                written.append(a)
-        if len(placed) != len(given):  # an array for no field of this kernel's
+        """``args`` with each given field's array in place of its arena view where they fit (``fitting``); None
+        where one does not."""
+        fitted = fitting(given, {offset: (nbytes, shape, writes) for offset, nbytes, shape, writes, _ in self.slots})
+        if fitted is None:
             return None
-        for w in written:
-            if any(a is not w and np.may_share_memory(w, a) for a in placed):
-                return None
+        args = list(args)
+        for offset, _, _, _, i in self.slots:
+            if offset in fitted:
+                args[i] = fitted[offset]
         return tuple(args)
+
+
+def fitting(given: Mapping[int, np.ndarray], places: Mapping[int, tuple[int, tuple[int, ...], bool]]
+            ) -> dict[int, np.ndarray] | None:
+    """The arrays of ``given`` (a field's arena offset -> an array a compiled kernel is to take in place of that
+    field's arena view), each in its field's shape, where every one fits its place (``places``: offset -> the
+    field's bytes, shape and whether the kernel writes it): f32, C-contiguous, aligned, writable, of the field's
+    bytes, and none written sharing memory with another given array (ABI.md: no output overlaps an input); None
+    where one does not, or is given for no place."""
+    fitted, written = {}, []
+    for offset, a in given.items():
+        place = places.get(offset)
+        flags = a.flags
+        if place is None or not (a.dtype == _F32 and a.nbytes == place[0] and flags.c_contiguous and flags.aligned
+                                 and flags.writeable):
+            return None
+        fitted[offset] = a if a.shape == place[1] else a.reshape(place[1])
+        if place[2]:
+            written.append(a)
+    for w in written:
+        if any(a is not w and np.may_share_memory(w, a) for a in given.values()):
+            return None
+    return fitted
 
 
 def view(bound: Bound, field: str, rank: int, present: bool) -> np.ndarray:

@@ -367,23 +367,13 @@ def prepare(thunk: Mapping[str, Any]) -> Callable[..., bool | None]:
 
 def _given_views(views: dict[str, np.ndarray], by_field: Mapping[str, Region],
                  given: Mapping[int, np.ndarray]) -> dict[str, np.ndarray] | None:
-    """``views`` with each array of ``given`` (a field's arena offset -> an array) in place of its field's view:
-    f32, C-contiguous, aligned, writeable, of the field's bytes, and none the step writes (the pool, ``dst``)
-    sharing memory with another; None where one is not (the caller copies them through the arena)."""
-    fields = {by_field[f].offset: f for f in views}
-    out, placed = dict(views), []
-    for offset, a in given.items():
-        field = fields.get(offset)
-        flags = a.flags
-        if field is None or not (a.dtype == np.float32 and a.nbytes == by_field[field].nbytes and flags.c_contiguous
-                                 and flags.aligned and flags.writeable):
-            return None
-        out[field] = a.reshape(by_field[field].shape)
-        placed.append((field, a))
-    for field, a in placed:
-        if field in ("state", "dst") and any(b is not a and np.may_share_memory(a, b) for _, b in placed):
-            return None
-    return out
+    """``views`` with each array of ``given`` (a field's arena offset -> an array) in place of its field's view
+    where they fit (``compiled_step.fitting``: the step writes the pool and ``dst``); None where one does not (the
+    caller copies them through the arena)."""
+    at = {by_field[f].offset: by_field[f] for f in views}
+    fitted = compiled_step.fitting(given, {offset: (r.nbytes, r.shape, r.field in ("state", "dst"))
+                                           for offset, r in at.items()})
+    return None if fitted is None else {**views, **{at[offset].field: a for offset, a in fitted.items()}}
 
 
 KERNELS.add("causal_conv1d", kernel)

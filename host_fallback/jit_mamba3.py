@@ -13,7 +13,7 @@ import numpy as np
 from numba import types
 
 from .jit_math import _F32, _FLAGS, _exp_subnormal
-from .jit_ssm_steps import _INDEX, _dot, _rows, _span
+from .jit_ssm_steps import _INDEX, _dot, _rows, _silu, _span
 
 _C1, _C2, _C3, _C4 = (types.Array(types.float32, d, "C") for d in (1, 2, 3, 4))
 _PI, _TWO_PI = _F32(np.pi), _F32(2 * np.pi)
@@ -67,8 +67,9 @@ def mamba3_step(q, k, v, adt, dt, trap, angles, q_bias, k_bias, d, z, angle_stat
     ``angle_state [E,H,A]``, ``state [E,H,P,N]``, ``k_state [E,H,N]``, ``v_state [E,H,P]``; an optional tensor or
     the pools empty where the thunk has none (rows then start from zeros, kept nowhere). Rows as
     ``jit_ssm_steps``' (``_span``; pool entry ``slots[r]``, else ``r``). Per token the arithmetic is NumPy's step
-    path's, in its order (``mamba3.tokens``, ``mamba3_state_step``, ``mamba3.gate``); a row's angle is written
-    reduced to [0, 2π] after its last token, and a row of no tokens is left as it was."""
+    path's, in its order (``mamba3.tokens``, ``mamba3_state_step``, ``mamba3.gate``; silu as the other steps'
+    ``jit_ssm_steps._silu``); a row's angle is written reduced to [0, 2π] after its last token, and a row of no
+    tokens is left as it was."""
     bsz, seq, groups, n_size = q.shape
     heads, p_size, a_size = v.shape[2], v.shape[3], angles.shape[3]
     per_group, carried = heads // groups, state.shape[0] > 0
@@ -98,8 +99,7 @@ def mamba3_step(q, k, v, adt, dt, trap, angles, q_bias, k_bias, d, z, angle_stat
                     if has_d:
                         y = y + d[h] * vv[p]
                     if gated:
-                        zp = z[row, t, h, p]
-                        y = y * (zp * (_F32(1.0) / (_F32(1.0) + _exp_subnormal(-zp))))
+                        y = y * _silu(z[row, t, h, p])
                     o[p] = y
             if carried and hi > lo:
                 for i in range(a_size):
