@@ -124,11 +124,9 @@ def _hot_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
     if (x.dim() != 2 or x.shape[0] == 0 or conv_state.shape[-1] != weight.shape[1] - 1
             or not all(type(t) in PLAIN and t.dtype == x.dtype for t in tensors if t is not None)):
         return None
-    specs = {"x": ((x.shape[0], 1, x.shape[1]), rlx_dtype(x, "x")), "weight": (tuple(weight.shape), rlx_dtype(x, "x")),
-             "bias": ((x.shape[1],), rlx_dtype(x, "x")), "state": (tuple(conv_state.shape), DTYPES[x.dtype])}
-    specs = {f: spec for f, spec in specs.items() if f != "bias" or bias is not None}
-    call = call_of("causal_conv1d", tuple(specs), activation=activation)
-    bound = bound_call(("causal_conv1d_update", call, default_device(), tuple(specs.values())), lambda: None, x)
+    fields = ("x", "weight", "bias", "state") if bias is not None else ("x", "weight", "state")
+    _, _, signature = _update_call(x, (*x.shape, 1), conv_state, tuple(conv_state.shape), weight, activation, fields)
+    bound = bound_call(signature, lambda: None, x)  # the one the call that just ran bound
     if bound is None or not bound.plain:
         return None
     views = {"x": (0, x.numpy(force=True)[:, None]), "state": (1, conv_state.numpy(force=True)),
@@ -192,14 +190,8 @@ def _update(conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
               "bias": None if bias is None else view(bias), "state": window,
               "state_slots": None if indices is None else view(indices.reshape(-1))}
     arrays = {f: a for f, a in arrays.items() if a is not None}
-    act = rlx_dtype(x, "x")
-    specs = {"x": ((steps.shape[0], seqlen, steps.shape[1]), act), "weight": (tuple(weight.shape), act),
-             "bias": ((steps.shape[1],), act), "state": (tuple(window.shape), DTYPES[_carried_dtype(conv_state, x)]),
-             "state_slots": ((steps.shape[0],), "i32")}
-    specs = {f: specs[f] for f in arrays}
-    call = call_of("causal_conv1d", tuple(specs), activation=activation)
+    call, specs, signature = _update_call(x, steps.shape, conv_state, tuple(window.shape), weight, activation, arrays)
     stamps = {"weight": stamp(weight), "bias": None if bias is None else stamp(bias)}
-    signature = ("causal_conv1d_update", call, default_device(), tuple(specs.values()))
     bound = bound_call(signature, lambda: _bind(call, specs) if x.is_cpu and conv_state.is_cpu else None, x)
     if bound is not None:  # the final pool straight from the arena into the cache's columns
         y, _ = bound.arrays(arrays, stamps, into=(None, window))
@@ -216,6 +208,18 @@ def _update(conv_state: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bia
             y = tensor(y, x.device)
     y = y.transpose(1, 2)
     return y.reshape(x.shape) if x.dim() == 2 else y.contiguous()
+
+
+def _update_call(x: torch.Tensor, steps: torch.Size, conv_state: torch.Tensor, window: tuple[int, ...],
+                 weight: torch.Tensor, activation: str | None, fields: Any) -> tuple[FusedCall, dict[str, Spec], tuple]:
+    """The decode step's call on ``fields`` (those of the op it has), its specs and its bound call's signature:
+    ``steps (batch, dim, seqlen)``, the op's state the cache's ``window`` of columns."""
+    act = rlx_dtype(x, "x")
+    specs = {"x": ((steps[0], steps[2], steps[1]), act), "weight": (tuple(weight.shape), act), "bias": ((steps[1],), act),
+             "state": (window, DTYPES[_carried_dtype(conv_state, x)]), "state_slots": ((steps[0],), "i32")}
+    specs = {f: specs[f] for f in fields}
+    call = call_of("causal_conv1d", tuple(specs), activation=activation)
+    return call, specs, ("causal_conv1d_update", call, default_device(), tuple(specs.values()))
 
 
 def _bind(call: FusedCall, specs: dict[str, Spec]) -> BoundCall:

@@ -71,14 +71,18 @@ def _forward(*args: Any) -> tuple[torch.Tensor, ...]:
     if given["v"].shape[:2].numel() == 0:  # no tokens: an empty output, the states as they were
         y = dense(given["v"].shape, given["q"]).zero_()
         return (y, *(given[f].clone() if carried else empty(y) for f in STATES))
-    signature = ("mamba3", default_device(), *[None if a is None else (a.shape, a.dtype, a.device) for a in args])
-    bound = bound_call(signature, lambda: _bind(given), given["q"])
+    bound = bound_call(_signature(args), lambda: _bind(given), given["q"])
     if bound is not None:  # CPU tensors: the signature's bound call (a decode step's path)
         y, *finals = bound(args)
         return (y, *(finals if carried else [empty(y) for _ in STATES]))  # distinct: returns may not alias
     fields = tuple(given)
     out = run_graph(("mamba3", fields), lambda: _forward_graph(fields, specs_of(given)), given)
     return (out["y"], *(out[f"{CALL}.{f}"] if carried else empty(out["y"]) for f in STATES))
+
+
+def _signature(args: Sequence[Any]) -> tuple:
+    """What decides the op's schedule and binding: the default device and each field's shape, dtype and device."""
+    return ("mamba3", default_device(), *[None if a is None else (a.shape, a.dtype, a.device) for a in args])
 
 
 def _bind(given: dict[str, torch.Tensor]) -> BoundCall | None:
@@ -181,6 +185,16 @@ def _combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tens
               D: torch.Tensor | None, Z: torch.Tensor | None, Input_States: Sequence[torch.Tensor] | None,
               return_final_states: bool, cu_seqlens: torch.Tensor | None) -> Any:
     """``mamba3_siso_combined`` on checked arguments (its step's too, checked in its own layout)."""
+    out, *finals = MAMBA3(*_op_args(Q, K, V, ADT, DT, Trap, Q_bias, K_bias, Angles, D, Z, Input_States,
+                                    return_final_states, cu_seqlens))
+    return (out, *finals) if return_final_states else out
+
+
+def _op_args(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tensor, DT: torch.Tensor,
+             Trap: torch.Tensor, Q_bias: torch.Tensor | None, K_bias: torch.Tensor | None, Angles: torch.Tensor,
+             D: torch.Tensor | None, Z: torch.Tensor | None, Input_States: Sequence[torch.Tensor] | None,
+             return_final_states: bool, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The anchor's arguments as the op's fields (``FIELDS``' order): token-major, each in its element type."""
     step_dtype, param_dtype, state_dtype = _element_types(Q, ADT, Q_bias if Q_bias is not None else D, Input_States)
     step = [cast(t.transpose(1, 2), step_dtype) for t in (ADT, DT, Trap)]
     params = [cast(t, param_dtype) for t in (Q_bias, K_bias, D)]
@@ -193,9 +207,8 @@ def _combined(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, ADT: torch.Tens
         states = [V.new_zeros((rows, *s), dtype=state_dtype) for s in ((heads, a), (heads, p, n), (heads, n),
                                                                         (heads, p))]
     cu = None if cu_seqlens is None else cu_seqlens.to(torch.int32)
-    out, *finals = MAMBA3(Q, cast(K, Q.dtype), cast(V, Q.dtype), *step, cast(Angles, step_dtype), *params,
-                          cast(Z, Q.dtype), *states, cu)
-    return (out, *finals) if return_final_states else out
+    return (Q, cast(K, Q.dtype), cast(V, Q.dtype), *step, cast(Angles, step_dtype), *params, cast(Z, Q.dtype), *states,
+            cu)
 
 
 @FUNCTIONS.register("mamba3")
@@ -236,14 +249,8 @@ def _hot_step(given: tuple[torch.Tensor | None, ...]) -> Callable[..., tuple[tor
     f32 throughout, or the op's element types already); None for any other."""
     if not all(type(t) in PLAIN for t in given if t is not None):
         return None
-    views, states = _step_views(given[:11]), given[11:]
-    step_dtype, param_dtype, state_dtype = _element_types(views[0], views[3], views[6] if views[6] is not None
-                                                          else views[9], states)
-    op_args = (views[0], *(cast(t, views[0].dtype) for t in views[1:3]), *(t.transpose(1, 2) for t in views[3:6]),
-               cast(views[8], step_dtype), *(cast(t, param_dtype) for t in (views[6], views[7], views[9])),
-               cast(views[10], views[0].dtype), *(cast(t, state_dtype) for t in states), None)
-    signature = ("mamba3", default_device(), *[None if a is None else (a.shape, a.dtype, a.device) for a in op_args])
-    bound = bound_call(signature, lambda: None, views[0])
+    op_args = _op_args(*_step_views(given[:11]), given[11:], True, None)
+    bound = bound_call(_signature(op_args), lambda: None, op_args[0])  # the one the call that just ran bound
     if bound is None or not bound.plain:
         return None
     # each plan input's tensor among ``given`` and the view of it the plan takes
